@@ -1,0 +1,208 @@
+/* fmnist_mlp: a 784-1024-1024-10 MLP (ReLU) on Fashion-MNIST.
+ *
+ * Model arguments (after "--" on the hpulaunch command line):
+ *   --data DIR     where the IDX files are
+ *                  (default: /usr/share/datasets/fashion-mnist, from
+ *                  Debian's dataset-fashion-mnist)
+ *   --hidden N     width of the two hidden layers (1024)
+ *
+ * Reads top to bottom: data, the linear and ReLU layers (parameters,
+ * forward, backward), the loss, the model's declaration.
+ */
+#include <hpu/hpu.h>
+#include <hpu/ops.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idx.h"
+
+#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+#define CLASSES 10
+
+/* ---- data ---- */
+
+typedef struct split {
+	idx_array images, labels;
+} split;
+
+typedef struct mlp {
+	split train, test;
+	size_t hidden;
+	struct linear *lin[3];
+} mlp;
+
+static int load_split(split *s, const char *dir, const char *prefix,
+		      char *err, size_t errlen)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
+	if (idx_read(&s->images, path, err, errlen) < 0)
+		return -1;
+	snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
+	if (idx_read(&s->labels, path, err, errlen) < 0)
+		return -1;
+	if (s->images.count != s->labels.count || s->images.item != 784) {
+		snprintf(err, errlen, "%s/%s: %zu images of %zu bytes but %zu labels", dir,
+			 prefix, s->images.count, s->images.item, s->labels.count);
+		return -1;
+	}
+	return 0;
+}
+
+/* x[784] = pixels / 255, labels[0] = class. */
+static int fetch(void *user, size_t i, float *x, int32_t *labels)
+{
+	const split *s = user;
+	const uint8_t *px = s->images.data + i * 784;
+	for (int k = 0; k < 784; k++)
+		x[k] = px[k] * (1.0f / 255.0f);
+	labels[0] = s->labels.data[i];
+	return labels[0] < CLASSES ? 0 : -1;
+}
+
+/* ---- linear: y[B,out] = x[B,in] w[out,in]^T + b[out] ---- */
+
+typedef struct linear {
+	int in, out;
+} linear;
+
+static int linear_forward(hpu_layer *l, const float *in, float *out, int batch)
+{
+	linear *p = hpu_layer_user(l);
+	hpu_linear_forward(in, hpu_param(l, 0), hpu_param(l, 1), out, batch, p->in, p->out);
+	return 0;
+}
+
+static int linear_backward(hpu_layer *l, const float *in, const float *out,
+			   const float *dout, float *din, int batch)
+{
+	(void)out;
+	linear *p = hpu_layer_user(l);
+	hpu_linear_backward(in, hpu_param(l, 0), dout, din, hpu_grad(l, 0),
+			    hpu_grad(l, 1), batch, p->in, p->out);
+	return 0;
+}
+
+static const hpu_layer_ops linear_ops = {linear_forward, linear_backward};
+
+static int add_linear(hpu_builder *b, const char *name, linear *p, int in, int out)
+{
+	p->in = in;
+	p->out = out;
+	hpu_layer *l = hpu_layer_add(b, name, (size_t)in, (size_t)out, &linear_ops, p);
+	if (!l)
+		return -1;
+	int64_t w[2] = {out, in}, bias[1] = {out};
+	if (hpu_param_add(l, "weight", 2, w, HPU_INIT_FAN_IN_UNIFORM) < 0 ||
+	    hpu_param_add(l, "bias", 1, bias, HPU_INIT_FAN_IN_UNIFORM) < 0)
+		return -1;
+	return 0;
+}
+
+/* ---- relu ---- */
+
+static int relu_forward(hpu_layer *l, const float *in, float *out, int batch)
+{
+	size_t n = *(size_t *)hpu_layer_user(l) * (size_t)batch;
+	hpu_relu_forward(in, out, n);
+	return 0;
+}
+
+static int relu_backward(hpu_layer *l, const float *in, const float *out,
+			 const float *dout, float *din, int batch)
+{
+	(void)in;
+	size_t n = *(size_t *)hpu_layer_user(l) * (size_t)batch;
+	hpu_relu_backward(out, dout, din, n);
+	return 0;
+}
+
+static const hpu_layer_ops relu_ops = {relu_forward, relu_backward};
+
+/* ---- loss and metric ---- */
+
+static float xent(void *user, const float *out, const int32_t *labels,
+		  float *dout, int batch)
+{
+	(void)user;
+	return hpu_softmax_xent(out, labels, dout, batch, CLASSES);
+}
+
+static double correct(void *user, const float *out, const int32_t *labels, int batch)
+{
+	(void)user;
+	return hpu_count_correct(out, labels, batch, CLASSES);
+}
+
+/* ---- the model ---- */
+
+static void teardown(void *user)
+{
+	mlp *m = user;
+	if (!m)
+		return;
+	idx_free(&m->train.images);
+	idx_free(&m->train.labels);
+	idx_free(&m->test.images);
+	idx_free(&m->test.labels);
+	for (int i = 0; i < 3; i++)
+		free(m->lin[i]);
+	free(m);
+}
+
+static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
+		      long *hidden)
+{
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--data") && i + 1 < argc) {
+			*dir = argv[++i];
+		} else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) {
+			char *end;
+			*hidden = strtol(argv[++i], &end, 10);
+			if (*end || *hidden < 1 || *hidden > 65536)
+				return hpu_error(b, "--hidden wants a width in 1..65536, got %s", argv[i]);
+		} else {
+			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N)",
+					 argv[i]);
+		}
+	}
+	return 0;
+}
+
+static int setup(hpu_builder *b, int argc, char **argv)
+{
+	const char *dir = DEFAULT_DATA;
+	long hidden = 1024;
+	if (parse_args(b, argc, argv, &dir, &hidden) < 0)
+		return -1;
+	mlp *m = calloc(1, sizeof *m);
+	if (!m)
+		return hpu_error(b, "out of memory");
+	hpu_set_user(b, m);
+	m->hidden = (size_t)hidden;
+	char err[1200];
+	if (load_split(&m->train, dir, "train", err, sizeof err) < 0 ||
+	    load_split(&m->test, dir, "t10k", err, sizeof err) < 0)
+		return hpu_error(b, "%s (on Debian: apt-get install dataset-fashion-mnist, or pass -- --data DIR)",
+				 err);
+	for (int i = 0; i < 3; i++)
+		if (!(m->lin[i] = calloc(1, sizeof(linear))))
+			return hpu_error(b, "out of memory");
+	int h = (int)hidden;
+	if (add_linear(b, "fc1", m->lin[0], 784, h) < 0 ||
+	    !hpu_layer_add(b, "relu1", m->hidden, m->hidden, &relu_ops, &m->hidden) ||
+	    add_linear(b, "fc2", m->lin[1], h, h) < 0 ||
+	    !hpu_layer_add(b, "relu2", m->hidden, m->hidden, &relu_ops, &m->hidden) ||
+	    add_linear(b, "fc3", m->lin[2], h, CLASSES) < 0)
+		return -1;
+	hpu_dataset train = {m->train.images.count, 784, 1, fetch, &m->train};
+	hpu_dataset test = {m->test.images.count, 784, 1, fetch, &m->test};
+	hpu_loss loss = {.loss = xent, .metric = correct, .metric_name = "accuracy"};
+	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) < 0 ||
+	    hpu_dataset_set(b, HPU_SPLIT_TEST, &test) < 0 || hpu_loss_set(b, &loss) < 0)
+		return -1;
+	return 0;
+}
+
+HPU_MODEL(.name = "fmnist_mlp", .setup = setup, .teardown = teardown);

@@ -1,0 +1,151 @@
+/* hpu.h: the contract between a model (train.so) and the hputrain runtime.
+ *
+ * A model is a shared library that exports one symbol, `hpu_model_entry`,
+ * an hpu_model whose abi_version is HPU_ABI_VERSION (use HPU_MODEL()).
+ * The runtime calls its setup() once per worker; setup declares
+ *   - a sequence of layers, each with its parameters and its forward and
+ *     backward callbacks;
+ *   - the train and test datasets (size + "fetch sample i");
+ *   - the loss (and optionally a metric such as accuracy).
+ * The runtime owns all parameter, gradient and activation memory (flat
+ * buffers; each parameter is a view), the data sampling, the training loop,
+ * communication and the optimizer. The model owns the math.
+ *
+ * Ownership: pointers passed to hpu_* functions are copied unless said
+ * otherwise; `user` pointers stay the model's and are handed back as given.
+ */
+#ifndef HPU_HPU_H
+#define HPU_HPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HPU_ABI_VERSION 1u
+#define HPU_MODEL_ENTRY_SYMBOL "hpu_model_entry"
+#define HPU_MAX_DIMS 4
+
+typedef struct hpu_builder hpu_builder; /* the runtime, during setup */
+typedef struct hpu_layer hpu_layer;     /* one declared layer */
+
+typedef enum hpu_init {
+	HPU_INIT_ZEROS = 0,
+	HPU_INIT_ONES,
+	/* U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = product of shape[1..];
+	 * for a 1-D parameter (a bias) fan_in is the layer's in_size. This is
+	 * what torch.nn.Linear does by default. */
+	HPU_INIT_FAN_IN_UNIFORM,
+} hpu_init;
+
+typedef enum hpu_split {
+	HPU_SPLIT_TRAIN = 0,
+	HPU_SPLIT_TEST,
+} hpu_split;
+
+typedef struct hpu_layer_ops {
+	/* out[batch, out_size] = f(in[batch, in_size]). Return 0, or -1 after
+	 * hpu_layer_error(). */
+	int (*forward)(hpu_layer *layer, const float *in, float *out, int batch);
+	/* Given the forward's in and out and dout = dL/dout, ACCUMULATE into
+	 * the parameter gradients (hpu_grad) and WRITE din = dL/din. din is
+	 * NULL for the first layer. Return 0, or -1 after hpu_layer_error(). */
+	int (*backward)(hpu_layer *layer, const float *in, const float *out,
+			const float *dout, float *din, int batch);
+} hpu_layer_ops;
+
+typedef struct hpu_dataset {
+	size_t size;        /* number of samples */
+	size_t sample_size; /* floats of input per sample */
+	size_t label_size;  /* int32 labels per sample (at least 1) */
+	/* Writes sample `index` (< size) into x[sample_size] and
+	 * labels[label_size]. Called from a loader thread: must not touch
+	 * shared mutable state. Returns 0, or -1 on failure. */
+	int (*fetch)(void *user, size_t index, float *x, int32_t *labels);
+	void *user;
+} hpu_dataset;
+
+typedef struct hpu_loss {
+	/* Mean loss of out[batch, out_size] against labels; writes
+	 * dout = d(mean loss)/d(out). Returns a negative value on bad labels. */
+	float (*loss)(void *user, const float *out, const int32_t *labels,
+		      float *dout, int batch);
+	/* Optional: the metric's numerator for a batch (e.g. the number of
+	 * correct predictions); the runtime sums it over all test samples and
+	 * ranks and divides by the number of samples. */
+	double (*metric)(void *user, const float *out, const int32_t *labels,
+			 int batch);
+	const char *metric_name; /* e.g. "accuracy" */
+	void *user;
+} hpu_loss;
+
+typedef struct hpu_model {
+	uint32_t abi_version; /* HPU_ABI_VERSION */
+	const char *name;
+	/* Declares the model. argv holds the model arguments (after "--"),
+	 * argv[0] being the model's path. Returns 0, or -1 after
+	 * hpu_error(). */
+	int (*setup)(hpu_builder *b, int argc, char **argv);
+	/* Optional: frees what setup() made; gets hpu_set_user()'s pointer. */
+	void (*teardown)(void *user);
+} hpu_model;
+
+#if defined(__GNUC__)
+#define HPU_EXPORT __attribute__((visibility("default")))
+#else
+#define HPU_EXPORT
+#endif
+
+/* Defines the model's entry symbol: HPU_MODEL(.name = "mlp", .setup = f). */
+#define HPU_MODEL(...)                                                      \
+	HPU_EXPORT const hpu_model hpu_model_entry = {                      \
+		.abi_version = HPU_ABI_VERSION, __VA_ARGS__}
+
+/* --- during setup --- */
+
+/* Adds a layer after the previous one; its in_size must equal the previous
+ * layer's out_size (the first layer's, the dataset's sample_size).
+ * Returns NULL (and records an error) on bad arguments. */
+hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_size,
+			 size_t out_size, const hpu_layer_ops *ops, void *user);
+
+/* Declares a parameter of `layer`; returns its index in the layer (0, 1,
+ * ...), or -1 on bad arguments. */
+int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
+		  const int64_t *shape, hpu_init init);
+
+/* Sets a dataset split. The struct is copied; `user` stays the model's. */
+int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds);
+
+/* Sets the loss. The struct is copied. */
+int hpu_loss_set(hpu_builder *b, const hpu_loss *loss);
+
+/* Keeps a pointer that teardown() gets back. */
+void hpu_set_user(hpu_builder *b, void *user);
+
+/* Records a setup error (printf format); returns -1. */
+int hpu_error(hpu_builder *b, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+int hpu_rank(const hpu_builder *b);
+int hpu_world_size(const hpu_builder *b);
+
+/* --- inside forward/backward --- */
+
+/* The parameter / its gradient, as a view into the runtime's flat buffers.
+ * Valid from the first forward on. */
+float *hpu_param(hpu_layer *layer, int index);
+float *hpu_grad(hpu_layer *layer, int index);
+void *hpu_layer_user(hpu_layer *layer);
+const char *hpu_layer_name(const hpu_layer *layer);
+
+/* Records a layer error (printf format); returns -1. */
+int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+#ifdef __cplusplus
+}
+#endif
+#endif

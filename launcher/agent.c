@@ -1,0 +1,416 @@
+#include "agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES 65536
+
+extern char **environ;
+
+/* One of a worker's output streams. */
+typedef struct stream {
+	ev_io io;
+	int fd;
+	int out_fd;  /* where prefixed lines go: 1 or 2 */
+	char buf[LINE_MAX_BYTES];
+	size_t len;
+	struct worker *w;
+} stream;
+
+typedef struct worker {
+	hpu_agent *a;
+	int local, rank;
+	pid_t pid;
+	int reaped;
+	ev_child child;
+	stream out, err;
+	int log_fd;
+	char prefix[32];
+	size_t prefix_len;
+} worker;
+
+struct hpu_agent {
+	struct ev_loop *loop;
+	hpu_agent_cfg cfg;
+	worker *w;
+	int live;     /* not yet reaped */
+	int open;     /* output streams not yet at EOF */
+	int stopping;
+	int idle_sent;
+	ev_timer kill_timer;
+};
+
+hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
+{
+	hpu_agent *a = calloc(1, sizeof *a);
+	if (!a)
+		return NULL;
+	a->loop = loop;
+	a->cfg = *cfg;
+	a->w = calloc((size_t)cfg->devices, sizeof *a->w);
+	if (!a->w) {
+		free(a);
+		return NULL;
+	}
+	return a;
+}
+
+int hpu_agent_rank(const hpu_agent *a, int local)
+{
+	return a->cfg.node_rank * a->cfg.devices + local;
+}
+
+int hpu_agent_live(const hpu_agent *a)
+{
+	return a->live;
+}
+
+void hpu_describe_status(int status, char *out, size_t outlen)
+{
+	if (WIFEXITED(status))
+		snprintf(out, outlen, "exited with code %d", WEXITSTATUS(status));
+	else if (WIFSIGNALED(status))
+		snprintf(out, outlen, "was killed by signal %d (%s)",
+			 WTERMSIG(status), strsignal(WTERMSIG(status)));
+	else
+		snprintf(out, outlen, "ended with status 0x%x", status);
+}
+
+static void maybe_idle(hpu_agent *a)
+{
+	if (a->live || a->open || a->idle_sent)
+		return;
+	a->idle_sent = 1;
+	ev_timer_stop(a->loop, &a->kill_timer);
+	if (a->cfg.on_idle)
+		a->cfg.on_idle(a, a->cfg.arg);
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+	while (n) {
+		ssize_t k = write(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return;
+		p += k;
+		n -= (size_t)k;
+	}
+}
+
+static void emit(stream *s, const char *line, size_t n)
+{
+	worker *w = s->w;
+	char out[LINE_MAX_BYTES + 64];
+	memcpy(out, w->prefix, w->prefix_len);
+	memcpy(out + w->prefix_len, line, n);
+	out[w->prefix_len + n] = '\n';
+	write_all(s->out_fd, out, w->prefix_len + n + 1);
+	if (w->log_fd >= 0)
+		write_all(w->log_fd, out, w->prefix_len + n + 1);
+}
+
+/* Writes out every complete line in the buffer (all of it at EOF). */
+static void flush_lines(stream *s, int eof)
+{
+	size_t start = 0;
+	for (size_t i = 0; i < s->len; i++) {
+		if (s->buf[i] == '\n') {
+			emit(s, s->buf + start, i - start);
+			start = i + 1;
+		}
+	}
+	if ((eof || start == 0) && s->len == sizeof s->buf) {
+		emit(s, s->buf, s->len); /* an over-long line, cut */
+		start = s->len;
+	} else if (eof && start < s->len) {
+		emit(s, s->buf + start, s->len - start);
+		start = s->len;
+	}
+	memmove(s->buf, s->buf + start, s->len - start);
+	s->len -= start;
+}
+
+static void close_stream(hpu_agent *a, stream *s)
+{
+	flush_lines(s, 1);
+	ev_io_stop(a->loop, &s->io);
+	close(s->fd);
+	s->fd = -1;
+	a->open--;
+	maybe_idle(a);
+}
+
+static void on_output(struct ev_loop *loop, ev_io *io, int revents)
+{
+	(void)loop;
+	(void)revents;
+	stream *s = io->data;
+	hpu_agent *a = s->w->a;
+	for (;;) {
+		ssize_t k = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+		if (k > 0) {
+			s->len += (size_t)k;
+			flush_lines(s, 0);
+			continue;
+		}
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && errno == EAGAIN)
+			return;
+		close_stream(a, s); /* EOF or error */
+		return;
+	}
+}
+
+static void on_child(struct ev_loop *loop, ev_child *c, int revents)
+{
+	(void)revents;
+	worker *w = c->data;
+	hpu_agent *a = w->a;
+	ev_child_stop(loop, c);
+	w->reaped = 1;
+	a->live--;
+	if (a->cfg.on_exit)
+		a->cfg.on_exit(a, w->rank, w->pid, c->rstatus, a->cfg.arg);
+	maybe_idle(a);
+}
+
+/* Builds the worker's environment: ours, minus what we set, plus the job's. */
+static char **make_env(const hpu_agent *a, const worker *w)
+{
+	static const char *ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=",
+				     "LOCAL_WORLD_SIZE=", "NODE_RANK=", "NNODES=",
+				     "MASTER_ADDR=", "MASTER_PORT=", "HPU_JOB_ID=",
+				     "HPU_JOB_TOKEN="};
+	size_t n = 0;
+	while (environ[n])
+		n++;
+	char **env = calloc(n + 16, sizeof *env);
+	if (!env)
+		return NULL;
+	size_t k = 0;
+	int have_blas = 0;
+	for (size_t i = 0; i < n; i++) {
+		int skip = 0;
+		for (size_t j = 0; j < sizeof ours / sizeof ours[0]; j++)
+			if (!strncmp(environ[i], ours[j], strlen(ours[j])))
+				skip = 1;
+		if (!strncmp(environ[i], "OPENBLAS_NUM_THREADS=", 21))
+			have_blas = 1;
+		if (!skip)
+			env[k++] = strdup(environ[i]);
+	}
+	const hpu_agent_cfg *c = &a->cfg;
+	char v[10][600];
+	snprintf(v[0], sizeof v[0], "RANK=%d", w->rank);
+	snprintf(v[1], sizeof v[1], "LOCAL_RANK=%d", w->local);
+	snprintf(v[2], sizeof v[2], "WORLD_SIZE=%d", c->nodes * c->devices);
+	snprintf(v[3], sizeof v[3], "LOCAL_WORLD_SIZE=%d", c->devices);
+	snprintf(v[4], sizeof v[4], "NODE_RANK=%d", c->node_rank);
+	snprintf(v[5], sizeof v[5], "NNODES=%d", c->nodes);
+	snprintf(v[6], sizeof v[6], "MASTER_ADDR=%s", c->master_addr);
+	snprintf(v[7], sizeof v[7], "MASTER_PORT=%d", c->master_port);
+	snprintf(v[8], sizeof v[8], "HPU_JOB_ID=%s", c->job_id);
+	snprintf(v[9], sizeof v[9], "HPU_JOB_TOKEN=%s", c->token);
+	for (int i = 0; i < 10; i++)
+		env[k++] = strdup(v[i]);
+	if (!have_blas)
+		env[k++] = strdup("OPENBLAS_NUM_THREADS=1");
+	for (size_t i = 0; i < k; i++)
+		if (!env[i])
+			return NULL; /* leaks on OOM at start-up; we exit anyway */
+	return env;
+}
+
+static void free_env(char **env)
+{
+	for (size_t i = 0; env && env[i]; i++)
+		free(env[i]);
+	free(env);
+}
+
+/* In the child, between fork and exec: only async-signal-safe calls. */
+static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
+		       char **env, pid_t parent)
+{
+	setpgid(0, 0);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(127);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	signal(SIGPIPE, SIG_DFL);
+	int devnull = open("/dev/null", O_RDONLY);
+	if (devnull >= 0)
+		dup2(devnull, 0);
+	dup2(out, 1);
+	dup2(err, 2);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	if (ncpu > 0 && a->cfg.devices <= ncpu) {
+		/* Pin by local rank where there is a core for each worker. */
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET(w->local % ncpu, &set);
+		sched_setaffinity(0, sizeof set, &set);
+	}
+	if (a->cfg.search_path)
+		execvpe(a->cfg.argv[0], a->cfg.argv, env);
+	else
+		execve(a->cfg.argv[0], a->cfg.argv, env);
+	static const char msg[] = "hpulaunch: cannot execute the worker program\n";
+	write_all(2, msg, sizeof msg - 1);
+	_exit(127);
+}
+
+static void start_stream(hpu_agent *a, worker *w, stream *s, int fd, int out_fd)
+{
+	s->fd = fd;
+	s->out_fd = out_fd;
+	s->w = w;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	fcntl(fd, F_SETFD, FD_CLOEXEC);
+	ev_io_init(&s->io, on_output, fd, EV_READ);
+	s->io.data = s;
+	ev_io_start(a->loop, &s->io);
+	a->open++;
+}
+
+static int open_log(hpu_agent *a, worker *w, char *err, size_t errlen)
+{
+	w->log_fd = -1;
+	if (!a->cfg.log_dir)
+		return 0;
+	char path[1024];
+	snprintf(path, sizeof path, "%s/rank_%d.log", a->cfg.log_dir, w->rank);
+	w->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (w->log_fd < 0) {
+		snprintf(err, errlen, "cannot write the log file %s: %s", path,
+			 strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static int spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
+{
+	int po[2], pe[2];
+	if (open_log(a, w, err, errlen) < 0)
+		return -1;
+	if (pipe(po) < 0 || pipe(pe) < 0) {
+		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		return -1;
+	}
+	char **env = make_env(a, w);
+	if (!env) {
+		snprintf(err, errlen, "out of memory building the environment");
+		return -1;
+	}
+	pid_t parent = getpid(), pid = fork();
+	if (pid == 0)
+		child_exec(a, w, po[1], pe[1], env, parent);
+	free_env(env);
+	close(po[1]);
+	close(pe[1]);
+	if (pid < 0) {
+		close(po[0]);
+		close(pe[0]);
+		snprintf(err, errlen, "fork: %s", strerror(errno));
+		return -1;
+	}
+	setpgid(pid, pid); /* also here, so kill(-pid) works at once */
+	w->pid = pid;
+	a->live++;
+	ev_child_init(&w->child, on_child, pid, 0);
+	w->child.data = w;
+	ev_child_start(a->loop, &w->child);
+	start_stream(a, w, &w->out, po[0], 1);
+	start_stream(a, w, &w->err, pe[0], 2);
+	return 0;
+}
+
+int hpu_agent_start(hpu_agent *a, char *err, size_t errlen)
+{
+	for (int i = 0; i < a->cfg.devices; i++) {
+		worker *w = &a->w[i];
+		w->a = a;
+		w->local = i;
+		w->rank = hpu_agent_rank(a, i);
+		w->out.fd = w->err.fd = -1;
+		w->prefix_len = (size_t)snprintf(w->prefix, sizeof w->prefix,
+						 "[rank %d] ", w->rank);
+		if (spawn(a, w, err, errlen) < 0) {
+			hpu_agent_stop(a, 0);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void signal_all(hpu_agent *a, int sig)
+{
+	for (int i = 0; i < a->cfg.devices; i++)
+		if (a->w[i].pid > 0 && !a->w[i].reaped)
+			kill(-a->w[i].pid, sig);
+}
+
+static void on_kill_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	signal_all(t->data, SIGKILL);
+}
+
+void hpu_agent_stop(hpu_agent *a, double grace_s)
+{
+	if (a->stopping)
+		return;
+	a->stopping = 1;
+	if (grace_s <= 0) {
+		signal_all(a, SIGKILL);
+		return;
+	}
+	signal_all(a, SIGTERM);
+	ev_timer_init(&a->kill_timer, on_kill_timer, grace_s, 0);
+	a->kill_timer.data = a;
+	ev_timer_start(a->loop, &a->kill_timer);
+}
+
+void hpu_agent_destroy(hpu_agent **pa)
+{
+	hpu_agent *a = *pa;
+	if (!a)
+		return;
+	signal_all(a, SIGKILL);
+	ev_timer_stop(a->loop, &a->kill_timer);
+	for (int i = 0; i < a->cfg.devices; i++) {
+		worker *w = &a->w[i];
+		if (w->pid > 0 && !w->reaped) {
+			ev_child_stop(a->loop, &w->child);
+			waitpid(w->pid, NULL, 0);
+		}
+		stream *ss[2] = {&w->out, &w->err};
+		for (int k = 0; k < 2; k++)
+			if (ss[k]->fd >= 0 && w->pid > 0) {
+				ev_io_stop(a->loop, &ss[k]->io);
+				close(ss[k]->fd);
+			}
+		if (w->log_fd >= 0 && w->pid > 0)
+			close(w->log_fd);
+	}
+	free(a->w);
+	free(a);
+	*pa = NULL;
+}

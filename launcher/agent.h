@@ -1,0 +1,57 @@
+/* agent: starts and supervises one node's worker processes on a libev
+ * loop. Shared by hpulaunch (and, later, hpud).
+ *
+ * Each worker is its own process group (so a signal reaches whatever it
+ * starts), dies with the agent (PR_SET_PDEATHSIG), gets the job's
+ * environment, and has its stdout and stderr read through pipes and
+ * written out line by line with a "[rank N] " prefix. */
+#ifndef HPU_AGENT_H
+#define HPU_AGENT_H
+
+#include <ev.h>
+#include <sys/types.h>
+
+typedef struct hpu_agent hpu_agent;
+
+typedef struct hpu_agent_cfg {
+	int node_rank;    /* this node */
+	int nodes;        /* nodes in the job */
+	int devices;      /* workers on this node */
+	const char *master_addr;
+	int master_port;
+	const char *job_id;
+	const char *token;
+	char *const *argv; /* the program to run and its arguments */
+	int search_path;   /* look argv[0] up in PATH */
+	const char *log_dir; /* also write rank_N.log here, or NULL */
+	/* Called when a worker has been reaped. status as from waitpid. */
+	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
+	/* Called once every worker is reaped and its output drained. */
+	void (*on_idle)(hpu_agent *a, void *arg);
+	void *arg;
+} hpu_agent_cfg;
+
+/* Makes an agent; nothing starts yet. cfg's strings must outlive it. */
+hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg);
+
+/* Starts every worker. Returns 0, or -1 with a sentence in err (workers
+ * already started are stopped). */
+int hpu_agent_start(hpu_agent *a, char *err, size_t errlen);
+
+/* Sends SIGTERM to every live worker's process group, and SIGKILL to those
+ * still alive after `grace_s` seconds. Safe to call more than once. */
+void hpu_agent_stop(hpu_agent *a, double grace_s);
+
+/* Workers not yet reaped. */
+int hpu_agent_live(const hpu_agent *a);
+
+/* The global rank of local worker `local`. */
+int hpu_agent_rank(const hpu_agent *a, int local);
+
+/* Kills what is left (SIGKILL), reaps it, frees; *a = NULL; safe twice. */
+void hpu_agent_destroy(hpu_agent **a);
+
+/* "exited with code 3" / "was killed by signal 9 (Killed)". */
+void hpu_describe_status(int status, char *out, size_t outlen);
+
+#endif

@@ -1,0 +1,423 @@
+#include "coord.h"
+
+#include <errno.h>
+#include <openssl/crypto.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "codec.h"
+#include "zwatch.h"
+
+#define MAX_ENDPOINT 256
+
+typedef struct rank_slot {
+	int joined;
+	hpu_codec_peer peer;
+	unsigned node, local, pid;
+	char endpoint[MAX_ENDPOINT];
+	char host[128];
+} rank_slot;
+
+typedef struct agent_slot {
+	int hello, done;
+	hpu_codec_peer peer;
+	ev_tstamp last_seen;
+} agent_slot;
+
+struct hpu_coord {
+	struct ev_loop *loop;
+	hpu_coord_cfg cfg;
+	void *ctx, *sock;
+	int port;
+	hpu_zwatch zw;
+	ev_timer join_timer, beat_timer;
+	rank_slot *ranks;
+	agent_slot *agents;
+	int world, joined, released, aborted, finished;
+	char abort_reason[512];
+};
+
+static int same_secret(const char *a, const char *b)
+{
+	size_t n = strlen(b);
+	return a && strlen(a) == n && CRYPTO_memcmp(a, b, n) == 0;
+}
+
+static void send_env(hpu_coord *c, const hpu_codec_peer *peer,
+		     const Hpu__Envelope *env)
+{
+	if (hpu_codec_send(c->sock, peer, env) != 0 && errno != EHOSTUNREACH)
+		fprintf(stderr, "hpulaunch: coordinator: send failed: %s\n",
+			zmq_strerror(errno));
+}
+
+static void send_join_reply(hpu_coord *c, const hpu_codec_peer *peer, int ok,
+			    const char *error, Hpu__RankInfo **table, size_t n)
+{
+	Hpu__JoinReply r = HPU__JOIN_REPLY__INIT;
+	r.ok = ok;
+	r.error = (char *)(error ? error : "");
+	r.ranks = table;
+	r.n_ranks = n;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_JOIN_REPLY;
+	env.join_reply = &r;
+	send_env(c, peer, &env);
+}
+
+static void send_simple(hpu_coord *c, const hpu_codec_peer *peer,
+			Hpu__Envelope__MsgCase kind, const char *reason)
+{
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	Hpu__Abort ab = HPU__ABORT__INIT;
+	Hpu__JobDone jd = HPU__JOB_DONE__INIT;
+	Hpu__Heartbeat hb = HPU__HEARTBEAT__INIT;
+	env.msg_case = kind;
+	if (kind == HPU__ENVELOPE__MSG_ABORT) {
+		ab.reason = (char *)reason;
+		env.abort = &ab;
+	} else if (kind == HPU__ENVELOPE__MSG_JOB_DONE) {
+		env.job_done = &jd;
+	} else {
+		env.heartbeat = &hb;
+	}
+	send_env(c, peer, &env);
+}
+
+void hpu_coord_abort(hpu_coord *c, const char *reason)
+{
+	if (c->aborted || c->finished)
+		return;
+	c->aborted = 1;
+	snprintf(c->abort_reason, sizeof c->abort_reason, "%s", reason);
+	ev_timer_stop(c->loop, &c->join_timer);
+	for (int n = 1; n < c->cfg.nodes; n++)
+		if (c->agents[n].hello)
+			send_simple(c, &c->agents[n].peer, HPU__ENVELOPE__MSG_ABORT, reason);
+	if (!c->released)
+		for (int r = 0; r < c->world; r++)
+			if (c->ranks[r].joined)
+				send_join_reply(c, &c->ranks[r].peer, 0, reason, NULL, 0);
+	if (c->cfg.on_abort)
+		c->cfg.on_abort(c, reason, c->cfg.arg);
+}
+
+/* Every rank is in: send each the table. */
+static void release(hpu_coord *c)
+{
+	Hpu__RankInfo *infos = calloc((size_t)c->world, sizeof *infos);
+	Hpu__RankInfo **table = calloc((size_t)c->world, sizeof *table);
+	if (!infos || !table) {
+		free(infos);
+		free(table);
+		hpu_coord_abort(c, "the coordinator ran out of memory");
+		return;
+	}
+	for (int r = 0; r < c->world; r++) {
+		hpu__rank_info__init(&infos[r]);
+		infos[r].rank = (uint32_t)r;
+		infos[r].node_rank = c->ranks[r].node;
+		infos[r].local_rank = c->ranks[r].local;
+		infos[r].pid = c->ranks[r].pid;
+		infos[r].endpoint = c->ranks[r].endpoint;
+		infos[r].host = c->ranks[r].host;
+		table[r] = &infos[r];
+	}
+	for (int r = 0; r < c->world; r++)
+		send_join_reply(c, &c->ranks[r].peer, 1, NULL, table, (size_t)c->world);
+	free(infos);
+	free(table);
+	c->released = 1;
+	ev_timer_stop(c->loop, &c->join_timer);
+}
+
+static const char *check_join(hpu_coord *c, const Hpu__Join *j)
+{
+	if (!j->job_id || strcmp(j->job_id, c->cfg.job_id) != 0)
+		return "wrong job id";
+	if (!same_secret(j->token, c->cfg.token))
+		return "bad job token";
+	if (!j->self || !j->self->endpoint || !*j->self->endpoint ||
+	    strlen(j->self->endpoint) >= MAX_ENDPOINT)
+		return "no usable data endpoint";
+	if ((int)j->world_size != c->world)
+		return "world size differs from the job's";
+	if (j->self->rank >= (uint32_t)c->world)
+		return "rank out of range";
+	if (c->ranks[j->self->rank].joined)
+		return "that rank has already joined";
+	if (c->released)
+		return "the job has already started";
+	if (c->aborted)
+		return c->abort_reason;
+	return NULL;
+}
+
+static void on_join(hpu_coord *c, const hpu_codec_peer *peer, const Hpu__Join *j)
+{
+	const char *why = check_join(c, j);
+	if (why) {
+		fprintf(stderr, "hpulaunch: coordinator: refused a join from rank %d (pid %u, host %s): %s\n",
+			j->self ? (int)j->self->rank : -1, j->self ? j->self->pid : 0,
+			j->self && j->self->host ? j->self->host : "?", why);
+		send_join_reply(c, peer, 0, why, NULL, 0);
+		return;
+	}
+	rank_slot *s = &c->ranks[j->self->rank];
+	s->joined = 1;
+	s->peer = *peer;
+	s->node = j->self->node_rank;
+	s->local = j->self->local_rank;
+	s->pid = j->self->pid;
+	snprintf(s->endpoint, sizeof s->endpoint, "%s", j->self->endpoint);
+	snprintf(s->host, sizeof s->host, "%s", j->self->host ? j->self->host : "");
+	if (++c->joined == c->world)
+		release(c);
+}
+
+/* The remote agent a message claims to come from, or NULL. */
+static agent_slot *known_agent(hpu_coord *c, const hpu_codec_peer *peer)
+{
+	for (int n = 1; n < c->cfg.nodes; n++) {
+		agent_slot *a = &c->agents[n];
+		if (a->hello && a->peer.len == peer->len &&
+		    !memcmp(a->peer.id, peer->id, peer->len))
+			return a;
+	}
+	return NULL;
+}
+
+static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
+		     const Hpu__AgentHello *h)
+{
+	const char *why = NULL;
+	if (!h->job_id || strcmp(h->job_id, c->cfg.job_id) || !same_secret(h->token, c->cfg.token))
+		why = "bad job id or token";
+	else if (h->node_rank == 0 || h->node_rank >= (uint32_t)c->cfg.nodes)
+		why = "node rank out of range";
+	else if ((int)h->nodes != c->cfg.nodes || (int)h->devices != c->cfg.devices)
+		why = "its --nodes/--devices differ from node 0's";
+	else if (c->agents[h->node_rank].hello)
+		why = "that node has already joined";
+	if (why) {
+		fprintf(stderr, "hpulaunch: coordinator: refused agent of node %u: %s\n",
+			h->node_rank, why);
+		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, why);
+		return;
+	}
+	agent_slot *a = &c->agents[h->node_rank];
+	a->hello = 1;
+	a->peer = *peer;
+	a->last_seen = ev_now(c->loop);
+	if (c->aborted)
+		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, c->abort_reason);
+}
+
+static void check_finished(hpu_coord *c)
+{
+	for (int n = 0; n < c->cfg.nodes; n++)
+		if (!c->agents[n].done)
+			return;
+	if (c->aborted || c->finished)
+		return;
+	c->finished = 1;
+	for (int n = 1; n < c->cfg.nodes; n++)
+		send_simple(c, &c->agents[n].peer, HPU__ENVELOPE__MSG_JOB_DONE, NULL);
+	ev_timer_stop(c->loop, &c->beat_timer);
+	if (c->cfg.on_done)
+		c->cfg.on_done(c, c->cfg.arg);
+}
+
+void hpu_coord_node_done(hpu_coord *c, int node_rank)
+{
+	c->agents[node_rank].done = 1;
+	check_finished(c);
+}
+
+static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
+{
+	char reason[600];
+	a->last_seen = ev_now(c->loop);
+	switch (m->msg_case) {
+	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
+		const Hpu__WorkerExit *w = m->worker_exit;
+		if (w->signal)
+			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) was killed by signal %d (%s)",
+				 w->rank, w->node_rank, w->pid, w->signal, strsignal(w->signal));
+		else
+			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d",
+				 w->rank, w->node_rank, w->pid, w->exit_code);
+		hpu_coord_abort(c, reason);
+		break;
+	}
+	case HPU__ENVELOPE__MSG_ABORT:
+		snprintf(reason, sizeof reason, "node %d: %s", (int)(a - c->agents),
+			 m->abort->reason ? m->abort->reason : "aborted");
+		hpu_coord_abort(c, reason);
+		break;
+	case HPU__ENVELOPE__MSG_AGENT_DONE:
+		a->done = 1;
+		check_finished(c);
+		break;
+	default:
+		break; /* heartbeats and anything else: liveness only */
+	}
+}
+
+static void on_message(hpu_zwatch *w, void *arg)
+{
+	hpu_coord *c = arg;
+	hpu_codec_peer peer;
+	Hpu__Envelope *m = hpu_codec_recv(w->sock, &peer, ZMQ_DONTWAIT);
+	if (!m)
+		return; /* EAGAIN, or garbage: dropped */
+	agent_slot *a;
+	if (m->msg_case == HPU__ENVELOPE__MSG_JOIN && m->join)
+		on_join(c, &peer, m->join);
+	else if (m->msg_case == HPU__ENVELOPE__MSG_AGENT_HELLO && m->agent_hello)
+		on_hello(c, &peer, m->agent_hello);
+	else if ((a = known_agent(c, &peer)))
+		on_agent_msg(c, a, m);
+	hpu_codec_free(m);
+}
+
+static void append_list(char *out, size_t outlen, int *count, int v)
+{
+	size_t n = strlen(out);
+	if (*count < 16)
+		snprintf(out + n, outlen - n, "%s%d", *count ? ", " : "", v);
+	else if (*count == 16)
+		snprintf(out + n, outlen - n, ", ...");
+	(*count)++;
+}
+
+static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	hpu_coord *c = t->data;
+	char ranks[256] = "", nodes[256] = "", reason[700];
+	int nr = 0, nn = 0;
+	for (int r = 0; r < c->world; r++)
+		if (!c->ranks[r].joined)
+			append_list(ranks, sizeof ranks, &nr, r);
+	for (int n = 1; n < c->cfg.nodes; n++)
+		if (!c->agents[n].hello)
+			append_list(nodes, sizeof nodes, &nn, n);
+	snprintf(reason, sizeof reason, "rank%s %s did not join within %g s%s%s%s",
+		 nr > 1 ? "s" : "", ranks, c->cfg.join_timeout_s,
+		 nn ? " (no hpulaunch connected for node" : "", nn ? (nn > 1 ? "s " : " ") : "",
+		 nn ? nodes : "");
+	if (nn)
+		strncat(reason, ")", sizeof reason - strlen(reason) - 1);
+	hpu_coord_abort(c, reason);
+}
+
+static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)revents;
+	hpu_coord *c = t->data;
+	for (int n = 1; n < c->cfg.nodes; n++) {
+		agent_slot *a = &c->agents[n];
+		if (!a->hello || a->done)
+			continue;
+		if (ev_now(loop) - a->last_seen > c->cfg.agent_timeout_s) {
+			char reason[200];
+			snprintf(reason, sizeof reason, "lost contact with node %d's hpulaunch (silent for %g s)",
+				 n, c->cfg.agent_timeout_s);
+			hpu_coord_abort(c, reason);
+			return;
+		}
+		send_simple(c, &a->peer, HPU__ENVELOPE__MSG_HEARTBEAT, NULL);
+	}
+}
+
+static int bind_socket(hpu_coord *c, char *err, size_t errlen)
+{
+	char ep[128], last[128];
+	size_t sz = sizeof last;
+	int linger = 2000, mandatory = 1;
+	int64_t maxmsg = HPU_CODEC_MAX_MSG;
+	zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+	zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+	zmq_setsockopt(c->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+	if (c->cfg.port > 0)
+		snprintf(ep, sizeof ep, "tcp://%s:%d", c->cfg.bind_addr, c->cfg.port);
+	else
+		snprintf(ep, sizeof ep, "tcp://%s:*", c->cfg.bind_addr);
+	if (zmq_bind(c->sock, ep) != 0) {
+		snprintf(err, errlen, "cannot bind the coordinator at %s: %s", ep,
+			 zmq_strerror(errno));
+		return -1;
+	}
+	zmq_getsockopt(c->sock, ZMQ_LAST_ENDPOINT, last, &sz);
+	const char *colon = strrchr(last, ':');
+	c->port = colon ? atoi(colon + 1) : c->cfg.port;
+	return 0;
+}
+
+hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
+			 char *err, size_t errlen)
+{
+	hpu_coord *c = calloc(1, sizeof *c);
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	c->loop = loop;
+	c->cfg = *cfg;
+	c->world = cfg->nodes * cfg->devices;
+	c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
+	c->agents = calloc((size_t)cfg->nodes, sizeof *c->agents);
+	c->ctx = zmq_ctx_new();
+	c->sock = c->ctx ? zmq_socket(c->ctx, ZMQ_ROUTER) : NULL;
+	if (!c->ranks || !c->agents || !c->sock) {
+		snprintf(err, errlen, "cannot set up the coordinator: %s", zmq_strerror(errno));
+		goto fail;
+	}
+	if (bind_socket(c, err, errlen) < 0)
+		goto fail;
+	if (hpu_zwatch_start(&c->zw, loop, c->sock, on_message, c) < 0) {
+		snprintf(err, errlen, "cannot watch the coordinator socket");
+		goto fail;
+	}
+	c->agents[0].hello = 1; /* node 0's agent is this process */
+	ev_timer_init(&c->join_timer, on_join_timeout, cfg->join_timeout_s, 0);
+	c->join_timer.data = c;
+	ev_timer_start(loop, &c->join_timer);
+	ev_timer_init(&c->beat_timer, on_beat, 1.0, 1.0);
+	c->beat_timer.data = c;
+	if (cfg->nodes > 1)
+		ev_timer_start(loop, &c->beat_timer);
+	return c;
+fail:
+	hpu_coord_destroy(&c);
+	return NULL;
+}
+
+int hpu_coord_port(const hpu_coord *c)
+{
+	return c->port;
+}
+
+void hpu_coord_destroy(hpu_coord **pc)
+{
+	hpu_coord *c = *pc;
+	if (!c)
+		return;
+	hpu_zwatch_stop(&c->zw);
+	if (c->loop) {
+		ev_timer_stop(c->loop, &c->join_timer);
+		ev_timer_stop(c->loop, &c->beat_timer);
+	}
+	if (c->sock)
+		zmq_close(c->sock);
+	if (c->ctx)
+		zmq_ctx_term(c->ctx);
+	free(c->ranks);
+	free(c->agents);
+	free(c);
+	*pc = NULL;
+}

@@ -1,0 +1,48 @@
+/* coord: the job's coordinator, inside node 0's hpulaunch, bound at
+ * MASTER_ADDR:MASTER_PORT (ZeroMQ ROUTER, protobuf-c messages).
+ *
+ * Workers Join with the job id and token; once every rank has joined, each
+ * gets the rank table. Remote agents (hpulaunch on the other nodes) say
+ * hello with the same token, exchange heartbeats, report worker failures
+ * and completion. Any failure becomes an Abort sent to every agent, and a
+ * rank that never joins becomes an abort naming it after join_timeout_s. */
+#ifndef HPU_COORD_H
+#define HPU_COORD_H
+
+#include <ev.h>
+#include <stddef.h>
+
+typedef struct hpu_coord hpu_coord;
+
+typedef struct hpu_coord_cfg {
+	const char *bind_addr; /* numeric IPv4 address to bind */
+	int port;              /* 0: pick a free one */
+	const char *job_id, *token;
+	int nodes, devices;
+	double join_timeout_s;  /* every rank must have joined by then */
+	double agent_timeout_s; /* a silent remote agent is dead after this */
+	/* The job must end: `reason` says why (already printed once). */
+	void (*on_abort)(hpu_coord *c, const char *reason, void *arg);
+	/* Every node reported success. */
+	void (*on_done)(hpu_coord *c, void *arg);
+	void *arg;
+} hpu_coord_cfg;
+
+/* Binds and starts serving on `loop`. Returns NULL with a sentence in err. */
+hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
+			 char *err, size_t errlen);
+
+/* The port it is bound to. */
+int hpu_coord_port(const hpu_coord *c);
+
+/* Aborts the job for `reason`: tells every agent and waiting worker, then
+ * calls on_abort. Only the first abort counts. */
+void hpu_coord_abort(hpu_coord *c, const char *reason);
+
+/* Node `node_rank`'s workers all finished successfully. */
+void hpu_coord_node_done(hpu_coord *c, int node_rank);
+
+/* Closes the socket and frees; *c = NULL; safe twice. */
+void hpu_coord_destroy(hpu_coord **c);
+
+#endif

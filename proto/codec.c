@@ -1,0 +1,83 @@
+#include "codec.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+int hpu_codec_send(void *sock, const hpu_codec_peer *peer,
+		   const Hpu__Envelope *env)
+{
+	size_t len = hpu__envelope__get_packed_size(env);
+	uint8_t stackbuf[1024];
+	uint8_t *buf = len <= sizeof stackbuf ? stackbuf : malloc(len);
+	if (!buf)
+		return -1;
+	hpu__envelope__pack(env, buf);
+	int rc = 0;
+	if (peer && zmq_send(sock, peer->id, peer->len, ZMQ_SNDMORE) < 0)
+		rc = -1;
+	if (rc == 0 && zmq_send(sock, buf, len, 0) < 0)
+		rc = -1;
+	if (buf != stackbuf) {
+		int saved = errno;
+		free(buf);
+		errno = saved;
+	}
+	return rc;
+}
+
+/* Reads and drops whatever frames remain of a multipart message. */
+static void drain_more(void *sock)
+{
+	int more = 0;
+	size_t sz = sizeof more;
+	while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more) {
+		zmq_msg_t m;
+		zmq_msg_init(&m);
+		zmq_msg_recv(&m, sock, 0);
+		zmq_msg_close(&m);
+	}
+}
+
+Hpu__Envelope *hpu_codec_recv(void *sock, hpu_codec_peer *peer, int flags)
+{
+	zmq_msg_t m;
+	zmq_msg_init(&m);
+	if (peer) {
+		if (zmq_msg_recv(&m, sock, flags) < 0) {
+			zmq_msg_close(&m);
+			return NULL;
+		}
+		size_t n = zmq_msg_size(&m);
+		peer->len = n < sizeof peer->id ? n : sizeof peer->id;
+		memcpy(peer->id, zmq_msg_data(&m), peer->len);
+		if (!zmq_msg_more(&m)) {
+			zmq_msg_close(&m);
+			errno = EPROTO;
+			return NULL;
+		}
+		zmq_msg_close(&m);
+		zmq_msg_init(&m);
+		flags = 0; /* the rest of a multipart message is already here */
+	}
+	if (zmq_msg_recv(&m, sock, flags) < 0) {
+		zmq_msg_close(&m);
+		return NULL;
+	}
+	Hpu__Envelope *env = NULL;
+	size_t n = zmq_msg_size(&m);
+	if (n <= HPU_CODEC_MAX_MSG && !zmq_msg_more(&m))
+		env = hpu__envelope__unpack(NULL, n, zmq_msg_data(&m));
+	zmq_msg_close(&m);
+	drain_more(sock);
+	if (!env)
+		errno = EPROTO;
+	return env;
+}
+
+void hpu_codec_free(Hpu__Envelope *env)
+{
+	if (env)
+		hpu__envelope__free_unpacked(env, NULL);
+}

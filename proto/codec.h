@@ -1,0 +1,35 @@
+/* codec: the one place that packs, unpacks and frees the generated
+ * protobuf-c structs of proto/hpu.proto, and moves them over ZeroMQ.
+ * No other module frees a generated struct. */
+#ifndef HPU_CODEC_H
+#define HPU_CODEC_H
+
+#include <stddef.h>
+#include "hpu.pb-c.h"
+
+/* Largest control message accepted off the wire (bytes). */
+#define HPU_CODEC_MAX_MSG (64 * 1024)
+
+/* A ZeroMQ ROUTER routing id. */
+typedef struct hpu_codec_peer {
+	unsigned char id[256];
+	size_t len;
+} hpu_codec_peer;
+
+/* Packs `env` and sends it on `sock`; when `peer` is not NULL, the peer's
+ * routing id goes first (for ROUTER sockets). Returns 0, or -1 with errno
+ * set (EAGAIN with ZMQ_DONTWAIT and a full queue). */
+int hpu_codec_send(void *sock, const hpu_codec_peer *peer,
+		   const Hpu__Envelope *env);
+
+/* Receives one message from `sock` (flags as for zmq_msg_recv). When
+ * `peer` is not NULL the first frame is taken as the routing id. Returns
+ * the envelope, to be freed with hpu_codec_free(), or NULL: errno EAGAIN
+ * when nothing is there, EPROTO when the bytes are not a valid envelope
+ * (the message is consumed). */
+Hpu__Envelope *hpu_codec_recv(void *sock, hpu_codec_peer *peer, int flags);
+
+/* Frees an envelope from hpu_codec_recv(); safe on NULL. */
+void hpu_codec_free(Hpu__Envelope *env);
+
+#endif

@@ -1,0 +1,401 @@
+/* Integration tests: the real hpulaunch, hpu-worker and model, with real
+ * processes and sockets on loopback. Every wait is bounded. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof sa;
+	bind(fd, (struct sockaddr *)&sa, sizeof sa);
+	getsockname(fd, (struct sockaddr *)&sa, &len);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+static void kill_leftovers(pid_t *pids, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (h_alive(pids[i]))
+			kill(-pids[i], SIGKILL);
+}
+
+/* The loss of the metrics record for `step`, or NAN. */
+static double loss_at(const char *metrics, int step)
+{
+	char key[48];
+	snprintf(key, sizeof key, "{\"step\":%d,", step);
+	const char *p = strstr(metrics, key), *l = p ? strstr(p, "\"loss\":") : NULL;
+	return l ? strtod(l + 7, NULL) : NAN;
+}
+
+static void train_20_steps(int devices, const char *optimizer, const char *lr,
+			   const char *metrics)
+{
+	char dev[8];
+	snprintf(dev, sizeof dev, "%d", devices);
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", dev, "--max-steps", "20",
+			"--log-every", "1", "--no-eval", "--optimizer", (char *)optimizer,
+			"--lr", (char *)lr, "--metrics", (char *)metrics, (char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	if (code != 0)
+		fprintf(stderr, "%s", p.out);
+	assert_int_equal(code, 0);
+	h_free(&p);
+}
+
+/* Trains 20 steps on 1 and on 2 workers (same global batch and seed) and
+ * returns the relative loss difference at `step`, after checking that
+ * every step up to `strict_until` agrees within 1e-5. */
+static double compare_runs(const char *optimizer, const char *lr, int step,
+			   int strict_until)
+{
+	const char *m1 = "/tmp/hpu-test-eq-1.jsonl", *m2 = "/tmp/hpu-test-eq-2.jsonl";
+	train_20_steps(1, optimizer, lr, m1);
+	train_20_steps(2, optimizer, lr, m2);
+	char *a = h_slurp(m1), *b = h_slurp(m2);
+	assert_non_null(a);
+	assert_non_null(b);
+	for (int s = 1; s <= strict_until; s++) {
+		double x = loss_at(a, s), y = loss_at(b, s);
+		assert_true(isfinite(x) && isfinite(y));
+		assert_true(fabs(x - y) <= 1e-5 * fabs(x));
+	}
+	double first = loss_at(a, 1), l1 = loss_at(a, step), l2 = loss_at(b, step);
+	double rel = fabs(l1 - l2) / fabs(l1);
+	printf("%s lr %s: step %d loss: 1 worker %.9g, 2 workers %.9g, relative difference %.3g\n",
+	       optimizer, lr, step, l1, l2, rel);
+	assert_true(isfinite(l1) && isfinite(l2));
+	assert_true(l1 < first); /* it trains */
+	free(a);
+	free(b);
+	unlink(m1);
+	unlink(m2);
+	return rel;
+}
+
+/* A 2-worker run and a 1-worker run with the same global batch and seed
+ * give the same loss at every one of 20 steps within 1e-5 relative, with
+ * SGD-momentum and with AdamW. */
+static void test_two_workers_match_one_sgd(void **state)
+{
+	(void)state;
+	assert_true(compare_runs("sgd", "0.05", 20, 20) <= 1e-5);
+}
+
+static void test_two_workers_match_one_adamw(void **state)
+{
+	(void)state;
+	assert_true(compare_runs("adamw", "0.001", 20, 20) <= 1e-5);
+}
+
+/* kill -9 one worker mid-training: hpulaunch exits non-zero within 5 s
+ * with the root-cause line, and no worker process remains. */
+static void test_kill_worker(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--epochs", "20", "--log-every", "2",
+			(char *)MODEL, NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	int seen = h_wait_for(&p, "step 4/", 60000);
+	pid_t kids[8];
+	int n = h_children(p.pid, kids, 8);
+	if (seen != 0 || n != 2) {
+		fprintf(stderr, "training did not start (%d workers):\n%s\n", n, p.out);
+		kill_leftovers(kids, n);
+		h_kill(&p);
+		fail();
+	}
+	kill(kids[1], SIGKILL);
+	int exited = h_wait(&p, 5000);
+	int alive = h_alive(kids[0]) || h_alive(kids[1]);
+	kill_leftovers(kids, n);
+	if (exited != 0)
+		h_kill(&p);
+	char want[96];
+	snprintf(want, sizeof want, "pid %d) was killed by signal 9", (int)kids[1]);
+	if (!strstr(p.out, want))
+		fprintf(stderr, "no root-cause line '%s' in:\n%s\n", want, p.out);
+	assert_int_equal(exited, 0);
+	assert_int_not_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, want));
+	assert_non_null(strstr(p.out, "hpulaunch: error: rank "));
+	assert_false(alive);
+	h_free(&p);
+}
+
+/* SIGTERM to hpulaunch tears the job down: exit 143, no worker left. */
+static void test_sigterm_teardown(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--epochs", "20", "--log-every", "2",
+			(char *)MODEL, "--", "--hidden", "64", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	int seen = h_wait_for(&p, "step 2/", 60000);
+	pid_t kids[8];
+	int n = h_children(p.pid, kids, 8);
+	assert_int_equal(seen, 0);
+	assert_int_equal(n, 2);
+	kill(p.pid, SIGTERM);
+	int exited = h_wait(&p, 10000);
+	int alive = h_alive(kids[0]) || h_alive(kids[1]);
+	kill_leftovers(kids, n);
+	if (exited)
+		h_kill(&p);
+	assert_int_equal(exited, 0);
+	assert_int_equal(h_code(&p), 128 + SIGTERM);
+	assert_non_null(strstr(p.out, "interrupted by SIGTERM"));
+	assert_false(alive);
+	h_free(&p);
+}
+
+/* A worker with the wrong job token is refused by the coordinator; a rank
+ * that never joins ends the job with an error naming it. */
+static void test_wrong_token_and_missing_rank(void **state)
+{
+	(void)state;
+	char port[16], master_port[32];
+	snprintf(port, sizeof port, "%d", free_port());
+	snprintf(master_port, sizeof master_port, "MASTER_PORT=%s", port);
+	char *env0[] = {"HPU_JOB_TOKEN=the-right-secret", NULL};
+	char *argv0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+			 "--master-port", port, "--join-timeout", "4", (char *)MODEL,
+			 "--", "--hidden", "64", NULL};
+	proc coord;
+	assert_int_equal(h_start(&coord, argv0, env0), 0);
+	usleep(300000);
+	char *envw[] = {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "NODE_RANK=1",
+			"MASTER_ADDR=127.0.0.1", master_port, "HPU_JOB_ID=hpujob",
+			"HPU_JOB_TOKEN=a-wrong-guess", NULL};
+	char *argvw[] = {(char *)h_build("bin/hpu-worker"), (char *)MODEL, "--", "--hidden", "64", NULL};
+	proc w;
+	int wcode = h_run(&w, argvw, envw, 30000);
+	printf("impostor: %s", w.out);
+	assert_int_equal(wcode, 1);
+	assert_non_null(strstr(w.out, "refused rank 1: bad job token"));
+	h_free(&w);
+
+	int exited = h_wait(&coord, 30000);
+	if (exited)
+		h_kill(&coord);
+	printf("launcher: %s", coord.out);
+	assert_int_equal(exited, 0);
+	assert_int_equal(h_code(&coord), 1);
+	assert_non_null(strstr(coord.out, "refused a join from rank 1"));
+	assert_non_null(strstr(coord.out, "rank 1 did not join within 4 s"));
+	assert_non_null(strstr(coord.out, "no hpulaunch connected for node 1"));
+	h_free(&coord);
+}
+
+static void expect_model_error(const char *model, const char *text)
+{
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)model, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, text));
+	assert_non_null(strstr(p.out, "hpulaunch: error: rank "));
+	h_free(&p);
+}
+
+static void test_model_without_entry(void **state)
+{
+	(void)state;
+	expect_model_error(h_build("lib/bad_noentry.so"), "has no entry symbol 'hpu_model_entry'");
+}
+
+static void test_model_wrong_abi(void **state)
+{
+	(void)state;
+	expect_model_error(h_build("lib/bad_abi.so"),
+			   "was built for hputrain ABI version 999, but this runtime has ABI version 1");
+}
+
+static void expect_usage_error(char **argv, char *const env[], const char *text)
+{
+	proc p;
+	int code = h_run(&p, argv, env, 30000);
+	printf("%s", p.out);
+	assert_int_equal(code, 2);
+	assert_non_null(strstr(p.out, text));
+	h_free(&p);
+}
+
+static void test_usage_errors(void **state)
+{
+	(void)state;
+	char *ws[] = {"WORLD_SIZE=3", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--master-port", "29500",
+		      (char *)MODEL, NULL};
+	expect_usage_error(a1, ws, "WORLD_SIZE=3 from the environment does not equal --nodes 2 x --devices 2 = 4");
+	char *a2[] = {(char *)LAUNCH, "--lr", "fast", (char *)MODEL, NULL};
+	expect_usage_error(a2, NULL, "bad value 'fast' for --lr");
+	char *a3[] = {(char *)LAUNCH, "--devices", "3", (char *)MODEL, NULL};
+	expect_usage_error(a3, NULL, "--batch-size 256 is not divisible by the world size 3");
+	char *a4[] = {(char *)LAUNCH, "--devices", "2", "/nonexistent/model.so", NULL};
+	expect_usage_error(a4, NULL, "cannot read the model /nonexistent/model.so");
+	char *a5[] = {(char *)LAUNCH, "--strategy", "zero3", (char *)MODEL, NULL};
+	expect_usage_error(a5, NULL, "--strategy zero3 is not implemented yet");
+	char *a6[] = {(char *)LAUNCH, "--frobnicate", (char *)MODEL, NULL};
+	expect_usage_error(a6, NULL, "unknown option --frobnicate");
+}
+
+/* --exec: the environment every worker gets, and prefixed output. */
+static void test_exec_environment(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "2", "--exec", "/bin/sh", "-c",
+			"echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+			"node=$NODE_RANK master=$MASTER_ADDR blas=$OPENBLAS_NUM_THREADS "
+			"job=${HPU_JOB_ID:+set} token=${HPU_JOB_TOKEN:+set}", NULL};
+	proc p;
+	assert_int_equal(h_run(&p, argv, NULL, 30000), 0);
+	printf("%s", p.out);
+	assert_non_null(strstr(p.out, "[rank 0] rank=0 local=0 world=2 lws=2 node=0 master=127.0.0.1 blas=1 job=set token=set"));
+	assert_non_null(strstr(p.out, "[rank 1] rank=1 local=1 world=2 lws=2 node=0 master=127.0.0.1 blas=1 job=set token=set"));
+	h_free(&p);
+}
+
+/* Collectives initialized from the environment, world sizes 1-4. */
+static void test_exec_collectives(void **state)
+{
+	(void)state;
+	for (int ws = 1; ws <= 4; ws++) {
+		char dev[8], want[64];
+		snprintf(dev, sizeof dev, "%d", ws);
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", dev, "--exec",
+				(char *)h_build("bin/coll_env_check"), NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 120000);
+		if (code)
+			fprintf(stderr, "%s", p.out);
+		assert_int_equal(code, 0);
+		for (int r = 0; r < ws; r++) {
+			snprintf(want, sizeof want, "[rank %d] coll ok: rank %d of %d", r, r, ws);
+			assert_non_null(strstr(p.out, want));
+		}
+		h_free(&p);
+	}
+}
+
+/* Two nodes (two hpulaunch processes) on loopback train together. */
+static void test_two_nodes(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc n0, n1;
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--max-steps", "5", "--log-every", "1",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--max-steps", "5", "--log-every", "1",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 0);
+	assert_int_equal(h_code(&n1), 0);
+	assert_non_null(strstr(n0.out, "[rank 0] trained 5 steps on 2 workers"));
+	assert_non_null(strstr(n0.out, "[rank 0] test accuracy"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* A worker killed on node 1 fails the job on node 0 too, naming it. */
+static void test_two_nodes_remote_failure(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc n0, n1;
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--epochs", "20", "--log-every", "2",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--epochs", "20", "--log-every", "2",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	int seen = h_wait_for(&n0, "step 4/", 60000);
+	pid_t k1[4], k0[4];
+	int c1 = h_children(n1.pid, k1, 4), c0 = h_children(n0.pid, k0, 4);
+	if (seen || c1 != 1) {
+		kill_leftovers(k0, c0);
+		kill_leftovers(k1, c1);
+		h_kill(&n0);
+		h_kill(&n1);
+		fail_msg("training did not start: %s", n0.out);
+	}
+	kill(k1[0], SIGKILL);
+	int e0 = h_wait(&n0, 15000), e1 = h_wait(&n1, 15000);
+	int alive = h_alive(k0[0]) || h_alive(k1[0]);
+	kill_leftovers(k0, c0);
+	kill_leftovers(k1, c1);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	char want[96];
+	snprintf(want, sizeof want, "rank 1 (node 1, pid %d) was killed by signal 9", (int)k1[0]);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, want));
+	assert_non_null(strstr(n1.out, want));
+	assert_false(alive);
+	h_free(&n0);
+	h_free(&n1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_usage_errors),
+		cmocka_unit_test(test_exec_environment),
+		cmocka_unit_test(test_exec_collectives),
+		cmocka_unit_test(test_model_without_entry),
+		cmocka_unit_test(test_model_wrong_abi),
+		cmocka_unit_test(test_two_workers_match_one_sgd),
+		cmocka_unit_test(test_two_workers_match_one_adamw),
+		cmocka_unit_test(test_kill_worker),
+		cmocka_unit_test(test_sigterm_teardown),
+		cmocka_unit_test(test_wrong_token_and_missing_rank),
+		cmocka_unit_test(test_two_nodes),
+		cmocka_unit_test(test_two_nodes_remote_failure),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,76 @@
+/* hpu-worker: one training process, started by hpulaunch with RANK,
+ * WORLD_SIZE, MASTER_ADDR, ... in its environment.
+ *
+ *   hpu-worker [training options] MODEL.so [-- model args]
+ */
+#include <hpu/coll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "model.h"
+#include "train.h"
+
+static int env_int(const char *name, int dflt)
+{
+	const char *v = getenv(name);
+	return v && *v ? atoi(v) : dflt;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: hpu-worker [training options] MODEL.so [-- model args]\n"
+		   "Started by hpulaunch, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...\n"
+		   "Training options:\n");
+	hpu_opts_help(f);
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	char err[1024] = "";
+	int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1);
+	hpu_train_opts o;
+	hpu_opts_defaults(&o);
+	int i = 1;
+	if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+		usage(stdout);
+		return 0;
+	}
+	if (hpu_opts_parse(&o, argc, argv, &i, err, sizeof err) < 0 ||
+	    hpu_opts_check(&o, world, err, sizeof err) < 0) {
+		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
+		return 2;
+	}
+	if (i >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	const char *path = argv[i++];
+	/* Model arguments follow "--"; the model sees its path as argv[0]. */
+	if (i < argc && strcmp(argv[i], "--") == 0)
+		i++;
+	argv[i - 1] = (char *)path;
+	int margc = argc - i + 1;
+	char **margv = argv + i - 1;
+
+	hpu_builder *b = NULL;
+	hpucoll_comm *comm = NULL;
+	int rc = 1;
+	if (hpu__model_load(&b, path, rank, world, err, sizeof err) < 0)
+		goto out;
+	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK)
+		goto out;
+	if (hpu__model_setup(b, margc, margv, HPU_TRAIN_GRAD_EXTRA, err, sizeof err) < 0)
+		goto out;
+	if (hpu_train_run(b, comm, &o, err, sizeof err) < 0)
+		goto out;
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
+	hpu__model_destroy(&b);
+	hpucoll_comm_destroy(&comm);
+	return rc;
+}

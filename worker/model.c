@@ -1,0 +1,301 @@
+#include "model.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
+		    char *err, size_t errlen)
+{
+	*out = NULL;
+	/* RTLD_NOW: an unresolved symbol is an error here, not a crash later. */
+	void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!dl) {
+		snprintf(err, errlen, "cannot load model %s: %s", path, dlerror());
+		return -1;
+	}
+	const hpu_model *m = dlsym(dl, HPU_MODEL_ENTRY_SYMBOL);
+	if (!m) {
+		snprintf(err, errlen,
+			 "model %s has no entry symbol '%s' (define it with HPU_MODEL() from <hpu/hpu.h>)",
+			 path, HPU_MODEL_ENTRY_SYMBOL);
+		goto fail;
+	}
+	if (m->abi_version != HPU_ABI_VERSION) {
+		snprintf(err, errlen,
+			 "model %s was built for hputrain ABI version %u, but this runtime has ABI version %u: rebuild it against this <hpu/hpu.h>",
+			 path, m->abi_version, HPU_ABI_VERSION);
+		goto fail;
+	}
+	if (!m->setup) {
+		snprintf(err, errlen, "model %s has no setup function", path);
+		goto fail;
+	}
+	hpu_builder *b = calloc(1, sizeof *b);
+	if (!b) {
+		snprintf(err, errlen, "out of memory loading %s", path);
+		goto fail;
+	}
+	b->rank = rank;
+	b->world = world;
+	b->dl = dl;
+	b->model = m;
+	snprintf(b->path, sizeof b->path, "%s", path);
+	*out = b;
+	return 0;
+fail:
+	dlclose(dl);
+	return -1;
+}
+
+int hpu_error(hpu_builder *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(b->err, sizeof b->err, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(l->err, sizeof l->err, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+int hpu_rank(const hpu_builder *b)
+{
+	return b->rank;
+}
+
+int hpu_world_size(const hpu_builder *b)
+{
+	return b->world;
+}
+
+void hpu_set_user(hpu_builder *b, void *user)
+{
+	b->user = user;
+}
+
+hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_size,
+			 size_t out_size, const hpu_layer_ops *ops, void *user)
+{
+	if (!name || !*name || strlen(name) >= sizeof((hpu_layer *)0)->name) {
+		hpu_error(b, "layer %d: name missing or longer than 63 bytes",
+			  b->nlayers);
+		return NULL;
+	}
+	if (!ops || !ops->forward || !ops->backward || !in_size || !out_size) {
+		hpu_error(b, "layer %s: needs forward, backward and non-zero sizes",
+			  name);
+		return NULL;
+	}
+	hpu_layer **grown = realloc(b->layers, (b->nlayers + 1) * sizeof *grown);
+	hpu_layer *l = calloc(1, sizeof *l);
+	if (grown)
+		b->layers = grown;
+	if (!grown || !l) {
+		free(l);
+		hpu_error(b, "out of memory adding layer %s", name);
+		return NULL;
+	}
+	l->b = b;
+	snprintf(l->name, sizeof l->name, "%s", name);
+	l->in_size = in_size;
+	l->out_size = out_size;
+	l->ops = *ops;
+	l->user = user;
+	l->first_param = b->nparams;
+	b->layers[b->nlayers++] = l;
+	return l;
+}
+
+int hpu_param_add(hpu_layer *l, const char *name, int ndim,
+		  const int64_t *shape, hpu_init init)
+{
+	hpu_builder *b = l->b;
+	if (l != b->layers[b->nlayers - 1])
+		return hpu_error(b, "layer %s: parameters must be added right after the layer",
+				 l->name);
+	if (!name || ndim < 1 || ndim > HPU_MAX_DIMS)
+		return hpu_error(b, "layer %s: parameter needs a name and 1..%d dims",
+				 l->name, HPU_MAX_DIMS);
+	size_t numel = 1, fan_in = ndim > 1 ? 1 : l->in_size;
+	for (int d = 0; d < ndim; d++) {
+		if (shape[d] <= 0)
+			return hpu_error(b, "layer %s: parameter %s has dimension %d of size %lld",
+					 l->name, name, d, (long long)shape[d]);
+		numel *= (size_t)shape[d];
+		if (d > 0)
+			fan_in *= (size_t)shape[d];
+	}
+	hpu_param_info *grown = realloc(b->params, (b->nparams + 1) * sizeof *grown);
+	if (!grown)
+		return hpu_error(b, "out of memory adding parameter %s", name);
+	b->params = grown;
+	hpu_param_info *p = &b->params[b->nparams];
+	memset(p, 0, sizeof *p);
+	snprintf(p->name, sizeof p->name, "%s.%s", l->name, name);
+	p->ndim = ndim;
+	memcpy(p->shape, shape, ndim * sizeof *shape);
+	p->numel = numel;
+	p->offset = b->numel;
+	p->init = init;
+	p->fan_in = fan_in;
+	/* Keep every parameter 16-float (64-byte) aligned in the flat buffer. */
+	b->numel += (numel + 15) & ~(size_t)15;
+	b->nparams++;
+	return l->nparams++;
+}
+
+int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
+{
+	if ((split != HPU_SPLIT_TRAIN && split != HPU_SPLIT_TEST) || !ds ||
+	    !ds->fetch || !ds->size || !ds->sample_size || !ds->label_size)
+		return hpu_error(b, "dataset: needs fetch and non-zero size, sample_size, label_size");
+	b->data[split] = *ds;
+	b->has_data[split] = 1;
+	return 0;
+}
+
+int hpu_loss_set(hpu_builder *b, const hpu_loss *loss)
+{
+	if (!loss || !loss->loss)
+		return hpu_error(b, "loss: needs a loss function");
+	b->loss = *loss;
+	b->has_loss = 1;
+	return 0;
+}
+
+float *hpu_param(hpu_layer *l, int i)
+{
+	return l->b->param_buf + l->b->params[l->first_param + i].offset;
+}
+
+float *hpu_grad(hpu_layer *l, int i)
+{
+	return l->b->grad_buf + l->b->params[l->first_param + i].offset;
+}
+
+void *hpu_layer_user(hpu_layer *l)
+{
+	return l->user;
+}
+
+const char *hpu_layer_name(const hpu_layer *l)
+{
+	return l->name;
+}
+
+static int check_declared(hpu_builder *b, char *err, size_t errlen)
+{
+	if (!b->nlayers) {
+		snprintf(err, errlen, "model %s declared no layers", b->path);
+		return -1;
+	}
+	if (!b->has_data[HPU_SPLIT_TRAIN] || !b->has_loss) {
+		snprintf(err, errlen, "model %s declared no %s", b->path,
+			 b->has_loss ? "training dataset" : "loss");
+		return -1;
+	}
+	size_t in = b->data[HPU_SPLIT_TRAIN].sample_size;
+	for (int i = 0; i < b->nlayers; i++) {
+		if (b->layers[i]->in_size != in) {
+			snprintf(err, errlen,
+				 "model %s: layer %s takes %zu floats per sample but gets %zu from %s",
+				 b->path, b->layers[i]->name, b->layers[i]->in_size, in,
+				 i ? b->layers[i - 1]->name : "the dataset");
+			return -1;
+		}
+		in = b->layers[i]->out_size;
+	}
+	const hpu_dataset *tr = &b->data[0], *te = &b->data[1];
+	if (b->has_data[1] && (te->sample_size != tr->sample_size ||
+			       te->label_size != tr->label_size)) {
+		snprintf(err, errlen, "model %s: test and training samples differ in size",
+			 b->path);
+		return -1;
+	}
+	return 0;
+}
+
+int hpu__model_setup(hpu_builder *b, int argc, char **argv, size_t grad_extra,
+		     char *err, size_t errlen)
+{
+	if (b->model->setup(b, argc, argv) != 0) {
+		snprintf(err, errlen, "model %s: setup failed: %s", b->path,
+			 b->err[0] ? b->err : "(no reason given)");
+		return -1;
+	}
+	if (b->err[0]) {
+		snprintf(err, errlen, "model %s: %s", b->path, b->err);
+		return -1;
+	}
+	if (check_declared(b, err, errlen) < 0)
+		return -1;
+	size_t pbytes = ((b->numel * sizeof(float)) + 63) & ~(size_t)63;
+	size_t gbytes = (((b->numel + grad_extra) * sizeof(float)) + 63) & ~(size_t)63;
+	b->param_buf = aligned_alloc(64, pbytes ? pbytes : 64);
+	b->grad_buf = aligned_alloc(64, gbytes ? gbytes : 64);
+	if (!b->param_buf || !b->grad_buf) {
+		snprintf(err, errlen, "model %s: cannot allocate %zu parameters",
+			 b->path, b->numel);
+		return -1;
+	}
+	memset(b->param_buf, 0, pbytes);
+	memset(b->grad_buf, 0, gbytes);
+	b->grad_extra = grad_extra;
+	return 0;
+}
+
+void hpu__model_init_params(hpu_builder *b, uint64_t seed)
+{
+	for (int i = 0; i < b->nparams; i++) {
+		hpu_param_info *p = &b->params[i];
+		float *w = b->param_buf + p->offset;
+		hpu_rng r;
+		hpu_rng_seed(&r, seed, (uint64_t)i + 1);
+		float bound = 1.0f / sqrtf((float)p->fan_in);
+		for (size_t k = 0; k < p->numel; k++) {
+			switch (p->init) {
+			case HPU_INIT_ZEROS:
+				w[k] = 0;
+				break;
+			case HPU_INIT_ONES:
+				w[k] = 1;
+				break;
+			case HPU_INIT_FAN_IN_UNIFORM:
+				w[k] = (2 * hpu_rng_float(&r) - 1) * bound;
+				break;
+			}
+		}
+	}
+}
+
+void hpu__model_destroy(hpu_builder **pb)
+{
+	hpu_builder *b = *pb;
+	if (!b)
+		return;
+	if (b->model && b->model->teardown)
+		b->model->teardown(b->user);
+	for (int i = 0; i < b->nlayers; i++)
+		free(b->layers[i]);
+	free(b->layers);
+	free(b->params);
+	free(b->param_buf);
+	free(b->grad_buf);
+	if (b->dl)
+		dlclose(b->dl);
+	free(b);
+	*pb = NULL;
+}

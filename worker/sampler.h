@@ -1,0 +1,27 @@
+/* sampler: the runtime's distributed sampler. Every rank computes the same
+ * seeded permutation of the training set for an epoch; global batch s is
+ * perm[s*B .. (s+1)*B) and rank r takes the r-th of its W equal slices, so
+ * shards are disjoint and a run on any world size sees the same global
+ * batches. The last partial batch is dropped (drop_last). */
+#ifndef HPU_SAMPLER_H
+#define HPU_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Fills perm[0..n) with epoch `epoch`'s permutation under `seed`. */
+void hpu_sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
+			 uint64_t epoch);
+
+/* Number of full global batches of `global_batch` in n samples. */
+size_t hpu_sampler_steps(size_t n, size_t global_batch);
+
+/* The global_batch/world indices rank `rank` trains on at `step`. */
+const uint32_t *hpu_sampler_shard(const uint32_t *perm, size_t step,
+				  size_t global_batch, int rank, int world);
+
+/* Evaluation: rank r takes samples r, r+W, r+2W, ... (every sample once
+ * over all ranks). Returns how many samples rank r gets out of n. */
+size_t hpu_sampler_eval_count(size_t n, int rank, int world);
+
+#endif
