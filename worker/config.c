@@ -266,8 +266,11 @@ void hpu_opts_help(FILE *f)
 {
 	for (size_t i = 0; i < NOPTS; i++) {
 		char left[48];
-		snprintf(left, sizeof left, "--%s%s", opts[i].name,
-			 hpu_opts_takes_value(opts[i].name) ? " V" : "");
+		static const char *meta[] = {[K_INT] = " N", [K_LONG] = " N",
+					     [K_DOUBLE] = " X", [K_STR] = " FILE",
+					     [K_OPTIM] = " NAME", [K_STRATEGY] = " NAME",
+					     [K_FLAG] = "", [K_NOFLAG] = ""};
+		snprintf(left, sizeof left, "--%s%s", opts[i].name, meta[opts[i].kind]);
 		fprintf(f, "  %-24s %s\n", left, opts[i].help);
 	}
 }
