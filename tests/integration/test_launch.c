@@ -66,12 +66,12 @@ static void train_20_steps(int devices, const char *optimizer, const char *lr,
 /* Trains 20 steps on 1 and on 2 workers (same global batch and seed) and
  * returns the relative loss difference at `step`, after checking that
  * every step up to `strict_until` agrees within 1e-5. */
-static double compare_runs(const char *optimizer, const char *lr, int step,
-			   int strict_until)
+static double compare_runs(const char *optimizer, const char *lr, int workers,
+			   int step, int strict_until)
 {
 	const char *m1 = "/tmp/hpu-test-eq-1.jsonl", *m2 = "/tmp/hpu-test-eq-2.jsonl";
 	train_20_steps(1, optimizer, lr, m1);
-	train_20_steps(2, optimizer, lr, m2);
+	train_20_steps(workers, optimizer, lr, m2);
 	char *a = h_slurp(m1), *b = h_slurp(m2);
 	assert_non_null(a);
 	assert_non_null(b);
@@ -82,8 +82,8 @@ static double compare_runs(const char *optimizer, const char *lr, int step,
 	}
 	double first = loss_at(a, 1), l1 = loss_at(a, step), l2 = loss_at(b, step);
 	double rel = fabs(l1 - l2) / fabs(l1);
-	printf("%s lr %s: step %d loss: 1 worker %.9g, 2 workers %.9g, relative difference %.3g\n",
-	       optimizer, lr, step, l1, l2, rel);
+	printf("%s lr %s: step %d loss: 1 worker %.9g, %d workers %.9g, relative difference %.3g\n",
+	       optimizer, lr, step, l1, workers, l2, rel);
 	assert_true(isfinite(l1) && isfinite(l2));
 	assert_true(l1 < first); /* it trains */
 	free(a);
@@ -99,13 +99,20 @@ static double compare_runs(const char *optimizer, const char *lr, int step,
 static void test_two_workers_match_one_sgd(void **state)
 {
 	(void)state;
-	assert_true(compare_runs("sgd", "0.05", 20, 20) <= 1e-5);
+	assert_true(compare_runs("sgd", "0.05", 2, 20, 20) <= 1e-5);
+}
+
+/* More workers than cores: 4 workers on this 2-core machine. */
+static void test_four_workers_match_one_sgd(void **state)
+{
+	(void)state;
+	assert_true(compare_runs("sgd", "0.05", 4, 20, 20) <= 1e-5);
 }
 
 static void test_two_workers_match_one_adamw(void **state)
 {
 	(void)state;
-	assert_true(compare_runs("adamw", "0.001", 20, 20) <= 1e-5);
+	assert_true(compare_runs("adamw", "0.001", 2, 20, 20) <= 1e-5);
 }
 
 /* The demo itself: one epoch on 2 workers. The metrics file has a line per
@@ -440,6 +447,7 @@ int main(void)
 		cmocka_unit_test(test_missing_dataset),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
 		cmocka_unit_test(test_two_workers_match_one_adamw),
+		cmocka_unit_test(test_four_workers_match_one_sgd),
 		cmocka_unit_test(test_demo_epoch),
 		cmocka_unit_test(test_kill_worker),
 		cmocka_unit_test(test_sigterm_teardown),
