@@ -26,6 +26,7 @@ typedef struct launch {
 	void *ctx, *dealer;     /* other nodes: link to the coordinator */
 	hpu_zwatch zw;
 	ev_timer beat;
+	char master_ip[64];     /* MASTER_ADDR, resolved */
 	ev_tstamp started, coord_seen;
 	ev_signal sigint, sigterm;
 	int failed;     /* a worker failed or the job was aborted */
@@ -217,12 +218,8 @@ static int resolve(const char *host, char *out, size_t outlen)
 
 static int connect_coord(char *err, size_t errlen)
 {
-	char ip[64], ep[128];
-	if (resolve(L.args.master_addr, ip, sizeof ip) < 0) {
-		snprintf(err, errlen, "cannot resolve the master address %s", L.args.master_addr);
-		return -1;
-	}
-	snprintf(ep, sizeof ep, "tcp://%s:%d", ip, L.args.master_port);
+	char ep[128];
+	snprintf(ep, sizeof ep, "tcp://%s:%d", L.master_ip, L.args.master_port);
 	int linger = 2000;
 	int64_t maxmsg = HPU_CODEC_MAX_MSG;
 	L.ctx = zmq_ctx_new();
@@ -252,13 +249,8 @@ static int connect_coord(char *err, size_t errlen)
 
 static int start_coord(char *err, size_t errlen)
 {
-	char ip[64];
-	if (resolve(L.args.master_addr, ip, sizeof ip) < 0) {
-		snprintf(err, errlen, "cannot resolve the master address %s", L.args.master_addr);
-		return -1;
-	}
 	hpu_coord_cfg cc = {
-		.bind_addr = ip,
+		.bind_addr = L.master_ip,
 		.port = L.args.master_port,
 		.job_id = L.args.job_id,
 		.token = L.args.token,
@@ -300,6 +292,10 @@ int main(int argc, char **argv)
 	ev_signal_start(L.loop, &L.sigint);
 	ev_signal_start(L.loop, &L.sigterm);
 	int rc = 1;
+	if (resolve(L.args.master_addr, L.master_ip, sizeof L.master_ip) < 0) {
+		snprintf(err, sizeof err, "cannot resolve the master address %s", L.args.master_addr);
+		goto out;
+	}
 	if (L.args.node_rank == 0 ? start_coord(err, sizeof err) : connect_coord(err, sizeof err))
 		goto out;
 	hpu_agent_cfg ac = {
