@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "loader.h"
 #include "optim.h"
 #include "sampler.h"
 
@@ -18,8 +19,11 @@ typedef struct loop {
 	hpucoll_comm *comm;
 	const hpu_train_opts *o;
 	int rank, world, batch;  /* batch: this rank's share of the global */
-	float *x;                /* [batch, sample_size] */
-	int32_t *labels;         /* [batch, label_size] */
+	float *x;                /* the batch in use [batch, sample_size] */
+	int32_t *labels;         /* its labels [batch, label_size] */
+	float *eval_x;           /* evaluation's own batch buffers */
+	int32_t *eval_labels;
+	hpu_loader *loader;      /* training batches, one step ahead */
 	float **acts;            /* acts[i]: layer i's output [batch, out] */
 	float *dbuf[2];          /* ping-pong activation gradients */
 	uint32_t *perm;
@@ -61,11 +65,12 @@ static int alloc_buffers(loop *L)
 	hpu_builder *b = L->b;
 	const hpu_dataset *d = &b->data[HPU_SPLIT_TRAIN];
 	size_t maxw = d->sample_size;
-	L->x = malloc((size_t)L->batch * d->sample_size * sizeof(float));
-	L->labels = malloc((size_t)L->batch * d->label_size * sizeof(int32_t));
+	L->eval_x = malloc((size_t)L->batch * d->sample_size * sizeof(float));
+	L->eval_labels = malloc((size_t)L->batch * d->label_size * sizeof(int32_t));
 	L->acts = calloc((size_t)b->nlayers, sizeof *L->acts);
 	L->perm = malloc(d->size * sizeof *L->perm);
-	if (!L->x || !L->labels || !L->acts || !L->perm)
+	L->loader = hpu_loader_new(d, L->batch);
+	if (!L->eval_x || !L->eval_labels || !L->acts || !L->perm || !L->loader)
 		return -1;
 	for (int i = 0; i < b->nlayers; i++) {
 		size_t w = b->layers[i]->out_size;
@@ -86,8 +91,9 @@ static void free_buffers(loop *L)
 	for (int i = 0; L->acts && i < L->b->nlayers; i++)
 		free(L->acts[i]);
 	free(L->acts);
-	free(L->x);
-	free(L->labels);
+	free(L->eval_x);
+	free(L->eval_labels);
+	hpu_loader_destroy(&L->loader);
 	free(L->perm);
 	free(L->dbuf[0]);
 	free(L->dbuf[1]);
@@ -96,13 +102,15 @@ static void free_buffers(loop *L)
 		fclose(L->metrics);
 }
 
-/* Fetches samples idx[0..n) of `split` into L->x and L->labels. */
-static int load_batch(loop *L, hpu_split split, const uint32_t *idx,
-		      size_t stride, int n)
+/* Fetches test samples idx[0..n) into the evaluation buffers and makes
+ * them the batch in use. */
+static int load_eval_batch(loop *L, const uint32_t *idx, int n)
 {
-	const hpu_dataset *d = &L->b->data[split];
+	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TEST];
+	L->x = L->eval_x;
+	L->labels = L->eval_labels;
 	for (int i = 0; i < n; i++) {
-		size_t k = idx[(size_t)i * stride];
+		size_t k = idx[i];
 		if (d->fetch(d->user, k, L->x + (size_t)i * d->sample_size,
 			     L->labels + (size_t)i * d->label_size) != 0) {
 			return fail(L, "the model's dataset failed to fetch sample %zu",
@@ -125,9 +133,11 @@ static int forward(loop *L, int n)
 	return 0;
 }
 
-/* Runs the loss and backward; returns the local mean loss (or NAN after
+/* Runs the loss and backward, with the loss gradient scaled by `scale`
+ * (so every gradient comes out scaled, at the cost of scaling the last
+ * layer's output only); returns the local mean loss (or NAN after
  * recording an error). */
-static float backward(loop *L, int n)
+static float backward(loop *L, int n, float scale)
 {
 	hpu_builder *b = L->b;
 	int last = b->nlayers - 1;
@@ -138,6 +148,8 @@ static float backward(loop *L, int n)
 		     isnan(loss) ? "NaN" : "a negative value");
 		return NAN;
 	}
+	for (size_t i = 0, k = (size_t)n * b->layers[last]->out_size; i < k; i++)
+		dout[i] *= scale;
 	for (int i = last; i >= 0; i--) {
 		hpu_layer *l = b->layers[i];
 		float *din = i ? L->dbuf[(last - i + 1) & 1] : NULL;
@@ -167,26 +179,36 @@ static void log_step(loop *L, long step, long total, int epoch, float loss,
 	}
 }
 
-/* One optimizer step on the local shard of global batch `s`. */
-static int train_step(loop *L, size_t s, float *loss_out)
+/* Asks the loader for this rank's shard of global batch `s`. */
+static void prefetch(loop *L, size_t s)
+{
+	hpu_loader_request(L->loader, (int)(s & 1),
+			   hpu_sampler_shard(L->perm, s, (size_t)L->o->batch_size,
+					     L->rank, L->world),
+			   L->batch);
+}
+
+/* One optimizer step on this rank's shard of global batch `s`, fetched by
+ * the loader; asks for batch s + 1 (if `more`) before computing. */
+static int train_step(loop *L, size_t s, int more, float *loss_out)
 {
 	hpu_builder *b = L->b;
-	const uint32_t *idx = hpu_sampler_shard(L->perm, s, (size_t)L->o->batch_size,
-						L->rank, L->world);
-	if (load_batch(L, HPU_SPLIT_TRAIN, idx, 1, L->batch) < 0)
-		return -1;
+	size_t bad;
+	if (hpu_loader_wait(L->loader, (int)(s & 1), &L->x, &L->labels, &bad) < 0)
+		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+	if (more)
+		prefetch(L, s + 1);
 	memset(b->grad_buf, 0, b->numel * sizeof(float));
 	if (forward(L, L->batch) < 0)
 		return -1;
-	float loss = backward(L, L->batch);
+	/* fast_ddp: gradients pre-divided by the world size (through the loss
+	 * gradient), then one flat sum. The loss rides in the slot after the
+	 * gradients. */
+	float scale = 1.0f / (float)L->world;
+	float loss = backward(L, L->batch, scale);
 	if (isnan(loss))
 		return -1;
-	/* fast_ddp: pre-divide by the world size, then one flat sum. The loss
-	 * rides in the slot after the gradients. */
-	float scale = 1.0f / (float)L->world;
-	b->grad_buf[b->numel] = loss;
-	for (size_t i = 0; i <= b->numel; i++)
-		b->grad_buf[i] *= scale;
+	b->grad_buf[b->numel] = loss * scale;
 	int rc = hpucoll_all_reduce(L->comm, b->grad_buf, b->numel + 1,
 				    HPUCOLL_F32, HPUCOLL_SUM);
 	if (rc)
@@ -210,7 +232,7 @@ static int evaluate(loop *L, double *value, double *count)
 		int n = (int)(mine - done < (size_t)L->batch ? mine - done : (size_t)L->batch);
 		for (int i = 0; i < n; i++)
 			idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
-		if (load_batch(L, HPU_SPLIT_TEST, idx, 1, n) < 0 || forward(L, n) < 0) {
+		if (load_eval_batch(L, idx, n) < 0 || forward(L, n) < 0) {
 			free(idx);
 			return -1;
 		}
@@ -271,9 +293,14 @@ static int run_epochs(loop *L, long *steps_out, float *loss_out, double *sps_out
 	long step0 = 0, steplog = 0;
 	float loss = 0;
 	for (int e = 0; e < L->o->epochs && step < total; e++) {
+		/* The loader is idle here: the permutation may change. */
 		hpu_sampler_permute(L->perm, d->size, L->o->seed, (uint64_t)e);
-		for (size_t s = 0; s < per_epoch && step < total; s++) {
-			if (train_step(L, s, &loss) < 0)
+		size_t steps = per_epoch;
+		if ((long)steps > total - step)
+			steps = (size_t)(total - step);
+		prefetch(L, 0);
+		for (size_t s = 0; s < steps; s++) {
+			if (train_step(L, s, s + 1 < steps, &loss) < 0)
 				return -1;
 			step++;
 			double t = now_s();

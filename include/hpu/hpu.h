@@ -61,8 +61,10 @@ typedef struct hpu_dataset {
 	size_t sample_size; /* floats of input per sample */
 	size_t label_size;  /* int32 labels per sample (at least 1) */
 	/* Writes sample `index` (< size) into x[sample_size] and
-	 * labels[label_size]. Called from a loader thread: must not touch
-	 * shared mutable state. Returns 0, or -1 on failure. */
+	 * labels[label_size]. Training batches are fetched on the runtime's
+	 * loader thread while the layers compute, so fetch must not touch
+	 * state the layers use; calls never overlap each other. Returns 0,
+	 * or -1 on failure. */
 	int (*fetch)(void *user, size_t index, float *x, int32_t *labels);
 	void *user;
 } hpu_dataset;
