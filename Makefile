@@ -29,11 +29,14 @@ test: build
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DHPU_SANITIZE=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	cd $(ASAN_BUILD) && ctest --output-on-failure -LE integration --timeout 900
+	cd $(ASAN_BUILD) && ctest --output-on-failure -LE 'integration|matrix' --timeout 900
 
-bench: build
-	@bash deploy/install-deps.sh python3-torch
+# The peers' packages go in before the build, so that mpi-allreduce is built.
+bench:
+	@bash deploy/install-deps.sh python3-torch openmpi-bin libopenmpi-dev
+	$(MAKE) build
 	bash bench/demo_throughput.sh $(BUILD)
+	bash bench/coll_compare.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,31 +1,534 @@
-/* The collective algorithms, written against the transport of
- * comm_internal.h:
- *   all_reduce  ring: reduce-scatter then all-gather, 2 * (size - 1) steps;
- *   broadcast   pipelined chain from the root;
- *   barrier     dissemination, ceil(log2(size)) rounds.
- * Transfers are split into messages of at most HPUCOLL__SEG_BYTES, and each
- * message is passed on as soon as it is handled, so the steps pipeline. */
+/* The choice of algorithm for each collective, and how they run: the
+ * patterns themselves are in patterns.c.
+ *
+ *   all_reduce      recursive doubling up to HPUCOLL_SMALL_BYTES, a ring
+ *                   (reduce-scatter then all-gather) above; hierarchical
+ *                   when the ranks of each node share memory, there are
+ *                   several nodes and every node has as many ranks: ring
+ *                   reduce-scatter inside the node (local rank i gets
+ *                   chunk i), all-reduce of chunk i among the ranks of
+ *                   local index i across nodes over ZeroMQ, ring
+ *                   all-gather inside the node;
+ *   reduce_scatter  ring;
+ *   all_gather      ring;
+ *   broadcast       binomial tree up to HPUCOLL_BCAST_SMALL_BYTES, else a
+ *                   pipelined chain root, root + 1, ...;
+ *   reduce          binomial tree up to HPUCOLL_REDUCE_SMALL_BYTES, else
+ *                   ring reduce-scatter and a gather to the root;
+ *   barrier         dissemination.
+ *
+ * Every rank ends with the same bytes: a ring or tree result is computed
+ * once and copied; recursive-doubling partners combine in the same operand
+ * order (lower rank first), and AVG divides where the sum is final.
+ *
+ * Environment (read at hpucoll_comm_new; must be the same on every rank):
+ *   HPUCOLL_ALGO=auto|ring|rd|hier   all_reduce algorithm (auto)
+ *   HPUCOLL_SMALL_BYTES=N            all_reduce: recursive doubling up to
+ *                                    N bytes (default SMALL_BYTES_SHM
+ *                                    when all the ranks involved share
+ *                                    memory, else SMALL_BYTES_NET)
+ *   HPUCOLL_BCAST_SMALL_BYTES=N      broadcast: tree up to N bytes
+ *                                    (BCAST_SMALL_BYTES)
+ *   HPUCOLL_REDUCE_SMALL_BYTES=N     reduce: tree up to N bytes
+ *                                    (REDUCE_SMALL_BYTES_SHM / _NET)
+ */
+#include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "comm_internal.h"
+#include "patterns.h"
+
+/* The switch points, measured on this machine (AMD EPYC, 2 cores, 23 GB;
+ * ranks forked on one node; float sum, out of place): each algorithm was
+ * forced through the environment variables above and timed over sizes 8 B
+ * to 4 MiB by powers of two, 3 runs taken only while no other process was
+ * runnable, the minimum kept. Reduce and broadcast were timed followed by
+ * a barrier, because back-to-back calls pipeline. Times in microseconds.
+ *
+ * all_reduce, shared memory, 2 ranks (rd / ring):
+ *   1 KiB 0.26 / 0.38, 2 KiB 0.42 / 0.40, 4 KiB 0.71 / 0.55,
+ *   64 KiB 9.4 / 6.1, 1 MiB 77 / 60, 4 MiB 389 / 285.
+ * Three or four ranks on two cores are oversubscribed: every step waits
+ * for a descheduled rank, so fewer steps win (rd up to 1 MiB); that says
+ * nothing about a node with a core per rank and is not used.
+ * all_reduce, TCP (rd / ring): 2 ranks 256 KiB 202 / 232, 512 KiB
+ * 421 / 257; 3 ranks 1 MiB 717 / 1206, 2 MiB 3922 / 2915; 4 ranks
+ * 256 KiB 789 / 817, 512 KiB 1528 / 1145.
+ * reduce, shared memory, 2 ranks (tree / ring + gather): 1 KiB 0.31 / 0.39,
+ * 2 KiB 0.57 / 0.44, 128 KiB 19 / 16, 2 MiB 129 / 105. TCP, 2 to 4
+ * ranks: the tree wins up to 1 MiB (4 ranks 1 MiB 827 / 1555), the ring
+ * from 2 MiB (3 ranks 3163 / 1634) or 4 MiB (2 ranks 1372 / 934).
+ * broadcast (tree / chain): TCP, 3 ranks 8 KiB 140 / 198, 1 MiB 554 / 534,
+ * 2 MiB 1307 / 1249; 4 ranks 1 MiB 820 / 845, 2 MiB 1773 / 1414; on shared
+ * memory (3 and 4 ranks, oversubscribed) the two stay within the noise.
+ * hierarchical all_reduce, 4 ranks as 2 nodes of 2 (hier / ring / rd):
+ * 4 KiB 149 / 233 / 106, 128 KiB 248 / 376 / 251, 1 MiB 859 / 2496 / 1765,
+ * 16 MiB 11796 / 23967 / 33890: above SMALL_BYTES_NET it is used.
+ */
+#define SMALL_BYTES_NET (256u * 1024u)
+#define SMALL_BYTES_SHM (2u * 1024u)
+#define BCAST_SMALL_BYTES (1024u * 1024u)
+#define REDUCE_SMALL_BYTES_NET (1024u * 1024u)
+#define REDUCE_SMALL_BYTES_SHM (1024u)
+
+/* ---- Tuning ---- */
+
+static int size_from_env(const char *name, size_t *out)
+{
+	const char *s = getenv(name);
+	unsigned long long v;
+	char *end;
+
+	if (s == NULL || *s == '\0')
+		return HPUCOLL_OK;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno != 0 || *end != '\0' || s[0] == '-' || v > SIZE_MAX)
+		return HPUCOLL_EENV;
+	*out = (size_t)v;
+	return HPUCOLL_OK;
+}
+
+int hpucoll__tune_from_env(hpucoll_comm *c)
+{
+	static const char *const names[] = {"ring", "rd", NULL, "hier"};
+	const char *s = getenv("HPUCOLL_ALGO");
+	struct hpucoll__tune *t = &c->tune;
+
+	t->algo = -1;
+	t->small_bytes[0] = SMALL_BYTES_NET;
+	t->small_bytes[1] = SMALL_BYTES_SHM;
+	t->bcast_small = BCAST_SMALL_BYTES;
+	t->reduce_small[0] = REDUCE_SMALL_BYTES_NET;
+	t->reduce_small[1] = REDUCE_SMALL_BYTES_SHM;
+	if (s != NULL && *s != '\0' && strcmp(s, "auto") != 0) {
+		for (int i = 0; i < 4 && t->algo < 0; i++) {
+			if (names[i] != NULL && strcmp(s, names[i]) == 0)
+				t->algo = i;
+		}
+		if (t->algo < 0)
+			return HPUCOLL_EENV;
+	}
+	if (size_from_env("HPUCOLL_SMALL_BYTES", &t->small_bytes[0]) ||
+	    size_from_env("HPUCOLL_SMALL_BYTES", &t->small_bytes[1]) ||
+	    size_from_env("HPUCOLL_BCAST_SMALL_BYTES", &t->bcast_small) ||
+	    size_from_env("HPUCOLL_REDUCE_SMALL_BYTES", &t->reduce_small[0]) ||
+	    size_from_env("HPUCOLL_REDUCE_SMALL_BYTES", &t->reduce_small[1]))
+		return HPUCOLL_EENV;
+	return HPUCOLL_OK;
+}
+
+/* ---- Groups ---- */
+
+static size_t min_size(size_t a, size_t b)
+{
+	return a < b ? a : b;
+}
+
+static int grank(const struct hpucoll__group *g, int i)
+{
+	return g->ranks != NULL ? g->ranks[i] : i;
+}
+
+static int cmp_node(const void *a, const void *b, void *ids);
+
+/* Sets g->seg, the largest message between any two members (the smallest
+ * link_max over pairs that share a node; the other pairs use ZeroMQ), and
+ * g->shm_only. */
+static int group_links(const hpucoll_comm *c, struct hpucoll__group *g)
+{
+	int *order;
+
+	g->seg = HPUCOLL__SEG_BYTES;
+	g->shm_only = 0;
+	if (c->node_ids == NULL || g->n < 2)
+		return HPUCOLL_OK;
+	order = malloc((size_t)g->n * sizeof(*order));
+	if (order == NULL)
+		return HPUCOLL_ENOMEM;
+	for (int i = 0; i < g->n; i++)
+		order[i] = grank(g, i);
+	qsort_r(order, (size_t)g->n, sizeof(*order), cmp_node, c->node_ids);
+	for (int i = 0; i + 1 < g->n; i++) {
+		if (c->node_ids[order[i]] == c->node_ids[order[i + 1]])
+			g->seg = min_size(g->seg, hpucoll__link_max(
+							  c, order[i],
+							  order[i + 1]));
+	}
+	g->shm_only = g->seg < HPUCOLL__SEG_BYTES &&
+		      c->node_ids[order[0]] == c->node_ids[order[g->n - 1]];
+	free(order);
+	return HPUCOLL_OK;
+}
+
+static int cmp_node(const void *a, const void *b, void *ids)
+{
+	const int *node = ids;
+	int x = node[*(const int *)a], y = node[*(const int *)b];
+
+	return (x > y) - (x < y);
+}
+
+/* Numbers the nodes by their lowest rank and checks that every node has
+ * the same number of ranks; fills the local and cross groups. */
+static int hier_groups(hpucoll_comm *c)
+{
+	int n = c->size, *nodes, *count, nn = 0, me_node = -1, li = -1;
+	int rc = HPUCOLL_ENOMEM;
+
+	nodes = malloc((size_t)n * sizeof(*nodes)); /* node index of rank */
+	count = calloc((size_t)n, sizeof(*count));  /* ranks per node */
+	if (nodes == NULL || count == NULL)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		int j = 0;
+
+		while (j < i && c->node_ids[j] != c->node_ids[i])
+			j++;
+		nodes[i] = j < i ? nodes[j] : nn++;
+		if (i == c->rank) {
+			me_node = nodes[i];
+			li = count[nodes[i]];
+		}
+		count[nodes[i]]++;
+	}
+	rc = HPUCOLL_OK;
+	for (int k = 1; k < nn; k++) {
+		if (count[k] != count[0])
+			goto out; /* uneven nodes: the flat algorithms */
+	}
+	/* Worth it only when the ranks of a node share memory. */
+	if (nn < 2 || count[0] < 2 ||
+	    (c->transport != HPUCOLL_TRANSPORT_AUTO &&
+	     c->transport != HPUCOLL_TRANSPORT_SHM))
+		goto out;
+	c->local.n = count[0];
+	c->cross.n = nn;
+	c->local.ranks = malloc((size_t)count[0] * sizeof(int));
+	c->cross.ranks = malloc((size_t)nn * sizeof(int));
+	if (c->local.ranks == NULL || c->cross.ranks == NULL) {
+		rc = HPUCOLL_ENOMEM;
+		goto out;
+	}
+	memset(count, 0, (size_t)n * sizeof(*count));
+	for (int i = 0; i < n; i++) {
+		int k = nodes[i], l = count[k]++;
+
+		if (k == me_node)
+			c->local.ranks[l] = i;
+		if (l == li)
+			c->cross.ranks[k] = i;
+	}
+	c->local.me = li;
+	c->cross.me = me_node;
+	c->hier_ok = 1;
+out:
+	free(nodes);
+	free(count);
+	return rc;
+}
+
+int hpucoll__groups_init(hpucoll_comm *c)
+{
+	int rc = HPUCOLL_OK;
+
+	c->all.n = c->size;
+	c->all.me = c->rank;
+	c->all.ranks = NULL;
+	if (c->node_ids != NULL)
+		rc = hier_groups(c);
+	if (rc != HPUCOLL_OK)
+		return rc;
+	rc = group_links(c, &c->all);
+	if (rc == HPUCOLL_OK)
+		rc = group_links(c, &c->local);
+	if (rc == HPUCOLL_OK)
+		rc = group_links(c, &c->cross);
+	return rc;
+}
+
+void hpucoll__groups_free(hpucoll_comm *c)
+{
+	free(c->local.ranks);
+	free(c->cross.ranks);
+	c->local.ranks = NULL;
+	c->cross.ranks = NULL;
+	c->hier_ok = 0;
+}
+
+/* ---- The collectives ---- */
+
+static int no_memory(hpucoll_comm *c, size_t bytes)
+{
+	hpucoll__set_error(c, "%s: out of memory (%zu bytes).", c->what,
+			   bytes);
+	return HPUCOLL_ENOMEM;
+}
+
+static void set_kind(hpucoll_comm *c, int kind, int algo)
+{
+	c->kind = (uint8_t)(kind | algo << 4);
+}
+
+/* all_reduce of `count` elements over g, `in` to `out` (may be equal). */
+static int all_reduce_on(hpucoll_comm *c, const struct hpucoll__group *g,
+			 const struct hpucoll__red *r, const unsigned char *in,
+			 unsigned char *out, size_t count, int algo)
+{
+	struct hpucoll__ring rg = {
+		.c = c, .g = g, .r = *r, .count = count, .in = in, .out = out,
+		.reduce = 1, .gather = 1,
+	};
+
+	if (g->n == 1 || count == 0) {
+		if (in != out)
+			memcpy(out, in, count * r->es);
+		if (r->divisor > 0)
+			hpucoll__divide(r->dt, out, count, r->divisor);
+		return HPUCOLL_OK;
+	}
+	set_kind(c, HPUCOLL__ALL_REDUCE, algo);
+	if (algo == HPUCOLL__ALGO_RD) {
+		if (in != out)
+			memcpy(out, in, count * r->es);
+		return hpucoll__rd_all_reduce(c, g, r, out, count);
+	}
+	return hpucoll__ring_run(&rg);
+}
+
+static int pick_flat(const hpucoll_comm *c, const struct hpucoll__group *g,
+		     size_t bytes)
+{
+	if (c->tune.algo == HPUCOLL__ALGO_RING ||
+	    c->tune.algo == HPUCOLL__ALGO_RD)
+		return c->tune.algo;
+	return bytes <= c->tune.small_bytes[g->shm_only] ? HPUCOLL__ALGO_RD
+							 : HPUCOLL__ALGO_RING;
+}
+
+/* Ring reduce-scatter inside the node (local member i gets chunk i), an
+ * all-reduce of that chunk across nodes, ring all-gather inside the
+ * node. */
+static int hier_all_reduce(hpucoll_comm *c, const struct hpucoll__red *r,
+			   const unsigned char *in, unsigned char *out,
+			   size_t count)
+{
+	struct hpucoll__red sum = *r;
+	struct hpucoll__ring rg = {
+		.c = c, .g = &c->local, .r = *r, .count = count, .in = in,
+		.out = out, .shift = -1, .reduce = 1,
+	};
+	size_t e, l;
+	int rc;
+
+	rg.r.divisor = 0;
+	set_kind(c, HPUCOLL__ALL_REDUCE, HPUCOLL__ALGO_HIER);
+	rc = hpucoll__ring_run(&rg);
+	if (rc != HPUCOLL_OK)
+		return rc;
+	hpucoll__split(count, (size_t)c->local.n, (size_t)c->local.me, &e, &l);
+	sum.divisor = r->divisor;
+	rc = all_reduce_on(c, &c->cross, &sum, out + e * r->es,
+			   out + e * r->es, l,
+			   pick_flat(c, &c->cross, l * r->es));
+	if (rc != HPUCOLL_OK)
+		return rc;
+	set_kind(c, HPUCOLL__ALL_REDUCE, HPUCOLL__ALGO_HIER);
+	rg.in = NULL;
+	rg.reduce = 0;
+	rg.gather = 1;
+	return hpucoll__ring_run(&rg);
+}
+
+static int run_all_reduce(hpucoll_comm *c, const struct hpucoll__args *a,
+			  const struct hpucoll__red *r)
+{
+	size_t bytes = a->count * r->es;
+	int algo = c->tune.algo;
+
+	if (algo == HPUCOLL__ALGO_HIER && !c->hier_ok)
+		algo = -1;
+	if (algo < 0 && c->hier_ok && bytes > c->tune.small_bytes[0])
+		algo = HPUCOLL__ALGO_HIER;
+	if (algo == HPUCOLL__ALGO_HIER && c->size > 1 && a->count > 0)
+		return hier_all_reduce(c, r, a->sendbuf, a->recvbuf, a->count);
+	return all_reduce_on(c, &c->all, r, a->sendbuf, a->recvbuf, a->count,
+			     pick_flat(c, &c->all, bytes));
+}
+
+static int run_reduce_scatter(hpucoll_comm *c, const struct hpucoll__args *a,
+			      const struct hpucoll__red *r)
+{
+	size_t bytes = a->count * r->es;
+	struct hpucoll__ring rg = {
+		.c = c, .g = &c->all, .r = *r, .count = a->count * c->size,
+		.in = a->sendbuf, .out = a->recvbuf,
+		.base = (size_t)c->rank * bytes, .shift = -1, .reduce = 1,
+	};
+
+	if (c->size == 1) {
+		if (a->sendbuf != a->recvbuf)
+			memcpy(a->recvbuf, a->sendbuf, bytes);
+		return HPUCOLL_OK;
+	}
+	return hpucoll__ring_run(&rg);
+}
+
+static int run_all_gather(hpucoll_comm *c, const struct hpucoll__args *a,
+			  size_t es)
+{
+	size_t bytes = a->count * es;
+	unsigned char *mine = (unsigned char *)a->recvbuf + c->rank * bytes;
+	struct hpucoll__ring rg = {
+		.c = c, .g = &c->all, .r = {.es = es},
+		.count = a->count * c->size, .out = a->recvbuf, .shift = -1,
+		.gather = 1,
+	};
+
+	if (mine != a->sendbuf)
+		memcpy(mine, a->sendbuf, bytes);
+	if (c->size == 1)
+		return HPUCOLL_OK;
+	return hpucoll__ring_run(&rg);
+}
+
+static int run_broadcast(hpucoll_comm *c, const struct hpucoll__args *a,
+			 size_t es)
+{
+	size_t bytes = a->count * es;
+	int chain = bytes > c->tune.bcast_small;
+
+	set_kind(c, HPUCOLL__BROADCAST,
+		 chain ? HPUCOLL__ALGO_RING : HPUCOLL__ALGO_TREE);
+	return hpucoll__bcast(c, &c->all, a->root, a->sendbuf, a->recvbuf,
+			      bytes, chain);
+}
+
+static int run_reduce(hpucoll_comm *c, const struct hpucoll__args *a,
+		      const struct hpucoll__red *r)
+{
+	size_t bytes = a->count * r->es;
+	unsigned char *acc = a->recvbuf;
+
+	if (c->size > 1 && bytes > c->tune.reduce_small[c->all.shm_only]) {
+		set_kind(c, HPUCOLL__REDUCE, HPUCOLL__ALGO_RING);
+		return hpucoll__ring_reduce(c, &c->all, r, a->root,
+					    a->sendbuf, a->recvbuf, a->count);
+	}
+	set_kind(c, HPUCOLL__REDUCE, HPUCOLL__ALGO_TREE);
+	if (c->rank != a->root) {
+		acc = hpucoll__scratch(c, bytes);
+		if (acc == NULL)
+			return no_memory(c, bytes);
+	}
+	return hpucoll__tree_reduce(c, &c->all, r, a->root, a->sendbuf, acc,
+				    a->count);
+}
+
+static int has_op(int kind)
+{
+	return kind == HPUCOLL__ALL_REDUCE || kind == HPUCOLL__REDUCE ||
+	       kind == HPUCOLL__REDUCE_SCATTER;
+}
+
+/* [a, a + alen) and [b, b + blen) share a byte. */
+static int overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+	uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+
+	return alen > 0 && blen > 0 && x < y + blen && y < x + alen;
+}
+
+static const void *at(const void *p, size_t off)
+{
+	return p == NULL ? NULL : (const char *)p + off;
+}
+
+static int bad(hpucoll_comm *c, const struct hpucoll__args *a,
+	       const char *what)
+{
+	hpucoll__set_error(c, "%s: %s.", hpucoll__kind_name(a->kind), what);
+	return HPUCOLL_EINVAL;
+}
+
+/* Checks buffers; `sbytes` and `rbytes` are the sizes of send and receive
+ * buffers; `inplace` says that they are placed as in place. */
+static int check_bufs(hpucoll_comm *c, const struct hpucoll__args *a,
+		      size_t sbytes, size_t rbytes, int inplace, int need_send,
+		      int need_recv)
+{
+	if (need_send && a->sendbuf == NULL && sbytes > 0)
+		return bad(c, a, "the send buffer is NULL");
+	if (need_recv && a->recvbuf == NULL && rbytes > 0)
+		return bad(c, a, "the receive buffer is NULL");
+	if (need_send && need_recv && !inplace &&
+	    overlap(a->sendbuf, sbytes, a->recvbuf, rbytes))
+		return bad(c, a, "the buffers overlap but are not in place");
+	return HPUCOLL_OK;
+}
+
+int hpucoll__check_args(hpucoll_comm *c, const struct hpucoll__args *a)
+{
+	size_t es = hpucoll_dtype_size(a->dtype), n = (size_t)c->size, bytes;
+	int root = a->kind == HPUCOLL__BROADCAST || a->kind == HPUCOLL__REDUCE;
+	int me = c->rank, same;
+
+	if (c->peers == NULL) {
+		hpucoll__set_error(c, "%s: rank %d is not connected yet.",
+				   hpucoll__kind_name(a->kind), c->rank);
+		return HPUCOLL_EINVAL;
+	}
+	if (a->kind == HPUCOLL__BARRIER)
+		return HPUCOLL_OK;
+	if (es == 0)
+		return bad(c, a, "invalid dtype");
+	if (has_op(a->kind) && (unsigned)a->op >= HPUCOLL_NUM_OPS)
+		return bad(c, a, "invalid op");
+	if (root && (a->root < 0 || a->root >= c->size)) {
+		hpucoll__set_error(c, "%s: invalid root %d (size %d).",
+				   hpucoll__kind_name(a->kind), a->root,
+				   c->size);
+		return HPUCOLL_EINVAL;
+	}
+	if (a->count > SIZE_MAX / es / n || a->count * es * n > INT64_MAX)
+		return bad(c, a, "count too large");
+	bytes = a->count * es;
+	same = a->sendbuf == a->recvbuf;
+	switch (a->kind) {
+	case HPUCOLL__ALL_REDUCE:
+		return check_bufs(c, a, bytes, bytes, same, 1, 1);
+	case HPUCOLL__REDUCE_SCATTER:
+		return check_bufs(c, a, bytes * n, bytes,
+				  a->recvbuf == at(a->sendbuf, me * bytes), 1,
+				  1);
+	case HPUCOLL__ALL_GATHER:
+		return check_bufs(c, a, bytes, bytes * n,
+				  a->sendbuf == at(a->recvbuf, me * bytes), 1,
+				  1);
+	case HPUCOLL__BROADCAST:
+		return check_bufs(c, a, bytes, bytes, same, me == a->root, 1);
+	default:
+		return check_bufs(c, a, bytes, bytes, same, 1, me == a->root);
+	}
+}
 
 /* Starts a collective: checks that the communicator can run one, records
  * what runs for error messages and gives it the next sequence number. */
-static int begin(hpucoll_comm *c, const char *what, uint8_t kind,
-		 uint8_t arg)
+static int begin(hpucoll_comm *c, const struct hpucoll__args *a)
 {
-	c->what = what;
-	if (c->peers == NULL) {
-		hpucoll__set_error(c, "%s: rank %d is not connected yet.", what,
-				   c->rank);
-		return HPUCOLL_EINVAL;
-	}
+	c->what = hpucoll__kind_name(a->kind);
 	if (c->failed != HPUCOLL_OK)
 		return c->failed;
-	c->kind = kind;
-	c->arg = arg;
+	c->kind = a->kind;
+	c->arg = 0;
+	if (a->kind != HPUCOLL__BARRIER)
+		c->arg = (uint8_t)((unsigned)a->dtype << 4);
+	if (has_op(a->kind))
+		c->arg |= (uint8_t)a->op;
 	c->seq++;
+	c->stall_warned = 0;
 	return HPUCOLL_OK;
 }
 
@@ -34,322 +537,55 @@ static int begin(hpucoll_comm *c, const char *what, uint8_t kind,
  * collectives return the same error and errmsg keeps its cause. */
 static int end(hpucoll_comm *c, int rc)
 {
-	if (rc != HPUCOLL_OK)
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll__fence(c);
+	if (rc != HPUCOLL_OK) {
 		c->failed = rc;
-	return rc;
-}
-
-/* The header of a message of the running collective sent by `src`. */
-static struct hpucoll__hdr hdr(const hpucoll_comm *c, int src, unsigned tag,
-			       size_t off, size_t len)
-{
-	struct hpucoll__hdr h = {
-		.magic = HPUCOLL__MAGIC,
-		.src = (uint32_t)src,
-		.seq = c->seq,
-		.kind = c->kind,
-		.arg = c->arg,
-		.tag = (uint16_t)tag,
-		.off = off,
-		.len = len,
-	};
-	return h;
-}
-
-static size_t min_size(size_t a, size_t b)
-{
-	return a < b ? a : b;
-}
-
-/* ---- element types ---- */
-
-static size_t dtype_size(hpucoll_dtype dtype)
-{
-	switch (dtype) {
-	case HPUCOLL_F32:
-		return sizeof(float);
-	default:
-		return 0;
-	}
-}
-
-/* dst[i] += src[i]; src comes off the wire and may be unaligned. */
-static void sum_f32(float *dst, const unsigned char *src, size_t n)
-{
-	if ((uintptr_t)src % _Alignof(float) == 0) {
-		const float *s = (const float *)(const void *)src;
-
-		for (size_t i = 0; i < n; i++)
-			dst[i] += s[i];
-		return;
-	}
-	for (size_t i = 0; i < n; i++) {
-		float v;
-
-		memcpy(&v, src + i * sizeof(v), sizeof(v));
-		dst[i] += v;
-	}
-}
-
-static void div_f32(float *x, size_t n, int by)
-{
-	float d = (float)by;
-
-	for (size_t i = 0; i < n; i++)
-		x[i] /= d;
-}
-
-static void reduce(hpucoll_dtype dtype, void *dst, const void *src,
-		   size_t bytes)
-{
-	switch (dtype) {
-	case HPUCOLL_F32:
-		sum_f32(dst, src, bytes / sizeof(float));
-		break;
-	}
-}
-
-static void divide(hpucoll_dtype dtype, void *x, size_t bytes, int by)
-{
-	switch (dtype) {
-	case HPUCOLL_F32:
-		div_f32(x, bytes / sizeof(float), by);
-		break;
-	}
-}
-
-/* ---- all-reduce: ring ---- */
-
-struct ring {
-	hpucoll_comm *c;
-	unsigned char *buf;
-	size_t count; /* elements */
-	size_t esize; /* bytes per element */
-	hpucoll_dtype dtype;
-	hpucoll_op op;
-	int next, prev;
-};
-
-/* Chunk i of `size` nearly equal chunks of the buffer, in bytes. */
-static void chunk(const struct ring *rg, int i, size_t *off, size_t *len)
-{
-	size_t n = (size_t)rg->c->size, q = rg->count / n, r = rg->count % n;
-	size_t u = (size_t)i;
-
-	*off = (u * q + min_size(u, r)) * rg->esize;
-	*len = (q + (u < r)) * rg->esize;
-}
-
-/* Step t < size - 1 (reduce-scatter): adds a segment from the previous rank
- * into the buffer and sends the sum on as step t + 1. At the last of these
- * steps the segment is final: AVG divides it here, once, so that every
- * rank later copies the very same bytes. */
-static int reduce_seg(struct ring *rg, int t, size_t off, size_t len)
-{
-	hpucoll_comm *c = rg->c;
-	struct hpucoll__hdr h = hdr(c, rg->prev, (unsigned)t, off, len);
-	zmq_msg_t body;
-	int rc;
-
-	rc = hpucoll__recv(c, &h, &body);
-	if (rc != HPUCOLL_OK)
-		return rc;
-	reduce(rg->dtype, rg->buf + off, zmq_msg_data(&body), len);
-	zmq_msg_close(&body);
-	if (t == c->size - 2 && rg->op == HPUCOLL_AVG)
-		divide(rg->dtype, rg->buf + off, len, c->size);
-	h = hdr(c, c->rank, (unsigned)t + 1, off, len);
-	return hpucoll__send(c, rg->next, &h, rg->buf + off);
-}
-
-/* Step t >= size - 1 (all-gather): copies a final segment from the previous
- * rank and forwards the same message, uncopied, unless t is the last. */
-static int gather_seg(struct ring *rg, int t, size_t off, size_t len)
-{
-	hpucoll_comm *c = rg->c;
-	struct hpucoll__hdr h = hdr(c, rg->prev, (unsigned)t, off, len);
-	zmq_msg_t body;
-	int rc;
-
-	rc = hpucoll__recv(c, &h, &body);
-	if (rc != HPUCOLL_OK)
-		return rc;
-	memcpy(rg->buf + off, zmq_msg_data(&body), len);
-	if (t == 2 * c->size - 3) {
-		zmq_msg_close(&body);
-		return HPUCOLL_OK;
-	}
-	h = hdr(c, c->rank, (unsigned)t + 1, off, len);
-	return hpucoll__send_msg(c, rg->next, &h, &body);
-}
-
-/* At step t rank r receives chunk (r - 1 - t) mod size. */
-static int ring_step(struct ring *rg, int t)
-{
-	int n = rg->c->size;
-	int ci = ((rg->c->rank - 1 - t) % n + n) % n;
-	size_t off, len, seg;
-	int rc = HPUCOLL_OK;
-
-	chunk(rg, ci, &off, &len);
-	for (size_t done = 0; done < len && rc == HPUCOLL_OK; done += seg) {
-		seg = min_size(HPUCOLL__SEG_BYTES, len - done);
-		if (t < n - 1)
-			rc = reduce_seg(rg, t, off + done, seg);
-		else
-			rc = gather_seg(rg, t, off + done, seg);
+		hpucoll__fail_transport(c, rc);
 	}
 	return rc;
 }
 
-/* Step 0: rank r sends its own chunk r. */
-static int ring_start(struct ring *rg)
+int hpucoll__run(hpucoll_comm *c, const struct hpucoll__args *a)
 {
-	hpucoll_comm *c = rg->c;
-	struct hpucoll__hdr h;
-	size_t off, len, seg;
-	int rc = HPUCOLL_OK;
-
-	chunk(rg, c->rank, &off, &len);
-	for (size_t done = 0; done < len && rc == HPUCOLL_OK; done += seg) {
-		seg = min_size(HPUCOLL__SEG_BYTES, len - done);
-		h = hdr(c, c->rank, 0, off + done, seg);
-		rc = hpucoll__send(c, rg->next, &h, rg->buf + off + done);
-	}
-	return rc;
-}
-
-static int ring_all_reduce(struct ring *rg)
-{
-	int n = rg->c->size;
-	int rc;
-
-	rc = ring_start(rg);
-	for (int t = 0; t < 2 * n - 2 && rc == HPUCOLL_OK; t++)
-		rc = ring_step(rg, t);
-	return rc;
-}
-
-int hpucoll_all_reduce(hpucoll_comm *comm, void *buf, size_t count,
-		       hpucoll_dtype dtype, hpucoll_op op)
-{
-	struct ring rg = {
-		.c = comm,
-		.buf = buf,
-		.count = count,
-		.esize = dtype_size(dtype),
-		.dtype = dtype,
-		.op = op,
+	struct hpucoll__red r = {
+		.dt = a->dtype,
+		.op = a->op,
+		.es = hpucoll_dtype_size(a->dtype),
+		.divisor = a->op == HPUCOLL_AVG ? c->size : 0,
 	};
 	int rc;
 
-	comm->what = "all_reduce";
-	if (rg.esize == 0 || (op != HPUCOLL_SUM && op != HPUCOLL_AVG) ||
-	    (buf == NULL && count > 0) || count > SIZE_MAX / rg.esize) {
-		hpucoll__set_error(comm, "all_reduce: invalid dtype, op, "
-					 "buffer or count.");
-		return HPUCOLL_EINVAL;
-	}
-	rc = begin(comm, "all_reduce", HPUCOLL__ALL_REDUCE,
-		   (uint8_t)((unsigned)dtype << 4 | (unsigned)op));
-	if (rc != HPUCOLL_OK || comm->size == 1 || count == 0)
-		return rc;
-	rg.next = (comm->rank + 1) % comm->size;
-	rg.prev = (comm->rank - 1 + comm->size) % comm->size;
-	return end(comm, ring_all_reduce(&rg));
-}
-
-/* ---- broadcast: pipelined chain root, root + 1, ... ---- */
-
-/* Receives the segment at `off` from the previous rank of the chain, keeps
- * a copy and forwards the message itself to `next` (if not -1). */
-static int relay_seg(hpucoll_comm *c, unsigned char *buf, size_t off,
-		     size_t len, int root, int prev, int next)
-{
-	struct hpucoll__hdr h = hdr(c, prev, (unsigned)root, off, len);
-	zmq_msg_t body;
-	int rc;
-
-	rc = hpucoll__recv(c, &h, &body);
+	rc = begin(c, a);
 	if (rc != HPUCOLL_OK)
 		return rc;
-	memcpy(buf + off, zmq_msg_data(&body), len);
-	if (next < 0) {
-		zmq_msg_close(&body);
+	if (a->kind != HPUCOLL__BARRIER && a->count == 0)
 		return HPUCOLL_OK;
-	}
-	h = hdr(c, c->rank, (unsigned)root, off, len);
-	return hpucoll__send_msg(c, next, &h, &body);
-}
-
-static int chain_broadcast(hpucoll_comm *c, unsigned char *buf, size_t bytes,
-			   int root)
-{
-	int n = c->size, v = (c->rank - root + n) % n;
-	int prev = (c->rank - 1 + n) % n;
-	int next = v == n - 1 ? -1 : (c->rank + 1) % n;
-	struct hpucoll__hdr h;
-	size_t seg;
-	int rc = HPUCOLL_OK;
-
-	for (size_t off = 0; off < bytes && rc == HPUCOLL_OK; off += seg) {
-		seg = min_size(HPUCOLL__SEG_BYTES, bytes - off);
-		if (v == 0) {
-			h = hdr(c, c->rank, (unsigned)root, off, seg);
-			rc = hpucoll__send(c, next, &h, buf + off);
+	switch (a->kind) {
+	case HPUCOLL__ALL_REDUCE:
+		rc = run_all_reduce(c, a, &r);
+		break;
+	case HPUCOLL__REDUCE_SCATTER:
+		rc = run_reduce_scatter(c, a, &r);
+		break;
+	case HPUCOLL__ALL_GATHER:
+		rc = run_all_gather(c, a, r.es);
+		break;
+	case HPUCOLL__BROADCAST:
+		rc = run_broadcast(c, a, r.es);
+		break;
+	case HPUCOLL__REDUCE:
+		if (c->size == 1) {
+			r.divisor = 0;
+			rc = all_reduce_on(c, &c->all, &r, a->sendbuf,
+					   a->recvbuf, a->count, 0);
 		} else {
-			rc = relay_seg(c, buf, off, seg, root, prev, next);
+			rc = run_reduce(c, a, &r);
 		}
+		break;
+	default:
+		rc = hpucoll__dissemination(c, &c->all);
+		break;
 	}
-	return rc;
-}
-
-int hpucoll_broadcast(hpucoll_comm *comm, void *buf, size_t bytes, int root)
-{
-	int rc;
-
-	comm->what = "broadcast";
-	if (root < 0 || root >= comm->size || (buf == NULL && bytes > 0)) {
-		hpucoll__set_error(comm, "broadcast: invalid root %d or "
-					 "buffer.", root);
-		return HPUCOLL_EINVAL;
-	}
-	rc = begin(comm, "broadcast", HPUCOLL__BROADCAST, 0);
-	if (rc != HPUCOLL_OK || comm->size == 1 || bytes == 0)
-		return rc;
-	return end(comm, chain_broadcast(comm, buf, bytes, root));
-}
-
-/* ---- barrier: dissemination ---- */
-
-/* In round k rank r signals r + 2^k and waits for r - 2^k; after the last
- * round every rank has heard, directly or not, from every other. */
-static int dissemination(hpucoll_comm *c)
-{
-	int n = c->size;
-	struct hpucoll__hdr h;
-	zmq_msg_t body;
-	int rc = HPUCOLL_OK;
-
-	for (int k = 0, d = 1; d < n && rc == HPUCOLL_OK; k++, d <<= 1) {
-		h = hdr(c, c->rank, (unsigned)k, 0, 0);
-		rc = hpucoll__send(c, (c->rank + d) % n, &h, NULL);
-		if (rc != HPUCOLL_OK)
-			break;
-		h = hdr(c, (c->rank - d + n) % n, (unsigned)k, 0, 0);
-		rc = hpucoll__recv(c, &h, &body);
-		if (rc == HPUCOLL_OK)
-			zmq_msg_close(&body);
-	}
-	return rc;
-}
-
-int hpucoll_barrier(hpucoll_comm *comm)
-{
-	int rc;
-
-	rc = begin(comm, "barrier", HPUCOLL__BARRIER, 0);
-	if (rc != HPUCOLL_OK || comm->size == 1)
-		return rc;
-	return end(comm, dissemination(comm));
+	return end(c, rc);
 }

@@ -1,6 +1,6 @@
-/* The communicator: its lifetime, its receive socket, the rank table and
- * error reporting. The transport is in transport.c, the collectives in
- * algo.c. */
+/* The communicator: its lifetime, its receive socket, the rank table, the
+ * topology and error reporting. The transports are in transport.c and
+ * shm.c, the progress engine in progress.c, the algorithms in algo.c. */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -21,6 +21,7 @@ static const char *const errstr[] = {
 	[HPUCOLL_EREFUSED] = "The coordinator refused this rank.",
 	[HPUCOLL_EABORTED] = "The job was aborted.",
 	[HPUCOLL_EENV] = "The launch environment is missing or invalid.",
+	[HPUCOLL_EPEER] = "A peer process died.",
 };
 
 const char *hpucoll_strerror(int err)
@@ -31,13 +32,71 @@ const char *hpucoll_strerror(int err)
 	return errstr[err];
 }
 
+static const char *const transport_names[] = {
+	[HPUCOLL_TRANSPORT_AUTO] = "auto",
+	[HPUCOLL_TRANSPORT_TCP] = "tcp",
+	[HPUCOLL_TRANSPORT_IPC] = "ipc",
+	[HPUCOLL_TRANSPORT_SHM] = "shm",
+};
+
+int hpucoll_transport_parse(const char *s, hpucoll_transport *out)
+{
+	for (int t = 0; s != NULL && t <= HPUCOLL_TRANSPORT_SHM; t++) {
+		if (strcmp(s, transport_names[t]) == 0) {
+			*out = (hpucoll_transport)t;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+const char *hpucoll_transport_name(hpucoll_transport t)
+{
+	if ((unsigned)t > HPUCOLL_TRANSPORT_SHM)
+		return "unknown";
+	return transport_names[t];
+}
+
+size_t hpucoll_dtype_size(hpucoll_dtype dtype)
+{
+	static const size_t sizes[HPUCOLL_NUM_DTYPES] = {
+		[HPUCOLL_F32] = 4, [HPUCOLL_F64] = 8, [HPUCOLL_F16] = 2,
+		[HPUCOLL_BF16] = 2, [HPUCOLL_I32] = 4, [HPUCOLL_I64] = 8,
+		[HPUCOLL_U8] = 1,
+	};
+
+	if ((unsigned)dtype >= HPUCOLL_NUM_DTYPES)
+		return 0;
+	return sizes[dtype];
+}
+
+const char *hpucoll__kind_name(unsigned kind)
+{
+	static const char *const names[] = {
+		[HPUCOLL__ALL_REDUCE] = "all_reduce",
+		[HPUCOLL__BROADCAST] = "broadcast",
+		[HPUCOLL__BARRIER] = "barrier",
+		[HPUCOLL__REDUCE_SCATTER] = "reduce_scatter",
+		[HPUCOLL__ALL_GATHER] = "all_gather",
+		[HPUCOLL__REDUCE] = "reduce",
+		[HPUCOLL__ABORT] = "abort",
+	};
+
+	kind &= 15;
+	if (kind >= sizeof(names) / sizeof(names[0]) || names[kind] == NULL)
+		return "unknown";
+	return names[kind];
+}
+
 void hpucoll__set_error(hpucoll_comm *c, const char *fmt, ...)
 {
 	va_list ap;
 
+	pthread_mutex_lock(&c->errlock);
 	va_start(ap, fmt);
 	vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
 	va_end(ap);
+	pthread_mutex_unlock(&c->errlock);
 }
 
 int hpucoll__zmq_error(hpucoll_comm *c, const char *call)
@@ -49,21 +108,35 @@ int hpucoll__zmq_error(hpucoll_comm *c, const char *call)
 	return err == ENOMEM ? HPUCOLL_ENOMEM : HPUCOLL_ETRANSPORT;
 }
 
-/* Reads HPUCOLL_TIMEOUT_MS into *ms when it is set; a value that is not a
- * whole number of milliseconds is an error. */
-static int timeout_from_env(int *ms)
+void *hpucoll__scratch(hpucoll_comm *c, size_t len)
 {
-	const char *s = getenv("HPUCOLL_TIMEOUT_MS");
+	void *p;
+
+	if (len <= c->tmp_len)
+		return c->tmp;
+	p = realloc(c->tmp, len);
+	if (p == NULL)
+		return NULL;
+	c->tmp = p;
+	c->tmp_len = len;
+	return p;
+}
+
+/* Reads the integer environment variable `name` into *v when it is set;
+ * a value that is not a whole number is an error. */
+static int int_from_env(const char *name, int *v)
+{
+	const char *s = getenv(name);
 	char *end;
-	long v;
+	long x;
 
 	if (s == NULL || *s == '\0')
 		return HPUCOLL_OK;
 	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno != 0 || *end != '\0' || v < INT_MIN || v > INT_MAX)
+	x = strtol(s, &end, 10);
+	if (errno != 0 || *end != '\0' || x < INT_MIN || x > INT_MAX)
 		return HPUCOLL_EENV;
-	*ms = (int)v;
+	*v = (int)x;
 	return HPUCOLL_OK;
 }
 
@@ -72,7 +145,9 @@ static int set_int(void *sock, int opt, int v)
 	return zmq_setsockopt(sock, opt, &v, sizeof(v));
 }
 
-/* Makes the receive socket, binds it and records the resolved endpoint. */
+/* Makes the receive socket, binds it and records the resolved endpoint.
+ * No high-water mark: the algorithms bound what is in flight, and a send
+ * must never block (two ranks sending to each other would deadlock). */
 static int bind_pull(hpucoll_comm *c, const char *endpoint)
 {
 	int64_t maxmsg = HPUCOLL__MAX_FRAME;
@@ -83,6 +158,10 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 		return hpucoll__zmq_error(c, "zmq_socket");
 	if (set_int(c->pull, ZMQ_RCVHWM, 0) != 0 ||
 	    set_int(c->pull, ZMQ_LINGER, 0) != 0 ||
+	    set_int(c->pull, ZMQ_HEARTBEAT_IVL,
+		    HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
+	    set_int(c->pull, ZMQ_HEARTBEAT_TIMEOUT,
+		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
 	    zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &maxmsg,
 			   sizeof(maxmsg)) != 0)
 		return hpucoll__zmq_error(c, "zmq_setsockopt");
@@ -93,11 +172,47 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 	return HPUCOLL_OK;
 }
 
+/* One ZeroMQ I/O thread moves everything of a rank (HPUCOLL_IO_THREADS
+ * overrides): the zero-copy sends leave it little to do, and more threads
+ * than cores only steal time from the ranks. */
+static int make_ctx(hpucoll_comm *c)
+{
+	int io = 1;
+
+	if (int_from_env("HPUCOLL_IO_THREADS", &io) != HPUCOLL_OK || io < 1 ||
+	    io > 64)
+		return HPUCOLL_EENV;
+	c->ctx = zmq_ctx_new();
+	if (c->ctx == NULL)
+		return hpucoll__zmq_error(c, "zmq_ctx_new");
+	if (zmq_ctx_set(c->ctx, ZMQ_IO_THREADS, io) != 0 ||
+	    zmq_ctx_set(c->ctx, ZMQ_BLOCKY, 0) != 0)
+		return hpucoll__zmq_error(c, "zmq_ctx_set");
+	return HPUCOLL_OK;
+}
+
+static hpucoll_comm *comm_alloc(int rank, int size)
+{
+	hpucoll_comm *c = calloc(1, sizeof(*c));
+
+	if (c == NULL)
+		return NULL;
+	c->rank = rank;
+	c->size = size;
+	c->what = "comm_new";
+	c->timeout_ms = HPUCOLL__DEFAULT_TIMEOUT_MS;
+	c->stall_ms = HPUCOLL__DEFAULT_STALL_MS;
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	pthread_mutex_init(&c->errlock, NULL);
+	return c;
+}
+
 int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 		     const char *bind_endpoint)
 {
 	hpucoll_comm *c;
-	int rc;
+	int rc, t = HPUCOLL__DEFAULT_TIMEOUT_MS;
 
 	if (out == NULL)
 		return HPUCOLL_EINVAL;
@@ -105,22 +220,20 @@ int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 	if (size < 1 || size > HPUCOLL__MAX_SIZE || rank < 0 || rank >= size ||
 	    bind_endpoint == NULL)
 		return HPUCOLL_EINVAL;
-	c = calloc(1, sizeof(*c));
+	c = comm_alloc(rank, size);
 	if (c == NULL)
 		return HPUCOLL_ENOMEM;
-	c->rank = rank;
-	c->size = size;
-	c->what = "comm_new";
-	c->timeout_ms = HPUCOLL__DEFAULT_TIMEOUT_MS;
-	rc = timeout_from_env(&c->timeout_ms);
+	rc = int_from_env("HPUCOLL_TIMEOUT_MS", &t);
+	if (rc == HPUCOLL_OK)
+		rc = int_from_env("HPUCOLL_STALL_WARN_MS", &c->stall_ms);
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll__tune_from_env(c);
 	if (rc != HPUCOLL_OK)
 		goto fail;
-	c->ctx = zmq_ctx_new();
-	if (c->ctx == NULL) {
-		rc = hpucoll__zmq_error(c, "zmq_ctx_new");
-		goto fail;
-	}
-	rc = bind_pull(c, bind_endpoint);
+	c->timeout_ms = t;
+	rc = make_ctx(c);
+	if (rc == HPUCOLL_OK)
+		rc = bind_pull(c, bind_endpoint);
 	if (rc != HPUCOLL_OK)
 		goto fail;
 	*out = c;
@@ -135,13 +248,72 @@ const char *hpucoll_comm_endpoint(const hpucoll_comm *comm)
 	return comm->endpoint;
 }
 
+/* Shared-memory names are made of the job name: keep it to characters
+ * every file system takes. */
+static int job_name_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n >= HPUCOLL__JOB_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char ch = s[i];
+
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		      (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' ||
+		      ch == '.'))
+			return 0;
+	}
+	return 1;
+}
+
+int hpucoll_comm_set_topology(hpucoll_comm *comm, const int *node_ids,
+			      const char *job_name,
+			      hpucoll_transport transport)
+{
+	int *ids;
+
+	if (comm == NULL || node_ids == NULL ||
+	    (unsigned)transport > HPUCOLL_TRANSPORT_SHM)
+		return HPUCOLL_EINVAL;
+	comm->what = "set_topology";
+	if (comm->peers != NULL) {
+		hpucoll__set_error(comm, "set_topology: rank %d is already "
+					 "connected.", comm->rank);
+		return HPUCOLL_EINVAL;
+	}
+	if (job_name == NULL || !job_name_ok(job_name)) {
+		hpucoll__set_error(comm, "set_topology: the job name must be "
+					 "1 to %d letters, digits, '-', '_' "
+					 "or '.'.", HPUCOLL__JOB_MAX - 1);
+		return HPUCOLL_EINVAL;
+	}
+	for (int i = 0; i < comm->size; i++) {
+		if (node_ids[i] < 0) {
+			hpucoll__set_error(comm, "set_topology: rank %d has "
+						 "a negative node id.", i);
+			return HPUCOLL_EINVAL;
+		}
+	}
+	ids = malloc((size_t)comm->size * sizeof(*ids));
+	if (ids == NULL)
+		return HPUCOLL_ENOMEM;
+	memcpy(ids, node_ids, (size_t)comm->size * sizeof(*ids));
+	free(comm->node_ids);
+	comm->node_ids = ids;
+	snprintf(comm->job, sizeof(comm->job), "%s", job_name);
+	comm->transport = transport;
+	return HPUCOLL_OK;
+}
+
 int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints)
 {
 	struct hpucoll__peer *peers;
-	int i;
+	int i, rc;
 
 	if (comm == NULL || endpoints == NULL)
 		return HPUCOLL_EINVAL;
+	comm->what = "connect";
 	if (comm->peers != NULL) {
 		hpucoll__set_error(comm, "connect: rank %d is already "
 					 "connected.", comm->rank);
@@ -159,13 +331,23 @@ int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints)
 		return HPUCOLL_ENOMEM;
 	comm->peers = peers;
 	for (i = 0; i < comm->size; i++) {
+		peers[i].node = comm->node_ids ? comm->node_ids[i] : i;
+		peers[i].shm = -1;
 		peers[i].endpoint = strdup(endpoints[i]);
 		if (peers[i].endpoint == NULL) {
-			hpucoll__peers_free(comm);
-			return HPUCOLL_ENOMEM;
+			rc = HPUCOLL_ENOMEM;
+			goto fail;
 		}
 	}
-	return HPUCOLL_OK;
+	rc = hpucoll__transport_open(comm);
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll__groups_init(comm);
+	if (rc == HPUCOLL_OK)
+		return HPUCOLL_OK;
+fail:
+	hpucoll__groups_free(comm);
+	hpucoll__transport_close(comm);
+	return rc;
 }
 
 /* ZeroMQ leaves the file of an ipc:// endpoint behind; the rank that bound
@@ -188,7 +370,9 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 		return;
 	c = *comm;
 	*comm = NULL;
-	hpucoll__peers_free(c);
+	hpucoll__progress_stop(c);
+	hpucoll__groups_free(c);
+	hpucoll__transport_close(c);
 	if (c->pull != NULL)
 		zmq_close(c->pull);
 	if (c->ctx != NULL) {
@@ -196,13 +380,17 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 			;
 	}
 	unlink_ipc(c->endpoint);
+	free(c->node_ids);
+	free(c->tmp);
+	pthread_mutex_destroy(&c->mu);
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->errlock);
 	free(c);
 }
 
 void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms)
 {
-	comm->timeout_ms = timeout_ms;
-	hpucoll__peers_set_timeout(comm);
+	atomic_store(&comm->timeout_ms, timeout_ms);
 }
 
 int hpucoll_comm_rank(const hpucoll_comm *comm)

@@ -6,6 +6,7 @@
 #include <hpu/coll.h>
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -18,10 +19,14 @@
 #include "codec.h"
 
 #define DEFAULT_JOIN_TIMEOUT_MS (15 * 60 * 1000)
+/* --transport ipc binds ipc:///tmp/hpucoll-<job>-r<rank>; hpulaunch
+ * removes what a crashed worker leaves there. */
+#define HPUCOLL_IPC_PATH_MAX 200
 
 typedef struct env {
 	int rank, world, local_rank, node_rank;
 	const char *addr, *port, *job_id, *token;
+	hpucoll_transport transport;
 } env;
 
 static int read_int(const char *name, int *out, char *err, size_t errlen)
@@ -60,6 +65,19 @@ static int read_env(env *e, char *err, size_t errlen)
 	    read_str("HPU_JOB_ID", &e->job_id, err, errlen) ||
 	    read_str("HPU_JOB_TOKEN", &e->token, err, errlen))
 		return -1;
+	for (const char *c = e->job_id; *c; c++)
+		if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_' || *c == '.') ||
+		    c - e->job_id >= 64) {
+			snprintf(err, errlen, "HPU_JOB_ID='%.80s' must be at most 64 letters, digits, '-', '_' or '.'",
+				 e->job_id);
+			return -1;
+		}
+	const char *t = getenv("HPUCOLL_TRANSPORT");
+	e->transport = HPUCOLL_TRANSPORT_AUTO;
+	if (t && *t && hpucoll_transport_parse(t, &e->transport) < 0) {
+		snprintf(err, errlen, "HPUCOLL_TRANSPORT='%s' is not one of auto, tcp, ipc, shm", t);
+		return -1;
+	}
 	if (e->world < 1 || e->rank >= e->world) {
 		snprintf(err, errlen, "RANK=%d is not below WORLD_SIZE=%d", e->rank,
 			 e->world);
@@ -124,32 +142,41 @@ static int send_join(void *sock, const env *e, const char *endpoint,
 	return hpu_codec_send(sock, NULL, &env);
 }
 
-/* Checks the rank table and connects the communicator to it. */
-static int take_table(hpucoll_comm *comm, const Hpu__JoinReply *r, int world,
-		      char *err, size_t errlen)
+/* Checks the rank table, tells the communicator which ranks share a node
+ * and connects it. */
+static int take_table(hpucoll_comm *comm, const Hpu__JoinReply *r,
+		      const env *e, char *err, size_t errlen)
 {
+	int world = e->world;
 	if ((int)r->n_ranks != world) {
 		snprintf(err, errlen, "the coordinator sent a rank table of %zu ranks for a world of %d",
 			 r->n_ranks, world);
 		return HPUCOLL_EPROTO;
 	}
 	const char **eps = calloc((size_t)world, sizeof *eps);
-	if (!eps)
-		return HPUCOLL_ENOMEM;
+	int *nodes = calloc((size_t)world, sizeof *nodes);
+	int rc = HPUCOLL_ENOMEM;
+	if (!eps || !nodes)
+		goto out;
+	rc = HPUCOLL_EPROTO;
 	for (int i = 0; i < world; i++) {
 		if (!r->ranks[i] || (int)r->ranks[i]->rank != i ||
 		    !r->ranks[i]->endpoint || !*r->ranks[i]->endpoint) {
-			free(eps);
 			snprintf(err, errlen, "the coordinator's rank table has a bad entry %d", i);
-			return HPUCOLL_EPROTO;
+			goto out;
 		}
 		eps[i] = r->ranks[i]->endpoint;
+		nodes[i] = (int)r->ranks[i]->node_rank;
 	}
-	int rc = hpucoll_comm_connect(comm, eps);
-	free(eps);
+	rc = hpucoll_comm_set_topology(comm, nodes, e->job_id, e->transport);
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll_comm_connect(comm, eps);
 	if (rc)
 		snprintf(err, errlen, "connecting to the other ranks failed: %s",
 			 hpucoll_comm_errmsg(comm));
+out:
+	free(eps);
+	free(nodes);
 	return rc;
 }
 
@@ -179,7 +206,7 @@ static int await_reply(void *sock, hpucoll_comm *comm, const env *e,
 					 e->rank, r->error && *r->error ? r->error : "no reason given");
 				rc = HPUCOLL_EREFUSED;
 			} else {
-				rc = take_table(comm, r, e->world, err, errlen);
+				rc = take_table(comm, r, e, err, errlen);
 			}
 		} else if (m->msg_case == HPU__ENVELOPE__MSG_ABORT) {
 			snprintf(err, errlen, "the job was aborted: %s", m->abort->reason);
@@ -199,7 +226,7 @@ int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen)
 	env e;
 	if (read_env(&e, err, errlen) < 0)
 		return HPUCOLL_EENV;
-	char master[64], mine[64], bind[96], ctl[128], host[256] = "";
+	char master[64], mine[64], bind[HPUCOLL_IPC_PATH_MAX + 16], ctl[128], host[256] = "";
 	if (resolve(e.addr, master, sizeof master) < 0 ||
 	    local_addr(master, mine, sizeof mine) < 0) {
 		snprintf(err, errlen, "cannot resolve MASTER_ADDR=%s to a reachable IPv4 address",
@@ -207,7 +234,10 @@ int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen)
 		return HPUCOLL_EENV;
 	}
 	gethostname(host, sizeof host - 1);
-	snprintf(bind, sizeof bind, "tcp://%s:*", mine);
+	if (e.transport == HPUCOLL_TRANSPORT_IPC)
+		snprintf(bind, sizeof bind, "ipc:///tmp/hpucoll-%s-r%d", e.job_id, e.rank);
+	else
+		snprintf(bind, sizeof bind, "tcp://%s:*", mine);
 	snprintf(ctl, sizeof ctl, "tcp://%s:%s", master, e.port);
 	hpucoll_comm *comm = NULL;
 	int rc = hpucoll_comm_new(&comm, e.rank, e.world, bind);

@@ -1,15 +1,33 @@
-/* The ZeroMQ transport: one PULL socket per rank receives from everyone,
- * one PUSH socket per peer (made on first use) sends. ZeroMQ keeps the
- * order of messages on each connection, so a message that arrives from a
- * rank other than the one awaited is queued for that rank and handed out
- * later in order. Nothing read off the wire is trusted: every frame is
- * checked and anything unexpected is HPUCOLL_EPROTO. */
+/* The transports behind one dispatch: each pair of ranks talks over shared
+ * memory (shm.c) when both are on one node and the transport allows it,
+ * else over ZeroMQ. The algorithms see only hpucoll__send / send_buf /
+ * recv / release / fence.
+ *
+ * ZeroMQ: one PULL socket per rank receives from everyone; one PUSH socket
+ * per peer, connected at connect time, sends. ZeroMQ keeps the order of
+ * messages on each connection, so a message that arrives from a rank other
+ * than the one awaited is queued for that rank and handed out later in
+ * order. Payloads of HPUCOLL__ZC_MIN bytes or more are sent in place
+ * (zmq_msg_init_data): each such message counts up the peer's `zc`, the
+ * free callback (on ZeroMQ's I/O thread) counts it down, and
+ * hpucoll__fence() waits for zero before a collective returns, so that
+ * ZeroMQ holds no pointer into the caller's buffers afterwards. Every PUSH
+ * socket has a monitor: when its connection closes (the peer died, or
+ * ZeroMQ heartbeats found it silent) a wait for that peer ends with an
+ * error naming it shortly after, instead of at the timeout.
+ *
+ * Nothing read off the wire is trusted: every frame is checked and
+ * anything unexpected is HPUCOLL_EPROTO.
+ */
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "comm_internal.h"
+#include "shm.h"
 
 static int64_t now_ms(void)
 {
@@ -24,51 +42,191 @@ static int set_int(void *sock, int opt, int v)
 	return zmq_setsockopt(sock, opt, &v, sizeof(v));
 }
 
-/* ZeroMQ's send timeout: -1 waits forever. */
-static int send_timeout(const hpucoll_comm *c)
+/* ---- Waiting: deadlines, stall warnings ---- */
+
+struct wait {
+	int64_t start;
+	int64_t deadline; /* -1: never */
+	int timeout_ms;
+};
+
+static void wait_begin(hpucoll_comm *c, struct wait *w)
 {
-	return c->timeout_ms < 0 ? -1 : c->timeout_ms;
+	w->timeout_ms = atomic_load(&c->timeout_ms);
+	w->start = now_ms();
+	w->deadline = w->timeout_ms < 0 ? -1 : w->start + w->timeout_ms;
 }
 
-static int peer_socket(hpucoll_comm *c, int dst, void **out)
+/* Milliseconds until the next thing a wait must look at (the deadline or
+ * the stall warning), at most `cap`; -1 when there is none and no cap. */
+static long wait_ms(const hpucoll_comm *c, const struct wait *w, int64_t now,
+		    long cap)
 {
-	struct hpucoll__peer *p = &c->peers[dst];
-	void *s;
+	int64_t ms = cap, left;
+	int bounded = cap >= 0;
 
-	if (p->push != NULL) {
-		*out = p->push;
-		return HPUCOLL_OK;
+	if (w->deadline >= 0) {
+		left = w->deadline - now;
+		if (!bounded || left < ms)
+			ms = left;
+		bounded = 1;
 	}
-	s = zmq_socket(c->ctx, ZMQ_PUSH);
-	if (s == NULL)
+	if (c->stall_ms > 0 && !c->stall_warned) {
+		left = w->start + c->stall_ms - now;
+		if (!bounded || left < ms)
+			ms = left;
+		bounded = 1;
+	}
+	if (!bounded)
+		return -1;
+	return ms < 0 ? 0 : (long)ms;
+}
+
+/* Prints the one stall warning of a collective once a wait for `peer` has
+ * lasted c->stall_ms, as Horovod's stall check does. */
+static void stall_check(hpucoll_comm *c, const struct wait *w, int peer,
+			int64_t now)
+{
+	if (c->stall_ms <= 0 || c->stall_warned ||
+	    now - w->start < c->stall_ms)
+		return;
+	c->stall_warned = 1;
+	fprintf(stderr,
+		"hpucoll: rank %d: %s (collective #%" PRIu32 ") has waited "
+		"%" PRId64 " ms for rank %d; still waiting (timeout %d ms)\n",
+		c->rank, c->what, c->seq, now - w->start, peer, w->timeout_ms);
+}
+
+static int timed_out(hpucoll_comm *c, const struct wait *w, int src)
+{
+	hpucoll__set_error(c, "%s: no data from rank %d after %d ms "
+			      "(is it alive?).",
+			   c->what, src, w->timeout_ms);
+	return HPUCOLL_ETIMEDOUT;
+}
+
+/* ---- Sockets ---- */
+
+/* Counts a zero-copy send down once ZeroMQ is done with its bytes. */
+static void zc_free(void *data, void *hint)
+{
+	(void)data;
+	atomic_fetch_sub_explicit((atomic_int *)hint, 1, memory_order_release);
+}
+
+/* Watches the connection of `push` through a PAIR socket. */
+static int monitor(hpucoll_comm *c, int dst, void *push, void **out)
+{
+	char ep[96];
+	void *m;
+
+	snprintf(ep, sizeof(ep), "inproc://hpucoll-mon-%p-%d", (void *)c, dst);
+	if (zmq_socket_monitor(push, ep,
+			       ZMQ_EVENT_CONNECTED |
+				       ZMQ_EVENT_DISCONNECTED) != 0)
+		return hpucoll__zmq_error(c, "zmq_socket_monitor");
+	m = zmq_socket(c->ctx, ZMQ_PAIR);
+	if (m == NULL)
 		return hpucoll__zmq_error(c, "zmq_socket");
-	if (set_int(s, ZMQ_SNDHWM, 0) != 0 ||
-	    set_int(s, ZMQ_LINGER, HPUCOLL__LINGER_MS) != 0 ||
-	    set_int(s, ZMQ_IMMEDIATE, 0) != 0 ||
-	    set_int(s, ZMQ_SNDTIMEO, send_timeout(c)) != 0) {
-		zmq_close(s);
-		return hpucoll__zmq_error(c, "zmq_setsockopt");
+	if (set_int(m, ZMQ_LINGER, 0) != 0 || zmq_connect(m, ep) != 0) {
+		zmq_close(m);
+		return hpucoll__zmq_error(c, "zmq_connect");
 	}
-	if (zmq_connect(s, p->endpoint) != 0) {
-		hpucoll__set_error(c, "%s: cannot connect to rank %d at %s: "
-				      "%s.",
-				   c->what, dst, p->endpoint,
-				   zmq_strerror(zmq_errno()));
-		zmq_close(s);
-		return HPUCOLL_ETRANSPORT;
-	}
-	p->push = s;
-	*out = s;
+	*out = m;
 	return HPUCOLL_OK;
 }
 
-void hpucoll__peers_set_timeout(hpucoll_comm *c)
+/* No high-water mark: what is in flight is bounded by the algorithms (at
+ * most one collective's data per link), zero-copy messages cost no memory
+ * of their own, and a send must never block: two ranks that send to each
+ * other before receiving would deadlock. */
+static int open_push(hpucoll_comm *c, int dst)
 {
-	for (int i = 0; c->peers != NULL && i < c->size; i++) {
-		if (c->peers[i].push != NULL)
-			set_int(c->peers[i].push, ZMQ_SNDTIMEO,
-				send_timeout(c));
+	struct hpucoll__peer *p = &c->peers[dst];
+	void *s = zmq_socket(c->ctx, ZMQ_PUSH);
+	int rc;
+
+	if (s == NULL)
+		return hpucoll__zmq_error(c, "zmq_socket");
+	p->push = s;
+	if (set_int(s, ZMQ_SNDHWM, 0) != 0 ||
+	    set_int(s, ZMQ_LINGER, HPUCOLL__LINGER_MS) != 0 ||
+	    set_int(s, ZMQ_IMMEDIATE, 0) != 0 ||
+	    set_int(s, ZMQ_HEARTBEAT_IVL, HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
+	    set_int(s, ZMQ_HEARTBEAT_TIMEOUT,
+		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0)
+		return hpucoll__zmq_error(c, "zmq_setsockopt");
+	rc = monitor(c, dst, s, &p->mon);
+	if (rc != HPUCOLL_OK)
+		return rc;
+	if (zmq_connect(s, p->endpoint) != 0) {
+		hpucoll__set_error(c, "connect: cannot connect to rank %d at "
+				      "%s: %s.",
+				   dst, p->endpoint, zmq_strerror(zmq_errno()));
+		return HPUCOLL_ETRANSPORT;
 	}
+	return HPUCOLL_OK;
+}
+
+/* Shared memory carries the pairs of one node when the topology says
+ * where ranks are and the transport is AUTO or SHM. */
+static int shm_on(const hpucoll_comm *c)
+{
+	return c->node_ids != NULL &&
+	       (c->transport == HPUCOLL_TRANSPORT_AUTO ||
+		c->transport == HPUCOLL_TRANSPORT_SHM);
+}
+
+size_t hpucoll__link_max(const hpucoll_comm *c, int a, int b)
+{
+	if (a != b && shm_on(c) && c->node_ids[a] == c->node_ids[b])
+		return HPUCOLL__SHM_MAX_PAYLOAD < HPUCOLL__SEG_BYTES
+			       ? HPUCOLL__SHM_MAX_PAYLOAD
+			       : HPUCOLL__SEG_BYTES;
+	return HPUCOLL__SEG_BYTES;
+}
+
+/* Attaches this node's segment and numbers the node's ranks. */
+static int open_shm(hpucoll_comm *c)
+{
+	int node = c->node_ids[c->rank], nlocal = 0, local = 0, rc;
+	char err[256] = "";
+
+	for (int i = 0; i < c->size; i++) {
+		if (c->node_ids[i] != node)
+			continue;
+		if (i == c->rank)
+			local = nlocal;
+		else
+			c->peers[i].shm = nlocal;
+		nlocal++;
+	}
+	if (nlocal < 2)
+		return HPUCOLL_OK;
+	c->shm_buf = malloc(HPUCOLL__SHM_MAX_PAYLOAD);
+	if (c->shm_buf == NULL)
+		return HPUCOLL_ENOMEM;
+	rc = hpucoll__shm_open(&c->shm, c->job, node, local, nlocal,
+			       atomic_load(&c->timeout_ms), err, sizeof(err));
+	if (rc != HPUCOLL_OK)
+		hpucoll__set_error(c, "connect: rank %d cannot attach the "
+				      "shared memory of node %d: %s.",
+				   c->rank, node, err);
+	return rc;
+}
+
+int hpucoll__transport_open(hpucoll_comm *c)
+{
+	int rc;
+
+	for (int i = 0; i < c->size; i++) {
+		if (i == c->rank)
+			continue;
+		rc = open_push(c, i);
+		if (rc != HPUCOLL_OK)
+			return rc;
+	}
+	return shm_on(c) ? open_shm(c) : HPUCOLL_OK;
 }
 
 static void msg_free(struct hpucoll__msg *m)
@@ -77,7 +235,7 @@ static void msg_free(struct hpucoll__msg *m)
 	free(m);
 }
 
-void hpucoll__peers_free(hpucoll_comm *c)
+void hpucoll__transport_close(hpucoll_comm *c)
 {
 	struct hpucoll__msg *m;
 
@@ -88,112 +246,204 @@ void hpucoll__peers_free(hpucoll_comm *c)
 			p->head = m->next;
 			msg_free(m);
 		}
-		if (p->push != NULL)
+		if (p->holding)
+			zmq_msg_close(&p->held);
+		if (p->push != NULL && p->mon != NULL)
+			zmq_socket_monitor(p->push, NULL, 0);
+		if (p->mon != NULL)
+			zmq_close(p->mon);
+		if (p->push != NULL) {
+			if (c->failed)
+				set_int(p->push, ZMQ_LINGER, 0);
 			zmq_close(p->push);
+		}
 		free(p->endpoint);
 	}
 	free(c->peers);
 	c->peers = NULL;
+	hpucoll__shm_close(&c->shm);
+	free(c->shm_buf);
+	c->shm_buf = NULL;
 }
 
-static int send_error(hpucoll_comm *c, int dst)
+/* Reads the monitor events of peer `src` that are waiting. */
+static void read_monitor(hpucoll_comm *c, int src)
 {
-	if (zmq_errno() != EAGAIN)
-		return hpucoll__zmq_error(c, "zmq_send");
-	hpucoll__set_error(c, "%s: could not send to rank %d for %d ms "
-			      "(is it alive?).",
-			   c->what, dst, c->timeout_ms);
-	return HPUCOLL_ETIMEDOUT;
+	struct hpucoll__peer *p = &c->peers[src];
+	zmq_msg_t f;
+	uint16_t ev;
+	int more;
+
+	for (;;) {
+		zmq_msg_init(&f);
+		if (zmq_msg_recv(&f, p->mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&f);
+			return;
+		}
+		ev = 0;
+		if (zmq_msg_size(&f) >= 2)
+			memcpy(&ev, zmq_msg_data(&f), sizeof(ev));
+		more = zmq_msg_more(&f);
+		zmq_msg_close(&f);
+		while (more) { /* the endpoint frame */
+			zmq_msg_init(&f);
+			more = zmq_msg_recv(&f, p->mon, 0) >= 0 &&
+			       zmq_msg_more(&f);
+			zmq_msg_close(&f);
+		}
+		if (ev == ZMQ_EVENT_CONNECTED) {
+			p->lost = 0;
+		} else if (ev == ZMQ_EVENT_DISCONNECTED && !p->lost) {
+			p->lost = 1;
+			p->lost_ms = now_ms();
+		}
+	}
+}
+
+static int lost_peer(hpucoll_comm *c, int src)
+{
+	hpucoll__set_error(c, "%s: rank %d died (its connection closed and "
+			      "did not come back).",
+			   c->what, src);
+	return HPUCOLL_EPEER;
+}
+
+/* ---- Sending ---- */
+
+static int zmq_fail(hpucoll_comm *c, int dst)
+{
+	hpucoll__set_error(c, "%s: sending to rank %d failed: %s.", c->what,
+			   dst, zmq_strerror(zmq_errno()));
+	return zmq_errno() == ENOMEM ? HPUCOLL_ENOMEM : HPUCOLL_ETRANSPORT;
 }
 
 /* Sends the header frame, with ZMQ_SNDMORE when a payload follows. */
 static int send_hdr(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
-		    void **sock)
+		    int flags)
 {
 	unsigned char buf[HPUCOLL__HDR_SIZE];
-	int rc;
 
-	rc = peer_socket(c, dst, sock);
-	if (rc != HPUCOLL_OK)
-		return rc;
 	hpucoll__hdr_encode(buf, hdr);
-	while (zmq_send(*sock, buf, sizeof(buf),
-			hdr->len > 0 ? ZMQ_SNDMORE : 0) < 0) {
+	while (zmq_send(c->peers[dst].push, buf, sizeof(buf),
+			flags | (hdr->len > 0 ? ZMQ_SNDMORE : 0)) < 0) {
 		if (zmq_errno() != EINTR)
-			return send_error(c, dst);
+			return zmq_fail(c, dst);
 	}
 	return HPUCOLL_OK;
 }
 
-int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
-		  const void *data)
+static int send_body(hpucoll_comm *c, int dst, zmq_msg_t *body)
 {
-	void *sock;
-	int rc;
-
-	rc = send_hdr(c, dst, hdr, &sock);
-	if (rc != HPUCOLL_OK || hdr->len == 0)
-		return rc;
-	while (zmq_send(sock, data, (size_t)hdr->len, 0) < 0) {
-		if (zmq_errno() != EINTR)
-			return send_error(c, dst);
-	}
-	return HPUCOLL_OK;
-}
-
-int hpucoll__send_msg(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
-		      zmq_msg_t *body)
-{
-	void *sock;
-	int rc;
-
-	rc = send_hdr(c, dst, hdr, &sock);
-	if (rc != HPUCOLL_OK || hdr->len == 0)
-		goto out;
-	while (zmq_msg_send(body, sock, 0) < 0) {
+	while (zmq_msg_send(body, c->peers[dst].push, 0) < 0) {
 		if (zmq_errno() != EINTR) {
-			rc = send_error(c, dst);
-			goto out;
+			int rc = zmq_fail(c, dst);
+
+			zmq_msg_close(body);
+			return rc;
 		}
 	}
 	return HPUCOLL_OK;
+}
+
+static int poll_aborts(hpucoll_comm *c, int want);
+static int peer_gone(hpucoll_comm *c, int src);
+
+/* Sends over shared memory, waiting in slices while the ring is full so
+ * that aborts, the stall warning and the timeout are looked at. */
+static int shm_send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
+		    const void *data)
+{
+	struct wait w;
+	int rc;
+
+	rc = hpucoll__shm_send(c->shm, c->peers[dst].shm, hdr, data, 0);
+	if (rc != HPUCOLL_ETIMEDOUT)
+		goto out;
+	wait_begin(c, &w);
+	for (;;) {
+		int64_t now = now_ms();
+		long ms = wait_ms(c, &w, now, HPUCOLL__SLICE_MS);
+
+		rc = hpucoll__shm_send(c->shm, c->peers[dst].shm, hdr, data,
+				       (int)ms);
+		if (rc != HPUCOLL_ETIMEDOUT)
+			break;
+		now = now_ms();
+		if (w.deadline >= 0 && now >= w.deadline) {
+			hpucoll__set_error(c, "%s: rank %d took no data for %d "
+					      "ms (is it alive?).",
+					   c->what, dst, w.timeout_ms);
+			return HPUCOLL_ETIMEDOUT;
+		}
+		stall_check(c, &w, dst, now);
+		rc = poll_aborts(c, dst);
+		if (rc != HPUCOLL_OK)
+			return rc;
+	}
 out:
-	zmq_msg_close(body);
+	if (rc == HPUCOLL_EPEER)
+		return peer_gone(c, dst);
+	if (rc != HPUCOLL_OK)
+		hpucoll__set_error(c, "%s: sending to rank %d over shared "
+				      "memory failed: %s.",
+				   c->what, dst, hpucoll__shm_errmsg(c->shm));
 	return rc;
 }
 
-static int timed_out(hpucoll_comm *c, int src)
+int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
+		  const void *data, int zc)
 {
-	hpucoll__set_error(c, "%s: no data from rank %d after %d ms "
-			      "(is it alive?).",
-			   c->what, src, c->timeout_ms);
-	return HPUCOLL_ETIMEDOUT;
-}
+	struct hpucoll__peer *p = &c->peers[dst];
+	zmq_msg_t body;
+	int rc;
 
-/* Waits until the receive socket has a message or the deadline passes
- * (deadline < 0: never). Returns HPUCOLL_ETIMEDOUT naming rank `src`. */
-static int wait_readable(hpucoll_comm *c, int src, int64_t deadline)
-{
-	zmq_pollitem_t item = {.socket = c->pull, .events = ZMQ_POLLIN};
-	long wait;
-	int n;
-
-	for (;;) {
-		wait = -1;
-		if (deadline >= 0) {
-			int64_t left = deadline - now_ms();
-
-			wait = left > 0 ? (long)left : 0;
+	if (p->shm >= 0)
+		return shm_send(c, dst, hdr, data);
+	rc = send_hdr(c, dst, hdr, 0);
+	if (rc != HPUCOLL_OK || hdr->len == 0)
+		return rc;
+	if (!zc || hdr->len < HPUCOLL__ZC_MIN) {
+		while (zmq_send(p->push, data, (size_t)hdr->len, 0) < 0) {
+			if (zmq_errno() != EINTR)
+				return zmq_fail(c, dst);
 		}
-		n = zmq_poll(&item, 1, wait);
-		if (n > 0)
-			return HPUCOLL_OK;
-		if (n < 0 && zmq_errno() != EINTR)
-			return hpucoll__zmq_error(c, "zmq_poll");
-		if (n == 0 && wait == 0)
-			return timed_out(c, src);
+		return HPUCOLL_OK;
 	}
+	atomic_fetch_add_explicit(&p->zc, 1, memory_order_relaxed);
+	if (zmq_msg_init_data(&body, (void *)data, (size_t)hdr->len, zc_free,
+			      &p->zc) != 0) {
+		atomic_fetch_sub(&p->zc, 1);
+		return zmq_fail(c, dst);
+	}
+	c->zc_pending = 1;
+	return send_body(c, dst, &body);
 }
+
+void *hpucoll__send_buf(hpucoll_comm *c, int dst, size_t len)
+{
+	if (c->peers[dst].shm >= 0)
+		return c->shm_buf;
+	if (zmq_msg_init_size(&c->out, len) != 0)
+		return NULL;
+	return zmq_msg_data(&c->out);
+}
+
+int hpucoll__send_commit(hpucoll_comm *c, int dst,
+			 const struct hpucoll__hdr *hdr)
+{
+	int rc;
+
+	if (c->peers[dst].shm >= 0)
+		return shm_send(c, dst, hdr, c->shm_buf);
+	rc = send_hdr(c, dst, hdr, 0);
+	if (rc != HPUCOLL_OK || hdr->len == 0) {
+		zmq_msg_close(&c->out);
+		return rc;
+	}
+	return send_body(c, dst, &c->out);
+}
+
+/* ---- Receiving from ZeroMQ ---- */
 
 /* Receives one frame without blocking; returns 1 when one was there, 0
  * when not, or -1 with zmq_errno() set. */
@@ -290,6 +540,26 @@ static int read_body(hpucoll_comm *c, struct hpucoll__msg *m)
 	return HPUCOLL_OK;
 }
 
+/* An ABORT from another rank: its collective failed, so ours cannot
+ * finish. Its sentence (printable characters only) becomes ours. */
+static int took_abort(hpucoll_comm *c, const struct hpucoll__msg *m)
+{
+	const unsigned char *s = zmq_msg_data((zmq_msg_t *)&m->body);
+	char why[HPUCOLL__ERRMSG_MAX];
+	size_t n = 0;
+	int code = m->hdr.arg;
+
+	for (size_t i = 0; i < m->hdr.len && n + 1 < sizeof(why); i++)
+		why[n++] = s[i] >= 0x20 && s[i] < 0x7f ? (char)s[i] : '?';
+	why[n] = '\0';
+	if (code <= HPUCOLL_EINVAL || code > HPUCOLL_EPEER)
+		code = HPUCOLL_EABORTED;
+	hpucoll__set_error(c, "%s: rank %" PRIu32 " gave up: %s", c->what,
+			   m->hdr.src, why);
+	c->got_abort = 1;
+	return code;
+}
+
 /* Reads one whole message into a new *out (NULL if nothing was there). */
 static int read_msg(hpucoll_comm *c, int want, struct hpucoll__msg **out)
 {
@@ -306,12 +576,23 @@ static int read_msg(hpucoll_comm *c, int want, struct hpucoll__msg **out)
 		msg_free(m);
 		return -rc;
 	}
-	if (m->hdr.len > 0) {
+	rc = HPUCOLL_OK;
+	if ((m->hdr.kind & 15) == HPUCOLL__ABORT &&
+	    m->hdr.len >= HPUCOLL__ERRMSG_MAX) {
+		drain(c, 1);
+		hpucoll__set_error(c, "%s: rank %" PRIu32 " sent an oversized "
+				      "abort message.",
+				   c->what, m->hdr.src);
+		msg_free(m);
+		return HPUCOLL_EPROTO;
+	}
+	if (m->hdr.len > 0)
 		rc = read_body(c, m);
-		if (rc != HPUCOLL_OK) {
-			msg_free(m);
-			return rc;
-		}
+	if (rc == HPUCOLL_OK && (m->hdr.kind & 15) == HPUCOLL__ABORT)
+		rc = took_abort(c, m);
+	if (rc != HPUCOLL_OK) {
+		msg_free(m);
+		return rc;
 	}
 	*out = m;
 	return HPUCOLL_OK;
@@ -339,75 +620,115 @@ static struct hpucoll__msg *dequeue(struct hpucoll__peer *p)
 	return m;
 }
 
-static const char *kind_name(unsigned kind)
+/* Reads what ZeroMQ has without waiting, queueing it by sender; fails on
+ * an ABORT or a malformed message. `want` names the awaited rank. */
+static int poll_aborts(hpucoll_comm *c, int want)
 {
-	switch (kind) {
-	case HPUCOLL__ALL_REDUCE:
-		return "all_reduce";
-	case HPUCOLL__BROADCAST:
-		return "broadcast";
-	case HPUCOLL__BARRIER:
-		return "barrier";
-	default:
-		return "unknown";
+	struct hpucoll__msg *m;
+	int rc;
+
+	for (;;) {
+		rc = read_msg(c, want, &m);
+		if (rc != HPUCOLL_OK || m == NULL)
+			return rc;
+		enqueue(&c->peers[m->hdr.src], m);
 	}
 }
 
-/* Checks that a message is the one expected; the sender is already
- * known to match. */
+/* Waits until the receive socket has a message. Fails when the deadline
+ * passes or the connection to `src` closed a grace period ago. */
+static int wait_readable(hpucoll_comm *c, int src, const struct wait *w)
+{
+	struct hpucoll__peer *p = &c->peers[src];
+	zmq_pollitem_t items[2] = {
+		{.socket = c->pull, .events = ZMQ_POLLIN},
+		{.socket = p->mon, .events = ZMQ_POLLIN},
+	};
+	int64_t now;
+	long ms;
+	int n;
+
+	for (;;) {
+		now = now_ms();
+		if (w->deadline >= 0 && now >= w->deadline)
+			return timed_out(c, w, src);
+		if (p->lost && now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
+			return lost_peer(c, src);
+		stall_check(c, w, src, now);
+		ms = wait_ms(c, w, now,
+			     p->lost ? (long)(p->lost_ms +
+					      HPUCOLL__LOST_GRACE_MS - now)
+				     : -1);
+		n = zmq_poll(items, 2, ms);
+		if (n < 0 && zmq_errno() != EINTR)
+			return hpucoll__zmq_error(c, "zmq_poll");
+		if (n > 0 && (items[1].revents & ZMQ_POLLIN))
+			read_monitor(c, src);
+		if (n > 0 && (items[0].revents & ZMQ_POLLIN))
+			return HPUCOLL_OK;
+	}
+}
+
+/* Checks that a message is the one expected. */
 static int check(hpucoll_comm *c, const struct hpucoll__hdr *want,
 		 const struct hpucoll__hdr *got)
 {
-	if (got->seq == want->seq && got->kind == want->kind &&
+	if (got->magic == want->magic && got->src == want->src &&
+	    got->seq == want->seq && got->kind == want->kind &&
 	    got->arg == want->arg && got->tag == want->tag &&
 	    got->off == want->off && got->len == want->len)
 		return HPUCOLL_OK;
 	hpucoll__set_error(
 		c,
-		"%s: rank %" PRIu32 " sent collective #%" PRIu32 " (%s, arg "
-		"%u, tag %u, offset %" PRIu64 ", %" PRIu64 " bytes) where "
-		"#%" PRIu32 " (%s, arg %u, tag %u, offset %" PRIu64 ", %" PRIu64
-		" bytes) "
-		"was expected; do all ranks call the same collectives with the "
-		"same arguments?",
-		c->what, got->src, got->seq, kind_name(got->kind),
-		(unsigned)got->arg, (unsigned)got->tag, got->off, got->len,
-		want->seq, kind_name(want->kind), (unsigned)want->arg,
-		(unsigned)want->tag, want->off, want->len);
+		"%s: rank %" PRIu32 " sent collective #%" PRIu32 " (%s, "
+		"algorithm %u, arg %u, tag %u, offset %" PRIu64 ", %" PRIu64
+		" bytes) where #%" PRIu32 " (%s, algorithm %u, arg %u, tag %u, "
+		"offset %" PRIu64 ", %" PRIu64 " bytes) was expected; do all "
+		"ranks call the same collectives with the same arguments?",
+		c->what, want->src, got->seq, hpucoll__kind_name(got->kind),
+		(unsigned)got->kind >> 4, (unsigned)got->arg,
+		(unsigned)got->tag, got->off, got->len, want->seq,
+		hpucoll__kind_name(want->kind), (unsigned)want->kind >> 4,
+		(unsigned)want->arg, (unsigned)want->tag, want->off, want->len);
 	return HPUCOLL_EPROTO;
 }
 
 /* Takes the next message from rank `src`, from its queue or the socket. */
 static int next_from(hpucoll_comm *c, int src, struct hpucoll__msg **out)
 {
-	int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
 	struct hpucoll__msg *m;
+	struct wait w;
 	int rc;
 
 	*out = dequeue(&c->peers[src]);
-	while (*out == NULL) {
-		rc = wait_readable(c, src, deadline);
-		if (rc == HPUCOLL_OK)
-			rc = read_msg(c, src, &m);
+	if (*out != NULL)
+		return HPUCOLL_OK;
+	wait_begin(c, &w);
+	for (;;) {
+		rc = read_msg(c, src, &m);
 		if (rc != HPUCOLL_OK)
 			return rc;
-		if (m == NULL)
+		if (m == NULL) {
+			rc = wait_readable(c, src, &w);
+			if (rc != HPUCOLL_OK)
+				return rc;
 			continue;
+		}
 		if (m->hdr.src == (uint32_t)src) {
 			*out = m;
-			break;
+			return HPUCOLL_OK;
 		}
 		enqueue(&c->peers[m->hdr.src], m);
 		/* Other ranks' traffic must not keep this wait alive. */
-		if (deadline >= 0 && now_ms() >= deadline)
-			return timed_out(c, src);
+		if (w.deadline >= 0 && now_ms() >= w.deadline)
+			return timed_out(c, &w, src);
 	}
-	return HPUCOLL_OK;
 }
 
-int hpucoll__recv(hpucoll_comm *c, const struct hpucoll__hdr *want,
-		  zmq_msg_t *body)
+static int zmq_recv_from(hpucoll_comm *c, const struct hpucoll__hdr *want,
+			 const void **data)
 {
+	struct hpucoll__peer *p = &c->peers[want->src];
 	struct hpucoll__msg *m;
 	int rc;
 
@@ -416,9 +737,225 @@ int hpucoll__recv(hpucoll_comm *c, const struct hpucoll__hdr *want,
 		return rc;
 	rc = check(c, want, &m->hdr);
 	if (rc == HPUCOLL_OK) {
-		zmq_msg_init(body);
-		zmq_msg_move(body, &m->body);
+		zmq_msg_init(&p->held);
+		zmq_msg_move(&p->held, &m->body);
+		p->holding = 1;
+		*data = zmq_msg_data(&p->held);
 	}
 	msg_free(m);
 	return rc;
+}
+
+/* ---- Receiving from shared memory ---- */
+
+/* A local peer is gone. If it left because its own collective failed,
+ * its ABORT is on the way over ZeroMQ and says why: wait a moment for it,
+ * so that the error names the rank that caused it. */
+static int peer_gone(hpucoll_comm *c, int src)
+{
+	zmq_pollitem_t item = {.socket = c->pull, .events = ZMQ_POLLIN};
+	int64_t end = now_ms() + HPUCOLL__LOST_GRACE_MS, left;
+	int rc;
+
+	for (;;) {
+		rc = poll_aborts(c, src);
+		if (rc != HPUCOLL_OK)
+			return rc;
+		left = end - now_ms();
+		if (left <= 0)
+			break;
+		zmq_poll(&item, 1, (long)left);
+	}
+	hpucoll__set_error(c, "%s: rank %d died (%s).", c->what, src,
+			   hpucoll__shm_errmsg(c->shm));
+	return HPUCOLL_EPEER;
+}
+
+static int shm_error(hpucoll_comm *c, int src, int rc, const struct wait *w)
+{
+	if (rc == HPUCOLL_EPEER)
+		return peer_gone(c, src);
+	else if (rc == HPUCOLL_ETIMEDOUT)
+		return timed_out(c, w, src);
+	else
+		hpucoll__set_error(c, "%s: receiving from rank %d over shared "
+				      "memory failed: %s.",
+				   c->what, src, hpucoll__shm_errmsg(c->shm));
+	return rc;
+}
+
+/* Waits in slices, looking between them at ABORTs arriving over ZeroMQ,
+ * the stall warning and the timeout. */
+static int shm_recv_from(hpucoll_comm *c, const struct hpucoll__hdr *want,
+			 const void **data)
+{
+	int src = (int)want->src, local = c->peers[src].shm;
+	struct hpucoll__hdr h;
+	struct wait w;
+	int rc;
+
+	rc = hpucoll__shm_recv(c->shm, local, &h, data, 0);
+	if (rc == HPUCOLL_ETIMEDOUT) {
+		wait_begin(c, &w);
+		for (;;) {
+			int64_t now = now_ms();
+			long ms = wait_ms(c, &w, now, HPUCOLL__SLICE_MS);
+
+			rc = hpucoll__shm_recv(c->shm, local, &h, data,
+					       (int)ms);
+			if (rc != HPUCOLL_ETIMEDOUT)
+				break;
+			now = now_ms();
+			if (w.deadline >= 0 && now >= w.deadline)
+				break;
+			stall_check(c, &w, src, now);
+			rc = poll_aborts(c, src);
+			if (rc != HPUCOLL_OK)
+				return rc;
+		}
+	}
+	if (rc != HPUCOLL_OK)
+		return shm_error(c, src, rc, &w);
+	rc = check(c, want, &h);
+	if (rc != HPUCOLL_OK)
+		hpucoll__shm_release(c->shm, local);
+	return rc;
+}
+
+int hpucoll__recv(hpucoll_comm *c, const struct hpucoll__hdr *want,
+		  const void **data)
+{
+	if (c->peers[want->src].shm >= 0)
+		return shm_recv_from(c, want, data);
+	return zmq_recv_from(c, want, data);
+}
+
+void hpucoll__release(hpucoll_comm *c, int src)
+{
+	struct hpucoll__peer *p = &c->peers[src];
+
+	if (p->shm >= 0) {
+		hpucoll__shm_release(c->shm, p->shm);
+	} else if (p->holding) {
+		zmq_msg_close(&p->held);
+		p->holding = 0;
+	}
+}
+
+/* ---- Zero-copy fence and failure ---- */
+
+/* Sleeps a little longer each time, from a yield to 1 ms. */
+static void backoff(int *round)
+{
+	struct timespec ts = {0, 0};
+
+	if (*round < 16) {
+		sched_yield();
+	} else {
+		ts.tv_nsec = *round < 64 ? 20000 : 1000000;
+		nanosleep(&ts, NULL);
+	}
+	(*round)++;
+}
+
+static int zc_held(struct hpucoll__peer *p)
+{
+	return atomic_load_explicit(&p->zc, memory_order_acquire) > 0;
+}
+
+int hpucoll__fence(hpucoll_comm *c)
+{
+	struct wait w;
+	int round = 0;
+
+	if (!c->zc_pending)
+		return HPUCOLL_OK;
+	wait_begin(c, &w);
+	for (int i = 0; i < c->size; i++) {
+		struct hpucoll__peer *p = &c->peers[i];
+
+		while (i != c->rank && zc_held(p)) {
+			int64_t now = now_ms();
+
+			if (w.deadline >= 0 && now >= w.deadline) {
+				hpucoll__set_error(c, "%s: rank %d took no "
+						      "data for %d ms (is it "
+						      "alive?).",
+						   c->what, i, w.timeout_ms);
+				return HPUCOLL_ETIMEDOUT;
+			}
+			read_monitor(c, i);
+			if (p->lost &&
+			    now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
+				return lost_peer(c, i);
+			stall_check(c, &w, i, now);
+			backoff(&round);
+		}
+	}
+	c->zc_pending = 0;
+	return HPUCOLL_OK;
+}
+
+/* Sends our error sentence to every peer, without waiting. */
+static void send_aborts(hpucoll_comm *c, int rc)
+{
+	struct hpucoll__hdr h = {
+		.magic = HPUCOLL__MAGIC,
+		.src = (uint32_t)c->rank,
+		.seq = c->seq,
+		.kind = HPUCOLL__ABORT,
+		.arg = (uint8_t)rc,
+	};
+	char msg[HPUCOLL__ERRMSG_MAX];
+
+	pthread_mutex_lock(&c->errlock);
+	snprintf(msg, sizeof(msg), "%s", c->errmsg);
+	pthread_mutex_unlock(&c->errlock);
+	h.len = strlen(msg);
+	for (int i = 0; i < c->size; i++) {
+		if (i == c->rank || c->peers[i].push == NULL ||
+		    send_hdr(c, i, &h, ZMQ_DONTWAIT) != HPUCOLL_OK)
+			continue;
+		if (h.len > 0)
+			zmq_send(c->peers[i].push, msg, h.len, ZMQ_DONTWAIT);
+	}
+}
+
+void hpucoll__fail_transport(hpucoll_comm *c, int rc)
+{
+	int64_t t0 = now_ms();
+	int round = 0, left;
+
+	if (!c->got_abort)
+		send_aborts(c, rc);
+	if (!c->zc_pending)
+		return;
+	/* Give ZeroMQ a moment to finish what it is sending; then drop what
+	 * is left for peers that do not take it, which releases it. */
+	for (int i = 0; i < c->size; i++) {
+		struct hpucoll__peer *p = &c->peers[i];
+
+		while (i != c->rank && zc_held(p) &&
+		       now_ms() - t0 < HPUCOLL__LOST_GRACE_MS)
+			backoff(&round);
+		if (i != c->rank && zc_held(p)) {
+			zmq_socket_monitor(p->push, NULL, 0);
+			set_int(p->push, ZMQ_LINGER, 0);
+			zmq_close(p->push);
+			p->push = NULL;
+		}
+	}
+	do {
+		left = 0;
+		for (int i = 0; i < c->size; i++)
+			left += i != c->rank && zc_held(&c->peers[i]);
+		if (left > 0)
+			backoff(&round);
+	} while (left > 0 && now_ms() - t0 < 10000);
+	if (left > 0)
+		fprintf(stderr, "hpucoll: rank %d: ZeroMQ still holds "
+				"zero-copy sends to %d peers after a "
+				"failure\n",
+			c->rank, left);
+	c->zc_pending = 0;
 }

@@ -191,7 +191,7 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	static const char *ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=",
 				     "LOCAL_WORLD_SIZE=", "NODE_RANK=", "NNODES=",
 				     "MASTER_ADDR=", "MASTER_PORT=", "HPU_JOB_ID=",
-				     "HPU_JOB_TOKEN="};
+				     "HPU_JOB_TOKEN=", "HPUCOLL_TRANSPORT="};
 	size_t n = 0;
 	while (environ[n])
 		n++;
@@ -226,6 +226,11 @@ static char **make_env(const hpu_agent *a, const worker *w)
 		env[k++] = strdup(v[i]);
 	if (!have_blas)
 		env[k++] = strdup("OPENBLAS_NUM_THREADS=1");
+	if (c->transport) {
+		char t[64];
+		snprintf(t, sizeof t, "HPUCOLL_TRANSPORT=%s", c->transport);
+		env[k++] = strdup(t);
+	}
 	for (size_t i = 0; i < k; i++)
 		if (!env[i])
 			return NULL; /* leaks on OOM at start-up; we exit anyway */
@@ -388,6 +393,21 @@ void hpu_agent_stop(hpu_agent *a, double grace_s)
 	ev_timer_start(a->loop, &a->kill_timer);
 }
 
+int hpu_agent_cleanup(const hpu_agent *a)
+{
+	char path[512];
+	int n = 0;
+	snprintf(path, sizeof path, "/dev/shm/hpucoll-%s-n%d", a->cfg.job_id,
+		 a->cfg.node_rank);
+	n += unlink(path) == 0;
+	for (int i = 0; i < a->cfg.devices; i++) {
+		snprintf(path, sizeof path, "/tmp/hpucoll-%s-r%d", a->cfg.job_id,
+			 hpu_agent_rank(a, i));
+		n += unlink(path) == 0;
+	}
+	return n;
+}
+
 void hpu_agent_destroy(hpu_agent **pa)
 {
 	hpu_agent *a = *pa;
@@ -410,6 +430,8 @@ void hpu_agent_destroy(hpu_agent **pa)
 		if (w->log_fd >= 0 && w->pid > 0)
 			close(w->log_fd);
 	}
+	if (a->w[0].pid > 0)
+		hpu_agent_cleanup(a);
 	free(a->w);
 	free(a);
 	*pa = NULL;

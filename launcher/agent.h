@@ -24,6 +24,7 @@ typedef struct hpu_agent_cfg {
 	char *const *argv; /* the program to run and its arguments */
 	int search_path;   /* look argv[0] up in PATH */
 	const char *log_dir; /* also write rank_N.log here, or NULL */
+	const char *transport; /* HPUCOLL_TRANSPORT for the workers, or NULL */
 	/* Called when a worker has been reaped. status as from waitpid. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
 	/* Called once every worker is reaped and its output drained. */
@@ -48,7 +49,13 @@ int hpu_agent_live(const hpu_agent *a);
 /* The global rank of local worker `local`. */
 int hpu_agent_rank(const hpu_agent *a, int local);
 
-/* Kills what is left (SIGKILL), reaps it, frees; *a = NULL; safe twice. */
+/* Removes what this node's workers may have left behind when they died:
+ * the job's shared-memory segment /dev/shm/hpucoll-<job>-n<node> and the
+ * ZeroMQ ipc files /tmp/hpucoll-<job>-r<rank>. Returns how many. */
+int hpu_agent_cleanup(const hpu_agent *a);
+
+/* Kills what is left (SIGKILL), reaps it, cleans up after it
+ * (hpu_agent_cleanup), frees; *a = NULL; safe twice. */
 void hpu_agent_destroy(hpu_agent **a);
 
 /* "exited with code 3" / "was killed by signal 9 (Killed)". */

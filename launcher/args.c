@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <openssl/rand.h>
@@ -26,6 +27,9 @@ void hpu_args_usage(FILE *f)
 		"  --job-id ID            job id [HPU_JOB_ID]; the job token comes from\n"
 		"                         [HPU_JOB_TOKEN] (required with --nodes > 1)\n"
 		"  --log-dir DIR          also write each rank's output to DIR/rank_N.log\n"
+		"  --transport T          auto | tcp | ipc | shm: how ranks reach each other\n"
+		"                         (auto: shared memory within a node, TCP between)\n"
+		"                         [HPUCOLL_TRANSPORT]\n"
 		"  --join-timeout S       seconds for every rank to join (300)\n"
 		"  --exec PROGRAM ...     run PROGRAM (from PATH) instead of hpu-worker;\n"
 		"                         it initializes from the environment\n"
@@ -99,10 +103,10 @@ static int launcher_opt(hpu_launch_args *a, int argc, char **argv, int *i,
 {
 	static const char *names[] = {"--nodes", "--devices", "--node-rank",
 				      "--master-addr", "--master-port", "--job-id",
-				      "--log-dir", "--join-timeout"};
+				      "--log-dir", "--join-timeout", "--transport"};
 	const char *arg = argv[*i];
 	int k = -1;
-	for (int j = 0; j < 8; j++)
+	for (int j = 0; j < 9; j++)
 		if (!strcmp(arg, names[j]))
 			k = j;
 	if (!strcmp(arg, "-q") || !strcmp(arg, "--quiet")) {
@@ -132,6 +136,10 @@ static int launcher_opt(hpu_launch_args *a, int argc, char **argv, int *i,
 	case 5: bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v; break;
 	case 6: a->log_dir = v; break;
 	case 7: bad = to_double(v, &a->join_timeout_s); break;
+	case 8:
+		bad = strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "ipc") && strcmp(v, "shm");
+		a->transport = v;
+		break;
 	}
 	if (bad) {
 		snprintf(err, errlen, "bad value '%s' for %s", v, arg);
@@ -156,6 +164,8 @@ static int from_env(hpu_launch_args *a, char *err, size_t errlen)
 	}
 	if ((v = getenv("HPU_JOB_ID")) && *v)
 		snprintf(a->job_id, sizeof a->job_id, "%s", v);
+	if ((v = getenv("HPUCOLL_TRANSPORT")) && *v)
+		a->transport = v;
 	if ((v = getenv("HPU_JOB_TOKEN")) && *v)
 		snprintf(a->token, sizeof a->token, "%s", v);
 	return 0;
@@ -230,6 +240,23 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 		snprintf(err, errlen, "--node-rank %d is not below --nodes %d", a->node_rank, a->nodes);
 		return -1;
 	}
+	if (a->transport && strcmp(a->transport, "auto") && strcmp(a->transport, "tcp") &&
+	    strcmp(a->transport, "ipc") && strcmp(a->transport, "shm")) {
+		snprintf(err, errlen, "HPUCOLL_TRANSPORT='%s' is not one of auto, tcp, ipc, shm",
+			 a->transport);
+		return -1;
+	}
+	if (a->nodes > 1 && a->transport && !strcmp(a->transport, "ipc")) {
+		snprintf(err, errlen, "--transport ipc works within one node only; use tcp, shm or auto with --nodes %d",
+			 a->nodes);
+		return -1;
+	}
+	for (const char *c = a->job_id; *c; c++)
+		if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_' || *c == '.')) {
+			snprintf(err, errlen, "job id '%s' may hold only letters, digits, '-', '_' and '.'",
+				 a->job_id);
+			return -1;
+		}
 	if (a->nodes > 1 && !a->master_port) {
 		snprintf(err, errlen, "--nodes %d needs --master-port (or MASTER_PORT): every node must know where node 0 listens",
 			 a->nodes);

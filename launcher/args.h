@@ -11,6 +11,7 @@ typedef struct hpu_launch_args {
 	char job_id[64];
 	char token[129];
 	const char *log_dir;
+	const char *transport; /* --transport: exported as HPUCOLL_TRANSPORT */
 	double join_timeout_s;
 	double agent_timeout_s;
 	double grace_s;      /* SIGTERM to SIGKILL */

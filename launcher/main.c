@@ -309,6 +309,7 @@ int main(int argc, char **argv)
 		.argv = L.args.worker_argv,
 		.search_path = L.args.exec_mode,
 		.log_dir = L.args.log_dir,
+		.transport = L.args.transport,
 		.on_exit = on_worker_exit,
 		.on_idle = on_agent_idle,
 	};

@@ -209,7 +209,7 @@ static int train_step(loop *L, size_t s, int more, float *loss_out)
 	if (isnan(loss))
 		return -1;
 	b->grad_buf[b->numel] = loss * scale;
-	int rc = hpucoll_all_reduce(L->comm, b->grad_buf, b->numel + 1,
+	int rc = hpucoll_all_reduce(L->comm, b->grad_buf, b->grad_buf, b->numel + 1,
 				    HPUCOLL_F32, HPUCOLL_SUM);
 	if (rc)
 		return coll_fail(L, "gradient all-reduce", rc);
@@ -242,7 +242,7 @@ static int evaluate(loop *L, double *value, double *count)
 	}
 	free(idx);
 	float red[2] = {(float)sum, (float)mine};
-	int rc = hpucoll_all_reduce(L->comm, red, 2, HPUCOLL_F32, HPUCOLL_SUM);
+	int rc = hpucoll_all_reduce(L->comm, red, red, 2, HPUCOLL_F32, HPUCOLL_SUM);
 	if (rc)
 		return coll_fail(L, "evaluation all-reduce", rc);
 	*count = red[1];
@@ -342,7 +342,8 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	}
 	if (L.rank == 0)
 		hpu__model_init_params(b, o->seed);
-	int crc = hpucoll_broadcast(comm, b->param_buf, b->numel * sizeof(float), 0);
+	int crc = hpucoll_broadcast(comm, b->param_buf, b->param_buf, b->numel,
+				    HPUCOLL_F32, 0);
 	if (crc) {
 		coll_fail(&L, "initial parameter broadcast", crc);
 		goto out;

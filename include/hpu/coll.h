@@ -32,21 +32,55 @@ typedef enum hpucoll_err {
 	HPUCOLL_EREFUSED,  /* the coordinator refused this rank */
 	HPUCOLL_EABORTED,  /* the job was aborted */
 	HPUCOLL_EENV,      /* the launch environment is missing or invalid */
+	HPUCOLL_EPEER,     /* a peer process died */
 } hpucoll_err;
 
 typedef enum hpucoll_dtype {
 	HPUCOLL_F32 = 0,
+	HPUCOLL_F64,
+	HPUCOLL_F16,  /* IEEE binary16; sums accumulate in f32 within a step */
+	HPUCOLL_BF16, /* bfloat16; sums accumulate in f32 within a step */
+	HPUCOLL_I32,
+	HPUCOLL_I64,
+	HPUCOLL_U8,
+	HPUCOLL_NUM_DTYPES
 } hpucoll_dtype;
 
 typedef enum hpucoll_op {
 	HPUCOLL_SUM = 0,
-	HPUCOLL_AVG,
+	HPUCOLL_AVG, /* sum / size; integer types truncate toward zero */
+	HPUCOLL_MAX,
+	HPUCOLL_MIN,
+	HPUCOLL_NUM_OPS
 } hpucoll_op;
+
+/* How ranks reach each other. AUTO: shared memory between ranks of one
+ * node, ZeroMQ TCP between nodes. TCP / IPC: ZeroMQ over that transport
+ * for every pair (IPC only within a node). SHM: shared memory within a
+ * node (ZeroMQ TCP between nodes). The environment variable
+ * HPUCOLL_TRANSPORT=auto|tcp|ipc|shm (hpulaunch --transport) chooses it
+ * for hpucoll_comm_init_env(). */
+typedef enum hpucoll_transport {
+	HPUCOLL_TRANSPORT_AUTO = 0,
+	HPUCOLL_TRANSPORT_TCP,
+	HPUCOLL_TRANSPORT_IPC,
+	HPUCOLL_TRANSPORT_SHM,
+} hpucoll_transport;
 
 typedef struct hpucoll_comm hpucoll_comm;
 
+/* An asynchronous collective in flight. */
+typedef struct hpucoll_req hpucoll_req;
+
 /* Returns a static sentence describing an error code. */
 const char *hpucoll_strerror(int err);
+
+/* Parses "auto", "tcp", "ipc" or "shm"; returns 0 or -1. */
+int hpucoll_transport_parse(const char *s, hpucoll_transport *out);
+const char *hpucoll_transport_name(hpucoll_transport t);
+
+/* Size in bytes of one element of `dtype` (0 if it is not a dtype). */
+size_t hpucoll_dtype_size(hpucoll_dtype dtype);
 
 /* Creates the communicator of `rank` in a job of `size` ranks and binds its
  * receive socket to `bind_endpoint` (a ZeroMQ endpoint; "tcp://ADDR:*" picks
@@ -57,22 +91,34 @@ int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 /* Returns the endpoint this rank is bound to, with the port resolved. */
 const char *hpucoll_comm_endpoint(const hpucoll_comm *comm);
 
+/* Optional, before connect: which node each rank is on (node_ids[size],
+ * copied), the job's name (names the shared-memory segment of each node;
+ * every rank of the job must pass the same one) and the transport. Without
+ * it every rank counts as its own node and ZeroMQ carries everything. */
+int hpucoll_comm_set_topology(hpucoll_comm *comm, const int *node_ids,
+			      const char *job_name,
+			      hpucoll_transport transport);
+
 /* Connects to the other ranks; endpoints[i] is rank i's bound endpoint.
- * The strings are copied. */
+ * The strings are copied. Ranks of one node using shared memory meet here
+ * (every one of them must call it). */
 int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints);
 
 /* Joins the coordinator named by the environment hpulaunch sets (RANK,
  * WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, HPU_JOB_ID,
- * HPU_JOB_TOKEN), gets the rank table and returns a connected communicator
- * in *out. On failure, writes one sentence saying why into err. */
+ * HPU_JOB_TOKEN, and HPUCOLL_TRANSPORT), gets the rank table and returns a
+ * connected communicator in *out. On failure, writes one sentence saying
+ * why into err. */
 int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen);
 
-/* Closes the sockets and frees the communicator; sets *comm to NULL; safe
- * on NULL and twice. */
+/* Waits for outstanding requests, closes the sockets, detaches shared
+ * memory and frees the communicator; sets *comm to NULL; safe on NULL and
+ * twice. */
 void hpucoll_comm_destroy(hpucoll_comm **comm);
 
 /* Sets how long any single wait for a peer may last (default 60000 ms, or
- * HPUCOLL_TIMEOUT_MS from the environment). */
+ * HPUCOLL_TIMEOUT_MS from the environment); the error names the peer. A
+ * peer on this node that has died is reported at once. */
 void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms);
 
 int hpucoll_comm_rank(const hpucoll_comm *comm);
@@ -81,15 +127,74 @@ int hpucoll_comm_size(const hpucoll_comm *comm);
 /* One sentence about the last error on this communicator ("" if none). */
 const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
 
-/* In-place all-reduce of `count` elements of `buf` over all ranks. */
-int hpucoll_all_reduce(hpucoll_comm *comm, void *buf, size_t count,
-		       hpucoll_dtype dtype, hpucoll_op op);
+/* ---- Collectives ----
+ *
+ * Every collective must be called in the same order on every rank.
+ * Out-of-place unless the buffers coincide as described (in-place).
+ * count/recvcount/sendcount are in elements of dtype. */
 
-/* Copies `bytes` bytes of `buf` on `root` into `buf` on every rank. */
-int hpucoll_broadcast(hpucoll_comm *comm, void *buf, size_t bytes, int root);
+/* recvbuf[i] = op over ranks of sendbuf[i], on every rank.
+ * In place: sendbuf == recvbuf. */
+int hpucoll_all_reduce(hpucoll_comm *comm, const void *sendbuf,
+		       void *recvbuf, size_t count, hpucoll_dtype dtype,
+		       hpucoll_op op);
+
+/* sendbuf holds size * recvcount elements; rank r gets the reduction of
+ * block r in recvbuf. In place: recvbuf == sendbuf + r * recvcount. */
+int hpucoll_reduce_scatter(hpucoll_comm *comm, const void *sendbuf,
+			   void *recvbuf, size_t recvcount,
+			   hpucoll_dtype dtype, hpucoll_op op);
+
+/* recvbuf (size * sendcount elements) gets every rank's sendbuf, in rank
+ * order. In place: sendbuf == recvbuf + r * sendcount. */
+int hpucoll_all_gather(hpucoll_comm *comm, const void *sendbuf,
+		       void *recvbuf, size_t sendcount, hpucoll_dtype dtype);
+
+/* recvbuf on every rank gets root's sendbuf (sendbuf is read on the root
+ * only). In place: sendbuf == recvbuf. */
+int hpucoll_broadcast(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
+		      size_t count, hpucoll_dtype dtype, int root);
+
+/* recvbuf on root gets op over ranks of sendbuf (recvbuf is ignored
+ * elsewhere and may be NULL). In place: sendbuf == recvbuf. */
+int hpucoll_reduce(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
+		   size_t count, hpucoll_dtype dtype, hpucoll_op op, int root);
 
 /* Returns on every rank only once every rank has entered it. */
 int hpucoll_barrier(hpucoll_comm *comm);
+
+/* ---- Asynchronous forms ----
+ *
+ * Each starts the collective and returns at once with *req; a progress
+ * thread moves the data while the caller computes. The buffers must not be
+ * touched until the request completes. Requests complete in the order they
+ * were issued, on every rank; a blocking collective issued after them runs
+ * after them. */
+int hpucoll_iall_reduce(hpucoll_comm *comm, const void *sendbuf,
+			void *recvbuf, size_t count, hpucoll_dtype dtype,
+			hpucoll_op op, hpucoll_req **req);
+int hpucoll_ireduce_scatter(hpucoll_comm *comm, const void *sendbuf,
+			    void *recvbuf, size_t recvcount,
+			    hpucoll_dtype dtype, hpucoll_op op,
+			    hpucoll_req **req);
+int hpucoll_iall_gather(hpucoll_comm *comm, const void *sendbuf,
+			void *recvbuf, size_t sendcount, hpucoll_dtype dtype,
+			hpucoll_req **req);
+int hpucoll_ibroadcast(hpucoll_comm *comm, const void *sendbuf,
+		       void *recvbuf, size_t count, hpucoll_dtype dtype,
+		       int root, hpucoll_req **req);
+int hpucoll_ireduce(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
+		    size_t count, hpucoll_dtype dtype, hpucoll_op op, int root,
+		    hpucoll_req **req);
+int hpucoll_ibarrier(hpucoll_comm *comm, hpucoll_req **req);
+
+/* Waits for the request, frees it and sets *req to NULL; returns the
+ * collective's result. */
+int hpucoll_wait(hpucoll_req **req);
+
+/* Sets *done to 1 if the request has completed (then hpucoll_wait returns
+ * at once), else 0. Returns HPUCOLL_OK or HPUCOLL_EINVAL. */
+int hpucoll_test(hpucoll_req *req, int *done);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@ static int check_all_reduce(hpucoll_comm *c, size_t n, hpucoll_op op)
 	float *x = malloc((n ? n : 1) * sizeof *x);
 	for (size_t i = 0; i < n; i++)
 		x[i] = (float)((i % 13) + r); /* small integers: exact sums */
-	int rc = hpucoll_all_reduce(c, x, n, HPUCOLL_F32, op);
+	int rc = hpucoll_all_reduce(c, x, x, n, HPUCOLL_F32, op);
 	if (rc) {
 		fprintf(stderr, "all_reduce(%zu): %s\n", n, hpucoll_comm_errmsg(c));
 		free(x);
@@ -49,7 +49,8 @@ int main(void)
 	char msg[32] = "";
 	if (hpucoll_comm_rank(c) == 0)
 		strcpy(msg, "from rank zero");
-	if (hpucoll_broadcast(c, msg, sizeof msg, 0) || strcmp(msg, "from rank zero")) {
+	if (hpucoll_broadcast(c, msg, msg, sizeof msg, HPUCOLL_U8, 0) ||
+	    strcmp(msg, "from rank zero")) {
 		fprintf(stderr, "broadcast: got '%s'\n", msg);
 		bad = 1;
 	}

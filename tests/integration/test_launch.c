@@ -313,6 +313,14 @@ static void test_usage_errors(void **state)
 	expect_usage_error(a4, NULL, "cannot read the model /nonexistent/model.so");
 	char *a5[] = {(char *)LAUNCH, "--strategy", "zero3", (char *)MODEL, NULL};
 	expect_usage_error(a5, NULL, "--strategy zero3 is not implemented yet");
+	char *a7[] = {(char *)LAUNCH, "--transport", "carrier-pigeon", (char *)MODEL, NULL};
+	expect_usage_error(a7, NULL, "bad value 'carrier-pigeon' for --transport");
+	char *tok[] = {"HPU_JOB_TOKEN=x", NULL};
+	char *a8[] = {(char *)LAUNCH, "--nodes", "2", "--master-port", "29500", "--transport", "ipc",
+		      (char *)MODEL, NULL};
+	expect_usage_error(a8, tok, "--transport ipc works within one node only");
+	char *a9[] = {(char *)LAUNCH, "--job-id", "../../etc", (char *)MODEL, NULL};
+	expect_usage_error(a9, NULL, "job id '../../etc' may hold only letters");
 	char *a6[] = {(char *)LAUNCH, "--frobnicate", (char *)MODEL, NULL};
 	expect_usage_error(a6, NULL, "unknown option --frobnicate");
 }
@@ -352,6 +360,29 @@ static void test_exec_collectives(void **state)
 			assert_non_null(strstr(p.out, want));
 		}
 		h_free(&p);
+	}
+}
+
+/* Every transport, forced with --transport, through the environment path;
+ * nothing is left in /dev/shm or /tmp afterwards. */
+static void test_exec_transports(void **state)
+{
+	(void)state;
+	static const char *transports[] = {"auto", "tcp", "ipc", "shm"};
+	for (int t = 0; t < 4; t++) {
+		char *argv[] = {(char *)LAUNCH, "--devices", "3", "--job-id", "hpu-test-transports",
+				"--transport", (char *)transports[t], "--exec",
+				(char *)h_build("bin/coll_env_check"), NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 120000);
+		printf("--transport %s: exit %d\n", transports[t], code);
+		if (code)
+			fprintf(stderr, "%s", p.out);
+		assert_int_equal(code, 0);
+		assert_non_null(strstr(p.out, "[rank 2] coll ok: rank 2 of 3"));
+		h_free(&p);
+		assert_int_not_equal(access("/dev/shm/hpucoll-hpu-test-transports-n0", F_OK), 0);
+		assert_int_not_equal(access("/tmp/hpucoll-hpu-test-transports-r0", F_OK), 0);
 	}
 }
 
@@ -442,6 +473,7 @@ int main(void)
 		cmocka_unit_test(test_usage_errors),
 		cmocka_unit_test(test_exec_environment),
 		cmocka_unit_test(test_exec_collectives),
+		cmocka_unit_test(test_exec_transports),
 		cmocka_unit_test(test_model_without_entry),
 		cmocka_unit_test(test_model_wrong_abi),
 		cmocka_unit_test(test_missing_dataset),

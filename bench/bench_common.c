@@ -1,0 +1,116 @@
+#include "bench_common.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+void bench_opts_default(struct bench_opts *o)
+{
+	o->minbytes = 8;
+	o->maxbytes = (size_t)128 << 20;
+	o->factor = 2;
+	o->iters = 20;
+	o->warmup = 5;
+	o->check = 1;
+}
+
+int bench_parse_size(const char *s, size_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -1;
+	int shift = 0;
+	switch (*end) {
+	case 'K':
+	case 'k':
+		shift = 10;
+		end++;
+		break;
+	case 'M':
+	case 'm':
+		shift = 20;
+		end++;
+		break;
+	case 'G':
+	case 'g':
+		shift = 30;
+		end++;
+		break;
+	}
+	if (*end || v > (SIZE_MAX >> shift))
+		return -1;
+	*out = (size_t)v << shift;
+	return 0;
+}
+
+int bench_parse_int(const char *s, int allow_zero, int *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v > INT_MAX ||
+	    v < (allow_zero ? 0 : 1))
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+double bench_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void bench_print_heads(FILE *f, const struct bench_opts *o, int groups)
+{
+	fprintf(f,
+	        "# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: "
+	        "%d iters: %d validation: %d\n",
+	        o->minbytes, o->maxbytes, o->factor, o->warmup, o->iters,
+	        o->check);
+	fprintf(f, "#\n");
+	if (groups == 2)
+		fprintf(f, "#%47s%34s%34s\n", "", "out-of-place", "in-place");
+	else
+		fprintf(f, "#%47s%34s\n", "", "in-place");
+	fprintf(f, "# %10s %12s %8s %6s %6s", "size", "count", "type", "redop",
+	        "root");
+	for (int g = 0; g < groups; g++)
+		fprintf(f, " %10s %7s %7s %6s", "time", "algbw", "busbw",
+		        "#wrong");
+	fprintf(f, "\n# %10s %12s %8s %6s %6s", "(B)", "(elements)", "", "",
+	        "");
+	for (int g = 0; g < groups; g++)
+		fprintf(f, " %10s %7s %7s %6s", "(us)", "(GB/s)", "(GB/s)", "");
+	fprintf(f, "\n");
+}
+
+void bench_print_row(FILE *f, size_t bytes, size_t count, const char *type,
+                     const char *redop, int root)
+{
+	fprintf(f, "  %10zu %12zu %8s %6s %6d", bytes, count, type, redop,
+	        root < 0 ? -1 : root);
+}
+
+double bench_busbw(size_t bytes, double usec, double busfactor)
+{
+	if (usec <= 0)
+		return 0;
+	return (double)bytes / usec / 1e3 * busfactor;
+}
+
+void bench_print_group(FILE *f, double usec, size_t bytes, double busfactor,
+                       long wrong)
+{
+	double algbw = bench_busbw(bytes, usec, 1.0);
+	fprintf(f, " %10.2f %7.3f %7.3f", usec, algbw, algbw * busfactor);
+	if (wrong < 0)
+		fprintf(f, " %6s", "N/A");
+	else
+		fprintf(f, " %6ld", wrong);
+}

@@ -1,0 +1,237 @@
+/* The element-wise reduction kernels: dst[i] = a[i] op b[i] for every
+ * dtype and op, and the division that finishes AVG.
+ *
+ * They are plain loops for the compiler to vectorize (this file is built
+ * with -O3). Operands may come straight off the wire, so no pointer is
+ * assumed aligned. Three variants per dtype and op keep the loops free of
+ * aliasing checks: dst distinct from both operands, dst == a, dst == b.
+ * The operand order is kept (a op b), so that callers that need the same
+ * bytes on every rank can fix it; it matters only for NaNs.
+ *
+ * f16 and bf16 are widened to f32, combined in f32 and rounded back to
+ * nearest-even once per step. Signed integers add as unsigned, so that
+ * overflow wraps instead of being undefined.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "comm_internal.h"
+
+typedef float f32u __attribute__((aligned(1)));
+typedef double f64u __attribute__((aligned(1)));
+typedef uint16_t u16u __attribute__((aligned(1)));
+typedef int32_t i32u __attribute__((aligned(1)));
+typedef int64_t i64u __attribute__((aligned(1)));
+typedef uint8_t u8u;
+
+/* ---- f16 and bf16 <-> f32 ---- */
+
+static inline uint32_t f32_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* IEEE binary16 to f32, exactly (subnormals, infinities and NaNs too). */
+static inline float f16_to_f32(uint16_t h)
+{
+	const uint32_t shifted_exp = 0x7c00u << 13;
+	uint32_t u = (uint32_t)(h & 0x7fff) << 13;
+	uint32_t exp = u & shifted_exp;
+
+	u += (uint32_t)(127 - 15) << 23;
+	if (exp == shifted_exp) {
+		u += (uint32_t)(128 - 16) << 23; /* Inf or NaN */
+	} else if (exp == 0) {
+		u += 1u << 23; /* zero or subnormal: renormalize */
+		u = f32_bits(bits_f32(u) - bits_f32(113u << 23));
+	}
+	return bits_f32(u | (uint32_t)(h & 0x8000) << 16);
+}
+
+/* f32 to binary16, rounding to nearest-even; overflow gives infinity and
+ * NaN stays a (quiet) NaN. */
+static inline uint16_t f32_to_f16(float f)
+{
+	const uint32_t f16max = (uint32_t)(127 + 16) << 23;
+	const uint32_t denorm_magic = (uint32_t)((127 - 15) + (23 - 10) + 1)
+				      << 23;
+	uint32_t u = f32_bits(f), sign = u & 0x80000000u, o;
+
+	u ^= sign;
+	if (u >= f16max) {
+		o = u > 0x7f800000u ? 0x7e00 : 0x7c00;
+	} else if (u < (113u << 23)) {
+		/* Subnormal or zero: the f32 addition rounds for us. */
+		o = f32_bits(bits_f32(u) + bits_f32(denorm_magic)) -
+		    denorm_magic;
+	} else {
+		uint32_t odd = (u >> 13) & 1;
+
+		u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+		o = u >> 13;
+	}
+	return (uint16_t)(o | sign >> 16);
+}
+
+static inline float bf16_to_f32(uint16_t h)
+{
+	return bits_f32((uint32_t)h << 16);
+}
+
+static inline uint16_t f32_to_bf16(float f)
+{
+	uint32_t u = f32_bits(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)(u >> 16 | 0x40); /* quiet the NaN */
+	u += 0x7fffu + ((u >> 16) & 1);
+	return (uint16_t)(u >> 16);
+}
+
+/* ---- the combining expressions, on values p (from a) and q (from b) ---- */
+
+#define SUM(p, q) ((p) + (q))
+#define MAX(p, q) ((p) > (q) ? (p) : (q))
+#define MIN(p, q) ((p) < (q) ? (p) : (q))
+#define USUM32(p, q) ((int32_t)((uint32_t)(p) + (uint32_t)(q)))
+#define USUM64(p, q) ((int64_t)((uint64_t)(p) + (uint64_t)(q)))
+#define USUM8(p, q) ((uint8_t)((p) + (q)))
+#define HALF(OP, p, q) f32_to_f16(OP(f16_to_f32(p), f16_to_f32(q)))
+#define BF(OP, p, q) f32_to_bf16(OP(bf16_to_f32(p), bf16_to_f32(q)))
+#define HSUM(p, q) HALF(SUM, p, q)
+#define HMAX(p, q) HALF(MAX, p, q)
+#define HMIN(p, q) HALF(MIN, p, q)
+#define BSUM(p, q) BF(SUM, p, q)
+#define BMAX(p, q) BF(MAX, p, q)
+#define BMIN(p, q) BF(MIN, p, q)
+
+typedef void (*kernel)(void *dst, const void *a, const void *b, size_t n);
+
+/* Defines name_3 (dst distinct), name_a (dst == a) and name_b (dst == b)
+ * for element type T combined by EXPR. */
+#define KERNELS(name, T, EXPR)                                               \
+	static void name##_3(void *dst, const void *a, const void *b,         \
+			     size_t n)                                       \
+	{                                                                    \
+		T *restrict d = dst;                                         \
+		const T *restrict x = a;                                     \
+		const T *restrict y = b;                                     \
+                                                                             \
+		for (size_t i = 0; i < n; i++)                               \
+			d[i] = EXPR(x[i], y[i]);                             \
+	}                                                                    \
+	static void name##_a(void *dst, const void *a, const void *b,         \
+			     size_t n)                                       \
+	{                                                                    \
+		T *restrict d = dst;                                         \
+		const T *restrict y = b;                                     \
+                                                                             \
+		(void)a;                                                     \
+		for (size_t i = 0; i < n; i++)                               \
+			d[i] = EXPR(d[i], y[i]);                             \
+	}                                                                    \
+	static void name##_b(void *dst, const void *a, const void *b,         \
+			     size_t n)                                       \
+	{                                                                    \
+		T *restrict d = dst;                                         \
+		const T *restrict x = a;                                     \
+                                                                             \
+		(void)b;                                                     \
+		for (size_t i = 0; i < n; i++)                               \
+			d[i] = EXPR(x[i], d[i]);                             \
+	}
+
+KERNELS(f32_sum, f32u, SUM)
+KERNELS(f32_max, f32u, MAX)
+KERNELS(f32_min, f32u, MIN)
+KERNELS(f64_sum, f64u, SUM)
+KERNELS(f64_max, f64u, MAX)
+KERNELS(f64_min, f64u, MIN)
+KERNELS(f16_sum, u16u, HSUM)
+KERNELS(f16_max, u16u, HMAX)
+KERNELS(f16_min, u16u, HMIN)
+KERNELS(bf16_sum, u16u, BSUM)
+KERNELS(bf16_max, u16u, BMAX)
+KERNELS(bf16_min, u16u, BMIN)
+KERNELS(i32_sum, i32u, USUM32)
+KERNELS(i32_max, i32u, MAX)
+KERNELS(i32_min, i32u, MIN)
+KERNELS(i64_sum, i64u, USUM64)
+KERNELS(i64_max, i64u, MAX)
+KERNELS(i64_min, i64u, MIN)
+KERNELS(u8_sum, u8u, USUM8)
+KERNELS(u8_max, u8u, MAX)
+KERNELS(u8_min, u8u, MIN)
+
+#define ROW(t)                                                               \
+	{                                                                    \
+		{t##_sum_3, t##_sum_a, t##_sum_b},                           \
+			{t##_sum_3, t##_sum_a, t##_sum_b},                   \
+			{t##_max_3, t##_max_a, t##_max_b},                   \
+			{t##_min_3, t##_min_a, t##_min_b},                   \
+	}
+
+/* [dtype][op][variant]; AVG adds. */
+static const kernel kernels[HPUCOLL_NUM_DTYPES][HPUCOLL_NUM_OPS][3] = {
+	[HPUCOLL_F32] = ROW(f32), [HPUCOLL_F64] = ROW(f64),
+	[HPUCOLL_F16] = ROW(f16), [HPUCOLL_BF16] = ROW(bf16),
+	[HPUCOLL_I32] = ROW(i32), [HPUCOLL_I64] = ROW(i64),
+	[HPUCOLL_U8] = ROW(u8),
+};
+
+void hpucoll__reduce(hpucoll_dtype dtype, hpucoll_op op, void *dst,
+		     const void *a, const void *b, size_t n)
+{
+	int v = dst == a ? 1 : dst == b ? 2 : 0;
+
+	kernels[dtype][op][v](dst, a, b, n);
+}
+
+/* ---- AVG: the division by the number of ranks ---- */
+
+#define DIVIDE(name, T, CALC)                                                \
+	static void name(void *x, size_t n, int by)                          \
+	{                                                                    \
+		T *p = x;                                                    \
+                                                                             \
+		for (size_t i = 0; i < n; i++)                               \
+			p[i] = CALC(p[i], by);                               \
+	}
+
+#define FDIV(v, by) ((v) / (float)(by))
+#define DDIV(v, by) ((v) / (double)(by))
+#define HDIV(v, by) f32_to_f16(f16_to_f32(v) / (float)(by))
+#define BDIV(v, by) f32_to_bf16(bf16_to_f32(v) / (float)(by))
+#define IDIV(v, by) ((v) / (by))
+#define U8DIV(v, by) ((uint8_t)((v) / (unsigned)(by)))
+
+DIVIDE(div_f32, f32u, FDIV)
+DIVIDE(div_f64, f64u, DDIV)
+DIVIDE(div_f16, u16u, HDIV)
+DIVIDE(div_bf16, u16u, BDIV)
+DIVIDE(div_i32, i32u, IDIV)
+DIVIDE(div_i64, i64u, IDIV)
+DIVIDE(div_u8, u8u, U8DIV)
+
+void hpucoll__divide(hpucoll_dtype dtype, void *x, size_t n, int by)
+{
+	static void (*const fn[HPUCOLL_NUM_DTYPES])(void *, size_t, int) = {
+		[HPUCOLL_F32] = div_f32, [HPUCOLL_F64] = div_f64,
+		[HPUCOLL_F16] = div_f16, [HPUCOLL_BF16] = div_bf16,
+		[HPUCOLL_I32] = div_i32, [HPUCOLL_I64] = div_i64,
+		[HPUCOLL_U8] = div_u8,
+	};
+
+	fn[dtype](x, n, by);
+}

@@ -1,0 +1,693 @@
+/* Tests of the shared-memory transport (collectives/shm.c). Every test
+ * forks the node's ranks as processes; a rank reports a failed check by
+ * printing file:line and exiting non-zero, and the test (in the parent)
+ * asserts that every rank exited 0. Timings are printed, never asserted. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "shm.h"
+#include "coll_testlib.h"
+
+#define MAXP HPUCOLL__SHM_MAX_PAYLOAD
+#define LONG_MS 20000
+#define PAIR_MSGS 20 /* more than the ring depth */
+#define DEADLINE_MS 100000 /* for a test's rank processes to end */
+
+#define CHECK(c)                                                              \
+	do {                                                                  \
+		if (!(c)) {                                                   \
+			fprintf(stderr, "%s:%d: check failed: %s\n",          \
+				__FILE__, __LINE__, #c);                      \
+			_exit(1);                                             \
+		}                                                             \
+	} while (0)
+
+#define CHECK_RC(x)                                                           \
+	do {                                                                  \
+		int rc_ = (x);                                                \
+		if (rc_ != HPUCOLL_OK) {                                      \
+			fprintf(stderr, "%s:%d: %s returned %d\n", __FILE__,  \
+				__LINE__, #x, rc_);                           \
+			_exit(1);                                             \
+		}                                                             \
+	} while (0)
+
+typedef void (*rank_fn)(int local, int nlocal, const char *job, void *arg);
+
+static const size_t sizes[] = {0, 1, 4099, MAXP};
+
+static void unique_job(char *buf, size_t n)
+{
+	static int k;
+
+	snprintf(buf, n, "t%d-%d", (int)getpid(), k++);
+}
+
+static hpucoll__shm *open_rank(const char *job, int node, int local,
+			       int nlocal)
+{
+	hpucoll__shm *s = NULL;
+	char err[256] = "";
+	int rc = hpucoll__shm_open(&s, job, node, local, nlocal, LONG_MS, err,
+				   sizeof err);
+
+	if (rc != HPUCOLL_OK) {
+		fprintf(stderr, "rank %d: open failed (%d): %s\n", local, rc,
+			err);
+		_exit(1);
+	}
+	return s;
+}
+
+/* What a rank process runs: fn as local rank of nlocal in job. */
+struct job_rank {
+	rank_fn fn;
+	int nlocal;
+	const char *job;
+	void *arg;
+};
+
+static int job_rank_main(int local, void *p)
+{
+	const struct job_rank *j = p;
+
+	j->fn(local, j->nlocal, j->job, j->arg);
+	return 0;
+}
+
+static pid_t fork_rank(rank_fn fn, int local, int nlocal, const char *job,
+		       void *arg)
+{
+	struct job_rank j = {fn, nlocal, job, arg};
+
+	return ct_fork(job_rank_main, local, &j);
+}
+
+/* Waits for the n rank processes pids; asserts that all exited 0. */
+static void reap(pid_t *pids, int n)
+{
+	assert_int_equal(ct_reap(pids, n, DEADLINE_MS, 0), 0);
+}
+
+/* Runs fn as nlocal rank processes of a fresh job and checks that they
+ * succeed and leave nothing in /dev/shm. */
+static void run_ranks(int nlocal, rank_fn fn, void *arg)
+{
+	char job[64];
+	struct job_rank j = {fn, nlocal, job, arg};
+
+	unique_job(job, sizeof job);
+	assert_int_equal(
+		ct_run_ranks(nlocal, job_rank_main, &j, DEADLINE_MS, 0), 0);
+	assert_int_equal(ct_shm_segments(job), 0);
+}
+
+/* ---- Content ---- */
+
+static unsigned char pattern(int src, int dst, uint32_t k, size_t j)
+{
+	return (unsigned char)(src * 31 + dst * 17 + k * 7 + j * 13 +
+			       (j >> 8));
+}
+
+static void fill(unsigned char *buf, size_t len, int src, int dst,
+		 uint32_t k)
+{
+	for (size_t j = 0; j < len; j++)
+		buf[j] = pattern(src, dst, k, j);
+}
+
+static struct hpucoll__hdr make_hdr(int src, int dst, uint32_t k, size_t len)
+{
+	struct hpucoll__hdr h = {
+		.magic = HPUCOLL__MAGIC,
+		.src = (uint32_t)src,
+		.seq = k,
+		.kind = HPUCOLL__ALL_REDUCE,
+		.arg = (uint8_t)dst,
+		.tag = (uint16_t)(k * 3),
+		.off = (uint64_t)k * 1000003u + (uint64_t)src,
+		.len = len,
+	};
+	return h;
+}
+
+static void send_msg(hpucoll__shm *s, unsigned char *buf, int src, int dst,
+		     uint32_t k, size_t len)
+{
+	struct hpucoll__hdr h = make_hdr(src, dst, k, len);
+
+	fill(buf, len, src, dst, k);
+	CHECK_RC(hpucoll__shm_send(s, dst, &h, buf, LONG_MS));
+}
+
+static void recv_msg(hpucoll__shm *s, int src, int dst, uint32_t k,
+		     size_t len)
+{
+	struct hpucoll__hdr want = make_hdr(src, dst, k, len), h;
+	const unsigned char *p;
+
+	CHECK_RC(hpucoll__shm_recv(s, src, &h, (const void **)&p, LONG_MS));
+	CHECK(memcmp(&h, &want, sizeof h) == 0);
+	for (size_t j = 0; j < len; j++)
+		if (p[j] != pattern(src, dst, k, j)) {
+			fprintf(stderr, "%d->%d msg %u byte %zu differs\n", src,
+				dst, k, j);
+			_exit(1);
+		}
+	hpucoll__shm_release(s, src);
+}
+
+/* ---- Exchange in every ordered pair ---- */
+
+/* Pairs (a, b) in one global order; a sends PAIR_MSGS messages, b receives
+ * them. Every rank follows the same order, so this cannot deadlock, and
+ * the sender fills the ring and waits for the receiver. Then all ranks
+ * exchange with all at once, round by round. */
+static void pairs_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s = open_rank(job, 0, me, n);
+	unsigned char *buf = malloc(MAXP);
+	uint32_t k;
+
+	(void)arg;
+	CHECK(buf != NULL);
+	for (int a = 0; a < n; a++)
+		for (int b = 0; b < n; b++) {
+			if (a == b || (me != a && me != b))
+				continue;
+			for (k = 0; k < PAIR_MSGS; k++) {
+				size_t len = sizes[k % 4];
+
+				if (me == a)
+					send_msg(s, buf, a, b, k, len);
+				else
+					recv_msg(s, a, b, k, len);
+			}
+		}
+	for (k = PAIR_MSGS; k < PAIR_MSGS + 12; k++) {
+		for (int d = 1; d < n; d++)
+			send_msg(s, buf, me, (me + d) % n, k,
+				 sizes[(k + me) % 4]);
+		for (int d = 1; d < n; d++) {
+			int src = (me + n - d) % n;
+
+			recv_msg(s, src, me, k, sizes[(k + src) % 4]);
+		}
+	}
+	free(buf);
+	hpucoll__shm_close(&s);
+	CHECK(s == NULL);
+}
+
+static void test_pairs_2(void **state)
+{
+	(void)state;
+	run_ranks(2, pairs_rank, NULL);
+}
+
+static void test_pairs_3(void **state)
+{
+	(void)state;
+	run_ranks(3, pairs_rank, NULL);
+}
+
+static void test_pairs_8(void **state)
+{
+	(void)state;
+	run_ranks(8, pairs_rank, NULL);
+}
+
+/* ---- Latency and bandwidth (printed) ---- */
+
+static void pingpong_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s = open_rank(job, 0, me, n);
+	struct hpucoll__hdr h = make_hdr(me, 1 - me, 0, 8), in;
+	const void *p;
+	uint64_t v = 42;
+	int iters = 20000, warm = 2000;
+	double t0 = 0;
+
+	(void)arg;
+	for (int i = 0; i < warm + iters; i++) {
+		if (i == warm)
+			t0 = ct_now_s();
+		if (me == 0) {
+			CHECK_RC(hpucoll__shm_send(s, 1, &h, &v, LONG_MS));
+			CHECK_RC(hpucoll__shm_recv(s, 1, &in, &p, LONG_MS));
+			CHECK(in.len == 8 && memcmp(p, &v, 8) == 0);
+			hpucoll__shm_release(s, 1);
+		} else {
+			CHECK_RC(hpucoll__shm_recv(s, 0, &in, &p, LONG_MS));
+			CHECK(in.len == 8);
+			memcpy(&v, p, 8);
+			hpucoll__shm_release(s, 0);
+			CHECK_RC(hpucoll__shm_send(s, 0, &h, &v, LONG_MS));
+		}
+	}
+	if (me == 0)
+		printf("shm ping-pong, 8-byte messages: %.2f us round trip, %.2f us one way (%d iterations)\n",
+		       (ct_now_s() - t0) / iters * 1e6,
+		       (ct_now_s() - t0) / iters / 2 * 1e6, iters);
+	hpucoll__shm_close(&s);
+}
+
+static void test_pingpong(void **state)
+{
+	(void)state;
+	run_ranks(2, pingpong_rank, NULL);
+}
+
+#define STREAM_BYTES ((size_t)64 << 20)
+
+/* Rank 1 streams STREAM_BYTES in max-payload messages to rank 0, which
+ * copies each out (or, in the second round, only releases it). */
+static void stream_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s = open_rank(job, 0, me, n);
+	unsigned char *buf = malloc(STREAM_BYTES);
+	struct hpucoll__hdr h = make_hdr(me, 1 - me, 0, 0), in;
+	const void *p;
+	size_t nmsg = STREAM_BYTES / MAXP;
+
+	(void)arg;
+	CHECK(buf != NULL);
+	memset(buf, me + 1, STREAM_BYTES);
+	for (int round = 0; round < 6; round++) {
+		int copy = round < 3;
+		double t0;
+
+		if (me == 1) {
+			CHECK_RC(hpucoll__shm_recv(s, 0, &in, &p, LONG_MS));
+			hpucoll__shm_release(s, 0);
+			h.len = MAXP;
+			for (size_t i = 0; i < nmsg; i++)
+				CHECK_RC(hpucoll__shm_send(s, 0, &h,
+							   buf + i * MAXP,
+							   LONG_MS));
+			continue;
+		}
+		CHECK_RC(hpucoll__shm_send(s, 1, &h, NULL, LONG_MS));
+		t0 = ct_now_s();
+		for (size_t i = 0; i < nmsg; i++) {
+			CHECK_RC(hpucoll__shm_recv(s, 1, &in, &p, LONG_MS));
+			CHECK(in.len == MAXP);
+			if (copy)
+				memcpy(buf + i * MAXP, p, MAXP);
+			hpucoll__shm_release(s, 1);
+		}
+		printf("shm stream 64 MiB in %u-byte messages, receiver %s: %.2f GB/s\n",
+		       MAXP, copy ? "copies out" : "only releases",
+		       STREAM_BYTES / (ct_now_s() - t0) / 1e9);
+	}
+	if (me == 0)
+		CHECK(buf[0] == 2 && buf[STREAM_BYTES - 1] == 2);
+	free(buf);
+	hpucoll__shm_close(&s);
+}
+
+static void memcpy_baseline(void)
+{
+	unsigned char *src = malloc(STREAM_BYTES), *dst = malloc(STREAM_BYTES);
+	unsigned char *ring = malloc(8 * (size_t)MAXP);
+	double best = 1e9, best_ring = 1e9, t0;
+
+	assert_non_null(src);
+	assert_non_null(dst);
+	assert_non_null(ring);
+	memset(src, 1, STREAM_BYTES);
+	memset(dst, 2, STREAM_BYTES);
+	memset(ring, 3, 8 * (size_t)MAXP);
+	for (int r = 0; r < 3; r++) {
+		t0 = ct_now_s();
+		for (size_t off = 0; off < STREAM_BYTES; off += MAXP)
+			memcpy(dst + off, src + off, MAXP);
+		if (ct_now_s() - t0 < best)
+			best = ct_now_s() - t0;
+		t0 = ct_now_s();
+		for (size_t off = 0; off < STREAM_BYTES; off += MAXP)
+			memcpy(ring + off % (8 * (size_t)MAXP), src + off,
+			       MAXP);
+		if (ct_now_s() - t0 < best_ring)
+			best_ring = ct_now_s() - t0;
+	}
+	printf("memcpy 64 MiB in %u-byte pieces, one thread: %.2f GB/s into a 64 MiB buffer, %.2f GB/s into a 2 MiB ring\n",
+	       MAXP, STREAM_BYTES / best / 1e9, STREAM_BYTES / best_ring / 1e9);
+	assert_int_equal(dst[STREAM_BYTES - 1], 1);
+	free(src);
+	free(dst);
+	free(ring);
+}
+
+static void test_stream(void **state)
+{
+	(void)state;
+	run_ranks(2, stream_rank, NULL);
+	memcpy_baseline();
+}
+
+/* ---- Dead, silent and closed peers ---- */
+
+static void exit_after_open(const char *job, int local, int nlocal)
+{
+	hpucoll__shm *s = open_rank(job, 0, local, nlocal);
+
+	(void)s;
+	_exit(0); /* dies attached, without closing */
+}
+
+/* Rank 0 forks rank 1 itself and never reaps it, so the dead peer stays a
+ * zombie (kill(pid, 0) still succeeds) while rank 0 waits on it. */
+static void dead_recv_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s;
+	struct hpucoll__hdr h;
+	const void *p;
+	double t0;
+	int rc;
+
+	(void)me;
+	(void)arg;
+	fflush(stdout);
+	if (fork() == 0)
+		exit_after_open(job, 1, n);
+	s = open_rank(job, 0, 0, n);
+	t0 = ct_now_s();
+	rc = hpucoll__shm_recv(s, 1, &h, &p, LONG_MS);
+	printf("recv from a dead (unreaped) peer: rc %d after %.0f ms: %s\n",
+	       rc, (ct_now_s() - t0) * 1e3, hpucoll__shm_errmsg(s));
+	CHECK(rc == HPUCOLL_EPEER);
+	hpucoll__shm_close(&s);
+}
+
+static void dead_send_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s;
+	unsigned char *buf;
+	struct hpucoll__hdr h = make_hdr(0, 1, 0, MAXP);
+	double t0;
+	int rc = HPUCOLL_OK, sent = 0;
+
+	(void)arg;
+	if (me == 1)
+		exit_after_open(job, 1, n);
+	s = open_rank(job, 0, 0, n);
+	buf = calloc(1, MAXP);
+	CHECK(buf != NULL);
+	t0 = ct_now_s();
+	while (sent < 100 &&
+	       (rc = hpucoll__shm_send(s, 1, &h, buf, LONG_MS)) == HPUCOLL_OK)
+		sent++;
+	printf("send to a dead peer: rc %d after %d messages, %.0f ms: %s\n",
+	       rc, sent, (ct_now_s() - t0) * 1e3, hpucoll__shm_errmsg(s));
+	CHECK(rc == HPUCOLL_EPEER && sent < 100);
+	free(buf);
+	hpucoll__shm_close(&s);
+}
+
+static void test_dead_peer_recv(void **state)
+{
+	char job[64];
+	pid_t pid;
+
+	(void)state;
+	unique_job(job, sizeof job);
+	pid = fork_rank(dead_recv_rank, 0, 2, job, NULL);
+	reap(&pid, 1);
+	/* the zombie grandchild was reparented and reaped by init */
+	assert_int_equal(ct_shm_segments(job), 0);
+}
+
+static void test_dead_peer_send(void **state)
+{
+	(void)state;
+	run_ranks(2, dead_send_rank, NULL);
+}
+
+/* Rank 1 stays silent for 600 ms, then closes. Rank 0 times out after
+ * 200 ms, then sees the close as HPUCOLL_EPEER. */
+static void silent_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s = open_rank(job, 0, me, n);
+	struct hpucoll__hdr h;
+	const void *p;
+	double t0;
+	int rc;
+
+	(void)arg;
+	if (me == 1) {
+		usleep(600000);
+		hpucoll__shm_close(&s);
+		return;
+	}
+	t0 = ct_now_s();
+	rc = hpucoll__shm_recv(s, 1, &h, &p, 200);
+	printf("recv from a silent peer, 200 ms timeout: rc %d after %.0f ms: %s\n",
+	       rc, (ct_now_s() - t0) * 1e3, hpucoll__shm_errmsg(s));
+	CHECK(rc == HPUCOLL_ETIMEDOUT);
+	t0 = ct_now_s();
+	rc = hpucoll__shm_recv(s, 1, &h, &p, LONG_MS);
+	printf("recv from a peer that then closes: rc %d after %.0f ms: %s\n",
+	       rc, (ct_now_s() - t0) * 1e3, hpucoll__shm_errmsg(s));
+	CHECK(rc == HPUCOLL_EPEER);
+	hpucoll__shm_close(&s);
+}
+
+static void test_silent_peer(void **state)
+{
+	(void)state;
+	run_ranks(2, silent_rank, NULL);
+}
+
+/* ---- Segment names ---- */
+
+static void wait_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s = NULL;
+	char err[256];
+	int node = (int)(intptr_t)arg;
+
+	(void)me;
+	(void)n;
+	hpucoll__shm_open(&s, job, node, 0, 2, -1, err, sizeof err);
+	_exit(3); /* not reached: nobody else attaches */
+}
+
+static void make_file(const char *name, size_t size, int byte)
+{
+	int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+	unsigned char buf[512];
+
+	assert_true(fd >= 0);
+	memset(buf, byte, sizeof buf);
+	for (size_t off = 0; off < size; off += sizeof buf)
+		assert_true(write(fd, buf, size - off < sizeof buf
+						   ? size - off
+						   : sizeof buf) > 0);
+	close(fd);
+}
+
+static void test_unlink_job(void **state)
+{
+	char job[64], decoy[160];
+	pid_t pid[2];
+	int status;
+
+	(void)state;
+	unique_job(job, sizeof job);
+	for (int node = 0; node < 2; node++)
+		pid[node] = fork_rank(wait_rank, 0, 2, job,
+				      (void *)(intptr_t)node);
+	for (int i = 0; i < 500 && ct_shm_segments(job) < 2; i++)
+		usleep(10000);
+	usleep(50000);
+	for (int node = 0; node < 2; node++) {
+		kill(pid[node], SIGKILL);
+		assert_int_equal(waitpid(pid[node], &status, 0), pid[node]);
+		assert_true(WIFSIGNALED(status));
+	}
+	assert_int_equal(ct_shm_segments(job), 2);
+	/* Job "<job>-n0" on node 1 must survive hpucoll__shm_unlink_job(job). */
+	snprintf(decoy, sizeof decoy, "/hpucoll-%s-n0-n1", job);
+	make_file(decoy, 0, 0);
+	assert_int_equal(hpucoll__shm_unlink_job(job), 2);
+	assert_int_equal(ct_shm_segments(job), 1);
+	assert_int_equal(shm_unlink(decoy), 0);
+	assert_int_equal(ct_shm_segments(job), 0);
+	assert_int_equal(hpucoll__shm_unlink_job(job), 0);
+}
+
+static int try_open(const char *job, int local, int nlocal, int timeout_ms)
+{
+	hpucoll__shm *s = NULL;
+	char err[256] = "";
+	int rc = hpucoll__shm_open(&s, job, 0, local, nlocal, timeout_ms, err,
+				   sizeof err);
+
+	printf("open (local %d of %d, %d ms): rc %d: %s\n", local, nlocal,
+	       timeout_ms, rc, err);
+	hpucoll__shm_close(&s);
+	return rc;
+}
+
+static void test_foreign_segment(void **state)
+{
+	char job[64], name[128];
+
+	(void)state;
+	unique_job(job, sizeof job);
+	snprintf(name, sizeof name, "/hpucoll-%s-n0", job);
+	make_file(name, 100, 0xab);
+	assert_int_equal(try_open(job, 0, 2, 1000), HPUCOLL_EPROTO);
+	shm_unlink(name);
+	make_file(name, 3 << 20, 0xab);
+	assert_int_equal(try_open(job, 0, 2, 1000), HPUCOLL_EPROTO);
+	shm_unlink(name);
+	make_file(name, 0, 0); /* a creator that died before sizing it */
+	assert_int_equal(try_open(job, 0, 2, 100), HPUCOLL_ETIMEDOUT);
+	shm_unlink(name);
+	assert_int_equal(try_open("bad/name", 0, 2, 100), HPUCOLL_EINVAL);
+	assert_int_equal(try_open(job, 2, 2, 100), HPUCOLL_EINVAL);
+	assert_int_equal(ct_shm_segments(job), 0);
+}
+
+/* A rank of nlocal 2 is waiting; one that says nlocal 3 must be refused,
+ * one that reuses local rank 0 too. */
+static void mismatch_rank(int me, int n, const char *job, void *arg)
+{
+	hpucoll__shm *s = NULL;
+	char err[256];
+	int rc;
+
+	(void)arg;
+	(void)n;
+	if (me == 0) {
+		rc = hpucoll__shm_open(&s, job, 0, 0, 2, 1500, err, sizeof err);
+		CHECK(rc == HPUCOLL_ETIMEDOUT);
+		return;
+	}
+	usleep(200000);
+	rc = hpucoll__shm_open(&s, job, 0, 1, 3, 1000, err, sizeof err);
+	printf("open with another nlocal: rc %d: %s\n", rc, err);
+	CHECK(rc == HPUCOLL_EPROTO);
+	rc = hpucoll__shm_open(&s, job, 0, 0, 2, 1000, err, sizeof err);
+	printf("open of a taken local rank: rc %d: %s\n", rc, err);
+	CHECK(rc == HPUCOLL_EPROTO);
+}
+
+static void test_mismatch(void **state)
+{
+	(void)state;
+	run_ranks(2, mismatch_rank, NULL);
+}
+
+/* ---- A corrupt length is a protocol error ---- */
+
+struct corrupt {
+	int sent[2]; /* rank 1 -> parent: the message is in the ring */
+	int go[2];   /* parent -> rank 0: receive it now */
+};
+
+static void corrupt_rank(int me, int n, const char *job, void *arg)
+{
+	struct corrupt *c = arg;
+	hpucoll__shm *s = open_rank(job, 0, me, n);
+	struct hpucoll__hdr h = make_hdr(1, 0, 0x5eed5eed, 8);
+	const void *p;
+	uint64_t v = 7;
+	char b = 1;
+	int rc;
+
+	if (me == 1) {
+		CHECK_RC(hpucoll__shm_send(s, 0, &h, &v, LONG_MS));
+		CHECK(write(c->sent[1], &b, 1) == 1);
+		hpucoll__shm_close(&s);
+		return;
+	}
+	CHECK(read(c->go[0], &b, 1) == 1);
+	rc = hpucoll__shm_recv(s, 1, &h, &p, LONG_MS);
+	printf("recv of a corrupt header: rc %d: %s\n", rc,
+	       hpucoll__shm_errmsg(s));
+	CHECK(rc == HPUCOLL_EPROTO);
+	hpucoll__shm_close(&s);
+}
+
+static void test_corrupt_len(void **state)
+{
+	struct corrupt c;
+	struct hpucoll__hdr h = make_hdr(1, 0, 0x5eed5eed, 8);
+	char job[64], name[128], b;
+	unsigned char *base, *hit;
+	struct stat st = {0};
+	pid_t pid[2];
+	int fd = -1;
+
+	(void)state;
+	assert_int_equal(pipe(c.sent), 0);
+	assert_int_equal(pipe(c.go), 0);
+	unique_job(job, sizeof job);
+	snprintf(name, sizeof name, "/hpucoll-%s-n0", job);
+	pid[0] = fork_rank(corrupt_rank, 0, 2, job, &c);
+	for (int i = 0; i < 500 && st.st_size == 0; i++) {
+		if (fd < 0)
+			fd = shm_open(name, O_RDWR, 0);
+		if (fd >= 0)
+			fstat(fd, &st);
+		usleep(2000);
+	}
+	assert_true(st.st_size > 0);
+	base = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		    0);
+	assert_true(base != MAP_FAILED);
+	close(fd);
+	pid[1] = fork_rank(corrupt_rank, 1, 2, job, &c);
+	assert_int_equal(read(c.sent[0], &b, 1), 1);
+	hit = memmem(base, st.st_size, &h, sizeof h);
+	assert_non_null(hit);
+	h.len = (uint64_t)MAXP + 1;
+	memcpy(hit, &h, sizeof h);
+	assert_int_equal(write(c.go[1], &b, 1), 1);
+	reap(pid, 2);
+	munmap(base, st.st_size);
+	for (int i = 0; i < 2; i++) {
+		close(c.sent[i]);
+		close(c.go[i]);
+	}
+	assert_int_equal(ct_shm_segments(job), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_pairs_2),
+		cmocka_unit_test(test_pairs_3),
+		cmocka_unit_test(test_pairs_8),
+		cmocka_unit_test(test_pingpong),
+		cmocka_unit_test(test_stream),
+		cmocka_unit_test(test_dead_peer_recv),
+		cmocka_unit_test(test_dead_peer_send),
+		cmocka_unit_test(test_silent_peer),
+		cmocka_unit_test(test_unlink_job),
+		cmocka_unit_test(test_foreign_segment),
+		cmocka_unit_test(test_mismatch),
+		cmocka_unit_test(test_corrupt_len),
+	};
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
