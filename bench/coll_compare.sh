@@ -149,22 +149,29 @@ awk -v dir="$out" '
     f = dir "/" s ".dat"
     while ((getline line < f) > 0) { split(line, a, " "); T[s, a[1] + 0] = a[2] }
   }
-  # min over sizes in [lo, hi] of T[peer]/T[ours]; sets worst and count
-  function ratio(ours, peer, lo, hi,   k, s, r) {
-    worst = ""; at = ""; cnt = 0
+  # Over the sizes in [lo, hi] measured by both: the lowest T[peer]/T[ours]
+  # (worst, at), how many sizes (cnt) and, in size order, those below need.
+  function ratio(ours, peer, lo, hi, need,   k, s, r, i, j, x, n, list) {
+    worst = ""; at = ""; cnt = 0; below = ""; n = 0
     for (k in T) {
       split(k, p, SUBSEP); if (p[1] != ours) continue
       s = p[2] + 0; if (s < lo || s > hi || !((peer, s) in T)) continue
       if (T[ours, s] <= 0) continue
       r = T[peer, s] / T[ours, s]; cnt++
       if (worst == "" || r < worst) { worst = r; at = s }
+      if (r < need) list[++n] = s
     }
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+      if (list[j] < list[i]) { x = list[i]; list[i] = list[j]; list[j] = x }
+    for (i = 1; i <= n; i++)
+      below = below sprintf(" %d (%.2fx)", list[i], T[peer, list[i]] / T[ours, list[i]])
   }
   function report(what, ours, peer, lo, hi, need) {
-    ratio(ours, peer, lo, hi)
+    ratio(ours, peer, lo, hi, need)
     if (cnt == 0) { printf "- %s: not measured (%s or %s missing)\n", what, ours, peer; return }
     printf "- %s: %s (lowest %.2fx at %d B, need %.1fx; %d sizes)\n", what,
       (worst >= need ? "MET" : "NOT MET"), worst, at, need, cnt
+    if (below != "") printf "  below target at:%s\n", below
   }
   BEGIN {
     load("hpu_shm"); load("hpu_tcp"); load("mpi_shm"); load("mpi_tcp"); load("gloo")
