@@ -59,6 +59,34 @@ int bench_parse_int(const char *s, int allow_zero, int *out)
 	return 0;
 }
 
+int bench_common_opt(struct bench_opts *o, int c, const char *arg, int *bad)
+{
+	int f = 0;
+	switch (c) {
+	case 'b':
+		*bad |= bench_parse_size(arg, &o->minbytes);
+		return 1;
+	case 'e':
+		*bad |= bench_parse_size(arg, &o->maxbytes);
+		return 1;
+	case 'f':
+		*bad |= bench_parse_int(arg, 0, &f);
+		o->factor = (size_t)f;
+		return 1;
+	case 'n':
+		*bad |= bench_parse_int(arg, 0, &o->iters);
+		return 1;
+	case 'w':
+		*bad |= bench_parse_int(arg, 1, &o->warmup);
+		return 1;
+	case 'c':
+		*bad |= bench_parse_int(arg, 1, &o->check);
+		return 1;
+	default:
+		return 0;
+	}
+}
+
 double bench_now(void)
 {
 	struct timespec ts;

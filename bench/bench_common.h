@@ -31,6 +31,11 @@ int bench_parse_size(const char *s, size_t *out);
 /* Parses a positive (or, with allow_zero, non-negative) int; -1 if bad. */
 int bench_parse_int(const char *s, int allow_zero, int *out);
 
+/* Handles one of the options every benchmark takes (-b -e -f -n -w -c)
+ * from getopt: returns 1 if `c` is one of them, setting *bad when its value
+ * is not valid, or 0 if it is not one of them. */
+int bench_common_opt(struct bench_opts *o, int c, const char *arg, int *bad);
+
 /* Seconds on a monotonic clock. */
 double bench_now(void);
 

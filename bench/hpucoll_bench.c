@@ -108,25 +108,6 @@ static int parse(struct bench *b, int argc, char **argv)
 			    parse_name(optarg, coll_names, BENCH_NUM_COLLS, &v);
 			b->coll = v;
 			break;
-		case 'b':
-			bad |= bench_parse_size(optarg, &b->o.minbytes);
-			break;
-		case 'e':
-			bad |= bench_parse_size(optarg, &b->o.maxbytes);
-			break;
-		case 'f':
-			bad |= bench_parse_int(optarg, 0, &v);
-			b->o.factor = (size_t)v;
-			break;
-		case 'n':
-			bad |= bench_parse_int(optarg, 0, &b->o.iters);
-			break;
-		case 'w':
-			bad |= bench_parse_int(optarg, 1, &b->o.warmup);
-			break;
-		case 'c':
-			bad |= bench_parse_int(optarg, 1, &b->o.check);
-			break;
 		case 'd':
 			bad |= parse_name(optarg, dtype_names,
 			                  HPUCOLL_NUM_DTYPES, &v);
@@ -147,7 +128,8 @@ static int parse(struct bench *b, int argc, char **argv)
 			usage(stdout);
 			exit(0);
 		default:
-			bad = 1;
+			if (!bench_common_opt(&b->o, c, optarg, &bad))
+				bad = 1;
 		}
 	}
 	if (bad || optind != argc || b->o.factor < 2 || b->o.check > 1 ||

@@ -27,35 +27,17 @@ static void usage(FILE *f)
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
-	int c, bad = 0, f = 0;
+	int c, bad = 0;
 	while ((c = getopt(argc, argv, "b:e:f:n:w:c:h")) != -1) {
 		switch (c) {
-		case 'b':
-			bad |= bench_parse_size(optarg, &o->minbytes);
-			break;
-		case 'e':
-			bad |= bench_parse_size(optarg, &o->maxbytes);
-			break;
-		case 'f':
-			bad |= bench_parse_int(optarg, 0, &f);
-			o->factor = (size_t)f;
-			break;
-		case 'n':
-			bad |= bench_parse_int(optarg, 0, &o->iters);
-			break;
-		case 'w':
-			bad |= bench_parse_int(optarg, 1, &o->warmup);
-			break;
-		case 'c':
-			bad |= bench_parse_int(optarg, 1, &o->check);
-			break;
 		case 'h':
 			if (rank == 0)
 				usage(stdout);
 			MPI_Finalize();
 			exit(0);
 		default:
-			bad = 1;
+			if (!bench_common_opt(o, c, optarg, &bad))
+				bad = 1;
 		}
 	}
 	if (bad || optind != argc || o->factor < 2 || o->check > 1 ||
