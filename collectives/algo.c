@@ -546,6 +546,30 @@ static int end(hpucoll_comm *c, int rc)
 	return rc;
 }
 
+/* Runs the algorithm chosen for the collective's kind and size. */
+static int run_kind(hpucoll_comm *c, const struct hpucoll__args *a,
+		    struct hpucoll__red *r)
+{
+	switch (a->kind) {
+	case HPUCOLL__ALL_REDUCE:
+		return run_all_reduce(c, a, r);
+	case HPUCOLL__REDUCE_SCATTER:
+		return run_reduce_scatter(c, a, r);
+	case HPUCOLL__ALL_GATHER:
+		return run_all_gather(c, a, r->es);
+	case HPUCOLL__BROADCAST:
+		return run_broadcast(c, a, r->es);
+	case HPUCOLL__REDUCE:
+		if (c->size > 1)
+			return run_reduce(c, a, r);
+		r->divisor = 0;
+		return all_reduce_on(c, &c->all, r, a->sendbuf, a->recvbuf,
+				     a->count, 0);
+	default:
+		return hpucoll__dissemination(c, &c->all);
+	}
+}
+
 int hpucoll__run(hpucoll_comm *c, const struct hpucoll__args *a)
 {
 	struct hpucoll__red r = {
@@ -559,33 +583,9 @@ int hpucoll__run(hpucoll_comm *c, const struct hpucoll__args *a)
 	rc = begin(c, a);
 	if (rc != HPUCOLL_OK)
 		return rc;
-	if (a->kind != HPUCOLL__BARRIER && a->count == 0)
-		return HPUCOLL_OK;
-	switch (a->kind) {
-	case HPUCOLL__ALL_REDUCE:
-		rc = run_all_reduce(c, a, &r);
-		break;
-	case HPUCOLL__REDUCE_SCATTER:
-		rc = run_reduce_scatter(c, a, &r);
-		break;
-	case HPUCOLL__ALL_GATHER:
-		rc = run_all_gather(c, a, r.es);
-		break;
-	case HPUCOLL__BROADCAST:
-		rc = run_broadcast(c, a, r.es);
-		break;
-	case HPUCOLL__REDUCE:
-		if (c->size == 1) {
-			r.divisor = 0;
-			rc = all_reduce_on(c, &c->all, &r, a->sendbuf,
-					   a->recvbuf, a->count, 0);
-		} else {
-			rc = run_reduce(c, a, &r);
-		}
-		break;
-	default:
-		rc = hpucoll__dissemination(c, &c->all);
-		break;
-	}
-	return end(c, rc);
+	if (a->kind == HPUCOLL__BARRIER || a->count > 0)
+		rc = end(c, run_kind(c, a, &r));
+	if (rc == HPUCOLL_OK)
+		hpucoll__count(&c->stats.collectives, 1);
+	return rc;
 }

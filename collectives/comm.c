@@ -403,6 +403,23 @@ int hpucoll_comm_size(const hpucoll_comm *comm)
 	return comm->size;
 }
 
+void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out)
+{
+	if (out == NULL)
+		return;
+	memset(out, 0, sizeof(*out));
+	if (comm == NULL)
+		return;
+	out->bytes_sent = atomic_load_explicit(&comm->stats.sent,
+					       memory_order_relaxed);
+	out->bytes_received = atomic_load_explicit(&comm->stats.received,
+						   memory_order_relaxed);
+	out->shm_bytes_sent = atomic_load_explicit(&comm->stats.shm_sent,
+						   memory_order_relaxed);
+	out->collectives = atomic_load_explicit(&comm->stats.collectives,
+						memory_order_relaxed);
+}
+
 const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)
 {
 	return comm->errmsg;

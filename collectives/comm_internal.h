@@ -201,6 +201,15 @@ struct hpucoll_comm {
 	pthread_mutex_t errlock;
 	char errmsg[HPUCOLL__ERRMSG_MAX];
 
+	/* Traffic (hpucoll_comm_stats): added to by whoever runs a
+	 * collective, read by any thread. */
+	struct hpucoll__counters {
+		_Atomic uint64_t sent;     /* payload bytes to other ranks */
+		_Atomic uint64_t received; /* payload bytes from them */
+		_Atomic uint64_t shm_sent; /* the part of sent over shm */
+		_Atomic uint64_t collectives; /* that returned HPUCOLL_OK */
+	} stats;
+
 	/* ---- transport: owned by the thread running a collective ---- */
 	void *ctx;
 	void *pull; /* this rank's one ZeroMQ receive socket */
@@ -226,6 +235,12 @@ struct hpucoll_comm {
 };
 
 /* ---- comm.c ---- */
+
+/* Adds n to one of comm->stats (relaxed: the counters order nothing). */
+static inline void hpucoll__count(_Atomic uint64_t *ctr, uint64_t n)
+{
+	atomic_fetch_add_explicit(ctr, n, memory_order_relaxed);
+}
 
 /* Formats one sentence into comm->errmsg. */
 void hpucoll__set_error(hpucoll_comm *c, const char *fmt, ...)
@@ -257,7 +272,8 @@ size_t hpucoll__link_max(const hpucoll_comm *c, int a, int b);
 
 /* Sends a header and hdr->len bytes of `data` to rank `dst`. With `zc`,
  * ZeroMQ may send the bytes in place: then they must not change until the
- * receiver has them or hpucoll__fence() returned. */
+ * receiver has them or hpucoll__fence() returned. Sends, and receives by
+ * hpucoll__recv, that succeed are counted in c->stats. */
 int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 		  const void *data, int zc);
 

@@ -18,6 +18,13 @@
  *
  * Nothing read off the wire is trusted: every frame is checked and
  * anything unexpected is HPUCOLL_EPROTO.
+ *
+ * Traffic counters (comm->stats): every payload between two ranks passes
+ * through hpucoll__send, hpucoll__send_commit and hpucoll__recv, which
+ * count it once the transport has taken it (queued to ZeroMQ, in place or
+ * copied, or written into a shared-memory slot) or handed it out. Headers
+ * and ABORT sentences are not payload and are not counted; ZeroMQ's
+ * heartbeats never pass through here.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -390,15 +397,23 @@ out:
 	return rc;
 }
 
-int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
-		  const void *data, int zc)
+/* Counts a payload that the transport took for rank dst. */
+static void count_sent(hpucoll_comm *c, int dst, uint64_t len)
+{
+	hpucoll__count(&c->stats.sent, len);
+	if (c->peers[dst].shm >= 0)
+		hpucoll__count(&c->stats.shm_sent, len);
+}
+
+/* Sends over ZeroMQ: copied, or in place when zc and the payload is large
+ * enough. */
+static int zmq_send_to(hpucoll_comm *c, int dst,
+		       const struct hpucoll__hdr *hdr, const void *data, int zc)
 {
 	struct hpucoll__peer *p = &c->peers[dst];
 	zmq_msg_t body;
 	int rc;
 
-	if (p->shm >= 0)
-		return shm_send(c, dst, hdr, data);
 	rc = send_hdr(c, dst, hdr, 0);
 	if (rc != HPUCOLL_OK || hdr->len == 0)
 		return rc;
@@ -419,6 +434,20 @@ int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 	return send_body(c, dst, &body);
 }
 
+int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
+		  const void *data, int zc)
+{
+	int rc;
+
+	if (c->peers[dst].shm >= 0)
+		rc = shm_send(c, dst, hdr, data);
+	else
+		rc = zmq_send_to(c, dst, hdr, data, zc);
+	if (rc == HPUCOLL_OK)
+		count_sent(c, dst, hdr->len);
+	return rc;
+}
+
 void *hpucoll__send_buf(hpucoll_comm *c, int dst, size_t len)
 {
 	if (c->peers[dst].shm >= 0)
@@ -433,14 +462,18 @@ int hpucoll__send_commit(hpucoll_comm *c, int dst,
 {
 	int rc;
 
-	if (c->peers[dst].shm >= 0)
-		return shm_send(c, dst, hdr, c->shm_buf);
-	rc = send_hdr(c, dst, hdr, 0);
-	if (rc != HPUCOLL_OK || hdr->len == 0) {
-		zmq_msg_close(&c->out);
-		return rc;
+	if (c->peers[dst].shm >= 0) {
+		rc = shm_send(c, dst, hdr, c->shm_buf);
+	} else {
+		rc = send_hdr(c, dst, hdr, 0);
+		if (rc != HPUCOLL_OK || hdr->len == 0)
+			zmq_msg_close(&c->out);
+		else
+			rc = send_body(c, dst, &c->out);
 	}
-	return send_body(c, dst, &c->out);
+	if (rc == HPUCOLL_OK)
+		count_sent(c, dst, hdr->len);
+	return rc;
 }
 
 /* ---- Receiving from ZeroMQ ---- */
@@ -825,9 +858,15 @@ static int shm_recv_from(hpucoll_comm *c, const struct hpucoll__hdr *want,
 int hpucoll__recv(hpucoll_comm *c, const struct hpucoll__hdr *want,
 		  const void **data)
 {
+	int rc;
+
 	if (c->peers[want->src].shm >= 0)
-		return shm_recv_from(c, want, data);
-	return zmq_recv_from(c, want, data);
+		rc = shm_recv_from(c, want, data);
+	else
+		rc = zmq_recv_from(c, want, data);
+	if (rc == HPUCOLL_OK)
+		hpucoll__count(&c->stats.received, want->len);
+	return rc;
 }
 
 void hpucoll__release(hpucoll_comm *c, int src)

@@ -127,6 +127,27 @@ int hpucoll_comm_size(const hpucoll_comm *comm);
 /* One sentence about the last error on this communicator ("" if none). */
 const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
 
+/* Traffic of one communicator since it was made. Payload bytes are
+ * counted when the transport takes them (queued to ZeroMQ, copied or in
+ * place, or written into shared memory) and when the receiving rank takes
+ * them in; message headers, ZeroMQ heartbeats, the error sentences a
+ * failing rank sends its peers, and copies a rank makes of its own data
+ * are not counted. A collective that fails keeps what it moved before
+ * failing in the byte counts but does not count as completed. */
+typedef struct hpucoll_stats {
+	uint64_t bytes_sent;     /* payload bytes sent to other ranks */
+	uint64_t bytes_received; /* payload bytes received from other ranks */
+	uint64_t shm_bytes_sent; /* the part of bytes_sent over shared memory */
+	uint64_t collectives;    /* completed with HPUCOLL_OK, blocking or
+				    asynchronous */
+} hpucoll_stats;
+
+/* Fills *out with the counters since the communicator was made (zeros
+ * for a NULL comm); safe to call from any thread, also while
+ * asynchronous collectives run. A request's traffic is all counted once
+ * hpucoll_wait or hpucoll_test says it is done. */
+void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out);
+
 /* ---- Collectives ----
  *
  * Every collective must be called in the same order on every rank.
