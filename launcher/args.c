@@ -267,7 +267,7 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 			 a->nodes);
 		return -1;
 	}
-	if (!a->exec_mode && hpu_opts_check(&a->train, world, err, errlen) < 0)
+	if (!a->exec_mode && hpu_opts_resolve(&a->train, world, err, errlen) < 0)
 		return -1;
 	job_identity(a);
 	return 0;

@@ -1,14 +1,20 @@
 /* config: the training options, parsed the same way by hpulaunch (which
- * checks them before starting anything and forwards them) and hpu-worker. */
+ * checks them before starting anything and forwards them) and hpu-worker.
+ *
+ * Options come from three places, in increasing precedence: the defaults,
+ * a DeepSpeed-style JSON file (--config FILE), and command-line flags. A
+ * flag beats the file whatever their order on the command line. */
 #ifndef HPU_CONFIG_H
 #define HPU_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 typedef enum hpu_optim_kind {
 	HPU_OPTIM_SGD = 0,
-	HPU_OPTIM_ADAMW,
+	HPU_OPTIM_ADAMW, /* torch.optim.AdamW: decoupled weight decay */
+	HPU_OPTIM_ADAM,  /* torch.optim.Adam: L2 weight decay added to g */
 } hpu_optim_kind;
 
 typedef enum hpu_strategy {
@@ -19,21 +25,74 @@ typedef enum hpu_strategy {
 	HPU_STRATEGY_ZERO3,
 } hpu_strategy;
 
+typedef enum hpu_sched_kind {
+	HPU_SCHED_CONSTANT = 0,
+	HPU_SCHED_STEP,         /* torch StepLR: lr * gamma^(k / step_size) */
+	HPU_SCHED_COSINE,       /* torch CosineAnnealingLR to min_lr */
+	HPU_SCHED_WARMUP,       /* DeepSpeed WarmupLR */
+	HPU_SCHED_WARMUP_DECAY, /* DeepSpeed WarmupDecayLR */
+} hpu_sched_kind;
+
+typedef enum hpu_warmup_type {
+	HPU_WARMUP_LOG = 0, /* DeepSpeed's default */
+	HPU_WARMUP_LINEAR,
+} hpu_warmup_type;
+
+typedef enum hpu_comm_dtype {
+	HPU_COMM_FP32 = 0,
+	HPU_COMM_BF16,
+} hpu_comm_dtype;
+
+/* Where an option's value came from. */
+enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2 };
+#define HPU_OPTS_MAX 64
+
 typedef struct hpu_train_opts {
 	int epochs;             /* passes over the training set */
 	long max_steps;         /* stop after this many steps; -1: no limit */
-	int batch_size;         /* global batch, summed over all ranks */
-	double lr;              /* learning rate */
+	/* Batch sizes: batch_size = micro_batch * grad_accum * world size
+	 * (DeepSpeed's train_batch_size, train_micro_batch_size_per_gpu,
+	 * gradient_accumulation_steps). Any two determine the third;
+	 * hpu_opts_resolve() fills in the one not given. */
+	int batch_size;         /* global batch, summed over all ranks (256) */
+	int micro_batch;        /* per rank per micro-step (resolved) */
+	int grad_accum;         /* micro-steps per optimizer step (1) */
+	double lr;              /* learning rate (the peak lr under warm-up) */
 	hpu_optim_kind optimizer;
 	double momentum;        /* SGD momentum */
 	int nesterov;           /* SGD: Nesterov momentum */
 	double weight_decay;    /* < 0: the optimizer's default */
-	double beta1, beta2, eps; /* AdamW */
+	double beta1, beta2, eps; /* Adam, AdamW */
+	double clip_norm;       /* gradient_clipping: max global L2 norm; 0: off */
+	/* Learning-rate schedule; lr at optimizer step k (0-based) is the
+	 * scheduler's value after k scheduler steps, as in torch and DeepSpeed. */
+	hpu_sched_kind sched;
+	long warmup_steps;      /* warmup_num_steps (1000) */
+	hpu_warmup_type warmup_type;
+	double warmup_min_lr;   /* warmup_min_lr (0); warmup_max_lr is lr */
+	long total_steps;       /* WarmupDecayLR total_num_steps, cosine T_max;
+				 * 0: the run's number of optimizer steps */
+	long step_size;         /* StepLR (1000) */
+	double gamma;           /* StepLR (0.1) */
+	double min_lr;          /* cosine eta_min (0) */
 	uint64_t seed;          /* parameter init and data shuffling */
 	hpu_strategy strategy;
+	/* Strategy knobs, in elements (floats) as DeepSpeed counts them. */
+	long reduce_bucket;     /* ddp and zero2 gradient buckets (25 MiB of fp32) */
+	long allgather_bucket;  /* zero1 partition/all-gather units (5e8) */
+	int overlap_comm;       /* ddp/zero2/zero3: communicate during backward (1) */
+	long prefetch_bucket;   /* zero3: elements gathered ahead (5e7) */
+	long persistence_threshold; /* zero3: layers below stay whole (1e5) */
+	long max_live_params;   /* zero3: gathered elements alive at once (1e9) */
+	hpu_comm_dtype grad_comm_dtype; /* ddp / fast_ddp gradient all-reduce */
+	int activation_checkpointing; /* recompute every layer's forward */
+	uint64_t device_memory; /* bytes; 0: node memory / local devices */
 	int log_every;          /* log every N steps (0: never) */
 	char metrics[512];      /* JSON-lines file written by rank 0, or "" */
+	char save_params[512];  /* consolidated fp32 parameters (rank 0), or "" */
+	char config[512];       /* the JSON config file, or "" */
 	int eval;               /* evaluate on the test split at the end */
+	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
 } hpu_train_opts;
 
 /* Fills o with the defaults (1 epoch, batch 256, AdamW lr 1e-3, ...). */
@@ -43,8 +102,10 @@ void hpu_opts_defaults(hpu_train_opts *o);
  * whether it takes a value. Returns -1 if it is not one, else 0 or 1. */
 int hpu_opts_takes_value(const char *name);
 
-/* Sets option `name` (without dashes) from `value` (NULL for a flag).
- * Returns 0, or -1 with a sentence naming the option and value in err. */
+/* Sets option `name` (without dashes) from `value` (NULL for a flag), as a
+ * command-line flag. --config FILE loads the file at once; values the file
+ * sets never replace ones set by flags, before or after it. Returns 0, or
+ * -1 with a sentence naming the option and value in err. */
 int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
 		 char *err, size_t errlen);
 
@@ -53,15 +114,28 @@ int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
 int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
 		   char *err, size_t errlen);
 
-/* Checks the options against a world size (e.g. batch divisibility). */
-int hpu_opts_check(const hpu_train_opts *o, int world_size, char *err,
-		   size_t errlen);
+/* Loads a DeepSpeed-style JSON config file (the keys are listed in
+ * README.md). Unknown keys, wrong types and out-of-range values are errors
+ * naming the key path ("zero_optimization.stage"). */
+int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
+		       size_t errlen);
+
+/* Checks the options against a world size and fills in what follows from
+ * them (the batch size not given). A batch mismatch names all three
+ * values. Returns 0, or -1 with one sentence in err. */
+int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
+		     size_t errlen);
 
 /* The weight decay in force (resolving the optimizer's default). */
 double hpu_opts_weight_decay(const hpu_train_opts *o);
 
+/* Parses a size: "4096", "512K", "1.5G", "2GiB", "64MB" (binary
+ * multiples). Returns 0, or -1. */
+int hpu_parse_size(const char *s, uint64_t *out);
+
 const char *hpu_strategy_name(hpu_strategy s);
 const char *hpu_optim_name(hpu_optim_kind k);
+const char *hpu_sched_name(hpu_sched_kind k);
 
 /* Prints the training options' help. */
 void hpu_opts_help(FILE *f);

@@ -1,5 +1,7 @@
 #include "loader.h"
 
+#include "devmem.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -68,8 +70,10 @@ hpu_loader *hpu_loader_new(const hpu_dataset *ds, int batch)
 	pthread_mutex_init(&ld->mu, NULL);
 	pthread_cond_init(&ld->cv, NULL);
 	for (int k = 0; k < 2; k++) {
-		ld->s[k].x = malloc((size_t)batch * ds->sample_size * sizeof(float));
-		ld->s[k].labels = malloc((size_t)batch * ds->label_size * sizeof(int32_t));
+		ld->s[k].x = hpu_dalloc(HPU_MEM_OTHER, (size_t)batch * ds->sample_size * sizeof(float),
+					"data loader batch");
+		ld->s[k].labels = hpu_dalloc(HPU_MEM_OTHER, (size_t)batch * ds->label_size * sizeof(int32_t),
+					     "data loader labels");
 		if (!ld->s[k].x || !ld->s[k].labels)
 			goto fail;
 	}
@@ -122,8 +126,8 @@ void hpu_loader_destroy(hpu_loader **pld)
 		pthread_join(ld->thread, NULL);
 	}
 	for (int k = 0; k < 2; k++) {
-		free(ld->s[k].x);
-		free(ld->s[k].labels);
+		hpu_dfree(ld->s[k].x);
+		hpu_dfree(ld->s[k].labels);
 	}
 	pthread_mutex_destroy(&ld->mu);
 	pthread_cond_destroy(&ld->cv);

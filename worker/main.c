@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
+#include "devmem.h"
 #include "model.h"
 #include "train.h"
 
@@ -16,6 +18,18 @@ static int env_int(const char *name, int dflt)
 {
 	const char *v = getenv(name);
 	return v && *v ? atoi(v) : dflt;
+}
+
+/* --device-memory, or this node's memory shared by its devices. */
+static uint64_t device_memory(const hpu_train_opts *o)
+{
+	if (o->device_memory)
+		return o->device_memory;
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	int local = env_int("LOCAL_WORLD_SIZE", 1);
+	if (pages <= 0 || page <= 0)
+		return 0; /* unknown: no limit */
+	return (uint64_t)pages * (uint64_t)page / (uint64_t)(local > 0 ? local : 1);
 }
 
 static void usage(FILE *f)
@@ -39,7 +53,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (hpu_opts_parse(&o, argc, argv, &i, err, sizeof err) < 0 ||
-	    hpu_opts_check(&o, world, err, sizeof err) < 0) {
+	    hpu_opts_resolve(&o, world, err, sizeof err) < 0) {
 		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
 		return 2;
 	}
@@ -58,11 +72,15 @@ int main(int argc, char **argv)
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
 	int rc = 1;
+	if (hpu_devmem_init(device_memory(&o), rank) < 0) {
+		snprintf(err, sizeof err, "cannot set up device memory");
+		goto out;
+	}
 	if (hpu__model_load(&b, path, rank, world, err, sizeof err) < 0)
 		goto out;
 	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK)
 		goto out;
-	if (hpu__model_setup(b, margc, margv, HPU_TRAIN_GRAD_EXTRA, err, sizeof err) < 0)
+	if (hpu__model_setup(b, margc, margv, err, sizeof err) < 0)
 		goto out;
 	if (hpu_train_run(b, comm, &o, err, sizeof err) < 0)
 		goto out;
@@ -72,5 +90,6 @@ out:
 		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
 	hpu__model_destroy(&b);
 	hpucoll_comm_destroy(&comm);
+	hpu_devmem_shutdown();
 	return rc;
 }

@@ -115,6 +115,8 @@ hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_size,
 	l->ops = *ops;
 	l->user = user;
 	l->first_param = b->nparams;
+	l->decl_off = b->numel;
+	l->unit = -1;
 	b->layers[b->nlayers++] = l;
 	return l;
 }
@@ -149,10 +151,13 @@ int hpu_param_add(hpu_layer *l, const char *name, int ndim,
 	memcpy(p->shape, shape, ndim * sizeof *shape);
 	p->numel = numel;
 	p->offset = b->numel;
+	p->rel = b->numel - l->decl_off;
 	p->init = init;
 	p->fan_in = fan_in;
 	/* Keep every parameter 16-float (64-byte) aligned in the flat buffer. */
 	b->numel += (numel + 15) & ~(size_t)15;
+	b->psi += numel;
+	l->plen = b->numel - l->decl_off;
 	b->nparams++;
 	return l->nparams++;
 }
@@ -178,12 +183,18 @@ int hpu_loss_set(hpu_builder *b, const hpu_loss *loss)
 
 float *hpu_param(hpu_layer *l, int i)
 {
-	return l->b->param_buf + l->b->params[l->first_param + i].offset;
+	return l->pbase + l->b->params[l->first_param + i].rel;
 }
 
 float *hpu_grad(hpu_layer *l, int i)
 {
-	return l->b->grad_buf + l->b->params[l->first_param + i].offset;
+	return l->gbase + l->b->params[l->first_param + i].rel;
+}
+
+int hpu_layer_checkpoint(hpu_layer *l, int on)
+{
+	l->ckpt = on != 0;
+	return 0;
 }
 
 void *hpu_layer_user(hpu_layer *l)
@@ -228,8 +239,8 @@ static int check_declared(hpu_builder *b, char *err, size_t errlen)
 	return 0;
 }
 
-int hpu__model_setup(hpu_builder *b, int argc, char **argv, size_t grad_extra,
-		     char *err, size_t errlen)
+int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err,
+		     size_t errlen)
 {
 	if (b->model->setup(b, argc, argv) != 0) {
 		snprintf(err, errlen, "model %s: setup failed: %s", b->path,
@@ -240,28 +251,16 @@ int hpu__model_setup(hpu_builder *b, int argc, char **argv, size_t grad_extra,
 		snprintf(err, errlen, "model %s: %s", b->path, b->err);
 		return -1;
 	}
-	if (check_declared(b, err, errlen) < 0)
-		return -1;
-	size_t pbytes = ((b->numel * sizeof(float)) + 63) & ~(size_t)63;
-	size_t gbytes = (((b->numel + grad_extra) * sizeof(float)) + 63) & ~(size_t)63;
-	b->param_buf = aligned_alloc(64, pbytes ? pbytes : 64);
-	b->grad_buf = aligned_alloc(64, gbytes ? gbytes : 64);
-	if (!b->param_buf || !b->grad_buf) {
-		snprintf(err, errlen, "model %s: cannot allocate %zu parameters",
-			 b->path, b->numel);
-		return -1;
-	}
-	memset(b->param_buf, 0, pbytes);
-	memset(b->grad_buf, 0, gbytes);
-	b->grad_extra = grad_extra;
-	return 0;
+	return check_declared(b, err, errlen);
 }
 
-void hpu__model_init_params(hpu_builder *b, uint64_t seed)
+void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst)
 {
-	for (int i = 0; i < b->nparams; i++) {
+	hpu_layer *l = b->layers[li];
+	memset(dst, 0, l->plen * sizeof *dst);
+	for (int i = l->first_param; i < l->first_param + l->nparams; i++) {
 		hpu_param_info *p = &b->params[i];
-		float *w = b->param_buf + p->offset;
+		float *w = dst + p->rel;
 		hpu_rng r;
 		hpu_rng_seed(&r, seed, (uint64_t)i + 1);
 		float bound = 1.0f / sqrtf((float)p->fan_in);
@@ -292,8 +291,6 @@ void hpu__model_destroy(hpu_builder **pb)
 		free(b->layers[i]);
 	free(b->layers);
 	free(b->params);
-	free(b->param_buf);
-	free(b->grad_buf);
 	if (b->dl)
 		dlclose(b->dl);
 	free(b);

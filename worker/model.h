@@ -11,7 +11,8 @@ typedef struct hpu_param_info {
 	int ndim;
 	int64_t shape[HPU_MAX_DIMS];
 	size_t numel;
-	size_t offset;           /* in floats, into the flat buffers */
+	size_t offset;           /* in floats, into the declared flat layout */
+	size_t rel;              /* in floats, from its layer's first float */
 	hpu_init init;
 	size_t fan_in;
 } hpu_param_info;
@@ -23,6 +24,15 @@ struct hpu_layer {
 	hpu_layer_ops ops;
 	void *user;
 	int first_param, nparams; /* into b->params */
+	size_t decl_off;         /* first float in the declared layout */
+	size_t plen;             /* floats of its parameters, each padded to 16 */
+	/* Set by the strategy: where the layer's parameters and gradients
+	 * are now (hpu_param(l, i) is pbase + rel of parameter i), and the
+	 * layer's first float in the strategy's layout. */
+	float *pbase, *gbase;
+	size_t off;
+	int unit;                /* the strategy's unit holding it, or -1 */
+	int ckpt;                /* activation checkpointing */
 	char err[256];
 };
 
@@ -40,10 +50,8 @@ struct hpu_builder {
 	hpu_loss loss;
 	int has_loss;
 	void *user;
-	float *param_buf;  /* numel floats */
-	float *grad_buf;   /* numel + extra floats */
-	size_t numel;      /* total parameter floats */
-	size_t grad_extra; /* floats after the gradients, for the runtime */
+	size_t numel;      /* parameter floats, each parameter padded to 16 */
+	size_t psi;        /* parameter floats, unpadded (the ZeRO paper's Ψ) */
 	char err[512];
 };
 
@@ -53,13 +61,14 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 		    char *err, size_t errlen);
 
 /* Runs the model's setup() and checks what it declared (layer sizes chain,
- * datasets and loss present), then allocates the flat buffers with
- * `grad_extra` spare floats after the gradients. */
-int hpu__model_setup(hpu_builder *b, int argc, char **argv, size_t grad_extra,
-		     char *err, size_t errlen);
+ * datasets and loss present). Memory for parameters is the strategy's. */
+int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err,
+		     size_t errlen);
 
-/* Initializes every parameter from its initializer with `seed`. */
-void hpu__model_init_params(hpu_builder *b, uint64_t seed);
+/* Writes layer `li`'s parameters, initialized from their initializers with
+ * `seed`, to dst[0 .. plen) (padding zeroed). Every rank computes the same
+ * values. */
+void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst);
 
 /* Calls teardown, frees everything and unloads the library; *b = NULL. */
 void hpu__model_destroy(hpu_builder **b);

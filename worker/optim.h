@@ -1,4 +1,7 @@
-/* optim: optimizers over flat fp32 buffers, each one fused pass. */
+/* optim: optimizers over flat fp32 buffers (a rank's shard under ZeRO),
+ * each step one fused pass: gradient scaling (clipping), weight decay,
+ * moments and the update together. The caller owns the state memory (it
+ * comes from the device allocator). */
 #ifndef HPU_OPTIM_H
 #define HPU_OPTIM_H
 
@@ -8,22 +11,37 @@
 
 typedef struct hpu_optim {
 	hpu_optim_kind kind;
-	double lr, momentum, weight_decay, beta1, beta2, eps;
+	double momentum, weight_decay, beta1, beta2, eps;
 	int nesterov;
 	size_t n;
 	long t;     /* steps taken */
-	float *m;   /* SGD momentum buffer / Adam first moment */
-	float *v;   /* Adam second moment */
+	float *m;   /* SGD momentum buffer / Adam first moment (or NULL) */
+	float *v;   /* Adam second moment (or NULL) */
 } hpu_optim;
 
-/* Sets up an optimizer for n parameters from the training options.
- * Returns 0, or -1 if the state cannot be allocated. */
-int hpu_optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n);
+/* Floats of state per parameter the optimizer in `opts` needs: 2 for Adam
+ * and AdamW, 1 for SGD with momentum, 0 for plain SGD. */
+int hpu_optim_state_floats(const hpu_train_opts *opts);
 
-/* One step: updates p[n] from the gradients g[n] (as torch.optim.SGD /
- * torch.optim.AdamW do). */
-void hpu_optim_step(hpu_optim *o, float *p, const float *g);
+/* Sets up an optimizer for n parameters; `state` holds
+ * n * hpu_optim_state_floats(opts) floats, zeroed, and stays the caller's
+ * (NULL when that is 0): m = state[0, n), v = state[n, 2n). */
+void hpu_optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n,
+		    float *state);
 
-void hpu_optim_free(hpu_optim *o);
+/* One step with learning rate `lr`: updates p[n] from the gradients
+ * gscale * g[n] (as torch.optim.SGD / Adam / AdamW do after
+ * clip_grad_norm_ multiplied the gradients by gscale). */
+void hpu_optim_step(hpu_optim *o, float *p, const float *g, float gscale,
+		    double lr);
+
+/* Sum of squares of g[n]: fp32 within blocks of 256, the blocks summed in
+ * double. */
+double hpu_sumsq(const float *g, size_t n);
+
+/* torch.nn.utils.clip_grad_norm_'s factor for a global norm, in fp32 as
+ * torch computes it: max_norm / (norm + 1e-6) when that is below 1, else 1
+ * (NaN for a NaN norm). */
+float hpu_clip_factor(double norm, double max_norm);
 
 #endif

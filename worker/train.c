@@ -9,25 +9,26 @@
 #include <string.h>
 #include <time.h>
 
+#include "devmem.h"
 #include "loader.h"
-#include "optim.h"
 #include "sampler.h"
+#include "lrsched.h"
+#include "strategy.h"
 
 /* Everything one worker's loop owns. */
 typedef struct loop {
 	hpu_builder *b;
 	hpucoll_comm *comm;
 	const hpu_train_opts *o;
-	int rank, world, batch;  /* batch: this rank's share of the global */
-	float *x;                /* the batch in use [batch, sample_size] */
-	int32_t *labels;         /* its labels [batch, label_size] */
+	int rank, world;
+	int micro, accum;        /* micro-batch per rank, micro-steps per step */
 	float *eval_x;           /* evaluation's own batch buffers */
 	int32_t *eval_labels;
-	hpu_loader *loader;      /* training batches, one step ahead */
-	float **acts;            /* acts[i]: layer i's output [batch, out] */
-	float *dbuf[2];          /* ping-pong activation gradients */
+	hpu_loader *loader;      /* training micro-batches, one ahead */
 	uint32_t *perm;
-	hpu_optim opt;
+	hpu_strat *st;
+	hpu_sched sched;
+	uint64_t comm_bytes;     /* sent by the steps' collectives */
 	FILE *metrics;
 	char *err;
 	size_t errlen;
@@ -60,59 +61,48 @@ static int coll_fail(loop *L, const char *what, int rc)
 	return -1;
 }
 
+static void *dalloc(loop *L, size_t bytes, const char *what)
+{
+	void *p = hpu_dalloc(HPU_MEM_OTHER, bytes, what);
+	if (!p)
+		fail(L, "%s", hpu_devmem_error());
+	return p;
+}
+
 static int alloc_buffers(loop *L)
 {
-	hpu_builder *b = L->b;
-	const hpu_dataset *d = &b->data[HPU_SPLIT_TRAIN];
-	size_t maxw = d->sample_size;
-	L->eval_x = malloc((size_t)L->batch * d->sample_size * sizeof(float));
-	L->eval_labels = malloc((size_t)L->batch * d->label_size * sizeof(int32_t));
-	L->acts = calloc((size_t)b->nlayers, sizeof *L->acts);
-	L->perm = malloc(d->size * sizeof *L->perm);
-	L->loader = hpu_loader_new(d, L->batch);
-	if (!L->eval_x || !L->eval_labels || !L->acts || !L->perm || !L->loader)
+	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
+	if (!(L->eval_x = dalloc(L, (size_t)L->micro * d->sample_size * 4, "evaluation batch")) ||
+	    !(L->eval_labels = dalloc(L, (size_t)L->micro * d->label_size * 4, "evaluation labels")) ||
+	    !(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
 		return -1;
-	for (int i = 0; i < b->nlayers; i++) {
-		size_t w = b->layers[i]->out_size;
-		if (w > maxw)
-			maxw = w;
-		L->acts[i] = malloc((size_t)L->batch * w * sizeof(float));
-		if (!L->acts[i])
-			return -1;
+	if (!(L->loader = hpu_loader_new(d, L->micro))) {
+		if (!L->err[0])
+			fail(L, "cannot start the data loader: %s", hpu_devmem_error());
+		return -1;
 	}
-	for (int k = 0; k < 2; k++)
-		if (!(L->dbuf[k] = malloc((size_t)L->batch * maxw * sizeof(float))))
-			return -1;
 	return 0;
 }
 
 static void free_buffers(loop *L)
 {
-	for (int i = 0; L->acts && i < L->b->nlayers; i++)
-		free(L->acts[i]);
-	free(L->acts);
-	free(L->eval_x);
-	free(L->eval_labels);
 	hpu_loader_destroy(&L->loader);
-	free(L->perm);
-	free(L->dbuf[0]);
-	free(L->dbuf[1]);
-	hpu_optim_free(&L->opt);
+	hpu_dfree(L->eval_x);
+	hpu_dfree(L->eval_labels);
+	hpu_dfree(L->perm);
+	hpu_strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
 }
 
-/* Fetches test samples idx[0..n) into the evaluation buffers and makes
- * them the batch in use. */
+/* Fetches test samples idx[0..n) into the evaluation buffers. */
 static int load_eval_batch(loop *L, const uint32_t *idx, int n)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TEST];
-	L->x = L->eval_x;
-	L->labels = L->eval_labels;
 	for (int i = 0; i < n; i++) {
 		size_t k = idx[i];
-		if (d->fetch(d->user, k, L->x + (size_t)i * d->sample_size,
-			     L->labels + (size_t)i * d->label_size) != 0) {
+		if (d->fetch(d->user, k, L->eval_x + (size_t)i * d->sample_size,
+			     L->eval_labels + (size_t)i * d->label_size) != 0) {
 			return fail(L, "the model's dataset failed to fetch sample %zu",
 				    k);
 		}
@@ -120,101 +110,162 @@ static int load_eval_batch(loop *L, const uint32_t *idx, int n)
 	return 0;
 }
 
-static int forward(loop *L, int n)
+/* ---- per-rank statistics: device memory and traffic ---- */
+
+enum {
+	ST_LIMIT, ST_IN_USE, ST_MAX_IN_USE, ST_NUM_ALLOCS, ST_NUM_FREES,
+	ST_ACTIVE_ALLOCS, ST_MAX_ALLOC_SIZE, ST_SYS_ALLOCS, ST_SYS_FREES,
+	ST_SYS_ACTIVE, ST_KIND0, ST_STATES_MAX = ST_KIND0 + HPU_MEM_NKINDS,
+	ST_COMM_BYTES, ST_N
+};
+
+static const char *stat_names[ST_KIND0] = {
+	"Limit", "InUse", "MaxInUse", "NumAllocs", "NumFrees", "ActiveAllocs",
+	"MaxAllocSize", "TotalSystemAllocs", "TotalSystemFrees", "TotalActiveAllocs"};
+
+/* Every rank's statistics, gathered to every rank (all[world][ST_N]):
+ * comm_per_step is this rank's bytes sent per optimizer step. */
+static int gather_stats(loop *L, double comm_per_step, double *all)
 {
-	const float *in = L->x;
-	for (int i = 0; i < L->b->nlayers; i++) {
-		hpu_layer *l = L->b->layers[i];
-		if (l->ops.forward(l, in, L->acts[i], n) != 0)
-			return fail(L, "layer %s: forward failed: %s", l->name,
-				    l->err[0] ? l->err : "(no reason given)");
-		in = L->acts[i];
+	hpu_device_stats d;
+	hpu_devmem_stats(&d);
+	double mine[ST_N] = {
+		(double)d.limit, (double)d.in_use, (double)d.max_in_use,
+		(double)d.num_allocs, (double)d.num_frees, (double)d.active_allocs,
+		(double)d.max_alloc_size, (double)d.total_system_allocs,
+		(double)d.total_system_frees, (double)d.total_active_allocs};
+	for (int k = 0; k < HPU_MEM_NKINDS; k++)
+		mine[ST_KIND0 + k] = (double)hpu_devmem_kind_max((hpu_mem_kind)k);
+	mine[ST_STATES_MAX] = (double)hpu_devmem_states_max();
+	mine[ST_COMM_BYTES] = comm_per_step;
+	int rc = hpucoll_all_gather(L->comm, mine, all, ST_N, HPUCOLL_F64);
+	return rc ? coll_fail(L, "statistics all-gather", rc) : 0;
+}
+
+static cJSON *stats_json(loop *L, const double *all)
+{
+	cJSON *arr = cJSON_CreateArray();
+	for (int r = 0; r < L->world; r++) {
+		const double *v = all + (size_t)r * ST_N;
+		cJSON *j = cJSON_CreateObject();
+		cJSON_AddNumberToObject(j, "rank", r);
+		for (int k = 0; k < ST_KIND0; k++)
+			cJSON_AddNumberToObject(j, stat_names[k], v[k]);
+		for (int k = 0; k < HPU_MEM_NKINDS; k++) {
+			char key[32];
+			snprintf(key, sizeof key, "max_%s", hpu_mem_kind_name((hpu_mem_kind)k));
+			cJSON_AddNumberToObject(j, key, v[ST_KIND0 + k]);
+		}
+		cJSON_AddNumberToObject(j, "max_model_states", v[ST_STATES_MAX]);
+		cJSON_AddNumberToObject(j, "comm_bytes_per_step", v[ST_COMM_BYTES]);
+		cJSON_AddItemToArray(arr, j);
 	}
+	return arr;
+}
+
+static void print_json(loop *L, cJSON *j)
+{
+	char *s = cJSON_PrintUnformatted(j);
+	if (s) {
+		fprintf(L->metrics, "%s\n", s);
+		fflush(L->metrics);
+	}
+	free(s);
+	cJSON_Delete(j);
+}
+
+static double mib(double bytes)
+{
+	return bytes / (1024.0 * 1024.0);
+}
+
+/* A log line and metrics record: loss averaged over every rank, the
+ * learning rate, throughput, device memory of every rank. */
+static int log_step(loop *L, long step, long total, int epoch, float loss,
+		    double lr, double norm, double sps)
+{
+	float l = loss / (float)L->world;
+	int rc = hpucoll_all_reduce(L->comm, &l, &l, 1, HPUCOLL_F32, HPUCOLL_SUM);
+	if (rc)
+		return coll_fail(L, "loss all-reduce", rc);
+	double *all = malloc((size_t)L->world * ST_N * sizeof *all);
+	if (!all)
+		return fail(L, "out of memory");
+	if (gather_stats(L, step ? (double)L->comm_bytes / (double)step : 0, all) < 0) {
+		free(all);
+		return -1;
+	}
+	if (L->rank == 0) {
+		printf("epoch %d/%d step %ld/%ld loss %.4f lr %.3g samples/s %.1f "
+		       "memory_allocated %.1f MiB max_memory_allocated %.1f MiB "
+		       "total_memory_available %.1f MiB\n",
+		       epoch + 1, L->o->epochs, step, total, l, lr, sps,
+		       mib(all[ST_IN_USE]), mib(all[ST_MAX_IN_USE]), mib(all[ST_LIMIT]));
+		if (L->metrics) {
+			cJSON *j = cJSON_CreateObject();
+			cJSON_AddNumberToObject(j, "step", (double)step);
+			cJSON_AddNumberToObject(j, "epoch", epoch + 1);
+			cJSON_AddNumberToObject(j, "loss", l);
+			cJSON_AddNumberToObject(j, "lr", lr);
+			if (L->o->clip_norm > 0)
+				cJSON_AddNumberToObject(j, "grad_norm", norm);
+			cJSON_AddNumberToObject(j, "samples_per_sec", sps);
+			cJSON_AddItemToObject(j, "device", stats_json(L, all));
+			print_json(L, j);
+		}
+	}
+	free(all);
 	return 0;
 }
 
-/* Runs the loss and backward, with the loss gradient scaled by `scale`
- * (so every gradient comes out scaled, at the cost of scaling the last
- * layer's output only); returns the local mean loss (or NAN after
- * recording an error). */
-static float backward(loop *L, int n, float scale)
+/* Asks the loader for micro-batch k of global batch s (this rank's
+ * share of it: micro-batches follow each other inside the share). */
+static void prefetch(loop *L, size_t s, int k)
 {
-	hpu_builder *b = L->b;
-	int last = b->nlayers - 1;
-	float *dout = L->dbuf[0];
-	float loss = b->loss.loss(b->loss.user, L->acts[last], L->labels, dout, n);
-	if (!(loss >= 0)) {
-		fail(L, "the model's loss returned %s (bad labels?)",
-		     isnan(loss) ? "NaN" : "a negative value");
-		return NAN;
-	}
-	for (size_t i = 0, k = (size_t)n * b->layers[last]->out_size; i < k; i++)
-		dout[i] *= scale;
-	for (int i = last; i >= 0; i--) {
-		hpu_layer *l = b->layers[i];
-		float *din = i ? L->dbuf[(last - i + 1) & 1] : NULL;
-		const float *in = i ? L->acts[i - 1] : L->x;
-		if (l->ops.backward(l, in, L->acts[i], dout, din, n) != 0) {
-			fail(L, "layer %s: backward failed: %s", l->name,
-			     l->err[0] ? l->err : "(no reason given)");
-			return NAN;
-		}
-		dout = din;
-	}
-	return loss;
+	const uint32_t *share = hpu_sampler_shard(L->perm, s, (size_t)L->o->batch_size,
+						  L->rank, L->world);
+	size_t m = s * (size_t)L->accum + (size_t)k;
+	hpu_loader_request(L->loader, (int)(m & 1), share + (size_t)k * L->micro, L->micro);
 }
 
-static void log_step(loop *L, long step, long total, int epoch, float loss,
-		     double sps)
+static uint64_t bytes_sent(loop *L)
 {
-	if (L->rank != 0)
-		return;
-	printf("epoch %d/%d step %ld/%ld loss %.4f lr %.3g samples/s %.1f\n",
-	       epoch + 1, L->o->epochs, step, total, loss, L->o->lr, sps);
-	if (L->metrics) {
-		fprintf(L->metrics,
-			"{\"step\":%ld,\"epoch\":%d,\"loss\":%.9g,\"lr\":%.9g,\"samples_per_sec\":%.3f}\n",
-			step, epoch + 1, loss, L->o->lr, sps);
-		fflush(L->metrics);
+	hpucoll_stats st;
+	hpucoll_comm_stats(L->comm, &st);
+	return st.bytes_sent;
+}
+
+/* One optimizer step on global batch `s` (step number `gstep` of the run,
+ * from 0): accum micro-steps of forward and backward on this rank's share,
+ * then the strategy's step. Asks for the next micro-batch (of batch s + 1
+ * after the last, if `more`) before computing each. Sets *loss_out to this
+ * rank's mean loss over its micro-batches. */
+static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
+		      double *norm_out)
+{
+	const float scale = 1.0f / (float)(L->world * L->accum);
+	uint64_t sent0 = bytes_sent(L);
+	float sum = 0;
+	for (int k = 0; k < L->accum; k++) {
+		size_t m = s * (size_t)L->accum + (size_t)k, bad;
+		float *x, loss;
+		int32_t *labels;
+		const float *out;
+		if (hpu_loader_wait(L->loader, (int)(m & 1), &x, &labels, &bad) < 0)
+			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		if (k + 1 < L->accum)
+			prefetch(L, s, k + 1);
+		else if (more)
+			prefetch(L, s + 1, 0);
+		if (hpu_strat_forward(L->st, x, L->micro, &out) < 0 ||
+		    hpu_strat_backward(L->st, labels, L->micro, scale, k, L->accum, &loss) < 0)
+			return -1;
+		sum += loss;
 	}
-}
-
-/* Asks the loader for this rank's shard of global batch `s`. */
-static void prefetch(loop *L, size_t s)
-{
-	hpu_loader_request(L->loader, (int)(s & 1),
-			   hpu_sampler_shard(L->perm, s, (size_t)L->o->batch_size,
-					     L->rank, L->world),
-			   L->batch);
-}
-
-/* One optimizer step on this rank's shard of global batch `s`, fetched by
- * the loader; asks for batch s + 1 (if `more`) before computing. */
-static int train_step(loop *L, size_t s, int more, float *loss_out)
-{
-	hpu_builder *b = L->b;
-	size_t bad;
-	if (hpu_loader_wait(L->loader, (int)(s & 1), &L->x, &L->labels, &bad) < 0)
-		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
-	if (more)
-		prefetch(L, s + 1);
-	memset(b->grad_buf, 0, b->numel * sizeof(float));
-	if (forward(L, L->batch) < 0)
+	if (hpu_strat_step(L->st, hpu_sched_lr(&L->sched, gstep), norm_out) < 0)
 		return -1;
-	/* fast_ddp: gradients pre-divided by the world size (through the loss
-	 * gradient), then one flat sum. The loss rides in the slot after the
-	 * gradients. */
-	float scale = 1.0f / (float)L->world;
-	float loss = backward(L, L->batch, scale);
-	if (isnan(loss))
-		return -1;
-	b->grad_buf[b->numel] = loss * scale;
-	int rc = hpucoll_all_reduce(L->comm, b->grad_buf, b->grad_buf, b->numel + 1,
-				    HPUCOLL_F32, HPUCOLL_SUM);
-	if (rc)
-		return coll_fail(L, "gradient all-reduce", rc);
-	hpu_optim_step(&L->opt, b->param_buf, b->grad_buf);
-	*loss_out = b->grad_buf[b->numel];
+	L->comm_bytes += bytes_sent(L) - sent0;
+	*loss_out = sum / (float)L->accum;
 	return 0;
 }
 
@@ -225,19 +276,20 @@ static int evaluate(loop *L, double *value, double *count)
 	const hpu_dataset *d = &b->data[HPU_SPLIT_TEST];
 	size_t mine = hpu_sampler_eval_count(d->size, L->rank, L->world);
 	double sum = 0;
-	uint32_t *idx = malloc((size_t)L->batch * sizeof *idx);
+	uint32_t *idx = malloc((size_t)L->micro * sizeof *idx);
 	if (!idx)
 		return fail(L, "out of memory in evaluation");
 	for (size_t done = 0; done < mine;) {
-		int n = (int)(mine - done < (size_t)L->batch ? mine - done : (size_t)L->batch);
+		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
+		const float *out;
 		for (int i = 0; i < n; i++)
 			idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
-		if (load_eval_batch(L, idx, n) < 0 || forward(L, n) < 0) {
+		if (load_eval_batch(L, idx, n) < 0 ||
+		    hpu_strat_forward(L->st, L->eval_x, n, &out) < 0) {
 			free(idx);
 			return -1;
 		}
-		sum += b->loss.metric(b->loss.user, L->acts[b->nlayers - 1],
-				      L->labels, n);
+		sum += b->loss.metric(b->loss.user, out, L->eval_labels, n);
 		done += (size_t)n;
 	}
 	free(idx);
@@ -250,33 +302,55 @@ static int evaluate(loop *L, double *value, double *count)
 	return 0;
 }
 
-static void write_final(loop *L, long steps, float loss, double sps,
-			int have_metric, double metric, double count)
+/* The final line and record: every rank takes part (the loss and the
+ * statistics are reduced); rank 0 writes. */
+static int write_final(loop *L, long steps, float loss, double sps,
+		       int have_metric, double metric, double count)
 {
+	float l = loss / (float)L->world;
+	int rc = hpucoll_all_reduce(L->comm, &l, &l, 1, HPUCOLL_F32, HPUCOLL_SUM);
+	if (rc)
+		return coll_fail(L, "loss all-reduce", rc);
+	double *all = malloc((size_t)L->world * ST_N * sizeof *all);
+	if (!all)
+		return fail(L, "out of memory");
+	if (gather_stats(L, steps ? (double)L->comm_bytes / (double)steps : 0, all) < 0) {
+		free(all);
+		return -1;
+	}
+	if (L->rank != 0) {
+		free(all);
+		return 0;
+	}
 	const char *name = L->b->loss.metric_name ? L->b->loss.metric_name : "metric";
-	printf("trained %ld steps on %d workers: final loss %.4f, %.1f samples/s\n",
-	       steps, L->world, loss, sps);
+	printf("trained %ld steps on %d workers (%s): final loss %.4f, %.1f samples/s, "
+	       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
+	       steps, L->world, hpu_strategy_name(L->o->strategy), l, sps,
+	       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
 	if (have_metric)
 		printf("test %s %.4f (%.0f samples)\n", name, metric, count);
-	if (!L->metrics)
-		return;
-	cJSON *j = cJSON_CreateObject();
-	cJSON_AddBoolToObject(j, "final", 1);
-	cJSON_AddNumberToObject(j, "steps", (double)steps);
-	cJSON_AddNumberToObject(j, "loss", loss);
-	cJSON_AddNumberToObject(j, "samples_per_sec", sps);
-	cJSON_AddNumberToObject(j, "world_size", L->world);
-	cJSON_AddStringToObject(j, "strategy", hpu_strategy_name(L->o->strategy));
-	if (have_metric) {
-		char key[96];
-		snprintf(key, sizeof key, "test_%s", name);
-		cJSON_AddNumberToObject(j, key, metric);
+	if (L->metrics) {
+		cJSON *j = cJSON_CreateObject();
+		cJSON_AddBoolToObject(j, "final", 1);
+		cJSON_AddNumberToObject(j, "steps", (double)steps);
+		cJSON_AddNumberToObject(j, "loss", l);
+		cJSON_AddNumberToObject(j, "samples_per_sec", sps);
+		cJSON_AddNumberToObject(j, "world_size", L->world);
+		cJSON_AddStringToObject(j, "strategy", hpu_strategy_name(L->o->strategy));
+		cJSON_AddNumberToObject(j, "micro_batch", L->micro);
+		cJSON_AddNumberToObject(j, "grad_accum", L->accum);
+		cJSON_AddNumberToObject(j, "parameters", (double)L->b->psi);
+		cJSON_AddNumberToObject(j, "units", hpu_strat_units(L->st));
+		if (have_metric) {
+			char key[96];
+			snprintf(key, sizeof key, "test_%s", name);
+			cJSON_AddNumberToObject(j, key, metric);
+		}
+		cJSON_AddItemToObject(j, "device", stats_json(L, all));
+		print_json(L, j);
 	}
-	char *s = cJSON_PrintUnformatted(j);
-	if (s)
-		fprintf(L->metrics, "%s\n", s);
-	free(s);
-	cJSON_Delete(j);
+	free(all);
+	return 0;
 }
 
 static int run_epochs(loop *L, long *steps_out, float *loss_out, double *sps_out)
@@ -289,7 +363,8 @@ static int run_epochs(loop *L, long *steps_out, float *loss_out, double *sps_out
 	if (per_epoch == 0)
 		return fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
 			    d->size, L->o->batch_size);
-	double t0 = 0, tlog = 0;
+	hpu_sched_init(&L->sched, L->o, total);
+	double t0 = 0, tlog = 0, norm = 0;
 	long step0 = 0, steplog = 0;
 	float loss = 0;
 	for (int e = 0; e < L->o->epochs && step < total; e++) {
@@ -298,9 +373,10 @@ static int run_epochs(loop *L, long *steps_out, float *loss_out, double *sps_out
 		size_t steps = per_epoch;
 		if ((long)steps > total - step)
 			steps = (size_t)(total - step);
-		prefetch(L, 0);
+		prefetch(L, 0, 0);
 		for (size_t s = 0; s < steps; s++) {
-			if (train_step(L, s, s + 1 < steps, &loss) < 0)
+			double lr = hpu_sched_lr(&L->sched, step);
+			if (train_step(L, s, step, s + 1 < steps, &loss, &norm) < 0)
 				return -1;
 			step++;
 			double t = now_s();
@@ -311,7 +387,8 @@ static int run_epochs(loop *L, long *steps_out, float *loss_out, double *sps_out
 			if (L->o->log_every && step % L->o->log_every == 0) {
 				double sps = t > tlog ? (double)(step - steplog) *
 							L->o->batch_size / (t - tlog) : 0;
-				log_step(L, step, total, e, loss, sps);
+				if (log_step(L, step, total, e, loss, lr, norm, sps) < 0)
+					return -1;
 				tlog = t;
 				steplog = step;
 			}
@@ -330,24 +407,17 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	loop L = {.b = b, .comm = comm, .o = o, .err = err, .errlen = errlen};
 	L.rank = hpucoll_comm_rank(comm);
 	L.world = hpucoll_comm_size(comm);
-	L.batch = o->batch_size / L.world;
+	L.micro = o->micro_batch;
+	L.accum = o->grad_accum;
+	err[0] = 0;
 	int rc = -1;
-	if (alloc_buffers(&L) < 0 || hpu_optim_init(&L.opt, o, b->numel) < 0) {
-		fail(&L, "out of memory for the training buffers");
-		goto out;
-	}
 	if (L.rank == 0 && o->metrics[0] && !(L.metrics = fopen(o->metrics, "w"))) {
 		fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
 		goto out;
 	}
-	if (L.rank == 0)
-		hpu__model_init_params(b, o->seed);
-	int crc = hpucoll_broadcast(comm, b->param_buf, b->param_buf, b->numel,
-				    HPUCOLL_F32, 0);
-	if (crc) {
-		coll_fail(&L, "initial parameter broadcast", crc);
+	if (hpu_strat_new(&L.st, b, comm, o, L.micro, err, errlen) < 0 ||
+	    alloc_buffers(&L) < 0)
 		goto out;
-	}
 	long steps = 0;
 	float loss = 0;
 	double sps = 0, metric = 0, count = 0;
@@ -356,8 +426,10 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	int have_metric = o->eval && b->has_data[HPU_SPLIT_TEST] && b->loss.metric;
 	if (have_metric && evaluate(&L, &metric, &count) < 0)
 		goto out;
-	if (L.rank == 0)
-		write_final(&L, steps, loss, sps, have_metric, metric, count);
+	if (write_final(&L, steps, loss, sps, have_metric, metric, count) < 0)
+		goto out;
+	if (o->save_params[0] && hpu_strat_save_params(L.st, o->save_params) < 0)
+		goto out;
 	rc = 0;
 out:
 	free_buffers(&L);

@@ -1,4 +1,6 @@
-/* train: the training loop of one worker (fast_ddp for now). */
+/* train: the training loop of one worker: epochs, micro-steps, the
+ * learning-rate schedule, logging and metrics, evaluation; the strategy
+ * (strategy.h) does the passes, the communication and the optimizer. */
 #ifndef HPU_TRAIN_H
 #define HPU_TRAIN_H
 
@@ -8,12 +10,9 @@
 #include "config.h"
 #include "model.h"
 
-/* Floats the loop keeps after the gradients in the flat gradient buffer
- * (the step's loss rides along with the gradient all-reduce). */
-#define HPU_TRAIN_GRAD_EXTRA 1
-
-/* Broadcasts rank 0's initial parameters, trains, evaluates; rank 0 logs to
- * stdout and to the metrics file. Returns 0, or -1 with a sentence in err. */
+/* Trains with the resolved options (hpu_opts_resolve), evaluates, writes
+ * --save-params; rank 0 logs to stdout and to the metrics file. Returns 0,
+ * or -1 with a sentence in err. */
 int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		  const hpu_train_opts *o, char *err, size_t errlen);
 

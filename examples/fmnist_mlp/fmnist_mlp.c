@@ -1,10 +1,12 @@
-/* fmnist_mlp: a 784-1024-1024-10 MLP (ReLU) on Fashion-MNIST.
+/* fmnist_mlp: an MLP (ReLU) on Fashion-MNIST, 784-1024-1024-10 by default.
  *
  * Model arguments (after "--" on the hpulaunch command line):
  *   --data DIR     where the IDX files are
  *                  (default: /usr/share/datasets/fashion-mnist, from
  *                  Debian's dataset-fashion-mnist)
- *   --hidden N     width of the two hidden layers (1024)
+ *   --hidden N     width of the hidden layers (1024)
+ *   --depth N      number of hidden layers (2): N+1 linear layers
+ *   --checkpoint   activation checkpointing on every layer but the last
  *
  * Reads top to bottom: data, the linear and ReLU layers (parameters,
  * forward, backward), the loss, the model's declaration.
@@ -26,10 +28,14 @@ typedef struct split {
 	idx_array images, labels;
 } split;
 
+#define MAX_DEPTH 256
+
 typedef struct mlp {
 	split train, test;
 	size_t hidden;
-	struct linear *lin[3];
+	int nlin;
+	struct linear *lin[MAX_DEPTH + 1];
+	char names[2 * MAX_DEPTH + 1][16];
 } mlp;
 
 static int load_split(split *s, const char *dir, const char *prefix,
@@ -86,13 +92,15 @@ static int linear_backward(hpu_layer *l, const float *in, const float *out,
 
 static const hpu_layer_ops linear_ops = {linear_forward, linear_backward};
 
-static int add_linear(hpu_builder *b, const char *name, linear *p, int in, int out)
+static int add_linear(hpu_builder *b, const char *name, linear *p, int in, int out,
+		      int ckpt)
 {
 	p->in = in;
 	p->out = out;
 	hpu_layer *l = hpu_layer_add(b, name, (size_t)in, (size_t)out, &linear_ops, p);
 	if (!l)
 		return -1;
+	hpu_layer_checkpoint(l, ckpt);
 	int64_t w[2] = {out, in}, bias[1] = {out};
 	if (hpu_param_add(l, "weight", 2, w, HPU_INIT_FAN_IN_UNIFORM) < 0 ||
 	    hpu_param_add(l, "bias", 1, bias, HPU_INIT_FAN_IN_UNIFORM) < 0)
@@ -146,24 +154,37 @@ static void teardown(void *user)
 	idx_free(&m->train.labels);
 	idx_free(&m->test.images);
 	idx_free(&m->test.labels);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < m->nlin; i++)
 		free(m->lin[i]);
 	free(m);
 }
 
+static int int_arg(hpu_builder *b, const char *name, const char *v, long lo,
+		   long hi, long *out)
+{
+	char *end;
+	*out = strtol(v, &end, 10);
+	if (end == v || *end || *out < lo || *out > hi)
+		return hpu_error(b, "%s wants a number in %ld..%ld, got %s", name, lo, hi, v);
+	return 0;
+}
+
 static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
-		      long *hidden)
+		      long *hidden, long *depth, int *ckpt)
 {
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--data") && i + 1 < argc) {
 			*dir = argv[++i];
 		} else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) {
-			char *end;
-			*hidden = strtol(argv[++i], &end, 10);
-			if (*end || *hidden < 1 || *hidden > 65536)
-				return hpu_error(b, "--hidden wants a width in 1..65536, got %s", argv[i]);
+			if (int_arg(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
+				return -1;
+		} else if (!strcmp(argv[i], "--depth") && i + 1 < argc) {
+			if (int_arg(b, "--depth", argv[++i], 1, MAX_DEPTH, depth) < 0)
+				return -1;
+		} else if (!strcmp(argv[i], "--checkpoint")) {
+			*ckpt = 1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N)",
+			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint)",
 					 argv[i]);
 		}
 	}
@@ -173,8 +194,9 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 static int setup(hpu_builder *b, int argc, char **argv)
 {
 	const char *dir = DEFAULT_DATA;
-	long hidden = 1024;
-	if (parse_args(b, argc, argv, &dir, &hidden) < 0)
+	long hidden = 1024, depth = 2;
+	int ckpt = 0;
+	if (parse_args(b, argc, argv, &dir, &hidden, &depth, &ckpt) < 0)
 		return -1;
 	mlp *m = calloc(1, sizeof *m);
 	if (!m)
@@ -186,16 +208,27 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	    load_split(&m->test, dir, "t10k", err, sizeof err) < 0)
 		return hpu_error(b, "%s (on Debian: apt-get install dataset-fashion-mnist, or pass -- --data DIR)",
 				 err);
-	for (int i = 0; i < 3; i++)
+	/* fc1, relu1, fc2, relu2, ..., fc<depth+1> */
+	m->nlin = (int)depth + 1;
+	for (int i = 0; i < m->nlin; i++)
 		if (!(m->lin[i] = calloc(1, sizeof(linear))))
 			return hpu_error(b, "out of memory");
 	int h = (int)hidden;
-	if (add_linear(b, "fc1", m->lin[0], 784, h) < 0 ||
-	    !hpu_layer_add(b, "relu1", m->hidden, m->hidden, &relu_ops, &m->hidden) ||
-	    add_linear(b, "fc2", m->lin[1], h, h) < 0 ||
-	    !hpu_layer_add(b, "relu2", m->hidden, m->hidden, &relu_ops, &m->hidden) ||
-	    add_linear(b, "fc3", m->lin[2], h, CLASSES) < 0)
-		return -1;
+	for (int i = 0; i < m->nlin; i++) {
+		char *fc = m->names[2 * i], *relu = m->names[2 * i + 1];
+		snprintf(fc, 16, "fc%d", i + 1);
+		snprintf(relu, 16, "relu%d", i + 1);
+		int last = i + 1 == m->nlin;
+		if (add_linear(b, fc, m->lin[i], i ? h : 784, last ? CLASSES : h, ckpt && !last) < 0)
+			return -1;
+		if (last)
+			break;
+		hpu_layer *r = hpu_layer_add(b, relu, m->hidden, m->hidden, &relu_ops, &m->hidden);
+		if (!r)
+			return -1;
+		if (ckpt)
+			hpu_layer_checkpoint(r, 1);
+	}
 	hpu_dataset train = {m->train.images.count, 784, 1, fetch, &m->train};
 	hpu_dataset test = {m->test.images.count, 784, 1, fetch, &m->test};
 	hpu_loss loss = {.loss = xent, .metric = correct, .metric_name = "accuracy"};

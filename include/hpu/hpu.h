@@ -134,6 +134,12 @@ int hpu_error(hpu_builder *b, const char *fmt, ...)
 int hpu_rank(const hpu_builder *b);
 int hpu_world_size(const hpu_builder *b);
 
+/* Marks `layer` for activation checkpointing: its output is not kept
+ * through the forward pass when the next layer is marked too; backward
+ * recomputes a run of marked layers from the run's input. Costs one more
+ * forward of those layers; saves their activation memory. */
+int hpu_layer_checkpoint(hpu_layer *layer, int on);
+
 /* --- inside forward/backward --- */
 
 /* The parameter / its gradient, as a view into the runtime's flat buffers.
@@ -142,6 +148,28 @@ float *hpu_param(hpu_layer *layer, int index);
 float *hpu_grad(hpu_layer *layer, int index);
 void *hpu_layer_user(hpu_layer *layer);
 const char *hpu_layer_name(const hpu_layer *layer);
+
+/* --- device memory, at any time --- */
+
+/* The worker's device-memory statistics, named as Habana's DeviceStats.
+ * Every allocation of the runtime (parameters, gradients, optimizer state,
+ * activations, communication buffers) is counted, in bytes. */
+typedef struct hpu_device_stats {
+	uint64_t limit;               /* Limit: --device-memory */
+	uint64_t in_use;              /* InUse: bytes allocated now */
+	uint64_t max_in_use;          /* MaxInUse: the peak of InUse */
+	uint64_t num_allocs;          /* NumAllocs: allocations so far */
+	uint64_t num_frees;           /* NumFrees: frees so far */
+	uint64_t active_allocs;       /* ActiveAllocs: NumAllocs - NumFrees */
+	uint64_t max_alloc_size;      /* MaxAllocSize: the largest allocation */
+	uint64_t total_system_allocs; /* TotalSystemAllocs: blocks taken from
+				       * the system (freed blocks are reused) */
+	uint64_t total_system_frees;  /* TotalSystemFrees */
+	uint64_t total_active_allocs; /* TotalActiveAllocs: system blocks held */
+} hpu_device_stats;
+
+/* Fills *out; returns 0, or -1 when no device memory is set up. */
+int hpu_device_stats_get(hpu_device_stats *out);
 
 /* Records a layer error (printf format); returns -1. */
 int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)

@@ -308,11 +308,11 @@ static void test_usage_errors(void **state)
 	char *a2[] = {(char *)LAUNCH, "--lr", "fast", (char *)MODEL, NULL};
 	expect_usage_error(a2, NULL, "bad value 'fast' for --lr");
 	char *a3[] = {(char *)LAUNCH, "--devices", "3", (char *)MODEL, NULL};
-	expect_usage_error(a3, NULL, "--batch-size 256 is not divisible by the world size 3");
+	expect_usage_error(a3, NULL, "--batch-size 256 is not divisible by --grad-accum 1 x world size 3");
 	char *a4[] = {(char *)LAUNCH, "--devices", "2", "/nonexistent/model.so", NULL};
 	expect_usage_error(a4, NULL, "cannot read the model /nonexistent/model.so");
-	char *a5[] = {(char *)LAUNCH, "--strategy", "zero3", (char *)MODEL, NULL};
-	expect_usage_error(a5, NULL, "--strategy zero3 is not implemented yet");
+	char *a5[] = {(char *)LAUNCH, "--strategy", "zero4", (char *)MODEL, NULL};
+	expect_usage_error(a5, NULL, "bad value 'zero4' for --strategy");
 	char *a7[] = {(char *)LAUNCH, "--transport", "carrier-pigeon", (char *)MODEL, NULL};
 	expect_usage_error(a7, NULL, "bad value 'carrier-pigeon' for --transport");
 	char *tok[] = {"HPU_JOB_TOKEN=x", NULL};

@@ -1,7 +1,9 @@
 /* Unit tests for the training options (worker/config.c): defaults, parsing
  * of "--name value" / "--name=value" / flags up to the model path, the
  * error texts (each must name the offending option, so a user can find it
- * on a long command line), and the checks against the world size.
+ * on a long command line), the DeepSpeed-style JSON config file (each
+ * error one line naming the key path), flags beating the file, and
+ * resolving the batch sizes against the world size.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -11,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -309,7 +313,7 @@ static void test_rejected_value_keeps_field(void **state)
 	assert_int_equal(hpu_opts_set(&o, "epochs", "-1", err, sizeof(err)),
 			 -1);
 	assert_int_equal(o.epochs, 1);
-	assert_int_equal(hpu_opts_set(&o, "optimizer", "adam", err,
+	assert_int_equal(hpu_opts_set(&o, "optimizer", "lamb", err,
 				      sizeof(err)), -1);
 	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
 	assert_int_equal(hpu_opts_set(&o, "strategy", "fsdp", err,
@@ -323,7 +327,7 @@ static void test_rejected_value_keeps_field(void **state)
 static void test_errors_unknown_choice(void **state)
 {
 	(void)state;
-	EXPECT_ERROR(ARGS("--optimizer", "adam"), "optimizer", "adam");
+	EXPECT_ERROR(ARGS("--optimizer", "lamb"), "optimizer", "lamb");
 	EXPECT_ERROR(ARGS("--optimizer=SGD"), "optimizer", "SGD");
 	EXPECT_ERROR(ARGS("--strategy", "fsdp"), "strategy", "fsdp");
 	EXPECT_ERROR(ARGS("--strategy="), "strategy");
@@ -331,42 +335,43 @@ static void test_errors_unknown_choice(void **state)
 
 /* ---- checks against the world size ---- */
 
-static void test_check(void **state)
+static void test_resolve_world(void **state)
 {
 	(void)state;
 	hpu_train_opts o;
 	char err[256];
 	hpu_opts_defaults(&o);
-	for (int w = 1; w <= 8; w *= 2)
-		assert_int_equal(hpu_opts_check(&o, w, err, sizeof(err)), 0);
+	for (int w = 1; w <= 8; w *= 2) {
+		assert_int_equal(hpu_opts_resolve(&o, w, err, sizeof(err)), 0);
+		assert_int_equal(o.batch_size, 256);
+		assert_int_equal(o.grad_accum, 1);
+		assert_int_equal(o.micro_batch, 256 / w);
+	}
 
-	o.batch_size = 1000;
-	assert_int_equal(hpu_opts_check(&o, 5, err, sizeof(err)), 0);
+	hpu_opts_defaults(&o);
+	assert_int_equal(hpu_opts_set(&o, "batch-size", "1000", err,
+				      sizeof(err)), 0);
+	assert_int_equal(hpu_opts_resolve(&o, 5, err, sizeof(err)), 0);
+	assert_int_equal(o.micro_batch, 200);
 	err[0] = 0;
-	assert_int_equal(hpu_opts_check(&o, 7, err, sizeof(err)), -1);
+	assert_int_equal(hpu_opts_resolve(&o, 7, err, sizeof(err)), -1);
 	printf("  batch 1000, world 7 -> \"%s\"\n", err);
-	assert_non_null(strstr(err, "1000"));
-	assert_non_null(strstr(err, "7"));
+	assert_non_null(strstr(err, "--batch-size 1000"));
+	assert_non_null(strstr(err, "world size 7"));
 
-	/* every strategy but fast_ddp is refused, by name */
-	const hpu_strategy refused[] = {HPU_STRATEGY_DDP, HPU_STRATEGY_ZERO1,
-					HPU_STRATEGY_ZERO2, HPU_STRATEGY_ZERO3};
-	const char *names[] = {"ddp", "zero1", "zero2", "zero3"};
-	for (size_t k = 0; k < 4; k++) {
+	/* every strategy is accepted now */
+	const hpu_strategy all[] = {HPU_STRATEGY_FAST_DDP, HPU_STRATEGY_DDP,
+				    HPU_STRATEGY_ZERO1, HPU_STRATEGY_ZERO2,
+				    HPU_STRATEGY_ZERO3};
+	const char *names[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
+	for (size_t k = 0; k < 5; k++) {
 		hpu_opts_defaults(&o);
 		assert_int_equal(hpu_opts_set(&o, "strategy", names[k], err,
 					      sizeof(err)), 0);
-		assert_int_equal(o.strategy, refused[k]);
+		assert_int_equal(o.strategy, all[k]);
 		assert_string_equal(hpu_strategy_name(o.strategy), names[k]);
-		err[0] = 0;
-		assert_int_equal(hpu_opts_check(&o, 1, err, sizeof(err)), -1);
-		printf("  strategy %-6s -> \"%s\"\n", names[k], err);
-		assert_non_null(strstr(err, names[k]));
+		assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
 	}
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_set(&o, "strategy", "fast_ddp", err,
-				      sizeof(err)), 0);
-	assert_int_equal(hpu_opts_check(&o, 4, err, sizeof(err)), 0);
 }
 
 static void test_help_lists_options(void **state)
@@ -378,11 +383,786 @@ static void test_help_lists_options(void **state)
 	assert_non_null(f);
 	hpu_opts_help(f);
 	fclose(f);
-	const char *names[] = {"--epochs", "--lr", "--optimizer", "--nesterov",
-			       "--strategy", "--no-eval", "--metrics"};
-	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+	const char *names[] = {
+	    "--epochs", "--max-steps", "--batch-size", "--micro-batch-size",
+	    "--grad-accum", "--lr", "--optimizer", "--momentum", "--nesterov",
+	    "--weight-decay", "--beta1", "--beta2", "--eps", "--clip-grad-norm",
+	    "--scheduler", "--warmup-steps", "--warmup-type", "--warmup-min-lr",
+	    "--total-steps", "--step-size", "--gamma", "--min-lr", "--seed",
+	    "--strategy", "--reduce-bucket-size", "--bucket-cap-mb",
+	    "--allgather-bucket-size", "--overlap-comm", "--no-overlap-comm",
+	    "--prefetch-bucket-size", "--param-persistence-threshold",
+	    "--max-live-parameters", "--grad-comm-dtype",
+	    "--activation-checkpointing", "--device-memory", "--log-every",
+	    "--metrics", "--save-params", "--config", "--no-eval"};
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
 		assert_non_null(strstr(buf, names[k]));
+		assert_int_not_equal(hpu_opts_takes_value(names[k] + 2), -1);
+	}
+	assert_null(strstr(buf, "not yet"));
 	free(buf);
+}
+
+/* ---- the options added with the config file ---- */
+
+static void test_defaults_new_fields(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	memset(&o, 0x5a, sizeof(o));
+	hpu_opts_defaults(&o);
+	assert_int_equal(o.micro_batch, 0);
+	assert_int_equal(o.grad_accum, 1);
+	assert_true(o.clip_norm == 0);
+	assert_int_equal(o.sched, HPU_SCHED_CONSTANT);
+	assert_int_equal(o.warmup_steps, 1000);
+	assert_int_equal(o.warmup_type, HPU_WARMUP_LOG);
+	assert_true(o.warmup_min_lr == 0);
+	assert_int_equal(o.total_steps, 0);
+	assert_int_equal(o.step_size, 1000);
+	assert_true(o.gamma == 0.1);
+	assert_true(o.min_lr == 0);
+	assert_int_equal(o.reduce_bucket, 6553600);
+	assert_int_equal(o.allgather_bucket, 500000000);
+	assert_int_equal(o.overlap_comm, 1);
+	assert_int_equal(o.prefetch_bucket, 50000000);
+	assert_int_equal(o.persistence_threshold, 100000);
+	assert_int_equal(o.max_live_params, 1000000000);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_FP32);
+	assert_int_equal(o.activation_checkpointing, 0);
+	assert_int_equal(o.device_memory, 0);
+	assert_int_equal(o.log_every, 50);
+	assert_string_equal(o.save_params, "");
+	assert_string_equal(o.config, "");
+	for (int k = 0; k < HPU_OPTS_MAX; k++)
+		assert_int_equal(o.from[k], HPU_FROM_DEFAULT);
+	assert_string_equal(hpu_sched_name(o.sched), "constant");
+	assert_string_equal(hpu_sched_name(HPU_SCHED_STEP), "step");
+	assert_string_equal(hpu_sched_name(HPU_SCHED_COSINE), "cosine");
+	assert_string_equal(hpu_sched_name(HPU_SCHED_WARMUP), "warmup");
+	assert_string_equal(hpu_sched_name(HPU_SCHED_WARMUP_DECAY),
+			    "warmup_decay");
+	assert_string_equal(hpu_optim_name(HPU_OPTIM_SGD), "sgd");
+	assert_string_equal(hpu_optim_name(HPU_OPTIM_ADAM), "adam");
+	/* torch.optim.Adam's weight decay defaults to 0, AdamW's to 0.01 */
+	o.optimizer = HPU_OPTIM_ADAM;
+	assert_true(hpu_opts_weight_decay(&o) == 0.0);
+}
+
+static void test_parse_new_flags(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[256];
+	int stop;
+	char **argv = ARGS(
+	    "--micro-batch-size", "8", "--grad-accum=4", "--clip-grad-norm",
+	    "1.5", "--scheduler", "warmup_decay", "--warmup-steps", "10",
+	    "--warmup-type", "linear", "--warmup-min-lr", "1e-5",
+	    "--total-steps", "100", "--step-size", "30", "--gamma", "0.5",
+	    "--min-lr", "1e-6", "--optimizer", "adam", "--reduce-bucket-size",
+	    "1000", "--allgather-bucket-size", "2000", "--no-overlap-comm",
+	    "--prefetch-bucket-size", "0", "--param-persistence-threshold",
+	    "7", "--max-live-parameters", "9", "--grad-comm-dtype", "bf16",
+	    "--activation-checkpointing", "--device-memory", "1.5G",
+	    "--save-params", "/tmp/p.bin", "--strategy", "zero3", "model.so");
+	hpu_opts_defaults(&o);
+	assert_int_equal(parse(&o, argv, &stop, err, sizeof(err)), 0);
+	assert_string_equal(argv[stop], "model.so");
+	assert_int_equal(o.micro_batch, 8);
+	assert_int_equal(o.grad_accum, 4);
+	assert_true(o.clip_norm == 1.5);
+	assert_int_equal(o.sched, HPU_SCHED_WARMUP_DECAY);
+	assert_int_equal(o.warmup_steps, 10);
+	assert_int_equal(o.warmup_type, HPU_WARMUP_LINEAR);
+	assert_true(o.warmup_min_lr == 1e-5);
+	assert_int_equal(o.total_steps, 100);
+	assert_int_equal(o.step_size, 30);
+	assert_true(o.gamma == 0.5);
+	assert_true(o.min_lr == 1e-6);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAM);
+	assert_int_equal(o.reduce_bucket, 1000);
+	assert_int_equal(o.allgather_bucket, 2000);
+	assert_int_equal(o.overlap_comm, 0);
+	assert_int_equal(o.prefetch_bucket, 0);
+	assert_int_equal(o.persistence_threshold, 7);
+	assert_int_equal(o.max_live_params, 9);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_BF16);
+	assert_int_equal(o.activation_checkpointing, 1);
+	assert_int_equal(o.device_memory, 1610612736ull);
+	assert_string_equal(o.save_params, "/tmp/p.bin");
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO3);
+
+	/* every scheduler and strategy name, the aliases */
+	const char *sched[] = {"constant", "step", "cosine", "warmup",
+			       "warmup_decay"};
+	for (int k = 0; k < 5; k++) {
+		assert_int_equal(hpu_opts_set(&o, "scheduler", sched[k], err,
+					      sizeof(err)), 0);
+		assert_int_equal(o.sched, k);
+	}
+	assert_int_equal(hpu_opts_set(&o, "overlap-comm", NULL, err,
+				      sizeof(err)), 0);
+	assert_int_equal(o.overlap_comm, 1);
+	assert_int_equal(hpu_opts_set(&o, "bucket-cap-mb", "25", err,
+				      sizeof(err)), 0);
+	assert_int_equal(o.reduce_bucket, 6553600);
+	assert_int_equal(hpu_opts_set(&o, "bucket-cap-mb", "0.5", err,
+				      sizeof(err)), 0);
+	assert_int_equal(o.reduce_bucket, 131072);
+	assert_int_equal(hpu_opts_set(&o, "grad-comm-dtype", "fp32", err,
+				      sizeof(err)), 0);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_FP32);
+	assert_int_equal(hpu_opts_set(&o, "warmup-type", "log", err,
+				      sizeof(err)), 0);
+	assert_int_equal(o.warmup_type, HPU_WARMUP_LOG);
+	assert_int_equal(hpu_opts_set(&o, "device-memory", "4096", err,
+				      sizeof(err)), 0);
+	assert_int_equal(o.device_memory, 4096);
+
+	assert_int_equal(hpu_opts_takes_value("config"), 1);
+	assert_int_equal(hpu_opts_takes_value("device-memory"), 1);
+	assert_int_equal(hpu_opts_takes_value("activation-checkpointing"), 0);
+	assert_int_equal(hpu_opts_takes_value("no-overlap-comm"), 0);
+}
+
+static void test_errors_new_flags(void **state)
+{
+	(void)state;
+	EXPECT_ERROR(ARGS("--micro-batch-size", "0"), "--micro-batch-size");
+	EXPECT_ERROR(ARGS("--grad-accum", "x"), "--grad-accum", "x");
+	EXPECT_ERROR(ARGS("--clip-grad-norm", "-1"), "--clip-grad-norm", "-1");
+	EXPECT_ERROR(ARGS("--scheduler", "onecycle"), "--scheduler",
+		     "onecycle", "warmup_decay");
+	EXPECT_ERROR(ARGS("--warmup-type", "exp"), "--warmup-type", "exp");
+	EXPECT_ERROR(ARGS("--step-size", "0"), "--step-size");
+	EXPECT_ERROR(ARGS("--reduce-bucket-size", "0"), "--reduce-bucket-size");
+	EXPECT_ERROR(ARGS("--bucket-cap-mb", "0"), "--bucket-cap-mb");
+	EXPECT_ERROR(ARGS("--grad-comm-dtype", "fp16"), "--grad-comm-dtype",
+		     "fp16");
+	EXPECT_ERROR(ARGS("--device-memory", "0"), "--device-memory");
+	EXPECT_ERROR(ARGS("--device-memory", "lots"), "--device-memory",
+		     "lots");
+	EXPECT_ERROR(ARGS("--activation-checkpointing=1"),
+		     "activation-checkpointing");
+	EXPECT_ERROR(ARGS("--save-params="), "save-params");
+	EXPECT_ERROR(ARGS("--config="), "--config");
+	EXPECT_ERROR(ARGS("--config", "/nonexistent/hpu.json"),
+		     "/nonexistent/hpu.json", "No such file");
+}
+
+static void test_parse_size(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *s;
+		uint64_t v;
+	} good[] = {
+	    {"0", 0},
+	    {"4096", 4096},
+	    {"4096B", 4096},
+	    {"512K", 524288},
+	    {"512k", 524288},
+	    {"512KB", 524288},
+	    {"512KiB", 524288},
+	    {"1.5G", 1610612736ull},
+	    {"2GiB", 2147483648ull},
+	    {"2gib", 2147483648ull},
+	    {"64MB", 67108864},
+	    {"64MiB", 67108864},
+	    {"64mb", 67108864},
+	    {"1T", 1099511627776ull},
+	    {"0.5K", 512},
+	    {"18446744073709551615", UINT64_MAX},
+	};
+	for (size_t k = 0; k < sizeof(good) / sizeof(good[0]); k++) {
+		uint64_t v = 1;
+		if (hpu_parse_size(good[k].s, &v) != 0 || v != good[k].v)
+			fail_msg("\"%s\" -> %llu, expected %llu", good[k].s,
+				 (unsigned long long)v,
+				 (unsigned long long)good[k].v);
+	}
+	const char *bad[] = {"", "K", "-1", "+1", " 1", "1 ", "1.", ".5K",
+			     "1.5", "1e3", "0x10", "12Q", "1KK", "1iB", "1Kb2",
+			     "2GB!", "inf", "20000000T",
+			     "18446744073709551616", "99999999999999999999K"};
+	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+		uint64_t v = 7;
+		if (hpu_parse_size(bad[k], &v) != -1 || v != 7)
+			fail_msg("\"%s\" was accepted", bad[k]);
+	}
+}
+
+/* ---- the JSON config file ---- */
+
+/* Writes text to a new temporary file, with ' standing for " so that the
+ * JSON in these tests reads easily; returns its path in path[64]. */
+static void write_temp(const char *text, char *path)
+{
+	strcpy(path, "/tmp/hpu-test-config-XXXXXX");
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	FILE *f = fdopen(fd, "w");
+	assert_non_null(f);
+	for (const char *c = text; *c; c++)
+		fputc(*c == '\'' ? '"' : *c, f);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* Loads json on top of the defaults into o; asserts it loads. */
+static void load_ok(const char *json, hpu_train_opts *o)
+{
+	char path[64], err[512] = "";
+	write_temp(json, path);
+	hpu_opts_defaults(o);
+	int rc = hpu_opts_load_file(o, path, err, sizeof(err));
+	unlink(path);
+	if (rc != 0)
+		fail_msg("%s did not load: %s", json, err);
+}
+
+/* Asserts that json is refused with one line naming every needle, and
+ * that the options are left as they were. */
+static void load_error(const char *json, const char *const *needles)
+{
+	char path[64], err[512] = "";
+	hpu_train_opts o, d;
+	write_temp(json, path);
+	hpu_opts_defaults(&o);
+	d = o;
+	int rc = hpu_opts_load_file(&o, path, err, sizeof(err));
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_int_equal(rc, -1);
+	assert_null(strchr(err, '\n'));
+	assert_non_null(strstr(err, path));
+	for (size_t k = 0; needles[k]; k++)
+		if (!strstr(err, needles[k]))
+			fail_msg("error \"%s\" does not name \"%s\"", err,
+				 needles[k]);
+	assert_memory_equal(&o, &d, sizeof(o));
+}
+
+#define LOAD_ERROR(json, ...)                                                  \
+	load_error(json, (const char *const[]){__VA_ARGS__, NULL})
+
+static void test_file_top_and_zero(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'train_batch_size': 512, 'train_micro_batch_size_per_gpu': 16,"
+		" 'gradient_accumulation_steps': 8, 'gradient_clipping': 1.0,"
+		" 'steps_per_print': 10,"
+		" 'zero_optimization': {'stage': 2, 'reduce_bucket_size': 5e8,"
+		"  'allgather_bucket_size': 2e8, 'overlap_comm': false,"
+		"  'stage3_prefetch_bucket_size': 1e7,"
+		"  'stage3_param_persistence_threshold': 1e4,"
+		"  'stage3_max_live_parameters': 3e9,"
+		"  'contiguous_gradients': true}}",
+		&o);
+	assert_int_equal(o.batch_size, 512);
+	assert_int_equal(o.micro_batch, 16);
+	assert_int_equal(o.grad_accum, 8);
+	assert_true(o.clip_norm == 1.0);
+	assert_int_equal(o.log_every, 10);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO2);
+	assert_int_equal(o.reduce_bucket, 500000000);
+	assert_int_equal(o.allgather_bucket, 200000000);
+	assert_int_equal(o.overlap_comm, 0);
+	assert_int_equal(o.prefetch_bucket, 10000000);
+	assert_int_equal(o.persistence_threshold, 10000);
+	assert_int_equal(o.max_live_params, 3000000000L);
+
+	const hpu_strategy stages[] = {HPU_STRATEGY_DDP, HPU_STRATEGY_ZERO1,
+				       HPU_STRATEGY_ZERO2, HPU_STRATEGY_ZERO3};
+	const char *json[] = {"{'zero_optimization': {'stage': 0}}",
+			      "{'zero_optimization': {'stage': 1}}",
+			      "{'zero_optimization': {'stage': 2.0}}",
+			      "{'zero_optimization': {'stage': 3}}"};
+	for (int k = 0; k < 4; k++) {
+		load_ok(json[k], &o);
+		assert_int_equal(o.strategy, stages[k]);
+	}
+	load_ok("{}", &o);
+	hpu_train_opts d;
+	hpu_opts_defaults(&d);
+	assert_memory_equal(&o, &d, sizeof(o));
+}
+
+static void test_file_optimizer(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'optimizer': {'type': 'AdamW', 'params': {'lr': 3e-4,"
+		" 'betas': [0.8, 0.95], 'eps': 1e-6, 'weight_decay': 0.1}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+	assert_true(o.lr == 3e-4);
+	assert_true(o.beta1 == 0.8);
+	assert_true(o.beta2 == 0.95);
+	assert_true(o.eps == 1e-6);
+	assert_true(hpu_opts_weight_decay(&o) == 0.1);
+
+	/* DeepSpeed's Adam is AdamW unless adam_w_mode is false */
+	load_ok("{'optimizer': {'type': 'Adam', 'params': {'lr': 0.01}}}", &o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+	load_ok("{'optimizer': {'type': 'adam', 'params': {'adam_w_mode': true}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+	load_ok("{'optimizer': {'type': 'Adam', 'params': {'adam_w_mode': false}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAM);
+	load_ok("{'optimizer': {'type': 'ADAMW'}}", &o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+
+	load_ok("{'optimizer': {'type': 'SGD', 'params': {'lr': 0.1,"
+		" 'momentum': 0.5, 'nesterov': true, 'weight_decay': 0}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_SGD);
+	assert_true(o.lr == 0.1);
+	assert_true(o.momentum == 0.5);
+	assert_int_equal(o.nesterov, 1);
+	assert_true(hpu_opts_weight_decay(&o) == 0);
+	load_ok("{'optimizer': {'type': 'sgd', 'params': {'nesterov': false}}}",
+		&o);
+	assert_int_equal(o.nesterov, 0);
+
+	LOAD_ERROR("{'optimizer': {'type': 'Lamb'}}", "optimizer.type", "Lamb");
+	LOAD_ERROR("{'optimizer': {'params': {'lr': 1}}}", "optimizer.type",
+		   "missing");
+	LOAD_ERROR("{'optimizer': {'type': 'AdamW', 'params': {'momentum': 0.9}}}",
+		   "optimizer.params.momentum", "AdamW");
+	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'betas': [0.9, 0.9]}}}",
+		   "optimizer.params.betas", "SGD");
+	LOAD_ERROR("{'optimizer': {'type': 'AdamW', 'params': {'adam_w_mode': true}}}",
+		   "optimizer.params.adam_w_mode");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'params': {'betas': [0.9]}}}",
+		   "optimizer.params.betas", "two numbers", "got 1");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'params': {'betas': [0.9, 1.5]}}}",
+		   "optimizer.params.betas[1]", "1.5", "out of range");
+	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'nesterov': 1}}}",
+		   "optimizer.params.nesterov", "true or false");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'params': {'lrr': 1}}}",
+		   "optimizer.params.lrr", "did you mean 'lr'");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'param': {}}}",
+		   "optimizer.param", "did you mean 'params'");
+	LOAD_ERROR("{'optimizer': 'Adam'}", "optimizer", "expected an object");
+}
+
+static void test_file_scheduler(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'scheduler': {'type': 'WarmupLR', 'params': {"
+		" 'warmup_min_lr': 1e-5, 'warmup_max_lr': 2e-3,"
+		" 'warmup_num_steps': 300, 'warmup_type': 'linear'}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_WARMUP);
+	assert_true(o.warmup_min_lr == 1e-5);
+	assert_true(o.lr == 2e-3);
+	assert_int_equal(o.warmup_steps, 300);
+	assert_int_equal(o.warmup_type, HPU_WARMUP_LINEAR);
+
+	load_ok("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
+		" 'warmup_num_steps': 10, 'total_num_steps': 1000,"
+		" 'warmup_type': 'log'}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_WARMUP_DECAY);
+	assert_int_equal(o.total_steps, 1000);
+	assert_int_equal(o.warmup_type, HPU_WARMUP_LOG);
+
+	load_ok("{'scheduler': {'type': 'StepLR', 'params': {'step_size': 7,"
+		" 'gamma': 0.5}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_STEP);
+	assert_int_equal(o.step_size, 7);
+	assert_true(o.gamma == 0.5);
+
+	load_ok("{'scheduler': {'type': 'CosineAnnealingLR', 'params': {"
+		" 'T_max': 500, 'eta_min': 1e-6}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_COSINE);
+	assert_int_equal(o.total_steps, 500);
+	assert_true(o.min_lr == 1e-6);
+
+	load_ok("{'scheduler': {'type': 'constant'}}", &o);
+	assert_int_equal(o.sched, HPU_SCHED_CONSTANT);
+
+	/* warmup_max_lr is the lr, whatever the order of the sections */
+	load_ok("{'scheduler': {'type': 'WarmupLR', 'params': {"
+		" 'warmup_max_lr': 0.5}},"
+		" 'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}}",
+		&o);
+	assert_true(o.lr == 0.5);
+
+	LOAD_ERROR("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
+		   "'warmup_num_steps': 10}}}",
+		   "scheduler.params.total_num_steps", "WarmupDecayLR");
+	LOAD_ERROR("{'scheduler': {'type': 'WarmupLR', 'params': {'gamma': 0.1}}}",
+		   "scheduler.params.gamma", "WarmupLR");
+	LOAD_ERROR("{'scheduler': {'type': 'OneCycle'}}", "scheduler.type",
+		   "OneCycle");
+	LOAD_ERROR("{'scheduler': {'type': 'WarmupLR', 'params': {"
+		   "'warmup_type': 'cubic'}}}",
+		   "scheduler.params.warmup_type", "cubic");
+	LOAD_ERROR("{'scheduler': {'type': 'StepLR', 'params': {'step_size': 2.5}}}",
+		   "scheduler.params.step_size", "2.5", "not an integer");
+}
+
+static void test_file_precision(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'bf16': {'enabled': false}, 'fp16': {'enabled': false,"
+		" 'loss_scale': 0, 'initial_scale_power': 16,"
+		" 'loss_scale_window': 1000, 'hysteresis': 2,"
+		" 'min_loss_scale': 1}}",
+		&o);
+	LOAD_ERROR("{'bf16': {'enabled': true}}",
+		   "bf16.enabled: mixed precision is not available in this build yet");
+	LOAD_ERROR("{'fp16': {'enabled': true}}",
+		   "fp16.enabled: mixed precision is not available");
+	LOAD_ERROR("{'fp16': {'enabled': false, 'loss_scail': 0}}",
+		   "fp16.loss_scail", "did you mean 'loss_scale'");
+}
+
+static void test_file_hputrain(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'hputrain': {'strategy': 'fast_ddp', 'epochs': 3,"
+		" 'max_steps': 100, 'seed': 7, 'device_memory': '2GiB',"
+		" 'activation_checkpointing': true, 'grad_comm_dtype': 'bf16',"
+		" 'log_every': 5, 'metrics': '/tmp/m.jsonl',"
+		" 'save_params': '/tmp/p.bin', 'eval': false}}",
+		&o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
+	assert_int_equal(o.epochs, 3);
+	assert_int_equal(o.max_steps, 100);
+	assert_int_equal(o.seed, 7);
+	assert_int_equal(o.device_memory, 2147483648ull);
+	assert_int_equal(o.activation_checkpointing, 1);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_BF16);
+	assert_int_equal(o.log_every, 5);
+	assert_string_equal(o.metrics, "/tmp/m.jsonl");
+	assert_string_equal(o.save_params, "/tmp/p.bin");
+	assert_int_equal(o.eval, 0);
+
+	/* dashes, as the flags are spelt; device memory as a number */
+	load_ok("{'hputrain': {'max-steps': 9, 'device-memory': 1048576,"
+		" 'grad-comm-dtype': 'fp32', 'save-params': 'x'}}",
+		&o);
+	assert_int_equal(o.max_steps, 9);
+	assert_int_equal(o.device_memory, 1048576);
+	assert_string_equal(o.save_params, "x");
+
+	/* hputrain.strategy beats zero_optimization.stage, either order */
+	load_ok("{'hputrain': {'strategy': 'zero1'},"
+		" 'zero_optimization': {'stage': 3}}",
+		&o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO1);
+	load_ok("{'zero_optimization': {'stage': 3},"
+		" 'hputrain': {'strategy': 'fast_ddp'}}",
+		&o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
+
+	LOAD_ERROR("{'hputrain': {'strategy': 'fsdp'}}", "hputrain.strategy",
+		   "fsdp");
+	LOAD_ERROR("{'hputrain': {'device_memory': 0}}",
+		   "hputrain.device_memory");
+	LOAD_ERROR("{'hputrain': {'device_memory': '12 parsecs'}}",
+		   "hputrain.device_memory", "12 parsecs");
+	LOAD_ERROR("{'hputrain': {'metrics': ''}}", "hputrain.metrics");
+	LOAD_ERROR("{'hputrain': {'max_steps': 5, 'max-steps': 6}}",
+		   "max-steps", "twice");
+	LOAD_ERROR("{'hputrain': {'epoch': 2}}", "hputrain.epoch",
+		   "did you mean 'epochs'");
+}
+
+/* The four bad files the issue names, and the other kinds of error. */
+static void test_file_errors(void **state)
+{
+	(void)state;
+	/* an unknown key, with the closest known one */
+	LOAD_ERROR("{'zero_optimization': {'stgae': 2}}",
+		   "unknown key 'zero_optimization.stgae'",
+		   "(did you mean 'stage'?)");
+	LOAD_ERROR("{'train_batch_sizes': 2}", "'train_batch_sizes'",
+		   "did you mean 'train_batch_size'");
+	LOAD_ERROR("{'frobnicate': 2}", "unknown key 'frobnicate'");
+	/* a stage out of range */
+	LOAD_ERROR("{'zero_optimization': {'stage': 4}}",
+		   "zero_optimization.stage: 4 is out of range 0..3");
+	LOAD_ERROR("{'zero_optimization': {'stage': -1}}",
+		   "zero_optimization.stage", "-1");
+	/* a value that is not a number */
+	LOAD_ERROR("{'zero_optimization': {'stage': 'two'}}",
+		   "zero_optimization.stage: expected a number, got a string "
+		   "\"two\"");
+	LOAD_ERROR("{'train_batch_size': true}", "train_batch_size",
+		   "expected a number, got true");
+	LOAD_ERROR("{'gradient_clipping': null}", "gradient_clipping",
+		   "got null");
+	LOAD_ERROR("{'zero_optimization': {'overlap_comm': 'yes'}}",
+		   "zero_optimization.overlap_comm", "true or false");
+	LOAD_ERROR("{'zero_optimization': 2}", "zero_optimization",
+		   "expected an object, got a number 2");
+	/* "auto", as Hugging Face writes DeepSpeed files */
+	LOAD_ERROR("{'train_batch_size': 'auto'}",
+		   "train_batch_size: \"auto\" is not supported; give a number");
+	LOAD_ERROR("{'gradient_accumulation_steps': 'auto'}",
+		   "gradient_accumulation_steps", "\"auto\"");
+	LOAD_ERROR("{'bf16': {'enabled': 'auto'}}", "bf16.enabled", "\"auto\"");
+	/* integers */
+	LOAD_ERROR("{'train_batch_size': 2.5}", "train_batch_size", "2.5",
+		   "not an integer");
+	LOAD_ERROR("{'train_batch_size': 0}", "train_batch_size",
+		   "out of range");
+	LOAD_ERROR("{'gradient_clipping': -1}", "gradient_clipping", "-1");
+	/* a value holding a newline still makes one line */
+	LOAD_ERROR("{'hputrain': {'strategy': 'a\\nb'}}", "hputrain.strategy");
+	LOAD_ERROR("{'zero_optimization': {'stage': 1, 'stage': 2}}",
+		   "zero_optimization.stage", "twice");
+	LOAD_ERROR("[1, 2]", "expected a JSON object", "an array");
+}
+
+static void test_file_syntax_and_io(void **state)
+{
+	(void)state;
+	char path[64], err[512];
+	hpu_train_opts o;
+	/* the error is on line 3 */
+	write_temp("{\n  'train_batch_size': 8,\n  'gradient_clipping' 1.0\n}\n",
+		   path);
+	hpu_opts_defaults(&o);
+	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, path));
+	assert_non_null(strstr(err, "line 3"));
+	assert_non_null(strstr(err, "JSON syntax error"));
+	assert_null(strchr(err, '\n'));
+	unlink(path);
+
+	LOAD_ERROR("{'train_batch_size': 8,", "line 1", "ends too early");
+	LOAD_ERROR("", "JSON syntax error");
+	LOAD_ERROR("{'train_batch_size': 8}\n}", "line 2", "JSON syntax error");
+	LOAD_ERROR("{'a': 1,\n\n 'b' 2}", "line 3", "JSON syntax error");
+
+	err[0] = 0;
+	assert_int_equal(hpu_opts_load_file(&o, "/nonexistent/x.json", err,
+					    sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "/nonexistent/x.json"));
+	assert_non_null(strstr(err, strerror(ENOENT)));
+	assert_int_equal(hpu_opts_load_file(&o, "/tmp", err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, strerror(EISDIR)));
+}
+
+/* --config through the flags: a flag beats the file in either order. */
+static void test_flags_beat_file(void **state)
+{
+	(void)state;
+	char path[64], cfg[80], err[512];
+	int stop;
+	write_temp("{'optimizer': {'type': 'SGD', 'params': {'lr': 0.5,"
+		   " 'momentum': 0.7}}, 'train_batch_size': 64,"
+		   " 'zero_optimization': {'stage': 2, 'overlap_comm': true},"
+		   " 'hputrain': {'epochs': 4}}",
+		   path);
+	snprintf(cfg, sizeof(cfg), "--config=%s", path);
+	hpu_train_opts a, b;
+	hpu_opts_defaults(&a);
+	hpu_opts_defaults(&b);
+	assert_int_equal(parse(&a, ARGS("--lr", "0.1", "--no-overlap-comm",
+					"--strategy", "ddp", "--config", path,
+					"model.so"),
+			       &stop, err, sizeof(err)), 0);
+	assert_int_equal(parse(&b, ARGS(cfg, "--lr", "0.1", "--strategy", "ddp",
+					"--no-overlap-comm", "model.so"),
+			       &stop, err, sizeof(err)), 0);
+	unlink(path);
+	hpu_train_opts *both[] = {&a, &b};
+	for (int k = 0; k < 2; k++) {
+		hpu_train_opts *o = both[k];
+		assert_true(o->lr == 0.1);
+		assert_int_equal(o->strategy, HPU_STRATEGY_DDP);
+		assert_int_equal(o->overlap_comm, 0);
+		/* what no flag set comes from the file */
+		assert_int_equal(o->optimizer, HPU_OPTIM_SGD);
+		assert_true(o->momentum == 0.7);
+		assert_int_equal(o->batch_size, 64);
+		assert_int_equal(o->epochs, 4);
+		assert_string_equal(o->config, path);
+	}
+
+	/* --bucket-cap-mb is the flag for reduce_bucket_size */
+	write_temp("{'zero_optimization': {'reduce_bucket_size': 1000}}", path);
+	hpu_opts_defaults(&a);
+	assert_int_equal(parse(&a, ARGS("--bucket-cap-mb", "1", "--config",
+					path),
+			       &stop, err, sizeof(err)), 0);
+	assert_int_equal(a.reduce_bucket, 262144);
+	hpu_opts_defaults(&a);
+	assert_int_equal(parse(&a, ARGS("--config", path), &stop, err,
+			       sizeof(err)), 0);
+	assert_int_equal(a.reduce_bucket, 1000);
+	unlink(path);
+
+	/* a flag also satisfies WarmupDecayLR's total_num_steps */
+	write_temp("{'scheduler': {'type': 'WarmupDecayLR'}}", path);
+	hpu_opts_defaults(&a);
+	assert_int_equal(parse(&a, ARGS("--total-steps", "50", "--config",
+					path),
+			       &stop, err, sizeof(err)), 0);
+	assert_int_equal(a.sched, HPU_SCHED_WARMUP_DECAY);
+	assert_int_equal(a.total_steps, 50);
+	unlink(path);
+
+	/* a bad file through --config: the error is the file's */
+	hpu_opts_defaults(&a);
+	b = a;
+	write_temp("{'zero_optimization': {'stage': 9}}", path);
+	assert_int_equal(parse(&a, ARGS("--config", path), &stop, err,
+			       sizeof(err)), -1);
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "zero_optimization.stage: 9 is out of range"));
+	assert_memory_equal(&a, &b, sizeof(a));
+}
+
+/* ---- resolving the three batch numbers ---- */
+
+static void set_ok(hpu_train_opts *o, const char *name, const char *v)
+{
+	char err[256];
+	if (hpu_opts_set(o, name, v, err, sizeof(err)) != 0)
+		fail_msg("--%s %s: %s", name, v, err);
+}
+
+static void test_resolve_batch(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[256];
+
+	/* batch and micro-batch: grad_accum follows */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "batch-size", "512");
+	set_ok(&o, "micro-batch-size", "32");
+	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
+	assert_int_equal(o.grad_accum, 4);
+	/* batch and grad_accum: micro_batch follows */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "batch-size", "512");
+	set_ok(&o, "grad-accum", "2");
+	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
+	assert_int_equal(o.micro_batch, 64);
+	/* micro-batch and grad_accum: the batch follows */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "micro-batch-size", "16");
+	set_ok(&o, "grad-accum", "3");
+	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+	assert_int_equal(o.batch_size, 96);
+	/* micro-batch alone: grad_accum 1 */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "micro-batch-size", "16");
+	assert_int_equal(hpu_opts_resolve(&o, 3, err, sizeof(err)), 0);
+	assert_int_equal(o.batch_size, 48);
+	assert_int_equal(o.grad_accum, 1);
+	/* grad_accum alone: batch 256 */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "grad-accum", "4");
+	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+	assert_int_equal(o.micro_batch, 32);
+	/* all three, consistent; resolving twice changes nothing */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "batch-size", "256");
+	set_ok(&o, "micro-batch-size", "32");
+	set_ok(&o, "grad-accum", "2");
+	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
+	hpu_train_opts again = o;
+	assert_int_equal(hpu_opts_resolve(&again, 4, err, sizeof(err)), 0);
+	assert_memory_equal(&o, &again, sizeof(o));
+
+	/* from the file, and the mismatch the issue names */
+	load_ok("{'train_batch_size': 256, 'train_micro_batch_size_per_gpu': 32,"
+		" 'gradient_accumulation_steps': 4}",
+		&o);
+	err[0] = 0;
+	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_string_equal(err, "train_batch_size 256 != "
+				 "train_micro_batch_size_per_gpu 32 x "
+				 "gradient_accumulation_steps 4 x world size 4 "
+				 "= 512");
+	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+	load_ok("{'train_micro_batch_size_per_gpu': 8,"
+		" 'gradient_accumulation_steps': 2}",
+		&o);
+	assert_int_equal(hpu_opts_resolve(&o, 8, err, sizeof(err)), 0);
+	assert_int_equal(o.batch_size, 128);
+
+	/* not divisible */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "batch-size", "100");
+	assert_int_equal(hpu_opts_resolve(&o, 3, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_string_equal(err, "--batch-size 100 is not divisible by "
+				 "--grad-accum 1 x world size 3");
+	hpu_opts_defaults(&o);
+	set_ok(&o, "batch-size", "100");
+	set_ok(&o, "micro-batch-size", "30");
+	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "--batch-size 100"));
+	assert_non_null(strstr(err, "--micro-batch-size 30"));
+	hpu_opts_defaults(&o);
+	assert_int_equal(hpu_opts_resolve(&o, 3, err, sizeof(err)), -1);
+	/* a default is named by the flag that changes it */
+	assert_non_null(strstr(err, "--batch-size 256"));
+	/* too large */
+	hpu_opts_defaults(&o);
+	set_ok(&o, "micro-batch-size", "16777216");
+	set_ok(&o, "grad-accum", "1048576");
+	assert_int_equal(hpu_opts_resolve(&o, 1 << 22, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "largest"));
+}
+
+static void test_resolve_other_checks(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[256];
+	const char *ok[] = {"ddp", "fast_ddp"}, *bad[] = {"zero1", "zero2",
+							   "zero3"};
+	for (int k = 0; k < 2; k++) {
+		hpu_opts_defaults(&o);
+		set_ok(&o, "grad-comm-dtype", "bf16");
+		set_ok(&o, "strategy", ok[k]);
+		assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+	}
+	for (int k = 0; k < 3; k++) {
+		hpu_opts_defaults(&o);
+		set_ok(&o, "grad-comm-dtype", "bf16");
+		set_ok(&o, "strategy", bad[k]);
+		assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), -1);
+		printf("  -> \"%s\"\n", err);
+		assert_non_null(strstr(err, "--grad-comm-dtype bf16"));
+		assert_non_null(strstr(err, bad[k]));
+	}
+	hpu_opts_defaults(&o);
+	set_ok(&o, "scheduler", "warmup_decay");
+	set_ok(&o, "warmup-steps", "100");
+	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), 0);
+	set_ok(&o, "total-steps", "100");
+	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), 0);
+	set_ok(&o, "total-steps", "99");
+	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "--total-steps 99"));
+	assert_non_null(strstr(err, "--warmup-steps 100"));
 }
 
 int main(void)
@@ -399,8 +1179,22 @@ int main(void)
 	    cmocka_unit_test(test_errors_bad_numbers),
 	    cmocka_unit_test(test_errors_unknown_choice),
 	    cmocka_unit_test(test_rejected_value_keeps_field),
-	    cmocka_unit_test(test_check),
+	    cmocka_unit_test(test_resolve_world),
 	    cmocka_unit_test(test_help_lists_options),
+	    cmocka_unit_test(test_defaults_new_fields),
+	    cmocka_unit_test(test_parse_new_flags),
+	    cmocka_unit_test(test_errors_new_flags),
+	    cmocka_unit_test(test_parse_size),
+	    cmocka_unit_test(test_file_top_and_zero),
+	    cmocka_unit_test(test_file_optimizer),
+	    cmocka_unit_test(test_file_scheduler),
+	    cmocka_unit_test(test_file_precision),
+	    cmocka_unit_test(test_file_hputrain),
+	    cmocka_unit_test(test_file_errors),
+	    cmocka_unit_test(test_file_syntax_and_io),
+	    cmocka_unit_test(test_flags_beat_file),
+	    cmocka_unit_test(test_resolve_batch),
+	    cmocka_unit_test(test_resolve_other_checks),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,604 @@
+/* Integration tests of the strategies: the real hpulaunch, hpu-worker and
+ * MLP model, on loopback.
+ *
+ * - equivalence: ddp, fast_ddp, zero1, zero2 and zero3 on 2 and 4 workers
+ *   train to the parameters of a 1-process run with the same global batch
+ *   (20 AdamW steps; also with gradient accumulation, and with clipping);
+ * - memory: the runtime's own accounting of parameters + gradients +
+ *   optimizer state per rank follows the ZeRO paper's formulas;
+ * - the device-memory limit gives a clean error; bad config files are
+ *   refused with one line naming the culprit;
+ * - activation checkpointing changes memory, not results;
+ * - DDP does not communicate on non-final micro-steps.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+#define MAXARGS 64
+
+static const char *strategies[] = {"ddp", "fast_ddp", "zero1", "zero2", "zero3"};
+
+/* ---- running ---- */
+
+typedef struct run {
+	const char *argv[MAXARGS];
+	int n;
+} run;
+
+static void arg(run *r, const char *a)
+{
+	assert_true(r->n + 2 < MAXARGS);
+	r->argv[r->n++] = a;
+	r->argv[r->n] = NULL;
+}
+
+static void args(run *r, ...)
+{
+	va_list ap;
+	va_start(ap, r);
+	for (const char *a; (a = va_arg(ap, const char *));)
+		arg(r, a);
+	va_end(ap);
+}
+
+/* hpulaunch -q --devices N [...]: options follow with arg()/args(). */
+static void start(run *r, int devices)
+{
+	static char dev[8][8];
+	r->n = 0;
+	snprintf(dev[devices & 7], sizeof dev[0], "%d", devices);
+	args(r, LAUNCH, "-q", "--devices", dev[devices & 7], "--no-eval", "--log-every", "0",
+	     NULL);
+}
+
+/* Runs it with the model and model arguments; asserts exit code `want`;
+ * returns the output (caller frees). */
+static char *finish(run *r, int want, const char *model_args)
+{
+	arg(r, MODEL);
+	char buf[512], *margs[16];
+	int nm = 0;
+	if (model_args) {
+		arg(r, "--");
+		snprintf(buf, sizeof buf, "%s", model_args);
+		for (char *t = strtok(buf, " "); t && nm < 16; t = strtok(NULL, " "))
+			margs[nm++] = t;
+		for (int i = 0; i < nm; i++)
+			arg(r, margs[i]);
+	}
+	proc p;
+	int code = h_run(&p, (char *const *)r->argv, NULL, 240000);
+	if (code != want) {
+		for (int i = 0; i < r->n; i++)
+			fprintf(stderr, "%s ", r->argv[i]);
+		fprintf(stderr, "\nexit %d, wanted %d; output:\n%s\n", code, want, p.out);
+	}
+	assert_int_equal(code, want);
+	char *out = strdup(p.out ? p.out : "");
+	h_free(&p);
+	return out;
+}
+
+/* The parameters a run saved with --save-params. */
+static float *load_params(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	long bytes = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	assert_true(bytes > 0 && bytes % 4 == 0);
+	float *v = malloc((size_t)bytes);
+	assert_non_null(v);
+	assert_int_equal(fread(v, 1, (size_t)bytes, f), (size_t)bytes);
+	fclose(f);
+	*n = (size_t)bytes / 4;
+	return v;
+}
+
+/* The MLP's parameters in declaration order (weight, bias per linear
+ * layer), for 784-hidden x depth-10. Returns how many. */
+static int tensor_sizes(int hidden, int depth, size_t *sizes)
+{
+	int n = 0;
+	for (int i = 0; i <= depth; i++) {
+		size_t in = i ? (size_t)hidden : 784, out = i == depth ? 10 : (size_t)hidden;
+		sizes[n++] = out * in;
+		sizes[n++] = out;
+	}
+	return n;
+}
+
+/* The relative difference of a parameter tensor a against the reference
+ * b: ||a - b|| / ||b|| (L2). The largest over the model's tensors is
+ * returned; *elem gets the largest elementwise |a - b| / max|b| of any
+ * tensor, printed for information: Adam divides each gradient by its own
+ * running RMS, so an element whose gradient is a near-cancelling sum moves
+ * by a visible fraction of lr when the summation order changes (1 process
+ * sums 128 samples in one GEMM, 2 ranks sum 64 each and then add). */
+static double rel_diff(const float *a, const float *b, size_t n, int hidden, int depth,
+		       double *elem)
+{
+	size_t sizes[2 * 300], off = 0;
+	int nt = tensor_sizes(hidden, depth, sizes);
+	double worst = 0;
+	*elem = 0;
+	for (int t = 0; t < nt; t++) {
+		double dd = 0, bb = 0, dmax = 0, bmax = 0;
+		for (size_t i = off; i < off + sizes[t]; i++) {
+			double d = (double)a[i] - b[i];
+			dd += d * d;
+			bb += (double)b[i] * b[i];
+			dmax = fmax(dmax, fabs(d));
+			bmax = fmax(bmax, fabs((double)b[i]));
+		}
+		double rel = bb > 0 ? sqrt(dd / bb) : sqrt(dd);
+		if (isnan(rel) || isnan(dmax))
+			return INFINITY;
+		worst = fmax(worst, rel);
+		*elem = fmax(*elem, bmax > 0 ? dmax / bmax : dmax);
+		off += sizes[t];
+	}
+	assert_int_equal(off, n);
+	return worst;
+}
+
+/* A number after "key": in the first record containing `after` (or the
+ * whole text); NAN when absent. */
+static double field(const char *text, const char *after, const char *key)
+{
+	const char *p = after ? strstr(text, after) : text;
+	if (!p)
+		return NAN;
+	char k[64];
+	snprintf(k, sizeof k, "\"%s\":", key);
+	const char *v = strstr(p, k);
+	return v ? strtod(v + strlen(k), NULL) : NAN;
+}
+
+/* ---- equivalence ---- */
+
+/* A small MLP so that 30-odd runs fit the suite: 784-64-64-64-10, with
+ * buckets and units small enough that every strategy has several, and the
+ * last layer (650 parameters) persistent under zero3. */
+#define EQ_MODEL "--hidden 64 --depth 3"
+static void eq_knobs(run *r)
+{
+	args(r, "--reduce-bucket-size", "8000", "--allgather-bucket-size", "30000",
+	     "--param-persistence-threshold", "1000", "--prefetch-bucket-size", "10000",
+	     "--optimizer", "adamw", "--lr", "0.002", "--max-steps", "20", NULL);
+}
+
+typedef enum { EQ_PLAIN, EQ_ACCUM, EQ_CLIP } eq_kind;
+
+/* Trains `strategy` on `workers` and saves the parameters to `path`. */
+static void eq_run(const char *strategy, int workers, eq_kind kind, const char *path,
+		   const char *metrics)
+{
+	run r;
+	char batch[16];
+	start(&r, workers);
+	eq_knobs(&r);
+	args(&r, "--save-params", path, "--metrics", metrics, "--log-every", "1",
+	     "--strategy", strategy, NULL);
+	/* Accumulation: 4 micro-steps of 32 per rank against one batch of
+	 * the same global size in one process. */
+	snprintf(batch, sizeof batch, "%d", 128);
+	if (kind == EQ_ACCUM)
+		args(&r, "--micro-batch-size", "32", "--grad-accum", "4", NULL);
+	else
+		args(&r, "--batch-size", batch, NULL);
+	if (kind == EQ_CLIP)
+		args(&r, "--clip-grad-norm", "0.05", NULL);
+	free(finish(&r, 0, EQ_MODEL));
+}
+
+static void equivalence(eq_kind kind, int workers)
+{
+	const char *names[] = {"plain", "accumulation 4 x 32", "clipping at 0.05"};
+	char ref[64], mref[64];
+	snprintf(ref, sizeof ref, "/tmp/hpu-eq-ref-%d.bin", (int)getpid());
+	snprintf(mref, sizeof mref, "/tmp/hpu-eq-ref-%d.jsonl", (int)getpid());
+	/* The reference: one process, one batch of the global size. */
+	run r;
+	char batch[16];
+	snprintf(batch, sizeof batch, "%d", kind == EQ_ACCUM ? 128 * workers : 128);
+	start(&r, 1);
+	eq_knobs(&r);
+	args(&r, "--save-params", ref, "--metrics", mref, "--log-every", "1", "--batch-size",
+	     batch, NULL);
+	if (kind == EQ_CLIP)
+		args(&r, "--clip-grad-norm", "0.05", NULL);
+	free(finish(&r, 0, EQ_MODEL));
+	if (kind == EQ_CLIP) {
+		/* Clipping is active: the norm before clipping exceeds 0.05. */
+		char *m = h_slurp(mref);
+		assert_non_null(m);
+		double norm = field(m, "{\"step\":1,", "grad_norm");
+		printf("  1 process: step 1 gradient norm %.4f (clipped to 0.05)\n", norm);
+		assert_true(norm > 0.05);
+		free(m);
+	}
+	size_t n, nb;
+	float *want = load_params(ref, &n);
+	for (size_t k = 0; k < sizeof strategies / sizeof *strategies; k++) {
+		char path[64], metrics[64];
+		snprintf(path, sizeof path, "/tmp/hpu-eq-%d-%s.bin", (int)getpid(), strategies[k]);
+		snprintf(metrics, sizeof metrics, "/tmp/hpu-eq-%d-%s.jsonl", (int)getpid(),
+			 strategies[k]);
+		eq_run(strategies[k], workers, kind, path, metrics);
+		float *got = load_params(path, &nb);
+		assert_int_equal(nb, n);
+		double elem, rel = rel_diff(got, want, n, 64, 3, &elem);
+		printf("  %-8s %d workers, %s: largest relative difference %.3g "
+		       "(largest elementwise, against the tensor's largest value: %.3g)\n",
+		       strategies[k], workers, names[kind], rel, elem);
+		assert_true(rel <= 1e-5);
+		free(got);
+		unlink(path);
+		unlink(metrics);
+	}
+	free(want);
+	unlink(ref);
+	unlink(mref);
+}
+
+static void test_equivalence_2(void **state)
+{
+	(void)state;
+	equivalence(EQ_PLAIN, 2);
+}
+
+static void test_equivalence_4(void **state)
+{
+	(void)state;
+	equivalence(EQ_PLAIN, 4);
+}
+
+static void test_equivalence_accum_2(void **state)
+{
+	(void)state;
+	equivalence(EQ_ACCUM, 2);
+}
+
+static void test_equivalence_accum_4(void **state)
+{
+	(void)state;
+	equivalence(EQ_ACCUM, 4);
+}
+
+static void test_equivalence_clip_2(void **state)
+{
+	(void)state;
+	equivalence(EQ_CLIP, 2);
+}
+
+static void test_equivalence_clip_4(void **state)
+{
+	(void)state;
+	equivalence(EQ_CLIP, 4);
+}
+
+/* ---- memory ---- */
+
+/* 784-512x32-10: Ψ = 784*512+512 + 31*(512*512+512) + 512*10+10 = 8,552,970
+ * floats in 33 layers of at most 401,920; one layer per bucket. ZeRO-2 and
+ * ZeRO-3 keep up to three gradient buckets alive besides the shard (the
+ * one being filled and two in flight), which the formulas leave out: the
+ * model is deep so that they stay a few percent of the total. */
+#define MEM_MODEL "--hidden 512 --depth 32"
+#define MEM_PREFETCH 600000
+#define MEM_LARGEST_LAYER 401920.0
+
+/* Runs 3 steps of `strategy` on `workers` and returns every rank's
+ * max_model_states (bytes) in out[]; *psi gets Ψ. */
+static void mem_run(const char *strategy, int workers, double *out, double *psi,
+		    double *acts)
+{
+	char metrics[64], pf[16];
+	snprintf(metrics, sizeof metrics, "/tmp/hpu-mem-%d.jsonl", (int)getpid());
+	snprintf(pf, sizeof pf, "%d", MEM_PREFETCH);
+	run r;
+	start(&r, workers);
+	args(&r, "--strategy", strategy, "--max-steps", "3", "--batch-size", "64",
+	     "--reduce-bucket-size", "300000", "--allgather-bucket-size", "300000",
+	     "--prefetch-bucket-size", pf, "--param-persistence-threshold", "1000",
+	     "--metrics", metrics, NULL);
+	free(finish(&r, 0, MEM_MODEL));
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	const char *fin = strstr(m, "\"final\":true");
+	assert_non_null(fin);
+	*psi = field(fin, NULL, "parameters");
+	const char *p = strstr(fin, "\"device\":");
+	assert_non_null(p);
+	for (int r = 0; r < workers; r++) {
+		char key[32];
+		snprintf(key, sizeof key, "{\"rank\":%d,", r);
+		const char *rec = strstr(p, key);
+		assert_non_null(rec);
+		out[r] = field(rec, NULL, "max_model_states");
+		if (acts)
+			acts[r] = field(rec, NULL, "max_acts");
+		/* DeviceStats invariants, while we are here. */
+		double lim = field(rec, NULL, "Limit"), in = field(rec, NULL, "InUse"),
+		       mx = field(rec, NULL, "MaxInUse"), na = field(rec, NULL, "NumAllocs"),
+		       nf = field(rec, NULL, "NumFrees"), aa = field(rec, NULL, "ActiveAllocs"),
+		       sa = field(rec, NULL, "TotalSystemAllocs"),
+		       sf = field(rec, NULL, "TotalSystemFrees"),
+		       ta = field(rec, NULL, "TotalActiveAllocs");
+		assert_true(in <= mx && mx <= lim);
+		assert_true(na - nf == aa);
+		assert_true(sa - sf == ta);
+		assert_true(out[r] <= mx);
+	}
+	free(m);
+	unlink(metrics);
+}
+
+static void memory(int workers)
+{
+	double psi, got[4];
+	const double N = workers;
+	for (size_t k = 0; k < sizeof strategies / sizeof *strategies; k++) {
+		const char *s = strategies[k];
+		if (!strcmp(s, "fast_ddp"))
+			continue; /* same memory as ddp */
+		mem_run(s, workers, got, &psi, NULL);
+		double want = 0, extra = 0;
+		if (!strcmp(s, "ddp"))
+			want = 16 * psi;
+		else if (!strcmp(s, "zero1"))
+			want = 8 * psi + 8 * psi / N;
+		else if (!strcmp(s, "zero2"))
+			want = 4 * psi + 12 * psi / N;
+		else
+			want = 16 * psi / N;
+		/* ZeRO-3 adds the gathered layers alive at once: the one in
+		 * use, those prefetched (up to the prefetch budget), and up to
+		 * three gradient buckets of one layer each. */
+		if (!strcmp(s, "zero3"))
+			extra = 4 * (MEM_PREFETCH + 4 * MEM_LARGEST_LAYER);
+		for (int r = 0; r < workers; r++) {
+			double ratio = got[r] / want;
+			printf("  %-6s N=%d rank %d: max model states %.0f bytes, formula %.0f (%.2f Ψ)%s, ratio %.3f\n",
+			       s, workers, r, got[r], want, want / psi,
+			       extra > 0 ? " + live layers" : "", ratio);
+			assert_true(got[r] >= 0.9 * want);
+			assert_true(got[r] <= 1.1 * want + extra);
+		}
+	}
+}
+
+static void test_memory_2(void **state)
+{
+	(void)state;
+	memory(2);
+}
+
+static void test_memory_4(void **state)
+{
+	(void)state;
+	memory(4);
+}
+
+/* Going over --device-memory: a clean error naming the rank, what, the
+ * size, InUse and Limit; exit code 1 and no crash. */
+static void test_device_memory_limit(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	args(&r, "--device-memory", "4M", "--max-steps", "2", NULL);
+	char *out = finish(&r, 1, NULL);
+	printf("%s", out);
+	const char *line = strstr(out, "out of device memory allocating");
+	assert_non_null(line);
+	assert_non_null(strstr(out, "rank "));
+	assert_non_null(strstr(line, "requested"));
+	assert_non_null(strstr(line, "InUse"));
+	assert_non_null(strstr(line, "Limit 4.0 MiB"));
+	assert_null(strstr(out, "signal"));
+	free(out);
+}
+
+/* ---- configuration ---- */
+
+static char *write_config(const char *json)
+{
+	static char path[64];
+	snprintf(path, sizeof path, "/tmp/hpu-cfg-%d.json", (int)getpid());
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(json, f);
+	fclose(f);
+	return path;
+}
+
+/* A bad config file: exit 2 before any worker starts, with one line that
+ * names the culprit. */
+static void bad_config(const char *json, const char *needle)
+{
+	run r;
+	start(&r, 4);
+	args(&r, "--config", write_config(json), NULL);
+	char *out = finish(&r, 2, NULL);
+	printf("  %s", out);
+	assert_non_null(strstr(out, needle));
+	assert_non_null(strstr(out, "hpulaunch: "));
+	/* one line */
+	assert_true(strchr(out, '\n') == NULL || strchr(out, '\n') == out + strlen(out) - 1);
+	free(out);
+}
+
+static void test_bad_config(void **state)
+{
+	(void)state;
+	bad_config("{\"zero_optimization\": {\"stgae\": 2}}", "zero_optimization.stgae");
+	bad_config("{\"train_batch_size\": 256, \"train_micro_batch_size_per_gpu\": 32,"
+		   " \"gradient_accumulation_steps\": 4}",
+		   "256");
+	bad_config("{\"train_batch_size\": 256, \"train_micro_batch_size_per_gpu\": 32,"
+		   " \"gradient_accumulation_steps\": 4}",
+		   "train_micro_batch_size_per_gpu 32");
+	bad_config("{\"zero_optimization\": {\"stage\": 4}}", "zero_optimization.stage");
+	bad_config("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"fast\"}}}",
+		   "optimizer.params.lr");
+	unlink(write_config("{}"));
+}
+
+/* A DeepSpeed-style file drives a run: stage 3, batch sizes, optimizer and
+ * WarmupDecayLR; a flag beats the file. */
+static void test_config_file_run(void **state)
+{
+	(void)state;
+	const char *cfg = write_config(
+		"{\"train_batch_size\": 128, \"gradient_accumulation_steps\": 2,\n"
+		" \"gradient_clipping\": 1.0,\n"
+		" \"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 1000},\n"
+		" \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"betas\": [0.9, 0.99]}},\n"
+		" \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": 0,"
+		" \"warmup_max_lr\": 0.004, \"warmup_num_steps\": 4, \"total_num_steps\": 10,"
+		" \"warmup_type\": \"linear\"}}}\n");
+	char metrics[64];
+	snprintf(metrics, sizeof metrics, "/tmp/hpu-cfg-%d.jsonl", (int)getpid());
+	run r;
+	start(&r, 2);
+	args(&r, "--config", cfg, "--max-steps", "10", "--log-every", "1", "--metrics", metrics,
+	     NULL);
+	free(finish(&r, 0, EQ_MODEL));
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	const char *fin = strstr(m, "\"final\":true");
+	assert_non_null(fin);
+	assert_non_null(strstr(fin, "\"strategy\":\"zero3\""));
+	assert_true(field(fin, NULL, "micro_batch") == 32);
+	assert_true(field(fin, NULL, "grad_accum") == 2);
+	/* DeepSpeed's WarmupDecayLR, linear: step 1 at warmup_min_lr, then
+	 * max * (k-1)/4 while warming, then decaying to 0 at step 10. */
+	const double want[] = {0, 0, 0.001, 0.002, 0.003, 0.004, 0.004 * 5 / 6,
+			       0.004 * 4 / 6, 0.004 * 3 / 6, 0.004 * 2 / 6};
+	for (int k = 1; k <= 10; k++) {
+		char rec[32];
+		snprintf(rec, sizeof rec, "{\"step\":%d,", k);
+		double lr = field(m, rec, "lr");
+		printf("  step %d lr %.6g (want %.6g)\n", k, lr, want[k - 1]);
+		assert_true(fabs(lr - want[k - 1]) <= 1e-12);
+	}
+	free(m);
+	unlink(metrics);
+	unlink(cfg);
+}
+
+/* ---- activation checkpointing, accumulation traffic ---- */
+
+static void test_activation_checkpointing(void **state)
+{
+	(void)state;
+	const char *strats[] = {"ddp", "zero3"};
+	for (int k = 0; k < 2; k++) {
+		char a[64], b[64], ma[64], mb[64];
+		double acts_plain = 0, acts_ckpt = 0;
+		snprintf(a, sizeof a, "/tmp/hpu-ckpt-%d-a.bin", (int)getpid());
+		snprintf(b, sizeof b, "/tmp/hpu-ckpt-%d-b.bin", (int)getpid());
+		snprintf(ma, sizeof ma, "/tmp/hpu-ckpt-%d-a.jsonl", (int)getpid());
+		snprintf(mb, sizeof mb, "/tmp/hpu-ckpt-%d-b.jsonl", (int)getpid());
+		for (int ck = 0; ck < 2; ck++) {
+			run r;
+			start(&r, 2);
+			args(&r, "--strategy", strats[k], "--max-steps", "5", "--batch-size", "128",
+			     "--save-params", ck ? b : a, "--metrics", ck ? mb : ma, NULL);
+			free(finish(&r, 0, ck ? "--hidden 128 --depth 12 --checkpoint"
+					      : "--hidden 128 --depth 12"));
+			char *m = h_slurp(ck ? mb : ma);
+			assert_non_null(m);
+			double v = field(strstr(m, "\"final\":true"), "{\"rank\":0,", "max_acts");
+			*(ck ? &acts_ckpt : &acts_plain) = v;
+			free(m);
+		}
+		size_t n1, n2;
+		float *p1 = load_params(a, &n1), *p2 = load_params(b, &n2);
+		assert_int_equal(n1, n2);
+		size_t diff = 0;
+		for (size_t i = 0; i < n1; i++)
+			diff += memcmp(&p1[i], &p2[i], 4) != 0;
+		printf("  %s: activations peak %.0f bytes plain, %.0f checkpointed; %zu of %zu parameters differ\n",
+		       strats[k], acts_plain, acts_ckpt, diff, n1);
+		assert_int_equal(diff, 0); /* recomputation is exact */
+		assert_true(acts_ckpt < 0.6 * acts_plain);
+		free(p1);
+		free(p2);
+		unlink(a);
+		unlink(b);
+		unlink(ma);
+		unlink(mb);
+	}
+}
+
+/* DDP: the bytes sent per optimizer step do not grow with accumulation
+ * (no communication on non-final micro-steps); ZeRO-2 reduce-scatters
+ * every micro-step (half an all-reduce's traffic each) and all-gathers
+ * once, so with 4 micro-steps it sends 4 x 1/2 + 1/2 = 2.5 times as much. */
+static void test_accumulation_traffic(void **state)
+{
+	(void)state;
+	const char *strats[] = {"ddp", "zero2"};
+	for (int k = 0; k < 2; k++) {
+		double bytes[2];
+		for (int acc = 0; acc < 2; acc++) {
+			char metrics[64];
+			snprintf(metrics, sizeof metrics, "/tmp/hpu-acc-%d.jsonl", (int)getpid());
+			run r;
+			start(&r, 2);
+			args(&r, "--strategy", strats[k], "--max-steps", "4", "--batch-size", "128",
+			     "--grad-accum", acc ? "4" : "1", "--metrics", metrics, NULL);
+			free(finish(&r, 0, EQ_MODEL));
+			char *m = h_slurp(metrics);
+			assert_non_null(m);
+			bytes[acc] = field(strstr(m, "\"final\":true"), "{\"rank\":0,",
+					   "comm_bytes_per_step");
+			free(m);
+			unlink(metrics);
+		}
+		printf("  %s: %.0f bytes sent per step without accumulation, %.0f with 4 micro-steps\n",
+		       strats[k], bytes[0], bytes[1]);
+		assert_true(bytes[0] > 0);
+		if (k == 0)
+			assert_true(bytes[1] == bytes[0]);
+		else
+			assert_true(fabs(bytes[1] / bytes[0] - 2.5) < 0.05);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_config),
+		cmocka_unit_test(test_device_memory_limit),
+		cmocka_unit_test(test_equivalence_2),
+		cmocka_unit_test(test_equivalence_4),
+		cmocka_unit_test(test_equivalence_accum_2),
+		cmocka_unit_test(test_equivalence_accum_4),
+		cmocka_unit_test(test_equivalence_clip_2),
+		cmocka_unit_test(test_equivalence_clip_4),
+		cmocka_unit_test(test_memory_2),
+		cmocka_unit_test(test_memory_4),
+		cmocka_unit_test(test_config_file_run),
+		cmocka_unit_test(test_activation_checkpointing),
+		cmocka_unit_test(test_accumulation_traffic),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

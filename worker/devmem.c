@@ -1,0 +1,548 @@
+/* devmem: the worker's device memory (see devmem.h).
+ *
+ * Layout. Every block taken from the system is a 64-byte header followed
+ * by the user's memory, so the user pointer is 64-byte aligned:
+ *
+ *   [ blk (64 bytes) | user bytes ... up to blk->rounded ]
+ *
+ * Size classes. A request of `bytes` is served from a block whose user part
+ * holds `rounded` bytes:
+ *   - bytes <= 1 MiB: rounded = bytes rounded up to 64 (at least 64; a
+ *     request of 0 bytes gets a 64-byte block of its own, so it still
+ *     returns a unique pointer and counts as an allocation of 0 bytes);
+ *     the block comes from aligned_alloc;
+ *   - bytes > 1 MiB: header + rounded is a whole number of 4 KiB pages;
+ *     the block comes from mmap, so giving it back returns it to the OS
+ *     (and a fresh one is already zero).
+ * Freed blocks are cached in free lists keyed by `rounded` and reused, most
+ * recently freed first, by the next request of the same class.
+ *
+ * Accounting. InUse, MaxInUse, MaxAllocSize and the per-kind counters are in
+ * requested bytes; the cache is counted in rounded bytes. The limit is
+ * checked against InUse + request; the cache does not count against it, but
+ * when InUse + cached + request would pass the limit, or the system refuses
+ * memory, the whole cache is given back and the system is asked once more.
+ * The cache holds at most `limit` bytes (1 GiB without a limit); a freed
+ * block that does not fit goes straight back to the system.
+ *
+ * Locking. One mutex guards the device; it is held across the system calls
+ * (so that the limit and the counts stay exact) but not while a block is
+ * zeroed.
+ *
+ * Generations. hpu_devmem_shutdown gives the cache back and starts a new
+ * generation; blocks still in use are left to their owners on purpose (they
+ * may be freed later: a block of an older generation goes straight back to
+ * the system without touching the new device's counts).
+ */
+#include "devmem.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define DEVMEM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DEVMEM_ASAN 1
+#endif
+#endif
+#ifdef DEVMEM_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
+#define HDR 64u
+#define SMALL_MAX (1u << 20)          /* largest request of a small class */
+#define PAGE 4096u                    /* granule of the large classes */
+#define UNLIMITED_CACHE (1ull << 30)  /* cache cap without a limit */
+#define MAX_REQUEST ((size_t)1 << 62) /* larger is refused outright */
+#define NBUCKETS 1024u                /* free-list hash buckets */
+#define BUCKET_SHIFT 54               /* 64 - log2(NBUCKETS) */
+
+#define MAGIC_LIVE 0x4c56696d65647068ull /* "hpdemiVL": in use */
+#define MAGIC_FREE 0x4652696d65647068ull /* "hpdemiRF": in the cache */
+#define MAGIC_DEAD 0x4144696d65647068ull /* given back to the system */
+
+/* The header in front of every block. */
+typedef struct blk {
+	uint64_t magic;
+	uint64_t bytes;         /* requested (while in use) */
+	uint64_t rounded;       /* capacity of the user part: the class key */
+	struct blk *next;       /* next cached block of the same class */
+	struct blk *next_class; /* class heads only: next class in the bucket */
+	uint32_t kind;
+	uint32_t gen; /* generation it was taken in */
+	char pad[HDR - 48];
+} blk;
+_Static_assert(sizeof(blk) == HDR, "the header must be 64 bytes");
+
+static struct {
+	pthread_mutex_t mu;
+	bool initialized;
+	int rank;
+	uint64_t limit; /* 0: none */
+	uint32_t gen;
+	uint64_t in_use, max_in_use, max_alloc_size;
+	uint64_t num_allocs, num_frees;
+	uint64_t sys_allocs, sys_frees;
+	uint64_t kind_in_use[HPU_MEM_NKINDS], kind_max[HPU_MEM_NKINDS];
+	uint64_t states_max;
+	uint64_t cached;        /* rounded bytes in the cache */
+	blk *buckets[NBUCKETS]; /* chains of class heads */
+} dev = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Like errno: the last failed allocation of the calling thread. */
+static _Thread_local char err_buf[512];
+
+static const char *const kind_names[HPU_MEM_NKINDS] = {
+    "params", "grads", "optim", "acts", "comm", "other",
+};
+
+/* ---- sanitizer hooks: the cached part of a block is poisoned ---- */
+
+static void poison(void *p, size_t n)
+{
+#ifdef DEVMEM_ASAN
+	ASAN_POISON_MEMORY_REGION(p, n);
+#else
+	(void)p;
+	(void)n;
+#endif
+}
+
+static void unpoison(void *p, size_t n)
+{
+#ifdef DEVMEM_ASAN
+	ASAN_UNPOISON_MEMORY_REGION(p, n);
+#else
+	(void)p;
+	(void)n;
+#endif
+}
+
+/* ---- helpers ---- */
+
+static void *user_of(blk *b)
+{
+	return (char *)b + HDR;
+}
+
+static size_t round_up(size_t n, size_t to)
+{
+	return (n + to - 1) / to * to;
+}
+
+static uint64_t class_of(size_t bytes)
+{
+	if (bytes <= SMALL_MAX)
+		return bytes ? round_up(bytes, HDR) : HDR;
+	return round_up(bytes + HDR, PAGE) - HDR;
+}
+
+static bool is_mapped(uint64_t rounded)
+{
+	return rounded > SMALL_MAX;
+}
+
+static uint64_t cache_cap(void)
+{
+	return dev.limit ? dev.limit : UNLIMITED_CACHE;
+}
+
+static void fmt_bytes(char *buf, size_t len, uint64_t n)
+{
+	static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+	if (n < 1024) {
+		snprintf(buf, len, "%llu byte%s", (unsigned long long)n,
+			 n == 1 ? "" : "s");
+		return;
+	}
+	double v = (double)n / 1024;
+	int u = 0;
+	while (v >= 1024 && u < 3) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+/* "rank 3: " once the device is set up, "devmem: " before. */
+static void fmt_who(char *buf, size_t len)
+{
+	if (dev.initialized)
+		snprintf(buf, len, "rank %d: ", dev.rank);
+	else
+		snprintf(buf, len, "devmem: ");
+}
+
+static void fmt_limit(char *buf, size_t len)
+{
+	if (dev.limit)
+		fmt_bytes(buf, len, dev.limit);
+	else
+		snprintf(buf, len, "none");
+}
+
+static _Noreturn void bad_pointer(const void *p, const char *why)
+{
+	fprintf(stderr, "hpu_dfree(%p): %s\n", p, why);
+	abort();
+}
+
+/* ---- the system ---- */
+
+/* A new block of class `rounded` from the system, or NULL (errno set). */
+static blk *sys_take(uint64_t rounded)
+{
+	blk *b;
+	if (is_mapped(rounded)) {
+		void *m = mmap(NULL, HDR + rounded, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED)
+			return NULL;
+		b = m;
+	} else {
+		b = aligned_alloc(HDR, HDR + rounded);
+		if (!b) {
+			errno = ENOMEM;
+			return NULL;
+		}
+	}
+	memset(b, 0, HDR);
+	b->rounded = rounded;
+	b->gen = dev.gen;
+	dev.sys_allocs++;
+	return b;
+}
+
+/* Gives `b` back to the system; `counted`: it belongs to this generation. */
+static void sys_give(blk *b, bool counted)
+{
+	uint64_t rounded = b->rounded;
+	unpoison(user_of(b), rounded);
+	b->magic = MAGIC_DEAD;
+	if (is_mapped(rounded))
+		munmap(b, HDR + rounded);
+	else
+		free(b);
+	if (counted)
+		dev.sys_frees++;
+}
+
+/* ---- the cache: buckets of class heads, each heading a list ---- */
+
+static blk **bucket_of(uint64_t rounded)
+{
+	uint64_t h = (rounded / HDR) * 0x9e3779b97f4a7c15ull;
+	return &dev.buckets[h >> BUCKET_SHIFT];
+}
+
+/* The link that points at the head of class `rounded`, or at NULL. */
+static blk **class_link(uint64_t rounded)
+{
+	blk **link = bucket_of(rounded);
+	while (*link && (*link)->rounded != rounded)
+		link = &(*link)->next_class;
+	return link;
+}
+
+static void cache_put(blk *b)
+{
+	blk **link = class_link(b->rounded);
+	blk *head = *link;
+	b->magic = MAGIC_FREE;
+	b->next = head;
+	b->next_class = head ? head->next_class : NULL;
+	*link = b;
+	dev.cached += b->rounded;
+	poison(user_of(b), b->rounded);
+}
+
+static blk *cache_take(uint64_t rounded)
+{
+	blk **link = class_link(rounded);
+	blk *b = *link;
+	if (!b)
+		return NULL;
+	if (b->next) {
+		b->next->next_class = b->next_class;
+		*link = b->next;
+	} else {
+		*link = b->next_class;
+	}
+	dev.cached -= rounded;
+	unpoison(user_of(b), rounded);
+	return b;
+}
+
+static void cache_drop(void)
+{
+	for (unsigned i = 0; i < NBUCKETS; i++) {
+		blk *c = dev.buckets[i];
+		while (c) {
+			blk *next_class = c->next_class;
+			while (c) {
+				blk *next = c->next;
+				sys_give(c, true);
+				c = next;
+			}
+			c = next_class;
+		}
+		dev.buckets[i] = NULL;
+	}
+	dev.cached = 0;
+}
+
+/* ---- allocation ---- */
+
+/* A block of class `rounded` for a request of `bytes`: from the cache, else
+ * from the system, dropping the cache first when it would pass the limit
+ * and once more when the system refuses. NULL with the error set. */
+static blk *get_block(uint64_t rounded, size_t bytes, bool *fresh)
+{
+	blk *b = cache_take(rounded);
+	*fresh = false;
+	if (b)
+		return b;
+	*fresh = true;
+	if (dev.limit && dev.in_use + dev.cached + bytes > dev.limit)
+		cache_drop();
+	b = sys_take(rounded);
+	if (!b && dev.cached) {
+		cache_drop();
+		b = sys_take(rounded);
+	}
+	return b;
+}
+
+static void set_limit_error(size_t bytes, const char *what)
+{
+	char who[32], req[32], used[32], lim[32];
+	fmt_who(who, sizeof who);
+	fmt_bytes(req, sizeof req, bytes);
+	fmt_bytes(used, sizeof used, dev.in_use);
+	fmt_limit(lim, sizeof lim);
+	snprintf(err_buf, sizeof err_buf,
+		 "%sout of device memory allocating %s: %s requested, InUse %s, Limit %s (--device-memory)",
+		 who, what, req, used, lim);
+}
+
+static void set_system_error(size_t bytes, const char *what, int e)
+{
+	char who[32], req[32], used[32], lim[32];
+	fmt_who(who, sizeof who);
+	fmt_bytes(req, sizeof req, bytes);
+	fmt_bytes(used, sizeof used, dev.in_use);
+	fmt_limit(lim, sizeof lim);
+	snprintf(err_buf, sizeof err_buf,
+		 "%sout of host memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s",
+		 who, what, req, strerror(e), used, lim);
+}
+
+static void account_alloc(hpu_mem_kind kind, size_t bytes)
+{
+	dev.in_use += bytes;
+	if (dev.in_use > dev.max_in_use)
+		dev.max_in_use = dev.in_use;
+	if (bytes > dev.max_alloc_size)
+		dev.max_alloc_size = bytes;
+	dev.num_allocs++;
+	dev.kind_in_use[kind] += bytes;
+	if (dev.kind_in_use[kind] > dev.kind_max[kind])
+		dev.kind_max[kind] = dev.kind_in_use[kind];
+	uint64_t states = dev.kind_in_use[HPU_MEM_PARAMS] +
+			  dev.kind_in_use[HPU_MEM_GRADS] +
+			  dev.kind_in_use[HPU_MEM_OPTIM];
+	if (states > dev.states_max)
+		dev.states_max = states;
+}
+
+void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	if ((unsigned)kind >= HPU_MEM_NKINDS) {
+		fprintf(stderr, "hpu_dalloc: bad memory kind %d\n", (int)kind);
+		abort();
+	}
+	if (!what)
+		what = "memory";
+	pthread_mutex_lock(&dev.mu);
+	if (dev.limit && bytes > dev.limit - dev.in_use) {
+		set_limit_error(bytes, what);
+		pthread_mutex_unlock(&dev.mu);
+		return NULL;
+	}
+	blk *b = NULL;
+	bool fresh = false;
+	if (bytes <= MAX_REQUEST)
+		b = get_block(class_of(bytes), bytes, &fresh);
+	else
+		errno = ENOMEM;
+	if (!b) {
+		set_system_error(bytes, what, errno);
+		pthread_mutex_unlock(&dev.mu);
+		return NULL;
+	}
+	b->magic = MAGIC_LIVE;
+	b->bytes = bytes;
+	b->kind = kind;
+	b->next = b->next_class = NULL;
+	poison((char *)user_of(b) + bytes, b->rounded - bytes);
+	account_alloc(kind, bytes);
+	pthread_mutex_unlock(&dev.mu);
+	/* The block is the caller's now: zero it outside the lock. A fresh
+	 * mapping is zero already. */
+	if (!(fresh && is_mapped(b->rounded)))
+		memset(user_of(b), 0, bytes);
+	return user_of(b);
+}
+
+void hpu_dfree(void *p)
+{
+	if (!p)
+		return;
+	if ((uintptr_t)p % HDR)
+		bad_pointer(p, "not a pointer from hpu_dalloc (misaligned)");
+	blk *b = (blk *)((char *)p - HDR);
+	pthread_mutex_lock(&dev.mu);
+	if (b->magic == MAGIC_FREE)
+		bad_pointer(p, "double free");
+	if (b->magic != MAGIC_LIVE)
+		bad_pointer(p, "not a pointer from hpu_dalloc (or freed twice)");
+	if (b->gen != dev.gen) {
+		/* From before the last shutdown: not this device's. */
+		sys_give(b, false);
+		pthread_mutex_unlock(&dev.mu);
+		return;
+	}
+	dev.in_use -= b->bytes;
+	dev.kind_in_use[b->kind] -= b->bytes;
+	dev.num_frees++;
+	if (dev.cached + b->rounded <= cache_cap())
+		cache_put(b);
+	else
+		sys_give(b, true);
+	pthread_mutex_unlock(&dev.mu);
+}
+
+/* ---- set-up and statistics ---- */
+
+int hpu_devmem_init(uint64_t limit, int rank)
+{
+	int rc = 0;
+	pthread_mutex_lock(&dev.mu);
+	if (dev.initialized) {
+		snprintf(err_buf, sizeof err_buf,
+			 "rank %d: device memory is set up already (rank %d)",
+			 rank, dev.rank);
+		rc = -1;
+	} else if (limit && dev.in_use > limit) {
+		char used[32], lim[32];
+		fmt_bytes(used, sizeof used, dev.in_use);
+		fmt_bytes(lim, sizeof lim, limit);
+		snprintf(err_buf, sizeof err_buf,
+			 "rank %d: %s of device memory is in use already, more than the Limit %s (--device-memory)",
+			 rank, used, lim);
+		rc = -1;
+	} else {
+		dev.initialized = true;
+		dev.rank = rank;
+		dev.limit = limit;
+		if (dev.cached > cache_cap())
+			cache_drop();
+	}
+	pthread_mutex_unlock(&dev.mu);
+	return rc;
+}
+
+void hpu_devmem_shutdown(void)
+{
+	pthread_mutex_lock(&dev.mu);
+	cache_drop();
+	uint32_t gen = dev.gen + 1;
+	dev.initialized = false;
+	dev.rank = 0;
+	dev.limit = 0;
+	dev.gen = gen;
+	dev.in_use = dev.max_in_use = dev.max_alloc_size = 0;
+	dev.num_allocs = dev.num_frees = 0;
+	dev.sys_allocs = dev.sys_frees = 0;
+	memset(dev.kind_in_use, 0, sizeof dev.kind_in_use);
+	memset(dev.kind_max, 0, sizeof dev.kind_max);
+	dev.states_max = 0;
+	err_buf[0] = '\0';
+	pthread_mutex_unlock(&dev.mu);
+}
+
+const char *hpu_devmem_error(void)
+{
+	return err_buf;
+}
+
+static void fill_stats(hpu_device_stats *out)
+{
+	out->limit = dev.limit;
+	out->in_use = dev.in_use;
+	out->max_in_use = dev.max_in_use;
+	out->num_allocs = dev.num_allocs;
+	out->num_frees = dev.num_frees;
+	out->active_allocs = dev.num_allocs - dev.num_frees;
+	out->max_alloc_size = dev.max_alloc_size;
+	out->total_system_allocs = dev.sys_allocs;
+	out->total_system_frees = dev.sys_frees;
+	out->total_active_allocs = dev.sys_allocs - dev.sys_frees;
+}
+
+void hpu_devmem_stats(hpu_device_stats *out)
+{
+	pthread_mutex_lock(&dev.mu);
+	fill_stats(out);
+	pthread_mutex_unlock(&dev.mu);
+}
+
+int hpu_device_stats_get(hpu_device_stats *out)
+{
+	pthread_mutex_lock(&dev.mu);
+	bool up = dev.initialized;
+	if (up)
+		fill_stats(out);
+	pthread_mutex_unlock(&dev.mu);
+	return up ? 0 : -1;
+}
+
+static uint64_t locked_read(const uint64_t *v)
+{
+	pthread_mutex_lock(&dev.mu);
+	uint64_t x = *v;
+	pthread_mutex_unlock(&dev.mu);
+	return x;
+}
+
+uint64_t hpu_devmem_kind_in_use(hpu_mem_kind kind)
+{
+	if ((unsigned)kind >= HPU_MEM_NKINDS)
+		return 0;
+	return locked_read(&dev.kind_in_use[kind]);
+}
+
+uint64_t hpu_devmem_kind_max(hpu_mem_kind kind)
+{
+	if ((unsigned)kind >= HPU_MEM_NKINDS)
+		return 0;
+	return locked_read(&dev.kind_max[kind]);
+}
+
+uint64_t hpu_devmem_states_max(void)
+{
+	return locked_read(&dev.states_max);
+}
+
+const char *hpu_mem_kind_name(hpu_mem_kind kind)
+{
+	if ((unsigned)kind >= HPU_MEM_NKINDS)
+		return "?";
+	return kind_names[kind];
+}

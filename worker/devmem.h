@@ -1,0 +1,60 @@
+/* devmem: the worker's device memory. Every runtime allocation goes
+ * through it: a limit (--device-memory), the DeviceStats of <hpu/hpu.h>,
+ * and bytes in use per kind, so that the memory a strategy promises can be
+ * shown from the accounting. Freed blocks are kept for reuse by size (as a
+ * device allocator's pool does) and given back to the system when an
+ * allocation would otherwise pass the limit.
+ *
+ * One per process; thread-safe. Part of libhpu, so that a model can read
+ * the statistics (hpu_device_stats_get). */
+#ifndef HPU_DEVMEM_H
+#define HPU_DEVMEM_H
+
+#include <hpu/hpu.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum hpu_mem_kind {
+	HPU_MEM_PARAMS = 0, /* parameters: whole, shards, gathered layers */
+	HPU_MEM_GRADS,      /* gradients: whole, buckets, shards */
+	HPU_MEM_OPTIM,      /* optimizer state (and fp32 master copies) */
+	HPU_MEM_ACTS,       /* activations and their gradients */
+	HPU_MEM_COMM,       /* communication staging buffers */
+	HPU_MEM_OTHER,      /* batches, scratch */
+	HPU_MEM_NKINDS,
+} hpu_mem_kind;
+
+/* Sets up the device of `rank` with `limit` bytes. Returns 0, or -1. */
+int hpu_devmem_init(uint64_t limit, int rank);
+
+/* 64-byte aligned, zeroed memory of `bytes` bytes for `what` ("optimizer
+ * state", ...). NULL when the limit would be passed or the system has no
+ * memory; then hpu_devmem_error() says so in one sentence naming the rank,
+ * what, the size, InUse and Limit. */
+void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what);
+
+/* Frees memory from hpu_dalloc (NULL is fine). */
+void hpu_dfree(void *p);
+
+/* The sentence of the calling thread's last failed allocation ("" if
+ * none); per thread, like errno. */
+const char *hpu_devmem_error(void);
+
+void hpu_devmem_stats(hpu_device_stats *out);
+
+/* Bytes of `kind` in use now and at their peak. */
+uint64_t hpu_devmem_kind_in_use(hpu_mem_kind kind);
+uint64_t hpu_devmem_kind_max(hpu_mem_kind kind);
+
+/* The peak of parameters + gradients + optimizer state together (the
+ * "model states" of the ZeRO paper). */
+uint64_t hpu_devmem_states_max(void);
+
+const char *hpu_mem_kind_name(hpu_mem_kind kind);
+
+/* Gives the cached blocks back to the system and forgets the device;
+ * blocks still in use stay their owners' (freeing one later returns it to
+ * the system). hpu_devmem_init() may follow. */
+void hpu_devmem_shutdown(void);
+
+#endif

@@ -1,0 +1,926 @@
+#include "strategy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "devmem.h"
+#include "optim.h"
+
+/* A unit is a run of consecutive layers whose parameters are communicated
+ * together: a DDP or ZeRO-2 gradient bucket, a ZeRO-1 partition unit, one
+ * layer under ZeRO-3, everything under fast_ddp. In the strategy's layout a
+ * unit is the floats [off, off + len); under ZeRO, len is padded to a
+ * multiple of 16 * world and rank r owns the piece [off + r*piece, off +
+ * (r+1)*piece), found at shard_off in the shard buffers. */
+typedef struct unit {
+	int first, last;     /* layers */
+	int nparam_layers;
+	int pending;         /* of those, the ones whose backward is still due */
+	size_t off, len, piece, shard_off;
+	int persistent;      /* zero3: small enough to stay whole */
+	float *full;         /* zero3: gathered (or persistent) parameters */
+	hpucoll_req *gather; /* zero3: the gather of `full` in flight */
+	float *gbuf;         /* zero2/3: the unit's gradients in backward */
+	uint16_t *cbuf;      /* bf16 staging of a gradient all-reduce */
+	hpu_optim opt;
+	float *opt_p, *opt_g; /* what the optimizer updates, opt.n floats */
+} unit;
+
+/* A gradient collective in flight; they complete in issue order. */
+typedef struct flight {
+	int unit;
+	hpucoll_req *req;
+} flight;
+
+struct hpu_strat {
+	hpu_builder *b;
+	hpucoll_comm *comm;
+	const hpu_train_opts *o;
+	hpu_strategy kind;
+	int rank, world, sharded, nlayers;
+	unit *u;
+	int nunits;
+	size_t total, shard_total;
+	float *P, *G;      /* whole parameters / gradients, where kept */
+	float *PS, *GS;    /* parameter shard (zero3) / gradient shard (zero2/3) */
+	float *state;      /* optimizer state */
+	int maxbatch;
+	size_t maxw;
+	float **acts;      /* acts[i]: layer i's output, or NULL when dropped */
+	char *transient;   /* layer i's output is dropped after layer i+1 reads it */
+	float *dbuf[2];    /* activation gradients, ping-pong */
+	const float *x;    /* the batch of the last forward */
+	flight *q;         /* FIFO of gradient collectives */
+	int qhead, qn;
+	int micro;         /* the micro-step in backward */
+	size_t live;       /* zero3: gathered floats alive (not persistent) */
+	char *err;
+	size_t errlen;
+};
+
+static int fail(hpu_strat *s, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static int fail(hpu_strat *s, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->err, s->errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static int coll_fail(hpu_strat *s, const char *what, int rc)
+{
+	const char *msg = hpucoll_comm_errmsg(s->comm);
+	return fail(s, "%s failed: %s", what, msg && *msg ? msg : hpucoll_strerror(rc));
+}
+
+/* Device memory for `what`, or NULL with the allocator's sentence in err. */
+static void *dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes,
+		    const char *what)
+{
+	void *p = hpu_dalloc(kind, bytes, what);
+	if (!p)
+		fail(s, "%s", hpu_devmem_error());
+	return p;
+}
+
+/* ---- bf16, round to nearest even ---- */
+
+static void to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t x;
+		memcpy(&x, &src[i], 4);
+		if ((x & 0x7fffffffu) > 0x7f800000u) { /* NaN stays NaN */
+			dst[i] = (uint16_t)((x >> 16) | 0x40);
+			continue;
+		}
+		x += 0x7fffu + ((x >> 16) & 1);
+		dst[i] = (uint16_t)(x >> 16);
+	}
+}
+
+static void from_bf16(float *dst, const uint16_t *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t x = (uint32_t)src[i] << 16;
+		memcpy(&dst[i], &x, 4);
+	}
+}
+
+/* ---- layout ---- */
+
+static size_t round_up(size_t x, size_t m)
+{
+	return (x + m - 1) / m * m;
+}
+
+static int add_unit(hpu_strat *s, int first, int last)
+{
+	unit *u = &s->u[s->nunits++];
+	memset(u, 0, sizeof *u);
+	u->first = first;
+	u->last = last;
+	return 0;
+}
+
+/* Groups the layers with parameters into units of at most `cap` floats
+ * (a larger layer is a unit of its own; cap 0: one unit), from the last layer backwards
+ * when `reverse` (DDP buckets follow backward's order), and stores them in
+ * forward order. */
+static void group(hpu_strat *s, long cap, int reverse)
+{
+	hpu_builder *b = s->b;
+	int L = b->nlayers, n0 = s->nunits;
+	int start = -1, end = -1;
+	size_t size = 0;
+	for (int k = 0; k < L; k++) {
+		int i = reverse ? L - 1 - k : k;
+		size_t len = b->layers[i]->plen;
+		if (!len)
+			continue;
+		if (start >= 0 && cap > 0 && size + len > (size_t)cap) {
+			add_unit(s, reverse ? end : start, reverse ? start : end);
+			start = -1;
+		}
+		if (start < 0) {
+			start = i;
+			size = 0;
+		}
+		end = i;
+		size += len;
+	}
+	if (start >= 0)
+		add_unit(s, reverse ? end : start, reverse ? start : end);
+	if (reverse) /* made last-first: put them in forward order */
+		for (int a = n0, z = s->nunits - 1; a < z; a++, z--) {
+			unit t = s->u[a];
+			s->u[a] = s->u[z];
+			s->u[z] = t;
+		}
+}
+
+static void build_units(hpu_strat *s)
+{
+	const hpu_train_opts *o = s->o;
+	switch (s->kind) {
+	case HPU_STRATEGY_FAST_DDP:
+		group(s, 0, 0);
+		break;
+	case HPU_STRATEGY_DDP:
+	case HPU_STRATEGY_ZERO2:
+		group(s, o->reduce_bucket, 1);
+		break;
+	case HPU_STRATEGY_ZERO1:
+		group(s, o->allgather_bucket, 0);
+		break;
+	case HPU_STRATEGY_ZERO3:
+		group(s, 1, 0); /* one layer each */
+		break;
+	}
+	/* Offsets: units in forward order, each padded. */
+	size_t pad = s->sharded ? 16 * (size_t)s->world : 16, at = 0, shard_at = 0;
+	for (int k = 0; k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		u->off = at;
+		for (int i = u->first; i <= u->last; i++) {
+			hpu_layer *l = s->b->layers[i];
+			l->off = at;
+			if (!l->plen)
+				continue;
+			l->unit = k;
+			u->nparam_layers++;
+			at += l->plen;
+		}
+		u->len = round_up(at - u->off, pad);
+		at = u->off + u->len;
+		if (s->sharded) {
+			u->piece = u->len / (size_t)s->world;
+			u->shard_off = shard_at;
+			shard_at += u->piece;
+		}
+		u->persistent = s->kind == HPU_STRATEGY_ZERO3 &&
+				(long)(at - u->off) < s->o->persistence_threshold;
+	}
+	s->total = at;
+	s->shard_total = shard_at;
+}
+
+/* Points the layers of unit k at parameters starting at `p` (the unit's
+ * first float) or gradients at `g` (NULL: leave as is). */
+static void point(hpu_strat *s, int k, float *p, float *g)
+{
+	unit *u = &s->u[k];
+	for (int i = u->first; i <= u->last; i++) {
+		hpu_layer *l = s->b->layers[i];
+		if (p)
+			l->pbase = p + (l->off - u->off);
+		if (g)
+			l->gbase = g + (l->off - u->off);
+	}
+}
+
+static const char *layer_name(hpu_strat *s, int k)
+{
+	return s->b->layers[s->u[k].first]->name;
+}
+
+static int alloc_states(hpu_strat *s)
+{
+	const hpu_train_opts *o = s->o;
+	char what[160];
+	if (s->kind != HPU_STRATEGY_ZERO3 &&
+	    !(s->P = dalloc(s, HPU_MEM_PARAMS, s->total * 4, "parameters")))
+		return -1;
+	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1) {
+		if (!(s->G = dalloc(s, HPU_MEM_GRADS, s->total * 4, "gradients")))
+			return -1;
+	} else if (!(s->GS = dalloc(s, HPU_MEM_GRADS, s->shard_total * 4,
+				    "gradient shard"))) {
+		return -1;
+	}
+	if (s->kind == HPU_STRATEGY_ZERO3 &&
+	    !(s->PS = dalloc(s, HPU_MEM_PARAMS, s->shard_total * 4, "parameter shard")))
+		return -1;
+	int k = hpu_optim_state_floats(o);
+	size_t n = s->sharded ? s->shard_total : s->total;
+	snprintf(what, sizeof what, "optimizer state (%s, %d floats per parameter)",
+		 hpu_optim_name(o->optimizer), k);
+	if (k && !(s->state = dalloc(s, HPU_MEM_OPTIM, (size_t)k * n * 4, what)))
+		return -1;
+	for (int j = 0; j < s->nunits; j++) {
+		unit *u = &s->u[j];
+		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
+		size_t n_opt = s->sharded ? u->piece : u->len;
+		size_t at = s->sharded ? u->shard_off : u->off;
+		switch (s->kind) {
+		case HPU_STRATEGY_FAST_DDP:
+		case HPU_STRATEGY_DDP:
+		case HPU_STRATEGY_ZERO1:
+			u->opt_p = s->P + u->off + mine;
+			u->opt_g = s->G + u->off + mine;
+			break;
+		case HPU_STRATEGY_ZERO2:
+			u->opt_p = s->P + u->off + mine;
+			u->opt_g = s->GS + u->shard_off;
+			break;
+		case HPU_STRATEGY_ZERO3:
+			u->opt_p = s->PS + u->shard_off;
+			u->opt_g = s->GS + u->shard_off;
+			break;
+		}
+		hpu_optim_init(&u->opt, o, n_opt, s->state ? s->state + (size_t)k * at : NULL);
+		if (s->P)
+			point(s, j, s->P + u->off, NULL);
+		if (s->G)
+			point(s, j, NULL, s->G + u->off);
+	}
+	return 0;
+}
+
+/* Every rank computes the same initial values; ZeRO-3 keeps its pieces
+ * (and the whole of persistent units). */
+static int init_params(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	for (int j = 0; j < s->nunits; j++) {
+		unit *u = &s->u[j];
+		float *dst = s->P ? s->P + u->off : NULL;
+		if (!dst) {
+			char what[128];
+			snprintf(what, sizeof what, "initial parameters of %s", layer_name(s, j));
+			if (!(dst = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
+				return -1;
+		}
+		for (int i = u->first; i <= u->last; i++)
+			if (b->layers[i]->plen)
+				hpu__model_init_layer(b, i, s->o->seed,
+						      dst + (b->layers[i]->off - u->off));
+		if (s->P)
+			continue;
+		memcpy(s->PS + u->shard_off, dst + (size_t)s->rank * u->piece, u->piece * 4);
+		if (u->persistent) {
+			u->full = dst;
+			point(s, j, dst, NULL);
+		} else {
+			hpu_dfree(dst);
+		}
+	}
+	return 0;
+}
+
+/* ---- gradient collectives ---- */
+
+static void push(hpu_strat *s, int k, hpucoll_req *req)
+{
+	int cap = s->nunits + 1;
+	s->q[(s->qhead + s->qn) % cap] = (flight){k, req};
+	s->qn++;
+}
+
+/* What a completed gradient collective leaves to do. */
+static void land(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (u->cbuf) {
+		from_bf16(s->G + u->off, u->cbuf, u->len);
+		hpu_dfree(u->cbuf);
+		u->cbuf = NULL;
+	}
+	if (u->gbuf) { /* zero2/3: keep only the owned piece */
+		float *src = u->gbuf + (size_t)s->rank * u->piece, *dst = s->GS + u->shard_off;
+		if (s->micro == 0)
+			memcpy(dst, src, u->piece * 4);
+		else
+			for (size_t i = 0; i < u->piece; i++)
+				dst[i] += src[i];
+		hpu_dfree(u->gbuf);
+		u->gbuf = NULL;
+	}
+}
+
+/* Waits for the oldest gradient collective. */
+static int wait_oldest(hpu_strat *s)
+{
+	flight f = s->q[s->qhead];
+	s->qhead = (s->qhead + 1) % (s->nunits + 1);
+	s->qn--;
+	int rc = hpucoll_wait(&f.req);
+	if (rc)
+		return coll_fail(s, "gradient collective", rc);
+	land(s, f.unit);
+	return 0;
+}
+
+static int drain(hpu_strat *s)
+{
+	while (s->qn)
+		if (wait_oldest(s) < 0)
+			return -1;
+	return 0;
+}
+
+/* Lands the collectives that have completed, without waiting. */
+static int poll(hpu_strat *s)
+{
+	while (s->qn) {
+		int done = 0;
+		hpucoll_test(s->q[s->qhead].req, &done);
+		if (!done)
+			return 0;
+		if (wait_oldest(s) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int start_all_reduce(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	hpucoll_req *req;
+	int rc;
+	if (s->o->grad_comm_dtype == HPU_COMM_BF16) {
+		char what[128];
+		snprintf(what, sizeof what, "bf16 gradients of %s", layer_name(s, k));
+		if (!(u->cbuf = dalloc(s, HPU_MEM_COMM, u->len * 2, what)))
+			return -1;
+		to_bf16(u->cbuf, s->G + u->off, u->len);
+		rc = hpucoll_iall_reduce(s->comm, u->cbuf, u->cbuf, u->len, HPUCOLL_BF16,
+					 HPUCOLL_SUM, &req);
+	} else {
+		rc = hpucoll_iall_reduce(s->comm, s->G + u->off, s->G + u->off, u->len,
+					 HPUCOLL_F32, HPUCOLL_SUM, &req);
+	}
+	if (rc)
+		return coll_fail(s, "gradient all-reduce", rc);
+	push(s, k, req);
+	return 0;
+}
+
+/* zero2/3: reduce-scatters the unit's gradient bucket in place; at most
+ * two in flight, so that only a few buckets are ever alive. */
+static int start_reduce_scatter(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	hpucoll_req *req;
+	int rc = hpucoll_ireduce_scatter(s->comm, u->gbuf, u->gbuf + (size_t)s->rank * u->piece,
+					 u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
+	if (rc)
+		return coll_fail(s, "gradient reduce-scatter", rc);
+	push(s, k, req);
+	while (s->qn > (s->o->overlap_comm ? 2 : 0))
+		if (wait_oldest(s) < 0)
+			return -1;
+	return 0;
+}
+
+/* Every layer of unit k has run its backward in this micro-step. */
+static int unit_done(hpu_strat *s, int k, int final)
+{
+	switch (s->kind) {
+	case HPU_STRATEGY_DDP:
+		if (final && s->o->overlap_comm)
+			return start_all_reduce(s, k);
+		return 0;
+	case HPU_STRATEGY_ZERO2:
+	case HPU_STRATEGY_ZERO3:
+		return start_reduce_scatter(s, k);
+	default:
+		return 0;
+	}
+}
+
+/* ---- zero3: gathering parameters ---- */
+
+static int gather_start(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (u->persistent || u->full)
+		return 0;
+	char what[128];
+	snprintf(what, sizeof what, "gathered parameters of %s", layer_name(s, k));
+	if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
+		return -1;
+	int rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full, u->piece,
+				     HPUCOLL_F32, &u->gather);
+	if (rc)
+		return coll_fail(s, "parameter all-gather", rc);
+	s->live += u->len;
+	return 0;
+}
+
+/* Starts gathers of the units after layer i in direction dir (stopping
+ * before layer `stop`), up to the prefetch and live-parameter budgets. */
+static int prefetch(hpu_strat *s, int i, int dir, int stop)
+{
+	size_t ahead = 0;
+	for (int j = i + dir; j != stop; j += dir) {
+		int k = s->b->layers[j]->unit;
+		if (k < 0 || s->u[k].persistent)
+			continue;
+		unit *u = &s->u[k];
+		if (u->full) {
+			ahead += u->len;
+			continue;
+		}
+		if (ahead + u->len > (size_t)s->o->prefetch_bucket ||
+		    s->live + u->len > (size_t)s->o->max_live_params)
+			break;
+		if (gather_start(s, k) < 0)
+			return -1;
+		ahead += u->len;
+	}
+	return 0;
+}
+
+/* Makes layer i's parameters whole (zero3), prefetching what follows. */
+static int acquire(hpu_strat *s, int i, int dir, int stop)
+{
+	int k = s->b->layers[i]->unit;
+	if (s->kind != HPU_STRATEGY_ZERO3 || k < 0 || s->u[k].persistent)
+		return 0;
+	unit *u = &s->u[k];
+	if (!u->full && gather_start(s, k) < 0)
+		return -1;
+	if (u->gather) {
+		int rc = hpucoll_wait(&u->gather);
+		if (rc)
+			return coll_fail(s, "parameter all-gather", rc);
+	}
+	point(s, k, u->full, NULL);
+	return prefetch(s, i, dir, stop);
+}
+
+static int release(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (s->kind != HPU_STRATEGY_ZERO3 || u->persistent || !u->full)
+		return 0;
+	if (u->gather) {
+		int rc = hpucoll_wait(&u->gather);
+		if (rc)
+			return coll_fail(s, "parameter all-gather", rc);
+	}
+	hpu_dfree(u->full);
+	u->full = NULL;
+	s->live -= u->len;
+	return 0;
+}
+
+static int release_all(hpu_strat *s)
+{
+	for (int k = 0; k < s->nunits; k++)
+		if (release(s, k) < 0)
+			return -1;
+	return 0;
+}
+
+/* ---- forward and backward ---- */
+
+static int ensure_act(hpu_strat *s, int i)
+{
+	if (s->acts[i])
+		return 0;
+	hpu_layer *l = s->b->layers[i];
+	char what[128];
+	snprintf(what, sizeof what, "activations of %s", l->name);
+	s->acts[i] = dalloc(s, HPU_MEM_ACTS, (size_t)s->maxbatch * l->out_size * 4, what);
+	return s->acts[i] ? 0 : -1;
+}
+
+static void drop_act(hpu_strat *s, int i)
+{
+	hpu_dfree(s->acts[i]);
+	s->acts[i] = NULL;
+}
+
+static const float *input_of(hpu_strat *s, int i)
+{
+	return i ? s->acts[i - 1] : s->x;
+}
+
+/* Layer i's forward into acts[i], with its parameters gathered for it. */
+static int layer_forward(hpu_strat *s, int i, int n, int stop)
+{
+	hpu_layer *l = s->b->layers[i];
+	if (ensure_act(s, i) < 0 || acquire(s, i, +1, stop) < 0)
+		return -1;
+	if (l->ops.forward(l, input_of(s, i), s->acts[i], n) != 0)
+		return fail(s, "layer %s: forward failed: %s", l->name,
+			    l->err[0] ? l->err : "(no reason given)");
+	if (l->unit >= 0 && release(s, l->unit) < 0)
+		return -1;
+	if (i > 0 && s->transient[i - 1])
+		drop_act(s, i - 1);
+	return 0;
+}
+
+int hpu_strat_forward(hpu_strat *s, const float *x, int n, const float **out)
+{
+	s->x = x;
+	for (int i = 0; i < s->nlayers; i++)
+		if (layer_forward(s, i, n, s->nlayers) < 0)
+			return -1;
+	*out = s->acts[s->nlayers - 1];
+	return 0;
+}
+
+/* Activation checkpointing: before layer i's backward, recomputes the
+ * dropped outputs below it from the last one kept. */
+static int recompute(hpu_strat *s, int i, int n)
+{
+	int a = i - 1;
+	while (a > 0 && !s->acts[a - 1])
+		a--;
+	for (int j = a; j < i; j++) {
+		hpu_layer *l = s->b->layers[j];
+		if (ensure_act(s, j) < 0 || acquire(s, j, +1, i + 1) < 0)
+			return -1;
+		if (l->ops.forward(l, input_of(s, j), s->acts[j], n) != 0)
+			return fail(s, "layer %s: forward (recomputed) failed: %s", l->name,
+				    l->err[0] ? l->err : "(no reason given)");
+		if (l->unit >= 0 && release(s, l->unit) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* zero2/3: the unit's gradient bucket, made when its first layer's
+ * backward comes. */
+static int grads_for(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1 || u->gbuf)
+		return 0;
+	char what[128];
+	snprintf(what, sizeof what, "gradient bucket of %s", layer_name(s, k));
+	if (!(u->gbuf = dalloc(s, HPU_MEM_GRADS, u->len * 4, what)))
+		return -1;
+	point(s, k, NULL, u->gbuf);
+	return 0;
+}
+
+int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
+		       float scale, int micro, int accum, float *loss_out)
+{
+	hpu_builder *b = s->b;
+	int last = s->nlayers - 1, final = micro == accum - 1;
+	s->micro = micro;
+	float *dout = s->dbuf[0];
+	float loss = b->loss.loss(b->loss.user, s->acts[last], labels, dout, n);
+	if (!(loss >= 0))
+		return fail(s, "the model's loss returned %s (bad labels?)",
+			    isnan(loss) ? "NaN" : "a negative value");
+	for (size_t i = 0, k = (size_t)n * b->layers[last]->out_size; i < k; i++)
+		dout[i] *= scale;
+	for (int k = 0; k < s->nunits; k++)
+		s->u[k].pending = s->u[k].nparam_layers;
+	for (int i = last; i >= 0; i--) {
+		hpu_layer *l = b->layers[i];
+		if (i > 0 && !s->acts[i - 1] && recompute(s, i, n) < 0)
+			return -1;
+		if (l->unit >= 0 && (grads_for(s, l->unit) < 0 || acquire(s, i, -1, -1) < 0))
+			return -1;
+		float *din = i ? s->dbuf[(last - i + 1) & 1] : NULL;
+		if (l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n) != 0)
+			return fail(s, "layer %s: backward failed: %s", l->name,
+				    l->err[0] ? l->err : "(no reason given)");
+		if (l->unit >= 0) {
+			if (release(s, l->unit) < 0)
+				return -1;
+			if (--s->u[l->unit].pending == 0 && unit_done(s, l->unit, final) < 0)
+				return -1;
+		}
+		if (s->transient[i])
+			drop_act(s, i);
+		if (poll(s) < 0)
+			return -1;
+		dout = din;
+	}
+	*loss_out = loss;
+	/* zero2/3 land every micro-step's gradients in the shard. */
+	if (s->sharded && s->kind != HPU_STRATEGY_ZERO1 && drain(s) < 0)
+		return -1;
+	return release_all(s);
+}
+
+/* ---- the optimizer step ---- */
+
+static int reduce_gradients(hpu_strat *s)
+{
+	int rc;
+	switch (s->kind) {
+	case HPU_STRATEGY_DDP:
+		if (!s->o->overlap_comm)
+			for (int k = s->nunits - 1; k >= 0; k--)
+				if (start_all_reduce(s, k) < 0)
+					return -1;
+		return drain(s);
+	case HPU_STRATEGY_FAST_DDP:
+		if (start_all_reduce(s, 0) < 0)
+			return -1;
+		return drain(s);
+	case HPU_STRATEGY_ZERO1:
+		for (int k = 0; k < s->nunits; k++) {
+			unit *u = &s->u[k];
+			hpucoll_req *req;
+			rc = hpucoll_ireduce_scatter(s->comm, s->G + u->off,
+						     s->G + u->off + (size_t)s->rank * u->piece,
+						     u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
+			if (rc)
+				return coll_fail(s, "gradient reduce-scatter", rc);
+			push(s, k, req);
+		}
+		return drain(s);
+	default:
+		return drain(s);
+	}
+}
+
+/* Brings updated parameters back whole: zero1/2 gather every unit in
+ * place, zero3 only its persistent units. */
+static int gather_params(hpu_strat *s)
+{
+	if (!s->sharded)
+		return 0;
+	hpucoll_req **reqs = calloc((size_t)s->nunits, sizeof *reqs);
+	if (!reqs)
+		return fail(s, "out of memory");
+	int rc = 0, k;
+	for (k = 0; k < s->nunits && !rc; k++) {
+		unit *u = &s->u[k];
+		if (s->kind != HPU_STRATEGY_ZERO3)
+			rc = hpucoll_iall_gather(s->comm, s->P + u->off + (size_t)s->rank * u->piece,
+						 s->P + u->off, u->piece, HPUCOLL_F32, &reqs[k]);
+		else if (u->persistent)
+			rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full,
+						 u->piece, HPUCOLL_F32, &reqs[k]);
+	}
+	for (int j = 0; j < s->nunits; j++) {
+		int r = reqs[j] ? hpucoll_wait(&reqs[j]) : 0;
+		if (!rc)
+			rc = r;
+	}
+	free(reqs);
+	return rc ? coll_fail(s, "parameter all-gather", rc) : 0;
+}
+
+int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm)
+{
+	if (reduce_gradients(s) < 0)
+		return -1;
+	/* Clipping by the global norm: each rank sums the squares of the
+	 * gradients it updates (its shard under ZeRO, everything otherwise,
+	 * where every rank holds the same sums), then the shards' sums add. */
+	float gscale = 1.0f;
+	*grad_norm = 0;
+	if (s->o->clip_norm > 0) {
+		double ss = 0;
+		for (int k = 0; k < s->nunits; k++)
+			ss += hpu_sumsq(s->u[k].opt_g, s->u[k].opt.n);
+		if (s->sharded) {
+			int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);
+			if (rc)
+				return coll_fail(s, "gradient-norm all-reduce", rc);
+		}
+		*grad_norm = sqrt(ss);
+		gscale = hpu_clip_factor(*grad_norm, s->o->clip_norm);
+	}
+	for (int k = 0; k < s->nunits; k++)
+		hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g, gscale, lr);
+	if (s->G)
+		memset(s->G, 0, s->total * 4);
+	return gather_params(s);
+}
+
+/* ---- consolidated parameters ---- */
+
+static int write_unit(hpu_strat *s, FILE *f, int k, const float *full)
+{
+	unit *u = &s->u[k];
+	hpu_builder *b = s->b;
+	for (int i = u->first; i <= u->last; i++) {
+		hpu_layer *l = b->layers[i];
+		for (int p = l->first_param; p < l->first_param + l->nparams; p++) {
+			const hpu_param_info *pi = &b->params[p];
+			const float *src = full + (l->off - u->off) + pi->rel;
+			if (fwrite(src, 4, pi->numel, f) != pi->numel)
+				return -1;
+		}
+	}
+	return 0;
+}
+
+int hpu_strat_save_params(hpu_strat *s, const char *path)
+{
+	FILE *f = NULL;
+	char tmp[600];
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	if (s->rank == 0 && !(f = fopen(tmp, "wb")))
+		fail(s, "cannot write %s: %s", tmp, strerror(errno));
+	int bad = s->rank == 0 && !f, rc;
+	for (int k = 0; k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		const float *full = s->P ? s->P + u->off : u->full;
+		float *tmpbuf = NULL;
+		if (!full) { /* zero3: gather it for the file */
+			char what[128];
+			snprintf(what, sizeof what, "parameters of %s for --save-params",
+				 layer_name(s, k));
+			if (!(tmpbuf = dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
+				rc = -1;
+			else if ((rc = hpucoll_all_gather(s->comm, s->PS + u->shard_off, tmpbuf,
+							  u->piece, HPUCOLL_F32)))
+				coll_fail(s, "parameter all-gather", rc);
+			if (rc) {
+				hpu_dfree(tmpbuf);
+				if (f) {
+					fclose(f);
+					unlink(tmp);
+				}
+				return -1;
+			}
+			full = tmpbuf;
+		}
+		if (f && full && !bad && write_unit(s, f, k, full) < 0)
+			bad = 1;
+		hpu_dfree(tmpbuf);
+	}
+	if (f) {
+		if (fflush(f) != 0 || ferror(f))
+			bad = 1;
+		if (fclose(f) != 0)
+			bad = 1;
+		if (!bad && rename(tmp, path) != 0)
+			bad = 1;
+		if (bad) {
+			if (!s->err[0])
+				fail(s, "cannot write %s: %s", path, strerror(errno));
+			unlink(tmp);
+		}
+	}
+	return bad ? -1 : 0;
+}
+
+int hpu_strat_units(const hpu_strat *s)
+{
+	return s->nunits;
+}
+
+/* ---- making and freeing ---- */
+
+/* Activation checkpointing. A marked layer followed by a marked layer
+ * need not keep its output: the next layer has read it, and backward can
+ * recompute it from the last output kept below. In a run of m such
+ * layers every ceil(sqrt(m))-th output is kept all the same, so that
+ * backward recomputes one segment at a time (Chen et al., 2016): about
+ * 2 sqrt(m) outputs alive instead of m, for one extra forward. The last
+ * layer's output feeds the loss and is always kept. */
+static void mark_transient(hpu_strat *s)
+{
+	hpu_layer **ls = s->b->layers;
+	int L = s->nlayers;
+	for (int a = 0; a < L;) {
+		if (!(ls[a]->ckpt && a + 1 < L && ls[a + 1]->ckpt)) {
+			a++;
+			continue;
+		}
+		int z = a; /* the run of marked layers a .. z */
+		while (z + 1 < L && ls[z + 1]->ckpt)
+			z++;
+		/* layers a .. z-1 may drop their outputs */
+		int m = z - a, seg = (int)ceil(sqrt((double)m));
+		for (int j = a; j < z; j++)
+			s->transient[j] = (j - a + 1) % seg != 0;
+		a = z;
+	}
+}
+
+int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
+		  const hpu_train_opts *o, int maxbatch, char *err,
+		  size_t errlen)
+{
+	*out = NULL;
+	hpu_strat *s = calloc(1, sizeof *s);
+	if (!s) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	s->b = b;
+	s->comm = comm;
+	s->o = o;
+	s->kind = o->strategy;
+	s->rank = hpucoll_comm_rank(comm);
+	s->world = hpucoll_comm_size(comm);
+	s->sharded = s->kind >= HPU_STRATEGY_ZERO1;
+	s->nlayers = b->nlayers;
+	s->maxbatch = maxbatch;
+	s->err = err;
+	s->errlen = errlen;
+	*out = s;
+	s->u = calloc((size_t)b->nlayers + 1, sizeof *s->u);
+	s->q = calloc((size_t)b->nlayers + 2, sizeof *s->q);
+	s->acts = calloc((size_t)b->nlayers, sizeof *s->acts);
+	s->transient = calloc((size_t)b->nlayers, 1);
+	if (!s->u || !s->q || !s->acts || !s->transient)
+		return fail(s, "out of memory");
+	build_units(s);
+	s->maxw = b->data[HPU_SPLIT_TRAIN].sample_size;
+	for (int i = 0; i < b->nlayers; i++) {
+		hpu_layer *l = b->layers[i];
+		if (o->activation_checkpointing && i + 1 < b->nlayers)
+			l->ckpt = 1;
+		if (l->out_size > s->maxw)
+			s->maxw = l->out_size;
+	}
+	mark_transient(s);
+	if (alloc_states(s) < 0 || init_params(s) < 0)
+		return -1;
+	for (int k = 0; k < 2; k++)
+		if (!(s->dbuf[k] = dalloc(s, HPU_MEM_ACTS, (size_t)maxbatch * s->maxw * 4,
+					  "activation gradients")))
+			return -1;
+	return 0;
+}
+
+void hpu_strat_free(hpu_strat **ps)
+{
+	hpu_strat *s = *ps;
+	if (!s)
+		return;
+	while (s->qn) { /* after an error: let the collectives end first */
+		hpucoll_wait(&s->q[s->qhead].req);
+		s->qhead = (s->qhead + 1) % (s->nunits + 1);
+		s->qn--;
+	}
+	for (int k = 0; s->u && k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		if (u->gather)
+			hpucoll_wait(&u->gather);
+		hpu_dfree(u->full);
+		hpu_dfree(u->gbuf);
+		hpu_dfree(u->cbuf);
+	}
+	for (int i = 0; s->acts && i < s->nlayers; i++)
+		hpu_dfree(s->acts[i]);
+	hpu_dfree(s->dbuf[0]);
+	hpu_dfree(s->dbuf[1]);
+	hpu_dfree(s->P);
+	hpu_dfree(s->G);
+	hpu_dfree(s->PS);
+	hpu_dfree(s->GS);
+	hpu_dfree(s->state);
+	free(s->u);
+	free(s->q);
+	free(s->acts);
+	free(s->transient);
+	free(s);
+	*ps = NULL;
+}

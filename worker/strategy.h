@@ -1,0 +1,50 @@
+/* strategy: where parameters, gradients and optimizer state live and how
+ * they move, for ddp, fast_ddp and ZeRO stages 1-3; the forward and
+ * backward passes over the model's layers with the strategy's hooks
+ * (ZeRO-3 gathers and releases, DDP bucket all-reduces and ZeRO-2/3
+ * reduce-scatters started as soon as a bucket's backward is done), and
+ * activation checkpointing. All memory comes from the device allocator. */
+#ifndef HPU_STRATEGY_H
+#define HPU_STRATEGY_H
+
+#include <hpu/coll.h>
+#include <stddef.h>
+
+#include "config.h"
+#include "model.h"
+
+typedef struct hpu_strat hpu_strat;
+
+/* Lays the model's parameters out for o->strategy, allocates and
+ * initializes them (every rank computes the same initial values from
+ * o->seed) and the optimizer state, for micro-batches of up to `maxbatch`
+ * samples. Errors (including device memory) go to err. */
+int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
+		  const hpu_train_opts *o, int maxbatch, char *err,
+		  size_t errlen);
+
+/* Forward pass over x[n, sample_size]; *out is the last layer's output. */
+int hpu_strat_forward(hpu_strat *s, const float *x, int n, const float **out);
+
+/* Loss and backward pass of micro-step `micro` (0 .. accum-1) after
+ * hpu_strat_forward() of the same batch; the loss gradient is multiplied by
+ * `scale`. Sets *loss to the local mean loss. */
+int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
+		       float scale, int micro, int accum, float *loss);
+
+/* After the last micro-step: finishes the gradient communication, clips
+ * (the global norm before clipping goes to *grad_norm when clipping is on,
+ * else 0), steps the optimizer with `lr` and brings the parameters back
+ * where the next forward wants them. */
+int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm);
+
+/* Writes the consolidated fp32 parameters, each parameter's numel floats
+ * in declaration order, to `path` on rank 0. Every rank must call it. */
+int hpu_strat_save_params(hpu_strat *s, const char *path);
+
+/* Layout facts for logs and metrics. */
+int hpu_strat_units(const hpu_strat *s);
+
+void hpu_strat_free(hpu_strat **s);
+
+#endif
