@@ -36,6 +36,7 @@ bench:
 	@bash deploy/install-deps.sh python3-torch openmpi-bin libopenmpi-dev
 	$(MAKE) build
 	bash bench/demo_throughput.sh $(BUILD)
+	bash bench/strategies.sh $(BUILD)
 	bash bench/coll_compare.sh $(BUILD)
 
 clean:

@@ -86,7 +86,9 @@ int main(int argc, char **argv)
 		goto out;
 	rc = 0;
 out:
-	if (rc)
+	if (rc && strncmp(err, "rank ", 5) == 0) /* it names the rank itself */
+		fprintf(stderr, "hpu-worker: %s\n", err);
+	else if (rc)
 		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
 	hpu__model_destroy(&b);
 	hpucoll_comm_destroy(&comm);
