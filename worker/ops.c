@@ -11,6 +11,8 @@
 
 #include <cblas.h>
 
+#include "simd.h"
+
 #include "hpu/ops.h"
 
 void hpu_linear_forward(const float *x, const float *w, const float *b,
@@ -72,13 +74,14 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		    1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
-void hpu_relu_forward(const float *x, float *y, size_t n)
+HPU_CLONES void hpu_relu_forward(const float *restrict x, float *restrict y, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-void hpu_relu_backward(const float *y, const float *dy, float *dx, size_t n)
+HPU_CLONES void hpu_relu_backward(const float *restrict y, const float *restrict dy,
+				  float *restrict dx, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;

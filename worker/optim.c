@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "simd.h"
+
 /* Every step is one pass over the n parameters, in fp32 the way torch does
  * it after clip_grad_norm_: the gradient is first scaled by gscale (rounded
  * to fp32, as g.mul_(clip_coef) leaves it), then weight decay, moments and
@@ -43,7 +45,7 @@ void hpu_optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n,
 
 /* torch.optim.SGD (dampening 0): d = g + wd*p; buf = d at the first step,
  * else mu*buf + d; d = nesterov ? d + mu*buf : buf; p -= lr*d. */
-static void sgd_step(hpu_optim *o, float *p, const float *g, float gscale,
+HPU_CLONES static void sgd_step(hpu_optim *o, float *p, const float *g, float gscale,
 		     double lr_d)
 {
 	const float lr = (float)lr_d, mu = (float)o->momentum,
@@ -99,6 +101,18 @@ static inline void adam_pass(const adam_k *k, int l2, float *p, const float *g,
 	}
 }
 
+HPU_CLONES static void adam_l2(const adam_k *k, float *p, const float *g, float *m,
+				float *v, size_t n, float gscale)
+{
+	adam_pass(k, 1, p, g, m, v, n, gscale);
+}
+
+HPU_CLONES static void adam_decoupled(const adam_k *k, float *p, const float *g,
+				       float *m, float *v, size_t n, float gscale)
+{
+	adam_pass(k, 0, p, g, m, v, n, gscale);
+}
+
 /* torch.optim.Adam (L2: g += wd*p) and torch.optim.AdamW (decoupled:
  * p *= 1 - lr*wd), amsgrad off. */
 static void adam_step(hpu_optim *o, float *p, const float *g, float gscale,
@@ -118,9 +132,9 @@ static void adam_step(hpu_optim *o, float *p, const float *g, float gscale,
 		.eps = (float)o->eps,
 	};
 	if (l2)
-		adam_pass(&k, 1, p, g, o->m, o->v, o->n, gscale);
+		adam_l2(&k, p, g, o->m, o->v, o->n, gscale);
 	else
-		adam_pass(&k, 0, p, g, o->m, o->v, o->n, gscale);
+		adam_decoupled(&k, p, g, o->m, o->v, o->n, gscale);
 }
 
 void hpu_optim_step(hpu_optim *o, float *p, const float *g, float gscale,
@@ -158,7 +172,7 @@ static double sumsq_double(const float *g, size_t n)
 	return s;
 }
 
-static float sumsq_block(const float *g)
+static inline float sumsq_block(const float *g)
 {
 	float acc[SUMSQ_LANES] = {0};
 	for (size_t j = 0; j < SUMSQ_BLOCK; j += SUMSQ_LANES)
@@ -170,7 +184,7 @@ static float sumsq_block(const float *g)
 	return acc[0];
 }
 
-double hpu_sumsq(const float *g, size_t n)
+HPU_CLONES double hpu_sumsq(const float *g, size_t n)
 {
 	double total = 0.0;
 	size_t i = 0;

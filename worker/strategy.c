@@ -10,6 +10,7 @@
 
 #include "devmem.h"
 #include "optim.h"
+#include "simd.h"
 
 /* A unit is a run of consecutive layers whose parameters are communicated
  * together: a DDP or ZeRO-2 gradient bucket, a ZeRO-1 partition unit, one
@@ -93,26 +94,32 @@ static void *dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes,
 
 /* ---- bf16, round to nearest even ---- */
 
-static void to_bf16(uint16_t *dst, const float *src, size_t n)
+HPU_CLONES static void to_bf16(uint16_t *restrict dst, const float *restrict src,
+				size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		uint32_t x;
 		memcpy(&x, &src[i], 4);
-		if ((x & 0x7fffffffu) > 0x7f800000u) { /* NaN stays NaN */
-			dst[i] = (uint16_t)((x >> 16) | 0x40);
-			continue;
-		}
-		x += 0x7fffu + ((x >> 16) & 1);
-		dst[i] = (uint16_t)(x >> 16);
+		uint32_t r = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;
+		uint32_t q = (x >> 16) | 0x40; /* NaN stays NaN (quiet) */
+		dst[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
 	}
 }
 
-static void from_bf16(float *dst, const uint16_t *src, size_t n)
+HPU_CLONES static void from_bf16(float *restrict dst, const uint16_t *restrict src,
+				  size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		uint32_t x = (uint32_t)src[i] << 16;
 		memcpy(&dst[i], &x, 4);
 	}
+}
+
+HPU_CLONES static void add_into(float *restrict dst, const float *restrict src,
+				 size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] += src[i];
 }
 
 /* ---- layout ---- */
@@ -339,8 +346,7 @@ static void land(hpu_strat *s, int k)
 		if (s->micro == 0)
 			memcpy(dst, src, u->piece * 4);
 		else
-			for (size_t i = 0; i < u->piece; i++)
-				dst[i] += src[i];
+			add_into(dst, src, u->piece);
 		hpu_dfree(u->gbuf);
 		u->gbuf = NULL;
 	}
