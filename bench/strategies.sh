@@ -18,9 +18,10 @@ py=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# ours STRATEGY N: prints "samples/s bytes/step MaxInUse states_max Ψ"
+# ours "STRATEGY [flags]" N: prints "samples/s bytes/step MaxInUse states_max Ψ"
 ours() {
-  "$build/bin/hpulaunch" -q --devices "$2" --strategy "$1" --max-steps "$steps" \
+  # shellcheck disable=SC2086 # $1 is the strategy and its flags
+  "$build/bin/hpulaunch" -q --devices "$2" --strategy $1 --max-steps "$steps" \
     --log-every 0 --no-eval --metrics "$tmp/m.jsonl" "$model" >/dev/null 2>&1
   "$py" - "$tmp/m.jsonl" <<'PY'
 import json, sys
@@ -38,10 +39,13 @@ torch() {
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-strategies="ddp fast_ddp zero1 zero2 zero3"
+# Each strategy with its defaults, plus DDP without overlap and fast_ddp
+# with bf16 gradients.
+strategies=(ddp "ddp --no-overlap-comm" fast_ddp "fast_ddp --grad-comm-dtype bf16" zero1 zero2 zero3)
+key() { echo "$1" | tr ' ' '_'; }
 for i in $(seq "$repeat"); do
   for n in 1 2; do
-    for s in $strategies; do ours "$s" "$n" >>"$tmp/$s-$n"; done
+    for s in "${strategies[@]}"; do ours "$s" "$n" >>"$tmp/$(key "$s")-$n"; done
     torch "$n" >>"$tmp/torch-$n"
   done
 done
@@ -51,16 +55,16 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 psi=$(col "$tmp/ddp-1" 5)
 echo "MLP 784-1024-1024-10 (Ψ = $psi parameters), global batch 256, AdamW; $steps steps;"
 echo "median of $repeat runs; samples/s after the first step; memory and bytes of rank 0"
-printf '%-24s %8s %10s %14s %12s %14s %10s\n' system workers samples/s "bytes/step" "MaxInUse MiB" "states MiB" "states/Ψ"
-for s in $strategies; do
+printf '%-44s %7s %10s %12s %12s %10s %9s\n' system workers samples/s "bytes/step" "MaxInUse MiB" "states MiB" "states/Ψ"
+for s in "${strategies[@]}"; do
   for n in 1 2; do
-    f=$tmp/$s-$n
+    f=$tmp/$(key "$s")-$n
     awk -v name="hputrain $s" -v n="$n" -v psi="$psi" -v a="$(col "$f" 1)" -v b="$(col "$f" 2)" \
         -v c="$(col "$f" 3)" -v d="$(col "$f" 4)" 'BEGIN {
-      printf "%-24s %8d %10.0f %14.0f %12.1f %14.1f %10.2f\n", name, n, a, b, c / 1048576, d / 1048576, d / psi }'
+      printf "%-44s %7d %10.0f %12.0f %12.1f %10.1f %9.2f\n", name, n, a, b, c / 1048576, d / 1048576, d / psi }'
   done
 done
 for n in 1 2; do
-  printf '%-24s %8d %10.0f %14s %12s %14s %10s\n' "torch 1.13 DDP gloo" "$n" \
+  printf '%-44s %7d %10.0f %12s %12s %10s %9s\n' "torch 1.13 DDP gloo" "$n" \
     "$(median <"$tmp/torch-$n")" "-" "-" "-" "-"
 done

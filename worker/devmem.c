@@ -319,28 +319,23 @@ static blk *get_block(uint64_t rounded, size_t bytes, bool *fresh)
 	return b;
 }
 
-static void set_limit_error(size_t bytes, const char *what)
+/* The sentence of a refused allocation: over the limit (e == 0), or the
+ * system refused with errno e. */
+static void set_alloc_error(size_t bytes, const char *what, int e)
 {
 	char who[32], req[32], used[32], lim[32];
 	fmt_who(who, sizeof who);
 	fmt_bytes(req, sizeof req, bytes);
 	fmt_bytes(used, sizeof used, dev.in_use);
 	fmt_limit(lim, sizeof lim);
-	snprintf(err_buf, sizeof err_buf,
-		 "%sout of device memory allocating %s: %s requested, InUse %s, Limit %s (--device-memory)",
-		 who, what, req, used, lim);
-}
-
-static void set_system_error(size_t bytes, const char *what, int e)
-{
-	char who[32], req[32], used[32], lim[32];
-	fmt_who(who, sizeof who);
-	fmt_bytes(req, sizeof req, bytes);
-	fmt_bytes(used, sizeof used, dev.in_use);
-	fmt_limit(lim, sizeof lim);
-	snprintf(err_buf, sizeof err_buf,
-		 "%sout of host memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s",
-		 who, what, req, strerror(e), used, lim);
+	if (e == 0)
+		snprintf(err_buf, sizeof err_buf,
+			 "%sout of device memory allocating %s: %s requested, InUse %s, Limit %s (--device-memory)",
+			 who, what, req, used, lim);
+	else
+		snprintf(err_buf, sizeof err_buf,
+			 "%sout of host memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s",
+			 who, what, req, strerror(e), used, lim);
 }
 
 static void account_alloc(hpu_mem_kind kind, size_t bytes)
@@ -371,7 +366,7 @@ void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
 		what = "memory";
 	pthread_mutex_lock(&dev.mu);
 	if (dev.limit && bytes > dev.limit - dev.in_use) {
-		set_limit_error(bytes, what);
+		set_alloc_error(bytes, what, 0);
 		pthread_mutex_unlock(&dev.mu);
 		return NULL;
 	}
@@ -382,7 +377,7 @@ void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
 	else
 		errno = ENOMEM;
 	if (!b) {
-		set_system_error(bytes, what, errno);
+		set_alloc_error(bytes, what, errno);
 		pthread_mutex_unlock(&dev.mu);
 		return NULL;
 	}

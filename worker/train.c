@@ -179,22 +179,38 @@ static double mib(double bytes)
 	return bytes / (1024.0 * 1024.0);
 }
 
+/* What every rank contributes to a log line after `steps` steps: *mean
+ * gets the loss averaged over the ranks; returns every rank's statistics
+ * (all[world][ST_N], the caller frees), or NULL after an error. */
+static double *reduce_for_log(loop *L, float loss, long steps, float *mean)
+{
+	*mean = loss / (float)L->world;
+	int rc = hpucoll_all_reduce(L->comm, mean, mean, 1, HPUCOLL_F32, HPUCOLL_SUM);
+	if (rc) {
+		coll_fail(L, "loss all-reduce", rc);
+		return NULL;
+	}
+	double *all = malloc((size_t)L->world * ST_N * sizeof *all);
+	if (!all) {
+		fail(L, "out of memory");
+		return NULL;
+	}
+	if (gather_stats(L, steps ? (double)L->comm_bytes / (double)steps : 0, all) < 0) {
+		free(all);
+		return NULL;
+	}
+	return all;
+}
+
 /* A log line and metrics record: loss averaged over every rank, the
  * learning rate, throughput, device memory of every rank. */
 static int log_step(loop *L, long step, long total, int epoch, float loss,
 		    double lr, double norm, double sps)
 {
-	float l = loss / (float)L->world;
-	int rc = hpucoll_all_reduce(L->comm, &l, &l, 1, HPUCOLL_F32, HPUCOLL_SUM);
-	if (rc)
-		return coll_fail(L, "loss all-reduce", rc);
-	double *all = malloc((size_t)L->world * ST_N * sizeof *all);
+	float l;
+	double *all = reduce_for_log(L, loss, step, &l);
 	if (!all)
-		return fail(L, "out of memory");
-	if (gather_stats(L, step ? (double)L->comm_bytes / (double)step : 0, all) < 0) {
-		free(all);
 		return -1;
-	}
 	if (L->rank == 0) {
 		printf("epoch %d/%d step %ld/%ld loss %.4f lr %.3g samples/s %.1f "
 		       "memory_allocated %.1f MiB max_memory_allocated %.1f MiB "
@@ -307,17 +323,10 @@ static int evaluate(loop *L, double *value, double *count)
 static int write_final(loop *L, long steps, float loss, double sps,
 		       int have_metric, double metric, double count)
 {
-	float l = loss / (float)L->world;
-	int rc = hpucoll_all_reduce(L->comm, &l, &l, 1, HPUCOLL_F32, HPUCOLL_SUM);
-	if (rc)
-		return coll_fail(L, "loss all-reduce", rc);
-	double *all = malloc((size_t)L->world * ST_N * sizeof *all);
+	float l;
+	double *all = reduce_for_log(L, loss, steps, &l);
 	if (!all)
-		return fail(L, "out of memory");
-	if (gather_stats(L, steps ? (double)L->comm_bytes / (double)steps : 0, all) < 0) {
-		free(all);
 		return -1;
-	}
 	if (L->rank != 0) {
 		free(all);
 		return 0;

@@ -1,0 +1,64 @@
+/* config_internal: what config.c (the option table, flags) and
+ * config_file.c (the JSON config file) share. Not installed; nothing else
+ * includes it.
+ *
+ * Every option lives in one table in config.c. The config file sets
+ * options through the same entries, so a value is checked the same way
+ * whichever way it comes in. */
+#ifndef HPU_CONFIG_INTERNAL_H
+#define HPU_CONFIG_INTERNAL_H
+
+#include "config.h"
+
+#include <stddef.h>
+
+/* How an option's value is parsed and stored. */
+enum hpu__opt_kind {
+	K_INT,    /* int in lo..hi */
+	K_LONG,   /* long in lo..hi */
+	K_U64,    /* uint64_t in lo..hi */
+	K_DOUBLE, /* finite double in lo..hi */
+	K_FLAG,   /* int set to 1 */
+	K_NOFLAG, /* int set to 0 */
+	K_STR,    /* non-empty string, fits the field */
+	K_CHOICE, /* one of names[], stored as its index */
+	K_SIZE,   /* hpu_parse_size(), not 0 */
+	K_MB,     /* MiB of fp32 (lo..hi), stored as a long count of floats */
+	K_CONFIG, /* --config FILE: loads the file */
+};
+
+/* One entry of the option table. */
+struct hpu__opt {
+	const char *name; /* the flag, without dashes */
+	enum hpu__opt_kind kind;
+	size_t off; /* of the field in hpu_train_opts */
+	double lo, hi;
+	const char *const *names; /* K_CHOICE: accepted values */
+	int nnames;
+	const char *help;
+};
+
+/* The table entry for option `name` (without dashes), or NULL. */
+const struct hpu__opt *hpu__opt_find(const char *name);
+
+/* The from[] index of p: aliases of one field (--bucket-cap-mb,
+ * --no-overlap-comm) share one. */
+int hpu__opt_slot(const struct hpu__opt *p);
+
+/* The from[] index of option `name`, which must exist. */
+int hpu__opt_slot_named(const char *name);
+
+/* Parses text v into p's field of o; returns 0, or -1 with the field
+ * untouched if v is not valid. Leaves o->from[] alone. */
+int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
+		       const char *v);
+
+/* What a valid value of p looks like, for error messages; returns buf or
+ * a constant string. */
+const char *hpu__opt_expected(const struct hpu__opt *p, char *buf,
+			      size_t len);
+
+/* The index of v in names[0..n-1] (case-insensitively if nocase), or -1. */
+int hpu__pick(const char *v, const char *const *names, int n, int nocase);
+
+#endif
