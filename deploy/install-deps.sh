@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libev-dev libssl-dev
   libcmocka-dev libopenblas-dev zlib1g-dev libcjson-dev
+  clang libclang-rt-14-dev iproute2
   dataset-fashion-mnist
 )
 # Extra packages for a caller that wants them (e.g. bench: python3-torch).

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -110,11 +111,15 @@ static void write_all(int fd, const char *p, size_t n)
 static void emit(stream *s, const char *line, size_t n)
 {
 	worker *w = s->w;
+	const hpu_agent_cfg *c = &w->a->cfg;
 	char out[LINE_MAX_BYTES + 64];
 	memcpy(out, w->prefix, w->prefix_len);
 	memcpy(out + w->prefix_len, line, n);
 	out[w->prefix_len + n] = '\n';
-	write_all(s->out_fd, out, w->prefix_len + n + 1);
+	if (c->on_line)
+		c->on_line(w->a, w->rank, s->out_fd == 2, line, n, c->arg);
+	else
+		write_all(s->out_fd, out, w->prefix_len + n + 1);
 	if (w->log_fd >= 0)
 		write_all(w->log_fd, out, w->prefix_len + n + 1);
 }
@@ -185,13 +190,19 @@ static void on_child(struct ev_loop *loop, ev_child *c, int revents)
 	maybe_idle(a);
 }
 
+static int device_of(const hpu_agent *a, const worker *w)
+{
+	return a->cfg.device_ids ? a->cfg.device_ids[w->local] : w->local;
+}
+
 /* Builds the worker's environment: ours, minus what we set, plus the job's. */
 static char **make_env(const hpu_agent *a, const worker *w)
 {
 	static const char *ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=",
 				     "LOCAL_WORLD_SIZE=", "NODE_RANK=", "NNODES=",
 				     "MASTER_ADDR=", "MASTER_PORT=", "HPU_JOB_ID=",
-				     "HPU_JOB_TOKEN=", "HPUCOLL_TRANSPORT="};
+				     "HPU_JOB_TOKEN=", "HPUCOLL_TRANSPORT=",
+				     "HPU_DEVICE_ID="};
 	size_t n = 0;
 	while (environ[n])
 		n++;
@@ -211,7 +222,7 @@ static char **make_env(const hpu_agent *a, const worker *w)
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
-	char v[10][600];
+	char v[11][600];
 	snprintf(v[0], sizeof v[0], "RANK=%d", w->rank);
 	snprintf(v[1], sizeof v[1], "LOCAL_RANK=%d", w->local);
 	snprintf(v[2], sizeof v[2], "WORLD_SIZE=%d", c->nodes * c->devices);
@@ -222,7 +233,8 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	snprintf(v[7], sizeof v[7], "MASTER_PORT=%d", c->master_port);
 	snprintf(v[8], sizeof v[8], "HPU_JOB_ID=%s", c->job_id);
 	snprintf(v[9], sizeof v[9], "HPU_JOB_TOKEN=%s", c->token);
-	for (int i = 0; i < 10; i++)
+	snprintf(v[10], sizeof v[10], "HPU_DEVICE_ID=%d", device_of(a, w));
+	for (int i = 0; i < 11; i++)
 		env[k++] = strdup(v[i]);
 	if (!have_blas)
 		env[k++] = strdup("OPENBLAS_NUM_THREADS=1");
@@ -265,11 +277,20 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 	dup2(err, 2);
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	if (ncpu > 0 && a->cfg.devices <= ncpu) {
-		/* Pin by local rank where there is a core for each worker. */
+		/* Pin by device where there is a core for each worker. */
 		cpu_set_t set;
 		CPU_ZERO(&set);
-		CPU_SET(w->local % ncpu, &set);
+		CPU_SET(device_of(a, w) % ncpu, &set);
 		sched_setaffinity(0, sizeof set, &set);
+	}
+	if (a->cfg.set_user) {
+		gid_t g = (gid_t)a->cfg.gid;
+		if (setgroups(1, &g) != 0 || setgid(g) != 0 || setuid((uid_t)a->cfg.uid) != 0 ||
+		    (a->cfg.uid != 0 && setuid(0) == 0)) {
+			static const char msg[] = "hpulaunch: cannot switch the worker to its user\n";
+			write_all(2, msg, sizeof msg - 1);
+			_exit(126);
+		}
 	}
 	if (a->cfg.search_path)
 		execvpe(a->cfg.argv[0], a->cfg.argv, env);
@@ -380,6 +401,8 @@ static void on_kill_timer(struct ev_loop *loop, ev_timer *t, int revents)
 
 void hpu_agent_stop(hpu_agent *a, double grace_s)
 {
+	if (a->stopping && grace_s <= 0) /* again, impatient: no more grace */
+		signal_all(a, SIGKILL);
 	if (a->stopping)
 		return;
 	a->stopping = 1;

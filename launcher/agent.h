@@ -25,6 +25,18 @@ typedef struct hpu_agent_cfg {
 	int search_path;   /* look argv[0] up in PATH */
 	const char *log_dir; /* also write rank_N.log here, or NULL */
 	const char *transport; /* HPUCOLL_TRANSPORT for the workers, or NULL */
+	/* Which devices the workers get (devices entries; NULL: 0, 1, ...):
+	 * worker i is pinned by device_ids[i] and sees it as HPU_DEVICE_ID. */
+	const int *device_ids;
+	/* Run the workers as this user (setgid, setgroups, setuid before
+	 * exec) when set_user is 1. */
+	int set_user;
+	unsigned uid, gid;
+	/* Optional: a worker's output line (without newline or prefix) goes
+	 * here instead of to this process's stdout/stderr (the rank's log
+	 * file still gets it). is_err: it came from the worker's stderr. */
+	void (*on_line)(hpu_agent *a, int rank, int is_err, const char *line,
+			size_t len, void *arg);
 	/* Called when a worker has been reaped. status as from waitpid. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
 	/* Called once every worker is reaped and its output drained. */
@@ -40,7 +52,8 @@ hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg);
 int hpu_agent_start(hpu_agent *a, char *err, size_t errlen);
 
 /* Sends SIGTERM to every live worker's process group, and SIGKILL to those
- * still alive after `grace_s` seconds. Safe to call more than once. */
+ * still alive after `grace_s` seconds (at once when grace_s <= 0, also on
+ * a later call). Safe to call more than once. */
 void hpu_agent_stop(hpu_agent *a, double grace_s);
 
 /* Workers not yet reaped. */

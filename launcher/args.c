@@ -1,4 +1,5 @@
 #include "args.h"
+#include "slurm.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -36,6 +37,24 @@ void hpu_args_usage(FILE *f)
 		"  -q, --quiet            no start-up summary line\n"
 		"  -h, --help             this help\n"
 		"[WORLD_SIZE], if set, must equal nodes x devices.\n"
+		"\n"
+		"Several nodes from one command, through each node's hpud:\n"
+		"  --hostfile FILE        one host a line, \"HOST[:PORT] [slots=N]\" (DeepSpeed\n"
+		"                         and Open MPI style; PORT: that node's hpud port);\n"
+		"                         nodes = hosts, node 0 = the first host [MASTER_ADDR],\n"
+		"                         devices = the hosts' slots unless --devices; not\n"
+		"                         with --nodes, --node-rank or --master-addr\n"
+		"  --status HOST[:PORT]   print the jobs of the hpud on HOST and exit\n"
+		"  --hpud-port P          the daemons' control port (29400)\n"
+		"  --key FILE             the cluster secret for hpud [HPU_KEY_FILE]\n"
+		"                         (/etc/hpud/secret.key)\n"
+		"\n"
+		"Under Slurm, run one hpulaunch per node inside srun:\n"
+		"  srun -N2 --ntasks-per-node=1 hpulaunch --devices 8 MODEL.so\n"
+		"The node rank, nodes, master address (the first node) and port and the\n"
+		"job id then come from SLURM_*; flags and the variables above win. Export\n"
+		"HPU_JOB_TOKEN first: without it the token derives from the job id, which\n"
+		"keeps jobs apart but not users.\n"
 		"\n"
 		"Training options (passed to every worker):\n");
 	hpu_opts_help(f);
@@ -97,16 +116,51 @@ static int worker_path(char *out, size_t outlen)
 	return snprintf(out, outlen, "%s/hpu-worker", self) < (int)outlen ? 0 : -1;
 }
 
+/* Which settings came from a flag and which from the environment, so that
+ * Slurm and --hostfile fill in only the rest. */
+enum {
+	SET_NODES = 1 << 0,
+	SET_DEVICES = 1 << 1,
+	SET_RANK = 1 << 2,
+	SET_ADDR = 1 << 3,
+	SET_PORT = 1 << 4,
+	SET_JOB_ID = 1 << 5,
+	SET_TOKEN = 1 << 6,
+	SET_DEVICES_AUTO = 1 << 7,
+};
+
+typedef struct sources {
+	unsigned flag, env;
+} sources;
+
+/* "HOST[:PORT]" for --status. */
+static int status_target(hpu_launch_args *a, const char *v)
+{
+	const char *colon = strchr(v, ':');
+	size_t n = colon ? (size_t)(colon - v) : strlen(v);
+	if (n == 0 || n > 255 || (colon && strchr(colon + 1, ':')))
+		return -1;
+	if (colon && to_int(colon + 1, 1, 65535, &a->status_port))
+		return -1;
+	free(a->status_host);
+	a->status_host = strndup(v, n);
+	return a->status_host ? 0 : -1;
+}
+
 /* Launcher options; returns 1 if argv[*i] was one, 0 if not, -1 on error. */
-static int launcher_opt(hpu_launch_args *a, int argc, char **argv, int *i,
-			char *err, size_t errlen)
+static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
+			char **argv, int *i, char *err, size_t errlen)
 {
 	static const char *names[] = {"--nodes", "--devices", "--node-rank",
 				      "--master-addr", "--master-port", "--job-id",
-				      "--log-dir", "--join-timeout", "--transport"};
+				      "--log-dir", "--join-timeout", "--transport",
+				      "--hostfile", "--status", "--hpud-port", "--key"};
+	static const unsigned sets[] = {SET_NODES, SET_DEVICES, SET_RANK,
+					SET_ADDR, SET_PORT, SET_JOB_ID};
+	const int nnames = (int)(sizeof names / sizeof names[0]);
 	const char *arg = argv[*i];
 	int k = -1;
-	for (int j = 0; j < 9; j++)
+	for (int j = 0; j < nnames; j++)
 		if (!strcmp(arg, names[j]))
 			k = j;
 	if (!strcmp(arg, "-q") || !strcmp(arg, "--quiet")) {
@@ -125,10 +179,13 @@ static int launcher_opt(hpu_launch_args *a, int argc, char **argv, int *i,
 	switch (k) {
 	case 0: bad = to_int(v, 1, 4096, &a->nodes); break;
 	case 1:
-		if (!strcmp(v, "auto"))
+		src->flag &= ~(unsigned)SET_DEVICES_AUTO;
+		if (!strcmp(v, "auto")) {
 			a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
-		else
+			src->flag |= SET_DEVICES_AUTO;
+		} else {
 			bad = to_int(v, 1, 1024, &a->devices);
+		}
 		break;
 	case 2: bad = to_int(v, 0, 4095, &a->node_rank); break;
 	case 3: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
@@ -140,34 +197,55 @@ static int launcher_opt(hpu_launch_args *a, int argc, char **argv, int *i,
 		bad = strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "ipc") && strcmp(v, "shm");
 		a->transport = v;
 		break;
+	case 9: bad = !*v; a->hostfile = v; break;
+	case 10: bad = status_target(a, v); break;
+	case 11: bad = to_int(v, 1, 65535, &a->hpud_port); break;
+	case 12: bad = !*v; a->key_path = v; break;
 	}
 	if (bad) {
 		snprintf(err, errlen, "bad value '%s' for %s", v, arg);
 		return -1;
 	}
+	if (k < (int)(sizeof sets / sizeof sets[0]))
+		src->flag |= sets[k];
 	(*i)++;
 	return 1;
 }
 
-static int from_env(hpu_launch_args *a, char *err, size_t errlen)
+static int from_env(hpu_launch_args *a, sources *src, char *err,
+		    size_t errlen)
 {
 	const char *v;
-	if ((v = getenv("MASTER_ADDR")) && *v)
+	if ((v = getenv("MASTER_ADDR")) && *v) {
 		snprintf(a->master_addr, sizeof a->master_addr, "%s", v);
-	if ((v = getenv("MASTER_PORT")) && *v && to_int(v, 1, 65535, &a->master_port)) {
-		snprintf(err, errlen, "MASTER_PORT='%s' is not a port number", v);
-		return -1;
+		src->env |= SET_ADDR;
 	}
-	if ((v = getenv("NODE_RANK")) && *v && to_int(v, 0, 4095, &a->node_rank)) {
-		snprintf(err, errlen, "NODE_RANK='%s' is not a node rank", v);
-		return -1;
+	if ((v = getenv("MASTER_PORT")) && *v) {
+		if (to_int(v, 1, 65535, &a->master_port)) {
+			snprintf(err, errlen, "MASTER_PORT='%s' is not a port number", v);
+			return -1;
+		}
+		src->env |= SET_PORT;
 	}
-	if ((v = getenv("HPU_JOB_ID")) && *v)
+	if ((v = getenv("NODE_RANK")) && *v) {
+		if (to_int(v, 0, 4095, &a->node_rank)) {
+			snprintf(err, errlen, "NODE_RANK='%s' is not a node rank", v);
+			return -1;
+		}
+		src->env |= SET_RANK;
+	}
+	if ((v = getenv("HPU_JOB_ID")) && *v) {
 		snprintf(a->job_id, sizeof a->job_id, "%s", v);
+		src->env |= SET_JOB_ID;
+	}
 	if ((v = getenv("HPUCOLL_TRANSPORT")) && *v)
 		a->transport = v;
-	if ((v = getenv("HPU_JOB_TOKEN")) && *v)
+	if ((v = getenv("HPU_JOB_TOKEN")) && *v) {
 		snprintf(a->token, sizeof a->token, "%s", v);
+		src->env |= SET_TOKEN;
+	}
+	if ((v = getenv("HPU_KEY_FILE")) && *v)
+		a->key_path = v;
 	return 0;
 }
 
@@ -212,19 +290,176 @@ static int train_opt(hpu_launch_args *a, int argc, char **argv, int *i,
 	return 0;
 }
 
-/* The job id and token a job needs; a single-node job makes its own. */
+/* The job id and token a job needs; a single-node job, and one started
+ * from a hostfile, makes its own. */
 static void job_identity(hpu_launch_args *a)
 {
 	if (!a->token[0])
 		random_hex(a->token, 32);
 	if (!a->job_id[0]) {
-		if (a->nodes > 1) {
+		if (a->nodes > 1 && !a->hostfile) {
 			strcpy(a->job_id, "hpujob");
 		} else {
 			strcpy(a->job_id, "job-");
 			random_hex(a->job_id + 4, 6);
 		}
 	}
+}
+
+/* Lists the hosts for which pick(a, i) holds into out, at most four, as
+ * "a, b, c, d and 3 more" or, with slots, "a (8), b (4)". */
+static void host_names(const hpu_launch_args *a,
+		       int (*pick)(const hpu_launch_args *, int), int slots,
+		       char *out, size_t outlen)
+{
+	size_t used = 0;
+	int shown = 0, more = 0;
+	out[0] = 0;
+	for (int i = 0; i < a->nhosts; i++) {
+		if (!pick(a, i))
+			continue;
+		if (shown == 4) {
+			more++;
+			continue;
+		}
+		int k = slots ? snprintf(out + used, outlen - used, "%s%s (%d)",
+					 shown ? ", " : "", a->hosts[i].name,
+					 a->hosts[i].slots)
+			      : snprintf(out + used, outlen - used, "%s%s",
+					 shown ? ", " : "", a->hosts[i].name);
+		if (k > 0 && (size_t)k < outlen - used)
+			used += (size_t)k;
+		shown++;
+	}
+	if (more)
+		snprintf(out + used, outlen - used, " and %d more", more);
+}
+
+static int no_slots(const hpu_launch_args *a, int i)
+{
+	return a->hosts[i].slots == 0;
+}
+
+static int slots_differ(const hpu_launch_args *a, int i)
+{
+	return i == 0 || a->hosts[i].slots != a->hosts[0].slots;
+}
+
+static int too_few_slots(const hpu_launch_args *a, int i)
+{
+	return a->hosts[i].slots && a->hosts[i].slots < a->devices;
+}
+
+/* Without --devices, every host's slots=N, all equal, give the devices. */
+static int hostfile_devices(hpu_launch_args *a, const sources *src,
+			    char *err, size_t errlen)
+{
+	char names[300];
+	if (src->flag & SET_DEVICES_AUTO) {
+		snprintf(err, errlen, "--devices auto counts this machine's cores; with --hostfile give a number or slots=N in %s",
+			 a->hostfile);
+		return -1;
+	}
+	if (src->flag & SET_DEVICES) {
+		host_names(a, too_few_slots, 1, names, sizeof names);
+		if (names[0]) {
+			snprintf(err, errlen, "--devices %d is more than the slots of host %s in %s",
+				 a->devices, names, a->hostfile);
+			return -1;
+		}
+		return 0;
+	}
+	host_names(a, no_slots, 0, names, sizeof names);
+	if (names[0]) {
+		snprintf(err, errlen, "%s gives no slots=N for host %s: give slots for every host, or --devices",
+			 a->hostfile, names);
+		return -1;
+	}
+	for (int i = 1; i < a->nhosts; i++)
+		if (a->hosts[i].slots != a->hosts[0].slots) {
+			host_names(a, slots_differ, 1, names, sizeof names);
+			snprintf(err, errlen, "the hosts in %s have different slots (%s): every node runs the same number of workers; give --devices D to use D on each",
+				 a->hostfile, names);
+			return -1;
+		}
+	a->devices = a->hosts[0].slots;
+	return 0;
+}
+
+/* --hostfile: the nodes, devices and master address follow from the file. */
+static int hostfile_plan(hpu_launch_args *a, const sources *src, char *err,
+			 size_t errlen)
+{
+	static const struct {
+		unsigned set;
+		const char *flag;
+	} no[] = {{SET_NODES, "--nodes"}, {SET_RANK, "--node-rank"},
+		  {SET_ADDR, "--master-addr"}};
+	for (size_t k = 0; k < sizeof no / sizeof no[0]; k++)
+		if (src->flag & no[k].set) {
+			snprintf(err, errlen, "%s does not go with --hostfile: the hostfile gives the nodes, and node 0 is its first host",
+				 no[k].flag);
+			return -1;
+		}
+	if (hpu_hostfile_read(a->hostfile, &a->hosts, &a->nhosts, err, errlen) < 0)
+		return -1;
+	if (hostfile_devices(a, src, err, errlen) < 0)
+		return -1;
+	for (int i = 0; i < a->nhosts; i++)
+		if (!a->hosts[i].port)
+			a->hosts[i].port = a->hpud_port;
+	a->nodes = a->nhosts;
+	a->node_rank = 0; /* this launcher drives them all; NODE_RANK is moot */
+	if (!(src->env & SET_ADDR))
+		snprintf(a->master_addr, sizeof a->master_addr, "%s", a->hosts[0].name);
+	/* master_port 0: node 0's hpud picks a free port for the coordinator
+	 * and says which; the others get it from the submitter. */
+	return 0;
+}
+
+/* Inside an srun job step, Slurm gives what flags and the environment
+ * did not. A single-node step keeps the single-node defaults (loopback, a
+ * free port, a random token): nobody else needs to find it. */
+static int slurm_plan(hpu_launch_args *a, const sources *src, char *err,
+		      size_t errlen)
+{
+	hpu_slurm s;
+	if (hpu_slurm_read(&s, err, errlen) < 0)
+		return -1;
+	if (!s.present)
+		return 0;
+	unsigned given = src->flag | src->env;
+	int own_nodes = !(given & SET_NODES), own_rank = !(given & SET_RANK);
+	if ((own_nodes || own_rank) && s.ntasks && s.ntasks != s.nnodes) {
+		snprintf(err, errlen, "Slurm started %d tasks on %d nodes, but hpulaunch runs once per node and starts the workers itself: use srun --ntasks-per-node=1 (and --devices for the workers per node)",
+			 s.ntasks, s.nnodes);
+		return -1;
+	}
+	int nodes = s.ntasks ? s.ntasks : s.nnodes;
+	if (own_nodes && nodes > 4096) {
+		snprintf(err, errlen, "Slurm job step %ld.%d has %d nodes; hpulaunch supports up to 4096",
+			 s.job_id, s.step_id, nodes);
+		return -1;
+	}
+	a->from_slurm = 1;
+	if (own_nodes)
+		a->nodes = nodes;
+	if (own_rank)
+		a->node_rank = s.nodeid >= 0 ? s.nodeid : s.procid;
+	if (!(given & SET_JOB_ID))
+		snprintf(a->job_id, sizeof a->job_id, "slurm-%ld", s.job_id);
+	if (a->nodes < 2)
+		return 0;
+	if (!(given & SET_ADDR))
+		snprintf(a->master_addr, sizeof a->master_addr, "%s", s.first_host);
+	if (!(given & SET_PORT))
+		a->master_port = hpu_slurm_master_port(s.job_id);
+	if (!(given & SET_TOKEN)) {
+		/* Not a secret: see hpu_slurm_token. */
+		hpu_slurm_token(s.job_id, a->token);
+		a->weak_token = 1;
+	}
+	return 0;
 }
 
 static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
@@ -257,12 +492,12 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 				 a->job_id);
 			return -1;
 		}
-	if (a->nodes > 1 && !a->master_port) {
+	if (a->nodes > 1 && !a->master_port && !a->hostfile) {
 		snprintf(err, errlen, "--nodes %d needs --master-port (or MASTER_PORT): every node must know where node 0 listens",
 			 a->nodes);
 		return -1;
 	}
-	if (a->nodes > 1 && !a->token[0]) {
+	if (a->nodes > 1 && !a->token[0] && !a->hostfile) {
 		snprintf(err, errlen, "--nodes %d needs HPU_JOB_TOKEN set to the same secret on every node",
 			 a->nodes);
 		return -1;
@@ -273,18 +508,41 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 	return 0;
 }
 
+/* After the command line: --status needs nothing more; otherwise the
+ * hostfile or Slurm fill in the plan, which is then checked. */
+static int finish(hpu_launch_args *a, const sources *src, int extra_args,
+		  char *err, size_t errlen)
+{
+	if (a->status_host) {
+		if (a->hostfile || a->exec_mode || extra_args) {
+			snprintf(err, errlen, "--status prints a daemon's jobs and takes no %s",
+				 a->hostfile ? "--hostfile" : a->exec_mode ? "--exec" : "model");
+			return -1;
+		}
+		if (!a->status_port)
+			a->status_port = a->hpud_port;
+		return 0;
+	}
+	if (a->hostfile ? hostfile_plan(a, src, err, errlen) : slurm_plan(a, src, err, errlen))
+		return -1;
+	return check_plan(a, err, errlen);
+}
+
 int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		   size_t errlen)
 {
+	sources src = {0, 0};
 	memset(a, 0, sizeof *a);
 	a->nodes = 1;
 	a->devices = 1;
 	a->join_timeout_s = 300;
 	a->agent_timeout_s = 10;
 	a->grace_s = 2;
+	a->hpud_port = HPU_HPUD_PORT;
+	a->key_path = HPU_KEY_FILE_DEFAULT;
 	strcpy(a->master_addr, "127.0.0.1");
 	hpu_opts_defaults(&a->train);
-	if (from_env(a, err, errlen) < 0)
+	if (from_env(a, &src, err, errlen) < 0)
 		return -1;
 	static char wpath[PATH_MAX];
 	if (worker_path(wpath, sizeof wpath) < 0 || add_args(a, (char *[]){wpath}, 0, 1) < 0) {
@@ -305,10 +563,13 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 			}
 			a->exec_mode = 1;
 			a->worker_argc = 0;
-			add_args(a, argv, i + 1, argc);
-			return check_plan(a, err, errlen);
+			if (add_args(a, argv, i + 1, argc) < 0) {
+				snprintf(err, errlen, "out of memory");
+				return -1;
+			}
+			return finish(a, &src, 0, err, errlen);
 		}
-		int r = launcher_opt(a, argc, argv, &i, err, errlen);
+		int r = launcher_opt(a, &src, argc, argv, &i, err, errlen);
 		if (r < 0)
 			return -1;
 		if (r)
@@ -320,6 +581,8 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		    add_args(a, argv, start, i) < 0)
 			return -1;
 	}
+	if (a->status_host)
+		return finish(a, &src, i < argc, err, errlen);
 	if (i >= argc || argv[i][0] == '-') {
 		snprintf(err, errlen, "no model given: hpulaunch [options] MODEL.so (see --help)");
 		return -1;
@@ -332,11 +595,16 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
-	return check_plan(a, err, errlen);
+	return finish(a, &src, 0, err, errlen);
 }
 
 void hpu_args_free(hpu_launch_args *a)
 {
 	free(a->worker_argv);
 	a->worker_argv = NULL;
+	free(a->hosts);
+	a->hosts = NULL;
+	a->nhosts = 0;
+	free(a->status_host);
+	a->status_host = NULL;
 }

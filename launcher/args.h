@@ -3,6 +3,7 @@
 #define HPU_ARGS_H
 
 #include "config.h"
+#include "hostfile.h"
 
 typedef struct hpu_launch_args {
 	int nodes, devices, node_rank;
@@ -21,16 +22,45 @@ typedef struct hpu_launch_args {
 	int worker_argc;
 	int exec_mode;       /* --exec: argv[0] is looked up in PATH */
 	hpu_train_opts train;
+
+	/* --hostfile FILE: the job's nodes in node-rank order; nodes = nhosts,
+	 * node_rank 0, master_addr the first host unless MASTER_ADDR is set.
+	 * Each host's port is its hpud port (hpud_port where the file gives
+	 * none). NULL / 0 without --hostfile. Freed by hpu_args_free. */
+	const char *hostfile;
+	hpu_host *hosts;
+	int nhosts;
+	/* --status HOST[:PORT]: print that hpud's jobs instead of running one
+	 * (no model, no plan); status_port is PORT, else hpud_port. NULL
+	 * otherwise; malloc'ed, freed by hpu_args_free. */
+	char *status_host;
+	int status_port;
+	int hpud_port;        /* --hpud-port: the daemons' control port (29400) */
+	const char *key_path; /* --key, else $HPU_KEY_FILE, else
+			       * /etc/hpud/secret.key: the cluster secret */
+	/* Inside an srun job step: node rank, nodes, master address and port
+	 * and job id not given by flags or environment came from SLURM_*. */
+	int from_slurm;
+	/* The token was derived from SLURM_JOB_ID because HPU_JOB_TOKEN was not
+	 * set: it is no secret (anyone who knows the job id can make it). */
+	int weak_token;
 } hpu_launch_args;
 
+#define HPU_HPUD_PORT 29400
+#define HPU_KEY_FILE_DEFAULT "/etc/hpud/secret.key"
+
 /* Parses argv and the environment (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
- * NODE_RANK, HPU_JOB_ID, HPU_JOB_TOKEN). Returns 0; 1 if --help was
- * printed; -1 with a sentence in err. */
+ * NODE_RANK, HPU_JOB_ID, HPU_JOB_TOKEN, HPU_KEY_FILE, and inside an srun
+ * job step SLURM_*; flags beat the environment, which beats Slurm).
+ * Returns 0; 1 if --help was printed; -1 with a sentence in err. Call
+ * hpu_args_free afterwards whatever it returned. */
 int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		   size_t errlen);
 
+/* Frees what hpu_args_parse allocated; safe twice. */
 void hpu_args_free(hpu_launch_args *a);
 
+/* Prints hpulaunch's --help text. */
 void hpu_args_usage(FILE *f);
 
 #endif

@@ -76,6 +76,22 @@ Hpu__Envelope *hpu_codec_recv(void *sock, hpu_codec_peer *peer, int flags)
 	return env;
 }
 
+size_t hpu_codec_pack(const Hpu__Envelope *env, uint8_t **out)
+{
+	size_t len = hpu__envelope__get_packed_size(env);
+	*out = malloc(len ? len : 1);
+	if (!*out)
+		return 0;
+	return hpu__envelope__pack(env, *out);
+}
+
+Hpu__Envelope *hpu_codec_unpack(const void *buf, size_t len)
+{
+	if (!buf || len > HPU_CODEC_MAX_MSG)
+		return NULL;
+	return hpu__envelope__unpack(NULL, len, buf);
+}
+
 void hpu_codec_free(Hpu__Envelope *env)
 {
 	if (env)

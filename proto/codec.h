@@ -5,6 +5,7 @@
 #define HPU_CODEC_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "hpu.pb-c.h"
 
 /* Largest control message accepted off the wire (bytes). */
@@ -29,7 +30,16 @@ int hpu_codec_send(void *sock, const hpu_codec_peer *peer,
  * (the message is consumed). */
 Hpu__Envelope *hpu_codec_recv(void *sock, hpu_codec_peer *peer, int flags);
 
-/* Frees an envelope from hpu_codec_recv(); safe on NULL. */
+/* Packs `env` into a malloc'ed buffer (*out, the caller frees); returns
+ * its length, or 0 with *out NULL when memory is short. */
+size_t hpu_codec_pack(const Hpu__Envelope *env, uint8_t **out);
+
+/* Unpacks `len` bytes (at most HPU_CODEC_MAX_MSG) into an envelope, to be
+ * freed with hpu_codec_free(); NULL when they are not a valid envelope. */
+Hpu__Envelope *hpu_codec_unpack(const void *buf, size_t len);
+
+/* Frees an envelope from hpu_codec_recv() or hpu_codec_unpack(); safe on
+ * NULL. */
 void hpu_codec_free(Hpu__Envelope *env);
 
 #endif

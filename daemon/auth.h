@@ -1,0 +1,71 @@
+/* auth: the cluster secret and signed control frames.
+ *
+ * hpud runs code on request, so every control frame, both ways, carries an
+ * HMAC-SHA256 keyed by the cluster secret over everything else in it: a
+ * random nonce, a timestamp and the body (a packed Envelope). A frame is
+ *
+ *     offset  size  field
+ *          0     4  magic "HPU1"
+ *          4     8  timestamp, ms since the epoch, big-endian
+ *         12    16  nonce (random)
+ *         28    32  HMAC-SHA256(key, bytes 0..27 || body)
+ *         60     n  body
+ *
+ * The verifier refuses a frame that is too short or too long, has another
+ * magic, a wrong MAC (compared in constant time), a timestamp outside the
+ * clock window, or a nonce it has already accepted within the window (a
+ * replay). The secret is a file of 64 hex digits (32 bytes) that must not
+ * be readable or writable by group or others. */
+#ifndef HPU_AUTH_H
+#define HPU_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HPU_AUTH_KEY_BYTES 32
+#define HPU_AUTH_HEADER 60
+/* Largest frame accepted (header + body). */
+#define HPU_AUTH_MAX_FRAME (HPU_AUTH_HEADER + 64 * 1024)
+
+typedef struct hpu_auth hpu_auth;
+
+/* Reads the secret from `path` into key[]. Refuses (-1, one sentence in
+ * err naming the file) a file that is missing, not a regular file,
+ * readable or writable by group or others, or not 64 hex digits (an
+ * optional trailing newline is fine). */
+int hpu_auth_load_key(const char *path, uint8_t key[HPU_AUTH_KEY_BYTES],
+		      char *err, size_t errlen);
+
+/* Makes a new secret at `path` (mode 0600, refusing to overwrite an
+ * existing file) from OpenSSL's RAND_bytes. Returns 0, or -1 with err. */
+int hpu_auth_gen_key(const char *path, char *err, size_t errlen);
+
+/* A verifier/signer for one key, with a replay cache of at most
+ * `max_nonces` nonces and a clock window of +-window_ms. NULL on no
+ * memory. */
+hpu_auth *hpu_auth_new(const uint8_t key[HPU_AUTH_KEY_BYTES],
+		       int64_t window_ms, size_t max_nonces);
+
+/* Replaces the key (SIGHUP); the replay cache stays. */
+void hpu_auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES]);
+
+void hpu_auth_destroy(hpu_auth **a);
+
+/* Signs `body` as a frame stamped `now_ms` with a fresh nonce into a
+ * malloc'ed buffer (*frame, the caller frees). Returns the frame's length,
+ * or 0 (no memory, body too long). */
+size_t hpu_auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
+		     uint8_t **frame);
+
+/* Checks `frame` at time now_ms. On success returns 0 and points *body
+ * (inside frame) and *bodylen at the body, and remembers the nonce. On
+ * failure returns -1 and writes one sentence saying which check failed
+ * into err ("bad signature", "stale: timestamp 42 s in the past", "replayed
+ * nonce", ...); nothing is remembered. Never reads outside frame[0..len). */
+int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		    const void **body, size_t *bodylen, char *err, size_t errlen);
+
+/* The current time in ms since the epoch (CLOCK_REALTIME). */
+int64_t hpu_auth_now_ms(void);
+
+#endif

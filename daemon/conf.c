@@ -1,0 +1,290 @@
+/* conf: hpud's configuration file. Each key has a parser that checks and
+ * stores its value; the file is read into a copy of the caller's struct,
+ * which is copied back only when every line was good, so that a bad file
+ * (or a SIGHUP reload of one) leaves the running configuration alone. */
+#include "conf.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_DEVICES 1024
+#define MAX_CLOCK_WINDOW_S 3600.0
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+const char *hpud_log_level_name(hpud_log_level l)
+{
+	if ((unsigned)l >= sizeof level_names / sizeof level_names[0])
+		return "?";
+	return level_names[l];
+}
+
+void hpud_conf_defaults(hpud_conf *c)
+{
+	memset(c, 0, sizeof *c);
+	strcpy(c->listen, "0.0.0.0");
+	c->port = 29400;
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	c->devices = n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : (int)n;
+	strcpy(c->key_path, "/etc/hpud/secret.key");
+	c->log_level = HPUD_LOG_INFO;
+	c->clock_window_s = 30;
+	c->submitter_timeout_s = 10;
+}
+
+/* ---- value parsers: 0, or -1 with the reason (after "key 'k': ") ---- */
+
+/* An integer lo..hi, all of v. */
+static int parse_int(const char *v, int lo, int hi, int *out, char *why,
+		     size_t whylen)
+{
+	char *end;
+	errno = 0;
+	long x = strtol(v, &end, 10);
+	if (errno || end == v || *end || x < lo || x > hi) {
+		snprintf(why, whylen, "'%s' is not an integer from %d to %d",
+			 v, lo, hi);
+		return -1;
+	}
+	*out = (int)x;
+	return 0;
+}
+
+/* A number of seconds in (0, hi]; hi may be HUGE_VAL (no bound). */
+static int parse_seconds(const char *v, double hi, double *out, char *why,
+			 size_t whylen)
+{
+	char *end;
+	errno = 0;
+	double x = strtod(v, &end);
+	if (errno || end == v || *end || !isfinite(x) || x <= 0 || x > hi) {
+		if (hi < HUGE_VAL)
+			snprintf(why, whylen,
+				 "'%s' is not a number of seconds > 0 "
+				 "and <= %g",
+				 v, hi);
+		else
+			snprintf(why, whylen,
+				 "'%s' is not a number of seconds > 0", v);
+		return -1;
+	}
+	*out = x;
+	return 0;
+}
+
+static int parse_string(const char *v, char *dst, size_t cap, char *why,
+			size_t whylen)
+{
+	size_t n = strlen(v);
+	if (n >= cap) {
+		snprintf(why, whylen,
+			 "value too long (%zu characters, at most %zu)", n,
+			 cap - 1);
+		return -1;
+	}
+	memcpy(dst, v, n + 1);
+	return 0;
+}
+
+static int set_listen(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	struct in_addr a;
+	if (strlen(v) >= sizeof c->listen || inet_pton(AF_INET, v, &a) != 1) {
+		snprintf(why, whylen, "'%s' is not a numeric IPv4 address", v);
+		return -1;
+	}
+	strcpy(c->listen, v);
+	return 0;
+}
+
+static int set_port(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	return parse_int(v, 1, 65535, &c->port, why, whylen);
+}
+
+static int set_devices(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	return parse_int(v, 1, MAX_DEVICES, &c->devices, why, whylen);
+}
+
+static int set_key(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	return parse_string(v, c->key_path, sizeof c->key_path, why, whylen);
+}
+
+/* A user name: 1..63 of [a-z0-9_-]; whether it exists is hpud's check. */
+static int set_user(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	size_t n = strlen(v);
+	if (n >= sizeof c->user) {
+		snprintf(why, whylen,
+			 "user name too long (%zu characters, at most %zu)", n,
+			 sizeof c->user - 1);
+		return -1;
+	}
+	if (strspn(v, "abcdefghijklmnopqrstuvwxyz0123456789_-") != n) {
+		snprintf(why, whylen,
+			 "'%s' is not a user name (only a-z, 0-9, '_' and '-')",
+			 v);
+		return -1;
+	}
+	memcpy(c->user, v, n + 1);
+	return 0;
+}
+
+static int set_log_level(hpud_conf *c, const char *v, char *why,
+			 size_t whylen)
+{
+	size_t nlevels = sizeof level_names / sizeof level_names[0];
+	for (size_t i = 0; i < nlevels; i++) {
+		if (strcmp(v, level_names[i]) == 0) {
+			c->log_level = (hpud_log_level)i;
+			return 0;
+		}
+	}
+	snprintf(why, whylen, "'%s' is not one of error, warn, info, debug", v);
+	return -1;
+}
+
+static int set_clock_window(hpud_conf *c, const char *v, char *why,
+			    size_t whylen)
+{
+	return parse_seconds(v, MAX_CLOCK_WINDOW_S, &c->clock_window_s, why,
+			     whylen);
+}
+
+static int set_worker(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	return parse_string(v, c->worker, sizeof c->worker, why, whylen);
+}
+
+static int set_submitter_timeout(hpud_conf *c, const char *v, char *why,
+				 size_t whylen)
+{
+	return parse_seconds(v, HUGE_VAL, &c->submitter_timeout_s, why, whylen);
+}
+
+static const struct conf_key {
+	const char *name;
+	int (*set)(hpud_conf *c, const char *v, char *why, size_t whylen);
+} keys[] = {
+	{"listen", set_listen},
+	{"port", set_port},
+	{"devices", set_devices},
+	{"key", set_key},
+	{"user", set_user},
+	{"log_level", set_log_level},
+	{"clock_window", set_clock_window},
+	{"worker", set_worker},
+	{"submitter_timeout", set_submitter_timeout},
+};
+#define NKEYS (sizeof keys / sizeof keys[0])
+
+/* ---- lines ---- */
+
+static char *trim(char *s)
+{
+	while (*s == ' ' || *s == '\t')
+		s++;
+	char *e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' ||
+			 e[-1] == '\n'))
+		*--e = 0;
+	return s;
+}
+
+/* Applies one line (NUL-terminated, `len` bytes read) to c. first_line[k]
+ * is the line that set keys[k], 0 if none yet. Returns 0, or -1 with err. */
+static int apply_line(hpud_conf *c, char *line, size_t len, int *first_line,
+		      const char *path, int lineno, char *err, size_t errlen)
+{
+	if (strlen(line) != len) {
+		snprintf(err, errlen, "%s:%d: NUL byte in line", path, lineno);
+		return -1;
+	}
+	char *hash = strchr(line, '#');
+	if (hash)
+		*hash = 0;
+	char *s = trim(line);
+	if (!*s)
+		return 0;
+	char *eq = strchr(s, '=');
+	if (!eq) {
+		snprintf(err, errlen, "%s:%d: expected 'key = value', got '%s'",
+			 path, lineno, s);
+		return -1;
+	}
+	*eq = 0;
+	char *key = trim(s), *val = trim(eq + 1);
+	if (!*key) {
+		snprintf(err, errlen, "%s:%d: missing key before '='", path,
+			 lineno);
+		return -1;
+	}
+	size_t k = 0;
+	while (k < NKEYS && strcmp(key, keys[k].name) != 0)
+		k++;
+	if (k == NKEYS) {
+		snprintf(err, errlen, "%s:%d: unknown key '%s'", path, lineno,
+			 key);
+		return -1;
+	}
+	if (first_line[k]) {
+		snprintf(err, errlen,
+			 "%s:%d: duplicate key '%s' (first set on line %d)",
+			 path, lineno, key, first_line[k]);
+		return -1;
+	}
+	if (!*val) {
+		snprintf(err, errlen, "%s:%d: empty value for key '%s'", path,
+			 lineno, key);
+		return -1;
+	}
+	char why[200];
+	if (keys[k].set(c, val, why, sizeof why) < 0) {
+		snprintf(err, errlen, "%s:%d: bad value for key '%s': %s", path,
+			 lineno, key, why);
+		return -1;
+	}
+	first_line[k] = lineno;
+	return 0;
+}
+
+int hpud_conf_load(hpud_conf *c, const char *path, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return -1;
+	}
+	hpud_conf tmp = *c;
+	int first_line[NKEYS] = {0};
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t n;
+	int lineno = 0, rc = 0;
+	errno = 0;
+	while ((n = getline(&line, &cap, f)) >= 0) {
+		lineno++;
+		rc = apply_line(&tmp, line, (size_t)n, first_line, path, lineno,
+				err, errlen);
+		if (rc < 0)
+			goto done;
+	}
+	if (ferror(f)) {
+		snprintf(err, errlen, "%s: %s", path,
+			 strerror(errno ? errno : EIO));
+		rc = -1;
+	}
+done:
+	free(line);
+	fclose(f);
+	if (rc == 0)
+		*c = tmp;
+	return rc;
+}

@@ -1,0 +1,50 @@
+/* conf: hpud's configuration file (/etc/hpud/hpud.conf by default).
+ *
+ *     # comments and blank lines are fine
+ *     listen = 0.0.0.0          # address of the control socket
+ *     port = 29400
+ *     devices = 8               # devices (workers) this node offers
+ *     key = /etc/hpud/secret.key
+ *     user = hpu                # run workers as this user ("root" only if
+ *                               # written so explicitly)
+ *     log_level = info          # error | warn | info | debug
+ *     clock_window = 30         # seconds a signed request may be off
+ *     worker = /usr/lib/hputrain/hpu-worker   # the worker program
+ *     submitter_timeout = 10    # seconds without a ping before a job is
+ *                               # cancelled
+ *
+ * Unknown keys and bad values are errors naming the file, line and key. */
+#ifndef HPUD_CONF_H
+#define HPUD_CONF_H
+
+#include <stddef.h>
+
+typedef enum hpud_log_level {
+	HPUD_LOG_ERROR = 0,
+	HPUD_LOG_WARN,
+	HPUD_LOG_INFO,
+	HPUD_LOG_DEBUG,
+} hpud_log_level;
+
+typedef struct hpud_conf {
+	char listen[64];         /* numeric IPv4 address ("0.0.0.0") */
+	int port;                /* 29400 */
+	int devices;             /* 1 .. 1024; default: online CPU cores */
+	char key_path[512];      /* /etc/hpud/secret.key */
+	char user[64];           /* "" : the user hpud runs as, unless root */
+	hpud_log_level log_level; /* info */
+	double clock_window_s;   /* 30 */
+	char worker[512];        /* "" : hpu-worker next to hpud */
+	double submitter_timeout_s; /* 10 */
+} hpud_conf;
+
+/* The defaults above. */
+void hpud_conf_defaults(hpud_conf *c);
+
+/* Reads `path` over the defaults. Returns 0, or -1 with one sentence in
+ * err ("FILE:LINE: unknown key 'prot'"). c is unchanged on failure. */
+int hpud_conf_load(hpud_conf *c, const char *path, char *err, size_t errlen);
+
+const char *hpud_log_level_name(hpud_log_level l);
+
+#endif

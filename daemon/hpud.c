@@ -1,0 +1,798 @@
+/* hpud: the node daemon. It takes signed requests on a ZeroMQ ROUTER
+ * socket (daemon/auth.h) and runs each job's part on this node with the
+ * same node-job code as hpulaunch (launcher/nodejob.h), streaming the
+ * workers' output back to the submitter and telling it when the part
+ * ends. See --help and deploy/README.md.
+ *
+ * Reads top to bottom: logging, the job table and devices, replies, the
+ * requests (launch, status, cancel, ping), the socket, the timers and
+ * signals, start-up. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ev.h>
+#include <limits.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "auth.h"
+#include "codec.h"
+#include "conf.h"
+#include "nodejob.h"
+#include "zwatch.h"
+
+#define MAX_JOBS 64
+#define MAX_DEVICES 1024
+#define MAX_ARGS 256
+#define MAX_ARG_BYTES 4096
+
+typedef struct job {
+	int used, ended;
+	char id[64];
+	char token[129];
+	char master_addr[256];
+	char transport[8];
+	int node_rank, nodes, devices;
+	int dev[MAX_DEVICES];
+	char **argv;               /* worker program + the request's argv */
+	hpu_codec_peer peer;       /* the submitter's routing id */
+	char peer_addr[64];
+	ev_tstamp started, last_ping;
+	hpu_nodejob *nj;
+} job;
+
+static struct {
+	struct ev_loop *loop;
+	const char *conf_path;
+	hpud_conf conf;
+	hpu_auth *auth;
+	void *ctx, *sock;
+	hpu_zwatch zw;
+	ev_timer tick;
+	ev_signal sigterm, sigint, sighup;
+	ev_prepare reap;
+	job jobs[MAX_JOBS];
+	char busy[MAX_DEVICES];    /* device -> in use */
+	char worker[PATH_MAX];
+	int set_user;
+	uid_t uid;
+	gid_t gid;
+	int stopping;
+	/* refusals are logged at most 20 per second */
+	ev_tstamp refuse_window;
+	int refused_logged, refused_dropped;
+} D;
+
+/* ---- logging (stderr: journald takes it from there) ---- */
+
+static void logmsg(hpud_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void logmsg(hpud_log_level lvl, const char *fmt, ...)
+{
+	if (lvl > D.conf.log_level)
+		return;
+	char line[1200];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "hpud: %s: %s\n", hpud_log_level_name(lvl), line);
+}
+
+static void log_refusal(const char *peer, const char *why)
+{
+	ev_tstamp now = ev_now(D.loop);
+	if (now - D.refuse_window >= 1.0) {
+		if (D.refused_dropped)
+			logmsg(HPUD_LOG_WARN, "%d more requests refused in the last second (not logged)",
+			       D.refused_dropped);
+		D.refuse_window = now;
+		D.refused_logged = D.refused_dropped = 0;
+	}
+	if (D.refused_logged++ < 20)
+		logmsg(HPUD_LOG_WARN, "refused a request from %s: %s", peer, why);
+	else
+		D.refused_dropped++;
+}
+
+/* ---- devices and the job table ---- */
+
+static int free_devices(void)
+{
+	int n = 0;
+	for (int i = 0; i < D.conf.devices; i++)
+		n += !D.busy[i];
+	return n;
+}
+
+static job *find_job(const char *id)
+{
+	for (int i = 0; i < MAX_JOBS; i++)
+		if (D.jobs[i].used && strcmp(D.jobs[i].id, id) == 0)
+			return &D.jobs[i];
+	return NULL;
+}
+
+static void free_argv(char **argv)
+{
+	for (int i = 0; argv && argv[i]; i++)
+		free(argv[i]);
+	free(argv);
+}
+
+static void release_job(job *j)
+{
+	hpu_nodejob_destroy(&j->nj);
+	for (int i = 0; i < j->devices; i++)
+		if (j->dev[i] >= 0 && j->dev[i] < MAX_DEVICES)
+			D.busy[j->dev[i]] = 0;
+	free_argv(j->argv);
+	memset(j, 0, sizeof *j);
+}
+
+/* ---- replies ---- */
+
+static void send_env(const hpu_codec_peer *peer, const Hpu__Envelope *env)
+{
+	uint8_t *body = NULL, *frame = NULL;
+	size_t blen = hpu_codec_pack(env, &body), flen = 0;
+	if (body)
+		flen = hpu_auth_sign(D.auth, body, blen, hpu_auth_now_ms(), &frame);
+	free(body);
+	if (!frame) {
+		logmsg(HPUD_LOG_ERROR, "cannot sign a reply (out of memory?)");
+		return;
+	}
+	/* A submitter that is gone or slow must not block the daemon. */
+	if (zmq_send(D.sock, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(D.sock, frame, flen, ZMQ_DONTWAIT) < 0)
+		logmsg(HPUD_LOG_DEBUG, "a reply was dropped: %s", zmq_strerror(errno));
+	free(frame);
+}
+
+static void reply_launch(const hpu_codec_peer *peer, const char *job_id, const job *j,
+			 const char *error)
+{
+	Hpu__LaunchReply r = HPU__LAUNCH_REPLY__INIT;
+	uint32_t ids[MAX_DEVICES];
+	r.job_id = (char *)job_id;
+	r.ok = error == NULL;
+	r.error = (char *)(error ? error : "");
+	if (j) {
+		for (int i = 0; i < j->devices; i++)
+			ids[i] = (uint32_t)j->dev[i];
+		r.n_device_ids = (size_t)j->devices;
+		r.device_ids = ids;
+		r.master_port = (uint32_t)hpu_nodejob_master_port(j->nj);
+	}
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REPLY;
+	env.launch_reply = &r;
+	send_env(peer, &env);
+}
+
+/* ---- a job's life ---- */
+
+static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
+		    size_t len, void *arg)
+{
+	(void)nj;
+	(void)is_err;
+	job *j = arg;
+	char text[8192];
+	size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
+	memcpy(text, line, n);
+	text[n] = 0;
+	Hpu__LogLine l = HPU__LOG_LINE__INIT;
+	l.job_id = j->id;
+	l.rank = (uint32_t)rank;
+	l.text = text;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
+	env.log_line = &l;
+	send_env(&j->peer, &env);
+}
+
+static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void *arg)
+{
+	(void)nj;
+	job *j = arg;
+	Hpu__WorkerExit we = HPU__WORKER_EXIT__INIT;
+	we.rank = (uint32_t)rank;
+	we.node_rank = (uint32_t)j->node_rank;
+	we.pid = (uint32_t)pid;
+	we.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	we.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
+	env.worker_exit = &we;
+	send_env(&j->peer, &env);
+}
+
+static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
+{
+	(void)nj;
+	job *j = arg;
+	logmsg(failed ? HPUD_LOG_WARN : HPUD_LOG_INFO, "job %s node %d ended%s%s", j->id,
+	       j->node_rank, failed ? ": " : " successfully", failed ? cause : "");
+	Hpu__JobEnd e = HPU__JOB_END__INIT;
+	e.job_id = j->id;
+	e.node_rank = (uint32_t)j->node_rank;
+	e.ok = !failed;
+	e.reason = (char *)cause;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
+	env.job_end = &e;
+	send_env(&j->peer, &env);
+	j->ended = 1; /* freed by on_reap, outside the job's own callbacks */
+	ev_prepare_start(D.loop, &D.reap);
+}
+
+static void on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)revents;
+	ev_prepare_stop(loop, w);
+	for (int i = 0; i < MAX_JOBS; i++)
+		if (D.jobs[i].used && D.jobs[i].ended)
+			release_job(&D.jobs[i]);
+	if (D.stopping) {
+		int left = 0;
+		for (int i = 0; i < MAX_JOBS; i++)
+			left += D.jobs[i].used;
+		if (!left)
+			ev_break(loop, EVBREAK_ALL);
+	}
+}
+
+/* ---- requests ---- */
+
+static int valid_id(const char *s)
+{
+	size_t n = strlen(s);
+	if (n == 0 || n > 63)
+		return 0;
+	for (; *s; s++)
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') ||
+		      (*s >= '0' && *s <= '9') || *s == '-' || *s == '_' || *s == '.'))
+			return 0;
+	return 1;
+}
+
+/* Checks a launch request field by field; NULL if fine, else why not. */
+static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t len)
+{
+	if (!q->job_id || !valid_id(q->job_id))
+		return "job_id must be 1-63 letters, digits, '-', '_' or '.'";
+	if (!q->job_token || !*q->job_token || strlen(q->job_token) > 128)
+		return "job_token must be 1-128 bytes";
+	if (q->nodes < 1 || q->nodes > 4096 || q->node_rank >= q->nodes)
+		return "node_rank must be below nodes, and nodes in 1..4096";
+	if (q->devices < 1 || q->devices > (uint32_t)D.conf.devices) {
+		snprintf(why, len, "devices %u: this node has %d", q->devices, D.conf.devices);
+		return why;
+	}
+	if (!q->master_addr || !*q->master_addr || strlen(q->master_addr) > 255)
+		return "master_addr must be 1-255 bytes";
+	if (q->master_port > 65535 || (q->master_port == 0 && q->node_rank != 0))
+		return "master_port must be 1..65535 (0 only on node 0: pick one)";
+	if (q->transport && *q->transport && strcmp(q->transport, "auto") &&
+	    strcmp(q->transport, "tcp") && strcmp(q->transport, "ipc") &&
+	    strcmp(q->transport, "shm"))
+		return "transport must be auto, tcp, ipc or shm";
+	if (q->n_argv < 1 || q->n_argv > MAX_ARGS)
+		return "argv must hold 1-256 arguments (the model at least)";
+	for (size_t i = 0; i < q->n_argv; i++)
+		if (!q->argv[i] || strlen(q->argv[i]) > MAX_ARG_BYTES)
+			return "an argument is longer than 4096 bytes";
+	return NULL;
+}
+
+static char **worker_argv(const Hpu__LaunchRequest *q)
+{
+	char **argv = calloc(q->n_argv + 2, sizeof *argv);
+	if (!argv)
+		return NULL;
+	argv[0] = strdup(D.worker);
+	for (size_t i = 0; i < q->n_argv; i++)
+		argv[i + 1] = strdup(q->argv[i]);
+	for (size_t i = 0; i < q->n_argv + 1; i++)
+		if (!argv[i]) {
+			free_argv(argv);
+			return NULL;
+		}
+	return argv;
+}
+
+/* Picks free devices for j; returns 0, or -1 with the reason in why. */
+static int book_devices(job *j, char *why, size_t len)
+{
+	int n = free_devices();
+	if (n < j->devices) {
+		int k = snprintf(why, len, "busy: this node has %d devices, %d free, the job asks for %d",
+				 D.conf.devices, n, j->devices);
+		for (int i = 0; i < MAX_JOBS && k > 0 && (size_t)k < len; i++)
+			if (D.jobs[i].used && D.jobs[i].nj)
+				k += snprintf(why + k, len - (size_t)k, "; job %s holds %d",
+					      D.jobs[i].id, D.jobs[i].devices);
+		return -1;
+	}
+	for (int i = 0, k = 0; i < D.conf.devices && k < j->devices; i++)
+		if (!D.busy[i]) {
+			D.busy[i] = 1;
+			j->dev[k++] = i;
+		}
+	return 0;
+}
+
+static void do_launch(const hpu_codec_peer *peer, const char *addr,
+		      const Hpu__LaunchRequest *q)
+{
+	char why[600], err[1024];
+	const char *bad = check_launch(q, why, sizeof why);
+	const char *id = q->job_id && valid_id(q->job_id) ? q->job_id : "";
+	if (!bad && D.stopping)
+		bad = "hpud is shutting down";
+	if (!bad && find_job(q->job_id))
+		bad = "a job with this id already runs on this node";
+	job *j = NULL;
+	for (int i = 0; !bad && i < MAX_JOBS && !j; i++)
+		if (!D.jobs[i].used)
+			j = &D.jobs[i];
+	if (!bad && !j)
+		bad = "too many jobs on this node";
+	if (bad) {
+		logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, bad);
+		reply_launch(peer, id, NULL, bad);
+		return;
+	}
+	memset(j, 0, sizeof *j);
+	j->used = 1;
+	snprintf(j->id, sizeof j->id, "%s", q->job_id);
+	snprintf(j->token, sizeof j->token, "%s", q->job_token);
+	snprintf(j->master_addr, sizeof j->master_addr, "%s", q->master_addr);
+	snprintf(j->transport, sizeof j->transport, "%s", q->transport ? q->transport : "");
+	snprintf(j->peer_addr, sizeof j->peer_addr, "%s", addr);
+	j->node_rank = (int)q->node_rank;
+	j->nodes = (int)q->nodes;
+	j->devices = (int)q->devices;
+	j->peer = *peer;
+	j->started = j->last_ping = ev_now(D.loop);
+	if (book_devices(j, why, sizeof why) < 0) {
+		j->devices = 0;
+		release_job(j);
+		logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, why);
+		reply_launch(peer, id, NULL, why);
+		return;
+	}
+	if (!(j->argv = worker_argv(q))) {
+		release_job(j);
+		reply_launch(peer, id, NULL, "out of memory");
+		return;
+	}
+	hpu_nodejob_cfg jc = {
+		.node_rank = j->node_rank,
+		.nodes = j->nodes,
+		.devices = j->devices,
+		.master_addr = j->master_addr,
+		.master_port = (int)q->master_port,
+		.job_id = j->id,
+		.token = j->token,
+		.argv = j->argv,
+		.transport = j->transport[0] ? j->transport : NULL,
+		.device_ids = j->dev,
+		.set_user = D.set_user,
+		.uid = D.uid,
+		.gid = D.gid,
+		.join_timeout_s = 300,
+		.agent_timeout_s = 10,
+		.grace_s = 2,
+		.who = "hpud",
+		.quiet = 1,
+		.on_line = on_line,
+		.on_exit = on_exit_worker,
+		.on_end = on_end,
+		.arg = j,
+	};
+	if (!(j->nj = hpu_nodejob_start(D.loop, &jc, err, sizeof err))) {
+		logmsg(HPUD_LOG_WARN, "job %s from %s could not start: %s", id, addr, err);
+		reply_launch(peer, id, NULL, err);
+		release_job(j);
+		return;
+	}
+	logmsg(HPUD_LOG_INFO, "job %s from %s: node %d of %d, %d workers as uid %d, coordinator %s:%d",
+	       j->id, addr, j->node_rank, j->nodes, j->devices,
+	       D.set_user ? (int)D.uid : (int)getuid(), j->master_addr,
+	       hpu_nodejob_master_port(j->nj));
+	reply_launch(peer, id, j, NULL);
+}
+
+static void do_status(const hpu_codec_peer *peer)
+{
+	Hpu__JobStatus st[MAX_JOBS], *stp[MAX_JOBS];
+	uint32_t ids[MAX_JOBS][64];
+	size_t n = 0;
+	for (int i = 0; i < MAX_JOBS; i++) {
+		job *j = &D.jobs[i];
+		if (!j->used || !j->nj)
+			continue;
+		hpu__job_status__init(&st[n]);
+		st[n].job_id = j->id;
+		st[n].node_rank = (uint32_t)j->node_rank;
+		st[n].n_device_ids = (size_t)(j->devices < 64 ? j->devices : 64);
+		for (size_t k = 0; k < st[n].n_device_ids; k++)
+			ids[n][k] = (uint32_t)j->dev[k];
+		st[n].device_ids = ids[n];
+		st[n].live_workers = (uint32_t)hpu_nodejob_live(j->nj);
+		st[n].seconds = ev_now(D.loop) - j->started;
+		st[n].submitter = j->peer_addr;
+		stp[n] = &st[n];
+		n++;
+	}
+	Hpu__StatusReply r = HPU__STATUS_REPLY__INIT;
+	r.n_jobs = n;
+	r.jobs = stp;
+	r.devices_total = (uint32_t)D.conf.devices;
+	r.devices_free = (uint32_t)free_devices();
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
+	env.status_reply = &r;
+	send_env(peer, &env);
+}
+
+static void do_cancel(const char *addr, const Hpu__Cancel *c)
+{
+	job *j = c->job_id ? find_job(c->job_id) : NULL;
+	if (!j || !j->nj || j->ended)
+		return;
+	char reason[200];
+	snprintf(reason, sizeof reason, "cancelled by the submitter (%s)", addr);
+	logmsg(HPUD_LOG_INFO, "job %s: %s", j->id, reason);
+	hpu_nodejob_cancel(j->nj, reason, 2);
+}
+
+static void do_ping(const hpu_codec_peer *peer, const Hpu__Ping *p)
+{
+	job *j = p->job_id ? find_job(p->job_id) : NULL;
+	if (j)
+		j->last_ping = ev_now(D.loop);
+	Hpu__Ping pong = HPU__PING__INIT;
+	pong.job_id = p->job_id ? p->job_id : "";
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_PING;
+	env.ping = &pong;
+	send_env(peer, &env);
+}
+
+static void handle(const hpu_codec_peer *peer, const char *addr, const void *frame,
+		   size_t len)
+{
+	char why[256];
+	const void *body;
+	size_t blen;
+	if (hpu_auth_verify(D.auth, frame, len, hpu_auth_now_ms(), &body, &blen, why,
+			    sizeof why) < 0) {
+		log_refusal(addr, why);
+		return;
+	}
+	Hpu__Envelope *m = hpu_codec_unpack(body, blen);
+	if (!m) {
+		log_refusal(addr, "signed, but not a valid message");
+		return;
+	}
+	switch (m->msg_case) {
+	case HPU__ENVELOPE__MSG_LAUNCH_REQUEST:
+		do_launch(peer, addr, m->launch_request);
+		break;
+	case HPU__ENVELOPE__MSG_STATUS_REQUEST:
+		do_status(peer);
+		break;
+	case HPU__ENVELOPE__MSG_CANCEL:
+		do_cancel(addr, m->cancel);
+		break;
+	case HPU__ENVELOPE__MSG_PING:
+		do_ping(peer, m->ping);
+		break;
+	default:
+		log_refusal(addr, "not a request hpud takes");
+		break;
+	}
+	hpu_codec_free(m);
+}
+
+/* ---- the socket ---- */
+
+static void on_sock(hpu_zwatch *w, void *arg)
+{
+	(void)arg;
+	zmq_msg_t id, m;
+	zmq_msg_init(&id);
+	if (zmq_msg_recv(&id, w->sock, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&id);
+		return;
+	}
+	hpu_codec_peer peer;
+	peer.len = zmq_msg_size(&id) < sizeof peer.id ? zmq_msg_size(&id) : sizeof peer.id;
+	memcpy(peer.id, zmq_msg_data(&id), peer.len);
+	int more = zmq_msg_more(&id);
+	zmq_msg_close(&id);
+	if (!more)
+		return;
+	zmq_msg_init(&m);
+	if (zmq_msg_recv(&m, w->sock, 0) < 0) {
+		zmq_msg_close(&m);
+		return;
+	}
+	char addr[64];
+	const char *pa = zmq_msg_gets(&m, "Peer-Address");
+	snprintf(addr, sizeof addr, "%s", pa ? pa : "an unknown peer");
+	if (zmq_msg_more(&m)) { /* one frame after the id, no more */
+		log_refusal(addr, "more than one frame");
+		int rest = 1;
+		while (rest) {
+			zmq_msg_t x;
+			zmq_msg_init(&x);
+			if (zmq_msg_recv(&x, w->sock, 0) < 0)
+				rest = 0;
+			else
+				rest = zmq_msg_more(&x);
+			zmq_msg_close(&x);
+		}
+	} else {
+		handle(&peer, addr, zmq_msg_data(&m), zmq_msg_size(&m));
+	}
+	zmq_msg_close(&m);
+}
+
+static int open_socket(char *err, size_t errlen)
+{
+	char ep[128];
+	snprintf(ep, sizeof ep, "tcp://%s:%d", D.conf.listen, D.conf.port);
+	int64_t maxmsg = HPU_AUTH_MAX_FRAME;
+	int linger = 1000, hwm = 100000;
+	D.ctx = zmq_ctx_new();
+	D.sock = D.ctx ? zmq_socket(D.ctx, ZMQ_ROUTER) : NULL;
+	if (!D.sock || zmq_setsockopt(D.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+	    zmq_setsockopt(D.sock, ZMQ_LINGER, &linger, sizeof linger) ||
+	    zmq_setsockopt(D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_bind(D.sock, ep) ||
+	    hpu_zwatch_start(&D.zw, D.loop, D.sock, on_sock, NULL)) {
+		snprintf(err, errlen, "cannot listen on %s: %s", ep, zmq_strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- timers and signals ---- */
+
+static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)t;
+	(void)revents;
+	for (int i = 0; i < MAX_JOBS; i++) {
+		job *j = &D.jobs[i];
+		if (!j->used || !j->nj || j->ended)
+			continue;
+		double silent = ev_now(loop) - j->last_ping;
+		if (silent > D.conf.submitter_timeout_s) {
+			char reason[200];
+			snprintf(reason, sizeof reason,
+				 "the submitter (%s) went away: no ping for %.0f s", j->peer_addr,
+				 silent);
+			logmsg(HPUD_LOG_WARN, "job %s: %s", j->id, reason);
+			hpu_nodejob_cancel(j->nj, reason, 2);
+			j->last_ping = ev_now(loop) + 3600; /* say it once */
+		}
+	}
+}
+
+static int load_key(char *err, size_t errlen)
+{
+	uint8_t key[HPU_AUTH_KEY_BYTES];
+	if (hpu_auth_load_key(D.conf.key_path, key, err, errlen) < 0)
+		return -1;
+	if (D.auth)
+		hpu_auth_set_key(D.auth, key);
+	else
+		D.auth = hpu_auth_new(key, (int64_t)(D.conf.clock_window_s * 1000), 1 << 16);
+	memset(key, 0, sizeof key);
+	if (!D.auth) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+/* The user workers run as. Root runs workers as root only when told so. */
+static int resolve_user(const hpud_conf *c, char *err, size_t errlen)
+{
+	D.set_user = 0;
+	if (!c->user[0]) {
+		if (geteuid() == 0) {
+			snprintf(err, errlen, "hpud runs as root: set 'user = NAME' in %s for the workers (or 'user = root' to run them as root)",
+				 D.conf_path);
+			return -1;
+		}
+		return 0;
+	}
+	struct passwd *pw = getpwnam(c->user);
+	if (!pw) {
+		snprintf(err, errlen, "%s: user '%s' does not exist", D.conf_path, c->user);
+		return -1;
+	}
+	if (geteuid() != 0) {
+		if (pw->pw_uid != geteuid()) {
+			snprintf(err, errlen, "%s: user '%s': hpud is not root and cannot switch workers to another user",
+				 D.conf_path, c->user);
+			return -1;
+		}
+		return 0;
+	}
+	D.set_user = 1;
+	D.uid = pw->pw_uid;
+	D.gid = pw->pw_gid;
+	return 0;
+}
+
+static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)loop;
+	(void)w;
+	(void)revents;
+	char err[1024];
+	hpud_conf c = D.conf;
+	if (hpud_conf_load(&c, D.conf_path, err, sizeof err) < 0) {
+		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
+		return;
+	}
+	if (strcmp(c.listen, D.conf.listen) || c.port != D.conf.port)
+		logmsg(HPUD_LOG_WARN, "reload: listen/port changes take effect after a restart");
+	if (c.devices < D.conf.devices)
+		for (int i = c.devices; i < D.conf.devices; i++)
+			if (D.busy[i])
+				logmsg(HPUD_LOG_WARN, "reload: device %d is still in use by a job", i);
+	hpud_conf old = D.conf;
+	D.conf = c;
+	snprintf(D.conf.listen, sizeof D.conf.listen, "%s", old.listen);
+	D.conf.port = old.port;
+	if (resolve_user(&D.conf, err, sizeof err) < 0 || load_key(err, sizeof err) < 0) {
+		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
+		D.conf = old;
+		resolve_user(&D.conf, err, sizeof err);
+		return;
+	}
+	logmsg(HPUD_LOG_INFO, "configuration reloaded from %s", D.conf_path);
+}
+
+static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)revents;
+	if (D.stopping) {
+		ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	D.stopping = 1;
+	logmsg(HPUD_LOG_INFO, "%s: cancelling the jobs and stopping",
+	       w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
+	int left = 0;
+	for (int i = 0; i < MAX_JOBS; i++)
+		if (D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended) {
+			hpu_nodejob_cancel(D.jobs[i].nj, "hpud is shutting down", 2);
+			left++;
+		}
+	if (!left)
+		ev_break(loop, EVBREAK_ALL);
+}
+
+/* ---- start-up ---- */
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: hpud [-c FILE]      run the node daemon (default /etc/hpud/hpud.conf)\n"
+		   "       hpud --gen-key FILE  make a new cluster secret (mode 0600)\n"
+		   "       hpud -c FILE --check check the configuration and the key, then exit\n"
+		   "Logs go to stderr. SIGHUP reloads the configuration and the key;\n"
+		   "SIGTERM cancels the running jobs and exits.\n");
+}
+
+/* hpu-worker next to this program, unless the configuration names one. */
+static int find_worker(char *err, size_t errlen)
+{
+	if (D.conf.worker[0]) {
+		snprintf(D.worker, sizeof D.worker, "%s", D.conf.worker);
+	} else {
+		char self[PATH_MAX];
+		ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+		char *slash = n > 0 ? (self[n] = 0, strrchr(self, '/')) : NULL;
+		if (!slash) {
+			snprintf(err, errlen, "cannot find hpu-worker: set 'worker = PATH'");
+			return -1;
+		}
+		*slash = 0;
+		if (strlen(self) + sizeof "/hpu-worker" > sizeof D.worker) {
+			snprintf(err, errlen, "the path of hpud is too long: set 'worker = PATH'");
+			return -1;
+		}
+		memcpy(D.worker, self, strlen(self));
+		memcpy(D.worker + strlen(self), "/hpu-worker", sizeof "/hpu-worker");
+	}
+	if (access(D.worker, X_OK) != 0) {
+		snprintf(err, errlen, "the worker program %.600s: %s", D.worker, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	char err[1024];
+	int check = 0;
+	D.conf_path = "/etc/hpud/hpud.conf";
+	setvbuf(stderr, NULL, _IOLBF, 0);
+	signal(SIGPIPE, SIG_IGN);
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--gen-key") && i + 1 < argc) {
+			if (hpu_auth_gen_key(argv[i + 1], err, sizeof err) < 0) {
+				fprintf(stderr, "hpud: error: %s\n", err);
+				return 1;
+			}
+			printf("hpud: wrote a new cluster secret to %s (mode 0600); copy it to every node and to the submitters\n",
+			       argv[i + 1]);
+			return 0;
+		} else if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) && i + 1 < argc) {
+			D.conf_path = argv[++i];
+		} else if (!strcmp(argv[i], "--check")) {
+			check = 1;
+		} else {
+			fprintf(stderr, "hpud: error: unknown argument %s\n", argv[i]);
+			usage(stderr);
+			return 2;
+		}
+	}
+	hpud_conf_defaults(&D.conf);
+	if (hpud_conf_load(&D.conf, D.conf_path, err, sizeof err) < 0 ||
+	    resolve_user(&D.conf, err, sizeof err) < 0 || load_key(err, sizeof err) < 0 ||
+	    find_worker(err, sizeof err) < 0) {
+		fprintf(stderr, "hpud: error: %s\n", err);
+		return 1;
+	}
+	if (check) {
+		printf("hpud: %s is fine\n", D.conf_path);
+		return 0;
+	}
+	D.loop = EV_DEFAULT;
+	if (open_socket(err, sizeof err) < 0) {
+		fprintf(stderr, "hpud: error: %s\n", err);
+		return 1;
+	}
+	ev_timer_init(&D.tick, on_tick, 1.0, 1.0);
+	ev_timer_start(D.loop, &D.tick);
+	ev_prepare_init(&D.reap, on_reap);
+	ev_signal_init(&D.sigterm, on_term, SIGTERM);
+	ev_signal_init(&D.sigint, on_term, SIGINT);
+	ev_signal_init(&D.sighup, on_hup, SIGHUP);
+	ev_signal_start(D.loop, &D.sigterm);
+	ev_signal_start(D.loop, &D.sigint);
+	ev_signal_start(D.loop, &D.sighup);
+	logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d devices, workers run as %s, worker %s",
+	       D.conf.listen, D.conf.port, D.conf.devices,
+	       D.set_user ? D.conf.user : "hpud's own user", D.worker);
+	ev_run(D.loop, 0);
+	for (int i = 0; i < MAX_JOBS; i++)
+		if (D.jobs[i].used)
+			release_job(&D.jobs[i]);
+	hpu_zwatch_stop(&D.zw);
+	zmq_close(D.sock);
+	zmq_ctx_term(D.ctx);
+	hpu_auth_destroy(&D.auth);
+	logmsg(HPUD_LOG_INFO, "stopped");
+	return 0;
+}

@@ -1,0 +1,363 @@
+#include "nodejob.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <zmq.h>
+
+#include "codec.h"
+#include "coord.h"
+#include "zwatch.h"
+
+struct hpu_nodejob {
+	struct ev_loop *loop;
+	hpu_nodejob_cfg cfg;
+	hpu_agent *agent;
+	hpu_coord *coord;       /* node 0 */
+	void *ctx, *dealer;     /* other nodes: the link to the coordinator */
+	hpu_zwatch zw;
+	ev_timer beat;
+	ev_idle end;            /* calls on_end outside the agent's callbacks */
+	char master_ip[64];     /* master_addr, resolved */
+	int master_port;
+	ev_tstamp started, coord_seen;
+	int failed;             /* a worker failed, or the job was aborted */
+	int agent_idle, job_done, ended;
+	char root_cause[700];
+};
+
+static void on_end_idle(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	hpu_nodejob *j = w->data;
+	ev_idle_stop(loop, w);
+	if (j->cfg.on_end)
+		j->cfg.on_end(j, j->failed, j->failed ? j->root_cause : "", j->cfg.arg);
+}
+
+static void finish_if_ready(hpu_nodejob *j)
+{
+	if (!j->agent_idle || j->ended || !(j->failed || j->job_done))
+		return;
+	j->ended = 1;
+	ev_timer_stop(j->loop, &j->beat);
+	ev_idle_start(j->loop, &j->end);
+}
+
+/* Stops the local workers; the first cause is the one reported (and
+ * printed, when `print`). */
+static void fail_as(hpu_nodejob *j, const char *cause, double grace_s, int print)
+{
+	if (!j->failed) {
+		snprintf(j->root_cause, sizeof j->root_cause, "%s", cause);
+		if (print && !j->cfg.quiet)
+			fprintf(stderr, "%s: error: %s\n", j->cfg.who, cause);
+	}
+	j->failed = 1;
+	if (j->agent)
+		hpu_agent_stop(j->agent, grace_s);
+	finish_if_ready(j);
+}
+
+static void fail(hpu_nodejob *j, const char *cause, double grace_s)
+{
+	fail_as(j, cause, grace_s, 1);
+}
+
+static void send_to_coord(hpu_nodejob *j, Hpu__Envelope *env)
+{
+	if (j->dealer && hpu_codec_send(j->dealer, NULL, env) != 0 && !j->cfg.quiet)
+		fprintf(stderr, "%s: cannot reach the coordinator: %s\n", j->cfg.who,
+			zmq_strerror(errno));
+}
+
+void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
+{
+	fail_as(j, reason, grace_s, 0); /* the caller says why */
+	if (j->coord) {
+		hpu_coord_abort(j->coord, reason);
+	} else {
+		Hpu__Abort ab = HPU__ABORT__INIT;
+		ab.reason = (char *)reason;
+		Hpu__Envelope env = HPU__ENVELOPE__INIT;
+		env.msg_case = HPU__ENVELOPE__MSG_ABORT;
+		env.abort = &ab;
+		send_to_coord(j, &env);
+	}
+	if (j->agent && grace_s <= 0)
+		hpu_agent_stop(j->agent, 0);
+}
+
+static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)
+{
+	(void)a;
+	hpu_nodejob *j = arg;
+	if (j->cfg.on_exit)
+		j->cfg.on_exit(j, rank, (int)pid, status, j->cfg.arg);
+	if (status == 0 || j->failed)
+		return;
+	char how[128], cause[400];
+	hpu_describe_status(status, how, sizeof how);
+	snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s", rank,
+		 j->cfg.node_rank, (int)pid, how);
+	fail(j, cause, j->cfg.grace_s);
+	if (j->coord) {
+		hpu_coord_abort(j->coord, cause);
+		return;
+	}
+	Hpu__WorkerExit we = HPU__WORKER_EXIT__INIT;
+	we.rank = (uint32_t)rank;
+	we.node_rank = (uint32_t)j->cfg.node_rank;
+	we.pid = (uint32_t)pid;
+	we.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	we.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
+	env.worker_exit = &we;
+	send_to_coord(j, &env);
+}
+
+static void on_agent_idle(hpu_agent *a, void *arg)
+{
+	(void)a;
+	hpu_nodejob *j = arg;
+	j->agent_idle = 1;
+	if (!j->failed) {
+		if (j->coord) {
+			hpu_coord_node_done(j->coord, 0);
+		} else {
+			Hpu__AgentDone d = HPU__AGENT_DONE__INIT;
+			d.node_rank = (uint32_t)j->cfg.node_rank;
+			Hpu__Envelope env = HPU__ENVELOPE__INIT;
+			env.msg_case = HPU__ENVELOPE__MSG_AGENT_DONE;
+			env.agent_done = &d;
+			send_to_coord(j, &env);
+		}
+	}
+	finish_if_ready(j);
+}
+
+static void on_line(hpu_agent *a, int rank, int is_err, const char *line,
+		    size_t len, void *arg)
+{
+	(void)a;
+	hpu_nodejob *j = arg;
+	j->cfg.on_line(j, rank, is_err, line, len, j->cfg.arg);
+}
+
+static void on_coord_abort(hpu_coord *c, const char *reason, void *arg)
+{
+	(void)c;
+	fail(arg, reason, ((hpu_nodejob *)arg)->cfg.grace_s);
+}
+
+static void on_coord_done(hpu_coord *c, void *arg)
+{
+	(void)c;
+	hpu_nodejob *j = arg;
+	j->job_done = 1;
+	finish_if_ready(j);
+}
+
+/* --- other nodes: the link to the coordinator --- */
+
+static void on_coord_msg(hpu_zwatch *w, void *arg)
+{
+	hpu_nodejob *j = arg;
+	Hpu__Envelope *m = hpu_codec_recv(w->sock, NULL, ZMQ_DONTWAIT);
+	if (!m)
+		return;
+	j->coord_seen = ev_now(j->loop);
+	if (m->msg_case == HPU__ENVELOPE__MSG_ABORT) {
+		char cause[700];
+		snprintf(cause, sizeof cause, "job aborted by the coordinator: %s",
+			 m->abort->reason ? m->abort->reason : "");
+		fail(j, cause, j->cfg.grace_s);
+	} else if (m->msg_case == HPU__ENVELOPE__MSG_JOB_DONE) {
+		j->job_done = 1;
+		finish_if_ready(j);
+	}
+	hpu_codec_free(m);
+}
+
+static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)revents;
+	hpu_nodejob *j = t->data;
+	/* Until the coordinator first answers, it may still be starting. */
+	int heard = j->coord_seen > j->started;
+	double limit = heard ? j->cfg.agent_timeout_s : j->cfg.join_timeout_s;
+	ev_tstamp since = heard ? j->coord_seen : j->started;
+	if (ev_now(loop) - since > limit) {
+		char cause[400];
+		snprintf(cause, sizeof cause, "lost contact with the coordinator at %s:%d (node 0, silent for %g s)",
+			 j->cfg.master_addr, j->master_port, limit);
+		ev_timer_stop(loop, &j->beat);
+		fail(j, cause, j->cfg.grace_s);
+		return;
+	}
+	Hpu__Heartbeat hb = HPU__HEARTBEAT__INIT;
+	hb.node_rank = (uint32_t)j->cfg.node_rank;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HEARTBEAT;
+	env.heartbeat = &hb;
+	send_to_coord(j, &env);
+}
+
+static int resolve(const char *host, char *out, size_t outlen)
+{
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+	if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+		return -1;
+	const char *r = inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr,
+				  out, (socklen_t)outlen);
+	freeaddrinfo(ai);
+	return r ? 0 : -1;
+}
+
+static int connect_coord(hpu_nodejob *j, char *err, size_t errlen)
+{
+	char ep[128];
+	snprintf(ep, sizeof ep, "tcp://%s:%d", j->master_ip, j->master_port);
+	int linger = 2000;
+	int64_t maxmsg = HPU_CODEC_MAX_MSG;
+	j->ctx = zmq_ctx_new();
+	j->dealer = j->ctx ? zmq_socket(j->ctx, ZMQ_DEALER) : NULL;
+	if (!j->dealer || zmq_setsockopt(j->dealer, ZMQ_LINGER, &linger, sizeof linger) ||
+	    zmq_setsockopt(j->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+	    zmq_connect(j->dealer, ep) ||
+	    hpu_zwatch_start(&j->zw, j->loop, j->dealer, on_coord_msg, j)) {
+		snprintf(err, errlen, "cannot connect to the coordinator at %s: %s", ep,
+			 zmq_strerror(errno));
+		return -1;
+	}
+	Hpu__AgentHello h = HPU__AGENT_HELLO__INIT;
+	h.job_id = (char *)j->cfg.job_id;
+	h.token = (char *)j->cfg.token;
+	h.node_rank = (uint32_t)j->cfg.node_rank;
+	h.nodes = (uint32_t)j->cfg.nodes;
+	h.devices = (uint32_t)j->cfg.devices;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_AGENT_HELLO;
+	env.agent_hello = &h;
+	send_to_coord(j, &env);
+	j->started = ev_now(j->loop);
+	ev_timer_init(&j->beat, on_beat, 1.0, 1.0);
+	j->beat.data = j;
+	ev_timer_start(j->loop, &j->beat);
+	return 0;
+}
+
+static int start_coord(hpu_nodejob *j, char *err, size_t errlen)
+{
+	hpu_coord_cfg cc = {
+		.bind_addr = j->master_ip,
+		.port = j->master_port,
+		.job_id = j->cfg.job_id,
+		.token = j->cfg.token,
+		.nodes = j->cfg.nodes,
+		.devices = j->cfg.devices,
+		.join_timeout_s = j->cfg.join_timeout_s,
+		.agent_timeout_s = j->cfg.agent_timeout_s,
+		.on_abort = on_coord_abort,
+		.on_done = on_coord_done,
+		.arg = j,
+	};
+	j->coord = hpu_coord_new(j->loop, &cc, err, errlen);
+	if (!j->coord)
+		return -1;
+	j->master_port = hpu_coord_port(j->coord);
+	return 0;
+}
+
+hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
+			       char *err, size_t errlen)
+{
+	hpu_nodejob *j = calloc(1, sizeof *j);
+	if (!j) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	j->loop = loop;
+	j->cfg = *cfg;
+	if (!j->cfg.who)
+		j->cfg.who = "hpulaunch";
+	j->master_port = cfg->master_port;
+	ev_idle_init(&j->end, on_end_idle);
+	j->end.data = j;
+	ev_init(&j->beat, on_beat);
+	if (resolve(cfg->master_addr, j->master_ip, sizeof j->master_ip) < 0) {
+		snprintf(err, errlen, "cannot resolve the master address %s", cfg->master_addr);
+		goto fail;
+	}
+	if (cfg->node_rank == 0 ? start_coord(j, err, errlen) : connect_coord(j, err, errlen))
+		goto fail;
+	hpu_agent_cfg ac = {
+		.node_rank = cfg->node_rank,
+		.nodes = cfg->nodes,
+		.devices = cfg->devices,
+		.master_addr = cfg->master_addr,
+		.master_port = j->master_port,
+		.job_id = cfg->job_id,
+		.token = cfg->token,
+		.argv = cfg->argv,
+		.search_path = cfg->search_path,
+		.log_dir = cfg->log_dir,
+		.transport = cfg->transport,
+		.device_ids = cfg->device_ids,
+		.set_user = cfg->set_user,
+		.uid = cfg->uid,
+		.gid = cfg->gid,
+		.on_exit = on_worker_exit,
+		.on_idle = on_agent_idle,
+		.on_line = cfg->on_line ? on_line : NULL,
+		.arg = j,
+	};
+	if (!(j->agent = hpu_agent_new(loop, &ac))) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	if (hpu_agent_start(j->agent, err, errlen) < 0)
+		goto fail;
+	return j;
+fail:
+	hpu_nodejob_destroy(&j);
+	return NULL;
+}
+
+int hpu_nodejob_master_port(const hpu_nodejob *j)
+{
+	return j->master_port;
+}
+
+int hpu_nodejob_live(const hpu_nodejob *j)
+{
+	return j->agent ? hpu_agent_live(j->agent) : 0;
+}
+
+int hpu_nodejob_rank(const hpu_nodejob *j, int local)
+{
+	return j->cfg.node_rank * j->cfg.devices + local;
+}
+
+void hpu_nodejob_destroy(hpu_nodejob **pj)
+{
+	hpu_nodejob *j = *pj;
+	if (!j)
+		return;
+	ev_idle_stop(j->loop, &j->end);
+	ev_timer_stop(j->loop, &j->beat);
+	hpu_agent_destroy(&j->agent);
+	hpu_zwatch_stop(&j->zw);
+	hpu_coord_destroy(&j->coord);
+	if (j->dealer)
+		zmq_close(j->dealer);
+	if (j->ctx)
+		zmq_ctx_term(j->ctx);
+	free(j);
+	*pj = NULL;
+}

@@ -1,0 +1,68 @@
+/* nodejob: one node's part of a job, as hpulaunch runs it in the
+ * foreground and hpud runs several of them side by side: the node's
+ * workers (agent.h), and on node 0 the job's coordinator (coord.h), on the
+ * other nodes a link to it with heartbeats. A worker's failure, an abort
+ * from the coordinator, a silent coordinator or a cancel stops the node's
+ * workers; once they are all reaped, on_end says how the job went. */
+#ifndef HPU_NODEJOB_H
+#define HPU_NODEJOB_H
+
+#include <ev.h>
+#include <stddef.h>
+
+#include "agent.h"
+
+typedef struct hpu_nodejob hpu_nodejob;
+
+typedef struct hpu_nodejob_cfg {
+	int node_rank, nodes, devices;
+	const char *master_addr;  /* node 0's address (a name is resolved) */
+	int master_port;          /* node 0: 0 picks a free port */
+	const char *job_id, *token;
+	char *const *argv;        /* the worker program and its arguments */
+	int search_path;          /* look argv[0] up in PATH */
+	const char *log_dir;      /* or NULL */
+	const char *transport;    /* or NULL */
+	const int *device_ids;    /* or NULL (agent.h) */
+	int set_user;             /* run the workers as uid/gid */
+	unsigned uid, gid;
+	double join_timeout_s, agent_timeout_s, grace_s;
+	const char *who;          /* message prefix: "hpulaunch", "hpud" */
+	int quiet;                /* no error lines on stderr */
+	/* A worker's output line (agent.h); NULL: this process's stdout. */
+	void (*on_line)(hpu_nodejob *j, int rank, int is_err, const char *line,
+			size_t len, void *arg);
+	/* Optional: a worker ended (status as from waitpid). */
+	void (*on_exit)(hpu_nodejob *j, int rank, int pid, int status, void *arg);
+	/* The node's part is over: every worker reaped. failed: a worker
+	 * failed, the job was aborted or cancelled; root_cause says why. */
+	void (*on_end)(hpu_nodejob *j, int failed, const char *root_cause,
+		       void *arg);
+	void *arg;
+} hpu_nodejob_cfg;
+
+/* Starts the coordinator (node 0) or the link to it, then the workers.
+ * The cfg strings must outlive the job. Returns NULL with a sentence in
+ * err; on_end is then never called. */
+hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
+			       char *err, size_t errlen);
+
+/* The coordinator's port (node 0: the one it bound). */
+int hpu_nodejob_master_port(const hpu_nodejob *j);
+
+/* Ends the job for `reason`: tells the coordinator (or, on node 0, every
+ * node), stops the local workers (SIGTERM, then SIGKILL after grace_s;
+ * at once with grace_s 0, also when called again). The first reason is
+ * the root cause; it is not printed (the caller says why). */
+void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s);
+
+/* Workers not yet reaped. */
+int hpu_nodejob_live(const hpu_nodejob *j);
+
+/* The global rank of local worker `local`. */
+int hpu_nodejob_rank(const hpu_nodejob *j, int local);
+
+/* Kills what is left, frees; *j = NULL; safe twice. Not from on_end. */
+void hpu_nodejob_destroy(hpu_nodejob **j);
+
+#endif

@@ -1,0 +1,443 @@
+#include "submit.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "auth.h"
+#include "codec.h"
+
+#define REPLY_TIMEOUT_MS 10000
+#define PING_EVERY_S 1.0
+
+typedef struct node {
+	const char *host;
+	int port;
+	void *sock;
+	int launched, ended, ok;
+	char reason[700];
+	double last_heard;
+} node;
+
+typedef struct submit {
+	const hpu_launch_args *a;
+	hpu_auth *auth;
+	void *ctx;
+	node *n;
+	int nn;
+	int master_port;
+	int lost;               /* the submitter lost a daemon (already said) */
+	volatile sig_atomic_t signo;
+	char err[1024];
+} submit;
+
+static submit S;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void on_signal(int sig)
+{
+	S.signo = sig;
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int fail(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(S.err, sizeof S.err, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static int send_env(node *nd, const Hpu__Envelope *env)
+{
+	uint8_t *body = NULL, *frame = NULL;
+	size_t blen = hpu_codec_pack(env, &body), flen = 0;
+	if (body)
+		flen = hpu_auth_sign(S.auth, body, blen, hpu_auth_now_ms(), &frame);
+	free(body);
+	if (!frame)
+		return fail("out of memory signing a request");
+	int rc = zmq_send(nd->sock, frame, flen, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+	free(frame);
+	return rc;
+}
+
+/* The next message from nd, verified; NULL when none is waiting or it is
+ * not genuine (then it is dropped, with a warning). */
+static Hpu__Envelope *recv_env(node *nd)
+{
+	zmq_msg_t m;
+	zmq_msg_init(&m);
+	if (zmq_msg_recv(&m, nd->sock, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&m);
+		return NULL;
+	}
+	const void *body;
+	size_t blen;
+	char why[256];
+	Hpu__Envelope *env = NULL;
+	if (hpu_auth_verify(S.auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu_auth_now_ms(),
+			    &body, &blen, why, sizeof why) < 0)
+		fprintf(stderr, "hpulaunch: warning: dropped a message from %s:%d: %s\n",
+			nd->host, nd->port, why);
+	else if (!(env = hpu_codec_unpack(body, blen)))
+		fprintf(stderr, "hpulaunch: warning: dropped a malformed message from %s:%d\n",
+			nd->host, nd->port);
+	zmq_msg_close(&m);
+	if (env)
+		nd->last_heard = now_s();
+	return env;
+}
+
+static int connect_node(node *nd)
+{
+	char ep[320];
+	snprintf(ep, sizeof ep, "tcp://%s:%d", nd->host, nd->port);
+	int linger = 1000;
+	int64_t maxmsg = HPU_AUTH_MAX_FRAME;
+	nd->sock = zmq_socket(S.ctx, ZMQ_DEALER);
+	if (!nd->sock || zmq_setsockopt(nd->sock, ZMQ_LINGER, &linger, sizeof linger) ||
+	    zmq_setsockopt(nd->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+	    zmq_connect(nd->sock, ep))
+		return fail("cannot connect to hpud at %s: %s", ep, zmq_strerror(errno));
+	return 0;
+}
+
+static int setup(const char *key_path, int nodes)
+{
+	uint8_t key[HPU_AUTH_KEY_BYTES];
+	char err[600];
+	if (hpu_auth_load_key(key_path, key, err, sizeof err) < 0)
+		return fail("%s", err);
+	S.auth = hpu_auth_new(key, 30000, 1 << 16);
+	memset(key, 0, sizeof key);
+	S.ctx = zmq_ctx_new();
+	S.n = calloc((size_t)nodes, sizeof *S.n);
+	S.nn = nodes;
+	if (!S.auth || !S.ctx || !S.n)
+		return fail("out of memory");
+	return 0;
+}
+
+static void teardown(void)
+{
+	for (int i = 0; i < S.nn; i++)
+		if (S.n[i].sock)
+			zmq_close(S.n[i].sock);
+	if (S.ctx)
+		zmq_ctx_term(S.ctx);
+	free(S.n);
+	hpu_auth_destroy(&S.auth);
+}
+
+/* ---- the job ---- */
+
+static void print_line(const Hpu__LogLine *l)
+{
+	printf("[rank %u] %s\n", l->rank, l->text ? l->text : "");
+}
+
+/* Handles a message from nd during the run; returns its launch reply (to
+ * be freed) when it is one. */
+static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
+{
+	switch (m->msg_case) {
+	case HPU__ENVELOPE__MSG_LOG_LINE:
+		print_line(m->log_line);
+		break;
+	case HPU__ENVELOPE__MSG_JOB_END:
+		if (!nd->ended) {
+			nd->ended = 1;
+			nd->ok = m->job_end->ok;
+			snprintf(nd->reason, sizeof nd->reason, "%s",
+				 m->job_end->reason ? m->job_end->reason : "");
+		}
+		break;
+	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
+		const Hpu__WorkerExit *w = m->worker_exit;
+		if (w->exit_code != 0 && !S.a->quiet) {
+			if (w->signal)
+				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) was killed by signal %d\n",
+					w->rank, w->node_rank, w->pid, w->signal);
+			else
+				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code %d\n",
+					w->rank, w->node_rank, w->pid, w->exit_code);
+		}
+		break;
+	}
+	case HPU__ENVELOPE__MSG_LAUNCH_REPLY:
+		return m;
+	default:
+		break;
+	}
+	hpu_codec_free(m);
+	return NULL;
+}
+
+/* Drains every node's socket, waiting up to timeout_ms for something. */
+static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
+{
+	zmq_pollitem_t items[S.nn];
+	for (int i = 0; i < S.nn; i++)
+		items[i] = (zmq_pollitem_t){.socket = S.n[i].sock, .events = ZMQ_POLLIN};
+	if (zmq_poll(items, S.nn, timeout_ms) <= 0)
+		return;
+	for (int i = 0; i < S.nn; i++) {
+		Hpu__Envelope *m;
+		while ((m = recv_env(&S.n[i]))) {
+			Hpu__Envelope *r = dispatch(&S.n[i], m);
+			if (r && i == want_reply_from && reply && !*reply)
+				*reply = r;
+			else
+				hpu_codec_free(r);
+		}
+	}
+}
+
+static int launch_node(int i)
+{
+	const hpu_launch_args *a = S.a;
+	node *nd = &S.n[i];
+	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
+	q.job_id = (char *)a->job_id;
+	q.job_token = (char *)a->token;
+	q.node_rank = (uint32_t)i;
+	q.nodes = (uint32_t)S.nn;
+	q.devices = (uint32_t)a->devices;
+	q.master_addr = (char *)S.n[0].host;
+	q.master_port = (uint32_t)S.master_port;
+	q.n_argv = (size_t)(a->worker_argc - 1); /* hpud picks the program */
+	q.argv = a->worker_argv + 1;
+	q.transport = (char *)(a->transport ? a->transport : "");
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
+	env.launch_request = &q;
+	if (send_env(nd, &env) < 0)
+		return fail("cannot send to hpud at %s:%d: %s", nd->host, nd->port,
+			    zmq_strerror(errno));
+	Hpu__Envelope *r = NULL;
+	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;
+	while (!r && now_s() < deadline && !S.signo)
+		pump(100, i, &r);
+	if (!r)
+		return fail(S.signo ? "interrupted" :
+			    "no answer from hpud at %s:%d (node %d) within %d s: is it running, and does it have the same key?",
+			    nd->host, nd->port, i, REPLY_TIMEOUT_MS / 1000);
+	int ok = r->launch_reply->ok;
+	if (!ok)
+		fail("hpud at %s:%d (node %d) refused the job: %s", nd->host, nd->port, i,
+		     r->launch_reply->error ? r->launch_reply->error : "");
+	else if (i == 0)
+		S.master_port = (int)r->launch_reply->master_port;
+	hpu_codec_free(r);
+	if (!ok)
+		return -1;
+	nd->launched = 1;
+	return 0;
+}
+
+static void send_all(Hpu__Envelope *env)
+{
+	for (int i = 0; i < S.nn; i++)
+		if (S.n[i].launched && !S.n[i].ended)
+			send_env(&S.n[i], env);
+}
+
+static void cancel_all(void)
+{
+	Hpu__Cancel c = HPU__CANCEL__INIT;
+	c.job_id = (char *)S.a->job_id;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_CANCEL;
+	env.cancel = &c;
+	send_all(&env);
+}
+
+static void ping_all(void)
+{
+	Hpu__Ping p = HPU__PING__INIT;
+	p.job_id = (char *)S.a->job_id;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_PING;
+	env.ping = &p;
+	send_all(&env);
+}
+
+static int all_ended(void)
+{
+	for (int i = 0; i < S.nn; i++)
+		if (S.n[i].launched && !S.n[i].ended)
+			return 0;
+	return 1;
+}
+
+/* The job's outcome: 0, or 1 with the root cause printed. A daemon the
+ * submitter lost is the cause (and was said when it happened); otherwise
+ * node 0's reason is the coordinator's, so it is preferred. */
+static int outcome(void)
+{
+	if (S.lost)
+		return 1;
+	int bad = -1;
+	for (int i = 0; i < S.nn; i++)
+		if (S.n[i].launched && (!S.n[i].ended || !S.n[i].ok)) {
+			if (bad < 0 || (i == 0 && S.n[i].reason[0]))
+				bad = i;
+		}
+	if (bad < 0)
+		return 0;
+	node *nd = &S.n[bad];
+	fprintf(stderr, "hpulaunch: error: %s\n",
+		nd->reason[0] ? nd->reason : "a node's part did not end");
+	return 1;
+}
+
+/* Follows the job until every node's part has ended. */
+static int follow(void)
+{
+	const double silent_limit = S.a->agent_timeout_s;
+	double last_ping = 0, cancel_at = 0;
+	int cancelled = 0;
+	while (!all_ended()) {
+		double t = now_s();
+		if (S.signo && !cancelled) {
+			fprintf(stderr, "hpulaunch: interrupted by %s: cancelling job %s on %d nodes\n",
+				S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn);
+			cancel_all();
+			cancelled = 1;
+			cancel_at = t;
+		}
+		if (cancelled && t - cancel_at > 15)
+			break; /* the daemons did not answer: give up */
+		if (t - last_ping >= PING_EVERY_S) {
+			ping_all();
+			last_ping = t;
+		}
+		for (int i = 0; i < S.nn; i++) {
+			node *nd = &S.n[i];
+			if (nd->launched && !nd->ended && t - nd->last_heard > silent_limit) {
+				nd->ended = 1;
+				snprintf(nd->reason, sizeof nd->reason,
+					 "lost contact with hpud at %s:%d (node %d): silent for %.0f s",
+					 nd->host, nd->port, i, silent_limit);
+				if (!S.lost)
+					fprintf(stderr, "hpulaunch: error: %s\n", nd->reason);
+				S.lost = 1;
+				cancel_all();
+			}
+		}
+		pump(200, -1, NULL);
+	}
+	if (S.signo)
+		return 128 + S.signo;
+	return outcome();
+}
+
+int hpu_submit_run(const hpu_launch_args *a)
+{
+	S.a = a;
+	int rc = 1;
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	if (setup(a->key_path, a->nhosts) < 0)
+		goto out;
+	for (int i = 0; i < a->nhosts; i++) {
+		S.n[i].host = a->hosts[i].name;
+		S.n[i].port = a->hosts[i].port ? a->hosts[i].port : a->hpud_port;
+		S.n[i].last_heard = now_s();
+		if (connect_node(&S.n[i]) < 0)
+			goto out;
+	}
+	S.master_port = a->master_port;
+	for (int i = 0; i < S.nn; i++) {
+		if (launch_node(i) < 0) {
+			cancel_all(); /* what started must stop */
+			for (int k = 0; k < 20 && !all_ended(); k++)
+				pump(100, -1, NULL);
+			goto out;
+		}
+		S.n[i].last_heard = now_s();
+	}
+	if (!a->quiet)
+		fprintf(stderr, "hpulaunch: job %s: %d nodes x %d devices through hpud, coordinator %s:%d\n",
+			a->job_id, S.nn, a->devices, S.n[0].host, S.master_port);
+	rc = follow();
+	S.err[0] = 0;
+out:
+	if (rc && S.err[0])
+		fprintf(stderr, "hpulaunch: error: %s\n", S.err);
+	teardown();
+	return rc;
+}
+
+int hpu_status_run(const hpu_launch_args *a)
+{
+	S.a = a;
+	int rc = 1;
+	const char *host = a->status_host;
+	int port = a->status_port ? a->status_port : a->hpud_port;
+	if (setup(a->key_path, 1) < 0)
+		goto out;
+	S.n[0].host = host;
+	S.n[0].port = port;
+	if (connect_node(&S.n[0]) < 0)
+		goto out;
+	Hpu__StatusRequest q = HPU__STATUS_REQUEST__INIT;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
+	env.status_request = &q;
+	if (send_env(&S.n[0], &env) < 0) {
+		fail("cannot send to hpud at %s:%d", host, port);
+		goto out;
+	}
+	zmq_pollitem_t it = {.socket = S.n[0].sock, .events = ZMQ_POLLIN};
+	Hpu__Envelope *m = NULL;
+	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;
+	while (!m && now_s() < deadline) {
+		if (zmq_poll(&it, 1, 200) > 0)
+			m = recv_env(&S.n[0]);
+		if (m && m->msg_case != HPU__ENVELOPE__MSG_STATUS_REPLY) {
+			hpu_codec_free(m);
+			m = NULL;
+		}
+	}
+	if (!m) {
+		fail("no answer from hpud at %s:%d within %d s: is it running, and does it have the same key?",
+		     host, port, REPLY_TIMEOUT_MS / 1000);
+		goto out;
+	}
+	const Hpu__StatusReply *r = m->status_reply;
+	printf("hpud %s:%d: %u devices, %u free, %zu jobs\n", host, port, r->devices_total,
+	       r->devices_free, r->n_jobs);
+	if (r->n_jobs)
+		printf("%-24s %5s %8s %8s %10s  %s\n", "job", "node", "devices", "workers",
+		       "running s", "submitter");
+	for (size_t i = 0; i < r->n_jobs; i++) {
+		const Hpu__JobStatus *j = r->jobs[i];
+		printf("%-24s %5u %8zu %8u %10.0f  %s\n", j->job_id, j->node_rank,
+		       j->n_device_ids, j->live_workers, j->seconds,
+		       j->submitter ? j->submitter : "");
+	}
+	hpu_codec_free(m);
+	rc = 0;
+out:
+	if (rc && S.err[0])
+		fprintf(stderr, "hpulaunch: error: %s\n", S.err);
+	teardown();
+	return rc;
+}

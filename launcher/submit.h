@@ -1,0 +1,20 @@
+/* submit: hpulaunch's client side of hpud (daemon/hpud.c).
+ *
+ * With --hostfile, the job is submitted to every host's hpud (node 0
+ * first: its coordinator's port goes to the others), the workers' output
+ * is printed as it streams back, each daemon is pinged every second (a
+ * silent one fails the job, naming its node), Ctrl-C cancels the job on
+ * every node, and the exit status is the job's: 0, 1 with the root cause,
+ * or 128+signal. With --status HOST, one daemon's jobs are printed. */
+#ifndef HPU_SUBMIT_H
+#define HPU_SUBMIT_H
+
+#include "args.h"
+
+/* Runs the job through the hosts' daemons; returns the exit status. */
+int hpu_submit_run(const hpu_launch_args *a);
+
+/* Prints a->status_host's jobs; returns 0, or 1 after an error. */
+int hpu_status_run(const hpu_launch_args *a);
+
+#endif

@@ -1,0 +1,331 @@
+/* Multi-node tests: nodes are Linux network namespaces on this machine
+ * (deploy/netns-cluster.sh), each with its own address and its own hpud.
+ *
+ * - 2 and 3 nodes x 2 devices: hpulaunch --hostfile trains the MLP to the
+ *   parameters of a single-node run with the same world size; one
+ *   hpulaunch per namespace (torchrun style) gives the same;
+ * - kill -9 one node's hpud mid-run, and cut one node's link mid-run: the
+ *   job ends with an error naming the lost node or its ranks within a
+ *   bounded time, and no worker is left anywhere.
+ * Needs root and `ip netns` (exit 77 otherwise). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define HPUD h_build("bin/hpud")
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+#define PREFIX 7 /* the cluster index: 10.77.7.0/24 */
+
+static char script[512], dir[64], key_path[128];
+static int nodes_up;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int sh(const char *fmt, ...)
+{
+	char cmd[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof cmd, fmt, ap);
+	va_end(ap);
+	int rc = system(cmd);
+	return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* How many hpu-worker processes exist on this machine (every namespace
+ * shares the process table). */
+static int workers_alive(void)
+{
+	FILE *p = popen("pgrep -c -x hpu-worker", "r");
+	int n = 0;
+	if (p && fscanf(p, "%d", &n) != 1)
+		n = 0;
+	if (p)
+		pclose(p);
+	return n;
+}
+
+/* N nodes, an hpud in each (2 devices, workers as nobody, a 10 s
+ * collective timeout so a lost peer ends the job quickly). */
+static void cluster_up(int n)
+{
+	assert_int_equal(sh("bash %s up %d %d >/dev/null", script, n, PREFIX), 0);
+	nodes_up = n;
+	setenv("HPUCOLL_TIMEOUT_MS", "10000", 1);
+	for (int i = 0; i < n; i++) {
+		char conf[128];
+		snprintf(conf, sizeof conf, "%s/hpud-%d.conf", dir, i);
+		FILE *f = fopen(conf, "w");
+		assert_non_null(f);
+		fprintf(f, "listen = 10.77.%d.%d\nport = 29400\ndevices = 2\nkey = %s\n"
+			   "user = nobody\nsubmitter_timeout = 5\n",
+			PREFIX, i + 1, key_path);
+		fclose(f);
+		assert_int_equal(sh("bash %s -p %d start-hpud %d %s %s >/dev/null", script, PREFIX, i,
+				    HPUD, conf),
+				 0);
+	}
+	unsetenv("HPUCOLL_TIMEOUT_MS");
+	usleep(300000);
+}
+
+static void cluster_down(void)
+{
+	if (nodes_up)
+		sh("bash %s down %d >/dev/null 2>&1", script, PREFIX);
+	nodes_up = 0;
+}
+
+static void write_hostfile(const char *path, int n)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	for (int i = 0; i < n; i++)
+		fprintf(f, "10.77.%d.%d slots=2\n", PREFIX, i + 1);
+	fclose(f);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof dir, "/tmp/hpu-cluster-XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	chmod(dir, 0777); /* the workers (nobody) write parameters here */
+	snprintf(key_path, sizeof key_path, "%s/secret.key", dir);
+	char *argv[] = {(char *)HPUD, "--gen-key", key_path, NULL};
+	proc p;
+	assert_int_equal(h_run(&p, argv, NULL, 10000), 0);
+	h_free(&p);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	cluster_down();
+	return sh("rm -rf %s", dir) == 0 ? 0 : -1;
+}
+
+/* ---- parameters ---- */
+
+static float *load(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		fail_msg("no parameters in %s", path);
+	fseek(f, 0, SEEK_END);
+	long bytes = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	float *v = malloc((size_t)bytes);
+	assert_int_equal(fread(v, 1, (size_t)bytes, f), (size_t)bytes);
+	fclose(f);
+	*n = (size_t)bytes / 4;
+	return v;
+}
+
+/* ||a - b|| / ||b|| over the whole model; *same says bit-identical. */
+static double compare(const char *a, const char *b, int *same)
+{
+	size_t na, nb;
+	float *x = load(a, &na), *y = load(b, &nb);
+	assert_int_equal(na, nb);
+	double dd = 0, bb = 0;
+	*same = memcmp(x, y, na * 4) == 0;
+	for (size_t i = 0; i < na; i++) {
+		double d = (double)x[i] - y[i];
+		dd += d * d;
+		bb += (double)y[i] * y[i];
+	}
+	free(x);
+	free(y);
+	return sqrt(dd / bb);
+}
+
+/* The training options every equivalence run shares: 20 AdamW steps of a
+ * small MLP, global batch 64 x world, parameters saved. */
+#define TRAIN_OPTS(batch, out)                                                         \
+	"--max-steps", "20", "--batch-size", batch, "--log-every", "0", "--no-eval",   \
+		"--save-params", out, "--transport", "auto"
+#define MODEL_ARGS "--", "--hidden", "64", "--depth", "3"
+
+static void run_ok(char **argv, const char *what)
+{
+	proc p;
+	int code = h_run(&p, argv, NULL, 300000);
+	if (code != 0)
+		fail_msg("%s: exit %d\n%s", what, code, p.out);
+	h_free(&p);
+}
+
+static void equivalence(int n)
+{
+	char batch[16], hostfile[128], single[128], viahpud[128], pernode[128], dev[8];
+	int world = 2 * n;
+	snprintf(batch, sizeof batch, "%d", 64 * world);
+	snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
+	snprintf(single, sizeof single, "%s/single-%d.bin", dir, n);
+	snprintf(viahpud, sizeof viahpud, "%s/hpud-%d.bin", dir, n);
+	snprintf(pernode, sizeof pernode, "%s/pernode-%d.bin", dir, n);
+	snprintf(dev, sizeof dev, "%d", world);
+	/* one node, the same world size */
+	char *a1[] = {(char *)LAUNCH, "-q", "--devices", dev, TRAIN_OPTS(batch, single),
+		      (char *)MODEL, MODEL_ARGS, NULL};
+	run_ok(a1, "single node");
+	cluster_up(n);
+	write_hostfile(hostfile, n);
+	char *a2[] = {(char *)LAUNCH, "-q", "--hostfile", hostfile, "--key", key_path, "--devices",
+		      "2", TRAIN_OPTS(batch, viahpud), (char *)MODEL, MODEL_ARGS, NULL};
+	run_ok(a2, "hpulaunch --hostfile");
+	/* torchrun style: one hpulaunch per namespace */
+	proc p[3];
+	char nn[16], rank[3][16], master[32];
+	snprintf(nn, sizeof nn, "%d", n);
+	snprintf(master, sizeof master, "10.77.%d.1", PREFIX);
+	char *env[] = {"HPU_JOB_TOKEN=cluster-test-token", "HPU_JOB_ID=pernode", NULL};
+	for (int i = 0; i < n; i++) {
+		char ns[32];
+		snprintf(ns, sizeof ns, "hpu%d-n%d", PREFIX, i);
+		snprintf(rank[i], sizeof rank[i], "%d", i);
+		char *a3[] = {"/sbin/ip", "netns", "exec", ns, (char *)LAUNCH, "-q", "--nodes", nn,
+			      "--node-rank", rank[i], "--devices", "2", "--master-addr", master,
+			      "--master-port", "29500", TRAIN_OPTS(batch, pernode), (char *)MODEL,
+			      MODEL_ARGS, NULL};
+		assert_int_equal(h_start(&p[i], a3, env), 0);
+	}
+	for (int i = 0; i < n; i++) {
+		int rc = h_wait(&p[i], 300000);
+		if (rc != 0 || h_code(&p[i]) != 0)
+			fail_msg("per-node hpulaunch on node %d: exit %d\n%s", i, h_code(&p[i]),
+				 p[i].out);
+		h_free(&p[i]);
+	}
+	int same1, same2;
+	double r1 = compare(viahpud, single, &same1), r2 = compare(pernode, viahpud, &same2);
+	printf("  %d nodes x 2 devices: through hpud vs one node of %d workers: relative difference %.3g%s\n",
+	       n, world, r1, same1 ? " (bit-identical)" : "");
+	printf("  %d nodes x 2 devices: one hpulaunch per node vs through hpud: relative difference %.3g%s\n",
+	       n, r2, same2 ? " (bit-identical)" : "");
+	assert_true(r1 <= 1e-5);
+	assert_true(r2 <= 1e-5);
+	cluster_down();
+}
+
+static void test_two_nodes(void **state)
+{
+	(void)state;
+	equivalence(2);
+}
+
+static void test_three_nodes(void **state)
+{
+	(void)state;
+	equivalence(3);
+}
+
+/* ---- faults ---- */
+
+/* A long job on 3 nodes through hpud; returns once it trains. */
+static void start_long_job(proc *p)
+{
+	static char hostfile[128];
+	snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
+	write_hostfile(hostfile, 3);
+	char *a[] = {(char *)LAUNCH, "-q", "--hostfile", hostfile, "--key", key_path, "--devices",
+		     "2", "--epochs", "20", "--batch-size", "384", "--log-every", "5",
+		     (char *)MODEL, MODEL_ARGS, NULL};
+	assert_int_equal(h_start(p, a, NULL), 0);
+	assert_int_equal(h_wait_for(p, "step 10/", 180000), 0);
+	assert_int_equal(workers_alive(), 6);
+}
+
+/* The job ends within `bound` s naming one of `names`, and no worker is
+ * left anywhere within `bound` s more. */
+static void expect_end(proc *p, double t0, double bound, const char *const *names)
+{
+	assert_int_equal(h_wait(p, (int)(bound * 1000)), 0);
+	double took = now_s() - t0;
+	const char *err = strstr(p->out, "hpulaunch: error: ");
+	printf("  ended after %.1f s with exit %d: %.300s", took, h_code(p), err ? err : p->out);
+	assert_int_equal(h_code(p), 1);
+	assert_non_null(err);
+	int named = 0;
+	for (int k = 0; names[k]; k++)
+		named |= strstr(err, names[k]) != NULL;
+	if (!named)
+		fail_msg("the error does not name the lost node or its ranks: %s", err);
+	int left = -1;
+	for (int i = 0; i < (int)(bound * 10) && left; i++) {
+		left = workers_alive();
+		if (left)
+			usleep(100000);
+	}
+	printf("  workers left: %d\n", left);
+	assert_int_equal(left, 0);
+}
+
+static void test_kill_hpud(void **state)
+{
+	(void)state;
+	cluster_up(3);
+	proc p;
+	start_long_job(&p);
+	double t0 = now_s();
+	assert_int_equal(sh("bash %s -p %d stop-hpud 1 KILL >/dev/null", script, PREFIX), 0);
+	const char *names[] = {"node 1", "rank 2", "rank 3", "10.77.7.2", NULL};
+	expect_end(&p, t0, 40, names);
+	h_free(&p);
+	cluster_down();
+}
+
+static void test_link_down(void **state)
+{
+	(void)state;
+	cluster_up(3);
+	proc p;
+	start_long_job(&p);
+	double t0 = now_s();
+	assert_int_equal(sh("bash %s -p %d link 2 down", script, PREFIX), 0);
+	const char *names[] = {"node 2", "rank 4", "rank 5", "10.77.7.3", NULL};
+	expect_end(&p, t0, 60, names);
+	h_free(&p);
+	sh("bash %s -p %d link 2 up", script, PREFIX);
+	cluster_down();
+}
+
+int main(void)
+{
+	if (geteuid() != 0 || system("ip netns list >/dev/null 2>&1") != 0) {
+		printf("test_cluster needs root and ip netns: skipped\n");
+		return 77;
+	}
+	const char *src = getenv("HPU_SOURCE_DIR");
+	snprintf(script, sizeof script, "%s/deploy/netns-cluster.sh", src ? src : ".");
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_two_nodes),
+		cmocka_unit_test(test_three_nodes),
+		cmocka_unit_test(test_kill_hpud),
+		cmocka_unit_test(test_link_down),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

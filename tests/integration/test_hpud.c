@@ -1,0 +1,551 @@
+/* Integration tests of hpud on loopback: a real daemon, real signed
+ * frames, the real hpulaunch --hostfile and --status.
+ *
+ * - start-up refusals: a key readable by others, root without a user;
+ *   --gen-key;
+ * - bad input: unsigned, wrong key, replayed, expired, truncated, garbage
+ *   (thousands of random frames), oversized, multi-frame -> all refused
+ *   and logged with the peer, no job started, the daemon still answers a
+ *   good request and its memory does not grow;
+ * - jobs: a training job through hpulaunch --hostfile, its workers running
+ *   as the configured user; devices not double-booked; --status; a
+ *   submitter that goes away, Ctrl-C, SIGTERM and SIGHUP to the daemon.
+ * Needs root (the workers switch to the user 'nobody'). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "auth.h"
+#include "codec.h"
+#include "harness.h"
+
+#define HPUD h_build("bin/hpud")
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+
+static char dir[64], key_path[128], conf_path[128], hostfile[128];
+static int port;
+static proc daemon_proc;
+static uint8_t key[HPU_AUTH_KEY_BYTES];
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof sa;
+	bind(fd, (struct sockaddr *)&sa, sizeof sa);
+	getsockname(fd, (struct sockaddr *)&sa, &len);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+	chmod(path, mode);
+}
+
+static void write_conf(int devices, const char *extra)
+{
+	char text[1024];
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = %d\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 3\n%s",
+		 port, devices, key_path, extra ? extra : "");
+	write_file(conf_path, text, 0644);
+}
+
+static void stop_daemon(void);
+
+/* hpud in the background (after any left by a failed test); waits until
+ * it listens. */
+static void start_daemon(void)
+{
+	stop_daemon();
+	char *argv[] = {(char *)HPUD, "-c", conf_path, NULL};
+	char *env[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
+	assert_int_equal(h_start(&daemon_proc, argv, env), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, "listening on", 10000), 0);
+}
+
+static void stop_daemon(void)
+{
+	if (daemon_proc.pid > 0 && !daemon_proc.exited) {
+		h_wait(&daemon_proc, 0); /* it may have exited already */
+	}
+	if (daemon_proc.pid > 0 && !daemon_proc.exited) {
+		kill(daemon_proc.pid, SIGTERM);
+		if (h_wait(&daemon_proc, 15000) < 0)
+			h_kill(&daemon_proc);
+	}
+	h_free(&daemon_proc);
+	memset(&daemon_proc, 0, sizeof daemon_proc);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof dir, "/tmp/hpud-test-XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	chmod(dir, 0755);
+	snprintf(key_path, sizeof key_path, "%s/secret.key", dir);
+	snprintf(conf_path, sizeof conf_path, "%s/hpud.conf", dir);
+	snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
+	char *argv[] = {(char *)HPUD, "--gen-key", key_path, NULL};
+	proc p;
+	assert_int_equal(h_run(&p, argv, NULL, 10000), 0);
+	h_free(&p);
+	char err[256];
+	assert_int_equal(hpu_auth_load_key(key_path, key, err, sizeof err), 0);
+	port = free_port();
+	write_conf(2, NULL);
+	char hf[128];
+	snprintf(hf, sizeof hf, "127.0.0.1:%d slots=2\n", port);
+	write_file(hostfile, hf, 0644);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	stop_daemon();
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ---- a raw client ---- */
+
+typedef struct client {
+	void *ctx, *sock;
+	hpu_auth *auth;
+} client;
+
+static void client_open(client *c, const uint8_t *k)
+{
+	char ep[64];
+	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+	int linger = 0;
+	c->ctx = zmq_ctx_new();
+	c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+	zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+	assert_int_equal(zmq_connect(c->sock, ep), 0);
+	c->auth = hpu_auth_new(k, 30000, 1 << 16);
+}
+
+static void client_close(client *c)
+{
+	zmq_close(c->sock);
+	zmq_ctx_term(c->ctx);
+	hpu_auth_destroy(&c->auth);
+}
+
+/* A signed status request stamped now + skew_ms; *len gets its size. */
+static uint8_t *status_frame(client *c, int64_t skew_ms, size_t *len)
+{
+	Hpu__StatusRequest q = HPU__STATUS_REQUEST__INIT;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
+	env.status_request = &q;
+	uint8_t *body, *frame;
+	size_t blen = hpu_codec_pack(&env, &body);
+	*len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms() + skew_ms, &frame);
+	free(body);
+	assert_true(*len > 0);
+	return frame;
+}
+
+/* The status reply to a frame just sent, or NULL after timeout_ms. */
+static Hpu__Envelope *await_reply(client *c, int timeout_ms)
+{
+	zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
+	if (zmq_poll(&it, 1, timeout_ms) <= 0)
+		return NULL;
+	zmq_msg_t m;
+	zmq_msg_init(&m);
+	assert_true(zmq_msg_recv(&m, c->sock, 0) >= 0);
+	const void *body;
+	size_t blen;
+	char why[128];
+	Hpu__Envelope *env = NULL;
+	if (hpu_auth_verify(c->auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu_auth_now_ms(),
+			    &body, &blen, why, sizeof why) == 0)
+		env = hpu_codec_unpack(body, blen);
+	zmq_msg_close(&m);
+	return env;
+}
+
+static int jobs_running(void)
+{
+	client c;
+	client_open(&c, key);
+	size_t len;
+	uint8_t *f = status_frame(&c, 0, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	Hpu__Envelope *r = await_reply(&c, 5000);
+	assert_non_null(r);
+	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_STATUS_REPLY);
+	int n = (int)r->status_reply->n_jobs;
+	hpu_codec_free(r);
+	client_close(&c);
+	return n;
+}
+
+static long rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	long kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (!strncmp(line, "VmRSS:", 6))
+			kib = atol(line + 6);
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+static uint64_t rng = 0x1234567;
+static uint32_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)rng;
+}
+
+/* Waits until hpud has handled everything c sent: a status request on
+ * the same connection is answered after them. Reads hpud's log on the way,
+ * so that it never blocks on a full pipe. */
+static void sync_daemon(client *c)
+{
+	size_t len;
+	uint8_t *f = status_frame(c, 0, &len);
+	zmq_send(c->sock, f, len, 0);
+	free(f);
+	Hpu__Envelope *r = NULL;
+	for (int i = 0; i < 300 && !r; i++) {
+		h_wait(&daemon_proc, 10);
+		r = await_reply(c, 50);
+	}
+	assert_non_null(r);
+	hpu_codec_free(r);
+}
+
+static void send_garbage(client *c, int count)
+{
+	uint8_t buf[4096];
+	for (int i = 0; i < count; i++) {
+		size_t len = rnd() % sizeof buf;
+		for (size_t k = 0; k < len; k++)
+			buf[k] = (uint8_t)rnd();
+		if (i % 3 == 0 && len >= 4)
+			memcpy(buf, "HPU1", 4); /* get past the magic */
+		zmq_send(c->sock, buf, len, 0);
+		if (i % 500 == 499)
+			sync_daemon(c);
+	}
+	sync_daemon(c);
+}
+
+/* ---- start-up ---- */
+
+static void test_key_permissions(void **state)
+{
+	(void)state;
+	chmod(key_path, 0644);
+	char *argv[] = {(char *)HPUD, "-c", conf_path, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 10000);
+	printf("  %s", p.out);
+	chmod(key_path, 0600);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, key_path));
+	assert_non_null(strstr(p.out, "group or others"));
+	h_free(&p);
+	/* root with no user for the workers */
+	char conf2[160];
+	snprintf(conf2, sizeof conf2, "%s/nouser.conf", dir);
+	char text[512];
+	snprintf(text, sizeof text, "listen = 127.0.0.1\nport = %d\nkey = %s\n", port, key_path);
+	write_file(conf2, text, 0644);
+	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
+	code = h_run(&p, argv2, NULL, 10000);
+	printf("  %s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "set 'user = NAME'"));
+	h_free(&p);
+	/* --gen-key does not overwrite */
+	char *argv3[] = {(char *)HPUD, "--gen-key", key_path, NULL};
+	code = h_run(&p, argv3, NULL, 10000);
+	printf("  %s", p.out);
+	assert_int_equal(code, 1);
+	h_free(&p);
+	struct stat st;
+	assert_int_equal(stat(key_path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+}
+
+/* ---- bad input ---- */
+
+static void test_bad_requests(void **state)
+{
+	(void)state;
+	start_daemon();
+	client c, wrong;
+	uint8_t other[HPU_AUTH_KEY_BYTES];
+	memcpy(other, key, sizeof other);
+	other[0] ^= 1;
+	client_open(&c, key);
+	client_open(&wrong, other);
+	size_t len;
+	/* a good one is answered */
+	uint8_t *good = status_frame(&c, 0, &len);
+	zmq_send(c.sock, good, len, 0);
+	Hpu__Envelope *r = await_reply(&c, 5000);
+	assert_non_null(r);
+	hpu_codec_free(r);
+	/* replayed: the same frame again */
+	zmq_send(c.sock, good, len, 0);
+	assert_null(await_reply(&c, 1000));
+	/* truncated */
+	for (size_t k = 0; k < len; k += 7)
+		zmq_send(c.sock, good, k, 0);
+	free(good);
+	/* unsigned: a bare envelope */
+	Hpu__StatusRequest q = HPU__STATUS_REQUEST__INIT;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
+	env.status_request = &q;
+	uint8_t *body;
+	size_t blen = hpu_codec_pack(&env, &body);
+	zmq_send(c.sock, body, blen, 0);
+	free(body);
+	/* wrong key; expired; from the future */
+	uint8_t *f = status_frame(&wrong, 0, &len);
+	zmq_send(wrong.sock, f, len, 0);
+	free(f);
+	f = status_frame(&c, -120000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	f = status_frame(&c, 120000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	/* two frames */
+	zmq_send(c.sock, "HPU1", 4, ZMQ_SNDMORE);
+	zmq_send(c.sock, "HPU1", 4, 0);
+	assert_null(await_reply(&c, 500));
+	assert_null(await_reply(&wrong, 100));
+	/* garbage: warm up (ZeroMQ's and malloc's pools grow to a plateau
+	 * over the first ~10000 frames), then measure over 30000 more; a
+	 * leak of anything frame-sized (2 KiB on average) would add ~60 MiB,
+	 * of 64 bytes ~2 MiB; the bound is 1 MiB */
+	send_garbage(&c, 10000);
+	assert_int_equal(jobs_running(), 0);
+	long before = rss_kib(daemon_proc.pid);
+	send_garbage(&c, 15000);
+	/* oversized: ZeroMQ drops the connection; a new one still works */
+	size_t big = HPU_AUTH_MAX_FRAME + 1024;
+	uint8_t *huge = calloc(1, big);
+	memcpy(huge, "HPU1", 4);
+	zmq_send(wrong.sock, huge, big, 0);
+	free(huge);
+	send_garbage(&c, 15000);
+	assert_int_equal(jobs_running(), 0);
+	long after = rss_kib(daemon_proc.pid);
+	printf("  hpud RSS %ld KiB after 10000 garbage frames, %ld KiB after 30000 more\n", before,
+	       after);
+	assert_true(before > 0 && after > 0);
+	assert_true(after - before < 1024);
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 0); /* nothing ran */
+	/* every kind was refused, with the peer's address */
+	h_wait(&daemon_proc, 300);
+	const char *kinds[] = {"refused a request from 127.0.0.1", "replayed", "truncated",
+			       "bad signature", "stale", "future", "more than one frame"};
+	for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+		if (!strstr(daemon_proc.out, kinds[k]))
+			fail_msg("hpud's log does not mention \"%s\":\n%s", kinds[k],
+				 daemon_proc.out);
+	client_close(&c);
+	client_close(&wrong);
+	stop_daemon();
+}
+
+/* ---- jobs ---- */
+
+static char *launch_argv_str[32];
+
+/* hpulaunch --hostfile ... MODEL with `extra` training options. */
+static void launch_start(proc *p, const char *epochs)
+{
+	char **a = launch_argv_str;
+	int n = 0;
+	a[n++] = (char *)LAUNCH;
+	a[n++] = "--hostfile";
+	a[n++] = hostfile;
+	a[n++] = "--key";
+	a[n++] = key_path;
+	a[n++] = "--devices";
+	a[n++] = "2";
+	a[n++] = "--epochs";
+	a[n++] = (char *)epochs;
+	a[n++] = "--log-every";
+	a[n++] = "5";
+	a[n++] = (char *)MODEL;
+	a[n++] = "--";
+	a[n++] = "--hidden";
+	a[n++] = "64";
+	a[n] = NULL;
+	assert_int_equal(h_start(p, a, NULL), 0);
+}
+
+static int uid_of(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	int uid = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (!strncmp(line, "Uid:", 4))
+			uid = atoi(line + 4);
+	if (f)
+		fclose(f);
+	return uid;
+}
+
+static void test_job_through_hostfile(void **state)
+{
+	(void)state;
+	start_daemon();
+	proc p;
+	launch_start(&p, "1");
+	assert_int_equal(h_wait_for(&p, "step 5/", 120000), 0);
+	pid_t kids[4];
+	int n = h_children(daemon_proc.pid, kids, 4);
+	assert_int_equal(n, 2);
+	for (int i = 0; i < n; i++)
+		assert_int_equal(uid_of(kids[i]), 65534); /* nobody */
+	assert_int_equal(h_wait(&p, 300000), 0);
+	printf("%s", strstr(p.out, "[rank 0] trained") ? strstr(p.out, "[rank 0] trained") : p.out);
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "[rank 0] test accuracy"));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_non_null(strstr(daemon_proc.out, "ended successfully"));
+	stop_daemon();
+}
+
+/* Devices are not double-booked; --status shows the job; a submitter that
+ * dies is noticed and its job cancelled. */
+static void test_busy_status_and_lost_submitter(void **state)
+{
+	(void)state;
+	start_daemon();
+	proc a, b, s;
+	launch_start(&a, "50");
+	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
+	char target[64];
+	snprintf(target, sizeof target, "127.0.0.1:%d", port);
+	char *st[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
+	assert_int_equal(h_run(&s, st, NULL, 20000), 0);
+	printf("%s", s.out);
+	assert_non_null(strstr(s.out, "2 devices, 0 free, 1 jobs"));
+	h_free(&s);
+	launch_start(&b, "1");
+	assert_int_equal(h_wait(&b, 30000), 0);
+	printf("%s", b.out);
+	assert_int_equal(h_code(&b), 1);
+	assert_non_null(strstr(b.out, "refused the job: busy: this node has 2 devices, 0 free"));
+	h_free(&b);
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 2);
+	h_kill(&a); /* the submitter dies */
+	h_free(&a);
+	int gone = 0;
+	for (int i = 0; i < 100 && !gone; i++) { /* submitter_timeout 3 s + grace */
+		usleep(100000);
+		gone = h_children(daemon_proc.pid, kids, 4) == 0;
+	}
+	assert_true(gone);
+	assert_int_equal(h_wait_for(&daemon_proc, "went away", 5000), 0);
+	assert_int_equal(jobs_running(), 0);
+	stop_daemon();
+}
+
+/* Ctrl-C on the submitter cancels the job on the node; SIGTERM to hpud
+ * ends a job with a reason; SIGHUP reloads the configuration. */
+static void test_cancel_term_and_reload(void **state)
+{
+	(void)state;
+	start_daemon();
+	proc a;
+	pid_t kids[4];
+	launch_start(&a, "50");
+	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
+	kill(a.pid, SIGINT);
+	assert_int_equal(h_wait(&a, 20000), 0);
+	assert_int_equal(h_code(&a), 128 + SIGINT);
+	h_free(&a);
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 0);
+	/* reload: one device now */
+	write_conf(1, NULL);
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	char target[64];
+	snprintf(target, sizeof target, "127.0.0.1:%d", port);
+	char *st[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
+	proc s;
+	assert_int_equal(h_run(&s, st, NULL, 20000), 0);
+	assert_non_null(strstr(s.out, "1 devices, 1 free"));
+	h_free(&s);
+	write_conf(2, NULL);
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	/* SIGTERM: the job is cancelled with a reason, hpud exits 0 */
+	launch_start(&a, "50");
+	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
+	kill(daemon_proc.pid, SIGTERM);
+	assert_int_equal(h_wait(&daemon_proc, 20000), 0);
+	assert_int_equal(h_code(&daemon_proc), 0);
+	assert_int_equal(h_wait(&a, 20000), 0);
+	printf("%s", strstr(a.out, "hpulaunch: error") ? strstr(a.out, "hpulaunch: error") : "");
+	assert_int_equal(h_code(&a), 1);
+	assert_non_null(strstr(a.out, "hpud is shutting down"));
+	h_free(&a);
+	stop_daemon();
+}
+
+int main(void)
+{
+	if (geteuid() != 0) {
+		printf("test_hpud needs root (workers switch to the user nobody): skipped\n");
+		return 77;
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_key_permissions),
+		cmocka_unit_test(test_bad_requests),
+		cmocka_unit_test(test_job_through_hostfile),
+		cmocka_unit_test(test_busy_status_and_lost_submitter),
+		cmocka_unit_test(test_cancel_term_and_reload),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,456 @@
+/* Unit tests for the hostfile reader (launcher/hostfile.c) and for
+ * `hpulaunch --hostfile`, `--status`, `--hpud-port` and `--key` through
+ * hpu_args_parse: every format DeepSpeed and Open MPI write, and every
+ * error, which must name FILE:LINE and what is wrong. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "args.h"
+#include "hostfile.h"
+
+static char hostfile[64], model[64];
+
+/* Writes text to this test's hostfile and returns its path. */
+static const char *write_hosts(const char *text)
+{
+	FILE *f = fopen(hostfile, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+	return hostfile;
+}
+
+static hpu_host *read_ok(const char *text, int *n)
+{
+	hpu_host *h = NULL;
+	char err[512] = "";
+	int rc = hpu_hostfile_read(write_hosts(text), &h, n, err, sizeof err);
+	if (rc != 0)
+		fail_msg("hostfile rejected: %s", err);
+	assert_non_null(h);
+	return h;
+}
+
+/* Asserts that text is refused with "FILE:LINE: ..." holding needle. */
+static void read_fails(const char *text, int line, const char *needle)
+{
+	hpu_host *h = (hpu_host *)1;
+	int n = -1;
+	char err[512] = "", where[96];
+	int rc = hpu_hostfile_read(write_hosts(text), &h, &n, err, sizeof err);
+	printf("  -> %s\n", err);
+	assert_int_equal(rc, -1);
+	assert_null(h);
+	assert_int_equal(n, 0);
+	if (line > 0)
+		snprintf(where, sizeof where, "%s:%d: ", hostfile, line);
+	else
+		snprintf(where, sizeof where, "%s", hostfile);
+	if (!strstr(err, where))
+		fail_msg("error \"%s\" does not name \"%s\"", err, where);
+	if (!strstr(err, needle))
+		fail_msg("error \"%s\" does not say \"%s\"", err, needle);
+}
+
+static void test_deepspeed_format(void **state)
+{
+	(void)state;
+	int n;
+	hpu_host *h = read_ok("worker-1 slots=4\nworker-2 slots=4\n", &n);
+	assert_int_equal(n, 2);
+	assert_string_equal(h[0].name, "worker-1");
+	assert_int_equal(h[0].slots, 4);
+	assert_int_equal(h[0].port, 0);
+	assert_string_equal(h[1].name, "worker-2");
+	assert_int_equal(h[1].slots, 4);
+	free(h);
+}
+
+static void test_openmpi_format(void **state)
+{
+	(void)state;
+	int n;
+	hpu_host *h = read_ok("# the cluster\n"
+			      "\n"
+			      "node1 slots=2 max_slots=4\n"
+			      "   node2.example.com   slots = 2   # trailing comment\n"
+			      "\tnode_3\tmax_slots=8\tslots=8\r\n"
+			      "10.0.0.4\n"
+			      "node5 max-slots=2\n"
+			      "   \t\n"
+			      "# end\n"
+			      "node6 slots=1", /* no final newline */
+			      &n);
+	assert_int_equal(n, 6);
+	assert_string_equal(h[0].name, "node1");
+	assert_int_equal(h[0].slots, 2);
+	assert_string_equal(h[1].name, "node2.example.com");
+	assert_int_equal(h[1].slots, 2);
+	assert_string_equal(h[2].name, "node_3");
+	assert_int_equal(h[2].slots, 8);
+	assert_string_equal(h[3].name, "10.0.0.4");
+	assert_int_equal(h[3].slots, 0); /* not given */
+	assert_string_equal(h[4].name, "node5");
+	assert_int_equal(h[4].slots, 0);
+	assert_string_equal(h[5].name, "node6");
+	assert_int_equal(h[5].slots, 1);
+	free(h);
+}
+
+static void test_ports(void **state)
+{
+	(void)state;
+	int n;
+	hpu_host *h = read_ok("node1:29401 slots=8\n"
+			      "10.1.2.3:65535\n"
+			      "127.0.0.1:29400 slots=1\n"
+			      "127.0.0.1:29401 slots=1\n" /* two daemons, one machine */
+			      "node1 slots=8\n",            /* no port: another entry */
+			      &n);
+	assert_int_equal(n, 5);
+	assert_string_equal(h[0].name, "node1");
+	assert_int_equal(h[0].port, 29401);
+	assert_int_equal(h[0].slots, 8);
+	assert_string_equal(h[1].name, "10.1.2.3");
+	assert_int_equal(h[1].port, 65535);
+	assert_int_equal(h[2].port, 29400);
+	assert_int_equal(h[3].port, 29401);
+	assert_int_equal(h[4].port, 0);
+	free(h);
+}
+
+static void test_limits_accepted(void **state)
+{
+	(void)state;
+	/* 4096 hosts, a 255-character name, a 1024-character line. */
+	size_t cap = 4096 * 24 + 2048;
+	char *text = malloc(cap), *p = text;
+	assert_non_null(text);
+	for (int i = 0; i < 4096; i++)
+		p += sprintf(p, "host%05d slots=1024\n", i);
+	int n;
+	hpu_host *h = read_ok(text, &n);
+	assert_int_equal(n, 4096);
+	assert_string_equal(h[4095].name, "host04095");
+	assert_int_equal(h[4095].slots, 1024);
+	free(h);
+
+	char name[256];
+	memset(name, 'a', 255);
+	name[255] = 0;
+	snprintf(text, cap, "%s slots=1 %*s\n", name, 1024 - 255 - 9, "#");
+	assert_int_equal((int)strlen(text), 1025);
+	h = read_ok(text, &n);
+	assert_int_equal(n, 1);
+	assert_int_equal((int)strlen(h[0].name), 255);
+	free(h);
+	free(text);
+}
+
+static void test_errors(void **state)
+{
+	(void)state;
+	read_fails("node1 slots=4\nnode2 slots=0\n", 2, "bad slots '0' for host node2");
+	read_fails("node1 slots=four\n", 1, "bad slots 'four' for host node1");
+	read_fails("node1 slots=-1\n", 1, "bad slots '-1'");
+	read_fails("node1 slots=+4\n", 1, "bad slots '+4'");
+	read_fails("node1 slots=4x\n", 1, "bad slots '4x'");
+	read_fails("node1 slots=1025\n", 1, "bad slots '1025'");
+	read_fails("node1 slots=\n", 1, "bad slots ''");
+	read_fails("node1 slots=2 slots=2\n", 1, "slots given twice");
+	read_fails("node1 max_slots=x\n", 1, "bad max_slots 'x'");
+	read_fails("node1 slots=8 max_slots=4\n", 1, "slots=8 above max_slots=4");
+	read_fails("\n# c\nnode1 gpus=8\n", 3, "unknown attribute 'gpus' for host node1");
+	read_fails("node1 4\n", 1, "expected slots=N after host node1, found '4'");
+	read_fails("node1 =4\n", 1, "expected slots=N after host node1, found '=4'");
+	read_fails("node1 slots 4\n", 1, "found 'slots'");
+	read_fails("node1 slots=1\nnode2\nnode1 slots=2\n", 3, "duplicate host node1");
+	read_fails("Node1\nnode1\n", 2, "duplicate host node1");
+	read_fails("n:29401\nn:29401\n", 2, "duplicate host n:29401");
+	read_fails("node1:0\n", 1, "bad port '0' for host node1");
+	read_fails("node1:65536\n", 1, "bad port '65536'");
+	read_fails("node1:\n", 1, "bad port ''");
+	read_fails("node1:http\n", 1, "bad port 'http'");
+	read_fails(":29400\n", 1, "no host name");
+	read_fails("fe80::1 slots=1\n", 1, "IPv6 addresses are not supported");
+	read_fails("300.1.2.3\n", 1, "bad IPv4 address '300.1.2.3'");
+	read_fails("10.0.0\n", 1, "bad IPv4 address '10.0.0'");
+	read_fails("user@node1\n", 1, "bad host 'user@node1'");
+	read_fails("-node\n", 1, "bad host '-node'");
+	read_fails("", 0, "no hosts in the hostfile (the file is empty)");
+	read_fails("# only\n\n   \n# comments\n", 0, "no hosts in the hostfile (only blank lines and comments)");
+
+	char name[300], line[1100];
+	memset(name, 'a', 256);
+	name[256] = 0;
+	snprintf(line, sizeof line, "node0\n%s slots=1\n", name);
+	read_fails(line, 2, "host name longer than 255 characters");
+
+	memset(line, 'x', 1025);
+	memcpy(line, "node1 #", 7);
+	strcpy(line + 1025, "\nnode2\n");
+	read_fails(line, 1, "line longer than 1024 characters");
+	line[1025] = 0; /* also without a newline at the end */
+	read_fails(line, 1, "line longer than 1024 characters");
+}
+
+static void test_too_many_hosts(void **state)
+{
+	(void)state;
+	char *text = malloc(4097 * 16), *p = text;
+	assert_non_null(text);
+	for (int i = 0; i < 4097; i++)
+		p += sprintf(p, "h%d\n", i);
+	read_fails(text, 4097, "more than 4096 hosts");
+	free(text);
+}
+
+static void test_missing_file(void **state)
+{
+	(void)state;
+	hpu_host *h;
+	int n;
+	char err[256];
+	assert_int_equal(hpu_hostfile_read("/nonexistent/hosts", &h, &n, err, sizeof err), -1);
+	assert_null(h);
+	assert_non_null(strstr(err, "cannot read the hostfile /nonexistent/hosts: No such file"));
+	assert_int_equal(hpu_hostfile_read("/tmp", &h, &n, err, sizeof err), -1);
+	assert_non_null(strstr(err, "cannot read the hostfile /tmp"));
+}
+
+/* ---- through hpu_args_parse ---- */
+
+static const char *const cleared[] = {
+	"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "HPU_JOB_ID",
+	"HPU_JOB_TOKEN", "HPUCOLL_TRANSPORT", "HPU_KEY_FILE", "SLURM_JOB_ID",
+	"SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID", NULL};
+
+static int setup(void **state)
+{
+	(void)state;
+	for (int i = 0; cleared[i]; i++)
+		unsetenv(cleared[i]);
+	return 0;
+}
+
+#define ARGV(...) ((char *[]){"hpulaunch", __VA_ARGS__, NULL})
+
+static int argc_of(char **argv)
+{
+	int n = 0;
+	while (argv[n])
+		n++;
+	return n;
+}
+
+static void parse_ok(hpu_launch_args *a, char **argv)
+{
+	char err[512] = "";
+	int rc = hpu_args_parse(a, argc_of(argv), argv, err, sizeof err);
+	if (rc != 0)
+		fail_msg("hpu_args_parse: %s", err);
+}
+
+static void parse_fails(char **argv, const char *needle)
+{
+	hpu_launch_args a;
+	char err[512] = "";
+	int rc = hpu_args_parse(&a, argc_of(argv), argv, err, sizeof err);
+	printf("  -> %s\n", err);
+	hpu_args_free(&a);
+	assert_int_equal(rc, -1);
+	if (!strstr(err, needle))
+		fail_msg("error \"%s\" does not say \"%s\"", err, needle);
+}
+
+static void test_args_hostfile(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	write_hosts("node1 slots=8\nnode2:29411 slots=8\n");
+	parse_ok(&a, ARGV("--hostfile", hostfile, model));
+	assert_string_equal(a.hostfile, hostfile);
+	assert_int_equal(a.nhosts, 2);
+	assert_int_equal(a.nodes, 2);
+	assert_int_equal(a.devices, 8);
+	assert_int_equal(a.node_rank, 0);
+	assert_string_equal(a.master_addr, "node1");
+	assert_int_equal(a.master_port, 0); /* node 0's hpud picks it */
+	assert_int_equal(a.hpud_port, 29400);
+	assert_int_equal(a.hosts[0].port, 29400); /* hpud_port filled in */
+	assert_int_equal(a.hosts[1].port, 29411);
+	assert_int_equal((int)strlen(a.token), 64); /* made: no HPU_JOB_TOKEN */
+	assert_memory_equal(a.job_id, "job-", 4);
+	assert_null(a.status_host);
+	assert_int_equal(a.from_slurm, 0);
+	hpu_args_free(&a);
+	hpu_args_free(&a); /* safe twice */
+
+	/* --devices below the slots; flags and environment that still apply. */
+	setenv("MASTER_ADDR", "10.9.9.9", 1);
+	setenv("MASTER_PORT", "31000", 1);
+	setenv("NODE_RANK", "1", 1);
+	setenv("HPU_JOB_TOKEN", "sekrit", 1);
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "4", "--hpud-port", "7000",
+			  "--job-id", "mine", model));
+	assert_int_equal(a.devices, 4);
+	assert_int_equal(a.nodes, 2);
+	assert_int_equal(a.node_rank, 0); /* NODE_RANK is moot with a hostfile */
+	assert_string_equal(a.master_addr, "10.9.9.9");
+	assert_int_equal(a.master_port, 31000);
+	assert_string_equal(a.token, "sekrit");
+	assert_string_equal(a.job_id, "mine");
+	assert_int_equal(a.hosts[0].port, 7000);
+	assert_int_equal(a.hosts[1].port, 29411);
+	hpu_args_free(&a);
+	setup(NULL);
+
+	/* One host: a single node, free port; --exec works too. */
+	write_hosts("solo\n");
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "2", "--exec", "/bin/true"));
+	assert_int_equal(a.nodes, 1);
+	assert_int_equal(a.devices, 2);
+	assert_int_equal(a.master_port, 0);
+	assert_string_equal(a.master_addr, "solo");
+	assert_int_equal(a.exec_mode, 1);
+	hpu_args_free(&a);
+}
+
+static void test_args_hostfile_errors(void **state)
+{
+	(void)state;
+	write_hosts("a slots=8\nb\nc\nd\ne\nf\ng slots=4\n");
+	parse_fails(ARGV("--hostfile", hostfile, model),
+		    "gives no slots=N for host b, c, d, e and 1 more: give slots for every host, or --devices");
+	parse_fails(ARGV("--hostfile", hostfile, "--devices", "6", model),
+		    "--devices 6 is more than the slots of host g (4)");
+	write_hosts("a slots=8\nb slots=8\nc slots=4\n");
+	parse_fails(ARGV("--hostfile", hostfile, model),
+		    "have different slots (a (8), c (4)): every node runs the same number of workers; give --devices D");
+	parse_fails(ARGV("--hostfile", hostfile, "--devices", "auto", model),
+		    "--devices auto counts this machine's cores");
+	parse_fails(ARGV("--hostfile", hostfile, "--nodes", "3", "--devices", "4", model),
+		    "--nodes does not go with --hostfile");
+	parse_fails(ARGV("--node-rank", "0", "--hostfile", hostfile, model),
+		    "--node-rank does not go with --hostfile");
+	parse_fails(ARGV("--hostfile", hostfile, "--master-addr", "x", model),
+		    "--master-addr does not go with --hostfile");
+	write_hosts("a slots=1\nb slots=1\nc slots=1\n"); /* world 3 */
+	parse_fails(ARGV("--hostfile", hostfile, model), "is not divisible");
+	parse_fails(ARGV("--hostfile", hostfile, "--transport", "ipc", model),
+		    "--transport ipc works within one node only");
+	write_hosts("a slots=1\nb bogus=1\n");
+	char where[96];
+	snprintf(where, sizeof where, "%s:2: unknown attribute 'bogus'", hostfile);
+	parse_fails(ARGV("--hostfile", hostfile, model), where);
+	parse_fails(ARGV("--hostfile", "/nonexistent/hosts", model),
+		    "cannot read the hostfile /nonexistent/hosts");
+	parse_fails(ARGV("--hostfile", "", model), "bad value '' for --hostfile");
+	parse_fails(ARGV("--hostfile"), "option --hostfile needs a value");
+	parse_fails(ARGV("--hostfile", hostfile), "no model given");
+}
+
+static void test_args_status(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	parse_ok(&a, ARGV("--status", "node7:29444"));
+	assert_string_equal(a.status_host, "node7");
+	assert_int_equal(a.status_port, 29444);
+	assert_string_equal(a.key_path, "/etc/hpud/secret.key");
+	hpu_args_free(&a);
+
+	setenv("HPU_KEY_FILE", "/tmp/env.key", 1);
+	parse_ok(&a, ARGV("--status", "10.0.0.1", "--hpud-port", "1234"));
+	assert_string_equal(a.status_host, "10.0.0.1");
+	assert_int_equal(a.status_port, 1234);
+	assert_string_equal(a.key_path, "/tmp/env.key");
+	hpu_args_free(&a);
+
+	parse_ok(&a, ARGV("-q", "--key", "/tmp/flag.key", "--status", "a", "--status", "b"));
+	assert_string_equal(a.status_host, "b");
+	assert_int_equal(a.status_port, 29400);
+	assert_string_equal(a.key_path, "/tmp/flag.key");
+	assert_int_equal(a.quiet, 1);
+	hpu_args_free(&a);
+	unsetenv("HPU_KEY_FILE");
+
+	parse_fails(ARGV("--status", "a", model), "--status prints a daemon's jobs and takes no model");
+	parse_fails(ARGV("--status", "a", "--exec", "/bin/true"), "takes no --exec");
+	write_hosts("a\n");
+	parse_fails(ARGV("--status", "a", "--hostfile", hostfile), "takes no --hostfile");
+	parse_fails(ARGV("--status", "a:0"), "bad value 'a:0' for --status");
+	parse_fails(ARGV("--status", ":80"), "bad value ':80' for --status");
+	parse_fails(ARGV("--status", "::1"), "bad value '::1' for --status");
+	parse_fails(ARGV("--status", ""), "bad value '' for --status");
+	parse_fails(ARGV("--hpud-port", "0", "--status", "a"), "bad value '0' for --hpud-port");
+	parse_fails(ARGV("--key", "", "--status", "a"), "bad value '' for --key");
+}
+
+/* Without the new options nothing changes. */
+static void test_args_defaults(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	parse_ok(&a, ARGV("--devices", "2", model));
+	assert_int_equal(a.nodes, 1);
+	assert_int_equal(a.devices, 2);
+	assert_null(a.hostfile);
+	assert_null(a.hosts);
+	assert_int_equal(a.nhosts, 0);
+	assert_null(a.status_host);
+	assert_int_equal(a.hpud_port, 29400);
+	assert_string_equal(a.key_path, "/etc/hpud/secret.key");
+	assert_string_equal(a.master_addr, "127.0.0.1");
+	assert_int_equal(a.master_port, 0);
+	hpu_args_free(&a);
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	int fd;
+	strcpy(hostfile, "/tmp/hpu-test-hosts-XXXXXX");
+	strcpy(model, "/tmp/hpu-test-model-XXXXXX");
+	if ((fd = mkstemp(hostfile)) < 0)
+		return -1;
+	close(fd);
+	if ((fd = mkstemp(model)) < 0)
+		return -1;
+	close(fd);
+	return setup(NULL);
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	unlink(hostfile);
+	unlink(model);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_deepspeed_format),
+		cmocka_unit_test(test_openmpi_format),
+		cmocka_unit_test(test_ports),
+		cmocka_unit_test(test_limits_accepted),
+		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_too_many_hosts),
+		cmocka_unit_test(test_missing_file),
+		cmocka_unit_test_setup(test_args_hostfile, setup),
+		cmocka_unit_test_setup(test_args_hostfile_errors, setup),
+		cmocka_unit_test_setup(test_args_status, setup),
+		cmocka_unit_test_setup(test_args_defaults, setup),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
