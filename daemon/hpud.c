@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -204,12 +203,8 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 {
 	(void)nj;
 	job *j = arg;
-	Hpu__WorkerExit we = HPU__WORKER_EXIT__INIT;
-	we.rank = (uint32_t)rank;
-	we.node_rank = (uint32_t)j->node_rank;
-	we.pid = (uint32_t)pid;
-	we.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	we.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+	Hpu__WorkerExit we;
+	hpu_codec_worker_exit(&we, rank, j->node_rank, pid, status);
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;

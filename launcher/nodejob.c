@@ -109,12 +109,8 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		hpu_coord_abort(j->coord, cause);
 		return;
 	}
-	Hpu__WorkerExit we = HPU__WORKER_EXIT__INIT;
-	we.rank = (uint32_t)rank;
-	we.node_rank = (uint32_t)j->cfg.node_rank;
-	we.pid = (uint32_t)pid;
-	we.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	we.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+	Hpu__WorkerExit we;
+	hpu_codec_worker_exit(&we, rank, j->cfg.node_rank, (int)pid, status);
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;

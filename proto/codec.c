@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <zmq.h>
 
 int hpu_codec_send(void *sock, const hpu_codec_peer *peer,
@@ -90,6 +91,17 @@ Hpu__Envelope *hpu_codec_unpack(const void *buf, size_t len)
 	if (!buf || len > HPU_CODEC_MAX_MSG)
 		return NULL;
 	return hpu__envelope__unpack(NULL, len, buf);
+}
+
+void hpu_codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid,
+			   int status)
+{
+	hpu__worker_exit__init(we);
+	we->rank = (uint32_t)rank;
+	we->node_rank = (uint32_t)node_rank;
+	we->pid = (uint32_t)pid;
+	we->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	we->signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
 }
 
 void hpu_codec_free(Hpu__Envelope *env)

@@ -38,6 +38,10 @@ size_t hpu_codec_pack(const Hpu__Envelope *env, uint8_t **out);
  * freed with hpu_codec_free(); NULL when they are not a valid envelope. */
 Hpu__Envelope *hpu_codec_unpack(const void *buf, size_t len);
 
+/* Fills a WorkerExit from a waitpid status. */
+void hpu_codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid,
+			   int status);
+
 /* Frees an envelope from hpu_codec_recv() or hpu_codec_unpack(); safe on
  * NULL. */
 void hpu_codec_free(Hpu__Envelope *env);

@@ -209,18 +209,24 @@ static int jobs_running(void)
 	return n;
 }
 
-static long rss_kib(pid_t pid)
+/* The number after `field` ("VmRSS:", "Uid:") in /proc/PID/status, or -1. */
+static long proc_status(pid_t pid, const char *field)
 {
 	char path[64], line[256];
 	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
 	FILE *f = fopen(path, "r");
-	long kib = -1;
+	long v = -1;
 	while (f && fgets(line, sizeof line, f))
-		if (!strncmp(line, "VmRSS:", 6))
-			kib = atol(line + 6);
+		if (!strncmp(line, field, strlen(field)))
+			v = atol(line + strlen(field));
 	if (f)
 		fclose(f);
-	return kib;
+	return v;
+}
+
+static long rss_kib(pid_t pid)
+{
+	return proc_status(pid, "VmRSS:");
 }
 
 static uint64_t rng = 0x1234567;
@@ -420,16 +426,7 @@ static void launch_start(proc *p, const char *epochs)
 
 static int uid_of(pid_t pid)
 {
-	char path[64], line[256];
-	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-	FILE *f = fopen(path, "r");
-	int uid = -1;
-	while (f && fgets(line, sizeof line, f))
-		if (!strncmp(line, "Uid:", 4))
-			uid = atoi(line + 4);
-	if (f)
-		fclose(f);
-	return uid;
+	return (int)proc_status(pid, "Uid:");
 }
 
 static void test_job_through_hostfile(void **state)

@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "args_testlib.h"
+
 #include "args.h"
 #include "hostfile.h"
 
@@ -241,35 +243,6 @@ static int setup(void **state)
 	return 0;
 }
 
-#define ARGV(...) ((char *[]){"hpulaunch", __VA_ARGS__, NULL})
-
-static int argc_of(char **argv)
-{
-	int n = 0;
-	while (argv[n])
-		n++;
-	return n;
-}
-
-static void parse_ok(hpu_launch_args *a, char **argv)
-{
-	char err[512] = "";
-	int rc = hpu_args_parse(a, argc_of(argv), argv, err, sizeof err);
-	if (rc != 0)
-		fail_msg("hpu_args_parse: %s", err);
-}
-
-static void parse_fails(char **argv, const char *needle)
-{
-	hpu_launch_args a;
-	char err[512] = "";
-	int rc = hpu_args_parse(&a, argc_of(argv), argv, err, sizeof err);
-	printf("  -> %s\n", err);
-	hpu_args_free(&a);
-	assert_int_equal(rc, -1);
-	if (!strstr(err, needle))
-		fail_msg("error \"%s\" does not say \"%s\"", err, needle);
-}
 
 static void test_args_hostfile(void **state)
 {

@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "args_testlib.h"
+
 #include "args.h"
 #include "slurm.h"
 
@@ -280,35 +282,6 @@ static void test_port_and_token(void **state)
 
 /* ---- through hpu_args_parse ---- */
 
-#define ARGV(...) ((char *[]){"hpulaunch", __VA_ARGS__, NULL})
-
-static int argc_of(char **argv)
-{
-	int n = 0;
-	while (argv[n])
-		n++;
-	return n;
-}
-
-static void parse_ok(hpu_launch_args *a, char **argv)
-{
-	char err[512] = "";
-	int rc = hpu_args_parse(a, argc_of(argv), argv, err, sizeof err);
-	if (rc != 0)
-		fail_msg("hpu_args_parse: %s", err);
-}
-
-static void parse_fails(char **argv, const char *needle)
-{
-	hpu_launch_args a;
-	char err[512] = "";
-	int rc = hpu_args_parse(&a, argc_of(argv), argv, err, sizeof err);
-	printf("  -> %s\n", err);
-	hpu_args_free(&a);
-	assert_int_equal(rc, -1);
-	if (!strstr(err, needle))
-		fail_msg("error \"%s\" does not say \"%s\"", err, needle);
-}
 
 static void test_args_mapping(void **state)
 {

@@ -1,0 +1,17 @@
+/* args_testlib: hpulaunch's argument parsing driven from unit tests
+ * (test_hostfile, test_slurm). */
+#ifndef HPU_ARGS_TESTLIB_H
+#define HPU_ARGS_TESTLIB_H
+
+#include "args.h"
+
+/* A NULL-terminated argv with "hpulaunch" as argv[0]. */
+#define ARGV(...) ((char *[]){"hpulaunch", __VA_ARGS__, NULL})
+
+/* hpu_args_parse must succeed (else the test fails with its error). */
+void parse_ok(hpu_launch_args *a, char **argv);
+
+/* hpu_args_parse must fail with an error containing `needle`. */
+void parse_fails(char **argv, const char *needle);
+
+#endif
