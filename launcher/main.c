@@ -106,6 +106,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "hpulaunch: error: %s\n", err);
 		return r < 0 ? 2 : 0;
 	}
+	if (L.args.weak_token)
+		fprintf(stderr, "hpulaunch: warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun\n");
 	int rc;
 	if (L.args.status_host)
 		rc = hpu_status_run(&L.args);
