@@ -26,6 +26,7 @@ static const char *const sched_names[] = {"constant", "step", "cosine",
 					  "warmup", "warmup_decay"};
 static const char *const warmup_names[] = {"log", "linear"};
 static const char *const comm_names[] = {"fp32", "bf16"};
+static const char *const precision_names[] = {"fp32", "bf16-mixed", "16-mixed"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -65,6 +66,11 @@ void hpu_opts_defaults(hpu_train_opts *o)
 	o->persistence_threshold = 100000;
 	o->max_live_params = 1000000000;
 	o->grad_comm_dtype = HPU_COMM_FP32;
+	o->precision = HPU_PREC_FP32;
+	o->initial_scale_power = 16;
+	o->loss_scale_window = 1000;
+	o->hysteresis = 2;
+	o->min_loss_scale = 1;
 	o->log_every = 50;
 	o->eval = 1;
 }
@@ -87,6 +93,11 @@ const char *hpu_optim_name(hpu_optim_kind k)
 const char *hpu_sched_name(hpu_sched_kind k)
 {
 	return name_of(sched_names, COUNT(sched_names), (int)k);
+}
+
+const char *hpu_precision_name(hpu_precision p)
+{
+	return name_of(precision_names, COUNT(precision_names), (int)p);
 }
 
 double hpu_opts_weight_decay(const hpu_train_opts *o)
@@ -222,6 +233,13 @@ static const struct hpu__opt opts[] = {
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
 	OTHER("device-memory", K_SIZE, device_memory, "memory per device, e.g. 2GiB (node memory / local devices)"),
 	NUM("log-every", K_INT, log_every, 0, 1e9, "log loss and samples/s every N steps (50; 0: never)"),
+	CHOICE("precision", precision, precision_names, "fp32 | bf16-mixed | 16-mixed (fp32)"),
+	NUM("loss-scale", K_DOUBLE, loss_scale, 0, 1e30, "16-mixed: a static loss scale (0: dynamic)"),
+	NUM("initial-scale-power", K_INT, initial_scale_power, 0, 60, "16-mixed: dynamic scale starts at 2^N (16)"),
+	NUM("loss-scale-window", K_LONG, loss_scale_window, 1, 1e15, "16-mixed: double the scale after N good steps (1000)"),
+	NUM("hysteresis", K_INT, hysteresis, 1, 1000, "16-mixed: overflows before the scale halves (2)"),
+	NUM("min-loss-scale", K_DOUBLE, min_loss_scale, 1e-30, 1e30, "16-mixed: the smallest scale (1)"),
+	NUM("inject-overflow-step", K_LONG, inject_overflow_step, 0, 1e15, "testing: make step N's gradients overflow (16-mixed)"),
 	OTHER("metrics", K_STR, metrics, "write JSON lines of metrics to FILE (rank 0)"),
 	OTHER("save-params", K_STR, save_params, "save the trained fp32 parameters to FILE (rank 0)"),
 	OTHER("config", K_CONFIG, config, "DeepSpeed-style JSON config; flags win over it"),

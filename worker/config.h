@@ -43,6 +43,12 @@ typedef enum hpu_comm_dtype {
 	HPU_COMM_BF16,
 } hpu_comm_dtype;
 
+typedef enum hpu_precision {
+	HPU_PREC_FP32 = 0,
+	HPU_PREC_BF16_MIXED, /* bf16 working copies, gradients and traffic */
+	HPU_PREC_FP16_MIXED, /* fp16 working copies, dynamic loss scaling */
+} hpu_precision;
+
 /* Where an option's value came from. */
 enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2 };
 #define HPU_OPTS_MAX 64
@@ -85,6 +91,15 @@ typedef struct hpu_train_opts {
 	long persistence_threshold; /* zero3: layers below stay whole (1e5) */
 	long max_live_params;   /* zero3: gathered elements alive at once (1e9) */
 	hpu_comm_dtype grad_comm_dtype; /* ddp / fast_ddp gradient all-reduce */
+	/* Precision. Mixed: fp32 master weights in the optimizer, 16-bit
+	 * working parameters and gradients, 16-bit traffic. */
+	hpu_precision precision;
+	double loss_scale;        /* 16-mixed: a static scale; 0: dynamic */
+	int initial_scale_power;  /* dynamic: starts at 2^this (16) */
+	long loss_scale_window;   /* doubles after this many good steps (1000) */
+	int hysteresis;           /* overflows tolerated before halving (2) */
+	double min_loss_scale;    /* never below (1) */
+	long inject_overflow_step; /* testing: step N (1-based) overflows; 0: none */
 	int activation_checkpointing; /* recompute every layer's forward */
 	uint64_t device_memory; /* bytes; 0: node memory / local devices */
 	int log_every;          /* log every N steps (0: never) */
@@ -136,6 +151,7 @@ int hpu_parse_size(const char *s, uint64_t *out);
 const char *hpu_strategy_name(hpu_strategy s);
 const char *hpu_optim_name(hpu_optim_kind k);
 const char *hpu_sched_name(hpu_sched_kind k);
+const char *hpu_precision_name(hpu_precision p);
 
 /* Prints the training options' help. */
 void hpu_opts_help(FILE *f);

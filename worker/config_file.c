@@ -512,33 +512,47 @@ static int f_scheduler(struct fctx *c, const char *path, const cJSON *it)
 	return 0;
 }
 
-/* bf16, fp16 */
+/* bf16, fp16: "enabled" picks the precision (both at once is an error);
+ * fp16's loss-scaler keys set ours. auto_cast and consecutive_hysteresis
+ * are accepted and ignored (our scaler resets hysteresis after a good
+ * window, DeepSpeed's default). */
 
-static int f_enabled(struct fctx *c, const char *path, const cJSON *it)
+static int f_enabled_as(struct fctx *c, const char *path, const cJSON *it,
+			hpu_precision want, hpu_precision other)
 {
 	int on = 0;
 	if (want_bool(c, path, it, &on))
 		return -1;
-	if (on)
-		return ferr(c, path, "mixed precision is not available in this build yet");
-	return 0;
+	if (!on)
+		return 0;
+	if (c->o->precision == other && c->o->from[hpu__opt_slot_named("precision")] == HPU_FROM_FILE)
+		return ferr(c, path, "bf16.enabled and fp16.enabled cannot both be true");
+	return put(c, path, hpu__opt_find("precision"), hpu_precision_name(want));
+}
+
+static int f_bf16_enabled(struct fctx *c, const char *path, const cJSON *it)
+{
+	return f_enabled_as(c, path, it, HPU_PREC_BF16_MIXED, HPU_PREC_FP16_MIXED);
+}
+
+static int f_fp16_enabled(struct fctx *c, const char *path, const cJSON *it)
+{
+	return f_enabled_as(c, path, it, HPU_PREC_FP16_MIXED, HPU_PREC_BF16_MIXED);
 }
 
 static const struct fkey bf16_keys[] = {
-	{"enabled", NULL, f_enabled, 0},
+	{"enabled", NULL, f_bf16_enabled, 0},
 };
 
-/* DeepSpeed's loss-scaler settings mean nothing while fp16 is off; they
- * are accepted so that DeepSpeed files load. */
 static const struct fkey fp16_keys[] = {
-	{"enabled", NULL, f_enabled, 0},
+	{"enabled", NULL, f_fp16_enabled, 0},
 	{"auto_cast", NULL, f_noop, 0},
-	{"loss_scale", NULL, f_noop, 0},
-	{"initial_scale_power", NULL, f_noop, 0},
-	{"loss_scale_window", NULL, f_noop, 0},
-	{"hysteresis", NULL, f_noop, 0},
+	{"loss_scale", "loss-scale", NULL, 0},
+	{"initial_scale_power", "initial-scale-power", NULL, 0},
+	{"loss_scale_window", "loss-scale-window", NULL, 0},
+	{"hysteresis", "hysteresis", NULL, 0},
 	{"consecutive_hysteresis", NULL, f_noop, 0},
-	{"min_loss_scale", NULL, f_noop, 0},
+	{"min_loss_scale", "min-loss-scale", NULL, 0},
 };
 
 static int f_bf16(struct fctx *c, const char *path, const cJSON *it)
@@ -554,6 +568,7 @@ static int f_fp16(struct fctx *c, const char *path, const cJSON *it)
 /* hputrain: our own keys, named as our flags (dashes or underscores). */
 static const struct fkey hputrain_keys[] = {
 	{"strategy", "strategy", NULL, 0},
+	{"precision", "precision", NULL, 0},
 	{"epochs", "epochs", NULL, 0},
 	{"max_steps", "max-steps", NULL, 0},
 	{"seed", "seed", NULL, 0},

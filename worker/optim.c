@@ -152,6 +152,24 @@ void hpu_optim_step(hpu_optim *o, float *p, const float *g, float gscale,
 	sgd_step(o, p, g, gscale, lr);
 }
 
+void hpu_optim_begin(hpu_optim *o)
+{
+	o->t++;
+}
+
+void hpu_optim_range(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
+		     float gscale, double lr)
+{
+	hpu_optim view = *o;
+	view.n = n;
+	view.m = o->m ? o->m + from : NULL;
+	view.v = o->v ? o->v + from : NULL;
+	if (o->kind == HPU_OPTIM_SGD)
+		sgd_step(&view, p, g, gscale, lr);
+	else
+		adam_step(&view, p, g, gscale, lr);
+}
+
 /* Squares summed in fp32 within blocks of SUMSQ_BLOCK elements, over
  * SUMSQ_LANES independent accumulators (so that the loop vectorizes and
  * each accumulator adds only SUMSQ_BLOCK / SUMSQ_LANES terms: relative

@@ -35,6 +35,14 @@ void hpu_optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n,
 void hpu_optim_step(hpu_optim *o, float *p, const float *g, float gscale,
 		    double lr);
 
+/* The same step done in pieces (mixed precision converts the gradients
+ * chunk by chunk): hpu_optim_begin() counts the step once, then
+ * hpu_optim_range() updates elements [from, from + n) of the parameters
+ * p[n], g[n] (pointers to that range) and of the state. */
+void hpu_optim_begin(hpu_optim *o);
+void hpu_optim_range(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
+		     float gscale, double lr);
+
 /* Sum of squares of g[n]: fp32 within blocks of 256, the blocks summed in
  * double. */
 double hpu_sumsq(const float *g, size_t n);

@@ -11,6 +11,7 @@
 #include "devmem.h"
 #include "optim.h"
 #include "simd.h"
+#include "lowp.h"
 
 /* A unit is a run of consecutive layers whose parameters are communicated
  * together: a DDP or ZeRO-2 gradient bucket, a ZeRO-1 partition unit, one
@@ -30,6 +31,13 @@ typedef struct unit {
 	uint16_t *cbuf;      /* bf16 staging of a gradient all-reduce */
 	hpu_optim opt;
 	float *opt_p, *opt_g; /* what the optimizer updates, opt.n floats */
+	/* mixed precision */
+	float *cp;           /* the fp32 compute copy of the parameters */
+	float *gs;           /* fp32 gradients while the unit's backward runs */
+	uint16_t *full16;    /* zero3: gathered (or persistent) 16-bit params */
+	uint16_t *gbuf16;    /* zero2/3: the 16-bit bucket being reduced */
+	uint16_t *opt_p16, *opt_g16; /* the 16-bit working copy / gradients
+				      * of the optimizer's range */
 } unit;
 
 /* A gradient collective in flight; they complete in issue order. */
@@ -59,7 +67,20 @@ struct hpu_strat {
 	flight *q;         /* FIFO of gradient collectives */
 	int qhead, qn;
 	int micro;         /* the micro-step in backward */
+	float **lcp, **lgs; /* mixed: per layer, fp32 parameters / gradients */
+	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
+	/* Mixed precision: 16-bit working parameters and gradients (whole or
+	 * shards, as the fp32 ones otherwise), fp32 master weights in the
+	 * optimizer's space, 16-bit traffic. */
+	int mp, fp16;
+	hpucoll_dtype dt16;
+	uint16_t *P16, *G16, *PS16, *GS16;
+	float *M;          /* master weights */
+	float *chunk;      /* gradients converted for the optimizer */
+	double scale;      /* the loss scale (1 unless 16-mixed) */
+	int hyst_left;     /* overflows left before the scale halves */
+	long step_no, last_overflow, skipped;
 	char *err;
 	size_t errlen;
 };
@@ -121,6 +142,49 @@ HPU_CLONES static void add_into(float *restrict dst, const float *restrict src,
 	for (size_t i = 0; i < n; i++)
 		dst[i] += src[i];
 }
+
+/* 16-bit <-> fp32 for mixed precision (bf16 or fp16 by s->fp16). */
+HPU_CLONES static void to16(const hpu_strat *s, uint16_t *restrict dst,
+			    const float *restrict src, size_t n)
+{
+	if (s->fp16)
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_to_fp16(src[i]);
+	else
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_to_bf16(src[i]);
+}
+
+HPU_CLONES static void from16(const hpu_strat *s, float *restrict dst,
+			      const uint16_t *restrict src, size_t n)
+{
+	if (s->fp16)
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_from_fp16(src[i]);
+	else
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_from_bf16(src[i]);
+}
+
+/* dst16 = 16-bit(from16(dst16) + src): accumulating micro-steps. */
+static void acc16(const hpu_strat *s, uint16_t *dst, const float *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v = (s->fp16 ? hpu_from_fp16(dst[i]) : hpu_from_bf16(dst[i])) + src[i];
+		dst[i] = s->fp16 ? hpu_to_fp16(v) : hpu_to_bf16(v);
+	}
+}
+
+static int nonfinite16(const hpu_strat *s, const uint16_t *h, size_t n)
+{
+	const uint16_t mask = s->fp16 ? 0x7c00 : 0x7f80;
+	int bad = 0;
+	for (size_t i = 0; i < n; i++)
+		bad |= (h[i] & mask) == mask;
+	return bad;
+}
+
+#define CHUNK 16384 /* floats converted at a time for the optimizer */
 
 /* ---- layout ---- */
 
@@ -292,6 +356,91 @@ static int alloc_states(hpu_strat *s)
 	return 0;
 }
 
+/* Mixed precision: 16-bit working parameters (whole, or zero3's shard),
+ * 16-bit gradients (whole, or zero2/3's shard), fp32 master weights and
+ * the optimizer state in the optimizer's space (whole or the shard). The
+ * layers compute on fp32 copies made per unit when they need them. */
+static int alloc_states_mp(hpu_strat *s)
+{
+	const hpu_train_opts *o = s->o;
+	char what[160];
+	const char *w16 = s->fp16 ? "fp16" : "bf16";
+	snprintf(what, sizeof what, "%s parameters", w16);
+	if (s->kind != HPU_STRATEGY_ZERO3 &&
+	    !(s->P16 = dalloc(s, HPU_MEM_PARAMS, s->total * 2, what)))
+		return -1;
+	snprintf(what, sizeof what, "%s parameter shard", w16);
+	if (s->kind == HPU_STRATEGY_ZERO3 &&
+	    !(s->PS16 = dalloc(s, HPU_MEM_PARAMS, s->shard_total * 2, what)))
+		return -1;
+	snprintf(what, sizeof what, "%s gradients", w16);
+	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1) {
+		if (!(s->G16 = dalloc(s, HPU_MEM_GRADS, s->total * 2, what)))
+			return -1;
+	} else if (!(s->GS16 = dalloc(s, HPU_MEM_GRADS, s->shard_total * 2, what))) {
+		return -1;
+	}
+	int k = hpu_optim_state_floats(o);
+	size_t n = s->sharded ? s->shard_total : s->total;
+	if (!(s->M = dalloc(s, HPU_MEM_OPTIM, n * 4, "fp32 master weights")))
+		return -1;
+	snprintf(what, sizeof what, "optimizer state (%s, %d floats per parameter)",
+		 hpu_optim_name(o->optimizer), k);
+	if (k && !(s->state = dalloc(s, HPU_MEM_OPTIM, (size_t)k * n * 4, what)))
+		return -1;
+	if (!(s->chunk = dalloc(s, HPU_MEM_OTHER, CHUNK * 4, "optimizer conversion buffer")))
+		return -1;
+	for (int j = 0; j < s->nunits; j++) {
+		unit *u = &s->u[j];
+		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
+		size_t n_opt = s->sharded ? u->piece : u->len;
+		size_t at = s->sharded ? u->shard_off : u->off;
+		u->opt_p = s->M + at;
+		u->opt_p16 = s->kind == HPU_STRATEGY_ZERO3 ? s->PS16 + u->shard_off
+							   : s->P16 + u->off + mine;
+		u->opt_g16 = s->G16 ? s->G16 + u->off + mine : s->GS16 + u->shard_off;
+		hpu_optim_init(&u->opt, o, n_opt, s->state ? s->state + (size_t)k * at : NULL);
+	}
+	return 0;
+}
+
+/* Mixed precision: the fp32 initial values become the master weights; the
+ * working copy is their 16-bit rounding, on every rank alike. */
+static int init_params_mp(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	for (int j = 0; j < s->nunits; j++) {
+		unit *u = &s->u[j];
+		char what[128];
+		snprintf(what, sizeof what, "initial parameters of %s", layer_name(s, j));
+		float *full = dalloc(s, HPU_MEM_OTHER, u->len * 4, what);
+		if (!full)
+			return -1;
+		for (int i = u->first; i <= u->last; i++)
+			if (b->layers[i]->plen)
+				hpu__model_init_layer(b, i, s->o->seed,
+						      full + (b->layers[i]->off - u->off));
+		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
+		memcpy(u->opt_p, full + mine, u->opt.n * 4);
+		if (s->P16) {
+			to16(s, s->P16 + u->off, full, u->len);
+		} else {
+			to16(s, u->opt_p16, full + mine, u->piece);
+			if (u->persistent) {
+				snprintf(what, sizeof what, "parameters of %s (persistent)",
+					 layer_name(s, j));
+				if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
+					hpu_dfree(full);
+					return -1;
+				}
+				to16(s, u->full16, full, u->len);
+			}
+		}
+		hpu_dfree(full);
+	}
+	return 0;
+}
+
 /* Every rank computes the same initial values; ZeRO-3 keeps its pieces
  * (and the whole of persistent units). */
 static int init_params(hpu_strat *s)
@@ -340,6 +489,21 @@ static void land(hpu_strat *s, int k)
 		from_bf16(s->G + u->off, u->cbuf, u->len);
 		hpu_dfree(u->cbuf);
 		u->cbuf = NULL;
+	}
+	if (u->gbuf16) { /* mixed zero2/3: keep only the owned piece */
+		uint16_t *src = u->gbuf16 + (size_t)s->rank * u->piece,
+			 *dst = s->GS16 + u->shard_off;
+		if (s->micro == 0) {
+			memcpy(dst, src, u->piece * 2);
+		} else {
+			for (size_t i = 0; i < u->piece; i += CHUNK) {
+				size_t c = u->piece - i < CHUNK ? u->piece - i : CHUNK;
+				from16(s, s->chunk, src + i, c);
+				acc16(s, dst + i, s->chunk, c);
+			}
+		}
+		hpu_dfree(u->gbuf16);
+		u->gbuf16 = NULL;
 	}
 	if (u->gbuf) { /* zero2/3: keep only the owned piece */
 		float *src = u->gbuf + (size_t)s->rank * u->piece, *dst = s->GS + u->shard_off;
@@ -392,7 +556,10 @@ static int start_all_reduce(hpu_strat *s, int k)
 	unit *u = &s->u[k];
 	hpucoll_req *req;
 	int rc;
-	if (s->o->grad_comm_dtype == HPU_COMM_BF16) {
+	if (s->mp) {
+		rc = hpucoll_iall_reduce(s->comm, s->G16 + u->off, s->G16 + u->off, u->len,
+					 s->dt16, HPUCOLL_SUM, &req);
+	} else if (s->o->grad_comm_dtype == HPU_COMM_BF16) {
 		char what[128];
 		snprintf(what, sizeof what, "bf16 gradients of %s", layer_name(s, k));
 		if (!(u->cbuf = dalloc(s, HPU_MEM_COMM, u->len * 2, what)))
@@ -416,8 +583,12 @@ static int start_reduce_scatter(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	hpucoll_req *req;
-	int rc = hpucoll_ireduce_scatter(s->comm, u->gbuf, u->gbuf + (size_t)s->rank * u->piece,
-					 u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
+	int rc = s->mp ? hpucoll_ireduce_scatter(s->comm, u->gbuf16,
+						 u->gbuf16 + (size_t)s->rank * u->piece,
+						 u->piece, s->dt16, HPUCOLL_SUM, &req)
+		       : hpucoll_ireduce_scatter(s->comm, u->gbuf,
+						 u->gbuf + (size_t)s->rank * u->piece,
+						 u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
 	if (rc)
 		return coll_fail(s, "gradient reduce-scatter", rc);
 	push(s, k, req);
@@ -448,14 +619,22 @@ static int unit_done(hpu_strat *s, int k, int final)
 static int gather_start(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
-	if (u->persistent || u->full)
+	if (u->persistent || u->full || u->full16 || (s->mp && s->lcp[u->first]))
 		return 0;
 	char what[128];
 	snprintf(what, sizeof what, "gathered parameters of %s", layer_name(s, k));
-	if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
-		return -1;
-	int rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full, u->piece,
-				     HPUCOLL_F32, &u->gather);
+	int rc;
+	if (s->mp) {
+		if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
+			return -1;
+		rc = hpucoll_iall_gather(s->comm, s->PS16 + u->shard_off, u->full16, u->piece,
+					 s->dt16, &u->gather);
+	} else {
+		if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
+			return -1;
+		rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full, u->piece,
+					 HPUCOLL_F32, &u->gather);
+	}
 	if (rc)
 		return coll_fail(s, "parameter all-gather", rc);
 	s->live += u->len;
@@ -472,7 +651,7 @@ static int prefetch(hpu_strat *s, int i, int dir, int stop)
 		if (k < 0 || s->u[k].persistent)
 			continue;
 		unit *u = &s->u[k];
-		if (u->full) {
+		if (u->full || u->full16 || (s->mp && s->lcp[u->first])) {
 			ahead += u->len;
 			continue;
 		}
@@ -486,9 +665,45 @@ static int prefetch(hpu_strat *s, int i, int dir, int stop)
 	return 0;
 }
 
+/* Mixed precision: layer i computes on an fp32 copy of its 16-bit
+ * parameters (zero3: gathered first, the 16-bit gather freed once
+ * copied), made before its forward and its backward, freed after. */
+static int acquire_mp(hpu_strat *s, int i, int dir, int stop)
+{
+	hpu_layer *l = s->b->layers[i];
+	int k = l->unit;
+	if (k < 0)
+		return 0;
+	unit *u = &s->u[k];
+	int gathered = s->kind == HPU_STRATEGY_ZERO3 && !u->persistent;
+	if (!s->lcp[i]) {
+		if (gathered && !u->full16 && gather_start(s, k) < 0)
+			return -1;
+		if (u->gather) {
+			int rc = hpucoll_wait(&u->gather);
+			if (rc)
+				return coll_fail(s, "parameter all-gather", rc);
+		}
+		const uint16_t *src = s->P16 ? s->P16 + l->off : u->full16 + (l->off - u->off);
+		char what[128];
+		snprintf(what, sizeof what, "fp32 compute copy of %s", l->name);
+		if (!(s->lcp[i] = dalloc(s, HPU_MEM_PARAMS, l->plen * 4, what)))
+			return -1;
+		from16(s, s->lcp[i], src, l->plen);
+		if (gathered) {
+			hpu_dfree(u->full16);
+			u->full16 = NULL;
+		}
+	}
+	l->pbase = s->lcp[i];
+	return s->kind == HPU_STRATEGY_ZERO3 ? prefetch(s, i, dir, stop) : 0;
+}
+
 /* Makes layer i's parameters whole (zero3), prefetching what follows. */
 static int acquire(hpu_strat *s, int i, int dir, int stop)
 {
+	if (s->mp)
+		return acquire_mp(s, i, dir, stop);
 	int k = s->b->layers[i]->unit;
 	if (s->kind != HPU_STRATEGY_ZERO3 || k < 0 || s->u[k].persistent)
 		return 0;
@@ -520,10 +735,43 @@ static int release(hpu_strat *s, int k)
 	return 0;
 }
 
+/* After layer i's forward or backward: its parameters may go. */
+static int release_layer(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	if (l->unit < 0)
+		return 0;
+	if (!s->mp)
+		return release(s, l->unit);
+	unit *u = &s->u[l->unit];
+	if (s->lcp[i]) {
+		hpu_dfree(s->lcp[i]);
+		s->lcp[i] = NULL;
+		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent)
+			s->live -= u->len;
+	}
+	return 0;
+}
+
 static int release_all(hpu_strat *s)
 {
-	for (int k = 0; k < s->nunits; k++)
-		if (release(s, k) < 0)
+	for (int k = 0; k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		if (s->mp && u->full16 && !u->persistent) { /* prefetched, unused */
+			if (u->gather) {
+				int rc = hpucoll_wait(&u->gather);
+				if (rc)
+					return coll_fail(s, "parameter all-gather", rc);
+			}
+			hpu_dfree(u->full16);
+			u->full16 = NULL;
+			s->live -= u->len;
+		}
+		if (!s->mp && release(s, k) < 0)
+			return -1;
+	}
+	for (int i = 0; s->mp && i < s->nlayers; i++)
+		if (release_layer(s, i) < 0)
 			return -1;
 	return 0;
 }
@@ -561,7 +809,7 @@ static int layer_forward(hpu_strat *s, int i, int n, int stop)
 	if (l->ops.forward(l, input_of(s, i), s->acts[i], n) != 0)
 		return fail(s, "layer %s: forward failed: %s", l->name,
 			    l->err[0] ? l->err : "(no reason given)");
-	if (l->unit >= 0 && release(s, l->unit) < 0)
+	if (release_layer(s, i) < 0)
 		return -1;
 	if (i > 0 && s->transient[i - 1])
 		drop_act(s, i - 1);
@@ -592,7 +840,7 @@ static int recompute(hpu_strat *s, int i, int n)
 		if (l->ops.forward(l, input_of(s, j), s->acts[j], n) != 0)
 			return fail(s, "layer %s: forward (recomputed) failed: %s", l->name,
 				    l->err[0] ? l->err : "(no reason given)");
-		if (l->unit >= 0 && release(s, l->unit) < 0)
+		if (release_layer(s, j) < 0)
 			return -1;
 	}
 	return 0;
@@ -600,6 +848,45 @@ static int recompute(hpu_strat *s, int i, int n)
 
 /* zero2/3: the unit's gradient bucket, made when its first layer's
  * backward comes. */
+/* Mixed precision: layer i accumulates into fp32 gradients of its own
+ * (and zero2/3's unit gets its 16-bit bucket). */
+static int grads_for_mp(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	unit *u = &s->u[l->unit];
+	char what[128];
+	if (s->GS16 && !u->gbuf16) {
+		snprintf(what, sizeof what, "16-bit gradient bucket of %s", layer_name(s, l->unit));
+		if (!(u->gbuf16 = dalloc(s, HPU_MEM_GRADS, u->len * 2, what)))
+			return -1;
+	}
+	snprintf(what, sizeof what, "fp32 gradients of %s", l->name);
+	if (!(s->lgs[i] = dalloc(s, HPU_MEM_GRADS, l->plen * 4, what)))
+		return -1;
+	l->gbase = s->lgs[i];
+	return 0;
+}
+
+/* Mixed precision: layer i's fp32 gradients go into the 16-bit ones
+ * (accumulating over micro-steps where they are whole). */
+static void grads_done_mp(hpu_strat *s, int i, int final)
+{
+	hpu_layer *l = s->b->layers[i];
+	unit *u = &s->u[l->unit];
+	float *g = s->lgs[i];
+	if (final && !s->injected && s->o->inject_overflow_step == s->step_no + 1 &&
+	    s->rank == 0) {
+		g[0] = INFINITY; /* --inject-overflow-step: testing only */
+		s->injected = 1;
+	}
+	if (s->G16)
+		acc16(s, s->G16 + l->off, g, l->plen);
+	else
+		to16(s, u->gbuf16 + (l->off - u->off), g, l->plen);
+	hpu_dfree(g);
+	s->lgs[i] = NULL;
+}
+
 static int grads_for(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
@@ -624,6 +911,8 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 	if (!(loss >= 0))
 		return fail(s, "the model's loss returned %s (bad labels?)",
 			    isnan(loss) ? "NaN" : "a negative value");
+	if (s->mp) /* 16-mixed: the loss scale; bf16: 1 */
+		scale = (float)(scale * s->scale);
 	for (size_t i = 0, k = (size_t)n * b->layers[last]->out_size; i < k; i++)
 		dout[i] *= scale;
 	for (int k = 0; k < s->nunits; k++)
@@ -632,14 +921,18 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 		hpu_layer *l = b->layers[i];
 		if (i > 0 && !s->acts[i - 1] && recompute(s, i, n) < 0)
 			return -1;
-		if (l->unit >= 0 && (grads_for(s, l->unit) < 0 || acquire(s, i, -1, -1) < 0))
+		if (l->unit >= 0 &&
+		    ((s->mp ? grads_for_mp(s, i) : grads_for(s, l->unit)) < 0 ||
+		     acquire(s, i, -1, -1) < 0))
 			return -1;
 		float *din = i ? s->dbuf[(last - i + 1) & 1] : NULL;
 		if (l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n) != 0)
 			return fail(s, "layer %s: backward failed: %s", l->name,
 				    l->err[0] ? l->err : "(no reason given)");
 		if (l->unit >= 0) {
-			if (release(s, l->unit) < 0)
+			if (s->mp)
+				grads_done_mp(s, i, final);
+			if (release_layer(s, i) < 0)
 				return -1;
 			if (--s->u[l->unit].pending == 0 && unit_done(s, l->unit, final) < 0)
 				return -1;
@@ -677,9 +970,13 @@ static int reduce_gradients(hpu_strat *s)
 		for (int k = 0; k < s->nunits; k++) {
 			unit *u = &s->u[k];
 			hpucoll_req *req;
-			rc = hpucoll_ireduce_scatter(s->comm, s->G + u->off,
-						     s->G + u->off + (size_t)s->rank * u->piece,
-						     u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
+			size_t mine = (size_t)s->rank * u->piece;
+			rc = s->mp ? hpucoll_ireduce_scatter(s->comm, s->G16 + u->off,
+							     s->G16 + u->off + mine, u->piece,
+							     s->dt16, HPUCOLL_SUM, &req)
+				   : hpucoll_ireduce_scatter(s->comm, s->G + u->off,
+							     s->G + u->off + mine, u->piece,
+							     HPUCOLL_F32, HPUCOLL_SUM, &req);
 			if (rc)
 				return coll_fail(s, "gradient reduce-scatter", rc);
 			push(s, k, req);
@@ -702,7 +999,15 @@ static int gather_params(hpu_strat *s)
 	int rc = 0, k;
 	for (k = 0; k < s->nunits && !rc; k++) {
 		unit *u = &s->u[k];
-		if (s->kind != HPU_STRATEGY_ZERO3)
+		if (s->mp && s->kind != HPU_STRATEGY_ZERO3)
+			rc = hpucoll_iall_gather(s->comm, s->P16 + u->off + (size_t)s->rank * u->piece,
+						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
+		else if (s->mp && u->persistent)
+			rc = hpucoll_iall_gather(s->comm, s->PS16 + u->shard_off, u->full16,
+						 u->piece, s->dt16, &reqs[k]);
+		else if (s->mp)
+			continue;
+		else if (s->kind != HPU_STRATEGY_ZERO3)
 			rc = hpucoll_iall_gather(s->comm, s->P + u->off + (size_t)s->rank * u->piece,
 						 s->P + u->off, u->piece, HPUCOLL_F32, &reqs[k]);
 		else if (u->persistent)
@@ -718,10 +1023,94 @@ static int gather_params(hpu_strat *s)
 	return rc ? coll_fail(s, "parameter all-gather", rc) : 0;
 }
 
+/* DeepSpeed's DynamicLossScaler: an overflow halves the scale once
+ * `hysteresis` overflows have come (not below min_loss_scale); every
+ * loss_scale_window steps after the last overflow it doubles. */
+static void update_scale(hpu_strat *s, int overflow)
+{
+	const hpu_train_opts *o = s->o;
+	if (s->fp16 && o->loss_scale <= 0) {
+		if (overflow) {
+			if (o->hysteresis == 1 || s->hyst_left == 1)
+				s->scale = fmax(s->scale / 2, o->min_loss_scale);
+			else
+				s->hyst_left--;
+			s->last_overflow = s->step_no;
+		} else if ((s->step_no - s->last_overflow) % o->loss_scale_window == 0) {
+			s->hyst_left = o->hysteresis;
+			s->scale *= 2;
+		}
+	}
+	s->step_no++;
+	s->injected = 0;
+}
+
+static int step_mp(hpu_strat *s, double lr, double *grad_norm, int *skipped)
+{
+	/* An overflow anywhere skips the step everywhere. */
+	float bad = 0;
+	for (int k = 0; k < s->nunits; k++)
+		if (nonfinite16(s, s->u[k].opt_g16, s->u[k].opt.n))
+			bad = 1;
+	if (s->sharded) {
+		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
+		if (rc)
+			return coll_fail(s, "overflow all-reduce", rc);
+	}
+	*grad_norm = 0;
+	*skipped = bad > 0;
+	if (!*skipped) {
+		float gscale = (float)(1.0 / s->scale);
+		if (s->o->clip_norm > 0) {
+			double ss = 0;
+			for (int k = 0; k < s->nunits; k++)
+				for (size_t i = 0; i < s->u[k].opt.n; i += CHUNK) {
+					size_t c = s->u[k].opt.n - i < CHUNK ? s->u[k].opt.n - i : CHUNK;
+					from16(s, s->chunk, s->u[k].opt_g16 + i, c);
+					ss += hpu_sumsq(s->chunk, c);
+				}
+			if (s->sharded) {
+				int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64,
+							    HPUCOLL_SUM);
+				if (rc)
+					return coll_fail(s, "gradient-norm all-reduce", rc);
+			}
+			*grad_norm = sqrt(ss) / s->scale;
+			gscale *= hpu_clip_factor(*grad_norm, s->o->clip_norm);
+		}
+		for (int k = 0; k < s->nunits; k++) {
+			unit *u = &s->u[k];
+			hpu_optim_begin(&u->opt);
+			for (size_t i = 0; i < u->opt.n; i += CHUNK) {
+				size_t c = u->opt.n - i < CHUNK ? u->opt.n - i : CHUNK;
+				from16(s, s->chunk, u->opt_g16 + i, c);
+				hpu_optim_range(&u->opt, i, c, u->opt_p + i, s->chunk, gscale, lr);
+				to16(s, u->opt_p16 + i, u->opt_p + i, c);
+			}
+		}
+	}
+	if (s->G16)
+		memset(s->G16, 0, s->total * 2);
+	double before = s->scale;
+	update_scale(s, *skipped);
+	if (*skipped) {
+		s->skipped++;
+		if (s->rank == 0)
+			printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
+			       s->step_no, before, s->scale);
+		return 0;
+	}
+	return gather_params(s);
+}
+
 int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm)
 {
 	if (reduce_gradients(s) < 0)
 		return -1;
+	if (s->mp) {
+		int skipped;
+		return step_mp(s, lr, grad_norm, &skipped);
+	}
 	/* Clipping by the global norm: each rank sums the squares of the
 	 * gradients it updates (its shard under ZeRO, everything otherwise,
 	 * where every rank holds the same sums), then the shards' sums add. */
@@ -774,16 +1163,18 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 	int bad = s->rank == 0 && !f, rc;
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
-		const float *full = s->P ? s->P + u->off : u->full;
+		const float *full = s->mp ? (s->sharded ? NULL : s->M + u->off)
+				  : s->P ? s->P + u->off : u->full;
+		const float *piece = s->mp ? s->M + u->shard_off : s->PS + u->shard_off;
 		float *tmpbuf = NULL;
-		if (!full) { /* zero3: gather it for the file */
+		if (!full) { /* sharded: gather it for the file */
 			char what[128];
 			snprintf(what, sizeof what, "parameters of %s for --save-params",
 				 layer_name(s, k));
 			if (!(tmpbuf = dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
 				rc = -1;
-			else if ((rc = hpucoll_all_gather(s->comm, s->PS + u->shard_off, tmpbuf,
-							  u->piece, HPUCOLL_F32)))
+			else if ((rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece,
+							  HPUCOLL_F32)))
 				coll_fail(s, "parameter all-gather", rc);
 			if (rc) {
 				hpu_dfree(tmpbuf);
@@ -818,6 +1209,16 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 int hpu_strat_units(const hpu_strat *s)
 {
 	return s->nunits;
+}
+
+double hpu_strat_loss_scale(const hpu_strat *s)
+{
+	return s->scale;
+}
+
+long hpu_strat_skipped(const hpu_strat *s)
+{
+	return s->skipped;
 }
 
 /* ---- making and freeing ---- */
@@ -875,8 +1276,17 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->q = calloc((size_t)b->nlayers + 2, sizeof *s->q);
 	s->acts = calloc((size_t)b->nlayers, sizeof *s->acts);
 	s->transient = calloc((size_t)b->nlayers, 1);
-	if (!s->u || !s->q || !s->acts || !s->transient)
+	s->lcp = calloc((size_t)b->nlayers, sizeof *s->lcp);
+	s->lgs = calloc((size_t)b->nlayers, sizeof *s->lgs);
+	if (!s->u || !s->q || !s->acts || !s->transient || !s->lcp || !s->lgs)
 		return fail(s, "out of memory");
+	s->mp = o->precision != HPU_PREC_FP32;
+	s->fp16 = o->precision == HPU_PREC_FP16_MIXED;
+	s->dt16 = s->fp16 ? HPUCOLL_F16 : HPUCOLL_BF16;
+	s->scale = !s->fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
+				   : ldexp(1.0, o->initial_scale_power);
+	s->hyst_left = o->hysteresis;
+	s->last_overflow = -1;
 	build_units(s);
 	s->maxw = b->data[HPU_SPLIT_TRAIN].sample_size;
 	for (int i = 0; i < b->nlayers; i++) {
@@ -887,7 +1297,8 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 			s->maxw = l->out_size;
 	}
 	mark_transient(s);
-	if (alloc_states(s) < 0 || init_params(s) < 0)
+	if (s->mp ? alloc_states_mp(s) < 0 || init_params_mp(s) < 0
+		  : alloc_states(s) < 0 || init_params(s) < 0)
 		return -1;
 	for (int k = 0; k < 2; k++)
 		if (!(s->dbuf[k] = dalloc(s, HPU_MEM_ACTS, (size_t)maxbatch * s->maxw * 4,
@@ -913,9 +1324,14 @@ void hpu_strat_free(hpu_strat **ps)
 		hpu_dfree(u->full);
 		hpu_dfree(u->gbuf);
 		hpu_dfree(u->cbuf);
+		hpu_dfree(u->full16);
+		hpu_dfree(u->gbuf16);
 	}
-	for (int i = 0; s->acts && i < s->nlayers; i++)
+	for (int i = 0; s->acts && i < s->nlayers; i++) {
 		hpu_dfree(s->acts[i]);
+		hpu_dfree(s->lcp[i]);
+		hpu_dfree(s->lgs[i]);
+	}
 	hpu_dfree(s->dbuf[0]);
 	hpu_dfree(s->dbuf[1]);
 	hpu_dfree(s->P);
@@ -923,6 +1339,14 @@ void hpu_strat_free(hpu_strat **ps)
 	hpu_dfree(s->PS);
 	hpu_dfree(s->GS);
 	hpu_dfree(s->state);
+	hpu_dfree(s->P16);
+	hpu_dfree(s->G16);
+	hpu_dfree(s->PS16);
+	hpu_dfree(s->GS16);
+	hpu_dfree(s->M);
+	hpu_dfree(s->chunk);
+	free(s->lcp);
+	free(s->lgs);
 	free(s->u);
 	free(s->q);
 	free(s->acts);

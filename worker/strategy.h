@@ -45,6 +45,11 @@ int hpu_strat_save_params(hpu_strat *s, const char *path);
 /* Layout facts for logs and metrics. */
 int hpu_strat_units(const hpu_strat *s);
 
+/* Mixed precision: the loss scale now (1 unless 16-mixed) and the steps
+ * skipped for a gradient overflow so far. */
+double hpu_strat_loss_scale(const hpu_strat *s);
+long hpu_strat_skipped(const hpu_strat *s);
+
 void hpu_strat_free(hpu_strat **s);
 
 #endif

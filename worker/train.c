@@ -116,7 +116,7 @@ enum {
 	ST_LIMIT, ST_IN_USE, ST_MAX_IN_USE, ST_NUM_ALLOCS, ST_NUM_FREES,
 	ST_ACTIVE_ALLOCS, ST_MAX_ALLOC_SIZE, ST_SYS_ALLOCS, ST_SYS_FREES,
 	ST_SYS_ACTIVE, ST_KIND0, ST_STATES_MAX = ST_KIND0 + HPU_MEM_NKINDS,
-	ST_COMM_BYTES, ST_N
+	ST_COMM_BYTES, ST_SKIPPED, ST_N
 };
 
 static const char *stat_names[ST_KIND0] = {
@@ -138,6 +138,7 @@ static int gather_stats(loop *L, double comm_per_step, double *all)
 		mine[ST_KIND0 + k] = (double)hpu_devmem_kind_max((hpu_mem_kind)k);
 	mine[ST_STATES_MAX] = (double)hpu_devmem_states_max();
 	mine[ST_COMM_BYTES] = comm_per_step;
+	mine[ST_SKIPPED] = L->st ? (double)hpu_strat_skipped(L->st) : 0;
 	int rc = hpucoll_all_gather(L->comm, mine, all, ST_N, HPUCOLL_F64);
 	return rc ? coll_fail(L, "statistics all-gather", rc) : 0;
 }
@@ -158,6 +159,7 @@ static cJSON *stats_json(loop *L, const double *all)
 		}
 		cJSON_AddNumberToObject(j, "max_model_states", v[ST_STATES_MAX]);
 		cJSON_AddNumberToObject(j, "comm_bytes_per_step", v[ST_COMM_BYTES]);
+		cJSON_AddNumberToObject(j, "skipped_steps", v[ST_SKIPPED]);
 		cJSON_AddItemToArray(arr, j);
 	}
 	return arr;
@@ -225,6 +227,8 @@ static int log_step(loop *L, long step, long total, int epoch, float loss,
 			cJSON_AddNumberToObject(j, "lr", lr);
 			if (L->o->clip_norm > 0)
 				cJSON_AddNumberToObject(j, "grad_norm", norm);
+			if (L->o->precision != HPU_PREC_FP32)
+				cJSON_AddNumberToObject(j, "loss_scale", hpu_strat_loss_scale(L->st));
 			cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 			cJSON_AddItemToObject(j, "device", stats_json(L, all));
 			print_json(L, j);
@@ -346,6 +350,8 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 		cJSON_AddNumberToObject(j, "world_size", L->world);
 		cJSON_AddStringToObject(j, "strategy", hpu_strategy_name(L->o->strategy));
+		cJSON_AddStringToObject(j, "precision", hpu_precision_name(L->o->precision));
+		cJSON_AddNumberToObject(j, "loss_scale", hpu_strat_loss_scale(L->st));
 		cJSON_AddNumberToObject(j, "micro_batch", L->micro);
 		cJSON_AddNumberToObject(j, "grad_accum", L->accum);
 		cJSON_AddNumberToObject(j, "parameters", (double)L->b->psi);

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <dirent.h>
 
 #include "harness.h"
 
@@ -53,16 +54,36 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* How many hpu-worker processes exist on this machine (every namespace
- * shares the process table). */
-static int workers_alive(void)
+/* How many processes of job `job` exist on this machine (every namespace
+ * shares the process table): those with HPU_JOB_ID=job in their
+ * environment. */
+static int workers_alive(const char *job)
 {
-	FILE *p = popen("pgrep -c -x hpu-worker", "r");
+	char want[96];
+	snprintf(want, sizeof want, "HPU_JOB_ID=%s", job);
+	DIR *d = opendir("/proc");
 	int n = 0;
-	if (p && fscanf(p, "%d", &n) != 1)
-		n = 0;
-	if (p)
-		pclose(p);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		char path[300], buf[16384];
+		snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		size_t len = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		for (size_t i = 0; i < len;) {
+			if (strcmp(buf + i, want) == 0) {
+				n++;
+				break;
+			}
+			i += strnlen(buf + i, len - i) + 1;
+		}
+	}
+	if (d)
+		closedir(d);
 	return n;
 }
 
@@ -245,18 +266,21 @@ static void test_three_nodes(void **state)
 
 /* ---- faults ---- */
 
+static char job_id[64];
+
 /* A long job on 3 nodes through hpud; returns once it trains. */
 static void start_long_job(proc *p)
 {
 	static char hostfile[128];
 	snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
 	write_hostfile(hostfile, 3);
+	snprintf(job_id, sizeof job_id, "faults-%d", (int)getpid());
 	char *a[] = {(char *)LAUNCH, "-q", "--hostfile", hostfile, "--key", key_path, "--devices",
 		     "2", "--epochs", "20", "--batch-size", "384", "--log-every", "5",
-		     (char *)MODEL, MODEL_ARGS, NULL};
+		     "--job-id", job_id, (char *)MODEL, MODEL_ARGS, NULL};
 	assert_int_equal(h_start(p, a, NULL), 0);
 	assert_int_equal(h_wait_for(p, "step 10/", 180000), 0);
-	assert_int_equal(workers_alive(), 6);
+	assert_int_equal(workers_alive(job_id), 6);
 }
 
 /* The job ends within `bound` s naming one of `names`, and no worker is
@@ -276,7 +300,7 @@ static void expect_end(proc *p, double t0, double bound, const char *const *name
 		fail_msg("the error does not name the lost node or its ranks: %s", err);
 	int left = -1;
 	for (int i = 0; i < (int)(bound * 10) && left; i++) {
-		left = workers_alive();
+		left = workers_alive(job_id);
 		if (left)
 			usleep(100000);
 	}

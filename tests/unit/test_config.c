@@ -818,10 +818,19 @@ static void test_file_precision(void **state)
 		" 'loss_scale_window': 1000, 'hysteresis': 2,"
 		" 'min_loss_scale': 1}}",
 		&o);
-	LOAD_ERROR("{'bf16': {'enabled': true}}",
-		   "bf16.enabled: mixed precision is not available in this build yet");
-	LOAD_ERROR("{'fp16': {'enabled': true}}",
-		   "fp16.enabled: mixed precision is not available");
+	assert_int_equal(o.precision, HPU_PREC_FP32);
+	load_ok("{'bf16': {'enabled': true}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	load_ok("{'fp16': {'enabled': true, 'loss_scale': 0, 'initial_scale_power': 12,"
+		" 'loss_scale_window': 50, 'hysteresis': 3, 'min_loss_scale': 0.5}}",
+		&o);
+	assert_int_equal(o.precision, HPU_PREC_FP16_MIXED);
+	assert_int_equal(o.initial_scale_power, 12);
+	assert_int_equal(o.loss_scale_window, 50);
+	assert_int_equal(o.hysteresis, 3);
+	assert_true(o.min_loss_scale == 0.5);
+	LOAD_ERROR("{'bf16': {'enabled': true}, 'fp16': {'enabled': true}}",
+		   "cannot both be true");
 	LOAD_ERROR("{'fp16': {'enabled': false, 'loss_scail': 0}}",
 		   "fp16.loss_scail", "did you mean 'loss_scale'");
 }

@@ -1,0 +1,77 @@
+/* lowp: 16-bit floating-point storage, converted with round to nearest
+ * even. bf16 is the top half of an fp32; fp16 is IEEE binary16 (values
+ * beyond 65504 round to infinity, small ones to subnormals or zero). NaN
+ * stays NaN. Inline so that the conversion loops vectorize where they are
+ * used. */
+#ifndef HPU_LOWP_H
+#define HPU_LOWP_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline uint16_t hpu_to_bf16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, 4);
+	uint32_t r = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;
+	uint32_t q = (x >> 16) | 0x40; /* a quiet NaN */
+	return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+static inline float hpu_from_bf16(uint16_t h)
+{
+	uint32_t x = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &x, 4);
+	return f;
+}
+
+static inline uint16_t hpu_to_fp16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, 4);
+	uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+	if (ax > 0x7f800000u) /* NaN */
+		return (uint16_t)(sign | 0x7e00u);
+	if (ax >= 0x477ff000u) /* rounds to >= 65520: infinity */
+		return (uint16_t)(sign | 0x7c00u);
+	if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero */
+		if (ax < 0x33000000u) /* below half the smallest subnormal */
+			return (uint16_t)sign;
+		uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+		uint32_t shift = 126 - e; /* 14..24 */
+		uint32_t half = m >> shift, rest = m & ((1u << shift) - 1);
+		uint32_t mid = 1u << (shift - 1);
+		if (rest > mid || (rest == mid && (half & 1)))
+			half++;
+		return (uint16_t)(sign | half);
+	}
+	uint32_t r = ax - 0x38000000u; /* rebias exponent 127 -> 15 */
+	r = (r + 0xfffu + ((r >> 13) & 1)) >> 13;
+	return (uint16_t)(sign | r);
+}
+
+static inline float hpu_from_fp16(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu;
+	uint32_t x;
+	if (e == 0x1f) {
+		x = sign | 0x7f800000u | (m << 13);
+	} else if (e) {
+		x = sign | ((e + 112) << 23) | (m << 13);
+	} else if (m) { /* subnormal: normalize */
+		int s = 0;
+		while (!(m & 0x400u)) {
+			m <<= 1;
+			s++;
+		}
+		x = sign | ((uint32_t)(113 - s) << 23) | ((m & 0x3ffu) << 13);
+	} else {
+		x = sign;
+	}
+	float f;
+	memcpy(&f, &x, 4);
+	return f;
+}
+
+#endif
