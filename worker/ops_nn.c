@@ -1,0 +1,414 @@
+/* hpu ops for transformers: matmul and bmm (OpenBLAS sgemm), GELU, tanh,
+ * row softmax, layer norm, embedding, counter-based dropout and causal
+ * multi-head self-attention.
+ *
+ * Row-major fp32 throughout; shapes as [rows, cols]. Backward functions
+ * accumulate into parameter gradients and overwrite input gradients, as
+ * include/hpu/ops.h says.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "simd.h"
+
+#include "hpu/ops.h"
+
+/* ---- matrix products ---- */
+
+void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
+		int trans_a, int trans_b, int accumulate)
+{
+	assert(a != NULL && b != NULL && c != NULL);
+	assert(m >= 0 && n >= 0 && k >= 0);
+	if (m == 0 || n == 0)
+		return;
+	if (k == 0) { /* an empty sum: c = 0, or c unchanged */
+		if (!accumulate)
+			memset(c, 0, (size_t)m * n * sizeof *c);
+		return;
+	}
+	/* a is [M,K] (lda K) or stored [K,M] (lda M); b is [K,N] (ldb N) or
+	 * stored [N,K] (ldb K); c is [M,N]. */
+	cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+		    trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+		    trans_a ? m : k, b, trans_b ? k : n, accumulate ? 1.0f : 0.0f,
+		    c, n);
+}
+
+void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
+	     int k, int trans_a, int trans_b, int accumulate, size_t stride_a,
+	     size_t stride_b, size_t stride_c)
+{
+	assert(count >= 0);
+	for (int i = 0; i < count; i++)
+		hpu_matmul(a + i * stride_a, b + i * stride_b, c + i * stride_c,
+			   m, n, k, trans_a, trans_b, accumulate);
+}
+
+/* ---- GELU and tanh ---- */
+
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+/* exp(x) in plain arithmetic, so that GCC vectorizes the GELU loops
+ * (glibc's expf and tanhf are calls it cannot vectorize): x = k ln2 + r
+ * with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial (relative
+ * error < 1e-8 before rounding), 2^k built in the exponent bits. x is
+ * clamped to [-87, 88], where 2^k stays a normal float. */
+static inline float exp_poly(float x)
+{
+	x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+	/* round x / ln2 to an integer: adding 1.5 * 2^23 leaves no fraction
+	 * bits (the build does not reassociate, so this is not folded) */
+	float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+	float r = (x - k * 0.693145752f) - k * 1.42860677e-6f; /* ln2 hi + lo */
+	float p = 1.0f / 5040;
+	p = p * r + 1.0f / 720;
+	p = p * r + 1.0f / 120;
+	p = p * r + 1.0f / 24;
+	p = p * r + 1.0f / 6;
+	p = p * r + 0.5f;
+	p = p * r + 1.0f;
+	p = p * r + 1.0f;
+	union {
+		int32_t i;
+		float f;
+	} two_k = {.i = ((int32_t)k + 127) << 23};
+	return p * two_k.f;
+}
+
+/* The tanh form is x * sigmoid(2u), u = c (x + a x^3), since
+ * (1 + tanh u) / 2 = sigmoid(2u). With q = exp(-2u) and s = 1 / (1 + q):
+ *   gelu(x)  = x s
+ *   gelu'(x) = s + 2 x s (1 - s) du/dx = s (1 + 2 x (q s) c (1 + 3a x^2)),
+ * 1 - s = q s having no cancellation, so both are good to a few ulp
+ * relative, tails included (q s <= 1: no overflow). */
+static inline float gelu_u(float v)
+{
+	return GELU_C * (v + GELU_A * v * v * v);
+}
+
+HPU_CLONES void hpu_gelu_forward(const float *restrict x, float *restrict y,
+				 size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v = x[i];
+		y[i] = v / (1.0f + exp_poly(-2.0f * gelu_u(v)));
+	}
+}
+
+/* Not restrict: dx may alias dy. */
+HPU_CLONES void hpu_gelu_backward(const float *x, const float *dy, float *dx,
+				  size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v = x[i], q = exp_poly(-2.0f * gelu_u(v));
+		float s = 1.0f / (1.0f + q);
+		float du = GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+		dx[i] = dy[i] * (s * (1.0f + 2.0f * v * (q * s) * du));
+	}
+}
+
+void hpu_tanh_forward(const float *x, float *y, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] = tanhf(x[i]);
+}
+
+/* Not restrict: dx may alias dy. */
+HPU_CLONES void hpu_tanh_backward(const float *y, const float *dy, float *dx,
+				  size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+}
+
+/* ---- softmax ---- */
+
+/* y[cols] = exp(x - max) / sum, one row. */
+static void softmax_row(const float *x, float *y, int cols)
+{
+	float maxv = x[0];
+	for (int c = 1; c < cols; c++)
+		if (x[c] > maxv)
+			maxv = x[c];
+	float sum = 0.0f;
+	for (int c = 0; c < cols; c++) {
+		y[c] = expf(x[c] - maxv);
+		sum += y[c];
+	}
+	float inv = 1.0f / sum;
+	for (int c = 0; c < cols; c++)
+		y[c] *= inv;
+}
+
+void hpu_softmax_forward(const float *x, float *y, int rows, int cols)
+{
+	assert(x != NULL && y != NULL);
+	if (cols <= 0)
+		return;
+	for (int r = 0; r < rows; r++)
+		softmax_row(x + (size_t)r * cols, y + (size_t)r * cols, cols);
+}
+
+/* dx = y * (dy - <dy, y>), one row; dx may alias dy. */
+static void softmax_row_backward(const float *y, const float *dy, float *dx,
+				 int cols)
+{
+	float dot = 0.0f;
+	for (int c = 0; c < cols; c++)
+		dot += dy[c] * y[c];
+	for (int c = 0; c < cols; c++)
+		dx[c] = y[c] * (dy[c] - dot);
+}
+
+void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
+			  int cols)
+{
+	assert(y != NULL && dy != NULL && dx != NULL);
+	for (int r = 0; r < rows; r++) {
+		size_t o = (size_t)r * cols;
+		softmax_row_backward(y + o, dy + o, dx + o, cols);
+	}
+}
+
+/* ---- layer norm ---- */
+
+void hpu_layernorm_forward(const float *x, const float *gamma, const float *beta,
+			   float *y, float *mean, float *rstd, int rows, int cols,
+			   float eps)
+{
+	assert(x != NULL && gamma != NULL && beta != NULL && y != NULL);
+	assert(mean != NULL && rstd != NULL && cols > 0);
+	for (int r = 0; r < rows; r++) {
+		const float *xr = x + (size_t)r * cols;
+		float *yr = y + (size_t)r * cols;
+		/* two passes: the variance of (x - mean) loses nothing to a
+		 * large mean */
+		float m = 0.0f;
+		for (int c = 0; c < cols; c++)
+			m += xr[c];
+		m /= (float)cols;
+		float v = 0.0f;
+		for (int c = 0; c < cols; c++) {
+			float d = xr[c] - m;
+			v += d * d;
+		}
+		v /= (float)cols;
+		float s = 1.0f / sqrtf(v + eps);
+		for (int c = 0; c < cols; c++)
+			yr[c] = (xr[c] - m) * s * gamma[c] + beta[c];
+		mean[r] = m;
+		rstd[r] = s;
+	}
+}
+
+/* With xhat = (x - mean) * rstd and g = dy * gamma:
+ *   dgamma += dy * xhat, dbeta += dy,
+ *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). */
+void hpu_layernorm_backward(const float *x, const float *gamma, const float *mean,
+			    const float *rstd, const float *dy, float *dx,
+			    float *dgamma, float *dbeta, int rows, int cols)
+{
+	assert(x != NULL && gamma != NULL && mean != NULL && rstd != NULL);
+	assert(dy != NULL && dx != NULL && dgamma != NULL && dbeta != NULL);
+	assert(cols > 0);
+	for (int r = 0; r < rows; r++) {
+		const float *xr = x + (size_t)r * cols, *dyr = dy + (size_t)r * cols;
+		float *dxr = dx + (size_t)r * cols;
+		float m = mean[r], s = rstd[r];
+		float gsum = 0.0f, gxsum = 0.0f;
+		for (int c = 0; c < cols; c++) {
+			float xhat = (xr[c] - m) * s;
+			float g = dyr[c] * gamma[c];
+			gsum += g;
+			gxsum += g * xhat;
+			dgamma[c] += dyr[c] * xhat;
+			dbeta[c] += dyr[c];
+		}
+		gsum /= (float)cols;
+		gxsum /= (float)cols;
+		for (int c = 0; c < cols; c++) {
+			float xhat = (xr[c] - m) * s;
+			dxr[c] = s * (dyr[c] * gamma[c] - gsum - xhat * gxsum);
+		}
+	}
+}
+
+/* ---- embedding ---- */
+
+int hpu_embedding_forward(const float *table, const int32_t *ids, float *y,
+			  int n, int vocab, int dim)
+{
+	assert(table != NULL && ids != NULL && y != NULL);
+	/* ids come from data: check them all before writing anything */
+	for (int i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= vocab)
+			return -1;
+	for (int i = 0; i < n; i++)
+		memcpy(y + (size_t)i * dim, table + (size_t)ids[i] * dim,
+		       (size_t)dim * sizeof *y);
+	return 0;
+}
+
+void hpu_embedding_backward(const int32_t *ids, const float *dy, float *dtable,
+			    int n, int dim)
+{
+	assert(ids != NULL && dy != NULL && dtable != NULL);
+	for (int i = 0; i < n; i++) {
+		assert(ids[i] >= 0); /* the forward checked the upper bound */
+		float *row = dtable + (size_t)ids[i] * dim;
+		const float *d = dy + (size_t)i * dim;
+		for (int c = 0; c < dim; c++)
+			row[c] += d[c];
+	}
+}
+
+/* ---- dropout ---- */
+
+/* The splitmix64 / murmur3 finalizer: a bijection of 64-bit words whose
+ * output bits each depend on every input bit. */
+static inline uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Element i is kept when the top 32 bits of mix64(key + (i + 1) * golden)
+ * reach p * 2^32, key mixing seed and stream: a counter-based generator
+ * (splitmix64 addressed by i), so the mask is a pure function of
+ * (seed, stream, i). */
+static uint64_t dropout_key(uint64_t seed, uint64_t stream)
+{
+	return mix64(seed ^ mix64(stream ^ 0x6a09e667f3bcc909ull));
+}
+
+void hpu_dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
+			 float p, uint64_t seed, uint64_t stream)
+{
+	assert(x != NULL && y != NULL && mask != NULL);
+	assert(p >= 0.0f && p <= 1.0f);
+	if (p >= 1.0f) { /* everything dropped; no 1 / 0 */
+		memset(mask, 0, n);
+		for (size_t i = 0; i < n; i++)
+			y[i] = 0.0f;
+		return;
+	}
+	const uint64_t key = dropout_key(seed, stream);
+	const uint32_t thresh = (uint32_t)((double)p * 4294967296.0);
+	const float scale = 1.0f / (1.0f - p);
+	for (size_t i = 0; i < n; i++) {
+		uint64_t h = mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
+		uint8_t keep = (uint32_t)(h >> 32) >= thresh;
+		mask[i] = keep;
+		y[i] = keep ? x[i] * scale : 0.0f;
+	}
+}
+
+HPU_CLONES void hpu_dropout_backward(const float *dy, const uint8_t *mask,
+				     float *dx, size_t n, float p)
+{
+	const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+	for (size_t i = 0; i < n; i++)
+		dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+/* ---- causal multi-head self-attention ----
+ *
+ * For batch b and head h, with row stride 3D in qkv:
+ *   q = qkv[b, :, h*hd ...], k = the same at + D, v at + 2D     [T, hd]
+ *   att = softmax_causal(q k^T / sqrt(hd))                       [T, T]
+ *   out[b, :, h*hd ...] = att v                 (row stride D)   [T, hd]
+ * The products run on strided views through sgemm's leading dimensions.
+ */
+
+void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
+			   int t, int heads, int head_dim)
+{
+	assert(qkv != NULL && out != NULL && att != NULL);
+	const int d = heads * head_dim, ld = 3 * d;
+	const float scale = 1.0f / sqrtf((float)head_dim);
+	if (t <= 0 || d <= 0)
+		return;
+	for (int b = 0; b < batch; b++) {
+		const float *base = qkv + (size_t)b * t * ld;
+		for (int h = 0; h < heads; h++) {
+			const float *q = base + h * head_dim;
+			const float *k = q + d, *v = q + 2 * d;
+			float *a = att + ((size_t)b * heads + h) * t * t;
+			float *o = out + (size_t)b * t * d + h * head_dim;
+			/* a[T,T] = scale * q[T,hd] k[T,hd]^T */
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t,
+				    head_dim, scale, q, ld, k, ld, 0.0f, a, t);
+			/* row i sees 0..i; the future gets probability 0 */
+			for (int i = 0; i < t; i++) {
+				float *row = a + (size_t)i * t;
+				softmax_row(row, row, i + 1);
+				for (int j = i + 1; j < t; j++)
+					row[j] = 0.0f;
+			}
+			/* o[T,hd] = a[T,T] v[T,hd] */
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t,
+				    head_dim, t, 1.0f, a, t, v, ld, 0.0f, o, d);
+		}
+	}
+}
+
+/* With do = dout's head slice [T, hd] and P = att [T, T]:
+ *   dv = P^T do,  dP = do v^T,  dS = P * (dP - rowsum(dP * P)) * scale,
+ *   dq = dS k,    dk = dS^T q.
+ * Future entries of P are 0, so dS is 0 there and no mask is needed. */
+void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
+			    float *dqkv, int batch, int t, int heads, int head_dim)
+{
+	assert(qkv != NULL && att != NULL && dout != NULL && dqkv != NULL);
+	const int d = heads * head_dim, ld = 3 * d;
+	const float scale = 1.0f / sqrtf((float)head_dim);
+	if (t <= 0 || d <= 0)
+		return;
+	/* dP, then dS, of one head; the signature has no scratch and the
+	 * op cannot fail, so running out of memory here aborts. */
+	float *ds = malloc((size_t)t * t * sizeof *ds);
+	if (ds == NULL)
+		abort();
+	for (int b = 0; b < batch; b++) {
+		const float *base = qkv + (size_t)b * t * ld;
+		float *dbase = dqkv + (size_t)b * t * ld;
+		for (int h = 0; h < heads; h++) {
+			const float *q = base + h * head_dim;
+			const float *k = q + d, *v = q + 2 * d;
+			float *dq = dbase + h * head_dim;
+			float *dk = dq + d, *dv = dq + 2 * d;
+			const float *p = att + ((size_t)b * heads + h) * t * t;
+			const float *dO = dout + (size_t)b * t * d + h * head_dim;
+			/* dv[T,hd] = p[T,T]^T dO[T,hd] */
+			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t,
+				    head_dim, t, 1.0f, p, t, dO, d, 0.0f, dv, ld);
+			/* ds[T,T] = dO[T,hd] v[T,hd]^T */
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t,
+				    head_dim, 1.0f, dO, d, v, ld, 0.0f, ds, t);
+			/* through the softmax of each row (0..i), scaled */
+			for (int i = 0; i < t; i++) {
+				float *row = ds + (size_t)i * t;
+				softmax_row_backward(p + (size_t)i * t, row, row, i + 1);
+				for (int j = 0; j <= i; j++)
+					row[j] *= scale;
+				for (int j = i + 1; j < t; j++)
+					row[j] = 0.0f;
+			}
+			/* dq[T,hd] = ds[T,T] k[T,hd]; dk[T,hd] = ds^T q */
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t,
+				    head_dim, t, 1.0f, ds, t, k, ld, 0.0f, dq, ld);
+			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t,
+				    head_dim, t, 1.0f, ds, t, q, ld, 0.0f, dk, ld);
+		}
+	}
+	free(ds);
+}
