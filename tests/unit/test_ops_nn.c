@@ -19,56 +19,14 @@
 
 #include <cmocka.h>
 
+#include "num_testlib.h"
+
 #include "hpu/ops.h"
 
 #define FD_EPS 1e-6
 #define GRAD_TOL 1e-4 /* relative: fp32 sums of a few dozen terms */
 
 /* ---- helpers ---- */
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t seed)
-{
-	rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
-}
-
-/* Uniform in [lo, hi), xorshift64*. */
-static float rng_uniform(float lo, float hi)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	uint64_t r = rng_state * 0x2545F4914F6CDD1Dull;
-	return lo + (hi - lo) * (float)((double)(r >> 40) / (double)(1 << 24));
-}
-
-static void fill(float *a, size_t n, float lo, float hi)
-{
-	for (size_t i = 0; i < n; i++)
-		a[i] = rng_uniform(lo, hi);
-}
-
-static void fill_nan(float *a, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		a[i] = NAN;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-	void *p = calloc(n ? n : 1, size);
-	assert_non_null(p);
-	return p;
-}
-
-static double *to_double(const float *a, size_t n)
-{
-	double *d = xcalloc(n, sizeof(*d));
-	for (size_t i = 0; i < n; i++)
-		d[i] = a[i];
-	return d;
-}
 
 /* Prints the largest absolute and relative (to max |want|) difference and
  * fails if the relative one exceeds tol. NaN counts as infinitely far. */

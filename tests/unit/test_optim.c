@@ -24,6 +24,8 @@
 
 #include <cmocka.h>
 
+#include "num_testlib.h"
+
 #include "config.h"
 #include "optim.h"
 
@@ -40,23 +42,6 @@
 #define FIRST_STEP_TOL 1e-6
 
 /* ---- helpers ---- */
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t seed)
-{
-	rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
-}
-
-/* Uniform in [lo, hi), xorshift64*. */
-static float rng_uniform(float lo, float hi)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	uint64_t r = rng_state * 0x2545F4914F6CDD1Dull;
-	return lo + (hi - lo) * (float)((double)(r >> 40) / (double)(1 << 24));
-}
 
 /* Gradients in [-1, 1); every 5th one below 1e-4, where Adam's eps (1e-8
  * .. 1e-4 below) and where it is added make a visible difference; g[0] is
