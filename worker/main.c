@@ -4,6 +4,7 @@
  *   hpu-worker [training options] MODEL.so [-- model args]
  */
 #include <hpu/coll.h>
+#include <hpu/ops.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,14 @@ static uint64_t device_memory(const hpu_train_opts *o)
 	if (pages <= 0 || page <= 0)
 		return 0; /* unknown: no limit */
 	return (uint64_t)pages * (uint64_t)page / (uint64_t)(local > 0 ? local : 1);
+}
+
+/* The low-precision type the ops' autocast policy emulates. */
+static int autocast_type(hpu_precision p)
+{
+	return p == HPU_PREC_BF16_MIXED   ? HPU_AUTOCAST_BF16
+	       : p == HPU_PREC_FP16_MIXED ? HPU_AUTOCAST_FP16
+					  : HPU_AUTOCAST_NONE;
 }
 
 static void usage(FILE *f)
@@ -76,6 +85,10 @@ int main(int argc, char **argv)
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
 	}
+	if (hpu_autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
+		goto out;
+	if (o.verbose && rank == 0)
+		hpu_autocast_print(stdout);
 	if (hpu__model_load(&b, path, rank, world, err, sizeof err) < 0)
 		goto out;
 	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK)

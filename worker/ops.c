@@ -11,12 +11,13 @@
 
 #include <cblas.h>
 
+#include "autocast.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
 
-void hpu_linear_forward(const float *x, const float *w, const float *b,
-			float *y, int batch, int in, int out)
+static void linear_forward(const float *x, const float *w, const float *b,
+			   float *y, int batch, int in, int out)
 {
 	assert(x != NULL && w != NULL && y != NULL);
 	assert(batch >= 0 && in >= 0 && out >= 0);
@@ -43,9 +44,9 @@ void hpu_linear_forward(const float *x, const float *w, const float *b,
 		    1.0f, x, in, w, in, beta, y, out);
 }
 
-void hpu_linear_backward(const float *x, const float *w, const float *dy,
-			 float *dx, float *dw, float *db, int batch, int in,
-			 int out)
+static void linear_backward(const float *x, const float *w, const float *dy,
+			    float *dx, float *dw, float *db, int batch, int in,
+			    int out)
 {
 	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
 	assert(batch >= 0 && in >= 0 && out >= 0);
@@ -74,21 +75,21 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		    1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
-HPU_CLONES void hpu_relu_forward(const float *restrict x, float *restrict y, size_t n)
+HPU_CLONES static void relu_forward(const float *restrict x, float *restrict y, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-HPU_CLONES void hpu_relu_backward(const float *restrict y, const float *restrict dy,
-				  float *restrict dx, size_t n)
+HPU_CLONES static void relu_backward(const float *restrict y, const float *restrict dy,
+				     float *restrict dx, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-float hpu_softmax_xent(const float *logits, const int32_t *labels,
-		       float *dlogits, int batch, int classes)
+static float softmax_xent(const float *logits, const int32_t *labels,
+			  float *dlogits, int batch, int classes)
 {
 	assert(logits != NULL && labels != NULL);
 	if (batch <= 0 || classes <= 0)
@@ -144,4 +145,73 @@ int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
 			correct++;
 	}
 	return correct;
+}
+
+/* ---- the public ops: the autocast policy around the kernels ---- */
+
+void hpu_linear_forward(const float *x, const float *w, const float *b,
+			float *y, int batch, int in, int out)
+{
+	int lp = hpu__ac_enter(HPU_OP_LINEAR);
+	if (!lp || batch <= 0 || out <= 0) {
+		linear_forward(x, w, b, y, batch, in, out);
+		return;
+	}
+	linear_forward(hpu__ac_round(0, x, (size_t)batch * in, lp),
+		       hpu__ac_round(1, w, (size_t)out * in, lp),
+		       hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
+	hpu__ac_round_inplace(y, (size_t)batch * out, lp);
+}
+
+/* Lowered: x, w and dy rounded; dw and db get the products accumulated in
+ * fp32 (the runtime rounds gradients when the layer's backward ends); dx
+ * rounded. */
+void hpu_linear_backward(const float *x, const float *w, const float *dy,
+			 float *dx, float *dw, float *db, int batch, int in,
+			 int out)
+{
+	int lp = hpu__ac_enter(HPU_OP_LINEAR);
+	if (!lp || batch <= 0) {
+		linear_backward(x, w, dy, dx, dw, db, batch, in, out);
+		return;
+	}
+	linear_backward(hpu__ac_round(0, x, (size_t)batch * in, lp),
+			hpu__ac_round(1, w, (size_t)out * in, lp),
+			hpu__ac_round(2, dy, (size_t)batch * out, lp), dx, dw, db, batch,
+			in, out);
+	if (dx != NULL)
+		hpu__ac_round_inplace(dx, (size_t)batch * in, lp);
+}
+
+void hpu_relu_forward(const float *x, float *y, size_t n)
+{
+	int lp = hpu__ac_enter(HPU_OP_RELU);
+	/* relu of a rounded value is that value or 0: no output rounding */
+	relu_forward(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
+}
+
+void hpu_relu_backward(const float *y, const float *dy, float *dx, size_t n)
+{
+	int lp = hpu__ac_enter(HPU_OP_RELU);
+	if (!lp) {
+		relu_backward(y, dy, dx, n);
+		return;
+	}
+	relu_backward(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
+}
+
+/* Lowered: the logits rounded; the loss is an fp32 reduction; dlogits
+ * rounded. */
+float hpu_softmax_xent(const float *logits, const int32_t *labels,
+		       float *dlogits, int batch, int classes)
+{
+	int lp = hpu__ac_enter(HPU_OP_SOFTMAX_XENT);
+	if (!lp || batch <= 0 || classes <= 0)
+		return softmax_xent(logits, labels, dlogits, batch, classes);
+	size_t n = (size_t)batch * classes;
+	float loss = softmax_xent(hpu__ac_round(0, logits, n, lp), labels, dlogits,
+				  batch, classes);
+	if (dlogits != NULL && loss >= 0.0f)
+		hpu__ac_round_inplace(dlogits, n, lp);
+	return loss;
 }

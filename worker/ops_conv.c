@@ -18,6 +18,7 @@
 
 #include <cblas.h>
 
+#include "autocast.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
@@ -160,8 +161,8 @@ static void col2im(const hpu_conv2d_shape *s, int oh_n, int ow_n,
 
 /* y[B, O, OH, OW] = conv(x[B, C, H, W], w[O, C, K, K]) + b[O]
  * per sample: y_n[O, OH*OW] = w[O, C*K*K] * col[C*K*K, OH*OW] (+ b) */
-void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
-			const float *b, float *y, float *scratch)
+static void conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
+			   const float *b, float *y, float *scratch)
 {
 	check_shape(s);
 	assert(x != NULL && w != NULL && y != NULL);
@@ -196,9 +197,9 @@ void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *
  *   dw[O, C*K*K] += dy_n[O, OH*OW] * col[C*K*K, OH*OW]^T
  *   db[O] += sum over pixels of dy_n (db may be NULL)
  *   dx_n[C, H, W] = col2im(w[O, C*K*K]^T * dy_n) (dx may be NULL) */
-void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
-			 const float *dy, float *dx, float *dw, float *db,
-			 float *scratch)
+static void conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
+			    const float *dy, float *dx, float *dw, float *db,
+			    float *scratch)
 {
 	check_shape(s);
 	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
@@ -290,8 +291,8 @@ static void maxpool_plane_any(const float *restrict x, float *restrict y,
 
 /* y[B, C, OH, OW] = max over each k x k window of x[B, C, H, W];
  * idx[B, C, OH, OW] = the arg-max's position ih*W + iw in its plane. */
-void hpu_maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
-			   int ch, int h, int w, int k, int stride)
+static void maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
+			      int ch, int h, int w, int k, int stride)
 {
 	assert(x != NULL && y != NULL && idx != NULL && batch >= 0 && ch >= 0);
 	const int oh_n = pool_out(h, k, stride), ow_n = pool_out(w, k, stride);
@@ -308,8 +309,8 @@ void hpu_maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
 
 /* dx[B, C, H, W] = 0, then dx[idx] += dy for every output of dy[B, C, OH, OW]
  * (overlapping windows can send several outputs to one input). */
-void hpu_maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
-			    int batch, int ch, int h, int w, int k, int stride)
+static void maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
+			       int batch, int ch, int h, int w, int k, int stride)
 {
 	assert(dy != NULL && idx != NULL && dx != NULL && batch >= 0 && ch >= 0);
 	const int oh_n = pool_out(h, k, stride), ow_n = pool_out(w, k, stride);
@@ -359,8 +360,8 @@ static void avgpool_plane_any(const float *restrict x, float *restrict y, int w,
 }
 
 /* y[B, C, OH, OW] = mean over each k x k window of x[B, C, H, W] */
-void hpu_avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
-			   int w, int k, int stride)
+static void avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
+			      int w, int k, int stride)
 {
 	assert(x != NULL && y != NULL && batch >= 0 && ch >= 0);
 	const int oh_n = pool_out(h, k, stride), ow_n = pool_out(w, k, stride);
@@ -375,8 +376,8 @@ void hpu_avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
 }
 
 /* dx[B, C, H, W] = 0, then every input of each window += dy / (k*k) */
-void hpu_avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h,
-			    int w, int k, int stride)
+static void avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h,
+			       int w, int k, int stride)
 {
 	assert(dy != NULL && dx != NULL && batch >= 0 && ch >= 0);
 	const int oh_n = pool_out(h, k, stride), ow_n = pool_out(w, k, stride);
@@ -396,4 +397,107 @@ void hpu_avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h
 			}
 		}
 	}
+}
+
+/* ---- the public ops: the autocast policy around the kernels ---- */
+
+static size_t conv_x_n(const hpu_conv2d_shape *s)
+{
+	return (size_t)s->batch * s->in_ch * s->height * s->width;
+}
+
+static size_t conv_w_n(const hpu_conv2d_shape *s)
+{
+	return (size_t)s->out_ch * s->in_ch * s->kernel * s->kernel;
+}
+
+static size_t conv_y_n(const hpu_conv2d_shape *s)
+{
+	return (size_t)s->batch * s->out_ch * hpu_conv2d_out_h(s) * hpu_conv2d_out_w(s);
+}
+
+void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
+			const float *b, float *y, float *scratch)
+{
+	int lp = hpu__ac_enter(HPU_OP_CONV2D);
+	if (!lp) {
+		conv2d_forward(s, x, w, b, y, scratch);
+		return;
+	}
+	check_shape(s);
+	conv2d_forward(s, hpu__ac_round(0, x, conv_x_n(s), lp),
+		       hpu__ac_round(1, w, conv_w_n(s), lp),
+		       hpu__ac_round(2, b, (size_t)s->out_ch, lp), y, scratch);
+	hpu__ac_round_inplace(y, conv_y_n(s), lp);
+}
+
+/* Lowered: x, w and dy rounded; dw, db accumulated in fp32; dx rounded. */
+void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
+			 const float *dy, float *dx, float *dw, float *db,
+			 float *scratch)
+{
+	int lp = hpu__ac_enter(HPU_OP_CONV2D);
+	if (!lp) {
+		conv2d_backward(s, x, w, dy, dx, dw, db, scratch);
+		return;
+	}
+	check_shape(s);
+	conv2d_backward(s, hpu__ac_round(0, x, conv_x_n(s), lp),
+			hpu__ac_round(1, w, conv_w_n(s), lp),
+			hpu__ac_round(2, dy, conv_y_n(s), lp), dx, dw, db, scratch);
+	if (dx != NULL)
+		hpu__ac_round_inplace(dx, conv_x_n(s), lp);
+}
+
+/* Lowered pooling: the input rounded (the max of rounded values needs no
+ * rounding; the mean is rounded). Backward: dy rounded, dx rounded. */
+void hpu_maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
+			   int ch, int h, int w, int k, int stride)
+{
+	int lp = hpu__ac_enter(HPU_OP_MAXPOOL2D);
+	size_t n = (size_t)batch * ch * h * w;
+	maxpool2d_forward(lp && batch > 0 ? hpu__ac_round(0, x, n, lp) : x, y, idx,
+			  batch, ch, h, w, k, stride);
+}
+
+void hpu_maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
+			    int batch, int ch, int h, int w, int k, int stride)
+{
+	int lp = hpu__ac_enter(HPU_OP_MAXPOOL2D);
+	if (!lp || batch <= 0) {
+		maxpool2d_backward(dy, idx, dx, batch, ch, h, w, k, stride);
+		return;
+	}
+	size_t ny = (size_t)batch * ch * pool_out(h, k, stride) * pool_out(w, k, stride);
+	maxpool2d_backward(hpu__ac_round(0, dy, ny, lp), idx, dx, batch, ch, h, w, k,
+			   stride);
+	hpu__ac_round_inplace(dx, (size_t)batch * ch * h * w, lp);
+}
+
+void hpu_avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
+			   int w, int k, int stride)
+{
+	int lp = hpu__ac_enter(HPU_OP_AVGPOOL2D);
+	if (!lp || batch <= 0) {
+		avgpool2d_forward(x, y, batch, ch, h, w, k, stride);
+		return;
+	}
+	avgpool2d_forward(hpu__ac_round(0, x, (size_t)batch * ch * h * w, lp), y, batch,
+			  ch, h, w, k, stride);
+	hpu__ac_round_inplace(y, (size_t)batch * ch * pool_out(h, k, stride) *
+				     pool_out(w, k, stride),
+			      lp);
+}
+
+void hpu_avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h,
+			    int w, int k, int stride)
+{
+	int lp = hpu__ac_enter(HPU_OP_AVGPOOL2D);
+	if (!lp || batch <= 0) {
+		avgpool2d_backward(dy, dx, batch, ch, h, w, k, stride);
+		return;
+	}
+	size_t ny = (size_t)batch * ch * pool_out(h, k, stride) * pool_out(w, k, stride);
+	avgpool2d_backward(hpu__ac_round(0, dy, ny, lp), dx, batch, ch, h, w, k, stride);
+	hpu__ac_round_inplace(dx, (size_t)batch * ch * h * w, lp);
 }

@@ -15,14 +15,15 @@
 
 #include <cblas.h>
 
+#include "autocast.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
 
 /* ---- matrix products ---- */
 
-void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
-		int trans_a, int trans_b, int accumulate)
+static void matmul(const float *a, const float *b, float *c, int m, int n, int k,
+		   int trans_a, int trans_b, int accumulate)
 {
 	assert(a != NULL && b != NULL && c != NULL);
 	assert(m >= 0 && n >= 0 && k >= 0);
@@ -41,13 +42,13 @@ void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
 		    c, n);
 }
 
-void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
-	     int k, int trans_a, int trans_b, int accumulate, size_t stride_a,
-	     size_t stride_b, size_t stride_c)
+static void bmm(const float *a, const float *b, float *c, int count, int m, int n,
+		int k, int trans_a, int trans_b, int accumulate, size_t stride_a,
+		size_t stride_b, size_t stride_c)
 {
 	assert(count >= 0);
 	for (int i = 0; i < count; i++)
-		hpu_matmul(a + i * stride_a, b + i * stride_b, c + i * stride_c,
+		matmul(a + i * stride_a, b + i * stride_b, c + i * stride_c,
 			   m, n, k, trans_a, trans_b, accumulate);
 }
 
@@ -94,8 +95,8 @@ static inline float gelu_u(float v)
 	return GELU_C * (v + GELU_A * v * v * v);
 }
 
-HPU_CLONES void hpu_gelu_forward(const float *restrict x, float *restrict y,
-				 size_t n)
+HPU_CLONES static void gelu_forward(const float *restrict x, float *restrict y,
+				    size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		float v = x[i];
@@ -104,8 +105,8 @@ HPU_CLONES void hpu_gelu_forward(const float *restrict x, float *restrict y,
 }
 
 /* Not restrict: dx may alias dy. */
-HPU_CLONES void hpu_gelu_backward(const float *x, const float *dy, float *dx,
-				  size_t n)
+HPU_CLONES static void gelu_backward(const float *x, const float *dy, float *dx,
+				     size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		float v = x[i], q = exp_poly(-2.0f * gelu_u(v));
@@ -115,15 +116,15 @@ HPU_CLONES void hpu_gelu_backward(const float *x, const float *dy, float *dx,
 	}
 }
 
-void hpu_tanh_forward(const float *x, float *y, size_t n)
+static void tanh_forward(const float *x, float *y, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] = tanhf(x[i]);
 }
 
 /* Not restrict: dx may alias dy. */
-HPU_CLONES void hpu_tanh_backward(const float *y, const float *dy, float *dx,
-				  size_t n)
+HPU_CLONES static void tanh_backward(const float *y, const float *dy, float *dx,
+				     size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		dx[i] = dy[i] * (1.0f - y[i] * y[i]);
@@ -148,7 +149,7 @@ static void softmax_row(const float *x, float *y, int cols)
 		y[c] *= inv;
 }
 
-void hpu_softmax_forward(const float *x, float *y, int rows, int cols)
+static void softmax_forward(const float *x, float *y, int rows, int cols)
 {
 	assert(x != NULL && y != NULL);
 	if (cols <= 0)
@@ -168,8 +169,8 @@ static void softmax_row_backward(const float *y, const float *dy, float *dx,
 		dx[c] = y[c] * (dy[c] - dot);
 }
 
-void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
-			  int cols)
+static void softmax_backward(const float *y, const float *dy, float *dx, int rows,
+			     int cols)
 {
 	assert(y != NULL && dy != NULL && dx != NULL);
 	for (int r = 0; r < rows; r++) {
@@ -180,9 +181,9 @@ void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
 
 /* ---- layer norm ---- */
 
-void hpu_layernorm_forward(const float *x, const float *gamma, const float *beta,
-			   float *y, float *mean, float *rstd, int rows, int cols,
-			   float eps)
+static void layernorm_forward(const float *x, const float *gamma, const float *beta,
+			      float *y, float *mean, float *rstd, int rows, int cols,
+			      float eps)
 {
 	assert(x != NULL && gamma != NULL && beta != NULL && y != NULL);
 	assert(mean != NULL && rstd != NULL && cols > 0);
@@ -212,9 +213,9 @@ void hpu_layernorm_forward(const float *x, const float *gamma, const float *beta
 /* With xhat = (x - mean) * rstd and g = dy * gamma:
  *   dgamma += dy * xhat, dbeta += dy,
  *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). */
-void hpu_layernorm_backward(const float *x, const float *gamma, const float *mean,
-			    const float *rstd, const float *dy, float *dx,
-			    float *dgamma, float *dbeta, int rows, int cols)
+static void layernorm_backward(const float *x, const float *gamma, const float *mean,
+			       const float *rstd, const float *dy, float *dx,
+			       float *dgamma, float *dbeta, int rows, int cols)
 {
 	assert(x != NULL && gamma != NULL && mean != NULL && rstd != NULL);
 	assert(dy != NULL && dx != NULL && dgamma != NULL && dbeta != NULL);
@@ -243,8 +244,8 @@ void hpu_layernorm_backward(const float *x, const float *gamma, const float *mea
 
 /* ---- embedding ---- */
 
-int hpu_embedding_forward(const float *table, const int32_t *ids, float *y,
-			  int n, int vocab, int dim)
+static int embedding_forward(const float *table, const int32_t *ids, float *y,
+			     int n, int vocab, int dim)
 {
 	assert(table != NULL && ids != NULL && y != NULL);
 	/* ids come from data: check them all before writing anything */
@@ -257,8 +258,8 @@ int hpu_embedding_forward(const float *table, const int32_t *ids, float *y,
 	return 0;
 }
 
-void hpu_embedding_backward(const int32_t *ids, const float *dy, float *dtable,
-			    int n, int dim)
+static void embedding_backward(const int32_t *ids, const float *dy, float *dtable,
+			       int n, int dim)
 {
 	assert(ids != NULL && dy != NULL && dtable != NULL);
 	for (int i = 0; i < n; i++) {
@@ -290,8 +291,8 @@ static uint64_t dropout_key(uint64_t seed, uint64_t stream)
 	return mix64(seed ^ mix64(stream ^ 0x6a09e667f3bcc909ull));
 }
 
-void hpu_dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
-			 float p, uint64_t seed, uint64_t stream)
+static void dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
+			    float p, uint64_t seed, uint64_t stream)
 {
 	assert(x != NULL && y != NULL && mask != NULL);
 	assert(p >= 0.0f && p <= 1.0f);
@@ -312,8 +313,8 @@ void hpu_dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
 	}
 }
 
-HPU_CLONES void hpu_dropout_backward(const float *dy, const uint8_t *mask,
-				     float *dx, size_t n, float p)
+HPU_CLONES static void dropout_backward(const float *dy, const uint8_t *mask,
+					float *dx, size_t n, float p)
 {
 	const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 	for (size_t i = 0; i < n; i++)
@@ -329,8 +330,8 @@ HPU_CLONES void hpu_dropout_backward(const float *dy, const uint8_t *mask,
  * The products run on strided views through sgemm's leading dimensions.
  */
 
-void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
-			   int t, int heads, int head_dim)
+static void attention_forward(const float *qkv, float *out, float *att, int batch,
+			      int t, int heads, int head_dim)
 {
 	assert(qkv != NULL && out != NULL && att != NULL);
 	const int d = heads * head_dim, ld = 3 * d;
@@ -365,8 +366,8 @@ void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
  *   dv = P^T do,  dP = do v^T,  dS = P * (dP - rowsum(dP * P)) * scale,
  *   dq = dS k,    dk = dS^T q.
  * Future entries of P are 0, so dS is 0 there and no mask is needed. */
-void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
-			    float *dqkv, int batch, int t, int heads, int head_dim)
+static void attention_backward(const float *qkv, const float *att, const float *dout,
+			       float *dqkv, int batch, int t, int heads, int head_dim)
 {
 	assert(qkv != NULL && att != NULL && dout != NULL && dqkv != NULL);
 	const int d = heads * head_dim, ld = 3 * d;
@@ -411,4 +412,224 @@ void hpu_attention_backward(const float *qkv, const float *att, const float *dou
 		}
 	}
 	free(ds);
+}
+
+/* ---- the public ops: the autocast policy around the kernels ---- */
+
+/* The size of a or b as stored: rows * cols either way round. */
+static size_t mat_n(int r, int c)
+{
+	return (size_t)r * (size_t)c;
+}
+
+/* c = round(round(a) round(b)) (+ c in fp32 under accumulate), from the
+ * scratch of slots 0..2. */
+static void matmul_low(const float *a, const float *b, float *c, int m, int n,
+		       int k, int trans_a, int trans_b, int accumulate, int lp)
+{
+	const float *ra = hpu__ac_round(0, a, mat_n(m, k), lp);
+	const float *rb = hpu__ac_round(1, b, mat_n(k, n), lp);
+	if (!accumulate) {
+		matmul(ra, rb, c, m, n, k, trans_a, trans_b, 0);
+		hpu__ac_round_inplace(c, mat_n(m, n), lp);
+		return;
+	}
+	float *p = hpu__ac_scratch(2, mat_n(m, n));
+	matmul(ra, rb, p, m, n, k, trans_a, trans_b, 0);
+	hpu__ac_round_inplace(p, mat_n(m, n), lp);
+	for (size_t i = 0; i < mat_n(m, n); i++)
+		c[i] += p[i];
+}
+
+void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
+		int trans_a, int trans_b, int accumulate)
+{
+	int lp = hpu__ac_enter(HPU_OP_MATMUL);
+	if (!lp || m <= 0 || n <= 0)
+		matmul(a, b, c, m, n, k, trans_a, trans_b, accumulate);
+	else
+		matmul_low(a, b, c, m, n, k, trans_a, trans_b, accumulate, lp);
+}
+
+void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
+	     int k, int trans_a, int trans_b, int accumulate, size_t stride_a,
+	     size_t stride_b, size_t stride_c)
+{
+	int lp = hpu__ac_enter(HPU_OP_BMM);
+	if (!lp || m <= 0 || n <= 0) {
+		bmm(a, b, c, count, m, n, k, trans_a, trans_b, accumulate, stride_a,
+		    stride_b, stride_c);
+		return;
+	}
+	for (int i = 0; i < count; i++)
+		matmul_low(a + i * stride_a, b + i * stride_b, c + i * stride_c, m, n,
+			   k, trans_a, trans_b, accumulate, lp);
+}
+
+/* Elementwise ops lowered: the input(s) rounded, the output rounded. */
+void hpu_gelu_forward(const float *x, float *y, size_t n)
+{
+	int lp = hpu__ac_enter(HPU_OP_GELU);
+	gelu_forward(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
+	if (lp)
+		hpu__ac_round_inplace(y, n, lp);
+}
+
+void hpu_gelu_backward(const float *x, const float *dy, float *dx, size_t n)
+{
+	int lp = hpu__ac_enter(HPU_OP_GELU);
+	if (!lp) {
+		gelu_backward(x, dy, dx, n);
+		return;
+	}
+	gelu_backward(hpu__ac_round(0, x, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
+	hpu__ac_round_inplace(dx, n, lp);
+}
+
+void hpu_tanh_forward(const float *x, float *y, size_t n)
+{
+	int lp = hpu__ac_enter(HPU_OP_TANH);
+	tanh_forward(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
+	if (lp)
+		hpu__ac_round_inplace(y, n, lp);
+}
+
+void hpu_tanh_backward(const float *y, const float *dy, float *dx, size_t n)
+{
+	int lp = hpu__ac_enter(HPU_OP_TANH);
+	if (!lp) {
+		tanh_backward(y, dy, dx, n);
+		return;
+	}
+	tanh_backward(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
+	hpu__ac_round_inplace(dx, n, lp);
+}
+
+void hpu_softmax_forward(const float *x, float *y, int rows, int cols)
+{
+	int lp = hpu__ac_enter(HPU_OP_SOFTMAX);
+	size_t n = rows > 0 && cols > 0 ? mat_n(rows, cols) : 0;
+	softmax_forward(lp && n ? hpu__ac_round(0, x, n, lp) : x, y, rows, cols);
+	if (lp)
+		hpu__ac_round_inplace(y, n, lp);
+}
+
+void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
+			  int cols)
+{
+	int lp = hpu__ac_enter(HPU_OP_SOFTMAX);
+	size_t n = rows > 0 && cols > 0 ? mat_n(rows, cols) : 0;
+	if (!lp || !n) {
+		softmax_backward(y, dy, dx, rows, cols);
+		return;
+	}
+	softmax_backward(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx,
+			 rows, cols);
+	hpu__ac_round_inplace(dx, n, lp);
+}
+
+/* Lowered: x, gamma, beta (and dy) rounded; mean and rstd stay fp32;
+ * y and dx rounded; dgamma, dbeta accumulated in fp32. */
+void hpu_layernorm_forward(const float *x, const float *gamma, const float *beta,
+			   float *y, float *mean, float *rstd, int rows, int cols,
+			   float eps)
+{
+	int lp = hpu__ac_enter(HPU_OP_LAYERNORM);
+	if (!lp || rows <= 0) {
+		layernorm_forward(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+		return;
+	}
+	size_t n = mat_n(rows, cols);
+	layernorm_forward(hpu__ac_round(0, x, n, lp), hpu__ac_round(1, gamma, (size_t)cols, lp),
+			  hpu__ac_round(2, beta, (size_t)cols, lp), y, mean, rstd, rows,
+			  cols, eps);
+	hpu__ac_round_inplace(y, n, lp);
+}
+
+void hpu_layernorm_backward(const float *x, const float *gamma, const float *mean,
+			    const float *rstd, const float *dy, float *dx,
+			    float *dgamma, float *dbeta, int rows, int cols)
+{
+	int lp = hpu__ac_enter(HPU_OP_LAYERNORM);
+	if (!lp || rows <= 0) {
+		layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, cols);
+		return;
+	}
+	size_t n = mat_n(rows, cols);
+	layernorm_backward(hpu__ac_round(0, x, n, lp),
+			   hpu__ac_round(1, gamma, (size_t)cols, lp), mean, rstd,
+			   hpu__ac_round(2, dy, n, lp), dx, dgamma, dbeta, rows, cols);
+	hpu__ac_round_inplace(dx, n, lp);
+}
+
+/* Lowered: the gathered rows rounded (the same as gathering from a rounded
+ * table); backward adds the rounded dy in fp32. */
+int hpu_embedding_forward(const float *table, const int32_t *ids, float *y,
+			  int n, int vocab, int dim)
+{
+	int lp = hpu__ac_enter(HPU_OP_EMBEDDING);
+	int rc = embedding_forward(table, ids, y, n, vocab, dim);
+	if (lp && rc == 0 && n > 0 && dim > 0)
+		hpu__ac_round_inplace(y, mat_n(n, dim), lp);
+	return rc;
+}
+
+void hpu_embedding_backward(const int32_t *ids, const float *dy, float *dtable,
+			    int n, int dim)
+{
+	int lp = hpu__ac_enter(HPU_OP_EMBEDDING);
+	embedding_backward(ids, lp && n > 0 && dim > 0 ? hpu__ac_round(0, dy, mat_n(n, dim), lp) : dy,
+			   dtable, n, dim);
+}
+
+void hpu_dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
+			 float p, uint64_t seed, uint64_t stream)
+{
+	int lp = hpu__ac_enter(HPU_OP_DROPOUT);
+	dropout_forward(lp ? hpu__ac_round(0, x, n, lp) : x, y, mask, n, p, seed, stream);
+	if (lp)
+		hpu__ac_round_inplace(y, n, lp);
+}
+
+void hpu_dropout_backward(const float *dy, const uint8_t *mask, float *dx,
+			  size_t n, float p)
+{
+	int lp = hpu__ac_enter(HPU_OP_DROPOUT);
+	dropout_backward(lp ? hpu__ac_round(0, dy, n, lp) : dy, mask, dx, n, p);
+	if (lp)
+		hpu__ac_round_inplace(dx, n, lp);
+}
+
+/* Lowered: qkv (and dout) rounded; the scores, the softmax probabilities
+ * (att) and the products inside stay fp32, as fused attention kernels
+ * keep them; out and dqkv rounded. */
+void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
+			   int t, int heads, int head_dim)
+{
+	int lp = hpu__ac_enter(HPU_OP_ATTENTION);
+	size_t d = (size_t)heads * head_dim;
+	if (!lp || batch <= 0 || t <= 0 || d == 0) {
+		attention_forward(qkv, out, att, batch, t, heads, head_dim);
+		return;
+	}
+	size_t bt = (size_t)batch * t;
+	attention_forward(hpu__ac_round(0, qkv, bt * 3 * d, lp), out, att, batch, t,
+			  heads, head_dim);
+	hpu__ac_round_inplace(out, bt * d, lp);
+}
+
+void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
+			    float *dqkv, int batch, int t, int heads, int head_dim)
+{
+	int lp = hpu__ac_enter(HPU_OP_ATTENTION);
+	size_t d = (size_t)heads * head_dim;
+	if (!lp || batch <= 0 || t <= 0 || d == 0) {
+		attention_backward(qkv, att, dout, dqkv, batch, t, heads, head_dim);
+		return;
+	}
+	size_t bt = (size_t)batch * t;
+	attention_backward(hpu__ac_round(0, qkv, bt * 3 * d, lp), att,
+			   hpu__ac_round(1, dout, bt * d, lp), dqkv, batch, t, heads,
+			   head_dim);
+	hpu__ac_round_inplace(dqkv, bt * 3 * d, lp);
 }

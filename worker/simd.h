@@ -11,8 +11,23 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
 	!defined(HPU_NO_CLONES)
 #define HPU_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
+/* fp16 conversion loops built for AVX2 + F16C, to be called only when
+ * hpu_have_f16c() says the CPU has both (target_clones cannot name F16C). */
+#define HPU_TARGET_F16C __attribute__((target("avx2,f16c")))
+static inline int hpu_have_f16c(void)
+{
+	static int have = -1;
+	if (have < 0)
+		have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+	return have;
+}
 #else
 #define HPU_CLONES
+#define HPU_TARGET_F16C
+static inline int hpu_have_f16c(void)
+{
+	return 0;
+}
 #endif
 
 #endif

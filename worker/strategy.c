@@ -143,11 +143,44 @@ HPU_CLONES static void add_into(float *restrict dst, const float *restrict src,
 		dst[i] += src[i];
 }
 
-/* 16-bit <-> fp32 for mixed precision (bf16 or fp16 by s->fp16). */
-HPU_CLONES static void to16(const hpu_strat *s, uint16_t *restrict dst,
-			    const float *restrict src, size_t n)
+/* 16-bit <-> fp32 for mixed precision (bf16 or fp16 by s->fp16), round
+ * to nearest even. fp16 uses the CPU's F16C conversions where it has them
+ * (the same rounding as worker/lowp.h's, which serves elsewhere). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(HPU_NO_CLONES)
+HPU_TARGET_F16C static void to_fp16_f16c(uint16_t *restrict dst, const float *restrict src,
+					 size_t n)
 {
-	if (s->fp16)
+	for (size_t i = 0; i < n; i++) {
+		_Float16 h = (_Float16)src[i];
+		memcpy(&dst[i], &h, 2);
+	}
+}
+
+HPU_TARGET_F16C static void from_fp16_f16c(float *restrict dst, const uint16_t *restrict src,
+					   size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		_Float16 h;
+		memcpy(&h, &src[i], 2);
+		dst[i] = (float)h;
+	}
+}
+#else
+static void to_fp16_f16c(uint16_t *dst, const float *src, size_t n)
+{
+	(void)dst, (void)src, (void)n;
+}
+
+static void from_fp16_f16c(float *dst, const uint16_t *src, size_t n)
+{
+	(void)dst, (void)src, (void)n;
+}
+#endif
+
+HPU_CLONES static void to16_plain(int fp16, uint16_t *restrict dst,
+				  const float *restrict src, size_t n)
+{
+	if (fp16)
 		for (size_t i = 0; i < n; i++)
 			dst[i] = hpu_to_fp16(src[i]);
 	else
@@ -155,10 +188,10 @@ HPU_CLONES static void to16(const hpu_strat *s, uint16_t *restrict dst,
 			dst[i] = hpu_to_bf16(src[i]);
 }
 
-HPU_CLONES static void from16(const hpu_strat *s, float *restrict dst,
-			      const uint16_t *restrict src, size_t n)
+HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
+				    const uint16_t *restrict src, size_t n)
 {
-	if (s->fp16)
+	if (fp16)
 		for (size_t i = 0; i < n; i++)
 			dst[i] = hpu_from_fp16(src[i]);
 	else
@@ -166,12 +199,31 @@ HPU_CLONES static void from16(const hpu_strat *s, float *restrict dst,
 			dst[i] = hpu_from_bf16(src[i]);
 }
 
+static void to16(const hpu_strat *s, uint16_t *dst, const float *src, size_t n)
+{
+	if (s->fp16 && hpu_have_f16c())
+		to_fp16_f16c(dst, src, n);
+	else
+		to16_plain(s->fp16, dst, src, n);
+}
+
+static void from16(const hpu_strat *s, float *dst, const uint16_t *src, size_t n)
+{
+	if (s->fp16 && hpu_have_f16c())
+		from_fp16_f16c(dst, src, n);
+	else
+		from16_plain(s->fp16, dst, src, n);
+}
+
 /* dst16 = 16-bit(from16(dst16) + src): accumulating micro-steps. */
 static void acc16(const hpu_strat *s, uint16_t *dst, const float *src, size_t n)
 {
-	for (size_t i = 0; i < n; i++) {
-		float v = (s->fp16 ? hpu_from_fp16(dst[i]) : hpu_from_bf16(dst[i])) + src[i];
-		dst[i] = s->fp16 ? hpu_to_fp16(v) : hpu_to_bf16(v);
+	float tmp[1024];
+	for (size_t i = 0; i < n; i += 1024) {
+		size_t c = n - i < 1024 ? n - i : 1024;
+		from16(s, tmp, dst + i, c);
+		add_into(tmp, src + i, c);
+		to16(s, dst + i, tmp, c);
 	}
 }
 

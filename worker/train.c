@@ -1,6 +1,7 @@
 #include "train.h"
 
 #include <cJSON.h>
+#include <hpu/ops.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <math.h>
@@ -322,6 +323,24 @@ static int evaluate(loop *L, double *value, double *count)
 	return 0;
 }
 
+/* {"linear": {"low": N, "fp32": M}, ...}: this rank's op calls by the
+ * precision they ran in, for the ops called at all. */
+static cJSON *autocast_json(void)
+{
+	cJSON *j = cJSON_CreateObject();
+	for (int i = 0; i < hpu_autocast_ops(); i++) {
+		const char *name = hpu_autocast_op_name(i);
+		uint64_t low = hpu_autocast_count(name, 1), fp32 = hpu_autocast_count(name, 0);
+		if (low + fp32 == 0)
+			continue;
+		cJSON *c = cJSON_CreateObject();
+		cJSON_AddNumberToObject(c, "low", (double)low);
+		cJSON_AddNumberToObject(c, "fp32", (double)fp32);
+		cJSON_AddItemToObject(j, name, c);
+	}
+	return j;
+}
+
 /* The final line and record: every rank takes part (the loss and the
  * statistics are reduced); rank 0 writes. */
 static int write_final(loop *L, long steps, float loss, double sps,
@@ -362,6 +381,7 @@ static int write_final(loop *L, long steps, float loss, double sps,
 			cJSON_AddNumberToObject(j, key, metric);
 		}
 		cJSON_AddItemToObject(j, "device", stats_json(L, all));
+		cJSON_AddItemToObject(j, "autocast", autocast_json());
 		print_json(L, j);
 	}
 	free(all);

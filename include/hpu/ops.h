@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -146,6 +147,52 @@ void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
 /* dqkv[B, T, 3*D] = the gradient w.r.t. qkv (overwritten). */
 void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
 			    float *dqkv, int batch, int t, int heads, int head_dim);
+
+/* ---- autocast ----
+ *
+ * Every op above has a name: linear, matmul, bmm, conv2d, maxpool2d,
+ * avgpool2d, relu, gelu, tanh, softmax, softmax_xent, layernorm,
+ * embedding, dropout, attention. While a low-precision type is in force
+ * (the runtime sets bf16 for --precision bf16-mixed, fp16 for 16-mixed),
+ * the ops in the lower list emulate it: their inputs (activations,
+ * weights, incoming gradients) are rounded to the type (round to nearest
+ * even), the fp32 kernel runs (fp32 accumulation, as 16-bit GEMMs
+ * accumulate on real hardware), and the outputs it overwrites (y, dx, a
+ * product) are rounded again. Outputs it accumulates into (dw, db,
+ * dgamma, dbeta, dtable, c under `accumulate`) get the rounded
+ * contribution added in fp32. Saved statistics (layernorm's mean and
+ * rstd, attention's probabilities) stay fp32. Ops in the fp32 list, and
+ * every op while no low type is in force, run unchanged. */
+
+enum {
+	HPU_AUTOCAST_NONE = 0, /* fp32: no op is lowered */
+	HPU_AUTOCAST_BF16 = 1,
+	HPU_AUTOCAST_FP16 = 2,
+};
+
+/* Sets the policy: low type `lowp`, the default lower list (linear,
+ * matmul, bmm, conv2d, attention), then the ops named in the files of the
+ * LOWER_LIST and FP32_LIST environment variables moved into the lower /
+ * fp32 list (one name a line; blank lines and '#' comments allowed). On an
+ * unreadable file, an unknown name or a name in both files, returns -1
+ * with a message naming the file (and line) in err, and leaves the policy
+ * as it was; 0 otherwise. */
+int hpu_autocast_init(int lowp, char *err, size_t errlen);
+
+/* Prints the policy in force (low type, both lists, the files) to f. */
+void hpu_autocast_print(FILE *f);
+
+/* 1 when calls of the named op run in low precision now, else 0. */
+int hpu_autocast_lowered(const char *op);
+
+/* How many calls of the named op (forward and backward functions alike)
+ * ran in low precision (low != 0) or in fp32 (low == 0) in this process;
+ * 0 for an unknown name. */
+uint64_t hpu_autocast_count(const char *op, int low);
+
+/* The number of ops, and the name of op i (0 <= i < count), NULL outside. */
+int hpu_autocast_ops(void);
+const char *hpu_autocast_op_name(int op);
 
 #ifdef __cplusplus
 }

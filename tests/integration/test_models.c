@@ -1,7 +1,7 @@
 /* The example models through the real launcher, briefly: the CNN under
- * several strategies and precisions, and the transformer LM printing its
- * validation loss and a generated sample. (Their full-length results are
- * in bench/RESULTS.md.) */
+ * several strategies and precisions, the transformer LM printing its
+ * validation loss and a generated sample, and the MLP under autocast
+ * lists. (Their full-length results are in bench/RESULTS.md.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -83,11 +84,108 @@ static void test_tiny_lm(void **state)
 	free(out);
 }
 
+/* The count `kind` ("low" or "fp32") of op in the final metrics record's
+ * autocast object, -1 when absent. */
+static long autocast_count(const char *metrics, const char *op, const char *kind)
+{
+	const char *fin = strstr(metrics, "\"final\":true");
+	const char *ac = fin ? strstr(fin, "\"autocast\":{") : NULL;
+	char key[64];
+	snprintf(key, sizeof key, "\"%s\":{", op);
+	const char *o = ac ? strstr(ac, key) : NULL;
+	if (o == NULL)
+		return -1;
+	const char *end = strchr(o, '}');
+	snprintf(key, sizeof key, "\"%s\":", kind);
+	const char *k = strstr(o, key);
+	return k && k < end ? strtol(k + strlen(key), NULL, 10) : -1;
+}
+
+/* Writes text to path. */
+static void put(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* The MLP for 5 steps in bf16-mixed with env; returns the exit code and
+ * the output (*out) and metrics text (*metrics, NULL if none). */
+static int mlp_autocast(char *env0, char **out, char **metrics)
+{
+	char mpath[64];
+	snprintf(mpath, sizeof mpath, "/tmp/hpu-ac-%d.jsonl", (int)getpid());
+	unlink(mpath);
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "2", "--max-steps", "5",
+			"--log-every", "0", "--no-eval", "--precision", "bf16-mixed",
+			"--verbose", "--metrics", mpath,
+			(char *)h_build("lib/fmnist_mlp.so"), NULL};
+	char *env[] = {env0, NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 300000);
+	*out = strdup(p.out);
+	h_free(&p);
+	*metrics = h_slurp(mpath);
+	unlink(mpath);
+	return code;
+}
+
+/* Autocast through the launcher: LOWER_LIST moves relu into bf16 (the
+ * final record counts low relu and linear calls), FP32_LIST keeps linear
+ * in fp32, and a list naming an unknown op stops the job with its name. */
+static void test_autocast_lists(void **state)
+{
+	(void)state;
+	char lower[64], fp32[64], bad[64], e1[96], e2[96], e3[96], *out, *m;
+	snprintf(lower, sizeof lower, "/tmp/hpu-ac-lower-%d.txt", (int)getpid());
+	snprintf(fp32, sizeof fp32, "/tmp/hpu-ac-fp32-%d.txt", (int)getpid());
+	snprintf(bad, sizeof bad, "/tmp/hpu-ac-bad-%d.txt", (int)getpid());
+	put(lower, "# relu in bf16 too\nrelu\n");
+	put(fp32, "linear\n");
+	put(bad, "relu\nlineer\n");
+
+	snprintf(e1, sizeof e1, "LOWER_LIST=%s", lower);
+	int code = mlp_autocast(e1, &out, &m);
+	if (code != 0)
+		fail_msg("exit %d:\n%s", code, out);
+	assert_non_null(m);
+	assert_non_null(strstr(out, "autocast: lower list: linear matmul bmm conv2d relu attention"));
+	long relu_low = autocast_count(m, "relu", "low"), lin_low = autocast_count(m, "linear", "low");
+	printf("  LOWER_LIST relu: relu low %ld, linear low %ld\n", relu_low, lin_low);
+	assert_true(relu_low > 0 && lin_low > 0);
+	assert_int_equal(autocast_count(m, "relu", "fp32"), 0);
+	free(out), free(m);
+
+	snprintf(e2, sizeof e2, "FP32_LIST=%s", fp32);
+	code = mlp_autocast(e2, &out, &m);
+	if (code != 0)
+		fail_msg("exit %d:\n%s", code, out);
+	assert_non_null(m);
+	lin_low = autocast_count(m, "linear", "low");
+	long lin_fp32 = autocast_count(m, "linear", "fp32");
+	printf("  FP32_LIST linear: linear low %ld, fp32 %ld\n", lin_low, lin_fp32);
+	assert_int_equal(lin_low, 0);
+	assert_true(lin_fp32 > 0);
+	free(out), free(m);
+
+	snprintf(e3, sizeof e3, "LOWER_LIST=%s", bad);
+	code = mlp_autocast(e3, &out, &m);
+	printf("  bad LOWER_LIST: exit %d\n%s", code, out);
+	assert_int_equal(code, 1);
+	char want[160];
+	snprintf(want, sizeof want, "LOWER_LIST file %s line 2: unknown op 'lineer'", bad);
+	assert_non_null(strstr(out, want));
+	free(out), free(m);
+	unlink(lower), unlink(fp32), unlink(bad);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cnn),
 		cmocka_unit_test(test_tiny_lm),
+		cmocka_unit_test(test_autocast_lists),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

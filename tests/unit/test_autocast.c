@@ -1,0 +1,501 @@
+/* Unit tests for the autocast policy (worker/autocast.c and the op
+ * wrappers): the default lists, LOWER_LIST / FP32_LIST files moving ops,
+ * the errors a bad file gives, the per-op counters, and every op's
+ * low-precision variant against its fp32 run.
+ *
+ * Tolerances. Rounding to nearest even is off by at most the unit
+ * roundoff: 2^-8 (~3.9e-3) relative for bf16 (8 significant bits), 2^-11
+ * (~4.9e-4) for fp16 (11 bits). A lowered op rounds its inputs and its
+ * output and accumulates in fp32, so each output is off by a few of
+ * those: we allow 2e-2 of the output's largest magnitude for bf16 and
+ * 2e-3 for fp16 (about 5 and 4 unit roundoffs), measured per output (y,
+ * dx, dw, ...), and print every measured difference. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "num_testlib.h"
+
+#include "hpu/ops.h"
+
+#define TOL_BF16 2e-2
+#define TOL_FP16 2e-3
+
+static const char *const all_ops[] = {
+	"linear", "matmul", "bmm", "conv2d", "maxpool2d", "avgpool2d",
+	"relu", "gelu", "tanh", "softmax", "softmax_xent", "layernorm",
+	"embedding", "dropout", "attention",
+};
+#define NOPS (sizeof all_ops / sizeof *all_ops)
+
+static char dir[64];
+
+/* Writes text to dir/name, returns the path (static per name slot). */
+static const char *write_file(const char *name, const char *text)
+{
+	static char paths[4][128];
+	static int next;
+	char *p = paths[next++ % 4];
+	snprintf(p, 128, "%s/%s", dir, name);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+	return p;
+}
+
+/* Sets LOWER_LIST / FP32_LIST to files holding the texts (NULL: unset)
+ * and initializes the policy; returns hpu_autocast_init's result. */
+static int policy(int lowp, const char *lower, const char *fp32, char *err, size_t len)
+{
+	if (lower)
+		setenv("LOWER_LIST", write_file("lower.txt", lower), 1);
+	else
+		unsetenv("LOWER_LIST");
+	if (fp32)
+		setenv("FP32_LIST", write_file("fp32.txt", fp32), 1);
+	else
+		unsetenv("FP32_LIST");
+	return hpu_autocast_init(lowp, err, len);
+}
+
+static void policy_ok(int lowp, const char *lower, const char *fp32)
+{
+	char err[512] = "";
+	if (policy(lowp, lower, fp32, err, sizeof err) < 0)
+		fail_msg("hpu_autocast_init: %s", err);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof dir, "/tmp/test_autocast.XXXXXX");
+	return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	const char *names[] = {"lower.txt", "fp32.txt"};
+	char p[128];
+	for (int i = 0; i < 2; i++) {
+		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+		unlink(p);
+	}
+	rmdir(dir);
+	return 0;
+}
+
+/* ---- the lists ---- */
+
+static void test_defaults(void **state)
+{
+	(void)state;
+	policy_ok(HPU_AUTOCAST_BF16, NULL, NULL);
+	for (size_t i = 0; i < NOPS; i++) {
+		int want = !strcmp(all_ops[i], "linear") || !strcmp(all_ops[i], "matmul") ||
+			   !strcmp(all_ops[i], "bmm") || !strcmp(all_ops[i], "conv2d") ||
+			   !strcmp(all_ops[i], "attention");
+		assert_int_equal(hpu_autocast_lowered(all_ops[i]), want);
+	}
+	/* no low type: nothing is lowered, whatever the lists say */
+	policy_ok(HPU_AUTOCAST_NONE, "gelu\n", NULL);
+	for (size_t i = 0; i < NOPS; i++)
+		assert_int_equal(hpu_autocast_lowered(all_ops[i]), 0);
+	assert_int_equal(hpu_autocast_ops(), (int)NOPS);
+	for (size_t i = 0; i < NOPS; i++)
+		assert_string_equal(hpu_autocast_op_name((int)i), all_ops[i]);
+	assert_null(hpu_autocast_op_name((int)NOPS));
+	assert_int_equal(hpu_autocast_lowered("lineer"), 0);
+}
+
+static void test_lists_move_ops(void **state)
+{
+	(void)state;
+	policy_ok(HPU_AUTOCAST_FP16, "# into low precision\n  gelu  \n\nsoftmax # trailing\n\tlayernorm\n",
+		  "linear\r\n# comment only\n");
+	assert_int_equal(hpu_autocast_lowered("gelu"), 1);
+	assert_int_equal(hpu_autocast_lowered("softmax"), 1);
+	assert_int_equal(hpu_autocast_lowered("layernorm"), 1);
+	assert_int_equal(hpu_autocast_lowered("linear"), 0);
+	assert_int_equal(hpu_autocast_lowered("matmul"), 1);
+	assert_int_equal(hpu_autocast_lowered("relu"), 0);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	hpu_autocast_print(f);
+	fclose(f);
+	printf("%s", buf);
+	assert_non_null(strstr(buf, "low precision fp16"));
+	assert_non_null(strstr(buf, "lower list: matmul bmm conv2d gelu softmax layernorm attention\n"));
+	assert_non_null(strstr(buf, "fp32 list: linear maxpool2d"));
+	free(buf);
+	/* a fresh init starts from the defaults again */
+	policy_ok(HPU_AUTOCAST_BF16, NULL, NULL);
+	assert_int_equal(hpu_autocast_lowered("gelu"), 0);
+	assert_int_equal(hpu_autocast_lowered("linear"), 1);
+}
+
+static void test_unknown_op(void **state)
+{
+	(void)state;
+	policy_ok(HPU_AUTOCAST_BF16, "gelu\n", NULL);
+	char err[512] = "", want[256];
+	assert_int_equal(policy(HPU_AUTOCAST_BF16, "relu\n\n  lineer\n", NULL, err, sizeof err), -1);
+	printf("error: %s\n", err);
+	snprintf(want, sizeof want, "LOWER_LIST file %s/lower.txt line 3: unknown op 'lineer' (ops: linear, matmul, bmm,", dir);
+	assert_non_null(strstr(err, want));
+	assert_non_null(strstr(err, "attention)"));
+	/* the policy in force is unchanged */
+	assert_int_equal(hpu_autocast_lowered("gelu"), 1);
+	assert_int_equal(hpu_autocast_lowered("relu"), 0);
+	assert_int_equal(policy(HPU_AUTOCAST_BF16, NULL, "Linear\n", err, sizeof err), -1);
+	printf("error: %s\n", err);
+	snprintf(want, sizeof want, "FP32_LIST file %s/fp32.txt line 1: unknown op 'Linear'", dir);
+	assert_non_null(strstr(err, want));
+}
+
+static void test_unreadable_file(void **state)
+{
+	(void)state;
+	char err[512] = "";
+	unsetenv("FP32_LIST");
+	setenv("LOWER_LIST", "/nonexistent/autocast.txt", 1);
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	printf("error: %s\n", err);
+	assert_non_null(strstr(err, "LOWER_LIST file /nonexistent/autocast.txt: cannot read it: "));
+	unsetenv("LOWER_LIST");
+	setenv("FP32_LIST", dir, 1); /* a directory: opens, cannot be read */
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	printf("error: %s\n", err);
+	assert_non_null(strstr(err, "FP32_LIST file "));
+	assert_non_null(strstr(err, dir));
+	unsetenv("FP32_LIST");
+}
+
+static void test_both_lists(void **state)
+{
+	(void)state;
+	char err[512] = "", want[256];
+	assert_int_equal(policy(HPU_AUTOCAST_BF16, "gelu\nrelu\n", "relu\n", err, sizeof err), -1);
+	printf("error: %s\n", err);
+	snprintf(want, sizeof want,
+		 "op 'relu' is in both the LOWER_LIST file %s/lower.txt and the FP32_LIST file %s/fp32.txt",
+		 dir, dir);
+	assert_string_equal(err, want);
+}
+
+/* ---- the counters follow the policy ---- */
+
+static void linear_once(float *y)
+{
+	float x[2 * 3] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f};
+	float w[4 * 3] = {1.001f, 2, 3, 4, 5, 6.003f, 7, 8, 9, 10, 11, 12.7f};
+	hpu_linear_forward(x, w, NULL, y, 2, 3, 4);
+}
+
+static void test_counters(void **state)
+{
+	(void)state;
+	float y_low[8], y_fp32[8], y_none[8];
+	policy_ok(HPU_AUTOCAST_BF16, NULL, NULL);
+	uint64_t lo = hpu_autocast_count("linear", 1), hi = hpu_autocast_count("linear", 0);
+	linear_once(y_low);
+	assert_int_equal(hpu_autocast_count("linear", 1), lo + 1);
+	assert_int_equal(hpu_autocast_count("linear", 0), hi);
+
+	policy_ok(HPU_AUTOCAST_BF16, NULL, "linear\n");
+	linear_once(y_fp32);
+	assert_int_equal(hpu_autocast_count("linear", 1), lo + 1);
+	assert_int_equal(hpu_autocast_count("linear", 0), hi + 1);
+
+	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
+	linear_once(y_none);
+	assert_int_equal(hpu_autocast_count("linear", 0), hi + 2);
+	/* fp32: the kernel runs untouched; lowered: a different result */
+	assert_memory_equal(y_fp32, y_none, sizeof y_none);
+	assert_memory_not_equal(y_low, y_none, sizeof y_none);
+
+	/* an op moved in by LOWER_LIST counts as low */
+	policy_ok(HPU_AUTOCAST_BF16, "gelu\n", NULL);
+	uint64_t g = hpu_autocast_count("gelu", 1);
+	hpu_gelu_forward(y_none, y_low, 8);
+	assert_int_equal(hpu_autocast_count("gelu", 1), g + 1);
+	assert_int_equal(hpu_autocast_count("nosuchop", 1), 0);
+}
+
+/* ---- each low-precision variant against the fp32 op ---- */
+
+#define MAXOUT 6
+typedef struct outs {
+	int k;
+	const char *name[MAXOUT];
+	float *v[MAXOUT];
+	size_t n[MAXOUT];
+} outs;
+
+static float *out_new(outs *o, const char *name, size_t n)
+{
+	assert_true(o->k < MAXOUT);
+	o->name[o->k] = name;
+	o->n[o->k] = n;
+	o->v[o->k] = xcalloc(n, sizeof(float));
+	return o->v[o->k++];
+}
+
+static float *in_new(size_t n, float lo, float hi)
+{
+	float *p = xcalloc(n, sizeof(float));
+	fill(p, n, lo, hi);
+	return p;
+}
+
+static void case_linear(outs *o)
+{
+	int B = 8, I = 32, O = 16;
+	float *x = in_new((size_t)B * I, -1, 1), *w = in_new((size_t)O * I, -1, 1);
+	float *b = in_new(O, -1, 1), *dy = in_new((size_t)B * O, -1, 1);
+	float *y = out_new(o, "y", (size_t)B * O), *dx = out_new(o, "dx", (size_t)B * I);
+	float *dw = out_new(o, "dw", (size_t)O * I), *db = out_new(o, "db", O);
+	hpu_linear_forward(x, w, b, y, B, I, O);
+	hpu_linear_backward(x, w, dy, dx, dw, db, B, I, O);
+	free(x), free(w), free(b), free(dy);
+}
+
+static void case_matmul(outs *o)
+{
+	int m = 8, n = 12, k = 20;
+	float *a = in_new((size_t)k * m, -1, 1), *b = in_new((size_t)k * n, -1, 1);
+	float *c = out_new(o, "c", (size_t)m * n), *c2 = out_new(o, "c+=", (size_t)m * n);
+	hpu_matmul(a, b, c, m, n, k, 1, 0, 0);
+	fill(c2, (size_t)m * n, -1, 1);
+	hpu_matmul(a, b, c2, m, n, k, 1, 0, 1);
+	free(a), free(b);
+}
+
+static void case_bmm(outs *o)
+{
+	int cnt = 3, m = 6, n = 5, k = 16;
+	float *a = in_new((size_t)cnt * m * k, -1, 1), *b = in_new((size_t)cnt * n * k, -1, 1);
+	float *c = out_new(o, "c", (size_t)cnt * m * n);
+	hpu_bmm(a, b, c, cnt, m, n, k, 0, 1, 0, (size_t)m * k, (size_t)n * k, (size_t)m * n);
+	free(a), free(b);
+}
+
+static void case_conv2d(outs *o)
+{
+	hpu_conv2d_shape s = {2, 3, 8, 8, 4, 3, 1, 1};
+	size_t xn = 2 * 3 * 64, wn = 4 * 3 * 9, yn = 2 * 4 * 64;
+	float *x = in_new(xn, -1, 1), *w = in_new(wn, -1, 1), *b = in_new(4, -1, 1);
+	float *dy = in_new(yn, -1, 1), *scr = xcalloc(hpu_conv2d_scratch(&s), sizeof(float));
+	float *y = out_new(o, "y", yn), *dx = out_new(o, "dx", xn);
+	float *dw = out_new(o, "dw", wn), *db = out_new(o, "db", 4);
+	hpu_conv2d_forward(&s, x, w, b, y, scr);
+	hpu_conv2d_backward(&s, x, w, dy, dx, dw, db, scr);
+	free(x), free(w), free(b), free(dy), free(scr);
+}
+
+static void case_maxpool2d(outs *o)
+{
+	size_t xn = 2 * 3 * 64, yn = 2 * 3 * 16;
+	float *x = in_new(xn, -1, 1), *dy = in_new(yn, -1, 1);
+	int32_t *idx = xcalloc(yn, sizeof *idx);
+	float *y = out_new(o, "y", yn), *dx = out_new(o, "dx", xn);
+	hpu_maxpool2d_forward(x, y, idx, 2, 3, 8, 8, 2, 2);
+	hpu_maxpool2d_backward(dy, idx, dx, 2, 3, 8, 8, 2, 2);
+	free(x), free(dy), free(idx);
+}
+
+static void case_avgpool2d(outs *o)
+{
+	size_t xn = 2 * 3 * 64, yn = 2 * 3 * 9;
+	float *x = in_new(xn, -1, 1), *dy = in_new(yn, -1, 1);
+	float *y = out_new(o, "y", yn), *dx = out_new(o, "dx", xn);
+	hpu_avgpool2d_forward(x, y, 2, 3, 8, 8, 3, 2);
+	hpu_avgpool2d_backward(dy, dx, 2, 3, 8, 8, 3, 2);
+	free(x), free(dy);
+}
+
+/* relu, gelu, tanh, dropout: y = f(x), dx from dy */
+static void case_pointwise(outs *o, int which)
+{
+	size_t n = 256;
+	float *x = in_new(n, -3, 3), *dy = in_new(n, -1, 1);
+	uint8_t *mask = xcalloc(n, 1);
+	float *y = out_new(o, "y", n), *dx = out_new(o, "dx", n);
+	switch (which) {
+	case 0:
+		hpu_relu_forward(x, y, n);
+		hpu_relu_backward(y, dy, dx, n);
+		break;
+	case 1:
+		hpu_gelu_forward(x, y, n);
+		hpu_gelu_backward(x, dy, dx, n);
+		break;
+	case 2:
+		hpu_tanh_forward(x, y, n);
+		hpu_tanh_backward(y, dy, dx, n);
+		break;
+	default:
+		hpu_dropout_forward(x, y, mask, n, 0.25f, 7, 3);
+		hpu_dropout_backward(dy, mask, dx, n, 0.25f);
+	}
+	free(x), free(dy), free(mask);
+}
+static void case_relu(outs *o) { case_pointwise(o, 0); }
+static void case_gelu(outs *o) { case_pointwise(o, 1); }
+static void case_tanh(outs *o) { case_pointwise(o, 2); }
+static void case_dropout(outs *o) { case_pointwise(o, 3); }
+
+static void case_softmax(outs *o)
+{
+	int r = 6, c = 10;
+	float *x = in_new((size_t)r * c, -3, 3), *dy = in_new((size_t)r * c, -1, 1);
+	float *y = out_new(o, "y", (size_t)r * c), *dx = out_new(o, "dx", (size_t)r * c);
+	hpu_softmax_forward(x, y, r, c);
+	hpu_softmax_backward(y, dy, dx, r, c);
+	free(x), free(dy);
+}
+
+static void case_softmax_xent(outs *o)
+{
+	int B = 8, C = 10;
+	int32_t labels[8] = {0, 3, 9, 2, 2, 5, 7, 1};
+	float *z = in_new((size_t)B * C, -3, 3);
+	float *loss = out_new(o, "loss", 1), *dz = out_new(o, "dlogits", (size_t)B * C);
+	loss[0] = hpu_softmax_xent(z, labels, dz, B, C);
+	free(z);
+}
+
+static void case_layernorm(outs *o)
+{
+	int r = 6, c = 32;
+	size_t n = (size_t)r * c;
+	float *x = in_new(n, -2, 2), *g = in_new(c, 0.5f, 1.5f), *be = in_new(c, -1, 1);
+	float *dy = in_new(n, -1, 1), mean[6], rstd[6];
+	float *y = out_new(o, "y", n), *dx = out_new(o, "dx", n);
+	float *dg = out_new(o, "dgamma", c), *db = out_new(o, "dbeta", c);
+	hpu_layernorm_forward(x, g, be, y, mean, rstd, r, c, 1e-5f);
+	hpu_layernorm_backward(x, g, mean, rstd, dy, dx, dg, db, r, c);
+	free(x), free(g), free(be), free(dy);
+}
+
+static void case_embedding(outs *o)
+{
+	int n = 12, vocab = 20, dim = 8;
+	int32_t ids[12] = {0, 5, 19, 5, 3, 3, 3, 7, 11, 0, 1, 2};
+	float *table = in_new((size_t)vocab * dim, -1, 1), *dy = in_new((size_t)n * dim, -1, 1);
+	float *y = out_new(o, "y", (size_t)n * dim), *dt = out_new(o, "dtable", (size_t)vocab * dim);
+	assert_int_equal(hpu_embedding_forward(table, ids, y, n, vocab, dim), 0);
+	hpu_embedding_backward(ids, dy, dt, n, dim);
+	free(table), free(dy);
+}
+
+static void case_attention(outs *o)
+{
+	int B = 2, T = 6, H = 2, hd = 4, D = H * hd;
+	size_t qn = (size_t)B * T * 3 * D, on = (size_t)B * T * D;
+	float *qkv = in_new(qn, -1, 1), *dout = in_new(on, -1, 1);
+	float *att = xcalloc((size_t)B * H * T * T, sizeof(float));
+	float *out = out_new(o, "out", on), *dqkv = out_new(o, "dqkv", qn);
+	hpu_attention_forward(qkv, out, att, B, T, H, hd);
+	hpu_attention_backward(qkv, att, dout, dqkv, B, T, H, hd);
+	free(qkv), free(dout), free(att);
+}
+
+typedef void (*case_fn)(outs *o);
+static const case_fn cases[NOPS] = {
+	case_linear, case_matmul, case_bmm, case_conv2d, case_maxpool2d,
+	case_avgpool2d, case_relu, case_gelu, case_tanh, case_softmax,
+	case_softmax_xent, case_layernorm, case_embedding, case_dropout, case_attention,
+};
+
+static void run_case(int op, int lowp, outs *o)
+{
+	memset(o, 0, sizeof *o);
+	rng_seed(1000 + (uint64_t)op); /* the same inputs every run */
+	uint64_t low = hpu_autocast_count(all_ops[op], 1);
+	cases[op](o);
+	/* every call of the op ran in the expected precision */
+	if (lowp != HPU_AUTOCAST_NONE)
+		assert_true(hpu_autocast_count(all_ops[op], 1) > low);
+	else
+		assert_int_equal(hpu_autocast_count(all_ops[op], 1), low);
+}
+
+static void free_outs(outs *o)
+{
+	for (int i = 0; i < o->k; i++)
+		free(o->v[i]);
+}
+
+static void check_variants(int lowp, double tol, const char *type)
+{
+	char every[512] = "";
+	for (size_t i = 0; i < NOPS; i++)
+		strcat(strcat(every, all_ops[i]), "\n");
+	for (size_t op = 0; op < NOPS; op++) {
+		outs ref, low;
+		policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
+		run_case((int)op, HPU_AUTOCAST_NONE, &ref);
+		policy_ok(lowp, every, NULL);
+		run_case((int)op, lowp, &low);
+		double op_max = 0.0;
+		for (int k = 0; k < ref.k; k++) {
+			double md = 0.0, scale = 0.0;
+			for (size_t i = 0; i < ref.n[k]; i++) {
+				double d = fabs((double)low.v[k][i] - ref.v[k][i]);
+				md = isnan(d) || d > md ? (isnan(d) ? INFINITY : d) : md;
+				scale = fmax(scale, fabs((double)ref.v[k][i]));
+			}
+			double rel = md / (scale > 0 ? scale : 1);
+			printf("%s %-12s %-7s maxdiff %.3e  relative %.3e (tol %.0e)\n", type,
+			       all_ops[op], ref.name[k], md, rel, tol);
+			if (!(rel <= tol))
+				fail_msg("%s %s %s: relative difference %.3e > %.0e", type,
+					 all_ops[op], ref.name[k], rel, tol);
+			op_max = fmax(op_max, md);
+		}
+		/* the low path really ran: some output moved */
+		if (!(op_max > 0.0))
+			fail_msg("%s %s: no difference from fp32", type, all_ops[op]);
+		free_outs(&ref);
+		free_outs(&low);
+	}
+	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
+}
+
+static void test_bf16_variants(void **state)
+{
+	(void)state;
+	check_variants(HPU_AUTOCAST_BF16, TOL_BF16, "bf16");
+}
+
+static void test_fp16_variants(void **state)
+{
+	(void)state;
+	check_variants(HPU_AUTOCAST_FP16, TOL_FP16, "fp16");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_lists_move_ops),
+		cmocka_unit_test(test_unknown_op),
+		cmocka_unit_test(test_unreadable_file),
+		cmocka_unit_test(test_both_lists),
+		cmocka_unit_test(test_counters),
+		cmocka_unit_test(test_bf16_variants),
+		cmocka_unit_test(test_fp16_variants),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,228 @@
+/* autocast: which ops run in low precision, and how many calls did.
+ *
+ * The policy is process-wide: a low-precision type (none, bf16, fp16) set
+ * by the runtime from --precision, and a lower list of ops that run in it;
+ * every other op is in the fp32 list. The defaults lower the matrix
+ * products and convolutions (linear, matmul, bmm, conv2d, attention), as
+ * torch's and Habana's autocast do; the files named by LOWER_LIST and
+ * FP32_LIST (one op name per line, '#' comments) move ops between them.
+ *
+ * The counters are relaxed atomics: ops run on the training thread only
+ * (the loader thread calls none), so plain counters would do, but the
+ * atomics cost little and keep a model that calls ops from its own
+ * threads correct. The scratch buffers are process-wide for the same
+ * reason the ops are single-threaded: one training thread uses them.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autocast.h"
+#include "lowp.h"
+
+static const char *const op_names[HPU_OP_COUNT] = {
+	"linear", "matmul", "bmm", "conv2d", "maxpool2d", "avgpool2d",
+	"relu", "gelu", "tanh", "softmax", "softmax_xent", "layernorm",
+	"embedding", "dropout", "attention",
+};
+
+static const hpu__op default_lower[] = {HPU_OP_LINEAR, HPU_OP_MATMUL, HPU_OP_BMM,
+					HPU_OP_CONV2D, HPU_OP_ATTENTION};
+
+static int lowp_in_force; /* HPU_AUTOCAST_NONE / _BF16 / _FP16 */
+static unsigned char lower[HPU_OP_COUNT]; /* 1: in the lower list */
+static _Atomic uint64_t counts[HPU_OP_COUNT][2]; /* [op][1]: low, [0]: fp32 */
+
+static struct {
+	float *p;
+	size_t cap;
+} scratch[HPU__AC_SLOTS];
+
+int hpu_autocast_ops(void)
+{
+	return HPU_OP_COUNT;
+}
+
+const char *hpu_autocast_op_name(int op)
+{
+	return op >= 0 && op < HPU_OP_COUNT ? op_names[op] : NULL;
+}
+
+static int op_index(const char *name)
+{
+	for (int i = 0; i < HPU_OP_COUNT; i++)
+		if (strcmp(op_names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+/* "linear, matmul, ..." into buf */
+static void all_names(char *buf, size_t len)
+{
+	size_t at = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < HPU_OP_COUNT && at < len; i++)
+		at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? ", " : "", op_names[i]);
+}
+
+/* Reads the list file named by environment variable `var` (unset or empty:
+ * none) into in[] (1 for each op it names). */
+static int read_list(const char *var, unsigned char *in, char *err, size_t errlen)
+{
+	const char *path = getenv(var);
+	if (path == NULL || *path == '\0')
+		return 0;
+	FILE *f = fopen(path, "r");
+	if (f == NULL) {
+		snprintf(err, errlen, "%s file %s: cannot read it: %s", var, path,
+			 strerror(errno));
+		return -1;
+	}
+	char line[256];
+	int no = 0, rc = 0;
+	while (fgets(line, sizeof line, f)) {
+		no++;
+		char *hash = strchr(line, '#');
+		if (hash)
+			*hash = '\0';
+		char *s = line, *e = line + strlen(line);
+		while (*s && isspace((unsigned char)*s))
+			s++;
+		while (e > s && isspace((unsigned char)e[-1]))
+			*--e = '\0';
+		if (*s == '\0')
+			continue;
+		int op = op_index(s);
+		if (op < 0) {
+			char names[256];
+			all_names(names, sizeof names);
+			snprintf(err, errlen, "%s file %s line %d: unknown op '%.64s' (ops: %s)",
+				 var, path, no, s, names);
+			rc = -1;
+			break;
+		}
+		in[op] = 1;
+	}
+	if (rc == 0 && ferror(f)) {
+		snprintf(err, errlen, "%s file %s: cannot read it: %s", var, path,
+			 strerror(errno));
+		rc = -1;
+	}
+	fclose(f);
+	return rc;
+}
+
+int hpu_autocast_init(int lowp, char *err, size_t errlen)
+{
+	if (lowp < HPU_AUTOCAST_NONE || lowp > HPU_AUTOCAST_FP16) {
+		snprintf(err, errlen, "autocast: unknown low-precision type %d", lowp);
+		return -1;
+	}
+	unsigned char to_low[HPU_OP_COUNT] = {0}, to_fp32[HPU_OP_COUNT] = {0};
+	if (read_list("LOWER_LIST", to_low, err, errlen) < 0 ||
+	    read_list("FP32_LIST", to_fp32, err, errlen) < 0)
+		return -1;
+	for (int i = 0; i < HPU_OP_COUNT; i++)
+		if (to_low[i] && to_fp32[i]) {
+			snprintf(err, errlen,
+				 "op '%s' is in both the LOWER_LIST file %s and the FP32_LIST file %s",
+				 op_names[i], getenv("LOWER_LIST"), getenv("FP32_LIST"));
+			return -1;
+		}
+	memset(lower, 0, sizeof lower);
+	for (size_t i = 0; i < sizeof default_lower / sizeof *default_lower; i++)
+		lower[default_lower[i]] = 1;
+	for (int i = 0; i < HPU_OP_COUNT; i++) {
+		if (to_low[i])
+			lower[i] = 1;
+		if (to_fp32[i])
+			lower[i] = 0;
+	}
+	lowp_in_force = lowp;
+	return 0;
+}
+
+static const char *lowp_name(int lowp)
+{
+	return lowp == HPU_AUTOCAST_BF16 ? "bf16" : lowp == HPU_AUTOCAST_FP16 ? "fp16" : "none";
+}
+
+void hpu_autocast_print(FILE *f)
+{
+	fprintf(f, "autocast: low precision %s%s\n", lowp_name(lowp_in_force),
+		lowp_in_force ? "" : " (every op runs in fp32)");
+	for (int l = 1; l >= 0; l--) {
+		fprintf(f, "autocast: %s list:", l ? "lower" : "fp32");
+		for (int i = 0; i < HPU_OP_COUNT; i++)
+			if (lower[i] == l)
+				fprintf(f, " %s", op_names[i]);
+		fputc('\n', f);
+	}
+	const char *lo = getenv("LOWER_LIST"), *fp = getenv("FP32_LIST");
+	fprintf(f, "autocast: LOWER_LIST %s, FP32_LIST %s\n", lo && *lo ? lo : "(unset)",
+		fp && *fp ? fp : "(unset)");
+}
+
+int hpu_autocast_lowered(const char *op)
+{
+	int i = op_index(op);
+	return i >= 0 && lowp_in_force != HPU_AUTOCAST_NONE && lower[i];
+}
+
+uint64_t hpu_autocast_count(const char *op, int low)
+{
+	int i = op_index(op);
+	return i < 0 ? 0 : atomic_load_explicit(&counts[i][low ? 1 : 0], memory_order_relaxed);
+}
+
+int hpu__ac_enter(hpu__op op)
+{
+	int lp = lower[op] ? lowp_in_force : HPU_AUTOCAST_NONE;
+	atomic_fetch_add_explicit(&counts[op][lp ? 1 : 0], 1, memory_order_relaxed);
+	return lp;
+}
+
+float *hpu__ac_scratch(int slot, size_t n)
+{
+	if (n > scratch[slot].cap || scratch[slot].p == NULL) {
+		size_t cap = n < 1024 ? 1024 : n + n / 2;
+		float *p = realloc(scratch[slot].p, cap * sizeof *p);
+		if (p == NULL)
+			abort(); /* the ops cannot fail */
+		scratch[slot].p = p;
+		scratch[slot].cap = cap;
+	}
+	return scratch[slot].p;
+}
+
+static void round_to(const float *restrict x, float *restrict y, size_t n, int lowp)
+{
+	if (lowp == HPU_AUTOCAST_BF16)
+		for (size_t i = 0; i < n; i++)
+			y[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
+	else
+		for (size_t i = 0; i < n; i++)
+			y[i] = hpu_from_fp16(hpu_to_fp16(x[i]));
+}
+
+const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)
+{
+	if (x == NULL)
+		return NULL;
+	float *y = hpu__ac_scratch(slot, n);
+	round_to(x, y, n, lowp);
+	return y;
+}
+
+void hpu__ac_round_inplace(float *x, size_t n, int lowp)
+{
+	if (lowp == HPU_AUTOCAST_BF16)
+		for (size_t i = 0; i < n; i++)
+			x[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
+	else
+		for (size_t i = 0; i < n; i++)
+			x[i] = hpu_from_fp16(hpu_to_fp16(x[i]));
+}

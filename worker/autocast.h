@@ -1,0 +1,49 @@
+/* autocast: the ops' side of the autocast policy (include/hpu/ops.h has
+ * the public half). Each public op calls hpu__ac_enter once; when it
+ * returns a low-precision type the op rounds its inputs into scratch with
+ * hpu__ac_round, runs its fp32 kernel (fp32 accumulation) and rounds its
+ * overwritten outputs with hpu__ac_round_inplace. */
+#ifndef HPU_AUTOCAST_INTERNAL_H
+#define HPU_AUTOCAST_INTERNAL_H
+
+#include <stddef.h>
+
+#include "hpu/ops.h"
+
+/* The ops, in the order of their names in autocast.c. */
+typedef enum hpu__op {
+	HPU_OP_LINEAR = 0,
+	HPU_OP_MATMUL,
+	HPU_OP_BMM,
+	HPU_OP_CONV2D,
+	HPU_OP_MAXPOOL2D,
+	HPU_OP_AVGPOOL2D,
+	HPU_OP_RELU,
+	HPU_OP_GELU,
+	HPU_OP_TANH,
+	HPU_OP_SOFTMAX,
+	HPU_OP_SOFTMAX_XENT,
+	HPU_OP_LAYERNORM,
+	HPU_OP_EMBEDDING,
+	HPU_OP_DROPOUT,
+	HPU_OP_ATTENTION,
+	HPU_OP_COUNT
+} hpu__op;
+
+/* Counts one call of op and returns the low type it runs in:
+ * HPU_AUTOCAST_NONE (fp32), HPU_AUTOCAST_BF16 or HPU_AUTOCAST_FP16. */
+int hpu__ac_enter(hpu__op op);
+
+/* A copy of x[n] rounded to lowp (round to nearest even), in scratch
+ * buffer `slot` (0..HPU__AC_SLOTS-1; valid until the slot is used again).
+ * NULL when x is NULL. Aborts when out of memory (ops cannot fail). */
+#define HPU__AC_SLOTS 4
+const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp);
+
+/* Scratch buffer `slot` of at least n floats, uninitialized. */
+float *hpu__ac_scratch(int slot, size_t n);
+
+/* x[n] = round(x) to lowp, in place. */
+void hpu__ac_round_inplace(float *x, size_t n, int lowp);
+
+#endif
