@@ -113,29 +113,6 @@ static void *dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes,
 	return p;
 }
 
-/* ---- bf16, round to nearest even ---- */
-
-HPU_CLONES static void to_bf16(uint16_t *restrict dst, const float *restrict src,
-				size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		uint32_t x;
-		memcpy(&x, &src[i], 4);
-		uint32_t r = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;
-		uint32_t q = (x >> 16) | 0x40; /* NaN stays NaN (quiet) */
-		dst[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
-	}
-}
-
-HPU_CLONES static void from_bf16(float *restrict dst, const uint16_t *restrict src,
-				  size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		uint32_t x = (uint32_t)src[i] << 16;
-		memcpy(&dst[i], &x, 4);
-	}
-}
-
 HPU_CLONES static void add_into(float *restrict dst, const float *restrict src,
 				 size_t n)
 {
@@ -538,7 +515,7 @@ static void land(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	if (u->cbuf) {
-		from_bf16(s->G + u->off, u->cbuf, u->len);
+		from16_plain(0, s->G + u->off, u->cbuf, u->len);
 		hpu_dfree(u->cbuf);
 		u->cbuf = NULL;
 	}
@@ -616,7 +593,7 @@ static int start_all_reduce(hpu_strat *s, int k)
 		snprintf(what, sizeof what, "bf16 gradients of %s", layer_name(s, k));
 		if (!(u->cbuf = dalloc(s, HPU_MEM_COMM, u->len * 2, what)))
 			return -1;
-		to_bf16(u->cbuf, s->G + u->off, u->len);
+		to16_plain(0, u->cbuf, s->G + u->off, u->len);
 		rc = hpucoll_iall_reduce(s->comm, u->cbuf, u->cbuf, u->len, HPUCOLL_BF16,
 					 HPUCOLL_SUM, &req);
 	} else {
