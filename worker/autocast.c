@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "autocast.h"
+#include "fp8.h"
 #include "lowp.h"
 
 static const char *const op_names[HPU_OP_COUNT] = {
@@ -32,9 +33,10 @@ static const char *const op_names[HPU_OP_COUNT] = {
 static const hpu__op default_lower[] = {HPU_OP_LINEAR, HPU_OP_MATMUL, HPU_OP_BMM,
 					HPU_OP_CONV2D, HPU_OP_ATTENTION};
 
-static int lowp_in_force; /* HPU_AUTOCAST_NONE / _BF16 / _FP16 */
+static int lowp_in_force; /* HPU_AUTOCAST_NONE / _BF16 / _FP16 / _FP8 */
 static unsigned char lower[HPU_OP_COUNT]; /* 1: in the lower list */
-static _Atomic uint64_t counts[HPU_OP_COUNT][2]; /* [op][1]: low, [0]: fp32 */
+/* [op][0]: fp32 calls, [1]: bf16/fp16, [2]: fp8 */
+static _Atomic uint64_t counts[HPU_OP_COUNT][3];
 
 static struct {
 	float *p;
@@ -117,7 +119,7 @@ static int read_list(const char *var, unsigned char *in, char *err, size_t errle
 
 int hpu_autocast_init(int lowp, char *err, size_t errlen)
 {
-	if (lowp < HPU_AUTOCAST_NONE || lowp > HPU_AUTOCAST_FP16) {
+	if (lowp < HPU_AUTOCAST_NONE || lowp > HPU_AUTOCAST_FP8) {
 		snprintf(err, errlen, "autocast: unknown low-precision type %d", lowp);
 		return -1;
 	}
@@ -147,7 +149,23 @@ int hpu_autocast_init(int lowp, char *err, size_t errlen)
 
 static const char *lowp_name(int lowp)
 {
-	return lowp == HPU_AUTOCAST_BF16 ? "bf16" : lowp == HPU_AUTOCAST_FP16 ? "fp16" : "none";
+	return lowp == HPU_AUTOCAST_BF16   ? "bf16"
+	       : lowp == HPU_AUTOCAST_FP16 ? "fp16"
+	       : lowp == HPU_AUTOCAST_FP8  ? "fp8 (linear) and bf16 (the other lowered ops)"
+					   : "none";
+}
+
+/* The index into counts[op] of a low type. */
+static int slot_of(int lp)
+{
+	return lp == HPU_AUTOCAST_NONE ? 0 : lp == HPU_AUTOCAST_FP8 ? 2 : 1;
+}
+
+/* The ops fp8 inference quantizes. */
+static int quantizable(hpu__op op)
+{
+	return op == HPU_OP_LINEAR || op == HPU_OP_CONV2D || op == HPU_OP_MATMUL ||
+	       op == HPU_OP_BMM;
 }
 
 void hpu_autocast_print(FILE *f)
@@ -164,6 +182,12 @@ void hpu_autocast_print(FILE *f)
 	const char *lo = getenv("LOWER_LIST"), *fp = getenv("FP32_LIST");
 	fprintf(f, "autocast: LOWER_LIST %s, FP32_LIST %s\n", lo && *lo ? lo : "(unset)",
 		fp && *fp ? fp : "(unset)");
+	if (lowp_in_force == HPU_AUTOCAST_FP8) {
+		const hpu_fp8_recipe *r = hpu__fp8_recipe();
+		fprintf(f, "autocast: fp8 linear: E4M3 forward, E5M2 backward, bf16 outputs; "
+			   "delayed scaling: amax history %d, %s, margin %d\n",
+			r->history, r->algo == HPU_FP8_AMAX_MAX ? "max" : "most_recent", r->margin);
+	}
 }
 
 int hpu_autocast_lowered(const char *op)
@@ -175,14 +199,31 @@ int hpu_autocast_lowered(const char *op)
 uint64_t hpu_autocast_count(const char *op, int low)
 {
 	int i = op_index(op);
-	return i < 0 ? 0 : atomic_load_explicit(&counts[i][low ? 1 : 0], memory_order_relaxed);
+	int k = low == HPU_AUTOCAST_COUNT_FP8 ? 2 : low ? 1 : 0;
+	return i < 0 ? 0 : atomic_load_explicit(&counts[i][k], memory_order_relaxed);
+}
+
+int hpu__ac_fallback(hpu__op op)
+{
+	int lp = lower[op] ? lowp_in_force : HPU_AUTOCAST_NONE;
+	return lp == HPU_AUTOCAST_FP8 ? HPU_AUTOCAST_BF16 : lp;
 }
 
 int hpu__ac_enter(hpu__op op)
 {
 	int lp = lower[op] ? lowp_in_force : HPU_AUTOCAST_NONE;
-	atomic_fetch_add_explicit(&counts[op][lp ? 1 : 0], 1, memory_order_relaxed);
+	if (lp == HPU_AUTOCAST_FP8 && op != HPU_OP_LINEAR)
+		lp = HPU_AUTOCAST_BF16; /* fp8 training: only linear is fp8 */
+	if (quantizable(op) && hpu__fp8_mode() == HPU_FP8_QUANTIZE)
+		lp = HPU_AUTOCAST_FP8;
+	atomic_fetch_add_explicit(&counts[op][slot_of(lp)], 1, memory_order_relaxed);
 	return lp;
+}
+
+void hpu__ac_recount(hpu__op op, int from, int to)
+{
+	atomic_fetch_sub_explicit(&counts[op][slot_of(from)], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&counts[op][slot_of(to)], 1, memory_order_relaxed);
 }
 
 float *hpu__ac_scratch(int slot, size_t n)
@@ -198,9 +239,10 @@ float *hpu__ac_scratch(int slot, size_t n)
 	return scratch[slot].p;
 }
 
+/* fp8's ops keep bf16 outputs: HPU_AUTOCAST_FP8 rounds to bf16 here. */
 static void round_to(const float *restrict x, float *restrict y, size_t n, int lowp)
 {
-	if (lowp == HPU_AUTOCAST_BF16)
+	if (lowp != HPU_AUTOCAST_FP16)
 		for (size_t i = 0; i < n; i++)
 			y[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
 	else
@@ -219,7 +261,7 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)
 
 void hpu__ac_round_inplace(float *x, size_t n, int lowp)
 {
-	if (lowp == HPU_AUTOCAST_BF16)
+	if (lowp != HPU_AUTOCAST_FP16)
 		for (size_t i = 0; i < n; i++)
 			x[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
 	else

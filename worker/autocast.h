@@ -31,10 +31,20 @@ typedef enum hpu__op {
 } hpu__op;
 
 /* Counts one call of op and returns the low type it runs in:
- * HPU_AUTOCAST_NONE (fp32), HPU_AUTOCAST_BF16 or HPU_AUTOCAST_FP16. */
+ * HPU_AUTOCAST_NONE (fp32), HPU_AUTOCAST_BF16, HPU_AUTOCAST_FP16 or
+ * HPU_AUTOCAST_FP8 (fp8 training's linear; fp8 inference's quantized ops:
+ * see fp8.h, which may move the call to another type). */
 int hpu__ac_enter(hpu__op op);
 
-/* A copy of x[n] rounded to lowp (round to nearest even), in scratch
+/* The type op runs in when fp8 does not apply to a call: the lists'
+ * type, bf16 for fp8 training's linear. */
+int hpu__ac_fallback(hpu__op op);
+
+/* Moves one counted call of op from low type `from` to `to`. */
+void hpu__ac_recount(hpu__op op, int from, int to);
+
+/* A copy of x[n] rounded to lowp (round to nearest even; bf16 for
+ * HPU_AUTOCAST_FP8), in scratch
  * buffer `slot` (0..HPU__AC_SLOTS-1; valid until the slot is used again).
  * NULL when x is NULL. Aborts when out of memory (ops cannot fail). */
 #define HPU__AC_SLOTS 4
@@ -43,7 +53,8 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp);
 /* Scratch buffer `slot` of at least n floats, uninitialized. */
 float *hpu__ac_scratch(int slot, size_t n);
 
-/* x[n] = round(x) to lowp, in place. */
+/* x[n] = round(x) to lowp, in place. HPU_AUTOCAST_FP8 rounds to bf16
+ * (fp8 ops' outputs are bf16). */
 void hpu__ac_round_inplace(float *x, size_t n, int lowp);
 
 #endif

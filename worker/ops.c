@@ -12,6 +12,7 @@
 #include <cblas.h>
 
 #include "autocast.h"
+#include "fp8.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
@@ -44,6 +45,16 @@ static void linear_forward(const float *x, const float *w, const float *b,
 		    1.0f, x, in, w, in, beta, y, out);
 }
 
+/* db[out] += sum over rows of dy[B,out] */
+static void bias_grad(const float *dy, float *db, int batch, int out)
+{
+	for (int i = 0; i < batch; i++) {
+		const float *dyr = dy + (size_t)i * out;
+		for (int o = 0; o < out; o++)
+			db[o] += dyr[o];
+	}
+}
+
 static void linear_backward(const float *x, const float *w, const float *dy,
 			    float *dx, float *dw, float *db, int batch, int in,
 			    int out)
@@ -55,14 +66,8 @@ static void linear_backward(const float *x, const float *w, const float *dy,
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in,
 			    batch, 1.0f, dy, out, x, in, 1.0f, dw, in);
 	}
-	if (db != NULL) {
-		/* db[out] += sum over rows of dy[B,out] */
-		for (int i = 0; i < batch; i++) {
-			const float *dyr = dy + (size_t)i * out;
-			for (int o = 0; o < out; o++)
-				db[o] += dyr[o];
-		}
-	}
+	if (db != NULL)
+		bias_grad(dy, db, batch, out);
 	if (dx == NULL || batch == 0 || in == 0)
 		return;
 	if (out == 0) {
@@ -153,19 +158,32 @@ void hpu_linear_forward(const float *x, const float *w, const float *b,
 			float *y, int batch, int in, int out)
 {
 	int lp = hpu__ac_enter(HPU_OP_LINEAR);
-	if (!lp || batch <= 0 || out <= 0) {
-		linear_forward(x, w, b, y, batch, in, out);
+	size_t nx = (size_t)batch * in, ny = (size_t)batch * out;
+	hpu__fp8_call c;
+	hpu__fp8_begin(&c, HPU_OP_LINEAR, lp, x, nx, w, (size_t)out * in);
+	if (c.on) { /* x and w in E4M3; the bias and y in bf16 */
+		linear_forward(c.a, c.b, hpu__ac_round(2, b, (size_t)out, lp), y, batch,
+			       in, out);
+		hpu__ac_round_inplace(y, ny, lp);
 		return;
 	}
-	linear_forward(hpu__ac_round(0, x, (size_t)batch * in, lp),
-		       hpu__ac_round(1, w, (size_t)out * in, lp),
-		       hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
-	hpu__ac_round_inplace(y, (size_t)batch * out, lp);
+	if (lp == HPU_AUTOCAST_FP8) /* fp8 did not apply to this call */
+		lp = hpu__ac_fallback(HPU_OP_LINEAR);
+	if (!lp || batch <= 0 || out <= 0) {
+		linear_forward(x, w, b, y, batch, in, out);
+	} else {
+		linear_forward(hpu__ac_round(0, x, nx, lp),
+			       hpu__ac_round(1, w, (size_t)out * in, lp),
+			       hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
+		hpu__ac_round_inplace(y, ny, lp);
+	}
+	hpu__fp8_end(&c, y, ny);
 }
 
 /* Lowered: x, w and dy rounded; dw and db get the products accumulated in
  * fp32 (the runtime rounds gradients when the layer's backward ends); dx
- * rounded. */
+ * rounded. fp8: x and w in E4M3 at the forward's scales, dy in E5M2; db is
+ * the sum of the unquantized dy (as Transformer Engine's bias gradient). */
 void hpu_linear_backward(const float *x, const float *w, const float *dy,
 			 float *dx, float *dw, float *db, int batch, int in,
 			 int out)
@@ -175,12 +193,30 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		linear_backward(x, w, dy, dx, dw, db, batch, in, out);
 		return;
 	}
-	linear_backward(hpu__ac_round(0, x, (size_t)batch * in, lp),
+	size_t nx = (size_t)batch * in, ny = (size_t)batch * out;
+	const float *xq, *wq, *dyq;
+	if (lp == HPU_AUTOCAST_FP8) {
+		if (hpu__fp8_linear_backward(x, nx, w, (size_t)out * in, dy, ny, &xq, &wq,
+					     &dyq)) {
+			linear_backward(xq, wq, dyq, dx, dw, NULL, batch, in, out);
+			if (db)
+				bias_grad(dy, db, batch, out);
+			if (dx != NULL)
+				hpu__ac_round_inplace(dx, nx, lp);
+			return;
+		}
+		lp = hpu__ac_fallback(HPU_OP_LINEAR);
+		if (!lp) {
+			linear_backward(x, w, dy, dx, dw, db, batch, in, out);
+			return;
+		}
+	}
+	linear_backward(hpu__ac_round(0, x, nx, lp),
 			hpu__ac_round(1, w, (size_t)out * in, lp),
-			hpu__ac_round(2, dy, (size_t)batch * out, lp), dx, dw, db, batch,
+			hpu__ac_round(2, dy, ny, lp), dx, dw, db, batch,
 			in, out);
 	if (dx != NULL)
-		hpu__ac_round_inplace(dx, (size_t)batch * in, lp);
+		hpu__ac_round_inplace(dx, nx, lp);
 }
 
 void hpu_relu_forward(const float *x, float *y, size_t n)

@@ -19,6 +19,7 @@
 #include <cblas.h>
 
 #include "autocast.h"
+#include "fp8.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
@@ -420,15 +421,26 @@ void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *
 			const float *b, float *y, float *scratch)
 {
 	int lp = hpu__ac_enter(HPU_OP_CONV2D);
-	if (!lp) {
-		conv2d_forward(s, x, w, b, y, scratch);
+	check_shape(s);
+	hpu__fp8_call c;
+	hpu__fp8_begin(&c, HPU_OP_CONV2D, lp, x, conv_x_n(s), w, conv_w_n(s));
+	if (c.on) { /* fp8 inference: x and w in E4M3, b and y in bf16 */
+		conv2d_forward(s, c.a, c.b, hpu__ac_round(2, b, (size_t)s->out_ch, lp), y,
+			       scratch);
+		hpu__ac_round_inplace(y, conv_y_n(s), lp);
 		return;
 	}
-	check_shape(s);
-	conv2d_forward(s, hpu__ac_round(0, x, conv_x_n(s), lp),
-		       hpu__ac_round(1, w, conv_w_n(s), lp),
-		       hpu__ac_round(2, b, (size_t)s->out_ch, lp), y, scratch);
-	hpu__ac_round_inplace(y, conv_y_n(s), lp);
+	if (lp == HPU_AUTOCAST_FP8)
+		lp = hpu__ac_fallback(HPU_OP_CONV2D);
+	if (!lp) {
+		conv2d_forward(s, x, w, b, y, scratch);
+	} else {
+		conv2d_forward(s, hpu__ac_round(0, x, conv_x_n(s), lp),
+			       hpu__ac_round(1, w, conv_w_n(s), lp),
+			       hpu__ac_round(2, b, (size_t)s->out_ch, lp), y, scratch);
+		hpu__ac_round_inplace(y, conv_y_n(s), lp);
+	}
+	hpu__fp8_end(&c, y, conv_y_n(s));
 }
 
 /* Lowered: x, w and dy rounded; dw, db accumulated in fp32; dx rounded. */
@@ -437,6 +449,10 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 			 float *scratch)
 {
 	int lp = hpu__ac_enter(HPU_OP_CONV2D);
+	if (lp == HPU_AUTOCAST_FP8) { /* fp8 inference quantizes forwards only */
+		hpu__ac_recount(HPU_OP_CONV2D, lp, hpu__ac_fallback(HPU_OP_CONV2D));
+		lp = hpu__ac_fallback(HPU_OP_CONV2D);
+	}
 	if (!lp) {
 		conv2d_backward(s, x, w, dy, dx, dw, db, scratch);
 		return;

@@ -16,6 +16,7 @@
 #include <cblas.h>
 
 #include "autocast.h"
+#include "fp8.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
@@ -441,14 +442,44 @@ static void matmul_low(const float *a, const float *b, float *c, int m, int n,
 		c[i] += p[i];
 }
 
+/* The quantized matmul of fp8 inference: a and b read back from E4M3
+ * (qa, qb: scratch slots 0 and 1), the product rounded to bf16. */
+static void matmul_q(const float *qa, const float *qb, float *c, int m, int n, int k,
+		     int trans_a, int trans_b, int accumulate)
+{
+	size_t nc = mat_n(m, n);
+	float *p = accumulate ? hpu__ac_scratch(2, nc) : c;
+	matmul(qa, qb, p, m, n, k, trans_a, trans_b, 0);
+	hpu__ac_round_inplace(p, nc, HPU_AUTOCAST_BF16);
+	if (accumulate)
+		for (size_t i = 0; i < nc; i++)
+			c[i] += p[i];
+}
+
 void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
 		int trans_a, int trans_b, int accumulate)
 {
 	int lp = hpu__ac_enter(HPU_OP_MATMUL);
+	hpu__fp8_call q;
+	hpu__fp8_begin(&q, HPU_OP_MATMUL, lp, a, mat_n(m, k), b, mat_n(k, n));
+	if (q.on) {
+		if (m > 0 && n > 0)
+			matmul_q(q.a, q.b, c, m, n, k, trans_a, trans_b, accumulate);
+		return;
+	}
+	if (lp == HPU_AUTOCAST_FP8)
+		lp = hpu__ac_fallback(HPU_OP_MATMUL);
 	if (!lp || m <= 0 || n <= 0)
 		matmul(a, b, c, m, n, k, trans_a, trans_b, accumulate);
 	else
 		matmul_low(a, b, c, m, n, k, trans_a, trans_b, accumulate, lp);
+	hpu__fp8_end(&q, c, mat_n(m, n));
+}
+
+/* The floats a strided batch spans: count matrices of n, stride apart. */
+static size_t span(int count, size_t stride, size_t n)
+{
+	return count > 0 ? (size_t)(count - 1) * stride + n : 0;
 }
 
 void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
@@ -456,14 +487,26 @@ void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
 	     size_t stride_b, size_t stride_c)
 {
 	int lp = hpu__ac_enter(HPU_OP_BMM);
-	if (!lp || m <= 0 || n <= 0) {
-		bmm(a, b, c, count, m, n, k, trans_a, trans_b, accumulate, stride_a,
-		    stride_b, stride_c);
+	hpu__fp8_call q;
+	hpu__fp8_begin(&q, HPU_OP_BMM, lp, a, span(count, stride_a, mat_n(m, k)), b,
+		       span(count, stride_b, mat_n(k, n)));
+	if (q.on) { /* one scale for each operand's whole batch */
+		for (int i = 0; i < count && m > 0 && n > 0; i++)
+			matmul_q(q.a + i * stride_a, q.b + i * stride_b, c + i * stride_c, m,
+				 n, k, trans_a, trans_b, accumulate);
 		return;
 	}
-	for (int i = 0; i < count; i++)
-		matmul_low(a + i * stride_a, b + i * stride_b, c + i * stride_c, m, n,
-			   k, trans_a, trans_b, accumulate, lp);
+	if (lp == HPU_AUTOCAST_FP8)
+		lp = hpu__ac_fallback(HPU_OP_BMM);
+	if (!lp || m <= 0 || n <= 0)
+		bmm(a, b, c, count, m, n, k, trans_a, trans_b, accumulate, stride_a,
+		    stride_b, stride_c);
+	else
+		for (int i = 0; i < count; i++)
+			matmul_low(a + i * stride_a, b + i * stride_b, c + i * stride_c, m, n,
+				   k, trans_a, trans_b, accumulate, lp);
+	/* the output's max |x| over the batch: c's span */
+	hpu__fp8_end(&q, c, span(count, stride_c, mat_n(m, n)));
 }
 
 /* Elementwise ops lowered: the input(s) rounded, the output rounded. */

@@ -168,7 +168,13 @@ enum {
 	HPU_AUTOCAST_NONE = 0, /* fp32: no op is lowered */
 	HPU_AUTOCAST_BF16 = 1,
 	HPU_AUTOCAST_FP16 = 2,
+	/* --precision fp8: linear in fp8 (E4M3 forward, E5M2 backward,
+	 * delayed scaling, bf16 outputs), the other lowered ops in bf16 */
+	HPU_AUTOCAST_FP8 = 3,
 };
+
+/* hpu_autocast_count's `low` for the calls that ran in fp8. */
+#define HPU_AUTOCAST_COUNT_FP8 2
 
 /* Sets the policy: low type `lowp`, the default lower list (linear,
  * matmul, bmm, conv2d, attention), then the ops named in the files of the
@@ -186,8 +192,8 @@ void hpu_autocast_print(FILE *f);
 int hpu_autocast_lowered(const char *op);
 
 /* How many calls of the named op (forward and backward functions alike)
- * ran in low precision (low != 0) or in fp32 (low == 0) in this process;
- * 0 for an unknown name. */
+ * ran in fp32 (low == 0), in bf16/fp16 (low == 1) or in fp8 (low ==
+ * HPU_AUTOCAST_COUNT_FP8) in this process; 0 for an unknown name. */
 uint64_t hpu_autocast_count(const char *op, int low);
 
 /* The number of ops, and the name of op i (0 <= i < count), NULL outside. */

@@ -1,0 +1,461 @@
+/* fp8: conversions, scaling and the op instances of fp8 training and
+ * inference (see fp8.h).
+ *
+ * Like the autocast scratch, the instance table is process-wide and used
+ * by the one training thread that runs the ops.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp8.h"
+#include "simd.h"
+
+/* Per format: max, the smallest normal's exponent, mantissa bits. */
+static const struct {
+	float max;
+	int emin; /* smallest normal = 2^emin */
+	int mbits;
+	int bias;
+} fmts[2] = {
+	{448.0f, -6, 3, 7},
+	{57344.0f, -14, 2, 15},
+};
+
+float hpu_fp8_max(int fmt)
+{
+	return fmts[fmt].max;
+}
+
+static inline uint32_t bits_of(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static inline float float_of(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* Rounds a finite a >= 0 to the format's grid (saturating at max). Below
+ * the smallest normal the grid is evenly spaced by the smallest
+ * subnormal, 2^(emin - mbits): adding and taking away 1.5 * 2^(23 + emin
+ * - mbits) rounds to it (round to nearest even, in fp32's own rounding).
+ * Above, keeping mbits mantissa bits with the usual carry trick does. */
+static inline float grid(float a, float max, float tiny, float magic, uint32_t keep,
+			 int shift)
+{
+	a = a < max ? a : max;
+	uint32_t u = bits_of(a);
+	uint32_t r = (u + (keep >> 1) + ((u >> shift) & 1)) & ~keep;
+	float sub = (a + magic) - magic;
+	return a < tiny ? sub : float_of(r);
+}
+
+/* fp8 rounding of every x[i] * scale, read back (/ scale). */
+HPU_CLONES static void fake_quant(const float *x, float *y, size_t n, float scale,
+				  float inv, float max, float tiny, float magic,
+				  uint32_t keep, int shift, int has_inf)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v = x[i] * scale;
+		float a = fabsf(v);
+		float r = grid(a, max, tiny, magic, keep, shift);
+		r = copysignf(r, v) * inv;
+		if (!(a <= INFINITY)) /* NaN */
+			r = v;
+		else if (a == INFINITY)
+			r = has_inf ? v : NAN;
+		y[i] = r;
+	}
+}
+
+void hpu_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
+{
+	int m = fmts[fmt].mbits, shift = 23 - m;
+	float tiny = ldexpf(1.0f, fmts[fmt].emin);
+	float magic = 1.5f * ldexpf(1.0f, 23 + fmts[fmt].emin - m);
+	fake_quant(x, y, n, scale, 1.0f / scale, fmts[fmt].max, tiny, magic,
+		   (1u << shift) - 1, shift, fmt == HPU_FP8_E5M2);
+}
+
+uint8_t hpu_fp8_encode(float v, int fmt)
+{
+	float r;
+	hpu_fp8_fake_quant(&v, &r, 1, 1.0f, fmt);
+	uint8_t sign = signbit(r) ? 0x80 : 0;
+	if (isnan(r))
+		return (uint8_t)(sign | 0x7f);
+	if (isinf(r)) /* E5M2 only */
+		return (uint8_t)(sign | 0x7c);
+	float a = fabsf(r);
+	int m = fmts[fmt].mbits, emin = fmts[fmt].emin;
+	if (a < ldexpf(1.0f, emin)) /* subnormal: a multiple of 2^(emin - m) */
+		return (uint8_t)(sign | (uint8_t)ldexpf(a, m - emin));
+	uint32_t u = bits_of(a);
+	int e = (int)(u >> 23) - 127 + fmts[fmt].bias;
+	uint32_t man = (u >> (23 - m)) & ((1u << m) - 1);
+	return (uint8_t)(sign | (uint32_t)e << m | man);
+}
+
+float hpu_fp8_decode(uint8_t b, int fmt)
+{
+	int m = fmts[fmt].mbits, bias = fmts[fmt].bias;
+	int e = (b & 0x7f) >> m, man = b & ((1 << m) - 1);
+	float sign = b & 0x80 ? -1.0f : 1.0f;
+	if (fmt == HPU_FP8_E4M3 && (b & 0x7f) == 0x7f)
+		return NAN;
+	if (fmt == HPU_FP8_E5M2 && e == 31)
+		return man ? NAN : sign * INFINITY;
+	if (e == 0)
+		return sign * ldexpf((float)man, 1 - bias - m);
+	return sign * ldexpf((float)((1 << m) | man), e - bias - m);
+}
+
+HPU_CLONES float hpu_fp8_amax(const float *x, size_t n)
+{
+	float m = 0.0f;
+	for (size_t i = 0; i < n; i++) {
+		float a = fabsf(x[i]);
+		m = a > m ? a : m;
+	}
+	return m;
+}
+
+float hpu_fp8_scale_for(float amax, int fmt, int margin)
+{
+	if (!(amax > 0.0f) || !isfinite(amax))
+		return 0.0f;
+	int e;
+	frexpf(fmts[fmt].max / amax, &e); /* max / amax = f * 2^e, f in [0.5, 1) */
+	e = e - 1 - margin;
+	e = e < -100 ? -100 : e > 100 ? 100 : e;
+	return ldexpf(1.0f, e);
+}
+
+/* ---- instances ---- */
+
+enum { T_X = 0, T_W = 1, T_DY = 2 }; /* TRAIN's tensors; MEASURE: a, b, out */
+
+typedef struct inst {
+	char name[112];
+	int layer, op, k;
+	size_t wrel;      /* linear: the weight's offset in the layer, or SIZE_MAX */
+	int resolved;     /* QUANTIZE: matched to a call site */
+	int quantize;     /* QUANTIZE: 0 when blocklisted */
+	float maxabs[3];
+	float scale[3];   /* 0: none yet */
+	float fwd[2];     /* TRAIN: the scales the last forward used for x, w */
+	float *hist;      /* TRAIN: [3][history] */
+	int nhist, pos;
+	int used;
+} inst;
+
+static struct {
+	hpu_fp8_mode mode;
+	hpu_fp8_recipe r;
+	int measuring;
+	inst *v;
+	int n, cap;
+	float *amax; /* TRAIN: [3 * cap], this step's */
+	/* the layer running now */
+	int layer;
+	char lname[64];
+	const float *pbase;
+	size_t plen;
+	int backward;
+	int calls[HPU_OP_COUNT];
+	char err[256];
+} S = {.layer = -1, .r = {16, 0, HPU_FP8_AMAX_MAX}};
+
+static void forget(void)
+{
+	for (int i = 0; i < S.n; i++)
+		free(S.v[i].hist);
+	free(S.v);
+	free(S.amax);
+	S.v = NULL;
+	S.amax = NULL;
+	S.n = S.cap = 0;
+	S.err[0] = '\0';
+}
+
+void hpu__fp8_set_mode(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe)
+{
+	forget();
+	S.mode = mode;
+	S.r = recipe ? *recipe : (hpu_fp8_recipe){16, 0, HPU_FP8_AMAX_MAX};
+	if (S.r.history < 1)
+		S.r.history = 1;
+	S.measuring = 0;
+}
+
+hpu_fp8_mode hpu__fp8_mode(void)
+{
+	return S.mode;
+}
+
+const hpu_fp8_recipe *hpu__fp8_recipe(void)
+{
+	return &S.r;
+}
+
+void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
+		   int backward)
+{
+	S.layer = index;
+	snprintf(S.lname, sizeof S.lname, "%s", name ? name : "");
+	S.pbase = pbase;
+	S.plen = plen;
+	S.backward = backward;
+	memset(S.calls, 0, sizeof S.calls);
+}
+
+void hpu__fp8_measuring(int on)
+{
+	S.measuring = on;
+}
+
+const char *hpu__fp8_error(void)
+{
+	return S.err[0] ? S.err : NULL;
+}
+
+static inst *add(const char *name)
+{
+	if (S.n == S.cap) {
+		int cap = S.cap ? 2 * S.cap : 16;
+		inst *v = realloc(S.v, (size_t)cap * sizeof *v);
+		if (!v)
+			return NULL;
+		S.v = v;
+		float *a = realloc(S.amax, (size_t)cap * 3 * sizeof *a);
+		if (!a)
+			return NULL;
+		S.amax = a;
+		S.cap = cap;
+	}
+	inst *p = &S.v[S.n];
+	memset(p, 0, sizeof *p);
+	snprintf(p->name, sizeof p->name, "%s", name);
+	p->layer = -1;
+	p->wrel = SIZE_MAX;
+	p->quantize = 1;
+	for (int t = 0; t < 3; t++)
+		S.amax[3 * S.n + t] = -1.0f;
+	if (S.mode == HPU_FP8_TRAIN &&
+	    !(p->hist = calloc((size_t)3 * S.r.history, sizeof *p->hist)))
+		return NULL;
+	S.n++;
+	return p;
+}
+
+int hpu__fp8_preload(const char *name, const float maxabs[3], int quantize)
+{
+	inst *p = add(name);
+	if (!p)
+		return -1;
+	memcpy(p->maxabs, maxabs, sizeof p->maxabs);
+	p->quantize = quantize;
+	for (int t = 0; t < 2; t++)
+		p->scale[t] = hpu_fp8_scale_for(maxabs[t], HPU_FP8_E4M3, 0);
+	return 0;
+}
+
+int hpu__fp8_count(void)
+{
+	return S.n;
+}
+
+int hpu__fp8_info_get(int i, hpu_fp8_info *out)
+{
+	if (i < 0 || i >= S.n)
+		return -1;
+	const inst *p = &S.v[i];
+	out->name = p->name;
+	out->op = p->op;
+	memcpy(out->maxabs, p->maxabs, sizeof out->maxabs);
+	memcpy(out->scale, p->scale, sizeof out->scale);
+	out->used = p->used;
+	return 0;
+}
+
+void hpu__fp8_set_maxabs(int i, const float maxabs[3])
+{
+	if (i >= 0 && i < S.n)
+		memcpy(S.v[i].maxabs, maxabs, sizeof S.v[i].maxabs);
+}
+
+/* This call's instance: the k-th call of op in the running layer's
+ * forward; made when new (TRAIN, MEASURE) or matched by name to a loaded
+ * one (QUANTIZE). NULL outside a layer, or when QUANTIZE has no entry. */
+static inst *site(int op)
+{
+	if (S.layer < 0)
+		return NULL;
+	int k = S.calls[op]++;
+	for (int i = 0; i < S.n; i++) {
+		inst *p = &S.v[i];
+		if (p->layer == S.layer && p->op == op && p->k == k)
+			return p;
+	}
+	char name[112];
+	snprintf(name, sizeof name, "%s/%s#%d", S.lname, hpu_autocast_op_name(op), k);
+	inst *p = NULL;
+	if (S.mode == HPU_FP8_QUANTIZE) {
+		for (int i = 0; i < S.n && !p; i++)
+			if (!S.v[i].resolved && strcmp(S.v[i].name, name) == 0)
+				p = &S.v[i];
+		if (!p) {
+			if (!S.err[0])
+				snprintf(S.err, sizeof S.err,
+					 "op %s has no max-abs figures in the measurement file "
+					 "(measured with another model?)",
+					 name);
+			return NULL;
+		}
+	} else if (!(p = add(name))) {
+		return NULL;
+	}
+	p->layer = S.layer;
+	p->op = op;
+	p->k = k;
+	p->resolved = 1;
+	return p;
+}
+
+/* TRAIN: records amax for tensor t of p and returns the scale to use. */
+static float train_scale(inst *p, int t, float amax)
+{
+	float *cur = &S.amax[3 * (p - S.v) + t];
+	if (amax > *cur)
+		*cur = amax;
+	int fmt = t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3;
+	if (p->scale[t] == 0.0f) /* a new instance: this tensor sets it */
+		p->scale[t] = hpu_fp8_scale_for(amax, fmt, S.r.margin);
+	return p->scale[t] != 0.0f ? p->scale[t] : 1.0f;
+}
+
+void hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
+		    const float *b, size_t nb)
+{
+	memset(c, 0, sizeof *c);
+	if (S.mode == HPU_FP8_MEASURE) {
+		if (!S.measuring || S.backward)
+			return;
+		inst *p = site(op);
+		if (!p)
+			return;
+		float ma = hpu_fp8_amax(a, na), mb = hpu_fp8_amax(b, nb);
+		p->maxabs[0] = ma > p->maxabs[0] ? ma : p->maxabs[0];
+		p->maxabs[1] = mb > p->maxabs[1] ? mb : p->maxabs[1];
+		p->used++;
+		c->inst = p;
+		return;
+	}
+	if (lp != HPU_AUTOCAST_FP8)
+		return;
+	inst *p = S.backward ? NULL : site(op);
+	if (!p || !p->quantize) {
+		/* outside a layer, missing or blocklisted */
+		hpu__ac_recount(op, HPU_AUTOCAST_FP8, hpu__ac_fallback(op));
+		return;
+	}
+	float sa, sb;
+	if (S.mode == HPU_FP8_TRAIN) {
+		if (p->wrel == SIZE_MAX && S.pbase && b >= S.pbase && b < S.pbase + S.plen)
+			p->wrel = (size_t)(b - S.pbase);
+		sa = p->fwd[0] = train_scale(p, T_X, hpu_fp8_amax(a, na));
+		sb = p->fwd[1] = train_scale(p, T_W, hpu_fp8_amax(b, nb));
+	} else {
+		sa = p->scale[0] != 0.0f ? p->scale[0] : 1.0f;
+		sb = p->scale[1] != 0.0f ? p->scale[1] : 1.0f;
+	}
+	float *qa = hpu__ac_scratch(0, na), *qb = hpu__ac_scratch(1, nb);
+	hpu_fp8_fake_quant(a, qa, na, sa, HPU_FP8_E4M3);
+	hpu_fp8_fake_quant(b, qb, nb, sb, HPU_FP8_E4M3);
+	p->used++;
+	c->on = 1;
+	c->a = qa;
+	c->b = qb;
+	c->inst = p;
+}
+
+void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny)
+{
+	inst *p = c->inst;
+	if (S.mode != HPU_FP8_MEASURE || !p)
+		return;
+	float m = hpu_fp8_amax(y, ny);
+	p->maxabs[2] = m > p->maxabs[2] ? m : p->maxabs[2];
+}
+
+int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t nw,
+			     const float *dy, size_t ndy, const float **xq,
+			     const float **wq, const float **dyq)
+{
+	inst *p = NULL;
+	if (S.layer >= 0 && S.pbase && w >= S.pbase && w < S.pbase + S.plen) {
+		size_t rel = (size_t)(w - S.pbase);
+		for (int i = 0; i < S.n && !p; i++)
+			if (S.v[i].layer == S.layer && S.v[i].op == HPU_OP_LINEAR &&
+			    S.v[i].wrel == rel)
+				p = &S.v[i];
+	}
+	if (S.mode != HPU_FP8_TRAIN || !p || p->fwd[0] == 0.0f) {
+		hpu__ac_recount(HPU_OP_LINEAR, HPU_AUTOCAST_FP8, hpu__ac_fallback(HPU_OP_LINEAR));
+		return 0;
+	}
+	float sdy = train_scale(p, T_DY, hpu_fp8_amax(dy, ndy));
+	float *qx = hpu__ac_scratch(0, nx), *qw = hpu__ac_scratch(1, nw);
+	float *qd = hpu__ac_scratch(2, ndy);
+	hpu_fp8_fake_quant(x, qx, nx, p->fwd[0], HPU_FP8_E4M3);
+	hpu_fp8_fake_quant(w, qw, nw, p->fwd[1], HPU_FP8_E4M3);
+	hpu_fp8_fake_quant(dy, qd, ndy, sdy, HPU_FP8_E5M2);
+	p->used++;
+	*xq = qx;
+	*wq = qw;
+	*dyq = qd;
+	return 1;
+}
+
+float *hpu__fp8_step_amax(size_t *n)
+{
+	*n = (size_t)S.n * 3;
+	return S.amax;
+}
+
+void hpu__fp8_roll(void)
+{
+	int H = S.r.history;
+	for (int i = 0; i < S.n; i++) {
+		inst *p = &S.v[i];
+		for (int t = 0; t < 3; t++) {
+			float *cur = &S.amax[3 * i + t], *h = p->hist + (size_t)t * H;
+			if (*cur < 0.0f) { /* not seen this step on any rank */
+				h[p->pos] = 0.0f;
+				continue;
+			}
+			h[p->pos] = *cur;
+			*cur = -1.0f;
+			int filled = p->nhist + 1 < H ? p->nhist + 1 : H;
+			float a = h[p->pos];
+			if (S.r.algo == HPU_FP8_AMAX_MAX)
+				for (int j = 0; j < filled; j++)
+					a = h[j] > a ? h[j] : a;
+			float s = hpu_fp8_scale_for(a, t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3,
+						    S.r.margin);
+			if (s != 0.0f) /* an amax of 0, inf or NaN keeps the scale */
+				p->scale[t] = s;
+		}
+		/* one history slot per step for all three tensors */
+		if (p->nhist < H)
+			p->nhist++;
+		p->pos = (p->pos + 1) % H;
+	}
+}

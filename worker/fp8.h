@@ -1,0 +1,146 @@
+/* fp8: the two 8-bit float formats, per-tensor scaling, and the op
+ * instances that fp8 training and fp8 inference keep state for.
+ *
+ * Formats (OCP 8-bit floating point, as Gaudi2, H100 and Transformer
+ * Engine use them):
+ *   E4M3: 4 exponent bits (bias 7), 3 mantissa bits; max 448, smallest
+ *         normal 2^-6, smallest subnormal 2^-9; no infinity.
+ *   E5M2: 5 exponent bits (bias 15), 2 mantissa bits; max 57344, smallest
+ *         normal 2^-14, smallest subnormal 2^-16; IEEE-like infinities.
+ * Conversions round to nearest even and saturate finite values to +-max
+ * (Transformer Engine's "satfinite"); NaN stays NaN.
+ *
+ * Scaling: a tensor x is stored as fp8(x * s) and read back as that / s.
+ * Our scales are powers of two, 2^(floor(log2(max / amax)) - margin), as
+ * Gaudi's hardware scaling is: reading back is then exact, so computing on
+ * the read-back values in fp32 gives what an fp8 GEMM with fp32
+ * accumulation gives. This is emulation: no fp8 arithmetic unit is used.
+ *
+ * Op instances: one op call site of one layer, named
+ * "<layer>/<op>#<k>" (the k-th call of that op in the layer's forward).
+ * The runtime says which layer runs (hpu__op_layer) so that the ops can
+ * find their instance. Three uses:
+ *   TRAIN    (--precision fp8): linear runs E4M3 x E4M3 forward and E5M2
+ *            gradients backward, with delayed scaling: each tensor's scale
+ *            comes from the amax history of earlier steps (max or most
+ *            recent of the last `history` steps, minus `margin` powers of
+ *            two); outputs are rounded to bf16. A new instance's first
+ *            scale comes from its first tensor.
+ *   MEASURE  (QUANT_CONFIG, mode MEASURE): linear, conv2d, matmul and bmm
+ *            run unchanged; each instance records the max |x| of its two
+ *            inputs and its output while measuring is on.
+ *   QUANTIZE (QUANT_CONFIG, mode QUANTIZE): those ops run with both
+ *            inputs in E4M3 at the scales of the loaded max-abs figures,
+ *            outputs in bf16.
+ */
+#ifndef HPU_FP8_H
+#define HPU_FP8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "autocast.h"
+
+enum { HPU_FP8_E4M3 = 0, HPU_FP8_E5M2 = 1 };
+
+float hpu_fp8_max(int fmt);
+uint8_t hpu_fp8_encode(float v, int fmt);
+float hpu_fp8_decode(uint8_t b, int fmt);
+/* y[i] = fp8(x[i] * scale) / scale; x and y may be the same. */
+void hpu_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt);
+/* max |x[i]| (NaN ignored); 0 for n == 0. */
+float hpu_fp8_amax(const float *x, size_t n);
+/* The power-of-two scale for amax: 2^(floor(log2(max / amax)) - margin),
+ * or 0 when amax is 0, negative or not finite (no scale can be had). */
+float hpu_fp8_scale_for(float amax, int fmt, int margin);
+
+typedef enum hpu_fp8_mode {
+	HPU_FP8_OFF = 0,
+	HPU_FP8_TRAIN,
+	HPU_FP8_MEASURE,
+	HPU_FP8_QUANTIZE,
+} hpu_fp8_mode;
+
+enum { HPU_FP8_AMAX_MAX = 0, HPU_FP8_AMAX_MOST_RECENT = 1 };
+
+typedef struct hpu_fp8_recipe {
+	int history; /* amax history length, >= 1 */
+	int margin;  /* scale divided by 2^margin */
+	int algo;    /* HPU_FP8_AMAX_MAX or _MOST_RECENT */
+} hpu_fp8_recipe;
+
+/* Sets the mode (recipe: TRAIN only; NULL for the defaults 16, 0, max) and
+ * forgets every instance. */
+void hpu__fp8_set_mode(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe);
+hpu_fp8_mode hpu__fp8_mode(void);
+const hpu_fp8_recipe *hpu__fp8_recipe(void);
+
+/* The layer whose forward (backward = 0) or backward (1) runs now, index
+ * -1 for none; resets the per-op call numbers. pbase[0..plen) are its
+ * parameters: a linear's weight is found again in backward by its offset
+ * there. */
+void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
+		   int backward);
+
+/* MEASURE: records only while on (calibration batches). */
+void hpu__fp8_measuring(int on);
+
+/* QUANTIZE: the max-abs figures of instance `name` (inputs a, b; the
+ * output), and whether it runs quantized (0: blocklisted). Call before the
+ * first forward. Returns 0, or -1 when out of memory. */
+int hpu__fp8_preload(const char *name, const float maxabs[3], int quantize);
+
+/* The first error seen by an op (an instance missing from the loaded
+ * figures), or NULL. */
+const char *hpu__fp8_error(void);
+
+typedef struct hpu_fp8_info {
+	const char *name;
+	int op;          /* hpu__op */
+	float maxabs[3]; /* MEASURE: inputs a, b and the output */
+	float scale[3];  /* TRAIN: x, w, dy; QUANTIZE: a, b */
+	int used;        /* calls that ran in fp8 (TRAIN, QUANTIZE) or were
+			  * measured (MEASURE) */
+} hpu_fp8_info;
+
+/* The instances, in the order they were first called. */
+int hpu__fp8_count(void);
+int hpu__fp8_info_get(int i, hpu_fp8_info *out);
+/* MEASURE: instance i's figures replaced (after a reduction over ranks). */
+void hpu__fp8_set_maxabs(int i, const float maxabs[3]);
+
+/* TRAIN: this step's amax of x, w, dy for every instance, 3 floats each
+ * (-1 where not seen), to be reduced with MAX over ranks in place; then
+ * hpu__fp8_roll() pushes them into the histories and sets the scales for
+ * the next step. */
+float *hpu__fp8_step_amax(size_t *n);
+void hpu__fp8_roll(void);
+
+/* ---- for the ops ---- */
+
+/* One op call's fp8 plan. */
+typedef struct hpu__fp8_call {
+	int on;            /* run in fp8: a and b are the read-back inputs */
+	const float *a, *b;
+	void *inst;
+} hpu__fp8_call;
+
+/* The forward of linear/conv2d/matmul/bmm: a[na], b[nb] its two inputs
+ * (x and the weight). TRAIN (linear) and QUANTIZE: when the call runs in
+ * fp8, c->on = 1 and c->a, c->b are the quantized inputs in scratch slots
+ * 0 and 1, the op's autocast count moved to fp8. MEASURE: the inputs are
+ * recorded. `lp` is what hpu__ac_enter returned. */
+void hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
+		    const float *b, size_t nb);
+/* After the forward: MEASURE records the output's max |y|. */
+void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny);
+
+/* The backward of linear under TRAIN: finds the forward's instance by w
+ * and returns 1 with x, w (E4M3, the forward's scales) and dy (E5M2) read
+ * back into scratch slots 0, 1, 2; 0 when the call cannot run in fp8
+ * (no forward instance), its count then moved to bf16. */
+int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t nw,
+			     const float *dy, size_t ndy, const float **xq,
+			     const float **wq, const float **dyq);
+
+#endif
