@@ -26,7 +26,8 @@ static const char *const sched_names[] = {"constant", "step", "cosine",
 					  "warmup", "warmup_decay"};
 static const char *const warmup_names[] = {"log", "linear"};
 static const char *const comm_names[] = {"fp32", "bf16"};
-static const char *const precision_names[] = {"fp32", "bf16-mixed", "16-mixed"};
+static const char *const precision_names[] = {"fp32", "bf16-mixed", "16-mixed", "fp8"};
+static const char *const fp8_algo_names[] = {"max", "most_recent"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -36,6 +37,8 @@ _Static_assert(sizeof(hpu_optim_kind) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_sched_kind) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_warmup_type) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_comm_dtype) == sizeof(int), "enum size");
+_Static_assert(sizeof(hpu_precision) == sizeof(int), "enum size");
+_Static_assert(sizeof(hpu_fp8_algo) == sizeof(int), "enum size");
 
 void hpu_opts_defaults(hpu_train_opts *o)
 {
@@ -71,6 +74,8 @@ void hpu_opts_defaults(hpu_train_opts *o)
 	o->loss_scale_window = 1000;
 	o->hysteresis = 2;
 	o->min_loss_scale = 1;
+	o->fp8_amax_history = 16;
+	o->calib_batches = 16;
 	o->log_every = 50;
 	o->eval = 1;
 }
@@ -234,15 +239,21 @@ static const struct hpu__opt opts[] = {
 	OTHER("device-memory", K_SIZE, device_memory, "memory per device, e.g. 2GiB (node memory / local devices)"),
 	NUM("log-every", K_INT, log_every, 0, 1e9, "log loss and samples/s every N steps (50; 0: never)"),
 	OTHER("verbose", K_FLAG, verbose, "rank 0 prints the autocast policy at start-up"),
-	CHOICE("precision", precision, precision_names, "fp32 | bf16-mixed | 16-mixed (fp32)"),
+	CHOICE("precision", precision, precision_names, "fp32 | bf16-mixed | 16-mixed | fp8 (fp32)"),
 	NUM("loss-scale", K_DOUBLE, loss_scale, 0, 1e30, "16-mixed: a static loss scale (0: dynamic)"),
 	NUM("initial-scale-power", K_INT, initial_scale_power, 0, 60, "16-mixed: dynamic scale starts at 2^N (16)"),
 	NUM("loss-scale-window", K_LONG, loss_scale_window, 1, 1e15, "16-mixed: double the scale after N good steps (1000)"),
 	NUM("hysteresis", K_INT, hysteresis, 1, 1000, "16-mixed: overflows before the scale halves (2)"),
 	NUM("min-loss-scale", K_DOUBLE, min_loss_scale, 1e-30, 1e30, "16-mixed: the smallest scale (1)"),
+	NUM("fp8-amax-history", K_INT, fp8_amax_history, 1, 1 << 20, "fp8: steps of amax history per tensor (16)"),
+	NUM("fp8-margin", K_INT, fp8_margin, 0, 64, "fp8: scales divided by 2^N (0)"),
+	CHOICE("fp8-amax-compute-algo", fp8_amax_algo, fp8_algo_names, "fp8: max | most_recent over the history (max)"),
 	NUM("inject-overflow-step", K_LONG, inject_overflow_step, 0, 1e15, "testing: make step N's gradients overflow (16-mixed)"),
 	OTHER("metrics", K_STR, metrics, "write JSON lines of metrics to FILE (rank 0)"),
 	OTHER("save-params", K_STR, save_params, "save the trained fp32 parameters to FILE (rank 0)"),
+	OTHER("load-params", K_STR, load_params, "start from the fp32 parameters in FILE (a --save-params file)"),
+	OTHER("eval-only", K_FLAG, eval_only, "no training: evaluate on the test split (fp8 inference: QUANT_CONFIG)"),
+	NUM("calibration-batches", K_INT, calib_batches, 1, 1e9, "QUANT_CONFIG MEASURE: training batches per rank measured (16)"),
 	OTHER("config", K_CONFIG, config, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
 };

@@ -47,7 +47,13 @@ typedef enum hpu_precision {
 	HPU_PREC_FP32 = 0,
 	HPU_PREC_BF16_MIXED, /* bf16 working copies, gradients and traffic */
 	HPU_PREC_FP16_MIXED, /* fp16 working copies, dynamic loss scaling */
+	HPU_PREC_FP8,        /* bf16-mixed, with linear layers in fp8 */
 } hpu_precision;
+
+typedef enum hpu_fp8_algo {
+	HPU_FP8_ALGO_MAX = 0,     /* the max over the amax history */
+	HPU_FP8_ALGO_MOST_RECENT, /* the last step's amax */
+} hpu_fp8_algo;
 
 /* Where an option's value came from. */
 enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2 };
@@ -100,12 +106,19 @@ typedef struct hpu_train_opts {
 	int hysteresis;           /* overflows tolerated before halving (2) */
 	double min_loss_scale;    /* never below (1) */
 	long inject_overflow_step; /* testing: step N (1-based) overflows; 0: none */
+	/* fp8: delayed scaling (Transformer Engine's DelayedScaling recipe) */
+	int fp8_amax_history;     /* steps of amax kept per tensor (16) */
+	int fp8_margin;           /* scales divided by 2^margin (0) */
+	hpu_fp8_algo fp8_amax_algo; /* max | most_recent (max) */
 	int activation_checkpointing; /* recompute every layer's forward */
 	uint64_t device_memory; /* bytes; 0: node memory / local devices */
 	int log_every;          /* log every N steps (0: never) */
 	int verbose;            /* rank 0 prints the autocast policy at start-up */
 	char metrics[512];      /* JSON-lines file written by rank 0, or "" */
 	char save_params[512];  /* consolidated fp32 parameters (rank 0), or "" */
+	char load_params[512];  /* start from a --save-params file, or "" */
+	int eval_only;          /* no training: evaluate (fp8 inference) */
+	int calib_batches;      /* QUANT_CONFIG MEASURE: batches per rank (16) */
 	char config[512];       /* the JSON config file, or "" */
 	int eval;               /* evaluate on the test split at the end */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */

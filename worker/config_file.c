@@ -512,32 +512,51 @@ static int f_scheduler(struct fctx *c, const char *path, const cJSON *it)
 	return 0;
 }
 
-/* bf16, fp16: "enabled" picks the precision (both at once is an error);
- * fp16's loss-scaler keys set ours. auto_cast and consecutive_hysteresis
- * are accepted and ignored (our scaler resets hysteresis after a good
- * window, DeepSpeed's default). */
+/* bf16, fp16, fp8: "enabled" picks the precision (two at once is an
+ * error); fp16's loss-scaler keys set ours, fp8's the delayed-scaling
+ * recipe (Transformer Engine's names). auto_cast and
+ * consecutive_hysteresis are accepted and ignored (our scaler resets
+ * hysteresis after a good window, DeepSpeed's default). */
 
 static int f_enabled_as(struct fctx *c, const char *path, const cJSON *it,
-			hpu_precision want, hpu_precision other)
+			hpu_precision want)
 {
 	int on = 0;
 	if (want_bool(c, path, it, &on))
 		return -1;
 	if (!on)
 		return 0;
-	if (c->o->precision == other && c->o->from[hpu__opt_slot_named("precision")] == HPU_FROM_FILE)
-		return ferr(c, path, "bf16.enabled and fp16.enabled cannot both be true");
+	if (c->o->precision != want && c->o->precision != HPU_PREC_FP32 &&
+	    c->o->from[hpu__opt_slot_named("precision")] == HPU_FROM_FILE)
+		return ferr(c, path, "only one of bf16.enabled, fp16.enabled and fp8.enabled can be true");
 	return put(c, path, hpu__opt_find("precision"), hpu_precision_name(want));
 }
 
 static int f_bf16_enabled(struct fctx *c, const char *path, const cJSON *it)
 {
-	return f_enabled_as(c, path, it, HPU_PREC_BF16_MIXED, HPU_PREC_FP16_MIXED);
+	return f_enabled_as(c, path, it, HPU_PREC_BF16_MIXED);
 }
 
 static int f_fp16_enabled(struct fctx *c, const char *path, const cJSON *it)
 {
-	return f_enabled_as(c, path, it, HPU_PREC_FP16_MIXED, HPU_PREC_BF16_MIXED);
+	return f_enabled_as(c, path, it, HPU_PREC_FP16_MIXED);
+}
+
+static int f_fp8_enabled(struct fctx *c, const char *path, const cJSON *it)
+{
+	return f_enabled_as(c, path, it, HPU_PREC_FP8);
+}
+
+static const struct fkey fp8_keys[] = {
+	{"enabled", NULL, f_fp8_enabled, 0},
+	{"amax_history_len", "fp8-amax-history", NULL, 0},
+	{"margin", "fp8-margin", NULL, 0},
+	{"amax_compute_algo", "fp8-amax-compute-algo", NULL, 0},
+};
+
+static int f_fp8(struct fctx *c, const char *path, const cJSON *it)
+{
+	return WALK(c, it, path, fp8_keys, 0, "", 0);
 }
 
 static const struct fkey bf16_keys[] = {
@@ -578,6 +597,9 @@ static const struct fkey hputrain_keys[] = {
 	{"log_every", "log-every", NULL, 0},
 	{"metrics", "metrics", NULL, 0},
 	{"save_params", "save-params", NULL, 0},
+	{"load_params", "load-params", NULL, 0},
+	{"eval_only", "eval-only", NULL, 0},
+	{"calibration_batches", "calibration-batches", NULL, 0},
 	{"eval", "no-eval", NULL, 0}, /* true or false */
 };
 
@@ -598,6 +620,7 @@ static const struct fkey top_keys[] = {
 	{"optimizer", NULL, f_optimizer, 0},
 	{"scheduler", NULL, f_scheduler, 0},
 	{"bf16", NULL, f_bf16, 0},
+	{"fp8", NULL, f_fp8, 0},
 	{"fp16", NULL, f_fp16, 0},
 	{"hputrain", NULL, f_hputrain, 0},
 };

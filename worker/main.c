@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "devmem.h"
+#include "fp8.h"
 #include "model.h"
 #include "train.h"
 
@@ -38,6 +39,7 @@ static int autocast_type(hpu_precision p)
 {
 	return p == HPU_PREC_BF16_MIXED   ? HPU_AUTOCAST_BF16
 	       : p == HPU_PREC_FP16_MIXED ? HPU_AUTOCAST_FP16
+	       : p == HPU_PREC_FP8        ? HPU_AUTOCAST_FP8
 					  : HPU_AUTOCAST_NONE;
 }
 
@@ -87,6 +89,12 @@ int main(int argc, char **argv)
 	}
 	if (hpu_autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
 		goto out;
+	if (o.precision == HPU_PREC_FP8) {
+		hpu_fp8_recipe r = {o.fp8_amax_history, o.fp8_margin,
+				    o.fp8_amax_algo == HPU_FP8_ALGO_MAX ? HPU_FP8_AMAX_MAX
+									: HPU_FP8_AMAX_MOST_RECENT};
+		hpu__fp8_set_mode(HPU_FP8_TRAIN, &r);
+	}
 	if (o.verbose && rank == 0)
 		hpu_autocast_print(stdout);
 	if (hpu__model_load(&b, path, rank, world, err, sizeof err) < 0)

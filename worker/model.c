@@ -1,11 +1,15 @@
 #include "model.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "rng.h"
 
@@ -278,6 +282,50 @@ void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst)
 			}
 		}
 	}
+}
+
+int hpu__model_params_open(hpu_builder *b, const char *path, char *err, size_t errlen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		snprintf(err, errlen, "--load-params %s: cannot read it: %s", path,
+			 strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	if ((uint64_t)st.st_size != (uint64_t)b->psi * 4) {
+		snprintf(err, errlen,
+			 "--load-params %s: %lld bytes, but %s has %zu parameters (%zu bytes): "
+			 "saved from another model?",
+			 path, (long long)st.st_size, b->path, b->psi, b->psi * 4);
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+int hpu__model_read_layer(hpu_builder *b, int li, int fd, float *dst)
+{
+	hpu_layer *l = b->layers[li];
+	memset(dst, 0, l->plen * sizeof *dst);
+	off_t at = 0; /* the file holds every parameter unpadded, in order */
+	for (int i = 0; i < l->first_param; i++)
+		at += (off_t)b->params[i].numel * 4;
+	for (int i = l->first_param; i < l->first_param + l->nparams; i++) {
+		const hpu_param_info *p = &b->params[i];
+		size_t want = p->numel * 4, got = 0;
+		while (got < want) {
+			ssize_t n = pread(fd, (char *)(dst + p->rel) + got, want - got,
+					  at + (off_t)got);
+			if (n <= 0)
+				return -1;
+			got += (size_t)n;
+		}
+		at += (off_t)want;
+	}
+	return 0;
 }
 
 void hpu__model_destroy(hpu_builder **pb)

@@ -70,6 +70,17 @@ int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err,
  * values. */
 void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst);
 
+/* --load-params: opens a file of consolidated fp32 parameters (what
+ * --save-params writes: every parameter's floats unpadded, in declaration
+ * order) and checks that its size fits the model. Returns the descriptor,
+ * or -1 with a sentence in err. */
+int hpu__model_params_open(hpu_builder *b, const char *path, char *err, size_t errlen);
+
+/* Reads layer li's parameters from that file into dst[0 .. plen) (padding
+ * zeroed), as hpu__model_init_layer would initialize them. Returns 0, or
+ * -1 on a read error. */
+int hpu__model_read_layer(hpu_builder *b, int li, int fd, float *dst);
+
 /* Calls teardown, frees everything and unloads the library; *b = NULL. */
 void hpu__model_destroy(hpu_builder **b);
 

@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include "devmem.h"
+#include "model.h"
 #include "optim.h"
 #include "simd.h"
 #include "lowp.h"
+#include "fp8.h"
 
 /* A unit is a run of consecutive layers whose parameters are communicated
  * together: a DDP or ZeRO-2 gradient bucket, a ZeRO-1 partition unit, one
@@ -83,6 +85,7 @@ struct hpu_strat {
 	long step_no, last_overflow, skipped;
 	char *err;
 	size_t errlen;
+	int load_fd;             /* --load-params, or -1 */
 };
 
 static int fail(hpu_strat *s, const char *fmt, ...)
@@ -433,6 +436,20 @@ static int alloc_states_mp(hpu_strat *s)
 	return 0;
 }
 
+/* Layer i's initial parameters into dst: from --load-params, or from the
+ * initializers. */
+static int init_layer(hpu_strat *s, int i, float *dst)
+{
+	if (s->load_fd < 0) {
+		hpu__model_init_layer(s->b, i, s->o->seed, dst);
+		return 0;
+	}
+	if (hpu__model_read_layer(s->b, i, s->load_fd, dst) < 0)
+		return fail(s, "--load-params %s: cannot read the parameters of layer %s: %s",
+			    s->o->load_params, s->b->layers[i]->name, strerror(errno));
+	return 0;
+}
+
 /* Mixed precision: the fp32 initial values become the master weights; the
  * working copy is their 16-bit rounding, on every rank alike. */
 static int init_params_mp(hpu_strat *s)
@@ -446,9 +463,11 @@ static int init_params_mp(hpu_strat *s)
 		if (!full)
 			return -1;
 		for (int i = u->first; i <= u->last; i++)
-			if (b->layers[i]->plen)
-				hpu__model_init_layer(b, i, s->o->seed,
-						      full + (b->layers[i]->off - u->off));
+			if (b->layers[i]->plen &&
+			    init_layer(s, i, full + (b->layers[i]->off - u->off)) < 0) {
+				hpu_dfree(full);
+				return -1;
+			}
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 		memcpy(u->opt_p, full + mine, u->opt.n * 4);
 		if (s->P16) {
@@ -485,9 +504,12 @@ static int init_params(hpu_strat *s)
 				return -1;
 		}
 		for (int i = u->first; i <= u->last; i++)
-			if (b->layers[i]->plen)
-				hpu__model_init_layer(b, i, s->o->seed,
-						      dst + (b->layers[i]->off - u->off));
+			if (b->layers[i]->plen &&
+			    init_layer(s, i, dst + (b->layers[i]->off - u->off)) < 0) {
+				if (!s->P)
+					hpu_dfree(dst);
+				return -1;
+			}
 		if (s->P)
 			continue;
 		memcpy(s->PS + u->shard_off, dst + (size_t)s->rank * u->piece, u->piece * 4);
@@ -835,7 +857,10 @@ static int layer_forward(hpu_strat *s, int i, int n, int stop)
 	hpu_layer *l = s->b->layers[i];
 	if (ensure_act(s, i) < 0 || acquire(s, i, +1, stop) < 0)
 		return -1;
-	if (l->ops.forward(l, input_of(s, i), s->acts[i], n) != 0)
+	hpu__op_layer(i, l->name, l->pbase, l->plen, 0);
+	int rc = l->ops.forward(l, input_of(s, i), s->acts[i], n);
+	hpu__op_layer(-1, NULL, NULL, 0, 0);
+	if (rc != 0)
 		return fail(s, "layer %s: forward failed: %s", l->name,
 			    l->err[0] ? l->err : "(no reason given)");
 	if (release_layer(s, i) < 0)
@@ -866,7 +891,10 @@ static int recompute(hpu_strat *s, int i, int n)
 		hpu_layer *l = s->b->layers[j];
 		if (ensure_act(s, j) < 0 || acquire(s, j, +1, i + 1) < 0)
 			return -1;
-		if (l->ops.forward(l, input_of(s, j), s->acts[j], n) != 0)
+		hpu__op_layer(j, l->name, l->pbase, l->plen, 0);
+		int rc = l->ops.forward(l, input_of(s, j), s->acts[j], n);
+		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		if (rc != 0)
 			return fail(s, "layer %s: forward (recomputed) failed: %s", l->name,
 				    l->err[0] ? l->err : "(no reason given)");
 		if (release_layer(s, j) < 0)
@@ -955,7 +983,10 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 		     acquire(s, i, -1, -1) < 0))
 			return -1;
 		float *din = i ? s->dbuf[(last - i + 1) & 1] : NULL;
-		if (l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n) != 0)
+		hpu__op_layer(i, l->name, l->pbase, l->plen, 1);
+		int rc = l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n);
+		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		if (rc != 0)
 			return fail(s, "layer %s: backward failed: %s", l->name,
 				    l->err[0] ? l->err : "(no reason given)");
 		if (l->unit >= 0) {
@@ -1300,6 +1331,7 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->maxbatch = maxbatch;
 	s->err = err;
 	s->errlen = errlen;
+	s->load_fd = -1;
 	*out = s;
 	s->u = calloc((size_t)b->nlayers + 1, sizeof *s->u);
 	s->q = calloc((size_t)b->nlayers + 2, sizeof *s->q);
@@ -1326,8 +1358,15 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 			s->maxw = l->out_size;
 	}
 	mark_transient(s);
-	if (s->mp ? alloc_states_mp(s) < 0 || init_params_mp(s) < 0
-		  : alloc_states(s) < 0 || init_params(s) < 0)
+	if (o->load_params[0] &&
+	    (s->load_fd = hpu__model_params_open(b, o->load_params, err, errlen)) < 0)
+		return -1;
+	int rc = s->mp ? alloc_states_mp(s) < 0 || init_params_mp(s) < 0
+		       : alloc_states(s) < 0 || init_params(s) < 0;
+	if (s->load_fd >= 0)
+		close(s->load_fd);
+	s->load_fd = -1;
+	if (rc)
 		return -1;
 	for (int k = 0; k < 2; k++)
 		if (!(s->dbuf[k] = dalloc(s, HPU_MEM_ACTS, (size_t)maxbatch * s->maxw * 4,

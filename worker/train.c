@@ -11,9 +11,11 @@
 #include <time.h>
 
 #include "devmem.h"
+#include "fp8.h"
 #include "loader.h"
 #include "sampler.h"
 #include "lrsched.h"
+#include "quant.h"
 #include "strategy.h"
 
 /* Everything one worker's loop owns. */
@@ -31,6 +33,7 @@ typedef struct loop {
 	hpu_sched sched;
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
 	FILE *metrics;
+	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
 	char *err;
 	size_t errlen;
 } loop;
@@ -96,10 +99,10 @@ static void free_buffers(loop *L)
 		fclose(L->metrics);
 }
 
-/* Fetches test samples idx[0..n) into the evaluation buffers. */
-static int load_eval_batch(loop *L, const uint32_t *idx, int n)
+/* Fetches samples idx[0..n) of a split into the evaluation buffers. */
+static int load_eval_batch(loop *L, hpu_split split, const uint32_t *idx, int n)
 {
-	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TEST];
+	const hpu_dataset *d = &L->b->data[split];
 	for (int i = 0; i < n; i++) {
 		size_t k = idx[i];
 		if (d->fetch(d->user, k, L->eval_x + (size_t)i * d->sample_size,
@@ -239,6 +242,22 @@ static int log_step(loop *L, long step, long total, int epoch, float loss,
 	return 0;
 }
 
+/* fp8 training: the step's amax of every fp8 tensor, reduced with MAX
+ * over the ranks (Transformer Engine's reduce_amax), goes into the
+ * histories; every rank then uses the same scales. */
+static int fp8_roll(loop *L)
+{
+	if (L->o->precision != HPU_PREC_FP8)
+		return 0;
+	size_t n;
+	float *amax = hpu__fp8_step_amax(&n);
+	int rc = n ? hpucoll_all_reduce(L->comm, amax, amax, n, HPUCOLL_F32, HPUCOLL_MAX) : 0;
+	if (rc)
+		return coll_fail(L, "fp8 amax all-reduce", rc);
+	hpu__fp8_roll();
+	return 0;
+}
+
 /* Asks the loader for micro-batch k of global batch s (this rank's
  * share of it: micro-batches follow each other inside the share). */
 static void prefetch(loop *L, size_t s, int k)
@@ -283,7 +302,8 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 			return -1;
 		sum += loss;
 	}
-	if (hpu_strat_step(L->st, hpu_sched_lr(&L->sched, gstep), norm_out) < 0)
+	if (hpu_strat_step(L->st, hpu_sched_lr(&L->sched, gstep), norm_out) < 0 ||
+	    fp8_roll(L) < 0)
 		return -1;
 	L->comm_bytes += bytes_sent(L) - sent0;
 	*loss_out = sum / (float)L->accum;
@@ -305,10 +325,14 @@ static int evaluate(loop *L, double *value, double *count)
 		const float *out;
 		for (int i = 0; i < n; i++)
 			idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
-		if (load_eval_batch(L, idx, n) < 0 ||
+		if (load_eval_batch(L, HPU_SPLIT_TEST, idx, n) < 0 ||
 		    hpu_strat_forward(L->st, L->eval_x, n, &out) < 0) {
 			free(idx);
 			return -1;
+		}
+		if (hpu__fp8_error()) { /* every rank meets it at the same op */
+			free(idx);
+			return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
 		}
 		sum += b->loss.metric(b->loss.user, out, L->eval_labels, n);
 		done += (size_t)n;
@@ -323,6 +347,72 @@ static int evaluate(loop *L, double *value, double *count)
 	return 0;
 }
 
+/* fp8 inference, MEASURE: forward passes over --calibration-batches
+ * batches of this rank's training samples (every world-th), recorded;
+ * then the figures of all ranks go into the measurement file. */
+static int calibrate(loop *L)
+{
+	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
+	size_t mine = hpu_sampler_eval_count(d->size, L->rank, L->world);
+	size_t want = (size_t)L->o->calib_batches * (size_t)L->micro;
+	if (mine > want)
+		mine = want;
+	uint32_t *idx = malloc((size_t)L->micro * sizeof *idx);
+	if (!idx)
+		return fail(L, "out of memory in calibration");
+	hpu__fp8_measuring(1);
+	int rc = 0;
+	for (size_t done = 0; done < mine && rc == 0;) {
+		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
+		const float *out;
+		for (int i = 0; i < n; i++)
+			idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
+		rc = load_eval_batch(L, HPU_SPLIT_TRAIN, idx, n) < 0 ||
+				     hpu_strat_forward(L->st, L->eval_x, n, &out) < 0
+			     ? -1
+			     : 0;
+		done += (size_t)n;
+	}
+	hpu__fp8_measuring(0);
+	free(idx);
+	if (rc)
+		return -1;
+	float count = (float)mine;
+	int crc = hpucoll_all_reduce(L->comm, &count, &count, 1, HPUCOLL_F32, HPUCOLL_SUM);
+	if (crc)
+		return coll_fail(L, "calibration all-reduce", crc);
+	if (hpu_quant_save(&L->quant, L->comm, L->b->path, count, L->err, L->errlen) < 0)
+		return -1;
+	if (L->rank == 0)
+		printf("fp8 measurement: %d ops over %.0f training samples -> %s\n",
+		       hpu__fp8_count(), count, L->quant.stats);
+	return 0;
+}
+
+/* QUANTIZE, after the evaluation: what ran quantized, and figures the
+ * model never used (a different model measured?). */
+static void quant_report(loop *L)
+{
+	int n = hpu__fp8_count(), q = 0, unused = 0;
+	const char *first = NULL;
+	hpu_fp8_info in;
+	for (int i = 0; i < n; i++) {
+		hpu__fp8_info_get(i, &in);
+		if (in.used)
+			q++;
+		else if (unused++ == 0)
+			first = in.name;
+	}
+	if (L->rank != 0)
+		return;
+	printf("fp8 quantization: %d of %d measured ops ran in fp8 (E4M3) from %s\n", q, n,
+	       L->quant.stats);
+	if (unused)
+		printf("warning: %d ops in %s were never called quantized (%s%s): "
+		       "blocklisted, or measured on another model\n",
+		       unused, L->quant.stats, first, unused > 1 ? ", ..." : "");
+}
+
 /* {"linear": {"low": N, "fp32": M}, ...}: this rank's op calls by the
  * precision they ran in, for the ops called at all. */
 static cJSON *autocast_json(void)
@@ -331,11 +421,14 @@ static cJSON *autocast_json(void)
 	for (int i = 0; i < hpu_autocast_ops(); i++) {
 		const char *name = hpu_autocast_op_name(i);
 		uint64_t low = hpu_autocast_count(name, 1), fp32 = hpu_autocast_count(name, 0);
-		if (low + fp32 == 0)
+		uint64_t fp8 = hpu_autocast_count(name, HPU_AUTOCAST_COUNT_FP8);
+		if (low + fp32 + fp8 == 0)
 			continue;
 		cJSON *c = cJSON_CreateObject();
 		cJSON_AddNumberToObject(c, "low", (double)low);
 		cJSON_AddNumberToObject(c, "fp32", (double)fp32);
+		if (fp8)
+			cJSON_AddNumberToObject(c, "fp8", (double)fp8);
 		cJSON_AddItemToObject(j, name, c);
 	}
 	return j;
@@ -355,10 +448,16 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		return 0;
 	}
 	const char *name = L->b->loss.metric_name ? L->b->loss.metric_name : "metric";
-	printf("trained %ld steps on %d workers (%s): final loss %.4f, %.1f samples/s, "
-	       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
-	       steps, L->world, hpu_strategy_name(L->o->strategy), l, sps,
-	       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
+	if (L->o->eval_only)
+		printf("evaluated without training (--eval-only) on %d workers (%s, %s): "
+		       "max_memory_allocated %.1f MiB\n",
+		       L->world, hpu_strategy_name(L->o->strategy),
+		       hpu_precision_name(L->o->precision), mib(all[ST_MAX_IN_USE]));
+	else
+		printf("trained %ld steps on %d workers (%s): final loss %.4f, %.1f samples/s, "
+		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
+		       steps, L->world, hpu_strategy_name(L->o->strategy), l, sps,
+		       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
 	if (have_metric)
 		printf("test %s %.4f (%.0f samples)\n", name, metric, count);
 	if (L->metrics) {
@@ -450,17 +549,23 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
 		goto out;
 	}
-	if (hpu_strat_new(&L.st, b, comm, o, L.micro, err, errlen) < 0 ||
+	if (hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
+	    hpu_strat_new(&L.st, b, comm, o, L.micro, err, errlen) < 0 ||
 	    alloc_buffers(&L) < 0)
 		goto out;
 	long steps = 0;
 	float loss = 0;
 	double sps = 0, metric = 0, count = 0;
-	if (run_epochs(&L, &steps, &loss, &sps) < 0)
+	if (!o->eval_only && run_epochs(&L, &steps, &loss, &sps) < 0)
 		goto out;
-	int have_metric = o->eval && b->has_data[HPU_SPLIT_TEST] && b->loss.metric;
+	if (L.quant.mode == HPU_FP8_MEASURE && calibrate(&L) < 0)
+		goto out;
+	int have_metric = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST] &&
+			  b->loss.metric;
 	if (have_metric && evaluate(&L, &metric, &count) < 0)
 		goto out;
+	if (L.quant.mode == HPU_FP8_QUANTIZE)
+		quant_report(&L);
 	if (write_final(&L, steps, loss, sps, have_metric, metric, count) < 0)
 		goto out;
 	if (o->save_params[0] && hpu_strat_save_params(L.st, o->save_params) < 0)
