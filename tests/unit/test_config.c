@@ -830,9 +830,52 @@ static void test_file_precision(void **state)
 	assert_int_equal(o.hysteresis, 3);
 	assert_true(o.min_loss_scale == 0.5);
 	LOAD_ERROR("{'bf16': {'enabled': true}, 'fp16': {'enabled': true}}",
-		   "cannot both be true");
+		   "only one of bf16.enabled, fp16.enabled and fp8.enabled");
+	load_ok("{'fp8': {'enabled': true, 'amax_history_len': 1024, 'margin': 1,"
+		" 'amax_compute_algo': 'most_recent'}}",
+		&o);
+	assert_int_equal(o.precision, HPU_PREC_FP8);
+	assert_int_equal(o.fp8_amax_history, 1024);
+	assert_int_equal(o.fp8_margin, 1);
+	assert_int_equal(o.fp8_amax_algo, HPU_FP8_ALGO_MOST_RECENT);
+	LOAD_ERROR("{'fp8': {'enabled': true}, 'bf16': {'enabled': true}}",
+		   "bf16.enabled", "only one of");
+	LOAD_ERROR("{'fp8': {'amax_compute_algo': 'mean'}}", "fp8.amax_compute_algo", "mean");
+	LOAD_ERROR("{'fp8': {'amax_history_len': 0}}", "fp8.amax_history_len");
 	LOAD_ERROR("{'fp16': {'enabled': false, 'loss_scail': 0}}",
 		   "fp16.loss_scail", "did you mean 'loss_scale'");
+}
+
+/* fp8 and fp8 inference's flags. */
+static void test_fp8_flags(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[256];
+	int stop;
+	hpu_opts_defaults(&o);
+	assert_int_equal(o.fp8_amax_history, 16);
+	assert_int_equal(o.fp8_margin, 0);
+	assert_int_equal(o.fp8_amax_algo, HPU_FP8_ALGO_MAX);
+	assert_int_equal(o.calib_batches, 16);
+	assert_int_equal(o.eval_only, 0);
+	assert_int_equal(parse(&o, ARGS("--precision", "fp8", "--fp8-amax-history", "4",
+					"--fp8-margin", "2", "--fp8-amax-compute-algo",
+					"most_recent", "--eval-only", "--load-params", "p.bin",
+					"--calibration-batches", "3", "m.so"),
+			       &stop, err, sizeof err),
+			 0);
+	assert_int_equal(o.precision, HPU_PREC_FP8);
+	assert_string_equal(hpu_precision_name(o.precision), "fp8");
+	assert_int_equal(o.fp8_amax_history, 4);
+	assert_int_equal(o.fp8_margin, 2);
+	assert_int_equal(o.fp8_amax_algo, HPU_FP8_ALGO_MOST_RECENT);
+	assert_int_equal(o.eval_only, 1);
+	assert_string_equal(o.load_params, "p.bin");
+	assert_int_equal(o.calib_batches, 3);
+	EXPECT_ERROR(ARGS("--precision", "fp4"), "--precision", "fp4", "fp8");
+	EXPECT_ERROR(ARGS("--fp8-amax-history", "0"), "--fp8-amax-history", "0");
+	EXPECT_ERROR(ARGS("--fp8-amax-compute-algo", "avg"), "--fp8-amax-compute-algo", "avg");
 }
 
 static void test_file_hputrain(void **state)
@@ -1198,6 +1241,7 @@ int main(void)
 	    cmocka_unit_test(test_file_optimizer),
 	    cmocka_unit_test(test_file_scheduler),
 	    cmocka_unit_test(test_file_precision),
+	    cmocka_unit_test(test_fp8_flags),
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_errors),
 	    cmocka_unit_test(test_file_syntax_and_io),
