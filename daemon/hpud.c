@@ -40,6 +40,7 @@ typedef struct job {
 	int node_rank, nodes, devices;
 	int dev[MAX_DEVICES];
 	char **argv;               /* worker program + the request's argv */
+	char **env;                /* the request's env (NULL-terminated) */
 	hpu_codec_peer peer;       /* the submitter's routing id */
 	char peer_addr[64];
 	ev_tstamp started, last_ping;
@@ -133,6 +134,7 @@ static void release_job(job *j)
 		if (j->dev[i] >= 0 && j->dev[i] < MAX_DEVICES)
 			D.busy[j->dev[i]] = 0;
 	free_argv(j->argv);
+	free_argv(j->env);
 	memset(j, 0, sizeof *j);
 }
 
@@ -281,12 +283,34 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 	    strcmp(q->transport, "tcp") && strcmp(q->transport, "ipc") &&
 	    strcmp(q->transport, "shm"))
 		return "transport must be auto, tcp, ipc or shm";
+	for (size_t i = 0; i < q->n_env; i++) {
+		const char *e = q->env[i];
+		size_t n = e ? strcspn(e, "=") : 0;
+		int known = 0;
+		for (int k = 0; e && e[n] == '=' && hpu_job_env_names[k]; k++)
+			known |= strlen(hpu_job_env_names[k]) == n &&
+				 !strncmp(e, hpu_job_env_names[k], n);
+		if (!known || strlen(e) > MAX_ARG_BYTES)
+			return "env may only set LOWER_LIST, FP32_LIST and QUANT_CONFIG";
+	}
 	if (q->n_argv < 1 || q->n_argv > MAX_ARGS)
 		return "argv must hold 1-256 arguments (the model at least)";
 	for (size_t i = 0; i < q->n_argv; i++)
 		if (!q->argv[i] || strlen(q->argv[i]) > MAX_ARG_BYTES)
 			return "an argument is longer than 4096 bytes";
 	return NULL;
+}
+
+/* The request's env entries, NULL-terminated (maybe empty). */
+static char **job_env(const Hpu__LaunchRequest *q)
+{
+	char **env = calloc(q->n_env + 1, sizeof *env);
+	for (size_t i = 0; env && i < q->n_env; i++)
+		if (!(env[i] = strdup(q->env[i]))) {
+			free_argv(env);
+			return NULL;
+		}
+	return env;
 }
 
 static char **worker_argv(const Hpu__LaunchRequest *q)
@@ -366,7 +390,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 		reply_launch(peer, id, NULL, why);
 		return;
 	}
-	if (!(j->argv = worker_argv(q))) {
+	if (!(j->argv = worker_argv(q)) || !(j->env = job_env(q))) {
 		release_job(j);
 		reply_launch(peer, id, NULL, "out of memory");
 		return;
@@ -381,6 +405,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 		.token = j->token,
 		.argv = j->argv,
 		.transport = j->transport[0] ? j->transport : NULL,
+		.env = j->env,
 		.device_ids = j->dev,
 		.set_user = D.set_user,
 		.uid = D.uid,

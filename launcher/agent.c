@@ -195,6 +195,19 @@ static int device_of(const hpu_agent *a, const worker *w)
 	return a->cfg.device_ids ? a->cfg.device_ids[w->local] : w->local;
 }
 
+const char *const hpu_job_env_names[] = {"LOWER_LIST", "FP32_LIST", "QUANT_CONFIG", NULL};
+
+/* Whether environment entry e ("NAME=...") sets a name that list (of
+ * "NAME=VALUE", NULL-terminated) sets too. */
+static int set_by(const char *e, char *const *list)
+{
+	size_t n = strcspn(e, "=");
+	for (size_t i = 0; list && list[i]; i++)
+		if (!strncmp(list[i], e, n) && list[i][n] == '=')
+			return 1;
+	return 0;
+}
+
 /* Builds the worker's environment: ours, minus what we set, plus the job's. */
 static char **make_env(const hpu_agent *a, const worker *w)
 {
@@ -206,7 +219,10 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	size_t n = 0;
 	while (environ[n])
 		n++;
-	char **env = calloc(n + 16, sizeof *env);
+	size_t extra = 0;
+	while (a->cfg.env && a->cfg.env[extra])
+		extra++;
+	char **env = calloc(n + 16 + extra, sizeof *env);
 	if (!env)
 		return NULL;
 	size_t k = 0;
@@ -218,7 +234,7 @@ static char **make_env(const hpu_agent *a, const worker *w)
 				skip = 1;
 		if (!strncmp(environ[i], "OPENBLAS_NUM_THREADS=", 21))
 			have_blas = 1;
-		if (!skip)
+		if (!skip && !set_by(environ[i], a->cfg.env))
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
@@ -243,6 +259,8 @@ static char **make_env(const hpu_agent *a, const worker *w)
 		snprintf(t, sizeof t, "HPUCOLL_TRANSPORT=%s", c->transport);
 		env[k++] = strdup(t);
 	}
+	for (size_t i = 0; i < extra; i++)
+		env[k++] = strdup(c->env[i]);
 	for (size_t i = 0; i < k; i++)
 		if (!env[i])
 			return NULL; /* leaks on OOM at start-up; we exit anyway */

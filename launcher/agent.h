@@ -13,6 +13,11 @@
 
 typedef struct hpu_agent hpu_agent;
 
+/* The environment variables a job carries to its workers when it is
+ * submitted to hpud (the workers read them; hpud's own environment would
+ * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG. NULL-terminated. */
+extern const char *const hpu_job_env_names[];
+
 typedef struct hpu_agent_cfg {
 	int node_rank;    /* this node */
 	int nodes;        /* nodes in the job */
@@ -25,6 +30,9 @@ typedef struct hpu_agent_cfg {
 	int search_path;   /* look argv[0] up in PATH */
 	const char *log_dir; /* also write rank_N.log here, or NULL */
 	const char *transport; /* HPUCOLL_TRANSPORT for the workers, or NULL */
+	/* "NAME=VALUE" entries (NULL-terminated) set for the workers over
+	 * ours, or NULL. */
+	char *const *env;
 	/* Which devices the workers get (devices entries; NULL: 0, 1, ...):
 	 * worker i is pinned by device_ids[i] and sees it as HPU_DEVICE_ID. */
 	const int *device_ids;

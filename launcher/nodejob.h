@@ -23,6 +23,7 @@ typedef struct hpu_nodejob_cfg {
 	int search_path;          /* look argv[0] up in PATH */
 	const char *log_dir;      /* or NULL */
 	const char *transport;    /* or NULL */
+	char *const *env;         /* "NAME=VALUE" for the workers, or NULL */
 	const int *device_ids;    /* or NULL (agent.h) */
 	int set_user;             /* run the workers as uid/gid */
 	unsigned uid, gid;

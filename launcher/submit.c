@@ -10,6 +10,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "agent.h"
 #include "auth.h"
 #include "codec.h"
 
@@ -223,6 +224,16 @@ static int launch_node(int i)
 	q.n_argv = (size_t)(a->worker_argc - 1); /* hpud picks the program */
 	q.argv = a->worker_argv + 1;
 	q.transport = (char *)(a->transport ? a->transport : "");
+	char envbuf[8][1100], *envp[8];
+	for (int k = 0; hpu_job_env_names[k] && q.n_env < 8; k++) {
+		const char *v = getenv(hpu_job_env_names[k]);
+		if (v && *v) {
+			snprintf(envbuf[q.n_env], sizeof envbuf[0], "%s=%s", hpu_job_env_names[k], v);
+			envp[q.n_env] = envbuf[q.n_env];
+			q.n_env++;
+		}
+	}
+	q.env = envp;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
 	env.launch_request = &q;

@@ -451,6 +451,31 @@ static void test_job_through_hostfile(void **state)
 	stop_daemon();
 }
 
+/* The variables the workers read (LOWER_LIST, FP32_LIST, QUANT_CONFIG)
+ * travel with the request: hpud's own environment has none, and the
+ * workers read the submitter's file (here a bad one, which they name). */
+static void test_job_env_forwarded(void **state)
+{
+	(void)state;
+	char list[64];
+	snprintf(list, sizeof list, "/tmp/hpu-lower-%d.txt", (int)getpid());
+	write_file(list, "relu\nlineer\n", 0644); /* workers run as nobody */
+	start_daemon();
+	setenv("LOWER_LIST", list, 1);
+	proc p;
+	launch_start(&p, "1");
+	unsetenv("LOWER_LIST");
+	assert_int_equal(h_wait(&p, 120000), 0);
+	printf("  %s", strstr(p.out, "LOWER_LIST") ? strstr(p.out, "LOWER_LIST") : p.out);
+	assert_int_not_equal(h_code(&p), 0);
+	char want[128];
+	snprintf(want, sizeof want, "LOWER_LIST file %s line 2: unknown op 'lineer'", list);
+	assert_non_null(strstr(p.out, want));
+	h_free(&p);
+	stop_daemon();
+	unlink(list);
+}
+
 /* Devices are not double-booked; --status shows the job; a submitter that
  * dies is noticed and its job cancelled. */
 static void test_busy_status_and_lost_submitter(void **state)
@@ -541,6 +566,7 @@ int main(void)
 		cmocka_unit_test(test_key_permissions),
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_job_through_hostfile),
+		cmocka_unit_test(test_job_env_forwarded),
 		cmocka_unit_test(test_busy_status_and_lost_submitter),
 		cmocka_unit_test(test_cancel_term_and_reload),
 	};
