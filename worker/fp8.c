@@ -360,16 +360,20 @@ void hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t
 	}
 	if (lp != HPU_AUTOCAST_FP8)
 		return;
-	inst *p = S.backward ? NULL : site(op);
+	/* Training needs the weight among the layer's parameters: backward
+	 * finds the call site again by its place there. */
+	int weight_ok = S.mode != HPU_FP8_TRAIN ||
+			(S.pbase && b >= S.pbase && b < S.pbase + S.plen);
+	inst *p = S.backward || !weight_ok ? NULL : site(op);
 	if (!p || !p->quantize) {
-		/* outside a layer, missing or blocklisted */
+		/* outside a layer, a weight from elsewhere, missing or
+		 * blocklisted */
 		hpu__ac_recount(op, HPU_AUTOCAST_FP8, hpu__ac_fallback(op));
 		return;
 	}
 	float sa, sb;
 	if (S.mode == HPU_FP8_TRAIN) {
-		if (p->wrel == SIZE_MAX && S.pbase && b >= S.pbase && b < S.pbase + S.plen)
-			p->wrel = (size_t)(b - S.pbase);
+		p->wrel = (size_t)(b - S.pbase);
 		sa = p->fwd[0] = train_scale(p, T_X, hpu_fp8_amax(a, na));
 		sb = p->fwd[1] = train_scale(p, T_W, hpu_fp8_amax(b, nb));
 	} else {

@@ -234,10 +234,18 @@ static void test_linear_fp8_vs_fp32(void **state)
 	assert_string_equal(in.name, "fc/linear#0");
 	assert_int_equal(in.used, 2);
 
-	/* Outside a layer the call cannot be matched: bf16, counted so. */
+	/* Outside a layer, or with a weight that is not the layer's, the call
+	 * cannot be found again in backward: bf16, counted so. */
 	uint64_t lo = hpu_autocast_count("linear", 1);
 	hpu_linear_forward(x, W, BIAS, y8, B, IN, OUT);
 	assert_int_equal(hpu_autocast_count("linear", 1), lo + 1);
+	static float other_w[OUT * IN];
+	memcpy(other_w, W, sizeof other_w);
+	hpu__op_layer(0, "fc", params, OUT * IN + OUT, 0);
+	hpu_linear_forward(x, other_w, BIAS, y8, B, IN, OUT);
+	hpu__op_layer(-1, NULL, NULL, 0, 0);
+	assert_int_equal(hpu_autocast_count("linear", 1), lo + 2);
+	assert_int_equal(hpu__fp8_count(), 1);
 	assert_int_equal(hpu_autocast_count("linear", HPU_AUTOCAST_COUNT_FP8), n8 + 2);
 	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
 }
