@@ -329,7 +329,7 @@ static void test_measure_then_quantize(void **state)
 	hpu__op_layer(0, "fc", params, OUT * IN + OUT, 0);
 	hpu_linear_forward(x, W, BIAS, y, B, IN, OUT);
 	hpu__op_layer(1, "fc2", NULL, 0, 0);
-	float y2[B * OUT];
+	float y2[B * IN];
 	hpu_matmul(y, W, y2, B, IN, OUT, 0, 0, 0); /* [B,OUT] x [OUT,IN] */
 	hpu__op_layer(-1, NULL, NULL, 0, 0);
 	assert_int_equal(hpu__fp8_count(), 2);
