@@ -149,6 +149,11 @@ int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
 int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
 		       size_t errlen);
 
+/* Reads a whole file (at most 16 MiB) into *buf (malloc'ed,
+ * NUL-terminated) and its length into *len. Returns NULL, or why it could
+ * not (strerror's text, "out of memory", "larger than 16 MiB"). */
+const char *hpu_read_file(const char *path, char **buf, size_t *len);
+
 /* Checks the options against a world size and fills in what follows from
  * them (the batch size not given). A batch mismatch names all three
  * values. Returns 0, or -1 with one sentence in err. */

@@ -625,18 +625,13 @@ static const struct fkey top_keys[] = {
 	{"hputrain", NULL, f_hputrain, 0},
 };
 
-/* Reads the whole file (NUL-terminated) into *buf. */
-static int read_file(const char *path, char **buf, size_t *len, char *err,
-		     size_t errlen)
+const char *hpu_read_file(const char *path, char **buf, size_t *len)
 {
 	enum { MAX = 16 << 20 };
 	const char *why = NULL;
 	FILE *f = fopen(path, "rb");
-	if (!f) {
-		snprintf(err, errlen, "cannot read config file %s: %s", path,
-			 strerror(errno));
-		return -1;
-	}
+	if (!f)
+		return strerror(errno);
 	char *b = NULL;
 	size_t n = 0, cap = 0;
 	for (;;) {
@@ -659,13 +654,24 @@ static int read_file(const char *path, char **buf, size_t *len, char *err,
 	}
 	fclose(f);
 	if (why) {
-		snprintf(err, errlen, "cannot read config file %s: %s", path, why);
 		free(b);
-		return -1;
+		return why;
 	}
 	b[n] = 0;
 	*buf = b;
 	*len = n;
+	return NULL;
+}
+
+/* Reads the whole config file (NUL-terminated) into *buf. */
+static int read_file(const char *path, char **buf, size_t *len, char *err,
+		     size_t errlen)
+{
+	const char *why = hpu_read_file(path, buf, len);
+	if (why) {
+		snprintf(err, errlen, "cannot read config file %s: %s", path, why);
+		return -1;
+	}
 	return 0;
 }
 

@@ -12,42 +12,6 @@
 
 #include "fp8.h"
 
-/* The whole of a file (NUL-terminated, malloc'ed), or NULL with errno. */
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	char *buf = NULL;
-	size_t len = 0, cap = 0;
-	for (;;) {
-		if (len + 4096 + 1 > cap) {
-			cap = cap ? 2 * cap : 8192;
-			char *p = realloc(buf, cap);
-			if (!p) {
-				free(buf);
-				fclose(f);
-				errno = ENOMEM;
-				return NULL;
-			}
-			buf = p;
-		}
-		size_t n = fread(buf + len, 1, 4096, f);
-		len += n;
-		if (n < 4096)
-			break;
-	}
-	int bad = ferror(f);
-	fclose(f);
-	if (bad) {
-		free(buf);
-		errno = EIO;
-		return NULL;
-	}
-	buf[len] = '\0';
-	return buf;
-}
-
 static int bad(char *err, size_t errlen, const char *file, const char *key, const char *what)
 {
 	snprintf(err, errlen, "QUANT_CONFIG %s: %s: %s", file, key, what);
@@ -131,12 +95,14 @@ static const char *const known_keys[] = {
 static int load_stats(hpu_quant *q, const cJSON *cfg, int unit_scale, char *err,
 		      size_t errlen)
 {
-	char *text = slurp(q->stats);
-	if (!text) {
+	char *text;
+	size_t len;
+	const char *why = hpu_read_file(q->stats, &text, &len);
+	if (why) {
 		snprintf(err, errlen,
 			 "QUANT_CONFIG %s: cannot read the measurement file %s: %s "
 			 "(run with mode MEASURE first)",
-			 q->config, q->stats, strerror(errno));
+			 q->config, q->stats, why);
 		return -1;
 	}
 	cJSON *j = cJSON_Parse(text);
@@ -193,9 +159,11 @@ int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errl
 	if (!path || !*path)
 		return 0;
 	snprintf(q->config, sizeof q->config, "%s", path);
-	char *text = slurp(path);
-	if (!text) {
-		snprintf(err, errlen, "QUANT_CONFIG %s: cannot read it: %s", path, strerror(errno));
+	char *text;
+	size_t len;
+	const char *why = hpu_read_file(path, &text, &len);
+	if (why) {
+		snprintf(err, errlen, "QUANT_CONFIG %s: cannot read it: %s", path, why);
 		return -1;
 	}
 	cJSON *cfg = cJSON_Parse(text);
