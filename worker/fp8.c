@@ -341,25 +341,25 @@ static float train_scale(inst *p, int t, float amax)
 	return p->scale[t] != 0.0f ? p->scale[t] : 1.0f;
 }
 
-void hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
-		    const float *b, size_t nb)
+int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
+		   const float *b, size_t nb)
 {
 	memset(c, 0, sizeof *c);
 	if (S.mode == HPU_FP8_MEASURE) {
 		if (!S.measuring || S.backward)
-			return;
+			return lp;
 		inst *p = site(op);
 		if (!p)
-			return;
+			return lp;
 		float ma = hpu_fp8_amax(a, na), mb = hpu_fp8_amax(b, nb);
 		p->maxabs[0] = ma > p->maxabs[0] ? ma : p->maxabs[0];
 		p->maxabs[1] = mb > p->maxabs[1] ? mb : p->maxabs[1];
 		p->used++;
 		c->inst = p;
-		return;
+		return lp;
 	}
 	if (lp != HPU_AUTOCAST_FP8)
-		return;
+		return lp;
 	/* Training needs the weight among the layer's parameters: backward
 	 * finds the call site again by its place there. */
 	int weight_ok = S.mode != HPU_FP8_TRAIN ||
@@ -369,7 +369,7 @@ void hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t
 		/* outside a layer, a weight from elsewhere, missing or
 		 * blocklisted */
 		hpu__ac_recount(op, HPU_AUTOCAST_FP8, hpu__ac_fallback(op));
-		return;
+		return hpu__ac_fallback(op);
 	}
 	float sa, sb;
 	if (S.mode == HPU_FP8_TRAIN) {
@@ -388,6 +388,7 @@ void hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t
 	c->a = qa;
 	c->b = qb;
 	c->inst = p;
+	return lp;
 }
 
 void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny)

@@ -129,8 +129,10 @@ typedef struct hpu__fp8_call {
  * (x and the weight). TRAIN (linear) and QUANTIZE: when the call runs in
  * fp8, c->on = 1 and c->a, c->b are the quantized inputs in scratch slots
  * 0 and 1, the op's autocast count moved to fp8. MEASURE: the inputs are
- * recorded. `lp` is what hpu__ac_enter returned. */
-void hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
+ * recorded. `lp` is what hpu__ac_enter returned; returns the type the call
+ * runs in: HPU_AUTOCAST_FP8 when c->on, else lp, or hpu__ac_fallback(op)
+ * where fp8 did not apply. */
+int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
 		    const float *b, size_t nb);
 /* After the forward: MEASURE records the output's max |y|. */
 void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny);

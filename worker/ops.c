@@ -160,15 +160,13 @@ void hpu_linear_forward(const float *x, const float *w, const float *b,
 	int lp = hpu__ac_enter(HPU_OP_LINEAR);
 	size_t nx = (size_t)batch * in, ny = (size_t)batch * out;
 	hpu__fp8_call c;
-	hpu__fp8_begin(&c, HPU_OP_LINEAR, lp, x, nx, w, (size_t)out * in);
+	lp = hpu__fp8_begin(&c, HPU_OP_LINEAR, lp, x, nx, w, (size_t)out * in);
 	if (c.on) { /* x and w in E4M3; the bias and y in bf16 */
 		linear_forward(c.a, c.b, hpu__ac_round(2, b, (size_t)out, lp), y, batch,
 			       in, out);
 		hpu__ac_round_inplace(y, ny, lp);
 		return;
 	}
-	if (lp == HPU_AUTOCAST_FP8) /* fp8 did not apply to this call */
-		lp = hpu__ac_fallback(HPU_OP_LINEAR);
 	if (!lp || batch <= 0 || out <= 0) {
 		linear_forward(x, w, b, y, batch, in, out);
 	} else {

@@ -423,15 +423,13 @@ void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *
 	int lp = hpu__ac_enter(HPU_OP_CONV2D);
 	check_shape(s);
 	hpu__fp8_call c;
-	hpu__fp8_begin(&c, HPU_OP_CONV2D, lp, x, conv_x_n(s), w, conv_w_n(s));
+	lp = hpu__fp8_begin(&c, HPU_OP_CONV2D, lp, x, conv_x_n(s), w, conv_w_n(s));
 	if (c.on) { /* fp8 inference: x and w in E4M3, b and y in bf16 */
 		conv2d_forward(s, c.a, c.b, hpu__ac_round(2, b, (size_t)s->out_ch, lp), y,
 			       scratch);
 		hpu__ac_round_inplace(y, conv_y_n(s), lp);
 		return;
 	}
-	if (lp == HPU_AUTOCAST_FP8)
-		lp = hpu__ac_fallback(HPU_OP_CONV2D);
 	if (!lp) {
 		conv2d_forward(s, x, w, b, y, scratch);
 	} else {

@@ -423,37 +423,27 @@ static size_t mat_n(int r, int c)
 	return (size_t)r * (size_t)c;
 }
 
+/* c = round(a b) to lowp (+ c in fp32 under accumulate; the product in
+ * scratch slot 2 then). */
+static void matmul_rounded(const float *a, const float *b, float *c, int m, int n,
+			   int k, int trans_a, int trans_b, int accumulate, int lp)
+{
+	size_t nc = mat_n(m, n);
+	float *p = accumulate ? hpu__ac_scratch(2, nc) : c;
+	matmul(a, b, p, m, n, k, trans_a, trans_b, 0);
+	hpu__ac_round_inplace(p, nc, lp);
+	if (accumulate)
+		for (size_t i = 0; i < nc; i++)
+			c[i] += p[i];
+}
+
 /* c = round(round(a) round(b)) (+ c in fp32 under accumulate), from the
  * scratch of slots 0..2. */
 static void matmul_low(const float *a, const float *b, float *c, int m, int n,
 		       int k, int trans_a, int trans_b, int accumulate, int lp)
 {
-	const float *ra = hpu__ac_round(0, a, mat_n(m, k), lp);
-	const float *rb = hpu__ac_round(1, b, mat_n(k, n), lp);
-	if (!accumulate) {
-		matmul(ra, rb, c, m, n, k, trans_a, trans_b, 0);
-		hpu__ac_round_inplace(c, mat_n(m, n), lp);
-		return;
-	}
-	float *p = hpu__ac_scratch(2, mat_n(m, n));
-	matmul(ra, rb, p, m, n, k, trans_a, trans_b, 0);
-	hpu__ac_round_inplace(p, mat_n(m, n), lp);
-	for (size_t i = 0; i < mat_n(m, n); i++)
-		c[i] += p[i];
-}
-
-/* The quantized matmul of fp8 inference: a and b read back from E4M3
- * (qa, qb: scratch slots 0 and 1), the product rounded to bf16. */
-static void matmul_q(const float *qa, const float *qb, float *c, int m, int n, int k,
-		     int trans_a, int trans_b, int accumulate)
-{
-	size_t nc = mat_n(m, n);
-	float *p = accumulate ? hpu__ac_scratch(2, nc) : c;
-	matmul(qa, qb, p, m, n, k, trans_a, trans_b, 0);
-	hpu__ac_round_inplace(p, nc, HPU_AUTOCAST_BF16);
-	if (accumulate)
-		for (size_t i = 0; i < nc; i++)
-			c[i] += p[i];
+	matmul_rounded(hpu__ac_round(0, a, mat_n(m, k), lp), hpu__ac_round(1, b, mat_n(k, n), lp),
+		       c, m, n, k, trans_a, trans_b, accumulate, lp);
 }
 
 void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
@@ -461,14 +451,12 @@ void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
 {
 	int lp = hpu__ac_enter(HPU_OP_MATMUL);
 	hpu__fp8_call q;
-	hpu__fp8_begin(&q, HPU_OP_MATMUL, lp, a, mat_n(m, k), b, mat_n(k, n));
+	lp = hpu__fp8_begin(&q, HPU_OP_MATMUL, lp, a, mat_n(m, k), b, mat_n(k, n));
 	if (q.on) {
 		if (m > 0 && n > 0)
-			matmul_q(q.a, q.b, c, m, n, k, trans_a, trans_b, accumulate);
+			matmul_rounded(q.a, q.b, c, m, n, k, trans_a, trans_b, accumulate, lp);
 		return;
 	}
-	if (lp == HPU_AUTOCAST_FP8)
-		lp = hpu__ac_fallback(HPU_OP_MATMUL);
 	if (!lp || m <= 0 || n <= 0)
 		matmul(a, b, c, m, n, k, trans_a, trans_b, accumulate);
 	else
@@ -488,16 +476,14 @@ void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
 {
 	int lp = hpu__ac_enter(HPU_OP_BMM);
 	hpu__fp8_call q;
-	hpu__fp8_begin(&q, HPU_OP_BMM, lp, a, span(count, stride_a, mat_n(m, k)), b,
+	lp = hpu__fp8_begin(&q, HPU_OP_BMM, lp, a, span(count, stride_a, mat_n(m, k)), b,
 		       span(count, stride_b, mat_n(k, n)));
 	if (q.on) { /* one scale for each operand's whole batch */
 		for (int i = 0; i < count && m > 0 && n > 0; i++)
-			matmul_q(q.a + i * stride_a, q.b + i * stride_b, c + i * stride_c, m,
-				 n, k, trans_a, trans_b, accumulate);
+			matmul_rounded(q.a + i * stride_a, q.b + i * stride_b, c + i * stride_c,
+				       m, n, k, trans_a, trans_b, accumulate, lp);
 		return;
 	}
-	if (lp == HPU_AUTOCAST_FP8)
-		lp = hpu__ac_fallback(HPU_OP_BMM);
 	if (!lp || m <= 0 || n <= 0)
 		bmm(a, b, c, count, m, n, k, trans_a, trans_b, accumulate, stride_a,
 		    stride_b, stride_c);
