@@ -254,6 +254,11 @@ static const struct hpu__opt opts[] = {
 	OTHER("load-params", K_STR, load_params, "start from the fp32 parameters in FILE (a --save-params file)"),
 	OTHER("eval-only", K_FLAG, eval_only, "no training: evaluate on the test split (fp8 inference: QUANT_CONFIG)"),
 	NUM("calibration-batches", K_INT, calib_batches, 1, 1e9, "QUANT_CONFIG MEASURE: training batches per rank measured (16)"),
+	OTHER("checkpoint-dir", K_STR, checkpoint_dir, "save checkpoints under DIR (each rank its shard)"),
+	NUM("checkpoint-every", K_LONG, checkpoint_every, 0, 1e15, "checkpoint every N steps, and at the end (0: only at the end)"),
+	NUM("keep", K_INT, keep, 0, 1e6, "keep the newest N checkpoints (0: all)"),
+	OTHER("resume", K_STR, resume, "resume from DIR (a checkpoint or a --checkpoint-dir), or auto: the newest intact one"),
+	NUM("stop-at-step", K_LONG, stop_at_step, 1, 1e15, "checkpoint and stop after step N, schedule unchanged (to resume later)"),
 	OTHER("config", K_CONFIG, config, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
 };
@@ -547,6 +552,20 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	    o->total_steps < o->warmup_steps) {
 		snprintf(err, errlen, "--scheduler warmup_decay: --total-steps %ld is less than --warmup-steps %ld",
 			 o->total_steps, o->warmup_steps);
+		return -1;
+	}
+	if (!o->checkpoint_dir[0] && (o->checkpoint_every || o->keep || !strcmp(o->resume, "auto"))) {
+		snprintf(err, errlen, "%s needs --checkpoint-dir DIR",
+			 o->checkpoint_every ? "--checkpoint-every" : o->keep ? "--keep" : "--resume auto");
+		return -1;
+	}
+	if (o->eval_only && (o->resume[0] || o->checkpoint_dir[0])) {
+		snprintf(err, errlen, "--eval-only does not train: it takes no --resume or --checkpoint-dir "
+				      "(hpu-ckpt export --format raw makes a --load-params file)");
+		return -1;
+	}
+	if (o->resume[0] && o->load_params[0]) {
+		snprintf(err, errlen, "--resume and --load-params both say where the parameters come from: give one");
 		return -1;
 	}
 	return 0;

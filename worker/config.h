@@ -119,6 +119,12 @@ typedef struct hpu_train_opts {
 	char load_params[512];  /* start from a --save-params file, or "" */
 	int eval_only;          /* no training: evaluate (fp8 inference) */
 	int calib_batches;      /* QUANT_CONFIG MEASURE: batches per rank (16) */
+	/* Checkpoints (ckpt.h). */
+	char checkpoint_dir[512]; /* the checkpoint root, or "" */
+	long checkpoint_every;  /* save every N steps (0: only at the end) */
+	int keep;               /* newest checkpoints kept (0: all) */
+	char resume[512];       /* "auto", a checkpoint or a root, or "" */
+	long stop_at_step;      /* checkpoint and stop after this step (0: no) */
 	char config[512];       /* the JSON config file, or "" */
 	int eval;               /* evaluate on the test split at the end */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */

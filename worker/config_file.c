@@ -600,6 +600,10 @@ static const struct fkey hputrain_keys[] = {
 	{"load_params", "load-params", NULL, 0},
 	{"eval_only", "eval-only", NULL, 0},
 	{"calibration_batches", "calibration-batches", NULL, 0},
+	{"checkpoint_dir", "checkpoint-dir", NULL, 0},
+	{"checkpoint_every", "checkpoint-every", NULL, 0},
+	{"keep_checkpoints", "keep", NULL, 0},
+	{"resume", "resume", NULL, 0},
 	{"eval", "no-eval", NULL, 0}, /* true or false */
 };
 

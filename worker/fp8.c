@@ -267,6 +267,33 @@ int hpu__fp8_preload(const char *name, const float maxabs[3], int quantize)
 	return 0;
 }
 
+int hpu__fp8_saved_get(int i, hpu_fp8_saved *out)
+{
+	if (i < 0 || i >= S.n || !S.v[i].hist)
+		return -1;
+	const inst *p = &S.v[i];
+	*out = (hpu_fp8_saved){p->name, p->layer, p->op, p->k, {p->scale[0], p->scale[1], p->scale[2]},
+			       p->hist, p->nhist, p->pos};
+	return 0;
+}
+
+int hpu__fp8_saved_put(const hpu_fp8_saved *in)
+{
+	inst *p = add(in->name);
+	if (!p)
+		return -1;
+	p->layer = in->layer;
+	p->op = in->op;
+	p->k = in->k;
+	p->resolved = 1;
+	memcpy(p->scale, in->scale, sizeof p->scale);
+	if (p->hist)
+		memcpy(p->hist, in->hist, (size_t)3 * S.r.history * sizeof *p->hist);
+	p->nhist = in->nhist;
+	p->pos = in->pos;
+	return 0;
+}
+
 int hpu__fp8_count(void)
 {
 	return S.n;

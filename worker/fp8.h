@@ -116,6 +116,22 @@ void hpu__fp8_set_maxabs(int i, const float maxabs[3]);
 float *hpu__fp8_step_amax(size_t *n);
 void hpu__fp8_roll(void);
 
+/* TRAIN, checkpoints: an instance's delayed-scaling state. hist holds
+ * 3 x history floats (x, w, dy), pos the next slot, nhist those filled. */
+typedef struct hpu_fp8_saved {
+	const char *name;
+	int layer, op, k;
+	float scale[3];
+	const float *hist;
+	int nhist, pos;
+} hpu_fp8_saved;
+
+/* Instance i's state (pointers into the instance); -1 if none. */
+int hpu__fp8_saved_get(int i, hpu_fp8_saved *out);
+/* Recreates an instance from a checkpoint (TRAIN, before the first
+ * forward; in the saved order). Returns 0, or -1 when out of memory. */
+int hpu__fp8_saved_put(const hpu_fp8_saved *in);
+
 /* ---- for the ops ---- */
 
 /* One op call's fp8 plan. */

@@ -9,89 +9,14 @@
 #include <unistd.h>
 
 #include "devmem.h"
-#include "model.h"
-#include "optim.h"
+#include "strategy_impl.h"
 #include "simd.h"
 #include "lowp.h"
 #include "fp8.h"
 
-/* A unit is a run of consecutive layers whose parameters are communicated
- * together: a DDP or ZeRO-2 gradient bucket, a ZeRO-1 partition unit, one
- * layer under ZeRO-3, everything under fast_ddp. In the strategy's layout a
- * unit is the floats [off, off + len); under ZeRO, len is padded to a
- * multiple of 16 * world and rank r owns the piece [off + r*piece, off +
- * (r+1)*piece), found at shard_off in the shard buffers. */
-typedef struct unit {
-	int first, last;     /* layers */
-	int nparam_layers;
-	int pending;         /* of those, the ones whose backward is still due */
-	size_t off, len, piece, shard_off;
-	int persistent;      /* zero3: small enough to stay whole */
-	float *full;         /* zero3: gathered (or persistent) parameters */
-	hpucoll_req *gather; /* zero3: the gather of `full` in flight */
-	float *gbuf;         /* zero2/3: the unit's gradients in backward */
-	uint16_t *cbuf;      /* bf16 staging of a gradient all-reduce */
-	hpu_optim opt;
-	float *opt_p, *opt_g; /* what the optimizer updates, opt.n floats */
-	/* mixed precision */
-	float *cp;           /* the fp32 compute copy of the parameters */
-	float *gs;           /* fp32 gradients while the unit's backward runs */
-	uint16_t *full16;    /* zero3: gathered (or persistent) 16-bit params */
-	uint16_t *gbuf16;    /* zero2/3: the 16-bit bucket being reduced */
-	uint16_t *opt_p16, *opt_g16; /* the 16-bit working copy / gradients
-				      * of the optimizer's range */
-} unit;
+#define fail hpu__strat_fail
 
-/* A gradient collective in flight; they complete in issue order. */
-typedef struct flight {
-	int unit;
-	hpucoll_req *req;
-} flight;
-
-struct hpu_strat {
-	hpu_builder *b;
-	hpucoll_comm *comm;
-	const hpu_train_opts *o;
-	hpu_strategy kind;
-	int rank, world, sharded, nlayers;
-	unit *u;
-	int nunits;
-	size_t total, shard_total;
-	float *P, *G;      /* whole parameters / gradients, where kept */
-	float *PS, *GS;    /* parameter shard (zero3) / gradient shard (zero2/3) */
-	float *state;      /* optimizer state */
-	int maxbatch;
-	size_t maxw;
-	float **acts;      /* acts[i]: layer i's output, or NULL when dropped */
-	char *transient;   /* layer i's output is dropped after layer i+1 reads it */
-	float *dbuf[2];    /* activation gradients, ping-pong */
-	const float *x;    /* the batch of the last forward */
-	flight *q;         /* FIFO of gradient collectives */
-	int qhead, qn;
-	int micro;         /* the micro-step in backward */
-	float **lcp, **lgs; /* mixed: per layer, fp32 parameters / gradients */
-	int injected;      /* --inject-overflow-step done this step */
-	size_t live;       /* zero3: gathered floats alive (not persistent) */
-	/* Mixed precision: 16-bit working parameters and gradients (whole or
-	 * shards, as the fp32 ones otherwise), fp32 master weights in the
-	 * optimizer's space, 16-bit traffic. */
-	int mp, fp16;
-	hpucoll_dtype dt16;
-	uint16_t *P16, *G16, *PS16, *GS16;
-	float *M;          /* master weights */
-	float *chunk;      /* gradients converted for the optimizer */
-	double scale;      /* the loss scale (1 unless 16-mixed) */
-	int hyst_left;     /* overflows left before the scale halves */
-	long step_no, last_overflow, skipped;
-	char *err;
-	size_t errlen;
-	int load_fd;             /* --load-params, or -1 */
-};
-
-static int fail(hpu_strat *s, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static int fail(hpu_strat *s, const char *fmt, ...)
+int hpu__strat_fail(hpu_strat *s, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -450,11 +375,31 @@ static int init_layer(hpu_strat *s, int i, float *dst)
 	return 0;
 }
 
+/* Unit j's initial parameters into full[0 .. len): from the initializers,
+ * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
+ * unit not kept whole reads only this rank's piece of the checkpoint. */
+static int fill_unit(hpu_strat *s, int j, float *full)
+{
+	unit *u = &s->u[j];
+	hpu_builder *b = s->b;
+	if (s->resume) {
+		size_t lo = 0, n = u->len;
+		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
+			lo = (size_t)s->rank * u->piece;
+			n = u->piece;
+		}
+		return hpu__strat_read_layout(s, 0, u->off + lo, n, full + lo);
+	}
+	for (int i = u->first; i <= u->last; i++)
+		if (b->layers[i]->plen && init_layer(s, i, full + (b->layers[i]->off - u->off)) < 0)
+			return -1;
+	return 0;
+}
+
 /* Mixed precision: the fp32 initial values become the master weights; the
  * working copy is their 16-bit rounding, on every rank alike. */
 static int init_params_mp(hpu_strat *s)
 {
-	hpu_builder *b = s->b;
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
 		char what[128];
@@ -462,12 +407,10 @@ static int init_params_mp(hpu_strat *s)
 		float *full = dalloc(s, HPU_MEM_OTHER, u->len * 4, what);
 		if (!full)
 			return -1;
-		for (int i = u->first; i <= u->last; i++)
-			if (b->layers[i]->plen &&
-			    init_layer(s, i, full + (b->layers[i]->off - u->off)) < 0) {
-				hpu_dfree(full);
-				return -1;
-			}
+		if (fill_unit(s, j, full) < 0) {
+			hpu_dfree(full);
+			return -1;
+		}
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 		memcpy(u->opt_p, full + mine, u->opt.n * 4);
 		if (s->P16) {
@@ -493,7 +436,6 @@ static int init_params_mp(hpu_strat *s)
  * (and the whole of persistent units). */
 static int init_params(hpu_strat *s)
 {
-	hpu_builder *b = s->b;
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
 		float *dst = s->P ? s->P + u->off : NULL;
@@ -503,13 +445,11 @@ static int init_params(hpu_strat *s)
 			if (!(dst = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
 				return -1;
 		}
-		for (int i = u->first; i <= u->last; i++)
-			if (b->layers[i]->plen &&
-			    init_layer(s, i, dst + (b->layers[i]->off - u->off)) < 0) {
-				if (!s->P)
-					hpu_dfree(dst);
-				return -1;
-			}
+		if (fill_unit(s, j, dst) < 0) {
+			if (!s->P)
+				hpu_dfree(dst);
+			return -1;
+		}
 		if (s->P)
 			continue;
 		memcpy(s->PS + u->shard_off, dst + (size_t)s->rank * u->piece, u->piece * 4);
@@ -1311,7 +1251,7 @@ static void mark_transient(hpu_strat *s)
 }
 
 int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
-		  const hpu_train_opts *o, int maxbatch, char *err,
+		  const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
 		  size_t errlen)
 {
 	*out = NULL;
@@ -1332,6 +1272,7 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->err = err;
 	s->errlen = errlen;
 	s->load_fd = -1;
+	s->resume = resume;
 	*out = s;
 	s->u = calloc((size_t)b->nlayers + 1, sizeof *s->u);
 	s->q = calloc((size_t)b->nlayers + 2, sizeof *s->q);
@@ -1366,7 +1307,7 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	if (s->load_fd >= 0)
 		close(s->load_fd);
 	s->load_fd = -1;
-	if (rc)
+	if (rc || (resume && hpu__strat_resume_state(s) < 0))
 		return -1;
 	for (int k = 0; k < 2; k++)
 		if (!(s->dbuf[k] = dalloc(s, HPU_MEM_ACTS, (size_t)maxbatch * s->maxw * 4,
@@ -1419,6 +1360,7 @@ void hpu_strat_free(hpu_strat **ps)
 	free(s->q);
 	free(s->acts);
 	free(s->transient);
+	free(s->canon);
 	free(s);
 	*ps = NULL;
 }

@@ -10,6 +10,7 @@
 #include <hpu/coll.h>
 #include <stddef.h>
 
+#include "ckpt.h"
 #include "config.h"
 #include "model.h"
 
@@ -18,9 +19,13 @@ typedef struct hpu_strat hpu_strat;
 /* Lays the model's parameters out for o->strategy, allocates and
  * initializes them (every rank computes the same initial values from
  * o->seed) and the optimizer state, for micro-batches of up to `maxbatch`
- * samples. Errors (including device memory) go to err. */
+ * samples. With `resume` (an opened, verified checkpoint of this model,
+ * saved under any strategy and world size), the master weights, the
+ * optimizer state and the loss scaler come from it instead: each rank
+ * reads only the ranges it keeps. Errors (including device memory) go to
+ * err. */
 int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
-		  const hpu_train_opts *o, int maxbatch, char *err,
+		  const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
 		  size_t errlen);
 
 /* Forward pass over x[n, sample_size]; *out is the last layer's output. */
@@ -41,6 +46,30 @@ int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm);
 /* Writes the consolidated fp32 parameters, each parameter's numel floats
  * in declaration order, to `path` on rank 0. Every rank must call it. */
 int hpu_strat_save_params(hpu_strat *s, const char *path);
+
+/* ---- checkpoints (strat_ckpt.c) ---- */
+
+/* The sections this strategy's checkpoints hold: "params", then the
+ * optimizer's state. Returns their count (1 to 3). */
+int hpu_strat_ckpt_sections(const hpu_strat *s, const char *names[3]);
+
+/* The canonical segments rank r of this run saves, increasing and merged
+ * (malloc'ed; *n may be 0). Under ZeRO, what the rank owns; otherwise,
+ * every rank holding everything, the r-th of W equal slices. */
+int hpu_strat_ckpt_segments(const hpu_strat *s, int r, hpu_ckpt_seg **segs, size_t *n);
+
+/* Writes this rank's segments of every section into w. */
+int hpu_strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w);
+
+/* The counters a checkpoint carries besides the floats. */
+typedef struct hpu_strat_state {
+	long opt_steps;     /* optimizer steps taken (skipped ones excluded) */
+	double loss_scale;
+	int hysteresis_left;
+	long scaler_steps, last_overflow, skipped;
+} hpu_strat_state;
+
+void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st);
 
 /* Layout facts for logs and metrics. */
 int hpu_strat_units(const hpu_strat *s);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "checkpoint.h"
 #include "devmem.h"
 #include "fp8.h"
 #include "loader.h"
@@ -30,7 +31,8 @@ typedef struct loop {
 	hpu_loader *loader;      /* training micro-batches, one ahead */
 	uint32_t *perm;
 	hpu_strat *st;
-	hpu_sched sched;
+	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
+				  * schedule */
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
@@ -302,7 +304,7 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 			return -1;
 		sum += loss;
 	}
-	if (hpu_strat_step(L->st, hpu_sched_lr(&L->sched, gstep), norm_out) < 0 ||
+	if (hpu_strat_step(L->st, hpu_sched_lr(&L->pos.sched, gstep), norm_out) < 0 ||
 	    fp8_roll(L) < 0)
 		return -1;
 	L->comm_bytes += bytes_sent(L) - sent0;
@@ -487,49 +489,82 @@ static int write_final(loop *L, long steps, float loss, double sps,
 	return 0;
 }
 
-static int run_epochs(loop *L, long *steps_out, float *loss_out, double *sps_out)
+/* The run's length in optimizer steps, and the steps of an epoch. */
+static int run_total(loop *L, long *total, size_t *per_epoch)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	size_t per_epoch = hpu_sampler_steps(d->size, (size_t)L->o->batch_size);
-	long total = (long)per_epoch * L->o->epochs, step = 0;
-	if (L->o->max_steps > 0 && L->o->max_steps < total)
-		total = L->o->max_steps;
-	if (per_epoch == 0)
+	*per_epoch = hpu_sampler_steps(d->size, (size_t)L->o->batch_size);
+	if (*per_epoch == 0)
 		return fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
 			    d->size, L->o->batch_size);
-	hpu_sched_init(&L->sched, L->o, total);
+	*total = (long)*per_epoch * L->o->epochs;
+	if (L->o->max_steps > 0 && L->o->max_steps < *total)
+		*total = L->o->max_steps;
+	return 0;
+}
+
+/* A checkpoint after `step` steps, the last of which was batch s of
+ * epoch e. */
+static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch)
+{
+	hpu_run_pos p = L->pos;
+	p.step = step;
+	p.epoch = s + 1 < per_epoch ? e : e + 1;
+	p.batch = s + 1 < per_epoch ? (long)(s + 1) : 0;
+	return hpu_checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
+}
+
+/* Trains from L->pos to step `total`: checkpoints every
+ * --checkpoint-every steps and at the end; stops early at --stop-at-step. */
+static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, float *loss_out,
+		      double *sps_out)
+{
+	const hpu_train_opts *o = L->o;
+	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
 	double t0 = 0, tlog = 0, norm = 0;
-	long step0 = 0, steplog = 0;
+	long step = L->pos.step, first = step, step0 = step, steplog = step;
 	float loss = 0;
-	for (int e = 0; e < L->o->epochs && step < total; e++) {
+	for (int e = L->pos.epoch; e < o->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
-		hpu_sampler_permute(L->perm, d->size, L->o->seed, (uint64_t)e);
-		size_t steps = per_epoch;
-		if ((long)steps > total - step)
-			steps = (size_t)(total - step);
-		prefetch(L, 0, 0);
-		for (size_t s = 0; s < steps; s++) {
-			double lr = hpu_sched_lr(&L->sched, step);
-			if (train_step(L, s, step, s + 1 < steps, &loss, &norm) < 0)
+		hpu_sampler_permute(L->perm, d->size, L->pos.seed, (uint64_t)e);
+		size_t s0 = e == L->pos.epoch ? (size_t)L->pos.batch : 0, end = per_epoch;
+		if ((long)(end - s0) > total - step)
+			end = s0 + (size_t)(total - step);
+		prefetch(L, s0, 0);
+		for (size_t s = s0; s < end; s++) {
+			double lr = hpu_sched_lr(&L->pos.sched, step);
+			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0)
 				return -1;
 			step++;
 			double t = now_s();
-			if (step == 1) { /* the first step pays for warm-up */
+			if (step == first + 1) { /* the first step pays for warm-up */
 				t0 = tlog = t;
-				step0 = steplog = 1;
+				step0 = steplog = step;
 			}
-			if (L->o->log_every && step % L->o->log_every == 0) {
+			if (o->log_every && step % o->log_every == 0) {
 				double sps = t > tlog ? (double)(step - steplog) *
-							L->o->batch_size / (t - tlog) : 0;
+							o->batch_size / (t - tlog) : 0;
 				if (log_step(L, step, total, e, loss, lr, norm, sps) < 0)
 					return -1;
 				tlog = t;
 				steplog = step;
 			}
+			int stop = o->stop_at_step > 0 && step == o->stop_at_step;
+			if (o->checkpoint_dir[0] &&
+			    ((o->checkpoint_every > 0 && step % o->checkpoint_every == 0) || stop ||
+			     step == total) &&
+			    save_checkpoint(L, step, e, s, per_epoch) < 0)
+				return -1;
+			if (stop) {
+				if (L->rank == 0)
+					printf("stopped after step %ld of %ld (--stop-at-step)\n", step, total);
+				goto done;
+			}
 		}
 	}
+done:;
 	double t = now_s();
-	*sps_out = step > step0 && t > t0 ? (double)(step - step0) * L->o->batch_size / (t - t0) : 0;
+	*sps_out = step > step0 && t > t0 ? (double)(step - step0) * o->batch_size / (t - t0) : 0;
 	*steps_out = step;
 	*loss_out = loss;
 	return 0;
@@ -543,20 +578,37 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	L.world = hpucoll_comm_size(comm);
 	L.micro = o->micro_batch;
 	L.accum = o->grad_accum;
+	L.pos.seed = o->seed;
 	err[0] = 0;
 	int rc = -1;
-	if (L.rank == 0 && o->metrics[0] && !(L.metrics = fopen(o->metrics, "w"))) {
+	hpu_ckpt *ck = NULL;
+	long total = 0;
+	size_t per_epoch = 0;
+	double tload = now_s();
+	if (hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
+	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
+	    hpu_checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
+		goto out;
+	/* a resumed run adds to the metrics of the run it continues */
+	if (L.rank == 0 && o->metrics[0] && !(L.metrics = fopen(o->metrics, ck ? "a" : "w"))) {
 		fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
 		goto out;
 	}
-	if (hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
-	    hpu_strat_new(&L.st, b, comm, o, L.micro, err, errlen) < 0 ||
+	hpu_sched_init(&L.pos.sched, o, total);
+	if (hpu_strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
+	    (ck && hpu_checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
+					errlen) < 0) ||
 	    alloc_buffers(&L) < 0)
 		goto out;
+	if (ck) {
+		hpu_ckpt_close(ck);
+		free(ck);
+		ck = NULL;
+	}
 	long steps = 0;
 	float loss = 0;
 	double sps = 0, metric = 0, count = 0;
-	if (!o->eval_only && run_epochs(&L, &steps, &loss, &sps) < 0)
+	if (!o->eval_only && run_epochs(&L, total, per_epoch, &steps, &loss, &sps) < 0)
 		goto out;
 	if (L.quant.mode == HPU_FP8_MEASURE && calibrate(&L) < 0)
 		goto out;
@@ -572,6 +624,10 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	rc = 0;
 out:
+	if (ck) {
+		hpu_ckpt_close(ck);
+		free(ck);
+	}
 	free_buffers(&L);
 	return rc;
 }

@@ -1,0 +1,649 @@
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "fp8.h"
+
+static int say(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int say(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- every rank's outcome, shared ---- */
+
+/* One rank's outcome of a phase, all-gathered as bytes. */
+typedef struct rec {
+	char ok;
+	char sha256[65];
+	char pad[2];
+	double bytes, secs;
+	char msg[424];
+} rec;
+
+/* Shares every rank's rec; returns how many failed and, in err, the first
+ * failure as "rank R: ...". all[world] is the caller's (or NULL). */
+static int agree(hpucoll_comm *comm, const rec *mine, rec *all, char *err, size_t errlen)
+{
+	int world = hpucoll_comm_size(comm), failed = 0;
+	rec *v = all ? all : calloc((size_t)world, sizeof *v);
+	if (!v)
+		return say(err, errlen, "out of memory"), world;
+	int rc = hpucoll_all_gather(comm, mine, v, sizeof *mine, HPUCOLL_U8);
+	if (rc) {
+		const char *m = hpucoll_comm_errmsg(comm);
+		say(err, errlen, "checkpoint all-gather failed: %s", m && *m ? m : hpucoll_strerror(rc));
+		failed = world;
+	} else {
+		for (int r = world - 1; r >= 0; r--)
+			if (!v[r].ok) {
+				v[r].msg[sizeof v[r].msg - 1] = '\0';
+				say(err, errlen, "rank %d: %s", r, v[r].msg);
+				failed++;
+			}
+	}
+	if (!all)
+		free(v);
+	return failed;
+}
+
+/* ---- saving ---- */
+
+static int mkdir_p(const char *path, char *err, size_t errlen)
+{
+	char p[600];
+	snprintf(p, sizeof p, "%s", path);
+	for (char *s = p + 1;; s++) {
+		if (*s == '/' || !*s) {
+			char c = *s;
+			*s = '\0';
+			if (mkdir(p, 0755) < 0 && errno != EEXIST)
+				return say(err, errlen, "cannot make directory %s: %s", p, strerror(errno));
+			*s = c;
+			if (!c)
+				break;
+		}
+	}
+	return 0;
+}
+
+static cJSON *seed_json(uint64_t seed)
+{
+	char buf[32];
+	snprintf(buf, sizeof buf, "%llu", (unsigned long long)seed);
+	return cJSON_CreateString(buf);
+}
+
+static cJSON *sched_json(const hpu_sched *s)
+{
+	cJSON *j = cJSON_CreateObject();
+	cJSON_AddStringToObject(j, "type", hpu_sched_name(s->kind));
+	cJSON_AddNumberToObject(j, "lr", s->lr);
+	cJSON_AddNumberToObject(j, "warmup_min_lr", s->warmup_min_lr);
+	cJSON_AddNumberToObject(j, "warmup_steps", (double)s->warmup_steps);
+	cJSON_AddStringToObject(j, "warmup_type", s->warmup_type == HPU_WARMUP_LINEAR ? "linear" : "log");
+	cJSON_AddNumberToObject(j, "total_steps", (double)s->total_steps);
+	cJSON_AddNumberToObject(j, "step_size", (double)s->step_size);
+	cJSON_AddNumberToObject(j, "gamma", s->gamma);
+	cJSON_AddNumberToObject(j, "min_lr", s->min_lr);
+	return j;
+}
+
+static cJSON *floats_json(const float *v, int n)
+{
+	cJSON *a = cJSON_CreateArray();
+	for (int i = 0; i < n; i++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+	return a;
+}
+
+/* fp8 training's per-call-site scales and amax histories (every rank
+ * holds the same after the step's amax reduction). */
+static cJSON *fp8_json(const hpu_train_opts *o)
+{
+	const hpu_fp8_recipe *r = hpu__fp8_recipe();
+	cJSON *j = cJSON_CreateObject(), *sites = cJSON_CreateArray();
+	cJSON_AddNumberToObject(j, "amax_history_len", r->history);
+	cJSON_AddNumberToObject(j, "margin", o->fp8_margin);
+	for (int i = 0; i < hpu__fp8_count(); i++) {
+		hpu_fp8_saved sv;
+		if (hpu__fp8_saved_get(i, &sv) < 0)
+			continue;
+		cJSON *s = cJSON_CreateObject();
+		cJSON_AddStringToObject(s, "name", sv.name);
+		cJSON_AddNumberToObject(s, "layer", sv.layer);
+		cJSON_AddNumberToObject(s, "op", sv.op);
+		cJSON_AddNumberToObject(s, "k", sv.k);
+		cJSON_AddItemToObject(s, "scale", floats_json(sv.scale, 3));
+		cJSON_AddNumberToObject(s, "filled", sv.nhist);
+		cJSON_AddNumberToObject(s, "pos", sv.pos);
+		cJSON_AddItemToObject(s, "amax_history", floats_json(sv.hist, 3 * r->history));
+		cJSON_AddItemToArray(sites, s);
+	}
+	cJSON_AddItemToObject(j, "sites", sites);
+	return j;
+}
+
+static cJSON *params_json(const hpu_builder *b)
+{
+	cJSON *arr = cJSON_CreateArray();
+	uint64_t at = 0;
+	for (int i = 0; i < b->nparams; i++) {
+		const hpu_param_info *p = &b->params[i];
+		cJSON *j = cJSON_CreateObject(), *shape = cJSON_CreateArray();
+		cJSON_AddStringToObject(j, "name", p->name);
+		for (int d = 0; d < p->ndim; d++)
+			cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)p->shape[d]));
+		cJSON_AddItemToObject(j, "shape", shape);
+		cJSON_AddStringToObject(j, "dtype", "F32");
+		cJSON_AddNumberToObject(j, "offset", (double)at);
+		cJSON_AddNumberToObject(j, "numel", (double)p->numel);
+		cJSON_AddItemToArray(arr, j);
+		at += p->numel;
+	}
+	return arr;
+}
+
+/* Rank 0: the manifest of the shards every rank wrote (all[world]). */
+static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder *b,
+		       hpu_strat *st, const hpu_run_pos *pos, const rec *all, char *err,
+		       size_t errlen)
+{
+	int world = hpucoll_comm_size(comm);
+	hpu_strat_state ss;
+	hpu_strat_get_state(st, &ss);
+	const char *names[3];
+	int ns = hpu_strat_ckpt_sections(st, names);
+	cJSON *m = cJSON_CreateObject();
+	cJSON_AddStringToObject(m, "format", HPU_CKPT_FORMAT);
+	cJSON_AddNumberToObject(m, "version", HPU_CKPT_VERSION);
+	const char *slash = strrchr(b->path, '/');
+	cJSON_AddStringToObject(m, "model", slash ? slash + 1 : b->path);
+	cJSON_AddNumberToObject(m, "world_size", world);
+	cJSON_AddStringToObject(m, "strategy", hpu_strategy_name(o->strategy));
+	cJSON_AddStringToObject(m, "precision", hpu_precision_name(o->precision));
+	cJSON_AddStringToObject(m, "optimizer", hpu_optim_name(o->optimizer));
+	cJSON_AddNumberToObject(m, "step", (double)pos->step);
+	cJSON_AddNumberToObject(m, "epoch", pos->epoch);
+	cJSON_AddNumberToObject(m, "batch_in_epoch", (double)pos->batch);
+	cJSON_AddNumberToObject(m, "global_batch", o->batch_size);
+	cJSON *rng = cJSON_CreateObject();
+	cJSON_AddItemToObject(rng, "seed", seed_json(pos->seed));
+	cJSON_AddStringToObject(rng, "sampler",
+				"permutation of epoch e from (seed, e); no other random state");
+	cJSON_AddItemToObject(m, "rng", rng);
+	cJSON_AddItemToObject(m, "scheduler", sched_json(&pos->sched));
+	cJSON_AddNumberToObject(m, "optimizer_steps", (double)ss.opt_steps);
+	cJSON *ls = cJSON_CreateObject();
+	cJSON_AddNumberToObject(ls, "scale", ss.loss_scale);
+	cJSON_AddNumberToObject(ls, "hysteresis_left", ss.hysteresis_left);
+	cJSON_AddNumberToObject(ls, "steps", (double)ss.scaler_steps);
+	cJSON_AddNumberToObject(ls, "last_overflow", (double)ss.last_overflow);
+	cJSON_AddNumberToObject(ls, "skipped", (double)ss.skipped);
+	cJSON_AddItemToObject(m, "loss_scaler", ls);
+	if (o->precision == HPU_PREC_FP8)
+		cJSON_AddItemToObject(m, "fp8", fp8_json(o));
+	cJSON_AddNumberToObject(m, "numel", (double)b->psi);
+	cJSON_AddItemToObject(m, "parameters", params_json(b));
+	cJSON *secs = cJSON_CreateArray();
+	for (int k = 0; k < ns; k++)
+		cJSON_AddItemToArray(secs, cJSON_CreateString(names[k]));
+	cJSON_AddItemToObject(m, "sections", secs);
+	cJSON *files = cJSON_CreateArray();
+	cJSON_AddItemToObject(m, "files", files);
+	for (int r = 0; r < world; r++) {
+		hpu_ckpt_file f = {.bytes = (uint64_t)all[r].bytes};
+		hpu_ckpt_shard_name(r, world, f.name, sizeof f.name);
+		memcpy(f.sha256, all[r].sha256, sizeof f.sha256);
+		if (hpu_strat_ckpt_segments(st, r, &f.seg, &f.nseg) < 0) {
+			say(err, errlen, "out of memory");
+			cJSON_Delete(m);
+			return NULL;
+		}
+		cJSON_AddItemToArray(files, hpu_ckpt_file_json(&f));
+		free(f.seg);
+	}
+	return m;
+}
+
+/* Rank 0, after every shard is in place: the manifest, then publishing. */
+static int finish(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder *b,
+		  hpu_strat *st, const hpu_run_pos *pos, const rec *all, const char *partial,
+		  const char *name, char *msg, size_t msglen)
+{
+	cJSON *m = manifest(comm, o, b, st, pos, all, msg, msglen);
+	if (!m)
+		return -1;
+	char *text = cJSON_Print(m);
+	cJSON_Delete(m);
+	if (!text)
+		return say(msg, msglen, "out of memory");
+	char path[1200];
+	snprintf(path, sizeof path, "%s/%s/%s", o->checkpoint_dir, partial, HPU_CKPT_MANIFEST);
+	int rc = hpu_ckpt_write_atomic(path, text, strlen(text), msg, msglen);
+	free(text);
+	if (rc == 0)
+		rc = hpu_ckpt_publish(o->checkpoint_dir, partial, name, o->keep, msg, msglen);
+	return rc;
+}
+
+static void save_report(const hpu_train_opts *o, const char *name, long step, const rec *all,
+			int world, double secs, FILE *metrics)
+{
+	double bytes = 0, slowest = 0;
+	for (int r = 0; r < world; r++) {
+		bytes += all[r].bytes;
+		slowest = all[r].secs > slowest ? all[r].secs : slowest;
+	}
+	printf("checkpoint: step %ld saved to %s/%s: %d shards, %.1f MB, %.3f s "
+	       "(slowest rank wrote %.1f MB/s)\n",
+	       step, o->checkpoint_dir, name, world, bytes / 1e6, secs,
+	       slowest > 0 ? all[0].bytes / 1e6 / slowest : 0);
+	if (!metrics)
+		return;
+	cJSON *j = cJSON_CreateObject(), *ranks = cJSON_CreateArray();
+	cJSON_AddStringToObject(j, "checkpoint", "saved");
+	cJSON_AddNumberToObject(j, "step", (double)step);
+	cJSON_AddStringToObject(j, "name", name);
+	cJSON_AddNumberToObject(j, "bytes", bytes);
+	cJSON_AddNumberToObject(j, "seconds", secs);
+	for (int r = 0; r < world; r++) {
+		cJSON *x = cJSON_CreateObject();
+		cJSON_AddNumberToObject(x, "rank", r);
+		cJSON_AddNumberToObject(x, "bytes", all[r].bytes);
+		cJSON_AddNumberToObject(x, "seconds", all[r].secs);
+		cJSON_AddItemToArray(ranks, x);
+	}
+	cJSON_AddItemToObject(j, "ranks", ranks);
+	char *s = cJSON_PrintUnformatted(j);
+	if (s)
+		fprintf(metrics, "%s\n", s);
+	fflush(metrics);
+	free(s);
+	cJSON_Delete(j);
+}
+
+int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
+			size_t errlen)
+{
+	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
+	const char *root = o->checkpoint_dir;
+	char name[64], partial[80], path[1200], why[600];
+	double t0 = now_s();
+	hpu_ckpt_step_name(pos->step, name, sizeof name);
+	snprintf(partial, sizeof partial, ".%s.partial", name);
+	rec mine = {.ok = 1};
+	rec *all = calloc((size_t)world, sizeof *all);
+	if (!all)
+		return say(err, errlen, "out of memory");
+	/* rank 0 makes the partial directory; a crashed save's is dropped */
+	if (rank == 0) {
+		snprintf(path, sizeof path, "%s/%s", root, partial);
+		hpu_ckpt_rmtree(path);
+		if (mkdir_p(root, mine.msg, sizeof mine.msg) < 0 ||
+		    (mkdir(path, 0755) < 0 && say(mine.msg, sizeof mine.msg, "cannot make directory %s: %s",
+						  path, strerror(errno))))
+			mine.ok = 0;
+	}
+	if (agree(comm, &mine, all, why, sizeof why))
+		goto failed;
+	/* every rank its shard, at once */
+	char shard[96];
+	hpu_ckpt_shard_name(rank, world, shard, sizeof shard);
+	snprintf(path, sizeof path, "%s/%s/%s", root, partial, shard);
+	double tw = now_s();
+	hpu_ckpt_writer w;
+	if (hpu_ckpt_writer_open(&w, path, mine.msg, sizeof mine.msg) < 0) {
+		mine.ok = 0;
+	} else if (hpu_strat_ckpt_write(st, &w) < 0) {
+		mine.ok = 0;
+		hpu_ckpt_writer_abort(&w);
+	} else {
+		mine.bytes = (double)w.bytes;
+		if (hpu_ckpt_writer_commit(&w, mine.sha256, mine.msg, sizeof mine.msg) < 0) {
+			mine.ok = 0;
+			hpu_ckpt_writer_abort(&w);
+		}
+	}
+	if (!mine.ok && !mine.msg[0]) /* the strategy's sentence is in err */
+		snprintf(mine.msg, sizeof mine.msg, "%s", err);
+	mine.secs = now_s() - tw;
+	if (agree(comm, &mine, all, why, sizeof why))
+		goto failed;
+	/* rank 0: manifest, rename, latest, pruning */
+	rec done = {.ok = 1};
+	if (rank == 0 && finish(comm, o, b, st, pos, all, partial, name, done.msg,
+				sizeof done.msg) < 0)
+		done.ok = 0;
+	if (agree(comm, &done, NULL, why, sizeof why))
+		goto failed;
+	if (rank == 0)
+		save_report(o, name, pos->step, all, world, now_s() - t0, metrics);
+	free(all);
+	return 0;
+failed:
+	if (rank == 0) {
+		snprintf(path, sizeof path, "%s/%s", root, partial);
+		hpu_ckpt_rmtree(path);
+	}
+	free(all);
+	return say(err, errlen, "checkpoint of step %ld not saved (the previous checkpoints are "
+				"untouched): %s",
+		   pos->step, why);
+}
+
+/* ---- resuming ---- */
+
+/* The checkpoint's parameters must be the model's, name by name. */
+static int same_model(const hpu_ckpt *c, const hpu_builder *b, char *err, size_t errlen)
+{
+	if (c->nparams != b->nparams)
+		return say(err, errlen,
+			   "checkpoint %s holds %d parameters, the model %s has %d (another model?)",
+			   c->dir, c->nparams, b->path, b->nparams);
+	for (int i = 0; i < b->nparams; i++) {
+		const hpu_param_info *p = &b->params[i];
+		const hpu_ckpt_param *q = &c->params[i];
+		int same = strcmp(p->name, q->name) == 0 && p->ndim == q->ndim;
+		for (int d = 0; same && d < p->ndim; d++)
+			same = p->shape[d] == q->shape[d];
+		if (!same)
+			return say(err, errlen,
+				   "checkpoint %s: parameter %d is %s (%llu floats) there, %s (%zu "
+				   "floats) in %s (another model?)",
+				   c->dir, i, q->name, (unsigned long long)q->numel, p->name, p->numel,
+				   b->path);
+	}
+	return 0;
+}
+
+/* Opens and verifies one checkpoint, every rank checking its share of the
+ * files. Returns it, or NULL with the first failure in err. */
+static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *dir,
+			 char *err, size_t errlen)
+{
+	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
+	rec mine = {.ok = 1};
+	hpu_ckpt *c = calloc(1, sizeof *c);
+	if (!c) {
+		mine.ok = 0;
+		snprintf(mine.msg, sizeof mine.msg, "out of memory");
+	} else if (hpu_ckpt_open(c, dir, mine.msg, sizeof mine.msg) < 0 ||
+		   same_model(c, b, mine.msg, sizeof mine.msg) < 0) {
+		mine.ok = 0;
+	} else {
+		for (int i = rank; i < c->nfiles && mine.ok; i += world) {
+			if (hpu_ckpt_verify(c, i, mine.msg, sizeof mine.msg) < 0)
+				mine.ok = 0;
+			c->bytes_verified += c->files[i].bytes;
+		}
+	}
+	if (agree(comm, &mine, NULL, err, errlen)) {
+		if (c)
+			hpu_ckpt_close(c);
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
+static int exists(const char *dir, const char *file)
+{
+	char p[1200];
+	struct stat st;
+	snprintf(p, sizeof p, "%s/%s", dir, file);
+	return stat(p, &st) == 0;
+}
+
+int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			hpu_ckpt **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	int rank = hpucoll_comm_rank(comm);
+	const char *want = o->resume, *rc_env = getenv("HPU_RESTART_COUNT");
+	long restarts = rc_env ? strtol(rc_env, NULL, 10) : 0;
+	if (!*want && restarts > 0 && o->checkpoint_dir[0]) {
+		want = "auto";
+		if (rank == 0)
+			printf("restart %ld (HPU_RESTART_COUNT): resuming from the newest intact "
+			       "checkpoint in %s\n",
+			       restarts, o->checkpoint_dir);
+	}
+	if (!*want)
+		return 0;
+	int autom = strcmp(want, "auto") == 0;
+	const char *root = autom ? o->checkpoint_dir : want;
+	char **names = NULL, dir[1200], why[600] = "";
+	if (!autom && exists(want, HPU_CKPT_MANIFEST)) {
+		*out = try_one(comm, b, want, why, sizeof why);
+		return *out ? 0 : say(err, errlen, "--resume %s: %s", want, why);
+	}
+	int n = hpu_ckpt_candidates(root, &names, err, errlen);
+	if (n < 0)
+		return -1;
+	if (n == 0) {
+		hpu_ckpt_free_names(names);
+		if (!autom)
+			return say(err, errlen,
+				   "--resume %s: no checkpoint there (neither %s nor step-* directories)",
+				   want, HPU_CKPT_MANIFEST);
+		if (rank == 0)
+			printf("resume: no checkpoint in %s yet: starting from step 0\n", root);
+		return 0;
+	}
+	for (int i = 0; i < (autom ? n : 1) && !*out; i++) {
+		snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+		*out = try_one(comm, b, dir, why, sizeof why);
+		if (!*out && rank == 0 && autom && i + 1 < n)
+			printf("warning: resume: checkpoint %s is unusable: %s; falling back to %s/%s\n",
+			       dir, why, root, names[i + 1]);
+	}
+	hpu_ckpt_free_names(names);
+	if (!*out)
+		return say(err, errlen, "--resume %s: no intact checkpoint in %s: %s", want, root, why);
+	return 0;
+}
+
+/* ---- applying the run's state ---- */
+
+static double num(const cJSON *o, const char *key, double dflt)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
+}
+
+static int pick(const char *v, const char *(*name)(int), int n)
+{
+	for (int i = 0; i < n; i++)
+		if (v && strcmp(v, name(i)) == 0)
+			return i;
+	return -1;
+}
+
+static const char *sched_name_i(int i)
+{
+	return hpu_sched_name((hpu_sched_kind)i);
+}
+
+static int sched_from(const cJSON *j, hpu_sched *s)
+{
+	const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type"),
+		    *wt = cJSON_GetObjectItemCaseSensitive(j, "warmup_type");
+	int kind = pick(cJSON_IsString(t) ? t->valuestring : NULL, sched_name_i,
+			HPU_SCHED_WARMUP_DECAY + 1);
+	if (kind < 0)
+		return -1;
+	s->kind = (hpu_sched_kind)kind;
+	s->lr = num(j, "lr", s->lr);
+	s->warmup_min_lr = num(j, "warmup_min_lr", s->warmup_min_lr);
+	s->warmup_steps = (long)num(j, "warmup_steps", (double)s->warmup_steps);
+	s->warmup_type = cJSON_IsString(wt) && !strcmp(wt->valuestring, "linear") ? HPU_WARMUP_LINEAR
+										    : HPU_WARMUP_LOG;
+	s->total_steps = (long)num(j, "total_steps", (double)s->total_steps);
+	s->step_size = (long)num(j, "step_size", (double)s->step_size);
+	s->gamma = num(j, "gamma", s->gamma);
+	s->min_lr = num(j, "min_lr", s->min_lr);
+	return 0;
+}
+
+static int floats_from(const cJSON *a, float *v, int n)
+{
+	if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+		return -1;
+	int i = 0;
+	const cJSON *x;
+	cJSON_ArrayForEach(x, a) v[i++] = cJSON_IsNumber(x) ? (float)x->valuedouble : 0.0f;
+	return 0;
+}
+
+/* fp8 training's state, when both runs train in fp8 with the same
+ * history length; else the histories start afresh (said). */
+static int fp8_from(const hpu_ckpt *c, const hpu_train_opts *o, int rank, char *err,
+		    size_t errlen)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->m, "fp8");
+	if (o->precision != HPU_PREC_FP8 || !cJSON_IsObject(j))
+		return 0;
+	int H = hpu__fp8_recipe()->history;
+	if ((int)num(j, "amax_history_len", -1) != H) {
+		if (rank == 0)
+			printf("resume: the checkpoint's fp8 amax history is %g steps, this run's %d: "
+			       "the histories start afresh\n",
+			       num(j, "amax_history_len", -1), H);
+		return 0;
+	}
+	float *hist = malloc((size_t)3 * H * sizeof *hist);
+	if (!hist)
+		return say(err, errlen, "out of memory");
+	const cJSON *s;
+	cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(j, "sites")) {
+		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(s, "name");
+		hpu_fp8_saved sv = {.name = cJSON_IsString(nm) ? nm->valuestring : "",
+				    .layer = (int)num(s, "layer", -1),
+				    .op = (int)num(s, "op", -1),
+				    .k = (int)num(s, "k", 0),
+				    .hist = hist,
+				    .nhist = (int)num(s, "filled", 0),
+				    .pos = (int)num(s, "pos", 0)};
+		if (floats_from(cJSON_GetObjectItemCaseSensitive(s, "scale"), sv.scale, 3) < 0 ||
+		    floats_from(cJSON_GetObjectItemCaseSensitive(s, "amax_history"), hist, 3 * H) < 0 ||
+		    sv.pos < 0 || sv.pos >= H) {
+			free(hist);
+			return say(err, errlen, "checkpoint %s: a damaged fp8 entry (%s)", c->dir,
+				   sv.name);
+		}
+		if (hpu__fp8_saved_put(&sv) < 0) {
+			free(hist);
+			return say(err, errlen, "out of memory");
+		}
+	}
+	free(hist);
+	return 0;
+}
+
+/* Every rank's bytes read and verified and seconds, on rank 0's line and
+ * in the metrics. */
+static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE *metrics,
+		       char *err, size_t errlen)
+{
+	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
+	double mine[3] = {(double)c->bytes_read, (double)c->bytes_verified, secs};
+	double *all = calloc((size_t)world * 3, sizeof *all);
+	if (!all)
+		return say(err, errlen, "out of memory");
+	int rc = hpucoll_all_gather(comm, mine, all, 3, HPUCOLL_F64);
+	if (rc) {
+		free(all);
+		return say(err, errlen, "checkpoint statistics all-gather failed: %s",
+			   hpucoll_strerror(rc));
+	}
+	if (rank == 0) {
+		double rd = 0, vf = 0, slow = 0;
+		cJSON *j = cJSON_CreateObject(), *ranks = cJSON_CreateArray();
+		for (int r = 0; r < world; r++) {
+			rd += all[3 * r];
+			vf += all[3 * r + 1];
+			slow = all[3 * r + 2] > slow ? all[3 * r + 2] : slow;
+			cJSON *x = cJSON_CreateObject();
+			cJSON_AddNumberToObject(x, "rank", r);
+			cJSON_AddNumberToObject(x, "bytes_read", all[3 * r]);
+			cJSON_AddNumberToObject(x, "bytes_verified", all[3 * r + 1]);
+			cJSON_AddNumberToObject(x, "seconds", all[3 * r + 2]);
+			cJSON_AddItemToArray(ranks, x);
+		}
+		printf("resume: %d ranks verified %.1f MB and read %.1f MB in %.3f s (slowest rank)\n",
+		       world, vf / 1e6, rd / 1e6, slow);
+		cJSON_AddStringToObject(j, "checkpoint", "loaded");
+		cJSON_AddNumberToObject(j, "step", (double)c->step);
+		cJSON_AddNumberToObject(j, "seconds", slow);
+		cJSON_AddItemToObject(j, "ranks", ranks);
+		char *s = cJSON_PrintUnformatted(j);
+		if (s && metrics) {
+			fprintf(metrics, "%s\n", s);
+			fflush(metrics);
+		}
+		free(s);
+		cJSON_Delete(j);
+	}
+	free(all);
+	return 0;
+}
+
+int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
+			 hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen)
+{
+	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
+	long gb = (long)num(c->m, "global_batch", -1);
+	if (gb != o->batch_size)
+		return say(err, errlen,
+			   "checkpoint %s was saved with a global batch of %ld; resuming needs the "
+			   "same (--batch-size %ld), not %d",
+			   c->dir, gb, gb, o->batch_size);
+	pos->step = c->step;
+	pos->epoch = (int)num(c->m, "epoch", 0);
+	pos->batch = (long)num(c->m, "batch_in_epoch", 0);
+	const cJSON *rng = cJSON_GetObjectItemCaseSensitive(c->m, "rng");
+	const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
+	if (cJSON_IsString(seed))
+		pos->seed = strtoull(seed->valuestring, NULL, 10);
+	hpu_sched mine = pos->sched;
+	if (sched_from(cJSON_GetObjectItemCaseSensitive(c->m, "scheduler"), &pos->sched) < 0)
+		return say(err, errlen, "checkpoint %s: the scheduler entry is damaged", c->dir);
+	if (fp8_from(c, o, rank, err, errlen) < 0 || load_report(comm, c, secs, metrics, err, errlen) < 0)
+		return -1;
+	if (rank != 0)
+		return 0;
+	int reshard = c->world != world || strcmp(c->strategy, hpu_strategy_name(o->strategy));
+	printf("resumed from %s at step %ld (epoch %d, batch %ld): saved by %d workers under %s "
+	       "(%s)%s%s%s\n",
+	       c->dir, c->step, pos->epoch + 1, pos->batch, c->world, c->strategy, c->precision,
+	       reshard ? ", resharded for " : "", reshard ? hpu_strategy_name(o->strategy) : "",
+	       reshard ? " here" : "");
+	if (memcmp(&mine, &pos->sched, sizeof mine) != 0)
+		printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld "
+		       "total steps); this run's options differ\n",
+		       hpu_sched_name(pos->sched.kind), pos->sched.lr, pos->sched.total_steps);
+	if (pos->seed != o->seed)
+		printf("resume: the checkpoint's seed %llu orders the data, not --seed %llu\n",
+		       (unsigned long long)pos->seed, (unsigned long long)o->seed);
+	return 0;
+}

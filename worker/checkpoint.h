@@ -1,0 +1,55 @@
+/* checkpoint: saving a run and resuming it, every rank together. The
+ * format is ckpt.h's; what each rank owns is the strategy's
+ * (hpu_strat_ckpt_*). Besides the floats, a checkpoint carries the run's
+ * position (step, epoch, batch within the epoch), the seed the sampler
+ * and the initializers derive from (the runtime keeps no other random
+ * state), the learning-rate schedule, the optimizer's step count, the
+ * loss scaler and fp8's amax histories. */
+#ifndef HPU_CHECKPOINT_H
+#define HPU_CHECKPOINT_H
+
+#include <hpu/coll.h>
+#include <stdio.h>
+
+#include "ckpt.h"
+#include "config.h"
+#include "lrsched.h"
+#include "model.h"
+#include "strategy.h"
+
+/* Where a run stands after `step` optimizer steps. */
+typedef struct hpu_run_pos {
+	long step;      /* optimizer steps done */
+	int epoch;      /* the epoch of the next step (0-based) */
+	long batch;     /* the next step's global batch within that epoch */
+	uint64_t seed;  /* the sampler's seed */
+	hpu_sched sched;
+} hpu_run_pos;
+
+/* Saves a checkpoint of the run at `pos` under o->checkpoint_dir: each
+ * rank its shard in parallel, rank 0 the manifest, then the rename and
+ * `latest`, then --keep's pruning. Every rank must call it; all return
+ * the same result. A failure (a full disk, ...) leaves the previous
+ * checkpoints as they were and says which rank failed and why. Rank 0
+ * prints a line (and a metrics record when `metrics`). */
+int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
+			size_t errlen);
+
+/* What --resume asks for (also auto after an elastic restart,
+ * HPU_RESTART_COUNT > 0, with a --checkpoint-dir): the checkpoint, found,
+ * checked against the model and verified (every file's digest, the
+ * files shared out among the ranks), or *out = NULL to start afresh
+ * (auto, and no checkpoint yet). auto falls back to older intact
+ * checkpoints, saying so; a named one must be intact. */
+int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			hpu_ckpt **out, char *err, size_t errlen);
+
+/* After hpu_strat_new() read the floats: the run's position, its
+ * schedule (`pos->sched` holds this run's; the checkpoint's replaces it)
+ * and fp8's state. Rank 0 says what was resumed and how long every rank
+ * took (`secs`: this rank's finding, verifying and reading). */
+int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
+			 hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen);
+
+#endif

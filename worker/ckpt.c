@@ -1,0 +1,712 @@
+#include "ckpt.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h" /* hpu_read_file */
+
+struct hpu_ckpt_index {
+	uint64_t start, count, at; /* at: floats into the file's section */
+	int file;
+};
+
+static int say(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int say(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* ---- reading the manifest ---- */
+
+static int get_num(const cJSON *o, const char *key, double *v)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	if (!cJSON_IsNumber(j))
+		return -1;
+	*v = j->valuedouble;
+	return 0;
+}
+
+#define SAFE_INT 9007199254740992.0 /* 2^53: integers up to it are exact in a double */
+
+/* A non-negative integer below 2^53 (exact in a double). */
+static int get_u64(const cJSON *o, const char *key, uint64_t *v)
+{
+	double d;
+	if (get_num(o, key, &d) < 0 || d < 0 || d > SAFE_INT || d != (double)(uint64_t)d)
+		return -1;
+	*v = (uint64_t)d;
+	return 0;
+}
+
+static int get_str(const cJSON *o, const char *key, char *buf, size_t n)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	if (!cJSON_IsString(j) || strlen(j->valuestring) >= n)
+		return -1;
+	memcpy(buf, j->valuestring, strlen(j->valuestring) + 1);
+	return 0;
+}
+
+static int parse_params(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
+{
+	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(c->m, "parameters");
+	int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
+	if (n <= 0)
+		return say(err, errlen, "%s: no \"parameters\" list", mpath);
+	if (!(c->params = calloc((size_t)n, sizeof *c->params)))
+		return say(err, errlen, "out of memory");
+	c->nparams = n;
+	uint64_t at = 0;
+	int i = 0;
+	const cJSON *p;
+	cJSON_ArrayForEach(p, arr) {
+		hpu_ckpt_param *q = &c->params[i];
+		const cJSON *shape = cJSON_GetObjectItemCaseSensitive(p, "shape");
+		if (get_str(p, "name", q->name, sizeof q->name) < 0 ||
+		    get_u64(p, "offset", &q->offset) < 0 || get_u64(p, "numel", &q->numel) < 0 ||
+		    !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > HPU_CKPT_MAX_DIMS)
+			return say(err, errlen, "%s: parameter %d lacks a name, shape, offset or numel",
+				   mpath, i);
+		uint64_t prod = 1;
+		const cJSON *d;
+		cJSON_ArrayForEach(d, shape) {
+			if (!cJSON_IsNumber(d) || d->valuedouble < 1)
+				return say(err, errlen, "%s: parameter %s has a bad shape", mpath, q->name);
+			q->shape[q->ndim++] = (int64_t)d->valuedouble;
+			prod *= (uint64_t)d->valuedouble;
+		}
+		if (prod != q->numel || q->offset != at)
+			return say(err, errlen,
+				   "%s: parameter %s: numel %llu and offset %llu do not follow from "
+				   "the shapes (expected offset %llu)",
+				   mpath, q->name, (unsigned long long)q->numel,
+				   (unsigned long long)q->offset, (unsigned long long)at);
+		at += q->numel;
+		i++;
+	}
+	c->numel = at;
+	return 0;
+}
+
+static int parse_sections(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
+{
+	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(c->m, "sections"), *s;
+	int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
+	if (n < 1 || n > HPU_CKPT_MAX_SECTIONS)
+		return say(err, errlen, "%s: \"sections\" must list 1 to %d names", mpath,
+			   HPU_CKPT_MAX_SECTIONS);
+	cJSON_ArrayForEach(s, arr) {
+		if (!cJSON_IsString(s) || strlen(s->valuestring) >= sizeof c->sections[0])
+			return say(err, errlen, "%s: a section name is not a short string", mpath);
+		strcpy(c->sections[c->nsections++], s->valuestring);
+	}
+	if (strcmp(c->sections[0], "params") != 0)
+		return say(err, errlen, "%s: the first section must be \"params\"", mpath);
+	return 0;
+}
+
+static int parse_file(hpu_ckpt_file *f, const cJSON *j, int nsections, const char *mpath,
+		      char *err, size_t errlen)
+{
+	const cJSON *segs = cJSON_GetObjectItemCaseSensitive(j, "segments"), *s;
+	if (get_str(j, "name", f->name, sizeof f->name) < 0 || strchr(f->name, '/') ||
+	    get_u64(j, "bytes", &f->bytes) < 0 ||
+	    get_str(j, "sha256", f->sha256, sizeof f->sha256) < 0 || strlen(f->sha256) != 64 ||
+	    !cJSON_IsArray(segs))
+		return say(err, errlen, "%s: a file entry lacks a plain name, bytes, sha256 or segments",
+			   mpath);
+	f->nseg = (size_t)cJSON_GetArraySize(segs);
+	if (f->nseg && !(f->seg = calloc(f->nseg, sizeof *f->seg)))
+		return say(err, errlen, "out of memory");
+	size_t k = 0;
+	uint64_t prev_end = 0;
+	cJSON_ArrayForEach(s, segs) {
+		if (!cJSON_IsArray(s) || cJSON_GetArraySize(s) != 2 ||
+		    !cJSON_IsNumber(cJSON_GetArrayItem(s, 0)) ||
+		    !cJSON_IsNumber(cJSON_GetArrayItem(s, 1)))
+			return say(err, errlen, "%s: %s: a segment is not [start, count]", mpath,
+				   f->name);
+		double a = cJSON_GetArrayItem(s, 0)->valuedouble, b = cJSON_GetArrayItem(s, 1)->valuedouble;
+		if (a < 0 || b < 1 || a > SAFE_INT || b > SAFE_INT || a != (double)(uint64_t)a ||
+		    b != (double)(uint64_t)b || (k && (uint64_t)a < prev_end))
+			return say(err, errlen, "%s: %s: segments must be increasing and not empty "
+				   "(whole numbers below 2^53)", mpath, f->name);
+		f->seg[k].start = (uint64_t)a;
+		f->seg[k].count = (uint64_t)b;
+		prev_end = f->seg[k].start + f->seg[k].count;
+		f->elems += f->seg[k].count;
+		k++;
+	}
+	if (f->bytes != f->elems * 4 * (uint64_t)nsections)
+		return say(err, errlen, "%s: %s: %llu bytes listed, but its segments make %llu",
+			   mpath, f->name, (unsigned long long)f->bytes,
+			   (unsigned long long)(f->elems * 4 * (uint64_t)nsections));
+	return 0;
+}
+
+static int by_start(const void *a, const void *b)
+{
+	const hpu_ckpt_index *x = a, *y = b;
+	return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Every segment, sorted; they must tile [0, numel). */
+static int build_index(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
+{
+	size_t n = 0;
+	for (int i = 0; i < c->nfiles; i++)
+		n += c->files[i].nseg;
+	if (!(c->index = calloc(n ? n : 1, sizeof *c->index)))
+		return say(err, errlen, "out of memory");
+	for (int i = 0; i < c->nfiles; i++) {
+		uint64_t at = 0;
+		for (size_t k = 0; k < c->files[i].nseg; k++) {
+			hpu_ckpt_index *x = &c->index[c->nindex++];
+			x->start = c->files[i].seg[k].start;
+			x->count = c->files[i].seg[k].count;
+			x->at = at;
+			x->file = i;
+			at += x->count;
+		}
+	}
+	qsort(c->index, c->nindex, sizeof *c->index, by_start);
+	uint64_t end = 0;
+	for (size_t k = 0; k < c->nindex; k++) {
+		if (c->index[k].start != end)
+			return say(err, errlen,
+				   "%s: the shards %s floats %llu-%llu of the parameters", mpath,
+				   c->index[k].start > end ? "miss" : "hold twice",
+				   (unsigned long long)(c->index[k].start > end ? end : c->index[k].start),
+				   (unsigned long long)(c->index[k].start > end ? c->index[k].start : end));
+		end += c->index[k].count;
+	}
+	if (end != c->numel)
+		return say(err, errlen, "%s: the shards hold %llu floats, the parameters %llu", mpath,
+			   (unsigned long long)end, (unsigned long long)c->numel);
+	return 0;
+}
+
+int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
+{
+	memset(c, 0, sizeof *c);
+	snprintf(c->dir, sizeof c->dir, "%s", dir);
+	char mpath[4200], *text = NULL;
+	size_t len;
+	snprintf(mpath, sizeof mpath, "%s/%s", dir, HPU_CKPT_MANIFEST);
+	const char *why = hpu_read_file(mpath, &text, &len);
+	if (why)
+		return say(err, errlen, "cannot read the checkpoint manifest %s: %s", mpath, why);
+	c->m = cJSON_ParseWithLength(text, len);
+	free(text);
+	if (!cJSON_IsObject(c->m))
+		return say(err, errlen, "%s is not a JSON object (damaged?)", mpath);
+	char fmt[64] = "";
+	double ver = 0, world = 0, step = 0;
+	if (get_str(c->m, "format", fmt, sizeof fmt) < 0 || strcmp(fmt, HPU_CKPT_FORMAT) != 0)
+		return say(err, errlen, "%s: not a hputrain checkpoint manifest (\"format\")", mpath);
+	if (get_num(c->m, "version", &ver) < 0 || ver != HPU_CKPT_VERSION)
+		return say(err, errlen, "%s: format version %g; this build reads version %d", mpath,
+			   ver, HPU_CKPT_VERSION);
+	if (get_num(c->m, "world_size", &world) < 0 || world < 1 || get_num(c->m, "step", &step) < 0 ||
+	    step < 0 || get_str(c->m, "strategy", c->strategy, sizeof c->strategy) < 0 ||
+	    get_str(c->m, "precision", c->precision, sizeof c->precision) < 0 ||
+	    get_str(c->m, "optimizer", c->optimizer, sizeof c->optimizer) < 0)
+		return say(err, errlen,
+			   "%s: lacks world_size, step, strategy, precision or optimizer", mpath);
+	c->world = (int)world;
+	c->step = (long)step;
+	if (parse_params(c, mpath, err, errlen) < 0 || parse_sections(c, mpath, err, errlen) < 0)
+		return -1;
+	const cJSON *files = cJSON_GetObjectItemCaseSensitive(c->m, "files"), *f;
+	int n = cJSON_IsArray(files) ? cJSON_GetArraySize(files) : 0;
+	if (n < 1)
+		return say(err, errlen, "%s: no \"files\"", mpath);
+	if (!(c->files = calloc((size_t)n, sizeof *c->files)) ||
+	    !(c->fds = malloc((size_t)n * sizeof *c->fds)))
+		return say(err, errlen, "out of memory");
+	for (int i = 0; i < n; i++)
+		c->fds[i] = -1;
+	c->nfiles = n;
+	int i = 0;
+	cJSON_ArrayForEach(f, files) {
+		if (parse_file(&c->files[i++], f, c->nsections, mpath, err, errlen) < 0)
+			return -1;
+	}
+	return build_index(c, mpath, err, errlen);
+}
+
+void hpu_ckpt_close(hpu_ckpt *c)
+{
+	for (int i = 0; i < c->nfiles; i++) {
+		free(c->files[i].seg);
+		if (c->fds && c->fds[i] >= 0)
+			close(c->fds[i]);
+	}
+	free(c->files);
+	free(c->fds);
+	free(c->params);
+	free(c->index);
+	cJSON_Delete(c->m);
+	memset(c, 0, sizeof *c);
+}
+
+int hpu_ckpt_section(const hpu_ckpt *c, const char *name)
+{
+	for (int i = 0; i < c->nsections; i++)
+		if (strcmp(c->sections[i], name) == 0)
+			return i;
+	return -1;
+}
+
+int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name)
+{
+	for (int i = 0; i < c->nparams; i++)
+		if (strcmp(c->params[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+/* ---- digests ---- */
+
+static void hex(const unsigned char *d, char *out)
+{
+	for (int i = 0; i < 32; i++)
+		sprintf(out + 2 * i, "%02x", d[i]);
+	out[64] = '\0';
+}
+
+int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	enum { BUF = 1 << 20 };
+	unsigned char *buf = malloc(BUF);
+	int rc = -1, e = ENOMEM;
+	*bytes = 0;
+	if (md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1) {
+		for (;;) {
+			ssize_t got = read(fd, buf, BUF);
+			if (got < 0 && errno == EINTR)
+				continue;
+			if (got < 0) {
+				e = errno;
+				break;
+			}
+			if (got == 0) {
+				unsigned char d[32];
+				unsigned int dl = 0;
+				EVP_DigestFinal_ex(md, d, &dl);
+				hex(d, hexout);
+				rc = 0;
+				break;
+			}
+			EVP_DigestUpdate(md, buf, (size_t)got);
+			*bytes += (uint64_t)got;
+		}
+	}
+	EVP_MD_CTX_free(md);
+	free(buf);
+	close(fd);
+	if (rc)
+		errno = e;
+	return rc;
+}
+
+int hpu_ckpt_verify(const hpu_ckpt *c, int i, char *err, size_t errlen)
+{
+	const hpu_ckpt_file *f = &c->files[i];
+	char path[4200], got[65];
+	uint64_t bytes;
+	snprintf(path, sizeof path, "%s/%s", c->dir, f->name);
+	if (hpu_ckpt_sha256_file(path, got, &bytes) < 0)
+		return say(err, errlen, "checkpoint shard %s: %s", path, strerror(errno));
+	if (bytes != f->bytes)
+		return say(err, errlen, "checkpoint shard %s is %s: %llu bytes, the manifest says %llu",
+			   path, bytes < f->bytes ? "truncated" : "too long",
+			   (unsigned long long)bytes, (unsigned long long)f->bytes);
+	if (strcmp(got, f->sha256) != 0)
+		return say(err, errlen,
+			   "checkpoint shard %s is damaged: SHA-256 %s, the manifest says %s", path,
+			   got, f->sha256);
+	return 0;
+}
+
+/* ---- reading floats ---- */
+
+static int file_fd(hpu_ckpt *c, int i, char *err, size_t errlen)
+{
+	if (c->fds[i] >= 0)
+		return c->fds[i];
+	char path[4200];
+	snprintf(path, sizeof path, "%s/%s", c->dir, c->files[i].name);
+	if ((c->fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return say(err, errlen, "checkpoint shard %s: %s", path, strerror(errno));
+	return c->fds[i];
+}
+
+static int pread_all(int fd, void *dst, size_t n, off_t at)
+{
+	char *p = dst;
+	while (n) {
+		ssize_t got = pread(fd, p, n, at);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0) {
+			if (got == 0)
+				errno = EIO; /* shorter than the manifest says */
+			return -1;
+		}
+		p += got;
+		n -= (size_t)got;
+		at += got;
+	}
+	return 0;
+}
+
+int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count, float *dst,
+		  char *err, size_t errlen)
+{
+	if (section < 0 || section >= c->nsections || start + count > c->numel)
+		return say(err, errlen, "checkpoint %s: floats %llu-%llu of section %d are not there",
+			   c->dir, (unsigned long long)start, (unsigned long long)(start + count),
+			   section);
+	/* the last segment starting at or before `start` */
+	size_t lo = 0, hi = c->nindex;
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+		if (c->index[mid].start <= start)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	for (size_t k = lo; count > 0 && k < c->nindex; k++) {
+		const hpu_ckpt_index *x = &c->index[k];
+		uint64_t skip = start - x->start, n = x->count - skip;
+		if (n > count)
+			n = count;
+		int fd = file_fd(c, x->file, err, errlen);
+		if (fd < 0)
+			return -1;
+		const hpu_ckpt_file *f = &c->files[x->file];
+		off_t at = (off_t)(((uint64_t)section * f->elems + x->at + skip) * 4);
+		if (pread_all(fd, dst, n * 4, at) < 0)
+			return say(err, errlen, "checkpoint shard %s/%s: %s", c->dir, f->name,
+				   errno == EIO ? "shorter than the manifest says" : strerror(errno));
+		c->bytes_read += n * 4;
+		dst += n;
+		start += n;
+		count -= n;
+	}
+	return 0;
+}
+
+/* ---- writing ---- */
+
+enum { WBUF = 4 << 20 };
+
+int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t errlen)
+{
+	memset(w, 0, sizeof *w);
+	w->fd = -1;
+	snprintf(w->path, sizeof w->path, "%s", path);
+	snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid());
+	if (!(w->buf = malloc(WBUF)) || !(w->md = EVP_MD_CTX_new()) ||
+	    EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1) {
+		hpu_ckpt_writer_abort(w);
+		return say(err, errlen, "out of memory");
+	}
+	if ((w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+		say(err, errlen, "cannot create %s: %s", w->tmp, strerror(errno));
+		w->tmp[0] = '\0'; /* not ours: nothing to remove */
+		hpu_ckpt_writer_abort(w);
+		return -1;
+	}
+	return 0;
+}
+
+static int flush(hpu_ckpt_writer *w, char *err, size_t errlen)
+{
+	size_t done = 0;
+	while (done < w->fill) {
+		ssize_t n = write(w->fd, w->buf + done, w->fill - done);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return say(err, errlen, "writing %s: %s", w->path, strerror(errno));
+		done += (size_t)n;
+	}
+	w->fill = 0;
+	return 0;
+}
+
+int hpu_ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n, char *err, size_t errlen)
+{
+	const unsigned char *s = p;
+	EVP_DigestUpdate(w->md, s, n);
+	w->bytes += n;
+	while (n) {
+		size_t k = WBUF - w->fill < n ? WBUF - w->fill : n;
+		memcpy(w->buf + w->fill, s, k);
+		w->fill += k;
+		s += k;
+		n -= k;
+		if (w->fill == WBUF && flush(w, err, errlen) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+int hpu_ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err, size_t errlen)
+{
+	if (flush(w, err, errlen) < 0)
+		return -1;
+	if (fsync(w->fd) < 0)
+		return say(err, errlen, "writing %s: fsync: %s", w->path, strerror(errno));
+	int fd = w->fd;
+	w->fd = -1;
+	if (close(fd) < 0)
+		return say(err, errlen, "writing %s: close: %s", w->path, strerror(errno));
+	if (rename(w->tmp, w->path) < 0)
+		return say(err, errlen, "cannot rename %s to %s: %s", w->tmp, w->path,
+			   strerror(errno));
+	w->tmp[0] = '\0';
+	unsigned char d[32];
+	unsigned int dl = 0;
+	EVP_DigestFinal_ex(w->md, d, &dl);
+	if (sha256)
+		hex(d, sha256);
+	hpu_ckpt_writer_abort(w); /* frees; nothing left to remove */
+	return 0;
+}
+
+void hpu_ckpt_writer_abort(hpu_ckpt_writer *w)
+{
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = -1;
+	if (w->tmp[0])
+		unlink(w->tmp);
+	w->tmp[0] = '\0';
+	EVP_MD_CTX_free(w->md);
+	w->md = NULL;
+	free(w->buf);
+	w->buf = NULL;
+}
+
+int hpu_ckpt_write_atomic(const char *path, const void *data, size_t n, char *err,
+			  size_t errlen)
+{
+	hpu_ckpt_writer w;
+	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
+		return -1;
+	if (hpu_ckpt_writer_put(&w, data, n, err, errlen) < 0 ||
+	    hpu_ckpt_writer_commit(&w, NULL, err, errlen) < 0) {
+		hpu_ckpt_writer_abort(&w);
+		return -1;
+	}
+	return 0;
+}
+
+int hpu_ckpt_fsync_dir(const char *dir, char *err, size_t errlen)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return say(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+	int rc = fsync(fd);
+	int e = errno;
+	close(fd);
+	if (rc < 0 && e != EINVAL) /* some filesystems cannot fsync a directory */
+		return say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
+	return 0;
+}
+
+int hpu_ckpt_rmtree(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return errno == ENOENT ? 0 : -1;
+	struct dirent *e;
+	char p[4400];
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+		unlink(p);
+	}
+	closedir(d);
+	return rmdir(path);
+}
+
+/* ---- the root ---- */
+
+void hpu_ckpt_step_name(long step, char *buf, size_t n)
+{
+	snprintf(buf, n, "step-%08ld", step);
+}
+
+void hpu_ckpt_shard_name(int rank, int world, char *buf, size_t n)
+{
+	snprintf(buf, n, "rank-%05d-of-%05d.bin", rank, world);
+}
+
+/* The step of a name "step-N" (digits only), or -1. */
+static long step_of(const char *name)
+{
+	if (strncmp(name, "step-", 5) != 0 || !isdigit((unsigned char)name[5]))
+		return -1; /* strtol would skip spaces and take signs */
+	char *end;
+	errno = 0;
+	long v = strtol(name + 5, &end, 10);
+	return *end || errno || v < 0 ? -1 : v;
+}
+
+/* The name `latest` holds (one line), or "" when absent or not a step. */
+static void read_latest(const char *root, char *out, size_t n)
+{
+	char path[4200], *text = NULL;
+	size_t len;
+	out[0] = '\0';
+	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
+	if (hpu_read_file(path, &text, &len))
+		return;
+	while (len && (text[len - 1] == '\n' || text[len - 1] == ' '))
+		text[--len] = '\0';
+	if (step_of(text) >= 0 && len < n)
+		memcpy(out, text, len + 1);
+	free(text);
+}
+
+typedef struct named {
+	long step;
+	char *name;
+} named;
+
+static int by_step_desc(const void *a, const void *b)
+{
+	const named *x = a, *y = b;
+	return x->step > y->step ? -1 : x->step < y->step;
+}
+
+void hpu_ckpt_free_names(char **names)
+{
+	if (!names)
+		return;
+	for (char **p = names; *p; p++)
+		free(*p);
+	free(names);
+}
+
+int hpu_ckpt_candidates(const char *root, char ***names, char *err, size_t errlen)
+{
+	*names = NULL;
+	char latest[256];
+	read_latest(root, latest, sizeof latest);
+	DIR *d = opendir(root);
+	if (!d && errno != ENOENT)
+		return say(err, errlen, "cannot read checkpoint directory %s: %s", root,
+			   strerror(errno));
+	named *v = NULL;
+	int n = 0, cap = 0;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		long st = step_of(e->d_name);
+		if (st < 0)
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			named *g = realloc(v, (size_t)cap * sizeof *v);
+			if (!g)
+				break;
+			v = g;
+		}
+		v[n].step = strcmp(e->d_name, latest) == 0 ? -2 : st; /* latest first */
+		if (!(v[n].name = strdup(e->d_name)))
+			break;
+		n++;
+	}
+	if (d)
+		closedir(d);
+	for (int i = 0; i < n; i++)
+		if (v[i].step == -2)
+			v[i].step = 0x7fffffffffffffffL;
+	if (n > 1) /* v is NULL when there is none */
+		qsort(v, (size_t)n, sizeof *v, by_step_desc);
+	char **out = calloc((size_t)n + 1, sizeof *out);
+	if (!out) {
+		for (int i = 0; i < n; i++)
+			free(v[i].name);
+		free(v);
+		return say(err, errlen, "out of memory");
+	}
+	for (int i = 0; i < n; i++)
+		out[i] = v[i].name;
+	free(v);
+	*names = out;
+	return n;
+}
+
+int hpu_ckpt_publish(const char *root, const char *partial, const char *name, int keep,
+		     char *err, size_t errlen)
+{
+	char from[4200], to[4200], lpath[4200], line[300];
+	snprintf(from, sizeof from, "%s/%s", root, partial);
+	snprintf(to, sizeof to, "%s/%s", root, name);
+	if (hpu_ckpt_fsync_dir(from, err, errlen) < 0)
+		return -1;
+	hpu_ckpt_rmtree(to); /* a checkpoint of the same step from before */
+	if (rename(from, to) < 0)
+		return say(err, errlen, "cannot rename %s to %s: %s", from, to, strerror(errno));
+	if (hpu_ckpt_fsync_dir(root, err, errlen) < 0)
+		return -1;
+	snprintf(lpath, sizeof lpath, "%s/%s", root, HPU_CKPT_LATEST);
+	int n = snprintf(line, sizeof line, "%s\n", name);
+	if (hpu_ckpt_write_atomic(lpath, line, (size_t)n, err, errlen) < 0 ||
+	    hpu_ckpt_fsync_dir(root, err, errlen) < 0)
+		return -1;
+	if (keep <= 0)
+		return 0;
+	char **names;
+	int k = hpu_ckpt_candidates(root, &names, err, errlen);
+	if (k < 0)
+		return -1;
+	for (int i = keep; i < k; i++) { /* names[0] is the new one */
+		snprintf(to, sizeof to, "%s/%s", root, names[i]);
+		hpu_ckpt_rmtree(to);
+	}
+	hpu_ckpt_free_names(names);
+	return 0;
+}
+
+cJSON *hpu_ckpt_file_json(const hpu_ckpt_file *f)
+{
+	cJSON *j = cJSON_CreateObject(), *segs = cJSON_CreateArray();
+	cJSON_AddStringToObject(j, "name", f->name);
+	cJSON_AddNumberToObject(j, "bytes", (double)f->bytes);
+	cJSON_AddStringToObject(j, "sha256", f->sha256);
+	for (size_t k = 0; k < f->nseg; k++) {
+		cJSON *s = cJSON_CreateArray();
+		cJSON_AddItemToArray(s, cJSON_CreateNumber((double)f->seg[k].start));
+		cJSON_AddItemToArray(s, cJSON_CreateNumber((double)f->seg[k].count));
+		cJSON_AddItemToArray(segs, s);
+	}
+	cJSON_AddItemToObject(j, "segments", segs);
+	return j;
+}

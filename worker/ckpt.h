@@ -1,0 +1,166 @@
+/* ckpt: the checkpoint format on disk, shared by hpu-worker (saving,
+ * resuming) and hpu-ckpt (info, verify, export, reshard).
+ *
+ * A checkpoint root (--checkpoint-dir) holds checkpoints, one directory
+ * each, named step-NNNNNNNN, and a file `latest` naming the newest one.
+ * A checkpoint directory holds
+ *   manifest.json             what the run was and where every float is
+ *   rank-RRRRR-of-WWWWW.bin   one shard per rank of the saving run
+ *
+ * The canonical space: every parameter's floats, unpadded, in declaration
+ * order (what --save-params writes); parameter i is the range
+ * [offset, offset + numel). A checkpoint stores sections over that space:
+ * "params" (the fp32 master weights) and the optimizer's state
+ * ("momentum_buffer" for SGD with momentum; "exp_avg", "exp_avg_sq" for
+ * Adam and AdamW). Each shard holds segments, ranges of the canonical
+ * space, listed in the manifest in increasing order; its bytes are, for
+ * each section in the manifest's order, the segments' floats one after
+ * another (little-endian fp32). The files' segments cover the canonical
+ * space exactly once, so a reader of any layout finds each float in one
+ * place and reads only the byte ranges it needs.
+ *
+ * Every file's SHA-256 is in the manifest. Files are written atomically
+ * (a temporary name, fsync, rename); a checkpoint's directory is renamed
+ * into place only once complete, and only then is `latest` replaced. */
+#ifndef HPU_CKPT_H
+#define HPU_CKPT_H
+
+#include <cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HPU_CKPT_FORMAT "hputrain-checkpoint"
+#define HPU_CKPT_VERSION 1
+#define HPU_CKPT_MANIFEST "manifest.json"
+#define HPU_CKPT_LATEST "latest"
+#define HPU_CKPT_MAX_SECTIONS 3
+#define HPU_CKPT_MAX_DIMS 8
+
+typedef struct hpu_ckpt_seg {
+	uint64_t start, count; /* in floats of the canonical space */
+} hpu_ckpt_seg;
+
+typedef struct hpu_ckpt_file {
+	char name[96];
+	uint64_t bytes;        /* the file's size */
+	uint64_t elems;        /* floats per section: the segments' counts */
+	char sha256[65];       /* lower-case hex */
+	hpu_ckpt_seg *seg;
+	size_t nseg;
+} hpu_ckpt_file;
+
+typedef struct hpu_ckpt_param {
+	char name[160];
+	int ndim;
+	int64_t shape[HPU_CKPT_MAX_DIMS];
+	uint64_t offset, numel;
+} hpu_ckpt_param;
+
+typedef struct hpu_ckpt_index hpu_ckpt_index;
+
+/* An opened checkpoint: the manifest parsed and checked. */
+typedef struct hpu_ckpt {
+	char dir[4096];
+	cJSON *m;              /* the whole manifest (other fields) */
+	int world;
+	long step;
+	char strategy[32], precision[32], optimizer[32];
+	hpu_ckpt_param *params;
+	int nparams;
+	uint64_t numel;
+	int nsections;
+	char sections[HPU_CKPT_MAX_SECTIONS][32];
+	hpu_ckpt_file *files;
+	int nfiles;
+	hpu_ckpt_index *index; /* every segment, by start */
+	size_t nindex;
+	int *fds;              /* opened on first read, or -1 */
+	uint64_t bytes_read;   /* by hpu_ckpt_read() so far */
+	uint64_t bytes_verified; /* the caller's count of verified bytes */
+} hpu_ckpt;
+
+/* Reads and checks dir/manifest.json: the format and version, the
+ * parameters laid end to end, the sections, each file's size against its
+ * segments, and the segments covering the canonical space exactly once.
+ * Returns 0, or -1 with a sentence naming the file and what is wrong. */
+int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen);
+
+void hpu_ckpt_close(hpu_ckpt *c);
+
+/* Section index by name, or -1. */
+int hpu_ckpt_section(const hpu_ckpt *c, const char *name);
+
+/* Parameter index by name, or -1. */
+int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name);
+
+/* Checks file i: present, its size, its SHA-256. Returns 0, or -1 with a
+ * sentence naming the file ("truncated", "digest mismatch", ...). */
+int hpu_ckpt_verify(const hpu_ckpt *c, int i, char *err, size_t errlen);
+
+/* Reads canonical floats [start, start + count) of a section into dst,
+ * from whichever files hold them (pread of just those bytes). */
+int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count,
+		  float *dst, char *err, size_t errlen);
+
+/* ---- writing ---- */
+
+/* A file written under a temporary name while its SHA-256 is computed;
+ * commit flushes, fsyncs and renames it into place. */
+typedef struct hpu_ckpt_writer {
+	int fd;
+	char path[4096];
+	char tmp[4160];
+	void *md;              /* EVP_MD_CTX */
+	uint64_t bytes;
+	unsigned char *buf;
+	size_t fill;
+} hpu_ckpt_writer;
+
+int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err,
+			 size_t errlen);
+int hpu_ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n,
+			char *err, size_t errlen);
+/* sha256 gets the hex digest (65 bytes). */
+int hpu_ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err,
+			   size_t errlen);
+/* Closes and removes the temporary file; safe after commit or a failure. */
+void hpu_ckpt_writer_abort(hpu_ckpt_writer *w);
+
+/* The whole of data[n] into path, atomically (writer + commit). */
+int hpu_ckpt_write_atomic(const char *path, const void *data, size_t n,
+			  char *err, size_t errlen);
+
+int hpu_ckpt_fsync_dir(const char *dir, char *err, size_t errlen);
+
+/* Removes a directory and its files (one level, as checkpoints are). */
+int hpu_ckpt_rmtree(const char *path);
+
+/* ---- the checkpoint root ---- */
+
+/* "step-00000040" */
+void hpu_ckpt_step_name(long step, char *buf, size_t n);
+/* "rank-00001-of-00004.bin" */
+void hpu_ckpt_shard_name(int rank, int world, char *buf, size_t n);
+
+/* The checkpoints under root, newest first: the one `latest` names, then
+ * every other step-* directory by step, descending. *names is a
+ * NULL-terminated array the caller frees with hpu_ckpt_free_names().
+ * Returns the count (0 when root has none or does not exist), or -1 with
+ * a sentence. */
+int hpu_ckpt_candidates(const char *root, char ***names, char *err, size_t errlen);
+void hpu_ckpt_free_names(char **names);
+
+/* Publishes a complete checkpoint: renames root/partial to root/name,
+ * fsyncs root, points `latest` at it (atomically), then removes the oldest
+ * step-* directories beyond `keep` (0: keep all; never the new one).
+ * Returns 0, or -1 with a sentence. */
+int hpu_ckpt_publish(const char *root, const char *partial, const char *name,
+		     int keep, char *err, size_t errlen);
+
+/* The manifest's JSON for one file. */
+cJSON *hpu_ckpt_file_json(const hpu_ckpt_file *f);
+
+/* SHA-256 of a file, as hex (65 bytes); -1 with errno set. */
+int hpu_ckpt_sha256_file(const char *path, char *hex, uint64_t *bytes);
+
+#endif

@@ -1,0 +1,269 @@
+/* The strategy's side of checkpoints: which floats of the canonical space
+ * (ckpt.h) a rank saves, where they sit in its layout, and reading a
+ * checkpoint saved under any strategy and world size back into this one. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "strategy_impl.h"
+
+/* Parameter i's first float in the canonical space. */
+static const uint64_t *canon(hpu_strat *s)
+{
+	if (!s->canon) {
+		hpu_builder *b = s->b;
+		if (!(s->canon = malloc(((size_t)b->nparams + 1) * sizeof *s->canon)))
+			return NULL;
+		uint64_t at = 0;
+		for (int i = 0; i < b->nparams; i++) {
+			s->canon[i] = at;
+			at += b->params[i].numel;
+		}
+		s->canon[b->nparams] = at;
+	}
+	return s->canon;
+}
+
+/* One run of floats both contiguous in the layout and in the canonical
+ * space: layout [pos, pos + count), canonical [start, start + count). */
+typedef struct run {
+	size_t pos;
+	uint64_t start, count;
+} run;
+
+typedef int (*run_fn)(hpu_strat *s, const run *r, void *arg);
+
+/* Calls fn for every parameter run inside layout [from, from + n) of unit
+ * j, in order, clipped to canonical [clo, chi). */
+static int each_run(hpu_strat *s, int j, size_t from, size_t n, uint64_t clo, uint64_t chi,
+		    run_fn fn, void *arg)
+{
+	const uint64_t *cn = canon(s);
+	if (!cn)
+		return hpu__strat_fail(s, "out of memory");
+	const unit *u = &s->u[j];
+	hpu_builder *b = s->b;
+	for (int i = u->first; i <= u->last; i++) {
+		const hpu_layer *l = b->layers[i];
+		for (int p = l->first_param; p < l->first_param + l->nparams; p++) {
+			const hpu_param_info *pi = &b->params[p];
+			size_t lo = l->off + pi->rel, hi = lo + pi->numel;
+			if (lo < from)
+				lo = from;
+			if (hi > from + n)
+				hi = from + n;
+			uint64_t c0 = cn[p] + (lo - (l->off + pi->rel)), c1 = c0 + (hi - lo);
+			if (c0 < clo) {
+				lo += clo - c0;
+				c0 = clo;
+			}
+			if (c1 > chi)
+				c1 = chi;
+			if (c1 <= c0)
+				continue;
+			run r = {lo, c0, c1 - c0};
+			if (fn(s, &r, arg) < 0)
+				return -1;
+		}
+	}
+	return 0;
+}
+
+/* The layout range rank r keeps the optimizer state of in unit j. */
+static void owned(const hpu_strat *s, int j, int r, size_t *from, size_t *n)
+{
+	const unit *u = &s->u[j];
+	*from = u->off + (s->sharded ? (size_t)r * u->piece : 0);
+	*n = s->sharded ? u->piece : u->len;
+}
+
+/* Without sharding every rank holds everything; rank r saves the r-th of
+ * W equal slices of the canonical space. */
+static void slice(hpu_strat *s, int r, uint64_t *lo, uint64_t *hi)
+{
+	uint64_t psi = canon(s) ? s->canon[s->b->nparams] : 0;
+	if (s->sharded) {
+		*lo = 0;
+		*hi = psi;
+		return;
+	}
+	*lo = psi * (uint64_t)r / (uint64_t)s->world;
+	*hi = psi * (uint64_t)(r + 1) / (uint64_t)s->world;
+}
+
+int hpu_strat_ckpt_sections(const hpu_strat *s, const char *names[3])
+{
+	names[0] = "params";
+	if (hpu_optim_state_floats(s->o) == 2) {
+		names[1] = "exp_avg";
+		names[2] = "exp_avg_sq";
+		return 3;
+	}
+	if (hpu_optim_state_floats(s->o) == 1) {
+		names[1] = "momentum_buffer";
+		return 2;
+	}
+	return 1;
+}
+
+typedef struct seglist {
+	hpu_ckpt_seg *v;
+	size_t n, cap;
+} seglist;
+
+static int add_seg(hpu_strat *s, const run *r, void *arg)
+{
+	seglist *L = arg;
+	if (L->n && L->v[L->n - 1].start + L->v[L->n - 1].count == r->start) {
+		L->v[L->n - 1].count += r->count;
+		return 0;
+	}
+	if (L->n == L->cap) {
+		size_t cap = L->cap ? 2 * L->cap : 64;
+		hpu_ckpt_seg *g = realloc(L->v, cap * sizeof *g);
+		if (!g)
+			return hpu__strat_fail(s, "out of memory");
+		L->v = g;
+		L->cap = cap;
+	}
+	L->v[L->n++] = (hpu_ckpt_seg){r->start, r->count};
+	return 0;
+}
+
+int hpu_strat_ckpt_segments(const hpu_strat *cs, int r, hpu_ckpt_seg **segs, size_t *n)
+{
+	hpu_strat *s = (hpu_strat *)cs; /* the canonical offsets are cached */
+	seglist L = {0};
+	uint64_t clo, chi;
+	slice(s, r, &clo, &chi);
+	for (int j = 0; j < s->nunits; j++) {
+		size_t from, len;
+		owned(s, j, r, &from, &len);
+		if (each_run(s, j, from, len, clo, chi, add_seg, &L) < 0) {
+			free(L.v);
+			return -1;
+		}
+	}
+	*segs = L.v;
+	*n = L.n;
+	return 0;
+}
+
+typedef struct put {
+	hpu_ckpt_writer *w;
+	const float *base; /* the unit's array of this section, at its owned range */
+	size_t from;       /* the layout position of base[0] */
+} put;
+
+static int put_run(hpu_strat *s, const run *r, void *arg)
+{
+	put *p = arg;
+	return hpu_ckpt_writer_put(p->w, p->base + (r->pos - p->from), r->count * 4, s->err,
+				   s->errlen);
+}
+
+/* Unit j's array holding section k over its owned range: the master
+ * weights (fp32: the parameters themselves), then the moments. */
+static const float *section_base(const hpu_strat *s, int j, int k)
+{
+	const unit *u = &s->u[j];
+	return k == 0 ? u->opt_p : k == 1 ? u->opt.m : u->opt.v;
+}
+
+int hpu_strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
+{
+	const char *names[3];
+	int ns = hpu_strat_ckpt_sections(s, names);
+	uint64_t clo, chi;
+	slice(s, s->rank, &clo, &chi);
+	for (int k = 0; k < ns; k++)
+		for (int j = 0; j < s->nunits; j++) {
+			put p = {w, section_base(s, j, k), 0};
+			size_t len;
+			owned(s, j, s->rank, &p.from, &len);
+			if (each_run(s, j, p.from, len, clo, chi, put_run, &p) < 0)
+				return -1;
+		}
+	return 0;
+}
+
+typedef struct get {
+	int section;
+	float *dst;
+	size_t from;
+} get;
+
+static int get_run(hpu_strat *s, const run *r, void *arg)
+{
+	get *g = arg;
+	return hpu_ckpt_read(s->resume, g->section, r->start, r->count, g->dst + (r->pos - g->from),
+			     s->err, s->errlen);
+}
+
+/* The unit holding layout position `pos`. */
+static int unit_at(const hpu_strat *s, size_t pos)
+{
+	for (int j = 0; j < s->nunits; j++)
+		if (pos >= s->u[j].off && pos < s->u[j].off + s->u[j].len)
+			return j;
+	return -1;
+}
+
+int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, float *dst)
+{
+	memset(dst, 0, n * 4);
+	int j = n ? unit_at(s, from) : -1;
+	if (j < 0)
+		return 0;
+	get g = {section, dst, from};
+	return each_run(s, j, from, n, 0, UINT64_MAX, get_run, &g);
+}
+
+static double num(const cJSON *o, const char *key, double dflt)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
+}
+
+int hpu__strat_resume_state(hpu_strat *s)
+{
+	hpu_ckpt *c = s->resume;
+	const char *names[3];
+	int ns = hpu_strat_ckpt_sections(s, names);
+	for (int k = 1; k < ns; k++) {
+		int sec = hpu_ckpt_section(c, names[k]);
+		if (sec < 0)
+			return hpu__strat_fail(s, "checkpoint %s has no optimizer state \"%s\" "
+						  "(saved with optimizer %s, this run uses %s)",
+					       c->dir, names[k], c->optimizer,
+					       hpu_optim_name(s->o->optimizer));
+		for (int j = 0; j < s->nunits; j++) {
+			size_t from, len;
+			owned(s, j, s->rank, &from, &len);
+			float *dst = (float *)section_base(s, j, k);
+			if (hpu__strat_read_layout(s, sec, from, len, dst) < 0)
+				return -1;
+		}
+	}
+	long t = (long)num(c->m, "optimizer_steps", 0);
+	for (int j = 0; j < s->nunits; j++)
+		s->u[j].opt.t = t;
+	const cJSON *ls = cJSON_GetObjectItemCaseSensitive(c->m, "loss_scaler");
+	if (s->fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
+		s->scale = num(ls, "scale", s->scale);
+		s->hyst_left = (int)num(ls, "hysteresis_left", s->hyst_left);
+		s->step_no = (long)num(ls, "steps", 0);
+		s->last_overflow = (long)num(ls, "last_overflow", -1);
+		s->skipped = (long)num(ls, "skipped", 0);
+	}
+	return 0;
+}
+
+void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st)
+{
+	st->opt_steps = s->nunits ? s->u[0].opt.t : 0;
+	st->loss_scale = s->scale;
+	st->hysteresis_left = s->hyst_left;
+	st->scaler_steps = s->step_no;
+	st->last_overflow = s->last_overflow;
+	st->skipped = s->skipped;
+}
