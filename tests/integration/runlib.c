@@ -1,0 +1,78 @@
+#include "runlib.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void arg(run *r, const char *a)
+{
+	assert_true(r->n + 2 < MAXARGS);
+	r->argv[r->n++] = a;
+	r->argv[r->n] = NULL;
+}
+
+void args(run *r, ...)
+{
+	va_list ap;
+	va_start(ap, r);
+	for (const char *a; (a = va_arg(ap, const char *));)
+		arg(r, a);
+	va_end(ap);
+}
+
+void start(run *r, int devices)
+{
+	static char dev[8][8];
+	r->n = 0;
+	snprintf(dev[devices & 7], sizeof dev[0], "%d", devices);
+	args(r, LAUNCH, "-q", "--devices", dev[devices & 7], "--no-eval", "--log-every", "0",
+	     NULL);
+}
+
+char *finish(run *r, int want, const char *model_args)
+{
+	arg(r, MODEL);
+	char buf[512], *margs[16];
+	int nm = 0;
+	if (model_args) {
+		arg(r, "--");
+		snprintf(buf, sizeof buf, "%s", model_args);
+		for (char *t = strtok(buf, " "); t && nm < 16; t = strtok(NULL, " "))
+			margs[nm++] = t;
+		for (int i = 0; i < nm; i++)
+			arg(r, margs[i]);
+	}
+	proc p;
+	int code = h_run(&p, (char *const *)r->argv, NULL, 240000);
+	if (code != want) {
+		for (int i = 0; i < r->n; i++)
+			fprintf(stderr, "%s ", r->argv[i]);
+		fprintf(stderr, "\nexit %d, wanted %d; output:\n%s\n", code, want, p.out);
+	}
+	assert_int_equal(code, want);
+	char *out = strdup(p.out ? p.out : "");
+	h_free(&p);
+	return out;
+}
+
+float *load_params(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	long bytes = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	assert_true(bytes > 0 && bytes % 4 == 0);
+	float *v = malloc((size_t)bytes);
+	assert_non_null(v);
+	assert_int_equal(fread(v, 1, (size_t)bytes, f), (size_t)bytes);
+	fclose(f);
+	*n = (size_t)bytes / 4;
+	return v;
+}

@@ -1,0 +1,34 @@
+/* runlib: building and running an hpulaunch command line of the MLP
+ * model in the integration tests (cmocka assertions inside). */
+#ifndef HPU_TEST_RUNLIB_H
+#define HPU_TEST_RUNLIB_H
+
+#include <stddef.h>
+
+#include "harness.h"
+
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+#define MAXARGS 64
+
+typedef struct run {
+	const char *argv[MAXARGS];
+	int n;
+} run;
+
+/* Appends one argument / a NULL-terminated list of them. */
+void arg(run *r, const char *a);
+void args(run *r, ...);
+
+/* hpulaunch -q --devices N --no-eval --log-every 0: options follow with
+ * arg()/args(). */
+void start(run *r, int devices);
+
+/* Runs it with the MLP and model arguments (space-separated, or NULL);
+ * asserts exit code `want`; returns the output (caller frees). */
+char *finish(run *r, int want, const char *model_args);
+
+/* The parameters a run saved with --save-params (caller frees). */
+float *load_params(const char *path, size_t *n);
+
+#endif
