@@ -1,4 +1,5 @@
 #include "args.h"
+#include "restart.h"
 #include "slurm.h"
 
 #include <ctype.h>
@@ -32,6 +33,11 @@ void hpu_args_usage(FILE *f)
 		"                         (auto: shared memory within a node, TCP between)\n"
 		"                         [HPUCOLL_TRANSPORT]\n"
 		"  --join-timeout S       seconds for every rank to join (300)\n"
+		"  --max-restarts K       when a worker or a node fails, stop the job and\n"
+		"                         start it again, up to K times (0..1000; 0); the\n"
+		"                         workers get HPU_RESTART_COUNT (0 first, then 1,\n"
+		"                         2, ...) and HPU_MAX_RESTARTS. Not after Ctrl-C or\n"
+		"                         SIGTERM to hpulaunch\n"
 		"  --exec PROGRAM ...     run PROGRAM (from PATH) instead of hpu-worker;\n"
 		"                         it initializes from the environment\n"
 		"  -q, --quiet            no start-up summary line\n"
@@ -154,7 +160,8 @@ static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
 	static const char *names[] = {"--nodes", "--devices", "--node-rank",
 				      "--master-addr", "--master-port", "--job-id",
 				      "--log-dir", "--join-timeout", "--transport",
-				      "--hostfile", "--status", "--hpud-port", "--key"};
+				      "--hostfile", "--status", "--hpud-port", "--key",
+				      "--max-restarts"};
 	static const unsigned sets[] = {SET_NODES, SET_DEVICES, SET_RANK,
 					SET_ADDR, SET_PORT, SET_JOB_ID};
 	const int nnames = (int)(sizeof names / sizeof names[0]);
@@ -201,6 +208,13 @@ static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
 	case 10: bad = status_target(a, v); break;
 	case 11: bad = to_int(v, 1, 65535, &a->hpud_port); break;
 	case 12: bad = !*v; a->key_path = v; break;
+	case 13:
+		if (to_int(v, 0, HPU_MAX_RESTARTS_LIMIT, &a->max_restarts)) {
+			snprintf(err, errlen, "--max-restarts takes a whole number of restarts from 0 to %d, not '%s'",
+				 HPU_MAX_RESTARTS_LIMIT, v);
+			return -1;
+		}
+		break;
 	}
 	if (bad) {
 		snprintf(err, errlen, "bad value '%s' for %s", v, arg);

@@ -16,6 +16,9 @@ typedef struct hpu_launch_args {
 	double join_timeout_s;
 	double agent_timeout_s;
 	double grace_s;      /* SIGTERM to SIGKILL */
+	/* --max-restarts K (0..HPU_MAX_RESTARTS_LIMIT): a failed job is
+	 * stopped and started again up to K times (restart.h). */
+	int max_restarts;
 	int quiet;
 	/* What each worker runs: argv for execve / execvp. */
 	char **worker_argv;

@@ -1,5 +1,5 @@
 /* args_testlib: hpulaunch's argument parsing driven from unit tests
- * (test_hostfile, test_slurm). */
+ * (test_hostfile, test_slurm, test_restart). */
 #ifndef HPU_ARGS_TESTLIB_H
 #define HPU_ARGS_TESTLIB_H
 

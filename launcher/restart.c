@@ -1,0 +1,83 @@
+#include "restart.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void hpu_attempt_token(const char *token, int restart, char *out, size_t outlen)
+{
+	if (restart == 0) {
+		snprintf(out, outlen, "%s", token);
+		return;
+	}
+	char msg[32];
+	unsigned char mac[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+	int len = snprintf(msg, sizeof msg, "hpu-restart-%d", restart);
+	if (!HMAC(EVP_sha256(), token, (int)strlen(token), (unsigned char *)msg,
+		  (size_t)len, mac, &n))
+		abort(); /* only without memory; a wrong token must not result */
+	for (unsigned int i = 0; i < n && 2 * i + 2 < outlen; i++)
+		snprintf(out + 2 * i, 3, "%02x", mac[i]);
+}
+
+void hpu_restarts_init(hpu_restarts *r, int max)
+{
+	memset(r, 0, sizeof *r);
+	r->max = max;
+}
+
+/* "attempt 1: CAUSE; attempt 2: CAUSE" for every failed attempt. */
+static char *all_causes(const hpu_restarts *r)
+{
+	size_t len = 1;
+	for (int i = 0; i < r->attempt; i++)
+		len += strlen(r->causes[i]) + 32;
+	char *s = malloc(len);
+	if (!s)
+		return NULL;
+	size_t used = 0;
+	for (int i = 0; i < r->attempt; i++)
+		used += (size_t)snprintf(s + used, len - used, "%sattempt %d: %s",
+					 i ? "; " : "", i + 1, r->causes[i]);
+	s[used] = 0;
+	return s;
+}
+
+int hpu_restarts_next(hpu_restarts *r, const char *who, const char *cause)
+{
+	char **grown = realloc(r->causes, (size_t)(r->attempt + 1) * sizeof *grown);
+	char *copy = strdup(cause && *cause ? cause : "no cause given");
+	if (!grown || !copy) {
+		free(copy);
+		if (grown)
+			r->causes = grown;
+		fprintf(stderr, "%s: out of memory: no more restarts\n", who);
+		return 0;
+	}
+	r->causes = grown;
+	r->causes[r->attempt++] = copy;
+	if (r->attempt <= r->max) {
+		fprintf(stderr, "%s: attempt %d of %d failed: %s; restarting (restart %d of %d)\n",
+			who, r->attempt, r->max + 1, copy, r->attempt, r->max);
+		return 1;
+	}
+	if (r->max > 0) {
+		char *all = all_causes(r);
+		fprintf(stderr, "%s: job failed after %d restart%s: %s\n", who, r->max,
+			r->max == 1 ? "" : "s", all ? all : "(out of memory)");
+		free(all);
+	}
+	return 0;
+}
+
+void hpu_restarts_free(hpu_restarts *r)
+{
+	for (int i = 0; r->causes && i < r->attempt; i++)
+		free(r->causes[i]);
+	free(r->causes);
+	r->causes = NULL;
+	r->attempt = 0;
+}

@@ -1,0 +1,140 @@
+/* Unit tests for `hpulaunch --max-restarts` (launcher/args.c) and the
+ * restart bookkeeping (launcher/restart.c): the flag's range and errors,
+ * the per-attempt job token, and the attempts counted against K. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "args_testlib.h"
+
+#include "args.h"
+#include "restart.h"
+
+static const char *const cleared[] = {
+	"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "HPU_JOB_ID",
+	"HPU_JOB_TOKEN", "HPUCOLL_TRANSPORT", "HPU_KEY_FILE", "SLURM_JOB_ID",
+	"SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID", NULL};
+
+static int setup(void **state)
+{
+	(void)state;
+	for (int i = 0; cleared[i]; i++)
+		unsetenv(cleared[i]);
+	return 0;
+}
+
+static void test_flag_values(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	parse_ok(&a, ARGV("--exec", "/bin/true"));
+	assert_int_equal(a.max_restarts, 0); /* the default */
+	hpu_args_free(&a);
+	static const struct {
+		const char *v;
+		int want;
+	} ok[] = {{"0", 0}, {"1", 1}, {"3", 3}, {"1000", 1000}};
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		parse_ok(&a, ARGV("--devices", "2", "--max-restarts", (char *)ok[i].v, "--exec",
+				  "/bin/true"));
+		assert_int_equal(a.max_restarts, ok[i].want);
+		assert_int_equal(a.devices, 2); /* the options around it still count */
+		hpu_args_free(&a);
+	}
+	/* with several nodes, torchrun style */
+	setenv("HPU_JOB_TOKEN", "t", 1);
+	parse_ok(&a, ARGV("--nodes", "2", "--node-rank", "1", "--master-port", "29500",
+			  "--max-restarts", "5", "--exec", "/bin/true"));
+	assert_int_equal(a.max_restarts, 5);
+	assert_int_equal(a.node_rank, 1);
+	hpu_args_free(&a);
+	setup(NULL);
+}
+
+static void test_flag_errors(void **state)
+{
+	(void)state;
+	static const char *bad[] = {"1001", "-1", "x", "", "2.5", "3x", "99999999999"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char want[128];
+		snprintf(want, sizeof want,
+			 "--max-restarts takes a whole number of restarts from 0 to 1000, not '%s'",
+			 bad[i]);
+		parse_fails(ARGV("--max-restarts", (char *)bad[i], "--exec", "/bin/true"), want);
+	}
+	parse_fails(ARGV("--max-restarts"), "option --max-restarts needs a value");
+}
+
+static void test_help_mentions_flag(void **state)
+{
+	(void)state;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	assert_non_null(f);
+	hpu_args_usage(f);
+	fclose(f);
+	assert_non_null(strstr(text, "--max-restarts K"));
+	assert_non_null(strstr(text, "HPU_RESTART_COUNT"));
+	free(text);
+}
+
+/* Restart 0 keeps the job's token; each restart has its own, the same on
+ * every node (a function of the token and the restart only). */
+static void test_attempt_token(void **state)
+{
+	(void)state;
+	char t0[129], t1[129], t1b[129], t2[129], u1[129];
+	hpu_attempt_token("secret", 0, t0, sizeof t0);
+	hpu_attempt_token("secret", 1, t1, sizeof t1);
+	hpu_attempt_token("secret", 1, t1b, sizeof t1b);
+	hpu_attempt_token("secret", 2, t2, sizeof t2);
+	hpu_attempt_token("other", 1, u1, sizeof u1);
+	assert_string_equal(t0, "secret");
+	assert_int_equal((int)strlen(t1), 64);
+	assert_int_equal((int)strspn(t1, "0123456789abcdef"), 64);
+	assert_string_equal(t1, t1b);
+	assert_string_not_equal(t1, t2);
+	assert_string_not_equal(t1, u1);
+	assert_string_not_equal(t1, "secret");
+}
+
+/* K restarts: attempts 1..K fail and restart, attempt K+1 ends the job. */
+static void test_attempts_counted(void **state)
+{
+	(void)state;
+	hpu_restarts r;
+	hpu_restarts_init(&r, 2);
+	assert_int_equal(r.attempt, 0);
+	assert_int_equal(hpu_restarts_next(&r, "test", "first cause"), 1);
+	assert_int_equal(r.attempt, 1);
+	assert_int_equal(hpu_restarts_next(&r, "test", "second cause"), 1);
+	assert_int_equal(r.attempt, 2);
+	assert_int_equal(hpu_restarts_next(&r, "test", "third cause"), 0);
+	assert_string_equal(r.causes[0], "first cause");
+	assert_string_equal(r.causes[2], "third cause");
+	hpu_restarts_free(&r);
+	hpu_restarts_free(&r); /* safe twice */
+	hpu_restarts_init(&r, 0);
+	assert_int_equal(hpu_restarts_next(&r, "test", "only cause"), 0);
+	hpu_restarts_free(&r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_flag_values),
+		cmocka_unit_test(test_flag_errors),
+		cmocka_unit_test(test_help_mentions_flag),
+		cmocka_unit_test(test_attempt_token),
+		cmocka_unit_test(test_attempts_counted),
+	};
+	return cmocka_run_group_tests(tests, setup, NULL);
+}
