@@ -215,14 +215,15 @@ static char **make_env(const hpu_agent *a, const worker *w)
 				     "LOCAL_WORLD_SIZE=", "NODE_RANK=", "NNODES=",
 				     "MASTER_ADDR=", "MASTER_PORT=", "HPU_JOB_ID=",
 				     "HPU_JOB_TOKEN=", "HPUCOLL_TRANSPORT=",
-				     "HPU_DEVICE_ID="};
+				     "HPU_DEVICE_ID=", "HPU_RESTART_COUNT=",
+				     "HPU_MAX_RESTARTS="};
 	size_t n = 0;
 	while (environ[n])
 		n++;
 	size_t extra = 0;
 	while (a->cfg.env && a->cfg.env[extra])
 		extra++;
-	char **env = calloc(n + 16 + extra, sizeof *env);
+	char **env = calloc(n + 20 + extra, sizeof *env);
 	if (!env)
 		return NULL;
 	size_t k = 0;
@@ -238,7 +239,7 @@ static char **make_env(const hpu_agent *a, const worker *w)
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
-	char v[11][600];
+	char v[13][600];
 	snprintf(v[0], sizeof v[0], "RANK=%d", w->rank);
 	snprintf(v[1], sizeof v[1], "LOCAL_RANK=%d", w->local);
 	snprintf(v[2], sizeof v[2], "WORLD_SIZE=%d", c->nodes * c->devices);
@@ -250,7 +251,9 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	snprintf(v[8], sizeof v[8], "HPU_JOB_ID=%s", c->job_id);
 	snprintf(v[9], sizeof v[9], "HPU_JOB_TOKEN=%s", c->token);
 	snprintf(v[10], sizeof v[10], "HPU_DEVICE_ID=%d", device_of(a, w));
-	for (int i = 0; i < 11; i++)
+	snprintf(v[11], sizeof v[11], "HPU_RESTART_COUNT=%d", c->restart_count);
+	snprintf(v[12], sizeof v[12], "HPU_MAX_RESTARTS=%d", c->max_restarts);
+	for (int i = 0; i < 13; i++)
 		env[k++] = strdup(v[i]);
 	if (!have_blas)
 		env[k++] = strdup("OPENBLAS_NUM_THREADS=1");
@@ -339,7 +342,9 @@ static int open_log(hpu_agent *a, worker *w, char *err, size_t errlen)
 		return 0;
 	char path[1024];
 	snprintf(path, sizeof path, "%s/rank_%d.log", a->cfg.log_dir, w->rank);
-	w->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* A restart adds to the log: the failed attempt's output stays. */
+	int keep = a->cfg.restart_count > 0 ? O_APPEND : O_TRUNC;
+	w->log_fd = open(path, O_WRONLY | O_CREAT | keep | O_CLOEXEC, 0644);
 	if (w->log_fd < 0) {
 		snprintf(err, errlen, "cannot write the log file %s: %s", path,
 			 strerror(errno));

@@ -28,8 +28,12 @@ typedef struct hpu_agent_cfg {
 	const char *token;
 	char *const *argv; /* the program to run and its arguments */
 	int search_path;   /* look argv[0] up in PATH */
-	const char *log_dir; /* also write rank_N.log here, or NULL */
+	const char *log_dir; /* also write rank_N.log here (appended to on a
+			      * restart), or NULL */
 	const char *transport; /* HPUCOLL_TRANSPORT for the workers, or NULL */
+	/* The workers' HPU_RESTART_COUNT (this attempt: 0 first) and
+	 * HPU_MAX_RESTARTS (restart.h). */
+	int restart_count, max_restarts;
 	/* "NAME=VALUE" entries (NULL-terminated) set for the workers over
 	 * ours, or NULL. */
 	char *const *env;

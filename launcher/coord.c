@@ -8,6 +8,7 @@
 #include <zmq.h>
 
 #include "codec.h"
+#include "restart.h"
 #include "zwatch.h"
 
 #define MAX_ENDPOINT 256
@@ -37,12 +38,19 @@ struct hpu_coord {
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;
 	char abort_reason[512];
+	char join_token[129]; /* this attempt's (restart.h) */
+	char why[160];        /* a refusal that needs words of its own */
 };
 
 static int same_secret(const char *a, const char *b)
 {
 	size_t n = strlen(b);
 	return a && strlen(a) == n && CRYPTO_memcmp(a, b, n) == 0;
+}
+
+static int same_peer(const hpu_codec_peer *a, const hpu_codec_peer *b)
+{
+	return a->len == b->len && !memcmp(a->id, b->id, a->len);
 }
 
 static void send_env(hpu_coord *c, const hpu_codec_peer *peer,
@@ -133,12 +141,30 @@ static void release(hpu_coord *c)
 	ev_timer_stop(c->loop, &c->join_timer);
 }
 
+/* Why a join's token is not this attempt's: a worker of another attempt
+ * of the job (one restart either way), or a bad token. */
+static const char *token_refusal(hpu_coord *c, const char *token)
+{
+	char t[129];
+	for (int n = c->cfg.restart_count - 1; n <= c->cfg.restart_count + 1; n += 2) {
+		if (n < 0 || n > HPU_MAX_RESTARTS_LIMIT)
+			continue;
+		hpu_attempt_token(c->cfg.token, n, t, sizeof t);
+		if (same_secret(token, t)) {
+			snprintf(c->why, sizeof c->why, "it is a worker of restart %d of this job, this is restart %d",
+				 n, c->cfg.restart_count);
+			return c->why;
+		}
+	}
+	return "bad job token";
+}
+
 static const char *check_join(hpu_coord *c, const Hpu__Join *j)
 {
 	if (!j->job_id || strcmp(j->job_id, c->cfg.job_id) != 0)
 		return "wrong job id";
-	if (!same_secret(j->token, c->cfg.token))
-		return "bad job token";
+	if (!same_secret(j->token, c->join_token))
+		return token_refusal(c, j->token);
 	if (!j->self || !j->self->endpoint || !*j->self->endpoint ||
 	    strlen(j->self->endpoint) >= MAX_ENDPOINT)
 		return "no usable data endpoint";
@@ -182,8 +208,7 @@ static agent_slot *known_agent(hpu_coord *c, const hpu_codec_peer *peer)
 {
 	for (int n = 1; n < c->cfg.nodes; n++) {
 		agent_slot *a = &c->agents[n];
-		if (a->hello && a->peer.len == peer->len &&
-		    !memcmp(a->peer.id, peer->id, peer->len))
+		if (a->hello && same_peer(&a->peer, peer))
 			return a;
 	}
 	return NULL;
@@ -192,8 +217,24 @@ static agent_slot *known_agent(hpu_coord *c, const hpu_codec_peer *peer)
 static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		     const Hpu__AgentHello *h)
 {
+	int ours = h->job_id && !strcmp(h->job_id, c->cfg.job_id) &&
+		   same_secret(h->token, c->cfg.token);
+	if (ours && h->restart_count != (uint32_t)c->cfg.restart_count) {
+		/* Another attempt's agent: an earlier one on its way out, or a
+		 * later one that says hello again until its own coordinator
+		 * answers. Neither belongs here, and neither is to be aborted. */
+		fprintf(stderr, "hpulaunch: coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d\n",
+			h->node_rank, h->restart_count, c->cfg.restart_count);
+		return;
+	}
+	if (ours && h->node_rank < (uint32_t)c->cfg.nodes && c->agents[h->node_rank].hello &&
+	    same_peer(&c->agents[h->node_rank].peer, peer)) {
+		/* The same agent again (it repeats its hello until answered). */
+		send_simple(c, peer, HPU__ENVELOPE__MSG_HEARTBEAT, NULL);
+		return;
+	}
 	const char *why = NULL;
-	if (!h->job_id || strcmp(h->job_id, c->cfg.job_id) || !same_secret(h->token, c->cfg.token))
+	if (!ours)
 		why = "bad job id or token";
 	else if (h->node_rank == 0 || h->node_rank >= (uint32_t)c->cfg.nodes)
 		why = "node rank out of range";
@@ -213,6 +254,8 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	a->last_seen = ev_now(c->loop);
 	if (c->aborted)
 		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, c->abort_reason);
+	else /* answer at once: the agent may be waiting for it to start */
+		send_simple(c, peer, HPU__ENVELOPE__MSG_HEARTBEAT, NULL);
 }
 
 static void check_finished(hpu_coord *c)
@@ -368,6 +411,7 @@ hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 	}
 	c->loop = loop;
 	c->cfg = *cfg;
+	hpu_attempt_token(cfg->token, cfg->restart_count, c->join_token, sizeof c->join_token);
 	c->world = cfg->nodes * cfg->devices;
 	c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
 	c->agents = calloc((size_t)cfg->nodes, sizeof *c->agents);

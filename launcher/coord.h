@@ -1,11 +1,12 @@
 /* coord: the job's coordinator, inside node 0's hpulaunch, bound at
  * MASTER_ADDR:MASTER_PORT (ZeroMQ ROUTER, protobuf-c messages).
  *
- * Workers Join with the job id and token; once every rank has joined, each
- * gets the rank table. Remote agents (hpulaunch on the other nodes) say
- * hello with the same token, exchange heartbeats, report worker failures
- * and completion. Any failure becomes an Abort sent to every agent, and a
- * rank that never joins becomes an abort naming it after join_timeout_s. */
+ * Workers Join with the job id and token (this attempt's, restart.h); once
+ * every rank has joined, each gets the rank table. Remote agents (hpulaunch
+ * on the other nodes) say hello with the job's token and their attempt,
+ * exchange heartbeats, report worker failures and completion. Any failure
+ * becomes an Abort sent to every agent, and a rank that never joins
+ * becomes an abort naming it after join_timeout_s. */
 #ifndef HPU_COORD_H
 #define HPU_COORD_H
 
@@ -18,6 +19,10 @@ typedef struct hpu_coord_cfg {
 	const char *bind_addr; /* numeric IPv4 address to bind */
 	int port;              /* 0: pick a free one */
 	const char *job_id, *token;
+	/* Which attempt of the job this is (restart.h): workers must present
+	 * hpu_attempt_token(token, restart_count), agents the token and this
+	 * restart_count; those of other attempts are refused or ignored. */
+	int restart_count;
 	int nodes, devices;
 	double join_timeout_s;  /* every rank must have joined by then */
 	double agent_timeout_s; /* a silent remote agent is dead after this */

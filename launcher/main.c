@@ -9,6 +9,7 @@
 
 #include "args.h"
 #include "nodejob.h"
+#include "restart.h"
 #include "submit.h"
 
 /* The job on this node (torchrun style). */
@@ -19,6 +20,8 @@ typedef struct launch {
 	ev_signal sigint, sigterm;
 	int ended, failed;
 	int signo;      /* interrupted by this signal */
+	char cause[700]; /* why the attempt failed */
+	hpu_restarts restarts;
 } launch;
 
 static launch L;
@@ -26,10 +29,10 @@ static launch L;
 static void on_end(hpu_nodejob *j, int failed, const char *cause, void *arg)
 {
 	(void)j;
-	(void)cause;
 	(void)arg;
 	L.ended = 1;
 	L.failed = failed;
+	snprintf(L.cause, sizeof L.cause, "%s", cause ? cause : "");
 	ev_break(L.loop, EVBREAK_ALL);
 }
 
@@ -57,13 +60,11 @@ static int exit_status(void)
 	return L.failed ? 1 : 0;
 }
 
-static int run_local(char *err, size_t errlen)
+/* Runs one attempt of the node's job to its end. Returns 0 when it ran
+ * (L.failed, L.cause and L.signo say how it went), -1 when it could not
+ * start (the reason in err). */
+static int run_attempt(char *err, size_t errlen)
 {
-	L.loop = EV_DEFAULT;
-	ev_signal_init(&L.sigint, on_signal, SIGINT);
-	ev_signal_init(&L.sigterm, on_signal, SIGTERM);
-	ev_signal_start(L.loop, &L.sigint);
-	ev_signal_start(L.loop, &L.sigterm);
 	hpu_nodejob_cfg jc = {
 		.node_rank = L.args.node_rank,
 		.nodes = L.args.nodes,
@@ -72,6 +73,8 @@ static int run_local(char *err, size_t errlen)
 		.master_port = L.args.master_port,
 		.job_id = L.args.job_id,
 		.token = L.args.token,
+		.restart_count = L.restarts.attempt,
+		.max_restarts = L.args.max_restarts,
 		.argv = L.args.worker_argv,
 		.search_path = L.args.exec_mode,
 		.log_dir = L.args.log_dir,
@@ -82,8 +85,10 @@ static int run_local(char *err, size_t errlen)
 		.who = "hpulaunch",
 		.on_end = on_end,
 	};
+	L.ended = L.failed = 0;
+	L.cause[0] = 0;
 	if (!(L.job = hpu_nodejob_start(L.loop, &jc, err, errlen)))
-		return 1;
+		return -1;
 	if (!L.args.quiet)
 		fprintf(stderr, "hpulaunch: job %s: node %d of %d, ranks %d-%d of %d, coordinator %s:%d\n",
 			L.args.job_id, L.args.node_rank, L.args.nodes,
@@ -91,8 +96,43 @@ static int run_local(char *err, size_t errlen)
 			L.args.nodes * L.args.devices, L.args.master_addr,
 			hpu_nodejob_master_port(L.job));
 	ev_run(L.loop, 0);
-	hpu_nodejob_destroy(&L.job);
-	return exit_status();
+	hpu_nodejob_destroy(&L.job); /* every worker is reaped by now */
+	return 0;
+}
+
+/* The node's job, attempt after attempt while it fails and restarts
+ * remain (--max-restarts); a user's interrupt ends it at once. */
+static int run_local(char *err, size_t errlen)
+{
+	L.loop = EV_DEFAULT;
+	ev_signal_init(&L.sigint, on_signal, SIGINT);
+	ev_signal_init(&L.sigterm, on_signal, SIGTERM);
+	ev_signal_start(L.loop, &L.sigint);
+	ev_signal_start(L.loop, &L.sigterm);
+	hpu_restarts_init(&L.restarts, L.args.max_restarts);
+	int rc;
+	for (;;) {
+		if (run_attempt(err, errlen) < 0) {
+			if (L.restarts.attempt == 0) {
+				rc = 1; /* main says why */
+				break;
+			}
+			fprintf(stderr, "hpulaunch: error: %s\n", err);
+			snprintf(L.cause, sizeof L.cause, "%s", err);
+			err[0] = 0;
+			L.failed = 1;
+		}
+		if (!L.failed || L.signo) {
+			rc = exit_status();
+			break;
+		}
+		if (!hpu_restarts_next(&L.restarts, "hpulaunch", L.cause)) {
+			rc = 1;
+			break;
+		}
+	}
+	hpu_restarts_free(&L.restarts);
+	return rc;
 }
 
 int main(int argc, char **argv)

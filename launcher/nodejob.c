@@ -11,6 +11,7 @@
 
 #include "codec.h"
 #include "coord.h"
+#include "restart.h"
 #include "zwatch.h"
 
 struct hpu_nodejob {
@@ -27,6 +28,8 @@ struct hpu_nodejob {
 	ev_tstamp started, coord_seen;
 	int failed;             /* a worker failed, or the job was aborted */
 	int agent_idle, job_done, ended;
+	int gated;              /* the workers wait for the coordinator's answer */
+	char token[129];        /* the one this attempt's workers present */
 	char root_cause[700];
 };
 
@@ -75,9 +78,9 @@ static void send_to_coord(hpu_nodejob *j, Hpu__Envelope *env)
 			zmq_strerror(errno));
 }
 
-void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
+/* Ends the job on every node for `reason`. */
+static void abort_job(hpu_nodejob *j, const char *reason)
 {
-	fail_as(j, reason, grace_s, 0); /* the caller says why */
 	if (j->coord) {
 		hpu_coord_abort(j->coord, reason);
 	} else {
@@ -88,6 +91,12 @@ void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
 		env.abort = &ab;
 		send_to_coord(j, &env);
 	}
+}
+
+void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
+{
+	fail_as(j, reason, grace_s, 0); /* the caller says why */
+	abort_job(j, reason);
 	if (j->agent && grace_s <= 0)
 		hpu_agent_stop(j->agent, 0);
 }
@@ -161,6 +170,37 @@ static void on_coord_done(hpu_coord *c, void *arg)
 
 /* --- other nodes: the link to the coordinator --- */
 
+static void send_hello(hpu_nodejob *j)
+{
+	Hpu__AgentHello h = HPU__AGENT_HELLO__INIT;
+	h.job_id = (char *)j->cfg.job_id;
+	h.token = (char *)j->cfg.token;
+	h.node_rank = (uint32_t)j->cfg.node_rank;
+	h.nodes = (uint32_t)j->cfg.nodes;
+	h.devices = (uint32_t)j->cfg.devices;
+	h.restart_count = (uint32_t)j->cfg.restart_count;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_AGENT_HELLO;
+	env.agent_hello = &h;
+	send_to_coord(j, &env);
+}
+
+/* A restart's coordinator has answered: the workers may start now. */
+static void start_gated_workers(hpu_nodejob *j)
+{
+	char err[600], cause[700];
+	j->gated = 0;
+	j->agent_idle = 0;
+	if (hpu_agent_start(j->agent, err, sizeof err) == 0)
+		return;
+	hpu_agent_destroy(&j->agent); /* reaps what started */
+	j->agent_idle = 1;
+	snprintf(cause, sizeof cause, "node %d could not start its workers: %s",
+		 j->cfg.node_rank, err);
+	fail(j, cause, 0);
+	abort_job(j, cause);
+}
+
 static void on_coord_msg(hpu_zwatch *w, void *arg)
 {
 	hpu_nodejob *j = arg;
@@ -176,6 +216,8 @@ static void on_coord_msg(hpu_zwatch *w, void *arg)
 	} else if (m->msg_case == HPU__ENVELOPE__MSG_JOB_DONE) {
 		j->job_done = 1;
 		finish_if_ready(j);
+	} else if (j->gated && !j->failed) {
+		start_gated_workers(j);
 	}
 	hpu_codec_free(m);
 }
@@ -196,6 +238,8 @@ static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 		fail(j, cause, j->cfg.grace_s);
 		return;
 	}
+	if (j->gated && !heard)
+		send_hello(j); /* it may have gone to an earlier attempt's */
 	Hpu__Heartbeat hb = HPU__HEARTBEAT__INIT;
 	hb.node_rank = (uint32_t)j->cfg.node_rank;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
@@ -231,16 +275,7 @@ static int connect_coord(hpu_nodejob *j, char *err, size_t errlen)
 			 zmq_strerror(errno));
 		return -1;
 	}
-	Hpu__AgentHello h = HPU__AGENT_HELLO__INIT;
-	h.job_id = (char *)j->cfg.job_id;
-	h.token = (char *)j->cfg.token;
-	h.node_rank = (uint32_t)j->cfg.node_rank;
-	h.nodes = (uint32_t)j->cfg.nodes;
-	h.devices = (uint32_t)j->cfg.devices;
-	Hpu__Envelope env = HPU__ENVELOPE__INIT;
-	env.msg_case = HPU__ENVELOPE__MSG_AGENT_HELLO;
-	env.agent_hello = &h;
-	send_to_coord(j, &env);
+	send_hello(j);
 	j->started = ev_now(j->loop);
 	ev_timer_init(&j->beat, on_beat, 1.0, 1.0);
 	j->beat.data = j;
@@ -255,6 +290,7 @@ static int start_coord(hpu_nodejob *j, char *err, size_t errlen)
 		.port = j->master_port,
 		.job_id = j->cfg.job_id,
 		.token = j->cfg.token,
+		.restart_count = j->cfg.restart_count,
 		.nodes = j->cfg.nodes,
 		.devices = j->cfg.devices,
 		.join_timeout_s = j->cfg.join_timeout_s,
@@ -283,6 +319,11 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 	if (!j->cfg.who)
 		j->cfg.who = "hpulaunch";
 	j->master_port = cfg->master_port;
+	hpu_attempt_token(cfg->token, cfg->restart_count, j->token, sizeof j->token);
+	/* A restart on a node other than 0 might otherwise start workers that
+	 * reach the previous attempt's coordinator, still shutting down. */
+	j->gated = cfg->node_rank != 0 && cfg->restart_count > 0;
+	j->agent_idle = j->gated;
 	ev_idle_init(&j->end, on_end_idle);
 	j->end.data = j;
 	ev_init(&j->beat, on_beat);
@@ -299,11 +340,13 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 		.master_addr = cfg->master_addr,
 		.master_port = j->master_port,
 		.job_id = cfg->job_id,
-		.token = cfg->token,
+		.token = j->token,
 		.argv = cfg->argv,
 		.search_path = cfg->search_path,
 		.log_dir = cfg->log_dir,
 		.transport = cfg->transport,
+		.restart_count = cfg->restart_count,
+		.max_restarts = cfg->max_restarts,
 		.env = cfg->env,
 		.device_ids = cfg->device_ids,
 		.set_user = cfg->set_user,
@@ -318,7 +361,7 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
-	if (hpu_agent_start(j->agent, err, errlen) < 0)
+	if (!j->gated && hpu_agent_start(j->agent, err, errlen) < 0)
 		goto fail;
 	return j;
 fail:

@@ -19,6 +19,12 @@ typedef struct hpu_nodejob_cfg {
 	const char *master_addr;  /* node 0's address (a name is resolved) */
 	int master_port;          /* node 0: 0 picks a free port */
 	const char *job_id, *token;
+	/* hpulaunch --max-restarts (restart.h): this attempt, 0 first, and
+	 * the restarts allowed. The workers get them as HPU_RESTART_COUNT and
+	 * HPU_MAX_RESTARTS, and this attempt's token. On nodes other than 0
+	 * a restart starts its workers only once the coordinator of the same
+	 * attempt has answered, so they never join an earlier attempt's. */
+	int restart_count, max_restarts;
 	char *const *argv;        /* the worker program and its arguments */
 	int search_path;          /* look argv[0] up in PATH */
 	const char *log_dir;      /* or NULL */
