@@ -24,6 +24,7 @@
 #include "codec.h"
 #include "conf.h"
 #include "nodejob.h"
+#include "restart.h"
 #include "zwatch.h"
 
 #define MAX_JOBS 64
@@ -38,6 +39,7 @@ typedef struct job {
 	char master_addr[256];
 	char transport[8];
 	int node_rank, nodes, devices;
+	int restart_count, max_restarts; /* hpulaunch --max-restarts */
 	int dev[MAX_DEVICES];
 	char **argv;               /* worker program + the request's argv */
 	char **env;                /* the request's env (NULL-terminated) */
@@ -279,6 +281,8 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		return "master_addr must be 1-255 bytes";
 	if (q->master_port > 65535 || (q->master_port == 0 && q->node_rank != 0))
 		return "master_port must be 1..65535 (0 only on node 0: pick one)";
+	if (q->max_restarts > HPU_MAX_RESTARTS_LIMIT || q->restart_count > q->max_restarts)
+		return "restart_count must not exceed max_restarts, nor max_restarts 1000";
 	if (q->transport && *q->transport && strcmp(q->transport, "auto") &&
 	    strcmp(q->transport, "tcp") && strcmp(q->transport, "ipc") &&
 	    strcmp(q->transport, "shm"))
@@ -381,6 +385,8 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 	j->node_rank = (int)q->node_rank;
 	j->nodes = (int)q->nodes;
 	j->devices = (int)q->devices;
+	j->restart_count = (int)q->restart_count;
+	j->max_restarts = (int)q->max_restarts;
 	j->peer = *peer;
 	j->started = j->last_ping = ev_now(D.loop);
 	if (book_devices(j, why, sizeof why) < 0) {
@@ -403,6 +409,8 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 		.master_port = (int)q->master_port,
 		.job_id = j->id,
 		.token = j->token,
+		.restart_count = j->restart_count,
+		.max_restarts = j->max_restarts,
 		.argv = j->argv,
 		.transport = j->transport[0] ? j->transport : NULL,
 		.env = j->env,
@@ -426,8 +434,12 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 		release_job(j);
 		return;
 	}
-	logmsg(HPUD_LOG_INFO, "job %s from %s: node %d of %d, %d workers as uid %d, coordinator %s:%d",
-	       j->id, addr, j->node_rank, j->nodes, j->devices,
+	char attempt[64] = "";
+	if (j->max_restarts)
+		snprintf(attempt, sizeof attempt, " (restart %d of %d)", j->restart_count,
+			 j->max_restarts);
+	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers as uid %d, coordinator %s:%d",
+	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices,
 	       D.set_user ? (int)D.uid : (int)getuid(), j->master_addr,
 	       hpu_nodejob_master_port(j->nj));
 	reply_launch(peer, id, j, NULL);

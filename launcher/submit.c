@@ -13,6 +13,7 @@
 #include "agent.h"
 #include "auth.h"
 #include "codec.h"
+#include "restart.h"
 
 #define REPLY_TIMEOUT_MS 10000
 #define PING_EVERY_S 1.0
@@ -34,6 +35,7 @@ typedef struct submit {
 	int nn;
 	int master_port;
 	int lost;               /* the submitter lost a daemon (already said) */
+	char lost_cause[700];   /* ... and this is what it said */
 	volatile sig_atomic_t signo;
 	char err[1024];
 } submit;
@@ -209,7 +211,7 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 	}
 }
 
-static int launch_node(int i)
+static int launch_node(int i, int restart)
 {
 	const hpu_launch_args *a = S.a;
 	node *nd = &S.n[i];
@@ -224,6 +226,8 @@ static int launch_node(int i)
 	q.n_argv = (size_t)(a->worker_argc - 1); /* hpud picks the program */
 	q.argv = a->worker_argv + 1;
 	q.transport = (char *)(a->transport ? a->transport : "");
+	q.restart_count = (uint32_t)restart;
+	q.max_restarts = (uint32_t)a->max_restarts;
 	char envbuf[8][1100], *envp[8];
 	for (int k = 0; hpu_job_env_names[k] && q.n_env < 8; k++) {
 		const char *v = getenv(hpu_job_env_names[k]);
@@ -296,13 +300,15 @@ static int all_ended(void)
 	return 1;
 }
 
-/* The job's outcome: 0, or 1 with the root cause printed. A daemon the
- * submitter lost is the cause (and was said when it happened); otherwise
- * node 0's reason is the coordinator's, so it is preferred. */
-static int outcome(void)
+/* The job's outcome: 0, or 1 with the root cause in cause and printed. A
+ * daemon the submitter lost is the cause (and was said when it happened);
+ * otherwise node 0's reason is the coordinator's, so it is preferred. */
+static int outcome(char *cause, size_t len)
 {
-	if (S.lost)
+	if (S.lost) {
+		snprintf(cause, len, "%s", S.lost_cause);
 		return 1;
+	}
 	int bad = -1;
 	for (int i = 0; i < S.nn; i++)
 		if (S.n[i].launched && (!S.n[i].ended || !S.n[i].ok)) {
@@ -312,13 +318,14 @@ static int outcome(void)
 	if (bad < 0)
 		return 0;
 	node *nd = &S.n[bad];
-	fprintf(stderr, "hpulaunch: error: %s\n",
-		nd->reason[0] ? nd->reason : "a node's part did not end");
+	snprintf(cause, len, "%s", nd->reason[0] ? nd->reason : "a node's part did not end");
+	fprintf(stderr, "hpulaunch: error: %s\n", cause);
 	return 1;
 }
 
-/* Follows the job until every node's part has ended. */
-static int follow(void)
+/* Follows the job until every node's part has ended; returns its exit
+ * status, with the root cause in cause when it is 1. */
+static int follow(char *cause, size_t len)
 {
 	const double silent_limit = S.a->agent_timeout_s;
 	double last_ping = 0, cancel_at = 0;
@@ -345,8 +352,10 @@ static int follow(void)
 				snprintf(nd->reason, sizeof nd->reason,
 					 "lost contact with hpud at %s:%d (node %d): silent for %.0f s",
 					 nd->host, nd->port, i, silent_limit);
-				if (!S.lost)
+				if (!S.lost) {
 					fprintf(stderr, "hpulaunch: error: %s\n", nd->reason);
+					snprintf(S.lost_cause, sizeof S.lost_cause, "%s", nd->reason);
+				}
 				S.lost = 1;
 				cancel_all();
 			}
@@ -355,7 +364,80 @@ static int follow(void)
 	}
 	if (S.signo)
 		return 128 + S.signo;
-	return outcome();
+	return outcome(cause, len);
+}
+
+/* Cancels the nodes' parts that run and waits up to max_s for their ends. */
+static void cancel_and_wait(double max_s)
+{
+	cancel_all();
+	for (double end = now_s() + max_s; !all_ended() && now_s() < end;)
+		pump(100, -1, NULL);
+}
+
+/* Submits attempt `restart` of the job to every node, node 0 first.
+ * Returns 0, or -1 with S.err set, having cancelled what started. */
+static int launch_all(int restart)
+{
+	S.master_port = S.a->master_port;
+	S.lost = 0;
+	for (int i = 0; i < S.nn; i++) {
+		node *nd = &S.n[i];
+		nd->launched = nd->ended = nd->ok = 0;
+		nd->reason[0] = 0;
+		nd->last_heard = now_s();
+	}
+	for (int i = 0; i < S.nn; i++) {
+		if (launch_node(i, restart) < 0) {
+			/* What started must stop; before a restart, it must
+			 * have stopped (its devices, its coordinator's port). */
+			cancel_and_wait(restart < S.a->max_restarts ? 15 : 2);
+			return -1;
+		}
+		S.n[i].last_heard = now_s();
+	}
+	if (!S.a->quiet)
+		fprintf(stderr, "hpulaunch: job %s: %d nodes x %d devices through hpud, coordinator %s:%d\n",
+			S.a->job_id, S.nn, S.a->devices, S.n[0].host, S.master_port);
+	return 0;
+}
+
+/* The job, attempt after attempt while it fails and restarts remain
+ * (--max-restarts): each attempt is submitted once the previous one has
+ * ended on every node. A submission refused at the first attempt ends
+ * the job; at a restart it is that attempt's failure. */
+static int run_attempts(void)
+{
+	hpu_restarts r;
+	char cause[1024];
+	int rc = 1;
+	hpu_restarts_init(&r, S.a->max_restarts);
+	for (;;) {
+		if (S.signo && r.attempt > 0) { /* interrupted between attempts */
+			rc = 128 + S.signo;
+			break;
+		}
+		if (launch_all(r.attempt) < 0) {
+			if (r.attempt == 0 || S.signo) {
+				rc = S.signo && r.attempt ? 128 + S.signo : 1;
+				break; /* the caller prints S.err */
+			}
+			fprintf(stderr, "hpulaunch: error: %s\n", S.err);
+			snprintf(cause, sizeof cause, "%s", S.err);
+			S.err[0] = 0;
+		} else {
+			rc = follow(cause, sizeof cause);
+			S.err[0] = 0;
+			if (rc != 1)
+				break;
+		}
+		if (!hpu_restarts_next(&r, "hpulaunch", cause)) {
+			rc = 1;
+			break;
+		}
+	}
+	hpu_restarts_free(&r);
+	return rc;
 }
 
 int hpu_submit_run(const hpu_launch_args *a)
@@ -374,21 +456,7 @@ int hpu_submit_run(const hpu_launch_args *a)
 		if (connect_node(&S.n[i]) < 0)
 			goto out;
 	}
-	S.master_port = a->master_port;
-	for (int i = 0; i < S.nn; i++) {
-		if (launch_node(i) < 0) {
-			cancel_all(); /* what started must stop */
-			for (int k = 0; k < 20 && !all_ended(); k++)
-				pump(100, -1, NULL);
-			goto out;
-		}
-		S.n[i].last_heard = now_s();
-	}
-	if (!a->quiet)
-		fprintf(stderr, "hpulaunch: job %s: %d nodes x %d devices through hpud, coordinator %s:%d\n",
-			a->job_id, S.nn, a->devices, S.n[0].host, S.master_port);
-	rc = follow();
-	S.err[0] = 0;
+	rc = run_attempts();
 out:
 	if (rc && S.err[0])
 		fprintf(stderr, "hpulaunch: error: %s\n", S.err);

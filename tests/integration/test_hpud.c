@@ -9,7 +9,9 @@
  *   good request and its memory does not grow;
  * - jobs: a training job through hpulaunch --hostfile, its workers running
  *   as the configured user; devices not double-booked; --status; a
- *   submitter that goes away, Ctrl-C, SIGTERM and SIGHUP to the daemon.
+ *   submitter that goes away, Ctrl-C, SIGTERM and SIGHUP to the daemon;
+ * - --max-restarts: a job that fails once is submitted again with
+ *   HPU_RESTART_COUNT=1 and succeeds.
  * Needs root (the workers switch to the user 'nobody'). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -556,6 +558,49 @@ static void test_cancel_term_and_reload(void **state)
 	stop_daemon();
 }
 
+/* hpulaunch --hostfile --max-restarts 1: rank 1 fails on the first
+ * attempt (the worker program is a script in front of hpu-worker that reads
+ * HPU_RESTART_COUNT); the job is submitted again, every rank sees
+ * HPU_RESTART_COUNT=1 and HPU_MAX_RESTARTS=1, and it trains to the end. */
+static void test_restart_through_hostfile(void **state)
+{
+	(void)state;
+	char script[192], text[1024], extra[256];
+	snprintf(script, sizeof script, "%s/restart-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "echo \"restart count $HPU_RESTART_COUNT of $HPU_MAX_RESTARTS\"\n"
+		 "if [ \"$HPU_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 3; fi\n"
+		 "exec %s \"$@\"\n",
+		 h_build("bin/hpu-worker"));
+	write_file(script, text, 0755);
+	snprintf(extra, sizeof extra, "worker = %s\n", script);
+	write_conf(2, extra);
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-restarts", "1", "--max-steps", "3",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "64", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 180000);
+	printf("%s", p.out);
+	write_conf(2, NULL);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "[rank 1] restart count 0 of 1"));
+	assert_non_null(strstr(p.out, "hpulaunch: attempt 1 of 2 failed: rank 1 (node 0, pid "));
+	assert_non_null(strstr(p.out, "exited with code 3; restarting (restart 1 of 1)"));
+	assert_non_null(strstr(p.out, "[rank 0] restart count 1 of 1"));
+	assert_non_null(strstr(p.out, "[rank 1] restart count 1 of 1"));
+	assert_non_null(strstr(p.out, "[rank 0] trained 3 steps on 2 workers"));
+	assert_null(strstr(p.out, "job failed after"));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_non_null(strstr(daemon_proc.out, "(restart 1 of 1)"));
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 0);
+	stop_daemon();
+	unlink(script);
+}
+
 int main(void)
 {
 	if (geteuid() != 0) {
@@ -569,6 +614,7 @@ int main(void)
 		cmocka_unit_test(test_job_env_forwarded),
 		cmocka_unit_test(test_busy_status_and_lost_submitter),
 		cmocka_unit_test(test_cancel_term_and_reload),
+		cmocka_unit_test(test_restart_through_hostfile),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
