@@ -1,0 +1,559 @@
+/* Integration test of hpu-ckpt on a real checkpoint: a 2-worker zero3 run
+ * of the MLP saves checkpoints (--checkpoint-dir) and its final weights
+ * (--save-params), then
+ *
+ * - info prints the step, world size, strategy and parameters, for a
+ *   checkpoint and for the root (every checkpoint, `latest` marked);
+ * - verify exits 0, and 1 naming the file after a byte of a copy is
+ *   flipped; export and reshard refuse that copy;
+ * - export --format raw is byte-identical to the --save-params file;
+ * - export (safetensors) parses with the reader here (header length,
+ *   JSON, contiguous offsets, every tensor equal to its floats of the
+ *   --save-params file) and, where /usr/bin/python3 has torch, in Python;
+ * - reshard --world 3 writes a checkpoint that verifies, whose manifest is
+ *   the source's but for world_size and files, whose export is
+ *   bit-identical to the source's, and that 3 workers resume from and
+ *   train one more step; also --world 1 --strategy ddp;
+ * - usage errors exit 2.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TOOL h_build("bin/hpu-ckpt")
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+#define PYTHON "/usr/bin/python3"
+#define STEPS 4
+/* divisible by 2 and by 3 workers: resuming needs the same global batch */
+#define BATCH "48"
+
+static char T[256];      /* the test's temporary directory */
+static char CK[512];     /* the checkpoint root */
+static char LAST[600];   /* its latest checkpoint */
+static char PARAMS[512]; /* --save-params of the same run */
+
+static const char *path(const char *rel)
+{
+	static char bufs[8][600];
+	static int k;
+	char *p = bufs[k++ & 7];
+	snprintf(p, sizeof bufs[0], "%s/%s", T, rel);
+	return p;
+}
+
+/* ---- files ---- */
+
+static unsigned char *read_all(const char *file, size_t *len)
+{
+	FILE *f = fopen(file, "rb");
+	if (!f)
+		return NULL;
+	fseeko(f, 0, SEEK_END);
+	off_t n = ftello(f);
+	fseeko(f, 0, SEEK_SET);
+	unsigned char *buf = malloc((size_t)n + 1);
+	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+		free(buf);
+		buf = NULL;
+	}
+	fclose(f);
+	if (buf) {
+		buf[n] = 0;
+		*len = (size_t)n;
+	}
+	return buf;
+}
+
+static void write_all(const char *file, const void *p, size_t n)
+{
+	FILE *f = fopen(file, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(p, 1, n, f), n);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* Asserts files a and b hold the same bytes. */
+static void same_bytes(const char *a, const char *b)
+{
+	size_t na, nb;
+	unsigned char *x = read_all(a, &na), *y = read_all(b, &nb);
+	if (!x || !y)
+		fail_msg("cannot read %s or %s", a, b);
+	if (na != nb || memcmp(x, y, na) != 0)
+		fail_msg("%s (%zu bytes) differs from %s (%zu bytes)", a, na, b, nb);
+	free(x);
+	free(y);
+}
+
+static int exists(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0;
+}
+
+/* A copy of a checkpoint directory (one level, as checkpoints are). */
+static void copy_dir(const char *from, const char *to)
+{
+	static const char *files[] = {"manifest.json", "rank-00000-of-00002.bin",
+				      "rank-00001-of-00002.bin"};
+	assert_int_equal(mkdir(to, 0755), 0);
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+		char a[700], b[700];
+		size_t n;
+		snprintf(a, sizeof a, "%s/%s", from, files[i]);
+		snprintf(b, sizeof b, "%s/%s", to, files[i]);
+		unsigned char *d = read_all(a, &n);
+		assert_non_null(d);
+		write_all(b, d, n);
+		free(d);
+	}
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(p);
+}
+
+/* ---- running ---- */
+
+/* Runs argv (NULL-terminated), asserts its exit code, returns its output
+ * (caller frees). */
+static char *run_v(int want, const char **argv)
+{
+	proc p;
+	int rc = h_run(&p, (char *const *)argv, NULL, 120000);
+	char *out = strdup(p.out ? p.out : "");
+	h_free(&p);
+	if (rc != want) {
+		fprintf(stderr, "---- %s %s ... exited %d, expected %d; output:\n%s----\n", argv[0],
+			argv[1] ? argv[1] : "", rc, want, out);
+		fail_msg("%s %s: exit %d, expected %d", argv[0], argv[1] ? argv[1] : "", rc, want);
+	}
+	return out;
+}
+
+#define RUN(want, ...) run_v(want, (const char *[]){__VA_ARGS__, NULL})
+#define CKPT(want, ...) run_v(want, (const char *[]){TOOL, __VA_ARGS__, NULL})
+
+static void has(const char *out, const char *needle)
+{
+	if (!strstr(out, needle))
+		fail_msg("output does not say \"%s\":\n%s", needle, out);
+}
+
+/* ---- the run ---- */
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *t = getenv("TMPDIR");
+	snprintf(T, sizeof T, "%s/test_ckpt_tool.XXXXXX", t && *t ? t : "/tmp");
+	if (!mkdtemp(T))
+		return -1;
+	snprintf(CK, sizeof CK, "%s/ck", T);
+	snprintf(PARAMS, sizeof PARAMS, "%s/params.bin", T);
+	snprintf(LAST, sizeof LAST, "%s/step-%08d", CK, STEPS);
+	char steps[16];
+	snprintf(steps, sizeof steps, "%d", STEPS);
+	const char *argv[] = {LAUNCH, "-q", "--devices", "2", "--strategy", "zero3",
+			      "--batch-size", BATCH, "--max-steps", steps, "--no-eval",
+			      "--log-every", "0", "--checkpoint-dir", CK, "--checkpoint-every",
+			      "2", "--keep", "3", "--save-params", PARAMS, MODEL, NULL};
+	proc p;
+	int rc = h_run(&p, (char *const *)argv, NULL, 120000);
+	if (rc != 0 || !exists(LAST) || !exists(PARAMS)) {
+		fprintf(stderr, "training run failed (exit %d):\n%s\n", rc, p.out ? p.out : "");
+		h_free(&p);
+		return -1;
+	}
+	h_free(&p);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	nftw(T, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	return 0;
+}
+
+/* ---- info ---- */
+
+static void test_info(void **state)
+{
+	(void)state;
+	char *out = CKPT(0, "info", LAST);
+	has(out, "step          4 (epoch 1, batch 4 of the epoch; global batch 48)");
+	has(out, "world size    2\n");
+	has(out, "strategy      zero3\n");
+	has(out, "precision     fp32\n");
+	has(out, "optimizer     adamw (4 optimizer steps)");
+	has(out, "sections      params, exp_avg, exp_avg_sq\n");
+	has(out, "parameters    6 (1863690 floats");
+	has(out, "fc1.weight  [1024, 784]");
+	has(out, "fc3.bias    [10]");
+	has(out, "files         2, ");
+	has(out, "rank-00001-of-00002.bin");
+	has(out, "scheduler     type constant");
+	has(out, "loss scaler   scale 1");
+	free(out);
+	/* the root: every checkpoint, newest first, latest marked */
+	out = CKPT(0, "info", CK);
+	has(out, "2 checkpoints, newest first");
+	has(out, "* step-00000004  step 4, 2 x zero3, fp32, 2 files");
+	has(out, "  step-00000002  step 2, 2 x zero3");
+	if (strstr(out, "step-00000004") > strstr(out, "  step-00000002"))
+		fail_msg("not newest first:\n%s", out);
+	has(out, "checkpoint    ");
+	has(out, LAST);
+	free(out);
+}
+
+/* ---- verify ---- */
+
+static void test_verify(void **state)
+{
+	(void)state;
+	char *out = CKPT(0, "verify", LAST);
+	has(out, "ok   rank-00000-of-00002.bin");
+	has(out, "ok   rank-00001-of-00002.bin");
+	has(out, "ok: 2 files");
+	free(out);
+	out = CKPT(0, "verify", CK); /* the root: what `latest` names */
+	has(out, LAST);
+	free(out);
+	out = CKPT(0, "verify", "--all", CK);
+	has(out, "step-00000002: ok");
+	has(out, "2 checkpoints, all intact");
+	free(out);
+
+	/* a byte flipped in a copy */
+	const char *bad = path("bad");
+	copy_dir(LAST, bad);
+	char shard[700];
+	snprintf(shard, sizeof shard, "%s/rank-00001-of-00002.bin", bad);
+	FILE *f = fopen(shard, "r+b");
+	assert_non_null(f);
+	fseek(f, 123457, SEEK_SET);
+	int ch = fgetc(f);
+	fseek(f, 123457, SEEK_SET);
+	fputc(ch ^ 0x10, f);
+	fclose(f);
+	out = CKPT(1, "verify", bad);
+	has(out, "ok   rank-00000-of-00002.bin");
+	has(out, "BAD  checkpoint shard ");
+	has(out, "rank-00001-of-00002.bin is damaged: SHA-256");
+	has(out, "DAMAGED: 1 of 2 files bad");
+	free(out);
+	/* export and reshard refuse it, leaving nothing behind */
+	out = CKPT(1, "export", bad, "-o", path("bad.safetensors"));
+	has(out, "rank-00001-of-00002.bin is damaged");
+	has(out, "refusing to export");
+	assert_false(exists(path("bad.safetensors")));
+	free(out);
+	out = CKPT(1, "reshard", bad, path("bad3"), "--world", "3");
+	has(out, "refusing to reshard");
+	assert_false(exists(path("bad3")));
+	assert_false(exists(path("bad3.partial")));
+	free(out);
+	/* a missing file */
+	assert_int_equal(unlink(shard), 0);
+	out = CKPT(1, "verify", bad);
+	has(out, "rank-00001-of-00002.bin: No such file or directory");
+	free(out);
+}
+
+/* ---- export ---- */
+
+static void test_export_raw(void **state)
+{
+	(void)state;
+	char *out = CKPT(0, "export", LAST, "--format", "raw", "-o", path("raw.bin"));
+	has(out, "6 parameters, 1863690 floats");
+	free(out);
+	same_bytes(path("raw.bin"), PARAMS);
+	/* a root exports what `latest` names; --output= works too */
+	out = CKPT(0, "export", CK, "--format=raw", "--output", path("raw2.bin"));
+	free(out);
+	same_bytes(path("raw2.bin"), PARAMS);
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/* The safetensors file, read by the spec: 8-byte little-endian N, N bytes
+ * of JSON (spaces after it allowed), then the tensors back to back. */
+static void check_safetensors(const char *file, const unsigned char *raw, size_t rawlen)
+{
+	static const char *names[] = {"fc1.weight", "fc1.bias", "fc2.weight",
+				      "fc2.bias",   "fc3.weight", "fc3.bias"};
+	size_t len;
+	unsigned char *st = read_all(file, &len);
+	assert_non_null(st);
+	assert_true(len >= 8);
+	uint64_t n = le64(st);
+	assert_true(8 + n <= len);
+	assert_int_equal((8 + n) % 8, 0); /* the data is 8-byte aligned */
+	assert_int_equal(st[8], '{');
+	const char *jend = NULL;
+	cJSON *h = cJSON_ParseWithLengthOpts((const char *)st + 8, n, &jend, 0);
+	if (!h)
+		fail_msg("the header is not JSON");
+	for (const char *q = jend; q < (const char *)st + 8 + n; q++)
+		assert_int_equal(*q, ' '); /* padding: spaces only */
+	const cJSON *meta = cJSON_GetObjectItemCaseSensitive(h, "__metadata__");
+	assert_true(cJSON_IsObject(meta));
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(meta, "format")->valuestring, "pt");
+	assert_string_equal(cJSON_GetObjectItemCaseSensitive(meta, "step")->valuestring, "4");
+	const cJSON *m;
+	cJSON_ArrayForEach(m, meta) assert_true(cJSON_IsString(m)); /* values are strings */
+	const unsigned char *data = st + 8 + n;
+	uint64_t datalen = len - 8 - n, end = 0, canon = 0;
+	int k = 0;
+	const cJSON *t;
+	cJSON_ArrayForEach(t, h) {
+		if (!strcmp(t->string, "__metadata__"))
+			continue;
+		assert_true(k < 6);
+		assert_string_equal(t->string, names[k]);
+		assert_string_equal(cJSON_GetObjectItemCaseSensitive(t, "dtype")->valuestring, "F32");
+		const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape"), *d;
+		const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+		uint64_t numel = 1;
+		cJSON_ArrayForEach(d, shape) numel *= (uint64_t)d->valuedouble;
+		assert_int_equal(cJSON_GetArraySize(off), 2);
+		uint64_t b = (uint64_t)cJSON_GetArrayItem(off, 0)->valuedouble,
+			 e = (uint64_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+		assert_int_equal(b, end); /* contiguous, in order */
+		assert_int_equal(e - b, numel * 4);
+		assert_true(e <= datalen);
+		/* the tensor is the parameter's floats of the --save-params file */
+		assert_true((canon + numel) * 4 <= rawlen);
+		if (memcmp(data + b, raw + canon * 4, numel * 4) != 0)
+			fail_msg("tensor %s differs from its floats in the --save-params file",
+				 t->string);
+		canon += numel;
+		end = e;
+		k++;
+	}
+	assert_int_equal(k, 6);
+	assert_int_equal(end, datalen); /* nothing after the last tensor */
+	assert_int_equal(canon * 4, rawlen);
+	printf("  safetensors: header %llu bytes, %d tensors, %llu data bytes: equal to the "
+	       "--save-params file\n",
+	       (unsigned long long)n, k, (unsigned long long)datalen);
+	cJSON_Delete(h);
+	free(st);
+}
+
+/* Loads the file in Python (safetensors if installed, else json + struct +
+ * torch.frombuffer) and compares every tensor with torch.equal. */
+static const char *py_check =
+	"import json, struct, sys, torch\n"
+	"st, raw = sys.argv[1], sys.argv[2]\n"
+	"b = open(raw, 'rb').read()\n"
+	"flat = torch.frombuffer(bytearray(b), dtype=torch.float32)\n"
+	"try:\n"
+	"    from safetensors.torch import load_file\n"
+	"    tensors, how = load_file(st), 'safetensors.torch.load_file'\n"
+	"except ImportError:\n"
+	"    d = open(st, 'rb').read()\n"
+	"    n = struct.unpack('<Q', d[:8])[0]\n"
+	"    head = json.loads(d[8:8 + n])\n"
+	"    assert head['__metadata__']['format'] == 'pt'\n"
+	"    data = d[8 + n:]\n"
+	"    tensors, how = {}, 'json + struct + torch.frombuffer'\n"
+	"    for k, v in head.items():\n"
+	"        if k == '__metadata__': continue\n"
+	"        assert v['dtype'] == 'F32'\n"
+	"        s, e = v['data_offsets']\n"
+	"        tensors[k] = torch.frombuffer(bytearray(data[s:e]), dtype=torch.float32).reshape(v['shape'])\n"
+	"at = 0\n"
+	"for k in ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias', 'fc3.weight', 'fc3.bias']:\n"
+	"    t = tensors[k]\n"
+	"    want = flat[at:at + t.numel()].reshape(t.shape)\n"
+	"    assert torch.equal(t, want), k\n"
+	"    at += t.numel()\n"
+	"assert at == flat.numel() and len(tensors) == 6\n"
+	"print('python-check ok: %d tensors (%d floats) loaded with %s under torch %s, each torch.equal to the --save-params floats' % (len(tensors), at, how, torch.__version__))\n";
+
+static void test_export_safetensors(void **state)
+{
+	(void)state;
+	const char *st = path("weights.safetensors");
+	char *out = CKPT(0, "export", LAST, "-o", st);
+	has(out, "safetensors");
+	free(out);
+	size_t rawlen;
+	unsigned char *raw = read_all(PARAMS, &rawlen);
+	assert_non_null(raw);
+	check_safetensors(st, raw, rawlen);
+	free(raw);
+	/* Python, where /usr/bin/python3 has torch */
+	if (access(PYTHON, X_OK) != 0 ||
+	    system(PYTHON " -c 'import torch' >/dev/null 2>&1") != 0) {
+		printf("  python check skipped: %s cannot import torch\n", PYTHON);
+		return;
+	}
+	write_all(path("check.py"), py_check, strlen(py_check));
+	out = RUN(0, PYTHON, path("check.py"), st, PARAMS);
+	has(out, "python-check ok: 6 tensors");
+	printf("  %s", strstr(out, "python-check"));
+	free(out);
+}
+
+/* ---- reshard ---- */
+
+/* The manifest of dir without world_size, strategy and files. */
+static cJSON *manifest_rest(const char *dir)
+{
+	char p[700];
+	snprintf(p, sizeof p, "%s/manifest.json", dir);
+	size_t n;
+	unsigned char *text = read_all(p, &n);
+	assert_non_null(text);
+	cJSON *m = cJSON_ParseWithLength((const char *)text, n);
+	free(text);
+	assert_non_null(m);
+	cJSON_DeleteItemFromObjectCaseSensitive(m, "world_size");
+	cJSON_DeleteItemFromObjectCaseSensitive(m, "strategy");
+	cJSON_DeleteItemFromObjectCaseSensitive(m, "files");
+	return m;
+}
+
+static void test_reshard_resume(void **state)
+{
+	(void)state;
+	const char *r3 = path("r3");
+	char *out = CKPT(0, "reshard", LAST, r3, "--world", "3");
+	has(out, "3 shards for 3 x zero3");
+	free(out);
+	assert_false(exists(path("r3.partial")));
+	out = CKPT(0, "verify", r3);
+	has(out, "ok   rank-00000-of-00003.bin");
+	has(out, "ok   rank-00002-of-00003.bin");
+	has(out, "ok: 3 files");
+	free(out);
+	out = CKPT(0, "info", r3);
+	has(out, "world size    3\n");
+	has(out, "strategy      zero3\n");
+	has(out, "rank-00001-of-00003.bin");
+	free(out);
+	cJSON *a = manifest_rest(LAST), *b = manifest_rest(r3);
+	assert_true(cJSON_Compare(a, b, 1));
+	cJSON_Delete(a);
+	cJSON_Delete(b);
+	/* the weights, bit for bit */
+	out = CKPT(0, "export", r3, "--format", "raw", "-o", path("r3.raw"));
+	free(out);
+	same_bytes(path("r3.raw"), PARAMS);
+	/* DST must not exist */
+	out = CKPT(1, "reshard", LAST, r3, "--world", "2");
+	has(out, "already exists");
+	free(out);
+
+	/* 3 workers resume from it and train one step more */
+	char steps[16];
+	snprintf(steps, sizeof steps, "%d", STEPS + 1);
+	out = RUN(0, LAUNCH, "-q", "--devices", "3", "--strategy", "zero3", "--batch-size", BATCH,
+		  "--max-steps", steps, "--no-eval", "--log-every", "0", "--resume", r3,
+		  "--save-params", path("r3-next.bin"), MODEL);
+	has(out, "resumed from ");
+	has(out, "at step 4");
+	has(out, "trained 5 steps on 3 workers");
+	free(out);
+	size_t n;
+	unsigned char *next = read_all(path("r3-next.bin"), &n);
+	assert_non_null(next);
+	free(next);
+
+	/* one shard, another strategy */
+	const char *r1 = path("r1");
+	out = CKPT(0, "reshard", CK, r1, "--world=1", "--strategy", "ddp");
+	free(out);
+	out = CKPT(0, "verify", r1);
+	has(out, "ok: 1 files");
+	free(out);
+	out = CKPT(0, "info", r1);
+	has(out, "world size    1\n");
+	has(out, "strategy      ddp\n");
+	free(out);
+	out = CKPT(0, "export", r1, "--format", "raw", "-o", path("r1.raw"));
+	free(out);
+	same_bytes(path("r1.raw"), PARAMS);
+}
+
+/* ---- usage ---- */
+
+static void test_usage(void **state)
+{
+	(void)state;
+	free(run_v(2, (const char *[]){TOOL, NULL}));
+	char *out = CKPT(2, "frobnicate");
+	has(out, "unknown command 'frobnicate'");
+	free(out);
+	out = CKPT(0, "--help");
+	has(out, "usage: hpu-ckpt COMMAND");
+	free(out);
+	const char *cmds[] = {"info", "verify", "export", "reshard"};
+	for (int i = 0; i < 4; i++) {
+		out = CKPT(0, cmds[i], "--help");
+		has(out, "usage: hpu-ckpt ");
+		has(out, cmds[i]);
+		free(out);
+	}
+	free(CKPT(2, "info"));
+	free(CKPT(2, "info", LAST, LAST));
+	free(CKPT(2, "verify", "--bogus", LAST));
+	free(CKPT(2, "export", LAST));
+	out = CKPT(2, "export", LAST, "-o", path("x"), "--format", "npz");
+	has(out, "--format is safetensors or raw");
+	free(out);
+	free(CKPT(2, "reshard", LAST, path("x")));
+	out = CKPT(2, "reshard", LAST, path("x"), "--world", "0");
+	has(out, "--world must be");
+	free(out);
+	out = CKPT(2, "reshard", LAST, path("x"), "--world", "2", "--strategy", "zero4");
+	has(out, "--strategy is");
+	free(out);
+	out = CKPT(1, "info", path("nothing-here"));
+	has(out, "nothing-here: No such file or directory");
+	free(out);
+	out = CKPT(1, "verify", T); /* a directory without checkpoints */
+	has(out, "neither a checkpoint");
+	free(out);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_info),
+	    cmocka_unit_test(test_verify),
+	    cmocka_unit_test(test_export_raw),
+	    cmocka_unit_test(test_export_safetensors),
+	    cmocka_unit_test(test_reshard_resume),
+	    cmocka_unit_test(test_usage),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,763 @@
+/* Unit tests for the checkpoint format library (worker/ckpt.c), on small
+ * checkpoints built here with the library's own writer and a manifest
+ * assembled with hpu_ckpt_file_json, in a temporary directory:
+ *
+ * - hpu_ckpt_open accepts a good checkpoint and refuses, each with its own
+ *   sentence, segments that overlap (across files and within one), leave
+ *   a gap (inside, at the end), a file whose bytes do not match its
+ *   segments, a parameter whose offset or numel do not follow from the
+ *   shapes, a wrong format or version, a missing or non-JSON manifest;
+ * - hpu_ckpt_read returns the right floats of every section for every
+ *   range, also ranges across several segments and files;
+ * - hpu_ckpt_verify catches a truncated, a lengthened, a changed and a
+ *   missing file;
+ * - the writer: commit renames with the right digest, abort leaves no
+ *   temporary file, an unwritable path is named;
+ * - the root: publish + keep prunes the oldest, never the new one, and
+ *   `latest` names the new one; hpu_ckpt_candidates orders `latest` first
+ *   then by step, descending, and ignores names that are not step-N.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+
+/* ---- the model: three parameters, 15 floats, three sections ---- */
+
+#define NUMEL 15
+#define NSEC 3
+static const char *const sec_names[NSEC] = {"params", "exp_avg", "exp_avg_sq"};
+
+/* The value of canonical float i of section s. */
+static float value(int s, uint64_t i)
+{
+	return (float)(s * 1000) + (float)i + 0.25f;
+}
+
+/* Up to 4 files of up to 4 segments each. */
+typedef struct layout {
+	int nfiles;
+	int nseg[4];
+	hpu_ckpt_seg seg[4][4];
+} layout;
+
+/* f0: [0,4) [10,12); f1: [4,7) [12,15); f2: [7,10). */
+static const layout good = {3, {2, 2, 1}, {{{0, 4}, {10, 2}}, {{4, 3}, {12, 3}}, {{7, 3}}}};
+
+typedef void (*mutate_fn)(cJSON *m);
+
+static char tmp_root[256];
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+static void rm_rf(const char *path)
+{
+	nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A fresh directory under the test's temporary root. */
+static const char *fresh(const char *name)
+{
+	static char path[4][512];
+	static int k;
+	char *p = path[k++ & 3];
+	snprintf(p, sizeof path[0], "%s/%s", tmp_root, name);
+	rm_rf(p);
+	assert_int_equal(mkdir(p, 0755), 0);
+	return p;
+}
+
+static cJSON *param_json(const char *name, const int *shape, int ndim, double offset,
+			 double numel)
+{
+	cJSON *p = cJSON_CreateObject(), *s = cJSON_CreateArray();
+	cJSON_AddStringToObject(p, "name", name);
+	for (int d = 0; d < ndim; d++)
+		cJSON_AddItemToArray(s, cJSON_CreateNumber(shape[d]));
+	cJSON_AddItemToObject(p, "shape", s);
+	cJSON_AddStringToObject(p, "dtype", "F32");
+	cJSON_AddNumberToObject(p, "offset", offset);
+	cJSON_AddNumberToObject(p, "numel", numel);
+	return p;
+}
+
+/* Writes the shards of layout L into dir with the writer and the
+ * manifest (after mutate, if given). */
+static void build(const char *dir, const layout *L, mutate_fn mutate)
+{
+	char err[512], path[1024];
+	cJSON *m = cJSON_CreateObject(), *files = cJSON_CreateArray();
+	cJSON_AddStringToObject(m, "format", HPU_CKPT_FORMAT);
+	cJSON_AddNumberToObject(m, "version", HPU_CKPT_VERSION);
+	cJSON_AddStringToObject(m, "model", "test.so");
+	cJSON_AddNumberToObject(m, "world_size", L->nfiles);
+	cJSON_AddStringToObject(m, "strategy", "zero2");
+	cJSON_AddStringToObject(m, "precision", "fp32");
+	cJSON_AddStringToObject(m, "optimizer", "adamw");
+	cJSON_AddNumberToObject(m, "step", 40);
+	cJSON *params = cJSON_CreateArray();
+	cJSON_AddItemToArray(params, param_json("a.weight", (int[]){2, 3}, 2, 0, 6));
+	cJSON_AddItemToArray(params, param_json("a.bias", (int[]){4}, 1, 6, 4));
+	cJSON_AddItemToArray(params, param_json("b.weight", (int[]){5, 1}, 2, 10, 5));
+	cJSON_AddItemToObject(m, "parameters", params);
+	cJSON *secs = cJSON_CreateArray();
+	for (int s = 0; s < NSEC; s++)
+		cJSON_AddItemToArray(secs, cJSON_CreateString(sec_names[s]));
+	cJSON_AddItemToObject(m, "sections", secs);
+	for (int f = 0; f < L->nfiles; f++) {
+		hpu_ckpt_file hf = {.seg = (hpu_ckpt_seg *)L->seg[f], .nseg = (size_t)L->nseg[f]};
+		hpu_ckpt_shard_name(f, L->nfiles, hf.name, sizeof hf.name);
+		snprintf(path, sizeof path, "%s/%s", dir, hf.name);
+		hpu_ckpt_writer w;
+		assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
+		for (int s = 0; s < NSEC; s++)
+			for (int k = 0; k < L->nseg[f]; k++)
+				for (uint64_t i = 0; i < L->seg[f][k].count; i++) {
+					float v = value(s, L->seg[f][k].start + i);
+					assert_int_equal(hpu_ckpt_writer_put(&w, &v, 4, err, sizeof err), 0);
+				}
+		hf.bytes = w.bytes;
+		assert_int_equal(hpu_ckpt_writer_commit(&w, hf.sha256, err, sizeof err), 0);
+		cJSON_AddItemToArray(files, hpu_ckpt_file_json(&hf));
+	}
+	cJSON_AddItemToObject(m, "files", files);
+	if (mutate)
+		mutate(m);
+	char *text = cJSON_Print(m);
+	snprintf(path, sizeof path, "%s/%s", dir, HPU_CKPT_MANIFEST);
+	assert_int_equal(hpu_ckpt_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+	free(text);
+	cJSON_Delete(m);
+}
+
+/* Asserts that opening dir fails with a sentence holding every needle. */
+static void expect_open_error(const char *dir, const char *const *needles)
+{
+	hpu_ckpt c;
+	char err[1024] = "";
+	int rc = hpu_ckpt_open(&c, dir, err, sizeof err);
+	printf("  open %s -> \"%s\"\n", strrchr(dir, '/') + 1, err);
+	hpu_ckpt_close(&c);
+	assert_int_equal(rc, -1);
+	for (size_t k = 0; needles[k]; k++)
+		if (!strstr(err, needles[k]))
+			fail_msg("error \"%s\" does not say \"%s\"", err, needles[k]);
+}
+
+#define EXPECT_OPEN_ERROR(dir, ...) expect_open_error(dir, (const char *const[]){__VA_ARGS__, NULL})
+
+static void open_ok(hpu_ckpt *c, const char *dir)
+{
+	char err[1024] = "";
+	if (hpu_ckpt_open(c, dir, err, sizeof err) < 0)
+		fail_msg("hpu_ckpt_open(%s): %s", dir, err);
+}
+
+/* ---- opening ---- */
+
+static void test_open_good(void **state)
+{
+	(void)state;
+	const char *d = fresh("good");
+	build(d, &good, NULL);
+	hpu_ckpt c;
+	open_ok(&c, d);
+	assert_int_equal(c.world, 3);
+	assert_int_equal(c.step, 40);
+	assert_string_equal(c.strategy, "zero2");
+	assert_string_equal(c.precision, "fp32");
+	assert_string_equal(c.optimizer, "adamw");
+	assert_int_equal(c.nparams, 3);
+	assert_int_equal(c.numel, NUMEL);
+	assert_int_equal(c.nsections, NSEC);
+	assert_int_equal(c.nfiles, 3);
+	assert_int_equal(hpu_ckpt_section(&c, "exp_avg_sq"), 2);
+	assert_int_equal(hpu_ckpt_section(&c, "momentum_buffer"), -1);
+	assert_int_equal(hpu_ckpt_param_find(&c, "a.bias"), 1);
+	assert_int_equal(hpu_ckpt_param_find(&c, "c"), -1);
+	assert_int_equal(c.params[2].ndim, 2);
+	assert_int_equal(c.params[2].shape[0], 5);
+	assert_int_equal(c.params[2].offset, 10);
+	assert_int_equal(c.files[0].elems, 6);
+	assert_int_equal(c.files[0].bytes, 6 * 4 * NSEC);
+	assert_int_equal(c.files[1].nseg, 2);
+	hpu_ckpt_close(&c);
+	hpu_ckpt_close(&c); /* safe twice */
+}
+
+static void test_open_overlap(void **state)
+{
+	(void)state;
+	/* f0 [0,5) and f1 [4,10): float 4 twice (each file's size is right) */
+	const layout across = {2, {1, 2}, {{{0, 5}}, {{4, 6}, {10, 5}}}};
+	const char *d = fresh("overlap");
+	build(d, &across, NULL);
+	EXPECT_OPEN_ERROR(d, "manifest.json", "hold twice", "floats 4-5");
+	/* within one file: the second segment starts inside the first */
+	const layout within = {1, {2}, {{{0, 10}, {8, 7}}}};
+	d = fresh("overlap_within");
+	build(d, &within, NULL);
+	EXPECT_OPEN_ERROR(d, "rank-00000-of-00001.bin", "segments must be increasing");
+}
+
+static void test_open_gap(void **state)
+{
+	(void)state;
+	const layout inside = {2, {1, 1}, {{{0, 4}}, {{5, 10}}}};
+	const char *d = fresh("gap");
+	build(d, &inside, NULL);
+	EXPECT_OPEN_ERROR(d, "manifest.json", "miss floats 4-5");
+	const layout end = {2, {1, 1}, {{{0, 4}}, {{4, 10}}}};
+	d = fresh("gap_end");
+	build(d, &end, NULL);
+	EXPECT_OPEN_ERROR(d, "hold 14 floats, the parameters 15");
+	const layout past = {1, {1}, {{{0, 16}}}};
+	d = fresh("past_end");
+	build(d, &past, NULL);
+	EXPECT_OPEN_ERROR(d, "hold 16 floats, the parameters 15");
+}
+
+static void bytes_plus_4(cJSON *m)
+{
+	cJSON *f = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "files"), 1);
+	double b = cJSON_GetObjectItem(f, "bytes")->valuedouble;
+	cJSON_ReplaceItemInObject(f, "bytes", cJSON_CreateNumber(b + 4));
+}
+
+static void seg_shorter(cJSON *m)
+{
+	cJSON *f = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "files"), 2);
+	cJSON *s = cJSON_GetArrayItem(cJSON_GetObjectItem(f, "segments"), 0);
+	cJSON_ReplaceItemInArray(s, 1, cJSON_CreateNumber(2));
+}
+
+static void seg_fraction(cJSON *m)
+{
+	cJSON *f = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "files"), 2);
+	cJSON *s = cJSON_GetArrayItem(cJSON_GetObjectItem(f, "segments"), 0);
+	cJSON_ReplaceItemInArray(s, 0, cJSON_CreateNumber(1e30));
+}
+
+static void test_open_file_bytes(void **state)
+{
+	(void)state;
+	const char *d = fresh("bytes");
+	build(d, &good, bytes_plus_4);
+	EXPECT_OPEN_ERROR(d, "rank-00001-of-00003.bin", "76 bytes listed, but its segments make 72");
+	d = fresh("seg_shorter");
+	build(d, &good, seg_shorter);
+	EXPECT_OPEN_ERROR(d, "rank-00002-of-00003.bin", "36 bytes listed, but its segments make 24");
+	d = fresh("seg_huge");
+	build(d, &good, seg_fraction);
+	EXPECT_OPEN_ERROR(d, "rank-00002-of-00003.bin", "whole numbers");
+}
+
+static void param_offset(cJSON *m)
+{
+	cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "parameters"), 1);
+	cJSON_ReplaceItemInObject(p, "offset", cJSON_CreateNumber(7));
+}
+
+static void param_numel(cJSON *m)
+{
+	cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "parameters"), 0);
+	cJSON_ReplaceItemInObject(p, "numel", cJSON_CreateNumber(5));
+}
+
+static void param_shape(cJSON *m)
+{
+	cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "parameters"), 2);
+	cJSON_ReplaceItemInObject(p, "shape", cJSON_CreateIntArray((int[]){5, 2}, 2));
+}
+
+static void test_open_params(void **state)
+{
+	(void)state;
+	const char *d = fresh("param_offset");
+	build(d, &good, param_offset);
+	EXPECT_OPEN_ERROR(d, "parameter a.bias", "offset 7", "expected offset 6",
+			  "do not follow from the shapes");
+	d = fresh("param_numel");
+	build(d, &good, param_numel);
+	EXPECT_OPEN_ERROR(d, "parameter a.weight", "numel 5", "do not follow from the shapes");
+	d = fresh("param_shape");
+	build(d, &good, param_shape);
+	EXPECT_OPEN_ERROR(d, "parameter b.weight", "numel 5", "do not follow from the shapes");
+}
+
+static void bad_format(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(m, "format", cJSON_CreateString("safetensors"));
+}
+
+static void bad_version(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(m, "version", cJSON_CreateNumber(2));
+}
+
+static void no_files(cJSON *m)
+{
+	cJSON_DeleteItemFromObject(m, "files");
+}
+
+static void test_open_format(void **state)
+{
+	(void)state;
+	const char *d = fresh("format");
+	build(d, &good, bad_format);
+	EXPECT_OPEN_ERROR(d, "manifest.json", "not a hputrain checkpoint manifest");
+	d = fresh("version");
+	build(d, &good, bad_version);
+	EXPECT_OPEN_ERROR(d, "format version 2; this build reads version 1");
+	d = fresh("nofiles");
+	build(d, &good, no_files);
+	EXPECT_OPEN_ERROR(d, "no \"files\"");
+}
+
+static void test_open_manifest_missing_or_not_json(void **state)
+{
+	(void)state;
+	char err[256], path[1024];
+	const char *d = fresh("missing");
+	EXPECT_OPEN_ERROR(d, "cannot read the checkpoint manifest", "missing/manifest.json",
+			  "No such file");
+	d = fresh("notjson");
+	build(d, &good, NULL);
+	snprintf(path, sizeof path, "%s/manifest.json", d);
+	const char *junk = "{\"format\": \"hputrain-checkpoint\", \"version\": 1,";
+	assert_int_equal(hpu_ckpt_write_atomic(path, junk, strlen(junk), err, sizeof err), 0);
+	EXPECT_OPEN_ERROR(d, "notjson/manifest.json", "is not a JSON object (damaged?)");
+	assert_int_equal(hpu_ckpt_write_atomic(path, "[1, 2]", 6, err, sizeof err), 0);
+	EXPECT_OPEN_ERROR(d, "is not a JSON object");
+}
+
+/* ---- reading ---- */
+
+/* Every range [start, start + count) of every section against value(). */
+static void check_all_ranges(hpu_ckpt *c)
+{
+	char err[512];
+	float got[NUMEL];
+	uint64_t before = c->bytes_read, expect_bytes = 0;
+	for (int s = 0; s < NSEC; s++)
+		for (uint64_t start = 0; start < NUMEL; start++)
+			for (uint64_t count = 1; start + count <= NUMEL; count++) {
+				memset(got, 0xff, sizeof got);
+				if (hpu_ckpt_read(c, s, start, count, got, err, sizeof err) < 0)
+					fail_msg("read %d [%llu, +%llu): %s", s,
+						 (unsigned long long)start, (unsigned long long)count,
+						 err);
+				for (uint64_t i = 0; i < count; i++)
+					if (got[i] != value(s, start + i))
+						fail_msg("section %s float %llu: %g, want %g",
+							 sec_names[s], (unsigned long long)(start + i),
+							 got[i], value(s, start + i));
+				expect_bytes += count * 4;
+			}
+	assert_int_equal(c->bytes_read - before, expect_bytes);
+}
+
+static void test_read_every_range(void **state)
+{
+	(void)state;
+	const char *d = fresh("read");
+	build(d, &good, NULL);
+	hpu_ckpt c;
+	open_ok(&c, d);
+	check_all_ranges(&c);
+	/* the whole of params, across all three files and five segments */
+	float all[NUMEL];
+	char err[512];
+	assert_int_equal(hpu_ckpt_read(&c, 0, 0, NUMEL, all, err, sizeof err), 0);
+	for (int i = 0; i < NUMEL; i++)
+		assert_true(all[i] == value(0, (uint64_t)i));
+	hpu_ckpt_close(&c);
+	/* one segment per float, files in reverse order of the space */
+	layout fine = {4, {4, 4, 4, 3}, {{{0, 1}, {4, 1}, {8, 1}, {12, 1}},
+					 {{1, 1}, {5, 1}, {9, 1}, {13, 1}},
+					 {{2, 1}, {6, 1}, {10, 1}, {14, 1}},
+					 {{3, 1}, {7, 1}, {11, 1}}}};
+	d = fresh("read_fine");
+	build(d, &fine, NULL);
+	open_ok(&c, d);
+	check_all_ranges(&c);
+	hpu_ckpt_close(&c);
+	/* a single file */
+	layout one = {1, {1}, {{{0, NUMEL}}}};
+	d = fresh("read_one");
+	build(d, &one, NULL);
+	open_ok(&c, d);
+	check_all_ranges(&c);
+	hpu_ckpt_close(&c);
+}
+
+static void test_read_outside(void **state)
+{
+	(void)state;
+	const char *d = fresh("read_outside");
+	build(d, &good, NULL);
+	hpu_ckpt c;
+	char err[512] = "";
+	float got[NUMEL + 1];
+	open_ok(&c, d);
+	assert_int_equal(hpu_ckpt_read(&c, 0, 10, 6, got, err, sizeof err), -1);
+	assert_non_null(strstr(err, "floats 10-16 of section 0 are not there"));
+	assert_int_equal(hpu_ckpt_read(&c, NSEC, 0, 1, got, err, sizeof err), -1);
+	assert_int_equal(hpu_ckpt_read(&c, -1, 0, 1, got, err, sizeof err), -1);
+	assert_int_equal(hpu_ckpt_read(&c, 0, NUMEL, 0, got, err, sizeof err), 0);
+	hpu_ckpt_close(&c);
+}
+
+/* The file of a checkpoint, cut to `bytes`. */
+static void cut(const char *dir, const char *name, off_t bytes)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	assert_int_equal(truncate(path, bytes), 0);
+}
+
+static void test_read_short_file(void **state)
+{
+	(void)state;
+	const char *d = fresh("read_short");
+	build(d, &good, NULL);
+	cut(d, "rank-00002-of-00003.bin", 20);
+	hpu_ckpt c;
+	char err[512] = "";
+	float got[NUMEL];
+	open_ok(&c, d); /* sizes are verify's business */
+	assert_int_equal(hpu_ckpt_read(&c, 0, 7, 3, got, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_read(&c, 1, 0, NUMEL, got, err, sizeof err), -1);
+	printf("  short file -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "rank-00002-of-00003.bin: shorter than the manifest says"));
+	hpu_ckpt_close(&c);
+}
+
+/* ---- verifying ---- */
+
+static void expect_verify(hpu_ckpt *c, int i, const char *const *needles)
+{
+	char err[1024] = "";
+	int rc = hpu_ckpt_verify(c, i, err, sizeof err);
+	printf("  verify %s -> \"%s\"\n", c->files[i].name, err);
+	assert_int_equal(rc, -1);
+	for (size_t k = 0; needles[k]; k++)
+		if (!strstr(err, needles[k]))
+			fail_msg("error \"%s\" does not say \"%s\"", err, needles[k]);
+}
+
+#define EXPECT_VERIFY(c, i, ...) expect_verify(c, i, (const char *const[]){__VA_ARGS__, NULL})
+
+static void flip_byte(const char *dir, const char *name, off_t at)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "r+b");
+	assert_non_null(f);
+	assert_int_equal(fseeko(f, at, SEEK_SET), 0);
+	int ch = fgetc(f);
+	assert_int_equal(fseeko(f, at, SEEK_SET), 0);
+	fputc(ch ^ 0x01, f);
+	assert_int_equal(fclose(f), 0);
+}
+
+static void test_verify(void **state)
+{
+	(void)state;
+	const char *d = fresh("verify");
+	char err[1024], path[1024];
+	build(d, &good, NULL);
+	hpu_ckpt c;
+	open_ok(&c, d);
+	for (int i = 0; i < c.nfiles; i++)
+		if (hpu_ckpt_verify(&c, i, err, sizeof err) < 0)
+			fail_msg("good file %d: %s", i, err);
+	/* a digest of a file agrees with the writer's */
+	char hex[65];
+	uint64_t bytes;
+	snprintf(path, sizeof path, "%s/%s", d, c.files[1].name);
+	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), 0);
+	assert_string_equal(hex, c.files[1].sha256);
+	assert_int_equal(bytes, c.files[1].bytes);
+
+	cut(d, c.files[0].name, 70);
+	EXPECT_VERIFY(&c, 0, "rank-00000-of-00003.bin is truncated", "70 bytes",
+		      "the manifest says 72");
+	flip_byte(d, c.files[1].name, 33);
+	EXPECT_VERIFY(&c, 1, "rank-00001-of-00003.bin is damaged", "SHA-256",
+		      "the manifest says", c.files[1].sha256);
+	FILE *f = fopen(path, "ab");
+	assert_non_null(f);
+	fputs("x", f);
+	fclose(f);
+	EXPECT_VERIFY(&c, 1, "rank-00001-of-00003.bin is too long");
+	snprintf(path, sizeof path, "%s/%s", d, c.files[2].name);
+	assert_int_equal(unlink(path), 0);
+	EXPECT_VERIFY(&c, 2, "rank-00002-of-00003.bin", "No such file or directory");
+	hpu_ckpt_close(&c);
+}
+
+/* ---- writing ---- */
+
+/* Entries of dir other than . and .., as "a b c" (sorted). */
+static void listing(const char *dir, char *out, size_t n)
+{
+	struct dirent **v;
+	int k = scandir(dir, &v, NULL, alphasort);
+	assert_true(k >= 0);
+	out[0] = '\0';
+	for (int i = 0; i < k; i++) {
+		if (strcmp(v[i]->d_name, ".") && strcmp(v[i]->d_name, ".."))
+			snprintf(out + strlen(out), n - strlen(out), "%s%s", out[0] ? " " : "",
+				 v[i]->d_name);
+		free(v[i]);
+	}
+	free(v);
+}
+
+static void test_writer(void **state)
+{
+	(void)state;
+	const char *d = fresh("writer");
+	char err[512] = "", path[1024], list[1024], sha[65], hex[65];
+	uint64_t bytes;
+	hpu_ckpt_writer w;
+	snprintf(path, sizeof path, "%s/shard.bin", d);
+	/* abort: no file, temporary or final */
+	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
+	static char big[5 << 20]; /* more than the writer's buffer */
+	memset(big, 7, sizeof big);
+	assert_int_equal(hpu_ckpt_writer_put(&w, big, sizeof big, err, sizeof err), 0);
+	listing(d, list, sizeof list);
+	assert_non_null(strstr(list, "shard.bin.tmp.")); /* while writing */
+	hpu_ckpt_writer_abort(&w);
+	hpu_ckpt_writer_abort(&w); /* safe twice */
+	listing(d, list, sizeof list);
+	assert_string_equal(list, "");
+	/* commit: the final name only, and the digest of what is there */
+	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_writer_put(&w, big, sizeof big, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_writer_put(&w, "abc", 3, err, sizeof err), 0);
+	assert_int_equal(w.bytes, sizeof big + 3);
+	assert_int_equal(hpu_ckpt_writer_commit(&w, sha, err, sizeof err), 0);
+	hpu_ckpt_writer_abort(&w); /* after commit: removes nothing */
+	listing(d, list, sizeof list);
+	assert_string_equal(list, "shard.bin");
+	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), 0);
+	assert_string_equal(hex, sha);
+	assert_int_equal(bytes, sizeof big + 3);
+	/* write_atomic replaces */
+	assert_int_equal(hpu_ckpt_write_atomic(path, "xy", 2, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), 0);
+	assert_int_equal(bytes, 2);
+	/* an unwritable place is named */
+	snprintf(path, sizeof path, "%s/no/such/dir/f", d);
+	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), -1);
+	printf("  writer -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "no/such/dir/f.tmp."));
+	assert_non_null(strstr(err, "No such file or directory"));
+	assert_int_equal(hpu_ckpt_write_atomic(path, "xy", 2, err, sizeof err), -1);
+	listing(d, list, sizeof list);
+	assert_string_equal(list, "shard.bin");
+}
+
+/* ---- the root ---- */
+
+/* A whole small file as a string (caller frees), or NULL. */
+static char *slurp(const char *path)
+{
+	char buf[4096];
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return strdup(buf);
+}
+
+static void make_dir(const char *root, const char *name)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s", root, name);
+	assert_int_equal(mkdir(path, 0755), 0);
+}
+
+static void write_latest(const char *root, const char *text)
+{
+	char path[1024], err[256];
+	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
+	assert_int_equal(hpu_ckpt_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+}
+
+/* The candidates of root as "a b c". */
+static int candidates(const char *root, char *out, size_t n)
+{
+	char **names = NULL, err[256];
+	int k = hpu_ckpt_candidates(root, &names, err, sizeof err);
+	assert_true(k >= 0);
+	assert_non_null(names);
+	out[0] = '\0';
+	for (int i = 0; i < k; i++)
+		snprintf(out + strlen(out), n - strlen(out), "%s%s", i ? " " : "", names[i]);
+	assert_null(names[k]);
+	hpu_ckpt_free_names(names);
+	return k;
+}
+
+static void test_candidates(void **state)
+{
+	(void)state;
+	char list[1024], path[1024], name[64];
+	const char *r = fresh("cands");
+	assert_int_equal(candidates(r, list, sizeof list), 0); /* empty */
+	snprintf(path, sizeof path, "%s/nonexistent", r);
+	assert_int_equal(candidates(path, list, sizeof list), 0); /* absent */
+	const char *junk[] = {"step-abc", ".step-00000010.partial", "step-", "step--1",
+			      "step-+3", "step- 7", "step-12x", "other", "step-00000010.tmp"};
+	for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++)
+		make_dir(r, junk[i]);
+	assert_int_equal(candidates(r, list, sizeof list), 0);
+	make_dir(r, "step-00000005");
+	make_dir(r, "step-00000020");
+	make_dir(r, "step-00000010");
+	make_dir(r, "step-00000100");
+	/* no latest: by step, descending */
+	assert_int_equal(candidates(r, list, sizeof list), 4);
+	assert_string_equal(list, "step-00000100 step-00000020 step-00000010 step-00000005");
+	/* latest first, the rest by step */
+	write_latest(r, "step-00000010\n");
+	candidates(r, list, sizeof list);
+	assert_string_equal(list, "step-00000010 step-00000100 step-00000020 step-00000005");
+	/* latest naming nothing there, or junk: ignored */
+	write_latest(r, "step-00000042\n");
+	candidates(r, list, sizeof list);
+	assert_string_equal(list, "step-00000100 step-00000020 step-00000010 step-00000005");
+	write_latest(r, "step-abc\n");
+	candidates(r, list, sizeof list);
+	assert_string_equal(list, "step-00000100 step-00000020 step-00000010 step-00000005");
+	hpu_ckpt_step_name(40, name, sizeof name);
+	assert_string_equal(name, "step-00000040");
+	hpu_ckpt_shard_name(1, 4, name, sizeof name);
+	assert_string_equal(name, "rank-00001-of-00004.bin");
+}
+
+/* A partial checkpoint of one file, as a save would leave it. */
+static void partial(const char *root, long step)
+{
+	char name[64], path[1024], err[256];
+	hpu_ckpt_step_name(step, name, sizeof name);
+	snprintf(path, sizeof path, "%s/.%s.partial", root, name);
+	assert_int_equal(mkdir(path, 0755), 0);
+	snprintf(path + strlen(path), sizeof path - strlen(path), "/%s", HPU_CKPT_MANIFEST);
+	assert_int_equal(hpu_ckpt_write_atomic(path, "{}", 2, err, sizeof err), 0);
+}
+
+static void publish(const char *root, long step, int keep)
+{
+	char name[64], part[80], err[512] = "";
+	hpu_ckpt_step_name(step, name, sizeof name);
+	snprintf(part, sizeof part, ".%s.partial", name);
+	partial(root, step);
+	if (hpu_ckpt_publish(root, part, name, keep, err, sizeof err) < 0)
+		fail_msg("publish %s: %s", name, err);
+}
+
+static void test_publish_keep(void **state)
+{
+	(void)state;
+	char list[1024], path[1024], *text = NULL;
+	const char *r = fresh("publish");
+	publish(r, 10, 2);
+	publish(r, 20, 2);
+	listing(r, list, sizeof list);
+	assert_string_equal(list, "latest step-00000010 step-00000020");
+	publish(r, 30, 2); /* step 10 goes */
+	listing(r, list, sizeof list);
+	assert_string_equal(list, "latest step-00000020 step-00000030");
+	snprintf(path, sizeof path, "%s/%s", r, HPU_CKPT_LATEST);
+	assert_non_null(text = slurp(path));
+	assert_string_equal(text, "step-00000030\n");
+	free(text);
+	snprintf(path, sizeof path, "%s/step-00000030/%s", r, HPU_CKPT_MANIFEST);
+	assert_int_equal(access(path, F_OK), 0);
+	/* the new one stays even when it is the oldest step (a run resumed
+	 * from an earlier checkpoint): the others go */
+	publish(r, 5, 1);
+	listing(r, list, sizeof list);
+	assert_string_equal(list, "latest step-00000005");
+	snprintf(path, sizeof path, "%s/%s", r, HPU_CKPT_LATEST);
+	assert_non_null(text = slurp(path));
+	assert_string_equal(text, "step-00000005\n");
+	free(text);
+	/* keep 0 keeps every one; the same step again replaces it */
+	publish(r, 6, 0);
+	publish(r, 7, 0);
+	publish(r, 7, 0);
+	listing(r, list, sizeof list);
+	assert_string_equal(list, "latest step-00000005 step-00000006 step-00000007");
+	/* a publish of a partial that is not there fails, naming it */
+	char err[512] = "";
+	assert_int_equal(hpu_ckpt_publish(r, ".step-00000099.partial", "step-00000099", 1, err,
+					  sizeof err),
+			 -1);
+	assert_non_null(strstr(err, ".step-00000099.partial"));
+	listing(r, list, sizeof list);
+	assert_string_equal(list, "latest step-00000005 step-00000006 step-00000007");
+}
+
+/* ---- set-up ---- */
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *t = getenv("TMPDIR");
+	snprintf(tmp_root, sizeof tmp_root, "%s/test_ckpt.XXXXXX", t && *t ? t : "/tmp");
+	return mkdtemp(tmp_root) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	rm_rf(tmp_root);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_open_good),
+	    cmocka_unit_test(test_open_overlap),
+	    cmocka_unit_test(test_open_gap),
+	    cmocka_unit_test(test_open_file_bytes),
+	    cmocka_unit_test(test_open_params),
+	    cmocka_unit_test(test_open_format),
+	    cmocka_unit_test(test_open_manifest_missing_or_not_json),
+	    cmocka_unit_test(test_read_every_range),
+	    cmocka_unit_test(test_read_outside),
+	    cmocka_unit_test(test_read_short_file),
+	    cmocka_unit_test(test_verify),
+	    cmocka_unit_test(test_writer),
+	    cmocka_unit_test(test_candidates),
+	    cmocka_unit_test(test_publish_keep),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

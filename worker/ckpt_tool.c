@@ -1,0 +1,905 @@
+/* hpu-ckpt: looks at, checks, exports and reshards the checkpoints that
+ * hpu-worker writes (the format is worker/ckpt.h).
+ *
+ *   hpu-ckpt info DIR                      what a checkpoint (or a root) holds
+ *   hpu-ckpt verify DIR [--all]            sizes and SHA-256 of every file
+ *   hpu-ckpt export DIR -o FILE [--format safetensors|raw]
+ *   hpu-ckpt reshard SRC DST --world M [--strategy S]
+ *
+ * DIR is a checkpoint directory (it has manifest.json) or a checkpoint
+ * root (--checkpoint-dir: `latest` and step-* directories), which stands
+ * for the checkpoint `latest` names. Exit status: 0 done, 1 failed (damage
+ * found, or a file could not be read or written), 2 usage. Floats are
+ * copied in chunks of CHUNK floats, so memory stays bounded whatever the
+ * checkpoint's size. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "config.h"
+
+enum { OK = 0, BAD = 1, USAGE = 2 };
+enum { CHUNK = 1 << 20 };      /* floats per read: 4 MiB */
+enum { MAX_WORLD = 99999 };    /* what hpu_ckpt_shard_name can spell */
+enum { SHOW_PARAMS = 20 };     /* parameters listed by info */
+
+/* ---- messages ---- */
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *cmd, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* "hpu-ckpt: error: ..." on stderr; returns BAD. */
+static int fail(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("hpu-ckpt: error: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return BAD;
+}
+
+/* "hpu-ckpt CMD: ..." and where the help is; returns USAGE. */
+static int usage_error(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "hpu-ckpt%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n(hpu-ckpt %s%s--help for the usage)\n", cmd ? cmd : "", cmd ? " " : "");
+	va_end(ap);
+	return USAGE;
+}
+
+static const char *const help_main =
+	"usage: hpu-ckpt COMMAND [options]\n"
+	"\n"
+	"Looks at, checks, exports and reshards hpu-worker checkpoints.\n"
+	"DIR is a checkpoint directory (with manifest.json) or a checkpoint root\n"
+	"(--checkpoint-dir: `latest` and step-* directories), which stands for\n"
+	"the checkpoint `latest` names.\n"
+	"\n"
+	"commands:\n"
+	"  info DIR                     the run, the parameters, the files\n"
+	"  verify DIR [--all]           every file's size and SHA-256\n"
+	"  export DIR -o FILE [--format safetensors|raw]\n"
+	"                               the fp32 weights as one file\n"
+	"  reshard SRC DST --world M [--strategy S]\n"
+	"                               the same checkpoint as M shards\n"
+	"\n"
+	"hpu-ckpt COMMAND --help says more. Exit status: 0 done, 1 failed\n"
+	"(damage found, or a file could not be read or written), 2 usage.\n";
+
+static const char *const help_info =
+	"usage: hpu-ckpt info DIR\n"
+	"\n"
+	"Prints what a checkpoint holds: model, step, epoch and batch, world size,\n"
+	"strategy, precision, optimizer, sections, parameters (name and shape),\n"
+	"files and bytes, scheduler, loss scaler, fp8 state. For a checkpoint\n"
+	"root, first lists every checkpoint in it, newest first, marking the one\n"
+	"`latest` names with '*', then shows that one.\n";
+
+static const char *const help_verify =
+	"usage: hpu-ckpt verify DIR [--all]\n"
+	"\n"
+	"Checks every file of the checkpoint against its manifest: present, the\n"
+	"size, the SHA-256. One line per file, then a total. For a root, checks\n"
+	"the checkpoint `latest` names; with --all, every checkpoint under it.\n"
+	"Exits 1 if any file (or manifest) is damaged or missing.\n";
+
+static const char *const help_export =
+	"usage: hpu-ckpt export DIR -o FILE [--format safetensors|raw]\n"
+	"\n"
+	"Writes the checkpoint's fp32 weights (the \"params\" section) to FILE,\n"
+	"atomically, after checking every file's SHA-256:\n"
+	"  safetensors  (default) one F32 tensor per parameter, named as in the\n"
+	"               model; loads with safetensors.torch.load_file\n"
+	"  raw          every parameter's floats in declaration order, exactly\n"
+	"               what --save-params writes (for --load-params)\n";
+
+static const char *const help_reshard =
+	"usage: hpu-ckpt reshard SRC DST --world M [--strategy S]\n"
+	"\n"
+	"Writes checkpoint SRC again as DST with M shard files, each an equal\n"
+	"contiguous slice of the parameters and their optimizer state, so that\n"
+	"M workers each read one file. DST must not exist; it is written as\n"
+	"DST.partial and renamed when complete. The manifest is SRC's with\n"
+	"world_size M (and strategy S, one of fast_ddp, ddp, zero1, zero2,\n"
+	"zero3, if given). SRC's files are verified first. Resume from it with\n"
+	"hpu-worker --resume DST (any world size and strategy reads it).\n";
+
+/* ---- arguments ---- */
+
+typedef struct opt {
+	const char *name;  /* "--world" */
+	const char *alias; /* "-o", or NULL */
+	const char **val;  /* an option with a value */
+	int *flag;         /* a flag */
+} opt;
+
+/* Splits argv[1..] (argv[0] the command) into options and at most maxpos
+ * positional arguments. Returns -1 when parsed, OK after printing help,
+ * or USAGE after saying what is wrong. */
+static int parse_args(const char *cmd, const char *help, int argc, char **argv,
+		      const opt *opts, const char **pos, int maxpos, int *npos)
+{
+	*npos = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			fputs(help, stdout);
+			return OK;
+		}
+		if (a[0] != '-' || !a[1]) {
+			if (*npos == maxpos)
+				return usage_error(cmd, "unexpected argument '%s'", a);
+			pos[(*npos)++] = a;
+			continue;
+		}
+		const char *eq = strchr(a, '=');
+		size_t len = eq && a[1] == '-' ? (size_t)(eq - a) : strlen(a);
+		const opt *o = NULL;
+		for (const opt *p = opts; p->name && !o; p++)
+			if ((strlen(p->name) == len && !strncmp(a, p->name, len)) ||
+			    (p->alias && !strcmp(a, p->alias)))
+				o = p;
+		if (!o)
+			return usage_error(cmd, "unknown option '%s'", a);
+		if (o->flag) {
+			if (eq && len < strlen(a))
+				return usage_error(cmd, "%s takes no value", o->name);
+			*o->flag = 1;
+		} else if (eq && a[1] == '-') {
+			*o->val = eq + 1;
+		} else if (i + 1 < argc) {
+			*o->val = argv[++i];
+		} else {
+			return usage_error(cmd, "%s needs a value", o->name);
+		}
+	}
+	return -1;
+}
+
+/* ---- finding the checkpoint ---- */
+
+static int is_dir(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int has_manifest(const char *dir)
+{
+	char p[4200];
+	struct stat st;
+	snprintf(p, sizeof p, "%s/%s", dir, HPU_CKPT_MANIFEST);
+	return stat(p, &st) == 0;
+}
+
+/* What root/latest says (trimmed), or "" when there is no such file. */
+static void read_latest(const char *root, char *out, size_t n)
+{
+	char path[4200], *text = NULL;
+	size_t len;
+	out[0] = '\0';
+	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
+	if (hpu_read_file(path, &text, &len))
+		return;
+	while (len && (text[len - 1] == '\n' || text[len - 1] == ' ' || text[len - 1] == '\r'))
+		text[--len] = '\0';
+	snprintf(out, n, "%s", text);
+	free(text);
+}
+
+/* A checkpoint root: its checkpoints newest first (hpu_ckpt_candidates)
+ * and what `latest` says. */
+typedef struct root {
+	char **names;
+	int n;
+	char latest[256];
+	int latest_ok; /* `latest` names names[0] */
+} root;
+
+/* Reads root `path`; BAD (said) when it is neither a checkpoint root nor
+ * has any checkpoint. */
+static int root_open(root *r, const char *path)
+{
+	char err[512];
+	struct stat st;
+	memset(r, 0, sizeof *r);
+	if (stat(path, &st) < 0)
+		return fail("%s: %s", path, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return fail("%s is not a directory (a checkpoint is one)", path);
+	if ((r->n = hpu_ckpt_candidates(path, &r->names, err, sizeof err)) < 0)
+		return fail("%s", err);
+	if (r->n == 0) {
+		hpu_ckpt_free_names(r->names);
+		r->names = NULL;
+		return fail("%s is neither a checkpoint (no %s) nor a checkpoint root (no step-* "
+			    "directories)",
+			    path, HPU_CKPT_MANIFEST);
+	}
+	read_latest(path, r->latest, sizeof r->latest);
+	r->latest_ok = r->latest[0] && !strcmp(r->latest, r->names[0]);
+	return OK;
+}
+
+static void root_close(root *r)
+{
+	hpu_ckpt_free_names(r->names);
+	r->names = NULL;
+}
+
+/* Says (on stderr) which checkpoint of a root stands for it, when `latest`
+ * does not name it; BAD when `latest` names one that is not there. */
+static int root_pick(const root *r, const char *path)
+{
+	if (r->latest_ok)
+		return OK;
+	if (r->latest[0])
+		return fail("%s/%s names \"%s\", which is not a checkpoint there (newest present: "
+			    "%s); name the checkpoint directory itself",
+			    path, HPU_CKPT_LATEST, r->latest, r->names[0]);
+	fprintf(stderr, "hpu-ckpt: note: %s has no `%s` file; using the newest, %s\n", path,
+		HPU_CKPT_LATEST, r->names[0]);
+	return OK;
+}
+
+/* The checkpoint directory `arg` stands for, into dir[n]: arg itself, or
+ * the latest checkpoint of the root arg. */
+static int resolve(const char *arg, char *dir, size_t n)
+{
+	if (has_manifest(arg)) {
+		snprintf(dir, n, "%s", arg);
+		return OK;
+	}
+	root r;
+	int rc = root_open(&r, arg);
+	if (rc == OK && (rc = root_pick(&r, arg)) == OK)
+		snprintf(dir, n, "%s/%s", arg, r.names[0]);
+	root_close(&r);
+	return rc;
+}
+
+/* Opens the checkpoint at dir; BAD (said) if its manifest is unusable. */
+static int open_ckpt(hpu_ckpt *c, const char *dir)
+{
+	char err[1024];
+	if (hpu_ckpt_open(c, dir, err, sizeof err) < 0) {
+		hpu_ckpt_close(c);
+		return fail("%s", err);
+	}
+	return OK;
+}
+
+static uint64_t total_bytes(const hpu_ckpt *c)
+{
+	uint64_t b = 0;
+	for (int i = 0; i < c->nfiles; i++)
+		b += c->files[i].bytes;
+	return b;
+}
+
+/* Every file checked; with `print`, one line each and a total. Returns
+ * how many are bad; the first failure's sentence in first[]. */
+static int verify_files(const hpu_ckpt *c, int print, char *first, size_t firstlen)
+{
+	int bad = 0;
+	uint64_t ok_bytes = 0;
+	char err[1024];
+	if (print)
+		printf("%s: %d files, %llu bytes\n", c->dir, c->nfiles,
+		       (unsigned long long)total_bytes(c));
+	for (int i = 0; i < c->nfiles; i++) {
+		if (hpu_ckpt_verify(c, i, err, sizeof err) < 0) {
+			if (!bad++ && first)
+				snprintf(first, firstlen, "%s", err);
+			if (print)
+				printf("  BAD  %s\n", err);
+		} else {
+			ok_bytes += c->files[i].bytes;
+			if (print)
+				printf("  ok   %s (%llu bytes, sha256 %.16s...)\n", c->files[i].name,
+				       (unsigned long long)c->files[i].bytes, c->files[i].sha256);
+		}
+	}
+	if (print) {
+		if (bad)
+			printf("%s: DAMAGED: %d of %d files bad\n", c->dir, bad, c->nfiles);
+		else
+			printf("%s: ok: %d files, %llu bytes verified\n", c->dir, c->nfiles,
+			       (unsigned long long)ok_bytes);
+	}
+	return bad;
+}
+
+/* ---- info ---- */
+
+static double num(const cJSON *o, const char *key, double dflt)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
+}
+
+static const char *str(const cJSON *o, const char *key, const char *dflt)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsString(j) ? j->valuestring : dflt;
+}
+
+/* "key value, key value" of a flat object's numbers and strings. */
+static void print_fields(const char *label, const cJSON *o)
+{
+	printf("%-14s", label);
+	if (!cJSON_IsObject(o)) {
+		printf("(not recorded)\n");
+		return;
+	}
+	const cJSON *f;
+	int first = 1;
+	cJSON_ArrayForEach(f, o) {
+		if (cJSON_IsNumber(f))
+			printf("%s%s %g", first ? "" : ", ", f->string, f->valuedouble);
+		else if (cJSON_IsString(f))
+			printf("%s%s %s", first ? "" : ", ", f->string, f->valuestring);
+		else
+			continue;
+		first = 0;
+	}
+	printf("\n");
+}
+
+/* "[1024, 784]" */
+static void shape_text(const hpu_ckpt_param *p, char *buf, size_t n)
+{
+	size_t at = (size_t)snprintf(buf, n, "[");
+	for (int d = 0; d < p->ndim && at < n; d++)
+		at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "",
+				       (long long)p->shape[d]);
+	if (at < n)
+		snprintf(buf + at, n - at, "]");
+}
+
+static void print_details(const hpu_ckpt *c)
+{
+	const cJSON *m = c->m;
+	printf("%-14s%s\n", "checkpoint", c->dir);
+	printf("%-14s%s\n", "model", str(m, "model", "(not recorded)"));
+	printf("%-14s%ld (epoch %d, batch %.0f of the epoch; global batch %.0f)\n", "step",
+	       c->step, (int)num(m, "epoch", 0) + 1, num(m, "batch_in_epoch", 0),
+	       num(m, "global_batch", 0));
+	printf("%-14s%d\n", "world size", c->world);
+	printf("%-14s%s\n", "strategy", c->strategy);
+	printf("%-14s%s\n", "precision", c->precision);
+	printf("%-14s%s (%.0f optimizer steps)\n", "optimizer", c->optimizer,
+	       num(m, "optimizer_steps", 0));
+	printf("%-14s", "sections");
+	for (int s = 0; s < c->nsections; s++)
+		printf("%s%s", s ? ", " : "", c->sections[s]);
+	printf("\n%-14s%d (%llu floats, %.1f MB in fp32)\n", "parameters", c->nparams,
+	       (unsigned long long)c->numel, (double)c->numel * 4 / 1e6);
+	int w = 0;
+	char shape[SHOW_PARAMS][160];
+	int ws = 0;
+	for (int i = 0; i < c->nparams && i < SHOW_PARAMS; i++) {
+		w = (int)strlen(c->params[i].name) > w ? (int)strlen(c->params[i].name) : w;
+		shape_text(&c->params[i], shape[i], sizeof shape[i]);
+		ws = (int)strlen(shape[i]) > ws ? (int)strlen(shape[i]) : ws;
+	}
+	for (int i = 0; i < c->nparams && i < SHOW_PARAMS; i++)
+		printf("  %-*s  %-*s  %llu\n", w, c->params[i].name, ws, shape[i],
+		       (unsigned long long)c->params[i].numel);
+	if (c->nparams > SHOW_PARAMS)
+		printf("  ... %d more\n", c->nparams - SHOW_PARAMS);
+	printf("%-14s%d, %llu bytes (%.1f MB)\n", "files", c->nfiles,
+	       (unsigned long long)total_bytes(c), (double)total_bytes(c) / 1e6);
+	for (int i = 0; i < c->nfiles; i++)
+		printf("  %s  %llu bytes, %zu segments, %llu floats per section\n",
+		       c->files[i].name, (unsigned long long)c->files[i].bytes, c->files[i].nseg,
+		       (unsigned long long)c->files[i].elems);
+	print_fields("scheduler", cJSON_GetObjectItemCaseSensitive(m, "scheduler"));
+	print_fields("loss scaler", cJSON_GetObjectItemCaseSensitive(m, "loss_scaler"));
+	const cJSON *fp8 = cJSON_GetObjectItemCaseSensitive(m, "fp8");
+	if (cJSON_IsObject(fp8))
+		printf("%-14s%d call sites (amax history %.0f, margin %g)\n", "fp8",
+		       cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(fp8, "sites")),
+		       num(fp8, "amax_history_len", 0), num(fp8, "margin", 0));
+}
+
+/* One line per checkpoint of a root, newest first. */
+static void print_root(const root *r, const char *path)
+{
+	printf("checkpoint root %s: %d checkpoint%s, newest first (* = `latest`)\n", path, r->n,
+	       r->n == 1 ? "" : "s");
+	for (int i = 0; i < r->n; i++) {
+		char dir[4400], err[1024];
+		hpu_ckpt c;
+		int mark = r->latest[0] && !strcmp(r->latest, r->names[i]);
+		snprintf(dir, sizeof dir, "%s/%s", path, r->names[i]);
+		if (hpu_ckpt_open(&c, dir, err, sizeof err) < 0)
+			printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
+		else
+			printf("%c %s  step %ld, %d x %s, %s, %d files, %.1f MB\n", mark ? '*' : ' ',
+			       r->names[i], c.step, c.world, c.strategy, c.precision, c.nfiles,
+			       (double)total_bytes(&c) / 1e6);
+		hpu_ckpt_close(&c);
+	}
+	if (!r->latest[0])
+		printf("(no `%s` file)\n", HPU_CKPT_LATEST);
+	else if (!r->latest_ok)
+		printf("warning: `%s` names \"%s\", which is not there\n", HPU_CKPT_LATEST,
+		       r->latest);
+	printf("\n");
+}
+
+static int cmd_info(int argc, char **argv)
+{
+	const char *pos[1];
+	int npos;
+	opt opts[] = {{0}};
+	int rc = parse_args("info", help_info, argc, argv, opts, pos, 1, &npos);
+	if (rc >= 0)
+		return rc;
+	if (npos != 1)
+		return usage_error("info", "which checkpoint? (hpu-ckpt info DIR)");
+	char dir[4400];
+	if (!has_manifest(pos[0])) {
+		root r;
+		if ((rc = root_open(&r, pos[0])) != OK)
+			return rc;
+		print_root(&r, pos[0]);
+		rc = root_pick(&r, pos[0]);
+		snprintf(dir, sizeof dir, "%s/%s", pos[0], r.names[0]);
+		root_close(&r);
+		if (rc != OK)
+			return rc;
+	} else {
+		snprintf(dir, sizeof dir, "%s", pos[0]);
+	}
+	hpu_ckpt c;
+	if ((rc = open_ckpt(&c, dir)) != OK)
+		return rc;
+	print_details(&c);
+	hpu_ckpt_close(&c);
+	return OK;
+}
+
+/* ---- verify ---- */
+
+/* Verifies the checkpoint at dir, printing; BAD if anything is wrong. */
+static int verify_one(const char *dir)
+{
+	hpu_ckpt c;
+	char err[1024];
+	if (hpu_ckpt_open(&c, dir, err, sizeof err) < 0) {
+		printf("%s: DAMAGED: %s\n", dir, err);
+		hpu_ckpt_close(&c);
+		return BAD;
+	}
+	int bad = verify_files(&c, 1, NULL, 0);
+	hpu_ckpt_close(&c);
+	return bad ? BAD : OK;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+	const char *pos[1];
+	int npos, all = 0;
+	opt opts[] = {{"--all", NULL, NULL, &all}, {0}};
+	int rc = parse_args("verify", help_verify, argc, argv, opts, pos, 1, &npos);
+	if (rc >= 0)
+		return rc;
+	if (npos != 1)
+		return usage_error("verify", "which checkpoint? (hpu-ckpt verify DIR)");
+	if (has_manifest(pos[0])) {
+		if (all)
+			fprintf(stderr, "hpu-ckpt: note: %s is one checkpoint; --all is for a root\n",
+				pos[0]);
+		return verify_one(pos[0]);
+	}
+	root r;
+	if ((rc = root_open(&r, pos[0])) != OK)
+		return rc;
+	if (!all) {
+		char dir[4400];
+		if ((rc = root_pick(&r, pos[0])) == OK) {
+			snprintf(dir, sizeof dir, "%s/%s", pos[0], r.names[0]);
+			rc = verify_one(dir);
+		}
+		root_close(&r);
+		return rc;
+	}
+	int bad = 0;
+	for (int i = 0; i < r.n; i++) {
+		char dir[4400];
+		snprintf(dir, sizeof dir, "%s/%s", pos[0], r.names[i]);
+		bad += verify_one(dir) != OK;
+	}
+	if (r.latest[0] && !r.latest_ok) {
+		printf("%s/%s names \"%s\", which is not there\n", pos[0], HPU_CKPT_LATEST,
+		       r.latest);
+		bad++;
+	}
+	printf("%s: %d checkpoint%s, %s\n", pos[0], r.n, r.n == 1 ? "" : "s",
+	       bad ? "DAMAGE FOUND" : "all intact");
+	root_close(&r);
+	return bad ? BAD : OK;
+}
+
+/* ---- copying floats ---- */
+
+/* Canonical floats [start, start + count) of section s into w, CHUNK at
+ * a time through buf. */
+static int copy_range(hpu_ckpt *c, int s, uint64_t start, uint64_t count, float *buf,
+		      hpu_ckpt_writer *w, char *err, size_t errlen)
+{
+	while (count) {
+		uint64_t n = count < CHUNK ? count : CHUNK;
+		if (hpu_ckpt_read(c, s, start, n, buf, err, errlen) < 0 ||
+		    hpu_ckpt_writer_put(w, buf, (size_t)n * 4, err, errlen) < 0)
+			return -1;
+		start += n;
+		count -= n;
+	}
+	return 0;
+}
+
+/* Opens the checkpoint DIR stands for and checks every file's digest;
+ * `what` is said when refusing a damaged one. */
+static int open_verified(hpu_ckpt *c, const char *arg, const char *what)
+{
+	char dir[4400], first[1024];
+	int rc = resolve(arg, dir, sizeof dir);
+	if (rc == OK)
+		rc = open_ckpt(c, dir);
+	if (rc != OK)
+		return rc;
+	if (verify_files(c, 0, first, sizeof first)) {
+		rc = fail("%s (refusing to %s a damaged checkpoint; hpu-ckpt verify %s lists every "
+			  "file)",
+			  first, what, c->dir);
+		hpu_ckpt_close(c);
+	}
+	return rc;
+}
+
+/* ---- export ---- */
+
+/* The safetensors header: JSON, padded with spaces to a multiple of 8
+ * bytes so that the data after it (and its 8-byte length) is aligned.
+ * NULL (said) on duplicate names or no memory. */
+static char *safetensors_header(const hpu_ckpt *c, size_t *len)
+{
+	cJSON *h = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(h, "__metadata__");
+	char buf[64];
+	cJSON_AddStringToObject(meta, "format", "pt");
+	cJSON_AddStringToObject(meta, "producer", "hpu-ckpt export");
+	cJSON_AddStringToObject(meta, "model", str(c->m, "model", ""));
+	snprintf(buf, sizeof buf, "%ld", c->step);
+	cJSON_AddStringToObject(meta, "step", buf);
+	cJSON_AddStringToObject(meta, "optimizer", c->optimizer);
+	cJSON_AddStringToObject(meta, "precision", c->precision);
+	for (int i = 0; i < c->nparams; i++) {
+		const hpu_ckpt_param *p = &c->params[i];
+		if (hpu_ckpt_param_find(c, p->name) != i || !strcmp(p->name, "__metadata__")) {
+			fail("%s: parameter name \"%s\" appears twice (or is reserved); safetensors "
+			     "needs unique names (use --format raw)",
+			     c->dir, p->name);
+			cJSON_Delete(h);
+			return NULL;
+		}
+		cJSON *t = cJSON_AddObjectToObject(h, p->name), *shape = cJSON_CreateArray(),
+		      *off = cJSON_CreateArray();
+		cJSON_AddStringToObject(t, "dtype", "F32");
+		for (int d = 0; d < p->ndim; d++)
+			cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)p->shape[d]));
+		cJSON_AddItemToObject(t, "shape", shape);
+		cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(p->offset * 4)));
+		cJSON_AddItemToArray(off, cJSON_CreateNumber((double)((p->offset + p->numel) * 4)));
+		cJSON_AddItemToObject(t, "data_offsets", off);
+	}
+	char *json = cJSON_PrintUnformatted(h);
+	cJSON_Delete(h);
+	if (!json) {
+		fail("out of memory");
+		return NULL;
+	}
+	size_t n = strlen(json), padded = (n + 7) / 8 * 8;
+	char *out = realloc(json, padded + 1);
+	if (!out) {
+		free(json);
+		fail("out of memory");
+		return NULL;
+	}
+	memset(out + n, ' ', padded - n);
+	out[padded] = '\0';
+	*len = padded;
+	return out;
+}
+
+/* The 8-byte little-endian header length, then the header. */
+static int put_header(hpu_ckpt_writer *w, const char *h, size_t n, char *err, size_t errlen)
+{
+	unsigned char le[8];
+	for (int i = 0; i < 8; i++)
+		le[i] = (unsigned char)((uint64_t)n >> (8 * i));
+	if (hpu_ckpt_writer_put(w, le, 8, err, errlen) < 0)
+		return -1;
+	return hpu_ckpt_writer_put(w, h, n, err, errlen);
+}
+
+static int cmd_export(int argc, char **argv)
+{
+	const char *pos[1], *out = NULL, *format = "safetensors";
+	int npos;
+	opt opts[] = {{"--output", "-o", &out, NULL}, {"--format", NULL, &format, NULL}, {0}};
+	int rc = parse_args("export", help_export, argc, argv, opts, pos, 1, &npos);
+	if (rc >= 0)
+		return rc;
+	if (npos != 1)
+		return usage_error("export", "which checkpoint? (hpu-ckpt export DIR -o FILE)");
+	if (!out || !*out)
+		return usage_error("export", "where to? (-o FILE)");
+	int st = !strcmp(format, "safetensors");
+	if (!st && strcmp(format, "raw"))
+		return usage_error("export", "--format is safetensors or raw, not '%s'", format);
+	hpu_ckpt c;
+	if ((rc = open_verified(&c, pos[0], "export")) != OK)
+		return rc;
+	char err[1024], *header = NULL;
+	size_t hlen = 0;
+	float *buf = malloc((size_t)CHUNK * sizeof *buf);
+	hpu_ckpt_writer w;
+	int section = hpu_ckpt_section(&c, "params");
+	rc = BAD;
+	if (!buf) {
+		fail("out of memory");
+		goto done;
+	}
+	if (st && !(header = safetensors_header(&c, &hlen)))
+		goto done;
+	if (hpu_ckpt_writer_open(&w, out, err, sizeof err) < 0) {
+		fail("%s", err);
+		goto done;
+	}
+	if ((header && put_header(&w, header, hlen, err, sizeof err) < 0) ||
+	    copy_range(&c, section, 0, c.numel, buf, &w, err, sizeof err) < 0 ||
+	    hpu_ckpt_writer_commit(&w, NULL, err, sizeof err) < 0) {
+		hpu_ckpt_writer_abort(&w);
+		fail("exporting %s to %s: %s", c.dir, out, err);
+		goto done;
+	}
+	printf("exported %s (step %ld): %d parameters, %llu floats, to %s (%s, %llu bytes)\n",
+	       c.dir, c.step, c.nparams, (unsigned long long)c.numel, out, format,
+	       (unsigned long long)(c.numel * 4 + (header ? 8 + hlen : 0)));
+	rc = OK;
+done:
+	free(header);
+	free(buf);
+	hpu_ckpt_close(&c);
+	return rc;
+}
+
+/* ---- reshard ---- */
+
+static int parse_world(const char *s, int *world)
+{
+	char *end;
+	errno = 0;
+	long v = s ? strtol(s, &end, 10) : 0;
+	if (!s || !*s || *end || errno || v < 1 || v > MAX_WORLD)
+		return -1;
+	*world = (int)v;
+	return 0;
+}
+
+static int known_strategy(const char *s)
+{
+	for (int k = HPU_STRATEGY_FAST_DDP; k <= HPU_STRATEGY_ZERO3; k++)
+		if (!strcmp(s, hpu_strategy_name((hpu_strategy)k)))
+			return 1;
+	return 0;
+}
+
+/* Shard r of M: canonical floats [lo, hi), floor(numel * r / M) on. */
+static void slice(uint64_t numel, int r, int m, uint64_t *lo, uint64_t *hi)
+{
+	uint64_t q = numel / (uint64_t)m, rem = numel % (uint64_t)m;
+	*lo = q * (uint64_t)r + rem * (uint64_t)r / (uint64_t)m;
+	*hi = q * (uint64_t)(r + 1) + rem * (uint64_t)(r + 1) / (uint64_t)m;
+}
+
+/* Writes shard r of m into dir, filling f (name, bytes, sha256, one
+ * segment in seg). */
+static int write_shard(hpu_ckpt *c, const char *dir, int r, int m, float *buf, hpu_ckpt_file *f,
+		       hpu_ckpt_seg *seg, char *err, size_t errlen)
+{
+	char path[4600];
+	uint64_t lo, hi;
+	slice(c->numel, r, m, &lo, &hi);
+	memset(f, 0, sizeof *f);
+	hpu_ckpt_shard_name(r, m, f->name, sizeof f->name);
+	seg->start = lo;
+	seg->count = hi - lo;
+	f->seg = seg;
+	f->nseg = 1;
+	f->elems = hi - lo;
+	snprintf(path, sizeof path, "%s/%s", dir, f->name);
+	hpu_ckpt_writer w;
+	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
+		return -1;
+	for (int s = 0; s < c->nsections; s++)
+		if (copy_range(c, s, lo, hi - lo, buf, &w, err, errlen) < 0) {
+			hpu_ckpt_writer_abort(&w);
+			return -1;
+		}
+	f->bytes = w.bytes;
+	if (hpu_ckpt_writer_commit(&w, f->sha256, err, errlen) < 0) {
+		hpu_ckpt_writer_abort(&w);
+		return -1;
+	}
+	return 0;
+}
+
+/* SRC's manifest with world_size, strategy and files replaced. */
+static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
+			      const hpu_ckpt_file *files)
+{
+	cJSON *j = cJSON_Duplicate(c->m, 1), *arr = cJSON_CreateArray();
+	if (!j || !arr) {
+		cJSON_Delete(j);
+		cJSON_Delete(arr);
+		return NULL;
+	}
+	cJSON_ReplaceItemInObjectCaseSensitive(j, "world_size", cJSON_CreateNumber(m));
+	if (strategy)
+		cJSON_ReplaceItemInObjectCaseSensitive(j, "strategy", cJSON_CreateString(strategy));
+	for (int r = 0; r < m; r++)
+		cJSON_AddItemToArray(arr, hpu_ckpt_file_json(&files[r]));
+	cJSON_ReplaceItemInObjectCaseSensitive(j, "files", arr);
+	char *text = cJSON_Print(j);
+	cJSON_Delete(j);
+	return text;
+}
+
+/* The directory a path is in ("." for a bare name). */
+static void parent_of(const char *path, char *out, size_t n)
+{
+	snprintf(out, n, "%s", path);
+	size_t len = strlen(out);
+	while (len > 1 && out[len - 1] == '/')
+		out[--len] = '\0';
+	char *slash = strrchr(out, '/');
+	if (!slash)
+		snprintf(out, n, ".");
+	else if (slash == out)
+		out[1] = '\0';
+	else
+		*slash = '\0';
+}
+
+static int cmd_reshard(int argc, char **argv)
+{
+	const char *pos[2], *world_s = NULL, *strategy = NULL;
+	int npos, m = 0;
+	opt opts[] = {{"--world", NULL, &world_s, NULL}, {"--strategy", NULL, &strategy, NULL}, {0}};
+	int rc = parse_args("reshard", help_reshard, argc, argv, opts, pos, 2, &npos);
+	if (rc >= 0)
+		return rc;
+	if (npos != 2)
+		return usage_error("reshard", "needs SRC and DST (hpu-ckpt reshard SRC DST --world M)");
+	if (!world_s)
+		return usage_error("reshard", "how many shards? (--world M)");
+	if (parse_world(world_s, &m) < 0)
+		return usage_error("reshard", "--world must be 1 to %d, not '%s'", MAX_WORLD, world_s);
+	if (strategy && !known_strategy(strategy))
+		return usage_error("reshard",
+				   "--strategy is fast_ddp, ddp, zero1, zero2 or zero3, not '%s'",
+				   strategy);
+	char dst[4096], partial[4200], parent[4200], err[1024];
+	struct stat sb;
+	snprintf(dst, sizeof dst, "%s", pos[1]);
+	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
+		dst[n - 1] = '\0'; /* "out/" names "out", not a file in it */
+	snprintf(partial, sizeof partial, "%s.partial", dst);
+	parent_of(dst, parent, sizeof parent);
+	if (lstat(dst, &sb) == 0)
+		return fail("%s already exists; reshard writes a new directory", dst);
+	if (lstat(partial, &sb) == 0)
+		return fail("%s exists (left by an interrupted reshard?); remove it first", partial);
+	if (!is_dir(parent))
+		return fail("cannot write %s: directory %s does not exist", dst, parent);
+	hpu_ckpt c;
+	if ((rc = open_verified(&c, pos[0], "reshard")) != OK)
+		return rc;
+	rc = BAD;
+	float *buf = malloc((size_t)CHUNK * sizeof *buf);
+	hpu_ckpt_file *files = calloc((size_t)m, sizeof *files);
+	hpu_ckpt_seg *segs = calloc((size_t)m, sizeof *segs);
+	char *text = NULL, mpath[4400];
+	int made = 0;
+	if (!buf || !files || !segs) {
+		fail("out of memory");
+		goto done;
+	}
+	if ((uint64_t)m > c.numel) {
+		fail("%s holds %llu floats: too few for %d shards", c.dir,
+		     (unsigned long long)c.numel, m);
+		goto done;
+	}
+	if (mkdir(partial, 0755) < 0) {
+		fail("cannot make directory %s: %s", partial, strerror(errno));
+		goto done;
+	}
+	made = 1;
+	for (int r = 0; r < m; r++)
+		if (write_shard(&c, partial, r, m, buf, &files[r], &segs[r], err, sizeof err) < 0) {
+			fail("resharding %s: %s", c.dir, err);
+			goto done;
+		}
+	if (!(text = reshard_manifest(&c, m, strategy, files))) {
+		fail("out of memory");
+		goto done;
+	}
+	snprintf(mpath, sizeof mpath, "%s/%s", partial, HPU_CKPT_MANIFEST);
+	if (hpu_ckpt_write_atomic(mpath, text, strlen(text), err, sizeof err) < 0 ||
+	    hpu_ckpt_fsync_dir(partial, err, sizeof err) < 0) {
+		fail("%s", err);
+		goto done;
+	}
+	if (rename(partial, dst) < 0) {
+		fail("cannot rename %s to %s: %s", partial, dst, strerror(errno));
+		goto done;
+	}
+	made = 0;
+	if (hpu_ckpt_fsync_dir(parent, err, sizeof err) < 0) {
+		fail("%s", err);
+		goto done;
+	}
+	uint64_t bytes = 0;
+	for (int r = 0; r < m; r++)
+		bytes += files[r].bytes;
+	printf("resharded %s (step %ld, %d x %s) into %s: %d shards for %d x %s, %llu bytes\n",
+	       c.dir, c.step, c.world, c.strategy, dst, m, m, strategy ? strategy : c.strategy,
+	       (unsigned long long)bytes);
+	rc = OK;
+done:
+	if (made)
+		hpu_ckpt_rmtree(partial);
+	free(text);
+	free(segs);
+	free(files);
+	free(buf);
+	hpu_ckpt_close(&c);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		int (*fn)(int, char **);
+	} cmds[] = {{"info", cmd_info},
+		    {"verify", cmd_verify},
+		    {"export", cmd_export},
+		    {"reshard", cmd_reshard}};
+	if (argc < 2)
+		return usage_error(NULL, "which command? (info, verify, export, reshard)");
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		fputs(help_main, stdout);
+		return OK;
+	}
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+		if (!strcmp(argv[1], cmds[i].name))
+			return cmds[i].fn(argc - 1, argv + 1);
+	return usage_error(NULL, "unknown command '%s' (info, verify, export, reshard)", argv[1]);
+}
