@@ -34,6 +34,7 @@ typedef struct loop {
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
+	long ran;                /* steps this run took (not counting resumed ones) */
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
 	char *err;
@@ -450,7 +451,10 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		return 0;
 	}
 	const char *name = L->b->loss.metric_name ? L->b->loss.metric_name : "metric";
-	if (L->o->eval_only)
+	if (!L->o->eval_only && L->ran == 0 && L->pos.step > 0)
+		printf("resumed at step %ld on %d workers (%s): no steps left to train\n", steps,
+		       L->world, hpu_strategy_name(L->o->strategy));
+	else if (L->o->eval_only)
 		printf("evaluated without training (--eval-only) on %d workers (%s, %s): "
 		       "max_memory_allocated %.1f MiB\n",
 		       L->world, hpu_strategy_name(L->o->strategy),
@@ -566,6 +570,7 @@ done:;
 	double t = now_s();
 	*sps_out = step > step0 && t > t0 ? (double)(step - step0) * o->batch_size / (t - t0) : 0;
 	*steps_out = step;
+	L->ran = step - first;
 	*loss_out = loss;
 	return 0;
 }
