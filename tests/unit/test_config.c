@@ -878,6 +878,60 @@ static void test_fp8_flags(void **state)
 	EXPECT_ERROR(ARGS("--fp8-amax-compute-algo", "avg"), "--fp8-amax-compute-algo", "avg");
 }
 
+/* Checkpoint options: flags, config keys, and what they need together. */
+static void test_checkpoint_flags(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[256];
+	int stop;
+	hpu_opts_defaults(&o);
+	assert_string_equal(o.checkpoint_dir, "");
+	assert_int_equal(o.checkpoint_every, 0);
+	assert_int_equal(o.keep, 0);
+	assert_string_equal(o.resume, "");
+	assert_int_equal(o.stop_at_step, 0);
+	assert_int_equal(parse(&o, ARGS("--checkpoint-dir", "/ck", "--checkpoint-every", "5",
+					"--keep", "2", "--resume", "auto", "--stop-at-step", "7",
+					"m.so"),
+			       &stop, err, sizeof err),
+			 0);
+	assert_string_equal(o.checkpoint_dir, "/ck");
+	assert_int_equal(o.checkpoint_every, 5);
+	assert_int_equal(o.keep, 2);
+	assert_string_equal(o.resume, "auto");
+	assert_int_equal(o.stop_at_step, 7);
+	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof err), 0);
+	EXPECT_ERROR(ARGS("--keep", "-1"), "--keep", "-1");
+	EXPECT_ERROR(ARGS("--stop-at-step", "0"), "--stop-at-step", "0");
+
+	const struct {
+		char **argv;
+		const char *want;
+	} bad[] = {
+		{ARGS("--checkpoint-every", "5"), "--checkpoint-every needs --checkpoint-dir"},
+		{ARGS("--keep", "3"), "--keep needs --checkpoint-dir"},
+		{ARGS("--resume", "auto"), "--resume auto needs --checkpoint-dir"},
+		{ARGS("--resume", "/ck/step-00000010", "--load-params", "p.bin"), "give one"},
+		{ARGS("--eval-only", "--resume", "/ck"), "--eval-only does not train"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		hpu_opts_defaults(&o);
+		assert_int_equal(parse(&o, bad[i].argv, &stop, err, sizeof err), 0);
+		assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof err), -1);
+		if (!strstr(err, bad[i].want))
+			fail_msg("'%s' lacks '%s'", err, bad[i].want);
+	}
+
+	load_ok("{'hputrain': {'checkpoint_dir': '/c', 'checkpoint_every': 10,"
+		" 'keep_checkpoints': 4, 'resume': 'auto'}}",
+		&o);
+	assert_string_equal(o.checkpoint_dir, "/c");
+	assert_int_equal(o.checkpoint_every, 10);
+	assert_int_equal(o.keep, 4);
+	assert_string_equal(o.resume, "auto");
+}
+
 static void test_file_hputrain(void **state)
 {
 	(void)state;
@@ -1242,6 +1296,7 @@ int main(void)
 	    cmocka_unit_test(test_file_scheduler),
 	    cmocka_unit_test(test_file_precision),
 	    cmocka_unit_test(test_fp8_flags),
+	    cmocka_unit_test(test_checkpoint_flags),
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_errors),
 	    cmocka_unit_test(test_file_syntax_and_io),
