@@ -205,21 +205,29 @@ int h_alive(pid_t pid)
 	return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
 }
 
-char *h_slurp(const char *path)
+char *h_slurp_n(const char *path, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
 	if (!f)
 		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *s = malloc((size_t)n + 1);
+	fseeko(f, 0, SEEK_END);
+	off_t n = ftello(f);
+	fseeko(f, 0, SEEK_SET);
+	char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
 	if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
 		free(s);
 		s = NULL;
 	}
-	if (s)
+	if (s) {
 		s[n] = 0;
+		if (len)
+			*len = (size_t)n;
+	}
 	fclose(f);
 	return s;
+}
+
+char *h_slurp(const char *path)
+{
+	return h_slurp_n(path, NULL);
 }

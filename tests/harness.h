@@ -49,5 +49,7 @@ int h_alive(pid_t pid);
 
 /* Reads a whole file; NULL if it cannot. Caller frees. */
 char *h_slurp(const char *path);
+/* The same, with its length in *len (NUL-terminated all the same). */
+char *h_slurp_n(const char *path, size_t *len);
 
 #endif

@@ -578,8 +578,7 @@ static long step_of(const char *name)
 	return *end || errno || v < 0 ? -1 : v;
 }
 
-/* The name `latest` holds (one line), or "" when absent or not a step. */
-static void read_latest(const char *root, char *out, size_t n)
+void hpu_ckpt_latest(const char *root, char *out, size_t n)
 {
 	char path[4200], *text = NULL;
 	size_t len;
@@ -587,11 +586,18 @@ static void read_latest(const char *root, char *out, size_t n)
 	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
 	if (hpu_read_file(path, &text, &len))
 		return;
-	while (len && (text[len - 1] == '\n' || text[len - 1] == ' '))
+	while (len && (text[len - 1] == '\n' || text[len - 1] == ' ' || text[len - 1] == '\r'))
 		text[--len] = '\0';
-	if (step_of(text) >= 0 && len < n)
-		memcpy(out, text, len + 1);
+	snprintf(out, n, "%s", text);
 	free(text);
+}
+
+/* The step `latest` names, or "" when absent or not a step. */
+static void read_latest(const char *root, char *out, size_t n)
+{
+	hpu_ckpt_latest(root, out, n);
+	if (step_of(out) < 0)
+		out[0] = '\0';
 }
 
 typedef struct named {

@@ -142,6 +142,9 @@ void hpu_ckpt_step_name(long step, char *buf, size_t n);
 /* "rank-00001-of-00004.bin" */
 void hpu_ckpt_shard_name(int rank, int world, char *buf, size_t n);
 
+/* What root/latest says, trimmed ("" when there is no such file). */
+void hpu_ckpt_latest(const char *root, char *out, size_t n);
+
 /* The checkpoints under root, newest first: the one `latest` names, then
  * every other step-* directory by step, descending. *names is a
  * NULL-terminated array the caller frees with hpu_ckpt_free_names().

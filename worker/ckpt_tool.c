@@ -184,20 +184,6 @@ static int has_manifest(const char *dir)
 	return stat(p, &st) == 0;
 }
 
-/* What root/latest says (trimmed), or "" when there is no such file. */
-static void read_latest(const char *root, char *out, size_t n)
-{
-	char path[4200], *text = NULL;
-	size_t len;
-	out[0] = '\0';
-	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
-	if (hpu_read_file(path, &text, &len))
-		return;
-	while (len && (text[len - 1] == '\n' || text[len - 1] == ' ' || text[len - 1] == '\r'))
-		text[--len] = '\0';
-	snprintf(out, n, "%s", text);
-	free(text);
-}
 
 /* A checkpoint root: its checkpoints newest first (hpu_ckpt_candidates)
  * and what `latest` says. */
@@ -228,7 +214,7 @@ static int root_open(root *r, const char *path)
 			    "directories)",
 			    path, HPU_CKPT_MANIFEST);
 	}
-	read_latest(path, r->latest, sizeof r->latest);
+	hpu_ckpt_latest(path, r->latest, sizeof r->latest);
 	r->latest_ok = r->latest[0] && !strcmp(r->latest, r->names[0]);
 	return OK;
 }

@@ -58,23 +58,7 @@ static const char *path(const char *rel)
 
 static unsigned char *read_all(const char *file, size_t *len)
 {
-	FILE *f = fopen(file, "rb");
-	if (!f)
-		return NULL;
-	fseeko(f, 0, SEEK_END);
-	off_t n = ftello(f);
-	fseeko(f, 0, SEEK_SET);
-	unsigned char *buf = malloc((size_t)n + 1);
-	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	if (buf) {
-		buf[n] = 0;
-		*len = (size_t)n;
-	}
-	return buf;
+	return (unsigned char *)h_slurp_n(file, len);
 }
 
 static void write_all(const char *file, const void *p, size_t n)

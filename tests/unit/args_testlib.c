@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -35,4 +36,17 @@ void parse_fails(char **argv, const char *needle)
 	assert_int_equal(rc, -1);
 	if (!strstr(err, needle))
 		fail_msg("error \"%s\" does not say \"%s\"", err, needle);
+}
+
+static const char *const cleared[] = {
+	"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "HPU_JOB_ID",
+	"HPU_JOB_TOKEN", "HPUCOLL_TRANSPORT", "HPU_KEY_FILE", "SLURM_JOB_ID",
+	"SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID", NULL};
+
+int args_clean_env(void **state)
+{
+	(void)state;
+	for (int i = 0; cleared[i]; i++)
+		unsetenv(cleared[i]);
+	return 0;
 }

@@ -8,6 +8,11 @@
 /* A NULL-terminated argv with "hpulaunch" as argv[0]. */
 #define ARGV(...) ((char *[]){"hpulaunch", __VA_ARGS__, NULL})
 
+/* A cmocka setup: unsets the launcher's environment variables (MASTER_*,
+ * NODE_RANK, WORLD_SIZE, HPU_JOB_*, Slurm's, ...) so that only the test's
+ * arguments count. */
+int args_clean_env(void **state);
+
 /* hpu_args_parse must succeed (else the test fails with its error). */
 void parse_ok(hpu_launch_args *a, char **argv);
 

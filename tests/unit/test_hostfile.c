@@ -230,17 +230,9 @@ static void test_missing_file(void **state)
 
 /* ---- through hpu_args_parse ---- */
 
-static const char *const cleared[] = {
-	"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "HPU_JOB_ID",
-	"HPU_JOB_TOKEN", "HPUCOLL_TRANSPORT", "HPU_KEY_FILE", "SLURM_JOB_ID",
-	"SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID", NULL};
-
 static int setup(void **state)
 {
-	(void)state;
-	for (int i = 0; cleared[i]; i++)
-		unsetenv(cleared[i]);
-	return 0;
+	return args_clean_env(state);
 }
 
 
