@@ -421,18 +421,25 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 	int rank = hpucoll_comm_rank(comm);
 	const char *want = o->resume, *rc_env = getenv("HPU_RESTART_COUNT");
 	long restarts = rc_env ? strtol(rc_env, NULL, 10) : 0;
-	if (!*want && restarts > 0 && o->checkpoint_dir[0]) {
-		want = "auto";
-		if (rank == 0)
-			printf("restart %ld (HPU_RESTART_COUNT): resuming from the newest intact "
-			       "checkpoint in %s\n",
-			       restarts, o->checkpoint_dir);
+	/* After a restart the newest checkpoint of this job wins over a
+	 * --resume DIR given for its first attempt (when there is one). */
+	char **names = NULL, dir[1200], why[600] = "";
+	int mine = 0;
+	if (restarts > 0 && o->checkpoint_dir[0] && strcmp(want, "auto") != 0) {
+		mine = hpu_ckpt_candidates(o->checkpoint_dir, &names, err, errlen);
+		hpu_ckpt_free_names(names);
+		names = NULL;
 	}
+	if (restarts > 0 && o->checkpoint_dir[0] && (!*want || mine > 0))
+		want = "auto";
+	if (restarts > 0 && !strcmp(want, "auto") && rank == 0)
+		printf("restart %ld (HPU_RESTART_COUNT): resuming from the newest intact "
+		       "checkpoint in %s\n",
+		       restarts, o->checkpoint_dir);
 	if (!*want)
 		return 0;
 	int autom = strcmp(want, "auto") == 0;
 	const char *root = autom ? o->checkpoint_dir : want;
-	char **names = NULL, dir[1200], why[600] = "";
 	if (!autom && exists(want, HPU_CKPT_MANIFEST)) {
 		*out = try_one(comm, b, want, why, sizeof why);
 		return *out ? 0 : say(err, errlen, "--resume %s: %s", want, why);

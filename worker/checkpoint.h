@@ -41,7 +41,9 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
  * checked against the model and verified (every file's digest, the
  * files shared out among the ranks), or *out = NULL to start afresh
  * (auto, and no checkpoint yet). auto falls back to older intact
- * checkpoints, saying so; a named one must be intact. */
+ * checkpoints, saying so; a named one must be intact. After a restart,
+ * auto also replaces a named --resume once --checkpoint-dir holds a
+ * checkpoint (the job's own progress wins over its starting point). */
 int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
 			hpu_ckpt **out, char *err, size_t errlen);
 

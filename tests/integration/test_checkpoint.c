@@ -10,7 +10,8 @@
  *   ones, and training goes on;
  * - crash: a worker killed with SIGKILL at a random step, --max-restarts 1,
  *   --checkpoint-every 5: the job finishes by itself with the parameters
- *   of a run never interrupted;
+ *   of a run never interrupted, the restart resuming from the job's own
+ *   newest checkpoint rather than the --resume it started from;
  * - damage: a flipped byte, a truncated shard, a deleted manifest, a disk
  *   that fills during a save: a clear error, or a fallback that says so,
  *   and the previous checkpoint still loads.
@@ -223,19 +224,33 @@ static void test_crash_restart(void **state)
 	args(&r, "--batch-size", "64", "--max-steps", "60", "--save-params", straight, NULL);
 	free(finish(&r, 0, NULL));
 
+	/* the job starts from a checkpoint of step 5 made elsewhere */
+	char first[300], want[400];
+	snprintf(first, sizeof first, "%s/crash-start", tmp);
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "60", "--checkpoint-dir", first,
+	     "--stop-at-step", "5", NULL);
+	free(finish(&r, 0, NULL));
+
 	srand((unsigned)time(NULL) ^ (unsigned)getpid());
-	int at = 6 + rand() % 40;
+	int at = 11 + rand() % 35;
 	r.n = 0;
 	args(&r, LAUNCH, "--devices", "2", "--no-eval", "--log-every", "1", "--batch-size", "64",
-	     "--max-steps", "60", "--checkpoint-dir", dir, "--checkpoint-every", "5",
-	     "--max-restarts", "1", "--save-params", after, MODEL, NULL);
+	     "--max-steps", "60", "--resume", first, "--checkpoint-dir", dir,
+	     "--checkpoint-every", "5", "--max-restarts", "1", "--save-params", after, MODEL,
+	     NULL);
 	int code;
 	char *out = kill_at((char *const *)r.argv, at, &code);
 	if (code != 0)
 		fprintf(stderr, "exit %d:\n%s\n", code, out);
 	assert_int_equal(code, 0);
-	assert_non_null(strstr(out, "restart 1 (HPU_RESTART_COUNT)"));
-	assert_non_null(strstr(out, "resumed from"));
+	snprintf(want, sizeof want, "resumed from %s/step-00000005 at step 5", first);
+	assert_non_null(strstr(out, want));
+	const char *again = strstr(out, "restart 1 (HPU_RESTART_COUNT)");
+	assert_non_null(again);
+	/* the restart goes on from this job's own newest checkpoint */
+	snprintf(want, sizeof want, "resumed from %s/step-", dir);
+	assert_non_null(strstr(again, want));
 	free(out);
 	int same = same_file(straight, after);
 	printf("  killed at step %d, restarted: final parameters %s\n", at,
