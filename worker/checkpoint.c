@@ -1,7 +1,6 @@
 #include "checkpoint.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -9,17 +8,7 @@
 
 #include "fp8.h"
 
-static int say(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int say(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
+#define say hpu_ckpt_say
 
 static double now_s(void)
 {
@@ -472,12 +461,6 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 
 /* ---- applying the run's state ---- */
 
-static double num(const cJSON *o, const char *key, double dflt)
-{
-	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
-	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
-}
-
 static int pick(const char *v, const char *(*name)(int), int n)
 {
 	for (int i = 0; i < n; i++)
@@ -500,15 +483,15 @@ static int sched_from(const cJSON *j, hpu_sched *s)
 	if (kind < 0)
 		return -1;
 	s->kind = (hpu_sched_kind)kind;
-	s->lr = num(j, "lr", s->lr);
-	s->warmup_min_lr = num(j, "warmup_min_lr", s->warmup_min_lr);
-	s->warmup_steps = (long)num(j, "warmup_steps", (double)s->warmup_steps);
+	s->lr = hpu_ckpt_num(j, "lr", s->lr);
+	s->warmup_min_lr = hpu_ckpt_num(j, "warmup_min_lr", s->warmup_min_lr);
+	s->warmup_steps = (long)hpu_ckpt_num(j, "warmup_steps", (double)s->warmup_steps);
 	s->warmup_type = cJSON_IsString(wt) && !strcmp(wt->valuestring, "linear") ? HPU_WARMUP_LINEAR
 										    : HPU_WARMUP_LOG;
-	s->total_steps = (long)num(j, "total_steps", (double)s->total_steps);
-	s->step_size = (long)num(j, "step_size", (double)s->step_size);
-	s->gamma = num(j, "gamma", s->gamma);
-	s->min_lr = num(j, "min_lr", s->min_lr);
+	s->total_steps = (long)hpu_ckpt_num(j, "total_steps", (double)s->total_steps);
+	s->step_size = (long)hpu_ckpt_num(j, "step_size", (double)s->step_size);
+	s->gamma = hpu_ckpt_num(j, "gamma", s->gamma);
+	s->min_lr = hpu_ckpt_num(j, "min_lr", s->min_lr);
 	return 0;
 }
 
@@ -531,11 +514,11 @@ static int fp8_from(const hpu_ckpt *c, const hpu_train_opts *o, int rank, char *
 	if (o->precision != HPU_PREC_FP8 || !cJSON_IsObject(j))
 		return 0;
 	int H = hpu__fp8_recipe()->history;
-	if ((int)num(j, "amax_history_len", -1) != H) {
+	if ((int)hpu_ckpt_num(j, "amax_history_len", -1) != H) {
 		if (rank == 0)
 			printf("resume: the checkpoint's fp8 amax history is %g steps, this run's %d: "
 			       "the histories start afresh\n",
-			       num(j, "amax_history_len", -1), H);
+			       hpu_ckpt_num(j, "amax_history_len", -1), H);
 		return 0;
 	}
 	float *hist = malloc((size_t)3 * H * sizeof *hist);
@@ -545,12 +528,12 @@ static int fp8_from(const hpu_ckpt *c, const hpu_train_opts *o, int rank, char *
 	cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(j, "sites")) {
 		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(s, "name");
 		hpu_fp8_saved sv = {.name = cJSON_IsString(nm) ? nm->valuestring : "",
-				    .layer = (int)num(s, "layer", -1),
-				    .op = (int)num(s, "op", -1),
-				    .k = (int)num(s, "k", 0),
+				    .layer = (int)hpu_ckpt_num(s, "layer", -1),
+				    .op = (int)hpu_ckpt_num(s, "op", -1),
+				    .k = (int)hpu_ckpt_num(s, "k", 0),
 				    .hist = hist,
-				    .nhist = (int)num(s, "filled", 0),
-				    .pos = (int)num(s, "pos", 0)};
+				    .nhist = (int)hpu_ckpt_num(s, "filled", 0),
+				    .pos = (int)hpu_ckpt_num(s, "pos", 0)};
 		if (floats_from(cJSON_GetObjectItemCaseSensitive(s, "scale"), sv.scale, 3) < 0 ||
 		    floats_from(cJSON_GetObjectItemCaseSensitive(s, "amax_history"), hist, 3 * H) < 0 ||
 		    sv.pos < 0 || sv.pos >= H) {
@@ -619,15 +602,15 @@ int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *
 			 hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen)
 {
 	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
-	long gb = (long)num(c->m, "global_batch", -1);
+	long gb = (long)hpu_ckpt_num(c->m, "global_batch", -1);
 	if (gb != o->batch_size)
 		return say(err, errlen,
 			   "checkpoint %s was saved with a global batch of %ld; resuming needs the "
 			   "same (--batch-size %ld), not %d",
 			   c->dir, gb, gb, o->batch_size);
 	pos->step = c->step;
-	pos->epoch = (int)num(c->m, "epoch", 0);
-	pos->batch = (long)num(c->m, "batch_in_epoch", 0);
+	pos->epoch = (int)hpu_ckpt_num(c->m, "epoch", 0);
+	pos->batch = (long)hpu_ckpt_num(c->m, "batch_in_epoch", 0);
 	const cJSON *rng = cJSON_GetObjectItemCaseSensitive(c->m, "rng");
 	const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
 	if (cJSON_IsString(seed))

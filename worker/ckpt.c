@@ -19,10 +19,9 @@ struct hpu_ckpt_index {
 	int file;
 };
 
-static int say(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+#define say hpu_ckpt_say
 
-static int say(char *err, size_t errlen, const char *fmt, ...)
+int hpu_ckpt_say(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -32,6 +31,12 @@ static int say(char *err, size_t errlen, const char *fmt, ...)
 }
 
 /* ---- reading the manifest ---- */
+
+double hpu_ckpt_num(const cJSON *o, const char *key, double dflt)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
+}
 
 static int get_num(const cJSON *o, const char *key, double *v)
 {

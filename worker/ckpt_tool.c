@@ -310,12 +310,6 @@ static int verify_files(const hpu_ckpt *c, int print, char *first, size_t firstl
 
 /* ---- info ---- */
 
-static double num(const cJSON *o, const char *key, double dflt)
-{
-	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
-	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
-}
-
 static const char *str(const cJSON *o, const char *key, const char *dflt)
 {
 	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -361,13 +355,13 @@ static void print_details(const hpu_ckpt *c)
 	printf("%-14s%s\n", "checkpoint", c->dir);
 	printf("%-14s%s\n", "model", str(m, "model", "(not recorded)"));
 	printf("%-14s%ld (epoch %d, batch %.0f of the epoch; global batch %.0f)\n", "step",
-	       c->step, (int)num(m, "epoch", 0) + 1, num(m, "batch_in_epoch", 0),
-	       num(m, "global_batch", 0));
+	       c->step, (int)hpu_ckpt_num(m, "epoch", 0) + 1, hpu_ckpt_num(m, "batch_in_epoch", 0),
+	       hpu_ckpt_num(m, "global_batch", 0));
 	printf("%-14s%d\n", "world size", c->world);
 	printf("%-14s%s\n", "strategy", c->strategy);
 	printf("%-14s%s\n", "precision", c->precision);
 	printf("%-14s%s (%.0f optimizer steps)\n", "optimizer", c->optimizer,
-	       num(m, "optimizer_steps", 0));
+	       hpu_ckpt_num(m, "optimizer_steps", 0));
 	printf("%-14s", "sections");
 	for (int s = 0; s < c->nsections; s++)
 		printf("%s%s", s ? ", " : "", c->sections[s]);
@@ -398,7 +392,7 @@ static void print_details(const hpu_ckpt *c)
 	if (cJSON_IsObject(fp8))
 		printf("%-14s%d call sites (amax history %.0f, margin %g)\n", "fp8",
 		       cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(fp8, "sites")),
-		       num(fp8, "amax_history_len", 0), num(fp8, "margin", 0));
+		       hpu_ckpt_num(fp8, "amax_history_len", 0), hpu_ckpt_num(fp8, "margin", 0));
 }
 
 /* One line per checkpoint of a root, newest first. */

@@ -218,12 +218,6 @@ int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, flo
 	return each_run(s, j, from, n, 0, UINT64_MAX, get_run, &g);
 }
 
-static double num(const cJSON *o, const char *key, double dflt)
-{
-	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
-	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
-}
-
 int hpu__strat_resume_state(hpu_strat *s)
 {
 	hpu_ckpt *c = s->resume;
@@ -244,16 +238,16 @@ int hpu__strat_resume_state(hpu_strat *s)
 				return -1;
 		}
 	}
-	long t = (long)num(c->m, "optimizer_steps", 0);
+	long t = (long)hpu_ckpt_num(c->m, "optimizer_steps", 0);
 	for (int j = 0; j < s->nunits; j++)
 		s->u[j].opt.t = t;
 	const cJSON *ls = cJSON_GetObjectItemCaseSensitive(c->m, "loss_scaler");
 	if (s->fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
-		s->scale = num(ls, "scale", s->scale);
-		s->hyst_left = (int)num(ls, "hysteresis_left", s->hyst_left);
-		s->step_no = (long)num(ls, "steps", 0);
-		s->last_overflow = (long)num(ls, "last_overflow", -1);
-		s->skipped = (long)num(ls, "skipped", 0);
+		s->scale = hpu_ckpt_num(ls, "scale", s->scale);
+		s->hyst_left = (int)hpu_ckpt_num(ls, "hysteresis_left", s->hyst_left);
+		s->step_no = (long)hpu_ckpt_num(ls, "steps", 0);
+		s->last_overflow = (long)hpu_ckpt_num(ls, "last_overflow", -1);
+		s->skipped = (long)hpu_ckpt_num(ls, "skipped", 0);
 	}
 	return 0;
 }

@@ -34,7 +34,6 @@ typedef struct loop {
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
-	long ran;                /* steps this run took (not counting resumed ones) */
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
 	char *err;
@@ -451,7 +450,7 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		return 0;
 	}
 	const char *name = L->b->loss.metric_name ? L->b->loss.metric_name : "metric";
-	if (!L->o->eval_only && L->ran == 0 && L->pos.step > 0)
+	if (!L->o->eval_only && steps == L->pos.step && steps > 0) /* resumed at the end */
 		printf("resumed at step %ld on %d workers (%s): no steps left to train\n", steps,
 		       L->world, hpu_strategy_name(L->o->strategy));
 	else if (L->o->eval_only)
@@ -526,7 +525,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 	const hpu_train_opts *o = L->o;
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
 	double t0 = 0, tlog = 0, norm = 0;
-	long step = L->pos.step, first = step, step0 = step, steplog = step;
+	long step = L->pos.step, step0 = step, steplog = step;
 	float loss = 0;
 	for (int e = L->pos.epoch; e < o->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
@@ -541,7 +540,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 				return -1;
 			step++;
 			double t = now_s();
-			if (step == first + 1) { /* the first step pays for warm-up */
+			if (step == L->pos.step + 1) { /* the first step pays for warm-up */
 				t0 = tlog = t;
 				step0 = steplog = step;
 			}
@@ -570,7 +569,6 @@ done:;
 	double t = now_s();
 	*sps_out = step > step0 && t > t0 ? (double)(step - step0) * o->batch_size / (t - t0) : 0;
 	*steps_out = step;
-	L->ran = step - first;
 	*loss_out = loss;
 	return 0;
 }
