@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "patterns.h"
 
@@ -570,7 +571,79 @@ static int run_kind(hpucoll_comm *c, const struct hpucoll__args *a,
 	}
 }
 
+static int run_one(hpucoll_comm *c, const struct hpucoll__args *a);
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The algorithm of the collective that just ran, from c->kind (what the
+ * top level chose: the hierarchical all-reduce ends with its own). */
+static const char *algo_name(const hpucoll_comm *c, int kind)
+{
+	int algo = c->kind >> 4;
+
+	if (c->size == 1)
+		return "local";
+	switch (kind) {
+	case HPUCOLL__BARRIER:
+		return "dissemination";
+	case HPUCOLL__BROADCAST:
+		return algo == HPUCOLL__ALGO_TREE ? "binomial_tree" : "chain";
+	case HPUCOLL__REDUCE:
+		return algo == HPUCOLL__ALGO_TREE     ? "binomial_tree"
+		       : algo == HPUCOLL__ALGO_GATHER ? "ring_gather"
+		       : algo == HPUCOLL__ALGO_RD     ? "recursive_doubling"
+						      : "ring";
+	default:
+		return algo == HPUCOLL__ALGO_RD     ? "recursive_doubling"
+		       : algo == HPUCOLL__ALGO_HIER ? "hierarchical"
+						    : "ring";
+	}
+}
+
+/* Tells the trace hook about the collective that ran from t0. */
+static void trace(hpucoll_comm *c, const struct hpucoll__args *a, int64_t t0,
+		  uint64_t sent0, int rc)
+{
+	size_t es = hpucoll_dtype_size(a->dtype);
+	uint64_t bytes = (uint64_t)a->count * es;
+
+	if (a->kind == HPUCOLL__REDUCE_SCATTER || a->kind == HPUCOLL__ALL_GATHER)
+		bytes *= (uint64_t)c->size;
+	if (a->kind == HPUCOLL__BARRIER)
+		bytes = 0;
+	hpucoll_event ev = {
+		.name = hpucoll__kind_name(a->kind),
+		.algorithm = algo_name(c, a->kind),
+		.seq = c->seq,
+		.bytes = bytes,
+		.sent = atomic_load_explicit(&c->stats.sent, memory_order_relaxed) - sent0,
+		.dtype = a->dtype,
+		.async = a->async,
+		.start_ns = t0,
+		.end_ns = mono_ns(),
+		.rc = rc,
+	};
+	c->trace(c->trace_arg, &ev);
+}
+
 int hpucoll__run(hpucoll_comm *c, const struct hpucoll__args *a)
+{
+	int64_t t0 = c->trace ? mono_ns() : 0;
+	uint64_t sent0 = atomic_load_explicit(&c->stats.sent, memory_order_relaxed);
+	int rc = run_one(c, a);
+
+	if (c->trace)
+		trace(c, a, t0, sent0, rc);
+	return rc;
+}
+
+static int run_one(hpucoll_comm *c, const struct hpucoll__args *a)
 {
 	struct hpucoll__red r = {
 		.dt = a->dtype,

@@ -393,6 +393,20 @@ void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms)
 	atomic_store(&comm->timeout_ms, timeout_ms);
 }
 
+void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, void *arg)
+{
+	if (!comm)
+		return;
+	comm->trace = fn;
+	comm->trace_arg = arg;
+}
+
+void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms)
+{
+	if (comm)
+		comm->stall_ms = stall_ms > 0 ? stall_ms : 0;
+}
+
 int hpucoll_comm_rank(const hpucoll_comm *comm)
 {
 	return comm->rank;

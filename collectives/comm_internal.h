@@ -156,6 +156,7 @@ struct hpucoll__tune {
 
 /* The arguments of one collective. */
 struct hpucoll__args {
+	int async;    /* issued by an hpucoll_i* call (for the trace) */
 	uint8_t kind; /* enum hpucoll__kind */
 	const void *sendbuf;
 	void *recvbuf;
@@ -178,6 +179,8 @@ struct hpucoll_comm {
 	int size;
 	atomic_int timeout_ms; /* each wait for a peer; negative: forever */
 	int stall_ms;          /* warn after waiting this long; 0: never */
+	hpucoll_trace_fn trace; /* hpucoll_comm_set_trace */
+	void *trace_arg;
 	char endpoint[HPUCOLL__ENDPOINT_MAX];
 	/* Topology, from hpucoll_comm_set_topology(). */
 	int *node_ids; /* NULL: every rank is its own node */

@@ -130,6 +130,7 @@ static int start(hpucoll_comm *c, const struct hpucoll__args *a,
 		return HPUCOLL_ENOMEM;
 	r->comm = c;
 	r->args = *a;
+	r->args.async = 1;
 	pthread_mutex_lock(&c->mu);
 	rc = enqueue(c, r);
 	pthread_mutex_unlock(&c->mu);

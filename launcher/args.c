@@ -291,7 +291,7 @@ static int train_opt(hpu_launch_args *a, int argc, char **argv, int *i,
 		return -1;
 	}
 	const char *value = eq ? eq + 1 : NULL;
-	if (wants && !eq) {
+	if (!eq && hpu_opts_takes_next(name, *i + 1 < argc ? argv[*i + 1] : NULL)) {
 		if (*i + 1 >= argc) {
 			snprintf(err, errlen, "option --%s needs a value", name);
 			return -1;

@@ -77,6 +77,9 @@ void hpu_opts_defaults(hpu_train_opts *o)
 	o->fp8_amax_history = 16;
 	o->calib_batches = 16;
 	o->log_every = 50;
+	strcpy(o->profile_name, "perf-logs");
+	o->throughput_warmup = 1;
+	o->stall_warning = 60;
 	o->eval = 1;
 }
 
@@ -197,9 +200,9 @@ int hpu__pick(const char *v, const char *const *names, int n, int nocase)
 }
 
 #define OFF(f) offsetof(hpu_train_opts, f)
-#define NUM(n, k, f, lo, hi, h) {n, k, OFF(f), lo, hi, NULL, 0, h}
-#define OTHER(n, k, f, h) {n, k, OFF(f), 0, 0, NULL, 0, h}
-#define CHOICE(n, f, a, h) {n, K_CHOICE, OFF(f), 0, 0, a, COUNT(a), h}
+#define NUM(n, k, f, lo, hi, h) {n, k, OFF(f), lo, hi, NULL, 0, h, NULL}
+#define OTHER(n, k, f, h) {n, k, OFF(f), 0, 0, NULL, 0, h, NULL}
+#define CHOICE(n, f, a, h) {n, K_CHOICE, OFF(f), 0, 0, a, COUNT(a), h, NULL}
 
 static const struct hpu__opt opts[] = {
 	NUM("epochs", K_INT, epochs, 1, 1e6, "passes over the training set (1)"),
@@ -261,6 +264,10 @@ static const struct hpu__opt opts[] = {
 	NUM("stop-at-step", K_LONG, stop_at_step, 1, 1e15, "checkpoint and stop after step N, schedule unchanged (to resume later)"),
 	OTHER("config", K_CONFIG, config, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
+	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", "."},
+	OTHER("profile-filename", K_STR, profile_name, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
+	NUM("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, "leave the first N steps out of samples/s (1)"),
+	NUM("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, "warn when a collective waits X seconds, naming the ranks not arrived (60; 0: never)"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 _Static_assert(NOPTS <= HPU_OPTS_MAX, "from[] is too small for the table");
@@ -297,7 +304,16 @@ int hpu_opts_takes_value(const char *name)
 	const struct hpu__opt *p = hpu__opt_find(name);
 	if (!p)
 		return -1;
-	return p->kind != K_FLAG && p->kind != K_NOFLAG;
+	return p->kind == K_OPTSTR ? 2 : p->kind != K_FLAG && p->kind != K_NOFLAG;
+}
+
+int hpu_opts_takes_next(const char *name, const char *next)
+{
+	int wants = hpu_opts_takes_value(name);
+	if (wants != 2)
+		return wants == 1;
+	size_t n = next ? strlen(next) : 0;
+	return n > 0 && next[0] != '-' && !(n >= 3 && strcmp(next + n - 3, ".so") == 0);
 }
 
 /* Parses v into p's field; -1 (field untouched) if it is not valid. */
@@ -330,6 +346,10 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 			return -1;
 		*(double *)field = d;
 		return 0;
+	case K_OPTSTR:
+		if (!v)
+			v = p->dflt;
+		/* fall through */
 	case K_STR:
 		if (strlen(v) >= sizeof o->metrics || !*v)
 			return -1;
@@ -416,7 +436,7 @@ int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
 		return -1;
 	}
 	int wants = hpu_opts_takes_value(name);
-	if (wants && !value) {
+	if (wants == 1 && !value) {
 		snprintf(err, errlen, "option --%s needs a value", name);
 		return -1;
 	}
@@ -450,7 +470,7 @@ int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
 		memcpy(name, arg, n);
 		name[n] = 0;
 		const char *value = eq ? eq + 1 : NULL;
-		if (!eq && hpu_opts_takes_value(name) == 1) {
+		if (!eq && hpu_opts_takes_next(name, *i + 1 < argc ? argv[*i + 1] : NULL)) {
 			if (*i + 1 >= argc) {
 				snprintf(err, errlen, "option --%s needs a value", name);
 				return -1;
@@ -577,7 +597,7 @@ void hpu_opts_help(FILE *f)
 	    [K_INT] = " N",      [K_LONG] = " N",    [K_U64] = " N",
 	    [K_DOUBLE] = " X",   [K_FLAG] = "",      [K_NOFLAG] = "",
 	    [K_STR] = " FILE",   [K_CHOICE] = " NAME", [K_SIZE] = " SIZE",
-	    [K_MB] = " X",       [K_CONFIG] = " FILE"};
+	    [K_MB] = " X",       [K_CONFIG] = " FILE", [K_OPTSTR] = " [DIR]"};
 	for (size_t i = 0; i < NOPTS; i++) {
 		char left[48];
 		snprintf(left, sizeof left, "--%s%s", opts[i].name,

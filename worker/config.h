@@ -57,7 +57,7 @@ typedef enum hpu_fp8_algo {
 
 /* Where an option's value came from. */
 enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2 };
-#define HPU_OPTS_MAX 64
+#define HPU_OPTS_MAX 96
 
 typedef struct hpu_train_opts {
 	int epochs;             /* passes over the training set */
@@ -126,6 +126,12 @@ typedef struct hpu_train_opts {
 	char resume[512];       /* "auto", a checkpoint or a root, or "" */
 	long stop_at_step;      /* checkpoint and stop after this step (0: no) */
 	char config[512];       /* the JSON config file, or "" */
+	/* Observing a run. */
+	char profile[512];      /* --profile: trace directory, or "" (off) */
+	char profile_name[512]; /* trace file prefix ("perf-logs") */
+	long throughput_warmup; /* steps left out of samples/s (1) */
+	double stall_warning;   /* seconds a collective waits before the
+				 * stall warning (60; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
 } hpu_train_opts;
@@ -134,8 +140,15 @@ typedef struct hpu_train_opts {
 void hpu_opts_defaults(hpu_train_opts *o);
 
 /* Whether `name` (without leading dashes) is a training option, and
- * whether it takes a value. Returns -1 if it is not one, else 0 or 1. */
+ * whether it takes a value. Returns -1 if it is not one, else 0 (a flag),
+ * 1 (a value) or 2 (an optional value: --profile [DIR]). */
 int hpu_opts_takes_value(const char *name);
+
+/* Whether option `name`, written without "=value", takes `next` (the
+ * following argument, or NULL) as its value: always for a value; for an
+ * optional value, unless next is missing, starts with '-' or names a
+ * shared library (ends in ".so"). */
+int hpu_opts_takes_next(const char *name, const char *next);
 
 /* Sets option `name` (without dashes) from `value` (NULL for a flag), as a
  * command-line flag. --config FILE loads the file at once; values the file

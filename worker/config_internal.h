@@ -21,6 +21,7 @@ enum hpu__opt_kind {
 	K_FLAG,   /* int set to 1 */
 	K_NOFLAG, /* int set to 0 */
 	K_STR,    /* non-empty string, fits the field */
+	K_OPTSTR, /* K_STR whose value may be left out (hpu__opt.dflt) */
 	K_CHOICE, /* one of names[], stored as its index */
 	K_SIZE,   /* hpu_parse_size(), not 0 */
 	K_MB,     /* MiB of fp32 (lo..hi), stored as a long count of floats */
@@ -36,6 +37,7 @@ struct hpu__opt {
 	const char *const *names; /* K_CHOICE: accepted values */
 	int nnames;
 	const char *help;
+	const char *dflt; /* K_OPTSTR: the value when none is given */
 };
 
 /* The table entry for option `name` (without dashes), or NULL. */

@@ -148,6 +148,39 @@ typedef struct hpucoll_stats {
  * hpucoll_wait or hpucoll_test says it is done. */
 void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out);
 
+/* One collective as it ran, for a profiler (hpucoll_comm_set_trace). */
+typedef struct hpucoll_event {
+	const char *name;      /* "all_reduce", "reduce_scatter", "all_gather",
+				* "broadcast", "reduce", "barrier" */
+	const char *algorithm; /* "ring", "recursive_doubling", "hierarchical",
+				* "chain", "binomial_tree", "ring_gather",
+				* "dissemination", or "local" (one rank) */
+	uint32_t seq;          /* its number on this communicator (1, 2, ...) */
+	uint64_t bytes;        /* the whole buffer: count x dtype size for
+				* all_reduce, broadcast, reduce; size x count
+				* x dtype size for reduce_scatter, all_gather;
+				* 0 for barrier */
+	uint64_t sent;         /* payload bytes this rank sent for it */
+	hpucoll_dtype dtype;
+	int async;             /* issued by an hpucoll_i* call */
+	int64_t start_ns;      /* CLOCK_MONOTONIC, when it began to run */
+	int64_t end_ns;        /* when it ended */
+	int rc;                /* HPUCOLL_OK or the error */
+} hpucoll_event;
+
+typedef void (*hpucoll_trace_fn)(void *arg, const hpucoll_event *ev);
+
+/* Calls fn(arg, ev) after every collective of comm ends (also one that
+ * failed), on the thread that ran it: the caller's for a blocking call
+ * that found nothing queued, the progress thread otherwise. fn must be
+ * quick and thread-safe. NULL turns it off. Set it before the first
+ * collective. */
+void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, void *arg);
+
+/* Sets how long a collective may wait for a peer before one stall warning
+ * is printed (default 60000 ms or HPUCOLL_STALL_WARN_MS; 0: never). */
+void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms);
+
 /* ---- Collectives ----
  *
  * Every collective must be called in the same order on every rank.

@@ -1,0 +1,30 @@
+/* status: a worker's live progress, for its agent (hpulaunch's progress
+ * bar, hpud's and `hpulaunch --status`'s per-rank table).
+ *
+ * The agent gives each worker a pipe (HPU_STATUS_FD in its environment);
+ * hpu_status_report() writes one record to it. Without that variable it
+ * does nothing, so a worker started by hand is unaffected. */
+#ifndef HPU_STATUS_H
+#define HPU_STATUS_H
+
+#include <stdint.h>
+
+typedef struct hpu_status_rec {
+	long step, total;       /* optimizer steps done, of the run */
+	int epoch, epochs;      /* 1-based epoch under way, of the run */
+	float loss;             /* this rank's loss of its last step */
+	double samples_per_sec; /* the run's throughput so far (0: none yet) */
+	double eta_s;           /* seconds to the end (< 0: unknown) */
+	uint64_t mem_in_use;    /* InUse, MaxInUse, Limit (bytes) */
+	uint64_t mem_max;
+	uint64_t mem_limit;
+	int phase;              /* HPU_PHASE_* */
+} hpu_status_rec;
+
+enum { HPU_PHASE_TRAIN = 0, HPU_PHASE_EVAL = 1, HPU_PHASE_DONE = 2 };
+
+/* Reports r. Records come at most every 200 ms unless `force` (a log step,
+ * the end); never blocks training: a full pipe drops the record. */
+void hpu_status_report(const hpu_status_rec *r, int force);
+
+#endif
