@@ -13,6 +13,7 @@
 #include "simd.h"
 #include "lowp.h"
 #include "fp8.h"
+#include "prof.h"
 
 #define fail hpu__strat_fail
 
@@ -668,6 +669,8 @@ static int acquire_mp(hpu_strat *s, int i, int dir, int stop)
 	unit *u = &s->u[k];
 	int gathered = s->kind == HPU_STRATEGY_ZERO3 && !u->persistent;
 	if (!s->lcp[i]) {
+		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		int ahead = u->full16 != NULL;
 		if (gathered && !u->full16 && gather_start(s, k) < 0)
 			return -1;
 		if (u->gather) {
@@ -675,6 +678,10 @@ static int acquire_mp(hpu_strat *s, int i, int dir, int stop)
 			if (rc)
 				return coll_fail(s, "parameter all-gather", rc);
 		}
+		if (gathered)
+			hpu__prof_span("zero3", "gather_params", NULL, t0,
+				       "\"unit\":%d,\"bytes\":%zu,\"prefetched\":%d", k,
+				       u->len * 2, ahead);
 		const uint16_t *src = s->P16 ? s->P16 + l->off : u->full16 + (l->off - u->off);
 		char what[128];
 		snprintf(what, sizeof what, "fp32 compute copy of %s", l->name);
@@ -699,6 +706,8 @@ static int acquire(hpu_strat *s, int i, int dir, int stop)
 	if (s->kind != HPU_STRATEGY_ZERO3 || k < 0 || s->u[k].persistent)
 		return 0;
 	unit *u = &s->u[k];
+	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int ahead = u->full != NULL;
 	if (!u->full && gather_start(s, k) < 0)
 		return -1;
 	if (u->gather) {
@@ -706,6 +715,8 @@ static int acquire(hpu_strat *s, int i, int dir, int stop)
 		if (rc)
 			return coll_fail(s, "parameter all-gather", rc);
 	}
+	hpu__prof_span("zero3", "gather_params", NULL, t0,
+		       "\"unit\":%d,\"bytes\":%zu,\"prefetched\":%d", k, u->len * 4, ahead);
 	point(s, k, u->full, NULL);
 	return prefetch(s, i, dir, stop);
 }
@@ -715,6 +726,7 @@ static int release(hpu_strat *s, int k)
 	unit *u = &s->u[k];
 	if (s->kind != HPU_STRATEGY_ZERO3 || u->persistent || !u->full)
 		return 0;
+	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 	if (u->gather) {
 		int rc = hpucoll_wait(&u->gather);
 		if (rc)
@@ -723,6 +735,8 @@ static int release(hpu_strat *s, int k)
 	hpu_dfree(u->full);
 	u->full = NULL;
 	s->live -= u->len;
+	hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu", k,
+		       u->len * 4);
 	return 0;
 }
 
@@ -736,10 +750,14 @@ static int release_layer(hpu_strat *s, int i)
 		return release(s, l->unit);
 	unit *u = &s->u[l->unit];
 	if (s->lcp[i]) {
+		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 		hpu_dfree(s->lcp[i]);
 		s->lcp[i] = NULL;
-		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent)
+		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
 			s->live -= u->len;
+			hpu__prof_span("zero3", "release_params", NULL, t0,
+				       "\"unit\":%d,\"bytes\":%zu", l->unit, u->len * 2);
+		}
 	}
 	return 0;
 }
@@ -797,9 +815,11 @@ static int layer_forward(hpu_strat *s, int i, int n, int stop)
 	hpu_layer *l = s->b->layers[i];
 	if (ensure_act(s, i) < 0 || acquire(s, i, +1, stop) < 0)
 		return -1;
+	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 	hpu__op_layer(i, l->name, l->pbase, l->plen, 0);
 	int rc = l->ops.forward(l, input_of(s, i), s->acts[i], n);
 	hpu__op_layer(-1, NULL, NULL, 0, 0);
+	hpu__prof_span("forward", "forward", l->name, t0, "\"layer\":%d", i);
 	if (rc != 0)
 		return fail(s, "layer %s: forward failed: %s", l->name,
 			    l->err[0] ? l->err : "(no reason given)");
@@ -831,9 +851,11 @@ static int recompute(hpu_strat *s, int i, int n)
 		hpu_layer *l = s->b->layers[j];
 		if (ensure_act(s, j) < 0 || acquire(s, j, +1, i + 1) < 0)
 			return -1;
+		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 		hpu__op_layer(j, l->name, l->pbase, l->plen, 0);
 		int rc = l->ops.forward(l, input_of(s, j), s->acts[j], n);
 		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		hpu__prof_span("forward", "recompute", l->name, t0, "\"layer\":%d", j);
 		if (rc != 0)
 			return fail(s, "layer %s: forward (recomputed) failed: %s", l->name,
 				    l->err[0] ? l->err : "(no reason given)");
@@ -923,9 +945,11 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 		     acquire(s, i, -1, -1) < 0))
 			return -1;
 		float *din = i ? s->dbuf[(last - i + 1) & 1] : NULL;
+		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 		hpu__op_layer(i, l->name, l->pbase, l->plen, 1);
 		int rc = l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n);
 		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
 		if (rc != 0)
 			return fail(s, "layer %s: backward failed: %s", l->name,
 				    l->err[0] ? l->err : "(no reason given)");

@@ -11,12 +11,15 @@
 #include <time.h>
 
 #include "checkpoint.h"
+#include "config_internal.h"
 #include "devmem.h"
 #include "fp8.h"
 #include "loader.h"
 #include "sampler.h"
 #include "lrsched.h"
+#include "prof.h"
 #include "quant.h"
+#include "status.h"
 #include "strategy.h"
 
 /* Everything one worker's loop owns. */
@@ -215,6 +218,7 @@ static double *reduce_for_log(loop *L, float loss, long steps, float *mean)
 static int log_step(loop *L, long step, long total, int epoch, float loss,
 		    double lr, double norm, double sps)
 {
+	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 	float l;
 	double *all = reduce_for_log(L, loss, step, &l);
 	if (!all)
@@ -241,6 +245,7 @@ static int log_step(loop *L, long step, long total, int epoch, float loss,
 		}
 	}
 	free(all);
+	hpu__prof_span("log", "log_step", NULL, t0, "\"step\":%ld", step);
 	return 0;
 }
 
@@ -293,20 +298,29 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 		float *x, loss;
 		int32_t *labels;
 		const float *out;
+		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 		if (hpu_loader_wait(L->loader, (int)(m & 1), &x, &labels, &bad) < 0)
 			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
 		if (k + 1 < L->accum)
 			prefetch(L, s, k + 1);
 		else if (more)
 			prefetch(L, s + 1, 0);
-		if (hpu_strat_forward(L->st, x, L->micro, &out) < 0 ||
-		    hpu_strat_backward(L->st, labels, L->micro, scale, k, L->accum, &loss) < 0)
+		t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		if (hpu_strat_forward(L->st, x, L->micro, &out) < 0)
 			return -1;
+		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
+		t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		if (hpu_strat_backward(L->st, labels, L->micro, scale, k, L->accum, &loss) < 0)
+			return -1;
+		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
 		sum += loss;
 	}
+	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 	if (hpu_strat_step(L->st, hpu_sched_lr(&L->pos.sched, gstep), norm_out) < 0 ||
 	    fp8_roll(L) < 0)
 		return -1;
+	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
 	L->comm_bytes += bytes_sent(L) - sent0;
 	*loss_out = sum / (float)L->accum;
 	return 0;
@@ -315,6 +329,7 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 /* Test metric over all ranks: returns 0 and sets *value, or -1. */
 static int evaluate(loop *L, double *value, double *count)
 {
+	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
 	hpu_builder *b = L->b;
 	const hpu_dataset *d = &b->data[HPU_SPLIT_TEST];
 	size_t mine = hpu_sampler_eval_count(d->size, L->rank, L->world);
@@ -346,6 +361,7 @@ static int evaluate(loop *L, double *value, double *count)
 		return coll_fail(L, "evaluation all-reduce", rc);
 	*count = red[1];
 	*value = red[1] > 0 ? red[0] / red[1] : 0;
+	hpu__prof_span("eval", "evaluate", NULL, t0, "\"samples\":%.0f", red[1]);
 	return 0;
 }
 
@@ -514,7 +530,80 @@ static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch
 	p.step = step;
 	p.epoch = s + 1 < per_epoch ? e : e + 1;
 	p.batch = s + 1 < per_epoch ? (long)(s + 1) : 0;
-	return hpu_checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
+	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int rc = hpu_checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
+	hpu__prof_span("checkpoint", "checkpoint_save", NULL, t0, "\"step\":%ld", step);
+	return rc;
+}
+
+/* This rank's progress, for the agent's progress bar and status table
+ * (rate-limited in hpu_status_report unless forced). */
+static void report(loop *L, long step, long total, int epoch, float loss, double sps,
+		   double eta, int phase, int force)
+{
+	hpu_device_stats d;
+	hpu_devmem_stats(&d);
+	hpu_status_rec r = {
+		.step = step, .total = total, .epoch = epoch + 1, .epochs = L->o->epochs,
+		.loss = loss, .samples_per_sec = sps, .eta_s = eta, .mem_in_use = d.in_use,
+		.mem_max = d.max_in_use, .mem_limit = d.limit, .phase = phase,
+	};
+	hpu_status_report(&r, force);
+}
+
+/* Throughput: the first --throughput-warmup-steps steps of this run are
+ * left out (they pay for allocation and first touches). */
+typedef struct rate {
+	long warm;        /* steps left out */
+	long step0;       /* the step the measurement starts after */
+	double t0;        /* ... and when */
+	long steplog;     /* the last log line's step and time (or step0) */
+	double tlog;
+	double start;     /* the run's start, for a run shorter than warm */
+	long first;       /* the run's first step - 1 */
+} rate;
+
+static void rate_start(rate *R, long warm, long step)
+{
+	*R = (rate){.warm = warm, .step0 = step, .steplog = step, .first = step};
+	R->t0 = R->tlog = R->start = now_s();
+}
+
+/* After `step` steps at time t: starts the measurement when warm-up ends. */
+static void rate_tick(rate *R, long step, double t)
+{
+	if (R->warm > 0 && step == R->first + R->warm) {
+		R->step0 = R->steplog = step;
+		R->t0 = R->tlog = t;
+	}
+}
+
+static int rate_measuring(const rate *R, long step)
+{
+	return step > R->first + R->warm;
+}
+
+/* samples/s since the last log line (and after warm-up); 0 before. */
+static double rate_log(rate *R, long step, double t, int batch)
+{
+	double sps = rate_measuring(R, step) && t > R->tlog
+			     ? (double)(step - R->steplog) * batch / (t - R->tlog)
+			     : 0;
+	if (rate_measuring(R, step) || R->warm == 0) {
+		R->tlog = t;
+		R->steplog = step;
+	}
+	return sps;
+}
+
+/* The run's samples/s after warm-up; a run no longer than the warm-up is
+ * measured whole. */
+static double rate_final(const rate *R, long step, double t, int batch)
+{
+	if (rate_measuring(R, step) && t > R->t0)
+		return (double)(step - R->step0) * batch / (t - R->t0);
+	return step > R->first && t > R->start ? (double)(step - R->first) * batch / (t - R->start)
+						: 0;
 }
 
 /* Trains from L->pos to step `total`: checkpoints every
@@ -524,10 +613,13 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 {
 	const hpu_train_opts *o = L->o;
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	double t0 = 0, tlog = 0, norm = 0;
-	long step = L->pos.step, step0 = step, steplog = step;
+	double norm = 0;
+	long step = L->pos.step;
 	float loss = 0;
-	for (int e = L->pos.epoch; e < o->epochs && step < total; e++) {
+	int e = L->pos.epoch;
+	rate R;
+	rate_start(&R, o->throughput_warmup, step);
+	for (; e < o->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
 		hpu_sampler_permute(L->perm, d->size, L->pos.seed, (uint64_t)e);
 		size_t s0 = e == L->pos.epoch ? (size_t)L->pos.batch : 0, end = per_epoch;
@@ -536,28 +628,30 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		prefetch(L, s0, 0);
 		for (size_t s = s0; s < end; s++) {
 			double lr = hpu_sched_lr(&L->pos.sched, step);
+			int64_t ts = hpu__prof_enabled ? hpu__prof_now() : 0;
 			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0)
 				return -1;
 			step++;
+			hpu__prof_span("step", "step", NULL, ts, "\"step\":%ld,\"epoch\":%d", step, e + 1);
 			double t = now_s();
-			if (step == L->pos.step + 1) { /* the first step pays for warm-up */
-				t0 = tlog = t;
-				step0 = steplog = step;
-			}
-			if (o->log_every && step % o->log_every == 0) {
-				double sps = t > tlog ? (double)(step - steplog) *
-							o->batch_size / (t - tlog) : 0;
-				if (log_step(L, step, total, e, loss, lr, norm, sps) < 0)
-					return -1;
-				tlog = t;
-				steplog = step;
-			}
+			rate_tick(&R, step, t);
+			int logs = o->log_every && step % o->log_every == 0;
+			if (logs && log_step(L, step, total, e, loss, lr, norm,
+					     rate_log(&R, step, t, o->batch_size)) < 0)
+				return -1;
+			double sps = rate_final(&R, step, t, o->batch_size);
+			report(L, step, total, e, loss, sps,
+			       rate_measuring(&R, step) && sps > 0
+				       ? (double)(total - step) * o->batch_size / sps
+				       : -1,
+			       HPU_PHASE_TRAIN, logs);
 			int stop = o->stop_at_step > 0 && step == o->stop_at_step;
 			if (o->checkpoint_dir[0] &&
 			    ((o->checkpoint_every > 0 && step % o->checkpoint_every == 0) || stop ||
 			     step == total) &&
 			    save_checkpoint(L, step, e, s, per_epoch) < 0)
 				return -1;
+			hpu__prof_flush();
 			if (stop) {
 				if (L->rank == 0)
 					printf("stopped after step %ld of %ld (--stop-at-step)\n", step, total);
@@ -565,11 +659,41 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			}
 		}
 	}
-done:;
-	double t = now_s();
-	*sps_out = step > step0 && t > t0 ? (double)(step - step0) * o->batch_size / (t - t0) : 0;
+done:
+	*sps_out = rate_final(&R, step, now_s(), o->batch_size);
 	*steps_out = step;
 	*loss_out = loss;
+	report(L, step, total, e < o->epochs ? e : o->epochs - 1, loss, *sps_out, 0,
+	       HPU_PHASE_TRAIN, 1);
+	return 0;
+}
+
+/* --profile: the trace file, the collectives' events, and the job's first
+ * barrier, at which hpu-trace aligns the ranks' clocks. */
+static int profile_open(loop *L)
+{
+	const hpu_train_opts *o = L->o;
+	if (o->from[hpu__opt_slot_named("stall-warning")] != HPU_FROM_DEFAULT)
+		hpucoll_comm_set_stall_warning(L->comm, (int)(o->stall_warning * 1000));
+	if (!o->profile[0])
+		return 0;
+	const char *nr = getenv("NODE_RANK");
+	hpu_prof_conf c = {
+		.dir = o->profile, .name = o->profile_name, .rank = L->rank, .world = L->world,
+		.node_rank = nr ? atoi(nr) : 0, .job_id = getenv("HPU_JOB_ID"),
+		.model = L->b->model && L->b->model->name ? L->b->model->name : "",
+		.strategy = hpu_strategy_name(o->strategy),
+		.precision = hpu_precision_name(o->precision),
+	};
+	if (hpu__prof_open(&c, L->err, L->errlen) < 0)
+		return -1;
+	hpucoll_comm_set_trace(L->comm, hpu__prof_collective, NULL);
+	int rc = hpucoll_barrier(L->comm);
+	if (rc)
+		return coll_fail(L, "the profiler's first barrier", rc);
+	if (L->rank == 0)
+		printf("profiling: a Chrome trace per rank in %s/%s-rank<R>.json (hpu-trace merges them)\n",
+		       o->profile, o->profile_name);
 	return 0;
 }
 
@@ -588,7 +712,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	long total = 0;
 	size_t per_epoch = 0;
 	double tload = now_s();
-	if (hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
+	if (profile_open(&L) < 0 || hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
 	    hpu_checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
@@ -598,10 +722,14 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	}
 	hpu_sched_init(&L.pos.sched, o, total);
+	int64_t tl = hpu__prof_enabled ? hpu__prof_now() : 0;
 	if (hpu_strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
 	    (ck && hpu_checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
-					errlen) < 0) ||
-	    alloc_buffers(&L) < 0)
+					errlen) < 0))
+		goto out;
+	if (ck)
+		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
+	if (alloc_buffers(&L) < 0)
 		goto out;
 	if (ck) {
 		hpu_ckpt_close(ck);
@@ -617,6 +745,8 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	int have_metric = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST] &&
 			  b->loss.metric;
+	if (have_metric)
+		report(&L, steps, total, o->epochs - 1, loss, sps, -1, HPU_PHASE_EVAL, 1);
 	if (have_metric && evaluate(&L, &metric, &count) < 0)
 		goto out;
 	if (L.quant.mode == HPU_FP8_QUANTIZE)
@@ -625,8 +755,10 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	if (o->save_params[0] && hpu_strat_save_params(L.st, o->save_params) < 0)
 		goto out;
+	report(&L, steps, total, o->epochs - 1, loss, sps, 0, HPU_PHASE_DONE, 1);
 	rc = 0;
 out:
+	hpu__prof_close();
 	if (ck) {
 		hpu_ckpt_close(ck);
 		free(ck);

@@ -171,6 +171,42 @@ typedef struct hpu_device_stats {
 /* Fills *out; returns 0, or -1 when no device memory is set up. */
 int hpu_device_stats_get(hpu_device_stats *out);
 
+/* --- profiling, at any time (hpulaunch --profile) --- */
+
+/* Opens a range named `action` on the calling thread; it appears in the
+ * rank's trace (category "user") from here to hpu_profile_stop(action),
+ * which closes the innermost open range of that name. Ranges nest. While
+ * the run does not profile, both do nothing and cost a branch. */
+void hpu_profile_start(const char *action);
+void hpu_profile_stop(const char *action);
+
+/* The scoped form (GCC and Clang): profiles `action` from here to the end
+ * of the enclosing block, however the block is left:
+ *
+ *     { HPU_PROFILE_SCOPE("my_custom_action"); ...; }
+ */
+typedef struct hpu_profile_scope {
+	const char *action;
+} hpu_profile_scope;
+
+static inline void hpu__profile_scope_end(hpu_profile_scope *s)
+{
+	hpu_profile_stop(s->action);
+}
+
+static inline hpu_profile_scope hpu__profile_scope_begin(const char *action)
+{
+	hpu_profile_start(action);
+	return (hpu_profile_scope){action};
+}
+
+#define HPU__PROFILE_CAT2(a, b) a##b
+#define HPU__PROFILE_CAT(a, b) HPU__PROFILE_CAT2(a, b)
+#define HPU_PROFILE_SCOPE(action)                                               \
+	__attribute__((cleanup(hpu__profile_scope_end), unused))                \
+	hpu_profile_scope HPU__PROFILE_CAT(hpu__profile_scope_, __LINE__) =     \
+		hpu__profile_scope_begin(action)
+
 /* Records a layer error (printf format); returns -1. */
 int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
