@@ -1,0 +1,397 @@
+/* --profile and the device statistics, on real 2-worker runs of the MLP:
+ * one Chrome trace per rank that parses, with the runtime's actions, the
+ * collectives with their bytes and the model's own ranges; a trace of a
+ * worker killed mid-run still parses; the ten DeviceStats of every rank
+ * in the metrics file obey their invariants. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runlib.h"
+
+static char dir[256];
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof dir, "/tmp/hpu-profile-XXXXXX");
+	return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Parses a whole file strictly (cJSON_ParseWithOpts requiring the end). */
+static cJSON *parse_file(const char *path)
+{
+	char *text = h_slurp(path);
+	if (!text) {
+		fprintf(stderr, "cannot read %s\n", path);
+		return NULL;
+	}
+	const char *end = NULL;
+	cJSON *j = cJSON_ParseWithOpts(text, &end, 1);
+	if (!j)
+		fprintf(stderr, "%s is not JSON near: %.80s\n", path, end ? end : "?");
+	free(text);
+	return j;
+}
+
+static const cJSON *events_of(const cJSON *trace)
+{
+	const cJSON *ev = cJSON_GetObjectItemCaseSensitive(trace, "traceEvents");
+	assert_true(cJSON_IsArray(ev));
+	return ev;
+}
+
+static const char *str(const cJSON *o, const char *k)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+	return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static double num(const cJSON *o, const char *k)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+	return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static int count_named(const cJSON *ev, const char *name, const char *cat)
+{
+	int n = 0;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, ev)
+	{
+		if (!strcmp(str(e, "name"), name) && (!cat || !strcmp(str(e, "cat"), cat)))
+			n++;
+	}
+	return n;
+}
+
+/* A 2-worker fast_ddp run with --profile: each rank's trace names the
+ * rank, holds 8 steps with their data loading, forward and backward (and
+ * per layer), optimizer steps, the first barrier, all-reduces with their
+ * bytes and algorithm, and the model's "loss" range; every event of the
+ * main thread lies inside a step or before/after the steps. */
+static void test_traces(void **state)
+{
+	(void)state;
+	char prof[300], metrics[300];
+	snprintf(prof, sizeof prof, "%s/traces", dir);
+	snprintf(metrics, sizeof metrics, "%s/m.jsonl", dir);
+	run r;
+	start(&r, 2);
+	args(&r, "--profile", prof, "--max-steps", "8", "--batch-size", "64", "--metrics", metrics,
+	     NULL);
+	free(finish(&r, 0, NULL));
+	for (int rank = 0; rank < 2; rank++) {
+		char path[400];
+		snprintf(path, sizeof path, "%s/perf-logs-rank%d.json", prof, rank);
+		cJSON *t = parse_file(path);
+		assert_non_null(t);
+		const cJSON *other = cJSON_GetObjectItemCaseSensitive(t, "otherData");
+		assert_int_equal((int)num(other, "rank"), rank);
+		assert_int_equal((int)num(other, "world_size"), 2);
+		assert_string_equal(str(other, "strategy"), "fast_ddp");
+		const cJSON *ev = events_of(t);
+		assert_int_equal(count_named(ev, "step", "step"), 8);
+		assert_int_equal(count_named(ev, "data_loading", "data"), 8);
+		assert_int_equal(count_named(ev, "forward", "forward"), 8);
+		assert_int_equal(count_named(ev, "backward", "backward"), 8);
+		assert_int_equal(count_named(ev, "optimizer_step", "optimizer"), 8);
+		assert_int_equal(count_named(ev, "forward:fc1", "forward"), 8);
+		assert_int_equal(count_named(ev, "backward:fc3", "backward"), 8);
+		assert_int_equal(count_named(ev, "loss", "user"), 8);
+		assert_int_equal(count_named(ev, "fetch_batch", "data"), 8);
+		assert_true(count_named(ev, "process_name", NULL) == 1);
+		/* the first collective is the barrier the clocks align at */
+		const cJSON *e, *first_coll = NULL;
+		double grad_bytes = 0;
+		int allreduces = 0, steps_seen = 0;
+		double step_end = -1;
+		cJSON_ArrayForEach(e, ev)
+		{
+			if (!strcmp(str(e, "ph"), "M"))
+				continue;
+			assert_string_equal(str(e, "ph"), "X");
+			assert_int_equal((int)num(e, "pid"), rank);
+			assert_true(num(e, "dur") >= 0 && num(e, "ts") > 0);
+			const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+			if (!strcmp(str(e, "cat"), "collective")) {
+				if (!first_coll)
+					first_coll = e;
+				if (!strcmp(str(e, "name"), "all_reduce")) {
+					allreduces++;
+					assert_true(num(a, "bytes") > 0);
+					assert_true(strlen(str(a, "algorithm")) > 0);
+					/* gradients: step 1's all-reduces, before the first step ends */
+					if (steps_seen == 0)
+						grad_bytes += num(a, "bytes");
+				}
+			}
+			if (!strcmp(str(e, "name"), "step")) {
+				steps_seen++;
+				assert_int_equal((int)num(a, "step"), steps_seen);
+				assert_true(num(e, "ts") >= step_end);
+				step_end = num(e, "ts") + num(e, "dur");
+			}
+		}
+		assert_non_null(first_coll);
+		assert_string_equal(str(first_coll, "name"), "barrier");
+		assert_true(allreduces >= 8);
+		/* The gradients of every parameter went through the all-reduces
+		 * of step 1: the final record counts the parameters. */
+		char *m = h_slurp(metrics);
+		assert_non_null(m);
+		const char *fin = strstr(m, "\"final\":true");
+		assert_non_null(fin);
+		const char *p = strstr(fin, "\"parameters\":");
+		assert_non_null(p);
+		double params = strtod(p + 13, NULL);
+		assert_true(params > 100000);
+		if (grad_bytes < params * 4)
+			fprintf(stderr, "rank %d: step 1 all-reduced %.0f bytes, parameters %.0f\n", rank,
+				grad_bytes, params);
+		assert_true(grad_bytes >= params * 4);
+		free(m);
+		cJSON_Delete(t);
+	}
+}
+
+/* ZeRO-3 with every layer sharded: gathers and releases of parameters,
+ * the all-gathers that carry them, and the reduce-scatters. */
+static void test_zero3_events(void **state)
+{
+	(void)state;
+	char prof[300], path[400];
+	snprintf(prof, sizeof prof, "%s/z3", dir);
+	run r;
+	start(&r, 2);
+	args(&r, "--profile", prof, "--profile-filename", "z3", "--max-steps", "3", "--batch-size",
+	     "64", "--strategy", "zero3", "--param-persistence-threshold", "0", NULL);
+	free(finish(&r, 0, NULL));
+	snprintf(path, sizeof path, "%s/z3-rank1.json", prof);
+	cJSON *t = parse_file(path);
+	assert_non_null(t);
+	const cJSON *ev = events_of(t);
+	assert_true(count_named(ev, "gather_params", "zero3") >= 3 * 3 * 2); /* 3 units, fwd+bwd */
+	assert_true(count_named(ev, "release_params", "zero3") >= 3 * 3 * 2);
+	assert_true(count_named(ev, "all_gather", "collective") >= 3 * 3);
+	assert_true(count_named(ev, "reduce_scatter", "collective") >= 3);
+	const cJSON *e;
+	cJSON_ArrayForEach(e, ev)
+	{
+		if (strcmp(str(e, "name"), "gather_params"))
+			continue;
+		const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+		assert_true(num(a, "bytes") > 0 && num(a, "unit") >= 0);
+	}
+	cJSON_Delete(t);
+}
+
+/* Checkpoint I/O shows in the trace: saves while training, the load of a
+ * resumed run. */
+static void test_checkpoint_events(void **state)
+{
+	(void)state;
+	char prof[300], ck[300], path[400];
+	snprintf(prof, sizeof prof, "%s/ck-trace", dir);
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	run r;
+	start(&r, 2);
+	args(&r, "--profile", prof, "--max-steps", "4", "--batch-size", "64", "--checkpoint-dir", ck,
+	     "--checkpoint-every", "2", "--stop-at-step", "2", NULL);
+	free(finish(&r, 0, NULL));
+	start(&r, 2);
+	args(&r, "--profile", prof, "--profile-filename", "resumed", "--max-steps", "4",
+	     "--batch-size", "64", "--checkpoint-dir", ck, "--resume", "auto", NULL);
+	free(finish(&r, 0, NULL));
+	snprintf(path, sizeof path, "%s/perf-logs-rank0.json", prof);
+	cJSON *t = parse_file(path);
+	assert_non_null(t);
+	assert_int_equal(count_named(events_of(t), "checkpoint_save", "checkpoint"), 1);
+	cJSON_Delete(t);
+	snprintf(path, sizeof path, "%s/resumed-rank1.json", prof);
+	t = parse_file(path);
+	assert_non_null(t);
+	assert_int_equal(count_named(events_of(t), "checkpoint_load", "checkpoint"), 1);
+	assert_int_equal(count_named(events_of(t), "checkpoint_save", "checkpoint"), 1);
+	assert_int_equal(count_named(events_of(t), "step", "step"), 2);
+	cJSON_Delete(t);
+}
+
+/* kill -9 a worker mid-run: every trace in the directory still parses as
+ * JSON and holds the steps done before the kill. */
+static void test_killed_worker(void **state)
+{
+	(void)state;
+	char prof[300];
+	snprintf(prof, sizeof prof, "%s/killed", dir);
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--epochs", "20", "--log-every", "2",
+			"--batch-size", "64", "--profile", prof, (char *)MODEL, NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	int seen = h_wait_for(&p, "step 10/", 120000);
+	pid_t kids[8];
+	int n = h_children(p.pid, kids, 8);
+	if (seen != 0 || n != 2) {
+		fprintf(stderr, "training did not start (%d workers):\n%s\n", n, p.out);
+		for (int i = 0; i < n; i++)
+			kill(kids[i], SIGKILL);
+		h_kill(&p);
+		fail();
+	}
+	kill(kids[0], SIGKILL);
+	int exited = h_wait(&p, 30000);
+	if (exited != 0)
+		h_kill(&p);
+	assert_int_equal(exited, 0);
+	assert_int_not_equal(h_code(&p), 0);
+	h_free(&p);
+	for (int rank = 0; rank < 2; rank++) {
+		char path[400];
+		snprintf(path, sizeof path, "%s/perf-logs-rank%d.json", prof, rank);
+		cJSON *t = parse_file(path);
+		assert_non_null(t);
+		int steps = count_named(events_of(t), "step", "step");
+		assert_true(steps >= 10);
+		assert_int_equal(count_named(events_of(t), "evaluate", NULL), 0);
+		cJSON_Delete(t);
+	}
+}
+
+/* A trace directory that cannot be made: the error names it, and no
+ * training happens. */
+static void test_bad_profile_dir(void **state)
+{
+	(void)state;
+	char file[300], prof[400];
+	snprintf(file, sizeof file, "%s/a-file", dir);
+	FILE *f = fopen(file, "w");
+	assert_non_null(f);
+	fclose(f);
+	snprintf(prof, sizeof prof, "%s/sub", file);
+	run r;
+	start(&r, 2);
+	args(&r, "--profile", prof, "--max-steps", "2", "--batch-size", "64", NULL);
+	char *out = finish(&r, 1, NULL);
+	char want[500];
+	snprintf(want, sizeof want, "--profile: cannot create the directory %s: Not a directory", prof);
+	if (!strstr(out, want))
+		fprintf(stderr, "wanted '%s' in:\n%s\n", want, out);
+	assert_non_null(strstr(out, want));
+	assert_null(strstr(out, "trained "));
+	free(out);
+}
+
+/* Reads the metrics file's records with a "device" array. */
+static void check_device_stats(const cJSON *rec, int world, double *prev_allocs,
+			       double *prev_max)
+{
+	const cJSON *dev = cJSON_GetObjectItemCaseSensitive(rec, "device");
+	assert_true(cJSON_IsArray(dev));
+	assert_int_equal(cJSON_GetArraySize(dev), world);
+	for (int r = 0; r < world; r++) {
+		const cJSON *d = cJSON_GetArrayItem(dev, r);
+		assert_int_equal((int)num(d, "rank"), r);
+		double limit = num(d, "Limit"), in_use = num(d, "InUse"), max = num(d, "MaxInUse");
+		double allocs = num(d, "NumAllocs"), frees = num(d, "NumFrees");
+		double active = num(d, "ActiveAllocs"), max_alloc = num(d, "MaxAllocSize");
+		double sys_a = num(d, "TotalSystemAllocs"), sys_f = num(d, "TotalSystemFrees");
+		double sys_active = num(d, "TotalActiveAllocs");
+		assert_true(in_use > 0);
+		assert_true(in_use <= max);
+		assert_true(max <= limit);
+		assert_true(allocs - frees == active);
+		assert_true(sys_a - sys_f == sys_active);
+		assert_true(max_alloc > 0 && max_alloc <= max);
+		assert_true(sys_a <= allocs);
+		/* counters only grow */
+		assert_true(allocs >= prev_allocs[r]);
+		assert_true(max >= prev_max[r]);
+		prev_allocs[r] = allocs;
+		prev_max[r] = max;
+	}
+}
+
+/* Every logging step writes the ten DeviceStats of every rank into the
+ * metrics file, and rank 0's console line prints its memory_allocated,
+ * max_memory_allocated and total_memory_available. */
+static void test_device_stats(void **state)
+{
+	(void)state;
+	char metrics[300];
+	snprintf(metrics, sizeof metrics, "%s/dev.jsonl", dir);
+	run r;
+	start(&r, 2);
+	r.n -= 2; /* drop "--log-every 0" */
+	args(&r, "--log-every", "3", "--max-steps", "12", "--batch-size", "64", "--metrics", metrics,
+	     "--strategy", "zero2", NULL);
+	char *out = finish(&r, 0, NULL);
+	char *text = h_slurp(metrics);
+	assert_non_null(text);
+	double prev_allocs[2] = {0, 0}, prev_max[2] = {0, 0};
+	int steps = 0, finals = 0;
+	for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+		cJSON *rec = cJSON_Parse(line);
+		assert_non_null(rec);
+		if (cJSON_GetObjectItemCaseSensitive(rec, "device")) {
+			check_device_stats(rec, 2, prev_allocs, prev_max);
+			if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(rec, "final")))
+				finals++;
+			else
+				steps++;
+		}
+		if (steps == 1 && !finals && cJSON_GetObjectItemCaseSensitive(rec, "step")) {
+			/* the console line of step 3 prints rank 0's figures in MiB */
+			const cJSON *d0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rec, "device"), 0);
+			char want[200];
+			snprintf(want, sizeof want,
+				 "step 3/12 loss %.4f lr 0.001 ", num(rec, "loss"));
+			assert_non_null(strstr(out, want));
+			snprintf(want, sizeof want,
+				 "memory_allocated %.1f MiB max_memory_allocated %.1f MiB "
+				 "total_memory_available %.1f MiB",
+				 num(d0, "InUse") / 1048576.0, num(d0, "MaxInUse") / 1048576.0,
+				 num(d0, "Limit") / 1048576.0);
+			if (!strstr(out, want))
+				fprintf(stderr, "wanted '%s' in:\n%s\n", want, out);
+			assert_non_null(strstr(out, want));
+		}
+		cJSON_Delete(rec);
+	}
+	assert_int_equal(steps, 4);
+	assert_int_equal(finals, 1);
+	free(text);
+	free(out);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_traces),
+		cmocka_unit_test(test_zero3_events),
+		cmocka_unit_test(test_checkpoint_events),
+		cmocka_unit_test(test_killed_worker),
+		cmocka_unit_test(test_bad_profile_dir),
+		cmocka_unit_test(test_device_stats),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
