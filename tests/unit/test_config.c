@@ -879,6 +879,61 @@ static void test_fp8_flags(void **state)
 }
 
 /* Checkpoint options: flags, config keys, and what they need together. */
+/* --profile takes a directory when one follows, and not the model or the
+ * next option; the observing options' values and defaults. */
+static void test_profile_flags(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[256];
+	int stop;
+	assert_int_equal(hpu_opts_takes_value("profile"), 2);
+	assert_int_equal(hpu_opts_takes_next("profile", "traces"), 1);
+	assert_int_equal(hpu_opts_takes_next("profile", "model.so"), 0);
+	assert_int_equal(hpu_opts_takes_next("profile", "--max-steps"), 0);
+	assert_int_equal(hpu_opts_takes_next("profile", NULL), 0);
+	assert_int_equal(hpu_opts_takes_next("profile", ""), 0);
+	assert_int_equal(hpu_opts_takes_next("max-steps", "model.so"), 1);
+	assert_int_equal(hpu_opts_takes_next("eval-only", "x"), 0);
+
+	hpu_opts_defaults(&o);
+	assert_string_equal(o.profile, "");
+	assert_string_equal(o.profile_name, "perf-logs");
+	assert_int_equal(o.throughput_warmup, 1);
+	assert_true(o.stall_warning == 60);
+	char *a1[] = {"w", "--profile", "m.so", NULL};
+	assert_int_equal(parse(&o, a1, &stop, err, sizeof err), 0);
+	assert_string_equal(o.profile, ".");
+	assert_int_equal(stop, 2); /* stops at the model */
+
+	hpu_opts_defaults(&o);
+	char *a2[] = {"w", "--profile", "/tmp/tr", "--profile-filename", "run1",
+		      "--throughput-warmup-steps", "0", "--stall-warning", "2.5", "m.so", NULL};
+	assert_int_equal(parse(&o, a2, &stop, err, sizeof err), 0);
+	assert_string_equal(o.profile, "/tmp/tr");
+	assert_string_equal(o.profile_name, "run1");
+	assert_int_equal(o.throughput_warmup, 0);
+	assert_true(o.stall_warning == 2.5);
+	assert_int_equal(stop, 9);
+
+	hpu_opts_defaults(&o);
+	char *a3[] = {"w", "--profile", "--max-steps", "3", NULL};
+	assert_int_equal(parse(&o, a3, &stop, err, sizeof err), 0);
+	assert_string_equal(o.profile, ".");
+	assert_int_equal(o.max_steps, 3);
+
+	hpu_opts_defaults(&o);
+	char *a4[] = {"w", "--profile=d2", NULL};
+	assert_int_equal(parse(&o, a4, &stop, err, sizeof err), 0);
+	assert_string_equal(o.profile, "d2");
+
+	expect_error((char *[]){"w", "--profile=", NULL}, (const char *const[]){"--profile", NULL});
+	expect_error((char *[]){"w", "--stall-warning", "-1", NULL},
+		     (const char *const[]){"--stall-warning", "-1", NULL});
+	expect_error((char *[]){"w", "--throughput-warmup-steps", "x", NULL},
+		     (const char *const[]){"--throughput-warmup-steps", NULL});
+}
+
 static void test_checkpoint_flags(void **state)
 {
 	(void)state;
@@ -1297,6 +1352,7 @@ int main(void)
 	    cmocka_unit_test(test_file_precision),
 	    cmocka_unit_test(test_fp8_flags),
 	    cmocka_unit_test(test_checkpoint_flags),
+	    cmocka_unit_test(test_profile_flags),
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_errors),
 	    cmocka_unit_test(test_file_syntax_and_io),
