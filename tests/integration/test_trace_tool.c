@@ -1,0 +1,517 @@
+/* Integration test of hpu-trace, the real binary on real files:
+ *
+ * - two hand-written rank traces with clocks seconds apart: the merged
+ *   file parses, has both process rows ("rank R (host)", sort index), every
+ *   event, rank 1's first barrier ending when rank 0's does and the
+ *   earliest event at 0; the summary's count, total, mean, max and %step
+ *   of a known action; --no-merge, -o, --sort, --top;
+ * - a rank without a barrier: merged unshifted, with a warning naming it;
+ * - torn files (cut in the middle of a line; a write torn over the old
+ *   tail): a warning, the complete events merged;
+ * - errors: not JSON, no traceEvents, the same rank twice, a missing file,
+ *   an empty directory (exit 1, the file named); usage errors (exit 2).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TOOL h_build("bin/hpu-trace")
+
+static char T[256]; /* the test's temporary directory */
+
+/* A fresh directory under T for one test. */
+static const char *dir(const char *name)
+{
+	static char bufs[4][600];
+	static int k;
+	char *p = bufs[k++ & 3];
+	snprintf(p, sizeof bufs[0], "%s/%s", T, name);
+	assert_int_equal(mkdir(p, 0755), 0);
+	return p;
+}
+
+static const char *in(const char *d, const char *file)
+{
+	static char bufs[8][800];
+	static int k;
+	char *p = bufs[k++ & 7];
+	snprintf(p, sizeof bufs[0], "%s/%s", d, file);
+	return p;
+}
+
+static void write_text(const char *file, const char *text)
+{
+	FILE *f = fopen(file, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+	assert_int_equal(fclose(f), 0);
+}
+
+static int exists(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0;
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(p);
+}
+
+/* Runs hpu-trace with argv (NULL-terminated), asserts its exit code,
+ * returns stdout and stderr together (caller frees). */
+static char *run_v(int want, const char **argv)
+{
+	const char *full[32] = {TOOL};
+	int n = 1;
+	for (; argv[n - 1] && n < 31; n++)
+		full[n] = argv[n - 1];
+	full[n] = NULL;
+	proc p;
+	int rc = h_run(&p, (char *const *)full, NULL, 60000);
+	char *out = strdup(p.out ? p.out : "");
+	h_free(&p);
+	if (rc != want) {
+		fprintf(stderr, "---- hpu-trace %s ... exited %d, expected %d; output:\n%s----\n",
+			argv[0] ? argv[0] : "", rc, want, out);
+		fail_msg("hpu-trace: exit %d, expected %d", rc, want);
+	}
+	return out;
+}
+
+#define TRACE(want, ...) run_v(want, (const char *[]){__VA_ARGS__, NULL})
+
+static void has(const char *out, const char *needle)
+{
+	if (!strstr(out, needle))
+		fail_msg("output does not say \"%s\":\n%s", needle, out);
+}
+
+static void lacks(const char *out, const char *needle)
+{
+	if (strstr(out, needle))
+		fail_msg("output says \"%s\" but should not:\n%s", needle, out);
+}
+
+/* ---- the hand-written traces ---- */
+
+/* Rank 0: clock near 1 s; its first barrier ends at 1000100.0. Two
+ * steps of 10 ms, forward nested in each, my_custom_action 1.5 and 2.5 ms,
+ * a second barrier later (not the first one). */
+static const char *rank0 =
+	"{\"otherData\":{\"tool\":\"hputrain\",\"version\":1,\"rank\":0,\"world_size\":2,"
+	"\"node_rank\":0,\"hostname\":\"alpha\",\"job_id\":\"job-t\",\"clock\":\"CLOCK_MONOTONIC\"},"
+	"\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+	"{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"rank 0\"}}\n"
+	",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"main\"}}\n"
+	",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":2,\"args\":{\"name\":\"collectives\"}}\n"
+	",{\"name\":\"barrier\",\"cat\":\"collective\",\"ph\":\"X\",\"pid\":0,\"tid\":2,\"ts\":1000000.000,\"dur\":100.000,\"args\":{\"bytes\":0,\"seq\":0}}\n"
+	",{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1000200.000,\"dur\":10000.000,\"args\":{\"step\":1}}\n"
+	",{\"name\":\"forward\",\"cat\":\"forward\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1000300.000,\"dur\":3000.000,\"args\":{\"step\":1}}\n"
+	",{\"name\":\"my_custom_action\",\"cat\":\"user\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1004000.000,\"dur\":1500.000}\n"
+	",{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1010300.000,\"dur\":10000.000,\"args\":{\"step\":2}}\n"
+	",{\"name\":\"forward\",\"cat\":\"forward\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1010400.000,\"dur\":3000.000,\"args\":{\"step\":2}}\n"
+	",{\"name\":\"my_custom_action\",\"cat\":\"user\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1014000.000,\"dur\":2500.000}\n"
+	",{\"name\":\"barrier\",\"cat\":\"collective\",\"ph\":\"X\",\"pid\":0,\"tid\":2,\"ts\":1020400.000,\"dur\":50.000,\"args\":{\"bytes\":0,\"seq\":9}}\n"
+	"\n]}\n";
+#define RANK0_EVENTS 11
+
+/* Rank 1: another host, clock near 7000 s; its first barrier (listed
+ * after a later one, ts decides) ends at 7000000800.500; my_custom_action
+ * 4 ms; an instant event. */
+static const char *rank1 =
+	"{\"otherData\":{\"tool\":\"hputrain\",\"version\":1,\"rank\":1,\"world_size\":2,"
+	"\"node_rank\":1,\"hostname\":\"beta\",\"job_id\":\"job-t\",\"clock\":\"CLOCK_MONOTONIC\"},"
+	"\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+	"{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"rank 1\"}}\n"
+	",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"main\"}}\n"
+	",{\"name\":\"barrier\",\"cat\":\"collective\",\"ph\":\"X\",\"pid\":1,\"tid\":2,\"ts\":7000020000.000,\"dur\":10.000,\"args\":{\"bytes\":0,\"seq\":9}}\n"
+	",{\"name\":\"barrier\",\"cat\":\"collective\",\"ph\":\"X\",\"pid\":1,\"tid\":2,\"ts\":7000000000.250,\"dur\":800.250,\"args\":{\"bytes\":0,\"seq\":0}}\n"
+	",{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":7000000900.000,\"dur\":10000.000,\"args\":{\"step\":1}}\n"
+	",{\"name\":\"my_custom_action\",\"cat\":\"user\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":7000001000.000,\"dur\":4000.000}\n"
+	",{\"name\":\"stall\",\"cat\":\"stall\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":1,\"ts\":7000006000.000}\n"
+	",{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":7000011000.000,\"dur\":10000.000,\"args\":{\"step\":2}}\n"
+	"\n]}\n";
+#define RANK1_EVENTS 8
+#define RANK1_BARRIER_END 7000000800.5
+
+static cJSON *load(const char *file)
+{
+	size_t n;
+	char *text = h_slurp_n(file, &n);
+	if (!text)
+		fail_msg("cannot read %s", file);
+	cJSON *doc = cJSON_ParseWithLength(text, n);
+	if (!doc)
+		fail_msg("%s does not parse as JSON near byte %td", file,
+			 cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : -1);
+	free(text);
+	return doc;
+}
+
+static double num(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static const char *str(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* What the merged trace holds, per pid. */
+typedef struct seen {
+	int events[2], complete[2], instants[2];
+	char process_name[2][64];
+	int sort_index[2];
+	double first_barrier_end[2], first_barrier_ts[2], min_ts;
+	double step1_ts[2];
+	int other_pid;
+} seen;
+
+static void look(const cJSON *doc, seen *s)
+{
+	memset(s, 0, sizeof *s);
+	s->sort_index[0] = s->sort_index[1] = -1;
+	s->first_barrier_ts[0] = s->first_barrier_ts[1] = INFINITY;
+	s->min_ts = INFINITY;
+	const cJSON *ev = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents"), *e;
+	assert_true(cJSON_IsArray(ev));
+	cJSON_ArrayForEach(e, ev)
+	{
+		double pid = num(e, "pid"), ts = num(e, "ts"), dur = num(e, "dur");
+		if (pid != 0 && pid != 1) {
+			s->other_pid++;
+			continue;
+		}
+		int p = (int)pid;
+		s->events[p]++;
+		const char *ph = str(e, "ph"), *name = str(e, "name");
+		const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+		if (!isnan(ts) && ts < s->min_ts)
+			s->min_ts = ts;
+		if (!strcmp(ph, "M") && !strcmp(name, "process_name"))
+			snprintf(s->process_name[p], sizeof s->process_name[p], "%s", str(args, "name"));
+		if (!strcmp(ph, "M") && !strcmp(name, "process_sort_index"))
+			s->sort_index[p] = (int)num(args, "sort_index");
+		if (!strcmp(ph, "i"))
+			s->instants[p]++;
+		if (strcmp(ph, "X") != 0)
+			continue;
+		s->complete[p]++;
+		if (!strcmp(name, "barrier") && ts < s->first_barrier_ts[p]) {
+			s->first_barrier_ts[p] = ts;
+			s->first_barrier_end[p] = ts + dur;
+		}
+		if (!strcmp(name, "step") && num(args, "step") == 1)
+			s->step1_ts[p] = ts;
+	}
+}
+
+/* The summary row of action `name`: count, total, mean, max, %step. */
+typedef struct row {
+	long count;
+	double total, mean, max, pct;
+} row;
+
+static row summary_row(const char *out, const char *name)
+{
+	row r = {0};
+	char head[80];
+	snprintf(head, sizeof head, "\n%s ", name);
+	const char *l = strstr(out, head);
+	if (!l)
+		fail_msg("no summary row \"%s\":\n%s", name, out);
+	if (sscanf(l + strlen(head), "%ld %lf %lf %lf %lf", &r.count, &r.total, &r.mean, &r.max,
+		   &r.pct) != 5)
+		fail_msg("summary row \"%s\" does not read as 5 numbers:\n%s", name, out);
+	return r;
+}
+
+static void two_ranks(const char *d)
+{
+	write_text(in(d, "perf-logs-rank0.json"), rank0);
+	write_text(in(d, "perf-logs-rank1.json"), rank1);
+}
+
+/* ---- merging ---- */
+
+static void test_merge(void **state)
+{
+	(void)state;
+	const char *d = dir("merge");
+	two_ranks(d);
+	write_text(in(d, "notes.txt"), "not a trace, not named like one\n");
+	char *out = TRACE(0, d);
+	const char *merged = in(d, "perf-logs-merged.json");
+	has(out, "merged 2 ranks");
+	has(out, merged);
+	has(out, "clocks aligned at the first barrier");
+	lacks(out, "warning");
+
+	cJSON *doc = load(merged);
+	seen s;
+	look(doc, &s);
+	assert_int_equal(s.other_pid, 0);
+	/* every event, the process_name replaced, a sort index added */
+	assert_int_equal(s.events[0], RANK0_EVENTS + 1);
+	assert_int_equal(s.events[1], RANK1_EVENTS + 1);
+	assert_int_equal(s.complete[0], 8);
+	assert_int_equal(s.complete[1], 5);
+	assert_int_equal(s.instants[1], 1);
+	assert_string_equal(s.process_name[0], "rank 0 (alpha)");
+	assert_string_equal(s.process_name[1], "rank 1 (beta)");
+	assert_int_equal(s.sort_index[0], 0);
+	assert_int_equal(s.sort_index[1], 1);
+	/* aligned at the first barrier's end, earliest event at 0 */
+	double diff = fabs(s.first_barrier_end[1] - s.first_barrier_end[0]);
+	if (diff > 0.001)
+		fail_msg("first barriers end at %.6f (rank 0) and %.6f (rank 1): maxdiff %.6f us",
+			 s.first_barrier_end[0], s.first_barrier_end[1], diff);
+	assert_true(fabs(s.min_ts) < 1e-9);
+	/* rank 1's events keep their distances: step 1 starts 99.5 us after
+	 * its first barrier ends */
+	assert_true(fabs(s.step1_ts[1] - s.first_barrier_end[1] - 99.5) < 0.001);
+	/* rank 1's barrier took 800.25 us, so it started earliest: at 0 */
+	assert_true(fabs(s.first_barrier_ts[1]) < 0.001);
+	assert_true(fabs(s.first_barrier_ts[0] - 700.25) < 0.001);
+
+	const cJSON *other = cJSON_GetObjectItemCaseSensitive(doc, "otherData");
+	assert_string_equal(str(other, "aligned_at"), "first barrier");
+	assert_string_equal(str(other, "job_id"), "job-t");
+	const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(other, "ranks");
+	assert_int_equal(cJSON_GetArraySize(ranks), 2);
+	const cJSON *offs = cJSON_GetObjectItemCaseSensitive(other, "offsets_us");
+	/* merged ts = own ts + offset */
+	assert_true(fabs(num(offs, "1") - (0 - 7000000000.25)) < 0.001);
+	assert_true(fabs(num(offs, "0") - (700.25 - 1000000.0)) < 0.001);
+	cJSON_Delete(doc);
+
+	/* the file is in the writer's own format: one event a line */
+	char *text = h_slurp(merged);
+	assert_non_null(text);
+	size_t len = strlen(text);
+	assert_true(len > 4 && !strcmp(text + len - 4, "\n]}\n"));
+	assert_non_null(strstr(text, "\"traceEvents\":[\n{\"name\":\"process_name\""));
+	assert_non_null(strstr(text, "}\n,{\"name\":\"process_sort_index\""));
+	free(text);
+
+	/* the summary: my_custom_action 1.5 + 2.5 + 4 ms of 4 x 10 ms steps */
+	row r = summary_row(out, "my_custom_action");
+	assert_int_equal(r.count, 3);
+	assert_true(fabs(r.total - 8.0) < 1e-9);
+	assert_true(fabs(r.mean - 2.667) < 1e-9);
+	assert_true(fabs(r.max - 4.0) < 1e-9);
+	assert_true(fabs(r.pct - 20.0) < 1e-9);
+	r = summary_row(out, "step");
+	assert_int_equal(r.count, 4);
+	assert_true(fabs(r.total - 40.0) < 1e-9 && fabs(r.pct - 100.0) < 1e-9);
+	r = summary_row(out, "barrier");
+	assert_int_equal(r.count, 4);
+	assert_true(fabs(r.max - 0.80025) < 0.0006);
+	has(out, "action            count  total_ms  mean_ms  max_ms  %step\n");
+	has(out, "2 ranks, 4 steps (2 per rank), step time 40.000 ms");
+	has(out, "does not add up to 100%");
+	lacks(out, "stall "); /* instant events are not actions */
+	/* sorted by total: step, my_custom_action (8 ms), forward (6 ms) */
+	const char *a = strstr(out, "\nstep "), *b = strstr(out, "\nmy_custom_action "),
+		   *c = strstr(out, "\nforward ");
+	assert_true(a && b && c && a < b && b < c);
+	free(out);
+
+	/* --no-merge writes nothing; --sort, --top; -o; files named one by one */
+	assert_int_equal(remove(merged), 0);
+	out = TRACE(0, "--no-merge", "--sort", "count", "--top", "2", d);
+	assert_false(exists(merged));
+	lacks(out, "merged");
+	a = strstr(out, "\nbarrier "), b = strstr(out, "\nstep ");
+	assert_true(a && b && a < b); /* 4 each: the name decides */
+	lacks(out, "\nmy_custom_action ");
+	has(out, "(2 more actions; --top 2 shows the first 2)");
+	free(out);
+	const char *o = in(d, "mine.json");
+	out = TRACE(0, in(d, "perf-logs-rank1.json"), "-o", o, in(d, "perf-logs-rank0.json"));
+	assert_false(exists(merged));
+	doc = load(o);
+	look(doc, &s);
+	assert_int_equal(s.events[0] + s.events[1], RANK0_EVENTS + RANK1_EVENTS + 2);
+	cJSON_Delete(doc);
+	free(out);
+}
+
+/* A rank without a barrier: warned about, merged without alignment. */
+static void test_no_barrier(void **state)
+{
+	(void)state;
+	const char *d = dir("nobarrier");
+	write_text(in(d, "run-rank0.json"), rank0);
+	/* rank 1 without its barrier lines */
+	char *r1 = strdup(rank1), *p;
+	while ((p = strstr(r1, ",{\"name\":\"barrier\""))) {
+		char *nl = strchr(p, '\n');
+		memmove(p, nl + 1, strlen(nl + 1) + 1);
+	}
+	write_text(in(d, "run-rank1.json"), r1);
+	free(r1);
+	char *out = TRACE(0, d);
+	has(out, "warning: rank 1 (");
+	has(out, "run-rank1.json) has no barrier event");
+	cJSON *doc = load(in(d, "run-merged.json"));
+	seen s;
+	look(doc, &s);
+	/* rank 1 unshifted but for the common shift to 0: rank 0's barrier
+	 * (1000000.0) is the earliest event */
+	assert_true(fabs(s.first_barrier_ts[0]) < 1e-9);
+	assert_true(fabs(s.step1_ts[1] - (7000000900.0 - 1000000.0)) < 0.001);
+	const cJSON *other = cJSON_GetObjectItemCaseSensitive(doc, "otherData");
+	const cJSON *un = cJSON_GetObjectItemCaseSensitive(other, "unaligned_ranks");
+	assert_int_equal(cJSON_GetArraySize(un), 1);
+	assert_int_equal(cJSON_GetArrayItem(un, 0)->valueint, 1);
+	cJSON_Delete(doc);
+	free(out);
+}
+
+/* ---- torn files ---- */
+
+static void test_torn(void **state)
+{
+	(void)state;
+	/* cut in the middle of the last event line, no tail */
+	const char *d = dir("torn");
+	write_text(in(d, "perf-logs-rank0.json"), rank0);
+	char *r1 = strdup(rank1);
+	char *last = strstr(r1, ",{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":7000011000");
+	assert_non_null(last);
+	last[40] = 0;
+	write_text(in(d, "perf-logs-rank1.json"), r1);
+	char *out = TRACE(0, d);
+	has(out, "warning: ");
+	has(out, "perf-logs-rank1.json: torn at the end");
+	has(out, "dropped 1 incomplete line");
+	has(out, "7 complete events kept");
+	cJSON *doc = load(in(d, "perf-logs-merged.json"));
+	seen s;
+	look(doc, &s);
+	assert_int_equal(s.events[1], RANK1_EVENTS - 1 + 1);
+	assert_int_equal(s.complete[1], 4);
+	assert_true(fabs(s.first_barrier_end[1] - s.first_barrier_end[0]) < 0.001);
+	cJSON_Delete(doc);
+	row r = summary_row(out, "step");
+	assert_int_equal(r.count, 3);
+	free(out);
+
+	/* a write torn 2 bytes in: ",{" over the old tail "\n]}\n" leaves
+	 * ",{}\n", which is no event */
+	d = dir("torn2");
+	write_text(in(d, "perf-logs-rank0.json"), rank0);
+	strcpy(r1, rank1);
+	char *tail = strstr(r1, "\n]}\n");
+	assert_non_null(tail);
+	memcpy(tail, ",{", 2);
+	write_text(in(d, "perf-logs-rank1.json"), r1);
+	free(r1);
+	out = TRACE(0, d);
+	has(out, "perf-logs-rank1.json: torn at the end");
+	has(out, "dropped 1 incomplete line");
+	doc = load(in(d, "perf-logs-merged.json"));
+	look(doc, &s);
+	assert_int_equal(s.events[1], RANK1_EVENTS + 1);
+	cJSON_Delete(doc);
+	free(out);
+}
+
+/* ---- errors ---- */
+
+static void test_errors(void **state)
+{
+	(void)state;
+	const char *d = dir("errors");
+	write_text(in(d, "perf-logs-rank0.json"), rank0);
+	write_text(in(d, "garbage-rank1.json"), "this is not JSON at all\n");
+	char *out = TRACE(1, in(d, "perf-logs-rank0.json"), in(d, "garbage-rank1.json"));
+	has(out, "garbage-rank1.json: not a trace: not JSON");
+	assert_false(exists(in(d, "perf-logs-merged.json")));
+	assert_false(exists(in(d, "hpu-trace-merged.json")));
+	free(out);
+
+	write_text(in(d, "perf-logs-rank1.json"), "{\"otherData\":{\"rank\":1},\"events\":[]}\n");
+	out = TRACE(1, "--no-merge", in(d, "perf-logs-rank1.json"));
+	has(out, "perf-logs-rank1.json: not a trace: no traceEvents array");
+	free(out);
+
+	/* the same rank twice (rank0's text under another name) */
+	write_text(in(d, "other-rank5.json"), rank0);
+	out = TRACE(1, in(d, "perf-logs-rank0.json"), in(d, "other-rank5.json"));
+	has(out, "perf-logs-rank0.json and ");
+	has(out, "other-rank5.json both hold rank 0");
+	free(out);
+
+	out = TRACE(1, in(d, "perf-logs-rank0.json"), in(d, "missing-rank1.json"));
+	has(out, "missing-rank1.json: cannot open: No such file or directory");
+	free(out);
+
+	write_text(in(d, "empty-rank0.json"), "");
+	out = TRACE(1, in(d, "empty-rank0.json"));
+	has(out, "empty-rank0.json: not a trace: the file is empty");
+	free(out);
+
+	out = TRACE(1, dir("nothing"));
+	has(out, "nothing: no trace files (*-rank<R>.json) in it");
+	free(out);
+
+	/* usage */
+	out = TRACE(0, "--help");
+	has(out, "usage: hpu-trace");
+	free(out);
+	free(TRACE(2, "--top", "0", d));
+	free(TRACE(2, "--sort", "fastest", d));
+	free(TRACE(2, "--bogus", d));
+	free(TRACE(2, "--no-merge", "-o", "x.json", d));
+	out = run_v(2, (const char *[]){NULL});
+	has(out, "no trace given");
+	free(out);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *t = getenv("TMPDIR");
+	snprintf(T, sizeof T, "%s/test_trace_tool.XXXXXX", t && *t ? t : "/tmp");
+	return mkdtemp(T) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	nftw(T, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_merge),
+	    cmocka_unit_test(test_no_barrier),
+	    cmocka_unit_test(test_torn),
+	    cmocka_unit_test(test_errors),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
