@@ -8,6 +8,7 @@ packages=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libev-dev libssl-dev
   libcmocka-dev libopenblas-dev zlib1g-dev libcjson-dev
   clang libclang-rt-14-dev iproute2
+  gnuplot-nox
   dataset-fashion-mnist
 )
 # Extra packages for a caller that wants them (e.g. bench: python3-torch).

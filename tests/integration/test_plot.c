@@ -1,0 +1,591 @@
+/* Integration test of hpu-plot on the metrics of a real run: a 2-worker
+ * run of the MLP (20 steps, a log record every 2, checkpoints at 10 and
+ * 20) and its resumption from step 10 write one metrics file -- step
+ * records, checkpoint records, two "final" records, steps 12..20 twice.
+ *
+ * - the PNG (to a path with spaces and quotes, with a quoted title) is
+ *   checked for real: signature, every chunk's CRC (zlib crc32), IHDR
+ *   equal to --width/--height, IDAT inflating to exactly
+ *   height * (1 + row bytes) for its colour type and bit depth, every row
+ *   un-filtered, several distinct colours, IEND last; no OUT.tmp is left
+ *   and the temporary directory ($TMPDIR) is empty again;
+ * - the default output name and size;
+ * - --print-data: one row per step, ascending, each the last record of
+ *   its step in the file (the resumed run's samples/s), memory in MiB;
+ * - an unterminated last line is skipped with a warning;
+ * - a line that is not JSON (named by number), a file without step
+ *   records, a missing file: exit 1 and no output file;
+ * - no gnuplot on PATH: the install hint; a gnuplot that fails: its
+ *   stderr passed on, an existing OUT left as it was;
+ * - usage errors exit 2, --help 0.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <dirent.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "harness.h"
+
+#define PLOT h_build("bin/hpu-plot")
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+
+static char T[256];       /* the test's temporary directory */
+static char M[512];       /* the metrics file of the two runs */
+static char TMPENV[600];  /* "TMPDIR=T/tmp" for hpu-plot */
+
+static const char *path(const char *rel)
+{
+	static char bufs[8][600];
+	static int k;
+	char *p = bufs[k++ & 7];
+	snprintf(p, sizeof bufs[0], "%s/%s", T, rel);
+	return p;
+}
+
+/* ---- files ---- */
+
+static void write_all(const char *file, const char *text)
+{
+	FILE *f = fopen(file, "w");
+	assert_non_null(f);
+	assert_int_equal(fputs(text, f) >= 0, 1);
+	assert_int_equal(fclose(f), 0);
+}
+
+static int exists(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0;
+}
+
+/* Asserts directory d has no entries (hpu-plot removed its temp dir). */
+static void empty_dir(const char *d)
+{
+	DIR *dir = opendir(d);
+	assert_non_null(dir);
+	struct dirent *e;
+	while ((e = readdir(dir)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			fail_msg("%s/%s was left behind", d, e->d_name);
+	closedir(dir);
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(p);
+}
+
+/* ---- running ---- */
+
+/* Runs argv (NULL-terminated) with env entries (may be NULL), asserts its
+ * exit code, returns its output (caller frees). */
+static char *run_v(int want, const char **env, const char **argv)
+{
+	proc p;
+	int rc = h_run(&p, (char *const *)argv, (char *const *)env, 120000);
+	char *out = strdup(p.out ? p.out : "");
+	h_free(&p);
+	if (rc != want) {
+		fprintf(stderr, "---- %s %s ... exited %d, expected %d; output:\n%s----\n", argv[0],
+			argv[1] ? argv[1] : "", rc, want, out);
+		fail_msg("%s: exit %d, expected %d", argv[0], rc, want);
+	}
+	return out;
+}
+
+#define PLOT_ENV(want, env, ...) run_v(want, env, (const char *[]){PLOT, __VA_ARGS__, NULL})
+static const char *ENV_T[] = {TMPENV, NULL}; /* $TMPDIR for hpu-plot */
+#define HPU_PLOT(want, ...) PLOT_ENV(want, ENV_T, __VA_ARGS__)
+
+static void has(const char *out, const char *needle)
+{
+	if (!strstr(out, needle))
+		fail_msg("output does not say \"%s\":\n%s", needle, out);
+}
+
+/* ---- PNG ---- */
+
+static uint32_t be32(const unsigned char *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static int paeth(int a, int b, int c)
+{
+	int p = a + b - c, pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
+	return pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+}
+
+/* Undoes the row filters of raw (h rows of 1 + rb bytes, bpp bytes per
+ * pixel for the filters) in place; asserts each filter type is 0..4. */
+static void unfilter(unsigned char *raw, uint32_t h, size_t rb, size_t bpp)
+{
+	for (uint32_t y = 0; y < h; y++) {
+		unsigned char *row = raw + y * (rb + 1), *cur = row + 1;
+		const unsigned char *up = y ? raw + (y - 1) * (rb + 1) + 1 : NULL;
+		int type = row[0];
+		if (type > 4)
+			fail_msg("row %u has filter type %d", y, type);
+		for (size_t x = 0; x < rb; x++) {
+			int a = x >= bpp ? cur[x - bpp] : 0, b = up ? up[x] : 0;
+			int c = up && x >= bpp ? up[x - bpp] : 0;
+			int add[5] = {0, a, b, (a + b) / 2, paeth(a, b, c)};
+			cur[x] = (unsigned char)(cur[x] + add[type]);
+		}
+	}
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* How many distinct pixel values the un-filtered image has (8- or
+ * 16-bit samples: whole pixels of up to 8 bytes). */
+static size_t distinct_pixels(const unsigned char *raw, uint32_t w, uint32_t h, size_t rb,
+			      size_t px)
+{
+	uint64_t *v = malloc((size_t)w * h * sizeof *v);
+	assert_non_null(v);
+	size_t n = 0;
+	for (uint32_t y = 0; y < h; y++)
+		for (uint32_t x = 0; x < w; x++) {
+			uint64_t k = 0;
+			memcpy(&k, raw + y * (rb + 1) + 1 + x * px, px);
+			v[n++] = k;
+		}
+	qsort(v, n, sizeof *v, cmp_u64);
+	size_t d = n ? 1 : 0;
+	for (size_t i = 1; i < n; i++)
+		d += v[i] != v[i - 1];
+	free(v);
+	return d;
+}
+
+/* Checks that `file` is a complete, uncorrupted PNG of want_w x want_h
+ * that is not blank. */
+static void check_png(const char *file, uint32_t want_w, uint32_t want_h)
+{
+	static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+	size_t len;
+	unsigned char *d = (unsigned char *)h_slurp_n(file, &len);
+	if (!d)
+		fail_msg("cannot read %s", file);
+	assert_true(len > 8 && memcmp(d, sig, 8) == 0);
+	uint32_t w = 0, h = 0;
+	int depth = 0, ctype = -1, chunks = 0, ended = 0;
+	unsigned char *idat = NULL;
+	size_t nidat = 0;
+	for (size_t at = 8; at < len;) {
+		if (ended)
+			fail_msg("%s: %zu bytes after IEND", file, len - at);
+		assert_true(len - at >= 12);
+		uint32_t n = be32(d + at);
+		assert_true(n <= len - at - 12);
+		const unsigned char *type = d + at + 4, *data = d + at + 8;
+		uLong crc = crc32(crc32(0L, Z_NULL, 0), type, n + 4);
+		if (crc != be32(data + n))
+			fail_msg("%s: chunk %d (%.4s) CRC %08lx, stored %08x", file, chunks,
+				 (const char *)type, crc, be32(data + n));
+		if (chunks == 0) {
+			assert_memory_equal(type, "IHDR", 4);
+			assert_int_equal(n, 13);
+			w = be32(data);
+			h = be32(data + 4);
+			depth = data[8];
+			ctype = data[9];
+			assert_int_equal(data[10], 0); /* deflate */
+			assert_int_equal(data[11], 0); /* adaptive filters */
+			assert_int_equal(data[12], 0); /* not interlaced */
+		} else if (!memcmp(type, "IDAT", 4)) {
+			idat = realloc(idat, nidat + n + 1);
+			assert_non_null(idat);
+			memcpy(idat + nidat, data, n);
+			nidat += n;
+		} else if (!memcmp(type, "IEND", 4)) {
+			assert_int_equal(n, 0);
+			ended = 1;
+		}
+		chunks++;
+		at += 12 + (size_t)n;
+	}
+	assert_true(ended);
+	assert_int_equal(w, want_w);
+	assert_int_equal(h, want_h);
+	int channels = ctype == 0 ? 1 : ctype == 2 ? 3 : ctype == 3 ? 1 : ctype == 4 ? 2 : 4;
+	assert_true(ctype == 0 || ctype == 2 || ctype == 3 || ctype == 4 || ctype == 6);
+	assert_true(depth == 1 || depth == 2 || depth == 4 || depth == 8 || depth == 16);
+	size_t bits = (size_t)channels * depth, rb = ((size_t)w * bits + 7) / 8;
+	size_t want = (size_t)h * (1 + rb);
+	unsigned char *raw = malloc(want + 64);
+	assert_non_null(raw);
+	z_stream z = {0};
+	assert_int_equal(inflateInit(&z), Z_OK);
+	z.next_in = idat;
+	z.avail_in = (uInt)nidat;
+	z.next_out = raw;
+	z.avail_out = (uInt)(want + 64);
+	int zrc = inflate(&z, Z_FINISH);
+	if (zrc != Z_STREAM_END || z.total_out != want)
+		fail_msg("%s: IDAT inflated to %lu bytes (zlib %d), want %zu for %ux%u, colour "
+			 "type %d, depth %d",
+			 file, z.total_out, zrc, want, w, h, ctype, depth);
+	inflateEnd(&z);
+	size_t same = 0;
+	for (size_t i = 1; i < want; i++)
+		same += raw[i] == raw[0];
+	assert_true(same < want - 1); /* not one byte value throughout */
+	if (depth >= 8) {
+		size_t px = bits / 8;
+		unfilter(raw, h, rb, px);
+		size_t colours = distinct_pixels(raw, w, h, rb, px);
+		printf("  %s: %ux%u, colour type %d, %d-bit, %d chunks, %zu distinct colours\n",
+		       strrchr(file, '/') + 1, w, h, ctype, depth, chunks, colours);
+		/* white, black, and the lines' colours at the least */
+		assert_true(colours >= 5);
+	}
+	free(raw);
+	free(idat);
+	free(d);
+}
+
+/* ---- the runs ---- */
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *t = getenv("TMPDIR");
+	snprintf(T, sizeof T, "%s/test_plot.XXXXXX", t && *t ? t : "/tmp");
+	if (!mkdtemp(T))
+		return -1;
+	snprintf(M, sizeof M, "%s/metrics.jsonl", T);
+	snprintf(TMPENV, sizeof TMPENV, "TMPDIR=%s/tmp", T);
+	if (mkdir(path("tmp"), 0755) < 0)
+		return -1;
+	const char *first[] = {LAUNCH, "-q", "--devices", "2", "--max-steps", "20",
+			       "--log-every", "2", "--no-eval", "--metrics", M,
+			       "--checkpoint-dir", path("ck"), "--checkpoint-every", "10",
+			       MODEL, NULL};
+	const char *again[] = {LAUNCH, "-q", "--devices", "2", "--max-steps", "20",
+			       "--log-every", "2", "--no-eval", "--metrics", M,
+			       "--resume", path("ck/step-00000010"), MODEL, NULL};
+	const char **runs[] = {first, again};
+	for (int i = 0; i < 2; i++) {
+		proc p;
+		int rc = h_run(&p, (char *const *)runs[i], NULL, 120000);
+		if (rc != 0) {
+			fprintf(stderr, "training run %d failed (exit %d):\n%s\n", i + 1, rc,
+				p.out ? p.out : "");
+			h_free(&p);
+			return -1;
+		}
+		h_free(&p);
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	nftw(T, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	return 0;
+}
+
+/* The metrics file as lines (a NULL-terminated array; free lines[0] and
+ * lines). */
+static char **metrics_lines(size_t *n)
+{
+	char *text = h_slurp(M);
+	assert_non_null(text);
+	char **lines = calloc(strlen(text) + 2, sizeof *lines);
+	assert_non_null(lines);
+	*n = 0;
+	for (char *s = text, *nl; *s; s = nl + 1) {
+		lines[(*n)++] = s;
+		if (!(nl = strchr(s, '\n')))
+			break;
+		*nl = '\0';
+	}
+	if (*n == 0)
+		free(text);
+	return lines;
+}
+
+/* ---- drawing ---- */
+
+static void test_png(void **state)
+{
+	(void)state;
+	assert_int_equal(mkdir(path("out dir"), 0755), 0);
+	const char *out = path("out dir/it's a \"plot\" $(x).png");
+	char tmp[700];
+	snprintf(tmp, sizeof tmp, "%s.tmp", out);
+	char *o = HPU_PLOT(0, "-o", out, "--width", "900", "--height", "600", "--title",
+			   "it's a \"title\" with\na newline", M);
+	free(o);
+	check_png(out, 900, 600);
+	assert_false(exists(tmp));
+	empty_dir(path("tmp"));
+	/* drawn again over the first: replaced, whole */
+	char opt[720];
+	snprintf(opt, sizeof opt, "--output=%s", out);
+	o = HPU_PLOT(0, opt, "--width=800", "--height=500", M);
+	free(o);
+	check_png(out, 800, 500);
+	assert_false(exists(tmp));
+}
+
+static void test_default_output(void **state)
+{
+	(void)state;
+	char *o = HPU_PLOT(0, M);
+	free(o);
+	check_png(path("metrics.png"), 1200, 900);
+	assert_false(exists(path("metrics.png.tmp")));
+	empty_dir(path("tmp"));
+}
+
+/* --print-data: the table drawn, checked against the metrics file read
+ * here: the last record of each step, in ascending steps. */
+static void test_table(void **state)
+{
+	(void)state;
+	size_t n;
+	char **lines = metrics_lines(&n);
+	double sps[64], in_use1[64], limit[64];
+	int seen[64] = {0}, records = 0, repeats = 0;
+	for (size_t i = 0; i < n; i++) {
+		cJSON *j = cJSON_Parse(lines[i]);
+		assert_non_null(j);
+		cJSON *step = cJSON_GetObjectItem(j, "step");
+		cJSON *dev = cJSON_GetObjectItem(j, "device");
+		if (cJSON_IsNumber(step) && cJSON_GetObjectItem(j, "loss")) {
+			int s = step->valueint;
+			assert_true(s > 0 && s < 64);
+			repeats += seen[s];
+			seen[s] = 1;
+			records++;
+			sps[s] = cJSON_GetObjectItem(j, "samples_per_sec")->valuedouble;
+			cJSON *r0 = cJSON_GetArrayItem(dev, 0), *r1 = cJSON_GetArrayItem(dev, 1);
+			assert_non_null(r0);
+			assert_non_null(r1);
+			in_use1[s] = cJSON_GetObjectItem(r1, "InUse")->valuedouble;
+			limit[s] = cJSON_GetObjectItem(r0, "Limit")->valuedouble;
+		}
+		cJSON_Delete(j);
+	}
+	free(lines[0]);
+	free(lines);
+	/* the resumed run repeated steps 12..20 */
+	assert_int_equal(records, 15);
+	assert_int_equal(repeats, 5);
+
+	char *o = HPU_PLOT(0, "--print-data", M);
+	has(o, "# step loss lr samples_per_sec Limit_MiB InUse_r0_MiB MaxInUse_r0_MiB "
+	       "InUse_r1_MiB MaxInUse_r1_MiB\n");
+	int rows = 0, last = 0;
+	for (char *l = strchr(o, '\n') + 1; *l; l = strchr(l, '\n') + 1) {
+		double v[9];
+		int got = sscanf(l, "%lf %lf %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2],
+				 &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]);
+		assert_int_equal(got, 9);
+		int s = (int)v[0];
+		assert_true(s > last && s < 64 && seen[s]);
+		last = s;
+		rows++;
+		if (fabs(v[3] - sps[s]) > 1e-6 * sps[s])
+			fail_msg("step %d: samples/s %.10g, the last record says %.10g", s, v[3],
+				 sps[s]);
+		assert_true(fabs(v[4] - limit[s] / 1048576.0) < 1e-6 * v[4]);
+		assert_true(fabs(v[7] - in_use1[s] / 1048576.0) < 1e-6 * v[7]);
+		assert_true(v[2] > 0 && v[2] < 1);
+		if (!strchr(l, '\n'))
+			break;
+	}
+	assert_int_equal(rows, 10);
+	assert_int_equal(last, 20);
+	free(o);
+}
+
+/* A run still writing (or killed mid-line) leaves an unterminated line. */
+static void test_incomplete_last_line(void **state)
+{
+	(void)state;
+	char *text = h_slurp(M);
+	assert_non_null(text);
+	size_t nlines = 0;
+	for (char *s = text; *s; s++)
+		nlines += *s == '\n';
+	char *cut = malloc(strlen(text) + 64);
+	assert_non_null(cut);
+	sprintf(cut, "%s{\"step\":22,\"epoch\":1,\"loss\":0.6", text);
+	write_all(path("running.jsonl"), cut);
+	char *o = HPU_PLOT(0, "--width", "640", "--height", "480", path("running.jsonl"));
+	char want[700];
+	snprintf(want, sizeof want, "running.jsonl:%zu: the last line is incomplete", nlines + 1);
+	has(o, want);
+	check_png(path("running.png"), 640, 480);
+	free(o);
+	free(cut);
+	free(text);
+}
+
+/* ---- errors ---- */
+
+static void test_not_json(void **state)
+{
+	(void)state;
+	size_t n;
+	char **lines = metrics_lines(&n);
+	assert_true(n > 8);
+	FILE *f = fopen(path("bad.jsonl"), "w");
+	assert_non_null(f);
+	for (size_t i = 0; i < n; i++)
+		fprintf(f, "%s\n", i == 6 ? "{\"step\": 14, \"loss\": }" : lines[i]);
+	assert_int_equal(fclose(f), 0);
+	free(lines[0]);
+	free(lines);
+	char *o = HPU_PLOT(1, path("bad.jsonl"));
+	has(o, "bad.jsonl:7: not JSON");
+	assert_false(exists(path("bad.png")));
+	assert_false(exists(path("bad.png.tmp")));
+	free(o);
+}
+
+static void test_no_step_records(void **state)
+{
+	(void)state;
+	size_t n;
+	char **lines = metrics_lines(&n);
+	FILE *f = fopen(path("nosteps.jsonl"), "w");
+	assert_non_null(f);
+	int kept = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!strstr(lines[i], "\"epoch\"")) { /* checkpoint and final records */
+			fprintf(f, "%s\n", lines[i]);
+			kept++;
+		}
+	assert_int_equal(fclose(f), 0);
+	assert_true(kept >= 4);
+	free(lines[0]);
+	free(lines);
+	char *o = HPU_PLOT(1, path("nosteps.jsonl"));
+	has(o, "no step records with a loss: nothing to plot");
+	assert_false(exists(path("nosteps.png")));
+	free(o);
+	write_all(path("empty.jsonl"), "");
+	o = HPU_PLOT(1, path("empty.jsonl"));
+	has(o, "no step records with a loss: nothing to plot");
+	free(o);
+}
+
+static void test_missing_file(void **state)
+{
+	(void)state;
+	char *o = HPU_PLOT(1, path("none.jsonl"));
+	char want[700];
+	snprintf(want, sizeof want, "cannot open %s: No such file or directory",
+		 path("none.jsonl"));
+	has(o, want);
+	free(o);
+}
+
+static void test_no_gnuplot(void **state)
+{
+	(void)state;
+	char env_path[700];
+	assert_int_equal(mkdir(path("emptybin"), 0755), 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s", path("emptybin"));
+	char *o = PLOT_ENV(1, ((const char *[]){env_path, TMPENV, NULL}), "-o", path("nog.png"), M);
+	has(o, "gnuplot not found: install gnuplot-nox (deploy/install-deps.sh does)");
+	assert_false(exists(path("nog.png")));
+	assert_false(exists(path("nog.png.tmp")));
+	free(o);
+}
+
+/* A gnuplot that fails: what it said is passed on, the old OUT stays. */
+static void test_gnuplot_fails(void **state)
+{
+	(void)state;
+	char env_path[700];
+	assert_int_equal(mkdir(path("failbin"), 0755), 0);
+	write_all(path("failbin/gnuplot"), "#!/bin/sh\n"
+					   "printf 'partial' \n"
+					   "echo \"plot.gp, line 9: fake failure in $1\" >&2\n"
+					   "exit 3\n");
+	assert_int_equal(chmod(path("failbin/gnuplot"), 0755), 0);
+	write_all(path("old.png"), "the previous picture");
+	snprintf(env_path, sizeof env_path, "PATH=%s", path("failbin"));
+	char *o = PLOT_ENV(1, ((const char *[]){env_path, TMPENV, NULL}), "-o", path("old.png"), M);
+	has(o, "failed with exit status 3");
+	has(o, "plot.gp, line 9: fake failure in plot.gp");
+	char *old = h_slurp(path("old.png"));
+	assert_string_equal(old, "the previous picture");
+	assert_false(exists(path("old.png.tmp")));
+	empty_dir(path("tmp"));
+	free(old);
+	free(o);
+}
+
+static void test_usage(void **state)
+{
+	(void)state;
+	char *o = HPU_PLOT(0, "--help");
+	has(o, "usage: hpu-plot [-o OUT.png]");
+	free(o);
+	o = run_v(2, NULL, (const char *[]){PLOT, NULL});
+	has(o, "which metrics file?");
+	free(o);
+	o = HPU_PLOT(2, "--width", "12", M);
+	has(o, "--width wants a whole number of pixels from 200 to 16384, not '12'");
+	free(o);
+	o = HPU_PLOT(2, "--height", "tall", M);
+	has(o, "--height wants a whole number");
+	free(o);
+	o = HPU_PLOT(2, "--frobnicate", M);
+	has(o, "unknown option '--frobnicate'");
+	free(o);
+	o = HPU_PLOT(2, M, M);
+	has(o, "one metrics file only");
+	free(o);
+	o = HPU_PLOT(2, M, "-o");
+	has(o, "--output needs a value");
+	free(o);
+	o = HPU_PLOT(1, "-o", M, M);
+	has(o, "is the metrics file itself");
+	free(o);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_png),
+		cmocka_unit_test(test_default_output),
+		cmocka_unit_test(test_table),
+		cmocka_unit_test(test_incomplete_last_line),
+		cmocka_unit_test(test_not_json),
+		cmocka_unit_test(test_no_step_records),
+		cmocka_unit_test(test_missing_file),
+		cmocka_unit_test(test_no_gnuplot),
+		cmocka_unit_test(test_gnuplot_fails),
+		cmocka_unit_test(test_usage),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
