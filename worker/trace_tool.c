@@ -129,6 +129,7 @@ typedef struct trace {
 	int world_size;    /* otherData.world_size, or -1 */
 	char *hostname;    /* otherData.hostname, or NULL */
 	char *job_id;      /* otherData.job_id, or NULL */
+	cJSON *other;      /* a copy of otherData, or NULL */
 	int has_barrier;   /* found its first barrier */
 	double barrier_end; /* ts + dur of that barrier, µs */
 	double min_ts;     /* the earliest ts, µs (INFINITY if none) */
@@ -143,6 +144,7 @@ static void trace_free(trace *t)
 	free(t->text);
 	free(t->hostname);
 	free(t->job_id);
+	cJSON_Delete(t->other);
 }
 
 /* R of a file name ".../NAME-rank<R>.json", or -1. With name (size n),
@@ -389,6 +391,7 @@ static int scan(trace *t, cJSON *doc, actions *s)
 	const char *h = str(other, "hostname"), *j = str(other, "job_id");
 	t->hostname = h ? xstrdup(h) : NULL;
 	t->job_id = j ? xstrdup(j) : NULL;
+	t->other = cJSON_IsObject(other) ? cJSON_Duplicate(other, 1) : NULL;
 	t->min_ts = INFINITY;
 	double first_barrier = INFINITY;
 	cJSON *e;
@@ -559,12 +562,18 @@ static cJSON *other_data(const inputs *in, int aligned)
 	cJSON_AddStringToObject(o, "tool", "hputrain");
 	cJSON_AddNumberToObject(o, "version", 1);
 	cJSON_AddStringToObject(o, "merged_by", "hpu-trace");
-	const char *job = in->t[0].job_id;
-	for (int i = 1; i < in->n && job; i++)
-		if (!in->t[i].job_id || strcmp(in->t[i].job_id, job) != 0)
-			job = NULL;
-	if (job)
-		cJSON_AddStringToObject(o, "job_id", job);
+	/* what every rank says alike */
+	static const char *const same[] = {"job_id", "model", "strategy", "precision"};
+	for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+		const char *v = str(in->t[0].other, same[k]);
+		for (int i = 1; i < in->n && v; i++) {
+			const char *w = str(in->t[i].other, same[k]);
+			if (!w || strcmp(v, w) != 0)
+				v = NULL;
+		}
+		if (v)
+			cJSON_AddStringToObject(o, same[k], v);
+	}
 	if (in->t[0].world_size > 0)
 		cJSON_AddNumberToObject(o, "world_size", in->t[0].world_size);
 	cJSON *ranks = cJSON_AddArrayToObject(o, "ranks");
@@ -802,8 +811,8 @@ static void summary(actions *s, const inputs *in, int top)
 		return;
 	}
 	printf("%d rank%s, %ld step%s (%s), step time %.3f ms (all ranks). Nested actions "
-	       "(forward:<layer> inside forward) and the collectives thread overlap, so %%step "
-	       "does not add up to 100%%.\n",
+	       "(forward:<layer> inside forward) and the collectives thread overlap, and actions "
+	       "outside the steps (evaluate) count too, so %%step does not add up to 100%%.\n",
 	       in->n, in->n == 1 ? "" : "s", s->steps, s->steps == 1 ? "" : "s", per,
 	       s->step_total / 1e3);
 	free(a);

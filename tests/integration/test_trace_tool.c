@@ -9,7 +9,11 @@
  * - torn files (cut in the middle of a line; a write torn over the old
  *   tail): a warning, the complete events merged;
  * - errors: not JSON, no traceEvents, the same rank twice, a missing file,
- *   an empty directory (exit 1, the file named); usage errors (exit 2).
+ *   an empty directory (exit 1, the file named); usage errors (exit 2);
+ * - the traces of a real 2-worker run of the MLP with --profile: both ranks
+ *   merged with every event, aligned at their first barrier; the summary
+ *   has step, forward, backward, optimizer_step and all_reduce with the
+ *   counts the run implies.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +33,8 @@
 #include "harness.h"
 
 #define TOOL h_build("bin/hpu-trace")
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
 
 static char T[256]; /* the test's temporary directory */
 
@@ -490,6 +496,74 @@ static void test_errors(void **state)
 	free(out);
 }
 
+/* ---- real traces ---- */
+
+/* Events in a trace file of the run, and its host name. */
+static int events_in(const char *file, char *host, size_t n)
+{
+	cJSON *doc = load(file);
+	const cJSON *other = cJSON_GetObjectItemCaseSensitive(doc, "otherData");
+	snprintf(host, n, "%s", str(other, "hostname"));
+	int k = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "traceEvents"));
+	cJSON_Delete(doc);
+	return k;
+}
+
+static void test_real(void **state)
+{
+	(void)state;
+	char d[600];
+	snprintf(d, sizeof d, "%s/real", T);
+	const char *argv[] = {LAUNCH, "--devices", "2", "--profile", d, "--max-steps", "6",
+			      "--log-every", "2", "--batch-size", "64", MODEL, NULL};
+	proc p;
+	int rc = h_run(&p, (char *const *)argv, NULL, 240000);
+	if (rc != 0)
+		fail_msg("hpulaunch --profile exited %d:\n%s", rc, p.out ? p.out : "");
+	h_free(&p);
+	char host0[256], host1[256];
+	int n0 = events_in(in(d, "perf-logs-rank0.json"), host0, sizeof host0);
+	int n1 = events_in(in(d, "perf-logs-rank1.json"), host1, sizeof host1);
+	assert_true(n0 > 50 && n1 > 50);
+
+	char *out = TRACE(0, d);
+	lacks(out, "warning");
+	cJSON *doc = load(in(d, "perf-logs-merged.json"));
+	seen s;
+	look(doc, &s);
+	cJSON_Delete(doc);
+	assert_int_equal(s.other_pid, 0);
+	assert_int_equal(s.events[0], n0 + 1);
+	assert_int_equal(s.events[1], n1 + 1);
+	char want[300];
+	snprintf(want, sizeof want, "rank 0 (%s)", host0);
+	assert_string_equal(s.process_name[0], want);
+	snprintf(want, sizeof want, "rank 1 (%s)", host1);
+	assert_string_equal(s.process_name[1], want);
+	assert_true(isfinite(s.first_barrier_ts[0]) && isfinite(s.first_barrier_ts[1]));
+	double diff = fabs(s.first_barrier_end[1] - s.first_barrier_end[0]);
+	if (diff > 0.001)
+		fail_msg("first barriers end at %.6f and %.6f: maxdiff %.6f us",
+			 s.first_barrier_end[0], s.first_barrier_end[1], diff);
+	assert_true(fabs(s.min_ts) < 1e-9);
+
+	/* 6 steps on each of 2 ranks; one all-reduce at least per step */
+	row r = summary_row(out, "step");
+	assert_int_equal(r.count, 12);
+	assert_true(r.total > 0 && fabs(r.pct - 100.0) < 1e-9);
+	static const char *const each_step[] = {"forward", "backward", "optimizer_step"};
+	for (int i = 0; i < 3; i++) {
+		r = summary_row(out, each_step[i]);
+		if (r.count != 12)
+			fail_msg("%s: %ld events, expected 12:\n%s", each_step[i], r.count, out);
+		assert_true(r.total > 0 && r.max >= r.mean && r.pct > 0 && r.pct < 100);
+	}
+	r = summary_row(out, "all_reduce");
+	assert_true(r.count >= 12 && r.total > 0);
+	has(out, "2 ranks, 12 steps (6 per rank)");
+	free(out);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -512,6 +586,7 @@ int main(void)
 	    cmocka_unit_test(test_no_barrier),
 	    cmocka_unit_test(test_torn),
 	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_real),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
