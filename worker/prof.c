@@ -18,6 +18,7 @@
 #define MAX_OPEN 64             /* the model's nested ranges per thread */
 
 int hpu__prof_enabled;
+int hpu__prof_in_eval;
 
 static struct {
 	pthread_mutex_t mu;
@@ -29,6 +30,10 @@ static struct {
 	size_t len, cap;
 	long events;  /* written or buffered: the first has no comma */
 	int failed;   /* a write failed: profiling stopped, said once */
+	/* What profiling cost this process: time inside the recording and
+	 * flushing calls (written at close as the "profiler" instant event). */
+	int64_t record_ns, flush_ns;
+	long flushes;
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
 /* The calling thread's row; 0: not named yet (then the collectives' row:
@@ -248,6 +253,7 @@ static void span_v(int tid, const char *cat, const char *name, const char *sub, 
 	line[n++] = '}';
 	pthread_mutex_lock(&P.mu);
 	add_locked(line, n);
+	P.record_ns += hpu__prof_now() - t1;
 	pthread_mutex_unlock(&P.mu);
 }
 
@@ -305,8 +311,28 @@ void hpu__prof_flush(void)
 {
 	if (!hpu__prof_enabled)
 		return;
+	int64_t t0 = hpu__prof_now();
 	pthread_mutex_lock(&P.mu);
 	flush_locked();
+	P.flush_ns += hpu__prof_now() - t0;
+	P.flushes++;
+	pthread_mutex_unlock(&P.mu);
+}
+
+/* The "profiler" instant event: what recording cost this rank. */
+static void cost_event(void)
+{
+	char line[400];
+	int64_t now = hpu__prof_now();
+	pthread_mutex_lock(&P.mu);
+	size_t n = (size_t)snprintf(
+		line, sizeof line,
+		"{\"name\":\"profiler\",\"cat\":\"profiler\",\"ph\":\"i\",\"s\":\"p\",\"pid\":%d,"
+		"\"tid\":%d,\"ts\":%.3f,\"args\":{\"events\":%ld,\"record_ms\":%.3f,"
+		"\"flush_ms\":%.3f,\"flushes\":%ld}}",
+		P.rank, HPU_PROF_MAIN, (double)now / 1e3, P.events, (double)P.record_ns / 1e6,
+		(double)P.flush_ns / 1e6, P.flushes);
+	add_locked(line, n);
 	pthread_mutex_unlock(&P.mu);
 }
 
@@ -319,6 +345,8 @@ void hpu__prof_close(void)
 		hpu__prof_span("user", open_ranges[nopen].name, NULL, open_ranges[nopen].t0,
 			       "\"unclosed\":1");
 	}
+	if (hpu__prof_enabled)
+		cost_event();
 	pthread_mutex_lock(&P.mu);
 	flush_locked();
 	hpu__prof_enabled = 0;

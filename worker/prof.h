@@ -29,6 +29,10 @@
 /* Nonzero while a trace is open: callers test it before taking times. */
 extern int hpu__prof_enabled;
 
+/* Set while the runtime evaluates (or calibrates): layer passes are then
+ * "eval_forward:<layer>", kept apart from training's. */
+extern int hpu__prof_in_eval;
+
 enum { HPU_PROF_MAIN = 1, HPU_PROF_COMM = 2, HPU_PROF_LOADER = 3 };
 
 typedef struct hpu_prof_conf {

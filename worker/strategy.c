@@ -819,7 +819,8 @@ static int layer_forward(hpu_strat *s, int i, int n, int stop)
 	hpu__op_layer(i, l->name, l->pbase, l->plen, 0);
 	int rc = l->ops.forward(l, input_of(s, i), s->acts[i], n);
 	hpu__op_layer(-1, NULL, NULL, 0, 0);
-	hpu__prof_span("forward", "forward", l->name, t0, "\"layer\":%d", i);
+	hpu__prof_span(hpu__prof_in_eval ? "eval" : "forward",
+		       hpu__prof_in_eval ? "eval_forward" : "forward", l->name, t0, "\"layer\":%d", i);
 	if (rc != 0)
 		return fail(s, "layer %s: forward failed: %s", l->name,
 			    l->err[0] ? l->err : "(no reason given)");

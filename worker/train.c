@@ -741,14 +741,17 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	double sps = 0, metric = 0, count = 0;
 	if (!o->eval_only && run_epochs(&L, total, per_epoch, &steps, &loss, &sps) < 0)
 		goto out;
+	hpu__prof_in_eval = 1; /* calibration: forward passes too */
 	if (L.quant.mode == HPU_FP8_MEASURE && calibrate(&L) < 0)
 		goto out;
 	int have_metric = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST] &&
 			  b->loss.metric;
 	if (have_metric)
 		report(&L, steps, total, o->epochs - 1, loss, sps, -1, HPU_PHASE_EVAL, 1);
+	hpu__prof_in_eval = 1;
 	if (have_metric && evaluate(&L, &metric, &count) < 0)
 		goto out;
+	hpu__prof_in_eval = 0;
 	if (L.quant.mode == HPU_FP8_QUANTIZE)
 		quant_report(&L);
 	if (write_final(&L, steps, loss, sps, have_metric, metric, count) < 0)
