@@ -668,9 +668,10 @@ done:
 	return 0;
 }
 
-/* --profile: the trace file, the collectives' events, and the job's first
- * barrier, at which hpu-trace aligns the ranks' clocks. */
-static int profile_open(loop *L)
+/* --stall-warning; --profile: the trace file, the collectives' events,
+ * and the job's first barrier, at which hpu-trace aligns the ranks'
+ * clocks. */
+static int observe_setup(loop *L)
 {
 	const hpu_train_opts *o = L->o;
 	if (o->from[hpu__opt_slot_named("stall-warning")] != HPU_FROM_DEFAULT)
@@ -712,7 +713,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	long total = 0;
 	size_t per_epoch = 0;
 	double tload = now_s();
-	if (profile_open(&L) < 0 || hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
+	if (observe_setup(&L) < 0 || hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
 	    hpu_checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
