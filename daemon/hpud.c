@@ -31,6 +31,9 @@
 #define MAX_DEVICES 1024
 #define MAX_ARGS 256
 #define MAX_ARG_BYTES 4096
+#define MAX_STATUS_RANKS 64      /* per job in a status reply (as device ids) */
+#define MAX_REPLY_RANKS 768      /* in all: ~70 bytes each, the reply < 64 KiB */
+#define PROGRESS_EVERY_S 0.2     /* rank 0's records to the submitter: 5/s */
 
 typedef struct job {
 	int used, ended;
@@ -46,6 +49,10 @@ typedef struct job {
 	hpu_codec_peer peer;       /* the submitter's routing id */
 	char peer_addr[64];
 	ev_tstamp started, last_ping;
+	ev_tstamp progress_at;     /* rank 0's last record sent then ... */
+	int progress_phase;        /* ... in this phase */
+	int progress_pending;      /* a newer record waits for its turn ... */
+	ev_timer progress_timer;   /* ... which comes then */
 	hpu_nodejob *nj;
 } job;
 
@@ -131,6 +138,7 @@ static void free_argv(char **argv)
 
 static void release_job(job *j)
 {
+	ev_timer_stop(D.loop, &j->progress_timer);
 	hpu_nodejob_destroy(&j->nj);
 	for (int i = 0; i < j->devices; i++)
 		if (j->dev[i] >= 0 && j->dev[i] < MAX_DEVICES)
@@ -203,6 +211,65 @@ static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 	send_env(&j->peer, &env);
 }
 
+/* Sends rank 0's latest record to the submitter. */
+static void send_progress(job *j)
+{
+	hpu_rank_status st;
+	double age;
+	j->progress_pending = 0;
+	if (!j->nj || hpu_nodejob_status(j->nj, 0, &st, &age) < 0)
+		return;
+	Hpu__Progress p = HPU__PROGRESS__INIT;
+	p.job_id = j->id;
+	p.rank = 0;
+	p.step = (uint64_t)st.step;
+	p.total = (uint64_t)st.total;
+	p.epoch = (uint32_t)st.epoch;
+	p.epochs = (uint32_t)st.epochs;
+	p.loss = st.loss;
+	p.samples_per_sec = st.samples_per_sec;
+	p.eta_s = st.eta_s;
+	p.mem_in_use = st.mem_in_use;
+	p.mem_max = st.mem_max;
+	p.mem_limit = st.mem_limit;
+	p.phase = (uint32_t)st.phase;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_PROGRESS;
+	env.progress = &p;
+	send_env(&j->peer, &env);
+	j->progress_at = ev_now(D.loop);
+	j->progress_phase = st.phase;
+}
+
+static void on_progress_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	job *j = t->data;
+	if (j->progress_pending)
+		send_progress(j);
+}
+
+/* Rank 0's records go on to the submitter at most 5 a second: a record
+ * that starts a phase (eval, the end) at once, one that comes too soon
+ * when its turn comes (the latest then). */
+static void on_status(hpu_nodejob *nj, int rank, const hpu_rank_status *st, void *arg)
+{
+	(void)nj;
+	job *j = arg;
+	if (rank != 0)
+		return;
+	j->progress_pending = 1;
+	double since = ev_now(D.loop) - j->progress_at;
+	if (since >= PROGRESS_EVERY_S || st->phase != j->progress_phase) {
+		ev_timer_stop(D.loop, &j->progress_timer);
+		send_progress(j);
+	} else if (!ev_is_active(&j->progress_timer)) {
+		ev_timer_set(&j->progress_timer, PROGRESS_EVERY_S - since, 0);
+		ev_timer_start(D.loop, &j->progress_timer);
+	}
+}
+
 static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void *arg)
 {
 	(void)nj;
@@ -217,15 +284,20 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 
 static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 {
-	(void)nj;
 	job *j = arg;
 	logmsg(failed ? HPUD_LOG_WARN : HPUD_LOG_INFO, "job %s node %d ended%s%s", j->id,
 	       j->node_rank, failed ? ": " : " successfully", failed ? cause : "");
+	long bad = hpu_nodejob_status_bad(nj);
+	if (bad)
+		logmsg(HPUD_LOG_WARN, "job %s: %ld malformed status lines from the workers were ignored",
+		       j->id, bad);
 	Hpu__JobEnd e = HPU__JOB_END__INIT;
 	e.job_id = j->id;
 	e.node_rank = (uint32_t)j->node_rank;
 	e.ok = !failed;
 	e.reason = (char *)cause;
+	ev_timer_stop(D.loop, &j->progress_timer); /* nothing after the end */
+	j->progress_pending = 0;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
 	env.job_end = &e;
@@ -389,6 +461,8 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 	j->max_restarts = (int)q->max_restarts;
 	j->peer = *peer;
 	j->started = j->last_ping = ev_now(D.loop);
+	ev_timer_init(&j->progress_timer, on_progress_timer, PROGRESS_EVERY_S, 0);
+	j->progress_timer.data = j;
 	if (book_devices(j, why, sizeof why) < 0) {
 		j->devices = 0;
 		release_job(j);
@@ -424,6 +498,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 		.who = "hpud",
 		.quiet = 1,
 		.on_line = on_line,
+		.on_status = on_status,
 		.on_exit = on_exit_worker,
 		.on_end = on_end,
 		.arg = j,
@@ -445,11 +520,52 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 	reply_launch(peer, id, j, NULL);
 }
 
+/* The first `max` of j's ranks on this node into rs/rsp; returns how
+ * many. */
+static size_t rank_status(const job *j, size_t max, Hpu__RankStatus *rs,
+			  Hpu__RankStatus **rsp)
+{
+	size_t n = (size_t)j->devices < max ? (size_t)j->devices : max;
+	for (size_t k = 0; k < n; k++) {
+		int rank = hpu_nodejob_rank(j->nj, (int)k);
+		hpu_rank_status st;
+		double age;
+		hpu__rank_status__init(&rs[k]);
+		rs[k].rank = (uint32_t)rank;
+		if (hpu_nodejob_status(j->nj, rank, &st, &age) == 0) {
+			rs[k].reported = 1;
+			rs[k].step = (uint64_t)st.step;
+			rs[k].total = (uint64_t)st.total;
+			rs[k].epoch = (uint32_t)st.epoch;
+			rs[k].epochs = (uint32_t)st.epochs;
+			rs[k].loss = st.loss;
+			rs[k].samples_per_sec = st.samples_per_sec;
+			rs[k].mem_in_use = st.mem_in_use;
+			rs[k].mem_max = st.mem_max;
+			rs[k].mem_limit = st.mem_limit;
+			rs[k].phase = (uint32_t)st.phase;
+			rs[k].age_s = age;
+		}
+		rsp[k] = &rs[k];
+	}
+	return n;
+}
+
 static void do_status(const hpu_codec_peer *peer)
 {
 	Hpu__JobStatus st[MAX_JOBS], *stp[MAX_JOBS];
 	uint32_t ids[MAX_JOBS][64];
-	size_t n = 0;
+	/* the jobs' ranks: at most MAX_STATUS_RANKS a job, MAX_REPLY_RANKS in
+	 * all (without memory, the reply goes without them) */
+	size_t want = 0, used = 0, n = 0;
+	for (int i = 0; i < MAX_JOBS; i++)
+		if (D.jobs[i].used && D.jobs[i].nj)
+			want += (size_t)(D.jobs[i].devices < MAX_STATUS_RANKS ? D.jobs[i].devices
+									      : MAX_STATUS_RANKS);
+	if (want > MAX_REPLY_RANKS)
+		want = MAX_REPLY_RANKS;
+	Hpu__RankStatus *rs = calloc(want ? want : 1, sizeof *rs);
+	Hpu__RankStatus **rsp = calloc(want ? want : 1, sizeof *rsp);
 	for (int i = 0; i < MAX_JOBS; i++) {
 		job *j = &D.jobs[i];
 		if (!j->used || !j->nj)
@@ -464,6 +580,13 @@ static void do_status(const hpu_codec_peer *peer)
 		st[n].live_workers = (uint32_t)hpu_nodejob_live(j->nj);
 		st[n].seconds = ev_now(D.loop) - j->started;
 		st[n].submitter = j->peer_addr;
+		if (rs && rsp) {
+			size_t left = want - used;
+			st[n].ranks = rsp + used;
+			st[n].n_ranks = rank_status(j, left < MAX_STATUS_RANKS ? left : MAX_STATUS_RANKS,
+						    rs + used, st[n].ranks);
+			used += st[n].n_ranks;
+		}
 		stp[n] = &st[n];
 		n++;
 	}
@@ -476,6 +599,8 @@ static void do_status(const hpu_codec_peer *peer)
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
 	env.status_reply = &r;
 	send_env(peer, &env);
+	free(rs);
+	free(rsp);
 }
 
 static void do_cancel(const char *addr, const Hpu__Cancel *c)

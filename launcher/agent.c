@@ -1,13 +1,16 @@
 #include "agent.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <limits.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +29,16 @@ typedef struct stream {
 	struct worker *w;
 } stream;
 
+/* A worker's status pipe: records, one a line (hpu_rank_status_parse). */
+typedef struct status_pipe {
+	ev_io io;
+	int fd;
+	char buf[512];
+	size_t len;
+	int skipping;            /* inside an over-long line: drop to its end */
+	struct worker *w;
+} status_pipe;
+
 typedef struct worker {
 	hpu_agent *a;
 	int local, rank;
@@ -33,6 +46,9 @@ typedef struct worker {
 	int reaped;
 	ev_child child;
 	stream out, err;
+	status_pipe st;
+	hpu_rank_status last;    /* the latest record ... */
+	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
 	int log_fd;
 	char prefix[32];
 	size_t prefix_len;
@@ -46,6 +62,7 @@ struct hpu_agent {
 	int open;     /* output streams not yet at EOF */
 	int stopping;
 	int idle_sent;
+	long status_bad;  /* malformed status lines */
 	ev_timer kill_timer;
 };
 
@@ -177,12 +194,188 @@ static void on_output(struct ev_loop *loop, ev_io *io, int revents)
 	}
 }
 
+/* ---- status records ---- */
+
+static int parse_long(const char **p, const char *end, long lo, long hi, long *out)
+{
+	char tmp[32], *e;
+	const char *s = *p;
+	while (s < end && *s == ' ')
+		s++;
+	size_t n = 0;
+	while (s + n < end && s[n] != ' ')
+		n++;
+	if (n == 0 || n >= sizeof tmp)
+		return -1;
+	memcpy(tmp, s, n);
+	tmp[n] = 0;
+	errno = 0;
+	long v = strtol(tmp, &e, 10);
+	if (errno || *e || v < lo || v > hi)
+		return -1;
+	*out = v;
+	*p = s + n;
+	return 0;
+}
+
+static int parse_u64(const char **p, const char *end, uint64_t *out)
+{
+	char tmp[32], *e;
+	const char *s = *p;
+	while (s < end && *s == ' ')
+		s++;
+	size_t n = 0;
+	while (s + n < end && s[n] != ' ')
+		n++;
+	if (n == 0 || n >= sizeof tmp || *s == '-')
+		return -1;
+	memcpy(tmp, s, n);
+	tmp[n] = 0;
+	errno = 0;
+	unsigned long long v = strtoull(tmp, &e, 10);
+	if (errno || *e)
+		return -1;
+	*out = (uint64_t)v;
+	*p = s + n;
+	return 0;
+}
+
+static int parse_double(const char **p, const char *end, double *out)
+{
+	char tmp[48], *e;
+	const char *s = *p;
+	while (s < end && *s == ' ')
+		s++;
+	size_t n = 0;
+	while (s + n < end && s[n] != ' ')
+		n++;
+	if (n == 0 || n >= sizeof tmp)
+		return -1;
+	memcpy(tmp, s, n);
+	tmp[n] = 0;
+	double v = strtod(tmp, &e); /* "nan" and "inf" are a loss's right */
+	if (*e)
+		return -1;
+	*out = v;
+	*p = s + n;
+	return 0;
+}
+
+int hpu_rank_status_parse(const char *line, size_t len, hpu_rank_status *st)
+{
+	const char *p = line, *end = line + len;
+	hpu_rank_status r;
+	long epoch, epochs, phase;
+	if (len < 3 || memcmp(line, "S1 ", 3) != 0)
+		return -1;
+	p += 3;
+	if (parse_long(&p, end, 0, LONG_MAX, &r.step) || parse_long(&p, end, 0, LONG_MAX, &r.total) ||
+	    parse_long(&p, end, 0, INT_MAX, &epoch) || parse_long(&p, end, 0, INT_MAX, &epochs) ||
+	    parse_double(&p, end, &r.loss) || parse_double(&p, end, &r.samples_per_sec) ||
+	    parse_double(&p, end, &r.eta_s) || parse_u64(&p, end, &r.mem_in_use) ||
+	    parse_u64(&p, end, &r.mem_max) || parse_u64(&p, end, &r.mem_limit) ||
+	    parse_long(&p, end, 0, 2, &phase))
+		return -1;
+	while (p < end && *p == ' ')
+		p++;
+	if (p != end)
+		return -1;
+	if (!isfinite(r.samples_per_sec) || r.samples_per_sec < 0)
+		r.samples_per_sec = 0; /* none */
+	if (!isfinite(r.eta_s))
+		r.eta_s = -1; /* unknown */
+	r.epoch = (int)epoch;
+	r.epochs = (int)epochs;
+	r.phase = (int)phase;
+	*st = r;
+	return 0;
+}
+
+static void status_line(status_pipe *sp, const char *line, size_t n)
+{
+	worker *w = sp->w;
+	hpu_agent *a = w->a;
+	hpu_rank_status r;
+	if (hpu_rank_status_parse(line, n, &r) < 0) {
+		a->status_bad++;
+		return;
+	}
+	w->last = r;
+	w->last_at = ev_now(a->loop);
+	if (a->cfg.on_status)
+		a->cfg.on_status(a, w->rank, &w->last, a->cfg.arg);
+}
+
+/* Reads what the pipe holds; closes it at EOF or an error. */
+static void status_read(status_pipe *sp)
+{
+	hpu_agent *a = sp->w->a;
+	while (sp->fd >= 0) {
+		ssize_t k = read(sp->fd, sp->buf + sp->len, sizeof sp->buf - sp->len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && errno == EAGAIN)
+			return;
+		if (k <= 0) {
+			if (sp->len && !sp->skipping)
+				a->status_bad++; /* a record cut short */
+			ev_io_stop(a->loop, &sp->io);
+			close(sp->fd);
+			sp->fd = -1;
+			return;
+		}
+		sp->len += (size_t)k;
+		size_t start = 0;
+		for (size_t i = 0; i < sp->len; i++) {
+			if (sp->buf[i] != '\n')
+				continue;
+			if (!sp->skipping)
+				status_line(sp, sp->buf + start, i - start);
+			sp->skipping = 0;
+			start = i + 1;
+		}
+		if (start == 0 && sp->len == sizeof sp->buf) {
+			if (!sp->skipping)
+				a->status_bad++; /* no record is this long */
+			sp->skipping = 1;
+			start = sp->len;
+		}
+		memmove(sp->buf, sp->buf + start, sp->len - start);
+		sp->len -= start;
+	}
+}
+
+static void on_status_pipe(struct ev_loop *loop, ev_io *io, int revents)
+{
+	(void)loop;
+	(void)revents;
+	status_read(io->data);
+}
+
+int hpu_agent_status(const hpu_agent *a, int rank, hpu_rank_status *st, double *age_s)
+{
+	int local = rank - a->cfg.node_rank * a->cfg.devices;
+	if (local < 0 || local >= a->cfg.devices || a->w[local].last_at == 0)
+		return -1;
+	*st = a->w[local].last;
+	*age_s = ev_now(a->loop) - a->w[local].last_at;
+	if (*age_s < 0)
+		*age_s = 0;
+	return 0;
+}
+
+long hpu_agent_status_bad(const hpu_agent *a)
+{
+	return a->status_bad;
+}
+
 static void on_child(struct ev_loop *loop, ev_child *c, int revents)
 {
 	(void)revents;
 	worker *w = c->data;
 	hpu_agent *a = w->a;
 	ev_child_stop(loop, c);
+	status_read(&w->st); /* its last records before its end */
 	w->reaped = 1;
 	a->live--;
 	if (a->cfg.on_exit)
@@ -216,7 +409,7 @@ static char **make_env(const hpu_agent *a, const worker *w)
 				     "MASTER_ADDR=", "MASTER_PORT=", "HPU_JOB_ID=",
 				     "HPU_JOB_TOKEN=", "HPUCOLL_TRANSPORT=",
 				     "HPU_DEVICE_ID=", "HPU_RESTART_COUNT=",
-				     "HPU_MAX_RESTARTS="};
+				     "HPU_MAX_RESTARTS=", "HPU_STATUS_FD="};
 	size_t n = 0;
 	while (environ[n])
 		n++;
@@ -239,7 +432,7 @@ static char **make_env(const hpu_agent *a, const worker *w)
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
-	char v[13][600];
+	char v[14][600];
 	snprintf(v[0], sizeof v[0], "RANK=%d", w->rank);
 	snprintf(v[1], sizeof v[1], "LOCAL_RANK=%d", w->local);
 	snprintf(v[2], sizeof v[2], "WORLD_SIZE=%d", c->nodes * c->devices);
@@ -253,7 +446,8 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	snprintf(v[10], sizeof v[10], "HPU_DEVICE_ID=%d", device_of(a, w));
 	snprintf(v[11], sizeof v[11], "HPU_RESTART_COUNT=%d", c->restart_count);
 	snprintf(v[12], sizeof v[12], "HPU_MAX_RESTARTS=%d", c->max_restarts);
-	for (int i = 0; i < 13; i++)
+	snprintf(v[13], sizeof v[13], "HPU_STATUS_FD=%d", HPU_AGENT_STATUS_FD);
+	for (int i = 0; i < 14; i++)
 		env[k++] = strdup(v[i]);
 	if (!have_blas)
 		env[k++] = strdup("OPENBLAS_NUM_THREADS=1");
@@ -279,7 +473,7 @@ static void free_env(char **env)
 
 /* In the child, between fork and exec: only async-signal-safe calls. */
 static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
-		       char **env, pid_t parent)
+		       int status, char **env, pid_t parent)
 {
 	setpgid(0, 0);
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -296,6 +490,12 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		dup2(devnull, 0);
 	dup2(out, 1);
 	dup2(err, 2);
+	/* The status pipe on its fixed fd, the one fd kept open across exec
+	 * besides 0-2 (dup2 clears close-on-exec; on the same fd it stays). */
+	if (status == HPU_AGENT_STATUS_FD)
+		fcntl(status, F_SETFD, 0);
+	else
+		dup2(status, HPU_AGENT_STATUS_FD);
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	if (ncpu > 0 && a->cfg.devices <= ncpu) {
 		/* Pin by device where there is a core for each worker. */
@@ -353,12 +553,23 @@ static int open_log(hpu_agent *a, worker *w, char *err, size_t errlen)
 	return 0;
 }
 
+static void start_status(hpu_agent *a, worker *w, int fd)
+{
+	status_pipe *sp = &w->st;
+	sp->fd = fd;
+	sp->w = w;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	ev_io_init(&sp->io, on_status_pipe, fd, EV_READ);
+	sp->io.data = sp;
+	ev_io_start(a->loop, &sp->io);
+}
+
 static int spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
 {
-	int po[2], pe[2];
+	int po[2], pe[2], ps[2];
 	if (open_log(a, w, err, errlen) < 0)
 		return -1;
-	if (pipe(po) < 0 || pipe(pe) < 0) {
+	if (pipe(po) < 0 || pipe(pe) < 0 || pipe2(ps, O_CLOEXEC) < 0) {
 		snprintf(err, errlen, "pipe: %s", strerror(errno));
 		return -1;
 	}
@@ -369,13 +580,15 @@ static int spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
 	}
 	pid_t parent = getpid(), pid = fork();
 	if (pid == 0)
-		child_exec(a, w, po[1], pe[1], env, parent);
+		child_exec(a, w, po[1], pe[1], ps[1], env, parent);
 	free_env(env);
 	close(po[1]);
 	close(pe[1]);
+	close(ps[1]);
 	if (pid < 0) {
 		close(po[0]);
 		close(pe[0]);
+		close(ps[0]);
 		snprintf(err, errlen, "fork: %s", strerror(errno));
 		return -1;
 	}
@@ -387,6 +600,7 @@ static int spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
 	ev_child_start(a->loop, &w->child);
 	start_stream(a, w, &w->out, po[0], 1);
 	start_stream(a, w, &w->err, pe[0], 2);
+	start_status(a, w, ps[0]);
 	return 0;
 }
 
@@ -397,7 +611,7 @@ int hpu_agent_start(hpu_agent *a, char *err, size_t errlen)
 		w->a = a;
 		w->local = i;
 		w->rank = hpu_agent_rank(a, i);
-		w->out.fd = w->err.fd = -1;
+		w->out.fd = w->err.fd = w->st.fd = -1;
 		w->prefix_len = (size_t)snprintf(w->prefix, sizeof w->prefix,
 						 "[rank %d] ", w->rank);
 		if (spawn(a, w, err, errlen) < 0) {
@@ -473,6 +687,10 @@ void hpu_agent_destroy(hpu_agent **pa)
 				ev_io_stop(a->loop, &ss[k]->io);
 				close(ss[k]->fd);
 			}
+		if (w->st.fd >= 0 && w->pid > 0) {
+			ev_io_stop(a->loop, &w->st.io);
+			close(w->st.fd);
+		}
 		if (w->log_fd >= 0 && w->pid > 0)
 			close(w->log_fd);
 	}

@@ -4,14 +4,40 @@
  * Each worker is its own process group (so a signal reaches whatever it
  * starts), dies with the agent (PR_SET_PDEATHSIG), gets the job's
  * environment, and has its stdout and stderr read through pipes and
- * written out line by line with a "[rank N] " prefix. */
+ * written out line by line with a "[rank N] " prefix. A third pipe, on fd
+ * HPU_AGENT_STATUS_FD, carries its progress records (the latest kept per
+ * rank, malformed lines counted and ignored). */
 #ifndef HPU_AGENT_H
 #define HPU_AGENT_H
 
 #include <ev.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 typedef struct hpu_agent hpu_agent;
+
+/* The fd on which each worker finds its status pipe; its environment says
+ * so as HPU_STATUS_FD (worker/status.h writes the records). */
+#define HPU_AGENT_STATUS_FD 3
+
+/* A worker's progress, as its latest status record said
+ * (worker/status.c: "S1 step total epoch epochs loss samples_per_sec
+ * eta_s in_use max limit phase"). */
+typedef struct hpu_rank_status {
+	long step, total;       /* optimizer steps done, of the run */
+	int epoch, epochs;      /* 1-based epoch under way, of the run */
+	double loss;            /* the rank's loss of its last step */
+	double samples_per_sec; /* the run's throughput so far (0: none yet) */
+	double eta_s;           /* seconds to the end (< 0: unknown) */
+	uint64_t mem_in_use;    /* device memory in use, its peak, the limit */
+	uint64_t mem_max;
+	uint64_t mem_limit;
+	int phase;              /* 0 train, 1 eval, 2 done */
+} hpu_rank_status;
+
+/* Parses one status line (without its newline). Returns 0, or -1 when it
+ * is not a well-formed record (st is then unchanged). */
+int hpu_rank_status_parse(const char *line, size_t len, hpu_rank_status *st);
 
 /* The environment variables a job carries to its workers when it is
  * submitted to hpud (the workers read them; hpud's own environment would
@@ -49,6 +75,10 @@ typedef struct hpu_agent_cfg {
 	 * file still gets it). is_err: it came from the worker's stderr. */
 	void (*on_line)(hpu_agent *a, int rank, int is_err, const char *line,
 			size_t len, void *arg);
+	/* Optional: a worker sent a status record (already stored, see
+	 * hpu_agent_status). A worker's last records come before its
+	 * on_exit. */
+	void (*on_status)(hpu_agent *a, int rank, const hpu_rank_status *st, void *arg);
 	/* Called when a worker has been reaped. status as from waitpid. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
 	/* Called once every worker is reaped and its output drained. */
@@ -73,6 +103,14 @@ int hpu_agent_live(const hpu_agent *a);
 
 /* The global rank of local worker `local`. */
 int hpu_agent_rank(const hpu_agent *a, int local);
+
+/* The latest status record of global rank `rank` (one of this node's) in
+ * *st and the seconds since it came in *age_s. Returns 0, or -1 when the
+ * rank is not on this node or has sent none yet. */
+int hpu_agent_status(const hpu_agent *a, int rank, hpu_rank_status *st, double *age_s);
+
+/* Status lines ignored because they were malformed (or over-long). */
+long hpu_agent_status_bad(const hpu_agent *a);
 
 /* Removes what this node's workers may have left behind when they died:
  * the job's shared-memory segment /dev/shm/hpucoll-<job>-n<node> and the

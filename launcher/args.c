@@ -40,6 +40,11 @@ void hpu_args_usage(FILE *f)
 		"                         SIGTERM to hpulaunch\n"
 		"  --exec PROGRAM ...     run PROGRAM (from PATH) instead of hpu-worker;\n"
 		"                         it initializes from the environment\n"
+		"  --progress MODE        auto | always | never: a progress bar of rank 0\n"
+		"                         (epoch, step, loss, samples/s, ETA) on the last\n"
+		"                         line of the terminal, below the workers' lines\n"
+		"                         (auto: when stdout is a terminal and TERM is not\n"
+		"                         dumb; also with --hostfile)\n"
 		"  -q, --quiet            no start-up summary line\n"
 		"  -h, --help             this help\n"
 		"[WORLD_SIZE], if set, must equal nodes x devices.\n"
@@ -161,7 +166,7 @@ static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
 				      "--master-addr", "--master-port", "--job-id",
 				      "--log-dir", "--join-timeout", "--transport",
 				      "--hostfile", "--status", "--hpud-port", "--key",
-				      "--max-restarts"};
+				      "--max-restarts", "--progress"};
 	static const unsigned sets[] = {SET_NODES, SET_DEVICES, SET_RANK,
 					SET_ADDR, SET_PORT, SET_JOB_ID};
 	const int nnames = (int)(sizeof names / sizeof names[0]);
@@ -212,6 +217,12 @@ static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
 		if (to_int(v, 0, HPU_MAX_RESTARTS_LIMIT, &a->max_restarts)) {
 			snprintf(err, errlen, "--max-restarts takes a whole number of restarts from 0 to %d, not '%s'",
 				 HPU_MAX_RESTARTS_LIMIT, v);
+			return -1;
+		}
+		break;
+	case 14:
+		if (hpu_progress_mode_parse(v, &a->progress)) {
+			snprintf(err, errlen, "--progress takes auto, always or never, not '%s'", v);
 			return -1;
 		}
 		break;

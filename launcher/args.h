@@ -4,6 +4,7 @@
 
 #include "config.h"
 #include "hostfile.h"
+#include "progress.h"
 
 typedef struct hpu_launch_args {
 	int nodes, devices, node_rank;
@@ -20,6 +21,9 @@ typedef struct hpu_launch_args {
 	 * stopped and started again up to K times (restart.h). */
 	int max_restarts;
 	int quiet;
+	/* --progress: HPU_PROGRESS_AUTO (the default), _ALWAYS or _NEVER
+	 * (progress.h): rank 0's progress bar on stdout. */
+	int progress;
 	/* What each worker runs: argv for execve / execvp. */
 	char **worker_argv;
 	int worker_argc;

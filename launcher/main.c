@@ -9,6 +9,7 @@
 
 #include "args.h"
 #include "nodejob.h"
+#include "progress.h"
 #include "restart.h"
 #include "submit.h"
 
@@ -22,6 +23,8 @@ typedef struct launch {
 	int signo;      /* interrupted by this signal */
 	char cause[700]; /* why the attempt failed */
 	hpu_restarts restarts;
+	hpu_progress bar; /* rank 0's progress bar (--progress) */
+	ev_timer bar_tick;
 } launch;
 
 static launch L;
@@ -36,10 +39,52 @@ static void on_end(hpu_nodejob *j, int failed, const char *cause, void *arg)
 	ev_break(L.loop, EVBREAK_ALL);
 }
 
+/* With the bar on, the workers' lines come here: the bar is cleared,
+ * the line printed, the bar drawn again. */
+static void on_line(hpu_nodejob *j, int rank, int is_err, const char *line, size_t len,
+		    void *arg)
+{
+	(void)j;
+	(void)arg;
+	FILE *f = is_err ? stderr : stdout;
+	hpu_progress_hide(&L.bar);
+	fprintf(f, "[rank %d] %.*s\n", rank, (int)len, line);
+	fflush(f);
+	hpu_progress_show(&L.bar);
+}
+
+static void on_status(hpu_nodejob *j, int rank, const hpu_rank_status *st, void *arg)
+{
+	(void)j;
+	(void)arg;
+	if (rank == 0)
+		hpu_progress_update(&L.bar, st);
+}
+
+/* A worker ended: what is said about it next must not land on the bar. */
+static void on_exit_worker(hpu_nodejob *j, int rank, int pid, int status, void *arg)
+{
+	(void)j;
+	(void)rank;
+	(void)pid;
+	(void)arg;
+	if (status != 0)
+		hpu_progress_hide(&L.bar);
+}
+
+static void on_bar_tick(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)t;
+	(void)revents;
+	hpu_progress_tick(&L.bar);
+}
+
 static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)loop;
 	(void)revents;
+	hpu_progress_hide(&L.bar);
 	if (L.signo) { /* a second Ctrl-C: no more grace */
 		hpu_nodejob_cancel(L.job, "interrupted again", 0);
 		return;
@@ -85,6 +130,11 @@ static int run_attempt(char *err, size_t errlen)
 		.who = "hpulaunch",
 		.on_end = on_end,
 	};
+	if (L.bar.on) {
+		jc.on_line = on_line;
+		jc.on_status = on_status;
+		jc.on_exit = on_exit_worker;
+	}
 	L.ended = L.failed = 0;
 	L.cause[0] = 0;
 	if (!(L.job = hpu_nodejob_start(L.loop, &jc, err, errlen)))
@@ -96,6 +146,11 @@ static int run_attempt(char *err, size_t errlen)
 			L.args.nodes * L.args.devices, L.args.master_addr,
 			hpu_nodejob_master_port(L.job));
 	ev_run(L.loop, 0);
+	hpu_progress_reset(&L.bar);
+	long bad = hpu_nodejob_status_bad(L.job);
+	if (bad)
+		fprintf(stderr, "hpulaunch: warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)\n",
+			bad);
 	hpu_nodejob_destroy(&L.job); /* every worker is reaped by now */
 	return 0;
 }
@@ -109,6 +164,13 @@ static int run_local(char *err, size_t errlen)
 	ev_signal_init(&L.sigterm, on_signal, SIGTERM);
 	ev_signal_start(L.loop, &L.sigint);
 	ev_signal_start(L.loop, &L.sigterm);
+	/* Rank 0 runs on node 0: the bar is that node's. */
+	hpu_progress_init(&L.bar, L.args.node_rank == 0 ? L.args.progress : HPU_PROGRESS_NEVER,
+			  stdout);
+	if (L.bar.on) {
+		ev_timer_init(&L.bar_tick, on_bar_tick, 0.2, 0.2);
+		ev_timer_start(L.loop, &L.bar_tick);
+	}
 	hpu_restarts_init(&L.restarts, L.args.max_restarts);
 	int rc;
 	for (;;) {

@@ -154,6 +154,13 @@ static void on_line(hpu_agent *a, int rank, int is_err, const char *line,
 	j->cfg.on_line(j, rank, is_err, line, len, j->cfg.arg);
 }
 
+static void on_status(hpu_agent *a, int rank, const hpu_rank_status *st, void *arg)
+{
+	(void)a;
+	hpu_nodejob *j = arg;
+	j->cfg.on_status(j, rank, st, j->cfg.arg);
+}
+
 static void on_coord_abort(hpu_coord *c, const char *reason, void *arg)
 {
 	(void)c;
@@ -355,6 +362,7 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 		.on_exit = on_worker_exit,
 		.on_idle = on_agent_idle,
 		.on_line = cfg->on_line ? on_line : NULL,
+		.on_status = cfg->on_status ? on_status : NULL,
 		.arg = j,
 	};
 	if (!(j->agent = hpu_agent_new(loop, &ac))) {
@@ -377,6 +385,16 @@ int hpu_nodejob_master_port(const hpu_nodejob *j)
 int hpu_nodejob_live(const hpu_nodejob *j)
 {
 	return j->agent ? hpu_agent_live(j->agent) : 0;
+}
+
+int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_rank_status *st, double *age_s)
+{
+	return j->agent ? hpu_agent_status(j->agent, rank, st, age_s) : -1;
+}
+
+long hpu_nodejob_status_bad(const hpu_nodejob *j)
+{
+	return j->agent ? hpu_agent_status_bad(j->agent) : 0;
 }
 
 int hpu_nodejob_rank(const hpu_nodejob *j, int local)

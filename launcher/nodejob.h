@@ -39,6 +39,8 @@ typedef struct hpu_nodejob_cfg {
 	/* A worker's output line (agent.h); NULL: this process's stdout. */
 	void (*on_line)(hpu_nodejob *j, int rank, int is_err, const char *line,
 			size_t len, void *arg);
+	/* Optional: a worker's status record (agent.h). */
+	void (*on_status)(hpu_nodejob *j, int rank, const hpu_rank_status *st, void *arg);
 	/* Optional: a worker ended (status as from waitpid). */
 	void (*on_exit)(hpu_nodejob *j, int rank, int pid, int status, void *arg);
 	/* The node's part is over: every worker reaped. failed: a worker
@@ -68,6 +70,14 @@ int hpu_nodejob_live(const hpu_nodejob *j);
 
 /* The global rank of local worker `local`. */
 int hpu_nodejob_rank(const hpu_nodejob *j, int local);
+
+/* The latest status record of global rank `rank` and its age
+ * (hpu_agent_status); -1 when the rank is not on this node, has sent none
+ * or its workers have not started. */
+int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_rank_status *st, double *age_s);
+
+/* Malformed status lines the workers wrote, ignored (agent.h). */
+long hpu_nodejob_status_bad(const hpu_nodejob *j);
 
 /* Kills what is left, frees; *j = NULL; safe twice. Not from on_end. */
 void hpu_nodejob_destroy(hpu_nodejob **j);

@@ -1,6 +1,8 @@
 #include "submit.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,6 +15,7 @@
 #include "agent.h"
 #include "auth.h"
 #include "codec.h"
+#include "progress.h"
 #include "restart.h"
 
 #define REPLY_TIMEOUT_MS 10000
@@ -38,6 +41,8 @@ typedef struct submit {
 	char lost_cause[700];   /* ... and this is what it said */
 	volatile sig_atomic_t signo;
 	char err[1024];
+	hpu_progress bar;       /* rank 0's progress bar (--progress) ... */
+	int following;          /* ... drawn while an attempt is followed */
 } submit;
 
 static submit S;
@@ -151,7 +156,31 @@ static void teardown(void)
 
 static void print_line(const Hpu__LogLine *l)
 {
+	hpu_progress_hide(&S.bar);
 	printf("[rank %u] %s\n", l->rank, l->text ? l->text : "");
+	fflush(stdout);
+	hpu_progress_show(&S.bar);
+}
+
+/* Rank 0's record, from node 0's hpud, for the bar. */
+static void take_progress(const Hpu__Progress *p)
+{
+	if (!S.following || p->rank != 0 || !p->job_id || strcmp(p->job_id, S.a->job_id) != 0)
+		return;
+	hpu_rank_status st = {
+		.step = p->step > LONG_MAX ? LONG_MAX : (long)p->step,
+		.total = p->total > LONG_MAX ? LONG_MAX : (long)p->total,
+		.epoch = p->epoch > INT_MAX ? INT_MAX : (int)p->epoch,
+		.epochs = p->epochs > INT_MAX ? INT_MAX : (int)p->epochs,
+		.loss = p->loss,
+		.samples_per_sec = isfinite(p->samples_per_sec) ? p->samples_per_sec : 0,
+		.eta_s = isfinite(p->eta_s) ? p->eta_s : -1,
+		.mem_in_use = p->mem_in_use,
+		.mem_max = p->mem_max,
+		.mem_limit = p->mem_limit,
+		.phase = p->phase > 2 ? 0 : (int)p->phase,
+	};
+	hpu_progress_update(&S.bar, &st);
 }
 
 /* Handles a message from nd during the run; returns its launch reply (to
@@ -161,6 +190,9 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 	switch (m->msg_case) {
 	case HPU__ENVELOPE__MSG_LOG_LINE:
 		print_line(m->log_line);
+		break;
+	case HPU__ENVELOPE__MSG_PROGRESS:
+		take_progress(m->progress);
 		break;
 	case HPU__ENVELOPE__MSG_JOB_END:
 		if (!nd->ended) {
@@ -173,6 +205,7 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
 		const Hpu__WorkerExit *w = m->worker_exit;
 		if (w->exit_code != 0 && !S.a->quiet) {
+			hpu_progress_hide(&S.bar);
 			if (w->signal)
 				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) was killed by signal %d\n",
 					w->rank, w->node_rank, w->pid, w->signal);
@@ -330,9 +363,12 @@ static int follow(char *cause, size_t len)
 	const double silent_limit = S.a->agent_timeout_s;
 	double last_ping = 0, cancel_at = 0;
 	int cancelled = 0;
+	S.following = 1;
 	while (!all_ended()) {
 		double t = now_s();
+		hpu_progress_tick(&S.bar);
 		if (S.signo && !cancelled) {
+			hpu_progress_hide(&S.bar);
 			fprintf(stderr, "hpulaunch: interrupted by %s: cancelling job %s on %d nodes\n",
 				S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn);
 			cancel_all();
@@ -353,6 +389,7 @@ static int follow(char *cause, size_t len)
 					 "lost contact with hpud at %s:%d (node %d): silent for %.0f s",
 					 nd->host, nd->port, i, silent_limit);
 				if (!S.lost) {
+					hpu_progress_hide(&S.bar);
 					fprintf(stderr, "hpulaunch: error: %s\n", nd->reason);
 					snprintf(S.lost_cause, sizeof S.lost_cause, "%s", nd->reason);
 				}
@@ -362,6 +399,8 @@ static int follow(char *cause, size_t len)
 		}
 		pump(200, -1, NULL);
 	}
+	S.following = 0;
+	hpu_progress_reset(&S.bar);
 	if (S.signo)
 		return 128 + S.signo;
 	return outcome(cause, len);
@@ -447,6 +486,7 @@ int hpu_submit_run(const hpu_launch_args *a)
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	hpu_progress_init(&S.bar, a->progress, stdout);
 	if (setup(a->key_path, a->nhosts) < 0)
 		goto out;
 	for (int i = 0; i < a->nhosts; i++) {
@@ -462,6 +502,39 @@ out:
 		fprintf(stderr, "hpulaunch: error: %s\n", S.err);
 	teardown();
 	return rc;
+}
+
+static double mib(uint64_t bytes)
+{
+	return (double)bytes / (1024.0 * 1024.0);
+}
+
+/* The job's ranks on that node, under its line: "-" for a rank that has
+ * not reported yet. */
+static void print_ranks(const Hpu__JobStatus *j)
+{
+	if (!j->n_ranks)
+		return;
+	printf("  %5s %15s %7s %10s %10s  %20s  %24s  %26s  %10s\n", "rank", "step/total", "epoch",
+	       "loss", "samples/s", "memory_allocated MiB", "max_memory_allocated MiB",
+	       "total_memory_available MiB", "report age");
+	for (size_t k = 0; k < j->n_ranks; k++) {
+		const Hpu__RankStatus *r = j->ranks[k];
+		if (!r->reported) {
+			printf("  %5u %15s %7s %10s %10s  %20s  %24s  %26s  %10s\n", r->rank, "-", "-", "-",
+			       "-", "-", "-", "-", "-");
+			continue;
+		}
+		char steps[48], epoch[32], age[32];
+		snprintf(steps, sizeof steps, "%llu/%llu", (unsigned long long)r->step,
+			 (unsigned long long)r->total);
+		snprintf(epoch, sizeof epoch, "%u/%u", r->epoch, r->epochs);
+		snprintf(age, sizeof age, "%.1f s", r->age_s);
+		printf("  %5u %15s %7s %10.4f %10.1f  %20.1f  %24.1f  %26.1f  %10s%s\n", r->rank, steps,
+		       epoch, r->loss, r->samples_per_sec, mib(r->mem_in_use), mib(r->mem_max),
+		       mib(r->mem_limit), age,
+		       r->phase == 2 ? "  done" : r->phase == 1 ? "  evaluating" : "");
+	}
 }
 
 int hpu_status_run(const hpu_launch_args *a)
@@ -511,6 +584,7 @@ int hpu_status_run(const hpu_launch_args *a)
 		printf("%-24s %5u %8zu %8u %10.0f  %s\n", j->job_id, j->node_rank,
 		       j->n_device_ids, j->live_workers, j->seconds,
 		       j->submitter ? j->submitter : "");
+		print_ranks(j);
 	}
 	hpu_codec_free(m);
 	rc = 0;
