@@ -1,0 +1,558 @@
+/* Integration tests of the workers' live status (HPU_STATUS_FD), the
+ * progress bar and `hpulaunch --status`'s per-rank table:
+ *
+ * - the status line parser and the bar's text (widths, what is dropped);
+ * - the MLP under hpulaunch on a pseudo-terminal: bar frames ("\r",
+ *   "step N/60", "%", "ETA", "\x1b[K") no wider than the terminal, the
+ *   final log line kept, the bar cleared at the end; the same run into a
+ *   pipe, and with --progress never on a terminal: no bar at all;
+ * - a worker (a shell script, --exec) that writes malformed status lines
+ *   between good ones: they are ignored, the good ones drawn, the job ends
+ *   well; --progress with a bad value is refused;
+ * - a real hpud: ranks that have not reported show "-"; then both ranks'
+ *   step, loss and memory in `hpulaunch --status`; the submitter on a
+ *   terminal draws rank 0's bar from hpud's Progress messages; Ctrl-C
+ *   clears it and ends the job cleanly. Needs root (hpud runs the workers
+ *   as 'nobody'). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pty.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "harness.h"
+#include "progress.h"
+
+#define LAUNCH h_build("bin/hpulaunch")
+#define HPUD h_build("bin/hpud")
+#define MODEL h_build("lib/fmnist_mlp.so")
+#define PTY_COLS 120
+
+static char dir[64];
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+	chmod(path, mode);
+}
+
+/* ---- a process on a pseudo-terminal, read through harness.h ---- */
+
+/* Starts argv on a new pseudo-terminal PTY_COLS wide with TERM=xterm
+ * (plus env); p->out_fd is the terminal's master side, so h_wait and
+ * h_wait_for read what the program writes to it. */
+static void pty_start(proc *p, char *const argv[], char *const env[])
+{
+	memset(p, 0, sizeof *p);
+	struct winsize ws = {.ws_row = 40, .ws_col = PTY_COLS};
+	int master;
+	p->pid = forkpty(&master, NULL, NULL, &ws);
+	assert_true(p->pid >= 0);
+	if (p->pid == 0) { /* a session of its own: kill(-pid) reaches all */
+		putenv("TERM=xterm");
+		for (int i = 0; env && env[i]; i++)
+			putenv(env[i]);
+		execv(argv[0], argv);
+		fprintf(stderr, "cannot execute %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	p->out_fd = master;
+	fcntl(master, F_SETFL, O_NONBLOCK);
+	p->cap = 4096;
+	p->out = calloc(1, p->cap);
+	assert_non_null(p->out);
+}
+
+/* Runs argv on a terminal to its end (bounded); returns its exit code. */
+static int pty_run(proc *p, char *const argv[], char *const env[], int timeout_ms)
+{
+	pty_start(p, argv, env);
+	if (h_wait(p, timeout_ms) < 0) {
+		fprintf(stderr, "%s still running after %d ms; killed. Output:\n%s\n", argv[0],
+			timeout_ms, p->out);
+		h_kill(p);
+		return -1;
+	}
+	return h_code(p);
+}
+
+/* ---- what a terminal got ---- */
+
+/* The bar frames in out: the texts between "\r" and "\x1b[K" (not the
+ * bare "\r\x1b[K" that clears). Checks each fits the terminal and holds
+ * the parts of a bar; returns how many, with the last in last. */
+static int bar_frames(const char *out, char *last, size_t lastlen)
+{
+	int n = 0;
+	for (const char *p = out; (p = strstr(p, "\x1b[K")); p += 3) {
+		const char *cr = p;
+		while (cr > out && cr[-1] != '\r')
+			cr--;
+		if (cr == out || cr == p)
+			continue; /* a clear */
+		size_t len = (size_t)(p - cr);
+		char frame[512];
+		assert_true(len < sizeof frame);
+		memcpy(frame, cr, len);
+		frame[len] = 0;
+		if (len > PTY_COLS - 1)
+			fail_msg("a bar frame of %zu columns on a %d-column terminal: %s", len,
+				 PTY_COLS, frame);
+		assert_non_null(strstr(frame, "step "));
+		assert_non_null(strchr(frame, '%'));
+		snprintf(last, lastlen, "%s", frame);
+		n++;
+	}
+	return n;
+}
+
+/* hpulaunch -q [--progress extra] --devices 2 --no-eval --log-every 20
+ * --max-steps 60 --batch-size 64 MLP (about a second of training) */
+static void mlp_argv(char **a, const char *extra)
+{
+	int n = 0;
+	a[n++] = (char *)LAUNCH;
+	a[n++] = "-q";
+	if (extra) {
+		a[n++] = "--progress";
+		a[n++] = (char *)extra;
+	}
+	const char *rest[] = {"--devices", "2", "--no-eval", "--log-every", "20", "--max-steps",
+			      "60", "--batch-size", "64", MODEL, NULL};
+	for (int i = 0; rest[i]; i++)
+		a[n++] = (char *)rest[i];
+	a[n] = NULL;
+}
+
+/* ---- the parser and the bar's text ---- */
+
+static void test_parse_and_format(void **state)
+{
+	(void)state;
+	hpu_rank_status st;
+	const char *good = "S1 220 600 1 2 0.412345 4711.2 83 31138816 31457280 12637536256 0";
+	assert_int_equal(hpu_rank_status_parse(good, strlen(good), &st), 0);
+	assert_int_equal(st.step, 220);
+	assert_int_equal(st.total, 600);
+	assert_int_equal(st.epoch, 1);
+	assert_int_equal(st.epochs, 2);
+	assert_true(fabs(st.loss - 0.412345) < 1e-9);
+	assert_true(fabs(st.samples_per_sec - 4711.2) < 1e-9);
+	assert_true(fabs(st.eta_s - 83) < 1e-9);
+	assert_true(st.mem_in_use == 31138816u && st.mem_max == 31457280u &&
+		    st.mem_limit == 12637536256ull);
+	assert_int_equal(st.phase, 0);
+	const char *nan_loss = "S1 3 10 1 1 -nan 0 -1 1 2 3 2";
+	assert_int_equal(hpu_rank_status_parse(nan_loss, strlen(nan_loss), &st), 0);
+	assert_true(isnan(st.loss));
+	assert_int_equal(st.phase, 2);
+	const char *bad[] = {"",
+			     "S1",
+			     "S2 1 2 1 1 0.5 1 1 1 1 1 0",
+			     "S1 1 2 1 1 0.5 1 1 1 1 1",       /* a field short */
+			     "S1 1 2 1 1 0.5 1 1 1 1 1 0 9",   /* one too many */
+			     "S1 1 2 1 1 0.5x 1 1 1 1 1 0",    /* not a number */
+			     "S1 -1 2 1 1 0.5 1 1 1 1 1 0",    /* negative step */
+			     "S1 1 2 1 1 0.5 1 1 -1 1 1 0",    /* negative memory */
+			     "S1 1 2 1 1 0.5 1 1 1 1 1 3",     /* no such phase */
+			     "S1 99999999999999999999 2 1 1 0.5 1 1 1 1 1 0"};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		st.step = 42;
+		if (hpu_rank_status_parse(bad[i], strlen(bad[i]), &st) == 0)
+			fail_msg("malformed status line accepted: \"%s\"", bad[i]);
+		assert_int_equal(st.step, 42); /* untouched */
+	}
+
+	hpu_rank_status r = {.step = 220, .total = 600, .epoch = 1, .epochs = 2, .loss = 0.4123,
+			     .samples_per_sec = 4711.2, .eta_s = 83, .phase = 0};
+	char out[512];
+	size_t n = hpu_progress_format(&r, 100, out, sizeof out);
+	printf("  %s\n", out);
+	assert_int_equal(n, 100); /* the bar takes what the words leave */
+	assert_int_equal(strlen(out), n);
+	assert_memory_equal(out, "epoch 1/2 [", 11);
+	assert_non_null(strstr(out, "] 36% step 220/600 loss 0.4123 4711.2 samples/s ETA 0:01:23"));
+	const char *bar = strchr(out, '[') + 1, *end = strchr(out, ']');
+	int hashes = 0;
+	for (const char *c = bar; c < end; c++)
+		hashes += *c == '#';
+	assert_int_equal(hashes, (int)((end - bar) * 220 / 600));
+	/* narrower: the throughput goes first, then the loss, then the epoch */
+	n = hpu_progress_format(&r, 70, out, sizeof out);
+	printf("  %s\n", out);
+	assert_true(n <= 70);
+	assert_null(strstr(out, "samples/s"));
+	assert_non_null(strstr(out, "loss 0.4123"));
+	n = hpu_progress_format(&r, 30, out, sizeof out);
+	printf("  %s\n", out);
+	assert_true(n <= 30);
+	assert_non_null(strstr(out, "step 220/600"));
+	/* unknown ETA, evaluation, the end */
+	r.eta_s = -1;
+	hpu_progress_format(&r, 120, out, sizeof out);
+	assert_non_null(strstr(out, "ETA ?"));
+	r.phase = 1;
+	hpu_progress_format(&r, 120, out, sizeof out);
+	assert_non_null(strstr(out, "evaluating"));
+	r.phase = 2;
+	r.step = 600;
+	hpu_progress_format(&r, 120, out, sizeof out);
+	assert_non_null(strstr(out, "] 100% step 600/600"));
+	assert_non_null(strstr(out, "done"));
+	for (const char *c = strchr(out, '[') + 1; *c != ']'; c++)
+		assert_int_equal(*c, '#'); /* all filled */
+}
+
+/* ---- local runs of the MLP ---- */
+
+static void test_bar_on_terminal(void **state)
+{
+	(void)state;
+	char *a[32];
+	mlp_argv(a, NULL);
+	proc p;
+	int code = pty_run(&p, a, NULL, 240000);
+	if (code != 0)
+		fail_msg("exit %d; output:\n%s", code, p.out);
+	char last[512] = "";
+	int frames = bar_frames(p.out, last, sizeof last);
+	printf("  %d bar frames; the last: %s\n", frames, last);
+	assert_true(frames >= 2);
+	assert_non_null(strstr(p.out, "ETA "));
+	assert_non_null(strstr(p.out, "/60 loss "));
+	assert_non_null(strstr(p.out, "epoch 1/1 ["));
+	/* the log lines stay, the bar is gone at the end */
+	assert_non_null(strstr(p.out, "[rank 0] epoch 1/1 step 60/60 loss"));
+	const char *fin = strstr(p.out, "[rank 0] trained 60 steps on 2 workers");
+	assert_non_null(fin);
+	const char *clear = NULL;
+	for (const char *c = p.out; (c = strstr(c, "\r\x1b[K")); c += 4)
+		clear = c;
+	assert_non_null(clear);
+	assert_null(strstr(clear + 4, "\x1b[K")); /* nothing drawn after it */
+	assert_true(strlen(clear + 4) == 0 || clear > fin);
+	h_free(&p);
+}
+
+static void test_no_bar_on_pipe(void **state)
+{
+	(void)state;
+	char *a[32];
+	mlp_argv(a, NULL);
+	proc p;
+	char *env[] = {"TERM=xterm", NULL};
+	int code = h_run(&p, a, env, 240000);
+	if (code != 0)
+		fail_msg("exit %d; output:\n%s", code, p.out);
+	assert_null(strchr(p.out, '\r'));
+	assert_null(strstr(p.out, "\x1b["));
+	assert_null(strstr(p.out, "ETA"));
+	assert_non_null(strstr(p.out, "[rank 0] epoch 1/1 step 20/60 loss"));
+	assert_non_null(strstr(p.out, "[rank 0] trained 60 steps on 2 workers"));
+	h_free(&p);
+}
+
+static void test_never_on_terminal(void **state)
+{
+	(void)state;
+	char *a[32];
+	mlp_argv(a, "never");
+	proc p;
+	int code = pty_run(&p, a, NULL, 240000);
+	if (code != 0)
+		fail_msg("exit %d; output:\n%s", code, p.out);
+	assert_null(strstr(p.out, "\x1b["));
+	assert_null(strstr(p.out, "ETA"));
+	assert_null(strstr(p.out, "\r\r")); /* only the terminal's \r\n */
+	assert_non_null(strstr(p.out, "[rank 0] trained 60 steps on 2 workers"));
+	h_free(&p);
+	/* and a dumb terminal under auto */
+	char *env[] = {"TERM=dumb", NULL};
+	mlp_argv(a, NULL);
+	code = pty_run(&p, a, env, 240000);
+	assert_int_equal(code, 0);
+	assert_null(strstr(p.out, "\x1b["));
+	h_free(&p);
+}
+
+/* A worker of our own (--exec) writes good and malformed records. */
+static void test_malformed_records(void **state)
+{
+	(void)state;
+	char script[128], text[2048], longline[700];
+	memset(longline, '7', sizeof longline - 1);
+	longline[sizeof longline - 1] = 0;
+	snprintf(script, sizeof script, "%s/status-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "[ \"$RANK\" = 0 ] || exit 0\n"
+		 "echo \"status on fd $HPU_STATUS_FD\"\n"
+		 "s=$HPU_STATUS_FD\n"
+		 "echo 'S1 3 9 1 2 0.125 10.5 60 1048576 2097152 4194304 0' >&$s\n"
+		 "sleep 0.4\n"
+		 "echo 'not a record' >&$s\n"
+		 "echo 'S1 5 9 1 2 0.99 10.5 40 1 2 3 0 junk' >&$s\n"
+		 "echo 'S1 6 9 1 2' >&$s\n"
+		 "echo '%s' >&$s\n"
+		 "printf 'S1 7 9 2 2 0.25 20.5 20 1048576 2097152 4194304 0\\n' >&$s\n"
+		 "sleep 0.6\n"
+		 "echo 'still here'\n"
+		 "sleep 0.4\n",
+		 longline);
+	write_file(script, text, 0755);
+	char *a[] = {(char *)LAUNCH, "-q", "--devices", "2", "--exec", script, NULL};
+	proc p;
+	int code = pty_run(&p, a, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "[rank 0] status on fd 3"));
+	assert_non_null(strstr(p.out, "[rank 0] still here"));
+	char last[512] = "";
+	int frames = bar_frames(p.out, last, sizeof last);
+	assert_true(frames >= 2);
+	assert_non_null(strstr(p.out, "epoch 1/2 ["));
+	assert_non_null(strstr(p.out, "] 33% step 3/9 loss 0.1250 10.5 samples/s ETA 0:01:00"));
+	assert_non_null(strstr(last, "epoch 2/2 ["));
+	assert_non_null(strstr(last, "] 77% step 7/9 loss 0.2500 20.5 samples/s ETA 0:00:20"));
+	assert_null(strstr(p.out, "step 5/9"));
+	assert_null(strstr(p.out, "step 6/9"));
+	assert_null(strstr(p.out, "777"));
+	assert_non_null(strstr(p.out, "hpulaunch: warning: 4 malformed status lines from the workers were ignored"));
+	h_free(&p);
+	/* --progress takes three words */
+	char *b[] = {(char *)LAUNCH, "--progress", "sometimes", "--exec", script, NULL};
+	assert_int_equal(h_run(&p, b, NULL, 10000), 2);
+	assert_non_null(strstr(p.out, "--progress takes auto, always or never, not 'sometimes'"));
+	h_free(&p);
+	/* always: a bar even into a pipe */
+	char *c[] = {(char *)LAUNCH, "-q", "--progress", "always", "--devices", "1", "--exec",
+		     script, NULL};
+	assert_int_equal(h_run(&p, c, NULL, 60000), 0);
+	assert_non_null(strstr(p.out, "step 7/9"));
+	assert_non_null(strstr(p.out, "\x1b[K"));
+	h_free(&p);
+	unlink(script);
+}
+
+/* ---- through hpud ---- */
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof sa;
+	bind(fd, (struct sockaddr *)&sa, sizeof sa);
+	getsockname(fd, (struct sockaddr *)&sa, &len);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+typedef struct rank_row {
+	int seen, reported;
+	long step, total;
+	int epoch, epochs;
+	double loss, sps, mem, max, limit, age;
+} rank_row;
+
+/* Runs `hpulaunch --status` and reads its rows of ranks 0 and 1. */
+static void status_rows(const char *target, const char *key, rank_row rows[2], char **text)
+{
+	char *argv[] = {(char *)LAUNCH, "--status", (char *)target, "--key", (char *)key, NULL};
+	proc s;
+	if (h_run(&s, argv, NULL, 20000) != 0)
+		fail_msg("hpulaunch --status failed:\n%s", s.out);
+	char *copy = strdup(s.out), *save = NULL;
+	assert_non_null(copy);
+	memset(rows, 0, 2 * sizeof *rows);
+	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		unsigned rank;
+		char steps[64];
+		int used;
+		if (sscanf(line, " %u %63s%n", &rank, steps, &used) != 2 || rank > 1 ||
+		    line[0] != ' ')
+			continue;
+		rank_row *r = &rows[rank];
+		r->seen = 1;
+		if (!strcmp(steps, "-")) { /* not reported: "-" in every column */
+			if (strspn(line + used, " -") != strlen(line + used))
+				fail_msg("a rank that has not reported: %s", line);
+			continue;
+		}
+		r->reported = 1;
+		if (sscanf(steps, "%ld/%ld", &r->step, &r->total) != 2 ||
+		    sscanf(line + used, " %d/%d %lf %lf %lf %lf %lf %lf", &r->epoch, &r->epochs,
+			   &r->loss, &r->sps, &r->mem, &r->max, &r->limit, &r->age) != 8)
+			fail_msg("a rank's row does not parse: %s", line);
+	}
+	free(copy);
+	if (text)
+		*text = strdup(s.out);
+	h_free(&s);
+}
+
+static void test_status_and_bar_through_hpud(void **state)
+{
+	(void)state;
+	if (geteuid() != 0) {
+		printf("  needs root (hpud runs the workers as nobody): skipped\n");
+		skip();
+	}
+	char key[128], conf[128], hostfile[128], wrapper[128], text[1024], target[64];
+	snprintf(key, sizeof key, "%s/secret.key", dir);
+	snprintf(conf, sizeof conf, "%s/hpud.conf", dir);
+	snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
+	snprintf(wrapper, sizeof wrapper, "%s/slow-start.sh", dir);
+	proc p, d, sub;
+	char *gen[] = {(char *)HPUD, "--gen-key", key, NULL};
+	assert_int_equal(h_run(&p, gen, NULL, 10000), 0);
+	h_free(&p);
+	int port = free_port();
+	/* the workers wait a moment first, so that the first --status finds
+	 * them not yet reporting */
+	snprintf(text, sizeof text, "#!/bin/sh\nsleep 3\nexec %s \"$@\"\n",
+		 h_build("bin/hpu-worker"));
+	write_file(wrapper, text, 0755);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nworker = %s\n",
+		 port, key, wrapper);
+	write_file(conf, text, 0644);
+	snprintf(text, sizeof text, "127.0.0.1:%d slots=2\n", port);
+	write_file(hostfile, text, 0644);
+	snprintf(target, sizeof target, "127.0.0.1:%d", port);
+	char *dargv[] = {(char *)HPUD, "-c", conf, NULL};
+	assert_int_equal(h_start(&d, dargv, NULL), 0);
+	assert_int_equal(h_wait_for(&d, "listening on", 10000), 0);
+
+	char *sargv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key, "--log-every", "50",
+			 "--epochs", "10", "--max-steps", "5000", "--batch-size", "64", "--no-eval",
+			 (char *)MODEL, NULL};
+	pty_start(&sub, sargv, NULL);
+	assert_int_equal(h_wait_for(&sub, "through hpud", 30000), 0);
+	rank_row rows[2];
+	char *table;
+	status_rows(target, key, rows, &table);
+	printf("%s", table);
+	assert_true(rows[0].seen && rows[1].seen);
+	assert_false(rows[0].reported || rows[1].reported);
+	assert_non_null(strstr(table, "memory_allocated MiB"));
+	assert_non_null(strstr(table, "total_memory_available MiB"));
+	free(table);
+
+	/* both ranks under way: step > 0, a finite loss, memory in use */
+	int ok = 0;
+	for (int i = 0; i < 600 && !ok; i++) {
+		h_wait(&sub, 0);
+		if (sub.exited) /* it must not end before we see it */
+			fail_msg("the submitter ended (%d) before both ranks reported:\n%s\nhpud:\n%s",
+				 h_code(&sub), sub.out, d.out);
+		h_wait_for(&sub, "\x7f", 200); /* reads the terminal meanwhile */
+		h_wait(&d, 0);
+		status_rows(target, key, rows, NULL);
+		ok = rows[0].reported && rows[1].reported && rows[0].step > 0 &&
+		     rows[1].step > 0;
+	}
+	status_rows(target, key, rows, &table);
+	printf("%s", table);
+	free(table);
+	assert_true(ok);
+	for (int k = 0; k < 2; k++) {
+		rank_row *r = &rows[k];
+		assert_true(r->step > 0 && r->step < 5000);
+		assert_int_equal(r->total, 5000);
+		assert_int_equal(r->epoch, 1);
+		assert_true(r->epochs >= 1);
+		assert_true(isfinite(r->loss) && r->loss > 0 && r->loss < 10);
+		assert_true(r->sps >= 0);
+		assert_true(r->mem > 0);
+		assert_true(r->max >= r->mem);
+		assert_true(r->limit > r->max);
+		assert_true(r->age >= 0 && r->age < 60);
+	}
+
+	/* the submitter's terminal has rank 0's bar, from hpud's Progress */
+	char last[512] = "";
+	int frames = 0;
+	for (int i = 0; i < 300 && frames < 3; i++) {
+		h_wait_for(&sub, "\x7f", 100);
+		frames = bar_frames(sub.out, last, sizeof last);
+	}
+	printf("  submitter: %d bar frames; the last: %s\n", frames, last);
+	assert_true(frames >= 3);
+	assert_non_null(strstr(last, "/5000 loss "));
+	assert_non_null(strstr(last, "ETA "));
+
+	/* Ctrl-C ends it cleanly: the bar is cleared, the workers gone */
+	kill(sub.pid, SIGINT);
+	assert_int_equal(h_wait(&sub, 30000), 0);
+	assert_int_equal(h_code(&sub), 128 + SIGINT);
+	const char *intr = strstr(sub.out, "hpulaunch: interrupted by SIGINT");
+	assert_non_null(intr);
+	assert_true(intr > sub.out + 4 && !strncmp(intr - 4, "\r\x1b[K", 4));
+	assert_null(strstr(intr, "\x1b[K\r"));
+	h_free(&sub);
+	pid_t kids[4];
+	int gone = 0;
+	for (int i = 0; i < 100 && !gone; i++) {
+		h_wait(&d, 100);
+		gone = h_children(d.pid, kids, 4) == 0;
+	}
+	assert_true(gone);
+	assert_int_equal(h_wait_for(&d, "cancelled by the submitter", 5000), 0);
+	status_rows(target, key, rows, &table);
+	assert_non_null(strstr(table, "2 devices, 2 free, 0 jobs"));
+	free(table);
+	kill(d.pid, SIGTERM);
+	assert_int_equal(h_wait(&d, 15000), 0);
+	assert_int_equal(h_code(&d), 0);
+	h_free(&d);
+	unlink(wrapper);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof dir, "/tmp/hpu-progress-XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	chmod(dir, 0755); /* the workers run as nobody */
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_parse_and_format),
+		cmocka_unit_test(test_malformed_records),
+		cmocka_unit_test(test_bar_on_terminal),
+		cmocka_unit_test(test_no_bar_on_pipe),
+		cmocka_unit_test(test_never_on_terminal),
+		cmocka_unit_test(test_status_and_bar_through_hpud),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
