@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "idx.h"
 
@@ -36,6 +37,11 @@ typedef struct mlp {
 	int nlin;
 	struct linear *lin[MAX_DEPTH + 1];
 	char names[2 * MAX_DEPTH + 1][16];
+	/* testing (--sleep-rank R --sleep-ms MS): rank R sleeps MS in its
+	 * 10th loss call, so that the others wait in a collective */
+	int rank;
+	long sleep_rank, sleep_ms;
+	long loss_calls;
 } mlp;
 
 static int load_split(split *s, const char *dir, const char *prefix,
@@ -133,9 +139,13 @@ static const hpu_layer_ops relu_ops = {relu_forward, relu_backward};
 static float xent(void *user, const float *out, const int32_t *labels,
 		  float *dout, int batch)
 {
-	(void)user;
+	mlp *m = user;
 	/* A range of the model's own in the --profile trace, scoped form. */
 	HPU_PROFILE_SCOPE("loss");
+	if (m->sleep_ms > 0 && m->rank == m->sleep_rank && ++m->loss_calls == 10) {
+		struct timespec ts = {m->sleep_ms / 1000, (m->sleep_ms % 1000) * 1000000};
+		nanosleep(&ts, NULL);
+	}
 	return hpu_softmax_xent(out, labels, dout, batch, CLASSES);
 }
 
@@ -176,7 +186,7 @@ static int int_arg(hpu_builder *b, const char *name, const char *v, long lo,
 }
 
 static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
-		      long *hidden, long *depth, int *ckpt)
+		      long *hidden, long *depth, int *ckpt, mlp *m)
 {
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--data") && i + 1 < argc) {
@@ -189,8 +199,14 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 				return -1;
 		} else if (!strcmp(argv[i], "--checkpoint")) {
 			*ckpt = 1;
+		} else if (!strcmp(argv[i], "--sleep-rank") && i + 1 < argc) {
+			if (int_arg(b, "--sleep-rank", argv[++i], 0, 1 << 20, &m->sleep_rank) < 0)
+				return -1;
+		} else if (!strcmp(argv[i], "--sleep-ms") && i + 1 < argc) {
+			if (int_arg(b, "--sleep-ms", argv[++i], 0, 3600000, &m->sleep_ms) < 0)
+				return -1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint)",
+			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint; testing: --sleep-rank R --sleep-ms MS)",
 					 argv[i]);
 		}
 	}
@@ -202,12 +218,13 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	const char *dir = DEFAULT_DATA;
 	long hidden = 1024, depth = 2;
 	int ckpt = 0;
-	if (parse_args(b, argc, argv, &dir, &hidden, &depth, &ckpt) < 0)
-		return -1;
 	mlp *m = calloc(1, sizeof *m);
 	if (!m)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, m);
+	m->rank = hpu_rank(b);
+	if (parse_args(b, argc, argv, &dir, &hidden, &depth, &ckpt, m) < 0)
+		return -1;
 	m->hidden = (size_t)hidden;
 	char err[1200];
 	if (load_split(&m->train, dir, "train", err, sizeof err) < 0 ||
@@ -237,7 +254,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	}
 	hpu_dataset train = {m->train.images.count, 784, 1, fetch, &m->train};
 	hpu_dataset test = {m->test.images.count, 784, 1, fetch, &m->test};
-	hpu_loss loss = {.loss = xent, .metric = correct, .metric_name = "accuracy"};
+	hpu_loss loss = {.loss = xent, .metric = correct, .metric_name = "accuracy", .user = m};
 	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) < 0 ||
 	    hpu_dataset_set(b, HPU_SPLIT_TEST, &test) < 0 || hpu_loss_set(b, &loss) < 0)
 		return -1;
