@@ -44,6 +44,9 @@
 #define PTY_COLS 120
 
 static char dir[64];
+/* hpud and the submitter of the last test: stopped by teardown too when
+ * an assertion ends the test early */
+static proc daemon_proc, sub;
 
 static void write_file(const char *path, const char *text, mode_t mode)
 {
@@ -420,7 +423,7 @@ static void test_status_and_bar_through_hpud(void **state)
 	snprintf(conf, sizeof conf, "%s/hpud.conf", dir);
 	snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
 	snprintf(wrapper, sizeof wrapper, "%s/slow-start.sh", dir);
-	proc p, d, sub;
+	proc p;
 	char *gen[] = {(char *)HPUD, "--gen-key", key, NULL};
 	assert_int_equal(h_run(&p, gen, NULL, 10000), 0);
 	h_free(&p);
@@ -439,8 +442,8 @@ static void test_status_and_bar_through_hpud(void **state)
 	write_file(hostfile, text, 0644);
 	snprintf(target, sizeof target, "127.0.0.1:%d", port);
 	char *dargv[] = {(char *)HPUD, "-c", conf, NULL};
-	assert_int_equal(h_start(&d, dargv, NULL), 0);
-	assert_int_equal(h_wait_for(&d, "listening on", 10000), 0);
+	assert_int_equal(h_start(&daemon_proc, dargv, NULL), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, "listening on", 10000), 0);
 
 	char *sargv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key, "--log-every", "50",
 			 "--epochs", "10", "--max-steps", "5000", "--batch-size", "64", "--no-eval",
@@ -463,9 +466,9 @@ static void test_status_and_bar_through_hpud(void **state)
 		h_wait(&sub, 0);
 		if (sub.exited) /* it must not end before we see it */
 			fail_msg("the submitter ended (%d) before both ranks reported:\n%s\nhpud:\n%s",
-				 h_code(&sub), sub.out, d.out);
+				 h_code(&sub), sub.out, daemon_proc.out);
 		h_wait_for(&sub, "\x7f", 200); /* reads the terminal meanwhile */
-		h_wait(&d, 0);
+		h_wait(&daemon_proc, 0);
 		status_rows(target, key, rows, NULL);
 		ok = rows[0].reported && rows[1].reported && rows[0].step > 0 &&
 		     rows[1].step > 0;
@@ -509,21 +512,23 @@ static void test_status_and_bar_through_hpud(void **state)
 	assert_true(intr > sub.out + 4 && !strncmp(intr - 4, "\r\x1b[K", 4));
 	assert_null(strstr(intr, "\x1b[K\r"));
 	h_free(&sub);
+	memset(&sub, 0, sizeof sub);
 	pid_t kids[4];
 	int gone = 0;
 	for (int i = 0; i < 100 && !gone; i++) {
-		h_wait(&d, 100);
-		gone = h_children(d.pid, kids, 4) == 0;
+		h_wait(&daemon_proc, 100);
+		gone = h_children(daemon_proc.pid, kids, 4) == 0;
 	}
 	assert_true(gone);
-	assert_int_equal(h_wait_for(&d, "cancelled by the submitter", 5000), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, "cancelled by the submitter", 5000), 0);
 	status_rows(target, key, rows, &table);
 	assert_non_null(strstr(table, "2 devices, 2 free, 0 jobs"));
 	free(table);
-	kill(d.pid, SIGTERM);
-	assert_int_equal(h_wait(&d, 15000), 0);
-	assert_int_equal(h_code(&d), 0);
-	h_free(&d);
+	kill(daemon_proc.pid, SIGTERM);
+	assert_int_equal(h_wait(&daemon_proc, 15000), 0);
+	assert_int_equal(h_code(&daemon_proc), 0);
+	h_free(&daemon_proc);
+	memset(&daemon_proc, 0, sizeof daemon_proc);
 	unlink(wrapper);
 }
 
@@ -539,6 +544,12 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
+	proc *left[] = {&sub, &daemon_proc};
+	for (int i = 0; i < 2; i++)
+		if (left[i]->pid > 0) {
+			h_kill(left[i]);
+			h_free(left[i]);
+		}
 	char cmd[128];
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	return system(cmd) == 0 ? 0 : -1;
