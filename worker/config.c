@@ -79,7 +79,7 @@ void hpu_opts_defaults(hpu_train_opts *o)
 	o->log_every = 50;
 	strcpy(o->profile_name, "perf-logs");
 	o->throughput_warmup = 1;
-	o->stall_warning = 60;
+	o->stall_warning = 30;
 	o->eval = 1;
 }
 
@@ -267,7 +267,7 @@ static const struct hpu__opt opts[] = {
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", "."},
 	OTHER("profile-filename", K_STR, profile_name, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
 	NUM("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, "leave the first N steps out of samples/s (1)"),
-	NUM("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, "warn when a collective waits X seconds, naming the ranks not arrived (60; 0: never)"),
+	NUM("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, "warn when a collective waits X seconds, naming the ranks not arrived (30; 0: never)"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 _Static_assert(NOPTS <= HPU_OPTS_MAX, "from[] is too small for the table");

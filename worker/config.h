@@ -131,7 +131,7 @@ typedef struct hpu_train_opts {
 	char profile_name[512]; /* trace file prefix ("perf-logs") */
 	long throughput_warmup; /* steps left out of samples/s (1) */
 	double stall_warning;   /* seconds a collective waits before the
-				 * stall warning (60; 0: never) */
+				 * stall warning (30; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
 } hpu_train_opts;

@@ -900,7 +900,7 @@ static void test_profile_flags(void **state)
 	assert_string_equal(o.profile, "");
 	assert_string_equal(o.profile_name, "perf-logs");
 	assert_int_equal(o.throughput_warmup, 1);
-	assert_true(o.stall_warning == 60);
+	assert_true(o.stall_warning == 30);
 	char *a1[] = {"w", "--profile", "m.so", NULL};
 	assert_int_equal(parse(&o, a1, &stop, err, sizeof err), 0);
 	assert_string_equal(o.profile, ".");
