@@ -27,12 +27,26 @@
  *       24    8 len     payload bytes
  *
  * A receiver knows every field of the next message it expects from a given
- * sender, so it checks them all; any difference is a protocol error. The
- * one message that may arrive unasked is HPUCOLL__ABORT: a rank whose
- * collective failed sends it to every peer (payload: its error sentence,
- * arg: its error code), so that the others fail at once and name the rank
- * that caused it instead of waiting for their own timeouts. Shared memory
- * (shm.h) carries the same header, without the encoding.
+ * sender, so it checks them all; any difference is a protocol error.
+ * Three kinds may arrive unasked, always over ZeroMQ (never shared
+ * memory), and are taken out of the stream before any header check, so
+ * they never stand in for data:
+ *
+ *   HPUCOLL__ABORT        a rank whose collective failed sends it to every
+ *                         peer (payload: its error sentence, arg: its
+ *                         error code), so that the others fail at once
+ *                         and name the rank that caused it instead of
+ *                         waiting for their own timeouts.
+ *   HPUCOLL__PROBE        a rank whose collective has waited past the
+ *                         stall threshold asks every peer where it is
+ *                         (seq: the prober's collective; no payload).
+ *   HPUCOLL__PROBE_REPLY  the answer of a rank that is waiting inside a
+ *                         collective (only there does it read its socket):
+ *                         seq: its collective, arg: that collective's kind
+ *                         byte, off: the seq of the probe it answers; no
+ *                         payload. A reply to an older probe is dropped.
+ *
+ * Shared memory (shm.h) carries the same header, without the encoding.
  */
 #ifndef HPUCOLL_COMM_INTERNAL_H
 #define HPUCOLL_COMM_INTERNAL_H
@@ -86,6 +100,8 @@ enum hpucoll__kind {
 	HPUCOLL__ALL_GATHER = 5,
 	HPUCOLL__REDUCE = 6,
 	HPUCOLL__ABORT = 7,
+	HPUCOLL__PROBE = 8,
+	HPUCOLL__PROBE_REPLY = 9,
 };
 
 /* Algorithms, as named in the high bits of the kind byte. 0 is the
@@ -132,6 +148,11 @@ struct hpucoll__peer {
 	struct hpucoll__msg *tail;
 	zmq_msg_t held; /* payload handed out by hpucoll__recv, until release */
 	int holding;
+	/* Stall probes (transport.c): what is known of where this rank is. */
+	uint32_t seen_seq;  /* collective of the latest data read from it */
+	uint32_t reply_to;  /* our collective its last probe reply answers */
+	uint32_t reply_seq; /* the collective that reply says it is in */
+	uint8_t reply_kind; /* and that collective's kind byte */
 };
 
 /* A set of ranks an algorithm runs on: index i is rank ranks[i] (or i when
@@ -233,6 +254,10 @@ struct hpucoll_comm {
 	uint8_t kind;       /* kind | algo << 4 */
 	uint8_t arg;
 	int stall_warned;   /* it printed its stall warning */
+	uint32_t probe_seq; /* the collective whose stall probe went out */
+	int64_t probe_ms;   /* when it went out */
+	int64_t stall_start; /* start of the wait that passed the threshold */
+	int stall_peer;     /* the rank that wait was for */
 	int failed;         /* the error that left the communicator unusable */
 	int got_abort;      /* it failed because another rank gave up */
 };

@@ -19,6 +19,17 @@
  * Nothing read off the wire is trusted: every frame is checked and
  * anything unexpected is HPUCOLL_EPROTO.
  *
+ * Stall warnings: once one wait of a collective has lasted the stall
+ * threshold, the rank sends HPUCOLL__PROBE to every peer over ZeroMQ and
+ * goes on waiting. Every rank answers probes whenever it reads its
+ * receive socket, i.e. while it waits inside a collective; a rank busy
+ * outside the library does not, and that is what "not arrived" means.
+ * After the replies are in, or probe_window() at most, the rank prints
+ * one line to stderr naming the ranks that have arrived at its collective
+ * (replied from it or a later one, or sent data of it) and those that
+ * have not (no answer, or the earlier collective they are in). Probes and
+ * replies are taken out in read_msg() and never reach a header check.
+ *
  * Traffic counters (comm->stats): every payload between two ranks passes
  * through hpucoll__send, hpucoll__send_commit and hpucoll__recv, which
  * count it once the transport has taken it (queued to ZeroMQ, in place or
@@ -29,6 +40,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -64,12 +76,36 @@ static void wait_begin(hpucoll_comm *c, struct wait *w)
 	w->deadline = w->timeout_ms < 0 ? -1 : w->start + w->timeout_ms;
 }
 
+/* Whether collective a comes at or after collective b. */
+static int seq_ge(uint32_t a, uint32_t b)
+{
+	return (int32_t)(a - b) >= 0;
+}
+
+/* How long the replies to a stall probe are gathered. */
+static int64_t probe_window(const hpucoll_comm *c)
+{
+	return c->stall_ms / 2 < 1000 ? c->stall_ms / 2 : 1000;
+}
+
+/* When the stall check of wait w has something to do next: the threshold
+ * (send the probe) or the end of the probe's window (print the warning);
+ * -1 when nothing. */
+static int64_t stall_due(const hpucoll_comm *c, const struct wait *w)
+{
+	if (c->stall_ms <= 0 || c->stall_warned)
+		return -1;
+	if (c->probe_seq != c->seq)
+		return w->start + c->stall_ms;
+	return c->probe_ms + probe_window(c);
+}
+
 /* Milliseconds until the next thing a wait must look at (the deadline or
- * the stall warning), at most `cap`; -1 when there is none and no cap. */
+ * the stall check), at most `cap`; -1 when there is none and no cap. */
 static long wait_ms(const hpucoll_comm *c, const struct wait *w, int64_t now,
 		    long cap)
 {
-	int64_t ms = cap, left;
+	int64_t ms = cap, left, due = stall_due(c, w);
 	int bounded = cap >= 0;
 
 	if (w->deadline >= 0) {
@@ -78,8 +114,8 @@ static long wait_ms(const hpucoll_comm *c, const struct wait *w, int64_t now,
 			ms = left;
 		bounded = 1;
 	}
-	if (c->stall_ms > 0 && !c->stall_warned) {
-		left = w->start + c->stall_ms - now;
+	if (due >= 0) {
+		left = due - now;
 		if (!bounded || left < ms)
 			ms = left;
 		bounded = 1;
@@ -89,19 +125,195 @@ static long wait_ms(const hpucoll_comm *c, const struct wait *w, int64_t now,
 	return ms < 0 ? 0 : (long)ms;
 }
 
-/* Prints the one stall warning of a collective once a wait for `peer` has
- * lasted c->stall_ms, as Horovod's stall check does. */
+/* Sends a header-only control message (a probe or a reply) to rank dst
+ * over ZeroMQ, without waiting; best effort, errors are ignored. */
+static void send_ctl(hpucoll_comm *c, int dst, const struct hpucoll__hdr *h)
+{
+	unsigned char buf[HPUCOLL__HDR_SIZE];
+
+	if (c->peers[dst].push == NULL)
+		return;
+	hpucoll__hdr_encode(buf, h);
+	zmq_send(c->peers[dst].push, buf, sizeof(buf), ZMQ_DONTWAIT);
+}
+
+/* Where peer i stands relative to our collective: 1 arrived (it sent us
+ * data of this collective or a later one, or its reply says it is in this
+ * one or past it), 0 not arrived (it answered from an earlier one), -1 no
+ * answer. */
+static int peer_state(const hpucoll_comm *c, int i)
+{
+	const struct hpucoll__peer *p = &c->peers[i];
+
+	if (i == c->rank || seq_ge(p->seen_seq, c->seq))
+		return 1;
+	if (p->reply_to != c->seq)
+		return -1;
+	return seq_ge(p->reply_seq, c->seq);
+}
+
+/* Whether every peer's state is known, so that the window can end early. */
+static int probe_done(const hpucoll_comm *c)
+{
+	for (int i = 0; i < c->size; i++)
+		if (peer_state(c, i) < 0)
+			return 0;
+	return 1;
+}
+
+/* A line being built, cut with "..." when it would not fit. */
+struct line {
+	char buf[1536];
+	size_t n;
+	int cut;
+};
+
+static void add(struct line *l, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void add(struct line *l, const char *fmt, ...)
+{
+	size_t room = sizeof(l->buf) - 4 - l->n; /* keeps room for "..." */
+	va_list ap;
+	int k;
+
+	if (l->cut)
+		return;
+	va_start(ap, fmt);
+	k = vsnprintf(l->buf + l->n, room, fmt, ap);
+	va_end(ap);
+	if (k < 0 || (size_t)k >= room) {
+		l->buf[l->n] = '\0';
+		strcat(l->buf + l->n, "...");
+		l->n += 3;
+		l->cut = 1;
+		return;
+	}
+	l->n += (size_t)k;
+}
+
+/* Whether peers i and j are to be reported alike (same state and, when
+ * they answered from an earlier collective, the same one). */
+static int alike(const hpucoll_comm *c, int i, int j)
+{
+	int s = peer_state(c, i);
+
+	if (s != peer_state(c, j))
+		return 0;
+	return s != 0 || (c->peers[i].reply_seq == c->peers[j].reply_seq &&
+			  (c->peers[i].reply_kind & 15) ==
+				  (c->peers[j].reply_kind & 15));
+}
+
+/* Lists the ranks that have arrived (want 1: "ranks 0, 1, 3", "ranks
+ * 4-9") or not (want 0, with the reason after each run of alike ranks). */
+static void list_ranks(const hpucoll_comm *c, struct line *l, int want)
+{
+	int count = 0, runs = 0;
+
+	for (int i = 0; i < c->size; i++)
+		count += want == 1 ? peer_state(c, i) == 1
+				   : peer_state(c, i) < 1;
+	if (count == 0) {
+		add(l, "none");
+		return;
+	}
+	if (want == 1)
+		add(l, count == 1 ? "rank " : "ranks ");
+	for (int i = 0, j; i < c->size; i = j) {
+		int s = peer_state(c, i);
+
+		j = i + 1;
+		if ((want == 1) != (s == 1))
+			continue;
+		while (j < c->size && alike(c, i, j))
+			j++;
+		add(l, "%s", runs++ ? ", " : "");
+		if (want != 1)
+			add(l, j - i > 1 ? "ranks " : "rank ");
+		if (j - i > 2 || (want != 1 && j - i > 1))
+			add(l, "%d-%d", i, j - 1);
+		else if (j - i == 2)
+			add(l, "%d, %d", i, i + 1);
+		else
+			add(l, "%d", i);
+		if (s < 0)
+			add(l, " (no answer)");
+		else if (s == 0)
+			add(l, " (at collective #%" PRIu32 " %s)",
+			    c->peers[i].reply_seq,
+			    hpucoll__kind_name(c->peers[i].reply_kind));
+	}
+}
+
+/* Prints the one stall warning of the collective, as one line: which
+ * ranks have arrived at it and which have not, then `tail`. */
+static void stall_warn(hpucoll_comm *c, int64_t now, const char *tail)
+{
+	struct line l = {.n = 0};
+
+	c->stall_warned = 1;
+	add(&l, "arrived: ");
+	list_ranks(c, &l, 1);
+	add(&l, "; not arrived: ");
+	list_ranks(c, &l, 0);
+	fprintf(stderr,
+		"hpucoll: rank %d: %s (collective #%" PRIu32 ") has waited "
+		"%" PRId64 " ms for rank %d; %s; %s\n",
+		c->rank, c->what, c->seq, now - c->stall_start, c->stall_peer,
+		l.buf, tail);
+}
+
+/* Asks every peer where it is (see HPUCOLL__PROBE). */
+static void send_probes(hpucoll_comm *c)
+{
+	struct hpucoll__hdr h = {
+		.magic = HPUCOLL__MAGIC,
+		.src = (uint32_t)c->rank,
+		.seq = c->seq,
+		.kind = HPUCOLL__PROBE,
+	};
+
+	for (int i = 0; i < c->size; i++)
+		if (i != c->rank)
+			send_ctl(c, i, &h);
+}
+
+/* The stall check of a wait for `peer`, called by every wait loop. Once
+ * the wait has lasted c->stall_ms it sends a probe to every peer; the
+ * replies come in while the wait goes on (read_msg takes them); once all
+ * peers are accounted for, or after probe_window(), it prints the one
+ * warning of the collective. */
 static void stall_check(hpucoll_comm *c, const struct wait *w, int peer,
 			int64_t now)
 {
-	if (c->stall_ms <= 0 || c->stall_warned ||
-	    now - w->start < c->stall_ms)
+	char tail[64];
+
+	if (c->stall_ms <= 0 || c->stall_warned)
 		return;
-	c->stall_warned = 1;
-	fprintf(stderr,
-		"hpucoll: rank %d: %s (collective #%" PRIu32 ") has waited "
-		"%" PRId64 " ms for rank %d; still waiting (timeout %d ms)\n",
-		c->rank, c->what, c->seq, now - w->start, peer, w->timeout_ms);
+	if (c->probe_seq != c->seq) {
+		if (now - w->start < c->stall_ms)
+			return;
+		c->probe_seq = c->seq;
+		c->probe_ms = now;
+		c->stall_start = w->start;
+		c->stall_peer = peer;
+		send_probes(c);
+	}
+	if (now - c->probe_ms < probe_window(c) && !probe_done(c))
+		return;
+	snprintf(tail, sizeof(tail), "still waiting (timeout %d ms)",
+		 w->timeout_ms);
+	stall_warn(c, now, tail);
+}
+
+/* A collective ends while its probe's window is open: prints the warning
+ * with what is known (the threshold did pass). */
+static void stall_flush(hpucoll_comm *c, const char *tail)
+{
+	if (c->stall_ms > 0 && !c->stall_warned && c->probe_seq == c->seq &&
+	    c->seq != 0)
+		stall_warn(c, now_ms(), tail);
 }
 
 static int timed_out(hpucoll_comm *c, const struct wait *w, int src)
@@ -594,9 +806,10 @@ static int took_abort(hpucoll_comm *c, const struct hpucoll__msg *m)
 }
 
 /* Reads one whole message into a new *out (NULL if nothing was there). */
-static int read_msg(hpucoll_comm *c, int want, struct hpucoll__msg **out)
+static int read_one(hpucoll_comm *c, int want, struct hpucoll__msg **out)
 {
 	struct hpucoll__msg *m;
+	unsigned kind;
 	int rc;
 
 	*out = NULL;
@@ -610,24 +823,95 @@ static int read_msg(hpucoll_comm *c, int want, struct hpucoll__msg **out)
 		return -rc;
 	}
 	rc = HPUCOLL_OK;
-	if ((m->hdr.kind & 15) == HPUCOLL__ABORT &&
-	    m->hdr.len >= HPUCOLL__ERRMSG_MAX) {
+	kind = m->hdr.kind & 15;
+	if ((kind == HPUCOLL__ABORT && m->hdr.len >= HPUCOLL__ERRMSG_MAX) ||
+	    ((kind == HPUCOLL__PROBE || kind == HPUCOLL__PROBE_REPLY) &&
+	     m->hdr.len > 0)) {
 		drain(c, 1);
 		hpucoll__set_error(c, "%s: rank %" PRIu32 " sent an oversized "
-				      "abort message.",
-				   c->what, m->hdr.src);
+				      "%s message.",
+				   c->what, m->hdr.src,
+				   kind == HPUCOLL__ABORT ? "abort" : "probe");
 		msg_free(m);
 		return HPUCOLL_EPROTO;
 	}
 	if (m->hdr.len > 0)
 		rc = read_body(c, m);
-	if (rc == HPUCOLL_OK && (m->hdr.kind & 15) == HPUCOLL__ABORT)
+	if (rc == HPUCOLL_OK && kind == HPUCOLL__ABORT)
 		rc = took_abort(c, m);
 	if (rc != HPUCOLL_OK) {
 		msg_free(m);
 		return rc;
 	}
 	*out = m;
+	return HPUCOLL_OK;
+}
+
+/* A probe: says where this rank is, from inside a wait of collective
+ * c->seq (see HPUCOLL__PROBE_REPLY). */
+static void answer_probe(hpucoll_comm *c, const struct hpucoll__hdr *probe)
+{
+	struct hpucoll__hdr h = {
+		.magic = HPUCOLL__MAGIC,
+		.src = (uint32_t)c->rank,
+		.seq = c->seq,
+		.kind = HPUCOLL__PROBE_REPLY,
+		.arg = c->kind,
+		.off = probe->seq,
+	};
+
+	send_ctl(c, (int)probe->src, &h);
+}
+
+/* A probe reply: kept when it answers the probe of this collective whose
+ * warning is still to come, dropped otherwise. */
+static void take_reply(hpucoll_comm *c, const struct hpucoll__hdr *h)
+{
+	struct hpucoll__peer *p = &c->peers[h->src];
+
+	if (c->stall_warned || c->probe_seq != c->seq || h->off != c->seq)
+		return;
+	p->reply_to = c->seq;
+	p->reply_seq = h->seq;
+	p->reply_kind = h->arg;
+}
+
+/* Notes that rank src sent data of collective seq. */
+static void saw(hpucoll_comm *c, int src, uint32_t seq)
+{
+	struct hpucoll__peer *p = &c->peers[src];
+
+	if (!seq_ge(p->seen_seq, seq))
+		p->seen_seq = seq;
+}
+
+/* Reads the next data message into a new *out (NULL if none was there),
+ * answering probes and taking probe replies on the way. Stops after a
+ * bounded number of those so that a flood cannot hold the caller. */
+static int read_msg(hpucoll_comm *c, int want, struct hpucoll__msg **out)
+{
+	struct hpucoll__msg *m;
+	int rc;
+
+	for (int i = 0; i < 64; i++) {
+		rc = read_one(c, want, out);
+		m = *out;
+		if (rc != HPUCOLL_OK || m == NULL)
+			return rc;
+		switch (m->hdr.kind & 15) {
+		case HPUCOLL__PROBE:
+			answer_probe(c, &m->hdr);
+			break;
+		case HPUCOLL__PROBE_REPLY:
+			take_reply(c, &m->hdr);
+			break;
+		default:
+			saw(c, (int)m->hdr.src, m->hdr.seq);
+			return HPUCOLL_OK;
+		}
+		msg_free(m);
+		*out = NULL;
+	}
 	return HPUCOLL_OK;
 }
 
@@ -849,6 +1133,7 @@ static int shm_recv_from(hpucoll_comm *c, const struct hpucoll__hdr *want,
 	}
 	if (rc != HPUCOLL_OK)
 		return shm_error(c, src, rc, &w);
+	saw(c, src, h.seq);
 	rc = check(c, want, &h);
 	if (rc != HPUCOLL_OK)
 		hpucoll__shm_release(c->shm, local);
@@ -905,11 +1190,14 @@ static int zc_held(struct hpucoll__peer *p)
 int hpucoll__fence(hpucoll_comm *c)
 {
 	struct wait w;
-	int round = 0;
+	int64_t polled;
+	int round = 0, rc;
 
+	stall_flush(c, "its wait is over");
 	if (!c->zc_pending)
 		return HPUCOLL_OK;
 	wait_begin(c, &w);
+	polled = w.start;
 	for (int i = 0; i < c->size; i++) {
 		struct hpucoll__peer *p = &c->peers[i];
 
@@ -928,6 +1216,13 @@ int hpucoll__fence(hpucoll_comm *c)
 			    now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
 				return lost_peer(c, i);
 			stall_check(c, &w, i, now);
+			/* Now and then: aborts, and probes to answer. */
+			if (now - polled >= HPUCOLL__SLICE_MS) {
+				polled = now;
+				rc = poll_aborts(c, i);
+				if (rc != HPUCOLL_OK)
+					return rc;
+			}
 			backoff(&round);
 		}
 	}
@@ -965,6 +1260,7 @@ void hpucoll__fail_transport(hpucoll_comm *c, int rc)
 	int64_t t0 = now_ms();
 	int round = 0, left;
 
+	stall_flush(c, "it failed");
 	if (!c->got_abort)
 		send_aborts(c, rc);
 	if (!c->zc_pending)

@@ -1,0 +1,197 @@
+/* Stall warnings that name who has and has not arrived: 4 ranks under
+ * hpulaunch (coll_stall_worker.c), one of which sleeps 3 s before a
+ * collective while the stall threshold is 1 s.
+ *
+ *   late:   rank 2 sleeps before all_reduce #2. Ranks 0, 1 and 3 each
+ *           print one line: arrived ranks 0, 1, 3; not arrived rank 2 (no
+ *           answer). Then the all-reduce completes with the right sums.
+ *   behind: rank 2 sleeps before broadcast #2 (root 0): rank 3 waits for
+ *           it inside #2 while ranks 0 and 1 are already in all_reduce #3.
+ *           Ranks 0 and 1 say rank 2 (no answer) and rank 3 (at collective
+ *           #2 broadcast); rank 3 counts 0 and 1 as arrived.
+ *
+ * Each runs over shared memory (hpulaunch's default within a node) and
+ * over TCP, the threshold once from HPUCOLL_STALL_WARN_MS and once from
+ * hpucoll_comm_set_stall_warning. Nothing here depends on timing beyond
+ * the sleep being longer than threshold + reply window (1.5 s). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define LAUNCH h_build("bin/hpulaunch")
+#define WORKER h_build("bin/coll_stall_worker")
+#define WS 4
+
+/* How many lines of out start with `prefix`; *rest gets the remainder of
+ * the first one (up to the newline), copied into buf. */
+static int lines_with(const char *out, const char *prefix, char *buf,
+                      size_t len)
+{
+	const char *p = out;
+	int n = 0;
+
+	buf[0] = '\0';
+	while ((p = strstr(p, prefix)) != NULL) {
+		if (p == out || p[-1] == '\n') {
+			const char *s = p + strlen(prefix),
+			           *e = strchr(s, '\n');
+			size_t l = e ? (size_t)(e - s) : strlen(s);
+
+			if (n++ == 0)
+				snprintf(buf, len, "%.*s", (int)l, s);
+		}
+		p += strlen(prefix);
+	}
+	return n;
+}
+
+/* The warning of rank r: one line "[rank r] hpucoll: rank r: <head>N ms
+ * for rank K; <lists>; still waiting (timeout 20000 ms)". Returns whether
+ * it is there exactly once with these parts, printing what is wrong. */
+static int warned(const char *out, int r, const char *head, const char *lists)
+{
+	char prefix[160], line[1024], want[512];
+	const char *s;
+	int n;
+
+	snprintf(prefix, sizeof prefix, "[rank %d] hpucoll: rank %d: %s", r, r,
+	         head);
+	n = lines_with(out, prefix, line, sizeof line);
+	if (n != 1) {
+		fprintf(stderr, "rank %d printed %d lines starting \"%s\"\n", r,
+		        n, prefix);
+		return 0;
+	}
+	snprintf(want, sizeof want, "; %s; still waiting (timeout 20000 ms)",
+	         lists);
+	s = strstr(line, " ms for rank ");
+	if (s == NULL || strchr(s, ';') == NULL ||
+	    strcmp(strchr(s, ';'), want) != 0) {
+		fprintf(stderr,
+		        "rank %d's warning is \"%s%s\"; want it to end "
+		        "\"%s\"\n",
+		        r, prefix, line, want);
+		return 0;
+	}
+	return 1;
+}
+
+/* Runs the job; returns its output (caller frees) and asserts that it
+ * ended well with every rank done. */
+static char *run(const char *mode, const char *transport, int api)
+{
+	char tenv[64], senv[64];
+	char *env[] = {"HPUCOLL_TIMEOUT_MS=20000", senv, tenv, NULL};
+	char *argv[] = {(char *)LAUNCH,      "--devices",  "4", "--exec",
+	                (char *)WORKER,      (char *)mode, "2", "3000",
+	                api ? "1000" : NULL, NULL};
+	char key[64];
+	proc p;
+
+	/* With the API, the environment says "never" so that only the call
+	 * can make the warning appear. */
+	snprintf(senv, sizeof senv, "HPUCOLL_STALL_WARN_MS=%s",
+	         api ? "0" : "1000");
+	snprintf(tenv, sizeof tenv, "HPUCOLL_TRANSPORT=%s", transport);
+	assert_int_equal(h_run(&p, argv, env, 120000), 0);
+	printf("--- %s, transport %s, threshold from %s: exit %d ---\n%s", mode,
+	       transport, api ? "the API" : "the environment", h_code(&p),
+	       p.out);
+	assert_int_equal(h_code(&p), 0);
+	for (int r = 0; r < WS; r++) {
+		snprintf(key, sizeof key, "[rank %d] rank %d done\n", r, r);
+		assert_non_null(strstr(p.out, key));
+	}
+	char *out = strdup(p.out);
+	h_free(&p);
+	assert_non_null(out);
+	return out;
+}
+
+/* Rank 2, which came late to everything, never waited that long. */
+static int quiet(const char *out, int r)
+{
+	char prefix[64], line[1024];
+
+	snprintf(prefix, sizeof prefix, "[rank %d] hpucoll: ", r);
+	if (lines_with(out, prefix, line, sizeof line) == 0)
+		return 1;
+	fprintf(stderr, "rank %d warned: %s\n", r, line);
+	return 0;
+}
+
+static void late(const char *transport, int api)
+{
+	char *out = run("late", transport, api);
+	int ok = 1;
+
+	for (int r = 0; r < WS; r++)
+		if (r != 2)
+			ok &= warned(out, r,
+			             "all_reduce (collective #2) has waited ",
+			             "arrived: ranks 0, 1, 3; not arrived: "
+			             "rank 2 (no answer)");
+	ok &= quiet(out, 2);
+	free(out);
+	assert_true(ok);
+}
+
+static void behind(const char *transport, int api)
+{
+	char *out = run("behind", transport, api);
+	int ok = 1;
+
+	for (int r = 0; r < 2; r++)
+		ok &= warned(out, r, "all_reduce (collective #3) has waited ",
+		             "arrived: ranks 0, 1; not arrived: rank 2 (no "
+		             "answer), rank 3 (at collective #2 broadcast)");
+	ok &= warned(out, 3, "broadcast (collective #2) has waited ",
+	             "arrived: ranks 0, 1, 3; not arrived: rank 2 (no answer)");
+	ok &= quiet(out, 2);
+	free(out);
+	assert_true(ok);
+}
+
+static void test_late_shm_env(void **state)
+{
+	(void)state;
+	late("auto", 0);
+}
+
+static void test_late_tcp_api(void **state)
+{
+	(void)state;
+	late("tcp", 1);
+}
+
+static void test_behind_shm_api(void **state)
+{
+	(void)state;
+	behind("auto", 1);
+}
+
+static void test_behind_tcp_env(void **state)
+{
+	(void)state;
+	behind("tcp", 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_late_shm_env),
+	    cmocka_unit_test(test_late_tcp_api),
+	    cmocka_unit_test(test_behind_shm_api),
+	    cmocka_unit_test(test_behind_tcp_env),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
