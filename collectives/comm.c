@@ -80,6 +80,8 @@ const char *hpucoll__kind_name(unsigned kind)
 		[HPUCOLL__ALL_GATHER] = "all_gather",
 		[HPUCOLL__REDUCE] = "reduce",
 		[HPUCOLL__ABORT] = "abort",
+		[HPUCOLL__PROBE] = "probe",
+		[HPUCOLL__PROBE_REPLY] = "probe_reply",
 	};
 
 	kind &= 15;

@@ -75,7 +75,7 @@
 /* The ring numbers its 2 * (size - 1) steps in the 16-bit tag. */
 #define HPUCOLL__MAX_SIZE 32768
 #define HPUCOLL__DEFAULT_TIMEOUT_MS 60000
-#define HPUCOLL__DEFAULT_STALL_MS 60000
+#define HPUCOLL__DEFAULT_STALL_MS 30000
 /* How long closing a send socket may wait to flush queued messages. */
 #define HPUCOLL__LINGER_MS 1000
 /* ZeroMQ heartbeats: a connection silent for HEARTBEAT_TIMEOUT is closed,

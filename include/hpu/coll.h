@@ -178,7 +178,8 @@ typedef void (*hpucoll_trace_fn)(void *arg, const hpucoll_event *ev);
 void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, void *arg);
 
 /* Sets how long a collective may wait for a peer before one stall warning
- * is printed (default 60000 ms or HPUCOLL_STALL_WARN_MS; 0: never). */
+ * is printed (default 30000 ms or HPUCOLL_STALL_WARN_MS; 0: never); the
+ * warning names the ranks that have and have not arrived. */
 void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms);
 
 /* ---- Collectives ----
