@@ -42,7 +42,7 @@ static void fetch_slot(const hpu_dataset *ds, slot *s)
 static void *run(void *arg)
 {
 	hpu_loader *ld = arg;
-	hpu__prof_thread(HPU_PROF_LOADER, "data loader");
+	hpu__prof_thread(HPU_PROF_LOADER);
 	pthread_mutex_lock(&ld->mu);
 	for (;;) {
 		int k = ld->s[0].pending ? 0 : ld->s[1].pending ? 1 : -1;
@@ -54,7 +54,7 @@ static void *run(void *arg)
 		}
 		slot *s = &ld->s[k];
 		pthread_mutex_unlock(&ld->mu);
-		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		int64_t t0 = hpu__prof_t0();
 		fetch_slot(&ld->ds, s);
 		hpu__prof_span("data", "fetch_batch", NULL, t0, "\"samples\":%d", s->n);
 		pthread_mutex_lock(&ld->mu);

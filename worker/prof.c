@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,7 @@
 #define FLUSH_AT (256u * 1024u) /* buffered bytes that force a flush */
 #define MAX_OPEN 64             /* the model's nested ranges per thread */
 
-int hpu__prof_enabled;
+_Atomic int hpu__prof_enabled;
 int hpu__prof_in_eval;
 
 static struct {
@@ -39,6 +40,7 @@ static struct {
 /* The calling thread's row; 0: not named yet (then the collectives' row:
  * the only unnamed thread that records is the progress thread). */
 static __thread int my_tid;
+static atomic_int next_tid = HPU_PROF_LOADER + 1;
 
 /* The model's open ranges on this thread (hpu_profile_start). */
 static __thread struct {
@@ -87,6 +89,9 @@ static void flush_locked(void)
 	size_t n = P.len + sizeof TAIL - 1;
 	ssize_t w = pwrite(P.fd, P.buf, n, P.end);
 	if (w != (ssize_t)n) {
+		/* a short write may have overwritten the tail: put it back, so
+		 * that the file still parses (what fit stays unlisted) */
+		(void)!pwrite(P.fd, TAIL + 1, sizeof TAIL - 2, P.end);
 		if (!P.failed)
 			fprintf(stderr, "hpu-worker: rank %d: profiling stopped: writing %s: %s\n", P.rank,
 				P.path, w < 0 ? strerror(errno) : "short write");
@@ -217,15 +222,22 @@ int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen)
 	return 0;
 }
 
-const char *hpu__prof_path(void)
+void hpu__prof_thread(int tid)
 {
-	return P.fd >= 0 ? P.path : "";
+	my_tid = tid;
 }
 
-void hpu__prof_thread(int tid, const char *name)
+/* The row of a thread that records ranges for the first time (a model's
+ * own thread), named in the trace. */
+static int own_row(void)
 {
-	(void)name; /* the rows are named at open */
-	my_tid = tid;
+	if (!my_tid) {
+		my_tid = atomic_fetch_add(&next_tid, 1);
+		char name[32];
+		snprintf(name, sizeof name, "thread %d", my_tid);
+		meta(my_tid, "thread_name", name);
+	}
+	return my_tid;
 }
 
 static void span_v(int tid, const char *cat, const char *name, const char *sub, int64_t t0,
@@ -240,7 +252,7 @@ static void span_v(int tid, const char *cat, const char *name, const char *sub, 
 	}
 	n += (size_t)snprintf(line + n, sizeof line - n,
 			      "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f",
-			      cat, P.rank, tid ? tid : HPU_PROF_COMM, (double)t0 / 1e3,
+			      cat, P.rank, tid, (double)t0 / 1e3,
 			      (double)(t1 - t0) / 1e3);
 	if (args && n + 12 < sizeof line) {
 		n += (size_t)snprintf(line + n, sizeof line - n, ",\"args\":{");
@@ -264,7 +276,7 @@ void hpu__prof_span(const char *cat, const char *name, const char *sub, int64_t 
 		return;
 	va_list ap;
 	va_start(ap, args);
-	span_v(my_tid, cat, name, sub, t0, hpu__prof_now(), args, ap);
+	span_v(own_row(), cat, name, sub, t0, hpu__prof_now(), args, ap);
 	va_end(ap);
 }
 
@@ -365,8 +377,8 @@ void hpu_profile_start(const char *action)
 	if (!hpu__prof_enabled || !action)
 		return;
 	if (nopen == MAX_OPEN) {
-		static int said;
-		if (!said++)
+		static atomic_int said;
+		if (!atomic_exchange(&said, 1))
 			fprintf(stderr, "hpu-worker: rank %d: hpu_profile_start(\"%s\"): more than %d ranges open at once; ignored\n",
 				P.rank, action, MAX_OPEN);
 		return;
@@ -387,8 +399,8 @@ void hpu_profile_stop(const char *action)
 		nopen--;
 		return;
 	}
-	static int said;
-	if (!said++)
+	static atomic_int said;
+	if (!atomic_exchange(&said, 1))
 		fprintf(stderr, "hpu-worker: rank %d: hpu_profile_stop(\"%s\") without hpu_profile_start; ignored\n",
 			P.rank, action);
 }

@@ -22,12 +22,14 @@
 #define HPU_PROF_H
 
 #include <hpu/coll.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
-/* Nonzero while a trace is open: callers test it before taking times. */
-extern int hpu__prof_enabled;
+/* Nonzero while a trace is open: callers test it before taking times
+ * (hpu__prof_t0). Read by every thread, cleared when a write fails. */
+extern _Atomic int hpu__prof_enabled;
 
 /* Set while the runtime evaluates (or calibrates): layer passes are then
  * "eval_forward:<layer>", kept apart from training's. */
@@ -49,15 +51,21 @@ static inline int64_t hpu__prof_now(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The start of an event: now, or 0 while nothing is recorded. */
+static inline int64_t hpu__prof_t0(void)
+{
+	return hpu__prof_enabled ? hpu__prof_now() : 0;
+}
+
 /* Creates the trace file and writes its header; the calling thread is
  * the main thread. Returns 0, or -1 with a sentence in err. */
 int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen);
 
-/* The file's path ("" when none is open). */
-const char *hpu__prof_path(void);
-
-/* Names the calling thread's row (tid, e.g. HPU_PROF_LOADER). */
-void hpu__prof_thread(int tid, const char *name);
+/* Puts the calling thread's events on row `tid` (HPU_PROF_LOADER). Other
+ * threads that record ranges (a model's own) get rows of their own, 4
+ * and up; a thread that runs collectives without recording anything else
+ * is the progress thread's row. */
+void hpu__prof_thread(int tid);
 
 /* A complete event from t0 (hpu__prof_now) to now on the calling
  * thread's row, named `name` or "name:sub" when sub is not NULL. args,

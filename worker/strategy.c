@@ -669,7 +669,7 @@ static int acquire_mp(hpu_strat *s, int i, int dir, int stop)
 	unit *u = &s->u[k];
 	int gathered = s->kind == HPU_STRATEGY_ZERO3 && !u->persistent;
 	if (!s->lcp[i]) {
-		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		int64_t t0 = hpu__prof_t0();
 		int ahead = u->full16 != NULL;
 		if (gathered && !u->full16 && gather_start(s, k) < 0)
 			return -1;
@@ -706,7 +706,7 @@ static int acquire(hpu_strat *s, int i, int dir, int stop)
 	if (s->kind != HPU_STRATEGY_ZERO3 || k < 0 || s->u[k].persistent)
 		return 0;
 	unit *u = &s->u[k];
-	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t t0 = hpu__prof_t0();
 	int ahead = u->full != NULL;
 	if (!u->full && gather_start(s, k) < 0)
 		return -1;
@@ -726,7 +726,7 @@ static int release(hpu_strat *s, int k)
 	unit *u = &s->u[k];
 	if (s->kind != HPU_STRATEGY_ZERO3 || u->persistent || !u->full)
 		return 0;
-	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t t0 = hpu__prof_t0();
 	if (u->gather) {
 		int rc = hpucoll_wait(&u->gather);
 		if (rc)
@@ -750,7 +750,7 @@ static int release_layer(hpu_strat *s, int i)
 		return release(s, l->unit);
 	unit *u = &s->u[l->unit];
 	if (s->lcp[i]) {
-		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		int64_t t0 = hpu__prof_t0();
 		hpu_dfree(s->lcp[i]);
 		s->lcp[i] = NULL;
 		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
@@ -815,7 +815,7 @@ static int layer_forward(hpu_strat *s, int i, int n, int stop)
 	hpu_layer *l = s->b->layers[i];
 	if (ensure_act(s, i) < 0 || acquire(s, i, +1, stop) < 0)
 		return -1;
-	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t t0 = hpu__prof_t0();
 	hpu__op_layer(i, l->name, l->pbase, l->plen, 0);
 	int rc = l->ops.forward(l, input_of(s, i), s->acts[i], n);
 	hpu__op_layer(-1, NULL, NULL, 0, 0);
@@ -852,7 +852,7 @@ static int recompute(hpu_strat *s, int i, int n)
 		hpu_layer *l = s->b->layers[j];
 		if (ensure_act(s, j) < 0 || acquire(s, j, +1, i + 1) < 0)
 			return -1;
-		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		int64_t t0 = hpu__prof_t0();
 		hpu__op_layer(j, l->name, l->pbase, l->plen, 0);
 		int rc = l->ops.forward(l, input_of(s, j), s->acts[j], n);
 		hpu__op_layer(-1, NULL, NULL, 0, 0);
@@ -946,7 +946,7 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 		     acquire(s, i, -1, -1) < 0))
 			return -1;
 		float *din = i ? s->dbuf[(last - i + 1) & 1] : NULL;
-		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		int64_t t0 = hpu__prof_t0();
 		hpu__op_layer(i, l->name, l->pbase, l->plen, 1);
 		int rc = l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n);
 		hpu__op_layer(-1, NULL, NULL, 0, 0);
