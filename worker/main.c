@@ -5,6 +5,7 @@
  */
 #include <hpu/coll.h>
 #include <hpu/ops.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGPIPE, SIG_IGN); /* a closed status pipe or socket is EPIPE, not death */
 	char err[1024] = "";
 	int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1);
 	hpu_train_opts o;

@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -25,7 +24,7 @@ static int fd(void)
 		status_fd = n >= 0 && n < 1 << 20 && !*end && fcntl((int)n, F_GETFD) >= 0 ? (int)n : -1;
 		if (status_fd >= 0) { /* a full pipe drops a record, never waits */
 			fcntl(status_fd, F_SETFL, fcntl(status_fd, F_GETFL) | O_NONBLOCK);
-			signal(SIGPIPE, SIG_IGN); /* a closed pipe is EPIPE */
+			fcntl(status_fd, F_SETFD, FD_CLOEXEC); /* not for what the model starts */
 		}
 	}
 	return status_fd;

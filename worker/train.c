@@ -36,6 +36,8 @@ typedef struct loop {
 	hpu_strat *st;
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */
+	int epoch;               /* the epoch of the last step trained (from 0),
+				  * for progress records */
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
@@ -218,7 +220,7 @@ static double *reduce_for_log(loop *L, float loss, long steps, float *mean)
 static int log_step(loop *L, long step, long total, int epoch, float loss,
 		    double lr, double norm, double sps)
 {
-	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t t0 = hpu__prof_t0();
 	float l;
 	double *all = reduce_for_log(L, loss, step, &l);
 	if (!all)
@@ -298,7 +300,7 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 		float *x, loss;
 		int32_t *labels;
 		const float *out;
-		int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		int64_t t0 = hpu__prof_t0();
 		if (hpu_loader_wait(L->loader, (int)(m & 1), &x, &labels, &bad) < 0)
 			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
 		hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
@@ -306,17 +308,17 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 			prefetch(L, s, k + 1);
 		else if (more)
 			prefetch(L, s + 1, 0);
-		t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		t0 = hpu__prof_t0();
 		if (hpu_strat_forward(L->st, x, L->micro, &out) < 0)
 			return -1;
 		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
-		t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+		t0 = hpu__prof_t0();
 		if (hpu_strat_backward(L->st, labels, L->micro, scale, k, L->accum, &loss) < 0)
 			return -1;
 		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
 		sum += loss;
 	}
-	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t t0 = hpu__prof_t0();
 	if (hpu_strat_step(L->st, hpu_sched_lr(&L->pos.sched, gstep), norm_out) < 0 ||
 	    fp8_roll(L) < 0)
 		return -1;
@@ -329,7 +331,7 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 /* Test metric over all ranks: returns 0 and sets *value, or -1. */
 static int evaluate(loop *L, double *value, double *count)
 {
-	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t t0 = hpu__prof_t0();
 	hpu_builder *b = L->b;
 	const hpu_dataset *d = &b->data[HPU_SPLIT_TEST];
 	size_t mine = hpu_sampler_eval_count(d->size, L->rank, L->world);
@@ -530,7 +532,7 @@ static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch
 	p.step = step;
 	p.epoch = s + 1 < per_epoch ? e : e + 1;
 	p.batch = s + 1 < per_epoch ? (long)(s + 1) : 0;
-	int64_t t0 = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t t0 = hpu__prof_t0();
 	int rc = hpu_checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
 	hpu__prof_span("checkpoint", "checkpoint_save", NULL, t0, "\"step\":%ld", step);
 	return rc;
@@ -628,10 +630,11 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		prefetch(L, s0, 0);
 		for (size_t s = s0; s < end; s++) {
 			double lr = hpu_sched_lr(&L->pos.sched, step);
-			int64_t ts = hpu__prof_enabled ? hpu__prof_now() : 0;
+			int64_t ts = hpu__prof_t0();
 			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0)
 				return -1;
 			step++;
+			L->epoch = e;
 			hpu__prof_span("step", "step", NULL, ts, "\"step\":%ld,\"epoch\":%d", step, e + 1);
 			double t = now_s();
 			rate_tick(&R, step, t);
@@ -663,8 +666,7 @@ done:
 	*sps_out = rate_final(&R, step, now_s(), o->batch_size);
 	*steps_out = step;
 	*loss_out = loss;
-	report(L, step, total, e < o->epochs ? e : o->epochs - 1, loss, *sps_out, 0,
-	       HPU_PHASE_TRAIN, 1);
+	report(L, step, total, L->epoch, loss, *sps_out, 0, HPU_PHASE_TRAIN, 1);
 	return 0;
 }
 
@@ -675,12 +677,20 @@ static int observe_setup(loop *L)
 {
 	const hpu_train_opts *o = L->o;
 	if (o->from[hpu__opt_slot_named("stall-warning")] != HPU_FROM_DEFAULT)
-		hpucoll_comm_set_stall_warning(L->comm, (int)(o->stall_warning * 1000));
+		hpucoll_comm_set_stall_warning(L->comm, o->stall_warning > 0 && o->stall_warning < 0.001
+								? 1 : (int)(o->stall_warning * 1000));
 	if (!o->profile[0])
 		return 0;
-	const char *nr = getenv("NODE_RANK");
+	const char *nr = getenv("NODE_RANK"), *rc_env = getenv("HPU_RESTART_COUNT");
+	/* a restarted job's attempt K keeps the earlier attempts' traces */
+	char name[600];
+	int attempt = rc_env ? atoi(rc_env) : 0;
+	if (attempt > 0)
+		snprintf(name, sizeof name, "%s-restart%d", o->profile_name, attempt);
+	else
+		snprintf(name, sizeof name, "%s", o->profile_name);
 	hpu_prof_conf c = {
-		.dir = o->profile, .name = o->profile_name, .rank = L->rank, .world = L->world,
+		.dir = o->profile, .name = name, .rank = L->rank, .world = L->world,
 		.node_rank = nr ? atoi(nr) : 0, .job_id = getenv("HPU_JOB_ID"),
 		.model = L->b->model && L->b->model->name ? L->b->model->name : "",
 		.strategy = hpu_strategy_name(o->strategy),
@@ -694,7 +704,7 @@ static int observe_setup(loop *L)
 		return coll_fail(L, "the profiler's first barrier", rc);
 	if (L->rank == 0)
 		printf("profiling: a Chrome trace per rank in %s/%s-rank<R>.json (hpu-trace merges them)\n",
-		       o->profile, o->profile_name);
+		       o->profile, name);
 	return 0;
 }
 
@@ -723,13 +733,14 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	}
 	hpu_sched_init(&L.pos.sched, o, total);
-	int64_t tl = hpu__prof_enabled ? hpu__prof_now() : 0;
+	int64_t tl = hpu__prof_t0();
 	if (hpu_strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
 	    (ck && hpu_checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
 					errlen) < 0))
 		goto out;
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
+	L.epoch = L.pos.epoch < o->epochs ? L.pos.epoch : o->epochs - 1;
 	if (alloc_buffers(&L) < 0)
 		goto out;
 	if (ck) {
@@ -748,8 +759,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	int have_metric = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST] &&
 			  b->loss.metric;
 	if (have_metric)
-		report(&L, steps, total, o->epochs - 1, loss, sps, -1, HPU_PHASE_EVAL, 1);
-	hpu__prof_in_eval = 1;
+		report(&L, steps, total, L.epoch, loss, sps, -1, HPU_PHASE_EVAL, 1);
 	if (have_metric && evaluate(&L, &metric, &count) < 0)
 		goto out;
 	hpu__prof_in_eval = 0;
@@ -759,7 +769,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	if (o->save_params[0] && hpu_strat_save_params(L.st, o->save_params) < 0)
 		goto out;
-	report(&L, steps, total, o->epochs - 1, loss, sps, 0, HPU_PHASE_DONE, 1);
+	report(&L, steps, total, L.epoch, loss, sps, 0, HPU_PHASE_DONE, 1);
 	rc = 0;
 out:
 	hpu__prof_close();

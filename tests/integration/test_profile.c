@@ -85,11 +85,47 @@ static int count_named(const cJSON *ev, const char *name, const char *cat)
 	return n;
 }
 
+/* The main thread's training events (data_loading, forward, backward,
+ * their per-layer events, optimizer_step): asserts that each lies inside
+ * one of the step events, and returns how many there were. */
+static int inside_steps(const cJSON *ev)
+{
+	double t0[64], t1[64];
+	int nsteps = 0, n = 0;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, ev)
+	{
+		if (!strcmp(str(e, "name"), "step") && nsteps < 64) {
+			t0[nsteps] = num(e, "ts");
+			t1[nsteps++] = num(e, "ts") + num(e, "dur");
+		}
+	}
+	static const char *const cats[] = {"data", "forward", "backward", "optimizer"};
+	cJSON_ArrayForEach(e, ev)
+	{
+		int training = 0;
+		for (int k = 0; k < 4; k++)
+			training |= !strcmp(str(e, "cat"), cats[k]);
+		if (!training || num(e, "tid") != 1)
+			continue;
+		double a = num(e, "ts"), b = a + num(e, "dur");
+		int in = 0;
+		for (int k = 0; k < nsteps && !in; k++) /* %.3f rounding: 1 ns */
+			in = a >= t0[k] - 0.001 && b <= t1[k] + 0.002;
+		if (!in)
+			fprintf(stderr, "%s at %.3f..%.3f is in no step\n", str(e, "name"), a, b);
+		assert_true(in);
+		n++;
+	}
+	return n;
+}
+
 /* A 2-worker fast_ddp run with --profile: each rank's trace names the
  * rank, holds 8 steps with their data loading, forward and backward (and
  * per layer), optimizer steps, the first barrier, all-reduces with their
  * bytes and algorithm, and the model's "loss" range; every event of the
- * main thread lies inside a step or before/after the steps. */
+ * main thread that belongs to training (data, forward, backward,
+ * optimizer) lies inside a step. */
 static void test_traces(void **state)
 {
 	(void)state;
@@ -164,6 +200,8 @@ static void test_traces(void **state)
 		assert_non_null(first_coll);
 		assert_string_equal(str(first_coll, "name"), "barrier");
 		assert_int_equal(profiler_events, 1);
+		/* a step: data_loading, forward, backward, 5 layers each way, optimizer_step */
+		assert_int_equal(inside_steps(ev), 8 * (3 + 5 * 2 + 1));
 		assert_true(allreduces >= 8);
 		/* The gradients of every parameter went through the all-reduces
 		 * of step 1: the final record counts the parameters. */

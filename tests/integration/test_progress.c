@@ -128,7 +128,8 @@ static int bar_frames(const char *out, char *last, size_t lastlen)
 }
 
 /* hpulaunch -q [--progress extra] --devices 2 --no-eval --log-every 20
- * --max-steps 60 --batch-size 64 MLP (about a second of training) */
+ * --epochs 3 --max-steps 60 --batch-size 64 MLP (about a second of
+ * training, all of it in epoch 1 of 3) */
 static void mlp_argv(char **a, const char *extra)
 {
 	int n = 0;
@@ -138,8 +139,8 @@ static void mlp_argv(char **a, const char *extra)
 		a[n++] = "--progress";
 		a[n++] = (char *)extra;
 	}
-	const char *rest[] = {"--devices", "2", "--no-eval", "--log-every", "20", "--max-steps",
-			      "60", "--batch-size", "64", MODEL, NULL};
+	const char *rest[] = {"--devices", "2", "--no-eval", "--log-every", "20", "--epochs", "3",
+			      "--max-steps", "60", "--batch-size", "64", MODEL, NULL};
 	for (int i = 0; rest[i]; i++)
 		a[n++] = (char *)rest[i];
 	a[n] = NULL;
@@ -241,9 +242,12 @@ static void test_bar_on_terminal(void **state)
 	assert_true(frames >= 2);
 	assert_non_null(strstr(p.out, "ETA "));
 	assert_non_null(strstr(p.out, "/60 loss "));
-	assert_non_null(strstr(p.out, "epoch 1/1 ["));
+	assert_non_null(strstr(p.out, "epoch 1/3 ["));
+	/* --max-steps ended the run in epoch 1: the last frame says so */
+	assert_non_null(strstr(last, "epoch 1/3"));
+	assert_null(strstr(p.out, "epoch 3/3"));
 	/* the log lines stay, the bar is gone at the end */
-	assert_non_null(strstr(p.out, "[rank 0] epoch 1/1 step 60/60 loss"));
+	assert_non_null(strstr(p.out, "[rank 0] epoch 1/3 step 60/60 loss"));
 	const char *fin = strstr(p.out, "[rank 0] trained 60 steps on 2 workers");
 	assert_non_null(fin);
 	const char *clear = NULL;
@@ -268,7 +272,7 @@ static void test_no_bar_on_pipe(void **state)
 	assert_null(strchr(p.out, '\r'));
 	assert_null(strstr(p.out, "\x1b["));
 	assert_null(strstr(p.out, "ETA"));
-	assert_non_null(strstr(p.out, "[rank 0] epoch 1/1 step 20/60 loss"));
+	assert_non_null(strstr(p.out, "[rank 0] epoch 1/3 step 20/60 loss"));
 	assert_non_null(strstr(p.out, "[rank 0] trained 60 steps on 2 workers"));
 	h_free(&p);
 }
