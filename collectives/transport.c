@@ -82,10 +82,13 @@ static int seq_ge(uint32_t a, uint32_t b)
 	return (int32_t)(a - b) >= 0;
 }
 
-/* How long the replies to a stall probe are gathered. */
+/* How long the replies to a stall probe are gathered: half the threshold,
+ * at most 1 s, and at least two of the slices in which ranks waiting on
+ * shared memory look at their socket (else they could not answer). */
 static int64_t probe_window(const hpucoll_comm *c)
 {
-	return c->stall_ms / 2 < 1000 ? c->stall_ms / 2 : 1000;
+	int64_t w = c->stall_ms / 2 < 1000 ? c->stall_ms / 2 : 1000;
+	return w < 2 * HPUCOLL__SLICE_MS ? 2 * HPUCOLL__SLICE_MS : w;
 }
 
 /* When the stall check of wait w has something to do next: the threshold

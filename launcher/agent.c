@@ -196,68 +196,59 @@ static void on_output(struct ev_loop *loop, ev_io *io, int revents)
 
 /* ---- status records ---- */
 
-static int parse_long(const char **p, const char *end, long lo, long hi, long *out)
+/* The next space-separated token of [*p, end) into tmp (NUL-terminated),
+ * *p moved past it; -1 if there is none or it does not fit. */
+static int token(const char **p, const char *end, char *tmp, size_t cap)
 {
-	char tmp[32], *e;
 	const char *s = *p;
 	while (s < end && *s == ' ')
 		s++;
 	size_t n = 0;
 	while (s + n < end && s[n] != ' ')
 		n++;
-	if (n == 0 || n >= sizeof tmp)
+	if (n == 0 || n >= cap)
 		return -1;
 	memcpy(tmp, s, n);
 	tmp[n] = 0;
+	*p = s + n;
+	return 0;
+}
+
+static int parse_long(const char **p, const char *end, long lo, long hi, long *out)
+{
+	char tmp[32], *e;
+	if (token(p, end, tmp, sizeof tmp) < 0)
+		return -1;
 	errno = 0;
 	long v = strtol(tmp, &e, 10);
 	if (errno || *e || v < lo || v > hi)
 		return -1;
 	*out = v;
-	*p = s + n;
 	return 0;
 }
 
 static int parse_u64(const char **p, const char *end, uint64_t *out)
 {
 	char tmp[32], *e;
-	const char *s = *p;
-	while (s < end && *s == ' ')
-		s++;
-	size_t n = 0;
-	while (s + n < end && s[n] != ' ')
-		n++;
-	if (n == 0 || n >= sizeof tmp || *s == '-')
+	if (token(p, end, tmp, sizeof tmp) < 0 || tmp[0] == '-')
 		return -1;
-	memcpy(tmp, s, n);
-	tmp[n] = 0;
 	errno = 0;
 	unsigned long long v = strtoull(tmp, &e, 10);
 	if (errno || *e)
 		return -1;
 	*out = (uint64_t)v;
-	*p = s + n;
 	return 0;
 }
 
 static int parse_double(const char **p, const char *end, double *out)
 {
 	char tmp[48], *e;
-	const char *s = *p;
-	while (s < end && *s == ' ')
-		s++;
-	size_t n = 0;
-	while (s + n < end && s[n] != ' ')
-		n++;
-	if (n == 0 || n >= sizeof tmp)
+	if (token(p, end, tmp, sizeof tmp) < 0)
 		return -1;
-	memcpy(tmp, s, n);
-	tmp[n] = 0;
 	double v = strtod(tmp, &e); /* "nan" and "inf" are a loss's right */
 	if (*e)
 		return -1;
 	*out = v;
-	*p = s + n;
 	return 0;
 }
 
@@ -564,18 +555,31 @@ static void start_status(hpu_agent *a, worker *w, int fd)
 	ev_io_start(a->loop, &sp->io);
 }
 
+static void close_pipes(int (*p)[2], int n)
+{
+	for (int i = 0; i < n; i++) {
+		close(p[i][0]);
+		close(p[i][1]);
+	}
+}
+
 static int spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
 {
-	int po[2], pe[2], ps[2];
+	int pp[3][2], made = 0;
+	int *po = pp[0], *pe = pp[1], *ps = pp[2];
 	if (open_log(a, w, err, errlen) < 0)
 		return -1;
-	if (pipe(po) < 0 || pipe(pe) < 0 || pipe2(ps, O_CLOEXEC) < 0) {
-		snprintf(err, errlen, "pipe: %s", strerror(errno));
-		return -1;
+	for (; made < 3; made++) {
+		if ((made < 2 ? pipe(pp[made]) : pipe2(pp[made], O_CLOEXEC)) < 0) {
+			snprintf(err, errlen, "pipe: %s", strerror(errno));
+			close_pipes(pp, made);
+			return -1;
+		}
 	}
 	char **env = make_env(a, w);
 	if (!env) {
 		snprintf(err, errlen, "out of memory building the environment");
+		close_pipes(pp, 3);
 		return -1;
 	}
 	pid_t parent = getpid(), pid = fork();

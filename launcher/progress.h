@@ -4,9 +4,10 @@
  *
  *   epoch 1/2 [#########.........] 37% step 220/600 loss 0.4123 4711.2 samples/s ETA 0:01:23
  *
- * It is redrawn with "\r" ... "\x1b[K" at most 5 times a second, fitted to
- * the terminal's width; before any other output the caller hides it
- * (hpu_progress_hide) and shows it again afterwards (hpu_progress_show).
+ * New records redraw it with "\r" ... "\x1b[K" at most 5 times a second,
+ * fitted to the terminal's width; before any other output the caller hides
+ * it (hpu_progress_hide) and shows it again at once afterwards
+ * (hpu_progress_show).
  * Off, every call does nothing, so the output is the plain lines. */
 #ifndef HPU_PROGRESS_H
 #define HPU_PROGRESS_H

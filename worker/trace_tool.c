@@ -387,7 +387,8 @@ static int scan(trace *t, cJSON *doc, actions *s)
 			    "name",
 			    t->path);
 	t->rank = (int)r;
-	t->world_size = (int)num(other, "world_size", -1);
+	double ws = num(other, "world_size", -1);
+	t->world_size = ws >= 1 && ws <= 1e6 ? (int)ws : -1; /* else unknown */
 	const char *h = str(other, "hostname"), *j = str(other, "job_id");
 	t->hostname = h ? xstrdup(h) : NULL;
 	t->job_id = j ? xstrdup(j) : NULL;
@@ -463,6 +464,22 @@ static int add_dir(inputs *in, const char *dir)
 	if (n == 0)
 		return fail("%s: no trace files (*-rank<R>.json) in it", dir);
 	qsort(names, (size_t)n, sizeof *names, by_path);
+	/* one run's files: a directory with several names (another
+	 * --profile-filename, a restarted job's NAME-restart<K>) is ambiguous */
+	char first[256], other[256];
+	name_rank(names[0], first, sizeof first);
+	for (int i = 1; i < n; i++) {
+		name_rank(names[i], other, sizeof other);
+		if (strcmp(first, other) != 0) {
+			int rc = fail("%s holds the traces of more than one run (%s-rank*.json and "
+				      "%s-rank*.json): name the files of one, e.g. %s/%s-rank*.json",
+				      dir, first, other, dir, first);
+			for (int k = 0; k < n; k++)
+				free(names[k]);
+			free(names);
+			return rc;
+		}
+	}
 	for (int i = 0; i < n; i++) {
 		size_t len = strlen(dir) + strlen(names[i]) + 2;
 		char *p = xrealloc(NULL, len);

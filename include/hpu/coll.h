@@ -173,8 +173,8 @@ typedef void (*hpucoll_trace_fn)(void *arg, const hpucoll_event *ev);
 /* Calls fn(arg, ev) after every collective of comm ends (also one that
  * failed), on the thread that ran it: the caller's for a blocking call
  * that found nothing queued, the progress thread otherwise. fn must be
- * quick and thread-safe. NULL turns it off. Set it before the first
- * collective. */
+ * quick and thread-safe. NULL turns it off. Set it while no collective
+ * is in flight. */
 void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, void *arg);
 
 /* Sets how long a collective may wait for a peer before one stall warning

@@ -483,6 +483,15 @@ static void test_errors(void **state)
 	has(out, "nothing: no trace files (*-rank<R>.json) in it");
 	free(out);
 
+	/* a directory with the traces of two runs: which one is meant? */
+	const char *two = dir("two-runs");
+	write_text(in(two, "perf-logs-rank0.json"), rank0);
+	write_text(in(two, "perf-logs-restart1-rank0.json"), rank0);
+	out = TRACE(1, two);
+	has(out, "holds the traces of more than one run (perf-logs-rank*.json and "
+		 "perf-logs-restart1-rank*.json): name the files of one");
+	free(out);
+
 	/* usage */
 	out = TRACE(0, "--help");
 	has(out, "usage: hpu-trace");

@@ -878,7 +878,6 @@ static void test_fp8_flags(void **state)
 	EXPECT_ERROR(ARGS("--fp8-amax-compute-algo", "avg"), "--fp8-amax-compute-algo", "avg");
 }
 
-/* Checkpoint options: flags, config keys, and what they need together. */
 /* --profile takes a directory when one follows, and not the model or the
  * next option; the observing options' values and defaults. */
 static void test_profile_flags(void **state)
@@ -934,6 +933,7 @@ static void test_profile_flags(void **state)
 		     (const char *const[]){"--throughput-warmup-steps", NULL});
 }
 
+/* Checkpoint options: flags, config keys, and what they need together. */
 static void test_checkpoint_flags(void **state)
 {
 	(void)state;
