@@ -219,20 +219,12 @@ static void send_progress(job *j)
 	j->progress_pending = 0;
 	if (!j->nj || hpu_nodejob_status(j->nj, 0, &st, &age) < 0)
 		return;
+	Hpu__RankStatus rs;
+	hpu_rank_status_to_proto(&rs, 0, &st, age);
 	Hpu__Progress p = HPU__PROGRESS__INIT;
 	p.job_id = j->id;
-	p.rank = 0;
-	p.step = (uint64_t)st.step;
-	p.total = (uint64_t)st.total;
-	p.epoch = (uint32_t)st.epoch;
-	p.epochs = (uint32_t)st.epochs;
-	p.loss = st.loss;
-	p.samples_per_sec = st.samples_per_sec;
+	p.status = &rs;
 	p.eta_s = st.eta_s;
-	p.mem_in_use = st.mem_in_use;
-	p.mem_max = st.mem_max;
-	p.mem_limit = st.mem_limit;
-	p.phase = (uint32_t)st.phase;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_PROGRESS;
 	env.progress = &p;
@@ -530,22 +522,8 @@ static size_t rank_status(const job *j, size_t max, Hpu__RankStatus *rs,
 		int rank = hpu_nodejob_rank(j->nj, (int)k);
 		hpu_rank_status st;
 		double age;
-		hpu__rank_status__init(&rs[k]);
-		rs[k].rank = (uint32_t)rank;
-		if (hpu_nodejob_status(j->nj, rank, &st, &age) == 0) {
-			rs[k].reported = 1;
-			rs[k].step = (uint64_t)st.step;
-			rs[k].total = (uint64_t)st.total;
-			rs[k].epoch = (uint32_t)st.epoch;
-			rs[k].epochs = (uint32_t)st.epochs;
-			rs[k].loss = st.loss;
-			rs[k].samples_per_sec = st.samples_per_sec;
-			rs[k].mem_in_use = st.mem_in_use;
-			rs[k].mem_max = st.mem_max;
-			rs[k].mem_limit = st.mem_limit;
-			rs[k].phase = (uint32_t)st.phase;
-			rs[k].age_s = age;
-		}
+		int have = hpu_nodejob_status(j->nj, rank, &st, &age) == 0;
+		hpu_rank_status_to_proto(&rs[k], rank, have ? &st : NULL, age);
 		rsp[k] = &rs[k];
 	}
 	return n;

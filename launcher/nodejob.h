@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "agent.h"
+#include "hpu.pb-c.h"
 
 typedef struct hpu_nodejob hpu_nodejob;
 
@@ -75,6 +76,12 @@ int hpu_nodejob_rank(const hpu_nodejob *j, int local);
  * (hpu_agent_status); -1 when the rank is not on this node, has sent none
  * or its workers have not started. */
 int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_rank_status *st, double *age_s);
+
+/* A rank's record (age_s old) as the protocol carries it, and back
+ * (clamped to the record's ranges; eta_s travels beside it). */
+void hpu_rank_status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_rank_status *st,
+			      double age_s);
+void hpu_rank_status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_rank_status *st);
 
 /* Malformed status lines the workers wrote, ignored (agent.h). */
 long hpu_nodejob_status_bad(const hpu_nodejob *j);

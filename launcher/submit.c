@@ -15,6 +15,7 @@
 #include "agent.h"
 #include "auth.h"
 #include "codec.h"
+#include "nodejob.h"
 #include "progress.h"
 #include "restart.h"
 
@@ -165,21 +166,11 @@ static void print_line(const Hpu__LogLine *l)
 /* Rank 0's record, from node 0's hpud, for the bar. */
 static void take_progress(const Hpu__Progress *p)
 {
-	if (!S.following || p->rank != 0 || !p->job_id || strcmp(p->job_id, S.a->job_id) != 0)
+	if (!S.following || !p->status || p->status->rank != 0 || !p->job_id ||
+	    strcmp(p->job_id, S.a->job_id) != 0)
 		return;
-	hpu_rank_status st = {
-		.step = p->step > LONG_MAX ? LONG_MAX : (long)p->step,
-		.total = p->total > LONG_MAX ? LONG_MAX : (long)p->total,
-		.epoch = p->epoch > INT_MAX ? INT_MAX : (int)p->epoch,
-		.epochs = p->epochs > INT_MAX ? INT_MAX : (int)p->epochs,
-		.loss = p->loss,
-		.samples_per_sec = isfinite(p->samples_per_sec) ? p->samples_per_sec : 0,
-		.eta_s = isfinite(p->eta_s) ? p->eta_s : -1,
-		.mem_in_use = p->mem_in_use,
-		.mem_max = p->mem_max,
-		.mem_limit = p->mem_limit,
-		.phase = p->phase > 2 ? 0 : (int)p->phase,
-	};
+	hpu_rank_status st;
+	hpu_rank_status_from_proto(p->status, p->eta_s, &st);
 	hpu_progress_update(&S.bar, &st);
 }
 
