@@ -14,26 +14,18 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "status.h"
+
 typedef struct hpu_agent hpu_agent;
 
 /* The fd on which each worker finds its status pipe; its environment says
  * so as HPU_STATUS_FD (worker/status.h writes the records). */
 #define HPU_AGENT_STATUS_FD 3
 
-/* A worker's progress, as its latest status record said
- * (worker/status.c: "S1 step total epoch epochs loss samples_per_sec
- * eta_s in_use max limit phase"). */
-typedef struct hpu_rank_status {
-	long step, total;       /* optimizer steps done, of the run */
-	int epoch, epochs;      /* 1-based epoch under way, of the run */
-	double loss;            /* the rank's loss of its last step */
-	double samples_per_sec; /* the run's throughput so far (0: none yet) */
-	double eta_s;           /* seconds to the end (< 0: unknown) */
-	uint64_t mem_in_use;    /* device memory in use, its peak, the limit */
-	uint64_t mem_max;
-	uint64_t mem_limit;
-	int phase;              /* 0 train, 1 eval, 2 done */
-} hpu_rank_status;
+/* A worker's progress, as its latest status record said: the record the
+ * worker writes (worker/status.h, "S1 step total epoch epochs loss
+ * samples_per_sec eta_s in_use max limit phase"). */
+typedef hpu_status_rec hpu_rank_status;
 
 /* Parses one status line (without its newline). Returns 0, or -1 when it
  * is not a well-formed record (st is then unchanged). */

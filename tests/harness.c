@@ -2,12 +2,17 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -230,4 +235,35 @@ char *h_slurp_n(const char *path, size_t *len)
 char *h_slurp(const char *path)
 {
 	return h_slurp_n(path, NULL);
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+int h_rmtree(const char *dir)
+{
+	nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	struct stat st;
+	return stat(dir, &st) == 0 ? -1 : 0;
+}
+
+int h_free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof sa;
+	if (fd < 0)
+		return -1;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	return ntohs(sa.sin_port);
 }

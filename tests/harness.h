@@ -47,6 +47,12 @@ int h_children(pid_t ppid, pid_t *out, int max);
 /* Whether pid still exists (and is not a zombie). */
 int h_alive(pid_t pid);
 
+/* Removes a directory tree (best effort); returns 0 if it is gone. */
+int h_rmtree(const char *dir);
+
+/* A TCP port free on 127.0.0.1 just now (the kernel's choice). */
+int h_free_port(void);
+
 /* Reads a whole file; NULL if it cannot. Caller frees. */
 char *h_slurp(const char *path);
 /* The same, with its length in *len (NUL-terminated all the same). */

@@ -12,7 +12,7 @@
 typedef struct hpu_status_rec {
 	long step, total;       /* optimizer steps done, of the run */
 	int epoch, epochs;      /* 1-based epoch under way, of the run */
-	float loss;             /* this rank's loss of its last step */
+	double loss;            /* this rank's loss of its last step */
 	double samples_per_sec; /* the run's throughput so far (0: none yet) */
 	double eta_s;           /* seconds to the end (< 0: unknown) */
 	uint64_t mem_in_use;    /* InUse, MaxInUse, Limit (bytes) */

@@ -106,14 +106,6 @@ static void copy_dir(const char *from, const char *to)
 	}
 }
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(p);
-}
-
 /* ---- running ---- */
 
 /* Runs argv (NULL-terminated), asserts its exit code, returns its output
@@ -173,7 +165,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	nftw(T, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	h_rmtree(T);
 	return 0;
 }
 

@@ -44,17 +44,6 @@ static int port;
 static proc daemon_proc;
 static uint8_t key[HPU_AUTH_KEY_BYTES];
 
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof sa;
-	bind(fd, (struct sockaddr *)&sa, sizeof sa);
-	getsockname(fd, (struct sockaddr *)&sa, &len);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 static void write_file(const char *path, const char *text, mode_t mode)
 {
 	FILE *f = fopen(path, "w");
@@ -116,7 +105,7 @@ static int setup(void **state)
 	h_free(&p);
 	char err[256];
 	assert_int_equal(hpu_auth_load_key(key_path, key, err, sizeof err), 0);
-	port = free_port();
+	port = h_free_port();
 	write_conf(2, NULL);
 	char hf[128];
 	snprintf(hf, sizeof hf, "127.0.0.1:%d slots=2\n", port);

@@ -20,17 +20,6 @@
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")
 
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof sa;
-	bind(fd, (struct sockaddr *)&sa, sizeof sa);
-	getsockname(fd, (struct sockaddr *)&sa, &len);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 static void kill_leftovers(pid_t *pids, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -216,7 +205,7 @@ static void test_wrong_token_and_missing_rank(void **state)
 {
 	(void)state;
 	char port[16], master_port[32];
-	snprintf(port, sizeof port, "%d", free_port());
+	snprintf(port, sizeof port, "%d", h_free_port());
 	snprintf(master_port, sizeof master_port, "MASTER_PORT=%s", port);
 	char *env0[] = {"HPU_JOB_TOKEN=the-right-secret", NULL};
 	char *argv0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
@@ -391,7 +380,7 @@ static void test_two_nodes(void **state)
 {
 	(void)state;
 	char port[16];
-	snprintf(port, sizeof port, "%d", free_port());
+	snprintf(port, sizeof port, "%d", h_free_port());
 	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
 	proc n0, n1;
 	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
@@ -423,7 +412,7 @@ static void test_two_nodes_remote_failure(void **state)
 {
 	(void)state;
 	char port[16];
-	snprintf(port, sizeof port, "%d", free_port());
+	snprintf(port, sizeof port, "%d", h_free_port());
 	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
 	proc n0, n1;
 	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
@@ -690,7 +679,7 @@ static void test_restart_two_nodes(void **state)
 {
 	(void)state;
 	char port[16], script[512];
-	snprintf(port, sizeof port, "%d", free_port());
+	snprintf(port, sizeof port, "%d", h_free_port());
 	snprintf(script, sizeof script,
 		 "if [ \"$HPU_RESTART_COUNT\" = 0 ]; then "
 		 "  if [ \"$RANK\" = 1 ]; then exit 3; fi; trap '' TERM; sleep 300; "
@@ -732,7 +721,7 @@ static void test_restart_refuses_other_attempt(void **state)
 {
 	(void)state;
 	char port[16], master_port[32], script[512];
-	int pnum = free_port();
+	int pnum = h_free_port();
 	snprintf(port, sizeof port, "%d", pnum);
 	snprintf(master_port, sizeof master_port, "MASTER_PORT=%d", pnum);
 	snprintf(script, sizeof script,

@@ -83,14 +83,6 @@ static void empty_dir(const char *d)
 	closedir(dir);
 }
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(p);
-}
-
 /* ---- running ---- */
 
 /* Runs argv (NULL-terminated) with env entries (may be NULL), asserts its
@@ -304,7 +296,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	nftw(T, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	h_rmtree(T);
 	return 0;
 }
 

@@ -33,9 +33,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	char cmd[300];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-	return system(cmd) == 0 ? 0 : -1;
+	return h_rmtree(dir);
 }
 
 /* Parses a whole file strictly (cJSON_ParseWithOpts requiring the end). */

@@ -361,17 +361,6 @@ static void test_malformed_records(void **state)
 
 /* ---- through hpud ---- */
 
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof sa;
-	bind(fd, (struct sockaddr *)&sa, sizeof sa);
-	getsockname(fd, (struct sockaddr *)&sa, &len);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 typedef struct rank_row {
 	int seen, reported;
 	long step, total;
@@ -431,7 +420,7 @@ static void test_status_and_bar_through_hpud(void **state)
 	char *gen[] = {(char *)HPUD, "--gen-key", key, NULL};
 	assert_int_equal(h_run(&p, gen, NULL, 10000), 0);
 	h_free(&p);
-	int port = free_port();
+	int port = h_free_port();
 	/* the workers wait a moment first, so that the first --status finds
 	 * them not yet reporting */
 	snprintf(text, sizeof text, "#!/bin/sh\nsleep 3\nexec %s \"$@\"\n",

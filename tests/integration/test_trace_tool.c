@@ -72,14 +72,6 @@ static int exists(const char *p)
 	return stat(p, &st) == 0;
 }
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(p);
-}
-
 /* Runs hpu-trace with argv (NULL-terminated), asserts its exit code,
  * returns stdout and stderr together (caller frees). */
 static char *run_v(int want, const char **argv)
@@ -584,7 +576,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	nftw(T, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	h_rmtree(T);
 	return 0;
 }
 
