@@ -453,6 +453,41 @@ static void test_stall_warning(void **state)
 	free(out);
 }
 
+/* The samples/s of log line `step` in out (-1 if there is none). */
+static double logged_sps(const char *out, int step)
+{
+	char key[64];
+	snprintf(key, sizeof key, "step %d/6 loss ", step);
+	const char *l = strstr(out, key);
+	const char *v = l ? strstr(l, "samples/s ") : NULL;
+	return v ? strtod(v + 10, NULL) : -1;
+}
+
+/* --throughput-warmup-steps N: the log lines of the first N steps have
+ * no throughput yet (0), the later ones do; with 0 the first has one. */
+static void test_throughput_warmup(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	r.n -= 2; /* drop "--log-every 0" */
+	args(&r, "--log-every", "1", "--max-steps", "6", "--batch-size", "64",
+	     "--throughput-warmup-steps", "3", NULL);
+	char *out = finish(&r, 0, NULL);
+	for (int step = 1; step <= 3; step++)
+		assert_true(logged_sps(out, step) == 0);
+	for (int step = 4; step <= 6; step++)
+		assert_true(logged_sps(out, step) > 0);
+	free(out);
+	start(&r, 2);
+	r.n -= 2;
+	args(&r, "--log-every", "1", "--max-steps", "6", "--batch-size", "64",
+	     "--throughput-warmup-steps", "0", NULL);
+	out = finish(&r, 0, NULL);
+	assert_true(logged_sps(out, 1) > 0);
+	free(out);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -463,6 +498,7 @@ int main(void)
 		cmocka_unit_test(test_bad_profile_dir),
 		cmocka_unit_test(test_device_stats),
 		cmocka_unit_test(test_stall_warning),
+		cmocka_unit_test(test_throughput_warmup),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
