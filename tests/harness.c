@@ -267,3 +267,13 @@ int h_free_port(void)
 	close(fd);
 	return ntohs(sa.sin_port);
 }
+
+int h_write_file(const char *path, const char *text, mode_t mode)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -1;
+	int ok = fputs(text, f) >= 0;
+	ok &= fclose(f) == 0;
+	return ok && chmod(path, mode) == 0 ? 0 : -1;
+}

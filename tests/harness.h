@@ -50,6 +50,10 @@ int h_alive(pid_t pid);
 /* Removes a directory tree (best effort); returns 0 if it is gone. */
 int h_rmtree(const char *dir);
 
+/* Writes text to path (created or truncated) with the given mode;
+ * returns 0, or -1 if it could not. */
+int h_write_file(const char *path, const char *text, mode_t mode);
+
 /* A TCP port free on 127.0.0.1 just now (the kernel's choice). */
 int h_free_port(void);
 

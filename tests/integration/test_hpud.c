@@ -44,14 +44,6 @@ static int port;
 static proc daemon_proc;
 static uint8_t key[HPU_AUTH_KEY_BYTES];
 
-static void write_file(const char *path, const char *text, mode_t mode)
-{
-	FILE *f = fopen(path, "w");
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
-	chmod(path, mode);
-}
 
 static void write_conf(int devices, const char *extra)
 {
@@ -60,7 +52,7 @@ static void write_conf(int devices, const char *extra)
 		 "listen = 127.0.0.1\nport = %d\ndevices = %d\nkey = %s\nuser = nobody\n"
 		 "log_level = info\nsubmitter_timeout = 3\n%s",
 		 port, devices, key_path, extra ? extra : "");
-	write_file(conf_path, text, 0644);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
 }
 
 static void stop_daemon(void);
@@ -109,7 +101,7 @@ static int setup(void **state)
 	write_conf(2, NULL);
 	char hf[128];
 	snprintf(hf, sizeof hf, "127.0.0.1:%d slots=2\n", port);
-	write_file(hostfile, hf, 0644);
+	assert_int_equal(h_write_file(hostfile, hf, 0644), 0);
 	return 0;
 }
 
@@ -283,7 +275,7 @@ static void test_key_permissions(void **state)
 	snprintf(conf2, sizeof conf2, "%s/nouser.conf", dir);
 	char text[512];
 	snprintf(text, sizeof text, "listen = 127.0.0.1\nport = %d\nkey = %s\n", port, key_path);
-	write_file(conf2, text, 0644);
+	assert_int_equal(h_write_file(conf2, text, 0644), 0);
 	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
 	code = h_run(&p, argv2, NULL, 10000);
 	printf("  %s", p.out);
@@ -450,7 +442,7 @@ static void test_job_env_forwarded(void **state)
 	(void)state;
 	char list[64];
 	snprintf(list, sizeof list, "/tmp/hpu-lower-%d.txt", (int)getpid());
-	write_file(list, "relu\nlineer\n", 0644); /* workers run as nobody */
+	assert_int_equal(h_write_file(list, "relu\nlineer\n", 0644), 0); /* workers run as nobody */
 	start_daemon();
 	setenv("LOWER_LIST", list, 1);
 	proc p;
@@ -562,7 +554,7 @@ static void test_restart_through_hostfile(void **state)
 		 "if [ \"$HPU_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 3; fi\n"
 		 "exec %s \"$@\"\n",
 		 h_build("bin/hpu-worker"));
-	write_file(script, text, 0755);
+	assert_int_equal(h_write_file(script, text, 0755), 0);
 	snprintf(extra, sizeof extra, "worker = %s\n", script);
 	write_conf(2, extra);
 	start_daemon();

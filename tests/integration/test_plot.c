@@ -57,13 +57,6 @@ static const char *path(const char *rel)
 
 /* ---- files ---- */
 
-static void write_all(const char *file, const char *text)
-{
-	FILE *f = fopen(file, "w");
-	assert_non_null(f);
-	assert_int_equal(fputs(text, f) >= 0, 1);
-	assert_int_equal(fclose(f), 0);
-}
 
 static int exists(const char *p)
 {
@@ -428,7 +421,7 @@ static void test_incomplete_last_line(void **state)
 	char *cut = malloc(strlen(text) + 64);
 	assert_non_null(cut);
 	sprintf(cut, "%s{\"step\":22,\"epoch\":1,\"loss\":0.6", text);
-	write_all(path("running.jsonl"), cut);
+	assert_int_equal(h_write_file(path("running.jsonl"), cut, 0644), 0);
 	char *o = HPU_PLOT(0, "--width", "640", "--height", "480", path("running.jsonl"));
 	char want[700];
 	snprintf(want, sizeof want, "running.jsonl:%zu: the last line is incomplete", nlines + 1);
@@ -482,7 +475,7 @@ static void test_no_step_records(void **state)
 	has(o, "no step records with a loss: nothing to plot");
 	assert_false(exists(path("nosteps.png")));
 	free(o);
-	write_all(path("empty.jsonl"), "");
+	assert_int_equal(h_write_file(path("empty.jsonl"), "", 0644), 0);
 	o = HPU_PLOT(1, path("empty.jsonl"));
 	has(o, "no step records with a loss: nothing to plot");
 	free(o);
@@ -518,12 +511,14 @@ static void test_gnuplot_fails(void **state)
 	(void)state;
 	char env_path[700];
 	assert_int_equal(mkdir(path("failbin"), 0755), 0);
-	write_all(path("failbin/gnuplot"), "#!/bin/sh\n"
-					   "printf 'partial' \n"
-					   "echo \"plot.gp, line 9: fake failure in $1\" >&2\n"
-					   "exit 3\n");
-	assert_int_equal(chmod(path("failbin/gnuplot"), 0755), 0);
-	write_all(path("old.png"), "the previous picture");
+	assert_int_equal(h_write_file(path("failbin/gnuplot"),
+				      "#!/bin/sh\n"
+				      "printf 'partial' \n"
+				      "echo \"plot.gp, line 9: fake failure in $1\" >&2\n"
+				      "exit 3\n",
+				      0755),
+			 0);
+	assert_int_equal(h_write_file(path("old.png"), "the previous picture", 0644), 0);
 	snprintf(env_path, sizeof env_path, "PATH=%s", path("failbin"));
 	char *o = PLOT_ENV(1, ((const char *[]){env_path, TMPENV, NULL}), "-o", path("old.png"), M);
 	has(o, "failed with exit status 3");

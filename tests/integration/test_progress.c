@@ -48,14 +48,6 @@ static char dir[64];
  * an assertion ends the test early */
 static proc daemon_proc, sub;
 
-static void write_file(const char *path, const char *text, mode_t mode)
-{
-	FILE *f = fopen(path, "w");
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
-	chmod(path, mode);
-}
 
 /* ---- a process on a pseudo-terminal, read through harness.h ---- */
 
@@ -324,7 +316,7 @@ static void test_malformed_records(void **state)
 		 "echo 'still here'\n"
 		 "sleep 0.4\n",
 		 longline);
-	write_file(script, text, 0755);
+	assert_int_equal(h_write_file(script, text, 0755), 0);
 	char *a[] = {(char *)LAUNCH, "-q", "--devices", "2", "--exec", script, NULL};
 	proc p;
 	int code = pty_run(&p, a, NULL, 60000);
@@ -425,14 +417,14 @@ static void test_status_and_bar_through_hpud(void **state)
 	 * them not yet reporting */
 	snprintf(text, sizeof text, "#!/bin/sh\nsleep 3\nexec %s \"$@\"\n",
 		 h_build("bin/hpu-worker"));
-	write_file(wrapper, text, 0755);
+	assert_int_equal(h_write_file(wrapper, text, 0755), 0);
 	snprintf(text, sizeof text,
 		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
 		 "log_level = info\nworker = %s\n",
 		 port, key, wrapper);
-	write_file(conf, text, 0644);
+	assert_int_equal(h_write_file(conf, text, 0644), 0);
 	snprintf(text, sizeof text, "127.0.0.1:%d slots=2\n", port);
-	write_file(hostfile, text, 0644);
+	assert_int_equal(h_write_file(hostfile, text, 0644), 0);
 	snprintf(target, sizeof target, "127.0.0.1:%d", port);
 	char *dargv[] = {(char *)HPUD, "-c", conf, NULL};
 	assert_int_equal(h_start(&daemon_proc, dargv, NULL), 0);

@@ -58,13 +58,6 @@ static const char *in(const char *d, const char *file)
 	return p;
 }
 
-static void write_text(const char *file, const char *text)
-{
-	FILE *f = fopen(file, "wb");
-	assert_non_null(f);
-	assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
-	assert_int_equal(fclose(f), 0);
-}
 
 static int exists(const char *p)
 {
@@ -246,8 +239,8 @@ static row summary_row(const char *out, const char *name)
 
 static void two_ranks(const char *d)
 {
-	write_text(in(d, "perf-logs-rank0.json"), rank0);
-	write_text(in(d, "perf-logs-rank1.json"), rank1);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank0.json"), rank0, 0644), 0);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), rank1, 0644), 0);
 }
 
 /* ---- merging ---- */
@@ -257,7 +250,7 @@ static void test_merge(void **state)
 	(void)state;
 	const char *d = dir("merge");
 	two_ranks(d);
-	write_text(in(d, "notes.txt"), "not a trace, not named like one\n");
+	assert_int_equal(h_write_file(in(d, "notes.txt"), "not a trace, not named like one\n", 0644), 0);
 	char *out = TRACE(0, d);
 	const char *merged = in(d, "perf-logs-merged.json");
 	has(out, "merged 2 ranks");
@@ -360,14 +353,14 @@ static void test_no_barrier(void **state)
 {
 	(void)state;
 	const char *d = dir("nobarrier");
-	write_text(in(d, "run-rank0.json"), rank0);
+	assert_int_equal(h_write_file(in(d, "run-rank0.json"), rank0, 0644), 0);
 	/* rank 1 without its barrier lines */
 	char *r1 = strdup(rank1), *p;
 	while ((p = strstr(r1, ",{\"name\":\"barrier\""))) {
 		char *nl = strchr(p, '\n');
 		memmove(p, nl + 1, strlen(nl + 1) + 1);
 	}
-	write_text(in(d, "run-rank1.json"), r1);
+	assert_int_equal(h_write_file(in(d, "run-rank1.json"), r1, 0644), 0);
 	free(r1);
 	char *out = TRACE(0, d);
 	has(out, "warning: rank 1 (");
@@ -394,12 +387,12 @@ static void test_torn(void **state)
 	(void)state;
 	/* cut in the middle of the last event line, no tail */
 	const char *d = dir("torn");
-	write_text(in(d, "perf-logs-rank0.json"), rank0);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank0.json"), rank0, 0644), 0);
 	char *r1 = strdup(rank1);
 	char *last = strstr(r1, ",{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":7000011000");
 	assert_non_null(last);
 	last[40] = 0;
-	write_text(in(d, "perf-logs-rank1.json"), r1);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), r1, 0644), 0);
 	char *out = TRACE(0, d);
 	has(out, "warning: ");
 	has(out, "perf-logs-rank1.json: torn at the end");
@@ -419,12 +412,12 @@ static void test_torn(void **state)
 	/* a write torn 2 bytes in: ",{" over the old tail "\n]}\n" leaves
 	 * ",{}\n", which is no event */
 	d = dir("torn2");
-	write_text(in(d, "perf-logs-rank0.json"), rank0);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank0.json"), rank0, 0644), 0);
 	strcpy(r1, rank1);
 	char *tail = strstr(r1, "\n]}\n");
 	assert_non_null(tail);
 	memcpy(tail, ",{", 2);
-	write_text(in(d, "perf-logs-rank1.json"), r1);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), r1, 0644), 0);
 	free(r1);
 	out = TRACE(0, d);
 	has(out, "perf-logs-rank1.json: torn at the end");
@@ -442,21 +435,21 @@ static void test_errors(void **state)
 {
 	(void)state;
 	const char *d = dir("errors");
-	write_text(in(d, "perf-logs-rank0.json"), rank0);
-	write_text(in(d, "garbage-rank1.json"), "this is not JSON at all\n");
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank0.json"), rank0, 0644), 0);
+	assert_int_equal(h_write_file(in(d, "garbage-rank1.json"), "this is not JSON at all\n", 0644), 0);
 	char *out = TRACE(1, in(d, "perf-logs-rank0.json"), in(d, "garbage-rank1.json"));
 	has(out, "garbage-rank1.json: not a trace: not JSON");
 	assert_false(exists(in(d, "perf-logs-merged.json")));
 	assert_false(exists(in(d, "hpu-trace-merged.json")));
 	free(out);
 
-	write_text(in(d, "perf-logs-rank1.json"), "{\"otherData\":{\"rank\":1},\"events\":[]}\n");
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), "{\"otherData\":{\"rank\":1},\"events\":[]}\n", 0644), 0);
 	out = TRACE(1, "--no-merge", in(d, "perf-logs-rank1.json"));
 	has(out, "perf-logs-rank1.json: not a trace: no traceEvents array");
 	free(out);
 
 	/* the same rank twice (rank0's text under another name) */
-	write_text(in(d, "other-rank5.json"), rank0);
+	assert_int_equal(h_write_file(in(d, "other-rank5.json"), rank0, 0644), 0);
 	out = TRACE(1, in(d, "perf-logs-rank0.json"), in(d, "other-rank5.json"));
 	has(out, "perf-logs-rank0.json and ");
 	has(out, "other-rank5.json both hold rank 0");
@@ -466,7 +459,7 @@ static void test_errors(void **state)
 	has(out, "missing-rank1.json: cannot open: No such file or directory");
 	free(out);
 
-	write_text(in(d, "empty-rank0.json"), "");
+	assert_int_equal(h_write_file(in(d, "empty-rank0.json"), "", 0644), 0);
 	out = TRACE(1, in(d, "empty-rank0.json"));
 	has(out, "empty-rank0.json: not a trace: the file is empty");
 	free(out);
@@ -477,8 +470,8 @@ static void test_errors(void **state)
 
 	/* a directory with the traces of two runs: which one is meant? */
 	const char *two = dir("two-runs");
-	write_text(in(two, "perf-logs-rank0.json"), rank0);
-	write_text(in(two, "perf-logs-restart1-rank0.json"), rank0);
+	assert_int_equal(h_write_file(in(two, "perf-logs-rank0.json"), rank0, 0644), 0);
+	assert_int_equal(h_write_file(in(two, "perf-logs-restart1-rank0.json"), rank0, 0644), 0);
 	out = TRACE(1, two);
 	has(out, "holds the traces of more than one run (perf-logs-rank*.json and "
 		 "perf-logs-restart1-rank*.json): name the files of one");
