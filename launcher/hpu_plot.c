@@ -28,7 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { OK = 0, BAD = 1, USAGE = 2 };
+#include "tool.h"
+
+enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
+#define fail hpu_tool_fail
 enum { DEF_W = 1200, DEF_H = 900, MIN_PX = 200, MAX_PX = 16384 };
 enum { MAX_RANKS = 1 << 16 };  /* ranks beyond this are ignored */
 enum { RANK_LINES = 8 };       /* above this many ranks: min and max */
@@ -36,35 +39,6 @@ enum { POINTS_UP_TO = 60 };    /* draw points as well as lines */
 enum { GNUPLOT_TIMEOUT_S = 120 };
 #define LOG_RATIO 20.0 /* Limit this many times MaxInUse: log scale */
 #define MIB (1024.0 * 1024.0)
-
-/* ---- messages ---- */
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* "hpu-plot: error: ..." on stderr; returns BAD. */
-static int fail(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("hpu-plot: error: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	return BAD;
-}
-
-/* "hpu-plot: ..." and where the help is; returns USAGE. */
-static int usage_error(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("hpu-plot: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputs("\n(hpu-plot --help for the usage)\n", stderr);
-	va_end(ap);
-	return USAGE;
-}
 
 static const char *const help =
 	"usage: hpu-plot [-o OUT.png] [--width PX] [--height PX] [--title T]\n"
@@ -119,7 +93,7 @@ static const char *value_of(const char *name, int argc, char **argv, int *i)
 	if (eq && a[1] == '-')
 		return eq + 1;
 	if (*i + 1 >= argc) {
-		usage_error("%s needs a value", name);
+		hpu_tool_usage(NULL, "%s needs a value", name);
 		return NULL;
 	}
 	return argv[++*i];
@@ -145,7 +119,7 @@ static int parse_args(int argc, char **argv, args *A)
 		const char *a = argv[i], *v;
 		if (only_pos || a[0] != '-' || !a[1]) {
 			if (A->metrics)
-				return usage_error("one metrics file only ('%s' and '%s')",
+				return hpu_tool_usage(NULL, "one metrics file only ('%s' and '%s')",
 						   A->metrics, a);
 			A->metrics = a;
 		} else if (!strcmp(a, "--")) {
@@ -159,7 +133,7 @@ static int parse_args(int argc, char **argv, args *A)
 			if (!(v = value_of("--output", argc, argv, &i)))
 				return USAGE;
 			if (!*v)
-				return usage_error("--output needs a file name");
+				return hpu_tool_usage(NULL, "--output needs a file name");
 			A->out = v;
 		} else if (is_opt(a, "--title", NULL)) {
 			if (!(v = value_of("--title", argc, argv, &i)))
@@ -171,16 +145,16 @@ static int parse_args(int argc, char **argv, args *A)
 				return USAGE;
 			int px = parse_px(v);
 			if (px < 0)
-				return usage_error("%s wants a whole number of pixels from %d to "
+				return hpu_tool_usage(NULL, "%s wants a whole number of pixels from %d to "
 						   "%d, not '%s'",
 						   w ? "--width" : "--height", MIN_PX, MAX_PX, v);
 			*(w ? &A->width : &A->height) = px;
 		} else {
-			return usage_error("unknown option '%s'", a);
+			return hpu_tool_usage(NULL, "unknown option '%s'", a);
 		}
 	}
 	if (!A->metrics)
-		return usage_error("which metrics file? (the file hpulaunch --metrics wrote)");
+		return hpu_tool_usage(NULL, "which metrics file? (the file hpulaunch --metrics wrote)");
 	return -1;
 }
 
@@ -322,8 +296,9 @@ static int read_metrics(const char *file, table *t)
 			continue;
 		cJSON *j = cJSON_ParseWithOpts(buf, NULL, 1);
 		if (!j && !ended && !blank(buf))
-			fprintf(stderr, "hpu-plot: warning: %s:%ld: the last line is incomplete "
-				"(a run still writing it?): skipped\n", file, line);
+			hpu_tool_warn("%s:%ld: the last line is incomplete (a run still writing it?): "
+				      "skipped",
+				      file, line);
 		else if (!j)
 			rc = fail("%s:%ld: not JSON", file, line);
 		else if (add_record(t, j, line) < 0)
@@ -858,6 +833,7 @@ done:
 
 int main(int argc, char **argv)
 {
+	hpu_tool_name = "hpu-plot";
 	args A;
 	int rc = parse_args(argc, argv, &A);
 	if (rc >= 0)

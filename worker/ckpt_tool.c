@@ -23,41 +23,16 @@
 
 #include "ckpt.h"
 #include "config.h"
+#include "tool.h"
 
-enum { OK = 0, BAD = 1, USAGE = 2 };
+enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
+#define fail hpu_tool_fail
+#define usage_error hpu_tool_usage
 enum { CHUNK = 1 << 20 };      /* floats per read: 4 MiB */
 enum { MAX_WORLD = 99999 };    /* what hpu_ckpt_shard_name can spell */
 enum { SHOW_PARAMS = 20 };     /* parameters listed by info */
 
 /* ---- messages ---- */
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *cmd, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-/* "hpu-ckpt: error: ..." on stderr; returns BAD. */
-static int fail(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("hpu-ckpt: error: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	return BAD;
-}
-
-/* "hpu-ckpt CMD: ..." and where the help is; returns USAGE. */
-static int usage_error(const char *cmd, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fprintf(stderr, "hpu-ckpt%s%s: ", cmd ? " " : "", cmd ? cmd : "");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n(hpu-ckpt %s%s--help for the usage)\n", cmd ? cmd : "", cmd ? " " : "");
-	va_end(ap);
-	return USAGE;
-}
 
 static const char *const help_main =
 	"usage: hpu-ckpt COMMAND [options]\n"
@@ -865,6 +840,7 @@ done:
 
 int main(int argc, char **argv)
 {
+	hpu_tool_name = "hpu-ckpt";
 	static const struct {
 		const char *name;
 		int (*fn)(int, char **);

@@ -28,7 +28,11 @@
 
 #include <cJSON.h>
 
-enum { OK = 0, BAD = 1, USAGE = 2 };
+#include "tool.h"
+
+enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
+#define fail hpu_tool_fail
+#define warn hpu_tool_warn
 
 static const char *const help =
 	"usage: hpu-trace [-o OUT.json] [--no-merge] [--top N]\n"
@@ -62,52 +66,13 @@ static const char *const help =
 	"Exit status: 0 done, 1 a file could not be read or is not a trace (or\n"
 	"two files hold the same rank), 2 usage.\n";
 
-/* ---- messages ---- */
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* "hpu-trace: error: ..." on stderr; returns BAD. */
-static int fail(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("hpu-trace: error: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	return BAD;
-}
-
-static void warn(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("hpu-trace: warning: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-}
-
-/* The complaint and where the help is; returns USAGE. */
-static int usage_error(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fputs("hpu-trace: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputs("\n(hpu-trace --help for the usage)\n", stderr);
-	va_end(ap);
-	return USAGE;
-}
+/* ---- memory ---- */
 
 static void *xrealloc(void *p, size_t n)
 {
 	void *q = realloc(p, n ? n : 1);
 	if (!q) {
-		fputs("hpu-trace: error: out of memory\n", stderr);
-		exit(BAD);
+		exit(fail("out of memory"));
 	}
 	return q;
 }
@@ -626,8 +591,7 @@ static int put(FILE *f, cJSON *e, long *written)
 {
 	char *s = cJSON_PrintUnformatted(e);
 	if (!s) {
-		fputs("hpu-trace: error: out of memory\n", stderr);
-		exit(BAD);
+		exit(fail("out of memory"));
 	}
 	int rc = fprintf(f, "%s%s", *written ? "\n," : "", s);
 	free(s);
@@ -875,20 +839,20 @@ static int parse_args(opts *o, int argc, char **argv)
 			if (strlen(names[k]) == len && !strncmp(a, names[k], len))
 				which = k;
 		if (which < 0)
-			return usage_error("unknown option '%s'", a);
+			return hpu_tool_usage(NULL, "unknown option '%s'", a);
 		if (eq && a[1] == '-')
 			val = eq + 1;
 		else if (i + 1 < argc)
 			val = argv[++i];
 		else
-			return usage_error("%s needs a value", names[which]);
+			return hpu_tool_usage(NULL, "%s needs a value", names[which]);
 		if (which <= 1) {
 			o->out = val;
 		} else if (which == 2) {
 			char *end;
 			long n = strtol(val, &end, 10);
 			if (!*val || *end || n < 1 || n > 1000000)
-				return usage_error("--top wants a whole number of at least 1, not '%s'",
+				return hpu_tool_usage(NULL, "--top wants a whole number of at least 1, not '%s'",
 						   val);
 			o->top = (int)n;
 		} else {
@@ -897,16 +861,16 @@ static int parse_args(opts *o, int argc, char **argv)
 			while (k < 5 && strcmp(val, keys[k]) != 0)
 				k++;
 			if (k == 5)
-				return usage_error("--sort wants total, count, mean, max or name, not "
+				return hpu_tool_usage(NULL, "--sort wants total, count, mean, max or name, not "
 						   "'%s'",
 						   val);
 			sort_key = (enum sort_key)k;
 		}
 	}
 	if (o->npaths == 0)
-		return usage_error("no trace given: name trace files or a directory of them");
+		return hpu_tool_usage(NULL, "no trace given: name trace files or a directory of them");
 	if (o->no_merge && o->out)
-		return usage_error("-o and --no-merge together: --no-merge writes no file");
+		return hpu_tool_usage(NULL, "-o and --no-merge together: --no-merge writes no file");
 	return -1;
 }
 
@@ -978,6 +942,7 @@ done:
 
 int main(int argc, char **argv)
 {
+	hpu_tool_name = "hpu-trace";
 	opts o = {0};
 	int rc = parse_args(&o, argc, argv);
 	if (rc < 0)

@@ -1,0 +1,22 @@
+/* tool: what the offline commands (hpu-ckpt, hpu-trace, hpu-plot) say on
+ * stderr, and their exit codes. Each sets hpu_tool_name first thing in
+ * main. */
+#ifndef HPU_TOOL_H
+#define HPU_TOOL_H
+
+enum { HPU_TOOL_OK = 0, HPU_TOOL_BAD = 1, HPU_TOOL_USAGE = 2 };
+
+/* "hpu-trace": the prefix of every message. */
+extern const char *hpu_tool_name;
+
+/* "NAME: error: ..." on stderr; returns HPU_TOOL_BAD. */
+int hpu_tool_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* "NAME: warning: ..." on stderr. */
+void hpu_tool_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* "NAME[ CMD]: ..." and where the help is ("NAME [CMD ]--help");
+ * returns HPU_TOOL_USAGE. cmd may be NULL. */
+int hpu_tool_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif
