@@ -23,6 +23,7 @@
 #include "autocast.h"
 #include "fp8.h"
 #include "lowp.h"
+#include "simd.h"
 
 static const char *const op_names[HPU_OP_COUNT] = {
 	"linear", "matmul", "bmm", "conv2d", "maxpool2d", "avgpool2d",
@@ -42,6 +43,19 @@ static struct {
 	float *p;
 	size_t cap;
 } scratch[HPU__AC_SLOTS];
+
+static struct {
+	uint16_t *p;
+	size_t cap;
+} scratch16[HPU__AC_SLOTS];
+
+/* the running layer's 16-bit working parameters (hpu__ac_param16) */
+static struct {
+	const float *base;
+	const uint16_t *p16;
+	size_t len;
+	int fp16;
+} param16;
 
 int hpu_autocast_ops(void)
 {
@@ -239,15 +253,101 @@ float *hpu__ac_scratch(int slot, size_t n)
 	return scratch[slot].p;
 }
 
+/* Rounding loops: bf16's is integer arithmetic that vectorizes as it is;
+ * fp16's uses the CPU's F16C conversions where it has them (the same
+ * rounding as lowp.h's, which the plain loop uses). */
+HPU_CLONES static void round_bf16(const float *restrict x, float *restrict y, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
+}
+
+HPU_CLONES static void round_bf16_inplace(float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
+}
+
+HPU_CLONES static void to_bf16(const float *restrict x, uint16_t *restrict y, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] = hpu_to_bf16(x[i]);
+}
+
+static void round_fp16_f16c(const float *x, float *y, size_t n)
+{
+	hpu__f16c_round_fp16(y, x, n);
+}
+
+static void round_fp16_f16c_inplace(float *x, size_t n)
+{
+	hpu__f16c_round_fp16(x, x, n);
+}
+
+static void round_fp16(const float *x, float *y, size_t n)
+{
+	if (hpu_have_f16c()) {
+		round_fp16_f16c(x, y, n);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		y[i] = hpu_from_fp16(hpu_to_fp16(x[i]));
+}
+
 /* fp8's ops keep bf16 outputs: HPU_AUTOCAST_FP8 rounds to bf16 here. */
-static void round_to(const float *restrict x, float *restrict y, size_t n, int lowp)
+static void round_to(const float *x, float *y, size_t n, int lowp)
 {
 	if (lowp != HPU_AUTOCAST_FP16)
-		for (size_t i = 0; i < n; i++)
-			y[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
+		round_bf16(x, y, n);
 	else
-		for (size_t i = 0; i < n; i++)
-			y[i] = hpu_from_fp16(hpu_to_fp16(x[i]));
+		round_fp16(x, y, n);
+}
+
+const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
+{
+	if (x == NULL)
+		return NULL;
+	if (n > scratch16[slot].cap || scratch16[slot].p == NULL) {
+		size_t cap = n < 1024 ? 1024 : n + n / 2;
+		uint16_t *p = realloc(scratch16[slot].p, cap * sizeof *p);
+		if (p == NULL)
+			abort(); /* the ops cannot fail */
+		scratch16[slot].p = p;
+		scratch16[slot].cap = cap;
+	}
+	to_bf16(x, scratch16[slot].p, n);
+	return scratch16[slot].p;
+}
+
+void hpu__ac_param16(const float *pbase, const uint16_t *p16, size_t plen, int fp16)
+{
+	param16.base = p16 ? pbase : NULL;
+	param16.p16 = p16;
+	param16.len = p16 ? plen : 0;
+	param16.fp16 = fp16;
+}
+
+/* w[0..n) lies in the running layer's parameters */
+static int in_param16(const float *w, size_t n)
+{
+	return param16.p16 && w >= param16.base && n <= param16.len &&
+	       (size_t)(w - param16.base) <= param16.len - n;
+}
+
+const float *hpu__ac_weight_round(int slot, const float *w, size_t n, int lowp)
+{
+	if (w && in_param16(w, n) && param16.fp16 == (lowp == HPU_AUTOCAST_FP16))
+		return w;
+	return hpu__ac_round(slot, w, n, lowp);
+}
+
+const uint16_t *hpu__ac_weight_bf16(int slot, const float *w, size_t n)
+{
+	if (w == NULL)
+		return NULL;
+	if (!param16.fp16 && in_param16(w, n))
+		return param16.p16 + (w - param16.base);
+	return hpu__ac_bf16(slot, w, n);
 }
 
 const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)
@@ -262,8 +362,9 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)
 void hpu__ac_round_inplace(float *x, size_t n, int lowp)
 {
 	if (lowp != HPU_AUTOCAST_FP16)
-		for (size_t i = 0; i < n; i++)
-			x[i] = hpu_from_bf16(hpu_to_bf16(x[i]));
+		round_bf16_inplace(x, n);
+	else if (hpu_have_f16c())
+		round_fp16_f16c_inplace(x, n);
 	else
 		for (size_t i = 0; i < n; i++)
 			x[i] = hpu_from_fp16(hpu_to_fp16(x[i]));

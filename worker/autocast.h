@@ -7,6 +7,7 @@
 #define HPU_AUTOCAST_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "hpu/ops.h"
 
@@ -52,6 +53,28 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp);
 
 /* Scratch buffer `slot` of at least n floats, uninitialized. */
 float *hpu__ac_scratch(int slot, size_t n);
+
+/* A bf16 copy of x[n] (round to nearest even) in uint16 scratch buffer
+ * `slot` (0..HPU__AC_SLOTS-1, separate from the float slots; valid until
+ * the slot is used again). NULL when x is NULL. Aborts when out of memory. */
+const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n);
+
+/* The bf16 form of parameter data w[n] for a bf16 product: the runtime's
+ * bf16 working copy when w lies in the running layer's parameters and the
+ * runtime keeps one (hpu__ac_param16), else a copy made into uint16 slot
+ * `slot`. NULL when w is NULL. */
+const uint16_t *hpu__ac_weight_bf16(int slot, const float *w, size_t n);
+
+/* Parameter data w[n] rounded to lowp for an fp32 product: w itself when
+ * it lies in the running layer's parameters and the runtime's working
+ * copy is of that type (the values are exact already), else
+ * hpu__ac_round(slot, w, n, lowp). */
+const float *hpu__ac_weight_round(int slot, const float *w, size_t n, int lowp);
+
+/* The runtime's 16-bit working copy of the running layer's parameters:
+ * p16[i] is the bf16 (fp16 = 0) or fp16 (fp16 = 1) form of pbase[i], i <
+ * plen; NULL to say there is none. Valid until the next call. */
+void hpu__ac_param16(const float *pbase, const uint16_t *p16, size_t plen, int fp16);
 
 /* x[n] = round(x) to lowp, in place. HPU_AUTOCAST_FP8 rounds to bf16
  * (fp8 ops' outputs are bf16). */

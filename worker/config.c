@@ -44,6 +44,7 @@ void hpu_opts_defaults(hpu_train_opts *o)
 {
 	memset(o, 0, sizeof *o); /* from[] all HPU_FROM_DEFAULT */
 	o->epochs = 1;
+	o->kernel_threads = 1;
 	o->max_steps = -1;
 	o->batch_size = 256;
 	o->micro_batch = 0;
@@ -241,7 +242,8 @@ static const struct hpu__opt opts[] = {
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
 	OTHER("device-memory", K_SIZE, device_memory, "memory per device, e.g. 2GiB (node memory / local devices)"),
 	NUM("log-every", K_INT, log_every, 0, 1e9, "log loss and samples/s every N steps (50; 0: never)"),
-	OTHER("verbose", K_FLAG, verbose, "rank 0 prints the autocast policy at start-up"),
+	OTHER("verbose", K_FLAG, verbose, "print the autocast policy (rank 0) and each worker's kernels (ISA)"),
+	NUM("kernel-threads", K_INT, kernel_threads, 1, 4096, "kernel threads per worker (1: a worker is one device)"),
 	CHOICE("precision", precision, precision_names, "fp32 | bf16-mixed | 16-mixed | fp8 (fp32)"),
 	NUM("loss-scale", K_DOUBLE, loss_scale, 0, 1e30, "16-mixed: a static loss scale (0: dynamic)"),
 	NUM("initial-scale-power", K_INT, initial_scale_power, 0, 60, "16-mixed: dynamic scale starts at 2^N (16)"),

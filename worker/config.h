@@ -113,7 +113,9 @@ typedef struct hpu_train_opts {
 	int activation_checkpointing; /* recompute every layer's forward */
 	uint64_t device_memory; /* bytes; 0: node memory / local devices */
 	int log_every;          /* log every N steps (0: never) */
-	int verbose;            /* rank 0 prints the autocast policy at start-up */
+	int verbose;            /* rank 0 prints the autocast policy at start-up,
+				 * every worker its kernels (library, ISA) */
+	int kernel_threads;     /* kernel threads per worker (1) */
 	char metrics[512];      /* JSON-lines file written by rank 0, or "" */
 	char save_params[512];  /* consolidated fp32 parameters (rank 0), or "" */
 	char load_params[512];  /* start from a --save-params file, or "" */

@@ -356,7 +356,7 @@ static void account_alloc(hpu_mem_kind kind, size_t bytes)
 		dev.states_max = states;
 }
 
-void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
+static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS) {
 		fprintf(stderr, "hpu_dalloc: bad memory kind %d\n", (int)kind);
@@ -390,9 +390,19 @@ void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
 	pthread_mutex_unlock(&dev.mu);
 	/* The block is the caller's now: zero it outside the lock. A fresh
 	 * mapping is zero already. */
-	if (!(fresh && is_mapped(b->rounded)))
+	if (zero && !(fresh && is_mapped(b->rounded)))
 		memset(user_of(b), 0, bytes);
 	return user_of(b);
+}
+
+void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	return dalloc(kind, bytes, what, 1);
+}
+
+void *hpu_dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	return dalloc(kind, bytes, what, 0);
 }
 
 void hpu_dfree(void *p)

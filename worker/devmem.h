@@ -33,6 +33,9 @@ int hpu_devmem_init(uint64_t limit, int rank);
  * what, the size, InUse and Limit. */
 void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what);
 
+/* The same without zeroing: for buffers the caller overwrites whole. */
+void *hpu_dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what);
+
 /* Frees memory from hpu_dalloc (NULL is fine). */
 void hpu_dfree(void *p);
 

@@ -6,6 +6,7 @@
 #ifndef HPU_LOWP_H
 #define HPU_LOWP_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -73,5 +74,64 @@ static inline float hpu_from_fp16(uint16_t h)
 	memcpy(&f, &x, 4);
 	return f;
 }
+
+/* ---- arrays, fp16 on the CPU's F16C instructions where it has them ----
+ * vcvtps2ph with imm 0 rounds to nearest even like hpu_to_fp16 (also for
+ * subnormals, overflow to infinity and NaN, which stays NaN), so the two
+ * paths give the same bits. Call the F16C forms only where simd.h's
+ * hpu_have_f16c() says the CPU has the instructions. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(HPU_NO_CLONES)
+#include <immintrin.h>
+
+__attribute__((target("avx2,f16c"))) static inline void
+hpu__f16c_to_fp16(uint16_t *dst, const float *src, size_t n)
+{
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(dst + i),
+				 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+	for (; i < n; i++)
+		dst[i] = hpu_to_fp16(src[i]);
+}
+
+__attribute__((target("avx2,f16c"))) static inline void
+hpu__f16c_from_fp16(float *dst, const uint16_t *src, size_t n)
+{
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i,
+				 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+	for (; i < n; i++)
+		dst[i] = hpu_from_fp16(src[i]);
+}
+
+/* dst[i] = fp16(src[i]) as float; dst may be src. */
+__attribute__((target("avx2,f16c"))) static inline void
+hpu__f16c_round_fp16(float *dst, const float *src, size_t n)
+{
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_cvtps_ph(
+						  _mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT)));
+	for (; i < n; i++)
+		dst[i] = hpu_from_fp16(hpu_to_fp16(src[i]));
+}
+#else
+static inline void hpu__f16c_to_fp16(uint16_t *dst, const float *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] = hpu_to_fp16(src[i]);
+}
+static inline void hpu__f16c_from_fp16(float *dst, const uint16_t *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] = hpu_from_fp16(src[i]);
+}
+static inline void hpu__f16c_round_fp16(float *dst, const float *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] = hpu_from_fp16(hpu_to_fp16(src[i]));
+}
+#endif
 
 #endif

@@ -5,12 +5,14 @@
  */
 #include <hpu/coll.h>
 #include <hpu/ops.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "config.h"
 #include "devmem.h"
 #include "fp8.h"
@@ -42,6 +44,34 @@ static int autocast_type(hpu_precision p)
 	       : p == HPU_PREC_FP16_MIXED ? HPU_AUTOCAST_FP16
 	       : p == HPU_PREC_FP8        ? HPU_AUTOCAST_FP8
 					  : HPU_AUTOCAST_NONE;
+}
+
+/* The kernels' threads (--kernel-threads): with more than one, the worker
+ * widens the one core the agent pinned it to into its own run of N cores
+ * (local rank L takes L*N .. L*N+N-1) where the node has them, else all. */
+static void kernels_setup(const hpu_train_opts *o, int rank)
+{
+	const hpu__backend *be = hpu__be();
+	int n = o->kernel_threads, local = env_int("LOCAL_RANK", 0);
+	be->set_threads(n);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	if (n > 1 && ncpu > 0) {
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		int first = (long)(local + 1) * n <= ncpu ? local * n : 0;
+		int count = (long)(local + 1) * n <= ncpu ? n : (int)ncpu;
+		for (int c = first; c < first + count && c < CPU_SETSIZE; c++)
+			CPU_SET(c, &set);
+		sched_setaffinity(0, sizeof set, &set);
+	}
+	int low = o->precision == HPU_PREC_BF16_MIXED || o->precision == HPU_PREC_FP8;
+	if (o->verbose)
+		printf("kernels: %s\n", be->describe()); /* the agent adds [rank R] */
+	else if (low && !be->bf16_native() && local == 0)
+		fprintf(stderr, "hpu-worker: rank %d: kernels: %s: bf16 products run as fp32 "
+				"products of bf16-rounded values (the same results, without "
+				"the speed-up)\n",
+			rank, be->describe());
 }
 
 static void usage(FILE *f)
@@ -99,6 +129,7 @@ int main(int argc, char **argv)
 	}
 	if (o.verbose && rank == 0)
 		hpu_autocast_print(stdout);
+	kernels_setup(&o, rank);
 	if (hpu__model_load(&b, path, rank, world, err, sizeof err) < 0)
 		goto out;
 	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK)

@@ -1,24 +1,31 @@
-/* hpu ops: linear (OpenBLAS sgemm), relu, softmax cross-entropy, accuracy.
+/* hpu ops: linear, relu, softmax cross-entropy, accuracy.
  *
- * Row-major fp32 throughout; shapes as [rows, cols]. These run in the
- * training loop, so they are BLAS calls or single passes over memory.
+ * Row-major fp32 throughout; shapes as [rows, cols]. The products run on
+ * the backend (backend.h: oneDNN), in bf16 with fp32 accumulation when
+ * autocast lowers them and the CPU has bf16 instructions; the reference
+ * kernels here (OpenBLAS sgemm) serve the tests and any case the backend
+ * refuses.
  */
 #include <assert.h>
 #include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cblas.h>
 
 #include "autocast.h"
+#include "backend.h"
+#include "lowp.h"
+#include "ops_ref.h"
 #include "fp8.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
 
-static void linear_forward(const float *x, const float *w, const float *b,
-			   float *y, int batch, int in, int out)
+void hpu__ref_linear_forward(const float *x, const float *w, const float *b,
+			     float *y, int batch, int in, int out)
 {
 	assert(x != NULL && w != NULL && y != NULL);
 	assert(batch >= 0 && in >= 0 && out >= 0);
@@ -55,9 +62,9 @@ static void bias_grad(const float *dy, float *db, int batch, int out)
 	}
 }
 
-static void linear_backward(const float *x, const float *w, const float *dy,
-			    float *dx, float *dw, float *db, int batch, int in,
-			    int out)
+void hpu__ref_linear_backward(const float *x, const float *w, const float *dy,
+			      float *dx, float *dw, float *db, int batch, int in,
+			      int out)
 {
 	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
 	assert(batch >= 0 && in >= 0 && out >= 0);
@@ -80,14 +87,14 @@ static void linear_backward(const float *x, const float *w, const float *dy,
 		    1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
-HPU_CLONES static void relu_forward(const float *restrict x, float *restrict y, size_t n)
+HPU_CLONES void hpu__ref_relu_forward(const float *restrict x, float *restrict y, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-HPU_CLONES static void relu_backward(const float *restrict y, const float *restrict dy,
-				     float *restrict dx, size_t n)
+HPU_CLONES void hpu__ref_relu_backward(const float *restrict y, const float *restrict dy,
+					float *restrict dx, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
@@ -154,49 +161,154 @@ int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
 
 /* ---- the public ops: the autocast policy around the kernels ---- */
 
+/* ---- linear on the backend ----
+ *
+ * Each product runs in bf16 when a bf16 form of both operands is given
+ * (and the backend multiplies bf16 natively), else in fp32 on the given
+ * fp32 operands (already rounded when lowered); the reference kernel
+ * serves when the backend refuses. */
+
+/* y[B,out] = x w^T + b */
+static void fwd_product(const float *x, const float *w, const uint16_t *x16,
+			const uint16_t *w16, const float *b, float *y, int batch, int in,
+			int out)
+{
+	hpu__gemm g = {.count = 1, .m = batch, .n = out, .k = in, .trans_b = 1,
+		       .bias = b, .c = y};
+	if (x16 && w16) {
+		g.dt = HPU_DT_BF16;
+		g.a = x16;
+		g.b = w16;
+		if (hpu__be()->gemm(&g) == HPU_BE_OK)
+			return;
+	}
+	g.dt = HPU_DT_F32;
+	g.a = x;
+	g.b = w;
+	if (hpu__be()->gemm(&g) != HPU_BE_OK)
+		hpu__ref_linear_forward(x, w, b, y, batch, in, out);
+}
+
+/* dw[out,in] += dy^T x; dx[B,in] = dy w (dx may be NULL) */
+static void bwd_products(const float *x, const float *w, const float *dy,
+			 const uint16_t *x16, const uint16_t *w16, const uint16_t *dy16,
+			 float *dx, float *dw, int batch, int in, int out)
+{
+	const hpu__backend *be = hpu__be();
+	int bf = x16 && w16 && dy16;
+	hpu__gemm gw = {.dt = bf ? HPU_DT_BF16 : HPU_DT_F32, .count = 1, .m = out, .n = in,
+			.k = batch, .trans_a = 1, .a = bf ? (const void *)dy16 : dy,
+			.b = bf ? (const void *)x16 : x, .c = dw, .accumulate = 1};
+	if (be->gemm(&gw) != HPU_BE_OK) {
+		gw.dt = HPU_DT_F32;
+		gw.a = dy;
+		gw.b = x;
+		if (be->gemm(&gw) != HPU_BE_OK)
+			hpu__ref_linear_backward(x, w, dy, NULL, dw, NULL, batch, in, out);
+	}
+	if (dx == NULL)
+		return;
+	hpu__gemm gx = {.dt = bf ? HPU_DT_BF16 : HPU_DT_F32, .count = 1, .m = batch, .n = in,
+			.k = out, .a = bf ? (const void *)dy16 : dy,
+			.b = bf ? (const void *)w16 : w, .c = dx};
+	if (be->gemm(&gx) == HPU_BE_OK)
+		return;
+	gx.dt = HPU_DT_F32;
+	gx.a = dy;
+	gx.b = w;
+	if (be->gemm(&gx) == HPU_BE_OK)
+		return;
+	/* the reference computes dw and dx together: dx alone from a zero dw */
+	float *tmp = hpu__ac_scratch(3, (size_t)out * in);
+	memset(tmp, 0, (size_t)out * in * sizeof *tmp);
+	hpu__ref_linear_backward(x, w, dy, dx, tmp, NULL, batch, in, out);
+}
+
+/* db[out] += sum over rows of dy16[B,out] */
+static void bias_grad16(const uint16_t *dy, float *db, int batch, int out)
+{
+	for (int i = 0; i < batch; i++) {
+		const uint16_t *dyr = dy + (size_t)i * out;
+		for (int o = 0; o < out; o++)
+			db[o] += hpu_from_bf16(dyr[o]);
+	}
+}
+
+/* bf16 products run natively here */
+static int bf16_ok(int lp)
+{
+	return (lp == HPU_AUTOCAST_BF16 || lp == HPU_AUTOCAST_FP8) && hpu__be()->bf16_native();
+}
+
+/* ---- the public ops: the autocast policy around the kernels ---- */
+
+/* Lowered to bf16: x and w (the runtime's bf16 working copy when it has
+ * one) multiplied in bf16 with fp32 accumulation, the bias rounded, y
+ * rounded. fp16: the same values rounded to fp16, multiplied in fp32. fp8:
+ * x and w in E4M3 (exact in bf16: the product runs on the bf16 kernel),
+ * the bias and y in bf16. */
 void hpu_linear_forward(const float *x, const float *w, const float *b,
 			float *y, int batch, int in, int out)
 {
 	int lp = hpu__ac_enter(HPU_OP_LINEAR);
-	size_t nx = (size_t)batch * in, ny = (size_t)batch * out;
+	size_t nx = (size_t)batch * in, ny = (size_t)batch * out, nw = (size_t)out * in;
 	hpu__fp8_call c;
-	lp = hpu__fp8_begin(&c, HPU_OP_LINEAR, lp, x, nx, w, (size_t)out * in);
+	lp = hpu__fp8_begin(&c, HPU_OP_LINEAR, lp, x, nx, w, nw);
+	if (batch <= 0 || out <= 0) {
+		hpu__fp8_end(&c, y, 0);
+		return;
+	}
 	if (c.on) { /* x and w in E4M3; the bias and y in bf16 */
-		linear_forward(c.a, c.b, hpu__ac_round(2, b, (size_t)out, lp), y, batch,
-			       in, out);
+		int bf = bf16_ok(lp);
+		fwd_product(c.a, c.b, bf ? hpu__ac_bf16(0, c.a, nx) : NULL,
+			    bf ? hpu__ac_bf16(1, c.b, nw) : NULL,
+			    hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
 		hpu__ac_round_inplace(y, ny, lp);
 		return;
 	}
-	if (!lp || batch <= 0 || out <= 0) {
-		linear_forward(x, w, b, y, batch, in, out);
+	if (!lp) {
+		fwd_product(x, w, NULL, NULL, b, y, batch, in, out);
+	} else if (bf16_ok(lp)) {
+		fwd_product(x, w, hpu__ac_bf16(0, x, nx), hpu__ac_weight_bf16(1, w, nw),
+			    hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
+		hpu__ac_round_inplace(y, ny, lp);
 	} else {
-		linear_forward(hpu__ac_round(0, x, nx, lp),
-			       hpu__ac_round(1, w, (size_t)out * in, lp),
-			       hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
+		fwd_product(hpu__ac_round(0, x, nx, lp), hpu__ac_weight_round(1, w, nw, lp), NULL,
+			    NULL, hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
 		hpu__ac_round_inplace(y, ny, lp);
 	}
 	hpu__fp8_end(&c, y, ny);
 }
 
-/* Lowered: x, w and dy rounded; dw and db get the products accumulated in
- * fp32 (the runtime rounds gradients when the layer's backward ends); dx
- * rounded. fp8: x and w in E4M3 at the forward's scales, dy in E5M2; db is
- * the sum of the unquantized dy (as Transformer Engine's bias gradient). */
+/* Lowered: x, w and dy rounded (bf16: multiplied in bf16); dw and db get
+ * the products accumulated in fp32 (the runtime rounds gradients when the
+ * layer's backward ends); dx rounded. fp8: x and w in E4M3 at the
+ * forward's scales, dy in E5M2, on the bf16 kernel; db is the sum of the
+ * unquantized dy (as Transformer Engine's bias gradient). */
 void hpu_linear_backward(const float *x, const float *w, const float *dy,
 			 float *dx, float *dw, float *db, int batch, int in,
 			 int out)
 {
 	int lp = hpu__ac_enter(HPU_OP_LINEAR);
-	if (!lp || batch <= 0) {
-		linear_backward(x, w, dy, dx, dw, db, batch, in, out);
+	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
+	if (batch <= 0 || in < 0 || out < 0) {
+		hpu__ref_linear_backward(x, w, dy, dx, dw, db, batch, in, out);
 		return;
 	}
-	size_t nx = (size_t)batch * in, ny = (size_t)batch * out;
-	const float *xq, *wq, *dyq;
+	size_t nx = (size_t)batch * in, ny = (size_t)batch * out, nw = (size_t)out * in;
+	if (!lp) {
+		bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, batch, in, out);
+		if (db)
+			bias_grad(dy, db, batch, out);
+		return;
+	}
 	if (lp == HPU_AUTOCAST_FP8) {
-		if (hpu__fp8_linear_backward(x, nx, w, (size_t)out * in, dy, ny, &xq, &wq,
-					     &dyq)) {
-			linear_backward(xq, wq, dyq, dx, dw, NULL, batch, in, out);
+		const float *xq, *wq, *dyq;
+		if (hpu__fp8_linear_backward(x, nx, w, nw, dy, ny, &xq, &wq, &dyq)) {
+			int bf = bf16_ok(lp);
+			bwd_products(xq, wq, dyq, bf ? hpu__ac_bf16(0, xq, nx) : NULL,
+				     bf ? hpu__ac_bf16(1, wq, nw) : NULL,
+				     bf ? hpu__ac_bf16(2, dyq, ny) : NULL, dx, dw, batch, in, out);
 			if (db)
 				bias_grad(dy, db, batch, out);
 			if (dx != NULL)
@@ -205,33 +317,58 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		}
 		lp = hpu__ac_fallback(HPU_OP_LINEAR);
 		if (!lp) {
-			linear_backward(x, w, dy, dx, dw, db, batch, in, out);
+			bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, batch, in, out);
+			if (db)
+				bias_grad(dy, db, batch, out);
 			return;
 		}
 	}
-	linear_backward(hpu__ac_round(0, x, nx, lp),
-			hpu__ac_round(1, w, (size_t)out * in, lp),
-			hpu__ac_round(2, dy, ny, lp), dx, dw, db, batch,
-			in, out);
+	if (bf16_ok(lp)) {
+		const uint16_t *dy16 = hpu__ac_bf16(2, dy, ny);
+		bwd_products(x, w, dy, hpu__ac_bf16(0, x, nx), hpu__ac_weight_bf16(1, w, nw),
+			     dy16, dx, dw, batch, in, out);
+		if (db)
+			bias_grad16(dy16, db, batch, out);
+	} else {
+		const float *dyr = hpu__ac_round(2, dy, ny, lp);
+		bwd_products(hpu__ac_round(0, x, nx, lp), hpu__ac_weight_round(1, w, nw, lp), dyr,
+			     NULL, NULL, NULL, dx, dw, batch, in, out);
+		if (db)
+			bias_grad(dyr, db, batch, out);
+	}
 	if (dx != NULL)
 		hpu__ac_round_inplace(dx, nx, lp);
+}
+
+/* relu on the backend, or the reference when it answers
+ * HPU_BE_UNSUPPORTED */
+static void relu_fwd(const float *x, float *y, size_t n)
+{
+	if (hpu__be()->eltwise_fwd(HPU_ELT_RELU, x, y, n) != HPU_BE_OK)
+		hpu__ref_relu_forward(x, y, n);
+}
+
+static void relu_bwd(const float *y, const float *dy, float *dx, size_t n)
+{
+	if (hpu__be()->eltwise_bwd(HPU_ELT_RELU, y, dy, dx, n) != HPU_BE_OK)
+		hpu__ref_relu_backward(y, dy, dx, n);
 }
 
 void hpu_relu_forward(const float *x, float *y, size_t n)
 {
 	int lp = hpu__ac_enter(HPU_OP_RELU);
 	/* relu of a rounded value is that value or 0: no output rounding */
-	relu_forward(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
+	relu_fwd(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
 }
 
 void hpu_relu_backward(const float *y, const float *dy, float *dx, size_t n)
 {
 	int lp = hpu__ac_enter(HPU_OP_RELU);
 	if (!lp) {
-		relu_backward(y, dy, dx, n);
+		relu_bwd(y, dy, dx, n);
 		return;
 	}
-	relu_backward(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
+	relu_bwd(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
 }
 
 /* Lowered: the logits rounded; the loss is an fp32 reduction; dlogits

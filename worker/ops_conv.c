@@ -1,6 +1,11 @@
 /* hpu ops: 2-D convolution and pooling, NCHW fp32.
  *
- * Convolution is im2col + one OpenBLAS sgemm per sample: the sample's input
+ * The public ops (at the bottom) decide the autocast policy and run the
+ * backend's kernels (backend.h: oneDNN's on CPUs); the kernels here are
+ * the reference (ops_ref.h), which the ops fall back to when the backend
+ * answers HPU_BE_UNSUPPORTED for a case.
+ *
+ * Reference convolution is im2col + one OpenBLAS sgemm per sample: the sample's input
  * x[C, H, W] is unfolded into col[C*K*K, OH*OW] (row (c, ki, kj), column
  * (oh, ow) holds x[c, oh*S - P + ki, ow*S - P + kj], zero outside the
  * image), so that y[O, OH*OW] = w[O, C*K*K] * col. The caller's scratch is
@@ -19,7 +24,9 @@
 #include <cblas.h>
 
 #include "autocast.h"
+#include "backend.h"
 #include "fp8.h"
+#include "ops_ref.h"
 #include "simd.h"
 
 #include "hpu/ops.h"
@@ -162,8 +169,8 @@ static void col2im(const hpu_conv2d_shape *s, int oh_n, int ow_n,
 
 /* y[B, O, OH, OW] = conv(x[B, C, H, W], w[O, C, K, K]) + b[O]
  * per sample: y_n[O, OH*OW] = w[O, C*K*K] * col[C*K*K, OH*OW] (+ b) */
-static void conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
-			   const float *b, float *y, float *scratch)
+void hpu__ref_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
+			     const float *b, float *y, float *scratch)
 {
 	check_shape(s);
 	assert(x != NULL && w != NULL && y != NULL);
@@ -195,7 +202,8 @@ static void conv2d_forward(const hpu_conv2d_shape *s, const float *x, const floa
 }
 
 /* Given dy[B, O, OH, OW], per sample:
- *   dw[O, C*K*K] += dy_n[O, OH*OW] * col[C*K*K, OH*OW]^T
+ *   dw[O, C*K*K] += dy_n[O, OH*OW] * col[C*K*K, OH*OW]^T (dw may be NULL:
+ *                   then neither dw nor db; x is then unused)
  *   db[O] += sum over pixels of dy_n (db may be NULL)
  *   dx_n[C, H, W] = col2im(w[O, C*K*K]^T * dy_n) (dx may be NULL) */
 static void conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
@@ -203,7 +211,9 @@ static void conv2d_backward(const hpu_conv2d_shape *s, const float *x, const flo
 			    float *scratch)
 {
 	check_shape(s);
-	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
+	assert(dy != NULL && (dw == NULL || x != NULL) && (dx == NULL || w != NULL));
+	if (dw == NULL && dx == NULL)
+		return;
 	const int oh_n = hpu_conv2d_out_h(s), ow_n = hpu_conv2d_out_w(s);
 	const int O = s->out_ch, ckk = s->in_ch * s->kernel * s->kernel;
 	const int npix = oh_n * ow_n;
@@ -212,15 +222,17 @@ static void conv2d_backward(const hpu_conv2d_shape *s, const float *x, const flo
 	const int pointwise = is_pointwise(s);
 	assert(pointwise || scratch != NULL);
 	for (int n = 0; n < s->batch; n++) {
-		const float *xn = x + n * xs, *dyn = dy + n * ys;
-		const float *col = xn;
-		if (!pointwise) {
-			im2col(s, oh_n, ow_n, xn, scratch);
-			col = scratch;
+		const float *dyn = dy + n * ys;
+		if (dw != NULL) {
+			const float *col = x + n * xs;
+			if (!pointwise) {
+				im2col(s, oh_n, ow_n, col, scratch);
+				col = scratch;
+			}
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, O, ckk, npix,
+				    1.0f, dyn, npix, col, npix, 1.0f, dw, ckk);
 		}
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, O, ckk, npix,
-			    1.0f, dyn, npix, col, npix, 1.0f, dw, ckk);
-		if (db != NULL)
+		if (dw != NULL && db != NULL)
 			for (int o = 0; o < O; o++) {
 				const float *d = dyn + (size_t)o * npix;
 				float sum = 0.0f;
@@ -237,6 +249,14 @@ static void conv2d_backward(const hpu_conv2d_shape *s, const float *x, const flo
 		if (!pointwise)
 			col2im(s, oh_n, ow_n, dcol, dx + n * xs);
 	}
+}
+
+void hpu__ref_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
+			      const float *dy, float *dx, float *dw, float *db,
+			      float *scratch)
+{
+	assert(x != NULL && w != NULL && dw != NULL);
+	conv2d_backward(s, x, w, dy, dx, dw, db, scratch);
 }
 
 /* ---- pooling ---- */
@@ -292,7 +312,7 @@ static void maxpool_plane_any(const float *restrict x, float *restrict y,
 
 /* y[B, C, OH, OW] = max over each k x k window of x[B, C, H, W];
  * idx[B, C, OH, OW] = the arg-max's position ih*W + iw in its plane. */
-static void maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
+void hpu__ref_maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
 			      int ch, int h, int w, int k, int stride)
 {
 	assert(x != NULL && y != NULL && idx != NULL && batch >= 0 && ch >= 0);
@@ -310,7 +330,7 @@ static void maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
 
 /* dx[B, C, H, W] = 0, then dx[idx] += dy for every output of dy[B, C, OH, OW]
  * (overlapping windows can send several outputs to one input). */
-static void maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
+void hpu__ref_maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
 			       int batch, int ch, int h, int w, int k, int stride)
 {
 	assert(dy != NULL && idx != NULL && dx != NULL && batch >= 0 && ch >= 0);
@@ -361,7 +381,7 @@ static void avgpool_plane_any(const float *restrict x, float *restrict y, int w,
 }
 
 /* y[B, C, OH, OW] = mean over each k x k window of x[B, C, H, W] */
-static void avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
+void hpu__ref_avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
 			      int w, int k, int stride)
 {
 	assert(x != NULL && y != NULL && batch >= 0 && ch >= 0);
@@ -377,7 +397,7 @@ static void avgpool2d_forward(const float *x, float *y, int batch, int ch, int h
 }
 
 /* dx[B, C, H, W] = 0, then every input of each window += dy / (k*k) */
-static void avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h,
+void hpu__ref_avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h,
 			       int w, int k, int stride)
 {
 	assert(dy != NULL && dx != NULL && batch >= 0 && ch >= 0);
@@ -400,7 +420,7 @@ static void avgpool2d_backward(const float *dy, float *dx, int batch, int ch, in
 	}
 }
 
-/* ---- the public ops: the autocast policy around the kernels ---- */
+/* ---- the public ops: the autocast policy around the backend ---- */
 
 static size_t conv_x_n(const hpu_conv2d_shape *s)
 {
@@ -417,31 +437,63 @@ static size_t conv_y_n(const hpu_conv2d_shape *s)
 	return (size_t)s->batch * s->out_ch * hpu_conv2d_out_h(s) * hpu_conv2d_out_w(s);
 }
 
+/* Whether a call lowered to lp runs on bf16 products (the backend's bf16
+ * kernels): bf16 autocast and fp8 (whose read-back values are exact in
+ * bf16), on a backend with native bf16. fp16, and bf16 without native
+ * products, round the inputs and run fp32 kernels. */
+static int bf16_products(int lp)
+{
+	return (lp == HPU_AUTOCAST_BF16 || lp == HPU_AUTOCAST_FP8) && hpu__be()->bf16_native();
+}
+
+/* y = conv(x, w) + b in fp32 on the backend, else the reference. */
+static void conv_fwd_f32(const hpu_conv2d_shape *s, const float *x, const float *w,
+			 const float *b, float *y, float *scratch)
+{
+	if (hpu__be()->conv_fwd(s, HPU_DT_F32, x, w, b, y) != HPU_BE_OK)
+		hpu__ref_conv2d_forward(s, x, w, b, y, scratch);
+}
+
+/* Lowered: x and w rounded (bf16 products: converted to bf16), b rounded,
+ * y rounded. fp8 (QUANTIZE): x and w are the E4M3 read-backs, exact in
+ * bf16. */
 void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
 			const float *b, float *y, float *scratch)
 {
 	int lp = hpu__ac_enter(HPU_OP_CONV2D);
 	check_shape(s);
+	assert(x != NULL && w != NULL && y != NULL);
 	hpu__fp8_call c;
 	lp = hpu__fp8_begin(&c, HPU_OP_CONV2D, lp, x, conv_x_n(s), w, conv_w_n(s));
-	if (c.on) { /* fp8 inference: x and w in E4M3, b and y in bf16 */
-		conv2d_forward(s, c.a, c.b, hpu__ac_round(2, b, (size_t)s->out_ch, lp), y,
-			       scratch);
-		hpu__ac_round_inplace(y, conv_y_n(s), lp);
+	const size_t nx = conv_x_n(s), nw = conv_w_n(s);
+	if (!lp) {
+		conv_fwd_f32(s, x, w, b, y, scratch);
+		hpu__fp8_end(&c, y, conv_y_n(s));
 		return;
 	}
-	if (!lp) {
-		conv2d_forward(s, x, w, b, y, scratch);
-	} else {
-		conv2d_forward(s, hpu__ac_round(0, x, conv_x_n(s), lp),
-			       hpu__ac_round(1, w, conv_w_n(s), lp),
-			       hpu__ac_round(2, b, (size_t)s->out_ch, lp), y, scratch);
-		hpu__ac_round_inplace(y, conv_y_n(s), lp);
+	/* float slots 0 and 1 hold fp8's read-backs; the bias takes slot 2 */
+	const float *bl = hpu__ac_round(2, b, (size_t)s->out_ch, lp);
+	const float *xl = c.on ? c.a : x, *wl = c.on ? c.b : w;
+	int done = 0;
+	if (bf16_products(lp)) {
+		const uint16_t *x16 = hpu__ac_bf16(0, xl, nx);
+		const uint16_t *w16 = c.on ? hpu__ac_bf16(1, wl, nw) : hpu__ac_weight_bf16(1, w, nw);
+		done = hpu__be()->conv_fwd(s, HPU_DT_BF16, x16, w16, bl, y) == HPU_BE_OK;
 	}
-	hpu__fp8_end(&c, y, conv_y_n(s));
+	if (!done) {
+		if (!c.on) { /* fp8's read-backs are already rounded */
+			xl = hpu__ac_round(0, x, nx, lp);
+			wl = hpu__ac_round(1, w, nw, lp);
+		}
+		conv_fwd_f32(s, xl, wl, bl, y, scratch);
+	}
+	hpu__ac_round_inplace(y, conv_y_n(s), lp);
+	if (!c.on)
+		hpu__fp8_end(&c, y, conv_y_n(s));
 }
 
-/* Lowered: x, w and dy rounded; dw, db accumulated in fp32; dx rounded. */
+/* Lowered: x, w and dy rounded (bf16 products: converted to bf16); dw, db
+ * accumulated in fp32; dx rounded. dx and db may be NULL. */
 void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
 			 const float *dy, float *dx, float *dw, float *db,
 			 float *scratch)
@@ -451,27 +503,82 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 		hpu__ac_recount(HPU_OP_CONV2D, lp, hpu__ac_fallback(HPU_OP_CONV2D));
 		lp = hpu__ac_fallback(HPU_OP_CONV2D);
 	}
-	if (!lp) {
-		conv2d_backward(s, x, w, dy, dx, dw, db, scratch);
-		return;
-	}
 	check_shape(s);
-	conv2d_backward(s, hpu__ac_round(0, x, conv_x_n(s), lp),
-			hpu__ac_round(1, w, conv_w_n(s), lp),
-			hpu__ac_round(2, dy, conv_y_n(s), lp), dx, dw, db, scratch);
-	if (dx != NULL)
-		hpu__ac_round_inplace(dx, conv_x_n(s), lp);
+	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
+	const hpu__backend *be = hpu__be();
+	const size_t nx = conv_x_n(s), nw = conv_w_n(s), ny = conv_y_n(s);
+	int data_done = dx == NULL, weights_done = 0;
+	if (bf16_products(lp)) {
+		const uint16_t *x16 = hpu__ac_bf16(0, x, nx);
+		const uint16_t *w16 = dx ? hpu__ac_weight_bf16(1, w, nw) : NULL;
+		const uint16_t *dy16 = hpu__ac_bf16(2, dy, ny);
+		weights_done = be->conv_bwd_weights(s, HPU_DT_BF16, x16, dy16, dw, db) ==
+			       HPU_BE_OK;
+		if (!data_done)
+			data_done = be->conv_bwd_data(s, HPU_DT_BF16, w16, dy16, dx) ==
+				    HPU_BE_OK;
+	}
+	if (!weights_done || !data_done) {
+		const float *xl = x, *wl = w, *dyl = dy;
+		if (lp) {
+			xl = weights_done ? NULL : hpu__ac_round(0, x, nx, lp);
+			wl = data_done ? NULL : hpu__ac_round(1, w, nw, lp);
+			dyl = hpu__ac_round(2, dy, ny, lp);
+		}
+		if (!weights_done)
+			weights_done = be->conv_bwd_weights(s, HPU_DT_F32, xl, dyl, dw, db) ==
+				       HPU_BE_OK;
+		if (!data_done)
+			data_done = be->conv_bwd_data(s, HPU_DT_F32, wl, dyl, dx) == HPU_BE_OK;
+		if (!weights_done || !data_done)
+			conv2d_backward(s, xl, wl, dyl, data_done ? NULL : dx,
+					weights_done ? NULL : dw, weights_done ? NULL : db,
+					scratch);
+	}
+	if (lp && dx != NULL)
+		hpu__ac_round_inplace(dx, nx, lp);
 }
 
-/* Lowered pooling: the input rounded (the max of rounded values needs no
+/* Pooling on the backend, else the reference. The backend's max pooling
+ * keeps idx as the reference does (the arg-max's position in its plane,
+ * ops.h), so that a forward on one and a backward on the other agree.
+ * Lowered pooling: the input rounded (the max of rounded values needs no
  * rounding; the mean is rounded). Backward: dy rounded, dx rounded. */
+static void maxpool_fwd(const float *x, float *y, int32_t *idx, int batch, int ch, int h,
+			int w, int k, int stride)
+{
+	if (hpu__be()->maxpool_fwd(x, y, idx, batch, ch, h, w, k, stride) != HPU_BE_OK)
+		hpu__ref_maxpool2d_forward(x, y, idx, batch, ch, h, w, k, stride);
+}
+
+static void maxpool_bwd(const float *dy, const int32_t *idx, float *dx, int batch, int ch,
+			int h, int w, int k, int stride)
+{
+	if (hpu__be()->maxpool_bwd(dy, idx, dx, batch, ch, h, w, k, stride) != HPU_BE_OK)
+		hpu__ref_maxpool2d_backward(dy, idx, dx, batch, ch, h, w, k, stride);
+}
+
+static void avgpool_fwd(const float *x, float *y, int batch, int ch, int h, int w, int k,
+			int stride)
+{
+	if (hpu__be()->avgpool_fwd(x, y, batch, ch, h, w, k, stride) != HPU_BE_OK)
+		hpu__ref_avgpool2d_forward(x, y, batch, ch, h, w, k, stride);
+}
+
+static void avgpool_bwd(const float *dy, float *dx, int batch, int ch, int h, int w, int k,
+			int stride)
+{
+	if (hpu__be()->avgpool_bwd(dy, dx, batch, ch, h, w, k, stride) != HPU_BE_OK)
+		hpu__ref_avgpool2d_backward(dy, dx, batch, ch, h, w, k, stride);
+}
+
 void hpu_maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
 			   int ch, int h, int w, int k, int stride)
 {
 	int lp = hpu__ac_enter(HPU_OP_MAXPOOL2D);
 	size_t n = (size_t)batch * ch * h * w;
-	maxpool2d_forward(lp && batch > 0 ? hpu__ac_round(0, x, n, lp) : x, y, idx,
-			  batch, ch, h, w, k, stride);
+	maxpool_fwd(lp && batch > 0 ? hpu__ac_round(0, x, n, lp) : x, y, idx, batch, ch, h, w,
+		    k, stride);
 }
 
 void hpu_maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
@@ -479,12 +586,11 @@ void hpu_maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
 {
 	int lp = hpu__ac_enter(HPU_OP_MAXPOOL2D);
 	if (!lp || batch <= 0) {
-		maxpool2d_backward(dy, idx, dx, batch, ch, h, w, k, stride);
+		maxpool_bwd(dy, idx, dx, batch, ch, h, w, k, stride);
 		return;
 	}
 	size_t ny = (size_t)batch * ch * pool_out(h, k, stride) * pool_out(w, k, stride);
-	maxpool2d_backward(hpu__ac_round(0, dy, ny, lp), idx, dx, batch, ch, h, w, k,
-			   stride);
+	maxpool_bwd(hpu__ac_round(0, dy, ny, lp), idx, dx, batch, ch, h, w, k, stride);
 	hpu__ac_round_inplace(dx, (size_t)batch * ch * h * w, lp);
 }
 
@@ -493,11 +599,11 @@ void hpu_avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
 {
 	int lp = hpu__ac_enter(HPU_OP_AVGPOOL2D);
 	if (!lp || batch <= 0) {
-		avgpool2d_forward(x, y, batch, ch, h, w, k, stride);
+		avgpool_fwd(x, y, batch, ch, h, w, k, stride);
 		return;
 	}
-	avgpool2d_forward(hpu__ac_round(0, x, (size_t)batch * ch * h * w, lp), y, batch,
-			  ch, h, w, k, stride);
+	avgpool_fwd(hpu__ac_round(0, x, (size_t)batch * ch * h * w, lp), y, batch, ch, h, w,
+		    k, stride);
 	hpu__ac_round_inplace(y, (size_t)batch * ch * pool_out(h, k, stride) *
 				     pool_out(w, k, stride),
 			      lp);
@@ -508,10 +614,10 @@ void hpu_avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h
 {
 	int lp = hpu__ac_enter(HPU_OP_AVGPOOL2D);
 	if (!lp || batch <= 0) {
-		avgpool2d_backward(dy, dx, batch, ch, h, w, k, stride);
+		avgpool_bwd(dy, dx, batch, ch, h, w, k, stride);
 		return;
 	}
 	size_t ny = (size_t)batch * ch * pool_out(h, k, stride) * pool_out(w, k, stride);
-	avgpool2d_backward(hpu__ac_round(0, dy, ny, lp), dx, batch, ch, h, w, k, stride);
+	avgpool_bwd(hpu__ac_round(0, dy, ny, lp), dx, batch, ch, h, w, k, stride);
 	hpu__ac_round_inplace(dx, (size_t)batch * ch * h * w, lp);
 }

@@ -16,6 +16,8 @@
 #include <cblas.h>
 
 #include "autocast.h"
+#include "backend.h"
+#include "ops_ref.h"
 #include "fp8.h"
 #include "simd.h"
 
@@ -23,8 +25,8 @@
 
 /* ---- matrix products ---- */
 
-static void matmul(const float *a, const float *b, float *c, int m, int n, int k,
-		   int trans_a, int trans_b, int accumulate)
+void hpu__ref_matmul(const float *a, const float *b, float *c, int m, int n, int k,
+		     int trans_a, int trans_b, int accumulate)
 {
 	assert(a != NULL && b != NULL && c != NULL);
 	assert(m >= 0 && n >= 0 && k >= 0);
@@ -43,14 +45,33 @@ static void matmul(const float *a, const float *b, float *c, int m, int n, int k
 		    c, n);
 }
 
-static void bmm(const float *a, const float *b, float *c, int count, int m, int n,
-		int k, int trans_a, int trans_b, int accumulate, size_t stride_a,
-		size_t stride_b, size_t stride_c)
+/* c = a b (+ c) for `count` products on the backend: in bf16 when a16
+ * and b16 are given (and it multiplies bf16 natively), else in fp32 on a
+ * and b; the reference serves when the backend refuses. */
+static void products(const float *a, const float *b, const uint16_t *a16,
+		     const uint16_t *b16, float *c, int count, int m, int n, int k,
+		     int trans_a, int trans_b, int accumulate, size_t stride_a,
+		     size_t stride_b, size_t stride_c)
 {
 	assert(count >= 0);
+	hpu__gemm g = {.count = count, .m = m, .n = n, .k = k, .trans_a = trans_a,
+		       .trans_b = trans_b, .c = c, .stride_a = stride_a,
+		       .stride_b = stride_b, .stride_c = stride_c, .accumulate = accumulate};
+	if (a16 && b16) {
+		g.dt = HPU_DT_BF16;
+		g.a = a16;
+		g.b = b16;
+		if (hpu__be()->gemm(&g) == HPU_BE_OK)
+			return;
+	}
+	g.dt = HPU_DT_F32;
+	g.a = a;
+	g.b = b;
+	if (hpu__be()->gemm(&g) == HPU_BE_OK)
+		return;
 	for (int i = 0; i < count; i++)
-		matmul(a + i * stride_a, b + i * stride_b, c + i * stride_c,
-			   m, n, k, trans_a, trans_b, accumulate);
+		hpu__ref_matmul(a + i * stride_a, b + i * stride_b, c + i * stride_c, m, n, k,
+				trans_a, trans_b, accumulate);
 }
 
 /* ---- GELU and tanh ---- */
@@ -96,8 +117,8 @@ static inline float gelu_u(float v)
 	return GELU_C * (v + GELU_A * v * v * v);
 }
 
-HPU_CLONES static void gelu_forward(const float *restrict x, float *restrict y,
-				    size_t n)
+HPU_CLONES void hpu__ref_gelu_forward(const float *restrict x, float *restrict y,
+				       size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		float v = x[i];
@@ -106,8 +127,8 @@ HPU_CLONES static void gelu_forward(const float *restrict x, float *restrict y,
 }
 
 /* Not restrict: dx may alias dy. */
-HPU_CLONES static void gelu_backward(const float *x, const float *dy, float *dx,
-				     size_t n)
+HPU_CLONES void hpu__ref_gelu_backward(const float *x, const float *dy, float *dx,
+					size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		float v = x[i], q = exp_poly(-2.0f * gelu_u(v));
@@ -117,15 +138,15 @@ HPU_CLONES static void gelu_backward(const float *x, const float *dy, float *dx,
 	}
 }
 
-static void tanh_forward(const float *x, float *y, size_t n)
+void hpu__ref_tanh_forward(const float *x, float *y, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		y[i] = tanhf(x[i]);
 }
 
 /* Not restrict: dx may alias dy. */
-HPU_CLONES static void tanh_backward(const float *y, const float *dy, float *dx,
-				     size_t n)
+HPU_CLONES void hpu__ref_tanh_backward(const float *y, const float *dy, float *dx,
+					size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		dx[i] = dy[i] * (1.0f - y[i] * y[i]);
@@ -150,7 +171,7 @@ static void softmax_row(const float *x, float *y, int cols)
 		y[c] *= inv;
 }
 
-static void softmax_forward(const float *x, float *y, int rows, int cols)
+void hpu__ref_softmax_forward(const float *x, float *y, int rows, int cols)
 {
 	assert(x != NULL && y != NULL);
 	if (cols <= 0)
@@ -170,8 +191,8 @@ static void softmax_row_backward(const float *y, const float *dy, float *dx,
 		dx[c] = y[c] * (dy[c] - dot);
 }
 
-static void softmax_backward(const float *y, const float *dy, float *dx, int rows,
-			     int cols)
+void hpu__ref_softmax_backward(const float *y, const float *dy, float *dx, int rows,
+			       int cols)
 {
 	assert(y != NULL && dy != NULL && dx != NULL);
 	for (int r = 0; r < rows; r++) {
@@ -182,9 +203,9 @@ static void softmax_backward(const float *y, const float *dy, float *dx, int row
 
 /* ---- layer norm ---- */
 
-static void layernorm_forward(const float *x, const float *gamma, const float *beta,
-			      float *y, float *mean, float *rstd, int rows, int cols,
-			      float eps)
+void hpu__ref_layernorm_forward(const float *x, const float *gamma, const float *beta,
+				float *y, float *mean, float *rstd, int rows, int cols,
+				float eps)
 {
 	assert(x != NULL && gamma != NULL && beta != NULL && y != NULL);
 	assert(mean != NULL && rstd != NULL && cols > 0);
@@ -214,9 +235,9 @@ static void layernorm_forward(const float *x, const float *gamma, const float *b
 /* With xhat = (x - mean) * rstd and g = dy * gamma:
  *   dgamma += dy * xhat, dbeta += dy,
  *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). */
-static void layernorm_backward(const float *x, const float *gamma, const float *mean,
-			       const float *rstd, const float *dy, float *dx,
-			       float *dgamma, float *dbeta, int rows, int cols)
+void hpu__ref_layernorm_backward(const float *x, const float *gamma, const float *mean,
+				 const float *rstd, const float *dy, float *dx,
+				 float *dgamma, float *dbeta, int rows, int cols)
 {
 	assert(x != NULL && gamma != NULL && mean != NULL && rstd != NULL);
 	assert(dy != NULL && dx != NULL && dgamma != NULL && dbeta != NULL);
@@ -423,27 +444,63 @@ static size_t mat_n(int r, int c)
 	return (size_t)r * (size_t)c;
 }
 
-/* c = round(a b) to lowp (+ c in fp32 under accumulate; the product in
- * scratch slot 2 then). */
-static void matmul_rounded(const float *a, const float *b, float *c, int m, int n,
-			   int k, int trans_a, int trans_b, int accumulate, int lp)
+/* The floats a strided batch spans: count matrices of n, stride apart. */
+static size_t span(int count, size_t stride, size_t n)
 {
-	size_t nc = mat_n(m, n);
-	float *p = accumulate ? hpu__ac_scratch(2, nc) : c;
-	matmul(a, b, p, m, n, k, trans_a, trans_b, 0);
-	hpu__ac_round_inplace(p, nc, lp);
-	if (accumulate)
-		for (size_t i = 0; i < nc; i++)
-			c[i] += p[i];
+	return count > 0 ? (size_t)(count - 1) * stride + n : 0;
 }
 
-/* c = round(round(a) round(b)) (+ c in fp32 under accumulate), from the
- * scratch of slots 0..2. */
-static void matmul_low(const float *a, const float *b, float *c, int m, int n,
-		       int k, int trans_a, int trans_b, int accumulate, int lp)
+/* c = round(a b) to lowp (+ c in fp32 under accumulate: the rounded
+ * product goes through scratch slot 2 then). a and b are already in the
+ * low type: bf16-exact when a16/b16 (their bf16 form) are given. */
+static void products_rounded(const float *a, const float *b, const uint16_t *a16,
+			     const uint16_t *b16, float *c, int count, int m, int n, int k,
+			     int trans_a, int trans_b, int accumulate, size_t stride_a,
+			     size_t stride_b, size_t stride_c, int lp)
 {
-	matmul_rounded(hpu__ac_round(0, a, mat_n(m, k), lp), hpu__ac_round(1, b, mat_n(k, n), lp),
-		       c, m, n, k, trans_a, trans_b, accumulate, lp);
+	size_t nc = span(count, stride_c, mat_n(m, n));
+	float *p = accumulate ? hpu__ac_scratch(2, nc) : c;
+	products(a, b, a16, b16, p, count, m, n, k, trans_a, trans_b, 0, stride_a, stride_b,
+		 stride_c);
+	if (!accumulate) {
+		for (int i = 0; i < count; i++)
+			hpu__ac_round_inplace(c + i * stride_c, mat_n(m, n), lp);
+		return;
+	}
+	for (int i = 0; i < count; i++) {
+		float *pi = p + i * stride_c, *ci = c + i * stride_c;
+		hpu__ac_round_inplace(pi, mat_n(m, n), lp);
+		for (size_t j = 0; j < mat_n(m, n); j++)
+			ci[j] += pi[j];
+	}
+}
+
+/* bf16 products run natively here */
+static int bf16_ok(int lp)
+{
+	return (lp == HPU_AUTOCAST_BF16 || lp == HPU_AUTOCAST_FP8) && hpu__be()->bf16_native();
+}
+
+/* The lowered product of fp32 a and b: rounded to lowp (bf16 forms made
+ * for the bf16 kernel), multiplied, the product rounded. fp8's q.a, q.b
+ * are exact in bf16 and take the same way. */
+static void products_low(const float *a, const float *b, float *c, int count, int m,
+			 int n, int k, int trans_a, int trans_b, int accumulate,
+			 size_t stride_a, size_t stride_b, size_t stride_c, int lp)
+{
+	size_t na = span(count, stride_a, mat_n(m, k)), nb = span(count, stride_b, mat_n(k, n));
+	if (bf16_ok(lp)) {
+		const uint16_t *a16 = hpu__ac_bf16(0, a, na), *b16 = hpu__ac_weight_bf16(1, b, nb);
+		products_rounded(a, b, a16, b16, c, count, m, n, k, trans_a, trans_b, accumulate,
+				 stride_a, stride_b, stride_c, lp);
+		return;
+	}
+	if (lp != HPU_AUTOCAST_FP8) { /* fp8's operands are exact already */
+		a = hpu__ac_round(0, a, na, lp);
+		b = hpu__ac_weight_round(1, b, nb, lp);
+	}
+	products_rounded(a, b, NULL, NULL, c, count, m, n, k, trans_a, trans_b, accumulate,
+			 stride_a, stride_b, stride_c, lp);
 }
 
 void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
@@ -454,20 +511,15 @@ void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
 	lp = hpu__fp8_begin(&q, HPU_OP_MATMUL, lp, a, mat_n(m, k), b, mat_n(k, n));
 	if (q.on) {
 		if (m > 0 && n > 0)
-			matmul_rounded(q.a, q.b, c, m, n, k, trans_a, trans_b, accumulate, lp);
+			products_low(q.a, q.b, c, 1, m, n, k, trans_a, trans_b, accumulate, 0, 0,
+				     0, lp);
 		return;
 	}
 	if (!lp || m <= 0 || n <= 0)
-		matmul(a, b, c, m, n, k, trans_a, trans_b, accumulate);
+		products(a, b, NULL, NULL, c, 1, m, n, k, trans_a, trans_b, accumulate, 0, 0, 0);
 	else
-		matmul_low(a, b, c, m, n, k, trans_a, trans_b, accumulate, lp);
+		products_low(a, b, c, 1, m, n, k, trans_a, trans_b, accumulate, 0, 0, 0, lp);
 	hpu__fp8_end(&q, c, mat_n(m, n));
-}
-
-/* The floats a strided batch spans: count matrices of n, stride apart. */
-static size_t span(int count, size_t stride, size_t n)
-{
-	return count > 0 ? (size_t)(count - 1) * stride + n : 0;
 }
 
 void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
@@ -479,27 +531,82 @@ void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
 	lp = hpu__fp8_begin(&q, HPU_OP_BMM, lp, a, span(count, stride_a, mat_n(m, k)), b,
 		       span(count, stride_b, mat_n(k, n)));
 	if (q.on) { /* one scale for each operand's whole batch */
-		for (int i = 0; i < count && m > 0 && n > 0; i++)
-			matmul_rounded(q.a + i * stride_a, q.b + i * stride_b, c + i * stride_c,
-				       m, n, k, trans_a, trans_b, accumulate, lp);
+		if (count > 0 && m > 0 && n > 0)
+			products_low(q.a, q.b, c, count, m, n, k, trans_a, trans_b, accumulate,
+				     stride_a, stride_b, stride_c, lp);
 		return;
 	}
-	if (!lp || m <= 0 || n <= 0)
-		bmm(a, b, c, count, m, n, k, trans_a, trans_b, accumulate, stride_a,
-		    stride_b, stride_c);
+	if (!lp || m <= 0 || n <= 0 || count <= 0)
+		products(a, b, NULL, NULL, c, count, m, n, k, trans_a, trans_b, accumulate,
+			 stride_a, stride_b, stride_c);
 	else
-		for (int i = 0; i < count; i++)
-			matmul_low(a + i * stride_a, b + i * stride_b, c + i * stride_c, m, n,
-				   k, trans_a, trans_b, accumulate, lp);
+		products_low(a, b, c, count, m, n, k, trans_a, trans_b, accumulate, stride_a,
+			     stride_b, stride_c, lp);
 	/* the output's max |x| over the batch: c's span */
 	hpu__fp8_end(&q, c, span(count, stride_c, mat_n(m, n)));
+}
+
+/* The kernels of the ops below: the backend's, or the reference when it
+ * answers HPU_BE_UNSUPPORTED. */
+static void gelu_fwd(const float *x, float *y, size_t n)
+{
+	if (hpu__be()->eltwise_fwd(HPU_ELT_GELU_TANH, x, y, n) != HPU_BE_OK)
+		hpu__ref_gelu_forward(x, y, n);
+}
+
+static void gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+	if (hpu__be()->eltwise_bwd(HPU_ELT_GELU_TANH, x, dy, dx, n) != HPU_BE_OK)
+		hpu__ref_gelu_backward(x, dy, dx, n);
+}
+
+static void tanh_fwd(const float *x, float *y, size_t n)
+{
+	if (hpu__be()->eltwise_fwd(HPU_ELT_TANH, x, y, n) != HPU_BE_OK)
+		hpu__ref_tanh_forward(x, y, n);
+}
+
+static void tanh_bwd(const float *y, const float *dy, float *dx, size_t n)
+{
+	if (hpu__be()->eltwise_bwd(HPU_ELT_TANH, y, dy, dx, n) != HPU_BE_OK)
+		hpu__ref_tanh_backward(y, dy, dx, n);
+}
+
+static void softmax_fwd(const float *x, float *y, int rows, int cols)
+{
+	if (hpu__be()->softmax_fwd(x, y, rows, cols) != HPU_BE_OK)
+		hpu__ref_softmax_forward(x, y, rows, cols);
+}
+
+static void softmax_bwd(const float *y, const float *dy, float *dx, int rows, int cols)
+{
+	if (hpu__be()->softmax_bwd(y, dy, dx, rows, cols) != HPU_BE_OK)
+		hpu__ref_softmax_backward(y, dy, dx, rows, cols);
+}
+
+static void layernorm_fwd(const float *x, const float *gamma, const float *beta, float *y,
+			  float *mean, float *rstd, int rows, int cols, float eps)
+{
+	if (hpu__be()->layernorm_fwd(x, gamma, beta, y, mean, rstd, rows, cols, eps) !=
+	    HPU_BE_OK)
+		hpu__ref_layernorm_forward(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+}
+
+static void layernorm_bwd(const float *x, const float *gamma, const float *mean,
+			  const float *rstd, const float *dy, float *dx, float *dgamma,
+			  float *dbeta, int rows, int cols)
+{
+	if (hpu__be()->layernorm_bwd(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows,
+				     cols) != HPU_BE_OK)
+		hpu__ref_layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows,
+					    cols);
 }
 
 /* Elementwise ops lowered: the input(s) rounded, the output rounded. */
 void hpu_gelu_forward(const float *x, float *y, size_t n)
 {
 	int lp = hpu__ac_enter(HPU_OP_GELU);
-	gelu_forward(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
+	gelu_fwd(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
 	if (lp)
 		hpu__ac_round_inplace(y, n, lp);
 }
@@ -508,17 +615,17 @@ void hpu_gelu_backward(const float *x, const float *dy, float *dx, size_t n)
 {
 	int lp = hpu__ac_enter(HPU_OP_GELU);
 	if (!lp) {
-		gelu_backward(x, dy, dx, n);
+		gelu_bwd(x, dy, dx, n);
 		return;
 	}
-	gelu_backward(hpu__ac_round(0, x, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
+	gelu_bwd(hpu__ac_round(0, x, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
 	hpu__ac_round_inplace(dx, n, lp);
 }
 
 void hpu_tanh_forward(const float *x, float *y, size_t n)
 {
 	int lp = hpu__ac_enter(HPU_OP_TANH);
-	tanh_forward(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
+	tanh_fwd(lp ? hpu__ac_round(0, x, n, lp) : x, y, n);
 	if (lp)
 		hpu__ac_round_inplace(y, n, lp);
 }
@@ -527,10 +634,10 @@ void hpu_tanh_backward(const float *y, const float *dy, float *dx, size_t n)
 {
 	int lp = hpu__ac_enter(HPU_OP_TANH);
 	if (!lp) {
-		tanh_backward(y, dy, dx, n);
+		tanh_bwd(y, dy, dx, n);
 		return;
 	}
-	tanh_backward(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
+	tanh_bwd(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx, n);
 	hpu__ac_round_inplace(dx, n, lp);
 }
 
@@ -538,7 +645,7 @@ void hpu_softmax_forward(const float *x, float *y, int rows, int cols)
 {
 	int lp = hpu__ac_enter(HPU_OP_SOFTMAX);
 	size_t n = rows > 0 && cols > 0 ? mat_n(rows, cols) : 0;
-	softmax_forward(lp && n ? hpu__ac_round(0, x, n, lp) : x, y, rows, cols);
+	softmax_fwd(lp && n ? hpu__ac_round(0, x, n, lp) : x, y, rows, cols);
 	if (lp)
 		hpu__ac_round_inplace(y, n, lp);
 }
@@ -549,11 +656,10 @@ void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
 	int lp = hpu__ac_enter(HPU_OP_SOFTMAX);
 	size_t n = rows > 0 && cols > 0 ? mat_n(rows, cols) : 0;
 	if (!lp || !n) {
-		softmax_backward(y, dy, dx, rows, cols);
+		softmax_bwd(y, dy, dx, rows, cols);
 		return;
 	}
-	softmax_backward(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx,
-			 rows, cols);
+	softmax_bwd(hpu__ac_round(0, y, n, lp), hpu__ac_round(1, dy, n, lp), dx, rows, cols);
 	hpu__ac_round_inplace(dx, n, lp);
 }
 
@@ -565,13 +671,12 @@ void hpu_layernorm_forward(const float *x, const float *gamma, const float *beta
 {
 	int lp = hpu__ac_enter(HPU_OP_LAYERNORM);
 	if (!lp || rows <= 0) {
-		layernorm_forward(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+		layernorm_fwd(x, gamma, beta, y, mean, rstd, rows, cols, eps);
 		return;
 	}
 	size_t n = mat_n(rows, cols);
-	layernorm_forward(hpu__ac_round(0, x, n, lp), hpu__ac_round(1, gamma, (size_t)cols, lp),
-			  hpu__ac_round(2, beta, (size_t)cols, lp), y, mean, rstd, rows,
-			  cols, eps);
+	layernorm_fwd(hpu__ac_round(0, x, n, lp), hpu__ac_round(1, gamma, (size_t)cols, lp),
+		      hpu__ac_round(2, beta, (size_t)cols, lp), y, mean, rstd, rows, cols, eps);
 	hpu__ac_round_inplace(y, n, lp);
 }
 
@@ -581,13 +686,12 @@ void hpu_layernorm_backward(const float *x, const float *gamma, const float *mea
 {
 	int lp = hpu__ac_enter(HPU_OP_LAYERNORM);
 	if (!lp || rows <= 0) {
-		layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, cols);
+		layernorm_bwd(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, cols);
 		return;
 	}
 	size_t n = mat_n(rows, cols);
-	layernorm_backward(hpu__ac_round(0, x, n, lp),
-			   hpu__ac_round(1, gamma, (size_t)cols, lp), mean, rstd,
-			   hpu__ac_round(2, dy, n, lp), dx, dgamma, dbeta, rows, cols);
+	layernorm_bwd(hpu__ac_round(0, x, n, lp), hpu__ac_round(1, gamma, (size_t)cols, lp),
+		      mean, rstd, hpu__ac_round(2, dy, n, lp), dx, dgamma, dbeta, rows, cols);
 	hpu__ac_round_inplace(dx, n, lp);
 }
 

@@ -11,9 +11,8 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
 	!defined(HPU_NO_CLONES)
 #define HPU_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
-/* fp16 conversion loops built for AVX2 + F16C, to be called only when
- * hpu_have_f16c() says the CPU has both (target_clones cannot name F16C). */
-#define HPU_TARGET_F16C __attribute__((target("avx2,f16c")))
+/* 1 when the CPU has AVX2 and F16C: lowp.h's fp16 array conversions
+ * may run (target_clones cannot name F16C). */
 static inline int hpu_have_f16c(void)
 {
 	static int have = -1;
@@ -23,7 +22,6 @@ static inline int hpu_have_f16c(void)
 }
 #else
 #define HPU_CLONES
-#define HPU_TARGET_F16C
 static inline int hpu_have_f16c(void)
 {
 	return 0;

@@ -52,36 +52,15 @@ HPU_CLONES static void add_into(float *restrict dst, const float *restrict src,
 /* 16-bit <-> fp32 for mixed precision (bf16 or fp16 by s->fp16), round
  * to nearest even. fp16 uses the CPU's F16C conversions where it has them
  * (the same rounding as worker/lowp.h's, which serves elsewhere). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(HPU_NO_CLONES)
-HPU_TARGET_F16C static void to_fp16_f16c(uint16_t *restrict dst, const float *restrict src,
-					 size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		_Float16 h = (_Float16)src[i];
-		memcpy(&dst[i], &h, 2);
-	}
-}
-
-HPU_TARGET_F16C static void from_fp16_f16c(float *restrict dst, const uint16_t *restrict src,
-					   size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		_Float16 h;
-		memcpy(&h, &src[i], 2);
-		dst[i] = (float)h;
-	}
-}
-#else
 static void to_fp16_f16c(uint16_t *dst, const float *src, size_t n)
 {
-	(void)dst, (void)src, (void)n;
+	hpu__f16c_to_fp16(dst, src, n);
 }
 
 static void from_fp16_f16c(float *dst, const uint16_t *src, size_t n)
 {
-	(void)dst, (void)src, (void)n;
+	hpu__f16c_from_fp16(dst, src, n);
 }
-#endif
 
 HPU_CLONES static void to16_plain(int fp16, uint16_t *restrict dst,
 				  const float *restrict src, size_t n)
@@ -685,11 +664,16 @@ static int acquire_mp(hpu_strat *s, int i, int dir, int stop)
 		const uint16_t *src = s->P16 ? s->P16 + l->off : u->full16 + (l->off - u->off);
 		char what[128];
 		snprintf(what, sizeof what, "fp32 compute copy of %s", l->name);
-		if (!(s->lcp[i] = dalloc(s, HPU_MEM_PARAMS, l->plen * 4, what)))
+		if (!(s->lcp[i] = hpu_dalloc_uninit(HPU_MEM_PARAMS, l->plen * 4, what))) {
+			fail(s, "%s", hpu_devmem_error());
 			return -1;
+		}
 		from16(s, s->lcp[i], src, l->plen);
+		/* the 16-bit source stays with the layer while it runs: bf16
+		 * products read it instead of converting the fp32 copy back */
+		s->l16[i] = src;
 		if (gathered) {
-			hpu_dfree(u->full16);
+			s->own16[i] = u->full16;
 			u->full16 = NULL;
 		}
 	}
@@ -753,6 +737,9 @@ static int release_layer(hpu_strat *s, int i)
 		int64_t t0 = hpu__prof_t0();
 		hpu_dfree(s->lcp[i]);
 		s->lcp[i] = NULL;
+		hpu_dfree(s->own16[i]);
+		s->own16[i] = NULL;
+		s->l16[i] = NULL;
 		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
 			s->live -= u->len;
 			hpu__prof_span("zero3", "release_params", NULL, t0,
@@ -787,6 +774,31 @@ static int release_all(hpu_strat *s)
 
 /* ---- forward and backward ---- */
 
+/* Tells the ops which layer runs (fp8's call sites; the 16-bit working
+ * copy of its parameters for bf16 products), or that none does (i < 0). */
+static void op_layer(hpu_strat *s, int i, int backward)
+{
+	if (i < 0) {
+		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		hpu__ac_param16(NULL, NULL, 0, 0);
+		return;
+	}
+	hpu_layer *l = s->b->layers[i];
+	hpu__op_layer(i, l->name, l->pbase, l->plen, backward);
+	hpu__ac_param16(l->pbase, s->mp ? s->l16[i] : NULL, l->plen, s->fp16);
+}
+
+/* ---- activations ----
+ *
+ * Layer i's output is acts[i] (fp32, what the layers read and write).
+ * Under bf16-mixed and fp8 (s->act16) an output kept for backward is
+ * stored in bf16 when every value of it is a bf16 value (the lowered ops
+ * round their outputs; ReLU and pooling keep them so): a16[i] at half the
+ * bytes, made once the next layer has read acts[i] in forward, which is
+ * then freed; backward expands it into acts[i] again while it is needed.
+ * The last layer's output (the loss reads it) stays fp32, and so does an
+ * output with any value off the bf16 grid (an fp32 op's). */
+
 static int ensure_act(hpu_strat *s, int i)
 {
 	if (s->acts[i])
@@ -794,14 +806,96 @@ static int ensure_act(hpu_strat *s, int i)
 	hpu_layer *l = s->b->layers[i];
 	char what[128];
 	snprintf(what, sizeof what, "activations of %s", l->name);
-	s->acts[i] = dalloc(s, HPU_MEM_ACTS, (size_t)s->maxbatch * l->out_size * 4, what);
-	return s->acts[i] ? 0 : -1;
+	size_t bytes = (size_t)s->maxbatch * l->out_size * 4;
+	/* act16: made per step and overwritten by the forward (or the
+	 * expansion) for the rows in use; rows past them are never read */
+	s->acts[i] = s->act16 ? hpu_dalloc_uninit(HPU_MEM_ACTS, bytes, what)
+			      : hpu_dalloc(HPU_MEM_ACTS, bytes, what);
+	if (!s->acts[i])
+		return fail(s, "%s", hpu_devmem_error());
+	return 0;
 }
 
 static void drop_act(hpu_strat *s, int i)
 {
 	hpu_dfree(s->acts[i]);
 	s->acts[i] = NULL;
+	if (s->a16) {
+		hpu_dfree(s->a16[i]);
+		s->a16[i] = NULL;
+	}
+}
+
+/* Layer i's output is kept (fp32 or bf16). */
+static int act_kept(const hpu_strat *s, int i)
+{
+	return s->acts[i] || (s->a16 && s->a16[i]);
+}
+
+/* dst[k] = the bf16 of x[k]; returns 1 when every x[k] was a bf16 value
+ * (so that dst holds x exactly). */
+HPU_CLONES static int bf16_exact(uint16_t *restrict dst, const float *restrict x, size_t n)
+{
+	uint32_t off = 0;
+	for (size_t k = 0; k < n; k++) {
+		uint32_t v;
+		memcpy(&v, &x[k], 4);
+		off |= v & 0xffffu;
+		dst[k] = (uint16_t)(v >> 16);
+	}
+	return off == 0;
+}
+
+HPU_CLONES static void bf16_expand(float *restrict dst, const uint16_t *restrict src, size_t n)
+{
+	for (size_t k = 0; k < n; k++) {
+		uint32_t v = (uint32_t)src[k] << 16;
+		memcpy(&dst[k], &v, 4);
+	}
+}
+
+/* act16: stores layer i's output (n rows) in bf16 if it is exact there,
+ * freeing the fp32 one; else keeps the fp32 one. */
+static int act_compress(hpu_strat *s, int i, int n)
+{
+	if (!s->act16 || i == s->nlayers - 1 || !s->acts[i])
+		return 0;
+	hpu_layer *l = s->b->layers[i];
+	if (!s->a16[i]) {
+		char what[128];
+		snprintf(what, sizeof what, "bf16 activations of %s", l->name);
+		if (!(s->a16[i] = dalloc(s, HPU_MEM_ACTS, (size_t)s->maxbatch * l->out_size * 2,
+					 what)))
+			return -1;
+	}
+	if (!bf16_exact(s->a16[i], s->acts[i], (size_t)n * l->out_size)) {
+		hpu_dfree(s->a16[i]); /* an fp32 op's output: keep fp32 */
+		s->a16[i] = NULL;
+		return 0;
+	}
+	hpu_dfree(s->acts[i]);
+	s->acts[i] = NULL;
+	return 0;
+}
+
+/* act16: layer i's output as fp32 again (for backward). */
+static int act_expand(hpu_strat *s, int i, int n)
+{
+	if (s->acts[i] || !s->a16 || !s->a16[i])
+		return 0;
+	if (ensure_act(s, i) < 0)
+		return -1;
+	bf16_expand(s->acts[i], s->a16[i], (size_t)n * s->b->layers[i]->out_size);
+	return 0;
+}
+
+/* act16, after layer i's backward: its fp32 output is not needed again. */
+static void act_release(hpu_strat *s, int i)
+{
+	if (s->a16 && s->a16[i]) {
+		hpu_dfree(s->acts[i]);
+		s->acts[i] = NULL;
+	}
 }
 
 static const float *input_of(hpu_strat *s, int i)
@@ -816,9 +910,9 @@ static int layer_forward(hpu_strat *s, int i, int n, int stop)
 	if (ensure_act(s, i) < 0 || acquire(s, i, +1, stop) < 0)
 		return -1;
 	int64_t t0 = hpu__prof_t0();
-	hpu__op_layer(i, l->name, l->pbase, l->plen, 0);
+	op_layer(s, i, 0);
 	int rc = l->ops.forward(l, input_of(s, i), s->acts[i], n);
-	hpu__op_layer(-1, NULL, NULL, 0, 0);
+	op_layer(s, -1, 0);
 	hpu__prof_span(hpu__prof_in_eval ? "eval" : "forward",
 		       hpu__prof_in_eval ? "eval_forward" : "forward", l->name, t0, "\"layer\":%d", i);
 	if (rc != 0)
@@ -828,6 +922,8 @@ static int layer_forward(hpu_strat *s, int i, int n, int stop)
 		return -1;
 	if (i > 0 && s->transient[i - 1])
 		drop_act(s, i - 1);
+	else if (i > 0 && act_compress(s, i - 1, n) < 0)
+		return -1;
 	return 0;
 }
 
@@ -846,16 +942,18 @@ int hpu_strat_forward(hpu_strat *s, const float *x, int n, const float **out)
 static int recompute(hpu_strat *s, int i, int n)
 {
 	int a = i - 1;
-	while (a > 0 && !s->acts[a - 1])
+	while (a > 0 && !act_kept(s, a - 1))
 		a--;
+	if (a > 0 && act_expand(s, a - 1, n) < 0)
+		return -1;
 	for (int j = a; j < i; j++) {
 		hpu_layer *l = s->b->layers[j];
 		if (ensure_act(s, j) < 0 || acquire(s, j, +1, i + 1) < 0)
 			return -1;
 		int64_t t0 = hpu__prof_t0();
-		hpu__op_layer(j, l->name, l->pbase, l->plen, 0);
+		op_layer(s, j, 0);
 		int rc = l->ops.forward(l, input_of(s, j), s->acts[j], n);
-		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		op_layer(s, -1, 0);
 		hpu__prof_span("forward", "recompute", l->name, t0, "\"layer\":%d", j);
 		if (rc != 0)
 			return fail(s, "layer %s: forward (recomputed) failed: %s", l->name,
@@ -899,7 +997,9 @@ static void grads_done_mp(hpu_strat *s, int i, int final)
 		g[0] = INFINITY; /* --inject-overflow-step: testing only */
 		s->injected = 1;
 	}
-	if (s->G16)
+	if (s->G16 && s->micro == 0) /* the step's first: no sum to add to */
+		to16(s, s->G16 + l->off, g, l->plen);
+	else if (s->G16)
 		acc16(s, s->G16 + l->off, g, l->plen);
 	else
 		to16(s, u->gbuf16 + (l->off - u->off), g, l->plen);
@@ -939,7 +1039,9 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 		s->u[k].pending = s->u[k].nparam_layers;
 	for (int i = last; i >= 0; i--) {
 		hpu_layer *l = b->layers[i];
-		if (i > 0 && !s->acts[i - 1] && recompute(s, i, n) < 0)
+		if (i > 0 && !act_kept(s, i - 1) && recompute(s, i, n) < 0)
+			return -1;
+		if (i > 0 && act_expand(s, i - 1, n) < 0)
 			return -1;
 		if (l->unit >= 0 &&
 		    ((s->mp ? grads_for_mp(s, i) : grads_for(s, l->unit)) < 0 ||
@@ -947,9 +1049,9 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 			return -1;
 		float *din = i ? s->dbuf[(last - i + 1) & 1] : NULL;
 		int64_t t0 = hpu__prof_t0();
-		hpu__op_layer(i, l->name, l->pbase, l->plen, 1);
+		op_layer(s, i, 1);
 		int rc = l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n);
-		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		op_layer(s, -1, 0);
 		hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
 		if (rc != 0)
 			return fail(s, "layer %s: backward failed: %s", l->name,
@@ -964,6 +1066,8 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 		}
 		if (s->transient[i])
 			drop_act(s, i);
+		else
+			act_release(s, i);
 		if (poll(s) < 0)
 			return -1;
 		dout = din;
@@ -1114,8 +1218,7 @@ static int step_mp(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			}
 		}
 	}
-	if (s->G16)
-		memset(s->G16, 0, s->total * 2);
+	/* G16 needs no zeroing: each step's first micro-step overwrites it */
 	double before = s->scale;
 	update_scale(s, *skipped);
 	if (*skipped) {
@@ -1305,7 +1408,13 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->transient = calloc((size_t)b->nlayers, 1);
 	s->lcp = calloc((size_t)b->nlayers, sizeof *s->lcp);
 	s->lgs = calloc((size_t)b->nlayers, sizeof *s->lgs);
-	if (!s->u || !s->q || !s->acts || !s->transient || !s->lcp || !s->lgs)
+	s->l16 = calloc((size_t)b->nlayers, sizeof *s->l16);
+	s->own16 = calloc((size_t)b->nlayers, sizeof *s->own16);
+	s->act16 = o->precision == HPU_PREC_BF16_MIXED || o->precision == HPU_PREC_FP8;
+	if (s->act16 && !(s->a16 = calloc((size_t)b->nlayers, sizeof *s->a16)))
+		return fail(s, "out of memory");
+	if (!s->u || !s->q || !s->acts || !s->transient || !s->lcp || !s->lgs || !s->l16 ||
+	    !s->own16)
 		return fail(s, "out of memory");
 	s->mp = o->precision != HPU_PREC_FP32;
 	s->fp16 = o->precision == HPU_PREC_FP16_MIXED;
@@ -1365,6 +1474,9 @@ void hpu_strat_free(hpu_strat **ps)
 		hpu_dfree(s->acts[i]);
 		hpu_dfree(s->lcp[i]);
 		hpu_dfree(s->lgs[i]);
+		hpu_dfree(s->own16[i]);
+		if (s->a16)
+			hpu_dfree(s->a16[i]);
 	}
 	hpu_dfree(s->dbuf[0]);
 	hpu_dfree(s->dbuf[1]);
@@ -1381,6 +1493,9 @@ void hpu_strat_free(hpu_strat **ps)
 	hpu_dfree(s->chunk);
 	free(s->lcp);
 	free(s->lgs);
+	free(s->l16);
+	free(s->own16);
+	free(s->a16);
 	free(s->u);
 	free(s->q);
 	free(s->acts);

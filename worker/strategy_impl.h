@@ -66,6 +66,12 @@ struct hpu_strat {
 	int qhead, qn;
 	int micro;         /* the micro-step in backward */
 	float **lcp, **lgs; /* mixed: per layer, fp32 parameters / gradients */
+	const uint16_t **l16; /* mixed: per layer, the 16-bit parameters lcp
+			       * was made from (valid while lcp is) */
+	int act16;            /* bf16-mixed, fp8: outputs kept in bf16 */
+	uint16_t **a16;       /* act16: per layer, the bf16 output (or NULL) */
+	uint16_t **own16;     /* zero3 mixed: the gathered 16-bit unit a
+			       * layer holds while it runs */
 	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
 	/* Mixed precision: 16-bit working parameters and gradients (whole or

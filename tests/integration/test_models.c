@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,12 +181,110 @@ static void test_autocast_lists(void **state)
 	unlink(lower), unlink(fp32), unlink(bad);
 }
 
+/* The last metrics record's number after `key` for rank 0 (-1 if none). */
+static double metric(const char *m, const char *key)
+{
+	const char *last = m, *nl;
+	while ((nl = strchr(last, '\n')) && nl[1])
+		last = nl + 1;
+	const char *k = strstr(last, key);
+	return k ? strtod(k + strlen(key), NULL) : -1;
+}
+
+/* The MLP, 1 worker, 2 steps at batch B in precision prec with extra
+ * environment env0 (may be NULL); returns the output; the last metrics
+ * record in *metrics. */
+static char *mlp_run(const char *prec, const char *batch, const char *model_args,
+		     char *env0, char **metrics)
+{
+	char mpath[64];
+	snprintf(mpath, sizeof mpath, "/tmp/hpu-mem-%d.jsonl", (int)getpid());
+	unlink(mpath);
+	char *argv[24];
+	int n = 0;
+	const char *fixed[] = {LAUNCH, "--devices", "1", "--max-steps", "2", "--log-every", "1",
+			       "--no-eval", "--verbose", "--precision", prec, "--batch-size",
+			       batch, "--metrics", mpath, h_build("lib/fmnist_mlp.so"), "--",
+			       NULL};
+	for (int i = 0; fixed[i]; i++)
+		argv[n++] = (char *)fixed[i];
+	char *margs = strdup(model_args);
+	for (char *t = strtok(margs, " "); t; t = strtok(NULL, " "))
+		argv[n++] = t;
+	argv[n] = NULL;
+	char *env[] = {env0, NULL};
+	proc p;
+	int code = h_run(&p, argv, env0 ? env : NULL, 300000);
+	if (code != 0)
+		fail_msg("exit %d:\n%s", code, p.out);
+	char *out = strdup(p.out);
+	h_free(&p);
+	free(margs);
+	*metrics = h_slurp(mpath);
+	assert_non_null(*metrics);
+	unlink(mpath);
+	return out;
+}
+
+/* bf16-mixed keeps the layers' outputs in bf16: on a deep MLP at a large
+ * batch (activations dominate), the saved activations take half the
+ * bytes of fp32's, plus at most two layers' fp32 outputs in use at a time.
+ * The activation bytes (DeviceStats' "acts" kind) also hold the two
+ * fp32 activation-gradient buffers of batch x max(784, hidden) floats. */
+static void test_bf16_activation_memory(void **state)
+{
+	(void)state;
+	enum { B = 4096, H = 256, DEPTH = 24 };
+	char margs[64], batch[16];
+	snprintf(margs, sizeof margs, "--hidden %d --depth %d", H, DEPTH);
+	snprintf(batch, sizeof batch, "%d", B);
+	char *m32, *m16;
+	free(mlp_run("fp32", batch, margs, NULL, &m32));
+	char *out = mlp_run("bf16-mixed", batch, margs, NULL, &m16);
+	double dgrad = 2.0 * B * (H > 784 ? H : 784) * 4;
+	double a32 = metric(m32, "\"max_acts\":") - dgrad, a16 = metric(m16, "\"max_acts\":") - dgrad;
+	/* each hidden layer is a linear layer and a relu layer */
+	double want32 = 2.0 * DEPTH * B * H * 4 + (double)B * 10 * 4;
+	double half = 2.0 * DEPTH * B * H * 2 + (double)B * 10 * 4, live = 2.0 * B * H * 4;
+	double in32 = metric(m32, "\"MaxInUse\":"), in16 = metric(m16, "\"MaxInUse\":");
+	printf("  saved activations: fp32 %.1f MiB, bf16-mixed %.1f MiB (ratio %.3f); "
+	       "MaxInUse %.1f -> %.1f MiB (ratio %.3f)\n",
+	       a32 / 1048576, a16 / 1048576, a16 / a32, in32 / 1048576, in16 / 1048576,
+	       in16 / in32);
+	assert_true(a32 == want32);
+	assert_true(a16 >= half && a16 <= half + live);
+	assert_true(in16 < 0.75 * in32);
+	free(m32), free(m16), free(out);
+}
+
+/* A CPU without bf16 instructions (oneDNN held to avx512_core) still runs
+ * bf16-mixed, says so, and trains to the same losses up to the fp32
+ * summation order. */
+static void test_no_bf16_isa(void **state)
+{
+	(void)state;
+	char *m1, *m2;
+	char *native = mlp_run("bf16-mixed", "256", "", NULL, &m1);
+	char *emul = mlp_run("bf16-mixed", "256", "", "ONEDNN_MAX_CPU_ISA=AVX512_CORE", &m2);
+	assert_non_null(strstr(native, "kernels: oneDNN"));
+	assert_non_null(strstr(native, "bf16 products native"));
+	assert_non_null(strstr(emul, "ISA avx512_core,"));
+	assert_non_null(strstr(emul, "bf16 products emulated (this CPU has no bf16 instructions)"));
+	double l1 = strtod(strstr(strstr(native, "step 2/"), "loss ") + 5, NULL);
+	double l2 = strtod(strstr(strstr(emul, "step 2/"), "loss ") + 5, NULL);
+	printf("  step-2 loss: native bf16 %.5f, emulated %.5f\n", l1, l2);
+	assert_true(l1 > 0 && fabs(l1 - l2) <= 2e-3 * l1);
+	free(native), free(emul), free(m1), free(m2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cnn),
 		cmocka_unit_test(test_tiny_lm),
 		cmocka_unit_test(test_autocast_lists),
+		cmocka_unit_test(test_bf16_activation_memory),
+		cmocka_unit_test(test_no_bf16_isa),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

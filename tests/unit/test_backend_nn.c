@@ -1,0 +1,469 @@
+/* Unit tests for the oneDNN backend's eltwise, softmax and layer norm
+ * (worker/backend_dnnl_nn.c) against the reference kernels (ops_ref.h),
+ * and for the public ops on the default backend against the reference
+ * table (hpu__be_set(hpu__be_reference())).
+ *
+ * Every check prints (as llm.c does) the largest absolute difference and
+ * that difference relative to the largest |reference| of the array, and
+ * fails on the relative one: 1e-5 in fp32, which covers oneDNN's own
+ * exp/tanh approximations and summation order. Shapes are the awkward
+ * ones: n = 1, 7 and 1000003 (no multiple of any vector width), a single
+ * row or column, cols 3, 129, 1000; inputs up to +-30, where exp and tanh
+ * saturate.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "backend_dnnl.h"
+#include "num_testlib.h"
+#include "ops_ref.h"
+
+#include "hpu/ops.h"
+
+#define TOL 1e-5
+
+/* Prints the largest absolute difference of got and want, and relative to
+ * max(max |want|, floor); fails if the relative one exceeds tol. NaN counts
+ * as infinitely far. */
+static void check_floor(const char *what, const float *got, const float *want, size_t n,
+			double tol, double floor)
+{
+	double m = 0.0, scale = floor;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - (double)want[i]);
+		if (!(d <= m))
+			m = isnan(d) ? INFINITY : d;
+		if (fabs(want[i]) > scale)
+			scale = fabs(want[i]);
+	}
+	double rel = scale > 0 ? m / scale : m;
+	printf("  %-44s maxdiff %.3g rel %.3g (tol %.1g)%s\n", what, m, rel, tol,
+	       rel <= tol ? "" : "  FAIL");
+	assert_true(rel <= tol);
+}
+
+static void check(const char *what, const float *got, const float *want, size_t n,
+		  double tol)
+{
+	check_floor(what, got, want, n, tol, 0.0);
+}
+
+/* Eltwise results relative to max |want| but at least 1: a single element
+ * in GELU's left tail (|gelu(x)| ~ 1e-15 at x = -8) is good to ~1e-7
+ * absolute from oneDNN, not relative (test_gelu_tail). */
+#define check_elt(what, got, want, n) check_floor(what, got, want, n, TOL, 1.0)
+
+static float *fbuf(size_t n)
+{
+	return xcalloc(n, sizeof(float));
+}
+
+static float *copy(const float *a, size_t n)
+{
+	float *c = fbuf(n);
+	memcpy(c, a, n * sizeof *c);
+	return c;
+}
+
+/* The oneDNN table: the default, checked by name so that a test cannot
+ * pass on the reference fallback. Its eltwise entries run oneDNN only
+ * where it is the faster (backend_dnnl.c): the copy here runs every
+ * eltwise op on oneDNN, so that all of them are tested. */
+static const hpu__backend *dnnl(void)
+{
+	static hpu__backend all;
+	hpu__be_set(NULL);
+	const hpu__backend *be = hpu__be();
+	assert_string_equal(be->name, "oneDNN");
+	all = *be;
+	all.eltwise_fwd = hpu__dnnl_eltwise_fwd;
+	all.eltwise_bwd = hpu__dnnl_eltwise_bwd;
+	return &all;
+}
+
+/* ---- eltwise ---- */
+
+typedef struct elt_ref {
+	hpu__eltwise op;
+	const char *name;
+	void (*fwd)(const float *x, float *y, size_t n);
+	void (*bwd)(const float *at, const float *dy, float *dx, size_t n);
+	int at_is_input; /* the backward's `at`: x (GELU) or y */
+	float range;
+} elt_ref;
+
+static const elt_ref elts[] = {
+	{HPU_ELT_RELU, "relu", hpu__ref_relu_forward, hpu__ref_relu_backward, 0, 5.0f},
+	{HPU_ELT_GELU_TANH, "gelu", hpu__ref_gelu_forward, hpu__ref_gelu_backward, 1, 30.0f},
+	{HPU_ELT_TANH, "tanh", hpu__ref_tanh_forward, hpu__ref_tanh_backward, 0, 30.0f},
+};
+
+static void test_eltwise(void **state)
+{
+	(void)state;
+	const hpu__backend *be = dnnl();
+	static const size_t ns[] = {1, 7, 1000003};
+	rng_seed(1);
+	for (size_t e = 0; e < sizeof elts / sizeof elts[0]; e++) {
+		const elt_ref *r = &elts[e];
+		for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+			size_t n = ns[t];
+			float *x = fbuf(n), *y = fbuf(n), *yr = fbuf(n), *dy = fbuf(n);
+			float *dx = fbuf(n), *dxr = fbuf(n);
+			fill(x, n, -r->range, r->range);
+			fill(dy, n, -1.0f, 1.0f);
+			fill_nan(y, n);
+			fill_nan(dx, n);
+			char what[96];
+
+			assert_int_equal(be->eltwise_fwd(r->op, x, y, n), HPU_BE_OK);
+			r->fwd(x, yr, n);
+			snprintf(what, sizeof what, "%s fwd n=%zu x in +-%g", r->name, n,
+				 (double)r->range);
+			check_elt(what, y, yr, n);
+
+			const float *at = r->at_is_input ? x : yr;
+			assert_int_equal(be->eltwise_bwd(r->op, at, dy, dx, n), HPU_BE_OK);
+			r->bwd(at, dy, dxr, n);
+			snprintf(what, sizeof what, "%s bwd n=%zu", r->name, n);
+			check_elt(what, dx, dxr, n);
+
+			/* dx may alias dy (ops.h) */
+			float *io = copy(dy, n);
+			assert_int_equal(be->eltwise_bwd(r->op, at, io, io, n), HPU_BE_OK);
+			snprintf(what, sizeof what, "%s bwd in place (dx = dy) n=%zu", r->name, n);
+			check_elt(what, io, dxr, n);
+
+			/* y may alias x */
+			memcpy(io, x, n * sizeof *io);
+			assert_int_equal(be->eltwise_fwd(r->op, io, io, n), HPU_BE_OK);
+			snprintf(what, sizeof what, "%s fwd in place (y = x) n=%zu", r->name, n);
+			check_elt(what, io, yr, n);
+
+			if (r->op == HPU_ELT_RELU) /* a selection: exact */
+				for (size_t i = 0; i < n; i++) {
+					assert_true(y[i] == yr[i]);
+					assert_true(dx[i] == dxr[i]);
+				}
+			free(x), free(y), free(yr), free(dy), free(dx), free(dxr), free(io);
+		}
+	}
+	/* n = 0 writes nothing and succeeds */
+	assert_int_equal(be->eltwise_fwd(HPU_ELT_GELU_TANH, NULL, NULL, 0), HPU_BE_OK);
+	assert_int_equal(be->eltwise_bwd(HPU_ELT_TANH, NULL, NULL, NULL, 0), HPU_BE_OK);
+}
+
+/* oneDNN's gelu_tanh is 0.5 x (1 + tanh u): in the left tail 1 + tanh u
+ * cancels, so it is good to ~1e-7 absolute there, not relative (ours, x
+ * sigmoid(2u), is). Prints both, bounds the absolute error. */
+static void test_gelu_tail(void **state)
+{
+	(void)state;
+	const hpu__backend *be = dnnl();
+	enum { N = 4001 };
+	float *x = fbuf(N), *y = fbuf(N), *yr = fbuf(N), *d = fbuf(N), *dr = fbuf(N);
+	float *ones = fbuf(N);
+	for (int i = 0; i < N; i++)
+		x[i] = -100.0f + 0.05f * (float)i, ones[i] = 1.0f;
+	assert_int_equal(be->eltwise_fwd(HPU_ELT_GELU_TANH, x, y, N), HPU_BE_OK);
+	assert_int_equal(be->eltwise_bwd(HPU_ELT_GELU_TANH, x, ones, d, N), HPU_BE_OK);
+	hpu__ref_gelu_forward(x, yr, N);
+	hpu__ref_gelu_backward(x, ones, dr, N);
+	double abs_f = 0, abs_d = 0, rel_f = 0;
+	for (int i = 0; i < N; i++) {
+		abs_f = fmax(abs_f, fabs((double)y[i] - yr[i]));
+		abs_d = fmax(abs_d, fabs((double)d[i] - dr[i]));
+		if (yr[i] != 0.0f)
+			rel_f = fmax(rel_f, fabs((double)y[i] - yr[i]) / fabs(yr[i]));
+		assert_false(isnan(y[i]) || isnan(d[i]));
+	}
+	printf("  gelu over [-100, 100], oneDNN vs reference: largest absolute difference "
+	       "fwd %.3g, derivative %.3g; elementwise relative fwd %.3g\n",
+	       abs_f, abs_d, rel_f);
+	assert_true(abs_f <= 1e-6 && abs_d <= 1e-5);
+	free(x), free(y), free(yr), free(d), free(dr), free(ones);
+}
+
+/* ---- softmax ---- */
+
+static const int shapes[][2] = {{1, 1}, {7, 1}, {1, 7}, {5, 3}, {4, 129}, {3, 1000},
+				{64, 100}};
+
+static void test_softmax(void **state)
+{
+	(void)state;
+	const hpu__backend *be = dnnl();
+	rng_seed(2);
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		int rows = shapes[s][0], cols = shapes[s][1];
+		size_t n = (size_t)rows * cols;
+		float *x = fbuf(n), *y = fbuf(n), *yr = fbuf(n), *dy = fbuf(n);
+		float *dx = fbuf(n), *dxr = fbuf(n);
+		fill(x, n, -30.0f, 30.0f);
+		fill(dy, n, -1.0f, 1.0f);
+		fill_nan(y, n);
+		fill_nan(dx, n);
+		char what[96];
+
+		assert_int_equal(be->softmax_fwd(x, y, rows, cols), HPU_BE_OK);
+		hpu__ref_softmax_forward(x, yr, rows, cols);
+		snprintf(what, sizeof what, "softmax fwd %dx%d x in +-30", rows, cols);
+		check(what, y, yr, n, TOL);
+		for (int r = 0; r < rows; r++) { /* each row sums to 1 */
+			double sum = 0;
+			for (int c = 0; c < cols; c++)
+				sum += y[(size_t)r * cols + c];
+			assert_true(fabs(sum - 1.0) <= 1e-5);
+		}
+
+		assert_int_equal(be->softmax_bwd(yr, dy, dx, rows, cols), HPU_BE_OK);
+		hpu__ref_softmax_backward(yr, dy, dxr, rows, cols);
+		snprintf(what, sizeof what, "softmax bwd %dx%d", rows, cols);
+		check(what, dx, dxr, n, TOL);
+
+		float *io = copy(dy, n); /* dx = dy, as the reference allows */
+		assert_int_equal(be->softmax_bwd(yr, io, io, rows, cols), HPU_BE_OK);
+		snprintf(what, sizeof what, "softmax bwd in place %dx%d", rows, cols);
+		check(what, io, dxr, n, TOL);
+		free(x), free(y), free(yr), free(dy), free(dx), free(dxr), free(io);
+	}
+	assert_int_equal(be->softmax_fwd(NULL, NULL, 0, 5), HPU_BE_OK);
+	assert_int_equal(be->softmax_bwd(NULL, NULL, NULL, 3, 0), HPU_BE_OK);
+}
+
+/* ---- layer norm ---- */
+
+static void layernorm_case(const hpu__backend *be, int rows, int cols, float offset,
+			   float eps)
+{
+	size_t n = (size_t)rows * cols;
+	float *x = fbuf(n), *g = fbuf(cols), *b = fbuf(cols), *y = fbuf(n), *yr = fbuf(n);
+	float *mean = fbuf(rows), *rstd = fbuf(rows), *meanr = fbuf(rows), *rstdr = fbuf(rows);
+	float *dy = fbuf(n), *dx = fbuf(n), *dxr = fbuf(n);
+	float *dg = fbuf(cols), *db = fbuf(cols), *dgr = fbuf(cols), *dbr = fbuf(cols);
+	fill(x, n, offset - 3.0f, offset + 3.0f);
+	fill(g, cols, 0.5f, 1.5f);
+	fill(b, cols, -1.0f, 1.0f);
+	fill(dy, n, -1.0f, 1.0f);
+	fill_nan(y, n);
+	fill_nan(mean, rows);
+	fill_nan(rstd, rows);
+	fill_nan(dx, n);
+	char what[96];
+
+	assert_int_equal(be->layernorm_fwd(x, g, b, y, mean, rstd, rows, cols, eps), HPU_BE_OK);
+	hpu__ref_layernorm_forward(x, g, b, yr, meanr, rstdr, rows, cols, eps);
+	/* both against y in double */
+	double eb = 0, er = 0, scale = 0;
+	for (int r = 0; r < rows; r++) {
+		const float *xr = x + (size_t)r * cols;
+		double m = 0, v = 0;
+		for (int c = 0; c < cols; c++)
+			m += xr[c];
+		m /= cols;
+		for (int c = 0; c < cols; c++)
+			v += (xr[c] - m) * (xr[c] - m);
+		double s = 1.0 / sqrt(v / cols + eps);
+		for (int c = 0; c < cols; c++) {
+			size_t i = (size_t)r * cols + c;
+			double want = (xr[c] - m) * s * g[c] + b[c];
+			eb = fmax(eb, fabs(y[i] - want));
+			er = fmax(er, fabs(yr[i] - want));
+			scale = fmax(scale, fabs(want));
+		}
+	}
+	printf("  layernorm fwd y %dx%d mean %g vs double: oneDNN %.3g, reference %.3g "
+	       "(rel to max |y|)\n", rows, cols, (double)offset, eb / scale, er / scale);
+	assert_true(eb / scale <= fmax(er / scale, TOL));
+	/* at mean 300 the reference's serial fp32 sum of the mean is off by
+	 * ~3e-5 relative (oneDNN ~8e-6): the two agree to 1e-4 there */
+	snprintf(what, sizeof what, "layernorm fwd y %dx%d mean %g", rows, cols, (double)offset);
+	check(what, y, yr, n, offset != 0.0f ? 1e-4 : TOL);
+	snprintf(what, sizeof what, "layernorm fwd mean %dx%d", rows, cols);
+	check(what, mean, meanr, rows, TOL);
+	snprintf(what, sizeof what, "layernorm fwd rstd %dx%d", rows, cols);
+	check(what, rstd, rstdr, rows, TOL);
+
+	/* dgamma and dbeta accumulate: start both from the same values */
+	fill(dg, cols, -2.0f, 2.0f);
+	fill(db, cols, -2.0f, 2.0f);
+	memcpy(dgr, dg, cols * sizeof *dg);
+	memcpy(dbr, db, cols * sizeof *db);
+	assert_int_equal(be->layernorm_bwd(x, g, meanr, rstdr, dy, dx, dg, db, rows, cols),
+			 HPU_BE_OK);
+	hpu__ref_layernorm_backward(x, g, meanr, rstdr, dy, dxr, dgr, dbr, rows, cols);
+	snprintf(what, sizeof what, "layernorm bwd dx %dx%d", rows, cols);
+	check(what, dx, dxr, n, TOL);
+	snprintf(what, sizeof what, "layernorm bwd dgamma (+=) %dx%d", rows, cols);
+	check(what, dg, dgr, cols, TOL);
+	snprintf(what, sizeof what, "layernorm bwd dbeta (+=) %dx%d", rows, cols);
+	check(what, db, dbr, cols, TOL);
+
+	/* a second call adds the same again; dx is overwritten, not added */
+	fill_nan(dx, n);
+	assert_int_equal(be->layernorm_bwd(x, g, meanr, rstdr, dy, dx, dg, db, rows, cols),
+			 HPU_BE_OK);
+	hpu__ref_layernorm_backward(x, g, meanr, rstdr, dy, dxr, dgr, dbr, rows, cols);
+	snprintf(what, sizeof what, "layernorm bwd twice: dx %dx%d", rows, cols);
+	check(what, dx, dxr, n, TOL);
+	snprintf(what, sizeof what, "layernorm bwd twice: dgamma %dx%d", rows, cols);
+	check(what, dg, dgr, cols, TOL);
+	snprintf(what, sizeof what, "layernorm bwd twice: dbeta %dx%d", rows, cols);
+	check(what, db, dbr, cols, TOL);
+
+	free(x), free(g), free(b), free(y), free(yr), free(mean), free(rstd), free(meanr);
+	free(rstdr), free(dy), free(dx), free(dxr), free(dg), free(db), free(dgr), free(dbr);
+}
+
+static void test_layernorm(void **state)
+{
+	(void)state;
+	const hpu__backend *be = dnnl();
+	rng_seed(3);
+	static const int ln_shapes[][2] = {{1, 1}, {7, 1}, {1, 7}, {5, 3}, {4, 129},
+					   {3, 1000}, {64, 128}};
+	for (size_t s = 0; s < sizeof ln_shapes / sizeof ln_shapes[0]; s++)
+		layernorm_case(be, ln_shapes[s][0], ln_shapes[s][1], 0.0f, 1e-5f);
+	/* a large mean (the variance must not come from E[x^2] - E[x]^2), and
+	 * another eps (a key of its own) */
+	layernorm_case(be, 8, 129, 300.0f, 1e-5f);
+	layernorm_case(be, 8, 129, 0.0f, 1e-3f);
+	/* on two threads */
+	be->set_threads(2);
+	layernorm_case(be, 64, 1000, 0.0f, 1e-5f);
+	be->set_threads(1);
+	assert_int_equal(be->layernorm_fwd(NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f),
+			 HPU_BE_OK);
+	assert_int_equal(be->layernorm_bwd(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0,
+					   8),
+			 HPU_BE_OK);
+}
+
+/* ---- the public ops: default backend vs the reference table ---- */
+
+enum { PR = 33, PC = 129, PN = PR * PC };
+
+typedef struct pub_out {
+	float y[6][PN];  /* relu, gelu, tanh, softmax, layernorm; relu in place */
+	float dx[7][PN]; /* their backwards; gelu's and tanh's with dx = dy */
+	float stat[2][PR]; /* layernorm's mean and rstd */
+	float dgb[2][PC];  /* dgamma, dbeta */
+} pub_out;
+
+static void run_public(pub_out *o, const float *x, const float *dy, const float *g,
+		       const float *b)
+{
+	hpu_relu_forward(x, o->y[0], PN);
+	hpu_relu_backward(o->y[0], dy, o->dx[0], PN);
+	hpu_gelu_forward(x, o->y[1], PN);
+	hpu_gelu_backward(x, dy, o->dx[1], PN);
+	hpu_tanh_forward(x, o->y[2], PN);
+	hpu_tanh_backward(o->y[2], dy, o->dx[2], PN);
+	hpu_softmax_forward(x, o->y[3], PR, PC);
+	hpu_softmax_backward(o->y[3], dy, o->dx[3], PR, PC);
+	hpu_layernorm_forward(x, g, b, o->y[4], o->stat[0], o->stat[1], PR, PC, 1e-5f);
+	for (int c = 0; c < PC; c++)
+		o->dgb[0][c] = 1.0f, o->dgb[1][c] = -1.0f;
+	hpu_layernorm_backward(x, g, o->stat[0], o->stat[1], dy, o->dx[4], o->dgb[0],
+			       o->dgb[1], PR, PC);
+	/* in place, as ops.h allows: y = x (relu), dx = dy */
+	memcpy(o->y[5], x, sizeof o->y[5]);
+	hpu_relu_forward(o->y[5], o->y[5], PN);
+	memcpy(o->dx[5], dy, sizeof o->dx[5]);
+	hpu_gelu_backward(x, o->dx[5], o->dx[5], PN);
+	memcpy(o->dx[6], dy, sizeof o->dx[6]);
+	hpu_tanh_backward(o->y[2], o->dx[6], o->dx[6], PN);
+}
+
+static void compare_public(const char *mode, double tol)
+{
+	static pub_out be, ref;
+	float *x = fbuf(PN), *dy = fbuf(PN), *g = fbuf(PC), *b = fbuf(PC);
+	fill(x, PN, -8.0f, 8.0f);
+	fill(dy, PN, -1.0f, 1.0f);
+	fill(g, PC, 0.5f, 1.5f);
+	fill(b, PC, -1.0f, 1.0f);
+	hpu__be_set(hpu__be_reference());
+	run_public(&ref, x, dy, g, b);
+	dnnl();
+	run_public(&be, x, dy, g, b);
+	static const char *names[7] = {"relu", "gelu", "tanh", "softmax", "layernorm",
+				       "gelu (dx = dy)", "tanh (dx = dy)"};
+	char what[96];
+	for (int i = 0; i < 5; i++) {
+		snprintf(what, sizeof what, "%s: hpu_%s_forward", mode, names[i]);
+		check(what, be.y[i], ref.y[i], PN, tol);
+	}
+	snprintf(what, sizeof what, "%s: hpu_relu_forward in place", mode);
+	check(what, be.y[5], ref.y[5], PN, tol);
+	for (int i = 0; i < 7; i++) {
+		snprintf(what, sizeof what, "%s: %s backward", mode, names[i]);
+		check(what, be.dx[i], ref.dx[i], PN, tol);
+	}
+	snprintf(what, sizeof what, "%s: layernorm mean", mode);
+	check(what, be.stat[0], ref.stat[0], PR, tol);
+	snprintf(what, sizeof what, "%s: layernorm rstd", mode);
+	check(what, be.stat[1], ref.stat[1], PR, tol);
+	snprintf(what, sizeof what, "%s: layernorm dgamma (+=)", mode);
+	check(what, be.dgb[0], ref.dgb[0], PC, tol);
+	snprintf(what, sizeof what, "%s: layernorm dbeta (+=)", mode);
+	check(what, be.dgb[1], ref.dgb[1], PC, tol);
+	free(x), free(dy), free(g), free(b);
+}
+
+static void test_public_fp32(void **state)
+{
+	(void)state;
+	rng_seed(4);
+	char err[256];
+	unsetenv("LOWER_LIST");
+	unsetenv("FP32_LIST");
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+	compare_public("fp32", TOL);
+}
+
+/* bf16-lowered: the inputs and outputs are rounded around either kernel,
+ * so the two may differ by one bf16 rounding (2^-8 relative) */
+static void test_public_bf16(void **state)
+{
+	(void)state;
+	rng_seed(5);
+	char path[] = "/tmp/test_backend_nn.XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	const char *list = "relu\ngelu\ntanh\nsoftmax\nlayernorm\n";
+	assert_int_equal(write(fd, list, strlen(list)), (int)strlen(list));
+	close(fd);
+	setenv("LOWER_LIST", path, 1);
+	unsetenv("FP32_LIST");
+	char err[256] = "";
+	int rc = hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err);
+	unlink(path);
+	if (rc != 0)
+		fail_msg("hpu_autocast_init: %s", err);
+	assert_int_equal(hpu_autocast_lowered("gelu"), 1);
+	compare_public("bf16", 1.0 / 128);
+	unsetenv("LOWER_LIST");
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_eltwise),   cmocka_unit_test(test_gelu_tail),
+		cmocka_unit_test(test_softmax),   cmocka_unit_test(test_layernorm),
+		cmocka_unit_test(test_public_fp32), cmocka_unit_test(test_public_bf16),
+	};
+	printf("backend: %s\n", hpu__be()->describe());
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

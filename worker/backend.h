@@ -1,0 +1,123 @@
+/* backend: the kernels behind the public ops (include/hpu/ops.h).
+ *
+ * The ops (ops.c, ops_nn.c, ops_conv.c) decide the policy: which type an
+ * op runs in (autocast, fp8), rounding, accumulation into gradients. The
+ * arithmetic itself goes through one small table of functions, so that
+ * another device (a GPU) can provide the same ops by filling its own
+ * table, without touching models, strategies or the policy. On CPUs the
+ * table is oneDNN's (backend_dnnl.c); ops_ref.c keeps plain C reference
+ * kernels that the tests compare against and that serve when a backend
+ * function answers HPU_BE_UNSUPPORTED for a case (an ISA without bf16
+ * products, a shape a primitive refuses).
+ *
+ * Conventions: row-major, NCHW; every function returns HPU_BE_OK or
+ * HPU_BE_UNSUPPORTED (then nothing was written). Outputs are fp32;
+ * inputs are fp32 or bf16 (uint16_t, the top half of an fp32) as the
+ * dtype says. A backend keeps its primitives per shape (a small cache) and
+ * may be called from any thread.
+ */
+#ifndef HPU_BACKEND_H
+#define HPU_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hpu/ops.h"
+
+enum { HPU_BE_OK = 0, HPU_BE_UNSUPPORTED = -1 };
+
+typedef enum hpu__dtype {
+	HPU_DT_F32 = 0,
+	HPU_DT_BF16 = 1, /* uint16_t storage, products accumulated in fp32 */
+} hpu__dtype;
+
+/* c[M,N] = a[M,K] * b[K,N] (+ bias[N] on every row) (+ c when
+ * accumulate), for `count` independent products (batch). trans_a: a is
+ * stored [K,M]; trans_b: b is stored [N,K]. stride_*: elements from one
+ * product's matrix to the next (unused when count == 1). */
+typedef struct hpu__gemm {
+	hpu__dtype dt; /* of a and b; c and bias are fp32 */
+	int count, m, n, k;
+	int trans_a, trans_b;
+	const void *a, *b;
+	const float *bias; /* NULL or [N]; not with accumulate */
+	float *c;
+	size_t stride_a, stride_b, stride_c;
+	int accumulate;
+} hpu__gemm;
+
+/* Eltwise ops (hpu__backend.eltwise_*). */
+typedef enum hpu__eltwise {
+	HPU_ELT_RELU = 0,
+	HPU_ELT_GELU_TANH,
+	HPU_ELT_TANH,
+} hpu__eltwise;
+
+typedef struct hpu__backend {
+	const char *name; /* "oneDNN" */
+	/* One line naming the library version and the instruction set the
+	 * kernels dispatch to, and whether bf16 products run natively. */
+	const char *(*describe)(void);
+	/* 1 when bf16 products run on bf16 instructions, 0 when they are
+	 * emulated (HPU_BE_UNSUPPORTED or slow); the ops then round to bf16
+	 * and multiply in fp32. */
+	int (*bf16_native)(void);
+	/* Kernel threads per worker (1 by default: a worker is one device). */
+	void (*set_threads)(int n);
+
+	int (*gemm)(const hpu__gemm *g);
+
+	/* Convolution, square kernel, padding and stride of s. x, w and dy
+	 * are of type dt; y, dx, dw and db are fp32.
+	 * fwd:         y[B,O,OH,OW] = conv(x, w[O,C,K,K]) + b[O] (b may be NULL)
+	 * bwd_data:    dx[B,C,H,W] = the gradient w.r.t. x (overwritten)
+	 * bwd_weights: dw += the gradient w.r.t. w, db += sum of dy (db may
+	 *              be NULL) */
+	int (*conv_fwd)(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+			const void *w, const float *b, float *y);
+	int (*conv_bwd_data)(const hpu_conv2d_shape *s, hpu__dtype dt, const void *w,
+			     const void *dy, float *dx);
+	int (*conv_bwd_weights)(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+				const void *dy, float *dw, float *db);
+
+	/* Pooling, fp32, square window k, stride, no padding (as ops.h). */
+	int (*maxpool_fwd)(const float *x, float *y, int32_t *idx, int batch, int ch,
+			   int h, int w, int k, int stride);
+	int (*maxpool_bwd)(const float *dy, const int32_t *idx, float *dx, int batch,
+			   int ch, int h, int w, int k, int stride);
+	int (*avgpool_fwd)(const float *x, float *y, int batch, int ch, int h, int w,
+			   int k, int stride);
+	int (*avgpool_bwd)(const float *dy, float *dx, int batch, int ch, int h, int w,
+			   int k, int stride);
+
+	/* Elementwise, fp32: y = f(x); dx = dy * f'(at), where `at` is the
+	 * forward's input x for GELU and its output y for ReLU and tanh. */
+	int (*eltwise_fwd)(hpu__eltwise op, const float *x, float *y, size_t n);
+	int (*eltwise_bwd)(hpu__eltwise op, const float *at, const float *dy, float *dx,
+			   size_t n);
+
+	/* Row-wise softmax of x[rows, cols], and its backward (ops.h). */
+	int (*softmax_fwd)(const float *x, float *y, int rows, int cols);
+	int (*softmax_bwd)(const float *y, const float *dy, float *dx, int rows, int cols);
+
+	/* Layer norm over the last dimension (ops.h): mean and rstd saved. */
+	int (*layernorm_fwd)(const float *x, const float *gamma, const float *beta,
+			     float *y, float *mean, float *rstd, int rows, int cols,
+			     float eps);
+	int (*layernorm_bwd)(const float *x, const float *gamma, const float *mean,
+			     const float *rstd, const float *dy, float *dx, float *dgamma,
+			     float *dbeta, int rows, int cols);
+} hpu__backend;
+
+/* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */
+const hpu__backend *hpu__be(void);
+
+/* Makes the ops use `be` (NULL: the default); tests use this to run the
+ * reference kernels alone. Not thread-safe: call before ops run. */
+void hpu__be_set(const hpu__backend *be);
+
+/* A table whose every function answers HPU_BE_UNSUPPORTED: the ops then
+ * run the reference kernels of ops_ref.c. */
+const hpu__backend *hpu__be_reference(void);
+
+#endif
