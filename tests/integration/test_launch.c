@@ -54,7 +54,8 @@ static void train_20_steps(int devices, const char *optimizer, const char *lr,
 
 /* Trains 20 steps on 1 and on 2 workers (same global batch and seed) and
  * returns the relative loss difference at `step`, after checking that
- * every step up to `strict_until` agrees within 1e-5. */
+ * every step up to `strict_until` agrees within 1e-5 and every later one
+ * within 1e-4. */
 static double compare_runs(const char *optimizer, const char *lr, int workers,
 			   int step, int strict_until)
 {
@@ -64,10 +65,10 @@ static double compare_runs(const char *optimizer, const char *lr, int workers,
 	char *a = h_slurp(m1), *b = h_slurp(m2);
 	assert_non_null(a);
 	assert_non_null(b);
-	for (int s = 1; s <= strict_until; s++) {
+	for (int s = 1; s <= 20; s++) {
 		double x = loss_at(a, s), y = loss_at(b, s);
 		assert_true(isfinite(x) && isfinite(y));
-		assert_true(fabs(x - y) <= 1e-5 * fabs(x));
+		assert_true(fabs(x - y) <= (s <= strict_until ? 1e-5 : 1e-4) * fabs(x));
 	}
 	double first = loss_at(a, 1), l1 = loss_at(a, step), l2 = loss_at(b, step);
 	double rel = fabs(l1 - l2) / fabs(l1);
@@ -84,18 +85,22 @@ static double compare_runs(const char *optimizer, const char *lr, int workers,
 
 /* A 2-worker run and a 1-worker run with the same global batch and seed
  * give the same loss at every one of 20 steps within 1e-5 relative, with
- * SGD-momentum and with AdamW. */
+ * AdamW; with SGD-momentum at lr 0.05 for 10 steps, and within 1e-4 after:
+ * the products sum in another order at batch 128 than at 256, and that run
+ * amplifies it (measured on oneDNN's kernels: at most 1.2e-7 through step
+ * 11, then 2.4e-6 at step 12 and 1.7e-5 at step 19; OpenBLAS's happened to
+ * stay at 1.2e-7). */
 static void test_two_workers_match_one_sgd(void **state)
 {
 	(void)state;
-	assert_true(compare_runs("sgd", "0.05", 2, 20, 20) <= 1e-5);
+	assert_true(compare_runs("sgd", "0.05", 2, 20, 10) <= 1e-4);
 }
 
 /* More workers than cores: 4 workers on this 2-core machine. */
 static void test_four_workers_match_one_sgd(void **state)
 {
 	(void)state;
-	assert_true(compare_runs("sgd", "0.05", 4, 20, 20) <= 1e-5);
+	assert_true(compare_runs("sgd", "0.05", 4, 20, 10) <= 1e-4);
 }
 
 static void test_two_workers_match_one_adamw(void **state)
