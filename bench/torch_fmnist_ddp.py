@@ -14,14 +14,18 @@ host, doing what an hputrain run of examples/fmnist_mlp does:
   optimizer  AdamW, lr 1e-3, torch's defaults otherwise (weight decay 0.01)
   threads    torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1 per process
              (one BLAS thread each, as our workers use)
+  --bf16     forward and loss under torch.autocast("cpu", dtype=bfloat16):
+             fp32 parameters, gradients (so the all-reduce too) and optimizer
+             state; linear layers compute in bf16 through oneDNN
+  --pin      rank r pins itself to core r mod ncpu, as hpulaunch pins workers
 
 Throughput is measured from the first step to the end of the epoch, so
 process start-up, rendezvous and data loading are excluded; a second figure
 leaves out the first 10 steps as warm-up. After the epoch rank 0 evaluates
 the 10000 test images. The last line printed is
 
-  torch-ddp procs=N samples_per_sec=... samples_per_sec_after_warmup=... \
-test_accuracy=...
+  torch-ddp procs=N [precision=bf16 ]samples_per_sec=... \
+samples_per_sec_after_warmup=... test_accuracy=...
 
 Run with Debian's python3 (python3-torch):  /usr/bin/python3 bench/torch_fmnist_ddp.py --procs 2
 """
@@ -36,6 +40,7 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import argparse
+import contextlib
 import gzip
 import socket
 import struct
@@ -106,6 +111,8 @@ def blas_threads():
 
 
 def worker(rank, world, port, args):
+    if args.pin:
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -132,6 +139,8 @@ def worker(rank, world, port, args):
     t_start = time.perf_counter()
     t_warm = t_start
     loss = torch.zeros(())
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.bf16 \
+        else contextlib.nullcontext
     for step in range(steps):
         if step == WARMUP_STEPS:
             t_warm = time.perf_counter()
@@ -139,7 +148,8 @@ def worker(rank, world, port, args):
         idx = perm[base : base + per_rank]
         xb, yb = x_train[idx], y_train[idx]
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
+        with autocast():
+            loss = F.cross_entropy(model(xb), yb)
         loss.backward()  # DDP all-reduces (averages) the gradients here
         opt.step()
     dist.barrier()  # the epoch ends when the slowest rank is done
@@ -164,7 +174,8 @@ def worker(rank, world, port, args):
             flush=True,
         )
         print(
-            f"torch-ddp procs={world} samples_per_sec={sps:.1f} "
+            f"torch-ddp procs={world} {'precision=bf16 ' if args.bf16 else ''}"
+            f"samples_per_sec={sps:.1f} "
             f"samples_per_sec_after_warmup={sps_warm:.1f} "
             f"test_accuracy={acc:.4f}",
             flush=True,
@@ -178,6 +189,9 @@ def main():
     ap.add_argument("--procs", type=int, default=2, help="DDP processes (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="init and shuffle seed")
     ap.add_argument("--data-dir", default=DEFAULT_DATA, help="the .gz IDX files")
+    ap.add_argument("--bf16", action="store_true",
+                    help="forward and loss under torch.autocast cpu bfloat16")
+    ap.add_argument("--pin", action="store_true", help="pin rank r to core r")
     args = ap.parse_args()
     if args.procs < 1 or GLOBAL_BATCH % args.procs != 0:
         ap.error(f"--procs must divide the global batch {GLOBAL_BATCH}")
