@@ -16,7 +16,7 @@
 
 #include "backend.h"
 
-#define HPU__DNNL_MAX_ARGS 8
+#define HPU__DNNL_MAX_ARGS 10
 #define HPU__DNNL_MAX_KEY 128 /* bytes */
 
 typedef struct hpu__dnnl_prim {

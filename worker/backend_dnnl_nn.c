@@ -203,30 +203,21 @@ typedef struct ln_key {
 	float eps; /* forward; 0 in the backward's key (see the top) */
 } ln_key;
 
-/* The forward takes gamma and beta as they are (use_scale, use_shift).
- * 2.6's backward with use_shift wants DNNL_ARG_SHIFT too, 9 arguments, one
- * more than HPU__DNNL_MAX_ARGS: it runs with use_scaleshift, whose
- * weights are [2, cols] (gamma, then a shift row it does not read: zeros)
- * and whose gradient is [2, cols] (dgamma, then dbeta), both in scratch. */
-static unsigned ln_flags(int op)
-{
-	return op == 14 ? dnnl_use_scale | dnnl_use_shift : dnnl_use_scaleshift;
-}
+/* Both directions take gamma and beta as they are (use_scale, use_shift;
+ * 2.6's backward wants DNNL_ARG_SHIFT too, although it does not read it). */
+static const unsigned ln_flags = dnnl_use_scale | dnnl_use_shift;
 
 static int make_ln(hpu__dnnl_prim *p, const void *vkey, dnnl_engine_t eng)
 {
 	const ln_key *k = vkey;
 	dnnl_dims_t d = {k->rows, k->cols}, ds = {k->rows}, dc = {k->cols};
-	dnnl_dims_t d2 = {2, k->cols};
-	dnnl_memory_desc_t md, stat, wmd, ss;
+	dnnl_memory_desc_t md, stat, wmd;
 	hpu__dnnl_md(&md, 2, d, dnnl_f32);
 	hpu__dnnl_md(&stat, 1, ds, dnnl_f32);
 	hpu__dnnl_md(&wmd, 1, dc, dnnl_f32);
-	hpu__dnnl_md(&ss, 2, d2, dnnl_f32);
 	dnnl_layer_normalization_desc_t fdesc;
 	if (dnnl_layer_normalization_forward_desc_init(&fdesc, dnnl_forward_training, &md,
-						       &stat, k->eps,
-						       ln_flags(k->op)) != dnnl_success)
+						       &stat, k->eps, ln_flags) != dnnl_success)
 		return -1;
 	dnnl_primitive_desc_t pd;
 	if (k->op == 14) {
@@ -248,8 +239,7 @@ static int make_ln(hpu__dnnl_prim *p, const void *vkey, dnnl_engine_t eng)
 	dnnl_layer_normalization_desc_t bdesc;
 	int rc = -1;
 	if (dnnl_layer_normalization_backward_desc_init(&bdesc, dnnl_backward, &md, &md,
-							&stat, k->eps,
-							ln_flags(k->op)) == dnnl_success)
+							&stat, k->eps, ln_flags) == dnnl_success)
 		rc = hpu__dnnl_create(&p->prim, &pd, &bdesc, NULL, eng, hint);
 	dnnl_primitive_desc_destroy(hint);
 	if (rc < 0)
@@ -259,13 +249,14 @@ static int make_ln(hpu__dnnl_prim *p, const void *vkey, dnnl_engine_t eng)
 	    hpu__dnnl_arg(p, eng, DNNL_ARG_MEAN, &stat) < 0 ||
 	    hpu__dnnl_arg(p, eng, DNNL_ARG_VARIANCE, &stat) < 0 ||
 	    hpu__dnnl_arg(p, eng, DNNL_ARG_DIFF_DST, &md) < 0 ||
-	    hpu__dnnl_arg(p, eng, DNNL_ARG_SCALE_SHIFT, &ss) < 0 ||
+	    hpu__dnnl_arg(p, eng, DNNL_ARG_SCALE, &wmd) < 0 ||
+	    hpu__dnnl_arg(p, eng, DNNL_ARG_SHIFT, &wmd) < 0 ||
 	    hpu__dnnl_arg(p, eng, DNNL_ARG_DIFF_SRC, &md) < 0 ||
-	    hpu__dnnl_arg(p, eng, DNNL_ARG_DIFF_SCALE_SHIFT, &ss) < 0)
+	    hpu__dnnl_arg(p, eng, DNNL_ARG_DIFF_SCALE, &wmd) < 0 ||
+	    hpu__dnnl_arg(p, eng, DNNL_ARG_DIFF_SHIFT, &wmd) < 0)
 		return -1;
-	/* the variance, [gamma, 0], then [dgamma, dbeta] before they are
-	 * added */
-	p->scratch_bytes = ((size_t)k->rows + 4 * (size_t)k->cols) * sizeof(float);
+	/* the variance, then dgamma and dbeta before they are added */
+	p->scratch_bytes = ((size_t)k->rows + 2 * (size_t)k->cols) * sizeof(float);
 	return 0;
 }
 
@@ -313,13 +304,12 @@ int hpu__dnnl_layernorm_bwd(const float *x, const float *gamma, const float *mea
 	hpu__dnnl_prim *p = hpu__dnnl_get(&k, sizeof k, make_ln);
 	if (!p)
 		return HPU_BE_UNSUPPORTED;
-	float *var = p->scratch, *ss = var + rows, *dss = ss + 2 * (size_t)cols;
-	float *dg = dss, *db = dss + cols;
+	float *var = p->scratch, *dg = var + rows, *db = dg + cols;
 	for (int r = 0; r < rows; r++) /* in double: no overflow for a large rstd */
 		var[r] = (float)(1.0 / ((double)rstd[r] * rstd[r]));
-	memcpy(ss, gamma, (size_t)cols * sizeof *ss);
-	memset(ss + cols, 0, (size_t)cols * sizeof *ss);
-	void *data[7] = {(void *)x, (void *)mean, var, (void *)dy, ss, dx, dss};
+	/* the shift is not read: gamma stands in for it */
+	void *data[9] = {(void *)x,	    (void *)mean, var, (void *)dy, (void *)gamma,
+			 (void *)gamma, dx,	      dg,  db};
 	int rc = hpu__dnnl_run(p, data);
 	if (rc != HPU_BE_OK)
 		return rc;
