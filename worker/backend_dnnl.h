@@ -76,10 +76,6 @@ int hpu__dnnl_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const void
 			    const void *dy, float *dx);
 int hpu__dnnl_conv_bwd_weights(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
 			       const void *dy, float *dw, float *db);
-int hpu__dnnl_maxpool_fwd(const float *x, float *y, int32_t *idx, int batch, int ch,
-			  int h, int w, int k, int stride);
-int hpu__dnnl_maxpool_bwd(const float *dy, const int32_t *idx, float *dx, int batch,
-			  int ch, int h, int w, int k, int stride);
 int hpu__dnnl_avgpool_fwd(const float *x, float *y, int batch, int ch, int h, int w,
 			  int k, int stride);
 int hpu__dnnl_avgpool_bwd(const float *dy, float *dx, int batch, int ch, int h, int w,

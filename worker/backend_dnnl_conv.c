@@ -31,12 +31,11 @@
  *
  * Pooling: oneDNN's pooling on NCHW was not faster than the reference
  * loops on the CNN's 2x2 windows (batch 256, 32x28x28: max fwd ~3.9 vs
- * ~1.9 ms, bwd ~4.0 vs ~2.1 ms; avg fwd ~3.4 vs ~1.2 ms), so both answer
- * HPU_BE_UNSUPPORTED by default. Average pooling through oneDNN is kept
- * for HPU_DNNL_POOL=dnnl (tested). Max pooling stays on the reference in
- * both directions: the ops' idx holds the arg-max position (ops.h; tests
- * and the reference backward rely on it), which oneDNN's workspace (u8
- * window offsets, a quarter of idx's bytes) is not.
+ * ~1.9 ms, bwd ~4.0 vs ~2.1 ms; avg fwd ~3.4 vs ~1.2 ms), so the table
+ * (backend_dnnl.c) declines pooling. Average pooling through oneDNN is here
+ * (tested); max pooling is not: the ops' idx holds the arg-max position
+ * (ops.h; tests and the reference backward rely on it), which oneDNN's
+ * workspace (u8 window offsets, a quarter of idx's bytes) is not.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -56,16 +55,13 @@ enum {
 };
 
 enum { LAYOUT_PLAIN = 0, LAYOUT_ANY = 1 };
-enum { ALG_DIRECT = 0, ALG_AUTO = 1 };
 #define LAYOUT_DEFAULT LAYOUT_ANY
-#define ALG_DEFAULT ALG_DIRECT
 
 typedef struct conv_key {
 	int op; /* OP_CONV_* */
 	int dt, b, c, h, w, o, k, s, p;
 	int bias;   /* fwd: b given; bwd_weights: db given */
 	int layout; /* LAYOUT_* */
-	int alg;    /* ALG_* */
 	int conv_op; /* OP_CONV_REORDER: the convolution's op; else 0 */
 	int arg;     /* OP_CONV_REORDER: its DNNL_ARG_* */
 } conv_key;
@@ -90,26 +86,6 @@ static int conv_layout(void)
 				    LAYOUT_PLAIN);
 	}
 	return layout;
-}
-
-/* oneDNN's average pooling (HPU_DNNL_POOL=dnnl): off by default, the
- * reference loops were as fast or faster on the CNN's shapes. */
-static int pool_on(void)
-{
-	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("HPU_DNNL_POOL");
-		on = v && strcmp(v, "dnnl") == 0;
-	}
-	return on;
-}
-
-static int conv_alg(void)
-{
-	static int alg = -1;
-	if (alg < 0)
-		alg = env_choice("HPU_DNNL_CONV_ALG", "auto", ALG_DEFAULT, ALG_AUTO);
-	return alg;
 }
 
 /* ---- geometry ---- */
@@ -207,8 +183,8 @@ static int conv_pd(const conv_key *k, int op, dnnl_engine_t eng, dnnl_primitive_
 	extent(k->h, k->k, k->s, k->p, &hu, &pr_h);
 	extent(k->w, k->k, k->s, k->p, &wu, &pr_w);
 	dnnl_dims_t strides = {k->s, k->s}, pl = {k->p, k->p}, pr = {pr_h, pr_w};
-	dnnl_alg_kind_t alg = k->alg == ALG_AUTO ? dnnl_convolution_auto
-						 : dnnl_convolution_direct;
+	/* direct: convolution_auto picked the same kernels on these shapes */
+	dnnl_alg_kind_t alg = dnnl_convolution_direct;
 	dnnl_memory_desc_t src, wei, dst, bias, dsrc, dwei, ddst, dbias;
 	if (conv_desc_md(k, DNNL_ARG_SRC, &src) < 0 ||
 	    conv_desc_md(k, DNNL_ARG_WEIGHTS, &wei) < 0 ||
@@ -486,7 +462,6 @@ static void conv_key_init(conv_key *k, int op, const hpu_conv2d_shape *s, hpu__d
 	k->layout = conv_layout();
 	if (op == OP_CONV_BWD_DATA && s->in_ch < 16 && !layout_forced)
 		k->layout = LAYOUT_PLAIN;
-	k->alg = conv_alg();
 }
 
 static int conv_ok(const hpu_conv2d_shape *s, hpu__dtype dt)
@@ -605,23 +580,8 @@ static int make_pool(hpu__dnnl_prim *p, const void *vkey, dnnl_engine_t eng)
 
 static int pool_ok(int batch, int ch, int h, int w, int k, int stride)
 {
-	return pool_on() && batch > 0 && ch > 0 && k > 0 && stride > 0 && h >= k && w >= k;
+	return batch > 0 && ch > 0 && k > 0 && stride > 0 && h >= k && w >= k;
 }
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-int hpu__dnnl_maxpool_fwd(const float *x, float *y, int32_t *idx, int batch, int ch,
-			  int h, int w, int k, int stride)
-{
-	return HPU_BE_UNSUPPORTED; /* the reference's arg-max idx: see the top */
-}
-
-int hpu__dnnl_maxpool_bwd(const float *dy, const int32_t *idx, float *dx, int batch,
-			  int ch, int h, int w, int k, int stride)
-{
-	return HPU_BE_UNSUPPORTED;
-}
-#pragma GCC diagnostic pop
 
 int hpu__dnnl_avgpool_fwd(const float *x, float *y, int batch, int ch, int h, int w,
 			  int k, int stride)
