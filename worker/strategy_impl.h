@@ -96,6 +96,23 @@ struct hpu_strat {
 /* A sentence into s->err; returns -1. */
 int hpu__strat_fail(hpu_strat *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ---- strat_act.c: the layers' outputs (acts[], a16[]) ---- */
+
+/* Layer i's fp32 output buffer exists (made if not). 0, or -1 (s->err). */
+int hpu__act_ensure(hpu_strat *s, int i);
+/* Frees layer i's output, both forms. */
+void hpu__act_drop(hpu_strat *s, int i);
+/* Layer i's output is kept (fp32 or bf16). */
+int hpu__act_kept(const hpu_strat *s, int i);
+/* act16: keeps layer i's output (n rows) in bf16 where it is exact,
+ * freeing the fp32 one. 0, or -1 (s->err). */
+int hpu__act_compress(hpu_strat *s, int i, int n);
+/* act16: layer i's output as fp32 again (for backward). 0, or -1. */
+int hpu__act_expand(hpu_strat *s, int i, int n);
+/* act16, after layer i's backward: frees its fp32 output if a bf16 one
+ * is kept. */
+void hpu__act_release(hpu_strat *s, int i);
+
 /* ---- strat_ckpt.c, for strategy.c ---- */
 
 /* Floats [from, from + n) of the strategy's layout (within one unit) of
