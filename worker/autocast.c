@@ -274,20 +274,10 @@ HPU_CLONES static void to_bf16(const float *restrict x, uint16_t *restrict y, si
 		y[i] = hpu_to_bf16(x[i]);
 }
 
-static void round_fp16_f16c(const float *x, float *y, size_t n)
-{
-	hpu__f16c_round_fp16(y, x, n);
-}
-
-static void round_fp16_f16c_inplace(float *x, size_t n)
-{
-	hpu__f16c_round_fp16(x, x, n);
-}
-
 static void round_fp16(const float *x, float *y, size_t n)
 {
 	if (hpu_have_f16c()) {
-		round_fp16_f16c(x, y, n);
+		hpu__f16c_round_fp16(y, x, n);
 		return;
 	}
 	for (size_t i = 0; i < n; i++)
@@ -364,7 +354,7 @@ void hpu__ac_round_inplace(float *x, size_t n, int lowp)
 	if (lowp != HPU_AUTOCAST_FP16)
 		round_bf16_inplace(x, n);
 	else if (hpu_have_f16c())
-		round_fp16_f16c_inplace(x, n);
+		hpu__f16c_round_fp16(x, x, n);
 	else
 		for (size_t i = 0; i < n; i++)
 			x[i] = hpu_from_fp16(hpu_to_fp16(x[i]));

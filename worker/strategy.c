@@ -52,16 +52,6 @@ HPU_CLONES static void add_into(float *restrict dst, const float *restrict src,
 /* 16-bit <-> fp32 for mixed precision (bf16 or fp16 by s->fp16), round
  * to nearest even. fp16 uses the CPU's F16C conversions where it has them
  * (the same rounding as worker/lowp.h's, which serves elsewhere). */
-static void to_fp16_f16c(uint16_t *dst, const float *src, size_t n)
-{
-	hpu__f16c_to_fp16(dst, src, n);
-}
-
-static void from_fp16_f16c(float *dst, const uint16_t *src, size_t n)
-{
-	hpu__f16c_from_fp16(dst, src, n);
-}
-
 HPU_CLONES static void to16_plain(int fp16, uint16_t *restrict dst,
 				  const float *restrict src, size_t n)
 {
@@ -87,7 +77,7 @@ HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
 static void to16(const hpu_strat *s, uint16_t *dst, const float *src, size_t n)
 {
 	if (s->fp16 && hpu_have_f16c())
-		to_fp16_f16c(dst, src, n);
+		hpu__f16c_to_fp16(dst, src, n);
 	else
 		to16_plain(s->fp16, dst, src, n);
 }
@@ -95,7 +85,7 @@ static void to16(const hpu_strat *s, uint16_t *dst, const float *src, size_t n)
 static void from16(const hpu_strat *s, float *dst, const uint16_t *src, size_t n)
 {
 	if (s->fp16 && hpu_have_f16c())
-		from_fp16_f16c(dst, src, n);
+		hpu__f16c_from_fp16(dst, src, n);
 	else
 		from16_plain(s->fp16, dst, src, n);
 }
