@@ -90,7 +90,7 @@
 #define HPUCOLL__SLICE_MS 100
 #define HPUCOLL__ENDPOINT_MAX 256
 #define HPUCOLL__ERRMSG_MAX 512
-#define HPUCOLL__JOB_MAX 64
+#define HPUCOLL__JOB_MAX 128 /* a job id (< 64) + '-' + a 32-digit session */
 
 enum hpucoll__kind {
 	HPUCOLL__ALL_REDUCE = 1,

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "comm_internal.h"
 #include <zmq.h>
 
 #include "codec.h"
@@ -142,6 +144,16 @@ static int send_join(void *sock, const env *e, const char *endpoint,
 	return hpu_codec_send(sock, NULL, &env);
 }
 
+static int session_ok(const char *s)
+{
+	if (!s || strlen(s) != 32)
+		return 0;
+	for (; *s; s++)
+		if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
+			return 0;
+	return 1;
+}
+
 /* Checks the rank table, tells the communicator which ranks share a node
  * and connects it. */
 static int take_table(hpucoll_comm *comm, const Hpu__JoinReply *r,
@@ -168,7 +180,19 @@ static int take_table(hpucoll_comm *comm, const Hpu__JoinReply *r,
 		eps[i] = r->ranks[i]->endpoint;
 		nodes[i] = (int)r->ranks[i]->node_rank;
 	}
-	rc = hpucoll_comm_set_topology(comm, nodes, e->job_id, e->transport);
+	/* The shared-memory segments are named by job id and the
+	 * coordinator's random session: a name nobody outside the job can
+	 * guess, so nobody can create it first (shm.c). */
+	char ns[HPUCOLL__JOB_MAX];
+	if (!session_ok(r->session)) {
+		snprintf(err, errlen, "the coordinator sent no shared-memory session (32 hex digits): is hpulaunch of another version?");
+		goto out;
+	}
+	if ((size_t)snprintf(ns, sizeof ns, "%s-%s", e->job_id, r->session) >= sizeof ns) {
+		snprintf(err, errlen, "job id '%s' is too long", e->job_id);
+		goto out;
+	}
+	rc = hpucoll_comm_set_topology(comm, nodes, ns, e->transport);
 	if (rc == HPUCOLL_OK)
 		rc = hpucoll_comm_connect(comm, eps);
 	if (rc)

@@ -35,6 +35,13 @@
  * node's ranks have met nothing is left in /dev/shm whatever happens to
  * them later; only a job that dies while attaching leaves a segment,
  * which hpucoll__shm_unlink_job() removes.
+ *
+ * Trust: /dev/shm is writable by every user. The first rank creates the
+ * segment with O_EXCL and mode 0600; the others join only a segment owned
+ * by their own user that nobody else may open (checked with fstat on the
+ * open descriptor), so a segment another user made first at the name is
+ * refused at once rather than mapped. The name itself carries the
+ * coordinator's random session (rdzv.c), so nobody can make it first.
  */
 #include <assert.h>
 #include <dirent.h>
@@ -475,7 +482,7 @@ static int job_ok(const char *job)
 {
 	size_t n = job == NULL ? 0 : strlen(job);
 
-	if (n == 0 || n > 64)
+	if (n == 0 || n >= HPUCOLL__JOB_MAX)
 		return 0;
 	for (size_t i = 0; i < n; i++) {
 		char c = job[i];
@@ -668,6 +675,30 @@ static int check_hdr(const struct seg_hdr *h, int nlocal, off_t size,
 	return HPUCOLL_OK;
 }
 
+/* A segment to join must be this user's and closed to everyone else: one
+ * another user made first at our name would be a foreign writer mapped
+ * into the job (or an empty file that never gets initialised). */
+static int check_owner(int fd, const char *name, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0) {
+		fmt(err, errlen, "cannot stat %s: %s", name, strerror(errno));
+		return HPUCOLL_EINVAL;
+	}
+	if (st.st_uid != geteuid() || (st.st_mode & 077) != 0 ||
+	    !S_ISREG(st.st_mode)) {
+		fmt(err, errlen,
+		    "shared memory /dev/shm%s belongs to uid %u with mode %04o, "
+		    "not to this job (uid %u, mode 0600): refusing to map it, "
+		    "as another user made it or can open it",
+		    name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+		    (unsigned)geteuid());
+		return HPUCOLL_EPROTO;
+	}
+	return HPUCOLL_OK;
+}
+
 static int join_seg(hpucoll__shm *s, int fd, int64_t deadline,
 		    const char *name, char *err, size_t errlen)
 {
@@ -675,6 +706,9 @@ static int join_seg(hpucoll__shm *s, int fd, int64_t deadline,
 	void *p;
 	int rc;
 
+	rc = check_owner(fd, name, err, errlen);
+	if (rc != HPUCOLL_OK)
+		return rc;
 	rc = wait_sized(fd, deadline, &size, name, err, errlen);
 	if (rc != HPUCOLL_OK)
 		return rc;
@@ -880,8 +914,8 @@ static int check_args(const char *job, int node, int local, int nlocal,
 {
 	if (!job_ok(job)) {
 		fmt(err, errlen,
-		    "job name '%.80s' must be 1 to 64 letters, digits, '-', '_' or '.'",
-		    job ? job : "(null)");
+		    "job name '%.80s' must be 1 to %d letters, digits, '-', '_' or '.'",
+		    job ? job : "(null)", HPUCOLL__JOB_MAX - 1);
 		return HPUCOLL_EINVAL;
 	}
 	if (node < 0 || nlocal < 1 || nlocal > MAX_LOCAL || local < 0 ||
@@ -899,7 +933,7 @@ int hpucoll__shm_open(hpucoll__shm **out, const char *job, int node,
 		      size_t errlen)
 {
 	int64_t deadline = deadline_of(timeout_ms);
-	char name[96];
+	char name[HPUCOLL__JOB_MAX + 32];
 	hpucoll__shm *s;
 	int rc;
 
@@ -974,12 +1008,18 @@ void hpucoll__shm_close(hpucoll__shm **sp)
 
 /* ---- Cleanup after a crash ---- */
 
-/* Whether `ent` is "hpucoll-<job>-n<digits>". */
+/* Whether `ent` is "hpucoll-<job>-n<digits>" or, as a job started by
+ * hpulaunch names it, "hpucoll-<job>-<32 hex digits>-n<digits>" (prefix is
+ * "hpucoll-<job>-"). */
 static int is_job_seg(const char *ent, const char *prefix, size_t plen)
 {
 	const char *d = ent + plen;
 
-	if (strncmp(ent, prefix, plen) != 0 || *d == '\0')
+	if (strncmp(ent, prefix, plen) != 0)
+		return 0;
+	if (strspn(d, "0123456789abcdef") == 32 && d[32] == '-')
+		d += 33;
+	if (*d++ != 'n' || *d == '\0')
 		return 0;
 	for (; *d; d++)
 		if (*d < '0' || *d > '9')
@@ -989,7 +1029,7 @@ static int is_job_seg(const char *ent, const char *prefix, size_t plen)
 
 int hpucoll__shm_unlink_job(const char *job)
 {
-	char prefix[96], name[320];
+	char prefix[HPUCOLL__JOB_MAX + 16], name[320];
 	struct dirent *e;
 	DIR *dir;
 	size_t plen;
@@ -997,12 +1037,17 @@ int hpucoll__shm_unlink_job(const char *job)
 
 	if (!job_ok(job))
 		return 0;
-	plen = (size_t)snprintf(prefix, sizeof prefix, "hpucoll-%s-n", job);
+	plen = (size_t)snprintf(prefix, sizeof prefix, "hpucoll-%s-", job);
 	dir = opendir("/dev/shm");
 	if (dir == NULL)
 		return 0;
 	while ((e = readdir(dir)) != NULL) {
 		if (!is_job_seg(e->d_name, prefix, plen))
+			continue;
+		/* only this user's: never another user's file at our name */
+		struct stat st;
+		if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    st.st_uid != geteuid())
 			continue;
 		snprintf(name, sizeof name, "/%s", e->d_name);
 		if (shm_unlink(name) == 0)

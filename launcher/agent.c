@@ -1,6 +1,7 @@
 #include "agent.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -12,6 +13,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -657,13 +659,39 @@ void hpu_agent_stop(hpu_agent *a, double grace_s)
 	ev_timer_start(a->loop, &a->kill_timer);
 }
 
+/* Whether name is "hpucoll-<job>-<32 hex digits>-n<node>": this node's
+ * segment of the job, whatever the coordinator's session was. */
+static int is_node_seg(const char *name, const char *job, int node)
+{
+	char tail[32];
+	size_t jl = strlen(job);
+	if (strncmp(name, "hpucoll-", 8) != 0 || strncmp(name + 8, job, jl) != 0 ||
+	    name[8 + jl] != '-')
+		return 0;
+	const char *s = name + 9 + jl;
+	if (strspn(s, "0123456789abcdef") != 32 || s[32] != '-')
+		return 0;
+	snprintf(tail, sizeof tail, "n%d", node);
+	return strcmp(s + 33, tail) == 0;
+}
+
 int hpu_agent_cleanup(const hpu_agent *a)
 {
 	char path[512];
 	int n = 0;
-	snprintf(path, sizeof path, "/dev/shm/hpucoll-%s-n%d", a->cfg.job_id,
-		 a->cfg.node_rank);
-	n += unlink(path) == 0;
+	DIR *dir = opendir("/dev/shm");
+	struct dirent *e;
+	while (dir && (e = readdir(dir)) != NULL) {
+		struct stat st;
+		/* only this user's: never another user's file at our name */
+		if (!is_node_seg(e->d_name, a->cfg.job_id, a->cfg.node_rank) ||
+		    fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    st.st_uid != geteuid())
+			continue;
+		n += unlinkat(dirfd(dir), e->d_name, 0) == 0;
+	}
+	if (dir)
+		closedir(dir);
 	for (int i = 0; i < a->cfg.devices; i++) {
 		snprintf(path, sizeof path, "/tmp/hpucoll-%s-r%d", a->cfg.job_id,
 			 hpu_agent_rank(a, i));

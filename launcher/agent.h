@@ -105,7 +105,8 @@ int hpu_agent_status(const hpu_agent *a, int rank, hpu_rank_status *st, double *
 long hpu_agent_status_bad(const hpu_agent *a);
 
 /* Removes what this node's workers may have left behind when they died:
- * the job's shared-memory segment /dev/shm/hpucoll-<job>-n<node> and the
+ * the job's shared-memory segment /dev/shm/hpucoll-<job>-<session>-n<node>
+ * (this user's only) and the
  * ZeroMQ ipc files /tmp/hpucoll-<job>-r<rank>. Returns how many. */
 int hpu_agent_cleanup(const hpu_agent *a);
 

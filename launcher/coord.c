@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <openssl/crypto.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,7 @@ struct hpu_coord {
 	int world, joined, released, aborted, finished;
 	char abort_reason[512];
 	char join_token[129]; /* this attempt's (restart.h) */
+	char session[33];     /* JoinReply.session: random hex */
 	char why[160];        /* a refusal that needs words of its own */
 };
 
@@ -69,6 +71,7 @@ static void send_join_reply(hpu_coord *c, const hpu_codec_peer *peer, int ok,
 	r.error = (char *)(error ? error : "");
 	r.ranks = table;
 	r.n_ranks = n;
+	r.session = ok ? c->session : (char *)"";
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_JOIN_REPLY;
 	env.join_reply = &r;
@@ -412,6 +415,14 @@ hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 	c->loop = loop;
 	c->cfg = *cfg;
 	hpu_attempt_token(cfg->token, cfg->restart_count, c->join_token, sizeof c->join_token);
+	unsigned char rnd[16];
+	if (RAND_bytes(rnd, sizeof rnd) != 1) {
+		snprintf(err, errlen, "cannot draw the job's shared-memory session: no random bytes");
+		free(c);
+		return NULL;
+	}
+	for (size_t i = 0; i < sizeof rnd; i++)
+		snprintf(c->session + 2 * i, 3, "%02x", rnd[i]);
 	c->world = cfg->nodes * cfg->devices;
 	c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
 	c->agents = calloc((size_t)cfg->nodes, sizeof *c->agents);

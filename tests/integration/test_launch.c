@@ -12,7 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -357,6 +360,19 @@ static void test_exec_collectives(void **state)
 	}
 }
 
+/* Entries of /dev/shm whose names start with prefix. */
+static int shm_entries(const char *prefix)
+{
+	DIR *d = opendir("/dev/shm");
+	struct dirent *e;
+	int n = 0;
+	while (d && (e = readdir(d)) != NULL)
+		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	if (d)
+		closedir(d);
+	return n;
+}
+
 /* Every transport, forced with --transport, through the environment path;
  * nothing is left in /dev/shm or /tmp afterwards. */
 static void test_exec_transports(void **state)
@@ -375,9 +391,45 @@ static void test_exec_transports(void **state)
 		assert_int_equal(code, 0);
 		assert_non_null(strstr(p.out, "[rank 2] coll ok: rank 2 of 3"));
 		h_free(&p);
-		assert_int_not_equal(access("/dev/shm/hpucoll-hpu-test-transports-n0", F_OK), 0);
+		assert_int_equal(shm_entries("hpucoll-hpu-test-transports-"), 0);
 		assert_int_not_equal(access("/tmp/hpucoll-hpu-test-transports-r0", F_OK), 0);
 	}
+}
+
+/* Another local user creates the shared-memory segment a job with a known
+ * job id would have used, first (an empty file, mode 0666): the job's
+ * segment name carries a random part from the coordinator, so the job
+ * neither adopts nor waits on the squatter's file, and leaves it alone. */
+static void test_shm_squatted_name(void **state)
+{
+	(void)state;
+	if (geteuid() != 0) {
+		printf("skipped: needs root to make a file as nobody\n");
+		return;
+	}
+	const char *path = "/dev/shm/hpucoll-hpu-test-squat-n0";
+	unlink(path);
+	int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0666);
+	assert_true(fd >= 0);
+	assert_int_equal(fchown(fd, 65534, 65534), 0);
+	assert_int_equal(fchmod(fd, 0666), 0);
+	close(fd);
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--job-id", "hpu-test-squat",
+			"--transport", "shm", "--exec", (char *)h_build("bin/coll_env_check"),
+			NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("job beside a squatted segment name: exit %d\n", code);
+	if (code)
+		fprintf(stderr, "%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "[rank 1] coll ok: rank 1 of 2"));
+	h_free(&p);
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_uid, 65534);
+	assert_int_equal(st.st_size, 0);
+	unlink(path);
 }
 
 /* Two nodes (two hpulaunch processes) on loopback train together. */
@@ -774,6 +826,7 @@ int main(void)
 		cmocka_unit_test(test_exec_environment),
 		cmocka_unit_test(test_exec_collectives),
 		cmocka_unit_test(test_exec_transports),
+		cmocka_unit_test(test_shm_squatted_name),
 		cmocka_unit_test(test_model_without_entry),
 		cmocka_unit_test(test_model_wrong_abi),
 		cmocka_unit_test(test_missing_dataset),

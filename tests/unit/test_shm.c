@@ -566,6 +566,70 @@ static void test_foreign_segment(void **state)
 	assert_int_equal(ct_shm_segments(job), 0);
 }
 
+/* A file another user made first at the job's name (mode 0666, or empty,
+ * or even a well-formed segment) is refused at once, never mapped, never
+ * waited on; so is one of our own user that others may open. */
+static void test_squatted_segment(void **state)
+{
+	char job[64], name[128];
+
+	(void)state;
+	unique_job(job, sizeof job);
+	snprintf(name, sizeof name, "/hpucoll-%s-n0", job);
+	struct {
+		uid_t uid;
+		mode_t mode;
+		size_t size;
+	} squat[] = {{65534, 0666, 0}, {65534, 0600, 0}, {65534, 0666, 3 << 20},
+		     {0, 0666, 0}, {0, 0640, 0}};
+	for (size_t i = 0; i < sizeof squat / sizeof squat[0]; i++) {
+		if (squat[i].uid != geteuid() && geteuid() != 0) {
+			printf("skipping a foreign owner: not root\n");
+			continue;
+		}
+		uid_t uid = squat[i].uid == 0 ? geteuid() : squat[i].uid;
+		make_file(name, squat[i].size, 0);
+		int fd = shm_open(name, O_RDWR, 0);
+		assert_true(fd >= 0);
+		assert_int_equal(fchown(fd, uid, (gid_t)-1), 0);
+		assert_int_equal(fchmod(fd, squat[i].mode), 0);
+		close(fd);
+		hpucoll__shm *s = NULL;
+		char err[256] = "";
+		/* a 10 s timeout: the refusal must not be one */
+		int rc = hpucoll__shm_open(&s, job, 0, 0, 2, 10000, err, sizeof err);
+		printf("squatted by uid %u mode %04o: rc %d: %s\n", (unsigned)uid,
+		       (unsigned)squat[i].mode, rc, err);
+		assert_int_equal(rc, HPUCOLL_EPROTO);
+		assert_non_null(strstr(err, "refusing to map it"));
+		assert_null(s);
+		/* the squatter's file is not ours to remove on the way out */
+		struct stat st;
+		char path[160];
+		snprintf(path, sizeof path, "/dev/shm%s", name);
+		assert_int_equal(stat(path, &st), 0);
+		assert_int_equal(st.st_uid, uid);
+		shm_unlink(name);
+	}
+	/* after a crash, only this user's segments of the job are removed,
+	 * in both name forms */
+	if (geteuid() == 0) {
+		char mine[160], theirs[160];
+		snprintf(mine, sizeof mine, "/hpucoll-%s-0123456789abcdef0123456789abcdef-n3", job);
+		snprintf(theirs, sizeof theirs, "/hpucoll-%s-n1", job);
+		make_file(mine, 0, 0);
+		make_file(theirs, 0, 0);
+		int fd = shm_open(theirs, O_RDWR, 0);
+		assert_true(fd >= 0);
+		assert_int_equal(fchown(fd, 65534, (gid_t)-1), 0);
+		close(fd);
+		assert_int_equal(hpucoll__shm_unlink_job(job), 1);
+		assert_int_equal(ct_shm_segments(job), 1);
+		assert_int_equal(shm_unlink(theirs), 0);
+	}
+	assert_int_equal(ct_shm_segments(job), 0);
+}
+
 /* A rank of nlocal 2 is waiting; one that says nlocal 3 must be refused,
  * one that reuses local rank 0 too. */
 static void mismatch_rank(int me, int n, const char *job, void *arg)
@@ -683,6 +747,7 @@ int main(void)
 		cmocka_unit_test(test_dead_peer_send),
 		cmocka_unit_test(test_silent_peer),
 		cmocka_unit_test(test_unlink_job),
+		cmocka_unit_test(test_squatted_segment),
 		cmocka_unit_test(test_foreign_segment),
 		cmocka_unit_test(test_mismatch),
 		cmocka_unit_test(test_corrupt_len),
