@@ -291,7 +291,7 @@ out:
 	if (sock)
 		zmq_close(sock);
 	if (ctx)
-		zmq_ctx_term(ctx);
+		hpu_zmq_ctx_term(ctx);
 	if (rc)
 		hpucoll_comm_destroy(&comm);
 	*out = comm;

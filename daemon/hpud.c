@@ -926,7 +926,7 @@ int main(int argc, char **argv)
 			release_job(&D.jobs[i]);
 	hpu_zwatch_stop(&D.zw);
 	zmq_close(D.sock);
-	zmq_ctx_term(D.ctx);
+	hpu_zmq_ctx_term(D.ctx);
 	hpu_auth_destroy(&D.auth);
 	logmsg(HPUD_LOG_INFO, "stopped");
 	return 0;

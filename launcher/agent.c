@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -464,6 +465,16 @@ static void free_env(char **env)
 	free(env);
 }
 
+/* Closes every descriptor >= from (async-signal-safe). */
+static void close_fds_from(int from)
+{
+	if (syscall(SYS_close_range, (unsigned)from, ~0u, 0u) == 0)
+		return;
+	long max = sysconf(_SC_OPEN_MAX);
+	for (long fd = from; fd < (max > 0 && max < 1 << 20 ? max : 1 << 16); fd++)
+		close((int)fd);
+}
+
 /* In the child, between fork and exec: only async-signal-safe calls. */
 static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		       int status, char **env, pid_t parent)
@@ -489,6 +500,9 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		fcntl(status, F_SETFD, 0);
 	else
 		dup2(status, HPU_AGENT_STATUS_FD);
+	/* Nothing else this process inherited reaches the worker (hpud's
+	 * or the submitter's descriptors, without close-on-exec or not). */
+	close_fds_from(HPU_AGENT_STATUS_FD + 1);
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	if (ncpu > 0 && a->cfg.devices <= ncpu) {
 		/* Pin by device where there is a core for each worker. */
@@ -505,6 +519,11 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 			write_all(2, msg, sizeof msg - 1);
 			_exit(126);
 		}
+		/* Changing credentials cleared the parent-death signal: set it
+		 * again, so that the workers die with hpud even under kill -9. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 	}
 	if (a->cfg.search_path)
 		execvpe(a->cfg.argv[0], a->cfg.argv, env);

@@ -470,7 +470,7 @@ void hpu_coord_destroy(hpu_coord **pc)
 	if (c->sock)
 		zmq_close(c->sock);
 	if (c->ctx)
-		zmq_ctx_term(c->ctx);
+		hpu_zmq_ctx_term(c->ctx);
 	free(c->ranks);
 	free(c->agents);
 	free(c);

@@ -455,7 +455,7 @@ void hpu_nodejob_destroy(hpu_nodejob **pj)
 	if (j->dealer)
 		zmq_close(j->dealer);
 	if (j->ctx)
-		zmq_ctx_term(j->ctx);
+		hpu_zmq_ctx_term(j->ctx);
 	free(j);
 	*pj = NULL;
 }

@@ -148,7 +148,7 @@ static void teardown(void)
 		if (S.n[i].sock)
 			zmq_close(S.n[i].sock);
 	if (S.ctx)
-		zmq_ctx_term(S.ctx);
+		hpu_zmq_ctx_term(S.ctx);
 	free(S.n);
 	hpu_auth_destroy(&S.auth);
 }

@@ -109,3 +109,11 @@ void hpu_codec_free(Hpu__Envelope *env)
 	if (env)
 		hpu__envelope__free_unpacked(env, NULL);
 }
+
+void hpu_zmq_ctx_term(void *ctx)
+{
+	if (!ctx)
+		return;
+	while (zmq_ctx_term(ctx) != 0 && zmq_errno() == EINTR)
+		;
+}

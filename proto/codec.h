@@ -46,4 +46,9 @@ void hpu_codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid
  * NULL. */
 void hpu_codec_free(Hpu__Envelope *env);
 
+/* zmq_ctx_term(ctx), retried while a signal interrupts it (EINTR: a
+ * SIGCHLD during teardown), so that the context's threads and descriptors
+ * are really gone. NULL is a no-op. */
+void hpu_zmq_ctx_term(void *ctx);
+
 #endif

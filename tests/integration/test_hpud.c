@@ -20,7 +20,9 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -496,6 +498,72 @@ static void test_busy_status_and_lost_submitter(void **state)
 	stop_daemon();
 }
 
+/* Whether process pid has a descriptor open on path. */
+static int has_fd_on(pid_t pid, const char *path)
+{
+	char dirp[64], link[96], target[512];
+	snprintf(dirp, sizeof dirp, "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(dirp);
+	struct dirent *e;
+	int found = 0;
+	while (d && (e = readdir(d)) != NULL) {
+		snprintf(link, sizeof link, "%s/%s", dirp, e->d_name);
+		ssize_t n = readlink(link, target, sizeof target - 1);
+		if (n > 0) {
+			target[n] = '\0';
+			found |= strcmp(target, path) == 0;
+		}
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* hpud started with a descriptor it inherited (no close-on-exec): its
+ * workers, which switch to the user nobody, do not get it; and kill -9 of
+ * hpud ends them (the parent-death signal survives the switch of user),
+ * rather than leaving them training. */
+static void test_workers_die_with_hpud(void **state)
+{
+	(void)state;
+	char marker[128];
+	snprintf(marker, sizeof marker, "%s/inherited", dir);
+	int fd0 = open(marker, O_RDWR | O_CREAT, 0600);
+	assert_true(fd0 >= 0);
+	int fd = fcntl(fd0, F_DUPFD, 100); /* no close-on-exec, clear of 0-2 */
+	assert_true(fd >= 100);
+	close(fd0);
+	start_daemon();
+	close(fd);
+	assert_true(has_fd_on(daemon_proc.pid, marker));
+	proc a;
+	launch_start(&a, "50");
+	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 2);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(uid_of(kids[i]), 65534);
+		printf("worker %d: descriptor on the inherited file: %s\n", (int)kids[i],
+		       has_fd_on(kids[i], marker) ? "yes" : "no");
+		assert_false(has_fd_on(kids[i], marker));
+	}
+	kill(daemon_proc.pid, SIGKILL);
+	assert_int_equal(h_wait(&daemon_proc, 10000), 0);
+	/* the kernel sends the workers SIGKILL as hpud dies; 10 s is for a
+	 * loaded machine (they trained on for 52 s before) */
+	int alive = 2;
+	for (int t = 0; t < 100 && alive; t++) {
+		usleep(100000);
+		alive = h_alive(kids[0]) + h_alive(kids[1]);
+	}
+	printf("workers alive after kill -9 of hpud: %d\n", alive);
+	assert_int_equal(alive, 0);
+	h_kill(&a);
+	h_free(&a);
+	stop_daemon();
+	unlink(marker);
+}
+
 /* Ctrl-C on the submitter cancels the job on the node; SIGTERM to hpud
  * ends a job with a reason; SIGHUP reloads the configuration. */
 static void test_cancel_term_and_reload(void **state)
@@ -595,6 +663,7 @@ int main(void)
 		cmocka_unit_test(test_job_env_forwarded),
 		cmocka_unit_test(test_busy_status_and_lost_submitter),
 		cmocka_unit_test(test_cancel_term_and_reload),
+		cmocka_unit_test(test_workers_die_with_hpud),
 		cmocka_unit_test(test_restart_through_hostfile),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
