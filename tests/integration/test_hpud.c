@@ -564,6 +564,62 @@ static void test_workers_die_with_hpud(void **state)
 	unlink(marker);
 }
 
+static int fd_count(pid_t pid)
+{
+	char dirp[64];
+	snprintf(dirp, sizeof dirp, "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(dirp);
+	int n = 0;
+	while (d && readdir(d))
+		n++;
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* Rounds of concurrent jobs leave hpud with the threads and descriptors
+ * it had after the first round: every job's ZeroMQ context is gone (a
+ * SIGCHLD that interrupts zmq_ctx_term used to leave its threads). */
+static void test_concurrent_jobs_leave_nothing(void **state)
+{
+	(void)state;
+	enum { JOBS = 4, ROUNDS = 3 };
+	write_conf(JOBS, NULL);
+	start_daemon();
+	long threads[ROUNDS];
+	int fds[ROUNDS];
+	char hf[128], hfp[160];
+	snprintf(hfp, sizeof hfp, "%s/hostfile1", dir);
+	snprintf(hf, sizeof hf, "127.0.0.1:%d slots=1\n", port);
+	assert_int_equal(h_write_file(hfp, hf, 0644), 0);
+	for (int r = 0; r < ROUNDS; r++) {
+		proc p[JOBS];
+		for (int j = 0; j < JOBS; j++) {
+			char *a[] = {(char *)LAUNCH, "--hostfile", hfp, "--key", key_path,
+				     "--devices", "1", "--max-steps", "2", "--log-every", "0",
+				     "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+			assert_int_equal(h_start(&p[j], a, NULL), 0);
+		}
+		for (int j = 0; j < JOBS; j++) {
+			assert_int_equal(h_wait(&p[j], 120000), 0);
+			if (h_code(&p[j]))
+				printf("%s", p[j].out);
+			assert_int_equal(h_code(&p[j]), 0);
+			h_free(&p[j]);
+		}
+		for (int t = 0; t < 50 && jobs_running() > 0; t++)
+			usleep(100000);
+		threads[r] = proc_status(daemon_proc.pid, "Threads:");
+		fds[r] = fd_count(daemon_proc.pid);
+		printf("after round %d of %d concurrent jobs: hpud has %ld threads, %d descriptors\n",
+		       r + 1, JOBS, threads[r], fds[r]);
+	}
+	assert_int_equal(threads[ROUNDS - 1], threads[0]);
+	assert_int_equal(fds[ROUNDS - 1], fds[0]);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 /* Ctrl-C on the submitter cancels the job on the node; SIGTERM to hpud
  * ends a job with a reason; SIGHUP reloads the configuration. */
 static void test_cancel_term_and_reload(void **state)
@@ -664,6 +720,7 @@ int main(void)
 		cmocka_unit_test(test_busy_status_and_lost_submitter),
 		cmocka_unit_test(test_cancel_term_and_reload),
 		cmocka_unit_test(test_workers_die_with_hpud),
+		cmocka_unit_test(test_concurrent_jobs_leave_nothing),
 		cmocka_unit_test(test_restart_through_hostfile),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
