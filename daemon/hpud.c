@@ -264,10 +264,15 @@ static void on_status(hpu_nodejob *nj, int rank, const hpu_rank_status *st, void
 
 static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void *arg)
 {
-	(void)nj;
 	job *j = arg;
 	Hpu__WorkerExit we;
 	hpu_codec_worker_exit(&we, rank, j->node_rank, pid, status);
+	hpu_rank_status st;
+	double age;
+	if (hpu_nodejob_status(nj, rank, &st, &age) == 0) {
+		we.step = st.step;
+		we.total = st.total;
+	}
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;

@@ -50,6 +50,7 @@ typedef struct worker {
 	ev_child child;
 	stream out, err;
 	status_pipe st;
+	int hello;               /* it said "H1": it speaks the protocol */
 	hpu_rank_status last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
 	int log_fd;
@@ -96,7 +97,9 @@ int hpu_agent_live(const hpu_agent *a)
 
 void hpu_describe_status(int status, char *out, size_t outlen)
 {
-	if (WIFEXITED(status))
+	if (status == HPU_AGENT_LEFT_EARLY)
+		snprintf(out, outlen, "exited with code 0 before the job ended");
+	else if (WIFEXITED(status))
 		snprintf(out, outlen, "exited with code %d", WEXITSTATUS(status));
 	else if (WIFSIGNALED(status))
 		snprintf(out, outlen, "was killed by signal %d (%s)",
@@ -290,6 +293,10 @@ static void status_line(status_pipe *sp, const char *line, size_t n)
 	worker *w = sp->w;
 	hpu_agent *a = w->a;
 	hpu_rank_status r;
+	if (n == 2 && memcmp(line, "H1", 2) == 0) {
+		w->hello = 1;
+		return;
+	}
 	if (hpu_rank_status_parse(line, n, &r) < 0) {
 		a->status_bad++;
 		return;
@@ -372,8 +379,13 @@ static void on_child(struct ev_loop *loop, ev_child *c, int revents)
 	status_read(&w->st); /* its last records before its end */
 	w->reaped = 1;
 	a->live--;
+	int status = c->rstatus;
+	/* exit(0) from a worker that never said it was done: it left early
+	 * (a model that called exit()), which fails the job like any exit */
+	if (status == 0 && w->hello && !(w->last_at > 0 && w->last.phase == HPU_PHASE_DONE))
+		status = HPU_AGENT_LEFT_EARLY;
 	if (a->cfg.on_exit)
-		a->cfg.on_exit(a, w->rank, w->pid, c->rstatus, a->cfg.arg);
+		a->cfg.on_exit(a, w->rank, w->pid, status, a->cfg.arg);
 	maybe_idle(a);
 }
 

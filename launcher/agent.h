@@ -22,6 +22,12 @@ typedef struct hpu_agent hpu_agent;
  * so as HPU_STATUS_FD (worker/status.h writes the records). */
 #define HPU_AGENT_STATUS_FD 3
 
+/* The status on_exit gets for a worker that said "H1" (it speaks the
+ * status protocol) and exited with code 0 without its HPU_PHASE_DONE
+ * record: it left before the job ended. Never a waitpid status (those are
+ * below 0x10000); not 0, so it fails the job like any other exit. */
+#define HPU_AGENT_LEFT_EARLY 0x10000
+
 /* A worker's progress, as its latest status record said: the record the
  * worker writes (worker/status.h, "S1 step total epoch epochs loss
  * samples_per_sec eta_s in_use max limit phase"). */
@@ -71,7 +77,8 @@ typedef struct hpu_agent_cfg {
 	 * hpu_agent_status). A worker's last records come before its
 	 * on_exit. */
 	void (*on_status)(hpu_agent *a, int rank, const hpu_rank_status *st, void *arg);
-	/* Called when a worker has been reaped. status as from waitpid. */
+	/* Called when a worker has been reaped. status as from waitpid, or
+	 * HPU_AGENT_LEFT_EARLY. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
 	/* Called once every worker is reaped and its output drained. */
 	void (*on_idle)(hpu_agent *a, void *arg);
@@ -114,7 +121,8 @@ int hpu_agent_cleanup(const hpu_agent *a);
  * (hpu_agent_cleanup), frees; *a = NULL; safe twice. */
 void hpu_agent_destroy(hpu_agent **a);
 
-/* "exited with code 3" / "was killed by signal 9 (Killed)". */
+/* "exited with code 3" / "was killed by signal 9 (Killed)" / "exited with
+ * code 0 before the job ended" (HPU_AGENT_LEFT_EARLY). */
 void hpu_describe_status(int status, char *out, size_t outlen);
 
 #endif

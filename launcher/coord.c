@@ -292,6 +292,10 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 		if (w->signal)
 			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) was killed by signal %d (%s)",
 				 w->rank, w->node_rank, w->pid, w->signal, strsignal(w->signal));
+		else if (w->left_early)
+			snprintf(reason, sizeof reason,
+				 "rank %u (node %u, pid %u) exited with code 0 before the job ended (at step %lld of %lld)",
+				 w->rank, w->node_rank, w->pid, (long long)w->step, (long long)w->total);
 		else
 			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d",
 				 w->rank, w->node_rank, w->pid, w->exit_code);

@@ -111,8 +111,16 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		j->cfg.on_exit(j, rank, (int)pid, status, j->cfg.arg);
 	if (status == 0 || j->failed)
 		return;
-	char how[128], cause[400];
+	char how[160], cause[400];
 	hpu_describe_status(status, how, sizeof how);
+	hpu_rank_status st = {0};
+	double age;
+	int have = hpu_agent_status(a, rank, &st, &age) == 0;
+	if (status == HPU_AGENT_LEFT_EARLY) {
+		size_t n = strlen(how);
+		snprintf(how + n, sizeof how - n, " (at step %ld of %ld)", have ? st.step : 0L,
+			 have ? st.total : 0L);
+	}
 	snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s", rank,
 		 j->cfg.node_rank, (int)pid, how);
 	fail(j, cause, j->cfg.grace_s);
@@ -122,6 +130,8 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	}
 	Hpu__WorkerExit we;
 	hpu_codec_worker_exit(&we, rank, j->cfg.node_rank, (int)pid, status);
+	we.step = have ? st.step : 0;
+	we.total = have ? st.total : 0;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;

@@ -102,6 +102,7 @@ void hpu_codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid
 	we->pid = (uint32_t)pid;
 	we->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 	we->signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+	we->left_early = status == 0x10000; /* HPU_AGENT_LEFT_EARLY */
 }
 
 void hpu_codec_free(Hpu__Envelope *env)

@@ -17,6 +17,7 @@
 #include "devmem.h"
 #include "fp8.h"
 #include "model.h"
+#include "status.h"
 #include "train.h"
 
 static int env_int(const char *name, int dflt)
@@ -86,6 +87,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN); /* a closed status pipe or socket is EPIPE, not death */
+	hpu_status_hello();
 	char err[1024] = "";
 	int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1);
 	hpu_train_opts o;

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -47,6 +48,23 @@ void hpu_status_report(const hpu_status_rec *r, int force)
 			 r->epoch, r->epochs, (double)r->loss, r->samples_per_sec, r->eta_s,
 			 (unsigned long long)r->mem_in_use, (unsigned long long)r->mem_max,
 			 (unsigned long long)r->mem_limit, r->phase);
-	if (n > 0 && (size_t)n < sizeof line && write(f, line, (size_t)n) < 0 && errno == EPIPE)
-		status_fd = -1; /* the agent closed it: stop */
+	if (n <= 0 || (size_t)n >= sizeof line)
+		return;
+	for (int tries = 0;; tries++) {
+		if (write(f, line, (size_t)n) >= 0)
+			return;
+		if (errno == EPIPE)
+			status_fd = -1; /* the agent closed it: stop */
+		if (errno != EAGAIN || r->phase != HPU_PHASE_DONE || tries == 100)
+			return;
+		struct pollfd p = {.fd = f, .events = POLLOUT};
+		poll(&p, 1, 100);
+	}
+}
+
+void hpu_status_hello(void)
+{
+	int f = fd();
+	if (f >= 0 && write(f, "H1\n", 3) < 0 && errno == EPIPE)
+		status_fd = -1;
 }

@@ -24,7 +24,14 @@ typedef struct hpu_status_rec {
 enum { HPU_PHASE_TRAIN = 0, HPU_PHASE_EVAL = 1, HPU_PHASE_DONE = 2 };
 
 /* Reports r. Records come at most every 200 ms unless `force` (a log step,
- * the end); never blocks training: a full pipe drops the record. */
+ * the end); never blocks training: a full pipe drops the record, except
+ * the HPU_PHASE_DONE one, which waits up to 10 s for room: the agent takes
+ * a worker that ends without it for one that left before the job ended. */
 void hpu_status_report(const hpu_status_rec *r, int force);
+
+/* Tells the agent, first thing, that this worker speaks the protocol
+ * ("H1"): from then on, exit code 0 without a HPU_PHASE_DONE record is a
+ * failure (a model that called exit()), not success. */
+void hpu_status_hello(void);
 
 #endif

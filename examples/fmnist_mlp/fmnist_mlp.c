@@ -42,6 +42,7 @@ typedef struct mlp {
 	int rank;
 	long sleep_rank, sleep_ms;
 	long loss_calls;
+	long exit_rank, exit_at, exit_calls; /* testing: exit(0) at that loss call */
 } mlp;
 
 static int load_split(split *s, const char *dir, const char *prefix,
@@ -146,6 +147,8 @@ static float xent(void *user, const float *out, const int32_t *labels,
 		struct timespec ts = {m->sleep_ms / 1000, (m->sleep_ms % 1000) * 1000000};
 		nanosleep(&ts, NULL);
 	}
+	if (m->exit_at > 0 && m->rank == m->exit_rank && ++m->exit_calls == m->exit_at)
+		exit(0); /* testing: a model that leaves in the middle */
 	return hpu_softmax_xent(out, labels, dout, batch, CLASSES);
 }
 
@@ -202,11 +205,17 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 		} else if (!strcmp(argv[i], "--sleep-rank") && i + 1 < argc) {
 			if (int_arg(b, "--sleep-rank", argv[++i], 0, 1 << 20, &m->sleep_rank) < 0)
 				return -1;
+		} else if (!strcmp(argv[i], "--exit-rank") && i + 1 < argc) {
+			if (int_arg(b, "--exit-rank", argv[++i], 0, 1 << 20, &m->exit_rank) < 0)
+				return -1;
+		} else if (!strcmp(argv[i], "--exit-at") && i + 1 < argc) {
+			if (int_arg(b, "--exit-at", argv[++i], 1, 1L << 40, &m->exit_at) < 0)
+				return -1;
 		} else if (!strcmp(argv[i], "--sleep-ms") && i + 1 < argc) {
 			if (int_arg(b, "--sleep-ms", argv[++i], 0, 3600000, &m->sleep_ms) < 0)
 				return -1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint; testing: --sleep-rank R --sleep-ms MS)",
+			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint; testing: --sleep-rank R --sleep-ms MS, --exit-rank R --exit-at N)",
 					 argv[i]);
 		}
 	}
