@@ -8,6 +8,7 @@
 #include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void hpu_args_usage(FILE *f)
@@ -15,6 +16,10 @@ void hpu_args_usage(FILE *f)
 	fprintf(f,
 		"usage: hpulaunch [options] [training options] MODEL.so [-- model args]\n"
 		"       hpulaunch [options] --exec PROGRAM [args...]\n"
+		"\n"
+		"MODEL.so is a file: a relative path (a bare name too) is made absolute\n"
+		"against this directory before the workers get it, also with --hostfile,\n"
+		"where that path must then hold the model on every node.\n"
 		"\n"
 		"Starts one worker per device on this node; with --nodes N, run it on\n"
 		"every node with its --node-rank (torchrun style).\n"
@@ -553,6 +558,34 @@ static int finish(hpu_launch_args *a, const sources *src, int extra_args,
 	return check_plan(a, err, errlen);
 }
 
+/* The model the workers load, as an absolute path in a->model: dlopen
+ * would look a bare "model.so" up on the library search path (and might
+ * find another one there), and hpud would resolve any relative path
+ * against its own directory. An absolute path is kept as given. */
+static int model_path(hpu_launch_args *a, const char *path, char *err,
+		      size_t errlen)
+{
+	struct stat st;
+	if (access(path, R_OK) != 0 || stat(path, &st) != 0) {
+		snprintf(err, errlen, "cannot read the model %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (!S_ISREG(st.st_mode)) { /* dlopen would wait on a FIFO */
+		const char *kind = S_ISDIR(st.st_mode)    ? "a directory"
+				   : S_ISFIFO(st.st_mode) ? "a FIFO"
+							  : "a device or socket";
+		snprintf(err, errlen, "the model %s is not a regular file (%s)", path, kind);
+		return -1;
+	}
+	a->model = path[0] == '/' ? strdup(path) : realpath(path, NULL);
+	if (!a->model) {
+		snprintf(err, errlen, "cannot make the model path %s absolute: %s", path,
+			 strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		   size_t errlen)
 {
@@ -612,11 +645,9 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		snprintf(err, errlen, "no model given: hpulaunch [options] MODEL.so (see --help)");
 		return -1;
 	}
-	if (access(argv[i], R_OK) != 0) {
-		snprintf(err, errlen, "cannot read the model %s: %s", argv[i], strerror(errno));
+	if (model_path(a, argv[i], err, errlen) < 0)
 		return -1;
-	}
-	if (add_args(a, argv, i, argc) < 0) {
+	if (add_args(a, &a->model, 0, 1) < 0 || add_args(a, argv, i + 1, argc) < 0) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
@@ -627,6 +658,8 @@ void hpu_args_free(hpu_launch_args *a)
 {
 	free(a->worker_argv);
 	a->worker_argv = NULL;
+	free(a->model);
+	a->model = NULL;
 	free(a->hosts);
 	a->hosts = NULL;
 	a->nhosts = 0;

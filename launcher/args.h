@@ -26,6 +26,12 @@ typedef struct hpu_launch_args {
 	int progress;
 	/* What each worker runs: argv for execve / execvp. */
 	char **worker_argv;
+	/* The model as the workers get it: an absolute path (a relative one
+	 * resolved against this process's directory, so neither the dynamic
+	 * loader's search path nor hpud's directory decides which file it
+	 * is). NULL with --exec or --status; malloc'ed, freed by
+	 * hpu_args_free. */
+	char *model;
 	int worker_argc;
 	int exec_mode;       /* --exec: argv[0] is looked up in PATH */
 	hpu_train_opts train;

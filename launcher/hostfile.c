@@ -1,4 +1,5 @@
 #include "hostfile.h"
+#include "config.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -172,27 +173,44 @@ static int check_duplicate(reader *r, const hpu_host *hosts, int n,
 	return 0;
 }
 
-/* Reads the next line into buf; 1: a line, 0: end of file, -1: error. */
+/* Whether byte c may appear in a text line: not NUL, DEL or a control
+ * character other than white space (UTF-8 in comments is fine). */
+static int text_byte(int c)
+{
+	return c >= 0x20 ? c != 0x7f : c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Reads the next line (without its newline) into buf; 1: a line, 0: end
+ * of file, -1: error (a read error, a byte that is not text, a line
+ * longer than HPU_HOSTFILE_MAX_LINE). */
 static int next_line(reader *r, FILE *f, char *buf, size_t size)
 {
-	if (!fgets(buf, (int)size, f)) {
-		if (!ferror(f))
-			return 0;
+	size_t n = 0;
+	int c, too_long = 0;
+	while ((c = getc(f)) != EOF && c != '\n') {
+		if (!text_byte(c)) {
+			r->line++;
+			if (c == 0)
+				return fail(r, "a NUL byte: not a text file");
+			return fail(r, "a control character (byte 0x%02x): not a text file", c);
+		}
+		if (n < size - 1)
+			buf[n++] = (char)c;
+		else
+			too_long = 1;
+	}
+	if (c == EOF && ferror(f)) {
 		snprintf(r->err, r->errlen, "cannot read the hostfile %s: %s",
 			 r->path, strerror(errno));
 		return -1;
 	}
+	if (c == EOF && n == 0 && !too_long)
+		return 0;
 	r->line++;
-	size_t n = strlen(buf);
-	if (n && buf[n - 1] == '\n') {
-		buf[--n] = 0;
-	} else if (!feof(f)) {
-		return fail(r, "line longer than %d characters",
-			    HPU_HOSTFILE_MAX_LINE);
-	}
+	buf[n] = 0;
 	if (n && buf[n - 1] == '\r')
 		buf[--n] = 0;
-	if (n > HPU_HOSTFILE_MAX_LINE)
+	if (too_long || n > HPU_HOSTFILE_MAX_LINE)
 		return fail(r, "line longer than %d characters",
 			    HPU_HOSTFILE_MAX_LINE);
 	return 1;
@@ -204,13 +222,13 @@ int hpu_hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
 	reader r = {.path = path, .err = err, .errlen = errlen};
 	hpu_host *list = NULL, h;
 	int n = 0, cap = 0, rc;
-	char buf[HPU_HOSTFILE_MAX_LINE + 3]; /* the line, "\r\n", NUL */
+	char buf[HPU_HOSTFILE_MAX_LINE + 2]; /* the line, '\r', NUL */
 	*hosts = NULL;
 	*nhosts = 0;
-	FILE *f = fopen(path, "r");
+	const char *why;
+	FILE *f = hpu_open_input(path, &why); /* a FIFO would block */
 	if (!f) {
-		snprintf(err, errlen, "cannot read the hostfile %s: %s", path,
-			 strerror(errno));
+		snprintf(err, errlen, "cannot read the hostfile %s: %s", path, why);
 		return -1;
 	}
 	while ((rc = next_line(&r, f, buf, sizeof buf)) > 0) {

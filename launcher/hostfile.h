@@ -29,8 +29,11 @@ typedef struct hpu_host {
 /* Reads the hostfile at path into a malloc'ed array of *nhosts (>= 1)
  * hosts, in file order; the caller frees *hosts with free(). Returns 0,
  * or -1 with a sentence in err naming FILE:LINE and what is wrong (bad or
- * unknown attribute, bad host or port, duplicate host, a line too long,
- * too many hosts, or no hosts at all); then *hosts is NULL. A host is a
+ * unknown attribute, bad host or port, duplicate host, a line too long, a
+ * NUL or another control byte: not a text file, too many hosts, or no
+ * hosts at all), or naming FILE when it cannot be read or is no regular
+ * file (a FIFO is refused, not waited on); then *hosts is NULL. Host
+ * names are not resolved here. A host is a
  * duplicate when its name (ignoring case) and port equal an earlier
  * line's, so two daemons on one machine may be listed with two ports. */
 int hpu_hostfile_read(const char *path, hpu_host **hosts, int *nhosts,

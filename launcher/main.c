@@ -215,6 +215,9 @@ int main(int argc, char **argv)
 		rc = hpu_status_run(&L.args);
 	else if (L.args.hostfile)
 		rc = hpu_submit_run(&L.args);
+	else if (!L.args.exec_mode &&
+		 hpu_opts_check_checkpoint_dir(&L.args.train, err, sizeof err) < 0)
+		rc = 2; /* found now, not at the first save after training */
 	else
 		rc = run_local(err, sizeof err);
 	if (rc && err[0])

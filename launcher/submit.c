@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -126,6 +127,33 @@ static int connect_node(node *nd)
 	return 0;
 }
 
+/* Looks host up as ZeroMQ will (IPv4) before anything is sent: a name
+ * that does not resolve would otherwise only time out waiting for an
+ * answer. which names the host in the hostfile ("" for --status). */
+static int resolve_host(const char *host, const char *which)
+{
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+	int rc = getaddrinfo(host, NULL, &hints, &ai);
+	if (rc == 0) {
+		freeaddrinfo(ai);
+		return 0;
+	}
+	return fail("host %s%s does not resolve: %s", host, which,
+		    rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+}
+
+/* Every host of the hostfile, before any is contacted. */
+static int resolve_hosts(const hpu_launch_args *a)
+{
+	char which[400];
+	for (int i = 0; i < a->nhosts; i++) {
+		snprintf(which, sizeof which, " (node %d in %s)", i, a->hostfile);
+		if (resolve_host(a->hosts[i].name, which) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 static int setup(const char *key_path, int nodes)
 {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
@@ -195,11 +223,15 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 		break;
 	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
 		const Hpu__WorkerExit *w = m->worker_exit;
-		if (w->exit_code != 0 && !S.a->quiet) {
+		if ((w->exit_code != 0 || w->left_early) && !S.a->quiet) {
 			hpu_progress_hide(&S.bar);
 			if (w->signal)
 				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) was killed by signal %d\n",
 					w->rank, w->node_rank, w->pid, w->signal);
+			else if (w->left_early)
+				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code 0 before the job ended (at step %lld of %lld)\n",
+					w->rank, w->node_rank, w->pid, (long long)w->step,
+					(long long)w->total);
 			else
 				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code %d\n",
 					w->rank, w->node_rank, w->pid, w->exit_code);
@@ -478,7 +510,7 @@ int hpu_submit_run(const hpu_launch_args *a)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	hpu_progress_init(&S.bar, a->progress, stdout);
-	if (setup(a->key_path, a->nhosts) < 0)
+	if (resolve_hosts(a) < 0 || setup(a->key_path, a->nhosts) < 0)
 		goto out;
 	for (int i = 0; i < a->nhosts; i++) {
 		S.n[i].host = a->hosts[i].name;
@@ -534,7 +566,7 @@ int hpu_status_run(const hpu_launch_args *a)
 	int rc = 1;
 	const char *host = a->status_host;
 	int port = a->status_port ? a->status_port : a->hpud_port;
-	if (setup(a->key_path, 1) < 0)
+	if (resolve_host(host, "") < 0 || setup(a->key_path, 1) < 0)
 		goto out;
 	S.n[0].host = host;
 	S.n[0].port = port;

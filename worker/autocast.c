@@ -15,10 +15,13 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "autocast.h"
 #include "fp8.h"
@@ -84,23 +87,63 @@ static void all_names(char *buf, size_t len)
 		at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? ", " : "", op_names[i]);
 }
 
+/* Opens path for reading if it is a regular file; a FIFO is refused at
+ * once (O_NONBLOCK: no wait for a writer), devices and directories too.
+ * NULL with the reason in *why otherwise. (config.c's hpu_open_input does
+ * the same; libhpu does not link the options library.) */
+static FILE *open_list(const char *path, const char **why)
+{
+	struct stat st;
+	FILE *f = NULL;
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), fl;
+	if (fd < 0) {
+		*why = strerror(errno);
+		return NULL;
+	}
+	if (fstat(fd, &st) < 0)
+		goto fail;
+	if (!S_ISREG(st.st_mode)) {
+		*why = S_ISDIR(st.st_mode)    ? strerror(EISDIR)
+		       : S_ISFIFO(st.st_mode) ? "not a regular file (a FIFO)"
+		       : S_ISCHR(st.st_mode)  ? "not a regular file (a character device)"
+					      : "not a regular file";
+		close(fd);
+		return NULL;
+	}
+	if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ||
+	    !(f = fdopen(fd, "r")))
+		goto fail;
+	return f;
+fail:
+	*why = strerror(errno);
+	close(fd);
+	return NULL;
+}
+
 /* Reads the list file named by environment variable `var` (unset or empty:
  * none) into in[] (1 for each op it names). */
 static int read_list(const char *var, unsigned char *in, char *err, size_t errlen)
 {
-	const char *path = getenv(var);
+	const char *path = getenv(var), *why = NULL;
 	if (path == NULL || *path == '\0')
 		return 0;
-	FILE *f = fopen(path, "r");
+	FILE *f = open_list(path, &why);
 	if (f == NULL) {
-		snprintf(err, errlen, "%s file %s: cannot read it: %s", var, path,
-			 strerror(errno));
+		snprintf(err, errlen, "%s file %s: cannot read it: %s", var, path, why);
 		return -1;
 	}
-	char line[256];
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t n;
 	int no = 0, rc = 0;
-	while (fgets(line, sizeof line, f)) {
+	while ((n = getline(&line, &cap, f)) >= 0) {
 		no++;
+		if (memchr(line, '\0', (size_t)n)) {
+			snprintf(err, errlen, "%s file %s line %d: a NUL byte: not a text file",
+				 var, path, no);
+			rc = -1;
+			break;
+		}
 		char *hash = strchr(line, '#');
 		if (hash)
 			*hash = '\0';
@@ -127,6 +170,7 @@ static int read_list(const char *var, unsigned char *in, char *err, size_t errle
 			 strerror(errno));
 		rc = -1;
 	}
+	free(line);
 	fclose(f);
 	return rc;
 }

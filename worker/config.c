@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *const strategy_names[] = {"fast_ddp", "ddp", "zero1",
 					     "zero2", "zero3"};
@@ -590,6 +592,53 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		snprintf(err, errlen, "--resume and --load-params both say where the parameters come from: give one");
 		return -1;
 	}
+	return 0;
+}
+
+/* Makes each missing directory of path (mkdir -p, as the first save does);
+ * 0, or -1 with the one that could not be made in at and errno set. */
+static int make_dirs(const char *path, char *at, size_t atlen)
+{
+	snprintf(at, atlen, "%s", path);
+	for (char *s = at + 1;; s++) {
+		if (*s != '/' && *s)
+			continue;
+		char c = *s;
+		*s = '\0';
+		if (mkdir(at, 0755) < 0 && errno != EEXIST)
+			return -1;
+		*s = c;
+		if (!c)
+			return 0;
+	}
+}
+
+int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
+				  size_t errlen)
+{
+	const char *dir = o->checkpoint_dir;
+	char at[sizeof o->checkpoint_dir], probe[sizeof o->checkpoint_dir + 32];
+	if (!dir[0])
+		return 0;
+	if (make_dirs(dir, at, sizeof at) < 0) {
+		int e = errno;
+		if (strcmp(at, dir) == 0)
+			snprintf(err, errlen, "cannot make the checkpoint directory %s: %s", dir,
+				 strerror(e));
+		else
+			snprintf(err, errlen, "cannot make the checkpoint directory %s: %s: %s",
+				 dir, at, strerror(e));
+		return -1;
+	}
+	snprintf(probe, sizeof probe, "%s/.hpu-write-test-XXXXXX", dir);
+	int fd = mkstemp(probe);
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot write in the checkpoint directory %s: %s", dir,
+			 strerror(errno));
+		return -1;
+	}
+	close(fd);
+	unlink(probe);
 	return 0;
 }
 

@@ -170,9 +170,17 @@ int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
 int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
 		       size_t errlen);
 
-/* Reads a whole file (at most 16 MiB) into *buf (malloc'ed,
- * NUL-terminated) and its length into *len. Returns NULL, or why it could
- * not (strerror's text, "out of memory", "larger than 16 MiB"). */
+/* Opens the input file at path for reading, if it is a regular file: a
+ * FIFO is refused at once (opened with O_NONBLOCK, so no wait for a
+ * writer), and so are devices, sockets and directories. Returns the
+ * stream, or NULL with why in *why (strerror's text, "not a regular file
+ * (a FIFO)", "... (a character device)", ...). */
+FILE *hpu_open_input(const char *path, const char **why);
+
+/* Reads a whole text file (at most 16 MiB; hpu_open_input's checks) into
+ * *buf (malloc'ed, NUL-terminated) and its length into *len. Returns
+ * NULL, or why it could not (hpu_open_input's reasons, "out of memory",
+ * "larger than 16 MiB", "it holds a NUL byte: not a text file"). */
 const char *hpu_read_file(const char *path, char **buf, size_t *len);
 
 /* Checks the options against a world size and fills in what follows from
@@ -180,6 +188,14 @@ const char *hpu_read_file(const char *path, char **buf, size_t *len);
  * values. Returns 0, or -1 with one sentence in err. */
 int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		     size_t errlen);
+
+/* Makes the checkpoint directory (--checkpoint-dir) if it is missing, as
+ * the first save would, and checks that a file can be made in it (a
+ * temporary file, removed again); nothing without a checkpoint directory.
+ * Returns 0, or -1 with a sentence naming the directory and the reason in
+ * err. */
+int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
+				  size_t errlen);
 
 /* The weight decay in force (resolving the optimizer's default). */
 double hpu_opts_weight_decay(const hpu_train_opts *o);

@@ -18,6 +18,7 @@
 #include <cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct fctx {
 	hpu_train_opts *o; /* a copy, committed only if the whole file loads */
@@ -629,13 +632,51 @@ static const struct fkey top_keys[] = {
 	{"hputrain", NULL, f_hputrain, 0},
 };
 
+/* Why a file of mode m is no input file. */
+static const char *not_regular(mode_t m)
+{
+	return S_ISDIR(m)    ? strerror(EISDIR)
+	       : S_ISFIFO(m) ? "not a regular file (a FIFO)"
+	       : S_ISCHR(m)  ? "not a regular file (a character device)"
+	       : S_ISBLK(m)  ? "not a regular file (a block device)"
+	       : S_ISSOCK(m) ? "not a regular file (a socket)"
+			     : "not a regular file";
+}
+
+FILE *hpu_open_input(const char *path, const char **why)
+{
+	struct stat st;
+	FILE *f = NULL;
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), fl;
+	if (fd < 0) {
+		*why = strerror(errno);
+		return NULL;
+	}
+	if (fstat(fd, &st) < 0)
+		goto fail;
+	if (!S_ISREG(st.st_mode)) {
+		*why = not_regular(st.st_mode);
+		close(fd);
+		return NULL;
+	}
+	/* A regular file: reads block as they always did. */
+	if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ||
+	    !(f = fdopen(fd, "r")))
+		goto fail;
+	return f;
+fail:
+	*why = strerror(errno);
+	close(fd);
+	return NULL;
+}
+
 const char *hpu_read_file(const char *path, char **buf, size_t *len)
 {
 	enum { MAX = 16 << 20 };
 	const char *why = NULL;
-	FILE *f = fopen(path, "rb");
+	FILE *f = hpu_open_input(path, &why);
 	if (!f)
-		return strerror(errno);
+		return why;
 	char *b = NULL;
 	size_t n = 0, cap = 0;
 	for (;;) {
@@ -657,6 +698,8 @@ const char *hpu_read_file(const char *path, char **buf, size_t *len)
 		}
 	}
 	fclose(f);
+	if (!why && memchr(b, 0, n))
+		why = "it holds a NUL byte: not a text file";
 	if (why) {
 		free(b);
 		return why;
@@ -723,10 +766,6 @@ int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
 	struct fctx c = {&copy, path, err, errlen, 1};
 	const char *end = NULL;
 	cJSON *root = NULL;
-	if (strlen(buf) != len) {
-		snprintf(err, errlen, "%s: not a JSON file (it holds a NUL byte)", path);
-		goto out;
-	}
 	/* The position from ParseWithOpts is cJSON_GetErrorPtr()'s, without
 	 * the global. */
 	root = cJSON_ParseWithOpts(buf, &end, 1);

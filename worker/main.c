@@ -97,8 +97,12 @@ int main(int argc, char **argv)
 		usage(stdout);
 		return 0;
 	}
+	/* the checkpoint directory is checked here too (hpud's node can be
+	 * another machine than the launcher's): before training, not at the
+	 * first save */
 	if (hpu_opts_parse(&o, argc, argv, &i, err, sizeof err) < 0 ||
-	    hpu_opts_resolve(&o, world, err, sizeof err) < 0) {
+	    hpu_opts_resolve(&o, world, err, sizeof err) < 0 ||
+	    hpu_opts_check_checkpoint_dir(&o, err, sizeof err) < 0) {
 		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
 		return 2;
 	}

@@ -322,6 +322,158 @@ static void test_usage_errors(void **state)
 	expect_usage_error(a6, NULL, "unknown option --frobnicate");
 }
 
+/* Copies the file at from to to; 0 or -1. */
+static int copy_file(const char *from, const char *to)
+{
+	size_t len;
+	char *b = h_slurp_n(from, &len);
+	FILE *f = b ? fopen(to, "wb") : NULL;
+	int ok = f && fwrite(b, 1, len, f) == len;
+	if (f)
+		ok &= fclose(f) == 0;
+	free(b);
+	return ok ? 0 : -1;
+}
+
+/* Runs hpulaunch in directory dir (the test's own directory is kept). */
+static int run_in(const char *dir, proc *p, char **argv, int timeout_ms)
+{
+	char cwd[4096];
+	assert_non_null(getcwd(cwd, sizeof cwd));
+	assert_int_equal(chdir(dir), 0);
+	int code = h_run(p, argv, NULL, timeout_ms);
+	assert_int_equal(chdir(cwd), 0);
+	printf("%s", p->out);
+	return code;
+}
+
+/* A model named without a directory is the file in the current
+ * directory, not whatever the dynamic loader finds first on its search
+ * path (build/lib holds an fmnist_mlp.so, and the worker's runpath points
+ * there), and a relative name reaches the workers as an absolute path. */
+static void test_model_relative_path(void **state)
+{
+	(void)state;
+	char dir[64] = "/tmp/hpu-test-model-dir-XXXXXX", shadow[128], mine[128];
+	assert_non_null(mkdtemp(dir));
+	snprintf(shadow, sizeof shadow, "%s/fmnist_mlp.so", dir);
+	snprintf(mine, sizeof mine, "%s/mine.so", dir);
+	assert_int_equal(copy_file(h_build("lib/bad_noentry.so"), shadow), 0);
+	assert_int_equal(copy_file(MODEL, mine), 0);
+	proc p;
+	char *a1[] = {(char *)LAUNCH, "-q", "--devices", "2", "--max-steps", "2", "--no-eval",
+		      "fmnist_mlp.so", NULL};
+	int code = run_in(dir, &p, a1, 60000);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, shadow));
+	assert_non_null(strstr(p.out, "has no entry symbol 'hpu_model_entry'"));
+	h_free(&p);
+	char *a2[] = {(char *)LAUNCH, "-q", "--devices", "2", "--max-steps", "2", "--no-eval",
+		      "mine.so", NULL};
+	code = run_in(dir, &p, a2, 60000);
+	assert_null(strstr(p.out, "cannot open shared object file"));
+	assert_int_equal(code, 0);
+	h_free(&p);
+	unlink(shadow);
+	unlink(mine);
+	rmdir(dir);
+}
+
+/* A hostfile host that does not resolve is named at once, with the
+ * resolver's reason, before any daemon is contacted (not "no answer from
+ * hpud ... within 10 s: ... the same key?"); --status the same. */
+static void test_hostfile_unresolvable_host(void **state)
+{
+	(void)state;
+	char dir[64] = "/tmp/hpu-test-hosts-dir-XXXXXX", hosts[128], key[128];
+	assert_non_null(mkdtemp(dir));
+	snprintf(hosts, sizeof hosts, "%s/hosts", dir);
+	snprintf(key, sizeof key, "%s/secret.key", dir);
+	assert_int_equal(h_write_file(hosts, "localhost slots=1\nno-such-host.invalid slots=1\n", 0644), 0);
+	assert_int_equal(h_write_file(key, "00112233445566778899aabbccddeeff"
+					   "00112233445566778899aabbccddeeff\n", 0600), 0);
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *a1[] = {(char *)LAUNCH, "-q", "--hostfile", hosts, "--key", key, "--hpud-port", port,
+		      (char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, a1, NULL, 30000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "host no-such-host.invalid (node 1"));
+	assert_non_null(strstr(p.out, "does not resolve"));
+	assert_null(strstr(p.out, "the same key"));
+	h_free(&p);
+	char *a2[] = {(char *)LAUNCH, "--status", "no-such-host.invalid", "--key", key, NULL};
+	code = h_run(&p, a2, NULL, 30000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "host no-such-host.invalid does not resolve"));
+	assert_null(strstr(p.out, "the same key"));
+	h_free(&p);
+	unlink(hosts);
+	unlink(key);
+	rmdir(dir);
+}
+
+/* Input files named on the command line or in the environment (--config,
+ * --hostfile, LOWER_LIST, FP32_LIST) that are FIFOs are refused at once,
+ * naming the path, instead of waiting forever for a writer. */
+static void test_inputs_not_regular(void **state)
+{
+	(void)state;
+	char dir[64] = "/tmp/hpu-test-fifo-XXXXXX", fifo[128], lower[160];
+	assert_non_null(mkdtemp(dir));
+	snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	char *a1[] = {(char *)LAUNCH, "--config", fifo, (char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, a1, NULL, 15000);
+	printf("%s", p.out);
+	assert_int_equal(code, 2);
+	assert_non_null(strstr(p.out, fifo));
+	assert_non_null(strstr(p.out, "not a regular file (a FIFO)"));
+	h_free(&p);
+	char *a2[] = {(char *)LAUNCH, "--hostfile", fifo, (char *)MODEL, NULL};
+	code = h_run(&p, a2, NULL, 15000);
+	printf("%s", p.out);
+	assert_int_equal(code, 2);
+	assert_non_null(strstr(p.out, "cannot read the hostfile"));
+	assert_non_null(strstr(p.out, "not a regular file (a FIFO)"));
+	h_free(&p);
+	snprintf(lower, sizeof lower, "LOWER_LIST=%s", fifo);
+	char *env[] = {lower, NULL};
+	char *a3[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+		      (char *)MODEL, NULL};
+	code = h_run(&p, a3, env, 30000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "LOWER_LIST file "));
+	assert_non_null(strstr(p.out, "not a regular file (a FIFO)"));
+	h_free(&p);
+	unlink(fifo);
+	rmdir(dir);
+}
+
+/* A checkpoint directory that cannot be made is found before training,
+ * not at the first save after it: the launcher stops with the directory
+ * and the reason, and no worker starts. The parent being a regular file
+ * fails for root as well. */
+static void test_checkpoint_dir_unwritable(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "2", "--max-steps", "2", "--no-eval",
+			"--checkpoint-dir", "/dev/null/ckpt", (char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 2);
+	assert_non_null(strstr(p.out, "checkpoint directory /dev/null/ckpt"));
+	assert_non_null(strstr(p.out, "Not a directory"));
+	assert_null(strstr(p.out, "[rank "));
+	h_free(&p);
+}
+
 /* --exec: the environment every worker gets, and prefixed output. */
 static void test_exec_environment(void **state)
 {
@@ -430,6 +582,35 @@ static void test_shm_squatted_name(void **state)
 	assert_int_equal(st.st_uid, 65534);
 	assert_int_equal(st.st_size, 0);
 	unlink(path);
+}
+
+/* A model that calls exit(0) in the middle of training: the job fails,
+ * naming the rank that left, with one rank and with two (where the
+ * survivor must not be blamed), and without --max-restarts hiding it. */
+static void test_worker_leaves_early(void **state)
+{
+	(void)state;
+	for (int world = 1; world <= 2; world++) {
+		char devices[8], rank[8];
+		snprintf(devices, sizeof devices, "%d", world);
+		snprintf(rank, sizeof rank, "%d", world - 1);
+		char *argv[] = {(char *)LAUNCH, "--devices", devices, "--max-steps", "20",
+				"--log-every", "0", "--no-eval", (char *)MODEL, "--", "--hidden",
+				"16", "--exit-rank", rank, "--exit-at", "3", NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 120000);
+		printf("%d rank(s), rank %s calls exit(0) at step 3: exit %d\n%s", world, rank,
+		       code, p.out);
+		assert_int_equal(code, 1);
+		char want[96];
+		snprintf(want, sizeof want, "hpulaunch: error: rank %s (node 0, pid ", rank);
+		const char *e = strstr(p.out, want);
+		assert_non_null(e);
+		const char *nl = strchr(e, '\n');
+		const char *why = strstr(e, "exited with code 0 before the job ended (at step ");
+		assert_true(why && (!nl || why < nl));
+		h_free(&p);
+	}
 }
 
 /* Two nodes (two hpulaunch processes) on loopback train together. */
@@ -827,6 +1008,11 @@ int main(void)
 		cmocka_unit_test(test_exec_collectives),
 		cmocka_unit_test(test_exec_transports),
 		cmocka_unit_test(test_shm_squatted_name),
+		cmocka_unit_test(test_worker_leaves_early),
+		cmocka_unit_test(test_model_relative_path),
+		cmocka_unit_test(test_hostfile_unresolvable_host),
+		cmocka_unit_test(test_inputs_not_regular),
+		cmocka_unit_test(test_checkpoint_dir_unwritable),
 		cmocka_unit_test(test_model_without_entry),
 		cmocka_unit_test(test_model_wrong_abi),
 		cmocka_unit_test(test_missing_dataset),
@@ -846,5 +1032,8 @@ int main(void)
 		cmocka_unit_test(test_restart_two_nodes),
 		cmocka_unit_test(test_restart_refuses_other_attempt),
 	};
+	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
+	if (getenv("HPU_TEST") != NULL)
+		cmocka_set_test_filter(getenv("HPU_TEST"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

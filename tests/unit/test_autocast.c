@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -179,6 +180,56 @@ static void test_unreadable_file(void **state)
 	assert_non_null(strstr(err, "FP32_LIST file "));
 	assert_non_null(strstr(err, dir));
 	unsetenv("FP32_LIST");
+}
+
+/* A list of NUL bytes is not an empty list; a FIFO is refused at once,
+ * not waited on for a writer. */
+static void test_list_not_text(void **state)
+{
+	(void)state;
+	char err[512] = "", path[128], want[256];
+	static const char zeros[64];
+	snprintf(path, sizeof path, "%s/nul.txt", dir);
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	assert_int_equal(fwrite(zeros, 1, sizeof zeros, f), sizeof zeros);
+	fclose(f);
+	unsetenv("FP32_LIST");
+	setenv("LOWER_LIST", path, 1);
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	printf("error: %s\n", err);
+	snprintf(want, sizeof want, "LOWER_LIST file %s line 1: a NUL byte: not a text file", path);
+	assert_non_null(strstr(err, want));
+	static const char later[] = "gelu\n# ok\nrelu\0\n";
+	f = fopen(path, "w");
+	assert_non_null(f);
+	assert_int_equal(fwrite(later, 1, sizeof later - 1, f), sizeof later - 1);
+	fclose(f);
+	unsetenv("LOWER_LIST");
+	setenv("FP32_LIST", path, 1);
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	printf("error: %s\n", err);
+	snprintf(want, sizeof want, "FP32_LIST file %s line 3: a NUL byte: not a text file", path);
+	assert_non_null(strstr(err, want));
+	unlink(path);
+
+	snprintf(path, sizeof path, "%s/fifo", dir);
+	assert_int_equal(mkfifo(path, 0600), 0);
+	unsetenv("FP32_LIST");
+	setenv("LOWER_LIST", path, 1);
+	alarm(10); /* a hang fails the test instead of blocking ctest */
+	int rc = hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err);
+	alarm(0);
+	unlink(path);
+	printf("error: %s\n", err);
+	assert_int_equal(rc, -1);
+	snprintf(want, sizeof want, "LOWER_LIST file %s: cannot read it: not a regular file (a FIFO)", path);
+	assert_non_null(strstr(err, want));
+	setenv("LOWER_LIST", "/dev/zero", 1);
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	printf("error: %s\n", err);
+	assert_non_null(strstr(err, "LOWER_LIST file /dev/zero: cannot read it: not a regular file (a character device)"));
+	unsetenv("LOWER_LIST");
 }
 
 static void test_both_lists(void **state)
@@ -492,10 +543,14 @@ int main(void)
 		cmocka_unit_test(test_lists_move_ops),
 		cmocka_unit_test(test_unknown_op),
 		cmocka_unit_test(test_unreadable_file),
+		cmocka_unit_test(test_list_not_text),
 		cmocka_unit_test(test_both_lists),
 		cmocka_unit_test(test_counters),
 		cmocka_unit_test(test_bf16_variants),
 		cmocka_unit_test(test_fp16_variants),
 	};
+	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
+	if (getenv("HPU_TEST") != NULL)
+		cmocka_set_test_filter(getenv("HPU_TEST"));
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1120,6 +1122,115 @@ static void test_file_syntax_and_io(void **state)
 	assert_non_null(strstr(err, strerror(EISDIR)));
 }
 
+/* A FIFO named as the config file is refused at once (not waited on for
+ * a writer), and so is any other file that is not a regular one; a NUL
+ * byte makes a file not text. */
+static void test_file_not_regular(void **state)
+{
+	(void)state;
+	char fifo[64] = "/tmp/hpu-test-config-fifo-XXXXXX", err[512] = "";
+	int fd = mkstemp(fifo);
+	assert_true(fd >= 0);
+	close(fd);
+	unlink(fifo);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	hpu_train_opts o;
+	hpu_opts_defaults(&o);
+	alarm(10); /* a hang fails the test instead of blocking ctest */
+	int rc = hpu_opts_load_file(&o, fifo, err, sizeof err);
+	printf("  -> \"%s\"\n", err);
+	assert_int_equal(rc, -1);
+	assert_non_null(strstr(err, fifo));
+	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
+	int stop;
+	err[0] = 0;
+	assert_int_equal(parse(&o, ARGS("--config", fifo, "m.so"), &stop, err, sizeof err), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, fifo));
+	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
+	char *buf = NULL;
+	size_t len;
+	const char *why = hpu_read_file(fifo, &buf, &len); /* QUANT_CONFIG's reader */
+	assert_non_null(why);
+	assert_string_equal(why, "not a regular file (a FIFO)");
+	alarm(0);
+	unlink(fifo);
+	assert_int_equal(hpu_opts_load_file(&o, "/dev/null", err, sizeof err), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "/dev/null: not a regular file (a character device)"));
+
+	char path[64];
+	write_temp("{'epochs': 2}", path);
+	FILE *f = fopen(path, "a");
+	assert_non_null(f);
+	fputc(0, f);
+	fclose(f);
+	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof err), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, path));
+	assert_non_null(strstr(err, "NUL byte"));
+	why = hpu_read_file(path, &buf, &len);
+	assert_non_null(why);
+	assert_non_null(strstr(why, "NUL byte"));
+	unlink(path);
+}
+
+static int dir_entries(const char *path)
+{
+	DIR *d = opendir(path);
+	assert_non_null(d);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+/* The checkpoint directory is made and tried at start, not at the first
+ * save after training: an error names the directory and the reason. The
+ * failing paths fail for root too. */
+static void test_checkpoint_dir_check(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char base[64] = "/tmp/hpu-test-ckdir-XXXXXX", err[512] = "";
+	assert_non_null(mkdtemp(base));
+	hpu_opts_defaults(&o);
+	assert_int_equal(hpu_opts_check_checkpoint_dir(&o, err, sizeof err), 0); /* none */
+	snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "%s/a/b/", base);
+	if (hpu_opts_check_checkpoint_dir(&o, err, sizeof err) != 0)
+		fail_msg("%s", err);
+	struct stat st;
+	snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "%s/a/b", base);
+	assert_int_equal(stat(o.checkpoint_dir, &st), 0);
+	assert_true(S_ISDIR(st.st_mode));
+	assert_int_equal(dir_entries(o.checkpoint_dir), 0); /* the probe is gone */
+	assert_int_equal(hpu_opts_check_checkpoint_dir(&o, err, sizeof err), 0); /* again */
+
+	const struct {
+		const char *dir, *want;
+	} bad[] = {
+		{"/dev/null/ckpt", "/dev/null/ckpt: "},
+		{"/proc/self", "/proc/self: "},
+		{"/proc/hpu-test-ckpt/x", "/proc/hpu-test-ckpt"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "%s", bad[i].dir);
+		err[0] = 0;
+		assert_int_equal(hpu_opts_check_checkpoint_dir(&o, err, sizeof err), -1);
+		printf("  -> \"%s\"\n", err);
+		assert_non_null(strstr(err, "checkpoint directory"));
+		assert_non_null(strstr(err, bad[i].want));
+	}
+	snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "/dev/null/ckpt");
+	hpu_opts_check_checkpoint_dir(&o, err, sizeof err);
+	assert_non_null(strstr(err, strerror(ENOTDIR)));
+	char rm[160];
+	snprintf(rm, sizeof rm, "rm -rf %s", base);
+	assert_int_equal(system(rm), 0);
+}
+
 /* --config through the flags: a flag beats the file in either order. */
 static void test_flags_beat_file(void **state)
 {
@@ -1356,9 +1467,14 @@ int main(void)
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_errors),
 	    cmocka_unit_test(test_file_syntax_and_io),
+	    cmocka_unit_test(test_file_not_regular),
+	    cmocka_unit_test(test_checkpoint_dir_check),
 	    cmocka_unit_test(test_flags_beat_file),
 	    cmocka_unit_test(test_resolve_batch),
 	    cmocka_unit_test(test_resolve_other_checks),
 	};
+	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
+	if (getenv("HPU_TEST") != NULL)
+		cmocka_set_test_filter(getenv("HPU_TEST"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

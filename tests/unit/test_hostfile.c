@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -30,6 +31,16 @@ static const char *write_hosts(const char *text)
 	return hostfile;
 }
 
+/* Writes len bytes (NULs included) to this test's hostfile. */
+static const char *write_hosts_n(const char *bytes, size_t len)
+{
+	FILE *f = fopen(hostfile, "w");
+	assert_non_null(f);
+	assert_int_equal(fwrite(bytes, 1, len, f), len);
+	fclose(f);
+	return hostfile;
+}
+
 static hpu_host *read_ok(const char *text, int *n)
 {
 	hpu_host *h = NULL;
@@ -41,13 +52,14 @@ static hpu_host *read_ok(const char *text, int *n)
 	return h;
 }
 
-/* Asserts that text is refused with "FILE:LINE: ..." holding needle. */
-static void read_fails(const char *text, int line, const char *needle)
+/* Asserts that the len bytes are refused with "FILE:LINE: ..." holding
+ * needle. */
+static void read_fails_n(const char *bytes, size_t len, int line, const char *needle)
 {
 	hpu_host *h = (hpu_host *)1;
 	int n = -1;
 	char err[512] = "", where[96];
-	int rc = hpu_hostfile_read(write_hosts(text), &h, &n, err, sizeof err);
+	int rc = hpu_hostfile_read(write_hosts_n(bytes, len), &h, &n, err, sizeof err);
 	printf("  -> %s\n", err);
 	assert_int_equal(rc, -1);
 	assert_null(h);
@@ -60,6 +72,12 @@ static void read_fails(const char *text, int line, const char *needle)
 		fail_msg("error \"%s\" does not name \"%s\"", err, where);
 	if (!strstr(err, needle))
 		fail_msg("error \"%s\" does not say \"%s\"", err, needle);
+}
+
+/* Asserts that text is refused with "FILE:LINE: ..." holding needle. */
+static void read_fails(const char *text, int line, const char *needle)
+{
+	read_fails_n(text, strlen(text), line, needle);
 }
 
 static void test_deepspeed_format(void **state)
@@ -204,6 +222,56 @@ static void test_errors(void **state)
 	read_fails(line, 1, "line longer than 1024 characters");
 }
 
+/* A binary file is not "a line longer than 1024 characters": the line
+ * with a NUL or another control byte is named as such. */
+static void test_binary_lines(void **state)
+{
+	(void)state;
+	static const char nul[] = "node1\nno\0de2\nnode3\n";
+	read_fails_n(nul, sizeof nul - 1, 2, "a NUL byte: not a text file");
+	char zeros[4096] = {0};
+	read_fails_n(zeros, sizeof zeros, 1, "a NUL byte: not a text file");
+	read_fails("node1\n# fine\nnode2\x01 slots=1\n", 3,
+		   "a control character (byte 0x01): not a text file");
+	read_fails("node1\x7f\n", 1, "a control character (byte 0x7f)");
+	static const char elf[] = "\x7f" "ELF\x02\x01\x01\0\0\0";
+	read_fails_n(elf, sizeof elf - 1, 1, "not a text file");
+	/* Tabs, CRLF and UTF-8 in comments are text. */
+	int n;
+	hpu_host *h = read_ok("node1\tslots=2\r\n# n\xc5\x93ud\xc3\xa9\nnode2\tslots=2\n", &n);
+	assert_int_equal(n, 2);
+	assert_int_equal(h[0].slots, 2);
+	free(h);
+}
+
+/* A FIFO (or anything but a regular file) is refused at once, not waited
+ * on for a writer that never comes. */
+static void test_not_regular(void **state)
+{
+	(void)state;
+	char fifo[64] = "/tmp/hpu-test-hosts-fifo-XXXXXX";
+	int fd = mkstemp(fifo);
+	assert_true(fd >= 0);
+	close(fd);
+	unlink(fifo);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	hpu_host *h;
+	int n;
+	char err[256] = "";
+	alarm(10); /* a hang fails the test instead of blocking ctest */
+	int rc = hpu_hostfile_read(fifo, &h, &n, err, sizeof err);
+	alarm(0);
+	unlink(fifo);
+	printf("  -> %s\n", err);
+	assert_int_equal(rc, -1);
+	assert_null(h);
+	assert_non_null(strstr(err, fifo));
+	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
+	rc = hpu_hostfile_read("/dev/null", &h, &n, err, sizeof err);
+	assert_int_equal(rc, -1);
+	assert_non_null(strstr(err, "cannot read the hostfile /dev/null: not a regular file"));
+}
+
 static void test_too_many_hosts(void **state)
 {
 	(void)state;
@@ -323,6 +391,49 @@ static void test_args_hostfile_errors(void **state)
 	parse_fails(ARGV("--hostfile", hostfile), "no model given");
 }
 
+/* A relative model path is made absolute on this side: hpu-worker's
+ * dlopen would search the library path for a bare name, and hpud would
+ * resolve any other relative name against its own directory. */
+static void test_args_model_path(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	char cwd[4096], rel[80];
+	assert_non_null(getcwd(cwd, sizeof cwd));
+	assert_int_equal(chdir("/tmp"), 0);
+	const char *base = strrchr(model, '/') + 1;
+	write_hosts("node1 slots=2\nnode2 slots=2\n");
+	parse_ok(&a, ARGV("--hostfile", hostfile, (char *)base, "--", "x.so"));
+	assert_int_equal(a.worker_argc, 4);
+	assert_string_equal(a.worker_argv[1], model);
+	assert_string_equal(a.worker_argv[2], "--");
+	assert_string_equal(a.worker_argv[3], "x.so"); /* the model's own */
+	hpu_args_free(&a);
+	snprintf(rel, sizeof rel, "./%s", base);
+	parse_ok(&a, ARGV("--devices", "2", "--lr", "0.1", rel));
+	assert_int_equal(a.worker_argc, 4);
+	assert_string_equal(a.worker_argv[3], model);
+	hpu_args_free(&a);
+	snprintf(rel, sizeof rel, "../tmp/%s", base);
+	parse_ok(&a, ARGV(rel));
+	assert_string_equal(a.worker_argv[1], model);
+	hpu_args_free(&a);
+	parse_ok(&a, ARGV(model)); /* absolute: as given */
+	assert_string_equal(a.worker_argv[1], model);
+	hpu_args_free(&a);
+	assert_int_equal(chdir(cwd), 0);
+	/* dlopen would wait on a FIFO for a writer */
+	char fifo[64] = "/tmp/hpu-test-model-fifo-XXXXXX";
+	int fd = mkstemp(fifo);
+	assert_true(fd >= 0);
+	close(fd);
+	unlink(fifo);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	parse_fails(ARGV("--devices", "2", fifo), "is not a regular file (a FIFO)");
+	unlink(fifo);
+	parse_fails(ARGV("/tmp"), "the model /tmp is not a regular file (a directory)");
+}
+
 static void test_args_status(void **state)
 {
 	(void)state;
@@ -410,12 +521,18 @@ int main(void)
 		cmocka_unit_test(test_ports),
 		cmocka_unit_test(test_limits_accepted),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_binary_lines),
+		cmocka_unit_test(test_not_regular),
 		cmocka_unit_test(test_too_many_hosts),
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test_setup(test_args_hostfile, setup),
 		cmocka_unit_test_setup(test_args_hostfile_errors, setup),
+		cmocka_unit_test_setup(test_args_model_path, setup),
 		cmocka_unit_test_setup(test_args_status, setup),
 		cmocka_unit_test_setup(test_args_defaults, setup),
 	};
+	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
+	if (getenv("HPU_TEST") != NULL)
+		cmocka_set_test_filter(getenv("HPU_TEST"));
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
