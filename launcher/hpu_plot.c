@@ -12,7 +12,9 @@
  * (removed afterwards); gnuplot writes the PNG to its standard output,
  * which is OUT.tmp, renamed to OUT once gnuplot has succeeded -- so the
  * output path never appears in the script, and a failed run leaves no
- * half-written file. Exit status: 0 drawn, 1 failed, 2 usage. */
+ * half-written file (an OUT that is a device or a pipe gets a copy of a
+ * PNG drawn in the temporary directory). Exit status: 0 drawn, 1 failed,
+ * 2 usage. */
 #include <cJSON.h>
 #include <ctype.h>
 #include <errno.h>
@@ -56,6 +58,7 @@ static const char *const help =
 	"options:\n"
 	"  -o, --output OUT   the PNG (default: METRICS with its extension\n"
 	"                     replaced by .png); written as OUT.tmp, then renamed\n"
+	"                     (a device or a pipe: written in place)\n"
 	"  --width PX         image width in pixels (default 1200, 200..16384)\n"
 	"  --height PX        image height in pixels (default 900, 200..16384)\n"
 	"  --title T          the title above the panels (default: METRICS's name)\n"
@@ -173,7 +176,8 @@ typedef struct point {
 typedef struct table {
 	point *p;
 	size_t n, cap;
-	int nranks; /* the most ranks any record has */
+	int nranks;   /* the most ranks any record has */
+	long records; /* JSON lines read, step records or not */
 } table;
 
 static void table_free(table *t)
@@ -303,6 +307,7 @@ static int read_metrics(const char *file, table *t)
 			rc = fail("%s:%ld: not JSON", file, line);
 		else if (add_record(t, j, line) < 0)
 			rc = fail("out of memory reading %s", file);
+		t->records += j != NULL;
 		cJSON_Delete(j);
 	}
 	if (rc == OK && ferror(f))
@@ -323,7 +328,8 @@ static int by_step_then_line(const void *a, const void *b)
 /* Sorts t by step, keeping only the last record (in the file) of each. */
 static void keep_last_per_step(table *t)
 {
-	qsort(t->p, t->n, sizeof *t->p, by_step_then_line);
+	if (t->n > 1) /* t->p is NULL when there is none */
+		qsort(t->p, t->n, sizeof *t->p, by_step_then_line);
 	size_t k = 0;
 	for (size_t i = 0; i < t->n; i++) {
 		if (i + 1 < t->n && t->p[i + 1].step == t->p[i].step) {
@@ -716,20 +722,81 @@ static int same_file(const char *a, const char *b)
 	       x.st_ino == y.st_ino;
 }
 
-/* Whether fd (a file just written) starts with the PNG signature. */
+/* Whether fd (a file just written) holds a whole PNG: the signature
+ * first and the IEND chunk last (gnuplot may exit 0 after a short write,
+ * on a full disk). */
 static int looks_like_png(int fd)
 {
 	static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-	unsigned char b[8];
-	return pread(fd, b, sizeof b, 0) == (ssize_t)sizeof b && !memcmp(b, sig, sizeof b);
+	static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+	unsigned char b[12];
+	off_t end = lseek(fd, 0, SEEK_END);
+	return end >= (off_t)(sizeof sig + sizeof iend) && pread(fd, b, 8, 0) == 8 &&
+	       !memcmp(b, sig, sizeof sig) && pread(fd, b, 12, end - 12) == 12 &&
+	       !memcmp(b, iend, sizeof iend);
+}
+
+/* Copies the PNG in fd to `out`, a device or a pipe (written in place:
+ * renaming over it would replace it), every write and the close checked. */
+static int copy_out(int fd, const char *out)
+{
+	int to = open(out, O_WRONLY | O_CLOEXEC);
+	if (to < 0)
+		return fail("cannot write %s: %s", out, strerror(errno));
+	char buf[65536];
+	off_t at = 0;
+	ssize_t n;
+	int rc = OK;
+	while (rc == OK && (n = pread(fd, buf, sizeof buf, at)) > 0) {
+		for (ssize_t done = 0; done < n && rc == OK;) {
+			ssize_t w = write(to, buf + done, (size_t)(n - done));
+			if (w > 0)
+				done += w;
+			else if (errno != EINTR)
+				rc = fail("cannot write %s: %s", out, strerror(errno));
+		}
+		at += n;
+	}
+	if (rc == OK && n < 0)
+		rc = fail("cannot read the PNG back: %s", strerror(errno));
+	if (close(to) != 0 && rc == OK)
+		rc = fail("cannot write %s: %s", out, strerror(errno));
+	return rc;
+}
+
+/* How output `path` is written: in place (1) when it is a device or a
+ * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
+ * replace; else (0) as a temporary file renamed onto real[len]: path
+ * itself, or the regular file a symbolic link at path leads to (the link
+ * stays). */
+static int out_in_place(const char *path, char *real, size_t len)
+{
+	struct stat st, lst;
+	snprintf(real, len, "%s", path);
+	if (stat(path, &st) != 0)
+		return 0; /* a new file */
+	if (!S_ISREG(st.st_mode))
+		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
+	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
+		return 0;
+	char *r = realpath(path, NULL);
+	if (!r || strlen(r) >= len) {
+		free(r);
+		return 1;
+	}
+	snprintf(real, len, "%s", r);
+	free(r);
+	return 0;
 }
 
 /* Writes table and script into dir, runs gnuplot into OUT.tmp and renames
- * that to OUT. */
+ * that to OUT; for an OUT written in place (out_in_place), into
+ * dir/plot.png, then copied. */
 static int draw(const args *A, const table *t, const layout *L, const char *gp,
 		const char *dir)
 {
-	char data[4200], script[4200], *tmp = NULL;
+	char data[4200], script[4200], *tmp = NULL, real[4096];
+	int direct = out_in_place(A->out, real, sizeof real);
 	FILE *f = fopen(in_dir(data, sizeof data, dir, "data.txt"), "w");
 	int bad = !f || write_table(f, t, L) < 0;
 	if (f && fclose(f) != 0)
@@ -742,7 +809,7 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 		bad = 1;
 	if (bad)
 		return fail("cannot write %s: %s", script, strerror(errno));
-	if (asprintf(&tmp, "%s.tmp", A->out) < 0)
+	if ((direct ? asprintf(&tmp, "%s/plot.png", dir) : asprintf(&tmp, "%s.tmp", real)) < 0)
 		return fail("out of memory");
 	int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
 	if (fd < 0) {
@@ -752,14 +819,16 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 	}
 	int rc = run_gnuplot(gp, dir, fd);
 	if (rc == OK && !looks_like_png(fd))
-		rc = fail("gnuplot wrote no PNG to %s", tmp);
-	if (rc == OK && fsync(fd) != 0)
+		rc = fail("gnuplot wrote no complete PNG to %s (a full disk?)", tmp);
+	if (rc == OK && direct)
+		rc = copy_out(fd, A->out);
+	if (rc == OK && !direct && fsync(fd) != 0)
 		rc = fail("cannot write %s: %s", tmp, strerror(errno));
 	if (close(fd) != 0 && rc == OK)
 		rc = fail("cannot write %s: %s", tmp, strerror(errno));
-	if (rc == OK && rename(tmp, A->out) != 0)
-		rc = fail("cannot rename %s to %s: %s", tmp, A->out, strerror(errno));
-	if (rc != OK)
+	if (rc == OK && !direct && rename(tmp, real) != 0)
+		rc = fail("cannot rename %s to %s: %s", tmp, real, strerror(errno));
+	if (rc != OK || direct)
 		unlink(tmp);
 	free(tmp);
 	return rc;
@@ -775,7 +844,7 @@ static int draw_in_tmpdir(const args *A, const table *t, const layout *L, const 
 		return fail("cannot make a temporary directory in %s: %s",
 			    base && *base ? base : "/tmp", strerror(errno));
 	int rc = draw(A, t, L, gp, dir);
-	static const char *const files[] = {"data.txt", "plot.gp", "gnuplot.err"};
+	static const char *const files[] = {"data.txt", "plot.gp", "gnuplot.err", "plot.png"};
 	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
 		unlink(in_dir(p, sizeof p, dir, files[i]));
 	rmdir(dir);
@@ -792,6 +861,12 @@ static int plot(args *A)
 	int rc = read_metrics(A->metrics, &t);
 	if (rc != OK)
 		goto done;
+	if (t.records == 0) {
+		rc = fail("%s is empty: no metrics records to plot (hpulaunch --metrics FILE "
+			  "writes them)",
+			  A->metrics);
+		goto done;
+	}
 	keep_last_per_step(&t);
 	if (plan(&t, &L) < 0) {
 		rc = fail("out of memory");
@@ -803,7 +878,7 @@ static int plot(args *A)
 	}
 	if (A->print_data) {
 		rc = write_table(stdout, &t, &L) < 0 || fflush(stdout) != 0
-			     ? fail("cannot write the table: %s", strerror(errno))
+			     ? fail("cannot write the table to standard output: %s", strerror(errno))
 			     : OK;
 		goto done;
 	}
@@ -836,7 +911,13 @@ int main(int argc, char **argv)
 	hpu_tool_name = "hpu-plot";
 	args A;
 	int rc = parse_args(argc, argv, &A);
-	if (rc >= 0)
-		return rc;
-	return plot(&A);
+	if (rc < 0)
+		rc = plot(&A);
+	/* what went to standard output must have got there (a full disk...) */
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		if (rc == OK)
+			fail("cannot write the standard output: %s", strerror(errno));
+		rc = rc == OK ? BAD : rc;
+	}
+	return rc;
 }

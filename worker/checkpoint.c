@@ -234,8 +234,27 @@ static int finish(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder
 	return rc;
 }
 
-static void save_report(const hpu_train_opts *o, const char *name, long step, const rec *all,
-			int world, double secs, FILE *metrics)
+/* Writes record j (freed) to the metrics file (rank 0's; NULL: none),
+ * flushed; -1 with a sentence naming the file when it cannot. */
+static int metrics_put(FILE *metrics, const char *path, cJSON *j, char *err, size_t errlen)
+{
+	char *s = cJSON_PrintUnformatted(j);
+	cJSON_Delete(j);
+	if (!metrics) {
+		free(s);
+		return 0;
+	}
+	if (!s)
+		return say(err, errlen, "out of memory writing the metrics file %s", path);
+	int bad = fprintf(metrics, "%s\n", s) < 0 || fflush(metrics) != 0, e = errno;
+	free(s);
+	if (bad)
+		return say(err, errlen, "cannot write the metrics file %s: %s", path, strerror(e));
+	return 0;
+}
+
+static int save_report(const hpu_train_opts *o, const char *name, long step, const rec *all,
+		       int world, double secs, FILE *metrics, char *err, size_t errlen)
 {
 	double bytes = 0, slowest = 0;
 	for (int r = 0; r < world; r++) {
@@ -247,7 +266,7 @@ static void save_report(const hpu_train_opts *o, const char *name, long step, co
 	       step, o->checkpoint_dir, name, world, bytes / 1e6, secs,
 	       slowest > 0 ? all[0].bytes / 1e6 / slowest : 0);
 	if (!metrics)
-		return;
+		return 0;
 	cJSON *j = cJSON_CreateObject(), *ranks = cJSON_CreateArray();
 	cJSON_AddStringToObject(j, "checkpoint", "saved");
 	cJSON_AddNumberToObject(j, "step", (double)step);
@@ -262,12 +281,7 @@ static void save_report(const hpu_train_opts *o, const char *name, long step, co
 		cJSON_AddItemToArray(ranks, x);
 	}
 	cJSON_AddItemToObject(j, "ranks", ranks);
-	char *s = cJSON_PrintUnformatted(j);
-	if (s)
-		fprintf(metrics, "%s\n", s);
-	fflush(metrics);
-	free(s);
-	cJSON_Delete(j);
+	return metrics_put(metrics, o->metrics, j, err, errlen);
 }
 
 int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
@@ -325,9 +339,15 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 		done.ok = 0;
 	if (agree(comm, &done, NULL, why, sizeof why))
 		goto failed;
-	if (rank == 0)
-		save_report(o, name, pos->step, all, world, now_s() - t0, metrics);
+	/* its record in the metrics: every rank fails when rank 0 cannot */
+	rec rep = {.ok = 1};
+	if (rank == 0 && save_report(o, name, pos->step, all, world, now_s() - t0, metrics,
+				     rep.msg, sizeof rep.msg) < 0)
+		rep.ok = 0;
 	free(all);
+	if (agree(comm, &rep, NULL, why, sizeof why))
+		return say(err, errlen, "checkpoint of step %ld saved to %s/%s, but %s", pos->step,
+			   root, name, why);
 	return 0;
 failed:
 	if (rank == 0) {
@@ -553,7 +573,7 @@ static int fp8_from(const hpu_ckpt *c, const hpu_train_opts *o, int rank, char *
 /* Every rank's bytes read and verified and seconds, on rank 0's line and
  * in the metrics. */
 static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE *metrics,
-		       char *err, size_t errlen)
+		       const char *mpath, char *err, size_t errlen)
 {
 	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
 	double mine[3] = {(double)c->bytes_read, (double)c->bytes_verified, secs};
@@ -586,13 +606,10 @@ static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE 
 		cJSON_AddNumberToObject(j, "step", (double)c->step);
 		cJSON_AddNumberToObject(j, "seconds", slow);
 		cJSON_AddItemToObject(j, "ranks", ranks);
-		char *s = cJSON_PrintUnformatted(j);
-		if (s && metrics) {
-			fprintf(metrics, "%s\n", s);
-			fflush(metrics);
+		if (metrics_put(metrics, mpath, j, err, errlen) < 0) {
+			free(all);
+			return -1;
 		}
-		free(s);
-		cJSON_Delete(j);
 	}
 	free(all);
 	return 0;
@@ -618,7 +635,8 @@ int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *
 	hpu_sched mine = pos->sched;
 	if (sched_from(cJSON_GetObjectItemCaseSensitive(c->m, "scheduler"), &pos->sched) < 0)
 		return say(err, errlen, "checkpoint %s: the scheduler entry is damaged", c->dir);
-	if (fp8_from(c, o, rank, err, errlen) < 0 || load_report(comm, c, secs, metrics, err, errlen) < 0)
+	if (fp8_from(c, o, rank, err, errlen) < 0 ||
+	    load_report(comm, c, secs, metrics, o->metrics, err, errlen) < 0)
 		return -1;
 	if (rank != 0)
 		return 0;

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -68,6 +69,221 @@ static int get_str(const cJSON *o, const char *key, char *buf, size_t n)
 	return 0;
 }
 
+/* ---- checking the fields ---- */
+
+enum { OPTIONAL = 0, REQUIRED = 1 };
+enum { WHOLE = 1, REAL = 0 };
+#define MAX_WORLD 99999.0      /* what hpu_ckpt_shard_name can spell */
+#define MAX_INT 2147483647.0
+#define MAX_LR 1e6             /* the options' own limits (config.c) */
+#define MAX_STEPS 1e15
+
+/* Number `key` of object o (the manifest, or the part of it that ctx
+ * names), in [lo, hi] and whole if asked, into *v (when v is not NULL).
+ * An optional field may be absent (*v is left alone). Returns 0, or -1
+ * with a sentence naming the field and its value. */
+static int check_num(const cJSON *o, const char *ctx, const char *key, int required,
+		     int whole, double lo, double hi, double *v, char *err, size_t errlen)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	if (!j && !required)
+		return 0;
+	if (!cJSON_IsNumber(j))
+		return say(err, errlen, "%s: %s is %s", ctx, key, j ? "not a number" : "missing");
+	double d = j->valuedouble;
+	/* in range first: NaN fails it, and then d fits an int64_t */
+	if (!(d >= lo && d <= hi) || (whole && d != (double)(int64_t)d))
+		return say(err, errlen, "%s: %s %.16g is out of range (%s from %.16g to %.16g)", ctx,
+			   key, d, whole ? "a whole number" : "a number", lo, hi);
+	if (v)
+		*v = d;
+	return 0;
+}
+
+/* String `key` of o, one of the n names name(0..n-1), copied into
+ * buf[len] when buf is not NULL. Returns 0, or -1 with a sentence naming
+ * the field, its value and the names it may have. */
+static int check_name(const cJSON *o, const char *ctx, const char *key, int required,
+		      const char *(*name)(int), int n, char *buf, size_t len, char *err,
+		      size_t errlen)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+	if (!j && !required)
+		return 0;
+	if (!cJSON_IsString(j))
+		return say(err, errlen, "%s: %s is %s", ctx, key, j ? "not a string" : "missing");
+	for (int k = 0; k < n; k++)
+		if (!strcmp(j->valuestring, name(k))) {
+			if (buf)
+				snprintf(buf, len, "%s", name(k));
+			return 0;
+		}
+	char list[256] = "";
+	for (int k = 0, at = 0; k < n && at < (int)sizeof list; k++)
+		at += snprintf(list + at, sizeof list - (size_t)at, "%s%s", k ? ", " : "", name(k));
+	return say(err, errlen, "%s: %s \"%.80s\" is not one of %s", ctx, key, j->valuestring,
+		   list);
+}
+
+static const char *strategy_at(int k)
+{
+	return hpu_strategy_name((hpu_strategy)k);
+}
+
+static const char *precision_at(int k)
+{
+	return hpu_precision_name((hpu_precision)k);
+}
+
+static const char *optimizer_at(int k)
+{
+	return hpu_optim_name((hpu_optim_kind)k);
+}
+
+static const char *sched_at(int k)
+{
+	return hpu_sched_name((hpu_sched_kind)k);
+}
+
+static const char *warmup_at(int k)
+{
+	return k == HPU_WARMUP_LINEAR ? "linear" : "log";
+}
+
+static const char *dtype_at(int k)
+{
+	(void)k;
+	return "F32"; /* the only dtype a checkpoint holds */
+}
+
+/* The sections an optimizer's state may be, in the order written. */
+static const char *const section_names[] = {"params", "momentum_buffer", "exp_avg",
+					    "exp_avg_sq"};
+
+/* The learning-rate schedule, as hpu_sched_init resolves it. */
+static int check_sched(const cJSON *j, const char *mpath, char *err, size_t errlen)
+{
+	char ctx[4400];
+	snprintf(ctx, sizeof ctx, "%s: scheduler", mpath);
+	if (!cJSON_IsObject(j))
+		return say(err, errlen, "%s is not an object", ctx);
+	if (check_name(j, ctx, "type", REQUIRED, sched_at, HPU_SCHED_WARMUP_DECAY + 1, NULL, 0,
+		       err, errlen) < 0 ||
+	    check_name(j, ctx, "warmup_type", OPTIONAL, warmup_at, HPU_WARMUP_LINEAR + 1, NULL, 0,
+		       err, errlen) < 0)
+		return -1;
+	static const char *const rates[] = {"lr", "warmup_min_lr", "gamma", "min_lr"};
+	for (size_t k = 0; k < sizeof rates / sizeof *rates; k++)
+		if (check_num(j, ctx, rates[k], OPTIONAL, REAL, 0, MAX_LR, NULL, err, errlen) < 0)
+			return -1;
+	if (check_num(j, ctx, "warmup_steps", OPTIONAL, WHOLE, 2, MAX_STEPS, NULL, err, errlen) < 0 ||
+	    check_num(j, ctx, "total_steps", OPTIONAL, WHOLE, 1, MAX_STEPS, NULL, err, errlen) < 0 ||
+	    check_num(j, ctx, "step_size", OPTIONAL, WHOLE, 1, MAX_STEPS, NULL, err, errlen) < 0)
+		return -1;
+	return 0;
+}
+
+/* The dynamic loss scaler of 16-mixed (its scale is 1 otherwise). */
+static int check_scaler(const cJSON *j, const char *mpath, char *err, size_t errlen)
+{
+	char ctx[4400];
+	snprintf(ctx, sizeof ctx, "%s: loss_scaler", mpath);
+	if (!cJSON_IsObject(j))
+		return say(err, errlen, "%s is not an object", ctx);
+	if (check_num(j, ctx, "scale", OPTIONAL, REAL, 1e-300, 1e300, NULL, err, errlen) < 0 ||
+	    check_num(j, ctx, "hysteresis_left", OPTIONAL, WHOLE, 0, MAX_INT, NULL, err, errlen) < 0 ||
+	    check_num(j, ctx, "steps", OPTIONAL, WHOLE, 0, MAX_STEPS, NULL, err, errlen) < 0 ||
+	    check_num(j, ctx, "last_overflow", OPTIONAL, WHOLE, -1, MAX_STEPS, NULL, err, errlen) < 0 ||
+	    check_num(j, ctx, "skipped", OPTIONAL, WHOLE, 0, MAX_STEPS, NULL, err, errlen) < 0)
+		return -1;
+	return 0;
+}
+
+/* n finite numbers of at least `lo` (a scale, an amax history). */
+static int check_floats(const cJSON *a, const char *ctx, const char *key, int n, double lo,
+			char *err, size_t errlen)
+{
+	if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+		return say(err, errlen, "%s: %s is not a list of %d numbers", ctx, key, n);
+	const cJSON *x;
+	cJSON_ArrayForEach(x, a) {
+		if (!cJSON_IsNumber(x) || !(x->valuedouble >= lo && x->valuedouble <= 1e300))
+			return say(err, errlen, "%s: %s holds %s (numbers from %g wanted)", ctx, key,
+				   cJSON_IsNumber(x) ? "a number out of range" : "something else", lo);
+	}
+	return 0;
+}
+
+/* fp8 training's delayed-scaling state: per call site its scales (x, w,
+ * dy) and amax histories, 3 x amax_history_len floats. */
+static int check_fp8(const cJSON *j, const char *mpath, char *err, size_t errlen)
+{
+	char ctx[4500];
+	double hlen;
+	snprintf(ctx, sizeof ctx, "%s: fp8", mpath);
+	if (!cJSON_IsObject(j))
+		return say(err, errlen, "%s is not an object", ctx);
+	const cJSON *sites = cJSON_GetObjectItemCaseSensitive(j, "sites"), *s;
+	if (check_num(j, ctx, "amax_history_len", REQUIRED, WHOLE, 1, 1 << 20, &hlen, err, errlen) < 0 ||
+	    check_num(j, ctx, "margin", OPTIONAL, WHOLE, 0, 64, NULL, err, errlen) < 0)
+		return -1;
+	if (!cJSON_IsArray(sites))
+		return say(err, errlen, "%s: sites is not a list", ctx);
+	int k = 0, h = (int)hlen;
+	cJSON_ArrayForEach(s, sites) {
+		const cJSON *name = cJSON_GetObjectItemCaseSensitive(s, "name");
+		snprintf(ctx, sizeof ctx, "%s: fp8 site %d", mpath, k++);
+		if (!cJSON_IsString(name))
+			return say(err, errlen, "%s has no name", ctx);
+		snprintf(ctx, sizeof ctx, "%s: fp8 site %.200s", mpath, name->valuestring);
+		if (check_num(s, ctx, "layer", REQUIRED, WHOLE, 0, MAX_INT, NULL, err, errlen) < 0 ||
+		    check_num(s, ctx, "op", REQUIRED, WHOLE, 0, MAX_INT, NULL, err, errlen) < 0 ||
+		    check_num(s, ctx, "k", OPTIONAL, WHOLE, 0, MAX_INT, NULL, err, errlen) < 0 ||
+		    check_num(s, ctx, "filled", REQUIRED, WHOLE, 0, h, NULL, err, errlen) < 0 ||
+		    check_num(s, ctx, "pos", REQUIRED, WHOLE, 0, h - 1, NULL, err, errlen) < 0 ||
+		    check_floats(cJSON_GetObjectItemCaseSensitive(s, "scale"), ctx, "scale", 3, 1e-300,
+				 err, errlen) < 0 ||
+		    check_floats(cJSON_GetObjectItemCaseSensitive(s, "amax_history"), ctx,
+				 "amax_history", 3 * h, 0, err, errlen) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* The run's position and state beside the floats: where it stopped, the
+ * data order, the schedule, the loss scaler, fp8's scales. Each is
+ * checked where present (hand-made manifests may leave them out). */
+static int check_run(const cJSON *m, const char *mpath, char *err, size_t errlen)
+{
+	const cJSON *rng = cJSON_GetObjectItemCaseSensitive(m, "rng"), *x;
+	if ((x = cJSON_GetObjectItemCaseSensitive(m, "model")) && !cJSON_IsString(x))
+		return say(err, errlen, "%s: model is not a string", mpath);
+	if (check_num(m, mpath, "epoch", OPTIONAL, WHOLE, 0, 1e6, NULL, err, errlen) < 0 ||
+	    check_num(m, mpath, "batch_in_epoch", OPTIONAL, WHOLE, 0, MAX_STEPS, NULL, err, errlen) < 0 ||
+	    check_num(m, mpath, "global_batch", OPTIONAL, WHOLE, 1, 1 << 24, NULL, err, errlen) < 0 ||
+	    check_num(m, mpath, "optimizer_steps", OPTIONAL, WHOLE, 0, MAX_STEPS, NULL, err, errlen) < 0)
+		return -1;
+	if (rng) {
+		const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
+		const char *v = cJSON_IsString(seed) ? seed->valuestring : "";
+		char *end;
+		errno = 0;
+		if (!cJSON_IsObject(rng) || !isdigit((unsigned char)v[0]) ||
+		    (strtoull(v, &end, 10) == ULLONG_MAX && errno == ERANGE) || *end)
+			return say(err, errlen, "%s: rng: seed \"%.40s\" is not a whole number below 2^64",
+				   mpath, v);
+	}
+	if ((x = cJSON_GetObjectItemCaseSensitive(m, "scheduler")) &&
+	    check_sched(x, mpath, err, errlen) < 0)
+		return -1;
+	if ((x = cJSON_GetObjectItemCaseSensitive(m, "loss_scaler")) &&
+	    check_scaler(x, mpath, err, errlen) < 0)
+		return -1;
+	if ((x = cJSON_GetObjectItemCaseSensitive(m, "fp8")) && check_fp8(x, mpath, err, errlen) < 0)
+		return -1;
+	return 0;
+}
+
 static int parse_params(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
 {
 	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(c->m, "parameters");
@@ -83,18 +299,27 @@ static int parse_params(hpu_ckpt *c, const char *mpath, char *err, size_t errlen
 	cJSON_ArrayForEach(p, arr) {
 		hpu_ckpt_param *q = &c->params[i];
 		const cJSON *shape = cJSON_GetObjectItemCaseSensitive(p, "shape");
-		if (get_str(p, "name", q->name, sizeof q->name) < 0 ||
+		if (get_str(p, "name", q->name, sizeof q->name) < 0 || !q->name[0] ||
 		    get_u64(p, "offset", &q->offset) < 0 || get_u64(p, "numel", &q->numel) < 0 ||
 		    !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > HPU_CKPT_MAX_DIMS)
 			return say(err, errlen, "%s: parameter %d lacks a name, shape, offset or numel",
 				   mpath, i);
+		char ctx[4400];
+		snprintf(ctx, sizeof ctx, "%s: parameter %s", mpath, q->name);
+		if (check_name(p, ctx, "dtype", REQUIRED, dtype_at, 1, NULL, 0, err, errlen) < 0)
+			return -1;
 		uint64_t prod = 1;
 		const cJSON *d;
 		cJSON_ArrayForEach(d, shape) {
-			if (!cJSON_IsNumber(d) || d->valuedouble < 1)
-				return say(err, errlen, "%s: parameter %s has a bad shape", mpath, q->name);
-			q->shape[q->ndim++] = (int64_t)d->valuedouble;
-			prod *= (uint64_t)d->valuedouble;
+			double v = cJSON_IsNumber(d) ? d->valuedouble : 0;
+			if (!(v >= 1 && v <= SAFE_INT) || v != (double)(uint64_t)v ||
+			    (double)prod * v > SAFE_INT)
+				return say(err, errlen,
+					   "%s has a bad shape (whole dimensions from 1, their product "
+					   "at most 2^53)",
+					   ctx);
+			q->shape[q->ndim++] = (int64_t)v;
+			prod *= (uint64_t)v;
 		}
 		if (prod != q->numel || q->offset != at)
 			return say(err, errlen,
@@ -106,6 +331,15 @@ static int parse_params(hpu_ckpt *c, const char *mpath, char *err, size_t errlen
 		i++;
 	}
 	c->numel = at;
+	if (at > (uint64_t)SAFE_INT)
+		return say(err, errlen, "%s: the parameters hold %llu floats, more than 2^53", mpath,
+			   (unsigned long long)at);
+	double numel = (double)at; /* when absent */
+	if (check_num(c->m, mpath, "numel", OPTIONAL, WHOLE, 0, SAFE_INT, &numel, err, errlen) < 0)
+		return -1;
+	if ((uint64_t)numel != at)
+		return say(err, errlen, "%s: numel %.16g, but the parameters hold %llu floats", mpath,
+			   numel, (unsigned long long)at);
 	return 0;
 }
 
@@ -123,7 +357,31 @@ static int parse_sections(hpu_ckpt *c, const char *mpath, char *err, size_t errl
 	}
 	if (strcmp(c->sections[0], "params") != 0)
 		return say(err, errlen, "%s: the first section must be \"params\"", mpath);
-	return 0;
+	for (int k = 0; k < c->nsections; k++) {
+		int known = 0;
+		for (size_t j = 0; j < sizeof section_names / sizeof *section_names; j++)
+			known |= !strcmp(c->sections[k], section_names[j]);
+		if (!known)
+			return say(err, errlen,
+				   "%s: section \"%s\" is not one of params, momentum_buffer, exp_avg, "
+				   "exp_avg_sq",
+				   mpath, c->sections[k]);
+		if (hpu_ckpt_section(c, c->sections[k]) != k)
+			return say(err, errlen, "%s: section \"%s\" is listed twice", mpath,
+				   c->sections[k]);
+	}
+	/* the optimizer's state: Adam's two moments, SGD's momentum if any */
+	int adam = strcmp(c->optimizer, "sgd") != 0;
+	int mom = hpu_ckpt_section(c, "momentum_buffer") >= 0;
+	if (adam ? c->nsections == 3 && !mom : c->nsections == 1 + mom)
+		return 0;
+	char list[4 * 34] = "";
+	for (int k = 0, at = 0; k < c->nsections; k++)
+		at += snprintf(list + at, sizeof list - (size_t)at, "%s%s", k ? ", " : "",
+			       c->sections[k]);
+	return say(err, errlen, "%s: sections %s are not the state of optimizer %s (%s)", mpath,
+		   list, c->optimizer,
+		   adam ? "params, exp_avg, exp_avg_sq" : "params, and momentum_buffer with momentum");
 }
 
 static int parse_file(hpu_ckpt_file *f, const cJSON *j, int nsections, const char *mpath,
@@ -228,12 +486,17 @@ int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
 	if (get_num(c->m, "version", &ver) < 0 || ver != HPU_CKPT_VERSION)
 		return say(err, errlen, "%s: format version %g; this build reads version %d", mpath,
 			   ver, HPU_CKPT_VERSION);
-	if (get_num(c->m, "world_size", &world) < 0 || world < 1 || get_num(c->m, "step", &step) < 0 ||
-	    step < 0 || get_str(c->m, "strategy", c->strategy, sizeof c->strategy) < 0 ||
-	    get_str(c->m, "precision", c->precision, sizeof c->precision) < 0 ||
-	    get_str(c->m, "optimizer", c->optimizer, sizeof c->optimizer) < 0)
-		return say(err, errlen,
-			   "%s: lacks world_size, step, strategy, precision or optimizer", mpath);
+	if (check_num(c->m, mpath, "world_size", REQUIRED, WHOLE, 1, MAX_WORLD, &world, err,
+		      errlen) < 0 ||
+	    check_num(c->m, mpath, "step", REQUIRED, WHOLE, 0, MAX_STEPS, &step, err, errlen) < 0 ||
+	    check_name(c->m, mpath, "strategy", REQUIRED, strategy_at, HPU_STRATEGY_ZERO3 + 1,
+		       c->strategy, sizeof c->strategy, err, errlen) < 0 ||
+	    check_name(c->m, mpath, "precision", REQUIRED, precision_at, HPU_PREC_FP8 + 1,
+		       c->precision, sizeof c->precision, err, errlen) < 0 ||
+	    check_name(c->m, mpath, "optimizer", REQUIRED, optimizer_at, HPU_OPTIM_ADAM + 1,
+		       c->optimizer, sizeof c->optimizer, err, errlen) < 0 ||
+	    check_run(c->m, mpath, err, errlen) < 0)
+		return -1;
 	c->world = (int)world;
 	c->step = (long)step;
 	if (parse_params(c, mpath, err, errlen) < 0 || parse_sections(c, mpath, err, errlen) < 0)
@@ -242,6 +505,9 @@ int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
 	int n = cJSON_IsArray(files) ? cJSON_GetArraySize(files) : 0;
 	if (n < 1)
 		return say(err, errlen, "%s: no \"files\"", mpath);
+	if (n != c->world)
+		return say(err, errlen, "%s: world_size %d, but %d files listed (one per rank)", mpath,
+			   c->world, n);
 	if (!(c->files = calloc((size_t)n, sizeof *c->files)) ||
 	    !(c->fds = malloc((size_t)n * sizeof *c->fds)))
 		return say(err, errlen, "out of memory");
@@ -427,16 +693,50 @@ int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count, floa
 
 enum { WBUF = 4 << 20 };
 
+/* How output `path` is written: in place (1) when it is a device or a
+ * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
+ * replace; else (0) as a temporary file renamed onto real[len]: path
+ * itself, or the regular file a symbolic link at path leads to (the link
+ * stays). */
+static int out_in_place(const char *path, char *real, size_t len)
+{
+	struct stat st, lst;
+	snprintf(real, len, "%s", path);
+	if (stat(path, &st) != 0)
+		return 0; /* a new file */
+	if (!S_ISREG(st.st_mode))
+		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
+	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
+		return 0;
+	char *r = realpath(path, NULL);
+	if (!r || strlen(r) >= len) {
+		free(r);
+		return 1;
+	}
+	snprintf(real, len, "%s", r);
+	free(r);
+	return 0;
+}
+
 int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t errlen)
 {
 	memset(w, 0, sizeof *w);
 	w->fd = -1;
-	snprintf(w->path, sizeof w->path, "%s", path);
-	snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid());
+	int in_place = out_in_place(path, w->path, sizeof w->path);
+	snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", w->path, (int)getpid());
 	if (!(w->buf = malloc(WBUF)) || !(w->md = EVP_MD_CTX_new()) ||
 	    EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1) {
 		hpu_ckpt_writer_abort(w);
 		return say(err, errlen, "out of memory");
+	}
+	if (in_place) { /* no tmp: commit has nothing to rename */
+		w->tmp[0] = '\0';
+		if ((w->fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+			say(err, errlen, "cannot open %s: %s", path, strerror(errno));
+			hpu_ckpt_writer_abort(w);
+			return -1;
+		}
+		return 0;
 	}
 	if ((w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
 		say(err, errlen, "cannot create %s: %s", w->tmp, strerror(errno));
@@ -481,15 +781,16 @@ int hpu_ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n, char *err, 
 
 int hpu_ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err, size_t errlen)
 {
+	int direct = !w->tmp[0]; /* written in place: nothing to rename */
 	if (flush(w, err, errlen) < 0)
 		return -1;
-	if (fsync(w->fd) < 0)
+	if (fsync(w->fd) < 0 && !(direct && errno == EINVAL)) /* a pipe cannot sync */
 		return say(err, errlen, "writing %s: fsync: %s", w->path, strerror(errno));
 	int fd = w->fd;
 	w->fd = -1;
 	if (close(fd) < 0)
 		return say(err, errlen, "writing %s: close: %s", w->path, strerror(errno));
-	if (rename(w->tmp, w->path) < 0)
+	if (!direct && rename(w->tmp, w->path) < 0)
 		return say(err, errlen, "cannot rename %s to %s: %s", w->tmp, w->path,
 			   strerror(errno));
 	w->tmp[0] = '\0';

@@ -74,7 +74,8 @@ static const char *const help_export =
 	"usage: hpu-ckpt export DIR -o FILE [--format safetensors|raw]\n"
 	"\n"
 	"Writes the checkpoint's fp32 weights (the \"params\" section) to FILE,\n"
-	"atomically, after checking every file's SHA-256:\n"
+	"atomically (a device or a pipe, such as /dev/stdout, in place), after\n"
+	"checking every file's SHA-256:\n"
 	"  safetensors  (default) one F32 tensor per parameter, named as in the\n"
 	"               model; loads with safetensors.torch.load_file\n"
 	"  raw          every parameter's floats in declaration order, exactly\n"
@@ -838,6 +839,16 @@ done:
 	return rc;
 }
 
+/* What the command printed must have reached standard output (a full
+ * disk, say, would leave it short): rc, or BAD after saying so. */
+static int stdout_checked(int rc)
+{
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return rc;
+	fail("cannot write the standard output: %s", strerror(errno));
+	return rc == OK ? BAD : rc;
+}
+
 int main(int argc, char **argv)
 {
 	hpu_tool_name = "hpu-ckpt";
@@ -852,10 +863,10 @@ int main(int argc, char **argv)
 		return usage_error(NULL, "which command? (info, verify, export, reshard)");
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		fputs(help_main, stdout);
-		return OK;
+		return stdout_checked(OK);
 	}
 	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
 		if (!strcmp(argv[1], cmds[i].name))
-			return cmds[i].fn(argc - 1, argv + 1);
+			return stdout_checked(cmds[i].fn(argc - 1, argv + 1));
 	return usage_error(NULL, "unknown command '%s' (info, verify, export, reshard)", argv[1]);
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "devmem.h"
@@ -908,9 +909,11 @@ int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
 	s->micro = micro;
 	float *dout = s->dbuf[0];
 	float loss = b->loss.loss(b->loss.user, s->acts[last], labels, dout, n);
-	if (!(loss >= 0))
+	if (!(loss >= 0) || isinf(loss)) /* NaN, Inf or negative */
 		return fail(s, "the model's loss returned %s (bad labels?)",
-			    isnan(loss) ? "NaN" : "a negative value");
+			    isnan(loss)   ? "NaN"
+			    : isinf(loss) ? (loss > 0 ? "+Inf" : "-Inf")
+					  : "a negative value");
 	if (s->mp) /* 16-mixed: the loss scale; bf16: 1 */
 		scale = (float)(scale * s->scale);
 	for (size_t i = 0, k = (size_t)n * b->layers[last]->out_size; i < k; i++)
@@ -1161,14 +1164,40 @@ static int write_unit(hpu_strat *s, FILE *f, int k, const float *full)
 	return 0;
 }
 
+/* How output `path` is written: in place (1) when it is a device or a
+ * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
+ * replace; else (0) as a temporary file renamed onto real[len]: path
+ * itself, or the regular file a symbolic link at path leads to (the link
+ * stays). */
+static int out_in_place(const char *path, char *real, size_t len)
+{
+	struct stat st, lst;
+	snprintf(real, len, "%s", path);
+	if (stat(path, &st) != 0)
+		return 0; /* a new file */
+	if (!S_ISREG(st.st_mode))
+		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
+	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
+		return 0;
+	char *r = realpath(path, NULL);
+	if (!r || strlen(r) >= len) {
+		free(r);
+		return 1;
+	}
+	snprintf(real, len, "%s", r);
+	free(r);
+	return 0;
+}
+
 int hpu_strat_save_params(hpu_strat *s, const char *path)
 {
 	FILE *f = NULL;
-	char tmp[600];
-	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	if (s->rank == 0 && !(f = fopen(tmp, "wb")))
-		fail(s, "cannot write %s: %s", tmp, strerror(errno));
-	int bad = s->rank == 0 && !f, rc;
+	char tmp[4200], real[4096];
+	int direct = out_in_place(path, real, sizeof real);
+	snprintf(tmp, sizeof tmp, "%s.tmp", real);
+	if (s->rank == 0 && !(f = fopen(direct ? path : tmp, "wb")))
+		fail(s, "cannot write %s: %s", direct ? path : tmp, strerror(errno));
+	int bad = s->rank == 0 && !f, rc, e = 0;
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
 		const float *full = s->mp ? (s->sharded ? NULL : s->M + u->off)
@@ -1188,27 +1217,37 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 				hpu_dfree(tmpbuf);
 				if (f) {
 					fclose(f);
-					unlink(tmp);
+					if (!direct)
+						unlink(tmp);
 				}
 				return -1;
 			}
 			full = tmpbuf;
 		}
-		if (f && full && !bad && write_unit(s, f, k, full) < 0)
+		if (f && full && !bad && write_unit(s, f, k, full) < 0) {
 			bad = 1;
+			e = errno;
+		}
 		hpu_dfree(tmpbuf);
 	}
 	if (f) {
-		if (fflush(f) != 0 || ferror(f))
+		if (!bad && (fflush(f) != 0 || ferror(f))) {
 			bad = 1;
-		if (fclose(f) != 0)
+			e = errno;
+		}
+		if (fclose(f) != 0 && !bad) {
 			bad = 1;
-		if (!bad && rename(tmp, path) != 0)
+			e = errno;
+		}
+		if (!bad && !direct && rename(tmp, real) != 0) {
 			bad = 1;
+			e = errno;
+		}
 		if (bad) {
 			if (!s->err[0])
-				fail(s, "cannot write %s: %s", path, strerror(errno));
-			unlink(tmp);
+				fail(s, "cannot write %s: %s", path, strerror(e ? e : EIO));
+			if (!direct)
+				unlink(tmp);
 		}
 	}
 	return bad ? -1 : 0;

@@ -627,13 +627,14 @@ static int put_process(FILE *f, const trace *t, long *written)
 }
 
 /* One rank's events: pid set to the rank, ts shifted; its own
- * process_name and process_sort_index replaced by put_process's. */
+ * process_name and process_sort_index replaced by put_process's. OK, BAD
+ * (said), or -1 when a write failed (errno set). */
 static int put_rank(FILE *f, trace *t, long *written)
 {
 	cJSON *doc = parse(t, 1);
 	if (!doc)
 		return fail("%s: could not parse it a second time", t->path);
-	int rc = put_process(f, t, written);
+	int rc = put_process(f, t, written), why = errno;
 	cJSON *e;
 	cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "traceEvents"))
 	{
@@ -653,19 +654,50 @@ static int put_rank(FILE *f, trace *t, long *written)
 		cJSON *ts = cJSON_GetObjectItemCaseSensitive(e, "ts");
 		if (cJSON_IsNumber(ts))
 			cJSON_SetNumberValue(ts, ns(ts->valuedouble + t->shift));
-		rc = put(f, e, written);
+		if ((rc = put(f, e, written)))
+			why = errno;
 	}
 	cJSON_Delete(doc);
-	return rc ? fail("cannot write the merged trace: %s", strerror(errno)) : OK;
+	errno = why;
+	return rc ? -1 : OK;
 }
 
-/* Writes the merged trace to out (as out.tmp, renamed when complete). */
+/* How output `path` is written: in place (1) when it is a device or a
+ * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
+ * replace; else (0) as a temporary file renamed onto real[len]: path
+ * itself, or the regular file a symbolic link at path leads to (the link
+ * stays). */
+static int out_in_place(const char *path, char *real, size_t len)
+{
+	struct stat st, lst;
+	snprintf(real, len, "%s", path);
+	if (stat(path, &st) != 0)
+		return 0; /* a new file */
+	if (!S_ISREG(st.st_mode))
+		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
+	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
+		return 0;
+	char *r = realpath(path, NULL);
+	if (!r || strlen(r) >= len) {
+		free(r);
+		return 1;
+	}
+	snprintf(real, len, "%s", r);
+	free(r);
+	return 0;
+}
+
+/* Writes the merged trace to out: as out.tmp.PID, renamed when complete
+ * (out_in_place: a device or a pipe in place). Every write, the flush and
+ * the close are checked. */
 static int write_merged(inputs *in, const char *out, int aligned, long *written)
 {
-	size_t len = strlen(out) + 32;
+	char real[4096];
+	int direct = out_in_place(out, real, sizeof real);
+	size_t len = strlen(real) + 32;
 	char *tmp = xrealloc(NULL, len);
-	snprintf(tmp, len, "%s.tmp.%ld", out, (long)getpid());
-	FILE *f = fopen(tmp, "w");
+	snprintf(tmp, len, "%s.tmp.%ld", real, (long)getpid());
+	FILE *f = fopen(direct ? out : tmp, "w");
 	if (!f) {
 		free(tmp);
 		return fail("%s: cannot write: %s", out, strerror(errno));
@@ -673,29 +705,26 @@ static int write_merged(inputs *in, const char *out, int aligned, long *written)
 	cJSON *o = other_data(in, aligned);
 	char *s = cJSON_PrintUnformatted(o);
 	cJSON_Delete(o);
-	int rc = fprintf(f, "{\"otherData\":%s,\n\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", s) < 0;
+	int rc = OK, err = 0;
+	if (fprintf(f, "{\"otherData\":%s,\n\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", s) < 0)
+		rc = -1, err = errno;
 	free(s);
 	*written = 0;
-	for (int i = 0; i < in->n && !rc; i++)
-		rc = put_rank(f, &in->t[i], written) != OK;
-	if (!rc && fputs("\n]}\n", f) < 0)
-		rc = 1;
-	int err = errno;
-	if (fclose(f) != 0 && !rc) {
-		rc = 1;
-		err = errno;
-	}
-	if (!rc && rename(tmp, out) != 0) {
-		rc = 1;
-		err = errno;
-	}
-	if (rc) {
+	for (int i = 0; i < in->n && rc == OK; i++)
+		if ((rc = put_rank(f, &in->t[i], written)) < 0)
+			err = errno;
+	if (rc == OK && (fputs("\n]}\n", f) < 0 || fflush(f) != 0))
+		rc = -1, err = errno;
+	if (fclose(f) != 0 && rc == OK)
+		rc = -1, err = errno;
+	if (rc == OK && !direct && rename(tmp, real) != 0)
+		rc = -1, err = errno;
+	if (rc != OK && !direct)
 		unlink(tmp);
-		free(tmp);
-		return fail("%s: cannot write: %s", out, strerror(err));
-	}
 	free(tmp);
-	return OK;
+	if (rc < 0) /* a write failed (BAD: put_rank said why) */
+		return fail("%s: cannot write: %s", out, strerror(err ? err : EIO));
+	return rc;
 }
 
 /* ---- printing the summary ---- */
@@ -948,5 +977,10 @@ int main(int argc, char **argv)
 	if (rc < 0)
 		rc = run(&o);
 	free(o.paths);
+	/* the summary must have reached standard output (a full disk...) */
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		fail("cannot write the standard output: %s", strerror(errno));
+		rc = rc == OK ? BAD : rc;
+	}
 	return rc;
 }

@@ -176,15 +176,31 @@ static cJSON *stats_json(loop *L, const double *all)
 	return arr;
 }
 
-static void print_json(loop *L, cJSON *j)
+/* Writes record j (freed) to the metrics file, flushed: a file that
+ * cannot be written (a full disk) fails the run, naming it. */
+static int print_json(loop *L, cJSON *j)
 {
 	char *s = cJSON_PrintUnformatted(j);
-	if (s) {
-		fprintf(L->metrics, "%s\n", s);
-		fflush(L->metrics);
-	}
-	free(s);
 	cJSON_Delete(j);
+	if (!s)
+		return fail(L, "out of memory writing the metrics file %s", L->o->metrics);
+	int bad = fprintf(L->metrics, "%s\n", s) < 0 || fflush(L->metrics) != 0, e = errno;
+	free(s);
+	if (bad)
+		return fail(L, "cannot write the metrics file %s: %s", L->o->metrics, strerror(e));
+	return 0;
+}
+
+/* Closes the metrics file at the end of a run; its last bytes may only
+ * reach the disk (or fail to) here. */
+static int close_metrics(loop *L)
+{
+	FILE *f = L->metrics;
+	L->metrics = NULL;
+	if (f && fclose(f) != 0)
+		return fail(L, "cannot write the metrics file %s: %s", L->o->metrics,
+			    strerror(errno));
+	return 0;
 }
 
 static double mib(double bytes)
@@ -243,7 +259,10 @@ static int log_step(loop *L, long step, long total, int epoch, float loss,
 				cJSON_AddNumberToObject(j, "loss_scale", hpu_strat_loss_scale(L->st));
 			cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 			cJSON_AddItemToObject(j, "device", stats_json(L, all));
-			print_json(L, j);
+			if (print_json(L, j) < 0) {
+				free(all);
+				return -1;
+			}
 		}
 	}
 	free(all);
@@ -504,7 +523,10 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		}
 		cJSON_AddItemToObject(j, "device", stats_json(L, all));
 		cJSON_AddItemToObject(j, "autocast", autocast_json());
-		print_json(L, j);
+		if (print_json(L, j) < 0) {
+			free(all);
+			return -1;
+		}
 	}
 	free(all);
 	return 0;
@@ -768,6 +790,8 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (write_final(&L, steps, loss, sps, have_metric, metric, count) < 0)
 		goto out;
 	if (o->save_params[0] && hpu_strat_save_params(L.st, o->save_params) < 0)
+		goto out;
+	if (close_metrics(&L) < 0)
 		goto out;
 	report(&L, steps, total, L.epoch, loss, sps, 0, HPU_PHASE_DONE, 1);
 	rc = 0;

@@ -14,6 +14,12 @@
  *   the source's but for world_size and files, whose export is
  *   bit-identical to the source's, and that 3 workers resume from and
  *   train one more step; also --world 1 --strategy ddp;
+ * - a manifest with a field out of range or a name not known (world_size
+ *   2^31, strategy zero9, dtype F128, ...) is refused by info, verify and
+ *   reshard with a sentence naming the field and its value;
+ * - export to a full disk (a link to /dev/full) and info into a full
+ *   standard output fail naming the file and the error; export through a
+ *   link to a regular file writes the file and leaves the link;
  * - usage errors exit 2.
  */
 #include <setjmp.h>
@@ -480,6 +486,128 @@ static void test_reshard_resume(void **state)
 	same_bytes(path("r1.raw"), PARAMS);
 }
 
+/* ---- damaged manifests ---- */
+
+/* A copy of LAST as T/name whose manifest has `key` of the object `in`
+ * (the top level when NULL; "parameters": the first parameter) set to
+ * the JSON text `value`. */
+static const char *edited_copy(const char *name, const char *in, const char *key,
+			       const char *value)
+{
+	const char *dir = path(name);
+	char mp[700];
+	copy_dir(LAST, dir);
+	snprintf(mp, sizeof mp, "%s/manifest.json", dir);
+	size_t n;
+	unsigned char *text = read_all(mp, &n);
+	assert_non_null(text);
+	cJSON *m = cJSON_ParseWithLength((const char *)text, n), *o = m;
+	free(text);
+	assert_non_null(m);
+	if (in)
+		o = cJSON_GetObjectItemCaseSensitive(m, in);
+	if (cJSON_IsArray(o))
+		o = cJSON_GetArrayItem(o, 0);
+	cJSON *v = cJSON_Parse(value);
+	assert_non_null(o);
+	assert_non_null(v);
+	assert_true(cJSON_ReplaceItemInObjectCaseSensitive(o, key, v));
+	char *out = cJSON_Print(m);
+	write_all(mp, out, strlen(out));
+	free(out);
+	cJSON_Delete(m);
+	return dir;
+}
+
+static void test_manifest_checked(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *in, *key, *value, *says;
+	} bad[] = {
+		{NULL, "world_size", "2147483648", "world_size 2147483648 is out of range"},
+		{NULL, "world_size", "0", "world_size 0 is out of range"},
+		{NULL, "world_size", "3", "world_size 3, but 2 files listed"},
+		{NULL, "strategy", "\"zero9\"",
+		 "strategy \"zero9\" is not one of fast_ddp, ddp, zero1, zero2, zero3"},
+		{"parameters", "dtype", "\"F128\"", "parameter fc1.weight: dtype \"F128\" is not one of F32"},
+		{NULL, "precision", "\"fp64\"",
+		 "precision \"fp64\" is not one of fp32, bf16-mixed, 16-mixed, fp8"},
+		{NULL, "optimizer", "\"lamb\"", "optimizer \"lamb\" is not one of sgd, adamw, adam"},
+		{NULL, "optimizer", "\"sgd\"",
+		 "sections params, exp_avg, exp_avg_sq are not the state of optimizer sgd"},
+		{NULL, "sections", "[\"params\", \"exp_avg\", \"exp_avg\"]",
+		 "section \"exp_avg\" is listed twice"},
+		{NULL, "sections", "[\"params\", \"ema\"]", "section \"ema\" is not one of"},
+		{NULL, "step", "-1", "step -1 is out of range"},
+		{NULL, "epoch", "0.5", "epoch 0.5 is out of range"},
+		{NULL, "global_batch", "0", "global_batch 0 is out of range"},
+		{NULL, "numel", "5", "numel 5, but the parameters hold 1863690 floats"},
+		{"parameters", "shape", "[1024.5, 784]", "parameter fc1.weight has a bad shape"},
+		{"scheduler", "type", "\"exponential\"",
+		 "scheduler: type \"exponential\" is not one of constant, step, cosine"},
+		{"scheduler", "lr", "1e300", "scheduler: lr 1e+300 is out of range"},
+		{"loss_scaler", "scale", "-1", "loss_scaler: scale -1 is out of range"},
+		{"rng", "seed", "\"-5\"", "rng: seed \"-5\" is not a whole number"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "edited%zu", i);
+		const char *dir = edited_copy(name, bad[i].in, bad[i].key, bad[i].value);
+		printf("  %s %s = %s\n", bad[i].in ? bad[i].in : "", bad[i].key, bad[i].value);
+		char *out = CKPT(1, "info", dir);
+		has(out, "manifest.json: ");
+		has(out, bad[i].says);
+		free(out);
+		out = CKPT(1, "verify", dir);
+		has(out, bad[i].says);
+		free(out);
+		/* reshard copies the manifest: it must not spread the damage */
+		char dst[64];
+		snprintf(dst, sizeof dst, "%s-r", name);
+		out = CKPT(1, "reshard", dir, path(dst), "--world", "3");
+		has(out, bad[i].says);
+		assert_false(exists(path(dst)));
+		free(out);
+	}
+}
+
+/* ---- outputs that cannot be written ---- */
+
+static void test_full_disk(void **state)
+{
+	(void)state;
+	/* a link to /dev/full (every write: ENOSPC); a rename would replace
+	 * the link, never the device */
+	const char *full = path("full");
+	assert_int_equal(symlink("/dev/full", full), 0);
+	const char *formats[] = {"safetensors", "raw"};
+	for (int i = 0; i < 2; i++) {
+		char *out = CKPT(1, "export", LAST, "--format", formats[i], "-o", full);
+		has(out, full);
+		has(out, "No space left on device");
+		free(out);
+		struct stat st;
+		assert_int_equal(lstat(full, &st), 0);
+		assert_true(S_ISLNK(st.st_mode));
+	}
+	/* a link to a regular file: the file gets the weights, the link stays
+	 * (a rename onto the link would have replaced it, /dev/stdout too) */
+	const char *link = path("link.raw");
+	write_all(path("target.raw"), "old", 3);
+	assert_int_equal(symlink("target.raw", link), 0);
+	free(CKPT(0, "export", LAST, "--format", "raw", "-o", link));
+	struct stat st;
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	same_bytes(path("target.raw"), PARAMS);
+	/* what info prints, into a full standard output */
+	char *out = RUN(1, "/bin/sh", "-c", "exec \"$0\" info \"$1\" >/dev/full", TOOL, LAST);
+	has(out, "standard output");
+	has(out, "No space left on device");
+	free(out);
+}
+
 /* ---- usage ---- */
 
 static void test_usage(void **state)
@@ -529,6 +657,8 @@ int main(void)
 	    cmocka_unit_test(test_export_raw),
 	    cmocka_unit_test(test_export_safetensors),
 	    cmocka_unit_test(test_reshard_resume),
+	    cmocka_unit_test(test_manifest_checked),
+	    cmocka_unit_test(test_full_disk),
 	    cmocka_unit_test(test_usage),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -15,6 +15,13 @@
  * - an unterminated last line is skipped with a warning;
  * - a line that is not JSON (named by number), a file without step
  *   records, a missing file: exit 1 and no output file;
+ * - an empty file (or blank lines only): exit 1 saying it is empty, also
+ *   with --print-data (no qsort(NULL, 0) for UBSan to trip on);
+ * - a full disk: -o a link to /dev/full (written through, not renamed
+ *   over) and --print-data into a full standard output exit 1, naming
+ *   the file and the error; -o a link to a regular file writes the file
+ *   and leaves the link; a gnuplot that exits 0 after writing part of a
+ *   PNG is caught;
  * - no gnuplot on PATH: the install hint; a gnuplot that fails: its
  *   stderr passed on, an existing OUT left as it was;
  * - usage errors exit 2, --help 0.
@@ -475,9 +482,88 @@ static void test_no_step_records(void **state)
 	has(o, "no step records with a loss: nothing to plot");
 	assert_false(exists(path("nosteps.png")));
 	free(o);
-	assert_int_equal(h_write_file(path("empty.jsonl"), "", 0644), 0);
-	o = HPU_PLOT(1, path("empty.jsonl"));
+	o = HPU_PLOT(1, "--print-data", path("nosteps.jsonl"));
 	has(o, "no step records with a loss: nothing to plot");
+	free(o);
+}
+
+/* Nothing at all in the file: said so, with and without --print-data. */
+static void test_empty_input(void **state)
+{
+	(void)state;
+	const char *files[] = {"empty.jsonl", "blank.jsonl"};
+	assert_int_equal(h_write_file(path(files[0]), "", 0644), 0);
+	assert_int_equal(h_write_file(path(files[1]), "\n  \n\t\n", 0644), 0);
+	for (int i = 0; i < 2; i++) {
+		char want[700];
+		snprintf(want, sizeof want, "%s is empty: no metrics records to plot",
+			 path(files[i]));
+		char *o = HPU_PLOT(1, path(files[i]));
+		has(o, want);
+		free(o);
+		o = HPU_PLOT(1, "--print-data", path(files[i]));
+		has(o, want);
+		free(o);
+	}
+	assert_false(exists(path("empty.png")));
+	assert_false(exists(path("blank.png")));
+	empty_dir(path("tmp"));
+}
+
+/* ---- outputs that cannot be written ---- */
+
+static void test_full_disk(void **state)
+{
+	(void)state;
+	const char *full = path("full.png");
+	assert_int_equal(symlink("/dev/full", full), 0);
+	char *o = HPU_PLOT(1, "-o", full, M);
+	has(o, full);
+	has(o, "No space left on device");
+	free(o);
+	struct stat st;
+	assert_int_equal(lstat(full, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	assert_false(exists(path("full.png.tmp")));
+	empty_dir(path("tmp"));
+	/* a link to a regular file: the file gets the PNG, the link stays */
+	const char *link = path("link.png");
+	assert_int_equal(h_write_file(path("target.png"), "old", 0644), 0);
+	assert_int_equal(symlink("target.png", link), 0);
+	free(HPU_PLOT(0, "-o", link, "--width", "640", "--height", "480", M));
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	check_png(path("target.png"), 640, 480);
+	/* the table into a full standard output */
+	o = run_v(1, ENV_T, (const char *[]){"/bin/sh", "-c", "exec \"$0\" --print-data \"$1\" >/dev/full",
+					      PLOT, M, NULL});
+	has(o, "standard output");
+	has(o, "No space left on device");
+	free(o);
+}
+
+/* A gnuplot that exits 0 after writing only the start of a PNG (as one
+ * whose writes failed may): refused, the old OUT left as it was. */
+static void test_gnuplot_short_png(void **state)
+{
+	(void)state;
+	char env_path[700];
+	assert_int_equal(mkdir(path("shortbin"), 0755), 0);
+	assert_int_equal(h_write_file(path("shortbin/gnuplot"),
+				      "#!/bin/sh\n"
+				      "printf '\\211PNG\\r\\n\\032\\n\\0\\0\\0\\rIHDR'\n"
+				      "exit 0\n",
+				      0755),
+			 0);
+	assert_int_equal(h_write_file(path("short.png"), "the previous picture", 0644), 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s", path("shortbin"));
+	char *o = PLOT_ENV(1, ((const char *[]){env_path, TMPENV, NULL}), "-o", path("short.png"), M);
+	has(o, "no complete PNG");
+	char *old = h_slurp(path("short.png"));
+	assert_string_equal(old, "the previous picture");
+	assert_false(exists(path("short.png.tmp")));
+	empty_dir(path("tmp"));
+	free(old);
 	free(o);
 }
 
@@ -569,6 +655,9 @@ int main(void)
 		cmocka_unit_test(test_incomplete_last_line),
 		cmocka_unit_test(test_not_json),
 		cmocka_unit_test(test_no_step_records),
+		cmocka_unit_test(test_empty_input),
+		cmocka_unit_test(test_full_disk),
+		cmocka_unit_test(test_gnuplot_short_png),
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_no_gnuplot),
 		cmocka_unit_test(test_gnuplot_fails),

@@ -10,6 +10,10 @@
  *   tail): a warning, the complete events merged;
  * - errors: not JSON, no traceEvents, the same rank twice, a missing file,
  *   an empty directory (exit 1, the file named); usage errors (exit 2);
+ * - a full disk: -o a link to /dev/full, and the summary into a full
+ *   standard output, exit 1 naming the file and the error (the link is
+ *   written through, not renamed over); -o a link to a regular file
+ *   writes the file and leaves the link;
  * - the traces of a real 2-worker run of the MLP with --profile: both ranks
  *   merged with every event, aligned at their first barrier; the summary
  *   has step, forward, backward, optimizer_step and all_reduce with the
@@ -490,6 +494,44 @@ static void test_errors(void **state)
 	free(out);
 }
 
+static void test_full_disk(void **state)
+{
+	(void)state;
+	const char *d = dir("full");
+	two_ranks(d);
+	const char *full = in(d, "full.json");
+	assert_int_equal(symlink("/dev/full", full), 0);
+	char *out = TRACE(1, "-o", full, d);
+	has(out, full);
+	has(out, "No space left on device");
+	lacks(out, "merged 2 ranks");
+	free(out);
+	struct stat st;
+	assert_int_equal(lstat(full, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	/* a link to a regular file: the file gets the trace, the link stays */
+	const char *link = in(d, "link.json");
+	assert_int_equal(h_write_file(in(d, "target.json"), "old", 0644), 0);
+	assert_int_equal(symlink("target.json", link), 0);
+	free(TRACE(0, "-o", link, d));
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	cJSON *doc = load(in(d, "target.json"));
+	assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "traceEvents")),
+			 RANK0_EVENTS + RANK1_EVENTS + 2);
+	cJSON_Delete(doc);
+	/* the summary into a full standard output */
+	const char *argv[] = {"/bin/sh", "-c", "exec \"$0\" --no-merge \"$1\" >/dev/full", TOOL, d,
+			      NULL};
+	proc p;
+	int rc = h_run(&p, (char *const *)argv, NULL, 60000);
+	if (rc != 1)
+		fail_msg("hpu-trace --no-merge >/dev/full: exit %d, expected 1:\n%s", rc, p.out);
+	has(p.out, "standard output");
+	has(p.out, "No space left on device");
+	h_free(&p);
+}
+
 /* ---- real traces ---- */
 
 /* Events in a trace file of the run, and its host name. */
@@ -580,6 +622,7 @@ int main(void)
 	    cmocka_unit_test(test_no_barrier),
 	    cmocka_unit_test(test_torn),
 	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_full_disk),
 	    cmocka_unit_test(test_real),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
