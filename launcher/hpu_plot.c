@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "tool.h"
+#include "outpath.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
 #define fail hpu_tool_fail
@@ -764,39 +765,14 @@ static int copy_out(int fd, const char *out)
 	return rc;
 }
 
-/* How output `path` is written: in place (1) when it is a device or a
- * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
- * replace; else (0) as a temporary file renamed onto real[len]: path
- * itself, or the regular file a symbolic link at path leads to (the link
- * stays). */
-static int out_in_place(const char *path, char *real, size_t len)
-{
-	struct stat st, lst;
-	snprintf(real, len, "%s", path);
-	if (stat(path, &st) != 0)
-		return 0; /* a new file */
-	if (!S_ISREG(st.st_mode))
-		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
-	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
-		return 0;
-	char *r = realpath(path, NULL);
-	if (!r || strlen(r) >= len) {
-		free(r);
-		return 1;
-	}
-	snprintf(real, len, "%s", r);
-	free(r);
-	return 0;
-}
-
 /* Writes table and script into dir, runs gnuplot into OUT.tmp and renames
- * that to OUT; for an OUT written in place (out_in_place), into
+ * that to OUT; for an OUT written in place (hpu_out_in_place), into
  * dir/plot.png, then copied. */
 static int draw(const args *A, const table *t, const layout *L, const char *gp,
 		const char *dir)
 {
 	char data[4200], script[4200], *tmp = NULL, real[4096];
-	int direct = out_in_place(A->out, real, sizeof real);
+	int direct = hpu_out_in_place(A->out, real, sizeof real);
 	FILE *f = fopen(in_dir(data, sizeof data, dir, "data.txt"), "w");
 	int bad = !f || write_table(f, t, L) < 0;
 	if (f && fclose(f) != 0)

@@ -1,4 +1,5 @@
 #include "ckpt.h"
+#include "outpath.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -693,36 +694,11 @@ int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count, floa
 
 enum { WBUF = 4 << 20 };
 
-/* How output `path` is written: in place (1) when it is a device or a
- * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
- * replace; else (0) as a temporary file renamed onto real[len]: path
- * itself, or the regular file a symbolic link at path leads to (the link
- * stays). */
-static int out_in_place(const char *path, char *real, size_t len)
-{
-	struct stat st, lst;
-	snprintf(real, len, "%s", path);
-	if (stat(path, &st) != 0)
-		return 0; /* a new file */
-	if (!S_ISREG(st.st_mode))
-		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
-	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
-		return 0;
-	char *r = realpath(path, NULL);
-	if (!r || strlen(r) >= len) {
-		free(r);
-		return 1;
-	}
-	snprintf(real, len, "%s", r);
-	free(r);
-	return 0;
-}
-
 int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t errlen)
 {
 	memset(w, 0, sizeof *w);
 	w->fd = -1;
-	int in_place = out_in_place(path, w->path, sizeof w->path);
+	int in_place = hpu_out_in_place(path, w->path, sizeof w->path);
 	snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", w->path, (int)getpid());
 	if (!(w->buf = malloc(WBUF)) || !(w->md = EVP_MD_CTX_new()) ||
 	    EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1) {

@@ -15,6 +15,7 @@
 #include "lowp.h"
 #include "fp8.h"
 #include "prof.h"
+#include "outpath.h"
 
 #define fail hpu__strat_fail
 
@@ -1164,36 +1165,11 @@ static int write_unit(hpu_strat *s, FILE *f, int k, const float *full)
 	return 0;
 }
 
-/* How output `path` is written: in place (1) when it is a device or a
- * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
- * replace; else (0) as a temporary file renamed onto real[len]: path
- * itself, or the regular file a symbolic link at path leads to (the link
- * stays). */
-static int out_in_place(const char *path, char *real, size_t len)
-{
-	struct stat st, lst;
-	snprintf(real, len, "%s", path);
-	if (stat(path, &st) != 0)
-		return 0; /* a new file */
-	if (!S_ISREG(st.st_mode))
-		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
-	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
-		return 0;
-	char *r = realpath(path, NULL);
-	if (!r || strlen(r) >= len) {
-		free(r);
-		return 1;
-	}
-	snprintf(real, len, "%s", r);
-	free(r);
-	return 0;
-}
-
 int hpu_strat_save_params(hpu_strat *s, const char *path)
 {
 	FILE *f = NULL;
 	char tmp[4200], real[4096];
-	int direct = out_in_place(path, real, sizeof real);
+	int direct = hpu_out_in_place(path, real, sizeof real);
 	snprintf(tmp, sizeof tmp, "%s.tmp", real);
 	if (s->rank == 0 && !(f = fopen(direct ? path : tmp, "wb")))
 		fail(s, "cannot write %s: %s", direct ? path : tmp, strerror(errno));

@@ -29,6 +29,7 @@
 #include <cJSON.h>
 
 #include "tool.h"
+#include "outpath.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
 #define fail hpu_tool_fail
@@ -662,38 +663,13 @@ static int put_rank(FILE *f, trace *t, long *written)
 	return rc ? -1 : OK;
 }
 
-/* How output `path` is written: in place (1) when it is a device or a
- * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
- * replace; else (0) as a temporary file renamed onto real[len]: path
- * itself, or the regular file a symbolic link at path leads to (the link
- * stays). */
-static int out_in_place(const char *path, char *real, size_t len)
-{
-	struct stat st, lst;
-	snprintf(real, len, "%s", path);
-	if (stat(path, &st) != 0)
-		return 0; /* a new file */
-	if (!S_ISREG(st.st_mode))
-		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
-	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
-		return 0;
-	char *r = realpath(path, NULL);
-	if (!r || strlen(r) >= len) {
-		free(r);
-		return 1;
-	}
-	snprintf(real, len, "%s", r);
-	free(r);
-	return 0;
-}
-
 /* Writes the merged trace to out: as out.tmp.PID, renamed when complete
- * (out_in_place: a device or a pipe in place). Every write, the flush and
+ * (hpu_out_in_place: a device or a pipe in place). Every write, the flush and
  * the close are checked. */
 static int write_merged(inputs *in, const char *out, int aligned, long *written)
 {
 	char real[4096];
-	int direct = out_in_place(out, real, sizeof real);
+	int direct = hpu_out_in_place(out, real, sizeof real);
 	size_t len = strlen(real) + 32;
 	char *tmp = xrealloc(NULL, len);
 	snprintf(tmp, len, "%s.tmp.%ld", real, (long)getpid());
