@@ -12,6 +12,7 @@
 #include <string.h>
 #include <grp.h>
 #include <limits.h>
+#include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -19,6 +20,15 @@
 #include <unistd.h>
 
 #define LINE_MAX_BYTES 65536
+
+/* After the last worker exits, its pipes get DRAIN_S to close (a helper
+ * that outlives it may still be writing); then they are closed, and what
+ * the workers left behind gets SIGTERM, SIGKILL LEFTOVER_GRACE_S later,
+ * looked for every SWEEP_S, given up on GIVE_UP_S after the SIGKILL. */
+#define DRAIN_S 1.0
+#define LEFTOVER_GRACE_S 2.0
+#define SWEEP_S 0.05
+#define GIVE_UP_S 5.0
 
 extern char **environ;
 
@@ -64,11 +74,26 @@ struct hpu_agent {
 	worker *w;
 	int live;     /* not yet reaped */
 	int open;     /* output streams not yet at EOF */
+	int started;  /* hpu_agent_start ran */
 	int stopping;
+	int impatient; /* stopped with no grace: SIGKILL what is left at once */
 	int idle_sent;
 	long status_bad;  /* malformed status lines */
 	ev_timer kill_timer;
+	/* What the workers left behind (see hpu_agent.h): */
+	int draining;     /* every worker is reaped; their pipes may still be open */
+	int ending;       /* ending the processes they left */
+	int swept;        /* done with that */
+	ev_tstamp kill_at, give_up_at;
+	ev_timer drain_timer, sweep_timer;
+	pid_t *ended;     /* the processes signalled (distinct), for the log */
+	int n_ended, cap_ended;
+	struct hpu_agent *next; /* every agent of this process */
 };
+
+/* Every agent of this process: a process left behind becomes a child of
+ * this process, whichever agent's job it came from. */
+static hpu_agent *agents;
 
 hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 {
@@ -82,6 +107,8 @@ hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 		free(a);
 		return NULL;
 	}
+	a->next = agents;
+	agents = a;
 	return a;
 }
 
@@ -110,7 +137,7 @@ void hpu_describe_status(int status, char *out, size_t outlen)
 
 static void maybe_idle(hpu_agent *a)
 {
-	if (a->live || a->open || a->idle_sent)
+	if (a->live || a->open || !a->swept || a->idle_sent)
 		return;
 	a->idle_sent = 1;
 	ev_timer_stop(a->loop, &a->kill_timer);
@@ -168,6 +195,8 @@ static void flush_lines(stream *s, int eof)
 	s->len -= start;
 }
 
+static void end_leftovers(hpu_agent *a);
+
 static void close_stream(hpu_agent *a, stream *s)
 {
 	flush_lines(s, 1);
@@ -175,16 +204,15 @@ static void close_stream(hpu_agent *a, stream *s)
 	close(s->fd);
 	s->fd = -1;
 	a->open--;
-	maybe_idle(a);
+	if (a->draining && !a->open)
+		end_leftovers(a); /* the workers' pipes are closed: no more to wait for */
 }
 
-static void on_output(struct ev_loop *loop, ev_io *io, int revents)
+/* Reads what the stream holds (at most `max` reads); closes it at EOF or
+ * an error. */
+static void read_stream(hpu_agent *a, stream *s, long max)
 {
-	(void)loop;
-	(void)revents;
-	stream *s = io->data;
-	hpu_agent *a = s->w->a;
-	for (;;) {
+	for (long n = 0; s->fd >= 0 && n < max; n++) {
 		ssize_t k = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
 		if (k > 0) {
 			s->len += (size_t)k;
@@ -196,8 +224,15 @@ static void on_output(struct ev_loop *loop, ev_io *io, int revents)
 		if (k < 0 && errno == EAGAIN)
 			return;
 		close_stream(a, s); /* EOF or error */
-		return;
 	}
+}
+
+static void on_output(struct ev_loop *loop, ev_io *io, int revents)
+{
+	(void)loop;
+	(void)revents;
+	stream *s = io->data;
+	read_stream(s->w->a, s, LONG_MAX);
 }
 
 /* ---- status records ---- */
@@ -370,6 +405,265 @@ long hpu_agent_status_bad(const hpu_agent *a)
 	return a->status_bad;
 }
 
+/* ---- what the workers leave behind ----
+ *
+ * This process is a child subreaper (hpu_agent_start), so a process that a
+ * worker started and that outlives it, in the worker's process group or
+ * not (setsid), becomes our child rather than init's. Once every worker is
+ * reaped, the children of ours that are not workers are what the job left
+ * behind: they are ended and reaped before the agent goes idle. */
+
+/* Whether pid is a worker of any agent of this process, not yet reaped. */
+static int is_live_worker(pid_t pid)
+{
+	for (const hpu_agent *b = agents; b; b = b->next)
+		for (int i = 0; i < b->cfg.devices; i++)
+			if (b->w[i].pid == pid && !b->w[i].reaped)
+				return 1;
+	return 0;
+}
+
+/* Whether a is the only agent of this process with a job under way. */
+static int alone(const hpu_agent *a)
+{
+	for (const hpu_agent *b = agents; b; b = b->next)
+		if (b != a && b->started && !b->idle_sent)
+			return 0;
+	return 1;
+}
+
+/* Whether the environment pid started with holds both needles (entries
+ * "NAME=VALUE"). A job's processes carry its HPU_JOB_ID and this attempt's
+ * HPU_JOB_TOKEN, unless they replaced their environment. Workers of another
+ * user (set_user) are read as that user: hpud need not be able to read
+ * every process's memory (CAP_SYS_PTRACE) to read theirs. */
+static int env_has(const hpu_agent *a, pid_t pid, const char *n1, const char *n2)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+	int uid = -1, gid = -1;
+	if (a->cfg.set_user) {
+		gid = setfsgid((gid_t)a->cfg.gid);
+		uid = setfsuid((uid_t)a->cfg.uid);
+	}
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (a->cfg.set_user) {
+		setfsuid((uid_t)uid);
+		setfsgid((gid_t)gid);
+	}
+	if (fd < 0)
+		return 0;
+	size_t cap = 1 << 20, len = 0;
+	char *buf = malloc(cap + 1);
+	ssize_t k;
+	while (buf && len < cap && ((k = read(fd, buf + len, cap - len)) > 0 ||
+				    (k < 0 && errno == EINTR)))
+		len += k > 0 ? (size_t)k : 0;
+	close(fd);
+	int found = 0;
+	if (buf)
+		buf[len] = 0; /* the last entry ends here at the latest */
+	for (size_t i = 0; buf && i < len; i += strlen(buf + i) + 1) {
+		found |= !strcmp(buf + i, n1);
+		found |= !strcmp(buf + i, n2) << 1;
+	}
+	free(buf);
+	return found == 3;
+}
+
+/* Whether our child pid (state from /proc/PID/stat) is a's to end: not a
+ * worker; with no other job under way in this process, any child; else
+ * one whose environment names a's job and attempt. */
+static int leftover_of(const hpu_agent *a, pid_t pid, char state)
+{
+	if (is_live_worker(pid))
+		return 0;
+	if (alone(a))
+		return 1;
+	if (state == 'Z' || state == 'X')
+		return 0; /* its environment is gone; the loop reaps it */
+	char id[600], tok[300];
+	snprintf(id, sizeof id, "HPU_JOB_ID=%s", a->cfg.job_id);
+	snprintf(tok, sizeof tok, "HPU_JOB_TOKEN=%s", a->cfg.token);
+	return env_has(a, pid, id, tok);
+}
+
+/* The parent, process group and state of pid from /proc/PID/stat;
+ * 0, or -1 when it is gone. */
+static int proc_stat(pid_t pid, pid_t *ppid, pid_t *pgid, char *state)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t k = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (k <= 0)
+		return -1;
+	buf[k] = 0;
+	const char *p = strrchr(buf, ')'); /* the command may hold anything */
+	int pp, pg;
+	if (!p || sscanf(p + 1, " %c %d %d", state, &pp, &pg) != 3)
+		return -1;
+	*ppid = pp;
+	*pgid = pg;
+	return 0;
+}
+
+/* Notes that pid was signalled; returns whether it was before. */
+static int note_ended(hpu_agent *a, pid_t pid)
+{
+	for (int i = 0; i < a->n_ended; i++)
+		if (a->ended[i] == pid)
+			return 1;
+	if (a->n_ended == a->cap_ended) {
+		int cap = a->cap_ended ? 2 * a->cap_ended : 8;
+		pid_t *g = realloc(a->ended, (size_t)cap * sizeof *g);
+		if (!g)
+			return 0;
+		a->ended = g;
+		a->cap_ended = cap;
+	}
+	a->ended[a->n_ended++] = pid;
+	return 0;
+}
+
+/* Sends sig to every process a's workers left behind (SIGTERM only once
+ * to each), and to its process group where it leads one; reaps those
+ * that are already dead. Returns how many there were, dead ones
+ * included: 0 when none is left. */
+static int sweep(hpu_agent *a, int sig)
+{
+	pid_t self = getpid(), group = getpgrp();
+	int n = 0;
+	DIR *dir = opendir("/proc");
+	struct dirent *e;
+	while (dir && (e = readdir(dir)) != NULL) {
+		char *end;
+		long v = strtol(e->d_name, &end, 10);
+		pid_t pid = (pid_t)v, ppid, pgid;
+		char state;
+		if (*end || v <= 0 || proc_stat(pid, &ppid, &pgid, &state) < 0 || ppid != self ||
+		    !leftover_of(a, pid, state))
+			continue;
+		n++;
+		if (state == 'Z' || state == 'X') {
+			waitpid(pid, NULL, WNOHANG); /* ours: no watcher wants it */
+			continue;
+		}
+		if (note_ended(a, pid) && sig == SIGTERM)
+			continue;
+		kill(pid, sig);
+		if (pgid == pid && pgid != group)
+			kill(-pgid, sig);
+	}
+	if (dir)
+		closedir(dir);
+	return n;
+}
+
+/* Says what was ended (and what would not end: `left`). */
+static void report_leftovers(const hpu_agent *a, int left)
+{
+	char pids[200] = "";
+	size_t len = 0;
+	for (int i = 0; i < a->n_ended && len < sizeof pids - 16; i++)
+		len += (size_t)snprintf(pids + len, sizeof pids - len, "%s%d", i ? " " : "",
+					(int)a->ended[i]);
+	if (a->n_ended > 0)
+		fprintf(stderr, "%s: ended %d process%s left behind by the job's workers (job %s, node %d; pid%s %s)\n",
+			program_invocation_short_name, a->n_ended, a->n_ended == 1 ? "" : "es",
+			a->cfg.job_id, a->cfg.node_rank, a->n_ended == 1 ? "" : "s", pids);
+	if (left > 0)
+		fprintf(stderr, "%s: warning: %d process%s left behind by the job's workers would not end (job %s, node %d)\n",
+			program_invocation_short_name, left, left == 1 ? "" : "es", a->cfg.job_id,
+			a->cfg.node_rank);
+}
+
+static void finish_leftovers(hpu_agent *a, int left)
+{
+	ev_timer_stop(a->loop, &a->sweep_timer);
+	a->ending = 0;
+	a->swept = 1;
+	report_leftovers(a, left);
+	maybe_idle(a);
+}
+
+static void sweep_once(hpu_agent *a)
+{
+	ev_tstamp now = ev_time();
+	int left = sweep(a, now >= a->kill_at ? SIGKILL : SIGTERM);
+	if (left == 0 || now >= a->give_up_at)
+		finish_leftovers(a, left);
+}
+
+static void on_sweep_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	sweep_once(t->data);
+}
+
+/* Closes the workers' pipes (after reading what they hold) and starts
+ * ending what the workers left behind; on_idle comes when that is done. */
+static void end_leftovers(hpu_agent *a)
+{
+	if (a->ending || a->swept)
+		return;
+	a->ending = 1;
+	ev_timer_stop(a->loop, &a->drain_timer);
+	for (int i = 0; i < a->cfg.devices; i++) {
+		stream *ss[2] = {&a->w[i].out, &a->w[i].err};
+		for (int k = 0; k < 2; k++) {
+			read_stream(a, ss[k], 64);
+			if (ss[k]->fd >= 0)
+				close_stream(a, ss[k]);
+		}
+	}
+	a->kill_at = ev_time() + (a->impatient ? 0 : LEFTOVER_GRACE_S);
+	a->give_up_at = a->kill_at + GIVE_UP_S;
+	ev_timer_init(&a->sweep_timer, on_sweep_timer, SWEEP_S, SWEEP_S);
+	a->sweep_timer.data = a;
+	ev_timer_start(a->loop, &a->sweep_timer);
+	sweep_once(a);
+}
+
+static void on_drain_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	end_leftovers(t->data);
+}
+
+/* The last worker is reaped: its pipes get DRAIN_S to close unless the job
+ * is being stopped; then what the workers left behind is ended. */
+static void workers_done(hpu_agent *a)
+{
+	a->draining = 1;
+	if (a->stopping || !a->open) {
+		end_leftovers(a);
+		return;
+	}
+	ev_timer_init(&a->drain_timer, on_drain_timer, DRAIN_S, 0);
+	a->drain_timer.data = a;
+	ev_timer_start(a->loop, &a->drain_timer);
+}
+
+/* The same at once, without the loop (hpu_agent_destroy): SIGKILL and reap
+ * until nothing is left, for GIVE_UP_S at most. */
+static void end_leftovers_now(hpu_agent *a)
+{
+	int left = 0;
+	for (int i = 0; i < (int)(GIVE_UP_S * 100); i++) {
+		if ((left = sweep(a, SIGKILL)) == 0)
+			break;
+		usleep(10000);
+	}
+	a->swept = 1;
+	report_leftovers(a, left);
+}
+
 static void on_child(struct ev_loop *loop, ev_child *c, int revents)
 {
 	(void)revents;
@@ -386,7 +680,8 @@ static void on_child(struct ev_loop *loop, ev_child *c, int revents)
 		status = HPU_AGENT_LEFT_EARLY;
 	if (a->cfg.on_exit)
 		a->cfg.on_exit(a, w->rank, w->pid, status, a->cfg.arg);
-	maybe_idle(a);
+	if (a->live == 0)
+		workers_done(a);
 }
 
 static int device_of(const hpu_agent *a, const worker *w)
@@ -643,6 +938,10 @@ static int spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
 
 int hpu_agent_start(hpu_agent *a, char *err, size_t errlen)
 {
+	/* What a worker leaves behind becomes our child, not init's, and can
+	 * be found and ended (setsid or not). */
+	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+	a->started = 1;
 	for (int i = 0; i < a->cfg.devices; i++) {
 		worker *w = &a->w[i];
 		w->a = a;
@@ -675,19 +974,23 @@ static void on_kill_timer(struct ev_loop *loop, ev_timer *t, int revents)
 
 void hpu_agent_stop(hpu_agent *a, double grace_s)
 {
-	if (a->stopping && grace_s <= 0) /* again, impatient: no more grace */
+	if (grace_s <= 0)
+		a->impatient = 1;
+	if (a->stopping && grace_s <= 0) { /* again, impatient: no more grace */
 		signal_all(a, SIGKILL);
-	if (a->stopping)
-		return;
-	a->stopping = 1;
-	if (grace_s <= 0) {
+		a->kill_at = ev_time();
+	} else if (!a->stopping && grace_s <= 0) {
 		signal_all(a, SIGKILL);
-		return;
+	} else if (!a->stopping) {
+		signal_all(a, SIGTERM);
+		ev_timer_init(&a->kill_timer, on_kill_timer, grace_s, 0);
+		a->kill_timer.data = a;
+		ev_timer_start(a->loop, &a->kill_timer);
 	}
-	signal_all(a, SIGTERM);
-	ev_timer_init(&a->kill_timer, on_kill_timer, grace_s, 0);
-	a->kill_timer.data = a;
-	ev_timer_start(a->loop, &a->kill_timer);
+	a->stopping = 1;
+	/* The workers are gone already, not what they left: end it now. */
+	if (a->draining)
+		end_leftovers(a);
 }
 
 /* Whether name is "hpucoll-<job>-<32 hex digits>-n<node>": this node's
@@ -743,6 +1046,7 @@ void hpu_agent_destroy(hpu_agent **pa)
 		if (w->pid > 0 && !w->reaped) {
 			ev_child_stop(a->loop, &w->child);
 			waitpid(w->pid, NULL, 0);
+			w->reaped = 1;
 		}
 		stream *ss[2] = {&w->out, &w->err};
 		for (int k = 0; k < 2; k++)
@@ -757,8 +1061,18 @@ void hpu_agent_destroy(hpu_agent **pa)
 		if (w->log_fd >= 0 && w->pid > 0)
 			close(w->log_fd);
 	}
+	ev_timer_stop(a->loop, &a->drain_timer);
+	ev_timer_stop(a->loop, &a->sweep_timer);
+	if (a->started && !a->swept)
+		end_leftovers_now(a);
 	if (a->w[0].pid > 0)
 		hpu_agent_cleanup(a);
+	for (hpu_agent **p = &agents; *p; p = &(*p)->next)
+		if (*p == a) {
+			*p = a->next;
+			break;
+		}
+	free(a->ended);
 	free(a->w);
 	free(a);
 	*pa = NULL;

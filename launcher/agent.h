@@ -6,7 +6,19 @@
  * environment, and has its stdout and stderr read through pipes and
  * written out line by line with a "[rank N] " prefix. A third pipe, on fd
  * HPU_AGENT_STATUS_FD, carries its progress records (the latest kept per
- * rank, malformed lines counted and ignored). */
+ * rank, malformed lines counted and ignored).
+ *
+ * What the workers leave behind: the process that starts the workers is a
+ * child subreaper (PR_SET_CHILD_SUBREAPER), so a process a worker started
+ * that outlives it (in the worker's process group or not: setsid) becomes
+ * its child. Once every worker is reaped, their pipes get 1 s to close (at
+ * once when the job is being stopped); then they are closed whoever still
+ * holds them, and the job's remaining processes get SIGTERM, SIGKILL 2 s
+ * later, and are reaped; a line on stderr says how many were ended. Only
+ * then does on_idle come. With several agents under way in one process
+ * (hpud), a leftover is an agent's when its environment holds the job's
+ * HPU_JOB_ID and this attempt's HPU_JOB_TOKEN; one that replaced its
+ * environment is ended by the last agent under way to finish. */
 #ifndef HPU_AGENT_H
 #define HPU_AGENT_H
 
@@ -80,7 +92,8 @@ typedef struct hpu_agent_cfg {
 	/* Called when a worker has been reaped. status as from waitpid, or
 	 * HPU_AGENT_LEFT_EARLY. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
-	/* Called once every worker is reaped and its output drained. */
+	/* Called once every worker is reaped, its output drained and what it
+	 * left behind ended. */
 	void (*on_idle)(hpu_agent *a, void *arg);
 	void *arg;
 } hpu_agent_cfg;
@@ -94,7 +107,8 @@ int hpu_agent_start(hpu_agent *a, char *err, size_t errlen);
 
 /* Sends SIGTERM to every live worker's process group, and SIGKILL to those
  * still alive after `grace_s` seconds (at once when grace_s <= 0, also on
- * a later call). Safe to call more than once. */
+ * a later call). Once the workers are gone, ends what they left behind at
+ * once (SIGKILL when grace_s <= 0). Safe to call more than once. */
 void hpu_agent_stop(hpu_agent *a, double grace_s);
 
 /* Workers not yet reaped. */
@@ -117,8 +131,9 @@ long hpu_agent_status_bad(const hpu_agent *a);
  * ZeroMQ ipc files /tmp/hpucoll-<job>-r<rank>. Returns how many. */
 int hpu_agent_cleanup(const hpu_agent *a);
 
-/* Kills what is left (SIGKILL), reaps it, cleans up after it
- * (hpu_agent_cleanup), frees; *a = NULL; safe twice. */
+/* Kills what is left (SIGKILL), workers and what they left behind, reaps
+ * it, cleans up after it (hpu_agent_cleanup), frees; *a = NULL; safe
+ * twice. */
 void hpu_agent_destroy(hpu_agent **a);
 
 /* "exited with code 3" / "was killed by signal 9 (Killed)" / "exited with

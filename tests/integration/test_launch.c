@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1000,6 +1001,122 @@ static void test_restart_refuses_other_attempt(void **state)
 	h_free(&node0);
 }
 
+/* ---- processes a job's workers leave behind ---- */
+
+#define SETSID_MODEL h_build("lib/setsid_child.so")
+
+/* The pid the fixture setsid_child wrote for `rank` into dir, or -1. */
+static pid_t leftover_pid(const char *dir, int rank)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/child.%d", dir, rank);
+	char *s = h_slurp(path);
+	pid_t pid = s ? (pid_t)atoi(s) : -1;
+	free(s);
+	return pid > 0 ? pid : -1;
+}
+
+/* Waits up to timeout_ms for both ranks' pid files; 0 when both are there. */
+static int wait_leftover_pids(const char *dir, pid_t pids[2], int timeout_ms)
+{
+	for (int waited = 0;; waited += 50) {
+		pids[0] = leftover_pid(dir, 0);
+		pids[1] = leftover_pid(dir, 1);
+		if (pids[0] > 0 && pids[1] > 0)
+			return 0;
+		if (waited >= timeout_ms)
+			return -1;
+		usleep(50000);
+	}
+}
+
+/* Whether pid is gone altogether: not even a zombie (kill says ESRCH). */
+static int gone(pid_t pid)
+{
+	return kill(pid, 0) == -1 && errno == ESRCH;
+}
+
+/* What a failed test must not leave sleeping for 300 s. */
+static void kill_setsid_children(const char *dir)
+{
+	for (int r = 0; r < 2; r++) {
+		pid_t pid = leftover_pid(dir, r);
+		if (pid > 0)
+			kill(pid, SIGKILL);
+	}
+}
+
+/* Each rank of the model forks a child that calls setsid() and sleeps
+ * with the worker's stdout, stderr and status pipe open. Training ends:
+ * hpulaunch exits 0 soon after (not when the children's pipes close, 300
+ * s later), says it ended the 2 processes left behind, and they are gone,
+ * reaped. */
+static void test_setsid_child_after_training(void **state)
+{
+	(void)state;
+	char dir[64];
+	restart_dir(dir, sizeof dir);
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "2", "--max-steps", "3", "--no-eval",
+			"--batch-size", "16", "--log-every", "1", (char *)SETSID_MODEL, "--",
+			"--pid-dir", dir, NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	int exited = h_wait(&p, 60000);
+	if (exited)
+		h_kill(&p);
+	pid_t pids[2] = {leftover_pid(dir, 0), leftover_pid(dir, 1)};
+	int left[2] = {pids[0] > 0 && !gone(pids[0]), pids[1] > 0 && !gone(pids[1])};
+	kill_setsid_children(dir);
+	printf("%s", p.out);
+	if (exited)
+		fail_msg("hpulaunch still ran 60 s after starting a 3-step job");
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "step 3/3"));
+	assert_true(pids[0] > 0 && pids[1] > 0);
+	assert_false(left[0]);
+	assert_false(left[1]);
+	assert_non_null(strstr(p.out, "hpulaunch: ended 2 processes left behind by the job's workers"));
+	h_free(&p);
+	remove_dir(dir);
+}
+
+/* SIGTERM to hpulaunch while the workers train and their setsid()
+ * children sleep: it exits 143 and the children are gone too. */
+static void test_setsid_child_sigterm(void **state)
+{
+	(void)state;
+	char dir[64];
+	restart_dir(dir, sizeof dir);
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--epochs", "1000", "--no-eval",
+			"--batch-size", "16", "--log-every", "1", (char *)SETSID_MODEL, "--",
+			"--pid-dir", dir, "--step-ms", "50", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	pid_t pids[2];
+	int up = wait_leftover_pids(dir, pids, 60000) == 0 && h_wait_for(&p, "step 2/", 60000) == 0;
+	if (!up || !h_alive(pids[0]) || !h_alive(pids[1])) {
+		h_kill(&p);
+		kill_setsid_children(dir);
+		fail_msg("training or the setsid children did not start: %s", p.out);
+	}
+	kill(p.pid, SIGTERM);
+	int exited = h_wait(&p, 60000);
+	if (exited)
+		h_kill(&p);
+	int left[2] = {!gone(pids[0]), !gone(pids[1])};
+	kill_setsid_children(dir);
+	printf("%s", p.out);
+	if (exited)
+		fail_msg("hpulaunch still ran 60 s after SIGTERM");
+	assert_int_equal(h_code(&p), 128 + SIGTERM);
+	assert_non_null(strstr(p.out, "interrupted by SIGTERM"));
+	assert_false(left[0]);
+	assert_false(left[1]);
+	assert_non_null(strstr(p.out, "hpulaunch: ended 2 processes left behind by the job's workers"));
+	h_free(&p);
+	remove_dir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1022,6 +1139,8 @@ int main(void)
 		cmocka_unit_test(test_demo_epoch),
 		cmocka_unit_test(test_kill_worker),
 		cmocka_unit_test(test_sigterm_teardown),
+		cmocka_unit_test(test_setsid_child_after_training),
+		cmocka_unit_test(test_setsid_child_sigterm),
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_two_nodes_remote_failure),
