@@ -165,7 +165,8 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 	    set_int(c->pull, ZMQ_HEARTBEAT_TIMEOUT,
 		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
 	    zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &maxmsg,
-			   sizeof(maxmsg)) != 0)
+			   sizeof(maxmsg)) != 0 ||
+	    hpucoll__sec_server(c, c->pull) != 0)
 		return hpucoll__zmq_error(c, "zmq_setsockopt");
 	if (zmq_bind(c->pull, endpoint) != 0)
 		return hpucoll__zmq_error(c, "zmq_bind");
@@ -213,6 +214,15 @@ static hpucoll_comm *comm_alloc(int rank, int size)
 int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 		     const char *bind_endpoint)
 {
+	return hpucoll_comm_new_secure(out, rank, size, bind_endpoint,
+				       HPUCOLL_SECURITY_NONE, NULL, 0);
+}
+
+int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
+			    const char *bind_endpoint,
+			    hpucoll_security security, const void *secret,
+			    size_t secret_len)
+{
 	hpucoll_comm *c;
 	int rc, t = HPUCOLL__DEFAULT_TIMEOUT_MS;
 
@@ -234,8 +244,14 @@ int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 		goto fail;
 	c->timeout_ms = t;
 	rc = make_ctx(c);
+	if (rc == HPUCOLL_OK && (unsigned)security > HPUCOLL_SECURITY_ENCRYPT)
+		rc = HPUCOLL_EINVAL;
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll__sec_start(c, security, secret, secret_len);
 	if (rc == HPUCOLL_OK)
 		rc = bind_pull(c, bind_endpoint);
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll__sec_run(c);
 	if (rc != HPUCOLL_OK)
 		goto fail;
 	*out = c;
@@ -375,12 +391,14 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 	hpucoll__progress_stop(c);
 	hpucoll__groups_free(c);
 	hpucoll__transport_close(c);
+	hpucoll__sec_unwatch(c);
 	if (c->pull != NULL)
 		zmq_close(c->pull);
 	if (c->ctx != NULL) {
 		while (zmq_ctx_term(c->ctx) != 0 && zmq_errno() == EINTR)
 			;
 	}
+	hpucoll__sec_join(c);
 	unlink_ipc(c->endpoint);
 	free(c->node_ids);
 	free(c->tmp);
@@ -434,6 +452,7 @@ void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out)
 						   memory_order_relaxed);
 	out->collectives = atomic_load_explicit(&comm->stats.collectives,
 						memory_order_relaxed);
+	out->refused_connections = atomic_load(&comm->sec.refused);
 }
 
 const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)

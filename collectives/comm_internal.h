@@ -143,6 +143,7 @@ struct hpucoll__peer {
 	void *mon;      /* PAIR socket receiving push's monitor events */
 	int lost;       /* push's connection closed and did not come back */
 	int64_t lost_ms;
+	int refused;    /* push's handshake failed (secure.c) */
 	atomic_int zc;  /* zero-copy sends ZeroMQ has not released yet */
 	struct hpucoll__msg *head; /* messages that arrived early, in order */
 	struct hpucoll__msg *tail;
@@ -234,6 +235,23 @@ struct hpucoll_comm {
 		_Atomic uint64_t collectives; /* that returned HPUCOLL_OK */
 	} stats;
 
+	/* Data-plane authentication (secure.c): the key, and the ZAP
+	 * handler's thread, which alone touches the nonces. */
+	struct hpucoll__sec {
+		hpucoll_security mode;
+		uint8_t key[32];
+		char curve_sk[41], curve_pk[41]; /* Z85, ENCRYPT only */
+		uint8_t curve_pub[32];
+		void *zap;             /* REP at inproc://zeromq.zap.01 */
+		void *mon;             /* PAIR: the pull socket's monitor */
+		int logged;            /* refusals said on stderr */
+		pthread_t thread;
+		int running;
+		uint8_t (*nonces)[16]; /* PLAIN proofs accepted so far */
+		size_t n_nonces, cap_nonces;
+		_Atomic uint64_t refused; /* connections refused */
+	} sec;
+
 	/* ---- transport: owned by the thread running a collective ---- */
 	void *ctx;
 	void *pull; /* this rank's one ZeroMQ receive socket */
@@ -277,6 +295,20 @@ void hpucoll__set_error(hpucoll_comm *c, const char *fmt, ...)
 /* Maps zmq_errno() after a failed ZeroMQ call to an hpucoll_err and says
  * what failed in comm->errmsg. */
 int hpucoll__zmq_error(hpucoll_comm *c, const char *call);
+
+/* secure.c: _start binds the ZAP handler's socket on c->ctx (before any
+ * socket binds or connects); _run, once c->pull is bound, watches its
+ * handshakes and starts the handler's thread; _unwatch before closing
+ * c->pull; _join after the context is terminated. _server and _client
+ * set a socket's options as the receiving side or the side connecting to
+ * rank dst; they return 0, or -1 with zmq_errno() set. */
+int hpucoll__sec_start(hpucoll_comm *c, hpucoll_security mode,
+		       const void *secret, size_t len);
+int hpucoll__sec_run(hpucoll_comm *c);
+void hpucoll__sec_unwatch(hpucoll_comm *c);
+void hpucoll__sec_join(hpucoll_comm *c);
+int hpucoll__sec_server(hpucoll_comm *c, void *sock);
+int hpucoll__sec_client(hpucoll_comm *c, void *sock, int dst);
 
 /* A scratch buffer of at least `len` bytes, kept until destroy (NULL when
  * out of memory). */

@@ -29,6 +29,7 @@ typedef struct env {
 	int rank, world, local_rank, node_rank;
 	const char *addr, *port, *job_id, *token;
 	hpucoll_transport transport;
+	hpucoll_security security;
 } env;
 
 static int read_int(const char *name, int *out, char *err, size_t errlen)
@@ -78,6 +79,12 @@ static int read_env(env *e, char *err, size_t errlen)
 	e->transport = HPUCOLL_TRANSPORT_AUTO;
 	if (t && *t && hpucoll_transport_parse(t, &e->transport) < 0) {
 		snprintf(err, errlen, "HPUCOLL_TRANSPORT='%s' is not one of auto, tcp, ipc, shm", t);
+		return -1;
+	}
+	t = getenv("HPUCOLL_SECURITY");
+	e->security = HPUCOLL_SECURITY_AUTH;
+	if (t && *t && hpucoll_security_parse(t, &e->security) < 0) {
+		snprintf(err, errlen, "HPUCOLL_SECURITY='%s' is not one of auth, encrypt, none", t);
 		return -1;
 	}
 	if (e->world < 1 || e->rank >= e->world) {
@@ -264,7 +271,8 @@ int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen)
 		snprintf(bind, sizeof bind, "tcp://%s:*", mine);
 	snprintf(ctl, sizeof ctl, "tcp://%s:%s", master, e.port);
 	hpucoll_comm *comm = NULL;
-	int rc = hpucoll_comm_new(&comm, e.rank, e.world, bind);
+	int rc = hpucoll_comm_new_secure(&comm, e.rank, e.world, bind, e.security,
+					 e.token, strlen(e.token));
 	if (rc) {
 		snprintf(err, errlen, "cannot bind the data socket at %s: %s", bind,
 			 hpucoll_strerror(rc));

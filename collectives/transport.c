@@ -140,19 +140,23 @@ static void send_ctl(hpucoll_comm *c, int dst, const struct hpucoll__hdr *h)
 	zmq_send(c->peers[dst].push, buf, sizeof(buf), ZMQ_DONTWAIT);
 }
 
-/* Where peer i stands relative to our collective: 1 arrived (it sent us
- * data of this collective or a later one, or its reply says it is in this
- * one or past it), 0 not arrived (it answered from an earlier one), -1 no
- * answer. */
+/* Where peer i stands relative to our collective, once a probe went out:
+ * 1 arrived (its reply says it is in this collective or past it, or it is
+ * us), 0 not arrived (it answered from an earlier one), -1 no answer, -2
+ * no answer although it sent us data of this collective: it stopped in
+ * the middle of it (frozen, or stuck in a callback). A rank that sent
+ * data but was never asked counts as arrived. */
 static int peer_state(const hpucoll_comm *c, int i)
 {
 	const struct hpucoll__peer *p = &c->peers[i];
 
-	if (i == c->rank || seq_ge(p->seen_seq, c->seq))
+	if (i == c->rank)
 		return 1;
-	if (p->reply_to != c->seq)
-		return -1;
-	return seq_ge(p->reply_seq, c->seq);
+	if (p->reply_to == c->seq)
+		return seq_ge(p->reply_seq, c->seq);
+	if (c->probe_seq != c->seq)
+		return seq_ge(p->seen_seq, c->seq) ? 1 : -1;
+	return seq_ge(p->seen_seq, c->seq) ? -2 : -1;
 }
 
 /* Whether every peer's state is known, so that the window can end early. */
@@ -240,7 +244,9 @@ static void list_ranks(const hpucoll_comm *c, struct line *l, int want)
 			add(l, "%d, %d", i, i + 1);
 		else
 			add(l, "%d", i);
-		if (s < 0)
+		if (s == -2)
+			add(l, " (sent data of it, then no answer)");
+		else if (s < 0)
 			add(l, " (no answer)");
 		else if (s == 0)
 			add(l, " (at collective #%" PRIu32 " %s)",
@@ -319,8 +325,29 @@ static void stall_flush(hpucoll_comm *c, const char *tail)
 		stall_warn(c, now_ms(), tail);
 }
 
+/* A wait for src timed out. When the stall probe of this collective found
+ * ranks that do not answer while src does (it waits too), those ranks
+ * hold the job up, and the error names them rather than src. */
 static int timed_out(hpucoll_comm *c, const struct wait *w, int src)
 {
+	struct line l = {.n = 0};
+	int n = 0;
+
+	for (int i = 0; c->probe_seq == c->seq && i < c->size; i++) {
+		if (peer_state(c, i) < 0) {
+			add(&l, "%s%d", n ? ", " : "", i);
+			n++;
+		}
+	}
+	if (n > 0 && peer_state(c, src) >= 0) {
+		hpucoll__set_error(c, "%s: rank%s %s stopped answering "
+				      "(frozen, or stuck outside the "
+				      "library?); this rank waited %d ms for "
+				      "rank %d, which waits too.",
+				   c->what, n > 1 ? "s" : "", l.buf,
+				   w->timeout_ms, src);
+		return HPUCOLL_ETIMEDOUT;
+	}
 	hpucoll__set_error(c, "%s: no data from rank %d after %d ms "
 			      "(is it alive?).",
 			   c->what, src, w->timeout_ms);
@@ -344,8 +371,10 @@ static int monitor(hpucoll_comm *c, int dst, void *push, void **out)
 
 	snprintf(ep, sizeof(ep), "inproc://hpucoll-mon-%p-%d", (void *)c, dst);
 	if (zmq_socket_monitor(push, ep,
-			       ZMQ_EVENT_CONNECTED |
-				       ZMQ_EVENT_DISCONNECTED) != 0)
+			       ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+				       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+				       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+				       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
 		return hpucoll__zmq_error(c, "zmq_socket_monitor");
 	m = zmq_socket(c->ctx, ZMQ_PAIR);
 	if (m == NULL)
@@ -376,7 +405,8 @@ static int open_push(hpucoll_comm *c, int dst)
 	    set_int(s, ZMQ_IMMEDIATE, 0) != 0 ||
 	    set_int(s, ZMQ_HEARTBEAT_IVL, HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
 	    set_int(s, ZMQ_HEARTBEAT_TIMEOUT,
-		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0)
+		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
+	    hpucoll__sec_client(c, s, dst) != 0)
 		return hpucoll__zmq_error(c, "zmq_setsockopt");
 	rc = monitor(c, dst, s, &p->mon);
 	if (rc != HPUCOLL_OK)
@@ -518,8 +548,24 @@ static void read_monitor(hpucoll_comm *c, int src)
 		} else if (ev == ZMQ_EVENT_DISCONNECTED && !p->lost) {
 			p->lost = 1;
 			p->lost_ms = now_ms();
+		} else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
+			   ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+			   ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+			p->refused = 1;
 		}
 	}
+}
+
+/* Our connection to src failed its handshake: src refused our proof, or
+ * the two use different security modes. ZeroMQ would retry forever. */
+static int refused_by(hpucoll_comm *c, int src)
+{
+	hpucoll__set_error(c, "%s: rank %d refused this rank's data-plane "
+			      "connection (its security handshake failed): do "
+			      "all ranks have the same job token and the same "
+			      "--data-plane mode?",
+			   c->what, src);
+	return HPUCOLL_ETRANSPORT;
 }
 
 static int lost_peer(hpucoll_comm *c, int src)
@@ -974,6 +1020,8 @@ static int wait_readable(hpucoll_comm *c, int src, const struct wait *w)
 			return timed_out(c, w, src);
 		if (p->lost && now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
 			return lost_peer(c, src);
+		if (p->refused)
+			return refused_by(c, src);
 		stall_check(c, w, src, now);
 		ms = wait_ms(c, w, now,
 			     p->lost ? (long)(p->lost_ms +

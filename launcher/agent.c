@@ -689,7 +689,8 @@ static int device_of(const hpu_agent *a, const worker *w)
 	return a->cfg.device_ids ? a->cfg.device_ids[w->local] : w->local;
 }
 
-const char *const hpu_job_env_names[] = {"LOWER_LIST", "FP32_LIST", "QUANT_CONFIG", NULL};
+const char *const hpu_job_env_names[] = {"LOWER_LIST", "FP32_LIST", "QUANT_CONFIG",
+					 "HPUCOLL_SECURITY", NULL};
 
 /* Whether environment entry e ("NAME=...") sets a name that list (of
  * "NAME=VALUE", NULL-terminated) sets too. */

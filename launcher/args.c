@@ -37,6 +37,10 @@ void hpu_args_usage(FILE *f)
 		"  --transport T          auto | tcp | ipc | shm: how ranks reach each other\n"
 		"                         (auto: shared memory within a node, TCP between)\n"
 		"                         [HPUCOLL_TRANSPORT]\n"
+		"  --data-plane M         auth | encrypt | none: who may connect to a\n"
+		"                         worker's data socket (auth: only the job's ranks,\n"
+		"                         proven at connect; encrypt: also encrypted, CURVE;\n"
+		"                         none: anyone) [HPUCOLL_SECURITY] (auth)\n"
 		"  --join-timeout S       seconds for every rank to join (300)\n"
 		"  --max-restarts K       when a worker or a node fails, stop the job and\n"
 		"                         start it again, up to K times (0..1000; 0); the\n"
@@ -171,7 +175,7 @@ static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
 				      "--master-addr", "--master-port", "--job-id",
 				      "--log-dir", "--join-timeout", "--transport",
 				      "--hostfile", "--status", "--hpud-port", "--key",
-				      "--max-restarts", "--progress"};
+				      "--max-restarts", "--progress", "--data-plane"};
 	static const unsigned sets[] = {SET_NODES, SET_DEVICES, SET_RANK,
 					SET_ADDR, SET_PORT, SET_JOB_ID};
 	const int nnames = (int)(sizeof names / sizeof names[0]);
@@ -231,6 +235,7 @@ static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
 			return -1;
 		}
 		break;
+	case 15: a->data_plane = v; break;
 	}
 	if (bad) {
 		snprintf(err, errlen, "bad value '%s' for %s", v, arg);
@@ -270,6 +275,8 @@ static int from_env(hpu_launch_args *a, sources *src, char *err,
 	}
 	if ((v = getenv("HPUCOLL_TRANSPORT")) && *v)
 		a->transport = v;
+	if ((v = getenv("HPUCOLL_SECURITY")) && *v)
+		a->data_plane = v;
 	if ((v = getenv("HPU_JOB_TOKEN")) && *v) {
 		snprintf(a->token, sizeof a->token, "%s", v);
 		src->env |= SET_TOKEN;
@@ -509,6 +516,12 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 	    strcmp(a->transport, "ipc") && strcmp(a->transport, "shm")) {
 		snprintf(err, errlen, "HPUCOLL_TRANSPORT='%s' is not one of auto, tcp, ipc, shm",
 			 a->transport);
+		return -1;
+	}
+	if (a->data_plane && strcmp(a->data_plane, "auth") &&
+	    strcmp(a->data_plane, "encrypt") && strcmp(a->data_plane, "none")) {
+		snprintf(err, errlen, "--data-plane (HPUCOLL_SECURITY) takes auth, encrypt or none, not '%s'",
+			 a->data_plane);
 		return -1;
 	}
 	if (a->nodes > 1 && a->transport && !strcmp(a->transport, "ipc")) {

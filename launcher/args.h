@@ -14,6 +14,7 @@ typedef struct hpu_launch_args {
 	char token[129];
 	const char *log_dir;
 	const char *transport; /* --transport: exported as HPUCOLL_TRANSPORT */
+	const char *data_plane; /* --data-plane: exported as HPUCOLL_SECURITY */
 	double join_timeout_s;
 	double agent_timeout_s;
 	double grace_s;      /* SIGTERM to SIGKILL */

@@ -208,6 +208,10 @@ int main(int argc, char **argv)
 			fprintf(stderr, "hpulaunch: error: %s\n", err);
 		return r < 0 ? 2 : 0;
 	}
+	/* The workers read it (hpucoll_comm_init_env); hpud gets it with the
+	 * request (hpu_job_env_names). */
+	if (L.args.data_plane)
+		setenv("HPUCOLL_SECURITY", L.args.data_plane, 1);
 	if (L.args.weak_token)
 		fprintf(stderr, "hpulaunch: warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun\n");
 	int rc;

@@ -67,6 +67,22 @@ typedef enum hpucoll_transport {
 	HPUCOLL_TRANSPORT_SHM,
 } hpucoll_transport;
 
+/* Who may connect to a rank over ZeroMQ (the data plane). AUTH: every
+ * connection proves during ZeroMQ's handshake that it knows the job's
+ * secret (a one-time MAC, never the secret itself); frames are not
+ * encrypted. ENCRYPT: ZeroMQ CURVE with a key pair derived from the
+ * secret: authenticated and encrypted. NONE: anyone who reaches the
+ * socket. A refused connection is closed with none of its frames read,
+ * counted in hpucoll_stats.refused_connections and logged. The
+ * environment variable HPUCOLL_SECURITY=auth|encrypt|none (hpulaunch
+ * --data-plane) chooses it for hpucoll_comm_init_env(), default auth;
+ * shared memory is protected by its owner and mode instead. */
+typedef enum hpucoll_security {
+	HPUCOLL_SECURITY_NONE = 0,
+	HPUCOLL_SECURITY_AUTH,
+	HPUCOLL_SECURITY_ENCRYPT,
+} hpucoll_security;
+
 typedef struct hpucoll_comm hpucoll_comm;
 
 /* An asynchronous collective in flight. */
@@ -79,6 +95,10 @@ const char *hpucoll_strerror(int err);
 int hpucoll_transport_parse(const char *s, hpucoll_transport *out);
 const char *hpucoll_transport_name(hpucoll_transport t);
 
+/* Parses "none", "auth" or "encrypt"; returns 0 or -1. */
+int hpucoll_security_parse(const char *s, hpucoll_security *out);
+const char *hpucoll_security_name(hpucoll_security s);
+
 /* Size in bytes of one element of `dtype` (0 if it is not a dtype). */
 size_t hpucoll_dtype_size(hpucoll_dtype dtype);
 
@@ -87,6 +107,14 @@ size_t hpucoll_dtype_size(hpucoll_dtype dtype);
  * a free port). On success *out belongs to the caller. */
 int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 		     const char *bind_endpoint);
+
+/* The same with the data plane secured: every rank of the job must pass
+ * the same mode and the same secret (secret_len bytes, e.g. the job
+ * token). hpucoll_comm_new() is this with HPUCOLL_SECURITY_NONE. */
+int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
+			    const char *bind_endpoint,
+			    hpucoll_security security, const void *secret,
+			    size_t secret_len);
 
 /* Returns the endpoint this rank is bound to, with the port resolved. */
 const char *hpucoll_comm_endpoint(const hpucoll_comm *comm);
@@ -106,7 +134,7 @@ int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints);
 
 /* Joins the coordinator named by the environment hpulaunch sets (RANK,
  * WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, HPU_JOB_ID,
- * HPU_JOB_TOKEN, and HPUCOLL_TRANSPORT), gets the rank table and returns a
+ * HPU_JOB_TOKEN, HPUCOLL_TRANSPORT and HPUCOLL_SECURITY), gets the rank table and returns a
  * connected communicator in *out. On failure, writes one sentence saying
  * why into err. */
 int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen);
@@ -140,6 +168,9 @@ typedef struct hpucoll_stats {
 	uint64_t shm_bytes_sent; /* the part of bytes_sent over shared memory */
 	uint64_t collectives;    /* completed with HPUCOLL_OK, blocking or
 				    asynchronous */
+	uint64_t refused_connections; /* ZeroMQ connections refused because
+					 they did not prove they belong to
+					 the job (hpucoll_security) */
 } hpucoll_stats;
 
 /* Fills *out with the counters since the communicator was made (zeros

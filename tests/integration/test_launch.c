@@ -19,6 +19,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
+#include "../../collectives/comm_internal.h"
 #include "harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
@@ -1117,6 +1120,126 @@ static void test_setsid_child_sigterm(void **state)
 	remove_dir(dir);
 }
 
+/* The TCP ports process pid listens on; returns how many (at most max). */
+static int listening_ports(pid_t pid, int *ports, int max)
+{
+	char path[64], link[64], line[512];
+	unsigned long inodes[64];
+	int ni = 0, n = 0;
+	struct dirent *d;
+	DIR *dir;
+	FILE *f;
+
+	snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+	if ((dir = opendir(path)) == NULL)
+		return 0;
+	while ((d = readdir(dir)) != NULL && ni < 64) {
+		char fd[300];
+		ssize_t len;
+
+		snprintf(fd, sizeof fd, "%s/%s", path, d->d_name);
+		len = readlink(fd, link, sizeof link - 1);
+		if (len > 0) {
+			link[len] = '\0';
+			if (sscanf(link, "socket:[%lu]", &inodes[ni]) == 1)
+				ni++;
+		}
+	}
+	closedir(dir);
+	if ((f = fopen("/proc/net/tcp", "r")) == NULL)
+		return 0;
+	while (fgets(line, sizeof line, f) && n < max) {
+		unsigned port, st;
+		unsigned long inode;
+
+		if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
+			   &port, &st, &inode) != 3 || st != 0x0A)
+			continue;
+		for (int i = 0; i < ni; i++)
+			if (inodes[i] == inode)
+				ports[n++] = (int)port;
+	}
+	fclose(f);
+	return n;
+}
+
+/* What issue 16 found: any local process could end a job by sending one
+ * forged ABORT to a worker's data port. Sends one to every port every
+ * worker of p listens on; returns how many it sent. */
+static int forge_aborts(void *ctx, const proc *p)
+{
+	static const char why[] = "rank 1 ran out of memory (forged)";
+	struct hpucoll__hdr h = {.magic = HPUCOLL__MAGIC, .src = 1, .seq = 1,
+				 .kind = HPUCOLL__ABORT, .arg = HPUCOLL_ENOMEM,
+				 .len = sizeof why - 1};
+	unsigned char b[HPUCOLL__HDR_SIZE];
+	pid_t kids[8];
+	int sent = 0, linger = 200;
+
+	hpucoll__hdr_encode(b, &h);
+	for (int k = 0, n = h_children(p->pid, kids, 8); k < n; k++) {
+		int ports[8], np = listening_ports(kids[k], ports, 8);
+
+		for (int i = 0; i < np; i++) {
+			char ep[64];
+			void *s = zmq_socket(ctx, ZMQ_PUSH);
+
+			snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ports[i]);
+			zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+			if (zmq_connect(s, ep) == 0 &&
+			    zmq_send(s, b, sizeof b, ZMQ_SNDMORE) == (int)sizeof b &&
+			    zmq_send(s, why, sizeof why - 1, 0) == (int)sizeof why - 1)
+				sent++;
+			zmq_close(s);
+		}
+	}
+	return sent;
+}
+
+/* A 2-worker TCP job under --data-plane `mode`, attacked until it ends;
+ * its output in out (caller frees) and its exit code returned. */
+static int attacked_job(const char *mode, char **out)
+{
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--transport", "tcp",
+			"--data-plane", (char *)mode, "--max-steps", "30", (char *)MODEL,
+			"--sleep-rank", "1", "--sleep-ms", "3000", NULL};
+	void *ctx = zmq_ctx_new();
+	int sent = 0, code;
+	proc p;
+
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	while (h_wait(&p, 200) != 0)
+		sent += forge_aborts(ctx, &p);
+	zmq_ctx_term(ctx);
+	printf("--- --data-plane %s, %d forged frames sent ---\n%s", mode, sent, p.out);
+	assert_true(sent > 0);
+	code = h_code(&p);
+	*out = strdup(p.out);
+	h_free(&p);
+	return code;
+}
+
+static void test_data_plane_refuses_forged_frames(void **state)
+{
+	(void)state;
+	char *out;
+	assert_int_equal(attacked_job("auth", &out), 0);
+	assert_non_null(strstr(out, "refused a data-plane connection"));
+	assert_null(strstr(out, "(forged)"));
+	assert_non_null(strstr(out, "trained 30 steps"));
+	free(out);
+}
+
+/* Without authentication the forgery is the job's root cause. */
+static void test_data_plane_none_is_open(void **state)
+{
+	(void)state;
+	char *out;
+	assert_int_equal(attacked_job("none", &out), 1);
+	assert_non_null(strstr(out, "(forged)"));
+	free(out);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1141,6 +1264,8 @@ int main(void)
 		cmocka_unit_test(test_sigterm_teardown),
 		cmocka_unit_test(test_setsid_child_after_training),
 		cmocka_unit_test(test_setsid_child_sigterm),
+		cmocka_unit_test(test_data_plane_refuses_forged_frames),
+		cmocka_unit_test(test_data_plane_none_is_open),
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_two_nodes_remote_failure),

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -63,7 +64,9 @@ static int child(int rank, void *arg)
 	if (w->algo != NULL)
 		setenv("HPUCOLL_ALGO", w->algo, 1);
 	ct_bind_ep(ep, sizeof(ep), w->tcp, a->prefix, rank);
-	rc = hpucoll_comm_new(&c, rank, w->ws, ep);
+	const char *secret = rank == 1 && w->secret1 ? w->secret1 : w->secret;
+	rc = hpucoll_comm_new_secure(&c, rank, w->ws, ep, w->sec, secret,
+				     secret ? strlen(secret) : 0);
 	cw_child_comm = &c;
 	if (rc != HPUCOLL_OK) {
 		fprintf(stderr, "rank %d: comm_new: %s\n", rank,

@@ -31,6 +31,9 @@ struct world {
 	const char *algo; /* HPUCOLL_ALGO for the ranks, or NULL */
 	int big;          /* also run BIG_COUNT */
 	int only_ar;      /* only all_reduce in the matrix */
+	hpucoll_security sec; /* of every rank (NONE: hpucoll_comm_new) */
+	const char *secret;   /* the job's secret for sec */
+	const char *secret1;  /* rank 1's, when it must differ, or NULL */
 };
 
 typedef int (*rank_fn)(hpucoll_comm *c, struct shared *sh,

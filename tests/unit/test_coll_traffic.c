@@ -257,7 +257,7 @@ static int check_traffic(hpucoll_comm *c, struct shared *sh,
 {
 	float *send = malloc(TRAFFIC_BIG * sizeof(float));
 	float *recv = malloc(2 * TRAFFIC_BIG * sizeof(float));
-	hpucoll_stats last, zero = {0, 0, 0, 0};
+	hpucoll_stats last, zero = {0};
 	int bad = 1;
 
 	if (send == NULL || recv == NULL)

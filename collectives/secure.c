@@ -1,0 +1,490 @@
+/* Who may talk to a rank over ZeroMQ: the data plane's authentication.
+ *
+ * Every ZeroMQ connection into a rank's receive socket must prove, during
+ * ZeroMQ's own handshake and so before any of its frames is delivered,
+ * that it belongs to the job. The proof is checked by a ZAP handler (RFC
+ * 27) on the communicator's context: a thread with a REP socket at
+ * inproc://zeromq.zap.01 that ZeroMQ asks about every new connection.
+ * A connection it refuses is closed by ZeroMQ with none of its frames
+ * read. The handler's thread also watches the receive socket's
+ * handshakes (its monitor), so that a peer offering no proof or another
+ * mechanism, which ZeroMQ closes without asking the handler, is counted
+ * too (hpucoll_stats.refused_connections); the first refusals are logged
+ * with the peer's address when known.
+ *
+ * Both modes start from the job's secret (hpulaunch's job token):
+ *   key = HMAC-SHA256(secret, "hpucoll data plane v1")
+ *
+ * HPUCOLL_SECURITY_AUTH (the default under hpulaunch): ZeroMQ's PLAIN
+ * mechanism carries a one-time proof, not the secret. A rank connecting
+ * to rank `dst` draws a 16-byte nonce and sends
+ *   username = "<src>-<nonce in hex>"
+ *   password = hex(HMAC-SHA256(key, "plain" 0 src dst nonce))
+ * (src and dst as 4-byte little-endian). The handler recomputes the MAC
+ * for itself as dst, compares in constant time and accepts each nonce
+ * once, so a proof seen on the wire is worth nothing at another rank or a
+ * second time. Frames are not encrypted and not protected against a
+ * man in the middle who can rewrite TCP traffic.
+ *
+ * HPUCOLL_SECURITY_ENCRYPT: ZeroMQ's CURVE (CurveZMQ: X25519 handshake,
+ * XSalsa20-Poly1305 frames). All ranks share one key pair whose secret is
+ * derived from the key (HMAC-SHA256(key, "curve")); the handshake proves
+ * the client holds it, and the handler accepts only that public key.
+ * Everything after the handshake is encrypted and authenticated.
+ *
+ * HPUCOLL_SECURITY_NONE: no handler, no check (hpucoll_comm_new, for
+ * programs that wire ranks themselves on a network they trust).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "comm_internal.h"
+
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
+#define NONCE_BYTES 16
+/* Refusals logged in full; after that one line at 10, 100, 1000, ... */
+#define LOG_FIRST 3
+
+static const char LABEL[] = "hpucoll data plane v1";
+
+const char *hpucoll_security_name(hpucoll_security s)
+{
+	switch (s) {
+	case HPUCOLL_SECURITY_NONE:
+		return "none";
+	case HPUCOLL_SECURITY_AUTH:
+		return "auth";
+	case HPUCOLL_SECURITY_ENCRYPT:
+		return "encrypt";
+	}
+	return "?";
+}
+
+int hpucoll_security_parse(const char *s, hpucoll_security *out)
+{
+	for (int i = HPUCOLL_SECURITY_NONE; i <= HPUCOLL_SECURITY_ENCRYPT; i++) {
+		if (strcmp(s, hpucoll_security_name((hpucoll_security)i)) == 0) {
+			*out = (hpucoll_security)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void hex(char *out, const uint8_t *in, size_t n)
+{
+	static const char digits[] = "0123456789abcdef";
+
+	for (size_t i = 0; i < n; i++) {
+		out[2 * i] = digits[in[i] >> 4];
+		out[2 * i + 1] = digits[in[i] & 15];
+	}
+	out[2 * n] = '\0';
+}
+
+static int unhex(uint8_t *out, const char *in, size_t n)
+{
+	for (size_t i = 0; i < 2 * n; i++) {
+		char ch = in[i];
+		int v = ch >= '0' && ch <= '9'	 ? ch - '0'
+			: ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+						 : -1;
+
+		if (v < 0)
+			return -1;
+		out[i / 2] = (uint8_t)(i % 2 ? (out[i / 2] << 4) | v : v);
+	}
+	return 0;
+}
+
+/* The PLAIN password of a connection from src to dst with this nonce. */
+static void plain_mac(const struct hpucoll__sec *s, uint32_t src, uint32_t dst,
+		      const uint8_t *nonce, char out[65])
+{
+	uint8_t msg[6 + 8 + NONCE_BYTES], mac[32];
+	unsigned len = sizeof(mac);
+
+	memcpy(msg, "plain", 6);
+	put32(msg + 6, src);
+	put32(msg + 10, dst);
+	memcpy(msg + 14, nonce, NONCE_BYTES);
+	HMAC(EVP_sha256(), s->key, sizeof(s->key), msg, sizeof(msg), mac, &len);
+	hex(out, mac, sizeof(mac));
+}
+
+/* ---- The ZAP handler ---- */
+
+/* Records a nonce; 0 when it was new, -1 when seen before (or no memory). */
+static int nonce_once(struct hpucoll__sec *s, const uint8_t *nonce)
+{
+	for (size_t i = 0; i < s->n_nonces; i++)
+		if (memcmp(s->nonces[i], nonce, NONCE_BYTES) == 0)
+			return -1;
+	if (s->n_nonces == s->cap_nonces) {
+		size_t cap = s->cap_nonces ? 2 * s->cap_nonces : 16;
+		uint8_t(*p)[NONCE_BYTES] = realloc(s->nonces, cap * NONCE_BYTES);
+
+		if (p == NULL)
+			return -1;
+		s->nonces = p;
+		s->cap_nonces = cap;
+	}
+	memcpy(s->nonces[s->n_nonces++], nonce, NONCE_BYTES);
+	return 0;
+}
+
+/* Checks PLAIN credentials; NULL when good, else why not. */
+static const char *check_plain(hpucoll_comm *c, const zmq_msg_t *user,
+			       const zmq_msg_t *pass)
+{
+	struct hpucoll__sec *s = &c->sec;
+	char u[64], want[65];
+	uint8_t nonce[NONCE_BYTES];
+	size_t ulen = zmq_msg_size(user);
+	unsigned long src;
+	char *dash;
+
+	if (ulen == 0 || ulen >= sizeof(u))
+		return "malformed credentials";
+	memcpy(u, zmq_msg_data((zmq_msg_t *)user), ulen);
+	u[ulen] = '\0';
+	errno = 0;
+	src = strtoul(u, &dash, 10);
+	if (errno || dash == u || *dash != '-' ||
+	    strlen(dash + 1) != 2 * NONCE_BYTES ||
+	    unhex(nonce, dash + 1, NONCE_BYTES) != 0)
+		return "malformed credentials";
+	if (src >= (unsigned long)c->size || src == (unsigned long)c->rank)
+		return "claims a rank that is not a peer";
+	plain_mac(s, (uint32_t)src, (uint32_t)c->rank, nonce, want);
+	if (zmq_msg_size(pass) != 64 ||
+	    CRYPTO_memcmp(zmq_msg_data((zmq_msg_t *)pass), want, 64) != 0)
+		return "wrong proof (not of this job)";
+	if (nonce_once(s, nonce) != 0)
+		return "replayed proof";
+	return NULL;
+}
+
+static const char *check(hpucoll_comm *c, zmq_msg_t *f, int n)
+{
+	const char *mech = c->sec.mode == HPUCOLL_SECURITY_ENCRYPT ? "CURVE"
+								   : "PLAIN";
+	size_t mlen = n > 5 ? zmq_msg_size(&f[5]) : 0;
+
+	if (n < 6 || mlen != strlen(mech) ||
+	    memcmp(zmq_msg_data(&f[5]), mech, mlen) != 0)
+		return "no credentials (another security mode?)";
+	if (c->sec.mode == HPUCOLL_SECURITY_ENCRYPT) {
+		if (n != 7 || zmq_msg_size(&f[6]) != 32 ||
+		    memcmp(zmq_msg_data(&f[6]), c->sec.curve_pub, 32) != 0)
+			return "a key not of this job";
+		return NULL;
+	}
+	if (n != 8)
+		return "malformed credentials";
+	return check_plain(c, &f[6], &f[7]);
+}
+
+/* Says why a connection was refused: the first LOG_FIRST ones in full,
+ * then one line at 10, 100, 1000, ... refusals. */
+static void say(hpucoll_comm *c, const zmq_msg_t *addr, const char *why)
+{
+	char a[64] = "a peer";
+	size_t len = addr ? zmq_msg_size(addr) : 0;
+
+	if (c->sec.logged >= LOG_FIRST)
+		return;
+	c->sec.logged++;
+	if (len > 0 && len < sizeof(a)) {
+		memcpy(a, zmq_msg_data((zmq_msg_t *)addr), len);
+		a[len] = '\0';
+	}
+	for (char *q = a; *q; q++)
+		if (*q < 0x20 || *q > 0x7e)
+			*q = '?';
+	fprintf(stderr,
+		"hpucoll: rank %d refused a data-plane connection from %s: %s; "
+		"none of its frames was read\n",
+		c->rank, a, why);
+}
+
+/* A handshake on the receive socket failed (its monitor says so): the
+ * one place refusals are counted, whether the ZAP handler refused the
+ * proof or the peer offered no or another mechanism (ZeroMQ closes those
+ * before asking the handler). */
+static void count_refusal(hpucoll_comm *c, uint16_t ev)
+{
+	uint64_t n = atomic_fetch_add(&c->sec.refused, 1) + 1, p = 10;
+
+	if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+		say(c, NULL, "its handshake failed (no proof, or another "
+			     "security mode)");
+	while (p < n && p < UINT64_MAX / 10)
+		p *= 10;
+	if (n == p)
+		fprintf(stderr, "hpucoll: rank %d has refused %" PRIu64
+				" data-plane connections so far\n",
+			c->rank, n);
+}
+
+static void read_monitor(hpucoll_comm *c, void *mon)
+{
+	zmq_msg_t f;
+	uint16_t ev = 0;
+	int more;
+
+	zmq_msg_init(&f);
+	if (zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&f);
+		return;
+	}
+	if (zmq_msg_size(&f) >= 2)
+		memcpy(&ev, zmq_msg_data(&f), sizeof(ev));
+	more = zmq_msg_more(&f);
+	zmq_msg_close(&f);
+	while (more) {
+		zmq_msg_init(&f);
+		more = zmq_msg_recv(&f, mon, 0) >= 0 && zmq_msg_more(&f);
+		zmq_msg_close(&f);
+	}
+	if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
+	    ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+	    ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+		count_refusal(c, ev);
+}
+
+static void reply(void *rep, const zmq_msg_t *reqid, int ok)
+{
+	zmq_msg_t id;
+
+	zmq_msg_init(&id);
+	zmq_msg_copy(&id, (zmq_msg_t *)reqid);
+	zmq_send(rep, "1.0", 3, ZMQ_SNDMORE);
+	zmq_msg_send(&id, rep, ZMQ_SNDMORE);
+	zmq_send(rep, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+	zmq_send(rep, ok ? "OK" : "refused", ok ? 2 : 7, ZMQ_SNDMORE);
+	zmq_send(rep, "", 0, ZMQ_SNDMORE);
+	zmq_send(rep, "", 0, 0);
+	zmq_msg_close(&id);
+}
+
+/* Answers one request of ZeroMQ's. Frames: version, request id,
+ * domain, address, routing id, mechanism, credentials (none for NULL, 1
+ * for CURVE, 2 for PLAIN). */
+static void answer(hpucoll_comm *c, void *rep)
+{
+	zmq_msg_t f[8];
+	int n = 0, more = 1;
+
+	while (more) {
+		zmq_msg_t *m = &f[n < 8 ? n : 7];
+
+		if (n >= 8)
+			zmq_msg_close(m);
+		zmq_msg_init(m);
+		if (zmq_msg_recv(m, rep, 0) < 0) {
+			zmq_msg_close(m);
+			if (zmq_errno() == EINTR)
+				continue;
+			break; /* terminated: nothing to answer */
+		}
+		more = zmq_msg_more(m);
+		n++;
+	}
+	if (!more) {
+		const char *why = n > 8 ? "malformed request" : check(c, f, n);
+
+		if (why != NULL)
+			say(c, n > 3 ? &f[3] : NULL, why);
+		if (n >= 2)
+			reply(rep, &f[1], why == NULL);
+	}
+	for (int i = 0; i < n && i < 8; i++)
+		zmq_msg_close(&f[i]);
+}
+
+/* Serves ZAP requests and watches the receive socket's handshakes until
+ * the context is terminated. */
+static void *zap_main(void *arg)
+{
+	hpucoll_comm *c = arg;
+	zmq_pollitem_t it[2] = {
+		{.socket = c->sec.zap, .events = ZMQ_POLLIN},
+		{.socket = c->sec.mon, .events = ZMQ_POLLIN},
+	};
+
+	for (;;) {
+		if (zmq_poll(it, 2, -1) < 0) {
+			if (zmq_errno() == EINTR)
+				continue;
+			break;
+		}
+		if (it[0].revents & ZMQ_POLLIN)
+			answer(c, c->sec.zap);
+		if (it[1].revents & ZMQ_POLLIN)
+			read_monitor(c, c->sec.mon);
+	}
+	zmq_close(c->sec.zap);
+	zmq_close(c->sec.mon);
+	return NULL;
+}
+
+/* ---- Setting up ---- */
+
+int hpucoll__sec_start(hpucoll_comm *c, hpucoll_security mode,
+		       const void *secret, size_t len)
+{
+	struct hpucoll__sec *s = &c->sec;
+	unsigned mlen = sizeof(s->key);
+	uint8_t curve_sk[32];
+	char sk_z85[41], pk_z85[41];
+
+	s->mode = mode;
+	if (mode == HPUCOLL_SECURITY_NONE)
+		return HPUCOLL_OK;
+	if (secret == NULL || len == 0) {
+		hpucoll__set_error(c, "comm_new: security mode '%s' needs the "
+				      "job's secret.",
+				   hpucoll_security_name(mode));
+		return HPUCOLL_EINVAL;
+	}
+	HMAC(EVP_sha256(), secret, (int)len, (const uint8_t *)LABEL,
+	     sizeof(LABEL) - 1, s->key, &mlen);
+	if (mode == HPUCOLL_SECURITY_ENCRYPT) {
+		if (!zmq_has("curve")) {
+			hpucoll__set_error(c, "comm_new: this libzmq has no "
+					      "CURVE, so the data plane cannot "
+					      "be encrypted.");
+			return HPUCOLL_EINVAL;
+		}
+		mlen = sizeof(curve_sk);
+		HMAC(EVP_sha256(), s->key, sizeof(s->key),
+		     (const uint8_t *)"curve", 5, curve_sk, &mlen);
+		zmq_z85_encode(sk_z85, curve_sk, sizeof(curve_sk));
+		if (zmq_curve_public(pk_z85, sk_z85) != 0)
+			return hpucoll__zmq_error(c, "zmq_curve_public");
+		memcpy(s->curve_sk, sk_z85, sizeof(sk_z85));
+		memcpy(s->curve_pk, pk_z85, sizeof(pk_z85));
+		zmq_z85_decode(s->curve_pub, pk_z85);
+		OPENSSL_cleanse(curve_sk, sizeof(curve_sk));
+	}
+	s->zap = zmq_socket(c->ctx, ZMQ_REP);
+	if (s->zap == NULL)
+		return hpucoll__zmq_error(c, "zmq_socket");
+	if (zmq_bind(s->zap, ZAP_ENDPOINT) != 0) {
+		zmq_close(s->zap);
+		s->zap = NULL;
+		return hpucoll__zmq_error(c, "zmq_bind");
+	}
+	return HPUCOLL_OK;
+}
+
+int hpucoll__sec_run(hpucoll_comm *c)
+{
+	struct hpucoll__sec *s = &c->sec;
+	char ep[64];
+	int zero = 0;
+
+	if (s->mode == HPUCOLL_SECURITY_NONE)
+		return HPUCOLL_OK;
+	snprintf(ep, sizeof(ep), "inproc://hpucoll-secmon-%p", (void *)c);
+	if (zmq_socket_monitor(c->pull, ep,
+			       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+				       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+				       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+		return hpucoll__zmq_error(c, "zmq_socket_monitor");
+	s->mon = zmq_socket(c->ctx, ZMQ_PAIR);
+	if (s->mon == NULL)
+		return hpucoll__zmq_error(c, "zmq_socket");
+	if (zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+	    zmq_connect(s->mon, ep) != 0)
+		return hpucoll__zmq_error(c, "zmq_connect");
+	if (pthread_create(&s->thread, NULL, zap_main, c) != 0) {
+		hpucoll__set_error(c, "comm_new: cannot start the "
+				      "authentication thread.");
+		return HPUCOLL_ENOMEM;
+	}
+	s->running = 1;
+	return HPUCOLL_OK;
+}
+
+void hpucoll__sec_unwatch(hpucoll_comm *c)
+{
+	if (c->sec.mon != NULL && c->pull != NULL)
+		zmq_socket_monitor(c->pull, NULL, 0);
+}
+
+void hpucoll__sec_join(hpucoll_comm *c)
+{
+	struct hpucoll__sec *s = &c->sec;
+
+	if (s->running) {
+		pthread_join(s->thread, NULL);
+	} else {
+		/* Never started (comm_new failed): close what it would. */
+		if (s->zap != NULL)
+			zmq_close(s->zap);
+		if (s->mon != NULL)
+			zmq_close(s->mon);
+	}
+	s->running = 0;
+	s->zap = s->mon = NULL;
+	free(s->nonces);
+	s->nonces = NULL;
+	OPENSSL_cleanse(s->key, sizeof(s->key));
+	OPENSSL_cleanse(s->curve_sk, sizeof(s->curve_sk));
+}
+
+static int set_str(void *sock, int opt, const char *v)
+{
+	return zmq_setsockopt(sock, opt, v, strlen(v));
+}
+
+int hpucoll__sec_server(hpucoll_comm *c, void *sock)
+{
+	struct hpucoll__sec *s = &c->sec;
+	int one = 1;
+
+	if (s->mode == HPUCOLL_SECURITY_NONE)
+		return 0;
+	if (set_str(sock, ZMQ_ZAP_DOMAIN, "hpucoll") != 0)
+		return -1;
+	if (s->mode == HPUCOLL_SECURITY_AUTH)
+		return zmq_setsockopt(sock, ZMQ_PLAIN_SERVER, &one, sizeof(one));
+	return zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
+	       set_str(sock, ZMQ_CURVE_SECRETKEY, s->curve_sk);
+}
+
+int hpucoll__sec_client(hpucoll_comm *c, void *sock, int dst)
+{
+	struct hpucoll__sec *s = &c->sec;
+	uint8_t nonce[NONCE_BYTES];
+	char user[16 + 2 * NONCE_BYTES], pass[65];
+
+	if (s->mode == HPUCOLL_SECURITY_NONE)
+		return 0;
+	if (s->mode == HPUCOLL_SECURITY_ENCRYPT)
+		return set_str(sock, ZMQ_CURVE_SERVERKEY, s->curve_pk) ||
+		       set_str(sock, ZMQ_CURVE_PUBLICKEY, s->curve_pk) ||
+		       set_str(sock, ZMQ_CURVE_SECRETKEY, s->curve_sk);
+	if (RAND_bytes(nonce, sizeof(nonce)) != 1)
+		return -1;
+	snprintf(user, sizeof(user), "%d-", c->rank);
+	hex(user + strlen(user), nonce, sizeof(nonce));
+	plain_mac(s, (uint32_t)c->rank, (uint32_t)dst, nonce, pass);
+	return set_str(sock, ZMQ_PLAIN_USERNAME, user) ||
+	       set_str(sock, ZMQ_PLAIN_PASSWORD, pass);
+}

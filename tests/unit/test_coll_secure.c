@@ -1,0 +1,328 @@
+/* The data plane's authentication (collectives/secure.c), on real forked
+ * ranks over TCP loopback.
+ *
+ * - auth and encrypt: while rank 0 and rank 1 run collectives, a stranger
+ *   connects to rank 1's port and sends a forged ABORT (what ended a job
+ *   before): without credentials, with a PLAIN proof made from a wrong
+ *   secret, with a proof taken from the right job but replayed, and with a
+ *   CURVE key of its own. Every collective still gives the right values,
+ *   rank 1 counts each connection as refused, and no forged frame is read.
+ * - none: the same forged ABORT ends rank 1's collective (the attack the
+ *   modes above stop).
+ * - ranks with different secrets fail at once, naming the rank that
+ *   refused them, instead of waiting for the timeout. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <openssl/hmac.h>
+#include <zmq.h>
+
+#include "../../collectives/comm_internal.h"
+#include "coll_world.h"
+
+/* What a stranger does to rank 1's receive socket. */
+enum attack { BARE, WRONG_SECRET, REPLAY, OWN_CURVE_KEY, N_ATTACKS };
+
+/* A proof rank 0 could give rank 1, made as secure.c documents it. */
+static void real_proof(const char *secret, char user[64], char pass[65])
+{
+	static const char label[] = "hpucoll data plane v1";
+	uint8_t key[32], mac[32], msg[6 + 8 + 16] = "plain";
+	unsigned len = 32;
+
+	HMAC(EVP_sha256(), secret, (int)strlen(secret),
+	     (const uint8_t *)label, sizeof(label) - 1, key, &len);
+	msg[10] = 1; /* src 0, dst 1, little-endian */
+	memset(msg + 14, 0xab, 16);
+	HMAC(EVP_sha256(), key, sizeof(key), msg, sizeof(msg), mac, &len);
+	snprintf(user, 64, "0-%s", "abababababababababababababababab");
+	for (int i = 0; i < 32; i++)
+		snprintf(pass + 2 * i, 3, "%02x", mac[i]);
+}
+
+/* Waits until `s` has finished its handshake (1) or failed it (0). */
+static int handshake(void *ctx, void *s)
+{
+	char ep[64];
+	void *m = zmq_socket(ctx, ZMQ_PAIR);
+	zmq_pollitem_t it = {.socket = m, .events = ZMQ_POLLIN};
+	uint16_t ev = 0;
+	zmq_msg_t f;
+
+	snprintf(ep, sizeof(ep), "inproc://handshake-%p", s);
+	assert_int_equal(zmq_socket_monitor(s, ep,
+					    ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+						    ZMQ_EVENT_HANDSHAKE_FAILED_AUTH),
+			 0);
+	assert_int_equal(zmq_connect(m, ep), 0);
+	if (zmq_poll(&it, 1, 10000) == 1) {
+		zmq_msg_init(&f);
+		if (zmq_msg_recv(&f, m, 0) >= 2)
+			memcpy(&ev, zmq_msg_data(&f), sizeof(ev));
+		zmq_msg_close(&f);
+	}
+	zmq_socket_monitor(s, NULL, 0);
+	zmq_close(m);
+	return ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
+}
+
+/* Connects to `ep` as `how` says and sends one forged ABORT; returns the
+ * socket (closed by the caller, so that the connection stays while the
+ * ranks run). */
+static void *forge(void *ctx, const char *ep, enum attack how,
+		   hpucoll_security sec, const char *secret)
+{
+	static const char why[] = "rank 1 ran out of memory (forged)";
+	void *s = zmq_socket(ctx, ZMQ_PUSH);
+	unsigned char b[HPUCOLL__HDR_SIZE];
+	struct hpucoll__hdr h = {
+		.magic = HPUCOLL__MAGIC,
+		.src = 0,
+		.seq = 1,
+		.kind = HPUCOLL__ABORT,
+		.arg = HPUCOLL_ENOMEM,
+		.len = sizeof(why) - 1,
+	};
+	char pub[41], priv[41];
+	int zero = 0;
+
+	zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+	if (how == WRONG_SECRET || how == REPLAY) {
+		/* A well-formed proof from another job's secret, or a
+		 * proof of this job seen once already: a second socket
+		 * presents the same one first, and is let in (silent). */
+		char user[64], pass[65];
+
+		real_proof(how == REPLAY ? secret : "a guess", user, pass);
+		for (int i = how == REPLAY ? 0 : 1; i < 2; i++) {
+			void *t = i ? s : zmq_socket(ctx, ZMQ_PUSH);
+
+			zmq_setsockopt(t, ZMQ_LINGER, &zero, sizeof(zero));
+			zmq_setsockopt(t, ZMQ_PLAIN_USERNAME, user,
+				       strlen(user));
+			zmq_setsockopt(t, ZMQ_PLAIN_PASSWORD, pass, 64);
+			if (i == 0) {
+				zmq_connect(t, ep);
+				/* Let in, unless PLAIN is not spoken. */
+				assert_int_equal(handshake(ctx, t),
+						 sec == HPUCOLL_SECURITY_AUTH);
+				zmq_close(t);
+			}
+		}
+	} else if (how == OWN_CURVE_KEY) {
+		zmq_curve_keypair(pub, priv);
+		/* It even knows a server key: its own. */
+		zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, pub, 40);
+		zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 40);
+		zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, priv, 40);
+	}
+	zmq_connect(s, ep);
+	hpucoll__hdr_encode(b, &h);
+	zmq_send(s, b, sizeof(b), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(s, why, sizeof(why) - 1, ZMQ_DONTWAIT);
+	return s;
+}
+
+static int all_reduce_ok(hpucoll_comm *c, int round)
+{
+	float x[1000], want = 0;
+	int ws = hpucoll_comm_size(c), rc;
+
+	for (int r = 0; r < ws; r++)
+		want += (float)(r + round);
+	for (int i = 0; i < 1000; i++)
+		x[i] = (float)(hpucoll_comm_rank(c) + round);
+	rc = hpucoll_all_reduce(c, x, x, 1000, HPUCOLL_F32, HPUCOLL_SUM);
+	if (rc != HPUCOLL_OK)
+		return cw_fail_rc(c, "all_reduce", rc);
+	for (int i = 0; i < 1000; i++) {
+		if (x[i] != want) {
+			fprintf(stderr, "rank %d: x[%d] = %g, want %g\n",
+				hpucoll_comm_rank(c), i, x[i], want);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Rank 0 attacks rank 1 between collectives; rank 1 waits until it has
+ * refused every stranger. */
+static int under_attack(hpucoll_comm *c, struct shared *sh,
+			const struct world *w)
+{
+	int me = hpucoll_comm_rank(c), n = 0, rc = 0;
+	void *ctx = zmq_ctx_new(), *socks[N_ATTACKS];
+	hpucoll_stats st;
+
+	if (me == 0) {
+		for (int a = 0; a < N_ATTACKS; a++)
+			if (w->sec == HPUCOLL_SECURITY_ENCRYPT || a != OWN_CURVE_KEY)
+				socks[n++] = forge(ctx, sh->eps.ep[1], a,
+						   w->sec, w->secret);
+	}
+	for (int round = 0; round < 3 && rc == 0; round++)
+		rc = all_reduce_ok(c, round);
+	if (rc == 0 && me == 1) {
+		int64_t end = ct_now_ms() + 20000;
+		/* Under encrypt the PLAIN proofs are refused too, the
+		 * first of REPLAY's two sockets included. */
+		int want = w->sec == HPUCOLL_SECURITY_ENCRYPT ? 5 : 3;
+
+		do {
+			usleep(20000);
+			hpucoll_comm_stats(c, &st);
+		} while (st.refused_connections < (uint64_t)want &&
+			 ct_now_ms() < end);
+		if (st.refused_connections < (uint64_t)want) {
+			fprintf(stderr, "rank 1 refused %llu connections, "
+					"want %d\n",
+				(unsigned long long)st.refused_connections,
+				want);
+			rc = 1;
+		}
+	}
+	/* After the refusals: the job still works. */
+	if (rc == 0)
+		rc = all_reduce_ok(c, 7);
+	if (rc == 0 && hpucoll_barrier(c) != HPUCOLL_OK)
+		rc = cw_fail_rc(c, "barrier", HPUCOLL_EPROTO);
+	for (int i = 0; i < n; i++)
+		zmq_close(socks[i]);
+	zmq_ctx_term(ctx);
+	return rc;
+}
+
+static void test_auth_refuses_strangers(void **state)
+{
+	struct world w = {.ws = 2, .tcp = 1, .sec = HPUCOLL_SECURITY_AUTH,
+			  .secret = "the job token"};
+
+	(void)state;
+	cw_run_world(&w, under_attack);
+}
+
+static void test_encrypt_refuses_strangers(void **state)
+{
+	struct world w = {.ws = 3, .tcp = 1, .sec = HPUCOLL_SECURITY_ENCRYPT,
+			  .secret = "the job token"};
+
+	(void)state;
+	cw_run_world(&w, under_attack);
+}
+
+/* Without security the stranger's ABORT is taken for rank 0's. */
+static int forged_abort_wins(hpucoll_comm *c, struct shared *sh,
+			     const struct world *w)
+{
+	int rc;
+
+	(void)w;
+	if (hpucoll_comm_rank(c) == 0) {
+		/* Rank 0 stays out of the collective: only the forged frame
+		 * can end rank 1's wait. */
+		void *ctx = zmq_ctx_new(), *s = forge(ctx, sh->eps.ep[1], BARE,
+						 HPUCOLL_SECURITY_NONE, NULL);
+
+		sleep(3);
+		zmq_close(s);
+		zmq_ctx_term(ctx);
+		return 0;
+	}
+	hpucoll_comm_set_timeout(c, 20000);
+	rc = hpucoll_barrier(c);
+	if (rc == HPUCOLL_ENOMEM && strstr(hpucoll_comm_errmsg(c), "(forged)"))
+		return 0;
+	fprintf(stderr, "rank 1: barrier gave %d \"%s\", want the forgery\n",
+		rc, hpucoll_comm_errmsg(c));
+	return 1;
+}
+
+static void test_none_takes_forged_abort(void **state)
+{
+	struct world w = {.ws = 2, .tcp = 1};
+
+	(void)state;
+	cw_run_world(&w, forged_abort_wins);
+}
+
+/* Each rank refuses the other's proof. The first to hear of it fails at
+ * once naming the rank that refused it; the other may instead find that
+ * rank gone (it left before the other's connection got through), but
+ * nobody waits for the 60 s timeout. */
+static int refused_both_ways(hpucoll_comm *c, struct shared *sh,
+			     const struct world *w)
+{
+	int me = hpucoll_comm_rank(c), rc;
+	int64_t end;
+	char want[64];
+
+	(void)w;
+	hpucoll_comm_set_timeout(c, 8000);
+	rc = hpucoll_barrier(c);
+	snprintf(want, sizeof(want), "rank %d refused this rank's", 1 - me);
+	if (rc == HPUCOLL_ETRANSPORT && strstr(hpucoll_comm_errmsg(c), want)) {
+		atomic_fetch_add(&sh->counter, 1);
+		return 0;
+	}
+	fprintf(stderr, "rank %d: barrier gave %d \"%s\"\n", me, rc,
+		hpucoll_comm_errmsg(c));
+	if (rc != HPUCOLL_ETIMEDOUT && rc != HPUCOLL_EPEER)
+		return 1;
+	end = ct_now_ms() + 10000;
+	while (atomic_load(&sh->counter) == 0 && ct_now_ms() < end)
+		usleep(10000);
+	return atomic_load(&sh->counter) == 0;
+}
+
+static void test_different_secrets(void **state)
+{
+	struct world w = {.ws = 2, .tcp = 1, .sec = HPUCOLL_SECURITY_AUTH,
+			  .secret = "one token", .secret1 = "another token"};
+
+	(void)state;
+	cw_run_world(&w, refused_both_ways);
+	w.sec = HPUCOLL_SECURITY_ENCRYPT;
+	cw_run_world(&w, refused_both_ways);
+}
+
+static void test_bad_args(void **state)
+{
+	hpucoll_comm *c = NULL;
+	hpucoll_security s;
+
+	(void)state;
+	assert_int_equal(hpucoll_comm_new_secure(&c, 0, 1, "tcp://127.0.0.1:*",
+						 HPUCOLL_SECURITY_AUTH, NULL,
+						 0),
+			 HPUCOLL_EINVAL);
+	assert_null(c);
+	assert_int_equal(hpucoll_comm_new_secure(&c, 0, 1, "tcp://127.0.0.1:*",
+						 (hpucoll_security)9, "x", 1),
+			 HPUCOLL_EINVAL);
+	assert_int_equal(hpucoll_security_parse("encrypt", &s), 0);
+	assert_int_equal(s, HPUCOLL_SECURITY_ENCRYPT);
+	assert_int_equal(hpucoll_security_parse("curve", &s), -1);
+	assert_string_equal(hpucoll_security_name(HPUCOLL_SECURITY_AUTH),
+			    "auth");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_auth_refuses_strangers),
+		cmocka_unit_test(test_encrypt_refuses_strangers),
+		cmocka_unit_test(test_none_takes_forged_abort),
+
+		cmocka_unit_test(test_different_secrets),
+		cmocka_unit_test(test_bad_args),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
