@@ -8,12 +8,17 @@
  * MODE behind: #1 all_reduce; SLEEPER sleeps; #2 broadcast from rank 0;
  *              #3 all_reduce. The ranks after SLEEPER in the broadcast
  *              wait in #2 while the others are already in #3.
+ * MODE frozen: #1 all_reduce; #2 a large all_reduce started
+ *              asynchronously, during which SLEEPER stops itself
+ *              (SIGSTOP) after SLEEP_MS: frozen in the middle of #2,
+ *              with part of its data sent. The others time out.
  * STALL_MS, when given, is set with hpucoll_comm_set_stall_warning (else
  * HPUCOLL_STALL_WARN_MS applies).
  *
  * Each rank checks every result and prints "rank R done" at the end, or
  * "rank R: ... failed: <errmsg>" and exits 1. */
 #include <hpu/coll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +77,31 @@ static int bcast(hpucoll_comm *c, int r)
 	return 0;
 }
 
+/* #2 of MODE frozen: 16M floats, so that SLEEPER stops inside it. */
+static int frozen(hpucoll_comm *c, int r, int sleeper, int sleep_ms)
+{
+	size_t n = (size_t)16 << 20;
+	float *x = calloc(n, sizeof(float));
+	hpucoll_req *req = NULL;
+	int rc;
+
+	if (x == NULL)
+		return 1;
+	rc = hpucoll_iall_reduce(c, x, x, n, HPUCOLL_F32, HPUCOLL_SUM, &req);
+	if (rc == HPUCOLL_OK && r == sleeper) {
+		usleep((useconds_t)sleep_ms * 1000);
+		printf("rank %d stops now\n", r);
+		raise(SIGSTOP);
+	}
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll_wait(&req);
+	free(x);
+	if (rc != HPUCOLL_OK)
+		return fail(c, r, "all_reduce #2", rc);
+	printf("rank %d all_reduce #2 ok\n", r);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	hpucoll_comm *c = NULL;
@@ -79,8 +109,9 @@ int main(int argc, char **argv)
 	int bad = 1;
 
 	if (argc < 4 ||
-	    (strcmp(argv[1], "late") && strcmp(argv[1], "behind"))) {
-		fprintf(stderr, "usage: coll_stall_worker late|behind SLEEPER "
+	    (strcmp(argv[1], "late") && strcmp(argv[1], "behind") &&
+	     strcmp(argv[1], "frozen"))) {
+		fprintf(stderr, "usage: coll_stall_worker late|behind|frozen SLEEPER "
 		                "SLEEP_MS [STALL_MS]\n");
 		return 2;
 	}
@@ -98,6 +129,10 @@ int main(int argc, char **argv)
 
 	if (sum(c, r, ws, 1))
 		goto out;
+	if (!strcmp(argv[1], "frozen")) {
+		bad = frozen(c, r, sleeper, sleep_ms);
+		goto out;
+	}
 	if (r == sleeper)
 		usleep((useconds_t)sleep_ms * 1000);
 	if (behind ? bcast(c, r) || sum(c, r, ws, 3) : sum(c, r, ws, 2))

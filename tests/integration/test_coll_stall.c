@@ -10,6 +10,12 @@
  *           Ranks 0 and 1 say rank 2 (no answer) and rank 3 (at collective
  *           #2 broadcast); rank 3 counts 0 and 1 as arrived.
  *
+ *   frozen: rank 1 stops itself (SIGSTOP) in the middle of a large
+ *           all_reduce #2, after sending part of its data. The others'
+ *           warnings list it as not arrived (not "none", as when data it
+ *           sent counted as arrival), and their errors name rank 1, not
+ *           the rank each happened to wait for.
+ *
  * Each runs over shared memory (hpulaunch's default within a node) and
  * over TCP, the threshold once from HPUCOLL_STALL_WARN_MS and once from
  * hpucoll_comm_set_stall_warning. Nothing here depends on timing beyond
@@ -184,6 +190,70 @@ static void test_behind_tcp_env(void **state)
 	behind("tcp", 0);
 }
 
+/* Rank r's failure line names rank 1 as the one that stopped. */
+static int blames_1(const char *out, int r)
+{
+	char prefix[64], line[1024];
+
+	snprintf(prefix, sizeof prefix, "[rank %d] rank %d: all_reduce #2 failed: ",
+	         r, r);
+	if (lines_with(out, prefix, line, sizeof line) != 1) {
+		fprintf(stderr, "rank %d did not fail once in #2\n", r);
+		return 0;
+	}
+	if ((strstr(line, "rank 1 stopped answering") ||
+	     strstr(line, "no data from rank 1 ")) &&
+	    !strstr(line, "no data from rank 0") &&
+	    !strstr(line, "no data from rank 2")) {
+		return 1;
+	}
+	fprintf(stderr, "rank %d's error does not name rank 1: %s\n", r, line);
+	return 0;
+}
+
+static void frozen(const char *transport, const char *after_ms)
+{
+	char tenv[64];
+	char *env[] = {"HPUCOLL_TIMEOUT_MS=6000", "HPUCOLL_STALL_WARN_MS=1500",
+	               tenv, NULL};
+	char *argv[] = {(char *)LAUNCH, "--devices", "3", "--exec",
+	                (char *)WORKER, "frozen", "1", (char *)after_ms, NULL};
+	char prefix[64], line[1024];
+	int ok = 1;
+	proc p;
+
+	snprintf(tenv, sizeof tenv, "HPUCOLL_TRANSPORT=%s", transport);
+	assert_int_not_equal(h_run(&p, argv, env, 120000), -1);
+	printf("--- frozen, transport %s: exit %d ---\n%s", transport,
+	       h_code(&p), p.out);
+	assert_int_not_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "[rank 1] rank 1 stops now"));
+	for (int r = 0; r < 3; r += 2) {
+		snprintf(prefix, sizeof prefix, "[rank %d] hpucoll: rank %d: ",
+		         r, r);
+		if (lines_with(p.out, prefix, line, sizeof line) != 1 ||
+		    !strstr(line, "; not arrived: rank 1 (")) {
+			fprintf(stderr, "rank %d's warning: %s\n", r, line);
+			ok = 0;
+		}
+		ok &= blames_1(p.out, r);
+	}
+	h_free(&p);
+	assert_true(ok);
+}
+
+static void test_frozen_tcp(void **state)
+{
+	(void)state;
+	frozen("tcp", "30");
+}
+
+static void test_frozen_shm(void **state)
+{
+	(void)state;
+	frozen("auto", "10");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -191,6 +261,8 @@ int main(void)
 	    cmocka_unit_test(test_late_tcp_api),
 	    cmocka_unit_test(test_behind_shm_api),
 	    cmocka_unit_test(test_behind_tcp_env),
+	    cmocka_unit_test(test_frozen_tcp),
+	    cmocka_unit_test(test_frozen_shm),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
