@@ -286,13 +286,20 @@ void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst)
 
 int hpu__model_params_open(hpu_builder *b, const char *path, char *err, size_t errlen)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO must not hang the open; refused below. */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	struct stat st;
-	if (fd < 0 || fstat(fd, &st) < 0) {
+	if (fd < 0 || fstat(fd, &st) < 0 ||
+	    (S_ISREG(st.st_mode) && fcntl(fd, F_SETFL, O_RDONLY) < 0)) {
 		snprintf(err, errlen, "--load-params %s: cannot read it: %s", path,
 			 strerror(errno));
 		if (fd >= 0)
 			close(fd);
+		return -1;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "--load-params %s: not a regular file", path);
+		close(fd);
 		return -1;
 	}
 	if ((uint64_t)st.st_size != (uint64_t)b->psi * 4) {

@@ -455,6 +455,14 @@ static void test_inputs_not_regular(void **state)
 	assert_non_null(strstr(p.out, "LOWER_LIST file "));
 	assert_non_null(strstr(p.out, "not a regular file (a FIFO)"));
 	h_free(&p);
+	char *a4[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+		      "--load-params", fifo, (char *)MODEL, NULL};
+	code = h_run(&p, a4, NULL, 30000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "--load-params "));
+	assert_non_null(strstr(p.out, "not a regular file"));
+	h_free(&p);
 	unlink(fifo);
 	rmdir(dir);
 }
