@@ -586,13 +586,13 @@ static int check_clock(const hpu_auth *a, uint64_t ts_wire, int64_t now_ms,
 	return 0;
 }
 
-int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
-		    const void **body, size_t *bodylen, char *err, size_t errlen)
+/* Everything hpu_auth_verify checks but the replay cache: size, magic, MAC
+ * and clock. */
+static int check_frame(hpu_auth *a, const uint8_t *f, size_t len,
+		       int64_t now_ms, char *err, size_t errlen)
 {
-	const uint8_t *f = frame;
 	uint8_t mac[MAC_BYTES];
 
-	assert(now_ms > INT64_MIN / 2 && now_ms < INT64_MAX / 2);
 	if (len < HPU_AUTH_HEADER) {
 		seterr(err, errlen, "truncated frame (%zu bytes, under the %d "
 		       "of a header)", len, HPU_AUTH_HEADER);
@@ -618,10 +618,31 @@ int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 		seterr(err, errlen, "bad signature (wrong key or altered)");
 		return -1;
 	}
-	uint64_t ts_wire = get_be64(f + OFF_TS);
-	if (check_clock(a, ts_wire, now_ms, err, errlen) < 0)
+	return check_clock(a, get_be64(f + OFF_TS), now_ms, err, errlen);
+}
+
+int hpu_auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		   const void **body, size_t *bodylen, char *err, size_t errlen)
+{
+	const uint8_t *f = frame;
+	assert(now_ms > INT64_MIN / 2 && now_ms < INT64_MAX / 2);
+	if (check_frame(a, f, len, now_ms, err, errlen) < 0)
 		return -1;
-	int64_t ts = (int64_t)ts_wire;
+	if (body)
+		*body = f + HPU_AUTH_HEADER;
+	if (bodylen)
+		*bodylen = len - HPU_AUTH_HEADER;
+	return 0;
+}
+
+int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		    const void **body, size_t *bodylen, char *err, size_t errlen)
+{
+	const uint8_t *f = frame;
+	assert(now_ms > INT64_MIN / 2 && now_ms < INT64_MAX / 2);
+	if (check_frame(a, f, len, now_ms, err, errlen) < 0)
+		return -1;
+	int64_t ts = (int64_t)get_be64(f + OFF_TS);
 
 	expire(a, now_ms);
 	if (ts < a->horizon) {
@@ -646,6 +667,20 @@ int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 		*body = f + HPU_AUTH_HEADER;
 	if (bodylen)
 		*bodylen = len - HPU_AUTH_HEADER;
+	return 0;
+}
+
+int hpu_auth_random_id(char out[HPU_AUTH_ID_HEX + 1])
+{
+	static const char digits[] = "0123456789abcdef";
+	uint8_t r[HPU_AUTH_ID_HEX / 2];
+	if (RAND_bytes(r, sizeof(r)) != 1)
+		return -1;
+	for (size_t i = 0; i < sizeof(r); i++) {
+		out[2 * i] = digits[r[i] >> 4];
+		out[2 * i + 1] = digits[r[i] & 15];
+	}
+	out[HPU_AUTH_ID_HEX] = 0;
 	return 0;
 }
 

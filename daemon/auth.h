@@ -14,7 +14,10 @@
  * The verifier refuses a frame that is too short or too long, has another
  * magic, a wrong MAC (compared in constant time), a timestamp outside the
  * clock window, or a nonce it has already accepted within the window (a
- * replay). The secret is a file of 64 hex digits (32 bytes) that must not
+ * replay). A stream whose messages carry their own sequence numbers (hpud's
+ * frames to a submitter) is checked with hpu_auth_check instead, which
+ * keeps no nonces: the receiver refuses replays by the sequence number,
+ * in O(1) memory whatever the rate. The secret is a file of 64 hex digits (32 bytes) that must not
  * be readable or writable by group or others. */
 #ifndef HPU_AUTH_H
 #define HPU_AUTH_H
@@ -26,6 +29,8 @@
 #define HPU_AUTH_HEADER 60
 /* Largest frame accepted (header + body). */
 #define HPU_AUTH_MAX_FRAME (HPU_AUTH_HEADER + 64 * 1024)
+/* Hex digits in an id from hpu_auth_random_id (16 random bytes). */
+#define HPU_AUTH_ID_HEX 32
 
 typedef struct hpu_auth hpu_auth;
 
@@ -64,6 +69,17 @@ size_t hpu_auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
  * nonce", ...); nothing is remembered. Never reads outside frame[0..len). */
 int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 		    const void **body, size_t *bodylen, char *err, size_t errlen);
+
+/* Checks `frame` at time now_ms as hpu_auth_verify does (size, magic,
+ * MAC, clock window), but neither looks up nor remembers its nonce: the
+ * caller must refuse replays itself, by a sequence number inside the body
+ * (the body is signed). Same results and err sentences otherwise. */
+int hpu_auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		   const void **body, size_t *bodylen, char *err, size_t errlen);
+
+/* Writes HPU_AUTH_ID_HEX random hex digits and a NUL into out (OpenSSL's
+ * RAND_bytes: unguessable). Returns 0, or -1 when the generator fails. */
+int hpu_auth_random_id(char out[HPU_AUTH_ID_HEX + 1]);
 
 /* The current time in ms since the epoch (CLOCK_REALTIME). */
 int64_t hpu_auth_now_ms(void);

@@ -35,6 +35,7 @@ void hpud_conf_defaults(hpud_conf *c)
 	c->log_level = HPUD_LOG_INFO;
 	c->clock_window_s = 30;
 	c->submitter_timeout_s = 10;
+	c->output_buffer = 4 << 20;
 }
 
 /* ---- value parsers: 0, or -1 with the reason (after "key 'k': ") ---- */
@@ -169,6 +170,28 @@ static int set_submitter_timeout(hpud_conf *c, const char *v, char *why,
 	return parse_seconds(v, HUGE_VAL, &c->submitter_timeout_s, why, whylen);
 }
 
+/* A size in bytes: digits, then K, M or G (KiB, MiB, GiB) or nothing;
+ * 64 KiB .. 1 GiB. */
+static int set_output_buffer(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	int digits = v[0] >= '0' && v[0] <= '9' && end != v;
+	int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+	if (shift)
+		end++;
+	if (errno || !digits || *end || x > (1ULL << 30) >> shift || x << shift < (64ULL << 10)) {
+		snprintf(why, whylen,
+			 "'%s' is not a size from 64K to 1G (bytes, or a number "
+			 "and K, M or G)",
+			 v);
+		return -1;
+	}
+	c->output_buffer = (size_t)(x << shift);
+	return 0;
+}
+
 static const struct conf_key {
 	const char *name;
 	int (*set)(hpud_conf *c, const char *v, char *why, size_t whylen);
@@ -182,6 +205,7 @@ static const struct conf_key {
 	{"clock_window", set_clock_window},
 	{"worker", set_worker},
 	{"submitter_timeout", set_submitter_timeout},
+	{"output_buffer", set_output_buffer},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

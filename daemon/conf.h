@@ -12,6 +12,9 @@
  *     worker = /usr/lib/hputrain/hpu-worker   # the worker program
  *     submitter_timeout = 10    # seconds without a ping before a job is
  *                               # cancelled
+ *     output_buffer = 4M        # a job's output waiting for a slow
+ *                               # submitter, at most (K, M, G: KiB ...);
+ *                               # past it, output is dropped and counted
  *
  * Unknown keys and bad values are errors naming the file, line and key. */
 #ifndef HPUD_CONF_H
@@ -36,6 +39,7 @@ typedef struct hpud_conf {
 	double clock_window_s;   /* 30 */
 	char worker[512];        /* "" : hpu-worker next to hpud */
 	double submitter_timeout_s; /* 10 */
+	size_t output_buffer;    /* bytes: 4 MiB, 64 KiB .. 1 GiB */
 } hpud_conf;
 
 /* The defaults above. */

@@ -5,7 +5,8 @@
  * ends. See --help and deploy/README.md.
  *
  * Reads top to bottom: logging, the job table and devices, replies, the
- * requests (launch, status, cancel, ping), the socket, the timers and
+ * requests (hello, launch, status, cancel, ping; each bound to this
+ * instance of hpud, see proto/hpu.proto), the socket, the timers and
  * signals, start-up. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,7 +25,9 @@
 #include "codec.h"
 #include "conf.h"
 #include "nodejob.h"
+#include "outq.h"
 #include "restart.h"
+#include "trust.h"
 #include "zwatch.h"
 
 #define MAX_JOBS 64
@@ -34,6 +37,12 @@
 #define MAX_STATUS_RANKS 64      /* per job in a status reply (as device ids) */
 #define MAX_REPLY_RANKS 768      /* in all: ~70 bytes each, the reply < 64 KiB */
 #define PROGRESS_EVERY_S 0.2     /* rank 0's records to the submitter: 5/s */
+#define PEER_QUEUE_MSGS 64       /* ZeroMQ's queue to one peer (SNDHWM); the
+				  * rest of a job's messages wait in its outq */
+#define DRAIN_MIN_S 0.001        /* a full queue to a peer is tried again after
+				  * this, twice as long after each try that
+				  * sent nothing ... */
+#define DRAIN_MAX_S 0.05         /* ... up to this (a stalled submitter) */
 
 typedef struct job {
 	int used, ended;
@@ -46,7 +55,8 @@ typedef struct job {
 	int dev[MAX_DEVICES];
 	char **argv;               /* worker program + the request's argv */
 	char **env;                /* the request's env (NULL-terminated) */
-	hpu_codec_peer peer;       /* the submitter's routing id */
+	hpu_codec_peer peer;       /* the submitter's routing id ... */
+	char session[64];          /* ... and session (its frames name it) */
 	char peer_addr[64];
 	ev_tstamp started, last_ping;
 	ev_tstamp progress_at;     /* rank 0's last record sent then ... */
@@ -54,6 +64,8 @@ typedef struct job {
 	int progress_pending;      /* a newer record waits for its turn ... */
 	ev_timer progress_timer;   /* ... which comes then */
 	hpu_nodejob *nj;
+	hpud_outq out;             /* messages the submitter has yet to take */
+	int peer_gone;             /* its submitter went away (no pings) */
 } job;
 
 static struct {
@@ -66,6 +78,9 @@ static struct {
 	ev_timer tick;
 	ev_signal sigterm, sigint, sighup;
 	ev_prepare reap;
+	ev_timer drain;            /* while a job's messages wait for room ... */
+	double drain_after;        /* ... tried again after this */
+	long drained;              /* messages that left the jobs' queues */
 	job jobs[MAX_JOBS];
 	char busy[MAX_DEVICES];    /* device -> in use */
 	char worker[PATH_MAX];
@@ -76,6 +91,9 @@ static struct {
 	/* refusals are logged at most 20 per second */
 	ev_tstamp refuse_window;
 	int refused_logged, refused_dropped;
+	/* drawn at start: every request must name it (proto/hpu.proto) */
+	char instance[HPU_AUTH_ID_HEX + 1];
+	uint64_t seq;              /* of the last frame signed */
 } D;
 
 /* ---- logging (stderr: journald takes it from there) ---- */
@@ -136,13 +154,22 @@ static void free_argv(char **argv)
 	free(argv);
 }
 
-static void release_job(job *j)
+/* Ends what j holds of the node: its workers' remains and its devices.
+ * Its messages may still wait for the submitter (retired: ended, no nj). */
+static void retire_job(job *j)
 {
 	ev_timer_stop(D.loop, &j->progress_timer);
 	hpu_nodejob_destroy(&j->nj);
 	for (int i = 0; i < j->devices; i++)
 		if (j->dev[i] >= 0 && j->dev[i] < MAX_DEVICES)
 			D.busy[j->dev[i]] = 0;
+	j->devices = 0;
+}
+
+static void release_job(job *j)
+{
+	retire_job(j);
+	hpud_outq_free(&j->out);
 	free_argv(j->argv);
 	free_argv(j->env);
 	memset(j, 0, sizeof *j);
@@ -150,26 +177,78 @@ static void release_job(job *j)
 
 /* ---- replies ---- */
 
-static void send_env(const hpu_codec_peer *peer, const Hpu__Envelope *env)
+/* env for the submitter's `session`, packed with this instance but no
+ * sequence number yet (send_body adds it) into *body (malloc'd; NULL
+ * without memory); returns its length. */
+static size_t pack_env(const char *session, Hpu__Envelope *env, uint8_t **body)
 {
-	uint8_t *body = NULL, *frame = NULL;
-	size_t blen = hpu_codec_pack(env, &body), flen = 0;
-	if (body)
-		flen = hpu_auth_sign(D.auth, body, blen, hpu_auth_now_ms(), &frame);
-	free(body);
-	if (!frame) {
-		logmsg(HPUD_LOG_ERROR, "cannot sign a reply (out of memory?)");
-		return;
-	}
-	/* A submitter that is gone or slow must not block the daemon. */
-	if (zmq_send(D.sock, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-	    zmq_send(D.sock, frame, flen, ZMQ_DONTWAIT) < 0)
-		logmsg(HPUD_LOG_DEBUG, "a reply was dropped: %s", zmq_strerror(errno));
-	free(frame);
+	env->instance = D.instance;
+	env->session = (char *)session;
+	env->seq = 0;
+	return hpu_codec_pack(env, body);
 }
 
-static void reply_launch(const hpu_codec_peer *peer, const char *job_id, const job *j,
-			 const char *error)
+/* Signs a packed envelope (pack_env) with the next sequence number (the
+ * submitter refuses a replay by it) and hands it to ZeroMQ for peer.
+ * Frames to one submitter must leave in the order they were signed: it
+ * drops one whose seq is not above the last it took. So the number is
+ * drawn here, as the frame leaves, never while it waits in a job's queue;
+ * gaps (frames dropped here) are fine. seq, the envelope's last field, is
+ * packed on its own and appended: protobuf reads the concatenation as one
+ * message with all the fields.
+ * Returns 0 when sent; 1 when ZeroMQ's queue to the peer is full (nothing
+ * was sent: try again later); -1 when the frame was dropped (the peer is
+ * gone, memory is short). */
+static int send_body(const hpu_codec_peer *peer, const uint8_t *body, size_t blen)
+{
+	/* A submitter that is gone or slow must not block the daemon: with
+	 * ZMQ_ROUTER_MANDATORY a full queue refuses the routing id. */
+	if (zmq_send(D.sock, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+		if (errno == EAGAIN)
+			return 1;
+		logmsg(HPUD_LOG_DEBUG, "a reply was dropped: %s", zmq_strerror(errno));
+		return -1;
+	}
+	Hpu__Envelope s = HPU__ENVELOPE__INIT;
+	s.seq = ++D.seq;
+	uint8_t *tail = NULL, *whole = NULL, *frame = NULL;
+	size_t tlen = hpu_codec_pack(&s, &tail), flen = 0;
+	if (tail && (whole = malloc(blen + tlen))) {
+		memcpy(whole, body, blen);
+		memcpy(whole + blen, tail, tlen);
+		flen = hpu_auth_sign(D.auth, whole, blen + tlen, hpu_auth_now_ms(), &frame);
+	}
+	free(tail);
+	free(whole);
+	if (!frame) {
+		logmsg(HPUD_LOG_ERROR, "cannot sign a reply (out of memory?)");
+		zmq_send(D.sock, "", 0, ZMQ_DONTWAIT); /* ends what the routing id began */
+		return -1;
+	}
+	int rc = zmq_send(D.sock, frame, flen, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+	if (rc < 0)
+		logmsg(HPUD_LOG_DEBUG, "a reply was dropped: %s", zmq_strerror(errno));
+	free(frame);
+	return rc;
+}
+
+/* Packs env for the submitter's `session` and sends it at once: a reply,
+ * dropped if ZeroMQ's queue to the peer is full. */
+static void send_env(const hpu_codec_peer *peer, const char *session, Hpu__Envelope *env)
+{
+	uint8_t *body = NULL;
+	size_t blen = pack_env(session, env, &body);
+	if (!body) {
+		logmsg(HPUD_LOG_ERROR, "cannot pack a reply (out of memory?)");
+		return;
+	}
+	if (send_body(peer, body, blen) == 1)
+		logmsg(HPUD_LOG_DEBUG, "a reply was dropped: the queue to its peer is full");
+	free(body);
+}
+
+static void reply_launch(const hpu_codec_peer *peer, const char *session, const char *job_id,
+			 const job *j, const char *error)
 {
 	Hpu__LaunchReply r = HPU__LAUNCH_REPLY__INIT;
 	uint32_t ids[MAX_DEVICES];
@@ -186,7 +265,134 @@ static void reply_launch(const hpu_codec_peer *peer, const char *job_id, const j
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REPLY;
 	env.launch_reply = &r;
-	send_env(peer, &env);
+	send_env(peer, session, &env);
+}
+
+/* ---- a job's messages to its submitter ---- */
+
+#define JOB_CONTROL (-2)  /* queue_env: a message never dropped */
+#define JOB_PROGRESS (-1) /* queue_env: dropped past the bound, uncounted */
+
+/* n bytes for a person: "812 bytes", "7.9 KiB", "58.1 MiB". */
+static const char *human_size(char *buf, size_t len, double n)
+{
+	if (n < 1024)
+		snprintf(buf, len, "%.0f bytes", n);
+	else if (n < 1024.0 * 1024)
+		snprintf(buf, len, "%.1f KiB", n / 1024);
+	else if (n < 1024.0 * 1024 * 1024)
+		snprintf(buf, len, "%.1f MiB", n / (1024.0 * 1024));
+	else
+		snprintf(buf, len, "%.1f GiB", n / (1024.0 * 1024 * 1024));
+	return buf;
+}
+
+/* Packs env into j's queue (daemon/outq.h): an output line of `rank`
+ * (>= 0, text_len bytes of text) or a progress record (JOB_PROGRESS) only
+ * while the queue keeps within output_buffer; anything else (JOB_CONTROL)
+ * always. Returns 1 if queued. */
+static int queue_env(job *j, Hpu__Envelope *env, int rank, size_t text_len)
+{
+	if (rank != JOB_CONTROL && hpud_outq_dropping(&j->out)) {
+		hpud_outq_count_drop(&j->out, rank, text_len); /* not even packed */
+		return 0;
+	}
+	uint8_t *body = NULL;
+	size_t blen = pack_env(j->session, env, &body);
+	if (!body) {
+		logmsg(HPUD_LOG_ERROR, "job %s: a message to the submitter was lost: out of memory",
+		       j->id);
+		return 0;
+	}
+	if (rank == JOB_CONTROL)
+		return hpud_outq_push(&j->out, body, blen) == 0;
+	if (hpud_outq_push_line(&j->out, D.conf.output_buffer, rank, text_len, body, blen))
+		return 1;
+	if (rank >= 0 && j->out.total.lines == 1) { /* the job's first; the rest: on_end */
+		char sz[32];
+		logmsg(HPUD_LOG_WARN, "job %s: the submitter (%s) is not keeping up: output past output_buffer (%s) is dropped until it catches up",
+		       j->id, j->peer_addr,
+		       human_size(sz, sizeof sz, (double)D.conf.output_buffer));
+	}
+	return 0;
+}
+
+/* One notice per rank whose output lines were dropped since its last,
+ * queued where the lines would have been. */
+static void queue_drop_notices(job *j)
+{
+	int rank;
+	hpud_outq_drops d;
+	char text[300], sz[32], bound[32];
+	human_size(bound, sizeof bound, (double)D.conf.output_buffer);
+	while (hpud_outq_take_drops(&j->out, &rank, &d)) {
+		snprintf(text, sizeof text,
+			 "hpud: dropped %lld lines (%s) of this rank's output: the submitter did not read them in time (output_buffer = %s)",
+			 d.lines, human_size(sz, sizeof sz, (double)d.bytes), bound);
+		Hpu__LogLine l = HPU__LOG_LINE__INIT;
+		l.job_id = j->id;
+		l.rank = (uint32_t)rank;
+		l.text = text;
+		Hpu__Envelope env = HPU__ENVELOPE__INIT;
+		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
+		env.log_line = &l;
+		queue_env(j, &env, JOB_CONTROL, 0);
+	}
+}
+
+/* Hands j's queued messages to ZeroMQ, oldest first, while its queue to
+ * the submitter has room. After drops, once the queue has drained to half
+ * of output_buffer, the notices take the lines' place. An ended job whose
+ * last message has left is released (on_reap). Returns 1 when messages
+ * are left for lack of room (the drain timer is for them), else 0. */
+static int flush_job(job *j)
+{
+	const hpud_outq_msg *m;
+	while ((m = hpud_outq_peek(&j->out))) {
+		if (send_body(&j->peer, m->body, m->len) == 1)
+			return 1;
+		hpud_outq_pop(&j->out);
+		D.drained++;
+		if (hpud_outq_caught_up(&j->out, D.conf.output_buffer))
+			queue_drop_notices(j);
+	}
+	if (j->ended)
+		ev_prepare_start(D.loop, &D.reap);
+	return 0;
+}
+
+/* ZeroMQ tells no one when a peer's queue has room again: the jobs whose
+ * messages wait are tried again DRAIN_MIN_S later, and less often while
+ * nothing leaves (up to DRAIN_MAX_S apart). */
+static void drain_later(double after)
+{
+	D.drain_after = after;
+	ev_timer_stop(D.loop, &D.drain);
+	ev_timer_set(&D.drain, after, 0);
+	ev_timer_start(D.loop, &D.drain);
+}
+
+static void on_drain(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)t;
+	(void)revents;
+	long before = D.drained;
+	int waiting = 0;
+	for (int i = 0; i < MAX_JOBS; i++)
+		if (D.jobs[i].used && hpud_outq_peek(&D.jobs[i].out))
+			waiting |= flush_job(&D.jobs[i]);
+	if (waiting)
+		drain_later(D.drained > before ? DRAIN_MIN_S
+					       : D.drain_after * 2 < DRAIN_MAX_S ? D.drain_after * 2
+										 : DRAIN_MAX_S);
+}
+
+/* A message for j's submitter: queued (queue_env), then sent if it can. */
+static void job_send(job *j, Hpu__Envelope *env, int rank, size_t text_len)
+{
+	if (queue_env(j, env, rank, text_len) && flush_job(j) && !ev_is_active(&D.drain))
+		drain_later(DRAIN_MIN_S);
 }
 
 /* ---- a job's life ---- */
@@ -208,7 +414,7 @@ static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
 	env.log_line = &l;
-	send_env(&j->peer, &env);
+	job_send(j, &env, rank, n);
 }
 
 /* Sends rank 0's latest record to the submitter. */
@@ -228,7 +434,7 @@ static void send_progress(job *j)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_PROGRESS;
 	env.progress = &p;
-	send_env(&j->peer, &env);
+	job_send(j, &env, JOB_PROGRESS, 0);
 	j->progress_at = ev_now(D.loop);
 	j->progress_phase = st.phase;
 }
@@ -276,7 +482,7 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;
-	send_env(&j->peer, &env);
+	job_send(j, &env, JOB_CONTROL, 0);
 }
 
 static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
@@ -298,18 +504,35 @@ static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
 	env.job_end = &e;
-	send_env(&j->peer, &env);
+	if (hpud_outq_has_drops(&j->out))
+		queue_drop_notices(j); /* before the end */
+	if (j->out.total.lines) {
+		char sz[32];
+		logmsg(HPUD_LOG_WARN, "job %s: %lld lines (%s) of its output were dropped in all: the submitter (%s) did not read them in time",
+		       j->id, j->out.total.lines,
+		       human_size(sz, sizeof sz, (double)j->out.total.bytes), j->peer_addr);
+	}
+	job_send(j, &env, JOB_CONTROL, 0);
 	j->ended = 1; /* freed by on_reap, outside the job's own callbacks */
 	ev_prepare_start(D.loop, &D.reap);
 }
 
+/* Ended jobs are released once their last message has left (or their
+ * submitter is gone, or hpud stops); until then they are retired, holding
+ * no devices. */
 static void on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	(void)revents;
 	ev_prepare_stop(loop, w);
-	for (int i = 0; i < MAX_JOBS; i++)
-		if (D.jobs[i].used && D.jobs[i].ended)
-			release_job(&D.jobs[i]);
+	for (int i = 0; i < MAX_JOBS; i++) {
+		job *j = &D.jobs[i];
+		if (!j->used || !j->ended)
+			continue;
+		if (!hpud_outq_peek(&j->out) || j->peer_gone || D.stopping)
+			release_job(j);
+		else
+			retire_job(j);
+	}
 	if (D.stopping) {
 		int left = 0;
 		for (int i = 0; i < MAX_JOBS; i++)
@@ -423,7 +646,7 @@ static int book_devices(job *j, char *why, size_t len)
 	return 0;
 }
 
-static void do_launch(const hpu_codec_peer *peer, const char *addr,
+static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *session,
 		      const Hpu__LaunchRequest *q)
 {
 	char why[600], err[1024];
@@ -441,7 +664,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 		bad = "too many jobs on this node";
 	if (bad) {
 		logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, bad);
-		reply_launch(peer, id, NULL, bad);
+		reply_launch(peer, session, id, NULL, bad);
 		return;
 	}
 	memset(j, 0, sizeof *j);
@@ -457,6 +680,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 	j->restart_count = (int)q->restart_count;
 	j->max_restarts = (int)q->max_restarts;
 	j->peer = *peer;
+	snprintf(j->session, sizeof j->session, "%s", session);
 	j->started = j->last_ping = ev_now(D.loop);
 	ev_timer_init(&j->progress_timer, on_progress_timer, PROGRESS_EVERY_S, 0);
 	j->progress_timer.data = j;
@@ -464,12 +688,13 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 		j->devices = 0;
 		release_job(j);
 		logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, why);
-		reply_launch(peer, id, NULL, why);
+		reply_launch(peer, session, id, NULL, why);
 		return;
 	}
-	if (!(j->argv = worker_argv(q)) || !(j->env = job_env(q))) {
+	if (!(j->argv = worker_argv(q)) || !(j->env = job_env(q)) ||
+	    hpud_outq_init(&j->out, j->node_rank * j->devices, j->devices) < 0) {
 		release_job(j);
-		reply_launch(peer, id, NULL, "out of memory");
+		reply_launch(peer, session, id, NULL, "out of memory");
 		return;
 	}
 	hpu_nodejob_cfg jc = {
@@ -502,7 +727,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 	};
 	if (!(j->nj = hpu_nodejob_start(D.loop, &jc, err, sizeof err))) {
 		logmsg(HPUD_LOG_WARN, "job %s from %s could not start: %s", id, addr, err);
-		reply_launch(peer, id, NULL, err);
+		reply_launch(peer, session, id, NULL, err);
 		release_job(j);
 		return;
 	}
@@ -514,7 +739,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr,
 	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices,
 	       D.set_user ? (int)D.uid : (int)getuid(), j->master_addr,
 	       hpu_nodejob_master_port(j->nj));
-	reply_launch(peer, id, j, NULL);
+	reply_launch(peer, session, id, j, NULL);
 }
 
 /* The first `max` of j's ranks on this node into rs/rsp; returns how
@@ -534,7 +759,7 @@ static size_t rank_status(const job *j, size_t max, Hpu__RankStatus *rs,
 	return n;
 }
 
-static void do_status(const hpu_codec_peer *peer)
+static void do_status(const hpu_codec_peer *peer, const char *session)
 {
 	Hpu__JobStatus st[MAX_JOBS], *stp[MAX_JOBS];
 	uint32_t ids[MAX_JOBS][64];
@@ -581,7 +806,7 @@ static void do_status(const hpu_codec_peer *peer)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
 	env.status_reply = &r;
-	send_env(peer, &env);
+	send_env(peer, session, &env);
 	free(rs);
 	free(rsp);
 }
@@ -597,7 +822,7 @@ static void do_cancel(const char *addr, const Hpu__Cancel *c)
 	hpu_nodejob_cancel(j->nj, reason, 2);
 }
 
-static void do_ping(const hpu_codec_peer *peer, const Hpu__Ping *p)
+static void do_ping(const hpu_codec_peer *peer, const char *session, const Hpu__Ping *p)
 {
 	job *j = p->job_id ? find_job(p->job_id) : NULL;
 	if (j)
@@ -607,7 +832,40 @@ static void do_ping(const hpu_codec_peer *peer, const Hpu__Ping *p)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_PING;
 	env.ping = &pong;
-	send_env(peer, &env);
+	send_env(peer, session, &env);
+}
+
+/* Hello: this instance's id, for the session the submitter just opened. */
+static void do_hello(const hpu_codec_peer *peer, const char *session)
+{
+	Hpu__HelloReply r = HPU__HELLO_REPLY__INIT;
+	r.instance = D.instance;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &r;
+	send_env(peer, session, &env);
+}
+
+/* Whether m may be acted on: it names a session, and this instance unless
+ * it is a Hello; otherwise NULL and the reason in why. */
+static const char *check_binding(const Hpu__Envelope *m, char *why, size_t len)
+{
+	if (!m->session || !valid_id(m->session))
+		return "no session id (1-63 letters, digits, '-', '_' or '.'): "
+		       "is the submitter an older hpulaunch?";
+	if (m->msg_case == HPU__ENVELOPE__MSG_HELLO)
+		return NULL;
+	if (!m->instance || !*m->instance)
+		return "no hpud instance id: the submitter must say hello first "
+		       "(is it an older hpulaunch?)";
+	if (strcmp(m->instance, D.instance) != 0) {
+		snprintf(why, len,
+			 "signed for another hpud or before a restart (for instance %.40s, "
+			 "this hpud is %s): a replay?",
+			 valid_id(m->instance) ? m->instance : "(not an id)", D.instance);
+		return why;
+	}
+	return NULL;
 }
 
 static void handle(const hpu_codec_peer *peer, const char *addr, const void *frame,
@@ -626,18 +884,28 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 		log_refusal(addr, "signed, but not a valid message");
 		return;
 	}
+	char bwhy[200];
+	const char *bad = check_binding(m, bwhy, sizeof bwhy);
+	if (bad) {
+		log_refusal(addr, bad);
+		hpu_codec_free(m);
+		return;
+	}
 	switch (m->msg_case) {
+	case HPU__ENVELOPE__MSG_HELLO:
+		do_hello(peer, m->session);
+		break;
 	case HPU__ENVELOPE__MSG_LAUNCH_REQUEST:
-		do_launch(peer, addr, m->launch_request);
+		do_launch(peer, addr, m->session, m->launch_request);
 		break;
 	case HPU__ENVELOPE__MSG_STATUS_REQUEST:
-		do_status(peer);
+		do_status(peer, m->session);
 		break;
 	case HPU__ENVELOPE__MSG_CANCEL:
 		do_cancel(addr, m->cancel);
 		break;
 	case HPU__ENVELOPE__MSG_PING:
-		do_ping(peer, m->ping);
+		do_ping(peer, m->session, m->ping);
 		break;
 	default:
 		log_refusal(addr, "not a request hpud takes");
@@ -695,12 +963,17 @@ static int open_socket(char *err, size_t errlen)
 	char ep[128];
 	snprintf(ep, sizeof ep, "tcp://%s:%d", D.conf.listen, D.conf.port);
 	int64_t maxmsg = HPU_AUTH_MAX_FRAME;
-	int linger = 1000, hwm = 100000;
+	/* A peer's queue holds a few messages, and says when it is full
+	 * (mandatory: EAGAIN rather than a silent drop): a job's output waits
+	 * in its own queue, counted in bytes (flush_job). */
+	int linger = 1000, hwm = PEER_QUEUE_MSGS, mandatory = 1;
 	D.ctx = zmq_ctx_new();
 	D.sock = D.ctx ? zmq_socket(D.ctx, ZMQ_ROUTER) : NULL;
 	if (!D.sock || zmq_setsockopt(D.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
 	    zmq_setsockopt(D.sock, ZMQ_LINGER, &linger, sizeof linger) ||
-	    zmq_setsockopt(D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_bind(D.sock, ep) ||
+	    zmq_setsockopt(D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
+	    zmq_setsockopt(D.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) ||
+	    zmq_bind(D.sock, ep) ||
 	    hpu_zwatch_start(&D.zw, D.loop, D.sock, on_sock, NULL)) {
 		snprintf(err, errlen, "cannot listen on %s: %s", ep, zmq_strerror(errno));
 		return -1;
@@ -716,9 +989,16 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)revents;
 	for (int i = 0; i < MAX_JOBS; i++) {
 		job *j = &D.jobs[i];
+		double silent = ev_now(loop) - j->last_ping;
+		if (j->used && j->ended && !j->nj && silent > D.conf.submitter_timeout_s) {
+			/* retired, its last messages waiting for a silent submitter */
+			logmsg(HPUD_LOG_WARN, "job %s: the submitter (%s) went away: %ld messages to it dropped",
+			       j->id, j->peer_addr, j->out.messages);
+			release_job(j);
+			continue;
+		}
 		if (!j->used || !j->nj || j->ended)
 			continue;
-		double silent = ev_now(loop) - j->last_ping;
 		if (silent > D.conf.submitter_timeout_s) {
 			char reason[200];
 			snprintf(reason, sizeof reason,
@@ -727,6 +1007,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 			logmsg(HPUD_LOG_WARN, "job %s: %s", j->id, reason);
 			hpu_nodejob_cancel(j->nj, reason, 2);
 			j->last_ping = ev_now(loop) + 3600; /* say it once */
+			j->peer_gone = 1;
 		}
 	}
 }
@@ -786,7 +1067,8 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
 	(void)revents;
 	char err[1024];
 	hpud_conf c = D.conf;
-	if (hpud_conf_load(&c, D.conf_path, err, sizeof err) < 0) {
+	if (hpud_trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
+	    hpud_conf_load(&c, D.conf_path, err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		return;
 	}
@@ -800,7 +1082,10 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
 	D.conf = c;
 	snprintf(D.conf.listen, sizeof D.conf.listen, "%s", old.listen);
 	D.conf.port = old.port;
-	if (resolve_user(&D.conf, err, sizeof err) < 0 || load_key(err, sizeof err) < 0) {
+	if (resolve_user(&D.conf, err, sizeof err) < 0 ||
+	    hpud_trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
+	    load_key(err, sizeof err) < 0 ||
+	    hpud_trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		D.conf = old;
 		resolve_user(&D.conf, err, sizeof err);
@@ -898,9 +1183,14 @@ int main(int argc, char **argv)
 		}
 	}
 	hpud_conf_defaults(&D.conf);
-	if (hpud_conf_load(&D.conf, D.conf_path, err, sizeof err) < 0 ||
-	    resolve_user(&D.conf, err, sizeof err) < 0 || load_key(err, sizeof err) < 0 ||
-	    find_worker(err, sizeof err) < 0) {
+	/* Nothing that someone else could have written is read or run
+	 * (daemon/trust.h): the configuration, the key, the worker program. */
+	if (hpud_trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
+	    hpud_conf_load(&D.conf, D.conf_path, err, sizeof err) < 0 ||
+	    resolve_user(&D.conf, err, sizeof err) < 0 ||
+	    hpud_trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
+	    load_key(err, sizeof err) < 0 || find_worker(err, sizeof err) < 0 ||
+	    hpud_trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
 		fprintf(stderr, "hpud: error: %s\n", err);
 		return 1;
 	}
@@ -909,6 +1199,10 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	D.loop = EV_DEFAULT;
+	if (hpu_auth_random_id(D.instance) < 0) {
+		fprintf(stderr, "hpud: error: cannot draw an instance id: the random generator failed\n");
+		return 1;
+	}
 	if (open_socket(err, sizeof err) < 0) {
 		fprintf(stderr, "hpud: error: %s\n", err);
 		return 1;
@@ -916,15 +1210,16 @@ int main(int argc, char **argv)
 	ev_timer_init(&D.tick, on_tick, 1.0, 1.0);
 	ev_timer_start(D.loop, &D.tick);
 	ev_prepare_init(&D.reap, on_reap);
+	ev_timer_init(&D.drain, on_drain, DRAIN_MIN_S, 0);
 	ev_signal_init(&D.sigterm, on_term, SIGTERM);
 	ev_signal_init(&D.sigint, on_term, SIGINT);
 	ev_signal_init(&D.sighup, on_hup, SIGHUP);
 	ev_signal_start(D.loop, &D.sigterm);
 	ev_signal_start(D.loop, &D.sigint);
 	ev_signal_start(D.loop, &D.sighup);
-	logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d devices, workers run as %s, worker %s",
+	logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d devices, workers run as %s, worker %s, instance %s",
 	       D.conf.listen, D.conf.port, D.conf.devices,
-	       D.set_user ? D.conf.user : "hpud's own user", D.worker);
+	       D.set_user ? D.conf.user : "hpud's own user", D.worker, D.instance);
 	ev_run(D.loop, 0);
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (D.jobs[i].used)

@@ -22,7 +22,12 @@
 
 #define REPLY_TIMEOUT_MS 10000
 #define PING_EVERY_S 1.0
+#define DROP_WARNINGS_PER_S 5   /* more are counted, then summed up */
 
+/* One hpud. A conversation with it is a session: a Hello with a fresh
+ * session id, answered with hpud's instance id, which every request then
+ * names; hpud's frames name both and number themselves (seq), and one is
+ * taken only when its seq is above the last taken (proto/hpu.proto). */
 typedef struct node {
 	const char *host;
 	int port;
@@ -30,6 +35,11 @@ typedef struct node {
 	int launched, ended, ok;
 	char reason[700];
 	double last_heard;
+	char session[HPU_AUTH_ID_HEX + 1];      /* ours, new at every hello */
+	char old_session[HPU_AUTH_ID_HEX + 1];  /* the one before: its late
+						 * frames go without a word */
+	char instance[64];      /* hpud's, from its HelloReply ("": none yet) */
+	uint64_t last_seq;      /* of the last frame taken from it */
 } node;
 
 typedef struct submit {
@@ -45,6 +55,9 @@ typedef struct submit {
 	char err[1024];
 	hpu_progress bar;       /* rank 0's progress bar (--progress) ... */
 	int following;          /* ... drawn while an attempt is followed */
+	double drop_window;     /* messages dropped: warned of this second, */
+	int drops_warned;       /* at most DROP_WARNINGS_PER_S, the rest */
+	long drops_unsaid;      /* counted and summed up */
 } submit;
 
 static submit S;
@@ -72,9 +85,12 @@ static int fail(const char *fmt, ...)
 	return -1;
 }
 
-static int send_env(node *nd, const Hpu__Envelope *env)
+/* Signs env for nd's hpud, naming its instance and our session. */
+static int send_env(node *nd, Hpu__Envelope *env)
 {
 	uint8_t *body = NULL, *frame = NULL;
+	env->instance = nd->instance;
+	env->session = nd->session;
 	size_t blen = hpu_codec_pack(env, &body), flen = 0;
 	if (body)
 		flen = hpu_auth_sign(S.auth, body, blen, hpu_auth_now_ms(), &frame);
@@ -86,8 +102,74 @@ static int send_env(node *nd, const Hpu__Envelope *env)
 	return rc;
 }
 
+/* Says how many warnings about dropped messages went unsaid, once their
+ * second is over (or at the end, `last`). */
+static void drops_summary(int last)
+{
+	double t = now_s();
+	if (t - S.drop_window < 1.0 && !last)
+		return;
+	if (S.drops_unsaid) {
+		hpu_progress_hide(&S.bar);
+		fprintf(stderr, "hpulaunch: warning: %ld more messages dropped (not shown)\n",
+			S.drops_unsaid);
+	}
+	S.drop_window = t;
+	S.drops_warned = 0;
+	S.drops_unsaid = 0;
+}
+
+/* Warns that a message from nd was dropped, at most DROP_WARNINGS_PER_S
+ * times a second: a flood of them cannot flood the terminal. */
+static void warn_drop(const node *nd, const char *what, const char *why)
+{
+	drops_summary(0);
+	if (S.drops_warned++ >= DROP_WARNINGS_PER_S) {
+		S.drops_unsaid++;
+		return;
+	}
+	hpu_progress_hide(&S.bar);
+	fprintf(stderr, "hpulaunch: warning: dropped %s from %s:%d%s%s\n", what, nd->host,
+		nd->port, why ? ": " : "", why ? why : "");
+}
+
+/* Whether env, genuine, belongs to nd's current session: for it, from the
+ * instance it said hello to (a HelloReply tells which that is), and newer
+ * than the last frame taken. NULL if so, else why not ("" for a late frame
+ * of the previous session, not worth a warning). */
+static const char *check_binding(node *nd, const Hpu__Envelope *env, char *why, size_t len)
+{
+	if (!nd->session[0] || !env->session || strcmp(env->session, nd->session) != 0)
+		return env->session && nd->old_session[0] &&
+				       !strcmp(env->session, nd->old_session)
+			       ? ""
+			       : "not for this session (a replay?)";
+	if (!nd->instance[0]) { /* waiting for the answer to our hello */
+		if (env->msg_case != HPU__ENVELOPE__MSG_HELLO_REPLY)
+			return "before hpud's answer to hello";
+		const char *in = env->hello_reply->instance;
+		if (!in || !*in || strlen(in) >= sizeof nd->instance || !env->instance ||
+		    strcmp(env->instance, in) != 0)
+			return "a hello reply without a valid instance id";
+		snprintf(nd->instance, sizeof nd->instance, "%s", in);
+		nd->last_seq = env->seq;
+		return NULL;
+	}
+	if (!env->instance || strcmp(env->instance, nd->instance) != 0)
+		return "from another hpud instance (a replay?)";
+	if (env->seq <= nd->last_seq) {
+		snprintf(why, len, "replayed or out of order (seq %llu, the last was %llu)",
+			 (unsigned long long)env->seq, (unsigned long long)nd->last_seq);
+		return why;
+	}
+	nd->last_seq = env->seq;
+	return NULL;
+}
+
 /* The next message from nd, verified; NULL when none is waiting or it is
- * not genuine (then it is dropped, with a warning). */
+ * not genuine or not for this session (then it is dropped, with a
+ * warning). Replays are refused by sequence number, not by a cache of
+ * nonces, so that output at any rate is taken. */
 static Hpu__Envelope *recv_env(node *nd)
 {
 	zmq_msg_t m;
@@ -99,14 +181,19 @@ static Hpu__Envelope *recv_env(node *nd)
 	const void *body;
 	size_t blen;
 	char why[256];
+	const char *bad;
 	Hpu__Envelope *env = NULL;
-	if (hpu_auth_verify(S.auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu_auth_now_ms(),
-			    &body, &blen, why, sizeof why) < 0)
-		fprintf(stderr, "hpulaunch: warning: dropped a message from %s:%d: %s\n",
-			nd->host, nd->port, why);
+	if (hpu_auth_check(S.auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu_auth_now_ms(),
+			   &body, &blen, why, sizeof why) < 0)
+		warn_drop(nd, "a message", why);
 	else if (!(env = hpu_codec_unpack(body, blen)))
-		fprintf(stderr, "hpulaunch: warning: dropped a malformed message from %s:%d\n",
-			nd->host, nd->port);
+		warn_drop(nd, "a malformed message", NULL);
+	else if ((bad = check_binding(nd, env, why, sizeof why))) {
+		if (*bad)
+			warn_drop(nd, "a signed message", bad);
+		hpu_codec_free(env);
+		env = NULL;
+	}
 	zmq_msg_close(&m);
 	if (env)
 		nd->last_heard = now_s();
@@ -160,7 +247,9 @@ static int setup(const char *key_path, int nodes)
 	char err[600];
 	if (hpu_auth_load_key(key_path, key, err, sizeof err) < 0)
 		return fail("%s", err);
-	S.auth = hpu_auth_new(key, 30000, 1 << 16);
+	/* hpud's frames are checked by sequence number (recv_env): the
+	 * verifier needs no room for nonces */
+	S.auth = hpu_auth_new(key, 30000, 1);
 	memset(key, 0, sizeof key);
 	S.ctx = zmq_ctx_new();
 	S.n = calloc((size_t)nodes, sizeof *S.n);
@@ -172,6 +261,7 @@ static int setup(const char *key_path, int nodes)
 
 static void teardown(void)
 {
+	drops_summary(1);
 	for (int i = 0; i < S.nn; i++)
 		if (S.n[i].sock)
 			zmq_close(S.n[i].sock);
@@ -251,6 +341,7 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 {
 	zmq_pollitem_t items[S.nn];
+	drops_summary(0);
 	for (int i = 0; i < S.nn; i++)
 		items[i] = (zmq_pollitem_t){.socket = S.n[i].sock, .events = ZMQ_POLLIN};
 	if (zmq_poll(items, S.nn, timeout_ms) <= 0)
@@ -267,10 +358,42 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 	}
 }
 
+/* Opens a new session with nd's hpud: a Hello under a fresh session id,
+ * then waits (taking the other nodes' messages meanwhile) for the answer
+ * that names hpud's instance. Returns 0, or -1 with S.err set. which
+ * names the node in messages (" (node 2)", or ""). */
+static int hello(node *nd, const char *which)
+{
+	memcpy(nd->old_session, nd->session, sizeof nd->session);
+	if (hpu_auth_random_id(nd->session) < 0)
+		return fail("cannot draw a session id: the random generator failed");
+	nd->instance[0] = 0;
+	nd->last_seq = 0;
+	Hpu__Hello h = HPU__HELLO__INIT;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO;
+	env.hello = &h;
+	if (send_env(nd, &env) < 0)
+		return fail("cannot send to hpud at %s:%d%s: %s", nd->host, nd->port, which,
+			    zmq_strerror(errno));
+	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;
+	while (!nd->instance[0] && now_s() < deadline && !S.signo)
+		pump(100, -1, NULL);
+	if (!nd->instance[0])
+		return fail(S.signo ? "interrupted" :
+			    "no answer from hpud at %s:%d%s within %d s: is it running, and does it have the same key?",
+			    nd->host, nd->port, which, REPLY_TIMEOUT_MS / 1000);
+	return 0;
+}
+
 static int launch_node(int i, int restart)
 {
 	const hpu_launch_args *a = S.a;
 	node *nd = &S.n[i];
+	char which[32];
+	snprintf(which, sizeof which, " (node %d)", i);
+	if (hello(nd, which) < 0)
+		return -1;
 	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
 	q.job_id = (char *)a->job_id;
 	q.job_token = (char *)a->token;
@@ -570,7 +693,7 @@ int hpu_status_run(const hpu_launch_args *a)
 		goto out;
 	S.n[0].host = host;
 	S.n[0].port = port;
-	if (connect_node(&S.n[0]) < 0)
+	if (connect_node(&S.n[0]) < 0 || hello(&S.n[0], "") < 0)
 		goto out;
 	Hpu__StatusRequest q = HPU__STATUS_REQUEST__INIT;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;

@@ -1,5 +1,10 @@
 /* submit: hpulaunch's client side of hpud (daemon/hpud.c).
  *
+ * Every request names the instance of hpud it is for, which the
+ * submitter asks each hpud for first (a Hello, under a fresh session id;
+ * see proto/hpu.proto); hpud's frames are taken only for that session and
+ * in the order hpud numbered them, so that a replay is dropped.
+ *
  * With --hostfile, the job is submitted to every host's hpud (node 0
  * first: its coordinator's port goes to the others), the workers' output
  * is printed as it streams back, each daemon is pinged every second (a

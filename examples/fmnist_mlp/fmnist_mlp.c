@@ -43,6 +43,9 @@ typedef struct mlp {
 	long sleep_rank, sleep_ms;
 	long loss_calls;
 	long exit_rank, exit_at, exit_calls; /* testing: exit(0) at that loss call */
+	long print_lines, print_calls; /* testing (--print-lines N): a chatty
+					* model, N lines to stdout at every
+					* loss call of every rank */
 } mlp;
 
 static int load_split(split *s, const char *dir, const char *prefix,
@@ -149,6 +152,13 @@ static float xent(void *user, const float *out, const int32_t *labels,
 	}
 	if (m->exit_at > 0 && m->rank == m->exit_rank && ++m->exit_calls == m->exit_at)
 		exit(0); /* testing: a model that leaves in the middle */
+	if (m->print_lines > 0) {
+		++m->print_calls;
+		for (long i = 0; i < m->print_lines; i++)
+			printf("chatter rank %d call %ld line %ld of %ld\n", m->rank,
+			       m->print_calls, i + 1, m->print_lines);
+		fflush(stdout);
+	}
 	return hpu_softmax_xent(out, labels, dout, batch, CLASSES);
 }
 
@@ -214,8 +224,11 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 		} else if (!strcmp(argv[i], "--sleep-ms") && i + 1 < argc) {
 			if (int_arg(b, "--sleep-ms", argv[++i], 0, 3600000, &m->sleep_ms) < 0)
 				return -1;
+		} else if (!strcmp(argv[i], "--print-lines") && i + 1 < argc) {
+			if (int_arg(b, "--print-lines", argv[++i], 0, 1000000, &m->print_lines) < 0)
+				return -1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint; testing: --sleep-rank R --sleep-ms MS, --exit-rank R --exit-at N)",
+			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint; testing: --sleep-rank R --sleep-ms MS, --exit-rank R --exit-at N, --print-lines N)",
 					 argv[i]);
 		}
 	}

@@ -204,6 +204,15 @@ static void walk(const Hpu__Envelope *e, size_t len)
 		CHECK(e->job_done != NULL);
 	if (e->msg_case == HPU__ENVELOPE__MSG_STATUS_REQUEST)
 		CHECK(e->status_request != NULL);
+	if (e->msg_case == HPU__ENVELOPE__MSG_HELLO)
+		CHECK(e->hello != NULL);
+	if (e->msg_case == HPU__ENVELOPE__MSG_HELLO_REPLY) {
+		CHECK(e->hello_reply != NULL);
+		str(e->hello_reply->instance, len);
+	}
+	str(e->instance, len); /* hpud's binding: every envelope has it */
+	str(e->session, len);
+	sink += (size_t)e->seq;
 	walk_job(e, len);
 	walk_daemon(e, len);
 	sink += (size_t)e->msg_case;

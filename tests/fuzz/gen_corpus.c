@@ -204,7 +204,24 @@ static void daemon_messages(void)
 	pi.job_id = "job-1";
 	e.msg_case = HPU__ENVELOPE__MSG_PING;
 	e.ping = &pi;
-	seed("ping", &e);
+	e.instance = "0123456789abcdef0123456789abcdef";
+	e.session = "fedcba9876543210fedcba9876543210";
+	e.seq = 12345;
+	seed("ping_bound", &e);
+
+	Hpu__Hello he = HPU__HELLO__INIT;
+	e.msg_case = HPU__ENVELOPE__MSG_HELLO;
+	e.hello = &he;
+	e.instance = "";
+	seed("hello", &e);
+
+	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
+	hr.instance = "0123456789abcdef0123456789abcdef";
+	e.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	e.hello_reply = &hr;
+	e.instance = hr.instance;
+	e.seq = 1;
+	seed("hello_reply", &e);
 }
 
 int main(int argc, char **argv)

@@ -132,7 +132,9 @@ static int setup(void **state)
 	(void)state;
 	snprintf(dir, sizeof dir, "/tmp/hpu-cluster-XXXXXX");
 	assert_non_null(mkdtemp(dir));
-	chmod(dir, 0777); /* the workers (nobody) write parameters here */
+	/* the workers (nobody) write parameters here; sticky, so that hpud
+	 * trusts the configuration and key in it (daemon/trust.h) */
+	chmod(dir, 01777);
 	snprintf(key_path, sizeof key_path, "%s/secret.key", dir);
 	char *argv[] = {(char *)HPUD, "--gen-key", key_path, NULL};
 	proc p;

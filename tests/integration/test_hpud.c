@@ -2,7 +2,8 @@
  * frames, the real hpulaunch --hostfile and --status.
  *
  * - start-up refusals: a key readable by others, root without a user;
- *   --gen-key;
+ *   --gen-key; a configuration, key or worker program (or a directory
+ *   above them) that someone else owns or may write, also on SIGHUP;
  * - bad input: unsigned, wrong key, replayed, expired, truncated, garbage
  *   (thousands of random frames), oversized, multi-frame -> all refused
  *   and logged with the peer, no job started, the daemon still answers a
@@ -11,7 +12,9 @@
  *   as the configured user; devices not double-booked; --status; a
  *   submitter that goes away, Ctrl-C, SIGTERM and SIGHUP to the daemon;
  * - --max-restarts: a job that fails once is submitted again with
- *   HPU_RESTART_COUNT=1 and succeeds.
+ *   HPU_RESTART_COUNT=1 and succeeds;
+ * - a stopped submitter: hpud keeps at most output_buffer of the job's
+ *   output, drops the rest and says so; the job runs to the end.
  * Needs root (the workers switch to the user 'nobody'). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +25,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -121,18 +125,33 @@ static int teardown(void **state)
 typedef struct client {
 	void *ctx, *sock;
 	hpu_auth *auth;
+	char session[HPU_AUTH_ID_HEX + 1]; /* ours, named by every request */
+	char instance[64];                 /* hpud's, from its HelloReply */
 } client;
 
-static void client_open(client *c, const uint8_t *k)
+static void client_hello(client *c);
+
+/* A client of the hpud on port p; with the cluster's key, it says hello
+ * (as hpulaunch does) so that its requests name hpud's instance. */
+static void client_open_port(client *c, const uint8_t *k, int p)
 {
 	char ep[64];
-	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p);
 	int linger = 0;
 	c->ctx = zmq_ctx_new();
 	c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
 	zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
 	assert_int_equal(zmq_connect(c->sock, ep), 0);
 	c->auth = hpu_auth_new(k, 30000, 1 << 16);
+	assert_int_equal(hpu_auth_random_id(c->session), 0);
+	c->instance[0] = 0;
+	if (!memcmp(k, key, sizeof key))
+		client_hello(c);
+}
+
+static void client_open(client *c, const uint8_t *k)
+{
+	client_open_port(c, k, port);
 }
 
 static void client_close(client *c)
@@ -149,6 +168,8 @@ static uint8_t *status_frame(client *c, int64_t skew_ms, size_t *len)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
 	env.status_request = &q;
+	env.instance = c->instance;
+	env.session = c->session;
 	uint8_t *body, *frame;
 	size_t blen = hpu_codec_pack(&env, &body);
 	*len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms() + skew_ms, &frame);
@@ -175,6 +196,30 @@ static Hpu__Envelope *await_reply(client *c, int timeout_ms)
 		env = hpu_codec_unpack(body, blen);
 	zmq_msg_close(&m);
 	return env;
+}
+
+/* Asks hpud for its instance id, under c's session. */
+static void client_hello(client *c)
+{
+	Hpu__Hello h = HPU__HELLO__INIT;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO;
+	env.hello = &h;
+	env.session = c->session;
+	uint8_t *body, *frame;
+	size_t blen = hpu_codec_pack(&env, &body);
+	size_t len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms(), &frame);
+	free(body);
+	assert_true(len > 0);
+	zmq_send(c->sock, frame, len, 0);
+	free(frame);
+	Hpu__Envelope *r = await_reply(c, 5000);
+	assert_non_null(r);
+	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_HELLO_REPLY);
+	assert_string_equal(r->session, c->session);
+	snprintf(c->instance, sizeof c->instance, "%s", r->hello_reply->instance);
+	hpu_codec_free(r);
+	assert_int_equal(strlen(c->instance), HPU_AUTH_ID_HEX);
 }
 
 static int jobs_running(void)
@@ -295,6 +340,102 @@ static void test_key_permissions(void **state)
 	assert_int_equal(st.st_mode & 0777, 0600);
 }
 
+/* hpud -c conf --check; its exit code, its output printed and in *p. */
+static int check_conf(proc *p, const char *conf)
+{
+	char *argv[] = {(char *)HPUD, "-c", (char *)conf, "--check", NULL};
+	int code = h_run(p, argv, NULL, 10000);
+	printf("  %s", p->out);
+	return code;
+}
+
+/* hpud -c conf --check refuses to start, naming `file` and saying `what`. */
+static void assert_refused(const char *conf, const char *file, const char *what)
+{
+	proc p;
+	int code = check_conf(&p, conf);
+	if (code != 1 || !strstr(p.out, file) || !strstr(p.out, what))
+		fail_msg("hpud -c %s --check exited %d; expected 1 and a message naming %s "
+			 "with \"%s\"; it said:\n%s",
+			 conf, code, file, what, p.out);
+	h_free(&p);
+}
+
+/* hpud trusts no file that someone else could have written (as sshd's
+ * StrictModes): the configuration, the key, the worker program and every
+ * directory above them belong to root (or hpud's own user) and are not
+ * writable by group or others; a root-owned sticky directory (/tmp, where
+ * these files are) is fine. The attack of the review: a configuration of
+ * mode 0666 saying `user = root`, with a key and a worker program owned by
+ * nobody. A reload (SIGHUP) is refused the same way. */
+static void test_untrusted_files(void **state)
+{
+	(void)state;
+	const uid_t nobody = 65534;
+	const gid_t same = (gid_t)-1;
+	char sub[128], conf[192], key2[192], worker[192], text[1024];
+	snprintf(sub, sizeof sub, "%s/trust", dir);
+	assert_int_equal(mkdir(sub, 0755), 0);
+	snprintf(conf, sizeof conf, "%s/hpud.conf", sub);
+	snprintf(key2, sizeof key2, "%s/secret.key", sub);
+	snprintf(worker, sizeof worker, "%s/worker.sh", sub);
+	char *k = h_slurp(key_path);
+	assert_non_null(k);
+	assert_int_equal(h_write_file(key2, k, 0600), 0);
+	free(k);
+	snprintf(text, sizeof text, "#!/bin/sh\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(worker, text, 0755), 0);
+	snprintf(text, sizeof text, "listen = 127.0.0.1\nport = %d\nkey = %s\nuser = root\nworker = %s\n",
+		 port, key2, worker);
+	assert_int_equal(h_write_file(conf, text, 0644), 0);
+	proc p;
+	assert_int_equal(check_conf(&p, conf), 0); /* all root's: fine */
+	h_free(&p);
+
+	/* the attack: everything writable by nobody */
+	assert_int_equal(chmod(conf, 0666), 0);
+	assert_int_equal(chown(key2, nobody, same), 0);
+	assert_int_equal(chown(worker, nobody, same), 0);
+	assert_refused(conf, conf, "writable by group or others (mode 0666)");
+	assert_int_equal(chmod(conf, 0644), 0);
+	assert_int_equal(chown(conf, nobody, same), 0);
+	assert_refused(conf, conf, "owned by uid 65534");
+	assert_int_equal(chown(conf, 0, same), 0);
+	assert_refused(conf, key2, "owned by uid 65534");
+	assert_int_equal(chown(key2, 0, same), 0);
+	assert_refused(conf, worker, "owned by uid 65534");
+	assert_int_equal(chown(worker, 0, same), 0);
+	assert_int_equal(chmod(worker, 0775), 0);
+	assert_refused(conf, worker, "writable by group or others (mode 0775)");
+	assert_int_equal(chmod(worker, 0755), 0);
+
+	/* the directory above them */
+	assert_int_equal(chown(sub, nobody, same), 0);
+	assert_refused(conf, sub, "owned by uid 65534");
+	assert_int_equal(chmod(sub, 01777), 0); /* sticky, but nobody's */
+	assert_refused(conf, sub, "owned by uid 65534");
+	assert_int_equal(chown(sub, 0, same), 0);
+	assert_int_equal(chmod(sub, 0777), 0);
+	assert_refused(conf, sub, "writable by group or others (mode 0777)");
+	assert_int_equal(chmod(sub, 01777), 0); /* root's and sticky, like /tmp */
+	assert_int_equal(check_conf(&p, conf), 0);
+	h_free(&p);
+	assert_int_equal(chmod(sub, 0755), 0);
+
+	/* a reload of a configuration others may write is refused */
+	start_daemon();
+	assert_int_equal(chmod(conf_path, 0666), 0);
+	kill(daemon_proc.pid, SIGHUP);
+	int refused = h_wait_for(&daemon_proc, "reload refused", 5000);
+	assert_int_equal(chmod(conf_path, 0644), 0);
+	printf("  %s", refused == 0 ? strstr(daemon_proc.out, "reload refused") : daemon_proc.out);
+	assert_int_equal(refused, 0);
+	assert_non_null(strstr(strstr(daemon_proc.out, "reload refused"), conf_path));
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	stop_daemon();
+}
+
 /* ---- bad input ---- */
 
 static void test_bad_requests(void **state)
@@ -317,8 +458,9 @@ static void test_bad_requests(void **state)
 	/* replayed: the same frame again */
 	zmq_send(c.sock, good, len, 0);
 	assert_null(await_reply(&c, 1000));
-	/* truncated */
-	for (size_t k = 0; k < len; k += 7)
+	/* truncated: within the header, then a few in the body (few enough
+	 * that hpud logs every kind in its 20 refusals a second) */
+	for (size_t k = 0; k < len; k += k < HPU_AUTH_HEADER ? 7 : 40)
 		zmq_send(c.sock, good, k, 0);
 	free(good);
 	/* unsigned: a bare envelope */
@@ -501,7 +643,7 @@ static void test_busy_status_and_lost_submitter(void **state)
 /* Whether process pid has a descriptor open on path. */
 static int has_fd_on(pid_t pid, const char *path)
 {
-	char dirp[64], link[96], target[512];
+	char dirp[64], link[320], target[512];
 	snprintf(dirp, sizeof dirp, "/proc/%d/fd", (int)pid);
 	DIR *d = opendir(dirp);
 	struct dirent *e;
@@ -706,6 +848,561 @@ static void test_restart_through_hostfile(void **state)
 	unlink(script);
 }
 
+/* ---- a signed request is bound to one hpud instance ---- */
+
+/* A signed launch request as hpulaunch --hostfile sends it (for the
+ * instance of hpud c said hello to): one node, one device, a long run of
+ * the model. */
+static uint8_t *launch_frame(client *c, const char *job_id, size_t *len)
+{
+	char *argv[] = {"--max-steps", "100000", "--log-every", "0", "--no-eval",
+			(char *)MODEL, "--", "--hidden", "16"};
+	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
+	q.job_id = (char *)job_id;
+	q.job_token = "replayed-token";
+	q.node_rank = 0;
+	q.nodes = 1;
+	q.devices = 1;
+	q.master_addr = "127.0.0.1";
+	q.n_argv = sizeof argv / sizeof *argv;
+	q.argv = argv;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
+	env.launch_request = &q;
+	env.instance = c->instance;
+	env.session = c->session;
+	uint8_t *body, *frame;
+	size_t blen = hpu_codec_pack(&env, &body);
+	*len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms(), &frame);
+	free(body);
+	assert_true(*len > 0);
+	return frame;
+}
+
+/* Sends a captured frame on a fresh connection to the hpud on port p;
+ * returns whether a launch reply that says ok came back. */
+static int replay_to(int p, const uint8_t *frame, size_t len)
+{
+	client c;
+	client_open_port(&c, key, p);
+	zmq_send(c.sock, frame, len, 0);
+	Hpu__Envelope *r = await_reply(&c, 3000);
+	int ok = r && r->msg_case == HPU__ENVELOPE__MSG_LAUNCH_REPLY && r->launch_reply->ok;
+	hpu_codec_free(r);
+	client_close(&c);
+	return ok;
+}
+
+/* A signed launch captured on the wire starts nothing on a second hpud
+ * with the same key (another port), nor on its own hpud after a restart:
+ * both refuse it and log why. */
+static void test_launch_bound_to_instance(void **state)
+{
+	(void)state;
+	char conf2[160], text[512];
+	int port2 = h_free_port();
+	snprintf(conf2, sizeof conf2, "%s/second.conf", dir);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 3\n",
+		 port2, key_path);
+	assert_int_equal(h_write_file(conf2, text, 0644), 0);
+	start_daemon();
+	proc b;
+	char *argv[] = {(char *)HPUD, "-c", conf2, NULL};
+	char *env[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
+	assert_int_equal(h_start(&b, argv, env), 0);
+	assert_int_equal(h_wait_for(&b, "listening on", 10000), 0);
+
+	/* the submitter's frame for hpud A, captured */
+	client a;
+	client_open(&a, key);
+	size_t len;
+	uint8_t *f = launch_frame(&a, "captured-job", &len);
+	/* it starts the job on A */
+	zmq_send(a.sock, f, len, 0);
+	Hpu__Envelope *r = await_reply(&a, 10000);
+	assert_non_null(r);
+	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_LAUNCH_REPLY);
+	if (!r->launch_reply->ok)
+		fail_msg("hpud refused the genuine launch: %s", r->launch_reply->error);
+	hpu_codec_free(r);
+	client_close(&a);
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 1);
+
+	/* replayed to B, which has the same key */
+	int on_b = replay_to(port2, f, len);
+	h_wait(&b, 300);
+	int b_kids = h_children(b.pid, kids, 4);
+	/* replayed to A after a restart (its job ended with it) */
+	stop_daemon();
+	start_daemon();
+	int on_a = replay_to(port, f, len);
+	h_wait(&daemon_proc, 300);
+	int a_kids = h_children(daemon_proc.pid, kids, 4);
+	free(f);
+	printf("  the captured launch replayed: to a second hpud %s (%d workers), "
+	       "to the restarted hpud %s (%d workers)\n",
+	       on_b ? "STARTED THE JOB" : "refused", b_kids, on_a ? "STARTED THE JOB" : "refused",
+	       a_kids);
+	const char *why = "signed for another hpud or before a restart";
+	int b_logged = strstr(b.out, why) != NULL, a_logged = strstr(daemon_proc.out, why) != NULL;
+	printf("  hpud B %s, the restarted hpud A %s \"%s\"\n", b_logged ? "logged" : "did not log",
+	       a_logged ? "logged" : "did not log", why);
+	const char *line = strstr(b.out, "refused a request");
+	if (line)
+		printf("  hpud B: %.*s\n", (int)strcspn(line, "\n"), line);
+	kill(b.pid, SIGTERM);
+	if (h_wait(&b, 15000) < 0)
+		h_kill(&b);
+	h_free(&b);
+	assert_false(on_b);
+	assert_int_equal(b_kids, 0);
+	assert_false(on_a);
+	assert_int_equal(a_kids, 0);
+	assert_true(b_logged);
+	assert_true(a_logged);
+	assert_int_equal(jobs_running(), 0);
+	stop_daemon();
+}
+
+/* ---- a chatty model ---- */
+
+/* A model that prints as fast as it can (2 ranks x 40 steps x 1000 lines,
+ * more frames than the submitter's old replay cache took in its 30 s
+ * window: it filled, every later frame was dropped, and the job failed
+ * with "lost contact ... silent for 10 s") trains to the end: nothing is
+ * dropped as a replay, the submitter never loses contact and says nothing
+ * of a replay cache. How many lines arrive is hpud's output queue's
+ * business (output_buffer); test_submitter_takes_a_flood sends more than
+ * 65536 frames whatever hpud's pace. */
+static void test_chatty_job(void **state)
+{
+	(void)state;
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "40", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16",
+			"--print-lines", "1000", NULL};
+	proc p;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int code = h_run(&p, argv, NULL, 180000);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	long lines = 0, cache_full = 0;
+	for (const char *s = p.out; (s = strstr(s, "] chatter rank ")); s++)
+		lines++;
+	for (const char *s = p.out; (s = strstr(s, "replay cache full")); s++)
+		cache_full++;
+	double secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	printf("  exit %d after %.1f s: %ld of 80000 lines (%.0f/s), %ld 'replay cache full' "
+	       "warnings\n",
+	       code, secs, lines, lines / secs, cache_full);
+	const char *err = strstr(p.out, "hpulaunch: error");
+	if (err)
+		printf("  %.300s\n", err);
+	assert_int_equal(cache_full, 0);
+	assert_null(strstr(p.out, "lost contact"));
+	assert_int_equal(code, 0);
+	/* the last line, unless it went with the lines hpud dropped past
+	 * output_buffer (then a notice says how many) */
+	assert_true(strstr(p.out, "[rank 0] trained 40 steps") ||
+		    strstr(p.out, "[rank 0] hpud: dropped "));
+	assert_true(lines > 0);
+	h_free(&p);
+	stop_daemon();
+}
+
+/* ---- the submitter's side of the binding, against a fake hpud ---- */
+
+typedef struct fake {
+	void *ctx, *sock;
+	hpu_auth *auth;
+	uint8_t id[256]; /* hpulaunch's routing id */
+	size_t idlen;
+} fake;
+
+/* The next request to the fake hpud, verified, or NULL (nothing within
+ * 10 s, or not genuine). No cmocka assertion: the flood test calls it
+ * from a thread. */
+static Hpu__Envelope *fake_recv(fake *f)
+{
+	static uint8_t buf[HPU_AUTH_MAX_FRAME];
+	zmq_pollitem_t it = {.socket = f->sock, .events = ZMQ_POLLIN};
+	if (zmq_poll(&it, 1, 10000) <= 0)
+		return NULL;
+	int n = zmq_recv(f->sock, f->id, sizeof f->id, 0);
+	if (n <= 0 || n > (int)sizeof f->id)
+		return NULL;
+	f->idlen = (size_t)n;
+	n = zmq_recv(f->sock, buf, sizeof buf, 0);
+	const void *body;
+	size_t blen;
+	if (n <= 0 || n > (int)sizeof buf ||
+	    hpu_auth_verify(f->auth, buf, (size_t)n, hpu_auth_now_ms(), &body, &blen, NULL, 0) < 0)
+		return NULL;
+	return hpu_codec_unpack(body, blen);
+}
+
+/* env signed as hpud signs it; *len gets the frame's size. */
+static uint8_t *fake_sign(fake *f, Hpu__Envelope *env, const char *instance,
+			  const char *session, uint64_t seq, size_t *len)
+{
+	env->instance = (char *)instance;
+	env->session = (char *)session;
+	env->seq = seq;
+	uint8_t *body = NULL, *frame = NULL;
+	size_t blen = hpu_codec_pack(env, &body);
+	*len = body ? hpu_auth_sign(f->auth, body, blen, hpu_auth_now_ms(), &frame) : 0;
+	free(body);
+	return frame; /* NULL only without memory */
+}
+
+/* Sends a frame to hpulaunch (waiting for room); 0, or -1 when it is
+ * gone. */
+static int fake_put(fake *f, const void *frame, size_t len)
+{
+	if (!frame || zmq_send(f->sock, f->id, f->idlen, ZMQ_SNDMORE) < 0)
+		return -1;
+	return zmq_send(f->sock, frame, len, 0) < 0 ? -1 : 0;
+}
+
+/* A fake hpud on 127.0.0.1:p, with the cluster's key. Its sends wait for
+ * room (up to 20 s) rather than drop (ZMQ_ROUTER_MANDATORY). */
+static void fake_open(fake *f, int p)
+{
+	char ep[64];
+	int one = 1, hwm = 100000, wait_ms = 20000;
+	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p);
+	memset(f, 0, sizeof *f);
+	f->ctx = zmq_ctx_new();
+	f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
+	zmq_setsockopt(f->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+	zmq_setsockopt(f->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+	zmq_setsockopt(f->sock, ZMQ_SNDTIMEO, &wait_ms, sizeof wait_ms);
+	assert_int_equal(zmq_bind(f->sock, ep), 0);
+	f->auth = hpu_auth_new(key, 30000, 1 << 16);
+}
+
+static void fake_close(fake *f)
+{
+	int zero = 0;
+	zmq_setsockopt(f->sock, ZMQ_LINGER, &zero, sizeof zero);
+	zmq_close(f->sock);
+	zmq_ctx_term(f->ctx);
+	hpu_auth_destroy(&f->auth);
+}
+
+/* hpulaunch --status against a fake hpud that answers with frames hpud
+ * never sends to it: a reply for another session, a replayed reply (an
+ * old sequence number), one from another instance, then 3000 garbage
+ * frames. The submitter drops each, warning of at most 5 a second and
+ * summing up the rest in one line, and takes the genuine reply after
+ * them; its requests name the instance and session of the hello. */
+static void test_submitter_refuses_replays(void **state)
+{
+	(void)state;
+	fake f;
+	int fport = h_free_port();
+	char target[64];
+	snprintf(target, sizeof target, "127.0.0.1:%d", fport);
+	fake_open(&f, fport);
+	proc p;
+	char *argv[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+
+	Hpu__Envelope *q = fake_recv(&f);
+	assert_non_null(q);
+	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_HELLO);
+	char session[64], other[HPU_AUTH_ID_HEX + 1];
+	snprintf(session, sizeof session, "%s", q->session);
+	assert_int_equal(strlen(session), HPU_AUTH_ID_HEX);
+	hpu_codec_free(q);
+	assert_int_equal(hpu_auth_random_id(other), 0);
+	const char *instance = "0123456789abcdef0123456789abcdef";
+	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
+	hr.instance = (char *)instance;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &hr;
+	size_t len;
+	uint8_t *fr = fake_sign(&f, &env, instance, other, 9, &len); /* another session */
+	assert_int_equal(fake_put(&f, fr, len), 0);
+	free(fr);
+	uint8_t *hello = fake_sign(&f, &env, instance, session, 10, &len);
+	assert_int_equal(fake_put(&f, hello, len), 0);
+
+	q = fake_recv(&f);
+	assert_non_null(q);
+	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_STATUS_REQUEST);
+	assert_string_equal(q->instance, instance);
+	assert_string_equal(q->session, session);
+	hpu_codec_free(q);
+	assert_int_equal(fake_put(&f, hello, len), 0); /* replayed: seq 10 again */
+	free(hello);
+	Hpu__StatusReply sr = HPU__STATUS_REPLY__INIT;
+	sr.devices_total = 7;
+	sr.devices_free = 7;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
+	env.status_reply = &sr;
+	fr = fake_sign(&f, &env, other, session, 20, &len); /* another instance */
+	assert_int_equal(fake_put(&f, fr, len), 0);
+	free(fr);
+	uint8_t junk[200];
+	for (int i = 0; i < 3000; i++) {
+		for (size_t k = 0; k < sizeof junk; k++)
+			junk[k] = (uint8_t)rnd();
+		memcpy(junk, "HPU1", 4);
+		assert_int_equal(fake_put(&f, junk, sizeof junk), 0);
+	}
+	fr = fake_sign(&f, &env, instance, session, 11, &len); /* the genuine one */
+	assert_int_equal(fake_put(&f, fr, len), 0);
+	free(fr);
+
+	assert_int_equal(h_wait(&p, 20000), 0);
+	printf("%s", p.out);
+	int warned = 0;
+	for (const char *s = p.out; (s = strstr(s, "hpulaunch: warning: dropped")); s++)
+		warned++;
+	printf("  %d warnings shown for 3003 frames dropped\n", warned);
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "7 devices, 7 free"));
+	assert_non_null(strstr(p.out, "not for this session"));
+	assert_non_null(strstr(p.out, "replayed or out of order (seq 10, the last was 10)"));
+	assert_non_null(strstr(p.out, "from another hpud instance"));
+	assert_non_null(strstr(p.out, "more messages dropped (not shown)"));
+	assert_true(warned >= 5 && warned <= 15);
+	h_free(&p);
+	fake_close(&f);
+}
+
+#define FLOOD_LINES 100000
+
+/* The fake hpud's side of a job: it answers hello and the launch, then
+ * streams FLOOD_LINES output lines as fast as it signs them and the job's
+ * end. Runs in a thread, while the test reads hpulaunch's output; returns
+ * NULL, or what went wrong. */
+static void *fake_flood(void *arg)
+{
+	fake *f = arg;
+	Hpu__Envelope *q = fake_recv(f);
+	if (!q || q->msg_case != HPU__ENVELOPE__MSG_HELLO)
+		return "no hello";
+	char session[64], job_id[64];
+	snprintf(session, sizeof session, "%s", q->session);
+	hpu_codec_free(q);
+	const char *instance = "00112233445566778899aabbccddeeff";
+	uint64_t seq = 0;
+	size_t len;
+	uint8_t *fr;
+	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
+	hr.instance = (char *)instance;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &hr;
+	fr = fake_sign(f, &env, instance, session, ++seq, &len);
+	int bad = fake_put(f, fr, len);
+	free(fr);
+	if (bad < 0)
+		return "hpulaunch went away";
+	if (!(q = fake_recv(f)) || q->msg_case != HPU__ENVELOPE__MSG_LAUNCH_REQUEST ||
+	    strcmp(q->instance, instance) || strcmp(q->session, session)) {
+		hpu_codec_free(q);
+		return "no launch request naming the instance and session";
+	}
+	snprintf(job_id, sizeof job_id, "%s", q->launch_request->job_id);
+	hpu_codec_free(q);
+	Hpu__LaunchReply lr = HPU__LAUNCH_REPLY__INIT;
+	lr.job_id = job_id;
+	lr.ok = 1;
+	lr.master_port = 29999;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REPLY;
+	env.launch_reply = &lr;
+	fr = fake_sign(f, &env, instance, session, ++seq, &len);
+	bad = fake_put(f, fr, len);
+	free(fr);
+	if (bad < 0)
+		return "hpulaunch went away";
+	char text[64];
+	Hpu__LogLine ll = HPU__LOG_LINE__INIT;
+	ll.job_id = job_id;
+	ll.text = text;
+	env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
+	env.log_line = &ll;
+	for (int i = 0; i < FLOOD_LINES; i++) {
+		ll.rank = (uint32_t)(i % 2);
+		snprintf(text, sizeof text, "flood line %d", i);
+		fr = fake_sign(f, &env, instance, session, ++seq, &len);
+		bad = fake_put(f, fr, len);
+		free(fr);
+		if (bad < 0)
+			return "hpulaunch went away";
+	}
+	Hpu__JobEnd je = HPU__JOB_END__INIT;
+	je.job_id = job_id;
+	je.ok = 1;
+	je.reason = "";
+	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
+	env.job_end = &je;
+	fr = fake_sign(f, &env, instance, session, ++seq, &len);
+	bad = fake_put(f, fr, len);
+	free(fr);
+	return bad < 0 ? "hpulaunch went away" : NULL;
+}
+
+/* hpulaunch --hostfile against a fake hpud that streams 100000 output
+ * lines as fast as it can sign them, well past the 65536 nonces in 30 s
+ * that the submitter's replay cache used to hold: the submitter takes
+ * every line, in order, warns of nothing and exits 0. */
+static void test_submitter_takes_a_flood(void **state)
+{
+	(void)state;
+	fake f;
+	int fport = h_free_port();
+	char hf[160], text[64];
+	snprintf(hf, sizeof hf, "%s/hostfile-fake", dir);
+	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n", fport);
+	assert_int_equal(h_write_file(hf, text, 0644), 0);
+	fake_open(&f, fport);
+	proc p;
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hf, "--key", key_path, "--devices", "1",
+			(char *)MODEL, NULL};
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, fake_flood, &f), 0);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int exited = h_wait(&p, 60000) == 0;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	void *res;
+	if (!exited)
+		h_kill(&p); /* the thread's sends then fail, and it ends */
+	pthread_join(t, &res);
+	long lines = 0, in_order = 1;
+	const char *s = p.out;
+	char want[64];
+	for (int i = 0; i < FLOOD_LINES && in_order; i++) {
+		snprintf(want, sizeof want, "[rank %d] flood line %d\n", i % 2, i);
+		const char *at = strstr(s, want);
+		if (at) {
+			lines++;
+			s = at + strlen(want);
+		} else {
+			in_order = 0;
+		}
+	}
+	double secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	printf("  exit %d after %.1f s: %ld of %d lines, in order; the fake hpud: %s\n",
+	       exited ? h_code(&p) : -1, secs, lines, FLOOD_LINES,
+	       res ? (const char *)res : "all sent");
+	const char *warn = strstr(p.out, "hpulaunch: warning");
+	const char *err = strstr(p.out, "hpulaunch: error");
+	if (warn || err)
+		printf("  %.300s\n", warn ? warn : err);
+	assert_null(res);
+	assert_true(exited);
+	assert_int_equal(h_code(&p), 0);
+	assert_int_equal(lines, FLOOD_LINES);
+	assert_null(warn);
+	h_free(&p);
+	fake_close(&f);
+	unlink(hf);
+}
+
+/* A submitter stopped (SIGSTOP) while its job prints 8 KB lines as fast
+ * as it can (2 ranks x 8000 of them, 128 MB): hpud holds at most
+ * output_buffer (4 MiB by default) of the job's output, drops the rest
+ * and, once the submitter reads again (SIGCONT), tells it how much per
+ * rank; then the job's output comes through again, and the job trains to
+ * the end. The worker program is a script that waits for the submitter
+ * to be stopped, prints, waits for it to have caught up, and then runs
+ * hpu-worker. */
+static void test_stopped_submitter_output_bounded(void **state)
+{
+	(void)state;
+	enum { LINES = 8000 };
+	char flags[128], go[160], go2[160], done[2][160], script[192], text[1536];
+	snprintf(flags, sizeof flags, "%s/flags", dir);
+	assert_int_equal(mkdir(flags, 0755), 0);
+	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	snprintf(go, sizeof go, "%s/go", flags);
+	snprintf(go2, sizeof go2, "%s/go2", flags);
+	for (int r = 0; r < 2; r++)
+		snprintf(done[r], sizeof done[r], "%s/printed.%d", flags, r);
+	snprintf(script, sizeof script, "%s/loud-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "while [ ! -e %s ]; do sleep 0.05; done\n"
+		 "yes \"$RANK $(printf '%%7998s' '' | tr ' ' x)\" | head -n %d\n"
+		 "touch %s/printed.$RANK\n"
+		 "while [ ! -e %s ]; do sleep 0.05; done\n"
+		 "exec %s \"$@\"\n",
+		 go, LINES, flags, go2, h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 600\nworker = %s\n",
+		 port, key_path, script);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	start_daemon();
+	long base = rss_kib(daemon_proc.pid);
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (h_wait_for(&p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	assert_int_equal(kill(p.pid, SIGSTOP), 0);
+	assert_int_equal(h_write_file(go, "", 0644), 0);
+	int printed = 0;
+	for (int i = 0; i < 3000 && !printed; i++) { /* a loaded machine: 300 s */
+		h_wait(&daemon_proc, 100);
+		printed = access(done[0], F_OK) == 0 && access(done[1], F_OK) == 0;
+	}
+	jobs_running(); /* hpud has read what was left in the pipes */
+	h_wait(&daemon_proc, 200);
+	long peak = proc_status(daemon_proc.pid, "VmHWM:");
+	printf("  hpud RSS %ld KiB before the job, peak %ld KiB with the submitter stopped "
+	       "(%d lines of 8000 bytes printed)\n",
+	       base, peak, printed ? 2 * LINES : -1);
+	kill(p.pid, SIGCONT);
+	assert_true(printed);
+	assert_true(base > 0 && peak > 0);
+	/* 4 MiB queued, 64 messages in ZeroMQ's queue, malloc's slack; without
+	 * a bound: > 128 MiB. AddressSanitizer's quarantine keeps freed frames. */
+#ifdef __SANITIZE_ADDRESS__
+	assert_true(peak - base < 64 * 1024);
+#else
+	assert_true(peak - base < 16 * 1024);
+#endif
+	/* caught up: the notices, one per rank */
+	int told = h_wait_for(&p, "[rank 0] hpud: dropped ", 120000) == 0 &&
+		   h_wait_for(&p, "[rank 1] hpud: dropped ", 120000) == 0;
+	for (int r = 0; r < 2; r++) {
+		char want[32];
+		snprintf(want, sizeof want, "[rank %d] hpud: dropped ", r);
+		const char *s = strstr(p.out, want);
+		printf("  %.*s\n", s ? (int)strcspn(s, "\n") : 0, s ? s : "");
+	}
+	if (!told)
+		fail_msg("no notice of the dropped output; the submitter's last words:\n%s",
+			 p.len > 2000 ? p.out + p.len - 2000 : p.out);
+	assert_int_equal(h_write_file(go2, "", 0644), 0); /* the job goes on */
+	assert_int_equal(h_wait(&p, 300000), 0);
+	assert_int_equal(h_code(&p), 0);
+	if (!strstr(p.out, "[rank 0] trained 2 steps"))
+		fail_msg("no '[rank 0] trained 2 steps'; the submitter's last words:\n%s",
+			 p.len > 2000 ? p.out + p.len - 2000 : p.out);
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_non_null(strstr(daemon_proc.out, "ended successfully"));
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(script);
+}
+
 int main(void)
 {
 	if (geteuid() != 0) {
@@ -714,6 +1411,7 @@ int main(void)
 	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_key_permissions),
+		cmocka_unit_test(test_untrusted_files),
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_job_through_hostfile),
 		cmocka_unit_test(test_job_env_forwarded),
@@ -722,6 +1420,13 @@ int main(void)
 		cmocka_unit_test(test_workers_die_with_hpud),
 		cmocka_unit_test(test_concurrent_jobs_leave_nothing),
 		cmocka_unit_test(test_restart_through_hostfile),
+		cmocka_unit_test(test_launch_bound_to_instance),
+		cmocka_unit_test(test_chatty_job),
+		cmocka_unit_test(test_submitter_refuses_replays),
+		cmocka_unit_test(test_submitter_takes_a_flood),
+		cmocka_unit_test(test_stopped_submitter_output_bounded),
 	};
+	if (getenv("HPU_TEST_FILTER")) /* e.g. "test_chatty*": run just those */
+		cmocka_set_test_filter(getenv("HPU_TEST_FILTER"));
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

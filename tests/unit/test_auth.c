@@ -5,6 +5,8 @@
  * truncated or oversized frame and random garbage are refused with the
  * sentence that names the check; the replay cache stays within max_nonces,
  * forgets only expired nonces and refuses rather than forget a live one;
+ * hpu_auth_check makes the same checks without the cache, remembering
+ * nothing;
  * key files are refused unless private, regular and 64 hex digits, and
  * gen_key makes one that load_key takes.
  */
@@ -261,6 +263,54 @@ static void test_replay(void **state)
 	free(f1);
 	free(f2);
 	hpu_auth_destroy(&a);
+}
+
+/* hpu_auth_check: the same checks as verify but the replay cache. A stream
+ * of 100000 frames (far more than the cache's 16) within one window is
+ * taken whole, a frame twice too; a wrong key, a flipped bit, a stale or
+ * truncated frame are refused as by verify; nothing is remembered, so that
+ * verify still takes a frame check has seen. */
+static void test_check_keeps_no_nonces(void **state)
+{
+	(void)state;
+	hpu_auth *a = new_auth(key1, W, 16), *b = new_auth(key2, W, 16);
+	uint8_t *f;
+	size_t n = sign(a, "body", 4, T0, &f);
+	const void *body = NULL;
+	size_t blen = 0;
+	for (int i = 0; i < 100000; i++)
+		if (hpu_auth_check(a, f, n, T0 + i % W, &body, &blen, err, sizeof err) != 0)
+			fail_msg("frame %d refused: %s", i, err);
+	assert_ptr_equal(body, f + HPU_AUTH_HEADER);
+	assert_int_equal(blen, 4);
+	assert_int_equal(hpu_auth_check(b, f, n, T0, NULL, NULL, err, sizeof err), -1);
+	assert_string_equal(err, "bad signature (wrong key or altered)");
+	assert_int_equal(hpu_auth_check(a, f, n, T0 + W + 1, NULL, NULL, err, sizeof err), -1);
+	assert_non_null(strstr(err, "stale"));
+	assert_int_equal(hpu_auth_check(a, f, n - 1, T0, NULL, NULL, err, sizeof err), -1);
+	assert_non_null(strstr(err, "bad signature"));
+	assert_int_equal(hpu_auth_check(a, f, 20, T0, NULL, NULL, err, sizeof err), -1);
+	assert_non_null(strstr(err, "truncated"));
+	f[HPU_AUTH_HEADER] ^= 1;
+	assert_int_equal(hpu_auth_check(a, f, n, T0, NULL, NULL, err, sizeof err), -1);
+	f[HPU_AUTH_HEADER] ^= 1;
+	assert_accepted(a, f, n, T0); /* check remembered nothing */
+	assert_refused(a, f, n, T0, "replayed nonce");
+	free(f);
+	hpu_auth_destroy(&a);
+	hpu_auth_destroy(&b);
+}
+
+/* Ids are 32 lowercase hex digits and differ. */
+static void test_random_id(void **state)
+{
+	(void)state;
+	char x[HPU_AUTH_ID_HEX + 1], y[HPU_AUTH_ID_HEX + 1];
+	assert_int_equal(hpu_auth_random_id(x), 0);
+	assert_int_equal(hpu_auth_random_id(y), 0);
+	assert_int_equal(strlen(x), HPU_AUTH_ID_HEX);
+	assert_int_equal(strspn(x, "0123456789abcdef"), HPU_AUTH_ID_HEX);
+	assert_string_not_equal(x, y);
 }
 
 static void test_clock_window(void **state)
@@ -920,6 +970,8 @@ int main(void)
 	    cmocka_unit_test(test_wrong_key),
 	    cmocka_unit_test(test_set_key),
 	    cmocka_unit_test(test_replay),
+	    cmocka_unit_test(test_check_keeps_no_nonces),
+	    cmocka_unit_test(test_random_id),
 	    cmocka_unit_test(test_clock_window),
 	    cmocka_unit_test(test_truncated),
 	    cmocka_unit_test(test_oversized),

@@ -54,6 +54,7 @@ static void test_defaults(void **state)
 	assert_true(c.clock_window_s == 30);
 	assert_string_equal(c.worker, "");
 	assert_true(c.submitter_timeout_s == 10);
+	assert_int_equal(c.output_buffer, 4 << 20);
 	assert_string_equal(hpud_log_level_name(HPUD_LOG_ERROR), "error");
 	assert_string_equal(hpud_log_level_name(HPUD_LOG_WARN), "warn");
 	assert_string_equal(hpud_log_level_name(HPUD_LOG_INFO), "info");
@@ -75,9 +76,11 @@ static void test_full_file(void **state)
 			   "log_level = debug\n"
 			   "clock_window = 12.5\n"
 			   "worker = /usr/lib/hputrain/hpu-worker\n"
-			   "submitter_timeout = 3\n",
+			   "submitter_timeout = 3\n"
+			   "output_buffer = 512K\n",
 			   path, err, sizeof err);
 	assert_int_equal(rc, 0);
+	assert_int_equal(c.output_buffer, 512 << 10);
 	assert_string_equal(c.listen, "10.1.2.3");
 	assert_int_equal(c.port, 29500);
 	assert_int_equal(c.devices, 8);
@@ -162,6 +165,16 @@ static void test_bounds_accepted(void **state)
 			 0);
 	assert_int_equal(c.port, 1);
 	assert_int_equal(c.devices, 1);
+	const struct {
+		const char *v;
+		size_t bytes;
+	} sizes[] = {{"65536", 65536}, {"64K", 65536}, {"1G", 1 << 30}, {"1024M", 1 << 30},
+		     {"1073741824", 1 << 30}, {"3M", 3 << 20}};
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+		snprintf(text, sizeof text, "output_buffer = %s\n", sizes[i].v);
+		assert_int_equal(load_text(&c, text, path, err, sizeof err), 0);
+		assert_int_equal(c.output_buffer, sizes[i].bytes);
+	}
 }
 
 /* One bad file: its text, the line the error must name, and strings the
@@ -203,6 +216,15 @@ static const bad_case bad_cases[] = {
 	{"submitter_timeout = 0\n", 1, "'submitter_timeout'", "> 0"},
 	{"submitter_timeout = -2\n", 1, "'submitter_timeout'", NULL},
 	{"submitter_timeout = inf\n", 1, "'submitter_timeout'", NULL},
+	{"output_buffer = 65535\n", 1, "'output_buffer'", "64K to 1G"},
+	{"output_buffer = 63K\n", 1, "'output_buffer'", "'63K'"},
+	{"output_buffer = 2G\n", 1, "'output_buffer'", NULL},
+	{"output_buffer = 1025M\n", 1, "'output_buffer'", NULL},
+	{"output_buffer = 4MB\n", 1, "'output_buffer'", NULL},
+	{"output_buffer = 4m\n", 1, "'output_buffer'", NULL},
+	{"output_buffer = M\n", 1, "'output_buffer'", NULL},
+	{"output_buffer = -4M\n", 1, "'output_buffer'", NULL},
+	{"output_buffer = 99999999999999999999K\n", 1, "'output_buffer'", NULL},
 	{"user = Hpu\n", 1, "'user'", "'Hpu'"},
 	{"user = a b\n", 1, "'user'", NULL},
 	{"user = ../root\n", 1, "'user'", NULL},

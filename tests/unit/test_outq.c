@@ -1,0 +1,132 @@
+/* Unit tests for hpud's per-job output queue (daemon/outq.c): the byte
+ * count, lines dropped past the bound and after it until the queue has
+ * drained to half, the per-rank counts the notices take, and messages
+ * that are never dropped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "outq.h"
+
+#define LINE 1000                        /* packed bytes of a test line */
+#define COST (LINE + HPUD_OUTQ_OVERHEAD) /* counted per line */
+#define BOUND (10 * COST)                /* ten lines */
+
+static uint8_t *body(size_t n, uint8_t fill)
+{
+	uint8_t *b = malloc(n);
+	assert_non_null(b);
+	memset(b, fill, n);
+	return b;
+}
+
+static int push_line(hpud_outq *q, int rank)
+{
+	return hpud_outq_push_line(q, BOUND, rank, LINE - 20,
+	                           body(LINE, (uint8_t)rank), LINE);
+}
+
+static void test_bound_and_drain_to_half(void **state)
+{
+	(void)state;
+	hpud_outq q;
+	assert_int_equal(hpud_outq_init(&q, 4, 2), 0); /* ranks 4 and 5 */
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(push_line(&q, 4 + i % 2), 1);
+	assert_int_equal(q.bytes, 10 * COST);
+	assert_int_equal(q.messages, 10);
+	assert_false(hpud_outq_dropping(&q));
+	/* the eleventh would pass the bound: dropped, counted, and so is
+	 * every later line */
+	assert_int_equal(push_line(&q, 5), 0);
+	assert_true(hpud_outq_dropping(&q));
+	hpud_outq_pop(&q);
+	assert_int_equal(push_line(&q, 4), 0); /* there is room, but dropping */
+	hpud_outq_count_drop(&q, 4, 7);        /* one not even packed */
+	assert_int_equal(q.messages, 9);
+	assert_true(hpud_outq_has_drops(&q));
+	/* drained to 6 lines: not yet half */
+	for (int i = 0; i < 3; i++)
+		hpud_outq_pop(&q);
+	assert_false(hpud_outq_caught_up(&q, BOUND));
+	hpud_outq_pop(&q);
+	assert_true(hpud_outq_caught_up(&q, BOUND)); /* 5 of 10 */
+	int rank;
+	hpud_outq_drops d;
+	assert_int_equal(hpud_outq_take_drops(&q, &rank, &d), 1);
+	assert_int_equal(rank, 4);
+	assert_int_equal(d.lines, 2);
+	assert_int_equal(d.bytes, LINE - 20 + 7);
+	assert_int_equal(hpud_outq_take_drops(&q, &rank, &d), 1);
+	assert_int_equal(rank, 5);
+	assert_int_equal(d.lines, 1);
+	assert_true(hpud_outq_dropping(&q)); /* until every rank's are taken */
+	assert_int_equal(hpud_outq_take_drops(&q, &rank, &d), 0);
+	assert_false(hpud_outq_dropping(&q));
+	assert_false(hpud_outq_has_drops(&q));
+	assert_int_equal(q.total.lines, 3);
+	/* lines are taken again */
+	assert_int_equal(push_line(&q, 5), 1);
+	while (hpud_outq_peek(&q))
+		hpud_outq_pop(&q);
+	assert_int_equal(q.bytes, 0);
+	assert_int_equal(q.messages, 0);
+	hpud_outq_free(&q);
+	hpud_outq_free(&q); /* safe twice */
+}
+
+/* Other messages are never dropped, also past the bound; records of rank
+ * -1 (progress) are dropped past it without being counted as output. */
+static void test_control_and_uncounted(void **state)
+{
+	(void)state;
+	hpud_outq q;
+	assert_int_equal(hpud_outq_init(&q, 0, 1), 0);
+	for (int i = 0; i < 12; i++)
+		assert_int_equal(hpud_outq_push(&q, body(LINE, 1), LINE), 0);
+	assert_int_equal(q.bytes, 12 * COST);
+	assert_int_equal(push_line(&q, -1), 0);
+	assert_false(hpud_outq_dropping(&q));
+	assert_false(hpud_outq_has_drops(&q));
+	hpud_outq_count_drop(&q, -1, 100);
+	assert_false(hpud_outq_dropping(&q));
+	/* a rank outside the queue's counts in the total only */
+	assert_int_equal(push_line(&q, 7), 0);
+	assert_int_equal(q.total.lines, 1);
+	assert_false(hpud_outq_has_drops(&q));
+	/* the order is kept */
+	assert_int_equal(hpud_outq_push(&q, body(3, 9), 3), 0);
+	for (int i = 0; i < 12; i++)
+		hpud_outq_pop(&q);
+	assert_int_equal(hpud_outq_peek(&q)->len, 3);
+	assert_int_equal(hpud_outq_peek(&q)->body[0], 9);
+	hpud_outq_free(&q); /* frees what is left */
+	assert_null(hpud_outq_peek(&q));
+}
+
+/* A zeroed queue is empty and counts drops of no rank. */
+static void test_zeroed(void **state)
+{
+	(void)state;
+	hpud_outq q;
+	memset(&q, 0, sizeof q);
+	assert_null(hpud_outq_peek(&q));
+	hpud_outq_pop(&q);
+	assert_int_equal(push_line(&q, 0), 1);
+	hpud_outq_free(&q);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_bound_and_drain_to_half),
+	    cmocka_unit_test(test_control_and_uncounted),
+	    cmocka_unit_test(test_zeroed),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
