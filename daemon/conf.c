@@ -192,6 +192,29 @@ static int set_output_buffer(hpud_conf *c, const char *v, char *why, size_t whyl
 	return 0;
 }
 
+/* A range of uids "FIRST-LAST", 1 .. 2^31-2, at most 65536 of them. */
+static int set_job_uids(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	char *end, *end2;
+	errno = 0;
+	unsigned long a = strtoul(v, &end, 10), b = 0;
+	int ok = v[0] >= '0' && v[0] <= '9' && *end == '-' && end[1] >= '0' && end[1] <= '9';
+	if (ok) {
+		b = strtoul(end + 1, &end2, 10);
+		ok = !errno && !*end2 && a >= 1 && a <= b && b < 0x7fffffffUL && b - a < 65536;
+	}
+	if (!ok) {
+		snprintf(why, whylen,
+			 "'%s' is not a range of uids FIRST-LAST (1 to 2147483646, "
+			 "at most 65536 of them)",
+			 v);
+		return -1;
+	}
+	c->job_uid_first = (unsigned)a;
+	c->job_uid_last = (unsigned)b;
+	return 0;
+}
+
 static const struct conf_key {
 	const char *name;
 	int (*set)(hpud_conf *c, const char *v, char *why, size_t whylen);
@@ -206,6 +229,7 @@ static const struct conf_key {
 	{"worker", set_worker},
 	{"submitter_timeout", set_submitter_timeout},
 	{"output_buffer", set_output_buffer},
+	{"job_uids", set_job_uids},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

@@ -15,6 +15,9 @@
  *     output_buffer = 4M        # a job's output waiting for a slow
  *                               # submitter, at most (K, M, G: KiB ...);
  *                               # past it, output is dropped and counted
+ *     job_uids = 61000-61999    # run each job's workers as a uid of its
+ *                               # own from this range (group: user's),
+ *                               # so jobs cannot see or signal each other
  *
  * Unknown keys and bad values are errors naming the file, line and key. */
 #ifndef HPUD_CONF_H
@@ -40,6 +43,8 @@ typedef struct hpud_conf {
 	char worker[512];        /* "" : hpu-worker next to hpud */
 	double submitter_timeout_s; /* 10 */
 	size_t output_buffer;    /* bytes: 4 MiB, 64 KiB .. 1 GiB */
+	unsigned job_uid_first;  /* job_uids FIRST-LAST; 0: off (every job */
+	unsigned job_uid_last;   /* runs as `user`) */
 } hpud_conf;
 
 /* The defaults above. */

@@ -65,6 +65,7 @@ typedef struct job {
 	ev_timer progress_timer;   /* ... which comes then */
 	hpu_nodejob *nj;
 	hpud_outq out;             /* messages the submitter has yet to take */
+	uid_t uid;                 /* its workers' uid (job_uids, else D.uid) */
 	int peer_gone;             /* its submitter went away (no pings) */
 } job;
 
@@ -646,6 +647,26 @@ static int book_devices(job *j, char *why, size_t len)
 	return 0;
 }
 
+/* The uid of j's workers: with job_uids, the lowest one no other job
+ * holds; 0, or -1 when all are taken. */
+static int pick_uid(job *j)
+{
+	if (!D.conf.job_uid_first) {
+		j->uid = D.uid;
+		return 0;
+	}
+	for (unsigned u = D.conf.job_uid_first; u <= D.conf.job_uid_last; u++) {
+		int taken = 0;
+		for (int i = 0; i < MAX_JOBS && !taken; i++)
+			taken = D.jobs + i != j && D.jobs[i].used && D.jobs[i].uid == u;
+		if (!taken) {
+			j->uid = u;
+			return 0;
+		}
+	}
+	return -1;
+}
+
 static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *session,
 		      const Hpu__LaunchRequest *q)
 {
@@ -684,6 +705,15 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	j->started = j->last_ping = ev_now(D.loop);
 	ev_timer_init(&j->progress_timer, on_progress_timer, PROGRESS_EVERY_S, 0);
 	j->progress_timer.data = j;
+	if (pick_uid(j) < 0) {
+		snprintf(why, sizeof why, "all %u uids of job_uids are taken by running jobs",
+			 D.conf.job_uid_last - D.conf.job_uid_first + 1);
+		j->devices = 0;
+		release_job(j);
+		logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, why);
+		reply_launch(peer, session, id, NULL, why);
+		return;
+	}
 	if (book_devices(j, why, sizeof why) < 0) {
 		j->devices = 0;
 		release_job(j);
@@ -712,7 +742,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		.env = j->env,
 		.device_ids = j->dev,
 		.set_user = D.set_user,
-		.uid = D.uid,
+		.uid = j->uid,
 		.gid = D.gid,
 		.join_timeout_s = 300,
 		.agent_timeout_s = 10,
@@ -737,7 +767,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 			 j->max_restarts);
 	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers as uid %d, coordinator %s:%d",
 	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices,
-	       D.set_user ? (int)D.uid : (int)getuid(), j->master_addr,
+	       D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
 	       hpu_nodejob_master_port(j->nj));
 	reply_launch(peer, session, id, j, NULL);
 }
@@ -1029,10 +1059,39 @@ static int load_key(char *err, size_t errlen)
 	return 0;
 }
 
+/* job_uids must be uids of nobody: a job would act as their owner. */
+static int check_job_uids(const hpud_conf *c, char *err, size_t errlen)
+{
+	if (!c->job_uid_first)
+		return 0;
+	struct passwd *pw;
+	int bad = 0;
+	setpwent();
+	while (!bad && (pw = getpwent()) != NULL)
+		if (pw->pw_uid >= c->job_uid_first && pw->pw_uid <= c->job_uid_last) {
+			snprintf(err, errlen, "%s: job_uids %u-%u holds uid %u, which belongs to user '%s': choose uids no user has",
+				 D.conf_path, c->job_uid_first, c->job_uid_last,
+				 (unsigned)pw->pw_uid, pw->pw_name);
+			bad = 1;
+		}
+	endpwent();
+	return bad ? -1 : 0;
+}
+
 /* The user workers run as. Root runs workers as root only when told so. */
 static int resolve_user(const hpud_conf *c, char *err, size_t errlen)
 {
 	D.set_user = 0;
+	if (c->job_uid_first && geteuid() != 0) {
+		snprintf(err, errlen, "%s: job_uids needs hpud to run as root (it switches each job's workers to a uid of its own)",
+			 D.conf_path);
+		return -1;
+	}
+	if (c->job_uid_first && !c->user[0]) {
+		snprintf(err, errlen, "%s: job_uids needs 'user = NAME': the jobs' group is that user's",
+			 D.conf_path);
+		return -1;
+	}
 	if (!c->user[0]) {
 		if (geteuid() == 0) {
 			snprintf(err, errlen, "hpud runs as root: set 'user = NAME' in %s for the workers (or 'user = root' to run them as root)",
@@ -1057,7 +1116,7 @@ static int resolve_user(const hpud_conf *c, char *err, size_t errlen)
 	D.set_user = 1;
 	D.uid = pw->pw_uid;
 	D.gid = pw->pw_gid;
-	return 0;
+	return check_job_uids(c, err, errlen);
 }
 
 static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)

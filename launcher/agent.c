@@ -1018,10 +1018,11 @@ int hpu_agent_cleanup(const hpu_agent *a)
 	struct dirent *e;
 	while (dir && (e = readdir(dir)) != NULL) {
 		struct stat st;
-		/* only this user's: never another user's file at our name */
+		/* only the workers' user's: never another user's file at our
+		 * name */
 		if (!is_node_seg(e->d_name, a->cfg.job_id, a->cfg.node_rank) ||
 		    fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    st.st_uid != geteuid())
+		    st.st_uid != (a->cfg.set_user ? (uid_t)a->cfg.uid : geteuid()))
 			continue;
 		n += unlinkat(dirfd(dir), e->d_name, 0) == 0;
 	}

@@ -14,7 +14,9 @@
  * - --max-restarts: a job that fails once is submitted again with
  *   HPU_RESTART_COUNT=1 and succeeds;
  * - a stopped submitter: hpud keeps at most output_buffer of the job's
- *   output, drops the rest and says so; the job runs to the end.
+ *   output, drops the rest and says so; the job runs to the end;
+ * - job_uids: two jobs run as uids of their own and cannot read each
+ *   other's environment or signal each other's workers.
  * Needs root (the workers switch to the user 'nobody'). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -359,6 +361,87 @@ static void assert_refused(const char *conf, const char *file, const char *what)
 			 "with \"%s\"; it said:\n%s",
 			 conf, code, file, what, p.out);
 	h_free(&p);
+}
+
+/* Jobs cannot see or signal each other (issue 16, item 5): with
+ * `job_uids`, every job's workers run as a uid of their own from the
+ * range. Job isoa's worker looks up job isob's worker (both alive) and
+ * tries to read its environment, where the job token is, and to signal
+ * it: both are refused. The uids differ, lie in the range and are
+ * nobody's; a range holding a user's uid is refused at start. */
+static void test_jobs_isolated(void **state)
+{
+	(void)state;
+	char flags[128], script[192], text[2048], path[256], line[256];
+	snprintf(flags, sizeof flags, "%s/iso", dir);
+	assert_int_equal(mkdir(flags, 0755), 0);
+	assert_int_equal(chmod(flags, 01777), 0); /* the jobs' uids write here */
+	snprintf(script, sizeof script, "%s/iso-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "F=%s\n"
+		 "echo \"$(id -u) $$\" > $F/.who.$HPU_JOB_ID && mv $F/.who.$HPU_JOB_ID $F/who.$HPU_JOB_ID\n"
+		 "if [ \"$HPU_JOB_ID\" = isoa ]; then\n"
+		 "  while [ ! -e $F/who.isob ]; do sleep 0.05; done\n"
+		 "  read u p < $F/who.isob\n"
+		 "  if cat /proc/$p/environ > /dev/null 2>&1; then e=read; else e=denied; fi\n"
+		 "  if kill -0 $p 2> /dev/null; then k=signalled; else k=denied; fi\n"
+		 "  echo \"environ $e kill $k\" > $F/.result && mv $F/.result $F/result\n"
+		 "else\n"
+		 "  while [ ! -e $F/result ]; do sleep 0.05; done\n"
+		 "fi\n"
+		 "exec %s \"$@\"\n",
+		 flags, h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	/* A range that holds nobody's uid (65534) is refused. */
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "worker = %s\njob_uids = 65530-65535\n",
+		 port, key_path, script);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	assert_refused(conf_path, "job_uids 65530-65535", "belongs to user 'nobody'");
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 600\nworker = %s\n"
+		 "job_uids = 61000-61009\n",
+		 port, key_path, script);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	start_daemon();
+	proc p[2];
+	const char *ids[2] = {"isob", "isoa"};
+	for (int i = 0; i < 2; i++) {
+		char *a[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			     "--job-id", (char *)ids[i], "--devices", "1", "--max-steps", "2",
+			     "--log-every", "0", "--no-eval", (char *)MODEL, "--", "--hidden",
+			     "16", NULL};
+		assert_int_equal(h_start(&p[i], a, NULL), 0);
+	}
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(h_wait(&p[i], 120000), 0);
+		printf("%s", p[i].out);
+		assert_int_equal(h_code(&p[i]), 0);
+		h_free(&p[i]);
+	}
+	unsigned uid[2];
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof path, "%s/who.%s", flags, ids[i]);
+		FILE *f = fopen(path, "r");
+		assert_non_null(f);
+		assert_int_equal(fscanf(f, "%u", &uid[i]), 1);
+		fclose(f);
+		printf("  job %s ran as uid %u\n", ids[i], uid[i]);
+		assert_true(uid[i] >= 61000 && uid[i] <= 61009);
+	}
+	assert_int_not_equal(uid[0], uid[1]);
+	snprintf(path, sizeof path, "%s/result", flags);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(line, sizeof line, f));
+	fclose(f);
+	printf("  job isoa on job isob's worker: %s", line);
+	assert_string_equal(line, "environ denied kill denied\n");
+	stop_daemon();
+	write_conf(2, NULL);
 }
 
 /* hpud trusts no file that someone else could have written (as sshd's
@@ -1425,6 +1508,7 @@ int main(void)
 		cmocka_unit_test(test_submitter_refuses_replays),
 		cmocka_unit_test(test_submitter_takes_a_flood),
 		cmocka_unit_test(test_stopped_submitter_output_bounded),
+		cmocka_unit_test(test_jobs_isolated),
 	};
 	if (getenv("HPU_TEST_FILTER")) /* e.g. "test_chatty*": run just those */
 		cmocka_set_test_filter(getenv("HPU_TEST_FILTER"));

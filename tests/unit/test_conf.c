@@ -55,6 +55,7 @@ static void test_defaults(void **state)
 	assert_string_equal(c.worker, "");
 	assert_true(c.submitter_timeout_s == 10);
 	assert_int_equal(c.output_buffer, 4 << 20);
+	assert_int_equal(c.job_uid_first, 0);
 	assert_string_equal(hpud_log_level_name(HPUD_LOG_ERROR), "error");
 	assert_string_equal(hpud_log_level_name(HPUD_LOG_WARN), "warn");
 	assert_string_equal(hpud_log_level_name(HPUD_LOG_INFO), "info");
@@ -77,10 +78,13 @@ static void test_full_file(void **state)
 			   "clock_window = 12.5\n"
 			   "worker = /usr/lib/hputrain/hpu-worker\n"
 			   "submitter_timeout = 3\n"
-			   "output_buffer = 512K\n",
+			   "output_buffer = 512K\n"
+			   "job_uids = 61000-61999\n",
 			   path, err, sizeof err);
 	assert_int_equal(rc, 0);
 	assert_int_equal(c.output_buffer, 512 << 10);
+	assert_int_equal(c.job_uid_first, 61000);
+	assert_int_equal(c.job_uid_last, 61999);
 	assert_string_equal(c.listen, "10.1.2.3");
 	assert_int_equal(c.port, 29500);
 	assert_int_equal(c.devices, 8);
@@ -225,6 +229,14 @@ static const bad_case bad_cases[] = {
 	{"output_buffer = M\n", 1, "'output_buffer'", NULL},
 	{"output_buffer = -4M\n", 1, "'output_buffer'", NULL},
 	{"output_buffer = 99999999999999999999K\n", 1, "'output_buffer'", NULL},
+	{"job_uids = 61000\n", 1, "'job_uids'", "FIRST-LAST"},
+	{"job_uids = 0-10\n", 1, "'job_uids'", NULL},
+	{"job_uids = 10-5\n", 1, "'job_uids'", NULL},
+	{"job_uids = 1-70000\n", 1, "'job_uids'", "65536"},
+	{"job_uids = 61000-\n", 1, "'job_uids'", NULL},
+	{"job_uids = -1-5\n", 1, "'job_uids'", NULL},
+	{"job_uids = 5-6x\n", 1, "'job_uids'", NULL},
+	{"job_uids = 2147483640-2147483647\n", 1, "'job_uids'", NULL},
 	{"user = Hpu\n", 1, "'user'", "'Hpu'"},
 	{"user = a b\n", 1, "'user'", NULL},
 	{"user = ../root\n", 1, "'user'", NULL},
