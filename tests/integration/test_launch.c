@@ -1142,7 +1142,7 @@ static int listening_ports(pid_t pid, int *ports, int max)
 	if ((dir = opendir(path)) == NULL)
 		return 0;
 	while ((d = readdir(dir)) != NULL && ni < 64) {
-		char fd[300];
+		char fd[330];
 		ssize_t len;
 
 		snprintf(fd, sizeof fd, "%s/%s", path, d->d_name);
@@ -1171,6 +1171,24 @@ static int listening_ports(pid_t pid, int *ports, int max)
 	return n;
 }
 
+/* The RANK in the environment of process pid (-1 if unknown). */
+static int worker_rank(pid_t pid)
+{
+	char path[64], buf[8192];
+	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+	int fd = open(path, O_RDONLY), rank = -1;
+	ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+	if (fd >= 0)
+		close(fd);
+	if (n > 0)
+		buf[n] = '\0';
+	for (ssize_t i = 0; i < n; i += (ssize_t)strlen(buf + i) + 1) {
+		if (!strncmp(buf + i, "RANK=", 5))
+			rank = atoi(buf + i + 5);
+	}
+	return rank;
+}
+
 /* What issue 16 found: any local process could end a job by sending one
  * forged ABORT to a worker's data port. Sends one to every port every
  * worker of p listens on; returns how many it sent. */
@@ -1184,9 +1202,13 @@ static int forge_aborts(void *ctx, const proc *p)
 	pid_t kids[8];
 	int sent = 0, linger = 200;
 
-	hpucoll__hdr_encode(b, &h);
 	for (int k = 0, n = h_children(p->pid, kids, 8); k < n; k++) {
 		int ports[8], np = listening_ports(kids[k], ports, 8);
+
+		/* From the other rank of the two: a frame that claims to come
+		 * from its receiver is refused as malformed, not believed. */
+		h.src = worker_rank(kids[k]) == 0 ? 1 : 0;
+		hpucoll__hdr_encode(b, &h);
 
 		for (int i = 0; i < np; i++) {
 			char ep[64];
