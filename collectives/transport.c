@@ -91,6 +91,25 @@ static int64_t probe_window(const hpucoll_comm *c)
 	return w < 2 * HPUCOLL__SLICE_MS ? 2 * HPUCOLL__SLICE_MS : w;
 }
 
+static int peer_state(const hpucoll_comm *c, int i);
+
+/* A rank that sent data of this collective may be slow to answer on a
+ * loaded machine rather than stopped: it gets this long before the
+ * warning calls it silent. */
+#define HPUCOLL__SILENT_MS 2000
+
+/* When the warning of the probe that went out is due: at the end of the
+ * probe's window, or later while a rank that sent data has not answered. */
+static int64_t report_due(const hpucoll_comm *c)
+{
+	int64_t w = probe_window(c);
+
+	for (int i = 0; i < c->size && w < HPUCOLL__SILENT_MS; i++)
+		if (peer_state(c, i) == -2)
+			w = HPUCOLL__SILENT_MS;
+	return c->probe_ms + w;
+}
+
 /* When the stall check of wait w has something to do next: the threshold
  * (send the probe) or the end of the probe's window (print the warning);
  * -1 when nothing. */
@@ -100,7 +119,7 @@ static int64_t stall_due(const hpucoll_comm *c, const struct wait *w)
 		return -1;
 	if (c->probe_seq != c->seq)
 		return w->start + c->stall_ms;
-	return c->probe_ms + probe_window(c);
+	return report_due(c);
 }
 
 /* Milliseconds until the next thing a wait must look at (the deadline or
@@ -309,7 +328,7 @@ static void stall_check(hpucoll_comm *c, const struct wait *w, int peer,
 		c->stall_peer = peer;
 		send_probes(c);
 	}
-	if (now - c->probe_ms < probe_window(c) && !probe_done(c))
+	if (now < report_due(c) && !probe_done(c))
 		return;
 	snprintf(tail, sizeof(tail), "still waiting (timeout %d ms)",
 		 w->timeout_ms);
