@@ -296,6 +296,15 @@ void hpucoll__set_error(hpucoll_comm *c, const char *fmt, ...)
  * what failed in comm->errmsg. */
 int hpucoll__zmq_error(hpucoll_comm *c, const char *call);
 
+/* The monitor events of a failed security handshake (secure.c). */
+#define HPUCOLL__HANDSHAKE_FAILED                                            \
+	(ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |                              \
+	 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+
+/* Takes one event off the monitor socket `mon` without waiting, with its
+ * endpoint frame; returns 1 with its number in *ev, or 0 when none. */
+int hpucoll__monitor_event(void *mon, uint16_t *ev);
+
 /* secure.c: _start binds the ZAP handler's socket on c->ctx (before any
  * socket binds or connects); _run, once c->pull is bound, watches its
  * handshakes and starts the handler's thread; _unwatch before closing

@@ -242,28 +242,11 @@ static void count_refusal(hpucoll_comm *c, uint16_t ev)
 
 static void read_monitor(hpucoll_comm *c, void *mon)
 {
-	zmq_msg_t f;
-	uint16_t ev = 0;
-	int more;
+	uint16_t ev;
 
-	zmq_msg_init(&f);
-	if (zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
-		zmq_msg_close(&f);
-		return;
-	}
-	if (zmq_msg_size(&f) >= 2)
-		memcpy(&ev, zmq_msg_data(&f), sizeof(ev));
-	more = zmq_msg_more(&f);
-	zmq_msg_close(&f);
-	while (more) {
-		zmq_msg_init(&f);
-		more = zmq_msg_recv(&f, mon, 0) >= 0 && zmq_msg_more(&f);
-		zmq_msg_close(&f);
-	}
-	if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
-	    ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
-	    ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-		count_refusal(c, ev);
+	while (hpucoll__monitor_event(mon, &ev))
+		if (ev & HPUCOLL__HANDSHAKE_FAILED)
+			count_refusal(c, ev);
 }
 
 static void reply(void *rep, const zmq_msg_t *reqid, int ok)
@@ -401,10 +384,7 @@ int hpucoll__sec_run(hpucoll_comm *c)
 	if (s->mode == HPUCOLL_SECURITY_NONE)
 		return HPUCOLL_OK;
 	snprintf(ep, sizeof(ep), "inproc://hpucoll-secmon-%p", (void *)c);
-	if (zmq_socket_monitor(c->pull, ep,
-			       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-				       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-				       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+	if (zmq_socket_monitor(c->pull, ep, HPUCOLL__HANDSHAKE_FAILED) != 0)
 		return hpucoll__zmq_error(c, "zmq_socket_monitor");
 	s->mon = zmq_socket(c->ctx, ZMQ_PAIR);
 	if (s->mon == NULL)

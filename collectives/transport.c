@@ -391,9 +391,7 @@ static int monitor(hpucoll_comm *c, int dst, void *push, void **out)
 	snprintf(ep, sizeof(ep), "inproc://hpucoll-mon-%p-%d", (void *)c, dst);
 	if (zmq_socket_monitor(push, ep,
 			       ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
-				       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-				       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-				       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+				       HPUCOLL__HANDSHAKE_FAILED) != 0)
 		return hpucoll__zmq_error(c, "zmq_socket_monitor");
 	m = zmq_socket(c->ctx, ZMQ_PAIR);
 	if (m == NULL)
@@ -538,38 +536,41 @@ void hpucoll__transport_close(hpucoll_comm *c)
 }
 
 /* Reads the monitor events of peer `src` that are waiting. */
+int hpucoll__monitor_event(void *mon, uint16_t *ev)
+{
+	zmq_msg_t f;
+	int more;
+
+	zmq_msg_init(&f);
+	if (zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&f);
+		return 0;
+	}
+	*ev = 0;
+	if (zmq_msg_size(&f) >= 2)
+		memcpy(ev, zmq_msg_data(&f), sizeof(*ev));
+	more = zmq_msg_more(&f);
+	zmq_msg_close(&f);
+	while (more) { /* the endpoint frame */
+		zmq_msg_init(&f);
+		more = zmq_msg_recv(&f, mon, 0) >= 0 && zmq_msg_more(&f);
+		zmq_msg_close(&f);
+	}
+	return 1;
+}
+
 static void read_monitor(hpucoll_comm *c, int src)
 {
 	struct hpucoll__peer *p = &c->peers[src];
-	zmq_msg_t f;
 	uint16_t ev;
-	int more;
 
-	for (;;) {
-		zmq_msg_init(&f);
-		if (zmq_msg_recv(&f, p->mon, ZMQ_DONTWAIT) < 0) {
-			zmq_msg_close(&f);
-			return;
-		}
-		ev = 0;
-		if (zmq_msg_size(&f) >= 2)
-			memcpy(&ev, zmq_msg_data(&f), sizeof(ev));
-		more = zmq_msg_more(&f);
-		zmq_msg_close(&f);
-		while (more) { /* the endpoint frame */
-			zmq_msg_init(&f);
-			more = zmq_msg_recv(&f, p->mon, 0) >= 0 &&
-			       zmq_msg_more(&f);
-			zmq_msg_close(&f);
-		}
+	while (hpucoll__monitor_event(p->mon, &ev)) {
 		if (ev == ZMQ_EVENT_CONNECTED) {
 			p->lost = 0;
 		} else if (ev == ZMQ_EVENT_DISCONNECTED && !p->lost) {
 			p->lost = 1;
 			p->lost_ms = now_ms();
-		} else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ||
-			   ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
-			   ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+		} else if (ev & HPUCOLL__HANDSHAKE_FAILED) {
 			p->refused = 1;
 		}
 	}
