@@ -163,6 +163,20 @@ static void client_close(client *c)
 	hpu_auth_destroy(&c->auth);
 }
 
+/* env as c sends it: under c's session, for the instance c said hello
+ * to ("" before), signed and stamped now + skew_ms; *len gets its size. */
+static uint8_t *sign_env(client *c, Hpu__Envelope *env, int64_t skew_ms, size_t *len)
+{
+	env->instance = c->instance;
+	env->session = c->session;
+	uint8_t *body, *frame;
+	size_t blen = hpu_codec_pack(env, &body);
+	*len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms() + skew_ms, &frame);
+	free(body);
+	assert_true(*len > 0);
+	return frame;
+}
+
 /* A signed status request stamped now + skew_ms; *len gets its size. */
 static uint8_t *status_frame(client *c, int64_t skew_ms, size_t *len)
 {
@@ -170,14 +184,7 @@ static uint8_t *status_frame(client *c, int64_t skew_ms, size_t *len)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
 	env.status_request = &q;
-	env.instance = c->instance;
-	env.session = c->session;
-	uint8_t *body, *frame;
-	size_t blen = hpu_codec_pack(&env, &body);
-	*len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms() + skew_ms, &frame);
-	free(body);
-	assert_true(*len > 0);
-	return frame;
+	return sign_env(c, &env, skew_ms, len);
 }
 
 /* The status reply to a frame just sent, or NULL after timeout_ms. */
@@ -207,12 +214,8 @@ static void client_hello(client *c)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_HELLO;
 	env.hello = &h;
-	env.session = c->session;
-	uint8_t *body, *frame;
-	size_t blen = hpu_codec_pack(&env, &body);
-	size_t len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms(), &frame);
-	free(body);
-	assert_true(len > 0);
+	size_t len;
+	uint8_t *frame = sign_env(c, &env, 0, &len);
 	zmq_send(c->sock, frame, len, 0);
 	free(frame);
 	Hpu__Envelope *r = await_reply(c, 5000);
@@ -952,14 +955,7 @@ static uint8_t *launch_frame(client *c, const char *job_id, size_t *len)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
 	env.launch_request = &q;
-	env.instance = c->instance;
-	env.session = c->session;
-	uint8_t *body, *frame;
-	size_t blen = hpu_codec_pack(&env, &body);
-	*len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms(), &frame);
-	free(body);
-	assert_true(*len > 0);
-	return frame;
+	return sign_env(c, &env, 0, len);
 }
 
 /* Sends a captured frame on a fresh connection to the hpud on port p;
