@@ -10,7 +10,7 @@ host, doing what an hputrain run of examples/fmnist_mlp does:
   batches    global batch 256, each process takes 256/N; one epoch over the
              60000 training images, a seeded shuffle per epoch, drop_last
              (234 steps); global batch s is perm[s*256:(s+1)*256] and rank
-             r takes the r-th of its N equal slices, as worker/sampler.h does
+             r takes the r-th of its N equal slices, as worker/runtime/sampler.h does
   optimizer  AdamW, lr 1e-3, torch's defaults otherwise (weight decay 0.01)
   threads    torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1 per process
              (one BLAS thread each, as our workers use)

@@ -1,6 +1,6 @@
 /* hpud: the node daemon. It takes signed requests on a ZeroMQ ROUTER
- * socket (daemon/auth.h) and runs each job's part on this node with the
- * same node-job code as hpulaunch (launcher/nodejob.h), streaming the
+ * socket (proto/auth.h) and runs each job's part on this node with the
+ * same node-job code as hpulaunch (launcher/agent/nodejob.h), streaming the
  * workers' output back to the submitter and telling it when the part
  * ends. See --help and deploy/README.md.
  *
@@ -421,13 +421,13 @@ static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 /* Sends rank 0's latest record to the submitter. */
 static void send_progress(job *j)
 {
-	hpu_rank_status st;
+	hpu_status_rec st;
 	double age;
 	j->progress_pending = 0;
 	if (!j->nj || hpu_nodejob_status(j->nj, 0, &st, &age) < 0)
 		return;
 	Hpu__RankStatus rs;
-	hpu_rank_status_to_proto(&rs, 0, &st, age);
+	hpu_status_to_proto(&rs, 0, &st, age);
 	Hpu__Progress p = HPU__PROGRESS__INIT;
 	p.job_id = j->id;
 	p.status = &rs;
@@ -452,7 +452,7 @@ static void on_progress_timer(struct ev_loop *loop, ev_timer *t, int revents)
 /* Rank 0's records go on to the submitter at most 5 a second: a record
  * that starts a phase (eval, the end) at once, one that comes too soon
  * when its turn comes (the latest then). */
-static void on_status(hpu_nodejob *nj, int rank, const hpu_rank_status *st, void *arg)
+static void on_status(hpu_nodejob *nj, int rank, const hpu_status_rec *st, void *arg)
 {
 	(void)nj;
 	job *j = arg;
@@ -474,7 +474,7 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 	job *j = arg;
 	Hpu__WorkerExit we;
 	hpu_codec_worker_exit(&we, rank, j->node_rank, pid, status);
-	hpu_rank_status st;
+	hpu_status_rec st;
 	double age;
 	if (hpu_nodejob_status(nj, rank, &st, &age) == 0) {
 		we.step = st.step;
@@ -780,10 +780,10 @@ static size_t rank_status(const job *j, size_t max, Hpu__RankStatus *rs,
 	size_t n = (size_t)j->devices < max ? (size_t)j->devices : max;
 	for (size_t k = 0; k < n; k++) {
 		int rank = hpu_nodejob_rank(j->nj, (int)k);
-		hpu_rank_status st;
+		hpu_status_rec st;
 		double age;
 		int have = hpu_nodejob_status(j->nj, rank, &st, &age) == 0;
-		hpu_rank_status_to_proto(&rs[k], rank, have ? &st : NULL, age);
+		hpu_status_to_proto(&rs[k], rank, have ? &st : NULL, age);
 		rsp[k] = &rs[k];
 	}
 	return n;

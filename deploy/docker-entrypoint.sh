@@ -14,7 +14,7 @@
 #   HPU_KEY         where to install it (default /etc/hpud/secret.key, the
 #                   `key =` of /etc/hpud/hpud.conf)
 #
-# The secret must be what daemon/auth.h demands of a key file: 64 hex digits
+# The secret must be what proto/auth.h demands of a key file: 64 hex digits
 # and at most a trailing newline. The installed copy belongs to the
 # container's root with mode 0600, whatever owner and mode the mount had.
 set -eu

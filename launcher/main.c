@@ -53,7 +53,7 @@ static void on_line(hpu_nodejob *j, int rank, int is_err, const char *line, size
 	hpu_progress_show(&L.bar);
 }
 
-static void on_status(hpu_nodejob *j, int rank, const hpu_rank_status *st, void *arg)
+static void on_status(hpu_nodejob *j, int rank, const hpu_status_rec *st, void *arg)
 {
 	(void)j;
 	(void)arg;

@@ -287,8 +287,8 @@ static void take_progress(const Hpu__Progress *p)
 	if (!S.following || !p->status || p->status->rank != 0 || !p->job_id ||
 	    strcmp(p->job_id, S.a->job_id) != 0)
 		return;
-	hpu_rank_status st;
-	hpu_rank_status_from_proto(p->status, p->eta_s, &st);
+	hpu_status_rec st;
+	hpu_status_from_proto(p->status, p->eta_s, &st);
 	hpu_progress_update(&S.bar, &st);
 }
 

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../fmnist_mlp/idx.h"
+#include "idx.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 #define CLASSES 10

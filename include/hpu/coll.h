@@ -15,6 +15,8 @@
 #ifndef HPU_COLL_H
 #define HPU_COLL_H
 
+#include <hpu/export.h>
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,71 +91,71 @@ typedef struct hpucoll_comm hpucoll_comm;
 typedef struct hpucoll_req hpucoll_req;
 
 /* Returns a static sentence describing an error code. */
-const char *hpucoll_strerror(int err);
+HPU_API const char *hpucoll_strerror(int err);
 
 /* Parses "auto", "tcp", "ipc" or "shm"; returns 0 or -1. */
-int hpucoll_transport_parse(const char *s, hpucoll_transport *out);
-const char *hpucoll_transport_name(hpucoll_transport t);
+HPU_API int hpucoll_transport_parse(const char *s, hpucoll_transport *out);
+HPU_API const char *hpucoll_transport_name(hpucoll_transport t);
 
 /* Parses "none", "auth" or "encrypt"; returns 0 or -1. */
-int hpucoll_security_parse(const char *s, hpucoll_security *out);
-const char *hpucoll_security_name(hpucoll_security s);
+HPU_API int hpucoll_security_parse(const char *s, hpucoll_security *out);
+HPU_API const char *hpucoll_security_name(hpucoll_security s);
 
 /* Size in bytes of one element of `dtype` (0 if it is not a dtype). */
-size_t hpucoll_dtype_size(hpucoll_dtype dtype);
+HPU_API size_t hpucoll_dtype_size(hpucoll_dtype dtype);
 
 /* Creates the communicator of `rank` in a job of `size` ranks and binds its
  * receive socket to `bind_endpoint` (a ZeroMQ endpoint; "tcp://ADDR:*" picks
  * a free port). On success *out belongs to the caller. */
-int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
+HPU_API int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 		     const char *bind_endpoint);
 
 /* The same with the data plane secured: every rank of the job must pass
  * the same mode and the same secret (secret_len bytes, e.g. the job
  * token). hpucoll_comm_new() is this with HPUCOLL_SECURITY_NONE. */
-int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
+HPU_API int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 			    const char *bind_endpoint,
 			    hpucoll_security security, const void *secret,
 			    size_t secret_len);
 
 /* Returns the endpoint this rank is bound to, with the port resolved. */
-const char *hpucoll_comm_endpoint(const hpucoll_comm *comm);
+HPU_API const char *hpucoll_comm_endpoint(const hpucoll_comm *comm);
 
 /* Optional, before connect: which node each rank is on (node_ids[size],
  * copied), the job's name (names the shared-memory segment of each node;
  * every rank of the job must pass the same one) and the transport. Without
  * it every rank counts as its own node and ZeroMQ carries everything. */
-int hpucoll_comm_set_topology(hpucoll_comm *comm, const int *node_ids,
+HPU_API int hpucoll_comm_set_topology(hpucoll_comm *comm, const int *node_ids,
 			      const char *job_name,
 			      hpucoll_transport transport);
 
 /* Connects to the other ranks; endpoints[i] is rank i's bound endpoint.
  * The strings are copied. Ranks of one node using shared memory meet here
  * (every one of them must call it). */
-int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints);
+HPU_API int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints);
 
 /* Joins the coordinator named by the environment hpulaunch sets (RANK,
  * WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, HPU_JOB_ID,
  * HPU_JOB_TOKEN, HPUCOLL_TRANSPORT and HPUCOLL_SECURITY), gets the rank table and returns a
  * connected communicator in *out. On failure, writes one sentence saying
  * why into err. */
-int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen);
+HPU_API int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen);
 
 /* Waits for outstanding requests, closes the sockets, detaches shared
  * memory and frees the communicator; sets *comm to NULL; safe on NULL and
  * twice. */
-void hpucoll_comm_destroy(hpucoll_comm **comm);
+HPU_API void hpucoll_comm_destroy(hpucoll_comm **comm);
 
 /* Sets how long any single wait for a peer may last (default 60000 ms, or
  * HPUCOLL_TIMEOUT_MS from the environment); the error names the peer. A
  * peer on this node that has died is reported at once. */
-void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms);
+HPU_API void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms);
 
-int hpucoll_comm_rank(const hpucoll_comm *comm);
-int hpucoll_comm_size(const hpucoll_comm *comm);
+HPU_API int hpucoll_comm_rank(const hpucoll_comm *comm);
+HPU_API int hpucoll_comm_size(const hpucoll_comm *comm);
 
 /* One sentence about the last error on this communicator ("" if none). */
-const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
+HPU_API const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
 
 /* Traffic of one communicator since it was made. Payload bytes are
  * counted when the transport takes them (queued to ZeroMQ, copied or in
@@ -177,7 +179,7 @@ typedef struct hpucoll_stats {
  * for a NULL comm); safe to call from any thread, also while
  * asynchronous collectives run. A request's traffic is all counted once
  * hpucoll_wait or hpucoll_test says it is done. */
-void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out);
+HPU_API void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out);
 
 /* One collective as it ran, for a profiler (hpucoll_comm_set_trace). */
 typedef struct hpucoll_event {
@@ -206,12 +208,12 @@ typedef void (*hpucoll_trace_fn)(void *arg, const hpucoll_event *ev);
  * that found nothing queued, the progress thread otherwise. fn must be
  * quick and thread-safe. NULL turns it off. Set it while no collective
  * is in flight. */
-void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, void *arg);
+HPU_API void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, void *arg);
 
 /* Sets how long a collective may wait for a peer before one stall warning
  * is printed (default 30000 ms or HPUCOLL_STALL_WARN_MS; 0: never); the
  * warning names the ranks that have and have not arrived. */
-void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms);
+HPU_API void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms);
 
 /* ---- Collectives ----
  *
@@ -221,33 +223,33 @@ void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms);
 
 /* recvbuf[i] = op over ranks of sendbuf[i], on every rank.
  * In place: sendbuf == recvbuf. */
-int hpucoll_all_reduce(hpucoll_comm *comm, const void *sendbuf,
+HPU_API int hpucoll_all_reduce(hpucoll_comm *comm, const void *sendbuf,
 		       void *recvbuf, size_t count, hpucoll_dtype dtype,
 		       hpucoll_op op);
 
 /* sendbuf holds size * recvcount elements; rank r gets the reduction of
  * block r in recvbuf. In place: recvbuf == sendbuf + r * recvcount. */
-int hpucoll_reduce_scatter(hpucoll_comm *comm, const void *sendbuf,
+HPU_API int hpucoll_reduce_scatter(hpucoll_comm *comm, const void *sendbuf,
 			   void *recvbuf, size_t recvcount,
 			   hpucoll_dtype dtype, hpucoll_op op);
 
 /* recvbuf (size * sendcount elements) gets every rank's sendbuf, in rank
  * order. In place: sendbuf == recvbuf + r * sendcount. */
-int hpucoll_all_gather(hpucoll_comm *comm, const void *sendbuf,
+HPU_API int hpucoll_all_gather(hpucoll_comm *comm, const void *sendbuf,
 		       void *recvbuf, size_t sendcount, hpucoll_dtype dtype);
 
 /* recvbuf on every rank gets root's sendbuf (sendbuf is read on the root
  * only). In place: sendbuf == recvbuf. */
-int hpucoll_broadcast(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
+HPU_API int hpucoll_broadcast(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
 		      size_t count, hpucoll_dtype dtype, int root);
 
 /* recvbuf on root gets op over ranks of sendbuf (recvbuf is ignored
  * elsewhere and may be NULL). In place: sendbuf == recvbuf. */
-int hpucoll_reduce(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
+HPU_API int hpucoll_reduce(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
 		   size_t count, hpucoll_dtype dtype, hpucoll_op op, int root);
 
 /* Returns on every rank only once every rank has entered it. */
-int hpucoll_barrier(hpucoll_comm *comm);
+HPU_API int hpucoll_barrier(hpucoll_comm *comm);
 
 /* ---- Asynchronous forms ----
  *
@@ -256,31 +258,31 @@ int hpucoll_barrier(hpucoll_comm *comm);
  * touched until the request completes. Requests complete in the order they
  * were issued, on every rank; a blocking collective issued after them runs
  * after them. */
-int hpucoll_iall_reduce(hpucoll_comm *comm, const void *sendbuf,
+HPU_API int hpucoll_iall_reduce(hpucoll_comm *comm, const void *sendbuf,
 			void *recvbuf, size_t count, hpucoll_dtype dtype,
 			hpucoll_op op, hpucoll_req **req);
-int hpucoll_ireduce_scatter(hpucoll_comm *comm, const void *sendbuf,
+HPU_API int hpucoll_ireduce_scatter(hpucoll_comm *comm, const void *sendbuf,
 			    void *recvbuf, size_t recvcount,
 			    hpucoll_dtype dtype, hpucoll_op op,
 			    hpucoll_req **req);
-int hpucoll_iall_gather(hpucoll_comm *comm, const void *sendbuf,
+HPU_API int hpucoll_iall_gather(hpucoll_comm *comm, const void *sendbuf,
 			void *recvbuf, size_t sendcount, hpucoll_dtype dtype,
 			hpucoll_req **req);
-int hpucoll_ibroadcast(hpucoll_comm *comm, const void *sendbuf,
+HPU_API int hpucoll_ibroadcast(hpucoll_comm *comm, const void *sendbuf,
 		       void *recvbuf, size_t count, hpucoll_dtype dtype,
 		       int root, hpucoll_req **req);
-int hpucoll_ireduce(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
+HPU_API int hpucoll_ireduce(hpucoll_comm *comm, const void *sendbuf, void *recvbuf,
 		    size_t count, hpucoll_dtype dtype, hpucoll_op op, int root,
 		    hpucoll_req **req);
-int hpucoll_ibarrier(hpucoll_comm *comm, hpucoll_req **req);
+HPU_API int hpucoll_ibarrier(hpucoll_comm *comm, hpucoll_req **req);
 
 /* Waits for the request, frees it and sets *req to NULL; returns the
  * collective's result. */
-int hpucoll_wait(hpucoll_req **req);
+HPU_API int hpucoll_wait(hpucoll_req **req);
 
 /* Sets *done to 1 if the request has completed (then hpucoll_wait returns
  * at once), else 0. Returns HPUCOLL_OK or HPUCOLL_EINVAL. */
-int hpucoll_test(hpucoll_req *req, int *done);
+HPU_API int hpucoll_test(hpucoll_req *req, int *done);
 
 #ifdef __cplusplus
 }

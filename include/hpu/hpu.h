@@ -17,6 +17,8 @@
 #ifndef HPU_HPU_H
 #define HPU_HPU_H
 
+#include <hpu/export.h>
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -94,11 +96,7 @@ typedef struct hpu_model {
 	void (*teardown)(void *user);
 } hpu_model;
 
-#if defined(__GNUC__)
-#define HPU_EXPORT __attribute__((visibility("default")))
-#else
-#define HPU_EXPORT
-#endif
+#define HPU_EXPORT HPU_API /* the model's entry symbol: visible */
 
 /* Defines the model's entry symbol: HPU_MODEL(.name = "mlp", .setup = f). */
 #define HPU_MODEL(...)                                                      \
@@ -110,44 +108,44 @@ typedef struct hpu_model {
 /* Adds a layer after the previous one; its in_size must equal the previous
  * layer's out_size (the first layer's, the dataset's sample_size).
  * Returns NULL (and records an error) on bad arguments. */
-hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_size,
+HPU_API hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_size,
 			 size_t out_size, const hpu_layer_ops *ops, void *user);
 
 /* Declares a parameter of `layer`; returns its index in the layer (0, 1,
  * ...), or -1 on bad arguments. */
-int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
+HPU_API int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
 		  const int64_t *shape, hpu_init init);
 
 /* Sets a dataset split. The struct is copied; `user` stays the model's. */
-int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds);
+HPU_API int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds);
 
 /* Sets the loss. The struct is copied. */
-int hpu_loss_set(hpu_builder *b, const hpu_loss *loss);
+HPU_API int hpu_loss_set(hpu_builder *b, const hpu_loss *loss);
 
 /* Keeps a pointer that teardown() gets back. */
-void hpu_set_user(hpu_builder *b, void *user);
+HPU_API void hpu_set_user(hpu_builder *b, void *user);
 
 /* Records a setup error (printf format); returns -1. */
-int hpu_error(hpu_builder *b, const char *fmt, ...)
+HPU_API int hpu_error(hpu_builder *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-int hpu_rank(const hpu_builder *b);
-int hpu_world_size(const hpu_builder *b);
+HPU_API int hpu_rank(const hpu_builder *b);
+HPU_API int hpu_world_size(const hpu_builder *b);
 
 /* Marks `layer` for activation checkpointing: its output is not kept
  * through the forward pass when the next layer is marked too; backward
  * recomputes a run of marked layers from the run's input. Costs one more
  * forward of those layers; saves their activation memory. */
-int hpu_layer_checkpoint(hpu_layer *layer, int on);
+HPU_API int hpu_layer_checkpoint(hpu_layer *layer, int on);
 
 /* --- inside forward/backward --- */
 
 /* The parameter / its gradient, as a view into the runtime's flat buffers.
  * Valid from the first forward on. */
-float *hpu_param(hpu_layer *layer, int index);
-float *hpu_grad(hpu_layer *layer, int index);
-void *hpu_layer_user(hpu_layer *layer);
-const char *hpu_layer_name(const hpu_layer *layer);
+HPU_API float *hpu_param(hpu_layer *layer, int index);
+HPU_API float *hpu_grad(hpu_layer *layer, int index);
+HPU_API void *hpu_layer_user(hpu_layer *layer);
+HPU_API const char *hpu_layer_name(const hpu_layer *layer);
 
 /* --- device memory, at any time --- */
 
@@ -169,7 +167,7 @@ typedef struct hpu_device_stats {
 } hpu_device_stats;
 
 /* Fills *out; returns 0, or -1 when no device memory is set up. */
-int hpu_device_stats_get(hpu_device_stats *out);
+HPU_API int hpu_device_stats_get(hpu_device_stats *out);
 
 /* --- profiling, at any time (hpulaunch --profile) --- */
 
@@ -177,8 +175,8 @@ int hpu_device_stats_get(hpu_device_stats *out);
  * rank's trace (category "user") from here to hpu_profile_stop(action),
  * which closes the innermost open range of that name. Ranges nest. While
  * the run does not profile, both do nothing and cost a branch. */
-void hpu_profile_start(const char *action);
-void hpu_profile_stop(const char *action);
+HPU_API void hpu_profile_start(const char *action);
+HPU_API void hpu_profile_stop(const char *action);
 
 /* The scoped form (GCC and Clang): profiles `action` from here to the end
  * of the enclosing block, however the block is left:
@@ -208,7 +206,7 @@ static inline hpu_profile_scope hpu__profile_scope_begin(const char *action)
 		hpu__profile_scope_begin(action)
 
 /* Records a layer error (printf format); returns -1. */
-int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
+HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
 #ifdef __cplusplus

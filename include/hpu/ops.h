@@ -8,6 +8,8 @@
 #ifndef HPU_OPS_H
 #define HPU_OPS_H
 
+#include <hpu/export.h>
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,30 +19,30 @@ extern "C" {
 #endif
 
 /* y[B,out] = x[B,in] * w[out,in]^T + b[out]   (b may be NULL) */
-void hpu_linear_forward(const float *x, const float *w, const float *b,
+HPU_API void hpu_linear_forward(const float *x, const float *w, const float *b,
 			float *y, int batch, int in, int out);
 
 /* dw[out,in] += dy[B,out]^T * x[B,in]; db[out] += sum_B dy (db may be NULL);
  * dx[B,in] = dy[B,out] * w[out,in] (dx may be NULL: not needed for the
  * first layer). */
-void hpu_linear_backward(const float *x, const float *w, const float *dy,
+HPU_API void hpu_linear_backward(const float *x, const float *w, const float *dy,
 			 float *dx, float *dw, float *db, int batch, int in,
 			 int out);
 
 /* y[n] = max(x, 0); y may alias x. */
-void hpu_relu_forward(const float *x, float *y, size_t n);
+HPU_API void hpu_relu_forward(const float *x, float *y, size_t n);
 
 /* dx[n] = dy * (y > 0), where y is the forward output; dx may alias dy. */
-void hpu_relu_backward(const float *y, const float *dy, float *dx, size_t n);
+HPU_API void hpu_relu_backward(const float *y, const float *dy, float *dx, size_t n);
 
 /* Mean softmax cross-entropy of logits[B,C] against labels[B] (0..C-1).
  * If dlogits is not NULL, writes d(mean loss)/d(logits) into it [B,C].
  * Returns the mean loss, or a negative value if a label is out of range. */
-float hpu_softmax_xent(const float *logits, const int32_t *labels,
+HPU_API float hpu_softmax_xent(const float *logits, const int32_t *labels,
 		       float *dlogits, int batch, int classes);
 
 /* Number of rows of logits[B,C] whose arg-max equals the label. */
-int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
+HPU_API int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
 		      int classes);
 
 
@@ -48,12 +50,12 @@ int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
 
 /* c[M,N] = a[M,K] * b[K,N] (+ c when accumulate). trans_a / trans_b:
  * a is stored [K,M] / b is stored [N,K]. */
-void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
+HPU_API void hpu_matmul(const float *a, const float *b, float *c, int m, int n, int k,
 		int trans_a, int trans_b, int accumulate);
 
 /* The same for `count` independent products, each matrix `stride_*`
  * floats after the previous one. */
-void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
+HPU_API void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
 	     int k, int trans_a, int trans_b, int accumulate, size_t stride_a,
 	     size_t stride_b, size_t stride_c);
 
@@ -65,75 +67,75 @@ typedef struct hpu_conv2d_shape {
 } hpu_conv2d_shape;
 
 /* Output height/width: (H + 2*pad - kernel) / stride + 1. */
-int hpu_conv2d_out_h(const hpu_conv2d_shape *s);
-int hpu_conv2d_out_w(const hpu_conv2d_shape *s);
+HPU_API int hpu_conv2d_out_h(const hpu_conv2d_shape *s);
+HPU_API int hpu_conv2d_out_w(const hpu_conv2d_shape *s);
 
 /* Floats of scratch the conv2d functions need (im2col of one sample). */
-size_t hpu_conv2d_scratch(const hpu_conv2d_shape *s);
+HPU_API size_t hpu_conv2d_scratch(const hpu_conv2d_shape *s);
 
 /* y[B, O, OH, OW] = conv(x, w[O, C, K, K]) + b[O] (b may be NULL). */
-void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
+HPU_API void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *w,
 			const float *b, float *y, float *scratch);
 
 /* dw += ..., db += ... (db may be NULL); dx = ... (dx may be NULL). */
-void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
+HPU_API void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
 			 const float *dy, float *dx, float *dw, float *db,
 			 float *scratch);
 
 /* Max / average pooling of x[B, C, H, W] with a square window `k` and
  * stride `stride` (no padding): y[B, C, OH, OW], OH = (H - k) / stride + 1.
  * Max pooling records the arg-max of each output in idx (for backward). */
-void hpu_maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
+HPU_API void hpu_maxpool2d_forward(const float *x, float *y, int32_t *idx, int batch,
 			   int ch, int h, int w, int k, int stride);
-void hpu_maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
+HPU_API void hpu_maxpool2d_backward(const float *dy, const int32_t *idx, float *dx,
 			    int batch, int ch, int h, int w, int k, int stride);
-void hpu_avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
+HPU_API void hpu_avgpool2d_forward(const float *x, float *y, int batch, int ch, int h,
 			   int w, int k, int stride);
-void hpu_avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h,
+HPU_API void hpu_avgpool2d_backward(const float *dy, float *dx, int batch, int ch, int h,
 			    int w, int k, int stride);
 
 /* ---- elementwise and normalization ---- */
 
 /* GELU, tanh approximation (as torch's approximate="tanh"). */
-void hpu_gelu_forward(const float *x, float *y, size_t n);
+HPU_API void hpu_gelu_forward(const float *x, float *y, size_t n);
 /* dx = dy * gelu'(x); needs the forward input. dx may alias dy. */
-void hpu_gelu_backward(const float *x, const float *dy, float *dx, size_t n);
+HPU_API void hpu_gelu_backward(const float *x, const float *dy, float *dx, size_t n);
 
-void hpu_tanh_forward(const float *x, float *y, size_t n);
+HPU_API void hpu_tanh_forward(const float *x, float *y, size_t n);
 /* dx = dy * (1 - y^2), y the forward output; dx may alias dy. */
-void hpu_tanh_backward(const float *y, const float *dy, float *dx, size_t n);
+HPU_API void hpu_tanh_backward(const float *y, const float *dy, float *dx, size_t n);
 
 /* Row-wise softmax of x[rows, cols]. */
-void hpu_softmax_forward(const float *x, float *y, int rows, int cols);
+HPU_API void hpu_softmax_forward(const float *x, float *y, int rows, int cols);
 /* dx = y * (dy - sum(dy * y)) per row. */
-void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
+HPU_API void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
 			  int cols);
 
 /* Layer norm over the last dimension of x[rows, cols] with gamma, beta
  * [cols], eps: y = (x - mean) / sqrt(var + eps) * gamma + beta. Saves
  * mean[rows] and rstd[rows] for backward. */
-void hpu_layernorm_forward(const float *x, const float *gamma, const float *beta,
+HPU_API void hpu_layernorm_forward(const float *x, const float *gamma, const float *beta,
 			   float *y, float *mean, float *rstd, int rows, int cols,
 			   float eps);
 /* dgamma += ..., dbeta += ...; dx = ... */
-void hpu_layernorm_backward(const float *x, const float *gamma, const float *mean,
+HPU_API void hpu_layernorm_backward(const float *x, const float *gamma, const float *mean,
 			    const float *rstd, const float *dy, float *dx,
 			    float *dgamma, float *dbeta, int rows, int cols);
 
 /* Embedding: y[n, dim] = table[ids[i]] (ids checked: returns -1 when one
  * is out of range, 0 otherwise). Backward: dtable[ids[i]] += dy[i]. */
-int hpu_embedding_forward(const float *table, const int32_t *ids, float *y,
+HPU_API int hpu_embedding_forward(const float *table, const int32_t *ids, float *y,
 			  int n, int vocab, int dim);
-void hpu_embedding_backward(const int32_t *ids, const float *dy, float *dtable,
+HPU_API void hpu_embedding_backward(const int32_t *ids, const float *dy, float *dtable,
 			    int n, int dim);
 
 /* Dropout with probability p, reproducible: the mask of element i is a
  * pure function of (seed, stream, i) -- the same on every rank and after a
  * restart, whatever the thread or the order. y = x * mask / (1 - p); mask
  * is written (0 or 1 per element) for backward. */
-void hpu_dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
+HPU_API void hpu_dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
 			 float p, uint64_t seed, uint64_t stream);
-void hpu_dropout_backward(const float *dy, const uint8_t *mask, float *dx,
+HPU_API void hpu_dropout_backward(const float *dy, const uint8_t *mask, float *dx,
 			  size_t n, float p);
 
 /* ---- attention ---- */
@@ -142,10 +144,10 @@ void hpu_dropout_backward(const float *dy, const uint8_t *mask, float *dx,
  * position side by side, D = heads * head_dim): out[B, T, D]. att[B, heads,
  * T, T] keeps the softmax probabilities for backward (row t attends to
  * 0..t). */
-void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
+HPU_API void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
 			   int t, int heads, int head_dim);
 /* dqkv[B, T, 3*D] = the gradient w.r.t. qkv (overwritten). */
-void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
+HPU_API void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
 			    float *dqkv, int batch, int t, int heads, int head_dim);
 
 /* ---- autocast ----
@@ -183,22 +185,22 @@ enum {
  * unreadable file, an unknown name or a name in both files, returns -1
  * with a message naming the file (and line) in err, and leaves the policy
  * as it was; 0 otherwise. */
-int hpu_autocast_init(int lowp, char *err, size_t errlen);
+HPU_API int hpu_autocast_init(int lowp, char *err, size_t errlen);
 
 /* Prints the policy in force (low type, both lists, the files) to f. */
-void hpu_autocast_print(FILE *f);
+HPU_API void hpu_autocast_print(FILE *f);
 
 /* 1 when calls of the named op run in low precision now, else 0. */
-int hpu_autocast_lowered(const char *op);
+HPU_API int hpu_autocast_lowered(const char *op);
 
 /* How many calls of the named op (forward and backward functions alike)
  * ran in fp32 (low == 0), in bf16/fp16 (low == 1) or in fp8 (low ==
  * HPU_AUTOCAST_COUNT_FP8) in this process; 0 for an unknown name. */
-uint64_t hpu_autocast_count(const char *op, int low);
+HPU_API uint64_t hpu_autocast_count(const char *op, int low);
 
 /* The number of ops, and the name of op i (0 <= i < count), NULL outside. */
-int hpu_autocast_ops(void);
-const char *hpu_autocast_op_name(int op);
+HPU_API int hpu_autocast_ops(void);
+HPU_API const char *hpu_autocast_op_name(int op);
 
 #ifdef __cplusplus
 }

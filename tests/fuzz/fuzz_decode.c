@@ -1,5 +1,5 @@
 /* libFuzzer target over hpud's decoding of a control frame: the signature
- * check (daemon/auth.c), the protobuf-c unpack (proto/codec.c) and reading
+ * check (proto/auth.c), the protobuf-c unpack (proto/codec.c) and reading
  * every field of the Envelope as hpud does. Each input is used twice:
  *
  *   (a) as a whole frame: hpu_auth_verify must refuse it (or, for the

@@ -21,7 +21,7 @@
 
 #include <zmq.h>
 
-#include "../../collectives/comm_internal.h"
+#include "comm_internal.h"
 #include "harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")

@@ -143,9 +143,9 @@ static void mlp_argv(char **a, const char *extra)
 static void test_parse_and_format(void **state)
 {
 	(void)state;
-	hpu_rank_status st;
+	hpu_status_rec st;
 	const char *good = "S1 220 600 1 2 0.412345 4711.2 83 31138816 31457280 12637536256 0";
-	assert_int_equal(hpu_rank_status_parse(good, strlen(good), &st), 0);
+	assert_int_equal(hpu_status_parse(good, strlen(good), &st), 0);
 	assert_int_equal(st.step, 220);
 	assert_int_equal(st.total, 600);
 	assert_int_equal(st.epoch, 1);
@@ -157,7 +157,7 @@ static void test_parse_and_format(void **state)
 		    st.mem_limit == 12637536256ull);
 	assert_int_equal(st.phase, 0);
 	const char *nan_loss = "S1 3 10 1 1 -nan 0 -1 1 2 3 2";
-	assert_int_equal(hpu_rank_status_parse(nan_loss, strlen(nan_loss), &st), 0);
+	assert_int_equal(hpu_status_parse(nan_loss, strlen(nan_loss), &st), 0);
 	assert_true(isnan(st.loss));
 	assert_int_equal(st.phase, 2);
 	const char *bad[] = {"",
@@ -172,12 +172,12 @@ static void test_parse_and_format(void **state)
 			     "S1 99999999999999999999 2 1 1 0.5 1 1 1 1 1 0"};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		st.step = 42;
-		if (hpu_rank_status_parse(bad[i], strlen(bad[i]), &st) == 0)
+		if (hpu_status_parse(bad[i], strlen(bad[i]), &st) == 0)
 			fail_msg("malformed status line accepted: \"%s\"", bad[i]);
 		assert_int_equal(st.step, 42); /* untouched */
 	}
 
-	hpu_rank_status r = {.step = 220, .total = 600, .epoch = 1, .epochs = 2, .loss = 0.4123,
+	hpu_status_rec r = {.step = 220, .total = 600, .epoch = 1, .epochs = 2, .loss = 0.4123,
 			     .samples_per_sec = 4711.2, .eta_s = 83, .phase = 0};
 	char out[512];
 	size_t n = hpu_progress_format(&r, 100, out, sizeof out);

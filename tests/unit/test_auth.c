@@ -1,4 +1,4 @@
-/* Unit tests for signed frames and the key file (daemon/auth.c).
+/* Unit tests for signed frames and the key file (proto/auth.c).
  *
  * Checked: frames round-trip and match a reference HMAC computed here; any
  * flipped bit, a wrong key, a replay, a timestamp outside the window, a

@@ -1,4 +1,4 @@
-/* Unit tests for the autocast policy (worker/autocast.c and the op
+/* Unit tests for the autocast policy (worker/ops/autocast.c and the op
  * wrappers): the default lists, LOWER_LIST / FP32_LIST files moving ops,
  * the errors a bad file gives, the per-op counters, and every op's
  * low-precision variant against its fp32 run.

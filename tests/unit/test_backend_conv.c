@@ -1,6 +1,6 @@
 /* Unit tests for the oneDNN convolution and pooling kernels
- * (worker/backend_dnnl_conv.c) and the public ops' use of them
- * (worker/ops_conv.c): every kernel against the reference kernels
+ * (worker/ops/backend_dnnl_conv.c) and the public ops' use of them
+ * (worker/ops/ops_conv.c): every kernel against the reference kernels
  * (ops_ref.h) at awkward shapes.
  *
  * fp32: within 1e-5 of the largest reference value (summation order).
@@ -335,7 +335,7 @@ static void test_public_fp8(void **state)
 		float *params = xcalloc(t.nw + t.no, 4);
 		memcpy(params, t.w, t.nw * 4);
 		memcpy(params + t.nw, t.b, t.no * 4);
-		const float m[3] = {hpu_fp8_amax(t.x, t.nx), hpu_fp8_amax(t.w, t.nw), 4.0f};
+		const float m[3] = {hpu__fp8_amax(t.x, t.nx), hpu__fp8_amax(t.w, t.nw), 4.0f};
 		float *y[2];
 		for (int r = 0; r < 2; r++) {
 			hpu__be_set(r ? hpu__be_reference() : NULL);

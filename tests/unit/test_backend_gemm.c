@@ -1,5 +1,5 @@
-/* Unit tests for the backend's matrix products (worker/backend_dnnl.c)
- * and the ops built on them (linear, matmul, bmm in worker/ops.c and
+/* Unit tests for the backend's matrix products (worker/ops/backend_dnnl.c)
+ * and the ops built on them (linear, matmul, bmm in worker/ops/ops.c and
  * ops_nn.c).
  *
  * Every case runs twice: on the oneDNN backend and on the reference

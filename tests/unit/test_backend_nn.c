@@ -1,5 +1,5 @@
 /* Unit tests for the oneDNN backend's eltwise, softmax and layer norm
- * (worker/backend_dnnl_nn.c) against the reference kernels (ops_ref.h),
+ * (worker/ops/backend_dnnl_nn.c) against the reference kernels (ops_ref.h),
  * and for the public ops on the default backend against the reference
  * table (hpu__be_set(hpu__be_reference())).
  *

@@ -24,7 +24,7 @@
 #include <openssl/hmac.h>
 #include <zmq.h>
 
-#include "../../collectives/comm_internal.h"
+#include "comm_internal.h"
 #include "coll_world.h"
 
 /* What a stranger does to rank 1's receive socket. */

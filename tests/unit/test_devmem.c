@@ -1,4 +1,4 @@
-/* Unit tests for the device memory (worker/devmem.c).
+/* Unit tests for the device memory (worker/hpu/devmem.c).
  *
  * Checked: the statistics against a model of them after random sequences of
  * allocations and frees (and their invariants), alignment and zeroing (of
@@ -42,7 +42,7 @@ static uint64_t rng_next(uint64_t *s)
 static hpu_device_stats stats(void)
 {
 	hpu_device_stats s;
-	hpu_devmem_stats(&s);
+	hpu__devmem_stats(&s);
 	return s;
 }
 
@@ -50,7 +50,7 @@ static uint64_t kinds_in_use(void)
 {
 	uint64_t sum = 0;
 	for (int k = 0; k < HPU_MEM_NKINDS; k++)
-		sum += hpu_devmem_kind_in_use((hpu_mem_kind)k);
+		sum += hpu__devmem_kind_in_use((hpu_mem_kind)k);
 	return sum;
 }
 
@@ -87,14 +87,14 @@ static void assert_fresh(void *p, size_t n)
 static int setup_unlimited(void **state)
 {
 	(void)state;
-	return hpu_devmem_init(0, 0);
+	return hpu__devmem_init(0, 0);
 }
 
 static int teardown(void **state)
 {
 	(void)state;
 	assert_invariants();
-	hpu_devmem_shutdown();
+	hpu__devmem_shutdown();
 	return 0;
 }
 
@@ -104,32 +104,32 @@ static void test_before_init(void **state)
 	(void)state;
 	hpu_device_stats s;
 	assert_int_equal(hpu_device_stats_get(&s), -1);
-	void *p = hpu_dalloc(HPU_MEM_OTHER, 3 * MiB, "scratch");
+	void *p = hpu__dalloc(HPU_MEM_OTHER, 3 * MiB, "scratch");
 	assert_fresh(p, 3 * MiB);
 	s = stats();
 	assert_int_equal(s.limit, 0);
 	assert_int_equal(s.in_use, 3 * MiB);
 	assert_int_equal(s.num_allocs, 1);
-	hpu_dfree(p);
+	hpu__dfree(p);
 	assert_invariants();
 	/* What was allocated before set-up stays counted after it. */
-	void *q = hpu_dalloc(HPU_MEM_PARAMS, 100, "weights");
-	assert_int_equal(hpu_devmem_init(1 * MiB, 4), 0);
+	void *q = hpu__dalloc(HPU_MEM_PARAMS, 100, "weights");
+	assert_int_equal(hpu__devmem_init(1 * MiB, 4), 0);
 	assert_int_equal(hpu_device_stats_get(&s), 0);
 	assert_int_equal(s.limit, 1 * MiB);
 	assert_int_equal(s.in_use, 100);
-	assert_int_equal(hpu_devmem_init(1 * MiB, 4), -1);
-	hpu_dfree(q);
+	assert_int_equal(hpu__devmem_init(1 * MiB, 4), -1);
+	hpu__dfree(q);
 	assert_int_equal(stats().in_use, 0);
-	hpu_devmem_shutdown();
+	hpu__devmem_shutdown();
 	assert_int_equal(hpu_device_stats_get(&s), -1);
 	/* Set-up fails when more is in use than the limit allows. */
-	q = hpu_dalloc(HPU_MEM_PARAMS, 2 * KiB, "weights");
-	assert_int_equal(hpu_devmem_init(1 * KiB, 0), -1);
-	printf("init error: %s\n", hpu_devmem_error());
-	assert_non_null(strstr(hpu_devmem_error(), "Limit 1.0 KiB"));
-	hpu_dfree(q);
-	hpu_devmem_shutdown();
+	q = hpu__dalloc(HPU_MEM_PARAMS, 2 * KiB, "weights");
+	assert_int_equal(hpu__devmem_init(1 * KiB, 0), -1);
+	printf("init error: %s\n", hpu__devmem_error());
+	assert_non_null(strstr(hpu__devmem_error(), "Limit 1.0 KiB"));
+	hpu__dfree(q);
+	hpu__devmem_shutdown();
 }
 
 static void test_kind_names(void **state)
@@ -138,9 +138,9 @@ static void test_kind_names(void **state)
 	const char *want[] = {"params", "grads", "optim",
 			      "acts",   "comm",  "other"};
 	for (int k = 0; k < HPU_MEM_NKINDS; k++)
-		assert_string_equal(hpu_mem_kind_name((hpu_mem_kind)k),
+		assert_string_equal(hpu__mem_kind_name((hpu_mem_kind)k),
 				    want[k]);
-	assert_string_equal(hpu_mem_kind_name(HPU_MEM_NKINDS), "?");
+	assert_string_equal(hpu__mem_kind_name(HPU_MEM_NKINDS), "?");
 }
 
 static void test_alignment_and_zero(void **state)
@@ -154,7 +154,7 @@ static void test_alignment_and_zero(void **state)
 	void *p[N];
 	uint64_t total = 0;
 	for (int i = 0; i < N; i++) {
-		p[i] = hpu_dalloc((hpu_mem_kind)(i % HPU_MEM_NKINDS), sizes[i],
+		p[i] = hpu__dalloc((hpu_mem_kind)(i % HPU_MEM_NKINDS), sizes[i],
 				  "test block");
 		assert_fresh(p[i], sizes[i]);
 		memset(p[i], 0xcd, sizes[i]); /* ASan: every byte is ours */
@@ -169,8 +169,8 @@ static void test_alignment_and_zero(void **state)
 	assert_int_equal(s.max_alloc_size, 3 * MiB + 17);
 	assert_int_equal(s.total_system_allocs, N);
 	for (int i = 0; i < N; i++)
-		hpu_dfree(p[i]);
-	hpu_dfree(NULL);
+		hpu__dfree(p[i]);
+	hpu__dfree(NULL);
 	s = stats();
 	assert_int_equal(s.in_use, 0);
 	assert_int_equal(s.num_frees, N);
@@ -182,8 +182,8 @@ static void test_alignment_and_zero(void **state)
 static void test_zero_bytes(void **state)
 {
 	(void)state;
-	void *a = hpu_dalloc(HPU_MEM_OTHER, 0, "nothing");
-	void *b = hpu_dalloc(HPU_MEM_OTHER, 0, "nothing");
+	void *a = hpu__dalloc(HPU_MEM_OTHER, 0, "nothing");
+	void *b = hpu__dalloc(HPU_MEM_OTHER, 0, "nothing");
 	assert_fresh(a, 0);
 	assert_fresh(b, 0);
 	assert_ptr_not_equal(a, b);
@@ -191,8 +191,8 @@ static void test_zero_bytes(void **state)
 	assert_int_equal(s.num_allocs, 2);
 	assert_int_equal(s.in_use, 0);
 	assert_int_equal(s.max_alloc_size, 0);
-	hpu_dfree(a);
-	hpu_dfree(b);
+	hpu__dfree(a);
+	hpu__dfree(b);
 	assert_int_equal(stats().active_allocs, 0);
 }
 
@@ -200,12 +200,12 @@ static void test_zero_bytes(void **state)
  * from the cache, zeroed. */
 static void check_reuse(size_t bytes, size_t again)
 {
-	void *p = hpu_dalloc(HPU_MEM_ACTS, bytes, "activations");
+	void *p = hpu__dalloc(HPU_MEM_ACTS, bytes, "activations");
 	assert_fresh(p, bytes);
 	memset(p, 0xab, bytes);
-	hpu_dfree(p);
+	hpu__dfree(p);
 	hpu_device_stats before = stats();
-	void *q = hpu_dalloc(HPU_MEM_ACTS, again, "activations");
+	void *q = hpu__dalloc(HPU_MEM_ACTS, again, "activations");
 	assert_ptr_equal(q, p);
 	assert_fresh(q, again);
 	hpu_device_stats after = stats();
@@ -213,7 +213,7 @@ static void check_reuse(size_t bytes, size_t again)
 	assert_int_equal(after.total_active_allocs, before.total_active_allocs);
 	assert_int_equal(after.num_allocs, before.num_allocs + 1);
 	assert_int_equal(after.in_use, again);
-	hpu_dfree(q);
+	hpu__dfree(q);
 }
 
 static void test_reuse_zeroes(void **state)
@@ -227,43 +227,43 @@ static void test_reuse_zeroes(void **state)
 	check_reuse(3 * MiB + 100, 3 * MiB + 5); /* one 4 KiB class */
 	/* A different class does not take the cached block. */
 	uint64_t sys = stats().total_system_allocs;
-	void *p = hpu_dalloc(HPU_MEM_ACTS, 2000, "activations");
+	void *p = hpu__dalloc(HPU_MEM_ACTS, 2000, "activations");
 	assert_int_equal(stats().total_system_allocs, sys + 1);
-	hpu_dfree(p);
+	hpu__dfree(p);
 }
 
 /* The peaks per kind and of parameters + gradients + optimizer state. */
 static void test_states_max(void **state)
 {
 	(void)state;
-	void *params = hpu_dalloc(HPU_MEM_PARAMS, 100, "parameters");
-	void *grads = hpu_dalloc(HPU_MEM_GRADS, 50, "gradients"); /* 150 */
-	hpu_dfree(grads);                                          /* 100 */
-	void *optim = hpu_dalloc(HPU_MEM_OPTIM, 80, "moments");   /* 180 */
-	void *acts = hpu_dalloc(HPU_MEM_ACTS, 1000, "activations");
-	hpu_dfree(params);                                         /* 80 */
-	grads = hpu_dalloc(HPU_MEM_GRADS, 120, "gradients");       /* 200 */
-	void *comm = hpu_dalloc(HPU_MEM_COMM, 10, "staging");
-	hpu_dfree(optim);                                          /* 120 */
-	void *more = hpu_dalloc(HPU_MEM_PARAMS, 40, "gathered");   /* 160 */
-	assert_int_equal(hpu_devmem_states_max(), 200);
-	assert_int_equal(hpu_devmem_kind_max(HPU_MEM_PARAMS), 100);
-	assert_int_equal(hpu_devmem_kind_max(HPU_MEM_GRADS), 120);
-	assert_int_equal(hpu_devmem_kind_max(HPU_MEM_OPTIM), 80);
-	assert_int_equal(hpu_devmem_kind_max(HPU_MEM_ACTS), 1000);
-	assert_int_equal(hpu_devmem_kind_max(HPU_MEM_COMM), 10);
-	assert_int_equal(hpu_devmem_kind_max(HPU_MEM_OTHER), 0);
-	assert_int_equal(hpu_devmem_kind_in_use(HPU_MEM_PARAMS), 40);
-	assert_int_equal(hpu_devmem_kind_in_use(HPU_MEM_GRADS), 120);
-	assert_int_equal(hpu_devmem_kind_in_use(HPU_MEM_OPTIM), 0);
+	void *params = hpu__dalloc(HPU_MEM_PARAMS, 100, "parameters");
+	void *grads = hpu__dalloc(HPU_MEM_GRADS, 50, "gradients"); /* 150 */
+	hpu__dfree(grads);                                          /* 100 */
+	void *optim = hpu__dalloc(HPU_MEM_OPTIM, 80, "moments");   /* 180 */
+	void *acts = hpu__dalloc(HPU_MEM_ACTS, 1000, "activations");
+	hpu__dfree(params);                                         /* 80 */
+	grads = hpu__dalloc(HPU_MEM_GRADS, 120, "gradients");       /* 200 */
+	void *comm = hpu__dalloc(HPU_MEM_COMM, 10, "staging");
+	hpu__dfree(optim);                                          /* 120 */
+	void *more = hpu__dalloc(HPU_MEM_PARAMS, 40, "gathered");   /* 160 */
+	assert_int_equal(hpu__devmem_states_max(), 200);
+	assert_int_equal(hpu__devmem_kind_max(HPU_MEM_PARAMS), 100);
+	assert_int_equal(hpu__devmem_kind_max(HPU_MEM_GRADS), 120);
+	assert_int_equal(hpu__devmem_kind_max(HPU_MEM_OPTIM), 80);
+	assert_int_equal(hpu__devmem_kind_max(HPU_MEM_ACTS), 1000);
+	assert_int_equal(hpu__devmem_kind_max(HPU_MEM_COMM), 10);
+	assert_int_equal(hpu__devmem_kind_max(HPU_MEM_OTHER), 0);
+	assert_int_equal(hpu__devmem_kind_in_use(HPU_MEM_PARAMS), 40);
+	assert_int_equal(hpu__devmem_kind_in_use(HPU_MEM_GRADS), 120);
+	assert_int_equal(hpu__devmem_kind_in_use(HPU_MEM_OPTIM), 0);
 	hpu_device_stats s = stats();
 	assert_int_equal(s.in_use, 40 + 120 + 1000 + 10);
 	assert_int_equal(s.max_in_use, 1000 + 80 + 120 + 10);
-	hpu_dfree(acts);
-	hpu_dfree(grads);
-	hpu_dfree(comm);
-	hpu_dfree(more);
-	assert_int_equal(hpu_devmem_states_max(), 200);
+	hpu__dfree(acts);
+	hpu__dfree(grads);
+	hpu__dfree(comm);
+	hpu__dfree(more);
+	assert_int_equal(hpu__devmem_states_max(), 200);
 }
 
 /* A model of the counters that the device must match after every step. */
@@ -283,12 +283,12 @@ static void assert_matches(const model *m)
 	assert_int_equal(s.num_allocs, m->allocs);
 	assert_int_equal(s.num_frees, m->frees);
 	for (int k = 0; k < HPU_MEM_NKINDS; k++) {
-		assert_int_equal(hpu_devmem_kind_in_use((hpu_mem_kind)k),
+		assert_int_equal(hpu__devmem_kind_in_use((hpu_mem_kind)k),
 				 m->kind[k]);
-		assert_int_equal(hpu_devmem_kind_max((hpu_mem_kind)k),
+		assert_int_equal(hpu__devmem_kind_max((hpu_mem_kind)k),
 				 m->kind_max[k]);
 	}
-	assert_int_equal(hpu_devmem_states_max(), m->states_max);
+	assert_int_equal(hpu__devmem_states_max(), m->states_max);
 	assert_invariants();
 }
 
@@ -312,7 +312,7 @@ static size_t random_size(uint64_t *rng)
 static void run_random(uint64_t limit, uint64_t seed)
 {
 	enum { SLOTS = 48, STEPS = 4000 };
-	assert_int_equal(hpu_devmem_init(limit, 2), 0);
+	assert_int_equal(hpu__devmem_init(limit, 2), 0);
 	model m = {.limit = limit};
 	void *ptr[SLOTS] = {0};
 	size_t len[SLOTS] = {0};
@@ -327,7 +327,7 @@ static void run_random(uint64_t limit, uint64_t seed)
 			if (len[i])
 				assert_true(b[0] == (unsigned char)i &&
 					    b[len[i] - 1] == (unsigned char)i);
-			hpu_dfree(ptr[i]);
+			hpu__dfree(ptr[i]);
 			ptr[i] = NULL;
 			m.in_use -= len[i];
 			m.kind[kind[i]] -= len[i];
@@ -338,7 +338,7 @@ static void run_random(uint64_t limit, uint64_t seed)
 		size_t n = random_size(&rng);
 		int k = (int)(rng_next(&rng) % HPU_MEM_NKINDS);
 		hpu_device_stats before = stats();
-		void *p = hpu_dalloc((hpu_mem_kind)k, n, "random block");
+		void *p = hpu__dalloc((hpu_mem_kind)k, n, "random block");
 		if (limit && m.in_use + n > limit) {
 			assert_null(p);
 			hpu_device_stats after = stats();
@@ -365,7 +365,7 @@ static void run_random(uint64_t limit, uint64_t seed)
 		assert_matches(&m);
 	}
 	for (int i = 0; i < SLOTS; i++)
-		hpu_dfree(ptr[i]);
+		hpu__dfree(ptr[i]);
 	hpu_device_stats s = stats();
 	assert_int_equal(s.in_use, 0);
 	assert_int_equal(s.active_allocs, 0);
@@ -376,7 +376,7 @@ static void run_random(uint64_t limit, uint64_t seed)
 	       (unsigned long long)s.total_system_frees);
 	if (limit)
 		assert_true(refused > 0);
-	hpu_devmem_shutdown();
+	hpu__devmem_shutdown();
 }
 
 static void test_random_sequences(void **state)
@@ -392,74 +392,74 @@ static void test_random_sequences(void **state)
 static void test_limit_error(void **state)
 {
 	(void)state;
-	assert_int_equal(hpu_devmem_init(56 * MiB, 1), 0);
-	assert_string_equal(hpu_devmem_error(), "");
-	void *params = hpu_dalloc(HPU_MEM_PARAMS, 48 * MiB, "parameters");
+	assert_int_equal(hpu__devmem_init(56 * MiB, 1), 0);
+	assert_string_equal(hpu__devmem_error(), "");
+	void *params = hpu__dalloc(HPU_MEM_PARAMS, 48 * MiB, "parameters");
 	assert_non_null(params);
 	hpu_device_stats before = stats();
 	uint64_t kin[HPU_MEM_NKINDS], kmax[HPU_MEM_NKINDS];
 	for (int k = 0; k < HPU_MEM_NKINDS; k++) {
-		kin[k] = hpu_devmem_kind_in_use((hpu_mem_kind)k);
-		kmax[k] = hpu_devmem_kind_max((hpu_mem_kind)k);
+		kin[k] = hpu__devmem_kind_in_use((hpu_mem_kind)k);
+		kmax[k] = hpu__devmem_kind_max((hpu_mem_kind)k);
 	}
-	uint64_t smax = hpu_devmem_states_max();
+	uint64_t smax = hpu__devmem_states_max();
 
-	void *p = hpu_dalloc(HPU_MEM_OPTIM, 12 * MiB,
+	void *p = hpu__dalloc(HPU_MEM_OPTIM, 12 * MiB,
 			     "optimizer state (adamw moments)");
 	assert_null(p);
-	printf("limit error: %s\n", hpu_devmem_error());
+	printf("limit error: %s\n", hpu__devmem_error());
 	assert_string_equal(
-	    hpu_devmem_error(),
+	    hpu__devmem_error(),
 	    "rank 1: out of device memory allocating optimizer state (adamw moments): 12.0 MiB requested, InUse 48.0 MiB, Limit 56.0 MiB (--device-memory)");
 
 	/* Nothing changed. */
 	hpu_device_stats after = stats();
 	assert_memory_equal(&before, &after, sizeof before);
 	for (int k = 0; k < HPU_MEM_NKINDS; k++) {
-		assert_int_equal(hpu_devmem_kind_in_use((hpu_mem_kind)k),
+		assert_int_equal(hpu__devmem_kind_in_use((hpu_mem_kind)k),
 				 kin[k]);
-		assert_int_equal(hpu_devmem_kind_max((hpu_mem_kind)k), kmax[k]);
+		assert_int_equal(hpu__devmem_kind_max((hpu_mem_kind)k), kmax[k]);
 	}
-	assert_int_equal(hpu_devmem_states_max(), smax);
+	assert_int_equal(hpu__devmem_states_max(), smax);
 
 	/* Exactly up to the limit is fine; one byte more is not. */
-	p = hpu_dalloc(HPU_MEM_OPTIM, 8 * MiB, "optimizer state");
+	p = hpu__dalloc(HPU_MEM_OPTIM, 8 * MiB, "optimizer state");
 	assert_non_null(p);
 	assert_int_equal(stats().in_use, 56 * MiB);
-	assert_null(hpu_dalloc(HPU_MEM_OTHER, 1, "one byte"));
+	assert_null(hpu__dalloc(HPU_MEM_OTHER, 1, "one byte"));
 	assert_string_equal(
-	    hpu_devmem_error(),
+	    hpu__devmem_error(),
 	    "rank 1: out of device memory allocating one byte: 1 byte requested, InUse 56.0 MiB, Limit 56.0 MiB (--device-memory)");
-	assert_null(hpu_dalloc(HPU_MEM_OTHER, SIZE_MAX, "everything"));
+	assert_null(hpu__dalloc(HPU_MEM_OTHER, SIZE_MAX, "everything"));
 	assert_int_equal(stats().max_in_use, 56 * MiB);
-	hpu_dfree(p);
-	hpu_dfree(params);
+	hpu__dfree(p);
+	hpu__dfree(params);
 	assert_invariants();
-	hpu_devmem_shutdown();
-	assert_string_equal(hpu_devmem_error(), "");
+	hpu__devmem_shutdown();
+	assert_string_equal(hpu__devmem_error(), "");
 }
 
 /* An allocation that fits only once the cache is given back. */
 static void check_cache_dropped(uint64_t limit, size_t first, size_t second)
 {
-	assert_int_equal(hpu_devmem_init(limit, 0), 0);
-	void *a = hpu_dalloc(HPU_MEM_ACTS, first, "first");
+	assert_int_equal(hpu__devmem_init(limit, 0), 0);
+	void *a = hpu__dalloc(HPU_MEM_ACTS, first, "first");
 	assert_non_null(a);
 	memset(a, 1, first);
-	hpu_dfree(a);
+	hpu__dfree(a);
 	hpu_device_stats s = stats();
 	assert_int_equal(s.total_active_allocs, 1); /* cached */
 	assert_int_equal(s.total_system_frees, 0);
-	void *b = hpu_dalloc(HPU_MEM_ACTS, second, "second");
+	void *b = hpu__dalloc(HPU_MEM_ACTS, second, "second");
 	assert_fresh(b, second);
 	s = stats();
 	assert_int_equal(s.in_use, second);
 	assert_int_equal(s.total_system_allocs, 2);
 	assert_int_equal(s.total_system_frees, 1); /* the cache went back */
 	assert_int_equal(s.total_active_allocs, 1);
-	hpu_dfree(b);
+	hpu__dfree(b);
 	assert_invariants();
-	hpu_devmem_shutdown();
+	hpu__devmem_shutdown();
 }
 
 static void test_cache_dropped(void **state)
@@ -468,16 +468,16 @@ static void test_cache_dropped(void **state)
 	check_cache_dropped(1 * MiB, 600 * KiB, 700 * KiB);
 	check_cache_dropped(8 * MiB, 5 * MiB, 6 * MiB);
 	/* When both fit, the cache stays. */
-	assert_int_equal(hpu_devmem_init(1 * MiB, 0), 0);
-	void *a = hpu_dalloc(HPU_MEM_ACTS, 100 * KiB, "first");
-	hpu_dfree(a);
-	void *b = hpu_dalloc(HPU_MEM_ACTS, 200 * KiB, "second");
+	assert_int_equal(hpu__devmem_init(1 * MiB, 0), 0);
+	void *a = hpu__dalloc(HPU_MEM_ACTS, 100 * KiB, "first");
+	hpu__dfree(a);
+	void *b = hpu__dalloc(HPU_MEM_ACTS, 200 * KiB, "second");
 	assert_non_null(b);
 	hpu_device_stats s = stats();
 	assert_int_equal(s.total_system_frees, 0);
 	assert_int_equal(s.total_active_allocs, 2);
-	hpu_dfree(b);
-	hpu_devmem_shutdown();
+	hpu__dfree(b);
+	hpu__devmem_shutdown();
 }
 
 /* The system refusing memory: the cache is given back, the allocation
@@ -485,15 +485,15 @@ static void test_cache_dropped(void **state)
 static void test_system_refuses(void **state)
 {
 	(void)state;
-	void *a = hpu_dalloc(HPU_MEM_OTHER, 1000, "small");
-	hpu_dfree(a);
-	void *keep = hpu_dalloc(HPU_MEM_PARAMS, 5000, "weights");
+	void *a = hpu__dalloc(HPU_MEM_OTHER, 1000, "small");
+	hpu__dfree(a);
+	void *keep = hpu__dalloc(HPU_MEM_PARAMS, 5000, "weights");
 	hpu_device_stats before = stats();
 	assert_int_equal(before.total_active_allocs, 2);
-	void *p = hpu_dalloc(HPU_MEM_ACTS, (size_t)1 << 60, "a huge batch");
+	void *p = hpu__dalloc(HPU_MEM_ACTS, (size_t)1 << 60, "a huge batch");
 	assert_null(p);
-	printf("system error: %s\n", hpu_devmem_error());
-	const char *e = hpu_devmem_error();
+	printf("system error: %s\n", hpu__devmem_error());
+	const char *e = hpu__devmem_error();
 	assert_non_null(strstr(e, "rank 0: "));
 	assert_non_null(strstr(e, "a huge batch"));
 	assert_non_null(strstr(e, "the system refused 1048576.0 TiB"));
@@ -505,9 +505,9 @@ static void test_system_refuses(void **state)
 	assert_int_equal(after.num_allocs, before.num_allocs);
 	assert_int_equal(after.in_use, before.in_use);
 	assert_int_equal(after.max_alloc_size, before.max_alloc_size);
-	assert_null(hpu_dalloc(HPU_MEM_ACTS, SIZE_MAX, "everything"));
-	assert_non_null(strstr(hpu_devmem_error(), "the system refused"));
-	hpu_dfree(keep);
+	assert_null(hpu__dalloc(HPU_MEM_ACTS, SIZE_MAX, "everything"));
+	assert_non_null(strstr(hpu__devmem_error(), "the system refused"));
+	hpu__dfree(keep);
 }
 
 /* Without a limit the cache holds at most 1 GiB; a block that does not fit
@@ -515,12 +515,12 @@ static void test_system_refuses(void **state)
 static void test_cache_cap(void **state)
 {
 	(void)state;
-	void *a = hpu_dalloc(HPU_MEM_ACTS, 600 * MiB, "big");
-	void *b = hpu_dalloc(HPU_MEM_ACTS, 600 * MiB, "big");
+	void *a = hpu__dalloc(HPU_MEM_ACTS, 600 * MiB, "big");
+	void *b = hpu__dalloc(HPU_MEM_ACTS, 600 * MiB, "big");
 	assert_non_null(a);
 	assert_non_null(b);
-	hpu_dfree(a);
-	hpu_dfree(b);
+	hpu__dfree(a);
+	hpu__dfree(b);
 	hpu_device_stats s = stats();
 	assert_int_equal(s.total_system_allocs, 2);
 	assert_int_equal(s.total_system_frees, 1);
@@ -532,16 +532,16 @@ static void test_cache_cap(void **state)
 static void test_shutdown_and_again(void **state)
 {
 	(void)state;
-	assert_int_equal(hpu_devmem_init(0, 7), 0);
-	void *old = hpu_dalloc(HPU_MEM_PARAMS, 3 * MiB, "old");
-	void *cached = hpu_dalloc(HPU_MEM_PARAMS, 100, "old");
-	hpu_dfree(cached);
-	hpu_devmem_shutdown();
+	assert_int_equal(hpu__devmem_init(0, 7), 0);
+	void *old = hpu__dalloc(HPU_MEM_PARAMS, 3 * MiB, "old");
+	void *cached = hpu__dalloc(HPU_MEM_PARAMS, 100, "old");
+	hpu__dfree(cached);
+	hpu__devmem_shutdown();
 	hpu_device_stats s;
 	assert_int_equal(hpu_device_stats_get(&s), -1);
-	assert_int_equal(hpu_devmem_init(1 * MiB, 8), 0);
-	void *p = hpu_dalloc(HPU_MEM_GRADS, 200, "new");
-	hpu_dfree(old);
+	assert_int_equal(hpu__devmem_init(1 * MiB, 8), 0);
+	void *p = hpu__dalloc(HPU_MEM_GRADS, 200, "new");
+	hpu__dfree(old);
 	assert_int_equal(hpu_device_stats_get(&s), 0);
 	assert_int_equal(s.limit, 1 * MiB);
 	assert_int_equal(s.in_use, 200);
@@ -549,10 +549,10 @@ static void test_shutdown_and_again(void **state)
 	assert_int_equal(s.num_frees, 0);
 	assert_int_equal(s.total_system_allocs, 1);
 	assert_int_equal(s.total_system_frees, 0);
-	assert_int_equal(hpu_devmem_kind_in_use(HPU_MEM_PARAMS), 0);
-	hpu_dfree(p);
+	assert_int_equal(hpu__devmem_kind_in_use(HPU_MEM_PARAMS), 0);
+	hpu__dfree(p);
 	assert_invariants();
-	hpu_devmem_shutdown();
+	hpu__devmem_shutdown();
 }
 
 /* Four threads: the counts stay exact, no two blocks overlap. */
@@ -577,7 +577,7 @@ static void *thread_main(void *arg)
 			unsigned char *b = ptr[i];
 			for (size_t j = 0; j < len[i]; j += 61)
 				failures += b[j] != tag;
-			hpu_dfree(ptr[i]);
+			hpu__dfree(ptr[i]);
 			ptr[i] = NULL;
 			w->frees++;
 			continue;
@@ -585,7 +585,7 @@ static void *thread_main(void *arg)
 		uint64_t r = rng_next(&rng);
 		size_t n = r % 64 == 0 ? 1 * MiB + (r >> 40) % MiB
 				       : (size_t)(r >> 20) % (16 * KiB);
-		void *p = hpu_dalloc((hpu_mem_kind)((r >> 8) % HPU_MEM_NKINDS),
+		void *p = hpu__dalloc((hpu_mem_kind)((r >> 8) % HPU_MEM_NKINDS),
 				     n, "thread block");
 		if (!p) {
 			w->refused++;
@@ -600,7 +600,7 @@ static void *thread_main(void *arg)
 	}
 	for (int i = 0; i < THREAD_SLOTS; i++)
 		if (ptr[i]) {
-			hpu_dfree(ptr[i]);
+			hpu__dfree(ptr[i]);
 			w->frees++;
 		}
 	return (void *)(intptr_t)failures;
@@ -609,7 +609,7 @@ static void *thread_main(void *arg)
 static void test_threads(void **state)
 {
 	(void)state;
-	assert_int_equal(hpu_devmem_init(6 * MiB, 3), 0);
+	assert_int_equal(hpu__devmem_init(6 * MiB, 3), 0);
 	pthread_t t[THREADS];
 	worker w[THREADS] = {0};
 	for (int i = 0; i < THREADS; i++) {
@@ -647,7 +647,7 @@ static void test_threads(void **state)
 	assert_true(s.max_in_use <= 6 * MiB);
 	assert_true(s.total_system_allocs < allocs); /* blocks were reused */
 	assert_invariants();
-	hpu_devmem_shutdown();
+	hpu__devmem_shutdown();
 }
 
 /* Runs `bad` in a child, which must abort saying `why` on stderr. */
@@ -682,29 +682,29 @@ static void expect_abort(void (*bad)(void), const char *why)
 
 static void double_free(void)
 {
-	void *p = hpu_dalloc(HPU_MEM_OTHER, 100, "twice");
-	hpu_dfree(p);
-	hpu_dfree(p);
+	void *p = hpu__dalloc(HPU_MEM_OTHER, 100, "twice");
+	hpu__dfree(p);
+	hpu__dfree(p);
 }
 
 static void foreign_pointer(void)
 {
-	char *p = hpu_dalloc(HPU_MEM_OTHER, 256, "host");
-	hpu_dfree(p + 64);
+	char *p = hpu__dalloc(HPU_MEM_OTHER, 256, "host");
+	hpu__dfree(p + 64);
 }
 
 static void misaligned_pointer(void)
 {
-	char *p = hpu_dalloc(HPU_MEM_OTHER, 256, "host");
-	hpu_dfree(p + 8);
+	char *p = hpu__dalloc(HPU_MEM_OTHER, 256, "host");
+	hpu__dfree(p + 8);
 }
 
 static void test_bad_pointers_abort(void **state)
 {
 	(void)state;
 	expect_abort(double_free, "double free");
-	expect_abort(foreign_pointer, "not a pointer from hpu_dalloc");
-	expect_abort(misaligned_pointer, "not a pointer from hpu_dalloc");
+	expect_abort(foreign_pointer, "not a pointer from hpu__dalloc");
+	expect_abort(misaligned_pointer, "not a pointer from hpu__dalloc");
 }
 
 int main(void)

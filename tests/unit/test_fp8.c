@@ -45,17 +45,17 @@ static void test_decode_known_values(void **state)
 		{HPU_FP8_E5M2, 0xbc, -1.0f},
 	};
 	for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
-		float got = hpu_fp8_decode(known[i].b, known[i].fmt);
+		float got = hpu__fp8_decode(known[i].b, known[i].fmt);
 		if (got != known[i].v)
 			fail_msg("%s 0x%02x: decoded %g, want %g", fmt_name(known[i].fmt),
 				 known[i].b, got, known[i].v);
 	}
-	assert_true(isnan(hpu_fp8_decode(0x7f, HPU_FP8_E4M3)));
-	assert_true(isnan(hpu_fp8_decode(0xff, HPU_FP8_E4M3)));
-	assert_true(isinf(hpu_fp8_decode(0x7c, HPU_FP8_E5M2)));
-	assert_true(isnan(hpu_fp8_decode(0x7d, HPU_FP8_E5M2)));
-	assert_true(hpu_fp8_max(HPU_FP8_E4M3) == 448.0f);
-	assert_true(hpu_fp8_max(HPU_FP8_E5M2) == 57344.0f);
+	assert_true(isnan(hpu__fp8_decode(0x7f, HPU_FP8_E4M3)));
+	assert_true(isnan(hpu__fp8_decode(0xff, HPU_FP8_E4M3)));
+	assert_true(isinf(hpu__fp8_decode(0x7c, HPU_FP8_E5M2)));
+	assert_true(isnan(hpu__fp8_decode(0x7d, HPU_FP8_E5M2)));
+	assert_true(hpu__fp8_max(HPU_FP8_E4M3) == 448.0f);
+	assert_true(hpu__fp8_max(HPU_FP8_E5M2) == 57344.0f);
 }
 
 /* Every code decodes and encodes back to itself; the positive codes are
@@ -66,14 +66,14 @@ static void test_round_trip(void **state)
 	for (int fmt = 0; fmt < 2; fmt++) {
 		float prev = -1.0f;
 		for (int b = 0; b < 256; b++) {
-			float v = hpu_fp8_decode((uint8_t)b, fmt);
+			float v = hpu__fp8_decode((uint8_t)b, fmt);
 			if (isnan(v))
 				continue;
-			uint8_t back = hpu_fp8_encode(v, fmt);
+			uint8_t back = hpu__fp8_encode(v, fmt);
 			if (back != b)
 				fail_msg("%s 0x%02x -> %g -> 0x%02x", fmt_name(fmt), b, v, back);
 			float q;
-			hpu_fp8_fake_quant(&v, &q, 1, 1.0f, fmt);
+			hpu__fp8_fake_quant(&v, &q, 1, 1.0f, fmt);
 			assert_true(q == v || (isinf(q) && isinf(v)));
 			if (b < 0x7b && b != 0) {
 				assert_true(v > prev);
@@ -92,8 +92,8 @@ static void test_round_to_nearest_even(void **state)
 	for (int fmt = 0; fmt < 2; fmt++) {
 		int top = fmt == HPU_FP8_E4M3 ? 0x7e : 0x7b;
 		for (int b = 0; b < top; b++) {
-			float lo = hpu_fp8_decode((uint8_t)b, fmt);
-			float hi = hpu_fp8_decode((uint8_t)(b + 1), fmt);
+			float lo = hpu__fp8_decode((uint8_t)b, fmt);
+			float hi = hpu__fp8_decode((uint8_t)(b + 1), fmt);
 			float mid = (lo + hi) / 2; /* exact in fp32 */
 			float even = (b & 1) ? hi : lo;
 			float cases[3][2] = {{mid, even},
@@ -102,11 +102,11 @@ static void test_round_to_nearest_even(void **state)
 			for (int c = 0; c < 3; c++)
 				for (int sgn = -1; sgn <= 1; sgn += 2) {
 					float v = sgn * cases[c][0], want = sgn * cases[c][1], q;
-					hpu_fp8_fake_quant(&v, &q, 1, 1.0f, fmt);
+					hpu__fp8_fake_quant(&v, &q, 1, 1.0f, fmt);
 					if (q != want)
 						fail_msg("%s: %a rounded to %a, want %a", fmt_name(fmt),
 							 v, q, want);
-					assert_true(hpu_fp8_decode(hpu_fp8_encode(v, fmt), fmt) ==
+					assert_true(hpu__fp8_decode(hpu__fp8_encode(v, fmt), fmt) ==
 						    want);
 				}
 		}
@@ -118,40 +118,40 @@ static void test_saturation_and_specials(void **state)
 	(void)state;
 	float in[] = {464.0f, 1e6f, -1e30f, INFINITY, -INFINITY, NAN, 449.0f, 0x1p-11f};
 	float q[8];
-	hpu_fp8_fake_quant(in, q, 8, 1.0f, HPU_FP8_E4M3);
+	hpu__fp8_fake_quant(in, q, 8, 1.0f, HPU_FP8_E4M3);
 	assert_true(q[0] == 448.0f && q[1] == 448.0f && q[2] == -448.0f);
 	assert_true(isnan(q[3]) && isnan(q[4]) && isnan(q[5])); /* E4M3 has no inf */
 	assert_true(q[6] == 448.0f);
 	assert_true(q[7] == 0.0f); /* a quarter of the smallest subnormal */
-	assert_int_equal(hpu_fp8_encode(1e6f, HPU_FP8_E4M3), 0x7e);
-	hpu_fp8_fake_quant(in, q, 8, 1.0f, HPU_FP8_E5M2);
+	assert_int_equal(hpu__fp8_encode(1e6f, HPU_FP8_E4M3), 0x7e);
+	hpu__fp8_fake_quant(in, q, 8, 1.0f, HPU_FP8_E5M2);
 	assert_true(q[0] == 448.0f && q[1] == 57344.0f && q[2] == -57344.0f);
 	assert_true(q[3] == INFINITY && q[4] == -INFINITY && isnan(q[5]));
-	assert_int_equal(hpu_fp8_encode(INFINITY, HPU_FP8_E5M2), 0x7c);
-	assert_int_equal(hpu_fp8_encode(-1e6f, HPU_FP8_E5M2), 0xfb);
+	assert_int_equal(hpu__fp8_encode(INFINITY, HPU_FP8_E5M2), 0x7c);
+	assert_int_equal(hpu__fp8_encode(-1e6f, HPU_FP8_E5M2), 0xfb);
 }
 
 static void test_scales(void **state)
 {
 	(void)state;
 	/* 448 / 3 = 149.3: the power of two below is 128 */
-	assert_true(hpu_fp8_scale_for(3.0f, HPU_FP8_E4M3, 0) == 128.0f);
-	assert_true(hpu_fp8_scale_for(3.0f, HPU_FP8_E4M3, 2) == 32.0f);
-	assert_true(hpu_fp8_scale_for(448.0f, HPU_FP8_E4M3, 0) == 1.0f);
-	assert_true(hpu_fp8_scale_for(0.001f, HPU_FP8_E5M2, 0) == 0x1p25f);
-	assert_true(hpu_fp8_scale_for(0.0f, HPU_FP8_E4M3, 0) == 0.0f);
-	assert_true(hpu_fp8_scale_for(INFINITY, HPU_FP8_E4M3, 0) == 0.0f);
-	assert_true(hpu_fp8_scale_for(NAN, HPU_FP8_E4M3, 0) == 0.0f);
+	assert_true(hpu__fp8_scale_for(3.0f, HPU_FP8_E4M3, 0) == 128.0f);
+	assert_true(hpu__fp8_scale_for(3.0f, HPU_FP8_E4M3, 2) == 32.0f);
+	assert_true(hpu__fp8_scale_for(448.0f, HPU_FP8_E4M3, 0) == 1.0f);
+	assert_true(hpu__fp8_scale_for(0.001f, HPU_FP8_E5M2, 0) == 0x1p25f);
+	assert_true(hpu__fp8_scale_for(0.0f, HPU_FP8_E4M3, 0) == 0.0f);
+	assert_true(hpu__fp8_scale_for(INFINITY, HPU_FP8_E4M3, 0) == 0.0f);
+	assert_true(hpu__fp8_scale_for(NAN, HPU_FP8_E4M3, 0) == 0.0f);
 	/* scaled: x * s fits under max, the read-back is within 2^-4 relative */
 	float x[64], q[64];
 	rng_seed(5);
 	fill(x, 64, -3.0f, 3.0f);
-	float amax = hpu_fp8_amax(x, 64), s = hpu_fp8_scale_for(amax, HPU_FP8_E4M3, 0);
-	hpu_fp8_fake_quant(x, q, 64, s, HPU_FP8_E4M3);
+	float amax = hpu__fp8_amax(x, 64), s = hpu__fp8_scale_for(amax, HPU_FP8_E4M3, 0);
+	hpu__fp8_fake_quant(x, q, 64, s, HPU_FP8_E4M3);
 	for (int i = 0; i < 64; i++) {
 		assert_true(fabsf(q[i] - x[i]) <= fabsf(x[i]) * 0x1p-4f + 0x1p-9f / s);
 		float back = q[i] * s; /* exactly an fp8 value */
-		assert_true(hpu_fp8_decode(hpu_fp8_encode(back, HPU_FP8_E4M3), HPU_FP8_E4M3) ==
+		assert_true(hpu__fp8_decode(hpu__fp8_encode(back, HPU_FP8_E4M3), HPU_FP8_E4M3) ==
 			    back);
 	}
 }
@@ -336,9 +336,9 @@ static void test_measure_then_quantize(void **state)
 	hpu_fp8_info in;
 	hpu__fp8_info_get(0, &in);
 	assert_string_equal(in.name, "fc/linear#0");
-	assert_true(in.maxabs[0] == hpu_fp8_amax(x, B * IN));
-	assert_true(in.maxabs[1] == hpu_fp8_amax(W, OUT * IN));
-	assert_true(in.maxabs[2] == hpu_fp8_amax(y, B * OUT));
+	assert_true(in.maxabs[0] == hpu__fp8_amax(x, B * IN));
+	assert_true(in.maxabs[1] == hpu__fp8_amax(W, OUT * IN));
+	assert_true(in.maxabs[2] == hpu__fp8_amax(y, B * OUT));
 	float m[3];
 	memcpy(m, in.maxabs, sizeof m);
 	hpu__fp8_info_get(1, &in);
@@ -351,9 +351,9 @@ static void test_measure_then_quantize(void **state)
 	assert_null(hpu__fp8_error());
 	/* by hand: E4M3 x and w at the maxabs scales, fp32 GEMM, bf16 out */
 	float qx[B * IN], qw[OUT * IN];
-	hpu_fp8_fake_quant(x, qx, B * IN, hpu_fp8_scale_for(m[0], HPU_FP8_E4M3, 0),
+	hpu__fp8_fake_quant(x, qx, B * IN, hpu__fp8_scale_for(m[0], HPU_FP8_E4M3, 0),
 			   HPU_FP8_E4M3);
-	hpu_fp8_fake_quant(W, qw, OUT * IN, hpu_fp8_scale_for(m[1], HPU_FP8_E4M3, 0),
+	hpu__fp8_fake_quant(W, qw, OUT * IN, hpu__fp8_scale_for(m[1], HPU_FP8_E4M3, 0),
 			   HPU_FP8_E4M3);
 	char err[256];
 	hpu_autocast_init(HPU_AUTOCAST_NONE, err, sizeof err);

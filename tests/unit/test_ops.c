@@ -1,4 +1,4 @@
-/* Unit tests for the hpu ops (worker/ops.c).
+/* Unit tests for the hpu ops (worker/ops/ops.c).
  *
  * Each op is compared with a naive double-precision reference: forward
  * values directly, gradients against central finite differences of that

@@ -1,4 +1,4 @@
-/* Unit tests for convolution and pooling (worker/ops_conv.c).
+/* Unit tests for convolution and pooling (worker/ops/ops_conv.c).
  *
  * Forward: against naive direct loops in double. Backward: against central
  * finite differences of L = sum(y * r), r random, taken on those double

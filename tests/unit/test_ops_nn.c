@@ -1,4 +1,4 @@
-/* Unit tests for the transformer ops (worker/ops_nn.c).
+/* Unit tests for the transformer ops (worker/ops/ops_nn.c).
  *
  * Forward values are compared with naive double-precision loops; gradients
  * with central finite differences of those double references (eps 1e-6,

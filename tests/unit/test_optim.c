@@ -1,4 +1,4 @@
-/* Unit tests for the optimizers (worker/optim.c).
+/* Unit tests for the optimizers (worker/runtime/optim.c).
  *
  * hpu_optim_step works in fp32. It is compared with a double-precision
  * reference written here from the update rules documented for

@@ -1,4 +1,4 @@
-/* Unit tests for the distributed sampler (worker/sampler.c).
+/* Unit tests for the distributed sampler (worker/runtime/sampler.c).
  *
  * Every rank calls hpu_sampler_permute on its own, so the tests do the same:
  * each simulated rank computes its own copy of the permutation. Checked: the

@@ -1,4 +1,4 @@
-/* Unit tests for the learning-rate schedules (worker/sched.c).
+/* Unit tests for the learning-rate schedules (worker/runtime/lrsched.c).
  *
  * hpu_sched_lr(s, k) is the lr of optimizer step k (0-based): the value a
  * torch or DeepSpeed scheduler holds after k scheduler.step() calls, with

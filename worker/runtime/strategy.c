@@ -38,9 +38,9 @@ static int coll_fail(hpu_strat *s, const char *what, int rc)
 static void *dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes,
 		    const char *what)
 {
-	void *p = hpu_dalloc(kind, bytes, what);
+	void *p = hpu__dalloc(kind, bytes, what);
 	if (!p)
-		fail(s, "%s", hpu_devmem_error());
+		fail(s, "%s", hpu__devmem_error());
 	return p;
 }
 
@@ -53,7 +53,7 @@ HPU_CLONES static void add_into(float *restrict dst, const float *restrict src,
 
 /* 16-bit <-> fp32 for mixed precision (bf16 or fp16 by s->fp16), round
  * to nearest even. fp16 uses the CPU's F16C conversions where it has them
- * (the same rounding as worker/lowp.h's, which serves elsewhere). */
+ * (the same rounding as common/lowp.h's, which serves elsewhere). */
 HPU_CLONES static void to16_plain(int fp16, uint16_t *restrict dst,
 				  const float *restrict src, size_t n)
 {
@@ -380,7 +380,7 @@ static int init_params_mp(hpu_strat *s)
 		if (!full)
 			return -1;
 		if (fill_unit(s, j, full) < 0) {
-			hpu_dfree(full);
+			hpu__dfree(full);
 			return -1;
 		}
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
@@ -393,13 +393,13 @@ static int init_params_mp(hpu_strat *s)
 				snprintf(what, sizeof what, "parameters of %s (persistent)",
 					 layer_name(s, j));
 				if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
-					hpu_dfree(full);
+					hpu__dfree(full);
 					return -1;
 				}
 				to16(s, u->full16, full, u->len);
 			}
 		}
-		hpu_dfree(full);
+		hpu__dfree(full);
 	}
 	return 0;
 }
@@ -419,7 +419,7 @@ static int init_params(hpu_strat *s)
 		}
 		if (fill_unit(s, j, dst) < 0) {
 			if (!s->P)
-				hpu_dfree(dst);
+				hpu__dfree(dst);
 			return -1;
 		}
 		if (s->P)
@@ -429,7 +429,7 @@ static int init_params(hpu_strat *s)
 			u->full = dst;
 			point(s, j, dst, NULL);
 		} else {
-			hpu_dfree(dst);
+			hpu__dfree(dst);
 		}
 	}
 	return 0;
@@ -450,7 +450,7 @@ static void land(hpu_strat *s, int k)
 	unit *u = &s->u[k];
 	if (u->cbuf) {
 		from16_plain(0, s->G + u->off, u->cbuf, u->len);
-		hpu_dfree(u->cbuf);
+		hpu__dfree(u->cbuf);
 		u->cbuf = NULL;
 	}
 	if (u->gbuf16) { /* mixed zero2/3: keep only the owned piece */
@@ -465,7 +465,7 @@ static void land(hpu_strat *s, int k)
 				acc16(s, dst + i, s->chunk, c);
 			}
 		}
-		hpu_dfree(u->gbuf16);
+		hpu__dfree(u->gbuf16);
 		u->gbuf16 = NULL;
 	}
 	if (u->gbuf) { /* zero2/3: keep only the owned piece */
@@ -474,7 +474,7 @@ static void land(hpu_strat *s, int k)
 			memcpy(dst, src, u->piece * 4);
 		else
 			add_into(dst, src, u->piece);
-		hpu_dfree(u->gbuf);
+		hpu__dfree(u->gbuf);
 		u->gbuf = NULL;
 	}
 }
@@ -656,8 +656,8 @@ static int acquire_mp(hpu_strat *s, int i, int dir, int stop)
 		const uint16_t *src = s->P16 ? s->P16 + l->off : u->full16 + (l->off - u->off);
 		char what[128];
 		snprintf(what, sizeof what, "fp32 compute copy of %s", l->name);
-		if (!(s->lcp[i] = hpu_dalloc_uninit(HPU_MEM_PARAMS, l->plen * 4, what))) {
-			fail(s, "%s", hpu_devmem_error());
+		if (!(s->lcp[i] = hpu__dalloc_uninit(HPU_MEM_PARAMS, l->plen * 4, what))) {
+			fail(s, "%s", hpu__devmem_error());
 			return -1;
 		}
 		from16(s, s->lcp[i], src, l->plen);
@@ -708,7 +708,7 @@ static int release(hpu_strat *s, int k)
 		if (rc)
 			return coll_fail(s, "parameter all-gather", rc);
 	}
-	hpu_dfree(u->full);
+	hpu__dfree(u->full);
 	u->full = NULL;
 	s->live -= u->len;
 	hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu", k,
@@ -727,9 +727,9 @@ static int release_layer(hpu_strat *s, int i)
 	unit *u = &s->u[l->unit];
 	if (s->lcp[i]) {
 		int64_t t0 = hpu__prof_t0();
-		hpu_dfree(s->lcp[i]);
+		hpu__dfree(s->lcp[i]);
 		s->lcp[i] = NULL;
-		hpu_dfree(s->own16[i]);
+		hpu__dfree(s->own16[i]);
 		s->own16[i] = NULL;
 		s->l16[i] = NULL;
 		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
@@ -751,7 +751,7 @@ static int release_all(hpu_strat *s)
 				if (rc)
 					return coll_fail(s, "parameter all-gather", rc);
 			}
-			hpu_dfree(u->full16);
+			hpu__dfree(u->full16);
 			u->full16 = NULL;
 			s->live -= u->len;
 		}
@@ -885,7 +885,7 @@ static void grads_done_mp(hpu_strat *s, int i, int final)
 		acc16(s, s->G16 + l->off, g, l->plen);
 	else
 		to16(s, u->gbuf16 + (l->off - u->off), g, l->plen);
-	hpu_dfree(g);
+	hpu__dfree(g);
 	s->lgs[i] = NULL;
 }
 
@@ -1190,7 +1190,7 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 							  HPUCOLL_F32)))
 				coll_fail(s, "parameter all-gather", rc);
 			if (rc) {
-				hpu_dfree(tmpbuf);
+				hpu__dfree(tmpbuf);
 				if (f) {
 					fclose(f);
 					if (!direct)
@@ -1204,7 +1204,7 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 			bad = 1;
 			e = errno;
 		}
-		hpu_dfree(tmpbuf);
+		hpu__dfree(tmpbuf);
 	}
 	if (f) {
 		if (!bad && (fflush(f) != 0 || ferror(f))) {
@@ -1359,33 +1359,33 @@ void hpu_strat_free(hpu_strat **ps)
 		unit *u = &s->u[k];
 		if (u->gather)
 			hpucoll_wait(&u->gather);
-		hpu_dfree(u->full);
-		hpu_dfree(u->gbuf);
-		hpu_dfree(u->cbuf);
-		hpu_dfree(u->full16);
-		hpu_dfree(u->gbuf16);
+		hpu__dfree(u->full);
+		hpu__dfree(u->gbuf);
+		hpu__dfree(u->cbuf);
+		hpu__dfree(u->full16);
+		hpu__dfree(u->gbuf16);
 	}
 	for (int i = 0; s->acts && i < s->nlayers; i++) {
-		hpu_dfree(s->acts[i]);
-		hpu_dfree(s->lcp[i]);
-		hpu_dfree(s->lgs[i]);
-		hpu_dfree(s->own16[i]);
+		hpu__dfree(s->acts[i]);
+		hpu__dfree(s->lcp[i]);
+		hpu__dfree(s->lgs[i]);
+		hpu__dfree(s->own16[i]);
 		if (s->a16)
-			hpu_dfree(s->a16[i]);
+			hpu__dfree(s->a16[i]);
 	}
-	hpu_dfree(s->dbuf[0]);
-	hpu_dfree(s->dbuf[1]);
-	hpu_dfree(s->P);
-	hpu_dfree(s->G);
-	hpu_dfree(s->PS);
-	hpu_dfree(s->GS);
-	hpu_dfree(s->state);
-	hpu_dfree(s->P16);
-	hpu_dfree(s->G16);
-	hpu_dfree(s->PS16);
-	hpu_dfree(s->GS16);
-	hpu_dfree(s->M);
-	hpu_dfree(s->chunk);
+	hpu__dfree(s->dbuf[0]);
+	hpu__dfree(s->dbuf[1]);
+	hpu__dfree(s->P);
+	hpu__dfree(s->G);
+	hpu__dfree(s->PS);
+	hpu__dfree(s->GS);
+	hpu__dfree(s->state);
+	hpu__dfree(s->P16);
+	hpu__dfree(s->G16);
+	hpu__dfree(s->PS16);
+	hpu__dfree(s->GS16);
+	hpu__dfree(s->M);
+	hpu__dfree(s->chunk);
 	free(s->lcp);
 	free(s->lgs);
 	free(s->l16);

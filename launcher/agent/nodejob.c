@@ -113,7 +113,7 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		return;
 	char how[160], cause[400];
 	hpu_describe_status(status, how, sizeof how);
-	hpu_rank_status st = {0};
+	hpu_status_rec st = {0};
 	double age;
 	int have = hpu_agent_status(a, rank, &st, &age) == 0;
 	if (status == HPU_AGENT_LEFT_EARLY) {
@@ -166,7 +166,7 @@ static void on_line(hpu_agent *a, int rank, int is_err, const char *line,
 	j->cfg.on_line(j, rank, is_err, line, len, j->cfg.arg);
 }
 
-static void on_status(hpu_agent *a, int rank, const hpu_rank_status *st, void *arg)
+static void on_status(hpu_agent *a, int rank, const hpu_status_rec *st, void *arg)
 {
 	(void)a;
 	hpu_nodejob *j = arg;
@@ -399,47 +399,9 @@ int hpu_nodejob_live(const hpu_nodejob *j)
 	return j->agent ? hpu_agent_live(j->agent) : 0;
 }
 
-int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_rank_status *st, double *age_s)
+int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s)
 {
 	return j->agent ? hpu_agent_status(j->agent, rank, st, age_s) : -1;
-}
-
-void hpu_rank_status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_rank_status *st,
-			      double age_s)
-{
-	hpu__rank_status__init(rs);
-	rs->rank = (uint32_t)rank;
-	if (!st)
-		return;
-	rs->reported = 1;
-	rs->step = (uint64_t)st->step;
-	rs->total = (uint64_t)st->total;
-	rs->epoch = (uint32_t)st->epoch;
-	rs->epochs = (uint32_t)st->epochs;
-	rs->loss = st->loss;
-	rs->samples_per_sec = st->samples_per_sec;
-	rs->mem_in_use = st->mem_in_use;
-	rs->mem_max = st->mem_max;
-	rs->mem_limit = st->mem_limit;
-	rs->phase = (uint32_t)st->phase;
-	rs->age_s = age_s;
-}
-
-void hpu_rank_status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_rank_status *st)
-{
-	*st = (hpu_rank_status){
-		.step = rs->step > LONG_MAX ? LONG_MAX : (long)rs->step,
-		.total = rs->total > LONG_MAX ? LONG_MAX : (long)rs->total,
-		.epoch = rs->epoch > INT_MAX ? INT_MAX : (int)rs->epoch,
-		.epochs = rs->epochs > INT_MAX ? INT_MAX : (int)rs->epochs,
-		.loss = rs->loss,
-		.samples_per_sec = isfinite(rs->samples_per_sec) ? rs->samples_per_sec : 0,
-		.eta_s = isfinite(eta_s) ? eta_s : -1,
-		.mem_in_use = rs->mem_in_use,
-		.mem_max = rs->mem_max,
-		.mem_limit = rs->mem_limit,
-		.phase = rs->phase > 2 ? 0 : (int)rs->phase,
-	};
 }
 
 long hpu_nodejob_status_bad(const hpu_nodejob *j)

@@ -23,7 +23,7 @@ static const struct {
 	{57344.0f, -14, 2, 15},
 };
 
-float hpu_fp8_max(int fmt)
+float hpu__fp8_max(int fmt)
 {
 	return fmts[fmt].max;
 }
@@ -75,7 +75,7 @@ HPU_CLONES static void fake_quant(const float *x, float *y, size_t n, float scal
 	}
 }
 
-void hpu_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
+void hpu__fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
 {
 	int m = fmts[fmt].mbits, shift = 23 - m;
 	float tiny = ldexpf(1.0f, fmts[fmt].emin);
@@ -84,10 +84,10 @@ void hpu_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt
 		   (1u << shift) - 1, shift, fmt == HPU_FP8_E5M2);
 }
 
-uint8_t hpu_fp8_encode(float v, int fmt)
+uint8_t hpu__fp8_encode(float v, int fmt)
 {
 	float r;
-	hpu_fp8_fake_quant(&v, &r, 1, 1.0f, fmt);
+	hpu__fp8_fake_quant(&v, &r, 1, 1.0f, fmt);
 	uint8_t sign = signbit(r) ? 0x80 : 0;
 	if (isnan(r))
 		return (uint8_t)(sign | 0x7f);
@@ -103,7 +103,7 @@ uint8_t hpu_fp8_encode(float v, int fmt)
 	return (uint8_t)(sign | (uint32_t)e << m | man);
 }
 
-float hpu_fp8_decode(uint8_t b, int fmt)
+float hpu__fp8_decode(uint8_t b, int fmt)
 {
 	int m = fmts[fmt].mbits, bias = fmts[fmt].bias;
 	int e = (b & 0x7f) >> m, man = b & ((1 << m) - 1);
@@ -117,7 +117,7 @@ float hpu_fp8_decode(uint8_t b, int fmt)
 	return sign * ldexpf((float)((1 << m) | man), e - bias - m);
 }
 
-HPU_CLONES float hpu_fp8_amax(const float *x, size_t n)
+HPU_CLONES float hpu__fp8_amax(const float *x, size_t n)
 {
 	float m = 0.0f;
 	for (size_t i = 0; i < n; i++) {
@@ -127,7 +127,7 @@ HPU_CLONES float hpu_fp8_amax(const float *x, size_t n)
 	return m;
 }
 
-float hpu_fp8_scale_for(float amax, int fmt, int margin)
+float hpu__fp8_scale_for(float amax, int fmt, int margin)
 {
 	if (!(amax > 0.0f) || !isfinite(amax))
 		return 0.0f;
@@ -263,7 +263,7 @@ int hpu__fp8_preload(const char *name, const float maxabs[3], int quantize)
 	memcpy(p->maxabs, maxabs, sizeof p->maxabs);
 	p->quantize = quantize;
 	for (int t = 0; t < 2; t++)
-		p->scale[t] = hpu_fp8_scale_for(maxabs[t], HPU_FP8_E4M3, 0);
+		p->scale[t] = hpu__fp8_scale_for(maxabs[t], HPU_FP8_E4M3, 0);
 	return 0;
 }
 
@@ -364,7 +364,7 @@ static float train_scale(inst *p, int t, float amax)
 		*cur = amax;
 	int fmt = t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3;
 	if (p->scale[t] == 0.0f) /* a new instance: this tensor sets it */
-		p->scale[t] = hpu_fp8_scale_for(amax, fmt, S.r.margin);
+		p->scale[t] = hpu__fp8_scale_for(amax, fmt, S.r.margin);
 	return p->scale[t] != 0.0f ? p->scale[t] : 1.0f;
 }
 
@@ -378,7 +378,7 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 		inst *p = site(op);
 		if (!p)
 			return lp;
-		float ma = hpu_fp8_amax(a, na), mb = hpu_fp8_amax(b, nb);
+		float ma = hpu__fp8_amax(a, na), mb = hpu__fp8_amax(b, nb);
 		p->maxabs[0] = ma > p->maxabs[0] ? ma : p->maxabs[0];
 		p->maxabs[1] = mb > p->maxabs[1] ? mb : p->maxabs[1];
 		p->used++;
@@ -401,15 +401,15 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 	float sa, sb;
 	if (S.mode == HPU_FP8_TRAIN) {
 		p->wrel = (size_t)(b - S.pbase);
-		sa = p->fwd[0] = train_scale(p, T_X, hpu_fp8_amax(a, na));
-		sb = p->fwd[1] = train_scale(p, T_W, hpu_fp8_amax(b, nb));
+		sa = p->fwd[0] = train_scale(p, T_X, hpu__fp8_amax(a, na));
+		sb = p->fwd[1] = train_scale(p, T_W, hpu__fp8_amax(b, nb));
 	} else {
 		sa = p->scale[0] != 0.0f ? p->scale[0] : 1.0f;
 		sb = p->scale[1] != 0.0f ? p->scale[1] : 1.0f;
 	}
 	float *qa = hpu__ac_scratch(0, na), *qb = hpu__ac_scratch(1, nb);
-	hpu_fp8_fake_quant(a, qa, na, sa, HPU_FP8_E4M3);
-	hpu_fp8_fake_quant(b, qb, nb, sb, HPU_FP8_E4M3);
+	hpu__fp8_fake_quant(a, qa, na, sa, HPU_FP8_E4M3);
+	hpu__fp8_fake_quant(b, qb, nb, sb, HPU_FP8_E4M3);
 	p->used++;
 	c->on = 1;
 	c->a = qa;
@@ -423,7 +423,7 @@ void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny)
 	inst *p = c->inst;
 	if (S.mode != HPU_FP8_MEASURE || !p)
 		return;
-	float m = hpu_fp8_amax(y, ny);
+	float m = hpu__fp8_amax(y, ny);
 	p->maxabs[2] = m > p->maxabs[2] ? m : p->maxabs[2];
 }
 
@@ -443,12 +443,12 @@ int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t n
 		hpu__ac_recount(HPU_OP_LINEAR, HPU_AUTOCAST_FP8, hpu__ac_fallback(HPU_OP_LINEAR));
 		return 0;
 	}
-	float sdy = train_scale(p, T_DY, hpu_fp8_amax(dy, ndy));
+	float sdy = train_scale(p, T_DY, hpu__fp8_amax(dy, ndy));
 	float *qx = hpu__ac_scratch(0, nx), *qw = hpu__ac_scratch(1, nw);
 	float *qd = hpu__ac_scratch(2, ndy);
-	hpu_fp8_fake_quant(x, qx, nx, p->fwd[0], HPU_FP8_E4M3);
-	hpu_fp8_fake_quant(w, qw, nw, p->fwd[1], HPU_FP8_E4M3);
-	hpu_fp8_fake_quant(dy, qd, ndy, sdy, HPU_FP8_E5M2);
+	hpu__fp8_fake_quant(x, qx, nx, p->fwd[0], HPU_FP8_E4M3);
+	hpu__fp8_fake_quant(w, qw, nw, p->fwd[1], HPU_FP8_E4M3);
+	hpu__fp8_fake_quant(dy, qd, ndy, sdy, HPU_FP8_E5M2);
 	p->used++;
 	*xq = qx;
 	*wq = qw;
@@ -480,7 +480,7 @@ void hpu__fp8_roll(void)
 			if (S.r.algo == HPU_FP8_AMAX_MAX)
 				for (int j = 0; j < filled; j++)
 					a = h[j] > a ? h[j] : a;
-			float s = hpu_fp8_scale_for(a, t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3,
+			float s = hpu__fp8_scale_for(a, t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3,
 						    S.r.margin);
 			if (s != 0.0f) /* an amax of 0, inf or NaN keeps the scale */
 				p->scale[t] = s;

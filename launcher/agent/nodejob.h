@@ -41,7 +41,7 @@ typedef struct hpu_nodejob_cfg {
 	void (*on_line)(hpu_nodejob *j, int rank, int is_err, const char *line,
 			size_t len, void *arg);
 	/* Optional: a worker's status record (agent.h). */
-	void (*on_status)(hpu_nodejob *j, int rank, const hpu_rank_status *st, void *arg);
+	void (*on_status)(hpu_nodejob *j, int rank, const hpu_status_rec *st, void *arg);
 	/* Optional: a worker ended (status as from waitpid). */
 	void (*on_exit)(hpu_nodejob *j, int rank, int pid, int status, void *arg);
 	/* The node's part is over: every worker reaped. failed: a worker
@@ -75,13 +75,7 @@ int hpu_nodejob_rank(const hpu_nodejob *j, int local);
 /* The latest status record of global rank `rank` and its age
  * (hpu_agent_status); -1 when the rank is not on this node, has sent none
  * or its workers have not started. */
-int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_rank_status *st, double *age_s);
-
-/* A rank's record (age_s old) as the protocol carries it, and back
- * (clamped to the record's ranges; eta_s travels beside it). */
-void hpu_rank_status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_rank_status *st,
-			      double age_s);
-void hpu_rank_status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_rank_status *st);
+int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s);
 
 /* Malformed status lines the workers wrote, ignored (agent.h). */
 long hpu_nodejob_status_bad(const hpu_nodejob *j);

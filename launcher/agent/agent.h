@@ -31,7 +31,7 @@
 typedef struct hpu_agent hpu_agent;
 
 /* The fd on which each worker finds its status pipe; its environment says
- * so as HPU_STATUS_FD (worker/status.h writes the records). */
+ * so as HPU_STATUS_FD (proto/status.h writes the records). */
 #define HPU_AGENT_STATUS_FD 3
 
 /* The status on_exit gets for a worker that said "H1" (it speaks the
@@ -40,14 +40,7 @@ typedef struct hpu_agent hpu_agent;
  * below 0x10000); not 0, so it fails the job like any other exit. */
 #define HPU_AGENT_LEFT_EARLY 0x10000
 
-/* A worker's progress, as its latest status record said: the record the
- * worker writes (worker/status.h, "S1 step total epoch epochs loss
- * samples_per_sec eta_s in_use max limit phase"). */
-typedef hpu_status_rec hpu_rank_status;
-
-/* Parses one status line (without its newline). Returns 0, or -1 when it
- * is not a well-formed record (st is then unchanged). */
-int hpu_rank_status_parse(const char *line, size_t len, hpu_rank_status *st);
+/* A worker's progress is its latest status record (proto/status.h). */
 
 /* The environment variables a job carries to its workers when it is
  * submitted to hpud (the workers read them; hpud's own environment would
@@ -88,7 +81,7 @@ typedef struct hpu_agent_cfg {
 	/* Optional: a worker sent a status record (already stored, see
 	 * hpu_agent_status). A worker's last records come before its
 	 * on_exit. */
-	void (*on_status)(hpu_agent *a, int rank, const hpu_rank_status *st, void *arg);
+	void (*on_status)(hpu_agent *a, int rank, const hpu_status_rec *st, void *arg);
 	/* Called when a worker has been reaped. status as from waitpid, or
 	 * HPU_AGENT_LEFT_EARLY. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
@@ -120,7 +113,7 @@ int hpu_agent_rank(const hpu_agent *a, int local);
 /* The latest status record of global rank `rank` (one of this node's) in
  * *st and the seconds since it came in *age_s. Returns 0, or -1 when the
  * rank is not on this node or has sent none yet. */
-int hpu_agent_status(const hpu_agent *a, int rank, hpu_rank_status *st, double *age_s);
+int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s);
 
 /* Status lines ignored because they were malformed (or over-long). */
 long hpu_agent_status_bad(const hpu_agent *a);

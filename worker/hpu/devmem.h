@@ -25,39 +25,39 @@ typedef enum hpu_mem_kind {
 } hpu_mem_kind;
 
 /* Sets up the device of `rank` with `limit` bytes. Returns 0, or -1. */
-int hpu_devmem_init(uint64_t limit, int rank);
+int hpu__devmem_init(uint64_t limit, int rank);
 
 /* 64-byte aligned, zeroed memory of `bytes` bytes for `what` ("optimizer
  * state", ...). NULL when the limit would be passed or the system has no
- * memory; then hpu_devmem_error() says so in one sentence naming the rank,
+ * memory; then hpu__devmem_error() says so in one sentence naming the rank,
  * what, the size, InUse and Limit. */
-void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what);
+void *hpu__dalloc(hpu_mem_kind kind, size_t bytes, const char *what);
 
 /* The same without zeroing: for buffers the caller overwrites whole. */
-void *hpu_dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what);
+void *hpu__dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what);
 
-/* Frees memory from hpu_dalloc (NULL is fine). */
-void hpu_dfree(void *p);
+/* Frees memory from hpu__dalloc (NULL is fine). */
+void hpu__dfree(void *p);
 
 /* The sentence of the calling thread's last failed allocation ("" if
  * none); per thread, like errno. */
-const char *hpu_devmem_error(void);
+const char *hpu__devmem_error(void);
 
-void hpu_devmem_stats(hpu_device_stats *out);
+void hpu__devmem_stats(hpu_device_stats *out);
 
 /* Bytes of `kind` in use now and at their peak. */
-uint64_t hpu_devmem_kind_in_use(hpu_mem_kind kind);
-uint64_t hpu_devmem_kind_max(hpu_mem_kind kind);
+uint64_t hpu__devmem_kind_in_use(hpu_mem_kind kind);
+uint64_t hpu__devmem_kind_max(hpu_mem_kind kind);
 
 /* The peak of parameters + gradients + optimizer state together (the
  * "model states" of the ZeRO paper). */
-uint64_t hpu_devmem_states_max(void);
+uint64_t hpu__devmem_states_max(void);
 
-const char *hpu_mem_kind_name(hpu_mem_kind kind);
+const char *hpu__mem_kind_name(hpu_mem_kind kind);
 
 /* Gives the cached blocks back to the system and forgets the device;
  * blocks still in use stay their owners' (freeing one later returns it to
- * the system). hpu_devmem_init() may follow. */
-void hpu_devmem_shutdown(void);
+ * the system). hpu__devmem_init() may follow. */
+void hpu__devmem_shutdown(void);
 
 #endif

@@ -139,7 +139,7 @@ static int load_stats(hpu_quant *q, const cJSON *cfg, int unit_scale, char *err,
 		}
 		m[2] = (float)out->valuedouble;
 		if (unit_scale) /* scale 1: figures that give it */
-			m[0] = m[1] = hpu_fp8_max(HPU_FP8_E4M3);
+			m[0] = m[1] = hpu__fp8_max(HPU_FP8_E4M3);
 		int on = (!allow || list_empty(allow) || listed(allow, n->string, op->valuestring)) &&
 			 !(block && listed(block, n->string, op->valuestring));
 		if (hpu__fp8_preload(n->string, m, on) < 0) {

@@ -3,11 +3,14 @@
  *
  * The agent gives each worker a pipe (HPU_STATUS_FD in its environment);
  * hpu_status_report() writes one record to it. Without that variable it
- * does nothing, so a worker started by hand is unaffected. */
+ * does nothing, so a worker started by hand is unaffected. The record is
+ * written and parsed here, so both sides read one definition. */
 #ifndef HPU_STATUS_H
 #define HPU_STATUS_H
 
 #include <stdint.h>
+
+#include "hpu.pb-c.h"
 
 typedef struct hpu_status_rec {
 	long step, total;       /* optimizer steps done, of the run */
@@ -33,5 +36,15 @@ void hpu_status_report(const hpu_status_rec *r, int force);
  * ("H1"): from then on, exit code 0 without a HPU_PHASE_DONE record is a
  * failure (a model that called exit()), not success. */
 void hpu_status_hello(void);
+
+/* The agent's side: parses one record line (without its newline).
+ * Returns 0, or -1 when it is not a well-formed record (st is then
+ * unchanged). */
+int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st);
+
+/* A rank's record (age_s old) as the protocol carries it, and back
+ * (clamped to the record's ranges; eta_s travels beside it). */
+void hpu_status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_status_rec *st, double age_s);
+void hpu_status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_status_rec *st);
 
 #endif

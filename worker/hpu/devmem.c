@@ -29,7 +29,7 @@
  * (so that the limit and the counts stay exact) but not while a block is
  * zeroed.
  *
- * Generations. hpu_devmem_shutdown gives the cache back and starts a new
+ * Generations. hpu__devmem_shutdown gives the cache back and starts a new
  * generation; blocks still in use are left to their owners on purpose (they
  * may be freed later: a block of an older generation goes straight back to
  * the system without touching the new device's counts).
@@ -189,7 +189,7 @@ static void fmt_limit(char *buf, size_t len)
 
 static _Noreturn void bad_pointer(const void *p, const char *why)
 {
-	fprintf(stderr, "hpu_dfree(%p): %s\n", p, why);
+	fprintf(stderr, "hpu__dfree(%p): %s\n", p, why);
 	abort();
 }
 
@@ -359,7 +359,7 @@ static void account_alloc(hpu_mem_kind kind, size_t bytes)
 static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS) {
-		fprintf(stderr, "hpu_dalloc: bad memory kind %d\n", (int)kind);
+		fprintf(stderr, "hpu__dalloc: bad memory kind %d\n", (int)kind);
 		abort();
 	}
 	if (!what)
@@ -395,28 +395,28 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	return user_of(b);
 }
 
-void *hpu_dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
+void *hpu__dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
 {
 	return dalloc(kind, bytes, what, 1);
 }
 
-void *hpu_dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what)
+void *hpu__dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what)
 {
 	return dalloc(kind, bytes, what, 0);
 }
 
-void hpu_dfree(void *p)
+void hpu__dfree(void *p)
 {
 	if (!p)
 		return;
 	if ((uintptr_t)p % HDR)
-		bad_pointer(p, "not a pointer from hpu_dalloc (misaligned)");
+		bad_pointer(p, "not a pointer from hpu__dalloc (misaligned)");
 	blk *b = (blk *)((char *)p - HDR);
 	pthread_mutex_lock(&dev.mu);
 	if (b->magic == MAGIC_FREE)
 		bad_pointer(p, "double free");
 	if (b->magic != MAGIC_LIVE)
-		bad_pointer(p, "not a pointer from hpu_dalloc (or freed twice)");
+		bad_pointer(p, "not a pointer from hpu__dalloc (or freed twice)");
 	if (b->gen != dev.gen) {
 		/* From before the last shutdown: not this device's. */
 		sys_give(b, false);
@@ -435,7 +435,7 @@ void hpu_dfree(void *p)
 
 /* ---- set-up and statistics ---- */
 
-int hpu_devmem_init(uint64_t limit, int rank)
+int hpu__devmem_init(uint64_t limit, int rank)
 {
 	int rc = 0;
 	pthread_mutex_lock(&dev.mu);
@@ -463,7 +463,7 @@ int hpu_devmem_init(uint64_t limit, int rank)
 	return rc;
 }
 
-void hpu_devmem_shutdown(void)
+void hpu__devmem_shutdown(void)
 {
 	pthread_mutex_lock(&dev.mu);
 	cache_drop();
@@ -482,7 +482,7 @@ void hpu_devmem_shutdown(void)
 	pthread_mutex_unlock(&dev.mu);
 }
 
-const char *hpu_devmem_error(void)
+const char *hpu__devmem_error(void)
 {
 	return err_buf;
 }
@@ -501,7 +501,7 @@ static void fill_stats(hpu_device_stats *out)
 	out->total_active_allocs = dev.sys_allocs - dev.sys_frees;
 }
 
-void hpu_devmem_stats(hpu_device_stats *out)
+void hpu__devmem_stats(hpu_device_stats *out)
 {
 	pthread_mutex_lock(&dev.mu);
 	fill_stats(out);
@@ -526,26 +526,26 @@ static uint64_t locked_read(const uint64_t *v)
 	return x;
 }
 
-uint64_t hpu_devmem_kind_in_use(hpu_mem_kind kind)
+uint64_t hpu__devmem_kind_in_use(hpu_mem_kind kind)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
 		return 0;
 	return locked_read(&dev.kind_in_use[kind]);
 }
 
-uint64_t hpu_devmem_kind_max(hpu_mem_kind kind)
+uint64_t hpu__devmem_kind_max(hpu_mem_kind kind)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
 		return 0;
 	return locked_read(&dev.kind_max[kind]);
 }
 
-uint64_t hpu_devmem_states_max(void)
+uint64_t hpu__devmem_states_max(void)
 {
 	return locked_read(&dev.states_max);
 }
 
-const char *hpu_mem_kind_name(hpu_mem_kind kind)
+const char *hpu__mem_kind_name(hpu_mem_kind kind)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
 		return "?";

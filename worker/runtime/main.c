@@ -121,7 +121,7 @@ int main(int argc, char **argv)
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
 	int rc = 1;
-	if (hpu_devmem_init(device_memory(&o), rank) < 0) {
+	if (hpu__devmem_init(device_memory(&o), rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
 	}
@@ -152,6 +152,6 @@ out:
 		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
 	hpu__model_destroy(&b);
 	hpucoll_comm_destroy(&comm);
-	hpu_devmem_shutdown();
+	hpu__devmem_shutdown();
 	return rc;
 }

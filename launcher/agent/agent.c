@@ -42,7 +42,7 @@ typedef struct stream {
 	struct worker *w;
 } stream;
 
-/* A worker's status pipe: records, one a line (hpu_rank_status_parse). */
+/* A worker's status pipe: records, one a line (hpu_status_parse). */
 typedef struct status_pipe {
 	ev_io io;
 	int fd;
@@ -61,7 +61,7 @@ typedef struct worker {
 	stream out, err;
 	status_pipe st;
 	int hello;               /* it said "H1": it speaks the protocol */
-	hpu_rank_status last;    /* the latest record ... */
+	hpu_status_rec last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
 	int log_fd;
 	char prefix[32];
@@ -235,104 +235,16 @@ static void on_output(struct ev_loop *loop, ev_io *io, int revents)
 	read_stream(s->w->a, s, LONG_MAX);
 }
 
-/* ---- status records ---- */
-
-/* The next space-separated token of [*p, end) into tmp (NUL-terminated),
- * *p moved past it; -1 if there is none or it does not fit. */
-static int token(const char **p, const char *end, char *tmp, size_t cap)
-{
-	const char *s = *p;
-	while (s < end && *s == ' ')
-		s++;
-	size_t n = 0;
-	while (s + n < end && s[n] != ' ')
-		n++;
-	if (n == 0 || n >= cap)
-		return -1;
-	memcpy(tmp, s, n);
-	tmp[n] = 0;
-	*p = s + n;
-	return 0;
-}
-
-static int parse_long(const char **p, const char *end, long lo, long hi, long *out)
-{
-	char tmp[32], *e;
-	if (token(p, end, tmp, sizeof tmp) < 0)
-		return -1;
-	errno = 0;
-	long v = strtol(tmp, &e, 10);
-	if (errno || *e || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-static int parse_u64(const char **p, const char *end, uint64_t *out)
-{
-	char tmp[32], *e;
-	if (token(p, end, tmp, sizeof tmp) < 0 || tmp[0] == '-')
-		return -1;
-	errno = 0;
-	unsigned long long v = strtoull(tmp, &e, 10);
-	if (errno || *e)
-		return -1;
-	*out = (uint64_t)v;
-	return 0;
-}
-
-static int parse_double(const char **p, const char *end, double *out)
-{
-	char tmp[48], *e;
-	if (token(p, end, tmp, sizeof tmp) < 0)
-		return -1;
-	double v = strtod(tmp, &e); /* "nan" and "inf" are a loss's right */
-	if (*e)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-int hpu_rank_status_parse(const char *line, size_t len, hpu_rank_status *st)
-{
-	const char *p = line, *end = line + len;
-	hpu_rank_status r;
-	long epoch, epochs, phase;
-	if (len < 3 || memcmp(line, "S1 ", 3) != 0)
-		return -1;
-	p += 3;
-	if (parse_long(&p, end, 0, LONG_MAX, &r.step) || parse_long(&p, end, 0, LONG_MAX, &r.total) ||
-	    parse_long(&p, end, 0, INT_MAX, &epoch) || parse_long(&p, end, 0, INT_MAX, &epochs) ||
-	    parse_double(&p, end, &r.loss) || parse_double(&p, end, &r.samples_per_sec) ||
-	    parse_double(&p, end, &r.eta_s) || parse_u64(&p, end, &r.mem_in_use) ||
-	    parse_u64(&p, end, &r.mem_max) || parse_u64(&p, end, &r.mem_limit) ||
-	    parse_long(&p, end, 0, 2, &phase))
-		return -1;
-	while (p < end && *p == ' ')
-		p++;
-	if (p != end)
-		return -1;
-	if (!isfinite(r.samples_per_sec) || r.samples_per_sec < 0)
-		r.samples_per_sec = 0; /* none */
-	if (!isfinite(r.eta_s))
-		r.eta_s = -1; /* unknown */
-	r.epoch = (int)epoch;
-	r.epochs = (int)epochs;
-	r.phase = (int)phase;
-	*st = r;
-	return 0;
-}
-
 static void status_line(status_pipe *sp, const char *line, size_t n)
 {
 	worker *w = sp->w;
 	hpu_agent *a = w->a;
-	hpu_rank_status r;
+	hpu_status_rec r;
 	if (n == 2 && memcmp(line, "H1", 2) == 0) {
 		w->hello = 1;
 		return;
 	}
-	if (hpu_rank_status_parse(line, n, &r) < 0) {
+	if (hpu_status_parse(line, n, &r) < 0) {
 		a->status_bad++;
 		return;
 	}
@@ -388,7 +300,7 @@ static void on_status_pipe(struct ev_loop *loop, ev_io *io, int revents)
 	status_read(io->data);
 }
 
-int hpu_agent_status(const hpu_agent *a, int rank, hpu_rank_status *st, double *age_s)
+int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s)
 {
 	int local = rank - a->cfg.node_rank * a->cfg.devices;
 	if (local < 0 || local >= a->cfg.devices || a->w[local].last_at == 0)

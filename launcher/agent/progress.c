@@ -59,7 +59,7 @@ static void fmt_eta(double s, char *out, size_t len)
 }
 
 /* The part of the run done, 0..1 (total > 0). */
-static double fraction(const hpu_rank_status *st)
+static double fraction(const hpu_status_rec *st)
 {
 	double f = (double)st->step / (double)st->total;
 	return f < 0 ? 0 : f > 1 ? 1 : f;
@@ -67,7 +67,7 @@ static double fraction(const hpu_rank_status *st)
 
 /* The text right of the bar; `drop` leaves out the throughput (>= 1) and
  * the loss (>= 2). */
-static void tail_text(const hpu_rank_status *st, int drop, char *out, size_t len)
+static void tail_text(const hpu_status_rec *st, int drop, char *out, size_t len)
 {
 	char eta[48], loss[48] = "", rate[64] = "", pct[16] = "", steps[64];
 	if (st->total > 0) {
@@ -92,7 +92,7 @@ static void tail_text(const hpu_rank_status *st, int drop, char *out, size_t len
 	snprintf(out, len, "%s %s%s%s%s", pct, steps, loss, rate, eta);
 }
 
-size_t hpu_progress_format(const hpu_rank_status *st, int width, char *out, size_t outlen)
+size_t hpu_progress_format(const hpu_status_rec *st, int width, char *out, size_t outlen)
 {
 	char head[64] = "", tail[256];
 	if (width < 1 || outlen < 2) {
@@ -150,7 +150,7 @@ static void draw(hpu_progress *p)
 	p->drawn_at = now_s();
 }
 
-void hpu_progress_update(hpu_progress *p, const hpu_rank_status *st)
+void hpu_progress_update(hpu_progress *p, const hpu_status_rec *st)
 {
 	if (!p->on)
 		return;

@@ -43,16 +43,16 @@
 
 enum { HPU_FP8_E4M3 = 0, HPU_FP8_E5M2 = 1 };
 
-float hpu_fp8_max(int fmt);
-uint8_t hpu_fp8_encode(float v, int fmt);
-float hpu_fp8_decode(uint8_t b, int fmt);
+float hpu__fp8_max(int fmt);
+uint8_t hpu__fp8_encode(float v, int fmt);
+float hpu__fp8_decode(uint8_t b, int fmt);
 /* y[i] = fp8(x[i] * scale) / scale; x and y may be the same. */
-void hpu_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt);
+void hpu__fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt);
 /* max |x[i]| (NaN ignored); 0 for n == 0. */
-float hpu_fp8_amax(const float *x, size_t n);
+float hpu__fp8_amax(const float *x, size_t n);
 /* The power-of-two scale for amax: 2^(floor(log2(max / amax)) - margin),
  * or 0 when amax is 0, negative or not finite (no scale can be had). */
-float hpu_fp8_scale_for(float amax, int fmt, int margin);
+float hpu__fp8_scale_for(float amax, int fmt, int margin);
 
 typedef enum hpu_fp8_mode {
 	HPU_FP8_OFF = 0,

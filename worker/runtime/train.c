@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "checkpoint.h"
+#include "save_resume.h"
 #include "config_internal.h"
 #include "devmem.h"
 #include "fp8.h"
@@ -74,9 +74,9 @@ static int coll_fail(loop *L, const char *what, int rc)
 
 static void *dalloc(loop *L, size_t bytes, const char *what)
 {
-	void *p = hpu_dalloc(HPU_MEM_OTHER, bytes, what);
+	void *p = hpu__dalloc(HPU_MEM_OTHER, bytes, what);
 	if (!p)
-		fail(L, "%s", hpu_devmem_error());
+		fail(L, "%s", hpu__devmem_error());
 	return p;
 }
 
@@ -89,7 +89,7 @@ static int alloc_buffers(loop *L)
 		return -1;
 	if (!(L->loader = hpu_loader_new(d, L->micro))) {
 		if (!L->err[0])
-			fail(L, "cannot start the data loader: %s", hpu_devmem_error());
+			fail(L, "cannot start the data loader: %s", hpu__devmem_error());
 		return -1;
 	}
 	return 0;
@@ -98,9 +98,9 @@ static int alloc_buffers(loop *L)
 static void free_buffers(loop *L)
 {
 	hpu_loader_destroy(&L->loader);
-	hpu_dfree(L->eval_x);
-	hpu_dfree(L->eval_labels);
-	hpu_dfree(L->perm);
+	hpu__dfree(L->eval_x);
+	hpu__dfree(L->eval_labels);
+	hpu__dfree(L->perm);
 	hpu_strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
@@ -139,15 +139,15 @@ static const char *stat_names[ST_KIND0] = {
 static int gather_stats(loop *L, double comm_per_step, double *all)
 {
 	hpu_device_stats d;
-	hpu_devmem_stats(&d);
+	hpu__devmem_stats(&d);
 	double mine[ST_N] = {
 		(double)d.limit, (double)d.in_use, (double)d.max_in_use,
 		(double)d.num_allocs, (double)d.num_frees, (double)d.active_allocs,
 		(double)d.max_alloc_size, (double)d.total_system_allocs,
 		(double)d.total_system_frees, (double)d.total_active_allocs};
 	for (int k = 0; k < HPU_MEM_NKINDS; k++)
-		mine[ST_KIND0 + k] = (double)hpu_devmem_kind_max((hpu_mem_kind)k);
-	mine[ST_STATES_MAX] = (double)hpu_devmem_states_max();
+		mine[ST_KIND0 + k] = (double)hpu__devmem_kind_max((hpu_mem_kind)k);
+	mine[ST_STATES_MAX] = (double)hpu__devmem_states_max();
 	mine[ST_COMM_BYTES] = comm_per_step;
 	mine[ST_SKIPPED] = L->st ? (double)hpu_strat_skipped(L->st) : 0;
 	int rc = hpucoll_all_gather(L->comm, mine, all, ST_N, HPUCOLL_F64);
@@ -165,7 +165,7 @@ static cJSON *stats_json(loop *L, const double *all)
 			cJSON_AddNumberToObject(j, stat_names[k], v[k]);
 		for (int k = 0; k < HPU_MEM_NKINDS; k++) {
 			char key[32];
-			snprintf(key, sizeof key, "max_%s", hpu_mem_kind_name((hpu_mem_kind)k));
+			snprintf(key, sizeof key, "max_%s", hpu__mem_kind_name((hpu_mem_kind)k));
 			cJSON_AddNumberToObject(j, key, v[ST_KIND0 + k]);
 		}
 		cJSON_AddNumberToObject(j, "max_model_states", v[ST_STATES_MAX]);
@@ -566,7 +566,7 @@ static void report(loop *L, long step, long total, int epoch, float loss, double
 		   double eta, int phase, int force)
 {
 	hpu_device_stats d;
-	hpu_devmem_stats(&d);
+	hpu__devmem_stats(&d);
 	hpu_status_rec r = {
 		.step = step, .total = total, .epoch = epoch + 1, .epochs = L->o->epochs,
 		.loss = loss, .samples_per_sec = sps, .eta_s = eta, .mem_in_use = d.in_use,

@@ -1,12 +1,12 @@
-/* checkpoint: saving a run and resuming it, every rank together. The
+/* save_resume: saving a run and resuming it, every rank together. The
  * format is ckpt.h's; what each rank owns is the strategy's
  * (hpu_strat_ckpt_*). Besides the floats, a checkpoint carries the run's
  * position (step, epoch, batch within the epoch), the seed the sampler
  * and the initializers derive from (the runtime keeps no other random
  * state), the learning-rate schedule, the optimizer's step count, the
  * loss scaler and fp8's amax histories. */
-#ifndef HPU_CHECKPOINT_H
-#define HPU_CHECKPOINT_H
+#ifndef HPU_SAVE_RESUME_H
+#define HPU_SAVE_RESUME_H
 
 #include <hpu/coll.h>
 #include <stdio.h>

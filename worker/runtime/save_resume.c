@@ -1,4 +1,4 @@
-#include "checkpoint.h"
+#include "save_resume.h"
 
 #include <errno.h>
 #include <stdlib.h>

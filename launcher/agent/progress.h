@@ -28,7 +28,7 @@ typedef struct hpu_progress {
 	int have;           /* st holds a record */
 	int dirty;          /* st (or a hidden bar) is not on the screen yet */
 	double drawn_at;    /* monotonic seconds of the last draw */
-	hpu_rank_status st;
+	hpu_status_rec st;
 } hpu_progress;
 
 /* Parses "auto", "always" or "never" into *mode; -1 if it is none. */
@@ -40,7 +40,7 @@ void hpu_progress_init(hpu_progress *p, int mode, FILE *out);
 
 /* Takes rank 0's latest record; draws it now unless the last draw was
  * less than 0.2 s ago (hpu_progress_tick draws it then). */
-void hpu_progress_update(hpu_progress *p, const hpu_rank_status *st);
+void hpu_progress_update(hpu_progress *p, const hpu_status_rec *st);
 
 /* Draws a record not yet drawn (or a bar hidden by hpu_progress_hide)
  * once 0.2 s have passed since the last draw; call it every 0.2 s or so. */
@@ -58,6 +58,6 @@ void hpu_progress_reset(hpu_progress *p);
 
 /* Writes the bar's text for st, at most `width` columns, into out
  * (NUL-terminated, outlen > width); returns its length. */
-size_t hpu_progress_format(const hpu_rank_status *st, int width, char *out, size_t outlen);
+size_t hpu_progress_format(const hpu_status_rec *st, int width, char *out, size_t outlen);
 
 #endif

@@ -27,19 +27,19 @@ int hpu__act_ensure(hpu_strat *s, int i)
 	size_t bytes = (size_t)s->maxbatch * l->out_size * 4;
 	/* act16: made per step and overwritten by the forward (or the
 	 * expansion) for the rows in use; rows past them are never read */
-	s->acts[i] = s->act16 ? hpu_dalloc_uninit(HPU_MEM_ACTS, bytes, what)
-			      : hpu_dalloc(HPU_MEM_ACTS, bytes, what);
+	s->acts[i] = s->act16 ? hpu__dalloc_uninit(HPU_MEM_ACTS, bytes, what)
+			      : hpu__dalloc(HPU_MEM_ACTS, bytes, what);
 	if (!s->acts[i])
-		return hpu__strat_fail(s, "%s", hpu_devmem_error());
+		return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	return 0;
 }
 
 void hpu__act_drop(hpu_strat *s, int i)
 {
-	hpu_dfree(s->acts[i]);
+	hpu__dfree(s->acts[i]);
 	s->acts[i] = NULL;
 	if (s->a16) {
-		hpu_dfree(s->a16[i]);
+		hpu__dfree(s->a16[i]);
 		s->a16[i] = NULL;
 	}
 }
@@ -82,16 +82,16 @@ int hpu__act_compress(hpu_strat *s, int i, int n)
 	if (!s->a16[i]) {
 		char what[128];
 		snprintf(what, sizeof what, "bf16 activations of %s", l->name);
-		if (!(s->a16[i] = hpu_dalloc(HPU_MEM_ACTS, (size_t)s->maxbatch * l->out_size * 2,
+		if (!(s->a16[i] = hpu__dalloc(HPU_MEM_ACTS, (size_t)s->maxbatch * l->out_size * 2,
 						 what)))
-			return hpu__strat_fail(s, "%s", hpu_devmem_error());
+			return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	}
 	if (!bf16_exact(s->a16[i], s->acts[i], (size_t)n * l->out_size)) {
-		hpu_dfree(s->a16[i]); /* an fp32 op's output: keep fp32 */
+		hpu__dfree(s->a16[i]); /* an fp32 op's output: keep fp32 */
 		s->a16[i] = NULL;
 		return 0;
 	}
-	hpu_dfree(s->acts[i]);
+	hpu__dfree(s->acts[i]);
 	s->acts[i] = NULL;
 	return 0;
 }
@@ -111,7 +111,7 @@ int hpu__act_expand(hpu_strat *s, int i, int n)
 void hpu__act_release(hpu_strat *s, int i)
 {
 	if (s->a16 && s->a16[i]) {
-		hpu_dfree(s->acts[i]);
+		hpu__dfree(s->acts[i]);
 		s->acts[i] = NULL;
 	}
 }

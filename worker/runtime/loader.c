@@ -74,9 +74,9 @@ hpu_loader *hpu_loader_new(const hpu_dataset *ds, int batch)
 	pthread_mutex_init(&ld->mu, NULL);
 	pthread_cond_init(&ld->cv, NULL);
 	for (int k = 0; k < 2; k++) {
-		ld->s[k].x = hpu_dalloc(HPU_MEM_OTHER, (size_t)batch * ds->sample_size * sizeof(float),
+		ld->s[k].x = hpu__dalloc(HPU_MEM_OTHER, (size_t)batch * ds->sample_size * sizeof(float),
 					"data loader batch");
-		ld->s[k].labels = hpu_dalloc(HPU_MEM_OTHER, (size_t)batch * ds->label_size * sizeof(int32_t),
+		ld->s[k].labels = hpu__dalloc(HPU_MEM_OTHER, (size_t)batch * ds->label_size * sizeof(int32_t),
 					     "data loader labels");
 		if (!ld->s[k].x || !ld->s[k].labels)
 			goto fail;
@@ -130,8 +130,8 @@ void hpu_loader_destroy(hpu_loader **pld)
 		pthread_join(ld->thread, NULL);
 	}
 	for (int k = 0; k < 2; k++) {
-		hpu_dfree(ld->s[k].x);
-		hpu_dfree(ld->s[k].labels);
+		hpu__dfree(ld->s[k].x);
+		hpu__dfree(ld->s[k].labels);
 	}
 	pthread_mutex_destroy(&ld->mu);
 	pthread_cond_destroy(&ld->cv);
