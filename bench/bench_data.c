@@ -1,63 +1,8 @@
 #include "bench_data.h"
+#include "lowp.h" /* the rounding the collectives use */
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
-
-static float f16_to_f32(uint16_t h)
-{
-	unsigned exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-	float f;
-	if (exp == 0)
-		f = ldexpf((float)mant, -24);
-	else if (exp == 31)
-		f = mant ? NAN : INFINITY;
-	else
-		f = ldexpf((float)(mant | 0x400), (int)exp - 25);
-	return (h & 0x8000) ? -f : f;
-}
-
-/* Round to nearest even; inputs here are small integers, so exact. */
-static uint16_t f32_to_f16(float f)
-{
-	uint32_t x;
-	memcpy(&x, &f, sizeof x);
-	uint16_t sign = (x >> 16) & 0x8000;
-	int exp = (int)((x >> 23) & 0xff) - 127 + 15;
-	uint32_t mant = x & 0x7fffff;
-	if (((x >> 23) & 0xff) == 0xff)
-		return sign | 0x7c00 | (mant ? 0x200 : 0);
-	if (exp >= 31)
-		return sign | 0x7c00;
-	int shift = 13;
-	if (exp <= 0) {
-		if (exp < -10)
-			return sign;
-		mant |= 0x800000;
-		shift = 14 - exp;
-		exp = 0;
-	}
-	uint32_t h = ((uint32_t)exp << 10) + (mant >> shift);
-	uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-	if (rem > half || (rem == half && (h & 1)))
-		h++;
-	return sign | (uint16_t)h;
-}
-
-static float bf16_to_f32(uint16_t h)
-{
-	uint32_t x = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &x, sizeof f);
-	return f;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-	uint32_t x;
-	memcpy(&x, &f, sizeof x);
-	return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
 
 double bench_get(const void *p, hpucoll_dtype t, size_t i)
 {
@@ -67,9 +12,9 @@ double bench_get(const void *p, hpucoll_dtype t, size_t i)
 	case HPUCOLL_F64:
 		return ((const double *)p)[i];
 	case HPUCOLL_F16:
-		return f16_to_f32(((const uint16_t *)p)[i]);
+		return hpu_from_fp16(((const uint16_t *)p)[i]);
 	case HPUCOLL_BF16:
-		return bf16_to_f32(((const uint16_t *)p)[i]);
+		return hpu_from_bf16(((const uint16_t *)p)[i]);
 	case HPUCOLL_I32:
 		return ((const int32_t *)p)[i];
 	case HPUCOLL_I64:
@@ -89,10 +34,10 @@ void bench_set(void *p, hpucoll_dtype t, size_t i, double v)
 		((double *)p)[i] = v;
 		break;
 	case HPUCOLL_F16:
-		((uint16_t *)p)[i] = f32_to_f16((float)v);
+		((uint16_t *)p)[i] = hpu_to_fp16((float)v);
 		break;
 	case HPUCOLL_BF16:
-		((uint16_t *)p)[i] = f32_to_bf16((float)v);
+		((uint16_t *)p)[i] = hpu_to_bf16((float)v);
 		break;
 	case HPUCOLL_I32:
 		((int32_t *)p)[i] = (int32_t)v;
@@ -120,8 +65,8 @@ void bench_set(void *p, hpucoll_dtype t, size_t i, double v)
 
 #define AS_F32(x) ((float)(x))
 #define AS_F64(x) (x)
-#define AS_F16(x) f32_to_f16((float)(x))
-#define AS_BF16(x) f32_to_bf16((float)(x))
+#define AS_F16(x) hpu_to_fp16((float)(x))
+#define AS_BF16(x) hpu_to_bf16((float)(x))
 #define AS_I32(x) ((int32_t)(x))
 #define AS_I64(x) ((int64_t)(x))
 #define AS_U8(x) ((uint8_t)(x))

@@ -60,6 +60,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lowp.h"
+
 enum kind { GEMM, CONV_FWD, CONV_BWD_D, CONV_BWD_W };
 
 typedef struct prod {
@@ -118,13 +120,6 @@ static float frand(void) /* uniform in [-1, 1) */
 	return (float)((rng >> 40) * 0x1p-23) - 1.0f;
 }
 
-static uint16_t to_bf16(float f) /* round to nearest even */
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
 static float *frandom(size_t n)
 {
 	float *p = xmalloc(n * sizeof *p);
@@ -140,7 +135,7 @@ static void *random_bytes(size_t bytes, int bf16)
 		return frandom(bytes / 4 + 1);
 	uint16_t *p = xmalloc(bytes + 2);
 	for (size_t i = 0; i < bytes / 2; i++)
-		p[i] = to_bf16(frand());
+		p[i] = hpu_to_bf16(frand());
 	return p;
 }
 

@@ -32,13 +32,14 @@
  *   HPUCOLL_REDUCE_SMALL_BYTES=N     reduce: tree up to N bytes
  *                                    (REDUCE_SMALL_BYTES_SHM / _NET)
  */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "env.h"
+#include "num.h"
 #include "patterns.h"
 
 /* The switch points, measured on this machine (AMD EPYC, 2 cores, 23 GB;
@@ -76,17 +77,14 @@
 
 /* ---- Tuning ---- */
 
-static int size_from_env(const char *name, size_t *out)
+static int size_from_env(hpu_env_id id, size_t *out)
 {
-	const char *s = getenv(name);
-	unsigned long long v;
-	char *end;
+	const char *s = hpu_env_str(id);
+	uint64_t v;
 
 	if (s == NULL || *s == '\0')
 		return HPUCOLL_OK;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno != 0 || *end != '\0' || s[0] == '-' || v > SIZE_MAX)
+	if (hpu_parse_u64(s, 0, SIZE_MAX, &v) != HPU_NUM_OK)
 		return HPUCOLL_EENV;
 	*out = (size_t)v;
 	return HPUCOLL_OK;
@@ -95,7 +93,7 @@ static int size_from_env(const char *name, size_t *out)
 int hpucoll__tune_from_env(hpucoll_comm *c)
 {
 	static const char *const names[] = {"ring", "rd", NULL, "hier"};
-	const char *s = getenv("HPUCOLL_ALGO");
+	const char *s = hpu_env_str(HPU_ENV_HPUCOLL_ALGO);
 	struct hpucoll__tune *t = &c->tune;
 
 	t->algo = -1;
@@ -112,11 +110,11 @@ int hpucoll__tune_from_env(hpucoll_comm *c)
 		if (t->algo < 0)
 			return HPUCOLL_EENV;
 	}
-	if (size_from_env("HPUCOLL_SMALL_BYTES", &t->small_bytes[0]) ||
-	    size_from_env("HPUCOLL_SMALL_BYTES", &t->small_bytes[1]) ||
-	    size_from_env("HPUCOLL_BCAST_SMALL_BYTES", &t->bcast_small) ||
-	    size_from_env("HPUCOLL_REDUCE_SMALL_BYTES", &t->reduce_small[0]) ||
-	    size_from_env("HPUCOLL_REDUCE_SMALL_BYTES", &t->reduce_small[1]))
+	if (size_from_env(HPU_ENV_HPUCOLL_SMALL_BYTES, &t->small_bytes[0]) ||
+	    size_from_env(HPU_ENV_HPUCOLL_SMALL_BYTES, &t->small_bytes[1]) ||
+	    size_from_env(HPU_ENV_HPUCOLL_BCAST_SMALL_BYTES, &t->bcast_small) ||
+	    size_from_env(HPU_ENV_HPUCOLL_REDUCE_SMALL_BYTES, &t->reduce_small[0]) ||
+	    size_from_env(HPU_ENV_HPUCOLL_REDUCE_SMALL_BYTES, &t->reduce_small[1]))
 		return HPUCOLL_EENV;
 	return HPUCOLL_OK;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "comm_internal.h"
+#include "env.h"
 
 static const char *const errstr[] = {
 	[HPUCOLL_OK] = "Success.",
@@ -124,21 +125,17 @@ void *hpucoll__scratch(hpucoll_comm *c, size_t len)
 	return p;
 }
 
-/* Reads the integer environment variable `name` into *v when it is set;
+/* Reads the integer environment variable id into *v when it is set;
  * a value that is not a whole number is an error. */
-static int int_from_env(const char *name, int *v)
+static int int_from_env(hpu_env_id id, int *v)
 {
-	const char *s = getenv(name);
-	char *end;
 	long x;
+	int r = hpu_env_long(id, INT_MIN, INT_MAX, &x);
 
-	if (s == NULL || *s == '\0')
-		return HPUCOLL_OK;
-	errno = 0;
-	x = strtol(s, &end, 10);
-	if (errno != 0 || *end != '\0' || x < INT_MIN || x > INT_MAX)
+	if (r < 0)
 		return HPUCOLL_EENV;
-	*v = (int)x;
+	if (r > 0)
+		*v = (int)x;
 	return HPUCOLL_OK;
 }
 
@@ -182,7 +179,7 @@ static int make_ctx(hpucoll_comm *c)
 {
 	int io = 1;
 
-	if (int_from_env("HPUCOLL_IO_THREADS", &io) != HPUCOLL_OK || io < 1 ||
+	if (int_from_env(HPU_ENV_HPUCOLL_IO_THREADS, &io) != HPUCOLL_OK || io < 1 ||
 	    io > 64)
 		return HPUCOLL_EENV;
 	c->ctx = zmq_ctx_new();
@@ -235,9 +232,9 @@ int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 	c = comm_alloc(rank, size);
 	if (c == NULL)
 		return HPUCOLL_ENOMEM;
-	rc = int_from_env("HPUCOLL_TIMEOUT_MS", &t);
+	rc = int_from_env(HPU_ENV_HPUCOLL_TIMEOUT_MS, &t);
 	if (rc == HPUCOLL_OK)
-		rc = int_from_env("HPUCOLL_STALL_WARN_MS", &c->stall_ms);
+		rc = int_from_env(HPU_ENV_HPUCOLL_STALL_WARN_MS, &c->stall_ms);
 	if (rc == HPUCOLL_OK)
 		rc = hpucoll__tune_from_env(c);
 	if (rc != HPUCOLL_OK)

@@ -1,6 +1,8 @@
 /* Internals of libhpucoll shared by the communicator (comm.c), the
- * transports (transport.c, shm.c), the progress engine (progress.c), the
- * reduction kernels (reduce.c) and the collective algorithms (algo.c).
+ * transports (transport.c dispatching to transport_zmq.c and
+ * transport_shm.c over shm.c; waits and stall warnings in wait.c), the
+ * progress engine (progress.c), the reduction kernels (reduce.c) and the
+ * collective algorithms (algo.c).
  *
  * Threads. A communicator has at most one worker thread (progress.c),
  * started by the first asynchronous call. Collectives run one at a time,
@@ -134,8 +136,11 @@ struct hpucoll__msg {
 	struct hpucoll__msg *next;
 };
 
+struct hpucoll__transport;
+
 struct hpucoll__peer {
 	char *endpoint; /* the rank's bound endpoint */
+	const struct hpucoll__transport *tp; /* what carries this pair's data */
 	int node;       /* its node (its rank without a topology) */
 	int shm;        /* its index on this node when shared memory carries
 			   this pair, else -1 */
@@ -149,7 +154,7 @@ struct hpucoll__peer {
 	struct hpucoll__msg *tail;
 	zmq_msg_t held; /* payload handed out by hpucoll__recv, until release */
 	int holding;
-	/* Stall probes (transport.c): what is known of where this rank is. */
+	/* Stall probes (wait.c): what is known of where this rank is. */
 	uint32_t seen_seq;  /* collective of the latest data read from it */
 	uint32_t reply_to;  /* our collective its last probe reply answers */
 	uint32_t reply_seq; /* the collective that reply says it is in */
@@ -302,7 +307,8 @@ int hpucoll__zmq_error(hpucoll_comm *c, const char *call);
 	 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
 /* Takes one event off the monitor socket `mon` without waiting, with its
- * endpoint frame; returns 1 with its number in *ev, or 0 when none. */
+ * endpoint frame; returns 1 with its number in *ev, or 0 when none
+ * (transport_zmq.c). */
 int hpucoll__monitor_event(void *mon, uint16_t *ev);
 
 /* secure.c: _start binds the ZAP handler's socket on c->ctx (before any
@@ -327,7 +333,21 @@ void *hpucoll__scratch(hpucoll_comm *c, size_t len);
  * hpucoll__kind, or a header's kind byte), "unknown" if none. */
 const char *hpucoll__kind_name(unsigned kind);
 
-/* ---- transport.c ---- */
+/* ---- transport.c: the dispatch ---- */
+
+/* A transport's data path between this rank and one peer, behind
+ * hpucoll__send / send_buf / send_commit / recv / release (each as
+ * described there; the dispatch counts the traffic). */
+struct hpucoll__transport {
+	int (*send)(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
+		    const void *data, int zc);
+	void *(*send_buf)(hpucoll_comm *c, int dst, size_t len);
+	int (*send_commit)(hpucoll_comm *c, int dst,
+			   const struct hpucoll__hdr *hdr);
+	int (*recv)(hpucoll_comm *c, const struct hpucoll__hdr *want,
+		    const void **data);
+	void (*release)(hpucoll_comm *c, int src);
+};
 
 /* Makes the send sockets and attaches shared memory (at connect). */
 int hpucoll__transport_open(hpucoll_comm *c);
@@ -365,6 +385,92 @@ int hpucoll__fence(hpucoll_comm *c);
 /* After a failure: tells every peer (best effort), and makes sure ZeroMQ
  * holds no pointer into the caller's buffers any more. */
 void hpucoll__fail_transport(hpucoll_comm *c, int rc);
+
+/* Checks that a received header equals `want`; if not, says how they
+ * differ in errmsg and returns HPUCOLL_EPROTO. */
+int hpucoll__check_hdr(hpucoll_comm *c, const struct hpucoll__hdr *want,
+		       const struct hpucoll__hdr *got);
+
+/* ---- transport_zmq.c: ZeroMQ, and every pair's control messages ---- */
+
+extern const struct hpucoll__transport hpucoll__zmq_transport;
+
+/* Opens the send socket to every peer, with its monitor. */
+int hpucoll__zmq_open(hpucoll_comm *c);
+
+/* Closes them, dropping the messages queued and the payloads held. */
+void hpucoll__zmq_close(hpucoll_comm *c);
+
+/* Reads what ZeroMQ has without waiting, queueing data by sender and
+ * answering probes; returns the error of an ABORT or a malformed message
+ * (`want` names the awaited rank in it), else HPUCOLL_OK. */
+int hpucoll__zmq_poll_aborts(hpucoll_comm *c, int want);
+
+/* The same for up to `ms`: returns early only with an error. */
+int hpucoll__zmq_await_abort(hpucoll_comm *c, int want, int64_t ms);
+
+/* Sends a header-only control message (a probe or a reply) to rank dst
+ * without waiting; best effort, errors are ignored. */
+void hpucoll__zmq_send_ctl(hpucoll_comm *c, int dst,
+			   const struct hpucoll__hdr *h);
+
+/* hpucoll__fence's and hpucoll__fail_transport's work on ZeroMQ: waits
+ * for the zero-copy sends; sends ABORTs and lets go of the zero-copy
+ * sends. */
+int hpucoll__zmq_fence(hpucoll_comm *c);
+void hpucoll__zmq_fail(hpucoll_comm *c, int rc);
+
+/* ---- transport_shm.c: shared memory between the ranks of a node ---- */
+
+extern const struct hpucoll__transport hpucoll__shm_transport;
+
+/* Numbers this node's ranks, points the local peers at the shared-memory
+ * transport and attaches the node's segment; _close detaches it. */
+int hpucoll__shm_link_open(hpucoll_comm *c);
+void hpucoll__shm_link_close(hpucoll_comm *c);
+
+/* ---- wait.c: waiting for a peer ---- */
+
+/* One wait of a collective for a peer. */
+struct hpucoll__wait {
+	int64_t start;
+	int64_t deadline; /* -1: never */
+	int timeout_ms;
+};
+
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t hpucoll__now_ms(void);
+
+/* Starts a wait with the communicator's timeout. */
+void hpucoll__wait_begin(hpucoll_comm *c, struct hpucoll__wait *w);
+
+/* Milliseconds until the next thing a wait must look at (the deadline or
+ * the stall check), at most `cap`; -1 when there is none and no cap. */
+long hpucoll__wait_ms(const hpucoll_comm *c, const struct hpucoll__wait *w,
+		      int64_t now, long cap);
+
+/* The stall check of a wait for `peer`, between two sleeps of every wait
+ * loop: sends the stall probe once the threshold has passed, prints the
+ * warning once the replies are in or the window is over. */
+void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
+			  int peer, int64_t now);
+
+/* A collective ends (`tail` says how) while its probe's window is open:
+ * prints the warning with what is known. */
+void hpucoll__stall_flush(hpucoll_comm *c, const char *tail);
+
+/* Wait w for src timed out: says so in errmsg, naming the ranks the stall
+ * probe found silent if src itself waits; returns HPUCOLL_ETIMEDOUT. */
+int hpucoll__timed_out(hpucoll_comm *c, const struct hpucoll__wait *w,
+		       int src);
+
+/* Notes that rank src sent data of collective seq. */
+void hpucoll__saw_data(hpucoll_comm *c, int src, uint32_t seq);
+
+/* A message off ZeroMQ: a probe is answered and a probe reply taken
+ * (returns 1: the message is used up); data is noted (hpucoll__saw_data)
+ * and left to the caller (returns 0). */
+int hpucoll__probe_take(hpucoll_comm *c, const struct hpucoll__hdr *h);
 
 /* ---- reduce.c ---- */
 

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,9 @@
 #include <zmq.h>
 
 #include "codec.h"
+#include "env.h"
+#include "num.h"
+#include "shmname.h"
 
 #define DEFAULT_JOIN_TIMEOUT_MS (15 * 60 * 1000)
 /* --transport ipc binds ipc:///tmp/hpucoll-<job>-r<rank>; hpulaunch
@@ -32,13 +36,12 @@ typedef struct env {
 	hpucoll_security security;
 } env;
 
-static int read_int(const char *name, int *out, char *err, size_t errlen)
+static int read_int(hpu_env_id id, int *out, char *err, size_t errlen)
 {
-	const char *v = getenv(name);
-	char *end;
-	long x = v ? strtol(v, &end, 10) : -1;
-	if (!v || !*v || *end || x < 0 || x > 1 << 24) {
-		snprintf(err, errlen, "environment variable %s is %s%s%s", name,
+	const char *v = hpu_env_str(id);
+	long x;
+	if (hpu_env_long(id, 0, 1 << 24, &x) <= 0) {
+		snprintf(err, errlen, "environment variable %s is %s%s%s", hpu_env_name(id),
 			 v ? "'" : "not set", v ? v : "", v ? "', not a rank number" : "");
 		return -1;
 	}
@@ -46,12 +49,12 @@ static int read_int(const char *name, int *out, char *err, size_t errlen)
 	return 0;
 }
 
-static int read_str(const char *name, const char **out, char *err, size_t errlen)
+static int read_str(hpu_env_id id, const char **out, char *err, size_t errlen)
 {
-	*out = getenv(name);
+	*out = hpu_env_str(id);
 	if (!*out || !**out) {
 		snprintf(err, errlen, "environment variable %s is not set (start this program with hpulaunch)",
-			 name);
+			 hpu_env_name(id));
 		return -1;
 	}
 	return 0;
@@ -59,14 +62,14 @@ static int read_str(const char *name, const char **out, char *err, size_t errlen
 
 static int read_env(env *e, char *err, size_t errlen)
 {
-	if (read_int("RANK", &e->rank, err, errlen) ||
-	    read_int("WORLD_SIZE", &e->world, err, errlen) ||
-	    read_int("LOCAL_RANK", &e->local_rank, err, errlen) ||
-	    read_int("NODE_RANK", &e->node_rank, err, errlen) ||
-	    read_str("MASTER_ADDR", &e->addr, err, errlen) ||
-	    read_str("MASTER_PORT", &e->port, err, errlen) ||
-	    read_str("HPU_JOB_ID", &e->job_id, err, errlen) ||
-	    read_str("HPU_JOB_TOKEN", &e->token, err, errlen))
+	if (read_int(HPU_ENV_RANK, &e->rank, err, errlen) ||
+	    read_int(HPU_ENV_WORLD_SIZE, &e->world, err, errlen) ||
+	    read_int(HPU_ENV_LOCAL_RANK, &e->local_rank, err, errlen) ||
+	    read_int(HPU_ENV_NODE_RANK, &e->node_rank, err, errlen) ||
+	    read_str(HPU_ENV_MASTER_ADDR, &e->addr, err, errlen) ||
+	    read_str(HPU_ENV_MASTER_PORT, &e->port, err, errlen) ||
+	    read_str(HPU_ENV_HPU_JOB_ID, &e->job_id, err, errlen) ||
+	    read_str(HPU_ENV_HPU_JOB_TOKEN, &e->token, err, errlen))
 		return -1;
 	for (const char *c = e->job_id; *c; c++)
 		if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_' || *c == '.') ||
@@ -75,13 +78,13 @@ static int read_env(env *e, char *err, size_t errlen)
 				 e->job_id);
 			return -1;
 		}
-	const char *t = getenv("HPUCOLL_TRANSPORT");
+	const char *t = hpu_env_str(HPU_ENV_HPUCOLL_TRANSPORT);
 	e->transport = HPUCOLL_TRANSPORT_AUTO;
 	if (t && *t && hpucoll_transport_parse(t, &e->transport) < 0) {
 		snprintf(err, errlen, "HPUCOLL_TRANSPORT='%s' is not one of auto, tcp, ipc, shm", t);
 		return -1;
 	}
-	t = getenv("HPUCOLL_SECURITY");
+	t = hpu_env_str(HPU_ENV_HPUCOLL_SECURITY);
 	e->security = HPUCOLL_SECURITY_AUTH;
 	if (t && *t && hpucoll_security_parse(t, &e->security) < 0) {
 		snprintf(err, errlen, "HPUCOLL_SECURITY='%s' is not one of auth, encrypt, none", t);
@@ -111,7 +114,7 @@ static int resolve(const char *host, char *out, size_t outlen)
  * other ranks can reach us at), unless HPU_DATA_ADDR says otherwise. */
 static int local_addr(const char *master, char *out, size_t outlen)
 {
-	const char *forced = getenv("HPU_DATA_ADDR");
+	const char *forced = hpu_env_str(HPU_ENV_HPU_DATA_ADDR);
 	if (forced && *forced)
 		return snprintf(out, outlen, "%s", forced) < (int)outlen ? 0 : -1;
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(9)};
@@ -151,16 +154,6 @@ static int send_join(void *sock, const env *e, const char *endpoint,
 	return hpu_codec_send(sock, NULL, &env);
 }
 
-static int session_ok(const char *s)
-{
-	if (!s || strlen(s) != 32)
-		return 0;
-	for (; *s; s++)
-		if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
-			return 0;
-	return 1;
-}
-
 /* Checks the rank table, tells the communicator which ranks share a node
  * and connects it. */
 static int take_table(hpucoll_comm *comm, const Hpu__JoinReply *r,
@@ -191,7 +184,7 @@ static int take_table(hpucoll_comm *comm, const Hpu__JoinReply *r,
 	 * coordinator's random session: a name nobody outside the job can
 	 * guess, so nobody can create it first (shm.c). */
 	char ns[HPUCOLL__JOB_MAX];
-	if (!session_ok(r->session)) {
+	if (!hpu_shm_session_ok(r->session)) {
 		snprintf(err, errlen, "the coordinator sent no shared-memory session (32 hex digits): is hpulaunch of another version?");
 		goto out;
 	}
@@ -215,8 +208,10 @@ out:
 static int await_reply(void *sock, hpucoll_comm *comm, const env *e,
 		       char *err, size_t errlen)
 {
-	const char *t = getenv("HPU_JOIN_TIMEOUT_MS");
-	int timeout = t && atoi(t) > 0 ? atoi(t) : DEFAULT_JOIN_TIMEOUT_MS;
+	const char *t = hpu_env_str(HPU_ENV_HPU_JOIN_TIMEOUT_MS);
+	int timeout;
+	if (hpu_parse_int(t, 1, INT_MAX, &timeout))
+		timeout = DEFAULT_JOIN_TIMEOUT_MS;
 	zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
 	for (;;) {
 		Hpu__Envelope *m = hpu_codec_recv(sock, NULL, 0);

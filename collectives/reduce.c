@@ -2,20 +2,23 @@
  * dtype and op, and the division that finishes AVG.
  *
  * They are plain loops for the compiler to vectorize (this file is built
- * with -O3). Operands may come straight off the wire, so no pointer is
- * assumed aligned. Three variants per dtype and op keep the loops free of
- * aliasing checks: dst distinct from both operands, dst == a, dst == b.
- * The operand order is kept (a op b), so that callers that need the same
- * bytes on every rank can fix it; it matters only for NaNs.
+ * with -O3, the kernels also for AVX2 and AVX-512). Operands may come
+ * straight off the wire, so no pointer is assumed aligned. Three variants
+ * per dtype and op keep the loops free of aliasing checks: dst distinct
+ * from both operands, dst == a, dst == b. The operand order is kept
+ * (a op b), so that callers that need the same bytes on every rank can
+ * fix it; it matters only for NaNs.
  *
  * f16 and bf16 are widened to f32, combined in f32 and rounded back to
- * nearest-even once per step. Signed integers add as unsigned, so that
- * overflow wraps instead of being undefined.
+ * nearest-even once per step, by common/lowp.h, as the worker rounds.
+ * Signed integers add as unsigned, so that overflow wraps instead of
+ * being undefined.
  */
 #include <stdint.h>
-#include <string.h>
 
 #include "comm_internal.h"
+#include "lowp.h" /* the conversions the worker uses too: one rounding */
+#include "simd.h"
 
 typedef float f32u __attribute__((aligned(1)));
 typedef double f64u __attribute__((aligned(1)));
@@ -23,81 +26,6 @@ typedef uint16_t u16u __attribute__((aligned(1)));
 typedef int32_t i32u __attribute__((aligned(1)));
 typedef int64_t i64u __attribute__((aligned(1)));
 typedef uint8_t u8u;
-
-/* ---- f16 and bf16 <-> f32 ---- */
-
-static inline uint32_t f32_bits(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-/* IEEE binary16 to f32, exactly (subnormals, infinities and NaNs too). */
-static inline float f16_to_f32(uint16_t h)
-{
-	const uint32_t shifted_exp = 0x7c00u << 13;
-	uint32_t u = (uint32_t)(h & 0x7fff) << 13;
-	uint32_t exp = u & shifted_exp;
-
-	u += (uint32_t)(127 - 15) << 23;
-	if (exp == shifted_exp) {
-		u += (uint32_t)(128 - 16) << 23; /* Inf or NaN */
-	} else if (exp == 0) {
-		u += 1u << 23; /* zero or subnormal: renormalize */
-		u = f32_bits(bits_f32(u) - bits_f32(113u << 23));
-	}
-	return bits_f32(u | (uint32_t)(h & 0x8000) << 16);
-}
-
-/* f32 to binary16, rounding to nearest-even; overflow gives infinity and
- * NaN stays a (quiet) NaN. */
-static inline uint16_t f32_to_f16(float f)
-{
-	const uint32_t f16max = (uint32_t)(127 + 16) << 23;
-	const uint32_t denorm_magic = (uint32_t)((127 - 15) + (23 - 10) + 1)
-				      << 23;
-	uint32_t u = f32_bits(f), sign = u & 0x80000000u, o;
-
-	u ^= sign;
-	if (u >= f16max) {
-		o = u > 0x7f800000u ? 0x7e00 : 0x7c00;
-	} else if (u < (113u << 23)) {
-		/* Subnormal or zero: the f32 addition rounds for us. */
-		o = f32_bits(bits_f32(u) + bits_f32(denorm_magic)) -
-		    denorm_magic;
-	} else {
-		uint32_t odd = (u >> 13) & 1;
-
-		u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
-		o = u >> 13;
-	}
-	return (uint16_t)(o | sign >> 16);
-}
-
-static inline float bf16_to_f32(uint16_t h)
-{
-	return bits_f32((uint32_t)h << 16);
-}
-
-static inline uint16_t f32_to_bf16(float f)
-{
-	uint32_t u = f32_bits(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)(u >> 16 | 0x40); /* quiet the NaN */
-	u += 0x7fffu + ((u >> 16) & 1);
-	return (uint16_t)(u >> 16);
-}
 
 /* ---- the combining expressions, on values p (from a) and q (from b) ---- */
 
@@ -107,8 +35,8 @@ static inline uint16_t f32_to_bf16(float f)
 #define USUM32(p, q) ((int32_t)((uint32_t)(p) + (uint32_t)(q)))
 #define USUM64(p, q) ((int64_t)((uint64_t)(p) + (uint64_t)(q)))
 #define USUM8(p, q) ((uint8_t)((p) + (q)))
-#define HALF(OP, p, q) f32_to_f16(OP(f16_to_f32(p), f16_to_f32(q)))
-#define BF(OP, p, q) f32_to_bf16(OP(bf16_to_f32(p), bf16_to_f32(q)))
+#define HALF(OP, p, q) hpu_to_fp16(OP(hpu_from_fp16(p), hpu_from_fp16(q)))
+#define BF(OP, p, q) hpu_to_bf16(OP(hpu_from_bf16(p), hpu_from_bf16(q)))
 #define HSUM(p, q) HALF(SUM, p, q)
 #define HMAX(p, q) HALF(MAX, p, q)
 #define HMIN(p, q) HALF(MIN, p, q)
@@ -119,10 +47,12 @@ static inline uint16_t f32_to_bf16(float f)
 typedef void (*kernel)(void *dst, const void *a, const void *b, size_t n);
 
 /* Defines name_3 (dst distinct), name_a (dst == a) and name_b (dst == b)
- * for element type T combined by EXPR. */
+ * for element type T combined by EXPR, each also compiled for AVX2 and
+ * AVX-512 (simd.h): element by element, so every width gives the same
+ * bits. */
 #define KERNELS(name, T, EXPR)                                               \
-	static void name##_3(void *dst, const void *a, const void *b,         \
-			     size_t n)                                       \
+	HPU_CLONES static void name##_3(void *dst, const void *a,             \
+					const void *b, size_t n)             \
 	{                                                                    \
 		T *restrict d = dst;                                         \
 		const T *restrict x = a;                                     \
@@ -131,8 +61,8 @@ typedef void (*kernel)(void *dst, const void *a, const void *b, size_t n);
 		for (size_t i = 0; i < n; i++)                               \
 			d[i] = EXPR(x[i], y[i]);                             \
 	}                                                                    \
-	static void name##_a(void *dst, const void *a, const void *b,         \
-			     size_t n)                                       \
+	HPU_CLONES static void name##_a(void *dst, const void *a,             \
+					const void *b, size_t n)             \
 	{                                                                    \
 		T *restrict d = dst;                                         \
 		const T *restrict y = b;                                     \
@@ -141,8 +71,8 @@ typedef void (*kernel)(void *dst, const void *a, const void *b, size_t n);
 		for (size_t i = 0; i < n; i++)                               \
 			d[i] = EXPR(d[i], y[i]);                             \
 	}                                                                    \
-	static void name##_b(void *dst, const void *a, const void *b,         \
-			     size_t n)                                       \
+	HPU_CLONES static void name##_b(void *dst, const void *a,             \
+					const void *b, size_t n)             \
 	{                                                                    \
 		T *restrict d = dst;                                         \
 		const T *restrict x = a;                                     \
@@ -211,8 +141,8 @@ void hpucoll__reduce(hpucoll_dtype dtype, hpucoll_op op, void *dst,
 
 #define FDIV(v, by) ((v) / (float)(by))
 #define DDIV(v, by) ((v) / (double)(by))
-#define HDIV(v, by) f32_to_f16(f16_to_f32(v) / (float)(by))
-#define BDIV(v, by) f32_to_bf16(bf16_to_f32(v) / (float)(by))
+#define HDIV(v, by) hpu_to_fp16(hpu_from_fp16(v) / (float)(by))
+#define BDIV(v, by) hpu_to_bf16(hpu_from_bf16(v) / (float)(by))
 #define IDIV(v, by) ((v) / (by))
 #define U8DIV(v, by) ((uint8_t)((v) / (unsigned)(by)))
 

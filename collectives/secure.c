@@ -46,6 +46,8 @@
 #include <openssl/rand.h>
 
 #include "comm_internal.h"
+#include "hex.h"
+#include "num.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define NONCE_BYTES 16
@@ -84,32 +86,6 @@ static void put32(uint8_t *p, uint32_t v)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void hex(char *out, const uint8_t *in, size_t n)
-{
-	static const char digits[] = "0123456789abcdef";
-
-	for (size_t i = 0; i < n; i++) {
-		out[2 * i] = digits[in[i] >> 4];
-		out[2 * i + 1] = digits[in[i] & 15];
-	}
-	out[2 * n] = '\0';
-}
-
-static int unhex(uint8_t *out, const char *in, size_t n)
-{
-	for (size_t i = 0; i < 2 * n; i++) {
-		char ch = in[i];
-		int v = ch >= '0' && ch <= '9'	 ? ch - '0'
-			: ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-						 : -1;
-
-		if (v < 0)
-			return -1;
-		out[i / 2] = (uint8_t)(i % 2 ? (out[i / 2] << 4) | v : v);
-	}
-	return 0;
-}
-
 /* The PLAIN password of a connection from src to dst with this nonce. */
 static void plain_mac(const struct hpucoll__sec *s, uint32_t src, uint32_t dst,
 		      const uint8_t *nonce, char out[65])
@@ -122,7 +98,7 @@ static void plain_mac(const struct hpucoll__sec *s, uint32_t src, uint32_t dst,
 	put32(msg + 10, dst);
 	memcpy(msg + 14, nonce, NONCE_BYTES);
 	HMAC(EVP_sha256(), s->key, sizeof(s->key), msg, sizeof(msg), mac, &len);
-	hex(out, mac, sizeof(mac));
+	hpu_hex(out, mac, sizeof(mac));
 }
 
 /* ---- The ZAP handler ---- */
@@ -154,20 +130,18 @@ static const char *check_plain(hpucoll_comm *c, const zmq_msg_t *user,
 	char u[64], want[65];
 	uint8_t nonce[NONCE_BYTES];
 	size_t ulen = zmq_msg_size(user);
-	unsigned long src;
-	char *dash;
+	uint64_t src;
+	const char *dash;
 
 	if (ulen == 0 || ulen >= sizeof(u))
 		return "malformed credentials";
 	memcpy(u, zmq_msg_data((zmq_msg_t *)user), ulen);
 	u[ulen] = '\0';
-	errno = 0;
-	src = strtoul(u, &dash, 10);
-	if (errno || dash == u || *dash != '-' ||
+	if (hpu_parse_u64_prefix(u, &dash, &src) != HPU_NUM_OK || *dash != '-' ||
 	    strlen(dash + 1) != 2 * NONCE_BYTES ||
-	    unhex(nonce, dash + 1, NONCE_BYTES) != 0)
+	    hpu_unhex(nonce, dash + 1, NONCE_BYTES) != 0)
 		return "malformed credentials";
-	if (src >= (unsigned long)c->size || src == (unsigned long)c->rank)
+	if (src >= (uint64_t)c->size || src == (uint64_t)c->rank)
 		return "claims a rank that is not a peer";
 	plain_mac(s, (uint32_t)src, (uint32_t)c->rank, nonce, want);
 	if (zmq_msg_size(pass) != 64 ||
@@ -463,7 +437,7 @@ int hpucoll__sec_client(hpucoll_comm *c, void *sock, int dst)
 	if (RAND_bytes(nonce, sizeof(nonce)) != 1)
 		return -1;
 	snprintf(user, sizeof(user), "%d-", c->rank);
-	hex(user + strlen(user), nonce, sizeof(nonce));
+	hpu_hex(user + strlen(user), nonce, sizeof(nonce));
 	plain_mac(s, (uint32_t)c->rank, (uint32_t)dst, nonce, pass);
 	return set_str(sock, ZMQ_PLAIN_USERNAME, user) ||
 	       set_str(sock, ZMQ_PLAIN_PASSWORD, pass);

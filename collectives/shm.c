@@ -64,6 +64,7 @@
 #include <unistd.h>
 
 #include "shm.h"
+#include "shmname.h"
 
 #define SEG_MAGIC 0x4d485348u /* "HSHM" */
 #define SEG_VERSION 1u
@@ -1008,41 +1009,21 @@ void hpucoll__shm_close(hpucoll__shm **sp)
 
 /* ---- Cleanup after a crash ---- */
 
-/* Whether `ent` is "hpucoll-<job>-n<digits>" or, as a job started by
- * hpulaunch names it, "hpucoll-<job>-<32 hex digits>-n<digits>" (prefix is
- * "hpucoll-<job>-"). */
-static int is_job_seg(const char *ent, const char *prefix, size_t plen)
-{
-	const char *d = ent + plen;
-
-	if (strncmp(ent, prefix, plen) != 0)
-		return 0;
-	if (strspn(d, "0123456789abcdef") == 32 && d[32] == '-')
-		d += 33;
-	if (*d++ != 'n' || *d == '\0')
-		return 0;
-	for (; *d; d++)
-		if (*d < '0' || *d > '9')
-			return 0;
-	return 1;
-}
-
 int hpucoll__shm_unlink_job(const char *job)
 {
-	char prefix[HPUCOLL__JOB_MAX + 16], name[320];
+	char name[320];
 	struct dirent *e;
 	DIR *dir;
-	size_t plen;
 	int n = 0;
 
 	if (!job_ok(job))
 		return 0;
-	plen = (size_t)snprintf(prefix, sizeof prefix, "hpucoll-%s-", job);
 	dir = opendir("/dev/shm");
 	if (dir == NULL)
 		return 0;
 	while ((e = readdir(dir)) != NULL) {
-		if (!is_job_seg(e->d_name, prefix, plen))
+		/* either name form (shmname.h), any node */
+		if (hpu_shm_seg_node(e->d_name, job, NULL) < 0)
 			continue;
 		/* only this user's: never another user's file at our name */
 		struct stat st;

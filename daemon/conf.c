@@ -3,9 +3,12 @@
  * which is copied back only when every line was good, so that a bad file
  * (or a SIGHUP reload of one) leaves the running configuration alone. */
 #include "conf.h"
+#include "fileio.h"
+#include "num.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,15 +47,11 @@ void hpud_conf_defaults(hpud_conf *c)
 static int parse_int(const char *v, int lo, int hi, int *out, char *why,
 		     size_t whylen)
 {
-	char *end;
-	errno = 0;
-	long x = strtol(v, &end, 10);
-	if (errno || end == v || *end || x < lo || x > hi) {
+	if (hpu_parse_int(v, lo, hi, out)) {
 		snprintf(why, whylen, "'%s' is not an integer from %d to %d",
 			 v, lo, hi);
 		return -1;
 	}
-	*out = (int)x;
 	return 0;
 }
 
@@ -60,10 +59,8 @@ static int parse_int(const char *v, int lo, int hi, int *out, char *why,
 static int parse_seconds(const char *v, double hi, double *out, char *why,
 			 size_t whylen)
 {
-	char *end;
-	errno = 0;
-	double x = strtod(v, &end);
-	if (errno || end == v || *end || !isfinite(x) || x <= 0 || x > hi) {
+	/* above 0, and finite */
+	if (hpu_parse_double(v, DBL_TRUE_MIN, hi < HUGE_VAL ? hi : DBL_MAX, out)) {
 		if (hi < HUGE_VAL)
 			snprintf(why, whylen,
 				 "'%s' is not a number of seconds > 0 "
@@ -74,7 +71,6 @@ static int parse_seconds(const char *v, double hi, double *out, char *why,
 				 "'%s' is not a number of seconds > 0", v);
 		return -1;
 	}
-	*out = x;
 	return 0;
 }
 
@@ -174,14 +170,13 @@ static int set_submitter_timeout(hpud_conf *c, const char *v, char *why,
  * 64 KiB .. 1 GiB. */
 static int set_output_buffer(hpud_conf *c, const char *v, char *why, size_t whylen)
 {
-	char *end;
-	errno = 0;
-	unsigned long long x = strtoull(v, &end, 10);
-	int digits = v[0] >= '0' && v[0] <= '9' && end != v;
-	int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+	const char *end;
+	uint64_t x;
+	int bad = v[0] < '0' || v[0] > '9' || hpu_parse_u64_prefix(v, &end, &x);
+	int shift = bad ? 0 : *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
 	if (shift)
 		end++;
-	if (errno || !digits || *end || x > (1ULL << 30) >> shift || x << shift < (64ULL << 10)) {
+	if (bad || *end || x > (1ULL << 30) >> shift || x << shift < (64ULL << 10)) {
 		snprintf(why, whylen,
 			 "'%s' is not a size from 64K to 1G (bytes, or a number "
 			 "and K, M or G)",
@@ -195,14 +190,11 @@ static int set_output_buffer(hpud_conf *c, const char *v, char *why, size_t whyl
 /* A range of uids "FIRST-LAST", 1 .. 2^31-2, at most 65536 of them. */
 static int set_job_uids(hpud_conf *c, const char *v, char *why, size_t whylen)
 {
-	char *end, *end2;
-	errno = 0;
-	unsigned long a = strtoul(v, &end, 10), b = 0;
-	int ok = v[0] >= '0' && v[0] <= '9' && *end == '-' && end[1] >= '0' && end[1] <= '9';
-	if (ok) {
-		b = strtoul(end + 1, &end2, 10);
-		ok = !errno && !*end2 && a >= 1 && a <= b && b < 0x7fffffffUL && b - a < 65536;
-	}
+	const char *end;
+	uint64_t a, b;
+	int ok = v[0] >= '0' && v[0] <= '9' && !hpu_parse_u64_prefix(v, &end, &a) &&
+		 *end == '-' && end[1] >= '0' && end[1] <= '9' &&
+		 !hpu_parse_u64(end + 1, 1, 0x7ffffffe, &b) && a >= 1 && a <= b && b - a < 65536;
 	if (!ok) {
 		snprintf(why, whylen,
 			 "'%s' is not a range of uids FIRST-LAST (1 to 2147483646, "
@@ -305,9 +297,10 @@ static int apply_line(hpud_conf *c, char *line, size_t len, int *first_line,
 
 int hpud_conf_load(hpud_conf *c, const char *path, char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "r");
+	const char *why;
+	FILE *f = hpu_open_input(path, &why); /* a FIFO would block */
 	if (!f) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		snprintf(err, errlen, "%s: %s", path, why);
 		return -1;
 	}
 	hpud_conf tmp = *c;

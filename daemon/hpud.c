@@ -24,7 +24,9 @@
 #include "auth.h"
 #include "codec.h"
 #include "conf.h"
+#include "env.h"
 #include "nodejob.h"
+#include "opt.h"
 #include "outq.h"
 #include "restart.h"
 #include "trust.h"
@@ -583,10 +585,8 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 	for (size_t i = 0; i < q->n_env; i++) {
 		const char *e = q->env[i];
 		size_t n = e ? strcspn(e, "=") : 0;
-		int known = 0;
-		for (int k = 0; e && e[n] == '=' && hpu_job_env_names[k]; k++)
-			known |= strlen(hpu_job_env_names[k]) == n &&
-				 !strncmp(e, hpu_job_env_names[k], n);
+		int id = e && e[n] == '=' ? hpu_env_find(e) : -1;
+		int known = id >= 0 && hpu_env_in(id, hpu_job_env);
 		if (!known || strlen(e) > MAX_ARG_BYTES)
 			return "env may only set LOWER_LIST, FP32_LIST and QUANT_CONFIG";
 	}
@@ -1219,24 +1219,34 @@ int main(int argc, char **argv)
 	D.conf_path = "/etc/hpud/hpud.conf";
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+	enum { OPT_HELP = 1, OPT_GEN_KEY, OPT_CONFIG, OPT_CHECK };
+	static const hpu_optspec specs[] = {
+		{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
+		{"gen-key", 0, HPU_OPT_VALUE, OPT_GEN_KEY},
+		{"config", 'c', HPU_OPT_VALUE, OPT_CONFIG},
+		{"check", 0, HPU_OPT_FLAG, OPT_CHECK},
+		{0},
+	};
+	hpu_optparse p;
+	hpu_optparse_init(&p, argc, argv, specs);
+	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+		if (r == OPT_HELP) {
 			usage(stdout);
 			return 0;
-		} else if (!strcmp(argv[i], "--gen-key") && i + 1 < argc) {
-			if (hpu_auth_gen_key(argv[i + 1], err, sizeof err) < 0) {
+		} else if (r == OPT_GEN_KEY) {
+			if (hpu_auth_gen_key(p.val, err, sizeof err) < 0) {
 				fprintf(stderr, "hpud: error: %s\n", err);
 				return 1;
 			}
 			printf("hpud: wrote a new cluster secret to %s (mode 0600); copy it to every node and to the submitters\n",
-			       argv[i + 1]);
+			       p.val);
 			return 0;
-		} else if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) && i + 1 < argc) {
-			D.conf_path = argv[++i];
-		} else if (!strcmp(argv[i], "--check")) {
+		} else if (r == OPT_CONFIG) {
+			D.conf_path = p.val;
+		} else if (r == OPT_CHECK) {
 			check = 1;
-		} else {
-			fprintf(stderr, "hpud: error: unknown argument %s\n", argv[i]);
+		} else { /* an argument, an unknown option, a missing value */
+			fprintf(stderr, "hpud: error: unknown argument %s\n", p.arg);
 			usage(stderr);
 			return 2;
 		}

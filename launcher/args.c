@@ -1,10 +1,16 @@
 #include "args.h"
+#include "env.h"
+#include "hex.h"
+#include "num.h"
+#include "opt.h"
 #include "restart.h"
 #include "slurm.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +62,8 @@ void hpu_args_usage(FILE *f)
 		"                         dumb; also with --hostfile)\n"
 		"  -q, --quiet            no start-up summary line\n"
 		"  -h, --help             this help\n"
+		"  --help-env             every environment variable hpulaunch, hpud and\n"
+		"                         the workers read, with its default\n"
 		"[WORLD_SIZE], if set, must equal nodes x devices.\n"
 		"\n"
 		"Several nodes from one command, through each node's hpud:\n"
@@ -80,26 +88,10 @@ void hpu_args_usage(FILE *f)
 	hpu_opts_help(f);
 }
 
-static int to_int(const char *s, int lo, int hi, int *out)
+/* A number of seconds above 0 ("inf": no limit). */
+static int to_seconds(const char *s, double *out)
 {
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
-
-static int to_double(const char *s, double *out)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || *end || !(v > 0))
-		return -1;
-	*out = v;
-	return 0;
+	return hpu_parse_double(s, DBL_TRUE_MIN, INFINITY, out);
 }
 
 static void random_hex(char *out, size_t bytes)
@@ -114,14 +106,13 @@ static void random_hex(char *out, size_t bytes)
 			abort();
 		fclose(f);
 	}
-	for (size_t i = 0; i < bytes; i++)
-		sprintf(out + 2 * i, "%02x", b[i]);
+	hpu_hex(out, b, bytes);
 }
 
 /* The hpu-worker next to this executable, or $HPU_WORKER. */
 static int worker_path(char *out, size_t outlen)
 {
-	const char *env = getenv("HPU_WORKER");
+	const char *env = hpu_env_str(HPU_ENV_HPU_WORKER);
 	if (env && *env)
 		return snprintf(out, outlen, "%s", env) < (int)outlen ? 0 : -1;
 	char self[PATH_MAX];
@@ -160,128 +151,141 @@ static int status_target(hpu_launch_args *a, const char *v)
 	size_t n = colon ? (size_t)(colon - v) : strlen(v);
 	if (n == 0 || n > 255 || (colon && strchr(colon + 1, ':')))
 		return -1;
-	if (colon && to_int(colon + 1, 1, 65535, &a->status_port))
+	if (colon && hpu_parse_int(colon + 1, 1, 65535, &a->status_port))
 		return -1;
 	free(a->status_host);
 	a->status_host = strndup(v, n);
 	return a->status_host ? 0 : -1;
 }
 
-/* Launcher options; returns 1 if argv[*i] was one, 0 if not, -1 on error. */
-static int launcher_opt(hpu_launch_args *a, sources *src, int argc,
-			char **argv, int *i, char *err, size_t errlen)
+/* hpulaunch's own options; the training options follow them
+ * (hpu_opts_specs, ids from HPU_OPTS_ID on). The first six are the
+ * settings of sources. */
+enum {
+	O_NODES = 1, O_DEVICES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT,
+	O_JOB_ID, O_LOG_DIR, O_JOIN_TIMEOUT, O_TRANSPORT, O_HOSTFILE, O_STATUS,
+	O_HPUD_PORT, O_KEY, O_MAX_RESTARTS, O_PROGRESS, O_DATA_PLANE, O_QUIET,
+	O_HELP, O_HELP_ENV, O_EXEC,
+};
+
+static const hpu_optspec launcher_specs[] = {
+	{"nodes", 0, HPU_OPT_VALUE, O_NODES},
+	{"devices", 0, HPU_OPT_VALUE, O_DEVICES},
+	{"node-rank", 0, HPU_OPT_VALUE, O_NODE_RANK},
+	{"master-addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR},
+	{"master-port", 0, HPU_OPT_VALUE, O_MASTER_PORT},
+	{"job-id", 0, HPU_OPT_VALUE, O_JOB_ID},
+	{"log-dir", 0, HPU_OPT_VALUE, O_LOG_DIR},
+	{"join-timeout", 0, HPU_OPT_VALUE, O_JOIN_TIMEOUT},
+	{"transport", 0, HPU_OPT_VALUE, O_TRANSPORT},
+	{"hostfile", 0, HPU_OPT_VALUE, O_HOSTFILE},
+	{"status", 0, HPU_OPT_VALUE, O_STATUS},
+	{"hpud-port", 0, HPU_OPT_VALUE, O_HPUD_PORT},
+	{"key", 0, HPU_OPT_VALUE, O_KEY},
+	{"max-restarts", 0, HPU_OPT_VALUE, O_MAX_RESTARTS},
+	{"progress", 0, HPU_OPT_VALUE, O_PROGRESS},
+	{"data-plane", 0, HPU_OPT_VALUE, O_DATA_PLANE},
+	{"quiet", 'q', HPU_OPT_FLAG, O_QUIET},
+	{"help", 'h', HPU_OPT_FLAG, O_HELP},
+	{"help-env", 0, HPU_OPT_FLAG, O_HELP_ENV},
+	{"exec", 0, HPU_OPT_FLAG, O_EXEC},
+	{0},
+};
+
+/* Sets the launcher option p has read (id k, a value option or --quiet);
+ * returns 0, or -1 with a sentence in err. */
+static int launcher_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p,
+			int k, char *err, size_t errlen)
 {
-	static const char *names[] = {"--nodes", "--devices", "--node-rank",
-				      "--master-addr", "--master-port", "--job-id",
-				      "--log-dir", "--join-timeout", "--transport",
-				      "--hostfile", "--status", "--hpud-port", "--key",
-				      "--max-restarts", "--progress", "--data-plane"};
 	static const unsigned sets[] = {SET_NODES, SET_DEVICES, SET_RANK,
 					SET_ADDR, SET_PORT, SET_JOB_ID};
-	const int nnames = (int)(sizeof names / sizeof names[0]);
-	const char *arg = argv[*i];
-	int k = -1;
-	for (int j = 0; j < nnames; j++)
-		if (!strcmp(arg, names[j]))
-			k = j;
-	if (!strcmp(arg, "-q") || !strcmp(arg, "--quiet")) {
-		a->quiet = 1;
-		(*i)++;
-		return 1;
-	}
-	if (k < 0)
-		return 0;
-	if (*i + 1 >= argc) {
-		snprintf(err, errlen, "option %s needs a value", arg);
-		return -1;
-	}
-	const char *v = argv[++*i];
+	const char *v = p->val;
 	int bad = 0;
 	switch (k) {
-	case 0: bad = to_int(v, 1, 4096, &a->nodes); break;
-	case 1:
+	case O_QUIET: a->quiet = 1; break;
+	case O_NODES: bad = hpu_parse_int(v, 1, 4096, &a->nodes); break;
+	case O_DEVICES:
 		src->flag &= ~(unsigned)SET_DEVICES_AUTO;
 		if (!strcmp(v, "auto")) {
 			a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
 			src->flag |= SET_DEVICES_AUTO;
 		} else {
-			bad = to_int(v, 1, 1024, &a->devices);
+			bad = hpu_parse_int(v, 1, 1024, &a->devices);
 		}
 		break;
-	case 2: bad = to_int(v, 0, 4095, &a->node_rank); break;
-	case 3: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
-	case 4: bad = to_int(v, 1, 65535, &a->master_port); break;
-	case 5: bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v; break;
-	case 6: a->log_dir = v; break;
-	case 7: bad = to_double(v, &a->join_timeout_s); break;
-	case 8:
+	case O_NODE_RANK: bad = hpu_parse_int(v, 0, 4095, &a->node_rank); break;
+	case O_MASTER_ADDR: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
+	case O_MASTER_PORT: bad = hpu_parse_int(v, 1, 65535, &a->master_port); break;
+	case O_JOB_ID: bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v; break;
+	case O_LOG_DIR: a->log_dir = v; break;
+	case O_JOIN_TIMEOUT: bad = to_seconds(v, &a->join_timeout_s); break;
+	case O_TRANSPORT:
 		bad = strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "ipc") && strcmp(v, "shm");
 		a->transport = v;
 		break;
-	case 9: bad = !*v; a->hostfile = v; break;
-	case 10: bad = status_target(a, v); break;
-	case 11: bad = to_int(v, 1, 65535, &a->hpud_port); break;
-	case 12: bad = !*v; a->key_path = v; break;
-	case 13:
-		if (to_int(v, 0, HPU_MAX_RESTARTS_LIMIT, &a->max_restarts)) {
+	case O_HOSTFILE: bad = !*v; a->hostfile = v; break;
+	case O_STATUS: bad = status_target(a, v); break;
+	case O_HPUD_PORT: bad = hpu_parse_int(v, 1, 65535, &a->hpud_port); break;
+	case O_KEY: bad = !*v; a->key_path = v; break;
+	case O_MAX_RESTARTS:
+		if (hpu_parse_int(v, 0, HPU_MAX_RESTARTS_LIMIT, &a->max_restarts)) {
 			snprintf(err, errlen, "--max-restarts takes a whole number of restarts from 0 to %d, not '%s'",
 				 HPU_MAX_RESTARTS_LIMIT, v);
 			return -1;
 		}
 		break;
-	case 14:
+	case O_PROGRESS:
 		if (hpu_progress_mode_parse(v, &a->progress)) {
 			snprintf(err, errlen, "--progress takes auto, always or never, not '%s'", v);
 			return -1;
 		}
 		break;
-	case 15: a->data_plane = v; break;
+	case O_DATA_PLANE: a->data_plane = v; break;
 	}
 	if (bad) {
-		snprintf(err, errlen, "bad value '%s' for %s", v, arg);
+		snprintf(err, errlen, "bad value '%s' for --%s", v, p->spec->name);
 		return -1;
 	}
-	if (k < (int)(sizeof sets / sizeof sets[0]))
-		src->flag |= sets[k];
-	(*i)++;
-	return 1;
+	if (k <= O_JOB_ID)
+		src->flag |= sets[k - O_NODES];
+	return 0;
 }
 
 static int from_env(hpu_launch_args *a, sources *src, char *err,
 		    size_t errlen)
 {
 	const char *v;
-	if ((v = getenv("MASTER_ADDR")) && *v) {
+	if ((v = hpu_env_str(HPU_ENV_MASTER_ADDR)) && *v) {
 		snprintf(a->master_addr, sizeof a->master_addr, "%s", v);
 		src->env |= SET_ADDR;
 	}
-	if ((v = getenv("MASTER_PORT")) && *v) {
-		if (to_int(v, 1, 65535, &a->master_port)) {
+	if ((v = hpu_env_str(HPU_ENV_MASTER_PORT)) && *v) {
+		if (hpu_parse_int(v, 1, 65535, &a->master_port)) {
 			snprintf(err, errlen, "MASTER_PORT='%s' is not a port number", v);
 			return -1;
 		}
 		src->env |= SET_PORT;
 	}
-	if ((v = getenv("NODE_RANK")) && *v) {
-		if (to_int(v, 0, 4095, &a->node_rank)) {
+	if ((v = hpu_env_str(HPU_ENV_NODE_RANK)) && *v) {
+		if (hpu_parse_int(v, 0, 4095, &a->node_rank)) {
 			snprintf(err, errlen, "NODE_RANK='%s' is not a node rank", v);
 			return -1;
 		}
 		src->env |= SET_RANK;
 	}
-	if ((v = getenv("HPU_JOB_ID")) && *v) {
+	if ((v = hpu_env_str(HPU_ENV_HPU_JOB_ID)) && *v) {
 		snprintf(a->job_id, sizeof a->job_id, "%s", v);
 		src->env |= SET_JOB_ID;
 	}
-	if ((v = getenv("HPUCOLL_TRANSPORT")) && *v)
+	if ((v = hpu_env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)
 		a->transport = v;
-	if ((v = getenv("HPUCOLL_SECURITY")) && *v)
+	if ((v = hpu_env_str(HPU_ENV_HPUCOLL_SECURITY)) && *v)
 		a->data_plane = v;
-	if ((v = getenv("HPU_JOB_TOKEN")) && *v) {
+	if ((v = hpu_env_str(HPU_ENV_HPU_JOB_TOKEN)) && *v) {
 		snprintf(a->token, sizeof a->token, "%s", v);
 		src->env |= SET_TOKEN;
 	}
-	if ((v = getenv("HPU_KEY_FILE")) && *v)
+	if ((v = hpu_env_str(HPU_ENV_HPU_KEY_FILE)) && *v)
 		a->key_path = v;
 	return 0;
 }
@@ -299,32 +303,16 @@ static int add_args(hpu_launch_args *a, char **argv, int from, int to)
 	return 0;
 }
 
-/* One training option at argv[*i] ("--name value" or "--name=value"):
- * checked here, forwarded to the workers as written. */
-static int train_opt(hpu_launch_args *a, int argc, char **argv, int *i,
-		     char *err, size_t errlen)
+/* The message of an option hpu_optparse_next refused (code r). */
+static int option_error(const hpu_optparse *p, int r, char *err, size_t errlen)
 {
-	char name[64];
-	const char *arg = argv[*i] + 2, *eq = strchr(arg, '=');
-	size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
-	snprintf(name, sizeof name, "%.*s", (int)(n < 63 ? n : 63), arg);
-	int wants = hpu_opts_takes_value(name);
-	if (wants < 0 || n >= sizeof name) {
-		snprintf(err, errlen, "unknown option %s (see hpulaunch --help)", argv[*i]);
-		return -1;
-	}
-	const char *value = eq ? eq + 1 : NULL;
-	if (!eq && hpu_opts_takes_next(name, *i + 1 < argc ? argv[*i + 1] : NULL)) {
-		if (*i + 1 >= argc) {
-			snprintf(err, errlen, "option --%s needs a value", name);
-			return -1;
-		}
-		value = argv[++*i];
-	}
-	if (hpu_opts_set(&a->train, name, value, err, errlen) < 0)
-		return -1;
-	(*i)++;
-	return 0;
+	if (r == HPU_OPT_MISSING)
+		snprintf(err, errlen, "option --%s needs a value", p->spec->name);
+	else if (r == HPU_OPT_UNWANTED && p->spec->id >= HPU_OPTS_ID)
+		snprintf(err, errlen, "option --%s takes no value", p->spec->name);
+	else
+		snprintf(err, errlen, "unknown option %s (see hpulaunch --help)", p->arg);
+	return -1;
 }
 
 /* The job id and token a job needs; a single-node job, and one started
@@ -501,9 +489,9 @@ static int slurm_plan(hpu_launch_args *a, const sources *src, char *err,
 
 static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 {
-	const char *ws = getenv("WORLD_SIZE");
+	const char *ws = hpu_env_str(HPU_ENV_WORLD_SIZE);
 	int world = a->nodes * a->devices, w;
-	if (ws && *ws && (to_int(ws, 1, 1 << 24, &w) || w != world)) {
+	if (ws && *ws && (hpu_parse_int(ws, 1, 1 << 24, &w) || w != world)) {
 		snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal --nodes %d x --devices %d = %d",
 			 ws, a->nodes, a->devices, world);
 		return -1;
@@ -620,38 +608,45 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		snprintf(err, errlen, "cannot find hpu-worker");
 		return -1;
 	}
-	int i = 1;
-	while (i < argc) {
-		const char *arg = argv[i];
-		if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+	hpu_optparse p;
+	hpu_optparse_init(&p, argc, argv, launcher_specs);
+	p.more = hpu_opts_specs();
+	int r;
+	while ((r = hpu_optparse_next(&p)) > 0) {
+		if (r == O_HELP) {
 			hpu_args_usage(stdout);
 			return 1;
 		}
-		if (!strcmp(arg, "--exec")) {
-			if (i + 1 >= argc) {
+		if (r == O_HELP_ENV) {
+			hpu_env_print(stdout);
+			return 1;
+		}
+		if (r == O_EXEC) {
+			if (p.ind >= argc) {
 				snprintf(err, errlen, "--exec needs a program");
 				return -1;
 			}
 			a->exec_mode = 1;
 			a->worker_argc = 0;
-			if (add_args(a, argv, i + 1, argc) < 0) {
+			if (add_args(a, argv, p.ind, argc) < 0) {
 				snprintf(err, errlen, "out of memory");
 				return -1;
 			}
 			return finish(a, &src, 0, err, errlen);
 		}
-		int r = launcher_opt(a, &src, argc, argv, &i, err, errlen);
-		if (r < 0)
-			return -1;
-		if (r)
-			continue;
-		if (strncmp(arg, "--", 2) != 0 || !arg[2])
-			break; /* the model */
-		int start = i;
-		if (train_opt(a, argc, argv, &i, err, errlen) < 0 ||
-		    add_args(a, argv, start, i) < 0)
-			return -1;
+		if (r < HPU_OPTS_ID) {
+			if (launcher_opt(a, &src, &p, r, err, errlen) < 0)
+				return -1;
+		} else if (hpu_opts_apply(&a->train, &p, err, errlen) < 0 ||
+			   add_args(a, argv, p.at, p.ind) < 0) {
+			return -1; /* a training option: checked, forwarded as written */
+		}
 	}
+	/* The model, where an argument that is not an option (or a single-dash
+	 * one) starts, or the end. */
+	if (r == HPU_OPT_MISSING || r == HPU_OPT_UNWANTED || (r == HPU_OPT_UNKNOWN && p.arg[1] == '-'))
+		return option_error(&p, r, err, errlen);
+	int i = p.at;
 	if (a->status_host)
 		return finish(a, &src, i < argc, err, errlen);
 	if (i >= argc || argv[i][0] == '-') {

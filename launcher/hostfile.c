@@ -1,5 +1,6 @@
 #include "hostfile.h"
-#include "config.h"
+#include "fileio.h"
+#include "num.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -30,16 +31,10 @@ static int fail(reader *r, const char *fmt, ...)
 	return -1;
 }
 
+/* A whole number lo..hi written in digits only (no sign, no spaces). */
 static int to_count(const char *s, int lo, int hi, int *out)
 {
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || !isdigit((unsigned char)*s) ||
-	    v < lo || v > hi)
-		return -1;
-	*out = (int)v;
-	return 0;
+	return isdigit((unsigned char)*s) ? hpu_parse_int(s, lo, hi, out) : -1;
 }
 
 static int all_digits_and_dots(const char *s)

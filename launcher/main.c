@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "env.h"
 #include "nodejob.h"
 #include "progress.h"
 #include "restart.h"
@@ -209,9 +210,9 @@ int main(int argc, char **argv)
 		return r < 0 ? 2 : 0;
 	}
 	/* The workers read it (hpucoll_comm_init_env); hpud gets it with the
-	 * request (hpu_job_env_names). */
+	 * request (hpu_job_env). */
 	if (L.args.data_plane)
-		setenv("HPUCOLL_SECURITY", L.args.data_plane, 1);
+		setenv(hpu_env_name(HPU_ENV_HPUCOLL_SECURITY), L.args.data_plane, 1);
 	if (L.args.weak_token)
 		fprintf(stderr, "hpulaunch: warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun\n");
 	int rc;

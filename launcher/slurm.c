@@ -1,11 +1,14 @@
 #include "slurm.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "env.h"
+#include "hex.h"
+#include "num.h"
 
 /* Step ids from here up are Slurm's special steps (batch script, extern,
  * interactive, pending), not one started by srun. */
@@ -191,58 +194,52 @@ void hpu_slurm_token(long job_id, char out[65])
 	if (EVP_Digest(msg, (size_t)len, md, &mdlen, EVP_sha256(), NULL) != 1 ||
 	    mdlen != 32)
 		abort(); /* SHA-256 is always there */
-	for (unsigned i = 0; i < 32; i++)
-		sprintf(out + 2 * i, "%02x", md[i]);
+	hpu_hex(out, md, 32);
 }
 
-/* The first of the variables names that is set and not empty, or NULL;
- * *which gets its name. */
-static const char *first_env(const char *const *names, const char **which)
+/* A list of variables for first_env. */
+#define IDS(...) ((const hpu_env_id[]){__VA_ARGS__, HPU_ENV_COUNT})
+
+/* The first of the variables ids (ended by HPU_ENV_COUNT) that is set and
+ * not empty, or NULL; *which gets its name (the last one's when none is). */
+static const char *first_env(const hpu_env_id *ids, const char **which)
 {
-	for (; *names; names++) {
-		const char *v = getenv(*names);
+	for (; *ids != HPU_ENV_COUNT; ids++) {
+		const char *v = hpu_env_str(*ids);
 		if (v && *v) {
-			*which = *names;
+			*which = hpu_env_name(*ids);
 			return v;
 		}
 	}
-	*which = names[-1];
+	*which = hpu_env_name(ids[-1]);
 	return NULL;
 }
 
 /* Reads a whole number lo..hi from the first set variable of names into
  * *out; unset leaves *out alone. Returns 1 if set, 0 if not, -1 if bad. */
-static int env_num(const char *const *names, long lo, long hi, long *out,
+static int env_num(const hpu_env_id *ids, long lo, long hi, long *out,
 		   char *err, size_t errlen)
 {
-	const char *name, *v = first_env(names, &name);
+	const char *name, *v = first_env(ids, &name);
 	if (!v)
 		return 0;
-	char *end;
-	errno = 0;
-	long x = strtol(v, &end, 10);
-	if (errno || end == v || *end || x < lo || x > hi) {
+	if (hpu_parse_long(v, lo, hi, out)) {
 		snprintf(err, errlen, "%s='%s' from Slurm is not a number %ld..%ld",
 			 name, v, lo, hi);
 		return -1;
 	}
-	*out = x;
 	return 1;
 }
 
 /* Whether this process runs in a job step that srun started. */
 static int in_srun_step(void)
 {
-	const char *name, *v = first_env((const char *[]){"SLURM_STEP_ID", "SLURM_STEPID", NULL}, &name);
+	const char *name, *v = first_env(IDS(HPU_ENV_SLURM_STEP_ID, HPU_ENV_SLURM_STEPID), &name);
 	if (!v)
 		return 0;
-	char *end;
-	errno = 0;
-	unsigned long id = strtoul(v, &end, 10);
-	return !errno && end != v && !*end && v[0] != '-' && id < SLURM_SPECIAL_STEPS;
+	uint64_t id;
+	return hpu_parse_u64(v, 0, SLURM_SPECIAL_STEPS - 1, &id) == HPU_NUM_OK;
 }
-
-#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 int hpu_slurm_read(hpu_slurm *s, char *err, size_t errlen)
 {
@@ -250,14 +247,14 @@ int hpu_slurm_read(hpu_slurm *s, char *err, size_t errlen)
 	memset(s, 0, sizeof *s);
 	s->nodeid = -1;
 	const char *name;
-	if (!first_env(NAMES("SLURM_JOB_ID", "SLURM_JOBID"), &name) || !in_srun_step())
+	if (!first_env(IDS(HPU_ENV_SLURM_JOB_ID, HPU_ENV_SLURM_JOBID), &name) || !in_srun_step())
 		return 0;
 	s->present = 1;
-	if (env_num(NAMES("SLURM_JOB_ID", "SLURM_JOBID"), 1, 4294967295L, &s->job_id, err, errlen) < 0 ||
-	    env_num(NAMES("SLURM_STEP_ID", "SLURM_STEPID"), 0, 0x7fffffffL, &v, err, errlen) < 0)
+	if (env_num(IDS(HPU_ENV_SLURM_JOB_ID, HPU_ENV_SLURM_JOBID), 1, 4294967295L, &s->job_id, err, errlen) < 0 ||
+	    env_num(IDS(HPU_ENV_SLURM_STEP_ID, HPU_ENV_SLURM_STEPID), 0, 0x7fffffffL, &v, err, errlen) < 0)
 		return -1;
 	s->step_id = (int)v;
-	int r = env_num(NAMES("SLURM_PROCID"), 0, 1 << 24, &v, err, errlen);
+	int r = env_num(IDS(HPU_ENV_SLURM_PROCID), 0, 1 << 24, &v, err, errlen);
 	if (r <= 0) {
 		if (r == 0)
 			snprintf(err, errlen, "SLURM_PROCID is not set in Slurm job step %ld.%d",
@@ -265,21 +262,22 @@ int hpu_slurm_read(hpu_slurm *s, char *err, size_t errlen)
 		return -1;
 	}
 	s->procid = (int)v;
-	if ((r = env_num(NAMES("SLURM_NODEID"), 0, 1 << 24, &v, err, errlen)) < 0)
+	if ((r = env_num(IDS(HPU_ENV_SLURM_NODEID), 0, 1 << 24, &v, err, errlen)) < 0)
 		return -1;
 	if (r)
 		s->nodeid = (int)v;
-	if ((r = env_num(NAMES("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), 1, 1 << 24, &v, err, errlen)) < 0)
+	if ((r = env_num(IDS(HPU_ENV_SLURM_STEP_NUM_TASKS, HPU_ENV_SLURM_NTASKS), 1, 1 << 24, &v, err, errlen)) < 0)
 		return -1;
 	if (r)
 		s->ntasks = (int)v;
-	if ((r = env_num(NAMES("SLURM_STEP_NUM_NODES", "SLURM_NNODES"), 1, 1 << 24, &v, err, errlen)) < 0)
+	if ((r = env_num(IDS(HPU_ENV_SLURM_STEP_NUM_NODES, HPU_ENV_SLURM_NNODES), 1, 1 << 24, &v, err, errlen)) < 0)
 		return -1;
 	if (r)
 		s->nnodes = (int)v;
 	/* Node ids index the step's node list, which may be a part of the
 	 * job's (salloc -N4, then srun -N2). */
-	const char *list = first_env(NAMES("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"), &name);
+	const char *list = first_env(IDS(HPU_ENV_SLURM_STEP_NODELIST, HPU_ENV_SLURM_JOB_NODELIST,
+				  HPU_ENV_SLURM_NODELIST), &name);
 	if (!list) {
 		snprintf(err, errlen, "SLURM_JOB_NODELIST is not set in Slurm job step %ld.%d",
 			 s->job_id, s->step_id);

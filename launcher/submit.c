@@ -16,6 +16,7 @@
 #include "agent.h"
 #include "auth.h"
 #include "codec.h"
+#include "env.h"
 #include "nodejob.h"
 #include "progress.h"
 #include "restart.h"
@@ -408,10 +409,11 @@ static int launch_node(int i, int restart)
 	q.restart_count = (uint32_t)restart;
 	q.max_restarts = (uint32_t)a->max_restarts;
 	char envbuf[8][1100], *envp[8];
-	for (int k = 0; hpu_job_env_names[k] && q.n_env < 8; k++) {
-		const char *v = getenv(hpu_job_env_names[k]);
+	for (int k = 0; hpu_job_env[k] != HPU_ENV_COUNT && q.n_env < 8; k++) {
+		const char *v = hpu_env_str(hpu_job_env[k]);
 		if (v && *v) {
-			snprintf(envbuf[q.n_env], sizeof envbuf[0], "%s=%s", hpu_job_env_names[k], v);
+			snprintf(envbuf[q.n_env], sizeof envbuf[0], "%s=%s",
+				 hpu_env_name(hpu_job_env[k]), v);
 			envp[q.n_env] = envbuf[q.n_env];
 			q.n_env++;
 		}

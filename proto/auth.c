@@ -20,6 +20,8 @@
  * lies before now - window and never refuses anything the window accepts.
  */
 #include "auth.h"
+#include "fileio.h"
+#include "hex.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -92,17 +94,6 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
 
 /* ---- the key file ---- */
 
-static int hexval(unsigned char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* "readable by group or others" and the like, for st_mode & 077 != 0. */
 static const char *exposure(mode_t mode)
 {
@@ -134,46 +125,35 @@ static ssize_t read_upto(int fd, char *buf, size_t cap)
 }
 
 /* Opens the key file refusing symbolic links (O_NOFOLLOW: the file named in
- * the configuration is the one whose mode is checked) and FIFOs (O_NONBLOCK
- * so that open does not wait for a writer; fstat then refuses them). */
+ * the configuration is the one whose mode is checked), FIFOs (no wait for
+ * a writer), devices and directories, and a file others may read. */
 static int open_key(const char *path, char *err, size_t errlen)
 {
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-	if (fd >= 0)
-		return fd;
-	if (errno == ENOENT)
+	struct stat st;
+	const char *why;
+	int fd = hpu_open_input_fd(path, O_NOFOLLOW, &st, &why);
+	if (fd < 0 && st.st_mode != 0)
+		seterr(err, errlen, "key file %s is not a regular file", path);
+	else if (fd < 0 && errno == ENOENT)
 		seterr(err, errlen, "key file %s does not exist", path);
-	else if (errno == ELOOP)
+	else if (fd < 0 && errno == ELOOP)
 		seterr(err, errlen,
 		       "key file %s is a symbolic link: name the file itself",
 		       path);
-	else
-		seterr(err, errlen, "cannot open key file %s: %s", path,
-		       strerror(errno));
-	return -1;
-}
-
-static int check_key_stat(int fd, const char *path, char *err, size_t errlen)
-{
-	struct stat st;
-	if (fstat(fd, &st) < 0) {
-		seterr(err, errlen, "cannot stat key file %s: %s", path,
-		       strerror(errno));
+	else if (fd < 0)
+		seterr(err, errlen, "cannot open key file %s: %s", path, why);
+	if (fd < 0)
 		return -1;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		seterr(err, errlen, "key file %s is not a regular file", path);
-		return -1;
-	}
 	if (st.st_mode & 077) {
 		seterr(err, errlen,
 		       "key file %s is %s by group or others (mode %04o): "
 		       "chmod 600 it",
 		       path, exposure(st.st_mode),
 		       (unsigned)(st.st_mode & 07777));
+		close(fd);
 		return -1;
 	}
-	return 0;
+	return fd;
 }
 
 /* Decodes n bytes of key file text (64 hex digits, then at most one
@@ -192,8 +172,8 @@ static int parse_key(const char *buf, size_t n, const char *path,
 		return -1;
 	}
 	for (size_t i = 0; i < KEY_HEX; i += 2) {
-		int hi = hexval((unsigned char)buf[i]);
-		int lo = hexval((unsigned char)buf[i + 1]);
+		int hi = hpu_hex_digit((unsigned char)buf[i]);
+		int lo = hpu_hex_digit((unsigned char)buf[i + 1]);
 		if (hi < 0 || lo < 0) {
 			seterr(err, errlen,
 			       "key file %s has a character that is not a hex "
@@ -216,8 +196,6 @@ int hpu_auth_load_key(const char *path, uint8_t key[HPU_AUTH_KEY_BYTES],
 	int fd = open_key(path, err, errlen);
 	if (fd < 0)
 		return -1;
-	if (check_key_stat(fd, path, err, errlen) < 0)
-		goto out;
 	ssize_t n = read_upto(fd, buf, sizeof(buf));
 	if (n < 0) {
 		seterr(err, errlen, "cannot read key file %s: %s", path,
@@ -235,25 +213,10 @@ out:
 	return rc;
 }
 
-static int write_all(int fd, const char *buf, size_t len)
-{
-	while (len) {
-		ssize_t w = write(fd, buf, len);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -1;
-		buf += w;
-		len -= (size_t)w;
-	}
-	return 0;
-}
-
 int hpu_auth_gen_key(const char *path, char *err, size_t errlen)
 {
-	static const char digits[] = "0123456789abcdef";
 	uint8_t key[HPU_AUTH_KEY_BYTES];
-	char text[KEY_HEX + 1];
+	char text[KEY_HEX + 1]; /* the digits and a newline */
 	int rc = -1;
 
 	if (RAND_bytes(key, sizeof(key)) != 1) {
@@ -262,10 +225,7 @@ int hpu_auth_gen_key(const char *path, char *err, size_t errlen)
 		       path);
 		return -1;
 	}
-	for (size_t i = 0; i < sizeof(key); i++) {
-		text[2 * i] = digits[key[i] >> 4];
-		text[2 * i + 1] = digits[key[i] & 15];
-	}
+	hpu_hex(text, key, sizeof(key));
 	text[KEY_HEX] = '\n';
 
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
@@ -282,7 +242,7 @@ int hpu_auth_gen_key(const char *path, char *err, size_t errlen)
 		goto out;
 	}
 	/* The umask may have taken bits off 0600; it cannot have added any. */
-	if (fchmod(fd, 0600) < 0 || write_all(fd, text, sizeof(text)) < 0 ||
+	if (fchmod(fd, 0600) < 0 || hpu_write_all(fd, text, sizeof(text)) < 0 ||
 	    fsync(fd) < 0) {
 		seterr(err, errlen, "cannot write key file %s: %s", path,
 		       strerror(errno));
@@ -672,15 +632,10 @@ int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 
 int hpu_auth_random_id(char out[HPU_AUTH_ID_HEX + 1])
 {
-	static const char digits[] = "0123456789abcdef";
 	uint8_t r[HPU_AUTH_ID_HEX / 2];
 	if (RAND_bytes(r, sizeof(r)) != 1)
 		return -1;
-	for (size_t i = 0; i < sizeof(r); i++) {
-		out[2 * i] = digits[r[i] >> 4];
-		out[2 * i + 1] = digits[r[i] & 15];
-	}
-	out[HPU_AUTH_ID_HEX] = 0;
+	hpu_hex(out, r, sizeof(r));
 	return 0;
 }
 

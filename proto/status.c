@@ -4,6 +4,8 @@
  *
  * A line is far below PIPE_BUF, so it is written whole or not at all. */
 #include "status.h"
+#include "env.h"
+#include "num.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -23,10 +25,9 @@ static double last_s = -1;
 static int fd(void)
 {
 	if (status_fd == -2) {
-		const char *v = getenv("HPU_STATUS_FD");
-		char *end;
-		long n = v && *v ? strtol(v, &end, 10) : -1;
-		status_fd = n >= 0 && n < 1 << 20 && !*end && fcntl((int)n, F_GETFD) >= 0 ? (int)n : -1;
+		const char *v = hpu_env_str(HPU_ENV_HPU_STATUS_FD);
+		int n;
+		status_fd = !hpu_parse_int(v, 0, (1 << 20) - 1, &n) && fcntl(n, F_GETFD) >= 0 ? n : -1;
 		if (status_fd >= 0) { /* a full pipe drops a record, never waits */
 			fcntl(status_fd, F_SETFL, fcntl(status_fd, F_GETFL) | O_NONBLOCK);
 			fcntl(status_fd, F_SETFD, FD_CLOEXEC); /* not for what the model starts */
@@ -95,40 +96,27 @@ static int token(const char **p, const char *end, char *tmp, size_t cap)
 
 static int parse_long(const char **p, const char *end, long lo, long hi, long *out)
 {
-	char tmp[32], *e;
+	char tmp[32];
 	if (token(p, end, tmp, sizeof tmp) < 0)
 		return -1;
-	errno = 0;
-	long v = strtol(tmp, &e, 10);
-	if (errno || *e || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
+	return hpu_parse_long(tmp, lo, hi, out) ? -1 : 0;
 }
 
 static int parse_u64(const char **p, const char *end, uint64_t *out)
 {
-	char tmp[32], *e;
-	if (token(p, end, tmp, sizeof tmp) < 0 || tmp[0] == '-')
+	char tmp[32];
+	if (token(p, end, tmp, sizeof tmp) < 0)
 		return -1;
-	errno = 0;
-	unsigned long long v = strtoull(tmp, &e, 10);
-	if (errno || *e)
-		return -1;
-	*out = (uint64_t)v;
-	return 0;
+	return hpu_parse_u64(tmp, 0, UINT64_MAX, out) ? -1 : 0;
 }
 
 static int parse_double(const char **p, const char *end, double *out)
 {
-	char tmp[48], *e;
+	char tmp[48];
 	if (token(p, end, tmp, sizeof tmp) < 0)
 		return -1;
-	double v = strtod(tmp, &e); /* "nan" and "inf" are a loss's right */
-	if (*e)
-		return -1;
-	*out = v;
-	return 0;
+	/* "nan" and "inf" are a loss's right */
+	return hpu_parse_real(tmp, out) ? -1 : 0;
 }
 
 int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st)

@@ -12,6 +12,7 @@
  * found, or a file could not be read or written), 2 usage. Floats are
  * copied in chunks of CHUNK floats, so memory stays bounded whatever the
  * checkpoint's size. */
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -23,6 +24,8 @@
 
 #include "ckpt.h"
 #include "config.h"
+#include "num.h"
+#include "opt.h"
 #include "tool.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
@@ -95,11 +98,14 @@ static const char *const help_reshard =
 /* ---- arguments ---- */
 
 typedef struct opt {
-	const char *name;  /* "--world" */
-	const char *alias; /* "-o", or NULL */
+	const char *name;  /* "world" for --world */
+	char alias;        /* 'o' for -o, or 0 */
 	const char **val;  /* an option with a value */
 	int *flag;         /* a flag */
 } opt;
+
+#define MAX_OPTS 6
+#define OPT_HELP 1 /* the others: 2 + their index in opts */
 
 /* Splits argv[1..] (argv[0] the command) into options and at most maxpos
  * positional arguments. Returns -1 when parsed, OK after printing help,
@@ -107,38 +113,33 @@ typedef struct opt {
 static int parse_args(const char *cmd, const char *help, int argc, char **argv,
 		      const opt *opts, const char **pos, int maxpos, int *npos)
 {
+	hpu_optspec specs[MAX_OPTS + 2] = {{"help", 'h', HPU_OPT_FLAG, OPT_HELP}};
+	for (int k = 0; opts[k].name; k++) {
+		assert(k < MAX_OPTS);
+		specs[k + 1] = (hpu_optspec){opts[k].name, opts[k].alias,
+					     opts[k].flag ? HPU_OPT_FLAG : HPU_OPT_VALUE, 2 + k};
+	}
+	hpu_optparse p;
+	hpu_optparse_init(&p, argc, argv, specs);
 	*npos = 0;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+		if (r == OPT_HELP) {
 			fputs(help, stdout);
 			return OK;
-		}
-		if (a[0] != '-' || !a[1]) {
+		} else if (r == HPU_OPT_POSITIONAL) {
 			if (*npos == maxpos)
-				return usage_error(cmd, "unexpected argument '%s'", a);
-			pos[(*npos)++] = a;
-			continue;
-		}
-		const char *eq = strchr(a, '=');
-		size_t len = eq && a[1] == '-' ? (size_t)(eq - a) : strlen(a);
-		const opt *o = NULL;
-		for (const opt *p = opts; p->name && !o; p++)
-			if ((strlen(p->name) == len && !strncmp(a, p->name, len)) ||
-			    (p->alias && !strcmp(a, p->alias)))
-				o = p;
-		if (!o)
-			return usage_error(cmd, "unknown option '%s'", a);
-		if (o->flag) {
-			if (eq && len < strlen(a))
-				return usage_error(cmd, "%s takes no value", o->name);
-			*o->flag = 1;
-		} else if (eq && a[1] == '-') {
-			*o->val = eq + 1;
-		} else if (i + 1 < argc) {
-			*o->val = argv[++i];
+				return usage_error(cmd, "unexpected argument '%s'", p.val);
+			pos[(*npos)++] = p.val;
+		} else if (r == HPU_OPT_MISSING) {
+			return usage_error(cmd, "--%s needs a value", p.spec->name);
+		} else if (r == HPU_OPT_UNWANTED && p.spec->id != OPT_HELP) {
+			return usage_error(cmd, "--%s takes no value", p.spec->name);
+		} else if (r < 0) {
+			return usage_error(cmd, "unknown option '%s'", p.arg);
+		} else if (opts[r - 2].flag) {
+			*opts[r - 2].flag = 1;
 		} else {
-			return usage_error(cmd, "%s needs a value", o->name);
+			*opts[r - 2].val = p.val;
 		}
 	}
 	return -1;
@@ -450,7 +451,7 @@ static int cmd_verify(int argc, char **argv)
 {
 	const char *pos[1];
 	int npos, all = 0;
-	opt opts[] = {{"--all", NULL, NULL, &all}, {0}};
+	opt opts[] = {{"all", 0, NULL, &all}, {0}};
 	int rc = parse_args("verify", help_verify, argc, argv, opts, pos, 1, &npos);
 	if (rc >= 0)
 		return rc;
@@ -597,7 +598,7 @@ static int cmd_export(int argc, char **argv)
 {
 	const char *pos[1], *out = NULL, *format = "safetensors";
 	int npos;
-	opt opts[] = {{"--output", "-o", &out, NULL}, {"--format", NULL, &format, NULL}, {0}};
+	opt opts[] = {{"output", 'o', &out, NULL}, {"format", 0, &format, NULL}, {0}};
 	int rc = parse_args("export", help_export, argc, argv, opts, pos, 1, &npos);
 	if (rc >= 0)
 		return rc;
@@ -646,17 +647,6 @@ done:
 }
 
 /* ---- reshard ---- */
-
-static int parse_world(const char *s, int *world)
-{
-	char *end;
-	errno = 0;
-	long v = s ? strtol(s, &end, 10) : 0;
-	if (!s || !*s || *end || errno || v < 1 || v > MAX_WORLD)
-		return -1;
-	*world = (int)v;
-	return 0;
-}
 
 static int known_strategy(const char *s)
 {
@@ -747,7 +737,7 @@ static int cmd_reshard(int argc, char **argv)
 {
 	const char *pos[2], *world_s = NULL, *strategy = NULL;
 	int npos, m = 0;
-	opt opts[] = {{"--world", NULL, &world_s, NULL}, {"--strategy", NULL, &strategy, NULL}, {0}};
+	opt opts[] = {{"world", 0, &world_s, NULL}, {"strategy", 0, &strategy, NULL}, {0}};
 	int rc = parse_args("reshard", help_reshard, argc, argv, opts, pos, 2, &npos);
 	if (rc >= 0)
 		return rc;
@@ -755,7 +745,7 @@ static int cmd_reshard(int argc, char **argv)
 		return usage_error("reshard", "needs SRC and DST (hpu-ckpt reshard SRC DST --world M)");
 	if (!world_s)
 		return usage_error("reshard", "how many shards? (--world M)");
-	if (parse_world(world_s, &m) < 0)
+	if (hpu_parse_int(world_s, 1, MAX_WORLD, &m))
 		return usage_error("reshard", "--world must be 1 to %d, not '%s'", MAX_WORLD, world_s);
 	if (strategy && !known_strategy(strategy))
 		return usage_error("reshard",
@@ -807,8 +797,8 @@ static int cmd_reshard(int argc, char **argv)
 		goto done;
 	}
 	snprintf(mpath, sizeof mpath, "%s/%s", partial, HPU_CKPT_MANIFEST);
-	if (hpu_ckpt_write_atomic(mpath, text, strlen(text), err, sizeof err) < 0 ||
-	    hpu_ckpt_fsync_dir(partial, err, sizeof err) < 0) {
+	if (hpu_write_atomic(mpath, text, strlen(text), err, sizeof err) < 0 ||
+	    hpu_fsync_dir(partial, err, sizeof err) < 0) {
 		fail("%s", err);
 		goto done;
 	}
@@ -817,7 +807,7 @@ static int cmd_reshard(int argc, char **argv)
 		goto done;
 	}
 	made = 0;
-	if (hpu_ckpt_fsync_dir(parent, err, sizeof err) < 0) {
+	if (hpu_fsync_dir(parent, err, sizeof err) < 0) {
 		fail("%s", err);
 		goto done;
 	}

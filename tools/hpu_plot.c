@@ -30,8 +30,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "env.h"
+#include "fileio.h"
+#include "num.h"
+#include "opt.h"
 #include "tool.h"
-#include "outpath.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
 #define fail hpu_tool_fail
@@ -78,83 +81,59 @@ typedef struct args {
 	int width, height, print_data;
 } args;
 
-/* A pixel count in [MIN_PX, MAX_PX]; -1 if s is anything else. */
-static int parse_px(const char *s)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < MIN_PX || v > MAX_PX)
-		return -1;
-	return (int)v;
-}
+enum { OPT_HELP = 1, OPT_PRINT_DATA, OPT_OUTPUT, OPT_TITLE, OPT_WIDTH, OPT_HEIGHT };
 
-/* The value of option `name` at argv[*i] ("--name V" or "--name=V");
- * NULL (after a usage error) if it has none. */
-static const char *value_of(const char *name, int argc, char **argv, int *i)
-{
-	const char *a = argv[*i], *eq = strchr(a, '=');
-	if (eq && a[1] == '-')
-		return eq + 1;
-	if (*i + 1 >= argc) {
-		hpu_tool_usage(NULL, "%s needs a value", name);
-		return NULL;
-	}
-	return argv[++*i];
-}
-
-/* Whether argv[i] is option long_name (or short_name, may be NULL),
- * alone or as --long_name=V. */
-static int is_opt(const char *a, const char *long_name, const char *short_name)
-{
-	size_t n = strlen(long_name);
-	if (short_name && !strcmp(a, short_name))
-		return 1;
-	return !strncmp(a, long_name, n) && (a[n] == '\0' || a[n] == '=');
-}
+static const hpu_optspec specs[] = {
+	{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
+	{"print-data", 0, HPU_OPT_FLAG, OPT_PRINT_DATA},
+	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT},
+	{"title", 0, HPU_OPT_VALUE, OPT_TITLE},
+	{"width", 0, HPU_OPT_VALUE, OPT_WIDTH},
+	{"height", 0, HPU_OPT_VALUE, OPT_HEIGHT},
+	{0},
+};
 
 /* Fills *A from argv. Returns -1 when parsed, OK after --help, USAGE
  * after saying what is wrong. */
 static int parse_args(int argc, char **argv, args *A)
 {
 	*A = (args){.width = DEF_W, .height = DEF_H};
-	int only_pos = 0;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *v;
-		if (only_pos || a[0] != '-' || !a[1]) {
+	hpu_optparse p;
+	hpu_optparse_init(&p, argc, argv, specs);
+	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+		const char *v = p.val;
+		switch (r) {
+		case HPU_OPT_POSITIONAL:
 			if (A->metrics)
 				return hpu_tool_usage(NULL, "one metrics file only ('%s' and '%s')",
-						   A->metrics, a);
-			A->metrics = a;
-		} else if (!strcmp(a, "--")) {
-			only_pos = 1;
-		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+						   A->metrics, v);
+			A->metrics = v;
+			break;
+		case OPT_HELP:
 			fputs(help, stdout);
 			return OK;
-		} else if (!strcmp(a, "--print-data")) {
+		case OPT_PRINT_DATA:
 			A->print_data = 1;
-		} else if (is_opt(a, "--output", "-o")) {
-			if (!(v = value_of("--output", argc, argv, &i)))
-				return USAGE;
+			break;
+		case OPT_OUTPUT:
 			if (!*v)
 				return hpu_tool_usage(NULL, "--output needs a file name");
 			A->out = v;
-		} else if (is_opt(a, "--title", NULL)) {
-			if (!(v = value_of("--title", argc, argv, &i)))
-				return USAGE;
+			break;
+		case OPT_TITLE:
 			A->title = v;
-		} else if (is_opt(a, "--width", NULL) || is_opt(a, "--height", NULL)) {
-			int w = a[2] == 'w';
-			if (!(v = value_of(w ? "--width" : "--height", argc, argv, &i)))
-				return USAGE;
-			int px = parse_px(v);
-			if (px < 0)
-				return hpu_tool_usage(NULL, "%s wants a whole number of pixels from %d to "
+			break;
+		case OPT_WIDTH:
+		case OPT_HEIGHT:
+			if (hpu_parse_int(v, MIN_PX, MAX_PX, r == OPT_WIDTH ? &A->width : &A->height))
+				return hpu_tool_usage(NULL, "--%s wants a whole number of pixels from %d to "
 						   "%d, not '%s'",
-						   w ? "--width" : "--height", MIN_PX, MAX_PX, v);
-			*(w ? &A->width : &A->height) = px;
-		} else {
-			return hpu_tool_usage(NULL, "unknown option '%s'", a);
+						   p.spec->name, MIN_PX, MAX_PX, v);
+			break;
+		case HPU_OPT_MISSING:
+			return hpu_tool_usage(NULL, "--%s needs a value", p.spec->name);
+		default: /* unknown, or a flag with a value */
+			return hpu_tool_usage(NULL, "unknown option '%s'", p.arg);
 		}
 	}
 	if (!A->metrics)
@@ -584,7 +563,7 @@ static int write_script(FILE *f, const args *A, const table *t, const layout *L)
  * if there is none. */
 static char *find_gnuplot(void)
 {
-	const char *path = getenv("PATH");
+	const char *path = hpu_env_str(HPU_ENV_PATH);
 	if (!path || !*path)
 		path = "/usr/local/bin:/usr/bin:/bin";
 	char cwd[4096];
@@ -737,42 +716,40 @@ static int looks_like_png(int fd)
 	       !memcmp(b, iend, sizeof iend);
 }
 
-/* Copies the PNG in fd to `out`, a device or a pipe (written in place:
- * renaming over it would replace it), every write and the close checked. */
-static int copy_out(int fd, const char *out)
+/* Copies the PNG in fd to `to`, the descriptor of `out`, a device or a
+ * pipe (written in place: renaming over it would replace it), every
+ * write checked. */
+static int copy_out(int fd, int to, const char *out)
 {
-	int to = open(out, O_WRONLY | O_CLOEXEC);
-	if (to < 0)
-		return fail("cannot write %s: %s", out, strerror(errno));
 	char buf[65536];
 	off_t at = 0;
 	ssize_t n;
-	int rc = OK;
-	while (rc == OK && (n = pread(fd, buf, sizeof buf, at)) > 0) {
-		for (ssize_t done = 0; done < n && rc == OK;) {
-			ssize_t w = write(to, buf + done, (size_t)(n - done));
-			if (w > 0)
-				done += w;
-			else if (errno != EINTR)
-				rc = fail("cannot write %s: %s", out, strerror(errno));
-		}
+	while ((n = pread(fd, buf, sizeof buf, at)) > 0) {
+		if (hpu_write_all(to, buf, (size_t)n) < 0)
+			return fail("cannot write %s: %s", out, strerror(errno));
 		at += n;
 	}
-	if (rc == OK && n < 0)
-		rc = fail("cannot read the PNG back: %s", strerror(errno));
-	if (close(to) != 0 && rc == OK)
-		rc = fail("cannot write %s: %s", out, strerror(errno));
+	if (n < 0)
+		return fail("cannot read the PNG back: %s", strerror(errno));
+	return OK;
+}
+
+/* Runs gnuplot into fd, a regular file at `into`, and checks the PNG. */
+static int render(const char *gp, const char *dir, int fd, const char *into)
+{
+	int rc = run_gnuplot(gp, dir, fd);
+	if (rc == OK && !looks_like_png(fd))
+		rc = fail("gnuplot wrote no complete PNG to %s (a full disk?)", into);
 	return rc;
 }
 
-/* Writes table and script into dir, runs gnuplot into OUT.tmp and renames
- * that to OUT; for an OUT written in place (hpu_out_in_place), into
- * dir/plot.png, then copied. */
+/* Writes table and script into dir, runs gnuplot into OUT's temporary
+ * file and renames that to OUT (an hpu_outfile); for an OUT written in
+ * place (a device or a pipe), into dir/plot.png, then copied. */
 static int draw(const args *A, const table *t, const layout *L, const char *gp,
 		const char *dir)
 {
-	char data[4200], script[4200], *tmp = NULL, real[4096];
-	int direct = hpu_out_in_place(A->out, real, sizeof real);
+	char data[4200], script[4200], png[4200];
 	FILE *f = fopen(in_dir(data, sizeof data, dir, "data.txt"), "w");
 	int bad = !f || write_table(f, t, L) < 0;
 	if (f && fclose(f) != 0)
@@ -785,35 +762,38 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 		bad = 1;
 	if (bad)
 		return fail("cannot write %s: %s", script, strerror(errno));
-	if ((direct ? asprintf(&tmp, "%s/plot.png", dir) : asprintf(&tmp, "%s.tmp", real)) < 0)
-		return fail("out of memory");
-	int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-	if (fd < 0) {
-		int rc = fail("cannot write %s: %s", tmp, strerror(errno));
-		free(tmp);
-		return rc;
+	hpu_outfile o;
+	const char *step;
+	int rc = OK;
+	if (hpu_outfile_open(&o, A->out, 0666) < 0) {
+		rc = fail("cannot write %s: %s", o.direct ? A->out : o.tmp, strerror(errno));
+	} else if (!o.direct) {
+		rc = render(gp, dir, o.fd, o.tmp);
+	} else { /* the PNG is read back: a regular file first */
+		int fd = open(in_dir(png, sizeof png, dir, "plot.png"),
+			      O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+		rc = fd < 0 ? fail("cannot write %s: %s", png, strerror(errno))
+			    : render(gp, dir, fd, png);
+		if (rc == OK)
+			rc = copy_out(fd, o.fd, A->out);
+		if (fd >= 0)
+			close(fd);
 	}
-	int rc = run_gnuplot(gp, dir, fd);
-	if (rc == OK && !looks_like_png(fd))
-		rc = fail("gnuplot wrote no complete PNG to %s (a full disk?)", tmp);
-	if (rc == OK && direct)
-		rc = copy_out(fd, A->out);
-	if (rc == OK && !direct && fsync(fd) != 0)
-		rc = fail("cannot write %s: %s", tmp, strerror(errno));
-	if (close(fd) != 0 && rc == OK)
-		rc = fail("cannot write %s: %s", tmp, strerror(errno));
-	if (rc == OK && !direct && rename(tmp, real) != 0)
-		rc = fail("cannot rename %s to %s: %s", tmp, real, strerror(errno));
-	if (rc != OK || direct)
-		unlink(tmp);
-	free(tmp);
+	if (rc == OK && hpu_outfile_commit(&o, &step) != 0) {
+		if (!strcmp(step, "rename"))
+			rc = fail("cannot rename %s to %s: %s", o.tmp, o.path, strerror(errno));
+		else
+			rc = fail("cannot write %s: %s", o.direct ? A->out : o.tmp,
+				  strerror(errno));
+	}
+	hpu_outfile_abort(&o); /* what is left after a failure */
 	return rc;
 }
 
 /* Makes the temporary directory, draws, removes the directory. */
 static int draw_in_tmpdir(const args *A, const table *t, const layout *L, const char *gp)
 {
-	const char *base = getenv("TMPDIR");
+	const char *base = hpu_env_str(HPU_ENV_TMPDIR);
 	char dir[4096], p[4200];
 	snprintf(dir, sizeof dir, "%s/hpu-plot.XXXXXX", base && *base ? base : "/tmp");
 	if (!mkdtemp(dir))

@@ -28,8 +28,10 @@
 
 #include <cJSON.h>
 
+#include "fileio.h"
+#include "num.h"
+#include "opt.h"
 #include "tool.h"
-#include "outpath.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
 #define fail hpu_tool_fail
@@ -137,31 +139,13 @@ static int name_rank(const char *path, char *name, size_t n)
 /* Reads a whole file into t->text; BAD (said) if it cannot. */
 static int read_file(trace *t)
 {
-	FILE *f = fopen(t->path, "rb");
+	FILE *f = fopen(t->path, "rb"); /* a pipe too */
 	if (!f)
 		return fail("%s: cannot open: %s", t->path, strerror(errno));
-	struct stat st;
-	if (fstat(fileno(f), &st) != 0) {
-		int err = errno;
-		fclose(f);
-		return fail("%s: cannot read: %s", t->path, strerror(err));
-	}
-	size_t cap = (size_t)st.st_size + 1, n = 0, got;
-	char *buf = xrealloc(NULL, cap + 1);
-	while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
-		n += got;
-		if (n == cap)
-			buf = xrealloc(buf, (cap *= 2) + 1);
-	}
-	int err = ferror(f);
+	const char *why = hpu_read_stream(f, 0, &t->text, &t->len);
 	fclose(f);
-	if (err) {
-		free(buf);
-		return fail("%s: cannot read: %s", t->path, strerror(errno));
-	}
-	buf[n] = 0;
-	t->text = buf;
-	t->len = n;
+	if (why)
+		return fail("%s: cannot read: %s", t->path, why);
 	return OK;
 }
 
@@ -664,18 +648,14 @@ static int put_rank(FILE *f, trace *t, long *written)
 }
 
 /* Writes the merged trace to out: as out.tmp.PID, renamed when complete
- * (hpu_out_in_place: a device or a pipe in place). Every write, the flush and
- * the close are checked. */
+ * (an hpu_outfile: a device or a pipe in place). Every write, the flush,
+ * the fsync and the close are checked. */
 static int write_merged(inputs *in, const char *out, int aligned, long *written)
 {
-	char real[4096];
-	int direct = hpu_out_in_place(out, real, sizeof real);
-	size_t len = strlen(real) + 32;
-	char *tmp = xrealloc(NULL, len);
-	snprintf(tmp, len, "%s.tmp.%ld", real, (long)getpid());
-	FILE *f = fopen(direct ? out : tmp, "w");
-	if (!f) {
-		free(tmp);
+	hpu_outfile of;
+	FILE *f = NULL;
+	if (hpu_outfile_open(&of, out, 0666) < 0 || !(f = hpu_outfile_stream(&of))) {
+		hpu_outfile_abort(&of); /* errno stays */
 		return fail("%s: cannot write: %s", out, strerror(errno));
 	}
 	cJSON *o = other_data(in, aligned);
@@ -689,15 +669,9 @@ static int write_merged(inputs *in, const char *out, int aligned, long *written)
 	for (int i = 0; i < in->n && rc == OK; i++)
 		if ((rc = put_rank(f, &in->t[i], written)) < 0)
 			err = errno;
-	if (rc == OK && (fputs("\n]}\n", f) < 0 || fflush(f) != 0))
+	if (rc == OK && (fputs("\n]}\n", f) < 0 || hpu_outfile_commit(&of, NULL) != 0))
 		rc = -1, err = errno;
-	if (fclose(f) != 0 && rc == OK)
-		rc = -1, err = errno;
-	if (rc == OK && !direct && rename(tmp, real) != 0)
-		rc = -1, err = errno;
-	if (rc != OK && !direct)
-		unlink(tmp);
-	free(tmp);
+	hpu_outfile_abort(&of); /* what is left of it after a failure */
 	if (rc < 0) /* a write failed (BAD: put_rank said why) */
 		return fail("%s: cannot write: %s", out, strerror(err ? err : EIO));
 	return rc;
@@ -813,53 +787,43 @@ typedef struct opts {
 	int npaths;
 } opts;
 
+enum { OPT_HELP = 1, OPT_NO_MERGE, OPT_OUTPUT, OPT_TOP, OPT_SORT };
+
+static const hpu_optspec specs[] = {
+	{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
+	{"no-merge", 0, HPU_OPT_FLAG, OPT_NO_MERGE},
+	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT},
+	{"top", 0, HPU_OPT_VALUE, OPT_TOP},
+	{"sort", 0, HPU_OPT_VALUE, OPT_SORT},
+	{0},
+};
+
 /* Returns -1 when parsed, OK after --help, USAGE after saying why not. */
 static int parse_args(opts *o, int argc, char **argv)
 {
 	o->paths = xrealloc(NULL, (size_t)argc * sizeof *o->paths);
-	int only_paths = 0;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *val = NULL;
-		if (only_paths || a[0] != '-' || !a[1]) {
-			o->paths[o->npaths++] = a;
-			continue;
-		}
-		if (!strcmp(a, "--")) {
-			only_paths = 1;
-			continue;
-		}
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+	hpu_optparse p;
+	hpu_optparse_init(&p, argc, argv, specs);
+	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+		const char *val = p.val;
+		if (r == HPU_OPT_POSITIONAL) {
+			o->paths[o->npaths++] = val;
+		} else if (r == OPT_HELP) {
 			fputs(help, stdout);
 			return OK;
-		}
-		if (!strcmp(a, "--no-merge")) {
+		} else if (r == OPT_NO_MERGE) {
 			o->no_merge = 1;
-			continue;
-		}
-		const char *eq = strchr(a, '=');
-		size_t len = eq && a[1] == '-' ? (size_t)(eq - a) : strlen(a);
-		const char *names[] = {"-o", "--output", "--top", "--sort"};
-		int which = -1;
-		for (int k = 0; k < 4; k++)
-			if (strlen(names[k]) == len && !strncmp(a, names[k], len))
-				which = k;
-		if (which < 0)
-			return hpu_tool_usage(NULL, "unknown option '%s'", a);
-		if (eq && a[1] == '-')
-			val = eq + 1;
-		else if (i + 1 < argc)
-			val = argv[++i];
-		else
-			return hpu_tool_usage(NULL, "%s needs a value", names[which]);
-		if (which <= 1) {
+		} else if (r == HPU_OPT_MISSING) {
+			/* named as written: -o or --output */
+			return hpu_tool_usage(NULL, "%s needs a value", p.arg);
+		} else if (r < 0) { /* unknown, or a flag with a value */
+			return hpu_tool_usage(NULL, "unknown option '%s'", p.arg);
+		} else if (r == OPT_OUTPUT) {
 			o->out = val;
-		} else if (which == 2) {
-			char *end;
-			long n = strtol(val, &end, 10);
-			if (!*val || *end || n < 1 || n > 1000000)
+		} else if (r == OPT_TOP) {
+			if (hpu_parse_int(val, 1, 1000000, &o->top))
 				return hpu_tool_usage(NULL, "--top wants a whole number of at least 1, not '%s'",
 						   val);
-			o->top = (int)n;
 		} else {
 			static const char *keys[] = {"total", "count", "mean", "max", "name"};
 			int k = 0;

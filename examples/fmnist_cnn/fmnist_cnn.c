@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "idx.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
@@ -282,29 +283,14 @@ static void teardown(void *user)
 	free(m);
 }
 
-static int int_arg(hpu_builder *b, const char *name, const char *v, long lo,
-		   long hi, long *out)
-{
-	char *end;
-	*out = strtol(v, &end, 10);
-	if (end == v || *end || *out < lo || *out > hi)
-		return hpu_error(b, "%s wants a number in %ld..%ld, got %s", name, lo, hi, v);
-	return 0;
-}
-
 /* "C1,C2", each 1..1024 */
 static int channels_arg(hpu_builder *b, const char *v, long ch[2])
 {
-	char *end;
-	ch[0] = strtol(v, &end, 10);
-	if (end == v || *end != ',')
-		goto bad;
-	const char *second = end + 1;
-	ch[1] = strtol(second, &end, 10);
-	if (end == second || *end || ch[0] < 1 || ch[0] > 1024 || ch[1] < 1 || ch[1] > 1024)
-		goto bad;
-	return 0;
-bad:
+	const char *end;
+	if (ex_long_prefix(v, &end, &ch[0]) == 0 && *end == ',' &&
+	    ex_long_prefix(end + 1, &end, &ch[1]) == 0 && !*end && ch[0] >= 1 && ch[0] <= 1024 &&
+	    ch[1] >= 1 && ch[1] <= 1024)
+		return 0;
 	return hpu_error(b, "--channels wants two numbers in 1..1024 as C1,C2 (e.g. 32,64), got %s", v);
 }
 
@@ -318,7 +304,7 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 			if (channels_arg(b, argv[++i], ch) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) {
-			if (int_arg(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
+			if (ex_arg_long(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
 				return -1;
 		} else {
 			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --channels C1,C2, --hidden N)",

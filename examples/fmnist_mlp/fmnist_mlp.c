@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "idx.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
@@ -188,16 +189,6 @@ static void teardown(void *user)
 	free(m);
 }
 
-static int int_arg(hpu_builder *b, const char *name, const char *v, long lo,
-		   long hi, long *out)
-{
-	char *end;
-	*out = strtol(v, &end, 10);
-	if (end == v || *end || *out < lo || *out > hi)
-		return hpu_error(b, "%s wants a number in %ld..%ld, got %s", name, lo, hi, v);
-	return 0;
-}
-
 static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 		      long *hidden, long *depth, int *ckpt, mlp *m)
 {
@@ -205,27 +196,27 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 		if (!strcmp(argv[i], "--data") && i + 1 < argc) {
 			*dir = argv[++i];
 		} else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) {
-			if (int_arg(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
+			if (ex_arg_long(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--depth") && i + 1 < argc) {
-			if (int_arg(b, "--depth", argv[++i], 1, MAX_DEPTH, depth) < 0)
+			if (ex_arg_long(b, "--depth", argv[++i], 1, MAX_DEPTH, depth) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--checkpoint")) {
 			*ckpt = 1;
 		} else if (!strcmp(argv[i], "--sleep-rank") && i + 1 < argc) {
-			if (int_arg(b, "--sleep-rank", argv[++i], 0, 1 << 20, &m->sleep_rank) < 0)
+			if (ex_arg_long(b, "--sleep-rank", argv[++i], 0, 1 << 20, &m->sleep_rank) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--exit-rank") && i + 1 < argc) {
-			if (int_arg(b, "--exit-rank", argv[++i], 0, 1 << 20, &m->exit_rank) < 0)
+			if (ex_arg_long(b, "--exit-rank", argv[++i], 0, 1 << 20, &m->exit_rank) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--exit-at") && i + 1 < argc) {
-			if (int_arg(b, "--exit-at", argv[++i], 1, 1L << 40, &m->exit_at) < 0)
+			if (ex_arg_long(b, "--exit-at", argv[++i], 1, 1L << 40, &m->exit_at) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--sleep-ms") && i + 1 < argc) {
-			if (int_arg(b, "--sleep-ms", argv[++i], 0, 3600000, &m->sleep_ms) < 0)
+			if (ex_arg_long(b, "--sleep-ms", argv[++i], 0, 3600000, &m->sleep_ms) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--print-lines") && i + 1 < argc) {
-			if (int_arg(b, "--print-lines", argv[++i], 0, 1000000, &m->print_lines) < 0)
+			if (ex_arg_long(b, "--print-lines", argv[++i], 0, 1000000, &m->print_lines) < 0)
 				return -1;
 		} else {
 			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint; testing: --sleep-rank R --sleep-ms MS, --exit-rank R --exit-at N, --print-lines N)",

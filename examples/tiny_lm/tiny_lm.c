@@ -41,6 +41,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "args.h"
+
 #define DEFAULT_DATA "/usr/share/common-licenses"
 #define MAX_BLOCKS 32
 #define MAX_PARAMS 12
@@ -647,16 +649,6 @@ static void teardown(void *user)
 	free(m);
 }
 
-static int num_arg(hpu_builder *b, const char *name, const char *v, double lo,
-		   double hi, double *out)
-{
-	char *end;
-	*out = strtod(v, &end);
-	if (end == v || *end || !(*out >= lo && *out <= hi))
-		return hpu_error(b, "%s wants a number in %g..%g, got %s", name, lo, hi, v);
-	return 0;
-}
-
 typedef struct args {
 	const char *dir;
 	double t, d, heads, layers, gen, temp, seed;
@@ -685,7 +677,7 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a, lm *m)
 				break;
 		if (k < nn && i + 1 < argc) {
 			double *v = (double *)((char *)a + nums[k].off);
-			if (num_arg(b, argv[i], argv[i + 1], nums[k].lo, nums[k].hi, v) < 0)
+			if (ex_arg_double(b, argv[i], argv[i + 1], nums[k].lo, nums[k].hi, v) < 0)
 				return -1;
 			i++;
 		} else if (!strcmp(argv[i], "--data") && i + 1 < argc) {

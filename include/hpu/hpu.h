@@ -30,6 +30,30 @@ extern "C" {
 #define HPU_MODEL_ENTRY_SYMBOL "hpu_model_entry"
 #define HPU_MAX_DIMS 4
 
+/* Errors. These functions return HPU_OK (0) or one of the codes below:
+ * hpu_param_add (the index on success), hpu_dataset_set, hpu_loss_set,
+ * hpu_layer_checkpoint, hpu_error, hpu_layer_error, hpu_device_stats_get,
+ * and in ops.h hpu_embedding_forward and hpu_autocast_init. The codes are
+ * negative, as the -1 they replace was, so a model that tests `rc < 0`
+ * reads them right under the same ABI version (one that tested `== -1`
+ * should test `< 0`). A model's callbacks may return them too: the
+ * runtime takes any non-zero return as a failure. */
+typedef enum hpu_err {
+	HPU_OK = 0,
+	HPU_ERROR = -1,  /* failed; a message says why: the one given to
+			  * hpu_error() / hpu_layer_error(), or the err
+			  * buffer of the call */
+	HPU_EINVAL = -2, /* a bad argument or declaration (the builder's
+			  * error names it) */
+	HPU_ENOMEM = -3, /* out of memory */
+	HPU_ERANGE = -4, /* an index out of range (an embedding id) */
+	HPU_ENODEV = -5, /* no device memory is set up */
+} hpu_err;
+
+/* A static sentence naming an hpu_err code ("Unknown error code." for
+ * any other value). */
+HPU_API const char *hpu_strerror(int err);
+
 typedef struct hpu_builder hpu_builder; /* the runtime, during setup */
 typedef struct hpu_layer hpu_layer;     /* one declared layer */
 
@@ -112,20 +136,22 @@ HPU_API hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_siz
 			 size_t out_size, const hpu_layer_ops *ops, void *user);
 
 /* Declares a parameter of `layer`; returns its index in the layer (0, 1,
- * ...), or -1 on bad arguments. */
+ * ...), or HPU_EINVAL (bad arguments) or HPU_ENOMEM, the error recorded. */
 HPU_API int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
 		  const int64_t *shape, hpu_init init);
 
-/* Sets a dataset split. The struct is copied; `user` stays the model's. */
+/* Sets a dataset split. The struct is copied; `user` stays the model's.
+ * Returns HPU_OK, or HPU_EINVAL (error recorded). */
 HPU_API int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds);
 
-/* Sets the loss. The struct is copied. */
+/* Sets the loss. The struct is copied. Returns HPU_OK, or HPU_EINVAL
+ * (error recorded). */
 HPU_API int hpu_loss_set(hpu_builder *b, const hpu_loss *loss);
 
 /* Keeps a pointer that teardown() gets back. */
 HPU_API void hpu_set_user(hpu_builder *b, void *user);
 
-/* Records a setup error (printf format); returns -1. */
+/* Records a setup error (printf format); returns HPU_ERROR (-1). */
 HPU_API int hpu_error(hpu_builder *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
@@ -135,7 +161,8 @@ HPU_API int hpu_world_size(const hpu_builder *b);
 /* Marks `layer` for activation checkpointing: its output is not kept
  * through the forward pass when the next layer is marked too; backward
  * recomputes a run of marked layers from the run's input. Costs one more
- * forward of those layers; saves their activation memory. */
+ * forward of those layers; saves their activation memory. Returns
+ * HPU_OK. */
 HPU_API int hpu_layer_checkpoint(hpu_layer *layer, int on);
 
 /* --- inside forward/backward --- */
@@ -166,7 +193,8 @@ typedef struct hpu_device_stats {
 	uint64_t total_active_allocs; /* TotalActiveAllocs: system blocks held */
 } hpu_device_stats;
 
-/* Fills *out; returns 0, or -1 when no device memory is set up. */
+/* Fills *out; returns HPU_OK, or HPU_ENODEV when no device memory is
+ * set up. */
 HPU_API int hpu_device_stats_get(hpu_device_stats *out);
 
 /* --- profiling, at any time (hpulaunch --profile) --- */
@@ -205,7 +233,7 @@ static inline hpu_profile_scope hpu__profile_scope_begin(const char *action)
 	hpu_profile_scope HPU__PROFILE_CAT(hpu__profile_scope_, __LINE__) =     \
 		hpu__profile_scope_begin(action)
 
-/* Records a layer error (printf format); returns -1. */
+/* Records a layer error (printf format); returns HPU_ERROR (-1). */
 HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 

@@ -9,6 +9,7 @@
 #define HPU_OPS_H
 
 #include <hpu/export.h>
+#include <hpu/hpu.h> /* hpu_err */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -122,8 +123,9 @@ HPU_API void hpu_layernorm_backward(const float *x, const float *gamma, const fl
 			    const float *rstd, const float *dy, float *dx,
 			    float *dgamma, float *dbeta, int rows, int cols);
 
-/* Embedding: y[n, dim] = table[ids[i]] (ids checked: returns -1 when one
- * is out of range, 0 otherwise). Backward: dtable[ids[i]] += dy[i]. */
+/* Embedding: y[n, dim] = table[ids[i]] (ids checked: returns HPU_ERANGE
+ * when one is out of range, HPU_OK otherwise). Backward: dtable[ids[i]]
+ * += dy[i]. */
 HPU_API int hpu_embedding_forward(const float *table, const int32_t *ids, float *y,
 			  int n, int vocab, int dim);
 HPU_API void hpu_embedding_backward(const int32_t *ids, const float *dy, float *dtable,
@@ -182,9 +184,9 @@ enum {
  * matmul, bmm, conv2d, attention), then the ops named in the files of the
  * LOWER_LIST and FP32_LIST environment variables moved into the lower /
  * fp32 list (one name a line; blank lines and '#' comments allowed). On an
- * unreadable file, an unknown name or a name in both files, returns -1
- * with a message naming the file (and line) in err, and leaves the policy
- * as it was; 0 otherwise. */
+ * unreadable file, an unknown name or a name in both files, returns
+ * HPU_ERROR with a message naming the file (and line) in err, and leaves
+ * the policy as it was; HPU_OK otherwise. */
 HPU_API int hpu_autocast_init(int lowp, char *err, size_t errlen);
 
 /* Prints the policy in force (low type, both lists, the files) to f. */

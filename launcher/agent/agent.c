@@ -1,4 +1,6 @@
 #include "agent.h"
+#include "shmname.h"
+#include "num.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -395,8 +397,8 @@ static int leftover_of(const hpu_agent *a, pid_t pid, char state)
 	if (state == 'Z' || state == 'X')
 		return 0; /* its environment is gone; the loop reaps it */
 	char id[600], tok[300];
-	snprintf(id, sizeof id, "HPU_JOB_ID=%s", a->cfg.job_id);
-	snprintf(tok, sizeof tok, "HPU_JOB_TOKEN=%s", a->cfg.token);
+	snprintf(id, sizeof id, "%s=%s", hpu_env_name(HPU_ENV_HPU_JOB_ID), a->cfg.job_id);
+	snprintf(tok, sizeof tok, "%s=%s", hpu_env_name(HPU_ENV_HPU_JOB_TOKEN), a->cfg.token);
 	return env_has(a, pid, id, tok);
 }
 
@@ -452,11 +454,10 @@ static int sweep(hpu_agent *a, int sig)
 	DIR *dir = opendir("/proc");
 	struct dirent *e;
 	while (dir && (e = readdir(dir)) != NULL) {
-		char *end;
-		long v = strtol(e->d_name, &end, 10);
-		pid_t pid = (pid_t)v, ppid, pgid;
+		pid_t pid, ppid, pgid; /* an int */
 		char state;
-		if (*end || v <= 0 || proc_stat(pid, &ppid, &pgid, &state) < 0 || ppid != self ||
+		if (hpu_parse_int(e->d_name, 1, INT_MAX, &pid) ||
+		    proc_stat(pid, &ppid, &pgid, &state) < 0 || ppid != self ||
 		    !leftover_of(a, pid, state))
 			continue;
 		n++;
@@ -601,8 +602,32 @@ static int device_of(const hpu_agent *a, const worker *w)
 	return a->cfg.device_ids ? a->cfg.device_ids[w->local] : w->local;
 }
 
-const char *const hpu_job_env_names[] = {"LOWER_LIST", "FP32_LIST", "QUANT_CONFIG",
-					 "HPUCOLL_SECURITY", NULL};
+const hpu_env_id hpu_job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST, HPU_ENV_QUANT_CONFIG,
+				  HPU_ENV_HPUCOLL_SECURITY, HPU_ENV_COUNT};
+
+/* What the agent sets for every worker (HPUCOLL_TRANSPORT when it has
+ * one): the agent's own values of these are not passed on. */
+static const hpu_env_id launch_env[] = {
+	HPU_ENV_RANK, HPU_ENV_LOCAL_RANK, HPU_ENV_WORLD_SIZE, HPU_ENV_LOCAL_WORLD_SIZE,
+	HPU_ENV_NODE_RANK, HPU_ENV_NNODES, HPU_ENV_MASTER_ADDR, HPU_ENV_MASTER_PORT,
+	HPU_ENV_HPU_JOB_ID, HPU_ENV_HPU_JOB_TOKEN, HPU_ENV_HPUCOLL_TRANSPORT,
+	HPU_ENV_HPU_DEVICE_ID, HPU_ENV_HPU_RESTART_COUNT, HPU_ENV_HPU_MAX_RESTARTS,
+	HPU_ENV_HPU_STATUS_FD, HPU_ENV_COUNT};
+
+/* "NAME=VALUE" for variable id, allocated; NULL when out of memory. */
+static char *entry_str(hpu_env_id id, const char *value)
+{
+	char e[600];
+	snprintf(e, sizeof e, "%s=%s", hpu_env_name(id), value);
+	return strdup(e);
+}
+
+static char *entry_int(hpu_env_id id, int value)
+{
+	char v[16];
+	snprintf(v, sizeof v, "%d", value);
+	return entry_str(id, v);
+}
 
 /* Whether environment entry e ("NAME=...") sets a name that list (of
  * "NAME=VALUE", NULL-terminated) sets too. */
@@ -618,12 +643,6 @@ static int set_by(const char *e, char *const *list)
 /* Builds the worker's environment: ours, minus what we set, plus the job's. */
 static char **make_env(const hpu_agent *a, const worker *w)
 {
-	static const char *ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=",
-				     "LOCAL_WORLD_SIZE=", "NODE_RANK=", "NNODES=",
-				     "MASTER_ADDR=", "MASTER_PORT=", "HPU_JOB_ID=",
-				     "HPU_JOB_TOKEN=", "HPUCOLL_TRANSPORT=",
-				     "HPU_DEVICE_ID=", "HPU_RESTART_COUNT=",
-				     "HPU_MAX_RESTARTS=", "HPU_STATUS_FD="};
 	size_t n = 0;
 	while (environ[n])
 		n++;
@@ -636,40 +655,31 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	size_t k = 0;
 	int have_blas = 0;
 	for (size_t i = 0; i < n; i++) {
-		int skip = 0;
-		for (size_t j = 0; j < sizeof ours / sizeof ours[0]; j++)
-			if (!strncmp(environ[i], ours[j], strlen(ours[j])))
-				skip = 1;
-		if (!strncmp(environ[i], "OPENBLAS_NUM_THREADS=", 21))
+		int id = hpu_env_find(environ[i]);
+		if (id == HPU_ENV_OPENBLAS_NUM_THREADS)
 			have_blas = 1;
-		if (!skip && !set_by(environ[i], a->cfg.env))
+		if (!(id >= 0 && hpu_env_in(id, launch_env)) && !set_by(environ[i], a->cfg.env))
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
-	char v[14][600];
-	snprintf(v[0], sizeof v[0], "RANK=%d", w->rank);
-	snprintf(v[1], sizeof v[1], "LOCAL_RANK=%d", w->local);
-	snprintf(v[2], sizeof v[2], "WORLD_SIZE=%d", c->nodes * c->devices);
-	snprintf(v[3], sizeof v[3], "LOCAL_WORLD_SIZE=%d", c->devices);
-	snprintf(v[4], sizeof v[4], "NODE_RANK=%d", c->node_rank);
-	snprintf(v[5], sizeof v[5], "NNODES=%d", c->nodes);
-	snprintf(v[6], sizeof v[6], "MASTER_ADDR=%s", c->master_addr);
-	snprintf(v[7], sizeof v[7], "MASTER_PORT=%d", c->master_port);
-	snprintf(v[8], sizeof v[8], "HPU_JOB_ID=%s", c->job_id);
-	snprintf(v[9], sizeof v[9], "HPU_JOB_TOKEN=%s", c->token);
-	snprintf(v[10], sizeof v[10], "HPU_DEVICE_ID=%d", device_of(a, w));
-	snprintf(v[11], sizeof v[11], "HPU_RESTART_COUNT=%d", c->restart_count);
-	snprintf(v[12], sizeof v[12], "HPU_MAX_RESTARTS=%d", c->max_restarts);
-	snprintf(v[13], sizeof v[13], "HPU_STATUS_FD=%d", HPU_AGENT_STATUS_FD);
-	for (int i = 0; i < 14; i++)
-		env[k++] = strdup(v[i]);
+	env[k++] = entry_int(HPU_ENV_RANK, w->rank);
+	env[k++] = entry_int(HPU_ENV_LOCAL_RANK, w->local);
+	env[k++] = entry_int(HPU_ENV_WORLD_SIZE, c->nodes * c->devices);
+	env[k++] = entry_int(HPU_ENV_LOCAL_WORLD_SIZE, c->devices);
+	env[k++] = entry_int(HPU_ENV_NODE_RANK, c->node_rank);
+	env[k++] = entry_int(HPU_ENV_NNODES, c->nodes);
+	env[k++] = entry_str(HPU_ENV_MASTER_ADDR, c->master_addr);
+	env[k++] = entry_int(HPU_ENV_MASTER_PORT, c->master_port);
+	env[k++] = entry_str(HPU_ENV_HPU_JOB_ID, c->job_id);
+	env[k++] = entry_str(HPU_ENV_HPU_JOB_TOKEN, c->token);
+	env[k++] = entry_int(HPU_ENV_HPU_DEVICE_ID, device_of(a, w));
+	env[k++] = entry_int(HPU_ENV_HPU_RESTART_COUNT, c->restart_count);
+	env[k++] = entry_int(HPU_ENV_HPU_MAX_RESTARTS, c->max_restarts);
+	env[k++] = entry_int(HPU_ENV_HPU_STATUS_FD, HPU_AGENT_STATUS_FD);
 	if (!have_blas)
-		env[k++] = strdup("OPENBLAS_NUM_THREADS=1");
-	if (c->transport) {
-		char t[64];
-		snprintf(t, sizeof t, "HPUCOLL_TRANSPORT=%s", c->transport);
-		env[k++] = strdup(t);
-	}
+		env[k++] = entry_int(HPU_ENV_OPENBLAS_NUM_THREADS, 1);
+	if (c->transport)
+		env[k++] = entry_str(HPU_ENV_HPUCOLL_TRANSPORT, c->transport);
 	for (size_t i = 0; i < extra; i++)
 		env[k++] = strdup(c->env[i]);
 	for (size_t i = 0; i < k; i++)
@@ -906,20 +916,12 @@ void hpu_agent_stop(hpu_agent *a, double grace_s)
 		end_leftovers(a);
 }
 
-/* Whether name is "hpucoll-<job>-<32 hex digits>-n<node>": this node's
- * segment of the job, whatever the coordinator's session was. */
+/* Whether name is "hpucoll-<job>-<session>-n<node>" (shmname.h): this
+ * node's segment of the job, whatever the coordinator's session was. */
 static int is_node_seg(const char *name, const char *job, int node)
 {
-	char tail[32];
-	size_t jl = strlen(job);
-	if (strncmp(name, "hpucoll-", 8) != 0 || strncmp(name + 8, job, jl) != 0 ||
-	    name[8 + jl] != '-')
-		return 0;
-	const char *s = name + 9 + jl;
-	if (strspn(s, "0123456789abcdef") != 32 || s[32] != '-')
-		return 0;
-	snprintf(tail, sizeof tail, "n%d", node);
-	return strcmp(s + 33, tail) == 0;
+	int session = 0;
+	return hpu_shm_seg_node(name, job, &session) == node && session;
 }
 
 int hpu_agent_cleanup(const hpu_agent *a)

@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "env.h"
 #include "status.h"
 
 typedef struct hpu_agent hpu_agent;
@@ -44,8 +45,9 @@ typedef struct hpu_agent hpu_agent;
 
 /* The environment variables a job carries to its workers when it is
  * submitted to hpud (the workers read them; hpud's own environment would
- * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG. NULL-terminated. */
-extern const char *const hpu_job_env_names[];
+ * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG. HPU_ENV_COUNT
+ * ends the list. */
+extern const hpu_env_id hpu_job_env[];
 
 typedef struct hpu_agent_cfg {
 	int node_rank;    /* this node */

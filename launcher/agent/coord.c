@@ -9,6 +9,8 @@
 #include <zmq.h>
 
 #include "codec.h"
+#include "hex.h"
+#include "num.h"
 #include "restart.h"
 #include "zwatch.h"
 
@@ -404,7 +406,8 @@ static int bind_socket(hpu_coord *c, char *err, size_t errlen)
 	}
 	zmq_getsockopt(c->sock, ZMQ_LAST_ENDPOINT, last, &sz);
 	const char *colon = strrchr(last, ':');
-	c->port = colon ? atoi(colon + 1) : c->cfg.port;
+	if (!colon || hpu_parse_int(colon + 1, 1, 65535, &c->port))
+		c->port = c->cfg.port;
 	return 0;
 }
 
@@ -425,8 +428,7 @@ hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 		free(c);
 		return NULL;
 	}
-	for (size_t i = 0; i < sizeof rnd; i++)
-		snprintf(c->session + 2 * i, 3, "%02x", rnd[i]);
+	hpu_hex(c->session, rnd, sizeof rnd);
 	c->world = cfg->nodes * cfg->devices;
 	c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
 	c->agents = calloc((size_t)cfg->nodes, sizeof *c->agents);

@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "env.h"
+
 #define REDRAW_EVERY_S 0.2
 #define DEFAULT_COLUMNS 80
 #define MIN_BAR 10
@@ -32,7 +34,7 @@ void hpu_progress_init(hpu_progress *p, int mode, FILE *out)
 {
 	memset(p, 0, sizeof *p);
 	p->out = out;
-	const char *term = getenv("TERM");
+	const char *term = hpu_env_str(HPU_ENV_TERM);
 	if (mode == HPU_PROGRESS_ALWAYS)
 		p->on = 1;
 	else if (mode == HPU_PROGRESS_AUTO)

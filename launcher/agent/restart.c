@@ -1,4 +1,5 @@
 #include "restart.h"
+#include "hex.h"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -19,8 +20,9 @@ void hpu_attempt_token(const char *token, int restart, char *out, size_t outlen)
 	if (!HMAC(EVP_sha256(), token, (int)strlen(token), (unsigned char *)msg,
 		  (size_t)len, mac, &n))
 		abort(); /* only without memory; a wrong token must not result */
-	for (unsigned int i = 0; i < n && 2 * i + 2 < outlen; i++)
-		snprintf(out + 2 * i, 3, "%02x", mac[i]);
+	size_t k = outlen ? (outlen - 1) / 2 : 0; /* the bytes that fit */
+	if (outlen)
+		hpu_hex(out, mac, k < n ? k : n);
 }
 
 void hpu_restarts_init(hpu_restarts *r, int max)

@@ -143,7 +143,7 @@ static void build(const char *dir, const layout *L, mutate_fn mutate)
 		mutate(m);
 	char *text = cJSON_Print(m);
 	snprintf(path, sizeof path, "%s/%s", dir, HPU_CKPT_MANIFEST);
-	assert_int_equal(hpu_ckpt_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+	assert_int_equal(hpu_write_atomic(path, text, strlen(text), err, sizeof err), 0);
 	free(text);
 	cJSON_Delete(m);
 }
@@ -343,9 +343,9 @@ static void test_open_manifest_missing_or_not_json(void **state)
 	build(d, &good, NULL);
 	snprintf(path, sizeof path, "%s/manifest.json", d);
 	const char *junk = "{\"format\": \"hputrain-checkpoint\", \"version\": 1,";
-	assert_int_equal(hpu_ckpt_write_atomic(path, junk, strlen(junk), err, sizeof err), 0);
+	assert_int_equal(hpu_write_atomic(path, junk, strlen(junk), err, sizeof err), 0);
 	EXPECT_OPEN_ERROR(d, "notjson/manifest.json", "is not a JSON object (damaged?)");
-	assert_int_equal(hpu_ckpt_write_atomic(path, "[1, 2]", 6, err, sizeof err), 0);
+	assert_int_equal(hpu_write_atomic(path, "[1, 2]", 6, err, sizeof err), 0);
 	EXPECT_OPEN_ERROR(d, "is not a JSON object");
 }
 
@@ -565,7 +565,7 @@ static void test_writer(void **state)
 	assert_string_equal(hex, sha);
 	assert_int_equal(bytes, sizeof big + 3);
 	/* write_atomic replaces */
-	assert_int_equal(hpu_ckpt_write_atomic(path, "xy", 2, err, sizeof err), 0);
+	assert_int_equal(hpu_write_atomic(path, "xy", 2, err, sizeof err), 0);
 	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), 0);
 	assert_int_equal(bytes, 2);
 	/* an unwritable place is named */
@@ -574,7 +574,7 @@ static void test_writer(void **state)
 	printf("  writer -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "no/such/dir/f.tmp."));
 	assert_non_null(strstr(err, "No such file or directory"));
-	assert_int_equal(hpu_ckpt_write_atomic(path, "xy", 2, err, sizeof err), -1);
+	assert_int_equal(hpu_write_atomic(path, "xy", 2, err, sizeof err), -1);
 	listing(d, list, sizeof list);
 	assert_string_equal(list, "shard.bin");
 }
@@ -605,7 +605,7 @@ static void write_latest(const char *root, const char *text)
 {
 	char path[1024], err[256];
 	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
-	assert_int_equal(hpu_ckpt_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+	assert_int_equal(hpu_write_atomic(path, text, strlen(text), err, sizeof err), 0);
 }
 
 /* The candidates of root as "a b c". */
@@ -668,7 +668,7 @@ static void partial(const char *root, long step)
 	snprintf(path, sizeof path, "%s/.%s.partial", root, name);
 	assert_int_equal(mkdir(path, 0755), 0);
 	snprintf(path + strlen(path), sizeof path - strlen(path), "/%s", HPU_CKPT_MANIFEST);
-	assert_int_equal(hpu_ckpt_write_atomic(path, "{}", 2, err, sizeof err), 0);
+	assert_int_equal(hpu_write_atomic(path, "{}", 2, err, sizeof err), 0);
 }
 
 static void publish(const char *root, long step, int keep)

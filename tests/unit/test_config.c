@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "fileio.h" /* hpu_read_file */
 
 #define ARGS(...) ((char *[]){"hpu-worker", __VA_ARGS__, NULL})
 

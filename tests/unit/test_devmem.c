@@ -103,7 +103,7 @@ static void test_before_init(void **state)
 {
 	(void)state;
 	hpu_device_stats s;
-	assert_int_equal(hpu_device_stats_get(&s), -1);
+	assert_int_equal(hpu_device_stats_get(&s), HPU_ENODEV);
 	void *p = hpu__dalloc(HPU_MEM_OTHER, 3 * MiB, "scratch");
 	assert_fresh(p, 3 * MiB);
 	s = stats();
@@ -122,7 +122,7 @@ static void test_before_init(void **state)
 	hpu__dfree(q);
 	assert_int_equal(stats().in_use, 0);
 	hpu__devmem_shutdown();
-	assert_int_equal(hpu_device_stats_get(&s), -1);
+	assert_int_equal(hpu_device_stats_get(&s), HPU_ENODEV);
 	/* Set-up fails when more is in use than the limit allows. */
 	q = hpu__dalloc(HPU_MEM_PARAMS, 2 * KiB, "weights");
 	assert_int_equal(hpu__devmem_init(1 * KiB, 0), -1);
@@ -538,7 +538,7 @@ static void test_shutdown_and_again(void **state)
 	hpu__dfree(cached);
 	hpu__devmem_shutdown();
 	hpu_device_stats s;
-	assert_int_equal(hpu_device_stats_get(&s), -1);
+	assert_int_equal(hpu_device_stats_get(&s), HPU_ENODEV);
 	assert_int_equal(hpu__devmem_init(1 * MiB, 8), 0);
 	void *p = hpu__dalloc(HPU_MEM_GRADS, 200, "new");
 	hpu__dfree(old);

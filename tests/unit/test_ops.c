@@ -435,6 +435,36 @@ static void test_count_correct(void **state)
 	assert_int_equal(hpu_count_correct(z, labels, 0, 3), 0);
 }
 
+/* hpu_strerror (through libhpu.so): a sentence of its own for every
+ * hpu_err code, the codes negative but HPU_OK (models test `rc < 0`), and
+ * one "unknown" sentence for anything else. */
+static void test_strerror(void **state)
+{
+	(void)state;
+	const int codes[] = {HPU_OK, HPU_ERROR, HPU_EINVAL, HPU_ENOMEM, HPU_ERANGE, HPU_ENODEV};
+	const int n = (int)(sizeof codes / sizeof codes[0]);
+	const char *unknown = hpu_strerror(1);
+	assert_string_equal(unknown, "Unknown error code.");
+	for (int i = 0; i < n; i++) {
+		const char *s = hpu_strerror(codes[i]);
+		printf("  %d: %s\n", codes[i], s);
+		assert_non_null(s);
+		assert_string_not_equal(s, unknown);
+		assert_true(i == 0 ? codes[i] == 0 : codes[i] < 0);
+		for (int j = 0; j < i; j++)
+			assert_string_not_equal(s, hpu_strerror(codes[j]));
+	}
+	assert_string_equal(hpu_strerror(HPU_ERANGE), "Index out of range.");
+	const int others[] = {-n, INT32_MIN, INT32_MAX, 7};
+	for (int i = 0; i < 4; i++)
+		assert_string_equal(hpu_strerror(others[i]), unknown);
+	/* an op's error code, as a model sees it */
+	const float table[2] = {1, 2};
+	const int32_t ids[1] = {2};
+	float y[1];
+	assert_int_equal(hpu_embedding_forward(table, ids, y, 1, 2, 1), HPU_ERANGE);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -447,6 +477,7 @@ int main(void)
 	    cmocka_unit_test(test_xent_fd),
 	    cmocka_unit_test(test_mlp_fd),
 	    cmocka_unit_test(test_count_correct),
+	    cmocka_unit_test(test_strerror),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

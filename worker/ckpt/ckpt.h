@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fileio.h"
+
 #define HPU_CKPT_FORMAT "hputrain-checkpoint"
 #define HPU_CKPT_VERSION 1
 #define HPU_CKPT_MANIFEST "manifest.json"
@@ -107,9 +109,7 @@ int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count,
 /* A file written under a temporary name while its SHA-256 is computed;
  * commit flushes, fsyncs and renames it into place. */
 typedef struct hpu_ckpt_writer {
-	int fd;
-	char path[4096];
-	char tmp[4160];
+	hpu_outfile out;       /* under its temporary name until commit */
 	void *md;              /* EVP_MD_CTX */
 	uint64_t bytes;
 	unsigned char *buf;
@@ -125,12 +125,6 @@ int hpu_ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err,
 			   size_t errlen);
 /* Closes and removes the temporary file; safe after commit or a failure. */
 void hpu_ckpt_writer_abort(hpu_ckpt_writer *w);
-
-/* The whole of data[n] into path, atomically (writer + commit). */
-int hpu_ckpt_write_atomic(const char *path, const void *data, size_t n,
-			  char *err, size_t errlen);
-
-int hpu_ckpt_fsync_dir(const char *dir, char *err, size_t errlen);
 
 /* Removes a directory and its files (one level, as checkpoints are). */
 int hpu_ckpt_rmtree(const char *path);

@@ -1,5 +1,7 @@
 #include "ckpt.h"
-#include "outpath.h"
+#include "fileio.h"
+#include "hex.h"
+#include "num.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -14,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h" /* hpu_read_file */
+#include "config.h" /* the options' kinds and limits */
 
 struct hpu_ckpt_index {
 	uint64_t start, count, at; /* at: floats into the file's section */
@@ -267,10 +269,9 @@ static int check_run(const cJSON *m, const char *mpath, char *err, size_t errlen
 	if (rng) {
 		const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
 		const char *v = cJSON_IsString(seed) ? seed->valuestring : "";
-		char *end;
-		errno = 0;
+		uint64_t u;
 		if (!cJSON_IsObject(rng) || !isdigit((unsigned char)v[0]) ||
-		    (strtoull(v, &end, 10) == ULLONG_MAX && errno == ERANGE) || *end)
+		    hpu_parse_u64(v, 0, UINT64_MAX, &u))
 			return say(err, errlen, "%s: rng: seed \"%.40s\" is not a whole number below 2^64",
 				   mpath, v);
 	}
@@ -556,13 +557,6 @@ int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name)
 
 /* ---- digests ---- */
 
-static void hex(const unsigned char *d, char *out)
-{
-	for (int i = 0; i < 32; i++)
-		sprintf(out + 2 * i, "%02x", d[i]);
-	out[64] = '\0';
-}
-
 int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -586,7 +580,7 @@ int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
 				unsigned char d[32];
 				unsigned int dl = 0;
 				EVP_DigestFinal_ex(md, d, &dl);
-				hex(d, hexout);
+				hpu_hex(hexout, d, sizeof d);
 				rc = 0;
 				break;
 			}
@@ -697,26 +691,14 @@ enum { WBUF = 4 << 20 };
 int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t errlen)
 {
 	memset(w, 0, sizeof *w);
-	w->fd = -1;
-	int in_place = hpu_out_in_place(path, w->path, sizeof w->path);
-	snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", w->path, (int)getpid());
 	if (!(w->buf = malloc(WBUF)) || !(w->md = EVP_MD_CTX_new()) ||
 	    EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1) {
-		hpu_ckpt_writer_abort(w);
+		EVP_MD_CTX_free(w->md);
+		free(w->buf);
 		return say(err, errlen, "out of memory");
 	}
-	if (in_place) { /* no tmp: commit has nothing to rename */
-		w->tmp[0] = '\0';
-		if ((w->fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
-			say(err, errlen, "cannot open %s: %s", path, strerror(errno));
-			hpu_ckpt_writer_abort(w);
-			return -1;
-		}
-		return 0;
-	}
-	if ((w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
-		say(err, errlen, "cannot create %s: %s", w->tmp, strerror(errno));
-		w->tmp[0] = '\0'; /* not ours: nothing to remove */
+	if (hpu_outfile_open(&w->out, path, 0644) < 0) {
+		hpu_outfile_error(&w->out, "open", err, errlen);
 		hpu_ckpt_writer_abort(w);
 		return -1;
 	}
@@ -725,15 +707,8 @@ int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t
 
 static int flush(hpu_ckpt_writer *w, char *err, size_t errlen)
 {
-	size_t done = 0;
-	while (done < w->fill) {
-		ssize_t n = write(w->fd, w->buf + done, w->fill - done);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return say(err, errlen, "writing %s: %s", w->path, strerror(errno));
-		done += (size_t)n;
-	}
+	if (hpu_write_all(w->out.fd, w->buf, w->fill) < 0)
+		return hpu_outfile_error(&w->out, "write", err, errlen);
 	w->fill = 0;
 	return 0;
 }
@@ -757,67 +732,28 @@ int hpu_ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n, char *err, 
 
 int hpu_ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err, size_t errlen)
 {
-	int direct = !w->tmp[0]; /* written in place: nothing to rename */
+	const char *step;
 	if (flush(w, err, errlen) < 0)
 		return -1;
-	if (fsync(w->fd) < 0 && !(direct && errno == EINVAL)) /* a pipe cannot sync */
-		return say(err, errlen, "writing %s: fsync: %s", w->path, strerror(errno));
-	int fd = w->fd;
-	w->fd = -1;
-	if (close(fd) < 0)
-		return say(err, errlen, "writing %s: close: %s", w->path, strerror(errno));
-	if (!direct && rename(w->tmp, w->path) < 0)
-		return say(err, errlen, "cannot rename %s to %s: %s", w->tmp, w->path,
-			   strerror(errno));
-	w->tmp[0] = '\0';
+	if (hpu_outfile_commit(&w->out, &step) < 0)
+		return hpu_outfile_error(&w->out, step, err, errlen);
 	unsigned char d[32];
 	unsigned int dl = 0;
 	EVP_DigestFinal_ex(w->md, d, &dl);
 	if (sha256)
-		hex(d, sha256);
+		hpu_hex(sha256, d, sizeof d);
 	hpu_ckpt_writer_abort(w); /* frees; nothing left to remove */
 	return 0;
 }
 
 void hpu_ckpt_writer_abort(hpu_ckpt_writer *w)
 {
-	if (w->fd >= 0)
-		close(w->fd);
-	w->fd = -1;
-	if (w->tmp[0])
-		unlink(w->tmp);
-	w->tmp[0] = '\0';
+	if (w->buf) /* else closed already, or never opened */
+		hpu_outfile_abort(&w->out);
 	EVP_MD_CTX_free(w->md);
 	w->md = NULL;
 	free(w->buf);
 	w->buf = NULL;
-}
-
-int hpu_ckpt_write_atomic(const char *path, const void *data, size_t n, char *err,
-			  size_t errlen)
-{
-	hpu_ckpt_writer w;
-	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
-		return -1;
-	if (hpu_ckpt_writer_put(&w, data, n, err, errlen) < 0 ||
-	    hpu_ckpt_writer_commit(&w, NULL, err, errlen) < 0) {
-		hpu_ckpt_writer_abort(&w);
-		return -1;
-	}
-	return 0;
-}
-
-int hpu_ckpt_fsync_dir(const char *dir, char *err, size_t errlen)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return say(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
-	int rc = fsync(fd);
-	int e = errno;
-	close(fd);
-	if (rc < 0 && e != EINVAL) /* some filesystems cannot fsync a directory */
-		return say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
-	return 0;
 }
 
 int hpu_ckpt_rmtree(const char *path)
@@ -854,10 +790,8 @@ static long step_of(const char *name)
 {
 	if (strncmp(name, "step-", 5) != 0 || !isdigit((unsigned char)name[5]))
 		return -1; /* strtol would skip spaces and take signs */
-	char *end;
-	errno = 0;
-	long v = strtol(name + 5, &end, 10);
-	return *end || errno || v < 0 ? -1 : v;
+	long v;
+	return hpu_parse_long(name + 5, 0, LONG_MAX, &v) ? -1 : v;
 }
 
 void hpu_ckpt_latest(const char *root, char *out, size_t n)
@@ -957,17 +891,17 @@ int hpu_ckpt_publish(const char *root, const char *partial, const char *name, in
 	char from[4200], to[4200], lpath[4200], line[300];
 	snprintf(from, sizeof from, "%s/%s", root, partial);
 	snprintf(to, sizeof to, "%s/%s", root, name);
-	if (hpu_ckpt_fsync_dir(from, err, errlen) < 0)
+	if (hpu_fsync_dir(from, err, errlen) < 0)
 		return -1;
 	hpu_ckpt_rmtree(to); /* a checkpoint of the same step from before */
 	if (rename(from, to) < 0)
 		return say(err, errlen, "cannot rename %s to %s: %s", from, to, strerror(errno));
-	if (hpu_ckpt_fsync_dir(root, err, errlen) < 0)
+	if (hpu_fsync_dir(root, err, errlen) < 0)
 		return -1;
 	snprintf(lpath, sizeof lpath, "%s/%s", root, HPU_CKPT_LATEST);
 	int n = snprintf(line, sizeof line, "%s\n", name);
-	if (hpu_ckpt_write_atomic(lpath, line, (size_t)n, err, errlen) < 0 ||
-	    hpu_ckpt_fsync_dir(root, err, errlen) < 0)
+	if (hpu_write_atomic(lpath, line, (size_t)n, err, errlen) < 0 ||
+	    hpu_fsync_dir(root, err, errlen) < 0)
 		return -1;
 	if (keep <= 0)
 		return 0;

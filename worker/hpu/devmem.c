@@ -515,7 +515,7 @@ int hpu_device_stats_get(hpu_device_stats *out)
 	if (up)
 		fill_stats(out);
 	pthread_mutex_unlock(&dev.mu);
-	return up ? 0 : -1;
+	return up ? HPU_OK : HPU_ENODEV;
 }
 
 static uint64_t locked_read(const uint64_t *v)

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "rng.h"
 
 int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
@@ -63,7 +64,7 @@ int hpu_error(hpu_builder *b, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(b->err, sizeof b->err, fmt, ap);
 	va_end(ap);
-	return -1;
+	return HPU_ERROR;
 }
 
 int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
@@ -72,7 +73,18 @@ int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(l->err, sizeof l->err, fmt, ap);
 	va_end(ap);
-	return -1;
+	return HPU_ERROR;
+}
+
+/* Records the error as hpu_error() does; returns `code`. */
+__attribute__((format(printf, 3, 4)))
+static int refuse(hpu_builder *b, hpu_err code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(b->err, sizeof b->err, fmt, ap);
+	va_end(ap);
+	return code;
 }
 
 int hpu_rank(const hpu_builder *b)
@@ -130,23 +142,23 @@ int hpu_param_add(hpu_layer *l, const char *name, int ndim,
 {
 	hpu_builder *b = l->b;
 	if (l != b->layers[b->nlayers - 1])
-		return hpu_error(b, "layer %s: parameters must be added right after the layer",
-				 l->name);
+		return refuse(b, HPU_EINVAL, "layer %s: parameters must be added right after the layer",
+			      l->name);
 	if (!name || ndim < 1 || ndim > HPU_MAX_DIMS)
-		return hpu_error(b, "layer %s: parameter needs a name and 1..%d dims",
-				 l->name, HPU_MAX_DIMS);
+		return refuse(b, HPU_EINVAL, "layer %s: parameter needs a name and 1..%d dims",
+			      l->name, HPU_MAX_DIMS);
 	size_t numel = 1, fan_in = ndim > 1 ? 1 : l->in_size;
 	for (int d = 0; d < ndim; d++) {
 		if (shape[d] <= 0)
-			return hpu_error(b, "layer %s: parameter %s has dimension %d of size %lld",
-					 l->name, name, d, (long long)shape[d]);
+			return refuse(b, HPU_EINVAL, "layer %s: parameter %s has dimension %d of size %lld",
+				      l->name, name, d, (long long)shape[d]);
 		numel *= (size_t)shape[d];
 		if (d > 0)
 			fan_in *= (size_t)shape[d];
 	}
 	hpu_param_info *grown = realloc(b->params, (b->nparams + 1) * sizeof *grown);
 	if (!grown)
-		return hpu_error(b, "out of memory adding parameter %s", name);
+		return refuse(b, HPU_ENOMEM, "out of memory adding parameter %s", name);
 	b->params = grown;
 	hpu_param_info *p = &b->params[b->nparams];
 	memset(p, 0, sizeof *p);
@@ -170,19 +182,19 @@ int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
 {
 	if ((split != HPU_SPLIT_TRAIN && split != HPU_SPLIT_TEST) || !ds ||
 	    !ds->fetch || !ds->size || !ds->sample_size || !ds->label_size)
-		return hpu_error(b, "dataset: needs fetch and non-zero size, sample_size, label_size");
+		return refuse(b, HPU_EINVAL, "dataset: needs fetch and non-zero size, sample_size, label_size");
 	b->data[split] = *ds;
 	b->has_data[split] = 1;
-	return 0;
+	return HPU_OK;
 }
 
 int hpu_loss_set(hpu_builder *b, const hpu_loss *loss)
 {
 	if (!loss || !loss->loss)
-		return hpu_error(b, "loss: needs a loss function");
+		return refuse(b, HPU_EINVAL, "loss: needs a loss function");
 	b->loss = *loss;
 	b->has_loss = 1;
-	return 0;
+	return HPU_OK;
 }
 
 float *hpu_param(hpu_layer *l, int i)
@@ -198,7 +210,7 @@ float *hpu_grad(hpu_layer *l, int i)
 int hpu_layer_checkpoint(hpu_layer *l, int on)
 {
 	l->ckpt = on != 0;
-	return 0;
+	return HPU_OK;
 }
 
 void *hpu_layer_user(hpu_layer *l)
@@ -286,20 +298,15 @@ void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst)
 
 int hpu__model_params_open(hpu_builder *b, const char *path, char *err, size_t errlen)
 {
-	/* O_NONBLOCK: a FIFO must not hang the open; refused below. */
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	struct stat st;
-	if (fd < 0 || fstat(fd, &st) < 0 ||
-	    (S_ISREG(st.st_mode) && fcntl(fd, F_SETFL, O_RDONLY) < 0)) {
-		snprintf(err, errlen, "--load-params %s: cannot read it: %s", path,
-			 strerror(errno));
-		if (fd >= 0)
-			close(fd);
+	const char *why;
+	int fd = hpu_open_input_fd(path, 0, &st, &why); /* a FIFO would hang */
+	if (fd < 0 && st.st_mode == 0) {
+		snprintf(err, errlen, "--load-params %s: cannot read it: %s", path, why);
 		return -1;
 	}
-	if (!S_ISREG(st.st_mode)) {
+	if (fd < 0) {
 		snprintf(err, errlen, "--load-params %s: not a regular file", path);
-		close(fd);
 		return -1;
 	}
 	if ((uint64_t)st.st_size != (uint64_t)b->psi * 4) {

@@ -15,15 +15,15 @@
  */
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "autocast.h"
+#include "env.h"
+#include "fileio.h"
 #include "fp8.h"
 #include "lowp.h"
 #include "simd.h"
@@ -87,47 +87,14 @@ static void all_names(char *buf, size_t len)
 		at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? ", " : "", op_names[i]);
 }
 
-/* Opens path for reading if it is a regular file; a FIFO is refused at
- * once (O_NONBLOCK: no wait for a writer), devices and directories too.
- * NULL with the reason in *why otherwise. (config.c's hpu_open_input does
- * the same; libhpu does not link the options library.) */
-static FILE *open_list(const char *path, const char **why)
-{
-	struct stat st;
-	FILE *f = NULL;
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), fl;
-	if (fd < 0) {
-		*why = strerror(errno);
-		return NULL;
-	}
-	if (fstat(fd, &st) < 0)
-		goto fail;
-	if (!S_ISREG(st.st_mode)) {
-		*why = S_ISDIR(st.st_mode)    ? strerror(EISDIR)
-		       : S_ISFIFO(st.st_mode) ? "not a regular file (a FIFO)"
-		       : S_ISCHR(st.st_mode)  ? "not a regular file (a character device)"
-					      : "not a regular file";
-		close(fd);
-		return NULL;
-	}
-	if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ||
-	    !(f = fdopen(fd, "r")))
-		goto fail;
-	return f;
-fail:
-	*why = strerror(errno);
-	close(fd);
-	return NULL;
-}
-
-/* Reads the list file named by environment variable `var` (unset or empty:
+/* Reads the list file named by environment variable id (unset or empty:
  * none) into in[] (1 for each op it names). */
-static int read_list(const char *var, unsigned char *in, char *err, size_t errlen)
+static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 {
-	const char *path = getenv(var), *why = NULL;
+	const char *var = hpu_env_name(id), *path = hpu_env_str(id), *why = NULL;
 	if (path == NULL || *path == '\0')
 		return 0;
-	FILE *f = open_list(path, &why);
+	FILE *f = hpu_open_input(path, &why); /* a FIFO would block */
 	if (f == NULL) {
 		snprintf(err, errlen, "%s file %s: cannot read it: %s", var, path, why);
 		return -1;
@@ -179,18 +146,19 @@ int hpu_autocast_init(int lowp, char *err, size_t errlen)
 {
 	if (lowp < HPU_AUTOCAST_NONE || lowp > HPU_AUTOCAST_FP8) {
 		snprintf(err, errlen, "autocast: unknown low-precision type %d", lowp);
-		return -1;
+		return HPU_ERROR;
 	}
 	unsigned char to_low[HPU_OP_COUNT] = {0}, to_fp32[HPU_OP_COUNT] = {0};
-	if (read_list("LOWER_LIST", to_low, err, errlen) < 0 ||
-	    read_list("FP32_LIST", to_fp32, err, errlen) < 0)
-		return -1;
+	if (read_list(HPU_ENV_LOWER_LIST, to_low, err, errlen) < 0 ||
+	    read_list(HPU_ENV_FP32_LIST, to_fp32, err, errlen) < 0)
+		return HPU_ERROR;
 	for (int i = 0; i < HPU_OP_COUNT; i++)
 		if (to_low[i] && to_fp32[i]) {
 			snprintf(err, errlen,
 				 "op '%s' is in both the LOWER_LIST file %s and the FP32_LIST file %s",
-				 op_names[i], getenv("LOWER_LIST"), getenv("FP32_LIST"));
-			return -1;
+				 op_names[i], hpu_env_str(HPU_ENV_LOWER_LIST),
+				 hpu_env_str(HPU_ENV_FP32_LIST));
+			return HPU_ERROR;
 		}
 	memset(lower, 0, sizeof lower);
 	for (size_t i = 0; i < sizeof default_lower / sizeof *default_lower; i++)
@@ -202,7 +170,7 @@ int hpu_autocast_init(int lowp, char *err, size_t errlen)
 			lower[i] = 0;
 	}
 	lowp_in_force = lowp;
-	return 0;
+	return HPU_OK;
 }
 
 static const char *lowp_name(int lowp)
@@ -237,7 +205,7 @@ void hpu_autocast_print(FILE *f)
 				fprintf(f, " %s", op_names[i]);
 		fputc('\n', f);
 	}
-	const char *lo = getenv("LOWER_LIST"), *fp = getenv("FP32_LIST");
+	const char *lo = hpu_env_str(HPU_ENV_LOWER_LIST), *fp = hpu_env_str(HPU_ENV_FP32_LIST);
 	fprintf(f, "autocast: LOWER_LIST %s, FP32_LIST %s\n", lo && *lo ? lo : "(unset)",
 		fp && *fp ? fp : "(unset)");
 	if (lowp_in_force == HPU_AUTOCAST_FP8) {

@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "backend_dnnl.h"
+#include "env.h"
 
 /* ---- keys ---- */
 
@@ -66,9 +67,9 @@ typedef struct conv_key {
 	int arg;     /* OP_CONV_REORDER: its DNNL_ARG_* */
 } conv_key;
 
-static int env_choice(const char *name, const char *alt, int dflt, int altval)
+static int env_choice(hpu_env_id id, const char *alt, int dflt, int altval)
 {
-	const char *v = getenv(name);
+	const char *v = hpu_env_str(id);
 	if (!v || !*v)
 		return dflt;
 	return strcmp(v, alt) == 0 ? altval : !altval;
@@ -80,9 +81,9 @@ static int conv_layout(void)
 {
 	static int layout = -1;
 	if (layout < 0) {
-		const char *v = getenv("HPU_DNNL_CONV_LAYOUT");
+		const char *v = hpu_env_str(HPU_ENV_HPU_DNNL_CONV_LAYOUT);
 		layout_forced = v && *v;
-		layout = env_choice("HPU_DNNL_CONV_LAYOUT", "plain", LAYOUT_DEFAULT,
+		layout = env_choice(HPU_ENV_HPU_DNNL_CONV_LAYOUT, "plain", LAYOUT_DEFAULT,
 				    LAYOUT_PLAIN);
 	}
 	return layout;

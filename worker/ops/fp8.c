@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fp8.h"
+#include "lowp.h"
 #include "simd.h"
 
 /* Per format: max, the smallest normal's exponent, mantissa bits. */
@@ -28,20 +29,6 @@ float hpu__fp8_max(int fmt)
 	return fmts[fmt].max;
 }
 
-static inline uint32_t bits_of(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return u;
-}
-
-static inline float float_of(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 /* Rounds a finite a >= 0 to the format's grid (saturating at max). Below
  * the smallest normal the grid is evenly spaced by the smallest
  * subnormal, 2^(emin - mbits): adding and taking away 1.5 * 2^(23 + emin
@@ -51,10 +38,10 @@ static inline float grid(float a, float max, float tiny, float magic, uint32_t k
 			 int shift)
 {
 	a = a < max ? a : max;
-	uint32_t u = bits_of(a);
+	uint32_t u = hpu__f32_bits(a);
 	uint32_t r = (u + (keep >> 1) + ((u >> shift) & 1)) & ~keep;
 	float sub = (a + magic) - magic;
-	return a < tiny ? sub : float_of(r);
+	return a < tiny ? sub : hpu__bits_f32(r);
 }
 
 /* fp8 rounding of every x[i] * scale, read back (/ scale). */
@@ -97,7 +84,7 @@ uint8_t hpu__fp8_encode(float v, int fmt)
 	int m = fmts[fmt].mbits, emin = fmts[fmt].emin;
 	if (a < ldexpf(1.0f, emin)) /* subnormal: a multiple of 2^(emin - m) */
 		return (uint8_t)(sign | (uint8_t)ldexpf(a, m - emin));
-	uint32_t u = bits_of(a);
+	uint32_t u = hpu__f32_bits(a);
 	int e = (int)(u >> 23) - 127 + fmts[fmt].bias;
 	uint32_t man = (u >> (23 - m)) & ((1u << m) - 1);
 	return (uint8_t)(sign | (uint32_t)e << m | man);

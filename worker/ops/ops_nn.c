@@ -273,11 +273,11 @@ static int embedding_forward(const float *table, const int32_t *ids, float *y,
 	/* ids come from data: check them all before writing anything */
 	for (int i = 0; i < n; i++)
 		if (ids[i] < 0 || ids[i] >= vocab)
-			return -1;
+			return HPU_ERANGE;
 	for (int i = 0; i < n; i++)
 		memcpy(y + (size_t)i * dim, table + (size_t)ids[i] * dim,
 		       (size_t)dim * sizeof *y);
-	return 0;
+	return HPU_OK;
 }
 
 static void embedding_backward(const int32_t *ids, const float *dy, float *dtable,

@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "config_internal.h"
+#include "num.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -125,12 +126,9 @@ int hpu_parse_size(const char *s, uint64_t *out)
 	const char *p = s;
 	if (!isdigit((unsigned char)*p))
 		return -1;
-	char *end;
-	errno = 0;
-	unsigned long long whole = strtoull(p, &end, 10);
-	if (errno)
+	uint64_t whole;
+	if (hpu_parse_u64_prefix(p, &p, &whole) != HPU_NUM_OK)
 		return -1;
-	p = end;
 	double frac = 0;
 	if (*p == '.') {
 		/* Only digits: strtod alone would also take "1.5e3". */
@@ -171,28 +169,6 @@ int hpu_parse_size(const char *s, uint64_t *out)
 }
 
 /* ---- the option table ---- */
-
-static int parse_long(const char *v, double lo, double hi, long *out)
-{
-	char *end;
-	errno = 0;
-	long x = strtol(v, &end, 10);
-	if (errno || end == v || *end || x < lo || x > hi)
-		return -1;
-	*out = x;
-	return 0;
-}
-
-static int parse_double(const char *v, double lo, double hi, double *out)
-{
-	char *end;
-	errno = 0;
-	double x = strtod(v, &end);
-	if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi)
-		return -1;
-	*out = x;
-	return 0;
-}
 
 int hpu__pick(const char *v, const char *const *names, int n, int nocase)
 {
@@ -303,6 +279,11 @@ int hpu__opt_slot_named(const char *name)
 	return hpu__opt_slot(p);
 }
 
+int hpu_opts_from(const hpu_train_opts *o, const char *name)
+{
+	return o->from[hpu__opt_slot_named(name)];
+}
+
 int hpu_opts_takes_value(const char *name)
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
@@ -331,22 +312,22 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 	int k;
 	switch (p->kind) {
 	case K_INT:
-		if (parse_long(v, p->lo, p->hi, &l))
+		if (hpu_parse_long(v, (long)p->lo, (long)p->hi, &l))
 			return -1;
 		*(int *)field = (int)l;
 		return 0;
 	case K_LONG:
-		if (parse_long(v, p->lo, p->hi, &l))
+		if (hpu_parse_long(v, (long)p->lo, (long)p->hi, &l))
 			return -1;
 		*(long *)field = l;
 		return 0;
 	case K_U64:
-		if (parse_long(v, p->lo, p->hi, &l))
+		if (hpu_parse_long(v, (long)p->lo, (long)p->hi, &l))
 			return -1;
 		*(uint64_t *)field = (uint64_t)l;
 		return 0;
 	case K_DOUBLE:
-		if (parse_double(v, p->lo, p->hi, &d))
+		if (hpu_parse_double(v, p->lo, p->hi, &d))
 			return -1;
 		*(double *)field = d;
 		return 0;
@@ -370,7 +351,7 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 		*(uint64_t *)field = u;
 		return 0;
 	case K_MB:
-		if (parse_double(v, p->lo, p->hi, &d) || d * 1048576 / 4 < 1)
+		if (hpu_parse_double(v, p->lo, p->hi, &d) || d * 1048576 / 4 < 1)
 			return -1;
 		*(long *)field = (long)(d * 1048576 / 4);
 		return 0;
@@ -460,32 +441,65 @@ int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
 	return 0;
 }
 
+/* The option parser's value kinds are hpu_opts_takes_value's answers. */
+_Static_assert(HPU_OPT_FLAG == 0 && HPU_OPT_VALUE == 1 && HPU_OPT_OPTIONAL == 2,
+	       "hpu_opts_specs copies hpu_opts_takes_value");
+
+const hpu_optspec *hpu_opts_specs(void)
+{
+	static hpu_optspec specs[NOPTS + 1]; /* filled on the first call */
+	if (!specs[0].name)
+		for (size_t i = 0; i < NOPTS; i++)
+			specs[i] = (hpu_optspec){opts[i].name, 0, hpu_opts_takes_value(opts[i].name),
+						 HPU_OPTS_ID + (int)i};
+	return specs;
+}
+
+int hpu_opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
+		   size_t errlen)
+{
+	const char *name = p->spec->name;
+	if (!p->val && p->spec->value == HPU_OPT_OPTIONAL &&
+	    hpu_opts_takes_next(name, p->ind < p->argc ? p->argv[p->ind] : NULL))
+		p->val = p->argv[p->ind++];
+	return hpu_opts_set(o, name, p->val, err, errlen);
+}
+
+/* The message of an option hpu_optparse_next refused (code r). */
+static int parse_error(const hpu_optparse *p, int r, char *err, size_t errlen)
+{
+	size_t n = strcspn(p->arg + 2, "=");
+	if (r == HPU_OPT_MISSING)
+		snprintf(err, errlen, "option --%s needs a value", p->spec->name);
+	else if (r == HPU_OPT_UNWANTED)
+		snprintf(err, errlen, "option --%s takes no value", p->spec->name);
+	else if (n >= 64) /* longer than any name */
+		snprintf(err, errlen, "unknown option %s", p->arg);
+	else
+		snprintf(err, errlen, "unknown option --%.*s", (int)n, p->arg + 2);
+	return -1;
+}
+
 int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
 		   char *err, size_t errlen)
 {
-	while (*i < argc && strncmp(argv[*i], "--", 2) == 0 && argv[*i][2]) {
-		char name[64];
-		const char *arg = argv[*i] + 2, *eq = strchr(arg, '=');
-		size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
-		if (n >= sizeof name) {
-			snprintf(err, errlen, "unknown option %s", argv[*i]);
+	hpu_optparse p;
+	hpu_optparse_init(&p, argc, argv, hpu_opts_specs());
+	p.ind = *i;
+	for (;;) {
+		int r = hpu_optparse_next(&p);
+		if (r > 0 && hpu_opts_apply(o, &p, err, errlen) < 0)
 			return -1;
+		if (r > 0)
+			continue;
+		/* the end, the model, or a single-dash argument: not ours */
+		if (r == HPU_OPT_END || r == HPU_OPT_POSITIONAL ||
+		    (r == HPU_OPT_UNKNOWN && p.arg[1] != '-')) {
+			*i = p.at;
+			return 0;
 		}
-		memcpy(name, arg, n);
-		name[n] = 0;
-		const char *value = eq ? eq + 1 : NULL;
-		if (!eq && hpu_opts_takes_next(name, *i + 1 < argc ? argv[*i + 1] : NULL)) {
-			if (*i + 1 >= argc) {
-				snprintf(err, errlen, "option --%s needs a value", name);
-				return -1;
-			}
-			value = argv[++*i];
-		}
-		if (hpu_opts_set(o, name, value, err, errlen) < 0)
-			return -1;
-		(*i)++;
+		return parse_error(&p, r, err, errlen);
 	}
-	return 0;
 }
 
 /* ---- resolving against the world size ---- */

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "opt.h"
+
 typedef enum hpu_optim_kind {
 	HPU_OPTIM_SGD = 0,
 	HPU_OPTIM_ADAMW, /* torch.optim.AdamW: decoupled weight decay */
@@ -160,28 +162,30 @@ int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
 		 char *err, size_t errlen);
 
 /* Parses "--name value" / "--name=value" options from argv[*i] on, up to
- * the first argument that is not an option; leaves *i there. */
+ * the first argument that is not an option (after a "--", if one ends
+ * them); leaves *i there. */
 int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
 		   char *err, size_t errlen);
+
+/* The training options as a table for the option parser (common/opt.h),
+ * for a command that reads them among its own (hpulaunch): option i of
+ * the table has the id HPU_OPTS_ID + i. */
+enum { HPU_OPTS_ID = 1000 };
+const hpu_optspec *hpu_opts_specs(void);
+
+/* Sets the training option that p has just read (an id from
+ * hpu_opts_specs()) from its value; an optional one written without
+ * "=value" takes the next argument when hpu_opts_takes_next says so,
+ * moving p->ind past it. Returns 0, or -1 with a sentence in err, as
+ * hpu_opts_set. */
+int hpu_opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
+		   size_t errlen);
 
 /* Loads a DeepSpeed-style JSON config file (the keys are listed in
  * README.md). Unknown keys, wrong types and out-of-range values are errors
  * naming the key path ("zero_optimization.stage"). */
 int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
 		       size_t errlen);
-
-/* Opens the input file at path for reading, if it is a regular file: a
- * FIFO is refused at once (opened with O_NONBLOCK, so no wait for a
- * writer), and so are devices, sockets and directories. Returns the
- * stream, or NULL with why in *why (strerror's text, "not a regular file
- * (a FIFO)", "... (a character device)", ...). */
-FILE *hpu_open_input(const char *path, const char **why);
-
-/* Reads a whole text file (at most 16 MiB; hpu_open_input's checks) into
- * *buf (malloc'ed, NUL-terminated) and its length into *len. Returns
- * NULL, or why it could not (hpu_open_input's reasons, "out of memory",
- * "larger than 16 MiB", "it holds a NUL byte: not a text file"). */
-const char *hpu_read_file(const char *path, char **buf, size_t *len);
 
 /* Checks the options against a world size and fills in what follows from
  * them (the batch size not given). A batch mismatch names all three
@@ -199,6 +203,9 @@ int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 
 /* The weight decay in force (resolving the optimizer's default). */
 double hpu_opts_weight_decay(const hpu_train_opts *o);
+
+/* Where option `name` (which must exist) got its value: HPU_FROM_*. */
+int hpu_opts_from(const hpu_train_opts *o, const char *name);
 
 /* Parses a size: "4096", "512K", "1.5G", "2GiB", "64MB" (binary
  * multiples). Returns 0, or -1. */

@@ -13,6 +13,7 @@
  */
 #include "config.h"
 #include "config_internal.h"
+#include "fileio.h"
 
 #include <assert.h>
 #include <cJSON.h>
@@ -631,84 +632,6 @@ static const struct fkey top_keys[] = {
 	{"fp16", NULL, f_fp16, 0},
 	{"hputrain", NULL, f_hputrain, 0},
 };
-
-/* Why a file of mode m is no input file. */
-static const char *not_regular(mode_t m)
-{
-	return S_ISDIR(m)    ? strerror(EISDIR)
-	       : S_ISFIFO(m) ? "not a regular file (a FIFO)"
-	       : S_ISCHR(m)  ? "not a regular file (a character device)"
-	       : S_ISBLK(m)  ? "not a regular file (a block device)"
-	       : S_ISSOCK(m) ? "not a regular file (a socket)"
-			     : "not a regular file";
-}
-
-FILE *hpu_open_input(const char *path, const char **why)
-{
-	struct stat st;
-	FILE *f = NULL;
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), fl;
-	if (fd < 0) {
-		*why = strerror(errno);
-		return NULL;
-	}
-	if (fstat(fd, &st) < 0)
-		goto fail;
-	if (!S_ISREG(st.st_mode)) {
-		*why = not_regular(st.st_mode);
-		close(fd);
-		return NULL;
-	}
-	/* A regular file: reads block as they always did. */
-	if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ||
-	    !(f = fdopen(fd, "r")))
-		goto fail;
-	return f;
-fail:
-	*why = strerror(errno);
-	close(fd);
-	return NULL;
-}
-
-const char *hpu_read_file(const char *path, char **buf, size_t *len)
-{
-	enum { MAX = 16 << 20 };
-	const char *why = NULL;
-	FILE *f = hpu_open_input(path, &why);
-	if (!f)
-		return why;
-	char *b = NULL;
-	size_t n = 0, cap = 0;
-	for (;;) {
-		if (n == cap) {
-			char *g = cap < MAX ? realloc(b, cap * 2 + 4096 + 1) : NULL;
-			if (!g) {
-				why = cap < MAX ? "out of memory" : "larger than 16 MiB";
-				break;
-			}
-			b = g;
-			cap = cap * 2 + 4096;
-		}
-		size_t got = fread(b + n, 1, cap - n, f);
-		n += got;
-		if (got == 0) {
-			if (ferror(f))
-				why = strerror(errno);
-			break;
-		}
-	}
-	fclose(f);
-	if (!why && memchr(b, 0, n))
-		why = "it holds a NUL byte: not a text file";
-	if (why) {
-		free(b);
-		return why;
-	}
-	b[n] = 0;
-	*buf = b;
-	*len = n;
-	return NULL;
-}
 
 /* Reads the whole config file (NUL-terminated) into *buf. */
 static int read_file(const char *path, char **buf, size_t *len, char *err,

@@ -5,6 +5,7 @@
  */
 #include <hpu/coll.h>
 #include <hpu/ops.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,15 +16,18 @@
 #include "backend.h"
 #include "config.h"
 #include "devmem.h"
+#include "env.h"
 #include "fp8.h"
 #include "model.h"
+#include "num.h"
 #include "status.h"
 #include "train.h"
 
-static int env_int(const char *name, int dflt)
+/* The variable as a whole number; dflt when it is unset or not one. */
+static int env_int(hpu_env_id id, int dflt)
 {
-	const char *v = getenv(name);
-	return v && *v ? atoi(v) : dflt;
+	int v;
+	return hpu_parse_int(hpu_env_str(id), INT_MIN, INT_MAX, &v) ? dflt : v;
 }
 
 /* --device-memory, or this node's memory shared by its devices. */
@@ -32,7 +36,7 @@ static uint64_t device_memory(const hpu_train_opts *o)
 	if (o->device_memory)
 		return o->device_memory;
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-	int local = env_int("LOCAL_WORLD_SIZE", 1);
+	int local = env_int(HPU_ENV_LOCAL_WORLD_SIZE, 1);
 	if (pages <= 0 || page <= 0)
 		return 0; /* unknown: no limit */
 	return (uint64_t)pages * (uint64_t)page / (uint64_t)(local > 0 ? local : 1);
@@ -53,7 +57,7 @@ static int autocast_type(hpu_precision p)
 static void kernels_setup(const hpu_train_opts *o, int rank)
 {
 	const hpu__backend *be = hpu__be();
-	int n = o->kernel_threads, local = env_int("LOCAL_RANK", 0);
+	int n = o->kernel_threads, local = env_int(HPU_ENV_LOCAL_RANK, 0);
 	be->set_threads(n);
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	if (n > 1 && ncpu > 0) {
@@ -89,7 +93,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN); /* a closed status pipe or socket is EPIPE, not death */
 	hpu_status_hello();
 	char err[1024] = "";
-	int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1);
+	int rank = env_int(HPU_ENV_RANK, 0), world = env_int(HPU_ENV_WORLD_SIZE, 1);
 	hpu_train_opts o;
 	hpu_opts_defaults(&o);
 	int i = 1;

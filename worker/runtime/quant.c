@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "env.h"
+#include "fileio.h"
 #include "fp8.h"
 
 static int bad(char *err, size_t errlen, const char *file, const char *key, const char *what)
@@ -155,7 +157,7 @@ static int load_stats(hpu_quant *q, const cJSON *cfg, int unit_scale, char *err,
 int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errlen)
 {
 	memset(q, 0, sizeof *q);
-	const char *path = getenv("QUANT_CONFIG");
+	const char *path = hpu_env_str(HPU_ENV_QUANT_CONFIG);
 	if (!path || !*path)
 		return 0;
 	snprintf(q->config, sizeof q->config, "%s", path);
@@ -292,21 +294,15 @@ int hpu_quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
 	free(v);
 	char *text = cJSON_Print(j);
 	cJSON_Delete(j);
-	char tmp[700];
-	snprintf(tmp, sizeof tmp, "%s.tmp", q->stats);
-	FILE *f = text ? fopen(tmp, "w") : NULL;
-	int bad_write = !f || fputs(text, f) < 0 || fputc('\n', f) < 0;
-	if (f && (fflush(f) || fsync(fileno(f)) < 0))
-		bad_write = 1;
-	if (f && fclose(f))
-		bad_write = 1;
-	if (!bad_write && rename(tmp, q->stats) < 0)
-		bad_write = 1;
+	hpu_outfile o = {.fd = -1};
+	int bad_write = !text || hpu_outfile_open(&o, q->stats, 0666) < 0 ||
+			hpu_write_all(o.fd, text, strlen(text)) < 0 ||
+			hpu_write_all(o.fd, "\n", 1) < 0 || hpu_outfile_commit(&o, NULL) < 0;
+	hpu_outfile_abort(&o); /* errno stays */
 	free(text);
 	if (bad_write) {
 		snprintf(err, errlen, "cannot write the measurement file %s: %s", q->stats,
 			 strerror(errno));
-		unlink(tmp);
 		return -1;
 	}
 	return 0;

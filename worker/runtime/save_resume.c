@@ -1,12 +1,15 @@
 #include "save_resume.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "env.h"
 #include "fp8.h"
+#include "num.h"
 
 #define say hpu_ckpt_say
 
@@ -227,7 +230,7 @@ static int finish(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder
 		return say(msg, msglen, "out of memory");
 	char path[1200];
 	snprintf(path, sizeof path, "%s/%s/%s", o->checkpoint_dir, partial, HPU_CKPT_MANIFEST);
-	int rc = hpu_ckpt_write_atomic(path, text, strlen(text), msg, msglen);
+	int rc = hpu_write_atomic(path, text, strlen(text), msg, msglen);
 	free(text);
 	if (rc == 0)
 		rc = hpu_ckpt_publish(o->checkpoint_dir, partial, name, o->keep, msg, msglen);
@@ -428,8 +431,9 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 {
 	*out = NULL;
 	int rank = hpucoll_comm_rank(comm);
-	const char *want = o->resume, *rc_env = getenv("HPU_RESTART_COUNT");
-	long restarts = rc_env ? strtol(rc_env, NULL, 10) : 0;
+	const char *want = o->resume, *rc_env = hpu_env_str(HPU_ENV_HPU_RESTART_COUNT);
+	long restarts = 0; /* unset or not a number: none */
+	hpu_parse_long(rc_env, LONG_MIN, LONG_MAX, &restarts);
 	/* After a restart the newest checkpoint of this job wins over a
 	 * --resume DIR given for its first attempt (when there is one). */
 	char **names = NULL, dir[1200], why[600] = "";
@@ -631,7 +635,7 @@ int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *
 	const cJSON *rng = cJSON_GetObjectItemCaseSensitive(c->m, "rng");
 	const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
 	if (cJSON_IsString(seed))
-		pos->seed = strtoull(seed->valuestring, NULL, 10);
+		hpu_parse_u64(seed->valuestring, 0, UINT64_MAX, &pos->seed); /* checked on open */
 	hpu_sched mine = pos->sched;
 	if (sched_from(cJSON_GetObjectItemCaseSensitive(c->m, "scheduler"), &pos->sched) < 0)
 		return say(err, errlen, "checkpoint %s: the scheduler entry is damaged", c->dir);

@@ -47,7 +47,7 @@ int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm);
  * in declaration order, to `path` on rank 0. Every rank must call it. */
 int hpu_strat_save_params(hpu_strat *s, const char *path);
 
-/* ---- checkpoints (strat_ckpt.c) ---- */
+/* ---- checkpoints (strategy_ckpt.c) ---- */
 
 /* The sections this strategy's checkpoints hold: "params", then the
  * optimizer's state. Returns their count (1 to 3). */

@@ -1,4 +1,6 @@
-/* strat_act: where the strategy keeps the layers' outputs.
+/* strategy_act: where the strategy keeps the layers' outputs, and which
+ * of them activation checkpointing drops (strategy_pass.c recomputes
+ * them before backward).
  *
  * Layer i's output is acts[i] (fp32, what the layers read and write).
  * Under bf16-mixed and fp8 (s->act16) an output kept for backward is
@@ -9,6 +11,7 @@
  * The last layer's output (the loss reads it) stays fp32, and so does an
  * output with any value off the bf16 grid (an fp32 op's). */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +19,33 @@
 #include "devmem.h"
 #include "simd.h"
 #include "strategy_impl.h"
+
+/* Activation checkpointing. A marked layer followed by a marked layer
+ * need not keep its output: the next layer has read it, and backward can
+ * recompute it from the last output kept below. In a run of m such
+ * layers every ceil(sqrt(m))-th output is kept all the same, so that
+ * backward recomputes one segment at a time (Chen et al., 2016): about
+ * 2 sqrt(m) outputs alive instead of m, for one extra forward. The last
+ * layer's output feeds the loss and is always kept. */
+void hpu__act_plan(hpu_strat *s)
+{
+	hpu_layer **ls = s->b->layers;
+	int L = s->nlayers;
+	for (int a = 0; a < L;) {
+		if (!(ls[a]->ckpt && a + 1 < L && ls[a + 1]->ckpt)) {
+			a++;
+			continue;
+		}
+		int z = a; /* the run of marked layers a .. z */
+		while (z + 1 < L && ls[z + 1]->ckpt)
+			z++;
+		/* layers a .. z-1 may drop their outputs */
+		int m = z - a, seg = (int)ceil(sqrt((double)m));
+		for (int j = a; j < z; j++)
+			s->transient[j] = (j - a + 1) % seg != 0;
+		a = z;
+	}
+}
 
 int hpu__act_ensure(hpu_strat *s, int i)
 {

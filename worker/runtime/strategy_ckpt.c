@@ -1,9 +1,16 @@
 /* The strategy's side of checkpoints: which floats of the canonical space
  * (ckpt.h) a rank saves, where they sit in its layout, and reading a
- * checkpoint saved under any strategy and world size back into this one. */
+ * checkpoint saved under any strategy and world size back into this one.
+ * And --save-params: the whole canonical space, consolidated, in one flat
+ * file. */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "devmem.h"
+#include "fileio.h"
 #include "strategy_impl.h"
 
 /* Parameter i's first float in the canonical space. */
@@ -260,4 +267,75 @@ void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st)
 	st->scaler_steps = s->step_no;
 	st->last_overflow = s->last_overflow;
 	st->skipped = s->skipped;
+}
+
+/* ---- consolidated parameters ---- */
+
+static int write_unit(hpu_strat *s, FILE *f, int k, const float *full)
+{
+	unit *u = &s->u[k];
+	hpu_builder *b = s->b;
+	for (int i = u->first; i <= u->last; i++) {
+		hpu_layer *l = b->layers[i];
+		for (int p = l->first_param; p < l->first_param + l->nparams; p++) {
+			const hpu_param_info *pi = &b->params[p];
+			const float *src = full + (l->off - u->off) + pi->rel;
+			if (fwrite(src, 4, pi->numel, f) != pi->numel)
+				return -1;
+		}
+	}
+	return 0;
+}
+
+int hpu_strat_save_params(hpu_strat *s, const char *path)
+{
+	hpu_outfile o;
+	FILE *f = NULL;
+	if (s->rank == 0) {
+		if (hpu_outfile_open(&o, path, 0644) < 0 || !(f = hpu_outfile_stream(&o))) {
+			int e = errno;
+			hpu__strat_fail(s, "cannot write %s: %s", o.tmp[0] ? o.tmp : path, strerror(e));
+			hpu_outfile_abort(&o);
+		}
+	}
+	int bad = s->rank == 0 && !f, rc, e = 0;
+	for (int k = 0; k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		const float *full = s->mp ? (s->sharded ? NULL : s->M + u->off)
+				  : s->P ? s->P + u->off : u->full;
+		const float *piece = s->mp ? s->M + u->shard_off : s->PS + u->shard_off;
+		float *tmpbuf = NULL;
+		if (!full) { /* sharded: gather it for the file */
+			char what[128];
+			snprintf(what, sizeof what, "parameters of %s for --save-params",
+				 hpu__strat_unit_name(s, k));
+			if (!(tmpbuf = hpu__strat_dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
+				rc = -1;
+			else if ((rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece,
+							  HPUCOLL_F32)))
+				hpu__strat_coll_fail(s, "parameter all-gather", rc);
+			if (rc) {
+				hpu__dfree(tmpbuf);
+				if (f)
+					hpu_outfile_abort(&o);
+				return -1;
+			}
+			full = tmpbuf;
+		}
+		if (f && full && !bad && write_unit(s, f, k, full) < 0) {
+			bad = 1;
+			e = errno;
+		}
+		hpu__dfree(tmpbuf);
+	}
+	if (f) {
+		if (!bad && hpu_outfile_commit(&o, NULL) < 0) {
+			bad = 1;
+			e = errno;
+		}
+		if (bad && !s->err[0])
+			hpu__strat_fail(s, "cannot write %s: %s", path, strerror(e ? e : EIO));
+		hpu_outfile_abort(&o);
+	}
+	return bad ? -1 : 0;
 }

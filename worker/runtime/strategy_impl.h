@@ -1,12 +1,21 @@
-/* strategy_impl: the strategy's state, shared by strategy.c and
- * strat_ckpt.c (its checkpoints). Not for other users. */
+/* strategy_impl: the strategy's state and the internals its files share:
+ *   strategy.c       making it, the layout, the optimizer step
+ *   strategy_pass.c  the forward and backward passes with their hooks
+ *   strategy_sync.c  the gradients' collectives and buckets
+ *   strategy_zero.c  ZeRO's parameter gathers and releases
+ *   strategy_mp.c    mixed precision: 16-bit copies, master weights, loss scale
+ *   strategy_act.c   the layers' outputs, activation checkpointing
+ *   strategy_ckpt.c  checkpoints and --save-params
+ * Not for other users. */
 #ifndef HPU_STRATEGY_IMPL_H
 #define HPU_STRATEGY_IMPL_H
 
 #include <hpu/coll.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ckpt.h"
+#include "devmem.h"
 #include "model.h"
 #include "optim.h"
 #include "strategy.h"
@@ -93,10 +102,108 @@ struct hpu_strat {
 				  * the canonical space (ckpt.h) */
 };
 
+/* Floats converted at a time for the optimizer (s->chunk). */
+#define HPU__STRAT_CHUNK 16384
+
+/* The length of the chunk at i of n floats. */
+static inline size_t hpu__strat_chunk(size_t n, size_t i)
+{
+	return n - i < HPU__STRAT_CHUNK ? n - i : HPU__STRAT_CHUNK;
+}
+
+/* ---- strategy.c ---- */
+
 /* A sentence into s->err; returns -1. */
 int hpu__strat_fail(hpu_strat *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "<what> failed: <the communicator's error>" into s->err; returns -1. */
+int hpu__strat_coll_fail(hpu_strat *s, const char *what, int rc);
+/* Device memory for `what`, or NULL with the allocator's sentence in err. */
+void *hpu__strat_dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes, const char *what);
+/* The name of unit k (its first layer's), for messages. */
+const char *hpu__strat_unit_name(const hpu_strat *s, int k);
+/* Points the layers of unit k at parameters starting at `p` (the unit's
+ * first float) or gradients at `g` (NULL: leave as is). */
+void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);
+/* s->state: the optimizer's floats for the parameters this rank updates.
+ * 0, or -1 (s->err). */
+int hpu__strat_alloc_optim(hpu_strat *s);
+/* Unit j's optimizer over the floats this rank updates (its piece under
+ * ZeRO, the whole unit otherwise), with its part of s->state. */
+void hpu__strat_optim_init(hpu_strat *s, int j);
+/* Unit j's initial parameters into full[0 .. len): from the initializers,
+ * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
+ * unit not kept whole reads only this rank's piece of the checkpoint. */
+int hpu__strat_fill_unit(hpu_strat *s, int j, float *full);
+/* The global norm of the gradients the optimizer is to use (mixed
+ * precision: of the 16-bit ones, still loss-scaled), all ranks alike. */
+int hpu__strat_grad_norm(hpu_strat *s, double *norm);
 
-/* ---- strat_act.c: the layers' outputs (acts[], a16[]) ---- */
+/* ---- strategy_sync.c: the gradients' collectives ---- */
+
+/* dst[i] += src[i]. */
+void hpu__sync_add(float *restrict dst, const float *restrict src, size_t n);
+/* zero2/3 fp32: unit k's gradient bucket, made if not there yet. */
+int hpu__sync_grads_for(hpu_strat *s, int k);
+/* Every layer of unit k has run its backward in this micro-step: starts
+ * its collective where the strategy does it now. */
+int hpu__sync_unit_done(hpu_strat *s, int k, int final);
+/* Lands the collectives that have completed, without waiting. */
+int hpu__sync_poll(hpu_strat *s);
+/* Waits for every collective in flight, and lands them. */
+int hpu__sync_drain(hpu_strat *s);
+/* At the step: the gradients' collectives not done yet, all landed. */
+int hpu__sync_reduce(hpu_strat *s);
+
+/* ---- strategy_zero.c: ZeRO's parameters ---- */
+
+/* fp32 zero3: layer i's unit gathered and the layer pointed at it,
+ * prefetching the units after layer i in direction dir (stopping before
+ * layer `stop`). Other strategies: nothing to do. */
+int hpu__zero_acquire(hpu_strat *s, int i, int dir, int stop);
+/* Starts gathers of the units after layer i in direction dir (stopping
+ * before layer `stop`), up to the prefetch and live-parameter budgets. */
+int hpu__zero_prefetch(hpu_strat *s, int i, int dir, int stop);
+/* zero3: unit k gathered (started now if it was not prefetched) and the
+ * gather waited for. */
+int hpu__zero_gather_wait(hpu_strat *s, int k);
+/* fp32 zero3: frees unit k's gathered parameters. */
+int hpu__zero_release(hpu_strat *s, int k);
+/* After backward: every gathered unit and fp32 copy freed. */
+int hpu__zero_release_all(hpu_strat *s);
+/* After the optimizer: zero1/2 gather every unit in place, zero3 only
+ * its persistent units. */
+int hpu__zero_gather_params(hpu_strat *s);
+
+/* ---- strategy_mp.c: mixed precision ---- */
+
+/* n values from fp32 to 16 bits, and back: fp16 when `fp16`, else bf16;
+ * round to nearest even (fp16 by the CPU's F16C instructions where it has
+ * them, rounding as common/lowp.h does). */
+void hpu__mp_to16(int fp16, uint16_t *dst, const float *src, size_t n);
+void hpu__mp_from16(int fp16, float *dst, const uint16_t *src, size_t n);
+/* dst16 = 16-bit(from16(dst16) + src): accumulating micro-steps. */
+void hpu__mp_acc16(int fp16, uint16_t *dst, const float *src, size_t n);
+/* The 16-bit parameters and gradients, master weights, optimizer state,
+ * and their initial values. 0, or -1 (s->err). */
+int hpu__mp_alloc(hpu_strat *s);
+int hpu__mp_init_params(hpu_strat *s);
+/* Layer i's fp32 compute copy, before its forward or backward (zero3:
+ * gathered first, prefetching as hpu__zero_acquire); freed after. */
+int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop);
+void hpu__mp_release_layer(hpu_strat *s, int i);
+/* Layer i's fp32 gradients for its backward; after it, into the 16-bit
+ * ones. */
+int hpu__mp_grads_for(hpu_strat *s, int i);
+void hpu__mp_grads_done(hpu_strat *s, int i, int final);
+/* The optimizer step on the master weights, skipped on every rank after
+ * an overflow on any (*skipped); the loss scale updated. */
+int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped);
+
+/* ---- strategy_act.c: the layers' outputs (acts[], a16[]) ---- */
+
+/* Activation checkpointing: marks the layers whose outputs are dropped
+ * once the next layer has read them (s->transient). */
+void hpu__act_plan(hpu_strat *s);
 
 /* Layer i's fp32 output buffer exists (made if not). 0, or -1 (s->err). */
 int hpu__act_ensure(hpu_strat *s, int i);
@@ -113,7 +220,7 @@ int hpu__act_expand(hpu_strat *s, int i, int n);
  * is kept. */
 void hpu__act_release(hpu_strat *s, int i);
 
-/* ---- strat_ckpt.c, for strategy.c ---- */
+/* ---- strategy_ckpt.c, for strategy.c ---- */
 
 /* Floats [from, from + n) of the strategy's layout (within one unit) of
  * checkpoint section `section` into dst[n]; padding gets zeros. */

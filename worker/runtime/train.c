@@ -3,6 +3,7 @@
 #include <cJSON.h>
 #include <hpu/ops.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,9 +12,10 @@
 #include <time.h>
 
 #include "save_resume.h"
-#include "config_internal.h"
 #include "devmem.h"
+#include "env.h"
 #include "fp8.h"
+#include "num.h"
 #include "loader.h"
 #include "sampler.h"
 #include "lrsched.h"
@@ -698,22 +700,24 @@ done:
 static int observe_setup(loop *L)
 {
 	const hpu_train_opts *o = L->o;
-	if (o->from[hpu__opt_slot_named("stall-warning")] != HPU_FROM_DEFAULT)
+	if (hpu_opts_from(o, "stall-warning") != HPU_FROM_DEFAULT)
 		hpucoll_comm_set_stall_warning(L->comm, o->stall_warning > 0 && o->stall_warning < 0.001
 								? 1 : (int)(o->stall_warning * 1000));
 	if (!o->profile[0])
 		return 0;
-	const char *nr = getenv("NODE_RANK"), *rc_env = getenv("HPU_RESTART_COUNT");
+	const char *nr = hpu_env_str(HPU_ENV_NODE_RANK), *rc_env = hpu_env_str(HPU_ENV_HPU_RESTART_COUNT);
 	/* a restarted job's attempt K keeps the earlier attempts' traces */
 	char name[600];
-	int attempt = rc_env ? atoi(rc_env) : 0;
+	int attempt = 0, node_rank = 0; /* unset or not numbers: 0 */
+	hpu_parse_int(rc_env, INT_MIN, INT_MAX, &attempt);
+	hpu_parse_int(nr, INT_MIN, INT_MAX, &node_rank);
 	if (attempt > 0)
 		snprintf(name, sizeof name, "%s-restart%d", o->profile_name, attempt);
 	else
 		snprintf(name, sizeof name, "%s", o->profile_name);
 	hpu_prof_conf c = {
 		.dir = o->profile, .name = name, .rank = L->rank, .world = L->world,
-		.node_rank = nr ? atoi(nr) : 0, .job_id = getenv("HPU_JOB_ID"),
+		.node_rank = node_rank, .job_id = hpu_env_str(HPU_ENV_HPU_JOB_ID),
 		.model = L->b->model && L->b->model->name ? L->b->model->name : "",
 		.strategy = hpu_strategy_name(o->strategy),
 		.precision = hpu_precision_name(o->precision),

@@ -1,0 +1,771 @@
+/* The ZeroMQ transport. One PULL socket per rank receives from everyone;
+ * one PUSH socket per peer, connected at connect time, sends. ZeroMQ keeps
+ * the order of messages on each connection, so a message that arrives
+ * from a rank other than the one awaited is queued for that rank and
+ * handed out later in order. Payloads of HPUCOLL__ZC_MIN bytes or more are
+ * sent in place (zmq_msg_init_data): each such message counts up the
+ * peer's `zc`, the free callback (on ZeroMQ's I/O thread) counts it down,
+ * and hpucoll__zmq_fence() waits for zero before a collective returns, so
+ * that ZeroMQ holds no pointer into the caller's buffers afterwards. Every
+ * PUSH socket has a monitor: when its connection closes (the peer died, or
+ * ZeroMQ heartbeats found it silent) a wait for that peer ends with an
+ * error naming it shortly after, instead of at the timeout.
+ *
+ * ZeroMQ connects every pair of ranks, also those that shared memory
+ * carries the data of: the messages that may arrive unasked (ABORT, PROBE,
+ * PROBE_REPLY; see comm_internal.h) always come this way.
+ *
+ * Nothing read off the wire is trusted: every frame is checked and
+ * anything unexpected is HPUCOLL_EPROTO.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "comm_internal.h"
+
+static int set_int(void *sock, int opt, int v)
+{
+	return zmq_setsockopt(sock, opt, &v, sizeof(v));
+}
+
+/* ---- Sockets ---- */
+
+/* Counts a zero-copy send down once ZeroMQ is done with its bytes. */
+static void zc_free(void *data, void *hint)
+{
+	(void)data;
+	atomic_fetch_sub_explicit((atomic_int *)hint, 1, memory_order_release);
+}
+
+/* Watches the connection of `push` through a PAIR socket. */
+static int monitor(hpucoll_comm *c, int dst, void *push, void **out)
+{
+	char ep[96];
+	void *m;
+
+	snprintf(ep, sizeof(ep), "inproc://hpucoll-mon-%p-%d", (void *)c, dst);
+	if (zmq_socket_monitor(push, ep,
+			       ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+				       HPUCOLL__HANDSHAKE_FAILED) != 0)
+		return hpucoll__zmq_error(c, "zmq_socket_monitor");
+	m = zmq_socket(c->ctx, ZMQ_PAIR);
+	if (m == NULL)
+		return hpucoll__zmq_error(c, "zmq_socket");
+	if (set_int(m, ZMQ_LINGER, 0) != 0 || zmq_connect(m, ep) != 0) {
+		zmq_close(m);
+		return hpucoll__zmq_error(c, "zmq_connect");
+	}
+	*out = m;
+	return HPUCOLL_OK;
+}
+
+/* No high-water mark: what is in flight is bounded by the algorithms (at
+ * most one collective's data per link), zero-copy messages cost no memory
+ * of their own, and a send must never block: two ranks that send to each
+ * other before receiving would deadlock. */
+static int open_push(hpucoll_comm *c, int dst)
+{
+	struct hpucoll__peer *p = &c->peers[dst];
+	void *s = zmq_socket(c->ctx, ZMQ_PUSH);
+	int rc;
+
+	if (s == NULL)
+		return hpucoll__zmq_error(c, "zmq_socket");
+	p->push = s;
+	if (set_int(s, ZMQ_SNDHWM, 0) != 0 ||
+	    set_int(s, ZMQ_LINGER, HPUCOLL__LINGER_MS) != 0 ||
+	    set_int(s, ZMQ_IMMEDIATE, 0) != 0 ||
+	    set_int(s, ZMQ_HEARTBEAT_IVL, HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
+	    set_int(s, ZMQ_HEARTBEAT_TIMEOUT,
+		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
+	    hpucoll__sec_client(c, s, dst) != 0)
+		return hpucoll__zmq_error(c, "zmq_setsockopt");
+	rc = monitor(c, dst, s, &p->mon);
+	if (rc != HPUCOLL_OK)
+		return rc;
+	if (zmq_connect(s, p->endpoint) != 0) {
+		hpucoll__set_error(c, "connect: cannot connect to rank %d at "
+				      "%s: %s.",
+				   dst, p->endpoint, zmq_strerror(zmq_errno()));
+		return HPUCOLL_ETRANSPORT;
+	}
+	return HPUCOLL_OK;
+}
+
+int hpucoll__zmq_open(hpucoll_comm *c)
+{
+	int rc;
+
+	for (int i = 0; i < c->size; i++) {
+		if (i == c->rank)
+			continue;
+		rc = open_push(c, i);
+		if (rc != HPUCOLL_OK)
+			return rc;
+	}
+	return HPUCOLL_OK;
+}
+
+static void msg_free(struct hpucoll__msg *m)
+{
+	zmq_msg_close(&m->body);
+	free(m);
+}
+
+void hpucoll__zmq_close(hpucoll_comm *c)
+{
+	struct hpucoll__msg *m;
+
+	for (int i = 0; c->peers != NULL && i < c->size; i++) {
+		struct hpucoll__peer *p = &c->peers[i];
+
+		while ((m = p->head) != NULL) {
+			p->head = m->next;
+			msg_free(m);
+		}
+		if (p->holding)
+			zmq_msg_close(&p->held);
+		if (p->push != NULL && p->mon != NULL)
+			zmq_socket_monitor(p->push, NULL, 0);
+		if (p->mon != NULL)
+			zmq_close(p->mon);
+		if (p->push != NULL) {
+			if (c->failed)
+				set_int(p->push, ZMQ_LINGER, 0);
+			zmq_close(p->push);
+		}
+	}
+}
+
+int hpucoll__monitor_event(void *mon, uint16_t *ev)
+{
+	zmq_msg_t f;
+	int more;
+
+	zmq_msg_init(&f);
+	if (zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&f);
+		return 0;
+	}
+	*ev = 0;
+	if (zmq_msg_size(&f) >= 2)
+		memcpy(ev, zmq_msg_data(&f), sizeof(*ev));
+	more = zmq_msg_more(&f);
+	zmq_msg_close(&f);
+	while (more) { /* the endpoint frame */
+		zmq_msg_init(&f);
+		more = zmq_msg_recv(&f, mon, 0) >= 0 && zmq_msg_more(&f);
+		zmq_msg_close(&f);
+	}
+	return 1;
+}
+
+static void read_monitor(hpucoll_comm *c, int src)
+{
+	struct hpucoll__peer *p = &c->peers[src];
+	uint16_t ev;
+
+	while (hpucoll__monitor_event(p->mon, &ev)) {
+		if (ev == ZMQ_EVENT_CONNECTED) {
+			p->lost = 0;
+		} else if (ev == ZMQ_EVENT_DISCONNECTED && !p->lost) {
+			p->lost = 1;
+			p->lost_ms = hpucoll__now_ms();
+		} else if (ev & HPUCOLL__HANDSHAKE_FAILED) {
+			p->refused = 1;
+		}
+	}
+}
+
+/* Our connection to src failed its handshake: src refused our proof, or
+ * the two use different security modes. ZeroMQ would retry forever. */
+static int refused_by(hpucoll_comm *c, int src)
+{
+	hpucoll__set_error(c, "%s: rank %d refused this rank's data-plane "
+			      "connection (its security handshake failed): do "
+			      "all ranks have the same job token and the same "
+			      "--data-plane mode?",
+			   c->what, src);
+	return HPUCOLL_ETRANSPORT;
+}
+
+static int lost_peer(hpucoll_comm *c, int src)
+{
+	hpucoll__set_error(c, "%s: rank %d died (its connection closed and "
+			      "did not come back).",
+			   c->what, src);
+	return HPUCOLL_EPEER;
+}
+
+/* ---- Sending ---- */
+
+static int send_failed(hpucoll_comm *c, int dst)
+{
+	hpucoll__set_error(c, "%s: sending to rank %d failed: %s.", c->what,
+			   dst, zmq_strerror(zmq_errno()));
+	return zmq_errno() == ENOMEM ? HPUCOLL_ENOMEM : HPUCOLL_ETRANSPORT;
+}
+
+/* Sends the header frame, with ZMQ_SNDMORE when a payload follows. */
+static int send_hdr(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
+		    int flags)
+{
+	unsigned char buf[HPUCOLL__HDR_SIZE];
+
+	hpucoll__hdr_encode(buf, hdr);
+	while (zmq_send(c->peers[dst].push, buf, sizeof(buf),
+			flags | (hdr->len > 0 ? ZMQ_SNDMORE : 0)) < 0) {
+		if (zmq_errno() != EINTR)
+			return send_failed(c, dst);
+	}
+	return HPUCOLL_OK;
+}
+
+static int send_body(hpucoll_comm *c, int dst, zmq_msg_t *body)
+{
+	while (zmq_msg_send(body, c->peers[dst].push, 0) < 0) {
+		if (zmq_errno() != EINTR) {
+			int rc = send_failed(c, dst);
+
+			zmq_msg_close(body);
+			return rc;
+		}
+	}
+	return HPUCOLL_OK;
+}
+
+/* Sends a header-only control message (a probe or a reply) to rank dst
+ * over ZeroMQ, without waiting; best effort, errors are ignored. */
+void hpucoll__zmq_send_ctl(hpucoll_comm *c, int dst,
+			   const struct hpucoll__hdr *h)
+{
+	unsigned char buf[HPUCOLL__HDR_SIZE];
+
+	if (c->peers[dst].push == NULL)
+		return;
+	hpucoll__hdr_encode(buf, h);
+	zmq_send(c->peers[dst].push, buf, sizeof(buf), ZMQ_DONTWAIT);
+}
+
+/* Sends over ZeroMQ: copied, or in place when zc and the payload is large
+ * enough. */
+static int zmq_send_to(hpucoll_comm *c, int dst,
+		       const struct hpucoll__hdr *hdr, const void *data, int zc)
+{
+	struct hpucoll__peer *p = &c->peers[dst];
+	zmq_msg_t body;
+	int rc;
+
+	rc = send_hdr(c, dst, hdr, 0);
+	if (rc != HPUCOLL_OK || hdr->len == 0)
+		return rc;
+	if (!zc || hdr->len < HPUCOLL__ZC_MIN) {
+		while (zmq_send(p->push, data, (size_t)hdr->len, 0) < 0) {
+			if (zmq_errno() != EINTR)
+				return send_failed(c, dst);
+		}
+		return HPUCOLL_OK;
+	}
+	atomic_fetch_add_explicit(&p->zc, 1, memory_order_relaxed);
+	if (zmq_msg_init_data(&body, (void *)data, (size_t)hdr->len, zc_free,
+			      &p->zc) != 0) {
+		atomic_fetch_sub(&p->zc, 1);
+		return send_failed(c, dst);
+	}
+	c->zc_pending = 1;
+	return send_body(c, dst, &body);
+}
+
+static void *zmq_send_buf(hpucoll_comm *c, int dst, size_t len)
+{
+	(void)dst;
+	if (zmq_msg_init_size(&c->out, len) != 0)
+		return NULL;
+	return zmq_msg_data(&c->out);
+}
+
+static int zmq_send_commit(hpucoll_comm *c, int dst,
+			   const struct hpucoll__hdr *hdr)
+{
+	int rc = send_hdr(c, dst, hdr, 0);
+
+	if (rc != HPUCOLL_OK || hdr->len == 0)
+		zmq_msg_close(&c->out);
+	else
+		rc = send_body(c, dst, &c->out);
+	return rc;
+}
+
+/* ---- Receiving from ZeroMQ ---- */
+
+/* Receives one frame without blocking; returns 1 when one was there, 0
+ * when not, or -1 with zmq_errno() set. */
+static int recv_frame(hpucoll_comm *c, zmq_msg_t *f)
+{
+	for (;;) {
+		if (zmq_msg_recv(f, c->pull, ZMQ_DONTWAIT) >= 0)
+			return 1;
+		if (zmq_errno() == EAGAIN)
+			return 0;
+		if (zmq_errno() != EINTR)
+			return -1;
+	}
+}
+
+/* Throws away the remaining frames of a multipart message. */
+static void drain(hpucoll_comm *c, int more)
+{
+	zmq_msg_t f;
+
+	while (more) {
+		zmq_msg_init(&f);
+		more = recv_frame(c, &f) == 1 && zmq_msg_more(&f);
+		zmq_msg_close(&f);
+	}
+}
+
+/* Reads the header frame of the next message into m->hdr and checks that
+ * it can be attributed to a rank. `want` is the rank awaited, for errors.
+ * Returns 1 on success, 0 when nothing was there, or -(hpucoll_err). */
+static int read_hdr(hpucoll_comm *c, int want, struct hpucoll__msg *m)
+{
+	zmq_msg_t f;
+	size_t size;
+	int more, got;
+
+	zmq_msg_init(&f);
+	got = recv_frame(c, &f);
+	if (got <= 0) {
+		int rc = got == 0 ? 0 : -hpucoll__zmq_error(c, "zmq_msg_recv");
+
+		zmq_msg_close(&f);
+		return rc;
+	}
+	size = zmq_msg_size(&f);
+	more = zmq_msg_more(&f);
+	if (size == HPUCOLL__HDR_SIZE)
+		hpucoll__hdr_decode(&m->hdr, zmq_msg_data(&f));
+	zmq_msg_close(&f);
+	if (size != HPUCOLL__HDR_SIZE || m->hdr.magic != HPUCOLL__MAGIC) {
+		drain(c, more);
+		hpucoll__set_error(c, "%s: received a malformed message (%s) "
+				      "while waiting for rank %d.",
+				   c->what,
+				   size != HPUCOLL__HDR_SIZE ? "bad header size"
+							     : "bad magic",
+				   want);
+		return -HPUCOLL_EPROTO;
+	}
+	if (m->hdr.src >= (uint32_t)c->size ||
+	    m->hdr.src == (uint32_t)c->rank) {
+		drain(c, more);
+		hpucoll__set_error(c, "%s: received a message from rank "
+				      "%" PRIu32 ", which is not a peer of "
+				      "rank %d in a job of %d.",
+				   c->what, m->hdr.src, c->rank, c->size);
+		return -HPUCOLL_EPROTO;
+	}
+	if (more != (m->hdr.len > 0)) {
+		drain(c, more);
+		hpucoll__set_error(c, "%s: rank %" PRIu32 " sent a message "
+				      "whose frames do not match its header.",
+				   c->what, m->hdr.src);
+		return -HPUCOLL_EPROTO;
+	}
+	return 1;
+}
+
+/* Reads the payload frame that read_hdr() said follows. */
+static int read_body(hpucoll_comm *c, struct hpucoll__msg *m)
+{
+	int got = recv_frame(c, &m->body);
+
+	if (got < 0)
+		return hpucoll__zmq_error(c, "zmq_msg_recv");
+	if (got == 0 || zmq_msg_size(&m->body) != m->hdr.len ||
+	    zmq_msg_more(&m->body)) {
+		drain(c, got == 1 && zmq_msg_more(&m->body));
+		hpucoll__set_error(c, "%s: rank %" PRIu32 " sent a payload "
+				      "that does not match its header.",
+				   c->what, m->hdr.src);
+		return HPUCOLL_EPROTO;
+	}
+	return HPUCOLL_OK;
+}
+
+/* An ABORT from another rank: its collective failed, so ours cannot
+ * finish. Its sentence (printable characters only) becomes ours. */
+static int took_abort(hpucoll_comm *c, const struct hpucoll__msg *m)
+{
+	const unsigned char *s = zmq_msg_data((zmq_msg_t *)&m->body);
+	char why[HPUCOLL__ERRMSG_MAX];
+	size_t n = 0;
+	int code = m->hdr.arg;
+
+	for (size_t i = 0; i < m->hdr.len && n + 1 < sizeof(why); i++)
+		why[n++] = s[i] >= 0x20 && s[i] < 0x7f ? (char)s[i] : '?';
+	why[n] = '\0';
+	if (code <= HPUCOLL_EINVAL || code > HPUCOLL_EPEER)
+		code = HPUCOLL_EABORTED;
+	hpucoll__set_error(c, "%s: rank %" PRIu32 " gave up: %s", c->what,
+			   m->hdr.src, why);
+	c->got_abort = 1;
+	return code;
+}
+
+/* Reads one whole message into a new *out (NULL if nothing was there). */
+static int read_one(hpucoll_comm *c, int want, struct hpucoll__msg **out)
+{
+	struct hpucoll__msg *m;
+	unsigned kind;
+	int rc;
+
+	*out = NULL;
+	m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return HPUCOLL_ENOMEM;
+	zmq_msg_init(&m->body);
+	rc = read_hdr(c, want, m);
+	if (rc <= 0) {
+		msg_free(m);
+		return -rc;
+	}
+	rc = HPUCOLL_OK;
+	kind = m->hdr.kind & 15;
+	if ((kind == HPUCOLL__ABORT && m->hdr.len >= HPUCOLL__ERRMSG_MAX) ||
+	    ((kind == HPUCOLL__PROBE || kind == HPUCOLL__PROBE_REPLY) &&
+	     m->hdr.len > 0)) {
+		drain(c, 1);
+		hpucoll__set_error(c, "%s: rank %" PRIu32 " sent an oversized "
+				      "%s message.",
+				   c->what, m->hdr.src,
+				   kind == HPUCOLL__ABORT ? "abort" : "probe");
+		msg_free(m);
+		return HPUCOLL_EPROTO;
+	}
+	if (m->hdr.len > 0)
+		rc = read_body(c, m);
+	if (rc == HPUCOLL_OK && kind == HPUCOLL__ABORT)
+		rc = took_abort(c, m);
+	if (rc != HPUCOLL_OK) {
+		msg_free(m);
+		return rc;
+	}
+	*out = m;
+	return HPUCOLL_OK;
+}
+
+/* Reads the next data message into a new *out (NULL if none was there),
+ * answering probes and taking probe replies on the way. Stops after a
+ * bounded number of those so that a flood cannot hold the caller. */
+static int read_msg(hpucoll_comm *c, int want, struct hpucoll__msg **out)
+{
+	struct hpucoll__msg *m;
+	int rc;
+
+	for (int i = 0; i < 64; i++) {
+		rc = read_one(c, want, out);
+		m = *out;
+		if (rc != HPUCOLL_OK || m == NULL)
+			return rc;
+		if (!hpucoll__probe_take(c, &m->hdr))
+			return HPUCOLL_OK;
+		msg_free(m);
+		*out = NULL;
+	}
+	return HPUCOLL_OK;
+}
+
+static void enqueue(struct hpucoll__peer *p, struct hpucoll__msg *m)
+{
+	m->next = NULL;
+	if (p->tail != NULL)
+		p->tail->next = m;
+	else
+		p->head = m;
+	p->tail = m;
+}
+
+static struct hpucoll__msg *dequeue(struct hpucoll__peer *p)
+{
+	struct hpucoll__msg *m = p->head;
+
+	if (m != NULL) {
+		p->head = m->next;
+		if (p->head == NULL)
+			p->tail = NULL;
+	}
+	return m;
+}
+
+/* Reads what ZeroMQ has without waiting, queueing it by sender; fails on
+ * an ABORT or a malformed message. `want` names the awaited rank. */
+int hpucoll__zmq_poll_aborts(hpucoll_comm *c, int want)
+{
+	struct hpucoll__msg *m;
+	int rc;
+
+	for (;;) {
+		rc = read_msg(c, want, &m);
+		if (rc != HPUCOLL_OK || m == NULL)
+			return rc;
+		enqueue(&c->peers[m->hdr.src], m);
+	}
+}
+
+int hpucoll__zmq_await_abort(hpucoll_comm *c, int want, int64_t ms)
+{
+	zmq_pollitem_t item = {.socket = c->pull, .events = ZMQ_POLLIN};
+	int64_t end = hpucoll__now_ms() + ms, left;
+	int rc;
+
+	for (;;) {
+		rc = hpucoll__zmq_poll_aborts(c, want);
+		if (rc != HPUCOLL_OK)
+			return rc;
+		left = end - hpucoll__now_ms();
+		if (left <= 0)
+			return HPUCOLL_OK;
+		zmq_poll(&item, 1, (long)left);
+	}
+}
+
+/* Waits until the receive socket has a message. Fails when the deadline
+ * passes or the connection to `src` closed a grace period ago. */
+static int wait_readable(hpucoll_comm *c, int src,
+			 const struct hpucoll__wait *w)
+{
+	struct hpucoll__peer *p = &c->peers[src];
+	zmq_pollitem_t items[2] = {
+		{.socket = c->pull, .events = ZMQ_POLLIN},
+		{.socket = p->mon, .events = ZMQ_POLLIN},
+	};
+	int64_t now;
+	long ms;
+	int n;
+
+	for (;;) {
+		now = hpucoll__now_ms();
+		if (w->deadline >= 0 && now >= w->deadline)
+			return hpucoll__timed_out(c, w, src);
+		if (p->lost && now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
+			return lost_peer(c, src);
+		if (p->refused)
+			return refused_by(c, src);
+		hpucoll__stall_check(c, w, src, now);
+		ms = hpucoll__wait_ms(c, w, now,
+				      p->lost ? (long)(p->lost_ms +
+						       HPUCOLL__LOST_GRACE_MS -
+						       now)
+					      : -1);
+		n = zmq_poll(items, 2, ms);
+		if (n < 0 && zmq_errno() != EINTR)
+			return hpucoll__zmq_error(c, "zmq_poll");
+		if (n > 0 && (items[1].revents & ZMQ_POLLIN))
+			read_monitor(c, src);
+		if (n > 0 && (items[0].revents & ZMQ_POLLIN))
+			return HPUCOLL_OK;
+	}
+}
+
+/* Takes the next message from rank `src`, from its queue or the socket. */
+static int next_from(hpucoll_comm *c, int src, struct hpucoll__msg **out)
+{
+	struct hpucoll__msg *m;
+	struct hpucoll__wait w;
+	int rc;
+
+	*out = dequeue(&c->peers[src]);
+	if (*out != NULL)
+		return HPUCOLL_OK;
+	hpucoll__wait_begin(c, &w);
+	for (;;) {
+		rc = read_msg(c, src, &m);
+		if (rc != HPUCOLL_OK)
+			return rc;
+		if (m == NULL) {
+			rc = wait_readable(c, src, &w);
+			if (rc != HPUCOLL_OK)
+				return rc;
+			continue;
+		}
+		if (m->hdr.src == (uint32_t)src) {
+			*out = m;
+			return HPUCOLL_OK;
+		}
+		enqueue(&c->peers[m->hdr.src], m);
+		/* Other ranks' traffic must not keep this wait alive. */
+		if (w.deadline >= 0 && hpucoll__now_ms() >= w.deadline)
+			return hpucoll__timed_out(c, &w, src);
+	}
+}
+
+static int zmq_recv_from(hpucoll_comm *c, const struct hpucoll__hdr *want,
+			 const void **data)
+{
+	struct hpucoll__peer *p = &c->peers[want->src];
+	struct hpucoll__msg *m;
+	int rc;
+
+	rc = next_from(c, (int)want->src, &m);
+	if (rc != HPUCOLL_OK)
+		return rc;
+	rc = hpucoll__check_hdr(c, want, &m->hdr);
+	if (rc == HPUCOLL_OK) {
+		zmq_msg_init(&p->held);
+		zmq_msg_move(&p->held, &m->body);
+		p->holding = 1;
+		*data = zmq_msg_data(&p->held);
+	}
+	msg_free(m);
+	return rc;
+}
+
+static void zmq_release(hpucoll_comm *c, int src)
+{
+	struct hpucoll__peer *p = &c->peers[src];
+
+	if (p->holding) {
+		zmq_msg_close(&p->held);
+		p->holding = 0;
+	}
+}
+
+const struct hpucoll__transport hpucoll__zmq_transport = {
+	.send = zmq_send_to,
+	.send_buf = zmq_send_buf,
+	.send_commit = zmq_send_commit,
+	.recv = zmq_recv_from,
+	.release = zmq_release,
+};
+
+/* ---- Zero-copy fence and failure ---- */
+
+/* Sleeps a little longer each time, from a yield to 1 ms. */
+static void backoff(int *round)
+{
+	struct timespec ts = {0, 0};
+
+	if (*round < 16) {
+		sched_yield();
+	} else {
+		ts.tv_nsec = *round < 64 ? 20000 : 1000000;
+		nanosleep(&ts, NULL);
+	}
+	(*round)++;
+}
+
+static int zc_held(struct hpucoll__peer *p)
+{
+	return atomic_load_explicit(&p->zc, memory_order_acquire) > 0;
+}
+
+int hpucoll__zmq_fence(hpucoll_comm *c)
+{
+	struct hpucoll__wait w;
+	int64_t polled;
+	int round = 0, rc;
+
+	if (!c->zc_pending)
+		return HPUCOLL_OK;
+	hpucoll__wait_begin(c, &w);
+	polled = w.start;
+	for (int i = 0; i < c->size; i++) {
+		struct hpucoll__peer *p = &c->peers[i];
+
+		while (i != c->rank && zc_held(p)) {
+			int64_t now = hpucoll__now_ms();
+
+			if (w.deadline >= 0 && now >= w.deadline) {
+				hpucoll__set_error(c, "%s: rank %d took no "
+						      "data for %d ms (is it "
+						      "alive?).",
+						   c->what, i, w.timeout_ms);
+				return HPUCOLL_ETIMEDOUT;
+			}
+			read_monitor(c, i);
+			if (p->lost &&
+			    now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
+				return lost_peer(c, i);
+			hpucoll__stall_check(c, &w, i, now);
+			/* Now and then: aborts, and probes to answer. */
+			if (now - polled >= HPUCOLL__SLICE_MS) {
+				polled = now;
+				rc = hpucoll__zmq_poll_aborts(c, i);
+				if (rc != HPUCOLL_OK)
+					return rc;
+			}
+			backoff(&round);
+		}
+	}
+	c->zc_pending = 0;
+	return HPUCOLL_OK;
+}
+
+/* Sends our error sentence to every peer, without waiting. */
+static void send_aborts(hpucoll_comm *c, int rc)
+{
+	struct hpucoll__hdr h = {
+		.magic = HPUCOLL__MAGIC,
+		.src = (uint32_t)c->rank,
+		.seq = c->seq,
+		.kind = HPUCOLL__ABORT,
+		.arg = (uint8_t)rc,
+	};
+	char msg[HPUCOLL__ERRMSG_MAX];
+
+	pthread_mutex_lock(&c->errlock);
+	snprintf(msg, sizeof(msg), "%s", c->errmsg);
+	pthread_mutex_unlock(&c->errlock);
+	h.len = strlen(msg);
+	for (int i = 0; i < c->size; i++) {
+		if (i == c->rank || c->peers[i].push == NULL ||
+		    send_hdr(c, i, &h, ZMQ_DONTWAIT) != HPUCOLL_OK)
+			continue;
+		if (h.len > 0)
+			zmq_send(c->peers[i].push, msg, h.len, ZMQ_DONTWAIT);
+	}
+}
+
+void hpucoll__zmq_fail(hpucoll_comm *c, int rc)
+{
+	int64_t t0 = hpucoll__now_ms();
+	int round = 0, left;
+
+	if (!c->got_abort)
+		send_aborts(c, rc);
+	if (!c->zc_pending)
+		return;
+	/* Give ZeroMQ a moment to finish what it is sending; then drop what
+	 * is left for peers that do not take it, which releases it. */
+	for (int i = 0; i < c->size; i++) {
+		struct hpucoll__peer *p = &c->peers[i];
+
+		while (i != c->rank && zc_held(p) &&
+		       hpucoll__now_ms() - t0 < HPUCOLL__LOST_GRACE_MS)
+			backoff(&round);
+		if (i != c->rank && zc_held(p)) {
+			zmq_socket_monitor(p->push, NULL, 0);
+			set_int(p->push, ZMQ_LINGER, 0);
+			zmq_close(p->push);
+			p->push = NULL;
+		}
+	}
+	do {
+		left = 0;
+		for (int i = 0; i < c->size; i++)
+			left += i != c->rank && zc_held(&c->peers[i]);
+		if (left > 0)
+			backoff(&round);
+	} while (left > 0 && hpucoll__now_ms() - t0 < 10000);
+	if (left > 0)
+		fprintf(stderr, "hpucoll: rank %d: ZeroMQ still holds "
+				"zero-copy sends to %d peers after a "
+				"failure\n",
+			c->rank, left);
+	c->zc_pending = 0;
+}

@@ -1,0 +1,275 @@
+/* fileio: input files opened without hanging on a FIFO, output files
+ * written through a temporary file, an fsync and a rename. */
+#include "fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- reading ---- */
+
+/* Why a file of mode m is no input file. */
+static const char *not_regular(mode_t m)
+{
+	return S_ISDIR(m)    ? strerror(EISDIR)
+	       : S_ISFIFO(m) ? "not a regular file (a FIFO)"
+	       : S_ISCHR(m)  ? "not a regular file (a character device)"
+	       : S_ISBLK(m)  ? "not a regular file (a block device)"
+	       : S_ISSOCK(m) ? "not a regular file (a socket)"
+			     : "not a regular file";
+}
+
+int hpu_open_input_fd(const char *path, int extra, struct stat *st, const char **why)
+{
+	st->st_mode = 0;
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | extra), fl;
+	if (fd < 0) {
+		*why = strerror(errno);
+		return -1;
+	}
+	if (fstat(fd, st) < 0) {
+		st->st_mode = 0;
+		goto fail;
+	}
+	if (!S_ISREG(st->st_mode)) {
+		*why = not_regular(st->st_mode);
+		close(fd);
+		return -1;
+	}
+	/* A regular file: reads block as they always did. */
+	if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+		st->st_mode = 0;
+		goto fail;
+	}
+	return fd;
+fail:
+	*why = strerror(errno);
+	int e = errno;
+	close(fd);
+	errno = e;
+	return -1;
+}
+
+FILE *hpu_open_input(const char *path, const char **why)
+{
+	struct stat st;
+	int fd = hpu_open_input_fd(path, 0, &st, why);
+	if (fd < 0)
+		return NULL;
+	FILE *f = fdopen(fd, "r");
+	if (!f) {
+		*why = strerror(errno);
+		close(fd);
+	}
+	return f;
+}
+
+const char *hpu_read_stream(FILE *f, int text, char **buf, size_t *len)
+{
+	enum { MAX = 16 << 20 };
+	/* a text file may fill MAX + 1 bytes: one more than it may hold */
+	size_t lim = text ? (size_t)MAX + 1 : (size_t)-1 / 2;
+	struct stat st;
+	const char *why = NULL;
+	char *b = NULL;
+	size_t n = 0, cap = 0;
+	/* a first guess: the size of a regular file (read to the end anyway) */
+	size_t want = fstat(fileno(f), &st) == 0 && st.st_size > 0 ? (size_t)st.st_size + 1 : 0;
+	for (;;) {
+		if (n == cap) {
+			size_t more = want > cap ? want : cap * 2 + 4096;
+			more = more < lim ? more : lim;
+			char *g = cap < lim ? realloc(b, more + 1) : NULL;
+			if (!g) {
+				why = cap < lim ? "out of memory" : "larger than 16 MiB";
+				break;
+			}
+			b = g;
+			cap = more;
+		}
+		size_t got = fread(b + n, 1, cap - n, f);
+		n += got;
+		if (got == 0) {
+			if (ferror(f))
+				why = strerror(errno);
+			break;
+		}
+	}
+	if (!why && text && memchr(b, 0, n))
+		why = "it holds a NUL byte: not a text file";
+	if (why) {
+		free(b);
+		return why;
+	}
+	b[n] = 0;
+	*buf = b;
+	*len = n;
+	return NULL;
+}
+
+const char *hpu_read_file(const char *path, char **buf, size_t *len)
+{
+	const char *why = NULL;
+	FILE *f = hpu_open_input(path, &why);
+	if (!f)
+		return why;
+	why = hpu_read_stream(f, 1, buf, len);
+	fclose(f);
+	return why;
+}
+
+/* ---- writing ---- */
+
+int hpu_write_all(int fd, const void *p, size_t n)
+{
+	const char *s = p;
+	while (n) {
+		ssize_t k = write(fd, s, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -1;
+		s += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+int hpu_out_in_place(const char *path, char *real, size_t len)
+{
+	struct stat st, lst;
+	snprintf(real, len, "%s", path);
+	if (stat(path, &st) != 0)
+		return 0; /* a new file */
+	if (!S_ISREG(st.st_mode))
+		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
+	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
+		return 0;
+	char *r = realpath(path, NULL);
+	if (!r || strlen(r) >= len) {
+		free(r);
+		return 1;
+	}
+	snprintf(real, len, "%s", r);
+	free(r);
+	return 0;
+}
+
+int hpu_outfile_open(hpu_outfile *o, const char *path, mode_t mode)
+{
+	memset(o, 0, sizeof *o);
+	o->direct = hpu_out_in_place(path, o->path, sizeof o->path);
+	if (o->direct) {
+		o->fd = open(path, O_WRONLY | O_CLOEXEC);
+		return o->fd < 0 ? -1 : 0;
+	}
+	snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%d", o->path, (int)getpid());
+	o->fd = open(o->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	o->made = o->fd >= 0; /* else o->tmp is for the message: not ours */
+	return o->fd < 0 ? -1 : 0;
+}
+
+FILE *hpu_outfile_stream(hpu_outfile *o)
+{
+	if (!o->f && (o->f = fdopen(o->fd, "w")) == NULL)
+		return NULL;
+	return o->f;
+}
+
+/* -1 with *step = what and errno kept. */
+static int failed(const char **step, const char *what)
+{
+	if (step)
+		*step = what;
+	return -1;
+}
+
+int hpu_outfile_commit(hpu_outfile *o, const char **step)
+{
+	if (o->f && fflush(o->f) != 0)
+		return failed(step, "write");
+	int fd = o->f ? fileno(o->f) : o->fd;
+	if (fsync(fd) < 0 && !(o->direct && errno == EINVAL)) /* a pipe cannot sync */
+		return failed(step, "fsync");
+	int rc = o->f ? fclose(o->f) : close(o->fd);
+	o->f = NULL;
+	o->fd = -1;
+	if (rc != 0)
+		return failed(step, "close");
+	if (!o->direct && rename(o->tmp, o->path) < 0)
+		return failed(step, "rename");
+	o->made = 0;
+	return 0;
+}
+
+void hpu_outfile_abort(hpu_outfile *o)
+{
+	int e = errno; /* the caller's message may still want it */
+	if (o->f)
+		fclose(o->f);
+	else if (o->fd >= 0)
+		close(o->fd);
+	o->f = NULL;
+	o->fd = -1;
+	if (o->made)
+		unlink(o->tmp);
+	o->made = 0;
+	errno = e;
+}
+
+static int say(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int say(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+int hpu_outfile_error(const hpu_outfile *o, const char *step, char *err, size_t errlen)
+{
+	const char *e = strerror(errno);
+	if (!strcmp(step, "open") && o->direct)
+		return say(err, errlen, "cannot open %s: %s", o->path, e);
+	if (!strcmp(step, "open"))
+		return say(err, errlen, "cannot create %s: %s", o->tmp, e);
+	if (!strcmp(step, "write"))
+		return say(err, errlen, "writing %s: %s", o->path, e);
+	if (!strcmp(step, "rename"))
+		return say(err, errlen, "cannot rename %s to %s: %s", o->tmp, o->path, e);
+	return say(err, errlen, "writing %s: %s: %s", o->path, step, e);
+}
+
+int hpu_write_atomic(const char *path, const void *data, size_t n, char *err,
+		     size_t errlen)
+{
+	hpu_outfile o;
+	const char *step = "write";
+	if (hpu_outfile_open(&o, path, 0644) < 0)
+		return hpu_outfile_error(&o, "open", err, errlen);
+	if (hpu_write_all(o.fd, data, n) == 0 && hpu_outfile_commit(&o, &step) == 0)
+		return 0;
+	hpu_outfile_error(&o, step, err, errlen);
+	hpu_outfile_abort(&o);
+	return -1;
+}
+
+int hpu_fsync_dir(const char *dir, char *err, size_t errlen)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return say(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+	int rc = fsync(fd);
+	int e = errno;
+	close(fd);
+	if (rc < 0 && e != EINVAL) /* some filesystems cannot fsync a directory */
+		return say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
+	return 0;
+}

@@ -1,0 +1,89 @@
+/* hpudlib: the harness of the hpud tests (test_hpud_*.c): a real hpud on
+ * loopback with a fresh key, configuration and hostfile in a temporary
+ * directory, and a raw client that speaks hpud's signed frames. cmocka
+ * assertions inside. */
+#ifndef HPU_TEST_HPUDLIB_H
+#define HPU_TEST_HPUDLIB_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <sys/types.h>
+
+#include "auth.h"
+#include "codec.h"
+#include "harness.h"
+
+#define HPUD h_build("bin/hpud")
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+
+/* What setup() made: the directory, the cluster's key (its file and its
+ * bytes), hpud's configuration and a hostfile naming it (2 slots), the
+ * port it listens on. daemon_proc is the hpud start_daemon() started. */
+extern char dir[64], key_path[128], conf_path[128], hostfile[128];
+extern int port;
+extern proc daemon_proc;
+extern uint8_t key[HPU_AUTH_KEY_BYTES];
+
+/* Writes conf_path: 127.0.0.1:port, `devices` devices, the key, user
+ * nobody, submitter_timeout 3 s, then the lines of `extra` (may be NULL). */
+void write_conf(int devices, const char *extra);
+
+/* hpud -c conf_path in the background (after any left by a failed test);
+ * waits until it listens. */
+void start_daemon(void);
+
+/* Ends hpud (SIGTERM, then SIGKILL after 15 s) if it still runs. */
+void stop_daemon(void);
+
+/* cmocka group setup and teardown: the directory, a key from
+ * hpud --gen-key, write_conf(2, NULL), the hostfile; and all of it gone. */
+int hpud_setup(void **state);
+int hpud_teardown(void **state);
+
+/* Before cmocka_run_group_tests: 77 (and why, on stdout) when not root,
+ * as the workers switch to the user nobody; else 0, having set the test
+ * filter from HPU_TEST_FILTER (e.g. "test_chatty*": run just those). */
+int hpud_test_init(const char *prog);
+
+/* A raw client of hpud: a ZeroMQ DEALER with the signing state. */
+typedef struct client {
+	void *ctx, *sock;
+	hpu_auth *auth;
+	char session[HPU_AUTH_ID_HEX + 1]; /* ours, named by every request */
+	char instance[64];                 /* hpud's, from its HelloReply */
+} client;
+
+/* A client of the hpud on port p; with the cluster's key, it says hello
+ * (as hpulaunch does) so that its requests name hpud's instance. */
+void client_open_port(client *c, const uint8_t *k, int p);
+/* The same for the hpud on `port`. */
+void client_open(client *c, const uint8_t *k);
+void client_close(client *c);
+
+/* env as c sends it: under c's session, for the instance c said hello
+ * to ("" before), signed and stamped now + skew_ms; *len gets its size.
+ * Caller frees. */
+uint8_t *sign_env(client *c, Hpu__Envelope *env, int64_t skew_ms, size_t *len);
+
+/* A signed status request stamped now + skew_ms; *len gets its size. */
+uint8_t *status_frame(client *c, int64_t skew_ms, size_t *len);
+
+/* The reply to a frame just sent, verified and unpacked, or NULL after
+ * timeout_ms (or when it is not genuine). Free with hpu_codec_free. */
+Hpu__Envelope *await_reply(client *c, int timeout_ms);
+
+/* The number of jobs hpud runs, from a status request. */
+int jobs_running(void);
+
+/* The number after `field` ("VmRSS:", "Uid:") in /proc/PID/status, or -1. */
+long proc_status(pid_t pid, const char *field);
+
+/* A process's resident set in KiB, or -1. */
+long rss_kib(pid_t pid);
+
+#endif

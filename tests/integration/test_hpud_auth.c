@@ -1,0 +1,575 @@
+/* Integration tests of hpud on loopback: signed frames (hpudlib.h: a
+ * real daemon, real signed frames, the real hpulaunch).
+ *
+ * - bad input: unsigned, wrong key, replayed, expired, truncated, garbage
+ *   (thousands of random frames), oversized, multi-frame -> all refused
+ *   and logged with the peer, no job started, the daemon still answers a
+ *   good request and its memory does not grow;
+ * - a signed launch is bound to one hpud instance: replayed to another
+ *   hpud or after a restart, it starts nothing;
+ * - the submitter's side, against a fake hpud: replies for another
+ *   session or instance, replayed or garbage, are dropped; a flood of
+ *   output lines is taken whole.
+ * Needs root (the workers switch to the user 'nobody'). */
+#include "hpudlib.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+static uint64_t rng = 0x1234567;
+static uint32_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)rng;
+}
+
+/* Waits until hpud has handled everything c sent: a status request on
+ * the same connection is answered after them. Reads hpud's log on the way,
+ * so that it never blocks on a full pipe. */
+static void sync_daemon(client *c)
+{
+	size_t len;
+	uint8_t *f = status_frame(c, 0, &len);
+	zmq_send(c->sock, f, len, 0);
+	free(f);
+	Hpu__Envelope *r = NULL;
+	for (int i = 0; i < 300 && !r; i++) {
+		h_wait(&daemon_proc, 10);
+		r = await_reply(c, 50);
+	}
+	assert_non_null(r);
+	hpu_codec_free(r);
+}
+
+static void send_garbage(client *c, int count)
+{
+	uint8_t buf[4096];
+	for (int i = 0; i < count; i++) {
+		size_t len = rnd() % sizeof buf;
+		for (size_t k = 0; k < len; k++)
+			buf[k] = (uint8_t)rnd();
+		if (i % 3 == 0 && len >= 4)
+			memcpy(buf, "HPU1", 4); /* get past the magic */
+		zmq_send(c->sock, buf, len, 0);
+		if (i % 500 == 499)
+			sync_daemon(c);
+	}
+	sync_daemon(c);
+}
+
+/* ---- bad input ---- */
+
+static void test_bad_requests(void **state)
+{
+	(void)state;
+	start_daemon();
+	client c, wrong;
+	uint8_t other[HPU_AUTH_KEY_BYTES];
+	memcpy(other, key, sizeof other);
+	other[0] ^= 1;
+	client_open(&c, key);
+	client_open(&wrong, other);
+	size_t len;
+	/* a good one is answered */
+	uint8_t *good = status_frame(&c, 0, &len);
+	zmq_send(c.sock, good, len, 0);
+	Hpu__Envelope *r = await_reply(&c, 5000);
+	assert_non_null(r);
+	hpu_codec_free(r);
+	/* replayed: the same frame again */
+	zmq_send(c.sock, good, len, 0);
+	assert_null(await_reply(&c, 1000));
+	/* truncated: within the header, then a few in the body (few enough
+	 * that hpud logs every kind in its 20 refusals a second) */
+	for (size_t k = 0; k < len; k += k < HPU_AUTH_HEADER ? 7 : 40)
+		zmq_send(c.sock, good, k, 0);
+	free(good);
+	/* unsigned: a bare envelope */
+	Hpu__StatusRequest q = HPU__STATUS_REQUEST__INIT;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
+	env.status_request = &q;
+	uint8_t *body;
+	size_t blen = hpu_codec_pack(&env, &body);
+	zmq_send(c.sock, body, blen, 0);
+	free(body);
+	/* wrong key; expired; from the future */
+	uint8_t *f = status_frame(&wrong, 0, &len);
+	zmq_send(wrong.sock, f, len, 0);
+	free(f);
+	f = status_frame(&c, -120000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	f = status_frame(&c, 120000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	/* two frames */
+	zmq_send(c.sock, "HPU1", 4, ZMQ_SNDMORE);
+	zmq_send(c.sock, "HPU1", 4, 0);
+	assert_null(await_reply(&c, 500));
+	assert_null(await_reply(&wrong, 100));
+	/* garbage: warm up (ZeroMQ's and malloc's pools grow to a plateau
+	 * over the first ~10000 frames), then measure over 30000 more; a
+	 * leak of anything frame-sized (2 KiB on average) would add ~60 MiB,
+	 * of 64 bytes ~2 MiB; the bound is 1 MiB */
+	send_garbage(&c, 10000);
+	assert_int_equal(jobs_running(), 0);
+	long before = rss_kib(daemon_proc.pid);
+	send_garbage(&c, 15000);
+	/* oversized: ZeroMQ drops the connection; a new one still works */
+	size_t big = HPU_AUTH_MAX_FRAME + 1024;
+	uint8_t *huge = calloc(1, big);
+	memcpy(huge, "HPU1", 4);
+	zmq_send(wrong.sock, huge, big, 0);
+	free(huge);
+	send_garbage(&c, 15000);
+	assert_int_equal(jobs_running(), 0);
+	long after = rss_kib(daemon_proc.pid);
+	printf("  hpud RSS %ld KiB after 10000 garbage frames, %ld KiB after 30000 more\n", before,
+	       after);
+	assert_true(before > 0 && after > 0);
+	assert_true(after - before < 1024);
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 0); /* nothing ran */
+	/* every kind was refused, with the peer's address */
+	h_wait(&daemon_proc, 300);
+	const char *kinds[] = {"refused a request from 127.0.0.1", "replayed", "truncated",
+			       "bad signature", "stale", "future", "more than one frame"};
+	for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+		if (!strstr(daemon_proc.out, kinds[k]))
+			fail_msg("hpud's log does not mention \"%s\":\n%s", kinds[k],
+				 daemon_proc.out);
+	client_close(&c);
+	client_close(&wrong);
+	stop_daemon();
+}
+
+/* ---- a signed request is bound to one hpud instance ---- */
+
+/* A signed launch request as hpulaunch --hostfile sends it (for the
+ * instance of hpud c said hello to): one node, one device, a long run of
+ * the model. */
+static uint8_t *launch_frame(client *c, const char *job_id, size_t *len)
+{
+	char *argv[] = {"--max-steps", "100000", "--log-every", "0", "--no-eval",
+			(char *)MODEL, "--", "--hidden", "16"};
+	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
+	q.job_id = (char *)job_id;
+	q.job_token = "replayed-token";
+	q.node_rank = 0;
+	q.nodes = 1;
+	q.devices = 1;
+	q.master_addr = "127.0.0.1";
+	q.n_argv = sizeof argv / sizeof *argv;
+	q.argv = argv;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
+	env.launch_request = &q;
+	return sign_env(c, &env, 0, len);
+}
+
+/* Sends a captured frame on a fresh connection to the hpud on port p;
+ * returns whether a launch reply that says ok came back. */
+static int replay_to(int p, const uint8_t *frame, size_t len)
+{
+	client c;
+	client_open_port(&c, key, p);
+	zmq_send(c.sock, frame, len, 0);
+	Hpu__Envelope *r = await_reply(&c, 3000);
+	int ok = r && r->msg_case == HPU__ENVELOPE__MSG_LAUNCH_REPLY && r->launch_reply->ok;
+	hpu_codec_free(r);
+	client_close(&c);
+	return ok;
+}
+
+/* A signed launch captured on the wire starts nothing on a second hpud
+ * with the same key (another port), nor on its own hpud after a restart:
+ * both refuse it and log why. */
+static void test_launch_bound_to_instance(void **state)
+{
+	(void)state;
+	char conf2[160], text[512];
+	int port2 = h_free_port();
+	snprintf(conf2, sizeof conf2, "%s/second.conf", dir);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 3\n",
+		 port2, key_path);
+	assert_int_equal(h_write_file(conf2, text, 0644), 0);
+	start_daemon();
+	proc b;
+	char *argv[] = {(char *)HPUD, "-c", conf2, NULL};
+	char *env[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
+	assert_int_equal(h_start(&b, argv, env), 0);
+	assert_int_equal(h_wait_for(&b, "listening on", 10000), 0);
+
+	/* the submitter's frame for hpud A, captured */
+	client a;
+	client_open(&a, key);
+	size_t len;
+	uint8_t *f = launch_frame(&a, "captured-job", &len);
+	/* it starts the job on A */
+	zmq_send(a.sock, f, len, 0);
+	Hpu__Envelope *r = await_reply(&a, 10000);
+	assert_non_null(r);
+	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_LAUNCH_REPLY);
+	if (!r->launch_reply->ok)
+		fail_msg("hpud refused the genuine launch: %s", r->launch_reply->error);
+	hpu_codec_free(r);
+	client_close(&a);
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 1);
+
+	/* replayed to B, which has the same key */
+	int on_b = replay_to(port2, f, len);
+	h_wait(&b, 300);
+	int b_kids = h_children(b.pid, kids, 4);
+	/* replayed to A after a restart (its job ended with it) */
+	stop_daemon();
+	start_daemon();
+	int on_a = replay_to(port, f, len);
+	h_wait(&daemon_proc, 300);
+	int a_kids = h_children(daemon_proc.pid, kids, 4);
+	free(f);
+	printf("  the captured launch replayed: to a second hpud %s (%d workers), "
+	       "to the restarted hpud %s (%d workers)\n",
+	       on_b ? "STARTED THE JOB" : "refused", b_kids, on_a ? "STARTED THE JOB" : "refused",
+	       a_kids);
+	const char *why = "signed for another hpud or before a restart";
+	int b_logged = strstr(b.out, why) != NULL, a_logged = strstr(daemon_proc.out, why) != NULL;
+	printf("  hpud B %s, the restarted hpud A %s \"%s\"\n", b_logged ? "logged" : "did not log",
+	       a_logged ? "logged" : "did not log", why);
+	const char *line = strstr(b.out, "refused a request");
+	if (line)
+		printf("  hpud B: %.*s\n", (int)strcspn(line, "\n"), line);
+	kill(b.pid, SIGTERM);
+	if (h_wait(&b, 15000) < 0)
+		h_kill(&b);
+	h_free(&b);
+	assert_false(on_b);
+	assert_int_equal(b_kids, 0);
+	assert_false(on_a);
+	assert_int_equal(a_kids, 0);
+	assert_true(b_logged);
+	assert_true(a_logged);
+	assert_int_equal(jobs_running(), 0);
+	stop_daemon();
+}
+
+/* ---- the submitter's side of the binding, against a fake hpud ---- */
+
+typedef struct fake {
+	void *ctx, *sock;
+	hpu_auth *auth;
+	uint8_t id[256]; /* hpulaunch's routing id */
+	size_t idlen;
+} fake;
+
+/* The next request to the fake hpud, verified, or NULL (nothing within
+ * 10 s, or not genuine). No cmocka assertion: the flood test calls it
+ * from a thread. */
+static Hpu__Envelope *fake_recv(fake *f)
+{
+	static uint8_t buf[HPU_AUTH_MAX_FRAME];
+	zmq_pollitem_t it = {.socket = f->sock, .events = ZMQ_POLLIN};
+	if (zmq_poll(&it, 1, 10000) <= 0)
+		return NULL;
+	int n = zmq_recv(f->sock, f->id, sizeof f->id, 0);
+	if (n <= 0 || n > (int)sizeof f->id)
+		return NULL;
+	f->idlen = (size_t)n;
+	n = zmq_recv(f->sock, buf, sizeof buf, 0);
+	const void *body;
+	size_t blen;
+	if (n <= 0 || n > (int)sizeof buf ||
+	    hpu_auth_verify(f->auth, buf, (size_t)n, hpu_auth_now_ms(), &body, &blen, NULL, 0) < 0)
+		return NULL;
+	return hpu_codec_unpack(body, blen);
+}
+
+/* env signed as hpud signs it; *len gets the frame's size. */
+static uint8_t *fake_sign(fake *f, Hpu__Envelope *env, const char *instance,
+			  const char *session, uint64_t seq, size_t *len)
+{
+	env->instance = (char *)instance;
+	env->session = (char *)session;
+	env->seq = seq;
+	uint8_t *body = NULL, *frame = NULL;
+	size_t blen = hpu_codec_pack(env, &body);
+	*len = body ? hpu_auth_sign(f->auth, body, blen, hpu_auth_now_ms(), &frame) : 0;
+	free(body);
+	return frame; /* NULL only without memory */
+}
+
+/* Sends a frame to hpulaunch (waiting for room); 0, or -1 when it is
+ * gone. */
+static int fake_put(fake *f, const void *frame, size_t len)
+{
+	if (!frame || zmq_send(f->sock, f->id, f->idlen, ZMQ_SNDMORE) < 0)
+		return -1;
+	return zmq_send(f->sock, frame, len, 0) < 0 ? -1 : 0;
+}
+
+/* A fake hpud on 127.0.0.1:p, with the cluster's key. Its sends wait for
+ * room (up to 20 s) rather than drop (ZMQ_ROUTER_MANDATORY). */
+static void fake_open(fake *f, int p)
+{
+	char ep[64];
+	int one = 1, hwm = 100000, wait_ms = 20000;
+	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p);
+	memset(f, 0, sizeof *f);
+	f->ctx = zmq_ctx_new();
+	f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
+	zmq_setsockopt(f->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+	zmq_setsockopt(f->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+	zmq_setsockopt(f->sock, ZMQ_SNDTIMEO, &wait_ms, sizeof wait_ms);
+	assert_int_equal(zmq_bind(f->sock, ep), 0);
+	f->auth = hpu_auth_new(key, 30000, 1 << 16);
+}
+
+static void fake_close(fake *f)
+{
+	int zero = 0;
+	zmq_setsockopt(f->sock, ZMQ_LINGER, &zero, sizeof zero);
+	zmq_close(f->sock);
+	zmq_ctx_term(f->ctx);
+	hpu_auth_destroy(&f->auth);
+}
+
+/* hpulaunch --status against a fake hpud that answers with frames hpud
+ * never sends to it: a reply for another session, a replayed reply (an
+ * old sequence number), one from another instance, then 3000 garbage
+ * frames. The submitter drops each, warning of at most 5 a second and
+ * summing up the rest in one line, and takes the genuine reply after
+ * them; its requests name the instance and session of the hello. */
+static void test_submitter_refuses_replays(void **state)
+{
+	(void)state;
+	fake f;
+	int fport = h_free_port();
+	char target[64];
+	snprintf(target, sizeof target, "127.0.0.1:%d", fport);
+	fake_open(&f, fport);
+	proc p;
+	char *argv[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+
+	Hpu__Envelope *q = fake_recv(&f);
+	assert_non_null(q);
+	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_HELLO);
+	char session[64], other[HPU_AUTH_ID_HEX + 1];
+	snprintf(session, sizeof session, "%s", q->session);
+	assert_int_equal(strlen(session), HPU_AUTH_ID_HEX);
+	hpu_codec_free(q);
+	assert_int_equal(hpu_auth_random_id(other), 0);
+	const char *instance = "0123456789abcdef0123456789abcdef";
+	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
+	hr.instance = (char *)instance;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &hr;
+	size_t len;
+	uint8_t *fr = fake_sign(&f, &env, instance, other, 9, &len); /* another session */
+	assert_int_equal(fake_put(&f, fr, len), 0);
+	free(fr);
+	uint8_t *hello = fake_sign(&f, &env, instance, session, 10, &len);
+	assert_int_equal(fake_put(&f, hello, len), 0);
+
+	q = fake_recv(&f);
+	assert_non_null(q);
+	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_STATUS_REQUEST);
+	assert_string_equal(q->instance, instance);
+	assert_string_equal(q->session, session);
+	hpu_codec_free(q);
+	assert_int_equal(fake_put(&f, hello, len), 0); /* replayed: seq 10 again */
+	free(hello);
+	Hpu__StatusReply sr = HPU__STATUS_REPLY__INIT;
+	sr.devices_total = 7;
+	sr.devices_free = 7;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
+	env.status_reply = &sr;
+	fr = fake_sign(&f, &env, other, session, 20, &len); /* another instance */
+	assert_int_equal(fake_put(&f, fr, len), 0);
+	free(fr);
+	uint8_t junk[200];
+	for (int i = 0; i < 3000; i++) {
+		for (size_t k = 0; k < sizeof junk; k++)
+			junk[k] = (uint8_t)rnd();
+		memcpy(junk, "HPU1", 4);
+		assert_int_equal(fake_put(&f, junk, sizeof junk), 0);
+	}
+	fr = fake_sign(&f, &env, instance, session, 11, &len); /* the genuine one */
+	assert_int_equal(fake_put(&f, fr, len), 0);
+	free(fr);
+
+	assert_int_equal(h_wait(&p, 20000), 0);
+	printf("%s", p.out);
+	int warned = 0;
+	for (const char *s = p.out; (s = strstr(s, "hpulaunch: warning: dropped")); s++)
+		warned++;
+	printf("  %d warnings shown for 3003 frames dropped\n", warned);
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "7 devices, 7 free"));
+	assert_non_null(strstr(p.out, "not for this session"));
+	assert_non_null(strstr(p.out, "replayed or out of order (seq 10, the last was 10)"));
+	assert_non_null(strstr(p.out, "from another hpud instance"));
+	assert_non_null(strstr(p.out, "more messages dropped (not shown)"));
+	assert_true(warned >= 5 && warned <= 15);
+	h_free(&p);
+	fake_close(&f);
+}
+
+#define FLOOD_LINES 100000
+
+/* The fake hpud's side of a job: it answers hello and the launch, then
+ * streams FLOOD_LINES output lines as fast as it signs them and the job's
+ * end. Runs in a thread, while the test reads hpulaunch's output; returns
+ * NULL, or what went wrong. */
+static void *fake_flood(void *arg)
+{
+	fake *f = arg;
+	Hpu__Envelope *q = fake_recv(f);
+	if (!q || q->msg_case != HPU__ENVELOPE__MSG_HELLO)
+		return "no hello";
+	char session[64], job_id[64];
+	snprintf(session, sizeof session, "%s", q->session);
+	hpu_codec_free(q);
+	const char *instance = "00112233445566778899aabbccddeeff";
+	uint64_t seq = 0;
+	size_t len;
+	uint8_t *fr;
+	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
+	hr.instance = (char *)instance;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &hr;
+	fr = fake_sign(f, &env, instance, session, ++seq, &len);
+	int bad = fake_put(f, fr, len);
+	free(fr);
+	if (bad < 0)
+		return "hpulaunch went away";
+	if (!(q = fake_recv(f)) || q->msg_case != HPU__ENVELOPE__MSG_LAUNCH_REQUEST ||
+	    strcmp(q->instance, instance) || strcmp(q->session, session)) {
+		hpu_codec_free(q);
+		return "no launch request naming the instance and session";
+	}
+	snprintf(job_id, sizeof job_id, "%s", q->launch_request->job_id);
+	hpu_codec_free(q);
+	Hpu__LaunchReply lr = HPU__LAUNCH_REPLY__INIT;
+	lr.job_id = job_id;
+	lr.ok = 1;
+	lr.master_port = 29999;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REPLY;
+	env.launch_reply = &lr;
+	fr = fake_sign(f, &env, instance, session, ++seq, &len);
+	bad = fake_put(f, fr, len);
+	free(fr);
+	if (bad < 0)
+		return "hpulaunch went away";
+	char text[64];
+	Hpu__LogLine ll = HPU__LOG_LINE__INIT;
+	ll.job_id = job_id;
+	ll.text = text;
+	env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
+	env.log_line = &ll;
+	for (int i = 0; i < FLOOD_LINES; i++) {
+		ll.rank = (uint32_t)(i % 2);
+		snprintf(text, sizeof text, "flood line %d", i);
+		fr = fake_sign(f, &env, instance, session, ++seq, &len);
+		bad = fake_put(f, fr, len);
+		free(fr);
+		if (bad < 0)
+			return "hpulaunch went away";
+	}
+	Hpu__JobEnd je = HPU__JOB_END__INIT;
+	je.job_id = job_id;
+	je.ok = 1;
+	je.reason = "";
+	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
+	env.job_end = &je;
+	fr = fake_sign(f, &env, instance, session, ++seq, &len);
+	bad = fake_put(f, fr, len);
+	free(fr);
+	return bad < 0 ? "hpulaunch went away" : NULL;
+}
+
+/* hpulaunch --hostfile against a fake hpud that streams 100000 output
+ * lines as fast as it can sign them, well past the 65536 nonces in 30 s
+ * that the submitter's replay cache used to hold: the submitter takes
+ * every line, in order, warns of nothing and exits 0. */
+static void test_submitter_takes_a_flood(void **state)
+{
+	(void)state;
+	fake f;
+	int fport = h_free_port();
+	char hf[160], text[64];
+	snprintf(hf, sizeof hf, "%s/hostfile-fake", dir);
+	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n", fport);
+	assert_int_equal(h_write_file(hf, text, 0644), 0);
+	fake_open(&f, fport);
+	proc p;
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hf, "--key", key_path, "--devices", "1",
+			(char *)MODEL, NULL};
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, fake_flood, &f), 0);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int exited = h_wait(&p, 60000) == 0;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	void *res;
+	if (!exited)
+		h_kill(&p); /* the thread's sends then fail, and it ends */
+	pthread_join(t, &res);
+	long lines = 0, in_order = 1;
+	const char *s = p.out;
+	char want[64];
+	for (int i = 0; i < FLOOD_LINES && in_order; i++) {
+		snprintf(want, sizeof want, "[rank %d] flood line %d\n", i % 2, i);
+		const char *at = strstr(s, want);
+		if (at) {
+			lines++;
+			s = at + strlen(want);
+		} else {
+			in_order = 0;
+		}
+	}
+	double secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	printf("  exit %d after %.1f s: %ld of %d lines, in order; the fake hpud: %s\n",
+	       exited ? h_code(&p) : -1, secs, lines, FLOOD_LINES,
+	       res ? (const char *)res : "all sent");
+	const char *warn = strstr(p.out, "hpulaunch: warning");
+	const char *err = strstr(p.out, "hpulaunch: error");
+	if (warn || err)
+		printf("  %.300s\n", warn ? warn : err);
+	assert_null(res);
+	assert_true(exited);
+	assert_int_equal(h_code(&p), 0);
+	assert_int_equal(lines, FLOOD_LINES);
+	assert_null(warn);
+	h_free(&p);
+	fake_close(&f);
+	unlink(hf);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_requests),
+		cmocka_unit_test(test_launch_bound_to_instance),
+		cmocka_unit_test(test_submitter_refuses_replays),
+		cmocka_unit_test(test_submitter_takes_a_flood),
+	};
+	int skip = hpud_test_init("test_hpud_auth");
+	if (skip)
+		return skip;
+	return cmocka_run_group_tests(tests, hpud_setup, hpud_teardown);
+}

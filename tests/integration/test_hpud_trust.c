@@ -1,0 +1,247 @@
+/* Integration tests of hpud on loopback: which files it trusts, and what
+ * one job may do to another (hpudlib.h: a real daemon, the real hpulaunch).
+ *
+ * - start-up refusals: a key readable by others, root without a user;
+ *   --gen-key; a configuration, key or worker program (or a directory
+ *   above them) that someone else owns or may write, also on SIGHUP;
+ * - job_uids: two jobs run as uids of their own and cannot read each
+ *   other's environment or signal each other's workers.
+ * Needs root (the workers switch to the user 'nobody'). */
+#include "hpudlib.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- start-up ---- */
+
+static void test_key_permissions(void **state)
+{
+	(void)state;
+	chmod(key_path, 0644);
+	char *argv[] = {(char *)HPUD, "-c", conf_path, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 10000);
+	printf("  %s", p.out);
+	chmod(key_path, 0600);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, key_path));
+	assert_non_null(strstr(p.out, "group or others"));
+	h_free(&p);
+	/* root with no user for the workers */
+	char conf2[160];
+	snprintf(conf2, sizeof conf2, "%s/nouser.conf", dir);
+	char text[512];
+	snprintf(text, sizeof text, "listen = 127.0.0.1\nport = %d\nkey = %s\n", port, key_path);
+	assert_int_equal(h_write_file(conf2, text, 0644), 0);
+	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
+	code = h_run(&p, argv2, NULL, 10000);
+	printf("  %s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "set 'user = NAME'"));
+	h_free(&p);
+	/* --gen-key does not overwrite */
+	char *argv3[] = {(char *)HPUD, "--gen-key", key_path, NULL};
+	code = h_run(&p, argv3, NULL, 10000);
+	printf("  %s", p.out);
+	assert_int_equal(code, 1);
+	h_free(&p);
+	struct stat st;
+	assert_int_equal(stat(key_path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+}
+
+/* hpud -c conf --check; its exit code, its output printed and in *p. */
+static int check_conf(proc *p, const char *conf)
+{
+	char *argv[] = {(char *)HPUD, "-c", (char *)conf, "--check", NULL};
+	int code = h_run(p, argv, NULL, 10000);
+	printf("  %s", p->out);
+	return code;
+}
+
+/* hpud -c conf --check refuses to start, naming `file` and saying `what`. */
+static void assert_refused(const char *conf, const char *file, const char *what)
+{
+	proc p;
+	int code = check_conf(&p, conf);
+	if (code != 1 || !strstr(p.out, file) || !strstr(p.out, what))
+		fail_msg("hpud -c %s --check exited %d; expected 1 and a message naming %s "
+			 "with \"%s\"; it said:\n%s",
+			 conf, code, file, what, p.out);
+	h_free(&p);
+}
+
+/* hpud trusts no file that someone else could have written (as sshd's
+ * StrictModes): the configuration, the key, the worker program and every
+ * directory above them belong to root (or hpud's own user) and are not
+ * writable by group or others; a root-owned sticky directory (/tmp, where
+ * these files are) is fine. The attack of the review: a configuration of
+ * mode 0666 saying `user = root`, with a key and a worker program owned by
+ * nobody. A reload (SIGHUP) is refused the same way. */
+static void test_untrusted_files(void **state)
+{
+	(void)state;
+	const uid_t nobody = 65534;
+	const gid_t same = (gid_t)-1;
+	char sub[128], conf[192], key2[192], worker[192], text[1024];
+	snprintf(sub, sizeof sub, "%s/trust", dir);
+	assert_int_equal(mkdir(sub, 0755), 0);
+	snprintf(conf, sizeof conf, "%s/hpud.conf", sub);
+	snprintf(key2, sizeof key2, "%s/secret.key", sub);
+	snprintf(worker, sizeof worker, "%s/worker.sh", sub);
+	char *k = h_slurp(key_path);
+	assert_non_null(k);
+	assert_int_equal(h_write_file(key2, k, 0600), 0);
+	free(k);
+	snprintf(text, sizeof text, "#!/bin/sh\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(worker, text, 0755), 0);
+	snprintf(text, sizeof text, "listen = 127.0.0.1\nport = %d\nkey = %s\nuser = root\nworker = %s\n",
+		 port, key2, worker);
+	assert_int_equal(h_write_file(conf, text, 0644), 0);
+	proc p;
+	assert_int_equal(check_conf(&p, conf), 0); /* all root's: fine */
+	h_free(&p);
+
+	/* the attack: everything writable by nobody */
+	assert_int_equal(chmod(conf, 0666), 0);
+	assert_int_equal(chown(key2, nobody, same), 0);
+	assert_int_equal(chown(worker, nobody, same), 0);
+	assert_refused(conf, conf, "writable by group or others (mode 0666)");
+	assert_int_equal(chmod(conf, 0644), 0);
+	assert_int_equal(chown(conf, nobody, same), 0);
+	assert_refused(conf, conf, "owned by uid 65534");
+	assert_int_equal(chown(conf, 0, same), 0);
+	assert_refused(conf, key2, "owned by uid 65534");
+	assert_int_equal(chown(key2, 0, same), 0);
+	assert_refused(conf, worker, "owned by uid 65534");
+	assert_int_equal(chown(worker, 0, same), 0);
+	assert_int_equal(chmod(worker, 0775), 0);
+	assert_refused(conf, worker, "writable by group or others (mode 0775)");
+	assert_int_equal(chmod(worker, 0755), 0);
+
+	/* the directory above them */
+	assert_int_equal(chown(sub, nobody, same), 0);
+	assert_refused(conf, sub, "owned by uid 65534");
+	assert_int_equal(chmod(sub, 01777), 0); /* sticky, but nobody's */
+	assert_refused(conf, sub, "owned by uid 65534");
+	assert_int_equal(chown(sub, 0, same), 0);
+	assert_int_equal(chmod(sub, 0777), 0);
+	assert_refused(conf, sub, "writable by group or others (mode 0777)");
+	assert_int_equal(chmod(sub, 01777), 0); /* root's and sticky, like /tmp */
+	assert_int_equal(check_conf(&p, conf), 0);
+	h_free(&p);
+	assert_int_equal(chmod(sub, 0755), 0);
+
+	/* a reload of a configuration others may write is refused */
+	start_daemon();
+	assert_int_equal(chmod(conf_path, 0666), 0);
+	kill(daemon_proc.pid, SIGHUP);
+	int refused = h_wait_for(&daemon_proc, "reload refused", 5000);
+	assert_int_equal(chmod(conf_path, 0644), 0);
+	printf("  %s", refused == 0 ? strstr(daemon_proc.out, "reload refused") : daemon_proc.out);
+	assert_int_equal(refused, 0);
+	assert_non_null(strstr(strstr(daemon_proc.out, "reload refused"), conf_path));
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	stop_daemon();
+}
+
+/* ---- jobs of their own ---- */
+
+/* Jobs cannot see or signal each other (issue 16, item 5): with
+ * `job_uids`, every job's workers run as a uid of their own from the
+ * range. Job isoa's worker looks up job isob's worker (both alive) and
+ * tries to read its environment, where the job token is, and to signal
+ * it: both are refused. The uids differ, lie in the range and are
+ * nobody's; a range holding a user's uid is refused at start. */
+static void test_jobs_isolated(void **state)
+{
+	(void)state;
+	char flags[128], script[192], text[2048], path[256], line[256];
+	snprintf(flags, sizeof flags, "%s/iso", dir);
+	assert_int_equal(mkdir(flags, 0755), 0);
+	assert_int_equal(chmod(flags, 01777), 0); /* the jobs' uids write here */
+	snprintf(script, sizeof script, "%s/iso-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "F=%s\n"
+		 "echo \"$(id -u) $$\" > $F/.who.$HPU_JOB_ID && mv $F/.who.$HPU_JOB_ID $F/who.$HPU_JOB_ID\n"
+		 "if [ \"$HPU_JOB_ID\" = isoa ]; then\n"
+		 "  while [ ! -e $F/who.isob ]; do sleep 0.05; done\n"
+		 "  read u p < $F/who.isob\n"
+		 "  if cat /proc/$p/environ > /dev/null 2>&1; then e=read; else e=denied; fi\n"
+		 "  if kill -0 $p 2> /dev/null; then k=signalled; else k=denied; fi\n"
+		 "  echo \"environ $e kill $k\" > $F/.result && mv $F/.result $F/result\n"
+		 "else\n"
+		 "  while [ ! -e $F/result ]; do sleep 0.05; done\n"
+		 "fi\n"
+		 "exec %s \"$@\"\n",
+		 flags, h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	/* A range that holds nobody's uid (65534) is refused. */
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "worker = %s\njob_uids = 65530-65535\n",
+		 port, key_path, script);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	assert_refused(conf_path, "job_uids 65530-65535", "belongs to user 'nobody'");
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 600\nworker = %s\n"
+		 "job_uids = 61000-61009\n",
+		 port, key_path, script);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	start_daemon();
+	proc p[2];
+	const char *ids[2] = {"isob", "isoa"};
+	for (int i = 0; i < 2; i++) {
+		char *a[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			     "--job-id", (char *)ids[i], "--devices", "1", "--max-steps", "2",
+			     "--log-every", "0", "--no-eval", (char *)MODEL, "--", "--hidden",
+			     "16", NULL};
+		assert_int_equal(h_start(&p[i], a, NULL), 0);
+	}
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(h_wait(&p[i], 120000), 0);
+		printf("%s", p[i].out);
+		assert_int_equal(h_code(&p[i]), 0);
+		h_free(&p[i]);
+	}
+	unsigned uid[2];
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof path, "%s/who.%s", flags, ids[i]);
+		FILE *f = fopen(path, "r");
+		assert_non_null(f);
+		assert_int_equal(fscanf(f, "%u", &uid[i]), 1);
+		fclose(f);
+		printf("  job %s ran as uid %u\n", ids[i], uid[i]);
+		assert_true(uid[i] >= 61000 && uid[i] <= 61009);
+	}
+	assert_int_not_equal(uid[0], uid[1]);
+	snprintf(path, sizeof path, "%s/result", flags);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(line, sizeof line, f));
+	fclose(f);
+	printf("  job isoa on job isob's worker: %s", line);
+	assert_string_equal(line, "environ denied kill denied\n");
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_key_permissions),
+		cmocka_unit_test(test_untrusted_files),
+		cmocka_unit_test(test_jobs_isolated),
+	};
+	int skip = hpud_test_init("test_hpud_trust");
+	if (skip)
+		return skip;
+	return cmocka_run_group_tests(tests, hpud_setup, hpud_teardown);
+}

@@ -1,0 +1,181 @@
+#!/bin/bash
+# test_install.sh BUILD_DIR [LIBDIR]: what a model author outside the tree
+# sees. The build is installed into a temporary prefix (cmake --install);
+# a small model written here, outside the tree, is built against the
+# installed headers and libhpu through pkg-config, exactly as README.md's
+# quick start says, and trained for a few steps on 2 workers by the
+# INSTALLED hpulaunch, which must find hpu-worker, libhpucoll and libhpu
+# through the install's rpaths alone: no installed file names the build
+# tree, and where a mount namespace can be had (root), the build tree's
+# lib dir is hidden under an empty tmpfs for the run.
+set -u
+build=$(cd "${1:?usage: test_install.sh BUILD_DIR [LIBDIR]}" && pwd) || exit 1
+libdir=${2:-lib} # GNUInstallDirs' CMAKE_INSTALL_LIBDIR, relative
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+unset LD_LIBRARY_PATH LD_PRELOAD
+
+fail()
+{
+	echo "test_install: FAIL: $*" >&2
+	exit 1
+}
+
+# ---- install ----
+if ! cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1; then
+	cat "$tmp/install.log" >&2
+	fail "cmake --install $build --prefix $prefix failed"
+fi
+for f in bin/hpulaunch bin/hpu-worker bin/hpud bin/hpu-ckpt bin/hpu-trace bin/hpu-plot \
+	 "$libdir/libhpu.so" "$libdir/libhpucoll.so" \
+	 include/hpu/hpu.h include/hpu/ops.h include/hpu/coll.h include/hpu/export.h \
+	 "$libdir/pkgconfig/hpu.pc" "$libdir/pkgconfig/hpucoll.pc" \
+	 "$libdir/hputrain/fmnist_mlp.so" "$libdir/hputrain/fmnist_cnn.so" \
+	 "$libdir/hputrain/tiny_lm.so"; do
+	[ -e "$prefix/$f" ] || fail "not installed: $f"
+done
+# The SOVERSION chain: libX.so -> libX.so.0 -> the file whose SONAME is
+# libX.so.0.
+for l in hpu hpucoll; do
+	[ "$(readlink "$prefix/$libdir/lib$l.so")" = "lib$l.so.0" ] ||
+		fail "lib$l.so is not a link to lib$l.so.0"
+	real=$(readlink "$prefix/$libdir/lib$l.so.0")
+	[[ $real == lib$l.so.0.* && -f $prefix/$libdir/$real ]] ||
+		fail "lib$l.so.0 is not a link to the versioned file (it is '$real')"
+	readelf -d "$prefix/$libdir/$real" | grep -q "(SONAME).*\[lib$l.so.0\]" ||
+		fail "$real has no SONAME lib$l.so.0"
+done
+
+# ---- rpaths: relative to the installed files, none into the build tree ----
+elves=$(ls "$prefix"/bin/* "$prefix/$libdir"/lib*.so.0.* "$prefix/$libdir"/hputrain/*.so)
+for f in $elves; do
+	paths=$(readelf -d "$f" | grep -E '\((RPATH|RUNPATH)\)')
+	case $paths in
+	*"$build"*) fail "$f keeps a path of the build tree: $paths" ;;
+	esac
+done
+for f in "$prefix"/bin/hpulaunch "$prefix"/bin/hpu-worker "$prefix"/bin/hpud; do
+	readelf -d "$f" | grep -E '\((RPATH|RUNPATH)\)' | grep -qF '$ORIGIN/' ||
+		fail "$f has no \$ORIGIN-relative rpath"
+done
+# The loader's own answer: hpu-worker's libhpucoll and a model's libhpu
+# are the installed ones.
+where()
+{
+	ldd "$1" | awk -v lib="$2" '$1 == lib {print $3}'
+}
+coll=$(where "$prefix/bin/hpu-worker" libhpucoll.so.0)
+[ "$(realpath "$coll" 2>/dev/null)" = "$(realpath "$prefix/$libdir/libhpucoll.so.0")" ] ||
+	fail "the installed hpu-worker loads libhpucoll.so.0 from '$coll', not from $prefix/$libdir"
+lm=$(where "$prefix/$libdir/hputrain/fmnist_mlp.so" libhpu.so.0)
+[ "$(realpath "$lm" 2>/dev/null)" = "$(realpath "$prefix/$libdir/libhpu.so.0")" ] ||
+	fail "the installed fmnist_mlp.so loads libhpu.so.0 from '$lm', not from $prefix/$libdir"
+
+# ---- a model outside the tree: a linear regression on made-up samples ----
+mkdir "$tmp/model" && cd "$tmp/model" || exit 1
+cat >my.c <<'EOF'
+/* y = 2 x0 - 3 x1 + 0.5 x2 + 1 learned by one linear layer (3 -> 1). */
+#include <hpu/hpu.h>
+#include <hpu/ops.h>
+#include <math.h>
+
+enum { IN = 3, SAMPLES = 512 };
+
+static int fwd(hpu_layer *l, const float *in, float *out, int batch)
+{
+	hpu_linear_forward(in, hpu_param(l, 0), hpu_param(l, 1), out, batch, IN, 1);
+	return HPU_OK;
+}
+
+static int bwd(hpu_layer *l, const float *in, const float *out,
+	       const float *dout, float *din, int batch)
+{
+	(void)out;
+	hpu_linear_backward(in, hpu_param(l, 0), dout, din, hpu_grad(l, 0),
+			    hpu_grad(l, 1), batch, IN, 1);
+	return HPU_OK;
+}
+
+static const hpu_layer_ops linear = {fwd, bwd};
+
+/* The target travels as the sample's label, in thousandths. */
+static int fetch(void *user, size_t i, float *x, int32_t *label)
+{
+	(void)user;
+	for (int k = 0; k < IN; k++)
+		x[k] = (float)((i * (size_t)(k + 3)) % 17) / 17.0f - 0.5f;
+	label[0] = (int32_t)lrintf((2 * x[0] - 3 * x[1] + 0.5f * x[2] + 1) * 1000);
+	return HPU_OK;
+}
+
+/* Mean squared error. */
+static float mse(void *user, const float *out, const int32_t *label,
+		 float *dout, int batch)
+{
+	(void)user;
+	float sum = 0;
+	for (int i = 0; i < batch; i++) {
+		float d = out[i] - (float)label[i] / 1000.0f;
+		sum += d * d;
+		dout[i] = 2 * d / (float)batch;
+	}
+	return sum / (float)batch;
+}
+
+static int setup(hpu_builder *b, int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	hpu_layer *l = hpu_layer_add(b, "fc", IN, 1, &linear, NULL);
+	int64_t w[2] = {1, IN}, bias[1] = {1};
+	int rc;
+	if (!l)
+		return HPU_ERROR;
+	if ((rc = hpu_param_add(l, "weight", 2, w, HPU_INIT_FAN_IN_UNIFORM)) < 0 ||
+	    (rc = hpu_param_add(l, "bias", 1, bias, HPU_INIT_ZEROS)) < 0)
+		return rc;
+	hpu_dataset train = {SAMPLES, IN, 1, fetch, NULL};
+	hpu_loss loss = {.loss = mse};
+	if ((rc = hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train)) != HPU_OK ||
+	    (rc = hpu_loss_set(b, &loss)) != HPU_OK)
+		return hpu_error(b, "%s", hpu_strerror(rc));
+	return HPU_OK;
+}
+
+HPU_MODEL(.name = "linreg", .setup = setup);
+EOF
+# The headers must come from the prefix, not from a system-wide install.
+inc=$(PKG_CONFIG_PATH=$prefix/$libdir/pkgconfig pkg-config --cflags hpu) ||
+	fail "pkg-config knows no hpu in $prefix/$libdir/pkgconfig"
+read -r inc <<<"$inc" # pkg-config ends it with a space
+[ "$(realpath "${inc#-I}")" = "$(realpath "$prefix/include")" ] ||
+	fail "pkg-config --cflags hpu gives '$inc', not -I$prefix/include"
+# README.md's quick start, word for word (but the output's name).
+cc -shared -fPIC my.c $(PKG_CONFIG_PATH=$prefix/$libdir/pkgconfig pkg-config --cflags --libs hpu) -o my.so ||
+	fail "the model did not build against the installed tree"
+lm=$(where my.so libhpu.so.0)
+[ "$(realpath "$lm" 2>/dev/null)" = "$(realpath "$prefix/$libdir/libhpu.so.0")" ] ||
+	fail "my.so loads libhpu.so.0 from '$lm', not from $prefix/$libdir"
+
+# ---- train it with the installed hpulaunch ----
+run=("$prefix/bin/hpulaunch" --devices 2 --max-steps 12 --log-every 4 --batch-size 32
+     --optimizer sgd --lr 0.1 ./my.so)
+hidden=no
+if [ "$(id -u)" = 0 ] && unshare -m --propagation private true 2>/dev/null; then
+	# Only this run sees the build's lib dir empty; other tests do not.
+	hidden=yes
+	unshare -m --propagation private bash -c \
+		'mount -t tmpfs hpu-hidden "$1" && shift && exec "$@"' \
+		_ "$build/lib" "${run[@]}" >out.log 2>&1
+else
+	"${run[@]}" >out.log 2>&1
+fi
+rc=$?
+cat out.log
+[ $rc = 0 ] || fail "the installed hpulaunch exited $rc (build lib dir hidden: $hidden)"
+grep -Eq '^\[rank 0\] .*step [0-9]+/[0-9]+ loss [0-9]+\.[0-9]+' out.log ||
+	fail "no loss line from rank 0"
+grep -Eq '^\[rank 0\] trained 12 steps on 2 workers .*final loss [0-9]+\.[0-9]+' out.log ||
+	fail "no final loss line for 12 steps on 2 workers"
+echo "test_install: PASS (installed in $prefix, build lib dir hidden: $hidden)"

@@ -1,0 +1,192 @@
+/* Unit tests for the option parser (common/opt.c): long and short
+ * options, "--name value" and "--name=value", flags, optional values,
+ * positional arguments among the options, "--", a second table, and the
+ * errors (unknown option, missing value, a value for a flag). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "opt.h"
+
+enum { OUTPUT = 1, TOP, ALL, PROFILE, HELP, LR = 100, NESTEROV };
+
+static const hpu_optspec specs[] = {
+	{"output", 'o', HPU_OPT_VALUE, OUTPUT},
+	{"top", 0, HPU_OPT_VALUE, TOP},
+	{"all", 'a', HPU_OPT_FLAG, ALL},
+	{"profile", 0, HPU_OPT_OPTIONAL, PROFILE},
+	{"help", 'h', HPU_OPT_FLAG, HELP},
+	{0},
+};
+
+static const hpu_optspec more[] = {
+	{"lr", 0, HPU_OPT_VALUE, LR},
+	{"nesterov", 0, HPU_OPT_FLAG, NESTEROV},
+	{"all", 0, HPU_OPT_VALUE, 999}, /* the first table wins */
+	{0},
+};
+
+#define ARGV(...) ((char *[]){"prog", __VA_ARGS__, NULL})
+#define ARGC(v) ((int)(sizeof(v) / sizeof(v[0])) - 1)
+
+/* Reads argv to its end and writes what came back as "id:value " words
+ * (P for a positional argument, E-N for error N, with its argument). */
+static void trace(int argc, char **argv, const hpu_optspec *also, char *out, size_t n)
+{
+	hpu_optparse p;
+	hpu_optparse_init(&p, argc, argv, specs);
+	p.more = also;
+	size_t len = 0;
+	out[0] = 0;
+	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END && len < n;) {
+		if (r == HPU_OPT_POSITIONAL)
+			len += (size_t)snprintf(out + len, n - len, "P:%s ", p.val);
+		else if (r < 0)
+			len += (size_t)snprintf(out + len, n - len, "E%d:%s ", -r, p.arg);
+		else
+			len += (size_t)snprintf(out + len, n - len, "%d:%s ", r, p.val ? p.val : "-");
+		assert_ptr_equal(p.arg, p.argv[p.at]);
+	}
+}
+
+#define EXPECT(want, ...)                                                  \
+	do {                                                               \
+		char *v_[] = {"prog", __VA_ARGS__, NULL}, got_[512];        \
+		trace(ARGC(v_), v_, more, got_, sizeof got_);              \
+		assert_string_equal(got_, want);                           \
+	} while (0)
+
+static void test_values(void **state)
+{
+	(void)state;
+	EXPECT("1:f ", "--output", "f");
+	EXPECT("1:f ", "--output=f");
+	EXPECT("1:f ", "-o", "f");
+	EXPECT("1: ", "--output=");       /* an empty value is a value */
+	EXPECT("1:a=b ", "--output=a=b"); /* the first '=' splits */
+	EXPECT("2:-1 ", "--top", "-1");   /* the next argument, whatever it is */
+	EXPECT("2:--all ", "--top", "--all");
+	EXPECT("100:0.1 101:- ", "--lr", "0.1", "--nesterov");
+	EXPECT("3:- 3:- 5:- ", "--all", "-a", "-h");
+}
+
+static void test_positional(void **state)
+{
+	(void)state;
+	EXPECT("P:a 3:- P:b 1:c P:d ", "a", "--all", "b", "-o", "c", "d");
+	EXPECT("P:- ", "-");
+	/* after "--" everything is positional, "--" too */
+	EXPECT("3:- P:--all P:-o P:-- ", "--all", "--", "--all", "-o", "--");
+	EXPECT("", "--");
+}
+
+static void test_optional(void **state)
+{
+	(void)state;
+	/* no "=": no value; the caller decides about the next argument */
+	EXPECT("4:- P:dir ", "--profile", "dir");
+	EXPECT("4:d2 ", "--profile=d2");
+	EXPECT("4: ", "--profile=");
+
+	char *argv[] = {"prog", "--profile", "dir", "x", NULL};
+	hpu_optparse p;
+	hpu_optparse_init(&p, 4, argv, specs);
+	assert_int_equal(hpu_optparse_next(&p), PROFILE);
+	assert_null(p.val);
+	assert_int_equal(p.ind, 2);
+	p.val = p.argv[p.ind++]; /* taken */
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_POSITIONAL);
+	assert_string_equal(p.val, "x");
+	assert_int_equal(p.at, 3);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
+}
+
+static void test_errors(void **state)
+{
+	(void)state;
+	/* unknown: names match exactly, short options stand alone */
+	EXPECT("E2:--frob ", "--frob");
+	EXPECT("E2:--frob=3 ", "--frob=3");
+	EXPECT("E2:--out ", "--out");
+	EXPECT("E2:--outputx ", "--outputx");
+	EXPECT("E2:--Output ", "--Output");
+	EXPECT("E2:-x ", "-x");
+	EXPECT("E2:-ofile ", "-ofile");
+	EXPECT("E2:-o=file ", "-o=file");
+	EXPECT("E2:-ah ", "-ah");
+	EXPECT("E2:-output ", "-output");
+	EXPECT("E2:--=x ", "--=x");
+	EXPECT("E2:---all ", "---all");
+	/* missing values */
+	EXPECT("E3:--output ", "--output");
+	EXPECT("E3:-o ", "-o");
+	EXPECT("3:- E3:--lr ", "--all", "--lr");
+	/* a flag given a value */
+	EXPECT("E4:--all=1 ", "--all=1");
+	EXPECT("E4:--nesterov= ", "--nesterov=");
+	/* without the second table its options are unknown */
+	char *argv[] = {"prog", "--lr", "1", NULL}, out[128];
+	trace(3, argv, NULL, out, sizeof out);
+	assert_string_equal(out, "E2:--lr P:1 ");
+}
+
+/* What the iterator says about an error, for the caller's message. */
+static void test_error_fields(void **state)
+{
+	(void)state;
+	char *argv[] = {"prog", "x", "--all=yes", "--top", NULL};
+	hpu_optparse p;
+	hpu_optparse_init(&p, 4, argv, specs);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_POSITIONAL);
+	assert_int_equal(p.at, 1);
+	assert_null(p.spec);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_UNWANTED);
+	assert_string_equal(p.spec->name, "all");
+	assert_string_equal(p.val, "yes");
+	assert_int_equal(p.at, 2);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_MISSING);
+	assert_string_equal(p.spec->name, "top");
+	assert_string_equal(p.arg, "--top");
+	assert_null(p.val);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
+	assert_null(p.arg);
+	assert_int_equal(p.at, 4);
+}
+
+/* A caller that stops at the first positional argument (hpulaunch at the
+ * model) finds it at argv[at]; the rest is untouched. */
+static void test_stop_at_positional(void **state)
+{
+	(void)state;
+	char *argv[] = {"prog", "--all", "--", "model.so", "--all", NULL};
+	hpu_optparse p;
+	hpu_optparse_init(&p, 5, argv, specs);
+	assert_int_equal(hpu_optparse_next(&p), ALL);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_POSITIONAL);
+	assert_int_equal(p.at, 3);
+	assert_int_equal(p.ind, 4);
+	/* starting elsewhere than argv[1] */
+	hpu_optparse_init(&p, 5, argv, specs);
+	p.ind = 4;
+	assert_int_equal(hpu_optparse_next(&p), ALL);
+	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_values),
+		cmocka_unit_test(test_positional),
+		cmocka_unit_test(test_optional),
+		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_error_fields),
+		cmocka_unit_test(test_stop_at_positional),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

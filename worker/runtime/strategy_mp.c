@@ -1,0 +1,339 @@
+/* strategy_mp: mixed precision (bf16-mixed, 16-mixed, fp8).
+ *
+ * The working parameters and gradients are 16-bit, whole or ZeRO's
+ * shards, where fp32 runs keep fp32 ones; the optimizer updates fp32
+ * master weights in its own space (the range this rank updates) and
+ * rounds them back into the working copy. A layer computes on an fp32
+ * copy of its 16-bit parameters, made before its forward and its backward
+ * (ZeRO-3: from the gathered unit) and freed after, and accumulates into
+ * fp32 gradients of its own that go into the 16-bit ones when its
+ * backward ends. Under 16-mixed a dynamic loss scale keeps small
+ * gradients representable; a gradient overflow on any rank skips the
+ * step on every rank. */
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "devmem.h"
+#include "lowp.h"
+#include "prof.h"
+#include "simd.h"
+#include "strategy_impl.h"
+
+#define fail hpu__strat_fail
+#define coll_fail hpu__strat_coll_fail
+#define dalloc hpu__strat_dalloc
+
+/* ---- 16-bit <-> fp32 ---- */
+
+HPU_CLONES static void to16_plain(int fp16, uint16_t *restrict dst,
+				  const float *restrict src, size_t n)
+{
+	if (fp16)
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_to_fp16(src[i]);
+	else
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_to_bf16(src[i]);
+}
+
+HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
+				    const uint16_t *restrict src, size_t n)
+{
+	if (fp16)
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_from_fp16(src[i]);
+	else
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_from_bf16(src[i]);
+}
+
+void hpu__mp_to16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	if (fp16 && hpu_have_f16c())
+		hpu__f16c_to_fp16(dst, src, n);
+	else
+		to16_plain(fp16, dst, src, n);
+}
+
+void hpu__mp_from16(int fp16, float *dst, const uint16_t *src, size_t n)
+{
+	if (fp16 && hpu_have_f16c())
+		hpu__f16c_from_fp16(dst, src, n);
+	else
+		from16_plain(fp16, dst, src, n);
+}
+
+void hpu__mp_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	float tmp[1024];
+	for (size_t i = 0; i < n; i += 1024) {
+		size_t c = n - i < 1024 ? n - i : 1024;
+		hpu__mp_from16(fp16, tmp, dst + i, c);
+		hpu__sync_add(tmp, src + i, c);
+		hpu__mp_to16(fp16, dst + i, tmp, c);
+	}
+}
+
+static int nonfinite16(const hpu_strat *s, const uint16_t *h, size_t n)
+{
+	const uint16_t mask = s->fp16 ? 0x7c00 : 0x7f80;
+	int bad = 0;
+	for (size_t i = 0; i < n; i++)
+		bad |= (h[i] & mask) == mask;
+	return bad;
+}
+
+/* ---- making ---- */
+
+/* 16-bit working parameters (whole, or zero3's shard), 16-bit gradients
+ * (whole, or zero2/3's shard), fp32 master weights and the optimizer
+ * state in the optimizer's space (whole or the shard). The layers compute
+ * on fp32 copies made per layer when they need them. */
+int hpu__mp_alloc(hpu_strat *s)
+{
+	char what[160];
+	const char *w16 = s->fp16 ? "fp16" : "bf16";
+	snprintf(what, sizeof what, "%s parameters", w16);
+	if (s->kind != HPU_STRATEGY_ZERO3 &&
+	    !(s->P16 = dalloc(s, HPU_MEM_PARAMS, s->total * 2, what)))
+		return -1;
+	snprintf(what, sizeof what, "%s parameter shard", w16);
+	if (s->kind == HPU_STRATEGY_ZERO3 &&
+	    !(s->PS16 = dalloc(s, HPU_MEM_PARAMS, s->shard_total * 2, what)))
+		return -1;
+	snprintf(what, sizeof what, "%s gradients", w16);
+	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1) {
+		if (!(s->G16 = dalloc(s, HPU_MEM_GRADS, s->total * 2, what)))
+			return -1;
+	} else if (!(s->GS16 = dalloc(s, HPU_MEM_GRADS, s->shard_total * 2, what))) {
+		return -1;
+	}
+	size_t n = s->sharded ? s->shard_total : s->total;
+	if (!(s->M = dalloc(s, HPU_MEM_OPTIM, n * 4, "fp32 master weights")))
+		return -1;
+	if (hpu__strat_alloc_optim(s) < 0)
+		return -1;
+	if (!(s->chunk = dalloc(s, HPU_MEM_OTHER, HPU__STRAT_CHUNK * 4,
+				"optimizer conversion buffer")))
+		return -1;
+	for (int j = 0; j < s->nunits; j++) {
+		unit *u = &s->u[j];
+		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
+		u->opt_p = s->M + (s->sharded ? u->shard_off : u->off);
+		u->opt_p16 = s->kind == HPU_STRATEGY_ZERO3 ? s->PS16 + u->shard_off
+							   : s->P16 + u->off + mine;
+		u->opt_g16 = s->G16 ? s->G16 + u->off + mine : s->GS16 + u->shard_off;
+		hpu__strat_optim_init(s, j);
+	}
+	return 0;
+}
+
+/* The fp32 initial values become the master weights; the working copy is
+ * their 16-bit rounding, on every rank alike. */
+int hpu__mp_init_params(hpu_strat *s)
+{
+	for (int j = 0; j < s->nunits; j++) {
+		unit *u = &s->u[j];
+		char what[128];
+		snprintf(what, sizeof what, "initial parameters of %s", hpu__strat_unit_name(s, j));
+		float *full = dalloc(s, HPU_MEM_OTHER, u->len * 4, what);
+		if (!full)
+			return -1;
+		if (hpu__strat_fill_unit(s, j, full) < 0) {
+			hpu__dfree(full);
+			return -1;
+		}
+		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
+		memcpy(u->opt_p, full + mine, u->opt.n * 4);
+		if (s->P16) {
+			hpu__mp_to16(s->fp16, s->P16 + u->off, full, u->len);
+		} else {
+			hpu__mp_to16(s->fp16, u->opt_p16, full + mine, u->piece);
+			if (u->persistent) {
+				snprintf(what, sizeof what, "parameters of %s (persistent)",
+					 hpu__strat_unit_name(s, j));
+				if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
+					hpu__dfree(full);
+					return -1;
+				}
+				hpu__mp_to16(s->fp16, u->full16, full, u->len);
+			}
+		}
+		hpu__dfree(full);
+	}
+	return 0;
+}
+
+/* ---- the layers' fp32 parameters and gradients ---- */
+
+/* Layer i computes on an fp32 copy of its 16-bit parameters (zero3:
+ * gathered first, the 16-bit gather freed once copied), made before its
+ * forward and its backward, freed after. */
+int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
+{
+	hpu_layer *l = s->b->layers[i];
+	int k = l->unit;
+	if (k < 0)
+		return 0;
+	unit *u = &s->u[k];
+	int gathered = s->kind == HPU_STRATEGY_ZERO3 && !u->persistent;
+	if (!s->lcp[i]) {
+		if (gathered && hpu__zero_gather_wait(s, k) < 0)
+			return -1;
+		const uint16_t *src = s->P16 ? s->P16 + l->off : u->full16 + (l->off - u->off);
+		char what[128];
+		snprintf(what, sizeof what, "fp32 compute copy of %s", l->name);
+		if (!(s->lcp[i] = hpu__dalloc_uninit(HPU_MEM_PARAMS, l->plen * 4, what))) {
+			fail(s, "%s", hpu__devmem_error());
+			return -1;
+		}
+		hpu__mp_from16(s->fp16, s->lcp[i], src, l->plen);
+		/* the 16-bit source stays with the layer while it runs: bf16
+		 * products read it instead of converting the fp32 copy back */
+		s->l16[i] = src;
+		if (gathered) {
+			s->own16[i] = u->full16;
+			u->full16 = NULL;
+		}
+	}
+	l->pbase = s->lcp[i];
+	return s->kind == HPU_STRATEGY_ZERO3 ? hpu__zero_prefetch(s, i, dir, stop) : 0;
+}
+
+/* After layer i's forward or backward: its fp32 copy goes, and with it
+ * the gathered 16-bit unit it was made from (zero3). */
+void hpu__mp_release_layer(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	unit *u = &s->u[l->unit];
+	if (!s->lcp[i])
+		return;
+	int64_t t0 = hpu__prof_t0();
+	hpu__dfree(s->lcp[i]);
+	s->lcp[i] = NULL;
+	hpu__dfree(s->own16[i]);
+	s->own16[i] = NULL;
+	s->l16[i] = NULL;
+	if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
+		s->live -= u->len;
+		hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu",
+			       l->unit, u->len * 2);
+	}
+}
+
+/* Layer i accumulates into fp32 gradients of its own (and zero2/3's unit
+ * gets its 16-bit bucket). */
+int hpu__mp_grads_for(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	unit *u = &s->u[l->unit];
+	char what[128];
+	if (s->GS16 && !u->gbuf16) {
+		snprintf(what, sizeof what, "16-bit gradient bucket of %s",
+			 hpu__strat_unit_name(s, l->unit));
+		if (!(u->gbuf16 = dalloc(s, HPU_MEM_GRADS, u->len * 2, what)))
+			return -1;
+	}
+	snprintf(what, sizeof what, "fp32 gradients of %s", l->name);
+	if (!(s->lgs[i] = dalloc(s, HPU_MEM_GRADS, l->plen * 4, what)))
+		return -1;
+	l->gbase = s->lgs[i];
+	return 0;
+}
+
+/* Layer i's fp32 gradients go into the 16-bit ones (accumulating over
+ * micro-steps where they are whole). */
+void hpu__mp_grads_done(hpu_strat *s, int i, int final)
+{
+	hpu_layer *l = s->b->layers[i];
+	unit *u = &s->u[l->unit];
+	float *g = s->lgs[i];
+	if (final && !s->injected && s->o->inject_overflow_step == s->step_no + 1 &&
+	    s->rank == 0) {
+		g[0] = INFINITY; /* --inject-overflow-step: testing only */
+		s->injected = 1;
+	}
+	if (s->G16 && s->micro == 0) /* the step's first: no sum to add to */
+		hpu__mp_to16(s->fp16, s->G16 + l->off, g, l->plen);
+	else if (s->G16)
+		hpu__mp_acc16(s->fp16, s->G16 + l->off, g, l->plen);
+	else
+		hpu__mp_to16(s->fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
+	hpu__dfree(g);
+	s->lgs[i] = NULL;
+}
+
+/* ---- the optimizer step and the loss scale ---- */
+
+/* DeepSpeed's DynamicLossScaler: an overflow halves the scale once
+ * `hysteresis` overflows have come (not below min_loss_scale); every
+ * loss_scale_window steps after the last overflow it doubles. */
+static void update_scale(hpu_strat *s, int overflow)
+{
+	const hpu_train_opts *o = s->o;
+	if (s->fp16 && o->loss_scale <= 0) {
+		if (overflow) {
+			if (o->hysteresis == 1 || s->hyst_left == 1)
+				s->scale = fmax(s->scale / 2, o->min_loss_scale);
+			else
+				s->hyst_left--;
+			s->last_overflow = s->step_no;
+		} else if ((s->step_no - s->last_overflow) % o->loss_scale_window == 0) {
+			s->hyst_left = o->hysteresis;
+			s->scale *= 2;
+		}
+	}
+	s->step_no++;
+	s->injected = 0;
+}
+
+/* The optimizer runs on the master weights, HPU__STRAT_CHUNK floats at a
+ * time: the 16-bit gradients converted (and unscaled), the result rounded
+ * into the 16-bit working copy. */
+int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
+{
+	/* An overflow anywhere skips the step everywhere. */
+	float bad = 0;
+	for (int k = 0; k < s->nunits; k++)
+		if (nonfinite16(s, s->u[k].opt_g16, s->u[k].opt.n))
+			bad = 1;
+	if (s->sharded) {
+		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
+		if (rc)
+			return coll_fail(s, "overflow all-reduce", rc);
+	}
+	*grad_norm = 0;
+	*skipped = bad > 0;
+	if (!*skipped) {
+		float gscale = (float)(1.0 / s->scale);
+		if (s->o->clip_norm > 0) {
+			if (hpu__strat_grad_norm(s, grad_norm) < 0)
+				return -1;
+			*grad_norm /= s->scale;
+			gscale *= hpu_clip_factor(*grad_norm, s->o->clip_norm);
+		}
+		for (int k = 0; k < s->nunits; k++) {
+			unit *u = &s->u[k];
+			hpu_optim_begin(&u->opt);
+			for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
+				size_t c = hpu__strat_chunk(u->opt.n, i);
+				hpu__mp_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
+				hpu_optim_range(&u->opt, i, c, u->opt_p + i, s->chunk, gscale, lr);
+				hpu__mp_to16(s->fp16, u->opt_p16 + i, u->opt_p + i, c);
+			}
+		}
+	}
+	/* G16 needs no zeroing: each step's first micro-step overwrites it */
+	double before = s->scale;
+	update_scale(s, *skipped);
+	if (*skipped) {
+		s->skipped++;
+		if (s->rank == 0)
+			printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
+			       s->step_no, before, s->scale);
+		return 0;
+	}
+	return hpu__zero_gather_params(s);
+}

@@ -1,0 +1,215 @@
+/* strategy_sync: the gradients' communication.
+ *
+ * DDP all-reduces a unit (a bucket) as soon as its backward is done on
+ * the last micro-step (--overlap-comm), or every unit at the step;
+ * fast_ddp all-reduces its one unit at the step; ZeRO-1 reduce-scatters
+ * every unit at the step; ZeRO-2/3 reduce-scatter a unit's gradient
+ * bucket every micro-step as soon as its backward is done and keep only
+ * the piece the rank owns, in the gradient shard. The collectives are
+ * asynchronous and complete in issue order: a FIFO of flights, landed
+ * when done. Mixed precision sends the 16-bit gradients; fp32 runs send
+ * fp32, or bf16 copies with --grad-comm-dtype bf16. */
+
+#include <stdio.h>
+#include <string.h>
+
+#include "devmem.h"
+#include "simd.h"
+#include "strategy_impl.h"
+
+#define coll_fail hpu__strat_coll_fail
+#define dalloc hpu__strat_dalloc
+
+HPU_CLONES void hpu__sync_add(float *restrict dst, const float *restrict src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] += src[i];
+}
+
+static void push(hpu_strat *s, int k, hpucoll_req *req)
+{
+	int cap = s->nunits + 1;
+	s->q[(s->qhead + s->qn) % cap] = (flight){k, req};
+	s->qn++;
+}
+
+/* What a completed gradient collective leaves to do. */
+static void land(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (u->cbuf) {
+		hpu__mp_from16(0, s->G + u->off, u->cbuf, u->len); /* bf16 */
+		hpu__dfree(u->cbuf);
+		u->cbuf = NULL;
+	}
+	if (u->gbuf16) { /* mixed zero2/3: keep only the owned piece */
+		uint16_t *src = u->gbuf16 + (size_t)s->rank * u->piece,
+			 *dst = s->GS16 + u->shard_off;
+		if (s->micro == 0) {
+			memcpy(dst, src, u->piece * 2);
+		} else {
+			for (size_t i = 0; i < u->piece; i += HPU__STRAT_CHUNK) {
+				size_t c = hpu__strat_chunk(u->piece, i);
+				hpu__mp_from16(s->fp16, s->chunk, src + i, c);
+				hpu__mp_acc16(s->fp16, dst + i, s->chunk, c);
+			}
+		}
+		hpu__dfree(u->gbuf16);
+		u->gbuf16 = NULL;
+	}
+	if (u->gbuf) { /* zero2/3: keep only the owned piece */
+		float *src = u->gbuf + (size_t)s->rank * u->piece, *dst = s->GS + u->shard_off;
+		if (s->micro == 0)
+			memcpy(dst, src, u->piece * 4);
+		else
+			hpu__sync_add(dst, src, u->piece);
+		hpu__dfree(u->gbuf);
+		u->gbuf = NULL;
+	}
+}
+
+/* Waits for the oldest gradient collective. */
+static int wait_oldest(hpu_strat *s)
+{
+	flight f = s->q[s->qhead];
+	s->qhead = (s->qhead + 1) % (s->nunits + 1);
+	s->qn--;
+	int rc = hpucoll_wait(&f.req);
+	if (rc)
+		return coll_fail(s, "gradient collective", rc);
+	land(s, f.unit);
+	return 0;
+}
+
+int hpu__sync_drain(hpu_strat *s)
+{
+	while (s->qn)
+		if (wait_oldest(s) < 0)
+			return -1;
+	return 0;
+}
+
+int hpu__sync_poll(hpu_strat *s)
+{
+	while (s->qn) {
+		int done = 0;
+		hpucoll_test(s->q[s->qhead].req, &done);
+		if (!done)
+			return 0;
+		if (wait_oldest(s) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int start_all_reduce(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	hpucoll_req *req;
+	int rc;
+	if (s->mp) {
+		rc = hpucoll_iall_reduce(s->comm, s->G16 + u->off, s->G16 + u->off, u->len,
+					 s->dt16, HPUCOLL_SUM, &req);
+	} else if (s->o->grad_comm_dtype == HPU_COMM_BF16) {
+		char what[128];
+		snprintf(what, sizeof what, "bf16 gradients of %s", hpu__strat_unit_name(s, k));
+		if (!(u->cbuf = dalloc(s, HPU_MEM_COMM, u->len * 2, what)))
+			return -1;
+		hpu__mp_to16(0, u->cbuf, s->G + u->off, u->len); /* bf16 */
+		rc = hpucoll_iall_reduce(s->comm, u->cbuf, u->cbuf, u->len, HPUCOLL_BF16,
+					 HPUCOLL_SUM, &req);
+	} else {
+		rc = hpucoll_iall_reduce(s->comm, s->G + u->off, s->G + u->off, u->len,
+					 HPUCOLL_F32, HPUCOLL_SUM, &req);
+	}
+	if (rc)
+		return coll_fail(s, "gradient all-reduce", rc);
+	push(s, k, req);
+	return 0;
+}
+
+/* zero2/3: reduce-scatters the unit's gradient bucket in place; at most
+ * two in flight, so that only a few buckets are ever alive. */
+static int start_reduce_scatter(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	hpucoll_req *req;
+	int rc = s->mp ? hpucoll_ireduce_scatter(s->comm, u->gbuf16,
+						 u->gbuf16 + (size_t)s->rank * u->piece,
+						 u->piece, s->dt16, HPUCOLL_SUM, &req)
+		       : hpucoll_ireduce_scatter(s->comm, u->gbuf,
+						 u->gbuf + (size_t)s->rank * u->piece,
+						 u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
+	if (rc)
+		return coll_fail(s, "gradient reduce-scatter", rc);
+	push(s, k, req);
+	while (s->qn > (s->o->overlap_comm ? 2 : 0))
+		if (wait_oldest(s) < 0)
+			return -1;
+	return 0;
+}
+
+int hpu__sync_unit_done(hpu_strat *s, int k, int final)
+{
+	switch (s->kind) {
+	case HPU_STRATEGY_DDP:
+		if (final && s->o->overlap_comm)
+			return start_all_reduce(s, k);
+		return 0;
+	case HPU_STRATEGY_ZERO2:
+	case HPU_STRATEGY_ZERO3:
+		return start_reduce_scatter(s, k);
+	default:
+		return 0;
+	}
+}
+
+/* zero2/3: the unit's gradient bucket, made when its first layer's
+ * backward comes. */
+int hpu__sync_grads_for(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1 || u->gbuf)
+		return 0;
+	char what[128];
+	snprintf(what, sizeof what, "gradient bucket of %s", hpu__strat_unit_name(s, k));
+	if (!(u->gbuf = dalloc(s, HPU_MEM_GRADS, u->len * 4, what)))
+		return -1;
+	hpu__strat_point(s, k, NULL, u->gbuf);
+	return 0;
+}
+
+int hpu__sync_reduce(hpu_strat *s)
+{
+	int rc;
+	switch (s->kind) {
+	case HPU_STRATEGY_DDP:
+		if (!s->o->overlap_comm)
+			for (int k = s->nunits - 1; k >= 0; k--)
+				if (start_all_reduce(s, k) < 0)
+					return -1;
+		return hpu__sync_drain(s);
+	case HPU_STRATEGY_FAST_DDP:
+		if (start_all_reduce(s, 0) < 0)
+			return -1;
+		return hpu__sync_drain(s);
+	case HPU_STRATEGY_ZERO1:
+		for (int k = 0; k < s->nunits; k++) {
+			unit *u = &s->u[k];
+			hpucoll_req *req;
+			size_t mine = (size_t)s->rank * u->piece;
+			rc = s->mp ? hpucoll_ireduce_scatter(s->comm, s->G16 + u->off,
+							     s->G16 + u->off + mine, u->piece,
+							     s->dt16, HPUCOLL_SUM, &req)
+				   : hpucoll_ireduce_scatter(s->comm, s->G + u->off,
+							     s->G + u->off + mine, u->piece,
+							     HPUCOLL_F32, HPUCOLL_SUM, &req);
+			if (rc)
+				return coll_fail(s, "gradient reduce-scatter", rc);
+			push(s, k, req);
+		}
+		return hpu__sync_drain(s);
+	default:
+		return hpu__sync_drain(s);
+	}
+}

@@ -1,0 +1,173 @@
+/* strategy_zero: ZeRO's parameters.
+ *
+ * Under ZeRO-3 a rank keeps only its piece of every unit (one layer)
+ * that is not persistent; the unit is gathered before the layer's
+ * forward and its backward, the next units prefetched within
+ * --prefetch-bucket-size and --max-live-parameters, and freed after.
+ * After the optimizer step ZeRO-1/2 gather every unit's updated pieces
+ * in place, ZeRO-3 its persistent units. Mixed precision gathers the
+ * 16-bit parameters; strategy_mp.c makes the fp32 copies a layer
+ * computes on and frees them. */
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "devmem.h"
+#include "prof.h"
+#include "strategy_impl.h"
+
+#define fail hpu__strat_fail
+#define coll_fail hpu__strat_coll_fail
+#define dalloc hpu__strat_dalloc
+
+static int gather_start(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (u->persistent || u->full || u->full16 || (s->mp && s->lcp[u->first]))
+		return 0;
+	char what[128];
+	snprintf(what, sizeof what, "gathered parameters of %s", hpu__strat_unit_name(s, k));
+	int rc;
+	if (s->mp) {
+		if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
+			return -1;
+		rc = hpucoll_iall_gather(s->comm, s->PS16 + u->shard_off, u->full16, u->piece,
+					 s->dt16, &u->gather);
+	} else {
+		if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
+			return -1;
+		rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full, u->piece,
+					 HPUCOLL_F32, &u->gather);
+	}
+	if (rc)
+		return coll_fail(s, "parameter all-gather", rc);
+	s->live += u->len;
+	return 0;
+}
+
+int hpu__zero_prefetch(hpu_strat *s, int i, int dir, int stop)
+{
+	size_t ahead = 0;
+	for (int j = i + dir; j != stop; j += dir) {
+		int k = s->b->layers[j]->unit;
+		if (k < 0 || s->u[k].persistent)
+			continue;
+		unit *u = &s->u[k];
+		if (u->full || u->full16 || (s->mp && s->lcp[u->first])) {
+			ahead += u->len;
+			continue;
+		}
+		if (ahead + u->len > (size_t)s->o->prefetch_bucket ||
+		    s->live + u->len > (size_t)s->o->max_live_params)
+			break;
+		if (gather_start(s, k) < 0)
+			return -1;
+		ahead += u->len;
+	}
+	return 0;
+}
+
+int hpu__zero_gather_wait(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	int64_t t0 = hpu__prof_t0();
+	int ahead = u->full || u->full16;
+	if (!ahead && gather_start(s, k) < 0)
+		return -1;
+	if (u->gather) {
+		int rc = hpucoll_wait(&u->gather);
+		if (rc)
+			return coll_fail(s, "parameter all-gather", rc);
+	}
+	hpu__prof_span("zero3", "gather_params", NULL, t0,
+		       "\"unit\":%d,\"bytes\":%zu,\"prefetched\":%d", k,
+		       u->len * (s->mp ? 2 : 4), ahead);
+	return 0;
+}
+
+int hpu__zero_acquire(hpu_strat *s, int i, int dir, int stop)
+{
+	int k = s->b->layers[i]->unit;
+	if (s->kind != HPU_STRATEGY_ZERO3 || k < 0 || s->u[k].persistent)
+		return 0;
+	if (hpu__zero_gather_wait(s, k) < 0)
+		return -1;
+	hpu__strat_point(s, k, s->u[k].full, NULL);
+	return hpu__zero_prefetch(s, i, dir, stop);
+}
+
+int hpu__zero_release(hpu_strat *s, int k)
+{
+	unit *u = &s->u[k];
+	if (s->kind != HPU_STRATEGY_ZERO3 || u->persistent || !u->full)
+		return 0;
+	int64_t t0 = hpu__prof_t0();
+	if (u->gather) {
+		int rc = hpucoll_wait(&u->gather);
+		if (rc)
+			return coll_fail(s, "parameter all-gather", rc);
+	}
+	hpu__dfree(u->full);
+	u->full = NULL;
+	s->live -= u->len;
+	hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu", k,
+		       u->len * 4);
+	return 0;
+}
+
+int hpu__zero_release_all(hpu_strat *s)
+{
+	for (int k = 0; k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		if (s->mp && u->full16 && !u->persistent) { /* prefetched, unused */
+			if (u->gather) {
+				int rc = hpucoll_wait(&u->gather);
+				if (rc)
+					return coll_fail(s, "parameter all-gather", rc);
+			}
+			hpu__dfree(u->full16);
+			u->full16 = NULL;
+			s->live -= u->len;
+		}
+		if (!s->mp && hpu__zero_release(s, k) < 0)
+			return -1;
+	}
+	for (int i = 0; s->mp && i < s->nlayers; i++)
+		if (s->b->layers[i]->unit >= 0)
+			hpu__mp_release_layer(s, i);
+	return 0;
+}
+
+int hpu__zero_gather_params(hpu_strat *s)
+{
+	if (!s->sharded)
+		return 0;
+	hpucoll_req **reqs = calloc((size_t)s->nunits, sizeof *reqs);
+	if (!reqs)
+		return fail(s, "out of memory");
+	int rc = 0, k;
+	for (k = 0; k < s->nunits && !rc; k++) {
+		unit *u = &s->u[k];
+		if (s->mp && s->kind != HPU_STRATEGY_ZERO3)
+			rc = hpucoll_iall_gather(s->comm, s->P16 + u->off + (size_t)s->rank * u->piece,
+						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
+		else if (s->mp && u->persistent)
+			rc = hpucoll_iall_gather(s->comm, s->PS16 + u->shard_off, u->full16,
+						 u->piece, s->dt16, &reqs[k]);
+		else if (s->mp)
+			continue;
+		else if (s->kind != HPU_STRATEGY_ZERO3)
+			rc = hpucoll_iall_gather(s->comm, s->P + u->off + (size_t)s->rank * u->piece,
+						 s->P + u->off, u->piece, HPUCOLL_F32, &reqs[k]);
+		else if (u->persistent)
+			rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full,
+						 u->piece, HPUCOLL_F32, &reqs[k]);
+	}
+	for (int j = 0; j < s->nunits; j++) {
+		int r = reqs[j] ? hpucoll_wait(&reqs[j]) : 0;
+		if (!rc)
+			rc = r;
+	}
+	free(reqs);
+	return rc ? coll_fail(s, "parameter all-gather", rc) : 0;
+}
