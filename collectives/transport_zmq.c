@@ -210,32 +210,84 @@ static int send_failed(hpucoll_comm *c, int dst)
 	return zmq_errno() == ENOMEM ? HPUCOLL_ENOMEM : HPUCOLL_ETRANSPORT;
 }
 
-/* Sends the header frame, with ZMQ_SNDMORE when a payload follows. */
-static int send_hdr(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
-		    int flags)
+/* Waits until the connection to dst takes a message. With no high-water
+ * mark, ZeroMQ turns a send away only while that connection has no pipe:
+ * its handshake failed (dst refused us) and ZeroMQ will not retry, so a
+ * blocking send would wait forever. */
+static int wait_writable(hpucoll_comm *c, int dst, struct hpucoll__wait *w)
 {
-	unsigned char buf[HPUCOLL__HDR_SIZE];
+	struct hpucoll__peer *p = &c->peers[dst];
+	zmq_pollitem_t items[2] = {
+		{.socket = p->push, .events = ZMQ_POLLOUT},
+		{.socket = p->mon, .events = ZMQ_POLLIN},
+	};
+	int64_t now;
+	long ms;
+	int n;
 
-	hpucoll__hdr_encode(buf, hdr);
-	while (zmq_send(c->peers[dst].push, buf, sizeof(buf),
-			flags | (hdr->len > 0 ? ZMQ_SNDMORE : 0)) < 0) {
-		if (zmq_errno() != EINTR)
-			return send_failed(c, dst);
+	if (w->start < 0)
+		hpucoll__wait_begin(c, w);
+	for (;;) {
+		read_monitor(c, dst);
+		if (p->refused)
+			return refused_by(c, dst);
+		now = hpucoll__now_ms();
+		if (w->deadline >= 0 && now >= w->deadline) {
+			hpucoll__set_error(c, "%s: rank %d took no data for "
+					      "%d ms (its connection is not "
+					      "up).",
+					   c->what, dst, w->timeout_ms);
+			return HPUCOLL_ETIMEDOUT;
+		}
+		ms = w->deadline < 0 ? -1 : (long)(w->deadline - now);
+		n = zmq_poll(items, 2, ms);
+		if (n < 0 && zmq_errno() != EINTR)
+			return hpucoll__zmq_error(c, "zmq_poll");
+		if (n > 0 && (items[0].revents & ZMQ_POLLOUT))
+			return HPUCOLL_OK;
 	}
-	return HPUCOLL_OK;
 }
 
-static int send_body(hpucoll_comm *c, int dst, zmq_msg_t *body)
+/* Sends one frame to dst (ZMQ_SNDMORE in `more`), without blocking past
+ * the communicator's timeout; the message is consumed either way. */
+static int send_frame(hpucoll_comm *c, int dst, zmq_msg_t *m, int more)
 {
-	while (zmq_msg_send(body, c->peers[dst].push, 0) < 0) {
-		if (zmq_errno() != EINTR) {
-			int rc = send_failed(c, dst);
+	struct hpucoll__wait w = {.start = -1};
+	int rc;
 
-			zmq_msg_close(body);
+	while (zmq_msg_send(m, c->peers[dst].push, ZMQ_DONTWAIT | more) < 0) {
+		if (zmq_errno() == EINTR)
+			continue;
+		rc = zmq_errno() == EAGAIN ? wait_writable(c, dst, &w)
+					   : send_failed(c, dst);
+		if (rc != HPUCOLL_OK) {
+			zmq_msg_close(m);
 			return rc;
 		}
 	}
 	return HPUCOLL_OK;
+}
+
+/* Sends len bytes from data as one frame (a copy). */
+static int send_copy(hpucoll_comm *c, int dst, const void *data, size_t len,
+		     int more)
+{
+	zmq_msg_t m;
+
+	if (zmq_msg_init_size(&m, len) != 0)
+		return send_failed(c, dst);
+	memcpy(zmq_msg_data(&m), data, len);
+	return send_frame(c, dst, &m, more);
+}
+
+/* Sends the header frame, with ZMQ_SNDMORE when a payload follows. */
+static int send_hdr(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr)
+{
+	unsigned char buf[HPUCOLL__HDR_SIZE];
+
+	hpucoll__hdr_encode(buf, hdr);
+	return send_copy(c, dst, buf, sizeof(buf),
+			 hdr->len > 0 ? ZMQ_SNDMORE : 0);
 }
 
 /* Sends a header-only control message (a probe or a reply) to rank dst
@@ -260,16 +312,11 @@ static int zmq_send_to(hpucoll_comm *c, int dst,
 	zmq_msg_t body;
 	int rc;
 
-	rc = send_hdr(c, dst, hdr, 0);
+	rc = send_hdr(c, dst, hdr);
 	if (rc != HPUCOLL_OK || hdr->len == 0)
 		return rc;
-	if (!zc || hdr->len < HPUCOLL__ZC_MIN) {
-		while (zmq_send(p->push, data, (size_t)hdr->len, 0) < 0) {
-			if (zmq_errno() != EINTR)
-				return send_failed(c, dst);
-		}
-		return HPUCOLL_OK;
-	}
+	if (!zc || hdr->len < HPUCOLL__ZC_MIN)
+		return send_copy(c, dst, data, (size_t)hdr->len, 0);
 	atomic_fetch_add_explicit(&p->zc, 1, memory_order_relaxed);
 	if (zmq_msg_init_data(&body, (void *)data, (size_t)hdr->len, zc_free,
 			      &p->zc) != 0) {
@@ -277,7 +324,7 @@ static int zmq_send_to(hpucoll_comm *c, int dst,
 		return send_failed(c, dst);
 	}
 	c->zc_pending = 1;
-	return send_body(c, dst, &body);
+	return send_frame(c, dst, &body, 0);
 }
 
 static void *zmq_send_buf(hpucoll_comm *c, int dst, size_t len)
@@ -291,12 +338,12 @@ static void *zmq_send_buf(hpucoll_comm *c, int dst, size_t len)
 static int zmq_send_commit(hpucoll_comm *c, int dst,
 			   const struct hpucoll__hdr *hdr)
 {
-	int rc = send_hdr(c, dst, hdr, 0);
+	int rc = send_hdr(c, dst, hdr);
 
 	if (rc != HPUCOLL_OK || hdr->len == 0)
 		zmq_msg_close(&c->out);
 	else
-		rc = send_body(c, dst, &c->out);
+		rc = send_frame(c, dst, &c->out, 0);
 	return rc;
 }
 
@@ -717,14 +764,20 @@ static void send_aborts(hpucoll_comm *c, int rc)
 		.arg = (uint8_t)rc,
 	};
 	char msg[HPUCOLL__ERRMSG_MAX];
+	unsigned char buf[HPUCOLL__HDR_SIZE];
 
 	pthread_mutex_lock(&c->errlock);
 	snprintf(msg, sizeof(msg), "%s", c->errmsg);
 	pthread_mutex_unlock(&c->errlock);
 	h.len = strlen(msg);
+	hpucoll__hdr_encode(buf, &h);
+	/* Best effort, and silent: a peer that cannot take it (its
+	 * connection refused or gone) must not replace our error sentence
+	 * with "sending failed". */
 	for (int i = 0; i < c->size; i++) {
 		if (i == c->rank || c->peers[i].push == NULL ||
-		    send_hdr(c, i, &h, ZMQ_DONTWAIT) != HPUCOLL_OK)
+		    zmq_send(c->peers[i].push, buf, sizeof(buf),
+			     ZMQ_DONTWAIT | (h.len > 0 ? ZMQ_SNDMORE : 0)) < 0)
 			continue;
 		if (h.len > 0)
 			zmq_send(c->peers[i].push, msg, h.len, ZMQ_DONTWAIT);

@@ -281,6 +281,16 @@ static int refused_both_ways(hpucoll_comm *c, struct shared *sh,
 	return atomic_load(&sh->counter) == 0;
 }
 
+/* The same, once each rank's refusal has long been settled: the
+ * connection is gone before the first send, so neither the send nor the
+ * abort that follows may hide (or wait on) the refusal. */
+static int refused_settled(hpucoll_comm *c, struct shared *sh,
+			   const struct world *w)
+{
+	usleep(1000 * 1000);
+	return refused_both_ways(c, sh, w);
+}
+
 static void test_different_secrets(void **state)
 {
 	struct world w = {.ws = 2, .tcp = 1, .sec = HPUCOLL_SECURITY_AUTH,
@@ -288,8 +298,10 @@ static void test_different_secrets(void **state)
 
 	(void)state;
 	cw_run_world(&w, refused_both_ways);
+	cw_run_world(&w, refused_settled);
 	w.sec = HPUCOLL_SECURITY_ENCRYPT;
 	cw_run_world(&w, refused_both_ways);
+	cw_run_world(&w, refused_settled);
 }
 
 static void test_bad_args(void **state)
