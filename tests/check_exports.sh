@@ -3,7 +3,7 @@
 # public API and nothing else (issue 17, "What a library user should see").
 #
 #   libhpu.so      exports exactly the HPU_API declarations of
-#                  include/hpu/hpu.h and ops.h;
+#                  include/hpu/hpu.h, ops.h and layers.h;
 #   libhpucoll.so  exactly those of include/hpu/coll.h;
 #   hpu-worker     exports the same hpu_* names as libhpu.so (a model's
 #                  calls resolve to the worker's one copy of the runtime).
@@ -69,7 +69,7 @@ compare()
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 inc=$src/include/hpu
-declared "$inc/hpu.h" "$inc/ops.h" >"$tmp/hpu.want" || exit 1
+declared "$inc/hpu.h" "$inc/ops.h" "$inc/layers.h" >"$tmp/hpu.want" || exit 1
 declared "$inc/coll.h" >"$tmp/coll.want" || exit 1
 for f in hpu coll; do
 	if [ ! -s "$tmp/$f.want" ]; then
@@ -79,7 +79,7 @@ for f in hpu coll; do
 done
 # Spot checks of the parser: a one-line, a multi-line and a pointer-
 # returning declaration.
-for n in hpu_strerror hpu_layer_add hpu_linear_backward hpu_autocast_op_name; do
+for n in hpu_strerror hpu_layer_add hpu_linear hpu_linear_backward hpu_autocast_op_name; do
 	grep -qx "$n" "$tmp/hpu.want" || { echo "check_exports: parser missed $n" >&2; exit 1; }
 done
 grep -qx hpucoll_comm_init_env "$tmp/coll.want" ||

@@ -1,15 +1,25 @@
-/* hpu.h: the contract between a model (train.so) and the hputrain runtime.
+/* hpu.h: the contract between a model (train.so) and the hputrain runtime,
+ * ABI 2.
  *
  * A model is a shared library that exports one symbol, `hpu_model_entry`,
  * an hpu_model whose abi_version is HPU_ABI_VERSION (use HPU_MODEL()).
- * The runtime calls its setup() once per worker; setup declares
- *   - a sequence of layers, each with its parameters and its forward and
- *     backward callbacks;
- *   - the train and test datasets (size + "fetch sample i");
- *   - the loss (and optionally a metric such as accuracy).
- * The runtime owns all parameter, gradient and activation memory (flat
- * buffers; each parameter is a view), the data sampling, the training loop,
- * communication and the optimizer. The model owns the math.
+ * The runtime calls its setup() once per worker; setup declares a graph
+ * of layers over named tensors:
+ *   - the datasets (train, optionally test): a size, the named fields of
+ *     a sample (f32 or i32, each with its shape), and "fetch sample i";
+ *     each field is a tensor the layers can read;
+ *   - layers, in an order in which every layer reads only tensors declared
+ *     before it (dataset fields or earlier layers' outputs), so residuals,
+ *     skips and several inputs are plain; each layer names its outputs
+ *     and declares its parameters (trainable, or shared with an earlier
+ *     layer's: tied weights), its buffers (non-trainable state) and the
+ *     memory it keeps between forward and backward;
+ *   - the loss (one or more per-sample tensors, weighted) and metrics.
+ * Ready-made layers are in <hpu/layers.h>; a custom layer gives forward
+ * and backward callbacks.
+ * The runtime owns all parameter, gradient, buffer and activation memory
+ * (flat buffers; each tensor is a view), the data sampling, the training
+ * loop, communication and the optimizer. The model owns the math.
  *
  * Ownership: pointers passed to hpu_* functions are copied unless said
  * otherwise; `user` pointers stay the model's and are handed back as given.
@@ -26,18 +36,15 @@
 extern "C" {
 #endif
 
-#define HPU_ABI_VERSION 1u
+#define HPU_ABI_VERSION 2u
 #define HPU_MODEL_ENTRY_SYMBOL "hpu_model_entry"
-#define HPU_MAX_DIMS 4
+#define HPU_MAX_DIMS 4  /* dimensions of one sample of a tensor */
+#define HPU_MAX_IO 8    /* inputs, outputs of a layer; fields of a sample */
+#define HPU_NAME_MAX 64 /* bytes of a layer, tensor or field name, with NUL */
 
-/* Errors. These functions return HPU_OK (0) or one of the codes below:
- * hpu_param_add (the index on success), hpu_dataset_set, hpu_loss_set,
- * hpu_layer_checkpoint, hpu_error, hpu_layer_error, hpu_device_stats_get,
- * and in ops.h hpu_embedding_forward and hpu_autocast_init. The codes are
- * negative, as the -1 they replace was, so a model that tests `rc < 0`
- * reads them right under the same ABI version (one that tested `== -1`
- * should test `< 0`). A model's callbacks may return them too: the
- * runtime takes any non-zero return as a failure. */
+/* Errors. Functions that return int return HPU_OK (0) or one of these
+ * (negative) codes; a model's callbacks may return them too: the runtime
+ * takes any non-zero return as a failure. */
 typedef enum hpu_err {
 	HPU_OK = 0,
 	HPU_ERROR = -1,  /* failed; a message says why: the one given to
@@ -48,6 +55,7 @@ typedef enum hpu_err {
 	HPU_ENOMEM = -3, /* out of memory */
 	HPU_ERANGE = -4, /* an index out of range (an embedding id) */
 	HPU_ENODEV = -5, /* no device memory is set up */
+	HPU_ENOENT = -6, /* no such name (a tensor, parameter or buffer) */
 } hpu_err;
 
 /* A static sentence naming an hpu_err code ("Unknown error code." for
@@ -56,64 +64,196 @@ HPU_API const char *hpu_strerror(int err);
 
 typedef struct hpu_builder hpu_builder; /* the runtime, during setup */
 typedef struct hpu_layer hpu_layer;     /* one declared layer */
+typedef struct hpu_run hpu_run;         /* the runtime, in a hook */
 
-typedef enum hpu_init {
+/* ---- tensors ---- */
+
+typedef enum hpu_dtype {
+	HPU_F32 = 0,
+	HPU_I32 = 1,
+} hpu_dtype;
+
+/* A tensor: `batch` samples (rows) of `shape` each, row-major, dense.
+ * ndim 0 is one value per sample (a per-sample loss). In declarations
+ * (hpu_tensor_info) data is NULL and batch 0. */
+typedef struct hpu_tensor {
+	void *data;          /* NULL: not wanted (a gradient nobody needs) */
+	hpu_dtype dtype;
+	int batch;
+	int ndim;
+	int64_t shape[HPU_MAX_DIMS];
+	size_t sample_numel; /* product of shape (1 when ndim is 0) */
+	const char *name;
+} hpu_tensor;
+
+static inline float *hpu_f32(const hpu_tensor *t)
+{
+	return (float *)t->data;
+}
+
+static inline int32_t *hpu_i32(const hpu_tensor *t)
+{
+	return (int32_t *)t->data;
+}
+
+/* Elements of the whole tensor: batch * sample_numel. */
+static inline size_t hpu_numel(const hpu_tensor *t)
+{
+	return (size_t)t->batch * t->sample_numel;
+}
+
+/* ---- the run context: what every callback is told ---- */
+
+typedef struct hpu_ctx {
+	int train;      /* 1: training (forward, backward, recompute);
+			 * 0: evaluation (forward only; dropout off) */
+	int recompute;  /* 1: a forward that recomputes outputs activation
+			 * checkpointing dropped; it must produce what the
+			 * first forward did (hpu_rand gives the same values) */
+	long step;      /* the optimizer step being computed, from 0 (in
+			 * evaluation: the steps done) */
+	int micro;      /* the micro-step in the step, from 0 */
+	int accum;      /* micro-steps per step */
+	long epoch;     /* from 0 */
+	int batch;      /* samples (rows) in this call */
+	int rank, world;
+	int layer;      /* the layer's index: its random stream */
+	uint64_t seed;  /* the run's --seed */
+	const uint32_t *samples; /* the dataset index of each row */
+} hpu_ctx;
+
+/* Counter-based random numbers for the layer that got `c`: value k of
+ * row `row`, a pure function of (seed, layer, step, the row's dataset
+ * index, k). The same whenever it is asked for: on every rank and at any
+ * world size (it follows the sample, not the rank), under recompute and
+ * after a restart. hpu_rand_u32 is uniform over 32 bits, hpu_rand_uniform
+ * over [0, 1). */
+HPU_API uint32_t hpu_rand_u32(const hpu_ctx *c, int row, uint64_t k);
+HPU_API float hpu_rand_uniform(const hpu_ctx *c, int row, uint64_t k);
+/* out[i] = hpu_rand_u32(c, row, k0 + i) for i < n, faster. */
+HPU_API void hpu_rand_fill(const hpu_ctx *c, int row, uint64_t k0, uint32_t *out, size_t n);
+
+/* ---- parameters and buffers ---- */
+
+typedef enum hpu_init_kind {
 	HPU_INIT_ZEROS = 0,
 	HPU_INIT_ONES,
-	/* U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = product of shape[1..];
-	 * for a 1-D parameter (a bias) fan_in is the layer's in_size. This is
-	 * what torch.nn.Linear does by default. */
-	HPU_INIT_FAN_IN_UNIFORM,
+	HPU_INIT_CONSTANT,        /* a */
+	HPU_INIT_UNIFORM,         /* U(a, b) */
+	HPU_INIT_NORMAL,          /* N(mean a, std b) */
+	HPU_INIT_TRUNC_NORMAL,    /* N(a, b) redrawn outside [a-2b, a+2b] */
+	HPU_INIT_XAVIER_UNIFORM,  /* U(+-gain*sqrt(6/(fan_in+fan_out))),
+				   * gain a (0 means 1) */
+	HPU_INIT_XAVIER_NORMAL,   /* N(0, gain*sqrt(2/(fan_in+fan_out))) */
+	HPU_INIT_KAIMING_UNIFORM, /* U(+-sqrt(6/((1+a^2) fan_in))), a the
+				   * negative slope (0: ReLU) */
+	HPU_INIT_KAIMING_NORMAL,  /* N(0, sqrt(2/((1+a^2) fan_in))) */
+	HPU_INIT_FAN_IN_UNIFORM,  /* U(+-1/sqrt(fan_in)): torch.nn.Linear's
+				   * and Conv2d's default */
+	HPU_INIT_CUSTOM,          /* fn */
+} hpu_init_kind;
+
+/* What an initializer is told about its tensor. fan_in and fan_out come
+ * from the tensor's own shape, as torch.nn.init computes them: for 2 or
+ * more dims, fan_in = shape[1] * prod(shape[2..]), fan_out = shape[0] *
+ * prod(shape[2..]); for 1 dim both are shape[0]. Give a bias its layer's
+ * fan-in explicitly (HPU_INIT_UNIFORM with the bound), as torch's layers
+ * do: the layer library does. */
+typedef struct hpu_init_info {
+	const char *name; /* "layer.param" */
+	int ndim;
+	const int64_t *shape;
+	size_t numel;
+	size_t fan_in, fan_out;
+} hpu_init_info;
+
+/* The seeded generator a custom initializer draws from (the same on
+ * every rank); draw with hpu_init_uniform / hpu_init_normal. */
+typedef struct hpu_init_rng {
+	uint64_t s[4];
+} hpu_init_rng;
+
+HPU_API float hpu_init_uniform(hpu_init_rng *r); /* [0, 1) */
+HPU_API float hpu_init_normal(hpu_init_rng *r);  /* N(0, 1) */
+
+typedef struct hpu_init {
+	hpu_init_kind kind;
+	float a, b; /* as the kind says */
+	/* HPU_INIT_CUSTOM: writes w[0 .. info->numel). Returns 0, or
+	 * non-zero after hpu_error() (setup then fails). */
+	int (*fn)(void *user, const hpu_init_info *info, float *w,
+		  hpu_init_rng *rng);
+	void *user;
 } hpu_init;
+
+/* Shorthands: HPU_INIT(ZEROS), HPU_INIT(UNIFORM, -0.1f, 0.1f), ... */
+#define HPU_INIT(kind_, ...) \
+	((hpu_init){.kind = HPU_INIT_##kind_, ##__VA_ARGS__})
+
+/* How a buffer (non-trainable state, e.g. batch norm's running
+ * statistics) is kept in step across ranks after every optimizer step. */
+typedef enum hpu_buffer_sync {
+	HPU_BUFFER_BROADCAST = 0, /* rank 0's values (DDP's broadcast_buffers) */
+	HPU_BUFFER_MEAN,          /* the mean over the ranks */
+	HPU_BUFFER_LOCAL,         /* each rank its own; checkpoints keep
+				   * rank 0's */
+} hpu_buffer_sync;
+
+/* ---- datasets ---- */
 
 typedef enum hpu_split {
 	HPU_SPLIT_TRAIN = 0,
 	HPU_SPLIT_TEST,
 } hpu_split;
 
-typedef struct hpu_layer_ops {
-	/* out[batch, out_size] = f(in[batch, in_size]). Return 0, or -1 after
-	 * hpu_layer_error(). */
-	int (*forward)(hpu_layer *layer, const float *in, float *out, int batch);
-	/* Given the forward's in and out and dout = dL/dout, ACCUMULATE into
-	 * the parameter gradients (hpu_grad) and WRITE din = dL/din. din is
-	 * NULL for the first layer. Return 0, or -1 after hpu_layer_error(). */
-	int (*backward)(hpu_layer *layer, const float *in, const float *out,
-			const float *dout, float *din, int batch);
-} hpu_layer_ops;
+/* One field of a sample: a tensor the layers can read by its name. */
+typedef struct hpu_field {
+	const char *name;
+	hpu_dtype dtype;
+	int ndim;
+	int64_t shape[HPU_MAX_DIMS];
+} hpu_field;
 
 typedef struct hpu_dataset {
-	size_t size;        /* number of samples */
-	size_t sample_size; /* floats of input per sample */
-	size_t label_size;  /* int32 labels per sample (at least 1) */
-	/* Writes sample `index` (< size) into x[sample_size] and
-	 * labels[label_size]. Training batches are fetched on the runtime's
-	 * loader thread while the layers compute, so fetch must not touch
-	 * state the layers use; calls never overlap each other. Returns 0,
-	 * or -1 on failure. */
-	int (*fetch)(void *user, size_t index, float *x, int32_t *labels);
+	size_t size; /* samples */
+	int nfields;
+	hpu_field fields[HPU_MAX_IO];
+	/* Writes sample `index` (< size): field f into out[f] (its
+	 * sample_numel values, of its dtype). Training batches are fetched on
+	 * the runtime's loader thread while the layers compute, so fetch must
+	 * not touch state the layers use; calls never overlap each other.
+	 * Returns 0, or non-zero on failure. */
+	int (*fetch)(void *user, size_t index, void *const *out);
 	void *user;
 } hpu_dataset;
 
-typedef struct hpu_loss {
-	/* Mean loss of out[batch, out_size] against labels; writes
-	 * dout = d(mean loss)/d(out). Returns a negative value on bad labels. */
-	float (*loss)(void *user, const float *out, const int32_t *labels,
-		      float *dout, int batch);
-	/* Optional: the metric's numerator for a batch (e.g. the number of
-	 * correct predictions); the runtime sums it over all test samples and
-	 * ranks and divides by the number of samples. */
-	double (*metric)(void *user, const float *out, const int32_t *labels,
-			 int batch);
-	const char *metric_name; /* e.g. "accuracy" */
-	void *user;
-} hpu_loss;
+/* ---- layers ---- */
+
+typedef struct hpu_layer_ops {
+	/* Writes out[0 .. nout) from in[0 .. nin) (as declared, in order).
+	 * Return 0, or non-zero after hpu_layer_error(). */
+	int (*forward)(hpu_layer *layer, const hpu_ctx *c, const hpu_tensor *in,
+		       hpu_tensor *out);
+	/* Given the forward's in and out and dout[k] = dL/dout[k],
+	 * ACCUMULATES into the parameter gradients (hpu_grad) and WRITES
+	 * din[k] = dL/din[k] (overwriting it); din[k].data is NULL where no
+	 * gradient is wanted (a dataset field, an i32 tensor). dout[k].data
+	 * is never NULL (zeros where nothing used the output). May be NULL
+	 * for a layer with no parameters whose inputs need no gradient (it
+	 * is then never called). Return 0, or non-zero after
+	 * hpu_layer_error(). */
+	int (*backward)(hpu_layer *layer, const hpu_ctx *c, const hpu_tensor *in,
+			const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din);
+	/* Optional: frees the layer's `user` when the model is unloaded
+	 * (library layers keep their sizes there). */
+	void (*destroy)(void *user);
+} hpu_layer_ops;
 
 typedef struct hpu_model {
 	uint32_t abi_version; /* HPU_ABI_VERSION */
 	const char *name;
 	/* Declares the model. argv holds the model arguments (after "--"),
-	 * argv[0] being the model's path. Returns 0, or -1 after
+	 * argv[0] being the model's path. Returns 0, or non-zero after
 	 * hpu_error(). */
 	int (*setup)(hpu_builder *b, int argc, char **argv);
 	/* Optional: frees what setup() made; gets hpu_set_user()'s pointer. */
@@ -129,24 +269,83 @@ typedef struct hpu_model {
 
 /* --- during setup --- */
 
-/* Adds a layer after the previous one; its in_size must equal the previous
- * layer's out_size (the first layer's, the dataset's sample_size).
- * Returns NULL (and records an error) on bad arguments. */
-HPU_API hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_size,
-			 size_t out_size, const hpu_layer_ops *ops, void *user);
-
-/* Declares a parameter of `layer`; returns its index in the layer (0, 1,
- * ...), or HPU_EINVAL (bad arguments) or HPU_ENOMEM, the error recorded. */
-HPU_API int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
-		  const int64_t *shape, hpu_init init);
-
-/* Sets a dataset split. The struct is copied; `user` stays the model's.
- * Returns HPU_OK, or HPU_EINVAL (error recorded). */
+/* Sets a dataset split. The struct is copied (names too); `user` stays
+ * the model's. The test split must have the training split's fields.
+ * Each field becomes a tensor of that name. */
 HPU_API int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds);
 
-/* Sets the loss. The struct is copied. Returns HPU_OK, or HPU_EINVAL
- * (error recorded). */
-HPU_API int hpu_loss_set(hpu_builder *b, const hpu_loss *loss);
+/* Adds a layer reading the tensors named in `inputs`, a comma-separated
+ * list ("x" or "h,skip"; each a dataset field or an earlier layer's
+ * output; NULL or "" for none). Its outputs follow with
+ * hpu_layer_output(), its parameters with hpu_param_add(). Returns NULL
+ * (the error recorded) on bad arguments; `user` then stays the caller's.
+ * Once added, ops->destroy (if set) frees `user` at unload. */
+HPU_API hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
+				 const hpu_layer_ops *ops, void *user);
+
+/* Declares the layer's next output: a new tensor named `tensor` with
+ * one sample of `shape`. Returns its index, or an error code. */
+HPU_API int hpu_layer_output(hpu_layer *layer, const char *tensor, hpu_dtype dtype,
+			     int ndim, const int64_t *shape);
+
+/* Describes a tensor declared so far (data NULL, batch 0). Returns
+ * HPU_OK, or HPU_ENOENT. */
+HPU_API int hpu_tensor_info(const hpu_builder *b, const char *tensor, hpu_tensor *out);
+
+/* Declares a trainable parameter of `layer` (named "layer.name") with
+ * its initializer; returns its index in the layer (0, 1, ...), or an
+ * error code. */
+HPU_API int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
+			  const int64_t *shape, hpu_init init);
+
+/* Ties: `layer` uses the parameter named `param` ("layer.name") of an
+ * earlier layer as its next parameter, one tensor with one gradient (the
+ * uses' contributions summed). Returns its index in `layer`, or an error
+ * code (HPU_ENOENT: no such parameter). */
+HPU_API int hpu_param_share(hpu_layer *layer, const char *param);
+
+/* Declares a buffer of `layer`: non-trainable state ("layer.name"),
+ * initialized like a parameter, the same on every rank at start, kept
+ * across ranks as `sync` says, saved in checkpoints. Returns its index
+ * among the layer's buffers, or an error code. */
+HPU_API int hpu_buffer_add(hpu_layer *layer, const char *name, int ndim,
+			   const int64_t *shape, hpu_init init, hpu_buffer_sync sync);
+
+/* Memory the runtime keeps for the layer, in 4-byte elements, per sample
+ * of the micro-batch plus fixed: `saved` from its forward to its backward
+ * (hpu_saved: what backward needs besides the inputs and outputs, e.g.
+ * statistics or a mask; dropped and recomputed with the outputs under
+ * activation checkpointing), `scratch` for the duration of one call
+ * (hpu_scratch). Counted in device memory. Returns HPU_OK. */
+HPU_API int hpu_layer_memory(hpu_layer *layer, size_t saved_per_sample,
+			     size_t saved_fixed, size_t scratch_per_sample,
+			     size_t scratch_fixed);
+
+/* Marks `layer` for activation checkpointing: in a run of consecutive
+ * marked layers, outputs that only layers of the run read are not kept
+ * through the forward pass (nor the layers' saved memory); backward
+ * recomputes them from the run's inputs. Costs one more forward of those
+ * layers; saves their activation memory. Returns HPU_OK. */
+HPU_API int hpu_layer_checkpoint(hpu_layer *layer, int on);
+
+/* The loss the optimizer minimizes: the mean over samples of the
+ * per-sample f32 tensor `tensor` (ndim 0, as loss layers output), times
+ * `weight`. Call it again to add auxiliary losses. Returns HPU_OK or an
+ * error code. */
+HPU_API int hpu_loss_add(hpu_builder *b, const char *tensor, float weight);
+
+/* A metric the evaluation reports as `name`: the mean over the test
+ * samples of the per-sample f32 tensor `tensor` (e.g. 1 for a correct
+ * prediction). The evaluation always reports the test loss too. */
+HPU_API int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor);
+
+/* Hooks with access to the trained model on every rank (parameters
+ * gathered under ZeRO-3): after each evaluation and after training. The
+ * hook returns 0, or non-zero to fail the job (message by
+ * hpu_run_error). */
+typedef int (*hpu_hook)(hpu_run *run, void *user);
+HPU_API int hpu_hook_after_eval(hpu_builder *b, hpu_hook fn, void *user);
+HPU_API int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user);
 
 /* Keeps a pointer that teardown() gets back. */
 HPU_API void hpu_set_user(hpu_builder *b, void *user);
@@ -157,22 +356,49 @@ HPU_API int hpu_error(hpu_builder *b, const char *fmt, ...)
 
 HPU_API int hpu_rank(const hpu_builder *b);
 HPU_API int hpu_world_size(const hpu_builder *b);
-
-/* Marks `layer` for activation checkpointing: its output is not kept
- * through the forward pass when the next layer is marked too; backward
- * recomputes a run of marked layers from the run's input. Costs one more
- * forward of those layers; saves their activation memory. Returns
- * HPU_OK. */
-HPU_API int hpu_layer_checkpoint(hpu_layer *layer, int on);
+/* The largest micro-batch the runtime will run (known during setup). */
+HPU_API int hpu_max_batch(const hpu_builder *b);
 
 /* --- inside forward/backward --- */
 
-/* The parameter / its gradient, as a view into the runtime's flat buffers.
- * Valid from the first forward on. */
+/* The layer's parameter `index` / its gradient / its buffer, as views
+ * into the runtime's flat buffers (a shared parameter is the owner's). */
 HPU_API float *hpu_param(hpu_layer *layer, int index);
 HPU_API float *hpu_grad(hpu_layer *layer, int index);
+HPU_API float *hpu_buffer(hpu_layer *layer, int index);
+/* The layer's saved and scratch memory (hpu_layer_memory), or NULL. */
+HPU_API void *hpu_saved(hpu_layer *layer);
+HPU_API void *hpu_scratch(hpu_layer *layer);
 HPU_API void *hpu_layer_user(hpu_layer *layer);
 HPU_API const char *hpu_layer_name(const hpu_layer *layer);
+
+/* Records a layer error (printf format); returns HPU_ERROR (-1). */
+HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* --- in a hook --- */
+
+/* A parameter or buffer by its full name ("layer.name"), with its shape:
+ * the whole tensor, fp32, valid until the hook returns. NULL (and
+ * HPU_ENOENT in *err when err is not NULL) for an unknown name. */
+HPU_API const float *hpu_run_param(hpu_run *run, const char *name, hpu_tensor *info);
+HPU_API const float *hpu_run_buffer(hpu_run *run, const char *name, hpu_tensor *info);
+/* Runs the model's forward in evaluation mode on `batch` samples given
+ * as one pointer per dataset field (in the dataset's field order), and
+ * points *out at tensor `tensor` of the result (valid until the next
+ * call or the hook's return). For generation: feed, read logits, feed
+ * again. Every rank must call it the same number of times (ZeRO-3
+ * gathers). Returns HPU_OK or an error code (hpu_run_error). */
+HPU_API int hpu_run_forward(hpu_run *run, const void *const *fields, int batch,
+			    const char *tensor, hpu_tensor *out);
+HPU_API int hpu_run_rank(const hpu_run *run);
+HPU_API int hpu_run_world_size(const hpu_run *run);
+HPU_API long hpu_run_step(const hpu_run *run);
+/* The last evaluation's figures: test loss and metric `name` (NAN when
+ * none). */
+HPU_API double hpu_run_metric(const hpu_run *run, const char *name);
+HPU_API int hpu_run_error(hpu_run *run, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
 
 /* --- device memory, at any time --- */
 
@@ -232,10 +458,6 @@ static inline hpu_profile_scope hpu__profile_scope_begin(const char *action)
 	__attribute__((cleanup(hpu__profile_scope_end), unused))                \
 	hpu_profile_scope HPU__PROFILE_CAT(hpu__profile_scope_, __LINE__) =     \
 		hpu__profile_scope_begin(action)
-
-/* Records a layer error (printf format); returns HPU_ERROR (-1). */
-HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
 
 #ifdef __cplusplus
 }

@@ -37,7 +37,12 @@ void start(run *r, int devices)
 
 char *finish(run *r, int want, const char *model_args)
 {
-	arg(r, MODEL);
+	return finish_with(r, want, MODEL, model_args);
+}
+
+char *finish_with(run *r, int want, const char *model, const char *model_args)
+{
+	arg(r, model);
 	char buf[512], *margs[16];
 	int nm = 0;
 	if (model_args) {

@@ -27,6 +27,8 @@ void start(run *r, int devices);
 /* Runs it with the MLP and model arguments (space-separated, or NULL);
  * asserts exit code `want`; returns the output (caller frees). */
 char *finish(run *r, int want, const char *model_args);
+/* The same with another model (a path). */
+char *finish_with(run *r, int want, const char *model, const char *model_args);
 
 /* The parameters a run saved with --save-params (caller frees). */
 float *load_params(const char *path, size_t *n);

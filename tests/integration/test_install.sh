@@ -75,71 +75,35 @@ lm=$(where "$prefix/$libdir/hputrain/fmnist_mlp.so" libhpu.so.0)
 # ---- a model outside the tree: a linear regression on made-up samples ----
 mkdir "$tmp/model" && cd "$tmp/model" || exit 1
 cat >my.c <<'EOF'
-/* y = 2 x0 - 3 x1 + 0.5 x2 + 1 learned by one linear layer (3 -> 1). */
+/* y = 2 x0 - 3 x1 + 0.5 x2 + 1, learned by a linear layer (3 -> 1) from
+ * made-up samples: a dataset of two fields, two library layers, a loss. */
 #include <hpu/hpu.h>
-#include <hpu/ops.h>
-#include <math.h>
+#include <hpu/layers.h>
 
 enum { IN = 3, SAMPLES = 512 };
 
-static int fwd(hpu_layer *l, const float *in, float *out, int batch)
+/* Sample i: its features x[3] and its target y[1]. */
+static int fetch(void *user, size_t i, void *const *out)
 {
-	hpu_linear_forward(in, hpu_param(l, 0), hpu_param(l, 1), out, batch, IN, 1);
-	return HPU_OK;
-}
-
-static int bwd(hpu_layer *l, const float *in, const float *out,
-	       const float *dout, float *din, int batch)
-{
-	(void)out;
-	hpu_linear_backward(in, hpu_param(l, 0), dout, din, hpu_grad(l, 0),
-			    hpu_grad(l, 1), batch, IN, 1);
-	return HPU_OK;
-}
-
-static const hpu_layer_ops linear = {fwd, bwd};
-
-/* The target travels as the sample's label, in thousandths. */
-static int fetch(void *user, size_t i, float *x, int32_t *label)
-{
+	float *x = out[0], *y = out[1];
 	(void)user;
 	for (int k = 0; k < IN; k++)
 		x[k] = (float)((i * (size_t)(k + 3)) % 17) / 17.0f - 0.5f;
-	label[0] = (int32_t)lrintf((2 * x[0] - 3 * x[1] + 0.5f * x[2] + 1) * 1000);
-	return HPU_OK;
-}
-
-/* Mean squared error. */
-static float mse(void *user, const float *out, const int32_t *label,
-		 float *dout, int batch)
-{
-	(void)user;
-	float sum = 0;
-	for (int i = 0; i < batch; i++) {
-		float d = out[i] - (float)label[i] / 1000.0f;
-		sum += d * d;
-		dout[i] = 2 * d / (float)batch;
-	}
-	return sum / (float)batch;
+	y[0] = 2 * x[0] - 3 * x[1] + 0.5f * x[2] + 1;
+	return 0;
 }
 
 static int setup(hpu_builder *b, int argc, char **argv)
 {
 	(void)argc;
 	(void)argv;
-	hpu_layer *l = hpu_layer_add(b, "fc", IN, 1, &linear, NULL);
-	int64_t w[2] = {1, IN}, bias[1] = {1};
-	int rc;
-	if (!l)
-		return HPU_ERROR;
-	if ((rc = hpu_param_add(l, "weight", 2, w, HPU_INIT_FAN_IN_UNIFORM)) < 0 ||
-	    (rc = hpu_param_add(l, "bias", 1, bias, HPU_INIT_ZEROS)) < 0)
-		return rc;
-	hpu_dataset train = {SAMPLES, IN, 1, fetch, NULL};
-	hpu_loss loss = {.loss = mse};
-	if ((rc = hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train)) != HPU_OK ||
-	    (rc = hpu_loss_set(b, &loss)) != HPU_OK)
-		return hpu_error(b, "%s", hpu_strerror(rc));
+	hpu_dataset train = {.size = SAMPLES, .nfields = 2, .fetch = fetch,
+			     .fields = {{"x", HPU_F32, 1, {IN}}, {"y", HPU_F32, 1, {1}}}};
+	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) != HPU_OK ||
+	    !hpu_linear(b, "fc", "x", "pred", 1, 1) ||      /* pred = x W^T + b */
+	    !hpu_mse(b, "mse", "pred,y", "err") ||          /* (pred - y)^2 per sample */
+	    hpu_loss_add(b, "err", 1.0f) != HPU_OK)         /* minimize its mean */
+		return HPU_ERROR;                           /* the builder said why */
 	return HPU_OK;
 }
 

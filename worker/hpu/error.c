@@ -11,6 +11,7 @@ static const char *const errstr[] = {
 	[-HPU_ENOMEM] = "Out of memory.",
 	[-HPU_ERANGE] = "Index out of range.",
 	[-HPU_ENODEV] = "No device memory is set up.",
+	[-HPU_ENOENT] = "No such name.",
 };
 
 const char *hpu_strerror(int err)

@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
@@ -14,8 +15,27 @@
 #include "fileio.h"
 #include "rng.h"
 
+static hpu_builder *builder_new(int rank, int world, int max_batch)
+{
+	hpu_builder *b = calloc(1, sizeof *b);
+	if (!b)
+		return NULL;
+	b->rank = rank;
+	b->world = world;
+	b->max_batch = max_batch;
+	return b;
+}
+
+hpu_builder *hpu__model_new(int rank, int world, int max_batch)
+{
+	hpu_builder *b = builder_new(rank, world, max_batch);
+	if (b)
+		snprintf(b->path, sizeof b->path, "(in-process model)");
+	return b;
+}
+
 int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
-		    char *err, size_t errlen)
+		    int max_batch, char *err, size_t errlen)
 {
 	*out = NULL;
 	/* RTLD_NOW: an unresolved symbol is an error here, not a crash later. */
@@ -33,21 +53,23 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 	}
 	if (m->abi_version != HPU_ABI_VERSION) {
 		snprintf(err, errlen,
-			 "model %s was built for hputrain ABI version %u, but this runtime has ABI version %u: rebuild it against this <hpu/hpu.h>",
-			 path, m->abi_version, HPU_ABI_VERSION);
+			 "model %s was built for hputrain ABI version %u, but this runtime has ABI version %u: %s",
+			 path, m->abi_version, HPU_ABI_VERSION,
+			 m->abi_version == 1 ? "ABI 1 (a chain of layers with float inputs) is gone; "
+					       "declare the model as a graph (see <hpu/hpu.h>, <hpu/layers.h> "
+					       "and README's model author guide) and rebuild it"
+					     : "rebuild it against this <hpu/hpu.h>");
 		goto fail;
 	}
 	if (!m->setup) {
 		snprintf(err, errlen, "model %s has no setup function", path);
 		goto fail;
 	}
-	hpu_builder *b = calloc(1, sizeof *b);
+	hpu_builder *b = builder_new(rank, world, max_batch);
 	if (!b) {
 		snprintf(err, errlen, "out of memory loading %s", path);
 		goto fail;
 	}
-	b->rank = rank;
-	b->world = world;
 	b->dl = dl;
 	b->model = m;
 	snprintf(b->path, sizeof b->path, "%s", path);
@@ -102,115 +124,528 @@ void hpu_set_user(hpu_builder *b, void *user)
 	b->user = user;
 }
 
-hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, size_t in_size,
-			 size_t out_size, const hpu_layer_ops *ops, void *user)
+int hpu_max_batch(const hpu_builder *b)
 {
-	if (!name || !*name || strlen(name) >= sizeof((hpu_layer *)0)->name) {
-		hpu_error(b, "layer %d: name missing or longer than 63 bytes",
-			  b->nlayers);
-		return NULL;
+	return b->max_batch;
+}
+
+/* ---- names and tensors ---- */
+
+/* A name for a layer, tensor, field, parameter or buffer: 1 to 63 bytes
+ * of letters, digits, '_', '-', '/' and '.' (not "," which separates
+ * inputs). */
+static int bad_name(const char *name)
+{
+	if (!name || !*name || strlen(name) >= HPU_NAME_MAX)
+		return 1;
+	for (const char *c = name; *c; c++)
+		if (!isalnum((unsigned char)*c) && !strchr("_-/.", *c))
+			return 1;
+	return 0;
+}
+
+int hpu__model_tensor(const hpu_builder *b, const char *name)
+{
+	for (int i = 0; i < b->ntensors; i++)
+		if (!strcmp(b->tensors[i].name, name))
+			return i;
+	return -1;
+}
+
+int hpu__model_param(const hpu_builder *b, const char *name)
+{
+	for (int i = 0; i < b->nparams; i++)
+		if (!strcmp(b->params[i].name, name))
+			return i;
+	return -1;
+}
+
+int hpu__model_buffer(const hpu_builder *b, const char *name)
+{
+	for (int i = 0; i < b->nbuffers; i++)
+		if (!strcmp(b->buffers[i].name, name))
+			return i;
+	return -1;
+}
+
+/* Checks a shape (ndim dims, each > 0) and gives its element count; 0
+ * when bad. ndim 0 is one element (a scalar per sample) when `scalar`. */
+static size_t shape_numel(int ndim, const int64_t *shape, int scalar)
+{
+	if (ndim < (scalar ? 0 : 1) || ndim > HPU_MAX_DIMS || (ndim && !shape))
+		return 0;
+	size_t n = 1;
+	for (int d = 0; d < ndim; d++) {
+		if (shape[d] <= 0 || shape[d] > (int64_t)1 << 40)
+			return 0;
+		n *= (size_t)shape[d];
 	}
-	if (!ops || !ops->forward || !ops->backward || !in_size || !out_size) {
-		hpu_error(b, "layer %s: needs forward, backward and non-zero sizes",
-			  name);
-		return NULL;
+	return n;
+}
+
+static int add_tensor(hpu_builder *b, const char *name, hpu_dtype dt, int ndim,
+		      const int64_t *shape, int producer, int field, const char *who)
+{
+	if (bad_name(name))
+		return refuse(b, HPU_EINVAL, "%s: tensor name \"%s\" is empty, longer than %d bytes "
+			      "or has characters other than letters, digits and _-/.",
+			      who, name ? name : "(null)", HPU_NAME_MAX - 1);
+	if (hpu__model_tensor(b, name) >= 0)
+		return refuse(b, HPU_EINVAL, "%s: tensor %s is declared twice", who, name);
+	if (dt != HPU_F32 && dt != HPU_I32)
+		return refuse(b, HPU_EINVAL, "%s: tensor %s has an unknown dtype %d", who, name,
+			      (int)dt);
+	size_t n = shape_numel(ndim, shape, 1);
+	if (!n)
+		return refuse(b, HPU_EINVAL, "%s: tensor %s needs 0..%d dimensions, each > 0", who,
+			      name, HPU_MAX_DIMS);
+	hpu_tinfo *grown = realloc(b->tensors, (size_t)(b->ntensors + 1) * sizeof *grown);
+	if (!grown)
+		return refuse(b, HPU_ENOMEM, "out of memory adding tensor %s", name);
+	b->tensors = grown;
+	hpu_tinfo *t = &b->tensors[b->ntensors];
+	memset(t, 0, sizeof *t);
+	snprintf(t->name, sizeof t->name, "%s", name);
+	t->dtype = dt;
+	t->ndim = ndim;
+	if (ndim)
+		memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+	t->sample_numel = n;
+	t->producer = producer;
+	t->field = field;
+	t->last_reader = -1;
+	return b->ntensors++;
+}
+
+int hpu_tensor_info(const hpu_builder *b, const char *name, hpu_tensor *out)
+{
+	int i = name ? hpu__model_tensor(b, name) : -1;
+	if (i < 0)
+		return HPU_ENOENT;
+	const hpu_tinfo *t = &b->tensors[i];
+	memset(out, 0, sizeof *out);
+	out->dtype = t->dtype;
+	out->ndim = t->ndim;
+	memcpy(out->shape, t->shape, sizeof out->shape);
+	out->sample_numel = t->sample_numel;
+	out->name = t->name;
+	return HPU_OK;
+}
+
+/* ---- datasets ---- */
+
+int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
+{
+	if (split != HPU_SPLIT_TRAIN && split != HPU_SPLIT_TEST)
+		return refuse(b, HPU_EINVAL, "dataset: unknown split %d", (int)split);
+	const char *which = split == HPU_SPLIT_TRAIN ? "training dataset" : "test dataset";
+	if (!ds || !ds->fetch || !ds->size)
+		return refuse(b, HPU_EINVAL, "%s: needs fetch and a non-zero size", which);
+	if (ds->nfields < 1 || ds->nfields > HPU_MAX_IO)
+		return refuse(b, HPU_EINVAL, "%s: needs 1..%d fields, has %d", which, HPU_MAX_IO,
+			      ds->nfields);
+	if (b->has_data[split])
+		return refuse(b, HPU_EINVAL, "%s: set twice", which);
+	if (split == HPU_SPLIT_TEST && !b->has_data[HPU_SPLIT_TRAIN])
+		return refuse(b, HPU_EINVAL, "test dataset: set the training dataset first");
+	if (b->nlayers)
+		return refuse(b, HPU_EINVAL, "%s: set it before the layers that read it", which);
+	for (int f = 0; f < ds->nfields; f++) {
+		const hpu_field *fi = &ds->fields[f];
+		if (split == HPU_SPLIT_TEST) {
+			const hpu_tinfo *t = &b->tensors[f];
+			if (f >= b->data[0].nfields || !fi->name || strcmp(fi->name, t->name) ||
+			    fi->dtype != t->dtype || fi->ndim != t->ndim ||
+			    (fi->ndim && memcmp(fi->shape, t->shape, (size_t)fi->ndim * 8)))
+				return refuse(b, HPU_EINVAL,
+					      "test dataset: field %d (%s) differs from the training dataset's (%s): "
+					      "the splits need the same fields, dtypes and shapes",
+					      f, fi->name ? fi->name : "(null)",
+					      f < b->data[0].nfields ? t->name : "none");
+			continue;
+		}
+		int rc = add_tensor(b, fi->name, fi->dtype, fi->ndim, fi->shape, -1, f, which);
+		if (rc < 0)
+			return rc;
 	}
-	hpu_layer **grown = realloc(b->layers, (b->nlayers + 1) * sizeof *grown);
+	if (split == HPU_SPLIT_TEST && ds->nfields != b->data[0].nfields)
+		return refuse(b, HPU_EINVAL, "test dataset: %d fields, the training dataset %d",
+			      ds->nfields, b->data[0].nfields);
+	b->data[split] = *ds;
+	for (int f = 0; f < ds->nfields; f++) { /* the names are ours now */
+		snprintf(b->field_names[f], HPU_NAME_MAX, "%s", ds->fields[f].name);
+		b->data[split].fields[f].name = b->field_names[f];
+	}
+	b->has_data[split] = 1;
+	return HPU_OK;
+}
+
+/* ---- layers ---- */
+
+static hpu_layer *layer_fail(hpu_builder *b, hpu_layer *l, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static hpu_layer *layer_fail(hpu_builder *b, hpu_layer *l, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(b->err, sizeof b->err, fmt, ap);
+	va_end(ap);
+	free(l);
+	return NULL;
+}
+
+/* Parses the comma-separated input list into l->in. */
+static int parse_inputs(hpu_builder *b, hpu_layer *l, const char *inputs)
+{
+	const char *p = inputs ? inputs : "";
+	while (*p) {
+		const char *e = strchr(p, ',');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		char name[HPU_NAME_MAX];
+		if (!n || n >= sizeof name)
+			return refuse(b, HPU_EINVAL, "layer %s: input list \"%s\" has an empty or "
+				      "over-long name", l->name, inputs);
+		memcpy(name, p, n);
+		name[n] = 0;
+		int t = hpu__model_tensor(b, name);
+		if (t < 0)
+			return refuse(b, HPU_ENOENT, "layer %s: input %s is not a tensor declared "
+				      "before it (a dataset field or an earlier layer's output)",
+				      l->name, name);
+		if (l->nin == HPU_MAX_IO)
+			return refuse(b, HPU_EINVAL, "layer %s: more than %d inputs", l->name,
+				      HPU_MAX_IO);
+		l->in[l->nin++] = t;
+		p += n + (e != NULL);
+	}
+	return HPU_OK;
+}
+
+hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
+			 const hpu_layer_ops *ops, void *user)
+{
+	if (bad_name(name))
+		return layer_fail(b, NULL, "layer %d: name \"%s\" is empty, longer than %d bytes or "
+				  "has characters other than letters, digits and _-/.",
+				  b->nlayers, name ? name : "(null)", HPU_NAME_MAX - 1);
+	for (int i = 0; i < b->nlayers; i++)
+		if (!strcmp(b->layers[i]->name, name))
+			return layer_fail(b, NULL, "layer %s: declared twice", name);
+	if (!ops || !ops->forward)
+		return layer_fail(b, NULL, "layer %s: needs a forward function", name);
 	hpu_layer *l = calloc(1, sizeof *l);
-	if (grown)
-		b->layers = grown;
-	if (!grown || !l) {
-		free(l);
-		hpu_error(b, "out of memory adding layer %s", name);
-		return NULL;
-	}
+	if (!l)
+		return layer_fail(b, NULL, "out of memory adding layer %s", name);
 	l->b = b;
+	l->index = b->nlayers;
 	snprintf(l->name, sizeof l->name, "%s", name);
-	l->in_size = in_size;
-	l->out_size = out_size;
 	l->ops = *ops;
 	l->user = user;
+	if (parse_inputs(b, l, inputs) < 0) {
+		free(l);
+		return NULL;
+	}
+	hpu_layer **grown = realloc(b->layers, (size_t)(b->nlayers + 1) * sizeof *grown);
+	if (!grown)
+		return layer_fail(b, l, "out of memory adding layer %s", name);
+	b->layers = grown;
 	l->first_param = b->nparams;
+	l->first_buffer = b->nbuffers;
 	l->decl_off = b->numel;
 	l->unit = -1;
 	b->layers[b->nlayers++] = l;
 	return l;
 }
 
-int hpu_param_add(hpu_layer *l, const char *name, int ndim,
-		  const int64_t *shape, hpu_init init)
+/* Declarations of a layer's outputs, parameters and buffers follow it
+ * before the next layer (they extend flat layouts in order). */
+static int check_last(hpu_layer *l, const char *what)
 {
 	hpu_builder *b = l->b;
 	if (l != b->layers[b->nlayers - 1])
-		return refuse(b, HPU_EINVAL, "layer %s: parameters must be added right after the layer",
-			      l->name);
-	if (!name || ndim < 1 || ndim > HPU_MAX_DIMS)
-		return refuse(b, HPU_EINVAL, "layer %s: parameter needs a name and 1..%d dims",
-			      l->name, HPU_MAX_DIMS);
-	size_t numel = 1, fan_in = ndim > 1 ? 1 : l->in_size;
-	for (int d = 0; d < ndim; d++) {
-		if (shape[d] <= 0)
-			return refuse(b, HPU_EINVAL, "layer %s: parameter %s has dimension %d of size %lld",
-				      l->name, name, d, (long long)shape[d]);
-		numel *= (size_t)shape[d];
-		if (d > 0)
-			fan_in *= (size_t)shape[d];
-	}
-	hpu_param_info *grown = realloc(b->params, (b->nparams + 1) * sizeof *grown);
+		return refuse(b, HPU_EINVAL, "layer %s: %s must be declared right after the layer, "
+			      "before the next one", l->name, what);
+	return HPU_OK;
+}
+
+int hpu_layer_output(hpu_layer *l, const char *tensor, hpu_dtype dtype, int ndim,
+		     const int64_t *shape)
+{
+	hpu_builder *b = l->b;
+	int rc = check_last(l, "outputs");
+	if (rc < 0)
+		return rc;
+	if (l->nout == HPU_MAX_IO)
+		return refuse(b, HPU_EINVAL, "layer %s: more than %d outputs", l->name, HPU_MAX_IO);
+	char who[HPU_NAME_MAX + 8];
+	snprintf(who, sizeof who, "layer %s", l->name);
+	int t = add_tensor(b, tensor, dtype, ndim, shape, l->index, -1, who);
+	if (t < 0)
+		return t;
+	l->out[l->nout] = t;
+	return l->nout++;
+}
+
+static int grow_pidx(hpu_layer *l, int g)
+{
+	int *grown = realloc(l->pidx, (size_t)(l->npidx + 1) * sizeof *grown);
 	if (!grown)
-		return refuse(b, HPU_ENOMEM, "out of memory adding parameter %s", name);
+		return refuse(l->b, HPU_ENOMEM, "out of memory");
+	l->pidx = grown;
+	l->pidx[l->npidx] = g;
+	return l->npidx++;
+}
+
+static int check_init(hpu_builder *b, const char *name, const hpu_init *init)
+{
+	if (init->kind < HPU_INIT_ZEROS || init->kind > HPU_INIT_CUSTOM)
+		return refuse(b, HPU_EINVAL, "%s: unknown initializer %d", name, (int)init->kind);
+	if (init->kind == HPU_INIT_CUSTOM && !init->fn)
+		return refuse(b, HPU_EINVAL, "%s: HPU_INIT_CUSTOM needs fn", name);
+	if ((init->kind == HPU_INIT_NORMAL || init->kind == HPU_INIT_TRUNC_NORMAL) &&
+	    !(init->b >= 0))
+		return refuse(b, HPU_EINVAL, "%s: a normal initializer needs std b >= 0", name);
+	if (init->kind == HPU_INIT_UNIFORM && !(init->a <= init->b))
+		return refuse(b, HPU_EINVAL, "%s: HPU_INIT_UNIFORM needs a <= b", name);
+	return HPU_OK;
+}
+
+int hpu_param_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape,
+		  hpu_init init)
+{
+	hpu_builder *b = l->b;
+	int rc = check_last(l, "parameters");
+	if (rc < 0)
+		return rc;
+	if (bad_name(name))
+		return refuse(b, HPU_EINVAL, "layer %s: parameter name missing, too long or with "
+			      "characters other than letters, digits and _-/.", l->name);
+	size_t numel = shape_numel(ndim, shape, 0);
+	if (!numel)
+		return refuse(b, HPU_EINVAL, "layer %s: parameter %s needs 1..%d dimensions, each > 0",
+			      l->name, name, HPU_MAX_DIMS);
+	char full[sizeof b->params[0].name];
+	snprintf(full, sizeof full, "%s.%s", l->name, name);
+	if (hpu__model_param(b, full) >= 0 || hpu__model_buffer(b, full) >= 0)
+		return refuse(b, HPU_EINVAL, "layer %s: %s is declared twice", l->name, full);
+	if ((rc = check_init(b, full, &init)) < 0)
+		return rc;
+	hpu_param_info *grown = realloc(b->params, (size_t)(b->nparams + 1) * sizeof *grown);
+	if (!grown)
+		return refuse(b, HPU_ENOMEM, "out of memory adding parameter %s", full);
 	b->params = grown;
 	hpu_param_info *p = &b->params[b->nparams];
 	memset(p, 0, sizeof *p);
-	snprintf(p->name, sizeof p->name, "%s.%s", l->name, name);
+	snprintf(p->name, sizeof p->name, "%s", full);
 	p->ndim = ndim;
-	memcpy(p->shape, shape, ndim * sizeof *shape);
+	memcpy(p->shape, shape, (size_t)ndim * sizeof *shape);
 	p->numel = numel;
 	p->offset = b->numel;
 	p->rel = b->numel - l->decl_off;
 	p->init = init;
-	p->fan_in = fan_in;
+	p->layer = l->index;
+	p->users = 1;
+	if ((rc = grow_pidx(l, b->nparams)) < 0)
+		return rc;
 	/* Keep every parameter 16-float (64-byte) aligned in the flat buffer. */
 	b->numel += (numel + 15) & ~(size_t)15;
 	b->psi += numel;
 	l->plen = b->numel - l->decl_off;
 	b->nparams++;
-	return l->nparams++;
+	l->nparams++;
+	return rc;
 }
 
-int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
+int hpu_param_share(hpu_layer *l, const char *param)
 {
-	if ((split != HPU_SPLIT_TRAIN && split != HPU_SPLIT_TEST) || !ds ||
-	    !ds->fetch || !ds->size || !ds->sample_size || !ds->label_size)
-		return refuse(b, HPU_EINVAL, "dataset: needs fetch and non-zero size, sample_size, label_size");
-	b->data[split] = *ds;
-	b->has_data[split] = 1;
+	hpu_builder *b = l->b;
+	int g = param ? hpu__model_param(b, param) : -1;
+	if (g < 0)
+		return refuse(b, HPU_ENOENT, "layer %s: shares parameter %s, which no earlier layer "
+			      "declared", l->name, param ? param : "(null)");
+	int owner = b->params[g].layer;
+	for (int k = 0; k < l->npidx; k++)
+		if (l->pidx[k] == g)
+			return refuse(b, HPU_EINVAL, "layer %s: uses parameter %s twice", l->name,
+				      param);
+	int rc = grow_pidx(l, g);
+	if (rc < 0)
+		return rc;
+	b->params[g].users++;
+	if (owner == l->index)
+		return rc;
+	for (int k = 0; k < l->nuses; k++)
+		if (l->uses[k] == owner)
+			return rc;
+	int *grown = realloc(l->uses, (size_t)(l->nuses + 1) * sizeof *grown);
+	if (!grown)
+		return refuse(b, HPU_ENOMEM, "out of memory");
+	l->uses = grown;
+	l->uses[l->nuses++] = owner;
+	return rc;
+}
+
+int hpu_buffer_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape,
+		   hpu_init init, hpu_buffer_sync sync)
+{
+	hpu_builder *b = l->b;
+	int rc = check_last(l, "buffers");
+	if (rc < 0)
+		return rc;
+	if (bad_name(name))
+		return refuse(b, HPU_EINVAL, "layer %s: buffer name missing, too long or with "
+			      "characters other than letters, digits and _-/.", l->name);
+	size_t numel = shape_numel(ndim, shape, 0);
+	if (!numel)
+		return refuse(b, HPU_EINVAL, "layer %s: buffer %s needs 1..%d dimensions, each > 0",
+			      l->name, name, HPU_MAX_DIMS);
+	if (sync < HPU_BUFFER_BROADCAST || sync > HPU_BUFFER_LOCAL)
+		return refuse(b, HPU_EINVAL, "layer %s: buffer %s has an unknown sync %d", l->name,
+			      name, (int)sync);
+	char full[sizeof b->buffers[0].name];
+	snprintf(full, sizeof full, "%s.%s", l->name, name);
+	if (hpu__model_param(b, full) >= 0 || hpu__model_buffer(b, full) >= 0)
+		return refuse(b, HPU_EINVAL, "layer %s: %s is declared twice", l->name, full);
+	if ((rc = check_init(b, full, &init)) < 0)
+		return rc;
+	hpu_buffer_info *grown = realloc(b->buffers, (size_t)(b->nbuffers + 1) * sizeof *grown);
+	if (!grown)
+		return refuse(b, HPU_ENOMEM, "out of memory adding buffer %s", full);
+	b->buffers = grown;
+	hpu_buffer_info *bi = &b->buffers[b->nbuffers];
+	memset(bi, 0, sizeof *bi);
+	snprintf(bi->name, sizeof bi->name, "%s", full);
+	bi->ndim = ndim;
+	memcpy(bi->shape, shape, (size_t)ndim * sizeof *shape);
+	bi->numel = numel;
+	bi->offset = b->buffer_numel;
+	bi->init = init;
+	bi->sync = sync;
+	bi->layer = l->index;
+	b->buffer_numel += (numel + 15) & ~(size_t)15;
+	b->nbuffers++;
+	return l->nbuffers++;
+}
+
+int hpu_layer_memory(hpu_layer *l, size_t saved_ps, size_t saved_fixed, size_t scratch_ps,
+		     size_t scratch_fixed)
+{
+	l->saved_ps = saved_ps;
+	l->saved_fixed = saved_fixed;
+	l->scratch_ps = scratch_ps;
+	l->scratch_fixed = scratch_fixed;
 	return HPU_OK;
-}
-
-int hpu_loss_set(hpu_builder *b, const hpu_loss *loss)
-{
-	if (!loss || !loss->loss)
-		return refuse(b, HPU_EINVAL, "loss: needs a loss function");
-	b->loss = *loss;
-	b->has_loss = 1;
-	return HPU_OK;
-}
-
-float *hpu_param(hpu_layer *l, int i)
-{
-	return l->pbase + l->b->params[l->first_param + i].rel;
-}
-
-float *hpu_grad(hpu_layer *l, int i)
-{
-	return l->gbase + l->b->params[l->first_param + i].rel;
 }
 
 int hpu_layer_checkpoint(hpu_layer *l, int on)
 {
 	l->ckpt = on != 0;
 	return HPU_OK;
+}
+
+/* ---- losses, metrics, hooks ---- */
+
+/* The per-sample f32 scalar tensor `tensor` for `what`, or an error. */
+static int scalar_tensor(hpu_builder *b, const char *tensor, const char *what)
+{
+	int t = tensor ? hpu__model_tensor(b, tensor) : -1;
+	if (t < 0)
+		return refuse(b, HPU_ENOENT, "%s: no tensor named %s", what,
+			      tensor ? tensor : "(null)");
+	const hpu_tinfo *ti = &b->tensors[t];
+	if (ti->dtype != HPU_F32 || ti->sample_numel != 1 || ti->producer < 0)
+		return refuse(b, HPU_EINVAL, "%s: tensor %s must be a layer's f32 output with one "
+			      "value per sample (ndim 0), as loss layers write", what, tensor);
+	return t;
+}
+
+int hpu_loss_add(hpu_builder *b, const char *tensor, float weight)
+{
+	int t = scalar_tensor(b, tensor, "loss");
+	if (t < 0)
+		return t;
+	if (!isfinite(weight))
+		return refuse(b, HPU_EINVAL, "loss %s: weight must be finite", tensor);
+	if (b->nloss == HPU_MAX_IO)
+		return refuse(b, HPU_EINVAL, "loss: more than %d loss tensors", HPU_MAX_IO);
+	for (int i = 0; i < b->nloss; i++)
+		if (b->loss[i].tensor == t)
+			return refuse(b, HPU_EINVAL, "loss: tensor %s added twice", tensor);
+	b->loss[b->nloss++] = (hpu_loss_ent){t, weight};
+	b->tensors[t].loss = 1;
+	return HPU_OK;
+}
+
+int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor)
+{
+	int t = scalar_tensor(b, tensor, "metric");
+	if (t < 0)
+		return t;
+	if (bad_name(name) || !strcmp(name, "test_loss"))
+		return refuse(b, HPU_EINVAL, "metric: name \"%s\" is empty, too long, reserved "
+			      "(test_loss) or has characters other than letters, digits and _-/.",
+			      name ? name : "(null)");
+	if (b->nmetrics == HPU_MAX_IO)
+		return refuse(b, HPU_EINVAL, "metric: more than %d metrics", HPU_MAX_IO);
+	for (int i = 0; i < b->nmetrics; i++)
+		if (!strcmp(b->metrics[i].name, name))
+			return refuse(b, HPU_EINVAL, "metric %s: added twice", name);
+	hpu_metric_ent *m = &b->metrics[b->nmetrics++];
+	snprintf(m->name, sizeof m->name, "%s", name);
+	m->tensor = t;
+	b->tensors[t].metric = 1;
+	return HPU_OK;
+}
+
+static int add_hook(hpu_builder *b, hpu_hook_ent *v, int *n, hpu_hook fn, void *user)
+{
+	if (!fn)
+		return refuse(b, HPU_EINVAL, "hook: needs a function");
+	if (*n == 4)
+		return refuse(b, HPU_EINVAL, "hook: at most 4 of a kind");
+	v[(*n)++] = (hpu_hook_ent){fn, user};
+	return HPU_OK;
+}
+
+int hpu_hook_after_eval(hpu_builder *b, hpu_hook fn, void *user)
+{
+	return add_hook(b, b->after_eval, &b->nafter_eval, fn, user);
+}
+
+int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user)
+{
+	return add_hook(b, b->after_train, &b->nafter_train, fn, user);
+}
+
+/* ---- inside forward/backward ---- */
+
+float *hpu_param(hpu_layer *l, int k)
+{
+	const hpu_param_info *p = &l->b->params[l->pidx[k]];
+	return l->b->layers[p->layer]->pbase + p->rel;
+}
+
+float *hpu_grad(hpu_layer *l, int k)
+{
+	const hpu_param_info *p = &l->b->params[l->pidx[k]];
+	return l->b->layers[p->layer]->gbase + p->rel;
+}
+
+float *hpu_buffer(hpu_layer *l, int k)
+{
+	const hpu_buffer_info *bi = &l->b->buffers[l->first_buffer + k];
+	return l->bbase + (bi->offset - l->b->buffers[l->first_buffer].offset);
+}
+
+void *hpu_saved(hpu_layer *l)
+{
+	return l->saved;
+}
+
+void *hpu_scratch(hpu_layer *l)
+{
+	return l->scratch;
 }
 
 void *hpu_layer_user(hpu_layer *l)
@@ -223,77 +658,238 @@ const char *hpu_layer_name(const hpu_layer *l)
 	return l->name;
 }
 
-static int check_declared(hpu_builder *b, char *err, size_t errlen)
+/* ---- checking and planning the graph ---- */
+
+static int setup_fail(hpu_builder *b, char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int setup_fail(hpu_builder *b, char *err, size_t errlen, const char *fmt, ...)
 {
-	if (!b->nlayers) {
-		snprintf(err, errlen, "model %s declared no layers", b->path);
-		return -1;
+	char msg[768];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	snprintf(err, errlen, "model %s: %s", b->path, msg);
+	return -1;
+}
+
+/* Marks the layers that `want` tensors depend on (for_loss or for_eval). */
+static void mark_needed(hpu_builder *b, char *need, int eval)
+{
+	for (int i = b->nlayers - 1; i >= 0; i--) {
+		hpu_layer *l = b->layers[i];
+		int used = 0;
+		for (int k = 0; k < l->nout && !used; k++)
+			used = need[l->out[k]];
+		if (!used)
+			continue;
+		if (eval)
+			l->for_eval = 1;
+		else
+			l->for_loss = 1;
+		for (int k = 0; k < l->nin; k++)
+			need[l->in[k]] = 1;
 	}
-	if (!b->has_data[HPU_SPLIT_TRAIN] || !b->has_loss) {
-		snprintf(err, errlen, "model %s declared no %s", b->path,
-			 b->has_loss ? "training dataset" : "loss");
-		return -1;
-	}
-	size_t in = b->data[HPU_SPLIT_TRAIN].sample_size;
+}
+
+static int plan(hpu_builder *b, char *err, size_t errlen)
+{
+	char *need = calloc((size_t)b->ntensors, 1);
+	if (!need)
+		return setup_fail(b, err, errlen, "out of memory");
+	for (int i = 0; i < b->nloss; i++)
+		need[b->loss[i].tensor] = 1;
+	mark_needed(b, need, 0);
+	for (int i = 0; i < b->nmetrics; i++)
+		need[b->metrics[i].tensor] = 1;
+	mark_needed(b, need, 1);
+	free(need);
+	/* Gradients flow from the parameters down the graph. */
 	for (int i = 0; i < b->nlayers; i++) {
-		if (b->layers[i]->in_size != in) {
-			snprintf(err, errlen,
-				 "model %s: layer %s takes %zu floats per sample but gets %zu from %s",
-				 b->path, b->layers[i]->name, b->layers[i]->in_size, in,
-				 i ? b->layers[i - 1]->name : "the dataset");
-			return -1;
+		hpu_layer *l = b->layers[i];
+		int g = l->npidx > 0;
+		for (int k = 0; k < l->nin; k++) {
+			hpu_tinfo *t = &b->tensors[l->in[k]];
+			g |= t->grad;
+			if (t->last_reader < i)
+				t->last_reader = i;
 		}
-		in = b->layers[i]->out_size;
+		l->backward = g && l->for_loss;
+		for (int k = 0; k < l->nout; k++)
+			b->tensors[l->out[k]].grad = g && b->tensors[l->out[k]].dtype == HPU_F32;
+		if (l->backward && !l->ops.backward)
+			return setup_fail(b, err, errlen, "layer %s has %s but no backward function",
+					  l->name, l->npidx ? "parameters" : "inputs that need gradients");
+		if (!l->nout)
+			return setup_fail(b, err, errlen, "layer %s declared no output", l->name);
 	}
-	const hpu_dataset *tr = &b->data[0], *te = &b->data[1];
-	if (b->has_data[1] && (te->sample_size != tr->sample_size ||
-			       te->label_size != tr->label_size)) {
-		snprintf(err, errlen, "model %s: test and training samples differ in size",
-			 b->path);
-		return -1;
+	for (int i = 0; i < b->nlayers; i++) {
+		hpu_layer *l = b->layers[i];
+		if (l->npidx && !l->for_loss)
+			return setup_fail(b, err, errlen, "layer %s has parameters but no loss depends "
+					  "on it: it would never train", l->name);
 	}
 	return 0;
 }
 
-int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err,
-		     size_t errlen)
+static int check_declared(hpu_builder *b, char *err, size_t errlen)
 {
-	if (b->model->setup(b, argc, argv) != 0) {
-		snprintf(err, errlen, "model %s: setup failed: %s", b->path,
-			 b->err[0] ? b->err : "(no reason given)");
-		return -1;
-	}
-	if (b->err[0]) {
-		snprintf(err, errlen, "model %s: %s", b->path, b->err);
-		return -1;
-	}
+	if (!b->has_data[HPU_SPLIT_TRAIN])
+		return setup_fail(b, err, errlen, "declared no training dataset (hpu_dataset_set)");
+	if (!b->nlayers)
+		return setup_fail(b, err, errlen, "declared no layers");
+	if (!b->nloss)
+		return setup_fail(b, err, errlen, "declared no loss (hpu_loss_add)");
+	if (!b->nparams)
+		return setup_fail(b, err, errlen, "declared no parameters: nothing to train");
+	return plan(b, err, errlen);
+}
+
+int hpu__model_setup_fn(hpu_builder *b, int (*setup)(hpu_builder *, int, char **), int argc,
+			char **argv, char *err, size_t errlen)
+{
+	if (setup(b, argc, argv) != 0)
+		return setup_fail(b, err, errlen, "setup failed: %s",
+				  b->err[0] ? b->err : "(no reason given)");
+	if (b->err[0]) /* a declaration failed but setup went on */
+		return setup_fail(b, err, errlen, "%s", b->err);
 	return check_declared(b, err, errlen);
 }
 
-void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst)
+int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err, size_t errlen)
+{
+	return hpu__model_setup_fn(b, b->model->setup, argc, argv, err, errlen);
+}
+
+/* ---- initial values ---- */
+
+void hpu__model_fans(int ndim, const int64_t *shape, size_t *fan_in, size_t *fan_out)
+{
+	size_t field = 1;
+	for (int d = 2; d < ndim; d++)
+		field *= (size_t)shape[d];
+	*fan_in = ndim >= 2 ? (size_t)shape[1] * field : (size_t)shape[0];
+	*fan_out = (size_t)shape[0] * field;
+}
+
+float hpu_init_uniform(hpu_init_rng *r)
+{
+	return hpu_rng_float((hpu_rng *)r);
+}
+
+float hpu_init_normal(hpu_init_rng *r)
+{
+	/* Box-Muller; u1 in (0, 1] */
+	float u1 = 1.0f - hpu_rng_float((hpu_rng *)r), u2 = hpu_rng_float((hpu_rng *)r);
+	return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}
+
+int hpu__model_init_values(const hpu_init *init, const char *name, int ndim,
+			   const int64_t *shape, size_t numel, uint64_t seed, uint64_t stream,
+			   float *w, char *err, size_t errlen)
+{
+	hpu_init_rng r;
+	hpu_rng_seed((hpu_rng *)&r, seed, stream);
+	size_t fi, fo;
+	hpu__model_fans(ndim, shape, &fi, &fo);
+	float a = init->a, bb = init->b, gain = a != 0 ? a : 1.0f, lo = 0, hi = 0, std = 0;
+	switch (init->kind) {
+	case HPU_INIT_UNIFORM:
+		lo = a, hi = bb;
+		break;
+	case HPU_INIT_XAVIER_UNIFORM:
+		hi = gain * sqrtf(6.0f / (float)(fi + fo)), lo = -hi;
+		break;
+	case HPU_INIT_KAIMING_UNIFORM:
+		hi = sqrtf(6.0f / ((1 + a * a) * (float)fi)), lo = -hi;
+		break;
+	case HPU_INIT_FAN_IN_UNIFORM:
+		hi = 1.0f / sqrtf((float)fi), lo = -hi;
+		break;
+	case HPU_INIT_XAVIER_NORMAL:
+		std = gain * sqrtf(2.0f / (float)(fi + fo));
+		break;
+	case HPU_INIT_KAIMING_NORMAL:
+		std = sqrtf(2.0f / ((1 + a * a) * (float)fi));
+		break;
+	default:
+		break;
+	}
+	for (size_t k = 0; k < numel; k++) {
+		switch (init->kind) {
+		case HPU_INIT_ZEROS:
+			w[k] = 0;
+			break;
+		case HPU_INIT_ONES:
+			w[k] = 1;
+			break;
+		case HPU_INIT_CONSTANT:
+			w[k] = a;
+			break;
+		case HPU_INIT_UNIFORM:
+		case HPU_INIT_XAVIER_UNIFORM:
+		case HPU_INIT_KAIMING_UNIFORM:
+		case HPU_INIT_FAN_IN_UNIFORM:
+			w[k] = lo + (hi - lo) * hpu_init_uniform(&r);
+			break;
+		case HPU_INIT_NORMAL:
+			w[k] = a + bb * hpu_init_normal(&r);
+			break;
+		case HPU_INIT_TRUNC_NORMAL: {
+			float z;
+			do
+				z = hpu_init_normal(&r);
+			while (z < -2 || z > 2);
+			w[k] = a + bb * z;
+			break;
+		}
+		case HPU_INIT_XAVIER_NORMAL:
+		case HPU_INIT_KAIMING_NORMAL:
+			w[k] = std * hpu_init_normal(&r);
+			break;
+		case HPU_INIT_CUSTOM:
+			k = numel;
+			break;
+		}
+	}
+	if (init->kind == HPU_INIT_CUSTOM) {
+		hpu_init_info info = {name, ndim, shape, numel, fi, fo};
+		if (init->fn(init->user, &info, w, &r) != 0) {
+			snprintf(err, errlen, "the initializer of %s failed", name);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst, char *err,
+			  size_t errlen)
 {
 	hpu_layer *l = b->layers[li];
 	memset(dst, 0, l->plen * sizeof *dst);
 	for (int i = l->first_param; i < l->first_param + l->nparams; i++) {
 		hpu_param_info *p = &b->params[i];
-		float *w = dst + p->rel;
-		hpu_rng r;
-		hpu_rng_seed(&r, seed, (uint64_t)i + 1);
-		float bound = 1.0f / sqrtf((float)p->fan_in);
-		for (size_t k = 0; k < p->numel; k++) {
-			switch (p->init) {
-			case HPU_INIT_ZEROS:
-				w[k] = 0;
-				break;
-			case HPU_INIT_ONES:
-				w[k] = 1;
-				break;
-			case HPU_INIT_FAN_IN_UNIFORM:
-				w[k] = (2 * hpu_rng_float(&r) - 1) * bound;
-				break;
-			}
-		}
+		if (hpu__model_init_values(&p->init, p->name, p->ndim, p->shape, p->numel, seed,
+					   (uint64_t)i + 1, dst + p->rel, err, errlen) < 0)
+			return -1;
 	}
+	return 0;
+}
+
+int hpu__model_init_buffers(hpu_builder *b, uint64_t seed, float *dst, char *err,
+			    size_t errlen)
+{
+	memset(dst, 0, b->buffer_numel * sizeof *dst);
+	for (int i = 0; i < b->nbuffers; i++) {
+		hpu_buffer_info *bi = &b->buffers[i];
+		/* streams after the parameters' */
+		if (hpu__model_init_values(&bi->init, bi->name, bi->ndim, bi->shape, bi->numel, seed,
+					   (uint64_t)(b->nparams + i) + 1, dst + bi->offset, err,
+					   errlen) < 0)
+			return -1;
+	}
+	return 0;
 }
 
 int hpu__model_params_open(hpu_builder *b, const char *path, char *err, size_t errlen)
@@ -349,10 +945,17 @@ void hpu__model_destroy(hpu_builder **pb)
 		return;
 	if (b->model && b->model->teardown)
 		b->model->teardown(b->user);
-	for (int i = 0; i < b->nlayers; i++)
+	for (int i = 0; i < b->nlayers; i++) {
+		if (b->layers[i]->ops.destroy)
+			b->layers[i]->ops.destroy(b->layers[i]->user);
+		free(b->layers[i]->pidx);
+		free(b->layers[i]->uses);
 		free(b->layers[i]);
+	}
 	free(b->layers);
+	free(b->tensors);
 	free(b->params);
+	free(b->buffers);
 	if (b->dl)
 		dlclose(b->dl);
 	free(b);

@@ -1,74 +1,190 @@
 /* model: loads a train.so, runs its setup() through the builder API of
- * <hpu/hpu.h>, and owns the flat parameter and gradient buffers. */
+ * <hpu/hpu.h> (ABI 2: a graph of layers over named tensors), checks and
+ * plans the graph. Memory for parameters, buffers and tensors is the
+ * strategy's (worker/runtime). */
 #ifndef HPU_MODEL_H
 #define HPU_MODEL_H
 
 #include <hpu/hpu.h>
 #include <stddef.h>
 
+/* A tensor of the graph: a dataset field or a layer's output. */
+typedef struct hpu_tinfo {
+	char name[HPU_NAME_MAX];
+	hpu_dtype dtype;
+	int ndim;
+	int64_t shape[HPU_MAX_DIMS];
+	size_t sample_numel;
+	int producer;     /* layer index, or -1: dataset field `field` */
+	int field;
+	int last_reader;  /* the last layer reading it in forward, or -1 */
+	int grad;         /* its gradient is needed (f32, and some parameter
+			   * lies upstream of it) */
+	int loss, metric; /* read by the runtime as a loss / metric */
+} hpu_tinfo;
+
 typedef struct hpu_param_info {
-	char name[160];          /* "layer.param" */
+	char name[2 * HPU_NAME_MAX + 1]; /* "layer.param" */
 	int ndim;
 	int64_t shape[HPU_MAX_DIMS];
 	size_t numel;
-	size_t offset;           /* in floats, into the declared flat layout */
-	size_t rel;              /* in floats, from its layer's first float */
+	size_t offset;    /* in floats, into the declared flat layout */
+	size_t rel;       /* in floats, from its layer's first float */
 	hpu_init init;
-	size_t fan_in;
+	int layer;        /* the owner */
+	int users;        /* layers that use it, the owner included */
 } hpu_param_info;
+
+typedef struct hpu_buffer_info {
+	char name[2 * HPU_NAME_MAX + 1];
+	int ndim;
+	int64_t shape[HPU_MAX_DIMS];
+	size_t numel;
+	size_t offset;    /* in floats, into the flat buffer layout */
+	hpu_init init;
+	hpu_buffer_sync sync;
+	int layer;
+} hpu_buffer_info;
 
 struct hpu_layer {
 	hpu_builder *b;
-	char name[64];
-	size_t in_size, out_size; /* floats per sample */
+	int index;
+	char name[HPU_NAME_MAX];
 	hpu_layer_ops ops;
 	void *user;
-	int first_param, nparams; /* into b->params */
-	size_t decl_off;         /* first float in the declared layout */
-	size_t plen;             /* floats of its parameters, each padded to 16 */
-	/* Set by the strategy: where the layer's parameters and gradients
-	 * are now (hpu_param(l, i) is pbase + rel of parameter i), and the
-	 * layer's first float in the strategy's layout. */
-	float *pbase, *gbase;
+	int nin, nout;
+	int in[HPU_MAX_IO], out[HPU_MAX_IO]; /* tensor ids */
+	/* Parameters: the layer's k-th is params[pidx[k]]; its own ones are
+	 * b->params[first_param .. first_param + nparams) (owner == this). */
+	int *pidx, npidx;
+	int first_param, nparams;
+	int *uses, nuses;     /* the other layers whose parameters it uses */
+	int first_buffer, nbuffers;
+	size_t decl_off;      /* first float in the declared layout */
+	size_t plen;          /* floats of its own parameters, each padded to 16 */
+	size_t saved_ps, saved_fixed, scratch_ps, scratch_fixed;
+	int ckpt;             /* marked for activation checkpointing */
+	int backward;         /* its backward must run (parameters, or an
+			       * input that needs a gradient) */
+	int for_loss;         /* training runs it: a loss depends on it */
+	int for_eval;         /* evaluation runs it (losses and metrics) */
+	/* Set by the strategy: where the layer's own parameters and
+	 * gradients are now (its parameter i is pbase + rel of it), its
+	 * buffers, saved and scratch memory, and its first float in the
+	 * strategy's layout. */
+	float *pbase, *gbase, *bbase;
+	void *saved, *scratch;
 	size_t off;
-	int unit;                /* the strategy's unit holding it, or -1 */
-	int ckpt;                /* activation checkpointing */
+	int unit;             /* the strategy's unit holding it, or -1 */
 	char err[256];
 };
 
+typedef struct hpu_hook_ent {
+	hpu_hook fn;
+	void *user;
+} hpu_hook_ent;
+
+typedef struct hpu_loss_ent {
+	int tensor;
+	float weight;
+} hpu_loss_ent;
+
+typedef struct hpu_metric_ent {
+	char name[HPU_NAME_MAX];
+	int tensor;
+} hpu_metric_ent;
+
 struct hpu_builder {
-	int rank, world;
+	int rank, world, max_batch;
 	void *dl;
 	const hpu_model *model;
 	char path[512];
 	struct hpu_layer **layers;
 	int nlayers;
+	hpu_tinfo *tensors;
+	int ntensors;
 	hpu_param_info *params;
 	int nparams;
+	hpu_buffer_info *buffers;
+	int nbuffers;
+	size_t buffer_numel;  /* floats of all buffers, each padded to 16 */
 	hpu_dataset data[2];
+	char field_names[HPU_MAX_IO][HPU_NAME_MAX];
 	int has_data[2];
-	hpu_loss loss;
-	int has_loss;
+	hpu_loss_ent loss[HPU_MAX_IO];
+	int nloss;
+	hpu_metric_ent metrics[HPU_MAX_IO];
+	int nmetrics;
+	hpu_hook_ent after_eval[4], after_train[4];
+	int nafter_eval, nafter_train;
 	void *user;
 	size_t numel;      /* parameter floats, each parameter padded to 16 */
 	size_t psi;        /* parameter floats, unpadded (the ZeRO paper's Ψ) */
 	char err[512];
 };
 
-/* Loads the model at `path`: dlopen, the entry symbol, the ABI version.
- * On failure returns -1 with a sentence saying which check failed. */
-int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
-		    char *err, size_t errlen);
+/* What a hook gets (hpu_run_*, worker/hpu/run.c); the runtime fills it. */
+struct hpu_run {
+	hpu_builder *b;
+	int rank, world;
+	long step;
+	const float *params;  /* every parameter, consolidated, in the
+			       * canonical order (unpadded, declared order) */
+	const float *buffers; /* the builder's buffer layout, or NULL */
+	int evaluated;        /* the figures below are set */
+	double test_loss, metric[HPU_MAX_IO];
+	int (*forward)(hpu_run *run, const void *const *fields, int batch, const char *tensor,
+		       hpu_tensor *out);
+	void *impl;           /* the runtime's */
+	char err[512];
+};
 
-/* Runs the model's setup() and checks what it declared (layer sizes chain,
- * datasets and loss present). Memory for parameters is the strategy's. */
+/* Loads the model at `path`: dlopen, the entry symbol, the ABI version.
+ * `max_batch` is what hpu_max_batch() tells setup. On failure returns -1
+ * with a sentence saying which check failed. */
+int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
+		    int max_batch, char *err, size_t errlen);
+
+/* A builder with no library behind it, for tests that declare a graph
+ * in-process (hpu__model_setup_fn runs their setup). NULL when out of
+ * memory. */
+hpu_builder *hpu__model_new(int rank, int world, int max_batch);
+
+/* Runs the model's setup() and checks and plans what it declared (the
+ * datasets and a loss present, tensors read exist and were declared
+ * before, what runs in training and evaluation, which tensors need
+ * gradients). */
 int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err,
 		     size_t errlen);
+/* The same with a setup function of the caller's. */
+int hpu__model_setup_fn(hpu_builder *b, int (*setup)(hpu_builder *, int, char **),
+			int argc, char **argv, char *err, size_t errlen);
 
-/* Writes layer `li`'s parameters, initialized from their initializers with
- * `seed`, to dst[0 .. plen) (padding zeroed). Every rank computes the same
- * values. */
-void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst);
+/* The tensor named `name`, or -1. */
+int hpu__model_tensor(const hpu_builder *b, const char *name);
+/* The parameter / buffer named `name`, or -1. */
+int hpu__model_param(const hpu_builder *b, const char *name);
+int hpu__model_buffer(const hpu_builder *b, const char *name);
+
+/* fan_in / fan_out of a shape, as torch.nn.init computes them. */
+void hpu__model_fans(int ndim, const int64_t *shape, size_t *fan_in, size_t *fan_out);
+
+/* Fills w[numel] from `init` (name, shape for the fans and messages)
+ * with the generator seeded by (seed, stream). Returns 0, or -1 with a
+ * sentence in err (a custom initializer failed). */
+int hpu__model_init_values(const hpu_init *init, const char *name, int ndim,
+			   const int64_t *shape, size_t numel, uint64_t seed,
+			   uint64_t stream, float *w, char *err, size_t errlen);
+
+/* Writes layer `li`'s own parameters, initialized with `seed`, to dst[0
+ * .. plen) (padding zeroed). Every rank computes the same values. 0, or
+ * -1 with err. */
+int hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst,
+			  char *err, size_t errlen);
+
+/* Every buffer's initial values into dst[0 .. buffer_numel). */
+int hpu__model_init_buffers(hpu_builder *b, uint64_t seed, float *dst, char *err,
+			    size_t errlen);
 
 /* --load-params: opens a file of consolidated fp32 parameters (what
  * --save-params writes: every parameter's floats unpadded, in declaration
@@ -76,9 +192,8 @@ void hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst);
  * or -1 with a sentence in err. */
 int hpu__model_params_open(hpu_builder *b, const char *path, char *err, size_t errlen);
 
-/* Reads layer li's parameters from that file into dst[0 .. plen) (padding
- * zeroed), as hpu__model_init_layer would initialize them. Returns 0, or
- * -1 on a read error. */
+/* Reads layer li's own parameters from that file into dst[0 .. plen)
+ * (padding zeroed). Returns 0, or -1 on a read error. */
 int hpu__model_read_layer(hpu_builder *b, int li, int fd, float *dst);
 
 /* Calls teardown, frees everything and unloads the library; *b = NULL. */

@@ -78,6 +78,7 @@ void hpu_opts_defaults(hpu_train_opts *o)
 	o->loss_scale_window = 1000;
 	o->hysteresis = 2;
 	o->min_loss_scale = 1;
+	o->max_skipped_steps = 5;
 	o->fp8_amax_history = 16;
 	o->calib_batches = 16;
 	o->log_every = 50;
@@ -242,6 +243,7 @@ static const struct hpu__opt opts[] = {
 	NUM("keep", K_INT, keep, 0, 1e6, "keep the newest N checkpoints (0: all)"),
 	OTHER("resume", K_STR, resume, "resume from DIR (a checkpoint or a --checkpoint-dir), or auto: the newest intact one"),
 	NUM("stop-at-step", K_LONG, stop_at_step, 1, 1e15, "checkpoint and stop after step N, schedule unchanged (to resume later)"),
+	NUM("max-skipped-steps", K_INT, max_skipped_steps, 1, 1e9, "stop after N steps in a row skipped for a non-finite loss or gradients (5)"),
 	OTHER("config", K_CONFIG, config, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", "."},

@@ -129,6 +129,7 @@ typedef struct hpu_train_opts {
 	int keep;               /* newest checkpoints kept (0: all) */
 	char resume[512];       /* "auto", a checkpoint or a root, or "" */
 	long stop_at_step;      /* checkpoint and stop after this step (0: no) */
+	int max_skipped_steps;  /* non-finite steps in a row before the job stops */
 	char config[512];       /* the JSON config file, or "" */
 	/* Observing a run. */
 	char profile[512];      /* --profile: trace directory, or "" (off) */

@@ -4,11 +4,11 @@
 #include "devmem.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct slot {
-	float *x;
-	int32_t *labels;
+	hpu_batch bt;
 	const uint32_t *idx;
 	int n;
 	int pending; /* requested, not yet fetched */
@@ -26,17 +26,59 @@ struct hpu_loader {
 	int stop;
 };
 
-static void fetch_slot(const hpu_dataset *ds, slot *s)
+size_t hpu_field_numel(const hpu_field *f)
 {
-	for (int i = 0; i < s->n; i++) {
-		size_t k = s->idx[i];
-		if (ds->fetch(ds->user, k, s->x + (size_t)i * ds->sample_size,
-			      s->labels + (size_t)i * ds->label_size) != 0) {
-			s->failed = 1;
-			s->bad = k;
-			return;
+	size_t n = 1;
+	for (int d = 0; d < f->ndim; d++)
+		n *= (size_t)f->shape[d];
+	return n;
+}
+
+int hpu_batch_fetch(const hpu_dataset *ds, const uint32_t *idx, int n, hpu_batch *bt,
+		    size_t *bad)
+{
+	size_t numel[HPU_MAX_IO];
+	void *out[HPU_MAX_IO];
+	for (int f = 0; f < ds->nfields; f++)
+		numel[f] = hpu_field_numel(&ds->fields[f]);
+	bt->n = n;
+	bt->idx = idx;
+	for (int i = 0; i < n; i++) {
+		for (int f = 0; f < ds->nfields; f++)
+			out[f] = (char *)bt->data[f] + (size_t)i * numel[f] * 4;
+		if (ds->fetch(ds->user, idx[i], out) != 0) {
+			*bad = idx[i];
+			return -1;
 		}
 	}
+	return 0;
+}
+
+int hpu_batch_alloc(const hpu_dataset *ds, int max, hpu_batch *bt, const char *what)
+{
+	for (int f = 0; f < ds->nfields; f++) {
+		char name[160];
+		snprintf(name, sizeof name, "%s (%s)", what, ds->fields[f].name);
+		bt->data[f] = hpu__dalloc(HPU_MEM_OTHER,
+					  (size_t)max * hpu_field_numel(&ds->fields[f]) * 4, name);
+		if (!bt->data[f])
+			return -1;
+	}
+	return 0;
+}
+
+void hpu_batch_free(hpu_batch *bt)
+{
+	for (int f = 0; f < HPU_MAX_IO; f++) {
+		hpu__dfree(bt->data[f]);
+		bt->data[f] = NULL;
+	}
+}
+
+static void fetch_slot(const hpu_dataset *ds, slot *s)
+{
+	if (hpu_batch_fetch(ds, s->idx, s->n, &s->bt, &s->bad) < 0)
+		s->failed = 1;
 }
 
 static void *run(void *arg)
@@ -73,14 +115,9 @@ hpu_loader *hpu_loader_new(const hpu_dataset *ds, int batch)
 	ld->ds = *ds;
 	pthread_mutex_init(&ld->mu, NULL);
 	pthread_cond_init(&ld->cv, NULL);
-	for (int k = 0; k < 2; k++) {
-		ld->s[k].x = hpu__dalloc(HPU_MEM_OTHER, (size_t)batch * ds->sample_size * sizeof(float),
-					"data loader batch");
-		ld->s[k].labels = hpu__dalloc(HPU_MEM_OTHER, (size_t)batch * ds->label_size * sizeof(int32_t),
-					     "data loader labels");
-		if (!ld->s[k].x || !ld->s[k].labels)
+	for (int k = 0; k < 2; k++)
+		if (hpu_batch_alloc(ds, batch, &ld->s[k].bt, "data loader batch") < 0)
 			goto fail;
-	}
 	if (pthread_create(&ld->thread, NULL, run, ld) != 0)
 		goto fail;
 	ld->started = 1;
@@ -102,8 +139,7 @@ void hpu_loader_request(hpu_loader *ld, int k, const uint32_t *idx, int n)
 	pthread_mutex_unlock(&ld->mu);
 }
 
-int hpu_loader_wait(hpu_loader *ld, int k, float **x, int32_t **labels,
-		    size_t *bad)
+int hpu_loader_wait(hpu_loader *ld, int k, const hpu_batch **bt, size_t *bad)
 {
 	slot *s = &ld->s[k];
 	pthread_mutex_lock(&ld->mu);
@@ -111,8 +147,7 @@ int hpu_loader_wait(hpu_loader *ld, int k, float **x, int32_t **labels,
 		pthread_cond_wait(&ld->cv, &ld->mu);
 	int failed = s->failed;
 	pthread_mutex_unlock(&ld->mu);
-	*x = s->x;
-	*labels = s->labels;
+	*bt = &s->bt;
 	*bad = s->bad;
 	return failed ? -1 : 0;
 }
@@ -129,10 +164,8 @@ void hpu_loader_destroy(hpu_loader **pld)
 		pthread_mutex_unlock(&ld->mu);
 		pthread_join(ld->thread, NULL);
 	}
-	for (int k = 0; k < 2; k++) {
-		hpu__dfree(ld->s[k].x);
-		hpu__dfree(ld->s[k].labels);
-	}
+	for (int k = 0; k < 2; k++)
+		hpu_batch_free(&ld->s[k].bt);
 	pthread_mutex_destroy(&ld->mu);
 	pthread_cond_destroy(&ld->cv);
 	free(ld);

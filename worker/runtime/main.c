@@ -140,7 +140,7 @@ int main(int argc, char **argv)
 	if (o.verbose && rank == 0)
 		hpu_autocast_print(stdout);
 	kernels_setup(&o, rank);
-	if (hpu__model_load(&b, path, rank, world, err, sizeof err) < 0)
+	if (hpu__model_load(&b, path, rank, world, o.micro_batch, err, sizeof err) < 0)
 		goto out;
 	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK)
 		goto out;

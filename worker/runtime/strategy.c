@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "devmem.h"
+#include "simd.h"
 #include "strategy_impl.h"
 
 #define fail hpu__strat_fail
@@ -239,10 +240,8 @@ static int alloc_states(hpu_strat *s)
  * initializers. */
 static int init_layer(hpu_strat *s, int i, float *dst)
 {
-	if (s->load_fd < 0) {
-		hpu__model_init_layer(s->b, i, s->o->seed, dst);
-		return 0;
-	}
+	if (s->load_fd < 0)
+		return hpu__model_init_layer(s->b, i, s->o->seed, dst, s->err, s->errlen);
 	if (hpu__model_read_layer(s->b, i, s->load_fd, dst) < 0)
 		return fail(s, "--load-params %s: cannot read the parameters of layer %s: %s",
 			    s->o->load_params, s->b->layers[i]->name, strerror(errno));
@@ -331,27 +330,112 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	return 0;
 }
 
-int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm)
+/* 1 when some g[i] is Inf or NaN (x * 0 is NaN exactly then). */
+HPU_CLONES static int nonfinite(const float *restrict g, size_t n)
 {
-	if (hpu__sync_reduce(s) < 0)
-		return -1;
-	if (s->mp) {
-		int skipped;
-		return hpu__mp_step(s, lr, grad_norm, &skipped);
+	float acc = 0;
+	for (size_t i = 0; i < n; i++)
+		acc += g[i] * 0.0f;
+	return acc != 0 || isnan(acc);
+}
+
+/* fp32: an Inf or NaN gradient anywhere (a non-finite loss makes them
+ * NaN) skips the step everywhere; else clip and step. */
+static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
+{
+	float bad = 0;
+	for (int k = 0; k < s->nunits && !bad; k++)
+		bad = (float)nonfinite(s->u[k].opt_g, s->u[k].opt.n);
+	if (s->sharded) { /* each rank checked its shard */
+		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
+		if (rc)
+			return hpu__strat_coll_fail(s, "non-finite check all-reduce", rc);
 	}
-	/* Clipping by the global norm. */
-	float gscale = 1.0f;
 	*grad_norm = 0;
-	if (s->o->clip_norm > 0) {
-		if (hpu__strat_grad_norm(s, grad_norm) < 0)
-			return -1;
-		gscale = hpu_clip_factor(*grad_norm, s->o->clip_norm);
+	*skipped = bad > 0;
+	if (!*skipped) {
+		float gscale = 1.0f;
+		if (s->o->clip_norm > 0) { /* by the global norm */
+			if (hpu__strat_grad_norm(s, grad_norm) < 0)
+				return -1;
+			gscale = hpu_clip_factor(*grad_norm, s->o->clip_norm);
+		}
+		for (int k = 0; k < s->nunits; k++)
+			hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g, gscale, lr);
 	}
-	for (int k = 0; k < s->nunits; k++)
-		hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g, gscale, lr);
 	if (s->G)
 		memset(s->G, 0, s->total * 4);
-	return hpu__zero_gather_params(s);
+	return *skipped ? 0 : hpu__zero_gather_params(s);
+}
+
+/* The buffers in step across ranks, as each declares: rank 0's, or the
+ * mean. One collective per kind, over the buffers packed together. */
+static int sync_buffers(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	if (s->world == 1 || !b->nbuffers)
+		return 0;
+	for (int kind = HPU_BUFFER_BROADCAST; kind <= HPU_BUFFER_MEAN; kind++) {
+		size_t n = 0;
+		for (int i = 0; i < b->nbuffers; i++)
+			if ((int)b->buffers[i].sync == kind) {
+				memcpy(s->bsync + n, s->B + b->buffers[i].offset, b->buffers[i].numel * 4);
+				n += b->buffers[i].numel;
+			}
+		if (!n)
+			continue;
+		int rc = kind == HPU_BUFFER_MEAN
+				 ? hpucoll_all_reduce(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32,
+						      HPUCOLL_SUM)
+				 : hpucoll_broadcast(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32, 0);
+		if (rc)
+			return hpu__strat_coll_fail(s, "buffer synchronization", rc);
+		n = 0;
+		for (int i = 0; i < b->nbuffers; i++)
+			if ((int)b->buffers[i].sync == kind) {
+				float *dst = s->B + b->buffers[i].offset;
+				for (size_t j = 0; j < b->buffers[i].numel; j++)
+					dst[j] = kind == HPU_BUFFER_MEAN ? s->bsync[n + j] / (float)s->world
+									 : s->bsync[n + j];
+				n += b->buffers[i].numel;
+			}
+	}
+	return 0;
+}
+
+int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm)
+{
+	int skipped;
+	if (hpu__sync_reduce(s) < 0)
+		return -1;
+	if ((s->mp ? hpu__mp_step(s, lr, grad_norm, &skipped)
+		   : fp32_step(s, lr, grad_norm, &skipped)) < 0)
+		return -1;
+	/* The fp16 scaler's overflows are how it finds its scale: they count
+	 * only once it cannot lower the scale any more. */
+	int scaler = s->fp16 && s->o->loss_scale <= 0 && s->scale > s->o->min_loss_scale;
+	if (skipped && !scaler) {
+		s->bad_run++;
+		s->bad_total++;
+	} else if (!skipped) {
+		s->bad_run = 0;
+	}
+	return sync_buffers(s);
+}
+
+int hpu_strat_bad_run(const hpu_strat *s)
+{
+	return s->bad_run;
+}
+
+long hpu_strat_bad_total(const hpu_strat *s)
+{
+	return s->bad_total;
+}
+
+const float *hpu_strat_buffers(const hpu_strat *s)
+{
+	return s->B;
 }
 
 /* ---- for logs and metrics ---- */
@@ -372,6 +456,67 @@ long hpu_strat_skipped(const hpu_strat *s)
 }
 
 /* ---- making and freeing ---- */
+
+/* Per tensor, its last reader in training's and evaluation's forward;
+ * per layer, the backward calls that use its parameters. */
+static void plan_graph(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	for (int t = 0; t < b->ntensors; t++)
+		s->last_train[t] = s->last_eval[t] = -1;
+	for (int i = 0; i < b->nlayers; i++) {
+		hpu_layer *l = b->layers[i];
+		s->seg_start[i] = i; /* not checkpointed: nothing to recompute */
+		for (int k = 0; k < l->nin; k++) {
+			if (l->for_loss)
+				s->last_train[l->in[k]] = i;
+			if (l->for_eval)
+				s->last_eval[l->in[k]] = i;
+		}
+		if (!l->backward)
+			continue;
+		if (l->nparams)
+			s->gusers[i]++;
+		for (int k = 0; k < l->nuses; k++)
+			s->gusers[l->uses[k]]++;
+	}
+}
+
+/* The layers' shared scratch, and the buffers (initialized, or from the
+ * checkpoint being resumed, and in step across ranks from the start). */
+static int alloc_scratch_buffers(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	size_t scratch = 0;
+	for (int i = 0; i < b->nlayers; i++) {
+		hpu_layer *l = b->layers[i];
+		size_t n = (size_t)s->maxbatch * l->scratch_ps + l->scratch_fixed;
+		if (n > scratch)
+			scratch = n;
+	}
+	if (scratch && !(s->scratch = dalloc(s, HPU_MEM_ACTS, scratch * 4, "layers' scratch")))
+		return -1;
+	if (!b->nbuffers)
+		return 0;
+	if (!(s->B = dalloc(s, HPU_MEM_PARAMS, b->buffer_numel * 4, "buffers")) ||
+	    !(s->bsync = dalloc(s, HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
+		return -1;
+	if (s->resume ? hpu__strat_resume_buffers(s) < 0
+		      : hpu__model_init_buffers(b, s->o->seed, s->B, s->err, s->errlen) < 0)
+		return -1;
+	for (int i = 0; i < b->nlayers; i++) {
+		hpu_layer *l = b->layers[i];
+		if (l->nbuffers)
+			l->bbase = s->B + b->buffers[l->first_buffer].offset;
+	}
+	if (s->world > 1) {
+		int rc = hpucoll_broadcast(s->comm, s->B, s->B, b->buffer_numel, HPUCOLL_F32, 0);
+		if (rc)
+			return hpu__strat_coll_fail(s, "buffer broadcast", rc);
+	}
+	return 0;
+}
+
 
 int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 		  const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
@@ -397,20 +542,34 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->load_fd = -1;
 	s->resume = resume;
 	*out = s;
-	s->u = calloc((size_t)b->nlayers + 1, sizeof *s->u);
-	s->q = calloc((size_t)b->nlayers + 2, sizeof *s->q);
-	s->acts = calloc((size_t)b->nlayers, sizeof *s->acts);
-	s->transient = calloc((size_t)b->nlayers, 1);
-	s->lcp = calloc((size_t)b->nlayers, sizeof *s->lcp);
-	s->lgs = calloc((size_t)b->nlayers, sizeof *s->lgs);
-	s->l16 = calloc((size_t)b->nlayers, sizeof *s->l16);
-	s->own16 = calloc((size_t)b->nlayers, sizeof *s->own16);
+	int L = b->nlayers, T = b->ntensors;
+	s->u = calloc((size_t)L + 1, sizeof *s->u);
+	s->q = calloc((size_t)L + 2, sizeof *s->q);
+	s->t_data = calloc((size_t)T, sizeof *s->t_data);
+	s->t_grad = calloc((size_t)T, sizeof *s->t_grad);
+	s->transient = calloc((size_t)T, 1);
+	s->last_train = calloc((size_t)T, sizeof *s->last_train);
+	s->last_eval = calloc((size_t)T, sizeof *s->last_eval);
+	s->saved = calloc((size_t)L, sizeof *s->saved);
+	s->saved_transient = calloc((size_t)L, 1);
+	s->seg_start = calloc((size_t)L, sizeof *s->seg_start);
+	s->run_mask = calloc((size_t)L, 1);
+	s->gusers = calloc((size_t)L, sizeof *s->gusers);
+	s->gpend = calloc((size_t)L, sizeof *s->gpend);
+	s->lcp = calloc((size_t)L, sizeof *s->lcp);
+	s->lgs = calloc((size_t)L, sizeof *s->lgs);
+	s->l16 = calloc((size_t)L, sizeof *s->l16);
+	s->own16 = calloc((size_t)L, sizeof *s->own16);
 	s->act16 = o->precision == HPU_PREC_BF16_MIXED || o->precision == HPU_PREC_FP8;
-	if (s->act16 && !(s->a16 = calloc((size_t)b->nlayers, sizeof *s->a16)))
+	if (s->act16 && !(s->a16 = calloc((size_t)T, sizeof *s->a16)))
 		return fail(s, "out of memory");
-	if (!s->u || !s->q || !s->acts || !s->transient || !s->lcp || !s->lgs || !s->l16 ||
-	    !s->own16)
+	if (!s->u || !s->q || !s->t_data || !s->t_grad || !s->transient || !s->last_train ||
+	    !s->last_eval || !s->saved || !s->saved_transient || !s->seg_start || !s->run_mask ||
+	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->l16 || !s->own16)
 		return fail(s, "out of memory");
+	s->ctx = (hpu_ctx){.train = 1, .accum = 1, .rank = s->rank, .world = s->world,
+			   .seed = o->seed};
+	plan_graph(s);
 	s->mp = o->precision != HPU_PREC_FP32;
 	s->fp16 = o->precision == HPU_PREC_FP16_MIXED;
 	s->dt16 = s->fp16 ? HPUCOLL_F16 : HPUCOLL_BF16;
@@ -419,14 +578,9 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->hyst_left = o->hysteresis;
 	s->last_overflow = -1;
 	build_units(s);
-	s->maxw = b->data[HPU_SPLIT_TRAIN].sample_size;
-	for (int i = 0; i < b->nlayers; i++) {
-		hpu_layer *l = b->layers[i];
-		if (o->activation_checkpointing && i + 1 < b->nlayers)
-			l->ckpt = 1;
-		if (l->out_size > s->maxw)
-			s->maxw = l->out_size;
-	}
+	for (int i = 0; i + 1 < L; i++)
+		if (o->activation_checkpointing)
+			b->layers[i]->ckpt = 1;
 	hpu__act_plan(s);
 	if (o->load_params[0] &&
 	    (s->load_fd = hpu__model_params_open(b, o->load_params, err, errlen)) < 0)
@@ -438,11 +592,7 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->load_fd = -1;
 	if (rc || (resume && hpu__strat_resume_state(s) < 0))
 		return -1;
-	for (int k = 0; k < 2; k++)
-		if (!(s->dbuf[k] = dalloc(s, HPU_MEM_ACTS, (size_t)maxbatch * s->maxw * 4,
-					  "activation gradients")))
-			return -1;
-	return 0;
+	return alloc_scratch_buffers(s);
 }
 
 void hpu_strat_free(hpu_strat **ps)
@@ -465,16 +615,23 @@ void hpu_strat_free(hpu_strat **ps)
 		hpu__dfree(u->full16);
 		hpu__dfree(u->gbuf16);
 	}
-	for (int i = 0; s->acts && i < s->nlayers; i++) {
-		hpu__dfree(s->acts[i]);
+	for (int t = 0; s->t_data && t < s->b->ntensors; t++) {
+		if (s->b->tensors[t].producer >= 0)
+			hpu__dfree(s->t_data[t]);
+		hpu__dfree(s->t_grad[t]);
+		if (s->a16)
+			hpu__dfree(s->a16[t]);
+	}
+	for (int i = 0; s->lcp && i < s->nlayers; i++) {
 		hpu__dfree(s->lcp[i]);
 		hpu__dfree(s->lgs[i]);
 		hpu__dfree(s->own16[i]);
-		if (s->a16)
-			hpu__dfree(s->a16[i]);
+		if (s->saved)
+			hpu__dfree(s->saved[i]);
 	}
-	hpu__dfree(s->dbuf[0]);
-	hpu__dfree(s->dbuf[1]);
+	hpu__dfree(s->scratch);
+	hpu__dfree(s->B);
+	hpu__dfree(s->bsync);
 	hpu__dfree(s->P);
 	hpu__dfree(s->G);
 	hpu__dfree(s->PS);
@@ -493,8 +650,17 @@ void hpu_strat_free(hpu_strat **ps)
 	free(s->a16);
 	free(s->u);
 	free(s->q);
-	free(s->acts);
+	free(s->t_data);
+	free(s->t_grad);
 	free(s->transient);
+	free(s->last_train);
+	free(s->last_eval);
+	free(s->saved);
+	free(s->saved_transient);
+	free(s->seg_start);
+	free(s->run_mask);
+	free(s->gusers);
+	free(s->gpend);
 	free(s->canon);
 	free(s);
 	*ps = NULL;

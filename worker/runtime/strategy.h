@@ -12,6 +12,7 @@
 
 #include "ckpt.h"
 #include "config.h"
+#include "loader.h"
 #include "model.h"
 
 typedef struct hpu_strat hpu_strat;
@@ -28,20 +29,45 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 		  const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
 		  size_t errlen);
 
-/* Forward pass over x[n, sample_size]; *out is the last layer's output. */
-int hpu_strat_forward(hpu_strat *s, const float *x, int n, const float **out);
+/* Where the next passes are (their hpu_ctx): training or evaluation,
+ * the step being computed (or done, in evaluation), the epoch. */
+void hpu_strat_set_pos(hpu_strat *s, int train, long step, long epoch);
 
-/* Loss and backward pass of micro-step `micro` (0 .. accum-1) after
- * hpu_strat_forward() of the same batch; the loss gradient is multiplied by
- * `scale`. Sets *loss to the local mean loss. */
-int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
-		       float scale, int micro, int accum, float *loss);
+/* Forward pass over batch bt, micro-step `micro` of `accum`: training
+ * runs the layers a loss depends on; evaluation (hpu_strat_set_pos's
+ * train 0) those the losses and metrics depend on, or with want >= 0
+ * those tensor `want` depends on. */
+int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want);
+
+/* Tensor t after a forward (its rows of the batch), or NULL. */
+const void *hpu_strat_tensor(hpu_strat *s, int t);
+
+/* The loss of the last forward: the weighted sum of the loss tensors'
+ * means over the batch (NaN or Inf as they come). */
+double hpu_strat_loss(hpu_strat *s);
+
+/* Backward pass after hpu_strat_forward() of the same batch: the loss
+ * gradient multiplied by `scale` (a non-finite loss gives NaN gradients:
+ * the step is then skipped on every rank). Sets *loss to the local loss. */
+int hpu_strat_backward(hpu_strat *s, float scale, float *loss);
 
 /* After the last micro-step: finishes the gradient communication, clips
  * (the global norm before clipping goes to *grad_norm when clipping is on,
  * else 0), steps the optimizer with `lr` and brings the parameters back
  * where the next forward wants them. */
 int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm);
+
+/* Steps skipped for non-finite losses or gradients: in a row now, and in
+ * all (the fp16 loss scaler's overflows excluded while it can still
+ * lower the scale). */
+int hpu_strat_bad_run(const hpu_strat *s);
+long hpu_strat_bad_total(const hpu_strat *s);
+
+/* Every parameter consolidated, fp32, on every rank, into dst[psi] in
+ * declaration order (unpadded); collective. */
+int hpu_strat_gather_all(hpu_strat *s, float *dst);
+/* The buffers (b->buffer_numel floats, the builder's layout). */
+const float *hpu_strat_buffers(const hpu_strat *s);
 
 /* Writes the consolidated fp32 parameters, each parameter's numel floats
  * in declaration order, to `path` on rank 0. Every rank must call it. */

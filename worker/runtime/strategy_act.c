@@ -1,15 +1,17 @@
-/* strategy_act: where the strategy keeps the layers' outputs, and which
- * of them activation checkpointing drops (strategy_pass.c recomputes
- * them before backward).
+/* strategy_act: where the strategy keeps the graph's tensors, their
+ * gradients and the layers' saved memory, and which of them activation
+ * checkpointing drops (strategy_pass.c recomputes them before backward
+ * needs them).
  *
- * Layer i's output is acts[i] (fp32, what the layers read and write).
- * Under bf16-mixed and fp8 (s->act16) an output kept for backward is
- * stored in bf16 when every value of it is a bf16 value (the lowered ops
- * round their outputs; ReLU and pooling keep them so): a16[i] at half the
- * bytes, made once the next layer has read acts[i] in forward, which is
- * then freed; backward expands it into acts[i] again while it is needed.
- * The last layer's output (the loss reads it) stays fp32, and so does an
- * output with any value off the bf16 grid (an fp32 op's). */
+ * Tensor t is t_data[t]: a dataset field points into the batch, a layer's
+ * output is device memory of the strategy (maxbatch rows), allocated on
+ * first use and kept across steps unless checkpointing drops it. Under
+ * bf16-mixed and fp8 (s->act16) an f32 output kept for backward is stored
+ * in bf16 when every value of it is a bf16 value (the lowered ops round
+ * their outputs; ReLU and pooling keep them so): a16[t] at half the bytes,
+ * made once its last reader has run in forward, the fp32 one then freed;
+ * backward expands it again while it is needed. Loss and metric tensors,
+ * i32 tensors and outputs with any value off the bf16 grid stay fp32. */
 
 #include <math.h>
 #include <stdint.h>
@@ -20,16 +22,18 @@
 #include "simd.h"
 #include "strategy_impl.h"
 
-/* Activation checkpointing. A marked layer followed by a marked layer
- * need not keep its output: the next layer has read it, and backward can
- * recompute it from the last output kept below. In a run of m such
- * layers every ceil(sqrt(m))-th output is kept all the same, so that
- * backward recomputes one segment at a time (Chen et al., 2016): about
- * 2 sqrt(m) outputs alive instead of m, for one extra forward. The last
- * layer's output feeds the loss and is always kept. */
+/* Activation checkpointing. In a run of consecutive marked layers, a
+ * tensor whose readers all come after its producer within the same
+ * segment of the run need not be kept: backward recomputes the segment
+ * from its inputs. A run of m layers is cut into segments of
+ * ceil(sqrt(m)) layers, and the outputs of each segment's last layer are
+ * kept, so that backward recomputes one segment at a time (Chen et al.,
+ * 2016): about 2 sqrt(m) outputs alive instead of m, for one extra
+ * forward. A layer's saved memory goes with its outputs. */
 void hpu__act_plan(hpu_strat *s)
 {
-	hpu_layer **ls = s->b->layers;
+	hpu_builder *b = s->b;
+	hpu_layer **ls = b->layers;
 	int L = s->nlayers;
 	for (int a = 0; a < L;) {
 		if (!(ls[a]->ckpt && a + 1 < L && ls[a + 1]->ckpt)) {
@@ -39,45 +43,68 @@ void hpu__act_plan(hpu_strat *s)
 		int z = a; /* the run of marked layers a .. z */
 		while (z + 1 < L && ls[z + 1]->ckpt)
 			z++;
-		/* layers a .. z-1 may drop their outputs */
-		int m = z - a, seg = (int)ceil(sqrt((double)m));
-		for (int j = a; j < z; j++)
-			s->transient[j] = (j - a + 1) % seg != 0;
-		a = z;
+		int m = z - a + 1, seg = (int)ceil(sqrt((double)m));
+		for (int c0 = a; c0 <= z; c0 += seg) {
+			int c1 = c0 + seg - 1 < z ? c0 + seg - 1 : z;
+			for (int p = c0; p < c1; p++) {
+				s->seg_start[p] = c0;
+				s->saved_transient[p] = 1;
+				for (int k = 0; k < ls[p]->nout; k++) {
+					int t = ls[p]->out[k];
+					const hpu_tinfo *ti = &b->tensors[t];
+					int inside = !ti->loss && !ti->metric;
+					for (int j = 0; j < L && inside; j++)
+						for (int q = 0; q < ls[j]->nin; q++)
+							if (ls[j]->in[q] == t && (j <= p || j > c1))
+								inside = 0;
+					s->transient[t] = (char)inside;
+				}
+			}
+			s->seg_start[c1] = c0;
+		}
+		a = z + 1;
 	}
 }
 
-int hpu__act_ensure(hpu_strat *s, int i)
+static int owned(const hpu_strat *s, int t)
 {
-	if (s->acts[i])
+	return s->b->tensors[t].producer >= 0;
+}
+
+static size_t tensor_bytes(const hpu_strat *s, int t, int rows, size_t elem)
+{
+	return (size_t)rows * s->b->tensors[t].sample_numel * elem;
+}
+
+int hpu__act_ensure(hpu_strat *s, int t)
+{
+	if (s->t_data[t] || !owned(s, t))
 		return 0;
-	hpu_layer *l = s->b->layers[i];
 	char what[128];
-	snprintf(what, sizeof what, "activations of %s", l->name);
-	size_t bytes = (size_t)s->maxbatch * l->out_size * 4;
-	/* act16: made per step and overwritten by the forward (or the
-	 * expansion) for the rows in use; rows past them are never read */
-	s->acts[i] = s->act16 ? hpu__dalloc_uninit(HPU_MEM_ACTS, bytes, what)
-			      : hpu__dalloc(HPU_MEM_ACTS, bytes, what);
-	if (!s->acts[i])
+	snprintf(what, sizeof what, "activations %s", s->b->tensors[t].name);
+	/* overwritten by the forward (or the expansion) for the rows in use;
+	 * rows past them are never read */
+	s->t_data[t] = hpu__dalloc_uninit(HPU_MEM_ACTS, tensor_bytes(s, t, s->maxbatch, 4), what);
+	if (!s->t_data[t])
 		return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	return 0;
 }
 
-void hpu__act_drop(hpu_strat *s, int i)
+void hpu__act_drop(hpu_strat *s, int t)
 {
-	hpu__dfree(s->acts[i]);
-	s->acts[i] = NULL;
+	if (!owned(s, t))
+		return;
+	hpu__dfree(s->t_data[t]);
+	s->t_data[t] = NULL;
 	if (s->a16) {
-		hpu__dfree(s->a16[i]);
-		s->a16[i] = NULL;
+		hpu__dfree(s->a16[t]);
+		s->a16[t] = NULL;
 	}
 }
 
-/* Layer i's output is kept (fp32 or bf16). */
-int hpu__act_kept(const hpu_strat *s, int i)
+int hpu__act_kept(const hpu_strat *s, int t)
 {
-	return s->acts[i] || (s->a16 && s->a16[i]);
+	return s->t_data[t] || (s->a16 && s->a16[t]);
 }
 
 /* dst[k] = the bf16 of x[k]; returns 1 when every x[k] was a bf16 value
@@ -102,46 +129,85 @@ HPU_CLONES static void bf16_expand(float *restrict dst, const uint16_t *restrict
 	}
 }
 
-/* act16: stores layer i's output (n rows) in bf16 if it is exact there,
- * freeing the fp32 one; else keeps the fp32 one. */
-int hpu__act_compress(hpu_strat *s, int i, int n)
+int hpu__act_compress(hpu_strat *s, int t, int n)
 {
-	if (!s->act16 || i == s->nlayers - 1 || !s->acts[i])
+	const hpu_tinfo *ti = &s->b->tensors[t];
+	if (!s->act16 || !owned(s, t) || ti->dtype != HPU_F32 || ti->loss || ti->metric ||
+	    !s->t_data[t])
 		return 0;
-	hpu_layer *l = s->b->layers[i];
-	if (!s->a16[i]) {
+	if (!s->a16[t]) {
 		char what[128];
-		snprintf(what, sizeof what, "bf16 activations of %s", l->name);
-		if (!(s->a16[i] = hpu__dalloc(HPU_MEM_ACTS, (size_t)s->maxbatch * l->out_size * 2,
-						 what)))
+		snprintf(what, sizeof what, "bf16 activations %s", ti->name);
+		if (!(s->a16[t] = hpu__dalloc(HPU_MEM_ACTS, tensor_bytes(s, t, s->maxbatch, 2), what)))
 			return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	}
-	if (!bf16_exact(s->a16[i], s->acts[i], (size_t)n * l->out_size)) {
-		hpu__dfree(s->a16[i]); /* an fp32 op's output: keep fp32 */
-		s->a16[i] = NULL;
+	if (!bf16_exact(s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1))) {
+		hpu__dfree(s->a16[t]); /* an fp32 op's output: keep fp32 */
+		s->a16[t] = NULL;
 		return 0;
 	}
-	hpu__dfree(s->acts[i]);
-	s->acts[i] = NULL;
+	hpu__dfree(s->t_data[t]);
+	s->t_data[t] = NULL;
 	return 0;
 }
 
-/* act16: layer i's output as fp32 again (for backward). */
-int hpu__act_expand(hpu_strat *s, int i, int n)
+int hpu__act_expand(hpu_strat *s, int t, int n)
 {
-	if (s->acts[i] || !s->a16 || !s->a16[i])
+	if (s->t_data[t] || !s->a16 || !s->a16[t])
 		return 0;
-	if (hpu__act_ensure(s, i) < 0)
+	if (hpu__act_ensure(s, t) < 0)
 		return -1;
-	bf16_expand(s->acts[i], s->a16[i], (size_t)n * s->b->layers[i]->out_size);
+	bf16_expand(s->t_data[t], s->a16[t], tensor_bytes(s, t, n, 1));
 	return 0;
 }
 
-/* act16, after layer i's backward: its fp32 output is not needed again. */
-void hpu__act_release(hpu_strat *s, int i)
+void hpu__act_release(hpu_strat *s, int t)
 {
-	if (s->a16 && s->a16[i]) {
-		hpu__dfree(s->acts[i]);
-		s->acts[i] = NULL;
+	if (s->a16 && s->a16[t]) {
+		hpu__dfree(s->t_data[t]);
+		s->t_data[t] = NULL;
 	}
+}
+
+/* ---- the layers' saved memory ---- */
+
+int hpu__act_saved(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	size_t n = (size_t)s->maxbatch * l->saved_ps + l->saved_fixed;
+	if (!n || s->saved[i])
+		return 0;
+	char what[128];
+	snprintf(what, sizeof what, "saved memory of %s", l->name);
+	if (!(s->saved[i] = hpu__dalloc(HPU_MEM_ACTS, n * 4, what)))
+		return hpu__strat_fail(s, "%s", hpu__devmem_error());
+	return 0;
+}
+
+void hpu__act_saved_drop(hpu_strat *s, int i)
+{
+	hpu__dfree(s->saved[i]);
+	s->saved[i] = NULL;
+}
+
+/* ---- gradients of tensors ---- */
+
+float *hpu__act_grad(hpu_strat *s, int t, int zero)
+{
+	if (s->t_grad[t])
+		return s->t_grad[t];
+	char what[128];
+	snprintf(what, sizeof what, "gradient of %s", s->b->tensors[t].name);
+	size_t bytes = tensor_bytes(s, t, s->maxbatch, 4);
+	s->t_grad[t] = zero ? hpu__dalloc(HPU_MEM_ACTS, bytes, what)
+			    : hpu__dalloc_uninit(HPU_MEM_ACTS, bytes, what);
+	if (!s->t_grad[t])
+		hpu__strat_fail(s, "%s", hpu__devmem_error());
+	return s->t_grad[t];
+}
+
+void hpu__act_grad_drop(hpu_strat *s, int t)
+{
+	hpu__dfree(s->t_grad[t]);
+	s->t_grad[t] = NULL;
 }

@@ -271,10 +271,52 @@ void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st)
 
 /* ---- consolidated parameters ---- */
 
-static int write_unit(hpu_strat *s, FILE *f, int k, const float *full)
+/* Calls fn(s, unit, its whole fp32 parameters, arg) for every unit in
+ * order, gathering a sharded unit's pieces first (collective: every rank
+ * must call it). Stops at fn's first non-zero return (after the same
+ * collectives on every rank: fn's failures are local). */
+typedef int (*unit_fn)(hpu_strat *s, int k, const float *full, void *arg);
+
+static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 {
+	int bad = 0;
+	for (int k = 0; k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		const float *full = s->mp ? (s->sharded ? NULL : s->M + u->off)
+				  : s->P ? s->P + u->off : u->full;
+		const float *piece = s->mp ? s->M + u->shard_off : s->PS + u->shard_off;
+		float *tmpbuf = NULL;
+		if (!full) { /* sharded: gather it */
+			char what[128];
+			int rc = 0;
+			snprintf(what, sizeof what, "parameters of %s %s",
+				 hpu__strat_unit_name(s, k), why);
+			if (!(tmpbuf = hpu__strat_dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
+				rc = -1;
+			else if ((rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece,
+							  HPUCOLL_F32)))
+				hpu__strat_coll_fail(s, "parameter all-gather", rc);
+			if (rc) {
+				hpu__dfree(tmpbuf);
+				return -1;
+			}
+			full = tmpbuf;
+		}
+		if (!bad && fn(s, k, full, arg) < 0)
+			bad = 1;
+		hpu__dfree(tmpbuf);
+	}
+	return bad ? -1 : 0;
+}
+
+/* Each of unit k's parameters, unpadded, in declaration order. */
+static int write_unit(hpu_strat *s, int k, const float *full, void *arg)
+{
+	FILE *f = arg;
 	unit *u = &s->u[k];
 	hpu_builder *b = s->b;
+	if (!f)
+		return 0;
 	for (int i = u->first; i <= u->last; i++) {
 		hpu_layer *l = b->layers[i];
 		for (int p = l->first_param; p < l->first_param + l->nparams; p++) {
@@ -291,42 +333,18 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 {
 	hpu_outfile o;
 	FILE *f = NULL;
+	int e = 0;
 	if (s->rank == 0) {
 		if (hpu_outfile_open(&o, path, 0644) < 0 || !(f = hpu_outfile_stream(&o))) {
-			int e = errno;
+			e = errno;
 			hpu__strat_fail(s, "cannot write %s: %s", o.tmp[0] ? o.tmp : path, strerror(e));
 			hpu_outfile_abort(&o);
 		}
 	}
-	int bad = s->rank == 0 && !f, rc, e = 0;
-	for (int k = 0; k < s->nunits; k++) {
-		unit *u = &s->u[k];
-		const float *full = s->mp ? (s->sharded ? NULL : s->M + u->off)
-				  : s->P ? s->P + u->off : u->full;
-		const float *piece = s->mp ? s->M + u->shard_off : s->PS + u->shard_off;
-		float *tmpbuf = NULL;
-		if (!full) { /* sharded: gather it for the file */
-			char what[128];
-			snprintf(what, sizeof what, "parameters of %s for --save-params",
-				 hpu__strat_unit_name(s, k));
-			if (!(tmpbuf = hpu__strat_dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
-				rc = -1;
-			else if ((rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece,
-							  HPUCOLL_F32)))
-				hpu__strat_coll_fail(s, "parameter all-gather", rc);
-			if (rc) {
-				hpu__dfree(tmpbuf);
-				if (f)
-					hpu_outfile_abort(&o);
-				return -1;
-			}
-			full = tmpbuf;
-		}
-		if (f && full && !bad && write_unit(s, f, k, full) < 0) {
-			bad = 1;
-			e = errno;
-		}
-		hpu__dfree(tmpbuf);
+	int bad = s->rank == 0 && !f;
+	if (each_full_unit(s, write_unit, bad ? NULL : f, "for --save-params") < 0) {
+		e = s->err[0] ? 0 : errno;
+		bad = 1;
 	}
 	if (f) {
 		if (!bad && hpu_outfile_commit(&o, NULL) < 0) {
@@ -338,4 +356,33 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 		hpu_outfile_abort(&o);
 	}
 	return bad ? -1 : 0;
+}
+
+/* Unit k's parameters into dst (float *) at their canonical places. */
+static int copy_unit(hpu_strat *s, int k, const float *full, void *arg)
+{
+	float *dst = arg;
+	const uint64_t *cn = canon(s);
+	unit *u = &s->u[k];
+	hpu_builder *b = s->b;
+	if (!cn)
+		return hpu__strat_fail(s, "out of memory");
+	for (int i = u->first; i <= u->last; i++) {
+		hpu_layer *l = b->layers[i];
+		for (int p = l->first_param; p < l->first_param + l->nparams; p++)
+			memcpy(dst + cn[p], full + (l->off - u->off) + b->params[p].rel,
+			       b->params[p].numel * 4);
+	}
+	return 0;
+}
+
+int hpu_strat_gather_all(hpu_strat *s, float *dst)
+{
+	return each_full_unit(s, copy_unit, dst, "for a hook");
+}
+
+int hpu__strat_resume_buffers(hpu_strat *s)
+{
+	return hpu__strat_fail(s, "checkpoint %s: resuming a model with buffers is not "
+				  "supported yet", s->resume->dir);
 }

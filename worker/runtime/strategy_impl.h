@@ -66,21 +66,34 @@ struct hpu_strat {
 	float *PS, *GS;    /* parameter shard (zero3) / gradient shard (zero2/3) */
 	float *state;      /* optimizer state */
 	int maxbatch;
-	size_t maxw;
-	float **acts;      /* acts[i]: layer i's output, or NULL when dropped */
-	char *transient;   /* layer i's output is dropped after layer i+1 reads it */
-	float *dbuf[2];    /* activation gradients, ping-pong */
-	const float *x;    /* the batch of the last forward */
+	/* The graph's tensors (strategy_act.c): data, bf16 copies, gradients;
+	 * per layer its saved memory; the shared scratch. */
+	void **t_data;
+	uint16_t **a16;       /* act16 (bf16-mixed, fp8): tensors kept in bf16 */
+	float **t_grad;
+	char *transient;      /* per tensor: dropped by activation checkpointing */
+	void **saved;
+	char *saved_transient; /* per layer: its saved memory goes with them */
+	int *seg_start;       /* per layer: its checkpointing segment's first */
+	void *scratch;
+	int *last_train, *last_eval; /* per tensor: its last reader in forward */
+	char *run_mask;       /* per layer: what hpu_strat_forward runs now */
+	int *gusers, *gpend;  /* per layer: the backward calls that use its
+			       * parameters (its own and its users'), left */
+	hpu_ctx ctx;          /* of the pass in progress */
+	int act16;            /* bf16-mixed, fp8: outputs kept in bf16 */
 	flight *q;         /* FIFO of gradient collectives */
 	int qhead, qn;
 	int micro;         /* the micro-step in backward */
 	float **lcp, **lgs; /* mixed: per layer, fp32 parameters / gradients */
 	const uint16_t **l16; /* mixed: per layer, the 16-bit parameters lcp
 			       * was made from (valid while lcp is) */
-	int act16;            /* bf16-mixed, fp8: outputs kept in bf16 */
-	uint16_t **a16;       /* act16: per layer, the bf16 output (or NULL) */
 	uint16_t **own16;     /* zero3 mixed: the gathered 16-bit unit a
 			       * layer holds while it runs */
+	float *B;          /* buffers, whole on every rank */
+	float *bsync;      /* staging of the buffers' step collectives */
+	int bad_run;       /* steps skipped in a row (non-finite) */
+	long bad_total;
 	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
 	/* Mixed precision: 16-bit working parameters and gradients (whole or
@@ -199,32 +212,44 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final);
  * an overflow on any (*skipped); the loss scale updated. */
 int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped);
 
-/* ---- strategy_act.c: the layers' outputs (acts[], a16[]) ---- */
+/* ---- strategy_act.c: tensors, their gradients, saved memory ---- */
 
-/* Activation checkpointing: marks the layers whose outputs are dropped
- * once the next layer has read them (s->transient). */
+/* Activation checkpointing: which tensors and saved memory are dropped
+ * (s->transient, s->saved_transient) and the segments (s->seg_start). */
 void hpu__act_plan(hpu_strat *s);
 
-/* Layer i's fp32 output buffer exists (made if not). 0, or -1 (s->err). */
-int hpu__act_ensure(hpu_strat *s, int i);
-/* Frees layer i's output, both forms. */
-void hpu__act_drop(hpu_strat *s, int i);
-/* Layer i's output is kept (fp32 or bf16). */
-int hpu__act_kept(const hpu_strat *s, int i);
-/* act16: keeps layer i's output (n rows) in bf16 where it is exact,
- * freeing the fp32 one. 0, or -1 (s->err). */
-int hpu__act_compress(hpu_strat *s, int i, int n);
-/* act16: layer i's output as fp32 again (for backward). 0, or -1. */
-int hpu__act_expand(hpu_strat *s, int i, int n);
-/* act16, after layer i's backward: frees its fp32 output if a bf16 one
+/* Tensor t's fp32/i32 buffer exists (made if not; dataset fields are the
+ * batch's). 0, or -1 (s->err). */
+int hpu__act_ensure(hpu_strat *s, int t);
+/* Frees tensor t, both forms (not a dataset field). */
+void hpu__act_drop(hpu_strat *s, int t);
+/* Tensor t is kept (fp32 or bf16). */
+int hpu__act_kept(const hpu_strat *s, int t);
+/* act16: keeps tensor t (n rows) in bf16 where it is exact, freeing the
+ * fp32 one. 0, or -1 (s->err). */
+int hpu__act_compress(hpu_strat *s, int t, int n);
+/* act16: tensor t as fp32 again (for backward). 0, or -1. */
+int hpu__act_expand(hpu_strat *s, int t, int n);
+/* act16, once backward is done with t: frees its fp32 form if a bf16 one
  * is kept. */
-void hpu__act_release(hpu_strat *s, int i);
+void hpu__act_release(hpu_strat *s, int t);
+/* Layer i's saved memory exists (made if not and it declared some); 0 or
+ * -1. Dropped with hpu__act_saved_drop. */
+int hpu__act_saved(hpu_strat *s, int i);
+void hpu__act_saved_drop(hpu_strat *s, int i);
+/* The gradient buffer of tensor t (made, zeroed when `zero`, if not
+ * there), or NULL (s->err). */
+float *hpu__act_grad(hpu_strat *s, int t, int zero);
+void hpu__act_grad_drop(hpu_strat *s, int t);
 
 /* ---- strategy_ckpt.c, for strategy.c ---- */
 
 /* Floats [from, from + n) of the strategy's layout (within one unit) of
  * checkpoint section `section` into dst[n]; padding gets zeros. */
 int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, float *dst);
+
+/* The buffers (s->B) from s->resume. */
+int hpu__strat_resume_buffers(hpu_strat *s);
 
 /* After the parameters: the optimizer state and counters from s->resume. */
 int hpu__strat_resume_state(hpu_strat *s);

@@ -237,7 +237,8 @@ int hpu__mp_grads_for(hpu_strat *s, int i)
 			return -1;
 	}
 	snprintf(what, sizeof what, "fp32 gradients of %s", l->name);
-	if (!(s->lgs[i] = dalloc(s, HPU_MEM_GRADS, l->plen * 4, what)))
+	/* kept until every backward using them ran (tied parameters) */
+	if (!s->lgs[i] && !(s->lgs[i] = dalloc(s, HPU_MEM_GRADS, l->plen * 4, what)))
 		return -1;
 	l->gbase = s->lgs[i];
 	return 0;

@@ -1,12 +1,17 @@
-/* strategy_pass: the forward and backward passes over the model's layers,
- * with the strategy's hooks around each layer: its parameters made ready
- * before it runs and let go after (ZeRO-3 gathers, mixed precision's fp32
- * copies), its gradients' buffers, a unit's gradient collective started
- * once the unit's backward is done, and the outputs activation
- * checkpointing dropped recomputed before backward needs them. */
+/* strategy_pass: the forward and backward passes over the model's graph,
+ * layer by layer in declaration order (a topological order: a layer reads
+ * only tensors declared before it), with the strategy's hooks around each
+ * layer: its parameters (and those it shares from other layers) made
+ * ready before it runs and let go after (ZeRO-3 gathers, mixed
+ * precision's fp32 copies), their gradients' buffers, a unit's gradient
+ * collective started once every backward using its parameters is done,
+ * the gradient of a tensor read by several layers summed, and the tensors
+ * activation checkpointing dropped recomputed before backward needs them.
+ */
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "fp8.h"
 #include "prof.h"
@@ -14,25 +19,46 @@
 
 #define fail hpu__strat_fail
 
-/* Makes layer i's parameters ready for it, prefetching what follows in
+/* ---- parameters around a layer's call ---- */
+
+/* Makes layer o's own parameters ready, prefetching what follows in
  * direction dir (up to layer `stop`). */
-static int acquire(hpu_strat *s, int i, int dir, int stop)
+static int acquire_own(hpu_strat *s, int o, int dir, int stop)
 {
 	if (s->mp)
-		return hpu__mp_acquire(s, i, dir, stop);
-	return hpu__zero_acquire(s, i, dir, stop);
+		return hpu__mp_acquire(s, o, dir, stop);
+	return hpu__zero_acquire(s, o, dir, stop);
 }
 
-/* After layer i's forward or backward: its parameters may go. */
-static int release_layer(hpu_strat *s, int i)
+static int release_own(hpu_strat *s, int o)
 {
-	hpu_layer *l = s->b->layers[i];
+	hpu_layer *l = s->b->layers[o];
 	if (l->unit < 0)
 		return 0;
 	if (!s->mp)
 		return hpu__zero_release(s, l->unit);
-	hpu__mp_release_layer(s, i);
+	hpu__mp_release_layer(s, o);
 	return 0;
+}
+
+/* Layer i's parameters ready: its own and those it shares. */
+static int acquire(hpu_strat *s, int i, int dir, int stop)
+{
+	hpu_layer *l = s->b->layers[i];
+	/* a shared parameter's owner lies elsewhere: no prefetching from there */
+	for (int k = 0; k < l->nuses; k++)
+		if (acquire_own(s, l->uses[k], dir, l->uses[k] + dir) < 0)
+			return -1;
+	return l->nparams ? acquire_own(s, i, dir, stop) : 0;
+}
+
+static int release(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	for (int k = 0; k < l->nuses; k++)
+		if (release_own(s, l->uses[k]) < 0)
+			return -1;
+	return l->nparams ? release_own(s, i) : 0;
 }
 
 /* Tells the ops which layer runs (fp8's call sites; the 16-bit working
@@ -49,128 +75,377 @@ static void op_layer(hpu_strat *s, int i, int backward)
 	hpu__ac_param16(l->pbase, s->mp ? s->l16[i] : NULL, l->plen, s->fp16);
 }
 
-static const float *input_of(hpu_strat *s, int i)
+/* ---- views ---- */
+
+static void view(const hpu_strat *s, int t, void *data, hpu_tensor *v)
 {
-	return i ? s->acts[i - 1] : s->x;
+	const hpu_tinfo *ti = &s->b->tensors[t];
+	v->data = data;
+	v->dtype = ti->dtype;
+	v->batch = s->ctx.batch;
+	v->ndim = ti->ndim;
+	memcpy(v->shape, ti->shape, sizeof v->shape);
+	v->sample_numel = ti->sample_numel;
+	v->name = ti->name;
 }
 
-/* Layer i's forward into acts[i], with its parameters gathered for it. */
-static int layer_forward(hpu_strat *s, int i, int n, int stop)
+/* Layer i's inputs as fp32/i32 views (expanded from bf16 where kept so). */
+static int input_views(hpu_strat *s, int i, hpu_tensor *in)
 {
 	hpu_layer *l = s->b->layers[i];
-	if (hpu__act_ensure(s, i) < 0 || acquire(s, i, +1, stop) < 0)
+	for (int k = 0; k < l->nin; k++) {
+		int t = l->in[k];
+		if (hpu__act_expand(s, t, s->ctx.batch) < 0)
+			return -1;
+		if (!s->t_data[t])
+			return fail(s, "layer %s: input %s is not there (an internal error)", l->name,
+				    s->b->tensors[t].name);
+		view(s, t, s->t_data[t], &in[k]);
+	}
+	return 0;
+}
+
+static int layer_failed(hpu_strat *s, hpu_layer *l, const char *what)
+{
+	int rc = fail(s, "layer %s: %s failed: %s", l->name, what,
+		      l->err[0] ? l->err : "(no reason given)");
+	l->err[0] = 0;
+	return rc;
+}
+
+/* ---- forward ---- */
+
+/* Layer i's forward into its outputs, its parameters gathered for it.
+ * `stop`: where prefetching ends. */
+static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
+{
+	hpu_layer *l = s->b->layers[i];
+	hpu_tensor in[HPU_MAX_IO], out[HPU_MAX_IO];
+	for (int k = 0; k < l->nout; k++) {
+		if (hpu__act_ensure(s, l->out[k]) < 0)
+			return -1;
+		view(s, l->out[k], s->t_data[l->out[k]], &out[k]);
+	}
+	if (hpu__act_saved(s, i) < 0 || input_views(s, i, in) < 0 || acquire(s, i, +1, stop) < 0)
 		return -1;
+	l->saved = s->saved[i];
+	l->scratch = s->scratch;
+	hpu_ctx c = s->ctx;
+	c.layer = i;
+	c.recompute = recompute;
 	int64_t t0 = hpu__prof_t0();
 	op_layer(s, i, 0);
-	int rc = l->ops.forward(l, input_of(s, i), s->acts[i], n);
+	int rc = l->ops.forward(l, &c, in, out);
 	op_layer(s, -1, 0);
-	hpu__prof_span(hpu__prof_in_eval ? "eval" : "forward",
-		       hpu__prof_in_eval ? "eval_forward" : "forward", l->name, t0, "\"layer\":%d", i);
+	hpu__prof_span(recompute ? "forward" : c.train ? "forward" : "eval",
+		       recompute ? "recompute" : c.train ? "forward" : "eval_forward", l->name, t0,
+		       "\"layer\":%d", i);
 	if (rc != 0)
-		return fail(s, "layer %s: forward failed: %s", l->name,
-			    l->err[0] ? l->err : "(no reason given)");
-	if (release_layer(s, i) < 0)
-		return -1;
-	if (i > 0 && s->transient[i - 1])
-		hpu__act_drop(s, i - 1);
-	else if (i > 0 && hpu__act_compress(s, i - 1, n) < 0)
-		return -1;
-	return 0;
+		return layer_failed(s, l, recompute ? "forward (recomputed)" : "forward");
+	return release(s, i);
 }
 
-int hpu_strat_forward(hpu_strat *s, const float *x, int n, const float **out)
+/* After layer i's first forward: inputs it read last go (checkpointing)
+ * or into bf16; so does its saved memory when checkpointing drops it. */
+static int after_forward(hpu_strat *s, int i, const int *last, int want)
 {
-	s->x = x;
-	for (int i = 0; i < s->nlayers; i++)
-		if (layer_forward(s, i, n, s->nlayers) < 0)
-			return -1;
-	*out = s->acts[s->nlayers - 1];
-	return 0;
-}
-
-/* Activation checkpointing: before layer i's backward, recomputes the
- * dropped outputs below it from the last one kept. */
-static int recompute(hpu_strat *s, int i, int n)
-{
-	int a = i - 1;
-	while (a > 0 && !hpu__act_kept(s, a - 1))
-		a--;
-	if (a > 0 && hpu__act_expand(s, a - 1, n) < 0)
-		return -1;
-	for (int j = a; j < i; j++) {
-		hpu_layer *l = s->b->layers[j];
-		if (hpu__act_ensure(s, j) < 0 || acquire(s, j, +1, i + 1) < 0)
-			return -1;
-		int64_t t0 = hpu__prof_t0();
-		op_layer(s, j, 0);
-		int rc = l->ops.forward(l, input_of(s, j), s->acts[j], n);
-		op_layer(s, -1, 0);
-		hpu__prof_span("forward", "recompute", l->name, t0, "\"layer\":%d", j);
-		if (rc != 0)
-			return fail(s, "layer %s: forward (recomputed) failed: %s", l->name,
-				    l->err[0] ? l->err : "(no reason given)");
-		if (release_layer(s, j) < 0)
+	hpu_layer *l = s->b->layers[i];
+	for (int k = 0; k < l->nin; k++) {
+		int t = l->in[k];
+		if (last[t] != i || t == want)
+			continue;
+		if (s->transient[t])
+			hpu__act_drop(s, t);
+		else if (s->ctx.train && hpu__act_compress(s, t, s->ctx.batch) < 0)
 			return -1;
 	}
+	if (s->saved_transient[i])
+		hpu__act_saved_drop(s, i);
 	return 0;
 }
 
-int hpu_strat_backward(hpu_strat *s, const int32_t *labels, int n,
-		       float scale, int micro, int accum, float *loss_out)
+/* The layers tensor `want` depends on, into s->run_mask. */
+static void mask_for(hpu_strat *s, int want)
 {
 	hpu_builder *b = s->b;
-	int last = s->nlayers - 1, final = micro == accum - 1;
-	s->micro = micro;
-	float *dout = s->dbuf[0];
-	float loss = b->loss.loss(b->loss.user, s->acts[last], labels, dout, n);
-	if (!(loss >= 0) || isinf(loss)) /* NaN, Inf or negative */
-		return fail(s, "the model's loss returned %s (bad labels?)",
-			    isnan(loss)   ? "NaN"
-			    : isinf(loss) ? (loss > 0 ? "+Inf" : "-Inf")
-					  : "a negative value");
+	char *need = s->run_mask; /* per layer; tensors via their producer */
+	memset(need, 0, (size_t)s->nlayers);
+	int p = b->tensors[want].producer;
+	if (p >= 0)
+		need[p] = 1;
+	for (int i = p; i >= 0; i--) {
+		if (!need[i])
+			continue;
+		hpu_layer *l = b->layers[i];
+		for (int k = 0; k < l->nin; k++) {
+			int q = b->tensors[l->in[k]].producer;
+			if (q >= 0)
+				need[q] = 1;
+		}
+	}
+}
+
+void hpu_strat_set_pos(hpu_strat *s, int train, long step, long epoch)
+{
+	s->ctx.train = train;
+	s->ctx.step = step;
+	s->ctx.epoch = epoch;
+}
+
+int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want)
+{
+	hpu_builder *b = s->b;
+	s->ctx.batch = bt->n;
+	s->ctx.micro = micro;
+	s->ctx.accum = accum;
+	s->ctx.samples = bt->idx;
+	for (int t = 0; t < b->ntensors; t++)
+		if (b->tensors[t].producer < 0)
+			s->t_data[t] = bt->data[b->tensors[t].field];
+	const int *last = s->ctx.train ? s->last_train : s->last_eval;
+	if (want >= 0)
+		mask_for(s, want);
+	int stop = s->nlayers;
+	for (int i = 0; i < s->nlayers; i++) {
+		hpu_layer *l = b->layers[i];
+		int run = want >= 0 ? s->run_mask[i] : s->ctx.train ? l->for_loss : l->for_eval;
+		if (!run)
+			continue;
+		if (layer_forward(s, i, stop, 0) < 0 || (want < 0 && after_forward(s, i, last, -1) < 0))
+			return -1;
+	}
+	return 0;
+}
+
+const void *hpu_strat_tensor(hpu_strat *s, int t)
+{
+	if (hpu__act_expand(s, t, s->ctx.batch) < 0)
+		return NULL;
+	return s->t_data[t];
+}
+
+double hpu_strat_loss(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	double sum = 0;
+	for (int k = 0; k < b->nloss; k++) {
+		const float *v = s->t_data[b->loss[k].tensor];
+		double m = 0;
+		for (int r = 0; r < s->ctx.batch; r++)
+			m += v[r];
+		sum += b->loss[k].weight * (m / s->ctx.batch);
+	}
+	return sum;
+}
+
+/* ---- backward ---- */
+
+/* Activation checkpointing: before layer i's backward, recomputes what
+ * its segment dropped, from the segment's first layer to i. */
+static int recompute(hpu_strat *s, int i)
+{
+	hpu_layer **ls = s->b->layers;
+	int missing = 0;
+	for (int k = 0; k < ls[i]->nin && !missing; k++)
+		missing = !hpu__act_kept(s, ls[i]->in[k]);
+	for (int k = 0; k < ls[i]->nout && !missing; k++)
+		missing = !hpu__act_kept(s, ls[i]->out[k]);
+	if (s->saved_transient[i] && !s->saved[i])
+		missing = 1;
+	if (!missing)
+		return 0;
+	for (int j = s->seg_start[i]; j <= i; j++) {
+		if (!ls[j]->for_loss)
+			continue;
+		int need = s->saved_transient[j] && !s->saved[j];
+		for (int k = 0; k < ls[j]->nout && !need; k++)
+			need = !hpu__act_kept(s, ls[j]->out[k]);
+		if (need && layer_forward(s, j, i + 1, 1) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* The layers whose parameters layer i's backward touches: its own (if
+ * any) and those of the layers it shares from. Returns their count. */
+static int owners(const hpu_layer *l, int *o)
+{
+	int n = 0;
+	if (l->nparams)
+		o[n++] = l->index;
+	for (int k = 0; k < l->nuses; k++)
+		o[n++] = l->uses[k];
+	return n;
+}
+
+static int grads_for(hpu_strat *s, int o)
+{
+	return s->mp ? hpu__mp_grads_for(s, o) : hpu__sync_grads_for(s, s->b->layers[o]->unit);
+}
+
+/* Every backward using layer o's parameters has run: its gradients are
+ * complete, and its unit's when it was the unit's last. */
+static int grads_done(hpu_strat *s, int o, int final)
+{
+	hpu_layer *l = s->b->layers[o];
+	if (--s->gpend[o] > 0)
+		return 0;
+	if (s->mp)
+		hpu__mp_grads_done(s, o, final);
+	if (--s->u[l->unit].pending == 0 && hpu__sync_unit_done(s, l->unit, final) < 0)
+		return -1;
+	return 0;
+}
+
+/* The loss tensors' gradients: weight * scale / batch per sample (NaN for
+ * a non-finite loss, so that every rank sees non-finite gradients and
+ * skips the step). */
+static int seed(hpu_strat *s, float scale, float loss)
+{
+	hpu_builder *b = s->b;
+	int n = s->ctx.batch;
+	for (int k = 0; k < b->nloss; k++) {
+		float *g = hpu__act_grad(s, b->loss[k].tensor, 1);
+		if (!g)
+			return -1;
+		float v = isfinite(loss) ? b->loss[k].weight * scale / (float)n : NAN;
+		for (int r = 0; r < n; r++)
+			g[r] += v;
+	}
+	return 0;
+}
+
+/* din views of layer i: a tensor that needs a gradient gets its gradient
+ * buffer when it is the first to write it, else a temporary one (tmp[k])
+ * that is added after the call. */
+static int din_views(hpu_strat *s, int i, hpu_tensor *din, float **tmp)
+{
+	hpu_layer *l = s->b->layers[i];
+	for (int k = 0; k < l->nin; k++) {
+		int t = l->in[k];
+		tmp[k] = NULL;
+		view(s, t, NULL, &din[k]);
+		if (!s->b->tensors[t].grad)
+			continue;
+		int taken = s->t_grad[t] != NULL;
+		for (int q = 0; q < k && !taken; q++)
+			taken = l->in[q] == t;
+		if (!taken) {
+			if (!(din[k].data = hpu__act_grad(s, t, 0)))
+				return -1;
+			continue;
+		}
+		char what[128];
+		snprintf(what, sizeof what, "gradient of %s (another reader's)",
+			 s->b->tensors[t].name);
+		size_t bytes = (size_t)s->maxbatch * s->b->tensors[t].sample_numel * 4;
+		if (!(tmp[k] = hpu__dalloc_uninit(HPU_MEM_ACTS, bytes, what)))
+			return fail(s, "%s", hpu__devmem_error());
+		din[k].data = tmp[k];
+	}
+	return 0;
+}
+
+static void add_tmp(hpu_strat *s, int i, float **tmp)
+{
+	hpu_layer *l = s->b->layers[i];
+	for (int k = 0; k < l->nin; k++) {
+		if (!tmp[k])
+			continue;
+		int t = l->in[k];
+		hpu__sync_add(s->t_grad[t], tmp[k], (size_t)s->ctx.batch * s->b->tensors[t].sample_numel);
+		hpu__dfree(tmp[k]);
+		tmp[k] = NULL;
+	}
+}
+
+static int layer_backward(hpu_strat *s, int i, int final)
+{
+	hpu_layer *l = s->b->layers[i];
+	hpu_tensor in[HPU_MAX_IO], out[HPU_MAX_IO], dout[HPU_MAX_IO], din[HPU_MAX_IO];
+	float *tmp[HPU_MAX_IO] = {0};
+	int own[HPU_MAX_IO + 1], no = owners(l, own);
+	if (recompute(s, i) < 0 || input_views(s, i, in) < 0)
+		return -1;
+	for (int k = 0; k < l->nout; k++) {
+		int t = l->out[k];
+		float *g = hpu__act_grad(s, t, 1); /* zeros if no reader wrote it */
+		if (!g || hpu__act_expand(s, t, s->ctx.batch) < 0)
+			return -1;
+		view(s, t, s->t_data[t], &out[k]);
+		view(s, t, g, &dout[k]);
+	}
+	for (int k = 0; k < no; k++)
+		if (grads_for(s, own[k]) < 0)
+			return -1;
+	if (acquire(s, i, -1, -1) < 0 || hpu__act_saved(s, i) < 0 || din_views(s, i, din, tmp) < 0)
+		goto fail;
+	l->saved = s->saved[i];
+	l->scratch = s->scratch;
+	hpu_ctx c = s->ctx;
+	c.layer = i;
+	int64_t t0 = hpu__prof_t0();
+	op_layer(s, i, 1);
+	int rc = l->ops.backward(l, &c, in, out, dout, din);
+	op_layer(s, -1, 0);
+	hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
+	if (rc != 0) {
+		layer_failed(s, l, "backward");
+		goto fail;
+	}
+	add_tmp(s, i, tmp);
+	if (release(s, i) < 0)
+		return -1;
+	for (int k = 0; k < no; k++)
+		if (grads_done(s, own[k], final) < 0)
+			return -1;
+	return 0;
+fail:
+	for (int k = 0; k < l->nin; k++)
+		hpu__dfree(tmp[k]);
+	return -1;
+}
+
+/* After layer i's backward (or in its place): its outputs and their
+ * gradients are not needed again in this pass. */
+static void after_backward(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	for (int k = 0; k < l->nout; k++) {
+		int t = l->out[k];
+		hpu__act_grad_drop(s, t);
+		if (s->transient[t])
+			hpu__act_drop(s, t);
+		else
+			hpu__act_release(s, t);
+	}
+	if (s->saved_transient[i])
+		hpu__act_saved_drop(s, i);
+}
+
+int hpu_strat_backward(hpu_strat *s, float scale, float *loss_out)
+{
+	hpu_builder *b = s->b;
+	int final = s->ctx.micro == s->ctx.accum - 1;
+	s->micro = s->ctx.micro;
+	double loss = hpu_strat_loss(s);
 	if (s->mp) /* 16-mixed: the loss scale; bf16: 1 */
 		scale = (float)(scale * s->scale);
-	for (size_t i = 0, k = (size_t)n * b->layers[last]->out_size; i < k; i++)
-		dout[i] *= scale;
+	if (seed(s, scale, (float)loss) < 0)
+		return -1;
 	for (int k = 0; k < s->nunits; k++)
 		s->u[k].pending = s->u[k].nparam_layers;
-	for (int i = last; i >= 0; i--) {
-		hpu_layer *l = b->layers[i];
-		if (i > 0 && !hpu__act_kept(s, i - 1) && recompute(s, i, n) < 0)
+	memcpy(s->gpend, s->gusers, (size_t)s->nlayers * sizeof *s->gpend);
+	for (int i = s->nlayers - 1; i >= 0; i--) {
+		if (b->layers[i]->backward && layer_backward(s, i, final) < 0)
 			return -1;
-		if (i > 0 && hpu__act_expand(s, i - 1, n) < 0)
-			return -1;
-		if (l->unit >= 0 &&
-		    ((s->mp ? hpu__mp_grads_for(s, i) : hpu__sync_grads_for(s, l->unit)) < 0 ||
-		     acquire(s, i, -1, -1) < 0))
-			return -1;
-		float *din = i ? s->dbuf[(last - i + 1) & 1] : NULL;
-		int64_t t0 = hpu__prof_t0();
-		op_layer(s, i, 1);
-		int rc = l->ops.backward(l, input_of(s, i), s->acts[i], dout, din, n);
-		op_layer(s, -1, 0);
-		hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
-		if (rc != 0)
-			return fail(s, "layer %s: backward failed: %s", l->name,
-				    l->err[0] ? l->err : "(no reason given)");
-		if (l->unit >= 0) {
-			if (s->mp)
-				hpu__mp_grads_done(s, i, final);
-			if (release_layer(s, i) < 0)
-				return -1;
-			if (--s->u[l->unit].pending == 0 &&
-			    hpu__sync_unit_done(s, l->unit, final) < 0)
-				return -1;
-		}
-		if (s->transient[i])
-			hpu__act_drop(s, i);
-		else
-			hpu__act_release(s, i);
+		after_backward(s, i);
 		if (hpu__sync_poll(s) < 0)
 			return -1;
-		dout = din;
 	}
-	*loss_out = loss;
+	for (int t = 0; t < b->ntensors; t++) /* dataset fields' (none wanted) */
+		hpu__act_grad_drop(s, t);
+	*loss_out = (float)loss;
 	/* zero2/3 land every micro-step's gradients in the shard. */
 	if (s->sharded && s->kind != HPU_STRATEGY_ZERO1 && hpu__sync_drain(s) < 0)
 		return -1;

@@ -15,6 +15,7 @@
 #include "devmem.h"
 #include "env.h"
 #include "fp8.h"
+#include "hooks.h"
 #include "num.h"
 #include "loader.h"
 #include "sampler.h"
@@ -31,8 +32,8 @@ typedef struct loop {
 	const hpu_train_opts *o;
 	int rank, world;
 	int micro, accum;        /* micro-batch per rank, micro-steps per step */
-	float *eval_x;           /* evaluation's own batch buffers */
-	int32_t *eval_labels;
+	hpu_batch eval_bt;       /* evaluation's own batch buffers */
+	uint32_t *eval_idx;
 	hpu_loader *loader;      /* training micro-batches, one ahead */
 	uint32_t *perm;
 	hpu_strat *st;
@@ -41,6 +42,7 @@ typedef struct loop {
 	int epoch;               /* the epoch of the last step trained (from 0),
 				  * for progress records */
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
+	long bad_seen;           /* skipped steps already said */
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
 	char *err;
@@ -85,8 +87,9 @@ static void *dalloc(loop *L, size_t bytes, const char *what)
 static int alloc_buffers(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	if (!(L->eval_x = dalloc(L, (size_t)L->micro * d->sample_size * 4, "evaluation batch")) ||
-	    !(L->eval_labels = dalloc(L, (size_t)L->micro * d->label_size * 4, "evaluation labels")) ||
+	if (hpu_batch_alloc(d, L->micro, &L->eval_bt, "evaluation batch") < 0)
+		return fail(L, "%s", hpu__devmem_error());
+	if (!(L->eval_idx = dalloc(L, (size_t)L->micro * sizeof *L->eval_idx, "evaluation indices")) ||
 	    !(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
 		return -1;
 	if (!(L->loader = hpu_loader_new(d, L->micro))) {
@@ -100,26 +103,23 @@ static int alloc_buffers(loop *L)
 static void free_buffers(loop *L)
 {
 	hpu_loader_destroy(&L->loader);
-	hpu__dfree(L->eval_x);
-	hpu__dfree(L->eval_labels);
+	hpu_batch_free(&L->eval_bt);
+	hpu__dfree(L->eval_idx);
 	hpu__dfree(L->perm);
 	hpu_strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
 }
 
-/* Fetches samples idx[0..n) of a split into the evaluation buffers. */
-static int load_eval_batch(loop *L, hpu_split split, const uint32_t *idx, int n)
+/* Fetches the samples (done + i) * world + rank, i < n, of a split into
+ * the evaluation batch. */
+static int load_eval_batch(loop *L, hpu_split split, size_t done, int n)
 {
-	const hpu_dataset *d = &L->b->data[split];
-	for (int i = 0; i < n; i++) {
-		size_t k = idx[i];
-		if (d->fetch(d->user, k, L->eval_x + (size_t)i * d->sample_size,
-			     L->eval_labels + (size_t)i * d->label_size) != 0) {
-			return fail(L, "the model's dataset failed to fetch sample %zu",
-				    k);
-		}
-	}
+	size_t bad;
+	for (int i = 0; i < n; i++)
+		L->eval_idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
+	if (hpu_batch_fetch(&L->b->data[split], L->eval_idx, n, &L->eval_bt, &bad) < 0)
+		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
 	return 0;
 }
 
@@ -316,13 +316,13 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	const float scale = 1.0f / (float)(L->world * L->accum);
 	uint64_t sent0 = bytes_sent(L);
 	float sum = 0;
+	hpu_strat_set_pos(L->st, 1, gstep, L->epoch);
 	for (int k = 0; k < L->accum; k++) {
 		size_t m = s * (size_t)L->accum + (size_t)k, bad;
-		float *x, loss;
-		int32_t *labels;
-		const float *out;
+		float loss;
+		const hpu_batch *bt;
 		int64_t t0 = hpu__prof_t0();
-		if (hpu_loader_wait(L->loader, (int)(m & 1), &x, &labels, &bad) < 0)
+		if (hpu_loader_wait(L->loader, (int)(m & 1), &bt, &bad) < 0)
 			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
 		hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
 		if (k + 1 < L->accum)
@@ -330,11 +330,11 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 		else if (more)
 			prefetch(L, s + 1, 0);
 		t0 = hpu__prof_t0();
-		if (hpu_strat_forward(L->st, x, L->micro, &out) < 0)
+		if (hpu_strat_forward(L->st, bt, k, L->accum, -1) < 0)
 			return -1;
 		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
 		t0 = hpu__prof_t0();
-		if (hpu_strat_backward(L->st, labels, L->micro, scale, k, L->accum, &loss) < 0)
+		if (hpu_strat_backward(L->st, scale, &loss) < 0)
 			return -1;
 		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
 		sum += loss;
@@ -349,42 +349,45 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	return 0;
 }
 
-/* Test metric over all ranks: returns 0 and sets *value, or -1. */
-static int evaluate(loop *L, double *value, double *count)
+/* The test loss and the metrics over all ranks' shares of the test
+ * split: means over the samples, into ev. */
+typedef struct evalres {
+	double loss, metric[HPU_MAX_IO], count;
+} evalres;
+
+static int evaluate(loop *L, evalres *ev)
 {
 	int64_t t0 = hpu__prof_t0();
 	hpu_builder *b = L->b;
 	const hpu_dataset *d = &b->data[HPU_SPLIT_TEST];
 	size_t mine = hpu_sampler_eval_count(d->size, L->rank, L->world);
-	double sum = 0;
-	uint32_t *idx = malloc((size_t)L->micro * sizeof *idx);
-	if (!idx)
-		return fail(L, "out of memory in evaluation");
+	int nm = b->nmetrics;
+	double sums[HPU_MAX_IO + 2] = {0}; /* loss, metrics, count */
+	hpu_strat_set_pos(L->st, 0, L->pos.step, L->epoch);
 	for (size_t done = 0; done < mine;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
-		const float *out;
-		for (int i = 0; i < n; i++)
-			idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
-		if (load_eval_batch(L, HPU_SPLIT_TEST, idx, n) < 0 ||
-		    hpu_strat_forward(L->st, L->eval_x, n, &out) < 0) {
-			free(idx);
+		if (load_eval_batch(L, HPU_SPLIT_TEST, done, n) < 0 ||
+		    hpu_strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0)
 			return -1;
-		}
-		if (hpu__fp8_error()) { /* every rank meets it at the same op */
-			free(idx);
+		if (hpu__fp8_error()) /* every rank meets it at the same op */
 			return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
+		sums[0] += hpu_strat_loss(L->st) * n;
+		for (int k = 0; k < nm; k++) {
+			const float *v = hpu_strat_tensor(L->st, b->metrics[k].tensor);
+			for (int r = 0; r < n; r++)
+				sums[1 + k] += v[r];
 		}
-		sum += b->loss.metric(b->loss.user, out, L->eval_labels, n);
 		done += (size_t)n;
 	}
-	free(idx);
-	float red[2] = {(float)sum, (float)mine};
-	int rc = hpucoll_all_reduce(L->comm, red, red, 2, HPUCOLL_F32, HPUCOLL_SUM);
+	sums[nm + 1] = (double)mine;
+	int rc = hpucoll_all_reduce(L->comm, sums, sums, (size_t)nm + 2, HPUCOLL_F64, HPUCOLL_SUM);
 	if (rc)
 		return coll_fail(L, "evaluation all-reduce", rc);
-	*count = red[1];
-	*value = red[1] > 0 ? red[0] / red[1] : 0;
-	hpu__prof_span("eval", "evaluate", NULL, t0, "\"samples\":%.0f", red[1]);
+	ev->count = sums[nm + 1];
+	ev->loss = ev->count > 0 ? sums[0] / ev->count : NAN;
+	for (int k = 0; k < nm; k++)
+		ev->metric[k] = ev->count > 0 ? sums[1 + k] / ev->count : NAN;
+	hpu__prof_span("eval", "evaluate", NULL, t0, "\"samples\":%.0f", ev->count);
 	return 0;
 }
 
@@ -398,24 +401,18 @@ static int calibrate(loop *L)
 	size_t want = (size_t)L->o->calib_batches * (size_t)L->micro;
 	if (mine > want)
 		mine = want;
-	uint32_t *idx = malloc((size_t)L->micro * sizeof *idx);
-	if (!idx)
-		return fail(L, "out of memory in calibration");
 	hpu__fp8_measuring(1);
+	hpu_strat_set_pos(L->st, 0, L->pos.step, L->epoch);
 	int rc = 0;
 	for (size_t done = 0; done < mine && rc == 0;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
-		const float *out;
-		for (int i = 0; i < n; i++)
-			idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
-		rc = load_eval_batch(L, HPU_SPLIT_TRAIN, idx, n) < 0 ||
-				     hpu_strat_forward(L->st, L->eval_x, n, &out) < 0
+		rc = load_eval_batch(L, HPU_SPLIT_TRAIN, done, n) < 0 ||
+				     hpu_strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0
 			     ? -1
 			     : 0;
 		done += (size_t)n;
 	}
 	hpu__fp8_measuring(0);
-	free(idx);
 	if (rc)
 		return -1;
 	float count = (float)mine;
@@ -477,8 +474,7 @@ static cJSON *autocast_json(void)
 
 /* The final line and record: every rank takes part (the loss and the
  * statistics are reduced); rank 0 writes. */
-static int write_final(loop *L, long steps, float loss, double sps,
-		       int have_metric, double metric, double count)
+static int write_final(loop *L, long steps, float loss, double sps, const evalres *ev)
 {
 	float l;
 	double *all = reduce_for_log(L, loss, steps, &l);
@@ -488,7 +484,7 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		free(all);
 		return 0;
 	}
-	const char *name = L->b->loss.metric_name ? L->b->loss.metric_name : "metric";
+	const hpu_builder *b = L->b;
 	if (!L->o->eval_only && steps == L->pos.step && steps > 0) /* resumed at the end */
 		printf("resumed at step %ld on %d workers (%s): no steps left to train\n", steps,
 		       L->world, hpu_strategy_name(L->o->strategy));
@@ -502,8 +498,15 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
 		       steps, L->world, hpu_strategy_name(L->o->strategy), l, sps,
 		       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
-	if (have_metric)
-		printf("test %s %.4f (%.0f samples)\n", name, metric, count);
+	if (hpu_strat_bad_total(L->st))
+		printf("%ld steps were skipped for a non-finite loss or gradients\n",
+		       hpu_strat_bad_total(L->st));
+	if (ev) {
+		printf("test loss %.4f (%.0f samples)\n", ev->loss, ev->count);
+		for (int k = 0; k < b->nmetrics; k++)
+			printf("test %s %.4f (%.0f samples)\n", b->metrics[k].name, ev->metric[k],
+			       ev->count);
+	}
 	if (L->metrics) {
 		cJSON *j = cJSON_CreateObject();
 		cJSON_AddBoolToObject(j, "final", 1);
@@ -518,10 +521,14 @@ static int write_final(loop *L, long steps, float loss, double sps,
 		cJSON_AddNumberToObject(j, "grad_accum", L->accum);
 		cJSON_AddNumberToObject(j, "parameters", (double)L->b->psi);
 		cJSON_AddNumberToObject(j, "units", hpu_strat_units(L->st));
-		if (have_metric) {
-			char key[96];
-			snprintf(key, sizeof key, "test_%s", name);
-			cJSON_AddNumberToObject(j, key, metric);
+		cJSON_AddNumberToObject(j, "skipped_steps", (double)hpu_strat_bad_total(L->st));
+		if (ev) {
+			cJSON_AddNumberToObject(j, "test_loss", ev->loss);
+			for (int k = 0; k < b->nmetrics; k++) {
+				char key[96];
+				snprintf(key, sizeof key, "test_%s", b->metrics[k].name);
+				cJSON_AddNumberToObject(j, key, ev->metric[k]);
+			}
 		}
 		cJSON_AddItemToObject(j, "device", stats_json(L, all));
 		cJSON_AddItemToObject(j, "autocast", autocast_json());
@@ -632,6 +639,27 @@ static double rate_final(const rate *R, long step, double t, int batch)
 						: 0;
 }
 
+/* After step `step` (from 0): a step skipped for a non-finite loss or
+ * gradients is said; --max-skipped-steps of them in a row end the run. */
+static int skipped_check(loop *L, long step)
+{
+	int run = hpu_strat_bad_run(L->st);
+	long seen = L->bad_seen;
+	L->bad_seen = hpu_strat_bad_total(L->st);
+	if (L->bad_seen == seen)
+		return 0;
+	if (L->rank == 0 && L->o->precision == HPU_PREC_FP32)
+		printf("step %ld: non-finite loss or gradients: step skipped on every rank (%d in a "
+		       "row)\n", step + 1, run);
+	if (run >= L->o->max_skipped_steps)
+		return fail(L, "%d steps in a row (steps %ld to %ld) had a non-finite loss or "
+			       "gradients (NaN or Inf) and were skipped: the run diverged "
+			       "(--max-skipped-steps %d); lower the learning rate, clip gradients "
+			       "(--clip-grad-norm) or check the model's loss",
+			    run, step + 2 - run, step + 1, L->o->max_skipped_steps);
+	return 0;
+}
+
 /* Trains from L->pos to step `total`: checkpoints every
  * --checkpoint-every steps and at the end; stops early at --stop-at-step. */
 static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, float *loss_out,
@@ -655,7 +683,9 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		for (size_t s = s0; s < end; s++) {
 			double lr = hpu_sched_lr(&L->pos.sched, step);
 			int64_t ts = hpu__prof_t0();
-			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0)
+			L->epoch = e;
+			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0 ||
+			    skipped_check(L, step) < 0)
 				return -1;
 			step++;
 			L->epoch = e;
@@ -776,22 +806,33 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	}
 	long steps = 0;
 	float loss = 0;
-	double sps = 0, metric = 0, count = 0;
+	double sps = 0;
+	evalres ev = {0};
 	if (!o->eval_only && run_epochs(&L, total, per_epoch, &steps, &loss, &sps) < 0)
+		goto out;
+	long done = steps > L.pos.step ? steps : L.pos.step; /* steps trained, resumed ones too */
+	if (hpu_hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
+			  L.micro, NULL, err, errlen) < 0)
 		goto out;
 	hpu__prof_in_eval = 1; /* calibration: forward passes too */
 	if (L.quant.mode == HPU_FP8_MEASURE && calibrate(&L) < 0)
 		goto out;
-	int have_metric = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST] &&
-			  b->loss.metric;
-	if (have_metric)
+	int evaluates = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST];
+	if (evaluates)
 		report(&L, steps, total, L.epoch, loss, sps, -1, HPU_PHASE_EVAL, 1);
-	if (have_metric && evaluate(&L, &metric, &count) < 0)
+	if (evaluates && evaluate(&L, &ev) < 0)
 		goto out;
 	hpu__prof_in_eval = 0;
+	if (evaluates) {
+		double fig[HPU_MAX_IO + 1] = {ev.loss};
+		memcpy(fig + 1, ev.metric, sizeof ev.metric);
+		if (hpu_hooks_run(L.st, b, b->after_eval, b->nafter_eval, "after evaluation",
+				  done, L.micro, fig, err, errlen) < 0)
+			goto out;
+	}
 	if (L.quant.mode == HPU_FP8_QUANTIZE)
 		quant_report(&L);
-	if (write_final(&L, steps, loss, sps, have_metric, metric, count) < 0)
+	if (write_final(&L, steps, loss, sps, evaluates ? &ev : NULL) < 0)
 		goto out;
 	if (o->save_params[0] && hpu_strat_save_params(L.st, o->save_params) < 0)
 		goto out;

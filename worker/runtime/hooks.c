@@ -1,0 +1,91 @@
+#include "hooks.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devmem.h"
+#include "loader.h"
+
+typedef struct impl {
+	hpu_strat *st;
+	hpu_batch bt;
+	uint32_t *idx;
+	long step;
+} impl;
+
+/* hpu_run_forward: the fields copied into the runtime's batch, an
+ * evaluation-mode forward of what `tensor` needs. */
+static int forward(hpu_run *run, const void *const *fields, int batch, const char *tensor,
+		   hpu_tensor *out)
+{
+	impl *im = run->impl;
+	hpu_builder *b = run->b;
+	const hpu_dataset *d = &b->data[HPU_SPLIT_TRAIN];
+	for (int f = 0; f < d->nfields; f++) {
+		if (!fields[f])
+			return hpu_run_error(run, "hpu_run_forward: field %s is NULL",
+					     d->fields[f].name);
+		memcpy(im->bt.data[f], fields[f], (size_t)batch * hpu_field_numel(&d->fields[f]) * 4);
+	}
+	im->bt.n = batch;
+	im->bt.idx = im->idx;
+	int t = hpu__model_tensor(b, tensor);
+	hpu_strat_set_pos(im->st, 0, im->step, 0);
+	if (hpu_strat_forward(im->st, &im->bt, 0, 1, t) < 0)
+		return hpu_run_error(run, "hpu_run_forward: %s", "the forward pass failed");
+	const hpu_tinfo *ti = &b->tensors[t];
+	memset(out, 0, sizeof *out);
+	out->data = (void *)hpu_strat_tensor(im->st, t);
+	out->dtype = ti->dtype;
+	out->batch = batch;
+	out->ndim = ti->ndim;
+	memcpy(out->shape, ti->shape, sizeof out->shape);
+	out->sample_numel = ti->sample_numel;
+	out->name = ti->name;
+	return out->data ? HPU_OK : hpu_run_error(run, "hpu_run_forward: out of device memory");
+}
+
+int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, const char *when,
+		  long step, int max_batch, const double *figures, char *err, size_t errlen)
+{
+	if (n == 0)
+		return 0;
+	impl im = {.st = st, .step = step};
+	hpu_run run = {.b = b, .rank = b->rank, .world = b->world, .step = step,
+		       .forward = forward, .impl = &im};
+	float *params = hpu__dalloc(HPU_MEM_OTHER, b->psi * 4, "parameters for the model's hooks");
+	int rc = -1;
+	if (!params || hpu_batch_alloc(&b->data[HPU_SPLIT_TRAIN], max_batch, &im.bt,
+				       "the hooks' batch") < 0 ||
+	    !(im.idx = calloc((size_t)max_batch, sizeof *im.idx))) {
+		snprintf(err, errlen, "%s", hpu__devmem_error());
+		goto out;
+	}
+	for (int i = 0; i < max_batch; i++)
+		im.idx[i] = (uint32_t)i;
+	if (hpu_strat_gather_all(st, params) < 0)
+		goto out; /* err has the sentence */
+	run.params = params;
+	run.buffers = hpu_strat_buffers(st);
+	if (figures) {
+		run.evaluated = 1;
+		run.test_loss = figures[0];
+		for (int k = 0; k < b->nmetrics; k++)
+			run.metric[k] = figures[1 + k];
+	}
+	for (int i = 0; i < n; i++) {
+		run.err[0] = 0;
+		if (v[i].fn(&run, v[i].user) != 0) {
+			snprintf(err, errlen, "the model's hook %s failed: %s", when,
+				 run.err[0] ? run.err : "(no reason given)");
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	hpu__dfree(params);
+	hpu_batch_free(&im.bt);
+	free(im.idx);
+	return rc;
+}
