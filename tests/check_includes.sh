@@ -31,6 +31,7 @@ declare -A ALLOW=(
 	[proto]="common"
 	[collectives]="proto common include"
 	[worker/ops]="common include"
+	[worker/layers]="include"
 	[worker/hpu]="worker/ops common include"
 	[worker/options]="common include"
 	[worker/ckpt]="worker/options common include"

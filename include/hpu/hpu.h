@@ -298,6 +298,11 @@ HPU_API int hpu_tensor_info(const hpu_builder *b, const char *tensor, hpu_tensor
 HPU_API int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
 			  const int64_t *shape, hpu_init init);
 
+/* The shape of a parameter declared so far ("layer.name"): HPU_OK, or
+ * HPU_ENOENT. */
+HPU_API int hpu_param_shape(const hpu_builder *b, const char *param, int *ndim,
+			    int64_t shape[HPU_MAX_DIMS]);
+
 /* Ties: `layer` uses the parameter named `param` ("layer.name") of an
  * earlier layer as its next parameter, one tensor with one gradient (the
  * uses' contributions summed). Returns its index in `layer`, or an error
@@ -366,7 +371,8 @@ HPU_API int hpu_max_batch(const hpu_builder *b);
 HPU_API float *hpu_param(hpu_layer *layer, int index);
 HPU_API float *hpu_grad(hpu_layer *layer, int index);
 HPU_API float *hpu_buffer(hpu_layer *layer, int index);
-/* The layer's saved and scratch memory (hpu_layer_memory), or NULL. */
+/* The layer's saved and scratch memory (hpu_layer_memory), or NULL when
+ * it declared none; given in every call, evaluation included. */
 HPU_API void *hpu_saved(hpu_layer *layer);
 HPU_API void *hpu_scratch(hpu_layer *layer);
 HPU_API void *hpu_layer_user(hpu_layer *layer);

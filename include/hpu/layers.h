@@ -52,7 +52,7 @@ HPU_API hpu_layer *hpu_maxpool2d(hpu_builder *b, const char *name, const char *i
 HPU_API hpu_layer *hpu_avgpool2d(hpu_builder *b, const char *name, const char *in,
 				 const char *out, int kernel, int stride);
 
-/* [d0, d1, ...] -> [d0 * d1 * ...] (a view: no copy in the math). */
+/* [d0, d1, ...] -> [d0 * d1 * ...] (a copy forward, and back in backward). */
 HPU_API hpu_layer *hpu_flatten(hpu_builder *b, const char *name, const char *in,
 			       const char *out);
 
@@ -114,7 +114,10 @@ HPU_API hpu_layer *hpu_embedding(hpu_builder *b, const char *name, const char *i
  * Wqkv xavier-uniform, bqkv zeros, Wo U(+-1/sqrt(D)), bo zeros.
  * `in` is "x" or "x,mask" with mask i32 [T]: 1 for a real token, 0 for
  * padding (keys at padding are not attended to; a query row whose keys
- * are all masked gets zeros). `causal`: position t attends to 0..t. */
+ * are all masked attends to nothing: its output is bo, and it passes no
+ * gradient back). `causal`: position t attends to 0..t. Parameters
+ * follow torch's names: in_proj_weight, in_proj_bias, out_proj.weight,
+ * out_proj.bias. */
 HPU_API hpu_layer *hpu_attention(hpu_builder *b, const char *name, const char *in,
 				 const char *out, int heads, int causal);
 

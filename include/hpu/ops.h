@@ -106,9 +106,9 @@ HPU_API void hpu_tanh_forward(const float *x, float *y, size_t n);
 /* dx = dy * (1 - y^2), y the forward output; dx may alias dy. */
 HPU_API void hpu_tanh_backward(const float *y, const float *dy, float *dx, size_t n);
 
-/* Row-wise softmax of x[rows, cols]. */
+/* Row-wise softmax of x[rows, cols]; y may alias x. */
 HPU_API void hpu_softmax_forward(const float *x, float *y, int rows, int cols);
-/* dx = y * (dy - sum(dy * y)) per row. */
+/* dx = y * (dy - sum(dy * y)) per row; dx may alias dy. */
 HPU_API void hpu_softmax_backward(const float *y, const float *dy, float *dx, int rows,
 			  int cols);
 

@@ -457,6 +457,17 @@ int hpu_param_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape
 	return rc;
 }
 
+int hpu_param_shape(const hpu_builder *b, const char *param, int *ndim,
+		    int64_t shape[HPU_MAX_DIMS])
+{
+	int g = param ? hpu__model_param(b, param) : -1;
+	if (g < 0)
+		return HPU_ENOENT;
+	*ndim = b->params[g].ndim;
+	memcpy(shape, b->params[g].shape, sizeof b->params[g].shape);
+	return HPU_OK;
+}
+
 int hpu_param_share(hpu_layer *l, const char *param)
 {
 	hpu_builder *b = l->b;

@@ -1,0 +1,1117 @@
+/* Unit tests for the layer library's dense, convolution, pooling,
+ * elementwise and loss layers (worker/layers/dense.c, conv.c, eltwise.c,
+ * loss.c), driven in-process by layer_harness.
+ *
+ * Per layer: forward values on a hand-checkable case, central
+ * finite-difference checks of the input and parameter gradients (which
+ * also check that backward overwrites din and accumulates into the
+ * parameter gradients), declaration errors (NULL and a message naming the
+ * layer), and the PyTorch references of tests/fixtures/refs/a_*.ref
+ * (tests/fixtures/torch_layers_a.py) to 1e-5 relative. The harness's
+ * checker is itself shown to fail wrong gradients.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <hpu/hpu.h>
+#include <hpu/layers.h>
+
+#include "layer_harness.h"
+
+#ifndef HPU_REFS_DIR
+#error "HPU_REFS_DIR must name tests/fixtures/refs"
+#endif
+
+#define REF_TOL 1e-5 /* relative to the largest |reference| */
+
+/* ---- helpers ---- */
+
+/* A harness with one training field per entry of f. */
+static lh_harness *harness(int max_batch, int nfields, const hpu_field *f)
+{
+	lh_harness *h = lh_new(max_batch);
+	assert_non_null(h);
+	assert_int_equal(lh_dataset(h, nfields, f, NULL, 4), HPU_OK);
+	return h;
+}
+
+/* The same with one f32 field "x" of the given shape. */
+static lh_harness *harness_x(int max_batch, int ndim, const int64_t *shape)
+{
+	hpu_field f = {.name = "x", .dtype = HPU_F32, .ndim = ndim};
+	memcpy(f.shape, shape, (size_t)ndim * sizeof *shape);
+	return harness(max_batch, 1, &f);
+}
+
+static void gradcheck_ok(lh_harness *h, hpu_layer *l, int batch, void *const *in,
+			 const lh_check_opts *o)
+{
+	char msg[512];
+	lh_check_opts v = o ? *o : (lh_check_opts){0};
+	v.verbose = 1;
+	int rc = lh_gradcheck(h, l, batch, in, &v, msg, sizeof msg);
+	if (rc)
+		printf("  FAIL: %s\n", msg);
+	assert_int_equal(rc, 0);
+}
+
+/* A declaration that must fail: NULL, and the builder's error names the
+ * layer (and `also` when not NULL). */
+static void refused(lh_harness *h, hpu_layer *l, const char *name, const char *also)
+{
+	printf("  refused: %s\n", lh_error(h));
+	assert_null(l);
+	assert_non_null(strstr(lh_error(h), name));
+	if (also)
+		assert_non_null(strstr(lh_error(h), also));
+	lh_clear_error(h);
+}
+
+static void close_to(const float *got, const float *want, size_t n, double tol)
+{
+	double d = lh_maxrel(got, want, n, 1e-6);
+	if (!(d <= tol))
+		for (size_t i = 0; i < n; i++)
+			printf("  [%zu] got %.7g want %.7g\n", i, got[i], want[i]);
+	assert_true(d <= tol);
+}
+
+static float *alloc_f(size_t n)
+{
+	float *p = calloc(n ? n : 1, sizeof *p);
+	assert_non_null(p);
+	return p;
+}
+
+/* ---- the harness's checker fails wrong gradients ---- */
+
+/* y = w * x with one parameter w [1]; `user` points at a mode: 0 right,
+ * 1 din off by 5%, 2 din accumulated instead of overwritten, 3 the
+ * parameter gradient overwritten instead of accumulated, 4 the parameter
+ * gradient off by 5%. */
+static int scale_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
+{
+	(void)c;
+	float w = hpu_param(l, 0)[0];
+	for (size_t i = 0; i < hpu_numel(&in[0]); i++)
+		hpu_f32(&out[0])[i] = w * hpu_f32(&in[0])[i];
+	return 0;
+}
+
+static int scale_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			  const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
+{
+	int mode = *(int *)hpu_layer_user(l);
+	float w = hpu_param(l, 0)[0], *dx = hpu_f32(&din[0]);
+	double dw = 0;
+	(void)c, (void)out;
+	for (size_t i = 0; i < hpu_numel(&in[0]); i++) {
+		float d = hpu_f32(&dout[0])[i];
+		dw += (double)d * hpu_f32(&in[0])[i];
+		float g = d * w * (mode == 1 ? 1.05f : 1.0f);
+		dx[i] = mode == 2 ? dx[i] + g : g;
+	}
+	if (mode == 4)
+		dw *= 1.05;
+	if (mode == 3)
+		hpu_grad(l, 0)[0] = (float)dw;
+	else
+		hpu_grad(l, 0)[0] += (float)dw;
+	return 0;
+}
+
+static void test_gradcheck_catches_wrong_gradients(void **state)
+{
+	(void)state;
+	static const hpu_layer_ops ops = {.forward = scale_forward, .backward = scale_backward};
+	int64_t shape = 6;
+	for (int mode = 0; mode <= 4; mode++) {
+		lh_harness *h = harness_x(3, 1, &shape);
+		hpu_layer *l = hpu_layer_add(lh_builder(h), "scale", "x", &ops, &mode);
+		assert_non_null(l);
+		assert_true(hpu_layer_output(l, "y", HPU_F32, 1, &shape) >= 0);
+		int64_t one = 1;
+		assert_true(hpu_param_add(l, "w", 1, &one, HPU_INIT(CONSTANT, 1.5f)) >= 0);
+		assert_int_equal(lh_alloc(h, 1), 0);
+		char msg[512];
+		int rc = lh_gradcheck(h, l, 3, NULL, NULL, msg, sizeof msg);
+		printf("  mode %d: %s\n", mode, rc ? msg : "agrees");
+		if (mode == 0)
+			assert_int_equal(rc, 0);
+		else
+			assert_int_not_equal(rc, 0);
+		lh_free(&h);
+	}
+}
+
+/* The dataset's fetch (the runtime's loader would call it) gives the
+ * field values handed to lh_dataset. */
+static void test_harness_dataset(void **state)
+{
+	(void)state;
+	lh_harness *h = lh_new(2);
+	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {2}},
+			  {.name = "y", .dtype = HPU_I32, .ndim = 0}};
+	float x[6] = {1, 2, 3, 4, 5, 6};
+	int32_t y[3] = {7, 8, 9};
+	const void *data[2] = {x, y};
+	assert_int_equal(lh_dataset(h, 2, f, data, 3), HPU_OK);
+	float gx[2];
+	int32_t gy;
+	void *out[2] = {gx, &gy};
+	assert_int_equal(lh_fetch(h, 2, out), 0);
+	assert_true(gx[0] == 5 && gx[1] == 6 && gy == 9);
+	assert_int_not_equal(lh_fetch(h, 3, out), 0);
+	lh_free(&h);
+	assert_null(h);
+}
+
+/* ---- linear ---- */
+
+static void test_linear_forward(void **state)
+{
+	(void)state;
+	int64_t shape[2] = {2, 2}; /* two rows of 2 a sample */
+	lh_harness *h = harness_x(2, 2, shape);
+	hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", 3, 1);
+	assert_non_null(l);
+	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
+	assert_int_equal(y.ndim, 2);
+	assert_true(y.shape[0] == 2 && y.shape[1] == 3);
+	assert_int_equal(lh_alloc(h, 7), 0);
+	const float w[6] = {1, 2, 3, 4, 5, 6}, bias[3] = {0.5f, -1, 0};
+	memcpy(hpu_param(l, 0), w, sizeof w);
+	memcpy(hpu_param(l, 1), bias, sizeof bias);
+	float x[8] = {1, 1, 0, 1, 2, 0, -1, 1}, out[12];
+	const float want[12] = {3.5f, 6, 11, 2.5f, 3, 6, 2.5f, 5, 10, 1.5f, 0, 1};
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 2);
+	void *in[1] = {x}, *o[1] = {out};
+	assert_int_equal(lh_forward(h, l, &c, in, o), 0);
+	close_to(out, want, 12, 1e-6);
+	lh_free(&h);
+}
+
+static void test_linear_init(void **state)
+{
+	(void)state;
+	int64_t shape = 25;
+	lh_harness *h = harness_x(1, 1, &shape);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *l = hpu_linear(b, "fc", "x", "y", 40, 1);
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 3), 0);
+	int w = hpu__model_param(b, "fc.weight"), bi = hpu__model_param(b, "fc.bias");
+	assert_true(w >= 0 && bi >= 0);
+	assert_int_equal(b->params[w].init.kind, HPU_INIT_FAN_IN_UNIFORM);
+	assert_int_equal(b->params[bi].init.kind, HPU_INIT_UNIFORM);
+	assert_float_equal(b->params[bi].init.b, 0.2f, 1e-7);
+	assert_float_equal(b->params[bi].init.a, -0.2f, 1e-7);
+	/* values inside U(+-1/sqrt(25)) and spread over it */
+	float lo = 1, hi = -1;
+	for (int i = 0; i < 40 * 25; i++) {
+		float v = hpu_param(l, 0)[i];
+		lo = v < lo ? v : lo;
+		hi = v > hi ? v : hi;
+	}
+	assert_true(lo >= -0.2f && hi <= 0.2f && lo < -0.18f && hi > 0.18f);
+	for (int i = 0; i < 40; i++)
+		assert_true(fabsf(hpu_param(l, 1)[i]) <= 0.2f);
+	lh_free(&h);
+}
+
+static void test_linear_gradients(void **state)
+{
+	(void)state;
+	int64_t shape[3] = {2, 3, 5}; /* leading dimensions are rows */
+	for (int bias = 0; bias <= 1; bias++) {
+		lh_harness *h = harness_x(3, 3, shape);
+		hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", 4, bias);
+		assert_non_null(l);
+		assert_int_equal(l->npidx, 1 + bias);
+		assert_int_equal(lh_alloc(h, 11), 0);
+		gradcheck_ok(h, l, 3, NULL, NULL);
+		lh_free(&h);
+	}
+}
+
+static void test_linear_refused(void **state)
+{
+	(void)state;
+	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {4}},
+			  {.name = "ids", .dtype = HPU_I32, .ndim = 1, .shape = {4}}};
+	lh_harness *h = harness(2, 2, f);
+	hpu_builder *b = lh_builder(h);
+	refused(h, hpu_linear(b, "fc1", "nope", "y", 3, 1), "fc1", "nope");
+	refused(h, hpu_linear(b, "fc2", "ids", "y", 3, 1), "fc2", "f32");
+	refused(h, hpu_linear(b, "fc3", "x", "y", 0, 1), "fc3", NULL);
+	/* the builder refusing the name: the layer's state is freed here */
+	refused(h, hpu_linear(b, "fc 4", "x", "y", 3, 1), "fc 4", NULL);
+	assert_int_equal(b->nlayers, 0);
+	/* ... or its output: the layer is in, its destroy frees the state */
+	refused(h, hpu_linear(b, "fc5", "x", "x", 3, 1), "fc5", "twice");
+	assert_int_equal(b->nlayers, 1);
+	lh_free(&h);
+}
+
+static void test_linear_tied(void **state)
+{
+	(void)state;
+	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 2, .shape = {2, 3}},
+			  {.name = "z", .dtype = HPU_F32, .ndim = 1, .shape = {4}}};
+	lh_harness *h = harness(2, 2, f);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *enc = hpu_linear(b, "enc", "x", "e", 5, 0);
+	assert_non_null(enc);
+	refused(h, hpu_linear_tied(b, "bad", "z", "d", "enc.weight", 1), "bad", "enc.weight");
+	refused(h, hpu_linear_tied(b, "bad2", "x", "d", "enc.nope", 1), "bad2", "enc.nope");
+	refused(h, hpu_linear_tied(b, "bad3", "x", "d", NULL, 1), "bad3", NULL);
+	hpu_layer *dec = hpu_linear_tied(b, "dec", "x", "d", "enc.weight", 1);
+	assert_non_null(dec);
+	hpu_tensor d = lh_tensor(h, "d", 0, NULL);
+	assert_true(d.ndim == 2 && d.shape[0] == 2 && d.shape[1] == 5);
+	assert_int_equal(lh_alloc(h, 5), 0);
+	/* one tensor, one gradient: the owner's */
+	assert_ptr_equal(hpu_param(dec, 0), hpu_param(enc, 0));
+	assert_ptr_equal(hpu_grad(dec, 0), hpu_grad(enc, 0));
+	assert_int_equal(b->params[hpu__model_param(b, "enc.weight")].users, 2);
+	assert_true(hpu__model_param(b, "dec.bias") >= 0);
+	assert_int_equal(hpu__model_param(b, "dec.weight"), -1);
+	gradcheck_ok(h, dec, 2, NULL, NULL);
+	/* the forward reads the owner's values */
+	memset(hpu_param(enc, 0), 0, 15 * sizeof(float));
+	memset(hpu_param(dec, 1), 0, 5 * sizeof(float));
+	hpu_param(enc, 0)[3 * 4 + 2] = 2; /* W[4][2] */
+	float x[6] = {1, 2, 3, 4, 5, 6}, y[10];
+	hpu_ctx c = lh_ctx(h, dec, 1, 0, 1);
+	void *in[1] = {x}, *out[1] = {y};
+	assert_int_equal(lh_forward(h, dec, &c, in, out), 0);
+	const float want[10] = {0, 0, 0, 0, 6, 0, 0, 0, 0, 12};
+	close_to(y, want, 10, 0);
+	lh_free(&h);
+}
+
+/* ---- convolution and pooling ---- */
+
+static void test_conv2d_forward(void **state)
+{
+	(void)state;
+	int64_t shape[3] = {1, 3, 3};
+	lh_harness *h = harness_x(1, 3, shape);
+	hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", 2, 2, 1, 0, 1);
+	assert_non_null(l);
+	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
+	assert_true(y.ndim == 3 && y.shape[0] == 2 && y.shape[1] == 2 && y.shape[2] == 2);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	const float w[8] = {1, 1, 1, 1, 1, 0, 0, -1}, bias[2] = {0.5f, 0};
+	memcpy(hpu_param(l, 0), w, sizeof w);
+	memcpy(hpu_param(l, 1), bias, sizeof bias);
+	float x[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, out[8];
+	/* channel 0: window sums + 0.5; channel 1: top-left - bottom-right */
+	const float want[8] = {12.5f, 16.5f, 24.5f, 28.5f, -4, -4, -4, -4};
+	hpu_ctx c = lh_ctx(h, l, 0, 0, 1);
+	void *in[1] = {x}, *o[1] = {out};
+	assert_int_equal(lh_forward(h, l, &c, in, o), 0);
+	close_to(out, want, 8, 1e-6);
+	lh_free(&h);
+}
+
+static void test_conv2d_gradients(void **state)
+{
+	(void)state;
+	int64_t shape[3] = {3, 6, 5};
+	for (int bias = 0; bias <= 1; bias++) {
+		lh_harness *h = harness_x(2, 3, shape);
+		hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", 4, 3, 2, 1, bias);
+		assert_non_null(l);
+		hpu_tensor y = lh_tensor(h, "y", 0, NULL);
+		assert_true(y.shape[0] == 4 && y.shape[1] == 3 && y.shape[2] == 3);
+		assert_int_equal(lh_alloc(h, 2), 0);
+		gradcheck_ok(h, l, 2, NULL, NULL);
+		lh_free(&h);
+	}
+}
+
+static void test_conv_pool_refused(void **state)
+{
+	(void)state;
+	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 3, .shape = {2, 4, 4}},
+			  {.name = "v", .dtype = HPU_F32, .ndim = 2, .shape = {4, 4}}};
+	lh_harness *h = harness(1, 2, f);
+	hpu_builder *b = lh_builder(h);
+	refused(h, hpu_conv2d(b, "c1", "v", "y", 2, 3, 1, 0, 1), "c1", "[C, H, W]");
+	refused(h, hpu_conv2d(b, "c2", "x", "y", 2, 5, 1, 0, 1), "c2", NULL);
+	refused(h, hpu_conv2d(b, "c3", "x", "y", 2, 3, 0, 0, 1), "c3", NULL);
+	refused(h, hpu_conv2d(b, "c4", "x", "y", 0, 3, 1, 0, 1), "c4", NULL);
+	refused(h, hpu_conv2d(b, "c5", "nope", "y", 2, 3, 1, 0, 1), "c5", "nope");
+	refused(h, hpu_maxpool2d(b, "p1", "v", "y", 2, 2), "p1", NULL);
+	refused(h, hpu_maxpool2d(b, "p2", "x", "y", 5, 1), "p2", NULL);
+	refused(h, hpu_avgpool2d(b, "p3", "x", "y", 2, 0), "p3", NULL);
+	refused(h, hpu_avgpool2d(b, "p4", "nope", "y", 2, 2), "p4", "nope");
+	refused(h, hpu_flatten(b, "f1", "nope", "y"), "f1", "nope");
+	assert_int_equal(b->nlayers, 0);
+	lh_free(&h);
+}
+
+/* Distinct values 0.1 apart in a shuffled order: no two in a window
+ * within the checker's step of each other. */
+static void spaced(float *x, size_t n, uint64_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = 0.1f * (float)i - 0.05f * (float)n;
+	for (size_t i = n - 1; i > 0; i--) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		size_t j = (size_t)(seed >> 33) % (i + 1);
+		float t = x[i];
+		x[i] = x[j];
+		x[j] = t;
+	}
+}
+
+static void test_maxpool(void **state)
+{
+	(void)state;
+	int64_t shape[3] = {1, 4, 4};
+	lh_harness *h = harness_x(2, 3, shape);
+	hpu_layer *l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", 2, 2);
+	assert_non_null(l);
+	assert_int_equal(l->saved_ps, 4); /* one index per output */
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float x[16] = {1, 5, 2, 0, 3, 4, 8, 1, 0, 0, -1, -2, 9, 0, -3, -4}, out[4], dx[16];
+	const float want[4] = {5, 8, 9, -1};
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 1);
+	void *in[1] = {x}, *o[1] = {out};
+	assert_int_equal(lh_forward(h, l, &c, in, o), 0);
+	close_to(out, want, 4, 0);
+	float dy[4] = {1, 2, 3, 4};
+	void *dout[1] = {dy}, *din[1] = {dx};
+	assert_int_equal(lh_backward(h, l, &c, in, o, dout, din), 0);
+	const float wantdx[16] = {0, 1, 0, 0, 0, 0, 2, 0, 0, 0, 4, 0, 3, 0, 0, 0};
+	close_to(dx, wantdx, 16, 0);
+	lh_free(&h);
+
+	int64_t big[3] = {2, 7, 5};
+	h = harness_x(2, 3, big);
+	l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", 3, 2);
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float xs[2 * 70];
+	spaced(xs, 140, 3);
+	void *given[1] = {xs};
+	gradcheck_ok(h, l, 2, given, &(lh_check_opts){.eps = 1e-3});
+	lh_free(&h);
+}
+
+static void test_avgpool(void **state)
+{
+	(void)state;
+	int64_t shape[3] = {1, 3, 3};
+	lh_harness *h = harness_x(1, 3, shape);
+	hpu_layer *l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", 2, 1);
+	assert_non_null(l);
+	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
+	assert_true(y.shape[0] == 1 && y.shape[1] == 2 && y.shape[2] == 2);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float x[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, out[4];
+	const float want[4] = {3, 4, 6, 7};
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 1);
+	void *in[1] = {x}, *o[1] = {out};
+	assert_int_equal(lh_forward(h, l, &c, in, o), 0);
+	close_to(out, want, 4, 1e-6);
+	lh_free(&h);
+
+	int64_t big[3] = {3, 7, 6};
+	h = harness_x(2, 3, big);
+	l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", 3, 2);
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	gradcheck_ok(h, l, 2, NULL, NULL);
+	lh_free(&h);
+}
+
+static void test_flatten(void **state)
+{
+	(void)state;
+	int64_t shape[3] = {2, 2, 3};
+	lh_harness *h = harness_x(2, 3, shape);
+	hpu_layer *l = hpu_flatten(lh_builder(h), "flat", "x", "y");
+	assert_non_null(l);
+	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
+	assert_true(y.ndim == 1 && y.shape[0] == 12);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float x[24], out[24];
+	for (int i = 0; i < 24; i++)
+		x[i] = (float)i;
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 2);
+	void *in[1] = {x}, *o[1] = {out};
+	assert_int_equal(lh_forward(h, l, &c, in, o), 0);
+	close_to(out, x, 24, 0);
+	gradcheck_ok(h, l, 2, NULL, NULL);
+	lh_free(&h);
+}
+
+/* ---- elementwise ---- */
+
+static void test_relu(void **state)
+{
+	(void)state;
+	int64_t shape = 6;
+	lh_harness *h = harness_x(3, 1, &shape);
+	hpu_layer *l = hpu_relu(lh_builder(h), "act", "x", "y");
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float x[6] = {-2, -0.5f, 0.25f, 1, 3, -1}, out[6];
+	const float want[6] = {0, 0, 0.25f, 1, 3, 0};
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 1);
+	void *in[1] = {x}, *o[1] = {out};
+	assert_int_equal(lh_forward(h, l, &c, in, o), 0);
+	close_to(out, want, 6, 0);
+	/* inputs away from the kink at 0 */
+	float xs[18];
+	uint64_t s = 5;
+	lh_fill(xs, 18, 0.1f, 1, &s);
+	for (int i = 0; i < 18; i += 2)
+		xs[i] = -xs[i];
+	void *given[1] = {xs};
+	gradcheck_ok(h, l, 3, given, NULL);
+	lh_free(&h);
+}
+
+static void test_gelu_tanh_gradients(void **state)
+{
+	(void)state;
+	int64_t shape[2] = {3, 4};
+	lh_harness *h = harness_x(2, 2, shape);
+	hpu_layer *g = hpu_gelu(lh_builder(h), "gelu", "x", "g");
+	hpu_layer *t = hpu_tanh(lh_builder(h), "tanh", "x", "t");
+	assert_non_null(g);
+	assert_non_null(t);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	lh_check_opts o = {.lo = -3, .hi = 3};
+	gradcheck_ok(h, g, 2, NULL, &o);
+	gradcheck_ok(h, t, 2, NULL, &o);
+	/* gelu(0) = 0, gelu(x) -> x for large x; tanh(1) */
+	float x[12] = {0, 10, -10, 1}, out[12];
+	hpu_ctx c = lh_ctx(h, g, 0, 0, 1);
+	void *in[1] = {x}, *o1[1] = {out};
+	assert_int_equal(lh_forward(h, g, &c, in, o1), 0);
+	assert_float_equal(out[0], 0, 1e-7);
+	assert_float_equal(out[1], 10, 1e-5);
+	assert_float_equal(out[2], 0, 1e-5);
+	assert_float_equal(out[3], 0.8411920f, 1e-6); /* torch, approximate="tanh" */
+	c = lh_ctx(h, t, 0, 0, 1);
+	assert_int_equal(lh_forward(h, t, &c, in, o1), 0);
+	assert_float_equal(out[3], tanhf(1), 1e-6);
+	lh_free(&h);
+}
+
+static void test_eltwise_refused(void **state)
+{
+	(void)state;
+	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {4}},
+			  {.name = "ids", .dtype = HPU_I32, .ndim = 1, .shape = {4}}};
+	lh_harness *h = harness(1, 2, f);
+	hpu_builder *b = lh_builder(h);
+	refused(h, hpu_relu(b, "r1", "ids", "y"), "r1", "f32");
+	refused(h, hpu_gelu(b, "g1", "nope", "y"), "g1", "nope");
+	refused(h, hpu_tanh(b, "t1", "ids", "y"), "t1", "f32");
+	refused(h, hpu_softmax(b, "s1", "ids", "y"), "s1", "f32");
+	refused(h, hpu_dropout(b, "d1", "x", "y", 1.0f), "d1", NULL);
+	refused(h, hpu_dropout(b, "d2", "x", "y", -0.1f), "d2", NULL);
+	refused(h, hpu_dropout(b, "d3", "x", "y", NAN), "d3", NULL);
+	refused(h, hpu_dropout(b, "d4", "ids", "y", 0.5f), "d4", "f32");
+	assert_int_equal(b->nlayers, 0);
+	lh_free(&h);
+}
+
+/* ---- dropout ---- */
+
+enum { DN = 1000, DB = 4 };
+
+static void run_dropout(lh_harness *h, hpu_layer *l, const hpu_ctx *c, const float *x, float *y)
+{
+	void *in[1] = {(void *)x}, *out[1] = {y};
+	assert_int_equal(lh_forward(h, l, c, in, out), 0);
+}
+
+static void test_dropout(void **state)
+{
+	(void)state;
+	int64_t shape = DN;
+	const float p = 0.3f;
+	lh_harness *h = harness_x(DB, 1, &shape);
+	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", p);
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 99), 0);
+	float *x = alloc_f(DB * DN), *y1 = alloc_f(DB * DN), *y2 = alloc_f(DB * DN);
+	float *dx = alloc_f(DB * DN);
+	uint64_t s = 1;
+	lh_fill(x, DB * DN, 0.5f, 1.5f, &s); /* never 0: a zero in y is a drop */
+
+	hpu_ctx c = lh_ctx(h, l, 1, 5, DB);
+	run_dropout(h, l, &c, x, y1);
+	size_t zeros = 0;
+	for (int i = 0; i < DB * DN; i++) {
+		if (y1[i] == 0) {
+			zeros++;
+			continue;
+		}
+		assert_float_equal(y1[i], x[i] / (1 - p), 1e-6 * fabsf(y1[i]));
+	}
+	double frac = (double)zeros / (DB * DN);
+	printf("  dropped %.4f (p %.2f)\n", frac, p);
+	assert_true(fabs(frac - p) < 0.035); /* 5 standard deviations */
+
+	/* the same ctx, and a recompute, give the same mask */
+	run_dropout(h, l, &c, x, y2);
+	assert_memory_equal(y1, y2, DB * DN * sizeof(float));
+	hpu_ctx rc = c;
+	rc.recompute = 1;
+	run_dropout(h, l, &rc, x, y2);
+	assert_memory_equal(y1, y2, DB * DN * sizeof(float));
+
+	/* backward uses the forward's mask: dy = x gives dx = y */
+	void *in[1] = {x}, *out[1] = {y1}, *dout[1] = {x}, *din[1] = {dx};
+	assert_int_equal(lh_backward(h, l, &c, in, out, dout, din), 0);
+	assert_memory_equal(dx, y1, DB * DN * sizeof(float));
+
+	/* another step: another mask; rows of different samples differ */
+	hpu_ctx c6 = lh_ctx(h, l, 1, 6, DB);
+	run_dropout(h, l, &c6, x, y2);
+	assert_memory_not_equal(y1, y2, DB * DN * sizeof(float));
+	size_t same = 0;
+	for (int i = 0; i < DN; i++)
+		same += (y1[i] == 0) == (y1[DN + i] == 0);
+	assert_true(same < DN - 100);
+
+	/* the mask follows the sample, not the row */
+	uint32_t samples[DB] = {7, 3, 3, 7};
+	lh_set_samples(h, samples, DB);
+	for (int r = 0; r < DB; r++)
+		memcpy(x + r * DN, x, DN * sizeof *x);
+	run_dropout(h, l, &c, x, y1);
+	assert_memory_equal(y1, y1 + 3 * DN, DN * sizeof(float));
+	assert_memory_equal(y1 + DN, y1 + 2 * DN, DN * sizeof(float));
+	assert_memory_not_equal(y1, y1 + DN, DN * sizeof(float));
+
+	/* evaluation: the identity */
+	hpu_ctx e = lh_ctx(h, l, 0, 5, DB);
+	run_dropout(h, l, &e, x, y2);
+	assert_memory_equal(x, y2, DB * DN * sizeof(float));
+
+	free(x), free(y1), free(y2), free(dx);
+	lh_free(&h);
+}
+
+static void test_dropout_gradients(void **state)
+{
+	(void)state;
+	int64_t shape = 20;
+	lh_harness *h = harness_x(3, 1, &shape);
+	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", 0.5f);
+	hpu_layer *l0 = hpu_dropout(lh_builder(h), "drop0", "x", "y0", 0.0f);
+	assert_non_null(l);
+	assert_non_null(l0);
+	assert_int_equal(lh_alloc(h, 4), 0);
+	gradcheck_ok(h, l, 3, NULL, &(lh_check_opts){.train = 1, .step = 3});
+	gradcheck_ok(h, l, 3, NULL, &(lh_check_opts){.train = 0});
+	/* p = 0 trains as the identity */
+	float x[20], y[20];
+	uint64_t s = 3;
+	lh_fill(x, 20, -1, 1, &s);
+	hpu_ctx c = lh_ctx(h, l0, 1, 0, 1);
+	run_dropout(h, l0, &c, x, y);
+	assert_memory_equal(x, y, sizeof x);
+	lh_free(&h);
+}
+
+/* ---- add, softmax ---- */
+
+static void test_add(void **state)
+{
+	(void)state;
+	hpu_field f[4] = {{.name = "a", .dtype = HPU_F32, .ndim = 2, .shape = {2, 3}},
+			  {.name = "b", .dtype = HPU_F32, .ndim = 2, .shape = {2, 3}},
+			  {.name = "c", .dtype = HPU_F32, .ndim = 2, .shape = {3, 2}},
+			  {.name = "ids", .dtype = HPU_I32, .ndim = 2, .shape = {2, 3}}};
+	lh_harness *h = harness(2, 4, f);
+	hpu_builder *b = lh_builder(h);
+	refused(h, hpu_add(b, "add1", "a,c", "y"), "add1", "shape");
+	refused(h, hpu_add(b, "add2", "a", "y"), "add2", NULL);
+	refused(h, hpu_add(b, "add3", "a,b,b", "y"), "add3", NULL);
+	refused(h, hpu_add(b, "add4", "a,ids", "y"), "add4", "f32");
+	refused(h, hpu_add(b, "add5", "a,nope", "y"), "add5", "nope");
+	refused(h, hpu_add(b, "add6", NULL, "y"), "add6", NULL);
+	hpu_layer *l = hpu_add(b, "add", "a,b", "y");
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float a[6] = {1, 2, 3, 4, 5, 6}, bb[6] = {10, 20, 30, 40, 50, 60}, y[6], da[6];
+	const float want[6] = {11, 22, 33, 44, 55, 66};
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 1);
+	void *in[2] = {a, bb}, *out[1] = {y};
+	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
+	close_to(y, want, 6, 0);
+	/* no gradient wanted for b */
+	void *dout[1] = {bb}, *din[2] = {da, NULL};
+	assert_int_equal(lh_backward(h, l, &c, in, out, dout, din), 0);
+	close_to(da, bb, 6, 0);
+	gradcheck_ok(h, l, 2, NULL, NULL);
+	lh_free(&h);
+}
+
+static void test_softmax(void **state)
+{
+	(void)state;
+	int64_t shape[2] = {2, 4};
+	lh_harness *h = harness_x(2, 2, shape);
+	hpu_layer *l = hpu_softmax(lh_builder(h), "sm", "x", "y");
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float x[8] = {0, 0, 0, 0, 1, 2, 3, 4}, y[8];
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 1);
+	void *in[1] = {x}, *out[1] = {y};
+	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
+	double z = exp(1) + exp(2) + exp(3) + exp(4);
+	const float want[8] = {0.25f, 0.25f, 0.25f, 0.25f, (float)(exp(1) / z),
+			       (float)(exp(2) / z), (float)(exp(3) / z), (float)(exp(4) / z)};
+	close_to(y, want, 8, 1e-6);
+	gradcheck_ok(h, l, 2, NULL, &(lh_check_opts){.lo = -2, .hi = 2});
+	lh_free(&h);
+}
+
+/* ---- losses and metrics ---- */
+
+/* logits [3 positions, 4 classes], labels [3] */
+static lh_harness *xent_harness(int max_batch)
+{
+	hpu_field f[2] = {{.name = "logits", .dtype = HPU_F32, .ndim = 2, .shape = {3, 4}},
+			  {.name = "labels", .dtype = HPU_I32, .ndim = 1, .shape = {3}}};
+	return harness(max_batch, 2, f);
+}
+
+static void test_xent_forward(void **state)
+{
+	(void)state;
+	lh_harness *h = xent_harness(3);
+	hpu_layer *l = hpu_cross_entropy(lh_builder(h), "loss", "logits,labels", "loss");
+	assert_non_null(l);
+	hpu_tensor t = lh_tensor(h, "loss", 0, NULL);
+	assert_true(t.ndim == 0 && t.sample_numel == 1 && t.dtype == HPU_F32);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	/* row 0: uniform logits, loss log 4 at each position; row 1: one
+	 * position counted (-100 elsewhere); row 2: all ignored */
+	float x[36] = {0};
+	x[12 + 4 + 2] = 2; /* row 1, position 1, class 2 */
+	int32_t y[9] = {0, 3, 1, -100, 2, -100, -100, -100, -100};
+	float loss[3], dx[36];
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 3);
+	void *in[2] = {x, y}, *out[1] = {loss};
+	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
+	double want1 = log(3 + exp(2)) - 2;
+	assert_float_equal(loss[0], logf(4), 1e-6);
+	assert_float_equal(loss[1], (float)want1, 1e-6);
+	assert_float_equal(loss[2], 0, 0);
+	float dloss[3] = {1, 1, 1};
+	for (int i = 0; i < 36; i++)
+		dx[i] = 99;
+	void *dout[1] = {dloss}, *din[2] = {dx, NULL};
+	assert_int_equal(lh_backward(h, l, &c, in, out, dout, din), 0);
+	/* row 0: (1/4 - onehot) / 3 */
+	assert_float_equal(dx[0], (0.25f - 1) / 3, 1e-6);
+	assert_float_equal(dx[1], 0.25f / 3, 1e-6);
+	/* row 1: ignored positions get zeros, the counted one softmax - onehot */
+	for (int j = 0; j < 4; j++) {
+		assert_float_equal(dx[12 + j], 0, 0);
+		assert_float_equal(dx[12 + 8 + j], 0, 0);
+	}
+	assert_float_equal(dx[12 + 4 + 2], (float)(exp(2) / (3 + exp(2)) - 1), 1e-6);
+	/* row 2: no gradient at all */
+	for (int j = 24; j < 36; j++)
+		assert_float_equal(dx[j], 0, 0);
+	lh_free(&h);
+}
+
+static void test_xent_bad_label(void **state)
+{
+	(void)state;
+	lh_harness *h = xent_harness(2);
+	hpu_layer *l = hpu_cross_entropy(lh_builder(h), "loss", "logits,labels", "loss");
+	hpu_layer *a = hpu_accuracy(lh_builder(h), "acc", "logits,labels", "acc");
+	assert_non_null(l);
+	assert_non_null(a);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float x[24] = {0}, out[2];
+	int32_t bad[3][6] = {{0, 1, 2, 3, 7, 0}, {0, 1, 2, 3, -1, 0}, {0, 1, 2, 3, 4, 0}};
+	const char *label[3] = {"label 7", "label -1", "label 4"};
+	for (int k = 0; k < 3; k++) {
+		void *in[2] = {x, bad[k]}, *o[1] = {out};
+		hpu_ctx c = lh_ctx(h, l, 1, 0, 2);
+		assert_int_not_equal(lh_forward(h, l, &c, in, o), 0);
+		printf("  %s\n", lh_layer_error(l));
+		assert_non_null(strstr(lh_layer_error(l), label[k]));
+		assert_non_null(strstr(lh_layer_error(l), "row 1"));
+		assert_non_null(strstr(lh_layer_error(l), "position 1"));
+		assert_non_null(strstr(lh_layer_error(l), "loss"));
+		c = lh_ctx(h, a, 0, 0, 2);
+		assert_int_not_equal(lh_forward(h, a, &c, in, o), 0);
+		assert_non_null(strstr(lh_layer_error(a), label[k]));
+	}
+	lh_free(&h);
+}
+
+static void test_xent_gradients(void **state)
+{
+	(void)state;
+	lh_harness *h = xent_harness(3);
+	hpu_layer *l = hpu_cross_entropy(lh_builder(h), "loss", "logits,labels", "loss");
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	int32_t y[9] = {0, 3, 1, -100, 2, 1, -100, -100, -100};
+	void *in[2] = {NULL, y};
+	gradcheck_ok(h, l, 3, in, &(lh_check_opts){.lo = -2, .hi = 2});
+	lh_free(&h);
+}
+
+static void test_loss_refused(void **state)
+{
+	(void)state;
+	hpu_field f[5] = {{.name = "logits", .dtype = HPU_F32, .ndim = 2, .shape = {3, 4}},
+			  {.name = "labels", .dtype = HPU_I32, .ndim = 1, .shape = {3}},
+			  {.name = "short", .dtype = HPU_I32, .ndim = 1, .shape = {2}},
+			  {.name = "flabels", .dtype = HPU_F32, .ndim = 1, .shape = {3}},
+			  {.name = "other", .dtype = HPU_F32, .ndim = 2, .shape = {4, 3}}};
+	lh_harness *h = harness(1, 5, f);
+	hpu_builder *b = lh_builder(h);
+	refused(h, hpu_cross_entropy(b, "x1", "logits", "l"), "x1", "logits,labels");
+	refused(h, hpu_cross_entropy(b, "x2", "logits,short", "l"), "x2", "short");
+	refused(h, hpu_cross_entropy(b, "x3", "logits,flabels", "l"), "x3", "i32");
+	refused(h, hpu_cross_entropy(b, "x4", "labels,labels", "l"), "x4", "f32");
+	refused(h, hpu_cross_entropy(b, "x5", "nope,labels", "l"), "x5", "nope");
+	refused(h, hpu_accuracy(b, "a1", "logits,short", "l"), "a1", "short");
+	refused(h, hpu_accuracy(b, "a2", "logits", "l"), "a2", NULL);
+	refused(h, hpu_mse(b, "m1", "logits,other", "l"), "m1", "shape");
+	refused(h, hpu_mse(b, "m2", "logits,labels", "l"), "m2", "f32");
+	refused(h, hpu_mse(b, "m3", "logits", "l"), "m3", "pred,target");
+	assert_int_equal(b->nlayers, 0);
+	lh_free(&h);
+}
+
+static void test_mse(void **state)
+{
+	(void)state;
+	hpu_field f[2] = {{.name = "p", .dtype = HPU_F32, .ndim = 2, .shape = {2, 2}},
+			  {.name = "t", .dtype = HPU_F32, .ndim = 2, .shape = {2, 2}}};
+	lh_harness *h = harness(2, 2, f);
+	hpu_layer *l = hpu_mse(lh_builder(h), "mse", "p,t", "loss");
+	assert_non_null(l);
+	assert_int_equal(lh_tensor(h, "loss", 0, NULL).ndim, 0);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float p[8] = {1, 2, 3, 4, 0, 0, 0, 0}, t[8] = {1, 0, 3, 0, 1, 1, 1, 1}, loss[2];
+	hpu_ctx c = lh_ctx(h, l, 1, 0, 2);
+	void *in[2] = {p, t}, *out[1] = {loss};
+	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
+	assert_float_equal(loss[0], 5, 1e-6); /* (4 + 16) / 4 */
+	assert_float_equal(loss[1], 1, 1e-6);
+	gradcheck_ok(h, l, 2, NULL, NULL);
+	lh_free(&h);
+}
+
+static void test_accuracy(void **state)
+{
+	(void)state;
+	lh_harness *h = xent_harness(3);
+	hpu_layer *l = hpu_accuracy(lh_builder(h), "acc", "logits,labels", "acc");
+	assert_non_null(l);
+	/* a metric: no backward (the builder refuses a loss on it) */
+	assert_null(l->ops.backward);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	float x[36] = {0};
+	/* row 0: arg-max 1, 2, 3 ; row 1: 0 (a tie: the first), 1, 1 */
+	x[1] = 1, x[4 + 2] = 1, x[8 + 3] = 1;
+	x[12 + 4 + 1] = 5, x[12 + 8 + 1] = 5;
+	int32_t y[9] = {1, 2, 0, 0, -100, 2, -100, -100, -100};
+	float acc[3];
+	hpu_ctx c = lh_ctx(h, l, 0, 0, 3);
+	void *in[2] = {x, y}, *out[1] = {acc};
+	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
+	assert_float_equal(acc[0], 2.0f / 3, 1e-6);
+	assert_float_equal(acc[1], 0.5f, 1e-6);
+	assert_float_equal(acc[2], 0, 0);
+	lh_free(&h);
+}
+
+/* A loss that depends on accuracy is refused at setup, since accuracy has
+ * no backward; as a metric beside a real loss it plans. */
+static int setup_acc_loss(hpu_builder *b, int argc, char **argv)
+{
+	(void)argc;
+	int as_loss = argv && argv[0] && !strcmp(argv[0], "loss");
+	if (!hpu_linear(b, "fc", "x", "logits", 4, 1) ||
+	    !hpu_accuracy(b, "acc", "logits,label", "acc") ||
+	    !hpu_cross_entropy(b, "xent", "logits,label", "xent"))
+		return -1;
+	if (as_loss)
+		return hpu_loss_add(b, "acc", 1.0f);
+	if (hpu_loss_add(b, "xent", 1.0f) || hpu_metric_add(b, "accuracy", "acc"))
+		return -1;
+	return 0;
+}
+
+static int no_fetch(void *user, size_t index, void *const *out)
+{
+	(void)user, (void)index, (void)out;
+	return -1;
+}
+
+static void test_accuracy_plan(void **state)
+{
+	(void)state;
+	for (int as_loss = 0; as_loss <= 1; as_loss++) {
+		hpu_builder *b = hpu__model_new(0, 1, 4);
+		hpu_dataset ds = {.size = 1, .nfields = 2, .fetch = no_fetch};
+		ds.fields[0] = (hpu_field){.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {3}};
+		ds.fields[1] = (hpu_field){.name = "label", .dtype = HPU_I32, .ndim = 0};
+		assert_int_equal(hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds), HPU_OK);
+		char err[512] = "", *argv[1] = {as_loss ? "loss" : "metric"};
+		int rc = hpu__model_setup_fn(b, setup_acc_loss, 1, argv, err, sizeof err);
+		printf("  as %s: rc %d %s\n", argv[0], rc, err);
+		if (as_loss) {
+			assert_int_not_equal(rc, 0);
+			assert_non_null(strstr(err, "acc"));
+		} else {
+			assert_int_equal(rc, 0);
+		}
+		hpu__model_destroy(&b);
+	}
+}
+
+/* ---- PyTorch references ---- */
+
+static lh_ref *load_ref(const char *file)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s", HPU_REFS_DIR, file);
+	lh_ref *r = lh_ref_load(path);
+	assert_non_null(r);
+	return r;
+}
+
+/* One reference case: its input arrays (each also the field's name, the
+ * first dimension the batch) and the names of their gradients (NULL: not
+ * checked, none wanted). */
+typedef struct ref_case {
+	const char *file;
+	int nin;
+	const char *in[2], *din[2];
+	hpu_layer *(*declare)(hpu_builder *b, const lh_ref *r);
+} ref_case;
+
+static const void *ref_array(const lh_ref *r, const char *name, hpu_dtype *dt, size_t *n,
+			     int *ndim, int64_t *shape)
+{
+	const void *v = lh_ref_get(r, name, HPU_F32, n, ndim, shape);
+	*dt = HPU_F32;
+	if (!v) {
+		v = lh_ref_get(r, name, HPU_I32, n, ndim, shape);
+		*dt = HPU_I32;
+	}
+	if (!v)
+		printf("  reference has no array %s\n", name);
+	assert_non_null(v);
+	return v;
+}
+
+static void compare(const char *what, const float *got, const float *want, size_t n)
+{
+	double d = lh_maxrel(got, want, n, 1e-6);
+	printf("  %-10s rel maxdiff %.3g%s\n", what, d, d <= REF_TOL ? "" : "  FAIL");
+	assert_true(d <= REF_TOL);
+}
+
+static void run_ref(const ref_case *rc)
+{
+	printf(" %s\n", rc->file);
+	lh_ref *r = load_ref(rc->file);
+	hpu_field f[2];
+	const void *data[2];
+	size_t n[2];
+	int batch = 0;
+	for (int k = 0; k < rc->nin; k++) {
+		int ndim;
+		int64_t shape[4];
+		data[k] = ref_array(r, rc->in[k], &f[k].dtype, &n[k], &ndim, shape);
+		f[k].name = rc->in[k];
+		f[k].ndim = ndim - 1;
+		memcpy(f[k].shape, shape + 1, 3 * sizeof *shape);
+		batch = (int)shape[0];
+	}
+	lh_harness *h = lh_new(batch);
+	assert_int_equal(lh_dataset(h, rc->nin, f, data, (size_t)batch), HPU_OK);
+	hpu_layer *l = rc->declare(lh_builder(h), r);
+	if (!l)
+		printf("  %s\n", lh_error(h));
+	assert_non_null(l);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	hpu_builder *b = lh_builder(h);
+	for (int p = 0; p < l->npidx; p++) { /* "layer.weight" -> "weight" */
+		const hpu_param_info *pi = &b->params[l->pidx[p]];
+		size_t pn;
+		const float *v = lh_ref_get(r, strchr(pi->name, '.') + 1, HPU_F32, &pn, NULL, NULL);
+		assert_non_null(v);
+		assert_int_equal(pn, pi->numel);
+		memcpy(hpu_param(l, p), v, pn * sizeof *v);
+	}
+	size_t yn, dyn;
+	const float *want = lh_ref_get(r, "y", HPU_F32, &yn, NULL, NULL);
+	const float *dy = lh_ref_get(r, "dy", HPU_F32, &dyn, NULL, NULL);
+	assert_non_null(want);
+	assert_non_null(dy);
+	assert_int_equal(yn, lh_numel(h, "y") * (size_t)batch);
+	float *y = alloc_f(yn), *din[2] = {NULL, NULL};
+	void *in[2] = {(void *)data[0], (void *)data[1]}, *out[1] = {y};
+	hpu_ctx c = lh_ctx(h, l, 1, 0, batch);
+	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
+	compare("y", y, want, yn);
+	for (int k = 0; k < rc->nin; k++)
+		if (rc->din[k])
+			din[k] = alloc_f(n[k]);
+	void *dout[1] = {(void *)dy}, *dinv[2] = {din[0], din[1]};
+	lh_zero_grads(h);
+	assert_int_equal(lh_backward(h, l, &c, in, out, dout, dinv), 0);
+	for (int k = 0; k < rc->nin; k++) {
+		if (!rc->din[k])
+			continue;
+		size_t dn;
+		const float *dwant = lh_ref_get(r, rc->din[k], HPU_F32, &dn, NULL, NULL);
+		assert_non_null(dwant);
+		assert_int_equal(dn, n[k]);
+		compare(rc->din[k], din[k], dwant, dn);
+		free(din[k]);
+	}
+	for (int p = 0; p < l->npidx; p++) {
+		const hpu_param_info *pi = &b->params[l->pidx[p]];
+		char name[64];
+		snprintf(name, sizeof name, "d%s", strchr(pi->name, '.') + 1);
+		const float *gwant = lh_ref_get(r, name, HPU_F32, NULL, NULL, NULL);
+		assert_non_null(gwant);
+		compare(name, hpu_grad(l, p), gwant, pi->numel);
+	}
+	free(y);
+	lh_free(&h);
+	lh_ref_free(&r);
+}
+
+static hpu_layer *ref_linear(hpu_builder *b, const lh_ref *r)
+{
+	return hpu_linear(b, "fc", "x", "y", lh_ref_int(r, "out_features", 0), 1);
+}
+
+static hpu_layer *ref_conv2d(hpu_builder *b, const lh_ref *r)
+{
+	return hpu_conv2d(b, "conv", "x", "y", lh_ref_int(r, "out_ch", 0),
+			  lh_ref_int(r, "kernel", 0), lh_ref_int(r, "stride", 0),
+			  lh_ref_int(r, "pad", -1), 1);
+}
+
+static hpu_layer *ref_maxpool(hpu_builder *b, const lh_ref *r)
+{
+	return hpu_maxpool2d(b, "pool", "x", "y", lh_ref_int(r, "kernel", 0),
+			     lh_ref_int(r, "stride", 0));
+}
+
+static hpu_layer *ref_avgpool(hpu_builder *b, const lh_ref *r)
+{
+	return hpu_avgpool2d(b, "pool", "x", "y", lh_ref_int(r, "kernel", 0),
+			     lh_ref_int(r, "stride", 0));
+}
+
+static hpu_layer *ref_gelu(hpu_builder *b, const lh_ref *r)
+{
+	(void)r;
+	return hpu_gelu(b, "act", "x", "y");
+}
+
+static hpu_layer *ref_tanh(hpu_builder *b, const lh_ref *r)
+{
+	(void)r;
+	return hpu_tanh(b, "act", "x", "y");
+}
+
+static hpu_layer *ref_softmax(hpu_builder *b, const lh_ref *r)
+{
+	(void)r;
+	return hpu_softmax(b, "sm", "x", "y");
+}
+
+static hpu_layer *ref_xent(hpu_builder *b, const lh_ref *r)
+{
+	(void)r;
+	return hpu_cross_entropy(b, "loss", "logits,labels", "y");
+}
+
+static hpu_layer *ref_mse(hpu_builder *b, const lh_ref *r)
+{
+	(void)r;
+	return hpu_mse(b, "loss", "pred,target", "y");
+}
+
+static void test_torch_references(void **state)
+{
+	(void)state;
+	static const ref_case cases[] = {
+		{"a_linear.ref", 1, {"x"}, {"dx"}, ref_linear},
+		{"a_conv2d.ref", 1, {"x"}, {"dx"}, ref_conv2d},
+		{"a_maxpool2d.ref", 1, {"x"}, {"dx"}, ref_maxpool},
+		{"a_avgpool2d.ref", 1, {"x"}, {"dx"}, ref_avgpool},
+		{"a_gelu.ref", 1, {"x"}, {"dx"}, ref_gelu},
+		{"a_tanh.ref", 1, {"x"}, {"dx"}, ref_tanh},
+		{"a_softmax.ref", 1, {"x"}, {"dx"}, ref_softmax},
+		{"a_xent.ref", 2, {"logits", "labels"}, {"dlogits", NULL}, ref_xent},
+		{"a_xent_flat.ref", 2, {"logits", "labels"}, {"dlogits", NULL}, ref_xent},
+		{"a_mse.ref", 2, {"pred", "target"}, {"dpred", "dtarget"}, ref_mse},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		run_ref(&cases[i]);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_gradcheck_catches_wrong_gradients),
+		cmocka_unit_test(test_harness_dataset),
+		cmocka_unit_test(test_linear_forward),
+		cmocka_unit_test(test_linear_init),
+		cmocka_unit_test(test_linear_gradients),
+		cmocka_unit_test(test_linear_refused),
+		cmocka_unit_test(test_linear_tied),
+		cmocka_unit_test(test_conv2d_forward),
+		cmocka_unit_test(test_conv2d_gradients),
+		cmocka_unit_test(test_conv_pool_refused),
+		cmocka_unit_test(test_maxpool),
+		cmocka_unit_test(test_avgpool),
+		cmocka_unit_test(test_flatten),
+		cmocka_unit_test(test_relu),
+		cmocka_unit_test(test_gelu_tanh_gradients),
+		cmocka_unit_test(test_eltwise_refused),
+		cmocka_unit_test(test_dropout),
+		cmocka_unit_test(test_dropout_gradients),
+		cmocka_unit_test(test_add),
+		cmocka_unit_test(test_softmax),
+		cmocka_unit_test(test_xent_forward),
+		cmocka_unit_test(test_xent_bad_label),
+		cmocka_unit_test(test_xent_gradients),
+		cmocka_unit_test(test_loss_refused),
+		cmocka_unit_test(test_mse),
+		cmocka_unit_test(test_accuracy),
+		cmocka_unit_test(test_accuracy_plan),
+		cmocka_unit_test(test_torch_references),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

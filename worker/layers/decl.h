@@ -1,0 +1,86 @@
+/* decl.h: what the layer library's declaration functions share: input
+ * checks whose errors name the layer, splitting "a,b" input lists, and
+ * adding a layer together with its malloc'ed state (freed by the layer's
+ * ops.destroy once added, here when adding fails). Internal to
+ * worker/layers. */
+#ifndef HPU_LAYERS_DECL_H
+#define HPU_LAYERS_DECL_H
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hpu/hpu.h>
+
+static inline const char *ld_str(const char *s)
+{
+	return s ? s : "(null)";
+}
+
+static inline const char *ld_dtype(hpu_dtype dt)
+{
+	return dt == HPU_F32 ? "f32" : dt == HPU_I32 ? "i32" : "of an unknown dtype";
+}
+
+/* The tensor named `in` into *t, which must exist and be of dtype `dt`;
+ * otherwise records an error naming layer `name` and returns HPU_ERROR. */
+static inline int ld_input(hpu_builder *b, const char *name, const char *in, hpu_dtype dt,
+			   hpu_tensor *t)
+{
+	if (hpu_tensor_info(b, in, t) != HPU_OK)
+		return hpu_error(b, "layer %s: input %s is not a tensor declared before it (a "
+				 "dataset field or an earlier layer's output)", ld_str(name),
+				 ld_str(in));
+	if (t->dtype != dt)
+		return hpu_error(b, "layer %s: input %s must be %s, is %s", ld_str(name), in,
+				 ld_dtype(dt), ld_dtype(t->dtype));
+	return HPU_OK;
+}
+
+/* Splits the input list `in` into exactly two names; else records an
+ * error naming the layer and what it wants (`what`, "logits,labels"). */
+static inline int ld_split2(hpu_builder *b, const char *name, const char *in, const char *what,
+			    char first[HPU_NAME_MAX], char second[HPU_NAME_MAX])
+{
+	const char *comma = in ? strchr(in, ',') : NULL;
+	size_t n1 = comma ? (size_t)(comma - in) : 0;
+	size_t n2 = comma ? strlen(comma + 1) : 0;
+	if (!comma || !n1 || !n2 || n1 >= HPU_NAME_MAX || n2 >= HPU_NAME_MAX ||
+	    strchr(comma + 1, ','))
+		return hpu_error(b, "layer %s: inputs \"%s\" must be two tensor names, \"%s\"",
+				 ld_str(name), ld_str(in), what);
+	memcpy(first, in, n1);
+	first[n1] = 0;
+	memcpy(second, comma + 1, n2 + 1);
+	return HPU_OK;
+}
+
+/* Adds layer `name` reading `in`, with its state `user` (NULL: malloc
+ * failed, an error) and its one output `out` of dtype dt and shape
+ * [ndim]shape. From here on ops->destroy frees `user`; when adding fails
+ * this frees it. NULL with the builder's error recorded on failure. */
+static inline hpu_layer *ld_declare(hpu_builder *b, const char *name, const char *in,
+				    const hpu_layer_ops *ops, void *user, const char *out,
+				    hpu_dtype dt, int ndim, const int64_t *shape)
+{
+	if (!user) {
+		hpu_error(b, "layer %s: out of memory", ld_str(name));
+		return NULL;
+	}
+	hpu_layer *l = hpu_layer_add(b, name, in, ops, user);
+	if (!l) {
+		free(user);
+		return NULL;
+	}
+	if (hpu_layer_output(l, out, dt, ndim, shape) < 0)
+		return NULL;
+	return l;
+}
+
+/* Whether batch * per_sample fits the ops' int sizes. */
+static inline int ld_fits_int(int batch, size_t per_sample)
+{
+	return batch >= 0 && (per_sample == 0 || (size_t)batch <= (size_t)INT_MAX / per_sample);
+}
+
+#endif

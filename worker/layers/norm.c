@@ -1,0 +1,282 @@
+/* Normalization layers: layer norm (over the last dimension) and batch
+ * norm (per channel, with running statistics in buffers).
+ *
+ * Layer norm runs on the layernorm op. Batch norm is plain loops here:
+ * its statistics cross the batch, which no op of <hpu/ops.h> covers; it
+ * sums in double so a large batch * H * W loses nothing to fp32.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hpu/hpu.h>
+#include <hpu/layers.h>
+#include <hpu/ops.h>
+
+#include "decl.h"
+
+/* ---- layer norm ---- */
+
+typedef struct layernorm {
+	int cols;   /* the last dimension */
+	size_t rows; /* rows of `cols` per sample */
+	float eps;
+} layernorm;
+
+/* Saved: mean[rows], then rstd[rows] of the micro-batch. In evaluation
+ * (nothing saved, or no saved memory given) they go to scratch. */
+static int layernorm_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			     hpu_tensor *out)
+{
+	const layernorm *s = hpu_layer_user(l);
+	if (!ld_fits_int(c->batch, s->rows * s->cols))
+		return hpu_layer_error(l, "a micro-batch of %d is too large for the layernorm op",
+				       c->batch);
+	int rows = c->batch * (int)s->rows;
+	float *stats = hpu_saved(l);
+	if (!stats)
+		stats = hpu_scratch(l);
+	hpu_layernorm_forward(hpu_f32(&in[0]), hpu_param(l, 0), hpu_param(l, 1), hpu_f32(&out[0]),
+			      stats, stats + rows, rows, s->cols, s->eps);
+	return HPU_OK;
+}
+
+static int layernorm_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			      const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
+{
+	(void)out;
+	const layernorm *s = hpu_layer_user(l);
+	int rows = c->batch * (int)s->rows;
+	const float *stats = hpu_saved(l);
+	/* the op always writes dx: scratch takes it when nobody wants it */
+	float *dx = din[0].data ? hpu_f32(&din[0]) : hpu_scratch(l);
+	hpu_layernorm_backward(hpu_f32(&in[0]), hpu_param(l, 0), stats, stats + rows,
+			       hpu_f32(&dout[0]), dx, hpu_grad(l, 0), hpu_grad(l, 1), rows,
+			       s->cols);
+	return HPU_OK;
+}
+
+static const hpu_layer_ops layernorm_ops = {
+	.forward = layernorm_forward,
+	.backward = layernorm_backward,
+	.destroy = free,
+};
+
+hpu_layer *hpu_layernorm(hpu_builder *b, const char *name, const char *in, const char *out,
+			 float eps)
+{
+	hpu_tensor t;
+	if (ld_input(b, name, in, HPU_F32, &t) < 0)
+		return NULL;
+	if (t.ndim < 1) {
+		hpu_error(b, "layer %s: input %s has one value per sample; layer norm needs a "
+			  "last dimension to normalize over", ld_str(name), in);
+		return NULL;
+	}
+	if (!isfinite(eps) || eps < 0) {
+		hpu_error(b, "layer %s: eps %g must be finite and >= 0", ld_str(name), eps);
+		return NULL;
+	}
+	int64_t n = t.shape[t.ndim - 1];
+	if (!ld_fits_int(hpu_max_batch(b) > 0 ? hpu_max_batch(b) : 0, t.sample_numel)) {
+		hpu_error(b, "layer %s: %zu values per sample times the largest micro-batch (%d) "
+			  "exceed the layernorm op's int sizes", ld_str(name), t.sample_numel,
+			  hpu_max_batch(b));
+		return NULL;
+	}
+	layernorm *s = malloc(sizeof *s);
+	if (s)
+		*s = (layernorm){.cols = (int)n, .rows = t.sample_numel / (size_t)n, .eps = eps};
+	hpu_layer *l = ld_declare(b, name, in, &layernorm_ops, s, out, HPU_F32, t.ndim, t.shape);
+	if (!l)
+		return NULL;
+	if (hpu_param_add(l, "weight", 1, &n, HPU_INIT(ONES)) < 0 ||
+	    hpu_param_add(l, "bias", 1, &n, HPU_INIT(ZEROS)) < 0)
+		return NULL;
+	/* scratch: dx nobody wants in backward, or the statistics of a
+	 * forward without saved memory */
+	size_t scratch = t.sample_numel > 2 * s->rows ? t.sample_numel : 2 * s->rows;
+	hpu_layer_memory(l, 2 * s->rows, 0, scratch, 0);
+	return l;
+}
+
+/* ---- batch norm ---- */
+
+typedef struct batchnorm {
+	int ch;         /* C */
+	size_t spatial; /* values per channel per sample: H * W (1 for [C]) */
+	float eps, momentum;
+} batchnorm;
+
+/* Channel ch's values x[b][ch][0 .. spatial) for every b: the rows of a
+ * sample's channel are contiguous, the samples C * spatial apart. */
+static const float *chan(const batchnorm *s, const float *x, int b, int ch)
+{
+	return x + ((size_t)b * s->ch + ch) * s->spatial;
+}
+
+/* The batch's mean and biased variance of channel ch, two-pass. */
+static void channel_stats(const batchnorm *s, const float *x, int batch, int ch, double *mean,
+			  double *var)
+{
+	double sum = 0, sq = 0, m = (double)batch * s->spatial;
+	for (int b = 0; b < batch; b++) {
+		const float *xc = chan(s, x, b, ch);
+		for (size_t i = 0; i < s->spatial; i++)
+			sum += xc[i];
+	}
+	double mu = sum / m;
+	for (int b = 0; b < batch; b++) {
+		const float *xc = chan(s, x, b, ch);
+		for (size_t i = 0; i < s->spatial; i++)
+			sq += (xc[i] - mu) * (xc[i] - mu);
+	}
+	*mean = mu;
+	*var = sq / m;
+}
+
+/* y = (x - mean) * rstd * weight + bias over channel ch. */
+static void channel_apply(const batchnorm *s, const float *x, float *y, int batch, int ch,
+			  float mean, float rstd, float w, float bias)
+{
+	for (int b = 0; b < batch; b++) {
+		const float *xc = chan(s, x, b, ch);
+		float *yc = (float *)chan(s, y, b, ch);
+		for (size_t i = 0; i < s->spatial; i++)
+			yc[i] = (xc[i] - mean) * rstd * w + bias;
+	}
+}
+
+/* Training: the batch's statistics (mean and rstd saved for backward),
+ * and the running statistics updated as torch does -- running = (1 -
+ * momentum) * running + momentum * stat, the variance unbiased (m / (m -
+ * 1)) -- except in a recomputed forward (activation checkpointing): the
+ * first forward of the micro-batch updated them already, and a second
+ * update would count the batch twice. Evaluation: the running
+ * statistics, nothing saved. */
+static int batchnorm_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			     hpu_tensor *out)
+{
+	const batchnorm *s = hpu_layer_user(l);
+	const float *x = hpu_f32(&in[0]), *w = hpu_param(l, 0), *bias = hpu_param(l, 1);
+	float *y = hpu_f32(&out[0]), *run_mean = hpu_buffer(l, 0), *run_var = hpu_buffer(l, 1);
+	if (!c->train) {
+		for (int ch = 0; ch < s->ch; ch++)
+			channel_apply(s, x, y, c->batch, ch, run_mean[ch],
+				      1.0f / sqrtf(run_var[ch] + s->eps), w[ch], bias[ch]);
+		return HPU_OK;
+	}
+	double m = (double)c->batch * s->spatial;
+	if (m < 2)
+		return hpu_layer_error(l, "training needs more than one value per channel to "
+				       "normalize with (a micro-batch of %d, %zu per channel per "
+				       "sample), as torch's BatchNorm does", c->batch, s->spatial);
+	float *saved = hpu_saved(l);
+	for (int ch = 0; ch < s->ch; ch++) {
+		double mean, var;
+		channel_stats(s, x, c->batch, ch, &mean, &var);
+		float rstd = (float)(1.0 / sqrt(var + s->eps));
+		channel_apply(s, x, y, c->batch, ch, (float)mean, rstd, w[ch], bias[ch]);
+		if (saved) { /* for backward; a forward-only call may have none */
+			saved[ch] = (float)mean;
+			saved[s->ch + ch] = rstd;
+		}
+		if (c->recompute)
+			continue;
+		run_mean[ch] = (1 - s->momentum) * run_mean[ch] + s->momentum * (float)mean;
+		run_var[ch] = (1 - s->momentum) * run_var[ch] +
+			      s->momentum * (float)(var * m / (m - 1));
+	}
+	return HPU_OK;
+}
+
+/* Through the batch statistics, with xhat = (x - mean) * rstd over the m
+ * = batch * spatial values of a channel:
+ *   dbias += sum dy, dweight += sum dy * xhat,
+ *   dx = weight * rstd * (dy - sum(dy) / m - xhat * sum(dy * xhat) / m). */
+static int batchnorm_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			      const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
+{
+	(void)out;
+	const batchnorm *s = hpu_layer_user(l);
+	const float *x = hpu_f32(&in[0]), *dy = hpu_f32(&dout[0]), *w = hpu_param(l, 0);
+	const float *saved = hpu_saved(l);
+	float *dw = hpu_grad(l, 0), *dbias = hpu_grad(l, 1), *dx = hpu_f32(&din[0]);
+	double m = (double)c->batch * s->spatial;
+	for (int ch = 0; ch < s->ch; ch++) {
+		float mean = saved[ch], rstd = saved[s->ch + ch];
+		double sdy = 0, sdyx = 0;
+		for (int b = 0; b < c->batch; b++) {
+			const float *xc = chan(s, x, b, ch), *dyc = chan(s, dy, b, ch);
+			for (size_t i = 0; i < s->spatial; i++) {
+				sdy += dyc[i];
+				sdyx += (double)dyc[i] * ((xc[i] - mean) * rstd);
+			}
+		}
+		dw[ch] += (float)sdyx;
+		dbias[ch] += (float)sdy;
+		if (!dx)
+			continue;
+		float gm = (float)(sdy / m), gxm = (float)(sdyx / m), k = w[ch] * rstd;
+		for (int b = 0; b < c->batch; b++) {
+			const float *xc = chan(s, x, b, ch), *dyc = chan(s, dy, b, ch);
+			float *dxc = (float *)chan(s, dx, b, ch);
+			for (size_t i = 0; i < s->spatial; i++)
+				dxc[i] = k * (dyc[i] - gm - (xc[i] - mean) * rstd * gxm);
+		}
+	}
+	return HPU_OK;
+}
+
+static const hpu_layer_ops batchnorm_ops = {
+	.forward = batchnorm_forward,
+	.backward = batchnorm_backward,
+	.destroy = free,
+};
+
+hpu_layer *hpu_batchnorm(hpu_builder *b, const char *name, const char *in, const char *out,
+			 float eps, float momentum, hpu_buffer_sync sync)
+{
+	hpu_tensor t;
+	if (ld_input(b, name, in, HPU_F32, &t) < 0)
+		return NULL;
+	if (t.ndim < 1 || t.ndim > 3) {
+		hpu_error(b, "layer %s: input %s has %d dimensions per sample; batch norm takes "
+			  "[C], [C, L] or [C, H, W]", ld_str(name), in, t.ndim);
+		return NULL;
+	}
+	if (!isfinite(eps) || eps < 0) {
+		hpu_error(b, "layer %s: eps %g must be finite and >= 0", ld_str(name), eps);
+		return NULL;
+	}
+	if (!(momentum >= 0 && momentum <= 1)) {
+		hpu_error(b, "layer %s: momentum %g must be in [0, 1]", ld_str(name), momentum);
+		return NULL;
+	}
+	if (sync != HPU_BUFFER_BROADCAST && sync != HPU_BUFFER_MEAN && sync != HPU_BUFFER_LOCAL) {
+		hpu_error(b, "layer %s: buffer sync %d is not an hpu_buffer_sync", ld_str(name),
+			  (int)sync);
+		return NULL;
+	}
+	if (t.shape[0] > INT_MAX) {
+		hpu_error(b, "layer %s: %lld channels are too many", ld_str(name),
+			  (long long)t.shape[0]);
+		return NULL;
+	}
+	int64_t ch = t.shape[0];
+	batchnorm *s = malloc(sizeof *s);
+	if (s)
+		*s = (batchnorm){.ch = (int)ch, .spatial = t.sample_numel / (size_t)ch, .eps = eps,
+				 .momentum = momentum};
+	hpu_layer *l = ld_declare(b, name, in, &batchnorm_ops, s, out, HPU_F32, t.ndim, t.shape);
+	if (!l)
+		return NULL;
+	if (hpu_param_add(l, "weight", 1, &ch, HPU_INIT(ONES)) < 0 ||
+	    hpu_param_add(l, "bias", 1, &ch, HPU_INIT(ZEROS)) < 0 ||
+	    hpu_buffer_add(l, "running_mean", 1, &ch, HPU_INIT(ZEROS), sync) < 0 ||
+	    hpu_buffer_add(l, "running_var", 1, &ch, HPU_INIT(ONES), sync) < 0)
+		return NULL;
+	hpu_layer_memory(l, 0, 2 * (size_t)ch, 0, 0); /* the batch's mean, rstd */
+	return l;
+}

@@ -1,0 +1,351 @@
+/* Sequence layers: embedding and multi-head self-attention.
+ *
+ * Attention is composed from the ops (linear, bmm, softmax), so autocast
+ * lowers its projections and products as it lowers any linear and bmm:
+ *   qkv = x Wqkv^T + bqkv                               [T, 3D]
+ *   q, k, v per head, head-major (q scaled by 1/sqrt(hd)) [heads, T, hd]
+ *   att = softmax(q k^T, masked)                        [heads, T, T]
+ *   ctx = att v, the heads side by side                 [T, D]
+ *   out = ctx Wo^T + bo                                 [T, D]
+ * The masked scores get -inf before the softmax and exact zeros after
+ * it, so a padding key gets no weight and no gradient, and a query row
+ * with no key to attend to gets zeros (its output is then bo).
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hpu/hpu.h>
+#include <hpu/layers.h>
+#include <hpu/ops.h>
+
+#include "decl.h"
+
+/* hpu_max_batch(), 0 when the runtime has not said. */
+static size_t max_batch(const hpu_builder *b)
+{
+	return hpu_max_batch(b) > 0 ? (size_t)hpu_max_batch(b) : 0;
+}
+
+/* ---- embedding ---- */
+
+typedef struct embedding {
+	int vocab, dim;
+	size_t ids; /* ids per sample */
+} embedding;
+
+static int embedding_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			     hpu_tensor *out)
+{
+	const embedding *s = hpu_layer_user(l);
+	const int32_t *ids = hpu_i32(&in[0]);
+	size_t n = (size_t)c->batch * s->ids;
+	if (n > INT_MAX)
+		return hpu_layer_error(l, "a micro-batch of %d samples of %zu ids is too large for "
+				       "the embedding op", c->batch, s->ids);
+	if (hpu_embedding_forward(hpu_param(l, 0), ids, hpu_f32(&out[0]), (int)n, s->vocab,
+				  s->dim) == HPU_OK)
+		return HPU_OK;
+	size_t i = 0;
+	while (i < n && ids[i] >= 0 && ids[i] < s->vocab)
+		i++;
+	int row = (int)(i / s->ids);
+	char sample[40] = "";
+	if (c->samples)
+		snprintf(sample, sizeof sample, " (dataset sample %u)", (unsigned)c->samples[row]);
+	hpu_layer_error(l, "id %d at position %zu of row %d%s of input %s is outside the "
+			"vocabulary [0, %d)", i < n ? ids[i] : -1, i % s->ids, row, sample,
+			ld_str(in[0].name), s->vocab);
+	return HPU_ERANGE;
+}
+
+/* The ids are i32: no input gradient, only the table's. */
+static int embedding_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			      const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
+{
+	(void)out;
+	(void)din;
+	const embedding *s = hpu_layer_user(l);
+	hpu_embedding_backward(hpu_i32(&in[0]), hpu_f32(&dout[0]), hpu_grad(l, 0),
+			       (int)((size_t)c->batch * s->ids), s->dim);
+	return HPU_OK;
+}
+
+static const hpu_layer_ops embedding_ops = {
+	.forward = embedding_forward,
+	.backward = embedding_backward,
+	.destroy = free,
+};
+
+hpu_layer *hpu_embedding(hpu_builder *b, const char *name, const char *in, const char *out,
+			 int64_t vocab, int64_t dim)
+{
+	hpu_tensor t;
+	if (ld_input(b, name, in, HPU_I32, &t) < 0)
+		return NULL;
+	if (t.ndim >= HPU_MAX_DIMS) {
+		hpu_error(b, "layer %s: input %s has %d dimensions per sample; the output adds "
+			  "one and may have at most %d", ld_str(name), in, t.ndim, HPU_MAX_DIMS);
+		return NULL;
+	}
+	if (vocab < 1 || vocab > INT_MAX || dim < 1 || dim > INT_MAX) {
+		hpu_error(b, "layer %s: vocab %lld and dim %lld must be in [1, %d]", ld_str(name),
+			  (long long)vocab, (long long)dim, INT_MAX);
+		return NULL;
+	}
+	if (max_batch(b) * t.sample_numel > INT_MAX) {
+		hpu_error(b, "layer %s: %zu ids per sample times the largest micro-batch (%d) "
+			  "exceed the embedding op's int sizes", ld_str(name), t.sample_numel,
+			  hpu_max_batch(b));
+		return NULL;
+	}
+	int64_t shape[HPU_MAX_DIMS], wshape[2] = {vocab, dim};
+	memcpy(shape, t.shape, (size_t)t.ndim * sizeof *shape);
+	shape[t.ndim] = dim;
+	embedding *s = malloc(sizeof *s);
+	if (s)
+		*s = (embedding){.vocab = (int)vocab, .dim = (int)dim, .ids = t.sample_numel};
+	hpu_layer *l = ld_declare(b, name, in, &embedding_ops, s, out, HPU_F32, t.ndim + 1, shape);
+	if (!l || hpu_param_add(l, "weight", 2, wshape, HPU_INIT(NORMAL, 0, 1)) < 0)
+		return NULL;
+	return l;
+}
+
+/* ---- multi-head self-attention ---- */
+
+typedef struct attention {
+	int t, d, heads, hd;
+	int causal, masked; /* masked: a key mask is the second input */
+	float scale;        /* 1 / sqrt(hd) */
+} attention;
+
+/* Where row i of head h of sample b starts in a head-major array. */
+static size_t hrow(const attention *s, int b, int h, int i)
+{
+	return (((size_t)b * s->heads + h) * s->t + i) * s->hd;
+}
+
+/* dst[b, h, i, :] = src[b, i, h*hd ..] * mul: one head-major copy of a
+ * slice (row stride ld) of `batch` samples. */
+static void split_heads(const attention *s, const float *src, size_t ld, float *dst, int batch,
+			float mul)
+{
+	for (int b = 0; b < batch; b++)
+		for (int h = 0; h < s->heads; h++)
+			for (int i = 0; i < s->t; i++) {
+				const float *r = src + ((size_t)b * s->t + i) * ld +
+						 (size_t)h * s->hd;
+				float *o = dst + hrow(s, b, h, i);
+				for (int e = 0; e < s->hd; e++)
+					o[e] = r[e] * mul;
+			}
+}
+
+/* The inverse: dst[b, i, h*hd ..] (row stride ld) = src[b, h, i, :] * mul. */
+static void merge_heads(const attention *s, const float *src, float *dst, size_t ld, int batch,
+			float mul)
+{
+	for (int b = 0; b < batch; b++)
+		for (int h = 0; h < s->heads; h++)
+			for (int i = 0; i < s->t; i++) {
+				const float *r = src + hrow(s, b, h, i);
+				float *o = dst + ((size_t)b * s->t + i) * ld + (size_t)h * s->hd;
+				for (int e = 0; e < s->hd; e++)
+					o[e] = r[e] * mul;
+			}
+}
+
+/* Query i may attend to key j of a sample with key mask `mask`. */
+static int allowed(const attention *s, const int32_t *mask, int i, int j)
+{
+	return (!s->causal || j <= i) && (!mask || mask[j]);
+}
+
+/* Before the softmax (after == 0): -inf at the scores a query may not
+ * attend to, and a row with none it may gets zeros (anything finite: it
+ * is zeroed after). After: exact zeros at those places and rows. */
+static void mask_scores(const attention *s, float *att, const int32_t *mask, int batch,
+			int after)
+{
+	for (int b = 0; b < batch; b++) {
+		const int32_t *m = mask ? mask + (size_t)b * s->t : NULL;
+		for (int h = 0; h < s->heads; h++)
+			for (int i = 0; i < s->t; i++) {
+				float *row = att + (((size_t)b * s->heads + h) * s->t + i) * s->t;
+				int any = 0;
+				for (int j = 0; j < s->t; j++)
+					any |= allowed(s, m, i, j);
+				for (int j = 0; j < s->t; j++)
+					if (!any)
+						row[j] = 0.0f;
+					else if (!allowed(s, m, i, j))
+						row[j] = after ? 0.0f : -INFINITY;
+			}
+	}
+}
+
+/* Memory, for a micro-batch with N = batch * T * D and P = batch * heads
+ * * T * T floats:
+ *   saved:   qkv [3N], ctx [N], att [P]                (4N + P)
+ *   scratch: forward q, k, v, o head-major [4N] (then, with no saved
+ *            memory, as in an evaluation that has none, the saved
+ *            arrays); backward q, k, v [3N] (then dqkv), dctx [N], do
+ *            [N], dq, dk, dv [3N], dP [P]               (8N + P) */
+static int attention_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			     hpu_tensor *out)
+{
+	const attention *s = hpu_layer_user(l);
+	int batch = c->batch, t = s->t, d = s->d, hd = s->hd, bh = batch * s->heads;
+	if (batch < 0 || (size_t)batch * s->heads * t > INT_MAX)
+		return hpu_layer_error(l, "a micro-batch of %d is too large for the ops' int sizes",
+				       batch);
+	const int32_t *mask = s->masked ? hpu_i32(&in[1]) : NULL;
+	for (size_t i = 0; mask && i < (size_t)batch * t; i++)
+		if (mask[i] != 0 && mask[i] != 1)
+			return hpu_layer_error(l, "key mask %s has %d at position %zu of row %zu: "
+					       "1 marks a real token, 0 padding",
+					       ld_str(in[1].name), mask[i], i % t, i / t);
+	size_t n = (size_t)batch * t * d, tt = (size_t)t * t, th = (size_t)t * hd;
+	float *scr = hpu_scratch(l), *sv = hpu_saved(l);
+	if (!sv)
+		sv = scr + 4 * n;
+	float *qkv = sv, *ctx = sv + 3 * n, *att = sv + 4 * n;
+	float *hq = scr, *hk = scr + n, *hv = scr + 2 * n, *ho = scr + 3 * n;
+	hpu_linear_forward(hpu_f32(&in[0]), hpu_param(l, 0), hpu_param(l, 1), qkv, batch * t, d,
+			   3 * d);
+	split_heads(s, qkv, 3 * (size_t)d, hq, batch, s->scale);
+	split_heads(s, qkv + d, 3 * (size_t)d, hk, batch, 1.0f);
+	split_heads(s, qkv + 2 * d, 3 * (size_t)d, hv, batch, 1.0f);
+	hpu_bmm(hq, hk, att, bh, t, t, hd, 0, 1, 0, th, th, tt);
+	if (s->causal || mask)
+		mask_scores(s, att, mask, batch, 0);
+	hpu_softmax_forward(att, att, bh * t, t);
+	if (s->causal || mask)
+		mask_scores(s, att, mask, batch, 1);
+	hpu_bmm(att, hv, ho, bh, t, hd, t, 0, 0, 0, tt, th, th);
+	merge_heads(s, ho, ctx, (size_t)d, batch, 1.0f);
+	hpu_linear_forward(ctx, hpu_param(l, 2), hpu_param(l, 3), hpu_f32(&out[0]), batch * t, d,
+			   d);
+	return HPU_OK;
+}
+
+/* With P = att, do = dL/dctx per head and q scaled:
+ *   dv = P^T do, dP = do v^T, dS = P * (dP - rowsum(dP * P)) (softmax
+ *   backward; zero where P is), dq = scale * dS k, dk = dS^T q. */
+static int attention_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			      const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
+{
+	(void)out;
+	const attention *s = hpu_layer_user(l);
+	int batch = c->batch, t = s->t, d = s->d, hd = s->hd, bh = batch * s->heads;
+	size_t n = (size_t)batch * t * d, tt = (size_t)t * t, th = (size_t)t * hd;
+	const float *sv = hpu_saved(l);
+	const float *qkv = sv, *ctx = sv + 3 * n, *att = sv + 4 * n;
+	float *scr = hpu_scratch(l);
+	float *hq = scr, *hk = scr + n, *hv = scr + 2 * n, *dctx = scr + 3 * n;
+	float *hdo = scr + 4 * n, *hdq = scr + 5 * n, *hdk = scr + 6 * n, *hdv = scr + 7 * n;
+	float *dp = scr + 8 * n, *dqkv = scr;
+	hpu_linear_backward(ctx, hpu_param(l, 2), hpu_f32(&dout[0]), dctx, hpu_grad(l, 2),
+			    hpu_grad(l, 3), batch * t, d, d);
+	split_heads(s, dctx, (size_t)d, hdo, batch, 1.0f);
+	split_heads(s, qkv, 3 * (size_t)d, hq, batch, s->scale);
+	split_heads(s, qkv + d, 3 * (size_t)d, hk, batch, 1.0f);
+	split_heads(s, qkv + 2 * d, 3 * (size_t)d, hv, batch, 1.0f);
+	hpu_bmm(att, hdo, hdv, bh, t, hd, t, 1, 0, 0, tt, th, th);
+	hpu_bmm(hdo, hv, dp, bh, t, t, hd, 0, 1, 0, th, th, tt);
+	hpu_softmax_backward(att, dp, dp, bh * t, t);
+	hpu_bmm(dp, hk, hdq, bh, t, hd, t, 0, 0, 0, tt, th, th);
+	hpu_bmm(dp, hq, hdk, bh, t, hd, t, 1, 0, 0, tt, th, th);
+	merge_heads(s, hdq, dqkv, 3 * (size_t)d, batch, s->scale);
+	merge_heads(s, hdk, dqkv + d, 3 * (size_t)d, batch, 1.0f);
+	merge_heads(s, hdv, dqkv + 2 * d, 3 * (size_t)d, batch, 1.0f);
+	hpu_linear_backward(hpu_f32(&in[0]), hpu_param(l, 0), dqkv, hpu_f32(&din[0]),
+			    hpu_grad(l, 0), hpu_grad(l, 1), batch * t, d, 3 * d);
+	return HPU_OK;
+}
+
+static const hpu_layer_ops attention_ops = {
+	.forward = attention_forward,
+	.backward = attention_backward,
+	.destroy = free,
+};
+
+/* Splits "x" or "x,mask" into x[] and mask[] ("" when absent). */
+static int split_inputs(hpu_builder *b, const char *name, const char *in, char *x, char *mask)
+{
+	const char *comma = in ? strchr(in, ',') : NULL;
+	size_t nx = comma ? (size_t)(comma - in) : (in ? strlen(in) : 0);
+	const char *m = comma ? comma + 1 : "";
+	if (!in || !nx || nx >= HPU_NAME_MAX || strchr(m, ',') || strlen(m) >= HPU_NAME_MAX ||
+	    (comma && !*m))
+		return hpu_error(b, "layer %s: inputs \"%s\" must be \"x\" or \"x,mask\"",
+				 ld_str(name), ld_str(in));
+	memcpy(x, in, nx);
+	x[nx] = 0;
+	strcpy(mask, m);
+	return HPU_OK;
+}
+
+/* Checks the inputs and sizes; fills *s. */
+static int attention_check(hpu_builder *b, const char *name, const char *in, int heads,
+			   int causal, attention *s)
+{
+	char xn[HPU_NAME_MAX], mn[HPU_NAME_MAX];
+	hpu_tensor x, m;
+	if (split_inputs(b, name, in, xn, mn) < 0)
+		return HPU_ERROR;
+	if (ld_input(b, name, xn, HPU_F32, &x) < 0)
+		return HPU_ERROR;
+	if (x.ndim != 2)
+		return hpu_error(b, "layer %s: input %s must be [T, D] per sample, has %d "
+				 "dimensions", ld_str(name), xn, x.ndim);
+	if (x.shape[0] > INT_MAX || x.shape[1] > INT_MAX / 3)
+		return hpu_error(b, "layer %s: input %s is too large for the ops' int sizes",
+				 ld_str(name), xn);
+	int t = (int)x.shape[0], d = (int)x.shape[1];
+	if (heads < 1 || d % heads)
+		return hpu_error(b, "layer %s: heads must be at least 1 and divide the model "
+				 "dimension %d, is %d", ld_str(name), d, heads);
+	if (*mn && hpu_tensor_info(b, mn, &m) != HPU_OK)
+		return hpu_error(b, "layer %s: key mask %s is not a tensor declared before it",
+				 ld_str(name), mn);
+	if (*mn && (m.dtype != HPU_I32 || m.ndim != 1 || m.shape[0] != t))
+		return hpu_error(b, "layer %s: key mask %s must be i32 [%d] per sample (T of %s)",
+				 ld_str(name), mn, t, xn);
+	if (max_batch(b) * (size_t)heads * (size_t)t > INT_MAX)
+		return hpu_error(b, "layer %s: the largest micro-batch (%d) times %d heads times "
+				 "T = %d exceeds the ops' int sizes", ld_str(name),
+				 hpu_max_batch(b), heads, t);
+	*s = (attention){.t = t, .d = d, .heads = heads, .hd = d / heads, .causal = causal != 0,
+			 .masked = *mn != 0, .scale = 1.0f / sqrtf((float)(d / heads))};
+	return HPU_OK;
+}
+
+hpu_layer *hpu_attention(hpu_builder *b, const char *name, const char *in, const char *out,
+			 int heads, int causal)
+{
+	attention chk;
+	if (attention_check(b, name, in, heads, causal, &chk) < 0)
+		return NULL;
+	attention *s = malloc(sizeof *s);
+	if (s)
+		*s = chk;
+	int64_t d = chk.d, xshape[2] = {chk.t, d}, wqkv[2] = {3 * d, d}, bqkv = 3 * d;
+	int64_t wo[2] = {d, d};
+	hpu_layer *l = ld_declare(b, name, in, &attention_ops, s, out, HPU_F32, 2, xshape);
+	if (!l)
+		return NULL;
+	/* torch.nn.MultiheadAttention's names and initialization; its
+	 * out_proj keeps Linear's default, kaiming_uniform(a = sqrt(5)),
+	 * which is U(+-1/sqrt(fan_in)) */
+	if (hpu_param_add(l, "in_proj_weight", 2, wqkv, HPU_INIT(XAVIER_UNIFORM)) < 0 ||
+	    hpu_param_add(l, "in_proj_bias", 1, &bqkv, HPU_INIT(ZEROS)) < 0 ||
+	    hpu_param_add(l, "out_proj.weight", 2, wo, HPU_INIT(FAN_IN_UNIFORM)) < 0 ||
+	    hpu_param_add(l, "out_proj.bias", 1, &d, HPU_INIT(ZEROS)) < 0)
+		return NULL;
+	size_t td = (size_t)chk.t * chk.d, htt = (size_t)chk.heads * chk.t * chk.t;
+	hpu_layer_memory(l, 4 * td + htt, 0, 8 * td + htt, 0);
+	return l;
+}
