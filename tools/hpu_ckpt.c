@@ -61,15 +61,17 @@ static const char *const help_info =
 	"\n"
 	"Prints what a checkpoint holds: model, step, epoch and batch, world size,\n"
 	"strategy, precision, optimizer, sections, parameters (name and shape),\n"
-	"files and bytes, scheduler, loss scaler, fp8 state. For a checkpoint\n"
-	"root, first lists every checkpoint in it, newest first, marking the one\n"
-	"`latest` names with '*', then shows that one.\n";
+	"buffers (name, shape, sync), files and bytes, scheduler, loss scaler,\n"
+	"fp8 state. For a checkpoint root, first lists every checkpoint in it,\n"
+	"newest first, marking the one `latest` names with '*', then shows that\n"
+	"one.\n";
 
 static const char *const help_verify =
 	"usage: hpu-ckpt verify DIR [--all]\n"
 	"\n"
-	"Checks every file of the checkpoint against its manifest: present, the\n"
-	"size, the SHA-256. One line per file, then a total. For a root, checks\n"
+	"Checks every file of the checkpoint (the shards and, when the model has\n"
+	"buffers, the buffers file) against its manifest: present, the size,\n"
+	"the SHA-256. One line per file, then a total. For a root, checks\n"
 	"the checkpoint `latest` names; with --all, every checkpoint under it.\n"
 	"Exits 1 if any file (or manifest) is damaged or missing.\n";
 
@@ -79,19 +81,23 @@ static const char *const help_export =
 	"Writes the checkpoint's fp32 weights (the \"params\" section) to FILE,\n"
 	"atomically (a device or a pipe, such as /dev/stdout, in place), after\n"
 	"checking every file's SHA-256:\n"
-	"  safetensors  (default) one F32 tensor per parameter, named as in the\n"
-	"               model; loads with safetensors.torch.load_file\n"
+	"  safetensors  (default) one F32 tensor per parameter, then one per\n"
+	"               buffer (batch norm's running statistics, ...), named as\n"
+	"               in the model, as a state_dict has them; loads with\n"
+	"               safetensors.torch.load_file\n"
 	"  raw          every parameter's floats in declaration order, exactly\n"
-	"               what --save-params writes (for --load-params)\n";
+	"               what --save-params writes (for --load-params); no\n"
+	"               buffers (they stay in the checkpoint's buffers file)\n";
 
 static const char *const help_reshard =
 	"usage: hpu-ckpt reshard SRC DST --world M [--strategy S]\n"
 	"\n"
 	"Writes checkpoint SRC again as DST with M shard files, each an equal\n"
 	"contiguous slice of the parameters and their optimizer state, so that\n"
-	"M workers each read one file. DST must not exist; it is written as\n"
-	"DST.partial and renamed when complete. The manifest is SRC's with\n"
-	"world_size M (and strategy S, one of fast_ddp, ddp, zero1, zero2,\n"
+	"M workers each read one file; the buffers file, whole on every rank\n"
+	"whatever the world size, is copied as it is. DST must not exist; it is\n"
+	"written as DST.partial and renamed when complete. The manifest is SRC's\n"
+	"with world_size M (and strategy S, one of fast_ddp, ddp, zero1, zero2,\n"
 	"zero3, if given). SRC's files are verified first. Resume from it with\n"
 	"hpu-worker --resume DST (any world size and strategy reads it).\n";
 
@@ -244,42 +250,50 @@ static int open_ckpt(hpu_ckpt *c, const char *dir)
 	return OK;
 }
 
+/* The shards and the buffers file. */
 static uint64_t total_bytes(const hpu_ckpt *c)
 {
-	uint64_t b = 0;
+	uint64_t b = c->nbuffers ? c->buffer_file.bytes : 0;
 	for (int i = 0; i < c->nfiles; i++)
 		b += c->files[i].bytes;
 	return b;
+}
+
+static int total_files(const hpu_ckpt *c)
+{
+	return c->nfiles + (c->nbuffers > 0);
 }
 
 /* Every file checked; with `print`, one line each and a total. Returns
  * how many are bad; the first failure's sentence in first[]. */
 static int verify_files(const hpu_ckpt *c, int print, char *first, size_t firstlen)
 {
-	int bad = 0;
+	int bad = 0, n = total_files(c);
 	uint64_t ok_bytes = 0;
 	char err[1024];
 	if (print)
-		printf("%s: %d files, %llu bytes\n", c->dir, c->nfiles,
-		       (unsigned long long)total_bytes(c));
-	for (int i = 0; i < c->nfiles; i++) {
-		if (hpu_ckpt_verify(c, i, err, sizeof err) < 0) {
+		printf("%s: %d files, %llu bytes\n", c->dir, n, (unsigned long long)total_bytes(c));
+	/* i == nfiles: the buffers file */
+	for (int i = 0; i < n; i++) {
+		const hpu_ckpt_file *f = i < c->nfiles ? &c->files[i] : &c->buffer_file;
+		if ((i < c->nfiles ? hpu_ckpt_verify(c, i, err, sizeof err)
+				   : hpu_ckpt_verify_buffers(c, err, sizeof err)) < 0) {
 			if (!bad++ && first)
 				snprintf(first, firstlen, "%s", err);
 			if (print)
 				printf("  BAD  %s\n", err);
 		} else {
-			ok_bytes += c->files[i].bytes;
+			ok_bytes += f->bytes;
 			if (print)
-				printf("  ok   %s (%llu bytes, sha256 %.16s...)\n", c->files[i].name,
-				       (unsigned long long)c->files[i].bytes, c->files[i].sha256);
+				printf("  ok   %s (%llu bytes, sha256 %.16s...)\n", f->name,
+				       (unsigned long long)f->bytes, f->sha256);
 		}
 	}
 	if (print) {
 		if (bad)
-			printf("%s: DAMAGED: %d of %d files bad\n", c->dir, bad, c->nfiles);
+			printf("%s: DAMAGED: %d of %d files bad\n", c->dir, bad, n);
 		else
-			printf("%s: ok: %d files, %llu bytes verified\n", c->dir, c->nfiles,
+			printf("%s: ok: %d files, %llu bytes verified\n", c->dir, n,
 			       (unsigned long long)ok_bytes);
 	}
 	return bad;
@@ -316,14 +330,37 @@ static void print_fields(const char *label, const cJSON *o)
 }
 
 /* "[1024, 784]" */
-static void shape_text(const hpu_ckpt_param *p, char *buf, size_t n)
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n)
 {
 	size_t at = (size_t)snprintf(buf, n, "[");
-	for (int d = 0; d < p->ndim && at < n; d++)
+	for (int d = 0; d < ndim && at < n; d++)
 		at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "",
-				       (long long)p->shape[d]);
+				       (long long)shape[d]);
 	if (at < n)
 		snprintf(buf + at, n - at, "]");
+}
+
+/* The buffers, at most SHOW_PARAMS of them: name, shape, floats, sync
+ * (nothing for a model without: its lines stay as they were). */
+static void print_buffers(const hpu_ckpt *c)
+{
+	if (!c->nbuffers)
+		return;
+	printf("%-14s%d (%llu floats) in %s\n", "buffers", c->nbuffers,
+	       (unsigned long long)c->buffer_numel, c->buffer_file.name);
+	int w = 0, ws = 0;
+	char shape[SHOW_PARAMS][160];
+	for (int i = 0; i < c->nbuffers && i < SHOW_PARAMS; i++) {
+		w = (int)strlen(c->buffers[i].name) > w ? (int)strlen(c->buffers[i].name) : w;
+		shape_text(c->buffers[i].ndim, c->buffers[i].shape, shape[i], sizeof shape[i]);
+		ws = (int)strlen(shape[i]) > ws ? (int)strlen(shape[i]) : ws;
+	}
+	for (int i = 0; i < c->nbuffers && i < SHOW_PARAMS; i++)
+		printf("  %-*s  %-*s  %llu%s%s\n", w, c->buffers[i].name, ws, shape[i],
+		       (unsigned long long)c->buffers[i].numel,
+		       c->buffers[i].sync[0] ? "  sync " : "", c->buffers[i].sync);
+	if (c->nbuffers > SHOW_PARAMS)
+		printf("  ... %d more\n", c->nbuffers - SHOW_PARAMS);
 }
 
 static void print_details(const hpu_ckpt *c)
@@ -349,7 +386,7 @@ static void print_details(const hpu_ckpt *c)
 	int ws = 0;
 	for (int i = 0; i < c->nparams && i < SHOW_PARAMS; i++) {
 		w = (int)strlen(c->params[i].name) > w ? (int)strlen(c->params[i].name) : w;
-		shape_text(&c->params[i], shape[i], sizeof shape[i]);
+		shape_text(c->params[i].ndim, c->params[i].shape, shape[i], sizeof shape[i]);
 		ws = (int)strlen(shape[i]) > ws ? (int)strlen(shape[i]) : ws;
 	}
 	for (int i = 0; i < c->nparams && i < SHOW_PARAMS; i++)
@@ -357,12 +394,16 @@ static void print_details(const hpu_ckpt *c)
 		       (unsigned long long)c->params[i].numel);
 	if (c->nparams > SHOW_PARAMS)
 		printf("  ... %d more\n", c->nparams - SHOW_PARAMS);
-	printf("%-14s%d, %llu bytes (%.1f MB)\n", "files", c->nfiles,
+	print_buffers(c);
+	printf("%-14s%d, %llu bytes (%.1f MB)\n", "files", total_files(c),
 	       (unsigned long long)total_bytes(c), (double)total_bytes(c) / 1e6);
 	for (int i = 0; i < c->nfiles; i++)
 		printf("  %s  %llu bytes, %zu segments, %llu floats per section\n",
 		       c->files[i].name, (unsigned long long)c->files[i].bytes, c->files[i].nseg,
 		       (unsigned long long)c->files[i].elems);
+	if (c->nbuffers)
+		printf("  %s  %llu bytes, the buffers\n", c->buffer_file.name,
+		       (unsigned long long)c->buffer_file.bytes);
 	print_fields("scheduler", cJSON_GetObjectItemCaseSensitive(m, "scheduler"));
 	print_fields("loss scaler", cJSON_GetObjectItemCaseSensitive(m, "loss_scaler"));
 	const cJSON *fp8 = cJSON_GetObjectItemCaseSensitive(m, "fp8");
@@ -386,8 +427,8 @@ static void print_root(const root *r, const char *path)
 			printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else
 			printf("%c %s  step %ld, %d x %s, %s, %d files, %.1f MB\n", mark ? '*' : ' ',
-			       r->names[i], c.step, c.world, c.strategy, c.precision, c.nfiles,
-			       (double)total_bytes(&c) / 1e6);
+			       r->names[i], c.step, c.world, c.strategy, c.precision,
+			       total_files(&c), (double)total_bytes(&c) / 1e6);
 		hpu_ckpt_close(&c);
 	}
 	if (!r->latest[0])
@@ -510,6 +551,22 @@ static int copy_range(hpu_ckpt *c, int s, uint64_t start, uint64_t count, float 
 	return 0;
 }
 
+/* Floats [start, start + count) of the buffers file into w, CHUNK at a
+ * time through buf. */
+static int copy_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *buf,
+			hpu_ckpt_writer *w, char *err, size_t errlen)
+{
+	while (count) {
+		uint64_t n = count < CHUNK ? count : CHUNK;
+		if (hpu_ckpt_read_buffers(c, start, n, buf, err, errlen) < 0 ||
+		    hpu_ckpt_writer_put(w, buf, (size_t)n * 4, err, errlen) < 0)
+			return -1;
+		start += n;
+		count -= n;
+	}
+	return 0;
+}
+
 /* Opens the checkpoint DIR stands for and checks every file's digest;
  * `what` is said when refusing a damaged one. */
 static int open_verified(hpu_ckpt *c, const char *arg, const char *what)
@@ -531,9 +588,26 @@ static int open_verified(hpu_ckpt *c, const char *arg, const char *what)
 
 /* ---- export ---- */
 
+/* Tensor `name` of the safetensors header h: F32, its shape, and its
+ * floats from `at` (in floats of the data). */
+static void tensor_entry(cJSON *h, const char *name, int ndim, const int64_t *shape, uint64_t at,
+			 uint64_t numel)
+{
+	cJSON *t = cJSON_AddObjectToObject(h, name), *sh = cJSON_CreateArray(),
+	      *off = cJSON_CreateArray();
+	cJSON_AddStringToObject(t, "dtype", "F32");
+	for (int d = 0; d < ndim; d++)
+		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)shape[d]));
+	cJSON_AddItemToObject(t, "shape", sh);
+	cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(at * 4)));
+	cJSON_AddItemToArray(off, cJSON_CreateNumber((double)((at + numel) * 4)));
+	cJSON_AddItemToObject(t, "data_offsets", off);
+}
+
 /* The safetensors header: JSON, padded with spaces to a multiple of 8
  * bytes so that the data after it (and its 8-byte length) is aligned.
- * NULL (said) on duplicate names or no memory. */
+ * The parameters' floats come first, then the buffers'. NULL (said) on
+ * duplicate names or no memory. */
 static char *safetensors_header(const hpu_ckpt *c, size_t *len)
 {
 	cJSON *h = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(h, "__metadata__");
@@ -554,15 +628,18 @@ static char *safetensors_header(const hpu_ckpt *c, size_t *len)
 			cJSON_Delete(h);
 			return NULL;
 		}
-		cJSON *t = cJSON_AddObjectToObject(h, p->name), *shape = cJSON_CreateArray(),
-		      *off = cJSON_CreateArray();
-		cJSON_AddStringToObject(t, "dtype", "F32");
-		for (int d = 0; d < p->ndim; d++)
-			cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)p->shape[d]));
-		cJSON_AddItemToObject(t, "shape", shape);
-		cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(p->offset * 4)));
-		cJSON_AddItemToArray(off, cJSON_CreateNumber((double)((p->offset + p->numel) * 4)));
-		cJSON_AddItemToObject(t, "data_offsets", off);
+		tensor_entry(h, p->name, p->ndim, p->shape, p->offset, p->numel);
+	}
+	for (int i = 0; i < c->nbuffers; i++) {
+		const hpu_ckpt_buffer *q = &c->buffers[i];
+		if (hpu_ckpt_param_find(c, q->name) >= 0 || !strcmp(q->name, "__metadata__")) {
+			fail("%s: buffer name \"%s\" is also a parameter's (or is reserved); "
+			     "safetensors needs unique names (use --format raw)",
+			     c->dir, q->name);
+			cJSON_Delete(h);
+			return NULL;
+		}
+		tensor_entry(h, q->name, q->ndim, q->shape, c->numel + q->offset, q->numel);
 	}
 	char *json = cJSON_PrintUnformatted(h);
 	cJSON_Delete(h);
@@ -628,16 +705,29 @@ static int cmd_export(int argc, char **argv)
 		fail("%s", err);
 		goto done;
 	}
+	/* raw is --save-params' format: the parameters alone */
+	uint64_t nbuf = st ? c.buffer_numel : 0;
 	if ((header && put_header(&w, header, hlen, err, sizeof err) < 0) ||
 	    copy_range(&c, section, 0, c.numel, buf, &w, err, sizeof err) < 0 ||
+	    copy_buffers(&c, 0, nbuf, buf, &w, err, sizeof err) < 0 ||
 	    hpu_ckpt_writer_commit(&w, NULL, err, sizeof err) < 0) {
 		hpu_ckpt_writer_abort(&w);
 		fail("exporting %s to %s: %s", c.dir, out, err);
 		goto done;
 	}
-	printf("exported %s (step %ld): %d parameters, %llu floats, to %s (%s, %llu bytes)\n",
-	       c.dir, c.step, c.nparams, (unsigned long long)c.numel, out, format,
-	       (unsigned long long)(c.numel * 4 + (header ? 8 + hlen : 0)));
+	char extra[160] = "";
+	if (c.nbuffers && st)
+		snprintf(extra, sizeof extra, " and %d buffers, %llu floats,", c.nbuffers,
+			 (unsigned long long)c.buffer_numel);
+	printf("exported %s (step %ld): %d parameters, %llu floats,%s to %s (%s, %llu bytes)\n",
+	       c.dir, c.step, c.nparams, (unsigned long long)c.numel, extra, out, format,
+	       (unsigned long long)((c.numel + nbuf) * 4 + (header ? 8 + hlen : 0)));
+	if (c.nbuffers && !st)
+		fprintf(stderr,
+			"hpu-ckpt: note: raw holds the parameters only; the checkpoint's %d "
+			"buffers are not in %s (they are in %s/%s; --format safetensors "
+			"exports them too)\n",
+			c.nbuffers, out, c.dir, c.buffer_file.name);
 	rc = OK;
 done:
 	free(header);
@@ -696,7 +786,31 @@ static int write_shard(hpu_ckpt *c, const char *dir, int r, int m, float *buf, h
 	return 0;
 }
 
-/* SRC's manifest with world_size, strategy and files replaced. */
+/* The buffers file of c, copied into dir under its name. Its digest must
+ * come out as the manifest's (which the copy's manifest keeps): SRC was
+ * verified, so a difference is a change since, said. */
+static int copy_buffers_file(hpu_ckpt *c, const char *dir, float *buf, char *err, size_t errlen)
+{
+	char path[4600], sha[65];
+	snprintf(path, sizeof path, "%s/%s", dir, c->buffer_file.name);
+	hpu_ckpt_writer w;
+	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
+		return -1;
+	if (copy_buffers(c, 0, c->buffer_numel, buf, &w, err, errlen) < 0 ||
+	    hpu_ckpt_writer_commit(&w, sha, err, errlen) < 0) {
+		hpu_ckpt_writer_abort(&w);
+		return -1;
+	}
+	if (strcmp(sha, c->buffer_file.sha256) != 0)
+		return hpu_ckpt_say(err, errlen,
+				    "%s/%s changed while it was copied (SHA-256 %s, the manifest "
+				    "says %s)",
+				    c->dir, c->buffer_file.name, sha, c->buffer_file.sha256);
+	return 0;
+}
+
+/* SRC's manifest with world_size, strategy and files replaced (its
+ * "buffers" kept: the file is copied as it is). */
 static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 			      const hpu_ckpt_file *files)
 {
@@ -792,6 +906,10 @@ static int cmd_reshard(int argc, char **argv)
 			fail("resharding %s: %s", c.dir, err);
 			goto done;
 		}
+	if (c.nbuffers && copy_buffers_file(&c, partial, buf, err, sizeof err) < 0) {
+		fail("resharding %s: %s", c.dir, err);
+		goto done;
+	}
 	if (!(text = reshard_manifest(&c, m, strategy, files))) {
 		fail("out of memory");
 		goto done;
@@ -811,12 +929,12 @@ static int cmd_reshard(int argc, char **argv)
 		fail("%s", err);
 		goto done;
 	}
-	uint64_t bytes = 0;
+	uint64_t bytes = c.nbuffers ? c.buffer_file.bytes : 0;
 	for (int r = 0; r < m; r++)
 		bytes += files[r].bytes;
-	printf("resharded %s (step %ld, %d x %s) into %s: %d shards for %d x %s, %llu bytes\n",
+	printf("resharded %s (step %ld, %d x %s) into %s: %d shards for %d x %s%s, %llu bytes\n",
 	       c.dir, c.step, c.world, c.strategy, dst, m, m, strategy ? strategy : c.strategy,
-	       (unsigned long long)bytes);
+	       c.nbuffers ? " and the buffers" : "", (unsigned long long)bytes);
 	rc = OK;
 done:
 	if (made)

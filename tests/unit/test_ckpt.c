@@ -15,7 +15,13 @@
  *   temporary file, an unwritable path is named;
  * - the root: publish + keep prunes the oldest, never the new one, and
  *   `latest` names the new one; hpu_ckpt_candidates orders `latest` first
- *   then by step, descending, and ignores names that are not step-N.
+ *   then by step, descending, and ignores names that are not step-N;
+ * - buffers: a manifest with a "buffers" object (hpu_ckpt_buffers_json)
+ *   and its file opens, lists them and reads them back, range by range;
+ *   one without has none; bad sizes, offsets, shapes, names, a sync or a
+ *   file name are refused, each with its sentence; verify finds the
+ *   buffers file truncated, lengthened, changed (digest mismatch) or
+ *   missing, naming it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -724,6 +730,297 @@ static void test_publish_keep(void **state)
 	assert_string_equal(list, "latest step-00000005 step-00000006 step-00000007");
 }
 
+/* ---- buffers ---- */
+
+/* Two buffers, 7 floats, laid end to end in buffers.bin. */
+#define BNUMEL 7
+static const hpu_ckpt_buffer buf_decl[2] = {
+	{.name = "bn.running_mean", .ndim = 1, .shape = {4}, .offset = 0, .numel = 4,
+	 .sync = "mean"},
+	{.name = "bn.last", .ndim = 2, .shape = {1, 3}, .offset = 4, .numel = 3,
+	 .sync = "broadcast"},
+};
+
+static float bvalue(uint64_t i)
+{
+	return -1.5f - (float)i * 0.125f;
+}
+
+static hpu_ckpt_file buf_file;  /* the buffers file build_buffers wrote */
+static mutate_fn buf_mutate;    /* applied after the buffers are added */
+
+static void add_buffers(cJSON *m)
+{
+	cJSON_AddItemToObject(m, "buffers", hpu_ckpt_buffers_json(&buf_file, buf_decl, 2));
+	if (buf_mutate)
+		buf_mutate(m);
+}
+
+/* The good checkpoint with buffers.bin and its "buffers" (then mutate). */
+static void build_buffers(const char *dir, mutate_fn mutate)
+{
+	char path[1024], err[512];
+	hpu_ckpt_writer w;
+	memset(&buf_file, 0, sizeof buf_file);
+	snprintf(buf_file.name, sizeof buf_file.name, "%s", HPU_CKPT_BUFFERS);
+	snprintf(path, sizeof path, "%s/%s", dir, buf_file.name);
+	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
+	for (uint64_t i = 0; i < BNUMEL; i++) {
+		float v = bvalue(i);
+		assert_int_equal(hpu_ckpt_writer_put(&w, &v, 4, err, sizeof err), 0);
+	}
+	buf_file.bytes = w.bytes;
+	assert_int_equal(hpu_ckpt_writer_commit(&w, buf_file.sha256, err, sizeof err), 0);
+	buf_mutate = mutate;
+	build(dir, &good, add_buffers);
+}
+
+static void test_buffers_open_read(void **state)
+{
+	(void)state;
+	const char *d = fresh("buffers");
+	char err[512] = "";
+	float got[BNUMEL + 1];
+	build_buffers(d, NULL);
+	hpu_ckpt c;
+	open_ok(&c, d);
+	assert_int_equal(c.nbuffers, 2);
+	assert_int_equal(c.buffer_numel, BNUMEL);
+	assert_string_equal(c.buffer_file.name, "buffers.bin");
+	assert_int_equal(c.buffer_file.bytes, BNUMEL * 4);
+	assert_string_equal(c.buffer_file.sha256, buf_file.sha256);
+	assert_int_equal(hpu_ckpt_buffer_find(&c, "bn.last"), 1);
+	assert_int_equal(hpu_ckpt_buffer_find(&c, "a.weight"), -1);
+	assert_int_equal(hpu_ckpt_param_find(&c, "bn.last"), -1);
+	assert_int_equal(c.buffers[1].ndim, 2);
+	assert_int_equal(c.buffers[1].shape[0], 1);
+	assert_int_equal(c.buffers[1].shape[1], 3);
+	assert_int_equal(c.buffers[1].offset, 4);
+	assert_int_equal(c.buffers[1].numel, 3);
+	assert_string_equal(c.buffers[0].sync, "mean");
+	assert_string_equal(c.buffers[1].sync, "broadcast");
+	/* the shards are as without buffers */
+	assert_int_equal(c.nfiles, 3);
+	assert_int_equal(c.numel, NUMEL);
+	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), 0);
+	for (int i = 0; i < c.nfiles; i++)
+		assert_int_equal(hpu_ckpt_verify(&c, i, err, sizeof err), 0);
+	/* every range */
+	uint64_t before = c.bytes_read;
+	for (uint64_t start = 0; start < BNUMEL; start++)
+		for (uint64_t count = 0; start + count <= BNUMEL; count++) {
+			memset(got, 0xff, sizeof got);
+			if (hpu_ckpt_read_buffers(&c, start, count, got, err, sizeof err) < 0)
+				fail_msg("read buffers [%llu, +%llu): %s",
+					 (unsigned long long)start, (unsigned long long)count, err);
+			for (uint64_t i = 0; i < count; i++)
+				assert_true(got[i] == bvalue(start + i));
+		}
+	/* float i is in (i + 1) * (BNUMEL - i) of the ranges */
+	uint64_t want = 0;
+	for (uint64_t i = 0; i < BNUMEL; i++)
+		want += 4 * (i + 1) * (BNUMEL - i);
+	assert_int_equal(c.bytes_read - before, want);
+	/* and the parameters read as before */
+	check_all_ranges(&c);
+	assert_int_equal(hpu_ckpt_read_buffers(&c, 5, 3, got, err, sizeof err), -1);
+	printf("  read past the buffers -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "buffer floats 5-8 are not there (it holds 7)"));
+	assert_int_equal(hpu_ckpt_read_buffers(&c, 8, 0, got, err, sizeof err), -1);
+	hpu_ckpt_close(&c);
+	/* no "buffers": none, and nothing to verify or read */
+	d = fresh("no_buffers");
+	build(d, &good, NULL);
+	open_ok(&c, d);
+	assert_int_equal(c.nbuffers, 0);
+	assert_int_equal(c.buffer_numel, 0);
+	assert_string_equal(c.buffer_file.name, "");
+	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 0, got, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 1, got, err, sizeof err), -1);
+	assert_null(cJSON_GetObjectItem(c.m, "buffers"));
+	hpu_ckpt_close(&c);
+}
+
+static cJSON *bufs(cJSON *m)
+{
+	return cJSON_GetObjectItem(m, "buffers");
+}
+
+static cJSON *btensor(cJSON *m, int i)
+{
+	return cJSON_GetArrayItem(cJSON_GetObjectItem(bufs(m), "tensors"), i);
+}
+
+static void b_bytes_plus_4(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(bufs(m), "bytes", cJSON_CreateNumber(BNUMEL * 4 + 4));
+}
+
+static void b_offset(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(btensor(m, 1), "offset", cJSON_CreateNumber(5));
+}
+
+static void b_numel(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(btensor(m, 0), "numel", cJSON_CreateNumber(3));
+}
+
+static void b_shape(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(btensor(m, 1), "shape", cJSON_CreateIntArray((int[]){2, 3}, 2));
+}
+
+static void b_shape_zero(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(btensor(m, 1), "shape", cJSON_CreateIntArray((int[]){3, 0}, 2));
+}
+
+static void b_total(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(bufs(m), "numel", cJSON_CreateNumber(8));
+}
+
+static void b_twice(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(btensor(m, 1), "name", cJSON_CreateString("bn.running_mean"));
+}
+
+static void b_slash(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(bufs(m), "file", cJSON_CreateString("../buffers.bin"));
+}
+
+static void b_shard(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(bufs(m), "file", cJSON_CreateString("rank-00001-of-00003.bin"));
+}
+
+static void b_manifest(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(bufs(m), "file", cJSON_CreateString("manifest.json"));
+}
+
+static void b_no_sha(cJSON *m)
+{
+	cJSON_DeleteItemFromObject(bufs(m), "sha256");
+}
+
+static void b_empty(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(bufs(m), "tensors", cJSON_CreateArray());
+}
+
+static void b_not_object(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(m, "buffers", cJSON_CreateArray());
+}
+
+static void b_sync(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(btensor(m, 0), "sync", cJSON_CreateString("sum"));
+}
+
+static void b_dtype(cJSON *m)
+{
+	cJSON_ReplaceItemInObject(btensor(m, 1), "dtype", cJSON_CreateString("BF16"));
+}
+
+static void b_no_name(cJSON *m)
+{
+	cJSON_DeleteItemFromObject(btensor(m, 1), "name");
+}
+
+static void test_buffers_refused(void **state)
+{
+	(void)state;
+	const struct {
+		const char *dir;
+		mutate_fn fn;
+		const char *say[3];
+	} cases[] = {
+		{"b_bytes", b_bytes_plus_4,
+		 {"buffers.bin: 32 bytes listed, but its buffers make 28"}},
+		{"b_offset", b_offset, {"buffer bn.last", "offset 5", "expected offset 4"}},
+		{"b_numel", b_numel, {"buffer bn.running_mean", "numel 3",
+				      "do not follow from the shapes"}},
+		{"b_shape", b_shape,
+		 {"buffer bn.last", "numel 3", "do not follow from the shapes"}},
+		{"b_shape0", b_shape_zero, {"buffer bn.last has no shape or a bad one"}},
+		{"b_total", b_total, {"buffers: numel 8, but the buffers hold 7 floats"}},
+		{"b_twice", b_twice, {"buffer bn.running_mean is listed twice"}},
+		{"b_slash", b_slash, {"\"buffers\" lacks a plain file name"}},
+		{"b_shard", b_shard, {"buffers file rank-00001-of-00003.bin is also a shard"}},
+		{"b_manifest", b_manifest,
+		 {"buffers file \"manifest.json\" is not a data file's name"}},
+		{"b_no_sha", b_no_sha, {"\"buffers\" lacks a plain file name, bytes, sha256"}},
+		{"b_empty", b_empty, {"\"buffers\" lists no tensors"}},
+		{"b_not_object", b_not_object, {"\"buffers\" lacks"}},
+		{"b_sync", b_sync, {"buffer bn.running_mean: sync \"sum\" is not one of broadcast, "
+				    "mean, local"}},
+		{"b_dtype", b_dtype, {"buffer bn.last: dtype \"BF16\" is not one of F32"}},
+		{"b_no_name", b_no_name, {"buffer 1 lacks a name, offset or numel"}},
+	};
+	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+		const char *d = fresh(cases[k].dir);
+		build_buffers(d, cases[k].fn);
+		const char *needles[5] = {"manifest.json"};
+		for (int n = 0; n < 3 && cases[k].say[n]; n++)
+			needles[n + 1] = cases[k].say[n];
+		expect_open_error(d, needles);
+	}
+}
+
+static void test_buffers_verify(void **state)
+{
+	(void)state;
+	const char *d = fresh("buffers_verify");
+	char err[1024] = "", path[1024];
+	float got[BNUMEL];
+	build_buffers(d, NULL);
+	hpu_ckpt c;
+	open_ok(&c, d);
+	snprintf(path, sizeof path, "%s/buffers.bin", d);
+	/* a changed float: the digest no longer matches */
+	flip_byte(d, "buffers.bin", 9);
+	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	printf("  verify buffers.bin -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "checkpoint buffers file"));
+	assert_non_null(strstr(err, "buffers_verify/buffers.bin is damaged: SHA-256"));
+	assert_non_null(strstr(err, buf_file.sha256));
+	flip_byte(d, "buffers.bin", 9);
+	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), 0);
+	/* cut short, and read past its end */
+	cut(d, "buffers.bin", 26);
+	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	printf("  verify buffers.bin -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "buffers.bin is truncated: 26 bytes, the manifest says 28"));
+	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 6, got, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, BNUMEL, got, err, sizeof err), -1);
+	assert_non_null(strstr(err, "buffers.bin: shorter than the manifest says"));
+	/* longer */
+	cut(d, "buffers.bin", 40);
+	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	assert_non_null(strstr(err, "buffers.bin is too long: 40 bytes"));
+	/* gone */
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	printf("  verify buffers.bin -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "buffers.bin: No such file or directory"));
+	/* the shards are still fine */
+	for (int i = 0; i < c.nfiles; i++)
+		assert_int_equal(hpu_ckpt_verify(&c, i, err, sizeof err), 0);
+	hpu_ckpt_close(&c);
+	/* the read descriptor was opened before the unlink: a fresh open
+	 * finds the file missing */
+	open_ok(&c, d);
+	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 1, got, err, sizeof err), -1);
+	assert_non_null(strstr(err, "checkpoint buffers file"));
+	assert_non_null(strstr(err, "No such file or directory"));
+	hpu_ckpt_close(&c);
+}
+
 /* ---- set-up ---- */
 
 static int setup(void **state)
@@ -758,6 +1055,9 @@ int main(void)
 	    cmocka_unit_test(test_writer),
 	    cmocka_unit_test(test_candidates),
 	    cmocka_unit_test(test_publish_keep),
+	    cmocka_unit_test(test_buffers_open_read),
+	    cmocka_unit_test(test_buffers_refused),
+	    cmocka_unit_test(test_buffers_verify),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,6 +6,7 @@
  * A checkpoint directory holds
  *   manifest.json             what the run was and where every float is
  *   rank-RRRRR-of-WWWWW.bin   one shard per rank of the saving run
+ *   buffers.bin               the model's buffers, when it has any
  *
  * The canonical space: every parameter's floats, unpadded, in declaration
  * order (what --save-params writes); parameter i is the range
@@ -18,6 +19,15 @@
  * another (little-endian fp32). The files' segments cover the canonical
  * space exactly once, so a reader of any layout finds each float in one
  * place and reads only the byte ranges it needs.
+ *
+ * Buffers (non-trainable state such as batch norm's running statistics)
+ * are the same on every rank (or kept as rank 0's), so they are not
+ * sharded: rank 0 writes them to one file, every buffer's floats unpadded
+ * in declaration order (little-endian fp32), which the manifest's
+ * "buffers" object describes: {"file", "bytes", "sha256", "numel",
+ * "tensors": [{"name", "shape", "dtype", "offset", "numel", "sync"}]},
+ * offsets in floats into that file. A model without buffers writes
+ * neither the file nor the key, as before buffers existed.
  *
  * Every file's SHA-256 is in the manifest. Files are written atomically
  * (a temporary name, fsync, rename); a checkpoint's directory is renamed
@@ -35,6 +45,7 @@
 #define HPU_CKPT_VERSION 1
 #define HPU_CKPT_MANIFEST "manifest.json"
 #define HPU_CKPT_LATEST "latest"
+#define HPU_CKPT_BUFFERS "buffers.bin" /* the name the worker writes */
 #define HPU_CKPT_MAX_SECTIONS 3
 #define HPU_CKPT_MAX_DIMS 8
 
@@ -58,6 +69,15 @@ typedef struct hpu_ckpt_param {
 	uint64_t offset, numel;
 } hpu_ckpt_param;
 
+/* A buffer: numel floats from `offset` (in floats) of the buffers file. */
+typedef struct hpu_ckpt_buffer {
+	char name[160];
+	int ndim;
+	int64_t shape[HPU_CKPT_MAX_DIMS];
+	uint64_t offset, numel;
+	char sync[16];         /* "broadcast", "mean", "local"; "" if not said */
+} hpu_ckpt_buffer;
+
 typedef struct hpu_ckpt_index hpu_ckpt_index;
 
 /* An opened checkpoint: the manifest parsed and checked. */
@@ -76,14 +96,23 @@ typedef struct hpu_ckpt {
 	int nfiles;
 	hpu_ckpt_index *index; /* every segment, by start */
 	size_t nindex;
-	int *fds;              /* opened on first read, or -1 */
+	/* The buffers, laid end to end in buffer_file (no segments); none
+	 * (nbuffers 0, buffer_file.name "") when the manifest has no
+	 * "buffers". */
+	hpu_ckpt_buffer *buffers;
+	int nbuffers;
+	uint64_t buffer_numel;
+	hpu_ckpt_file buffer_file;
+	int *fds;              /* files[i]'s, then buffer_file's: opened on
+				* first read, or -1 */
 	uint64_t bytes_read;   /* by hpu_ckpt_read() so far */
 	uint64_t bytes_verified; /* the caller's count of verified bytes */
 } hpu_ckpt;
 
 /* Reads and checks dir/manifest.json: the format and version, the
  * parameters laid end to end, the sections, each file's size against its
- * segments, and the segments covering the canonical space exactly once.
+ * segments, the segments covering the canonical space exactly once, and
+ * the buffers (when listed) laid end to end in a file of their size.
  * Returns 0, or -1 with a sentence naming the file and what is wrong. */
 int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen);
 
@@ -95,14 +124,25 @@ int hpu_ckpt_section(const hpu_ckpt *c, const char *name);
 /* Parameter index by name, or -1. */
 int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name);
 
+/* Buffer index by name, or -1. */
+int hpu_ckpt_buffer_find(const hpu_ckpt *c, const char *name);
+
 /* Checks file i: present, its size, its SHA-256. Returns 0, or -1 with a
  * sentence naming the file ("truncated", "digest mismatch", ...). */
 int hpu_ckpt_verify(const hpu_ckpt *c, int i, char *err, size_t errlen);
+
+/* The same for the buffers file; 0 when the checkpoint has none. */
+int hpu_ckpt_verify_buffers(const hpu_ckpt *c, char *err, size_t errlen);
 
 /* Reads canonical floats [start, start + count) of a section into dst,
  * from whichever files hold them (pread of just those bytes). */
 int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count,
 		  float *dst, char *err, size_t errlen);
+
+/* Reads floats [start, start + count) of the buffers file into dst (buffer
+ * k is [buffers[k].offset, + numel)). */
+int hpu_ckpt_read_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *dst, char *err,
+			  size_t errlen);
 
 /* ---- writing ---- */
 
@@ -156,6 +196,10 @@ int hpu_ckpt_publish(const char *root, const char *partial, const char *name,
 
 /* The manifest's JSON for one file. */
 cJSON *hpu_ckpt_file_json(const hpu_ckpt_file *f);
+
+/* The manifest's "buffers" object: file f (name, bytes, sha256) holding
+ * buffers v[0 .. n), whose offsets must lie end to end. */
+cJSON *hpu_ckpt_buffers_json(const hpu_ckpt_file *f, const hpu_ckpt_buffer *v, int n);
 
 /* A number of a JSON object (a manifest's), or dflt when it is not one. */
 double hpu_ckpt_num(const cJSON *o, const char *key, double dflt);

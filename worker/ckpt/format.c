@@ -286,6 +286,26 @@ static int check_run(const cJSON *m, const char *mpath, char *err, size_t errlen
 	return 0;
 }
 
+/* A shape: at most HPU_CKPT_MAX_DIMS whole dimensions from 1, their
+ * product (1 for []) at most 2^53. Returns 0, or -1. */
+static int parse_shape(const cJSON *shape, int *ndim, int64_t *dims, uint64_t *prod)
+{
+	const cJSON *d;
+	*ndim = 0;
+	*prod = 1;
+	if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > HPU_CKPT_MAX_DIMS)
+		return -1;
+	cJSON_ArrayForEach(d, shape) {
+		double v = cJSON_IsNumber(d) ? d->valuedouble : 0;
+		if (!(v >= 1 && v <= SAFE_INT) || v != (double)(uint64_t)v ||
+		    (double)*prod * v > SAFE_INT)
+			return -1;
+		dims[(*ndim)++] = (int64_t)v;
+		*prod *= (uint64_t)v;
+	}
+	return 0;
+}
+
 static int parse_params(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
 {
 	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(c->m, "parameters");
@@ -310,19 +330,12 @@ static int parse_params(hpu_ckpt *c, const char *mpath, char *err, size_t errlen
 		snprintf(ctx, sizeof ctx, "%s: parameter %s", mpath, q->name);
 		if (check_name(p, ctx, "dtype", REQUIRED, dtype_at, 1, NULL, 0, err, errlen) < 0)
 			return -1;
-		uint64_t prod = 1;
-		const cJSON *d;
-		cJSON_ArrayForEach(d, shape) {
-			double v = cJSON_IsNumber(d) ? d->valuedouble : 0;
-			if (!(v >= 1 && v <= SAFE_INT) || v != (double)(uint64_t)v ||
-			    (double)prod * v > SAFE_INT)
-				return say(err, errlen,
-					   "%s has a bad shape (whole dimensions from 1, their product "
-					   "at most 2^53)",
-					   ctx);
-			q->shape[q->ndim++] = (int64_t)v;
-			prod *= (uint64_t)v;
-		}
+		uint64_t prod;
+		if (parse_shape(shape, &q->ndim, q->shape, &prod) < 0)
+			return say(err, errlen,
+				   "%s has a bad shape (whole dimensions from 1, their product "
+				   "at most 2^53)",
+				   ctx);
 		if (prod != q->numel || q->offset != at)
 			return say(err, errlen,
 				   "%s: parameter %s: numel %llu and offset %llu do not follow from "
@@ -384,6 +397,91 @@ static int parse_sections(hpu_ckpt *c, const char *mpath, char *err, size_t errl
 	return say(err, errlen, "%s: sections %s are not the state of optimizer %s (%s)", mpath,
 		   list, c->optimizer,
 		   adam ? "params, exp_avg, exp_avg_sq" : "params, and momentum_buffer with momentum");
+}
+
+static const char *sync_at(int k)
+{
+	static const char *const names[] = {"broadcast", "mean", "local"};
+	return names[k];
+}
+
+/* The optional "buffers" object: the file (a plain name of its own, its
+ * size and digest) and the buffers laid end to end in it, each named once
+ * (ckpt.h). */
+static int parse_buffers(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->m, "buffers");
+	if (!j)
+		return 0;
+	hpu_ckpt_file *f = &c->buffer_file;
+	const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "tensors"), *t;
+	if (!cJSON_IsObject(j) || get_str(j, "file", f->name, sizeof f->name) < 0 ||
+	    !f->name[0] || strchr(f->name, '/') || get_u64(j, "bytes", &f->bytes) < 0 ||
+	    get_str(j, "sha256", f->sha256, sizeof f->sha256) < 0 || strlen(f->sha256) != 64 ||
+	    !cJSON_IsArray(arr))
+		return say(err, errlen, "%s: \"buffers\" lacks a plain file name, bytes, sha256 or "
+			   "tensors", mpath);
+	if (!strcmp(f->name, HPU_CKPT_MANIFEST) || !strcmp(f->name, ".") || !strcmp(f->name, ".."))
+		return say(err, errlen, "%s: buffers file \"%s\" is not a data file's name", mpath,
+			   f->name);
+	for (int i = 0; i < c->nfiles; i++)
+		if (!strcmp(f->name, c->files[i].name))
+			return say(err, errlen, "%s: buffers file %s is also a shard", mpath,
+				   f->name);
+	int n = cJSON_GetArraySize(arr);
+	if (n < 1)
+		return say(err, errlen, "%s: \"buffers\" lists no tensors (a model without buffers "
+			   "has no \"buffers\")", mpath);
+	if (!(c->buffers = calloc((size_t)n, sizeof *c->buffers)))
+		return say(err, errlen, "out of memory");
+	uint64_t at = 0;
+	cJSON_ArrayForEach(t, arr) {
+		hpu_ckpt_buffer *q = &c->buffers[c->nbuffers];
+		uint64_t prod;
+		char ctx[4400];
+		if (get_str(t, "name", q->name, sizeof q->name) < 0 || !q->name[0] ||
+		    get_u64(t, "offset", &q->offset) < 0 || get_u64(t, "numel", &q->numel) < 0)
+			return say(err, errlen, "%s: buffer %d lacks a name, offset or numel",
+				   mpath, c->nbuffers);
+		snprintf(ctx, sizeof ctx, "%s: buffer %s", mpath, q->name);
+		if (check_name(t, ctx, "dtype", REQUIRED, dtype_at, 1, NULL, 0, err, errlen) < 0 ||
+		    check_name(t, ctx, "sync", OPTIONAL, sync_at, 3, q->sync, sizeof q->sync, err,
+			       errlen) < 0)
+			return -1;
+		if (parse_shape(cJSON_GetObjectItemCaseSensitive(t, "shape"), &q->ndim, q->shape,
+				&prod) < 0)
+			return say(err, errlen,
+				   "%s has no shape or a bad one (whole dimensions from 1, their "
+				   "product at most 2^53)",
+				   ctx);
+		if (prod != q->numel || q->offset != at)
+			return say(err, errlen,
+				   "%s: numel %llu and offset %llu do not follow from the shapes "
+				   "(expected offset %llu)",
+				   ctx, (unsigned long long)q->numel, (unsigned long long)q->offset,
+				   (unsigned long long)at);
+		if (hpu_ckpt_buffer_find(c, q->name) >= 0)
+			return say(err, errlen, "%s is listed twice", ctx);
+		at += q->numel;
+		c->nbuffers++;
+		if (at > (uint64_t)SAFE_INT / 4)
+			return say(err, errlen, "%s: the buffers hold more than 2^51 floats",
+				   mpath);
+	}
+	c->buffer_numel = at;
+	double numel = (double)at; /* when absent */
+	char ctx[4400];
+	snprintf(ctx, sizeof ctx, "%s: buffers", mpath);
+	if (check_num(j, ctx, "numel", OPTIONAL, WHOLE, 0, SAFE_INT, &numel, err, errlen) < 0)
+		return -1;
+	if ((uint64_t)numel != at)
+		return say(err, errlen, "%s: numel %.16g, but the buffers hold %llu floats", ctx,
+			   numel, (unsigned long long)at);
+	if (f->bytes != at * 4)
+		return say(err, errlen, "%s: %s: %llu bytes listed, but its buffers make %llu",
+			   mpath, f->name, (unsigned long long)f->bytes,
+			   (unsigned long long)(at * 4));
+	return 0;
 }
 
 static int parse_file(hpu_ckpt_file *f, const cJSON *j, int nsections, const char *mpath,
@@ -511,9 +609,9 @@ int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
 		return say(err, errlen, "%s: world_size %d, but %d files listed (one per rank)", mpath,
 			   c->world, n);
 	if (!(c->files = calloc((size_t)n, sizeof *c->files)) ||
-	    !(c->fds = malloc((size_t)n * sizeof *c->fds)))
+	    !(c->fds = malloc((size_t)(n + 1) * sizeof *c->fds)))
 		return say(err, errlen, "out of memory");
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i <= n; i++)
 		c->fds[i] = -1;
 	c->nfiles = n;
 	int i = 0;
@@ -521,7 +619,9 @@ int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
 		if (parse_file(&c->files[i++], f, c->nsections, mpath, err, errlen) < 0)
 			return -1;
 	}
-	return build_index(c, mpath, err, errlen);
+	if (build_index(c, mpath, err, errlen) < 0)
+		return -1;
+	return parse_buffers(c, mpath, err, errlen);
 }
 
 void hpu_ckpt_close(hpu_ckpt *c)
@@ -531,9 +631,12 @@ void hpu_ckpt_close(hpu_ckpt *c)
 		if (c->fds && c->fds[i] >= 0)
 			close(c->fds[i]);
 	}
+	if (c->fds && c->fds[c->nfiles] >= 0)
+		close(c->fds[c->nfiles]);
 	free(c->files);
 	free(c->fds);
 	free(c->params);
+	free(c->buffers);
 	free(c->index);
 	cJSON_Delete(c->m);
 	memset(c, 0, sizeof *c);
@@ -551,6 +654,14 @@ int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name)
 {
 	for (int i = 0; i < c->nparams; i++)
 		if (strcmp(c->params[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+int hpu_ckpt_buffer_find(const hpu_ckpt *c, const char *name)
+{
+	for (int i = 0; i < c->nbuffers; i++)
+		if (strcmp(c->buffers[i].name, name) == 0)
 			return i;
 	return -1;
 }
@@ -596,35 +707,53 @@ int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
 	return rc;
 }
 
-int hpu_ckpt_verify(const hpu_ckpt *c, int i, char *err, size_t errlen)
+/* File f of c, `what` naming its kind in the sentences. */
+static int verify_file(const hpu_ckpt *c, const hpu_ckpt_file *f, const char *what, char *err,
+		       size_t errlen)
 {
-	const hpu_ckpt_file *f = &c->files[i];
 	char path[4200], got[65];
 	uint64_t bytes;
 	snprintf(path, sizeof path, "%s/%s", c->dir, f->name);
 	if (hpu_ckpt_sha256_file(path, got, &bytes) < 0)
-		return say(err, errlen, "checkpoint shard %s: %s", path, strerror(errno));
+		return say(err, errlen, "checkpoint %s %s: %s", what, path, strerror(errno));
 	if (bytes != f->bytes)
-		return say(err, errlen, "checkpoint shard %s is %s: %llu bytes, the manifest says %llu",
+		return say(err, errlen,
+			   "checkpoint %s %s is %s: %llu bytes, the manifest says %llu", what,
 			   path, bytes < f->bytes ? "truncated" : "too long",
 			   (unsigned long long)bytes, (unsigned long long)f->bytes);
 	if (strcmp(got, f->sha256) != 0)
 		return say(err, errlen,
-			   "checkpoint shard %s is damaged: SHA-256 %s, the manifest says %s", path,
-			   got, f->sha256);
+			   "checkpoint %s %s is damaged: SHA-256 %s, the manifest says %s", what,
+			   path, got, f->sha256);
 	return 0;
+}
+
+int hpu_ckpt_verify(const hpu_ckpt *c, int i, char *err, size_t errlen)
+{
+	return verify_file(c, &c->files[i], "shard", err, errlen);
+}
+
+int hpu_ckpt_verify_buffers(const hpu_ckpt *c, char *err, size_t errlen)
+{
+	if (!c->nbuffers)
+		return 0;
+	return verify_file(c, &c->buffer_file, "buffers file", err, errlen);
 }
 
 /* ---- reading floats ---- */
 
+/* File i's descriptor; i == nfiles: the buffers file's. */
 static int file_fd(hpu_ckpt *c, int i, char *err, size_t errlen)
 {
 	if (c->fds[i] >= 0)
 		return c->fds[i];
 	char path[4200];
-	snprintf(path, sizeof path, "%s/%s", c->dir, c->files[i].name);
+	int shard = i < c->nfiles;
+	snprintf(path, sizeof path, "%s/%s", c->dir,
+		 shard ? c->files[i].name : c->buffer_file.name);
 	if ((c->fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-		return say(err, errlen, "checkpoint shard %s: %s", path, strerror(errno));
+		return say(err, errlen, "checkpoint %s %s: %s", shard ? "shard" : "buffers file",
+			   path, strerror(errno));
 	return c->fds[i];
 }
 
@@ -681,6 +810,27 @@ int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count, floa
 		start += n;
 		count -= n;
 	}
+	return 0;
+}
+
+int hpu_ckpt_read_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *dst, char *err,
+			  size_t errlen)
+{
+	if (start > c->buffer_numel || count > c->buffer_numel - start)
+		return say(err, errlen,
+			   "checkpoint %s: buffer floats %llu-%llu are not there (it holds %llu)",
+			   c->dir, (unsigned long long)start, (unsigned long long)(start + count),
+			   (unsigned long long)c->buffer_numel);
+	if (!count)
+		return 0;
+	int fd = file_fd(c, c->nfiles, err, errlen);
+	if (fd < 0)
+		return -1;
+	if (pread_all(fd, dst, count * 4, (off_t)(start * 4)) < 0)
+		return say(err, errlen, "checkpoint buffers file %s/%s: %s", c->dir,
+			   c->buffer_file.name,
+			   errno == EIO ? "shorter than the manifest says" : strerror(errno));
+	c->bytes_read += count * 4;
 	return 0;
 }
 
@@ -930,5 +1080,31 @@ cJSON *hpu_ckpt_file_json(const hpu_ckpt_file *f)
 		cJSON_AddItemToArray(segs, s);
 	}
 	cJSON_AddItemToObject(j, "segments", segs);
+	return j;
+}
+
+cJSON *hpu_ckpt_buffers_json(const hpu_ckpt_file *f, const hpu_ckpt_buffer *v, int n)
+{
+	cJSON *j = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+	uint64_t numel = 0;
+	cJSON_AddStringToObject(j, "file", f->name);
+	cJSON_AddNumberToObject(j, "bytes", (double)f->bytes);
+	cJSON_AddStringToObject(j, "sha256", f->sha256);
+	for (int i = 0; i < n; i++) {
+		cJSON *t = cJSON_CreateObject(), *shape = cJSON_CreateArray();
+		cJSON_AddStringToObject(t, "name", v[i].name);
+		for (int d = 0; d < v[i].ndim; d++)
+			cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)v[i].shape[d]));
+		cJSON_AddItemToObject(t, "shape", shape);
+		cJSON_AddStringToObject(t, "dtype", "F32");
+		cJSON_AddNumberToObject(t, "offset", (double)v[i].offset);
+		cJSON_AddNumberToObject(t, "numel", (double)v[i].numel);
+		if (v[i].sync[0])
+			cJSON_AddStringToObject(t, "sync", v[i].sync);
+		cJSON_AddItemToArray(arr, t);
+		numel += v[i].numel;
+	}
+	cJSON_AddNumberToObject(j, "numel", (double)numel);
+	cJSON_AddItemToObject(j, "tensors", arr);
 	return j;
 }

@@ -154,10 +154,66 @@ static cJSON *params_json(const hpu_builder *b)
 	return arr;
 }
 
-/* Rank 0: the manifest of the shards every rank wrote (all[world]). */
+static const char *sync_name(hpu_buffer_sync sync)
+{
+	return sync == HPU_BUFFER_MEAN ? "mean" : sync == HPU_BUFFER_LOCAL ? "local" : "broadcast";
+}
+
+/* The manifest's "buffers": file bf holding every buffer, unpadded, in
+ * declaration order. NULL when out of memory. */
+static cJSON *buffers_json(const hpu_builder *b, const hpu_ckpt_file *bf)
+{
+	hpu_ckpt_buffer *v = calloc((size_t)b->nbuffers, sizeof *v);
+	if (!v)
+		return NULL;
+	uint64_t at = 0;
+	for (int i = 0; i < b->nbuffers; i++) {
+		const hpu_buffer_info *bi = &b->buffers[i];
+		snprintf(v[i].name, sizeof v[i].name, "%s", bi->name);
+		v[i].ndim = bi->ndim;
+		memcpy(v[i].shape, bi->shape, (size_t)bi->ndim * sizeof *bi->shape);
+		v[i].offset = at;
+		v[i].numel = bi->numel;
+		snprintf(v[i].sync, sizeof v[i].sync, "%s", sync_name(bi->sync));
+		at += bi->numel;
+	}
+	cJSON *j = hpu_ckpt_buffers_json(bf, v, b->nbuffers);
+	free(v);
+	return j;
+}
+
+/* Rank 0: every buffer's floats (rank 0's, whatever their sync), unpadded,
+ * in declaration order, to dir/buffers.bin; bf gets its name, size and
+ * digest. */
+static int write_buffers(const hpu_builder *b, hpu_strat *st, const char *dir,
+			 hpu_ckpt_file *bf, char *err, size_t errlen)
+{
+	const float *B = hpu_strat_buffers(st);
+	char path[1200];
+	hpu_ckpt_writer w;
+	snprintf(bf->name, sizeof bf->name, "%s", HPU_CKPT_BUFFERS);
+	snprintf(path, sizeof path, "%s/%s", dir, bf->name);
+	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
+		return -1;
+	for (int i = 0; i < b->nbuffers; i++)
+		if (hpu_ckpt_writer_put(&w, B + b->buffers[i].offset, b->buffers[i].numel * 4, err,
+					errlen) < 0) {
+			hpu_ckpt_writer_abort(&w);
+			return -1;
+		}
+	bf->bytes = w.bytes;
+	if (hpu_ckpt_writer_commit(&w, bf->sha256, err, errlen) < 0) {
+		hpu_ckpt_writer_abort(&w);
+		return -1;
+	}
+	return 0;
+}
+
+/* Rank 0: the manifest of the shards every rank wrote (all[world]) and of
+ * the buffers file (bf, when the model has buffers). */
 static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder *b,
-		       hpu_strat *st, const hpu_run_pos *pos, const rec *all, char *err,
-		       size_t errlen)
+		       hpu_strat *st, const hpu_run_pos *pos, const rec *all,
+		       const hpu_ckpt_file *bf, char *err, size_t errlen)
 {
 	int world = hpucoll_comm_size(comm);
 	hpu_strat_state ss;
@@ -213,15 +269,24 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 		cJSON_AddItemToArray(files, hpu_ckpt_file_json(&f));
 		free(f.seg);
 	}
+	if (b->nbuffers) { /* no key without buffers: as before buffers existed */
+		cJSON *bj = buffers_json(b, bf);
+		if (!bj) {
+			say(err, errlen, "out of memory");
+			cJSON_Delete(m);
+			return NULL;
+		}
+		cJSON_AddItemToObject(m, "buffers", bj);
+	}
 	return m;
 }
 
 /* Rank 0, after every shard is in place: the manifest, then publishing. */
 static int finish(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder *b,
-		  hpu_strat *st, const hpu_run_pos *pos, const rec *all, const char *partial,
-		  const char *name, char *msg, size_t msglen)
+		  hpu_strat *st, const hpu_run_pos *pos, const rec *all, const hpu_ckpt_file *bf,
+		  const char *partial, const char *name, char *msg, size_t msglen)
 {
-	cJSON *m = manifest(comm, o, b, st, pos, all, msg, msglen);
+	cJSON *m = manifest(comm, o, b, st, pos, all, bf, msg, msglen);
 	if (!m)
 		return -1;
 	char *text = cJSON_Print(m);
@@ -256,18 +321,21 @@ static int metrics_put(FILE *metrics, const char *path, cJSON *j, char *err, siz
 	return 0;
 }
 
+/* bbytes: the buffers file's size (0: none), written by rank 0 besides
+ * its shard. */
 static int save_report(const hpu_train_opts *o, const char *name, long step, const rec *all,
-		       int world, double secs, FILE *metrics, char *err, size_t errlen)
+		       int world, double bbytes, double secs, FILE *metrics, char *err,
+		       size_t errlen)
 {
-	double bytes = 0, slowest = 0;
+	double bytes = bbytes, slowest = 0;
 	for (int r = 0; r < world; r++) {
 		bytes += all[r].bytes;
 		slowest = all[r].secs > slowest ? all[r].secs : slowest;
 	}
-	printf("checkpoint: step %ld saved to %s/%s: %d shards, %.1f MB, %.3f s "
+	printf("checkpoint: step %ld saved to %s/%s: %d shards%s, %.1f MB, %.3f s "
 	       "(slowest rank wrote %.1f MB/s)\n",
-	       step, o->checkpoint_dir, name, world, bytes / 1e6, secs,
-	       slowest > 0 ? all[0].bytes / 1e6 / slowest : 0);
+	       step, o->checkpoint_dir, name, world, bbytes > 0 ? " and the buffers" : "",
+	       bytes / 1e6, secs, slowest > 0 ? all[0].bytes / 1e6 / slowest : 0);
 	if (!metrics)
 		return 0;
 	cJSON *j = cJSON_CreateObject(), *ranks = cJSON_CreateArray();
@@ -275,6 +343,8 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
 	cJSON_AddNumberToObject(j, "step", (double)step);
 	cJSON_AddStringToObject(j, "name", name);
 	cJSON_AddNumberToObject(j, "bytes", bytes);
+	if (bbytes > 0)
+		cJSON_AddNumberToObject(j, "buffer_bytes", bbytes);
 	cJSON_AddNumberToObject(j, "seconds", secs);
 	for (int r = 0; r < world; r++) {
 		cJSON *x = cJSON_CreateObject();
@@ -299,6 +369,7 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 	snprintf(partial, sizeof partial, ".%s.partial", name);
 	rec mine = {.ok = 1};
 	rec *all = calloc((size_t)world, sizeof *all);
+	hpu_ckpt_file bf = {0}; /* rank 0's buffers file */
 	if (!all)
 		return say(err, errlen, "out of memory");
 	/* rank 0 makes the partial directory; a crashed save's is dropped */
@@ -332,20 +403,26 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 	}
 	if (!mine.ok && !mine.msg[0]) /* the strategy's sentence is in err */
 		snprintf(mine.msg, sizeof mine.msg, "%s", err);
+	/* the buffers are whole on every rank: rank 0 writes them, once */
+	if (mine.ok && rank == 0 && b->nbuffers) {
+		snprintf(path, sizeof path, "%s/%s", root, partial);
+		if (write_buffers(b, st, path, &bf, mine.msg, sizeof mine.msg) < 0)
+			mine.ok = 0;
+	}
 	mine.secs = now_s() - tw;
 	if (agree(comm, &mine, all, why, sizeof why))
 		goto failed;
 	/* rank 0: manifest, rename, latest, pruning */
 	rec done = {.ok = 1};
-	if (rank == 0 && finish(comm, o, b, st, pos, all, partial, name, done.msg,
+	if (rank == 0 && finish(comm, o, b, st, pos, all, &bf, partial, name, done.msg,
 				sizeof done.msg) < 0)
 		done.ok = 0;
 	if (agree(comm, &done, NULL, why, sizeof why))
 		goto failed;
 	/* its record in the metrics: every rank fails when rank 0 cannot */
 	rec rep = {.ok = 1};
-	if (rank == 0 && save_report(o, name, pos->step, all, world, now_s() - t0, metrics,
-				     rep.msg, sizeof rep.msg) < 0)
+	if (rank == 0 && save_report(o, name, pos->step, all, world, (double)bf.bytes, now_s() - t0,
+				     metrics, rep.msg, sizeof rep.msg) < 0)
 		rep.ok = 0;
 	free(all);
 	if (agree(comm, &rep, NULL, why, sizeof why))
@@ -365,7 +442,9 @@ failed:
 
 /* ---- resuming ---- */
 
-/* The checkpoint's parameters must be the model's, name by name. */
+/* The checkpoint's parameters must be the model's, name by name; it has
+ * buffers exactly when the model has (the strategy matches them one by
+ * one when it reads them: hpu__strat_resume_buffers). */
 static int same_model(const hpu_ckpt *c, const hpu_builder *b, char *err, size_t errlen)
 {
 	if (c->nparams != b->nparams)
@@ -385,6 +464,16 @@ static int same_model(const hpu_ckpt *c, const hpu_builder *b, char *err, size_t
 				   c->dir, i, q->name, (unsigned long long)q->numel, p->name, p->numel,
 				   b->path);
 	}
+	if (c->nbuffers && !b->nbuffers)
+		return say(err, errlen,
+			   "checkpoint %s holds %d buffers (%s, ...), but the model %s declares "
+			   "none (another model?)",
+			   c->dir, c->nbuffers, c->buffers[0].name, b->path);
+	if (!c->nbuffers && b->nbuffers)
+		return say(err, errlen,
+			   "checkpoint %s holds no buffers, but the model %s declares %d "
+			   "(%s, ...): it was saved by a model without them (another model?)",
+			   c->dir, b->path, b->nbuffers, b->buffers[0].name);
 	return 0;
 }
 
@@ -407,6 +496,12 @@ static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *d
 			if (hpu_ckpt_verify(c, i, mine.msg, sizeof mine.msg) < 0)
 				mine.ok = 0;
 			c->bytes_verified += c->files[i].bytes;
+		}
+		/* the buffers file: the rank next in turn after the shards */
+		if (mine.ok && c->nbuffers && rank == c->nfiles % world) {
+			if (hpu_ckpt_verify_buffers(c, mine.msg, sizeof mine.msg) < 0)
+				mine.ok = 0;
+			c->bytes_verified += c->buffer_file.bytes;
 		}
 	}
 	if (agree(comm, &mine, NULL, err, errlen)) {

@@ -381,8 +381,63 @@ int hpu_strat_gather_all(hpu_strat *s, float *dst)
 	return each_full_unit(s, copy_unit, dst, "for a hook");
 }
 
+/* "[2, 3]" */
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+	size_t at = (size_t)snprintf(buf, n, "[");
+	for (int d = 0; d < ndim && at < n; d++)
+		at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "",
+				       (long long)shape[d]);
+	if (at < n)
+		snprintf(buf + at, n - at, "]");
+}
+
+/* The checkpoint's buffers, matched to the model's by name and shape, into
+ * s->B at each buffer's place (its padding zeroed). Buffers are whole on
+ * every rank whatever the world size, so any checkpoint's file serves:
+ * every rank reads it (rank 0's values are broadcast after). */
 int hpu__strat_resume_buffers(hpu_strat *s)
 {
-	return hpu__strat_fail(s, "checkpoint %s: resuming a model with buffers is not "
-				  "supported yet", s->resume->dir);
+	hpu_ckpt *c = s->resume;
+	hpu_builder *b = s->b;
+	if (b->nbuffers && !c->nbuffers)
+		return hpu__strat_fail(s,
+				       "checkpoint %s holds no buffers, but the model %s "
+				       "declares %d (%s, ...): it was saved by a model without "
+				       "them",
+				       c->dir, b->path, b->nbuffers, b->buffers[0].name);
+	/* every one of the checkpoint's must be the model's: none left over */
+	for (int k = 0; k < c->nbuffers; k++)
+		if (hpu__model_buffer(b, c->buffers[k].name) < 0)
+			return hpu__strat_fail(s,
+					       "checkpoint %s holds buffer %s, which the model "
+					       "%s does not declare (another model?)",
+					       c->dir, c->buffers[k].name, b->path);
+	memset(s->B, 0, b->buffer_numel * 4);
+	for (int i = 0; i < b->nbuffers; i++) {
+		const hpu_buffer_info *bi = &b->buffers[i];
+		int k = hpu_ckpt_buffer_find(c, bi->name);
+		if (k < 0)
+			return hpu__strat_fail(s,
+					       "checkpoint %s has no buffer %s, which the model "
+					       "%s declares (saved by another version of it?)",
+					       c->dir, bi->name, b->path);
+		const hpu_ckpt_buffer *q = &c->buffers[k];
+		int same = q->ndim == bi->ndim;
+		for (int d = 0; same && d < bi->ndim; d++)
+			same = q->shape[d] == bi->shape[d];
+		if (!same) {
+			char there[160], here[160];
+			shape_text(q->ndim, q->shape, there, sizeof there);
+			shape_text(bi->ndim, bi->shape, here, sizeof here);
+			return hpu__strat_fail(s,
+					       "checkpoint %s: buffer %s is %s there, %s in "
+					       "the model %s",
+					       c->dir, bi->name, there, here, b->path);
+		}
+		if (hpu_ckpt_read_buffers(c, q->offset, q->numel, s->B + bi->offset, s->err,
+					  s->errlen) < 0)
+			return -1;
+	}
+	return 0;
 }
