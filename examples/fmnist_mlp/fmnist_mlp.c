@@ -7,171 +7,124 @@
  *   --hidden N     width of the hidden layers (1024)
  *   --depth N      number of hidden layers (2): N+1 linear layers
  *   --checkpoint   activation checkpointing on every layer but the last
+ * Testing knobs, all counted in training forwards of the loss (one per
+ * micro-step) on the rank itself:
+ *   --sleep-rank R --sleep-ms MS   rank R sleeps MS in its 10th, so that
+ *                                  the others wait in a collective
+ *   --exit-rank R --exit-at N      rank R calls exit(0) in its Nth
+ *   --print-lines N                a chatty model: every rank prints N
+ *                                  lines to stdout in each
  *
- * Reads top to bottom: data, the linear and ReLU layers (parameters,
- * forward, backward), the loss, the model's declaration.
+ * The graph: "image" -> fc1 -> relu1 -> fc2 -> relu2 -> ... -> fc<depth+1>
+ * -> "logits", all library layers (<hpu/layers.h>), then one custom layer,
+ * "xent": the softmax cross-entropy ("loss", what training minimizes) and
+ * whether the arg-max is the label ("correct", the test accuracy). It is
+ * the library's hpu_cross_entropy and hpu_accuracy in one, written out to
+ * show a custom layer, with the testing knobs and two profiling ranges
+ * of the model's own ("loss", "count_correct") in its forward.
  */
 #include <hpu/hpu.h>
-#include <hpu/ops.h>
+#include <hpu/layers.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "args.h"
-#include "idx.h"
+#include "fmnist.h"
 
-#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
-#define CLASSES 10
-
-/* ---- data ---- */
-
-typedef struct split {
-	idx_array images, labels;
-} split;
-
+#define CLASSES FMNIST_CLASSES
 #define MAX_DEPTH 256
 
 typedef struct mlp {
-	split train, test;
-	size_t hidden;
-	int nlin;
-	struct linear *lin[MAX_DEPTH + 1];
-	char names[2 * MAX_DEPTH + 1][16];
-	/* testing (--sleep-rank R --sleep-ms MS): rank R sleeps MS in its
-	 * 10th loss call, so that the others wait in a collective */
+	fmnist data;
 	int rank;
-	long sleep_rank, sleep_ms;
-	long loss_calls;
-	long exit_rank, exit_at, exit_calls; /* testing: exit(0) at that loss call */
-	long print_lines, print_calls; /* testing (--print-lines N): a chatty
-					* model, N lines to stdout at every
-					* loss call of every rank */
+	long sleep_rank, sleep_ms, exit_rank, exit_at, print_lines; /* testing */
+	long calls; /* training forwards of "xent" so far */
 } mlp;
 
-static int load_split(split *s, const char *dir, const char *prefix,
-		      char *err, size_t errlen)
+/* ---- the loss and the metric: a custom layer ---- */
+
+/* log(sum(exp(z[0 .. CLASSES)))), stable. */
+static double logsumexp(const float *z)
 {
-	char path[1024];
-	snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
-	if (idx_read(&s->images, path, err, errlen) < 0)
-		return -1;
-	snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
-	if (idx_read(&s->labels, path, err, errlen) < 0)
-		return -1;
-	if (s->images.count != s->labels.count || s->images.item != 784) {
-		snprintf(err, errlen, "%s/%s: %zu images of %zu bytes but %zu labels", dir,
-			 prefix, s->images.count, s->images.item, s->labels.count);
-		return -1;
-	}
-	return 0;
+	float m = z[0];
+	for (int j = 1; j < CLASSES; j++)
+		m = z[j] > m ? z[j] : m;
+	double s = 0;
+	for (int j = 0; j < CLASSES; j++)
+		s += exp((double)z[j] - m);
+	return m + log(s);
 }
 
-/* x[784] = pixels / 255, labels[0] = class. */
-static int fetch(void *user, size_t i, float *x, int32_t *labels)
+/* The testing knobs (see the top), once per training micro-step. */
+static void testing_knobs(mlp *m)
 {
-	const split *s = user;
-	const uint8_t *px = s->images.data + i * 784;
-	for (int k = 0; k < 784; k++)
-		x[k] = px[k] * (1.0f / 255.0f);
-	labels[0] = s->labels.data[i];
-	return labels[0] < CLASSES ? 0 : -1;
-}
-
-/* ---- linear: y[B,out] = x[B,in] w[out,in]^T + b[out] ---- */
-
-typedef struct linear {
-	int in, out;
-} linear;
-
-static int linear_forward(hpu_layer *l, const float *in, float *out, int batch)
-{
-	linear *p = hpu_layer_user(l);
-	hpu_linear_forward(in, hpu_param(l, 0), hpu_param(l, 1), out, batch, p->in, p->out);
-	return 0;
-}
-
-static int linear_backward(hpu_layer *l, const float *in, const float *out,
-			   const float *dout, float *din, int batch)
-{
-	(void)out;
-	linear *p = hpu_layer_user(l);
-	hpu_linear_backward(in, hpu_param(l, 0), dout, din, hpu_grad(l, 0),
-			    hpu_grad(l, 1), batch, p->in, p->out);
-	return 0;
-}
-
-static const hpu_layer_ops linear_ops = {linear_forward, linear_backward};
-
-static int add_linear(hpu_builder *b, const char *name, linear *p, int in, int out,
-		      int ckpt)
-{
-	p->in = in;
-	p->out = out;
-	hpu_layer *l = hpu_layer_add(b, name, (size_t)in, (size_t)out, &linear_ops, p);
-	if (!l)
-		return -1;
-	hpu_layer_checkpoint(l, ckpt);
-	int64_t w[2] = {out, in}, bias[1] = {out};
-	if (hpu_param_add(l, "weight", 2, w, HPU_INIT_FAN_IN_UNIFORM) < 0 ||
-	    hpu_param_add(l, "bias", 1, bias, HPU_INIT_FAN_IN_UNIFORM) < 0)
-		return -1;
-	return 0;
-}
-
-/* ---- relu ---- */
-
-static int relu_forward(hpu_layer *l, const float *in, float *out, int batch)
-{
-	size_t n = *(size_t *)hpu_layer_user(l) * (size_t)batch;
-	hpu_relu_forward(in, out, n);
-	return 0;
-}
-
-static int relu_backward(hpu_layer *l, const float *in, const float *out,
-			 const float *dout, float *din, int batch)
-{
-	(void)in;
-	size_t n = *(size_t *)hpu_layer_user(l) * (size_t)batch;
-	hpu_relu_backward(out, dout, din, n);
-	return 0;
-}
-
-static const hpu_layer_ops relu_ops = {relu_forward, relu_backward};
-
-/* ---- loss and metric ---- */
-
-static float xent(void *user, const float *out, const int32_t *labels,
-		  float *dout, int batch)
-{
-	mlp *m = user;
-	/* A range of the model's own in the --profile trace, scoped form. */
-	HPU_PROFILE_SCOPE("loss");
-	if (m->sleep_ms > 0 && m->rank == m->sleep_rank && ++m->loss_calls == 10) {
+	m->calls++;
+	if (m->sleep_ms > 0 && m->rank == m->sleep_rank && m->calls == 10) {
 		struct timespec ts = {m->sleep_ms / 1000, (m->sleep_ms % 1000) * 1000000};
 		nanosleep(&ts, NULL);
 	}
-	if (m->exit_at > 0 && m->rank == m->exit_rank && ++m->exit_calls == m->exit_at)
-		exit(0); /* testing: a model that leaves in the middle */
+	if (m->exit_at > 0 && m->rank == m->exit_rank && m->calls == m->exit_at)
+		exit(0); /* a model that leaves in the middle */
 	if (m->print_lines > 0) {
-		++m->print_calls;
 		for (long i = 0; i < m->print_lines; i++)
-			printf("chatter rank %d call %ld line %ld of %ld\n", m->rank,
-			       m->print_calls, i + 1, m->print_lines);
+			printf("chatter rank %d call %ld line %ld of %ld\n", m->rank, m->calls,
+			       i + 1, m->print_lines);
 		fflush(stdout);
 	}
-	return hpu_softmax_xent(out, labels, dout, batch, CLASSES);
 }
 
-static double correct(void *user, const float *out, const int32_t *labels, int batch)
+/* in: logits [10], label; out: loss = -log softmax(logits)[label],
+ * correct = 1 if the arg-max is the label (else 0). */
+static int xent_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
 {
-	(void)user;
-	/* The same with start and stop. */
-	hpu_profile_start("count_correct");
-	double n = hpu_count_correct(out, labels, batch, CLASSES);
+	const float *z = hpu_f32(&in[0]);
+	const int32_t *y = hpu_i32(&in[1]);
+	float *loss = hpu_f32(&out[0]), *correct = hpu_f32(&out[1]);
+	{
+		HPU_PROFILE_SCOPE("loss"); /* a range in the --profile trace, scoped form */
+		if (c->train && !c->recompute)
+			testing_knobs(hpu_layer_user(l));
+		for (int i = 0; i < c->batch; i++) {
+			if (y[i] < 0 || y[i] >= CLASSES)
+				return hpu_layer_error(l, "label %d of row %d is not a class", y[i], i);
+			loss[i] = (float)(logsumexp(z + i * CLASSES) - z[i * CLASSES + y[i]]);
+		}
+	}
+	hpu_profile_start("count_correct"); /* the same with start and stop */
+	for (int i = 0; i < c->batch; i++) {
+		const float *zi = z + i * CLASSES;
+		int best = 0;
+		for (int j = 1; j < CLASSES; j++)
+			best = zi[j] > zi[best] ? j : best;
+		correct[i] = best == y[i];
+	}
 	hpu_profile_stop("count_correct");
-	return n;
+	return 0;
 }
+
+/* dL/dlogits = (softmax(logits) - onehot(label)) dL/dloss; "correct"
+ * has no gradient. */
+static int xent_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			 const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
+{
+	(void)l;
+	(void)out;
+	const float *z = hpu_f32(&in[0]), *g = hpu_f32(&dout[0]);
+	const int32_t *y = hpu_i32(&in[1]);
+	float *dz = hpu_f32(&din[0]);
+	for (int i = 0; dz && i < c->batch; i++) {
+		const float *zi = z + i * CLASSES;
+		double lse = logsumexp(zi);
+		for (int j = 0; j < CLASSES; j++)
+			dz[i * CLASSES + j] = ((float)exp(zi[j] - lse) - (j == y[i])) * g[i];
+	}
+	return 0;
+}
+
+static const hpu_layer_ops xent_ops = {.forward = xent_forward, .backward = xent_backward};
 
 /* ---- the model ---- */
 
@@ -180,12 +133,7 @@ static void teardown(void *user)
 	mlp *m = user;
 	if (!m)
 		return;
-	idx_free(&m->train.images);
-	idx_free(&m->train.labels);
-	idx_free(&m->test.images);
-	idx_free(&m->test.labels);
-	for (int i = 0; i < m->nlin; i++)
-		free(m->lin[i]);
+	fmnist_free(&m->data);
 	free(m);
 }
 
@@ -228,7 +176,7 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 
 static int setup(hpu_builder *b, int argc, char **argv)
 {
-	const char *dir = DEFAULT_DATA;
+	const char *dir = FMNIST_DEFAULT_DIR;
 	long hidden = 1024, depth = 2;
 	int ckpt = 0;
 	mlp *m = calloc(1, sizeof *m);
@@ -236,40 +184,30 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, m);
 	m->rank = hpu_rank(b);
-	if (parse_args(b, argc, argv, &dir, &hidden, &depth, &ckpt, m) < 0)
+	if (parse_args(b, argc, argv, &dir, &hidden, &depth, &ckpt, m) < 0 ||
+	    fmnist_declare(b, &m->data, dir, 1, (int64_t[]){FMNIST_PIXELS}, 0.0f, 1.0f) < 0)
 		return -1;
-	m->hidden = (size_t)hidden;
-	char err[1200];
-	if (load_split(&m->train, dir, "train", err, sizeof err) < 0 ||
-	    load_split(&m->test, dir, "t10k", err, sizeof err) < 0)
-		return hpu_error(b, "%s (on Debian: apt-get install dataset-fashion-mnist, or pass -- --data DIR)",
-				 err);
-	/* fc1, relu1, fc2, relu2, ..., fc<depth+1> */
-	m->nlin = (int)depth + 1;
-	for (int i = 0; i < m->nlin; i++)
-		if (!(m->lin[i] = calloc(1, sizeof(linear))))
-			return hpu_error(b, "out of memory");
-	int h = (int)hidden;
-	for (int i = 0; i < m->nlin; i++) {
-		char *fc = m->names[2 * i], *relu = m->names[2 * i + 1];
-		snprintf(fc, 16, "fc%d", i + 1);
-		snprintf(relu, 16, "relu%d", i + 1);
-		int last = i + 1 == m->nlin;
-		if (add_linear(b, fc, m->lin[i], i ? h : 784, last ? CLASSES : h, ckpt && !last) < 0)
+	/* "image" -fc1-> h1 -relu1-> a1 -fc2-> h2 ... -fc<depth+1>-> "logits" */
+	char x[32] = "image", name[32], h[32];
+	for (int i = 1; i <= depth; i++) {
+		snprintf(name, sizeof name, "fc%d", i);
+		snprintf(h, sizeof h, "h%d", i);
+		hpu_layer *fc = hpu_linear(b, name, x, h, hidden, 1);
+		snprintf(name, sizeof name, "relu%d", i);
+		snprintf(x, sizeof x, "a%d", i);
+		hpu_layer *relu = fc ? hpu_relu(b, name, h, x) : NULL;
+		if (!relu)
 			return -1;
-		if (last)
-			break;
-		hpu_layer *r = hpu_layer_add(b, relu, m->hidden, m->hidden, &relu_ops, &m->hidden);
-		if (!r)
-			return -1;
-		if (ckpt)
-			hpu_layer_checkpoint(r, 1);
+		hpu_layer_checkpoint(fc, ckpt);
+		hpu_layer_checkpoint(relu, ckpt);
 	}
-	hpu_dataset train = {m->train.images.count, 784, 1, fetch, &m->train};
-	hpu_dataset test = {m->test.images.count, 784, 1, fetch, &m->test};
-	hpu_loss loss = {.loss = xent, .metric = correct, .metric_name = "accuracy", .user = m};
-	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) < 0 ||
-	    hpu_dataset_set(b, HPU_SPLIT_TEST, &test) < 0 || hpu_loss_set(b, &loss) < 0)
+	snprintf(name, sizeof name, "fc%ld", depth + 1);
+	if (!hpu_linear(b, name, x, "logits", CLASSES, 1))
+		return -1;
+	hpu_layer *l = hpu_layer_add(b, "xent", "logits,label", &xent_ops, m);
+	if (!l || hpu_layer_output(l, "loss", HPU_F32, 0, NULL) < 0 ||
+	    hpu_layer_output(l, "correct", HPU_F32, 0, NULL) < 0 ||
+	    hpu_loss_add(b, "loss", 1.0f) < 0 || hpu_metric_add(b, "accuracy", "correct") < 0)
 		return -1;
 	return 0;
 }

@@ -271,7 +271,11 @@ static void test_model_wrong_abi(void **state)
 {
 	(void)state;
 	expect_model_error(h_build("lib/bad_abi.so"),
-			   "was built for hputrain ABI version 999, but this runtime has ABI version 1");
+			   "was built for hputrain ABI version 999, but this runtime has ABI version 2");
+	/* a model of the chain contract is told what changed */
+	expect_model_error(h_build("lib/bad_abi1.so"),
+			   "was built for hputrain ABI version 1, but this runtime has ABI version 2: "
+			   "ABI 1 (a chain of layers with float inputs) is gone");
 }
 
 /* The dataset missing: the error names the Debian package. */

@@ -1,6 +1,6 @@
-/* A training run that cannot write what it was asked to, or whose loss is
- * not finite, fails the job (hpulaunch exits 1) with a sentence that says
- * why -- never exit 0 with a short file or an infinite loss:
+/* A training run that cannot write what it was asked to, or whose loss
+ * stays non-finite, fails the job (hpulaunch exits 1) with a sentence that
+ * says why -- never exit 0 with a short file or a diverged model:
  *
  * - --metrics /dev/full (every write: ENOSPC): the step records, the
  *   final record alone, a checkpoint's report (the run stops there: no
@@ -8,9 +8,14 @@
  * - --save-params into a link to /dev/full, with a whole and a sharded
  *   strategy (the link stays a link: written through, never renamed over);
  *   into a link to a regular file: the file written, the link kept;
- * - a model whose loss turns NaN, +Inf or -Inf at its third call (the
- *   fixture bad_loss.so); the same model with a finite loss trains.
+ * - a model whose loss turns NaN, +Inf or -Inf from its third step on
+ *   (the fixture bad_loss.so): each such step is skipped on every rank and
+ *   said, and --max-skipped-steps of them in a row stop the job, naming
+ *   the steps; a NaN at one step only (on one rank) is skipped and
+ *   training goes on; a negative or any finite loss trains (a loss value
+ *   is no error channel).
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -166,48 +171,127 @@ static void test_save_params_full_disk(void **state)
 
 /* ---- the loss ---- */
 
-/* Trains bad_loss.so on `devices` workers, its loss `loss` from the
- * third call on; returns the output after asserting the exit code. */
-static char *train_bad_loss(int want, const char *devices, const char *loss)
+/* Trains bad_loss.so 16 samples a step: hpulaunch -q --no-eval
+ * --log-every 1 --devices `devices` --max-steps `steps`, then `opts`
+ * (launcher options, space-separated, or NULL) and the model's `margs`;
+ * asserts the exit code and returns the output. */
+static char *train_bad_loss(int want, int devices, const char *steps, const char *opts,
+			    const char *margs)
 {
-	const char *argv[] = {LAUNCH,      "-q",      "--devices", devices,  "--no-eval",
-			      "--log-every", "1",     "--batch-size", "16",   "--max-steps",
-			      "5",          BAD_LOSS, "--",        "--loss", loss,
-			      "--from",     "3",      NULL};
-	proc p;
-	int code = h_run(&p, (char *const *)argv, NULL, 120000);
-	char *out = strdup(p.out ? p.out : "");
-	h_free(&p);
-	if (code != want)
-		fail_msg("--loss %s: exit %d, wanted %d; output:\n%s", loss, code, want, out);
-	return out;
+	run r;
+	char buf[256];
+	start(&r, devices);
+	args(&r, "--log-every", "1", "--batch-size", "16", "--max-steps", steps, NULL);
+	snprintf(buf, sizeof buf, "%s", opts ? opts : "");
+	for (char *t = strtok(buf, " "); t; t = strtok(NULL, " "))
+		arg(&r, t);
+	return finish_with(&r, want, BAD_LOSS, margs);
 }
 
-static void test_nonfinite_loss(void **state)
+static void lacks(const char *out, const char *needle)
+{
+	if (strstr(out, needle))
+		fail_msg("output says \"%s\":\n%s", needle, out);
+}
+
+/* The number after "final loss " in out (NaN when there is none). */
+static double final_loss(const char *out)
+{
+	const char *l = strstr(out, "final loss ");
+	return l ? strtod(l + 11, NULL) : NAN;
+}
+
+/* A non-finite loss (NaN, +Inf, -Inf) from step 3 on: steps 3 and 4 are
+ * skipped, each said, and --max-skipped-steps 2 stops the job there,
+ * naming the steps and the option; step 5 never comes. */
+static void test_nonfinite_loss_stops(void **state)
+{
+	(void)state;
+	static const char *bad[] = {"nan", "inf", "-inf"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char margs[64];
+		snprintf(margs, sizeof margs, "--loss %s --from 3", bad[i]);
+		/* one worker: with two, the other rank's exit can end rank 0
+		 * before its lines are out */
+		char *out = train_bad_loss(1, 1, "5", "--max-skipped-steps 2", margs);
+		has(out, "step 2/5 loss "); /* the first two steps were fine */
+		has(out, "step 3: non-finite loss or gradients: step skipped on every rank "
+			 "(1 in a row)");
+		has(out, "step 4: non-finite loss or gradients: step skipped on every rank "
+			 "(2 in a row)");
+		has(out, "2 steps in a row (steps 3 to 4) had a non-finite loss or gradients "
+			 "(NaN or Inf) and were skipped: the run diverged (--max-skipped-steps 2)");
+		lacks(out, "step 5/5");
+		lacks(out, "trained 5 steps");
+		free(out);
+	}
+	/* the default: 5 in a row */
+	char *out = train_bad_loss(1, 1, "10", NULL, "--loss nan --from 3");
+	has(out, "step 6/10 loss ");
+	has(out, "5 steps in a row (steps 3 to 7) had a non-finite loss or gradients (NaN or "
+		 "Inf) and were skipped: the run diverged (--max-skipped-steps 5)");
+	lacks(out, "step 8/10");
+	free(out);
+}
+
+/* A NaN loss at step 3 only, and on rank 1 only: rank 0 says the step
+ * was skipped on every rank, training goes on to the end with finite
+ * losses (nobody applied the NaN gradients), and the final line and
+ * record count the skipped step. */
+static void test_nonfinite_loss_one_step(void **state)
+{
+	(void)state;
+	const char *metrics = path("skip.jsonl");
+	char opts[700];
+	snprintf(opts, sizeof opts, "--metrics %s", metrics);
+	char *out = train_bad_loss(0, 2, "5", opts, "--loss nan --from 3 --to 3 --rank 1");
+	has(out, "[rank 0] step 3: non-finite loss or gradients: step skipped on every rank "
+		 "(1 in a row)");
+	lacks(out, "(2 in a row)");
+	has(out, "step 3/5 loss nan");
+	has(out, "step 5/5 loss ");
+	has(out, "trained 5 steps on 2 workers");
+	double l = final_loss(out);
+	if (!isfinite(l))
+		fail_msg("the final loss is not finite:\n%s", out);
+	const char *said = strstr(out, "skipped for a non-finite loss or gradients");
+	const char *bol = said;
+	while (bol && bol > out && bol[-1] != '\n')
+		bol--;
+	if (!said || !strstr(bol, "] 1 step") || strstr(bol, "] 1 step") > said)
+		fail_msg("the final lines do not say 1 step was skipped:\n%s", out);
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	const char *fin = strstr(m, "\"final\":true");
+	assert_non_null(fin);
+	const char *key = "\"nonfinite_steps_skipped\":", *k = strstr(fin, key);
+	if (!k || strtol(k + strlen(key), NULL, 10) != 1)
+		fail_msg("the final record does not count 1 skipped step:\n%s", fin);
+	free(m);
+	free(out);
+}
+
+/* A loss is not an error channel: a negative one (-1) and any finite one
+ * train on to the end, nothing skipped. */
+static void test_finite_losses_train(void **state)
 {
 	(void)state;
 	static const struct {
-		const char *loss, *says;
-	} bad[] = {
-		{"nan", "the model's loss returned NaN"},
-		{"inf", "the model's loss returned +Inf"},
-		{"-inf", "the model's loss returned -Inf"},
-		{"-1", "the model's loss returned a negative value (bad labels?)"},
+		const char *loss, *final;
+	} ok[] = {
+		{"-1", "final loss -1.0000"},
+		{"0.25", "final loss 0.2500"},
 	};
-	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		/* one worker: with two, the failing rank's abort can end rank
-		 * 0 before its log line of step 2 is out */
-		char *out = train_bad_loss(1, "1", bad[i].loss);
-		has(out, bad[i].says);
-		has(out, "step 2/5"); /* the first two steps were fine */
-		if (strstr(out, "step 3/5"))
-			fail_msg("--loss %s: step 3 was logged:\n%s", bad[i].loss, out);
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		char margs[64];
+		snprintf(margs, sizeof margs, "--loss %s --from 3", ok[i].loss);
+		char *out = train_bad_loss(0, 2, "5", NULL, margs);
+		has(out, "trained 5 steps on 2 workers");
+		has(out, ok[i].final);
+		lacks(out, "skipped");
+		lacks(out, "non-finite");
 		free(out);
 	}
-	char *out = train_bad_loss(0, "2", "0.25"); /* finite: it trains */
-	has(out, "trained 5 steps on 2 workers");
-	has(out, "final loss 0.2500");
-	free(out);
 }
 
 int main(void)
@@ -216,7 +300,9 @@ int main(void)
 	    cmocka_unit_test(test_metrics_full_disk),
 	    cmocka_unit_test(test_metrics_full_disk_checkpoints),
 	    cmocka_unit_test(test_save_params_full_disk),
-	    cmocka_unit_test(test_nonfinite_loss),
+	    cmocka_unit_test(test_nonfinite_loss_stops),
+	    cmocka_unit_test(test_nonfinite_loss_one_step),
+	    cmocka_unit_test(test_finite_losses_train),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -498,9 +498,10 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
 		       steps, L->world, hpu_strategy_name(L->o->strategy), l, sps,
 		       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
-	if (hpu_strat_bad_total(L->st))
-		printf("%ld steps were skipped for a non-finite loss or gradients\n",
-		       hpu_strat_bad_total(L->st));
+	long bad = hpu_strat_bad_total(L->st);
+	if (bad)
+		printf("%ld step%s skipped for a non-finite loss or gradients\n", bad,
+		       bad == 1 ? " was" : "s were");
 	if (ev) {
 		printf("test loss %.4f (%.0f samples)\n", ev->loss, ev->count);
 		for (int k = 0; k < b->nmetrics; k++)
@@ -521,7 +522,8 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 		cJSON_AddNumberToObject(j, "grad_accum", L->accum);
 		cJSON_AddNumberToObject(j, "parameters", (double)L->b->psi);
 		cJSON_AddNumberToObject(j, "units", hpu_strat_units(L->st));
-		cJSON_AddNumberToObject(j, "skipped_steps", (double)hpu_strat_bad_total(L->st));
+		cJSON_AddNumberToObject(j, "nonfinite_steps_skipped",
+					(double)hpu_strat_bad_total(L->st));
 		if (ev) {
 			cJSON_AddNumberToObject(j, "test_loss", ev->loss);
 			for (int k = 0; k < b->nmetrics; k++) {
