@@ -29,10 +29,11 @@ if ! cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1; then
 fi
 for f in bin/hpulaunch bin/hpu-worker bin/hpud bin/hpu-ckpt bin/hpu-trace bin/hpu-plot \
 	 "$libdir/libhpu.so" "$libdir/libhpucoll.so" \
-	 include/hpu/hpu.h include/hpu/ops.h include/hpu/coll.h include/hpu/export.h \
+	 include/hpu/hpu.h include/hpu/layers.h include/hpu/ops.h include/hpu/coll.h \
+	 include/hpu/export.h \
 	 "$libdir/pkgconfig/hpu.pc" "$libdir/pkgconfig/hpucoll.pc" \
 	 "$libdir/hputrain/fmnist_mlp.so" "$libdir/hputrain/fmnist_cnn.so" \
-	 "$libdir/hputrain/tiny_lm.so"; do
+	 "$libdir/hputrain/resnet.so" "$libdir/hputrain/gpt_lm.so"; do
 	[ -e "$prefix/$f" ] || fail "not installed: $f"
 done
 # The SOVERSION chain: libX.so -> libX.so.0 -> the file whose SONAME is

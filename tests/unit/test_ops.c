@@ -441,7 +441,8 @@ static void test_count_correct(void **state)
 static void test_strerror(void **state)
 {
 	(void)state;
-	const int codes[] = {HPU_OK, HPU_ERROR, HPU_EINVAL, HPU_ENOMEM, HPU_ERANGE, HPU_ENODEV};
+	const int codes[] = {HPU_OK,     HPU_ERROR,  HPU_EINVAL, HPU_ENOMEM,
+			     HPU_ERANGE, HPU_ENODEV, HPU_ENOENT};
 	const int n = (int)(sizeof codes / sizeof codes[0]);
 	const char *unknown = hpu_strerror(1);
 	assert_string_equal(unknown, "Unknown error code.");

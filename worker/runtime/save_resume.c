@@ -189,7 +189,7 @@ static int write_buffers(const hpu_builder *b, hpu_strat *st, const char *dir,
 			 hpu_ckpt_file *bf, char *err, size_t errlen)
 {
 	const float *B = hpu_strat_buffers(st);
-	char path[1200];
+	char path[1200 + sizeof bf->name + 2]; /* dir is at most 1200 bytes */
 	hpu_ckpt_writer w;
 	snprintf(bf->name, sizeof bf->name, "%s", HPU_CKPT_BUFFERS);
 	snprintf(path, sizeof path, "%s/%s", dir, bf->name);
