@@ -298,6 +298,12 @@ HPU_API int hpu_tensor_info(const hpu_builder *b, const char *tensor, hpu_tensor
 HPU_API int hpu_param_add(hpu_layer *layer, const char *name, int ndim,
 			  const int64_t *shape, hpu_init init);
 
+/* Sets the initializer of a parameter declared so far ("layer.name"),
+ * as torch.nn.init does to a module's weight after construction: e.g.
+ * hpu_param_init(b, "wte.weight", HPU_INIT(NORMAL, 0, 0.02f)) for a
+ * library embedding. HPU_OK, HPU_ENOENT or HPU_EINVAL. */
+HPU_API int hpu_param_init(hpu_builder *b, const char *param, hpu_init init);
+
 /* The shape of a parameter declared so far ("layer.name"): HPU_OK, or
  * HPU_ENOENT. */
 HPU_API int hpu_param_shape(const hpu_builder *b, const char *param, int *ndim,

@@ -101,7 +101,8 @@ HPU_API hpu_layer *hpu_batchnorm(hpu_builder *b, const char *name, const char *i
 /* ---- sequences ---- */
 
 /* ids i32 [...] -> [..., dim]; weight [vocab, dim] N(0, 1)
- * (torch.nn.Embedding). An id outside [0, vocab) fails the call naming
+ * (torch.nn.Embedding; hpu_param_init(b, "<name>.weight", ...) sets
+ * another initializer, e.g. GPT-2's N(0, 0.02)). An id outside [0, vocab) fails the call naming
  * the id. */
 HPU_API hpu_layer *hpu_embedding(hpu_builder *b, const char *name, const char *in,
 				 const char *out, int64_t vocab, int64_t dim);

@@ -435,6 +435,35 @@ static void test_embedding_shapes(void **state)
 	lh_free(&h);
 }
 
+/* hpu_param_init re-initializes a library layer's parameter, as
+ * torch.nn.init does after construction: N(0, 0.02) instead of N(0, 1);
+ * an unknown name or a bad initializer is refused. */
+static void test_param_init(void **state)
+{
+	(void)state;
+	hpu_field f[] = {{"tok", HPU_I32, 0, {0}}};
+	lh_harness *h = harness(4, 1, f);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *l = hpu_embedding(b, "emb", "tok", "y", 400, 50);
+	assert_non_null(l);
+	assert_int_equal(hpu_param_init(b, "emb.weight", HPU_INIT(NORMAL, 0, 0.02f)), HPU_OK);
+	assert_int_equal(hpu_param_init(b, "emb.bias", HPU_INIT(ZEROS)), HPU_ENOENT);
+	assert_int_equal(hpu_param_init(b, "emb.weight", HPU_INIT(NORMAL, 0, -1.0f)), HPU_EINVAL);
+	lh_clear_error(h);
+	alloc(h, l);
+	const float *w = hpu_param(l, 0);
+	double ss = 0, mean = 0;
+	for (int i = 0; i < 400 * 50; i++) {
+		mean += w[i];
+		ss += (double)w[i] * w[i];
+	}
+	mean /= 400 * 50;
+	double sd = sqrt(ss / (400 * 50) - mean * mean);
+	printf("  emb.weight after hpu_param_init: mean %.5f, std %.5f\n", mean, sd);
+	assert_true(fabs(mean) < 0.001 && fabs(sd - 0.02) < 0.001);
+	lh_free(&h);
+}
+
 static void test_embedding_bad_id(void **state)
 {
 	(void)state;
@@ -775,6 +804,7 @@ int main(void)
 	    cmocka_unit_test(test_batchnorm_one_value),
 	    cmocka_unit_test(test_embedding_torch),
 	    cmocka_unit_test(test_embedding_shapes),
+	    cmocka_unit_test(test_param_init),
 	    cmocka_unit_test(test_embedding_bad_id),
 	    cmocka_unit_test(test_embedding_init),
 	    cmocka_unit_test(test_attention_torch),

@@ -457,6 +457,19 @@ int hpu_param_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape
 	return rc;
 }
 
+int hpu_param_init(hpu_builder *b, const char *param, hpu_init init)
+{
+	int g = param ? hpu__model_param(b, param) : -1;
+	if (g < 0)
+		return refuse(b, HPU_ENOENT, "hpu_param_init: no parameter named %s declared so far",
+			      param ? param : "(null)");
+	int rc = check_init(b, param, &init);
+	if (rc < 0)
+		return rc;
+	b->params[g].init = init;
+	return HPU_OK;
+}
+
 int hpu_param_shape(const hpu_builder *b, const char *param, int *ndim,
 		    int64_t shape[HPU_MAX_DIMS])
 {

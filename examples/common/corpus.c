@@ -1,0 +1,102 @@
+/* corpus: see corpus.h. */
+#include "corpus.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int visible(const struct dirent *e)
+{
+	return e->d_name[0] != '.';
+}
+
+/* Appends the regular file at path to c->ids (raw bytes for now);
+ * returns 1 when it was read, 0 when skipped, -1 when out of memory. */
+static int append(ex_corpus *c, const char *path)
+{
+	struct stat st;
+	if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) /* links repeat a file */
+		return 0;
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return 0;
+	uint8_t *grown = realloc(c->ids, c->n + (size_t)st.st_size + 1);
+	if (!grown) {
+		fclose(f);
+		return -1;
+	}
+	c->ids = grown;
+	c->n += fread(c->ids + c->n, 1, (size_t)st.st_size, f);
+	fclose(f);
+	return 1;
+}
+
+/* Maps the bytes to ids 0 .. vocab-1 in byte order, in place. */
+static void make_vocab(ex_corpus *c)
+{
+	int seen[256] = {0};
+	for (size_t i = 0; i < c->n; i++)
+		seen[c->ids[i]] = 1;
+	c->vocab = 0;
+	for (int ch = 0; ch < 256; ch++) {
+		c->id_of[ch] = (int16_t)(seen[ch] ? c->vocab : -1);
+		if (seen[ch])
+			c->chars[c->vocab++] = (uint8_t)ch;
+	}
+	for (size_t i = 0; i < c->n; i++)
+		c->ids[i] = (uint8_t)c->id_of[c->ids[i]];
+}
+
+int ex_corpus_read(ex_corpus *c, const char *dir, char *err, size_t errlen)
+{
+	struct dirent **names;
+	memset(c, 0, sizeof *c);
+	int n = scandir(dir, &names, visible, alphasort), rc = 0;
+	if (n < 0) {
+		snprintf(err, errlen, "cannot list the corpus directory %s", dir);
+		return -1;
+	}
+	for (int i = 0; i < n; i++) {
+		char path[4096];
+		snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+		int got = rc < 0 ? 0 : append(c, path);
+		if (got < 0) {
+			snprintf(err, errlen, "out of memory reading %s", path);
+			rc = -1;
+		}
+		c->files += got > 0;
+		free(names[i]);
+	}
+	free(names);
+	if (rc == 0 && c->n == 0) {
+		snprintf(err, errlen, "no text in %s: it has no readable regular files", dir);
+		rc = -1;
+	}
+	if (rc < 0) {
+		ex_corpus_free(c);
+		return -1;
+	}
+	make_vocab(c);
+	return 0;
+}
+
+void ex_corpus_free(ex_corpus *c)
+{
+	free(c->ids);
+	c->ids = NULL;
+	c->n = 0;
+}
+
+double ex_unigram_nats(const uint8_t *train, size_t ntrain, const uint8_t *val, size_t nval,
+		       int vocab)
+{
+	double count[256] = {0}, h = 0;
+	for (size_t i = 0; i < ntrain; i++)
+		count[train[i]] += 1;
+	for (size_t i = 0; i < nval; i++)
+		h -= log((count[val[i]] + 1) / (double)(ntrain + (size_t)vocab));
+	return nval ? h / (double)nval : NAN;
+}
