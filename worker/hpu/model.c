@@ -411,25 +411,39 @@ static int check_init(hpu_builder *b, const char *name, const hpu_init *init)
 	return HPU_OK;
 }
 
+/* The checks a parameter and a buffer declaration share (`what` says
+ * which): right after its layer, a good name not taken, a shape, an
+ * initializer. Sets full ("layer.name") and *numel; HPU_OK or the code. */
+static int check_decl(hpu_layer *l, const char *what, const char *name, int ndim,
+		      const int64_t *shape, const hpu_init *init, char *full, size_t fulllen,
+		      size_t *numel)
+{
+	hpu_builder *b = l->b;
+	char plural[32];
+	snprintf(plural, sizeof plural, "%ss", what);
+	int rc = check_last(l, plural);
+	if (rc < 0)
+		return rc;
+	if (bad_name(name))
+		return refuse(b, HPU_EINVAL, "layer %s: %s name missing, too long or with "
+			      "characters other than letters, digits and _-/.", l->name, what);
+	if (!(*numel = shape_numel(ndim, shape, 0)))
+		return refuse(b, HPU_EINVAL, "layer %s: %s %s needs 1..%d dimensions, each > 0",
+			      l->name, what, name, HPU_MAX_DIMS);
+	snprintf(full, fulllen, "%s.%s", l->name, name);
+	if (hpu__model_param(b, full) >= 0 || hpu__model_buffer(b, full) >= 0)
+		return refuse(b, HPU_EINVAL, "layer %s: %s is declared twice", l->name, full);
+	return check_init(b, full, init);
+}
+
 int hpu_param_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape,
 		  hpu_init init)
 {
 	hpu_builder *b = l->b;
-	int rc = check_last(l, "parameters");
-	if (rc < 0)
-		return rc;
-	if (bad_name(name))
-		return refuse(b, HPU_EINVAL, "layer %s: parameter name missing, too long or with "
-			      "characters other than letters, digits and _-/.", l->name);
-	size_t numel = shape_numel(ndim, shape, 0);
-	if (!numel)
-		return refuse(b, HPU_EINVAL, "layer %s: parameter %s needs 1..%d dimensions, each > 0",
-			      l->name, name, HPU_MAX_DIMS);
 	char full[sizeof b->params[0].name];
-	snprintf(full, sizeof full, "%s.%s", l->name, name);
-	if (hpu__model_param(b, full) >= 0 || hpu__model_buffer(b, full) >= 0)
-		return refuse(b, HPU_EINVAL, "layer %s: %s is declared twice", l->name, full);
-	if ((rc = check_init(b, full, &init)) < 0)
+	size_t numel;
+	int rc = check_decl(l, "parameter", name, ndim, shape, &init, full, sizeof full, &numel);
+	if (rc < 0)
 		return rc;
 	hpu_param_info *grown = realloc(b->params, (size_t)(b->nparams + 1) * sizeof *grown);
 	if (!grown)
@@ -514,25 +528,14 @@ int hpu_buffer_add(hpu_layer *l, const char *name, int ndim, const int64_t *shap
 		   hpu_init init, hpu_buffer_sync sync)
 {
 	hpu_builder *b = l->b;
-	int rc = check_last(l, "buffers");
+	char full[sizeof b->buffers[0].name];
+	size_t numel;
+	int rc = check_decl(l, "buffer", name, ndim, shape, &init, full, sizeof full, &numel);
 	if (rc < 0)
 		return rc;
-	if (bad_name(name))
-		return refuse(b, HPU_EINVAL, "layer %s: buffer name missing, too long or with "
-			      "characters other than letters, digits and _-/.", l->name);
-	size_t numel = shape_numel(ndim, shape, 0);
-	if (!numel)
-		return refuse(b, HPU_EINVAL, "layer %s: buffer %s needs 1..%d dimensions, each > 0",
-			      l->name, name, HPU_MAX_DIMS);
 	if (sync < HPU_BUFFER_BROADCAST || sync > HPU_BUFFER_LOCAL)
 		return refuse(b, HPU_EINVAL, "layer %s: buffer %s has an unknown sync %d", l->name,
 			      name, (int)sync);
-	char full[sizeof b->buffers[0].name];
-	snprintf(full, sizeof full, "%s.%s", l->name, name);
-	if (hpu__model_param(b, full) >= 0 || hpu__model_buffer(b, full) >= 0)
-		return refuse(b, HPU_EINVAL, "layer %s: %s is declared twice", l->name, full);
-	if ((rc = check_init(b, full, &init)) < 0)
-		return rc;
 	hpu_buffer_info *grown = realloc(b->buffers, (size_t)(b->nbuffers + 1) * sizeof *grown);
 	if (!grown)
 		return refuse(b, HPU_ENOMEM, "out of memory adding buffer %s", full);
