@@ -4,7 +4,7 @@
  * oneDNN's convolution primitives (f32, and bf16 in / f32 out) -- the
  * ceiling of what a step's products can cost on one core.
  *
- *   gemm-ceiling [-m mlp|cnn|tiny_lm|all] [-b BATCH] [-B LM_BATCH]
+ *   gemm-ceiling [-m mlp|cnn|gpt_lm|all] [-b BATCH] [-B LM_BATCH]
  *                [-v LM_VOCAB] [-t SECONDS] [-c CORE]
  *
  * Products, row-major, C[M,N] = op(A)[M,K] op(B)[K,N] (t: stored
@@ -21,7 +21,7 @@
  * (dcol) M=rows N=25C K=O; the col2im and im2col themselves are not timed.
  * The same three are also timed as oneDNN convolution primitives on the
  * whole batch, in the memory formats oneDNN picks (reorders not timed).
- * Attention (tiny_lm): per (sample, head) S = Q K^T [T,T,hd], O = P V
+ * Attention (gpt_lm): per (sample, head) S = Q K^T [T,T,hd], O = P V
  * [T,hd,T]; backward dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q; the
  * full T x T is counted (no saving for the causal mask).
  * Elementwise ops, norms, softmax, pooling, embedding and the optimizer
@@ -382,7 +382,7 @@ static void cnn(model *md, long b)
 	linear("fc2", b, 256, 10, 0, 1);
 }
 
-static void tiny_lm(model *md, long b, long vocab)
+static void gpt_lm(model *md, long b, long vocab)
 {
 	const long t = 64, d = 128, heads = 4, layers = 2, hd = d / heads, r = b * t;
 	md->batch = b;
@@ -396,6 +396,8 @@ static void tiny_lm(model *md, long b, long vocab)
 	add("att.dV=P^T dO", GEMM, b * heads, t, hd, t, 1, 0, layers);
 	add("att.dQ=dS K", GEMM, b * heads, t, hd, t, 0, 0, layers);
 	add("att.dK=dS^T Q", GEMM, b * heads, t, hd, t, 1, 0, layers);
+	/* the head is tied to the token embedding: the same three products,
+	 * its dW added into the embedding's gradient */
 	linear("head", r, d, vocab, 0, 1);
 }
 
@@ -472,7 +474,7 @@ static void run_model(const model *md)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: gemm-ceiling [-m mlp|cnn|tiny_lm|all] [-b BATCH (256)] "
+	fprintf(f, "usage: gemm-ceiling [-m mlp|cnn|gpt_lm|all] [-b BATCH (256)] "
 		   "[-B LM_BATCH (32)] [-v LM_VOCAB (86)] [-t SECONDS (0.3)] [-c CORE (0)]\n");
 }
 
@@ -495,7 +497,7 @@ int main(int argc, char **argv)
 	}
 	int all = !strcmp(which, "all");
 	if (optind != argc || batch < 1 || lm_batch < 1 || vocab < 1 || !(min_time >= 0) ||
-	    (!all && strcmp(which, "mlp") && strcmp(which, "cnn") && strcmp(which, "tiny_lm"))) {
+	    (!all && strcmp(which, "mlp") && strcmp(which, "cnn") && strcmp(which, "gpt_lm"))) {
 		usage(stderr);
 		return 2;
 	}
@@ -529,7 +531,7 @@ int main(int argc, char **argv)
 	printf("# t: A (B) stored transposed; x: the layers that have it; way: gemm "
 	       "(for a conv: its im2col GEMM) or conv (oneDNN convolution)\n");
 
-	model models[3] = {{"mlp", 0, 0, 0}, {"cnn", 0, 0, 0}, {"tiny_lm", 0, 0, 0}};
+	model models[3] = {{"mlp", 0, 0, 0}, {"cnn", 0, 0, 0}, {"gpt_lm", 0, 0, 0}};
 	for (int i = 0; i < 3; i++) {
 		model *md = &models[i];
 		if (!all && strcmp(which, md->name))
@@ -540,7 +542,7 @@ int main(int argc, char **argv)
 		else if (i == 1)
 			cnn(md, batch);
 		else
-			tiny_lm(md, lm_batch, vocab);
+			gpt_lm(md, lm_batch, vocab);
 		md->last = nprods;
 		run_model(md);
 	}

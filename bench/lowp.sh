@@ -2,12 +2,13 @@
 # Low-precision training throughput against PyTorch, one core and two.
 #
 # 1. One worker, one core: each example model (Fashion-MNIST MLP and CNN,
-#    global batch 256; tiny_lm, batch $LM_BATCH, default 32 as RESULTS.md's
-#    LM runs use) in fp32 and bf16, ours (hpulaunch --devices 1 --precision
-#    fp32|bf16-mixed) alternating with bench/torch_models.py (fp32, or
+#    global batch 256; gpt_lm, batch $LM_BATCH, default 32 as RESULTS.md's
+#    LM runs use, without dropout: -- --dropout 0 --gen 0) in fp32 and
+#    bf16, ours (hpulaunch --devices 1 --precision fp32|bf16-mixed)
+#    alternating with bench/torch_models.py (fp32, or
 #    torch.autocast cpu bf16), both on core 0 (hpulaunch pins rank 0 there;
 #    the torch peer pins itself), one BLAS/OpenMP thread each, AdamW lr 1e-3.
-#    Ours also in 16-mixed (MLP) and fp8 (tiny_lm), which have no torch peer.
+#    Ours also in 16-mixed (MLP) and fp8 (gpt_lm), which have no torch peer.
 #    Both measure the same steps: WARMUP untimed steps, then STEPS timed
 #    (ours: --max-steps WARMUP+STEPS --throughput-warmup-steps WARMUP, the
 #    final record's samples_per_sec in the --metrics file; no evaluation).
@@ -52,9 +53,12 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-steps_of() { case $1 in mlp) echo "$s_mlp";; cnn) echo "$s_cnn";; tiny_lm) echo "$s_lm";; esac; }
-so_of() { case $1 in mlp) echo fmnist_mlp;; cnn) echo fmnist_cnn;; tiny_lm) echo tiny_lm;; esac; }
-batch_of() { case $1 in tiny_lm) echo "$lm_batch";; *) echo 256;; esac; }
+steps_of() { case $1 in mlp) echo "$s_mlp";; cnn) echo "$s_cnn";; gpt_lm) echo "$s_lm";; esac; }
+so_of() { case $1 in mlp) echo fmnist_mlp;; cnn) echo fmnist_cnn;; gpt_lm) echo gpt_lm;; esac; }
+batch_of() { case $1 in gpt_lm) echo "$lm_batch";; *) echo 256;; esac; }
+# the model arguments: gpt_lm without dropout (the torch peer has none) and
+# without the text generation after training
+args_of() { case $1 in gpt_lm) echo "-- --dropout 0 --gen 0";; esac; }
 
 # samples/s of the final record of a metrics file
 final_sps() {
@@ -67,13 +71,14 @@ PY
 }
 
 ours() { # MODEL PRECISION
-  local m=$1 p=$2 n
+  local m=$1 p=$2 n margs
   n=$(steps_of "$m")
+  read -ra margs <<<"$(args_of "$m")"
   rm -f "$tmp/m.jsonl"
   if ! "$build/bin/hpulaunch" -q --devices 1 --precision "$p" --log-every 0 --no-eval \
       --batch-size "$(batch_of "$m")" --max-steps $((warm + n)) \
       --throughput-warmup-steps "$warm" --metrics "$tmp/m.jsonl" \
-      "$build/lib/$(so_of "$m").so" >"$tmp/ours.log" 2>&1; then
+      "$build/lib/$(so_of "$m").so" "${margs[@]}" >"$tmp/ours.log" 2>&1; then
     echo "lowp.sh: ours $m $p failed:" >&2
     tail -5 "$tmp/ours.log" >&2
     exit 1
@@ -142,28 +147,28 @@ PY
 busy0=$(busy)
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); busy before the runs: $busy0"
 echo "commit: $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$here/.." diff --quiet HEAD 2>/dev/null || echo ' (modified)')"
-echo "steps: $warm warm-up + mlp $s_mlp / cnn $s_cnn / tiny_lm $s_lm timed; batch 256 (tiny_lm $lm_batch); median of $repeat"
+echo "steps: $warm warm-up + mlp $s_mlp / cnn $s_cnn / gpt_lm $s_lm timed; batch 256 (gpt_lm $lm_batch); median of $repeat"
 echo "$busy0" | awk '{ if ($2 + 0 > 10 || $4 + 0 > 10) print "warning: something else is running (" $0 "): the figures will be low" }'
 
 vocab=""
 for i in $(seq "$repeat"); do
-  for m in mlp cnn tiny_lm; do
+  for m in mlp cnn gpt_lm; do
     for p in fp32 bf16; do
       ours "$m" "$([ $p = bf16 ] && echo bf16-mixed || echo fp32)" >>"$tmp/r-ours-$m-$p"
-      [ "$m" = tiny_lm ] && [ -z "$vocab" ] &&
+      [ "$m" = gpt_lm ] && [ -z "$vocab" ] &&
         vocab=$(sed -n 's/.*vocabulary \([0-9]*\).*/\1/p' "$tmp/ours.log" | head -1)
       torch1 "$m" "$p" >>"$tmp/r-torch-$m-$p"
     done
   done
   ours mlp 16-mixed >>"$tmp/r-ours-mlp-fp16"
-  ours tiny_lm fp8 >>"$tmp/r-ours-tiny_lm-fp8"
+  ours gpt_lm fp8 >>"$tmp/r-ours-gpt_lm-fp8"
   for p in fp32 bf16; do
     ours_ddp "$([ $p = bf16 ] && echo bf16-mixed || echo fp32)" >>"$tmp/r-ddp-ours-$p"
     torch_ddp "$p" >>"$tmp/r-ddp-torch-$p"
   done
 done
 
-# the ceiling, after the runs (it needs tiny_lm's vocabulary)
+# the ceiling, after the runs (it needs gpt_lm's vocabulary)
 have_ceiling=0
 if [ -x "$build/bin/gemm-ceiling" ]; then
   "$build/bin/gemm-ceiling" -b 256 -B "$lm_batch" -v "${vocab:-86}" -t "$ctime" -c 0 >"$tmp/ceiling.txt"
@@ -176,11 +181,11 @@ cfield() { # MODEL FIELD
 }
 
 echo
-echo "## One core: samples/s (tiny_lm: tokens/s = samples/s x 64)"
+echo "## One core: samples/s (gpt_lm: tokens/s = samples/s x 64)"
 echo
 printf '%-8s %-10s %10s %10s %8s %8s %8s %9s %8s\n' model precision ours torch ours/pt \
   "ours GF/s" "pt GF/s" "ceil GF/s" "ours %"
-for m in mlp cnn tiny_lm; do
+for m in mlp cnn gpt_lm; do
   fl=0
   [ $have_ceiling = 1 ] && fl=$(cfield "$m" flops_per_sample)
   for p in fp32 bf16 fp16 fp8; do
@@ -201,16 +206,16 @@ for m in mlp cnn tiny_lm; do
       printf "%-8s %-10s %10.0f %10s %8s %9s %8s %9s %8s\n", m, p, o, ts, r, ogs, tgs, cs, pc }'
   done
 done
-awk -v o="$(med ours-tiny_lm-fp32)" -v t="$(med torch-tiny_lm-fp32)" \
-    -v ob="$(med ours-tiny_lm-bf16)" -v tb="$(med torch-tiny_lm-bf16)" -v o8="$(med ours-tiny_lm-fp8)" 'BEGIN {
-  printf "tiny_lm tokens/s: fp32 ours %.0f, torch %.0f; bf16 ours %.0f, torch %.0f; fp8 ours %.0f\n",
+awk -v o="$(med ours-gpt_lm-fp32)" -v t="$(med torch-gpt_lm-fp32)" \
+    -v ob="$(med ours-gpt_lm-bf16)" -v tb="$(med torch-gpt_lm-bf16)" -v o8="$(med ours-gpt_lm-fp8)" 'BEGIN {
+  printf "gpt_lm tokens/s: fp32 ours %.0f, torch %.0f; bf16 ours %.0f, torch %.0f; fp8 ours %.0f\n",
     64 * o, 64 * t, 64 * ob, 64 * tb, 64 * o8 }'
 
 echo
 echo "## bf16 over fp32, one core"
 echo
 printf '%-8s %8s %8s\n' model ours torch
-for m in mlp cnn tiny_lm; do
+for m in mlp cnn gpt_lm; do
   awk -v m="$m" -v of="$(med ours-$m-fp32)" -v ob="$(med ours-$m-bf16)" \
       -v tf="$(med torch-$m-fp32)" -v tb="$(med torch-$m-bf16)" \
       'BEGIN { printf "%-8s %8.2f %8.2f\n", m, ob / of, tb / tf }'

@@ -8,10 +8,13 @@ examples/<model> trains, and prints its training throughput:
   cnn      examples/fmnist_cnn: conv 5x5 1->32 pad 2, ReLU, maxpool 2,
            conv 5x5 32->64 pad 2, ReLU, maxpool 2, Linear 64*7*7->256,
            ReLU, Linear 256->10
-  tiny_lm  examples/tiny_lm: character GPT-2 (pre-norm blocks), context 64,
+  gpt_lm   examples/gpt_lm: character GPT-2 (pre-norm blocks), context 64,
            width 128, 4 heads, 2 blocks, MLP 4x with GELU (tanh), causal
-           attention, learned positions, final LayerNorm and an untied
-           Linear head with bias; mean cross-entropy over every position
+           torch.nn.MultiheadAttention, learned positions, final LayerNorm
+           and the head tied to the token embedding (no bias); dropout 0
+           (hputrain's runs pass -- --dropout 0); mean cross-entropy over
+           every position. The model is bench/torch_parity.py's GPT, the
+           one whose losses match gpt_lm's step for step.
 
 Data, as the examples read it (loading is outside the timed region; the
 batches are sliced from tensors already in memory, inside it):
@@ -19,10 +22,11 @@ batches are sliced from tensors already in memory, inside it):
             fashion-mnist), x / 255 (the CNN also normalizes by the training
             set's mean 0.2860 and std 0.3530, as fmnist_cnn.c does), batches
             of a seeded shuffle, a new one per epoch
-  tiny_lm   the regular files of /usr/share/common-licenses in name order
+  gpt_lm    the regular files of /usr/share/common-licenses in name order
             (links skipped), vocabulary = the bytes that occur (86 on Debian
-            12), as tiny_lm.c builds it; windows of 65 characters at random
-            starts in the first 90% (hputrain shuffles every stride-1 window)
+            12), as examples/common/corpus.c builds it; windows of 65
+            characters at random starts in the first 90% (hputrain shuffles
+            every stride-1 window)
 
 Optimizer AdamW lr 1e-3 (torch's defaults otherwise), torch's default init.
 --precision bf16 wraps forward and loss in torch.autocast("cpu",
@@ -51,8 +55,6 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 import argparse
 import contextlib
-import math
-import stat
 import sys
 import time
 
@@ -62,6 +64,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_fmnist_ddp import blas_threads, load_split  # noqa: E402  (one reader)
+from torch_parity import GPT, read_corpus  # noqa: E402  (gpt_lm's model and corpus)
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 LICENSES = "/usr/share/common-licenses"
@@ -89,49 +92,6 @@ def cnn(c1=32, c2=64, hidden=256):
     )
 
 
-class Block(nn.Module):
-    """x1 = x + proj(attn(qkv(ln1(x)))); out = x1 + mp(gelu(fc(ln2(x1))))."""
-
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d, eps=1e-5)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d, eps=1e-5)
-        self.fc = nn.Linear(d, 4 * d)
-        self.mp = nn.Linear(4 * d, d)
-
-    def forward(self, x, mask):
-        b, t, d = x.shape
-        hd = d // self.heads
-        # q, k, v side by side in the last dimension, as hpu_attention reads them
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, hd).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
-        return x + self.mp(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class TinyLM(nn.Module):
-    def __init__(self, vocab, ctx=64, d=128, heads=4, layers=2):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.wpe = nn.Parameter(torch.randn(ctx, d) * 0.02)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d, eps=1e-5)
-        self.head = nn.Linear(d, vocab)  # not tied to wte, as in tiny_lm.c
-        self.register_buffer("mask", torch.ones(ctx, ctx, dtype=torch.bool).triu(1))
-
-    def forward(self, ids):
-        x = self.wte(ids) + self.wpe[: ids.shape[1]]
-        for blk in self.blocks:
-            x = blk(x, self.mask)
-        return self.head(self.ln_f(x))
-
-
 # ---- data ----
 
 
@@ -145,32 +105,19 @@ def fmnist_batches(data_dir, conv, batch, seed):
         perm = torch.randperm(len(x), generator=gen)
         for s in range(steps):
             idx = perm[s * batch : (s + 1) * batch]
-            yield x[idx], y[idx]
-
-
-def read_corpus(data_dir):
-    """tiny_lm.c's corpus: the regular files in name order, as vocabulary ids."""
-    text = bytearray()
-    for name in sorted(os.listdir(data_dir)):
-        path = os.path.join(data_dir, name)
-        if name.startswith(".") or not stat.S_ISREG(os.lstat(path).st_mode):
-            continue
-        with open(path, "rb") as f:
-            text += f.read()
-    chars = sorted(set(text))
-    lut = torch.full((256,), -1, dtype=torch.int64)
-    lut[torch.tensor(chars)] = torch.arange(len(chars))
-    return lut[torch.frombuffer(text, dtype=torch.uint8).long()], len(chars)
+            yield (x[idx],), y[idx]
 
 
 def lm_batches(ids, ctx, batch, seed):
+    """((tokens, positions), targets) of random windows, as gpt_lm's fields."""
     ntrain = len(ids) - len(ids) // 10
     gen = torch.Generator().manual_seed(seed)
     offs = torch.arange(ctx + 1)
+    pos = torch.arange(ctx).expand(batch, ctx)
     while True:
         starts = torch.randint(0, ntrain - ctx, (batch, 1), generator=gen)
         w = ids[starts + offs]
-        yield w[:, :-1], w[:, 1:]
+        yield (w[:, :-1], pos), w[:, 1:]
 
 
 # ---- main ----
@@ -178,16 +125,16 @@ def lm_batches(ids, ctx, batch, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=["mlp", "cnn", "tiny_lm"], required=True)
+    ap.add_argument("--model", choices=["mlp", "cnn", "gpt_lm"], required=True)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--batch", type=int, default=0,
-                    help="batch size (default: 256 for mlp and cnn, 32 for tiny_lm)")
+                    help="batch size (default: 256 for mlp and cnn, 32 for gpt_lm)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps (60)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (10)")
     ap.add_argument("--core", type=int, default=0, help="pin to this core (0; -1: no pinning)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=None,
-                    help=f"dataset ({FMNIST}; tiny_lm: {LICENSES})")
+                    help=f"dataset ({FMNIST}; gpt_lm: {LICENSES})")
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -199,11 +146,11 @@ def main():
     torch.set_num_interop_threads(1)
     torch.manual_seed(a.seed)
 
-    lm = a.model == "tiny_lm"
+    lm = a.model == "gpt_lm"
     batch = a.batch or (32 if lm else 256)
     if lm:
         ids, vocab = read_corpus(a.data_dir or LICENSES)
-        model = TinyLM(vocab, a.ctx, a.dim, a.heads, a.layers)
+        model = GPT(vocab, a.ctx, a.dim, a.heads, a.layers, p=0.0)
         data = lm_batches(ids, a.ctx, batch, a.seed)
     else:
         model = mlp() if a.model == "mlp" else cnn()
@@ -220,7 +167,7 @@ def main():
         x, y = next(data)
         opt.zero_grad(set_to_none=True)
         with autocast():
-            out = model(x)
+            out = model(*x)
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         loss.backward()
         opt.step()
