@@ -12,6 +12,7 @@ typedef struct impl {
 	hpu_batch bt;
 	uint32_t *idx;
 	long step;
+	const char *why; /* where the strategy says why a pass failed */
 } impl;
 
 /* hpu_run_forward: the fields copied into the runtime's batch, an
@@ -33,7 +34,7 @@ static int forward(hpu_run *run, const void *const *fields, int batch, const cha
 	int t = hpu__model_tensor(b, tensor);
 	hpu_strat_set_pos(im->st, 0, im->step, 0);
 	if (hpu_strat_forward(im->st, &im->bt, 0, 1, t) < 0)
-		return hpu_run_error(run, "hpu_run_forward: %s", "the forward pass failed");
+		return hpu_run_error(run, "hpu_run_forward: %s", im->why);
 	const hpu_tinfo *ti = &b->tensors[t];
 	memset(out, 0, sizeof *out);
 	out->data = (void *)hpu_strat_tensor(im->st, t);
@@ -51,7 +52,7 @@ int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, c
 {
 	if (n == 0)
 		return 0;
-	impl im = {.st = st, .step = step};
+	impl im = {.st = st, .step = step, .why = err}; /* the strategy's error buffer */
 	hpu_run run = {.b = b, .rank = b->rank, .world = b->world, .step = step,
 		       .forward = forward, .impl = &im};
 	float *params = hpu__dalloc(HPU_MEM_OTHER, b->psi * 4, "parameters for the model's hooks");
