@@ -339,6 +339,15 @@ HPU_API int hpu_layer_memory(hpu_layer *layer, size_t saved_per_sample,
  * layers; saves their activation memory. Returns HPU_OK. */
 HPU_API int hpu_layer_checkpoint(hpu_layer *layer, int on);
 
+/* Promises that `layer` hands its parameters (hpu_param) only to
+ * hpu_linear_forward/backward and hpu_conv2d_forward/backward, as their w
+ * and b, and never reads them itself. Under bf16-mixed precision the
+ * runtime then makes no fp32 copy of the weights for the layer: the
+ * products read the bf16 working copy, and whatever an op needs in fp32
+ * (a bias, a fallback) is made when it is read. The library's linear,
+ * conv2d and attention layers make this promise. Returns HPU_OK. */
+HPU_API int hpu_layer_params_in_ops(hpu_layer *layer);
+
 /* The loss the optimizer minimizes: the mean over samples of the
  * per-sample f32 tensor `tensor` (ndim 0, as loss layers output), times
  * `weight`. Call it again to add auxiliary losses. Returns HPU_OK or an

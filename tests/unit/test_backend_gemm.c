@@ -283,8 +283,8 @@ static void test_linear_bf16(void **state)
 	policy(HPU_AUTOCAST_NONE);
 }
 
-/* The runtime's bf16 working copy of the parameters (hpu__ac_param16) is
- * read instead of converting the fp32 copy: the same bits. */
+/* The runtime's bf16 working copy of the parameters (hpu__ac_param16_add)
+ * is read instead of converting the fp32 copy: the same bits. */
 static void test_linear_param16(void **state)
 {
 	(void)state;
@@ -297,19 +297,57 @@ static void test_linear_param16(void **state)
 		p16[i] = hpu_to_bf16(P[i]);
 	policy(HPU_AUTOCAST_BF16);
 	linear_run(&plain, NULL);
-	hpu__ac_param16(P, p16, OUT * IN + OUT, 0);
+	assert_int_equal(hpu__ac_param16_add(P, p16, OUT * IN + OUT, 0, 1), 0);
 	linear_run(&shadow, NULL);
-	hpu__ac_param16(NULL, NULL, 0, 0);
+	hpu__ac_param16_remove(P);
 	assert_memory_equal(&plain, &shadow, sizeof plain);
 	/* a shadow that differs shows that it was read */
 	for (int i = 0; i < OUT * IN; i++)
 		p16[i] = 0;
-	hpu__ac_param16(P, p16, OUT * IN + OUT, 0);
+	assert_int_equal(hpu__ac_param16_add(P, p16, OUT * IN + OUT, 0, 1), 0);
 	linear_run(&shadow, NULL);
-	hpu__ac_param16(NULL, NULL, 0, 0);
+	hpu__ac_param16_remove(P);
 	if (hpu__be()->bf16_native())
 		for (int i = 0; i < B * OUT; i++)
 			assert_true(shadow.y[i] == hpu_from_bf16(hpu_to_bf16(BIAS[i % OUT])));
+	policy(HPU_AUTOCAST_NONE);
+}
+
+/* A working copy registered without its fp32 values: they are made when
+ * an op reads them in fp32 (the bias; the weight under fp32 or without
+ * bf16 products) and never for the weight of a bf16 product; the results
+ * equal those of the fp32 copy made up front. */
+static void test_linear_param16_lazy(void **state)
+{
+	(void)state;
+	static lin_out want, got;
+	static uint16_t p16[OUT * IN + OUT];
+	static float saved[OUT * IN + OUT];
+	rng_seed(6);
+	linear_fill();
+	round_bf16(P, OUT * IN + OUT);
+	for (int i = 0; i < OUT * IN + OUT; i++)
+		p16[i] = hpu_to_bf16(P[i]);
+	memcpy(saved, P, sizeof saved);
+	for (int lp = HPU_AUTOCAST_NONE; lp <= HPU_AUTOCAST_BF16; lp++) {
+		policy(lp);
+		memcpy(P, saved, sizeof saved);
+		linear_run(&want, NULL);
+		for (int i = 0; i < OUT * IN + OUT; i++)
+			P[i] = NAN; /* not made yet */
+		assert_int_equal(hpu__ac_param16_add(P, p16, OUT * IN + OUT, 0, 0), 0);
+		linear_run(&got, NULL);
+		hpu__ac_param16_remove(P);
+		assert_memory_equal(&want, &got, sizeof want);
+		for (int o = 0; o < OUT; o++)
+			assert_true(BIAS[o] == saved[OUT * IN + o]);
+		int bf16_products = lp == HPU_AUTOCAST_BF16 && hpu__be()->bf16_native();
+		/* the weight's first chunk: made only when read in fp32 (the
+		 * chunk holding the bias may hold the weight's tail) */
+		assert_int_equal(isnan(W[0]), bf16_products);
+		if (!bf16_products)
+			assert_memory_equal(P, saved, sizeof saved);
+	}
 	policy(HPU_AUTOCAST_NONE);
 }
 
@@ -380,6 +418,7 @@ int main(void)
 		cmocka_unit_test(test_gemm_f32),     cmocka_unit_test(test_gemm_bf16),
 		cmocka_unit_test(test_gemm_empty),   cmocka_unit_test(test_linear_fp32),
 		cmocka_unit_test(test_linear_bf16),  cmocka_unit_test(test_linear_param16),
+		cmocka_unit_test(test_linear_param16_lazy),
 		cmocka_unit_test(test_linear_fp8),   cmocka_unit_test(test_matmul_bmm),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "autocast.h"
 #include "fileio.h"
 #include "rng.h"
 
@@ -571,6 +572,12 @@ int hpu_layer_checkpoint(hpu_layer *l, int on)
 	return HPU_OK;
 }
 
+int hpu_layer_params_in_ops(hpu_layer *l)
+{
+	l->params_in_ops = 1;
+	return HPU_OK;
+}
+
 /* ---- losses, metrics, hooks ---- */
 
 /* The per-sample f32 scalar tensor `tensor` for `what`, or an error. */
@@ -650,7 +657,12 @@ int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user)
 float *hpu_param(hpu_layer *l, int k)
 {
 	const hpu_param_info *p = &l->b->params[l->pidx[k]];
-	return l->b->layers[p->layer]->pbase + p->rel;
+	float *v = l->b->layers[p->layer]->pbase + p->rel;
+	/* under mixed precision: the fp32 values, made now unless the layer
+	 * leaves that to the ops */
+	if (!l->params_in_ops)
+		hpu__ac_param_f32(v, p->numel);
+	return v;
 }
 
 float *hpu_grad(hpu_layer *l, int k)

@@ -64,6 +64,7 @@ struct hpu_layer {
 	size_t plen;          /* floats of its own parameters, each padded to 16 */
 	size_t saved_ps, saved_fixed, scratch_ps, scratch_fixed;
 	int ckpt;             /* marked for activation checkpointing */
+	int params_in_ops;    /* hpu_layer_params_in_ops() */
 	int backward;         /* its backward must run (parameters, or an
 			       * input that needs a gradient) */
 	int for_loss;         /* training runs it: a loss depends on it */

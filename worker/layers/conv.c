@@ -89,6 +89,7 @@ hpu_layer *hpu_conv2d(hpu_builder *b, const char *name, const char *in, const ch
 	hpu_layer *l = ld_declare(b, name, in, &conv2d_ops, st, out, HPU_F32, 3, shape);
 	if (!l)
 		return NULL;
+	hpu_layer_params_in_ops(l);
 	/* the im2col buffer of one sample, whatever the batch */
 	hpu_layer_memory(l, 0, 0, 0, hpu_conv2d_scratch(&s));
 	int64_t wshape[4] = {out_ch, s.in_ch, kernel, kernel};

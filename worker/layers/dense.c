@@ -74,7 +74,10 @@ static hpu_layer *declare(hpu_builder *b, const char *name, const char *in, cons
 	for (int d = 0; d < x.ndim; d++)
 		shape[d] = x.shape[d];
 	shape[x.ndim - 1] = out_features;
-	return ld_declare(b, name, in, &linear_ops, s, out, HPU_F32, x.ndim, shape);
+	hpu_layer *l = ld_declare(b, name, in, &linear_ops, s, out, HPU_F32, x.ndim, shape);
+	if (l)
+		hpu_layer_params_in_ops(l);
+	return l;
 }
 
 /* torch.nn.Linear's bias: U(+-1/sqrt(in)), the layer's fan-in. */

@@ -337,6 +337,7 @@ hpu_layer *hpu_attention(hpu_builder *b, const char *name, const char *in, const
 	hpu_layer *l = ld_declare(b, name, in, &attention_ops, s, out, HPU_F32, 2, xshape);
 	if (!l)
 		return NULL;
+	hpu_layer_params_in_ops(l); /* its projections are linear ops */
 	/* torch.nn.MultiheadAttention's names and initialization; its
 	 * out_proj keeps Linear's default, kaiming_uniform(a = sqrt(5)),
 	 * which is U(+-1/sqrt(fan_in)) */

@@ -52,13 +52,19 @@ static struct {
 	size_t cap;
 } scratch16[HPU__AC_SLOTS];
 
-/* the running layer's 16-bit working parameters (hpu__ac_param16) */
-static struct {
-	const float *base;
+/* The runtime's 16-bit working copies of parameters and the fp32 copies
+ * made from them on demand (hpu__ac_param16_add): a few live at a time
+ * (the running layer's, a tied owner's, ZeRO-3's prefetched ones). */
+#define P16_CHUNK 1024 /* fp32 values are made this many at a time */
+typedef struct param16 {
+	float *base;
 	const uint16_t *p16;
 	size_t len;
 	int fp16;
+	unsigned char *made; /* per chunk: base holds p16's values */
 } param16;
+static param16 *p16s;
+static int np16, cap16;
 
 int hpu_autocast_ops(void)
 {
@@ -321,25 +327,82 @@ const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
 	return scratch16[slot].p;
 }
 
-void hpu__ac_param16(const float *pbase, const uint16_t *p16, size_t plen, int fp16)
+int hpu__ac_param16_add(float *base, const uint16_t *p16, size_t len, int fp16, int ready)
 {
-	param16.base = p16 ? pbase : NULL;
-	param16.p16 = p16;
-	param16.len = p16 ? plen : 0;
-	param16.fp16 = fp16;
+	if (np16 == cap16) {
+		int cap = cap16 ? 2 * cap16 : 8;
+		param16 *n = realloc(p16s, (size_t)cap * sizeof *n);
+		if (n == NULL)
+			return -1;
+		p16s = n;
+		cap16 = cap;
+	}
+	size_t chunks = (len + P16_CHUNK - 1) / P16_CHUNK;
+	unsigned char *made = malloc(chunks ? chunks : 1);
+	if (made == NULL)
+		return -1;
+	memset(made, ready != 0, chunks);
+	p16s[np16++] = (param16){base, p16, len, fp16, made};
+	return 0;
 }
 
-/* w[0..n) lies in the running layer's parameters */
-static int in_param16(const float *w, size_t n)
+void hpu__ac_param16_remove(const float *base)
 {
-	return param16.p16 && w >= param16.base && n <= param16.len &&
-	       (size_t)(w - param16.base) <= param16.len - n;
+	for (int i = 0; i < np16; i++)
+		if (p16s[i].base == base) {
+			free(p16s[i].made);
+			p16s[i] = p16s[--np16];
+			return;
+		}
+}
+
+/* The registered copy w[0..n) lies in, or NULL. */
+static param16 *find16(const float *w, size_t n)
+{
+	for (int i = 0; i < np16; i++) {
+		param16 *p = &p16s[i];
+		if (w >= p->base && n <= p->len && (size_t)(w - p->base) <= p->len - n)
+			return p;
+	}
+	return NULL;
+}
+
+/* base[a, a+m) = the fp32 values of p16[a, a+m) */
+static void make_f32(param16 *p, size_t a, size_t m)
+{
+	float *dst = p->base + a;
+	const uint16_t *src = p->p16 + a;
+	if (!p->fp16)
+		for (size_t i = 0; i < m; i++)
+			dst[i] = hpu_from_bf16(src[i]);
+	else if (hpu_have_f16c())
+		hpu__f16c_from_fp16(dst, src, m);
+	else
+		for (size_t i = 0; i < m; i++)
+			dst[i] = hpu_from_fp16(src[i]);
+}
+
+const float *hpu__ac_param_f32(const float *w, size_t n)
+{
+	param16 *p = w && n ? find16(w, n) : NULL;
+	if (p == NULL)
+		return w;
+	size_t off = (size_t)(w - p->base);
+	for (size_t c = off / P16_CHUNK; c <= (off + n - 1) / P16_CHUNK; c++)
+		if (!p->made[c]) {
+			size_t a = c * P16_CHUNK;
+			make_f32(p, a, p->len - a < P16_CHUNK ? p->len - a : P16_CHUNK);
+			p->made[c] = 1;
+		}
+	return w;
 }
 
 const float *hpu__ac_weight_round(int slot, const float *w, size_t n, int lowp)
 {
-	if (w && in_param16(w, n) && param16.fp16 == (lowp == HPU_AUTOCAST_FP16))
-		return w;
+	const param16 *p = w ? find16(w, n) : NULL;
+	hpu__ac_param_f32(w, n);
+	if (p && p->fp16 == (lowp == HPU_AUTOCAST_FP16))
+		return w; /* the values are of that type already */
 	return hpu__ac_round(slot, w, n, lowp);
 }
 
@@ -347,9 +410,10 @@ const uint16_t *hpu__ac_weight_bf16(int slot, const float *w, size_t n)
 {
 	if (w == NULL)
 		return NULL;
-	if (!param16.fp16 && in_param16(w, n))
-		return param16.p16 + (w - param16.base);
-	return hpu__ac_bf16(slot, w, n);
+	const param16 *p = find16(w, n);
+	if (p && !p->fp16)
+		return p->p16 + (w - p->base);
+	return hpu__ac_bf16(slot, hpu__ac_param_f32(w, n), n);
 }
 
 const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)

@@ -60,21 +60,28 @@ float *hpu__ac_scratch(int slot, size_t n);
 const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n);
 
 /* The bf16 form of parameter data w[n] for a bf16 product: the runtime's
- * bf16 working copy when w lies in the running layer's parameters and the
- * runtime keeps one (hpu__ac_param16), else a copy made into uint16 slot
- * `slot`. NULL when w is NULL. */
+ * bf16 working copy when w lies in one (hpu__ac_param16_add), else a copy
+ * made into uint16 slot `slot`. NULL when w is NULL. */
 const uint16_t *hpu__ac_weight_bf16(int slot, const float *w, size_t n);
 
-/* Parameter data w[n] rounded to lowp for an fp32 product: w itself when
- * it lies in the running layer's parameters and the runtime's working
- * copy is of that type (the values are exact already), else
- * hpu__ac_round(slot, w, n, lowp). */
+/* Parameter data w[n] rounded to lowp for an fp32 product: w itself (its
+ * fp32 values made) when it lies in a 16-bit working copy of that type
+ * (the values are exact already), else hpu__ac_round(slot, w, n, lowp). */
 const float *hpu__ac_weight_round(int slot, const float *w, size_t n, int lowp);
 
-/* The runtime's 16-bit working copy of the running layer's parameters:
- * p16[i] is the bf16 (fp16 = 0) or fp16 (fp16 = 1) form of pbase[i], i <
- * plen; NULL to say there is none. Valid until the next call. */
-void hpu__ac_param16(const float *pbase, const uint16_t *p16, size_t plen, int fp16);
+/* The runtime's 16-bit working copies of parameters under mixed
+ * precision. base[0..len) are to hold the fp32 values of p16[0..len)
+ * (bf16, or fp16 when fp16): when `ready` they do already, else they are
+ * made on demand, by hpu__ac_param_f32() (hpu_param() of a layer, and the
+ * ops that read a weight in fp32), so a bf16 product reads p16 and no fp32
+ * copy of its weight is ever made. Until hpu__ac_param16_remove(base).
+ * Returns 0, or -1 when out of memory. Training thread only. */
+int hpu__ac_param16_add(float *base, const uint16_t *p16, size_t len, int fp16, int ready);
+void hpu__ac_param16_remove(const float *base);
+
+/* Makes the fp32 values of w[0..n) where it lies in a registered working
+ * copy and they are not made yet; returns w. */
+const float *hpu__ac_param_f32(const float *w, size_t n);
 
 /* x[n] = round(x) to lowp, in place. HPU_AUTOCAST_FP8 rounds to bf16
  * (fp8 ops' outputs are bf16). */

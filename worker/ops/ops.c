@@ -184,7 +184,7 @@ static void fwd_product(const float *x, const float *w, const uint16_t *x16,
 	}
 	g.dt = HPU_DT_F32;
 	g.a = x;
-	g.b = w;
+	g.b = hpu__ac_param_f32(w, (size_t)out * in);
 	if (hpu__be()->gemm(&g) != HPU_BE_OK)
 		hpu__ref_linear_forward(x, w, b, y, batch, in, out);
 }
@@ -200,6 +200,7 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 			.k = batch, .trans_a = 1, .a = bf ? (const void *)dy16 : dy,
 			.b = bf ? (const void *)x16 : x, .c = dw, .accumulate = 1};
 	if (be->gemm(&gw) != HPU_BE_OK) {
+		hpu__ac_param_f32(w, (size_t)out * in);
 		gw.dt = HPU_DT_F32;
 		gw.a = dy;
 		gw.b = x;
@@ -208,6 +209,8 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 	}
 	if (dx == NULL)
 		return;
+	if (!bf)
+		hpu__ac_param_f32(w, (size_t)out * in);
 	hpu__gemm gx = {.dt = bf ? HPU_DT_BF16 : HPU_DT_F32, .count = 1, .m = batch, .n = in,
 			.k = out, .a = bf ? (const void *)dy16 : dy,
 			.b = bf ? (const void *)w16 : w, .c = dx};
@@ -215,7 +218,7 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 		return;
 	gx.dt = HPU_DT_F32;
 	gx.a = dy;
-	gx.b = w;
+	gx.b = hpu__ac_param_f32(w, (size_t)out * in);
 	if (be->gemm(&gx) == HPU_BE_OK)
 		return;
 	/* the reference computes dw and dx together: dx alone from a zero dw */
@@ -242,6 +245,16 @@ static int bf16_ok(int lp)
 
 /* ---- the public ops: the autocast policy around the kernels ---- */
 
+/* A weight w[nw] and bias b[nb] that lie in the runtime's 16-bit working
+ * parameters get their fp32 values made (hpu__ac_param_f32) unless the
+ * op reads the 16-bit copy itself: the weight of a bf16 product. */
+static void params_f32(int lp, const float *w, size_t nw, const float *b, size_t nb)
+{
+	if (lp != HPU_AUTOCAST_BF16)
+		hpu__ac_param_f32(w, nw);
+	hpu__ac_param_f32(b, nb);
+}
+
 /* Lowered to bf16: x and w (the runtime's bf16 working copy when it has
  * one) multiplied in bf16 with fp32 accumulation, the bias rounded, y
  * rounded. fp16: the same values rounded to fp16, multiplied in fp32. fp8:
@@ -252,6 +265,7 @@ void hpu_linear_forward(const float *x, const float *w, const float *b,
 {
 	int lp = hpu__ac_enter(HPU_OP_LINEAR);
 	size_t nx = (size_t)batch * in, ny = (size_t)batch * out, nw = (size_t)out * in;
+	params_f32(lp, w, nw, b, out);
 	hpu__fp8_call c;
 	lp = hpu__fp8_begin(&c, HPU_OP_LINEAR, lp, x, nx, w, nw);
 	if (batch <= 0 || out <= 0) {
@@ -296,6 +310,7 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		return;
 	}
 	size_t nx = (size_t)batch * in, ny = (size_t)batch * out, nw = (size_t)out * in;
+	params_f32(lp, w, nw, NULL, 0);
 	if (!lp) {
 		bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, batch, in, out);
 		if (db)

@@ -463,6 +463,11 @@ void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *
 	int lp = hpu__ac_enter(HPU_OP_CONV2D);
 	check_shape(s);
 	assert(x != NULL && w != NULL && y != NULL);
+	/* the runtime's 16-bit parameters: fp32 values unless a bf16 product
+	 * reads the weight's 16-bit copy (hpu__ac_weight_bf16) */
+	if (lp != HPU_AUTOCAST_BF16)
+		hpu__ac_param_f32(w, conv_w_n(s));
+	hpu__ac_param_f32(b, b ? (size_t)s->out_ch : 0);
 	hpu__fp8_call c;
 	lp = hpu__fp8_begin(&c, HPU_OP_CONV2D, lp, x, conv_x_n(s), w, conv_w_n(s));
 	const size_t nx = conv_x_n(s), nw = conv_w_n(s);
@@ -483,7 +488,7 @@ void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *
 	if (!done) {
 		if (!c.on) { /* fp8's read-backs are already rounded */
 			xl = hpu__ac_round(0, x, nx, lp);
-			wl = hpu__ac_round(1, w, nw, lp);
+			wl = hpu__ac_weight_round(1, w, nw, lp);
 		}
 		conv_fwd_f32(s, xl, wl, bl, y, scratch);
 	}
@@ -507,6 +512,8 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
 	const hpu__backend *be = hpu__be();
 	const size_t nx = conv_x_n(s), nw = conv_w_n(s), ny = conv_y_n(s);
+	if (lp != HPU_AUTOCAST_BF16 && dx != NULL)
+		hpu__ac_param_f32(w, nw);
 	int data_done = dx == NULL, weights_done = 0;
 	if (bf16_products(lp)) {
 		const uint16_t *x16 = hpu__ac_bf16(0, x, nx);
@@ -522,7 +529,7 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 		const float *xl = x, *wl = w, *dyl = dy;
 		if (lp) {
 			xl = weights_done ? NULL : hpu__ac_round(0, x, nx, lp);
-			wl = data_done ? NULL : hpu__ac_round(1, w, nw, lp);
+			wl = data_done ? NULL : hpu__ac_weight_round(1, w, nw, lp);
 			dyl = hpu__ac_round(2, dy, ny, lp);
 		}
 		if (!weights_done)

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "autocast.h"
 #include "devmem.h"
 #include "simd.h"
 #include "strategy_impl.h"
@@ -558,14 +559,13 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->gpend = calloc((size_t)L, sizeof *s->gpend);
 	s->lcp = calloc((size_t)L, sizeof *s->lcp);
 	s->lgs = calloc((size_t)L, sizeof *s->lgs);
-	s->l16 = calloc((size_t)L, sizeof *s->l16);
 	s->own16 = calloc((size_t)L, sizeof *s->own16);
 	s->act16 = o->precision == HPU_PREC_BF16_MIXED || o->precision == HPU_PREC_FP8;
 	if (s->act16 && !(s->a16 = calloc((size_t)T, sizeof *s->a16)))
 		return fail(s, "out of memory");
 	if (!s->u || !s->q || !s->t_data || !s->t_grad || !s->transient || !s->last_train ||
 	    !s->last_eval || !s->saved || !s->saved_transient || !s->seg_start || !s->run_mask ||
-	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->l16 || !s->own16)
+	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->own16)
 		return fail(s, "out of memory");
 	s->ctx = (hpu_ctx){.train = 1, .accum = 1, .rank = s->rank, .world = s->world,
 			   .seed = o->seed};
@@ -623,6 +623,7 @@ void hpu_strat_free(hpu_strat **ps)
 			hpu__dfree(s->a16[t]);
 	}
 	for (int i = 0; s->lcp && i < s->nlayers; i++) {
+		hpu__ac_param16_remove(s->lcp[i]);
 		hpu__dfree(s->lcp[i]);
 		hpu__dfree(s->lgs[i]);
 		hpu__dfree(s->own16[i]);
@@ -645,7 +646,6 @@ void hpu_strat_free(hpu_strat **ps)
 	hpu__dfree(s->chunk);
 	free(s->lcp);
 	free(s->lgs);
-	free(s->l16);
 	free(s->own16);
 	free(s->a16);
 	free(s->u);

@@ -85,9 +85,8 @@ struct hpu_strat {
 	flight *q;         /* FIFO of gradient collectives */
 	int qhead, qn;
 	int micro;         /* the micro-step in backward */
-	float **lcp, **lgs; /* mixed: per layer, fp32 parameters / gradients */
-	const uint16_t **l16; /* mixed: per layer, the 16-bit parameters lcp
-			       * was made from (valid while lcp is) */
+	float **lcp, **lgs; /* mixed: per layer, fp32 parameters (their values
+			     * made as read: hpu__ac_param16_add) / gradients */
 	uint16_t **own16;     /* zero3 mixed: the gathered 16-bit unit a
 			       * layer holds while it runs */
 	float *B;          /* buffers, whole on every rank */

@@ -4,8 +4,10 @@
  * shards, where fp32 runs keep fp32 ones; the optimizer updates fp32
  * master weights in its own space (the range this rank updates) and
  * rounds them back into the working copy. A layer computes on an fp32
- * copy of its 16-bit parameters, made before its forward and its backward
- * (ZeRO-3: from the gathered unit) and freed after, and accumulates into
+ * copy of its 16-bit parameters (ZeRO-3: of the gathered unit), held
+ * from before its forward or backward until after it, whose values are
+ * made as they are read: a bf16 product reads the 16-bit copy itself
+ * (hpu__ac_param16_add). It accumulates into
  * fp32 gradients of its own that go into the 16-bit ones when its
  * backward ends. Under 16-mixed a dynamic loss scale keeps small
  * gradients representable; a gradient overflow on any rank skips the
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "autocast.h"
 #include "devmem.h"
 #include "lowp.h"
 #include "prof.h"
@@ -189,10 +192,15 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 			fail(s, "%s", hpu__devmem_error());
 			return -1;
 		}
-		hpu__mp_from16(s->fp16, s->lcp[i], src, l->plen);
 		/* the 16-bit source stays with the layer while it runs: bf16
-		 * products read it instead of converting the fp32 copy back */
-		s->l16[i] = src;
+		 * products read it, and the fp32 values are made as they are
+		 * read (hpu_param, the ops) */
+		if (hpu__ac_param16_add(s->lcp[i], src, l->plen, s->fp16, 0) < 0) {
+			hpu__dfree(s->lcp[i]);
+			s->lcp[i] = NULL;
+			fail(s, "out of host memory for the working parameters of %s", l->name);
+			return -1;
+		}
 		if (gathered) {
 			s->own16[i] = u->full16;
 			u->full16 = NULL;
@@ -211,11 +219,11 @@ void hpu__mp_release_layer(hpu_strat *s, int i)
 	if (!s->lcp[i])
 		return;
 	int64_t t0 = hpu__prof_t0();
+	hpu__ac_param16_remove(s->lcp[i]);
 	hpu__dfree(s->lcp[i]);
 	s->lcp[i] = NULL;
 	hpu__dfree(s->own16[i]);
 	s->own16[i] = NULL;
-	s->l16[i] = NULL;
 	if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
 		s->live -= u->len;
 		hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu",

@@ -61,18 +61,16 @@ static int release(hpu_strat *s, int i)
 	return l->nparams ? release_own(s, i) : 0;
 }
 
-/* Tells the ops which layer runs (fp8's call sites; the 16-bit working
- * copy of its parameters for bf16 products), or that none does (i < 0). */
+/* Tells the ops which layer runs (fp8's call sites), or that none does
+ * (i < 0). */
 static void op_layer(hpu_strat *s, int i, int backward)
 {
 	if (i < 0) {
 		hpu__op_layer(-1, NULL, NULL, 0, 0);
-		hpu__ac_param16(NULL, NULL, 0, 0);
 		return;
 	}
 	hpu_layer *l = s->b->layers[i];
 	hpu__op_layer(i, l->name, l->pbase, l->plen, backward);
-	hpu__ac_param16(l->pbase, s->mp ? s->l16[i] : NULL, l->plen, s->fp16);
 }
 
 /* ---- views ---- */
