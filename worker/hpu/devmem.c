@@ -66,6 +66,7 @@
 #define MAGIC_LIVE 0x4c56696d65647068ull /* "hpdemiVL": in use */
 #define MAGIC_FREE 0x4652696d65647068ull /* "hpdemiRF": in the cache */
 #define MAGIC_DEAD 0x4144696d65647068ull /* given back to the system */
+#define MAGIC_HOST 0x5448696d65647068ull /* "hpdemiHT": host tier, in use */
 
 /* The header in front of every block. */
 typedef struct blk {
@@ -405,6 +406,8 @@ void *hpu__dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what)
 	return dalloc(kind, bytes, what, 0);
 }
 
+static void host_free(blk *b);
+
 void hpu__dfree(void *p)
 {
 	if (!p)
@@ -412,6 +415,10 @@ void hpu__dfree(void *p)
 	if ((uintptr_t)p % HDR)
 		bad_pointer(p, "not a pointer from hpu__dalloc (misaligned)");
 	blk *b = (blk *)((char *)p - HDR);
+	if (b->magic == MAGIC_HOST) { /* the caller's block: no race on it */
+		host_free(b);
+		return;
+	}
 	pthread_mutex_lock(&dev.mu);
 	if (b->magic == MAGIC_FREE)
 		bad_pointer(p, "double free");
@@ -480,6 +487,7 @@ void hpu__devmem_shutdown(void)
 	dev.states_max = 0;
 	err_buf[0] = '\0';
 	pthread_mutex_unlock(&dev.mu);
+	hpu__hostmem_init(0);
 }
 
 const char *hpu__devmem_error(void)
@@ -550,4 +558,150 @@ const char *hpu__mem_kind_name(hpu_mem_kind kind)
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
 		return "?";
 	return kind_names[kind];
+}
+
+/* ---- the host tier ----
+ *
+ * Memory the offloading strategies keep outside the device (ZeRO-Offload's
+ * CPU tier): counted against --host-memory, not --device-memory, with the
+ * same statistics. Blocks have the device's header (MAGIC_HOST), so
+ * hpu__dfree frees either kind; they are not cached: the tier holds a few
+ * large, long-lived buffers. */
+
+static struct {
+	pthread_mutex_t mu;
+	uint64_t limit; /* 0: none */
+	uint64_t in_use, max_in_use, max_alloc_size, num_allocs, num_frees;
+	uint64_t kind_in_use[HPU_MEM_NKINDS], kind_max[HPU_MEM_NKINDS];
+	uint64_t states_max;
+} host = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+int hpu__hostmem_init(uint64_t limit)
+{
+	pthread_mutex_lock(&host.mu);
+	/* blocks still held stay counted in InUse; the peaks start anew */
+	host.limit = limit;
+	host.max_in_use = host.in_use;
+	host.max_alloc_size = 0;
+	memcpy(host.kind_max, host.kind_in_use, sizeof host.kind_max);
+	host.states_max = 0;
+	pthread_mutex_unlock(&host.mu);
+	return 0;
+}
+
+void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	if ((unsigned)kind >= HPU_MEM_NKINDS) {
+		fprintf(stderr, "hpu__halloc: bad memory kind %d\n", (int)kind);
+		abort();
+	}
+	char who[32], req[32], used[32], lim[32];
+	pthread_mutex_lock(&host.mu);
+	int over = host.limit && bytes > host.limit - host.in_use;
+	if (!over) { /* reserved now, so that the limit holds across threads */
+		host.in_use += bytes;
+		host.kind_in_use[kind] += bytes;
+	}
+	pthread_mutex_unlock(&host.mu);
+	blk *b = NULL;
+	uint64_t rounded = bytes > MAX_REQUEST ? 0 : class_of(bytes);
+	if (!over && rounded) {
+		if (is_mapped(rounded)) {
+			void *m = mmap(NULL, HDR + rounded, PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			b = m == MAP_FAILED ? NULL : m;
+		} else if ((b = aligned_alloc(HDR, HDR + rounded))) {
+			memset(b, 0, HDR + rounded);
+		}
+	}
+	pthread_mutex_lock(&host.mu);
+	if (!b) {
+		int e = over ? 0 : ENOMEM;
+		if (!over) {
+			host.in_use -= bytes;
+			host.kind_in_use[kind] -= bytes;
+		}
+		pthread_mutex_lock(&dev.mu);
+		fmt_who(who, sizeof who);
+		pthread_mutex_unlock(&dev.mu);
+		fmt_bytes(req, sizeof req, bytes);
+		fmt_bytes(used, sizeof used, host.in_use);
+		if (host.limit)
+			fmt_bytes(lim, sizeof lim, host.limit);
+		else
+			snprintf(lim, sizeof lim, "none");
+		snprintf(err_buf, sizeof err_buf,
+			 "%sout of host memory allocating %s (offloaded): %s requested, InUse %s, Limit %s (--host-memory)%s%s",
+			 who, what ? what : "memory", req, used, lim, e ? ": " : "",
+			 e ? strerror(e) : "");
+		pthread_mutex_unlock(&host.mu);
+		return NULL;
+	}
+	b->magic = MAGIC_HOST;
+	b->bytes = bytes;
+	b->rounded = rounded;
+	b->kind = kind;
+	host.num_allocs++;
+	if (host.in_use > host.max_in_use)
+		host.max_in_use = host.in_use;
+	if (bytes > host.max_alloc_size)
+		host.max_alloc_size = bytes;
+	if (host.kind_in_use[kind] > host.kind_max[kind])
+		host.kind_max[kind] = host.kind_in_use[kind];
+	uint64_t states = host.kind_in_use[HPU_MEM_PARAMS] + host.kind_in_use[HPU_MEM_GRADS] +
+			  host.kind_in_use[HPU_MEM_OPTIM];
+	if (states > host.states_max)
+		host.states_max = states;
+	pthread_mutex_unlock(&host.mu);
+	return user_of(b);
+}
+
+static void host_free(blk *b)
+{
+	pthread_mutex_lock(&host.mu);
+	host.in_use -= b->bytes;
+	host.kind_in_use[b->kind] -= b->bytes;
+	host.num_frees++;
+	pthread_mutex_unlock(&host.mu);
+	b->magic = MAGIC_DEAD;
+	if (is_mapped(b->rounded))
+		munmap(b, HDR + b->rounded);
+	else
+		free(b);
+}
+
+void hpu__hostmem_stats(hpu_device_stats *out)
+{
+	pthread_mutex_lock(&host.mu);
+	*out = (hpu_device_stats){
+		.limit = host.limit,
+		.in_use = host.in_use,
+		.max_in_use = host.max_in_use,
+		.num_allocs = host.num_allocs,
+		.num_frees = host.num_frees,
+		.active_allocs = host.num_allocs - host.num_frees,
+		.max_alloc_size = host.max_alloc_size,
+		.total_system_allocs = host.num_allocs,
+		.total_system_frees = host.num_frees,
+		.total_active_allocs = host.num_allocs - host.num_frees,
+	};
+	pthread_mutex_unlock(&host.mu);
+}
+
+uint64_t hpu__hostmem_kind_max(hpu_mem_kind kind)
+{
+	if ((unsigned)kind >= HPU_MEM_NKINDS)
+		return 0;
+	pthread_mutex_lock(&host.mu);
+	uint64_t v = host.kind_max[kind];
+	pthread_mutex_unlock(&host.mu);
+	return v;
+}
+
+uint64_t hpu__hostmem_states_max(void)
+{
+	pthread_mutex_lock(&host.mu);
+	uint64_t v = host.states_max;
+	pthread_mutex_unlock(&host.mu);
+	return v;
 }

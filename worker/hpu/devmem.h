@@ -55,6 +55,20 @@ uint64_t hpu__devmem_states_max(void);
 
 const char *hpu__mem_kind_name(hpu_mem_kind kind);
 
+/* The host tier: memory the offloading strategies keep outside the device
+ * (ZeRO-Offload's CPU tier), bounded by `limit` bytes (0: none,
+ * --host-memory) and counted apart, with the device's statistics.
+ * hpu__halloc returns zeroed, 64-byte aligned memory, freed by hpu__dfree;
+ * NULL over the limit or when the system refuses, with
+ * hpu__devmem_error() naming what, the size, InUse and Limit.
+ * hpu__hostmem_init resets the statistics (also done by
+ * hpu__devmem_shutdown). */
+int hpu__hostmem_init(uint64_t limit);
+void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what);
+void hpu__hostmem_stats(hpu_device_stats *out);
+uint64_t hpu__hostmem_kind_max(hpu_mem_kind kind);
+uint64_t hpu__hostmem_states_max(void);
+
 /* Gives the cached blocks back to the system and forgets the device;
  * blocks still in use stay their owners' (freeing one later returns it to
  * the system). hpu__devmem_init() may follow. */

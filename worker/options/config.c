@@ -31,6 +31,7 @@ static const char *const warmup_names[] = {"log", "linear"};
 static const char *const comm_names[] = {"fp32", "bf16"};
 static const char *const precision_names[] = {"fp32", "bf16-mixed", "16-mixed", "fp8"};
 static const char *const fp8_algo_names[] = {"max", "most_recent"};
+static const char *const offload_names[] = {"none", "cpu", "nvme"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -42,6 +43,7 @@ _Static_assert(sizeof(hpu_warmup_type) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_comm_dtype) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_precision) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_fp8_algo) == sizeof(int), "enum size");
+_Static_assert(sizeof(hpu_offload) == sizeof(int), "enum size");
 
 void hpu_opts_defaults(hpu_train_opts *o)
 {
@@ -79,6 +81,14 @@ void hpu_opts_defaults(hpu_train_opts *o)
 	o->hysteresis = 2;
 	o->min_loss_scale = 1;
 	o->max_skipped_steps = 5;
+	o->offload_buffer_count = 4;
+	o->param_buffer_count = 5;
+	o->param_buffer_size = 100000000;
+	o->max_in_cpu = 1000000000;
+	o->aio_block_size = 1 << 20;
+	o->aio_queue_depth = 8;
+	o->aio_thread_count = 1;
+	o->aio_overlap_events = 1;
 	o->fp8_amax_history = 16;
 	o->calib_batches = 16;
 	o->log_every = 50;
@@ -101,6 +111,11 @@ const char *hpu_strategy_name(hpu_strategy s)
 const char *hpu_optim_name(hpu_optim_kind k)
 {
 	return name_of(optim_names, COUNT(optim_names), (int)k);
+}
+
+const char *hpu_offload_name(hpu_offload d)
+{
+	return name_of(offload_names, COUNT(offload_names), (int)d);
 }
 
 const char *hpu_sched_name(hpu_sched_kind k)
@@ -220,6 +235,20 @@ static const struct hpu__opt opts[] = {
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
 	OTHER("device-memory", K_SIZE, device_memory, "memory per device, e.g. 2GiB (node memory / local devices)"),
+	CHOICE("offload-optimizer", offload_optimizer, offload_names, "zero1-3: optimizer state, fp32 master weights and gradient shard in none | cpu (host memory) | nvme (--nvme-path) (none)"),
+	CHOICE("offload-param", offload_param, offload_names, "zero3: the parameter shard in none | cpu | nvme (none)"),
+	OTHER("nvme-path", K_STR, nvme_path, "directory for the nvme tier's swap files (a disk filesystem with O_DIRECT)"),
+	OTHER("param-nvme-path", K_STR, param_nvme_path, "the same for --offload-param nvme (--nvme-path)"),
+	OTHER("host-memory", K_SIZE, host_memory, "bound on the offloaded host tier per worker, e.g. 8GiB (none)"),
+	NUM("offload-buffer-count", K_INT, offload_buffer_count, 2, 64, "nvme: optimizer sub-groups in flight (4) [offload_optimizer.buffer_count]"),
+	NUM("param-buffer-count", K_INT, param_buffer_count, 2, 64, "nvme: parameter buffers in flight (5) [offload_param.buffer_count]"),
+	NUM("param-buffer-size", K_LONG, param_buffer_size, 1, 1e15, "nvme: elements per parameter buffer (1e8) [offload_param.buffer_size]"),
+	NUM("max-in-cpu", K_LONG, max_in_cpu, 0, 1e15, "nvme: parameter elements kept in host memory (1e9) [offload_param.max_in_cpu]"),
+	OTHER("aio-block-size", K_SIZE, aio_block_size, "nvme: bytes per I/O request (1MiB) [aio.block_size]"),
+	NUM("aio-queue-depth", K_INT, aio_queue_depth, 1, 4096, "nvme: I/O requests in flight (8) [aio.queue_depth]"),
+	NUM("aio-thread-count", K_INT, aio_thread_count, 1, 1024, "nvme: accepted; io_uring needs no I/O threads (1) [aio.thread_count]"),
+	OTHER("aio-single-submit", K_FLAG, aio_single_submit, "nvme: submit I/O requests one at a time [aio.single_submit]"),
+	OTHER("no-aio-overlap-events", K_NOFLAG, aio_overlap_events, "nvme: reap I/O completions only after submitting all [aio.overlap_events]"),
 	NUM("log-every", K_INT, log_every, 0, 1e9, "log loss and samples/s every N steps (50; 0: never)"),
 	OTHER("verbose", K_FLAG, verbose, "print the autocast policy (rank 0) and each worker's kernels (ISA)"),
 	NUM("kernel-threads", K_INT, kernel_threads, 1, 4096, "kernel threads per worker (1: a worker is one device)"),
@@ -575,6 +604,39 @@ static int resolve_batch(hpu_train_opts *o, int world, char *err,
 	return 0;
 }
 
+/* ZeRO-Offload as DeepSpeed allows it: the optimizer's state with
+ * stages 1-3, parameters with stage 3; nvme needs a path. */
+static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
+{
+	hpu_strategy s = o->strategy;
+	if (o->offload_optimizer && (s == HPU_STRATEGY_DDP || s == HPU_STRATEGY_FAST_DDP)) {
+		snprintf(err, errlen, "--offload-optimizer %s needs a ZeRO strategy (zero1, zero2 or zero3), not %s",
+			 hpu_offload_name(o->offload_optimizer), hpu_strategy_name(s));
+		return -1;
+	}
+	if (o->offload_param && s != HPU_STRATEGY_ZERO3) {
+		snprintf(err, errlen, "--offload-param %s works with --strategy zero3 only (DeepSpeed's stage 3), not %s",
+			 hpu_offload_name(o->offload_param), hpu_strategy_name(s));
+		return -1;
+	}
+	if (!o->param_nvme_path[0])
+		snprintf(o->param_nvme_path, sizeof o->param_nvme_path, "%s", o->nvme_path);
+	if (o->offload_optimizer == HPU_OFFLOAD_NVME && !o->nvme_path[0]) {
+		snprintf(err, errlen, "--offload-optimizer nvme needs --nvme-path DIR (offload_optimizer.nvme_path)");
+		return -1;
+	}
+	if (o->offload_param == HPU_OFFLOAD_NVME && !o->param_nvme_path[0]) {
+		snprintf(err, errlen, "--offload-param nvme needs --nvme-path DIR (offload_param.nvme_path)");
+		return -1;
+	}
+	if (o->aio_block_size % 4096) {
+		snprintf(err, errlen, "--aio-block-size %llu is not a multiple of 4096 (O_DIRECT transfers whole blocks)",
+			 (unsigned long long)o->aio_block_size);
+		return -1;
+	}
+	return 0;
+}
+
 int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		     size_t errlen)
 {
@@ -604,6 +666,8 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 				      "(hpu-ckpt export --format raw makes a --load-params file)");
 		return -1;
 	}
+	if (check_offload(o, err, errlen) < 0)
+		return -1;
 	if (o->resume[0] && o->load_params[0]) {
 		snprintf(err, errlen, "--resume and --load-params both say where the parameters come from: give one");
 		return -1;

@@ -52,6 +52,13 @@ typedef enum hpu_precision {
 	HPU_PREC_FP8,        /* bf16-mixed, with linear layers in fp8 */
 } hpu_precision;
 
+/* Where ZeRO-Offload keeps a model state (DeepSpeed's "device"). */
+typedef enum hpu_offload {
+	HPU_OFFLOAD_NONE = 0, /* on the device (--device-memory) */
+	HPU_OFFLOAD_CPU,      /* in host memory (--host-memory) */
+	HPU_OFFLOAD_NVME,     /* in files under an nvme_path */
+} hpu_offload;
+
 typedef enum hpu_fp8_algo {
 	HPU_FP8_ALGO_MAX = 0,     /* the max over the amax history */
 	HPU_FP8_ALGO_MOST_RECENT, /* the last step's amax */
@@ -113,6 +120,23 @@ typedef struct hpu_train_opts {
 	int fp8_margin;           /* scales divided by 2^margin (0) */
 	hpu_fp8_algo fp8_amax_algo; /* max | most_recent (max) */
 	int activation_checkpointing; /* recompute every layer's forward */
+	/* ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer,
+	 * .offload_param and aio in DeepSpeed's config). */
+	hpu_offload offload_optimizer; /* zero1-3: optimizer state, master
+					* weights, the gradient shard */
+	hpu_offload offload_param;     /* zero3: the parameter shard */
+	char nvme_path[512];           /* offload_optimizer.nvme_path */
+	char param_nvme_path[512];     /* offload_param.nvme_path ("": nvme_path) */
+	uint64_t host_memory;          /* bound on the host tier; 0: none */
+	int offload_buffer_count;      /* offload_optimizer.buffer_count (4) */
+	int param_buffer_count;        /* offload_param.buffer_count (5) */
+	long param_buffer_size;        /* offload_param.buffer_size (1e8) */
+	long max_in_cpu;               /* offload_param.max_in_cpu (1e9) */
+	uint64_t aio_block_size;       /* aio.block_size (1 MiB) */
+	int aio_queue_depth;           /* aio.queue_depth (8) */
+	int aio_thread_count;          /* aio.thread_count (1) */
+	int aio_single_submit;         /* aio.single_submit (0) */
+	int aio_overlap_events;        /* aio.overlap_events (1) */
 	uint64_t device_memory; /* bytes; 0: node memory / local devices */
 	int log_every;          /* log every N steps (0: never) */
 	int verbose;            /* rank 0 prints the autocast policy at start-up,
@@ -216,6 +240,7 @@ const char *hpu_strategy_name(hpu_strategy s);
 const char *hpu_optim_name(hpu_optim_kind k);
 const char *hpu_sched_name(hpu_sched_kind k);
 const char *hpu_precision_name(hpu_precision p);
+const char *hpu_offload_name(hpu_offload d);
 
 /* Prints the training options' help. */
 void hpu_opts_help(FILE *f);

@@ -356,6 +356,11 @@ static int f_stage(struct fctx *c, const char *path, const cJSON *it)
 		   hpu_strategy_name((hpu_strategy)((int)v + 1)));
 }
 
+static int f_offload_optimizer(struct fctx *c, const char *path, const cJSON *it);
+static int f_offload_param(struct fctx *c, const char *path, const cJSON *it);
+static int f_cpu_offload(struct fctx *c, const char *path, const cJSON *it);
+static int f_cpu_offload_params(struct fctx *c, const char *path, const cJSON *it);
+
 static const struct fkey zero_keys[] = {
 	{"stage", NULL, f_stage, 0},
 	{"reduce_bucket_size", "reduce-bucket-size", NULL, 0},
@@ -367,11 +372,92 @@ static const struct fkey zero_keys[] = {
 	/* Accepted and ignored: our gradients always live in one
 	 * contiguous buffer. */
 	{"contiguous_gradients", NULL, f_ignored_bool, 0},
+	{"offload_optimizer", NULL, f_offload_optimizer, 0},
+	{"offload_param", NULL, f_offload_param, 0},
+	{"cpu_offload", NULL, f_cpu_offload, 0},
+	{"cpu_offload_params", NULL, f_cpu_offload_params, 0},
 };
 
 static int f_zero(struct fctx *c, const char *path, const cJSON *it)
 {
 	return WALK(c, it, path, zero_keys, 0, "", 0);
+}
+
+/* zero_optimization.offload_optimizer.ratio: the share of the optimizer
+ * state offloaded; partial offload (ZeRO++'s twin-flow) is not here. */
+static int f_offload_ratio(struct fctx *c, const char *path, const cJSON *it)
+{
+	double v;
+	if (want_number(c, path, it, 0, 1, 0, &v))
+		return -1;
+	if (v != 1)
+		return ferr(c, path, "%g: partial offload is not supported; give 1 (all of it)", v);
+	return 0;
+}
+
+static const struct fkey offload_optimizer_keys[] = {
+	{"device", "offload-optimizer", NULL, 0},
+	{"nvme_path", "nvme-path", NULL, 0},
+	{"buffer_count", "offload-buffer-count", NULL, 0},
+	{"ratio", NULL, f_offload_ratio, 0},
+	/* Accepted and ignored: pinned memory is what a device's DMA needs;
+	 * the host tier here is plain memory. fast_init only speeds up
+	 * DeepSpeed's own start-up. */
+	{"pin_memory", NULL, f_ignored_bool, 0},
+	{"fast_init", NULL, f_ignored_bool, 0},
+};
+
+static const struct fkey offload_param_keys[] = {
+	{"device", "offload-param", NULL, 0},
+	{"nvme_path", "param-nvme-path", NULL, 0},
+	{"buffer_count", "param-buffer-count", NULL, 0},
+	{"buffer_size", "param-buffer-size", NULL, 0},
+	{"max_in_cpu", "max-in-cpu", NULL, 0},
+	{"pin_memory", NULL, f_ignored_bool, 0},
+};
+
+static int f_offload_optimizer(struct fctx *c, const char *path, const cJSON *it)
+{
+	return WALK(c, it, path, offload_optimizer_keys, 0, "", 0);
+}
+
+static int f_offload_param(struct fctx *c, const char *path, const cJSON *it)
+{
+	return WALK(c, it, path, offload_param_keys, 0, "", 0);
+}
+
+/* cpu_offload / cpu_offload_params: DeepSpeed's older booleans for
+ * offload_optimizer / offload_param {"device": "cpu"}. */
+static int f_cpu_offload_as(struct fctx *c, const char *path, const cJSON *it,
+			    const char *opt)
+{
+	int on = 0;
+	if (want_bool(c, path, it, &on))
+		return -1;
+	return on ? put(c, path, hpu__opt_find(opt), "cpu") : 0;
+}
+
+static int f_cpu_offload(struct fctx *c, const char *path, const cJSON *it)
+{
+	return f_cpu_offload_as(c, path, it, "offload-optimizer");
+}
+
+static int f_cpu_offload_params(struct fctx *c, const char *path, const cJSON *it)
+{
+	return f_cpu_offload_as(c, path, it, "offload-param");
+}
+
+static const struct fkey aio_keys[] = {
+	{"block_size", "aio-block-size", NULL, 0},
+	{"queue_depth", "aio-queue-depth", NULL, 0},
+	{"thread_count", "aio-thread-count", NULL, 0},
+	{"single_submit", "aio-single-submit", NULL, 0},
+	{"overlap_events", "no-aio-overlap-events", NULL, 0}, /* true or false */
+};
+
+static int f_aio(struct fctx *c, const char *path, const cJSON *it)
+{
+	return WALK(c, it, path, aio_keys, 0, "", 0);
 }
 
 /* optimizer: type and params. Keys not given keep hputrain's defaults
@@ -596,6 +682,7 @@ static const struct fkey hputrain_keys[] = {
 	{"max_steps", "max-steps", NULL, 0},
 	{"seed", "seed", NULL, 0},
 	{"device_memory", "device-memory", NULL, 0},
+	{"host_memory", "host-memory", NULL, 0},
 	{"activation_checkpointing", "activation-checkpointing", NULL, 0},
 	{"grad_comm_dtype", "grad-comm-dtype", NULL, 0},
 	{"log_every", "log-every", NULL, 0},
@@ -625,6 +712,7 @@ static const struct fkey top_keys[] = {
 	{"gradient_clipping", "clip-grad-norm", NULL, 0},
 	{"steps_per_print", "log-every", NULL, 0},
 	{"zero_optimization", NULL, f_zero, 0},
+	{"aio", NULL, f_aio, 0},
 	{"optimizer", NULL, f_optimizer, 0},
 	{"scheduler", NULL, f_scheduler, 0},
 	{"bf16", NULL, f_bf16, 0},

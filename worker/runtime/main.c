@@ -129,6 +129,7 @@ int main(int argc, char **argv)
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
 	}
+	hpu__hostmem_init(o.host_memory);
 	if (hpu_autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
 		goto out;
 	if (o.precision == HPU_PREC_FP8) {

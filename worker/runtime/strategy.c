@@ -48,6 +48,18 @@ void *hpu__strat_dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes, const cha
 	return p;
 }
 
+/* A model state that ZeRO-Offload may keep outside the device: in the
+ * host tier when `where` says so (cpu; nvme keeps its in-memory
+ * buffers there too), else device memory. */
+void *hpu__strat_salloc(hpu_strat *s, hpu_offload where, hpu_mem_kind kind, size_t bytes,
+			const char *what)
+{
+	void *p = where ? hpu__halloc(kind, bytes, what) : hpu__dalloc(kind, bytes, what);
+	if (!p)
+		fail(s, "%s", hpu__devmem_error());
+	return p;
+}
+
 #define dalloc hpu__strat_dalloc
 
 /* ---- layout ---- */
@@ -175,7 +187,8 @@ int hpu__strat_alloc_optim(hpu_strat *s)
 	size_t n = s->sharded ? s->shard_total : s->total;
 	snprintf(what, sizeof what, "optimizer state (%s, %d floats per parameter)",
 		 hpu_optim_name(o->optimizer), k);
-	if (k && !(s->state = dalloc(s, HPU_MEM_OPTIM, (size_t)k * n * 4, what)))
+	if (k && !(s->state = hpu__strat_salloc(s, o->offload_optimizer, HPU_MEM_OPTIM,
+						   (size_t)k * n * 4, what)))
 		return -1;
 	return 0;
 }
@@ -200,12 +213,13 @@ static int alloc_states(hpu_strat *s)
 	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1) {
 		if (!(s->G = dalloc(s, HPU_MEM_GRADS, s->total * 4, "gradients")))
 			return -1;
-	} else if (!(s->GS = dalloc(s, HPU_MEM_GRADS, s->shard_total * 4,
-				    "gradient shard"))) {
+	} else if (!(s->GS = hpu__strat_salloc(s, s->o->offload_optimizer, HPU_MEM_GRADS,
+					       s->shard_total * 4, "gradient shard"))) {
 		return -1;
 	}
 	if (s->kind == HPU_STRATEGY_ZERO3 &&
-	    !(s->PS = dalloc(s, HPU_MEM_PARAMS, s->shard_total * 4, "parameter shard")))
+	    !(s->PS = hpu__strat_salloc(s, s->o->offload_param, HPU_MEM_PARAMS,
+					s->shard_total * 4, "parameter shard")))
 		return -1;
 	if (hpu__strat_alloc_optim(s) < 0)
 		return -1;

@@ -201,6 +201,8 @@ int hpu__mp_alloc(hpu_strat *s);
 int hpu__mp_init_params(hpu_strat *s);
 /* Layer i's fp32 compute copy, before its forward or backward (zero3:
  * gathered first, prefetching as hpu__zero_acquire); freed after. */
+void *hpu__strat_salloc(hpu_strat *s, hpu_offload where, hpu_mem_kind kind, size_t bytes,
+			const char *what);
 int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop);
 void hpu__mp_release_layer(hpu_strat *s, int i);
 /* Layer i's fp32 gradients for its backward; after it, into the 16-bit

@@ -102,24 +102,27 @@ int hpu__mp_alloc(hpu_strat *s)
 	if (s->kind != HPU_STRATEGY_ZERO3 &&
 	    !(s->P16 = dalloc(s, HPU_MEM_PARAMS, s->total * 2, what)))
 		return -1;
+	hpu_offload opt = s->o->offload_optimizer;
 	snprintf(what, sizeof what, "%s parameter shard", w16);
 	if (s->kind == HPU_STRATEGY_ZERO3 &&
-	    !(s->PS16 = dalloc(s, HPU_MEM_PARAMS, s->shard_total * 2, what)))
+	    !(s->PS16 = hpu__strat_salloc(s, s->o->offload_param, HPU_MEM_PARAMS,
+					  s->shard_total * 2, what)))
 		return -1;
 	snprintf(what, sizeof what, "%s gradients", w16);
 	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1) {
 		if (!(s->G16 = dalloc(s, HPU_MEM_GRADS, s->total * 2, what)))
 			return -1;
-	} else if (!(s->GS16 = dalloc(s, HPU_MEM_GRADS, s->shard_total * 2, what))) {
+	} else if (!(s->GS16 = hpu__strat_salloc(s, opt, HPU_MEM_GRADS, s->shard_total * 2,
+						 what))) {
 		return -1;
 	}
 	size_t n = s->sharded ? s->shard_total : s->total;
-	if (!(s->M = dalloc(s, HPU_MEM_OPTIM, n * 4, "fp32 master weights")))
+	if (!(s->M = hpu__strat_salloc(s, opt, HPU_MEM_OPTIM, n * 4, "fp32 master weights")))
 		return -1;
 	if (hpu__strat_alloc_optim(s) < 0)
 		return -1;
-	if (!(s->chunk = dalloc(s, HPU_MEM_OTHER, HPU__STRAT_CHUNK * 4,
-				"optimizer conversion buffer")))
+	if (!(s->chunk = hpu__strat_salloc(s, opt, HPU_MEM_OTHER, HPU__STRAT_CHUNK * 4,
+					   "optimizer conversion buffer")))
 		return -1;
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];

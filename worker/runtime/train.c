@@ -129,7 +129,10 @@ enum {
 	ST_LIMIT, ST_IN_USE, ST_MAX_IN_USE, ST_NUM_ALLOCS, ST_NUM_FREES,
 	ST_ACTIVE_ALLOCS, ST_MAX_ALLOC_SIZE, ST_SYS_ALLOCS, ST_SYS_FREES,
 	ST_SYS_ACTIVE, ST_KIND0, ST_STATES_MAX = ST_KIND0 + HPU_MEM_NKINDS,
-	ST_COMM_BYTES, ST_SKIPPED, ST_N
+	ST_COMM_BYTES, ST_SKIPPED,
+	/* the host tier (offload): Limit, InUse, MaxInUse, params, grads,
+	 * optim, model states */
+	ST_HOST0, ST_HOST_STATES = ST_HOST0 + 6, ST_N
 };
 
 static const char *stat_names[ST_KIND0] = {
@@ -152,6 +155,13 @@ static int gather_stats(loop *L, double comm_per_step, double *all)
 	mine[ST_STATES_MAX] = (double)hpu__devmem_states_max();
 	mine[ST_COMM_BYTES] = comm_per_step;
 	mine[ST_SKIPPED] = L->st ? (double)hpu_strat_skipped(L->st) : 0;
+	hpu__hostmem_stats(&d);
+	mine[ST_HOST0] = (double)d.limit;
+	mine[ST_HOST0 + 1] = (double)d.in_use;
+	mine[ST_HOST0 + 2] = (double)d.max_in_use;
+	for (int k = 0; k < 3; k++) /* params, grads, optim */
+		mine[ST_HOST0 + 3 + k] = (double)hpu__hostmem_kind_max((hpu_mem_kind)k);
+	mine[ST_HOST_STATES] = (double)hpu__hostmem_states_max();
 	int rc = hpucoll_all_gather(L->comm, mine, all, ST_N, HPUCOLL_F64);
 	return rc ? coll_fail(L, "statistics all-gather", rc) : 0;
 }
@@ -173,6 +183,11 @@ static cJSON *stats_json(loop *L, const double *all)
 		cJSON_AddNumberToObject(j, "max_model_states", v[ST_STATES_MAX]);
 		cJSON_AddNumberToObject(j, "comm_bytes_per_step", v[ST_COMM_BYTES]);
 		cJSON_AddNumberToObject(j, "skipped_steps", v[ST_SKIPPED]);
+		static const char *host_names[] = {"Limit", "InUse", "MaxInUse", "max_params",
+						   "max_grads", "max_optim", "max_model_states"};
+		cJSON *h = cJSON_AddObjectToObject(j, "host");
+		for (int k = 0; k < 7; k++)
+			cJSON_AddNumberToObject(h, host_names[k], v[ST_HOST0 + k]);
 		cJSON_AddItemToArray(arr, j);
 	}
 	return arr;
