@@ -254,6 +254,8 @@ static void test_offload_refusals(void **state)
 		 "--offload-param cpu works with --strategy zero3 only"},
 		{{"--strategy", "zero2", "--offload-optimizer", "nvme", NULL}, NULL,
 		 "--offload-optimizer nvme needs --nvme-path DIR"},
+		{{"--strategy", "zero3", "--offload-param", "nvme", "--nvme-path", "/tmp", NULL},
+		 NULL, "--offload-param nvme: the NVMe tier is not built yet; use cpu"},
 		{{NULL}, "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
 			 "{\"device\": \"cpu\", \"ratio\": 0.3}}}",
 		 "zero_optimization.offload_optimizer.ratio: 0.3: partial offload is not supported"},

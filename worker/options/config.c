@@ -629,6 +629,11 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 		snprintf(err, errlen, "--offload-param nvme needs --nvme-path DIR (offload_param.nvme_path)");
 		return -1;
 	}
+	if (o->offload_optimizer == HPU_OFFLOAD_NVME || o->offload_param == HPU_OFFLOAD_NVME) {
+		snprintf(err, errlen, "--offload-%s nvme: the NVMe tier is not built yet; use cpu",
+			 o->offload_optimizer == HPU_OFFLOAD_NVME ? "optimizer" : "param");
+		return -1;
+	}
 	if (o->aio_block_size % 4096) {
 		snprintf(err, errlen, "--aio-block-size %llu is not a multiple of 4096 (O_DIRECT transfers whole blocks)",
 			 (unsigned long long)o->aio_block_size);
