@@ -239,6 +239,46 @@ static void test_offload_deepspeed_config(void **state)
 	unlink(got);
 }
 
+/* Checkpoints of an offloaded run are the ordinary ones: stopped at step
+ * 3 and resumed, it ends on the bits of the uninterrupted run; resumed on
+ * 4 ranks under zero3 with both offloads, on the bits of the same reshard
+ * without offload. */
+static void test_offload_resume_reshard(void **state)
+{
+	(void)state;
+	char ref[96], got[96], dir[96], cmd[256];
+	tmp_name(ref, sizeof ref, "ref.bin");
+	tmp_name(got, sizeof got, "got.bin");
+	tmp_name(dir, sizeof dir, "ckpt");
+	const char *whole[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+			       "--offload-optimizer", "cpu", NULL};
+	free(offload_run(0, ref, NULL, SMALL_MODEL, whole));
+	const char *stop[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+			      "--offload-optimizer", "cpu", "--checkpoint-dir", dir,
+			      "--stop-at-step", "3", NULL};
+	free(offload_run(0, NULL, NULL, SMALL_MODEL, stop));
+	const char *resume[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+				"--offload-optimizer", "cpu", "--resume", dir, NULL};
+	free(offload_run(0, got, NULL, SMALL_MODEL, resume));
+	assert_same_file(ref, got);
+	/* reshard: 2 -> 4 ranks, zero2 -> zero3, with and without offload */
+	for (int off = 0; off < 2; off++) {
+		run r;
+		start(&r, 4);
+		args(&r, "--max-steps", "6", "--batch-size", "64", "--strategy", "zero3",
+		     "--precision", "bf16-mixed", "--resume", dir, "--save-params",
+		     off ? got : ref, NULL);
+		if (off)
+			args(&r, "--offload-optimizer", "cpu", "--offload-param", "cpu", NULL);
+		free(finish(&r, 0, SMALL_MODEL));
+	}
+	assert_same_file(ref, got);
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+	unlink(ref);
+	unlink(got);
+}
+
 /* What cannot work says why, before training. */
 static void test_offload_refusals(void **state)
 {
@@ -292,6 +332,7 @@ int main(void)
 		cmocka_unit_test(test_offload_memory_formulas),
 		cmocka_unit_test(test_offload_fits_where_plain_does_not),
 		cmocka_unit_test(test_offload_deepspeed_config),
+		cmocka_unit_test(test_offload_resume_reshard),
 		cmocka_unit_test(test_offload_refusals),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
