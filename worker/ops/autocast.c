@@ -367,41 +367,53 @@ static param16 *find16(const float *w, size_t n)
 	return NULL;
 }
 
-/* base[a, a+m) = the fp32 values of p16[a, a+m) */
-static void make_f32(param16 *p, size_t a, size_t m)
+HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
+				    const uint16_t *restrict src, size_t n)
 {
-	float *dst = p->base + a;
-	const uint16_t *src = p->p16 + a;
-	if (!p->fp16)
-		for (size_t i = 0; i < m; i++)
-			dst[i] = hpu_from_bf16(src[i]);
-	else if (hpu_have_f16c())
-		hpu__f16c_from_fp16(dst, src, m);
-	else
-		for (size_t i = 0; i < m; i++)
+	if (fp16)
+		for (size_t i = 0; i < n; i++)
 			dst[i] = hpu_from_fp16(src[i]);
+	else
+		for (size_t i = 0; i < n; i++)
+			dst[i] = hpu_from_bf16(src[i]);
+}
+
+void hpu__ac_from16(int fp16, float *dst, const uint16_t *src, size_t n)
+{
+	if (fp16 && hpu_have_f16c())
+		hpu__f16c_from_fp16(dst, src, n);
+	else
+		from16_plain(fp16, dst, src, n);
+}
+
+/* Makes the fp32 values of w[0..n), which lies in p, where not made yet. */
+static void make_f32(param16 *p, const float *w, size_t n)
+{
+	size_t off = (size_t)(w - p->base);
+	for (size_t c = off / P16_CHUNK; c <= (off + n - 1) / P16_CHUNK; c++)
+		if (!p->made[c]) {
+			size_t a = c * P16_CHUNK;
+			hpu__ac_from16(p->fp16, p->base + a, p->p16 + a,
+				       p->len - a < P16_CHUNK ? p->len - a : P16_CHUNK);
+			p->made[c] = 1;
+		}
 }
 
 const float *hpu__ac_param_f32(const float *w, size_t n)
 {
 	param16 *p = w && n ? find16(w, n) : NULL;
-	if (p == NULL)
-		return w;
-	size_t off = (size_t)(w - p->base);
-	for (size_t c = off / P16_CHUNK; c <= (off + n - 1) / P16_CHUNK; c++)
-		if (!p->made[c]) {
-			size_t a = c * P16_CHUNK;
-			make_f32(p, a, p->len - a < P16_CHUNK ? p->len - a : P16_CHUNK);
-			p->made[c] = 1;
-		}
+	if (p)
+		make_f32(p, w, n);
 	return w;
 }
 
 const float *hpu__ac_weight_round(int slot, const float *w, size_t n, int lowp)
 {
-	const param16 *p = w ? find16(w, n) : NULL;
-	hpu__ac_param_f32(w, n);
-	if (p && p->fp16 == (lowp == HPU_AUTOCAST_FP16))
+	param16 *p = w && n ? find16(w, n) : NULL;
+	if (p == NULL)
+		return hpu__ac_round(slot, w, n, lowp);
+	make_f32(p, w, n);
+	if (p->fp16 == (lowp == HPU_AUTOCAST_FP16))
 		return w; /* the values are of that type already */
 	return hpu__ac_round(slot, w, n, lowp);
 }
@@ -410,10 +422,12 @@ const uint16_t *hpu__ac_weight_bf16(int slot, const float *w, size_t n)
 {
 	if (w == NULL)
 		return NULL;
-	const param16 *p = find16(w, n);
+	param16 *p = n ? find16(w, n) : NULL;
 	if (p && !p->fp16)
 		return p->p16 + (w - p->base);
-	return hpu__ac_bf16(slot, hpu__ac_param_f32(w, n), n);
+	if (p)
+		make_f32(p, w, n);
+	return hpu__ac_bf16(slot, w, n);
 }
 
 const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)

@@ -83,6 +83,10 @@ void hpu__ac_param16_remove(const float *base);
  * copy and they are not made yet; returns w. */
 const float *hpu__ac_param_f32(const float *w, size_t n);
 
+/* dst[n] = the fp32 values of 16-bit src[n]: fp16 when `fp16`, else bf16
+ * (exact; F16C where the CPU has it). */
+void hpu__ac_from16(int fp16, float *dst, const uint16_t *src, size_t n);
+
 /* x[n] = round(x) to lowp, in place. HPU_AUTOCAST_FP8 rounds to bf16
  * (fp8 ops' outputs are bf16). */
 void hpu__ac_round_inplace(float *x, size_t n, int lowp);

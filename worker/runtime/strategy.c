@@ -332,7 +332,7 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 		}
 		for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 			size_t c = hpu__strat_chunk(u->opt.n, i);
-			hpu__mp_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
+			hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
 			ss += hpu_sumsq(s->chunk, c);
 		}
 	}

@@ -188,11 +188,10 @@ int hpu__zero_gather_params(hpu_strat *s);
 
 /* ---- strategy_mp.c: mixed precision ---- */
 
-/* n values from fp32 to 16 bits, and back: fp16 when `fp16`, else bf16;
- * round to nearest even (fp16 by the CPU's F16C instructions where it has
- * them, rounding as common/lowp.h does). */
+/* n values from fp32 to 16 bits: fp16 when `fp16`, else bf16; round to
+ * nearest even (fp16 by the CPU's F16C instructions where it has them,
+ * rounding as common/lowp.h does). Back: hpu__ac_from16 (autocast.h). */
 void hpu__mp_to16(int fp16, uint16_t *dst, const float *src, size_t n);
-void hpu__mp_from16(int fp16, float *dst, const uint16_t *src, size_t n);
 /* dst16 = 16-bit(from16(dst16) + src): accumulating micro-steps. */
 void hpu__mp_acc16(int fp16, uint16_t *dst, const float *src, size_t n);
 /* The 16-bit parameters and gradients, master weights, optimizer state,

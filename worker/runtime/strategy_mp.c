@@ -41,17 +41,6 @@ HPU_CLONES static void to16_plain(int fp16, uint16_t *restrict dst,
 			dst[i] = hpu_to_bf16(src[i]);
 }
 
-HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
-				    const uint16_t *restrict src, size_t n)
-{
-	if (fp16)
-		for (size_t i = 0; i < n; i++)
-			dst[i] = hpu_from_fp16(src[i]);
-	else
-		for (size_t i = 0; i < n; i++)
-			dst[i] = hpu_from_bf16(src[i]);
-}
-
 void hpu__mp_to16(int fp16, uint16_t *dst, const float *src, size_t n)
 {
 	if (fp16 && hpu_have_f16c())
@@ -60,20 +49,12 @@ void hpu__mp_to16(int fp16, uint16_t *dst, const float *src, size_t n)
 		to16_plain(fp16, dst, src, n);
 }
 
-void hpu__mp_from16(int fp16, float *dst, const uint16_t *src, size_t n)
-{
-	if (fp16 && hpu_have_f16c())
-		hpu__f16c_from_fp16(dst, src, n);
-	else
-		from16_plain(fp16, dst, src, n);
-}
-
 void hpu__mp_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
 {
 	float tmp[1024];
 	for (size_t i = 0; i < n; i += 1024) {
 		size_t c = n - i < 1024 ? n - i : 1024;
-		hpu__mp_from16(fp16, tmp, dst + i, c);
+		hpu__ac_from16(fp16, tmp, dst + i, c);
 		hpu__sync_add(tmp, src + i, c);
 		hpu__mp_to16(fp16, dst + i, tmp, c);
 	}
@@ -331,7 +312,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			hpu_optim_begin(&u->opt);
 			for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 				size_t c = hpu__strat_chunk(u->opt.n, i);
-				hpu__mp_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
+				hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
 				hpu_optim_range(&u->opt, i, c, u->opt_p + i, s->chunk, gscale, lr);
 				hpu__mp_to16(s->fp16, u->opt_p16 + i, u->opt_p + i, c);
 			}

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "autocast.h"
 #include "devmem.h"
 #include "simd.h"
 #include "strategy_impl.h"
@@ -38,7 +39,7 @@ static void land(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	if (u->cbuf) {
-		hpu__mp_from16(0, s->G + u->off, u->cbuf, u->len); /* bf16 */
+		hpu__ac_from16(0, s->G + u->off, u->cbuf, u->len); /* bf16 */
 		hpu__dfree(u->cbuf);
 		u->cbuf = NULL;
 	}
@@ -50,7 +51,7 @@ static void land(hpu_strat *s, int k)
 		} else {
 			for (size_t i = 0; i < u->piece; i += HPU__STRAT_CHUNK) {
 				size_t c = hpu__strat_chunk(u->piece, i);
-				hpu__mp_from16(s->fp16, s->chunk, src + i, c);
+				hpu__ac_from16(s->fp16, s->chunk, src + i, c);
 				hpu__mp_acc16(s->fp16, dst + i, s->chunk, c);
 			}
 		}
