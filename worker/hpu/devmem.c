@@ -81,17 +81,22 @@ typedef struct blk {
 } blk;
 _Static_assert(sizeof(blk) == HDR, "the header must be 64 bytes");
 
+/* What DeviceStats count of a pool, and the peaks per kind. */
+typedef struct tally {
+	uint64_t in_use, max_in_use, max_alloc_size;
+	uint64_t num_allocs, num_frees;
+	uint64_t kind_in_use[HPU_MEM_NKINDS], kind_max[HPU_MEM_NKINDS];
+	uint64_t states_max; /* parameters + gradients + optimizer state */
+} tally;
+
 static struct {
 	pthread_mutex_t mu;
 	bool initialized;
 	int rank;
 	uint64_t limit; /* 0: none */
 	uint32_t gen;
-	uint64_t in_use, max_in_use, max_alloc_size;
-	uint64_t num_allocs, num_frees;
+	tally t;
 	uint64_t sys_allocs, sys_frees;
-	uint64_t kind_in_use[HPU_MEM_NKINDS], kind_max[HPU_MEM_NKINDS];
-	uint64_t states_max;
 	uint64_t cached;        /* rounded bytes in the cache */
 	blk *buckets[NBUCKETS]; /* chains of class heads */
 } dev = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -310,7 +315,7 @@ static blk *get_block(uint64_t rounded, size_t bytes, bool *fresh)
 	if (b)
 		return b;
 	*fresh = true;
-	if (dev.limit && dev.in_use + dev.cached + bytes > dev.limit)
+	if (dev.limit && dev.t.in_use + dev.cached + bytes > dev.limit)
 		cache_drop();
 	b = sys_take(rounded);
 	if (!b && dev.cached) {
@@ -327,7 +332,7 @@ static void set_alloc_error(size_t bytes, const char *what, int e)
 	char who[32], req[32], used[32], lim[32];
 	fmt_who(who, sizeof who);
 	fmt_bytes(req, sizeof req, bytes);
-	fmt_bytes(used, sizeof used, dev.in_use);
+	fmt_bytes(used, sizeof used, dev.t.in_use);
 	fmt_limit(lim, sizeof lim);
 	if (e == 0)
 		snprintf(err_buf, sizeof err_buf,
@@ -339,22 +344,28 @@ static void set_alloc_error(size_t bytes, const char *what, int e)
 			 who, what, req, strerror(e), used, lim);
 }
 
-static void account_alloc(hpu_mem_kind kind, size_t bytes)
+static void tally_alloc(tally *t, hpu_mem_kind kind, size_t bytes)
 {
-	dev.in_use += bytes;
-	if (dev.in_use > dev.max_in_use)
-		dev.max_in_use = dev.in_use;
-	if (bytes > dev.max_alloc_size)
-		dev.max_alloc_size = bytes;
-	dev.num_allocs++;
-	dev.kind_in_use[kind] += bytes;
-	if (dev.kind_in_use[kind] > dev.kind_max[kind])
-		dev.kind_max[kind] = dev.kind_in_use[kind];
-	uint64_t states = dev.kind_in_use[HPU_MEM_PARAMS] +
-			  dev.kind_in_use[HPU_MEM_GRADS] +
-			  dev.kind_in_use[HPU_MEM_OPTIM];
-	if (states > dev.states_max)
-		dev.states_max = states;
+	t->in_use += bytes;
+	if (t->in_use > t->max_in_use)
+		t->max_in_use = t->in_use;
+	if (bytes > t->max_alloc_size)
+		t->max_alloc_size = bytes;
+	t->num_allocs++;
+	t->kind_in_use[kind] += bytes;
+	if (t->kind_in_use[kind] > t->kind_max[kind])
+		t->kind_max[kind] = t->kind_in_use[kind];
+	uint64_t states = t->kind_in_use[HPU_MEM_PARAMS] + t->kind_in_use[HPU_MEM_GRADS] +
+			  t->kind_in_use[HPU_MEM_OPTIM];
+	if (states > t->states_max)
+		t->states_max = states;
+}
+
+static void tally_free(tally *t, hpu_mem_kind kind, size_t bytes)
+{
+	t->in_use -= bytes;
+	t->kind_in_use[kind] -= bytes;
+	t->num_frees++;
 }
 
 static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
@@ -366,7 +377,7 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	if (!what)
 		what = "memory";
 	pthread_mutex_lock(&dev.mu);
-	if (dev.limit && bytes > dev.limit - dev.in_use) {
+	if (dev.limit && bytes > dev.limit - dev.t.in_use) {
 		set_alloc_error(bytes, what, 0);
 		pthread_mutex_unlock(&dev.mu);
 		return NULL;
@@ -387,7 +398,7 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	b->kind = kind;
 	b->next = b->next_class = NULL;
 	poison((char *)user_of(b) + bytes, b->rounded - bytes);
-	account_alloc(kind, bytes);
+	tally_alloc(&dev.t, kind, bytes);
 	pthread_mutex_unlock(&dev.mu);
 	/* The block is the caller's now: zero it outside the lock. A fresh
 	 * mapping is zero already. */
@@ -430,9 +441,7 @@ void hpu__dfree(void *p)
 		pthread_mutex_unlock(&dev.mu);
 		return;
 	}
-	dev.in_use -= b->bytes;
-	dev.kind_in_use[b->kind] -= b->bytes;
-	dev.num_frees++;
+	tally_free(&dev.t, b->kind, b->bytes);
 	if (dev.cached + b->rounded <= cache_cap())
 		cache_put(b);
 	else
@@ -451,9 +460,9 @@ int hpu__devmem_init(uint64_t limit, int rank)
 			 "rank %d: device memory is set up already (rank %d)",
 			 rank, dev.rank);
 		rc = -1;
-	} else if (limit && dev.in_use > limit) {
+	} else if (limit && dev.t.in_use > limit) {
 		char used[32], lim[32];
-		fmt_bytes(used, sizeof used, dev.in_use);
+		fmt_bytes(used, sizeof used, dev.t.in_use);
 		fmt_bytes(lim, sizeof lim, limit);
 		snprintf(err_buf, sizeof err_buf,
 			 "rank %d: %s of device memory is in use already, more than the Limit %s (--device-memory)",
@@ -479,12 +488,8 @@ void hpu__devmem_shutdown(void)
 	dev.rank = 0;
 	dev.limit = 0;
 	dev.gen = gen;
-	dev.in_use = dev.max_in_use = dev.max_alloc_size = 0;
-	dev.num_allocs = dev.num_frees = 0;
+	memset(&dev.t, 0, sizeof dev.t);
 	dev.sys_allocs = dev.sys_frees = 0;
-	memset(dev.kind_in_use, 0, sizeof dev.kind_in_use);
-	memset(dev.kind_max, 0, sizeof dev.kind_max);
-	dev.states_max = 0;
 	err_buf[0] = '\0';
 	pthread_mutex_unlock(&dev.mu);
 	hpu__hostmem_init(0);
@@ -495,18 +500,26 @@ const char *hpu__devmem_error(void)
 	return err_buf;
 }
 
+static void tally_stats(const tally *t, uint64_t limit, uint64_t sys_allocs,
+			uint64_t sys_frees, hpu_device_stats *out)
+{
+	*out = (hpu_device_stats){
+		.limit = limit,
+		.in_use = t->in_use,
+		.max_in_use = t->max_in_use,
+		.num_allocs = t->num_allocs,
+		.num_frees = t->num_frees,
+		.active_allocs = t->num_allocs - t->num_frees,
+		.max_alloc_size = t->max_alloc_size,
+		.total_system_allocs = sys_allocs,
+		.total_system_frees = sys_frees,
+		.total_active_allocs = sys_allocs - sys_frees,
+	};
+}
+
 static void fill_stats(hpu_device_stats *out)
 {
-	out->limit = dev.limit;
-	out->in_use = dev.in_use;
-	out->max_in_use = dev.max_in_use;
-	out->num_allocs = dev.num_allocs;
-	out->num_frees = dev.num_frees;
-	out->active_allocs = dev.num_allocs - dev.num_frees;
-	out->max_alloc_size = dev.max_alloc_size;
-	out->total_system_allocs = dev.sys_allocs;
-	out->total_system_frees = dev.sys_frees;
-	out->total_active_allocs = dev.sys_allocs - dev.sys_frees;
+	tally_stats(&dev.t, dev.limit, dev.sys_allocs, dev.sys_frees, out);
 }
 
 void hpu__devmem_stats(hpu_device_stats *out)
@@ -538,19 +551,19 @@ uint64_t hpu__devmem_kind_in_use(hpu_mem_kind kind)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
 		return 0;
-	return locked_read(&dev.kind_in_use[kind]);
+	return locked_read(&dev.t.kind_in_use[kind]);
 }
 
 uint64_t hpu__devmem_kind_max(hpu_mem_kind kind)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
 		return 0;
-	return locked_read(&dev.kind_max[kind]);
+	return locked_read(&dev.t.kind_max[kind]);
 }
 
 uint64_t hpu__devmem_states_max(void)
 {
-	return locked_read(&dev.states_max);
+	return locked_read(&dev.t.states_max);
 }
 
 const char *hpu__mem_kind_name(hpu_mem_kind kind)
@@ -566,14 +579,12 @@ const char *hpu__mem_kind_name(hpu_mem_kind kind)
  * CPU tier): counted against --host-memory, not --device-memory, with the
  * same statistics. Blocks have the device's header (MAGIC_HOST), so
  * hpu__dfree frees either kind; they are not cached: the tier holds a few
- * large, long-lived buffers. */
+ * large, long-lived buffers, each one block of the system. */
 
 static struct {
 	pthread_mutex_t mu;
 	uint64_t limit; /* 0: none */
-	uint64_t in_use, max_in_use, max_alloc_size, num_allocs, num_frees;
-	uint64_t kind_in_use[HPU_MEM_NKINDS], kind_max[HPU_MEM_NKINDS];
-	uint64_t states_max;
+	tally t;
 } host = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 int hpu__hostmem_init(uint64_t limit)
@@ -581,12 +592,31 @@ int hpu__hostmem_init(uint64_t limit)
 	pthread_mutex_lock(&host.mu);
 	/* blocks still held stay counted in InUse; the peaks start anew */
 	host.limit = limit;
-	host.max_in_use = host.in_use;
-	host.max_alloc_size = 0;
-	memcpy(host.kind_max, host.kind_in_use, sizeof host.kind_max);
-	host.states_max = 0;
+	host.t.max_in_use = host.t.in_use;
+	host.t.max_alloc_size = 0;
+	memcpy(host.t.kind_max, host.t.kind_in_use, sizeof host.t.kind_max);
+	host.t.states_max = 0;
 	pthread_mutex_unlock(&host.mu);
 	return 0;
+}
+
+/* The sentence of a refused host allocation: over the limit (e == 0), or
+ * the system refused with errno e. Under host.mu. */
+static void set_host_error(size_t bytes, const char *what, int e)
+{
+	char who[32], req[32], used[32], lim[32];
+	pthread_mutex_lock(&dev.mu);
+	fmt_who(who, sizeof who);
+	pthread_mutex_unlock(&dev.mu);
+	fmt_bytes(req, sizeof req, bytes);
+	fmt_bytes(used, sizeof used, host.t.in_use);
+	if (host.limit)
+		fmt_bytes(lim, sizeof lim, host.limit);
+	else
+		snprintf(lim, sizeof lim, "none");
+	snprintf(err_buf, sizeof err_buf,
+		 "%sout of host memory allocating %s (offloaded): %s requested, InUse %s, Limit %s (--host-memory)%s%s",
+		 who, what, req, used, lim, e ? ": " : "", e ? strerror(e) : "");
 }
 
 void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
@@ -595,45 +625,27 @@ void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
 		fprintf(stderr, "hpu__halloc: bad memory kind %d\n", (int)kind);
 		abort();
 	}
-	char who[32], req[32], used[32], lim[32];
+	if (!what)
+		what = "memory";
+	/* held across the system call, as the device's lock is, so that the
+	 * limit holds across threads */
 	pthread_mutex_lock(&host.mu);
-	int over = host.limit && bytes > host.limit - host.in_use;
-	if (!over) { /* reserved now, so that the limit holds across threads */
-		host.in_use += bytes;
-		host.kind_in_use[kind] += bytes;
+	if (host.limit && bytes > host.limit - host.t.in_use) {
+		set_host_error(bytes, what, 0);
+		pthread_mutex_unlock(&host.mu);
+		return NULL;
 	}
-	pthread_mutex_unlock(&host.mu);
 	blk *b = NULL;
 	uint64_t rounded = bytes > MAX_REQUEST ? 0 : class_of(bytes);
-	if (!over && rounded) {
-		if (is_mapped(rounded)) {
-			void *m = mmap(NULL, HDR + rounded, PROT_READ | PROT_WRITE,
-				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-			b = m == MAP_FAILED ? NULL : m;
-		} else if ((b = aligned_alloc(HDR, HDR + rounded))) {
-			memset(b, 0, HDR + rounded);
-		}
+	if (rounded && is_mapped(rounded)) { /* a fresh mapping is zero */
+		void *m = mmap(NULL, HDR + rounded, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		b = m == MAP_FAILED ? NULL : m;
+	} else if (rounded && (b = aligned_alloc(HDR, HDR + rounded))) {
+		memset(b, 0, HDR + rounded);
 	}
-	pthread_mutex_lock(&host.mu);
 	if (!b) {
-		int e = over ? 0 : ENOMEM;
-		if (!over) {
-			host.in_use -= bytes;
-			host.kind_in_use[kind] -= bytes;
-		}
-		pthread_mutex_lock(&dev.mu);
-		fmt_who(who, sizeof who);
-		pthread_mutex_unlock(&dev.mu);
-		fmt_bytes(req, sizeof req, bytes);
-		fmt_bytes(used, sizeof used, host.in_use);
-		if (host.limit)
-			fmt_bytes(lim, sizeof lim, host.limit);
-		else
-			snprintf(lim, sizeof lim, "none");
-		snprintf(err_buf, sizeof err_buf,
-			 "%sout of host memory allocating %s (offloaded): %s requested, InUse %s, Limit %s (--host-memory)%s%s",
-			 who, what ? what : "memory", req, used, lim, e ? ": " : "",
-			 e ? strerror(e) : "");
+		set_host_error(bytes, what, ENOMEM);
 		pthread_mutex_unlock(&host.mu);
 		return NULL;
 	}
@@ -641,17 +653,7 @@ void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
 	b->bytes = bytes;
 	b->rounded = rounded;
 	b->kind = kind;
-	host.num_allocs++;
-	if (host.in_use > host.max_in_use)
-		host.max_in_use = host.in_use;
-	if (bytes > host.max_alloc_size)
-		host.max_alloc_size = bytes;
-	if (host.kind_in_use[kind] > host.kind_max[kind])
-		host.kind_max[kind] = host.kind_in_use[kind];
-	uint64_t states = host.kind_in_use[HPU_MEM_PARAMS] + host.kind_in_use[HPU_MEM_GRADS] +
-			  host.kind_in_use[HPU_MEM_OPTIM];
-	if (states > host.states_max)
-		host.states_max = states;
+	tally_alloc(&host.t, kind, bytes);
 	pthread_mutex_unlock(&host.mu);
 	return user_of(b);
 }
@@ -659,9 +661,7 @@ void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
 static void host_free(blk *b)
 {
 	pthread_mutex_lock(&host.mu);
-	host.in_use -= b->bytes;
-	host.kind_in_use[b->kind] -= b->bytes;
-	host.num_frees++;
+	tally_free(&host.t, b->kind, b->bytes);
 	pthread_mutex_unlock(&host.mu);
 	b->magic = MAGIC_DEAD;
 	if (is_mapped(b->rounded))
@@ -673,18 +673,8 @@ static void host_free(blk *b)
 void hpu__hostmem_stats(hpu_device_stats *out)
 {
 	pthread_mutex_lock(&host.mu);
-	*out = (hpu_device_stats){
-		.limit = host.limit,
-		.in_use = host.in_use,
-		.max_in_use = host.max_in_use,
-		.num_allocs = host.num_allocs,
-		.num_frees = host.num_frees,
-		.active_allocs = host.num_allocs - host.num_frees,
-		.max_alloc_size = host.max_alloc_size,
-		.total_system_allocs = host.num_allocs,
-		.total_system_frees = host.num_frees,
-		.total_active_allocs = host.num_allocs - host.num_frees,
-	};
+	/* every block is one of the system's */
+	tally_stats(&host.t, host.limit, host.t.num_allocs, host.t.num_frees, out);
 	pthread_mutex_unlock(&host.mu);
 }
 
@@ -693,7 +683,7 @@ uint64_t hpu__hostmem_kind_max(hpu_mem_kind kind)
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
 		return 0;
 	pthread_mutex_lock(&host.mu);
-	uint64_t v = host.kind_max[kind];
+	uint64_t v = host.t.kind_max[kind];
 	pthread_mutex_unlock(&host.mu);
 	return v;
 }
@@ -701,7 +691,7 @@ uint64_t hpu__hostmem_kind_max(hpu_mem_kind kind)
 uint64_t hpu__hostmem_states_max(void)
 {
 	pthread_mutex_lock(&host.mu);
-	uint64_t v = host.states_max;
+	uint64_t v = host.t.states_max;
 	pthread_mutex_unlock(&host.mu);
 	return v;
 }
