@@ -279,7 +279,7 @@ typedef int (*unit_fn)(hpu_strat *s, int k, const float *full, void *arg);
 
 static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 {
-	int bad = 0;
+	int bad = 0, fn_errno = 0;
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
 		const float *full = s->mp ? (s->sharded ? NULL : s->M + u->off)
@@ -302,10 +302,14 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 			}
 			full = tmpbuf;
 		}
-		if (!bad && fn(s, k, full, arg) < 0)
+		if (!bad && fn(s, k, full, arg) < 0) {
 			bad = 1;
+			fn_errno = errno; /* the later units' gathers may set errno */
+		}
 		hpu__dfree(tmpbuf);
 	}
+	if (bad)
+		errno = fn_errno;
 	return bad ? -1 : 0;
 }
 
