@@ -85,6 +85,7 @@ void hpu_opts_defaults(hpu_train_opts *o)
 	o->param_buffer_count = 5;
 	o->param_buffer_size = 100000000;
 	o->max_in_cpu = 1000000000;
+	o->sub_group_size = 1000000000;
 	o->aio_block_size = 1 << 20;
 	o->aio_queue_depth = 8;
 	o->aio_thread_count = 1;
@@ -240,7 +241,8 @@ static const struct hpu__opt opts[] = {
 	OTHER("nvme-path", K_STR, nvme_path, "directory for the nvme tier's swap files (a disk filesystem with O_DIRECT)"),
 	OTHER("param-nvme-path", K_STR, param_nvme_path, "the same for --offload-param nvme (--nvme-path)"),
 	OTHER("host-memory", K_SIZE, host_memory, "bound on the offloaded host tier per worker, e.g. 8GiB (none)"),
-	NUM("offload-buffer-count", K_INT, offload_buffer_count, 2, 64, "nvme: optimizer sub-groups in flight (4) [offload_optimizer.buffer_count]"),
+	NUM("offload-buffer-count", K_INT, offload_buffer_count, 1, 64, "nvme: optimizer sub-group buffers; 1 reads, updates and writes one sub-group at a time, more overlap them (4) [offload_optimizer.buffer_count]"),
+	NUM("sub-group-size", K_LONG, sub_group_size, 1, 1e15, "nvme: optimizer elements swapped and updated together, at most (1e9) [zero_optimization.sub_group_size]"),
 	NUM("param-buffer-count", K_INT, param_buffer_count, 2, 64, "nvme: parameter buffers in flight (5) [offload_param.buffer_count]"),
 	NUM("param-buffer-size", K_LONG, param_buffer_size, 1, 1e15, "nvme: elements per parameter buffer (1e8) [offload_param.buffer_size]"),
 	NUM("max-in-cpu", K_LONG, max_in_cpu, 0, 1e15, "nvme: parameter elements kept in host memory (1e9) [offload_param.max_in_cpu]"),
@@ -629,9 +631,8 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 		snprintf(err, errlen, "--offload-param nvme needs --nvme-path DIR (offload_param.nvme_path)");
 		return -1;
 	}
-	if (o->offload_optimizer == HPU_OFFLOAD_NVME || o->offload_param == HPU_OFFLOAD_NVME) {
-		snprintf(err, errlen, "--offload-%s nvme: the NVMe tier is not built yet; use cpu",
-			 o->offload_optimizer == HPU_OFFLOAD_NVME ? "optimizer" : "param");
+	if (o->offload_param == HPU_OFFLOAD_NVME) {
+		snprintf(err, errlen, "--offload-param nvme: parameters cannot go to NVMe yet, only the optimizer's space (--offload-optimizer nvme); use --offload-param cpu");
 		return -1;
 	}
 	if (o->aio_block_size % 4096) {

@@ -129,6 +129,7 @@ typedef struct hpu_train_opts {
 	char param_nvme_path[512];     /* offload_param.nvme_path ("": nvme_path) */
 	uint64_t host_memory;          /* bound on the host tier; 0: none */
 	int offload_buffer_count;      /* offload_optimizer.buffer_count (4) */
+	long sub_group_size;           /* zero_optimization.sub_group_size (1e9) */
 	int param_buffer_count;        /* offload_param.buffer_count (5) */
 	long param_buffer_size;        /* offload_param.buffer_size (1e8) */
 	long max_in_cpu;               /* offload_param.max_in_cpu (1e9) */

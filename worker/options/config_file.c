@@ -369,6 +369,7 @@ static const struct fkey zero_keys[] = {
 	{"stage3_prefetch_bucket_size", "prefetch-bucket-size", NULL, 0},
 	{"stage3_param_persistence_threshold", "param-persistence-threshold", NULL, 0},
 	{"stage3_max_live_parameters", "max-live-parameters", NULL, 0},
+	{"sub_group_size", "sub-group-size", NULL, 0},
 	/* Accepted and ignored: our gradients always live in one
 	 * contiguous buffer. */
 	{"contiguous_gradients", NULL, f_ignored_bool, 0},

@@ -185,6 +185,8 @@ int hpu__strat_alloc_optim(hpu_strat *s)
 	char what[160];
 	int k = hpu_optim_state_floats(o);
 	size_t n = s->sharded ? s->shard_total : s->total;
+	if (o->offload_optimizer == HPU_OFFLOAD_NVME)
+		return hpu__nv_open(s);
 	snprintf(what, sizeof what, "optimizer state (%s, %d floats per parameter)",
 		 hpu_optim_name(o->optimizer), k);
 	if (k && !(s->state = hpu__strat_salloc(s, o->offload_optimizer, HPU_MEM_OPTIM,
@@ -382,8 +384,14 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 				return -1;
 			gscale = hpu_clip_factor(*grad_norm, s->o->clip_norm);
 		}
-		for (int k = 0; k < s->nunits; k++)
-			hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g, gscale, lr);
+		if (s->nv) {
+			if (hpu__nv_step(s, gscale, lr) < 0)
+				return -1;
+		} else {
+			for (int k = 0; k < s->nunits; k++)
+				hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
+					       gscale, lr);
+		}
 	}
 	if (s->G)
 		memset(s->G, 0, s->total * 4);
@@ -665,6 +673,7 @@ void hpu_strat_free(hpu_strat **ps)
 	hpu__dfree(s->GS16);
 	hpu__dfree(s->M);
 	hpu__dfree(s->chunk);
+	hpu__nv_close(s);
 	free(s->lcp);
 	free(s->lgs);
 	free(s->own16);

@@ -104,6 +104,9 @@ int hpu_strat_units(const hpu_strat *s);
  * skipped for a gradient overflow so far. */
 double hpu_strat_loss_scale(const hpu_strat *s);
 long hpu_strat_skipped(const hpu_strat *s);
+/* --offload-optimizer nvme: bytes the swap file has read and written, and
+ * seconds the step waited for it (all 0 otherwise). */
+void hpu_strat_nvme_stats(const hpu_strat *s, uint64_t *read, uint64_t *written, double *wait_s);
 
 void hpu_strat_free(hpu_strat **s);
 

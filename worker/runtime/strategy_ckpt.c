@@ -176,6 +176,20 @@ static const float *section_base(const hpu_strat *s, int j, int k)
 	return k == 0 ? u->opt_p : k == 1 ? u->opt.m : u->opt.v;
 }
 
+/* nvme: one sub-group's floats of a section into the checkpoint. */
+typedef struct put_nv {
+	hpu_ckpt_writer *w;
+	int j;
+	uint64_t clo, chi;
+} put_nv;
+
+static int put_group(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
+{
+	put_nv *q = arg;
+	put p = {q->w, sec, from};
+	return each_run(s, q->j, from, n, q->clo, q->chi, put_run, &p);
+}
+
 int hpu_strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
 {
 	const char *names[3];
@@ -184,6 +198,12 @@ int hpu_strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
 	slice(s, s->rank, &clo, &chi);
 	for (int k = 0; k < ns; k++)
 		for (int j = 0; j < s->nunits; j++) {
+			if (hpu__nv_has(s, k)) {
+				put_nv q = {w, j, clo, chi};
+				if (hpu__nv_each(s, j, k, HPU_NV_READ, put_group, &q) < 0)
+					return -1;
+				continue;
+			}
 			put p = {w, section_base(s, j, k), 0};
 			size_t len;
 			owned(s, j, s->rank, &p.from, &len);
@@ -225,6 +245,12 @@ int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, flo
 	return each_run(s, j, from, n, 0, UINT64_MAX, get_run, &g);
 }
 
+/* nvme: one sub-group's floats of checkpoint section *arg. */
+static int get_group(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
+{
+	return hpu__strat_read_layout(s, *(int *)arg, from, n, sec);
+}
+
 int hpu__strat_resume_state(hpu_strat *s)
 {
 	hpu_ckpt *c = s->resume;
@@ -238,6 +264,11 @@ int hpu__strat_resume_state(hpu_strat *s)
 					       c->dir, names[k], c->optimizer,
 					       hpu_optim_name(s->o->optimizer));
 		for (int j = 0; j < s->nunits; j++) {
+			if (hpu__nv_has(s, k)) {
+				if (hpu__nv_each(s, j, k, HPU_NV_UPDATE, get_group, &sec) < 0)
+					return -1;
+				continue;
+			}
 			size_t from, len;
 			owned(s, j, s->rank, &from, &len);
 			float *dst = (float *)section_base(s, j, k);
@@ -277,12 +308,27 @@ void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st)
  * collectives on every rank: fn's failures are local). */
 typedef int (*unit_fn)(hpu_strat *s, int k, const float *full, void *arg);
 
+/* nvme: a sub-group's master weights into the unit's array. */
+typedef struct take {
+	float *dst;  /* the owned range's floats */
+	size_t from; /* the layout position of dst[0] */
+} take;
+
+static int take_group(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
+{
+	(void)s;
+	take *t = arg;
+	memcpy(t->dst + (from - t->from), sec, n * 4);
+	return 0;
+}
+
 static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 {
 	int bad = 0, fn_errno = 0;
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
-		const float *full = s->mp ? (s->sharded ? NULL : s->M + u->off)
+		int nv = hpu__nv_has(s, 0); /* the master weights: read them in */
+		const float *full = s->mp ? (s->sharded || nv ? NULL : s->M + u->off)
 				  : s->P ? s->P + u->off : u->full;
 		const float *piece = s->mp ? s->M + u->shard_off : s->PS + u->shard_off;
 		float *tmpbuf = NULL;
@@ -293,8 +339,15 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 				 hpu__strat_unit_name(s, k), why);
 			if (!(tmpbuf = hpu__strat_dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
 				rc = -1;
-			else if ((rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece,
-							  HPUCOLL_F32)))
+			if (!rc && nv) {
+				/* this rank's range, then (sharded) gathered in place */
+				size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
+				take t = {tmpbuf + mine, u->off + mine};
+				rc = hpu__nv_each(s, k, 0, HPU_NV_READ, take_group, &t);
+				piece = tmpbuf + mine;
+			}
+			if (!rc && s->sharded &&
+			    (rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece, HPUCOLL_F32)))
 				hpu__strat_coll_fail(s, "parameter all-gather", rc);
 			if (rc) {
 				hpu__dfree(tmpbuf);

@@ -53,6 +53,8 @@ typedef struct flight {
 	hpucoll_req *req;
 } flight;
 
+typedef struct hpu_nv hpu_nv;
+
 struct hpu_strat {
 	hpu_builder *b;
 	hpucoll_comm *comm;
@@ -112,6 +114,10 @@ struct hpu_strat {
 	hpu_ckpt *resume;        /* --resume: the checkpoint to start from */
 	uint64_t *canon;         /* checkpoints: parameter i's first float in
 				  * the canonical space (ckpt.h) */
+	hpu_nv *nv;              /* --offload-optimizer nvme: the optimizer's
+				  * space in a swap file (s->state, s->M and
+				  * the units' opt.m, opt.v and, mixed, opt_p
+				  * are NULL then) */
 };
 
 /* Floats converted at a time for the optimizer (s->chunk). */
@@ -241,6 +247,29 @@ void hpu__act_saved_drop(hpu_strat *s, int i);
  * there), or NULL (s->err). */
 float *hpu__act_grad(hpu_strat *s, int t, int zero);
 void hpu__act_grad_drop(hpu_strat *s, int t);
+
+/* ---- strategy_nvme.c: the optimizer's space on NVMe ---- */
+
+/* --offload-optimizer nvme: the sub-groups, the swap file under
+ * --nvme-path (checked now: missing, unwritable, tmpfs, too small) and the
+ * buffers; s->nv. 0, or -1 (s->err). */
+int hpu__nv_open(hpu_strat *s);
+void hpu__nv_close(hpu_strat *s);
+/* Section k (0 the master weights, 1 m / the momentum, 2 v) of the
+ * optimizer's space is in the swap file. */
+int hpu__nv_has(const hpu_strat *s, int k);
+
+typedef enum hpu__nv_mode {
+	HPU_NV_READ,   /* read each sub-group */
+	HPU_NV_UPDATE, /* read, then write back */
+	HPU_NV_FILL,   /* start from zeros, write: nothing read */
+} hpu__nv_mode;
+/* fn(s, layout position, n, floats, arg) on section k of unit j's owned
+ * range, one sub-group at a time; fn returns 0 or -1 (s->err). */
+typedef int (*hpu__nv_fn)(hpu_strat *s, size_t from, size_t n, float *sec, void *arg);
+int hpu__nv_each(hpu_strat *s, int j, int k, hpu__nv_mode mode, hpu__nv_fn fn, void *arg);
+/* The optimizer step over every sub-group, its transfers overlapped. */
+int hpu__nv_step(hpu_strat *s, float gscale, double lr);
 
 /* ---- strategy_ckpt.c, for strategy.c ---- */
 

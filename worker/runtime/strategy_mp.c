@@ -98,7 +98,8 @@ int hpu__mp_alloc(hpu_strat *s)
 		return -1;
 	}
 	size_t n = s->sharded ? s->shard_total : s->total;
-	if (!(s->M = hpu__strat_salloc(s, opt, HPU_MEM_OPTIM, n * 4, "fp32 master weights")))
+	if (opt != HPU_OFFLOAD_NVME && /* nvme: in the swap file with the moments */
+	    !(s->M = hpu__strat_salloc(s, opt, HPU_MEM_OPTIM, n * 4, "fp32 master weights")))
 		return -1;
 	if (hpu__strat_alloc_optim(s) < 0)
 		return -1;
@@ -108,12 +109,27 @@ int hpu__mp_alloc(hpu_strat *s)
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
-		u->opt_p = s->M + (s->sharded ? u->shard_off : u->off);
+		u->opt_p = s->M ? s->M + (s->sharded ? u->shard_off : u->off) : NULL;
 		u->opt_p16 = s->kind == HPU_STRATEGY_ZERO3 ? s->PS16 + u->shard_off
 							   : s->P16 + u->off + mine;
 		u->opt_g16 = s->G16 ? s->G16 + u->off + mine : s->GS16 + u->shard_off;
 		hpu__strat_optim_init(s, j);
 	}
+	return 0;
+}
+
+/* nvme: a sub-group's master weights from its unit's values, its moments
+ * zero. */
+typedef struct unit_vals {
+	const float *full; /* the unit's floats */
+	size_t off;        /* the layout position of full[0] */
+} unit_vals;
+
+static int put_master(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
+{
+	(void)s;
+	const unit_vals *v = arg;
+	memcpy(sec, v->full + (from - v->off), n * 4);
 	return 0;
 }
 
@@ -133,7 +149,15 @@ int hpu__mp_init_params(hpu_strat *s)
 			return -1;
 		}
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
-		memcpy(u->opt_p, full + mine, u->opt.n * 4);
+		if (s->nv) {
+			unit_vals v = {full, u->off};
+			if (hpu__nv_each(s, j, 0, HPU_NV_FILL, put_master, &v) < 0) {
+				hpu__dfree(full);
+				return -1;
+			}
+		} else {
+			memcpy(u->opt_p, full + mine, u->opt.n * 4);
+		}
 		if (s->P16) {
 			hpu__mp_to16(s->fp16, s->P16 + u->off, full, u->len);
 		} else {
@@ -307,7 +331,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			*grad_norm /= s->scale;
 			gscale *= hpu_clip_factor(*grad_norm, s->o->clip_norm);
 		}
-		for (int k = 0; k < s->nunits; k++) {
+		for (int k = 0; k < s->nunits && !s->nv; k++) {
 			unit *u = &s->u[k];
 			hpu_optim_begin(&u->opt);
 			for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
@@ -317,6 +341,8 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 				hpu__mp_to16(s->fp16, u->opt_p16 + i, u->opt_p + i, c);
 			}
 		}
+		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
+			return -1;
 	}
 	/* G16 needs no zeroing: each step's first micro-step overwrites it */
 	double before = s->scale;

@@ -132,7 +132,9 @@ enum {
 	ST_COMM_BYTES, ST_SKIPPED,
 	/* the host tier (offload): Limit, InUse, MaxInUse, params, grads,
 	 * optim, model states */
-	ST_HOST0, ST_HOST_STATES = ST_HOST0 + 6, ST_N
+	ST_HOST0, ST_HOST_STATES = ST_HOST0 + 6,
+	/* the NVMe tier: bytes read, written, seconds waited */
+	ST_NV0, ST_N = ST_NV0 + 3
 };
 
 static const char *stat_names[ST_KIND0] = {
@@ -162,6 +164,11 @@ static int gather_stats(loop *L, double comm_per_step, double *all)
 	for (int k = 0; k < 3; k++) /* params, grads, optim */
 		mine[ST_HOST0 + 3 + k] = (double)hpu__hostmem_kind_max((hpu_mem_kind)k);
 	mine[ST_HOST_STATES] = (double)hpu__hostmem_states_max();
+	uint64_t nv_read = 0, nv_written = 0;
+	if (L->st)
+		hpu_strat_nvme_stats(L->st, &nv_read, &nv_written, &mine[ST_NV0 + 2]);
+	mine[ST_NV0] = (double)nv_read;
+	mine[ST_NV0 + 1] = (double)nv_written;
 	int rc = hpucoll_all_gather(L->comm, mine, all, ST_N, HPUCOLL_F64);
 	return rc ? coll_fail(L, "statistics all-gather", rc) : 0;
 }
@@ -188,6 +195,10 @@ static cJSON *stats_json(loop *L, const double *all)
 		cJSON *h = cJSON_AddObjectToObject(j, "host");
 		for (int k = 0; k < 7; k++)
 			cJSON_AddNumberToObject(h, host_names[k], v[ST_HOST0 + k]);
+		static const char *nv_names[] = {"read_bytes", "written_bytes", "wait_s"};
+		cJSON *nv = cJSON_AddObjectToObject(j, "nvme");
+		for (int k = 0; k < 3; k++)
+			cJSON_AddNumberToObject(nv, nv_names[k], v[ST_NV0 + k]);
 		cJSON_AddItemToArray(arr, j);
 	}
 	return arr;
