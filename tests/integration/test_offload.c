@@ -333,9 +333,11 @@ static void test_offload_deepspeed_config(void **state)
 }
 
 /* Checkpoints of an offloaded run are the ordinary ones: stopped at step
- * 3 and resumed, it ends on the bits of the uninterrupted run; resumed on
- * 4 ranks under zero3 with both offloads, on the bits of the same reshard
- * without offload. */
+ * 3 and resumed, it ends on the bits of the uninterrupted run; the NVMe
+ * tier's checkpoint has the cpu tier's shards byte for byte and resumes
+ * the same way; resumed on 4 ranks under zero3 with both offloads to cpu,
+ * or the optimizer on NVMe, on the bits of the same reshard without
+ * offload. */
 static void test_offload_resume_reshard(void **state)
 {
 	(void)state;
