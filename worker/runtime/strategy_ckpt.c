@@ -308,20 +308,6 @@ void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st)
  * collectives on every rank: fn's failures are local). */
 typedef int (*unit_fn)(hpu_strat *s, int k, const float *full, void *arg);
 
-/* nvme: a sub-group's master weights into the unit's array. */
-typedef struct take {
-	float *dst;  /* the owned range's floats */
-	size_t from; /* the layout position of dst[0] */
-} take;
-
-static int take_group(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
-{
-	(void)s;
-	take *t = arg;
-	memcpy(t->dst + (from - t->from), sec, n * 4);
-	return 0;
-}
-
 static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 {
 	int bad = 0, fn_errno = 0;
@@ -342,8 +328,7 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 			if (!rc && nv) {
 				/* this rank's range, then (sharded) gathered in place */
 				size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
-				take t = {tmpbuf + mine, u->off + mine};
-				rc = hpu__nv_each(s, k, 0, HPU_NV_READ, take_group, &t);
+				rc = hpu__nv_get(s, k, 0, tmpbuf + mine);
 				piece = tmpbuf + mine;
 			}
 			if (!rc && s->sharded &&

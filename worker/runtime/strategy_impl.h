@@ -268,6 +268,10 @@ typedef enum hpu__nv_mode {
  * range, one sub-group at a time; fn returns 0 or -1 (s->err). */
 typedef int (*hpu__nv_fn)(hpu_strat *s, size_t from, size_t n, float *sec, void *arg);
 int hpu__nv_each(hpu_strat *s, int j, int k, hpu__nv_mode mode, hpu__nv_fn fn, void *arg);
+/* Section k of unit j's owned range into dst[n] / the master weights
+ * (mixed precision) from master[n] with zero moments, n its length. */
+int hpu__nv_get(hpu_strat *s, int j, int k, float *dst);
+int hpu__nv_fill(hpu_strat *s, int j, const float *master);
 /* The optimizer step over every sub-group, its transfers overlapped. */
 int hpu__nv_step(hpu_strat *s, float gscale, double lr);
 

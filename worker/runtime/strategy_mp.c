@@ -118,21 +118,6 @@ int hpu__mp_alloc(hpu_strat *s)
 	return 0;
 }
 
-/* nvme: a sub-group's master weights from its unit's values, its moments
- * zero. */
-typedef struct unit_vals {
-	const float *full; /* the unit's floats */
-	size_t off;        /* the layout position of full[0] */
-} unit_vals;
-
-static int put_master(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
-{
-	(void)s;
-	const unit_vals *v = arg;
-	memcpy(sec, v->full + (from - v->off), n * 4);
-	return 0;
-}
-
 /* The fp32 initial values become the master weights; the working copy is
  * their 16-bit rounding, on every rank alike. */
 int hpu__mp_init_params(hpu_strat *s)
@@ -150,8 +135,7 @@ int hpu__mp_init_params(hpu_strat *s)
 		}
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 		if (s->nv) {
-			unit_vals v = {full, u->off};
-			if (hpu__nv_each(s, j, 0, HPU_NV_FILL, put_master, &v) < 0) {
+			if (hpu__nv_fill(s, j, full + mine) < 0) {
 				hpu__dfree(full);
 				return -1;
 			}

@@ -48,6 +48,12 @@ static size_t owned_n(const hpu_strat *s, const unit *u)
 	return s->sharded ? u->piece : u->len;
 }
 
+static size_t owned_from(const hpu_strat *s, int j)
+{
+	const unit *u = &s->u[j];
+	return u->off + (s->sharded ? (size_t)s->rank * u->piece : 0);
+}
+
 static int swap_fail(hpu_strat *s)
 {
 	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nv->sw));
@@ -166,8 +172,7 @@ static int transfer(hpu_swap *sw, int write, const group *g, float *slot)
 int hpu__nv_each(hpu_strat *s, int j, int k, hpu__nv_mode mode, hpu__nv_fn fn, void *arg)
 {
 	hpu_nv *nv = s->nv;
-	const unit *u = &s->u[j];
-	size_t base = u->off + (s->sharded ? (size_t)s->rank * u->piece : 0);
+	size_t base = owned_from(s, j);
 	float *slot = nv->buf[0];
 	if (hpu_swap_wait_all(nv->sw) < 0)
 		return swap_fail(s);
@@ -187,6 +192,34 @@ int hpu__nv_each(hpu_strat *s, int j, int k, hpu__nv_mode mode, hpu__nv_fn fn, v
 			return swap_fail(s);
 	}
 	return 0;
+}
+
+/* Copies between a sub-group's section and the owned range's values. */
+typedef struct span {
+	float *vals;  /* the owned range's floats */
+	size_t from;  /* the layout position of vals[0] */
+	int out;      /* section -> vals */
+} span;
+
+static int copy_span(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
+{
+	(void)s;
+	span *sp = arg;
+	float *v = sp->vals + (from - sp->from);
+	memcpy(sp->out ? v : sec, sp->out ? sec : v, n * 4);
+	return 0;
+}
+
+int hpu__nv_get(hpu_strat *s, int j, int k, float *dst)
+{
+	span sp = {dst, owned_from(s, j), 1};
+	return hpu__nv_each(s, j, k, HPU_NV_READ, copy_span, &sp);
+}
+
+int hpu__nv_fill(hpu_strat *s, int j, const float *master)
+{
+	span sp = {(float *)master, owned_from(s, j), 0};
+	return hpu__nv_each(s, j, 0, HPU_NV_FILL, copy_span, &sp);
 }
 
 /* Sub-group i's update in buf: the moments are the slot's, the master
