@@ -8,18 +8,23 @@
 #    $BIG_HIDDEN --depth $BIG_DEPTH (2.69e9 parameters at 8192 x 41: 43 GB
 #    of model states at 16 bytes each, 32.3 GB of them on disk) on 2
 #    workers, bf16-mixed, zero3, --offload-optimizer nvme (master weights
-#    and moments, 12Ψ bytes, in the swap files) and --offload-param cpu,
-#    sub-groups of $BIG_SUB elements; $BIG_STEPS steps of global batch
+#    and moments, 12Ψ bytes, in the swap files) and --offload-param nvme
+#    (the 16-bit parameter shard, 2Ψ bytes), sub-groups of $BIG_SUB
+#    elements; $BIG_STEPS steps of global batch
 #    $BIG_BATCH at Adam lr $BIG_LR (at 1e-3 the loss of 41 layers of 8192
 #    grew to 4.8e6 in 4 steps), the first untimed. Printed: step time, the workers' peak RSS
 #    (their VmRSS summed, sampled every 0.5 s), bytes read and written per
 #    step (the final metrics record's nvme entries, less the start's
-#    write), and the swap's throughput during the steps.
+#    write), the parameters' share, and the swap's throughput during the
+#    steps.
 # 3. A model that fits (--hidden $FIT_HIDDEN --depth $FIT_DEPTH), zero2
 #    bf16-mixed on 2 workers, $FIT_STEPS steps of batch 256: samples/s
 #    without offload, with the optimizer on cpu, on nvme with 4 buffers
 #    (transfers overlapped) and with 1 (one sub-group at a time), sub-groups
-#    of $FIT_SUB elements.
+#    of $FIT_SUB elements; then zero3 bf16-mixed without offload, with the
+#    parameter shard on cpu and on nvme (the default 5 parameter buffers,
+#    reads ahead of the gathers; and 2, which leaves none for reading
+#    ahead).
 #
 #   bash bench/offload.sh [BUILD_DIR] [SWAP_DIR]
 #
@@ -101,31 +106,36 @@ print($1)"
 }
 
 # ---- 2. larger than the machine ----
-echo "== model larger than memory: fmnist_mlp --hidden $BIG_HIDDEN --depth $BIG_DEPTH, 2 workers, bf16-mixed zero3, optimizer nvme, params cpu =="
+echo "== model larger than memory: fmnist_mlp --hidden $BIG_HIDDEN --depth $BIG_DEPTH, 2 workers, bf16-mixed zero3, optimizer and parameters nvme =="
 run --strategy zero3 --precision bf16-mixed --batch-size $BIG_BATCH --max-steps $BIG_STEPS --lr $BIG_LR \
 	--throughput-warmup-steps 1 --offload-optimizer nvme --nvme-path "$swap" \
-	--sub-group-size $BIG_SUB --offload-param cpu \
+	--sub-group-size $BIG_SUB --offload-param nvme \
 	"$model" -- --hidden $BIG_HIDDEN --depth $BIG_DEPTH
 final "'parameters %.3e; model states at 16 B/parameter %.1f GB; in the swap files %.1f GB (both ranks)' % (f['parameters'], 16 * f['parameters'] / 1e9, sum(d['nvme']['written_bytes'] for d in f['device']) / ($BIG_STEPS + 1) / 1e9)"
 final "'trained %d steps, final loss %.4f' % (f['steps'], f['loss'])"
 final "'step time %.2f s (batch %d, %d steps after the first)' % ($BIG_BATCH / f['samples_per_sec'], $BIG_BATCH, $BIG_STEPS - 1)"
 echo "peak RSS of the 2 workers together: $(awk '{printf "%.2f GiB", $1 / 2^30}' "$tmp/rss")"
-final "'per step and rank: read %.2f GB, written %.2f GB; waited for the disk %.1f s a step' % (f['device'][0]['nvme']['read_bytes'] / $BIG_STEPS / 1e9, f['device'][0]['nvme']['written_bytes'] / ($BIG_STEPS + 1) / 1e9, f['device'][0]['nvme']['wait_s'] / $BIG_STEPS)"
+final "'per step and rank: read %.2f GB, written %.2f GB (of which parameters: read %.2f GB, written %.2f GB); waited for the disk %.1f s a step' % (f['device'][0]['nvme']['read_bytes'] / $BIG_STEPS / 1e9, f['device'][0]['nvme']['written_bytes'] / ($BIG_STEPS + 1) / 1e9, f['device'][0]['nvme']['param_read_bytes'] / $BIG_STEPS / 1e9, f['device'][0]['nvme']['param_written_bytes'] / ($BIG_STEPS + 1) / 1e9, f['device'][0]['nvme']['wait_s'] / $BIG_STEPS)"
 final "'swap throughput during the steps, both ranks: %.2f GB/s' % (sum(d['nvme']['read_bytes'] / $BIG_STEPS + d['nvme']['written_bytes'] / ($BIG_STEPS + 1) for d in f['device']) * f['samples_per_sec'] / $BIG_BATCH / 1e9)"
-final "'host tier per rank: MaxInUse %.2f GiB (gradient shard, parameter shard, %d-element sub-group buffers)' % (f['device'][0]['host']['MaxInUse'] / 2**30, $BIG_SUB)"
+final "'host tier per rank: MaxInUse %.2f GiB (gradient shard, %d-element sub-group buffers, parameter buffers)' % (f['device'][0]['host']['MaxInUse'] / 2**30, $BIG_SUB)"
 
 [ "${ONLY_BIG:-0}" = 1 ] && exit 0
 
 # ---- 3. a model that fits: the overhead ----
 echo "== a model that fits: fmnist_mlp --hidden $FIT_HIDDEN --depth $FIT_DEPTH, 2 workers, bf16-mixed zero2, $FIT_STEPS steps of batch 256 =="
 fit() {
-	local name=$1
-	shift
-	run --strategy zero2 --precision bf16-mixed --batch-size 256 --max-steps $FIT_STEPS \
+	local name=$1 stage=$2
+	shift 2
+	run --strategy $stage --precision bf16-mixed --batch-size 256 --max-steps $FIT_STEPS \
 		--throughput-warmup-steps 2 "$@" "$model" -- --hidden $FIT_HIDDEN --depth $FIT_DEPTH
 	final "'%-34s %8.1f samples/s   swap read+written %6.1f MB/step, waited %.3f s/step' % ('$name', f['samples_per_sec'], (f['device'][0]['nvme']['read_bytes'] + f['device'][0]['nvme']['written_bytes']) / $FIT_STEPS / 1e6, f['device'][0]['nvme']['wait_s'] / $FIT_STEPS)"
 }
-fit "no offload"
-fit "offload-optimizer cpu" --offload-optimizer cpu
-fit "offload-optimizer nvme, 4 buffers" --offload-optimizer nvme --nvme-path "$swap" --sub-group-size $FIT_SUB
-fit "offload-optimizer nvme, 1 buffer" --offload-optimizer nvme --nvme-path "$swap" --sub-group-size $FIT_SUB --offload-buffer-count 1
+fit "no offload" zero2
+fit "offload-optimizer cpu" zero2 --offload-optimizer cpu
+fit "offload-optimizer nvme, 4 buffers" zero2 --offload-optimizer nvme --nvme-path "$swap" --sub-group-size $FIT_SUB
+fit "offload-optimizer nvme, 1 buffer" zero2 --offload-optimizer nvme --nvme-path "$swap" --sub-group-size $FIT_SUB --offload-buffer-count 1
+echo "== the same, zero3 =="
+fit "zero3, no offload" zero3
+fit "offload-param cpu" zero3 --offload-param cpu
+fit "offload-param nvme, 5 buffers" zero3 --offload-param nvme --nvme-path "$swap"
+fit "offload-param nvme, 2 buffers" zero3 --offload-param nvme --nvme-path "$swap" --param-buffer-count 2

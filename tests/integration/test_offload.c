@@ -10,8 +10,10 @@
  *   without offload is enough with it;
  * - a DeepSpeed config asking for offload to cpu runs unchanged; what
  *   cannot work is refused with a sentence naming the key or flag;
- * - the NVMe tier (--offload-optimizer nvme) keeps the optimizer's space
- *   in swap files that no run leaves behind, by kill -9 neither; a worker
+ * - the NVMe tier (--offload-optimizer nvme, --offload-param nvme) keeps
+ *   the optimizer's space and zero3's parameter shard in swap files that
+ *   no run leaves behind, by kill -9 neither; the host holds only its
+ *   buffers, and the files move the bytes the formulas say; a worker
  *   killed in a step that is mostly swap I/O restarts from the last
  *   checkpoint and ends on the bits of an uninterrupted run.
  */
@@ -21,6 +23,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -124,16 +127,24 @@ static void test_offload_bit_identical(void **state)
 			const char *param[] = {"--strategy", stages[s], "--precision", precisions[p],
 					       "--offload-param", "cpu", NULL};
 			/* several sub-groups per unit; zero1 one at a time (no
-			 * overlap), zero3 with the parameters on the host too */
+			 * overlap), zero3 with the parameters on NVMe too (all
+			 * but the last layer: the others are not persistent) */
 			const char *nvme[] = {"--strategy", stages[s], "--precision", precisions[p],
 					      "--offload-optimizer", "nvme", "--nvme-path", NV,
 					      "--sub-group-size", "5000", "--offload-buffer-count",
 					      s == 0 ? "1" : "4", s == 2 ? "--offload-param" : NULL,
-					      "cpu", NULL};
-			const char *const *variants[] = {opt, nvme, both, param};
+					      "nvme", "--param-persistence-threshold", "1000", NULL};
+			/* the fewest parameter buffers: they are taken back from
+			 * gathers in flight and read-aheads */
+			const char *param_nv[] = {"--strategy", stages[s], "--precision",
+						  precisions[p], "--offload-param", "nvme",
+						  "--nvme-path", NV, "--param-buffer-count", "2",
+						  "--param-persistence-threshold", "1000", NULL};
+			const char *const *variants[] = {opt, nvme, both, param, param_nv};
 			static const char *names[] = {"offload-optimizer cpu", "offload-optimizer nvme",
-						      "both cpu", "offload-param cpu"};
-			for (int v = 0; v < (s == 2 ? 4 : 2); v++) {
+						      "both cpu", "offload-param cpu",
+						      "offload-param nvme"};
+			for (int v = 0; v < (s == 2 ? 5 : 2); v++) {
 				printf("  %s %s %s\n", stages[s], precisions[p], names[v]);
 				free(offload_run(0, got, NULL, SMALL_MODEL, variants[v]));
 				assert_same_file(ref, got);
@@ -260,6 +271,63 @@ static void test_offload_nvme_memory(void **state)
 	unlink(metrics);
 }
 
+static double align4k(double bytes)
+{
+	return ceil(bytes / 4096) * 4096;
+}
+
+/* --offload-param nvme, DEEP_MODEL (784-512x48-10) in bf16-mixed under
+ * zero3 on N = 2, the optimizer on NVMe too, B = 3 parameter buffers, no
+ * evaluation. A layer's piece is its parameters padded to 16N, over N,
+ * 2 bytes each; the last layer (5130 parameters) is persistent and stays
+ * in memory; the other pieces are in the file, each 4 KiB-aligned: P
+ * bytes in all. The host's parameters are the B buffers, each the
+ * largest piece + 4 KiB of alignment slack, and the persistent piece --
+ * not the 2Ψ/N shard that --offload-param cpu holds, so --host-memory
+ * 24MiB fails with cpu and trains with nvme. The file is written once at
+ * the start and once a step, and read three times a step (the forward's
+ * and the backward's gathers, the step): 7 P written and 18 P read over 6
+ * steps. */
+static void test_offload_param_nvme_memory(void **state)
+{
+	(void)state;
+	char metrics[96];
+	tmp_name(metrics, sizeof metrics, "pm.jsonl");
+	const char *common[] = {"--strategy", "zero3", "--precision", "bf16-mixed", "--no-eval",
+				"--offload-optimizer", "nvme", "--nvme-path", NV,
+				"--sub-group-size", "65536", "--host-memory", "24MiB",
+				"--param-buffer-count", "3", "--offload-param", NULL};
+	const char *cpu[20], *nvme[20];
+	int n = 0;
+	for (; common[n]; n++)
+		cpu[n] = nvme[n] = common[n];
+	cpu[n] = "cpu";
+	nvme[n] = "nvme";
+	cpu[n + 1] = nvme[n + 1] = NULL;
+	char *out = offload_run(1, NULL, NULL, DEEP_MODEL, cpu);
+	assert_non_null(strstr(out, "out of host memory"));
+	free(out);
+	free(offload_run(0, NULL, metrics, DEEP_MODEL, nvme));
+	assert_nv_empty();
+	double psi;
+	double first = align4k(2.0 * (784 * 512 + 512) / 2);  /* 784*512+512 = 16N * 12560 */
+	double hidden = align4k(2.0 * (512 * 512 + 512) / 2); /* 262656 = 16N * 8208 */
+	double persistent = 2.0 * 5152 / 2;                    /* 5130 padded to 5152 */
+	double P = first + 47 * hidden;
+	double params = final_stat(metrics, "host", "max_params", &psi);
+	double formula = 3 * (first + 4096) + persistent;
+	printf("  host parameters: %.0f bytes (formula B (largest piece + 4 KiB) + persistent = "
+	       "%.0f; the shard, 2Ψ/N, is %.0f)\n", params, formula, 2 * psi / 2);
+	assert_true(params == formula);
+	double rd = final_stat(metrics, "nvme", "param_read_bytes", &psi);
+	double wr = final_stat(metrics, "nvme", "param_written_bytes", &psi);
+	printf("  parameter swap file: read %.3f P, written %.3f P over 6 steps (P = %.0f bytes)\n",
+	       rd / P, wr / P, P);
+	assert_true(rd == 18 * P);
+	assert_true(wr == 7 * P);
+	unlink(metrics);
+}
+
 /* zero2 bf16-mixed without offload needs 2Ψ + 14Ψ/N of device memory for
  * its model states (115 MB here); 80 MiB is not enough, and is with the
  * optimizer offloaded (2Ψ, 26 MB, on the device). */
@@ -336,8 +404,9 @@ static void test_offload_deepspeed_config(void **state)
  * 3 and resumed, it ends on the bits of the uninterrupted run; the NVMe
  * tier's checkpoint has the cpu tier's shards byte for byte and resumes
  * the same way; resumed on 4 ranks under zero3 with both offloads to cpu,
- * or the optimizer on NVMe, on the bits of the same reshard without
- * offload. */
+ * or both on NVMe, on the bits of the same reshard without offload; an
+ * fp32 zero3 run with its parameters on NVMe (its master weights, then)
+ * checkpoints and resumes the same way. */
 static void test_offload_resume_reshard(void **state)
 {
 	(void)state;
@@ -387,11 +456,26 @@ static void test_offload_resume_reshard(void **state)
 			args(&r, "--offload-optimizer", "cpu", "--offload-param", "cpu", NULL);
 		if (off == 2)
 			args(&r, "--offload-optimizer", "nvme", "--nvme-path", NV,
-			     "--sub-group-size", "2000", NULL);
+			     "--sub-group-size", "2000", "--offload-param", "nvme",
+			     "--param-persistence-threshold", "1000", NULL);
 		free(finish(&r, 0, SMALL_MODEL));
 		if (off)
 			assert_same_file(ref, got);
 	}
+	/* fp32 zero3, parameters on NVMe */
+	const char *f_whole[] = {"--strategy", "zero3", NULL};
+	free(offload_run(0, ref, NULL, SMALL_MODEL, f_whole));
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", nvdir);
+	assert_int_equal(system(cmd), 0);
+	const char *f_stop[] = {"--strategy", "zero3", "--offload-param", "nvme", "--nvme-path", NV,
+				"--param-persistence-threshold", "1000", "--checkpoint-dir",
+				nvdir, "--stop-at-step", "3", NULL};
+	free(offload_run(0, NULL, NULL, SMALL_MODEL, f_stop));
+	const char *f_resume[] = {"--strategy", "zero3", "--offload-param", "nvme",
+				  "--nvme-path", NV, "--param-persistence-threshold", "1000",
+				  "--resume", nvdir, NULL};
+	free(offload_run(0, got, NULL, SMALL_MODEL, f_resume));
+	assert_same_file(ref, got);
 	assert_nv_empty();
 	snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, nvdir);
 	assert_int_equal(system(cmd), 0);
@@ -399,9 +483,9 @@ static void test_offload_resume_reshard(void **state)
 	unlink(got);
 }
 
-/* A worker killed with SIGKILL in a step that is mostly swap I/O (the
- * optimizer's space of DEEP_MODEL on NVMe: 77 MB read and written per rank
- * and step): the job restarts from its last checkpoint (--max-restarts 1)
+/* A worker killed with SIGKILL in a step that is mostly swap I/O (zero3,
+ * the optimizer's space and the parameter shard of DEEP_MODEL on NVMe: 90
+ * MB read and 83 MB written per rank and step): the job restarts from its last checkpoint (--max-restarts 1)
  * and ends on the bits of an uninterrupted run; no swap file is left, of
  * the killed worker or of the others. */
 static void test_offload_nvme_kill(void **state)
@@ -411,9 +495,9 @@ static void test_offload_nvme_kill(void **state)
 	tmp_name(straight, sizeof straight, "straight.bin");
 	tmp_name(after, sizeof after, "after.bin");
 	tmp_name(dir, sizeof dir, "kill-ck");
-	const char *nv[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+	const char *nv[] = {"--strategy", "zero3", "--precision", "bf16-mixed",
 			    "--offload-optimizer", "nvme", "--nvme-path", NV, "--sub-group-size",
-			    "1000000", NULL};
+			    "1000000", "--offload-param", "nvme", NULL};
 	run r;
 	start(&r, 2);
 	args(&r, "--max-steps", "16", "--batch-size", "64", "--save-params", straight, NULL);
@@ -483,8 +567,13 @@ static void test_offload_refusals(void **state)
 		 "--offload-param cpu works with --strategy zero3 only", 2},
 		{{"--strategy", "zero2", "--offload-optimizer", "nvme", NULL}, NULL,
 		 "--offload-optimizer nvme needs --nvme-path DIR", 2},
-		{{"--strategy", "zero3", "--offload-param", "nvme", "--nvme-path", "/tmp", NULL},
-		 NULL, "--offload-param nvme: parameters cannot go to NVMe yet", 2},
+		{{NULL}, "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": "
+			 "{\"device\": \"nvme\", \"nvme_path\": \"/nonexistent/p\"}}}",
+		 "the swap directory /nonexistent/p for parameters does not exist", 1},
+		{{NULL}, "{\"zero_optimization\": {\"stage\": 3, "
+			 "\"stage3_param_persistence_threshold\": 0, \"offload_param\": "
+			 "{\"device\": \"nvme\", \"nvme_path\": \"/tmp\", \"buffer_size\": 1000}}}",
+		 "--param-buffer-size 1000 (offload_param.buffer_size) is smaller than the piece of", 1},
 		{{"--strategy", "zero2", "--offload-optimizer", "nvme", "--nvme-path",
 		  "/nonexistent/swap", NULL},
 		 NULL, "the swap directory /nonexistent/swap for optimizer state does not exist", 1},
@@ -536,6 +625,7 @@ int main(void)
 		cmocka_unit_test(test_offload_memory_formulas),
 		cmocka_unit_test(test_offload_fits_where_plain_does_not),
 		cmocka_unit_test(test_offload_nvme_memory),
+		cmocka_unit_test(test_offload_param_nvme_memory),
 		cmocka_unit_test(test_offload_deepspeed_config),
 		cmocka_unit_test(test_offload_resume_reshard),
 		cmocka_unit_test(test_offload_nvme_kill),

@@ -631,10 +631,6 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 		snprintf(err, errlen, "--offload-param nvme needs --nvme-path DIR (offload_param.nvme_path)");
 		return -1;
 	}
-	if (o->offload_param == HPU_OFFLOAD_NVME) {
-		snprintf(err, errlen, "--offload-param nvme: parameters cannot go to NVMe yet, only the optimizer's space (--offload-optimizer nvme); use --offload-param cpu");
-		return -1;
-	}
 	if (o->aio_block_size % 4096) {
 		snprintf(err, errlen, "--aio-block-size %llu is not a multiple of 4096 (O_DIRECT transfers whole blocks)",
 			 (unsigned long long)o->aio_block_size);

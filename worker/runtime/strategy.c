@@ -219,7 +219,7 @@ static int alloc_states(hpu_strat *s)
 					       s->shard_total * 4, "gradient shard"))) {
 		return -1;
 	}
-	if (s->kind == HPU_STRATEGY_ZERO3 &&
+	if (s->kind == HPU_STRATEGY_ZERO3 && s->o->offload_param != HPU_OFFLOAD_NVME &&
 	    !(s->PS = hpu__strat_salloc(s, s->o->offload_param, HPU_MEM_PARAMS,
 					s->shard_total * 4, "parameter shard")))
 		return -1;
@@ -240,7 +240,7 @@ static int alloc_states(hpu_strat *s)
 			u->opt_g = s->GS + u->shard_off;
 			break;
 		case HPU_STRATEGY_ZERO3:
-			u->opt_p = s->PS + u->shard_off;
+			u->opt_p = s->PS ? s->PS + u->shard_off : NULL; /* nvme: hpu__nvp_get */
 			u->opt_g = s->GS + u->shard_off;
 			break;
 		}
@@ -250,7 +250,7 @@ static int alloc_states(hpu_strat *s)
 		if (s->G)
 			hpu__strat_point(s, j, NULL, s->G + u->off);
 	}
-	return 0;
+	return s->o->offload_param == HPU_OFFLOAD_NVME ? hpu__nvp_open(s) : 0;
 }
 
 /* Layer i's initial parameters into dst: from --load-params, or from the
@@ -307,7 +307,13 @@ static int init_params(hpu_strat *s)
 		}
 		if (s->P)
 			continue;
-		memcpy(s->PS + u->shard_off, dst + (size_t)s->rank * u->piece, u->piece * 4);
+		float *piece = s->nvp ? hpu__nvp_get(s, j, 0) : u->opt_p;
+		if (piece)
+			memcpy(piece, dst + (size_t)s->rank * u->piece, u->piece * 4);
+		if (!piece || (s->nvp && hpu__nvp_put(s, j) < 0)) {
+			hpu__dfree(dst);
+			return -1;
+		}
 		if (u->persistent) {
 			u->full = dst;
 			hpu__strat_point(s, j, dst, NULL);
@@ -315,7 +321,7 @@ static int init_params(hpu_strat *s)
 			hpu__dfree(dst);
 		}
 	}
-	return 0;
+	return s->nvp ? hpu__nvp_drop_all(s) : 0;
 }
 
 /* ---- the optimizer step ---- */
@@ -388,9 +394,14 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (hpu__nv_step(s, gscale, lr) < 0)
 				return -1;
 		} else {
-			for (int k = 0; k < s->nunits; k++)
+			for (int k = 0; k < s->nunits; k++) {
+				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
+					return -1;
 				hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
 					       gscale, lr);
+			}
+			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
+				return -1;
 		}
 	}
 	if (s->G)
@@ -674,6 +685,7 @@ void hpu_strat_free(hpu_strat **ps)
 	hpu__dfree(s->M);
 	hpu__dfree(s->chunk);
 	hpu__nv_close(s);
+	hpu__nvp_close(s);
 	free(s->lcp);
 	free(s->lgs);
 	free(s->own16);

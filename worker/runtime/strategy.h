@@ -104,9 +104,15 @@ int hpu_strat_units(const hpu_strat *s);
  * skipped for a gradient overflow so far. */
 double hpu_strat_loss_scale(const hpu_strat *s);
 long hpu_strat_skipped(const hpu_strat *s);
-/* --offload-optimizer nvme: bytes the swap file has read and written, and
- * seconds the step waited for it (all 0 otherwise). */
-void hpu_strat_nvme_stats(const hpu_strat *s, uint64_t *read, uint64_t *written, double *wait_s);
+/* The NVMe tier: bytes the swap files (--offload-optimizer nvme,
+ * --offload-param nvme) have read and written, both and the parameters'
+ * alone, and seconds waited for them (all 0 without the tier). */
+typedef struct hpu_nvme_stats {
+	uint64_t read, written;             /* both files */
+	uint64_t param_read, param_written; /* the parameters' file */
+	double wait_s;
+} hpu_nvme_stats;
+void hpu_strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st);
 
 void hpu_strat_free(hpu_strat **s);
 

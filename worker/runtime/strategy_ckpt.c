@@ -204,13 +204,17 @@ int hpu_strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
 					return -1;
 				continue;
 			}
+			/* fp32 --offload-param nvme: the master weights are the
+			 * parameters, read in from their swap file */
+			if (k == 0 && s->nvp && !s->mp && !hpu__nvp_get(s, j, 1))
+				return -1;
 			put p = {w, section_base(s, j, k), 0};
 			size_t len;
 			owned(s, j, s->rank, &p.from, &len);
 			if (each_run(s, j, p.from, len, clo, chi, put_run, &p) < 0)
 				return -1;
 		}
-	return 0;
+	return s->nvp ? hpu__nvp_drop_all(s) : 0;
 }
 
 typedef struct get {
@@ -316,8 +320,10 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 		int nv = hpu__nv_has(s, 0); /* the master weights: read them in */
 		const float *full = s->mp ? (s->sharded || nv ? NULL : s->M + u->off)
 				  : s->P ? s->P + u->off : u->full;
-		const float *piece = s->mp ? s->M + u->shard_off : s->PS + u->shard_off;
+		const float *piece = s->mp ? s->M + u->shard_off : u->opt_p;
 		float *tmpbuf = NULL;
+		if (!full && !s->mp && s->nvp && !(piece = hpu__nvp_get(s, k, 1)))
+			return -1;
 		if (!full) { /* sharded: gather it */
 			char what[128];
 			int rc = 0;
@@ -346,6 +352,8 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 		}
 		hpu__dfree(tmpbuf);
 	}
+	if (s->nvp && hpu__nvp_drop_all(s) < 0 && !bad)
+		return -1;
 	if (bad)
 		errno = fn_errno;
 	return bad ? -1 : 0;

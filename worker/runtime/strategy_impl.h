@@ -54,6 +54,7 @@ typedef struct flight {
 } flight;
 
 typedef struct hpu_nv hpu_nv;
+typedef struct hpu_nvp hpu_nvp;
 
 struct hpu_strat {
 	hpu_builder *b;
@@ -118,6 +119,10 @@ struct hpu_strat {
 				  * space in a swap file (s->state, s->M and
 				  * the units' opt.m, opt.v and, mixed, opt_p
 				  * are NULL then) */
+	hpu_nvp *nvp;            /* --offload-param nvme: the parameter
+				  * shard in a swap file (s->PS, s->PS16 are
+				  * NULL; a unit's piece is in memory, at
+				  * opt_p / opt_p16, only while used) */
 };
 
 /* Floats converted at a time for the optimizer (s->chunk). */
@@ -274,6 +279,26 @@ int hpu__nv_get(hpu_strat *s, int j, int k, float *dst);
 int hpu__nv_fill(hpu_strat *s, int j, const float *master);
 /* The optimizer step over every sub-group, its transfers overlapped. */
 int hpu__nv_step(hpu_strat *s, float gscale, double lr);
+
+/* --offload-param nvme: the parameter store and its buffers, after the
+ * units' opt_p / opt_p16 are set (s->nvp). 0, or -1 (s->err). */
+int hpu__nvp_open(hpu_strat *s);
+void hpu__nvp_close(hpu_strat *s);
+/* Starts reading unit k's piece if a buffer is free (0 also when none is). */
+int hpu__nvp_fetch(hpu_strat *s, int k);
+/* Unit k's piece in memory (read: its values read from the file, else as
+ * the buffer holds them, to be overwritten) -- u->opt_p / opt_p16 -- or
+ * NULL (s->err). It stays until dropped or its buffer is taken. */
+void *hpu__nvp_get(hpu_strat *s, int k, int read);
+/* Starts writing unit k's piece back (after it was changed). */
+int hpu__nvp_put(hpu_strat *s, int k);
+/* Unit k's piece (every unit's) out of memory, transfers waited for. */
+int hpu__nvp_drop(hpu_strat *s, int k);
+int hpu__nvp_drop_all(hpu_strat *s);
+/* The optimizer step comes to unit k, in order: its piece read in (the
+ * next one's read started), the previous unit's written back; k = nunits
+ * at the end. 0, or -1 (s->err). */
+int hpu__nvp_step_at(hpu_strat *s, int k);
 
 /* ---- strategy_ckpt.c, for strategy.c ---- */
 

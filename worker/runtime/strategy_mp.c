@@ -85,7 +85,7 @@ int hpu__mp_alloc(hpu_strat *s)
 		return -1;
 	hpu_offload opt = s->o->offload_optimizer;
 	snprintf(what, sizeof what, "%s parameter shard", w16);
-	if (s->kind == HPU_STRATEGY_ZERO3 &&
+	if (s->kind == HPU_STRATEGY_ZERO3 && s->o->offload_param != HPU_OFFLOAD_NVME &&
 	    !(s->PS16 = hpu__strat_salloc(s, s->o->offload_param, HPU_MEM_PARAMS,
 					  s->shard_total * 2, what)))
 		return -1;
@@ -110,12 +110,13 @@ int hpu__mp_alloc(hpu_strat *s)
 		unit *u = &s->u[j];
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 		u->opt_p = s->M ? s->M + (s->sharded ? u->shard_off : u->off) : NULL;
-		u->opt_p16 = s->kind == HPU_STRATEGY_ZERO3 ? s->PS16 + u->shard_off
-							   : s->P16 + u->off + mine;
+		u->opt_p16 = s->kind != HPU_STRATEGY_ZERO3 ? s->P16 + u->off + mine
+			     : s->PS16 ? s->PS16 + u->shard_off
+				       : NULL; /* nvme: hpu__nvp_get */
 		u->opt_g16 = s->G16 ? s->G16 + u->off + mine : s->GS16 + u->shard_off;
 		hpu__strat_optim_init(s, j);
 	}
-	return 0;
+	return s->o->offload_param == HPU_OFFLOAD_NVME ? hpu__nvp_open(s) : 0;
 }
 
 /* The fp32 initial values become the master weights; the working copy is
@@ -145,7 +146,15 @@ int hpu__mp_init_params(hpu_strat *s)
 		if (s->P16) {
 			hpu__mp_to16(s->fp16, s->P16 + u->off, full, u->len);
 		} else {
+			if (s->nvp && !hpu__nvp_get(s, j, 0)) {
+				hpu__dfree(full);
+				return -1;
+			}
 			hpu__mp_to16(s->fp16, u->opt_p16, full + mine, u->piece);
+			if (s->nvp && hpu__nvp_put(s, j) < 0) {
+				hpu__dfree(full);
+				return -1;
+			}
 			if (u->persistent) {
 				snprintf(what, sizeof what, "parameters of %s (persistent)",
 					 hpu__strat_unit_name(s, j));
@@ -158,7 +167,7 @@ int hpu__mp_init_params(hpu_strat *s)
 		}
 		hpu__dfree(full);
 	}
-	return 0;
+	return s->nvp ? hpu__nvp_drop_all(s) : 0;
 }
 
 /* ---- the layers' fp32 parameters and gradients ---- */
@@ -317,6 +326,8 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 		}
 		for (int k = 0; k < s->nunits && !s->nv; k++) {
 			unit *u = &s->u[k];
+			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
+				return -1;
 			hpu_optim_begin(&u->opt);
 			for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 				size_t c = hpu__strat_chunk(u->opt.n, i);
@@ -326,6 +337,8 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			}
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
+			return -1;
+		if (!s->nv && s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 			return -1;
 	}
 	/* G16 needs no zeroing: each step's first micro-step overwrites it */

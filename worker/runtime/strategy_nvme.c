@@ -1,4 +1,6 @@
-/* strategy_nvme: --offload-optimizer nvme (ZeRO-Infinity). The optimizer's
+/* strategy_nvme: the NVMe tier (ZeRO-Infinity), two swap files (swap.h).
+ *
+ * --offload-optimizer nvme: the optimizer's
  * space of this rank -- the moments, and under mixed precision the fp32
  * master weights -- lives in one swap file (swap.h), not in memory. It is
  * cut into sub-groups of at most --sub-group-size elements, none across a
@@ -8,7 +10,18 @@
  * the reads of the next sub-groups and the write of the previous one are
  * in flight meanwhile (DeepSpeed's pipelined optimizer swapping). The
  * parameters and gradients the update reads stay where they are. The
- * buffers are host memory, counted as optimizer state. */
+ * buffers are host memory, counted as optimizer state.
+ *
+ * --offload-param nvme (zero3): the parameter shard -- each unit's piece,
+ * fp32 or 16-bit -- lives in a second swap file, except the persistent
+ * units' pieces, which stay in memory as DeepSpeed keeps them. A piece is
+ * in memory only while something uses it, in one of
+ * --param-buffer-count buffers: read before the unit's all-gather starts
+ * (the next unit's read started ahead, while the layer before computes),
+ * freed once the gather is done; the optimizer step reads each unit's
+ * piece (the next one's read in flight), updates it and writes it back
+ * while it goes on with the next. u->opt_p (fp32) / u->opt_p16 (mixed)
+ * point at the piece while it is in memory, NULL otherwise. */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +49,25 @@ struct hpu_nv {
 	void **raw;   /* hpu__halloc'd, for freeing */
 	float **buf;  /* raw aligned to HPU_SWAP_ALIGN */
 	int *ticket;  /* per buffer: its transfer in flight, or -1 */
+};
+
+typedef struct piece {
+	uint64_t off; /* in the file */
+	size_t bytes; /* aligned */
+	int buf;      /* the buffer holding it, or -1 (persistent: in keep) */
+	int ticket;   /* its transfer in flight, or -1 */
+	void *keep;   /* persistent units: always in memory, never in the file */
+} piece;
+
+struct hpu_nvp {
+	hpu_swap *sw;
+	piece *p;     /* per unit */
+	int nbuf;
+	void **raw;   /* hpu__halloc'd */
+	void **buf;   /* aligned */
+	int *owner;   /* per buffer: the unit whose piece it holds, or -1 */
+	int cur, prev; /* the optimizer step: the unit being updated, the
+			* one being written back */
 };
 
 static size_t align_up(size_t x)
@@ -139,12 +171,18 @@ void hpu__nv_close(hpu_strat *s)
 	s->nv = NULL;
 }
 
-void hpu_strat_nvme_stats(const hpu_strat *s, uint64_t *read, uint64_t *written, double *wait_s)
+void hpu_strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st)
 {
-	*read = *written = 0;
-	*wait_s = 0;
+	memset(st, 0, sizeof *st);
 	if (s->nv)
-		hpu_swap_stats(s->nv->sw, read, written, wait_s);
+		hpu_swap_stats(s->nv->sw, &st->read, &st->written, &st->wait_s);
+	if (s->nvp) {
+		double w = 0;
+		hpu_swap_stats(s->nvp->sw, &st->param_read, &st->param_written, &w);
+		st->read += st->param_read;
+		st->written += st->param_written;
+		st->wait_s += w;
+	}
 }
 
 /* Section k (0 the master weights, 1 m, 2 v) of a slot holding n elements,
@@ -274,6 +312,8 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 			nv->ticket[b] = -1;
 			return swap_fail(s);
 		}
+		if (s->nvp && hpu__nvp_step_at(s, nv->g[i].unit) < 0)
+			return -1;
 		update(s, &nv->g[i], nv->buf[b], gscale, lr);
 		nv->ticket[b] = hpu_swap_write(nv->sw, nv->g[i].off, nv->buf[b], nv->g[i].bytes);
 		if (nv->ticket[b] < 0 || (i + ahead < nv->ng && start_read(s, i + ahead) < 0))
@@ -284,5 +324,258 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 	int rc = hpu_swap_wait_all(nv->sw);
 	for (int b = 0; b < nv->nbuf; b++)
 		nv->ticket[b] = -1;
-	return rc < 0 ? swap_fail(s) : 0;
+	if (rc < 0)
+		return swap_fail(s);
+	return s->nvp ? hpu__nvp_step_at(s, s->nunits) : 0;
+}
+
+/* ---- the parameters: --offload-param nvme ---- */
+
+static int nvp_fail(hpu_strat *s)
+{
+	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nvp->sw));
+}
+
+/* Unit k's piece now at `at` (NULL: not in memory). */
+static void point_piece(hpu_strat *s, int k, void *at)
+{
+	if (s->mp)
+		s->u[k].opt_p16 = at;
+	else
+		s->u[k].opt_p = at;
+}
+
+int hpu__nvp_open(hpu_strat *s)
+{
+	const hpu_train_opts *o = s->o;
+	size_t esz = s->mp ? 2 : 4;
+	hpu_nvp *nvp = calloc(1, sizeof *nvp);
+	if (!nvp || !(nvp->p = calloc((size_t)s->nunits, sizeof *nvp->p))) {
+		free(nvp);
+		return hpu__strat_fail(s, "out of memory");
+	}
+	s->nvp = nvp;
+	nvp->cur = nvp->prev = -1;
+	uint64_t at = 0;
+	size_t largest = 0;
+	for (int k = 0; k < s->nunits; k++) {
+		unit *u = &s->u[k];
+		piece *p = &nvp->p[k];
+		p->buf = p->ticket = -1;
+		if (u->persistent) {
+			char what[128];
+			snprintf(what, sizeof what, "parameter piece of %s (persistent)",
+				 hpu__strat_unit_name(s, k));
+			if (!(p->keep = hpu__halloc(HPU_MEM_PARAMS, u->piece * esz, what)))
+				return hpu__strat_fail(s, "%s", hpu__devmem_error());
+			point_piece(s, k, p->keep);
+			continue;
+		}
+		if (u->piece > (size_t)o->param_buffer_size)
+			return hpu__strat_fail(
+				s, "--param-buffer-size %ld (offload_param.buffer_size) is smaller than the "
+				   "piece of %s this rank keeps (%zu elements); make it at least that",
+				o->param_buffer_size, hpu__strat_unit_name(s, k), u->piece);
+		p->off = at;
+		p->bytes = align_up(u->piece * esz);
+		at += p->bytes;
+		if (p->bytes > largest)
+			largest = p->bytes;
+	}
+	/* every unit persistent: nothing to swap, but the path is checked
+	 * all the same, on one block */
+	hpu_swap_opts so = {
+		.block_size = o->aio_block_size,
+		.queue_depth = o->aio_queue_depth,
+		.single_submit = o->aio_single_submit,
+		.overlap_events = o->aio_overlap_events,
+		.thread_count = o->aio_thread_count,
+	};
+	char tag[32];
+	snprintf(tag, sizeof tag, "r%d-params", s->rank);
+	if (!(nvp->sw = hpu_swap_open(o->param_nvme_path, tag, "parameters",
+				      at ? at : HPU_SWAP_ALIGN, &so, s->err, s->errlen)))
+		return -1;
+	if (!at)
+		return 0;
+	nvp->nbuf = o->param_buffer_count;
+	nvp->raw = calloc((size_t)nvp->nbuf, sizeof *nvp->raw);
+	nvp->buf = calloc((size_t)nvp->nbuf, sizeof *nvp->buf);
+	nvp->owner = malloc((size_t)nvp->nbuf * sizeof *nvp->owner);
+	if (!nvp->raw || !nvp->buf || !nvp->owner)
+		return hpu__strat_fail(s, "out of memory");
+	for (int b = 0; b < nvp->nbuf; b++) {
+		char what[96];
+		snprintf(what, sizeof what, "NVMe swap buffer %d of %d (parameters)", b + 1,
+			 nvp->nbuf);
+		if (!(nvp->raw[b] = hpu__halloc(HPU_MEM_PARAMS, largest + HPU_SWAP_ALIGN, what)))
+			return hpu__strat_fail(s, "%s", hpu__devmem_error());
+		nvp->buf[b] = (void *)align_up((size_t)nvp->raw[b]);
+		nvp->owner[b] = -1;
+	}
+	return 0;
+}
+
+void hpu__nvp_close(hpu_strat *s)
+{
+	hpu_nvp *nvp = s->nvp;
+	if (!nvp)
+		return;
+	hpu_swap_close(nvp->sw);
+	for (int b = 0; nvp->raw && b < nvp->nbuf; b++)
+		hpu__dfree(nvp->raw[b]);
+	for (int k = 0; k < s->nunits; k++)
+		hpu__dfree(nvp->p[k].keep);
+	free(nvp->raw);
+	free(nvp->buf);
+	free(nvp->owner);
+	free(nvp->p);
+	free(nvp);
+	s->nvp = NULL;
+}
+
+/* Unit k's piece out of memory, its transfer waited for first. */
+int hpu__nvp_drop(hpu_strat *s, int k)
+{
+	piece *p = &s->nvp->p[k];
+	if (p->keep || p->buf < 0)
+		return 0;
+	int t = p->ticket;
+	s->nvp->owner[p->buf] = -1;
+	p->buf = p->ticket = -1;
+	point_piece(s, k, NULL);
+	return t >= 0 && hpu_swap_wait(s->nvp->sw, t) < 0 ? nvp_fail(s) : 0;
+}
+
+int hpu__nvp_drop_all(hpu_strat *s)
+{
+	for (int k = 0; k < s->nunits; k++)
+		if (hpu__nvp_drop(s, k) < 0)
+			return -1;
+	return 0;
+}
+
+/* A free buffer, or -1. */
+static int free_buf(const hpu_nvp *nvp)
+{
+	for (int b = 0; b < nvp->nbuf; b++)
+		if (nvp->owner[b] < 0)
+			return b;
+	return -1;
+}
+
+/* A buffer for unit k's piece: a free one, else one taken from another
+ * piece -- one not in a gather first, else the first held by a gather,
+ * which is waited for (never the step's unit being updated). */
+static int take_buf(hpu_strat *s, int k)
+{
+	hpu_nvp *nvp = s->nvp;
+	int b = free_buf(nvp), victim = -1;
+	if (b >= 0)
+		return b;
+	for (b = 0; b < nvp->nbuf; b++) {
+		int o = nvp->owner[b];
+		if (o == k || o == nvp->cur)
+			continue;
+		if (!s->u[o].gather) {
+			victim = b;
+			break;
+		}
+		if (victim < 0)
+			victim = b;
+	}
+	if (victim < 0)
+		return hpu__strat_fail(s, "no parameter buffer free for %s "
+					  "(--param-buffer-count %d is too few)",
+				       hpu__strat_unit_name(s, k), nvp->nbuf);
+	int o = nvp->owner[victim];
+	if (s->u[o].gather) {
+		int rc = hpucoll_wait(&s->u[o].gather);
+		if (rc)
+			return hpu__strat_coll_fail(s, "parameter all-gather", rc);
+	}
+	return hpu__nvp_drop(s, o) < 0 ? -1 : victim;
+}
+
+/* Unit k's piece into buffer b, its read started (read) or not. */
+static int place(hpu_strat *s, int k, int b, int read)
+{
+	hpu_nvp *nvp = s->nvp;
+	piece *p = &nvp->p[k];
+	nvp->owner[b] = k;
+	p->buf = b;
+	p->ticket = -1;
+	point_piece(s, k, nvp->buf[b]);
+	if (read && (p->ticket = hpu_swap_read(nvp->sw, p->off, nvp->buf[b], p->bytes)) < 0) {
+		nvp->owner[b] = p->buf = -1;
+		point_piece(s, k, NULL);
+		return nvp_fail(s);
+	}
+	return 0;
+}
+
+int hpu__nvp_fetch(hpu_strat *s, int k)
+{
+	const piece *p = &s->nvp->p[k];
+	if (p->keep || p->buf >= 0)
+		return 0;
+	int b = free_buf(s->nvp);
+	return b < 0 ? 0 : place(s, k, b, 1);
+}
+
+void *hpu__nvp_get(hpu_strat *s, int k, int read)
+{
+	hpu_nvp *nvp = s->nvp;
+	piece *p = &nvp->p[k];
+	if (p->keep)
+		return p->keep;
+	if (p->buf < 0) {
+		int b = take_buf(s, k);
+		if (b < 0 || place(s, k, b, read) < 0)
+			return NULL;
+	}
+	if (p->ticket >= 0) { /* its read, or an earlier write */
+		int t = p->ticket;
+		p->ticket = -1;
+		if (hpu_swap_wait(nvp->sw, t) < 0) {
+			nvp_fail(s);
+			return NULL;
+		}
+	}
+	return nvp->buf[p->buf];
+}
+
+int hpu__nvp_put(hpu_strat *s, int k)
+{
+	hpu_nvp *nvp = s->nvp;
+	piece *p = &nvp->p[k];
+	if (p->keep)
+		return 0;
+	if (p->ticket >= 0 && hpu_swap_wait(nvp->sw, p->ticket) < 0)
+		return nvp_fail(s);
+	p->ticket = hpu_swap_write(nvp->sw, p->off, nvp->buf[p->buf], p->bytes);
+	return p->ticket < 0 ? nvp_fail(s) : 0;
+}
+
+int hpu__nvp_step_at(hpu_strat *s, int k)
+{
+	hpu_nvp *nvp = s->nvp;
+	if (k == nvp->cur)
+		return 0;
+	if (nvp->cur >= 0) { /* the unit just updated goes back */
+		if (hpu__nvp_put(s, nvp->cur) < 0)
+			return -1;
+		if (nvp->prev >= 0 && hpu__nvp_drop(s, nvp->prev) < 0)
+			return -1;
+		nvp->prev = nvp->cur;
+	}
+	nvp->cur = -1;
+	if (k >= s->nunits) { /* done: every write landed */
+		nvp->prev = -1;
+		return hpu__nvp_drop_all(s);
+	}
+	if (!hpu__nvp_get(s, k, 1))
+		return -1;
+	nvp->cur = k;
+	return k + 1 < s->nunits ? hpu__nvp_fetch(s, k + 1) : 0;
 }

@@ -7,7 +7,10 @@
  * After the optimizer step ZeRO-1/2 gather every unit's updated pieces
  * in place, ZeRO-3 its persistent units. Mixed precision gathers the
  * 16-bit parameters; strategy_mp.c makes the fp32 copies a layer
- * computes on and frees them. */
+ * computes on and frees them. With --offload-param nvme a unit's piece is
+ * read from its swap file (strategy_nvme.c) when its gather starts -- the
+ * read of the unit after the prefetched ones started ahead -- and leaves
+ * memory when the gather is done. */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,19 +28,21 @@ static int gather_start(hpu_strat *s, int k)
 	unit *u = &s->u[k];
 	if (u->persistent || u->full || u->full16 || (s->mp && s->lcp[u->first]))
 		return 0;
+	if (s->nvp && !hpu__nvp_get(s, k, 1))
+		return -1;
 	char what[128];
 	snprintf(what, sizeof what, "gathered parameters of %s", hpu__strat_unit_name(s, k));
 	int rc;
 	if (s->mp) {
 		if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
 			return -1;
-		rc = hpucoll_iall_gather(s->comm, s->PS16 + u->shard_off, u->full16, u->piece,
-					 s->dt16, &u->gather);
+		rc = hpucoll_iall_gather(s->comm, u->opt_p16, u->full16, u->piece, s->dt16,
+					 &u->gather);
 	} else {
 		if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
 			return -1;
-		rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full, u->piece,
-					 HPUCOLL_F32, &u->gather);
+		rc = hpucoll_iall_gather(s->comm, u->opt_p, u->full, u->piece, HPUCOLL_F32,
+					 &u->gather);
 	}
 	if (rc)
 		return coll_fail(s, "parameter all-gather", rc);
@@ -45,9 +50,27 @@ static int gather_start(hpu_strat *s, int k)
 	return 0;
 }
 
-int hpu__zero_prefetch(hpu_strat *s, int i, int dir, int stop)
+/* --offload-param nvme: unit k's piece read ahead, if a buffer is free. */
+static int fetch(hpu_strat *s, int k, int within)
 {
-	size_t ahead = 0;
+	(void)within;
+	return hpu__nvp_fetch(s, k);
+}
+
+/* The units to gather now (within: 1), and the first past the budgets
+ * (within: 0), to be gathered next. */
+static int gather(hpu_strat *s, int k, int within)
+{
+	return within ? gather_start(s, k) : 0;
+}
+
+/* fn(s, k, within) on the units after layer i in direction dir (before
+ * layer `stop`) not gathered yet: those the prefetch and live-parameter
+ * budgets allow now, then the first they do not. */
+static int walk_ahead(hpu_strat *s, int i, int dir, int stop,
+		      int (*fn)(hpu_strat *s, int k, int within))
+{
+	size_t ahead = 0, live = s->live; /* fn may gather: counted here */
 	for (int j = i + dir; j != stop; j += dir) {
 		int k = s->b->layers[j]->unit;
 		if (k < 0 || s->u[k].persistent)
@@ -58,13 +81,23 @@ int hpu__zero_prefetch(hpu_strat *s, int i, int dir, int stop)
 			continue;
 		}
 		if (ahead + u->len > (size_t)s->o->prefetch_bucket ||
-		    s->live + u->len > (size_t)s->o->max_live_params)
-			break;
-		if (gather_start(s, k) < 0)
+		    live + u->len > (size_t)s->o->max_live_params)
+			return fn(s, k, 0);
+		if (fn(s, k, 1) < 0)
 			return -1;
 		ahead += u->len;
+		live += u->len;
 	}
 	return 0;
+}
+
+int hpu__zero_prefetch(hpu_strat *s, int i, int dir, int stop)
+{
+	/* --offload-param nvme: the pieces' reads all started first (as many
+	 * as there are buffers free), the next gather's too */
+	if (s->nvp && walk_ahead(s, i, dir, stop, fetch) < 0)
+		return -1;
+	return walk_ahead(s, i, dir, stop, gather);
 }
 
 int hpu__zero_gather_wait(hpu_strat *s, int k)
@@ -79,6 +112,8 @@ int hpu__zero_gather_wait(hpu_strat *s, int k)
 		if (rc)
 			return coll_fail(s, "parameter all-gather", rc);
 	}
+	if (s->nvp && hpu__nvp_drop(s, k) < 0)
+		return -1;
 	hpu__prof_span("zero3", "gather_params", NULL, t0,
 		       "\"unit\":%d,\"bytes\":%zu,\"prefetched\":%d", k,
 		       u->len * (s->mp ? 2 : 4), ahead);
@@ -107,6 +142,8 @@ int hpu__zero_release(hpu_strat *s, int k)
 		if (rc)
 			return coll_fail(s, "parameter all-gather", rc);
 	}
+	if (s->nvp && hpu__nvp_drop(s, k) < 0)
+		return -1;
 	hpu__dfree(u->full);
 	u->full = NULL;
 	s->live -= u->len;
@@ -135,7 +172,7 @@ int hpu__zero_release_all(hpu_strat *s)
 	for (int i = 0; s->mp && i < s->nlayers; i++)
 		if (s->b->layers[i]->unit >= 0)
 			hpu__mp_release_layer(s, i);
-	return 0;
+	return s->nvp ? hpu__nvp_drop_all(s) : 0; /* and the pieces read ahead */
 }
 
 int hpu__zero_gather_params(hpu_strat *s)
@@ -152,16 +189,16 @@ int hpu__zero_gather_params(hpu_strat *s)
 			rc = hpucoll_iall_gather(s->comm, s->P16 + u->off + (size_t)s->rank * u->piece,
 						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
 		else if (s->mp && u->persistent)
-			rc = hpucoll_iall_gather(s->comm, s->PS16 + u->shard_off, u->full16,
-						 u->piece, s->dt16, &reqs[k]);
+			rc = hpucoll_iall_gather(s->comm, u->opt_p16, u->full16, u->piece,
+						 s->dt16, &reqs[k]);
 		else if (s->mp)
 			continue;
 		else if (s->kind != HPU_STRATEGY_ZERO3)
 			rc = hpucoll_iall_gather(s->comm, s->P + u->off + (size_t)s->rank * u->piece,
 						 s->P + u->off, u->piece, HPUCOLL_F32, &reqs[k]);
 		else if (u->persistent)
-			rc = hpucoll_iall_gather(s->comm, s->PS + u->shard_off, u->full,
-						 u->piece, HPUCOLL_F32, &reqs[k]);
+			rc = hpucoll_iall_gather(s->comm, u->opt_p, u->full, u->piece,
+						 HPUCOLL_F32, &reqs[k]);
 	}
 	for (int j = 0; j < s->nunits; j++) {
 		int r = reqs[j] ? hpucoll_wait(&reqs[j]) : 0;

@@ -134,7 +134,7 @@ enum {
 	 * optim, model states */
 	ST_HOST0, ST_HOST_STATES = ST_HOST0 + 6,
 	/* the NVMe tier: bytes read, written, seconds waited */
-	ST_NV0, ST_N = ST_NV0 + 3
+	ST_NV0, ST_N = ST_NV0 + 5
 };
 
 static const char *stat_names[ST_KIND0] = {
@@ -164,11 +164,14 @@ static int gather_stats(loop *L, double comm_per_step, double *all)
 	for (int k = 0; k < 3; k++) /* params, grads, optim */
 		mine[ST_HOST0 + 3 + k] = (double)hpu__hostmem_kind_max((hpu_mem_kind)k);
 	mine[ST_HOST_STATES] = (double)hpu__hostmem_states_max();
-	uint64_t nv_read = 0, nv_written = 0;
+	hpu_nvme_stats nv = {0};
 	if (L->st)
-		hpu_strat_nvme_stats(L->st, &nv_read, &nv_written, &mine[ST_NV0 + 2]);
-	mine[ST_NV0] = (double)nv_read;
-	mine[ST_NV0 + 1] = (double)nv_written;
+		hpu_strat_nvme_stats(L->st, &nv);
+	mine[ST_NV0] = (double)nv.read;
+	mine[ST_NV0 + 1] = (double)nv.written;
+	mine[ST_NV0 + 2] = nv.wait_s;
+	mine[ST_NV0 + 3] = (double)nv.param_read;
+	mine[ST_NV0 + 4] = (double)nv.param_written;
 	int rc = hpucoll_all_gather(L->comm, mine, all, ST_N, HPUCOLL_F64);
 	return rc ? coll_fail(L, "statistics all-gather", rc) : 0;
 }
@@ -195,9 +198,10 @@ static cJSON *stats_json(loop *L, const double *all)
 		cJSON *h = cJSON_AddObjectToObject(j, "host");
 		for (int k = 0; k < 7; k++)
 			cJSON_AddNumberToObject(h, host_names[k], v[ST_HOST0 + k]);
-		static const char *nv_names[] = {"read_bytes", "written_bytes", "wait_s"};
+		static const char *nv_names[] = {"read_bytes", "written_bytes", "wait_s",
+						 "param_read_bytes", "param_written_bytes"};
 		cJSON *nv = cJSON_AddObjectToObject(j, "nvme");
-		for (int k = 0; k < 3; k++)
+		for (int k = 0; k < 5; k++)
 			cJSON_AddNumberToObject(nv, nv_names[k], v[ST_NV0 + k]);
 		cJSON_AddItemToArray(arr, j);
 	}
