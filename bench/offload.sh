@@ -31,7 +31,7 @@
 # SWAP_DIR (default /var/tmp/hpu-offload-bench) must be on a disk, not
 # tmpfs, with room for the big model's 12Ψ bytes (32 GB at the defaults)
 # plus DISK_GIB. QUICK=1: a small "big" model (a smoke test, figures not
-# worth recording). ONLY_BIG=1: parts 1 and 2 only.
+# worth recording). ONLY_BIG=1: parts 1 and 2 only; ONLY_FIT=1: 1 and 3.
 set -euo pipefail
 build=${1:-build}
 swap=${2:-/var/tmp/hpu-offload-bench}
@@ -88,7 +88,10 @@ run() {
 	while kill -0 $pid 2>/dev/null; do
 		local sum=0
 		for p in $(pgrep -f hpu-worker || true); do
-			sum=$((sum + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0)))
+			# a worker exiting meanwhile has no VmRSS (zombie) or no file
+			local kb
+			kb=$(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || true)
+			sum=$((sum + ${kb:-0}))
 		done
 		[ $sum -gt $peak ] && peak=$sum
 		sleep 0.5
@@ -106,6 +109,7 @@ print($1)"
 }
 
 # ---- 2. larger than the machine ----
+if [ "${ONLY_FIT:-0}" != 1 ]; then
 echo "== model larger than memory: fmnist_mlp --hidden $BIG_HIDDEN --depth $BIG_DEPTH, 2 workers, bf16-mixed zero3, optimizer and parameters nvme =="
 run --strategy zero3 --precision bf16-mixed --batch-size $BIG_BATCH --max-steps $BIG_STEPS --lr $BIG_LR \
 	--throughput-warmup-steps 1 --offload-optimizer nvme --nvme-path "$swap" \
@@ -119,6 +123,7 @@ final "'per step and rank: read %.2f GB, written %.2f GB (of which parameters: r
 final "'swap throughput during the steps, both ranks: %.2f GB/s' % (sum(d['nvme']['read_bytes'] / $BIG_STEPS + d['nvme']['written_bytes'] / ($BIG_STEPS + 1) for d in f['device']) * f['samples_per_sec'] / $BIG_BATCH / 1e9)"
 final "'host tier per rank: MaxInUse %.2f GiB (gradient shard, %d-element sub-group buffers, parameter buffers)' % (f['device'][0]['host']['MaxInUse'] / 2**30, $BIG_SUB)"
 
+fi
 [ "${ONLY_BIG:-0}" = 1 ] && exit 0
 
 # ---- 3. a model that fits: the overhead ----

@@ -286,6 +286,8 @@ int hpu__nvp_open(hpu_strat *s);
 void hpu__nvp_close(hpu_strat *s);
 /* Starts reading unit k's piece if a buffer is free (0 also when none is). */
 int hpu__nvp_fetch(hpu_strat *s, int k);
+/* Unit k's piece is in memory, or its read started. */
+int hpu__nvp_fetched(const hpu_strat *s, int k);
 /* Unit k's piece in memory (read: its values read from the file, else as
  * the buffer holds them, to be overwritten) -- u->opt_p / opt_p16 -- or
  * NULL (s->err). It stays until dropped or its buffer is taken. */

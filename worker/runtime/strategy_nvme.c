@@ -434,12 +434,18 @@ void hpu__nvp_close(hpu_strat *s)
 	s->nvp = NULL;
 }
 
-/* Unit k's piece out of memory, its transfer waited for first. */
+/* Unit k's piece out of memory, the gather sending from it and its
+ * transfer waited for first. */
 int hpu__nvp_drop(hpu_strat *s, int k)
 {
 	piece *p = &s->nvp->p[k];
 	if (p->keep || p->buf < 0)
 		return 0;
+	if (s->u[k].gather) {
+		int rc = hpucoll_wait(&s->u[k].gather);
+		if (rc)
+			return hpu__strat_coll_fail(s, "parameter all-gather", rc);
+	}
 	int t = p->ticket;
 	s->nvp->owner[p->buf] = -1;
 	p->buf = p->ticket = -1;
@@ -466,7 +472,8 @@ static int free_buf(const hpu_nvp *nvp)
 
 /* A buffer for unit k's piece: a free one, else one taken from another
  * piece -- one not in a gather first, else the first held by a gather,
- * which is waited for (never the step's unit being updated). */
+ * which is waited for (never the step's unit being updated). The same
+ * state always picks the same buffer: what is read is deterministic. */
 static int take_buf(hpu_strat *s, int k)
 {
 	hpu_nvp *nvp = s->nvp;
@@ -475,7 +482,7 @@ static int take_buf(hpu_strat *s, int k)
 		return b;
 	for (b = 0; b < nvp->nbuf; b++) {
 		int o = nvp->owner[b];
-		if (o == k || o == nvp->cur)
+		if (o == nvp->cur)
 			continue;
 		if (!s->u[o].gather) {
 			victim = b;
@@ -488,13 +495,7 @@ static int take_buf(hpu_strat *s, int k)
 		return hpu__strat_fail(s, "no parameter buffer free for %s "
 					  "(--param-buffer-count %d is too few)",
 				       hpu__strat_unit_name(s, k), nvp->nbuf);
-	int o = nvp->owner[victim];
-	if (s->u[o].gather) {
-		int rc = hpucoll_wait(&s->u[o].gather);
-		if (rc)
-			return hpu__strat_coll_fail(s, "parameter all-gather", rc);
-	}
-	return hpu__nvp_drop(s, o) < 0 ? -1 : victim;
+	return hpu__nvp_drop(s, nvp->owner[victim]) < 0 ? -1 : victim;
 }
 
 /* Unit k's piece into buffer b, its read started (read) or not. */
@@ -512,6 +513,12 @@ static int place(hpu_strat *s, int k, int b, int read)
 		return nvp_fail(s);
 	}
 	return 0;
+}
+
+int hpu__nvp_fetched(const hpu_strat *s, int k)
+{
+	const piece *p = &s->nvp->p[k];
+	return p->keep || p->buf >= 0;
 }
 
 int hpu__nvp_fetch(hpu_strat *s, int k)

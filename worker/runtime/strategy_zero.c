@@ -8,9 +8,10 @@
  * in place, ZeRO-3 its persistent units. Mixed precision gathers the
  * 16-bit parameters; strategy_mp.c makes the fp32 copies a layer
  * computes on and frees them. With --offload-param nvme a unit's piece is
- * read from its swap file (strategy_nvme.c) when its gather starts -- the
- * read of the unit after the prefetched ones started ahead -- and leaves
- * memory when the gather is done. */
+ * read from its swap file (strategy_nvme.c) by one prefetch, as many as
+ * there are buffers free, and gathered by the next one (a unit not read
+ * ahead is read when its gather starts); it leaves memory when the
+ * gather is done. */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,16 +58,22 @@ static int fetch(hpu_strat *s, int k, int within)
 	return hpu__nvp_fetch(s, k);
 }
 
-/* The units to gather now (within: 1), and the first past the budgets
- * (within: 0), to be gathered next. */
+/* The units to gather now (within: 1); --offload-param nvme: only while
+ * their pieces are in memory or on their way (read ahead by an earlier
+ * prefetch): 1 at the first that is not, to stop. */
 static int gather(hpu_strat *s, int k, int within)
 {
-	return within ? gather_start(s, k) : 0;
+	if (!within)
+		return 0;
+	if (s->nvp && !hpu__nvp_fetched(s, k))
+		return 1;
+	return gather_start(s, k);
 }
 
 /* fn(s, k, within) on the units after layer i in direction dir (before
  * layer `stop`) not gathered yet: those the prefetch and live-parameter
- * budgets allow now, then the first they do not. */
+ * budgets allow now, then the first they do not; fn returns 0 to go on,
+ * 1 to stop, -1 on failure. */
 static int walk_ahead(hpu_strat *s, int i, int dir, int stop,
 		      int (*fn)(hpu_strat *s, int k, int within))
 {
@@ -82,9 +89,10 @@ static int walk_ahead(hpu_strat *s, int i, int dir, int stop,
 		}
 		if (ahead + u->len > (size_t)s->o->prefetch_bucket ||
 		    live + u->len > (size_t)s->o->max_live_params)
-			return fn(s, k, 0);
-		if (fn(s, k, 1) < 0)
-			return -1;
+			return fn(s, k, 0) < 0 ? -1 : 0;
+		int rc = fn(s, k, 1);
+		if (rc)
+			return rc < 0 ? -1 : 0;
 		ahead += u->len;
 		live += u->len;
 	}
@@ -93,11 +101,11 @@ static int walk_ahead(hpu_strat *s, int i, int dir, int stop,
 
 int hpu__zero_prefetch(hpu_strat *s, int i, int dir, int stop)
 {
-	/* --offload-param nvme: the pieces' reads all started first (as many
-	 * as there are buffers free), the next gather's too */
-	if (s->nvp && walk_ahead(s, i, dir, stop, fetch) < 0)
+	if (walk_ahead(s, i, dir, stop, gather) < 0)
 		return -1;
-	return walk_ahead(s, i, dir, stop, gather);
+	/* --offload-param nvme: the reads of the pieces to gather next start
+	 * now, into the buffers free, and have this layer's compute to land */
+	return s->nvp ? walk_ahead(s, i, dir, stop, fetch) : 0;
 }
 
 int hpu__zero_gather_wait(hpu_strat *s, int k)
