@@ -40,15 +40,21 @@ typedef struct group {
 	size_t bytes; /* the slot, aligned */
 } group;
 
-struct hpu_nv {
+/* A swap file and its buffers. */
+typedef struct store {
 	hpu_swap *sw;
+	int nbuf;
+	void **raw;   /* hpu__halloc'd, for freeing */
+	void **buf;   /* raw aligned to HPU_SWAP_ALIGN */
+	int *use;     /* per buffer, -1 when none: the optimizer's transfer in
+		       * flight / the unit whose piece it holds */
+} store;
+
+struct hpu_nv {
+	store st;
 	group *g;
 	int ng;
 	int nsec;     /* floats per element in a slot */
-	int nbuf;
-	void **raw;   /* hpu__halloc'd, for freeing */
-	float **buf;  /* raw aligned to HPU_SWAP_ALIGN */
-	int *ticket;  /* per buffer: its transfer in flight, or -1 */
 };
 
 typedef struct piece {
@@ -60,12 +66,8 @@ typedef struct piece {
 } piece;
 
 struct hpu_nvp {
-	hpu_swap *sw;
+	store st;
 	piece *p;     /* per unit */
-	int nbuf;
-	void **raw;   /* hpu__halloc'd */
-	void **buf;   /* aligned */
-	int *owner;   /* per buffer: the unit whose piece it holds, or -1 */
 	int cur, prev; /* the optimizer step: the unit being updated, the
 			* one being written back */
 };
@@ -73,6 +75,56 @@ struct hpu_nvp {
 static size_t align_up(size_t x)
 {
 	return (x + HPU_SWAP_ALIGN - 1) / HPU_SWAP_ALIGN * HPU_SWAP_ALIGN;
+}
+
+/* Swap file "r<rank>-<kind>" of `bytes` in dir for `what`, and nbuf
+ * buffers of `bufbytes` counted as host memory of kind mk. 0, or -1
+ * (s->err). */
+static int store_open(hpu_strat *s, store *st, const char *dir, const char *kind,
+		      const char *what, uint64_t bytes, int nbuf, size_t bufbytes,
+		      hpu_mem_kind mk)
+{
+	const hpu_train_opts *o = s->o;
+	hpu_swap_opts so = {
+		.block_size = o->aio_block_size,
+		.queue_depth = o->aio_queue_depth,
+		.single_submit = o->aio_single_submit,
+		.overlap_events = o->aio_overlap_events,
+		.thread_count = o->aio_thread_count,
+	};
+	char tag[32];
+	snprintf(tag, sizeof tag, "r%d-%s", s->rank, kind);
+	if (!(st->sw = hpu_swap_open(dir, tag, what, bytes, &so, s->err, s->errlen)))
+		return -1;
+	if (!nbuf)
+		return 0;
+	st->nbuf = nbuf;
+	st->raw = calloc((size_t)nbuf, sizeof *st->raw);
+	st->buf = calloc((size_t)nbuf, sizeof *st->buf);
+	st->use = malloc((size_t)nbuf * sizeof *st->use);
+	if (!st->raw || !st->buf || !st->use)
+		return hpu__strat_fail(s, "out of memory");
+	for (int b = 0; b < nbuf; b++) {
+		char name[96];
+		snprintf(name, sizeof name, "NVMe swap buffer %d of %d (%s)", b + 1, nbuf, what);
+		if (!(st->raw[b] = hpu__halloc(mk, bufbytes + HPU_SWAP_ALIGN, name)))
+			return hpu__strat_fail(s, "%s", hpu__devmem_error());
+		st->buf[b] = (void *)align_up((size_t)st->raw[b]);
+		st->use[b] = -1;
+	}
+	return 0;
+}
+
+/* Waits for what is in flight, then closes the file (it goes with its
+ * descriptor) and frees the buffers. */
+static void store_close(store *st)
+{
+	hpu_swap_close(st->sw);
+	for (int b = 0; st->raw && b < st->nbuf; b++)
+		hpu__dfree(st->raw[b]);
+	free(st->raw);
+	free(st->buf);
+	free(st->use);
 }
 
 static size_t owned_n(const hpu_strat *s, const unit *u)
@@ -88,7 +140,7 @@ static size_t owned_from(const hpu_strat *s, int j)
 
 static int swap_fail(hpu_strat *s)
 {
-	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nv->sw));
+	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nv->st.sw));
 }
 
 int hpu__nv_open(hpu_strat *s)
@@ -124,35 +176,10 @@ int hpu__nv_open(hpu_strat *s)
 				largest = g->bytes;
 		}
 	}
-	hpu_swap_opts so = {
-		.block_size = o->aio_block_size,
-		.queue_depth = o->aio_queue_depth,
-		.single_submit = o->aio_single_submit,
-		.overlap_events = o->aio_overlap_events,
-		.thread_count = o->aio_thread_count,
-	};
-	char tag[32];
-	snprintf(tag, sizeof tag, "r%d-optim", s->rank);
-	if (!(nv->sw = hpu_swap_open(o->nvme_path, tag, "optimizer state", at, &so, s->err,
-				     s->errlen)))
-		return -1;
 	/* more buffers than sub-groups would never be used */
-	nv->nbuf = o->offload_buffer_count < nv->ng ? o->offload_buffer_count : nv->ng;
-	nv->raw = calloc((size_t)nv->nbuf, sizeof *nv->raw);
-	nv->buf = calloc((size_t)nv->nbuf, sizeof *nv->buf);
-	nv->ticket = malloc((size_t)nv->nbuf * sizeof *nv->ticket);
-	if (!nv->raw || !nv->buf || !nv->ticket)
-		return hpu__strat_fail(s, "out of memory");
-	for (int b = 0; b < nv->nbuf; b++) {
-		char what[96];
-		snprintf(what, sizeof what, "NVMe swap buffer %d of %d (optimizer state)", b + 1,
-			 nv->nbuf);
-		if (!(nv->raw[b] = hpu__halloc(HPU_MEM_OPTIM, largest + HPU_SWAP_ALIGN, what)))
-			return hpu__strat_fail(s, "%s", hpu__devmem_error());
-		nv->buf[b] = (float *)align_up((size_t)nv->raw[b]);
-		nv->ticket[b] = -1;
-	}
-	return 0;
+	int nbuf = o->offload_buffer_count < nv->ng ? o->offload_buffer_count : nv->ng;
+	return store_open(s, &nv->st, o->nvme_path, "optim", "optimizer state", at, nbuf, largest,
+			  HPU_MEM_OPTIM);
 }
 
 void hpu__nv_close(hpu_strat *s)
@@ -160,12 +187,7 @@ void hpu__nv_close(hpu_strat *s)
 	hpu_nv *nv = s->nv;
 	if (!nv)
 		return;
-	hpu_swap_close(nv->sw); /* waits for what is in flight first */
-	for (int b = 0; nv->raw && b < nv->nbuf; b++)
-		hpu__dfree(nv->raw[b]);
-	free(nv->raw);
-	free(nv->buf);
-	free(nv->ticket);
+	store_close(&nv->st);
 	free(nv->g);
 	free(nv);
 	s->nv = NULL;
@@ -175,10 +197,10 @@ void hpu_strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st)
 {
 	memset(st, 0, sizeof *st);
 	if (s->nv)
-		hpu_swap_stats(s->nv->sw, &st->read, &st->written, &st->wait_s);
+		hpu_swap_stats(s->nv->st.sw, &st->read, &st->written, &st->wait_s);
 	if (s->nvp) {
 		double w = 0;
-		hpu_swap_stats(s->nvp->sw, &st->param_read, &st->param_written, &w);
+		hpu_swap_stats(s->nvp->st.sw, &st->param_read, &st->param_written, &w);
 		st->read += st->param_read;
 		st->written += st->param_written;
 		st->wait_s += w;
@@ -211,22 +233,22 @@ int hpu__nv_each(hpu_strat *s, int j, int k, hpu__nv_mode mode, hpu__nv_fn fn, v
 {
 	hpu_nv *nv = s->nv;
 	size_t base = owned_from(s, j);
-	float *slot = nv->buf[0];
-	if (hpu_swap_wait_all(nv->sw) < 0)
+	float *slot = nv->st.buf[0];
+	if (hpu_swap_wait_all(nv->st.sw) < 0)
 		return swap_fail(s);
-	for (int b = 0; b < nv->nbuf; b++)
-		nv->ticket[b] = -1;
+	for (int b = 0; b < nv->st.nbuf; b++)
+		nv->st.use[b] = -1;
 	for (int i = 0; i < nv->ng; i++) {
 		const group *g = &nv->g[i];
 		if (g->unit != j)
 			continue;
 		if (mode == HPU_NV_FILL)
 			memset(slot, 0, g->bytes);
-		else if (transfer(nv->sw, 0, g, slot) < 0)
+		else if (transfer(nv->st.sw, 0, g, slot) < 0)
 			return swap_fail(s);
 		if (fn(s, base + g->from, g->n, section(s, slot, g->n, k), arg) < 0)
 			return -1;
-		if (mode != HPU_NV_READ && transfer(nv->sw, 1, g, slot) < 0)
+		if (mode != HPU_NV_READ && transfer(nv->st.sw, 1, g, slot) < 0)
 			return swap_fail(s);
 	}
 	return 0;
@@ -287,11 +309,11 @@ static void update(hpu_strat *s, const group *g, float *buf, float gscale, doubl
 static int start_read(hpu_strat *s, int i)
 {
 	hpu_nv *nv = s->nv;
-	int b = i % nv->nbuf;
-	if (nv->ticket[b] >= 0 && hpu_swap_wait(nv->sw, nv->ticket[b]) < 0)
+	int b = i % nv->st.nbuf;
+	if (nv->st.use[b] >= 0 && hpu_swap_wait(nv->st.sw, nv->st.use[b]) < 0)
 		return -1;
-	nv->ticket[b] = hpu_swap_read(nv->sw, nv->g[i].off, nv->buf[b], nv->g[i].bytes);
-	return nv->ticket[b] < 0 ? -1 : 0;
+	nv->st.use[b] = hpu_swap_read(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
+	return nv->st.use[b] < 0 ? -1 : 0;
 }
 
 int hpu__nv_step(hpu_strat *s, float gscale, double lr)
@@ -302,28 +324,28 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 	/* With B buffers, B - 1 sub-groups are read ahead: sub-group i + B - 1
 	 * goes into the buffer sub-group i - 1 is being written from. One
 	 * buffer: one sub-group at a time, nothing overlapped. */
-	int ahead = nv->nbuf > 1 ? nv->nbuf - 1 : 1;
+	int ahead = nv->st.nbuf > 1 ? nv->st.nbuf - 1 : 1;
 	for (int i = 0; i < ahead && i < nv->ng; i++)
 		if (start_read(s, i) < 0)
 			return swap_fail(s);
 	for (int i = 0; i < nv->ng; i++) {
-		int b = i % nv->nbuf;
-		if (hpu_swap_wait(nv->sw, nv->ticket[b]) < 0) {
-			nv->ticket[b] = -1;
+		int b = i % nv->st.nbuf;
+		if (hpu_swap_wait(nv->st.sw, nv->st.use[b]) < 0) {
+			nv->st.use[b] = -1;
 			return swap_fail(s);
 		}
 		if (s->nvp && hpu__nvp_step_at(s, nv->g[i].unit) < 0)
 			return -1;
-		update(s, &nv->g[i], nv->buf[b], gscale, lr);
-		nv->ticket[b] = hpu_swap_write(nv->sw, nv->g[i].off, nv->buf[b], nv->g[i].bytes);
-		if (nv->ticket[b] < 0 || (i + ahead < nv->ng && start_read(s, i + ahead) < 0))
+		update(s, &nv->g[i], nv->st.buf[b], gscale, lr);
+		nv->st.use[b] = hpu_swap_write(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
+		if (nv->st.use[b] < 0 || (i + ahead < nv->ng && start_read(s, i + ahead) < 0))
 			return swap_fail(s);
 	}
 	/* the writes land before anything reads the file or a checkpoint
 	 * says the step is done */
-	int rc = hpu_swap_wait_all(nv->sw);
-	for (int b = 0; b < nv->nbuf; b++)
-		nv->ticket[b] = -1;
+	int rc = hpu_swap_wait_all(nv->st.sw);
+	for (int b = 0; b < nv->st.nbuf; b++)
+		nv->st.use[b] = -1;
 	if (rc < 0)
 		return swap_fail(s);
 	return s->nvp ? hpu__nvp_step_at(s, s->nunits) : 0;
@@ -333,7 +355,7 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 
 static int nvp_fail(hpu_strat *s)
 {
-	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nvp->sw));
+	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nvp->st.sw));
 }
 
 /* Unit k's piece now at `at` (NULL: not in memory). */
@@ -384,36 +406,9 @@ int hpu__nvp_open(hpu_strat *s)
 	}
 	/* every unit persistent: nothing to swap, but the path is checked
 	 * all the same, on one block */
-	hpu_swap_opts so = {
-		.block_size = o->aio_block_size,
-		.queue_depth = o->aio_queue_depth,
-		.single_submit = o->aio_single_submit,
-		.overlap_events = o->aio_overlap_events,
-		.thread_count = o->aio_thread_count,
-	};
-	char tag[32];
-	snprintf(tag, sizeof tag, "r%d-params", s->rank);
-	if (!(nvp->sw = hpu_swap_open(o->param_nvme_path, tag, "parameters",
-				      at ? at : HPU_SWAP_ALIGN, &so, s->err, s->errlen)))
-		return -1;
-	if (!at)
-		return 0;
-	nvp->nbuf = o->param_buffer_count;
-	nvp->raw = calloc((size_t)nvp->nbuf, sizeof *nvp->raw);
-	nvp->buf = calloc((size_t)nvp->nbuf, sizeof *nvp->buf);
-	nvp->owner = malloc((size_t)nvp->nbuf * sizeof *nvp->owner);
-	if (!nvp->raw || !nvp->buf || !nvp->owner)
-		return hpu__strat_fail(s, "out of memory");
-	for (int b = 0; b < nvp->nbuf; b++) {
-		char what[96];
-		snprintf(what, sizeof what, "NVMe swap buffer %d of %d (parameters)", b + 1,
-			 nvp->nbuf);
-		if (!(nvp->raw[b] = hpu__halloc(HPU_MEM_PARAMS, largest + HPU_SWAP_ALIGN, what)))
-			return hpu__strat_fail(s, "%s", hpu__devmem_error());
-		nvp->buf[b] = (void *)align_up((size_t)nvp->raw[b]);
-		nvp->owner[b] = -1;
-	}
-	return 0;
+	return store_open(s, &nvp->st, o->param_nvme_path, "params", "parameters",
+			  at ? at : HPU_SWAP_ALIGN, at ? o->param_buffer_count : 0, largest,
+			  HPU_MEM_PARAMS);
 }
 
 void hpu__nvp_close(hpu_strat *s)
@@ -421,14 +416,9 @@ void hpu__nvp_close(hpu_strat *s)
 	hpu_nvp *nvp = s->nvp;
 	if (!nvp)
 		return;
-	hpu_swap_close(nvp->sw);
-	for (int b = 0; nvp->raw && b < nvp->nbuf; b++)
-		hpu__dfree(nvp->raw[b]);
+	store_close(&nvp->st);
 	for (int k = 0; k < s->nunits; k++)
 		hpu__dfree(nvp->p[k].keep);
-	free(nvp->raw);
-	free(nvp->buf);
-	free(nvp->owner);
 	free(nvp->p);
 	free(nvp);
 	s->nvp = NULL;
@@ -447,10 +437,10 @@ int hpu__nvp_drop(hpu_strat *s, int k)
 			return hpu__strat_coll_fail(s, "parameter all-gather", rc);
 	}
 	int t = p->ticket;
-	s->nvp->owner[p->buf] = -1;
+	s->nvp->st.use[p->buf] = -1;
 	p->buf = p->ticket = -1;
 	point_piece(s, k, NULL);
-	return t >= 0 && hpu_swap_wait(s->nvp->sw, t) < 0 ? nvp_fail(s) : 0;
+	return t >= 0 && hpu_swap_wait(s->nvp->st.sw, t) < 0 ? nvp_fail(s) : 0;
 }
 
 int hpu__nvp_drop_all(hpu_strat *s)
@@ -464,8 +454,8 @@ int hpu__nvp_drop_all(hpu_strat *s)
 /* A free buffer, or -1. */
 static int free_buf(const hpu_nvp *nvp)
 {
-	for (int b = 0; b < nvp->nbuf; b++)
-		if (nvp->owner[b] < 0)
+	for (int b = 0; b < nvp->st.nbuf; b++)
+		if (nvp->st.use[b] < 0)
 			return b;
 	return -1;
 }
@@ -480,8 +470,8 @@ static int take_buf(hpu_strat *s, int k)
 	int b = free_buf(nvp), victim = -1;
 	if (b >= 0)
 		return b;
-	for (b = 0; b < nvp->nbuf; b++) {
-		int o = nvp->owner[b];
+	for (b = 0; b < nvp->st.nbuf; b++) {
+		int o = nvp->st.use[b];
 		if (o == nvp->cur)
 			continue;
 		if (!s->u[o].gather) {
@@ -494,8 +484,8 @@ static int take_buf(hpu_strat *s, int k)
 	if (victim < 0)
 		return hpu__strat_fail(s, "no parameter buffer free for %s "
 					  "(--param-buffer-count %d is too few)",
-				       hpu__strat_unit_name(s, k), nvp->nbuf);
-	return hpu__nvp_drop(s, nvp->owner[victim]) < 0 ? -1 : victim;
+				       hpu__strat_unit_name(s, k), nvp->st.nbuf);
+	return hpu__nvp_drop(s, nvp->st.use[victim]) < 0 ? -1 : victim;
 }
 
 /* Unit k's piece into buffer b, its read started (read) or not. */
@@ -503,12 +493,12 @@ static int place(hpu_strat *s, int k, int b, int read)
 {
 	hpu_nvp *nvp = s->nvp;
 	piece *p = &nvp->p[k];
-	nvp->owner[b] = k;
+	nvp->st.use[b] = k;
 	p->buf = b;
 	p->ticket = -1;
-	point_piece(s, k, nvp->buf[b]);
-	if (read && (p->ticket = hpu_swap_read(nvp->sw, p->off, nvp->buf[b], p->bytes)) < 0) {
-		nvp->owner[b] = p->buf = -1;
+	point_piece(s, k, nvp->st.buf[b]);
+	if (read && (p->ticket = hpu_swap_read(nvp->st.sw, p->off, nvp->st.buf[b], p->bytes)) < 0) {
+		nvp->st.use[b] = p->buf = -1;
 		point_piece(s, k, NULL);
 		return nvp_fail(s);
 	}
@@ -544,12 +534,12 @@ void *hpu__nvp_get(hpu_strat *s, int k, int read)
 	if (p->ticket >= 0) { /* its read, or an earlier write */
 		int t = p->ticket;
 		p->ticket = -1;
-		if (hpu_swap_wait(nvp->sw, t) < 0) {
+		if (hpu_swap_wait(nvp->st.sw, t) < 0) {
 			nvp_fail(s);
 			return NULL;
 		}
 	}
-	return nvp->buf[p->buf];
+	return nvp->st.buf[p->buf];
 }
 
 int hpu__nvp_put(hpu_strat *s, int k)
@@ -558,9 +548,9 @@ int hpu__nvp_put(hpu_strat *s, int k)
 	piece *p = &nvp->p[k];
 	if (p->keep)
 		return 0;
-	if (p->ticket >= 0 && hpu_swap_wait(nvp->sw, p->ticket) < 0)
+	if (p->ticket >= 0 && hpu_swap_wait(nvp->st.sw, p->ticket) < 0)
 		return nvp_fail(s);
-	p->ticket = hpu_swap_write(nvp->sw, p->off, nvp->buf[p->buf], p->bytes);
+	p->ticket = hpu_swap_write(nvp->st.sw, p->off, nvp->st.buf[p->buf], p->bytes);
 	return p->ticket < 0 ? nvp_fail(s) : 0;
 }
 
