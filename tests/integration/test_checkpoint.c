@@ -93,7 +93,19 @@ static int same_file(const char *a, const char *b)
 	return system(cmd) == 0;
 }
 
-/* 40 steps straight, and 20 + resume + 20: the same parameters. */
+/* The "<N> bytes sent per step" of a run's closing line. */
+static double bytes_per_step(const char *out)
+{
+	const char *at = strstr(out, " bytes sent per step");
+	assert_non_null(at);
+	while (at > out && at[-1] != ' ')
+		at--;
+	return atof(at);
+}
+
+/* 40 steps straight, and 20 + resume + 20: the same parameters, and the
+ * same traffic per step (the resumed run's own 20 steps' traffic over
+ * its 20 steps, not over 40). */
 static void resume_case(const char *strategy, const char *extra)
 {
 	char straight[300], resumed[300], dir[300];
@@ -104,12 +116,14 @@ static void resume_case(const char *strategy, const char *extra)
 	start(&r, 2);
 	knobs(&r, strategy, extra);
 	args(&r, "--save-params", straight, NULL);
-	free(finish(&r, 0, SMALL));
+	char *out = finish(&r, 0, SMALL);
+	double sent = bytes_per_step(out);
+	free(out);
 
 	start(&r, 2);
 	knobs(&r, strategy, extra);
 	args(&r, "--checkpoint-dir", dir, "--stop-at-step", "20", NULL);
-	char *out = finish(&r, 0, SMALL);
+	out = finish(&r, 0, SMALL);
 	assert_non_null(strstr(out, "checkpoint: step 20 saved"));
 	assert_non_null(strstr(out, "stopped after step 20 of 40"));
 	free(out);
@@ -119,7 +133,11 @@ static void resume_case(const char *strategy, const char *extra)
 	args(&r, "--checkpoint-dir", dir, "--resume", "auto", "--save-params", resumed, NULL);
 	out = finish(&r, 0, SMALL);
 	assert_non_null(strstr(out, "at step 20 (epoch 1, batch 20)"));
+	double resumed_sent = bytes_per_step(out);
 	free(out);
+	printf("  %-8s bytes sent per step: straight %.0f, resumed %.0f\n", strategy, sent,
+	       resumed_sent);
+	assert_true(resumed_sent == sent);
 	int same = same_file(straight, resumed);
 	printf("  %-8s %-60s %s\n", strategy, extra ? extra : "", same ? "bit-identical" : "DIFFERENT");
 	assert_true(same);

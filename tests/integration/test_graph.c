@@ -8,7 +8,9 @@
  *   after a restart from a checkpoint, and at any world size (they follow
  *   the sample); off in evaluation;
  * - linear regression (float targets, MSE) under full-batch gradient
- *   descent reaches numpy's least-squares solution (solved here). */
+ *   descent reaches numpy's least-squares solution (solved here);
+ * - the run's length: --max-steps wins over --epochs (one step per epoch
+ *   here), and --max-steps 0 trains nothing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -223,6 +225,50 @@ static void test_regression(void **state)
 	free(w);
 }
 
+/* --max-steps 10 with --epochs 1 (the default) on a one-step epoch runs
+ * 10 steps over 10 epochs, as the HF Trainer does, not 1 in silence; the
+ * same as --epochs 10. --max-steps 0 trains nothing: the parameters saved
+ * are the initial ones (those of one step at learning rate 0). */
+static void test_max_steps_wins(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	args(&r, "--strategy", "ddp", "--batch-size", "256", "--epochs", "1", "--max-steps", "10",
+	     "--log-every", "1", "--save-params", tmp("ms.bin"), NULL);
+	char *out = finish_with(&r, 0, REGRESSION, NULL);
+	assert_non_null(strstr(out, "epoch 10/10 step 10/10 "));
+	assert_non_null(strstr(out, "trained 10 steps"));
+	free(out);
+	start(&r, 2);
+	args(&r, "--strategy", "ddp", "--batch-size", "256", "--epochs", "10", "--save-params",
+	     tmp("ep.bin"), NULL);
+	free(finish_with(&r, 0, REGRESSION, NULL));
+	size_t n1, n2;
+	float *a = load_params(tmp("ms.bin"), &n1), *b = load_params(tmp("ep.bin"), &n2);
+	assert_int_equal(n1, n2);
+	assert_memory_equal(a, b, n1 * sizeof *a);
+	free(a);
+	free(b);
+
+	start(&r, 2);
+	args(&r, "--strategy", "ddp", "--batch-size", "256", "--max-steps", "0", "--save-params",
+	     tmp("zero.bin"), NULL);
+	out = finish_with(&r, 0, REGRESSION, NULL);
+	assert_non_null(strstr(out, "trained 0 steps"));
+	free(out);
+	start(&r, 2);
+	args(&r, "--strategy", "ddp", "--batch-size", "256", "--max-steps", "1", "--optimizer", "sgd",
+	     "--momentum", "0", "--lr", "0", "--save-params", tmp("lr0.bin"), NULL);
+	free(finish_with(&r, 0, REGRESSION, NULL));
+	a = load_params(tmp("zero.bin"), &n1);
+	b = load_params(tmp("lr0.bin"), &n2);
+	assert_int_equal(n1, n2);
+	assert_memory_equal(a, b, n1 * sizeof *a);
+	free(a);
+	free(b);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -246,6 +292,7 @@ int main(void)
 		cmocka_unit_test(test_dropout_restart),
 		cmocka_unit_test(test_dropout_eval),
 		cmocka_unit_test(test_regression),
+		cmocka_unit_test(test_max_steps_wins),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

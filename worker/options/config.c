@@ -202,7 +202,7 @@ int hpu__pick(const char *v, const char *const *names, int n, int nocase)
 
 static const struct hpu__opt opts[] = {
 	NUM("epochs", K_INT, epochs, 1, 1e6, "passes over the training set (1)"),
-	NUM("max-steps", K_LONG, max_steps, 1, 1e15, "stop after N optimizer steps"),
+	NUM("max-steps", K_LONG, max_steps, 0, 1e15, "train N optimizer steps, over as many epochs as that takes (wins over --epochs); 0: none, save and evaluate the initial model"),
 	NUM("batch-size", K_INT, batch_size, 1, 1 << 24, "global batch, all ranks together (256) [train_batch_size]"),
 	NUM("micro-batch-size", K_INT, micro_batch, 1, 1 << 24, "batch per rank per micro-step (batch / grad-accum / world)"),
 	NUM("grad-accum", K_INT, grad_accum, 1, 1 << 20, "micro-steps per optimizer step (1) [gradient_accumulation_steps]"),

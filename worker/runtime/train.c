@@ -39,6 +39,7 @@ typedef struct loop {
 	hpu_strat *st;
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */
+	int epochs;              /* --epochs, or as many as --max-steps takes */
 	int epoch;               /* the epoch of the last step trained (from 0),
 				  * for progress records */
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
@@ -256,7 +257,10 @@ static double *reduce_for_log(loop *L, float loss, long steps, float *mean)
 		fail(L, "out of memory");
 		return NULL;
 	}
-	if (gather_stats(L, steps ? (double)L->comm_bytes / (double)steps : 0, all) < 0) {
+	/* the traffic of the steps this run trained (not those before a
+	 * resume or restart) */
+	long mine = steps - L->pos.step;
+	if (gather_stats(L, mine > 0 ? (double)L->comm_bytes / (double)mine : 0, all) < 0) {
 		free(all);
 		return NULL;
 	}
@@ -277,7 +281,7 @@ static int log_step(loop *L, long step, long total, int epoch, float loss,
 		printf("epoch %d/%d step %ld/%ld loss %.4f lr %.3g samples/s %.1f "
 		       "memory_allocated %.1f MiB max_memory_allocated %.1f MiB "
 		       "total_memory_available %.1f MiB\n",
-		       epoch + 1, L->o->epochs, step, total, l, lr, sps,
+		       epoch + 1, L->epochs, step, total, l, lr, sps,
 		       mib(all[ST_IN_USE]), mib(all[ST_MAX_IN_USE]), mib(all[ST_LIMIT]));
 		if (L->metrics) {
 			cJSON *j = cJSON_CreateObject();
@@ -573,7 +577,9 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 	return 0;
 }
 
-/* The run's length in optimizer steps, and the steps of an epoch. */
+/* The run's length in optimizer steps, and the steps of an epoch:
+ * --max-steps wins over --epochs, as in the HF Trainer (the sampler goes
+ * on into as many epochs as it takes), and 0 trains nothing. */
 static int run_total(loop *L, long *total, size_t *per_epoch)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
@@ -581,9 +587,13 @@ static int run_total(loop *L, long *total, size_t *per_epoch)
 	if (*per_epoch == 0)
 		return fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
 			    d->size, L->o->batch_size);
-	*total = (long)*per_epoch * L->o->epochs;
-	if (L->o->max_steps > 0 && L->o->max_steps < *total)
-		*total = L->o->max_steps;
+	if (L->o->max_steps < 0) {
+		*total = (long)*per_epoch * L->o->epochs;
+		return 0;
+	}
+	*total = L->o->max_steps;
+	long e = (*total + (long)*per_epoch - 1) / (long)*per_epoch;
+	L->epochs = e < 1 ? 1 : e > INT_MAX ? INT_MAX : (int)e;
 	return 0;
 }
 
@@ -609,7 +619,7 @@ static void report(loop *L, long step, long total, int epoch, float loss, double
 	hpu_device_stats d;
 	hpu__devmem_stats(&d);
 	hpu_status_rec r = {
-		.step = step, .total = total, .epoch = epoch + 1, .epochs = L->o->epochs,
+		.step = step, .total = total, .epoch = epoch + 1, .epochs = L->epochs,
 		.loss = loss, .samples_per_sec = sps, .eta_s = eta, .mem_in_use = d.in_use,
 		.mem_max = d.max_in_use, .mem_limit = d.limit, .phase = phase,
 	};
@@ -705,7 +715,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 	int e = L->pos.epoch;
 	rate R;
 	rate_start(&R, o->throughput_warmup, step);
-	for (; e < o->epochs && step < total; e++) {
+	for (; e < L->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
 		hpu_sampler_permute(L->perm, d->size, L->pos.seed, (uint64_t)e);
 		size_t s0 = e == L->pos.epoch ? (size_t)L->pos.batch : 0, end = per_epoch;
@@ -799,7 +809,7 @@ static int observe_setup(loop *L)
 int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		  const hpu_train_opts *o, char *err, size_t errlen)
 {
-	loop L = {.b = b, .comm = comm, .o = o, .err = err, .errlen = errlen};
+	loop L = {.b = b, .comm = comm, .o = o, .epochs = o->epochs, .err = err, .errlen = errlen};
 	L.rank = hpucoll_comm_rank(comm);
 	L.world = hpucoll_comm_size(comm);
 	L.micro = o->micro_batch;
@@ -828,7 +838,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
-	L.epoch = L.pos.epoch < o->epochs ? L.pos.epoch : o->epochs - 1;
+	L.epoch = L.pos.epoch < L.epochs ? L.pos.epoch : L.epochs - 1;
 	if (alloc_buffers(&L) < 0)
 		goto out;
 	if (ck) {
