@@ -584,7 +584,8 @@ static int put(FILE *f, cJSON *e, long *written)
 	return rc < 0 ? -1 : 0;
 }
 
-/* The process row's name and place: "rank R (host)", sort index R. */
+/* The process row's name and place: "rank R (host)", sort index R; its
+ * pid R + 1 (Perfetto treats pid 0 as the kernel's swapper). */
 static int put_process(FILE *f, const trace *t, long *written)
 {
 	char name[300];
@@ -595,7 +596,7 @@ static int put_process(FILE *f, const trace *t, long *written)
 	cJSON *e = cJSON_CreateObject();
 	cJSON_AddStringToObject(e, "name", "process_name");
 	cJSON_AddStringToObject(e, "ph", "M");
-	cJSON_AddNumberToObject(e, "pid", t->rank);
+	cJSON_AddNumberToObject(e, "pid", t->rank + 1);
 	cJSON_AddNumberToObject(e, "tid", 0);
 	cJSON_AddStringToObject(cJSON_AddObjectToObject(e, "args"), "name", name);
 	int rc = put(f, e, written);
@@ -603,7 +604,7 @@ static int put_process(FILE *f, const trace *t, long *written)
 	e = cJSON_CreateObject();
 	cJSON_AddStringToObject(e, "name", "process_sort_index");
 	cJSON_AddStringToObject(e, "ph", "M");
-	cJSON_AddNumberToObject(e, "pid", t->rank);
+	cJSON_AddNumberToObject(e, "pid", t->rank + 1);
 	cJSON_AddNumberToObject(e, "tid", 0);
 	cJSON_AddNumberToObject(cJSON_AddObjectToObject(e, "args"), "sort_index", t->rank);
 	rc |= put(f, e, written);
@@ -611,7 +612,7 @@ static int put_process(FILE *f, const trace *t, long *written)
 	return rc;
 }
 
-/* One rank's events: pid set to the rank, ts shifted; its own
+/* One rank's events: pid set to the rank + 1, ts shifted; its own
  * process_name and process_sort_index replaced by put_process's. OK, BAD
  * (said), or -1 when a write failed (errno set). */
 static int put_rank(FILE *f, trace *t, long *written)
@@ -631,10 +632,10 @@ static int put_rank(FILE *f, trace *t, long *written)
 			continue;
 		cJSON *pid = cJSON_GetObjectItemCaseSensitive(e, "pid");
 		if (cJSON_IsNumber(pid))
-			cJSON_SetNumberValue(pid, t->rank);
+			cJSON_SetNumberValue(pid, t->rank + 1);
 		else {
 			cJSON_DeleteItemFromObjectCaseSensitive(e, "pid");
-			cJSON_AddNumberToObject(e, "pid", t->rank);
+			cJSON_AddNumberToObject(e, "pid", t->rank + 1);
 		}
 		cJSON *ts = cJSON_GetObjectItemCaseSensitive(e, "ts");
 		if (cJSON_IsNumber(ts))
@@ -662,7 +663,8 @@ static int write_merged(inputs *in, const char *out, int aligned, long *written)
 	char *s = cJSON_PrintUnformatted(o);
 	cJSON_Delete(o);
 	int rc = OK, err = 0;
-	if (fprintf(f, "{\"otherData\":%s,\n\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", s) < 0)
+	/* no displayTimeUnit: older trace processors read it as ts's unit */
+	if (fprintf(f, "{\"otherData\":%s,\n\"traceEvents\":[\n", s) < 0)
 		rc = -1, err = errno;
 	free(s);
 	*written = 0;

@@ -25,6 +25,8 @@ static struct {
 	pthread_mutex_t mu;
 	int fd;
 	int rank;
+	int pid;      /* the events' pid: rank + 1 (Perfetto treats pid 0 as
+		       * the kernel's swapper) */
 	char path[1100];
 	off_t end;    /* where the tail starts in the file */
 	char *buf;    /* events not written yet, then room for the tail */
@@ -142,7 +144,7 @@ static void meta(int tid, const char *kind, const char *name)
 	char line[320];
 	size_t n = (size_t)snprintf(line, sizeof line,
 				    "{\"name\":\"%s\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"",
-				    kind, P.rank, tid);
+				    kind, P.pid, tid);
 	n = put_escaped(line, n, sizeof line - 4, name);
 	n += (size_t)snprintf(line + n, sizeof line - n, "\"}}");
 	pthread_mutex_lock(&P.mu);
@@ -166,7 +168,8 @@ static char *header(const hpu_prof_conf *c)
 	cJSON_AddStringToObject(d, "strategy", c->strategy ? c->strategy : "");
 	cJSON_AddStringToObject(d, "precision", c->precision ? c->precision : "");
 	cJSON_AddStringToObject(d, "clock", "CLOCK_MONOTONIC");
-	cJSON_AddStringToObject(o, "displayTimeUnit", "ms");
+	/* no displayTimeUnit: older trace processors read it as the unit of
+	 * ts (which is microseconds) */
 	char *s = cJSON_PrintUnformatted(o);
 	cJSON_Delete(o);
 	if (!s)
@@ -205,6 +208,7 @@ int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen)
 	free(h);
 	P.fd = fd;
 	P.rank = c->rank;
+	P.pid = c->rank + 1;
 	P.end = (off_t)hn;
 	P.events = 0;
 	P.failed = 0;
@@ -252,7 +256,7 @@ static void span_v(int tid, const char *cat, const char *name, const char *sub, 
 	}
 	n += (size_t)snprintf(line + n, sizeof line - n,
 			      "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f",
-			      cat, P.rank, tid, (double)t0 / 1e3,
+			      cat, P.pid, tid, (double)t0 / 1e3,
 			      (double)(t1 - t0) / 1e3);
 	if (args && n + 12 < sizeof line) {
 		n += (size_t)snprintf(line + n, sizeof line - n, ",\"args\":{");
@@ -342,7 +346,7 @@ static void cost_event(void)
 		"{\"name\":\"profiler\",\"cat\":\"profiler\",\"ph\":\"i\",\"s\":\"p\",\"pid\":%d,"
 		"\"tid\":%d,\"ts\":%.3f,\"args\":{\"events\":%ld,\"record_ms\":%.3f,"
 		"\"flush_ms\":%.3f,\"flushes\":%ld}}",
-		P.rank, HPU_PROF_MAIN, (double)now / 1e3, P.events, (double)P.record_ns / 1e6,
+		P.pid, HPU_PROF_MAIN, (double)now / 1e3, P.events, (double)P.record_ns / 1e6,
 		(double)P.flush_ns / 1e6, P.flushes);
 	add_locked(line, n);
 	pthread_mutex_unlock(&P.mu);
