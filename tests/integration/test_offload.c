@@ -484,9 +484,10 @@ static void test_offload_resume_reshard(void **state)
 }
 
 /* A worker killed with SIGKILL in a step that is mostly swap I/O (zero3,
- * the optimizer's space and the parameter shard of DEEP_MODEL on NVMe: 90
- * MB read and 83 MB written per rank and step): the job restarts from its last checkpoint (--max-restarts 1)
- * and ends on the bits of an uninterrupted run; no swap file is left, of
+ * the optimizer's space and the parameter shard of DEEP_MODEL on NVMe:
+ * 12Ψ/N + 3 × 2Ψ/N = 115 MB read and 12Ψ/N + 2Ψ/N = 89 MB written per
+ * rank and step): the job restarts from its last checkpoint
+ * (--max-restarts 1) and ends on the bits of an uninterrupted run; no swap file is left, of
  * the killed worker or of the others. */
 static void test_offload_nvme_kill(void **state)
 {

@@ -16,9 +16,10 @@
  * fp32 or 16-bit -- lives in a second swap file, except the persistent
  * units' pieces, which stay in memory as DeepSpeed keeps them. A piece is
  * in memory only while something uses it, in one of
- * --param-buffer-count buffers: read before the unit's all-gather starts
- * (the next unit's read started ahead, while the layer before computes),
- * freed once the gather is done; the optimizer step reads each unit's
+ * --param-buffer-count buffers: read by one prefetch (strategy_zero.c)
+ * and gathered by the next, so the read has a layer's compute to land
+ * (a unit not read ahead is read when its gather starts), and freed once
+ * the gather is done; the optimizer step reads each unit's
  * piece (the next one's read in flight), updates it and writes it back
  * while it goes on with the next. u->opt_p (fp32) / u->opt_p16 (mixed)
  * point at the piece while it is in memory, NULL otherwise. */
@@ -513,8 +514,7 @@ int hpu__nvp_fetched(const hpu_strat *s, int k)
 
 int hpu__nvp_fetch(hpu_strat *s, int k)
 {
-	const piece *p = &s->nvp->p[k];
-	if (p->keep || p->buf >= 0)
+	if (hpu__nvp_fetched(s, k))
 		return 0;
 	int b = free_buf(s->nvp);
 	return b < 0 ? 0 : place(s, k, b, 1);

@@ -134,7 +134,8 @@ enum {
 	/* the host tier (offload): Limit, InUse, MaxInUse, params, grads,
 	 * optim, model states */
 	ST_HOST0, ST_HOST_STATES = ST_HOST0 + 6,
-	/* the NVMe tier: bytes read, written, seconds waited */
+	/* the NVMe tier: bytes read, written (both files), seconds waited,
+	 * the parameters' file's bytes read, written */
 	ST_NV0, ST_N = ST_NV0 + 5
 };
 
