@@ -200,7 +200,7 @@ static int run_local(char *err, size_t errlen)
 
 int main(int argc, char **argv)
 {
-	char err[1024] = "";
+	char err[4096] = ""; /* a config file's errors, one a line */
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
 	int r = hpu_args_parse(&L.args, argc, argv, err, sizeof err);
@@ -213,6 +213,8 @@ int main(int argc, char **argv)
 	 * request (hpu_job_env). */
 	if (L.args.data_plane)
 		setenv(hpu_env_name(HPU_ENV_HPUCOLL_SECURITY), L.args.data_plane, 1);
+	if (!L.args.exec_mode && !L.args.status_host)
+		hpu_opts_config_notes(&L.args.train, stderr, "hpulaunch");
 	if (L.args.weak_token)
 		fprintf(stderr, "hpulaunch: warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun\n");
 	int rc;

@@ -17,6 +17,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* HPU_TEST_FILTER=PATTERN runs only the tests whose names match it
+ * (cmocka's wildcards), for working on one test of a long program. */
+__attribute__((constructor)) static void h_filter(void)
+{
+	const char *f = getenv("HPU_TEST_FILTER");
+	if (f && *f)
+		cmocka_set_test_filter(f);
+}
+
 const char *h_build(const char *rel)
 {
 	static char bufs[8][1024];

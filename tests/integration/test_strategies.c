@@ -689,6 +689,156 @@ static void test_config_file_run(void **state)
 	unlink(cfg);
 }
 
+
+/* Files in the shapes of those people bring (Hugging Face transformers'
+ * zero2/zero3 files full of "auto", an Optimum Habana Gaudi file, a
+ * DeepSpeedExamples fp16 ZeRO-1 file), unchanged: each trains, with one
+ * note for its "auto" values and one warning for its keys that change
+ * nothing here. */
+static const struct real_cfg {
+	const char *name, *json;
+	const char *strategy, *precision;
+	int micro_batch;
+	const char *note[4], *warning[4];
+	int hf; /* run with the flags transformers fills "auto" from */
+} real_cfgs[] = {
+	{"transformers zero2",
+	 "{\"fp16\": {\"enabled\": \"auto\", \"loss_scale\": 0, \"loss_scale_window\": 1000,"
+	 "  \"initial_scale_power\": 16, \"hysteresis\": 2, \"min_loss_scale\": 1},\n"
+	 " \"bf16\": {\"enabled\": \"auto\"},\n"
+	 " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", \"betas\": \"auto\","
+	 "  \"eps\": \"auto\", \"weight_decay\": \"auto\"}},\n"
+	 " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": \"auto\","
+	 "  \"warmup_max_lr\": \"auto\", \"warmup_num_steps\": \"auto\"}},\n"
+	 " \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"none\","
+	 "  \"pin_memory\": true}, \"allgather_partitions\": true, \"allgather_bucket_size\": 2e8,"
+	 "  \"overlap_comm\": true, \"reduce_scatter\": true, \"reduce_bucket_size\": 2e8,"
+	 "  \"contiguous_gradients\": true},\n"
+	 " \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\",\n"
+	 " \"steps_per_print\": 2000, \"train_batch_size\": \"auto\",\n"
+	 " \"train_micro_batch_size_per_gpu\": \"auto\", \"wall_clock_breakdown\": false}\n",
+	 "zero2", "bf16-mixed", 32,
+	 {"train_batch_size=64 (--batch-size)", "optimizer.params.lr=0.003 (--lr)",
+	  "fp16.enabled=bf16-mixed (--precision)", "scheduler.params.warmup_num_steps=1000"},
+	 {"wall_clock_breakdown (", "zero_optimization.allgather_partitions (each strategy",
+	  "zero_optimization.offload_optimizer.pin_memory (", "zero_optimization.contiguous_gradients ("},
+	 1},
+	{"transformers zero3",
+	 "{\"fp16\": {\"enabled\": \"auto\"}, \"bf16\": {\"enabled\": \"auto\"},\n"
+	 " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", \"betas\": \"auto\","
+	 "  \"eps\": \"auto\", \"weight_decay\": \"auto\"}},\n"
+	 " \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": \"auto\","
+	 "  \"warmup_max_lr\": \"auto\", \"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}},\n"
+	 " \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"none\","
+	 "  \"pin_memory\": true}, \"offload_param\": {\"device\": \"none\", \"pin_memory\": true},"
+	 "  \"overlap_comm\": true, \"contiguous_gradients\": true, \"sub_group_size\": 1e9,"
+	 "  \"reduce_bucket_size\": \"auto\", \"stage3_prefetch_bucket_size\": \"auto\","
+	 "  \"stage3_param_persistence_threshold\": \"auto\", \"stage3_max_live_parameters\": 1e9,"
+	 "  \"stage3_max_reuse_distance\": 1e9, \"stage3_gather_16bit_weights_on_model_save\": true},\n"
+	 " \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\",\n"
+	 " \"steps_per_print\": 2000, \"train_batch_size\": \"auto\",\n"
+	 " \"train_micro_batch_size_per_gpu\": \"auto\", \"wall_clock_breakdown\": false}\n",
+	 "zero3", "bf16-mixed", 32,
+	 {"scheduler.params.total_num_steps=the run's steps (--total-steps, default)",
+	  "zero_optimization.stage3_prefetch_bucket_size=50000000 (--prefetch-bucket-size, default)",
+	  "gradient_clipping=0 (--clip-grad-norm, default)", "optimizer.params.betas=[0.9, 0.999]"},
+	 {"zero_optimization.stage3_max_reuse_distance (",
+	  "zero_optimization.stage3_gather_16bit_weights_on_model_save (",
+	  "zero_optimization.offload_param.pin_memory", "wall_clock_breakdown ("},
+	 1},
+	{"Optimum Habana Gaudi",
+	 "{\"steps_per_print\": 64, \"train_batch_size\": \"auto\",\n"
+	 " \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\",\n"
+	 " \"bf16\": {\"enabled\": true}, \"gradient_clipping\": 1.0,\n"
+	 " \"zero_optimization\": {\"stage\": 2, \"overlap_comm\": false, \"reduce_scatter\": false,"
+	 "  \"contiguous_gradients\": false}}\n",
+	 "zero2", "bf16-mixed", 32,
+	 {"train_micro_batch_size_per_gpu=32 (--micro-batch-size, default)",
+	  "gradient_accumulation_steps=1 (--grad-accum, default)", NULL},
+	 {"zero_optimization.contiguous_gradients (", "zero_optimization.reduce_scatter (", NULL},
+	 1},
+	{"DeepSpeedExamples fp16 ZeRO-1",
+	 "{\"train_batch_size\": 16, \"steps_per_print\": 2000,\n"
+	 " \"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001, \"betas\": [0.8, 0.999],"
+	 "  \"eps\": 1e-8, \"weight_decay\": 3e-7}},\n"
+	 " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0,"
+	 "  \"warmup_max_lr\": 0.001, \"warmup_num_steps\": 1000}},\n"
+	 " \"gradient_clipping\": 1.0, \"prescale_gradients\": false,\n"
+	 " \"fp16\": {\"enabled\": true, \"fp16_master_weights_and_grads\": false, \"loss_scale\": 0,"
+	 "  \"loss_scale_window\": 500, \"hysteresis\": 2, \"min_loss_scale\": 1,"
+	 "  \"initial_scale_power\": 15},\n"
+	 " \"wall_clock_breakdown\": false,\n"
+	 " \"zero_optimization\": {\"stage\": 1, \"allgather_partitions\": true,"
+	 "  \"reduce_scatter\": true, \"allgather_bucket_size\": 50000000,"
+	 "  \"reduce_bucket_size\": 50000000, \"overlap_comm\": true,"
+	 "  \"contiguous_gradients\": true, \"cpu_offload\": false}}\n",
+	 "zero1", "16-mixed", 8, {NULL},
+	 {"prescale_gradients (gradients are summed", "fp16.fp16_master_weights_and_grads (",
+	  "wall_clock_breakdown (", NULL},
+	 0},
+};
+
+static void test_real_world_configs(void **state)
+{
+	(void)state;
+	char metrics[64];
+	snprintf(metrics, sizeof metrics, "/tmp/hpu-cfg-%d.jsonl", (int)getpid());
+	for (size_t k = 0; k < sizeof real_cfgs / sizeof *real_cfgs; k++) {
+		const struct real_cfg *c = &real_cfgs[k];
+		const char *cfg = write_config(c->json);
+		run r;
+		start(&r, 2);
+		/* the flags transformers would fill the "auto" values from */
+		args(&r, "--config", cfg, "--max-steps", "3", "--metrics", metrics, NULL);
+		if (c->hf)
+			args(&r, "--lr", "0.003", "--batch-size", "64", "--precision", "bf16", NULL);
+		char *out = finish(&r, 0, EQ_MODEL);
+		printf("  %s:\n%s", c->name, out);
+		for (int i = 0; i < 4 && c->note[i]; i++)
+			assert_non_null(strstr(out, c->note[i]));
+		for (int i = 0; i < 4 && c->warning[i]; i++)
+			assert_non_null(strstr(out, c->warning[i]));
+		/* one note (only where there is "auto"), one warning */
+		const char *n = strstr(out, "hpulaunch: note: ");
+		assert_true(c->note[0] ? n && !strstr(n + 1, "hpulaunch: note: ") : !n);
+		const char *w = strstr(out, "hpulaunch: warning: ");
+		assert_non_null(w);
+		assert_null(strstr(w + 1, "hpulaunch: warning: "));
+		char *m = h_slurp(metrics);
+		assert_non_null(m);
+		const char *fin = strstr(m, "\"final\":true");
+		assert_non_null(fin);
+		char want[64];
+		snprintf(want, sizeof want, "\"strategy\":\"%s\"", c->strategy);
+		assert_non_null(strstr(fin, want));
+		snprintf(want, sizeof want, "\"precision\":\"%s\"", c->precision);
+		assert_non_null(strstr(fin, want));
+		assert_true(field(fin, NULL, "steps") == 3);
+		assert_true(field(fin, NULL, "micro_batch") == c->micro_batch);
+		free(m);
+		free(out);
+		unlink(metrics);
+		unlink(cfg);
+	}
+	/* reduce_bucket_size 0 is DeepSpeed's "every tensor alone": a bucket
+	 * per layer (the MLP's 4), where the default bucket holds them all */
+	for (int zero = 0; zero < 2; zero++) {
+		const char *cfg = write_config(zero ? "{\"zero_optimization\": {\"stage\": 2,"
+						      " \"reduce_bucket_size\": 0}}"
+						    : "{\"zero_optimization\": {\"stage\": 2}}");
+		run r;
+		start(&r, 2);
+		args(&r, "--config", cfg, "--max-steps", "1", "--metrics", metrics, NULL);
+		free(finish(&r, 0, EQ_MODEL));
+		char *m = h_slurp(metrics);
+		assert_non_null(m);
+		assert_true(field(strstr(m, "\"final\":true"), NULL, "units") == (zero ? 4 : 1));
+		free(m);
+		unlink(metrics);
+		unlink(cfg);
+	}
+}
+
 /* ---- activation checkpointing, accumulation traffic ---- */
 
 static void test_activation_checkpointing(void **state)
@@ -789,6 +939,7 @@ int main(void)
 		cmocka_unit_test(test_fp8_inference),
 		cmocka_unit_test(test_overflow_skips_step),
 		cmocka_unit_test(test_config_file_run),
+		cmocka_unit_test(test_real_world_configs),
 		cmocka_unit_test(test_activation_checkpointing),
 		cmocka_unit_test(test_accumulation_traffic),
 	};

@@ -539,7 +539,7 @@ static void test_errors_new_flags(void **state)
 		     "onecycle", "warmup_decay");
 	EXPECT_ERROR(ARGS("--warmup-type", "exp"), "--warmup-type", "exp");
 	EXPECT_ERROR(ARGS("--step-size", "0"), "--step-size");
-	EXPECT_ERROR(ARGS("--reduce-bucket-size", "0"), "--reduce-bucket-size");
+	EXPECT_ERROR(ARGS("--reduce-bucket-size", "-1"), "--reduce-bucket-size");
 	EXPECT_ERROR(ARGS("--bucket-cap-mb", "0"), "--bucket-cap-mb");
 	EXPECT_ERROR(ARGS("--grad-comm-dtype", "fp16"), "--grad-comm-dtype",
 		     "fp16");
@@ -1043,6 +1043,217 @@ static void test_file_hputrain(void **state)
 		   "did you mean 'epochs'");
 }
 
+
+/* --config through the flags, on top of the defaults, resolved for world
+ * 2; returns the notes hpu_opts_config_notes prints (malloc'd). Flags in
+ * `before` come first on the command line. */
+static char *notes_of(const char *json, char **before, hpu_train_opts *o)
+{
+	char path[64], err[2048] = "", *text = NULL;
+	size_t len = 0;
+	write_temp(json, path);
+	hpu_opts_defaults(o);
+	for (int k = 0; before && before[k]; k += 2)
+		assert_int_equal(hpu_opts_set(o, before[k], before[k + 1], err, sizeof err), 0);
+	int rc = hpu_opts_set(o, "config", path, err, sizeof err);
+	if (rc == 0)
+		rc = hpu_opts_resolve(o, 2, err, sizeof err);
+	unlink(path);
+	if (rc != 0)
+		fail_msg("%s did not load: %s", json, err);
+	FILE *f = open_memstream(&text, &len);
+	hpu_opts_config_notes(o, f, "hpulaunch");
+	fclose(f);
+	printf("%s", text);
+	return text;
+}
+
+static void assert_has(const char *text, const char *needle)
+{
+	if (!strstr(text, needle))
+		fail_msg("\"%s\" is not in:\n%s", needle, text);
+}
+
+/* "auto" values (Hugging Face's DeepSpeed files) take our flags and
+ * defaults, and one note says what each became. */
+static void test_file_auto(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *t = notes_of(
+		"{'train_batch_size': 'auto', 'train_micro_batch_size_per_gpu': 'auto',"
+		" 'gradient_accumulation_steps': 'auto', 'gradient_clipping': 'auto',"
+		" 'fp16': {'enabled': 'auto'}, 'bf16': {'enabled': 'auto'},"
+		" 'optimizer': {'type': 'AdamW', 'params': {'lr': 'auto', 'betas': 'auto',"
+		"   'eps': 'auto', 'weight_decay': 'auto'}},"
+		" 'scheduler': {'type': 'WarmupDecayLR', 'params': {'warmup_min_lr': 'auto',"
+		"   'warmup_max_lr': 'auto', 'warmup_num_steps': 'auto', 'total_num_steps': 'auto'}},"
+		" 'zero_optimization': {'stage': 3, 'reduce_bucket_size': 'auto',"
+		"   'stage3_prefetch_bucket_size': 'auto', 'stage3_param_persistence_threshold': 'auto'}}",
+		(char *[]){"lr", "0.02", "precision", "bf16", NULL}, &o);
+	assert_int_equal(o.batch_size, 256);
+	assert_int_equal(o.micro_batch, 128);
+	assert_true(o.lr == 0.02);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	assert_int_equal(o.sched, HPU_SCHED_WARMUP_DECAY);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO3);
+	assert_int_equal(o.ncfg_auto, 17);
+	/* one line */
+	assert_ptr_equal(strchr(t, '\n'), t + strlen(t) - 1);
+	assert_has(t, "hpulaunch: note: ");
+	assert_has(t, "\"auto\" values take hputrain's flags and defaults: ");
+	assert_has(t, "train_batch_size=256 (--batch-size, default)");
+	assert_has(t, "train_micro_batch_size_per_gpu=128 (--micro-batch-size, default)");
+	assert_has(t, "gradient_accumulation_steps=1 (--grad-accum, default)");
+	assert_has(t, "fp16.enabled=bf16-mixed (--precision)");
+	assert_has(t, "optimizer.params.lr=0.02 (--lr)");
+	assert_has(t, "optimizer.params.betas=[0.9, 0.999] (--beta1, --beta2, default)");
+	assert_has(t, "scheduler.params.warmup_max_lr=0.02 (--lr)");
+	assert_has(t, "scheduler.params.total_num_steps=the run's steps (--total-steps, default)");
+	assert_has(t, "optimizer.params.weight_decay=0.01 (--weight-decay, default)");
+	assert_has(t, "zero_optimization.reduce_bucket_size=6553600 (--reduce-bucket-size, default)");
+	free(t);
+	/* a key without "auto" is not in the note; no note without any */
+	t = notes_of("{'train_batch_size': 64}", NULL, &o);
+	assert_string_equal(t, "");
+	free(t);
+}
+
+/* Keys DeepSpeed accepts that change nothing here: accepted, named in
+ * one warning with the reason, keys with one reason together. A top-level
+ * key DeepSpeed does not know either is ignored, as DeepSpeed ignores it,
+ * unless it is a misspelling of a known one. */
+static void test_file_no_effect(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *t = notes_of(
+		"{'train_batch_size': 64, 'wall_clock_breakdown': false, 'timers': {},"
+		" 'prescale_gradients': false, 'zero_allow_untested_optimizer': true,"
+		" 'my_team_setting': 3, 'steps_per_print': 2000,"
+		" 'zero_optimization': {'stage': 2, 'contiguous_gradients': true,"
+		"   'reduce_scatter': true, 'allgather_partitions': true, 'sub_group_size': 1e9,"
+		"   'stage3_gather_16bit_weights_on_model_save': true},"
+		" 'optimizer': {'type': 'Adam', 'params': {'torch_adam': true, 'lr': 0.01}},"
+		" 'bf16': {'enabled': true}}",
+		NULL, &o);
+	assert_int_equal(o.batch_size, 64);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO2);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	assert_true(o.lr == 0.01);
+	assert_ptr_equal(strchr(t, '\n'), t + strlen(t) - 1);
+	assert_has(t, "hpulaunch: warning: ");
+	assert_has(t, "keys with no effect in hputrain: ");
+	assert_has(t, "wall_clock_breakdown, timers (timings and counters are --profile's");
+	assert_has(t, "prescale_gradients (gradients are summed, then divided by the world size once)");
+	assert_has(t, "zero_allow_untested_optimizer (every optimizer here works with every ZeRO stage)");
+	assert_has(t, "my_team_setting (not a key hputrain knows)");
+	assert_has(t, "zero_optimization.reduce_scatter, zero_optimization.allgather_partitions (each strategy");
+	assert_has(t, "zero_optimization.contiguous_gradients (gradients always live in one contiguous buffer)");
+	assert_has(t, "zero_optimization.stage3_gather_16bit_weights_on_model_save (--save-params");
+	assert_has(t, "optimizer.params.torch_adam (");
+	assert_null(strstr(t, "sub_group_size")); /* honoured */
+	assert_null(strstr(t, "steps_per_print"));
+	free(t);
+	/* a misspelt top-level key is still an error */
+	LOAD_ERROR("{'wall_clock_breakdwn': false}", "unknown key 'wall_clock_breakdwn'",
+		   "did you mean 'wall_clock_breakdown'");
+	/* zero_optimization is strict, as DeepSpeed's */
+	LOAD_ERROR("{'zero_optimization': {'my_team_setting': 3}}",
+		   "unknown key 'zero_optimization.my_team_setting'");
+	/* values DeepSpeed takes that would change the training here */
+	LOAD_ERROR("{'optimizer': {'type': 'AdamW', 'params': {'amsgrad': true}}}",
+		   "optimizer.params.amsgrad: true is not supported");
+	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'dampening': 0.1}}}",
+		   "optimizer.params.dampening: 0.1 is not supported");
+}
+
+/* Every bad key of a file in one run, one a line. */
+static void test_file_all_errors(void **state)
+{
+	(void)state;
+	char path[64], err[4096] = "";
+	hpu_train_opts o, d;
+	write_temp("{'train_batch_szie': 8,"
+		   " 'zero_optimization': {'stage': 3, 'stage3_prefetch_bucket_sise': 5,"
+		   "   'overlap_com': true},"
+		   " 'optimizer': {'type': 'AdamW', 'params': {'lr': 'fast', 'betas': [0.9]}},"
+		   " 'fp16': {'loss_scail': 0}, 'hputrain': {'epoch': 2}}",
+		   path);
+	hpu_opts_defaults(&o);
+	d = o;
+	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof err), -1);
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_memory_equal(&o, &d, sizeof o);
+	char head[128];
+	snprintf(head, sizeof head, "%s has 7 errors:\n  ", path);
+	assert_has(err, head);
+	assert_has(err, "\n  unknown key 'train_batch_szie' in");
+	assert_has(err, "(did you mean 'train_batch_size'?)");
+	assert_has(err, "\n  unknown key 'zero_optimization.stage3_prefetch_bucket_sise'");
+	assert_has(err, "\n  unknown key 'zero_optimization.overlap_com' in");
+	assert_has(err, "optimizer.params.lr: expected a number, got a string \"fast\"");
+	assert_has(err, "optimizer.params.betas: expected two numbers");
+	assert_has(err, "\n  unknown key 'fp16.loss_scail'");
+	assert_has(err, "\n  unknown key 'hputrain.epoch'");
+	int lines = 0;
+	for (const char *c = err; *c; c++)
+		lines += *c == '\n';
+	assert_int_equal(lines, 7);
+}
+
+/* Lightning's precision names; DeepSpeed's communication_data_type, amp,
+ * and the sizes whose 0 means something in DeepSpeed. */
+static void test_precision_names_and_zero_sizes(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *name;
+		hpu_precision p;
+	} names[] = {{"32", HPU_PREC_FP32},           {"32-true", HPU_PREC_FP32},
+		     {"fp32", HPU_PREC_FP32},         {"bf16", HPU_PREC_BF16_MIXED},
+		     {"bf16-mixed", HPU_PREC_BF16_MIXED}, {"16-mixed", HPU_PREC_FP16_MIXED},
+		     {"16", HPU_PREC_FP16_MIXED},     {"fp8", HPU_PREC_FP8}};
+	hpu_train_opts o;
+	char err[512];
+	int stop;
+	for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+		hpu_opts_defaults(&o);
+		assert_int_equal(parse(&o, ARGS("--precision", (char *)names[k].name, "m.so"),
+				       &stop, err, sizeof err), 0);
+		assert_int_equal(o.precision, names[k].p);
+	}
+	EXPECT_ERROR(ARGS("--precision", "bf16-true"), "--precision", "bf16-true",
+		     "bf16-mixed", "32-true");
+	load_ok("{'hputrain': {'precision': '32-true'}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_FP32);
+	load_ok("{'hputrain': {'precision': 'bf16'}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	load_ok("{'amp': {'enabled': true, 'opt_level': 'O1'}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_FP16_MIXED);
+	load_ok("{'bfloat16': {'enabled': true}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	load_ok("{'communication_data_type': 'bf16'}", &o);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_BF16);
+	LOAD_ERROR("{'communication_data_type': 'fp16'}", "communication_data_type", "fp16");
+	load_ok("{'zero_optimization': {'reduce_bucket_size': 0, 'allgather_bucket_size': 0,"
+		" 'stage3_max_live_parameters': 0, 'sub_group_size': 0,"
+		" 'stage3_prefetch_bucket_size': 0, 'stage3_param_persistence_threshold': 0}}",
+		&o);
+	assert_int_equal(o.reduce_bucket, 0);
+	assert_int_equal(o.allgather_bucket, 0);
+	assert_int_equal(o.max_live_params, 0);
+	assert_int_equal(o.sub_group_size, 0);
+	/* the short names DeepSpeed also accepts */
+	load_ok("{'zero_optimization': {'prefetch_bucket_size': 7, 'param_persistence_threshold': 8,"
+		" 'max_live_parameters': 9}}",
+		&o);
+	assert_int_equal(o.prefetch_bucket, 7);
+	assert_int_equal(o.persistence_threshold, 8);
+	assert_int_equal(o.max_live_params, 9);
+}
+
 /* The four bad files the issue names, and the other kinds of error. */
 static void test_file_errors(void **state)
 {
@@ -1053,7 +1264,8 @@ static void test_file_errors(void **state)
 		   "(did you mean 'stage'?)");
 	LOAD_ERROR("{'train_batch_sizes': 2}", "'train_batch_sizes'",
 		   "did you mean 'train_batch_size'");
-	LOAD_ERROR("{'frobnicate': 2}", "unknown key 'frobnicate'");
+	LOAD_ERROR("{'zero_optimization': {'frobnicate': 2}}",
+		   "unknown key 'zero_optimization.frobnicate'");
 	/* a stage out of range */
 	LOAD_ERROR("{'zero_optimization': {'stage': 4}}",
 		   "zero_optimization.stage: 4 is out of range 0..3");
@@ -1071,12 +1283,10 @@ static void test_file_errors(void **state)
 		   "zero_optimization.overlap_comm", "true or false");
 	LOAD_ERROR("{'zero_optimization': 2}", "zero_optimization",
 		   "expected an object, got a number 2");
-	/* "auto", as Hugging Face writes DeepSpeed files */
-	LOAD_ERROR("{'train_batch_size': 'auto'}",
-		   "train_batch_size: \"auto\" is not supported; give a number");
-	LOAD_ERROR("{'gradient_accumulation_steps': 'auto'}",
-		   "gradient_accumulation_steps", "\"auto\"");
-	LOAD_ERROR("{'bf16': {'enabled': 'auto'}}", "bf16.enabled", "\"auto\"");
+	/* "auto" where no flag or default can stand for it */
+	LOAD_ERROR("{'zero_optimization': {'stage': 'auto'}}",
+		   "zero_optimization.stage: \"auto\" is not supported; give a number");
+	LOAD_ERROR("{'optimizer': {'type': 'auto'}}", "optimizer.type", "\"auto\"");
 	/* integers */
 	LOAD_ERROR("{'train_batch_size': 2.5}", "train_batch_size", "2.5",
 		   "not an integer");
@@ -1467,6 +1677,10 @@ int main(void)
 	    cmocka_unit_test(test_profile_flags),
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_errors),
+	    cmocka_unit_test(test_file_auto),
+	    cmocka_unit_test(test_file_no_effect),
+	    cmocka_unit_test(test_file_all_errors),
+	    cmocka_unit_test(test_precision_names_and_zero_sizes),
 	    cmocka_unit_test(test_file_syntax_and_io),
 	    cmocka_unit_test(test_file_not_regular),
 	    cmocka_unit_test(test_checkpoint_dir_check),

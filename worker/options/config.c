@@ -195,6 +195,28 @@ int hpu__pick(const char *v, const char *const *names, int n, int nocase)
 	return -1;
 }
 
+/* Other spellings of a choice: Lightning's precision names ("32-true",
+ * "bf16") and its older ones ("32", "16"). */
+static const struct {
+	const char *opt, *alias;
+	int value;
+} choice_aliases[] = {
+	{"precision", "32", HPU_PREC_FP32},
+	{"precision", "32-true", HPU_PREC_FP32},
+	{"precision", "bf16", HPU_PREC_BF16_MIXED},
+	{"precision", "16", HPU_PREC_FP16_MIXED},
+};
+
+int hpu__choice(const struct hpu__opt *p, const char *v, int nocase)
+{
+	int k = hpu__pick(v, p->names, p->nnames, nocase);
+	for (size_t i = 0; k < 0 && i < sizeof choice_aliases / sizeof *choice_aliases; i++)
+		if (!strcmp(p->name, choice_aliases[i].opt) &&
+		    !(nocase ? strcasecmp : strcmp)(v, choice_aliases[i].alias))
+			k = choice_aliases[i].value;
+	return k;
+}
+
 #define OFF(f) offsetof(hpu_train_opts, f)
 #define NUM(n, k, f, lo, hi, h) {n, k, OFF(f), lo, hi, NULL, 0, h, NULL}
 #define OTHER(n, k, f, h) {n, k, OFF(f), 0, 0, NULL, 0, h, NULL}
@@ -225,14 +247,14 @@ static const struct hpu__opt opts[] = {
 	NUM("min-lr", K_DOUBLE, min_lr, 0, 1e6, "cosine: the final lr (0)"),
 	NUM("seed", K_U64, seed, 0, 9e18, "seed for parameter init and shuffling (42)"),
 	CHOICE("strategy", strategy, strategy_names, "fast_ddp | ddp | zero1 | zero2 | zero3 (fast_ddp)"),
-	NUM("reduce-bucket-size", K_LONG, reduce_bucket, 1, 1e15, "ddp/zero2 gradient bucket, elements (6553600)"),
+	NUM("reduce-bucket-size", K_LONG, reduce_bucket, 0, 1e15, "ddp/zero2 gradient bucket, elements; 0: a bucket per layer, as DeepSpeed (6553600)"),
 	NUM("bucket-cap-mb", K_MB, reduce_bucket, 0, 1e6, "the same in MiB of fp32, as torch DDP (25)"),
-	NUM("allgather-bucket-size", K_LONG, allgather_bucket, 1, 1e15, "zero1 all-gather unit, elements (500000000)"),
+	NUM("allgather-bucket-size", K_LONG, allgather_bucket, 0, 1e15, "zero1 all-gather unit, elements; 0: one for all (500000000)"),
 	OTHER("overlap-comm", K_FLAG, overlap_comm, "communicate during backward (on)"),
 	OTHER("no-overlap-comm", K_NOFLAG, overlap_comm, "communicate after backward"),
 	NUM("prefetch-bucket-size", K_LONG, prefetch_bucket, 0, 1e15, "zero3: elements gathered ahead (50000000)"),
 	NUM("param-persistence-threshold", K_LONG, persistence_threshold, 0, 1e15, "zero3: smaller layers stay whole (100000)"),
-	NUM("max-live-parameters", K_LONG, max_live_params, 1, 1e15, "zero3: gathered elements alive at once (1000000000)"),
+	NUM("max-live-parameters", K_LONG, max_live_params, 0, 1e15, "zero3: gathered elements alive at once; 0: none ahead of use (1000000000)"),
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
 	OTHER("device-memory", K_SIZE, device_memory, "memory per device, e.g. 2GiB (node memory / local devices)"),
@@ -242,7 +264,7 @@ static const struct hpu__opt opts[] = {
 	OTHER("param-nvme-path", K_STR, param_nvme_path, "the same for --offload-param nvme (--nvme-path)"),
 	OTHER("host-memory", K_SIZE, host_memory, "bound on the offloaded host tier per worker, e.g. 8GiB (none)"),
 	NUM("offload-buffer-count", K_INT, offload_buffer_count, 1, 64, "nvme: optimizer sub-group buffers; 1 reads, updates and writes one sub-group at a time, more overlap them (4) [offload_optimizer.buffer_count]"),
-	NUM("sub-group-size", K_LONG, sub_group_size, 1, 1e15, "nvme: optimizer elements swapped and updated together, at most (1e9) [zero_optimization.sub_group_size]"),
+	NUM("sub-group-size", K_LONG, sub_group_size, 0, 1e15, "nvme: optimizer elements swapped and updated together, at most; 0: a layer each, as DeepSpeed's one tensor each (1e9) [zero_optimization.sub_group_size]"),
 	NUM("param-buffer-count", K_INT, param_buffer_count, 2, 64, "nvme: buffers for the parameter shard's pieces in memory at once (5) [offload_param.buffer_count]"),
 	NUM("param-buffer-size", K_LONG, param_buffer_size, 1, 1e15, "nvme: a layer's piece of the shard may have at most this many elements (1e8) [offload_param.buffer_size]"),
 	NUM("max-in-cpu", K_LONG, max_in_cpu, 0, 1e15, "accepted, no effect: every non-persistent piece goes to the file (1e9) [offload_param.max_in_cpu]"),
@@ -254,7 +276,7 @@ static const struct hpu__opt opts[] = {
 	NUM("log-every", K_INT, log_every, 0, 1e9, "log loss and samples/s every N steps (50; 0: never)"),
 	OTHER("verbose", K_FLAG, verbose, "print the autocast policy (rank 0) and each worker's kernels (ISA)"),
 	NUM("kernel-threads", K_INT, kernel_threads, 1, 4096, "kernel threads per worker (1: a worker is one device)"),
-	CHOICE("precision", precision, precision_names, "fp32 | bf16-mixed | 16-mixed | fp8 (fp32)"),
+	CHOICE("precision", precision, precision_names, "fp32 | bf16-mixed | 16-mixed | fp8, or Lightning's 32, 32-true, bf16, 16 (fp32)"),
 	NUM("loss-scale", K_DOUBLE, loss_scale, 0, 1e30, "16-mixed: a static loss scale (0: dynamic)"),
 	NUM("initial-scale-power", K_INT, initial_scale_power, 0, 60, "16-mixed: dynamic scale starts at 2^N (16)"),
 	NUM("loss-scale-window", K_LONG, loss_scale_window, 1, 1e15, "16-mixed: double the scale after N good steps (1000)"),
@@ -303,6 +325,46 @@ int hpu__opt_slot(const struct hpu__opt *p)
 			return (int)i;
 	assert(0);
 	return 0;
+}
+
+const struct hpu__opt *hpu__opt_at(int slot)
+{
+	return slot >= 0 && (size_t)slot < NOPTS ? &opts[slot] : NULL;
+}
+
+const char *hpu__opt_text(const hpu_train_opts *o, const struct hpu__opt *p, char *buf,
+			  size_t len)
+{
+	const char *field = (const char *)o + p->off;
+	switch (p->kind) {
+	case K_INT:
+		snprintf(buf, len, "%d", *(const int *)field);
+		break;
+	case K_LONG:
+		snprintf(buf, len, "%ld", *(const long *)field);
+		break;
+	case K_U64:
+	case K_SIZE:
+		snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)field);
+		break;
+	case K_DOUBLE:
+		snprintf(buf, len, "%.15g", *(const double *)field);
+		break;
+	case K_MB:
+		snprintf(buf, len, "%g MiB", (double)*(const long *)field * 4 / 1048576);
+		break;
+	case K_FLAG:
+	case K_NOFLAG:
+		snprintf(buf, len, "%s", *(const int *)field ? "true" : "false");
+		break;
+	case K_CHOICE:
+		snprintf(buf, len, "%s", name_of(p->names, p->nnames, *(const int *)field));
+		break;
+	default:
+		snprintf(buf, len, "%s", field);
+		break;
+	}
+	return buf;
 }
 
 int hpu__opt_slot_named(const char *name)
@@ -374,7 +436,7 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 		strcpy(field, v);
 		return 0;
 	case K_CHOICE:
-		if ((k = hpu__pick(v, p->names, p->nnames, 0)) < 0)
+		if ((k = hpu__choice(p, v, 0)) < 0)
 			return -1;
 		*(int *)field = k;
 		return 0;
@@ -422,6 +484,12 @@ const char *hpu__opt_expected(const struct hpu__opt *p, char *buf,
 		for (int i = 0; i < p->nnames && n < len; i++)
 			n += (size_t)snprintf(buf + n, len - n, "%s %s",
 					      i ? "," : "", p->names[i]);
+		for (size_t i = 0, k = 0; i < sizeof choice_aliases / sizeof *choice_aliases; i++)
+			if (!strcmp(p->name, choice_aliases[i].opt) && n < len)
+				n += (size_t)snprintf(buf + n, len - n, "%s%s", k++ ? ", " : " (or ",
+						      choice_aliases[i].alias);
+		if (strchr(buf, '(') && n < len)
+			snprintf(buf + n, len - n, ")");
 		return buf;
 	case K_SIZE:
 		return "a size above 0 like 4096, 512K, 1.5G or 2GiB";

@@ -67,6 +67,7 @@ typedef enum hpu_fp8_algo {
 /* Where an option's value came from. */
 enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2 };
 #define HPU_OPTS_MAX 96
+#define HPU_CFG_AUTOS 48
 
 typedef struct hpu_train_opts {
 	int epochs;             /* passes over the training set */
@@ -164,6 +165,15 @@ typedef struct hpu_train_opts {
 				 * stall warning (30; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
+	/* What --config left to flags and defaults ("auto" values) and the
+	 * keys it accepted that change nothing here ("key\twhy\n" lines):
+	 * hpu_opts_config_notes says them. */
+	struct hpu_cfg_auto {
+		char key[80];  /* "optimizer.params.lr" */
+		short slot[2]; /* the options' from[] slots; -1: none */
+	} cfg_auto[HPU_CFG_AUTOS];
+	int ncfg_auto;
+	char cfg_ignored[2048];
 } hpu_train_opts;
 
 /* Fills o with the defaults (1 epoch, batch 256, AdamW lr 1e-3, ...). */
@@ -209,9 +219,16 @@ int hpu_opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
 
 /* Loads a DeepSpeed-style JSON config file (the keys are listed in
  * README.md). Unknown keys, wrong types and out-of-range values are errors
- * naming the key path ("zero_optimization.stage"). */
+ * naming the key path ("zero_optimization.stage"); every one in the file is
+ * in err, one a line. At the top level, as in DeepSpeed, an unknown key
+ * far from every known one is ignored (and noted). */
 int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
 		       size_t errlen);
+
+/* After hpu_opts_resolve: one note naming the config file's "auto" values
+ * and what they were resolved to, and one warning naming its keys that
+ * change nothing here and why; nothing when there are none. */
+void hpu_opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog);
 
 /* Checks the options against a world size and fills in what follows from
  * them (the batch size not given). A batch mismatch names all three

@@ -60,6 +60,17 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 const char *hpu__opt_expected(const struct hpu__opt *p, char *buf,
 			      size_t len);
 
+/* The option whose from[] index is slot, or NULL. */
+const struct hpu__opt *hpu__opt_at(int slot);
+
+/* The value of p in o as text (a choice by its name), in buf. */
+const char *hpu__opt_text(const hpu_train_opts *o, const struct hpu__opt *p, char *buf,
+			  size_t len);
+
+/* The value of choice option p that v names (one of p->names, or another
+ * spelling of one, case-insensitively if nocase), or -1. */
+int hpu__choice(const struct hpu__opt *p, const char *v, int nocase);
+
 /* The index of v in names[0..n-1] (case-insensitively if nocase), or -1. */
 int hpu__pick(const char *v, const char *const *names, int n, int nocase);
 

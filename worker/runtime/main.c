@@ -92,7 +92,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN); /* a closed status pipe or socket is EPIPE, not death */
 	hpu_status_hello();
-	char err[1024] = "";
+	char err[4096] = ""; /* a config file's errors, one a line */
 	int rank = env_int(HPU_ENV_RANK, 0), world = env_int(HPU_ENV_WORLD_SIZE, 1);
 	hpu_train_opts o;
 	hpu_opts_defaults(&o);

@@ -123,7 +123,8 @@ static void build_units(hpu_strat *s)
 		break;
 	case HPU_STRATEGY_DDP:
 	case HPU_STRATEGY_ZERO2:
-		group(s, o->reduce_bucket, 1);
+		/* DeepSpeed's reduce_bucket_size 0: every tensor alone */
+		group(s, o->reduce_bucket ? o->reduce_bucket : 1, 1);
 		break;
 	case HPU_STRATEGY_ZERO1:
 		group(s, o->allgather_bucket, 0);

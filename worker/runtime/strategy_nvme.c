@@ -155,7 +155,8 @@ int hpu__nv_open(hpu_strat *s)
 		return hpu__strat_fail(s, "out of memory");
 	s->nv = nv;
 	nv->nsec = nsec;
-	size_t sub = (size_t)o->sub_group_size;
+	/* 0: a unit each (DeepSpeed's sub_group_size 0: a tensor each) */
+	size_t sub = o->sub_group_size ? (size_t)o->sub_group_size : SIZE_MAX;
 	int cap = 0;
 	uint64_t at = 0;
 	size_t largest = 0;
