@@ -96,6 +96,10 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "precision"),
 	VAR(FP32_LIST, "", "hpu-worker; carried to hpud by --hostfile",
 	    "a file of op names (one a line) that autocast keeps in fp32"),
+	VAR(PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST, "", "hpu-worker; carried to hpud by --hostfile",
+	    "LOWER_LIST's newer name (Optimum Habana sets it); both are read"),
+	VAR(PT_HPU_AUTOCAST_FP32_OPS_LIST, "", "hpu-worker; carried to hpud by --hostfile",
+	    "FP32_LIST's newer name; both are read"),
 	VAR(QUANT_CONFIG, "", "hpu-worker; carried to hpud by --hostfile",
 	    "the JSON file of an fp8 inference run: measure, or quantize "
 	    "(see Precision)"),

@@ -182,12 +182,19 @@ enum {
 
 /* Sets the policy: low type `lowp`, the default lower list (linear,
  * matmul, bmm, conv2d, attention), then the ops named in the files of the
- * LOWER_LIST and FP32_LIST environment variables moved into the lower /
- * fp32 list (one name a line; blank lines and '#' comments allowed). On an
- * unreadable file, an unknown name or a name in both files, returns
- * HPU_ERROR with a message naming the file (and line) in err, and leaves
- * the policy as it was; HPU_OK otherwise. */
+ * LOWER_LIST / PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST and FP32_LIST /
+ * PT_HPU_AUTOCAST_FP32_OPS_LIST environment variables moved into the lower
+ * / fp32 list (one name a line; blank lines and '#' comments allowed). A
+ * name is one of ours or PyTorch's for one of ours ("addmm", "layer_norm",
+ * "aten::bmm.out"); a name that means no op here is ignored and named in
+ * hpu_autocast_warnings(). On an unreadable file or an op in both lists,
+ * returns HPU_ERROR with a message naming the file (and line) in err, and
+ * leaves the policy as it was; HPU_OK otherwise. */
 HPU_API int hpu_autocast_init(int lowp, char *err, size_t errlen);
+
+/* What the last hpu_autocast_init ignored: a line per list file naming
+ * the names that mean no op here; "" when there were none. */
+HPU_API const char *hpu_autocast_warnings(void);
 
 /* Prints the policy in force (low type, both lists, the files) to f. */
 HPU_API void hpu_autocast_print(FILE *f);

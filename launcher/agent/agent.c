@@ -602,7 +602,9 @@ static int device_of(const hpu_agent *a, const worker *w)
 	return a->cfg.device_ids ? a->cfg.device_ids[w->local] : w->local;
 }
 
-const hpu_env_id hpu_job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST, HPU_ENV_QUANT_CONFIG,
+const hpu_env_id hpu_job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
+				  HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
+				  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST, HPU_ENV_QUANT_CONFIG,
 				  HPU_ENV_HPUCOLL_SECURITY, HPU_ENV_COUNT};
 
 /* What the agent sets for every worker (HPUCOLL_TRANSPORT when it has

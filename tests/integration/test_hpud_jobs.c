@@ -78,29 +78,43 @@ static void test_job_through_hostfile(void **state)
 	stop_daemon();
 }
 
-/* The variables the workers read (LOWER_LIST, FP32_LIST, QUANT_CONFIG)
+/* The variables the workers read (the autocast lists, QUANT_CONFIG)
  * travel with the request: hpud's own environment has none, and the
- * workers read the submitter's file (here a bad one, which they name). */
+ * workers read the submitter's files (here with a name each that means no
+ * op, which rank 0 names in its warnings). */
 static void test_job_env_forwarded(void **state)
 {
 	(void)state;
-	char list[64];
+	char list[64], list2[64];
 	snprintf(list, sizeof list, "/tmp/hpu-lower-%d.txt", (int)getpid());
+	snprintf(list2, sizeof list2, "/tmp/hpu-fp32-%d.txt", (int)getpid());
 	assert_int_equal(h_write_file(list, "relu\nlineer\n", 0644), 0); /* workers run as nobody */
+	assert_int_equal(h_write_file(list2, "layer_norm\nacos\n", 0644), 0);
 	start_daemon();
 	setenv("LOWER_LIST", list, 1);
+	setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", list2, 1);
 	proc p;
 	launch_start(&p, "1");
 	unsetenv("LOWER_LIST");
+	unsetenv("PT_HPU_AUTOCAST_FP32_OPS_LIST");
 	assert_int_equal(h_wait(&p, 120000), 0);
 	printf("  %s", strstr(p.out, "LOWER_LIST") ? strstr(p.out, "LOWER_LIST") : p.out);
-	assert_int_not_equal(h_code(&p), 0);
-	char want[128];
-	snprintf(want, sizeof want, "LOWER_LIST file %s line 2: unknown op 'lineer'", list);
+	assert_int_equal(h_code(&p), 0);
+	char want[256];
+	snprintf(want, sizeof want,
+		 "warning: LOWER_LIST file %s: 1 name means no op here and is ignored: 'lineer' "
+		 "(did you mean 'linear'?)",
+		 list);
+	assert_non_null(strstr(p.out, want));
+	snprintf(want, sizeof want,
+		 "warning: PT_HPU_AUTOCAST_FP32_OPS_LIST file %s: 1 name means no op here and is "
+		 "ignored: 'acos'",
+		 list2);
 	assert_non_null(strstr(p.out, want));
 	h_free(&p);
 	stop_daemon();
 	unlink(list);
+	unlink(list2);
 }
 
 /* Devices are not double-booked; --status shows the job; a submitter that

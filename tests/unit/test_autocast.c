@@ -145,23 +145,88 @@ static void test_lists_move_ops(void **state)
 	assert_int_equal(hpu_autocast_lowered("linear"), 1);
 }
 
+/* A name that means no op here is ignored and named in one warning per
+ * file (with the nearest of ours when it looks like a typo); the known
+ * names of the file still apply. */
 static void test_unknown_op(void **state)
 {
 	(void)state;
-	policy_ok(HPU_AUTOCAST_BF16, "gelu\n", NULL);
-	char err[512] = "", want[256];
-	assert_int_equal(policy(HPU_AUTOCAST_BF16, "relu\n\n  lineer\n", NULL, err, sizeof err), -1);
+	char want[512];
+	policy_ok(HPU_AUTOCAST_BF16, "relu\n\n  lineer\nsilu\n", "Linear\n");
+	assert_int_equal(hpu_autocast_lowered("relu"), 1);
+	assert_int_equal(hpu_autocast_lowered("linear"), 1);
+	const char *w = hpu_autocast_warnings();
+	printf("%s", w);
+	snprintf(want, sizeof want,
+		 "LOWER_LIST file %s/lower.txt: 2 names mean no op here and are ignored: "
+		 "'lineer' (did you mean 'linear'?), 'silu' (ops: linear, matmul, bmm,",
+		 dir);
+	assert_non_null(strstr(w, want));
+	snprintf(want, sizeof want,
+		 "\nFP32_LIST file %s/fp32.txt: 1 name means no op here and is ignored: "
+		 "'Linear' (did you mean 'linear'?) (ops: ",
+		 dir);
+	assert_non_null(strstr(w, want));
+	/* the next init starts again */
+	policy_ok(HPU_AUTOCAST_BF16, "relu\n", NULL);
+	assert_string_equal(hpu_autocast_warnings(), "");
+}
+
+/* PyTorch's names for our ops, as Habana's list files write them, in the
+ * shape of Optimum Habana's ops_bf16.txt / ops_fp32.txt, through the
+ * variables Optimum Habana sets (PT_HPU_AUTOCAST_*) next to the older
+ * ones. */
+static void test_torch_names(void **state)
+{
+	(void)state;
+	unsetenv("LOWER_LIST");
+	unsetenv("FP32_LIST");
+	setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST",
+	       write_file("ops_bf16.txt", "slice\nunsqueeze\nmul\ncast\nadd\nlinear\ntranspose\n"
+					  "matmul\nsilu\nexp\npow\nmean\nrsqrt\nsoftplus\nneg\ncat\n"
+					  "sum\nconvolution_overrideable\nsub\nembedding\nindex_select\n"
+					  "argmax\nindex_copy_\neq\ngt\naddmm\nbaddbmm\nlayer_norm.default\n"
+					  "aten::gelu\nrelu_\n"),
+	       1);
+	setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST",
+	       write_file("ops_fp32.txt", "acos\nexp\nlog_softmax\n_softmax\nnll_loss\nmse_loss\n"
+					  "max_pool2d_with_indices\n"),
+	       1);
+	char err[512] = "";
+	if (hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err) < 0)
+		fail_msg("ops_bf16.txt did not load: %s", err);
+	printf("%s", hpu_autocast_warnings());
+	static const char *const low[] = {"linear", "matmul", "bmm", "conv2d", "embedding",
+					  "layernorm", "gelu", "relu", "attention"};
+	static const char *const fp32[] = {"softmax_xent", "softmax", "maxpool2d", "tanh",
+					   "dropout", "avgpool2d"};
+	for (size_t i = 0; i < sizeof low / sizeof *low; i++)
+		if (!hpu_autocast_lowered(low[i]))
+			fail_msg("%s is not lowered", low[i]);
+	for (size_t i = 0; i < sizeof fp32 / sizeof *fp32; i++)
+		if (hpu_autocast_lowered(fp32[i]))
+			fail_msg("%s is lowered", fp32[i]);
+	char want[256];
+	snprintf(want, sizeof want,
+		 "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file %s/ops_bf16.txt: 21 names mean no op "
+		 "here and are ignored: 'slice', 'unsqueeze', 'mul', 'cast', 'add', 'transpose', ",
+		 dir);
+	assert_non_null(strstr(hpu_autocast_warnings(), want));
+	snprintf(want, sizeof want,
+		 "PT_HPU_AUTOCAST_FP32_OPS_LIST file %s/ops_fp32.txt: 3 names mean no op here and "
+		 "are ignored: 'acos', 'exp', 'mse_loss' (ops: ",
+		 dir);
+	assert_non_null(strstr(hpu_autocast_warnings(), want));
+	/* one op in both lists, across the old and the new names */
+	setenv("FP32_LIST", write_file("fp32.txt", "mm\n"), 1);
+	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
 	printf("error: %s\n", err);
-	snprintf(want, sizeof want, "LOWER_LIST file %s/lower.txt line 3: unknown op 'lineer' (ops: linear, matmul, bmm,", dir);
-	assert_non_null(strstr(err, want));
-	assert_non_null(strstr(err, "attention)"));
-	/* the policy in force is unchanged */
-	assert_int_equal(hpu_autocast_lowered("gelu"), 1);
-	assert_int_equal(hpu_autocast_lowered("relu"), 0);
-	assert_int_equal(policy(HPU_AUTOCAST_BF16, NULL, "Linear\n", err, sizeof err), -1);
-	printf("error: %s\n", err);
-	snprintf(want, sizeof want, "FP32_LIST file %s/fp32.txt line 1: unknown op 'Linear'", dir);
-	assert_non_null(strstr(err, want));
+	assert_non_null(strstr(err, "op 'linear' is in both the PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file"));
+	assert_non_null(strstr(err, "and the FP32_LIST file"));
+	unsetenv("FP32_LIST");
+	unsetenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST");
+	unsetenv("PT_HPU_AUTOCAST_FP32_OPS_LIST");
+	policy_ok(HPU_AUTOCAST_BF16, NULL, NULL);
 }
 
 static void test_unreadable_file(void **state)
@@ -542,6 +607,7 @@ int main(void)
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_lists_move_ops),
 		cmocka_unit_test(test_unknown_op),
+		cmocka_unit_test(test_torch_names),
 		cmocka_unit_test(test_unreadable_file),
 		cmocka_unit_test(test_list_not_text),
 		cmocka_unit_test(test_both_lists),

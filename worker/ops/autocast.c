@@ -84,6 +84,105 @@ static int op_index(const char *name)
 	return -1;
 }
 
+/* PyTorch's op names (aten, as Habana's and Optimum Habana's list files
+ * write them) that are one of ours. */
+static const struct {
+	const char *torch;
+	hpu__op op;
+} torch_ops[] = {
+	{"addmm", HPU_OP_LINEAR},
+	{"mm", HPU_OP_LINEAR},
+	{"addmv", HPU_OP_LINEAR},
+	{"mv", HPU_OP_LINEAR},
+	{"einsum", HPU_OP_MATMUL},
+	{"chain_matmul", HPU_OP_MATMUL},
+	{"linalg_multi_dot", HPU_OP_MATMUL},
+	{"baddbmm", HPU_OP_BMM},
+	{"addbmm", HPU_OP_BMM},
+	{"convolution", HPU_OP_CONV2D},
+	{"convolution_overrideable", HPU_OP_CONV2D},
+	{"cudnn_convolution", HPU_OP_CONV2D},
+	{"mkldnn_convolution", HPU_OP_CONV2D},
+	{"max_pool2d", HPU_OP_MAXPOOL2D},
+	{"max_pool2d_with_indices", HPU_OP_MAXPOOL2D},
+	{"avg_pool2d", HPU_OP_AVGPOOL2D},
+	{"cross_entropy", HPU_OP_SOFTMAX_XENT},
+	{"cross_entropy_loss", HPU_OP_SOFTMAX_XENT},
+	{"log_softmax", HPU_OP_SOFTMAX_XENT},
+	{"nll_loss", HPU_OP_SOFTMAX_XENT},
+	{"layer_norm", HPU_OP_LAYERNORM},
+	{"native_layer_norm", HPU_OP_LAYERNORM},
+	{"native_dropout", HPU_OP_DROPOUT},
+	{"feature_dropout", HPU_OP_DROPOUT},
+	{"scaled_dot_product_attention", HPU_OP_ATTENTION},
+	{"multi_head_attention_forward", HPU_OP_ATTENTION},
+};
+
+/* The op a list file's name means: ours, or PyTorch's ("aten::addmm.out",
+ * "_softmax", "relu_": namespace, overload, leading '_' and in-place '_'
+ * dropped); -1 when it is neither. */
+static int list_op(const char *name)
+{
+	char n[96];
+	const char *s = strstr(name, "::") ? strstr(name, "::") + 2 : name;
+	while (*s == '_')
+		s++;
+	size_t len = strcspn(s, ".");
+	if (len >= sizeof n)
+		return -1;
+	memcpy(n, s, len);
+	n[len] = '\0';
+	while (len > 1 && n[len - 1] == '_')
+		n[--len] = '\0';
+	int op = op_index(n);
+	for (size_t i = 0; op < 0 && i < sizeof torch_ops / sizeof *torch_ops; i++)
+		if (!strcmp(n, torch_ops[i].torch))
+			op = torch_ops[i].op;
+	return op;
+}
+
+/* What the last hpu_autocast_init had to say: names that mean no op
+ * here, a line per list file. */
+static char warnings[2048];
+
+const char *hpu_autocast_warnings(void)
+{
+	return warnings;
+}
+
+/* One of our names within a typo of name (case aside), for "did you
+ * mean"; NULL if none. */
+static const char *near_op(const char *name)
+{
+	for (int i = 0; i < HPU_OP_COUNT; i++) {
+		const char *a = name, *b = op_names[i];
+		size_t la = strlen(a), lb = strlen(b);
+		if (la > lb + 2 || lb > la + 2 || la > 30)
+			continue;
+		size_t row[34];
+		for (size_t j = 0; j <= lb; j++)
+			row[j] = j;
+		for (size_t x = 1; x <= la; x++) {
+			size_t diag = row[0];
+			row[0] = x;
+			for (size_t j = 1; j <= lb; j++) {
+				size_t up = row[j];
+				size_t best = diag + (tolower((unsigned char)a[x - 1]) != b[j - 1]);
+				if (up + 1 < best)
+					best = up + 1;
+				if (row[j - 1] + 1 < best)
+					best = row[j - 1] + 1;
+				row[j] = best;
+				diag = up;
+			}
+		}
+		/* short names are all near each other: "silu" is not "relu" */
+		if (row[lb] <= (la >= 8 && lb >= 8 ? 2u : 1u))
+			return op_names[i];
+	}
+	return NULL;
+}
+
 /* "linear, matmul, ..." into buf */
 static void all_names(char *buf, size_t len)
 {
@@ -94,9 +193,13 @@ static void all_names(char *buf, size_t len)
 }
 
 /* Reads the list file named by environment variable id (unset or empty:
- * none) into in[] (1 for each op it names). */
+ * none) into in[] (1 for each op it names); names that mean no op here
+ * are named in one line of warnings[]. */
 static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 {
+	char unknown[1024] = "";
+	size_t nu = 0;
+	int nunknown = 0;
 	const char *var = hpu_env_name(id), *path = hpu_env_str(id), *why = NULL;
 	if (path == NULL || *path == '\0')
 		return 0;
@@ -127,14 +230,17 @@ static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 			*--e = '\0';
 		if (*s == '\0')
 			continue;
-		int op = op_index(s);
+		int op = list_op(s);
 		if (op < 0) {
-			char names[256];
-			all_names(names, sizeof names);
-			snprintf(err, errlen, "%s file %s line %d: unknown op '%.64s' (ops: %s)",
-				 var, path, no, s, names);
-			rc = -1;
-			break;
+			const char *near = near_op(s);
+			if (nu < sizeof unknown) {
+				int k = snprintf(unknown + nu, sizeof unknown - nu, "%s'%.64s'%s%s%s",
+						 nunknown ? ", " : "", s, near ? " (did you mean '" : "",
+						 near ? near : "", near ? "'?)" : "");
+				nu += k > 0 ? (size_t)k : 0;
+			}
+			nunknown++;
+			continue;
 		}
 		in[op] = 1;
 	}
@@ -145,6 +251,16 @@ static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 	}
 	free(line);
 	fclose(f);
+	if (rc == 0 && nunknown) {
+		char names[256];
+		size_t at = strlen(warnings);
+		all_names(names, sizeof names);
+		snprintf(warnings + at, sizeof warnings - at,
+			 "%s file %s: %d name%s mean%s no op here and %s ignored: %s%s (ops: %s)\n",
+			 var, path, nunknown, nunknown == 1 ? "" : "s", nunknown == 1 ? "s" : "",
+			 nunknown == 1 ? "is" : "are", unknown, nu >= sizeof unknown ? "..." : "",
+			 names);
+	}
 	return rc;
 }
 
@@ -154,25 +270,36 @@ int hpu_autocast_init(int lowp, char *err, size_t errlen)
 		snprintf(err, errlen, "autocast: unknown low-precision type %d", lowp);
 		return HPU_ERROR;
 	}
-	unsigned char to_low[HPU_OP_COUNT] = {0}, to_fp32[HPU_OP_COUNT] = {0};
-	if (read_list(HPU_ENV_LOWER_LIST, to_low, err, errlen) < 0 ||
-	    read_list(HPU_ENV_FP32_LIST, to_fp32, err, errlen) < 0)
-		return HPU_ERROR;
-	for (int i = 0; i < HPU_OP_COUNT; i++)
-		if (to_low[i] && to_fp32[i]) {
-			snprintf(err, errlen,
-				 "op '%s' is in both the LOWER_LIST file %s and the FP32_LIST file %s",
-				 op_names[i], hpu_env_str(HPU_ENV_LOWER_LIST),
-				 hpu_env_str(HPU_ENV_FP32_LIST));
+	/* Habana's older names and the ones Optimum Habana sets now: both
+	 * are read */
+	static const hpu_env_id low_vars[] = {HPU_ENV_LOWER_LIST,
+					      HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST};
+	static const hpu_env_id fp32_vars[] = {HPU_ENV_FP32_LIST,
+					       HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST};
+	unsigned char to_low[2][HPU_OP_COUNT] = {{0}}, to_fp32[2][HPU_OP_COUNT] = {{0}};
+	warnings[0] = '\0';
+	for (int v = 0; v < 2; v++)
+		if (read_list(low_vars[v], to_low[v], err, errlen) < 0 ||
+		    read_list(fp32_vars[v], to_fp32[v], err, errlen) < 0)
 			return HPU_ERROR;
-		}
+	for (int i = 0; i < HPU_OP_COUNT; i++)
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 2; b++)
+				if (to_low[a][i] && to_fp32[b][i]) {
+					snprintf(err, errlen,
+						 "op '%s' is in both the %s file %s and the %s file %s",
+						 op_names[i], hpu_env_name(low_vars[a]),
+						 hpu_env_str(low_vars[a]), hpu_env_name(fp32_vars[b]),
+						 hpu_env_str(fp32_vars[b]));
+					return HPU_ERROR;
+				}
 	memset(lower, 0, sizeof lower);
 	for (size_t i = 0; i < sizeof default_lower / sizeof *default_lower; i++)
 		lower[default_lower[i]] = 1;
 	for (int i = 0; i < HPU_OP_COUNT; i++) {
-		if (to_low[i])
+		if (to_low[0][i] || to_low[1][i])
 			lower[i] = 1;
-		if (to_fp32[i])
+		if (to_fp32[0][i] || to_fp32[1][i])
 			lower[i] = 0;
 	}
 	lowp_in_force = lowp;
@@ -211,9 +338,15 @@ void hpu_autocast_print(FILE *f)
 				fprintf(f, " %s", op_names[i]);
 		fputc('\n', f);
 	}
-	const char *lo = hpu_env_str(HPU_ENV_LOWER_LIST), *fp = hpu_env_str(HPU_ENV_FP32_LIST);
-	fprintf(f, "autocast: LOWER_LIST %s, FP32_LIST %s\n", lo && *lo ? lo : "(unset)",
-		fp && *fp ? fp : "(unset)");
+	static const hpu_env_id vars[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
+					  HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
+					  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST};
+	fprintf(f, "autocast:");
+	for (int i = 0; i < 4; i++) {
+		const char *v = hpu_env_str(vars[i]);
+		fprintf(f, "%s %s %s", i ? "," : "", hpu_env_name(vars[i]), v && *v ? v : "(unset)");
+	}
+	fputc('\n', f);
 	if (lowp_in_force == HPU_AUTOCAST_FP8) {
 		const hpu_fp8_recipe *r = hpu__fp8_recipe();
 		fprintf(f, "autocast: fp8 linear: E4M3 forward, E5M2 backward, bf16 outputs; "

@@ -132,6 +132,8 @@ int main(int argc, char **argv)
 	hpu__hostmem_init(o.host_memory);
 	if (hpu_autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
 		goto out;
+	for (const char *w = hpu_autocast_warnings(); rank == 0 && *w; w = strchr(w, '\n') + 1)
+		printf("warning: %.*s\n", (int)strcspn(w, "\n"), w);
 	if (o.precision == HPU_PREC_FP8) {
 		hpu_fp8_recipe r = {o.fp8_amax_history, o.fp8_margin,
 				    o.fp8_amax_algo == HPU_FP8_ALGO_MAX ? HPU_FP8_AMAX_MAX
