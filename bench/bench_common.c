@@ -11,9 +11,21 @@ void bench_opts_default(struct bench_opts *o)
 	o->minbytes = 8;
 	o->maxbytes = (size_t)128 << 20;
 	o->factor = 2;
+	o->stepbytes = (size_t)1 << 20;
 	o->iters = 20;
+	o->agg = 1;
 	o->warmup = 5;
 	o->check = 1;
+	o->cputime = 0;
+}
+
+size_t bench_next_size(const struct bench_opts *o, size_t n)
+{
+	if (o->factor > 1)
+		return n && n <= o->maxbytes / o->factor ? n * o->factor : 0;
+	if (o->stepbytes == 0 || o->stepbytes > o->maxbytes)
+		return 0;
+	return n <= o->maxbytes - o->stepbytes ? n + o->stepbytes : 0;
 }
 
 int bench_parse_size(const char *s, size_t *out)
@@ -97,9 +109,12 @@ double bench_now(void)
 void bench_print_heads(FILE *f, const struct bench_opts *o, int groups)
 {
 	fprintf(f,
-	        "# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: "
-	        "%d iters: %d validation: %d\n",
-	        o->minbytes, o->maxbytes, o->factor, o->warmup, o->iters,
+	        "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) "
+	        "warmup iters: %d iters: %d agg iters: %d validation: %d "
+	        "graph: 0\n",
+	        o->minbytes, o->maxbytes,
+	        o->factor > 1 ? o->factor : o->stepbytes,
+	        o->factor > 1 ? "factor" : "bytes", o->warmup, o->iters, o->agg,
 	        o->check);
 	fprintf(f, "#\n");
 	if (groups == 2)
@@ -109,8 +124,8 @@ void bench_print_heads(FILE *f, const struct bench_opts *o, int groups)
 	fprintf(f, "# %10s %12s %8s %6s %6s", "size", "count", "type", "redop",
 	        "root");
 	for (int g = 0; g < groups; g++)
-		fprintf(f, " %10s %7s %7s %6s", "time", "algbw", "busbw",
-		        "#wrong");
+		fprintf(f, " %10s %7s %7s %6s", o->cputime ? "cputime" : "time",
+		        "algbw", "busbw", "#wrong");
 	fprintf(f, "\n# %10s %12s %8s %6s %6s", "(B)", "(elements)", "", "",
 	        "");
 	for (int g = 0; g < groups; g++)

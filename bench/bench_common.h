@@ -13,15 +13,19 @@
 
 /* The options every benchmark takes (nccl-tests letters). */
 struct bench_opts {
-	size_t minbytes; /* -b */
-	size_t maxbytes; /* -e */
-	size_t factor;   /* -f: sizes grow by this factor */
-	int iters;       /* -n: timed iterations per size and group */
-	int warmup;      /* -w: untimed iterations before them */
-	int check;       /* -c: 1 to check every element */
+	size_t minbytes;  /* -b */
+	size_t maxbytes;  /* -e */
+	size_t factor;    /* -f: sizes grow by this factor, if above 1 */
+	size_t stepbytes; /* -i: else by this many bytes */
+	int iters;        /* -n: timed iterations per size and group */
+	int agg;          /* -m: collectives per iteration */
+	int warmup;       /* -w: untimed iterations before them */
+	int check;        /* -c: iterations whose every element is checked */
+	int cputime;      /* -C: the time column is "cputime" */
 };
 
-/* Sets the nccl-tests defaults: -b 8 -e 128M -f 2 -n 20 -w 5 -c 1. */
+/* Sets the defaults: -b 8 -e 128M -f 2 -i 1M -n 20 -m 1 -w 5 -c 1 -C 0
+ * (nccl-tests' -b 32M -e 32M -f 1 -w 1 sweep no sizes worth comparing). */
 void bench_opts_default(struct bench_opts *o);
 
 /* Parses a byte count such as "8", "64K", "128M" or "1G" (binary
@@ -31,6 +35,10 @@ int bench_parse_size(const char *s, size_t *out);
 /* Parses a positive (or, with allow_zero, non-negative) int; -1 if bad. */
 int bench_parse_int(const char *s, int allow_zero, int *out);
 
+/* The size after n in the sweep o describes (times -f, or plus -i when
+ * -f is 1); 0 when it would pass -e (or overflow). */
+size_t bench_next_size(const struct bench_opts *o, size_t n);
+
 /* Handles one of the options every benchmark takes (-b -e -f -n -w -c)
  * from getopt: returns 1 if `c` is one of them, setting *bad when its value
  * is not valid, or 0 if it is not one of them. */
@@ -39,8 +47,9 @@ int bench_common_opt(struct bench_opts *o, int c, const char *arg, int *bad);
 /* Seconds on a monotonic clock. */
 double bench_now(void);
 
-/* Prints the "# minBytes ..." line and the column heads for `groups`
- * groups (1: in-place only; 2: out-of-place then in-place). */
+/* Prints nccl-tests' "# nThread 1 nGpus 1 minBytes ..." line and the
+ * column heads for `groups` groups (1: in-place only; 2: out-of-place
+ * then in-place). */
 void bench_print_heads(FILE *f, const struct bench_opts *o, int groups);
 
 /* Prints the start of a result line. root < 0 prints -1 as nccl-tests. */

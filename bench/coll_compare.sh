@@ -12,7 +12,8 @@
 # the size so that each system runs for about a minute at most:
 # 8 B-64 KiB 500/50, 128 KiB-4 MiB 100/10, 8-128 MiB 10/3. The systems take
 # turns within each size range. In-place figures are compared, because
-# torch.distributed.all_reduce works only in place.
+# torch.distributed.all_reduce works only in place. hpucoll-bench reports
+# the maximum over ranks (-a 3), as mpi-allreduce and gloo_allreduce.py do.
 set -uo pipefail
 build=${1:-build}
 factor=${FACTOR:-2}
@@ -34,11 +35,11 @@ hpucoll() { # transport min max iters warmup
   local t=$1; shift
   if [ -n "$launch_flag" ]; then
     "$build/bin/hpulaunch" -q --devices $ranks --transport "$t" \
-      --exec "$build/bin/hpucoll-bench" -t all_reduce -d float -o sum -c 1 \
+      --exec "$build/bin/hpucoll-bench" --coll all_reduce -d float -o sum -c 1 -a 3 \
       -b "$1" -e "$2" -f "$factor" -n "$3" -w "$4"
   else
     HPUCOLL_TRANSPORT=$t "$build/bin/hpulaunch" -q --devices $ranks \
-      --exec "$build/bin/hpucoll-bench" -t all_reduce -d float -o sum -c 1 \
+      --exec "$build/bin/hpucoll-bench" --coll all_reduce -d float -o sum -c 1 -a 3 \
       -b "$1" -e "$2" -f "$factor" -n "$3" -w "$4"
   fi
 }
