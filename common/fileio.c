@@ -273,3 +273,19 @@ int hpu_fsync_dir(const char *dir, char *err, size_t errlen)
 		return say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
 	return 0;
 }
+
+int hpu_make_dirs(const char *path, char *at, size_t atlen)
+{
+	snprintf(at, atlen, "%s", path);
+	for (char *s = at + 1;; s++) {
+		if (*s != '/' && *s)
+			continue;
+		char c = *s;
+		*s = '\0';
+		if (mkdir(at, 0755) < 0 && errno != EEXIST)
+			return -1;
+		*s = c;
+		if (!c)
+			return 0;
+	}
+}

@@ -95,6 +95,10 @@ int hpu_outfile_error(const hpu_outfile *o, const char *step, char *err, size_t 
 int hpu_write_atomic(const char *path, const void *data, size_t n, char *err,
 		     size_t errlen);
 
+/* Makes each missing directory of path (mkdir -p). Returns 0, or -1 with
+ * the one that could not be made in at[atlen] and errno set. */
+int hpu_make_dirs(const char *path, char *at, size_t atlen);
+
 /* fsyncs directory dir, so that a rename or a new file in it lasts (a
  * filesystem that cannot sync a directory is fine). Returns 0, or -1 with
  * one sentence in err. */

@@ -601,6 +601,84 @@ static void test_device_memory_limit(void **state)
 	free(out);
 }
 
+
+/* QUANT_CONFIG as Intel Neural Compressor and Lightning-Habana write it:
+ * MEASURE makes dump_stats_path's directory, leaves the outputs' figures
+ * out under measure_exclude OUTPUT, and warns that no spreadsheet is
+ * written; QUANTIZE takes blacklist (blocklist's older name). */
+static void test_quant_config_names(void **state)
+{
+	(void)state;
+	char dir[64], cfg[64], stats[128], cmd[160];
+	int pid = (int)getpid();
+	snprintf(dir, sizeof dir, "/tmp/hpu-qn-%d", pid);
+	snprintf(cfg, sizeof cfg, "/tmp/hpu-qn-%d.json", pid);
+	snprintf(stats, sizeof stats, "%s/inc_output/measure_hooks_maxabs.json", dir);
+	const char *json[] = {
+		"{\"mode\": \"MEASURE\", \"observer\": \"maxabs\", \"measure_exclude\": \"OUTPUT\","
+		" \"dump_stats_path\": \"%s/inc_output/measure\","
+		" \"dump_stats_xlsx_path\": \"%s/inc_output/measure/fp8stats.xlsx\"}\n",
+		"{\"mode\": \"QUANTIZE\", \"scale_method\": \"maxabs_hw\","
+		" \"dump_stats_path\": \"%s/inc_output/measure\","
+		" \"blacklist\": {\"names\": [\"fc3/linear#0\"], \"types\": []}}\n",
+	};
+	for (int k = 0; k < 2; k++) {
+		FILE *f = fopen(cfg, "w");
+		assert_non_null(f);
+		fprintf(f, json[k], dir, dir);
+		fclose(f);
+		setenv("QUANT_CONFIG", cfg, 1);
+		run r;
+		r.n = 0; /* with the evaluation, which QUANTIZE runs quantized */
+		args(&r, LAUNCH, "-q", "--devices", "2", "--log-every", "0", "--eval-only",
+		     "--calibration-batches", "2", NULL);
+		char *out = finish(&r, 0, NULL);
+		unsetenv("QUANT_CONFIG");
+		printf("%s", out);
+		if (k == 0) {
+			char want[512];
+			snprintf(want, sizeof want,
+				 "[rank 0] warning: QUANT_CONFIG %s: dump_stats_xlsx_path: no spreadsheet is "
+				 "written; the figures are in %s/inc_output/measure_hooks_maxabs.json",
+				 cfg, dir);
+			assert_non_null(strstr(out, want));
+			char *js = h_slurp(stats);
+			assert_non_null(js);
+			assert_non_null(strstr(js, "\"fc1/linear#0\""));
+			assert_null(strstr(js, "\"outputs\""));
+			free(js);
+		} else {
+			assert_non_null(strstr(out, "2 of 3 measured ops ran in fp8"));
+		}
+		free(out);
+	}
+	/* what cannot be honoured is refused, naming the key */
+	const char *badjson[] = {
+		"{\"mode\": \"MEASURE\", \"dump_stats_path\": \"%s/m\", \"measure_exclude\": \"ALL\"}",
+		"{\"mode\": \"QUANTIZE\", \"dump_stats_path\": \"%s/inc_output/measure\","
+		" \"blocklist\": {\"names\": []}, \"blacklist\": {\"names\": []}}",
+	};
+	const char *needle[] = {"measure_exclude: expected \"NONE\" or \"OUTPUT\"",
+				"blacklist: give blocklist or blacklist (its older name), not both"};
+	for (int k = 0; k < 2; k++) {
+		FILE *f = fopen(cfg, "w");
+		assert_non_null(f);
+		fprintf(f, badjson[k], dir);
+		fclose(f);
+		setenv("QUANT_CONFIG", cfg, 1);
+		run r;
+		start(&r, 2);
+		args(&r, "--eval-only", NULL);
+		char *out = finish(&r, 1, NULL);
+		unsetenv("QUANT_CONFIG");
+		assert_non_null(strstr(out, needle[k]));
+		free(out);
+	}
+	unlink(cfg);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 /* ---- configuration ---- */
 
 static char *write_config(const char *json)
@@ -938,6 +1016,7 @@ int main(void)
 		cmocka_unit_test(test_fp8_strategies_agree),
 		cmocka_unit_test(test_fp8_inference),
 		cmocka_unit_test(test_overflow_skips_step),
+		cmocka_unit_test(test_quant_config_names),
 		cmocka_unit_test(test_config_file_run),
 		cmocka_unit_test(test_real_world_configs),
 		cmocka_unit_test(test_activation_checkpointing),

@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "config_internal.h"
+#include "fileio.h"
 #include "num.h"
 
 #include <assert.h>
@@ -745,24 +746,6 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	return 0;
 }
 
-/* Makes each missing directory of path (mkdir -p, as the first save does);
- * 0, or -1 with the one that could not be made in at and errno set. */
-static int make_dirs(const char *path, char *at, size_t atlen)
-{
-	snprintf(at, atlen, "%s", path);
-	for (char *s = at + 1;; s++) {
-		if (*s != '/' && *s)
-			continue;
-		char c = *s;
-		*s = '\0';
-		if (mkdir(at, 0755) < 0 && errno != EEXIST)
-			return -1;
-		*s = c;
-		if (!c)
-			return 0;
-	}
-}
-
 int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 				  size_t errlen)
 {
@@ -770,7 +753,7 @@ int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 	char at[sizeof o->checkpoint_dir], probe[sizeof o->checkpoint_dir + 32];
 	if (!dir[0])
 		return 0;
-	if (make_dirs(dir, at, sizeof at) < 0) {
+	if (hpu_make_dirs(dir, at, sizeof at) < 0) {
 		int e = errno;
 		if (strcmp(at, dir) == 0)
 			snprintf(err, errlen, "cannot make the checkpoint directory %s: %s", dir,

@@ -90,12 +90,30 @@ static int check_list(const cJSON *cfg, const char *key, const char *file, char 
 
 static const char *const known_keys[] = {
 	"mode", "observer", "dump_stats_path", "scale_method", "fp8_config",
-	"allowlist", "blocklist", "method",
+	"allowlist", "blocklist", "method", "measure_exclude", "whitelist",
+	"blacklist", "dump_stats_xlsx_path",
 };
 
-/* QUANTIZE: the measurement file's figures into fp8.c. */
-static int load_stats(hpu_quant *q, const cJSON *cfg, int unit_scale, char *err,
-		      size_t errlen)
+/* The allow or block list under its name or its older one (whitelist,
+ * blacklist: Lightning-Habana's and older INC files'); *key says which
+ * was given. Both at once is an error. */
+static int get_list(const cJSON *cfg, const char *name, const char *old, const char **key,
+		    const char *file, char *err, size_t errlen)
+{
+	int a = cJSON_HasObjectItem(cfg, name), b = cJSON_HasObjectItem(cfg, old);
+	*key = b ? old : name;
+	if (a && b) {
+		char what[96];
+		snprintf(what, sizeof what, "give %s or %s (its older name), not both", name, old);
+		return bad(err, errlen, file, old, what);
+	}
+	return check_list(cfg, *key, file, err, errlen);
+}
+
+/* QUANTIZE: the measurement file's figures into fp8.c (allow, block:
+ * the config's lists, or NULL). */
+static int load_stats(hpu_quant *q, const cJSON *allow, const cJSON *block, int unit_scale,
+		      char *err, size_t errlen)
 {
 	char *text;
 	size_t len;
@@ -116,8 +134,6 @@ static int load_stats(hpu_quant *q, const cJSON *cfg, int unit_scale, char *err,
 		cJSON_Delete(j);
 		return -1;
 	}
-	const cJSON *allow = cJSON_GetObjectItemCaseSensitive(cfg, "allowlist");
-	const cJSON *block = cJSON_GetObjectItemCaseSensitive(cfg, "blocklist");
 	const cJSON *n;
 	int rc = 0;
 	cJSON_ArrayForEach(n, nodes) {
@@ -125,7 +141,9 @@ static int load_stats(hpu_quant *q, const cJSON *cfg, int unit_scale, char *err,
 		const cJSON *in = cJSON_GetObjectItemCaseSensitive(n, "inputs");
 		const cJSON *out = cJSON_GetObjectItemCaseSensitive(n, "outputs");
 		float m[3];
-		int ok = cJSON_IsString(op) && cJSON_GetArraySize(in) == 2 && cJSON_IsNumber(out);
+		/* "outputs" is absent when measure_exclude left them out */
+		int ok = cJSON_IsString(op) && cJSON_GetArraySize(in) == 2 &&
+			 (!out || cJSON_IsNumber(out));
 		for (int i = 0; ok && i < 2; i++) {
 			const cJSON *v = cJSON_GetArrayItem(in, i);
 			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && isfinite(v->valuedouble);
@@ -134,12 +152,12 @@ static int load_stats(hpu_quant *q, const cJSON *cfg, int unit_scale, char *err,
 		if (!ok) {
 			snprintf(err, errlen,
 				 "measurement file %s: Nodes.%s: expected {\"op\": NAME, "
-				 "\"inputs\": [maxabs, maxabs], \"outputs\": maxabs}",
+				 "\"inputs\": [maxabs, maxabs], \"outputs\": maxabs (optional)}",
 				 q->stats, n->string);
 			rc = -1;
 			break;
 		}
-		m[2] = (float)out->valuedouble;
+		m[2] = out ? (float)out->valuedouble : 0;
 		if (unit_scale) /* scale 1: figures that give it */
 			m[0] = m[1] = hpu__fp8_max(HPU_FP8_E4M3);
 		int on = (!allow || list_empty(allow) || listed(allow, n->string, op->valuestring)) &&
@@ -183,11 +201,12 @@ int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errl
 		if (k == nk) {
 			bad(err, errlen, path, it->string,
 			    "unknown key (mode, observer, dump_stats_path, scale_method, fp8_config, "
-			    "allowlist, blocklist, method)");
+			    "allowlist, blocklist, whitelist, blacklist, measure_exclude, method, "
+			    "dump_stats_xlsx_path)");
 			goto out;
 		}
 	}
-	const char *mode, *observer, *dump, *method, *fmt;
+	const char *mode, *observer, *dump, *method, *fmt, *exclude, *xlsx, *allow_key, *block_key;
 	if (get_str(cfg, "mode", &mode) || !mode) {
 		bad(err, errlen, path, "mode", "expected \"MEASURE\", \"QUANTIZE\" or \"NONE\"");
 		goto out;
@@ -220,9 +239,28 @@ int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errl
 		bad(err, errlen, path, "dump_stats_path", "expected a path (a file name prefix)");
 		goto out;
 	}
-	if (check_list(cfg, "allowlist", path, err, errlen) < 0 ||
-	    check_list(cfg, "blocklist", path, err, errlen) < 0)
+	if (get_list(cfg, "allowlist", "whitelist", &allow_key, path, err, errlen) < 0 ||
+	    get_list(cfg, "blocklist", "blacklist", &block_key, path, err, errlen) < 0)
 		goto out;
+	/* INC's measure_exclude: which figures MEASURE leaves out; quantizing
+	 * needs the inputs' and weights', so only the outputs' can go */
+	if (get_str(cfg, "measure_exclude", &exclude) ||
+	    (exclude && strcmp(exclude, "NONE") && strcmp(exclude, "OUTPUT"))) {
+		bad(err, errlen, path, "measure_exclude",
+		    "expected \"NONE\" or \"OUTPUT\" (quantizing needs the inputs' and weights' "
+		    "figures, so INPUT, PARAMS and ALL cannot be left out)");
+		goto out;
+	}
+	q->exclude_outputs = exclude && !strcmp(exclude, "OUTPUT");
+	if (get_str(cfg, "dump_stats_xlsx_path", &xlsx)) {
+		bad(err, errlen, path, "dump_stats_xlsx_path", "expected a path");
+		goto out;
+	}
+	if (xlsx)
+		snprintf(q->warning, sizeof q->warning,
+			 "QUANT_CONFIG %s: dump_stats_xlsx_path: no spreadsheet is written; the "
+			 "figures are in %s_hooks_maxabs.json",
+			 path, dump);
 	if (!o->eval_only) {
 		snprintf(err, errlen,
 			 "QUANT_CONFIG %s is set (mode %s): fp8 inference runs with --eval-only "
@@ -239,9 +277,23 @@ int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errl
 		goto out;
 	}
 	snprintf(q->stats, sizeof q->stats, "%s_hooks_maxabs.json", dump);
+	/* MEASURE makes dump_stats_path's directory, as INC does */
+	char at[sizeof q->stats];
+	const char *slash = strrchr(q->stats, '/');
+	if (q->mode == HPU_FP8_MEASURE && slash && slash > q->stats) {
+		char dir[sizeof q->stats];
+		snprintf(dir, sizeof dir, "%.*s", (int)(slash - q->stats), q->stats);
+		if (hpu_make_dirs(dir, at, sizeof at) < 0) {
+			snprintf(err, errlen, "QUANT_CONFIG %s: dump_stats_path: cannot make directory %s: %s",
+				 path, at, strerror(errno));
+			goto out;
+		}
+	}
 	hpu__fp8_set_mode((hpu_fp8_mode)q->mode, NULL);
 	if (q->mode == HPU_FP8_QUANTIZE &&
-	    load_stats(q, cfg, method && !strcmp(method, "unit_scale"), err, errlen) < 0)
+	    load_stats(q, cJSON_GetObjectItemCaseSensitive(cfg, allow_key),
+		       cJSON_GetObjectItemCaseSensitive(cfg, block_key),
+		       method && !strcmp(method, "unit_scale"), err, errlen) < 0)
 		goto out;
 	rc = 0;
 out:
@@ -287,7 +339,8 @@ int hpu_quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
 		cJSON_AddStringToObject(node, "op", hpu_autocast_op_name(in.op));
 		float in2[2] = {v[3 * i], v[3 * i + 1]};
 		cJSON_AddItemToObject(node, "inputs", cJSON_CreateFloatArray(in2, 2));
-		cJSON_AddNumberToObject(node, "outputs", v[3 * i + 2]);
+		if (!q->exclude_outputs)
+			cJSON_AddNumberToObject(node, "outputs", v[3 * i + 2]);
 		cJSON_AddItemToObject(nodes, in.name, node);
 	}
 	cJSON_AddItemToObject(j, "Nodes", nodes);

@@ -15,7 +15,11 @@
  * inputs. Keys: mode (MEASURE | QUANTIZE | NONE), observer (maxabs),
  * dump_stats_path, scale_method (maxabs_hw: power-of-two scales from the
  * max-abs figures; unit_scale: scale 1), fp8_config (E4M3), allowlist and
- * blocklist ({"names": [...], "types": [...]}), method (accepted).
+ * blocklist ({"names": [...], "types": [...]}; whitelist and blacklist are
+ * their older names), measure_exclude (NONE | OUTPUT: MEASURE leaves the
+ * outputs' figures out), method (accepted), dump_stats_xlsx_path
+ * (accepted with a warning: no spreadsheet is written). MEASURE makes
+ * dump_stats_path's directory.
  */
 #ifndef HPU_QUANT_H
 #define HPU_QUANT_H
@@ -29,6 +33,8 @@ typedef struct hpu_quant {
 	int mode;            /* HPU_FP8_OFF (no QUANT_CONFIG), _MEASURE, _QUANTIZE */
 	char config[512];    /* the QUANT_CONFIG file */
 	char stats[600];     /* the measurement file */
+	int exclude_outputs; /* measure_exclude OUTPUT */
+	char warning[1300];  /* for rank 0 to print, or "" */
 } hpu_quant;
 
 /* Reads QUANT_CONFIG (unset or empty: nothing to do) and sets fp8.c's

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "env.h"
+#include "fileio.h"
 #include "fp8.h"
 #include "num.h"
 
@@ -61,19 +62,9 @@ static int agree(hpucoll_comm *comm, const rec *mine, rec *all, char *err, size_
 
 static int mkdir_p(const char *path, char *err, size_t errlen)
 {
-	char p[600];
-	snprintf(p, sizeof p, "%s", path);
-	for (char *s = p + 1;; s++) {
-		if (*s == '/' || !*s) {
-			char c = *s;
-			*s = '\0';
-			if (mkdir(p, 0755) < 0 && errno != EEXIST)
-				return say(err, errlen, "cannot make directory %s: %s", p, strerror(errno));
-			*s = c;
-			if (!c)
-				break;
-		}
-	}
+	char at[600];
+	if (hpu_make_dirs(path, at, sizeof at) < 0)
+		return say(err, errlen, "cannot make directory %s: %s", at, strerror(errno));
 	return 0;
 }
 

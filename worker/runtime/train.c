@@ -826,6 +826,8 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
 	    hpu_checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
+	if (L.rank == 0 && L.quant.warning[0])
+		printf("warning: %s\n", L.quant.warning);
 	/* a resumed run adds to the metrics of the run it continues */
 	if (L.rank == 0 && o->metrics[0] && !(L.metrics = fopen(o->metrics, ck ? "a" : "w"))) {
 		fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
