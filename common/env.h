@@ -32,6 +32,18 @@ typedef enum hpu_env_id {
 	HPU_ENV_HPU_MAX_RESTARTS,
 	HPU_ENV_HPU_STATUS_FD,
 	HPU_ENV_OPENBLAS_NUM_THREADS,
+	HPU_ENV_OMP_NUM_THREADS,
+	/* The same launch, in torchrun's names (torch.distributed.elastic,
+	 * Lightning's TorchElasticEnvironment) and DeepSpeed's launcher's. */
+	HPU_ENV_GROUP_RANK,
+	HPU_ENV_ROLE_RANK,
+	HPU_ENV_ROLE_WORLD_SIZE,
+	HPU_ENV_TORCHELASTIC_RESTART_COUNT,
+	HPU_ENV_TORCHELASTIC_MAX_RESTARTS,
+	HPU_ENV_TORCHELASTIC_RUN_ID,
+	HPU_ENV_CROSS_RANK,
+	HPU_ENV_CROSS_SIZE,
+	HPU_ENV_LOCAL_SIZE,
 	/* The collectives (libhpucoll). */
 	HPU_ENV_HPUCOLL_SECURITY,
 	HPU_ENV_HPUCOLL_TIMEOUT_MS,

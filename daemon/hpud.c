@@ -588,7 +588,7 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		int id = e && e[n] == '=' ? hpu_env_find(e) : -1;
 		int known = id >= 0 && hpu_env_in(id, hpu_job_env);
 		if (!known || strlen(e) > MAX_ARG_BYTES)
-			return "env may only set LOWER_LIST, FP32_LIST and QUANT_CONFIG";
+			return "env may only set LOWER_LIST, FP32_LIST, QUANT_CONFIG, HPUCOLL_SECURITY, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS";
 	}
 	if (q->n_argv < 1 || q->n_argv > MAX_ARGS)
 		return "argv must hold 1-256 arguments (the model at least)";

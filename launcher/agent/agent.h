@@ -45,8 +45,8 @@ typedef struct hpu_agent hpu_agent;
 
 /* The environment variables a job carries to its workers when it is
  * submitted to hpud (the workers read them; hpud's own environment would
- * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG. HPU_ENV_COUNT
- * ends the list. */
+ * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG, HPUCOLL_SECURITY,
+ * OMP_NUM_THREADS, OPENBLAS_NUM_THREADS. HPU_ENV_COUNT ends the list. */
 extern const hpu_env_id hpu_job_env[];
 
 typedef struct hpu_agent_cfg {

@@ -1016,6 +1016,73 @@ static void test_restart_refuses_other_attempt(void **state)
 	h_free(&node0);
 }
 
+/* The launch environment in torchrun's and DeepSpeed's names, on two
+ * nodes of two workers each (two hpulaunch, loopback), before and after a
+ * restart: each rank writes what it sees to DIR/rRANK.COUNT; on the first
+ * attempt rank 3 exits 3 once every rank has written, and the job runs
+ * again. Node 0 runs without OMP_NUM_THREADS (its workers get 1), node 1
+ * with OMP_NUM_THREADS=4 (kept). */
+static void test_torchrun_env_two_nodes(void **state)
+{
+	(void)state;
+	char dir[64], port[16], script[2048];
+	restart_dir(dir, sizeof dir);
+	snprintf(port, sizeof port, "%d", h_free_port());
+	snprintf(script, sizeof script,
+		 "echo \"rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+		 "node=$NODE_RANK group=$GROUP_RANK role_rank=$ROLE_RANK role_ws=$ROLE_WORLD_SIZE "
+		 "count=$TORCHELASTIC_RESTART_COUNT max=$TORCHELASTIC_MAX_RESTARTS "
+		 "run=$TORCHELASTIC_RUN_ID cross_rank=$CROSS_RANK cross_size=$CROSS_SIZE "
+		 "local_size=$LOCAL_SIZE omp=${OMP_NUM_THREADS-unset}\" > %s/.r$RANK && "
+		 "mv %s/.r$RANK %s/r$RANK.$HPU_RESTART_COUNT; "
+		 "if [ \"$HPU_RESTART_COUNT\" = 0 ]; then "
+		 "  if [ \"$RANK\" = 3 ]; then "
+		 "    while [ ! -e %s/r0.0 ] || [ ! -e %s/r1.0 ] || [ ! -e %s/r2.0 ]; do sleep 0.05; done; "
+		 "    exit 3; "
+		 "  fi; exec sleep 300; "
+		 "fi",
+		 dir, dir, dir, dir, dir, dir);
+	unsetenv("OMP_NUM_THREADS"); /* node 0's workers must see it unset */
+	char *env0[] = {"HPU_JOB_TOKEN=env-secret", NULL};
+	char *env1[] = {"HPU_JOB_TOKEN=env-secret", "OMP_NUM_THREADS=4", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "0",
+		      "--master-port", port, "--job-id", "envjob", "--max-restarts", "1",
+		      "--exec", "/bin/sh", "-c", script, NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "1",
+		      "--master-port", port, "--job-id", "envjob", "--max-restarts", "1",
+		      "--exec", "/bin/sh", "-c", script, NULL};
+	proc n0, n1;
+	assert_int_equal(h_start(&n0, a0, env0), 0);
+	assert_int_equal(h_start(&n1, a1, env1), 0);
+	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 0);
+	assert_int_equal(h_code(&n1), 0);
+	assert_non_null(strstr(n1.out, "restarting (restart 1 of 1)"));
+	for (int count = 0; count < 2; count++)
+		for (int r = 0; r < 4; r++) {
+			char name[16], want[400];
+			int node = r / 2;
+			snprintf(name, sizeof name, "r%d.%d", r, count);
+			snprintf(want, sizeof want,
+				 "rank=%d local=%d world=4 lws=2 node=%d group=%d role_rank=%d role_ws=4 "
+				 "count=%d max=1 run=envjob cross_rank=%d cross_size=2 local_size=2 omp=%s\n",
+				 r, r % 2, node, node, r, count, node, node ? "4" : "1");
+			if (!file_has(dir, name, want))
+				fail_msg("%s/%s does not hold: %s", dir, name, want);
+		}
+	assert_false(file_exists(dir, "r0.2"));
+	h_free(&n0);
+	h_free(&n1);
+	remove_dir(dir);
+}
+
 /* ---- processes a job's workers leave behind ---- */
 
 #define SETSID_MODEL h_build("lib/setsid_child.so")
@@ -1309,6 +1376,7 @@ int main(void)
 		cmocka_unit_test(test_restart_not_after_sigterm),
 		cmocka_unit_test(test_restart_two_nodes),
 		cmocka_unit_test(test_restart_refuses_other_attempt),
+		cmocka_unit_test(test_torchrun_env_two_nodes),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)
