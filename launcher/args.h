@@ -21,6 +21,10 @@ typedef struct hpu_launch_args {
 	/* --max-restarts K (0..HPU_MAX_RESTARTS_LIMIT): a failed job is
 	 * stopped and started again up to K times (restart.h). */
 	int max_restarts;
+	/* --standalone (torchrun's): one node, the coordinator on loopback at
+	 * a free port; MASTER_ADDR, MASTER_PORT and NODE_RANK from the
+	 * environment and Slurm's variables are ignored. */
+	int standalone;
 	int quiet;
 	/* --progress: HPU_PROGRESS_AUTO (the default), _ALWAYS or _NEVER
 	 * (progress.h): rank 0's progress bar on stdout. */
