@@ -147,6 +147,13 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "where hpu-plot finds gnuplot, and the agent an --exec PROGRAM"),
 	VAR(TMPDIR, "/tmp", "hpu-plot",
 	    "where hpu-plot makes its temporary directory"),
+	VAR(NOTIFY_SOCKET, "", "hpud (libsystemd's sd_notify); not passed to workers",
+	    "systemd's socket for Type=notify: hpud says READY=1 once it "
+	    "listens, RELOADING=1 on SIGHUP, STOPPING=1, and STATUS="),
+	VAR(JOURNAL_STREAM, "", "hpud; not passed to workers",
+	    "systemd's DEV:INO of the journal stream: when it is hpud's stderr, "
+	    "log lines carry priority prefixes (<3> error, <4> warn, <6> info, "
+	    "<7> debug)"),
 	VAR(SLURM_JOB_ID, "", "hpulaunch (in srun)",
 	    "the Slurm job: the job id and master port; the job token when "
 	    "HPU_JOB_TOKEN is unset"),

@@ -68,6 +68,9 @@ typedef enum hpu_env_id {
 	HPU_ENV_TERM,
 	HPU_ENV_PATH,
 	HPU_ENV_TMPDIR,
+	/* systemd's, for hpud as a service (never passed to workers). */
+	HPU_ENV_NOTIFY_SOCKET,
+	HPU_ENV_JOURNAL_STREAM,
 	/* Slurm's, read by hpulaunch inside srun (several names: the first
 	 * one set wins, in the order launcher/slurm.c asks). */
 	HPU_ENV_SLURM_JOB_ID,

@@ -7,7 +7,15 @@
  * Reads top to bottom: logging, the job table and devices, replies, the
  * requests (hello, launch, status, cancel, ping; each bound to this
  * instance of hpud, see proto/hpu.proto), the socket, the timers and
- * signals, start-up. */
+ * signals, start-up.
+ *
+ * Under systemd (deploy/hpud.service, Type=notify) hpud says READY=1
+ * through sd_notify once its socket listens, RELOADING=1 and READY=1
+ * around a SIGHUP, STOPPING=1 when it starts to stop, and its state in
+ * STATUS=; outside systemd (no NOTIFY_SOCKET) those calls do nothing. Its
+ * log lines carry journald's priority prefixes ("<3>" ...) when stderr is
+ * the journal (JOURNAL_STREAM names it), and not on a terminal or a
+ * file. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ev.h>
@@ -18,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -97,15 +107,36 @@ static struct {
 	/* drawn at start: every request must name it (proto/hpu.proto) */
 	char instance[HPU_AUTH_ID_HEX + 1];
 	uint64_t seq;              /* of the last frame signed */
+	int journal;               /* stderr is journald's: prefix priorities */
 } D;
 
 /* ---- logging (stderr: journald takes it from there) ---- */
 
+/* Whether stderr is a stream to journald: JOURNAL_STREAM ("DEV:INO", set
+ * by systemd for StandardError=journal) names the device and inode of
+ * stderr itself (so not after stderr was redirected elsewhere). */
+static int stderr_is_journal(void)
+{
+	const char *v = hpu_env_str(HPU_ENV_JOURNAL_STREAM);
+	unsigned long long dev, ino;
+	int end = 0;
+	struct stat st;
+	if (!v || sscanf(v, "%llu:%llu%n", &dev, &ino, &end) != 2 || v[end] ||
+	    fstat(STDERR_FILENO, &st) != 0)
+		return 0;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* "hpud: LEVEL: text" on stderr; for journald with the syslog priority in
+ * front (sd-daemon.h's SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG), which it
+ * takes off and keeps as the line's priority (journalctl -p). */
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 {
+	static const char *const prio[] = {[HPUD_LOG_ERROR] = SD_ERR, [HPUD_LOG_WARN] = SD_WARNING,
+					   [HPUD_LOG_INFO] = SD_INFO, [HPUD_LOG_DEBUG] = SD_DEBUG};
 	if (lvl > D.conf.log_level)
 		return;
 	char line[1200];
@@ -113,7 +144,27 @@ static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof line, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "hpud: %s: %s\n", hpud_log_level_name(lvl), line);
+	fprintf(stderr, "%shpud: %s: %s\n", D.journal ? prio[lvl] : "", hpud_log_level_name(lvl),
+		line);
+}
+
+/* Tells systemd `state` ("READY=1", ...) with a STATUS= line of what
+ * hpud does now; nothing without NOTIFY_SOCKET. */
+static void notify(const char *state)
+{
+	int jobs = 0, busy = 0;
+	for (int i = 0; i < MAX_JOBS; i++)
+		jobs += D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended;
+	for (int i = 0; i < D.conf.devices && i < MAX_DEVICES; i++)
+		busy += D.busy[i];
+	int r = D.stopping ? sd_notifyf(0, "%s%sSTATUS=stopping: %d job%s to end", state,
+					*state ? "\n" : "", jobs, jobs == 1 ? "" : "s")
+			   : sd_notifyf(0, "%s%sSTATUS=listening on tcp://%s:%d: %d job%s, %d of %d devices free",
+					state, *state ? "\n" : "", D.conf.listen, D.conf.port, jobs,
+					jobs == 1 ? "" : "s", D.conf.devices - busy, D.conf.devices);
+	static int warned;
+	if (r < 0 && !warned++)
+		logmsg(HPUD_LOG_WARN, "cannot notify systemd through NOTIFY_SOCKET: %s", strerror(-r));
 }
 
 static void log_refusal(const char *peer, const char *why)
@@ -518,6 +569,8 @@ static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 	job_send(j, &env, JOB_CONTROL, 0);
 	j->ended = 1; /* freed by on_reap, outside the job's own callbacks */
 	ev_prepare_start(D.loop, &D.reap);
+	if (!D.stopping)
+		notify("");
 }
 
 /* Ended jobs are released once their last message has left (or their
@@ -770,6 +823,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	       D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
 	       hpu_nodejob_master_port(j->nj));
 	reply_launch(peer, session, id, j, NULL);
+	notify("");
 }
 
 /* The first `max` of j's ranks on this node into rs/rsp; returns how
@@ -1119,11 +1173,8 @@ static int resolve_user(const hpud_conf *c, char *err, size_t errlen)
 	return check_job_uids(c, err, errlen);
 }
 
-static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
+static void reload(void)
 {
-	(void)loop;
-	(void)w;
-	(void)revents;
 	char err[1024];
 	hpud_conf c = D.conf;
 	if (hpud_trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
@@ -1153,6 +1204,18 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
 	logmsg(HPUD_LOG_INFO, "configuration reloaded from %s", D.conf_path);
 }
 
+/* SIGHUP: rereads the configuration and the key (systemd hears that hpud
+ * reloads, and then that it is ready again, whether the reload took). */
+static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)loop;
+	(void)w;
+	(void)revents;
+	notify("RELOADING=1");
+	reload();
+	notify("READY=1");
+}
+
 static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)revents;
@@ -1163,6 +1226,7 @@ static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
 	D.stopping = 1;
 	logmsg(HPUD_LOG_INFO, "%s: cancelling the jobs and stopping",
 	       w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
+	notify("STOPPING=1");
 	int left = 0;
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended) {
@@ -1219,6 +1283,7 @@ int main(int argc, char **argv)
 	D.conf_path = "/etc/hpud/hpud.conf";
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
+	D.journal = stderr_is_journal();
 	enum { OPT_HELP = 1, OPT_GEN_KEY, OPT_CONFIG, OPT_CHECK };
 	static const hpu_optspec specs[] = {
 		{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
@@ -1235,7 +1300,7 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (r == OPT_GEN_KEY) {
 			if (hpu_auth_gen_key(p.val, err, sizeof err) < 0) {
-				fprintf(stderr, "hpud: error: %s\n", err);
+				logmsg(HPUD_LOG_ERROR, "%s", err);
 				return 1;
 			}
 			printf("hpud: wrote a new cluster secret to %s (mode 0600); copy it to every node and to the submitters\n",
@@ -1246,7 +1311,7 @@ int main(int argc, char **argv)
 		} else if (r == OPT_CHECK) {
 			check = 1;
 		} else { /* an argument, an unknown option, a missing value */
-			fprintf(stderr, "hpud: error: unknown argument %s\n", p.arg);
+			logmsg(HPUD_LOG_ERROR, "unknown argument %s", p.arg);
 			usage(stderr);
 			return 2;
 		}
@@ -1260,7 +1325,7 @@ int main(int argc, char **argv)
 	    hpud_trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    load_key(err, sizeof err) < 0 || find_worker(err, sizeof err) < 0 ||
 	    hpud_trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
-		fprintf(stderr, "hpud: error: %s\n", err);
+		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
 	if (check) {
@@ -1269,11 +1334,11 @@ int main(int argc, char **argv)
 	}
 	D.loop = EV_DEFAULT;
 	if (hpu_auth_random_id(D.instance) < 0) {
-		fprintf(stderr, "hpud: error: cannot draw an instance id: the random generator failed\n");
+		logmsg(HPUD_LOG_ERROR, "cannot draw an instance id: the random generator failed");
 		return 1;
 	}
 	if (open_socket(err, sizeof err) < 0) {
-		fprintf(stderr, "hpud: error: %s\n", err);
+		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
 	ev_timer_init(&D.tick, on_tick, 1.0, 1.0);
@@ -1289,6 +1354,7 @@ int main(int argc, char **argv)
 	logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d devices, workers run as %s, worker %s, instance %s",
 	       D.conf.listen, D.conf.port, D.conf.devices,
 	       D.set_user ? D.conf.user : "hpud's own user", D.worker, D.instance);
+	notify("READY=1"); /* the socket listens: connections are taken from now on */
 	ev_run(D.loop, 0);
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (D.jobs[i].used)

@@ -618,6 +618,12 @@ static const hpu_env_id launch_env[] = {
 	HPU_ENV_TORCHELASTIC_RUN_ID, HPU_ENV_CROSS_RANK, HPU_ENV_CROSS_SIZE, HPU_ENV_LOCAL_SIZE,
 	HPU_ENV_COUNT};
 
+/* What the agent's own service manager told it (hpud under systemd): a
+ * worker is neither the service's main process nor writing to the
+ * journal (its stderr is our pipe), so these are not passed on. */
+static const hpu_env_id service_env[] = {HPU_ENV_NOTIFY_SOCKET, HPU_ENV_JOURNAL_STREAM,
+					 HPU_ENV_COUNT};
+
 /* "NAME=VALUE" for variable id, allocated; NULL when out of memory. */
 static char *entry_str(hpu_env_id id, const char *value)
 {
@@ -668,7 +674,8 @@ static char **make_env(const hpu_agent *a, const worker *w)
 			have_blas = 1;
 		if (id == HPU_ENV_OMP_NUM_THREADS)
 			have_omp = 1;
-		if (!(id >= 0 && hpu_env_in(id, launch_env)) && !set_by(environ[i], a->cfg.env))
+		if (!(id >= 0 && (hpu_env_in(id, launch_env) || hpu_env_in(id, service_env))) &&
+		    !set_by(environ[i], a->cfg.env))
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
