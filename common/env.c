@@ -24,7 +24,7 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	VAR(WORLD_SIZE, "",
 	    "libhpucoll, hpu-worker, hpulaunch; set by the agent",
 	    "workers in the job; given to hpulaunch, it must equal nodes x "
-	    "devices"),
+	    "devices (--hostfile: the sum of the slots)"),
 	VAR(LOCAL_WORLD_SIZE, "", "hpu-worker; set by the agent",
 	    "workers on this node (they share its memory as device memory)"),
 	VAR(NODE_RANK, "0",

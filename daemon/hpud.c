@@ -63,6 +63,8 @@ typedef struct job {
 	char master_addr[256];
 	char transport[8];
 	int node_rank, nodes, devices;
+	int *node_devices;         /* every node's workers, or NULL: devices */
+	int rank_base;             /* the rank of its first worker here */
 	int restart_count, max_restarts; /* hpulaunch --max-restarts */
 	int dev[MAX_DEVICES];
 	char **argv;               /* worker program + the request's argv */
@@ -226,6 +228,7 @@ static void release_job(job *j)
 	hpud_outq_free(&j->out);
 	free_argv(j->argv);
 	free_argv(j->env);
+	free(j->node_devices);
 	memset(j, 0, sizeof *j);
 }
 
@@ -625,6 +628,18 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		snprintf(why, len, "devices %u: this node has %d", q->devices, D.conf.devices);
 		return why;
 	}
+	if (q->n_node_devices && q->n_node_devices != q->nodes)
+		return "node_devices must have one entry a node (nodes), or none";
+	uint64_t world = 0;
+	for (size_t i = 0; i < q->n_node_devices; i++) {
+		if (q->node_devices[i] < 1 || q->node_devices[i] > MAX_DEVICES)
+			return "node_devices must be 1..1024 workers a node";
+		world += q->node_devices[i];
+	}
+	if (q->n_node_devices && q->node_devices[q->node_rank] != q->devices)
+		return "node_devices must give this node (node_rank) its devices";
+	if (world > (uint64_t)1 << 22)
+		return "node_devices add up to too many ranks";
 	if (!q->master_addr || !*q->master_addr || strlen(q->master_addr) > 255)
 		return "master_addr must be 1-255 bytes";
 	if (q->master_port > 65535 || (q->master_port == 0 && q->node_rank != 0))
@@ -751,6 +766,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	j->node_rank = (int)q->node_rank;
 	j->nodes = (int)q->nodes;
 	j->devices = (int)q->devices;
+	j->rank_base = j->node_rank * j->devices;
 	j->restart_count = (int)q->restart_count;
 	j->max_restarts = (int)q->max_restarts;
 	j->peer = *peer;
@@ -774,8 +790,21 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		reply_launch(peer, session, id, NULL, why);
 		return;
 	}
+	if (q->n_node_devices && !(j->node_devices = calloc(q->n_node_devices, sizeof(int)))) {
+		release_job(j);
+		reply_launch(peer, session, id, NULL, "out of memory");
+		return;
+	}
+	if (j->node_devices) {
+		j->rank_base = 0;
+		for (size_t i = 0; i < q->n_node_devices; i++) {
+			j->node_devices[i] = (int)q->node_devices[i];
+			if ((int)i < j->node_rank)
+				j->rank_base += j->node_devices[i];
+		}
+	}
 	if (!(j->argv = worker_argv(q)) || !(j->env = job_env(q)) ||
-	    hpud_outq_init(&j->out, j->node_rank * j->devices, j->devices) < 0) {
+	    hpud_outq_init(&j->out, j->rank_base, j->devices) < 0) {
 		release_job(j);
 		reply_launch(peer, session, id, NULL, "out of memory");
 		return;
@@ -784,6 +813,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		.node_rank = j->node_rank,
 		.nodes = j->nodes,
 		.devices = j->devices,
+		.node_devices = j->node_devices,
 		.master_addr = j->master_addr,
 		.master_port = (int)q->master_port,
 		.job_id = j->id,
@@ -818,8 +848,9 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	if (j->max_restarts)
 		snprintf(attempt, sizeof attempt, " (restart %d of %d)", j->restart_count,
 			 j->max_restarts);
-	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers as uid %d, coordinator %s:%d",
-	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices,
+	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers (ranks %d-%d of %d) as uid %d, coordinator %s:%d",
+	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices, j->rank_base,
+	       j->rank_base + j->devices - 1, hpu_nodejob_world(j->nj),
 	       D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
 	       hpu_nodejob_master_port(j->nj));
 	reply_launch(peer, session, id, j, NULL);

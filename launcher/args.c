@@ -64,7 +64,8 @@ void hpu_args_usage(FILE *f)
 		"  -h, --help             this help\n"
 		"  --help-env             every environment variable hpulaunch, hpud and\n"
 		"                         the workers read, with its default\n"
-		"[WORLD_SIZE], if set, must equal nodes x devices.\n"
+		"[WORLD_SIZE], if set, must equal nodes x devices (--hostfile: the slots\n"
+		"added up).\n"
 		"\n"
 		"torchrun's names, as aliases (with '-' or '_' where torchrun takes both):\n"
 		"  --nnodes N             --nodes N (N:N too; no elastic MIN:MAX range)\n"
@@ -83,7 +84,8 @@ void hpu_args_usage(FILE *f)
 		"  --hostfile FILE        one host a line, \"HOST[:PORT] [slots=N]\" (DeepSpeed\n"
 		"                         and Open MPI style; PORT: that node's hpud port);\n"
 		"                         nodes = hosts, node 0 = the first host [MASTER_ADDR],\n"
-		"                         devices = the hosts' slots unless --devices; not\n"
+		"                         each host runs its slots (they may differ; ranks\n"
+		"                         go host by host), or --devices on each; not\n"
 		"                         with --nodes, --node-rank or --master-addr\n"
 		"  --status HOST[:PORT]   print the jobs of the hpud on HOST and exit\n"
 		"  --hpud-port P          the daemons' control port (29400)\n"
@@ -474,17 +476,16 @@ static int no_slots(const hpu_launch_args *a, int i)
 	return a->hosts[i].slots == 0;
 }
 
-static int slots_differ(const hpu_launch_args *a, int i)
-{
-	return i == 0 || a->hosts[i].slots != a->hosts[0].slots;
-}
-
 static int too_few_slots(const hpu_launch_args *a, int i)
 {
 	return a->hosts[i].slots && a->hosts[i].slots < a->devices;
 }
 
-/* Without --devices, every host's slots=N, all equal, give the devices. */
+/* With --devices D every host runs D workers (no more than its slots);
+ * otherwise each host runs its slots=N, which may differ from host to
+ * host (DeepSpeed's hostfiles): node r's ranks then follow those of the
+ * hosts before it. Each host's slots become the workers it runs; devices
+ * is node 0's. */
 static int hostfile_devices(hpu_launch_args *a, const sources *src,
 			    char *err, size_t errlen)
 {
@@ -501,6 +502,8 @@ static int hostfile_devices(hpu_launch_args *a, const sources *src,
 				 a->devices, names, a->hostfile);
 			return -1;
 		}
+		for (int i = 0; i < a->nhosts; i++)
+			a->hosts[i].slots = a->devices;
 		return 0;
 	}
 	host_names(a, no_slots, 0, names, sizeof names);
@@ -509,13 +512,6 @@ static int hostfile_devices(hpu_launch_args *a, const sources *src,
 			 a->hostfile, names);
 		return -1;
 	}
-	for (int i = 1; i < a->nhosts; i++)
-		if (a->hosts[i].slots != a->hosts[0].slots) {
-			host_names(a, slots_differ, 1, names, sizeof names);
-			snprintf(err, errlen, "the hosts in %s have different slots (%s): every node runs the same number of workers; give --devices D to use D on each",
-				 a->hostfile, names);
-			return -1;
-		}
 	a->devices = a->hosts[0].slots;
 	return 0;
 }
@@ -625,9 +621,19 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 {
 	const char *ws = hpu_env_str(HPU_ENV_WORLD_SIZE);
 	int world = a->nodes * a->devices, w;
+	if (a->hostfile) {
+		world = 0;
+		for (int i = 0; i < a->nhosts; i++)
+			world += a->hosts[i].slots;
+	}
+	a->world = world;
 	if (ws && *ws && (hpu_parse_int(ws, 1, 1 << 24, &w) || w != world)) {
-		snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal --nodes %d x --devices %d = %d",
-			 ws, a->nodes, a->devices, world);
+		if (a->hostfile)
+			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal the %d workers of %s's %d hosts",
+				 ws, world, a->hostfile, a->nhosts);
+		else
+			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal --nodes %d x --devices %d = %d",
+				 ws, a->nodes, a->devices, world);
 		return -1;
 	}
 	if (a->node_rank >= a->nodes) {

@@ -104,6 +104,10 @@ hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 		return NULL;
 	a->loop = loop;
 	a->cfg = *cfg;
+	if (a->cfg.world <= 0) {
+		a->cfg.rank_base = cfg->node_rank * cfg->devices;
+		a->cfg.world = cfg->nodes * cfg->devices;
+	}
 	a->w = calloc((size_t)cfg->devices, sizeof *a->w);
 	if (!a->w) {
 		free(a);
@@ -116,7 +120,7 @@ hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 
 int hpu_agent_rank(const hpu_agent *a, int local)
 {
-	return a->cfg.node_rank * a->cfg.devices + local;
+	return a->cfg.rank_base + local;
 }
 
 int hpu_agent_live(const hpu_agent *a)
@@ -304,7 +308,7 @@ static void on_status_pipe(struct ev_loop *loop, ev_io *io, int revents)
 
 int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s)
 {
-	int local = rank - a->cfg.node_rank * a->cfg.devices;
+	int local = rank - a->cfg.rank_base;
 	if (local < 0 || local >= a->cfg.devices || a->w[local].last_at == 0)
 		return -1;
 	*st = a->w[local].last;
@@ -679,7 +683,7 @@ static char **make_env(const hpu_agent *a, const worker *w)
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
-	int world = c->nodes * c->devices;
+	int world = c->world;
 	env[k++] = entry_int(HPU_ENV_RANK, w->rank);
 	env[k++] = entry_int(HPU_ENV_LOCAL_RANK, w->local);
 	env[k++] = entry_int(HPU_ENV_WORLD_SIZE, world);

@@ -53,6 +53,10 @@ typedef struct hpu_agent_cfg {
 	int node_rank;    /* this node */
 	int nodes;        /* nodes in the job */
 	int devices;      /* workers on this node */
+	/* The global rank of this node's first worker and the ranks in the
+	 * job (nodes may run different numbers of workers); world 0: every
+	 * node runs `devices` (rank_base node_rank x devices). */
+	int rank_base, world;
 	const char *master_addr;
 	int master_port;
 	const char *job_id;

@@ -710,6 +710,38 @@ static void test_two_nodes_remote_failure(void **state)
 	h_free(&n1);
 }
 
+/* torchrun style, every node runs the same --devices: node 1's hpulaunch
+ * with another count is refused by node 0's coordinator, which names why,
+ * and both fail. */
+static void test_two_nodes_devices_differ(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "5", "--exec", "sleep", "60", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "5", "--exec", "sleep", "60", NULL};
+	proc n0, n1;
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	int e0 = h_wait(&n0, 60000), e1 = h_wait(&n1, 60000);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, "refused agent of node 1: its --nodes/--devices differ from node 0's"));
+	assert_non_null(strstr(n1.out, "its --nodes/--devices differ from node 0's"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* ---- --max-restarts ---- */
 
 /* A scratch directory for the restart workers' files. */
@@ -1514,6 +1546,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_two_nodes_remote_failure),
+		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_restart_after_failure),
 		cmocka_unit_test(test_restart_gives_up),
 		cmocka_unit_test(test_restart_zero_as_before),
