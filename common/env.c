@@ -24,7 +24,7 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	VAR(WORLD_SIZE, "",
 	    "libhpucoll, hpu-worker, hpulaunch; set by the agent",
 	    "workers in the job; given to hpulaunch, it must equal nodes x "
-	    "devices"),
+	    "devices (--hostfile: the sum of the slots)"),
 	VAR(LOCAL_WORLD_SIZE, "", "hpu-worker; set by the agent",
 	    "workers on this node (they share its memory as device memory)"),
 	VAR(NODE_RANK, "0",
@@ -62,6 +62,29 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "progress)"),
 	VAR(OPENBLAS_NUM_THREADS, "1", "OpenBLAS; set by the agent unless set",
 	    "BLAS threads per worker for the reference kernels"),
+	VAR(OMP_NUM_THREADS, "1", "OpenMP; set by the agent unless set",
+	    "OpenMP threads per worker (torchrun's default); --kernel-threads "
+	    "sets oneDNN's own"),
+	VAR(GROUP_RANK, "", "models; set by the agent",
+	    "torchrun's name for the node rank (NODE_RANK); Lightning looks "
+	    "for it to detect torchelastic"),
+	VAR(ROLE_RANK, "", "models; set by the agent",
+	    "torchrun's rank within the worker's role: one role, so RANK"),
+	VAR(ROLE_WORLD_SIZE, "", "models; set by the agent",
+	    "torchrun's workers of the role: one role, so WORLD_SIZE"),
+	VAR(TORCHELASTIC_RESTART_COUNT, "0", "models; set by the agent",
+	    "torchrun's name for HPU_RESTART_COUNT"),
+	VAR(TORCHELASTIC_MAX_RESTARTS, "0", "models; set by the agent",
+	    "torchrun's name for HPU_MAX_RESTARTS (--max-restarts)"),
+	VAR(TORCHELASTIC_RUN_ID, "", "models; set by the agent",
+	    "torchrun's rendezvous id (--rdzv-id): the job id, HPU_JOB_ID"),
+	VAR(CROSS_RANK, "", "models; set by the agent",
+	    "DeepSpeed's launcher's name for the node rank (NODE_RANK)"),
+	VAR(CROSS_SIZE, "", "models; set by the agent",
+	    "DeepSpeed's launcher's name for the nodes (NNODES)"),
+	VAR(LOCAL_SIZE, "", "models; set by the agent",
+	    "DeepSpeed's launcher's name for the workers on this node "
+	    "(LOCAL_WORLD_SIZE)"),
 	VAR(HPUCOLL_SECURITY, "auth", "libhpucoll, hpulaunch",
 	    "auth, encrypt or none: who may connect to a worker's data "
 	    "socket (as --data-plane)"),
@@ -128,6 +151,13 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "where hpu-plot finds gnuplot, and the agent an --exec PROGRAM"),
 	VAR(TMPDIR, "/tmp", "hpu-plot",
 	    "where hpu-plot makes its temporary directory"),
+	VAR(NOTIFY_SOCKET, "", "hpud (libsystemd's sd_notify); not passed to workers",
+	    "systemd's socket for Type=notify: hpud says READY=1 once it "
+	    "listens, RELOADING=1 on SIGHUP, STOPPING=1, and STATUS="),
+	VAR(JOURNAL_STREAM, "", "hpud; not passed to workers",
+	    "systemd's DEV:INO of the journal stream: when it is hpud's stderr, "
+	    "log lines carry priority prefixes (<3> error, <4> warn, <6> info, "
+	    "<7> debug)"),
 	VAR(SLURM_JOB_ID, "", "hpulaunch (in srun)",
 	    "the Slurm job: the job id and master port; the job token when "
 	    "HPU_JOB_TOKEN is unset"),

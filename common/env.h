@@ -32,6 +32,18 @@ typedef enum hpu_env_id {
 	HPU_ENV_HPU_MAX_RESTARTS,
 	HPU_ENV_HPU_STATUS_FD,
 	HPU_ENV_OPENBLAS_NUM_THREADS,
+	HPU_ENV_OMP_NUM_THREADS,
+	/* The same launch, in torchrun's names (torch.distributed.elastic,
+	 * Lightning's TorchElasticEnvironment) and DeepSpeed's launcher's. */
+	HPU_ENV_GROUP_RANK,
+	HPU_ENV_ROLE_RANK,
+	HPU_ENV_ROLE_WORLD_SIZE,
+	HPU_ENV_TORCHELASTIC_RESTART_COUNT,
+	HPU_ENV_TORCHELASTIC_MAX_RESTARTS,
+	HPU_ENV_TORCHELASTIC_RUN_ID,
+	HPU_ENV_CROSS_RANK,
+	HPU_ENV_CROSS_SIZE,
+	HPU_ENV_LOCAL_SIZE,
 	/* The collectives (libhpucoll). */
 	HPU_ENV_HPUCOLL_SECURITY,
 	HPU_ENV_HPUCOLL_TIMEOUT_MS,
@@ -58,6 +70,9 @@ typedef enum hpu_env_id {
 	HPU_ENV_TERM,
 	HPU_ENV_PATH,
 	HPU_ENV_TMPDIR,
+	/* systemd's, for hpud as a service (never passed to workers). */
+	HPU_ENV_NOTIFY_SOCKET,
+	HPU_ENV_JOURNAL_STREAM,
 	/* Slurm's, read by hpulaunch inside srun (several names: the first
 	 * one set wins, in the order launcher/slurm.c asks). */
 	HPU_ENV_SLURM_JOB_ID,

@@ -7,7 +7,15 @@
  * Reads top to bottom: logging, the job table and devices, replies, the
  * requests (hello, launch, status, cancel, ping; each bound to this
  * instance of hpud, see proto/hpu.proto), the socket, the timers and
- * signals, start-up. */
+ * signals, start-up.
+ *
+ * Under systemd (deploy/hpud.service, Type=notify) hpud says READY=1
+ * through sd_notify once its socket listens, RELOADING=1 and READY=1
+ * around a SIGHUP, STOPPING=1 when it starts to stop, and its state in
+ * STATUS=; outside systemd (no NOTIFY_SOCKET) those calls do nothing. Its
+ * log lines carry journald's priority prefixes ("<3>" ...) when stderr is
+ * the journal (JOURNAL_STREAM names it), and not on a terminal or a
+ * file. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ev.h>
@@ -18,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -53,6 +63,8 @@ typedef struct job {
 	char master_addr[256];
 	char transport[8];
 	int node_rank, nodes, devices;
+	int *node_devices;         /* every node's workers, or NULL: devices */
+	int rank_base;             /* the rank of its first worker here */
 	int restart_count, max_restarts; /* hpulaunch --max-restarts */
 	int dev[MAX_DEVICES];
 	char **argv;               /* worker program + the request's argv */
@@ -97,15 +109,36 @@ static struct {
 	/* drawn at start: every request must name it (proto/hpu.proto) */
 	char instance[HPU_AUTH_ID_HEX + 1];
 	uint64_t seq;              /* of the last frame signed */
+	int journal;               /* stderr is journald's: prefix priorities */
 } D;
 
 /* ---- logging (stderr: journald takes it from there) ---- */
 
+/* Whether stderr is a stream to journald: JOURNAL_STREAM ("DEV:INO", set
+ * by systemd for StandardError=journal) names the device and inode of
+ * stderr itself (so not after stderr was redirected elsewhere). */
+static int stderr_is_journal(void)
+{
+	const char *v = hpu_env_str(HPU_ENV_JOURNAL_STREAM);
+	unsigned long long dev, ino;
+	int end = 0;
+	struct stat st;
+	if (!v || sscanf(v, "%llu:%llu%n", &dev, &ino, &end) != 2 || v[end] ||
+	    fstat(STDERR_FILENO, &st) != 0)
+		return 0;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* "hpud: LEVEL: text" on stderr; for journald with the syslog priority in
+ * front (sd-daemon.h's SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG), which it
+ * takes off and keeps as the line's priority (journalctl -p). */
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 {
+	static const char *const prio[] = {[HPUD_LOG_ERROR] = SD_ERR, [HPUD_LOG_WARN] = SD_WARNING,
+					   [HPUD_LOG_INFO] = SD_INFO, [HPUD_LOG_DEBUG] = SD_DEBUG};
 	if (lvl > D.conf.log_level)
 		return;
 	char line[1200];
@@ -113,7 +146,27 @@ static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof line, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "hpud: %s: %s\n", hpud_log_level_name(lvl), line);
+	fprintf(stderr, "%shpud: %s: %s\n", D.journal ? prio[lvl] : "", hpud_log_level_name(lvl),
+		line);
+}
+
+/* Tells systemd `state` ("READY=1", ...) with a STATUS= line of what
+ * hpud does now; nothing without NOTIFY_SOCKET. */
+static void notify(const char *state)
+{
+	int jobs = 0, busy = 0;
+	for (int i = 0; i < MAX_JOBS; i++)
+		jobs += D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended;
+	for (int i = 0; i < D.conf.devices && i < MAX_DEVICES; i++)
+		busy += D.busy[i];
+	int r = D.stopping ? sd_notifyf(0, "%s%sSTATUS=stopping: %d job%s to end", state,
+					*state ? "\n" : "", jobs, jobs == 1 ? "" : "s")
+			   : sd_notifyf(0, "%s%sSTATUS=listening on tcp://%s:%d: %d job%s, %d of %d devices free",
+					state, *state ? "\n" : "", D.conf.listen, D.conf.port, jobs,
+					jobs == 1 ? "" : "s", D.conf.devices - busy, D.conf.devices);
+	static int warned;
+	if (r < 0 && !warned++)
+		logmsg(HPUD_LOG_WARN, "cannot notify systemd through NOTIFY_SOCKET: %s", strerror(-r));
 }
 
 static void log_refusal(const char *peer, const char *why)
@@ -175,6 +228,7 @@ static void release_job(job *j)
 	hpud_outq_free(&j->out);
 	free_argv(j->argv);
 	free_argv(j->env);
+	free(j->node_devices);
 	memset(j, 0, sizeof *j);
 }
 
@@ -518,6 +572,8 @@ static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 	job_send(j, &env, JOB_CONTROL, 0);
 	j->ended = 1; /* freed by on_reap, outside the job's own callbacks */
 	ev_prepare_start(D.loop, &D.reap);
+	if (!D.stopping)
+		notify("");
 }
 
 /* Ended jobs are released once their last message has left (or their
@@ -572,6 +628,18 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		snprintf(why, len, "devices %u: this node has %d", q->devices, D.conf.devices);
 		return why;
 	}
+	if (q->n_node_devices && q->n_node_devices != q->nodes)
+		return "node_devices must have one entry a node (nodes), or none";
+	uint64_t world = 0;
+	for (size_t i = 0; i < q->n_node_devices; i++) {
+		if (q->node_devices[i] < 1 || q->node_devices[i] > MAX_DEVICES)
+			return "node_devices must be 1..1024 workers a node";
+		world += q->node_devices[i];
+	}
+	if (q->n_node_devices && q->node_devices[q->node_rank] != q->devices)
+		return "node_devices must give this node (node_rank) its devices";
+	if (world > (uint64_t)1 << 22)
+		return "node_devices add up to too many ranks";
 	if (!q->master_addr || !*q->master_addr || strlen(q->master_addr) > 255)
 		return "master_addr must be 1-255 bytes";
 	if (q->master_port > 65535 || (q->master_port == 0 && q->node_rank != 0))
@@ -589,7 +657,8 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		int known = id >= 0 && hpu_env_in(id, hpu_job_env);
 		if (!known || strlen(e) > MAX_ARG_BYTES)
 			return "env may only set the autocast lists (LOWER_LIST, FP32_LIST, "
-			       "PT_HPU_AUTOCAST_*_OPS_LIST), QUANT_CONFIG and HPUCOLL_SECURITY";
+			       "PT_HPU_AUTOCAST_*_OPS_LIST), QUANT_CONFIG, HPUCOLL_SECURITY, "
+			       "OMP_NUM_THREADS and OPENBLAS_NUM_THREADS";
 	}
 	if (q->n_argv < 1 || q->n_argv > MAX_ARGS)
 		return "argv must hold 1-256 arguments (the model at least)";
@@ -699,6 +768,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	j->node_rank = (int)q->node_rank;
 	j->nodes = (int)q->nodes;
 	j->devices = (int)q->devices;
+	j->rank_base = j->node_rank * j->devices;
 	j->restart_count = (int)q->restart_count;
 	j->max_restarts = (int)q->max_restarts;
 	j->peer = *peer;
@@ -722,8 +792,21 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		reply_launch(peer, session, id, NULL, why);
 		return;
 	}
+	if (q->n_node_devices && !(j->node_devices = calloc(q->n_node_devices, sizeof(int)))) {
+		release_job(j);
+		reply_launch(peer, session, id, NULL, "out of memory");
+		return;
+	}
+	if (j->node_devices) {
+		j->rank_base = 0;
+		for (size_t i = 0; i < q->n_node_devices; i++) {
+			j->node_devices[i] = (int)q->node_devices[i];
+			if ((int)i < j->node_rank)
+				j->rank_base += j->node_devices[i];
+		}
+	}
 	if (!(j->argv = worker_argv(q)) || !(j->env = job_env(q)) ||
-	    hpud_outq_init(&j->out, j->node_rank * j->devices, j->devices) < 0) {
+	    hpud_outq_init(&j->out, j->rank_base, j->devices) < 0) {
 		release_job(j);
 		reply_launch(peer, session, id, NULL, "out of memory");
 		return;
@@ -732,6 +815,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		.node_rank = j->node_rank,
 		.nodes = j->nodes,
 		.devices = j->devices,
+		.node_devices = j->node_devices,
 		.master_addr = j->master_addr,
 		.master_port = (int)q->master_port,
 		.job_id = j->id,
@@ -766,11 +850,13 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	if (j->max_restarts)
 		snprintf(attempt, sizeof attempt, " (restart %d of %d)", j->restart_count,
 			 j->max_restarts);
-	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers as uid %d, coordinator %s:%d",
-	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices,
+	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers (ranks %d-%d of %d) as uid %d, coordinator %s:%d",
+	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices, j->rank_base,
+	       j->rank_base + j->devices - 1, hpu_nodejob_world(j->nj),
 	       D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
 	       hpu_nodejob_master_port(j->nj));
 	reply_launch(peer, session, id, j, NULL);
+	notify("");
 }
 
 /* The first `max` of j's ranks on this node into rs/rsp; returns how
@@ -1120,11 +1206,8 @@ static int resolve_user(const hpud_conf *c, char *err, size_t errlen)
 	return check_job_uids(c, err, errlen);
 }
 
-static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
+static void reload(void)
 {
-	(void)loop;
-	(void)w;
-	(void)revents;
 	char err[1024];
 	hpud_conf c = D.conf;
 	if (hpud_trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
@@ -1154,6 +1237,18 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
 	logmsg(HPUD_LOG_INFO, "configuration reloaded from %s", D.conf_path);
 }
 
+/* SIGHUP: rereads the configuration and the key (systemd hears that hpud
+ * reloads, and then that it is ready again, whether the reload took). */
+static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)loop;
+	(void)w;
+	(void)revents;
+	notify("RELOADING=1");
+	reload();
+	notify("READY=1");
+}
+
 static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)revents;
@@ -1164,6 +1259,7 @@ static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
 	D.stopping = 1;
 	logmsg(HPUD_LOG_INFO, "%s: cancelling the jobs and stopping",
 	       w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
+	notify("STOPPING=1");
 	int left = 0;
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended) {
@@ -1220,6 +1316,7 @@ int main(int argc, char **argv)
 	D.conf_path = "/etc/hpud/hpud.conf";
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
+	D.journal = stderr_is_journal();
 	enum { OPT_HELP = 1, OPT_GEN_KEY, OPT_CONFIG, OPT_CHECK };
 	static const hpu_optspec specs[] = {
 		{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
@@ -1236,7 +1333,7 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (r == OPT_GEN_KEY) {
 			if (hpu_auth_gen_key(p.val, err, sizeof err) < 0) {
-				fprintf(stderr, "hpud: error: %s\n", err);
+				logmsg(HPUD_LOG_ERROR, "%s", err);
 				return 1;
 			}
 			printf("hpud: wrote a new cluster secret to %s (mode 0600); copy it to every node and to the submitters\n",
@@ -1247,7 +1344,7 @@ int main(int argc, char **argv)
 		} else if (r == OPT_CHECK) {
 			check = 1;
 		} else { /* an argument, an unknown option, a missing value */
-			fprintf(stderr, "hpud: error: unknown argument %s\n", p.arg);
+			logmsg(HPUD_LOG_ERROR, "unknown argument %s", p.arg);
 			usage(stderr);
 			return 2;
 		}
@@ -1261,7 +1358,7 @@ int main(int argc, char **argv)
 	    hpud_trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    load_key(err, sizeof err) < 0 || find_worker(err, sizeof err) < 0 ||
 	    hpud_trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
-		fprintf(stderr, "hpud: error: %s\n", err);
+		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
 	if (check) {
@@ -1270,11 +1367,11 @@ int main(int argc, char **argv)
 	}
 	D.loop = EV_DEFAULT;
 	if (hpu_auth_random_id(D.instance) < 0) {
-		fprintf(stderr, "hpud: error: cannot draw an instance id: the random generator failed\n");
+		logmsg(HPUD_LOG_ERROR, "cannot draw an instance id: the random generator failed");
 		return 1;
 	}
 	if (open_socket(err, sizeof err) < 0) {
-		fprintf(stderr, "hpud: error: %s\n", err);
+		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
 	ev_timer_init(&D.tick, on_tick, 1.0, 1.0);
@@ -1290,6 +1387,7 @@ int main(int argc, char **argv)
 	logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d devices, workers run as %s, worker %s, instance %s",
 	       D.conf.listen, D.conf.port, D.conf.devices,
 	       D.set_user ? D.conf.user : "hpud's own user", D.worker, D.instance);
+	notify("READY=1"); /* the socket listens: connections are taken from now on */
 	ev_run(D.loop, 0);
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (D.jobs[i].used)

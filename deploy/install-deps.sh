@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libev-dev libssl-dev
   libcmocka-dev libopenblas-dev libdnnl-dev zlib1g-dev libcjson-dev liburing-dev
+  libsystemd-dev
   clang libclang-rt-14-dev iproute2
   gnuplot-nox
   dataset-fashion-mnist

@@ -64,13 +64,28 @@ void hpu_args_usage(FILE *f)
 		"  -h, --help             this help\n"
 		"  --help-env             every environment variable hpulaunch, hpud and\n"
 		"                         the workers read, with its default\n"
-		"[WORLD_SIZE], if set, must equal nodes x devices.\n"
+		"[WORLD_SIZE], if set, must equal nodes x devices (--hostfile: the slots\n"
+		"added up).\n"
+		"\n"
+		"torchrun's names, as aliases (with '-' or '_' where torchrun takes both):\n"
+		"  --nnodes N             --nodes N (N:N too; no elastic MIN:MAX range)\n"
+		"  --nproc-per-node D     --devices D; auto and cpu: one worker per CPU core\n"
+		"  --node_rank, --master_addr, --master_port, --max_restarts\n"
+		"                         --node-rank, --master-addr, --master-port,\n"
+		"                         --max-restarts\n"
+		"  --rdzv-endpoint HOST:PORT\n"
+		"                         --master-addr HOST --master-port PORT (IPv4 or a\n"
+		"                         name; an IPv6 [ADDR]:PORT is refused)\n"
+		"  --rdzv-id ID           --job-id ID (the workers' TORCHELASTIC_RUN_ID)\n"
+		"  --standalone           one node, the coordinator on 127.0.0.1 at a free\n"
+		"                         port; MASTER_ADDR, MASTER_PORT, NODE_RANK ignored\n"
 		"\n"
 		"Several nodes from one command, through each node's hpud:\n"
 		"  --hostfile FILE        one host a line, \"HOST[:PORT] [slots=N]\" (DeepSpeed\n"
 		"                         and Open MPI style; PORT: that node's hpud port);\n"
 		"                         nodes = hosts, node 0 = the first host [MASTER_ADDR],\n"
-		"                         devices = the hosts' slots unless --devices; not\n"
+		"                         each host runs its slots (they may differ; ranks\n"
+		"                         go host by host), or --devices on each; not\n"
 		"                         with --nodes, --node-rank or --master-addr\n"
 		"  --status HOST[:PORT]   print the jobs of the hpud on HOST and exit\n"
 		"  --hpud-port P          the daemons' control port (29400)\n"
@@ -166,6 +181,8 @@ enum {
 	O_JOB_ID, O_LOG_DIR, O_JOIN_TIMEOUT, O_TRANSPORT, O_HOSTFILE, O_STATUS,
 	O_HPUD_PORT, O_KEY, O_MAX_RESTARTS, O_PROGRESS, O_DATA_PLANE, O_QUIET,
 	O_HELP, O_HELP_ENV, O_EXEC,
+	/* torchrun's spellings that are more than another name: */
+	O_NNODES, O_NPROC_PER_NODE, O_STANDALONE, O_RDZV_ENDPOINT,
 };
 
 static const hpu_optspec launcher_specs[] = {
@@ -189,8 +206,105 @@ static const hpu_optspec launcher_specs[] = {
 	{"help", 'h', HPU_OPT_FLAG, O_HELP},
 	{"help-env", 0, HPU_OPT_FLAG, O_HELP_ENV},
 	{"exec", 0, HPU_OPT_FLAG, O_EXEC},
+	/* torchrun's names (it takes '-' and '_' alike) */
+	{"nnodes", 0, HPU_OPT_VALUE, O_NNODES},
+	{"nproc-per-node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE},
+	{"nproc_per_node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE},
+	{"node_rank", 0, HPU_OPT_VALUE, O_NODE_RANK},
+	{"master_addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR},
+	{"master_port", 0, HPU_OPT_VALUE, O_MASTER_PORT},
+	{"max_restarts", 0, HPU_OPT_VALUE, O_MAX_RESTARTS},
+	{"rdzv-id", 0, HPU_OPT_VALUE, O_JOB_ID},
+	{"rdzv_id", 0, HPU_OPT_VALUE, O_JOB_ID},
+	{"rdzv-endpoint", 0, HPU_OPT_VALUE, O_RDZV_ENDPOINT},
+	{"rdzv_endpoint", 0, HPU_OPT_VALUE, O_RDZV_ENDPOINT},
+	{"standalone", 0, HPU_OPT_FLAG, O_STANDALONE},
 	{0},
 };
+
+/* --devices D|auto, and torchrun's --nproc-per-node, which also takes
+ * "cpu" (as auto: one worker per CPU core; this machine's devices are its
+ * cores). Returns 0, or -1 with a sentence in err. */
+static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
+		       const char *v, char *err, size_t errlen)
+{
+	int torchrun = strcmp(name, "devices") != 0;
+	src->flag &= ~(unsigned)SET_DEVICES_AUTO;
+	if (!strcmp(v, "auto") || (torchrun && !strcmp(v, "cpu"))) {
+		a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
+		src->flag |= SET_DEVICES | SET_DEVICES_AUTO;
+		return 0;
+	}
+	if (torchrun && (!strcmp(v, "gpu") || !strcmp(v, "xpu"))) {
+		snprintf(err, errlen, "--%s %s: hpulaunch's devices are CPU cores; give a number, auto or cpu (one worker per core)",
+			 name, v);
+		return -1;
+	}
+	if (hpu_parse_int(v, 1, 1024, &a->devices)) {
+		snprintf(err, errlen, "--%s takes a number of workers from 1 to 1024%s, not '%s'", name,
+			 torchrun ? ", auto or cpu" : " or auto", v);
+		return -1;
+	}
+	src->flag |= SET_DEVICES;
+	return 0;
+}
+
+/* torchrun's --nnodes N, or MIN:MAX with MIN = MAX (hpulaunch's jobs do
+ * not grow or shrink). */
+static int nnodes_opt(hpu_launch_args *a, sources *src, const char *v, char *err,
+		      size_t errlen)
+{
+	const char *colon = strchr(v, ':');
+	int lo, hi;
+	if (!colon) {
+		lo = hi = -1;
+		if (hpu_parse_int(v, 1, 4096, &lo) == 0)
+			hi = lo;
+	} else {
+		char first[16];
+		size_t n = (size_t)(colon - v);
+		snprintf(first, sizeof first, "%.*s", (int)(n < sizeof first ? n : sizeof first - 1), v);
+		if (n >= sizeof first || hpu_parse_int(first, 1, 4096, &lo) ||
+		    hpu_parse_int(colon + 1, 1, 4096, &hi))
+			lo = hi = -1;
+	}
+	if (lo < 0) {
+		snprintf(err, errlen, "--nnodes takes a number of nodes from 1 to 4096 (or N:N), not '%s'", v);
+		return -1;
+	}
+	if (lo != hi) {
+		snprintf(err, errlen, "--nnodes %s: hpulaunch has no elastic range of nodes; give one number (--nnodes %d)",
+			 v, hi);
+		return -1;
+	}
+	a->nodes = lo;
+	src->flag |= SET_NODES;
+	return 0;
+}
+
+/* torchrun's --rdzv-endpoint HOST:PORT: node 0's address and the
+ * coordinator's port. "[ADDR]:PORT" is read as an IPv6 address and
+ * refused: the coordinator and the workers speak IPv4. */
+static int rdzv_endpoint_opt(hpu_launch_args *a, sources *src, const char *v, char *err,
+			     size_t errlen)
+{
+	const char *host = v, *colon = strrchr(v, ':');
+	size_t n = colon ? (size_t)(colon - v) : 0;
+	if (v[0] == '[' || (colon && memchr(v, ':', n))) {
+		snprintf(err, errlen, "--rdzv-endpoint %s: an IPv6 address; hpulaunch speaks IPv4 only: give HOST:PORT with an IPv4 address or a name",
+			 v);
+		return -1;
+	}
+	if (!colon || n == 0 || n >= sizeof a->master_addr ||
+	    hpu_parse_int(colon + 1, 1, 65535, &a->master_port)) {
+		snprintf(err, errlen, "--rdzv-endpoint takes HOST:PORT (node 0's address and a port from 1 to 65535), not '%s'",
+			 v);
+		return -1;
+	}
+	snprintf(a->master_addr, sizeof a->master_addr, "%.*s", (int)n, host);
+	src->flag |= SET_ADDR | SET_PORT;
+	return 0;
+}
 
 /* Sets the launcher option p has read (id k, a value option or --quiet);
  * returns 0, or -1 with a sentence in err. */
@@ -205,14 +319,11 @@ static int launcher_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p,
 	case O_QUIET: a->quiet = 1; break;
 	case O_NODES: bad = hpu_parse_int(v, 1, 4096, &a->nodes); break;
 	case O_DEVICES:
-		src->flag &= ~(unsigned)SET_DEVICES_AUTO;
-		if (!strcmp(v, "auto")) {
-			a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
-			src->flag |= SET_DEVICES_AUTO;
-		} else {
-			bad = hpu_parse_int(v, 1, 1024, &a->devices);
-		}
-		break;
+	case O_NPROC_PER_NODE:
+		return devices_opt(a, src, p->spec->name, v, err, errlen);
+	case O_NNODES: return nnodes_opt(a, src, v, err, errlen);
+	case O_RDZV_ENDPOINT: return rdzv_endpoint_opt(a, src, v, err, errlen);
+	case O_STANDALONE: a->standalone = 1; return 0;
 	case O_NODE_RANK: bad = hpu_parse_int(v, 0, 4095, &a->node_rank); break;
 	case O_MASTER_ADDR: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
 	case O_MASTER_PORT: bad = hpu_parse_int(v, 1, 65535, &a->master_port); break;
@@ -365,17 +476,16 @@ static int no_slots(const hpu_launch_args *a, int i)
 	return a->hosts[i].slots == 0;
 }
 
-static int slots_differ(const hpu_launch_args *a, int i)
-{
-	return i == 0 || a->hosts[i].slots != a->hosts[0].slots;
-}
-
 static int too_few_slots(const hpu_launch_args *a, int i)
 {
 	return a->hosts[i].slots && a->hosts[i].slots < a->devices;
 }
 
-/* Without --devices, every host's slots=N, all equal, give the devices. */
+/* With --devices D every host runs D workers (no more than its slots);
+ * otherwise each host runs its slots=N, which may differ from host to
+ * host (DeepSpeed's hostfiles): node r's ranks then follow those of the
+ * hosts before it. Each host's slots become the workers it runs; devices
+ * is node 0's. */
 static int hostfile_devices(hpu_launch_args *a, const sources *src,
 			    char *err, size_t errlen)
 {
@@ -392,6 +502,8 @@ static int hostfile_devices(hpu_launch_args *a, const sources *src,
 				 a->devices, names, a->hostfile);
 			return -1;
 		}
+		for (int i = 0; i < a->nhosts; i++)
+			a->hosts[i].slots = a->devices;
 		return 0;
 	}
 	host_names(a, no_slots, 0, names, sizeof names);
@@ -400,13 +512,6 @@ static int hostfile_devices(hpu_launch_args *a, const sources *src,
 			 a->hostfile, names);
 		return -1;
 	}
-	for (int i = 1; i < a->nhosts; i++)
-		if (a->hosts[i].slots != a->hosts[0].slots) {
-			host_names(a, slots_differ, 1, names, sizeof names);
-			snprintf(err, errlen, "the hosts in %s have different slots (%s): every node runs the same number of workers; give --devices D to use D on each",
-				 a->hostfile, names);
-			return -1;
-		}
 	a->devices = a->hosts[0].slots;
 	return 0;
 }
@@ -487,13 +592,48 @@ static int slurm_plan(hpu_launch_args *a, const sources *src, char *err,
 	return 0;
 }
 
+/* torchrun's --standalone: a single node whose coordinator listens on
+ * loopback at a free port, whatever MASTER_ADDR, MASTER_PORT and NODE_RANK
+ * (or Slurm) say; flags that name other nodes or a rendezvous contradict
+ * it. */
+static int standalone_plan(hpu_launch_args *a, const sources *src, char *err,
+			   size_t errlen)
+{
+	const char *clash = a->hostfile		     ? "--hostfile"
+			    : a->nodes > 1	     ? "more than one node"
+			    : src->flag & SET_ADDR   ? "--master-addr or --rdzv-endpoint"
+			    : src->flag & SET_PORT   ? "--master-port or --rdzv-endpoint"
+			    : src->flag & SET_RANK && a->node_rank ? "a --node-rank above 0"
+								     : NULL;
+	if (clash) {
+		snprintf(err, errlen, "--standalone runs one node with its own rendezvous on a free port: it does not go with %s",
+			 clash);
+		return -1;
+	}
+	a->nodes = 1;
+	a->node_rank = 0;
+	strcpy(a->master_addr, "127.0.0.1");
+	a->master_port = 0;
+	return 0;
+}
+
 static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 {
 	const char *ws = hpu_env_str(HPU_ENV_WORLD_SIZE);
 	int world = a->nodes * a->devices, w;
+	if (a->hostfile) {
+		world = 0;
+		for (int i = 0; i < a->nhosts; i++)
+			world += a->hosts[i].slots;
+	}
+	a->world = world;
 	if (ws && *ws && (hpu_parse_int(ws, 1, 1 << 24, &w) || w != world)) {
-		snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal --nodes %d x --devices %d = %d",
-			 ws, a->nodes, a->devices, world);
+		if (a->hostfile)
+			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal the %d workers of %s's %d hosts",
+				 ws, world, a->hostfile, a->nhosts);
+		else
+			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal --nodes %d x --devices %d = %d",
+				 ws, a->nodes, a->devices, world);
 		return -1;
 	}
 	if (a->node_rank >= a->nodes) {
@@ -554,8 +694,13 @@ static int finish(hpu_launch_args *a, const sources *src, int extra_args,
 			a->status_port = a->hpud_port;
 		return 0;
 	}
-	if (a->hostfile ? hostfile_plan(a, src, err, errlen) : slurm_plan(a, src, err, errlen))
+	if (a->standalone) {
+		if (standalone_plan(a, src, err, errlen) < 0)
+			return -1;
+	} else if (a->hostfile ? hostfile_plan(a, src, err, errlen)
+			       : slurm_plan(a, src, err, errlen)) {
 		return -1;
+	}
 	return check_plan(a, err, errlen);
 }
 

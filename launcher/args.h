@@ -8,6 +8,9 @@
 
 typedef struct hpu_launch_args {
 	int nodes, devices, node_rank;
+	/* Ranks in the job: nodes x devices; with --hostfile, the sum of the
+	 * hosts' slots (hosts may differ; devices is then node 0's). */
+	int world;
 	char master_addr[256];
 	int master_port;     /* 0: pick a free one (single node only) */
 	char job_id[64];
@@ -21,6 +24,10 @@ typedef struct hpu_launch_args {
 	/* --max-restarts K (0..HPU_MAX_RESTARTS_LIMIT): a failed job is
 	 * stopped and started again up to K times (restart.h). */
 	int max_restarts;
+	/* --standalone (torchrun's): one node, the coordinator on loopback at
+	 * a free port; MASTER_ADDR, MASTER_PORT and NODE_RANK from the
+	 * environment and Slurm's variables are ignored. */
+	int standalone;
 	int quiet;
 	/* --progress: HPU_PROGRESS_AUTO (the default), _ALWAYS or _NEVER
 	 * (progress.h): rank 0's progress bar on stdout. */
@@ -40,7 +47,9 @@ typedef struct hpu_launch_args {
 	/* --hostfile FILE: the job's nodes in node-rank order; nodes = nhosts,
 	 * node_rank 0, master_addr the first host unless MASTER_ADDR is set.
 	 * Each host's port is its hpud port (hpud_port where the file gives
-	 * none). NULL / 0 without --hostfile. Freed by hpu_args_free. */
+	 * none), its slots the workers it runs (--devices on each, else the
+	 * file's slots=N, which may differ from host to host). NULL / 0
+	 * without --hostfile. Freed by hpu_args_free. */
 	const char *hostfile;
 	hpu_host *hosts;
 	int nhosts;

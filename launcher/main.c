@@ -144,7 +144,7 @@ static int run_attempt(char *err, size_t errlen)
 		fprintf(stderr, "hpulaunch: job %s: node %d of %d, ranks %d-%d of %d, coordinator %s:%d\n",
 			L.args.job_id, L.args.node_rank, L.args.nodes,
 			hpu_nodejob_rank(L.job, 0), hpu_nodejob_rank(L.job, L.args.devices - 1),
-			L.args.nodes * L.args.devices, L.args.master_addr,
+			L.args.world, L.args.master_addr,
 			hpu_nodejob_master_port(L.job));
 	ev_run(L.loop, 0);
 	hpu_progress_reset(&L.bar);

@@ -400,7 +400,15 @@ static int launch_node(int i, int restart)
 	q.job_token = (char *)a->token;
 	q.node_rank = (uint32_t)i;
 	q.nodes = (uint32_t)S.nn;
-	q.devices = (uint32_t)a->devices;
+	q.devices = (uint32_t)a->hosts[i].slots;
+	/* every node's workers: they may differ (the hostfile's slots) */
+	uint32_t *slots = calloc((size_t)S.nn, sizeof *slots);
+	if (!slots)
+		return fail("out of memory");
+	for (int k = 0; k < S.nn; k++)
+		slots[k] = (uint32_t)a->hosts[k].slots;
+	q.n_node_devices = (size_t)S.nn;
+	q.node_devices = slots;
 	q.master_addr = (char *)S.n[0].host;
 	q.master_port = (uint32_t)S.master_port;
 	q.n_argv = (size_t)(a->worker_argc - 1); /* hpud picks the program */
@@ -408,8 +416,8 @@ static int launch_node(int i, int restart)
 	q.transport = (char *)(a->transport ? a->transport : "");
 	q.restart_count = (uint32_t)restart;
 	q.max_restarts = (uint32_t)a->max_restarts;
-	char envbuf[8][1100], *envp[8];
-	for (int k = 0; hpu_job_env[k] != HPU_ENV_COUNT && q.n_env < 8; k++) {
+	char envbuf[16][1100], *envp[16]; /* hpu_job_env has fewer */
+	for (int k = 0; hpu_job_env[k] != HPU_ENV_COUNT && q.n_env < 16; k++) {
 		const char *v = hpu_env_str(hpu_job_env[k]);
 		if (v && *v) {
 			snprintf(envbuf[q.n_env], sizeof envbuf[0], "%s=%s",
@@ -422,7 +430,9 @@ static int launch_node(int i, int restart)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
 	env.launch_request = &q;
-	if (send_env(nd, &env) < 0)
+	int sent = send_env(nd, &env);
+	free(slots);
+	if (sent < 0)
 		return fail("cannot send to hpud at %s:%d: %s", nd->host, nd->port,
 			    zmq_strerror(errno));
 	Hpu__Envelope *r = NULL;
@@ -562,6 +572,25 @@ static void cancel_and_wait(double max_s)
 		pump(100, -1, NULL);
 }
 
+/* "2 nodes x 4 devices", or where the hosts' slots differ "3 ranks on 2
+ * nodes (2+1)" (up to 8 nodes listed). */
+static void describe_layout(char *out, size_t len)
+{
+	const hpu_launch_args *a = S.a;
+	int same = 1;
+	for (int i = 1; i < S.nn; i++)
+		same &= a->hosts[i].slots == a->hosts[0].slots;
+	if (same) {
+		snprintf(out, len, "%d nodes x %d devices", S.nn, a->hosts[0].slots);
+		return;
+	}
+	size_t n = (size_t)snprintf(out, len, "%d ranks on %d nodes (", a->world, S.nn);
+	for (int i = 0; i < S.nn && i < 8 && n < len; i++)
+		n += (size_t)snprintf(out + n, len - n, "%s%d", i ? "+" : "", a->hosts[i].slots);
+	if (n < len)
+		snprintf(out + n, len - n, "%s)", S.nn > 8 ? "+..." : "");
+}
+
 /* Submits attempt `restart` of the job to every node, node 0 first.
  * Returns 0, or -1 with S.err set, having cancelled what started. */
 static int launch_all(int restart)
@@ -583,9 +612,12 @@ static int launch_all(int restart)
 		}
 		S.n[i].last_heard = now_s();
 	}
-	if (!S.a->quiet)
-		fprintf(stderr, "hpulaunch: job %s: %d nodes x %d devices through hpud, coordinator %s:%d\n",
-			S.a->job_id, S.nn, S.a->devices, S.n[0].host, S.master_port);
+	if (!S.a->quiet) {
+		char layout[64];
+		describe_layout(layout, sizeof layout);
+		fprintf(stderr, "hpulaunch: job %s: %s through hpud, coordinator %s:%d\n",
+			S.a->job_id, layout, S.n[0].host, S.master_port);
+	}
 	return 0;
 }
 

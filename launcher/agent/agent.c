@@ -104,6 +104,10 @@ hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 		return NULL;
 	a->loop = loop;
 	a->cfg = *cfg;
+	if (a->cfg.world <= 0) {
+		a->cfg.rank_base = cfg->node_rank * cfg->devices;
+		a->cfg.world = cfg->nodes * cfg->devices;
+	}
 	a->w = calloc((size_t)cfg->devices, sizeof *a->w);
 	if (!a->w) {
 		free(a);
@@ -116,7 +120,7 @@ hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 
 int hpu_agent_rank(const hpu_agent *a, int local)
 {
-	return a->cfg.node_rank * a->cfg.devices + local;
+	return a->cfg.rank_base + local;
 }
 
 int hpu_agent_live(const hpu_agent *a)
@@ -304,7 +308,7 @@ static void on_status_pipe(struct ev_loop *loop, ev_io *io, int revents)
 
 int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s)
 {
-	int local = rank - a->cfg.node_rank * a->cfg.devices;
+	int local = rank - a->cfg.rank_base;
 	if (local < 0 || local >= a->cfg.devices || a->w[local].last_at == 0)
 		return -1;
 	*st = a->w[local].last;
@@ -605,7 +609,8 @@ static int device_of(const hpu_agent *a, const worker *w)
 const hpu_env_id hpu_job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST, HPU_ENV_QUANT_CONFIG,
-				  HPU_ENV_HPUCOLL_SECURITY, HPU_ENV_COUNT};
+				  HPU_ENV_HPUCOLL_SECURITY, HPU_ENV_OMP_NUM_THREADS,
+				  HPU_ENV_OPENBLAS_NUM_THREADS, HPU_ENV_COUNT};
 
 /* What the agent sets for every worker (HPUCOLL_TRANSPORT when it has
  * one): the agent's own values of these are not passed on. */
@@ -614,7 +619,16 @@ static const hpu_env_id launch_env[] = {
 	HPU_ENV_NODE_RANK, HPU_ENV_NNODES, HPU_ENV_MASTER_ADDR, HPU_ENV_MASTER_PORT,
 	HPU_ENV_HPU_JOB_ID, HPU_ENV_HPU_JOB_TOKEN, HPU_ENV_HPUCOLL_TRANSPORT,
 	HPU_ENV_HPU_DEVICE_ID, HPU_ENV_HPU_RESTART_COUNT, HPU_ENV_HPU_MAX_RESTARTS,
-	HPU_ENV_HPU_STATUS_FD, HPU_ENV_COUNT};
+	HPU_ENV_HPU_STATUS_FD, HPU_ENV_GROUP_RANK, HPU_ENV_ROLE_RANK, HPU_ENV_ROLE_WORLD_SIZE,
+	HPU_ENV_TORCHELASTIC_RESTART_COUNT, HPU_ENV_TORCHELASTIC_MAX_RESTARTS,
+	HPU_ENV_TORCHELASTIC_RUN_ID, HPU_ENV_CROSS_RANK, HPU_ENV_CROSS_SIZE, HPU_ENV_LOCAL_SIZE,
+	HPU_ENV_COUNT};
+
+/* What the agent's own service manager told it (hpud under systemd): a
+ * worker is neither the service's main process nor writing to the
+ * journal (its stderr is our pipe), so these are not passed on. */
+static const hpu_env_id service_env[] = {HPU_ENV_NOTIFY_SOCKET, HPU_ENV_JOURNAL_STREAM,
+					 HPU_ENV_COUNT};
 
 /* "NAME=VALUE" for variable id, allocated; NULL when out of memory. */
 static char *entry_str(hpu_env_id id, const char *value)
@@ -631,7 +645,7 @@ static char *entry_int(hpu_env_id id, int value)
 	return entry_str(id, v);
 }
 
-/* Whether environment entry e ("NAME=...") sets a name that list (of
+/* Whether environment entry e ("NAME=..." or "NAME") sets a name that list (of
  * "NAME=VALUE", NULL-terminated) sets too. */
 static int set_by(const char *e, char *const *list)
 {
@@ -642,7 +656,10 @@ static int set_by(const char *e, char *const *list)
 	return 0;
 }
 
-/* Builds the worker's environment: ours, minus what we set, plus the job's. */
+/* Builds the worker's environment: ours, minus what we set, plus the job's.
+ * The launch variables come in our names and in torchrun's and DeepSpeed's
+ * launchers' (one role, "default": ROLE_RANK is RANK); the thread counts
+ * are 1 unless ours or the job's say otherwise. */
 static char **make_env(const hpu_agent *a, const worker *w)
 {
 	size_t n = 0;
@@ -651,22 +668,27 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	size_t extra = 0;
 	while (a->cfg.env && a->cfg.env[extra])
 		extra++;
-	char **env = calloc(n + 20 + extra, sizeof *env);
+	char **env = calloc(n + 40 + extra, sizeof *env);
 	if (!env)
 		return NULL;
 	size_t k = 0;
-	int have_blas = 0;
+	int have_blas = set_by(hpu_env_name(HPU_ENV_OPENBLAS_NUM_THREADS), a->cfg.env);
+	int have_omp = set_by(hpu_env_name(HPU_ENV_OMP_NUM_THREADS), a->cfg.env);
 	for (size_t i = 0; i < n; i++) {
 		int id = hpu_env_find(environ[i]);
 		if (id == HPU_ENV_OPENBLAS_NUM_THREADS)
 			have_blas = 1;
-		if (!(id >= 0 && hpu_env_in(id, launch_env)) && !set_by(environ[i], a->cfg.env))
+		if (id == HPU_ENV_OMP_NUM_THREADS)
+			have_omp = 1;
+		if (!(id >= 0 && (hpu_env_in(id, launch_env) || hpu_env_in(id, service_env))) &&
+		    !set_by(environ[i], a->cfg.env))
 			env[k++] = strdup(environ[i]);
 	}
 	const hpu_agent_cfg *c = &a->cfg;
+	int world = c->world;
 	env[k++] = entry_int(HPU_ENV_RANK, w->rank);
 	env[k++] = entry_int(HPU_ENV_LOCAL_RANK, w->local);
-	env[k++] = entry_int(HPU_ENV_WORLD_SIZE, c->nodes * c->devices);
+	env[k++] = entry_int(HPU_ENV_WORLD_SIZE, world);
 	env[k++] = entry_int(HPU_ENV_LOCAL_WORLD_SIZE, c->devices);
 	env[k++] = entry_int(HPU_ENV_NODE_RANK, c->node_rank);
 	env[k++] = entry_int(HPU_ENV_NNODES, c->nodes);
@@ -678,8 +700,19 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	env[k++] = entry_int(HPU_ENV_HPU_RESTART_COUNT, c->restart_count);
 	env[k++] = entry_int(HPU_ENV_HPU_MAX_RESTARTS, c->max_restarts);
 	env[k++] = entry_int(HPU_ENV_HPU_STATUS_FD, HPU_AGENT_STATUS_FD);
+	env[k++] = entry_int(HPU_ENV_GROUP_RANK, c->node_rank);
+	env[k++] = entry_int(HPU_ENV_ROLE_RANK, w->rank);
+	env[k++] = entry_int(HPU_ENV_ROLE_WORLD_SIZE, world);
+	env[k++] = entry_int(HPU_ENV_TORCHELASTIC_RESTART_COUNT, c->restart_count);
+	env[k++] = entry_int(HPU_ENV_TORCHELASTIC_MAX_RESTARTS, c->max_restarts);
+	env[k++] = entry_str(HPU_ENV_TORCHELASTIC_RUN_ID, c->job_id);
+	env[k++] = entry_int(HPU_ENV_CROSS_RANK, c->node_rank);
+	env[k++] = entry_int(HPU_ENV_CROSS_SIZE, c->nodes);
+	env[k++] = entry_int(HPU_ENV_LOCAL_SIZE, c->devices);
 	if (!have_blas)
 		env[k++] = entry_int(HPU_ENV_OPENBLAS_NUM_THREADS, 1);
+	if (!have_omp)
+		env[k++] = entry_int(HPU_ENV_OMP_NUM_THREADS, 1);
 	if (c->transport)
 		env[k++] = entry_str(HPU_ENV_HPUCOLL_TRANSPORT, c->transport);
 	for (size_t i = 0; i < extra; i++)

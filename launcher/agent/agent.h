@@ -45,14 +45,18 @@ typedef struct hpu_agent hpu_agent;
 
 /* The environment variables a job carries to its workers when it is
  * submitted to hpud (the workers read them; hpud's own environment would
- * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG. HPU_ENV_COUNT
- * ends the list. */
+ * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG, HPUCOLL_SECURITY,
+ * OMP_NUM_THREADS, OPENBLAS_NUM_THREADS. HPU_ENV_COUNT ends the list. */
 extern const hpu_env_id hpu_job_env[];
 
 typedef struct hpu_agent_cfg {
 	int node_rank;    /* this node */
 	int nodes;        /* nodes in the job */
 	int devices;      /* workers on this node */
+	/* The global rank of this node's first worker and the ranks in the
+	 * job (nodes may run different numbers of workers); world 0: every
+	 * node runs `devices` (rank_base node_rank x devices). */
+	int rank_base, world;
 	const char *master_addr;
 	int master_port;
 	const char *job_id;

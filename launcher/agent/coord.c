@@ -219,6 +219,12 @@ static agent_slot *known_agent(hpu_coord *c, const hpu_codec_peer *peer)
 	return NULL;
 }
 
+/* The workers node n runs. */
+static int node_devices(const hpu_coord *c, int n)
+{
+	return c->cfg.node_devices ? c->cfg.node_devices[n] : c->cfg.devices;
+}
+
 static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		     const Hpu__AgentHello *h)
 {
@@ -243,7 +249,8 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		why = "bad job id or token";
 	else if (h->node_rank == 0 || h->node_rank >= (uint32_t)c->cfg.nodes)
 		why = "node rank out of range";
-	else if ((int)h->nodes != c->cfg.nodes || (int)h->devices != c->cfg.devices)
+	else if ((int)h->nodes != c->cfg.nodes || (int)h->devices != node_devices(c, (int)h->node_rank) ||
+		 (h->world_size && (int)h->world_size != c->world))
 		why = "its --nodes/--devices differ from node 0's";
 	else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
@@ -429,7 +436,9 @@ hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 		return NULL;
 	}
 	hpu_hex(c->session, rnd, sizeof rnd);
-	c->world = cfg->nodes * cfg->devices;
+	c->world = 0;
+	for (int n = 0; n < cfg->nodes; n++)
+		c->world += node_devices(c, n);
 	c->ranks = calloc((size_t)c->world, sizeof *c->ranks);
 	c->agents = calloc((size_t)cfg->nodes, sizeof *c->agents);
 	c->ctx = zmq_ctx_new();

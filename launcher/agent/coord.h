@@ -24,6 +24,9 @@ typedef struct hpu_coord_cfg {
 	 * restart_count; those of other attempts are refused or ignored. */
 	int restart_count;
 	int nodes, devices;
+	/* The workers of every node (nodes entries), when they differ; NULL:
+	 * `devices` on each. An agent must run its node's number. */
+	const int *node_devices;
 	double join_timeout_s;  /* every rank must have joined by then */
 	double agent_timeout_s; /* a silent remote agent is dead after this */
 	/* The job must end: `reason` says why (already printed once). */

@@ -31,6 +31,7 @@ struct hpu_nodejob {
 	int failed;             /* a worker failed, or the job was aborted */
 	int agent_idle, job_done, ended;
 	int gated;              /* the workers wait for the coordinator's answer */
+	int rank_base, world;   /* this node's first rank; ranks in the job */
 	char token[129];        /* the one this attempt's workers present */
 	char root_cause[700];
 };
@@ -198,6 +199,7 @@ static void send_hello(hpu_nodejob *j)
 	h.nodes = (uint32_t)j->cfg.nodes;
 	h.devices = (uint32_t)j->cfg.devices;
 	h.restart_count = (uint32_t)j->cfg.restart_count;
+	h.world_size = (uint32_t)j->world;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_AGENT_HELLO;
 	env.agent_hello = &h;
@@ -312,6 +314,7 @@ static int start_coord(hpu_nodejob *j, char *err, size_t errlen)
 		.restart_count = j->cfg.restart_count,
 		.nodes = j->cfg.nodes,
 		.devices = j->cfg.devices,
+		.node_devices = j->cfg.node_devices,
 		.join_timeout_s = j->cfg.join_timeout_s,
 		.agent_timeout_s = j->cfg.agent_timeout_s,
 		.on_abort = on_coord_abort,
@@ -338,6 +341,16 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 	if (!j->cfg.who)
 		j->cfg.who = "hpulaunch";
 	j->master_port = cfg->master_port;
+	j->rank_base = cfg->node_rank * cfg->devices;
+	j->world = cfg->nodes * cfg->devices;
+	if (cfg->node_devices) {
+		j->rank_base = j->world = 0;
+		for (int n = 0; n < cfg->nodes; n++) {
+			if (n < cfg->node_rank)
+				j->rank_base += cfg->node_devices[n];
+			j->world += cfg->node_devices[n];
+		}
+	}
 	hpu_attempt_token(cfg->token, cfg->restart_count, j->token, sizeof j->token);
 	/* A restart on a node other than 0 might otherwise start workers that
 	 * reach the previous attempt's coordinator, still shutting down. */
@@ -356,6 +369,8 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 		.node_rank = cfg->node_rank,
 		.nodes = cfg->nodes,
 		.devices = cfg->devices,
+		.rank_base = j->rank_base,
+		.world = j->world,
 		.master_addr = cfg->master_addr,
 		.master_port = j->master_port,
 		.job_id = cfg->job_id,
@@ -411,7 +426,12 @@ long hpu_nodejob_status_bad(const hpu_nodejob *j)
 
 int hpu_nodejob_rank(const hpu_nodejob *j, int local)
 {
-	return j->cfg.node_rank * j->cfg.devices + local;
+	return j->rank_base + local;
+}
+
+int hpu_nodejob_world(const hpu_nodejob *j)
+{
+	return j->world;
 }
 
 void hpu_nodejob_destroy(hpu_nodejob **pj)

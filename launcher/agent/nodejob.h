@@ -17,6 +17,10 @@ typedef struct hpu_nodejob hpu_nodejob;
 
 typedef struct hpu_nodejob_cfg {
 	int node_rank, nodes, devices;
+	/* The workers of every node (nodes entries; entry node_rank is
+	 * devices), when nodes run different numbers of them: node r's ranks
+	 * follow those of nodes 0..r-1. NULL: every node runs `devices`. */
+	const int *node_devices;
 	const char *master_addr;  /* node 0's address (a name is resolved) */
 	int master_port;          /* node 0: 0 picks a free port */
 	const char *job_id, *token;
@@ -71,6 +75,9 @@ int hpu_nodejob_live(const hpu_nodejob *j);
 
 /* The global rank of local worker `local`. */
 int hpu_nodejob_rank(const hpu_nodejob *j, int local);
+
+/* The ranks in the job, all nodes together. */
+int hpu_nodejob_world(const hpu_nodejob *j);
 
 /* The latest status record of global rank `rank` and its age
  * (hpu_agent_status); -1 when the rank is not on this node, has sent none

@@ -266,6 +266,165 @@ static void test_three_nodes(void **state)
 	equivalence(3);
 }
 
+/* ---- hosts with different slots ---- */
+
+/* The launch variables of job `job`'s hpu-worker processes (every
+ * namespace shares the process table), one line per rank in rank order:
+ * "rank=R local=L world=W lws=N node=K group=K cross=K/NODES lsize=N
+ * role=R/W run=ID restarts=C", and their pids. Returns how many workers
+ * it found. */
+static int worker_envs(const char *job, char lines[][256], pid_t *pids, int max)
+{
+	static const char *const names[] = {"RANK",	  "LOCAL_RANK",	 "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+					    "NODE_RANK",  "GROUP_RANK",	 "CROSS_RANK", "CROSS_SIZE",
+					    "LOCAL_SIZE", "ROLE_RANK",	 "ROLE_WORLD_SIZE",
+					    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"};
+	enum { NV = sizeof names / sizeof names[0] };
+	char want[96];
+	snprintf(want, sizeof want, "HPU_JOB_ID=%s", job);
+	DIR *d = opendir("/proc");
+	int n = 0;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		char path[300], buf[16384], comm[64] = "";
+		snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (!fgets(comm, sizeof comm, f))
+			comm[0] = 0;
+		fclose(f);
+		if (strcmp(comm, "hpu-worker\n"))
+			continue;
+		snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		size_t len = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		const char *val[NV] = {0};
+		int mine = 0;
+		for (size_t i = 0; i < len; i += strnlen(buf + i, len - i) + 1) {
+			mine |= !strcmp(buf + i, want);
+			for (int k = 0; k < NV; k++)
+				if (!strncmp(buf + i, names[k], strlen(names[k])) &&
+				    buf[i + strlen(names[k])] == '=')
+					val[k] = buf + i + strlen(names[k]) + 1;
+		}
+		int rank = val[0] ? atoi(val[0]) : -1;
+		if (!mine || rank < 0 || rank >= max)
+			continue;
+		for (int k = 0; k < NV; k++)
+			if (!val[k])
+				val[k] = "unset";
+		pids[rank] = (pid_t)atoi(e->d_name);
+		snprintf(lines[rank], 256,
+			 "rank=%s local=%s world=%s lws=%s node=%s group=%s cross=%s/%s lsize=%s "
+			 "role=%s/%s run=%s restarts=%s",
+			 val[0], val[1], val[2], val[3], val[4], val[5], val[6], val[7], val[8], val[9],
+			 val[10], val[11], val[12]);
+		n++;
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* Waits until job's 3 workers of attempt `restarts` run; checks each
+ * rank's variables: ranks go host by host (2 on node 0, then 1 on node
+ * 1), LOCAL_WORLD_SIZE is the node's slots, WORLD_SIZE their sum. */
+static void check_uneven_envs(const char *job, int restarts)
+{
+	char lines[4][256], want[256];
+	int n = 0;
+	for (int i = 0; i < 300; i++) {
+		pid_t pids[4];
+		memset(lines, 0, sizeof lines);
+		n = worker_envs(job, lines, pids, 4);
+		char r[32];
+		snprintf(r, sizeof r, "restarts=%d", restarts);
+		if (n == 3 && strstr(lines[0], r) && strstr(lines[1], r) && strstr(lines[2], r))
+			break;
+		usleep(100000);
+	}
+	for (int r = 0; r < 3; r++)
+		printf("  rank %d: %s\n", r, lines[r]);
+	assert_int_equal(n, 3);
+	static const int local[] = {0, 1, 0}, lws[] = {2, 2, 1}, node[] = {0, 0, 1};
+	for (int r = 0; r < 3; r++) {
+		snprintf(want, sizeof want,
+			 "rank=%d local=%d world=3 lws=%d node=%d group=%d cross=%d/2 lsize=%d role=%d/3 "
+			 "run=%s restarts=%d",
+			 r, local[r], lws[r], node[r], node[r], node[r], lws[r], r, job, restarts);
+		assert_string_equal(lines[r], want);
+	}
+}
+
+/* A hostfile whose hosts have different slots (2 and 1, DeepSpeed's
+ * format): the job trains to the parameters of one node with 3 workers;
+ * every rank sees its place (ranks 0-1 on node 0, rank 2 on node 1), also
+ * after a restart (rank 2 killed, --max-restarts 1). */
+static void test_uneven_slots(void **state)
+{
+	(void)state;
+	char hostfile[128], single[128], viahpud[128];
+	snprintf(hostfile, sizeof hostfile, "%s/hostfile-uneven", dir);
+	snprintf(single, sizeof single, "%s/single-uneven.bin", dir);
+	snprintf(viahpud, sizeof viahpud, "%s/hpud-uneven.bin", dir);
+	char *a1[] = {(char *)LAUNCH, "-q", "--devices", "3", TRAIN_OPTS("192", single),
+		      (char *)MODEL, MODEL_ARGS, NULL};
+	run_ok(a1, "single node, 3 workers");
+	cluster_up(2);
+	FILE *f = fopen(hostfile, "w");
+	assert_non_null(f);
+	fprintf(f, "10.77.%d.1 slots=2\n10.77.%d.2 slots=1\n", PREFIX, PREFIX);
+	fclose(f);
+	char *a2[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+		      TRAIN_OPTS("192", viahpud), (char *)MODEL, MODEL_ARGS, NULL};
+	proc p;
+	int code = h_run(&p, a2, NULL, 300000);
+	printf("%s", p.out);
+	if (code != 0)
+		fail_msg("hpulaunch --hostfile (slots 2 and 1): exit %d", code);
+	assert_non_null(strstr(p.out, "3 ranks on 2 nodes (2+1) through hpud"));
+	assert_non_null(strstr(p.out, "[rank 0] trained 20 steps on 3 workers"));
+	h_free(&p);
+	int same;
+	double r = compare(viahpud, single, &same);
+	printf("  hosts of 2 and 1 slots through hpud vs one node of 3 workers: relative difference %.3g%s\n",
+	       r, same ? " (bit-identical)" : "");
+	assert_true(r <= 1e-5);
+
+	/* the variables, before and after a restart */
+	char job[64];
+	snprintf(job, sizeof job, "uneven-%d", (int)getpid());
+	char *a3[] = {(char *)LAUNCH, "-q", "--hostfile", hostfile, "--key", key_path,
+		      "--max-restarts", "1", "--job-id", job, "--epochs", "20", "--batch-size", "192",
+		      "--log-every", "5", (char *)MODEL, MODEL_ARGS, NULL};
+	assert_int_equal(h_start(&p, a3, NULL), 0);
+	assert_int_equal(h_wait_for(&p, "step 5/", 180000), 0);
+	check_uneven_envs(job, 0);
+	pid_t pids[4] = {0};
+	char lines[4][256];
+	assert_int_equal(worker_envs(job, lines, pids, 4), 3);
+	pid_t victim = pids[2];
+	assert_true(victim > 0);
+	kill(victim, SIGKILL);
+	assert_int_equal(h_wait_for(&p, "restarting (restart 1 of 1)", 60000), 0);
+	char cause[128];
+	snprintf(cause, sizeof cause, "attempt 1 of 2 failed: rank 2 (node 1, pid %d) was killed by signal 9",
+		 (int)victim);
+	assert_non_null(strstr(p.out, cause));
+	check_uneven_envs(job, 1);
+	kill(p.pid, SIGINT);
+	assert_int_equal(h_wait(&p, 60000), 0);
+	printf("%s", strstr(p.out, "restarting") ? strstr(p.out, "restarting") : p.out);
+	assert_int_equal(h_code(&p), 128 + SIGINT);
+	h_free(&p);
+	cluster_down();
+}
+
 /* ---- faults ---- */
 
 static char job_id[64];
@@ -350,8 +509,12 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_three_nodes),
+		cmocka_unit_test(test_uneven_slots),
 		cmocka_unit_test(test_kill_hpud),
 		cmocka_unit_test(test_link_down),
 	};
+	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
+	if (getenv("HPU_TEST") != NULL)
+		cmocka_set_test_filter(getenv("HPU_TEST"));
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

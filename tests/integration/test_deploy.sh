@@ -129,7 +129,7 @@ unit_checks() {
 	fi
 
 	# What the brief for the unit fixes, so that an edit cannot lose it.
-	for line in 'Type=simple' 'ExecStart=/usr/local/bin/hpud -c /etc/hpud/hpud.conf' \
+	for line in 'Type=notify' 'NotifyAccess=main' 'ExecStart=/usr/local/bin/hpud -c /etc/hpud/hpud.conf' \
 		'ExecReload=/bin/kill -HUP $MAINPID' 'Restart=on-failure' 'NoNewPrivileges=yes' \
 		'CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_KILL' 'ProtectSystem=strict' \
 		'ProtectHome=read-only' 'PrivateTmp=yes' 'After=network-online.target' \

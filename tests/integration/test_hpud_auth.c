@@ -176,6 +176,80 @@ static uint8_t *launch_frame(client *c, const char *job_id, size_t *len)
 	return sign_env(c, &env, 0, len);
 }
 
+/* A launch of node `rank` of `nodes` with `devices` workers here and
+ * node_devices[0..n) for every node: refused with `want` in the error
+ * (NULL: accepted, then cancelled). */
+static void launch_layout(int rank, int nodes, int devices, const uint32_t *nd, size_t n,
+			  const char *want)
+{
+	char *argv[] = {"--max-steps", "100000", "--log-every", "0", "--no-eval", (char *)MODEL,
+			"--", "--hidden", "16"};
+	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
+	q.job_id = "layout-job";
+	q.job_token = "layout-token";
+	q.node_rank = (uint32_t)rank;
+	q.nodes = (uint32_t)nodes;
+	q.devices = (uint32_t)devices;
+	q.node_devices = (uint32_t *)nd;
+	q.n_node_devices = n;
+	q.master_addr = "127.0.0.1";
+	q.master_port = rank ? 29999 : 0;
+	q.n_argv = sizeof argv / sizeof *argv;
+	q.argv = argv;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
+	env.launch_request = &q;
+	client c;
+	client_open(&c, key);
+	size_t len;
+	uint8_t *f = sign_env(&c, &env, 0, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	Hpu__Envelope *r = await_reply(&c, 10000);
+	assert_non_null(r);
+	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_LAUNCH_REPLY);
+	printf("  node_devices of %zu entries, node %d of %d with %d: %s%s\n", n, rank, nodes, devices,
+	       r->launch_reply->ok ? "accepted" : "refused: ", r->launch_reply->error);
+	if (want) {
+		assert_false(r->launch_reply->ok);
+		assert_non_null(strstr(r->launch_reply->error, want));
+	} else {
+		assert_true(r->launch_reply->ok);
+		Hpu__Cancel cn = HPU__CANCEL__INIT;
+		cn.job_id = "layout-job";
+		Hpu__Envelope ce = HPU__ENVELOPE__INIT;
+		ce.msg_case = HPU__ENVELOPE__MSG_CANCEL;
+		ce.cancel = &cn;
+		f = sign_env(&c, &ce, 0, &len);
+		zmq_send(c.sock, f, len, 0);
+		free(f);
+		for (int i = 0; i < 100 && jobs_running(); i++)
+			usleep(100000);
+		assert_int_equal(jobs_running(), 0);
+	}
+	hpu_codec_free(r);
+	client_close(&c);
+}
+
+/* node_devices (hosts with different slots) is checked field by field
+ * before anything runs: one entry a node, each 1..1024, this node's equal
+ * to devices. A good one is taken: node 1 of 2 with 1 of 2+1 workers. */
+static void test_launch_layout_checked(void **state)
+{
+	(void)state;
+	start_daemon();
+	const uint32_t two_one[] = {2, 1}, zero[] = {2, 0}, big[] = {1, 5000}, three[] = {2, 1, 1};
+	launch_layout(0, 2, 2, three, 3, "node_devices must have one entry a node (nodes), or none");
+	launch_layout(0, 2, 2, zero, 2, "node_devices must be 1..1024 workers a node");
+	launch_layout(0, 2, 1, big, 2, "node_devices must be 1..1024 workers a node");
+	launch_layout(1, 2, 2, two_one, 2, "node_devices must give this node (node_rank) its devices");
+	assert_int_equal(jobs_running(), 0);
+	launch_layout(1, 2, 1, two_one, 2, NULL);
+	h_wait(&daemon_proc, 200);
+	assert_non_null(strstr(daemon_proc.out, "job layout-job from 127.0.0.1: node 1 of 2, 1 workers (ranks 2-2 of 3)"));
+	stop_daemon();
+}
+
 /* Sends a captured frame on a fresh connection to the hpud on port p;
  * returns whether a launch reply that says ok came back. */
 static int replay_to(int p, const uint8_t *frame, size_t len)
@@ -565,6 +639,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_launch_bound_to_instance),
+		cmocka_unit_test(test_launch_layout_checked),
 		cmocka_unit_test(test_submitter_refuses_replays),
 		cmocka_unit_test(test_submitter_takes_a_flood),
 	};

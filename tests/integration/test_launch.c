@@ -710,6 +710,38 @@ static void test_two_nodes_remote_failure(void **state)
 	h_free(&n1);
 }
 
+/* torchrun style, every node runs the same --devices: node 1's hpulaunch
+ * with another count is refused by node 0's coordinator, which names why,
+ * and both fail. */
+static void test_two_nodes_devices_differ(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "5", "--exec", "sleep", "60", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "5", "--exec", "sleep", "60", NULL};
+	proc n0, n1;
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	int e0 = h_wait(&n0, 60000), e1 = h_wait(&n1, 60000);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, "refused agent of node 1: its --nodes/--devices differ from node 0's"));
+	assert_non_null(strstr(n1.out, "its --nodes/--devices differ from node 0's"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* ---- --max-restarts ---- */
 
 /* A scratch directory for the restart workers' files. */
@@ -1016,6 +1048,217 @@ static void test_restart_refuses_other_attempt(void **state)
 	h_free(&node0);
 }
 
+/* The launch environment in torchrun's and DeepSpeed's names, on two
+ * nodes of two workers each (two hpulaunch, loopback), before and after a
+ * restart: each rank writes what it sees to DIR/rRANK.COUNT; on the first
+ * attempt rank 3 exits 3 once every rank has written, and the job runs
+ * again. Node 0 runs without OMP_NUM_THREADS (its workers get 1), node 1
+ * with OMP_NUM_THREADS=4 (kept). */
+static void test_torchrun_env_two_nodes(void **state)
+{
+	(void)state;
+	char dir[64], port[16], script[2048];
+	restart_dir(dir, sizeof dir);
+	snprintf(port, sizeof port, "%d", h_free_port());
+	snprintf(script, sizeof script,
+		 "echo \"rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+		 "node=$NODE_RANK group=$GROUP_RANK role_rank=$ROLE_RANK role_ws=$ROLE_WORLD_SIZE "
+		 "count=$TORCHELASTIC_RESTART_COUNT max=$TORCHELASTIC_MAX_RESTARTS "
+		 "run=$TORCHELASTIC_RUN_ID cross_rank=$CROSS_RANK cross_size=$CROSS_SIZE "
+		 "local_size=$LOCAL_SIZE omp=${OMP_NUM_THREADS-unset}\" > %s/.r$RANK && "
+		 "mv %s/.r$RANK %s/r$RANK.$HPU_RESTART_COUNT; "
+		 "if [ \"$HPU_RESTART_COUNT\" = 0 ]; then "
+		 "  if [ \"$RANK\" = 3 ]; then "
+		 "    while [ ! -e %s/r0.0 ] || [ ! -e %s/r1.0 ] || [ ! -e %s/r2.0 ]; do sleep 0.05; done; "
+		 "    exit 3; "
+		 "  fi; exec sleep 300; "
+		 "fi",
+		 dir, dir, dir, dir, dir, dir);
+	unsetenv("OMP_NUM_THREADS"); /* node 0's workers must see it unset */
+	char *env0[] = {"HPU_JOB_TOKEN=env-secret", NULL};
+	char *env1[] = {"HPU_JOB_TOKEN=env-secret", "OMP_NUM_THREADS=4", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "0",
+		      "--master-port", port, "--job-id", "envjob", "--max-restarts", "1",
+		      "--exec", "/bin/sh", "-c", script, NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "1",
+		      "--master-port", port, "--job-id", "envjob", "--max-restarts", "1",
+		      "--exec", "/bin/sh", "-c", script, NULL};
+	proc n0, n1;
+	assert_int_equal(h_start(&n0, a0, env0), 0);
+	assert_int_equal(h_start(&n1, a1, env1), 0);
+	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 0);
+	assert_int_equal(h_code(&n1), 0);
+	assert_non_null(strstr(n1.out, "restarting (restart 1 of 1)"));
+	for (int count = 0; count < 2; count++)
+		for (int r = 0; r < 4; r++) {
+			char name[16], want[400];
+			int node = r / 2;
+			snprintf(name, sizeof name, "r%d.%d", r, count);
+			snprintf(want, sizeof want,
+				 "rank=%d local=%d world=4 lws=2 node=%d group=%d role_rank=%d role_ws=4 "
+				 "count=%d max=1 run=envjob cross_rank=%d cross_size=2 local_size=2 omp=%s\n",
+				 r, r % 2, node, node, r, count, node, node ? "4" : "1");
+			if (!file_has(dir, name, want))
+				fail_msg("%s/%s does not hold: %s", dir, name, want);
+		}
+	assert_false(file_exists(dir, "r0.2"));
+	h_free(&n0);
+	h_free(&n1);
+	remove_dir(dir);
+}
+
+/* ---- torchrun's spellings ---- */
+
+/* --standalone --nproc-per-node 2 trains the model; the coordinator is on
+ * loopback at a port of its own, whatever MASTER_ADDR, MASTER_PORT and
+ * NODE_RANK say. */
+static void test_torchrun_standalone_trains(void **state)
+{
+	(void)state;
+	char *env[] = {"MASTER_ADDR=10.255.255.1", "MASTER_PORT=1", "NODE_RANK=3", NULL};
+	char *argv[] = {(char *)LAUNCH, "--standalone", "--nproc-per-node", "2", "--max-steps",
+			"3", "--log-every", "1", "--no-eval", (char *)MODEL, "--", "--hidden", "32",
+			NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "node 0 of 1, ranks 0-1 of 2, coordinator 127.0.0.1:"));
+	assert_null(strstr(p.out, "coordinator 127.0.0.1:1\n"));
+	assert_non_null(strstr(p.out, "[rank 0] trained 3 steps on 2 workers"));
+	h_free(&p);
+}
+
+/* What the workers of --standalone --nproc_per_node see, and
+ * --nproc-per-node auto and cpu: one worker per core. */
+static void test_torchrun_standalone_env(void **state)
+{
+	(void)state;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	char *env[] = {"MASTER_ADDR=10.255.255.1", "MASTER_PORT=1", NULL};
+	const char *echo = "echo \"rank=$RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+			   "nodes=$NNODES master=$MASTER_ADDR port=$MASTER_PORT\"";
+	static const char *counts[] = {"2", "auto", "cpu"};
+	for (int i = 0; i < 3; i++) {
+		char *argv[] = {(char *)LAUNCH, "-q", "--standalone", "--nproc_per_node",
+				(char *)counts[i], "--exec", "/bin/sh", "-c", (char *)echo, NULL};
+		proc p;
+		int code = h_run(&p, argv, env, 60000);
+		printf("--nproc_per_node %s: exit %d\n%s", counts[i], code, p.out);
+		assert_int_equal(code, 0);
+		long n = i == 0 ? 2 : cores;
+		for (long r = 0; r < n; r++) {
+			char want[256];
+			snprintf(want, sizeof want, "[rank %ld] rank=%ld world=%ld lws=%ld nodes=1 master=127.0.0.1 port=",
+				 r, r, n, n);
+			const char *at = strstr(p.out, want);
+			assert_non_null(at);
+			int port = atoi(at + strlen(want));
+			assert_true(port > 1 && port <= 65535);
+		}
+		char extra[32];
+		snprintf(extra, sizeof extra, "[rank %ld]", n);
+		assert_null(strstr(p.out, extra));
+		h_free(&p);
+	}
+}
+
+/* Two nodes torchrun style in torchrun's words: node 0 with
+ * --rdzv-endpoint, --nnodes N:N, --node_rank and --rdzv-id; node 1 with
+ * --master_addr, --master_port, --rdzv_id, --max_restarts. They meet and
+ * run the collectives; the workers see the job id as TORCHELASTIC_RUN_ID
+ * and HPU_JOB_ID. */
+static void test_torchrun_two_nodes_aliases(void **state)
+{
+	(void)state;
+	char port[16], endpoint[32], script[512];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	snprintf(endpoint, sizeof endpoint, "127.0.0.1:%s", port);
+	snprintf(script, sizeof script,
+		 "echo \"run=$TORCHELASTIC_RUN_ID job=$HPU_JOB_ID node=$NODE_RANK port=$MASTER_PORT "
+		 "max=$TORCHELASTIC_MAX_RESTARTS\"; exec %s",
+		 h_build("bin/coll_env_check"));
+	char *env[] = {"HPU_JOB_TOKEN=alias-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nnodes", "2:2", "--nproc-per-node", "1", "--node_rank",
+		      "0", "--rdzv-endpoint", endpoint, "--rdzv-id", "torchjob", "--max_restarts",
+		      "1", "--exec", "/bin/sh", "-c", script, NULL};
+	char *a1[] = {(char *)LAUNCH, "--nnodes", "2", "--nproc_per_node", "1", "--node-rank",
+		      "1", "--master_addr", "127.0.0.1", "--master_port", port, "--rdzv_id",
+		      "torchjob", "--max_restarts", "1", "--exec", "/bin/sh", "-c", script, NULL};
+	proc n0, n1;
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 0);
+	assert_int_equal(h_code(&n1), 0);
+	char want[128];
+	snprintf(want, sizeof want, "[rank 0] run=torchjob job=torchjob node=0 port=%s max=1", port);
+	assert_non_null(strstr(n0.out, want));
+	snprintf(want, sizeof want, "[rank 1] run=torchjob job=torchjob node=1 port=%s max=1", port);
+	assert_non_null(strstr(n1.out, want));
+	assert_non_null(strstr(n0.out, "[rank 0] coll ok: rank 0 of 2"));
+	assert_non_null(strstr(n1.out, "[rank 1] coll ok: rank 1 of 2"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* Bad values of torchrun's options are errors that say what was wrong. */
+static void test_torchrun_alias_errors(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *opt, *value, *want;
+	} cases[] = {
+		{"--nnodes", "1:4", "--nnodes 1:4: hpulaunch has no elastic range of nodes; give one number (--nnodes 4)"},
+		{"--nnodes", "two", "--nnodes takes a number of nodes from 1 to 4096 (or N:N), not 'two'"},
+		{"--nnodes", "2:", "--nnodes takes a number of nodes from 1 to 4096 (or N:N), not '2:'"},
+		{"--nproc-per-node", "gpu", "--nproc-per-node gpu: hpulaunch's devices are CPU cores; give a number, auto or cpu"},
+		{"--nproc_per_node", "0", "--nproc_per_node takes a number of workers from 1 to 1024, auto or cpu, not '0'"},
+		{"--devices", "cpu", "--devices takes a number of workers from 1 to 1024 or auto, not 'cpu'"},
+		{"--rdzv-endpoint", "[::1]:29500", "--rdzv-endpoint [::1]:29500: an IPv6 address; hpulaunch speaks IPv4 only"},
+		{"--rdzv_endpoint", "fe80::1:29500", "--rdzv-endpoint fe80::1:29500: an IPv6 address"},
+		{"--rdzv-endpoint", "node0", "--rdzv-endpoint takes HOST:PORT (node 0's address and a port from 1 to 65535), not 'node0'"},
+		{"--rdzv-endpoint", "node0:70000", "--rdzv-endpoint takes HOST:PORT (node 0's address and a port from 1 to 65535), not 'node0:70000'"},
+		{"--rdzv-endpoint", ":29500", "not ':29500'"},
+		{"--master_port", "http", "bad value 'http' for --master_port"},
+		{"--node_rank", "-1", "bad value '-1' for --node_rank"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *argv[] = {(char *)LAUNCH, (char *)cases[i].opt, (char *)cases[i].value,
+				(char *)MODEL, NULL};
+		expect_usage_error(argv, NULL, cases[i].want);
+	}
+	char *tok[] = {"HPU_JOB_TOKEN=x", NULL};
+	char *s1[] = {(char *)LAUNCH, "--standalone", "--nnodes", "2", "--master-port", "29500",
+		      (char *)MODEL, NULL};
+	expect_usage_error(s1, tok, "--standalone runs one node with its own rendezvous on a free port: it does not go with more than one node");
+	char *s2[] = {(char *)LAUNCH, "--standalone", "--rdzv-endpoint", "127.0.0.1:29500",
+		      (char *)MODEL, NULL};
+	expect_usage_error(s2, NULL, "it does not go with --master-addr or --rdzv-endpoint");
+	char *s3[] = {(char *)LAUNCH, "--standalone", "--master_port", "29500", (char *)MODEL, NULL};
+	expect_usage_error(s3, NULL, "it does not go with --master-port or --rdzv-endpoint");
+	char *s4[] = {(char *)LAUNCH, "--standalone", "--hostfile", "/nonexistent/hosts",
+		      (char *)MODEL, NULL};
+	expect_usage_error(s4, NULL, "it does not go with --hostfile");
+	char *s5[] = {(char *)LAUNCH, "--standalone", "--node_rank", "1", (char *)MODEL, NULL};
+	expect_usage_error(s5, NULL, "it does not go with a --node-rank above 0");
+}
+
 /* ---- processes a job's workers leave behind ---- */
 
 #define SETSID_MODEL h_build("lib/setsid_child.so")
@@ -1303,12 +1546,18 @@ int main(void)
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_two_nodes_remote_failure),
+		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_restart_after_failure),
 		cmocka_unit_test(test_restart_gives_up),
 		cmocka_unit_test(test_restart_zero_as_before),
 		cmocka_unit_test(test_restart_not_after_sigterm),
 		cmocka_unit_test(test_restart_two_nodes),
 		cmocka_unit_test(test_restart_refuses_other_attempt),
+		cmocka_unit_test(test_torchrun_env_two_nodes),
+		cmocka_unit_test(test_torchrun_standalone_trains),
+		cmocka_unit_test(test_torchrun_standalone_env),
+		cmocka_unit_test(test_torchrun_two_nodes_aliases),
+		cmocka_unit_test(test_torchrun_alias_errors),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)

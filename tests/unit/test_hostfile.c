@@ -327,6 +327,24 @@ static void test_args_hostfile(void **state)
 	hpu_args_free(&a);
 	hpu_args_free(&a); /* safe twice */
 
+	/* Hosts with different slots (DeepSpeed's hostfiles): each runs its
+	 * own, the world is their sum; --devices D runs D on each. */
+	write_hosts("big slots=8\nsmall slots=4\nmid slots=6\n");
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--batch-size", "180", model));
+	assert_int_equal(a.nodes, 3);
+	assert_int_equal(a.world, 18);
+	assert_int_equal(a.devices, 8); /* node 0's */
+	assert_int_equal(a.hosts[0].slots, 8);
+	assert_int_equal(a.hosts[1].slots, 4);
+	assert_int_equal(a.hosts[2].slots, 6);
+	hpu_args_free(&a);
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "2", "--batch-size", "96", model));
+	assert_int_equal(a.world, 6);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(a.hosts[i].slots, 2);
+	hpu_args_free(&a);
+	write_hosts("node1 slots=8\nnode2:29411 slots=8\n");
+
 	/* --devices below the slots; flags and environment that still apply. */
 	setenv("MASTER_ADDR", "10.9.9.9", 1);
 	setenv("MASTER_PORT", "31000", 1);
@@ -366,8 +384,10 @@ static void test_args_hostfile_errors(void **state)
 	parse_fails(ARGV("--hostfile", hostfile, "--devices", "6", model),
 		    "--devices 6 is more than the slots of host g (4)");
 	write_hosts("a slots=8\nb slots=8\nc slots=4\n");
+	setenv("WORLD_SIZE", "24", 1);
 	parse_fails(ARGV("--hostfile", hostfile, model),
-		    "have different slots (a (8), c (4)): every node runs the same number of workers; give --devices D");
+		    "WORLD_SIZE=24 from the environment does not equal the 20 workers of ");
+	unsetenv("WORLD_SIZE");
 	parse_fails(ARGV("--hostfile", hostfile, "--devices", "auto", model),
 		    "--devices auto counts this machine's cores");
 	parse_fails(ARGV("--hostfile", hostfile, "--nodes", "3", "--devices", "4", model),
