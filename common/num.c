@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 _Static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "strtoull reads a uint64_t");
 
@@ -102,4 +103,29 @@ int hpu_parse_real(const char *s, double *out)
 		return HPU_NUM_INVALID;
 	*out = v;
 	return HPU_NUM_OK;
+}
+
+size_t hpu_edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b), row[64];
+	if (la >= 64 || lb >= 64)
+		return 99;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			size_t up = row[j];
+			size_t best = diag + (tolower((unsigned char)a[i - 1]) !=
+					      tolower((unsigned char)b[j - 1]));
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			row[j] = best;
+			diag = up;
+		}
+	}
+	return row[lb];
 }

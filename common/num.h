@@ -10,6 +10,7 @@
 #ifndef HPU_COMMON_NUM_H
 #define HPU_COMMON_NUM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum {
@@ -43,5 +44,9 @@ int hpu_parse_double(const char *s, double lo, double hi, double *out);
  * rounded as strtod rounds it (to 0 or an infinity when out of range):
  * for values that may rightly be NaN, like a loss. */
 int hpu_parse_real(const char *s, double *out);
+
+/* The edit distance (Levenshtein, ignoring case) between a and b, for
+ * "did you mean"; 99 when either is 64 bytes or longer. */
+size_t hpu_edit_distance(const char *a, const char *b);
 
 #endif

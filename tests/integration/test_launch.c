@@ -710,6 +710,24 @@ static void test_two_nodes_remote_failure(void **state)
 	h_free(&n1);
 }
 
+/* Runs two hpulaunch (node 0 and node 1 of a torchrun-style job) to
+ * their end, node 0 for at most ms0 and node 1 for ms1 after that, prints
+ * their output and asserts that both ended in time. */
+static void two_nodes(proc *n0, char **a0, char **env0, int ms0, proc *n1, char **a1,
+		      char **env1, int ms1)
+{
+	assert_int_equal(h_start(n0, a0, env0), 0);
+	assert_int_equal(h_start(n1, a1, env1), 0);
+	int e0 = h_wait(n0, ms0), e1 = h_wait(n1, ms1);
+	if (e0)
+		h_kill(n0);
+	if (e1)
+		h_kill(n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0->out, n1->out);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+}
+
 /* torchrun style, every node runs the same --devices: node 1's hpulaunch
  * with another count is refused by node 0's coordinator, which names why,
  * and both fail. */
@@ -724,16 +742,7 @@ static void test_two_nodes_devices_differ(void **state)
 	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "1",
 		      "--master-port", port, "--join-timeout", "5", "--exec", "sleep", "60", NULL};
 	proc n0, n1;
-	assert_int_equal(h_start(&n0, a0, env), 0);
-	assert_int_equal(h_start(&n1, a1, env), 0);
-	int e0 = h_wait(&n0, 60000), e1 = h_wait(&n1, 60000);
-	if (e0)
-		h_kill(&n0);
-	if (e1)
-		h_kill(&n1);
-	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
-	assert_int_equal(e0, 0);
-	assert_int_equal(e1, 0);
+	two_nodes(&n0, a0, env, 60000, &n1, a1, env, 60000);
 	assert_int_equal(h_code(&n0), 1);
 	assert_int_equal(h_code(&n1), 1);
 	assert_non_null(strstr(n0.out, "refused agent of node 1: its --nodes/--devices differ from node 0's"));
@@ -979,16 +988,7 @@ static void test_restart_two_nodes(void **state)
 		      "--master-port", port, "--max-restarts", "1", "--exec", "/bin/sh", "-c",
 		      script, NULL};
 	proc n0, n1;
-	assert_int_equal(h_start(&n0, a0, env), 0);
-	assert_int_equal(h_start(&n1, a1, env), 0);
-	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
-	if (e0)
-		h_kill(&n0);
-	if (e1)
-		h_kill(&n1);
-	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
-	assert_int_equal(e0, 0);
-	assert_int_equal(e1, 0);
+	two_nodes(&n0, a0, env, 120000, &n1, a1, env, 30000);
 	assert_int_equal(h_code(&n0), 0);
 	assert_int_equal(h_code(&n1), 0);
 	assert_non_null(strstr(n0.out, "restarting (restart 1 of 1)"));
@@ -1084,16 +1084,7 @@ static void test_torchrun_env_two_nodes(void **state)
 		      "--master-port", port, "--job-id", "envjob", "--max-restarts", "1",
 		      "--exec", "/bin/sh", "-c", script, NULL};
 	proc n0, n1;
-	assert_int_equal(h_start(&n0, a0, env0), 0);
-	assert_int_equal(h_start(&n1, a1, env1), 0);
-	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
-	if (e0)
-		h_kill(&n0);
-	if (e1)
-		h_kill(&n1);
-	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
-	assert_int_equal(e0, 0);
-	assert_int_equal(e1, 0);
+	two_nodes(&n0, a0, env0, 120000, &n1, a1, env1, 30000);
 	assert_int_equal(h_code(&n0), 0);
 	assert_int_equal(h_code(&n1), 0);
 	assert_non_null(strstr(n1.out, "restarting (restart 1 of 1)"));
@@ -1194,16 +1185,7 @@ static void test_torchrun_two_nodes_aliases(void **state)
 		      "1", "--master_addr", "127.0.0.1", "--master_port", port, "--rdzv_id",
 		      "torchjob", "--max_restarts", "1", "--exec", "/bin/sh", "-c", script, NULL};
 	proc n0, n1;
-	assert_int_equal(h_start(&n0, a0, env), 0);
-	assert_int_equal(h_start(&n1, a1, env), 0);
-	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
-	if (e0)
-		h_kill(&n0);
-	if (e1)
-		h_kill(&n1);
-	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
-	assert_int_equal(e0, 0);
-	assert_int_equal(e1, 0);
+	two_nodes(&n0, a0, env, 120000, &n1, a1, env, 30000);
 	assert_int_equal(h_code(&n0), 0);
 	assert_int_equal(h_code(&n1), 0);
 	char want[128];

@@ -26,6 +26,7 @@
 #include "fileio.h"
 #include "fp8.h"
 #include "lowp.h"
+#include "num.h"
 #include "simd.h"
 
 static const char *const op_names[HPU_OP_COUNT] = {
@@ -155,29 +156,9 @@ const char *hpu_autocast_warnings(void)
 static const char *near_op(const char *name)
 {
 	for (int i = 0; i < HPU_OP_COUNT; i++) {
-		const char *a = name, *b = op_names[i];
-		size_t la = strlen(a), lb = strlen(b);
-		if (la > lb + 2 || lb > la + 2 || la > 30)
-			continue;
-		size_t row[34];
-		for (size_t j = 0; j <= lb; j++)
-			row[j] = j;
-		for (size_t x = 1; x <= la; x++) {
-			size_t diag = row[0];
-			row[0] = x;
-			for (size_t j = 1; j <= lb; j++) {
-				size_t up = row[j];
-				size_t best = diag + (tolower((unsigned char)a[x - 1]) != b[j - 1]);
-				if (up + 1 < best)
-					best = up + 1;
-				if (row[j - 1] + 1 < best)
-					best = row[j - 1] + 1;
-				row[j] = best;
-				diag = up;
-			}
-		}
+		size_t la = strlen(name), lb = strlen(op_names[i]);
 		/* short names are all near each other: "silu" is not "relu" */
-		if (row[lb] <= (la >= 8 && lb >= 8 ? 2u : 1u))
+		if (hpu_edit_distance(name, op_names[i]) <= (la >= 8 && lb >= 8 ? 2u : 1u))
 			return op_names[i];
 	}
 	return NULL;

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "config_internal.h"
 #include "fileio.h"
+#include "num.h"
 
 #include <assert.h>
 #include <cJSON.h>
@@ -249,32 +250,6 @@ static int file_opt(struct fctx *c, const char *path, const cJSON *it,
 	}
 }
 
-/* Edit distance (Levenshtein), for "did you mean". */
-static size_t distance(const char *a, const char *b)
-{
-	size_t la = strlen(a), lb = strlen(b), row[64];
-	if (la >= 64 || lb >= 64)
-		return 99;
-	for (size_t j = 0; j <= lb; j++)
-		row[j] = j;
-	for (size_t i = 1; i <= la; i++) {
-		size_t diag = row[0];
-		row[0] = i;
-		for (size_t j = 1; j <= lb; j++) {
-			size_t up = row[j];
-			size_t best = diag + (tolower((unsigned char)a[i - 1]) !=
-					      tolower((unsigned char)b[j - 1]));
-			if (up + 1 < best)
-				best = up + 1;
-			if (row[j - 1] + 1 < best)
-				best = row[j - 1] + 1;
-			row[j] = best;
-			diag = up;
-		}
-	}
-	return row[lb];
-}
-
 /* Whether JSON key k names table key t; in the hputrain section (dashes)
  * "max-steps" and "max_steps" are the same. */
 static int key_is(const char *k, const char *t, int dashes)
@@ -302,7 +277,7 @@ static const char *closest(const char *k, const struct fkey *keys, size_t n)
 	const char *best = NULL;
 	size_t bestd = 3;
 	for (size_t i = 0; i < n; i++) {
-		size_t d = distance(k, keys[i].key);
+		size_t d = hpu_edit_distance(k, keys[i].key);
 		if (d < bestd) {
 			bestd = d;
 			best = keys[i].key;
