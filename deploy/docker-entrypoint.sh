@@ -1,8 +1,8 @@
 #!/bin/sh
 # hpu-entrypoint: the entry point of the hputrain image (deploy/Dockerfile).
 #
-# NOT RUN on the machine this was written on (it has no Docker); the key
-# checks below were tried with plain sh. See deploy/README.md.
+# Run by every container of tests/integration/test_containers.c (through
+# deploy/podman-cluster.sh). See deploy/README.md.
 #
 # Installs the cluster secret from a mounted secret file as hpud's key file,
 # then runs the command (default: hpud -c /etc/hpud/hpud.conf). Without a

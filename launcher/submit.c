@@ -34,6 +34,7 @@ typedef struct node {
 	int port;
 	void *sock;
 	int launched, ended, ok;
+	int reconnect;          /* lost: a new connection before the next hello */
 	char reason[700];
 	double last_heard;
 	char session[HPU_AUTH_ID_HEX + 1];      /* ours, new at every hello */
@@ -365,6 +366,16 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
  * names the node in messages (" (node 2)", or ""). */
 static int hello(node *nd, const char *which)
 {
+	/* A daemon that went silent may be gone without closing its end (a
+	 * killed container, a host rebooted): ZeroMQ would keep writing into
+	 * that dead connection, and the hello would be lost with it. */
+	if (nd->reconnect) {
+		zmq_close(nd->sock);
+		nd->sock = NULL;
+		if (connect_node(nd) < 0)
+			return -1;
+		nd->reconnect = 0;
+	}
 	memcpy(nd->old_session, nd->session, sizeof nd->session);
 	if (hpu_auth_random_id(nd->session) < 0)
 		return fail("cannot draw a session id: the random generator failed");
@@ -543,6 +554,7 @@ static int follow(char *cause, size_t len)
 			node *nd = &S.n[i];
 			if (nd->launched && !nd->ended && t - nd->last_heard > silent_limit) {
 				nd->ended = 1;
+				nd->reconnect = 1;
 				snprintf(nd->reason, sizeof nd->reason,
 					 "lost contact with hpud at %s:%d (node %d): silent for %.0f s",
 					 nd->host, nd->port, i, silent_limit);

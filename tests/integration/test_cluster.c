@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "clusterlib.h"
 #include "harness.h"
 
 #define HPUD h_build("bin/hpud")
@@ -33,59 +34,6 @@
 
 static char script[512], dir[64], key_path[128];
 static int nodes_up;
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int sh(const char *fmt, ...)
-{
-	char cmd[2048];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof cmd, fmt, ap);
-	va_end(ap);
-	int rc = system(cmd);
-	return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* How many processes of job `job` exist on this machine (every namespace
- * shares the process table): those with HPU_JOB_ID=job in their
- * environment. */
-static int workers_alive(const char *job)
-{
-	char want[96];
-	snprintf(want, sizeof want, "HPU_JOB_ID=%s", job);
-	DIR *d = opendir("/proc");
-	int n = 0;
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		if (e->d_name[0] < '0' || e->d_name[0] > '9')
-			continue;
-		char path[300], buf[16384];
-		snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
-		FILE *f = fopen(path, "r");
-		if (!f)
-			continue;
-		size_t len = fread(buf, 1, sizeof buf - 1, f);
-		fclose(f);
-		for (size_t i = 0; i < len;) {
-			if (strcmp(buf + i, want) == 0) {
-				n++;
-				break;
-			}
-			i += strnlen(buf + i, len - i) + 1;
-		}
-	}
-	if (d)
-		closedir(d);
-	return n;
-}
 
 /* N nodes, an hpud in each (2 devices, workers as nobody, a 10 s
  * collective timeout so a lost peer ends the job quickly). */
@@ -150,41 +98,6 @@ static int teardown(void **state)
 	return sh("rm -rf %s", dir) == 0 ? 0 : -1;
 }
 
-/* ---- parameters ---- */
-
-static float *load(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		fail_msg("no parameters in %s", path);
-	fseek(f, 0, SEEK_END);
-	long bytes = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	float *v = malloc((size_t)bytes);
-	assert_int_equal(fread(v, 1, (size_t)bytes, f), (size_t)bytes);
-	fclose(f);
-	*n = (size_t)bytes / 4;
-	return v;
-}
-
-/* ||a - b|| / ||b|| over the whole model; *same says bit-identical. */
-static double compare(const char *a, const char *b, int *same)
-{
-	size_t na, nb;
-	float *x = load(a, &na), *y = load(b, &nb);
-	assert_int_equal(na, nb);
-	double dd = 0, bb = 0;
-	*same = memcmp(x, y, na * 4) == 0;
-	for (size_t i = 0; i < na; i++) {
-		double d = (double)x[i] - y[i];
-		dd += d * d;
-		bb += (double)y[i] * y[i];
-	}
-	free(x);
-	free(y);
-	return sqrt(dd / bb);
-}
-
 /* The training options every equivalence run shares: 20 AdamW steps of a
  * small MLP, global batch 64 x world, parameters saved. */
 #define TRAIN_OPTS(batch, out)                                                         \
@@ -244,7 +157,7 @@ static void equivalence(int n)
 		h_free(&p[i]);
 	}
 	int same1, same2;
-	double r1 = compare(viahpud, single, &same1), r2 = compare(pernode, viahpud, &same2);
+	double r1 = params_rel_diff(viahpud, single, &same1), r2 = params_rel_diff(pernode, viahpud, &same2);
 	printf("  %d nodes x 2 devices: through hpud vs one node of %d workers: relative difference %.3g%s\n",
 	       n, world, r1, same1 ? " (bit-identical)" : "");
 	printf("  %d nodes x 2 devices: one hpulaunch per node vs through hpud: relative difference %.3g%s\n",
@@ -391,7 +304,7 @@ static void test_uneven_slots(void **state)
 	assert_non_null(strstr(p.out, "[rank 0] trained 20 steps on 3 workers"));
 	h_free(&p);
 	int same;
-	double r = compare(viahpud, single, &same);
+	double r = params_rel_diff(viahpud, single, &same);
 	printf("  hosts of 2 and 1 slots through hpud vs one node of 3 workers: relative difference %.3g%s\n",
 	       r, same ? " (bit-identical)" : "");
 	assert_true(r <= 1e-5);
@@ -441,7 +354,7 @@ static void start_long_job(proc *p)
 		     "--job-id", job_id, (char *)MODEL, MODEL_ARGS, NULL};
 	assert_int_equal(h_start(p, a, NULL), 0);
 	assert_int_equal(h_wait_for(p, "step 10/", 180000), 0);
-	assert_int_equal(workers_alive(job_id), 6);
+	assert_int_equal(job_procs(job_id), 6);
 }
 
 /* The job ends within `bound` s naming one of `names`, and no worker is
@@ -461,7 +374,7 @@ static void expect_end(proc *p, double t0, double bound, const char *const *name
 		fail_msg("the error does not name the lost node or its ranks: %s", err);
 	int left = -1;
 	for (int i = 0; i < (int)(bound * 10) && left; i++) {
-		left = workers_alive(job_id);
+		left = job_procs(job_id);
 		if (left)
 			usleep(100000);
 	}
