@@ -10,6 +10,7 @@ packages=(
   libsystemd-dev
   clang libclang-rt-14-dev iproute2
   gnuplot-nox
+  scdoc man-db
   dataset-fashion-mnist
 )
 # Extra packages for a caller that wants them (e.g. bench: python3-torch).
