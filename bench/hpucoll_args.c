@@ -9,6 +9,7 @@
 
 #include "num.h"
 #include "opt.h"
+#include "optdoc.h"
 
 const char *const hcb_coll_names[BENCH_NUM_COLLS] = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast"};
@@ -84,109 +85,65 @@ static const struct {
     {'M', "memory", "0", "there is no GPU memory to report"},
 };
 
-enum { OPT_COLL = 256, OPT_ASYNC };
+enum { OPT_COLL = 256, OPT_ASYNC, OPT_HELP_DOC };
 
+#define NT "nccl-tests' options (one rank per process: -t and -g take only 1)"
+#define NOCUDA(why) .help = "accepted with 0 only: " why
+
+/* The parser's table and the help's (--help, man/hpucoll-bench.1,
+ * docs/reference/hpucoll-bench.md). */
 static const hpu_optspec specs[] = {
-    {"nthreads", 't', HPU_OPT_VALUE, 't'},
-    {"ngpus", 'g', HPU_OPT_VALUE, 'g'},
-    {"minbytes", 'b', HPU_OPT_VALUE, 'b'},
-    {"maxbytes", 'e', HPU_OPT_VALUE, 'e'},
-    {"stepbytes", 'i', HPU_OPT_VALUE, 'i'},
-    {"stepfactor", 'f', HPU_OPT_VALUE, 'f'},
-    {"iters", 'n', HPU_OPT_VALUE, 'n'},
-    {"agg_iters", 'm', HPU_OPT_VALUE, 'm'},
-    {"warmup_iters", 'w', HPU_OPT_VALUE, 'w'},
-    {"check", 'c', HPU_OPT_VALUE, 'c'},
-    {"op", 'o', HPU_OPT_VALUE, 'o'},
-    {"datatype", 'd', HPU_OPT_VALUE, 'd'},
-    {"root", 'r', HPU_OPT_VALUE, 'r'},
-    {"blocking", 'z', HPU_OPT_VALUE, 'z'},
-    {"stream_null", 'y', HPU_OPT_VALUE, 'y'},
-    {"timeout", 'T', HPU_OPT_VALUE, 'T'},
-    {"cudagraph", 'G', HPU_OPT_VALUE, 'G'},
-    {"report_cputime", 'C', HPU_OPT_VALUE, 'C'},
-    {"output_file", 'J', HPU_OPT_VALUE, 'J'},
-    {"average", 'a', HPU_OPT_VALUE, 'a'},
-    {"parallel_init", 'p', HPU_OPT_VALUE, 'p'},
-    {"local_register", 'R', HPU_OPT_VALUE, 'R'},
-    {"device_implementation", 'D', HPU_OPT_VALUE, 'D'},
-    {"memory", 'M', HPU_OPT_VALUE, 'M'},
-    {"help", 'h', HPU_OPT_FLAG, 'h'},
-    {"coll", 0, HPU_OPT_VALUE, OPT_COLL},
-    {"async", 0, HPU_OPT_FLAG, OPT_ASYNC},
+    {"nthreads", 't', HPU_OPT_VALUE, 't', "1", .help = "threads per process", .section = NT},
+    {"ngpus", 'g', HPU_OPT_VALUE, 'g', "1", .help = "devices per thread"},
+    {"minbytes", 'b', HPU_OPT_VALUE, 'b', "SIZE", .help = "smallest size (8); K, M, G suffixes"},
+    {"maxbytes", 'e', HPU_OPT_VALUE, 'e', "SIZE", .help = "largest size (128M)"},
+    {"stepfactor", 'f', HPU_OPT_VALUE, 'f', "N", .help = "sizes grow by this factor (2)"},
+    {"stepbytes", 'i', HPU_OPT_VALUE, 'i', "SIZE", .help = "... or by this many bytes (-i without -f, or -f 1)"},
+    {"iters", 'n', HPU_OPT_VALUE, 'n', "N", .help = "timed iterations per size and group (20)"},
+    {"agg_iters", 'm', HPU_OPT_VALUE, 'm', "N", .help = "collectives issued together per iteration (1)"},
+    {"warmup_iters", 'w', HPU_OPT_VALUE, 'w', "N", .help = "untimed iterations first (5)"},
+    {"check", 'c', HPU_OPT_VALUE, 'c', "N",
+     .help = "check every element of N more iterations on fresh inputs (1; 0: no check)"},
+    {"op", 'o', HPU_OPT_VALUE, 'o', "OP",
+     .help = SUPPORTED_OPS " or all (sum); nccl-tests' prod and mulsum are not in hpucoll"},
+    {"datatype", 'd', HPU_OPT_VALUE, 'd', "TYPE",
+     .help = SUPPORTED_DTYPES " or all (float); also int, float16, float32, float64; nccl-tests' "
+             "int8, char, uint32, uint64, f8e4m3 and f8e5m2 are not in hpucoll"},
+    {"root", 'r', HPU_OPT_VALUE, 'r', "N|all", .help = "broadcast's root (0); all (or -1): each in turn"},
+    {"blocking", 'z', HPU_OPT_VALUE, 'z', "0|1|2|3",
+     .help = "0: issue all -n x -m, then wait; 1: wait for each iteration, then a barrier; "
+             "2 (default): wait for each; 3: as 1, the barriers left out of the time"},
+    {"average", 'a', HPU_OPT_VALUE, 'a', "0|1|2|3",
+     .help = "time over ranks: 0 rank 0's, 1 the mean (default), 2 the minimum, 3 the maximum"},
+    {"report_cputime", 'C', HPU_OPT_VALUE, 'C', "0|1",
+     .help = "report the time until the last collective was issued"},
+    {"timeout", 'T', HPU_OPT_VALUE, 'T', "S",
+     .help = "a collective fails after waiting S seconds for a peer (0: HPUCOLL_TIMEOUT_MS, or 60 s)"},
+    {"output_file", 'J', HPU_OPT_VALUE, 'J', "F.json",
+     .help = "also write the results as JSON; an existing F.json is kept and F.json.0, .1, ... tried, "
+             "as nccl-tests does"},
+    {"stream_null", 'y', HPU_OPT_VALUE, 'y', "0", NOCUDA("there are no CUDA streams")},
+    {"cudagraph", 'G', HPU_OPT_VALUE, 'G', "0", NOCUDA("there are no CUDA graphs")},
+    {"parallel_init", 'p', HPU_OPT_VALUE, 'p', "0", NOCUDA("each process initialises its one rank")},
+    {"local_register", 'R', HPU_OPT_VALUE, 'R', "0", NOCUDA("there are no buffers to register")},
+    {"device_implementation", 'D', HPU_OPT_VALUE, 'D', "0", NOCUDA("there is no device API")},
+    {"memory", 'M', HPU_OPT_VALUE, 'M', "0", NOCUDA("there is no GPU memory to report")},
+    {"help", 'h', HPU_OPT_FLAG, 'h', NULL, .help = "this help"},
+    {"coll", 0, HPU_OPT_VALUE, OPT_COLL, "NAME",
+     .help = "all_reduce | reduce_scatter | all_gather | broadcast; all_reduce, or NAME when the "
+             "program is called NAME_perf (a link to hpucoll-bench)",
+     .section = "hpucoll-bench's own"},
+    {"async", 0, HPU_OPT_FLAG, OPT_ASYNC, NULL, .help = "-z 0"},
+    /* the options' documentation (man/, docs/reference/): not listed */
+    {"help-doc", 0, HPU_OPT_VALUE, OPT_HELP_DOC, .help = NULL},
     {0},
 };
 
 void hcb_usage(FILE *f, const char *prog)
 {
-	fprintf(
-	    f,
-	    "usage: hpulaunch --devices N --exec %s [options]\n"
-	    "nccl-tests' options (one rank per process: -t and -g take only "
-	    "1):\n"
-	    "  -t,--nthreads 1         threads per process\n"
-	    "  -g,--ngpus 1            devices per thread\n"
-	    "  -b,--minbytes SIZE      smallest size (8); K, M, G suffixes\n"
-	    "  -e,--maxbytes SIZE      largest size (128M)\n"
-	    "  -f,--stepfactor N       sizes grow by this factor (2)\n"
-	    "  -i,--stepbytes SIZE     ... or by this many bytes (-i without "
-	    "-f, or -f 1)\n"
-	    "  -n,--iters N            timed iterations per size and group "
-	    "(20)\n"
-	    "  -m,--agg_iters N        collectives issued together per "
-	    "iteration (1)\n"
-	    "  -w,--warmup_iters N     untimed iterations first (5)\n"
-	    "  -c,--check N            check every element of N more "
-	    "iterations on\n"
-	    "                          fresh inputs (1; 0: no check)\n"
-	    "  -o,--op OP              " SUPPORTED_OPS
-	    " or all (sum); nccl-tests'\n"
-	    "                          prod and mulsum are not in hpucoll\n"
-	    "  -d,--datatype TYPE      " SUPPORTED_DTYPES "\n"
-	    "                          or all (float); also int, float16, "
-	    "float32,\n"
-	    "                          float64; nccl-tests' int8, char, "
-	    "uint32, uint64,\n"
-	    "                          f8e4m3 and f8e5m2 are not in hpucoll\n"
-	    "  -r,--root N|all         broadcast's root (0); all (or -1): each "
-	    "in turn\n"
-	    "  -z,--blocking 0|1|2|3   0: issue all -n x -m, then wait; 1: "
-	    "wait for each\n"
-	    "                          iteration, then a barrier; 2 (default): "
-	    "wait for\n"
-	    "                          each; 3: as 1, the barriers left out of "
-	    "the time\n"
-	    "  -a,--average 0|1|2|3    time over ranks: 0 rank 0's, 1 the mean "
-	    "(default),\n"
-	    "                          2 the minimum, 3 the maximum\n"
-	    "  -C,--report_cputime 0|1 report the time until the last "
-	    "collective was\n"
-	    "                          issued\n"
-	    "  -T,--timeout S          a collective fails after waiting S "
-	    "seconds for a\n"
-	    "                          peer (0: HPUCOLL_TIMEOUT_MS, or 60 s)\n"
-	    "  -J,--output_file F.json also write the results as JSON; an "
-	    "existing\n"
-	    "                          F.json is kept and F.json.0, .1, ... "
-	    "tried, as\n"
-	    "                          nccl-tests does\n"
-	    "  -y,--stream_null 0  -G,--cudagraph 0  -p,--parallel_init 0\n"
-	    "  -R,--local_register 0  -D,--device_implementation 0  "
-	    "-M,--memory 0\n"
-	    "                          accepted with these values only (no "
-	    "CUDA here)\n"
-	    "  -h,--help\n"
-	    "hpucoll-bench's own:\n"
-	    "  --coll NAME             all_reduce | reduce_scatter | "
-	    "all_gather |\n"
-	    "                          broadcast; all_reduce, or NAME when the "
-	    "program\n"
-	    "                          is called NAME_perf (a link to "
-	    "hpucoll-bench)\n"
-	    "  --async                 -z 0\n"
-	    "The transport comes from HPUCOLL_TRANSPORT (hpulaunch "
-	    "--transport).\n",
-	    prog);
+	fprintf(f, "usage: hpulaunch --devices N --exec %s [options]\n", prog);
+	hpu_optdoc(f, specs, HPU_DOC_HELP, 26);
+	fprintf(f, "\nThe transport comes from HPUCOLL_TRANSPORT (hpulaunch --transport).\n");
 }
 
 static int fail(const struct hcb_args *a, const char *fmt, ...)
@@ -469,6 +426,11 @@ int hcb_parse(struct hcb_args *a, int argc, char **argv)
 		switch (id) {
 		case 'h':
 			hcb_usage(stdout, a->prog);
+			return 1;
+		case OPT_HELP_DOC:
+			if (hpu_optdoc_format(p.val) < 0)
+				return fail(a, "--help-doc takes help, scdoc or markdown, not '%s'", p.val);
+			hpu_optdoc(stdout, specs, hpu_optdoc_format(p.val), 26);
 			return 1;
 		case HPU_OPT_POSITIONAL:
 			return fail(a, "unexpected argument '%s'", p.val);

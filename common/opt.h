@@ -3,8 +3,8 @@
  * and reads argv with an iterator:
  *
  *	static const hpu_optspec specs[] = {
- *		{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT},
- *		{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
+ *		{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT, "FILE", "where to write"},
+ *		{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, "this help"},
  *		{0},
  *	};
  *	hpu_optparse p;
@@ -30,12 +30,18 @@ enum {
 			       * next argument (p->ind) as the value */
 };
 
-/* One option. */
+/* One option. The last four fields are what --help and the manual say
+ * of it (optdoc.h prints them); the parser reads none of them. */
 typedef struct hpu_optspec {
 	const char *name; /* the long name without dashes ("output"), or NULL */
 	char short_name;  /* 'o' for "-o", or 0 */
 	int value;        /* HPU_OPT_FLAG, HPU_OPT_VALUE or HPU_OPT_OPTIONAL */
 	int id;           /* what hpu_optparse_next returns for it: above 0 */
+	const char *arg;  /* its value's name in the help ("FILE"); NULL: VALUE */
+	const char *help; /* what it does; NULL: another name of the option
+			   * of the same id above it, or not documented */
+	const char *env;  /* the environment variable that sets it too; NULL */
+	const char *section; /* a heading printed before it; NULL */
 } hpu_optspec;
 
 /* What hpu_optparse_next returns besides an option's id. */

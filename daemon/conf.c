@@ -5,6 +5,7 @@
 #include "conf.h"
 #include "fileio.h"
 #include "num.h"
+#include "optdoc.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -207,21 +208,33 @@ static int set_job_uids(hpud_conf *c, const char *v, char *why, size_t whylen)
 	return 0;
 }
 
+/* Every key: its parser, and what the documentation says of it (the
+ * keys of man/hpud.conf.5 and docs/reference/hpud.conf.md). */
 static const struct conf_key {
 	const char *name;
 	int (*set)(hpud_conf *c, const char *v, char *why, size_t whylen);
+	const char *arg, *help;
 } keys[] = {
-	{"listen", set_listen},
-	{"port", set_port},
-	{"devices", set_devices},
-	{"key", set_key},
-	{"user", set_user},
-	{"log_level", set_log_level},
-	{"clock_window", set_clock_window},
-	{"worker", set_worker},
-	{"submitter_timeout", set_submitter_timeout},
-	{"output_buffer", set_output_buffer},
-	{"job_uids", set_job_uids},
+	{"listen", set_listen, "ADDRESS", "the numeric IPv4 address of the control socket (0.0.0.0)"},
+	{"port", set_port, "PORT", "the control socket's TCP port, 1..65535 (29400)"},
+	{"devices", set_devices, "N", "devices (workers) this node offers, 1..1024 (its online CPU cores)"},
+	{"key", set_key, "FILE", "the cluster secret, made by hpud --gen-key; it and the directories "
+				 "above it must belong to root or hpud's user, writable by no one else "
+				 "(/etc/hpud/secret.key)"},
+	{"user", set_user, "NAME", "run the workers as this user (a-z, 0-9, '_', '-'); hpud running as root "
+				   "needs it, and runs workers as root only if it says root (hpud's own user)"},
+	{"log_level", set_log_level, "LEVEL", "error | warn | info | debug (info)"},
+	{"clock_window", set_clock_window, "S", "seconds a signed request's clock may be off, above 0, at "
+						"most 3600 (30)"},
+	{"worker", set_worker, "PATH", "the worker program (hpu-worker next to hpud)"},
+	{"submitter_timeout", set_submitter_timeout, "S", "seconds without a ping from the submitting "
+							  "hpulaunch before its job is cancelled (10)"},
+	{"output_buffer", set_output_buffer, "SIZE", "a job's output waiting for a slow submitter, at most: "
+						     "bytes, or a number and K, M or G (KiB, MiB, GiB), "
+						     "64K..1G; past it, output is dropped and counted (4M)"},
+	{"job_uids", set_job_uids, "FIRST-LAST", "run each job's workers as a uid of its own from this range "
+						 "(group: user's), so that jobs cannot see or signal each "
+						 "other; at most 65536 uids (off: every job runs as user)"},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -328,4 +341,13 @@ done:
 	if (rc == 0)
 		*c = tmp;
 	return rc;
+}
+
+void hpud_conf_doc(FILE *f, int how)
+{
+	hpu_optspec specs[NKEYS + 1] = {{0}};
+	for (size_t k = 0; k < NKEYS; k++)
+		specs[k] = (hpu_optspec){keys[k].name, 0, HPU_OPT_VALUE, (int)k + 1, keys[k].arg,
+					 .help = keys[k].help};
+	hpu_optdoc(f, specs, how | HPU_DOC_KEYS, 28);
 }

@@ -24,6 +24,7 @@
 #define HPUD_CONF_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 typedef enum hpud_log_level {
 	HPUD_LOG_ERROR = 0,
@@ -55,5 +56,9 @@ void hpud_conf_defaults(hpud_conf *c);
 int hpud_conf_load(hpud_conf *c, const char *path, char *err, size_t errlen);
 
 const char *hpud_log_level_name(hpud_log_level l);
+
+/* Prints every key with its value's form and what it does, in the
+ * format how (optdoc.h: HPU_DOC_HELP, _SCDOC, _MARKDOWN). */
+void hpud_conf_doc(FILE *f, int how);
 
 #endif

@@ -37,6 +37,7 @@
 #include "env.h"
 #include "nodejob.h"
 #include "opt.h"
+#include "optdoc.h"
 #include "outq.h"
 #include "restart.h"
 #include "trust.h"
@@ -1272,13 +1273,50 @@ static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
 
 /* ---- start-up ---- */
 
+enum { OPT_HELP = 1, OPT_GEN_KEY, OPT_CONFIG, OPT_CHECK, OPT_HELP_DOC };
+
+/* The parser's table and the help's (--help, man/hpud.8, docs/reference). */
+static const hpu_optspec specs[] = {
+	{"config", 'c', HPU_OPT_VALUE, OPT_CONFIG, "FILE",
+	 .help = "the configuration file, hpud.conf(5) (/etc/hpud/hpud.conf)"},
+	{"check", 0, HPU_OPT_FLAG, OPT_CHECK, NULL,
+	 .help = "check the configuration, the key and the worker program, then exit"},
+	{"gen-key", 0, HPU_OPT_VALUE, OPT_GEN_KEY, "FILE",
+	 .help = "make a new cluster secret in FILE (mode 0600) and exit"},
+	{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this help"},
+	/* the options' and the keys' documentation (man/, docs/reference/) */
+	{"help-doc", 0, HPU_OPT_VALUE, OPT_HELP_DOC, .help = NULL},
+	{0},
+};
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: hpud [-c FILE]      run the node daemon (default /etc/hpud/hpud.conf)\n"
 		   "       hpud --gen-key FILE  make a new cluster secret (mode 0600)\n"
 		   "       hpud -c FILE --check check the configuration and the key, then exit\n"
+		   "\n"
+		   "options:\n");
+	hpu_optdoc(f, specs, HPU_DOC_HELP, 22);
+	fprintf(f, "\n"
 		   "Logs go to stderr. SIGHUP reloads the configuration and the key;\n"
 		   "SIGTERM cancels the running jobs and exits.\n");
+}
+
+/* --help-doc FORMAT: the options in FORMAT (help, scdoc, markdown), or
+ * with conf-FORMAT the configuration file's keys. */
+static int help_doc(const char *format)
+{
+	int conf = !strncmp(format, "conf-", 5);
+	int how = hpu_optdoc_format(conf ? format + 5 : format);
+	if (how < 0) {
+		logmsg(HPUD_LOG_ERROR, "--help-doc takes [conf-]help, scdoc or markdown, not '%s'", format);
+		return 2;
+	}
+	if (conf)
+		hpud_conf_doc(stdout, how);
+	else
+		hpu_optdoc(stdout, specs, how, 22);
+	return 0;
 }
 
 /* hpu-worker next to this program, unless the configuration names one. */
@@ -1317,20 +1355,14 @@ int main(int argc, char **argv)
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
 	D.journal = stderr_is_journal();
-	enum { OPT_HELP = 1, OPT_GEN_KEY, OPT_CONFIG, OPT_CHECK };
-	static const hpu_optspec specs[] = {
-		{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
-		{"gen-key", 0, HPU_OPT_VALUE, OPT_GEN_KEY},
-		{"config", 'c', HPU_OPT_VALUE, OPT_CONFIG},
-		{"check", 0, HPU_OPT_FLAG, OPT_CHECK},
-		{0},
-	};
 	hpu_optparse p;
 	hpu_optparse_init(&p, argc, argv, specs);
 	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
 		if (r == OPT_HELP) {
 			usage(stdout);
 			return 0;
+		} else if (r == OPT_HELP_DOC) {
+			return help_doc(p.val);
 		} else if (r == OPT_GEN_KEY) {
 			if (hpu_auth_gen_key(p.val, err, sizeof err) < 0) {
 				logmsg(HPUD_LOG_ERROR, "%s", err);
@@ -1343,7 +1375,11 @@ int main(int argc, char **argv)
 			D.conf_path = p.val;
 		} else if (r == OPT_CHECK) {
 			check = 1;
-		} else { /* an argument, an unknown option, a missing value */
+		} else if (r == HPU_OPT_MISSING) {
+			logmsg(HPUD_LOG_ERROR, "%s needs a value", p.arg);
+			usage(stderr);
+			return 2;
+		} else { /* an argument, an unknown option, a flag with a value */
 			logmsg(HPUD_LOG_ERROR, "unknown argument %s", p.arg);
 			usage(stderr);
 			return 2;

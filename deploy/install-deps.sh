@@ -9,12 +9,14 @@ build=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libev-dev libssl-dev
   libopenblas-dev libdnnl-dev zlib1g-dev libcjson-dev liburing-dev
   libsystemd-dev
+  scdoc
 )
 # What the tests and the demo need besides.
 testing=(
   libcmocka-dev
   clang libclang-rt-14-dev iproute2
   gnuplot-nox
+  man-db
   dataset-fashion-mnist
 )
 # Nice to have; a failure to install these is reported, not fatal:

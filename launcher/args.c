@@ -3,6 +3,7 @@
 #include "hex.h"
 #include "num.h"
 #include "opt.h"
+#include "optdoc.h"
 #include "restart.h"
 #include "slurm.h"
 
@@ -16,92 +17,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-void hpu_args_usage(FILE *f)
-{
-	fprintf(f,
-		"usage: hpulaunch [options] [training options] MODEL.so [-- model args]\n"
-		"       hpulaunch [options] --exec PROGRAM [args...]\n"
-		"\n"
-		"MODEL.so is a file: a relative path (a bare name too) is made absolute\n"
-		"against this directory before the workers get it, also with --hostfile,\n"
-		"where that path must then hold the model on every node.\n"
-		"\n"
-		"Starts one worker per device on this node; with --nodes N, run it on\n"
-		"every node with its --node-rank (torchrun style).\n"
-		"\n"
-		"Options (environment variables in brackets; flags win):\n"
-		"  --nodes N              nodes in the job (1)\n"
-		"  --devices D|auto       workers on this node (1; auto: one per CPU core)\n"
-		"  --node-rank R          this node's rank, 0..N-1 [NODE_RANK] (0)\n"
-		"  --master-addr A        node 0's address [MASTER_ADDR] (127.0.0.1)\n"
-		"  --master-port P        coordinator port on node 0 [MASTER_PORT]\n"
-		"                         (single node: a free port)\n"
-		"  --job-id ID            job id [HPU_JOB_ID]; the job token comes from\n"
-		"                         [HPU_JOB_TOKEN] (required with --nodes > 1)\n"
-		"  --log-dir DIR          also write each rank's output to DIR/rank_N.log\n"
-		"  --transport T          auto | tcp | ipc | shm: how ranks reach each other\n"
-		"                         (auto: shared memory within a node, TCP between)\n"
-		"                         [HPUCOLL_TRANSPORT]\n"
-		"  --data-plane M         auth | encrypt | none: who may connect to a\n"
-		"                         worker's data socket (auth: only the job's ranks,\n"
-		"                         proven at connect; encrypt: also encrypted, CURVE;\n"
-		"                         none: anyone) [HPUCOLL_SECURITY] (auth)\n"
-		"  --join-timeout S       seconds for every rank to join (300)\n"
-		"  --max-restarts K       when a worker or a node fails, stop the job and\n"
-		"                         start it again, up to K times (0..1000; 0); the\n"
-		"                         workers get HPU_RESTART_COUNT (0 first, then 1,\n"
-		"                         2, ...) and HPU_MAX_RESTARTS. Not after Ctrl-C or\n"
-		"                         SIGTERM to hpulaunch\n"
-		"  --exec PROGRAM ...     run PROGRAM (from PATH) instead of hpu-worker;\n"
-		"                         it initializes from the environment\n"
-		"  --progress MODE        auto | always | never: a progress bar of rank 0\n"
-		"                         (epoch, step, loss, samples/s, ETA) on the last\n"
-		"                         line of the terminal, below the workers' lines\n"
-		"                         (auto: when stdout is a terminal and TERM is not\n"
-		"                         dumb; also with --hostfile)\n"
-		"  -q, --quiet            no start-up summary line\n"
-		"  -h, --help             this help\n"
-		"  --help-env             every environment variable hpulaunch, hpud and\n"
-		"                         the workers read, with its default\n"
-		"[WORLD_SIZE], if set, must equal nodes x devices (--hostfile: the slots\n"
-		"added up).\n"
-		"\n"
-		"torchrun's names, as aliases (with '-' or '_' where torchrun takes both):\n"
-		"  --nnodes N             --nodes N (N:N too; no elastic MIN:MAX range)\n"
-		"  --nproc-per-node D     --devices D; auto and cpu: one worker per CPU core\n"
-		"  --node_rank, --master_addr, --master_port, --max_restarts\n"
-		"                         --node-rank, --master-addr, --master-port,\n"
-		"                         --max-restarts\n"
-		"  --rdzv-endpoint HOST:PORT\n"
-		"                         --master-addr HOST --master-port PORT (IPv4 or a\n"
-		"                         name; an IPv6 [ADDR]:PORT is refused)\n"
-		"  --rdzv-id ID           --job-id ID (the workers' TORCHELASTIC_RUN_ID)\n"
-		"  --standalone           one node, the coordinator on 127.0.0.1 at a free\n"
-		"                         port; MASTER_ADDR, MASTER_PORT, NODE_RANK ignored\n"
-		"\n"
-		"Several nodes from one command, through each node's hpud:\n"
-		"  --hostfile FILE        one host a line, \"HOST[:PORT] [slots=N]\" (DeepSpeed\n"
-		"                         and Open MPI style; PORT: that node's hpud port);\n"
-		"                         nodes = hosts, node 0 = the first host [MASTER_ADDR],\n"
-		"                         each host runs its slots (they may differ; ranks\n"
-		"                         go host by host), or --devices on each; not\n"
-		"                         with --nodes, --node-rank or --master-addr\n"
-		"  --status HOST[:PORT]   print the jobs of the hpud on HOST and exit\n"
-		"  --hpud-port P          the daemons' control port (29400)\n"
-		"  --key FILE             the cluster secret for hpud [HPU_KEY_FILE]\n"
-		"                         (/etc/hpud/secret.key)\n"
-		"\n"
-		"Under Slurm, run one hpulaunch per node inside srun:\n"
-		"  srun -N2 --ntasks-per-node=1 hpulaunch --devices 8 MODEL.so\n"
-		"The node rank, nodes, master address (the first node) and port and the\n"
-		"job id then come from SLURM_*; flags and the variables above win. Export\n"
-		"HPU_JOB_TOKEN first: without it the token derives from the job id, which\n"
-		"keeps jobs apart but not users.\n"
-		"\n"
-		"Training options (passed to every worker):\n");
-	hpu_opts_help(f);
-}
 
 /* A number of seconds above 0 ("inf": no limit). */
 static int to_seconds(const char *s, double *out)
@@ -180,47 +95,119 @@ enum {
 	O_NODES = 1, O_DEVICES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT,
 	O_JOB_ID, O_LOG_DIR, O_JOIN_TIMEOUT, O_TRANSPORT, O_HOSTFILE, O_STATUS,
 	O_HPUD_PORT, O_KEY, O_MAX_RESTARTS, O_PROGRESS, O_DATA_PLANE, O_QUIET,
-	O_HELP, O_HELP_ENV, O_EXEC,
+	O_HELP, O_HELP_ENV, O_HELP_DOC, O_EXEC,
 	/* torchrun's spellings that are more than another name: */
 	O_NNODES, O_NPROC_PER_NODE, O_STANDALONE, O_RDZV_ENDPOINT,
 };
 
+/* The parser's table and the help's (--help, man/hpulaunch.1,
+ * docs/reference/hpulaunch.md): an entry without help is another name of
+ * the option of its id above it. */
 static const hpu_optspec launcher_specs[] = {
-	{"nodes", 0, HPU_OPT_VALUE, O_NODES},
-	{"devices", 0, HPU_OPT_VALUE, O_DEVICES},
-	{"node-rank", 0, HPU_OPT_VALUE, O_NODE_RANK},
-	{"master-addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR},
-	{"master-port", 0, HPU_OPT_VALUE, O_MASTER_PORT},
-	{"job-id", 0, HPU_OPT_VALUE, O_JOB_ID},
-	{"log-dir", 0, HPU_OPT_VALUE, O_LOG_DIR},
-	{"join-timeout", 0, HPU_OPT_VALUE, O_JOIN_TIMEOUT},
-	{"transport", 0, HPU_OPT_VALUE, O_TRANSPORT},
-	{"hostfile", 0, HPU_OPT_VALUE, O_HOSTFILE},
-	{"status", 0, HPU_OPT_VALUE, O_STATUS},
-	{"hpud-port", 0, HPU_OPT_VALUE, O_HPUD_PORT},
-	{"key", 0, HPU_OPT_VALUE, O_KEY},
-	{"max-restarts", 0, HPU_OPT_VALUE, O_MAX_RESTARTS},
-	{"progress", 0, HPU_OPT_VALUE, O_PROGRESS},
-	{"data-plane", 0, HPU_OPT_VALUE, O_DATA_PLANE},
-	{"quiet", 'q', HPU_OPT_FLAG, O_QUIET},
-	{"help", 'h', HPU_OPT_FLAG, O_HELP},
-	{"help-env", 0, HPU_OPT_FLAG, O_HELP_ENV},
-	{"exec", 0, HPU_OPT_FLAG, O_EXEC},
+	{"nodes", 0, HPU_OPT_VALUE, O_NODES, "N", .help = "nodes in the job (1)",
+	 .section = "Options (environment variables in brackets; flags win)"},
+	{"devices", 0, HPU_OPT_VALUE, O_DEVICES, "D|auto", .help = "workers on this node (1; auto: one per CPU core)"},
+	{"node-rank", 0, HPU_OPT_VALUE, O_NODE_RANK, "R", .help = "this node's rank, 0..N-1 (0)", .env = "NODE_RANK"},
+	{"master-addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR, "A", .help = "node 0's address (127.0.0.1)", .env = "MASTER_ADDR"},
+	{"master-port", 0, HPU_OPT_VALUE, O_MASTER_PORT, "P", .help = "coordinator port on node 0 (single node: a free port)",
+	 .env = "MASTER_PORT"},
+	{"job-id", 0, HPU_OPT_VALUE, O_JOB_ID, "ID", .help = "job id; the job token comes from HPU_JOB_TOKEN (required with --nodes > 1)",
+	 .env = "HPU_JOB_ID"},
+	{"log-dir", 0, HPU_OPT_VALUE, O_LOG_DIR, "DIR", .help = "also write each rank's output to DIR/rank_N.log"},
+	{"transport", 0, HPU_OPT_VALUE, O_TRANSPORT, "T",
+	 .help = "auto | tcp | ipc | shm: how ranks reach each other (auto: shared memory within a node, TCP between)",
+	 .env = "HPUCOLL_TRANSPORT"},
+	{"data-plane", 0, HPU_OPT_VALUE, O_DATA_PLANE, "M",
+	 .help = "auth | encrypt | none: who may connect to a worker's data socket (auth: only the job's ranks, "
+		 "proven at connect; encrypt: also encrypted, CURVE; none: anyone) (auth)",
+	 .env = "HPUCOLL_SECURITY"},
+	{"join-timeout", 0, HPU_OPT_VALUE, O_JOIN_TIMEOUT, "S", .help = "seconds for every rank to join (300)"},
+	{"max-restarts", 0, HPU_OPT_VALUE, O_MAX_RESTARTS, "K",
+	 .help = "when a worker or a node fails, stop the job and start it again, up to K times (0..1000; 0); "
+		 "the workers get HPU_RESTART_COUNT (0 first, then 1, 2, ...) and HPU_MAX_RESTARTS. "
+		 "Not after Ctrl-C or SIGTERM to hpulaunch"},
+	{"exec", 0, HPU_OPT_FLAG, O_EXEC, "PROGRAM ...",
+	 .help = "run PROGRAM (from PATH) instead of hpu-worker, the rest of the command line its "
+		 "arguments; it initializes from the environment"},
+	{"progress", 0, HPU_OPT_VALUE, O_PROGRESS, "MODE",
+	 .help = "auto | always | never: a progress bar of rank 0 (epoch, step, loss, samples/s, ETA) on the "
+		 "last line of the terminal, below the workers' lines (auto: when stdout is a terminal and "
+		 "TERM is not dumb; also with --hostfile)"},
+	{"quiet", 'q', HPU_OPT_FLAG, O_QUIET, NULL, .help = "no start-up summary line"},
+	{"help", 'h', HPU_OPT_FLAG, O_HELP, NULL, .help = "this help"},
+	{"help-env", 0, HPU_OPT_FLAG, O_HELP_ENV, NULL,
+	 .help = "every environment variable hpulaunch, hpud and the workers read, with its default"},
+	/* the options' documentation (man/, docs/reference/): not listed */
+	{"help-doc", 0, HPU_OPT_VALUE, O_HELP_DOC, .help = NULL},
 	/* torchrun's names (it takes '-' and '_' alike) */
-	{"nnodes", 0, HPU_OPT_VALUE, O_NNODES},
-	{"nproc-per-node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE},
-	{"nproc_per_node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE},
-	{"node_rank", 0, HPU_OPT_VALUE, O_NODE_RANK},
-	{"master_addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR},
-	{"master_port", 0, HPU_OPT_VALUE, O_MASTER_PORT},
-	{"max_restarts", 0, HPU_OPT_VALUE, O_MAX_RESTARTS},
-	{"rdzv-id", 0, HPU_OPT_VALUE, O_JOB_ID},
-	{"rdzv_id", 0, HPU_OPT_VALUE, O_JOB_ID},
-	{"rdzv-endpoint", 0, HPU_OPT_VALUE, O_RDZV_ENDPOINT},
-	{"rdzv_endpoint", 0, HPU_OPT_VALUE, O_RDZV_ENDPOINT},
-	{"standalone", 0, HPU_OPT_FLAG, O_STANDALONE},
+	{"nnodes", 0, HPU_OPT_VALUE, O_NNODES, "N", .help = "--nodes N (N:N too; no elastic MIN:MAX range)",
+	 .section = "torchrun's names, as aliases (with '-' or '_' where torchrun takes both)"},
+	{"nproc-per-node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE, "D",
+	 .help = "--devices D; auto and cpu: one worker per CPU core"},
+	{"nproc_per_node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE, .help = NULL},
+	{"node_rank", 0, HPU_OPT_VALUE, O_NODE_RANK, "R", .help = "--node-rank R"},
+	{"master_addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR, "A", .help = "--master-addr A"},
+	{"master_port", 0, HPU_OPT_VALUE, O_MASTER_PORT, "P", .help = "--master-port P"},
+	{"max_restarts", 0, HPU_OPT_VALUE, O_MAX_RESTARTS, "K", .help = "--max-restarts K"},
+	{"rdzv-endpoint", 0, HPU_OPT_VALUE, O_RDZV_ENDPOINT, "HOST:PORT",
+	 .help = "--master-addr HOST --master-port PORT (IPv4 or a name; an IPv6 [ADDR]:PORT is refused)"},
+	{"rdzv_endpoint", 0, HPU_OPT_VALUE, O_RDZV_ENDPOINT, .help = NULL},
+	{"rdzv-id", 0, HPU_OPT_VALUE, O_JOB_ID, "ID", .help = "--job-id ID (the workers' TORCHELASTIC_RUN_ID)"},
+	{"rdzv_id", 0, HPU_OPT_VALUE, O_JOB_ID, .help = NULL},
+	{"standalone", 0, HPU_OPT_FLAG, O_STANDALONE, NULL,
+	 .help = "one node, the coordinator on 127.0.0.1 at a free port; MASTER_ADDR, MASTER_PORT, NODE_RANK ignored"},
+	{"hostfile", 0, HPU_OPT_VALUE, O_HOSTFILE, "FILE",
+	 .help = "one host a line, \"HOST[:PORT] [slots=N]\" (DeepSpeed and Open MPI style; PORT: that node's "
+		 "hpud port); nodes = hosts, node 0 = the first host [MASTER_ADDR], each host runs its slots "
+		 "(they may differ; ranks go host by host), or --devices on each; not with --nodes, "
+		 "--node-rank or --master-addr",
+	 .section = "Several nodes from one command, through each node's hpud"},
+	{"status", 0, HPU_OPT_VALUE, O_STATUS, "HOST[:PORT]", .help = "print the jobs of the hpud on HOST and exit"},
+	{"hpud-port", 0, HPU_OPT_VALUE, O_HPUD_PORT, "P", .help = "the daemons' control port (29400)"},
+	{"key", 0, HPU_OPT_VALUE, O_KEY, "FILE", .help = "the cluster secret for hpud (/etc/hpud/secret.key)",
+	 .env = "HPU_KEY_FILE"},
 	{0},
 };
+
+void hpu_args_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: hpulaunch [options] [training options] MODEL.so [-- model args]\n"
+		"       hpulaunch [options] --exec PROGRAM [args...]\n"
+		"\n"
+		"MODEL.so is a file: a relative path (a bare name too) is made absolute\n"
+		"against this directory before the workers get it, also with --hostfile,\n"
+		"where that path must then hold the model on every node.\n"
+		"\n"
+		"Starts one worker per device on this node; with --nodes N, run it on\n"
+		"every node with its --node-rank (torchrun style).\n");
+	hpu_optdoc(f, launcher_specs, HPU_DOC_HELP, 25);
+	fprintf(f,
+		"\n"
+		"[WORLD_SIZE], if set, must equal nodes x devices (--hostfile: the slots\n"
+		"added up).\n"
+		"\n"
+		"Under Slurm, run one hpulaunch per node inside srun:\n"
+		"  srun -N2 --ntasks-per-node=1 hpulaunch --devices 8 MODEL.so\n"
+		"The node rank, nodes, master address (the first node) and port and the\n"
+		"job id then come from SLURM_*; flags and the variables above win. Export\n"
+		"HPU_JOB_TOKEN first: without it the token derives from the job id, which\n"
+		"keeps jobs apart but not users.\n"
+		"\n"
+		"Training options (passed to every worker):\n");
+	hpu_opts_help(f);
+}
+
+int hpu_args_doc(FILE *f, const char *format)
+{
+	int how = hpu_optdoc_format(format);
+	if (how < 0)
+		return -1;
+	hpu_optdoc(f, launcher_specs, how, 25);
+	hpu_optdoc_heading(f, "Training options (passed to every worker)", how);
+	hpu_optdoc(f, hpu_opts_specs(), how, 27);
+	return 0;
+}
 
 /* --devices D|auto, and torchrun's --nproc-per-node, which also takes
  * "cpu" (as auto: one worker per CPU core; this machine's devices are its
@@ -764,6 +751,13 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		}
 		if (r == O_HELP_ENV) {
 			hpu_env_print(stdout);
+			return 1;
+		}
+		if (r == O_HELP_DOC) {
+			if (hpu_args_doc(stdout, p.val) < 0) {
+				snprintf(err, errlen, "--help-doc takes help, scdoc or markdown, not '%s'", p.val);
+				return -1;
+			}
 			return 1;
 		}
 		if (r == O_EXEC) {

@@ -86,4 +86,10 @@ void hpu_args_free(hpu_launch_args *a);
 /* Prints hpulaunch's --help text. */
 void hpu_args_usage(FILE *f);
 
+/* Prints hpulaunch's options, its own and the training options, in the
+ * format named (hpu_optdoc_format: help, scdoc, markdown): the OPTIONS of
+ * its manual page and docs/reference/hpulaunch.md. Returns 0, or -1 for
+ * a format it does not know. */
+int hpu_args_doc(FILE *f, const char *format);
+
 #endif

@@ -26,6 +26,7 @@
 #include "config.h"
 #include "num.h"
 #include "opt.h"
+#include "optdoc.h"
 #include "tool.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
@@ -103,34 +104,46 @@ static const char *const help_reshard =
 
 /* ---- arguments ---- */
 
-typedef struct opt {
-	const char *name;  /* "world" for --world */
-	char alias;        /* 'o' for -o, or 0 */
-	const char **val;  /* an option with a value */
-	int *flag;         /* a flag */
-} opt;
-
+/* Each command's options: the parser's table and the help's (its --help,
+ * man/hpu-ckpt.1, docs/reference/hpu-ckpt.md). An option's id is 2 + the
+ * index of its value in the command's vals[]; a flag's value is "1". */
+enum { OPT_HELP = 1, OPT_VAL = 2 };
+#define HELP_OPT {"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this text"}
 #define MAX_OPTS 6
-#define OPT_HELP 1 /* the others: 2 + their index in opts */
 
-/* Splits argv[1..] (argv[0] the command) into options and at most maxpos
- * positional arguments. Returns -1 when parsed, OK after printing help,
- * or USAGE after saying what is wrong. */
+static const hpu_optspec info_specs[] = {HELP_OPT, {0}};
+static const hpu_optspec verify_specs[] = {
+	{"all", 0, HPU_OPT_FLAG, OPT_VAL, NULL,
+	 .help = "for a checkpoint root, verify every checkpoint under it, not only the one `latest` names"},
+	HELP_OPT, {0}};
+static const hpu_optspec export_specs[] = {
+	{"output", 'o', HPU_OPT_VALUE, OPT_VAL, "FILE", .help = "the file to write (required)"},
+	{"format", 0, HPU_OPT_VALUE, OPT_VAL + 1, "FORMAT",
+	 .help = "safetensors (default): one F32 tensor per parameter, then one per buffer; "
+		 "raw: every parameter's floats in declaration order, as --save-params writes"},
+	HELP_OPT, {0}};
+static const hpu_optspec reshard_specs[] = {
+	{"world", 0, HPU_OPT_VALUE, OPT_VAL, "M", .help = "the number of shards to write (required; 1..99999)"},
+	{"strategy", 0, HPU_OPT_VALUE, OPT_VAL + 1, "S",
+	 .help = "the strategy the manifest names: fast_ddp, ddp, zero1, zero2 or zero3 (SRC's)"},
+	HELP_OPT, {0}};
+
+/* Splits argv[1..] (argv[0] the command) into options, whose values go to
+ * vals[id - OPT_VAL], and at most maxpos positional arguments. Returns -1
+ * when parsed, OK after printing help, or USAGE after saying what is
+ * wrong. */
 static int parse_args(const char *cmd, const char *help, int argc, char **argv,
-		      const opt *opts, const char **pos, int maxpos, int *npos)
+		      const hpu_optspec *specs, const char **vals, const char **pos, int maxpos,
+		      int *npos)
 {
-	hpu_optspec specs[MAX_OPTS + 2] = {{"help", 'h', HPU_OPT_FLAG, OPT_HELP}};
-	for (int k = 0; opts[k].name; k++) {
-		assert(k < MAX_OPTS);
-		specs[k + 1] = (hpu_optspec){opts[k].name, opts[k].alias,
-					     opts[k].flag ? HPU_OPT_FLAG : HPU_OPT_VALUE, 2 + k};
-	}
 	hpu_optparse p;
 	hpu_optparse_init(&p, argc, argv, specs);
 	*npos = 0;
 	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
 		if (r == OPT_HELP) {
 			fputs(help, stdout);
+			fputs("\noptions:\n", stdout);
+			hpu_optdoc(stdout, specs, HPU_DOC_HELP, 21);
 			return OK;
 		} else if (r == HPU_OPT_POSITIONAL) {
 			if (*npos == maxpos)
@@ -142,10 +155,9 @@ static int parse_args(const char *cmd, const char *help, int argc, char **argv,
 			return usage_error(cmd, "--%s takes no value", p.spec->name);
 		} else if (r < 0) {
 			return usage_error(cmd, "unknown option '%s'", p.arg);
-		} else if (opts[r - 2].flag) {
-			*opts[r - 2].flag = 1;
 		} else {
-			*opts[r - 2].val = p.val;
+			assert(r - OPT_VAL < MAX_OPTS);
+			vals[r - OPT_VAL] = p.spec->value == HPU_OPT_FLAG ? "1" : p.val;
 		}
 	}
 	return -1;
@@ -443,8 +455,8 @@ static int cmd_info(int argc, char **argv)
 {
 	const char *pos[1];
 	int npos;
-	opt opts[] = {{0}};
-	int rc = parse_args("info", help_info, argc, argv, opts, pos, 1, &npos);
+	const char *vals[MAX_OPTS] = {0};
+	int rc = parse_args("info", help_info, argc, argv, info_specs, vals, pos, 1, &npos);
 	if (rc >= 0)
 		return rc;
 	if (npos != 1)
@@ -491,11 +503,12 @@ static int verify_one(const char *dir)
 static int cmd_verify(int argc, char **argv)
 {
 	const char *pos[1];
-	int npos, all = 0;
-	opt opts[] = {{"all", 0, NULL, &all}, {0}};
-	int rc = parse_args("verify", help_verify, argc, argv, opts, pos, 1, &npos);
+	const char *vals[MAX_OPTS] = {0};
+	int npos;
+	int rc = parse_args("verify", help_verify, argc, argv, verify_specs, vals, pos, 1, &npos);
 	if (rc >= 0)
 		return rc;
+	int all = vals[0] != NULL;
 	if (npos != 1)
 		return usage_error("verify", "which checkpoint? (hpu-ckpt verify DIR)");
 	if (has_manifest(pos[0])) {
@@ -673,12 +686,12 @@ static int put_header(hpu_ckpt_writer *w, const char *h, size_t n, char *err, si
 
 static int cmd_export(int argc, char **argv)
 {
-	const char *pos[1], *out = NULL, *format = "safetensors";
+	const char *pos[1], *vals[MAX_OPTS] = {0};
 	int npos;
-	opt opts[] = {{"output", 'o', &out, NULL}, {"format", 0, &format, NULL}, {0}};
-	int rc = parse_args("export", help_export, argc, argv, opts, pos, 1, &npos);
+	int rc = parse_args("export", help_export, argc, argv, export_specs, vals, pos, 1, &npos);
 	if (rc >= 0)
 		return rc;
+	const char *out = vals[0], *format = vals[1] ? vals[1] : "safetensors";
 	if (npos != 1)
 		return usage_error("export", "which checkpoint? (hpu-ckpt export DIR -o FILE)");
 	if (!out || !*out)
@@ -849,12 +862,12 @@ static void parent_of(const char *path, char *out, size_t n)
 
 static int cmd_reshard(int argc, char **argv)
 {
-	const char *pos[2], *world_s = NULL, *strategy = NULL;
+	const char *pos[2], *vals[MAX_OPTS] = {0};
 	int npos, m = 0;
-	opt opts[] = {{"world", 0, &world_s, NULL}, {"strategy", 0, &strategy, NULL}, {0}};
-	int rc = parse_args("reshard", help_reshard, argc, argv, opts, pos, 2, &npos);
+	int rc = parse_args("reshard", help_reshard, argc, argv, reshard_specs, vals, pos, 2, &npos);
 	if (rc >= 0)
 		return rc;
+	const char *world_s = vals[0], *strategy = vals[1];
 	if (npos != 2)
 		return usage_error("reshard", "needs SRC and DST (hpu-ckpt reshard SRC DST --world M)");
 	if (!world_s)
@@ -957,23 +970,44 @@ static int stdout_checked(int rc)
 	return rc == OK ? BAD : rc;
 }
 
+static const struct command {
+	const char *name;
+	int (*fn)(int, char **);
+	const hpu_optspec *specs;
+	const char *synopsis; /* the heading of its options in the manual */
+} cmds[] = {{"info", cmd_info, info_specs, "hpu-ckpt info DIR"},
+	    {"verify", cmd_verify, verify_specs, "hpu-ckpt verify DIR [--all]"},
+	    {"export", cmd_export, export_specs, "hpu-ckpt export DIR -o FILE [--format safetensors|raw]"},
+	    {"reshard", cmd_reshard, reshard_specs, "hpu-ckpt reshard SRC DST --world M [--strategy S]"}};
+#define NCMDS (sizeof cmds / sizeof cmds[0])
+
+/* hpu-ckpt --help-doc FORMAT: every command's options, under its
+ * synopsis (man/hpu-ckpt.1, docs/reference/hpu-ckpt.md). */
+static int help_doc(const char *format)
+{
+	int how = hpu_optdoc_format(format);
+	if (how < 0)
+		return usage_error(NULL, "--help-doc takes help, scdoc or markdown, not '%s'",
+				   format ? format : "");
+	for (size_t i = 0; i < NCMDS; i++) {
+		hpu_optdoc_heading(stdout, cmds[i].synopsis, how);
+		hpu_optdoc(stdout, cmds[i].specs, how, 21);
+	}
+	return OK;
+}
+
 int main(int argc, char **argv)
 {
 	hpu_tool_name = "hpu-ckpt";
-	static const struct {
-		const char *name;
-		int (*fn)(int, char **);
-	} cmds[] = {{"info", cmd_info},
-		    {"verify", cmd_verify},
-		    {"export", cmd_export},
-		    {"reshard", cmd_reshard}};
 	if (argc < 2)
 		return usage_error(NULL, "which command? (info, verify, export, reshard)");
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		fputs(help_main, stdout);
 		return stdout_checked(OK);
 	}
-	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+	if (!strcmp(argv[1], "--help-doc"))
+		return stdout_checked(help_doc(argc > 2 ? argv[2] : NULL));
+	for (size_t i = 0; i < NCMDS; i++)
 		if (!strcmp(argv[1], cmds[i].name))
 			return stdout_checked(cmds[i].fn(argc - 1, argv + 1));
 	return usage_error(NULL, "unknown command '%s' (info, verify, export, reshard)", argv[1]);

@@ -34,6 +34,7 @@
 #include "fileio.h"
 #include "num.h"
 #include "opt.h"
+#include "optdoc.h"
 #include "tool.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
@@ -59,17 +60,9 @@ static const char *const help =
 	"repeated steps, the last record of each step counts. Needs gnuplot\n"
 	"(Debian: gnuplot-nox).\n"
 	"\n"
-	"options:\n"
-	"  -o, --output OUT   the PNG (default: METRICS with its extension\n"
-	"                     replaced by .png); written as OUT.tmp, then renamed\n"
-	"                     (a device or a pipe: written in place)\n"
-	"  --width PX         image width in pixels (default 1200, 200..16384)\n"
-	"  --height PX        image height in pixels (default 900, 200..16384)\n"
-	"  --title T          the title above the panels (default: METRICS's name)\n"
-	"  --print-data       print the table that would be drawn (MiB for\n"
-	"                     memory, '?' where a value is missing) instead of\n"
-	"                     drawing; gnuplot is not needed for it\n"
-	"  -h, --help         this text\n"
+	"options:\n";
+
+static const char *const help_tail =
 	"\n"
 	"Exit status: 0 drawn, 1 failed (unreadable file, a line that is not\n"
 	"JSON, nothing to plot, gnuplot missing or failing), 2 usage.\n";
@@ -81,15 +74,23 @@ typedef struct args {
 	int width, height, print_data;
 } args;
 
-enum { OPT_HELP = 1, OPT_PRINT_DATA, OPT_OUTPUT, OPT_TITLE, OPT_WIDTH, OPT_HEIGHT };
+enum { OPT_HELP = 1, OPT_PRINT_DATA, OPT_OUTPUT, OPT_TITLE, OPT_WIDTH, OPT_HEIGHT, OPT_HELP_DOC };
 
+/* The parser's table and the help's (--help, man/hpu-plot.1,
+ * docs/reference/hpu-plot.md). */
 static const hpu_optspec specs[] = {
-	{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
-	{"print-data", 0, HPU_OPT_FLAG, OPT_PRINT_DATA},
-	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT},
-	{"title", 0, HPU_OPT_VALUE, OPT_TITLE},
-	{"width", 0, HPU_OPT_VALUE, OPT_WIDTH},
-	{"height", 0, HPU_OPT_VALUE, OPT_HEIGHT},
+	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT, "OUT",
+	 .help = "the PNG (default: METRICS with its extension replaced by .png); written as OUT.tmp, "
+		 "then renamed (a device or a pipe: written in place)"},
+	{"width", 0, HPU_OPT_VALUE, OPT_WIDTH, "PX", .help = "image width in pixels (default 1200, 200..16384)"},
+	{"height", 0, HPU_OPT_VALUE, OPT_HEIGHT, "PX", .help = "image height in pixels (default 900, 200..16384)"},
+	{"title", 0, HPU_OPT_VALUE, OPT_TITLE, "T", .help = "the title above the panels (default: METRICS's name)"},
+	{"print-data", 0, HPU_OPT_FLAG, OPT_PRINT_DATA, NULL,
+	 .help = "print the table that would be drawn (MiB for memory, '?' where a value is missing) "
+		 "instead of drawing; gnuplot is not needed for it"},
+	{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this text"},
+	/* the options' documentation (man/, docs/reference/): not listed */
+	{"help-doc", 0, HPU_OPT_VALUE, OPT_HELP_DOC, .help = NULL},
 	{0},
 };
 
@@ -111,7 +112,11 @@ static int parse_args(int argc, char **argv, args *A)
 			break;
 		case OPT_HELP:
 			fputs(help, stdout);
+			hpu_optdoc(stdout, specs, HPU_DOC_HELP, 21);
+			fputs(help_tail, stdout);
 			return OK;
+		case OPT_HELP_DOC:
+			return hpu_tool_doc(specs, v, 21);
 		case OPT_PRINT_DATA:
 			A->print_data = 1;
 			break;

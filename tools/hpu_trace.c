@@ -31,6 +31,7 @@
 #include "fileio.h"
 #include "num.h"
 #include "opt.h"
+#include "optdoc.h"
 #include "tool.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
@@ -49,15 +50,9 @@ static const char *const help =
 	"PATH is a trace file or a directory; a directory stands for every\n"
 	"*-rank<R>.json in it. Every file must be of a different rank.\n"
 	"\n"
-	"options:\n"
-	"  -o, --output FILE  the merged trace (default: DIR/NAME-merged.json,\n"
-	"                     DIR the first PATH's directory, NAME the files'\n"
-	"                     name before -rank<R>.json)\n"
-	"  --no-merge         only print the summary, write no file\n"
-	"  --top N            print only the first N actions\n"
-	"  --sort KEY         order of the actions: total (default), count,\n"
-	"                     mean, max (all largest first) or name\n"
-	"  -h, --help         this text\n"
+	"options:\n";
+
+static const char *const help_tail =
 	"\n"
 	"The merged file has one process row per rank (\"rank R (host)\", in\n"
 	"rank order). Clocks are aligned at the job's first barrier: every\n"
@@ -789,14 +784,21 @@ typedef struct opts {
 	int npaths;
 } opts;
 
-enum { OPT_HELP = 1, OPT_NO_MERGE, OPT_OUTPUT, OPT_TOP, OPT_SORT };
+enum { OPT_HELP = 1, OPT_NO_MERGE, OPT_OUTPUT, OPT_TOP, OPT_SORT, OPT_HELP_DOC };
 
+/* The parser's table and the help's (--help, man/hpu-trace.1,
+ * docs/reference/hpu-trace.md). */
 static const hpu_optspec specs[] = {
-	{"help", 'h', HPU_OPT_FLAG, OPT_HELP},
-	{"no-merge", 0, HPU_OPT_FLAG, OPT_NO_MERGE},
-	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT},
-	{"top", 0, HPU_OPT_VALUE, OPT_TOP},
-	{"sort", 0, HPU_OPT_VALUE, OPT_SORT},
+	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT, "FILE",
+	 .help = "the merged trace (default: DIR/NAME-merged.json, DIR the first PATH's directory, "
+		 "NAME the files' name before -rank<R>.json)"},
+	{"no-merge", 0, HPU_OPT_FLAG, OPT_NO_MERGE, NULL, .help = "only print the summary, write no file"},
+	{"top", 0, HPU_OPT_VALUE, OPT_TOP, "N", .help = "print only the first N actions"},
+	{"sort", 0, HPU_OPT_VALUE, OPT_SORT, "KEY",
+	 .help = "order of the actions: total (default), count, mean, max (all largest first) or name"},
+	{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this text"},
+	/* the options' documentation (man/, docs/reference/): not listed */
+	{"help-doc", 0, HPU_OPT_VALUE, OPT_HELP_DOC, .help = NULL},
 	{0},
 };
 
@@ -812,7 +814,11 @@ static int parse_args(opts *o, int argc, char **argv)
 			o->paths[o->npaths++] = val;
 		} else if (r == OPT_HELP) {
 			fputs(help, stdout);
+			hpu_optdoc(stdout, specs, HPU_DOC_HELP, 21);
+			fputs(help_tail, stdout);
 			return OK;
+		} else if (r == OPT_HELP_DOC) {
+			return hpu_tool_doc(specs, val, 21);
 		} else if (r == OPT_NO_MERGE) {
 			o->no_merge = 1;
 		} else if (r == HPU_OPT_MISSING) {

@@ -1,5 +1,6 @@
 /* tool: see tool.h. */
 #include "tool.h"
+#include "optdoc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,4 +38,13 @@ int hpu_tool_usage(const char *cmd, const char *fmt, ...)
 		cmd ? " " : "");
 	va_end(ap);
 	return HPU_TOOL_USAGE;
+}
+
+int hpu_tool_doc(const struct hpu_optspec *specs, const char *format, int col)
+{
+	int how = hpu_optdoc_format(format);
+	if (how < 0)
+		return hpu_tool_usage(NULL, "--help-doc takes help, scdoc or markdown, not '%s'", format);
+	hpu_optdoc(stdout, specs, how, col);
+	return HPU_TOOL_OK;
 }

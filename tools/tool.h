@@ -19,4 +19,10 @@ void hpu_tool_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * returns HPU_TOOL_USAGE. cmd may be NULL. */
 int hpu_tool_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* --help-doc FORMAT: prints specs (opt.h) in the format named (help,
+ * scdoc, markdown; col as optdoc.h's) and returns HPU_TOOL_OK, or says
+ * the format is unknown and returns HPU_TOOL_USAGE. */
+struct hpu_optspec;
+int hpu_tool_doc(const struct hpu_optspec *specs, const char *format, int col);
+
 #endif

@@ -541,8 +541,8 @@ static void test_refusals(void **state)
 		free(out);
 	}
 	out = direct(0, "--help", NULL);
-	assert_has(out, "-a,--average 0|1|2|3");
-	assert_has(out, "-J,--output_file F.json");
+	assert_has(out, "-a, --average 0|1|2|3");
+	assert_has(out, "-J, --output_file F.json");
 	assert_has(out, "--coll NAME");
 	free(out);
 }

@@ -28,6 +28,7 @@ if ! cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1; then
 	fail "cmake --install $build --prefix $prefix failed"
 fi
 for f in bin/hpulaunch bin/hpu-worker bin/hpud bin/hpu-ckpt bin/hpu-trace bin/hpu-plot \
+	 bin/hpucoll-bench \
 	 "$libdir/libhpu.so" "$libdir/libhpucoll.so" \
 	 include/hpu/hpu.h include/hpu/layers.h include/hpu/ops.h include/hpu/coll.h \
 	 include/hpu/export.h \
@@ -72,6 +73,33 @@ coll=$(where "$prefix/bin/hpu-worker" libhpucoll.so.0)
 lm=$(where "$prefix/$libdir/hputrain/fmnist_mlp.so" libhpu.so.0)
 [ "$(realpath "$lm" 2>/dev/null)" = "$(realpath "$prefix/$libdir/libhpu.so.0")" ] ||
 	fail "the installed fmnist_mlp.so loads libhpu.so.0 from '$lm', not from $prefix/$libdir"
+
+# ---- the manual pages (man/, built by scdoc) ----
+mandir=$prefix/share/man
+if [ ! -f "$build/man/hpulaunch.1" ]; then
+	echo "test_install: scdoc was not found at configure time: no manual pages built, none checked"
+else
+	for p in man1/hpulaunch.1 man8/hpud.8 man5/hpud.conf.5 man1/hpu-ckpt.1 man1/hpu-trace.1 \
+		 man1/hpu-plot.1 man1/hpucoll-bench.1; do
+		[ -s "$mandir/$p" ] || fail "manual page not installed: share/man/$p"
+	done
+	if command -v man >/dev/null 2>&1; then
+		page=$(MANWIDTH=100 MANPATH=$mandir man -P cat hpulaunch 2>&1) ||
+			fail "man -M $mandir hpulaunch did not render: $page"
+		for want in 'hpulaunch - start and supervise' OPTIONS '--max-restarts K' \
+			    'Training options' '--strategy NAME' 'EXIT STATUS'; do
+			grep -qF -- "$want" <<<"$page" || fail "man hpulaunch has no '$want': $page"
+		done
+		page=$(MANWIDTH=100 MANPATH=$mandir man -P cat 5 hpud.conf 2>&1) ||
+			fail "man 5 hpud.conf did not render: $page"
+		grep -qF 'submitter_timeout = S' <<<"$page" || fail "man 5 hpud.conf has no submitter_timeout: $page"
+		echo "test_install: man hpulaunch and man 5 hpud.conf render from $mandir"
+	else
+		grep -qF -- '--max-restarts' "$mandir/man1/hpulaunch.1" ||
+			fail "share/man/man1/hpulaunch.1 has no --max-restarts"
+		echo "test_install: no man program: checked the installed pages' files only"
+	fi
+fi
 
 # ---- a model outside the tree: a linear regression on made-up samples ----
 mkdir "$tmp/model" && cd "$tmp/model" || exit 1

@@ -7,27 +7,32 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "opt.h"
+#include "optdoc.h"
 
 enum { OUTPUT = 1, TOP, ALL, PROFILE, HELP, LR = 100, NESTEROV };
 
 static const hpu_optspec specs[] = {
-	{"output", 'o', HPU_OPT_VALUE, OUTPUT},
-	{"top", 0, HPU_OPT_VALUE, TOP},
-	{"all", 'a', HPU_OPT_FLAG, ALL},
-	{"profile", 0, HPU_OPT_OPTIONAL, PROFILE},
-	{"help", 'h', HPU_OPT_FLAG, HELP},
+	{"output", 'o', HPU_OPT_VALUE, OUTPUT, "FILE", .help = "where the *result* goes", .env = "OUT_FILE"},
+	{"top", 0, HPU_OPT_VALUE, TOP, "N", .help = "-N or N: the first N of a_b <list>",
+	 .section = "Selection"},
+	{"all", 'a', HPU_OPT_FLAG, ALL, NULL, .help = "all of them, which is a long text that must be "
+						       "wrapped at the 79th column of the help"},
+	{"profile", 0, HPU_OPT_OPTIONAL, PROFILE, "DIR", .help = "profile"},
+	{"help", 'h', HPU_OPT_FLAG, HELP, NULL, .help = NULL}, /* hidden */
+	{"everything", 0, HPU_OPT_FLAG, ALL, .help = NULL},     /* --all's other name */
 	{0},
 };
 
 static const hpu_optspec more[] = {
-	{"lr", 0, HPU_OPT_VALUE, LR},
-	{"nesterov", 0, HPU_OPT_FLAG, NESTEROV},
-	{"all", 0, HPU_OPT_VALUE, 999}, /* the first table wins */
+	{"lr", 0, HPU_OPT_VALUE, LR, .help = NULL},
+	{"nesterov", 0, HPU_OPT_FLAG, NESTEROV, .help = NULL},
+	{"all", 0, HPU_OPT_VALUE, 999, .help = NULL}, /* the first table wins */
 	{0},
 };
 
@@ -178,6 +183,60 @@ static void test_stop_at_positional(void **state)
 	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
 }
 
+/* The table printed in format how (col 16) into a string. */
+static char *doc(int how)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	assert_non_null(f);
+	hpu_optdoc(f, specs, how, 16);
+	fclose(f);
+	return buf;
+}
+
+/* --help, scdoc and markdown from one table: values, short names, other
+ * names on their option's line, hidden entries left out, the environment,
+ * sections, wrapping at 79 columns, each format's escapes. */
+static void test_doc(void **state)
+{
+	(void)state;
+	char *h = doc(HPU_DOC_HELP);
+	assert_string_equal(h,
+		"  -o, --output FILE\n"
+		"                where the *result* goes [OUT_FILE]\n"
+		"\n"
+		"Selection:\n"
+		"  --top N       -N or N: the first N of a_b <list>\n"
+		"  -a, --all, --everything\n"
+		"                all of them, which is a long text that must be wrapped at the\n"
+		"                79th column of the help\n"
+		"  --profile [DIR]\n"
+		"                profile\n");
+	free(h);
+	char *m = doc(HPU_DOC_SCDOC);
+	assert_string_equal(m,
+		"*-o*, *--output* _FILE_\n\twhere the \\*result\\* goes\n\n\tEnvironment: *OUT\\_FILE*\n\n"
+		"## Selection\n\n"
+		"*--top* _N_\n\t\\-N or N: the first N of a\\_b <list>\n\n"
+		"*-a*, *--all*, *--everything*\n\tall of them, which is a long text that must be wrapped at "
+		"the 79th column of the help\n\n"
+		"*--profile* [_DIR_]\n\tprofile\n\n");
+	free(m);
+	char *md = doc(HPU_DOC_MARKDOWN);
+	assert_string_equal(md,
+		"- `-o, --output FILE`: where the \\*result\\* goes. Environment: `OUT_FILE`\n"
+		"\n## Selection\n\n"
+		"- `--top N`: -N or N: the first N of a\\_b \\<list>\n"
+		"- `-a, --all, --everything`: all of them, which is a long text that must be wrapped at "
+		"the 79th column of the help\n"
+		"- `--profile [DIR]`: profile\n");
+	free(md);
+	assert_int_equal(hpu_optdoc_format("scdoc"), HPU_DOC_SCDOC);
+	assert_int_equal(hpu_optdoc_format("markdown"), HPU_DOC_MARKDOWN);
+	assert_int_equal(hpu_optdoc_format("man"), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -187,6 +246,7 @@ int main(void)
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_error_fields),
 		cmocka_unit_test(test_stop_at_positional),
+		cmocka_unit_test(test_doc),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

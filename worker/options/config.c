@@ -10,6 +10,7 @@
 #include "config_internal.h"
 #include "fileio.h"
 #include "num.h"
+#include "optdoc.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -547,13 +548,21 @@ int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
 _Static_assert(HPU_OPT_FLAG == 0 && HPU_OPT_VALUE == 1 && HPU_OPT_OPTIONAL == 2,
 	       "hpu_opts_specs copies hpu_opts_takes_value");
 
+/* The value's name in the help, by kind. */
+static const char *const kind_arg[] = {
+    [K_INT] = "N",      [K_LONG] = "N",    [K_U64] = "N",
+    [K_DOUBLE] = "X",   [K_FLAG] = NULL,   [K_NOFLAG] = NULL,
+    [K_STR] = "FILE",   [K_CHOICE] = "NAME", [K_SIZE] = "SIZE",
+    [K_MB] = "X",       [K_CONFIG] = "FILE", [K_OPTSTR] = "DIR"};
+
 const hpu_optspec *hpu_opts_specs(void)
 {
 	static hpu_optspec specs[NOPTS + 1]; /* filled on the first call */
 	if (!specs[0].name)
 		for (size_t i = 0; i < NOPTS; i++)
 			specs[i] = (hpu_optspec){opts[i].name, 0, hpu_opts_takes_value(opts[i].name),
-						 HPU_OPTS_ID + (int)i};
+						 HPU_OPTS_ID + (int)i, kind_arg[opts[i].kind],
+						 .help = opts[i].help};
 	return specs;
 }
 
@@ -777,18 +786,5 @@ int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 
 void hpu_opts_help(FILE *f)
 {
-	static const char *meta[] = {
-	    [K_INT] = " N",      [K_LONG] = " N",    [K_U64] = " N",
-	    [K_DOUBLE] = " X",   [K_FLAG] = "",      [K_NOFLAG] = "",
-	    [K_STR] = " FILE",   [K_CHOICE] = " NAME", [K_SIZE] = " SIZE",
-	    [K_MB] = " X",       [K_CONFIG] = " FILE", [K_OPTSTR] = " [DIR]"};
-	for (size_t i = 0; i < NOPTS; i++) {
-		char left[48];
-		snprintf(left, sizeof left, "--%s%s", opts[i].name,
-			 meta[opts[i].kind]);
-		if (strlen(left) > 24)
-			fprintf(f, "  %s\n  %-24s %s\n", left, "", opts[i].help);
-		else
-			fprintf(f, "  %-24s %s\n", left, opts[i].help);
-	}
+	hpu_optdoc(f, hpu_opts_specs(), HPU_DOC_HELP, 27);
 }
