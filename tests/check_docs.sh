@@ -1,126 +1,212 @@
 #!/bin/bash
-# check_docs.sh SRC BUILD: the documentation of the commands' options
-# against the commands themselves.
-#   (b) docs/reference/*.md is what tools/gen-docs-ref.sh makes from the
-#       programs' option tables now (it prints how to regenerate);
-#   (a) every option of a manual page (BUILD/man/*.scd, the stitched scdoc
-#       sources; without scdoc, docs/reference/) and of docs/reference/ is
-#       taken by its program: run with it alone, the program does not call
-#       it unknown (a flag then does its thing, an option with a value says
-#       the value is missing); every key of hpud.conf(5) is one hpud knows;
-#       and every option a program's --help lists is documented.
-# Each program is first shown to call an option it lacks unknown, so that
-# the check can fail. Exit status: 0 all agree, 1 not.
-set -u -o pipefail
-src=$(cd "${1:?usage: check_docs.sh SRC BUILD}" && pwd) || exit 2
-build=$(cd "${2:?usage: check_docs.sh SRC BUILD}" && pwd) || exit 2
-bin=$build/bin
-tmp=$(mktemp -d) || exit 2
-trap 'rm -rf "$tmp"' EXIT
-bad=0
-fail()
-{
-	echo "check_docs: FAIL: $*" >&2
-	bad=1
-}
-UNKNOWN='unknown (option|argument|key)'
+# check_docs: the documentation is true where a machine can tell.
+#   (a) Every relative link in README.md and docs/*.md names a file that
+#       exists, and a link with #anchor names a heading of that file
+#       (GitHub's anchors: lower case, punctuation dropped, spaces to '-').
+#   (b) Every runnable block of those files runs. A fenced block whose
+#       info string has the word `runnable` (```sh runnable) is a shell
+#       block to run; a fenced block with `file=NAME` (```c file=my.c) is
+#       written to NAME in the directory the blocks have reached. A file's
+#       blocks run in order, in one bash (set -e -o pipefail), in a fresh
+#       temporary directory that is also $HOME, with HPU_BUILD set to the
+#       build tree (the blocks default it to build/, where `make test` and
+#       `make demo` build). A block that fails fails the check, naming the
+#       file and the block's line.
+#
+# usage: check_docs.sh [--self-test] SOURCE_DIR BUILD_DIR
+#   HPU_DOCS_FILTER=REGEX: run the blocks of matching files only (links
+#   are always checked).
+#   --self-test: afterwards, a copy with a broken link, a broken anchor and
+#   a failing block must fail, naming each (a check that sees nothing
+#   would pass them).
+set -u
 
-# ---- (b) docs/reference up to date ----
-bash "$src/tools/gen-docs-ref.sh" "$build" --check || fail "docs/reference/ is out of date (see above)"
+# Files other branches add (the generated reference, troubleshooting):
+# links to them may dangle until those branches are merged. TO BE REMOVED
+# AT MERGE, when the files exist.
+DOCS_MISSING_UNTIL_MERGE="docs/troubleshooting.md"
 
-# "SECTION OPTION" lines of a manual page's stitched source or a
-# reference, SECTION the word after "hpu-ckpt " in a heading (its
-# command), else "-".
-from_scd()
-{
-	awk '/^# / {in_opts = $0 == "# OPTIONS"} !in_opts {next}
-	/^## hpu-ckpt / {cmd = $3} /^\*/ {
-		n = split($0, w, "*")
-		for (i = 2; i <= n; i += 2) if (w[i] != "") print (cmd ? cmd : "-"), w[i]
-	}' "$1" | sed 's/\\_/_/g'
-}
-from_md()
-{
-	awk '/^## hpu-ckpt / {cmd = $3} /^- `/ {
-		split($0, w, "`"); n = split(w[2], t, /[ ,]+/)
-		for (i = 1; i <= n; i++) if (t[i] ~ /^-/) print (cmd ? cmd : "-"), t[i]
+self=0
+[[ ${1:-} == --self-test ]] && { self=1; shift; }
+usage="usage: check_docs.sh [--self-test] SOURCE_DIR BUILD_DIR"
+src=$(cd "${1:?$usage}" && pwd) || exit 2
+build=$(cd "${2:?$usage}" && pwd) || exit 2
+
+# anchors FILE: the GitHub anchors of FILE's headings, one a line.
+anchors() {
+	awk '
+	/^(```|~~~)/ { code = !code; next }
+	code || !/^#+ / { next }
+	{
+		s = $0
+		sub(/^#+ +/, "", s)
+		s = tolower(s)
+		gsub(/[^a-z0-9 _-]/, "", s)
+		gsub(/ /, "-", s)
+		n = seen[s]++
+		print (n ? s "-" n : s)
 	}' "$1"
 }
-# The options a --help text lists: the names on its option lines (two
-# spaces, then a dash), before the gap to the help text.
-from_help()
-{
-	grep -E '^  -' | sed -E 's/^  //; s/  .*//' | tr ', ' '\n\n' | grep -E '^-'
-}
 
-run()
-{
-	env -i PATH=/usr/bin:/bin timeout 30 "$@" 2>&1
-}
-
-# check PROGRAM PAGE: (a) for one program.
-check()
-{
-	local prog=$1 page=$2 name=${1##*/} sec opt out where
-	local scd=$build/man/$page.scd md=$src/docs/reference/${page%.*}.md
+# links FILE: "LINE TARGET" for each inline link outside code.
+links() {
+	awk '
+	/^(```|~~~)/ { code = !code; next }
+	code || /^    / { next }
 	{
-		from_md "$md"
-		if [ -f "$scd" ]; then from_scd "$scd"; fi
-	} | sort -u >"$tmp/doc"
-	[ -f "$scd" ] && where="$page.scd and ${md#"$src"/}" || where="${md#"$src"/} (no scdoc: no manual page built)"
-	[ -s "$tmp/doc" ] || fail "$name: no options found in $where"
-	# the check can fail
-	sec=$(head -1 "$tmp/doc" | cut -d' ' -f1)
-	out=$(run "$prog" ${sec#-} --no-such-option)
-	echo "$out" | grep -qE "$UNKNOWN" || fail "$name does not call --no-such-option unknown: $out"
-	local n=0
-	while read -r sec opt; do
-		out=$(run "$prog" ${sec#-} "$opt")
-		if echo "$out" | grep -qE "$UNKNOWN"; then
-			fail "$name ${sec#-} $opt is documented ($where) but $name does not take it: $out"
+		s = $0
+		gsub(/`[^`]*`/, "", s)
+		while (match(s, /\]\([^) ]+\)/)) {
+			print NR " " substr(s, RSTART + 2, RLENGTH - 3)
+			s = substr(s, RSTART + RLENGTH)
+		}
+	}' "$1"
+}
+
+# check_links DIR: prints a line a problem; returns 1 if any.
+check_links() (
+	cd "$1" || exit 2
+	local fails=0 f line target path anchor dest
+	for f in README.md docs/*.md; do
+		[ -f "$f" ] || continue
+		while read -r line target; do
+			case $target in
+			http://* | https://* | mailto:*) continue ;;
+			esac
+			path=${target%%#*}
+			anchor=
+			[[ $target == *#* ]] && anchor=${target#*#}
+			if [ -z "$path" ]; then
+				dest=$f
+			else
+				dest=$(realpath -m --relative-to=. "$(dirname "$f")/$path")
+			fi
+			if [ ! -e "$dest" ]; then
+				if echo "$DOCS_MISSING_UNTIL_MERGE" | tr ' ' '\n' | grep -qx -- "$dest"; then
+					continue
+				fi
+				echo "check_docs: $f:$line: link to $target: $dest does not exist"
+				fails=$((fails + 1))
+			elif [ -n "$anchor" ] && [[ $dest == *.md ]] &&
+				! anchors "$dest" | grep -qx -- "$anchor"; then
+				echo "check_docs: $f:$line: link to $target: $dest has no heading with anchor #$anchor"
+				fails=$((fails + 1))
+			fi
+		done < <(links "$f")
+	done
+	[ $fails = 0 ] || { echo "check_docs: $fails broken link(s)"; exit 1; }
+)
+
+# script FILE STATE: FILE's runnable and file= blocks as one bash script;
+# each runnable block first writes its line number to STATE.
+script() {
+	echo 'set -e -o pipefail'
+	awk -v file="$1" -v state="$2" '
+	/^(```|~~~)/ {
+		if (!inb) {
+			inb = 1
+			info = substr($0, 4)
+			mode = ""
+			if (info ~ /(^|[ \t])runnable([ \t]|$)/) {
+				mode = "run"
+				print "echo " NR " > \"" state "\""
+				print "echo \"check_docs: " file ":" NR "\""
+			} else if (match(info, /file=[^ \t]+/)) {
+				mode = "file"
+				print "cat > \"" substr(info, RSTART + 5, RLENGTH - 5) "\" <<'"'"'HPU_DOCS_EOF'"'"'"
+			}
+		} else {
+			if (mode == "file")
+				print "HPU_DOCS_EOF"
+			inb = 0
+			mode = ""
+		}
+		next
+	}
+	inb && mode != "" { print }' "$1"
+}
+
+# run_blocks DIR: runs each file's blocks; prints a line a failure.
+run_blocks() (
+	cd "$1" || exit 2
+	local fails=0 ran=0 f tmp rc
+	for f in README.md docs/*.md; do
+		[ -f "$f" ] || continue
+		[[ $f =~ ${HPU_DOCS_FILTER:-.} ]] || continue
+		grep -qE '^(```|~~~).*([[:space:]]runnable([[:space:]]|$)|file=)' "$f" || continue
+		tmp=$(mktemp -d) || exit 2
+		script "$f" "$tmp/.block" >"$tmp/.script"
+		(cd "$tmp" && HOME=$tmp HPU_BUILD=$build timeout 500 bash .script) >"$tmp/.log" 2>&1
+		rc=$?
+		ran=$((ran + 1))
+		if [ $rc != 0 ]; then
+			echo "check_docs: $f:$(cat "$tmp/.block" 2>/dev/null || echo '?'): this block failed (exit $rc); the file's output ends:"
+			tail -n 40 "$tmp/.log" | sed 's/^/    /'
+			fails=$((fails + 1))
+		else
+			echo "check_docs: $f: $(grep -c '^check_docs: ' "$tmp/.log") runnable block(s) ran"
 		fi
-		n=$((n + 1))
-	done <"$tmp/doc"
-	# every option --help lists is documented
-	local cmds=-
-	[ "$name" = hpu-ckpt ] && cmds="info verify export reshard"
-	for sec in $cmds; do
-		run "$prog" ${sec#-} --help | from_help | while read -r opt; do
-			grep -qxF -- "$sec $opt" "$tmp/doc" ||
-				echo "$name ${sec#-} --help lists $opt, which $where do not document"
-		done
-	done >"$tmp/missing"
-	[ -s "$tmp/missing" ] && fail "$(cat "$tmp/missing")"
-	echo "check_docs: $name: $n documented options taken, its --help all documented"
+		rm -rf "$tmp"
+	done
+	[ $fails = 0 ] || { echo "check_docs: $fails file(s) with a failing block"; exit 1; }
+)
+
+# must_fail WHAT WANT: the check on the copy in $tmp must fail saying WANT.
+must_fail() {
+	local out rc
+	out=$({ check_links "$tmp" && run_blocks "$tmp"; } 2>&1)
+	rc=$?
+	if [[ $rc == 1 && $out == *"$2"* ]]; then
+		echo "check_docs: self-test: $1: caught: $2"
+		return 0
+	fi
+	echo "check_docs: self-test FAILED: $1 was not caught (exit $rc, wanted 1 and \"$2\"); it said:"
+	echo "$out"
+	return 1
 }
 
-check "$bin/hpulaunch" hpulaunch.1
-check "$bin/hpud" hpud.8
-check "$bin/hpu-ckpt" hpu-ckpt.1
-check "$bin/hpu-trace" hpu-trace.1
-check "$bin/hpu-plot" hpu-plot.1
-check "$bin/hpucoll-bench" hpucoll-bench.1
+self_test() (
+	tmp=$(mktemp -d) || exit 2
+	trap 'rm -rf "$tmp"' EXIT
+	ok=0
+	mkdir -p "$tmp/docs"
+	cat >"$tmp/docs/guide.md" <<'EOF'
+# A guide
 
-# ---- hpud.conf(5): every key is one hpud knows ----
-conf_says()
-{
-	printf '%s = x\n' "$1" >"$tmp/hpud.conf"
-	run "$bin/hpud" -c "$tmp/hpud.conf" --check
-}
-out=$(conf_says no_such_key)
-echo "$out" | grep -qE "$UNKNOWN" || fail "hpud does not call the key no_such_key unknown: $out"
-# the first word of each entry: "- `listen = ADDRESS`", "*listen* = _ADDRESS_"
-keys=$( (awk '/^- `/ {split($0, w, "`"); split(w[2], t, " "); print t[1]}' \
-	"$src/docs/reference/hpud.conf.md"
-	if [ -f "$build/man/hpud.conf.5.scd" ]; then
-		from_scd "$build/man/hpud.conf.5.scd" | cut -d' ' -f2
-	fi) | sort -u)
-[ -n "$keys" ] || fail "no keys found in hpud.conf's documentation"
-for k in $keys; do
-	out=$(conf_says "$k")
-	echo "$out" | grep -qE "$UNKNOWN" && fail "hpud.conf key $k is documented but hpud does not know it: $out"
-done
-echo "check_docs: hpud.conf: $(echo "$keys" | wc -l) documented keys known to hpud"
+## Two words
 
-[ $bad = 0 ] && echo "check_docs: PASS"
-exit $bad
+Back to [the front](../README.md) and [here](#two-words).
+EOF
+	cat >"$tmp/README.md" <<'EOF'
+# Front
+
+See [the guide](docs/guide.md#two-words) and [`x`](docs/guide.md).
+
+```c file=hello.txt
+hello
+```
+
+```sh runnable
+grep -q hello hello.txt
+test -n "$HPU_BUILD"
+```
+EOF
+	out=$({ check_links "$tmp" && HPU_DOCS_FILTER= run_blocks "$tmp"; } 2>&1) ||
+		{ echo "check_docs: self-test: the sound copy does not pass:"; echo "$out"; exit 1; }
+	sed -i 's|docs/guide.md#two-words|docs/gide.md|' "$tmp/README.md"
+	must_fail "a link to a missing file" "README.md:3: link to docs/gide.md" || ok=1
+	sed -i 's|docs/gide.md|docs/guide.md#three-words|' "$tmp/README.md"
+	must_fail "a link to a missing anchor" "README.md:3: link to docs/guide.md#three-words" || ok=1
+	sed -i 's|#three-words||; s|^test -n|false \&\& true; false; test -n|' "$tmp/README.md"
+	HPU_DOCS_FILTER= must_fail "a failing block" "README.md:9: this block failed" || ok=1
+	exit $ok
+)
+
+check_links "$src"
+rc=$?
+run_blocks "$src" || rc=1
+if [[ $self == 1 ]]; then
+	self_test || rc=1
+fi
+[ $rc = 0 ] && echo "check_docs: links and runnable blocks of README.md and docs/*.md: OK"
+exit $rc

@@ -5,8 +5,8 @@
 #       in the product's, names a variable the table lacks, or a getenv()
 #       outside common/env.c reads a name that is not a literal (read it
 #       through common/env.h);
-#   (b) an entry lacks its row in README.md's "Environment variables", or
-#       a row there names no entry;
+#   (b) an entry lacks its row in docs/configuration.md's "Environment
+#       variables", or a row there names no entry;
 #   (c) an entry is missing from `hpulaunch --help-env`;
 # or when env.h's ids and env.c's entries (VAR(NAME, ...)) disagree.
 #
@@ -71,16 +71,17 @@ check() (
 	done < <(grep -rnE '\b(secure_getenv|getenv|setenv|unsetenv)[[:space:]]*\(' \
 		--include='*.c' --include='*.h' $dirs | grep -v -e '^common/env\.h:')
 
-	# (b) README.md: the section's rows, one a variable: "| `NAME` | ...".
-	local rows n
-	rows=$(sed -n '/^## Environment variables$/,/^## /p' README.md |
+	# (b) docs/configuration.md: the section's rows, one a variable:
+	# "| `NAME` | ...".
+	local rows n doc=docs/configuration.md
+	rows=$(sed -n '/^## Environment variables$/,/^## /p' $doc |
 		sed -n 's/^| `\([A-Za-z0-9_]*\)` |.*/\1/p' | sort)
-	[ -n "$rows" ] || fail "README.md has no \"## Environment variables\" section with a row a variable"
+	[ -n "$rows" ] || fail "$doc has no \"## Environment variables\" section with a row a variable"
 	for n in $(comm -23 <(echo "$names") <(echo "$rows")); do
-		fail "README.md's Environment variables lacks a row for $n"
+		fail "$doc's Environment variables lacks a row for $n"
 	done
 	for n in $(comm -13 <(echo "$names") <(echo "$rows")); do
-		fail "README.md's Environment variables lists $n, which common/env.c's table lacks"
+		fail "$doc's Environment variables lists $n, which common/env.c's table lacks"
 	done
 
 	# (c) hpulaunch --help-env, in an environment that cannot make it fail.
@@ -96,7 +97,7 @@ check() (
 		echo "check_env: $fails problem(s)"
 		exit 1
 	fi
-	echo "check_env: $(echo "$names" | wc -l) variables: the sources, README.md and hpulaunch --help-env agree"
+	echo "check_env: $(echo "$names" | wc -l) variables: the sources, docs/configuration.md and hpulaunch --help-env agree"
 )
 
 # must_fail WHAT WANT: the check on the copy in $tmp must fail saying WANT.
@@ -119,7 +120,8 @@ self_test() (
 	ok=0
 	fresh() {
 		rm -rf "${tmp:?}"/*
-		mkdir -p "$tmp/collectives" && cp -r "$src/common" "$src/README.md" "$tmp/" &&
+		mkdir -p "$tmp/collectives" "$tmp/docs" && cp -r "$src/common" "$tmp/" &&
+			cp "$src/docs/configuration.md" "$tmp/docs/" &&
 			cp "$src/collectives/comm.c" "$tmp/collectives/"
 	}
 	fresh && check "$tmp" "$launch" >/dev/null ||
@@ -129,8 +131,8 @@ self_test() (
 		'collectives/comm.c: getenv("HPU_NOT_IN_TABLE"): HPU_NOT_IN_TABLE is not in' || ok=1
 	fresh && echo 'static const char *k(const char *n) { return getenv(n); }' >>"$tmp/collectives/comm.c"
 	must_fail "a getenv of a name that is not a literal" 'collectives/comm.c: getenv(n): read the variable by its id' || ok=1
-	fresh && sed -i '/^| `HPUCOLL_TIMEOUT_MS` |/d' "$tmp/README.md"
-	must_fail "a variable missing from README.md" "lacks a row for HPUCOLL_TIMEOUT_MS" || ok=1
+	fresh && sed -i '/^| `HPUCOLL_TIMEOUT_MS` |/d' "$tmp/docs/configuration.md"
+	must_fail "a variable missing from docs/configuration.md" "lacks a row for HPUCOLL_TIMEOUT_MS" || ok=1
 	fresh && sed -i '/^[[:space:]]*VAR(TMPDIR,/,+1d' "$tmp/common/env.c"
 	must_fail "an id without a table entry" "HPU_ENV_TMPDIR is in only one of" || ok=1
 	fresh && printf '#!/bin/bash\n"%s" "$@" | grep -v "^  HPU_KEY_FILE"\n' "$launch" >"$tmp/fake" &&

@@ -3,7 +3,7 @@
 # option reference of every command, from what the built programs print
 # for --help-doc markdown, i.e. from the option tables they parse with
 # (common/optdoc.h). With --check, writes nothing and exits 1 naming each
-# file that differs from what it would write (tests/check_docs.sh).
+# file that differs from what it would write (tests/check_options.sh).
 # `cmake --build BUILD --target docs-ref` runs it.
 set -u -o pipefail
 build=$(cd "${1:?usage: gen-docs-ref.sh BUILD [--check]}" && pwd) || exit 2

@@ -2,7 +2,8 @@
  * complete entry with a name of its own, a lookup by name finds exactly
  * the table's names, the accessors read the variable (and a number in
  * range), and --help-env's printout lists them all. tests/check_env.sh
- * checks the table against the sources, README.md and hpulaunch. */
+ * checks the table against the sources, docs/configuration.md and
+ * hpulaunch. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
