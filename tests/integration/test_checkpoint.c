@@ -672,6 +672,37 @@ static void test_buffers_refused(void **state)
 			 "manifest says 36", NULL);
 }
 
+/* A checkpoint resumed with another global batch, or by another model,
+ * is refused, saying so, before any step. */
+static void test_resume_refused(void **state)
+{
+	(void)state;
+	char dir[300], ck10[340], want[600];
+	snprintf(dir, sizeof dir, "%s/refused", tmp);
+	snprintf(ck10, sizeof ck10, "%s/step-00000010", dir);
+	train_into(dir, "10", 0, "checkpoint: step 10 saved");
+	run r;
+	start(&r, 2);
+	args(&r, "--batch-size", "32", "--max-steps", "30", "--resume", ck10, NULL);
+	char *out = finish(&r, 1, SMALL);
+	snprintf(want, sizeof want,
+		 "checkpoint %s was saved with a global batch of 64; resuming needs the same "
+		 "(--batch-size 64), not 32", ck10);
+	expect_in(out, want);
+	free(out);
+	/* the MLP's 8 parameters (4 layers of weights and biases) are not
+	 * buffer_model's one; the model is named by its absolute path */
+	snprintf(want, sizeof want, "--max-steps 12 --batch-size 64 --resume %s", ck10);
+	out = bm_run(2, want, NULL, NULL, 1);
+	char *model = realpath(BMODEL, NULL);
+	assert_non_null(model);
+	snprintf(want, sizeof want, "checkpoint %s holds 8 parameters, the model %s has 1 (another model?)",
+		 ck10, model);
+	expect_in(out, want);
+	free(model);
+	free(out);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -680,6 +711,7 @@ int main(void)
 		cmocka_unit_test(test_reshard),
 		cmocka_unit_test(test_crash_restart),
 		cmocka_unit_test(test_damage),
+		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_buffers_resume),
 		cmocka_unit_test(test_buffers_reshard_export),

@@ -207,12 +207,22 @@ static void launch_and_kill(const char *transport, int victim)
 			named++;
 	}
 	int left = new_shm(before, nb, job);
+	/* how the ranks learnt of the death: the closed connection, or
+	 * the dead pid of a rank sharing the node's memory */
+	char died[128];
+	if (transport)
+		snprintf(died, sizeof died, "rank %d died (its connection closed and did not come back)",
+		         victim);
+	else
+		snprintf(died, sizeof died, "rank %d died (local rank %d (pid %d) died)", victim, victim,
+		         (int)pids[victim]);
 	snprintf(want, sizeof want, "pid %d) was killed by signal 9",
 	         (int)pids[victim]);
 
 	assert_int_equal(exited, 0);
 	assert_int_not_equal(h_code(&p), 0);
 	assert_non_null(strstr(p.out, want));
+	assert_non_null(strstr(p.out, died));
 	assert_int_equal(alive, 0);
 	assert_int_equal(named, WS - 1);
 	assert_int_equal(left, 0);

@@ -201,7 +201,7 @@ static int blames_1(const char *out, int r)
 		fprintf(stderr, "rank %d did not fail once in #2\n", r);
 		return 0;
 	}
-	if ((strstr(line, "rank 1 stopped answering") ||
+	if ((strstr(line, "rank 1 stopped answering (frozen, or stuck outside the library?)") ||
 	     strstr(line, "no data from rank 1 ")) &&
 	    !strstr(line, "no data from rank 0") &&
 	    !strstr(line, "no data from rank 2")) {

@@ -152,6 +152,35 @@ static void test_bad_requests(void **state)
 	stop_daemon();
 }
 
+/* hpulaunch with another cluster key: hpud drops its frames unanswered
+ * (a stranger learns nothing), so the submitter cannot tell a wrong key
+ * from a hpud that is not there and names both; hpud's log says which. */
+static void test_submitter_wrong_key(void **state)
+{
+	(void)state;
+	start_daemon();
+	char other[160], target[64], want[200];
+	snprintf(other, sizeof other, "%s/other.key", dir);
+	char *gen[] = {(char *)HPUD, "--gen-key", other, NULL};
+	proc p;
+	assert_int_equal(h_run(&p, gen, NULL, 10000), 0);
+	h_free(&p);
+	snprintf(target, sizeof target, "127.0.0.1:%d", port);
+	char *argv[] = {(char *)LAUNCH, "--status", target, "--key", other, NULL};
+	int code = h_run(&p, argv, NULL, 30000);
+	printf("  %s", p.out);
+	assert_int_equal(code, 1);
+	snprintf(want, sizeof want,
+		 "no answer from hpud at 127.0.0.1:%d within 10 s: is it running, and does it have the same key?",
+		 port);
+	assert_non_null(strstr(p.out, want));
+	h_free(&p);
+	assert_int_equal(h_wait_for(&daemon_proc, "bad signature (wrong key or altered)", 5000), 0);
+	assert_non_null(strstr(daemon_proc.out, "refused a request from 127.0.0.1"));
+	unlink(other);
+	stop_daemon();
+}
+
 /* ---- a signed request is bound to one hpud instance ---- */
 
 /* A signed launch request as hpulaunch --hostfile sends it (for the
@@ -638,6 +667,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_requests),
+		cmocka_unit_test(test_submitter_wrong_key),
 		cmocka_unit_test(test_launch_bound_to_instance),
 		cmocka_unit_test(test_launch_layout_checked),
 		cmocka_unit_test(test_submitter_refuses_replays),

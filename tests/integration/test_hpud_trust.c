@@ -41,7 +41,7 @@ static void test_key_permissions(void **state)
 	code = h_run(&p, argv2, NULL, 10000);
 	printf("  %s", p.out);
 	assert_int_equal(code, 1);
-	assert_non_null(strstr(p.out, "set 'user = NAME'"));
+	assert_non_null(strstr(p.out, "hpud runs as root: set 'user = NAME' in "));
 	h_free(&p);
 	/* --gen-key does not overwrite */
 	char *argv3[] = {(char *)HPUD, "--gen-key", key_path, NULL};

@@ -324,6 +324,8 @@ static void test_usage_errors(void **state)
 	char *a8[] = {(char *)LAUNCH, "--nodes", "2", "--master-port", "29500", "--transport", "ipc",
 		      (char *)MODEL, NULL};
 	expect_usage_error(a8, tok, "--transport ipc works within one node only");
+	char *a10[] = {(char *)LAUNCH, "--nodes", "2", "--master-port", "29500", (char *)MODEL, NULL};
+	expect_usage_error(a10, NULL, "--nodes 2 needs HPU_JOB_TOKEN set to the same secret on every node");
 	char *a9[] = {(char *)LAUNCH, "--job-id", "../../etc", (char *)MODEL, NULL};
 	expect_usage_error(a9, NULL, "job id '../../etc' may hold only letters");
 	char *a6[] = {(char *)LAUNCH, "--frobnicate", (char *)MODEL, NULL};

@@ -261,12 +261,14 @@ static int refused_both_ways(hpucoll_comm *c, struct shared *sh,
 {
 	int me = hpucoll_comm_rank(c), rc;
 	int64_t end;
-	char want[64];
+	char want[128];
 
 	(void)w;
 	hpucoll_comm_set_timeout(c, 8000);
 	rc = hpucoll_barrier(c);
-	snprintf(want, sizeof(want), "rank %d refused this rank's", 1 - me);
+	snprintf(want, sizeof(want),
+		 "rank %d refused this rank's data-plane connection (its security handshake failed)",
+		 1 - me);
 	if (rc == HPUCOLL_ETRANSPORT && strstr(hpucoll_comm_errmsg(c), want)) {
 		atomic_fetch_add(&sh->counter, 1);
 		return 0;

@@ -746,7 +746,7 @@ static void test_file_optimizer(void **state)
 	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'nesterov': 1}}}",
 		   "optimizer.params.nesterov", "true or false");
 	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'params': {'lrr': 1}}}",
-		   "optimizer.params.lrr", "did you mean 'lr'");
+		   "optimizer.params.lrr", "(did you mean 'lr'?)");
 	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'param': {}}}",
 		   "optimizer.param", "did you mean 'params'");
 	LOAD_ERROR("{'optimizer': 'Adam'}", "optimizer", "expected an object");

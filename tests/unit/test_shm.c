@@ -9,10 +9,12 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -601,7 +603,11 @@ static void test_squatted_segment(void **state)
 		printf("squatted by uid %u mode %04o: rc %d: %s\n", (unsigned)uid,
 		       (unsigned)squat[i].mode, rc, err);
 		assert_int_equal(rc, HPUCOLL_EPROTO);
-		assert_non_null(strstr(err, "refusing to map it"));
+		char want[160];
+		snprintf(want, sizeof want,
+			 "belongs to uid %u with mode %04o, not to this job (uid %u, mode 0600): refusing to map it",
+			 (unsigned)uid, (unsigned)squat[i].mode, (unsigned)geteuid());
+		assert_non_null(strstr(err, want));
 		assert_null(s);
 		/* the squatter's file is not ours to remove on the way out */
 		struct stat st;
@@ -652,12 +658,56 @@ static void mismatch_rank(int me, int n, const char *job, void *arg)
 	rc = hpucoll__shm_open(&s, job, 0, 0, 2, 1000, err, sizeof err);
 	printf("open of a taken local rank: rc %d: %s\n", rc, err);
 	CHECK(rc == HPUCOLL_EPROTO);
+	CHECK(strstr(err, "local rank 0 is already attached to shared memory") != NULL);
 }
 
 static void test_mismatch(void **state)
 {
 	(void)state;
 	run_ranks(2, mismatch_rank, NULL);
+}
+
+/* A /dev/shm too small for even the shallowest ring (a container's
+ * 64 MiB one, here a 256 KiB tmpfs mounted over it in a mount namespace
+ * of a child) is an error at once, naming /dev/shm, not a SIGBUS later.
+ * Needs CAP_SYS_ADMIN for the namespace; skipped without. */
+static void test_small_dev_shm(void **state)
+{
+	char job[64], err[256] = "";
+	hpucoll__shm *s = NULL;
+	unsigned long long mib = 0;
+	int status, pos = 0;
+	pid_t pid;
+
+	(void)state;
+	unique_job(job, sizeof job);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		if (unshare(CLONE_NEWNS) < 0)
+			_exit(77);
+		if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+		    mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=256k,mode=1777") < 0)
+			_exit(78);
+		int rc = hpucoll__shm_open(&s, job, 0, 0, 2, 100, err, sizeof err);
+		printf("open in a 256 KiB /dev/shm: rc %d: %s\n", rc, err);
+		const char *at = strstr(err, "cannot reserve ");
+		CHECK(rc != HPUCOLL_OK && s == NULL && at != NULL);
+		CHECK(sscanf(at, "cannot reserve %llu MiB of shared memory in /dev/shm: %n", &mib,
+			     &pos) == 1 && pos > 0);
+		CHECK(strcmp(at + pos, "No space left on device") == 0);
+		/* nothing is left in the small /dev/shm either */
+		CHECK(ct_shm_segments(job) == 0);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	if (WEXITSTATUS(status) == 77 || WEXITSTATUS(status) == 78) {
+		printf("skipping: no mount namespace with a tmpfs here (not root?)\n");
+		return;
+	}
+	assert_int_equal(WEXITSTATUS(status), 0);
+	assert_int_equal(ct_shm_segments(job), 0);
 }
 
 /* ---- A corrupt length is a protocol error ---- */
@@ -750,6 +800,7 @@ int main(void)
 		cmocka_unit_test(test_squatted_segment),
 		cmocka_unit_test(test_foreign_segment),
 		cmocka_unit_test(test_mismatch),
+		cmocka_unit_test(test_small_dev_shm),
 		cmocka_unit_test(test_corrupt_len),
 	};
 
