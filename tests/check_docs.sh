@@ -21,11 +21,6 @@
 #   would pass them).
 set -u
 
-# Files other branches add (the generated reference, troubleshooting):
-# links to them may dangle until those branches are merged. TO BE REMOVED
-# AT MERGE, when the files exist.
-DOCS_MISSING_UNTIL_MERGE="docs/troubleshooting.md"
-
 self=0
 [[ ${1:-} == --self-test ]] && { self=1; shift; }
 usage="usage: check_docs.sh [--self-test] SOURCE_DIR BUILD_DIR"
@@ -82,9 +77,6 @@ check_links() (
 				dest=$(realpath -m --relative-to=. "$(dirname "$f")/$path")
 			fi
 			if [ ! -e "$dest" ]; then
-				if echo "$DOCS_MISSING_UNTIL_MERGE" | tr ' ' '\n' | grep -qx -- "$dest"; then
-					continue
-				fi
 				echo "check_docs: $f:$line: link to $target: $dest does not exist"
 				fails=$((fails + 1))
 			elif [ -n "$anchor" ] && [[ $dest == *.md ]] &&
