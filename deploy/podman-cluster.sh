@@ -212,8 +212,12 @@ cmd_build() {
 		--build-arg "DEBIAN=$BASE" -f "$ROOT/deploy/Dockerfile" \
 		--ignorefile "$ROOT/deploy/Dockerfile.dockerignore" -t "$IMAGE" "$ROOT" ||
 		die "podman build of $IMAGE failed"
-	# Older builds' images, untagged now, would pile up (1 GB each).
-	podman image prune -f --filter label=io.hputrain.stage >/dev/null
+	# Older builds' images, untagged now, would pile up (1 GB each). The
+	# newest build stage stays: it is the compile's cache for the next build.
+	podman image prune -f --filter label=io.hputrain.stage=runtime >/dev/null
+	podman images -q --filter dangling=true --filter label=io.hputrain.stage=build |
+		tail -n +2 | xargs -r podman rmi -f >/dev/null 2>&1
+	return 0
 }
 
 cmd_down() {

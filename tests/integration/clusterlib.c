@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clusterlib.h"
 #include "runlib.h"
@@ -78,4 +79,27 @@ double params_rel_diff(const char *a, const char *b, int *same)
 	free(x);
 	free(y);
 	return sqrt(dd / bb);
+}
+
+void expect_job_end(proc *p, const char *job, double t0, double bound, const char *const *names)
+{
+	assert_int_equal(h_wait(p, (int)(bound * 1000)), 0);
+	double took = now_s() - t0;
+	const char *err = strstr(p->out, "hpulaunch: error: ");
+	printf("  ended after %.1f s with exit %d: %.300s", took, h_code(p), err ? err : p->out);
+	assert_int_equal(h_code(p), 1);
+	assert_non_null(err);
+	int named = 0;
+	for (int k = 0; names[k]; k++)
+		named |= strstr(err, names[k]) != NULL;
+	if (!named)
+		fail_msg("the error does not name the lost node or its ranks: %s", err);
+	int left = -1;
+	for (int i = 0; i < (int)(bound * 10) && left; i++) {
+		left = job_procs(job);
+		if (left)
+			usleep(100000);
+	}
+	printf("  workers left: %d\n", left);
+	assert_int_equal(left, 0);
 }

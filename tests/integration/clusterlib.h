@@ -20,4 +20,11 @@ int job_procs(const char *job);
  * hold as many values); *same says whether they are bit-identical. */
 double params_rel_diff(const char *a, const char *b, int *same);
 
+/* p, a job that lost a node, ends within `bound` s of t0 with exit 1 and
+ * an error naming one of `names` (NULL-ended), and no process of job
+ * `job` is left anywhere within `bound` s more. */
+struct proc;
+void expect_job_end(struct proc *p, const char *job, double t0, double bound,
+		    const char *const *names);
+
 #endif

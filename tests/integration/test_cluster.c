@@ -357,31 +357,6 @@ static void start_long_job(proc *p)
 	assert_int_equal(job_procs(job_id), 6);
 }
 
-/* The job ends within `bound` s naming one of `names`, and no worker is
- * left anywhere within `bound` s more. */
-static void expect_end(proc *p, double t0, double bound, const char *const *names)
-{
-	assert_int_equal(h_wait(p, (int)(bound * 1000)), 0);
-	double took = now_s() - t0;
-	const char *err = strstr(p->out, "hpulaunch: error: ");
-	printf("  ended after %.1f s with exit %d: %.300s", took, h_code(p), err ? err : p->out);
-	assert_int_equal(h_code(p), 1);
-	assert_non_null(err);
-	int named = 0;
-	for (int k = 0; names[k]; k++)
-		named |= strstr(err, names[k]) != NULL;
-	if (!named)
-		fail_msg("the error does not name the lost node or its ranks: %s", err);
-	int left = -1;
-	for (int i = 0; i < (int)(bound * 10) && left; i++) {
-		left = job_procs(job_id);
-		if (left)
-			usleep(100000);
-	}
-	printf("  workers left: %d\n", left);
-	assert_int_equal(left, 0);
-}
-
 static void test_kill_hpud(void **state)
 {
 	(void)state;
@@ -391,7 +366,7 @@ static void test_kill_hpud(void **state)
 	double t0 = now_s();
 	assert_int_equal(sh("bash %s -p %d stop-hpud 1 KILL >/dev/null", script, PREFIX), 0);
 	const char *names[] = {"node 1", "rank 2", "rank 3", "10.77.7.2", NULL};
-	expect_end(&p, t0, 40, names);
+	expect_job_end(&p, job_id, t0, 40, names);
 	h_free(&p);
 	cluster_down();
 }
@@ -405,7 +380,7 @@ static void test_link_down(void **state)
 	double t0 = now_s();
 	assert_int_equal(sh("bash %s -p %d link 2 down", script, PREFIX), 0);
 	const char *names[] = {"node 2", "rank 4", "rank 5", "10.77.7.3", NULL};
-	expect_end(&p, t0, 60, names);
+	expect_job_end(&p, job_id, t0, 60, names);
 	h_free(&p);
 	sh("bash %s -p %d link 2 up", script, PREFIX);
 	cluster_down();

@@ -147,31 +147,6 @@ static void start_long_job(proc *p, cmdline *c)
 	assert_int_equal(job_procs(job), 6);
 }
 
-/* The job ends within BOUND_S naming the lost node, and no worker is
- * left in any container. */
-static void expect_end(proc *p, double t0, const char *const *names)
-{
-	assert_int_equal(h_wait(p, (int)(BOUND_S * 1000)), 0);
-	double took = now_s() - t0;
-	const char *err = strstr(p->out, "hpulaunch: error: ");
-	printf("  ended after %.1f s with exit %d: %.300s", took, h_code(p), err ? err : p->out);
-	assert_int_equal(h_code(p), 1);
-	assert_non_null(err);
-	int named = 0;
-	for (int k = 0; names[k]; k++)
-		named |= strstr(err, names[k]) != NULL;
-	if (!named)
-		fail_msg("the error does not name the lost node: %s", err);
-	int left = -1;
-	for (int i = 0; i < (int)(BOUND_S * 10) && left; i++) {
-		left = job_procs(job);
-		if (left)
-			usleep(100000);
-	}
-	printf("  workers left: %d\n", left);
-	assert_int_equal(left, 0);
-}
-
 static void test_kill_node(void **state)
 {
 	(void)state;
@@ -183,7 +158,7 @@ static void test_kill_node(void **state)
 	double t0 = now_s();
 	run_ok(&k, "podman kill of node 1");
 	const char *names[] = {"node 1", SUBNET ".12", NULL};
-	expect_end(&p, t0, names);
+	expect_job_end(&p, job, t0, BOUND_S, names);
 	h_free(&p);
 }
 
@@ -198,7 +173,7 @@ static void test_disconnect_node(void **state)
 	double t0 = now_s();
 	run_ok(&k, "podman network disconnect of node 2");
 	const char *names[] = {"node 2", SUBNET ".13", NULL};
-	expect_end(&p, t0, names);
+	expect_job_end(&p, job, t0, BOUND_S, names);
 	h_free(&p);
 }
 
