@@ -1,0 +1,709 @@
+/* Unit tests for the DeepSpeed-style JSON config file of the training
+ * options (worker/options/config_file.c): its sections and keys, "auto",
+ * keys with no effect here, every error of a file at once (each one line
+ * naming the key path), Lightning's precision names, and flags beating
+ * the file.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include "config.h"
+#include "fileio.h" /* hpu_read_file */
+#include "config_testlib.h"
+
+/* --config through the flags, on top of the defaults, resolved for world
+ * 2; returns the notes hpu_opts_config_notes prints (malloc'd). Flags in
+ * `before` come first on the command line. */
+static char *notes_of(const char *json, char **before, hpu_train_opts *o)
+{
+	char path[64], err[2048] = "", *text = NULL;
+	size_t len = 0;
+	write_temp(json, path);
+	hpu_opts_defaults(o);
+	for (int k = 0; before && before[k]; k += 2)
+		assert_int_equal(hpu_opts_set(o, before[k], before[k + 1], err, sizeof err), 0);
+	int rc = hpu_opts_set(o, "config", path, err, sizeof err);
+	if (rc == 0)
+		rc = hpu_opts_resolve(o, 2, err, sizeof err);
+	unlink(path);
+	if (rc != 0)
+		fail_msg("%s did not load: %s", json, err);
+	FILE *f = open_memstream(&text, &len);
+	hpu_opts_config_notes(o, f, "hpulaunch");
+	fclose(f);
+	printf("%s", text);
+	return text;
+}
+
+static void assert_has(const char *text, const char *needle)
+{
+	if (!strstr(text, needle))
+		fail_msg("\"%s\" is not in:\n%s", needle, text);
+}
+
+static void test_file_top_and_zero(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'train_batch_size': 512, 'train_micro_batch_size_per_gpu': 16,"
+		" 'gradient_accumulation_steps': 8, 'gradient_clipping': 1.0,"
+		" 'steps_per_print': 10,"
+		" 'zero_optimization': {'stage': 2, 'reduce_bucket_size': 5e8,"
+		"  'allgather_bucket_size': 2e8, 'overlap_comm': false,"
+		"  'stage3_prefetch_bucket_size': 1e7,"
+		"  'stage3_param_persistence_threshold': 1e4,"
+		"  'stage3_max_live_parameters': 3e9,"
+		"  'contiguous_gradients': true}}",
+		&o);
+	assert_int_equal(o.batch_size, 512);
+	assert_int_equal(o.micro_batch, 16);
+	assert_int_equal(o.grad_accum, 8);
+	assert_true(o.clip_norm == 1.0);
+	assert_int_equal(o.log_every, 10);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO2);
+	assert_int_equal(o.reduce_bucket, 500000000);
+	assert_int_equal(o.allgather_bucket, 200000000);
+	assert_int_equal(o.overlap_comm, 0);
+	assert_int_equal(o.prefetch_bucket, 10000000);
+	assert_int_equal(o.persistence_threshold, 10000);
+	assert_int_equal(o.max_live_params, 3000000000L);
+
+	const hpu_strategy stages[] = {HPU_STRATEGY_DDP, HPU_STRATEGY_ZERO1,
+				       HPU_STRATEGY_ZERO2, HPU_STRATEGY_ZERO3};
+	const char *json[] = {"{'zero_optimization': {'stage': 0}}",
+			      "{'zero_optimization': {'stage': 1}}",
+			      "{'zero_optimization': {'stage': 2.0}}",
+			      "{'zero_optimization': {'stage': 3}}"};
+	for (int k = 0; k < 4; k++) {
+		load_ok(json[k], &o);
+		assert_int_equal(o.strategy, stages[k]);
+	}
+	load_ok("{}", &o);
+	hpu_train_opts d;
+	hpu_opts_defaults(&d);
+	assert_memory_equal(&o, &d, sizeof(o));
+}
+
+static void test_file_optimizer(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'optimizer': {'type': 'AdamW', 'params': {'lr': 3e-4,"
+		" 'betas': [0.8, 0.95], 'eps': 1e-6, 'weight_decay': 0.1}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+	assert_true(o.lr == 3e-4);
+	assert_true(o.beta1 == 0.8);
+	assert_true(o.beta2 == 0.95);
+	assert_true(o.eps == 1e-6);
+	assert_true(hpu_opts_weight_decay(&o) == 0.1);
+
+	/* DeepSpeed's Adam is AdamW unless adam_w_mode is false */
+	load_ok("{'optimizer': {'type': 'Adam', 'params': {'lr': 0.01}}}", &o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+	load_ok("{'optimizer': {'type': 'adam', 'params': {'adam_w_mode': true}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+	load_ok("{'optimizer': {'type': 'Adam', 'params': {'adam_w_mode': false}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAM);
+	load_ok("{'optimizer': {'type': 'ADAMW'}}", &o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
+
+	load_ok("{'optimizer': {'type': 'SGD', 'params': {'lr': 0.1,"
+		" 'momentum': 0.5, 'nesterov': true, 'weight_decay': 0}}}",
+		&o);
+	assert_int_equal(o.optimizer, HPU_OPTIM_SGD);
+	assert_true(o.lr == 0.1);
+	assert_true(o.momentum == 0.5);
+	assert_int_equal(o.nesterov, 1);
+	assert_true(hpu_opts_weight_decay(&o) == 0);
+	load_ok("{'optimizer': {'type': 'sgd', 'params': {'nesterov': false}}}",
+		&o);
+	assert_int_equal(o.nesterov, 0);
+
+	LOAD_ERROR("{'optimizer': {'type': 'Lamb'}}", "optimizer.type", "Lamb");
+	LOAD_ERROR("{'optimizer': {'params': {'lr': 1}}}", "optimizer.type",
+		   "missing");
+	LOAD_ERROR("{'optimizer': {'type': 'AdamW', 'params': {'momentum': 0.9}}}",
+		   "optimizer.params.momentum", "AdamW");
+	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'betas': [0.9, 0.9]}}}",
+		   "optimizer.params.betas", "SGD");
+	LOAD_ERROR("{'optimizer': {'type': 'AdamW', 'params': {'adam_w_mode': true}}}",
+		   "optimizer.params.adam_w_mode");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'params': {'betas': [0.9]}}}",
+		   "optimizer.params.betas", "two numbers", "got 1");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'params': {'betas': [0.9, 1.5]}}}",
+		   "optimizer.params.betas[1]", "1.5", "out of range");
+	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'nesterov': 1}}}",
+		   "optimizer.params.nesterov", "true or false");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'params': {'lrr': 1}}}",
+		   "optimizer.params.lrr", "(did you mean 'lr'?)");
+	LOAD_ERROR("{'optimizer': {'type': 'Adam', 'param': {}}}",
+		   "optimizer.param", "did you mean 'params'");
+	LOAD_ERROR("{'optimizer': 'Adam'}", "optimizer", "expected an object");
+}
+
+static void test_file_scheduler(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'scheduler': {'type': 'WarmupLR', 'params': {"
+		" 'warmup_min_lr': 1e-5, 'warmup_max_lr': 2e-3,"
+		" 'warmup_num_steps': 300, 'warmup_type': 'linear'}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_WARMUP);
+	assert_true(o.warmup_min_lr == 1e-5);
+	assert_true(o.lr == 2e-3);
+	assert_int_equal(o.warmup_steps, 300);
+	assert_int_equal(o.warmup_type, HPU_WARMUP_LINEAR);
+
+	load_ok("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
+		" 'warmup_num_steps': 10, 'total_num_steps': 1000,"
+		" 'warmup_type': 'log'}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_WARMUP_DECAY);
+	assert_int_equal(o.total_steps, 1000);
+	assert_int_equal(o.warmup_type, HPU_WARMUP_LOG);
+
+	load_ok("{'scheduler': {'type': 'StepLR', 'params': {'step_size': 7,"
+		" 'gamma': 0.5}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_STEP);
+	assert_int_equal(o.step_size, 7);
+	assert_true(o.gamma == 0.5);
+
+	load_ok("{'scheduler': {'type': 'CosineAnnealingLR', 'params': {"
+		" 'T_max': 500, 'eta_min': 1e-6}}}",
+		&o);
+	assert_int_equal(o.sched, HPU_SCHED_COSINE);
+	assert_int_equal(o.total_steps, 500);
+	assert_true(o.min_lr == 1e-6);
+
+	load_ok("{'scheduler': {'type': 'constant'}}", &o);
+	assert_int_equal(o.sched, HPU_SCHED_CONSTANT);
+
+	/* warmup_max_lr is the lr, whatever the order of the sections */
+	load_ok("{'scheduler': {'type': 'WarmupLR', 'params': {"
+		" 'warmup_max_lr': 0.5}},"
+		" 'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}}",
+		&o);
+	assert_true(o.lr == 0.5);
+
+	LOAD_ERROR("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
+		   "'warmup_num_steps': 10}}}",
+		   "scheduler.params.total_num_steps", "WarmupDecayLR");
+	LOAD_ERROR("{'scheduler': {'type': 'WarmupLR', 'params': {'gamma': 0.1}}}",
+		   "scheduler.params.gamma", "WarmupLR");
+	LOAD_ERROR("{'scheduler': {'type': 'OneCycle'}}", "scheduler.type",
+		   "OneCycle");
+	LOAD_ERROR("{'scheduler': {'type': 'WarmupLR', 'params': {"
+		   "'warmup_type': 'cubic'}}}",
+		   "scheduler.params.warmup_type", "cubic");
+	LOAD_ERROR("{'scheduler': {'type': 'StepLR', 'params': {'step_size': 2.5}}}",
+		   "scheduler.params.step_size", "2.5", "not an integer");
+}
+
+static void test_file_precision(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'bf16': {'enabled': false}, 'fp16': {'enabled': false,"
+		" 'loss_scale': 0, 'initial_scale_power': 16,"
+		" 'loss_scale_window': 1000, 'hysteresis': 2,"
+		" 'min_loss_scale': 1}}",
+		&o);
+	assert_int_equal(o.precision, HPU_PREC_FP32);
+	load_ok("{'bf16': {'enabled': true}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	load_ok("{'fp16': {'enabled': true, 'loss_scale': 0, 'initial_scale_power': 12,"
+		" 'loss_scale_window': 50, 'hysteresis': 3, 'min_loss_scale': 0.5}}",
+		&o);
+	assert_int_equal(o.precision, HPU_PREC_FP16_MIXED);
+	assert_int_equal(o.initial_scale_power, 12);
+	assert_int_equal(o.loss_scale_window, 50);
+	assert_int_equal(o.hysteresis, 3);
+	assert_true(o.min_loss_scale == 0.5);
+	LOAD_ERROR("{'bf16': {'enabled': true}, 'fp16': {'enabled': true}}",
+		   "only one of bf16.enabled, fp16.enabled and fp8.enabled");
+	load_ok("{'fp8': {'enabled': true, 'amax_history_len': 1024, 'margin': 1,"
+		" 'amax_compute_algo': 'most_recent'}}",
+		&o);
+	assert_int_equal(o.precision, HPU_PREC_FP8);
+	assert_int_equal(o.fp8_amax_history, 1024);
+	assert_int_equal(o.fp8_margin, 1);
+	assert_int_equal(o.fp8_amax_algo, HPU_FP8_ALGO_MOST_RECENT);
+	LOAD_ERROR("{'fp8': {'enabled': true}, 'bf16': {'enabled': true}}",
+		   "bf16.enabled", "only one of");
+	LOAD_ERROR("{'fp8': {'amax_compute_algo': 'mean'}}", "fp8.amax_compute_algo", "mean");
+	LOAD_ERROR("{'fp8': {'amax_history_len': 0}}", "fp8.amax_history_len");
+	LOAD_ERROR("{'fp16': {'enabled': false, 'loss_scail': 0}}",
+		   "fp16.loss_scail", "did you mean 'loss_scale'");
+}
+
+static void test_file_hputrain(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	load_ok("{'hputrain': {'strategy': 'fast_ddp', 'epochs': 3,"
+		" 'max_steps': 100, 'seed': 7, 'device_memory': '2GiB',"
+		" 'activation_checkpointing': true, 'grad_comm_dtype': 'bf16',"
+		" 'log_every': 5, 'metrics': '/tmp/m.jsonl',"
+		" 'save_params': '/tmp/p.bin', 'eval': false}}",
+		&o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
+	assert_int_equal(o.epochs, 3);
+	assert_int_equal(o.max_steps, 100);
+	assert_int_equal(o.seed, 7);
+	assert_int_equal(o.device_memory, 2147483648ull);
+	assert_int_equal(o.activation_checkpointing, 1);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_BF16);
+	assert_int_equal(o.log_every, 5);
+	assert_string_equal(o.metrics, "/tmp/m.jsonl");
+	assert_string_equal(o.save_params, "/tmp/p.bin");
+	assert_int_equal(o.eval, 0);
+
+	/* dashes, as the flags are spelt; device memory as a number */
+	load_ok("{'hputrain': {'max-steps': 9, 'device-memory': 1048576,"
+		" 'grad-comm-dtype': 'fp32', 'save-params': 'x'}}",
+		&o);
+	assert_int_equal(o.max_steps, 9);
+	assert_int_equal(o.device_memory, 1048576);
+	assert_string_equal(o.save_params, "x");
+
+	/* hputrain.strategy beats zero_optimization.stage, either order */
+	load_ok("{'hputrain': {'strategy': 'zero1'},"
+		" 'zero_optimization': {'stage': 3}}",
+		&o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO1);
+	load_ok("{'zero_optimization': {'stage': 3},"
+		" 'hputrain': {'strategy': 'fast_ddp'}}",
+		&o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
+
+	LOAD_ERROR("{'hputrain': {'strategy': 'fsdp'}}", "hputrain.strategy",
+		   "fsdp");
+	LOAD_ERROR("{'hputrain': {'device_memory': 0}}",
+		   "hputrain.device_memory");
+	LOAD_ERROR("{'hputrain': {'device_memory': '12 parsecs'}}",
+		   "hputrain.device_memory", "12 parsecs");
+	LOAD_ERROR("{'hputrain': {'metrics': ''}}", "hputrain.metrics");
+	LOAD_ERROR("{'hputrain': {'max_steps': 5, 'max-steps': 6}}",
+		   "max-steps", "twice");
+	LOAD_ERROR("{'hputrain': {'epoch': 2}}", "hputrain.epoch",
+		   "did you mean 'epochs'");
+}
+
+/* "auto" values (Hugging Face's DeepSpeed files) take our flags and
+ * defaults, and one note says what each became. */
+static void test_file_auto(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *t = notes_of(
+		"{'train_batch_size': 'auto', 'train_micro_batch_size_per_gpu': 'auto',"
+		" 'gradient_accumulation_steps': 'auto', 'gradient_clipping': 'auto',"
+		" 'fp16': {'enabled': 'auto'}, 'bf16': {'enabled': 'auto'},"
+		" 'optimizer': {'type': 'AdamW', 'params': {'lr': 'auto', 'betas': 'auto',"
+		"   'eps': 'auto', 'weight_decay': 'auto'}},"
+		" 'scheduler': {'type': 'WarmupDecayLR', 'params': {'warmup_min_lr': 'auto',"
+		"   'warmup_max_lr': 'auto', 'warmup_num_steps': 'auto', 'total_num_steps': 'auto'}},"
+		" 'zero_optimization': {'stage': 3, 'reduce_bucket_size': 'auto',"
+		"   'stage3_prefetch_bucket_size': 'auto', 'stage3_param_persistence_threshold': 'auto'}}",
+		(char *[]){"lr", "0.02", "precision", "bf16", NULL}, &o);
+	assert_int_equal(o.batch_size, 256);
+	assert_int_equal(o.micro_batch, 128);
+	assert_true(o.lr == 0.02);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	assert_int_equal(o.sched, HPU_SCHED_WARMUP_DECAY);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO3);
+	assert_int_equal(o.ncfg_auto, 17);
+	/* one line */
+	assert_ptr_equal(strchr(t, '\n'), t + strlen(t) - 1);
+	assert_has(t, "hpulaunch: note: ");
+	assert_has(t, "\"auto\" values take hputrain's flags and defaults: ");
+	assert_has(t, "train_batch_size=256 (--batch-size, default)");
+	assert_has(t, "train_micro_batch_size_per_gpu=128 (--micro-batch-size, default)");
+	assert_has(t, "gradient_accumulation_steps=1 (--grad-accum, default)");
+	assert_has(t, "fp16.enabled=bf16-mixed (--precision)");
+	assert_has(t, "optimizer.params.lr=0.02 (--lr)");
+	assert_has(t, "optimizer.params.betas=[0.9, 0.999] (--beta1, --beta2, default)");
+	assert_has(t, "scheduler.params.warmup_max_lr=0.02 (--lr)");
+	assert_has(t, "scheduler.params.total_num_steps=the run's steps (--total-steps, default)");
+	assert_has(t, "optimizer.params.weight_decay=0.01 (--weight-decay, default)");
+	assert_has(t, "zero_optimization.reduce_bucket_size=6553600 (--reduce-bucket-size, default)");
+	free(t);
+	/* a key without "auto" is not in the note; no note without any */
+	t = notes_of("{'train_batch_size': 64}", NULL, &o);
+	assert_string_equal(t, "");
+	free(t);
+}
+
+/* Keys DeepSpeed accepts that change nothing here: accepted, named in
+ * one warning with the reason, keys with one reason together. A top-level
+ * key DeepSpeed does not know either is ignored, as DeepSpeed ignores it,
+ * unless it is a misspelling of a known one. */
+static void test_file_no_effect(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *t = notes_of(
+		"{'train_batch_size': 64, 'wall_clock_breakdown': false, 'timers': {},"
+		" 'prescale_gradients': false, 'zero_allow_untested_optimizer': true,"
+		" 'my_team_setting': 3, 'steps_per_print': 2000,"
+		" 'zero_optimization': {'stage': 2, 'contiguous_gradients': true,"
+		"   'reduce_scatter': true, 'allgather_partitions': true, 'sub_group_size': 1e9,"
+		"   'stage3_gather_16bit_weights_on_model_save': true},"
+		" 'optimizer': {'type': 'Adam', 'params': {'torch_adam': true, 'lr': 0.01}},"
+		" 'bf16': {'enabled': true}}",
+		NULL, &o);
+	assert_int_equal(o.batch_size, 64);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO2);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	assert_true(o.lr == 0.01);
+	assert_ptr_equal(strchr(t, '\n'), t + strlen(t) - 1);
+	assert_has(t, "hpulaunch: warning: ");
+	assert_has(t, "keys with no effect in hputrain: ");
+	assert_has(t, "wall_clock_breakdown, timers (timings and counters are --profile's");
+	assert_has(t, "prescale_gradients (gradients are summed, then divided by the world size once)");
+	assert_has(t, "zero_allow_untested_optimizer (every optimizer here works with every ZeRO stage)");
+	assert_has(t, "my_team_setting (not a key hputrain knows)");
+	assert_has(t, "zero_optimization.reduce_scatter, zero_optimization.allgather_partitions (each strategy");
+	assert_has(t, "zero_optimization.contiguous_gradients (gradients always live in one contiguous buffer)");
+	assert_has(t, "zero_optimization.stage3_gather_16bit_weights_on_model_save (--save-params");
+	assert_has(t, "optimizer.params.torch_adam (");
+	assert_null(strstr(t, "sub_group_size")); /* honoured */
+	assert_null(strstr(t, "steps_per_print"));
+	free(t);
+	/* a misspelt top-level key is still an error */
+	LOAD_ERROR("{'wall_clock_breakdwn': false}", "unknown key 'wall_clock_breakdwn'",
+		   "did you mean 'wall_clock_breakdown'");
+	/* zero_optimization is strict, as DeepSpeed's */
+	LOAD_ERROR("{'zero_optimization': {'my_team_setting': 3}}",
+		   "unknown key 'zero_optimization.my_team_setting'");
+	/* values DeepSpeed takes that would change the training here */
+	LOAD_ERROR("{'optimizer': {'type': 'AdamW', 'params': {'amsgrad': true}}}",
+		   "optimizer.params.amsgrad: true is not supported");
+	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'dampening': 0.1}}}",
+		   "optimizer.params.dampening: 0.1 is not supported");
+}
+
+/* Every bad key of a file in one run, one a line. */
+static void test_file_all_errors(void **state)
+{
+	(void)state;
+	char path[64], err[4096] = "";
+	hpu_train_opts o, d;
+	write_temp("{'train_batch_szie': 8,"
+		   " 'zero_optimization': {'stage': 3, 'stage3_prefetch_bucket_sise': 5,"
+		   "   'overlap_com': true},"
+		   " 'optimizer': {'type': 'AdamW', 'params': {'lr': 'fast', 'betas': [0.9]}},"
+		   " 'fp16': {'loss_scail': 0}, 'hputrain': {'epoch': 2}}",
+		   path);
+	hpu_opts_defaults(&o);
+	d = o;
+	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof err), -1);
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_memory_equal(&o, &d, sizeof o);
+	char head[128];
+	snprintf(head, sizeof head, "%s has 7 errors:\n  ", path);
+	assert_has(err, head);
+	assert_has(err, "\n  unknown key 'train_batch_szie' in");
+	assert_has(err, "(did you mean 'train_batch_size'?)");
+	assert_has(err, "\n  unknown key 'zero_optimization.stage3_prefetch_bucket_sise'");
+	assert_has(err, "\n  unknown key 'zero_optimization.overlap_com' in");
+	assert_has(err, "optimizer.params.lr: expected a number, got a string \"fast\"");
+	assert_has(err, "optimizer.params.betas: expected two numbers");
+	assert_has(err, "\n  unknown key 'fp16.loss_scail'");
+	assert_has(err, "\n  unknown key 'hputrain.epoch'");
+	int lines = 0;
+	for (const char *c = err; *c; c++)
+		lines += *c == '\n';
+	assert_int_equal(lines, 7);
+}
+
+/* Lightning's precision names; DeepSpeed's communication_data_type, amp,
+ * and the sizes whose 0 means something in DeepSpeed. */
+static void test_precision_names_and_zero_sizes(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *name;
+		hpu_precision p;
+	} names[] = {{"32", HPU_PREC_FP32},           {"32-true", HPU_PREC_FP32},
+		     {"fp32", HPU_PREC_FP32},         {"bf16", HPU_PREC_BF16_MIXED},
+		     {"bf16-mixed", HPU_PREC_BF16_MIXED}, {"16-mixed", HPU_PREC_FP16_MIXED},
+		     {"16", HPU_PREC_FP16_MIXED},     {"fp8", HPU_PREC_FP8}};
+	hpu_train_opts o;
+	char err[512];
+	int stop;
+	for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+		hpu_opts_defaults(&o);
+		assert_int_equal(parse(&o, ARGS("--precision", (char *)names[k].name, "m.so"),
+				       &stop, err, sizeof err), 0);
+		assert_int_equal(o.precision, names[k].p);
+	}
+	EXPECT_ERROR(ARGS("--precision", "bf16-true"), "--precision", "bf16-true",
+		     "bf16-mixed", "32-true");
+	load_ok("{'hputrain': {'precision': '32-true'}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_FP32);
+	load_ok("{'hputrain': {'precision': 'bf16'}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	load_ok("{'amp': {'enabled': true, 'opt_level': 'O1'}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_FP16_MIXED);
+	load_ok("{'bfloat16': {'enabled': true}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
+	load_ok("{'communication_data_type': 'bf16'}", &o);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_BF16);
+	LOAD_ERROR("{'communication_data_type': 'fp16'}", "communication_data_type", "fp16");
+	load_ok("{'zero_optimization': {'reduce_bucket_size': 0, 'allgather_bucket_size': 0,"
+		" 'stage3_max_live_parameters': 0, 'sub_group_size': 0,"
+		" 'stage3_prefetch_bucket_size': 0, 'stage3_param_persistence_threshold': 0}}",
+		&o);
+	assert_int_equal(o.reduce_bucket, 0);
+	assert_int_equal(o.allgather_bucket, 0);
+	assert_int_equal(o.max_live_params, 0);
+	assert_int_equal(o.sub_group_size, 0);
+	/* the short names DeepSpeed also accepts */
+	load_ok("{'zero_optimization': {'prefetch_bucket_size': 7, 'param_persistence_threshold': 8,"
+		" 'max_live_parameters': 9}}",
+		&o);
+	assert_int_equal(o.prefetch_bucket, 7);
+	assert_int_equal(o.persistence_threshold, 8);
+	assert_int_equal(o.max_live_params, 9);
+}
+
+/* The four bad files the issue names, and the other kinds of error. */
+static void test_file_errors(void **state)
+{
+	(void)state;
+	/* an unknown key, with the closest known one */
+	LOAD_ERROR("{'zero_optimization': {'stgae': 2}}",
+		   "unknown key 'zero_optimization.stgae'",
+		   "(did you mean 'stage'?)");
+	LOAD_ERROR("{'train_batch_sizes': 2}", "'train_batch_sizes'",
+		   "did you mean 'train_batch_size'");
+	LOAD_ERROR("{'zero_optimization': {'frobnicate': 2}}",
+		   "unknown key 'zero_optimization.frobnicate'");
+	/* a stage out of range */
+	LOAD_ERROR("{'zero_optimization': {'stage': 4}}",
+		   "zero_optimization.stage: 4 is out of range 0..3");
+	LOAD_ERROR("{'zero_optimization': {'stage': -1}}",
+		   "zero_optimization.stage", "-1");
+	/* a value that is not a number */
+	LOAD_ERROR("{'zero_optimization': {'stage': 'two'}}",
+		   "zero_optimization.stage: expected a number, got a string "
+		   "\"two\"");
+	LOAD_ERROR("{'train_batch_size': true}", "train_batch_size",
+		   "expected a number, got true");
+	LOAD_ERROR("{'gradient_clipping': null}", "gradient_clipping",
+		   "got null");
+	LOAD_ERROR("{'zero_optimization': {'overlap_comm': 'yes'}}",
+		   "zero_optimization.overlap_comm", "true or false");
+	LOAD_ERROR("{'zero_optimization': 2}", "zero_optimization",
+		   "expected an object, got a number 2");
+	/* "auto" where no flag or default can stand for it */
+	LOAD_ERROR("{'zero_optimization': {'stage': 'auto'}}",
+		   "zero_optimization.stage: \"auto\" is not supported; give a number");
+	LOAD_ERROR("{'optimizer': {'type': 'auto'}}", "optimizer.type", "\"auto\"");
+	/* integers */
+	LOAD_ERROR("{'train_batch_size': 2.5}", "train_batch_size", "2.5",
+		   "not an integer");
+	LOAD_ERROR("{'train_batch_size': 0}", "train_batch_size",
+		   "out of range");
+	LOAD_ERROR("{'gradient_clipping': -1}", "gradient_clipping", "-1");
+	/* a value holding a newline still makes one line */
+	LOAD_ERROR("{'hputrain': {'strategy': 'a\\nb'}}", "hputrain.strategy");
+	LOAD_ERROR("{'zero_optimization': {'stage': 1, 'stage': 2}}",
+		   "zero_optimization.stage", "twice");
+	LOAD_ERROR("[1, 2]", "expected a JSON object", "an array");
+}
+
+static void test_file_syntax_and_io(void **state)
+{
+	(void)state;
+	char path[64], err[512];
+	hpu_train_opts o;
+	/* the error is on line 3 */
+	write_temp("{\n  'train_batch_size': 8,\n  'gradient_clipping' 1.0\n}\n",
+		   path);
+	hpu_opts_defaults(&o);
+	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, path));
+	assert_non_null(strstr(err, "line 3"));
+	assert_non_null(strstr(err, "JSON syntax error"));
+	assert_null(strchr(err, '\n'));
+	unlink(path);
+
+	LOAD_ERROR("{'train_batch_size': 8,", "line 1", "ends too early");
+	LOAD_ERROR("", "JSON syntax error");
+	LOAD_ERROR("{'train_batch_size': 8}\n}", "line 2", "JSON syntax error");
+	LOAD_ERROR("{'a': 1,\n\n 'b' 2}", "line 3", "JSON syntax error");
+
+	err[0] = 0;
+	assert_int_equal(hpu_opts_load_file(&o, "/nonexistent/x.json", err,
+					    sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "/nonexistent/x.json"));
+	assert_non_null(strstr(err, strerror(ENOENT)));
+	assert_int_equal(hpu_opts_load_file(&o, "/tmp", err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, strerror(EISDIR)));
+}
+
+/* A FIFO named as the config file is refused at once (not waited on for
+ * a writer), and so is any other file that is not a regular one; a NUL
+ * byte makes a file not text. */
+static void test_file_not_regular(void **state)
+{
+	(void)state;
+	char fifo[64] = "/tmp/hpu-test-config-fifo-XXXXXX", err[512] = "";
+	int fd = mkstemp(fifo);
+	assert_true(fd >= 0);
+	close(fd);
+	unlink(fifo);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	hpu_train_opts o;
+	hpu_opts_defaults(&o);
+	alarm(10); /* a hang fails the test instead of blocking ctest */
+	int rc = hpu_opts_load_file(&o, fifo, err, sizeof err);
+	printf("  -> \"%s\"\n", err);
+	assert_int_equal(rc, -1);
+	assert_non_null(strstr(err, fifo));
+	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
+	int stop;
+	err[0] = 0;
+	assert_int_equal(parse(&o, ARGS("--config", fifo, "m.so"), &stop, err, sizeof err), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, fifo));
+	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
+	char *buf = NULL;
+	size_t len;
+	const char *why = hpu_read_file(fifo, &buf, &len); /* QUANT_CONFIG's reader */
+	assert_non_null(why);
+	assert_string_equal(why, "not a regular file (a FIFO)");
+	alarm(0);
+	unlink(fifo);
+	assert_int_equal(hpu_opts_load_file(&o, "/dev/null", err, sizeof err), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "/dev/null: not a regular file (a character device)"));
+
+	char path[64];
+	write_temp("{'epochs': 2}", path);
+	FILE *f = fopen(path, "a");
+	assert_non_null(f);
+	fputc(0, f);
+	fclose(f);
+	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof err), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, path));
+	assert_non_null(strstr(err, "NUL byte"));
+	why = hpu_read_file(path, &buf, &len);
+	assert_non_null(why);
+	assert_non_null(strstr(why, "NUL byte"));
+	unlink(path);
+}
+
+/* --config through the flags: a flag beats the file in either order. */
+static void test_flags_beat_file(void **state)
+{
+	(void)state;
+	char path[64], cfg[80], err[512];
+	int stop;
+	write_temp("{'optimizer': {'type': 'SGD', 'params': {'lr': 0.5,"
+		   " 'momentum': 0.7}}, 'train_batch_size': 64,"
+		   " 'zero_optimization': {'stage': 2, 'overlap_comm': true},"
+		   " 'hputrain': {'epochs': 4}}",
+		   path);
+	snprintf(cfg, sizeof(cfg), "--config=%s", path);
+	hpu_train_opts a, b;
+	hpu_opts_defaults(&a);
+	hpu_opts_defaults(&b);
+	assert_int_equal(parse(&a, ARGS("--lr", "0.1", "--no-overlap-comm",
+					"--strategy", "ddp", "--config", path,
+					"model.so"),
+			       &stop, err, sizeof(err)), 0);
+	assert_int_equal(parse(&b, ARGS(cfg, "--lr", "0.1", "--strategy", "ddp",
+					"--no-overlap-comm", "model.so"),
+			       &stop, err, sizeof(err)), 0);
+	unlink(path);
+	hpu_train_opts *both[] = {&a, &b};
+	for (int k = 0; k < 2; k++) {
+		hpu_train_opts *o = both[k];
+		assert_true(o->lr == 0.1);
+		assert_int_equal(o->strategy, HPU_STRATEGY_DDP);
+		assert_int_equal(o->overlap_comm, 0);
+		/* what no flag set comes from the file */
+		assert_int_equal(o->optimizer, HPU_OPTIM_SGD);
+		assert_true(o->momentum == 0.7);
+		assert_int_equal(o->batch_size, 64);
+		assert_int_equal(o->epochs, 4);
+		assert_string_equal(o->config, path);
+	}
+
+	/* --bucket-cap-mb is the flag for reduce_bucket_size */
+	write_temp("{'zero_optimization': {'reduce_bucket_size': 1000}}", path);
+	hpu_opts_defaults(&a);
+	assert_int_equal(parse(&a, ARGS("--bucket-cap-mb", "1", "--config",
+					path),
+			       &stop, err, sizeof(err)), 0);
+	assert_int_equal(a.reduce_bucket, 262144);
+	hpu_opts_defaults(&a);
+	assert_int_equal(parse(&a, ARGS("--config", path), &stop, err,
+			       sizeof(err)), 0);
+	assert_int_equal(a.reduce_bucket, 1000);
+	unlink(path);
+
+	/* a flag also satisfies WarmupDecayLR's total_num_steps */
+	write_temp("{'scheduler': {'type': 'WarmupDecayLR'}}", path);
+	hpu_opts_defaults(&a);
+	assert_int_equal(parse(&a, ARGS("--total-steps", "50", "--config",
+					path),
+			       &stop, err, sizeof(err)), 0);
+	assert_int_equal(a.sched, HPU_SCHED_WARMUP_DECAY);
+	assert_int_equal(a.total_steps, 50);
+	unlink(path);
+
+	/* a bad file through --config: the error is the file's */
+	hpu_opts_defaults(&a);
+	b = a;
+	write_temp("{'zero_optimization': {'stage': 9}}", path);
+	assert_int_equal(parse(&a, ARGS("--config", path), &stop, err,
+			       sizeof(err)), -1);
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "zero_optimization.stage: 9 is out of range"));
+	assert_memory_equal(&a, &b, sizeof(a));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_file_top_and_zero),
+	    cmocka_unit_test(test_file_optimizer),
+	    cmocka_unit_test(test_file_scheduler),
+	    cmocka_unit_test(test_file_precision),
+	    cmocka_unit_test(test_file_hputrain),
+	    cmocka_unit_test(test_file_auto),
+	    cmocka_unit_test(test_file_no_effect),
+	    cmocka_unit_test(test_file_all_errors),
+	    cmocka_unit_test(test_precision_names_and_zero_sizes),
+	    cmocka_unit_test(test_file_errors),
+	    cmocka_unit_test(test_file_syntax_and_io),
+	    cmocka_unit_test(test_file_not_regular),
+	    cmocka_unit_test(test_flags_beat_file),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
