@@ -20,6 +20,7 @@
 #   a failing block must fail, naming each (a check that sees nothing
 #   would pass them).
 set -u
+. "$(dirname "$0")/selftest.sh"
 
 self=0
 [[ ${1:-} == --self-test ]] && { self=1; shift; }
@@ -145,17 +146,9 @@ run_blocks() (
 
 # must_fail WHAT WANT: the check on the copy in $tmp must fail saying WANT.
 must_fail() {
-	local out rc
-	out=$({ check_links "$tmp" && run_blocks "$tmp"; } 2>&1)
-	rc=$?
-	if [[ $rc == 1 && $out == *"$2"* ]]; then
-		echo "check_docs: self-test: $1: caught: $2"
-		return 0
-	fi
-	echo "check_docs: self-test FAILED: $1 was not caught (exit $rc, wanted 1 and \"$2\"); it said:"
-	echo "$out"
-	return 1
+	expect_caught check_docs "$1" "$2" all_checks "$tmp"
 }
+all_checks() { { check_links "$1" && run_blocks "$1"; } 2>&1; }
 
 self_test() (
 	tmp=$(mktemp -d) || exit 2

@@ -15,6 +15,7 @@
 #   missing from each place must fail, naming it (a check that sees
 #   nothing would pass them).
 set -u
+. "$(dirname "$0")/selftest.sh"
 self=0
 [[ ${1:-} == --self-test ]] && { self=1; shift; }
 usage="usage: check_env.sh [--self-test] SOURCE_DIR HPULAUNCH"
@@ -102,16 +103,7 @@ check() (
 
 # must_fail WHAT WANT: the check on the copy in $tmp must fail saying WANT.
 must_fail() {
-	local out rc
-	out=$(check "$tmp" "${fake:-$launch}")
-	rc=$?
-	if [[ $rc == 1 && $out == *"$2"* ]]; then
-		echo "check_env: self-test: $1: caught: $2"
-		return 0
-	fi
-	echo "check_env: self-test FAILED: $1 was not caught (exit $rc, wanted 1 and \"$2\"); it said:"
-	echo "$out"
-	return 1
+	expect_caught check_env "$1" "$2" check "$tmp" "${fake:-$launch}"
 }
 
 self_test() (

@@ -18,6 +18,7 @@
 #   --self-test: after the check, guides with a message no program prints
 #   and with one no test asserts must fail, naming them.
 set -u
+. "$(dirname "$0")/selftest.sh"
 self=0
 [[ ${1:-} == --self-test ]] && { self=1; shift; }
 src=${1:?usage: check_troubleshooting.sh [--self-test] SOURCE_DIR}
@@ -111,16 +112,7 @@ check() (
 # must_fail WHAT WANT: the check of the guide in $tmp/guide.md must fail
 # saying WANT.
 must_fail() {
-	local out rc
-	out=$(check "$tmp/guide.md")
-	rc=$?
-	if [[ $rc == 1 && $out == *"$2"* ]]; then
-		echo "check_troubleshooting: self-test: $1: caught: $2"
-		return 0
-	fi
-	echo "check_troubleshooting: self-test FAILED: $1 was not caught (exit $rc, wanted 1 and \"$2\"); it said:"
-	echo "$out"
-	return 1
+	expect_caught check_troubleshooting "$1" "$2" check "$tmp/guide.md"
 }
 
 self_test() (
