@@ -123,9 +123,12 @@ limit() {
 	if [ "$1" = unlimited ] || [ "$1" -gt "$2" ]; then echo "$2"; else echo "$1"; fi
 }
 
-# The options every container of the cluster shares.
+# The options every container of the cluster shares. --init runs
+# catatonit, which podman only recommends: say so before podman does.
 common_opts() {
-	local nofile nproc rt
+	local nofile nproc rt why
+	why=$(bash "$ROOT/deploy/install-deps.sh" --check containers 2>&1) ||
+		die "cannot start containers here: ${why//$'\n'/; } (deploy/install-deps.sh installs them)"
 	nofile=$(limit "$(ulimit -Hn)" "$(cat /proc/sys/fs/nr_open)")
 	nproc=$(limit "$(ulimit -Hu)" "$(cat /proc/sys/kernel/pid_max)")
 	ULIMITS=(--ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc")
