@@ -1,6 +1,6 @@
 /* config_internal: what config.c (the option table, flags) and
- * config_file.c (the JSON config file) share. Not installed; nothing else
- * includes it.
+ * config_file.c (the JSON config file) share. Not installed; only their
+ * unit tests include it besides.
  *
  * Every option lives in one table in config.c. The config file sets
  * options through the same entries, so a value is checked the same way
@@ -70,6 +70,13 @@ const char *hpu__opt_text(const hpu_train_opts *o, const struct hpu__opt *p, cha
 /* The value of choice option p that v names (one of p->names, or another
  * spelling of one, case-insensitively if nocase), or -1. */
 int hpu__choice(const struct hpu__opt *p, const char *v, int nocase);
+
+/* Marks in repeated[i] (n bytes) whether keys[i] repeats one of
+ * keys[0..i), compared as a config file's keys are (with dashes, '-' and
+ * '_' alike); sorts, so n log n. Returns how many are marked, or -1 (out of
+ * memory). */
+int hpu__repeated_keys(const char *const *keys, size_t n, int dashes,
+		       unsigned char *repeated);
 
 /* The index of v in names[0..n-1] (case-insensitively if nocase), or -1. */
 int hpu__pick(const char *v, const char *const *names, int n, int nocase);
