@@ -172,14 +172,12 @@ static int has_control(const char *s)
 	return 0;
 }
 
-#define CONTROL_CHARS "a NUL (\\u0000) or another control character"
-
 static int want_string(struct fctx *c, const char *path, const cJSON *it)
 {
 	if (!cJSON_IsString(it))
 		return wrong_type(c, path, it, "a string");
 	if (has_control(it->valuestring))
-		return ferr(c, path, "the string holds " CONTROL_CHARS);
+		return ferr(c, path, "the string holds a NUL (\\u0000) or another control character");
 	return 0;
 }
 
@@ -439,7 +437,7 @@ static int walk(struct fctx *c, const cJSON *obj, const char *prefix,
 		snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "",
 			 it->string);
 		if (has_control(it->string)) {
-			ferr(c, path, "the key holds " CONTROL_CHARS);
+			ferr(c, path, "the key holds a NUL (\\u0000) or another control character");
 			continue;
 		}
 		if (twice[at]) {

@@ -38,6 +38,24 @@ struct hpu__opt {
 	int nnames;
 	const char *help;
 	const char *dflt; /* K_OPTSTR: the value when none is given */
+	unsigned how;     /* HPU__OPT_* flags */
+};
+
+/* What struct hpu__opt.how says of an option beyond its kind. */
+enum {
+	/* Its value names a file or directory: relative to the directory
+	 * hpulaunch runs in, which --hostfile makes absolute before hpud
+	 * (in another directory) starts the workers. */
+	HPU__OPT_PATH = 1 << 0,
+	/* "auto" is a value of this path option, not a file name (--resume). */
+	HPU__OPT_AUTO = 1 << 1,
+	/* It may differ from rank to rank (a node's own files, memory, cores
+	 * and I/O tuning, or what only prints): the ranks do not compare it
+	 * (hpu_opts_shared_text). */
+	HPU__OPT_LOCAL = 1 << 2,
+	/* A file every rank uses, which a node may keep at a path of its
+	 * own: the ranks compare only whether it is given. */
+	HPU__OPT_GIVEN = 1 << 3,
 };
 
 /* The table entry for option `name` (without dashes), or NULL. */
