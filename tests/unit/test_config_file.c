@@ -744,8 +744,8 @@ static void test_file_nul(void **state)
 {
 	(void)state;
 	hpu_train_opts o;
-	LOAD_ERROR("{'hputrain': {'metrics': '/tmp/a\\u0000b'}}", "hputrain.metrics",
-		   "NUL (\\u0000)");
+	LOAD_ERROR("{'hputrain': {'metrics': '/tmp/a\\u0000b'}}",
+		   "hputrain.metrics: the string holds a NUL (\\u0000) or another control character");
 	LOAD_ERROR("{'hputrain': {'checkpoint_dir': 'ck\\u0000'}}", "hputrain.checkpoint_dir",
 		   "NUL (\\u0000)");
 	LOAD_ERROR("{'optimizer': {'type': 'SGD\\u0000x'}}", "optimizer.type", "NUL (\\u0000)");
