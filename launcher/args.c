@@ -747,7 +747,7 @@ static char *abs_flag(hpu_launch_args *a, const char *name, const char *value, c
 	if (*rc == 1 && asprintf(&flag, "--%s=%s", name, path) < 0)
 		flag = NULL;
 	free(path);
-	if (*rc == 1 && !own(a, flag)) {
+	if (*rc == -1 || (*rc == 1 && !own(a, flag))) {
 		snprintf(err, errlen, "out of memory");
 		*rc = -1;
 		return NULL;
