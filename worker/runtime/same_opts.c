@@ -133,8 +133,13 @@ int hpu_same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 		coll_error(comm, c, err, errlen);
 		goto out;
 	}
-	for (int r = 0; r < world; r++) /* a peer's text ends in the buffer */
-		texts[(size_t)r * TEXT_MAX + TEXT_MAX - 1] = 0;
+	/* a peer's text ends in its buffer and prints as one line a name */
+	for (size_t k = 0; k < (size_t)world * TEXT_MAX; k++)
+		if (k % TEXT_MAX == TEXT_MAX - 1)
+			texts[k] = 0;
+		else if (texts[k] && ((unsigned char)texts[k] < 0x20 || texts[k] == 0x7f) &&
+			 texts[k] != '\n')
+			texts[k] = '?';
 	describe(dig, texts, world, err, errlen);
 out:
 	free(mine);
