@@ -719,6 +719,120 @@ static int model_path(hpu_launch_args *a, const char *path, char *err,
 	return 0;
 }
 
+/* Keeps s (malloc'ed, or NULL: out of memory) for hpu_args_free. */
+static char *own(hpu_launch_args *a, char *s)
+{
+	char **grown = s ? realloc(a->owned, (size_t)(a->nowned + 1) * sizeof *grown) : NULL;
+	if (!grown) {
+		free(s);
+		return NULL;
+	}
+	a->owned = grown;
+	return a->owned[a->nowned++] = s;
+}
+
+/* "--name=PATH" with `value` of path option `name` made absolute against
+ * cwd (kept in a->owned); NULL with *rc 0 when it needs nothing, else
+ * with *rc < 0 and a sentence in err. */
+static char *abs_flag(hpu_launch_args *a, const char *name, const char *value, const char *cwd,
+		      int *rc, char *err, size_t errlen)
+{
+	char *path, *flag = NULL;
+	*rc = hpu_opts_abs_path(name, value, cwd, &path);
+	if (*rc == -2) {
+		snprintf(err, errlen, "--%s %s made absolute (hpud starts the workers in its own directory) is longer than %zu bytes: give a shorter path",
+			 name, value ? value : ".", sizeof a->train.metrics - 1);
+		return NULL;
+	}
+	if (*rc == 1 && asprintf(&flag, "--%s=%s", name, path) < 0)
+		flag = NULL;
+	free(path);
+	if (*rc == -1 || (*rc == 1 && !own(a, flag))) {
+		snprintf(err, errlen, "out of memory");
+		*rc = -1;
+		return NULL;
+	}
+	return *rc == 1 ? flag : NULL;
+}
+
+/* The file variables hostfile jobs carry to the workers (hpu_job_env):
+ * made absolute in this process's environment before they are sent. */
+static const hpu_env_id file_vars[] = {
+	HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST, HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
+	HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST, HPU_ENV_QUANT_CONFIG};
+
+static int absolute_vars(const char *cwd, char *err, size_t errlen)
+{
+	for (size_t k = 0; k < sizeof file_vars / sizeof file_vars[0]; k++) {
+		const char *v = hpu_env_str(file_vars[k]);
+		char *abs = NULL;
+		if (!v || !*v || v[0] == '/')
+			continue;
+		if (asprintf(&abs, "%s%s%s", cwd, strcmp(cwd, "/") ? "/" : "", v) < 0 ||
+		    setenv(hpu_env_name(file_vars[k]), abs, 1) < 0) {
+			free(abs);
+			snprintf(err, errlen, "out of memory");
+			return -1;
+		}
+		free(abs);
+	}
+	return 0;
+}
+
+/* --hostfile: hpud starts the workers in its own directory, so each
+ * relative path is made absolute against this one, where hpulaunch read
+ * and checked them: in the training options as written, which the workers
+ * get (--metrics x, --metrics=x, --profile alone), in a flag for each one
+ * the --config file gave (a flag wins over the file), and in the file
+ * variables (LOWER_LIST, QUANT_CONFIG, ...). Which options are paths is
+ * the option table's to say (hpu_opts_is_path). worker_argv holds the
+ * program and the training options. */
+static int absolute_paths(hpu_launch_args *a, char *err, size_t errlen)
+{
+	char cwd[PATH_MAX], **in = a->worker_argv;
+	int n = a->worker_argc, rc = 0;
+	if (!getcwd(cwd, sizeof cwd)) {
+		snprintf(err, errlen, "cannot make relative paths absolute for hpud: this directory: %s",
+			 strerror(errno));
+		return -1;
+	}
+	if (absolute_vars(cwd, err, errlen) < 0)
+		return -1;
+	a->worker_argv = NULL;
+	a->worker_argc = 0;
+	if (add_args(a, in, 0, 1) < 0)
+		goto oom;
+	hpu_optparse p;
+	hpu_optparse_init(&p, n, in, hpu_opts_specs());
+	for (int r; (r = hpu_optparse_next(&p)) > 0;) {
+		const char *name = p.spec->name, *v = p.val;
+		if (!v && p.spec->value == HPU_OPT_OPTIONAL &&
+		    hpu_opts_takes_next(name, p.ind < n ? in[p.ind] : NULL))
+			v = in[p.ind++];
+		char *flag = abs_flag(a, name, v, cwd, &rc, err, errlen);
+		if (rc < 0)
+			goto out;
+		if (flag ? add_args(a, &flag, 0, 1) < 0 : add_args(a, in, p.at, p.ind) < 0)
+			goto oom;
+	}
+	const char *name, *v;
+	for (int k = 0; (name = hpu_opts_file_path(&a->train, k, &v)); k++) {
+		char *flag = abs_flag(a, name, v, cwd, &rc, err, errlen);
+		if (rc < 0)
+			goto out;
+		if (flag && add_args(a, &flag, 0, 1) < 0)
+			goto oom;
+	}
+	rc = 0;
+	goto out;
+oom:
+	snprintf(err, errlen, "out of memory");
+	rc = -1;
+out:
+	free(in);
+	return rc < 0 ? -1 : 0;
+}
+
 int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		   size_t errlen)
 {
@@ -771,6 +885,9 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 				snprintf(err, errlen, "out of memory");
 				return -1;
 			}
+			char cwd[PATH_MAX];
+			if (a->hostfile && getcwd(cwd, sizeof cwd) && absolute_vars(cwd, err, errlen) < 0)
+				return -1;
 			return finish(a, &src, 0, err, errlen);
 		}
 		if (r < HPU_OPTS_ID) {
@@ -794,6 +911,8 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 	}
 	if (model_path(a, argv[i], err, errlen) < 0)
 		return -1;
+	if (a->hostfile && absolute_paths(a, err, errlen) < 0)
+		return -1;
 	if (add_args(a, &a->model, 0, 1) < 0 || add_args(a, argv, i + 1, argc) < 0) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
@@ -805,6 +924,11 @@ void hpu_args_free(hpu_launch_args *a)
 {
 	free(a->worker_argv);
 	a->worker_argv = NULL;
+	for (int i = 0; i < a->nowned; i++)
+		free(a->owned[i]);
+	free(a->owned);
+	a->owned = NULL;
+	a->nowned = 0;
 	free(a->model);
 	a->model = NULL;
 	free(a->hosts);

@@ -41,6 +41,10 @@ typedef struct hpu_launch_args {
 	 * hpu_args_free. */
 	char *model;
 	int worker_argc;
+	/* Strings of worker_argv that hpu_args_parse made (absolute paths
+	 * for --hostfile), malloc'ed, freed by hpu_args_free. */
+	char **owned;
+	int nowned;
 	int exec_mode;       /* --exec: argv[0] is looked up in PATH */
 	hpu_train_opts train;
 

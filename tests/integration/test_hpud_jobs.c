@@ -117,6 +117,59 @@ static void test_job_env_forwarded(void **state)
 	unlink(list2);
 }
 
+/* Relative paths mean the submitter's directory, not hpud's, where the
+ * workers run: hpulaunch --hostfile makes every path option absolute (a
+ * flag's, "--name=value" too, and those the --config file gives) and the
+ * file variables it carries (LOWER_LIST). The workers read the config and
+ * the list and write the metrics, the parameters and the checkpoints in
+ * the submitter's directory. */
+static void test_relative_paths_through_hostfile(void **state)
+{
+	(void)state;
+	char d[] = "/tmp/hpu-test-relpaths-XXXXXX", cwd[4096], f[160], want[320];
+	assert_non_null(mkdtemp(d));
+	assert_int_equal(chmod(d, 0777), 0); /* the workers run as nobody */
+	snprintf(f, sizeof f, "%s/cfg.json", d);
+	assert_int_equal(h_write_file(f, "{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.01}},"
+					 " \"hputrain\": {\"checkpoint_dir\": \"ck\"}}", 0644), 0);
+	snprintf(f, sizeof f, "%s/lower.txt", d);
+	assert_int_equal(h_write_file(f, "relu\nlineer\n", 0644), 0);
+	start_daemon();
+	char *a[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--devices", "2",
+		     "--max-steps", "2", "--no-eval", "--config", "cfg.json", "--metrics",
+		     "./m.jsonl", "--save-params=p.bin", (char *)MODEL, "--", "--hidden", "64", NULL};
+	proc p;
+	assert_non_null(getcwd(cwd, sizeof cwd));
+	assert_int_equal(chdir(d), 0);
+	setenv("LOWER_LIST", "lower.txt", 1);
+	int started = h_start(&p, a, NULL);
+	unsetenv("LOWER_LIST");
+	assert_int_equal(chdir(cwd), 0);
+	assert_int_equal(started, 0);
+	assert_int_equal(h_wait(&p, 120000), 0);
+	printf("%s", p.out);
+	stop_daemon();
+	assert_int_equal(h_code(&p), 0);
+	snprintf(want, sizeof want, "warning: LOWER_LIST file %s/lower.txt: 1 name means no op", d);
+	assert_non_null(strstr(p.out, want));
+	const char *made[] = {"m.jsonl", "p.bin", "ck/latest"};
+	for (int i = 0; i < 3; i++) {
+		struct stat st;
+		snprintf(f, sizeof f, "%s/%s", d, made[i]);
+		if (lstat(f, &st) != 0)
+			fail_msg("the job did not make %s", f);
+	}
+	snprintf(f, sizeof f, "%s/m.jsonl", d);
+	char *m = h_slurp(f);
+	assert_non_null(m);
+	assert_non_null(strstr(m, "\"final\""));
+	free(m);
+	h_free(&p);
+	char rm[200];
+	snprintf(rm, sizeof rm, "rm -rf %s", d);
+	assert_int_equal(system(rm), 0);
+}
+
 /* Devices are not double-booked; --status shows the job; a submitter that
  * dies is noticed and its job cancelled. */
 static void test_busy_status_and_lost_submitter(void **state)
@@ -509,6 +562,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_job_through_hostfile),
 		cmocka_unit_test(test_job_env_forwarded),
+		cmocka_unit_test(test_relative_paths_through_hostfile),
 		cmocka_unit_test(test_busy_status_and_lost_submitter),
 		cmocka_unit_test(test_cancel_term_and_reload),
 		cmocka_unit_test(test_workers_die_with_hpud),

@@ -753,6 +753,45 @@ static void test_two_nodes_devices_differ(void **state)
 	h_free(&n1);
 }
 
+/* Two nodes whose copies of the --config file differ (lr 0.001 and 0.5,
+ * and the batch size) would train together to a useless model: the ranks
+ * compare their options at start-up, and every rank fails naming the
+ * ranks and the options that differ, with both values. */
+static void test_two_nodes_options_differ(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/hpu-test-optsdiff-XXXXXX", c0[64], c1[64], port[16];
+	assert_non_null(mkdtemp(dir));
+	snprintf(c0, sizeof c0, "%s/c0.json", dir);
+	snprintf(c1, sizeof c1, "%s/c1.json", dir);
+	assert_int_equal(h_write_file(c0, "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}}", 0644), 0);
+	assert_int_equal(h_write_file(c1, "{\"train_batch_size\": 128, \"optimizer\": "
+					  "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.5}}}", 0644), 0);
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	/* the metrics file is rank 0's alone: it may differ */
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--max-steps", "3", "--config", c0,
+		      "--metrics", "/dev/null", (char *)MODEL, "--", "--hidden", "64", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--max-steps", "3", "--config", c1,
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	proc n0, n1;
+	two_nodes(&n0, a0, env, 120000, &n1, a1, env, 30000);
+	unlink(c0);
+	unlink(c1);
+	rmdir(dir);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	const char *want = "the ranks' training options differ: rank 1 differs from rank 0 in "
+			   "--batch-size (128 vs 256), --micro-batch-size (64 vs 128), --lr (0.5 vs 0.001)";
+	assert_non_null(strstr(n0.out, want));
+	assert_non_null(strstr(n1.out, want));
+	assert_null(strstr(n0.out, "trained"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* ---- --max-restarts ---- */
 
 /* A scratch directory for the restart workers' files. */
@@ -1531,6 +1570,7 @@ int main(void)
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_two_nodes_remote_failure),
 		cmocka_unit_test(test_two_nodes_devices_differ),
+		cmocka_unit_test(test_two_nodes_options_differ),
 		cmocka_unit_test(test_restart_after_failure),
 		cmocka_unit_test(test_restart_gives_up),
 		cmocka_unit_test(test_restart_zero_as_before),

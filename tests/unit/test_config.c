@@ -877,6 +877,90 @@ static void test_resolve_other_checks(void **state)
 	assert_non_null(strstr(err, "--warmup-steps 100"));
 }
 
+/* What the ranks compare (hpu_opts_shared_text): resolved values, not
+ * where they came from; a node's own paths, memory and cores are left
+ * out, and of the files every rank acts on only whether one is given. */
+static void test_shared_text(void **state)
+{
+	(void)state;
+	char ta[4096], tb[4096], diff[512], err[256];
+	hpu_train_opts a, b;
+	hpu_opts_defaults(&a);
+	hpu_opts_defaults(&b);
+	set_ok(&a, "checkpoint-dir", "/mnt/a/ck");
+	set_ok(&b, "checkpoint-dir", "/mnt/b/ck");
+	set_ok(&a, "metrics", "m.jsonl");
+	set_ok(&b, "kernel-threads", "4");
+	set_ok(&b, "nvme-path", "/nvme1");
+	set_ok(&b, "device-memory", "2GiB");
+	set_ok(&a, "lr", "0.001"); /* the default, from a flag */
+	set_ok(&b, "batch-size", "256");
+	assert_int_equal(hpu_opts_resolve(&a, 2, err, sizeof err), 0);
+	assert_int_equal(hpu_opts_resolve(&b, 2, err, sizeof err), 0);
+	assert_true(hpu_opts_shared_text(&a, ta, sizeof ta) > 0);
+	assert_true(hpu_opts_shared_text(&b, tb, sizeof tb) > 0);
+	assert_string_equal(ta, tb);
+	assert_non_null(strstr(ta, "lr=0.001\n"));
+	assert_non_null(strstr(ta, "checkpoint-dir=given\n"));
+	assert_null(strstr(ta, "metrics="));
+	assert_null(strstr(ta, "kernel-threads="));
+	assert_null(strstr(ta, "bucket-cap-mb=")); /* an alias of reduce-bucket-size */
+	assert_int_equal(hpu_opts_shared_diff(ta, tb, diff, sizeof diff), 0);
+	assert_string_equal(diff, "");
+
+	/* what differs, mine's value first, in the table's order */
+	set_ok(&b, "lr", "0.1");
+	set_ok(&b, "resume", "auto");
+	set_ok(&b, "no-eval", NULL);
+	set_ok(&b, "seed", "7");
+	assert_true(hpu_opts_shared_text(&b, tb, sizeof tb) > 0);
+	assert_int_equal(hpu_opts_shared_diff(tb, ta, diff, sizeof diff), 4);
+	printf("  -> %s\n", diff);
+	assert_string_equal(diff, "--lr (0.1 vs 0.001), --seed (7 vs 42), --resume (auto vs not given), "
+				  "--no-eval (on vs off)");
+	/* a line only one side has (another version): "none" */
+	assert_int_equal(hpu_opts_shared_diff("lr=1\nx=2\n", "lr=1\ny=3\n", diff, sizeof diff), 2);
+	assert_string_equal(diff, "--x (2 vs none), --y (none vs 3)");
+	/* too small a buffer */
+	assert_int_equal(hpu_opts_shared_text(&a, ta, 64), -1);
+}
+
+/* Path options and making them absolute (hpulaunch --hostfile). */
+static void test_abs_path(void **state)
+{
+	(void)state;
+	char *out;
+	assert_true(hpu_opts_is_path("config"));
+	assert_true(hpu_opts_is_path("metrics"));
+	assert_true(hpu_opts_is_path("checkpoint-dir"));
+	assert_true(hpu_opts_is_path("profile"));
+	assert_false(hpu_opts_is_path("profile-filename")); /* a file name's prefix */
+	assert_false(hpu_opts_is_path("lr"));
+	assert_false(hpu_opts_is_path("no-such-option"));
+	assert_int_equal(hpu_opts_abs_path("metrics", "out/m.jsonl", "/home/u", &out), 1);
+	assert_string_equal(out, "/home/u/out/m.jsonl");
+	free(out);
+	assert_int_equal(hpu_opts_abs_path("profile", NULL, "/", &out), 1);
+	assert_string_equal(out, "/");
+	free(out);
+	assert_int_equal(hpu_opts_abs_path("profile", "prof", "/", &out), 1);
+	assert_string_equal(out, "/prof");
+	free(out);
+	assert_int_equal(hpu_opts_abs_path("metrics", "/abs", "/home/u", &out), 0);
+	assert_null(out);
+	assert_int_equal(hpu_opts_abs_path("resume", "auto", "/home/u", &out), 0);
+	assert_int_equal(hpu_opts_abs_path("resume", "ck/step-5", "/home/u", &out), 1);
+	assert_string_equal(out, "/home/u/ck/step-5");
+	free(out);
+	assert_int_equal(hpu_opts_abs_path("lr", "0.1", "/home/u", &out), 0);
+	char cwd[600];
+	memset(cwd, 'd', sizeof cwd - 1);
+	cwd[0] = '/';
+	cwd[sizeof cwd - 1] = 0;
+	assert_int_equal(hpu_opts_abs_path("metrics", "m", cwd, &out), -2);
+	assert_null(out);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -903,6 +987,8 @@ int main(void)
 	    cmocka_unit_test(test_checkpoint_dir_check),
 	    cmocka_unit_test(test_resolve_batch),
 	    cmocka_unit_test(test_resolve_other_checks),
+	    cmocka_unit_test(test_shared_text),
+	    cmocka_unit_test(test_abs_path),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "config.h"
+#include "config_internal.h" /* hpu__repeated_keys */
 #include "fileio.h" /* hpu_read_file */
 #include "config_testlib.h"
 
@@ -688,6 +689,72 @@ static void test_flags_beat_file(void **state)
 	assert_memory_equal(&a, &b, sizeof(a));
 }
 
+/* A file with many keys, one given twice at the end: refused, naming that
+ * key once and no other (the check for repeated keys sorts them: 200,000
+ * keys take well under a second, where comparing each with all before it
+ * took minutes). */
+static void test_file_many_keys(void **state)
+{
+	(void)state;
+	enum { N = 200000 };
+	char path[] = "/tmp/hpu-cfg-many-XXXXXX", err[512] = "";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	FILE *f = fdopen(fd, "w");
+	assert_non_null(f);
+	fprintf(f, "{\"train_batch_size\": 64");
+	for (int k = 0; k < N; k++) /* far from every known key: ignored */
+		fprintf(f, ", \"k%06d\": %d", k, k);
+	fprintf(f, ", \"k%06d\": 1}", N / 2);
+	assert_int_equal(fclose(f), 0);
+	hpu_train_opts o;
+	hpu_opts_defaults(&o);
+	int rc = hpu_opts_load_file(&o, path, err, sizeof err);
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_int_equal(rc, -1);
+	char want[64];
+	snprintf(want, sizeof want, ": k%06d: given twice", N / 2);
+	assert_non_null(strstr(err, want));
+	assert_null(strstr(err, "errors")); /* one error, not "has N errors" */
+}
+
+/* The repeated-key finder: the later of two equal keys is marked, in the
+ * hputrain section '-' and '_' alike; a key given three times is marked
+ * twice. */
+static void test_repeated_keys(void **state)
+{
+	(void)state;
+	const char *keys[] = {"b", "max-steps", "a", "b", "max_steps", "c", "b", "a-b"};
+	unsigned char rep[8];
+	assert_int_equal(hpu__repeated_keys(keys, 8, 0, rep), 2);
+	const unsigned char plain[8] = {0, 0, 0, 1, 0, 0, 1, 0};
+	assert_memory_equal(rep, plain, 8);
+	assert_int_equal(hpu__repeated_keys(keys, 8, 1, rep), 3);
+	const unsigned char dashes[8] = {0, 0, 0, 1, 1, 0, 1, 0};
+	assert_memory_equal(rep, dashes, 8);
+	assert_int_equal(hpu__repeated_keys(keys, 0, 0, rep), 0);
+}
+
+/* A string holding a NUL (JSON's \u0000) would be cut short at it: a path
+ * "/tmp/a\u0000b" would write /tmp/a. Such a string, as a value or a key,
+ * is refused naming the key; "\\u0000" (a backslash, then "u0000") is
+ * not a NUL. */
+static void test_file_nul(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	LOAD_ERROR("{'hputrain': {'metrics': '/tmp/a\\u0000b'}}",
+		   "hputrain.metrics: the string holds a NUL (\\u0000) or another control character");
+	LOAD_ERROR("{'hputrain': {'checkpoint_dir': 'ck\\u0000'}}", "hputrain.checkpoint_dir",
+		   "NUL (\\u0000)");
+	LOAD_ERROR("{'optimizer': {'type': 'SGD\\u0000x'}}", "optimizer.type", "NUL (\\u0000)");
+	LOAD_ERROR("{'hputrain\\u0000x': {'metrics': 'm'}}", "hputrain?x: the key holds", "NUL (\\u0000)");
+	LOAD_ERROR("{'hputrain': {'metrics': 'a\\u0001b'}}", "hputrain.metrics", "control character");
+	load_ok("{'hputrain': {'metrics': '/tmp/a\\\\u0000b'}}", &o);
+	assert_string_equal(o.metrics, "/tmp/a\\u0000b");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -704,6 +771,9 @@ int main(void)
 	    cmocka_unit_test(test_file_syntax_and_io),
 	    cmocka_unit_test(test_file_not_regular),
 	    cmocka_unit_test(test_flags_beat_file),
+	    cmocka_unit_test(test_file_many_keys),
+	    cmocka_unit_test(test_repeated_keys),
+	    cmocka_unit_test(test_file_nul),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

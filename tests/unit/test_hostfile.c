@@ -454,6 +454,54 @@ static void test_args_model_path(void **state)
 	parse_fails(ARGV("/tmp"), "the model /tmp is not a regular file (a directory)");
 }
 
+/* With --hostfile hpud starts the workers in its own directory: every
+ * relative path of a training option reaches them absolute against this
+ * one, whichever way it was written, and so do the paths the --config
+ * file gives (as flags, which win over the file) and the file variables
+ * carried to hpud. Without --hostfile the options go as written. */
+static void test_args_option_paths(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	char cwd[4096], cfg[64] = "/tmp/hpu-test-relcfg-XXXXXX", want[96];
+	int fd = mkstemp(cfg);
+	assert_true(fd >= 0);
+	const char *json = "{\"hputrain\": {\"metrics\": \"m.jsonl\", \"checkpoint_dir\": \"/abs/ck\"}}";
+	assert_int_equal(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+	close(fd);
+	assert_non_null(getcwd(cwd, sizeof cwd));
+	assert_int_equal(chdir("/tmp"), 0);
+	write_hosts("node1 slots=2\n");
+	setenv("QUANT_CONFIG", "q.json", 1);
+	setenv("LOWER_LIST", "/etc/lower", 1);
+	char *rel = cfg + 5; /* "hpu-test-relcfg-..." in /tmp */
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--config", rel, "--profile", "--save-params=p.bin",
+			  "--resume", "auto", "--lr", "0.1", model));
+	assert_int_equal(a.worker_argc, 10);
+	snprintf(want, sizeof want, "--config=%s", cfg);
+	assert_string_equal(a.worker_argv[1], want);
+	assert_string_equal(a.worker_argv[2], "--profile=/tmp");
+	assert_string_equal(a.worker_argv[3], "--save-params=/tmp/p.bin");
+	assert_string_equal(a.worker_argv[4], "--resume");
+	assert_string_equal(a.worker_argv[5], "auto"); /* not a path */
+	assert_string_equal(a.worker_argv[6], "--lr");
+	assert_string_equal(a.worker_argv[7], "0.1");
+	assert_string_equal(a.worker_argv[8], "--metrics=/tmp/m.jsonl"); /* the file's */
+	assert_string_equal(a.worker_argv[9], model);
+	assert_string_equal(getenv("QUANT_CONFIG"), "/tmp/q.json");
+	assert_string_equal(getenv("LOWER_LIST"), "/etc/lower");
+	hpu_args_free(&a);
+	setenv("QUANT_CONFIG", "q.json", 1);
+	parse_ok(&a, ARGV("--devices", "2", "--metrics", "m.jsonl", model));
+	assert_string_equal(a.worker_argv[2], "m.jsonl");
+	assert_string_equal(getenv("QUANT_CONFIG"), "q.json");
+	hpu_args_free(&a);
+	unsetenv("QUANT_CONFIG");
+	unsetenv("LOWER_LIST");
+	assert_int_equal(chdir(cwd), 0);
+	unlink(cfg);
+}
+
 static void test_args_status(void **state)
 {
 	(void)state;
@@ -548,6 +596,7 @@ int main(void)
 		cmocka_unit_test_setup(test_args_hostfile, setup),
 		cmocka_unit_test_setup(test_args_hostfile_errors, setup),
 		cmocka_unit_test_setup(test_args_model_path, setup),
+		cmocka_unit_test_setup(test_args_option_paths, setup),
 		cmocka_unit_test_setup(test_args_status, setup),
 		cmocka_unit_test_setup(test_args_defaults, setup),
 	};

@@ -220,9 +220,16 @@ int hpu__choice(const struct hpu__opt *p, const char *v, int nocase)
 }
 
 #define OFF(f) offsetof(hpu_train_opts, f)
-#define NUM(n, k, f, lo, hi, h) {n, k, OFF(f), lo, hi, NULL, 0, h, NULL}
-#define OTHER(n, k, f, h) {n, k, OFF(f), 0, 0, NULL, 0, h, NULL}
-#define CHOICE(n, f, a, h) {n, K_CHOICE, OFF(f), 0, 0, a, COUNT(a), h, NULL}
+#define NUM(n, k, f, lo, hi, h) {n, k, OFF(f), lo, hi, NULL, 0, h, NULL, 0}
+#define OTHER(n, k, f, h) {n, k, OFF(f), 0, 0, NULL, 0, h, NULL, 0}
+#define CHOICE(n, f, a, h) {n, K_CHOICE, OFF(f), 0, 0, a, COUNT(a), h, NULL, 0}
+/* The same with HPU__OPT_* flags (how): a path, or an option the ranks
+ * may hold different values of. */
+#define NUM_(n, k, f, lo, hi, how, h) {n, k, OFF(f), lo, hi, NULL, 0, h, NULL, how}
+#define OTHER_(n, k, f, how, h) {n, k, OFF(f), 0, 0, NULL, 0, h, NULL, how}
+#define PATH HPU__OPT_PATH
+#define LOCAL HPU__OPT_LOCAL
+#define GIVEN HPU__OPT_GIVEN
 
 static const struct hpu__opt opts[] = {
 	NUM("epochs", K_INT, epochs, 1, 1e6, "passes over the training set (1)"),
@@ -259,25 +266,25 @@ static const struct hpu__opt opts[] = {
 	NUM("max-live-parameters", K_LONG, max_live_params, 0, 1e15, "zero3: gathered elements alive at once; 0: none ahead of use (1000000000)"),
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
-	OTHER("device-memory", K_SIZE, device_memory, "memory per device, e.g. 2GiB (node memory / local devices)"),
+	OTHER_("device-memory", K_SIZE, device_memory, LOCAL, "memory per device, e.g. 2GiB (node memory / local devices)"),
 	CHOICE("offload-optimizer", offload_optimizer, offload_names, "zero1-3: optimizer state, fp32 master weights and gradient shard in none | cpu (host memory) | nvme (--nvme-path) (none)"),
 	CHOICE("offload-param", offload_param, offload_names, "zero3: the parameter shard in none | cpu | nvme (none)"),
-	OTHER("nvme-path", K_STR, nvme_path, "directory for the nvme tier's swap files (a disk filesystem with O_DIRECT)"),
-	OTHER("param-nvme-path", K_STR, param_nvme_path, "the same for --offload-param nvme (--nvme-path)"),
-	OTHER("host-memory", K_SIZE, host_memory, "bound on the offloaded host tier per worker, e.g. 8GiB (none)"),
+	OTHER_("nvme-path", K_STR, nvme_path, PATH | LOCAL, "directory for the nvme tier's swap files (a disk filesystem with O_DIRECT)"),
+	OTHER_("param-nvme-path", K_STR, param_nvme_path, PATH | LOCAL, "the same for --offload-param nvme (--nvme-path)"),
+	OTHER_("host-memory", K_SIZE, host_memory, LOCAL, "bound on the offloaded host tier per worker, e.g. 8GiB (none)"),
 	NUM("offload-buffer-count", K_INT, offload_buffer_count, 1, 64, "nvme: optimizer sub-group buffers; 1 reads, updates and writes one sub-group at a time, more overlap them (4) [offload_optimizer.buffer_count]"),
 	NUM("sub-group-size", K_LONG, sub_group_size, 0, 1e15, "nvme: optimizer elements swapped and updated together, at most; 0: a layer each, as DeepSpeed's one tensor each (1e9) [zero_optimization.sub_group_size]"),
 	NUM("param-buffer-count", K_INT, param_buffer_count, 2, 64, "nvme: buffers for the parameter shard's pieces in memory at once (5) [offload_param.buffer_count]"),
 	NUM("param-buffer-size", K_LONG, param_buffer_size, 1, 1e15, "nvme: a layer's piece of the shard may have at most this many elements (1e8) [offload_param.buffer_size]"),
 	NUM("max-in-cpu", K_LONG, max_in_cpu, 0, 1e15, "accepted, no effect: every non-persistent piece goes to the file (1e9) [offload_param.max_in_cpu]"),
-	OTHER("aio-block-size", K_SIZE, aio_block_size, "nvme: bytes per I/O request (1MiB) [aio.block_size]"),
-	NUM("aio-queue-depth", K_INT, aio_queue_depth, 1, 4096, "nvme: I/O requests in flight (8) [aio.queue_depth]"),
-	NUM("aio-thread-count", K_INT, aio_thread_count, 1, 1024, "nvme: accepted; io_uring needs no I/O threads (1) [aio.thread_count]"),
-	OTHER("aio-single-submit", K_FLAG, aio_single_submit, "nvme: submit I/O requests one at a time [aio.single_submit]"),
-	OTHER("no-aio-overlap-events", K_NOFLAG, aio_overlap_events, "nvme: reap I/O completions only after submitting all [aio.overlap_events]"),
+	OTHER_("aio-block-size", K_SIZE, aio_block_size, LOCAL, "nvme: bytes per I/O request (1MiB) [aio.block_size]"),
+	NUM_("aio-queue-depth", K_INT, aio_queue_depth, 1, 4096, LOCAL, "nvme: I/O requests in flight (8) [aio.queue_depth]"),
+	NUM_("aio-thread-count", K_INT, aio_thread_count, 1, 1024, LOCAL, "nvme: accepted; io_uring needs no I/O threads (1) [aio.thread_count]"),
+	OTHER_("aio-single-submit", K_FLAG, aio_single_submit, LOCAL, "nvme: submit I/O requests one at a time [aio.single_submit]"),
+	OTHER_("no-aio-overlap-events", K_NOFLAG, aio_overlap_events, LOCAL, "nvme: reap I/O completions only after submitting all [aio.overlap_events]"),
 	NUM("log-every", K_INT, log_every, 0, 1e9, "log loss and samples/s every N steps (50; 0: never)"),
-	OTHER("verbose", K_FLAG, verbose, "print the autocast policy (rank 0) and each worker's kernels (ISA)"),
-	NUM("kernel-threads", K_INT, kernel_threads, 1, 4096, "kernel threads per worker (1: a worker is one device)"),
+	OTHER_("verbose", K_FLAG, verbose, LOCAL, "print the autocast policy (rank 0) and each worker's kernels (ISA)"),
+	NUM_("kernel-threads", K_INT, kernel_threads, 1, 4096, LOCAL, "kernel threads per worker (1: a worker is one device)"),
 	CHOICE("precision", precision, precision_names, "fp32 | bf16-mixed | 16-mixed | fp8, or Lightning's 32, 32-true, bf16, 16 (fp32)"),
 	NUM("loss-scale", K_DOUBLE, loss_scale, 0, 1e30, "16-mixed: a static loss scale (0: dynamic)"),
 	NUM("initial-scale-power", K_INT, initial_scale_power, 0, 60, "16-mixed: dynamic scale starts at 2^N (16)"),
@@ -288,23 +295,23 @@ static const struct hpu__opt opts[] = {
 	NUM("fp8-margin", K_INT, fp8_margin, 0, 64, "fp8: scales divided by 2^N (0)"),
 	CHOICE("fp8-amax-compute-algo", fp8_amax_algo, fp8_algo_names, "fp8: max | most_recent over the history (max)"),
 	NUM("inject-overflow-step", K_LONG, inject_overflow_step, 0, 1e15, "testing: make step N's gradients overflow (16-mixed)"),
-	OTHER("metrics", K_STR, metrics, "write JSON lines of metrics to FILE (rank 0)"),
-	OTHER("save-params", K_STR, save_params, "save the trained fp32 parameters to FILE (rank 0)"),
-	OTHER("load-params", K_STR, load_params, "start from the fp32 parameters in FILE (a --save-params file)"),
+	OTHER_("metrics", K_STR, metrics, PATH | LOCAL, "write JSON lines of metrics to FILE (rank 0)"),
+	OTHER_("save-params", K_STR, save_params, PATH | GIVEN, "save the trained fp32 parameters to FILE (rank 0)"),
+	OTHER_("load-params", K_STR, load_params, PATH | GIVEN, "start from the fp32 parameters in FILE (a --save-params file)"),
 	OTHER("eval-only", K_FLAG, eval_only, "no training: evaluate on the test split (fp8 inference: QUANT_CONFIG)"),
 	NUM("calibration-batches", K_INT, calib_batches, 1, 1e9, "QUANT_CONFIG MEASURE: training batches per rank measured (16)"),
-	OTHER("checkpoint-dir", K_STR, checkpoint_dir, "save checkpoints under DIR (each rank its shard)"),
+	OTHER_("checkpoint-dir", K_STR, checkpoint_dir, PATH | GIVEN, "save checkpoints under DIR (each rank its shard)"),
 	NUM("checkpoint-every", K_LONG, checkpoint_every, 0, 1e15, "checkpoint every N steps, and at the end (0: only at the end)"),
 	NUM("keep", K_INT, keep, 0, 1e6, "keep the newest N checkpoints (0: all)"),
-	OTHER("resume", K_STR, resume, "resume from DIR (a checkpoint or a --checkpoint-dir), or auto: the newest intact one"),
+	OTHER_("resume", K_STR, resume, PATH | GIVEN | HPU__OPT_AUTO, "resume from DIR (a checkpoint or a --checkpoint-dir), or auto: the newest intact one"),
 	NUM("stop-at-step", K_LONG, stop_at_step, 1, 1e15, "checkpoint and stop after step N, schedule unchanged (to resume later)"),
 	NUM("max-skipped-steps", K_INT, max_skipped_steps, 1, 1e9, "stop after N steps in a row skipped for a non-finite loss or gradients (5)"),
-	OTHER("config", K_CONFIG, config, "DeepSpeed-style JSON config; flags win over it"),
+	OTHER_("config", K_CONFIG, config, PATH | LOCAL, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
-	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", "."},
-	OTHER("profile-filename", K_STR, profile_name, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
-	NUM("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, "leave the first N steps out of samples/s (1)"),
-	NUM("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, "warn when a collective waits X seconds, naming the ranks not arrived (30; 0: never)"),
+	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
+	OTHER_("profile-filename", K_STR, profile_name, LOCAL, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
+	NUM_("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, LOCAL, "leave the first N steps out of samples/s (1)"),
+	NUM_("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, LOCAL, "warn when a collective waits X seconds, naming the ranks not arrived (30; 0: never)"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 _Static_assert(NOPTS <= HPU_OPTS_MAX, "from[] is too small for the table");

@@ -244,6 +244,40 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 				  size_t errlen);
 
+/* The options every rank of a job must share, as text in buf: a line
+ * "name=value" each, in the table's order, of the resolved values (the
+ * batch sizes filled in). Left out are what may differ between nodes or
+ * ranks: --config (its values are in the text), --metrics (rank 0's),
+ * a node's own files, memory, cores and I/O tuning (--nvme-path,
+ * --device-memory, --host-memory, --kernel-threads, the aio options) and
+ * what only prints (--verbose, --stall-warning, --profile-filename,
+ * --throughput-warmup-steps). Of --checkpoint-dir, --resume, --load-params,
+ * --save-params and --profile, which every rank acts on, only whether one
+ * is given (and --resume auto): a node may keep its copy at another path.
+ * Returns the length, or -1 if the text does not fit in len. */
+int hpu_opts_shared_text(const hpu_train_opts *o, char *buf, size_t len);
+
+/* The options whose lines differ between two hpu_opts_shared_text texts,
+ * as "--lr (0.5 vs 0.001), --seed (1 vs 42)" in out (mine's value first;
+ * "none" for an option one text lacks). Returns how many differ. */
+int hpu_opts_shared_diff(const char *mine, const char *ref, char *out, size_t len);
+
+/* Whether training option `name` (without dashes) names a file or a
+ * directory: --config, --metrics, --checkpoint-dir, --resume, ... */
+int hpu_opts_is_path(const char *name);
+
+/* Option `name`'s value made absolute against directory cwd, in *out
+ * (malloc'd): value NULL is --profile's default ("."). Returns 1 with
+ * *out set; 0 (*out NULL) when there is nothing to do (not a path option,
+ * an empty or absolute value, --resume auto); -1 out of memory; -2 when
+ * the result is longer than an option's value may be (511 bytes). */
+int hpu_opts_abs_path(const char *name, const char *value, const char *cwd, char **out);
+
+/* The k-th (from 0) path option whose value came from the --config file
+ * (paths there are relative to the directory the command runs in, as a
+ * flag's): returns its name, its value in *value; NULL past the last. */
+const char *hpu_opts_file_path(const hpu_train_opts *o, int k, const char **value);
+
 /* The weight decay in force (resolving the optimizer's default). */
 double hpu_opts_weight_decay(const hpu_train_opts *o);
 

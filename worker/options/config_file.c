@@ -161,10 +161,23 @@ static int want_bool(struct fctx *c, const char *path, const cJSON *it,
 	return 0;
 }
 
+/* Whether s holds a control character. A NUL (JSON's \u0000) would cut
+ * the string short, so hpu_opts_load_file turns each one into another
+ * control character before parsing (mark_nuls), and this finds it. */
+static int has_control(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return 1;
+	return 0;
+}
+
 static int want_string(struct fctx *c, const char *path, const cJSON *it)
 {
 	if (!cJSON_IsString(it))
 		return wrong_type(c, path, it, "a string");
+	if (has_control(it->valuestring))
+		return ferr(c, path, "the string holds a NUL (\\u0000) or another control character");
 	return 0;
 }
 
@@ -271,6 +284,74 @@ static const struct fkey *lookup(const struct fkey *keys, size_t n,
 	return NULL;
 }
 
+/* One key for the sort of hpu__repeated_keys. */
+struct keyref {
+	const char *key;
+	size_t at; /* its place in the object */
+	int dashes;
+};
+
+/* Orders keys as key_is compares them ('-' as '_' with dashes), equal
+ * ones by their place. */
+static int keyref_cmp(const void *x, const void *y)
+{
+	const struct keyref *a = x, *b = y;
+	const unsigned char *p = (const unsigned char *)a->key, *q = (const unsigned char *)b->key;
+	for (;; p++, q++) {
+		int u = *p == '-' && a->dashes ? '_' : *p, v = *q == '-' && a->dashes ? '_' : *q;
+		if (u != v)
+			return u < v ? -1 : 1;
+		if (!u)
+			break;
+	}
+	return a->at < b->at ? -1 : a->at > b->at;
+}
+
+int hpu__repeated_keys(const char *const *keys, size_t n, int dashes,
+		       unsigned char *repeated)
+{
+	struct keyref *r = malloc((n ? n : 1) * sizeof *r);
+	if (!r)
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		r[i] = (struct keyref){keys[i], i, dashes};
+	qsort(r, n, sizeof *r, keyref_cmp);
+	memset(repeated, 0, n);
+	int count = 0;
+	for (size_t i = 1; i < n; i++) {
+		struct keyref a = r[i - 1], b = r[i];
+		a.at = b.at = 0; /* the keys alone */
+		if (keyref_cmp(&a, &b) == 0) {
+			repeated[r[i].at] = 1;
+			count++;
+		}
+	}
+	free(r);
+	return count;
+}
+
+/* Which members of obj repeat an earlier one's key: a malloc'd array of
+ * one flag per member (at least one byte), or NULL. */
+static unsigned char *repeats(const cJSON *obj, int dashes)
+{
+	size_t n = 0;
+	for (const cJSON *it = obj->child; it; it = it->next)
+		n++;
+	const char **keys = malloc((n ? n : 1) * sizeof *keys);
+	unsigned char *twice = malloc(n ? n : 1);
+	if (keys && twice) {
+		n = 0;
+		for (const cJSON *it = obj->child; it; it = it->next)
+			keys[n++] = it->string;
+	}
+	if (!keys || !twice || hpu__repeated_keys(keys, n, dashes, twice) < 0) {
+		free(twice);
+		twice = NULL;
+	}
+	free(keys);
+	return twice;
+}
+
 /* The table key closest to k (edit distance under 3), or NULL. */
 static const char *closest(const char *k, const struct fkey *keys, size_t n)
 {
@@ -348,14 +429,18 @@ static int walk(struct fctx *c, const cJSON *obj, const char *prefix,
 	int dashes = mode & W_DASHES, nerr = c->nerr;
 	if (!cJSON_IsObject(obj))
 		return wrong_type(c, prefix, obj, "an object");
-	for (const cJSON *it = obj->child; it; it = it->next) {
+	unsigned char *twice = repeats(obj, dashes);
+	if (!twice)
+		return add_error(c, "out of memory reading %s", c->file);
+	size_t at = 0;
+	for (const cJSON *it = obj->child; it; it = it->next, at++) {
 		snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "",
 			 it->string);
-		const cJSON *p = obj->child;
-		while (p != it && !key_is(p->string, it->string, dashes) &&
-		       !key_is(it->string, p->string, dashes))
-			p = p->next;
-		if (p != it) {
+		if (has_control(it->string)) {
+			ferr(c, path, "the key holds a NUL (\\u0000) or another control character");
+			continue;
+		}
+		if (twice[at]) {
 			ferr(c, path, "given twice");
 			continue;
 		}
@@ -368,6 +453,7 @@ static int walk(struct fctx *c, const cJSON *obj, const char *prefix,
 		else if (k->only && !(k->only & type))
 			ferr(c, path, "%s takes no '%s'", type_name, it->string);
 	}
+	free(twice);
 	for (size_t i = 0; i < n; i++) {
 		const struct fkey *k = &keys[i];
 		const cJSON *it = obj->child;
@@ -1003,6 +1089,23 @@ static void report(const struct fctx *c, char *err, size_t errlen)
 		snprintf(err, errlen, "%s has %d errors:\n  %s", c->file, c->nerr, c->msgs);
 }
 
+/* Turns every \u0000 escape of the JSON text buf into \u0001, of the
+ * same length: cJSON would make it a NUL that ends the string there (a
+ * path "/tmp/a\u0000b" would name /tmp/a); a control character stays in
+ * the string, where has_control finds it and the key is named. An escape
+ * is one when an odd number of backslashes leads up to its "u": "\\u0000"
+ * is a backslash and "u0000". */
+static void mark_nuls(char *buf)
+{
+	for (char *p = buf; (p = strstr(p, "\\u0000")); p += 6) {
+		size_t at = (size_t)(p - buf), slashes = 1;
+		while (slashes <= at && buf[at - slashes] == '\\')
+			slashes++;
+		if (slashes % 2)
+			p[5] = '1';
+	}
+}
+
 int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
 		       size_t errlen)
 {
@@ -1026,6 +1129,7 @@ int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
 	const char *end = NULL;
 	/* The position from ParseWithOpts is cJSON_GetErrorPtr()'s, without
 	 * the global. */
+	mark_nuls(buf);
 	root = cJSON_ParseWithOpts(buf, &end, 1);
 	if (!root) {
 		syntax_error(path, buf, len, end, err, errlen);

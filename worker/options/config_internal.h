@@ -1,6 +1,6 @@
 /* config_internal: what config.c (the option table, flags) and
- * config_file.c (the JSON config file) share. Not installed; nothing else
- * includes it.
+ * config_file.c (the JSON config file) share. Not installed; only their
+ * unit tests include it besides.
  *
  * Every option lives in one table in config.c. The config file sets
  * options through the same entries, so a value is checked the same way
@@ -38,6 +38,24 @@ struct hpu__opt {
 	int nnames;
 	const char *help;
 	const char *dflt; /* K_OPTSTR: the value when none is given */
+	unsigned how;     /* HPU__OPT_* flags */
+};
+
+/* What struct hpu__opt.how says of an option beyond its kind. */
+enum {
+	/* Its value names a file or directory: relative to the directory
+	 * hpulaunch runs in, which --hostfile makes absolute before hpud
+	 * (in another directory) starts the workers. */
+	HPU__OPT_PATH = 1 << 0,
+	/* "auto" is a value of this path option, not a file name (--resume). */
+	HPU__OPT_AUTO = 1 << 1,
+	/* It may differ from rank to rank (a node's own files, memory, cores
+	 * and I/O tuning, or what only prints): the ranks do not compare it
+	 * (hpu_opts_shared_text). */
+	HPU__OPT_LOCAL = 1 << 2,
+	/* A file every rank uses, which a node may keep at a path of its
+	 * own: the ranks compare only whether it is given. */
+	HPU__OPT_GIVEN = 1 << 3,
 };
 
 /* The table entry for option `name` (without dashes), or NULL. */
@@ -70,6 +88,13 @@ const char *hpu__opt_text(const hpu_train_opts *o, const struct hpu__opt *p, cha
 /* The value of choice option p that v names (one of p->names, or another
  * spelling of one, case-insensitively if nocase), or -1. */
 int hpu__choice(const struct hpu__opt *p, const char *v, int nocase);
+
+/* Marks in repeated[i] (n bytes) whether keys[i] repeats one of
+ * keys[0..i), compared as a config file's keys are (with dashes, '-' and
+ * '_' alike); sorts, so n log n. Returns how many are marked, or -1 (out of
+ * memory). */
+int hpu__repeated_keys(const char *const *keys, size_t n, int dashes,
+		       unsigned char *repeated);
 
 /* The index of v in names[0..n-1] (case-insensitively if nocase), or -1. */
 int hpu__pick(const char *v, const char *const *names, int n, int nocase);

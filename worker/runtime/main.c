@@ -20,6 +20,7 @@
 #include "fp8.h"
 #include "model.h"
 #include "num.h"
+#include "same_opts.h"
 #include "status.h"
 #include "train.h"
 
@@ -145,7 +146,8 @@ int main(int argc, char **argv)
 	kernels_setup(&o, rank);
 	if (hpu__model_load(&b, path, rank, world, o.micro_batch, err, sizeof err) < 0)
 		goto out;
-	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK)
+	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK ||
+	    hpu_same_opts_check(comm, &o, err, sizeof err) < 0)
 		goto out;
 	if (hpu__model_setup(b, margc, margv, err, sizeof err) < 0)
 		goto out;
