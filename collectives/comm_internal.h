@@ -286,7 +286,8 @@ struct hpucoll_comm {
 	int got_abort;      /* it failed because another rank gave up */
 	/* The rank the error blames (hpucoll_comm_culprit): -1 none. */
 	int culprit;
-	int culprit_code;   /* HPUCOLL_EPEER: died; HPUCOLL_ETIMEDOUT: silent */
+	int culprit_code;   /* HPUCOLL_EPEER: died; HPUCOLL_ETIMEDOUT: silent;
+			     * HPUCOLL_EABORTED: its own collective failed */
 };
 
 /* ---- comm.c ---- */

@@ -461,9 +461,12 @@ static int took_abort(hpucoll_comm *c, const struct hpucoll__msg *m)
 		code = HPUCOLL_EABORTED;
 	hpucoll__set_error(c, "%s: rank %" PRIu32 " gave up: %s", c->what,
 			   m->hdr.src, why);
-	/* off: the culprit its error blames, + 1 (0: none) */
+	/* off: the culprit its error blames, + 1; 0: none, so the sender
+	 * itself failed first */
 	if (m->hdr.off > 0 && m->hdr.off <= (uint64_t)c->size)
 		hpucoll__blame(c, (int)m->hdr.off - 1, code);
+	else
+		hpucoll__blame(c, (int)m->hdr.src, HPUCOLL_EABORTED);
 	c->got_abort = 1;
 	return code;
 }

@@ -320,10 +320,13 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 			if (w->signal)
 				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) was killed by signal %d\n",
 					w->rank, w->node_rank, w->pid, w->signal);
-			else if (w->left_early)
-				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code 0 before the job ended (at step %lld of %lld)\n",
-					w->rank, w->node_rank, w->pid, (long long)w->step,
-					(long long)w->total);
+			else if (w->left_early) {
+				char pos[128];
+				hpu_describe_position((long)w->step, (long)w->total, (int)w->phase, pos,
+						      sizeof pos);
+				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)\n",
+					w->rank, w->node_rank, w->pid, pos);
+			}
 			else
 				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code %d\n",
 					w->rank, w->node_rank, w->pid, w->exit_code);

@@ -2,7 +2,7 @@
  *
  *   S1 step total epoch epochs loss samples_per_sec eta_s in_use max limit phase\n
  *
- * and, before a worker fails because of another rank, "B1 rank died|silent\n".
+ * and, before a worker fails because of another rank, "B1 rank silent|died|failed\n".
  *
  * A line is far below PIPE_BUF, so it is written whole or not at all. */
 #include "status.h"
@@ -155,10 +155,12 @@ void hpu_status_hello(void)
 		status_fd = -1;
 }
 
-void hpu_status_blame(int rank, int died)
+static const char *const blame_words[] = {"silent", "died", "failed"};
+
+void hpu_status_blame(int rank, hpu_blame how)
 {
 	char line[64];
-	int f = fd(), n = snprintf(line, sizeof line, "B1 %d %s\n", rank, died ? "died" : "silent");
+	int f = fd(), n = snprintf(line, sizeof line, "B1 %d %s\n", rank, blame_words[how]);
 	if (f < 0 || rank < 0)
 		return;
 	for (int tries = 0; tries < 20; tries++) { /* it must get there: wait for room */
@@ -244,23 +246,25 @@ int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st)
 	return 0;
 }
 
-int hpu_status_parse_blame(const char *line, size_t len, int *rank, int *died)
+int hpu_status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how)
 {
 	const char *p = line, *end = line + len;
-	char how[8];
+	char word[8];
 	long r;
+	int k = 0;
 	if (len < 3 || memcmp(line, "B1 ", 3) != 0)
 		return -1;
 	p += 3;
-	if (parse_long(&p, end, 0, INT_MAX, &r) || token(&p, end, how, sizeof how) < 0 ||
-	    (strcmp(how, "died") && strcmp(how, "silent")))
+	if (parse_long(&p, end, 0, INT_MAX, &r) || token(&p, end, word, sizeof word) < 0)
 		return -1;
+	while (k < 3 && strcmp(word, blame_words[k]))
+		k++;
 	while (p < end && *p == ' ')
 		p++;
-	if (p != end)
+	if (k == 3 || p != end)
 		return -1;
 	*rank = (int)r;
-	*died = !strcmp(how, "died");
+	*how = (hpu_blame)k;
 	return 0;
 }
 

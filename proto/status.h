@@ -42,15 +42,20 @@ void hpu_status_report(const hpu_status_rec *r, int force);
  * failure (a model that called exit()), not success. */
 void hpu_status_hello(void);
 
+/* How another rank caused this worker's failure: it stopped answering,
+ * it died, or its own collective failed first (its ABORT named no one
+ * else). */
+typedef enum hpu_blame { HPU_BLAME_SILENT = 0, HPU_BLAME_DIED, HPU_BLAME_FAILED } hpu_blame;
+
 /* Tells the agent, before the worker exits with an error, that another
- * rank caused it: `rank` died (died 1), or stopped answering (died 0) --
- * as the collectives found (hpucoll_comm_culprit). One line "B1 RANK
- * died|silent"; the agent blames that rank rather than this one. */
-void hpu_status_blame(int rank, int died);
+ * rank caused it, as the collectives found (hpucoll_comm_culprit). One
+ * line "B1 RANK silent|died|failed"; the agent blames that rank rather
+ * than this one. */
+void hpu_status_blame(int rank, hpu_blame how);
 
 /* The agent's side: parses a blame line (hpu_status_blame). Returns 0, or
  * -1 when the line is not one. */
-int hpu_status_parse_blame(const char *line, size_t len, int *rank, int *died);
+int hpu_status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how);
 
 /* The agent's side: parses one record line (without its newline).
  * Returns 0, or -1 when it is not a well-formed record (st is then

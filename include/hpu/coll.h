@@ -161,7 +161,8 @@ HPU_API const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
  * HPUCOLL_EPEER) or stopped answering (HPUCOLL_ETIMEDOUT: the ranks that
  * did not arrive at the collective, found by a probe before the timeout,
  * rather than the one waited for). An error another rank relayed (its
- * collective failed first) carries that rank's culprit. code may be
+ * collective failed first) carries that rank's culprit, or names that
+ * rank itself (HPUCOLL_EABORTED) when it blamed no one. code may be
  * NULL. */
 HPU_API int hpucoll_comm_culprit(const hpucoll_comm *comm, int *code);
 

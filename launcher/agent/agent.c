@@ -65,7 +65,8 @@ typedef struct worker {
 	int hello;               /* it said "H1": it speaks the protocol */
 	hpu_status_rec last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
-	int culprit, culprit_died; /* its blame line (hpu_status_blame): -1 none */
+	int culprit;             /* its blame line (hpu_status_blame): -1 none */
+	hpu_blame culprit_how;
 	int log_fd;
 	char prefix[32];
 	size_t prefix_len;
@@ -142,12 +143,16 @@ void hpu_describe_status(int status, char *out, size_t outlen)
 		snprintf(out, outlen, "ended with status 0x%x", status);
 }
 
-void hpu_describe_blame(int culprit, int died, const char *who, const char *where,
+void hpu_describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
 			int reporter, char *out, size_t outlen)
 {
-	if (died)
+	if (how == HPU_BLAME_DIED)
 		snprintf(out, outlen, "rank %d%s died%s%s; rank %d found it gone", culprit, who,
 			 *where ? " " : "", where, reporter);
+	else if (how == HPU_BLAME_FAILED)
+		snprintf(out, outlen, "rank %d%s failed first%s%s (its own error says why); rank %d "
+				      "stopped because of it",
+			 culprit, who, *where ? " " : "", where, reporter);
 	else
 		snprintf(out, outlen, "rank %d%s stopped answering%s%s; rank %d gave up waiting for it",
 			 culprit, who, *where ? " " : "", where, reporter);
@@ -277,11 +282,12 @@ static void status_line(status_pipe *sp, const char *line, size_t n)
 		w->hello = 1;
 		return;
 	}
-	int culprit, died;
-	if (hpu_status_parse_blame(line, n, &culprit, &died) == 0) {
-		if (w->culprit < 0 && culprit < (a->cfg.world > 0 ? a->cfg.world : INT_MAX)) {
+	int culprit, world = a->cfg.world > 0 ? a->cfg.world : a->cfg.nodes * a->cfg.devices;
+	hpu_blame how;
+	if (hpu_status_parse_blame(line, n, &culprit, &how) == 0) {
+		if (w->culprit < 0 && culprit < world) {
 			w->culprit = culprit;
-			w->culprit_died = died;
+			w->culprit_how = how;
 		}
 		return;
 	}
@@ -353,12 +359,12 @@ int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *a
 	return 0;
 }
 
-int hpu_agent_culprit(const hpu_agent *a, int rank, int *died)
+int hpu_agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
 {
 	int local = rank - a->cfg.rank_base;
 	if (local < 0 || local >= a->cfg.devices || a->w[local].culprit < 0)
 		return -1;
-	*died = a->w[local].culprit_died;
+	*how = a->w[local].culprit_how;
 	return a->w[local].culprit;
 }
 

@@ -122,9 +122,8 @@ int hpu_agent_rank(const hpu_agent *a, int local);
 int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s);
 
 /* The rank that rank `rank` (one of this node's) blamed for its failure
- * (hpu_status_blame), *died whether it died (else it stopped answering);
- * -1 when it blamed none. */
-int hpu_agent_culprit(const hpu_agent *a, int rank, int *died);
+ * (hpu_status_blame) and *how; -1 when it blamed none. */
+int hpu_agent_culprit(const hpu_agent *a, int rank, hpu_blame *how);
 
 /* Status lines ignored because they were malformed (or over-long). */
 long hpu_agent_status_bad(const hpu_agent *a);
@@ -153,9 +152,10 @@ void hpu_describe_position(long step, long total, int phase, char *out, size_t o
 /* The failure of rank `reporter` because of rank `culprit`, as
  * hpu_status_blame said: "rank 3 (node 1, pid 7) died; rank 0 found it
  * gone", "rank 1 (node 0, pid 7) stopped answering during setup, before
- * step 1 of 20; rank 0 gave up waiting for it". who: " (node 1, pid 7)"
+ * step 1 of 20; rank 0 gave up waiting for it", "rank 2 (...) failed first
+ * (its own error says why); rank 0 stopped because of it". who: " (node 1, pid 7)"
  * or ""; where: a position (hpu_describe_position) or "". */
-void hpu_describe_blame(int culprit, int died, const char *who, const char *where,
+void hpu_describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
 			int reporter, char *out, size_t outlen);
 
 #endif

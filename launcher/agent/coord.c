@@ -292,7 +292,7 @@ void hpu_coord_node_done(hpu_coord *c, int node_rank)
 	check_finished(c);
 }
 
-void hpu_coord_blame(const hpu_coord *c, int culprit, int died, int reporter, char *out,
+void hpu_coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
 		     size_t outlen)
 {
 	char who[200] = "", where[128] = "";
@@ -301,9 +301,9 @@ void hpu_coord_blame(const hpu_coord *c, int culprit, int died, int reporter, ch
 		snprintf(who, sizeof who, " (node %u, pid %u%s%s)", s->node, s->pid,
 			 s->host[0] ? ", host " : "", s->host);
 	}
-	if (!died && c->cfg.where)
+	if (how == HPU_BLAME_SILENT && c->cfg.where)
 		c->cfg.where(culprit, where, sizeof where, c->cfg.arg);
-	hpu_describe_blame(culprit, died, who, where, reporter, out, outlen);
+	hpu_describe_blame(culprit, how, who, where, reporter, out, outlen);
 }
 
 static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
@@ -316,8 +316,10 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 		char pos[128];
 		hpu_describe_position(w->step, w->total, (int)w->phase, pos, sizeof pos);
 		if (w->culprit > 0 && !w->signal && !w->left_early)
-			hpu_coord_blame(c, (int)w->culprit - 1, w->culprit_died, (int)w->rank, reason,
-					sizeof reason);
+			hpu_coord_blame(c, (int)w->culprit - 1,
+					w->culprit_how <= HPU_BLAME_FAILED ? (hpu_blame)w->culprit_how
+									   : HPU_BLAME_FAILED,
+					(int)w->rank, reason, sizeof reason);
 		else if (w->signal)
 			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) was killed by signal %d (%s)",
 				 w->rank, w->node_rank, w->pid, w->signal, strsignal(w->signal));

@@ -13,6 +13,8 @@
 #include <ev.h>
 #include <stddef.h>
 
+#include "status.h"
+
 typedef struct hpu_coord hpu_coord;
 
 typedef struct hpu_coord_cfg {
@@ -52,10 +54,10 @@ int hpu_coord_port(const hpu_coord *c);
 void hpu_coord_abort(hpu_coord *c, const char *reason);
 
 /* The cause of a failure that rank `reporter` put on rank `culprit` (it
- * died, or stopped answering: hpu_status_blame), named with the culprit's
+ * died, stopped answering, failed first: hpu_status_blame), named with the culprit's
  * node, pid and host from the rank table, into out
  * (hpu_describe_blame). */
-void hpu_coord_blame(const hpu_coord *c, int culprit, int died, int reporter, char *out,
+void hpu_coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
 		     size_t outlen);
 
 /* Node `node_rank`'s workers all finished successfully. */

@@ -121,17 +121,17 @@ static void coord_where(int rank, char *out, size_t outlen, void *arg)
 
 /* The cause when rank `reporter` failed because of rank `culprit`: node
  * 0 names it from the rank table, the others by its rank and position. */
-static void blame(hpu_nodejob *j, int culprit, int died, int reporter, char *out,
+static void blame(hpu_nodejob *j, int culprit, hpu_blame how, int reporter, char *out,
 		  size_t outlen)
 {
 	char where[128] = "";
 	if (j->coord) {
-		hpu_coord_blame(j->coord, culprit, died, reporter, out, outlen);
+		hpu_coord_blame(j->coord, culprit, how, reporter, out, outlen);
 		return;
 	}
-	if (!died)
+	if (how == HPU_BLAME_SILENT)
 		rank_where(j, culprit, where, sizeof where);
-	hpu_describe_blame(culprit, died, "", where, reporter, out, outlen);
+	hpu_describe_blame(culprit, how, "", where, reporter, out, outlen);
 }
 
 static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)
@@ -156,10 +156,11 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	}
 	/* a worker that failed because of another rank: that rank is the
 	 * cause, not the one that exited first */
-	int died = 0, culprit = status != HPU_AGENT_LEFT_EARLY && WIFEXITED(status)
-				    ? hpu_agent_culprit(a, rank, &died) : -1;
+	hpu_blame bhow = HPU_BLAME_SILENT;
+	int culprit = status != HPU_AGENT_LEFT_EARLY && WIFEXITED(status)
+			      ? hpu_agent_culprit(a, rank, &bhow) : -1;
 	if (culprit >= 0)
-		blame(j, culprit, died, rank, cause, sizeof cause);
+		blame(j, culprit, bhow, rank, cause, sizeof cause);
 	else
 		snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s", rank,
 			 j->cfg.node_rank, (int)pid, how);
@@ -174,7 +175,7 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	we.total = have ? st.total : 0;
 	we.phase = have ? (uint32_t)st.phase : HPU_PHASE_SETUP;
 	we.culprit = (uint32_t)(culprit + 1);
-	we.culprit_died = died;
+	we.culprit_how = (uint32_t)bhow;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;

@@ -164,15 +164,18 @@ static void test_parse_and_format(void **state)
 	assert_int_equal(hpu_status_parse(setup, strlen(setup), &st), 0);
 	assert_int_equal(st.phase, HPU_PHASE_SETUP);
 	/* a blame line: which rank this worker's failure is due to */
-	int culprit = -1, died = -1;
-	assert_int_equal(hpu_status_parse_blame("B1 3 died", 9, &culprit, &died), 0);
-	assert_true(culprit == 3 && died == 1);
-	assert_int_equal(hpu_status_parse_blame("B1 12 silent", 12, &culprit, &died), 0);
-	assert_true(culprit == 12 && died == 0);
+	int culprit = -1;
+	hpu_blame how = HPU_BLAME_FAILED;
+	assert_int_equal(hpu_status_parse_blame("B1 3 died", 9, &culprit, &how), 0);
+	assert_true(culprit == 3 && how == HPU_BLAME_DIED);
+	assert_int_equal(hpu_status_parse_blame("B1 12 silent", 12, &culprit, &how), 0);
+	assert_true(culprit == 12 && how == HPU_BLAME_SILENT);
+	assert_int_equal(hpu_status_parse_blame("B1 0 failed", 11, &culprit, &how), 0);
+	assert_true(culprit == 0 && how == HPU_BLAME_FAILED);
 	const char *bad_blame[] = {"B1", "B1 3", "B1 -1 died", "B1 3 dead", "B1 3 died x",
 				   "B2 3 died", "S1 3 died"};
 	for (size_t i = 0; i < sizeof bad_blame / sizeof *bad_blame; i++)
-		if (hpu_status_parse_blame(bad_blame[i], strlen(bad_blame[i]), &culprit, &died) == 0)
+		if (hpu_status_parse_blame(bad_blame[i], strlen(bad_blame[i]), &culprit, &how) == 0)
 			fail_msg("malformed blame line accepted: \"%s\"", bad_blame[i]);
 	const char *bad[] = {"",
 			     "S1",

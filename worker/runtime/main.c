@@ -79,13 +79,16 @@ static void kernels_setup(const hpu_train_opts *o, int rank)
 			rank, be->describe());
 }
 
-/* A failure that another rank caused (it died, or stopped answering, as
- * the collectives found): the agent is told which, to blame that rank. */
+/* A failure that another rank caused (it died, stopped answering, or
+ * failed first, as the collectives found): the agent is told which, to
+ * blame that rank. */
 static void blame_peer(const hpucoll_comm *comm)
 {
 	int code, culprit = comm ? hpucoll_comm_culprit(comm, &code) : -1;
 	if (culprit >= 0)
-		hpu_status_blame(culprit, code == HPUCOLL_EPEER);
+		hpu_status_blame(culprit, code == HPUCOLL_EPEER       ? HPU_BLAME_DIED
+					  : code == HPUCOLL_ETIMEDOUT ? HPU_BLAME_SILENT
+								      : HPU_BLAME_FAILED);
 }
 
 static void usage(FILE *f)
