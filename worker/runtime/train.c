@@ -719,8 +719,6 @@ static double rate_final(const rate *R, long step, double t, int batch)
 						: 0;
 }
 
-/* After step `step` (from 0): a step skipped for a non-finite loss or
- * gradients is said; --max-skipped-steps of them in a row end the run. */
 /* Where the skipped step's first non-finite value came from, as every
  * rank found it (hpu_nonfinite, gathered): the lowest rank whose loss
  * went non-finite, else the first unit whose gradients did; "" when no
@@ -763,6 +761,8 @@ static int first_nonfinite(loop *L, char *out, size_t outlen)
 	return 0;
 }
 
+/* After step `step` (from 0): a step skipped for a non-finite loss or
+ * gradients is said; --max-skipped-steps of them in a row end the run. */
 static int skipped_check(loop *L, long step)
 {
 	int run = hpu_strat_bad_run(L->st);
