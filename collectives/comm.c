@@ -202,6 +202,7 @@ static hpucoll_comm *comm_alloc(int rank, int size)
 	c->what = "comm_new";
 	c->timeout_ms = HPUCOLL__DEFAULT_TIMEOUT_MS;
 	c->stall_ms = HPUCOLL__DEFAULT_STALL_MS;
+	c->culprit = -1;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	pthread_mutex_init(&c->errlock, NULL);
@@ -455,4 +456,11 @@ void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out)
 const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)
 {
 	return comm->errmsg;
+}
+
+int hpucoll_comm_culprit(const hpucoll_comm *comm, int *code)
+{
+	if (code)
+		*code = comm->culprit >= 0 ? comm->culprit_code : HPUCOLL_OK;
+	return comm->culprit;
 }

@@ -36,7 +36,8 @@
  *
  *   HPUCOLL__ABORT        a rank whose collective failed sends it to every
  *                         peer (payload: its error sentence, arg: its
- *                         error code), so that the others fail at once
+ *                         error code, off: the rank its error blames + 1,
+ *                         or 0), so that the others fail at once
  *                         and name the rank that caused it instead of
  *                         waiting for their own timeouts.
  *   HPUCOLL__PROBE        a rank whose collective has waited past the
@@ -283,6 +284,10 @@ struct hpucoll_comm {
 	int stall_peer;     /* the rank that wait was for */
 	int failed;         /* the error that left the communicator unusable */
 	int got_abort;      /* it failed because another rank gave up */
+	/* The rank the error blames (hpucoll_comm_culprit): -1 none. */
+	int culprit;
+	int culprit_code;   /* HPUCOLL_EPEER: died; HPUCOLL_ETIMEDOUT: silent;
+			     * HPUCOLL_EABORTED: its own collective failed */
 };
 
 /* ---- comm.c ---- */
@@ -458,6 +463,11 @@ void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
 /* A collective ends (`tail` says how) while its probe's window is open:
  * prints the warning with what is known. */
 void hpucoll__stall_flush(hpucoll_comm *c, const char *tail);
+
+/* Notes that the error being set is rank r's doing (code: HPUCOLL_EPEER
+ * it died, HPUCOLL_ETIMEDOUT it stopped answering); the first one
+ * stands. */
+void hpucoll__blame(hpucoll_comm *c, int r, int code);
 
 /* Wait w for src timed out: says so in errmsg, naming the ranks the stall
  * probe found silent if src itself waits; returns HPUCOLL_ETIMEDOUT. */

@@ -58,6 +58,7 @@ static int peer_gone(hpucoll_comm *c, int src)
 		return rc;
 	hpucoll__set_error(c, "%s: rank %d died (%s).", c->what, src,
 			   hpucoll__shm_errmsg(c->shm));
+	hpucoll__blame(c, src, HPUCOLL_EPEER);
 	return HPUCOLL_EPEER;
 }
 
@@ -86,6 +87,7 @@ static int shm_send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 			hpucoll__set_error(c, "%s: rank %d took no data for %d "
 					      "ms (is it alive?).",
 					   c->what, dst, w.timeout_ms);
+			hpucoll__blame(c, dst, HPUCOLL_ETIMEDOUT);
 			return HPUCOLL_ETIMEDOUT;
 		}
 		hpucoll__stall_check(c, &w, dst, now);

@@ -198,6 +198,7 @@ static int lost_peer(hpucoll_comm *c, int src)
 	hpucoll__set_error(c, "%s: rank %d died (its connection closed and "
 			      "did not come back).",
 			   c->what, src);
+	hpucoll__blame(c, src, HPUCOLL_EPEER);
 	return HPUCOLL_EPEER;
 }
 
@@ -460,6 +461,12 @@ static int took_abort(hpucoll_comm *c, const struct hpucoll__msg *m)
 		code = HPUCOLL_EABORTED;
 	hpucoll__set_error(c, "%s: rank %" PRIu32 " gave up: %s", c->what,
 			   m->hdr.src, why);
+	/* off: the culprit its error blames, + 1; 0: none, so the sender
+	 * itself failed first */
+	if (m->hdr.off > 0 && m->hdr.off <= (uint64_t)c->size)
+		hpucoll__blame(c, (int)m->hdr.off - 1, code);
+	else
+		hpucoll__blame(c, (int)m->hdr.src, HPUCOLL_EABORTED);
 	c->got_abort = 1;
 	return code;
 }
@@ -762,6 +769,7 @@ static void send_aborts(hpucoll_comm *c, int rc)
 		.seq = c->seq,
 		.kind = HPUCOLL__ABORT,
 		.arg = (uint8_t)rc,
+		.off = (uint64_t)(c->culprit + 1),
 	};
 	char msg[HPUCOLL__ERRMSG_MAX];
 	unsigned char buf[HPUCOLL__HDR_SIZE];

@@ -15,6 +15,12 @@
  * have not (no answer, or the earlier collective they are in). Probes and
  * replies are taken out of the stream by the ZeroMQ reader
  * (hpucoll__probe_take) and never reach a header check.
+ *
+ * The timeout: when the stall threshold would come after it (or never),
+ * the probe goes out anyway, timeout_window() before the deadline, without
+ * a warning: so that the timeout's error (and hpucoll_comm_culprit) names
+ * the ranks that did not arrive, not the rank this one happened to wait
+ * for, which may be waiting too.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -76,16 +82,56 @@ static int64_t report_due(const hpucoll_comm *c)
 	return c->probe_ms + w;
 }
 
-/* When the stall check of wait w has something to do next: the threshold
- * (send the probe) or the end of the probe's window (print the warning);
- * -1 when nothing. */
+/* How long before the deadline of wait w its probe goes out when the
+ * stall threshold does not come first: a quarter of the timeout, at most
+ * 1 s, at least two slices (see probe_window). */
+static int64_t timeout_window(const struct hpucoll__wait *w)
+{
+	int64_t win = w->timeout_ms / 4 < 1000 ? w->timeout_ms / 4 : 1000;
+
+	return win < 2 * HPUCOLL__SLICE_MS ? 2 * HPUCOLL__SLICE_MS : win;
+}
+
+/* When wait w sends the probe of its collective: at the stall threshold
+ * or timeout_window() before the deadline, whichever comes first; -1
+ * never (no threshold, no timeout). */
+static int64_t probe_due(const hpucoll_comm *c, const struct hpucoll__wait *w)
+{
+	int64_t at = c->stall_ms > 0 ? w->start + c->stall_ms : -1, late;
+
+	if (w->deadline >= 0) {
+		late = w->deadline - timeout_window(w);
+		if (late < w->start)
+			late = w->start;
+		if (at < 0 || late < at)
+			at = late;
+	}
+	return at;
+}
+
+/* Whether the collective's stall warning is still to be printed: there is
+ * a threshold, the wait that sent the probe has passed it, and it was not
+ * printed yet. */
+static int warning_due(const hpucoll_comm *c, int64_t now)
+{
+	return c->stall_ms > 0 && !c->stall_warned && c->probe_seq == c->seq &&
+	       now - c->stall_start >= c->stall_ms;
+}
+
+/* When the stall check of wait w has something to do next: send the
+ * probe (probe_due), or print the warning once the threshold has passed
+ * and the probe's window ended; -1 when nothing. */
 static int64_t stall_due(const hpucoll_comm *c, const struct hpucoll__wait *w)
 {
+	int64_t thr, rep;
+
+	if (c->probe_seq != c->seq)
+		return probe_due(c, w);
 	if (c->stall_ms <= 0 || c->stall_warned)
 		return -1;
-	if (c->probe_seq != c->seq)
-		return w->start + c->stall_ms;
-	return report_due(c);
+	thr = c->stall_start + c->stall_ms;
+	rep = report_due(c);
+	return thr > rep ? thr : rep;
 }
 
 /* Milliseconds until the next thing a wait must look at (the deadline or
@@ -270,11 +316,11 @@ void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
 			  int peer, int64_t now)
 {
 	char tail[64];
+	int64_t at;
 
-	if (c->stall_ms <= 0 || c->stall_warned)
-		return;
 	if (c->probe_seq != c->seq) {
-		if (now - w->start < c->stall_ms)
+		at = probe_due(c, w);
+		if (at < 0 || now < at)
 			return;
 		c->probe_seq = c->seq;
 		c->probe_ms = now;
@@ -282,6 +328,8 @@ void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
 		c->stall_peer = peer;
 		send_probes(c);
 	}
+	if (!warning_due(c, now))
+		return;
 	if (now < report_due(c) && !probe_done(c))
 		return;
 	snprintf(tail, sizeof(tail), "still waiting (timeout %d ms)",
@@ -293,9 +341,10 @@ void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
  * with what is known (the threshold did pass). */
 void hpucoll__stall_flush(hpucoll_comm *c, const char *tail)
 {
-	if (c->stall_ms > 0 && !c->stall_warned && c->probe_seq == c->seq &&
-	    c->seq != 0)
-		stall_warn(c, hpucoll__now_ms(), tail);
+	int64_t now = hpucoll__now_ms();
+
+	if (c->seq != 0 && warning_due(c, now))
+		stall_warn(c, now, tail);
 }
 
 /* A wait for src timed out. When the stall probe of this collective found
@@ -319,12 +368,24 @@ int hpucoll__timed_out(hpucoll_comm *c, const struct hpucoll__wait *w, int src)
 				      "rank %d, which waits too.",
 				   c->what, n > 1 ? "s" : "", l.buf,
 				   w->timeout_ms, src);
+		for (int i = 0; i < c->size; i++)
+			if (peer_state(c, i) < 0)
+				hpucoll__blame(c, i, HPUCOLL_ETIMEDOUT);
 		return HPUCOLL_ETIMEDOUT;
 	}
 	hpucoll__set_error(c, "%s: no data from rank %d after %d ms "
 			      "(is it alive?).",
 			   c->what, src, w->timeout_ms);
+	hpucoll__blame(c, src, HPUCOLL_ETIMEDOUT);
 	return HPUCOLL_ETIMEDOUT;
+}
+
+void hpucoll__blame(hpucoll_comm *c, int r, int code)
+{
+	if (c->culprit >= 0 || r < 0 || r >= c->size || r == c->rank)
+		return;
+	c->culprit = r;
+	c->culprit_code = code;
 }
 
 /* ---- Probes and replies off the wire ---- */

@@ -533,9 +533,11 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 	hpu_codec_worker_exit(&we, rank, j->node_rank, pid, status);
 	hpu_status_rec st;
 	double age;
+	we.phase = HPU_PHASE_SETUP; /* no record yet */
 	if (hpu_nodejob_status(nj, rank, &st, &age) == 0) {
 		we.step = st.step;
 		we.total = st.total;
+		we.phase = (uint32_t)st.phase;
 	}
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;

@@ -320,10 +320,13 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 			if (w->signal)
 				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) was killed by signal %d\n",
 					w->rank, w->node_rank, w->pid, w->signal);
-			else if (w->left_early)
-				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code 0 before the job ended (at step %lld of %lld)\n",
-					w->rank, w->node_rank, w->pid, (long long)w->step,
-					(long long)w->total);
+			else if (w->left_early) {
+				char pos[128];
+				hpu_describe_position((long)w->step, (long)w->total, (int)w->phase, pos,
+						      sizeof pos);
+				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)\n",
+					w->rank, w->node_rank, w->pid, pos);
+			}
 			else
 				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code %d\n",
 					w->rank, w->node_rank, w->pid, w->exit_code);
@@ -525,6 +528,15 @@ static int outcome(char *cause, size_t len)
 	return 1;
 }
 
+/* Whether a node's part ended with a failure. */
+static int failure_reported(void)
+{
+	for (int i = 0; i < S.nn; i++)
+		if (S.n[i].launched && S.n[i].ended && !S.n[i].ok && !S.n[i].reconnect)
+			return 1;
+	return 0;
+}
+
 /* Follows the job until every node's part has ended; returns its exit
  * status, with the root cause in cause when it is 1. */
 static int follow(char *cause, size_t len)
@@ -550,14 +562,25 @@ static int follow(char *cause, size_t len)
 			ping_all();
 			last_ping = t;
 		}
+		/* Once a node reported the job failed (its cause names a rank
+		 * that died, say), a daemon that stays silent through two pings
+		 * is the dead node that cause names: the job ends on that
+		 * report, not after the silence limit. */
+		int reported = failure_reported();
+		double limit = reported && silent_limit > 2 * PING_EVERY_S ? 2 * PING_EVERY_S
+									  : silent_limit;
 		for (int i = 0; i < S.nn; i++) {
 			node *nd = &S.n[i];
-			if (nd->launched && !nd->ended && t - nd->last_heard > silent_limit) {
+			if (nd->launched && !nd->ended && t - nd->last_heard > limit) {
 				nd->ended = 1;
 				nd->reconnect = 1;
 				snprintf(nd->reason, sizeof nd->reason,
 					 "lost contact with hpud at %s:%d (node %d): silent for %.0f s",
-					 nd->host, nd->port, i, silent_limit);
+					 nd->host, nd->port, i, limit);
+				if (reported) {
+					cancel_all();
+					continue; /* the report is the cause */
+				}
 				if (!S.lost) {
 					hpu_progress_hide(&S.bar);
 					fprintf(stderr, "hpulaunch: error: %s\n", nd->reason);

@@ -2,6 +2,8 @@
  *
  *   S1 step total epoch epochs loss samples_per_sec eta_s in_use max limit phase\n
  *
+ * and, before a worker fails because of another rank, "B1 rank silent|died|failed\n".
+ *
  * A line is far below PIPE_BUF, so it is written whole or not at all. */
 #include "status.h"
 #include "env.h"
@@ -13,6 +15,8 @@
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,17 +40,9 @@ static int fd(void)
 	return status_fd;
 }
 
-void hpu_status_report(const hpu_status_rec *r, int force)
+/* Writes record r; the HPU_PHASE_DONE one waits for room. */
+static void send_rec(int f, const hpu_status_rec *r)
 {
-	int f = fd();
-	if (f < 0)
-		return;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-	if (!force && last_s >= 0 && now - last_s < 0.2)
-		return;
-	last_s = now;
 	char line[320];
 	int n = snprintf(line, sizeof line,
 			 "S1 %ld %ld %d %d %.6g %.6g %.6g %llu %llu %llu %d\n", r->step, r->total,
@@ -67,11 +63,112 @@ void hpu_status_report(const hpu_status_rec *r, int force)
 	}
 }
 
+/* A record the rate limit held back goes out once its 200 ms are over,
+ * from a thread of its own: a worker that then stops (frozen inside its
+ * model) leaves its agent the step it stopped in, not one from up to
+ * 200 ms of steps before. mu guards held, last_s and the writes. */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv;
+static hpu_status_rec held;
+static int held_set, flusher; /* flusher: 1 running, -1 could not start */
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *flush_held(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&mu);
+	for (;;) {
+		while (!held_set)
+			pthread_cond_wait(&cv, &mu);
+		double due = last_s + 0.2, now = mono_s();
+		if (now < due) {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			long ns = ts.tv_nsec + (long)((due - now) * 1e9) + 1000000;
+			ts.tv_sec += ns / 1000000000L;
+			ts.tv_nsec = ns % 1000000000L;
+			pthread_cond_timedwait(&cv, &mu, &ts);
+			continue;
+		}
+		int f = status_fd;
+		if (f >= 0)
+			send_rec(f, &held);
+		last_s = now;
+		held_set = 0;
+	}
+	return NULL;
+}
+
+/* Starts the flusher (under mu); without it, held records are dropped as
+ * before. */
+static void start_flusher(void)
+{
+	pthread_condattr_t ca;
+	pthread_attr_t at;
+	pthread_t t;
+	sigset_t all, old;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&cv, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	sigfillset(&all); /* signals stay the worker's main thread's */
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	flusher = pthread_create(&t, &at, flush_held, NULL) == 0 ? 1 : -1;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&at);
+}
+
+void hpu_status_report(const hpu_status_rec *r, int force)
+{
+	int f = fd();
+	if (f < 0)
+		return;
+	pthread_mutex_lock(&mu);
+	double now = mono_s();
+	if (!force && last_s >= 0 && now - last_s < 0.2) {
+		if (!flusher)
+			start_flusher();
+		held = *r;
+		held_set = flusher > 0;
+		pthread_cond_signal(&cv);
+		pthread_mutex_unlock(&mu);
+		return;
+	}
+	last_s = now;
+	held_set = 0;
+	send_rec(f, r);
+	pthread_mutex_unlock(&mu);
+}
+
 void hpu_status_hello(void)
 {
 	int f = fd();
 	if (f >= 0 && write(f, "H1\n", 3) < 0 && errno == EPIPE)
 		status_fd = -1;
+}
+
+static const char *const blame_words[] = {"silent", "died", "failed"};
+
+void hpu_status_blame(int rank, hpu_blame how)
+{
+	char line[64];
+	int f = fd(), n = snprintf(line, sizeof line, "B1 %d %s\n", rank, blame_words[how]);
+	if (f < 0 || rank < 0)
+		return;
+	for (int tries = 0; tries < 20; tries++) { /* it must get there: wait for room */
+		if (write(f, line, (size_t)n) >= 0 || errno != EAGAIN)
+			return;
+		struct pollfd p = {.fd = f, .events = POLLOUT};
+		poll(&p, 1, 100);
+	}
 }
 
 /* ---- reading records (the agent) ---- */
@@ -132,7 +229,7 @@ int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st)
 	    parse_double(&p, end, &r.loss) || parse_double(&p, end, &r.samples_per_sec) ||
 	    parse_double(&p, end, &r.eta_s) || parse_u64(&p, end, &r.mem_in_use) ||
 	    parse_u64(&p, end, &r.mem_max) || parse_u64(&p, end, &r.mem_limit) ||
-	    parse_long(&p, end, 0, 2, &phase))
+	    parse_long(&p, end, 0, HPU_PHASE_SETUP, &phase))
 		return -1;
 	while (p < end && *p == ' ')
 		p++;
@@ -146,6 +243,28 @@ int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st)
 	r.epochs = (int)epochs;
 	r.phase = (int)phase;
 	*st = r;
+	return 0;
+}
+
+int hpu_status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how)
+{
+	const char *p = line, *end = line + len;
+	char word[8];
+	long r;
+	int k = 0;
+	if (len < 3 || memcmp(line, "B1 ", 3) != 0)
+		return -1;
+	p += 3;
+	if (parse_long(&p, end, 0, INT_MAX, &r) || token(&p, end, word, sizeof word) < 0)
+		return -1;
+	while (k < 3 && strcmp(word, blame_words[k]))
+		k++;
+	while (p < end && *p == ' ')
+		p++;
+	if (k == 3 || p != end)
+		return -1;
+	*rank = (int)r;
+	*how = (hpu_blame)k;
 	return 0;
 }
 
@@ -184,6 +303,6 @@ void hpu_status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_status_r
 		.mem_in_use = rs->mem_in_use,
 		.mem_max = rs->mem_max,
 		.mem_limit = rs->mem_limit,
-		.phase = rs->phase > 2 ? 0 : (int)rs->phase,
+		.phase = rs->phase > HPU_PHASE_SETUP ? 0 : (int)rs->phase,
 	};
 }

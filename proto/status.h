@@ -24,10 +24,15 @@ typedef struct hpu_status_rec {
 	int phase;              /* HPU_PHASE_* */
 } hpu_status_rec;
 
-enum { HPU_PHASE_TRAIN = 0, HPU_PHASE_EVAL = 1, HPU_PHASE_DONE = 2 };
+/* SETUP: from the worker's start to its first training step (loading
+ * the model, its setup(), the strategy's layout, a resume); step is where
+ * training will start. */
+enum { HPU_PHASE_TRAIN = 0, HPU_PHASE_EVAL = 1, HPU_PHASE_DONE = 2, HPU_PHASE_SETUP = 3 };
 
 /* Reports r. Records come at most every 200 ms unless `force` (a log step,
- * the end); never blocks training: a full pipe drops the record, except
+ * the end): one held back goes out when its 200 ms are over (from a
+ * thread, so also when the worker has stopped meanwhile); never blocks
+ * training: a full pipe drops the record, except
  * the HPU_PHASE_DONE one, which waits up to 10 s for room: the agent takes
  * a worker that ends without it for one that left before the job ended. */
 void hpu_status_report(const hpu_status_rec *r, int force);
@@ -36,6 +41,21 @@ void hpu_status_report(const hpu_status_rec *r, int force);
  * ("H1"): from then on, exit code 0 without a HPU_PHASE_DONE record is a
  * failure (a model that called exit()), not success. */
 void hpu_status_hello(void);
+
+/* How another rank caused this worker's failure: it stopped answering,
+ * it died, or its own collective failed first (its ABORT named no one
+ * else). */
+typedef enum hpu_blame { HPU_BLAME_SILENT = 0, HPU_BLAME_DIED, HPU_BLAME_FAILED } hpu_blame;
+
+/* Tells the agent, before the worker exits with an error, that another
+ * rank caused it, as the collectives found (hpucoll_comm_culprit). One
+ * line "B1 RANK silent|died|failed"; the agent blames that rank rather
+ * than this one. */
+void hpu_status_blame(int rank, hpu_blame how);
+
+/* The agent's side: parses a blame line (hpu_status_blame). Returns 0, or
+ * -1 when the line is not one. */
+int hpu_status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how);
 
 /* The agent's side: parses one record line (without its newline).
  * Returns 0, or -1 when it is not a well-formed record (st is then

@@ -157,6 +157,15 @@ HPU_API int hpucoll_comm_size(const hpucoll_comm *comm);
 /* One sentence about the last error on this communicator ("" if none). */
 HPU_API const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
 
+/* The rank the last error blames, or -1: a peer that died (*code
+ * HPUCOLL_EPEER) or stopped answering (HPUCOLL_ETIMEDOUT: the ranks that
+ * did not arrive at the collective, found by a probe before the timeout,
+ * rather than the one waited for). An error another rank relayed (its
+ * collective failed first) carries that rank's culprit, or names that
+ * rank itself (HPUCOLL_EABORTED) when it blamed no one. code may be
+ * NULL. */
+HPU_API int hpucoll_comm_culprit(const hpucoll_comm *comm, int *code);
+
 /* Traffic of one communicator since it was made. Payload bytes are
  * counted when the transport takes them (queued to ZeroMQ, copied or in
  * place, or written into shared memory) and when the receiving rank takes

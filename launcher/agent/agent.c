@@ -65,6 +65,8 @@ typedef struct worker {
 	int hello;               /* it said "H1": it speaks the protocol */
 	hpu_status_rec last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
+	int culprit;             /* its blame line (hpu_status_blame): -1 none */
+	hpu_blame culprit_how;
 	int log_fd;
 	char prefix[32];
 	size_t prefix_len;
@@ -139,6 +141,36 @@ void hpu_describe_status(int status, char *out, size_t outlen)
 			 WTERMSIG(status), strsignal(WTERMSIG(status)));
 	else
 		snprintf(out, outlen, "ended with status 0x%x", status);
+}
+
+void hpu_describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
+			int reporter, char *out, size_t outlen)
+{
+	if (how == HPU_BLAME_DIED)
+		snprintf(out, outlen, "rank %d%s died%s%s; rank %d found it gone", culprit, who,
+			 *where ? " " : "", where, reporter);
+	else if (how == HPU_BLAME_FAILED)
+		snprintf(out, outlen, "rank %d%s failed first%s%s (its own error says why); rank %d "
+				      "stopped because of it",
+			 culprit, who, *where ? " " : "", where, reporter);
+	else
+		snprintf(out, outlen, "rank %d%s stopped answering%s%s; rank %d gave up waiting for it",
+			 culprit, who, *where ? " " : "", where, reporter);
+}
+
+void hpu_describe_position(long step, long total, int phase, char *out, size_t outlen)
+{
+	char of[48] = "";
+	if (total > 0)
+		snprintf(of, sizeof of, " of %ld", total);
+	if (phase == HPU_PHASE_SETUP)
+		snprintf(out, outlen, "during setup, before step %ld%s", step + 1, of);
+	else if (phase == HPU_PHASE_EVAL)
+		snprintf(out, outlen, "in evaluation, after step %ld%s", step, of);
+	else if (phase == HPU_PHASE_DONE || (total > 0 && step >= total))
+		snprintf(out, outlen, "after step %ld%s", step, of);
+	else
+		snprintf(out, outlen, "in step %ld%s", step + 1, of);
 }
 
 static void maybe_idle(hpu_agent *a)
@@ -250,6 +282,15 @@ static void status_line(status_pipe *sp, const char *line, size_t n)
 		w->hello = 1;
 		return;
 	}
+	int culprit, world = a->cfg.world > 0 ? a->cfg.world : a->cfg.nodes * a->cfg.devices;
+	hpu_blame how;
+	if (hpu_status_parse_blame(line, n, &culprit, &how) == 0) {
+		if (w->culprit < 0 && culprit < world) {
+			w->culprit = culprit;
+			w->culprit_how = how;
+		}
+		return;
+	}
 	if (hpu_status_parse(line, n, &r) < 0) {
 		a->status_bad++;
 		return;
@@ -316,6 +357,15 @@ int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *a
 	if (*age_s < 0)
 		*age_s = 0;
 	return 0;
+}
+
+int hpu_agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
+{
+	int local = rank - a->cfg.rank_base;
+	if (local < 0 || local >= a->cfg.devices || a->w[local].culprit < 0)
+		return -1;
+	*how = a->w[local].culprit_how;
+	return a->w[local].culprit;
 }
 
 long hpu_agent_status_bad(const hpu_agent *a)
@@ -906,6 +956,7 @@ int hpu_agent_start(hpu_agent *a, char *err, size_t errlen)
 		w->local = i;
 		w->rank = hpu_agent_rank(a, i);
 		w->out.fd = w->err.fd = w->st.fd = -1;
+		w->culprit = -1;
 		w->prefix_len = (size_t)snprintf(w->prefix, sizeof w->prefix,
 						 "[rank %d] ", w->rank);
 		if (spawn(a, w, err, errlen) < 0) {

@@ -121,6 +121,10 @@ int hpu_agent_rank(const hpu_agent *a, int local);
  * rank is not on this node or has sent none yet. */
 int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s);
 
+/* The rank that rank `rank` (one of this node's) blamed for its failure
+ * (hpu_status_blame) and *how; -1 when it blamed none. */
+int hpu_agent_culprit(const hpu_agent *a, int rank, hpu_blame *how);
+
 /* Status lines ignored because they were malformed (or over-long). */
 long hpu_agent_status_bad(const hpu_agent *a);
 
@@ -138,5 +142,20 @@ void hpu_agent_destroy(hpu_agent **a);
 /* "exited with code 3" / "was killed by signal 9 (Killed)" / "exited with
  * code 0 before the job ended" (HPU_AGENT_LEFT_EARLY). */
 void hpu_describe_status(int status, char *out, size_t outlen);
+
+/* Where a worker was by its latest status record (step: optimizer steps
+ * done, of total when total > 0; phase HPU_PHASE_*): "during setup, before
+ * step 1 of 20", "in step 3 of 20", "in evaluation, after step 20 of 20",
+ * "after step 20 of 20". */
+void hpu_describe_position(long step, long total, int phase, char *out, size_t outlen);
+
+/* The failure of rank `reporter` because of rank `culprit`, as
+ * hpu_status_blame said: "rank 3 (node 1, pid 7) died; rank 0 found it
+ * gone", "rank 1 (node 0, pid 7) stopped answering during setup, before
+ * step 1 of 20; rank 0 gave up waiting for it", "rank 2 (...) failed first
+ * (its own error says why); rank 0 stopped because of it". who: " (node 1, pid 7)"
+ * or ""; where: a position (hpu_describe_position) or "". */
+void hpu_describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
+			int reporter, char *out, size_t outlen);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "agent.h"
 #include "codec.h"
 #include "hex.h"
 #include "num.h"
@@ -291,6 +292,20 @@ void hpu_coord_node_done(hpu_coord *c, int node_rank)
 	check_finished(c);
 }
 
+void hpu_coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
+		     size_t outlen)
+{
+	char who[200] = "", where[128] = "";
+	if (culprit >= 0 && culprit < c->world && c->ranks[culprit].joined) {
+		const rank_slot *s = &c->ranks[culprit];
+		snprintf(who, sizeof who, " (node %u, pid %u%s%s)", s->node, s->pid,
+			 s->host[0] ? ", host " : "", s->host);
+	}
+	if (how == HPU_BLAME_SILENT && c->cfg.where)
+		c->cfg.where(culprit, where, sizeof where, c->cfg.arg);
+	hpu_describe_blame(culprit, how, who, where, reporter, out, outlen);
+}
+
 static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 {
 	char reason[600];
@@ -298,13 +313,20 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 	switch (m->msg_case) {
 	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
 		const Hpu__WorkerExit *w = m->worker_exit;
-		if (w->signal)
+		char pos[128];
+		hpu_describe_position(w->step, w->total, (int)w->phase, pos, sizeof pos);
+		if (w->culprit > 0 && !w->signal && !w->left_early)
+			hpu_coord_blame(c, (int)w->culprit - 1,
+					w->culprit_how <= HPU_BLAME_FAILED ? (hpu_blame)w->culprit_how
+									   : HPU_BLAME_FAILED,
+					(int)w->rank, reason, sizeof reason);
+		else if (w->signal)
 			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) was killed by signal %d (%s)",
 				 w->rank, w->node_rank, w->pid, w->signal, strsignal(w->signal));
 		else if (w->left_early)
 			snprintf(reason, sizeof reason,
-				 "rank %u (node %u, pid %u) exited with code 0 before the job ended (at step %lld of %lld)",
-				 w->rank, w->node_rank, w->pid, (long long)w->step, (long long)w->total);
+				 "rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)",
+				 w->rank, w->node_rank, w->pid, pos);
 		else
 			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d",
 				 w->rank, w->node_rank, w->pid, w->exit_code);

@@ -13,6 +13,8 @@
 #include <ev.h>
 #include <stddef.h>
 
+#include "status.h"
+
 typedef struct hpu_coord hpu_coord;
 
 typedef struct hpu_coord_cfg {
@@ -33,6 +35,10 @@ typedef struct hpu_coord_cfg {
 	void (*on_abort)(hpu_coord *c, const char *reason, void *arg);
 	/* Every node reported success. */
 	void (*on_done)(hpu_coord *c, void *arg);
+	/* Optional: where rank `rank` is, if it is one of this node's and
+	 * has reported (hpu_describe_position into out); else out
+	 * gets "". */
+	void (*where)(int rank, char *out, size_t outlen, void *arg);
 	void *arg;
 } hpu_coord_cfg;
 
@@ -46,6 +52,13 @@ int hpu_coord_port(const hpu_coord *c);
 /* Aborts the job for `reason`: tells every agent and waiting worker, then
  * calls on_abort. Only the first abort counts. */
 void hpu_coord_abort(hpu_coord *c, const char *reason);
+
+/* The cause of a failure that rank `reporter` put on rank `culprit` (it
+ * died, stopped answering, failed first: hpu_status_blame), named with the culprit's
+ * node, pid and host from the rank table, into out
+ * (hpu_describe_blame). */
+void hpu_coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
+		     size_t outlen);
 
 /* Node `node_rank`'s workers all finished successfully. */
 void hpu_coord_node_done(hpu_coord *c, int node_rank);

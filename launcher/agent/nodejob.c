@@ -104,6 +104,36 @@ void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
 		hpu_agent_stop(j->agent, 0);
 }
 
+/* Where rank r is, when it is one of this node's and has reported. */
+static void rank_where(hpu_nodejob *j, int r, char *out, size_t outlen)
+{
+	hpu_status_rec st;
+	double age;
+	out[0] = 0;
+	if (j->agent && hpu_agent_status(j->agent, r, &st, &age) == 0)
+		hpu_describe_position(st.step, st.total, st.phase, out, outlen);
+}
+
+static void coord_where(int rank, char *out, size_t outlen, void *arg)
+{
+	rank_where(arg, rank, out, outlen);
+}
+
+/* The cause when rank `reporter` failed because of rank `culprit`: node
+ * 0 names it from the rank table, the others by its rank and position. */
+static void blame(hpu_nodejob *j, int culprit, hpu_blame how, int reporter, char *out,
+		  size_t outlen)
+{
+	char where[128] = "";
+	if (j->coord) {
+		hpu_coord_blame(j->coord, culprit, how, reporter, out, outlen);
+		return;
+	}
+	if (how == HPU_BLAME_SILENT)
+		rank_where(j, culprit, where, sizeof where);
+	hpu_describe_blame(culprit, how, "", where, reporter, out, outlen);
+}
+
 static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)
 {
 	(void)a;
@@ -112,18 +142,28 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		j->cfg.on_exit(j, rank, (int)pid, status, j->cfg.arg);
 	if (status == 0 || j->failed)
 		return;
-	char how[160], cause[400];
+	char how[400], cause[600];
 	hpu_describe_status(status, how, sizeof how);
 	hpu_status_rec st = {0};
 	double age;
 	int have = hpu_agent_status(a, rank, &st, &age) == 0;
 	if (status == HPU_AGENT_LEFT_EARLY) {
 		size_t n = strlen(how);
-		snprintf(how + n, sizeof how - n, " (at step %ld of %ld)", have ? st.step : 0L,
-			 have ? st.total : 0L);
+		char pos[128];
+		hpu_describe_position(have ? st.step : 0, have ? st.total : 0,
+				      have ? st.phase : HPU_PHASE_SETUP, pos, sizeof pos);
+		snprintf(how + n, sizeof how - n, " (%s)", pos);
 	}
-	snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s", rank,
-		 j->cfg.node_rank, (int)pid, how);
+	/* a worker that failed because of another rank: that rank is the
+	 * cause, not the one that exited first */
+	hpu_blame bhow = HPU_BLAME_SILENT;
+	int culprit = status != HPU_AGENT_LEFT_EARLY && WIFEXITED(status)
+			      ? hpu_agent_culprit(a, rank, &bhow) : -1;
+	if (culprit >= 0)
+		blame(j, culprit, bhow, rank, cause, sizeof cause);
+	else
+		snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s", rank,
+			 j->cfg.node_rank, (int)pid, how);
 	fail(j, cause, j->cfg.grace_s);
 	if (j->coord) {
 		hpu_coord_abort(j->coord, cause);
@@ -133,6 +173,9 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	hpu_codec_worker_exit(&we, rank, j->cfg.node_rank, (int)pid, status);
 	we.step = have ? st.step : 0;
 	we.total = have ? st.total : 0;
+	we.phase = have ? (uint32_t)st.phase : HPU_PHASE_SETUP;
+	we.culprit = (uint32_t)(culprit + 1);
+	we.culprit_how = (uint32_t)bhow;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;
@@ -319,6 +362,7 @@ static int start_coord(hpu_nodejob *j, char *err, size_t errlen)
 		.agent_timeout_s = j->cfg.agent_timeout_s,
 		.on_abort = on_coord_abort,
 		.on_done = on_coord_done,
+		.where = coord_where,
 		.arg = j,
 	};
 	j->coord = hpu_coord_new(j->loop, &cc, err, errlen);

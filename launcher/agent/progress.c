@@ -86,6 +86,8 @@ static void tail_text(const hpu_status_rec *st, int drop, char *out, size_t len)
 		snprintf(eta, sizeof eta, " done");
 	} else if (st->phase == 1) {
 		snprintf(eta, sizeof eta, " evaluating");
+	} else if (st->phase == HPU_PHASE_SETUP) {
+		snprintf(eta, sizeof eta, " setting up");
 	} else {
 		char t[32];
 		fmt_eta(st->eta_s, t, sizeof t);

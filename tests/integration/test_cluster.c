@@ -6,7 +6,9 @@
  *   hpulaunch per namespace (torchrun style) gives the same;
  * - kill -9 one node's hpud mid-run, and cut one node's link mid-run: the
  *   job ends with an error naming the lost node or its ranks within a
- *   bounded time, and no worker is left anywhere.
+ *   bounded time, and no worker is left anywhere; the killed hpud's job
+ *   ends on the other workers' report that its ranks died (the error
+ *   names one, "found it gone"), not on the daemon's silence.
  * Needs root and `ip netns` (exit 77 otherwise). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -367,6 +369,13 @@ static void test_kill_hpud(void **state)
 	assert_int_equal(sh("bash %s -p %d stop-hpud 1 KILL >/dev/null", script, PREFIX), 0);
 	const char *names[] = {"node 1", "rank 2", "rank 3", "10.77.7.2", NULL};
 	expect_job_end(&p, job_id, t0, 40, names);
+	/* ended on the other nodes' workers' report that node 1's ranks are
+	 * gone, naming one of them, not on hpud's silence */
+	const char *err = strstr(p.out, "hpulaunch: error: ");
+	if (!err || (strncmp(err, "hpulaunch: error: rank 2 (node 1, pid ", 38) &&
+		     strncmp(err, "hpulaunch: error: rank 3 (node 1, pid ", 38)) ||
+	    !strstr(err, " found it gone") || strstr(err, "silent for"))
+		fail_msg("the job did not end on the report of node 1's dead ranks:\n%s", p.out);
 	h_free(&p);
 	cluster_down();
 }

@@ -13,7 +13,8 @@
  *
  * Without hpulaunch (ranks forked here and connected with set_topology,
  * shm and tcp): nothing kills the survivors, so this checks the plain
- * contract, an error naming the dead rank within the 10 s timeout, and
+ * contract, an error naming the dead rank within the 10 s timeout (and
+ * hpucoll_comm_culprit giving its number, as dead), and
  * prints how long each rank took to report it (no assertion on time; the
  * test's own waits are bounded at 60 s). */
 #include <setjmp.h>
@@ -251,6 +252,7 @@ struct dshared {
 	int rc[WS];
 	long after_ms[WS]; /* from the kill to the error */
 	char msg[WS][512];
+	int culprit[WS], culprit_code[WS]; /* hpucoll_comm_culprit */
 };
 
 static char djob[64];
@@ -291,6 +293,7 @@ static int dchild(struct dshared *sh, int r, hpucoll_transport tr,
 	sh->after_ms[r] = k ? now_ms() - k : -1;
 	sh->rc[r] = rc;
 	snprintf(sh->msg[r], sizeof sh->msg[r], "%s", hpucoll_comm_errmsg(c));
+	sh->culprit[r] = hpucoll_comm_culprit(c, &sh->culprit_code[r]);
 	hpucoll_comm_destroy(&c);
 	free(x);
 	free(y);
@@ -337,7 +340,7 @@ static void direct_kill(hpucoll_transport tr, int victim)
 	waitpid(pids[victim], &status, 0);
 
 	/* Survivors exit 1 once their all-reduce has failed. */
-	int reported = 0, named = 0;
+	int reported = 0, named = 0, blamed = 0;
 	deadline = now_ms() + 60000;
 	for (int r = 0; r < WS; r++) {
 		if (r == victim)
@@ -361,6 +364,11 @@ static void direct_kill(hpucoll_transport tr, int victim)
 		}
 		reported++;
 		named += names_rank(sh->msg[r], strlen(sh->msg[r]), victim);
+		/* the number too, as dead (directly, or relayed by a peer) */
+		blamed += sh->culprit[r] == victim && sh->culprit_code[r] == HPUCOLL_EPEER;
+		if (sh->culprit[r] != victim || sh->culprit_code[r] != HPUCOLL_EPEER)
+			fprintf(stderr, "rank %d's culprit: rank %d (%s), not rank %d (dead)\n", r,
+			        sh->culprit[r], hpucoll_strerror(sh->culprit_code[r]), victim);
 		printf("%s: rank %d, %ld ms after rank %d was killed: %s: %s\n",
 		       tr == HPUCOLL_TRANSPORT_TCP ? "tcp" : "shm", r,
 		       sh->after_ms[r], victim, hpucoll_strerror(sh->rc[r]),
@@ -380,6 +388,7 @@ static void direct_kill(hpucoll_transport tr, int victim)
 	assert_true(ok);
 	assert_int_equal(reported, WS - 1);
 	assert_int_equal(named, WS - 1);
+	assert_int_equal(blamed, WS - 1);
 }
 
 static void test_direct_kill_shm(void **state)

@@ -625,10 +625,47 @@ static void test_worker_leaves_early(void **state)
 		const char *e = strstr(p.out, want);
 		assert_non_null(e);
 		const char *nl = strchr(e, '\n');
-		const char *why = strstr(e, "exited with code 0 before the job ended (at step ");
+		const char *why = strstr(e, "exited with code 0 before the job ended (in step 3 of 20)");
 		assert_true(why && (!nl || why < nl));
 		h_free(&p);
 	}
+}
+
+/* Two nodes (two hpulaunch processes) on loopback; node 1's hpulaunch is
+ * killed (SIGKILL: its workers die with it) mid-run. Rank 0 finds rank 1's
+ * connection gone, and node 0's error names rank 1 on node 1 as the
+ * cause, from that report (not the node's silence, nor rank 0's exit). */
+static void test_node_killed_blamed(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc n0, n1;
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--max-steps", "100000", "--log-every", "1",
+		      "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--max-steps", "100000", "--log-every", "1",
+		      "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	assert_int_equal(h_wait_for(&n0, "step 3/", 120000), 0);
+	kill(n1.pid, SIGKILL);
+	int e0 = h_wait(&n0, 60000);
+	h_wait(&n1, 10000);
+	const char *err = n0.out ? strstr(n0.out, "hpulaunch: error: ") : NULL;
+	printf("node 0: exit %d: %.300s\n", e0 ? -1 : h_code(&n0), err ? err : "(no error)");
+	if (e0)
+		h_kill(&n0);
+	assert_int_equal(e0, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_non_null(err);
+	if (strncmp(err, "hpulaunch: error: rank 1 (node 1, pid ", 38) ||
+	    !strstr(err, ") died; rank 0 found it gone"))
+		fail_msg("node 0's error does not blame rank 1 on node 1:\n%s", n0.out);
+	h_free(&n0);
+	h_free(&n1);
 }
 
 /* Two nodes (two hpulaunch processes) on loopback train together. */
@@ -1568,6 +1605,7 @@ int main(void)
 		cmocka_unit_test(test_data_plane_none_is_open),
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_two_nodes),
+		cmocka_unit_test(test_node_killed_blamed),
 		cmocka_unit_test(test_two_nodes_remote_failure),
 		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_two_nodes_options_differ),

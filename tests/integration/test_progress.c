@@ -160,6 +160,23 @@ static void test_parse_and_format(void **state)
 	assert_int_equal(hpu_status_parse(nan_loss, strlen(nan_loss), &st), 0);
 	assert_true(isnan(st.loss));
 	assert_int_equal(st.phase, 2);
+	const char *setup = "S1 0 20 1 1 0 0 -1 0 0 0 3";
+	assert_int_equal(hpu_status_parse(setup, strlen(setup), &st), 0);
+	assert_int_equal(st.phase, HPU_PHASE_SETUP);
+	/* a blame line: which rank this worker's failure is due to */
+	int culprit = -1;
+	hpu_blame how = HPU_BLAME_FAILED;
+	assert_int_equal(hpu_status_parse_blame("B1 3 died", 9, &culprit, &how), 0);
+	assert_true(culprit == 3 && how == HPU_BLAME_DIED);
+	assert_int_equal(hpu_status_parse_blame("B1 12 silent", 12, &culprit, &how), 0);
+	assert_true(culprit == 12 && how == HPU_BLAME_SILENT);
+	assert_int_equal(hpu_status_parse_blame("B1 0 failed", 11, &culprit, &how), 0);
+	assert_true(culprit == 0 && how == HPU_BLAME_FAILED);
+	const char *bad_blame[] = {"B1", "B1 3", "B1 -1 died", "B1 3 dead", "B1 3 died x",
+				   "B2 3 died", "S1 3 died"};
+	for (size_t i = 0; i < sizeof bad_blame / sizeof *bad_blame; i++)
+		if (hpu_status_parse_blame(bad_blame[i], strlen(bad_blame[i]), &culprit, &how) == 0)
+			fail_msg("malformed blame line accepted: \"%s\"", bad_blame[i]);
 	const char *bad[] = {"",
 			     "S1",
 			     "S2 1 2 1 1 0.5 1 1 1 1 1 0",
@@ -168,7 +185,7 @@ static void test_parse_and_format(void **state)
 			     "S1 1 2 1 1 0.5x 1 1 1 1 1 0",    /* not a number */
 			     "S1 -1 2 1 1 0.5 1 1 1 1 1 0",    /* negative step */
 			     "S1 1 2 1 1 0.5 1 1 -1 1 1 0",    /* negative memory */
-			     "S1 1 2 1 1 0.5 1 1 1 1 1 3",     /* no such phase */
+			     "S1 1 2 1 1 0.5 1 1 1 1 1 4",     /* no such phase */
 			     "S1 99999999999999999999 2 1 1 0.5 1 1 1 1 1 0"};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		st.step = 42;
@@ -208,6 +225,9 @@ static void test_parse_and_format(void **state)
 	r.phase = 1;
 	hpu_progress_format(&r, 120, out, sizeof out);
 	assert_non_null(strstr(out, "evaluating"));
+	r.phase = HPU_PHASE_SETUP;
+	hpu_progress_format(&r, 120, out, sizeof out);
+	assert_non_null(strstr(out, "setting up"));
 	r.phase = 2;
 	r.step = 600;
 	hpu_progress_format(&r, 120, out, sizeof out);

@@ -13,7 +13,14 @@
  *   said, and --max-skipped-steps of them in a row stop the job, naming
  *   the steps; a NaN at one step only (on one rank) is skipped and
  *   training goes on; a negative or any finite loss trains (a loss value
- *   is no error channel).
+ *   is no error channel); the step's line names the rank, micro-step,
+ *   layer and tensor of the first non-finite value;
+ * - blame (bad_loss.so's --hang-* and --exit-*, a 2 s collective timeout):
+ *   a rank that freezes in its third forward, or in its setup, is the
+ *   rank hpulaunch's error names, with where it was, not the rank that
+ *   gave up waiting for it; the others' errors name it too; a rank that
+ *   calls exit(0) in setup or in its third forward is named with the step
+ *   it was in.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -294,6 +301,105 @@ static void test_finite_losses_train(void **state)
 	}
 }
 
+/* The first non-finite value, where it is: the loss layer's own output
+ * when only the loss goes bad, fc's output "y" when it is fc's output that
+ * went bad first (the loss computed from it) -- on rank 1, which alone
+ * had it. */
+static void test_nonfinite_first_named(void **state)
+{
+	(void)state;
+	char *out = train_bad_loss(0, 2, "4", NULL, "--loss nan --from 3 --to 3 --rank 1");
+	has(out, "step 3: non-finite loss or gradients: step skipped on every rank (1 in a row); "
+		 "first non-finite value: rank 1, micro-step 1 of 1, output \"loss\" of layer "
+		 "\"loss\" (8 of 8 values)");
+	free(out);
+	out = train_bad_loss(0, 2, "4", "--grad-accum 2",
+			     "--loss inf --from 4 --to 4 --rank 1 --in-y");
+	has(out, "step 2: non-finite loss or gradients: step skipped on every rank (1 in a row); "
+		 "first non-finite value: rank 1, micro-step 2 of 2, output \"y\" of layer \"fc\" "
+		 "(1 of 8 values)");
+	free(out);
+}
+
+/* 3 ranks with a 2 s collective timeout, one of which misbehaves as
+ * bad_loss's margs say; returns the output (exit `want`). */
+static char *misbehave(int want, const char *margs)
+{
+	setenv("HPUCOLL_TIMEOUT_MS", "2000", 1);
+	run r;
+	start(&r, 3);
+	args(&r, "--batch-size", "24", "--max-steps", "20", NULL);
+	char *out = finish_with(&r, want, BAD_LOSS, margs);
+	unsetenv("HPUCOLL_TIMEOUT_MS");
+	return out;
+}
+
+/* The line of `out` that starts with `prefix` (a copy), or fails. */
+static char *line_of(const char *out, const char *prefix)
+{
+	for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+		if (!strncmp(p, prefix, strlen(prefix)))
+			return strndup(p, strcspn(p, "\n"));
+	fail_msg("no line starts \"%s\":\n%s", prefix, out);
+	return NULL;
+}
+
+/* Rank 1 freezes in its third forward, then in its setup: hpulaunch's
+ * error names rank 1 and where it stopped, not rank 0, which gave up
+ * waiting; rank 0's own error names rank 1 (whom it did not wait for
+ * directly in the ring, found by the probe before the timeout). */
+static void test_frozen_rank_blamed(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *margs, *where;
+	} cases[] = {
+		{"--to 0 --hang-rank 1 --hang-at 3", "stopped answering in step 3 of 20; rank "},
+		{"--to 0 --hang-rank 1 --hang-at 0",
+		 "stopped answering during setup, before step 1 of 20; rank "},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *out = misbehave(1, cases[i].margs);
+		char *err = line_of(out, "hpulaunch: error: ");
+		printf("  %s: %s\n", cases[i].margs, err);
+		if (strncmp(err, "hpulaunch: error: rank 1 (node 0, pid ", 38) ||
+		    !strstr(err, cases[i].where) ||
+		    (!strstr(err, "; rank 0 gave up waiting for it") &&
+		     !strstr(err, "; rank 2 gave up waiting for it")))
+			fail_msg("the error does not blame rank 1 %s:\n%s", cases[i].where, out);
+		char *r0 = line_of(out, "[rank 0] hpu-worker: rank 0: ");
+		if (!strstr(r0, "rank 1 stopped answering") && !strstr(r0, "no data from rank 1 "))
+			fail_msg("rank 0's error does not name rank 1:\n%s", out);
+		free(r0);
+		free(err);
+		free(out);
+	}
+}
+
+/* Rank 1 calls exit(0) in its setup, then in its third forward: the error
+ * says where, of the 20 steps asked for. */
+static void test_exit_step_named(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *margs, *where;
+	} cases[] = {
+		{"--to 0 --exit-rank 1 --exit-at 0", "(during setup, before step 1 of 20)"},
+		{"--to 0 --exit-rank 1 --exit-at 3", "(in step 3 of 20)"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *out = misbehave(1, cases[i].margs);
+		char *err = line_of(out, "hpulaunch: error: ");
+		printf("  %s: %s\n", cases[i].margs, err);
+		if (strncmp(err, "hpulaunch: error: rank 1 (node 0, pid ", 38) ||
+		    !strstr(err, " exited with code 0 before the job ended ") ||
+		    !strstr(err, cases[i].where))
+			fail_msg("the error does not say %s:\n%s", cases[i].where, out);
+		free(err);
+		free(out);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -303,6 +409,9 @@ int main(void)
 	    cmocka_unit_test(test_nonfinite_loss_stops),
 	    cmocka_unit_test(test_nonfinite_loss_one_step),
 	    cmocka_unit_test(test_finite_losses_train),
+	    cmocka_unit_test(test_nonfinite_first_named),
+	    cmocka_unit_test(test_frozen_rank_blamed),
+	    cmocka_unit_test(test_exit_step_named),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

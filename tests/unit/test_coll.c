@@ -1055,6 +1055,12 @@ static void test_timeout(void **state)
 	assert_true(dt >= 990 && dt < 10000);
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "rank "));
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "1000 ms"));
+	/* ... and blames the silent rank it waited for (no rank answered
+	 * the probe before the timeout), by number too. */
+	int code = HPUCOLL_OK, culprit = hpucoll_comm_culprit(c, &code);
+	assert_true(culprit >= 1 && culprit <= 3);
+	assert_int_equal(code, HPUCOLL_ETIMEDOUT);
+	assert_non_null(strstr(hpucoll_comm_errmsg(c), "no data from rank "));
 	/* The communicator stays failed, at once. */
 	t0 = ct_now_ms();
 	assert_int_equal(hpucoll_barrier(c), HPUCOLL_ETIMEDOUT);
@@ -1255,6 +1261,34 @@ static void forge_abort(void *sock)
 	assert_int_equal(zmq_send(sock, why, h.len, 0), (int)h.len);
 }
 
+/* An ABORT whose sender blames this rank (off: 0 + 1): no culprit here. */
+static void forge_abort_us(void *sock)
+{
+	static const char why[] = "all_reduce: rank 0 stopped answering.";
+	struct hpucoll__hdr h = barrier_hdr();
+
+	h.kind = HPUCOLL__ABORT;
+	h.arg = HPUCOLL_ETIMEDOUT;
+	h.off = 1;
+	h.len = sizeof(why) - 1;
+	send_hdr(sock, &h, 1);
+	assert_int_equal(zmq_send(sock, why, h.len, 0), (int)h.len);
+}
+
+/* expect() and the culprit hpucoll_comm_culprit then gives. */
+static void expect_culprit(void (*forge)(void *sock), int code, int culprit, int ccode)
+{
+	struct forger f = {0};
+	int got;
+
+	forger_open(&f);
+	forge(f.push);
+	assert_int_equal(hpucoll_barrier(f.c), code);
+	assert_int_equal(hpucoll_comm_culprit(f.c, &got), culprit);
+	assert_int_equal(got, ccode);
+	forger_close(&f);
+}
+
 static void forge_big_abort(void *sock)
 {
 	static char why[HPUCOLL__ERRMSG_MAX + 10];
@@ -1283,6 +1317,10 @@ static void test_forged(void **state)
 	expect(forge_abort, HPUCOLL_EPEER,
 	       "barrier: rank 1 gave up: all_reduce: rank 3 died?.");
 	expect(forge_big_abort, HPUCOLL_EPROTO, "rank 1");
+	/* the sender blamed no one (off 0): it failed first */
+	expect_culprit(forge_abort, HPUCOLL_EPEER, 1, HPUCOLL_EABORTED);
+	expect_culprit(forge_abort_us, HPUCOLL_ETIMEDOUT, -1, HPUCOLL_OK);
+	expect_culprit(forge_good, HPUCOLL_OK, -1, HPUCOLL_OK);
 }
 
 int main(void)

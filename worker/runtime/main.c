@@ -80,6 +80,18 @@ static void kernels_setup(const hpu_train_opts *o, int rank)
 			rank, be->describe());
 }
 
+/* A failure that another rank caused (it died, stopped answering, or
+ * failed first, as the collectives found): the agent is told which, to
+ * blame that rank. */
+static void blame_peer(const hpucoll_comm *comm)
+{
+	int code, culprit = comm ? hpucoll_comm_culprit(comm, &code) : -1;
+	if (culprit >= 0)
+		hpu_status_blame(culprit, code == HPUCOLL_EPEER       ? HPU_BLAME_DIED
+					  : code == HPUCOLL_ETIMEDOUT ? HPU_BLAME_SILENT
+								      : HPU_BLAME_FAILED);
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: hpu-worker [training options] MODEL.so [-- model args]\n"
@@ -115,6 +127,7 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	hpu_train_announce(&o);
 	const char *path = argv[i++];
 	/* Model arguments follow "--"; the model sees its path as argv[0]. */
 	if (i < argc && strcmp(argv[i], "--") == 0)
@@ -155,6 +168,7 @@ int main(int argc, char **argv)
 		goto out;
 	rc = 0;
 out:
+	blame_peer(rc ? comm : NULL);
 	if (rc && strncmp(err, "rank ", 5) == 0) /* it names the rank itself */
 		fprintf(stderr, "hpu-worker: %s\n", err);
 	else if (rc)

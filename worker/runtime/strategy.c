@@ -377,6 +377,11 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	float bad = 0;
 	for (int k = 0; k < s->nunits && !bad; k++)
 		bad = (float)nonfinite(s->u[k].opt_g, s->u[k].opt.n);
+	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
+		for (int k = 0; k < s->nunits && !s->first_bad.found; k++)
+			if (nonfinite(s->u[k].opt_g, s->u[k].opt.n))
+				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
+							       .tensor = -1};
 	if (s->sharded) { /* each rank checked its shard */
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
 		if (rc)

@@ -63,6 +63,29 @@ int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm);
 int hpu_strat_bad_run(const hpu_strat *s);
 long hpu_strat_bad_total(const hpu_strat *s);
 
+/* Where a step's first non-finite value on this rank came from. A
+ * micro-step whose loss is not finite looks, before its backward, through
+ * the tensors its forward left (dataset fields, then each layer's outputs
+ * in order; those activation checkpointing dropped are not there): the
+ * first that holds an Inf or NaN. A step skipped with finite losses
+ * names the first unit whose reduced gradients were not finite (fp32). */
+typedef struct hpu_nonfinite {
+	int found;        /* 1: a tensor (below); 2: only a unit's gradients */
+	int micro;        /* the micro-step (from 0) */
+	int layer;        /* the producer, or -1: a dataset field */
+	int tensor;
+	long count, numel; /* non-finite values of it, of (its rows) */
+	int unit;         /* found 2: the unit */
+} hpu_nonfinite;
+
+/* This step's first non-finite value (found 0: none), and forgets it. */
+void hpu_strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out);
+
+/* "output \"y\" of layer \"fc\"", "dataset field \"x\"", "the gradients of
+ * fc" for a finding's tensor or unit. */
+void hpu_strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
+			      size_t outlen);
+
 /* Every parameter consolidated, fp32, on every rank, into dst[psi] in
  * declaration order (unpadded); collective. */
 int hpu_strat_gather_all(hpu_strat *s, float *dst);

@@ -96,6 +96,7 @@ struct hpu_strat {
 	float *bsync;      /* staging of the buffers' step collectives */
 	int bad_run;       /* steps skipped in a row (non-finite) */
 	long bad_total;
+	hpu_nonfinite first_bad; /* this step's first non-finite value */
 	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
 	/* Mixed precision: 16-bit working parameters and gradients (whole or

@@ -425,12 +425,104 @@ static void after_backward(hpu_strat *s, int i)
 		hpu__act_saved_drop(s, i);
 }
 
+/* ---- the first non-finite value (hpu_nonfinite) ---- */
+
+/* Inf or NaN among n floats / bf16 values: how many. */
+static long count_nonfinite(const float *v, size_t n)
+{
+	long k = 0;
+	for (size_t i = 0; i < n; i++)
+		k += !isfinite(v[i]);
+	return k;
+}
+
+static long count_nonfinite16(const uint16_t *v, size_t n)
+{
+	long k = 0;
+	for (size_t i = 0; i < n; i++)
+		k += (v[i] & 0x7f80u) == 0x7f80u;
+	return k;
+}
+
+/* Tensor t after this micro-step's forward: its non-finite values, or 0
+ * when it is not there (dropped, or not f32). */
+static long tensor_nonfinite(const hpu_strat *s, int t, size_t *numel)
+{
+	const hpu_tinfo *ti = &s->b->tensors[t];
+	*numel = (size_t)s->ctx.batch * ti->sample_numel;
+	if (ti->dtype != HPU_F32)
+		return 0;
+	if (s->t_data[t])
+		return count_nonfinite(s->t_data[t], *numel);
+	if (s->a16 && s->a16[t])
+		return count_nonfinite16(s->a16[t], *numel);
+	return 0;
+}
+
+static int note_nonfinite(hpu_strat *s, int layer, int t)
+{
+	size_t numel;
+	long bad = tensor_nonfinite(s, t, &numel);
+	if (!bad)
+		return 0;
+	s->first_bad = (hpu_nonfinite){.found = 1, .micro = s->ctx.micro, .layer = layer,
+				       .tensor = t, .count = bad, .numel = (long)numel,
+				       .unit = -1};
+	return 1;
+}
+
+/* A non-finite loss: the first tensor of the forward that holds an Inf or
+ * NaN (the dataset's fields, then each layer's outputs in order). Runs
+ * only then, so it costs nothing otherwise. */
+static void find_nonfinite(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	if (s->first_bad.found == 1)
+		return; /* an earlier micro-step's came first */
+	for (int t = 0; t < b->ntensors; t++)
+		if (b->tensors[t].producer < 0 && note_nonfinite(s, -1, t))
+			return;
+	for (int i = 0; i < b->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		if (!l->for_loss)
+			continue;
+		for (int k = 0; k < l->nout; k++)
+			if (note_nonfinite(s, i, l->out[k]))
+				return;
+	}
+}
+
+void hpu_strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out)
+{
+	*out = s->first_bad;
+	s->first_bad = (hpu_nonfinite){.unit = -1};
+}
+
+void hpu_strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
+			      size_t outlen)
+{
+	const hpu_builder *b = s->b;
+	if (unit >= 0 && unit < s->nunits)
+		snprintf(out, outlen, "the gradients of %s", hpu__strat_unit_name(s, unit));
+	else if (tensor < 0 || tensor >= b->ntensors)
+		snprintf(out, outlen, "an unknown tensor");
+	else if (layer < 0 || layer >= b->nlayers)
+		snprintf(out, outlen, "dataset field \"%s\"", b->tensors[tensor].name);
+	else
+		snprintf(out, outlen, "output \"%s\" of layer \"%s\"", b->tensors[tensor].name,
+			 b->layers[layer]->name);
+}
+
 int hpu_strat_backward(hpu_strat *s, float scale, float *loss_out)
 {
 	hpu_builder *b = s->b;
 	int final = s->ctx.micro == s->ctx.accum - 1;
 	s->micro = s->ctx.micro;
 	double loss = hpu_strat_loss(s);
+	if (s->ctx.micro == 0)
+		s->first_bad = (hpu_nonfinite){.unit = -1};
+	if (!isfinite(loss))
+		find_nonfinite(s);
 	if (s->mp) /* 16-mixed: the loss scale; bf16: 1 */
 		scale = (float)(scale * s->scale);
 	if (seed(s, scale, (float)loss) < 0)

@@ -57,6 +57,39 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Where this worker is, for its agent: the latest record, kept current
+ * (a step under way has `step` steps done), which an exit() in the middle
+ * (a model that leaves) reports on its way out, so that the agent says
+ * where it left rather than where the last rate-limited record was. */
+static hpu_status_rec where = {.phase = HPU_PHASE_SETUP};
+static int where_live;        /* the run is under way: report at exit */
+static int where_said = -1;   /* the phase of the last record sent */
+
+static void where_at_exit(void)
+{
+	if (where_live)
+		hpu_status_report(&where, 1);
+}
+
+/* Sends `where`: at once when forced or when its phase changed. */
+static void where_report(int force)
+{
+	force |= where.phase != where_said;
+	where_said = where.phase;
+	hpu_status_report(&where, force);
+}
+
+void hpu_train_announce(const hpu_train_opts *o)
+{
+	where.total = o->max_steps > 0 ? o->max_steps : 0;
+	where.epochs = o->epochs;
+	where.phase = HPU_PHASE_SETUP;
+	if (!where_live)
+		atexit(where_at_exit);
+	where_live = 1;
+	where_report(1);
+}
+
 static int fail(loop *L, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
@@ -351,6 +384,9 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	const float scale = 1.0f / (float)(L->world * L->accum);
 	uint64_t sent0 = bytes_sent(L);
 	float sum = 0;
+	where.step = gstep; /* done; this one is under way */
+	where.phase = HPU_PHASE_TRAIN;
+	where_report(0);
 	hpu_strat_set_pos(L->st, 1, gstep, L->epoch);
 	for (int k = 0; k < L->accum; k++) {
 		size_t m = s * (size_t)L->accum + (size_t)k, bad;
@@ -613,18 +649,19 @@ static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch
 }
 
 /* This rank's progress, for the agent's progress bar and status table
- * (rate-limited in hpu_status_report unless forced). */
+ * (rate-limited in hpu_status_report unless forced or a new phase). */
 static void report(loop *L, long step, long total, int epoch, float loss, double sps,
 		   double eta, int phase, int force)
 {
 	hpu_device_stats d;
 	hpu__devmem_stats(&d);
-	hpu_status_rec r = {
+	where = (hpu_status_rec){
 		.step = step, .total = total, .epoch = epoch + 1, .epochs = L->epochs,
 		.loss = loss, .samples_per_sec = sps, .eta_s = eta, .mem_in_use = d.in_use,
 		.mem_max = d.max_in_use, .mem_limit = d.limit, .phase = phase,
 	};
-	hpu_status_report(&r, force);
+	where_live = phase != HPU_PHASE_DONE;
+	where_report(force);
 }
 
 /* Throughput: the first --throughput-warmup-steps steps of this run are
@@ -682,24 +719,71 @@ static double rate_final(const rate *R, long step, double t, int batch)
 						: 0;
 }
 
+/* Where the skipped step's first non-finite value came from, as every
+ * rank found it (hpu_nonfinite, gathered): the lowest rank whose loss
+ * went non-finite, else the first unit whose gradients did; "" when no
+ * rank found one. Every rank calls it (a collective). */
+static int first_nonfinite(loop *L, char *out, size_t outlen)
+{
+	enum { F_FOUND, F_MICRO, F_LAYER, F_TENSOR, F_COUNT, F_NUMEL, F_UNIT, F_N };
+	hpu_nonfinite nf;
+	hpu_strat_first_nonfinite(L->st, &nf);
+	double mine[F_N] = {nf.found, nf.micro, nf.layer, nf.tensor, (double)nf.count,
+			    (double)nf.numel, nf.unit};
+	double *all = malloc((size_t)L->world * F_N * sizeof *all);
+	if (!all)
+		return fail(L, "out of memory");
+	int rc = hpucoll_all_gather(L->comm, mine, all, F_N, HPUCOLL_F64);
+	if (rc) {
+		free(all);
+		return coll_fail(L, "non-finite report all-gather", rc);
+	}
+	const double *v = NULL;
+	for (int want = 1; want <= 2 && !v; want++)
+		for (int r = 0; r < L->world && !v; r++)
+			if ((int)all[(size_t)r * F_N + F_FOUND] == want)
+				v = all + (size_t)r * F_N;
+	char what[300];
+	out[0] = 0;
+	if (v && (int)v[F_FOUND] == 1) {
+		hpu_strat_nonfinite_name(L->st, (int)v[F_LAYER], (int)v[F_TENSOR], -1, what,
+					 sizeof what);
+		snprintf(out, outlen, "first non-finite value: rank %d, micro-step %d of %d, %s "
+				      "(%.0f of %.0f values)",
+			 (int)((v - all) / F_N), (int)v[F_MICRO] + 1, L->accum, what, v[F_COUNT],
+			 v[F_NUMEL]);
+	} else if (v) {
+		hpu_strat_nonfinite_name(L->st, -1, -1, (int)v[F_UNIT], what, sizeof what);
+		snprintf(out, outlen, "first non-finite value: %s (every rank's loss was finite)",
+			 what);
+	}
+	free(all);
+	return 0;
+}
+
 /* After step `step` (from 0): a step skipped for a non-finite loss or
  * gradients is said; --max-skipped-steps of them in a row end the run. */
 static int skipped_check(loop *L, long step)
 {
 	int run = hpu_strat_bad_run(L->st);
 	long seen = L->bad_seen;
+	char first[400], sep[3] = "";
 	L->bad_seen = hpu_strat_bad_total(L->st);
 	if (L->bad_seen == seen)
 		return 0;
+	if (first_nonfinite(L, first, sizeof first) < 0)
+		return -1;
+	if (first[0])
+		snprintf(sep, sizeof sep, "; ");
 	if (L->rank == 0 && L->o->precision == HPU_PREC_FP32)
 		printf("step %ld: non-finite loss or gradients: step skipped on every rank (%d in a "
-		       "row)\n", step + 1, run);
+		       "row)%s%s\n", step + 1, run, sep, first);
 	if (run >= L->o->max_skipped_steps)
 		return fail(L, "%d steps in a row (steps %ld to %ld) had a non-finite loss or "
 			       "gradients (NaN or Inf) and were skipped: the run diverged "
 			       "(--max-skipped-steps %d); lower the learning rate, clip gradients "
-			       "(--clip-grad-norm) or check the model's loss",
-			    run, step + 2 - run, step + 1, L->o->max_skipped_steps);
+			       "(--clip-grad-norm) or check the model's loss%s%s",
+			    run, step + 2 - run, step + 1, L->o->max_skipped_steps, sep, first);
 	return 0;
 }
 
@@ -826,6 +910,8 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
 	    hpu_checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
+	where.total = total;
+	where.epochs = L.epochs;
 	if (L.rank == 0 && L.quant.warning[0])
 		printf("warning: %s\n", L.quant.warning);
 	/* a resumed run adds to the metrics of the run it continues */
@@ -841,6 +927,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
+	where.step = L.pos.step;
 	L.epoch = L.pos.epoch < L.epochs ? L.pos.epoch : L.epochs - 1;
 	if (alloc_buffers(&L) < 0)
 		goto out;
