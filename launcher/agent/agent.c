@@ -1,6 +1,7 @@
 #include "agent.h"
 #include "shmname.h"
 #include "num.h"
+#include "uidproc.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -389,12 +390,30 @@ static int env_has(const hpu_agent *a, pid_t pid, const char *n1, const char *n2
 	return found == 3;
 }
 
-/* Whether our child pid (state from /proc/PID/stat) is a's to end: not a
- * worker; with no other job under way in this process, any child; else
- * one whose environment names a's job and attempt. */
-static int leftover_of(const hpu_agent *a, pid_t pid, char state)
+/* Whether a's workers run under a uid of their own (hpud's job_uids). */
+static int own_uid(const hpu_agent *a)
+{
+	return a->cfg.set_user && a->cfg.job_uid_first && a->cfg.uid &&
+	       a->cfg.uid >= a->cfg.job_uid_first && a->cfg.uid <= a->cfg.job_uid_last;
+}
+
+/* Whether pid (parent ppid, state from /proc/PID/stat) is a's to end: not
+ * a worker; with a uid of its own, any process under that uid, and none
+ * under another uid of the range; else a child of ours: with no other job
+ * under way in this process any, else one whose environment names a's job
+ * and attempt. */
+static int leftover_of(const hpu_agent *a, pid_t pid, pid_t ppid, char state)
 {
 	if (is_live_worker(pid))
+		return 0;
+	hpu_procinfo pi;
+	if (own_uid(a) && hpu_proc_info(pid, &pi) == 0) {
+		if (hpu_proc_has_uid(&pi, a->cfg.uid))
+			return 1;
+		if (hpu_proc_uid_in(&pi, a->cfg.job_uid_first, a->cfg.job_uid_last))
+			return 0; /* another job's */
+	}
+	if (ppid != getpid())
 		return 0;
 	if (alone(a))
 		return 1;
@@ -449,8 +468,10 @@ static int note_ended(hpu_agent *a, pid_t pid)
 
 /* Sends sig to every process a's workers left behind (SIGTERM only once
  * to each), and to its process group where it leads one; reaps those
- * that are already dead. Returns how many there were, dead ones
- * included: 0 when none is left. */
+ * that are already dead. With a uid of its own, SIGKILL goes to all
+ * under that uid at once too (hpu_uid_kill). Returns how many there
+ * were, dead children included (a zombie that is not ours is its
+ * parent's to reap): 0 when none is left. */
 static int sweep(hpu_agent *a, int sig)
 {
 	pid_t self = getpid(), group = getpgrp();
@@ -460,9 +481,10 @@ static int sweep(hpu_agent *a, int sig)
 	while (dir && (e = readdir(dir)) != NULL) {
 		pid_t pid, ppid, pgid; /* an int */
 		char state;
-		if (hpu_parse_int(e->d_name, 1, INT_MAX, &pid) ||
-		    proc_stat(pid, &ppid, &pgid, &state) < 0 || ppid != self ||
-		    !leftover_of(a, pid, state))
+		if (hpu_parse_int(e->d_name, 1, INT_MAX, &pid) || pid == self ||
+		    proc_stat(pid, &ppid, &pgid, &state) < 0 ||
+		    (ppid != self && (!own_uid(a) || state == 'Z' || state == 'X')) ||
+		    !leftover_of(a, pid, ppid, state))
 			continue;
 		n++;
 		if (state == 'Z' || state == 'X') {
@@ -477,6 +499,8 @@ static int sweep(hpu_agent *a, int sig)
 	}
 	if (dir)
 		closedir(dir);
+	if (n && sig == SIGKILL && own_uid(a))
+		hpu_uid_kill(a->cfg.uid);
 	return n;
 }
 
