@@ -1011,6 +1011,11 @@ static void do_status(const hpu_codec_peer *peer, const char *session)
 	free(rsp);
 }
 
+/* A cancel ends the job, also one whose launch this hpud has just taken
+ * and not yet answered: a submitter interrupted while it submits sends
+ * the cancel right after its launch request, on the same connection, so
+ * it comes after the request (do_launch starts the job before anything
+ * else is read). */
 static void do_cancel(const char *addr, const Hpu__Cancel *c)
 {
 	job *j = c->job_id ? find_job(c->job_id) : NULL;
