@@ -18,7 +18,10 @@
  * then does on_idle come. With several agents under way in one process
  * (hpud), a leftover is an agent's when its environment holds the job's
  * HPU_JOB_ID and this attempt's HPU_JOB_TOKEN; one that replaced its
- * environment is ended by the last agent under way to finish. Where the
+ * environment is ended by the last agent under way to finish, which does
+ * not call it its own when an agent ended before it while others were
+ * under way (it may be that one's: "left behind by this job or an earlier
+ * one"). Where the
  * workers' uid is the job's alone (job_uid_first..job_uid_last, hpud's
  * job_uids), every process under that uid is the job's, wherever it is
  * and whatever its environment (uidproc.h), and one under another uid of

@@ -654,6 +654,73 @@ static void test_ctrl_c_at_any_point(void **state)
 	write_conf(2, NULL);
 }
 
+/* ---- what a job leaves, without job_uids ---- */
+
+#define SETSID_MODEL h_build("lib/setsid_child.so")
+
+/* Without job_uids every job runs as `user`, and a process that replaced
+ * its environment (a double fork, setsid, a program started with an
+ * empty environment) names no job: hpud cannot tell whose it is while
+ * another job runs, and it survives its job lfa. When the job that ran
+ * meanwhile (lfb) ends alone, hpud ends it, but does not put it down to
+ * lfb (issue 32, item 1: it used to say "left behind by the job's
+ * workers (job lfb ...)"). */
+static void test_unnamed_leftover_not_blamed(void **state)
+{
+	(void)state;
+	char pids[128], path[160];
+	snprintf(pids, sizeof pids, "%s/lfkids", dir);
+	assert_int_equal(mkdir(pids, 0755), 0);
+	assert_int_equal(chmod(pids, 01777), 0); /* the workers (nobody) write here */
+	write_patient_conf();
+	start_daemon();
+	proc b, a;
+	char *argv_b[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--job-id",
+			  "lfb", "--devices", "1", "--max-steps", "100000", "--log-every", "0",
+			  "--no-eval", (char *)SETSID_MODEL, "--", "--step-ms", "50", "--child",
+			  "none", NULL};
+	assert_int_equal(h_start(&b, argv_b, NULL), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, "job lfb from", 60000), 0);
+	char *argv_a[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--job-id",
+			  "lfa", "--devices", "1", "--max-steps", "3", "--log-every", "0",
+			  "--no-eval", (char *)SETSID_MODEL, "--", "--child", "detached",
+			  "--pid-dir", pids, NULL};
+	assert_int_equal(h_start(&a, argv_a, NULL), 0);
+	assert_int_equal(h_wait(&a, 120000), 0);
+	assert_int_equal(h_code(&a), 0);
+	h_free(&a);
+	snprintf(path, sizeof path, "%s/child.0", pids);
+	char *txt = h_slurp(path);
+	pid_t kid = txt ? (pid_t)atoi(txt) : -1;
+	free(txt);
+	assert_true(kid > 0);
+	int survived = h_alive(kid);
+	printf("  job lfa's detached child %d after lfa ended: %s\n", (int)kid,
+	       survived ? "alive (nothing names its job)" : "gone");
+	kill(b.pid, SIGINT);
+	assert_int_equal(h_wait(&b, 30000), 0);
+	assert_int_equal(h_code(&b), 128 + SIGINT);
+	h_free(&b);
+	assert_int_equal(daemon_idle(), 0);
+	/* hpud's log: what it ended comes before the job's end */
+	assert_int_equal(h_wait_for(&daemon_proc, "job lfb node 0 ended", 10000), 0);
+	int left = h_alive(kid);
+	if (left)
+		kill(kid, SIGKILL);
+	const char *said = strstr(daemon_proc.out, "left behind by this job or an earlier one");
+	if (said) {
+		while (said > daemon_proc.out && said[-1] != '\n')
+			said--;
+		printf("  %.*s\n", (int)strcspn(said, "\n"), said);
+	}
+	assert_false(left);
+	assert_null(strstr(daemon_proc.out, "left behind by the job's workers (job lfb,"));
+	if (survived)
+		assert_non_null(said);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -663,6 +730,7 @@ int main(void)
 		cmocka_unit_test(test_cancel_term_and_reload),
 		cmocka_unit_test(test_ctrl_c_before_acceptance),
 		cmocka_unit_test(test_ctrl_c_at_any_point),
+		cmocka_unit_test(test_unnamed_leftover_not_blamed),
 		cmocka_unit_test(test_workers_die_with_hpud),
 		cmocka_unit_test(test_concurrent_jobs_leave_nothing),
 		cmocka_unit_test(test_restart_through_hostfile),

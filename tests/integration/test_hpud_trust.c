@@ -382,6 +382,7 @@ static void test_leftovers_end_with_the_uid(void **state)
 	assert_int_equal(h_wait(&b, 30000), 0);
 	assert_int_equal(h_code(&b), 128 + SIGINT);
 	h_free(&b);
+	assert_int_equal(h_wait_for(&daemon_proc, "job uidb node 0 ended", 10000), 0);
 	assert_int_equal(uid_procs(ub), 0);
 	/* the leftover is uida's, and no other job is blamed for it */
 	const char *blame = strstr(daemon_proc.out, "left behind by the job's workers (job uida,");
