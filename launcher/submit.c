@@ -423,6 +423,8 @@ static int launch_node(int i, int restart)
 	snprintf(which, sizeof which, " (node %d)", i);
 	if (hello(nd, which) < 0)
 		return -1;
+	if (S.signo) /* nothing sent yet: nothing to cancel here */
+		return fail("interrupted");
 	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
 	q.job_id = (char *)a->job_id;
 	q.job_token = (char *)a->token;
@@ -458,10 +460,8 @@ static int launch_node(int i, int restart)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
 	env.launch_request = &q;
-	int sent = S.signo ? -1 : send_env(nd, &env);
+	int sent = send_env(nd, &env);
 	free(slots);
-	if (S.signo)
-		return fail("interrupted");
 	if (sent < 0)
 		return fail("cannot send to hpud at %s:%d: %s", nd->host, nd->port,
 			    zmq_strerror(errno));
