@@ -41,6 +41,7 @@
 #include "outq.h"
 #include "restart.h"
 #include "trust.h"
+#include "uidproc.h"
 #include "zwatch.h"
 
 #define MAX_JOBS 64
@@ -56,6 +57,7 @@
 				  * this, twice as long after each try that
 				  * sent nothing ... */
 #define DRAIN_MAX_S 0.05         /* ... up to this (a stalled submitter) */
+#define MAX_QUARANTINE 64        /* job_uids kept out of the pool at once */
 
 typedef struct job {
 	int used, ended;
@@ -111,6 +113,10 @@ static struct {
 	char instance[HPU_AUTH_ID_HEX + 1];
 	uint64_t seq;              /* of the last frame signed */
 	int journal;               /* stderr is journald's: prefix priorities */
+	/* job_uids that no job holds but processes still run under: given to
+	 * no job until none is left (check_quarantine) */
+	unsigned quarantine[MAX_QUARANTINE];
+	int nquarantine;
 } D;
 
 /* ---- logging (stderr: journald takes it from there) ---- */
@@ -211,12 +217,81 @@ static void free_argv(char **argv)
 	free(argv);
 }
 
+/* ---- job_uids: no uid is given out while a process runs under it ---- */
+
+/* Whether jobs run as uids of their own (job_uids). */
+static int own_uids(void)
+{
+	return D.set_user && D.conf.job_uid_first;
+}
+
+static int quarantined(unsigned uid)
+{
+	for (int i = 0; i < D.nquarantine; i++)
+		if (D.quarantine[i] == uid)
+			return 1;
+	return 0;
+}
+
+/* Keeps uid out of the pool, under which n processes still run (the
+ * first of them in pids, at most 8), says so and why (`whose`), and
+ * ends them (SIGKILL); check_quarantine takes it back once none is
+ * left. */
+static void quarantine(unsigned uid, int n, const pid_t *pids, const char *whose)
+{
+	char list[100] = "";
+	size_t len = 0;
+	for (int i = 0; i < n && i < 8 && len < sizeof list; i++)
+		len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", i ? " " : "",
+					(int)pids[i]);
+	if (!quarantined(uid) && D.nquarantine < MAX_QUARANTINE)
+		D.quarantine[D.nquarantine++] = uid;
+	logmsg(HPUD_LOG_WARN, "uid %u of job_uids is kept out of the pool: %d process%s still run%s under it (pid%s %s%s), %s; ending them",
+	       uid, n, n == 1 ? "" : "es", n == 1 ? "s" : "", n == 1 ? "" : "s", list,
+	       n > 8 ? " ..." : "", whose);
+	hpu_uid_kill(uid);
+}
+
+/* Every second: a quarantined uid under which nothing runs any more
+ * goes back to the pool; the others' processes get SIGKILL again. */
+static void check_quarantine(void)
+{
+	for (int i = 0; i < D.nquarantine;) {
+		unsigned uid = D.quarantine[i];
+		if (hpu_uid_procs(uid, NULL, 0) == 0) {
+			logmsg(HPUD_LOG_INFO, "uid %u of job_uids is back in the pool: no process runs under it any more",
+			       uid);
+			D.quarantine[i] = D.quarantine[--D.nquarantine];
+			continue;
+		}
+		hpu_uid_kill(uid);
+		i++;
+	}
+}
+
+/* After j's workers and what they left were ended (hpu_nodejob_destroy):
+ * a process that still runs under its uid keeps the uid out of the
+ * pool. */
+static void check_job_uid(const job *j)
+{
+	pid_t pids[8];
+	int n = own_uids() ? hpu_uid_procs(j->uid, pids, 8) : 0;
+	if (n > 0) {
+		char whose[128];
+		snprintf(whose, sizeof whose, "left by job %s, which has ended", j->id);
+		quarantine(j->uid, n, pids, whose);
+	}
+}
+
 /* Ends what j holds of the node: its workers' remains and its devices.
  * Its messages may still wait for the submitter (retired: ended, no nj). */
 static void retire_job(job *j)
 {
 	ev_timer_stop(D.loop, &j->progress_timer);
-	hpu_nodejob_destroy(&j->nj);
+	if (j->nj) {
+		hpu_nodejob_destroy(&j->nj);
+		check_job_uid(j);
+	}
 	for (int i = 0; i < j->devices; i++)
 		if (j->dev[i] >= 0 && j->dev[i] < MAX_DEVICES)
 			D.busy[j->dev[i]] = 0;
@@ -720,8 +795,9 @@ static int book_devices(job *j, char *why, size_t len)
 	return 0;
 }
 
-/* The uid of j's workers: with job_uids, the lowest one no other job
- * holds; 0, or -1 when all are taken. */
+/* The uid of j's workers: with job_uids, the lowest one that no other
+ * job holds and no process runs under (one that does is quarantined);
+ * 0, or -1 when there is none. */
 static int pick_uid(job *j)
 {
 	if (!D.conf.job_uid_first) {
@@ -729,10 +805,14 @@ static int pick_uid(job *j)
 		return 0;
 	}
 	for (unsigned u = D.conf.job_uid_first; u <= D.conf.job_uid_last; u++) {
-		int taken = 0;
+		int taken = quarantined(u);
 		for (int i = 0; i < MAX_JOBS && !taken; i++)
 			taken = D.jobs + i != j && D.jobs[i].used && D.jobs[i].uid == u;
-		if (!taken) {
+		pid_t pids[8];
+		int n = taken || !own_uids() ? 0 : hpu_uid_procs(u, pids, 8);
+		if (n > 0)
+			quarantine(u, n, pids, "which no running job holds");
+		if (!taken && !n) {
 			j->uid = u;
 			return 0;
 		}
@@ -780,8 +860,8 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	ev_timer_init(&j->progress_timer, on_progress_timer, PROGRESS_EVERY_S, 0);
 	j->progress_timer.data = j;
 	if (pick_uid(j) < 0) {
-		snprintf(why, sizeof why, "all %u uids of job_uids are taken by running jobs",
-			 D.conf.job_uid_last - D.conf.job_uid_first + 1);
+		snprintf(why, sizeof why, "all %u uids of job_uids are taken by running jobs or kept out of the pool (%d: processes still run under them)",
+			 D.conf.job_uid_last - D.conf.job_uid_first + 1, D.nquarantine);
 		j->devices = 0;
 		release_job(j);
 		logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, why);
@@ -832,6 +912,8 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		.set_user = D.set_user,
 		.uid = j->uid,
 		.gid = D.gid,
+		.job_uid_first = own_uids() ? D.conf.job_uid_first : 0,
+		.job_uid_last = own_uids() ? D.conf.job_uid_last : 0,
 		.join_timeout_s = 300,
 		.agent_timeout_s = 10,
 		.grace_s = 2,
@@ -931,6 +1013,11 @@ static void do_status(const hpu_codec_peer *peer, const char *session)
 	free(rsp);
 }
 
+/* A cancel ends the job, also one whose launch this hpud has just taken
+ * and not yet answered: a submitter interrupted while it submits sends
+ * the cancel right after its launch request, on the same connection, so
+ * it comes after the request (do_launch starts the job before anything
+ * else is read). */
 static void do_cancel(const char *addr, const Hpu__Cancel *c)
 {
 	job *j = c->job_id ? find_job(c->job_id) : NULL;
@@ -1107,6 +1194,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	(void)t;
 	(void)revents;
+	check_quarantine();
 	for (int i = 0; i < MAX_JOBS; i++) {
 		job *j = &D.jobs[i];
 		double silent = ev_now(loop) - j->last_ping;

@@ -34,6 +34,9 @@ typedef struct node {
 	int port;
 	void *sock;
 	int launched, ended, ok;
+	int requested;          /* its launch request went out, unanswered:
+				 * hpud may have accepted it (a cancel goes
+				 * to it all the same) */
 	int reconnect;          /* lost: a new connection before the next hello */
 	char reason[700];
 	double last_heard;
@@ -342,7 +345,19 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 	return NULL;
 }
 
-/* Drains every node's socket, waiting up to timeout_ms for something. */
+/* The answer to nd's launch request: it runs its part of the job (ok)
+ * or not; either way the request is answered. */
+static void take_launch_reply(node *nd, const Hpu__LaunchReply *r)
+{
+	if (!nd->requested || !r->job_id || strcmp(r->job_id, S.a->job_id) != 0)
+		return;
+	nd->requested = 0;
+	nd->launched = r->ok;
+}
+
+/* Drains every node's socket, waiting up to timeout_ms for something. A
+ * launch reply is taken (take_launch_reply) and, from node
+ * want_reply_from, handed to the caller in *reply. */
 static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 {
 	zmq_pollitem_t items[S.nn];
@@ -355,6 +370,8 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 		Hpu__Envelope *m;
 		while ((m = recv_env(&S.n[i]))) {
 			Hpu__Envelope *r = dispatch(&S.n[i], m);
+			if (r)
+				take_launch_reply(&S.n[i], r->launch_reply);
 			if (r && i == want_reply_from && reply && !*reply)
 				*reply = r;
 			else
@@ -409,6 +426,8 @@ static int launch_node(int i, int restart)
 	snprintf(which, sizeof which, " (node %d)", i);
 	if (hello(nd, which) < 0)
 		return -1;
+	if (S.signo) /* nothing sent yet: nothing to cancel here */
+		return fail("interrupted");
 	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
 	q.job_id = (char *)a->job_id;
 	q.job_token = (char *)a->token;
@@ -449,6 +468,9 @@ static int launch_node(int i, int restart)
 	if (sent < 0)
 		return fail("cannot send to hpud at %s:%d: %s", nd->host, nd->port,
 			    zmq_strerror(errno));
+	/* From here on hpud may run the job: an interruption cancels it there
+	 * too, answered or not (hpud takes the cancel after the request) */
+	nd->requested = 1;
 	Hpu__Envelope *r = NULL;
 	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;
 	while (!r && now_s() < deadline && !S.signo)
@@ -464,16 +486,20 @@ static int launch_node(int i, int restart)
 	else if (i == 0)
 		S.master_port = (int)r->launch_reply->master_port;
 	hpu_codec_free(r);
-	if (!ok)
-		return -1;
-	nd->launched = 1;
-	return 0;
+	return ok ? 0 : -1;
+}
+
+/* Whether nd runs its part of the job, or may (a request unanswered),
+ * and has not said that it ended. */
+static int may_run(const node *nd)
+{
+	return (nd->launched || nd->requested) && !nd->ended;
 }
 
 static void send_all(Hpu__Envelope *env)
 {
 	for (int i = 0; i < S.nn; i++)
-		if (S.n[i].launched && !S.n[i].ended)
+		if (may_run(&S.n[i]))
 			send_env(&S.n[i], env);
 }
 
@@ -500,7 +526,7 @@ static void ping_all(void)
 static int all_ended(void)
 {
 	for (int i = 0; i < S.nn; i++)
-		if (S.n[i].launched && !S.n[i].ended)
+		if (may_run(&S.n[i]))
 			return 0;
 	return 1;
 }
@@ -599,12 +625,31 @@ static int follow(char *cause, size_t len)
 	return outcome(cause, len);
 }
 
-/* Cancels the nodes' parts that run and waits up to max_s for their ends. */
+/* Cancels the nodes' parts that run (or may: their requests unanswered)
+ * and waits up to max_s for their ends (or for a refusal). */
 static void cancel_and_wait(double max_s)
 {
 	cancel_all();
 	for (double end = now_s() + max_s; !all_ended() && now_s() < end;)
 		pump(100, -1, NULL);
+}
+
+/* A signal came while the job was being submitted: it is cancelled on
+ * every node that accepted it or may have, as `follow` does. */
+static void interrupted_submitting(void)
+{
+	int n = 0;
+	for (int i = 0; i < S.nn; i++)
+		n += may_run(&S.n[i]);
+	hpu_progress_hide(&S.bar);
+	if (n)
+		fprintf(stderr, "hpulaunch: interrupted by %s while submitting: cancelling job %s on %d node%s\n",
+			S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, n, n == 1 ? "" : "s");
+	else
+		fprintf(stderr, "hpulaunch: interrupted by %s: job %s was not submitted\n",
+			S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id);
+	S.err[0] = 0;
+	cancel_and_wait(15);
 }
 
 /* "2 nodes x 4 devices", or where the hosts' slots differ "3 ranks on 2
@@ -634,7 +679,7 @@ static int launch_all(int restart)
 	S.lost = 0;
 	for (int i = 0; i < S.nn; i++) {
 		node *nd = &S.n[i];
-		nd->launched = nd->ended = nd->ok = 0;
+		nd->launched = nd->requested = nd->ended = nd->ok = 0;
 		nd->reason[0] = 0;
 		nd->last_heard = now_s();
 	}
@@ -642,7 +687,10 @@ static int launch_all(int restart)
 		if (launch_node(i, restart) < 0) {
 			/* What started must stop; before a restart, it must
 			 * have stopped (its devices, its coordinator's port). */
-			cancel_and_wait(restart < S.a->max_restarts ? 15 : 2);
+			if (S.signo)
+				interrupted_submitting();
+			else
+				cancel_and_wait(restart < S.a->max_restarts ? 15 : 2);
 			return -1;
 		}
 		S.n[i].last_heard = now_s();
@@ -673,7 +721,7 @@ static int run_attempts(void)
 		}
 		if (launch_all(r.attempt) < 0) {
 			if (r.attempt == 0 || S.signo) {
-				rc = S.signo && r.attempt ? 128 + S.signo : 1;
+				rc = S.signo ? 128 + S.signo : 1;
 				break; /* the caller prints S.err */
 			}
 			fprintf(stderr, "hpulaunch: error: %s\n", S.err);

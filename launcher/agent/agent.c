@@ -1,6 +1,7 @@
 #include "agent.h"
 #include "shmname.h"
 #include "num.h"
+#include "uidproc.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -33,6 +34,12 @@
 #define GIVE_UP_S 5.0
 
 extern char **environ;
+
+/* Distinct pids, for the log. */
+typedef struct pidset {
+	pid_t *v;
+	int n, cap;
+} pidset;
 
 /* One of a worker's output streams. */
 typedef struct stream {
@@ -90,14 +97,20 @@ struct hpu_agent {
 	int swept;        /* done with that */
 	ev_tstamp kill_at, give_up_at;
 	ev_timer drain_timer, sweep_timer;
-	pid_t *ended;     /* the processes signalled (distinct), for the log */
-	int n_ended, cap_ended;
+	pidset ended;     /* the processes signalled (distinct), for the log: */
+	pidset unsure;    /* ... and those that may be an earlier job's */
 	struct hpu_agent *next; /* every agent of this process */
 };
 
 /* Every agent of this process: a process left behind becomes a child of
  * this process, whichever agent's job it came from. */
 static hpu_agent *agents;
+
+/* Agents that ended while others were under way, since the last one that
+ * ended alone and left nothing: a process of theirs that replaced its
+ * environment may have outlived them, and cannot be told from one of a
+ * later job's. */
+static int unsure_strays;
 
 hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 {
@@ -439,21 +452,44 @@ static int env_has(const hpu_agent *a, pid_t pid, const char *n1, const char *n2
 	return found == 3;
 }
 
-/* Whether our child pid (state from /proc/PID/stat) is a's to end: not a
- * worker; with no other job under way in this process, any child; else
- * one whose environment names a's job and attempt. */
-static int leftover_of(const hpu_agent *a, pid_t pid, char state)
+/* Whether a's workers run under a uid of their own (hpud's job_uids). */
+static int own_uid(const hpu_agent *a)
+{
+	return a->cfg.set_user && a->cfg.job_uid_first && a->cfg.uid &&
+	       a->cfg.uid >= a->cfg.job_uid_first && a->cfg.uid <= a->cfg.job_uid_last;
+}
+
+/* What a process is to a's sweep (leftover_of). */
+enum { NOT_ITS, ITS, MAYBE_ITS };
+
+/* Whether pid (parent ppid, state from /proc/PID/stat) is a's to end: not
+ * a worker; with a uid of its own, any process under that uid, and none
+ * under another uid of the range; else a child of ours whose environment
+ * names a's job and attempt, or, with no other job under way in this
+ * process, any child: MAYBE_ITS when an earlier job may have left it
+ * (unsure_strays). */
+static int leftover_of(const hpu_agent *a, pid_t pid, pid_t ppid, char state)
 {
 	if (is_live_worker(pid))
-		return 0;
-	if (alone(a))
-		return 1;
-	if (state == 'Z' || state == 'X')
-		return 0; /* its environment is gone; the loop reaps it */
+		return NOT_ITS;
+	hpu_procinfo pi;
+	if (own_uid(a) && hpu_proc_info(pid, &pi) == 0) {
+		if (hpu_proc_has_uid(&pi, a->cfg.uid))
+			return ITS;
+		if (hpu_proc_uid_in(&pi, a->cfg.job_uid_first, a->cfg.job_uid_last))
+			return NOT_ITS; /* another job's */
+	}
+	if (ppid != getpid())
+		return NOT_ITS;
+	int lone = alone(a);
+	if (state == 'Z' || state == 'X') /* its environment is gone */
+		return lone ? ITS : NOT_ITS; /* reaped here, else by the loop */
 	char id[600], tok[300];
 	snprintf(id, sizeof id, "%s=%s", hpu_env_name(HPU_ENV_HPU_JOB_ID), a->cfg.job_id);
 	snprintf(tok, sizeof tok, "%s=%s", hpu_env_name(HPU_ENV_HPU_JOB_TOKEN), a->cfg.token);
-	return env_has(a, pid, id, tok);
+	if (env_has(a, pid, id, tok))
+		return ITS;
+	return !lone ? NOT_ITS : unsure_strays ? MAYBE_ITS : ITS;
 }
 
 /* The parent, process group and state of pid from /proc/PID/stat;
@@ -480,27 +516,29 @@ static int proc_stat(pid_t pid, pid_t *ppid, pid_t *pgid, char *state)
 }
 
 /* Notes that pid was signalled; returns whether it was before. */
-static int note_ended(hpu_agent *a, pid_t pid)
+static int note_ended(pidset *set, pid_t pid)
 {
-	for (int i = 0; i < a->n_ended; i++)
-		if (a->ended[i] == pid)
+	for (int i = 0; i < set->n; i++)
+		if (set->v[i] == pid)
 			return 1;
-	if (a->n_ended == a->cap_ended) {
-		int cap = a->cap_ended ? 2 * a->cap_ended : 8;
-		pid_t *g = realloc(a->ended, (size_t)cap * sizeof *g);
+	if (set->n == set->cap) {
+		int cap = set->cap ? 2 * set->cap : 8;
+		pid_t *g = realloc(set->v, (size_t)cap * sizeof *g);
 		if (!g)
 			return 0;
-		a->ended = g;
-		a->cap_ended = cap;
+		set->v = g;
+		set->cap = cap;
 	}
-	a->ended[a->n_ended++] = pid;
+	set->v[set->n++] = pid;
 	return 0;
 }
 
 /* Sends sig to every process a's workers left behind (SIGTERM only once
  * to each), and to its process group where it leads one; reaps those
- * that are already dead. Returns how many there were, dead ones
- * included: 0 when none is left. */
+ * that are already dead. With a uid of its own, SIGKILL goes to all
+ * under that uid at once too (hpu_uid_kill). Returns how many there
+ * were, dead children included (a zombie that is not ours is its
+ * parent's to reap): 0 when none is left. */
 static int sweep(hpu_agent *a, int sig)
 {
 	pid_t self = getpid(), group = getpgrp();
@@ -510,16 +548,18 @@ static int sweep(hpu_agent *a, int sig)
 	while (dir && (e = readdir(dir)) != NULL) {
 		pid_t pid, ppid, pgid; /* an int */
 		char state;
-		if (hpu_parse_int(e->d_name, 1, INT_MAX, &pid) ||
-		    proc_stat(pid, &ppid, &pgid, &state) < 0 || ppid != self ||
-		    !leftover_of(a, pid, state))
+		int whose;
+		if (hpu_parse_int(e->d_name, 1, INT_MAX, &pid) || pid == self ||
+		    proc_stat(pid, &ppid, &pgid, &state) < 0 ||
+		    (ppid != self && (!own_uid(a) || state == 'Z' || state == 'X')) ||
+		    (whose = leftover_of(a, pid, ppid, state)) == NOT_ITS)
 			continue;
 		n++;
 		if (state == 'Z' || state == 'X') {
 			waitpid(pid, NULL, WNOHANG); /* ours: no watcher wants it */
 			continue;
 		}
-		if (note_ended(a, pid) && sig == SIGTERM)
+		if (note_ended(whose == ITS ? &a->ended : &a->unsure, pid) && sig == SIGTERM)
 			continue;
 		kill(pid, sig);
 		if (pgid == pid && pgid != group)
@@ -527,21 +567,41 @@ static int sweep(hpu_agent *a, int sig)
 	}
 	if (dir)
 		closedir(dir);
+	if (n && sig == SIGKILL && own_uid(a))
+		hpu_uid_kill(a->cfg.uid);
 	return n;
 }
 
-/* Says what was ended (and what would not end: `left`). */
+/* "12 34 56" for the log. */
+static const char *pid_list(const pidset *set, char *buf, size_t len)
+{
+	size_t k = 0;
+	buf[0] = 0;
+	for (int i = 0; i < set->n && k + 16 < len; i++)
+		k += (size_t)snprintf(buf + k, len - k, "%s%d", i ? " " : "", (int)set->v[i]);
+	return buf;
+}
+
+/* Says what was ended (and what would not end: `left`); a process that
+ * an earlier job may have left is not put down to this one. Counts, in
+ * unsure_strays, whether processes of this job's may have been left to
+ * later ones. */
 static void report_leftovers(const hpu_agent *a, int left)
 {
-	char pids[200] = "";
-	size_t len = 0;
-	for (int i = 0; i < a->n_ended && len < sizeof pids - 16; i++)
-		len += (size_t)snprintf(pids + len, sizeof pids - len, "%s%d", i ? " " : "",
-					(int)a->ended[i]);
-	if (a->n_ended > 0)
+	char pids[200];
+	const pidset *e = &a->ended, *u = &a->unsure;
+	if (e->n > 0)
 		fprintf(stderr, "%s: ended %d process%s left behind by the job's workers (job %s, node %d; pid%s %s)\n",
-			program_invocation_short_name, a->n_ended, a->n_ended == 1 ? "" : "es",
-			a->cfg.job_id, a->cfg.node_rank, a->n_ended == 1 ? "" : "s", pids);
+			program_invocation_short_name, e->n, e->n == 1 ? "" : "es", a->cfg.job_id,
+			a->cfg.node_rank, e->n == 1 ? "" : "s", pid_list(e, pids, sizeof pids));
+	if (u->n > 0)
+		fprintf(stderr, "%s: ended %d process%s left behind by this job or an earlier one (the environment names no job; found as job %s ended, node %d; pid%s %s)\n",
+			program_invocation_short_name, u->n, u->n == 1 ? "" : "es", a->cfg.job_id,
+			a->cfg.node_rank, u->n == 1 ? "" : "s", pid_list(u, pids, sizeof pids));
+	if (!alone(a))
+		unsure_strays++;
+	else if (left == 0)
+		unsure_strays = 0; /* none of ours is left: nobody's either */
 	if (left > 0)
 		fprintf(stderr, "%s: warning: %d process%s left behind by the job's workers would not end (job %s, node %d)\n",
 			program_invocation_short_name, left, left == 1 ? "" : "es", a->cfg.job_id,
@@ -1074,7 +1134,8 @@ void hpu_agent_destroy(hpu_agent **pa)
 			*p = a->next;
 			break;
 		}
-	free(a->ended);
+	free(a->ended.v);
+	free(a->unsure.v);
 	free(a->w);
 	free(a);
 	*pa = NULL;

@@ -18,7 +18,14 @@
  * then does on_idle come. With several agents under way in one process
  * (hpud), a leftover is an agent's when its environment holds the job's
  * HPU_JOB_ID and this attempt's HPU_JOB_TOKEN; one that replaced its
- * environment is ended by the last agent under way to finish. */
+ * environment is ended by the last agent under way to finish, which does
+ * not call it its own when an agent ended before it while others were
+ * under way (it may be that one's: "left behind by this job or an earlier
+ * one"). Where the
+ * workers' uid is the job's alone (job_uid_first..job_uid_last, hpud's
+ * job_uids), every process under that uid is the job's, wherever it is
+ * and whatever its environment (uidproc.h), and one under another uid of
+ * the range is never this job's. */
 #ifndef HPU_AGENT_H
 #define HPU_AGENT_H
 
@@ -79,6 +86,10 @@ typedef struct hpu_agent_cfg {
 	 * exec) when set_user is 1. */
 	int set_user;
 	unsigned uid, gid;
+	/* With set_user: the range of uids kept for jobs, one each (hpud's
+	 * job_uids), which uid is in; 0 and 0 when uid may be shared. Then
+	 * the job's end ends every process under uid, its children or not. */
+	unsigned job_uid_first, job_uid_last;
 	/* Optional: a worker's output line (without newline or prefix) goes
 	 * here instead of to this process's stdout/stderr (the rank's log
 	 * file still gets it). is_err: it came from the worker's stderr. */

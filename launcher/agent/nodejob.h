@@ -38,6 +38,8 @@ typedef struct hpu_nodejob_cfg {
 	const int *device_ids;    /* or NULL (agent.h) */
 	int set_user;             /* run the workers as uid/gid */
 	unsigned uid, gid;
+	/* uid is the job's alone, one of these (agent.h); 0 0: shared */
+	unsigned job_uid_first, job_uid_last;
 	double join_timeout_s, agent_timeout_s, grace_s;
 	const char *who;          /* message prefix: "hpulaunch", "hpud" */
 	int quiet;                /* no error lines on stderr */

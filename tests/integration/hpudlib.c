@@ -218,3 +218,68 @@ long rss_kib(pid_t pid)
 {
 	return proc_status(pid, "VmRSS:");
 }
+
+/* ---- a fake hpud ---- */
+
+Hpu__Envelope *fake_recv(fake *f)
+{
+	static uint8_t buf[HPU_AUTH_MAX_FRAME];
+	zmq_pollitem_t it = {.socket = f->sock, .events = ZMQ_POLLIN};
+	if (zmq_poll(&it, 1, 10000) <= 0)
+		return NULL;
+	int n = zmq_recv(f->sock, f->id, sizeof f->id, 0);
+	if (n <= 0 || n > (int)sizeof f->id)
+		return NULL;
+	f->idlen = (size_t)n;
+	n = zmq_recv(f->sock, buf, sizeof buf, 0);
+	const void *body;
+	size_t blen;
+	if (n <= 0 || n > (int)sizeof buf ||
+	    hpu_auth_verify(f->auth, buf, (size_t)n, hpu_auth_now_ms(), &body, &blen, NULL, 0) < 0)
+		return NULL;
+	return hpu_codec_unpack(body, blen);
+}
+
+uint8_t *fake_sign(fake *f, Hpu__Envelope *env, const char *instance, const char *session,
+		   uint64_t seq, size_t *len)
+{
+	env->instance = (char *)instance;
+	env->session = (char *)session;
+	env->seq = seq;
+	uint8_t *body = NULL, *frame = NULL;
+	size_t blen = hpu_codec_pack(env, &body);
+	*len = body ? hpu_auth_sign(f->auth, body, blen, hpu_auth_now_ms(), &frame) : 0;
+	free(body);
+	return frame; /* NULL only without memory */
+}
+
+int fake_put(fake *f, const void *frame, size_t len)
+{
+	if (!frame || zmq_send(f->sock, f->id, f->idlen, ZMQ_SNDMORE) < 0)
+		return -1;
+	return zmq_send(f->sock, frame, len, 0) < 0 ? -1 : 0;
+}
+
+void fake_open(fake *f, int p)
+{
+	char ep[64];
+	int one = 1, hwm = 100000, wait_ms = 20000;
+	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p);
+	memset(f, 0, sizeof *f);
+	f->ctx = zmq_ctx_new();
+	f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
+	zmq_setsockopt(f->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+	zmq_setsockopt(f->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+	zmq_setsockopt(f->sock, ZMQ_SNDTIMEO, &wait_ms, sizeof wait_ms);
+	assert_int_equal(zmq_bind(f->sock, ep), 0);
+	f->auth = hpu_auth_new(key, 30000, 1 << 16);
+}
+
+void fake_close(fake *f)
+{
+	int zero = 0;
+	zmq_setsockopt(f->sock, ZMQ_LINGER, &zero, sizeof zero);
+	zmq_close(f->sock);
+	zmq_ctx_term(f->ctx);
+	hpu_auth_destroy(&f->auth);
+}

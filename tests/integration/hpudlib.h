@@ -77,6 +77,34 @@ uint8_t *status_frame(client *c, int64_t skew_ms, size_t *len);
  * timeout_ms (or when it is not genuine). Free with hpu_codec_free. */
 Hpu__Envelope *await_reply(client *c, int timeout_ms);
 
+/* A fake hpud, for the submitter's side: a ZeroMQ ROUTER with the
+ * cluster's key. */
+typedef struct fake {
+	void *ctx, *sock;
+	hpu_auth *auth;
+	uint8_t id[256]; /* hpulaunch's routing id */
+	size_t idlen;
+} fake;
+
+/* A fake hpud on 127.0.0.1:p, with the cluster's key. Its sends wait for
+ * room (up to 20 s) rather than drop (ZMQ_ROUTER_MANDATORY). */
+void fake_open(fake *f, int p);
+void fake_close(fake *f);
+
+/* The next request to the fake hpud, verified, or NULL (nothing within
+ * 10 s, or not genuine); f->id becomes its sender's. No cmocka
+ * assertion: a thread may call it. Free with hpu_codec_free. */
+Hpu__Envelope *fake_recv(fake *f);
+
+/* env signed as hpud signs it (for `instance`, `session`, numbered seq);
+ * *len gets the frame's size. NULL only without memory; caller frees. */
+uint8_t *fake_sign(fake *f, Hpu__Envelope *env, const char *instance, const char *session,
+		   uint64_t seq, size_t *len);
+
+/* Sends a frame to the last sender (waiting for room); 0, or -1 when it
+ * is gone. */
+int fake_put(fake *f, const void *frame, size_t len);
+
 /* The number of jobs hpud runs, from a status request. */
 int jobs_running(void);
 

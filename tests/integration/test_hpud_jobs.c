@@ -3,7 +3,9 @@
  *
  * - jobs: a training job through hpulaunch --hostfile, its workers running
  *   as the configured user; devices not double-booked; --status; a
- *   submitter that goes away, Ctrl-C, SIGTERM and SIGHUP to the daemon;
+ *   submitter that goes away, Ctrl-C (also while the job is submitted:
+ *   exit 130 and the job cancelled everywhere), SIGTERM and SIGHUP to the
+ *   daemon;
  *   workers that die with hpud; rounds of jobs that leave nothing behind;
  * - --max-restarts: a job that fails once is submitted again with
  *   HPU_RESTART_COUNT=1 and succeeds;
@@ -555,7 +557,222 @@ static void test_stopped_submitter_output_bounded(void **state)
 	unlink(script);
 }
 
+/* ---- Ctrl-C while a job is being submitted ---- */
 
+/* hpud's configuration, with a submitter_timeout of 600 s: a job that
+ * ends soon after its submitter went away ended because it was
+ * cancelled, not because the submitter fell silent. */
+static void write_patient_conf(void)
+{
+	char text[512];
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 600\n",
+		 port, key_path);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+}
+
+/* Waits (30 s at most) until hpud runs no job and no worker; 0 then. */
+static int daemon_idle(void)
+{
+	pid_t kids[4];
+	for (int t = 0; t < 300; t++) {
+		if (jobs_running() == 0 && h_children(daemon_proc.pid, kids, 4) == 0)
+			return 0;
+		usleep(100000);
+	}
+	return -1;
+}
+
+/* The fake hpud answers the last sender with env (its instance, the
+ * sender's session, numbered seq). */
+static void fake_reply(fake *f, Hpu__Envelope *env, const char *session, uint64_t seq)
+{
+	size_t len;
+	uint8_t *fr = fake_sign(f, env, "00112233445566778899aabbccddeeff", session, seq, &len);
+	assert_int_equal(fake_put(f, fr, len), 0);
+	free(fr);
+}
+
+/* Issue 32, item 9: Ctrl-C while the job is being submitted to node 1,
+ * which has its launch request but has not answered it yet (a fake hpud),
+ * node 0 (the real hpud) having accepted its part. hpulaunch exits 130,
+ * not 1 ("interrupted"), and cancels the job on every node that accepted
+ * it or may have: node 1 gets a cancel although its acceptance never
+ * came, and node 0's part ends (hpud's submitter_timeout, 600 s, would
+ * have ended it much later). */
+static void test_ctrl_c_before_acceptance(void **state)
+{
+	(void)state;
+	write_patient_conf();
+	start_daemon();
+	fake f;
+	int fport = h_free_port();
+	fake_open(&f, fport);
+	char hf[160], text[128];
+	snprintf(hf, sizeof hf, "%s/hostfile-fake1", dir);
+	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n127.0.0.1:%d slots=1\n", port, fport);
+	assert_int_equal(h_write_file(hf, text, 0644), 0);
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hf, "--key", key_path, "--job-id", "ctrlc1",
+			"--epochs", "50", "--log-every", "5", (char *)MODEL, "--", "--hidden", "16",
+			NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	Hpu__Envelope *q = fake_recv(&f);
+	assert_non_null(q);
+	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_HELLO);
+	char session[64];
+	snprintf(session, sizeof session, "%s", q->session);
+	hpu_codec_free(q);
+	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
+	hr.instance = "00112233445566778899aabbccddeeff";
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &hr;
+	fake_reply(&f, &env, session, 1);
+	q = fake_recv(&f);
+	assert_non_null(q);
+	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_LAUNCH_REQUEST);
+	assert_string_equal(q->launch_request->job_id, "ctrlc1");
+	assert_int_equal(q->launch_request->node_rank, 1);
+	hpu_codec_free(q);
+	assert_int_equal(h_wait_for(&daemon_proc, "job ctrlc1 from", 10000), 0); /* node 0's */
+	kill(p.pid, SIGINT);
+	int cancelled = 0;
+	for (int i = 0; i < 8 && !cancelled && (q = fake_recv(&f)); i++) {
+		cancelled = q->msg_case == HPU__ENVELOPE__MSG_CANCEL &&
+			    !strcmp(q->cancel->job_id, "ctrlc1");
+		hpu_codec_free(q);
+	}
+	if (cancelled) { /* its part ends: it never started */
+		Hpu__JobEnd je = HPU__JOB_END__INIT;
+		je.job_id = "ctrlc1";
+		je.node_rank = 1;
+		je.reason = "cancelled by the submitter";
+		env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
+		env.job_end = &je;
+		fake_reply(&f, &env, session, 2);
+	}
+	int exited = h_wait(&p, 30000) == 0;
+	if (!exited)
+		h_kill(&p);
+	printf("%s", p.out);
+	printf("  node 1 (not yet answered) got a cancel: %s\n", cancelled ? "yes" : "no");
+	assert_true(exited);
+	assert_true(cancelled);
+	assert_int_equal(h_code(&p), 128 + SIGINT);
+	h_free(&p);
+	assert_int_equal(daemon_idle(), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, "job ctrlc1: cancelled by the submitter", 5000), 0);
+	fake_close(&f);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
+/* Ctrl-C at several points of a submission to the real hpud (before it
+ * connects, while it says hello, waits for the acceptance, or follows the
+ * job): hpulaunch exits 130 every time, and hpud's part of the job, if
+ * it started, ends with its workers (submitter_timeout is 600 s). */
+static void test_ctrl_c_at_any_point(void **state)
+{
+	(void)state;
+	static const int delay_ms[] = {0, 5, 10, 20, 40, 80, 160};
+	write_patient_conf();
+	start_daemon();
+	for (size_t i = 0; i < sizeof delay_ms / sizeof delay_ms[0]; i++) {
+		char id[32];
+		snprintf(id, sizeof id, "ctrlc-%d", delay_ms[i]);
+		char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+				"--job-id", id, "--epochs", "50", "--log-every", "5", (char *)MODEL,
+				"--", "--hidden", "16", NULL};
+		proc p;
+		assert_int_equal(h_start(&p, argv, NULL), 0);
+		usleep((useconds_t)delay_ms[i] * 1000);
+		kill(p.pid, SIGINT);
+		int exited = h_wait(&p, 30000) == 0;
+		if (!exited)
+			h_kill(&p);
+		int code = exited ? h_code(&p) : -1, idle = daemon_idle();
+		const char *said = strstr(p.out, "hpulaunch: interrupted");
+		printf("  SIGINT %3d ms after the start: exit %d, hpud %s; %.*s\n", delay_ms[i], code,
+		       idle == 0 ? "idle" : "still runs the job", said ? (int)strcspn(said, "\n") : 0,
+		       said ? said : "");
+		if (code != 128 + SIGINT || idle != 0)
+			printf("%s", p.out);
+		assert_int_equal(code, 128 + SIGINT);
+		assert_int_equal(idle, 0);
+		h_free(&p);
+	}
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
+/* ---- what a job leaves, without job_uids ---- */
+
+#define SETSID_MODEL h_build("lib/setsid_child.so")
+
+/* Without job_uids every job runs as `user`, and a process that replaced
+ * its environment (a double fork, setsid, a program started with an
+ * empty environment) names no job: hpud cannot tell whose it is while
+ * another job runs, and it survives its job lfa. When the job that ran
+ * meanwhile (lfb) ends alone, hpud ends it, but does not put it down to
+ * lfb (issue 32, item 1: it used to say "left behind by the job's
+ * workers (job lfb ...)"). */
+static void test_unnamed_leftover_not_blamed(void **state)
+{
+	(void)state;
+	char pids[128], path[160];
+	snprintf(pids, sizeof pids, "%s/lfkids", dir);
+	assert_int_equal(mkdir(pids, 0755), 0);
+	assert_int_equal(chmod(pids, 01777), 0); /* the workers (nobody) write here */
+	write_patient_conf();
+	start_daemon();
+	proc b, a;
+	char *argv_b[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--job-id",
+			  "lfb", "--devices", "1", "--max-steps", "100000", "--log-every", "0",
+			  "--no-eval", (char *)SETSID_MODEL, "--", "--step-ms", "50", "--child",
+			  "none", NULL};
+	assert_int_equal(h_start(&b, argv_b, NULL), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, "job lfb from", 60000), 0);
+	char *argv_a[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--job-id",
+			  "lfa", "--devices", "1", "--max-steps", "3", "--log-every", "0",
+			  "--no-eval", (char *)SETSID_MODEL, "--", "--child", "detached",
+			  "--pid-dir", pids, NULL};
+	assert_int_equal(h_start(&a, argv_a, NULL), 0);
+	assert_int_equal(h_wait(&a, 120000), 0);
+	assert_int_equal(h_code(&a), 0);
+	h_free(&a);
+	snprintf(path, sizeof path, "%s/child.0", pids);
+	char *txt = h_slurp(path);
+	pid_t kid = txt ? (pid_t)atoi(txt) : -1;
+	free(txt);
+	assert_true(kid > 0);
+	int survived = h_alive(kid);
+	printf("  job lfa's detached child %d after lfa ended: %s\n", (int)kid,
+	       survived ? "alive (nothing names its job)" : "gone");
+	kill(b.pid, SIGINT);
+	assert_int_equal(h_wait(&b, 30000), 0);
+	assert_int_equal(h_code(&b), 128 + SIGINT);
+	h_free(&b);
+	assert_int_equal(daemon_idle(), 0);
+	/* hpud's log: what it ended comes before the job's end */
+	assert_int_equal(h_wait_for(&daemon_proc, "job lfb node 0 ended", 10000), 0);
+	int left = h_alive(kid);
+	if (left)
+		kill(kid, SIGKILL);
+	const char *said = strstr(daemon_proc.out, "left behind by this job or an earlier one");
+	if (said) {
+		while (said > daemon_proc.out && said[-1] != '\n')
+			said--;
+		printf("  %.*s\n", (int)strcspn(said, "\n"), said);
+	}
+	assert_false(left);
+	assert_null(strstr(daemon_proc.out, "left behind by the job's workers (job lfb,"));
+	if (survived)
+		assert_non_null(said);
+	stop_daemon();
+	write_conf(2, NULL);
+}
 
 int main(void)
 {
@@ -565,6 +782,9 @@ int main(void)
 		cmocka_unit_test(test_relative_paths_through_hostfile),
 		cmocka_unit_test(test_busy_status_and_lost_submitter),
 		cmocka_unit_test(test_cancel_term_and_reload),
+		cmocka_unit_test(test_ctrl_c_before_acceptance),
+		cmocka_unit_test(test_ctrl_c_at_any_point),
+		cmocka_unit_test(test_unnamed_leftover_not_blamed),
 		cmocka_unit_test(test_workers_die_with_hpud),
 		cmocka_unit_test(test_concurrent_jobs_leave_nothing),
 		cmocka_unit_test(test_restart_through_hostfile),

@@ -5,15 +5,19 @@
  *   --gen-key; a configuration, key or worker program (or a directory
  *   above them) that someone else owns or may write, also on SIGHUP;
  * - job_uids: two jobs run as uids of their own and cannot read each
- *   other's environment or signal each other's workers.
+ *   other's environment or signal each other's workers; a job's end ends
+ *   every process of its uid, and a uid is never given out while a
+ *   process runs under it.
  * Needs root (the workers switch to the user 'nobody'). */
 #include "hpudlib.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- start-up ---- */
@@ -233,12 +237,173 @@ static void test_jobs_isolated(void **state)
 	write_conf(2, NULL);
 }
 
+/* ---- what a job leaves under its uid ---- */
+
+#define SETSID_MODEL h_build("lib/setsid_child.so")
+
+/* The processes, zombies aside, whose real, effective, saved or
+ * filesystem uid is uid. */
+static int uid_procs(unsigned uid)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	int n = 0;
+	while (d && (e = readdir(d)) != NULL) {
+		char path[300], line[256];
+		if (e->d_name[0] < '1' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof path, "/proc/%s/status", e->d_name);
+		FILE *f = fopen(path, "r");
+		unsigned u[4];
+		int zombie = 0, mine = 0;
+		while (f && fgets(line, sizeof line, f)) {
+			if (!strncmp(line, "State:", 6))
+				zombie = strchr(line, 'Z') != NULL;
+			if (sscanf(line, "Uid: %u %u %u %u", &u[0], &u[1], &u[2], &u[3]) == 4)
+				mine = u[0] == uid || u[1] == uid || u[2] == uid || u[3] == uid;
+		}
+		if (f)
+			fclose(f);
+		n += mine && !zombie;
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* hpulaunch --hostfile, job `id` on one device: setsid_child with
+ * `child` (setsid, detached, none) for `steps` steps. */
+static void start_uid_job(proc *p, const char *id, const char *steps, const char *child,
+			  const char *pid_dir)
+{
+	char *a[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--job-id",
+		     (char *)id, "--devices", "1", "--max-steps", (char *)steps, "--log-every", "0",
+		     "--no-eval", (char *)SETSID_MODEL, "--", "--step-ms", "50", "--child",
+		     (char *)child, "--pid-dir", (char *)pid_dir, NULL};
+	assert_int_equal(h_start(p, a, NULL), 0);
+}
+
+/* The uid hpud says job `id` runs as ("job ID from ...: ... as uid N"). */
+static unsigned job_uid(const char *id)
+{
+	char text[96];
+	snprintf(text, sizeof text, "job %s from ", id);
+	assert_int_equal(h_wait_for(&daemon_proc, text, 60000), 0);
+	const char *as = strstr(strstr(daemon_proc.out, text), " as uid ");
+	unsigned uid = 0;
+	assert_non_null(as);
+	assert_int_equal(sscanf(as, " as uid %u", &uid), 1);
+	printf("  job %s runs as uid %u\n", id, uid);
+	return uid;
+}
+
+/* Runs a 3-step job `id` to its end; returns its uid. */
+static unsigned run_short_job(const char *id, const char *child, const char *pid_dir)
+{
+	proc p;
+	start_uid_job(&p, id, "3", child, pid_dir);
+	unsigned uid = job_uid(id);
+	assert_int_equal(h_wait(&p, 120000), 0);
+	if (h_code(&p))
+		printf("%s", p.out);
+	assert_int_equal(h_code(&p), 0);
+	h_free(&p);
+	return uid;
+}
+
+/* Issue 32, item 1: with job_uids, a job's leftover (a double fork,
+ * setsid, an empty environment: nothing says whose it is) used to
+ * survive its job while another job ran, and could read the token of
+ * the next job to get the uid. Now a job's end ends every process of
+ * its uid, and hpud gives out no uid a process runs under (one left from
+ * before, a stray): it keeps that uid out of the pool, says so, ends the
+ * processes and takes the uid back once none is left. Only the job that
+ * left a process is named for it. */
+static void test_leftovers_end_with_the_uid(void **state)
+{
+	(void)state;
+	char pids[128], text[1024];
+	snprintf(pids, sizeof pids, "%s/uidkids", dir);
+	assert_int_equal(mkdir(pids, 0755), 0);
+	assert_int_equal(chmod(pids, 01777), 0); /* the jobs' uids write here */
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 600\njob_uids = 61000-61009\n",
+		 port, key_path);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	start_daemon();
+	proc b; /* runs on while the others come and go */
+	start_uid_job(&b, "uidb", "100000", "none", pids);
+	unsigned ub = job_uid("uidb");
+
+	/* job uida leaves a detached child and ends while uidb runs */
+	unsigned ua = run_short_job("uida", "detached", pids);
+	snprintf(text, sizeof text, "%s/child.0", pids);
+	char *s = h_slurp(text);
+	pid_t kid = s ? (pid_t)atoi(s) : -1;
+	free(s);
+	assert_true(kid > 0);
+	int alive = h_alive(kid), left = uid_procs(ua);
+	printf("  after job uida (uid %u) ended: its detached child %d %s, %d processes of uid %u\n",
+	       ua, (int)kid, alive ? "alive" : "gone", left, ua);
+	if (alive)
+		kill(kid, SIGKILL);
+	assert_false(alive);
+	assert_int_equal(left, 0);
+
+	/* a stray process under the uid the next job would get */
+	pid_t stray = fork();
+	assert_true(stray >= 0);
+	if (stray == 0) {
+		if (setresuid(ua, ua, ua) == 0)
+			pause();
+		_exit(1);
+	}
+	for (int t = 0; t < 500 && uid_procs(ua) == 0; t++) /* until it has switched */
+		usleep(10000);
+	assert_int_equal(uid_procs(ua), 1);
+	unsigned uc = run_short_job("uidc", "none", pids);
+	int stray_alive = h_alive(stray);
+	if (stray_alive)
+		kill(stray, SIGKILL);
+	waitpid(stray, NULL, 0);
+	assert_int_not_equal(uc, ua);
+	assert_false(stray_alive);
+	snprintf(text, sizeof text, "uid %u of job_uids is kept out of the pool", ua);
+	const char *q = strstr(daemon_proc.out, text);
+	assert_non_null(q);
+	printf("  %.*s\n", (int)strcspn(q, "\n"), q);
+	/* back in the pool once nothing runs under it */
+	snprintf(text, sizeof text, "uid %u of job_uids is back in the pool", ua);
+	assert_int_equal(h_wait_for(&daemon_proc, text, 30000), 0);
+	assert_int_equal(run_short_job("uidd", "none", pids), ua);
+
+	kill(b.pid, SIGINT);
+	assert_int_equal(h_wait(&b, 30000), 0);
+	assert_int_equal(h_code(&b), 128 + SIGINT);
+	h_free(&b);
+	assert_int_equal(h_wait_for(&daemon_proc, "job uidb node 0 ended", 10000), 0);
+	assert_int_equal(uid_procs(ub), 0);
+	/* the leftover is uida's, and no other job is blamed for it */
+	const char *blame = strstr(daemon_proc.out, "left behind by the job's workers (job uida,");
+	assert_non_null(blame);
+	while (blame > daemon_proc.out && blame[-1] != '\n')
+		blame--;
+	printf("  %.*s\n", (int)strcspn(blame, "\n"), blame);
+	assert_null(strstr(daemon_proc.out, "left behind by the job's workers (job uidb,"));
+	assert_null(strstr(daemon_proc.out, "left behind by the job's workers (job uidc,"));
+	assert_null(strstr(daemon_proc.out, "left behind by the job's workers (job uidd,"));
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_key_permissions),
 		cmocka_unit_test(test_untrusted_files),
 		cmocka_unit_test(test_jobs_isolated),
+		cmocka_unit_test(test_leftovers_end_with_the_uid),
 	};
 	int skip = hpud_test_init("test_hpud_trust");
 	if (skip)
