@@ -44,14 +44,36 @@ int hpud_outq_push(hpud_outq *q, uint8_t *body, size_t len)
 	return 0;
 }
 
-int hpud_outq_push_line(hpud_outq *q, size_t bound, int rank, size_t text_len,
-                        uint8_t *body, size_t len)
+int hpud_outq_push_line(hpud_outq *q, int rank, size_t text_len, uint8_t *body, size_t len)
 {
-	if (!q->dropping && q->bytes + len + HPUD_OUTQ_OVERHEAD <= bound)
+	if (!q->dropping)
 		return hpud_outq_push(q, body, len) == 0;
 	free(body);
 	hpud_outq_count_drop(q, rank, text_len);
 	return 0;
+}
+
+int hpud_outq_push_record(hpud_outq *q, size_t bound, uint8_t *body, size_t len)
+{
+	if (!q->dropping && q->bytes + len + HPUD_OUTQ_OVERHEAD <= bound)
+		return hpud_outq_push(q, body, len) == 0;
+	free(body);
+	return 0;
+}
+
+int hpud_outq_full(const hpud_outq *q, size_t bound)
+{
+	return q->bytes > bound;
+}
+
+int hpud_outq_room(const hpud_outq *q, size_t bound)
+{
+	return q->bytes <= bound / 2;
+}
+
+void hpud_outq_stall(hpud_outq *q)
+{
+	q->dropping = 1;
 }
 
 int hpud_outq_dropping(const hpud_outq *q)
@@ -63,7 +85,6 @@ void hpud_outq_count_drop(hpud_outq *q, int rank, size_t text_len)
 {
 	if (rank < 0)
 		return;
-	q->dropping = 1;
 	q->total.lines++;
 	q->total.bytes += (long long)text_len;
 	if (rank >= q->first_rank && rank - q->first_rank < q->nranks) {

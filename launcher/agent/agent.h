@@ -110,6 +110,12 @@ int hpu_agent_start(hpu_agent *a, char *err, size_t errlen);
  * once (SIGKILL when grace_s <= 0). Safe to call more than once. */
 void hpu_agent_stop(hpu_agent *a, double grace_s);
 
+/* Stops (hold 1) or resumes (0) reading the workers' stdout and stderr,
+ * for an on_line whose reader cannot keep up: a worker that fills its
+ * pipe then blocks in write (back-pressure) and nothing is lost. Once the
+ * workers are gone their pipes are read to the end, held or not. */
+void hpu_agent_hold_output(hpu_agent *a, int hold);
+
 /* Workers not yet reaped. */
 int hpu_agent_live(const hpu_agent *a);
 
