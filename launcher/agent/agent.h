@@ -4,7 +4,9 @@
  * Each worker is its own process group (so a signal reaches whatever it
  * starts), dies with the agent (PR_SET_PDEATHSIG), gets the job's
  * environment, and has its stdout and stderr read through pipes and
- * written out line by line with a "[rank N] " prefix. A third pipe, on fd
+ * written out line by line with a "[rank N] " prefix (a failed write is
+ * said once and counted, output.h). A line longer than 64 KiB goes out in
+ * pieces of 64 KiB, each but the last ending in " [hpu: line continues]". A third pipe, on fd
  * HPU_AGENT_STATUS_FD, carries its progress records (the latest kept per
  * rank, malformed lines counted and ignored).
  *

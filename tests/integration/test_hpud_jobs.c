@@ -570,6 +570,31 @@ static void test_burst_past_small_output_buffer(void **state)
 	write_conf(2, NULL);
 }
 
+/* hpulaunch --hostfile > /dev/full: the submitter cannot print the job's
+ * lines; it says so once, follows the job to its end and exits 3 (it
+ * exited 0). */
+static void test_submitter_stdout_full(void **state)
+{
+	(void)state;
+	start_daemon();
+	char *argv[] = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >/dev/full", (char *)LAUNCH,
+			"--hostfile", hostfile, "--key", key_path, "--devices", "2",
+			"--max-steps", "2", "--log-every", "1", "--no-eval", (char *)MODEL, "--",
+			"--hidden", "16", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 3);
+	const char *e = strstr(p.out, "hpulaunch: error: cannot write to stdout: No space left "
+				      "on device; the rest of it is not written");
+	assert_non_null(e);
+	assert_null(strstr(e + strlen("hpulaunch: error: cannot write"), "cannot write"));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_non_null(strstr(daemon_proc.out, "ended successfully"));
+	stop_daemon();
+}
+
 /* A worker's line of 20,000 bytes reaches the submitter whole: hpud cut
  * lines at 8,191 bytes without a word; it now sends a long line in pieces
  * that fit its frames, and hpulaunch joins them. The worker program is a
@@ -631,6 +656,7 @@ int main(void)
 		cmocka_unit_test(test_stopped_submitter_output_bounded),
 		cmocka_unit_test(test_burst_past_small_output_buffer),
 		cmocka_unit_test(test_long_line_whole),
+		cmocka_unit_test(test_submitter_stdout_full),
 	};
 	int skip = hpud_test_init("test_hpud_jobs");
 	if (skip)

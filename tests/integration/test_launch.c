@@ -896,6 +896,27 @@ static void test_stdout_full(void **state)
 	h_free(&p);
 }
 
+/* hpulaunch | head -n 1: the reader goes away; hpulaunch's later writes
+ * get EPIPE. As with SIGPIPE nothing is said about it, the job runs to its
+ * end, and the exit status is 3: output was lost. */
+static void test_stdout_closed_pipe(void **state)
+{
+	(void)state;
+	char *argv[] = {"/bin/bash", "-c",
+			"\"$0\" \"$@\" | head -n 1 >/dev/null; echo \"status ${PIPESTATUS[0]}\"",
+			(char *)LAUNCH, "-q", "--devices", "1", "--exec", "/bin/sh", "-c",
+			"echo first; sleep 0.5; for i in 1 2 3; do echo line $i; done; echo done >&2",
+			NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "[rank 0] done\n")); /* the job ran on */
+	assert_non_null(strstr(p.out, "status 3\n"));
+	assert_null(strstr(p.out, "cannot write"));
+	h_free(&p);
+}
+
 /* --log-dir on a full disk (a tmpfs of 8 KiB, filled, in a mount
  * namespace): each rank's log file is said once to be unwritable, with
  * the error; the job runs to its end, its lines still on stdout, and
@@ -1634,6 +1655,7 @@ int main(void)
 		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_restart_after_failure),
 		cmocka_unit_test(test_stdout_full),
+		cmocka_unit_test(test_stdout_closed_pipe),
 		cmocka_unit_test(test_log_dir_full_disk),
 		cmocka_unit_test(test_over_long_line_marked),
 		cmocka_unit_test(test_restart_gives_up),
