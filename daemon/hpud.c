@@ -361,7 +361,7 @@ static void hold_output(job *j, int hold)
 	if (j->held == hold)
 		return;
 	j->held = hold;
-	if (hold && j->out_moved < ev_now(D.loop))
+	if (hold)
 		j->out_moved = ev_now(D.loop); /* the wait for the submitter starts */
 	if (j->nj)
 		hpu_nodejob_hold_output(j->nj, hold);

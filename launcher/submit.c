@@ -24,6 +24,7 @@
 
 #define REPLY_TIMEOUT_MS 10000
 #define PING_EVERY_S 1.0
+#define PUMP_SLICE_S 0.1        /* pump: at most this long on one node */
 #define DROP_WARNINGS_PER_S 5   /* more are counted, then summed up */
 #define LINE_JOIN_MAX (1 << 20) /* a rank's line joined from pieces, at most */
 
@@ -395,7 +396,9 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 	return NULL;
 }
 
-/* Drains every node's socket, waiting up to timeout_ms for something. */
+/* Drains every node's socket, waiting up to timeout_ms for something;
+ * for PUMP_SLICE_S at most per node, as a job's output may flow without a
+ * pause (hpud refills as fast as we read): the caller's pings must go on. */
 static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 {
 	zmq_pollitem_t items[S.nn];
@@ -406,7 +409,8 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 		return;
 	for (int i = 0; i < S.nn; i++) {
 		Hpu__Envelope *m;
-		while ((m = recv_env(&S.n[i]))) {
+		double until = now_s() + PUMP_SLICE_S;
+		while (now_s() < until && (m = recv_env(&S.n[i]))) {
 			Hpu__Envelope *r = dispatch(&S.n[i], m);
 			if (r && i == want_reply_from && reply && !*reply)
 				*reply = r;

@@ -112,8 +112,10 @@ int hpu_output_finish(void)
 	int dup1 = O.std_err[1] ? -1 : dup(1);
 	if (dup1 >= 0 && close(dup1) != 0 && errno != EINTR)
 		std_fail(1, errno);
-	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr)))
-		O.std_err[2] = errno ? errno : EIO, O.failed = 1;
+	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr))) {
+		O.std_err[2] = errno ? errno : EIO; /* nowhere left to say it */
+		O.failed = 1;
+	}
 	for (int i = 0; i < O.n_said; i++)
 		free(O.said[i]);
 	O.n_said = 0;
