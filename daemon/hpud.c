@@ -493,7 +493,8 @@ static void job_send(job *j, Hpu__Envelope *env, int rank, size_t text_len)
 
 /* A worker's line to the submitter, in pieces of LINE_PIECE bytes when it
  * is longer (LogLine.more: the submitter joins them); all of them or,
- * when the queue is stalled, none (counted). */
+ * when the queue is stalled, none (counted). A NUL byte, which would end
+ * the text (a protobuf string), goes as "^@" (cat -v). */
 static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 		    size_t len, void *arg)
 {
@@ -504,12 +505,17 @@ static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 		hpud_outq_count_drop(&j->out, rank, len);
 		return;
 	}
-	static char text[LINE_PIECE + 1];
+	static char text[2 * LINE_PIECE + 1];
 	size_t off = 0;
 	do {
-		size_t n = len - off < LINE_PIECE ? len - off : LINE_PIECE;
-		memcpy(text, line + off, n);
-		text[n] = 0;
+		size_t n = len - off < LINE_PIECE ? len - off : LINE_PIECE, t = 0;
+		for (size_t i = 0; i < n; i++) {
+			char c = line[off + i];
+			text[t++] = c ? c : '^';
+			if (!c)
+				text[t++] = '@';
+		}
+		text[t] = 0;
 		off += n;
 		Hpu__LogLine l = HPU__LOG_LINE__INIT;
 		l.job_id = j->id;
@@ -519,7 +525,7 @@ static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 		Hpu__Envelope env = HPU__ENVELOPE__INIT;
 		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
 		env.log_line = &l;
-		job_send(j, &env, rank, n);
+		job_send(j, &env, rank, t);
 	} while (off < len);
 }
 

@@ -597,7 +597,8 @@ static void test_submitter_stdout_full(void **state)
 
 /* A worker's line of 20,000 bytes reaches the submitter whole: hpud cut
  * lines at 8,191 bytes without a word; it now sends a long line in pieces
- * that fit its frames, and hpulaunch joins them. The worker program is a
+ * that fit its frames, and hpulaunch joins them. A NUL byte in a line
+ * arrives as ^@ (it cut the line there). The worker program is a
  * script that prints the line and then runs hpu-worker. */
 static void test_long_line_whole(void **state)
 {
@@ -608,6 +609,7 @@ static void test_long_line_whole(void **state)
 	snprintf(text, sizeof text,
 		 "#!/bin/sh\n"
 		 "printf \"L$RANK%%0%ddE\\n\" 0\n"
+		 "printf 'a NUL\\000byte\\n'\n"
 		 "exec %s \"$@\"\n",
 		 LEN - 3, h_build("bin/hpu-worker"));
 	assert_int_equal(h_write_file(script, text, 0755), 0);
@@ -634,6 +636,8 @@ static void test_long_line_whole(void **state)
 		assert_non_null(at);
 	}
 	free(want);
+	/* a NUL byte ended the line's text; it goes as ^@ */
+	assert_non_null(strstr(p.out, "[rank 0] a NUL^@byte\n"));
 	assert_int_equal(code, 0);
 	h_free(&p);
 	stop_daemon();
