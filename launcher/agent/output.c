@@ -22,9 +22,11 @@ static int said_before(const char *what)
 	for (int i = 0; i < O.n_said; i++)
 		if (!strcmp(O.said[i], what))
 			return 1;
-	if (O.n_said < MAX_SAID && (O.said[O.n_said] = strdup(what)))
+	if (O.n_said == MAX_SAID)
+		return 1; /* beyond that: quiet, not unbounded */
+	if ((O.said[O.n_said] = strdup(what)))
 		O.n_said++;
-	return O.n_said == MAX_SAID; /* beyond that: quiet, not unbounded */
+	return 0;
 }
 
 void hpu_output_fail(const char *what, int err)
