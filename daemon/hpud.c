@@ -395,25 +395,61 @@ static int queue_env(job *j, Hpu__Envelope *env, int rank, size_t text_len)
 	return queued;
 }
 
+/* Queues rank's line, in pieces of LINE_PIECE bytes when it is longer
+ * (LogLine.more: the submitter joins them), as queue_env's `how`: rank
+ * (an output line) or JOB_CONTROL (never dropped). A NUL byte, which
+ * would end the text (a protobuf string), goes as "^@" (cat -v). */
+static void queue_line(job *j, int rank, const char *line, size_t len, int how)
+{
+	static char text[2 * LINE_PIECE + 1];
+	size_t off = 0;
+	do {
+		size_t n = len - off < LINE_PIECE ? len - off : LINE_PIECE, t = 0;
+		for (size_t i = 0; i < n; i++) {
+			char c = line[off + i];
+			text[t++] = c ? c : '^';
+			if (!c)
+				text[t++] = '@';
+		}
+		text[t] = 0;
+		off += n;
+		Hpu__LogLine l = HPU__LOG_LINE__INIT;
+		l.job_id = j->id;
+		l.rank = (uint32_t)rank;
+		l.text = text;
+		l.more = off < len;
+		Hpu__Envelope env = HPU__ENVELOPE__INIT;
+		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
+		env.log_line = &l;
+		queue_env(j, &env, how, t);
+	} while (off < len);
+}
+
 /* One notice per rank whose output lines were dropped since its last,
- * queued where the lines would have been. */
+ * queued where the lines would have been, followed by the rank's last
+ * line (kept: the end of a training is not lost with the rest). */
 static void queue_drop_notices(job *j)
 {
 	int rank;
 	hpud_outq_drops d;
 	char text[300], sz[32];
 	while (hpud_outq_take_drops(&j->out, &rank, &d)) {
-		snprintf(text, sizeof text,
-			 "[hpud: %lld lines (%s) of this rank's output dropped: the submitter took none of it for %.0f s]",
-			 d.lines, human_size(sz, sizeof sz, (double)d.bytes), j->stalled_s);
-		Hpu__LogLine l = HPU__LOG_LINE__INIT;
-		l.job_id = j->id;
-		l.rank = (uint32_t)rank;
-		l.text = text;
-		Hpu__Envelope env = HPU__ENVELOPE__INIT;
-		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
-		env.log_line = &l;
-		queue_env(j, &env, JOB_CONTROL, 0);
+		if (d.lines) {
+			snprintf(text, sizeof text,
+				 "[hpud: %lld lines (%s) of this rank's output dropped: the submitter took none of it for %.0f s]",
+				 d.lines, human_size(sz, sizeof sz, (double)d.bytes), j->stalled_s);
+			Hpu__LogLine l = HPU__LOG_LINE__INIT;
+			l.job_id = j->id;
+			l.rank = (uint32_t)rank;
+			l.text = text;
+			Hpu__Envelope env = HPU__ENVELOPE__INIT;
+			env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
+			env.log_line = &l;
+			queue_env(j, &env, JOB_CONTROL, 0);
+		}
+		if (d.last)
+			queue_line(j, rank, d.last, d.last_len, JOB_CONTROL);
+		free(d.last);
 	}
 }
 
@@ -491,10 +527,8 @@ static void job_send(job *j, Hpu__Envelope *env, int rank, size_t text_len)
 
 /* ---- a job's life ---- */
 
-/* A worker's line to the submitter, in pieces of LINE_PIECE bytes when it
- * is longer (LogLine.more: the submitter joins them); all of them or,
- * when the queue is stalled, none (counted). A NUL byte, which would end
- * the text (a protobuf string), goes as "^@" (cat -v). */
+/* A worker's line to the submitter: all of it queued, unless the queue
+ * is stalled (then kept as the rank's last, outq.h); flushed. */
 static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 		    size_t len, void *arg)
 {
@@ -502,31 +536,12 @@ static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 	(void)is_err;
 	job *j = arg;
 	if (hpud_outq_dropping(&j->out)) {
-		hpud_outq_count_drop(&j->out, rank, len);
+		hpud_outq_keep_line(&j->out, rank, line, len);
 		return;
 	}
-	static char text[2 * LINE_PIECE + 1];
-	size_t off = 0;
-	do {
-		size_t n = len - off < LINE_PIECE ? len - off : LINE_PIECE, t = 0;
-		for (size_t i = 0; i < n; i++) {
-			char c = line[off + i];
-			text[t++] = c ? c : '^';
-			if (!c)
-				text[t++] = '@';
-		}
-		text[t] = 0;
-		off += n;
-		Hpu__LogLine l = HPU__LOG_LINE__INIT;
-		l.job_id = j->id;
-		l.rank = (uint32_t)rank;
-		l.text = text;
-		l.more = off < len;
-		Hpu__Envelope env = HPU__ENVELOPE__INIT;
-		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
-		env.log_line = &l;
-		job_send(j, &env, rank, t);
-	} while (off < len);
+	queue_line(j, rank, line, len, rank);
+	if (flush_job(j) && !ev_is_active(&D.drain))
+		drain_later(DRAIN_MIN_S);
 }
 
 /* Sends rank 0's latest record to the submitter. */

@@ -9,8 +9,10 @@
  * waits in write), and reads again once the queue has drained to half
  * the bound. Only a submitter that takes nothing for a while stalls the
  * queue (hpud_outq_stall): then output lines are dropped, counted per
- * rank, until the queue has drained to half the bound; the counts go out
- * as notices in their place (hpud_outq_caught_up, hpud_outq_take_drops).
+ * rank, but for each rank's latest (hpud_outq_keep_line), until the queue
+ * has drained to half the bound; the counts go out as notices in their
+ * place, each followed by the rank's kept line (hpud_outq_caught_up,
+ * hpud_outq_take_drops).
  * Progress records are dropped past the bound, uncounted (the next one
  * says more); other messages (a worker's exit, the job's end) are never
  * dropped: they are few and small.
@@ -33,6 +35,8 @@ typedef struct hpud_outq_msg {
 
 typedef struct hpud_outq_drops {
 	long long lines, bytes; /* bytes: of the lines' text */
+	char *last;             /* the rank's latest line, kept (malloc'd) ... */
+	size_t last_len;        /* ... and its length; not counted above */
 } hpud_outq_drops;
 
 typedef struct hpud_outq {
@@ -89,6 +93,13 @@ int hpud_outq_dropping(const hpud_outq *q);
  * counted). */
 void hpud_outq_count_drop(hpud_outq *q, int rank, size_t text_len);
 
+/* While stalled: keeps a copy of rank's output line in place of its
+ * previous kept one, which is counted as dropped; so each rank's last line
+ * (the end of a training, "trained ... final loss") goes out after its
+ * notice. A rank outside the queue's, or no memory: the line is counted
+ * as dropped instead. */
+void hpud_outq_keep_line(hpud_outq *q, int rank, const char *text, size_t len);
+
 /* The oldest message, or NULL. */
 const hpud_outq_msg *hpud_outq_peek(const hpud_outq *q);
 
@@ -99,12 +110,13 @@ void hpud_outq_pop(hpud_outq *q);
  * `bound`: time to queue the notices. */
 int hpud_outq_caught_up(const hpud_outq *q, size_t bound);
 
-/* Whether any drop has not been taken yet. */
+/* Whether any drop (or kept line) has not been taken yet. */
 int hpud_outq_has_drops(const hpud_outq *q);
 
 /* Takes the next rank's drops since its last notice: returns 1 with the
- * rank and its counts (then zeroed), or 0 when none are left, and then
- * the queue takes output lines again. */
+ * rank and its counts (then zeroed) and its kept line (d->last, the
+ * caller's to free; NULL if none), or 0 when none are left, and then the
+ * queue takes output lines again. */
 int hpud_outq_take_drops(hpud_outq *q, int *rank, hpud_outq_drops *d);
 
 #endif

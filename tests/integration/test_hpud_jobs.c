@@ -507,6 +507,66 @@ static void test_stopped_submitter_output_bounded(void **state)
 	unlink(script);
 }
 
+/* A submitter stopped (SIGSTOP) through a whole job that prints 2 x 2000
+ * lines of 8 KB and then trains: hpud drops what the stalled submitter
+ * does not take, but keeps each rank's last line; once the submitter
+ * reads again (SIGCONT, after the job has ended on the node) it gets the
+ * notices and then "trained ... final loss", and exits 0. */
+static void test_stopped_submitter_gets_last_line(void **state)
+{
+	(void)state;
+	char flags[128], go[160], script[192], text[1024];
+	snprintf(flags, sizeof flags, "%s/flags-last", dir);
+	assert_int_equal(mkdir(flags, 0755), 0);
+	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	snprintf(go, sizeof go, "%s/go", flags);
+	snprintf(script, sizeof script, "%s/last-line-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "while [ ! -e %s ]; do sleep 0.05; done\n"
+		 "yes \"$RANK $(printf '%%7998s' '' | tr ' ' x)\" | head -n 2000\n"
+		 "exec %s \"$@\"\n",
+		 go, h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 600\nworker = %s\n",
+		 port, key_path, script);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (h_wait_for(&p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	assert_int_equal(kill(p.pid, SIGSTOP), 0);
+	assert_int_equal(h_write_file(go, "", 0644), 0);
+	int ended = h_wait_for(&daemon_proc, "ended successfully", 300000) == 0;
+	kill(p.pid, SIGCONT);
+	if (!ended)
+		fail_msg("the job did not end on the node; hpud:\n%s", daemon_proc.out);
+	assert_int_equal(h_wait(&p, 120000), 0);
+	const char *end = strstr(p.out, "[rank 0] trained 2 steps");
+	printf("  exit %d: %.*s\n", h_code(&p), end ? (int)strcspn(end, "\n") : 0, end ? end : "");
+	for (int r = 0; r < 2; r++) {
+		char want[32];
+		snprintf(want, sizeof want, "[rank %d] [hpud: ", r);
+		const char *s = strstr(p.out, want);
+		printf("  %.*s\n", s ? (int)strcspn(s, "\n") : 0, s ? s : "");
+	}
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(end);
+	assert_non_null(strstr(end, "final loss"));
+	assert_non_null(strstr(p.out, "[rank 0] [hpud: "));
+	assert_non_null(strstr(daemon_proc.out, "took none of its output for"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(script);
+}
+
 /* Rank r's lines of fmnist_mlp --print-lines n in out: "[rank R] chatter
  * rank R call C line L of N", every L from 1 to n for each call, the calls
  * one after another, none missing, none out of order. Returns how many. */
@@ -658,6 +718,7 @@ int main(void)
 		cmocka_unit_test(test_restart_through_hostfile),
 		cmocka_unit_test(test_chatty_job),
 		cmocka_unit_test(test_stopped_submitter_output_bounded),
+		cmocka_unit_test(test_stopped_submitter_gets_last_line),
 		cmocka_unit_test(test_burst_past_small_output_buffer),
 		cmocka_unit_test(test_long_line_whole),
 		cmocka_unit_test(test_submitter_stdout_full),

@@ -108,6 +108,47 @@ static void test_stall_and_drain_to_half(void **state)
 	hpud_outq_free(&q); /* safe twice */
 }
 
+/* While stalled each rank's latest line is kept, the one it replaces
+ * counted as dropped; the notice's counts leave it out and hand it over. */
+static void test_stall_keeps_last_line(void **state)
+{
+	(void)state;
+	hpud_outq q;
+	assert_int_equal(hpud_outq_init(&q, 0, 2), 0);
+	hpud_outq_stall(&q);
+	hpud_outq_keep_line(&q, 0, "line 1", 6);
+	assert_true(hpud_outq_has_drops(&q));
+	assert_int_equal(q.total.lines, 0); /* kept, not lost */
+	hpud_outq_keep_line(&q, 0, "line 22", 7);
+	hpud_outq_keep_line(&q, 0, "trained: final loss", 19);
+	hpud_outq_keep_line(&q, 1, "only", 4);
+	hpud_outq_keep_line(&q, 5, "not ours", 8); /* counted only */
+	assert_int_equal(q.total.lines, 3);
+	assert_int_equal(q.total.bytes, 6 + 7 + 8);
+	assert_true(hpud_outq_caught_up(&q, BOUND));
+	int rank;
+	hpud_outq_drops d;
+	assert_int_equal(hpud_outq_take_drops(&q, &rank, &d), 1);
+	assert_int_equal(rank, 0);
+	assert_int_equal(d.lines, 2);
+	assert_int_equal(d.bytes, 13);
+	assert_non_null(d.last);
+	assert_int_equal(d.last_len, 19);
+	assert_string_equal(d.last, "trained: final loss");
+	free(d.last);
+	assert_int_equal(hpud_outq_take_drops(&q, &rank, &d), 1);
+	assert_int_equal(rank, 1);
+	assert_int_equal(d.lines, 0); /* nothing lost: no notice, just the line */
+	assert_string_equal(d.last, "only");
+	free(d.last);
+	assert_int_equal(hpud_outq_take_drops(&q, &rank, &d), 0);
+	assert_false(hpud_outq_dropping(&q));
+	/* a kept line the queue still holds is freed with it */
+	hpud_outq_stall(&q);
+	hpud_outq_keep_line(&q, 1, "left", 4);
+	hpud_outq_free(&q);
+}
+
 /* Other messages are never dropped, also past the bound; progress
  * records are dropped past it without being counted as output. */
 static void test_control_and_uncounted(void **state)
@@ -159,6 +200,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_full_keeps_lines),
 	    cmocka_unit_test(test_stall_and_drain_to_half),
+	    cmocka_unit_test(test_stall_keeps_last_line),
 	    cmocka_unit_test(test_control_and_uncounted),
 	    cmocka_unit_test(test_zeroed),
 	};
