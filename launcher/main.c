@@ -204,7 +204,6 @@ static int run_local(char *err, size_t errlen)
 static int run(int argc, char **argv)
 {
 	char err[4096] = ""; /* a config file's errors, one a line */
-	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
 	int r = hpu_args_parse(&L.args, argc, argv, err, sizeof err);
 	if (r != 0) {
@@ -240,6 +239,7 @@ static int run(int argc, char **argv)
  * not all be written exits HPU_OUTPUT_EXIT (output.h), after saying so. */
 int main(int argc, char **argv)
 {
+	hpu_output_init();
 	int rc = run(argc, argv);
 	if (hpu_output_finish() && rc == 0)
 		rc = HPU_OUTPUT_EXIT;

@@ -15,6 +15,7 @@ static struct {
 	char *said[MAX_SAID];  /* destinations already said */
 	int n_said;
 	int failed;
+	int stdout_errno;      /* of the last write through the stdout stream */
 } O;
 
 static int said_before(const char *what)
@@ -73,7 +74,7 @@ int hpu_output_stream(FILE *f)
 		return -1;
 	if (fflush(f) == 0 && !ferror(f))
 		return 0;
-	std_fail(fd, errno);
+	std_fail(fd, fd == 1 && O.stdout_errno ? O.stdout_errno : errno);
 	clearerr(f);
 	return -1;
 }
@@ -100,6 +101,26 @@ int hpu_output_file_close(int fd, const char *path)
 	return -1;
 }
 
+/* stdout's writes, as stdio makes them: the error they meet is kept, as
+ * stdio keeps only that there was one. */
+static ssize_t stdout_write(void *cookie, const char *buf, size_t n)
+{
+	(void)cookie;
+	if (hpu_write_all(1, buf, n) == 0)
+		return (ssize_t)n;
+	O.stdout_errno = errno ? errno : EIO;
+	return -1;
+}
+
+void hpu_output_init(void)
+{
+	FILE *f = fopencookie(NULL, "w", (cookie_io_functions_t){.write = stdout_write});
+	if (!f)
+		return; /* the plain stdout then, its errors reported as EIO */
+	setvbuf(f, NULL, _IOLBF, 0);
+	stdout = f;
+}
+
 int hpu_output_failed(void)
 {
 	return O.failed;
@@ -108,11 +129,10 @@ int hpu_output_failed(void)
 int hpu_output_finish(void)
 {
 	if (!O.std_err[1] && (fflush(stdout) != 0 || ferror(stdout)))
-		std_fail(1, errno);
+		std_fail(1, O.stdout_errno);
 	/* stdout's close may report what the writes did not (NFS, a full
-	 * disk); a second descriptor keeps fd 1 itself for later writes */
-	int dup1 = O.std_err[1] ? -1 : dup(1);
-	if (dup1 >= 0 && close(dup1) != 0 && errno != EINTR)
+	 * disk reported late); nothing writes to it after this */
+	if (fflush(stdout) == 0 && !O.std_err[1] && close(1) != 0 && errno != EBADF)
 		std_fail(1, errno);
 	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr))) {
 		O.std_err[2] = errno ? errno : EIO; /* nowhere left to say it */

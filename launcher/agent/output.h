@@ -18,6 +18,11 @@
  * could not be written. */
 #define HPU_OUTPUT_EXIT 3
 
+/* Puts stdout (the stream) on fd 1 through a writer that keeps the error
+ * a failed write meets, for the message; line-buffered. Call first in
+ * main, before anything is printed. */
+void hpu_output_init(void);
+
 /* Writes n bytes to fd 1 or 2 (the program's stdout, stderr), unless an
  * earlier write there failed. Returns 0, or -1 when it failed (now or
  * before; said once). */
@@ -44,9 +49,10 @@ int hpu_output_file_close(int fd, const char *path);
  * (EPIPE: silently), prefixed with the program's name. */
 void hpu_output_fail(const char *what, int err);
 
-/* At the program's end: flushes and checks stdout and stderr (a failure
- * is said, as any other). Returns whether any output was lost (then exit
- * HPU_OUTPUT_EXIT if the job otherwise succeeded). */
+/* At the program's end: flushes, checks and closes stdout (fd 1), flushes and
+ * checks stderr (a failure is said, as any other). Returns whether any
+ * output was lost (then exit HPU_OUTPUT_EXIT if the job otherwise
+ * succeeded). Nothing may write to stdout after it. */
 int hpu_output_finish(void);
 
 /* Whether any output was lost so far. */
