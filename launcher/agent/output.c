@@ -114,6 +114,10 @@ static ssize_t stdout_write(void *cookie, const char *buf, size_t n)
 
 void hpu_output_init(void)
 {
+	/* A terminal keeps the real stream: the progress bar asks it
+	 * (isatty, its width), and a terminal is seldom full. */
+	if (isatty(STDOUT_FILENO))
+		return;
 	FILE *f = fopencookie(NULL, "w", (cookie_io_functions_t){.write = stdout_write});
 	if (!f)
 		return; /* the plain stdout then, its errors reported as EIO */

@@ -18,9 +18,9 @@
  * could not be written. */
 #define HPU_OUTPUT_EXIT 3
 
-/* Puts stdout (the stream) on fd 1 through a writer that keeps the error
- * a failed write meets, for the message; line-buffered. Call first in
- * main, before anything is printed. */
+/* Unless fd 1 is a terminal, puts stdout (the stream) on it through a
+ * writer that keeps the error a failed write meets, for the message;
+ * line-buffered. Call first in main, before anything is printed. */
 void hpu_output_init(void);
 
 /* Writes n bytes to fd 1 or 2 (the program's stdout, stderr), unless an
