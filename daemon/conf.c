@@ -229,9 +229,11 @@ static const struct conf_key {
 	{"worker", set_worker, "PATH", "the worker program (hpu-worker next to hpud)"},
 	{"submitter_timeout", set_submitter_timeout, "S", "seconds without a ping from the submitting "
 							  "hpulaunch before its job is cancelled (10)"},
-	{"output_buffer", set_output_buffer, "SIZE", "a job's output waiting for a slow submitter, at most: "
+	{"output_buffer", set_output_buffer, "SIZE", "a job's output waiting for its submitter, at most: "
 						     "bytes, or a number and K, M or G (KiB, MiB, GiB), "
-						     "64K..1G; past it, output is dropped and counted (4M)"},
+						     "64K..1G; past it hpud stops reading the workers' "
+						     "output until half has left; only a submitter that "
+						     "takes none of it for 5 s has it dropped and counted (4M)"},
 	{"job_uids", set_job_uids, "FIRST-LAST", "run each job's workers as a uid of its own from this range "
 						 "(group: user's), so that jobs cannot see or signal each "
 						 "other; at most 65536 uids (off: every job runs as user)"},

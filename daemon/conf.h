@@ -12,9 +12,11 @@
  *     worker = /usr/lib/hputrain/hpu-worker   # the worker program
  *     submitter_timeout = 10    # seconds without a ping before a job is
  *                               # cancelled
- *     output_buffer = 4M        # a job's output waiting for a slow
+ *     output_buffer = 4M        # a job's output waiting for its
  *                               # submitter, at most (K, M, G: KiB ...);
- *                               # past it, output is dropped and counted
+ *                               # past it the workers' output is held;
+ *                               # dropped, counted, only while the
+ *                               # submitter takes none of it for 5 s
  *     job_uids = 61000-61999    # run each job's workers as a uid of its
  *                               # own from this range (group: user's),
  *                               # so jobs cannot see or signal each other

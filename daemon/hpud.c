@@ -58,6 +58,12 @@
 				  * sent nothing ... */
 #define DRAIN_MAX_S 0.05         /* ... up to this (a stalled submitter) */
 #define MAX_QUARANTINE 64        /* job_uids kept out of the pool at once */
+#define OUTPUT_STALL_S 5.0       /* a job's output waits past output_buffer
+				  * (its workers' output held) and the
+				  * submitter takes none of it for this long:
+				  * stalled, its output is dropped and counted */
+#define LINE_PIECE (32 * 1024)   /* of a line's text per LogLine: a frame
+				  * stays under HPU_AUTH_MAX_FRAME */
 
 typedef struct job {
 	int used, ended;
@@ -82,6 +88,9 @@ typedef struct job {
 	ev_timer progress_timer;   /* ... which comes then */
 	hpu_nodejob *nj;
 	hpud_outq out;             /* messages the submitter has yet to take */
+	int held;                  /* out is full: the workers' output is not read */
+	ev_tstamp out_moved;       /* a message left out, or it filled, then */
+	double stalled_s;          /* the submitter took nothing for this long */
 	uid_t uid;                 /* its workers' uid (job_uids, else D.uid) */
 	int peer_gone;             /* its submitter went away (no pings) */
 } job;
@@ -420,13 +429,28 @@ static const char *human_size(char *buf, size_t len, double n)
 	return buf;
 }
 
+/* Stops (hold 1) or resumes reading j's workers' output: back-pressure
+ * while its queue to the submitter is past output_buffer. */
+static void hold_output(job *j, int hold)
+{
+	if (j->held == hold)
+		return;
+	j->held = hold;
+	if (hold)
+		j->out_moved = ev_now(D.loop); /* the wait for the submitter starts */
+	if (j->nj)
+		hpu_nodejob_hold_output(j->nj, hold);
+}
+
 /* Packs env into j's queue (daemon/outq.h): an output line of `rank`
- * (>= 0, text_len bytes of text) or a progress record (JOB_PROGRESS) only
- * while the queue keeps within output_buffer; anything else (JOB_CONTROL)
- * always. Returns 1 if queued. */
+ * (>= 0, text_len bytes of text) unless the queue is stalled, a progress
+ * record (JOB_PROGRESS) while the queue keeps within output_buffer,
+ * anything else (JOB_CONTROL) always. A queue past output_buffer holds
+ * the workers' output until it has drained to half. Returns 1 if
+ * queued. */
 static int queue_env(job *j, Hpu__Envelope *env, int rank, size_t text_len)
 {
-	if (rank != JOB_CONTROL && hpud_outq_dropping(&j->out)) {
+	if (rank >= 0 && hpud_outq_dropping(&j->out)) {
 		hpud_outq_count_drop(&j->out, rank, text_len); /* not even packed */
 		return 0;
 	}
@@ -437,40 +461,85 @@ static int queue_env(job *j, Hpu__Envelope *env, int rank, size_t text_len)
 		       j->id);
 		return 0;
 	}
-	if (rank == JOB_CONTROL)
-		return hpud_outq_push(&j->out, body, blen) == 0;
-	if (hpud_outq_push_line(&j->out, D.conf.output_buffer, rank, text_len, body, blen))
-		return 1;
-	if (rank >= 0 && j->out.total.lines == 1) { /* the job's first; the rest: on_end */
-		char sz[32];
-		logmsg(HPUD_LOG_WARN, "job %s: the submitter (%s) is not keeping up: output past output_buffer (%s) is dropped until it catches up",
-		       j->id, j->peer_addr,
-		       human_size(sz, sizeof sz, (double)D.conf.output_buffer));
-	}
-	return 0;
+	int queued = rank == JOB_CONTROL ? hpud_outq_push(&j->out, body, blen) == 0
+		     : rank == JOB_PROGRESS
+			 ? hpud_outq_push_record(&j->out, D.conf.output_buffer, body, blen)
+			 : hpud_outq_push_line(&j->out, rank, text_len, body, blen);
+	if (queued && rank >= 0 && hpud_outq_full(&j->out, D.conf.output_buffer))
+		hold_output(j, 1);
+	return queued;
 }
 
-/* One notice per rank whose output lines were dropped since its last,
- * queued where the lines would have been. */
-static void queue_drop_notices(job *j)
+/* Queues rank's line, in pieces of LINE_PIECE bytes when it is longer
+ * (LogLine.more: the submitter joins them), as queue_env's `how`: rank
+ * (an output line) or JOB_CONTROL (never dropped). A NUL byte, which
+ * would end the text (a protobuf string), goes as "^@" (cat -v). */
+static void queue_line(job *j, int rank, const char *line, size_t len, int how)
 {
-	int rank;
-	hpud_outq_drops d;
-	char text[300], sz[32], bound[32];
-	human_size(bound, sizeof bound, (double)D.conf.output_buffer);
-	while (hpud_outq_take_drops(&j->out, &rank, &d)) {
-		snprintf(text, sizeof text,
-			 "hpud: dropped %lld lines (%s) of this rank's output: the submitter did not read them in time (output_buffer = %s)",
-			 d.lines, human_size(sz, sizeof sz, (double)d.bytes), bound);
+	static char text[2 * LINE_PIECE + 1];
+	size_t off = 0;
+	do {
+		size_t n = len - off < LINE_PIECE ? len - off : LINE_PIECE, t = 0;
+		for (size_t i = 0; i < n; i++) {
+			char c = line[off + i];
+			text[t++] = c ? c : '^';
+			if (!c)
+				text[t++] = '@';
+		}
+		text[t] = 0;
+		off += n;
 		Hpu__LogLine l = HPU__LOG_LINE__INIT;
 		l.job_id = j->id;
 		l.rank = (uint32_t)rank;
 		l.text = text;
+		l.more = off < len;
 		Hpu__Envelope env = HPU__ENVELOPE__INIT;
 		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
 		env.log_line = &l;
-		queue_env(j, &env, JOB_CONTROL, 0);
+		queue_env(j, &env, how, t);
+	} while (off < len);
+}
+
+/* One notice per rank whose output lines were dropped since its last,
+ * queued where the lines would have been, followed by the rank's last
+ * line (kept: the end of a training is not lost with the rest). */
+static void queue_drop_notices(job *j)
+{
+	int rank;
+	hpud_outq_drops d;
+	char text[300], sz[32];
+	while (hpud_outq_take_drops(&j->out, &rank, &d)) {
+		if (d.lines) {
+			snprintf(text, sizeof text,
+				 "[hpud: %lld lines (%s) of this rank's output dropped: the submitter took none of it for %.0f s]",
+				 d.lines, human_size(sz, sizeof sz, (double)d.bytes), j->stalled_s);
+			Hpu__LogLine l = HPU__LOG_LINE__INIT;
+			l.job_id = j->id;
+			l.rank = (uint32_t)rank;
+			l.text = text;
+			Hpu__Envelope env = HPU__ENVELOPE__INIT;
+			env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
+			env.log_line = &l;
+			queue_env(j, &env, JOB_CONTROL, 0);
+		}
+		if (d.last)
+			queue_line(j, rank, d.last, d.last_len, JOB_CONTROL);
+		free(d.last);
 	}
+}
+
+/* The submitter has taken none of j's output for OUTPUT_STALL_S while
+ * its workers' output was held (or it is gone): the output is read again
+ * and dropped, counted, until the submitter has taken half the queue. */
+static void stall_output(job *j, double silent)
+{
+	char sz[32];
+	j->stalled_s = silent;
+	hpud_outq_stall(&j->out);
+	hold_output(j, 0);
+	logmsg(HPUD_LOG_WARN, "job %s: the submitter (%s) took none of its output for %.0f s with output_buffer (%s) full: its output is dropped and counted until it reads again",
+	       j->id, j->peer_addr, silent,
+	       human_size(sz, sizeof sz, (double)D.conf.output_buffer));
 }
 
 /* Hands j's queued messages to ZeroMQ, oldest first, while its queue to
@@ -486,8 +555,11 @@ static int flush_job(job *j)
 			return 1;
 		hpud_outq_pop(&j->out);
 		D.drained++;
+		j->out_moved = ev_now(D.loop);
 		if (hpud_outq_caught_up(&j->out, D.conf.output_buffer))
 			queue_drop_notices(j);
+		if (j->held && hpud_outq_room(&j->out, D.conf.output_buffer))
+			hold_output(j, 0);
 	}
 	if (j->ended)
 		ev_prepare_start(D.loop, &D.reap);
@@ -530,24 +602,21 @@ static void job_send(job *j, Hpu__Envelope *env, int rank, size_t text_len)
 
 /* ---- a job's life ---- */
 
+/* A worker's line to the submitter: all of it queued, unless the queue
+ * is stalled (then kept as the rank's last, outq.h); flushed. */
 static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 		    size_t len, void *arg)
 {
 	(void)nj;
 	(void)is_err;
 	job *j = arg;
-	char text[8192];
-	size_t n = len < sizeof text - 1 ? len : sizeof text - 1;
-	memcpy(text, line, n);
-	text[n] = 0;
-	Hpu__LogLine l = HPU__LOG_LINE__INIT;
-	l.job_id = j->id;
-	l.rank = (uint32_t)rank;
-	l.text = text;
-	Hpu__Envelope env = HPU__ENVELOPE__INIT;
-	env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
-	env.log_line = &l;
-	job_send(j, &env, rank, n);
+	if (hpud_outq_dropping(&j->out)) {
+		hpud_outq_keep_line(&j->out, rank, line, len);
+		return;
+	}
+	queue_line(j, rank, line, len, rank);
+	if (flush_job(j) && !ev_is_active(&D.drain))
+		drain_later(DRAIN_MIN_S);
 }
 
 /* Sends rank 0's latest record to the submitter. */
@@ -643,9 +712,10 @@ static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 		queue_drop_notices(j); /* before the end */
 	if (j->out.total.lines) {
 		char sz[32];
-		logmsg(HPUD_LOG_WARN, "job %s: %lld lines (%s) of its output were dropped in all: the submitter (%s) did not read them in time",
+		logmsg(HPUD_LOG_WARN, "job %s: %lld lines (%s) of its output were dropped in all: the submitter (%s) took none of it for %.0f s",
 		       j->id, j->out.total.lines,
-		       human_size(sz, sizeof sz, (double)j->out.total.bytes), j->peer_addr);
+		       human_size(sz, sizeof sz, (double)j->out.total.bytes), j->peer_addr,
+		       j->stalled_s);
 	}
 	job_send(j, &env, JOB_CONTROL, 0);
 	j->ended = 1; /* freed by on_reap, outside the job's own callbacks */
@@ -1207,6 +1277,8 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 		}
 		if (!j->used || !j->nj || j->ended)
 			continue;
+		if (j->held && (j->peer_gone || ev_now(loop) - j->out_moved >= OUTPUT_STALL_S))
+			stall_output(j, ev_now(loop) - j->out_moved);
 		if (silent > D.conf.submitter_timeout_s) {
 			char reason[200];
 			snprintf(reason, sizeof reason,
@@ -1216,6 +1288,8 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 			hpu_nodejob_cancel(j->nj, reason, 2);
 			j->last_ping = ev_now(loop) + 3600; /* say it once */
 			j->peer_gone = 1;
+			if (j->held)
+				stall_output(j, ev_now(loop) - j->out_moved);
 		}
 	}
 }

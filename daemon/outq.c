@@ -20,6 +20,8 @@ void hpud_outq_free(hpud_outq *q)
 {
 	while (q->head)
 		hpud_outq_pop(q);
+	for (int i = 0; i < q->nranks; i++)
+		free(q->drops[i].last);
 	free(q->drops);
 	memset(q, 0, sizeof *q);
 }
@@ -44,14 +46,36 @@ int hpud_outq_push(hpud_outq *q, uint8_t *body, size_t len)
 	return 0;
 }
 
-int hpud_outq_push_line(hpud_outq *q, size_t bound, int rank, size_t text_len,
-                        uint8_t *body, size_t len)
+int hpud_outq_push_line(hpud_outq *q, int rank, size_t text_len, uint8_t *body, size_t len)
 {
-	if (!q->dropping && q->bytes + len + HPUD_OUTQ_OVERHEAD <= bound)
+	if (!q->dropping)
 		return hpud_outq_push(q, body, len) == 0;
 	free(body);
 	hpud_outq_count_drop(q, rank, text_len);
 	return 0;
+}
+
+int hpud_outq_push_record(hpud_outq *q, size_t bound, uint8_t *body, size_t len)
+{
+	if (!q->dropping && q->bytes + len + HPUD_OUTQ_OVERHEAD <= bound)
+		return hpud_outq_push(q, body, len) == 0;
+	free(body);
+	return 0;
+}
+
+int hpud_outq_full(const hpud_outq *q, size_t bound)
+{
+	return q->bytes > bound;
+}
+
+int hpud_outq_room(const hpud_outq *q, size_t bound)
+{
+	return q->bytes <= bound / 2;
+}
+
+void hpud_outq_stall(hpud_outq *q)
+{
+	q->dropping = 1;
 }
 
 int hpud_outq_dropping(const hpud_outq *q)
@@ -63,13 +87,34 @@ void hpud_outq_count_drop(hpud_outq *q, int rank, size_t text_len)
 {
 	if (rank < 0)
 		return;
-	q->dropping = 1;
 	q->total.lines++;
 	q->total.bytes += (long long)text_len;
 	if (rank >= q->first_rank && rank - q->first_rank < q->nranks) {
 		q->drops[rank - q->first_rank].lines++;
 		q->drops[rank - q->first_rank].bytes += (long long)text_len;
 	}
+}
+
+void hpud_outq_keep_line(hpud_outq *q, int rank, const char *text, size_t len)
+{
+	if (rank < q->first_rank || rank - q->first_rank >= q->nranks) {
+		hpud_outq_count_drop(q, rank, len);
+		return;
+	}
+	hpud_outq_drops *d = &q->drops[rank - q->first_rank];
+	char *copy = malloc(len + 1);
+	if (!copy) {
+		hpud_outq_count_drop(q, rank, len);
+		return;
+	}
+	memcpy(copy, text, len);
+	copy[len] = 0;
+	if (d->last) {
+		hpud_outq_count_drop(q, rank, d->last_len);
+		free(d->last);
+	}
+	d->last = copy;
+	d->last_len = len;
 }
 
 const hpud_outq_msg *hpud_outq_peek(const hpud_outq *q)
@@ -99,7 +144,7 @@ int hpud_outq_caught_up(const hpud_outq *q, size_t bound)
 int hpud_outq_has_drops(const hpud_outq *q)
 {
 	for (int i = 0; i < q->nranks; i++)
-		if (q->drops[i].lines)
+		if (q->drops[i].lines || q->drops[i].last)
 			return 1;
 	return 0;
 }
@@ -107,7 +152,7 @@ int hpud_outq_has_drops(const hpud_outq *q)
 int hpud_outq_take_drops(hpud_outq *q, int *rank, hpud_outq_drops *d)
 {
 	for (int i = 0; i < q->nranks; i++)
-		if (q->drops[i].lines) {
+		if (q->drops[i].lines || q->drops[i].last) {
 			*rank = q->first_rank + i;
 			*d = q->drops[i];
 			memset(&q->drops[i], 0, sizeof q->drops[i]);

@@ -10,6 +10,7 @@
 #include "args.h"
 #include "env.h"
 #include "nodejob.h"
+#include "output.h"
 #include "progress.h"
 #include "restart.h"
 #include "submit.h"
@@ -48,9 +49,11 @@ static void on_line(hpu_nodejob *j, int rank, int is_err, const char *line, size
 	(void)j;
 	(void)arg;
 	FILE *f = is_err ? stderr : stdout;
+	if (!hpu_output_std_ok(is_err ? 2 : 1))
+		return; /* said once: the rest is lost */
 	hpu_progress_hide(&L.bar);
 	fprintf(f, "[rank %d] %.*s\n", rank, (int)len, line);
-	fflush(f);
+	hpu_output_stream(f);
 	hpu_progress_show(&L.bar);
 }
 
@@ -198,10 +201,9 @@ static int run_local(char *err, size_t errlen)
 	return rc;
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
 	char err[4096] = ""; /* a config file's errors, one a line */
-	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
 	int r = hpu_args_parse(&L.args, argc, argv, err, sizeof err);
 	if (r != 0) {
@@ -230,5 +232,16 @@ int main(int argc, char **argv)
 	if (rc && err[0])
 		fprintf(stderr, "hpulaunch: error: %s\n", err);
 	hpu_args_free(&L.args);
+	return rc;
+}
+
+/* A job that succeeded but whose output (stdout, stderr, --log-dir) could
+ * not all be written exits HPU_OUTPUT_EXIT (output.h), after saying so. */
+int main(int argc, char **argv)
+{
+	hpu_output_init();
+	int rc = run(argc, argv);
+	if (hpu_output_finish() && rc == 0)
+		rc = HPU_OUTPUT_EXIT;
 	return rc;
 }

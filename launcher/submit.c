@@ -18,12 +18,15 @@
 #include "codec.h"
 #include "env.h"
 #include "nodejob.h"
+#include "output.h"
 #include "progress.h"
 #include "restart.h"
 
 #define REPLY_TIMEOUT_MS 10000
 #define PING_EVERY_S 1.0
+#define PUMP_SLICE_S 0.1        /* pump: at most this long on one node */
 #define DROP_WARNINGS_PER_S 5   /* more are counted, then summed up */
+#define LINE_JOIN_MAX (1 << 20) /* a rank's line joined from pieces, at most */
 
 /* One hpud. A conversation with it is a session: a Hello with a fresh
  * session id, answered with hpud's instance id, which every request then
@@ -63,6 +66,11 @@ typedef struct submit {
 	double drop_window;     /* messages dropped: warned of this second, */
 	int drops_warned;       /* at most DROP_WARNINGS_PER_S, the rest */
 	long drops_unsaid;      /* counted and summed up */
+	struct piece {          /* per rank: the pieces of a long line so far */
+		char *buf;
+		size_t len;
+	} *pieces;
+	int npieces;
 } submit;
 
 static submit S;
@@ -273,17 +281,66 @@ static void teardown(void)
 	if (S.ctx)
 		hpu_zmq_ctx_term(S.ctx);
 	free(S.n);
+	for (int i = 0; i < S.npieces; i++)
+		free(S.pieces[i].buf);
+	free(S.pieces);
 	hpu_auth_destroy(&S.auth);
 }
 
 /* ---- the job ---- */
 
+static void print_text(uint32_t rank, const char *text)
+{
+	if (!hpu_output_std_ok(1))
+		return; /* said once: the rest is lost */
+	hpu_progress_hide(&S.bar);
+	printf("[rank %u] %s\n", rank, text);
+	hpu_output_stream(stdout);
+	hpu_progress_show(&S.bar);
+}
+
+/* Adds text to rank's line in pieces; 0, or -1 (not a rank of the job,
+ * no memory, past LINE_JOIN_MAX: then the caller prints it as it is). */
+static int join_piece(uint32_t rank, const char *text)
+{
+	if (!S.pieces && S.a->world > 0 &&
+	    (S.pieces = calloc((size_t)S.a->world, sizeof *S.pieces)))
+		S.npieces = S.a->world;
+	if (rank >= (uint32_t)S.npieces)
+		return -1;
+	struct piece *p = &S.pieces[rank];
+	size_t n = strlen(text);
+	char *b = p->len + n < LINE_JOIN_MAX ? realloc(p->buf, p->len + n + 1) : NULL;
+	if (!b)
+		return -1;
+	memcpy(b + p->len, text, n + 1);
+	p->buf = b;
+	p->len += n;
+	return 0;
+}
+
+/* A worker's line, or a piece of one (more: hpud split a long line to
+ * fit its frames), joined here and printed whole. */
 static void print_line(const Hpu__LogLine *l)
 {
-	hpu_progress_hide(&S.bar);
-	printf("[rank %u] %s\n", l->rank, l->text ? l->text : "");
-	fflush(stdout);
-	hpu_progress_show(&S.bar);
+	const char *text = l->text ? l->text : "";
+	struct piece *p = l->rank < (uint32_t)S.npieces ? &S.pieces[l->rank] : NULL;
+	if (l->more || (p && p->len)) {
+		if (join_piece(l->rank, text) == 0) {
+			if (l->more)
+				return;
+			p = &S.pieces[l->rank];
+			text = p->buf;
+		} else if (p && p->len) { /* what was joined goes first, whole */
+			print_text(l->rank, p->buf);
+		}
+	}
+	print_text(l->rank, text);
+	if (p && p->len) {
+		free(p->buf);
+		p->buf = NULL;
+		p->len = 0;
+	}
 }
 
 /* Rank 0's record, from node 0's hpud, for the bar. */
@@ -355,8 +412,10 @@ static void take_launch_reply(node *nd, const Hpu__LaunchReply *r)
 	nd->launched = r->ok;
 }
 
-/* Drains every node's socket, waiting up to timeout_ms for something. A
- * launch reply is taken (take_launch_reply) and, from node
+/* Drains every node's socket, waiting up to timeout_ms for something;
+ * for PUMP_SLICE_S at most per node, as a job's output may flow without a
+ * pause (hpud refills as fast as we read): the caller's pings must go on.
+ * A launch reply is taken (take_launch_reply) and, from node
  * want_reply_from, handed to the caller in *reply. */
 static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 {
@@ -368,7 +427,8 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 		return;
 	for (int i = 0; i < S.nn; i++) {
 		Hpu__Envelope *m;
-		while ((m = recv_env(&S.n[i]))) {
+		double until = now_s() + PUMP_SLICE_S;
+		while (now_s() < until && (m = recv_env(&S.n[i]))) {
 			Hpu__Envelope *r = dispatch(&S.n[i], m);
 			if (r)
 				take_launch_reply(&S.n[i], r->launch_reply);

@@ -1,4 +1,6 @@
 #include "agent.h"
+#include "fileio.h"
+#include "output.h"
 #include "shmname.h"
 #include "num.h"
 #include "uidproc.h"
@@ -75,6 +77,7 @@ typedef struct worker {
 	int culprit;             /* its blame line (hpu_status_blame): -1 none */
 	hpu_blame culprit_how;
 	int log_fd;
+	char log_path[1024];     /* log_fd's (--log-dir) */
 	char prefix[32];
 	size_t prefix_len;
 } worker;
@@ -89,6 +92,7 @@ struct hpu_agent {
 	int stopping;
 	int impatient; /* stopped with no grace: SIGKILL what is left at once */
 	int idle_sent;
+	int held;     /* the workers' output is not read (hpu_agent_hold_output) */
 	long status_bad;  /* malformed status lines */
 	ev_timer kill_timer;
 	/* What the workers left behind (see hpu_agent.h): */
@@ -196,50 +200,54 @@ static void maybe_idle(hpu_agent *a)
 		a->cfg.on_idle(a, a->cfg.arg);
 }
 
-static void write_all(int fd, const char *p, size_t n)
-{
-	while (n) {
-		ssize_t k = write(fd, p, n);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return;
-		p += k;
-		n -= (size_t)k;
-	}
-}
+/* The mark at the end of a piece of a line longer than the buffer: the
+ * line goes on in the next one (nothing of it is dropped). */
+#define CONTINUES " [hpu: line continues]"
 
-static void emit(stream *s, const char *line, size_t n)
+/* A worker's line (or, `more`, a piece of an over-long one) to its
+ * destination (on_line, else our stdout or stderr) and to its log file. A
+ * log file that cannot be written is said once (output.h) and closed. */
+static void emit(stream *s, const char *line, size_t n, int more)
 {
 	worker *w = s->w;
 	const hpu_agent_cfg *c = &w->a->cfg;
-	char out[LINE_MAX_BYTES + 64];
-	memcpy(out, w->prefix, w->prefix_len);
-	memcpy(out + w->prefix_len, line, n);
-	out[w->prefix_len + n] = '\n';
+	char out[LINE_MAX_BYTES + 128];
+	size_t len = w->prefix_len;
+	memcpy(out, w->prefix, len);
+	memcpy(out + len, line, n);
+	len += n;
+	if (more) {
+		memcpy(out + len, CONTINUES, sizeof CONTINUES - 1);
+		len += sizeof CONTINUES - 1;
+	}
+	out[len] = '\n';
 	if (c->on_line)
-		c->on_line(w->a, w->rank, s->out_fd == 2, line, n, c->arg);
+		c->on_line(w->a, w->rank, s->out_fd == 2, out + w->prefix_len,
+			   len - w->prefix_len, c->arg);
 	else
-		write_all(s->out_fd, out, w->prefix_len + n + 1);
-	if (w->log_fd >= 0)
-		write_all(w->log_fd, out, w->prefix_len + n + 1);
+		hpu_output_std(s->out_fd, out, len + 1);
+	if (w->log_fd >= 0 && hpu_output_file(w->log_fd, w->log_path, out, len + 1) < 0) {
+		close(w->log_fd);
+		w->log_fd = -1;
+	}
 }
 
-/* Writes out every complete line in the buffer (all of it at EOF). */
+/* Writes out every complete line in the buffer (all of it at EOF); a
+ * full buffer without a newline goes out as a piece marked CONTINUES. */
 static void flush_lines(stream *s, int eof)
 {
 	size_t start = 0;
 	for (size_t i = 0; i < s->len; i++) {
 		if (s->buf[i] == '\n') {
-			emit(s, s->buf + start, i - start);
+			emit(s, s->buf + start, i - start, 0);
 			start = i + 1;
 		}
 	}
-	if ((eof || start == 0) && s->len == sizeof s->buf) {
-		emit(s, s->buf, s->len); /* an over-long line, cut */
+	if (start == 0 && s->len == sizeof s->buf) {
+		emit(s, s->buf, s->len, !eof); /* an over-long line: a piece */
 		start = s->len;
 	} else if (eof && start < s->len) {
-		emit(s, s->buf + start, s->len - start);
+		emit(s, s->buf + start, s->len - start, 0);
 		start = s->len;
 	}
 	memmove(s->buf, s->buf + start, s->len - start);
@@ -259,11 +267,11 @@ static void close_stream(hpu_agent *a, stream *s)
 		end_leftovers(a); /* the workers' pipes are closed: no more to wait for */
 }
 
-/* Reads what the stream holds (at most `max` reads); closes it at EOF or
- * an error. */
+/* Reads what the stream holds (at most `max` reads; none more once the
+ * output is held, but at the end); closes it at EOF or an error. */
 static void read_stream(hpu_agent *a, stream *s, long max)
 {
-	for (long n = 0; s->fd >= 0 && n < max; n++) {
+	for (long n = 0; s->fd >= 0 && n < max && !(a->held && !a->ending); n++) {
 		ssize_t k = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
 		if (k > 0) {
 			s->len += (size_t)k;
@@ -284,6 +292,25 @@ static void on_output(struct ev_loop *loop, ev_io *io, int revents)
 	(void)revents;
 	stream *s = io->data;
 	read_stream(s->w->a, s, LONG_MAX);
+}
+
+void hpu_agent_hold_output(hpu_agent *a, int hold)
+{
+	hold = !!hold;
+	if (a->held == hold)
+		return;
+	a->held = hold;
+	for (int i = 0; a->started && i < a->cfg.devices; i++) {
+		stream *ss[2] = {&a->w[i].out, &a->w[i].err};
+		for (int k = 0; k < 2; k++) {
+			if (ss[k]->fd < 0)
+				continue;
+			if (hold)
+				ev_io_stop(a->loop, &ss[k]->io);
+			else
+				ev_io_start(a->loop, &ss[k]->io);
+		}
+	}
 }
 
 static void status_line(status_pipe *sp, const char *line, size_t n)
@@ -891,7 +918,7 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		if (setgroups(1, &g) != 0 || setgid(g) != 0 || setuid((uid_t)a->cfg.uid) != 0 ||
 		    (a->cfg.uid != 0 && setuid(0) == 0)) {
 			static const char msg[] = "hpulaunch: cannot switch the worker to its user\n";
-			write_all(2, msg, sizeof msg - 1);
+			(void)hpu_write_all(2, msg, sizeof msg - 1);
 			_exit(126);
 		}
 		/* Changing credentials cleared the parent-death signal: set it
@@ -905,7 +932,7 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 	else
 		execve(a->cfg.argv[0], a->cfg.argv, env);
 	static const char msg[] = "hpulaunch: cannot execute the worker program\n";
-	write_all(2, msg, sizeof msg - 1);
+	(void)hpu_write_all(2, msg, sizeof msg - 1);
 	_exit(127);
 }
 
@@ -918,7 +945,8 @@ static void start_stream(hpu_agent *a, worker *w, stream *s, int fd, int out_fd)
 	fcntl(fd, F_SETFD, FD_CLOEXEC);
 	ev_io_init(&s->io, on_output, fd, EV_READ);
 	s->io.data = s;
-	ev_io_start(a->loop, &s->io);
+	if (!a->held)
+		ev_io_start(a->loop, &s->io);
 	a->open++;
 }
 
@@ -927,8 +955,8 @@ static int open_log(hpu_agent *a, worker *w, char *err, size_t errlen)
 	w->log_fd = -1;
 	if (!a->cfg.log_dir)
 		return 0;
-	char path[1024];
-	snprintf(path, sizeof path, "%s/rank_%d.log", a->cfg.log_dir, w->rank);
+	char *path = w->log_path;
+	snprintf(path, sizeof w->log_path, "%s/rank_%d.log", a->cfg.log_dir, w->rank);
 	/* A restart adds to the log: the failed attempt's output stays. */
 	int keep = a->cfg.restart_count > 0 ? O_APPEND : O_TRUNC;
 	w->log_fd = open(path, O_WRONLY | O_CREAT | keep | O_CLOEXEC, 0644);
@@ -1121,7 +1149,7 @@ void hpu_agent_destroy(hpu_agent **pa)
 			close(w->st.fd);
 		}
 		if (w->log_fd >= 0 && w->pid > 0)
-			close(w->log_fd);
+			hpu_output_file_close(w->log_fd, w->log_path);
 	}
 	ev_timer_stop(a->loop, &a->drain_timer);
 	ev_timer_stop(a->loop, &a->sweep_timer);

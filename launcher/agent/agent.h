@@ -4,7 +4,9 @@
  * Each worker is its own process group (so a signal reaches whatever it
  * starts), dies with the agent (PR_SET_PDEATHSIG), gets the job's
  * environment, and has its stdout and stderr read through pipes and
- * written out line by line with a "[rank N] " prefix. A third pipe, on fd
+ * written out line by line with a "[rank N] " prefix (a failed write is
+ * said once and counted, output.h). A line longer than 64 KiB goes out in
+ * pieces of 64 KiB, each but the last ending in " [hpu: line continues]". A third pipe, on fd
  * HPU_AGENT_STATUS_FD, carries its progress records (the latest kept per
  * rank, malformed lines counted and ignored).
  *
@@ -120,6 +122,12 @@ int hpu_agent_start(hpu_agent *a, char *err, size_t errlen);
  * a later call). Once the workers are gone, ends what they left behind at
  * once (SIGKILL when grace_s <= 0). Safe to call more than once. */
 void hpu_agent_stop(hpu_agent *a, double grace_s);
+
+/* Stops (hold 1) or resumes (0) reading the workers' stdout and stderr,
+ * for an on_line whose reader cannot keep up: a worker that fills its
+ * pipe then blocks in write (back-pressure) and nothing is lost. Once the
+ * workers are gone their pipes are read to the end, held or not. */
+void hpu_agent_hold_output(hpu_agent *a, int hold);
 
 /* Workers not yet reaped. */
 int hpu_agent_live(const hpu_agent *a);

@@ -455,6 +455,12 @@ int hpu_nodejob_master_port(const hpu_nodejob *j)
 	return j->master_port;
 }
 
+void hpu_nodejob_hold_output(hpu_nodejob *j, int hold)
+{
+	if (j->agent)
+		hpu_agent_hold_output(j->agent, hold);
+}
+
 int hpu_nodejob_live(const hpu_nodejob *j)
 {
 	return j->agent ? hpu_agent_live(j->agent) : 0;

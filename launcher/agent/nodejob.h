@@ -72,6 +72,10 @@ int hpu_nodejob_master_port(const hpu_nodejob *j);
  * the root cause; it is not printed (the caller says why). */
 void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s);
 
+/* hpu_agent_hold_output for the node's workers: on_line's reader cannot
+ * keep up (hold 1), or can again (0). */
+void hpu_nodejob_hold_output(hpu_nodejob *j, int hold);
+
 /* Workers not yet reaped. */
 int hpu_nodejob_live(const hpu_nodejob *j);
 

@@ -9,9 +9,12 @@
  *   workers that die with hpud; rounds of jobs that leave nothing behind;
  * - --max-restarts: a job that fails once is submitted again with
  *   HPU_RESTART_COUNT=1 and succeeds;
- * - output: a chatty model; a stopped submitter: hpud keeps at most
- *   output_buffer of the job's output, drops the rest and says so; the
- *   job runs to the end.
+ * - output: a chatty model, every line of it; a burst far past a small
+ *   output_buffer arrives whole and in order (hpud holds the workers'
+ *   output while the submitter catches up); a line of 20,000 bytes
+ *   arrives whole; a stopped submitter: hpud keeps at most output_buffer
+ *   of the job's output, drops the rest and says so; the job runs to the
+ *   end.
  * Needs root (the workers switch to the user 'nobody'). */
 #include "hpudlib.h"
 
@@ -424,9 +427,9 @@ static void test_restart_through_hostfile(void **state)
  * window: it filled, every later frame was dropped, and the job failed
  * with "lost contact ... silent for 10 s") trains to the end: nothing is
  * dropped as a replay, the submitter never loses contact and says nothing
- * of a replay cache. How many lines arrive is hpud's output queue's
- * business (output_buffer); test_submitter_takes_a_flood (test_hpud_auth.c)
- * sends more than 65536 frames whatever hpud's pace. */
+ * of a replay cache, and every line arrives (hpud holds the workers'
+ * output while its queue is past output_buffer); test_submitter_takes_a_flood
+ * (test_hpud_auth.c) sends more than 65536 frames whatever hpud's pace. */
 static void test_chatty_job(void **state)
 {
 	(void)state;
@@ -455,21 +458,20 @@ static void test_chatty_job(void **state)
 	assert_int_equal(cache_full, 0);
 	assert_null(strstr(p.out, "lost contact"));
 	assert_int_equal(code, 0);
-	/* the last line, unless it went with the lines hpud dropped past
-	 * output_buffer (then a notice says how many) */
-	assert_true(strstr(p.out, "[rank 0] trained 40 steps") ||
-		    strstr(p.out, "[rank 0] hpud: dropped "));
-	assert_true(lines > 0);
+	assert_non_null(strstr(p.out, "[rank 0] trained 40 steps"));
+	assert_null(strstr(p.out, "[hpud: "));
+	assert_int_equal(lines, 80000);
 	h_free(&p);
 	stop_daemon();
 }
 
 /* A submitter stopped (SIGSTOP) while its job prints 8 KB lines as fast
  * as it can (2 ranks x 8000 of them, 128 MB): hpud holds at most
- * output_buffer (4 MiB by default) of the job's output, drops the rest
- * and, once the submitter reads again (SIGCONT), tells it how much per
- * rank; then the job's output comes through again, and the job trains to
- * the end. The worker program is a script that waits for the submitter
+ * output_buffer (4 MiB by default) of the job's output, then holds the
+ * workers' output; once the submitter has taken nothing for 5 s it drops
+ * the rest and, once the submitter reads again (SIGCONT), tells it how
+ * much per rank; then the job's output comes through again, and the job
+ * trains to the end. The worker program is a script that waits for the submitter
  * to be stopped, prints, waits for it to have caught up, and then runs
  * hpu-worker. */
 static void test_stopped_submitter_output_bounded(void **state)
@@ -532,13 +534,16 @@ static void test_stopped_submitter_output_bounded(void **state)
 	assert_true(peak - base < 16 * 1024);
 #endif
 	/* caught up: the notices, one per rank */
-	int told = h_wait_for(&p, "[rank 0] hpud: dropped ", 120000) == 0 &&
-		   h_wait_for(&p, "[rank 1] hpud: dropped ", 120000) == 0;
+	int told = h_wait_for(&p, "[rank 0] [hpud: ", 120000) == 0 &&
+		   h_wait_for(&p, "[rank 1] [hpud: ", 120000) == 0;
 	for (int r = 0; r < 2; r++) {
 		char want[32];
-		snprintf(want, sizeof want, "[rank %d] hpud: dropped ", r);
+		snprintf(want, sizeof want, "[rank %d] [hpud: ", r);
 		const char *s = strstr(p.out, want);
 		printf("  %.*s\n", s ? (int)strcspn(s, "\n") : 0, s ? s : "");
+		if (s)
+			assert_non_null(strstr(s, " of this rank's output dropped: the submitter "
+						  "took none of it for "));
 	}
 	if (!told)
 		fail_msg("no notice of the dropped output; the submitter's last words:\n%s",
@@ -552,6 +557,204 @@ static void test_stopped_submitter_output_bounded(void **state)
 	h_free(&p);
 	h_wait(&daemon_proc, 500);
 	assert_non_null(strstr(daemon_proc.out, "ended successfully"));
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(script);
+}
+
+/* A submitter stopped (SIGSTOP) through a whole job that prints 2 x 2000
+ * lines of 8 KB and then trains: hpud drops what the stalled submitter
+ * does not take, but keeps each rank's last line; once the submitter
+ * reads again (SIGCONT, after the job has ended on the node) it gets the
+ * notices and then "trained ... final loss", and exits 0. */
+static void test_stopped_submitter_gets_last_line(void **state)
+{
+	(void)state;
+	char flags[128], go[160], script[192], text[1024];
+	snprintf(flags, sizeof flags, "%s/flags-last", dir);
+	assert_int_equal(mkdir(flags, 0755), 0);
+	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	snprintf(go, sizeof go, "%s/go", flags);
+	snprintf(script, sizeof script, "%s/last-line-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "while [ ! -e %s ]; do sleep 0.05; done\n"
+		 "yes \"$RANK $(printf '%%7998s' '' | tr ' ' x)\" | head -n 2000\n"
+		 "exec %s \"$@\"\n",
+		 go, h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 600\nworker = %s\n",
+		 port, key_path, script);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (h_wait_for(&p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	assert_int_equal(kill(p.pid, SIGSTOP), 0);
+	assert_int_equal(h_write_file(go, "", 0644), 0);
+	int ended = h_wait_for(&daemon_proc, "ended successfully", 300000) == 0;
+	kill(p.pid, SIGCONT);
+	if (!ended)
+		fail_msg("the job did not end on the node; hpud:\n%s", daemon_proc.out);
+	assert_int_equal(h_wait(&p, 120000), 0);
+	const char *end = strstr(p.out, "[rank 0] trained 2 steps");
+	printf("  exit %d: %.*s\n", h_code(&p), end ? (int)strcspn(end, "\n") : 0, end ? end : "");
+	for (int r = 0; r < 2; r++) {
+		char want[32];
+		snprintf(want, sizeof want, "[rank %d] [hpud: ", r);
+		const char *s = strstr(p.out, want);
+		printf("  %.*s\n", s ? (int)strcspn(s, "\n") : 0, s ? s : "");
+	}
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(end);
+	assert_non_null(strstr(end, "final loss"));
+	assert_non_null(strstr(p.out, "[rank 0] [hpud: "));
+	assert_non_null(strstr(daemon_proc.out, "took none of its output for"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(script);
+}
+
+/* Rank r's lines of fmnist_mlp --print-lines n in out: "[rank R] chatter
+ * rank R call C line L of N", every L from 1 to n for each call, the calls
+ * one after another, none missing, none out of order. Returns how many. */
+static long chatter_in_order(const char *out, int r, long n)
+{
+	char pre[64];
+	int plen = snprintf(pre, sizeof pre, "[rank %d] chatter rank %d call ", r, r);
+	long count = 0, call = -1, line = n;
+	for (const char *s = out; (s = strstr(s, pre)); s++) {
+		long c, l, of;
+		if (sscanf(s + plen, "%ld line %ld of %ld", &c, &l, &of) != 3 || of != n)
+			fail_msg("rank %d: a line not as printed: %.80s", r, s);
+		int next = line == n ? l == 1 && (call < 0 || c == call + 1)
+				     : c == call && l == line + 1;
+		if (!next)
+			fail_msg("rank %d: after call %ld line %ld came call %ld line %ld (%ld "
+				 "lines in order before it)",
+				 r, call, line, c, l, count);
+		call = c;
+		line = l;
+		count++;
+	}
+	if (line != n)
+		fail_msg("rank %d: the last call's lines end at %ld of %ld", r, line, n);
+	return count;
+}
+
+/* A burst far past output_buffer (64 KiB here; 2 ranks x 6 steps x 5000
+ * lines, 2.6 MB) to a submitter that keeps up: every line arrives, in
+ * order, and the last, "trained ... final loss", with them; nothing is
+ * dropped and no one is blamed. hpud stops reading the workers' output
+ * while its queue is full (they wait in write) instead of dropping it: it
+ * had dropped 84% of such a burst and blamed the submitter. */
+static void test_burst_past_small_output_buffer(void **state)
+{
+	(void)state;
+	enum { LINES = 5000 };
+	write_conf(2, "output_buffer = 64K\n");
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "6", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16",
+			"--print-lines", "5000", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 180000);
+	const char *end = strstr(p.out, "[rank 0] trained ");
+	printf("  exit %d: %.*s\n", code, end ? (int)strcspn(end, "\n") : 0, end ? end : "");
+	const char *drop = strstr(p.out, "[hpud: ");
+	if (drop)
+		fail_msg("lines dropped: %.*s", (int)strcspn(drop, "\n"), drop);
+	long n0 = chatter_in_order(p.out, 0, LINES), n1 = chatter_in_order(p.out, 1, LINES);
+	printf("  %ld + %ld lines, each rank's in order\n", n0, n1);
+	assert_int_equal(code, 0);
+	assert_true(n0 >= 6 * LINES && n1 >= 6 * LINES);
+	assert_non_null(end);
+	assert_non_null(strstr(end, "final loss"));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_null(strstr(daemon_proc.out, "dropped"));
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
+/* hpulaunch --hostfile > /dev/full: the submitter cannot print the job's
+ * lines; it says so once, follows the job to its end and exits 3 (it
+ * exited 0). */
+static void test_submitter_stdout_full(void **state)
+{
+	(void)state;
+	start_daemon();
+	char *argv[] = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >/dev/full", (char *)LAUNCH,
+			"--hostfile", hostfile, "--key", key_path, "--devices", "2",
+			"--max-steps", "2", "--log-every", "1", "--no-eval", (char *)MODEL, "--",
+			"--hidden", "16", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 3);
+	const char *e = strstr(p.out, "hpulaunch: error: cannot write to stdout: No space left "
+				      "on device; the rest of it is not written");
+	assert_non_null(e);
+	assert_null(strstr(e + strlen("hpulaunch: error: cannot write"), "cannot write"));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_non_null(strstr(daemon_proc.out, "ended successfully"));
+	stop_daemon();
+}
+
+/* A worker's line of 20,000 bytes reaches the submitter whole: hpud cut
+ * lines at 8,191 bytes without a word; it now sends a long line in pieces
+ * that fit its frames, and hpulaunch joins them. A NUL byte in a line
+ * arrives as ^@ (it cut the line there). The worker program is a
+ * script that prints the line and then runs hpu-worker. */
+static void test_long_line_whole(void **state)
+{
+	(void)state;
+	enum { LEN = 20000 };
+	char script[192], text[512], extra[256];
+	snprintf(script, sizeof script, "%s/long-line-worker.sh", dir);
+	snprintf(text, sizeof text,
+		 "#!/bin/sh\n"
+		 "printf \"L$RANK%%0%ddE\\n\" 0\n"
+		 "printf 'a NUL\\000byte\\n'\n"
+		 "exec %s \"$@\"\n",
+		 LEN - 3, h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(extra, sizeof extra, "worker = %s\n", script);
+	write_conf(2, extra);
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	char *want = malloc(LEN + 16);
+	assert_non_null(want);
+	for (int r = 0; r < 2; r++) {
+		int k = snprintf(want, 16, "[rank %d] L%d", r, r);
+		memset(want + k, '0', LEN - 3);
+		memcpy(want + k + LEN - 3, "E\n", 3);
+		const char *at = strstr(p.out, want);
+		char head[16];
+		snprintf(head, sizeof head, "[rank %d] L%d", r, r);
+		const char *got = strstr(p.out, head);
+		printf("  rank %d: the line %s (%zu bytes came)\n", r, at ? "came whole" : "did not",
+		       got ? strcspn(got, "\n") - strlen("[rank 0] ") : 0);
+		assert_non_null(at);
+	}
+	free(want);
+	/* a NUL byte ended the line's text; it goes as ^@ */
+	assert_non_null(strstr(p.out, "[rank 0] a NUL^@byte\n"));
+	assert_int_equal(code, 0);
+	h_free(&p);
 	stop_daemon();
 	write_conf(2, NULL);
 	unlink(script);
@@ -790,6 +993,10 @@ int main(void)
 		cmocka_unit_test(test_restart_through_hostfile),
 		cmocka_unit_test(test_chatty_job),
 		cmocka_unit_test(test_stopped_submitter_output_bounded),
+		cmocka_unit_test(test_stopped_submitter_gets_last_line),
+		cmocka_unit_test(test_burst_past_small_output_buffer),
+		cmocka_unit_test(test_long_line_whole),
+		cmocka_unit_test(test_submitter_stdout_full),
 	};
 	int skip = hpud_test_init("test_hpud_jobs");
 	if (skip)

@@ -1,0 +1,149 @@
+/* output: the destinations whose writes failed, each said once. */
+#include "output.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fileio.h"
+
+#define MAX_SAID 64 /* distinct destinations said; more are counted only */
+
+static struct {
+	int std_err[3];        /* fd 1, 2: the errno of their first failure */
+	char *said[MAX_SAID];  /* destinations already said */
+	int n_said;
+	int failed;
+	int stdout_errno;      /* of the last write through the stdout stream */
+} O;
+
+static int said_before(const char *what)
+{
+	for (int i = 0; i < O.n_said; i++)
+		if (!strcmp(O.said[i], what))
+			return 1;
+	if (O.n_said == MAX_SAID)
+		return 1; /* beyond that: quiet, not unbounded */
+	if ((O.said[O.n_said] = strdup(what)))
+		O.n_said++;
+	return 0;
+}
+
+void hpu_output_fail(const char *what, int err)
+{
+	O.failed = 1;
+	if (err == EPIPE || said_before(what) || O.std_err[2])
+		return; /* stderr itself failed: nowhere left to say it */
+	char line[1200];
+	int n = snprintf(line, sizeof line,
+			 "%s: error: cannot write %s: %s; the rest of it is not written "
+			 "(exit status %d at the end)\n",
+			 program_invocation_short_name, what, strerror(err), HPU_OUTPUT_EXIT);
+	fflush(stderr);
+	if (hpu_write_all(2, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1) < 0)
+		O.std_err[2] = errno ? errno : EIO;
+}
+
+static void std_fail(int fd, int err)
+{
+	if (!O.std_err[fd])
+		O.std_err[fd] = err ? err : EIO;
+	hpu_output_fail(fd == 1 ? "to stdout" : "to stderr", O.std_err[fd]);
+}
+
+int hpu_output_std_ok(int fd)
+{
+	return (fd == 1 || fd == 2) && !O.std_err[fd];
+}
+
+int hpu_output_std(int fd, const void *p, size_t n)
+{
+	if (!hpu_output_std_ok(fd))
+		return -1;
+	if (hpu_write_all(fd, p, n) == 0)
+		return 0;
+	std_fail(fd, errno);
+	return -1;
+}
+
+int hpu_output_stream(FILE *f)
+{
+	int fd = f == stderr ? 2 : 1;
+	if (O.std_err[fd])
+		return -1;
+	if (fflush(f) == 0 && !ferror(f))
+		return 0;
+	std_fail(fd, fd == 1 && O.stdout_errno ? O.stdout_errno : errno);
+	clearerr(f);
+	return -1;
+}
+
+int hpu_output_file(int fd, const char *path, const void *p, size_t n)
+{
+	if (hpu_write_all(fd, p, n) == 0)
+		return 0;
+	char what[1100];
+	int err = errno ? errno : EIO;
+	snprintf(what, sizeof what, "the log file %s", path);
+	hpu_output_fail(what, err);
+	return -1;
+}
+
+int hpu_output_file_close(int fd, const char *path)
+{
+	if (close(fd) == 0 || errno == EINTR)
+		return 0;
+	char what[1100];
+	int err = errno;
+	snprintf(what, sizeof what, "the log file %s", path);
+	hpu_output_fail(what, err);
+	return -1;
+}
+
+/* stdout's writes, as stdio makes them: the error they meet is kept, as
+ * stdio keeps only that there was one. */
+static ssize_t stdout_write(void *cookie, const char *buf, size_t n)
+{
+	(void)cookie;
+	if (hpu_write_all(1, buf, n) == 0)
+		return (ssize_t)n;
+	O.stdout_errno = errno ? errno : EIO;
+	return -1;
+}
+
+void hpu_output_init(void)
+{
+	/* A terminal keeps the real stream: the progress bar asks it
+	 * (isatty, its width), and a terminal is seldom full. */
+	if (isatty(STDOUT_FILENO))
+		return;
+	FILE *f = fopencookie(NULL, "w", (cookie_io_functions_t){.write = stdout_write});
+	if (!f)
+		return; /* the plain stdout then, its errors reported as EIO */
+	setvbuf(f, NULL, _IOLBF, 0);
+	stdout = f;
+}
+
+int hpu_output_failed(void)
+{
+	return O.failed;
+}
+
+int hpu_output_finish(void)
+{
+	if (!O.std_err[1] && (fflush(stdout) != 0 || ferror(stdout)))
+		std_fail(1, O.stdout_errno);
+	/* stdout's close may report what the writes did not (NFS, a full
+	 * disk reported late); nothing writes to it after this */
+	if (fflush(stdout) == 0 && !O.std_err[1] && close(1) != 0 && errno != EBADF)
+		std_fail(1, errno);
+	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr))) {
+		O.std_err[2] = errno ? errno : EIO; /* nowhere left to say it */
+		O.failed = 1;
+	}
+	for (int i = 0; i < O.n_said; i++)
+		free(O.said[i]);
+	O.n_said = 0;
+	return O.failed;
+}
