@@ -525,6 +525,26 @@ static void test_empty_input(void **state)
 	empty_dir(path("tmp"));
 }
 
+/* A metrics file that is not a regular file (a device, directly or
+ * through a link; a FIFO) is refused at once, naming what it is. */
+static void test_not_a_file(void **state)
+{
+	(void)state;
+	char *o = HPU_PLOT(1, "--print-data", "/dev/zero");
+	has(o, "cannot read /dev/zero: not a regular file (a character device)");
+	free(o);
+	assert_int_equal(symlink("/dev/zero", path("zero.jsonl")), 0);
+	o = HPU_PLOT(1, path("zero.jsonl"));
+	has(o, "zero.jsonl: not a regular file (a character device)");
+	free(o);
+	assert_int_equal(mkfifo(path("fifo.jsonl"), 0644), 0);
+	o = HPU_PLOT(1, path("fifo.jsonl"));
+	has(o, "fifo.jsonl: not a regular file (a FIFO)");
+	free(o);
+	assert_false(exists(path("zero.png")));
+	assert_false(exists(path("fifo.png")));
+}
+
 /* ---- outputs that cannot be written ---- */
 
 static void test_full_disk(void **state)
@@ -671,6 +691,7 @@ int main(void)
 		cmocka_unit_test(test_not_json),
 		cmocka_unit_test(test_no_step_records),
 		cmocka_unit_test(test_empty_input),
+		cmocka_unit_test(test_not_a_file),
 		cmocka_unit_test(test_full_disk),
 		cmocka_unit_test(test_gnuplot_short_png),
 		cmocka_unit_test(test_missing_file),

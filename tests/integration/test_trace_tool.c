@@ -497,6 +497,25 @@ static void test_errors(void **state)
 	free(out);
 }
 
+/* Inputs that are not files: a device (directly or through a link) is
+ * refused at once, naming what it is; a FIFO nobody writes is empty. */
+static void test_not_a_file(void **state)
+{
+	(void)state;
+	const char *d = dir("odd");
+	char *out = TRACE(1, "--no-merge", "/dev/zero");
+	has(out, "/dev/zero: cannot read: not a regular file or a pipe (a character device)");
+	free(out);
+	assert_int_equal(symlink("/dev/zero", in(d, "zero-rank0.json")), 0);
+	out = TRACE(1, in(d, "zero-rank0.json"));
+	has(out, "zero-rank0.json: cannot read: not a regular file or a pipe (a character device)");
+	free(out);
+	assert_int_equal(mkfifo(in(d, "fifo-rank1.json"), 0644), 0);
+	out = TRACE(1, "--no-merge", in(d, "fifo-rank1.json"));
+	has(out, "fifo-rank1.json: not a trace: the file is empty");
+	free(out);
+}
+
 static void test_full_disk(void **state)
 {
 	(void)state;
@@ -625,6 +644,7 @@ int main(void)
 	    cmocka_unit_test(test_no_barrier),
 	    cmocka_unit_test(test_torn),
 	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_not_a_file),
 	    cmocka_unit_test(test_full_disk),
 	    cmocka_unit_test(test_real),
 	};
