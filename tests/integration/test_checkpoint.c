@@ -18,7 +18,8 @@
  *   (its own digest), a shard that is a FIFO and (as root) another uid's
  *   `latest` or step directory are refused naming the file; stale
  *   .step-N.partial directories of this uid that no live job holds are
- *   removed at start-up, saying so;
+ *   removed at start-up, saying so; SIGTERM to hpulaunch during a save
+ *   leaves no partial directory;
  * - buffers (the fixture buffer_model: MEAN and BROADCAST buffers updated
  *   by its training forward): 40 steps straight against 20, stop, resume,
  *   20 more: parameters and buffers bit-identical (ddp; zero3 with
@@ -37,6 +38,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -408,6 +410,61 @@ static void test_resume_forged(void **state)
 	sh("rm -r %s/step-00000030 %s/latest", dir, dir);
 	resume_expect(dir, "auto", 1, "forged/step-00000090 is owned by uid 65534, not by uid 0",
 		      NULL);
+}
+
+/* The name of a .step-N.partial directory in dir, into out; 0 if none. */
+static int partial_in(const char *dir, char *out, size_t n)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int found = 0;
+	while (d && !found && (e = readdir(d)))
+		if (!strncmp(e->d_name, ".step-", 6) && strstr(e->d_name, ".partial")) {
+			snprintf(out, n, "%s", e->d_name);
+			found = 1;
+		}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* Ctrl-C (SIGTERM to hpulaunch) while a save is being written: the
+ * workers remove their partial directory before they die. */
+static void test_interrupted_save(void **state)
+{
+	(void)state;
+	char dir[300], name[300];
+	snprintf(dir, sizeof dir, "%s/interrupted", tmp);
+	run r;
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "400", "--checkpoint-dir", dir,
+	     "--checkpoint-every", "1", "--keep", "1", MODEL, "--", "--hidden", "2048", "--depth",
+	     "3", NULL);
+	proc p;
+	assert_int_equal(h_start(&p, (char *const *)r.argv, NULL), 0);
+	struct timespec ms = {0, 1000 * 1000};
+	int seen = 0;
+	for (int i = 0; i < 120000 && !seen && h_alive(p.pid); i++) {
+		seen = partial_in(dir, name, sizeof name);
+		if (!seen)
+			nanosleep(&ms, NULL);
+	}
+	if (!seen) {
+		h_kill(&p);
+		fail_msg("no save seen in %s:\n%s", dir, p.out ? p.out : "");
+	}
+	assert_int_equal(kill(p.pid, SIGTERM), 0);
+	printf("  SIGTERM to hpulaunch while %s/%s was being written\n", dir, name);
+	if (h_wait(&p, 60000) < 0) {
+		h_kill(&p);
+		fail_msg("the job did not end after SIGTERM");
+	}
+	int left = partial_in(dir, name, sizeof name);
+	if (left)
+		fprintf(stderr, "%s/%s is left after the interruption; output:\n%s\n", dir, name,
+			p.out ? p.out : "");
+	h_free(&p);
+	assert_false(left);
 }
 
 /* A save interrupted (killed) leaves .step-N.partial; the next run with
@@ -813,6 +870,7 @@ int main(void)
 		cmocka_unit_test(test_damage),
 		cmocka_unit_test(test_resume_forged),
 		cmocka_unit_test(test_stale_partials),
+		cmocka_unit_test(test_interrupted_save),
 		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_buffers_resume),

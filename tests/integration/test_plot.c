@@ -14,7 +14,8 @@
  *   its step in the file (the resumed run's samples/s), memory in MiB;
  * - an unterminated last line is skipped with a warning;
  * - a line that is not JSON (named by number), a file without step
- *   records, a missing file: exit 1 and no output file;
+ *   records, a missing file: exit 1 and no output file; /dev/zero, a link
+ *   to it and a FIFO are refused at once, naming what they are;
  * - an empty file (or blank lines only): exit 1 saying it is empty, also
  *   with --print-data (no qsort(NULL, 0) for UBSan to trip on);
  * - a full disk: -o a link to /dev/full (written through, not renamed

@@ -10,6 +10,8 @@
  *   tail): a warning, the complete events merged;
  * - errors: not JSON, no traceEvents, the same rank twice, a missing file,
  *   an empty directory (exit 1, the file named); usage errors (exit 2);
+ * - inputs that are no files: /dev/zero and a link to it are refused at
+ *   once naming a character device; a FIFO nobody writes is empty;
  * - a full disk: -o a link to /dev/full, and the summary into a full
  *   standard output, exit 1 naming the file and the error (the link is
  *   written through, not renamed over); -o a link to a regular file
