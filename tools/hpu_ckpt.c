@@ -70,11 +70,14 @@ static const char *const help_info =
 static const char *const help_verify =
 	"usage: hpu-ckpt verify DIR [--all]\n"
 	"\n"
-	"Checks every file of the checkpoint (the shards and, when the model has\n"
-	"buffers, the buffers file) against its manifest: present, the size,\n"
-	"the SHA-256. One line per file, then a total. For a root, checks\n"
-	"the checkpoint `latest` names; with --all, every checkpoint under it.\n"
-	"Exits 1 if any file (or manifest) is damaged or missing.\n";
+	"Checks the manifest against its own digest (manifest_sha256: an edit\n"
+	"is found), then every file of the checkpoint (the shards and, when the\n"
+	"model has buffers, the buffers file) against it: present, a regular\n"
+	"file (a FIFO, a device or a link is refused unread), yours (run as\n"
+	"root: DIR's owner's), the size, the SHA-256. One line per file, then a\n"
+	"total. For a root, checks that `latest` is yours and the checkpoint it\n"
+	"names; with --all, every checkpoint under it. Exits 1 if any file (or\n"
+	"manifest) is damaged, missing or another user's.\n";
 
 static const char *const help_export =
 	"usage: hpu-ckpt export DIR -o FILE [--format safetensors|raw]\n"
