@@ -460,9 +460,13 @@ static void test_interrupted_save(void **state)
 		fail_msg("the job did not end after SIGTERM");
 	}
 	int left = partial_in(dir, name, sizeof name);
-	if (left)
+	if (left) {
+		char cmd[700];
 		fprintf(stderr, "%s/%s is left after the interruption; output:\n%s\n", dir, name,
 			p.out ? p.out : "");
+		snprintf(cmd, sizeof cmd, "ls -la %s/%s >&2", dir, name);
+		(void)system(cmd);
+	}
 	h_free(&p);
 	assert_false(left);
 }

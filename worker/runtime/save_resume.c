@@ -363,7 +363,7 @@ static struct {
 	char files[6][1300];
 	int nfiles;
 	char dir[1200];
-	int rank0;
+	volatile sig_atomic_t made; /* rank 0 made dir: it removes it */
 	int lock; /* rank 0's lock on the partial directory, or -1 */
 	int installed[3];
 	struct sigaction old[3];
@@ -374,11 +374,16 @@ static const int guarded[3] = {SIGTERM, SIGINT, SIGHUP};
 static void on_stop(int sig)
 {
 	int e = errno;
-	for (int i = 0; i < G.nfiles; i++)
-		unlink(G.files[i]);
 	struct timespec ts = {0, 20 * 1000 * 1000};
-	for (int k = 0; G.rank0 && k < 50 && rmdir(G.dir) < 0 && errno == ENOTEMPTY; k++)
+	/* again each time: another thread of this process may still be
+	 * writing (the signal may have come to any thread) */
+	for (int k = 0; k < 50; k++) {
+		for (int i = 0; i < G.nfiles; i++)
+			unlink(G.files[i]);
+		if (!G.made || rmdir(G.dir) == 0 || errno != ENOTEMPTY)
+			break;
 		nanosleep(&ts, NULL);
+	}
 	errno = e;
 	signal(sig, SIG_DFL);
 	raise(sig);
@@ -393,11 +398,13 @@ static void guard_file(const char *dir, const char *name)
 }
 
 /* Names this rank's files in dir (the partial) and takes the signals
- * whose action is the default one. */
+ * whose action is the default one: rank 0 before it makes dir (the
+ * handler removes dir once G.made says it did), the others once they
+ * know it is made. */
 static void guard_begin(int rank, const char *dir, const char *shard, int buffers)
 {
 	G.nfiles = 0;
-	G.rank0 = rank == 0;
+	G.made = 0;
 	snprintf(G.dir, sizeof G.dir, "%s", dir);
 	guard_file(dir, shard);
 	if (rank == 0) {
@@ -419,12 +426,15 @@ static void guard_begin(int rank, const char *dir, const char *shard, int buffer
 /* The signals' actions as they were; rank 0's lock released. */
 static void guard_end(void)
 {
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 3; i++) {
 		if (G.installed[i])
 			sigaction(guarded[i], &G.old[i], NULL);
+		G.installed[i] = 0;
+	}
 	if (G.lock >= 0)
 		close(G.lock);
 	G.lock = -1;
+	G.made = 0;
 }
 
 static void said_removed(const char *path, void *arg)
@@ -442,7 +452,9 @@ static int make_partial(const char *root, const char *path, char *msg, size_t ms
 	hpu_ckpt_clean_partials(root, said_removed, NULL);
 	if (mkdir_p(root, msg, msglen) < 0)
 		return -1;
-	if (mkdir(path, 0755) < 0)
+	if (mkdir(path, 0755) == 0)
+		G.made = 1; /* ours: a signal from now on removes it */
+	else
 		return say(msg, msglen,
 			   errno == EEXIST ? "cannot make directory %s: it exists, held by a save "
 					     "that still runs or owned by another user"
@@ -472,11 +484,16 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 	char shard[96];
 	hpu_ckpt_shard_name(rank, world, shard, sizeof shard);
 	snprintf(path, sizeof path, "%s/%s", root, partial);
-	guard_begin(rank, path, shard, b->nbuffers > 0);
+	/* once the partial is this save's (rank 0 holds it), a signal
+	 * removes it: rank 0 at once, the others when they know */
+	if (rank == 0)
+		guard_begin(rank, path, shard, b->nbuffers > 0);
 	if (rank == 0 && make_partial(root, path, mine.msg, sizeof mine.msg) < 0)
 		mine.ok = 0;
 	if (agree(comm, &mine, all, why, sizeof why))
 		goto failed;
+	if (rank != 0)
+		guard_begin(rank, path, shard, b->nbuffers > 0);
 	/* every rank its shard, at once */
 	snprintf(path, sizeof path, "%s/%s/%s", root, partial, shard);
 	double tw = now_s();
@@ -523,7 +540,7 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 			   root, name, why);
 	return 0;
 failed:
-	if (rank == 0 && G.lock >= 0) { /* only a partial of its own */
+	if (rank == 0 && G.made) { /* only a partial of its own */
 		snprintf(path, sizeof path, "%s/%s", root, partial);
 		hpu_ckpt_rmtree(path);
 	}
