@@ -130,11 +130,14 @@ typedef struct hpu_ckpt {
 	int foreign;           /* a failure was a file of an untrusted owner */
 } hpu_ckpt;
 
-/* Reads and checks dir/manifest.json: the format and version, the
- * parameters laid end to end, the sections, each file's size against its
- * segments, the segments covering the canonical space exactly once, and
- * the buffers (when listed) laid end to end in a file of their size.
- * Returns 0, or -1 with a sentence naming the file and what is wrong. */
+/* Reads and checks dir/manifest.json (a regular file, not a link): the
+ * format and version, the parameters laid end to end, the sections, each
+ * file's size against its segments, the segments covering the canonical
+ * space exactly once, the buffers (when listed) laid end to end in a file
+ * of their size, and last its manifest_sha256 against its content ("was
+ * altered after it was written"). Trusts anyone's files (see
+ * hpu_ckpt_open_owned). Returns 0, or -1 with a sentence naming the file
+ * and what is wrong. */
 int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen);
 
 /* hpu_ckpt_open, trusting only the files of *who (NULL: anyone's): the
@@ -189,7 +192,8 @@ int hpu_ckpt_verify(hpu_ckpt *c, int i, char *err, size_t errlen);
 int hpu_ckpt_verify_buffers(hpu_ckpt *c, char *err, size_t errlen);
 
 /* Reads canonical floats [start, start + count) of a section into dst,
- * from whichever files hold them (pread of just those bytes). */
+ * from whichever files hold them (pread of just those bytes; each file
+ * opened as hpu_ckpt_verify checks it: regular, not a link, trusted). */
 int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count,
 		  float *dst, char *err, size_t errlen);
 
