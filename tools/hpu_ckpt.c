@@ -70,11 +70,14 @@ static const char *const help_info =
 static const char *const help_verify =
 	"usage: hpu-ckpt verify DIR [--all]\n"
 	"\n"
-	"Checks every file of the checkpoint (the shards and, when the model has\n"
-	"buffers, the buffers file) against its manifest: present, the size,\n"
-	"the SHA-256. One line per file, then a total. For a root, checks\n"
-	"the checkpoint `latest` names; with --all, every checkpoint under it.\n"
-	"Exits 1 if any file (or manifest) is damaged or missing.\n";
+	"Checks the manifest against its own digest (manifest_sha256: an edit\n"
+	"is found), then every file of the checkpoint (the shards and, when the\n"
+	"model has buffers, the buffers file) against it: present, a regular\n"
+	"file (a FIFO, a device or a link is refused unread), yours (run as\n"
+	"root: DIR's owner's), the size, the SHA-256. One line per file, then a\n"
+	"total. For a root, checks that `latest` is yours and the checkpoint it\n"
+	"names; with --all, every checkpoint under it. Exits 1 if any file (or\n"
+	"manifest) is damaged, missing or another user's.\n";
 
 static const char *const help_export =
 	"usage: hpu-ckpt export DIR -o FILE [--format safetensors|raw]\n"
@@ -251,11 +254,36 @@ static int resolve(const char *arg, char *dir, size_t n)
 	return rc;
 }
 
+/* Whose files verify, export and reshard trust (info: anyone's): the
+ * user's who runs hpu-ckpt, as a job trusts its own uid's; run as root,
+ * the owner of the DIR named (an administrator's look at a user's
+ * checkpoints). n 0 until trust_for(). */
+static hpu_ckpt_owners TRUST;
+
+static void trust_for(const char *arg)
+{
+	struct stat st;
+	TRUST.n = 1;
+	TRUST.uid[0] = geteuid();
+	if (TRUST.uid[0] == 0 && stat(arg, &st) == 0)
+		TRUST.uid[0] = st.st_uid;
+}
+
+/* The warning for a manifest without its digest, on stderr. */
+static void note_unsealed(const hpu_ckpt *c)
+{
+	char note[4400];
+	if (!c->unsealed)
+		return;
+	hpu_ckpt_unsealed_note(c, note, sizeof note);
+	fprintf(stderr, "hpu-ckpt: warning: %s\n", note);
+}
+
 /* Opens the checkpoint at dir; BAD (said) if its manifest is unusable. */
 static int open_ckpt(hpu_ckpt *c, const char *dir)
 {
 	char err[1024];
-	if (hpu_ckpt_open(c, dir, err, sizeof err) < 0) {
+	if (hpu_ckpt_open_owned(c, dir, &TRUST, err, sizeof err) < 0) {
 		hpu_ckpt_close(c);
 		return fail("%s", err);
 	}
@@ -278,7 +306,7 @@ static int total_files(const hpu_ckpt *c)
 
 /* Every file checked; with `print`, one line each and a total. Returns
  * how many are bad; the first failure's sentence in first[]. */
-static int verify_files(const hpu_ckpt *c, int print, char *first, size_t firstlen)
+static int verify_files(hpu_ckpt *c, int print, char *first, size_t firstlen)
 {
 	int bad = 0, n = total_files(c);
 	uint64_t ok_bytes = 0;
@@ -490,10 +518,15 @@ static int verify_one(const char *dir)
 {
 	hpu_ckpt c;
 	char err[1024];
-	if (hpu_ckpt_open(&c, dir, err, sizeof err) < 0) {
+	if (hpu_ckpt_open_owned(&c, dir, &TRUST, err, sizeof err) < 0) {
 		printf("%s: DAMAGED: %s\n", dir, err);
 		hpu_ckpt_close(&c);
 		return BAD;
+	}
+	if (c.unsealed) {
+		char note[4400];
+		hpu_ckpt_unsealed_note(&c, note, sizeof note);
+		printf("%s: warning: %s\n", dir, note);
 	}
 	int bad = verify_files(&c, 1, NULL, 0);
 	hpu_ckpt_close(&c);
@@ -511,6 +544,7 @@ static int cmd_verify(int argc, char **argv)
 	int all = vals[0] != NULL;
 	if (npos != 1)
 		return usage_error("verify", "which checkpoint? (hpu-ckpt verify DIR)");
+	trust_for(pos[0]);
 	if (has_manifest(pos[0])) {
 		if (all)
 			fprintf(stderr, "hpu-ckpt: note: %s is one checkpoint; --all is for a root\n",
@@ -518,18 +552,24 @@ static int cmd_verify(int argc, char **argv)
 		return verify_one(pos[0]);
 	}
 	root r;
+	char err[1024];
 	if ((rc = root_open(&r, pos[0])) != OK)
 		return rc;
+	/* `latest` of another uid: reported, and not followed */
+	int bad = hpu_ckpt_check_latest(pos[0], &TRUST, err, sizeof err) < 0;
+	if (bad)
+		printf("BAD  %s\n", err);
 	if (!all) {
 		char dir[4400];
-		if ((rc = root_pick(&r, pos[0])) == OK) {
+		if (bad)
+			rc = BAD;
+		else if ((rc = root_pick(&r, pos[0])) == OK) {
 			snprintf(dir, sizeof dir, "%s/%s", pos[0], r.names[0]);
 			rc = verify_one(dir);
 		}
 		root_close(&r);
 		return rc;
 	}
-	int bad = 0;
 	for (int i = 0; i < r.n; i++) {
 		char dir[4400];
 		snprintf(dir, sizeof dir, "%s/%s", pos[0], r.names[i]);
@@ -585,11 +625,15 @@ static int copy_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *buf,
 static int open_verified(hpu_ckpt *c, const char *arg, const char *what)
 {
 	char dir[4400], first[1024];
+	trust_for(arg);
 	int rc = resolve(arg, dir, sizeof dir);
+	if (rc == OK && !has_manifest(arg) && hpu_ckpt_check_latest(arg, &TRUST, first, sizeof first) < 0)
+		rc = fail("%s (refusing to %s it)", first, what);
 	if (rc == OK)
 		rc = open_ckpt(c, dir);
 	if (rc != OK)
 		return rc;
+	note_unsealed(c);
 	if (verify_files(c, 0, first, sizeof first)) {
 		rc = fail("%s (refusing to %s a damaged checkpoint; hpu-ckpt verify %s lists every "
 			  "file)",
@@ -839,7 +883,7 @@ static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 	for (int r = 0; r < m; r++)
 		cJSON_AddItemToArray(arr, hpu_ckpt_file_json(&files[r]));
 	cJSON_ReplaceItemInObjectCaseSensitive(j, "files", arr);
-	char *text = cJSON_Print(j);
+	char *text = hpu_ckpt_manifest_text(j); /* sealed again: its content changed */
 	cJSON_Delete(j);
 	return text;
 }

@@ -263,15 +263,21 @@ static int blank(const char *s)
 	return !*s;
 }
 
-/* Reads every step record of `file` into t. A line that is not JSON is
+/* Reads every step record of `file` (a regular file) into t. A line that is not JSON is
  * an error naming its number -- except an unterminated last line, which
  * a run still writing (or killed while writing) leaves: that one is
  * skipped with a warning. Returns OK or BAD (said). */
 static int read_metrics(const char *file, table *t)
 {
-	FILE *f = fopen(file, "r");
+	struct stat st;
+	const char *why = NULL;
+	int fd = hpu_open_input_fd(file, 0, &st, &why); /* a FIFO or a device: refused */
+	FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
+	if (fd >= 0 && !f)
+		close(fd);
 	if (!f)
-		return fail("cannot open %s: %s", file, strerror(errno));
+		return fail("cannot %s %s: %s", st.st_mode ? "read" : "open", file,
+			    fd >= 0 ? strerror(ENOMEM) : why);
 	char *buf = NULL;
 	size_t cap = 0;
 	ssize_t len;

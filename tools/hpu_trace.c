@@ -17,6 +17,7 @@
  * the same rank (the message names the file), 2 usage. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -131,14 +132,77 @@ static int name_rank(const char *path, char *name, size_t n)
 	return atoi(d);
 }
 
-/* Reads a whole file into t->text; BAD (said) if it cannot. */
+enum { MAX_PIPE = 1 << 30 }; /* what a pipe may bring: 1 GiB */
+
+/* What a file of mode m is, when it is no trace file and no pipe. */
+static const char *kind(mode_t m)
+{
+	return S_ISCHR(m)    ? "a character device"
+	       : S_ISBLK(m)  ? "a block device"
+	       : S_ISSOCK(m) ? "a socket"
+			     : "neither";
+}
+
+/* Reads fd to its end, at most `most` bytes, into *buf (NUL-terminated)
+ * and *len; NULL, or why not. */
+static const char *read_upto(int fd, size_t most, char **buf, size_t *len)
+{
+	size_t n = 0, cap = 0;
+	char *b = NULL;
+	for (;;) {
+		if (n == cap) {
+			size_t more = cap ? cap * 2 : 1 << 16;
+			char *g = cap > most ? NULL : realloc(b, more + 1);
+			if (!g) {
+				free(b);
+				return cap > most ? "larger than 1 GiB: not a trace" : "out of memory";
+			}
+			b = g;
+			cap = more;
+		}
+		ssize_t got = read(fd, b + n, cap - n);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			free(b);
+			return strerror(errno);
+		}
+		if (got == 0)
+			break;
+		n += (size_t)got;
+	}
+	b[n] = 0;
+	*buf = b;
+	*len = n;
+	return NULL;
+}
+
+/* Reads a whole file (or a pipe, such as /dev/stdin, up to 1 GiB) into
+ * t->text; BAD (said) if it cannot. A device, a socket or a directory is
+ * refused unread; a FIFO is opened without waiting for a writer (none:
+ * empty). */
 static int read_file(trace *t)
 {
-	FILE *f = fopen(t->path, "rb"); /* a pipe too */
-	if (!f)
+	struct stat st;
+	int fd = open(t->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), fl;
+	if (fd < 0)
 		return fail("%s: cannot open: %s", t->path, strerror(errno));
-	const char *why = hpu_read_stream(f, 0, &t->text, &t->len);
-	fclose(f);
+	if (fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0 ||
+	    fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+		int e = errno;
+		close(fd);
+		return fail("%s: cannot read: %s", t->path, strerror(e));
+	}
+	if (S_ISDIR(st.st_mode) || (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))) {
+		close(fd);
+		if (S_ISDIR(st.st_mode))
+			return fail("%s: cannot read: %s", t->path, strerror(EISDIR));
+		return fail("%s: cannot read: not a regular file or a pipe (%s)", t->path,
+			    kind(st.st_mode));
+	}
+	const char *why = read_upto(fd, S_ISREG(st.st_mode) ? (size_t)-1 / 4 : MAX_PIPE, &t->text,
+				    &t->len);
+	close(fd);
 	if (why)
 		return fail("%s: cannot read: %s", t->path, why);
 	return OK;

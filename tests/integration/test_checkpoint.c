@@ -14,7 +14,12 @@
  *   newest checkpoint rather than the --resume it started from;
  * - damage: a flipped byte, a truncated shard, a deleted manifest, a disk
  *   that fills during a save: a clear error, or a fallback that says so,
- *   and the previous checkpoint still loads;
+ *   and the previous checkpoint still loads; a manifest edited in range
+ *   (its own digest), a shard that is a FIFO and (as root) another uid's
+ *   `latest` or step directory are refused naming the file; stale
+ *   .step-N.partial directories of this uid that no live job holds are
+ *   removed at start-up, saying so; SIGTERM to hpulaunch during a save
+ *   leaves no partial directory;
  * - buffers (the fixture buffer_model: MEAN and BROADCAST buffers updated
  *   by its training forward): 40 steps straight against 20, stop, resume,
  *   20 more: parameters and buffers bit-identical (ddp; zero3 with
@@ -33,10 +38,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -347,6 +355,159 @@ static void test_damage(void **state)
 	resume_expect(dir, "auto", 0, "step-00000030/manifest.json: No such file",
 		      "step-00000020/rank-00001-of-00002.bin is damaged", "step-00000010 at step 10",
 		      NULL);
+}
+
+/* ---- altered, foreign and odd files; stale partial checkpoints ---- */
+
+static void sh(const char *fmt, ...)
+{
+	char cmd[2000];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof cmd, fmt, ap);
+	va_end(ap);
+	if (system(cmd) != 0)
+		fail_msg("failed: %s", cmd);
+}
+
+/* An edited manifest, a shard that is a FIFO, and (as root) another
+ * uid's `latest` and step directory are refused on resume, naming the
+ * file; auto falls back past an altered manifest, not past a foreign
+ * file. */
+static void test_resume_forged(void **state)
+{
+	(void)state;
+	char dir[300], ck10[340], ck20[340], odd[340];
+	snprintf(dir, sizeof dir, "%s/forged", tmp);
+	snprintf(ck10, sizeof ck10, "%s/step-00000010", dir);
+	snprintf(ck20, sizeof ck20, "%s/step-00000020", dir);
+	snprintf(odd, sizeof odd, "%s/odd", tmp);
+	train_into(dir, "20", 0, "checkpoint: step 20 saved");
+	sh("cp -r %s %s", ck20, odd);
+	/* the learning rate edited in step 20's manifest */
+	sh("cp %s/manifest.json %s/manifest.keep", ck20, tmp);
+	sh("sed -i 's/\"lr\":[^,]*/\"lr\": 0.5/' %s/manifest.json", ck20);
+	resume_expect(NULL, ck20, 1, "step-00000020/manifest.json was altered after it was written",
+		      NULL);
+	resume_expect(dir, "auto", 0, "manifest.json was altered after it was written",
+		      "falling back to", "step-00000010 at step 10", NULL);
+	sh("cp %s/manifest.keep %s/manifest.json", tmp, ck20);
+	/* a shard that is a FIFO: refused at once */
+	sh("rm %s/rank-00001-of-00002.bin && mkfifo %s/rank-00001-of-00002.bin", odd, odd);
+	resume_expect(NULL, odd, 1, "odd/rank-00001-of-00002.bin: not a regular file (a FIFO)", NULL);
+	if (geteuid() != 0) {
+		printf("  not root: no file can be given to another uid; the rest is skipped\n");
+		skip();
+	}
+	/* another uid's step directory, named by its `latest` */
+	sh("cp -r %s %s/step-00000090 && chown -R 65534 %s/step-00000090", ck20, dir, dir);
+	sh("printf 'step-00000090\\n' > %s/latest.new && chown 65534 %s/latest.new && "
+	   "mv %s/latest.new %s/latest", dir, dir, dir, dir);
+	resume_expect(dir, "auto", 1, "forged/latest is owned by uid 65534, not by uid 0", NULL);
+	sh("rm %s/latest && printf 'step-00000020\\n' > %s/latest", dir, dir);
+	resume_expect(NULL, dir, 0, "step-00000020 at step 20", NULL);
+	/* the foreign directory when the newer ones are gone */
+	sh("rm -r %s/step-00000030 %s/latest", dir, dir);
+	resume_expect(dir, "auto", 1, "forged/step-00000090 is owned by uid 65534, not by uid 0",
+		      NULL);
+}
+
+/* The name of a .step-N.partial directory in dir, into out; 0 if none. */
+static int partial_in(const char *dir, char *out, size_t n)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int found = 0;
+	while (d && !found && (e = readdir(d)))
+		if (!strncmp(e->d_name, ".step-", 6) && strstr(e->d_name, ".partial")) {
+			snprintf(out, n, "%s", e->d_name);
+			found = 1;
+		}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* Ctrl-C (SIGTERM to hpulaunch) while a save is being written: the
+ * workers remove their partial directory before they die. */
+static void test_interrupted_save(void **state)
+{
+	(void)state;
+	char dir[300], name[300];
+	snprintf(dir, sizeof dir, "%s/interrupted", tmp);
+	run r;
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "400", "--checkpoint-dir", dir,
+	     "--checkpoint-every", "1", "--keep", "1", MODEL, "--", "--hidden", "2048", "--depth",
+	     "3", NULL);
+	proc p;
+	assert_int_equal(h_start(&p, (char *const *)r.argv, NULL), 0);
+	struct timespec ms = {0, 1000 * 1000};
+	int seen = 0;
+	for (int i = 0; i < 120000 && !seen && h_alive(p.pid); i++) {
+		seen = partial_in(dir, name, sizeof name);
+		if (!seen)
+			nanosleep(&ms, NULL);
+	}
+	if (!seen) {
+		h_kill(&p);
+		fail_msg("no save seen in %s:\n%s", dir, p.out ? p.out : "");
+	}
+	assert_int_equal(kill(p.pid, SIGTERM), 0);
+	printf("  SIGTERM to hpulaunch while %s/%s was being written\n", dir, name);
+	if (h_wait(&p, 60000) < 0) {
+		h_kill(&p);
+		fail_msg("the job did not end after SIGTERM");
+	}
+	int left = partial_in(dir, name, sizeof name);
+	if (left) {
+		char cmd[700];
+		fprintf(stderr, "%s/%s is left after the interruption; output:\n%s\n", dir, name,
+			p.out ? p.out : "");
+		snprintf(cmd, sizeof cmd, "ls -la %s/%s >&2", dir, name);
+		(void)system(cmd);
+	}
+	h_free(&p);
+	assert_false(left);
+}
+
+/* A save interrupted (killed) leaves .step-N.partial; the next run with
+ * that --checkpoint-dir removes those it owns that no live job holds,
+ * saying so, and leaves other names, a held one and (as root) another
+ * uid's alone. */
+static void test_stale_partials(void **state)
+{
+	(void)state;
+	char dir[300], p[400];
+	snprintf(dir, sizeof dir, "%s/partials", tmp);
+	train_into(dir, "10", 0, "checkpoint: step 10 saved");
+	sh("mkdir %s/.step-00000015.partial %s/.step-00000017.partial %s/.step-x.partial "
+	   "%s/.step-00000019.partial && touch %s/.step-00000015.partial/rank-00000-of-00002.bin",
+	   dir, dir, dir, dir, dir);
+	int foreign = geteuid() == 0;
+	if (foreign)
+		sh("mkdir %s/.step-00000018.partial && chown 65534 %s/.step-00000018.partial", dir,
+		   dir);
+	/* .step-00000019.partial is held (flock) by a live job: this test */
+	snprintf(p, sizeof p, "%s/.step-00000019.partial", dir);
+	int fd = open(p, O_RDONLY | O_DIRECTORY);
+	assert_true(fd >= 0);
+	assert_int_equal(flock(fd, LOCK_EX), 0);
+	resume_expect(dir, "auto", 0, "removed the stale partial checkpoint",
+		      ".step-00000015.partial", ".step-00000017.partial", "step-00000010 at step 10",
+		      NULL);
+	close(fd);
+	struct stat st;
+	snprintf(p, sizeof p, "%s/.step-00000015.partial", dir);
+	assert_int_not_equal(lstat(p, &st), 0);
+	snprintf(p, sizeof p, "%s/.step-00000017.partial", dir);
+	assert_int_not_equal(lstat(p, &st), 0);
+	snprintf(p, sizeof p, "%s/.step-00000019.partial", dir);
+	assert_int_equal(lstat(p, &st), 0);
+	snprintf(p, sizeof p, "%s/.step-x.partial", dir);
+	assert_int_equal(lstat(p, &st), 0);
+	snprintf(p, sizeof p, "%s/.step-00000018.partial", dir);
+	assert_int_equal(lstat(p, &st) == 0, foreign);
 }
 
 /* A disk that fills during a save: a tmpfs with room for one checkpoint
@@ -711,6 +872,9 @@ int main(void)
 		cmocka_unit_test(test_reshard),
 		cmocka_unit_test(test_crash_restart),
 		cmocka_unit_test(test_damage),
+		cmocka_unit_test(test_resume_forged),
+		cmocka_unit_test(test_stale_partials),
+		cmocka_unit_test(test_interrupted_save),
 		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_buffers_resume),

@@ -20,6 +20,12 @@
  * - export to a full disk (a link to /dev/full) and info into a full
  *   standard output fail naming the file and the error; export through a
  *   link to a regular file writes the file and leaves the link;
+ * - an edit of the manifest that stays in range (step, lr, seed, ...) is
+ *   caught by its own digest; one without a digest is verified with a
+ *   warning; a step directory, `latest` or shard of another uid is
+ *   reported naming the owner (as root: the files are given to 65534);
+ * - a shard that is a FIFO, a link to /dev/zero or an 8 GiB sparse file
+ *   is refused at once, naming what it is;
  * - usage errors exit 2.
  */
 #include <setjmp.h>
@@ -407,7 +413,8 @@ static void test_export_safetensors(void **state)
 
 /* ---- reshard ---- */
 
-/* The manifest of dir without world_size, strategy and files. */
+/* The manifest of dir without world_size, strategy, files and its digest
+ * (of the rest, which differs), which it must have. */
 static cJSON *manifest_rest(const char *dir)
 {
 	char p[700];
@@ -421,6 +428,8 @@ static cJSON *manifest_rest(const char *dir)
 	cJSON_DeleteItemFromObjectCaseSensitive(m, "world_size");
 	cJSON_DeleteItemFromObjectCaseSensitive(m, "strategy");
 	cJSON_DeleteItemFromObjectCaseSensitive(m, "files");
+	assert_true(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "manifest_sha256")));
+	cJSON_DeleteItemFromObjectCaseSensitive(m, "manifest_sha256");
 	return m;
 }
 
@@ -572,6 +581,141 @@ static void test_manifest_checked(void **state)
 	}
 }
 
+/* ---- the manifest itself, and whose files ---- */
+
+/* An edit of any field of the run's state that stays in range is caught:
+ * the manifest carries the SHA-256 of its own content. */
+static void test_manifest_sealed(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *in, *key, *value;
+	} edits[] = {
+		{NULL, "step", "3"},
+		{NULL, "optimizer_steps", "9"},
+		{"scheduler", "lr", "0.5"},
+		{"scheduler", "type", "\"cosine\""},
+		{"rng", "seed", "\"7\""},
+		{NULL, "epoch", "2"},
+		{NULL, "batch_in_epoch", "1"},
+		{NULL, "global_batch", "96"},
+	};
+	for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "altered%zu", i);
+		const char *dir = edited_copy(name, edits[i].in, edits[i].key, edits[i].value);
+		printf("  %s %s = %s\n", edits[i].in ? edits[i].in : "", edits[i].key,
+		       edits[i].value);
+		char *out = CKPT(1, "verify", dir);
+		has(out, "manifest.json was altered after it was written: its content's SHA-256 is ");
+		has(out, "DAMAGED");
+		free(out);
+		out = CKPT(1, "export", dir, "-o", path("altered.safetensors"));
+		has(out, "was altered after it was written");
+		free(out);
+	}
+	assert_false(exists(path("altered.safetensors")));
+	/* the digest is over the content, not the layout: the manifest
+	 * printed compactly still verifies */
+	const char *dir = path("compact");
+	char mp[700];
+	copy_dir(LAST, dir);
+	snprintf(mp, sizeof mp, "%s/manifest.json", dir);
+	size_t n;
+	unsigned char *text = read_all(mp, &n);
+	cJSON *m = cJSON_ParseWithLength((const char *)text, n);
+	free(text);
+	assert_non_null(cJSON_GetObjectItemCaseSensitive(m, "manifest_sha256"));
+	char *compact = cJSON_PrintUnformatted(m);
+	write_all(mp, compact, strlen(compact));
+	/* without the digest (a checkpoint from before it): a warning */
+	cJSON_DeleteItemFromObjectCaseSensitive(m, "manifest_sha256");
+	free(compact);
+	compact = cJSON_PrintUnformatted(m);
+	cJSON_Delete(m);
+	char *out = CKPT(0, "verify", dir);
+	has(out, "ok: 2 files");
+	free(out);
+	write_all(mp, compact, strlen(compact));
+	free(compact);
+	out = CKPT(0, "verify", dir);
+	has(out, "has no manifest_sha256 (written before hputrain sealed its manifests?): an "
+		 "edit of it cannot be detected");
+	has(out, "ok: 2 files");
+	free(out);
+}
+
+/* Another uid's step directory and `latest` in the root (a forgery with
+ * consistent digests): verify --all reports them, naming the owner. Needs
+ * root, to give the copy to another uid. */
+static void test_foreign_owner(void **state)
+{
+	(void)state;
+	if (geteuid() != 0) {
+		printf("  not root: no file can be given to another uid; skipped\n");
+		skip();
+	}
+	const char *root = path("forged"), *step = path("forged/step-00000009");
+	char latest[700], cmd[2000];
+	assert_int_equal(mkdir(root, 0777), 0);
+	snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/step-00000004' && cp -r '%s' '%s' && "
+		 "printf 'step-00000009\\n' > '%s/latest' && chown -R 65534 '%s' '%s/latest'",
+		 LAST, root, LAST, step, root, step, root);
+	assert_int_equal(system(cmd), 0);
+	snprintf(latest, sizeof latest, "%s/latest", root);
+	char *out = CKPT(1, "verify", "--all", root);
+	has(out, "forged/latest is owned by uid 65534, not by uid 0");
+	has(out, "forged/step-00000009 is owned by uid 65534, not by uid 0");
+	has(out, "DAMAGE FOUND");
+	free(out);
+	/* root naming a checkpoint trusts its owner: all of it is 65534's */
+	out = CKPT(0, "verify", step);
+	has(out, "ok: 2 files");
+	free(out);
+	/* one foreign shard in a checkpoint of ours */
+	snprintf(cmd, sizeof cmd, "chown 0 '%s/latest' && printf 'step-00000004\\n' > '%s/latest' "
+		 "&& chown 65534 '%s/step-00000004/rank-00001-of-00002.bin'", root, root, root);
+	assert_int_equal(system(cmd), 0);
+	out = CKPT(1, "verify", root);
+	has(out, "step-00000004/rank-00001-of-00002.bin is owned by uid 65534, not by uid 0");
+	free(out);
+}
+
+/* A shard that is not a regular file (a FIFO, a link to /dev/zero) or
+ * far longer than the manifest says (8 GiB, sparse) is refused at once,
+ * without reading it. */
+static void test_not_regular(void **state)
+{
+	(void)state;
+	const char *dir = path("odd");
+	char shard[700];
+	copy_dir(LAST, dir);
+	snprintf(shard, sizeof shard, "%s/rank-00001-of-00002.bin", dir);
+	assert_int_equal(unlink(shard), 0);
+	assert_int_equal(mkfifo(shard, 0644), 0);
+	char *out = CKPT(1, "verify", dir);
+	has(out, "rank-00001-of-00002.bin: not a regular file (a FIFO)");
+	free(out);
+	out = CKPT(1, "export", dir, "-o", path("odd.safetensors"));
+	has(out, "not a regular file (a FIFO)");
+	free(out);
+	assert_int_equal(unlink(shard), 0);
+	assert_int_equal(symlink("/dev/zero", shard), 0);
+	out = CKPT(1, "verify", dir);
+	has(out, "rank-00001-of-00002.bin is a symbolic link (not followed: a checkpoint's "
+		 "files are regular files)");
+	free(out);
+	assert_int_equal(unlink(shard), 0);
+	FILE *f = fopen(shard, "w");
+	assert_non_null(f);
+	assert_int_equal(ftruncate(fileno(f), (off_t)8 << 30), 0);
+	assert_int_equal(fclose(f), 0);
+	out = CKPT(1, "verify", dir);
+	has(out, "rank-00001-of-00002.bin is too long: 8589934592 bytes, the manifest says ");
+	free(out);
+	assert_int_equal(unlink(shard), 0);
+}
+
 /* ---- outputs that cannot be written ---- */
 
 static void test_full_disk(void **state)
@@ -658,6 +802,9 @@ int main(void)
 	    cmocka_unit_test(test_export_safetensors),
 	    cmocka_unit_test(test_reshard_resume),
 	    cmocka_unit_test(test_manifest_checked),
+	    cmocka_unit_test(test_manifest_sealed),
+	    cmocka_unit_test(test_foreign_owner),
+	    cmocka_unit_test(test_not_regular),
 	    cmocka_unit_test(test_full_disk),
 	    cmocka_unit_test(test_usage),
 	};

@@ -14,7 +14,8 @@
  *   its step in the file (the resumed run's samples/s), memory in MiB;
  * - an unterminated last line is skipped with a warning;
  * - a line that is not JSON (named by number), a file without step
- *   records, a missing file: exit 1 and no output file;
+ *   records, a missing file: exit 1 and no output file; /dev/zero, a link
+ *   to it and a FIFO are refused at once, naming what they are;
  * - an empty file (or blank lines only): exit 1 saying it is empty, also
  *   with --print-data (no qsort(NULL, 0) for UBSan to trip on);
  * - a full disk: -o a link to /dev/full (written through, not renamed
@@ -525,6 +526,26 @@ static void test_empty_input(void **state)
 	empty_dir(path("tmp"));
 }
 
+/* A metrics file that is not a regular file (a device, directly or
+ * through a link; a FIFO) is refused at once, naming what it is. */
+static void test_not_a_file(void **state)
+{
+	(void)state;
+	char *o = HPU_PLOT(1, "--print-data", "/dev/zero");
+	has(o, "cannot read /dev/zero: not a regular file (a character device)");
+	free(o);
+	assert_int_equal(symlink("/dev/zero", path("zero.jsonl")), 0);
+	o = HPU_PLOT(1, path("zero.jsonl"));
+	has(o, "zero.jsonl: not a regular file (a character device)");
+	free(o);
+	assert_int_equal(mkfifo(path("fifo.jsonl"), 0644), 0);
+	o = HPU_PLOT(1, path("fifo.jsonl"));
+	has(o, "fifo.jsonl: not a regular file (a FIFO)");
+	free(o);
+	assert_false(exists(path("zero.png")));
+	assert_false(exists(path("fifo.png")));
+}
+
 /* ---- outputs that cannot be written ---- */
 
 static void test_full_disk(void **state)
@@ -671,6 +692,7 @@ int main(void)
 		cmocka_unit_test(test_not_json),
 		cmocka_unit_test(test_no_step_records),
 		cmocka_unit_test(test_empty_input),
+		cmocka_unit_test(test_not_a_file),
 		cmocka_unit_test(test_full_disk),
 		cmocka_unit_test(test_gnuplot_short_png),
 		cmocka_unit_test(test_missing_file),

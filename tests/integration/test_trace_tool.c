@@ -10,6 +10,8 @@
  *   tail): a warning, the complete events merged;
  * - errors: not JSON, no traceEvents, the same rank twice, a missing file,
  *   an empty directory (exit 1, the file named); usage errors (exit 2);
+ * - inputs that are no files: /dev/zero and a link to it are refused at
+ *   once naming a character device; a FIFO nobody writes is empty;
  * - a full disk: -o a link to /dev/full, and the summary into a full
  *   standard output, exit 1 naming the file and the error (the link is
  *   written through, not renamed over); -o a link to a regular file
@@ -497,6 +499,25 @@ static void test_errors(void **state)
 	free(out);
 }
 
+/* Inputs that are not files: a device (directly or through a link) is
+ * refused at once, naming what it is; a FIFO nobody writes is empty. */
+static void test_not_a_file(void **state)
+{
+	(void)state;
+	const char *d = dir("odd");
+	char *out = TRACE(1, "--no-merge", "/dev/zero");
+	has(out, "/dev/zero: cannot read: not a regular file or a pipe (a character device)");
+	free(out);
+	assert_int_equal(symlink("/dev/zero", in(d, "zero-rank0.json")), 0);
+	out = TRACE(1, in(d, "zero-rank0.json"));
+	has(out, "zero-rank0.json: cannot read: not a regular file or a pipe (a character device)");
+	free(out);
+	assert_int_equal(mkfifo(in(d, "fifo-rank1.json"), 0644), 0);
+	out = TRACE(1, "--no-merge", in(d, "fifo-rank1.json"));
+	has(out, "fifo-rank1.json: not a trace: the file is empty");
+	free(out);
+}
+
 static void test_full_disk(void **state)
 {
 	(void)state;
@@ -625,6 +646,7 @@ int main(void)
 	    cmocka_unit_test(test_no_barrier),
 	    cmocka_unit_test(test_torn),
 	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_not_a_file),
 	    cmocka_unit_test(test_full_disk),
 	    cmocka_unit_test(test_real),
 	};

@@ -21,7 +21,14 @@
  *   one without has none; bad sizes, offsets, shapes, names, a sync or a
  *   file name are refused, each with its sentence; verify finds the
  *   buffers file truncated, lengthened, changed (digest mismatch) or
- *   missing, naming it.
+ *   missing, naming it;
+ * - the manifest's own digest: sealed opens, keys reordered still opens,
+ *   an edit in range is refused as altered, none at all is noted;
+ * - owners: a shard, the directory or `latest` of a uid not trusted is
+ *   refused naming it, its owner and the uids trusted; `latest` a link too;
+ * - a shard that is a FIFO, a link or an 8 GiB sparse file, and a FIFO
+ *   manifest, are refused at once naming what they are;
+ * - stale partials: only this uid's unheld .step-N.partial directories go.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,6 +38,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -600,6 +608,25 @@ static char *slurp(const char *path)
 	return strdup(buf);
 }
 
+/* A whole file of any size as a string (caller frees). */
+static char *slurp_big(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	char *b = NULL;
+	size_t cap = 0, n = 0, got;
+	do {
+		cap = cap * 2 + 4096;
+		b = realloc(b, cap + 1);
+		assert_non_null(b);
+		got = fread(b + n, 1, cap - n, f);
+		n += got;
+	} while (n == cap);
+	fclose(f);
+	b[n] = '\0';
+	return b;
+}
+
 static void make_dir(const char *root, const char *name)
 {
 	char path[1024];
@@ -1021,6 +1048,194 @@ static void test_buffers_verify(void **state)
 	hpu_ckpt_close(&c);
 }
 
+/* ---- the manifest's own digest, owners, odd files, stale partials ---- */
+
+/* Rewrites dir's manifest through edit(m) (may be NULL), sealed with
+ * hpu_ckpt_manifest_text when `seal`. */
+static void rewrite_manifest(const char *dir, mutate_fn edit, int seal)
+{
+	char path[1024], err[256];
+	snprintf(path, sizeof path, "%s/%s", dir, HPU_CKPT_MANIFEST);
+	char *text = slurp_big(path);
+	cJSON *m = cJSON_Parse(text);
+	free(text);
+	assert_non_null(m);
+	if (edit)
+		edit(m);
+	text = seal ? hpu_ckpt_manifest_text(m) : cJSON_Print(m);
+	assert_non_null(text);
+	assert_int_equal(hpu_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+	free(text);
+	cJSON_Delete(m);
+}
+
+static void step_41(cJSON *m)
+{
+	cJSON_ReplaceItemInObjectCaseSensitive(m, "step", cJSON_CreateNumber(41));
+}
+
+/* The same content, the keys in another order. */
+static void format_last(cJSON *m)
+{
+	cJSON *f = cJSON_DetachItemFromObjectCaseSensitive(m, "format");
+	cJSON_AddItemToObject(m, "format", f);
+}
+
+static void digest_short(cJSON *m)
+{
+	cJSON_ReplaceItemInObjectCaseSensitive(m, HPU_CKPT_DIGEST, cJSON_CreateString("abc"));
+}
+
+static void test_manifest_digest(void **state)
+{
+	(void)state;
+	const char *d = fresh("sealed");
+	char note[4400];
+	hpu_ckpt c;
+	build(d, &good, NULL);
+	open_ok(&c, d); /* a manifest from before: opens, said unsealed */
+	assert_int_equal(c.unsealed, 1);
+	hpu_ckpt_unsealed_note(&c, note, sizeof note);
+	assert_non_null(strstr(note, "manifest.json has no manifest_sha256"));
+	hpu_ckpt_close(&c);
+	rewrite_manifest(d, NULL, 1);
+	open_ok(&c, d);
+	assert_int_equal(c.unsealed, 0);
+	hpu_ckpt_close(&c);
+	rewrite_manifest(d, format_last, 0); /* the keys reordered: the same content */
+	open_ok(&c, d);
+	assert_int_equal(c.unsealed, 0);
+	hpu_ckpt_close(&c);
+	rewrite_manifest(d, step_41, 0); /* an edit, in range */
+	EXPECT_OPEN_ERROR(d, "manifest.json was altered after it was written: its content's SHA-256 is ",
+			  ", its manifest_sha256 says ");
+	rewrite_manifest(d, digest_short, 0);
+	EXPECT_OPEN_ERROR(d, "manifest.json: manifest_sha256 is not a SHA-256 (64 hex digits)");
+}
+
+/* Owners: every file of a checkpoint, and `latest`, must be of a uid
+ * trusted; another uid here is one that is not ours. */
+static void test_owners(void **state)
+{
+	(void)state;
+	const char *d = fresh("owners");
+	char err[1024] = "", want[256];
+	uid_t me = geteuid(), other = me + 1;
+	hpu_ckpt_owners mine = {1, {me}}, theirs = {2, {other, other + 1}};
+	build(d, &good, NULL);
+	hpu_ckpt c;
+	assert_int_equal(hpu_ckpt_open_owned(&c, d, &mine, err, sizeof err), 0);
+	for (int i = 0; i < c.nfiles; i++)
+		assert_int_equal(hpu_ckpt_verify(&c, i, err, sizeof err), 0);
+	/* a shard another uid owns (the trust narrowed after opening) */
+	c.owners = theirs;
+	assert_int_equal(hpu_ckpt_verify(&c, 1, err, sizeof err), -1);
+	snprintf(want, sizeof want, "rank-00001-of-00003.bin is owned by uid %u, not by uid %u or %u",
+		 (unsigned)me, (unsigned)other, (unsigned)other + 1);
+	printf("  %s\n", err);
+	if (!strstr(err, want) || !strstr(err, "chmod +t"))
+		fail_msg("\"%s\" does not say \"%s\"", err, want);
+	assert_int_equal(c.foreign, 1);
+	float v;
+	assert_int_equal(hpu_ckpt_read(&c, 0, 0, 1, &v, err, sizeof err), -1);
+	assert_non_null(strstr(err, "is owned by uid"));
+	hpu_ckpt_close(&c);
+	/* the directory itself */
+	assert_int_equal(hpu_ckpt_open_owned(&c, d, &theirs, err, sizeof err), -1);
+	snprintf(want, sizeof want, "owners is owned by uid %u, not by uid", (unsigned)me);
+	assert_non_null(strstr(err, want));
+	assert_int_equal(c.foreign, 1);
+	hpu_ckpt_close(&c);
+	/* latest: absent is fine; of another uid, or a link, is not */
+	assert_int_equal(hpu_ckpt_check_latest(d, &theirs, err, sizeof err), 0);
+	write_latest(d, "step-00000001\n");
+	assert_int_equal(hpu_ckpt_check_latest(d, &mine, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_check_latest(d, NULL, err, sizeof err), 0);
+	assert_int_equal(hpu_ckpt_check_latest(d, &theirs, err, sizeof err), -1);
+	assert_non_null(strstr(err, "/latest is owned by uid"));
+	char lp[1024];
+	snprintf(lp, sizeof lp, "%s/latest", d);
+	assert_int_equal(unlink(lp), 0);
+	assert_int_equal(symlink("elsewhere", lp), 0);
+	assert_int_equal(hpu_ckpt_check_latest(d, &mine, err, sizeof err), -1);
+	assert_non_null(strstr(err, "/latest is a symbolic link (not followed"));
+}
+
+/* A shard that is a FIFO, a link or a sparse giant: refused at once. */
+static void test_not_regular(void **state)
+{
+	(void)state;
+	const char *d = fresh("odd");
+	char path[1024], hex[65], err[1024];
+	uint64_t bytes;
+	build(d, &good, NULL);
+	hpu_ckpt c;
+	open_ok(&c, d);
+	snprintf(path, sizeof path, "%s/%s", d, c.files[1].name);
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(mkfifo(path, 0644), 0);
+	EXPECT_VERIFY(&c, 1, "checkpoint shard ", "rank-00001-of-00003.bin: not a regular file (a FIFO)");
+	float v[NUMEL];
+	assert_int_equal(hpu_ckpt_read(&c, 0, 0, NUMEL, v, err, sizeof err), -1);
+	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
+	errno = 0;
+	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), -1);
+	assert_int_equal(errno, EINVAL);
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(symlink("/dev/zero", path), 0);
+	EXPECT_VERIFY(&c, 1, "rank-00001-of-00003.bin is a symbolic link (not followed");
+	assert_int_equal(unlink(path), 0);
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	assert_int_equal(ftruncate(fileno(f), (off_t)8 << 30), 0);
+	fclose(f);
+	EXPECT_VERIFY(&c, 1, "rank-00001-of-00003.bin is too long: 8589934592 bytes, the manifest says 72");
+	assert_int_equal(unlink(path), 0);
+	hpu_ckpt_close(&c);
+	/* the manifest too */
+	snprintf(path, sizeof path, "%s/%s", d, HPU_CKPT_MANIFEST);
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(mkfifo(path, 0644), 0);
+	EXPECT_OPEN_ERROR(d, "cannot read the checkpoint manifest ", "not a regular file (a FIFO)");
+}
+
+static void said(const char *path, void *arg)
+{
+	char *list = arg;
+	snprintf(list + strlen(list), 1024 - strlen(list), "%s ", strrchr(path, '/') + 1);
+}
+
+/* Only this uid's .step-N.partial directories that nobody holds go. */
+static void test_clean_partials(void **state)
+{
+	(void)state;
+	const char *r = fresh("partials");
+	char list[1024] = "", path[1024];
+	partial(r, 1);
+	make_dir(r, ".step-00000002.partial");
+	make_dir(r, ".step-00000003.partial");
+	make_dir(r, ".step-x.partial");
+	make_dir(r, "step-00000004");
+	make_dir(r, "elsewhere");
+	snprintf(path, sizeof path, "%s/.step-00000005.partial", r);
+	assert_int_equal(symlink("elsewhere", path), 0);
+	snprintf(path, sizeof path, "%s/.step-00000003.partial", r);
+	int held = hpu_ckpt_partial_lock(path);
+	assert_true(held >= 0);
+	assert_int_equal(hpu_ckpt_partial_lock(path), -1); /* one holder at a time */
+	assert_int_equal(hpu_ckpt_clean_partials(r, said, list), 2);
+	assert_string_equal(list, strstr(list, ".step-00000001") == list
+					  ? ".step-00000001.partial .step-00000002.partial "
+					  : ".step-00000002.partial .step-00000001.partial ");
+	close(held);
+	listing(r, list, sizeof list);
+	assert_string_equal(list, ".step-00000003.partial .step-00000005.partial .step-x.partial "
+				  "elsewhere step-00000004");
+	assert_int_equal(hpu_ckpt_clean_partials(r, NULL, NULL), 1); /* no longer held */
+	snprintf(path, sizeof path, "%s/nothing", r);
+	assert_int_equal(hpu_ckpt_clean_partials(path, NULL, NULL), 0);
+}
+
 /* ---- set-up ---- */
 
 static int setup(void **state)
@@ -1058,6 +1273,10 @@ int main(void)
 	    cmocka_unit_test(test_buffers_open_read),
 	    cmocka_unit_test(test_buffers_refused),
 	    cmocka_unit_test(test_buffers_verify),
+	    cmocka_unit_test(test_manifest_digest),
+	    cmocka_unit_test(test_owners),
+	    cmocka_unit_test(test_not_regular),
+	    cmocka_unit_test(test_clean_partials),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

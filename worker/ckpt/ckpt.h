@@ -29,8 +29,14 @@
  * offsets in floats into that file. A model without buffers writes
  * neither the file nor the key, as before buffers existed.
  *
- * Every file's SHA-256 is in the manifest. Files are written atomically
- * (a temporary name, fsync, rename); a checkpoint's directory is renamed
+ * Every file's SHA-256 is in the manifest, and the manifest's own:
+ * "manifest_sha256" is the SHA-256 of its canonical content (every other
+ * field, keys sorted, printed compactly), so that an edit of any field
+ * is found. A plain digest stops accidents, not a forger, who can compute
+ * it too: a reader also refuses files owned by another uid than those it
+ * trusts (hpu_ckpt_owners). Files are written atomically (a temporary
+ * name, fsync, rename) inside `.step-N.partial/`, which the saver holds
+ * locked (flock) while it writes; a checkpoint's directory is renamed
  * into place only once complete, and only then is `latest` replaced. */
 #ifndef HPU_CKPT_H
 #define HPU_CKPT_H
@@ -38,6 +44,7 @@
 #include <cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "fileio.h"
 
@@ -48,6 +55,17 @@
 #define HPU_CKPT_BUFFERS "buffers.bin" /* the name the worker writes */
 #define HPU_CKPT_MAX_SECTIONS 3
 #define HPU_CKPT_MAX_DIMS 8
+#define HPU_CKPT_DIGEST "manifest_sha256" /* the manifest's own digest */
+#define HPU_CKPT_MAX_OWNERS 64
+
+/* The uids whose files a reader trusts: a checkpoint's directory, its
+ * manifest, shards and buffers file, and the root's `latest` must belong
+ * to one of them (lstat: a symbolic link is not followed). n 0: anyone's
+ * (no check). */
+typedef struct hpu_ckpt_owners {
+	int n;
+	uid_t uid[HPU_CKPT_MAX_OWNERS];
+} hpu_ckpt_owners;
 
 typedef struct hpu_ckpt_seg {
 	uint64_t start, count; /* in floats of the canonical space */
@@ -107,14 +125,51 @@ typedef struct hpu_ckpt {
 				* first read, or -1 */
 	uint64_t bytes_read;   /* by hpu_ckpt_read() so far */
 	uint64_t bytes_verified; /* the caller's count of verified bytes */
+	hpu_ckpt_owners owners; /* whose files are trusted (n 0: anyone's) */
+	int unsealed;          /* the manifest has no manifest_sha256 */
+	int foreign;           /* a failure was a file of an untrusted owner */
 } hpu_ckpt;
 
-/* Reads and checks dir/manifest.json: the format and version, the
- * parameters laid end to end, the sections, each file's size against its
- * segments, the segments covering the canonical space exactly once, and
- * the buffers (when listed) laid end to end in a file of their size.
- * Returns 0, or -1 with a sentence naming the file and what is wrong. */
+/* Reads and checks dir/manifest.json (a regular file, not a link): the
+ * format and version, the parameters laid end to end, the sections, each
+ * file's size against its segments, the segments covering the canonical
+ * space exactly once, the buffers (when listed) laid end to end in a file
+ * of their size, and last its manifest_sha256 against its content ("was
+ * altered after it was written"). Trusts anyone's files (see
+ * hpu_ckpt_open_owned). Returns 0, or -1 with a sentence naming the file
+ * and what is wrong. */
 int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen);
+
+/* hpu_ckpt_open, trusting only the files of *who (NULL: anyone's): the
+ * directory and the manifest are checked here, the shards and the buffers
+ * file when verified or read. An untrusted owner is an error naming the
+ * path, its owner and the uids trusted, and sets c->foreign. A manifest
+ * without manifest_sha256 (from before it existed) opens with
+ * c->unsealed set: say so (hpu_ckpt_unsealed_note). */
+int hpu_ckpt_open_owned(hpu_ckpt *c, const char *dir, const hpu_ckpt_owners *who, char *err,
+			size_t errlen);
+
+/* The warning for an unsealed manifest, as one sentence. */
+void hpu_ckpt_unsealed_note(const hpu_ckpt *c, char *buf, size_t n);
+
+/* Whether the file of status st at path belongs to one of *who; -1 with
+ * a sentence naming the path, its owner and the uids trusted if not. */
+int hpu_ckpt_check_owner(const char *path, const struct stat *st, const hpu_ckpt_owners *who,
+			 char *err, size_t errlen);
+
+/* root/latest, when there is one, must be a regular file (not a link) of
+ * one of *who. Returns 0, or -1 with a sentence naming it. */
+int hpu_ckpt_check_latest(const char *root, const hpu_ckpt_owners *who, char *err,
+			  size_t errlen);
+
+/* The SHA-256 (hex, 65 bytes) of manifest m's canonical content: m
+ * without manifest_sha256, object keys sorted, printed compactly. -1 when
+ * out of memory. */
+int hpu_ckpt_manifest_digest(const cJSON *m, char *hex);
+
+/* Seals m (sets its manifest_sha256) and prints it; the text is the
+ * caller's to free, NULL when out of memory. */
+char *hpu_ckpt_manifest_text(cJSON *m);
 
 void hpu_ckpt_close(hpu_ckpt *c);
 
@@ -127,15 +182,18 @@ int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name);
 /* Buffer index by name, or -1. */
 int hpu_ckpt_buffer_find(const hpu_ckpt *c, const char *name);
 
-/* Checks file i: present, its size, its SHA-256. Returns 0, or -1 with a
- * sentence naming the file ("truncated", "digest mismatch", ...). */
-int hpu_ckpt_verify(const hpu_ckpt *c, int i, char *err, size_t errlen);
+/* Checks file i: present, a regular file (not a link, a FIFO or a
+ * device: refused at once, unread), of a trusted owner, its size (before
+ * any byte is read), its SHA-256. Returns 0, or -1 with a sentence naming
+ * the file ("truncated", "digest mismatch", ...). */
+int hpu_ckpt_verify(hpu_ckpt *c, int i, char *err, size_t errlen);
 
 /* The same for the buffers file; 0 when the checkpoint has none. */
-int hpu_ckpt_verify_buffers(const hpu_ckpt *c, char *err, size_t errlen);
+int hpu_ckpt_verify_buffers(hpu_ckpt *c, char *err, size_t errlen);
 
 /* Reads canonical floats [start, start + count) of a section into dst,
- * from whichever files hold them (pread of just those bytes). */
+ * from whichever files hold them (pread of just those bytes; each file
+ * opened as hpu_ckpt_verify checks it: regular, not a link, trusted). */
 int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count,
 		  float *dst, char *err, size_t errlen);
 
@@ -169,6 +227,19 @@ void hpu_ckpt_writer_abort(hpu_ckpt_writer *w);
 /* Removes a directory and its files (one level, as checkpoints are). */
 int hpu_ckpt_rmtree(const char *path);
 
+/* Locks partial directory path (flock, exclusive, not waiting) for as
+ * long as the returned descriptor is open: a saver holds it while it
+ * writes, so that nobody takes its partial for a stale one. -1 with errno
+ * set (EWOULDBLOCK: another process holds it). */
+int hpu_ckpt_partial_lock(const char *path);
+
+/* Removes the stale partial checkpoints of root: the `.step-N.partial`
+ * directories (not links) owned by this process's uid that no live
+ * process holds (hpu_ckpt_partial_lock). Calls said(path, arg) for each
+ * one removed; leaves every other entry alone. Returns how many. */
+int hpu_ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
+			    void *arg);
+
 /* ---- the checkpoint root ---- */
 
 /* "step-00000040" */
@@ -189,7 +260,8 @@ void hpu_ckpt_free_names(char **names);
 
 /* Publishes a complete checkpoint: renames root/partial to root/name,
  * fsyncs root, points `latest` at it (atomically), then removes the oldest
- * step-* directories beyond `keep` (0: keep all; never the new one).
+ * step-* directories beyond `keep` (0: keep all; never the new one; never
+ * one another uid owns).
  * Returns 0, or -1 with a sentence. */
 int hpu_ckpt_publish(const char *root, const char *partial, const char *name,
 		     int keep, char *err, size_t errlen);
@@ -208,7 +280,8 @@ double hpu_ckpt_num(const cJSON *o, const char *key, double dflt);
 int hpu_ckpt_say(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-/* SHA-256 of a file, as hex (65 bytes); -1 with errno set. */
+/* SHA-256 of a regular file (a FIFO or a device: -1, EINVAL), as hex
+ * (65 bytes); -1 with errno set. */
 int hpu_ckpt_sha256_file(const char *path, char *hex, uint64_t *bytes);
 
 #endif

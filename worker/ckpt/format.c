@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -565,16 +566,245 @@ static int build_index(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
 	return 0;
 }
 
+/* ---- whose files, and the manifest's own digest ---- */
+
+/* "0", "0 or 1001", "0, 1001 or 1002" */
+static void uid_list(const hpu_ckpt_owners *who, char *buf, size_t n)
+{
+	size_t at = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < who->n && at < n; i++)
+		at += (size_t)snprintf(buf + at, n - at, "%s%u",
+				       !i ? "" : i + 1 == who->n ? " or " : ", ",
+				       (unsigned)who->uid[i]);
+}
+
+int hpu_ckpt_check_owner(const char *path, const struct stat *st, const hpu_ckpt_owners *who,
+			 char *err, size_t errlen)
+{
+	if (!who || who->n <= 0)
+		return 0;
+	for (int i = 0; i < who->n; i++)
+		if (st->st_uid == who->uid[i])
+			return 0;
+	char list[HPU_CKPT_MAX_OWNERS * 12];
+	uid_list(who, list, sizeof list);
+	return say(err, errlen,
+		   "%s is owned by uid %u, not by uid %s: refusing it (another user's file in a "
+		   "checkpoint directory others may write? give the checkpoint root the sticky bit, "
+		   "chmod +t)",
+		   path, (unsigned)st->st_uid, list);
+}
+
+/* Why path could not be opened as a checkpoint's file: a symbolic link
+ * (O_NOFOLLOW's ELOOP) said as one, else why. */
+static int open_failed(const char *what, const char *path, const char *why, char *err,
+		       size_t errlen)
+{
+	struct stat st;
+	if (errno == ELOOP && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+		return say(err, errlen,
+			   "%s%s is a symbolic link (not followed: a checkpoint's files are regular "
+			   "files)",
+			   what, path);
+	return say(err, errlen, "%s%s: %s", what, path, why);
+}
+
+/* A checkpoint's file opened for reading: a regular file, not through a
+ * symbolic link, of a trusted owner (a FIFO or a device is refused
+ * unopened for reading, so nothing waits). Its descriptor, its status in
+ * *st; -1 with a sentence ("checkpoint shard PATH: ..."). */
+static int open_data(hpu_ckpt *c, const char *what, const char *path, struct stat *st,
+		     char *err, size_t errlen)
+{
+	const char *why = NULL;
+	int fd = hpu_open_input_fd(path, O_NOFOLLOW, st, &why);
+	if (fd < 0)
+		return open_failed(what, path, why, err, errlen);
+	if (hpu_ckpt_check_owner(path, st, &c->owners, err, errlen) < 0) {
+		c->foreign = 1;
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The checkpoint's directory: of a trusted owner, and so is a symbolic
+ * link that leads to it (lstat first). A directory that is not there is
+ * left to the manifest's reading to say. */
+static int check_dir(hpu_ckpt *c, char *err, size_t errlen)
+{
+	struct stat st;
+	if (c->owners.n <= 0 || lstat(c->dir, &st) < 0)
+		return 0;
+	if (S_ISLNK(st.st_mode) &&
+	    (hpu_ckpt_check_owner(c->dir, &st, &c->owners, err, errlen) < 0 || stat(c->dir, &st) < 0))
+		return c->foreign = 1, -1;
+	if (hpu_ckpt_check_owner(c->dir, &st, &c->owners, err, errlen) < 0)
+		return c->foreign = 1, -1;
+	return 0;
+}
+
+int hpu_ckpt_check_latest(const char *root, const hpu_ckpt_owners *who, char *err,
+			  size_t errlen)
+{
+	char path[4200];
+	struct stat st;
+	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
+	if (!who || who->n <= 0 || lstat(path, &st) < 0)
+		return 0;
+	if (S_ISLNK(st.st_mode))
+		return say(err, errlen,
+			   "%s is a symbolic link (not followed: `latest` is a regular file): "
+			   "refusing it",
+			   path);
+	if (!S_ISREG(st.st_mode))
+		return say(err, errlen, "%s is not a regular file: refusing it", path);
+	return hpu_ckpt_check_owner(path, &st, who, err, errlen);
+}
+
+/* Sorts the keys of every object under o (in place), keeping the order
+ * of repeated keys: the canonical form the digest is over. -1 when out
+ * of memory. */
+static int canon(cJSON *o)
+{
+	if (!cJSON_IsObject(o) && !cJSON_IsArray(o))
+		return 0;
+	int n = cJSON_GetArraySize(o), i = 0;
+	if (n == 0)
+		return 0;
+	cJSON **v = malloc((size_t)n * sizeof *v), *x;
+	if (!v)
+		return -1;
+	for (x = o->child; x; x = x->next)
+		v[i++] = x;
+	for (i = 0; i < n; i++)
+		if (canon(v[i]) < 0) {
+			free(v);
+			return -1;
+		}
+	if (cJSON_IsObject(o)) {
+		/* equal keys keep their order: a merge by key, stable */
+		for (i = 1; i < n; i++) {
+			cJSON *k = v[i];
+			int j = i;
+			while (j > 0 && strcmp(v[j - 1]->string, k->string) > 0) {
+				v[j] = v[j - 1];
+				j--;
+			}
+			v[j] = k;
+		}
+		for (i = 0; i < n; i++)
+			cJSON_DetachItemViaPointer(o, v[i]);
+		for (i = 0; i < n; i++)
+			cJSON_AddItemToArray(o, v[i]);
+	}
+	free(v);
+	return 0;
+}
+
+int hpu_ckpt_manifest_digest(const cJSON *m, char *hex)
+{
+	cJSON *d = cJSON_Duplicate(m, 1);
+	if (!d)
+		return -1;
+	cJSON_DeleteItemFromObjectCaseSensitive(d, HPU_CKPT_DIGEST);
+	char *text = canon(d) < 0 ? NULL : cJSON_PrintUnformatted(d);
+	cJSON_Delete(d);
+	if (!text)
+		return -1;
+	unsigned char md[32];
+	unsigned int ml = 0;
+	int rc = EVP_Digest(text, strlen(text), md, &ml, EVP_sha256(), NULL) == 1 ? 0 : -1;
+	free(text);
+	if (rc == 0)
+		hpu_hex(hex, md, sizeof md);
+	return rc;
+}
+
+char *hpu_ckpt_manifest_text(cJSON *m)
+{
+	char hex[65];
+	if (hpu_ckpt_manifest_digest(m, hex) < 0)
+		return NULL;
+	cJSON *s = cJSON_CreateString(hex);
+	if (!s)
+		return NULL;
+	if (cJSON_GetObjectItemCaseSensitive(m, HPU_CKPT_DIGEST))
+		cJSON_ReplaceItemInObjectCaseSensitive(m, HPU_CKPT_DIGEST, s);
+	else
+		cJSON_AddItemToObject(m, HPU_CKPT_DIGEST, s);
+	return cJSON_Print(m);
+}
+
+/* The manifest's digest against its content: an edit since it was
+ * written is an error; none at all (a manifest from before) is noted. */
+static int check_sealed(hpu_ckpt *c, const char *mpath, char *err, size_t errlen)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->m, HPU_CKPT_DIGEST);
+	char hex[65];
+	if (!j) {
+		c->unsealed = 1;
+		return 0;
+	}
+	if (!cJSON_IsString(j) || strlen(j->valuestring) != 64)
+		return say(err, errlen, "%s: %s is not a SHA-256 (64 hex digits)", mpath,
+			   HPU_CKPT_DIGEST);
+	if (hpu_ckpt_manifest_digest(c->m, hex) < 0)
+		return say(err, errlen, "out of memory");
+	if (strcmp(hex, j->valuestring) != 0)
+		return say(err, errlen,
+			   "%s was altered after it was written: its content's SHA-256 is %s, its "
+			   "%s says %s",
+			   mpath, hex, HPU_CKPT_DIGEST, j->valuestring);
+	return 0;
+}
+
+void hpu_ckpt_unsealed_note(const hpu_ckpt *c, char *buf, size_t n)
+{
+	snprintf(buf, n,
+		 "%s/%s has no %s (written before hputrain sealed its manifests?): an edit of it "
+		 "cannot be detected",
+		 c->dir, HPU_CKPT_MANIFEST, HPU_CKPT_DIGEST);
+}
+
+/* The manifest's text, read from a regular file of a trusted owner. */
+static int read_manifest(hpu_ckpt *c, const char *mpath, char **text, size_t *len, char *err,
+			 size_t errlen)
+{
+	struct stat st;
+	int fd = open_data(c, "cannot read the checkpoint manifest ", mpath, &st, err, errlen);
+	if (fd < 0)
+		return -1;
+	FILE *f = fdopen(fd, "r");
+	if (!f) {
+		close(fd);
+		return say(err, errlen, "out of memory");
+	}
+	const char *why = hpu_read_stream(f, 1, text, len);
+	fclose(f);
+	if (why)
+		return say(err, errlen, "cannot read the checkpoint manifest %s: %s", mpath, why);
+	return 0;
+}
+
 int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
+{
+	return hpu_ckpt_open_owned(c, dir, NULL, err, errlen);
+}
+
+int hpu_ckpt_open_owned(hpu_ckpt *c, const char *dir, const hpu_ckpt_owners *who, char *err,
+			size_t errlen)
 {
 	memset(c, 0, sizeof *c);
 	snprintf(c->dir, sizeof c->dir, "%s", dir);
+	if (who)
+		c->owners = *who;
 	char mpath[4200], *text = NULL;
 	size_t len;
 	snprintf(mpath, sizeof mpath, "%s/%s", dir, HPU_CKPT_MANIFEST);
-	const char *why = hpu_read_file(mpath, &text, &len);
-	if (why)
-		return say(err, errlen, "cannot read the checkpoint manifest %s: %s", mpath, why);
+	if (check_dir(c, err, errlen) < 0 || read_manifest(c, mpath, &text, &len, err, errlen) < 0)
+		return -1;
 	c->m = cJSON_ParseWithLength(text, len);
 	free(text);
 	if (!cJSON_IsObject(c->m))
@@ -619,9 +849,9 @@ int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
 		if (parse_file(&c->files[i++], f, c->nsections, mpath, err, errlen) < 0)
 			return -1;
 	}
-	if (build_index(c, mpath, err, errlen) < 0)
+	if (build_index(c, mpath, err, errlen) < 0 || parse_buffers(c, mpath, err, errlen) < 0)
 		return -1;
-	return parse_buffers(c, mpath, err, errlen);
+	return check_sealed(c, mpath, err, errlen);
 }
 
 void hpu_ckpt_close(hpu_ckpt *c)
@@ -668,11 +898,10 @@ int hpu_ckpt_buffer_find(const hpu_ckpt *c, const char *name)
 
 /* ---- digests ---- */
 
-int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
+/* SHA-256 of what fd holds, read to its end but no further than `most`
+ * bytes (a file that grows while read stops there). */
+static int sha256_fd(int fd, uint64_t most, char *hexout, uint64_t *bytes)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
 	enum { BUF = 1 << 20 };
 	unsigned char *buf = malloc(BUF);
@@ -680,7 +909,7 @@ int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
 	*bytes = 0;
 	if (md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1) {
 		for (;;) {
-			ssize_t got = read(fd, buf, BUF);
+			ssize_t got = *bytes >= most ? 0 : read(fd, buf, BUF);
 			if (got < 0 && errno == EINTR)
 				continue;
 			if (got < 0) {
@@ -701,26 +930,60 @@ int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
 	}
 	EVP_MD_CTX_free(md);
 	free(buf);
-	close(fd);
 	if (rc)
 		errno = e;
 	return rc;
 }
 
-/* File f of c, `what` naming its kind in the sentences. */
-static int verify_file(const hpu_ckpt *c, const hpu_ckpt_file *f, const char *what, char *err,
+int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
+{
+	struct stat st;
+	const char *why;
+	int fd = hpu_open_input_fd(path, 0, &st, &why);
+	if (fd < 0) {
+		if (st.st_mode)
+			errno = EINVAL; /* not a regular file */
+		return -1;
+	}
+	int rc = sha256_fd(fd, UINT64_MAX, hexout, bytes), e = errno;
+	close(fd);
+	errno = e;
+	return rc;
+}
+
+/* A file's size against the manifest's: "truncated" or "too long". */
+static int wrong_size(const char *what, const char *path, uint64_t bytes, uint64_t want,
+		      char *err, size_t errlen)
+{
+	return say(err, errlen, "checkpoint %s %s is %s: %llu bytes, the manifest says %llu", what,
+		   path, bytes < want ? "truncated" : "too long", (unsigned long long)bytes,
+		   (unsigned long long)want);
+}
+
+/* File f of c, `what` naming its kind in the sentences: a regular file of
+ * a trusted owner, its size (from fstat: nothing is read from a file of
+ * the wrong size), then its digest. */
+static int verify_file(hpu_ckpt *c, const hpu_ckpt_file *f, const char *what, char *err,
 		       size_t errlen)
 {
-	char path[4200], got[65];
+	char path[4200], got[65], pre[64];
 	uint64_t bytes;
+	struct stat st;
 	snprintf(path, sizeof path, "%s/%s", c->dir, f->name);
-	if (hpu_ckpt_sha256_file(path, got, &bytes) < 0)
-		return say(err, errlen, "checkpoint %s %s: %s", what, path, strerror(errno));
-	if (bytes != f->bytes)
-		return say(err, errlen,
-			   "checkpoint %s %s is %s: %llu bytes, the manifest says %llu", what,
-			   path, bytes < f->bytes ? "truncated" : "too long",
-			   (unsigned long long)bytes, (unsigned long long)f->bytes);
+	snprintf(pre, sizeof pre, "checkpoint %s ", what);
+	int fd = open_data(c, pre, path, &st, err, errlen);
+	if (fd < 0)
+		return -1;
+	if ((uint64_t)st.st_size != f->bytes) {
+		close(fd);
+		return wrong_size(what, path, (uint64_t)st.st_size, f->bytes, err, errlen);
+	}
+	int rc = sha256_fd(fd, f->bytes + 1, got, &bytes), e = errno;
+	close(fd);
+	if (rc < 0)
+		return say(err, errlen, "checkpoint %s %s: %s", what, path, strerror(e));
+	if (bytes != f->bytes) /* changed while it was read */
+		return wrong_size(what, path, bytes, f->bytes, err, errlen);
 	if (strcmp(got, f->sha256) != 0)
 		return say(err, errlen,
 			   "checkpoint %s %s is damaged: SHA-256 %s, the manifest says %s", what,
@@ -728,12 +991,12 @@ static int verify_file(const hpu_ckpt *c, const hpu_ckpt_file *f, const char *wh
 	return 0;
 }
 
-int hpu_ckpt_verify(const hpu_ckpt *c, int i, char *err, size_t errlen)
+int hpu_ckpt_verify(hpu_ckpt *c, int i, char *err, size_t errlen)
 {
 	return verify_file(c, &c->files[i], "shard", err, errlen);
 }
 
-int hpu_ckpt_verify_buffers(const hpu_ckpt *c, char *err, size_t errlen)
+int hpu_ckpt_verify_buffers(hpu_ckpt *c, char *err, size_t errlen)
 {
 	if (!c->nbuffers)
 		return 0;
@@ -751,9 +1014,9 @@ static int file_fd(hpu_ckpt *c, int i, char *err, size_t errlen)
 	int shard = i < c->nfiles;
 	snprintf(path, sizeof path, "%s/%s", c->dir,
 		 shard ? c->files[i].name : c->buffer_file.name);
-	if ((c->fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-		return say(err, errlen, "checkpoint %s %s: %s", shard ? "shard" : "buffers file",
-			   path, strerror(errno));
+	struct stat st;
+	c->fds[i] = open_data(c, shard ? "checkpoint shard " : "checkpoint buffers file ", path, &st,
+			      err, errlen);
 	return c->fds[i];
 }
 
@@ -923,6 +1186,71 @@ int hpu_ckpt_rmtree(const char *path)
 	return rmdir(path);
 }
 
+int hpu_ckpt_partial_lock(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+/* ".step-<digits>.partial", the name a save works under */
+static int partial_name(const char *name)
+{
+	const char *p = name + 6;
+	if (strncmp(name, ".step-", 6) != 0 || !isdigit((unsigned char)*p))
+		return 0;
+	while (isdigit((unsigned char)*p))
+		p++;
+	return strcmp(p, ".partial") == 0;
+}
+
+/* Removes partial directory path if it is one of ours that nobody holds
+ * (the lock taken on the directory lstat saw, then kept while removing).
+ * Returns 1 when removed. */
+static int clean_one(const char *path)
+{
+	struct stat st, fst;
+	if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+		return 0;
+	int fd = hpu_ckpt_partial_lock(path);
+	if (fd < 0)
+		return 0; /* held by a live save, or gone */
+	int same = fstat(fd, &fst) == 0 && fst.st_dev == st.st_dev && fst.st_ino == st.st_ino;
+	int gone = same && hpu_ckpt_rmtree(path) == 0;
+	close(fd);
+	return gone;
+}
+
+int hpu_ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
+			    void *arg)
+{
+	DIR *d = opendir(root);
+	if (!d)
+		return 0;
+	struct dirent *e;
+	char path[4400];
+	int n = 0;
+	while ((e = readdir(d))) {
+		if (!partial_name(e->d_name))
+			continue;
+		snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+		if (clean_one(path)) {
+			n++;
+			if (said)
+				said(path, arg);
+		}
+	}
+	closedir(d);
+	return n;
+}
+
 /* ---- the root ---- */
 
 void hpu_ckpt_step_name(long step, char *buf, size_t n)
@@ -1060,8 +1388,10 @@ int hpu_ckpt_publish(const char *root, const char *partial, const char *name, in
 	if (k < 0)
 		return -1;
 	for (int i = keep; i < k; i++) { /* names[0] is the new one */
+		struct stat st;
 		snprintf(to, sizeof to, "%s/%s", root, names[i]);
-		hpu_ckpt_rmtree(to);
+		if (lstat(to, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
+			hpu_ckpt_rmtree(to); /* never another uid's, nor through a link */
 	}
 	hpu_ckpt_free_names(names);
 	return 0;

@@ -2,10 +2,12 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "env.h"
 #include "fileio.h"
@@ -27,7 +29,8 @@ static double now_s(void)
 typedef struct rec {
 	char ok;
 	char sha256[65];
-	char pad[2];
+	char foreign; /* failed on a file of another uid */
+	char pad;
 	double bytes, secs;
 	char msg[424];
 } rec;
@@ -280,7 +283,7 @@ static int finish(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder
 	cJSON *m = manifest(comm, o, b, st, pos, all, bf, msg, msglen);
 	if (!m)
 		return -1;
-	char *text = cJSON_Print(m);
+	char *text = hpu_ckpt_manifest_text(m); /* with its own digest */
 	cJSON_Delete(m);
 	if (!text)
 		return say(msg, msglen, "out of memory");
@@ -348,6 +351,120 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
 	return metrics_put(metrics, o->metrics, j, err, errlen);
 }
 
+/* ---- a save interrupted ---- */
+
+/* What SIGTERM, SIGINT or SIGHUP during a save removes before the process
+ * dies of it as it would have (the handler uses only unlink, rmdir and
+ * nanosleep, which are async-signal-safe): this rank's files in the
+ * partial directory, and on rank 0 the directory once the other ranks
+ * have removed theirs (waiting up to 1 s). What a SIGKILL leaves, the next
+ * save or start-up removes (hpu_ckpt_clean_partials). */
+static struct {
+	char files[6][1300];
+	int nfiles;
+	char dir[1200];
+	volatile sig_atomic_t made; /* rank 0 made dir: it removes it */
+	int lock; /* rank 0's lock on the partial directory, or -1 */
+	int installed[3];
+	struct sigaction old[3];
+} G = {.lock = -1};
+
+static const int guarded[3] = {SIGTERM, SIGINT, SIGHUP};
+
+static void on_stop(int sig)
+{
+	int e = errno;
+	struct timespec ts = {0, 20 * 1000 * 1000};
+	/* again each time: another thread of this process may still be
+	 * writing (the signal may have come to any thread) */
+	for (int k = 0; k < 50; k++) {
+		for (int i = 0; i < G.nfiles; i++)
+			unlink(G.files[i]);
+		if (!G.made || rmdir(G.dir) == 0 || errno != ENOTEMPTY)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	errno = e;
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/* file and the temporary name hpu_outfile writes it under */
+static void guard_file(const char *dir, const char *name)
+{
+	int pid = (int)getpid();
+	snprintf(G.files[G.nfiles++], sizeof G.files[0], "%s/%s", dir, name);
+	snprintf(G.files[G.nfiles++], sizeof G.files[0], "%s/%s.tmp.%d", dir, name, pid);
+}
+
+/* Names this rank's files in dir (the partial) and takes the signals
+ * whose action is the default one: rank 0 before it makes dir (the
+ * handler removes dir once G.made says it did), the others once they
+ * know it is made. */
+static void guard_begin(int rank, const char *dir, const char *shard, int buffers)
+{
+	G.nfiles = 0;
+	G.made = 0;
+	snprintf(G.dir, sizeof G.dir, "%s", dir);
+	guard_file(dir, shard);
+	if (rank == 0) {
+		guard_file(dir, HPU_CKPT_MANIFEST);
+		if (buffers)
+			guard_file(dir, HPU_CKPT_BUFFERS);
+	}
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_stop;
+	sigemptyset(&sa.sa_mask);
+	for (int i = 0; i < 3; i++) {
+		G.installed[i] = sigaction(guarded[i], NULL, &G.old[i]) == 0 &&
+				 G.old[i].sa_handler == SIG_DFL &&
+				 sigaction(guarded[i], &sa, NULL) == 0;
+	}
+}
+
+/* The signals' actions as they were; rank 0's lock released. */
+static void guard_end(void)
+{
+	for (int i = 0; i < 3; i++) {
+		if (G.installed[i])
+			sigaction(guarded[i], &G.old[i], NULL);
+		G.installed[i] = 0;
+	}
+	if (G.lock >= 0)
+		close(G.lock);
+	G.lock = -1;
+	G.made = 0;
+}
+
+static void said_removed(const char *path, void *arg)
+{
+	(void)arg;
+	printf("checkpoint: removed the stale partial checkpoint %s (left by an interrupted "
+	       "save)\n",
+	       path);
+}
+
+/* Rank 0: the partial directory made (a stale one of this uid removed
+ * first) and locked for the save. */
+static int make_partial(const char *root, const char *path, char *msg, size_t msglen)
+{
+	hpu_ckpt_clean_partials(root, said_removed, NULL);
+	if (mkdir_p(root, msg, msglen) < 0)
+		return -1;
+	if (mkdir(path, 0755) == 0)
+		G.made = 1; /* ours: a signal from now on removes it */
+	else
+		return say(msg, msglen,
+			   errno == EEXIST ? "cannot make directory %s: it exists, held by a save "
+					     "that still runs or owned by another user"
+					   : "cannot make directory %s: %s",
+			   path, strerror(errno));
+	if ((G.lock = hpu_ckpt_partial_lock(path)) < 0)
+		return say(msg, msglen, "cannot lock %s: %s", path, strerror(errno));
+	return 0;
+}
+
 int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
 			hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
 			size_t errlen)
@@ -364,19 +481,20 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 	if (!all)
 		return say(err, errlen, "out of memory");
 	/* rank 0 makes the partial directory; a crashed save's is dropped */
-	if (rank == 0) {
-		snprintf(path, sizeof path, "%s/%s", root, partial);
-		hpu_ckpt_rmtree(path);
-		if (mkdir_p(root, mine.msg, sizeof mine.msg) < 0 ||
-		    (mkdir(path, 0755) < 0 && say(mine.msg, sizeof mine.msg, "cannot make directory %s: %s",
-						  path, strerror(errno))))
-			mine.ok = 0;
-	}
-	if (agree(comm, &mine, all, why, sizeof why))
-		goto failed;
-	/* every rank its shard, at once */
 	char shard[96];
 	hpu_ckpt_shard_name(rank, world, shard, sizeof shard);
+	snprintf(path, sizeof path, "%s/%s", root, partial);
+	/* once the partial is this save's (rank 0 holds it), a signal
+	 * removes it: rank 0 at once, the others when they know */
+	if (rank == 0)
+		guard_begin(rank, path, shard, b->nbuffers > 0);
+	if (rank == 0 && make_partial(root, path, mine.msg, sizeof mine.msg) < 0)
+		mine.ok = 0;
+	if (agree(comm, &mine, all, why, sizeof why))
+		goto failed;
+	if (rank != 0)
+		guard_begin(rank, path, shard, b->nbuffers > 0);
+	/* every rank its shard, at once */
 	snprintf(path, sizeof path, "%s/%s/%s", root, partial, shard);
 	double tw = now_s();
 	hpu_ckpt_writer w;
@@ -416,15 +534,17 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 				     metrics, rep.msg, sizeof rep.msg) < 0)
 		rep.ok = 0;
 	free(all);
+	guard_end();
 	if (agree(comm, &rep, NULL, why, sizeof why))
 		return say(err, errlen, "checkpoint of step %ld saved to %s/%s, but %s", pos->step,
 			   root, name, why);
 	return 0;
 failed:
-	if (rank == 0) {
+	if (rank == 0 && G.made) { /* only a partial of its own */
 		snprintf(path, sizeof path, "%s/%s", root, partial);
 		hpu_ckpt_rmtree(path);
 	}
+	guard_end();
 	free(all);
 	return say(err, errlen, "checkpoint of step %ld not saved (the previous checkpoints are "
 				"untouched): %s",
@@ -469,17 +589,21 @@ static int same_model(const hpu_ckpt *c, const hpu_builder *b, char *err, size_t
 }
 
 /* Opens and verifies one checkpoint, every rank checking its share of the
- * files. Returns it, or NULL with the first failure in err. */
+ * files, trusting only the files of *who. Returns it, or NULL with the
+ * first failure in err and *foreign set when a rank found a file of
+ * another uid. */
 static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *dir,
-			 char *err, size_t errlen)
+			 const hpu_ckpt_owners *who, int *foreign, char *err, size_t errlen)
 {
 	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
 	rec mine = {.ok = 1};
+	rec *all = calloc((size_t)world, sizeof *all);
 	hpu_ckpt *c = calloc(1, sizeof *c);
-	if (!c) {
+	*foreign = 0;
+	if (!c || !all) {
 		mine.ok = 0;
 		snprintf(mine.msg, sizeof mine.msg, "out of memory");
-	} else if (hpu_ckpt_open(c, dir, mine.msg, sizeof mine.msg) < 0 ||
+	} else if (hpu_ckpt_open_owned(c, dir, who, mine.msg, sizeof mine.msg) < 0 ||
 		   same_model(c, b, mine.msg, sizeof mine.msg) < 0) {
 		mine.ok = 0;
 	} else {
@@ -495,13 +619,68 @@ static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *d
 			c->bytes_verified += c->buffer_file.bytes;
 		}
 	}
-	if (agree(comm, &mine, NULL, err, errlen)) {
+	mine.foreign = c && c->foreign;
+	int failed = all ? agree(comm, &mine, all, err, errlen)
+			 : agree(comm, &mine, NULL, err, errlen);
+	for (int r = 0; failed && all && r < world; r++)
+		*foreign |= all[r].foreign;
+	free(all);
+	if (failed) {
 		if (c)
 			hpu_ckpt_close(c);
 		free(c);
 		return NULL;
 	}
+	if (c->unsealed && rank == 0) {
+		char note[4400];
+		hpu_ckpt_unsealed_note(c, note, sizeof note);
+		printf("warning: resume: %s\n", note);
+	}
 	return c;
+}
+
+/* The uids the job's ranks run as (with hpud's job_uids, one per node's
+ * job): the owners whose checkpoint files the job trusts. */
+static int job_owners(hpucoll_comm *comm, hpu_ckpt_owners *who, char *err, size_t errlen)
+{
+	int world = hpucoll_comm_size(comm);
+	int32_t me = (int32_t)geteuid(), *all = calloc((size_t)world, sizeof *all);
+	if (!all)
+		return say(err, errlen, "out of memory");
+	int rc = hpucoll_all_gather(comm, &me, all, 1, HPUCOLL_I32);
+	if (rc) {
+		free(all);
+		return say(err, errlen, "checkpoint all-gather failed: %s", hpucoll_strerror(rc));
+	}
+	who->n = 0;
+	for (int r = 0; r < world; r++) {
+		int k = 0;
+		while (k < who->n && who->uid[k] != (uid_t)all[r])
+			k++;
+		if (k < who->n)
+			continue;
+		if (who->n == HPU_CKPT_MAX_OWNERS) {
+			free(all);
+			return say(err, errlen,
+				   "the ranks run as more than %d uids: which files to trust on "
+				   "resume?",
+				   HPU_CKPT_MAX_OWNERS);
+		}
+		who->uid[who->n++] = (uid_t)all[r];
+	}
+	free(all);
+	return 0;
+}
+
+/* root/latest, when there is one, of one of *who: every rank's answer
+ * shared (they may see the root differently). */
+static int latest_trusted(hpucoll_comm *comm, const char *root, const hpu_ckpt_owners *who,
+			  char *err, size_t errlen)
+{
+	rec mine = {.ok = 1};
+	if (hpu_ckpt_check_latest(root, who, mine.msg, sizeof mine.msg) < 0)
+		mine.ok = 0;
+	return agree(comm, &mine, NULL, err, errlen) ? -1 : 0;
 }
 
 static int exists(const char *dir, const char *file)
@@ -517,6 +696,10 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 {
 	*out = NULL;
 	int rank = hpucoll_comm_rank(comm);
+	/* what an interrupted save of this checkpoint root left (rank 0 alone
+	 * writes there until the first save) */
+	if (rank == 0 && o->checkpoint_dir[0])
+		hpu_ckpt_clean_partials(o->checkpoint_dir, said_removed, NULL);
 	const char *want = o->resume, *rc_env = hpu_env_str(HPU_ENV_HPU_RESTART_COUNT);
 	long restarts = 0; /* unset or not a number: none */
 	hpu_parse_long(rc_env, LONG_MIN, LONG_MAX, &restarts);
@@ -537,12 +720,17 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 		       restarts, o->checkpoint_dir);
 	if (!*want)
 		return 0;
-	int autom = strcmp(want, "auto") == 0;
+	int autom = strcmp(want, "auto") == 0, foreign = 0;
 	const char *root = autom ? o->checkpoint_dir : want;
+	hpu_ckpt_owners who;
+	if (job_owners(comm, &who, err, errlen) < 0)
+		return -1;
 	if (!autom && exists(want, HPU_CKPT_MANIFEST)) {
-		*out = try_one(comm, b, want, why, sizeof why);
+		*out = try_one(comm, b, want, &who, &foreign, why, sizeof why);
 		return *out ? 0 : say(err, errlen, "--resume %s: %s", want, why);
 	}
+	if (latest_trusted(comm, root, &who, why, sizeof why) < 0)
+		return say(err, errlen, "--resume %s: %s", want, why);
 	int n = hpu_ckpt_candidates(root, &names, err, errlen);
 	if (n < 0)
 		return -1;
@@ -556,14 +744,17 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 			printf("resume: no checkpoint in %s yet: starting from step 0\n", root);
 		return 0;
 	}
-	for (int i = 0; i < (autom ? n : 1) && !*out; i++) {
+	/* auto passes damaged checkpoints by, never another uid's files */
+	for (int i = 0; i < (autom ? n : 1) && !*out && !foreign; i++) {
 		snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-		*out = try_one(comm, b, dir, why, sizeof why);
-		if (!*out && rank == 0 && autom && i + 1 < n)
+		*out = try_one(comm, b, dir, &who, &foreign, why, sizeof why);
+		if (!*out && rank == 0 && autom && i + 1 < n && !foreign)
 			printf("warning: resume: checkpoint %s is unusable: %s; falling back to %s/%s\n",
 			       dir, why, root, names[i + 1]);
 	}
 	hpu_ckpt_free_names(names);
+	if (!*out && foreign)
+		return say(err, errlen, "--resume %s: %s", want, why);
 	if (!*out)
 		return say(err, errlen, "--resume %s: no intact checkpoint in %s: %s", want, root, why);
 	return 0;
