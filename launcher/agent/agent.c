@@ -523,16 +523,9 @@ static int leftover_of(const hpu_agent *a, pid_t pid, pid_t ppid, char state)
  * 0, or -1 when it is gone. */
 static int proc_stat(pid_t pid, pid_t *ppid, pid_t *pgid, char *state)
 {
-	char path[64], buf[1024];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	char buf[1024];
+	if (hpu_proc_read(pid, "stat", buf, sizeof buf) != 0)
 		return -1;
-	ssize_t k = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (k <= 0)
-		return -1;
-	buf[k] = 0;
 	const char *p = strrchr(buf, ')'); /* the command may hold anything */
 	int pp, pg;
 	if (!p || sscanf(p + 1, " %c %d %d", state, &pp, &pg) != 3)

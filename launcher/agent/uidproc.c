@@ -12,18 +12,26 @@
 
 #include "num.h"
 
-int hpu_proc_info(pid_t pid, hpu_procinfo *pi)
+int hpu_proc_read(pid_t pid, const char *name, char *buf, size_t len)
 {
-	char path[64], buf[4096];
-	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, name);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -1;
-	ssize_t k = read(fd, buf, sizeof buf - 1);
+	ssize_t k = read(fd, buf, len - 1);
 	close(fd);
 	if (k <= 0)
 		return -1;
 	buf[k] = 0;
+	return 0;
+}
+
+int hpu_proc_info(pid_t pid, hpu_procinfo *pi)
+{
+	char buf[4096];
+	if (hpu_proc_read(pid, "status", buf, sizeof buf) != 0)
+		return -1;
 	/* "Name:" may hold anything but a newline: every field is looked
 	 * for at the start of a line */
 	const char *st = strstr(buf, "\nState:"), *pp = strstr(buf, "\nPPid:"),

@@ -19,6 +19,10 @@ typedef struct hpu_procinfo {
 	unsigned uid[4];  /* real, effective, saved, filesystem */
 } hpu_procinfo;
 
+/* Reads /proc/PID/NAME (its first len - 1 bytes) into buf, NUL-ended;
+ * 0, or -1 when the process is gone or the file is empty. */
+int hpu_proc_read(pid_t pid, const char *name, char *buf, size_t len);
+
 /* Reads pid's status into *pi; 0, or -1 when it is gone. */
 int hpu_proc_info(pid_t pid, hpu_procinfo *pi);
 
