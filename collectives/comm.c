@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm_internal.h"
@@ -144,6 +145,45 @@ static int set_int(void *sock, int opt, int v)
 	return zmq_setsockopt(sock, opt, &v, sizeof(v));
 }
 
+/* The file of an ipc:// endpoint, or NULL (another transport, or an
+ * abstract "ipc://@name" endpoint, which has none). */
+static const char *ipc_file(const char *endpoint)
+{
+	static const char prefix[] = "ipc://";
+	const char *path = endpoint + sizeof(prefix) - 1;
+
+	if (strncmp(endpoint, prefix, sizeof(prefix) - 1) != 0 ||
+	    path[0] == '@' || path[0] == '\0')
+		return NULL;
+	return path;
+}
+
+/* An ipc path that exists and belongs to another user is never bound
+ * over: ZeroMQ would remove it first when it may (as root), and fails
+ * with "address in use" when it may not. Says so and returns 1. */
+static int ipc_not_ours(hpucoll_comm *c, const char *endpoint)
+{
+	const char *path = ipc_file(endpoint);
+	struct stat st;
+
+	if (path == NULL || lstat(path, &st) != 0 || st.st_uid == geteuid())
+		return 0;
+	hpucoll__set_error(c, "comm_new: cannot bind %s: the path exists and "
+			      "is owned by uid %u, not by this rank's uid %u "
+			      "(another user's file; remove it or use another "
+			      "job id).",
+			   endpoint, (unsigned)st.st_uid, (unsigned)geteuid());
+	return 1;
+}
+
+/* zmq_bind failed with err: names the endpoint and the reason. */
+static int bind_failed(hpucoll_comm *c, const char *endpoint, int err)
+{
+	hpucoll__set_error(c, "comm_new: cannot bind %s: %s.", endpoint,
+			   zmq_strerror(err));
+	return err == ENOMEM ? HPUCOLL_ENOMEM : HPUCOLL_ETRANSPORT;
+}
+
 /* Makes the receive socket, binds it and records the resolved endpoint.
  * No high-water mark: the algorithms bound what is in flight, and a send
  * must never block (two ranks sending to each other would deadlock). */
@@ -165,8 +205,10 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 			   sizeof(maxmsg)) != 0 ||
 	    hpucoll__sec_server(c, c->pull) != 0)
 		return hpucoll__zmq_error(c, "zmq_setsockopt");
+	if (ipc_not_ours(c, endpoint))
+		return HPUCOLL_ETRANSPORT;
 	if (zmq_bind(c->pull, endpoint) != 0)
-		return hpucoll__zmq_error(c, "zmq_bind");
+		return bind_failed(c, endpoint, zmq_errno());
 	if (zmq_getsockopt(c->pull, ZMQ_LAST_ENDPOINT, c->endpoint, &len) != 0)
 		return hpucoll__zmq_error(c, "zmq_getsockopt");
 	return HPUCOLL_OK;
@@ -215,14 +257,17 @@ int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 				       HPUCOLL_SECURITY_NONE, NULL, 0);
 }
 
-int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
-			    const char *bind_endpoint,
-			    hpucoll_security security, const void *secret,
-			    size_t secret_len)
+int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
+		      const char *bind_endpoint, hpucoll_security security,
+		      const void *secret, size_t secret_len, char *err,
+		      size_t errlen)
 {
 	hpucoll_comm *c;
 	int rc, t = HPUCOLL__DEFAULT_TIMEOUT_MS;
 
+	if (err != NULL && errlen > 0)
+		snprintf(err, errlen, "comm_new: bad arguments (rank %d of %d).",
+			 rank, size);
 	if (out == NULL)
 		return HPUCOLL_EINVAL;
 	*out = NULL;
@@ -230,8 +275,12 @@ int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 	    bind_endpoint == NULL)
 		return HPUCOLL_EINVAL;
 	c = comm_alloc(rank, size);
-	if (c == NULL)
+	if (c == NULL) {
+		if (err != NULL && errlen > 0)
+			snprintf(err, errlen, "%s",
+				 hpucoll_strerror(HPUCOLL_ENOMEM));
 		return HPUCOLL_ENOMEM;
+	}
 	rc = int_from_env(HPU_ENV_HPUCOLL_TIMEOUT_MS, &t);
 	if (rc == HPUCOLL_OK)
 		rc = int_from_env(HPU_ENV_HPUCOLL_STALL_WARN_MS, &c->stall_ms);
@@ -254,8 +303,20 @@ int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 	*out = c;
 	return HPUCOLL_OK;
 fail:
+	if (err != NULL && errlen > 0)
+		snprintf(err, errlen, "%s",
+			 c->errmsg[0] ? c->errmsg : hpucoll_strerror(rc));
 	hpucoll_comm_destroy(&c);
 	return rc;
+}
+
+int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
+			    const char *bind_endpoint,
+			    hpucoll_security security, const void *secret,
+			    size_t secret_len)
+{
+	return hpucoll__comm_new(out, rank, size, bind_endpoint, security,
+				 secret, secret_len, NULL, 0);
 }
 
 const char *hpucoll_comm_endpoint(const hpucoll_comm *comm)
@@ -366,14 +427,12 @@ fail:
 }
 
 /* ZeroMQ leaves the file of an ipc:// endpoint behind; the rank that bound
- * it removes it (abstract "ipc://@name" endpoints have no file). */
+ * it removes it. */
 static void unlink_ipc(const char *endpoint)
 {
-	static const char prefix[] = "ipc://";
-	const char *path = endpoint + sizeof(prefix) - 1;
+	const char *path = ipc_file(endpoint);
 
-	if (strncmp(endpoint, prefix, sizeof(prefix) - 1) == 0 &&
-	    path[0] != '@' && path[0] != '\0')
+	if (path != NULL)
 		unlink(path);
 }
 

@@ -287,6 +287,14 @@ struct hpucoll_comm {
 
 /* ---- comm.c ---- */
 
+/* hpucoll_comm_new_secure() that also writes, when it fails, the sentence
+ * saying why into err (errlen bytes; NULL for none): the communicator,
+ * and with it hpucoll_comm_errmsg(), is gone by then. */
+int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
+		      const char *bind_endpoint, hpucoll_security security,
+		      const void *secret, size_t secret_len, char *err,
+		      size_t errlen);
+
 /* Adds n to one of comm->stats (relaxed: the counters order nothing). */
 static inline void hpucoll__count(_Atomic uint64_t *ctr, uint64_t n)
 {
@@ -314,7 +322,9 @@ int hpucoll__monitor_event(void *mon, uint16_t *ev);
 /* secure.c: _start binds the ZAP handler's socket on c->ctx (before any
  * socket binds or connects); _run, once c->pull is bound, watches its
  * handshakes and starts the handler's thread; _unwatch before closing
- * c->pull; _join after the context is terminated. _server and _client
+ * c->pull (it also closes the handler's sockets when its thread never
+ * started, which zmq_ctx_term() would wait for); _join after the context
+ * is terminated. _server and _client
  * set a socket's options as the receiving side or the side connecting to
  * rank dst; they return 0, or -1 with zmq_errno() set. */
 int hpucoll__sec_start(hpucoll_comm *c, hpucoll_security mode,

@@ -377,23 +377,28 @@ int hpucoll__sec_run(hpucoll_comm *c)
 
 void hpucoll__sec_unwatch(hpucoll_comm *c)
 {
-	if (c->sec.mon != NULL && c->pull != NULL)
+	struct hpucoll__sec *s = &c->sec;
+
+	if (s->mon != NULL && c->pull != NULL)
 		zmq_socket_monitor(c->pull, NULL, 0);
+	if (s->running)
+		return;
+	/* The handler's thread never started (comm_new failed, e.g. its
+	 * bind): close its sockets now, since zmq_ctx_term() would wait for
+	 * them forever. */
+	if (s->zap != NULL)
+		zmq_close(s->zap);
+	if (s->mon != NULL)
+		zmq_close(s->mon);
+	s->zap = s->mon = NULL;
 }
 
 void hpucoll__sec_join(hpucoll_comm *c)
 {
 	struct hpucoll__sec *s = &c->sec;
 
-	if (s->running) {
+	if (s->running)
 		pthread_join(s->thread, NULL);
-	} else {
-		/* Never started (comm_new failed): close what it would. */
-		if (s->zap != NULL)
-			zmq_close(s->zap);
-		if (s->mon != NULL)
-			zmq_close(s->mon);
-	}
 	s->running = 0;
 	s->zap = s->mon = NULL;
 	free(s->nonces);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <openssl/hmac.h>
 #include <zmq.h>
@@ -306,6 +307,78 @@ static void test_different_secrets(void **state)
 	cw_run_world(&w, refused_settled);
 }
 
+
+/* ---- A bind that fails ---- */
+
+/* What bind_fails tries: an ipc path taken by a directory, and whether
+ * that directory belongs to another user. */
+struct bind_case {
+	hpucoll_security sec;
+	char path[128];
+	int other_uid;
+};
+
+/* comm_new must fail at once, naming the endpoint and why (it used to
+ * wait forever in zmq_ctx_term under auth and encrypt). */
+static int bind_fails(int rank, void *arg)
+{
+	const struct bind_case *b = arg;
+	char ep[160], err[HPUCOLL__ERRMSG_MAX], want[256];
+	hpucoll_comm *c = NULL;
+	int rc;
+
+	(void)rank;
+	snprintf(ep, sizeof(ep), "ipc://%s", b->path);
+	rc = hpucoll__comm_new(&c, 0, 2, ep, b->sec, "the job token", 13, err,
+			       sizeof(err));
+	if (b->other_uid)
+		snprintf(want, sizeof(want),
+			 "cannot bind %s: the path exists and is owned by uid "
+			 "65534, not by this rank's uid %u",
+			 ep, (unsigned)geteuid());
+	else
+		snprintf(want, sizeof(want), "cannot bind %s: Address already "
+					     "in use", ep);
+	if (rc == HPUCOLL_ETRANSPORT && c == NULL && strstr(err, want))
+		return 0;
+	fprintf(stderr, "%s: comm_new gave %d \"%s\", want \"%s\"\n",
+		hpucoll_security_name(b->sec), rc, err, want);
+	hpucoll_comm_destroy(&c);
+	return 1;
+}
+
+static void test_bind_fails_at_once(void **state)
+{
+	struct bind_case b;
+	struct stat st;
+
+	(void)state;
+	for (int sec = HPUCOLL_SECURITY_NONE; sec <= HPUCOLL_SECURITY_ENCRYPT;
+	     sec++) {
+		for (int other = 0; other < 2; other++) {
+			if (other && geteuid() != 0)
+				continue; /* cannot give a file away */
+			b.sec = (hpucoll_security)sec;
+			b.other_uid = other;
+			snprintf(b.path, sizeof(b.path),
+				 "/tmp/hpucoll-test-%d-bind%d%d", (int)getpid(),
+				 sec, other);
+			/* A directory: not even root's ZeroMQ removes it. */
+			assert_int_equal(mkdir(b.path, 0755), 0);
+			if (other)
+				assert_int_equal(chown(b.path, 65534, 65534), 0);
+			/* A hang would be killed at the deadline, and fail. */
+			assert_int_equal(ct_run_ranks(1, bind_fails, &b, 20000,
+						      0),
+					 0);
+			/* Not bound over, not removed. */
+			assert_int_equal(lstat(b.path, &st), 0);
+			assert_true(S_ISDIR(st.st_mode));
+			rmdir(b.path);
+		}
+	}
+}
+
 static void test_bad_args(void **state)
 {
 	hpucoll_comm *c = NULL;
@@ -336,6 +409,7 @@ int main(void)
 
 		cmocka_unit_test(test_different_secrets),
 		cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_bind_fails_at_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
