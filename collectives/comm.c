@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -201,6 +202,7 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 		    HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
 	    set_int(c->pull, ZMQ_HEARTBEAT_TIMEOUT,
 		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
+	    set_int(c->pull, ZMQ_HANDSHAKE_IVL, HPUCOLL__HANDSHAKE_IVL_MS) != 0 ||
 	    zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &maxmsg,
 			   sizeof(maxmsg)) != 0 ||
 	    hpucoll__sec_server(c, c->pull) != 0)
@@ -212,6 +214,33 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 	if (zmq_getsockopt(c->pull, ZMQ_LAST_ENDPOINT, c->endpoint, &len) != 0)
 		return hpucoll__zmq_error(c, "zmq_getsockopt");
 	return HPUCOLL_OK;
+}
+
+/* Raises the soft limit on open files to the hard one: a rank holds a
+ * descriptor for every connection to it, also for those that never finish
+ * their handshake (until HPUCOLL__HANDSHAKE_IVL_MS), and a low soft limit
+ * (1024 by default) is soon spent by a flood of them. Best effort. */
+static void raise_nofile(void)
+{
+	struct rlimit r;
+	long nr_open = 1L << 20;
+	FILE *f;
+
+	if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= r.rlim_max)
+		return;
+	if (r.rlim_max == RLIM_INFINITY) {
+		/* The kernel takes no more than fs.nr_open. */
+		f = fopen("/proc/sys/fs/nr_open", "r");
+		if (f != NULL) {
+			if (fscanf(f, "%ld", &nr_open) != 1)
+				nr_open = 1L << 20;
+			fclose(f);
+		}
+		r.rlim_cur = (rlim_t)nr_open;
+	} else {
+		r.rlim_cur = r.rlim_max;
+	}
+	setrlimit(RLIMIT_NOFILE, &r);
 }
 
 /* One ZeroMQ I/O thread moves everything of a rank (HPUCOLL_IO_THREADS
@@ -289,6 +318,7 @@ int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
 	if (rc != HPUCOLL_OK)
 		goto fail;
 	c->timeout_ms = t;
+	raise_nofile();
 	rc = make_ctx(c);
 	if (rc == HPUCOLL_OK && (unsigned)security > HPUCOLL_SECURITY_ENCRYPT)
 		rc = HPUCOLL_EINVAL;
@@ -415,7 +445,9 @@ int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints)
 			goto fail;
 		}
 	}
-	rc = hpucoll__transport_open(comm);
+	rc = hpucoll__sec_peers(comm, endpoints);
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll__transport_open(comm);
 	if (rc == HPUCOLL_OK)
 		rc = hpucoll__groups_init(comm);
 	if (rc == HPUCOLL_OK)
