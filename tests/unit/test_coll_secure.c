@@ -29,6 +29,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <openssl/hmac.h>
 #include <zmq.h>
@@ -508,6 +509,27 @@ static int flood(int port, int *fds)
 	return n;
 }
 
+/* Whether c has refused exactly `want` connections, once its handler has
+ * counted them (it counts on its own thread, a moment later). */
+static int refused_exactly(hpucoll_comm *c, uint64_t want)
+{
+	int64_t end = ct_now_ms() + 5000;
+	hpucoll_stats st;
+
+	hpucoll_comm_stats(c, &st);
+	while (st.refused_connections < want && ct_now_ms() < end) {
+		usleep(10000);
+		hpucoll_comm_stats(c, &st);
+	}
+	if (st.refused_connections == want)
+		return 1;
+	fprintf(stderr, "rank %d refused %llu connections, want %llu\n",
+		hpucoll_comm_rank(c),
+		(unsigned long long)st.refused_connections,
+		(unsigned long long)want);
+	return 0;
+}
+
 /* A stranger (rank 0's process, as another program on the node) opens
  * FLOOD connections to rank 1's port that never handshake and keeps them
  * open: rank 1 can still open files (a checkpoint failed with "Too many
@@ -592,7 +614,6 @@ static int from_elsewhere(hpucoll_comm *c, struct shared *sh,
 			  const struct world *w)
 {
 	int me = hpucoll_comm_rank(c), rc = all_reduce_ok(c, 0);
-	hpucoll_stats st;
 
 	if (rc == 0 && me == 0) {
 		static const char *const from[2] = {"127.0.0.2", "127.0.0.1"};
@@ -622,32 +643,73 @@ static int from_elsewhere(hpucoll_comm *c, struct shared *sh,
 	}
 	if (rc == 0)
 		rc = all_reduce_ok(c, 1);
-	hpucoll_comm_stats(c, &st);
-	if (rc == 0 && st.refused_connections != (me == 1 ? 1u : 0u)) {
-		fprintf(stderr, "rank %d refused %llu connections\n", me,
-			(unsigned long long)st.refused_connections);
+	if (rc == 0 && !refused_exactly(c, me == 1))
 		rc = 1;
-	}
 	return rc;
 }
 
-/* On ipc, the ranks (of this uid) are let in. */
+/* Connects to ipc endpoint ep with a good proof, as user uid (a forked
+ * process); returns whether it was let in, or -1 when it could not try. */
+static int ipc_stranger(const char *ep, const char *secret, uid_t uid)
+{
+	pid_t pid = fork();
+	int status;
+
+	if (pid == 0) {
+		char user[64], pass[65];
+		void *ctx, *t;
+		int zero = 0, in;
+
+		if (setgid(uid) != 0 || setuid(uid) != 0)
+			_exit(3);
+		ctx = zmq_ctx_new();
+		t = zmq_socket(ctx, ZMQ_PUSH);
+		real_proof(secret, user, pass);
+		zmq_setsockopt(t, ZMQ_LINGER, &zero, sizeof(zero));
+		zmq_setsockopt(t, ZMQ_PLAIN_USERNAME, user, strlen(user));
+		zmq_setsockopt(t, ZMQ_PLAIN_PASSWORD, pass, 64);
+		if (zmq_connect(t, ep) != 0)
+			_exit(3);
+		in = handshake(ctx, t);
+		zmq_close(t);
+		zmq_ctx_term(ctx);
+		_exit(in);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+	    WEXITSTATUS(status) > 1)
+		return -1;
+	return WEXITSTATUS(status);
+}
+
+/* On ipc, the ranks (of this uid) are let in; as root, a stranger of
+ * another uid with a good proof is not (the socket file made writable
+ * for it), one of this uid is. */
 static int on_ipc(hpucoll_comm *c, struct shared *sh, const struct world *w)
 {
-	hpucoll_stats st;
 	int rc = 0;
 
-	(void)sh;
-	(void)w;
+	int me = hpucoll_comm_rank(c), strangers = 0;
+
 	for (int round = 0; round < 3 && rc == 0; round++)
 		rc = all_reduce_ok(c, round);
-	hpucoll_comm_stats(c, &st);
-	if (rc == 0 && st.refused_connections != 0) {
-		fprintf(stderr, "rank %d refused %llu connections on ipc\n",
-			hpucoll_comm_rank(c),
-			(unsigned long long)st.refused_connections);
-		rc = 1;
+	if (rc == 0 && me == 0 && geteuid() == 0 &&
+	    w->sec == HPUCOLL_SECURITY_AUTH) {
+		const char *ep = sh->eps.ep[1];
+
+		strangers = 1;
+		if (chmod(ep + 6, 0777) != 0 ||
+		    ipc_stranger(ep, w->secret, 65534) != 0 ||
+		    ipc_stranger(ep, w->secret, 0) != 1) {
+			fprintf(stderr, "ipc: uid 65534 let in, or uid 0 not\n");
+			rc = 1;
+		}
+		atomic_store(&sh->counter, 1);
 	}
+	if (rc == 0)
+		rc = all_reduce_ok(c, 3);
+	strangers = strangers || atomic_load(&sh->counter);
+	if (rc == 0 && !refused_exactly(c, strangers && me == 1))
+		rc = 1;
 	return rc;
 }
 
@@ -658,9 +720,10 @@ static void test_only_the_jobs_addresses(void **state)
 
 	(void)state;
 	cw_run_world(&w, from_elsewhere);
+	w.tcp = 0;
+	cw_run_world(&w, on_ipc);
 	w.sec = HPUCOLL_SECURITY_ENCRYPT;
 	w.ws = 3;
-	w.tcp = 0;
 	cw_run_world(&w, on_ipc);
 }
 
