@@ -745,6 +745,7 @@ static int wait_readable(hpucoll_comm *c, int src,
 			read_monitor(c, src); /* redials when it is time */
 		/* A redial replaces the monitor: take it afresh. */
 		items[1].socket = p->mon;
+		items[1].revents = 0;
 		now = hpucoll__now_ms();
 		if (w->deadline >= 0 && now >= w->deadline)
 			return hpucoll__timed_out(c, w, src);
