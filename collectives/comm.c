@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm_internal.h"
@@ -144,6 +146,45 @@ static int set_int(void *sock, int opt, int v)
 	return zmq_setsockopt(sock, opt, &v, sizeof(v));
 }
 
+/* The file of an ipc:// endpoint, or NULL (another transport, or an
+ * abstract "ipc://@name" endpoint, which has none). */
+static const char *ipc_file(const char *endpoint)
+{
+	static const char prefix[] = "ipc://";
+	const char *path = endpoint + sizeof(prefix) - 1;
+
+	if (strncmp(endpoint, prefix, sizeof(prefix) - 1) != 0 ||
+	    path[0] == '@' || path[0] == '\0')
+		return NULL;
+	return path;
+}
+
+/* An ipc path that exists and belongs to another user is never bound
+ * over: ZeroMQ would remove it first when it may (as root), and fails
+ * with "address in use" when it may not. Says so and returns 1. */
+static int ipc_not_ours(hpucoll_comm *c, const char *endpoint)
+{
+	const char *path = ipc_file(endpoint);
+	struct stat st;
+
+	if (path == NULL || lstat(path, &st) != 0 || st.st_uid == geteuid())
+		return 0;
+	hpucoll__set_error(c, "comm_new: cannot bind %s: the path exists and "
+			      "is owned by uid %u, not by this rank's uid %u "
+			      "(another user's file; remove it or use another "
+			      "job id).",
+			   endpoint, (unsigned)st.st_uid, (unsigned)geteuid());
+	return 1;
+}
+
+/* zmq_bind failed with err: names the endpoint and the reason. */
+static int bind_failed(hpucoll_comm *c, const char *endpoint, int err)
+{
+	hpucoll__set_error(c, "comm_new: cannot bind %s: %s.", endpoint,
+			   zmq_strerror(err));
+	return err == ENOMEM ? HPUCOLL_ENOMEM : HPUCOLL_ETRANSPORT;
+}
+
 /* Makes the receive socket, binds it and records the resolved endpoint.
  * No high-water mark: the algorithms bound what is in flight, and a send
  * must never block (two ranks sending to each other would deadlock). */
@@ -161,15 +202,45 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 		    HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
 	    set_int(c->pull, ZMQ_HEARTBEAT_TIMEOUT,
 		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
+	    set_int(c->pull, ZMQ_HANDSHAKE_IVL, HPUCOLL__HANDSHAKE_IVL_MS) != 0 ||
 	    zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &maxmsg,
 			   sizeof(maxmsg)) != 0 ||
 	    hpucoll__sec_server(c, c->pull) != 0)
 		return hpucoll__zmq_error(c, "zmq_setsockopt");
+	if (ipc_not_ours(c, endpoint))
+		return HPUCOLL_ETRANSPORT;
 	if (zmq_bind(c->pull, endpoint) != 0)
-		return hpucoll__zmq_error(c, "zmq_bind");
+		return bind_failed(c, endpoint, zmq_errno());
 	if (zmq_getsockopt(c->pull, ZMQ_LAST_ENDPOINT, c->endpoint, &len) != 0)
 		return hpucoll__zmq_error(c, "zmq_getsockopt");
 	return HPUCOLL_OK;
+}
+
+/* Raises the soft limit on open files to the hard one: a rank holds a
+ * descriptor for every connection to it, also for those that never finish
+ * their handshake (until HPUCOLL__HANDSHAKE_IVL_MS), and a low soft limit
+ * (1024 by default) is soon spent by a flood of them. Best effort. */
+static void raise_nofile(void)
+{
+	struct rlimit r;
+	long nr_open = 1L << 20;
+	FILE *f;
+
+	if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= r.rlim_max)
+		return;
+	if (r.rlim_max == RLIM_INFINITY) {
+		/* The kernel takes no more than fs.nr_open. */
+		f = fopen("/proc/sys/fs/nr_open", "r");
+		if (f != NULL) {
+			if (fscanf(f, "%ld", &nr_open) != 1)
+				nr_open = 1L << 20;
+			fclose(f);
+		}
+		r.rlim_cur = (rlim_t)nr_open;
+	} else {
+		r.rlim_cur = r.rlim_max;
+	}
+	setrlimit(RLIMIT_NOFILE, &r);
 }
 
 /* One ZeroMQ I/O thread moves everything of a rank (HPUCOLL_IO_THREADS
@@ -216,14 +287,17 @@ int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 				       HPUCOLL_SECURITY_NONE, NULL, 0);
 }
 
-int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
-			    const char *bind_endpoint,
-			    hpucoll_security security, const void *secret,
-			    size_t secret_len)
+int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
+		      const char *bind_endpoint, hpucoll_security security,
+		      const void *secret, size_t secret_len, char *err,
+		      size_t errlen)
 {
 	hpucoll_comm *c;
 	int rc, t = HPUCOLL__DEFAULT_TIMEOUT_MS;
 
+	if (err != NULL && errlen > 0)
+		snprintf(err, errlen, "comm_new: bad arguments (rank %d of %d).",
+			 rank, size);
 	if (out == NULL)
 		return HPUCOLL_EINVAL;
 	*out = NULL;
@@ -231,8 +305,12 @@ int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 	    bind_endpoint == NULL)
 		return HPUCOLL_EINVAL;
 	c = comm_alloc(rank, size);
-	if (c == NULL)
+	if (c == NULL) {
+		if (err != NULL && errlen > 0)
+			snprintf(err, errlen, "%s",
+				 hpucoll_strerror(HPUCOLL_ENOMEM));
 		return HPUCOLL_ENOMEM;
+	}
 	rc = int_from_env(HPU_ENV_HPUCOLL_TIMEOUT_MS, &t);
 	if (rc == HPUCOLL_OK)
 		rc = int_from_env(HPU_ENV_HPUCOLL_STALL_WARN_MS, &c->stall_ms);
@@ -241,6 +319,7 @@ int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 	if (rc != HPUCOLL_OK)
 		goto fail;
 	c->timeout_ms = t;
+	raise_nofile();
 	rc = make_ctx(c);
 	if (rc == HPUCOLL_OK && (unsigned)security > HPUCOLL_SECURITY_ENCRYPT)
 		rc = HPUCOLL_EINVAL;
@@ -255,8 +334,20 @@ int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 	*out = c;
 	return HPUCOLL_OK;
 fail:
+	if (err != NULL && errlen > 0)
+		snprintf(err, errlen, "%s",
+			 c->errmsg[0] ? c->errmsg : hpucoll_strerror(rc));
 	hpucoll_comm_destroy(&c);
 	return rc;
+}
+
+int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
+			    const char *bind_endpoint,
+			    hpucoll_security security, const void *secret,
+			    size_t secret_len)
+{
+	return hpucoll__comm_new(out, rank, size, bind_endpoint, security,
+				 secret, secret_len, NULL, 0);
 }
 
 const char *hpucoll_comm_endpoint(const hpucoll_comm *comm)
@@ -355,7 +446,9 @@ int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoints)
 			goto fail;
 		}
 	}
-	rc = hpucoll__transport_open(comm);
+	rc = hpucoll__sec_peers(comm, endpoints);
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll__transport_open(comm);
 	if (rc == HPUCOLL_OK)
 		rc = hpucoll__groups_init(comm);
 	if (rc == HPUCOLL_OK)
@@ -367,14 +460,12 @@ fail:
 }
 
 /* ZeroMQ leaves the file of an ipc:// endpoint behind; the rank that bound
- * it removes it (abstract "ipc://@name" endpoints have no file). */
+ * it removes it. */
 static void unlink_ipc(const char *endpoint)
 {
-	static const char prefix[] = "ipc://";
-	const char *path = endpoint + sizeof(prefix) - 1;
+	const char *path = ipc_file(endpoint);
 
-	if (strncmp(endpoint, prefix, sizeof(prefix) - 1) == 0 &&
-	    path[0] != '@' && path[0] != '\0')
+	if (path != NULL)
 		unlink(path);
 }
 

@@ -89,6 +89,18 @@
  * has not arrived this long afterwards (what it sent before dying may
  * still be on its way over another connection). */
 #define HPUCOLL__LOST_GRACE_MS 500
+/* Under auth, a rank makes a new connection (with a fresh proof) to a peer
+ * at most this often (transport_zmq.c); ZeroMQ's own reconnect interval. */
+#define HPUCOLL__REDIAL_MS 100
+/* The ZAP status with which a rank refuses a proof it accepted before (a
+ * replay), where a wrong proof gets 400 (secure.c). */
+#define HPUCOLL__ZAP_REPLAY 300
+/* And one from an address that is not of the job's peers. */
+#define HPUCOLL__ZAP_NOT_A_PEER 500
+/* A connection whose ZeroMQ handshake has not finished this long after it
+ * was accepted is closed (a rank's descriptors are not held by
+ * connections that never speak). */
+#define HPUCOLL__HANDSHAKE_IVL_MS 5000
 /* Waits on shared memory check for ABORT messages this often. */
 #define HPUCOLL__SLICE_MS 100
 #define HPUCOLL__ENDPOINT_MAX 256
@@ -150,6 +162,10 @@ struct hpucoll__peer {
 	int lost;       /* push's connection closed and did not come back */
 	int64_t lost_ms;
 	int refused;    /* push's handshake failed (secure.c) */
+	uint32_t refused_status; /* the ZAP status it failed with, or 0 */
+	int redial;     /* push must be replaced (auth: transport_zmq.c) */
+	unsigned dials; /* push sockets made so far (names their monitors) */
+	int64_t dial_ms; /* when the latest was made */
 	atomic_int zc;  /* zero-copy sends ZeroMQ has not released yet */
 	struct hpucoll__msg *head; /* messages that arrived early, in order */
 	struct hpucoll__msg *tail;
@@ -255,6 +271,14 @@ struct hpucoll_comm {
 		int running;
 		uint8_t (*nonces)[16]; /* PLAIN proofs accepted so far */
 		size_t n_nonces, cap_nonces;
+		/* Where the job's peers connect from, set once at connect
+		 * (hpucoll__sec_peers) before `filter`, which the handler
+		 * reads: the hosts of their tcp endpoints, and whether
+		 * ipc peers must be of this process's uid. */
+		char (*hosts)[64];
+		int n_hosts;
+		int ipc;
+		atomic_int filter;
 		_Atomic uint64_t refused; /* connections refused */
 	} sec;
 
@@ -292,6 +316,14 @@ struct hpucoll_comm {
 
 /* ---- comm.c ---- */
 
+/* hpucoll_comm_new_secure() that also writes, when it fails, the sentence
+ * saying why into err (errlen bytes; NULL for none): the communicator,
+ * and with it hpucoll_comm_errmsg(), is gone by then. */
+int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
+		      const char *bind_endpoint, hpucoll_security security,
+		      const void *secret, size_t secret_len, char *err,
+		      size_t errlen);
+
 /* Adds n to one of comm->stats (relaxed: the counters order nothing). */
 static inline void hpucoll__count(_Atomic uint64_t *ctr, uint64_t n)
 {
@@ -311,15 +343,18 @@ int hpucoll__zmq_error(hpucoll_comm *c, const char *call);
 	(ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |                              \
 	 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
-/* Takes one event off the monitor socket `mon` without waiting, with its
- * endpoint frame; returns 1 with its number in *ev, or 0 when none
- * (transport_zmq.c). */
-int hpucoll__monitor_event(void *mon, uint16_t *ev);
+/* Takes one event off the monitor socket `mon` (NULL: none) without
+ * waiting, with its endpoint frame; returns 1 with its number in *ev and
+ * its value (a ZAP status, an fd, ...) in *value unless NULL, or 0 when
+ * none (transport_zmq.c). */
+int hpucoll__monitor_event(void *mon, uint16_t *ev, uint32_t *value);
 
 /* secure.c: _start binds the ZAP handler's socket on c->ctx (before any
  * socket binds or connects); _run, once c->pull is bound, watches its
  * handshakes and starts the handler's thread; _unwatch before closing
- * c->pull; _join after the context is terminated. _server and _client
+ * c->pull (it also closes the handler's sockets when its thread never
+ * started, which zmq_ctx_term() would wait for); _join after the context
+ * is terminated. _server and _client
  * set a socket's options as the receiving side or the side connecting to
  * rank dst; they return 0, or -1 with zmq_errno() set. */
 int hpucoll__sec_start(hpucoll_comm *c, hpucoll_security mode,
@@ -328,6 +363,10 @@ int hpucoll__sec_run(hpucoll_comm *c);
 void hpucoll__sec_unwatch(hpucoll_comm *c);
 void hpucoll__sec_join(hpucoll_comm *c);
 int hpucoll__sec_server(hpucoll_comm *c, void *sock);
+/* From the rank table on, the handler accepts connections only from the
+ * hosts of the peers' tcp endpoints, and on ipc only from this process's
+ * uid (no filter when an endpoint's host is not a numeric address). */
+int hpucoll__sec_peers(hpucoll_comm *c, const char *const *endpoints);
 int hpucoll__sec_client(hpucoll_comm *c, void *sock, int dst);
 
 /* A scratch buffer of at least `len` bytes, kept until destroy (NULL when

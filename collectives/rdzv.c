@@ -266,11 +266,11 @@ int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen)
 		snprintf(bind, sizeof bind, "tcp://%s:*", mine);
 	snprintf(ctl, sizeof ctl, "tcp://%s:%s", master, e.port);
 	hpucoll_comm *comm = NULL;
-	int rc = hpucoll_comm_new_secure(&comm, e.rank, e.world, bind, e.security,
-					 e.token, strlen(e.token));
+	char why[HPUCOLL__ERRMSG_MAX];
+	int rc = hpucoll__comm_new(&comm, e.rank, e.world, bind, e.security, e.token,
+				   strlen(e.token), why, sizeof why);
 	if (rc) {
-		snprintf(err, errlen, "cannot bind the data socket at %s: %s", bind,
-			 hpucoll_strerror(rc));
+		snprintf(err, errlen, "cannot make the data socket at %s: %s", bind, why);
 		return rc;
 	}
 	void *ctx = zmq_ctx_new(), *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;

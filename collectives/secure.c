@@ -23,7 +23,10 @@
  * (src and dst as 4-byte little-endian). The handler recomputes the MAC
  * for itself as dst, compares in constant time and accepts each nonce
  * once, so a proof seen on the wire is worth nothing at another rank or a
- * second time. Frames are not encrypted and not protected against a
+ * second time (a replay is refused with ZAP status 300, a wrong proof with
+ * 400). ZeroMQ's own reconnect would present a socket's proof again, so
+ * under auth a rank makes every connection itself, each with a new nonce
+ * (transport_zmq.c). Frames are not encrypted and not protected against a
  * man in the middle who can rewrite TCP traffic.
  *
  * HPUCOLL_SECURITY_ENCRYPT: ZeroMQ's CURVE (CurveZMQ: X25519 handshake,
@@ -41,6 +44,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <unistd.h>
+
 #include <openssl/crypto.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
@@ -55,6 +61,13 @@
 #define LOG_FIRST 3
 
 static const char LABEL[] = "hpucoll data plane v1";
+/* Why a proof accepted once before is refused (ZAP status
+ * HPUCOLL__ZAP_REPLAY, so that its sender can tell). */
+/* Why a connection from an address of no peer is refused (ZAP status
+ * HPUCOLL__ZAP_NOT_A_PEER). */
+static const char NOT_A_PEER[] = "an address that is not of the job's ranks";
+static const char REPLAYED[] = "a proof it had accepted before (a replay: "
+			       "ranks send a fresh one on every connection)";
 
 const char *hpucoll_security_name(hpucoll_security s)
 {
@@ -148,8 +161,40 @@ static const char *check_plain(hpucoll_comm *c, const zmq_msg_t *user,
 	    CRYPTO_memcmp(zmq_msg_data((zmq_msg_t *)pass), want, 64) != 0)
 		return "wrong proof (not of this job)";
 	if (nonce_once(s, nonce) != 0)
-		return "replayed proof";
+		return REPLAYED;
 	return NULL;
+}
+
+/* Whether a connection from `addr` (ZeroMQ's peer address: an IP, or
+ * "localhost:uid:gid:pid" on ipc) may be of a peer, once the rank table
+ * is in. */
+static int from_a_peer(hpucoll_comm *c, const zmq_msg_t *addr)
+{
+	struct hpucoll__sec *s = &c->sec;
+	size_t len = zmq_msg_size((zmq_msg_t *)addr);
+	char a[64];
+
+	if (!atomic_load_explicit(&s->filter, memory_order_acquire))
+		return 1;
+	if (len >= sizeof(a))
+		return 0;
+	memcpy(a, zmq_msg_data((zmq_msg_t *)addr), len);
+	a[len] = '\0';
+	if (strncmp(a, "localhost:", 10) == 0 || a[0] == ':') {
+		/* ipc, with its peer's credentials */
+		const char *end, *cred = strchr(a, ':') + 1;
+		uint64_t uid;
+
+		return s->ipc &&
+		       hpu_parse_u64_prefix(cred, &end, &uid) == HPU_NUM_OK &&
+		       *end == ':' && uid == (uint64_t)geteuid();
+	}
+	if (a[0] == '\0' || strcmp(a, "localhost") == 0)
+		return s->ipc; /* ipc without credentials: nothing to judge */
+	for (int i = 0; i < s->n_hosts; i++)
+		if (strcmp(a, s->hosts[i]) == 0)
+			return 1;
+	return 0;
 }
 
 static const char *check(hpucoll_comm *c, zmq_msg_t *f, int n)
@@ -158,6 +203,8 @@ static const char *check(hpucoll_comm *c, zmq_msg_t *f, int n)
 								   : "PLAIN";
 	size_t mlen = n > 5 ? zmq_msg_size(&f[5]) : 0;
 
+	if (n > 3 && !from_a_peer(c, &f[3]))
+		return NOT_A_PEER;
 	if (n < 6 || mlen != strlen(mech) ||
 	    memcmp(zmq_msg_data(&f[5]), mech, mlen) != 0)
 		return "no credentials (another security mode?)";
@@ -218,20 +265,27 @@ static void read_monitor(hpucoll_comm *c, void *mon)
 {
 	uint16_t ev;
 
-	while (hpucoll__monitor_event(mon, &ev))
+	while (hpucoll__monitor_event(mon, &ev, NULL))
 		if (ev & HPUCOLL__HANDSHAKE_FAILED)
 			count_refusal(c, ev);
 }
 
-static void reply(void *rep, const zmq_msg_t *reqid, int ok)
+/* Answers a request: 200 when why is NULL, else 400, or 300 for a
+ * replayed proof (the client's monitor sees the status). */
+static void reply(void *rep, const zmq_msg_t *reqid, const char *why)
 {
+	int ok = why == NULL;
+	const char *status = ok		      ? "200"
+			     : why == REPLAYED   ? "300"
+			     : why == NOT_A_PEER ? "500"
+						 : "400";
 	zmq_msg_t id;
 
 	zmq_msg_init(&id);
 	zmq_msg_copy(&id, (zmq_msg_t *)reqid);
 	zmq_send(rep, "1.0", 3, ZMQ_SNDMORE);
 	zmq_msg_send(&id, rep, ZMQ_SNDMORE);
-	zmq_send(rep, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+	zmq_send(rep, status, 3, ZMQ_SNDMORE);
 	zmq_send(rep, ok ? "OK" : "refused", ok ? 2 : 7, ZMQ_SNDMORE);
 	zmq_send(rep, "", 0, ZMQ_SNDMORE);
 	zmq_send(rep, "", 0, 0);
@@ -267,7 +321,7 @@ static void answer(hpucoll_comm *c, void *rep)
 		if (why != NULL)
 			say(c, n > 3 ? &f[3] : NULL, why);
 		if (n >= 2)
-			reply(rep, &f[1], why == NULL);
+			reply(rep, &f[1], why);
 	}
 	for (int i = 0; i < n && i < 8; i++)
 		zmq_msg_close(&f[i]);
@@ -377,29 +431,97 @@ int hpucoll__sec_run(hpucoll_comm *c)
 
 void hpucoll__sec_unwatch(hpucoll_comm *c)
 {
-	if (c->sec.mon != NULL && c->pull != NULL)
+	struct hpucoll__sec *s = &c->sec;
+
+	if (s->mon != NULL && c->pull != NULL)
 		zmq_socket_monitor(c->pull, NULL, 0);
+	if (s->running)
+		return;
+	/* The handler's thread never started (comm_new failed, e.g. its
+	 * bind): close its sockets now, since zmq_ctx_term() would wait for
+	 * them forever. */
+	if (s->zap != NULL)
+		zmq_close(s->zap);
+	if (s->mon != NULL)
+		zmq_close(s->mon);
+	s->zap = s->mon = NULL;
 }
 
 void hpucoll__sec_join(hpucoll_comm *c)
 {
 	struct hpucoll__sec *s = &c->sec;
 
-	if (s->running) {
+	if (s->running)
 		pthread_join(s->thread, NULL);
-	} else {
-		/* Never started (comm_new failed): close what it would. */
-		if (s->zap != NULL)
-			zmq_close(s->zap);
-		if (s->mon != NULL)
-			zmq_close(s->mon);
-	}
 	s->running = 0;
 	s->zap = s->mon = NULL;
 	free(s->nonces);
 	s->nonces = NULL;
+	free(s->hosts);
+	s->hosts = NULL;
 	OPENSSL_cleanse(s->key, sizeof(s->key));
 	OPENSSL_cleanse(s->curve_sk, sizeof(s->curve_sk));
+}
+
+/* The host of a "tcp://HOST:PORT" endpoint ("[...]" removed) into out;
+ * returns 0 when it is a numeric address, else -1. */
+static int tcp_host(const char *ep, char out[64])
+{
+	const char *h = ep + 6, *colon = strrchr(ep, ':');
+	size_t len = colon && colon > h ? (size_t)(colon - h) : 0;
+	unsigned char buf[16];
+
+	if (len > 1 && h[0] == '[' && h[len - 1] == ']') {
+		h++;
+		len -= 2;
+	}
+	if (len == 0 || len >= 64)
+		return -1;
+	memcpy(out, h, len);
+	out[len] = '\0';
+	if (inet_pton(AF_INET, out, buf) == 1)
+		return strcmp(out, "0.0.0.0") == 0 ? -1 : 0;
+	if (inet_pton(AF_INET6, out, buf) == 1)
+		return strcmp(out, "::") == 0 ? -1 : 0;
+	return -1;
+}
+
+int hpucoll__sec_peers(hpucoll_comm *c, const char *const *endpoints)
+{
+	struct hpucoll__sec *s = &c->sec;
+	char(*hosts)[64];
+	int n = 0;
+
+	if (s->mode == HPUCOLL_SECURITY_NONE || s->hosts != NULL)
+		return HPUCOLL_OK;
+	hosts = calloc((size_t)c->size, sizeof(*hosts));
+	if (hosts == NULL)
+		return HPUCOLL_ENOMEM;
+	for (int i = 0; i < c->size; i++) {
+		const char *ep = endpoints[i];
+		int seen = 0;
+
+		if (i == c->rank)
+			continue;
+		if (strncmp(ep, "ipc://", 6) == 0) {
+			s->ipc = 1;
+			continue;
+		}
+		if (strncmp(ep, "tcp://", 6) != 0 || tcp_host(ep, hosts[n]) != 0) {
+			/* A host name, a wildcard, another transport: where
+			 * it connects from is not known; no filter. */
+			free(hosts);
+			s->ipc = 0;
+			return HPUCOLL_OK;
+		}
+		for (int j = 0; j < n && !seen; j++)
+			seen = strcmp(hosts[j], hosts[n]) == 0;
+		n += !seen;
+	}
+	s->hosts = hosts;
+	s->n_hosts = n;
+	atomic_store_explicit(&s->filter, 1, memory_order_release);
+	return HPUCOLL_OK;
 }
 
 static int set_str(void *sock, int opt, const char *v)

@@ -11,6 +11,16 @@
  * ZeroMQ heartbeats found it silent) a wait for that peer ends with an
  * error naming it shortly after, instead of at the timeout.
  *
+ * Under HPUCOLL_SECURITY_AUTH a connection's proof is good once (secure.c),
+ * and ZeroMQ would present the same one again when it reconnects, which
+ * the peer refuses as a replay. So there ZeroMQ does not reconnect
+ * (ZMQ_RECONNECT_IVL -1) and takes no message for a connection before its
+ * handshake (ZMQ_IMMEDIATE): when a connection closes or a connection
+ * attempt fails, the monitor says so and this rank "redials": it replaces
+ * the PUSH socket with a new one with a fresh proof (redial()), at most
+ * every HPUCOLL__REDIAL_MS. What the old socket had not sent yet is lost
+ * with it, as it is with the connection under any mode.
+ *
  * ZeroMQ connects every pair of ranks, also those that shared memory
  * carries the data of: the messages that may arrive unasked (ABORT, PROBE,
  * PROBE_REPLY; see comm_internal.h) always come this way.
@@ -41,16 +51,28 @@ static void zc_free(void *data, void *hint)
 	atomic_fetch_sub_explicit((atomic_int *)hint, 1, memory_order_release);
 }
 
-/* Watches the connection of `push` through a PAIR socket. */
+/* Whether this communicator redials its connections itself (see the top
+ * of this file). */
+static int redials(const hpucoll_comm *c)
+{
+	return c->sec.mode == HPUCOLL_SECURITY_AUTH;
+}
+
+/* Watches the connection of `push` through a PAIR socket (one per socket:
+ * the endpoint names the dial). */
 static int monitor(hpucoll_comm *c, int dst, void *push, void **out)
 {
-	char ep[96];
+	struct hpucoll__peer *p = &c->peers[dst];
+	int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+		     HPUCOLL__HANDSHAKE_FAILED;
+	char ep[112];
 	void *m;
 
-	snprintf(ep, sizeof(ep), "inproc://hpucoll-mon-%p-%d", (void *)c, dst);
-	if (zmq_socket_monitor(push, ep,
-			       ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
-				       HPUCOLL__HANDSHAKE_FAILED) != 0)
+	if (redials(c))
+		events |= ZMQ_EVENT_CLOSED; /* a connection attempt failed */
+	snprintf(ep, sizeof(ep), "inproc://hpucoll-mon-%p-%d-%u", (void *)c,
+		 dst, p->dials);
+	if (zmq_socket_monitor(push, ep, events) != 0)
 		return hpucoll__zmq_error(c, "zmq_socket_monitor");
 	m = zmq_socket(c->ctx, ZMQ_PAIR);
 	if (m == NULL)
@@ -71,14 +93,17 @@ static int open_push(hpucoll_comm *c, int dst)
 {
 	struct hpucoll__peer *p = &c->peers[dst];
 	void *s = zmq_socket(c->ctx, ZMQ_PUSH);
-	int rc;
+	int rc, own = redials(c);
 
 	if (s == NULL)
 		return hpucoll__zmq_error(c, "zmq_socket");
 	p->push = s;
+	p->dials++;
+	p->dial_ms = hpucoll__now_ms();
 	if (set_int(s, ZMQ_SNDHWM, 0) != 0 ||
 	    set_int(s, ZMQ_LINGER, HPUCOLL__LINGER_MS) != 0 ||
-	    set_int(s, ZMQ_IMMEDIATE, 0) != 0 ||
+	    set_int(s, ZMQ_IMMEDIATE, own) != 0 ||
+	    (own && set_int(s, ZMQ_RECONNECT_IVL, -1) != 0) ||
 	    set_int(s, ZMQ_HEARTBEAT_IVL, HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
 	    set_int(s, ZMQ_HEARTBEAT_TIMEOUT,
 		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
@@ -110,6 +135,58 @@ int hpucoll__zmq_open(hpucoll_comm *c)
 	return HPUCOLL_OK;
 }
 
+/* Closes dst's PUSH socket and its monitor at once (linger 0). */
+static void close_push(struct hpucoll__peer *p)
+{
+	if (p->push != NULL && p->mon != NULL)
+		zmq_socket_monitor(p->push, NULL, 0);
+	if (p->mon != NULL)
+		zmq_close(p->mon);
+	if (p->push != NULL) {
+		set_int(p->push, ZMQ_LINGER, 0);
+		zmq_close(p->push);
+	}
+	p->push = p->mon = NULL;
+}
+
+/* Replaces dst's PUSH socket by a new one with a fresh proof, once
+ * HPUCOLL__REDIAL_MS have passed since the last dial (until then
+ * p->redial stays set, and the waits wake up for it). */
+static void redial(hpucoll_comm *c, int dst)
+{
+	struct hpucoll__peer *p = &c->peers[dst];
+	char err[HPUCOLL__ERRMSG_MAX];
+
+	if (hpucoll__now_ms() < p->dial_ms + HPUCOLL__REDIAL_MS)
+		return;
+	close_push(p);
+	/* A failure here (no memory, no sockets) is tried again at the next
+	 * redial; it must not replace the error of the collective. */
+	pthread_mutex_lock(&c->errlock);
+	memcpy(err, c->errmsg, sizeof(err));
+	pthread_mutex_unlock(&c->errlock);
+	if (open_push(c, dst) != HPUCOLL_OK) {
+		close_push(p);
+		p->dial_ms = hpucoll__now_ms();
+		pthread_mutex_lock(&c->errlock);
+		memcpy(c->errmsg, err, sizeof(err));
+		pthread_mutex_unlock(&c->errlock);
+		return;
+	}
+	p->redial = 0;
+}
+
+/* Milliseconds until dst's pending redial may happen, or -1. */
+static long redial_wait(const hpucoll_comm *c, int dst, int64_t now)
+{
+	const struct hpucoll__peer *p = &c->peers[dst];
+	int64_t at = p->dial_ms + HPUCOLL__REDIAL_MS;
+
+	if (!p->redial)
+		return -1;
+	return at > now ? (long)(at - now) : 0;
+}
+
 static void msg_free(struct hpucoll__msg *m)
 {
 	zmq_msg_close(&m->body);
@@ -129,23 +206,26 @@ void hpucoll__zmq_close(hpucoll_comm *c)
 		}
 		if (p->holding)
 			zmq_msg_close(&p->held);
+		if (c->failed) {
+			close_push(p);
+			continue;
+		}
 		if (p->push != NULL && p->mon != NULL)
 			zmq_socket_monitor(p->push, NULL, 0);
 		if (p->mon != NULL)
 			zmq_close(p->mon);
-		if (p->push != NULL) {
-			if (c->failed)
-				set_int(p->push, ZMQ_LINGER, 0);
+		if (p->push != NULL)
 			zmq_close(p->push);
-		}
 	}
 }
 
-int hpucoll__monitor_event(void *mon, uint16_t *ev)
+int hpucoll__monitor_event(void *mon, uint16_t *ev, uint32_t *value)
 {
 	zmq_msg_t f;
 	int more;
 
+	if (mon == NULL)
+		return 0;
 	zmq_msg_init(&f);
 	if (zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
 		zmq_msg_close(&f);
@@ -154,6 +234,12 @@ int hpucoll__monitor_event(void *mon, uint16_t *ev)
 	*ev = 0;
 	if (zmq_msg_size(&f) >= 2)
 		memcpy(ev, zmq_msg_data(&f), sizeof(*ev));
+	if (value != NULL) {
+		*value = 0;
+		if (zmq_msg_size(&f) >= 6)
+			memcpy(value, (char *)zmq_msg_data(&f) + 2,
+			       sizeof(*value));
+	}
 	more = zmq_msg_more(&f);
 	zmq_msg_close(&f);
 	while (more) { /* the endpoint frame */
@@ -164,33 +250,76 @@ int hpucoll__monitor_event(void *mon, uint16_t *ev)
 	return 1;
 }
 
+/* Takes in what src's monitor says; redials when this communicator does
+ * and the connection closed, a connection attempt failed, or a handshake
+ * broke off without a verdict. */
 static void read_monitor(hpucoll_comm *c, int src)
 {
 	struct hpucoll__peer *p = &c->peers[src];
+	int own = redials(c);
+	uint32_t value;
 	uint16_t ev;
 
-	while (hpucoll__monitor_event(p->mon, &ev)) {
+	while (hpucoll__monitor_event(p->mon, &ev, &value)) {
 		if (ev == ZMQ_EVENT_CONNECTED) {
 			p->lost = 0;
-		} else if (ev == ZMQ_EVENT_DISCONNECTED && !p->lost) {
-			p->lost = 1;
-			p->lost_ms = hpucoll__now_ms();
+		} else if (ev == ZMQ_EVENT_DISCONNECTED) {
+			if (!p->lost) {
+				p->lost = 1;
+				p->lost_ms = hpucoll__now_ms();
+			}
+			p->redial |= own;
+		} else if (ev == ZMQ_EVENT_CLOSED ||
+			   (own && ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
+			p->redial |= own;
 		} else if (ev & HPUCOLL__HANDSHAKE_FAILED) {
 			p->refused = 1;
+			p->refused_status = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+						    ? value
+						    : 0;
 		}
 	}
+	if (p->redial && !p->refused)
+		redial(c, src);
 }
 
 /* Our connection to src failed its handshake: src refused our proof, or
  * the two use different security modes. ZeroMQ would retry forever. */
 static int refused_by(hpucoll_comm *c, int src)
 {
+	if (c->peers[src].refused_status == HPUCOLL__ZAP_REPLAY) {
+		hpucoll__set_error(c, "%s: rank %d refused this rank's "
+				      "data-plane connection as a replay: it "
+				      "had accepted the same one-time proof "
+				      "before (this rank sends a fresh one on "
+				      "every connection, so another process "
+				      "presented it first).",
+				   c->what, src);
+		return HPUCOLL_ETRANSPORT;
+	}
+	if (c->peers[src].refused_status == HPUCOLL__ZAP_NOT_A_PEER) {
+		hpucoll__set_error(c, "%s: rank %d refused this rank's "
+				      "data-plane connection: it comes from an "
+				      "address that is not in rank %d's rank "
+				      "table (does this node connect from "
+				      "another address than the one it bound?).",
+				   c->what, src, src);
+		return HPUCOLL_ETRANSPORT;
+	}
 	hpucoll__set_error(c, "%s: rank %d refused this rank's data-plane "
 			      "connection (its security handshake failed): do "
 			      "all ranks have the same job token and the same "
 			      "--data-plane mode?",
 			   c->what, src);
 	return HPUCOLL_ETRANSPORT;
+}
+
+/* The sooner of two waits in ms (-1: none). */
+static long soonest(long a, long b)
+{
+	if (a < 0)
+		return b < 0 ? -1 : b;
+	return b >= 0 && b < a ? b : a;
 }
 
 static int lost_peer(hpucoll_comm *c, int src)
@@ -218,10 +347,7 @@ static int send_failed(hpucoll_comm *c, int dst)
 static int wait_writable(hpucoll_comm *c, int dst, struct hpucoll__wait *w)
 {
 	struct hpucoll__peer *p = &c->peers[dst];
-	zmq_pollitem_t items[2] = {
-		{.socket = p->push, .events = ZMQ_POLLOUT},
-		{.socket = p->mon, .events = ZMQ_POLLIN},
-	};
+	zmq_pollitem_t items[2];
 	int64_t now;
 	long ms;
 	int n;
@@ -240,11 +366,26 @@ static int wait_writable(hpucoll_comm *c, int dst, struct hpucoll__wait *w)
 					   c->what, dst, w->timeout_ms);
 			return HPUCOLL_ETIMEDOUT;
 		}
+		if (p->lost && now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
+			return lost_peer(c, dst);
 		ms = w->deadline < 0 ? -1 : (long)(w->deadline - now);
-		n = zmq_poll(items, 2, ms);
+		ms = soonest(ms, redial_wait(c, dst, now));
+		if (p->lost)
+			ms = soonest(ms, (long)(p->lost_ms +
+						HPUCOLL__LOST_GRACE_MS - now));
+		/* A redial replaces the sockets: take them afresh. */
+		n = 0;
+		if (p->push != NULL)
+			items[n++] = (zmq_pollitem_t){.socket = p->push,
+						      .events = ZMQ_POLLOUT};
+		if (p->mon != NULL)
+			items[n++] = (zmq_pollitem_t){.socket = p->mon,
+						      .events = ZMQ_POLLIN};
+		n = zmq_poll(items, n, ms);
 		if (n < 0 && zmq_errno() != EINTR)
 			return hpucoll__zmq_error(c, "zmq_poll");
-		if (n > 0 && (items[0].revents & ZMQ_POLLOUT))
+		if (n > 0 && items[0].socket == p->push &&
+		    (items[0].revents & ZMQ_POLLOUT))
 			return HPUCOLL_OK;
 	}
 }
@@ -286,6 +427,10 @@ static int send_hdr(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr)
 {
 	unsigned char buf[HPUCOLL__HDR_SIZE];
 
+	/* A connection known to have closed is redialed first, rather than
+	 * given a message it would drop. */
+	if (redials(c))
+		read_monitor(c, dst);
 	hpucoll__hdr_encode(buf, hdr);
 	return send_copy(c, dst, buf, sizeof(buf),
 			 hdr->len > 0 ? ZMQ_SNDMORE : 0);
@@ -596,13 +741,18 @@ static int wait_readable(hpucoll_comm *c, int src,
 	struct hpucoll__peer *p = &c->peers[src];
 	zmq_pollitem_t items[2] = {
 		{.socket = c->pull, .events = ZMQ_POLLIN},
-		{.socket = p->mon, .events = ZMQ_POLLIN},
+		{.events = ZMQ_POLLIN},
 	};
 	int64_t now;
 	long ms;
 	int n;
 
 	for (;;) {
+		if (p->redial)
+			read_monitor(c, src); /* redials when it is time */
+		/* A redial replaces the monitor: take it afresh. */
+		items[1].socket = p->mon;
+		items[1].revents = 0;
 		now = hpucoll__now_ms();
 		if (w->deadline >= 0 && now >= w->deadline)
 			return hpucoll__timed_out(c, w, src);
@@ -612,11 +762,12 @@ static int wait_readable(hpucoll_comm *c, int src,
 			return refused_by(c, src);
 		hpucoll__stall_check(c, w, src, now);
 		ms = hpucoll__wait_ms(c, w, now,
-				      p->lost ? (long)(p->lost_ms +
-						       HPUCOLL__LOST_GRACE_MS -
-						       now)
-					      : -1);
-		n = zmq_poll(items, 2, ms);
+				      soonest(p->lost ? (long)(p->lost_ms +
+							       HPUCOLL__LOST_GRACE_MS -
+							       now)
+						      : -1,
+					      redial_wait(c, src, now)));
+		n = zmq_poll(items, p->mon != NULL ? 2 : 1, ms);
 		if (n < 0 && zmq_errno() != EINTR)
 			return hpucoll__zmq_error(c, "zmq_poll");
 		if (n > 0 && (items[1].revents & ZMQ_POLLIN))
@@ -809,7 +960,7 @@ void hpucoll__zmq_fail(hpucoll_comm *c, int rc)
 		while (i != c->rank && zc_held(p) &&
 		       hpucoll__now_ms() - t0 < HPUCOLL__LOST_GRACE_MS)
 			backoff(&round);
-		if (i != c->rank && zc_held(p)) {
+		if (i != c->rank && zc_held(p) && p->push != NULL) {
 			zmq_socket_monitor(p->push, NULL, 0);
 			set_int(p->push, ZMQ_LINGER, 0);
 			zmq_close(p->push);

@@ -106,7 +106,10 @@ HPU_API size_t hpucoll_dtype_size(hpucoll_dtype dtype);
 
 /* Creates the communicator of `rank` in a job of `size` ranks and binds its
  * receive socket to `bind_endpoint` (a ZeroMQ endpoint; "tcp://ADDR:*" picks
- * a free port). On success *out belongs to the caller. */
+ * a free port). On success *out belongs to the caller. It raises the
+ * process's soft limit on open files to the hard one (every connection to
+ * a rank holds a descriptor), and never binds over an ipc path of another
+ * user. */
 HPU_API int hpucoll_comm_new(hpucoll_comm **out, int rank, int size,
 		     const char *bind_endpoint);
 

@@ -1091,6 +1091,24 @@ static int is_node_seg(const char *name, const char *job, int node)
 	return hpu_shm_seg_node(name, job, &session) == node && session;
 }
 
+/* The uid the workers run as: only their files are ever removed. */
+static uid_t workers_uid(const hpu_agent *a)
+{
+	return a->cfg.set_user ? (uid_t)a->cfg.uid : geteuid();
+}
+
+/* Removes path when it is (itself, links not followed) the workers' user's;
+ * a file another user made at that name stays. Returns 1 when removed. */
+static int unlink_if_workers(const hpu_agent *a, int dirfd, const char *path)
+{
+	struct stat st;
+
+	if (fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    st.st_uid != workers_uid(a) || S_ISDIR(st.st_mode))
+		return 0;
+	return unlinkat(dirfd, path, 0) == 0;
+}
+
 int hpu_agent_cleanup(const hpu_agent *a)
 {
 	char path[512];
@@ -1098,21 +1116,17 @@ int hpu_agent_cleanup(const hpu_agent *a)
 	DIR *dir = opendir("/dev/shm");
 	struct dirent *e;
 	while (dir && (e = readdir(dir)) != NULL) {
-		struct stat st;
 		/* only the workers' user's: never another user's file at our
 		 * name */
-		if (!is_node_seg(e->d_name, a->cfg.job_id, a->cfg.node_rank) ||
-		    fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    st.st_uid != (a->cfg.set_user ? (uid_t)a->cfg.uid : geteuid()))
-			continue;
-		n += unlinkat(dirfd(dir), e->d_name, 0) == 0;
+		if (is_node_seg(e->d_name, a->cfg.job_id, a->cfg.node_rank))
+			n += unlink_if_workers(a, dirfd(dir), e->d_name);
 	}
 	if (dir)
 		closedir(dir);
 	for (int i = 0; i < a->cfg.devices; i++) {
 		snprintf(path, sizeof path, "/tmp/hpucoll-%s-r%d", a->cfg.job_id,
 			 hpu_agent_rank(a, i));
-		n += unlink(path) == 0;
+		n += unlink_if_workers(a, AT_FDCWD, path);
 	}
 	return n;
 }

@@ -149,8 +149,9 @@ long hpu_agent_status_bad(const hpu_agent *a);
 
 /* Removes what this node's workers may have left behind when they died:
  * the job's shared-memory segment /dev/shm/hpucoll-<job>-<session>-n<node>
- * (this user's only) and the
- * ZeroMQ ipc files /tmp/hpucoll-<job>-r<rank>. Returns how many. */
+ * and the ZeroMQ ipc files /tmp/hpucoll-<job>-r<rank>, each only when it
+ * is the workers' user's (lstat: a link is judged by its own owner and
+ * never followed). Returns how many. */
 int hpu_agent_cleanup(const hpu_agent *a);
 
 /* Kills what is left (SIGKILL), workers and what they left behind, reaps

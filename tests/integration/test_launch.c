@@ -602,6 +602,42 @@ static void test_shm_squatted_name(void **state)
 	unlink(path);
 }
 
+/* Another user's file at a worker's ipc path (/tmp/hpucoll-<job>-r0): the
+ * worker fails at once naming the path and its owner (under the default
+ * --data-plane auth it used to hang until the join timeout), and the
+ * cleanup after the job leaves the file alone (it used to remove it, as
+ * root). */
+static void test_ipc_squatted_path(void **state)
+{
+	(void)state;
+	if (geteuid() != 0) {
+		printf("skipped: needs root to make a file as nobody\n");
+		return;
+	}
+	const char *path = "/tmp/hpucoll-hpu-test-ipcsquat-r0";
+	unlink(path);
+	int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(fchown(fd, 65534, 65534), 0);
+	close(fd);
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--job-id", "hpu-test-ipcsquat",
+			"--transport", "ipc", "--exec", (char *)h_build("bin/coll_env_check"),
+			NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("job with another user's file at its ipc path: exit %d\n", code);
+	if (code <= 0)
+		fprintf(stderr, "%s", p.out);
+	assert_true(code > 0);
+	assert_non_null(strstr(p.out, "cannot bind ipc:///tmp/hpucoll-hpu-test-ipcsquat-r0: "
+				      "the path exists and is owned by uid 65534"));
+	h_free(&p);
+	struct stat st;
+	assert_int_equal(lstat(path, &st), 0);
+	assert_int_equal(st.st_uid, 65534);
+	unlink(path);
+}
+
 /* A model that calls exit(0) in the middle of training: the job fails,
  * naming the rank that left, with one rank and with two (where the
  * survivor must not be blamed), and without --max-restarts hiding it. */
@@ -1707,6 +1743,7 @@ int main(void)
 		cmocka_unit_test(test_exec_collectives),
 		cmocka_unit_test(test_exec_transports),
 		cmocka_unit_test(test_shm_squatted_name),
+		cmocka_unit_test(test_ipc_squatted_path),
 		cmocka_unit_test(test_worker_leaves_early),
 		cmocka_unit_test(test_model_relative_path),
 		cmocka_unit_test(test_hostfile_unresolvable_host),

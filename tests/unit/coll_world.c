@@ -63,6 +63,7 @@ static int child(int rank, void *arg)
 
 	if (w->algo != NULL)
 		setenv("HPUCOLL_ALGO", w->algo, 1);
+	atomic_store(&a->sh->pid[rank], (int)getpid());
 	ct_bind_ep(ep, sizeof(ep), w->tcp, a->prefix, rank);
 	const char *secret = rank == 1 && w->secret1 ? w->secret1 : w->secret;
 	rc = hpucoll_comm_new_secure(&c, rank, w->ws, ep, w->sec, secret,

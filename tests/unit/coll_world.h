@@ -20,6 +20,7 @@ struct shared {
 	struct ct_eps eps;  /* the ranks' resolved endpoints */
 	atomic_int counter; /* barrier test: arrivals so far */
 	hpucoll_stats stats[MAX_WS]; /* traffic test: each rank's totals */
+	atomic_int pid[MAX_WS];      /* each rank's process id */
 };
 
 /* How a world of forked ranks is set up. */
