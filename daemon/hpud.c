@@ -35,6 +35,8 @@
 #include "codec.h"
 #include "conf.h"
 #include "env.h"
+#include "job.h"
+#include "joboutput.h"
 #include "nodejob.h"
 #include "opt.h"
 #include "optdoc.h"
@@ -45,7 +47,7 @@
 #include "zwatch.h"
 
 #define MAX_JOBS 64
-#define MAX_DEVICES 1024
+#define MAX_DEVICES HPUD_MAX_DEVICES
 #define MAX_ARGS 256
 #define MAX_ARG_BYTES 4096
 #define MAX_STATUS_RANKS 64      /* per job in a status reply (as device ids) */
@@ -53,47 +55,13 @@
 #define PROGRESS_EVERY_S 0.2     /* rank 0's records to the submitter: 5/s */
 #define PEER_QUEUE_MSGS 64       /* ZeroMQ's queue to one peer (SNDHWM); the
 				  * rest of a job's messages wait in its outq */
-#define DRAIN_MIN_S 0.001        /* a full queue to a peer is tried again after
-				  * this, twice as long after each try that
-				  * sent nothing ... */
-#define DRAIN_MAX_S 0.05         /* ... up to this (a stalled submitter) */
 #define MAX_QUARANTINE 64        /* job_uids kept out of the pool at once */
 #define OUTPUT_STALL_S 5.0       /* a job's output waits past output_buffer
 				  * (its workers' output held) and the
 				  * submitter takes none of it for this long:
 				  * stalled, its output is dropped and counted */
-#define LINE_PIECE (32 * 1024)   /* of a line's text per LogLine: a frame
-				  * stays under HPU_AUTH_MAX_FRAME */
 
-typedef struct job {
-	int used, ended;
-	char id[64];
-	char token[129];
-	char master_addr[256];
-	char transport[8];
-	int node_rank, nodes, devices;
-	int *node_devices;         /* every node's workers, or NULL: devices */
-	int rank_base;             /* the rank of its first worker here */
-	int restart_count, max_restarts; /* hpulaunch --max-restarts */
-	int dev[MAX_DEVICES];
-	char **argv;               /* worker program + the request's argv */
-	char **env;                /* the request's env (NULL-terminated) */
-	hpu_codec_peer peer;       /* the submitter's routing id ... */
-	char session[64];          /* ... and session (its frames name it) */
-	char peer_addr[64];
-	ev_tstamp started, last_ping;
-	ev_tstamp progress_at;     /* rank 0's last record sent then ... */
-	int progress_phase;        /* ... in this phase */
-	int progress_pending;      /* a newer record waits for its turn ... */
-	ev_timer progress_timer;   /* ... which comes then */
-	hpu_nodejob *nj;
-	hpud_outq out;             /* messages the submitter has yet to take */
-	int held;                  /* out is full: the workers' output is not read */
-	ev_tstamp out_moved;       /* a message left out, or it filled, then */
-	double stalled_s;          /* the submitter took nothing for this long */
-	uid_t uid;                 /* its workers' uid (job_uids, else D.uid) */
-	int peer_gone;             /* its submitter went away (no pings) */
-} job;
+typedef hpud_job job; /* job.h */
 
 static struct {
 	struct ev_loop *loop;
@@ -105,9 +73,7 @@ static struct {
 	ev_timer tick;
 	ev_signal sigterm, sigint, sighup;
 	ev_prepare reap;
-	ev_timer drain;            /* while a job's messages wait for room ... */
-	double drain_after;        /* ... tried again after this */
-	long drained;              /* messages that left the jobs' queues */
+	hpud_jobout out;           /* the jobs' messages to their submitters */
 	job jobs[MAX_JOBS];
 	char busy[MAX_DEVICES];    /* device -> in use */
 	char worker[PATH_MAX];
@@ -410,213 +376,14 @@ static void reply_launch(const hpu_codec_peer *peer, const char *session, const 
 	send_env(peer, session, &env);
 }
 
-/* ---- a job's messages to its submitter ---- */
-
-#define JOB_CONTROL (-2)  /* queue_env: a message never dropped */
-#define JOB_PROGRESS (-1) /* queue_env: dropped past the bound, uncounted */
-
-/* n bytes for a person: "812 bytes", "7.9 KiB", "58.1 MiB". */
-static const char *human_size(char *buf, size_t len, double n)
-{
-	if (n < 1024)
-		snprintf(buf, len, "%.0f bytes", n);
-	else if (n < 1024.0 * 1024)
-		snprintf(buf, len, "%.1f KiB", n / 1024);
-	else if (n < 1024.0 * 1024 * 1024)
-		snprintf(buf, len, "%.1f MiB", n / (1024.0 * 1024));
-	else
-		snprintf(buf, len, "%.1f GiB", n / (1024.0 * 1024 * 1024));
-	return buf;
-}
-
-/* Stops (hold 1) or resumes reading j's workers' output: back-pressure
- * while its queue to the submitter is past output_buffer. */
-static void hold_output(job *j, int hold)
-{
-	if (j->held == hold)
-		return;
-	j->held = hold;
-	if (hold)
-		j->out_moved = ev_now(D.loop); /* the wait for the submitter starts */
-	if (j->nj)
-		hpu_nodejob_hold_output(j->nj, hold);
-}
-
-/* Packs env into j's queue (daemon/outq.h): an output line of `rank`
- * (>= 0, text_len bytes of text) unless the queue is stalled, a progress
- * record (JOB_PROGRESS) while the queue keeps within output_buffer,
- * anything else (JOB_CONTROL) always. A queue past output_buffer holds
- * the workers' output until it has drained to half. Returns 1 if
- * queued. */
-static int queue_env(job *j, Hpu__Envelope *env, int rank, size_t text_len)
-{
-	if (rank >= 0 && hpud_outq_dropping(&j->out)) {
-		hpud_outq_count_drop(&j->out, rank, text_len); /* not even packed */
-		return 0;
-	}
-	uint8_t *body = NULL;
-	size_t blen = pack_env(j->session, env, &body);
-	if (!body) {
-		logmsg(HPUD_LOG_ERROR, "job %s: a message to the submitter was lost: out of memory",
-		       j->id);
-		return 0;
-	}
-	int queued = rank == JOB_CONTROL ? hpud_outq_push(&j->out, body, blen) == 0
-		     : rank == JOB_PROGRESS
-			 ? hpud_outq_push_record(&j->out, D.conf.output_buffer, body, blen)
-			 : hpud_outq_push_line(&j->out, rank, text_len, body, blen);
-	if (queued && rank >= 0 && hpud_outq_full(&j->out, D.conf.output_buffer))
-		hold_output(j, 1);
-	return queued;
-}
-
-/* Queues rank's line, in pieces of LINE_PIECE bytes when it is longer
- * (LogLine.more: the submitter joins them), as queue_env's `how`: rank
- * (an output line) or JOB_CONTROL (never dropped). A NUL byte, which
- * would end the text (a protobuf string), goes as "^@" (cat -v). */
-static void queue_line(job *j, int rank, const char *line, size_t len, int how)
-{
-	static char text[2 * LINE_PIECE + 1];
-	size_t off = 0;
-	do {
-		size_t n = len - off < LINE_PIECE ? len - off : LINE_PIECE, t = 0;
-		for (size_t i = 0; i < n; i++) {
-			char c = line[off + i];
-			text[t++] = c ? c : '^';
-			if (!c)
-				text[t++] = '@';
-		}
-		text[t] = 0;
-		off += n;
-		Hpu__LogLine l = HPU__LOG_LINE__INIT;
-		l.job_id = j->id;
-		l.rank = (uint32_t)rank;
-		l.text = text;
-		l.more = off < len;
-		Hpu__Envelope env = HPU__ENVELOPE__INIT;
-		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
-		env.log_line = &l;
-		queue_env(j, &env, how, t);
-	} while (off < len);
-}
-
-/* One notice per rank whose output lines were dropped since its last,
- * queued where the lines would have been, followed by the rank's last
- * line (kept: the end of a training is not lost with the rest). */
-static void queue_drop_notices(job *j)
-{
-	int rank;
-	hpud_outq_drops d;
-	char text[300], sz[32];
-	while (hpud_outq_take_drops(&j->out, &rank, &d)) {
-		if (d.lines) {
-			snprintf(text, sizeof text,
-				 "[hpud: %lld lines (%s) of this rank's output dropped: the submitter took none of it for %.0f s]",
-				 d.lines, human_size(sz, sizeof sz, (double)d.bytes), j->stalled_s);
-			Hpu__LogLine l = HPU__LOG_LINE__INIT;
-			l.job_id = j->id;
-			l.rank = (uint32_t)rank;
-			l.text = text;
-			Hpu__Envelope env = HPU__ENVELOPE__INIT;
-			env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
-			env.log_line = &l;
-			queue_env(j, &env, JOB_CONTROL, 0);
-		}
-		if (d.last)
-			queue_line(j, rank, d.last, d.last_len, JOB_CONTROL);
-		free(d.last);
-	}
-}
-
-/* The submitter has taken none of j's output for OUTPUT_STALL_S while
- * its workers' output was held (or it is gone): the output is read again
- * and dropped, counted, until the submitter has taken half the queue. */
-static void stall_output(job *j, double silent)
-{
-	char sz[32];
-	j->stalled_s = silent;
-	hpud_outq_stall(&j->out);
-	hold_output(j, 0);
-	logmsg(HPUD_LOG_WARN, "job %s: the submitter (%s) took none of its output for %.0f s with output_buffer (%s) full: its output is dropped and counted until it reads again",
-	       j->id, j->peer_addr, silent,
-	       human_size(sz, sizeof sz, (double)D.conf.output_buffer));
-}
-
-/* Hands j's queued messages to ZeroMQ, oldest first, while its queue to
- * the submitter has room. After drops, once the queue has drained to half
- * of output_buffer, the notices take the lines' place. An ended job whose
- * last message has left is released (on_reap). Returns 1 when messages
- * are left for lack of room (the drain timer is for them), else 0. */
-static int flush_job(job *j)
-{
-	const hpud_outq_msg *m;
-	while ((m = hpud_outq_peek(&j->out))) {
-		if (send_body(&j->peer, m->body, m->len) == 1)
-			return 1;
-		hpud_outq_pop(&j->out);
-		D.drained++;
-		j->out_moved = ev_now(D.loop);
-		if (hpud_outq_caught_up(&j->out, D.conf.output_buffer))
-			queue_drop_notices(j);
-		if (j->held && hpud_outq_room(&j->out, D.conf.output_buffer))
-			hold_output(j, 0);
-	}
-	if (j->ended)
-		ev_prepare_start(D.loop, &D.reap);
-	return 0;
-}
-
-/* ZeroMQ tells no one when a peer's queue has room again: the jobs whose
- * messages wait are tried again DRAIN_MIN_S later, and less often while
- * nothing leaves (up to DRAIN_MAX_S apart). */
-static void drain_later(double after)
-{
-	D.drain_after = after;
-	ev_timer_stop(D.loop, &D.drain);
-	ev_timer_set(&D.drain, after, 0);
-	ev_timer_start(D.loop, &D.drain);
-}
-
-static void on_drain(struct ev_loop *loop, ev_timer *t, int revents)
-{
-	(void)loop;
-	(void)t;
-	(void)revents;
-	long before = D.drained;
-	int waiting = 0;
-	for (int i = 0; i < MAX_JOBS; i++)
-		if (D.jobs[i].used && hpud_outq_peek(&D.jobs[i].out))
-			waiting |= flush_job(&D.jobs[i]);
-	if (waiting)
-		drain_later(D.drained > before ? DRAIN_MIN_S
-					       : D.drain_after * 2 < DRAIN_MAX_S ? D.drain_after * 2
-										 : DRAIN_MAX_S);
-}
-
-/* A message for j's submitter: queued (queue_env), then sent if it can. */
-static void job_send(job *j, Hpu__Envelope *env, int rank, size_t text_len)
-{
-	if (queue_env(j, env, rank, text_len) && flush_job(j) && !ev_is_active(&D.drain))
-		drain_later(DRAIN_MIN_S);
-}
-
 /* ---- a job's life ---- */
 
-/* A worker's line to the submitter: all of it queued, unless the queue
- * is stalled (then kept as the rank's last, outq.h); flushed. */
 static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 		    size_t len, void *arg)
 {
 	(void)nj;
 	(void)is_err;
-	job *j = arg;
-	if (hpud_outq_dropping(&j->out)) {
-		hpud_outq_keep_line(&j->out, rank, line, len);
-		return;
-	}
-	queue_line(j, rank, line, len, rank);
-	if (flush_job(j) && !ev_is_active(&D.drain))
-		drain_later(DRAIN_MIN_S);
+	hpud_jobout_line(&D.out, arg, rank, line, len);
 }
 
 /* Sends rank 0's latest record to the submitter. */
@@ -636,7 +403,7 @@ static void send_progress(job *j)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_PROGRESS;
 	env.progress = &p;
-	job_send(j, &env, JOB_PROGRESS, 0);
+	hpud_jobout_send(&D.out, j, &env, HPUD_JOB_PROGRESS, 0);
 	j->progress_at = ev_now(D.loop);
 	j->progress_phase = st.phase;
 }
@@ -686,7 +453,7 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;
-	job_send(j, &env, JOB_CONTROL, 0);
+	hpud_jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
 }
 
 static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
@@ -708,16 +475,8 @@ static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
 	env.job_end = &e;
-	if (hpud_outq_has_drops(&j->out))
-		queue_drop_notices(j); /* before the end */
-	if (j->out.total.lines) {
-		char sz[32];
-		logmsg(HPUD_LOG_WARN, "job %s: %lld lines (%s) of its output were dropped in all: the submitter (%s) took none of it for %.0f s",
-		       j->id, j->out.total.lines,
-		       human_size(sz, sizeof sz, (double)j->out.total.bytes), j->peer_addr,
-		       j->stalled_s);
-	}
-	job_send(j, &env, JOB_CONTROL, 0);
+	hpud_jobout_ending(&D.out, j); /* its drop notices, before the end */
+	hpud_jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
 	j->ended = 1; /* freed by on_reap, outside the job's own callbacks */
 	ev_prepare_start(D.loop, &D.reap);
 	if (!D.stopping)
@@ -1242,7 +1001,7 @@ static int open_socket(char *err, size_t errlen)
 	int64_t maxmsg = HPU_AUTH_MAX_FRAME;
 	/* A peer's queue holds a few messages, and says when it is full
 	 * (mandatory: EAGAIN rather than a silent drop): a job's output waits
-	 * in its own queue, counted in bytes (flush_job). */
+	 * in its own queue, counted in bytes (joboutput.h). */
 	int linger = 1000, hwm = PEER_QUEUE_MSGS, mandatory = 1;
 	D.ctx = zmq_ctx_new();
 	D.sock = D.ctx ? zmq_socket(D.ctx, ZMQ_ROUTER) : NULL;
@@ -1278,7 +1037,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 		if (!j->used || !j->nj || j->ended)
 			continue;
 		if (j->held && (j->peer_gone || ev_now(loop) - j->out_moved >= OUTPUT_STALL_S))
-			stall_output(j, ev_now(loop) - j->out_moved);
+			hpud_jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
 		if (silent > D.conf.submitter_timeout_s) {
 			char reason[200];
 			snprintf(reason, sizeof reason,
@@ -1289,7 +1048,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 			j->last_ping = ev_now(loop) + 3600; /* say it once */
 			j->peer_gone = 1;
 			if (j->held)
-				stall_output(j, ev_now(loop) - j->out_moved);
+				hpud_jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
 		}
 	}
 }
@@ -1577,7 +1336,9 @@ int main(int argc, char **argv)
 	ev_timer_init(&D.tick, on_tick, 1.0, 1.0);
 	ev_timer_start(D.loop, &D.tick);
 	ev_prepare_init(&D.reap, on_reap);
-	ev_timer_init(&D.drain, on_drain, DRAIN_MIN_S, 0);
+	D.out = (hpud_jobout){.loop = D.loop, .conf = &D.conf, .jobs = D.jobs, .njobs = MAX_JOBS,
+			      .reap = &D.reap, .pack = pack_env, .send = send_body, .log = logmsg};
+	hpud_jobout_init(&D.out);
 	ev_signal_init(&D.sigterm, on_term, SIGTERM);
 	ev_signal_init(&D.sigint, on_term, SIGINT);
 	ev_signal_init(&D.sighup, on_hup, SIGHUP);
