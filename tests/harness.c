@@ -267,6 +267,51 @@ int h_rmtree(const char *dir)
 	return stat(dir, &st) == 0 ? -1 : 0;
 }
 
+void h_scratch_dir(char *dir, size_t len)
+{
+	snprintf(dir, len, "/tmp/hpu-test-restart-XXXXXX");
+	assert_non_null(mkdtemp(dir));
+}
+
+int h_file_has(const char *dir, const char *name, const char *text)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	char *s = h_slurp(path);
+	int ok = s && strstr(s, text) != NULL;
+	free(s);
+	return ok;
+}
+
+int h_file_exists(const char *dir, const char *name)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return access(path, F_OK) == 0;
+}
+
+void h_kill_groups(const pid_t *pids, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (h_alive(pids[i]))
+			kill(-pids[i], SIGKILL);
+}
+
+void h_two_nodes(proc *n0, char **a0, char **env0, int ms0, proc *n1, char **a1,
+		 char **env1, int ms1)
+{
+	assert_int_equal(h_start(n0, a0, env0), 0);
+	assert_int_equal(h_start(n1, a1, env1), 0);
+	int e0 = h_wait(n0, ms0), e1 = h_wait(n1, ms1);
+	if (e0)
+		h_kill(n0);
+	if (e1)
+		h_kill(n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0->out, n1->out);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+}
+
 int h_free_port(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -50,6 +50,23 @@ int h_alive(pid_t pid);
 /* Removes a directory tree (best effort); returns 0 if it is gone. */
 int h_rmtree(const char *dir);
 
+/* A new scratch directory /tmp/hpu-test-restart-XXXXXX, its name in dir
+ * (len >= 29); fails the test if it cannot be made. */
+void h_scratch_dir(char *dir, size_t len);
+
+/* Whether DIR/NAME exists; whether it exists and holds `text`. */
+int h_file_exists(const char *dir, const char *name);
+int h_file_has(const char *dir, const char *name, const char *text);
+
+/* SIGKILL to the process group of each of pids[0 .. n-1] still alive. */
+void h_kill_groups(const pid_t *pids, int n);
+
+/* Runs two hpulaunch (node 0 and node 1 of a torchrun-style job) to
+ * their end, node 0 for at most ms0 and node 1 for ms1 after that, prints
+ * their output and fails the test unless both ended in time. */
+void h_two_nodes(proc *n0, char **a0, char **env0, int ms0, proc *n1, char **a1,
+		 char **env1, int ms1);
+
 /* Writes text to path (created or truncated) with the given mode;
  * returns 0, or -1 if it could not. */
 int h_write_file(const char *path, const char *text, mode_t mode);

@@ -1,0 +1,153 @@
+/* Integration tests of hpulaunch's output that cannot be written (a full
+ * stdout, a closed pipe, a full log disk) and of over-long lines: the
+ * real hpulaunch with shell workers (--exec). Every wait is bounded. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define LAUNCH h_build("bin/hpulaunch")
+
+/* ---- output that cannot be written ---- */
+
+/* How many times `text` occurs in out. */
+static int occurrences(const char *out, const char *text)
+{
+	int n = 0;
+	for (const char *s = out; (s = strstr(s, text)); s++)
+		n++;
+	return n;
+}
+
+/* hpulaunch > /dev/full: the workers' lines cannot be written. hpulaunch
+ * says so once on stderr, naming stdout and the error, lets the job run
+ * to its end and exits 3 (it said nothing and exited 0). */
+static void test_stdout_full(void **state)
+{
+	(void)state;
+	char done[64], script[256];
+	snprintf(done, sizeof done, "/tmp/hpu-test-full-%d", (int)getpid());
+	unlink(done);
+	snprintf(script, sizeof script,
+		 "for i in 1 2 3 4 5; do echo line $i; done; echo to stderr >&2; touch %s", done);
+	char *argv[] = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >/dev/full", (char *)LAUNCH,
+			"--devices", "2", "--exec", "/bin/sh", "-c", script, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 3);
+	assert_int_equal(occurrences(p.out, "hpulaunch: error: cannot write to stdout: No space "
+					    "left on device; the rest of it is not written (exit "
+					    "status 3 at the end)\n"),
+			 1);
+	assert_int_equal(occurrences(p.out, "cannot write"), 1);
+	assert_non_null(strstr(p.out, "] to stderr")); /* stderr still works */
+	assert_int_equal(access(done, F_OK), 0);      /* the job ran to its end */
+	unlink(done);
+	h_free(&p);
+}
+
+/* hpulaunch | head -n 1: the reader goes away; hpulaunch's later writes
+ * get EPIPE. As with SIGPIPE nothing is said about it, the job runs to its
+ * end, and the exit status is 3: output was lost. */
+static void test_stdout_closed_pipe(void **state)
+{
+	(void)state;
+	char *argv[] = {"/bin/bash", "-c",
+			"\"$0\" \"$@\" | head -n 1 >/dev/null; echo \"status ${PIPESTATUS[0]}\"",
+			(char *)LAUNCH, "-q", "--devices", "1", "--exec", "/bin/sh", "-c",
+			"echo first; sleep 0.5; for i in 1 2 3; do echo line $i; done; echo done >&2",
+			NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "[rank 0] done\n")); /* the job ran on */
+	assert_non_null(strstr(p.out, "status 3\n"));
+	assert_null(strstr(p.out, "cannot write"));
+	h_free(&p);
+}
+
+/* --log-dir on a full disk (a tmpfs of 8 KiB, filled, in a mount
+ * namespace): each rank's log file is said once to be unwritable, with
+ * the error; the job runs to its end, its lines still on stdout, and
+ * hpulaunch exits 3 (it said nothing and exited 0). Needs root for the
+ * namespace; skipped without. */
+static void test_log_dir_full_disk(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/hpu-test-logfull-XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char *argv[] = {"/usr/bin/unshare", "-m", "/bin/sh", "-c",
+			"mount -t tmpfs -o size=8k tmpfs \"$0\" || exit 77; "
+			"cat /dev/zero >\"$0/fill\" 2>/dev/null; exec \"$@\"",
+			dir, (char *)LAUNCH, "--devices", "2", "--log-dir", dir, "--exec",
+			"/bin/sh", "-c", "for i in 1 2 3; do echo line $i; done", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	if (code == 77 || code == 127 || (code == 1 && strstr(p.out, "unshare"))) {
+		printf("skipping: no mount namespace with a tmpfs here (not root?)\n");
+		h_free(&p);
+		rmdir(dir);
+		return;
+	}
+	assert_int_equal(code, 3);
+	for (int r = 0; r < 2; r++) {
+		char want[160];
+		snprintf(want, sizeof want,
+			 "hpulaunch: error: cannot write the log file %s/rank_%d.log: No space left "
+			 "on device; the rest of it is not written",
+			 dir, r);
+		assert_int_equal(occurrences(p.out, want), 1);
+		snprintf(want, sizeof want, "[rank %d] line 3\n", r);
+		assert_non_null(strstr(p.out, want));
+	}
+	assert_int_equal(occurrences(p.out, "cannot write"), 2);
+	h_free(&p);
+	assert_int_equal(rmdir(dir), 0); /* the tmpfs went with the namespace */
+}
+
+/* A line longer than the agent's 64 KiB buffer goes out in pieces, each
+ * but the last marked " [hpu: line continues]"; no byte is lost. */
+static void test_over_long_line_marked(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--devices", "1", "--exec", "/bin/sh", "-c",
+			"head -c 70000 /dev/zero | tr '\\0' x; echo; echo after", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	assert_int_equal(code, 0);
+	const char *a = strstr(p.out, "[rank 0] x");
+	assert_non_null(a);
+	a += strlen("[rank 0] ");
+	size_t first = strspn(a, "x");
+	assert_int_equal(first, 65536);
+	assert_int_equal(strncmp(a + first, " [hpu: line continues]\n[rank 0] ", 32), 0);
+	const char *b = a + first + 32;
+	assert_int_equal(strspn(b, "x"), 70000 - 65536);
+	assert_int_equal(strncmp(b + 70000 - 65536, "\n[rank 0] after\n", 16), 0);
+	h_free(&p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_stdout_full),
+		cmocka_unit_test(test_stdout_closed_pipe),
+		cmocka_unit_test(test_log_dir_full_disk),
+		cmocka_unit_test(test_over_long_line_marked),
+	};
+	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
+	if (getenv("HPU_TEST") != NULL)
+		cmocka_set_test_filter(getenv("HPU_TEST"));
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
