@@ -41,6 +41,7 @@
 #include "opt.h"
 #include "optdoc.h"
 #include "outq.h"
+#include "quarantine.h"
 #include "restart.h"
 #include "trust.h"
 #include "uidproc.h"
@@ -55,7 +56,6 @@
 #define PROGRESS_EVERY_S 0.2     /* rank 0's records to the submitter: 5/s */
 #define PEER_QUEUE_MSGS 64       /* ZeroMQ's queue to one peer (SNDHWM); the
 				  * rest of a job's messages wait in its outq */
-#define MAX_QUARANTINE 64        /* job_uids kept out of the pool at once */
 #define OUTPUT_STALL_S 5.0       /* a job's output waits past output_buffer
 				  * (its workers' output held) and the
 				  * submitter takes none of it for this long:
@@ -89,9 +89,8 @@ static struct {
 	uint64_t seq;              /* of the last frame signed */
 	int journal;               /* stderr is journald's: prefix priorities */
 	/* job_uids that no job holds but processes still run under: given to
-	 * no job until none is left (check_quarantine) */
-	unsigned quarantine[MAX_QUARANTINE];
-	int nquarantine;
+	 * no job until none is left */
+	hpud_quarantine quarantine;
 } D;
 
 /* ---- logging (stderr: journald takes it from there) ---- */
@@ -200,61 +199,15 @@ static int own_uids(void)
 	return D.set_user && D.conf.job_uid_first;
 }
 
-static int quarantined(unsigned uid)
-{
-	for (int i = 0; i < D.nquarantine; i++)
-		if (D.quarantine[i] == uid)
-			return 1;
-	return 0;
-}
-
-/* Keeps uid out of the pool, under which n processes still run (the
- * first of them in pids, at most 8), says so and why (`whose`), and
- * ends them (SIGKILL); check_quarantine takes it back once none is
- * left. */
-static void quarantine(unsigned uid, int n, const pid_t *pids, const char *whose)
-{
-	char list[100] = "";
-	size_t len = 0;
-	for (int i = 0; i < n && i < 8 && len < sizeof list; i++)
-		len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", i ? " " : "",
-					(int)pids[i]);
-	if (!quarantined(uid) && D.nquarantine < MAX_QUARANTINE)
-		D.quarantine[D.nquarantine++] = uid;
-	logmsg(HPUD_LOG_WARN, "uid %u of job_uids is kept out of the pool: %d process%s still run%s under it (pid%s %s%s), %s; ending them",
-	       uid, n, n == 1 ? "" : "es", n == 1 ? "s" : "", n == 1 ? "" : "s", list,
-	       n > 8 ? " ..." : "", whose);
-	hpu_uid_kill(uid);
-}
-
-/* Every second: a quarantined uid under which nothing runs any more
- * goes back to the pool; the others' processes get SIGKILL again. */
-static void check_quarantine(void)
-{
-	for (int i = 0; i < D.nquarantine;) {
-		unsigned uid = D.quarantine[i];
-		if (hpu_uid_procs(uid, NULL, 0) == 0) {
-			logmsg(HPUD_LOG_INFO, "uid %u of job_uids is back in the pool: no process runs under it any more",
-			       uid);
-			D.quarantine[i] = D.quarantine[--D.nquarantine];
-			continue;
-		}
-		hpu_uid_kill(uid);
-		i++;
-	}
-}
-
 /* After j's workers and what they left were ended (hpu_nodejob_destroy):
  * a process that still runs under its uid keeps the uid out of the
  * pool. */
 static void check_job_uid(const job *j)
 {
-	pid_t pids[8];
-	int n = own_uids() ? hpu_uid_procs(j->uid, pids, 8) : 0;
-	if (n > 0) {
+	if (own_uids()) {
 		char whose[128];
 		snprintf(whose, sizeof whose, "left by job %s, which has ended", j->id);
-		quarantine(j->uid, n, pids, whose);
+		hpud_quarantine_if_used(&D.quarantine, j->uid, whose);
 	}
 }
 
@@ -634,13 +587,12 @@ static int pick_uid(job *j)
 		return 0;
 	}
 	for (unsigned u = D.conf.job_uid_first; u <= D.conf.job_uid_last; u++) {
-		int taken = quarantined(u);
+		int taken = hpud_quarantine_has(&D.quarantine, u);
 		for (int i = 0; i < MAX_JOBS && !taken; i++)
 			taken = D.jobs + i != j && D.jobs[i].used && D.jobs[i].uid == u;
-		pid_t pids[8];
-		int n = taken || !own_uids() ? 0 : hpu_uid_procs(u, pids, 8);
-		if (n > 0)
-			quarantine(u, n, pids, "which no running job holds");
+		int n = taken || !own_uids()
+				? 0
+				: hpud_quarantine_if_used(&D.quarantine, u, "which no running job holds");
 		if (!taken && !n) {
 			j->uid = u;
 			return 0;
@@ -690,7 +642,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	j->progress_timer.data = j;
 	if (pick_uid(j) < 0) {
 		snprintf(why, sizeof why, "all %u uids of job_uids are taken by running jobs or kept out of the pool (%d: processes still run under them)",
-			 D.conf.job_uid_last - D.conf.job_uid_first + 1, D.nquarantine);
+			 D.conf.job_uid_last - D.conf.job_uid_first + 1, D.quarantine.n);
 		j->devices = 0;
 		release_job(j);
 		logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, why);
@@ -1023,7 +975,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	(void)t;
 	(void)revents;
-	check_quarantine();
+	hpud_quarantine_check(&D.quarantine);
 	for (int i = 0; i < MAX_JOBS; i++) {
 		job *j = &D.jobs[i];
 		double silent = ev_now(loop) - j->last_ping;
@@ -1309,6 +1261,7 @@ int main(int argc, char **argv)
 		}
 	}
 	hpud_conf_defaults(&D.conf);
+	D.quarantine.log = logmsg;
 	/* Nothing that someone else could have written is read or run
 	 * (daemon/trust.h): the configuration, the key, the worker program. */
 	if (hpud_trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
