@@ -560,6 +560,23 @@ static void test_exec_transports(void **state)
 	}
 }
 
+/* An empty file at path owned by nobody (another local user), with mode;
+ * 0 (and a line saying the test is skipped) when not root. */
+static int nobodys_file(const char *path, mode_t mode)
+{
+	if (geteuid() != 0) {
+		printf("skipped: needs root to make a file as nobody\n");
+		return 0;
+	}
+	unlink(path);
+	int fd = open(path, O_RDWR | O_CREAT | O_EXCL, mode);
+	assert_true(fd >= 0);
+	assert_int_equal(fchown(fd, 65534, 65534), 0);
+	assert_int_equal(fchmod(fd, mode), 0);
+	close(fd);
+	return 1;
+}
+
 /* Another local user creates the shared-memory segment a job with a known
  * job id would have used, first (an empty file, mode 0666): the job's
  * segment name carries a random part from the coordinator, so the job
@@ -567,17 +584,9 @@ static void test_exec_transports(void **state)
 static void test_shm_squatted_name(void **state)
 {
 	(void)state;
-	if (geteuid() != 0) {
-		printf("skipped: needs root to make a file as nobody\n");
-		return;
-	}
 	const char *path = "/dev/shm/hpucoll-hpu-test-squat-n0";
-	unlink(path);
-	int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0666);
-	assert_true(fd >= 0);
-	assert_int_equal(fchown(fd, 65534, 65534), 0);
-	assert_int_equal(fchmod(fd, 0666), 0);
-	close(fd);
+	if (!nobodys_file(path, 0666))
+		return;
 	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--job-id", "hpu-test-squat",
 			"--transport", "shm", "--exec", (char *)h_build("bin/coll_env_check"),
 			NULL};
@@ -604,16 +613,9 @@ static void test_shm_squatted_name(void **state)
 static void test_ipc_squatted_path(void **state)
 {
 	(void)state;
-	if (geteuid() != 0) {
-		printf("skipped: needs root to make a file as nobody\n");
-		return;
-	}
 	const char *path = "/tmp/hpucoll-hpu-test-ipcsquat-r0";
-	unlink(path);
-	int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
-	assert_true(fd >= 0);
-	assert_int_equal(fchown(fd, 65534, 65534), 0);
-	close(fd);
+	if (!nobodys_file(path, 0644))
+		return;
 	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--job-id", "hpu-test-ipcsquat",
 			"--transport", "ipc", "--exec", (char *)h_build("bin/coll_env_check"),
 			NULL};
