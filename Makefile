@@ -38,7 +38,7 @@ test-asan: deps
 
 # The peers' packages go in before the build, so that mpi-allreduce is built.
 bench:
-	@bash deploy/install-deps.sh python3-torch openmpi-bin libopenmpi-dev
+	@bash deploy/install-deps.sh --bench
 	$(MAKE) build
 	bash bench/demo_throughput.sh $(BUILD)
 	bash bench/strategies.sh $(BUILD)

@@ -10,9 +10,13 @@
 #                                  the build packages alone, as
 #                                  deploy/Dockerfile's build stage wants them
 #                                  (configure with -DHPU_TESTS=OFF)
+#   install-deps.sh --bench [PACKAGE...]
+#                                  also the peers make bench compares with
+#                                  (PyTorch, Open MPI), checked as required
 #   install-deps.sh --check GROUP...
 #                                  install nothing; print what GROUP lacks
-#                                  (build, test, slurm, containers or all);
+#                                  (build, test, slurm, containers, bench
+#                                  or all);
 #                                  exit 1 if anything is missing. The tests
 #                                  that need an optional group ask this and
 #                                  skip with its answer.
@@ -20,7 +24,8 @@
 # A package installed is not enough: podman only recommends catatonit,
 # which its --init runs, so a machine with podman and no catatonit fails
 # every container test. Each group therefore lists what it needs, as
-# programs (found on PATH, /usr/sbin and /sbin) and files, and after the
+# programs (found on PATH, /usr/sbin and /sbin), files and Python modules
+# (of Debian's /usr/bin/python3), and after the
 # install every required group must have them all (else exit 1, naming
 # each one), every optional one is reported with the test that will skip.
 # HPU_DEPS_ROOT, for the self-test only, is prepended to every file checked
@@ -69,8 +74,12 @@ slurm_needs=(prog:slurmctld prog:slurmd prog:srun prog:sinfo prog:scontrol prog:
 containers=(podman runc catatonit debootstrap)
 containers_needs=(prog:podman prog:runc prog:debootstrap podman-init)
 optional_groups=(slurm containers)
+# The peers make bench compares with (--bench): PyTorch (gloo, the CPU
+# models) and Open MPI (mpirun, and mpicc for bench/mpi-allreduce).
+bench=(python3-torch openmpi-bin libopenmpi-dev)
+bench_needs=(prog:mpirun prog:mpicc py:torch)
 declare -A used_by=([build]="the build" [test]="make test"
-  [slurm]="test_slurm_real" [containers]="test_containers")
+  [slurm]="test_slurm_real" [containers]="test_containers" [bench]="make bench")
 
 # podman's --init runs containers.conf's init_path (the last file that
 # sets it wins), /usr/libexec/podman/catatonit by default.
@@ -98,6 +107,11 @@ group_missing() {
     file:*)
       p=${HPU_DEPS_ROOT:-}${n#file:}
       [ -e "$p" ] || echo "file $p"
+      ;;
+    py:*)
+      p=${n#py:}
+      /usr/bin/python3 -c "import $p" >/dev/null 2>&1 ||
+        echo "Python module $p for /usr/bin/python3"
       ;;
     podman-init)
       p=${HPU_DEPS_ROOT:-}$(podman_init_path)
@@ -127,9 +141,9 @@ if [ "${1:-}" = --check ]; then
   for g in "$@"; do
     case $g in
     all) groups+=(build test "${optional_groups[@]}") ;;
-    build | test | slurm | containers) groups+=("$g") ;;
+    build | test | slurm | containers | bench) groups+=("$g") ;;
     *)
-      echo "install-deps: --check: unknown group '$g' (build, test, slurm, containers, all)" >&2
+      echo "install-deps: --check: unknown group '$g' (build, test, slurm, containers, bench, all)" >&2
       exit 2
       ;;
     esac
@@ -146,6 +160,11 @@ if [ "${1:-}" = --build-only ]; then
   optional_groups=()
 else
   packages=("${build[@]}" "${testing[@]}")
+  if [ "${1:-}" = --bench ]; then
+    shift
+    packages+=("${bench[@]}")
+    required_groups+=(bench)
+  fi
 fi
 # Extra packages for a caller that wants them (e.g. bench: python3-torch).
 packages+=("$@")
