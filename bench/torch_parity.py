@@ -31,7 +31,7 @@ as fmnist.c does (px * (1/(255 std)) + (-mean/std), each product and sum
 rounded to fp32, no FMA: the project compiles with -ffp-contract=off).
 
 Optimizer: AdamW with hputrain's defaults (lr 1e-3, betas 0.9/0.999, eps
-1e-8, weight decay 0.01, worker/options/config.c), which are torch.optim.
+1e-8, weight decay 0.01, options/config.c), which are torch.optim.
 AdamW's except weight decay (torch: 0.01 as well); --optimizer sgd is
 torch.optim.SGD with --momentum (0.9) and no weight decay. Both sides
 apply it to every parameter, biases and norms included.

@@ -12,7 +12,7 @@
 
 /* VAR(NAME, default, who, what): the entry of HPU_ENV_NAME, whose name is
  * NAME (so an id and its name cannot disagree). In "who", the agent is
- * hpulaunch's or hpud's (launcher/agent), libhpucoll any program that joins
+ * hpulaunch's or hpud's (agent), libhpucoll any program that joins
  * a job through hpucoll_comm_init_env (hpu-worker, an --exec program). */
 #define VAR(name, dflt, who, what) [HPU_ENV_##name] = {#name, dflt, who, what}
 

@@ -1,6 +1,6 @@
 /* hpud: the node daemon. It takes signed requests on a ZeroMQ ROUTER
  * socket (proto/auth.h) and runs each job's part on this node with the
- * same node-job code as hpulaunch (launcher/agent/nodejob.h), streaming the
+ * same node-job code as hpulaunch (agent/nodejob.h), streaming the
  * workers' output back to the submitter and telling it when the part
  * ends. See --help and deploy/README.md.
  *

@@ -50,7 +50,7 @@ check() (
 
 	# (a) the sources.
 	local dirs="" d hit file line call arg
-	for d in collectives worker launcher daemon proto tools common examples bench include; do
+	for d in collectives options ckpt agent worker launcher daemon proto tools common examples bench include; do
 		[ -d "$d" ] && dirs="$dirs $d"
 	done
 	while IFS= read -r hit; do

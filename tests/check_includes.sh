@@ -1,8 +1,9 @@
 #!/bin/bash
 # The include rules of ARCHITECTURE.md, checked on the headers the compiler
-# really reads. Every product source (common proto collectives worker tools
-# launcher daemon examples; not tests/ or bench/) is run through its own
-# compile command from BUILD/compile_commands.json with -MM, which lists
+# really reads. Every product source (common proto collectives options ckpt
+# agent worker tools launcher daemon examples; not tests/ or bench/) is run
+# through its own compile command from BUILD/compile_commands.json with
+# -MM, which lists
 # every header it reads, the headers' own includes too, found the way the
 # build finds them; each header's folder must be one the source's folder
 # may use.
@@ -21,10 +22,10 @@
 set -u -f -o pipefail
 
 SRC=$(cd "$(dirname "$0")/.." && pwd -P)
-PRODUCT="common proto collectives worker tools launcher daemon examples"
+PRODUCT="common proto collectives options ckpt agent worker tools launcher daemon examples"
 
 # What each folder may include, its own folder aside: one line per folder
-# (a folder of worker/ and launcher/agent/ count on their own), the
+# (a folder of worker/ counts on its own), the
 # arrows of ARCHITECTURE.md. include/ is the public API (<hpu/...>).
 declare -A ALLOW=(
 	[common]=""
@@ -33,13 +34,13 @@ declare -A ALLOW=(
 	[worker/ops]="common include"
 	[worker/layers]="include"
 	[worker/hpu]="worker/ops common include"
-	[worker/options]="common include"
-	[worker/ckpt]="worker/options common include"
-	[worker/runtime]="worker/hpu worker/ops worker/options worker/ckpt proto common include"
-	[tools]="worker/ckpt worker/options common include"
-	[launcher/agent]="proto common include"
-	[launcher]="launcher/agent worker/options proto common include"
-	[daemon]="launcher/agent proto common include"
+	[options]="common include"
+	[ckpt]="options common include"
+	[agent]="proto common include"
+	[worker/runtime]="worker/hpu worker/ops options ckpt proto common include"
+	[tools]="ckpt options common include"
+	[launcher]="agent options proto common include"
+	[daemon]="agent proto common include"
 	[examples]="include"
 	[include]=""
 )
@@ -50,12 +51,12 @@ die() {
 }
 
 # The folder a path inside the tree belongs to, for the table above:
-# worker/ops/fp8.h -> worker/ops, launcher/agent/coord.h -> launcher/agent,
+# worker/ops/fp8.h -> worker/ops, agent/coord.h -> agent,
 # examples/common/idx.h -> examples, proto/hpu.pb-c.h (generated) -> proto.
 folder_of() {
 	local rel=$1
 	case $rel in
-	worker/*/* | launcher/agent/*) echo "${rel%%/*}/$(echo "$rel" | cut -d/ -f2)" ;;
+	worker/*/*) echo "${rel%%/*}/$(echo "$rel" | cut -d/ -f2)" ;;
 	*/*) echo "${rel%%/*}" ;;
 	*) echo . ;;
 	esac
@@ -70,6 +71,11 @@ rule_for() {
 		echo "collectives/ includes nothing of worker/, launcher/, daemon/" ;;
 	worker/*:launcher* | worker/*:daemon*)
 		echo "worker/ includes nothing of launcher/ or daemon/" ;;
+	common:* | proto:* | collectives:* | options:* | ckpt:* | agent:*)
+		case $to in worker* | launcher | tools)
+			echo "a library ($from/) includes no program's folder ($to/)"; return ;;
+		esac
+		echo "$from/ may include only $from/${ALLOW[$from]:+ }$(echo "${ALLOW[$from]}" | sed 's#\([^ ]*\)#\1/#g')" ;;
 	examples:*)
 		echo "examples include only include/ (and examples/common/)" ;;
 	*)
@@ -191,9 +197,12 @@ self_test() {
 	mkdir "$tmp/ex"
 	echo "#include \"$SRC/worker/hpu/model.h\"" >"$tmp/ex/sneaky.h"
 	{ echo "#include \"$tmp/ex/sneaky.h\""; cat "$SRC/examples/fmnist_mlp/fmnist_mlp.c"; } >"$tmp/ex/mlp.c"
+	# ckpt/ (a library) -> launcher/ (a program's folder)
+	{ echo "#include \"$SRC/launcher/hostfile.h\""; cat "$SRC/ckpt/format.c"; } >"$tmp/format.c"
 	local -a cases=(
 		"$SRC/collectives/reduce.c|$tmp/reduce.c|collectives/reduce.c reads worker/ops/fp8.h: forbidden (collectives/ includes nothing of worker/"
 		"$SRC/examples/fmnist_mlp/fmnist_mlp.c|$tmp/ex/mlp.c|examples/fmnist_mlp/fmnist_mlp.c reads worker/hpu/model.h: forbidden (examples include only include/"
+		"$SRC/ckpt/format.c|$tmp/format.c|ckpt/format.c reads launcher/hostfile.h: forbidden (a library (ckpt/) includes no program's folder (launcher/)"
 	)
 	local c as file want
 	for c in "${cases[@]}"; do

@@ -7,7 +7,8 @@
 # message, as a pattern (the fixed parts in order, anything but a quote or
 # a line break for each <NAME>), must match
 #   (a) a string literal of the product's sources (launcher/ daemon/
-#       worker/ collectives/ tools/ bench/ common/ proto/ examples/;
+#       worker/ options/ ckpt/ agent/ collectives/ tools/ bench/ common/
+#       proto/ examples/;
 #       adjacent C literals joined, as the compiler joins them), so the
 #       guide names real messages; and
 #   (b) a string literal of a test under tests/ (a C test's expected text,
@@ -80,7 +81,7 @@ check() (
 	local prod tests
 	prod=$(mktemp) && tests=$(mktemp) || exit 2
 	trap 'rm -f "$prod" "$tests"' EXIT
-	literals $(find launcher daemon worker collectives tools bench common proto examples \
+	literals $(find launcher daemon worker options ckpt agent collectives tools bench common proto examples \
 		-name '*.[ch]' 2>/dev/null | sort) >"$prod"
 	literals $(find tests \( -path tests/fixtures -o -path tests/fuzz \) -prune -o \
 		-type f \( -name '*.c' -o -name '*.sh' -o -name '*.py' \) -print |

@@ -1,5 +1,5 @@
 /* hpu-ckpt: looks at, checks, exports and reshards the checkpoints that
- * hpu-worker writes (the format is worker/ckpt/ckpt.h).
+ * hpu-worker writes (the format is ckpt/ckpt.h).
  *
  *   hpu-ckpt info DIR                      what a checkpoint (or a root) holds
  *   hpu-ckpt verify DIR [--all]            sizes and SHA-256 of every file

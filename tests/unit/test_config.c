@@ -1,4 +1,4 @@
-/* Unit tests for the training options (worker/options/config.c): defaults, parsing
+/* Unit tests for the training options (options/config.c): defaults, parsing
  * of "--name value" / "--name=value" / flags up to the model path, the
  * error texts (each must name the offending option, so a user can find it
  * on a long command line), and resolving the batch sizes against the world

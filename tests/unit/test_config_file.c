@@ -1,5 +1,5 @@
 /* Unit tests for the DeepSpeed-style JSON config file of the training
- * options (worker/options/config_file.c): its sections and keys, "auto",
+ * options (options/config_file.c): its sections and keys, "auto",
  * keys with no effect here, every error of a file at once (each one line
  * naming the key path), Lightning's precision names, and flags beating
  * the file.

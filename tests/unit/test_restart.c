@@ -1,5 +1,5 @@
 /* Unit tests for `hpulaunch --max-restarts` (launcher/args.c) and the
- * restart bookkeeping (launcher/agent/restart.c): the flag's range and errors,
+ * restart bookkeeping (agent/restart.c): the flag's range and errors,
  * the per-attempt job token, and the attempts counted against K. */
 #include <setjmp.h>
 #include <stdarg.h>
