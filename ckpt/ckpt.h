@@ -276,10 +276,6 @@ cJSON *hpu_ckpt_buffers_json(const hpu_ckpt_file *f, const hpu_ckpt_buffer *v, i
 /* A number of a JSON object (a manifest's), or dflt when it is not one. */
 double hpu_ckpt_num(const cJSON *o, const char *key, double dflt);
 
-/* A sentence into err[errlen]; returns -1. */
-int hpu_ckpt_say(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
 /* SHA-256 of a regular file (a FIFO or a device: -1, EINVAL), as hex
  * (65 bytes); -1 with errno set. */
 int hpu_ckpt_sha256_file(const char *path, char *hex, uint64_t *bytes);

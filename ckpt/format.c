@@ -24,16 +24,7 @@ struct hpu_ckpt_index {
 	int file;
 };
 
-#define say hpu_ckpt_say
-
-int hpu_ckpt_say(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
+#define say hpu_say
 
 /* ---- reading the manifest ---- */
 

@@ -221,10 +221,7 @@ void hpu_outfile_abort(hpu_outfile *o)
 	errno = e;
 }
 
-static int say(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int say(char *err, size_t errlen, const char *fmt, ...)
+int hpu_say(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -237,14 +234,14 @@ int hpu_outfile_error(const hpu_outfile *o, const char *step, char *err, size_t 
 {
 	const char *e = strerror(errno);
 	if (!strcmp(step, "open") && o->direct)
-		return say(err, errlen, "cannot open %s: %s", o->path, e);
+		return hpu_say(err, errlen, "cannot open %s: %s", o->path, e);
 	if (!strcmp(step, "open"))
-		return say(err, errlen, "cannot create %s: %s", o->tmp, e);
+		return hpu_say(err, errlen, "cannot create %s: %s", o->tmp, e);
 	if (!strcmp(step, "write"))
-		return say(err, errlen, "writing %s: %s", o->path, e);
+		return hpu_say(err, errlen, "writing %s: %s", o->path, e);
 	if (!strcmp(step, "rename"))
-		return say(err, errlen, "cannot rename %s to %s: %s", o->tmp, o->path, e);
-	return say(err, errlen, "writing %s: %s: %s", o->path, step, e);
+		return hpu_say(err, errlen, "cannot rename %s to %s: %s", o->tmp, o->path, e);
+	return hpu_say(err, errlen, "writing %s: %s: %s", o->path, step, e);
 }
 
 int hpu_write_atomic(const char *path, const void *data, size_t n, char *err,
@@ -265,12 +262,12 @@ int hpu_fsync_dir(const char *dir, char *err, size_t errlen)
 {
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
-		return say(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+		return hpu_say(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
 	int rc = fsync(fd);
 	int e = errno;
 	close(fd);
 	if (rc < 0 && e != EINVAL) /* some filesystems cannot fsync a directory */
-		return say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
+		return hpu_say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
 	return 0;
 }
 

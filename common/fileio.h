@@ -10,6 +10,12 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
+/* ---- errors ---- */
+
+/* A sentence into err[errlen]; returns -1: the failure of every function
+ * of the system that takes an err buffer. */
+int hpu_say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* ---- reading ---- */
 
 /* Opens path read-only (open(2) flags O_RDONLY | O_CLOEXEC | extra, e.g.

@@ -24,6 +24,7 @@
 
 #include "ckpt.h"
 #include "config.h"
+#include "fileio.h"
 #include "num.h"
 #include "opt.h"
 #include "optdoc.h"
@@ -859,7 +860,7 @@ static int copy_buffers_file(hpu_ckpt *c, const char *dir, float *buf, char *err
 		return -1;
 	}
 	if (strcmp(sha, c->buffer_file.sha256) != 0)
-		return hpu_ckpt_say(err, errlen,
+		return hpu_say(err, errlen,
 				    "%s/%s changed while it was copied (SHA-256 %s, the manifest "
 				    "says %s)",
 				    c->dir, c->buffer_file.name, sha, c->buffer_file.sha256);

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fileio.h"
+
 enum {
 	TEXT_MAX = 4096, /* the shared text (about 2 KB) fits with room */
 	DIGEST = 32,     /* SHA-256 */
@@ -14,21 +16,10 @@ enum {
 	RANKS_SHOWN = 8, /* ranks named per group */
 };
 
-static int say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int say(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
 static int coll_error(hpucoll_comm *comm, int rc, char *err, size_t errlen)
 {
 	const char *msg = hpucoll_comm_errmsg(comm);
-	return say(err, errlen, "comparing the ranks' training options failed: %s",
+	return hpu_say(err, errlen, "comparing the ranks' training options failed: %s",
 		   msg && *msg ? msg : hpucoll_strerror(rc));
 }
 
@@ -104,13 +95,13 @@ int hpu_same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 	unsigned char md[EVP_MAX_MD_SIZE], *dig = malloc((size_t)world * DIGEST);
 	unsigned int mdlen = 0;
 	if (!mine || !dig) {
-		say(err, errlen, "out of memory");
+		hpu_say(err, errlen, "out of memory");
 		goto out;
 	}
 	int len = hpu_opts_shared_text(o, mine, TEXT_MAX);
 	if (len < 0 || EVP_Digest(mine, (size_t)len, md, &mdlen, EVP_sha256(), NULL) != 1 ||
 	    mdlen != DIGEST) {
-		say(err, errlen, "cannot make the digest of the training options");
+		hpu_say(err, errlen, "cannot make the digest of the training options");
 		goto out;
 	}
 	if ((c = hpucoll_all_gather(comm, md, dig, DIGEST, HPUCOLL_U8))) {
@@ -126,7 +117,7 @@ int hpu_same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 	}
 	/* every rank saw the same digests: every rank comes here */
 	if (!(texts = malloc((size_t)world * TEXT_MAX))) {
-		say(err, errlen, "the ranks' training options differ (out of memory naming them)");
+		hpu_say(err, errlen, "the ranks' training options differ (out of memory naming them)");
 		goto out;
 	}
 	if ((c = hpucoll_all_gather(comm, mine, texts, TEXT_MAX, HPUCOLL_U8))) {
