@@ -1,6 +1,9 @@
-/* The communicator: its lifetime, its receive socket, the rank table, the
- * topology and error reporting. The transports are in transport.c and
- * shm.c, the progress engine in progress.c, the algorithms in algo.c. */
+/* The communicator's lifecycle: hpucoll_comm_new, connect and destroy,
+ * its receive socket, the rank table and the topology. It calls down into
+ * the algorithms (algo.c), the progress engine (progress.c), who may
+ * connect (secure.c) and the transports (transport.c); the helpers every
+ * file shares (errors, counters, scratch, names) are in comm_core.c, so
+ * that no other file calls back into this one. */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -13,119 +16,6 @@
 
 #include "comm_internal.h"
 #include "env.h"
-
-static const char *const errstr[] = {
-	[HPUCOLL_OK] = "Success.",
-	[HPUCOLL_EINVAL] = "Invalid argument.",
-	[HPUCOLL_ENOMEM] = "Out of memory.",
-	[HPUCOLL_ETIMEDOUT] = "A peer did not send in time.",
-	[HPUCOLL_EPROTO] = "A peer sent a malformed or unexpected message.",
-	[HPUCOLL_ETRANSPORT] = "The ZeroMQ transport failed.",
-	[HPUCOLL_EREFUSED] = "The coordinator refused this rank.",
-	[HPUCOLL_EABORTED] = "The job was aborted.",
-	[HPUCOLL_EENV] = "The launch environment is missing or invalid.",
-	[HPUCOLL_EPEER] = "A peer process died.",
-};
-
-const char *hpucoll_strerror(int err)
-{
-	if (err < 0 || (size_t)err >= sizeof(errstr) / sizeof(errstr[0]) ||
-	    errstr[err] == NULL)
-		return "Unknown error code.";
-	return errstr[err];
-}
-
-static const char *const transport_names[] = {
-	[HPUCOLL_TRANSPORT_AUTO] = "auto",
-	[HPUCOLL_TRANSPORT_TCP] = "tcp",
-	[HPUCOLL_TRANSPORT_IPC] = "ipc",
-	[HPUCOLL_TRANSPORT_SHM] = "shm",
-};
-
-int hpucoll_transport_parse(const char *s, hpucoll_transport *out)
-{
-	for (int t = 0; s != NULL && t <= HPUCOLL_TRANSPORT_SHM; t++) {
-		if (strcmp(s, transport_names[t]) == 0) {
-			*out = (hpucoll_transport)t;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-const char *hpucoll_transport_name(hpucoll_transport t)
-{
-	if ((unsigned)t > HPUCOLL_TRANSPORT_SHM)
-		return "unknown";
-	return transport_names[t];
-}
-
-size_t hpucoll_dtype_size(hpucoll_dtype dtype)
-{
-	static const size_t sizes[HPUCOLL_NUM_DTYPES] = {
-		[HPUCOLL_F32] = 4, [HPUCOLL_F64] = 8, [HPUCOLL_F16] = 2,
-		[HPUCOLL_BF16] = 2, [HPUCOLL_I32] = 4, [HPUCOLL_I64] = 8,
-		[HPUCOLL_U8] = 1,
-	};
-
-	if ((unsigned)dtype >= HPUCOLL_NUM_DTYPES)
-		return 0;
-	return sizes[dtype];
-}
-
-const char *hpucoll__kind_name(unsigned kind)
-{
-	static const char *const names[] = {
-		[HPUCOLL__ALL_REDUCE] = "all_reduce",
-		[HPUCOLL__BROADCAST] = "broadcast",
-		[HPUCOLL__BARRIER] = "barrier",
-		[HPUCOLL__REDUCE_SCATTER] = "reduce_scatter",
-		[HPUCOLL__ALL_GATHER] = "all_gather",
-		[HPUCOLL__REDUCE] = "reduce",
-		[HPUCOLL__ABORT] = "abort",
-		[HPUCOLL__PROBE] = "probe",
-		[HPUCOLL__PROBE_REPLY] = "probe_reply",
-	};
-
-	kind &= 15;
-	if (kind >= sizeof(names) / sizeof(names[0]) || names[kind] == NULL)
-		return "unknown";
-	return names[kind];
-}
-
-void hpucoll__set_error(hpucoll_comm *c, const char *fmt, ...)
-{
-	va_list ap;
-
-	pthread_mutex_lock(&c->errlock);
-	va_start(ap, fmt);
-	vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
-	va_end(ap);
-	pthread_mutex_unlock(&c->errlock);
-}
-
-int hpucoll__zmq_error(hpucoll_comm *c, const char *call)
-{
-	int err = zmq_errno();
-
-	hpucoll__set_error(c, "%s: %s failed: %s.", c->what, call,
-			   zmq_strerror(err));
-	return err == ENOMEM ? HPUCOLL_ENOMEM : HPUCOLL_ETRANSPORT;
-}
-
-void *hpucoll__scratch(hpucoll_comm *c, size_t len)
-{
-	void *p;
-
-	if (len <= c->tmp_len)
-		return c->tmp;
-	p = realloc(c->tmp, len);
-	if (p == NULL)
-		return NULL;
-	c->tmp = p;
-	c->tmp_len = len;
-	return p;
-}
 
 /* Reads the integer environment variable id into *v when it is set;
  * a value that is not a whole number is an error. */
@@ -514,44 +404,4 @@ void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms)
 {
 	if (comm)
 		comm->stall_ms = stall_ms > 0 ? stall_ms : 0;
-}
-
-int hpucoll_comm_rank(const hpucoll_comm *comm)
-{
-	return comm->rank;
-}
-
-int hpucoll_comm_size(const hpucoll_comm *comm)
-{
-	return comm->size;
-}
-
-void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out)
-{
-	if (out == NULL)
-		return;
-	memset(out, 0, sizeof(*out));
-	if (comm == NULL)
-		return;
-	out->bytes_sent = atomic_load_explicit(&comm->stats.sent,
-					       memory_order_relaxed);
-	out->bytes_received = atomic_load_explicit(&comm->stats.received,
-						   memory_order_relaxed);
-	out->shm_bytes_sent = atomic_load_explicit(&comm->stats.shm_sent,
-						   memory_order_relaxed);
-	out->collectives = atomic_load_explicit(&comm->stats.collectives,
-						memory_order_relaxed);
-	out->refused_connections = atomic_load(&comm->sec.refused);
-}
-
-const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)
-{
-	return comm->errmsg;
-}
-
-int hpucoll_comm_culprit(const hpucoll_comm *comm, int *code)
-{
-	if (code)
-		*code = comm->culprit >= 0 ? comm->culprit_code : HPUCOLL_OK;
-	return comm->culprit;
 }

@@ -1,4 +1,5 @@
-/* Internals of libhpucoll shared by the communicator (comm.c), the
+/* Internals of libhpucoll shared by the communicator (comm.c, its
+ * lifecycle; comm_core.c, the helpers every file calls), the
  * transports (transport.c dispatching to transport_zmq.c and
  * transport_shm.c over shm.c; waits and stall warnings in wait.c), the
  * progress engine (progress.c), the reduction kernels (reduce.c) and the
@@ -314,15 +315,7 @@ struct hpucoll_comm {
 			     * HPUCOLL_EABORTED: its own collective failed */
 };
 
-/* ---- comm.c ---- */
-
-/* hpucoll_comm_new_secure() that also writes, when it fails, the sentence
- * saying why into err (errlen bytes; NULL for none): the communicator,
- * and with it hpucoll_comm_errmsg(), is gone by then. */
-int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
-		      const char *bind_endpoint, hpucoll_security security,
-		      const void *secret, size_t secret_len, char *err,
-		      size_t errlen);
+/* ---- comm_core.c: the base every file calls (and nothing else) ---- */
 
 /* Adds n to one of comm->stats (relaxed: the counters order nothing). */
 static inline void hpucoll__count(_Atomic uint64_t *ctr, uint64_t n)
@@ -338,16 +331,39 @@ void hpucoll__set_error(hpucoll_comm *c, const char *fmt, ...)
  * what failed in comm->errmsg. */
 int hpucoll__zmq_error(hpucoll_comm *c, const char *call);
 
-/* The monitor events of a failed security handshake (secure.c). */
-#define HPUCOLL__HANDSHAKE_FAILED                                            \
-	(ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |                              \
-	 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+/* A scratch buffer of at least `len` bytes, kept until destroy (NULL when
+ * out of memory). */
+void *hpucoll__scratch(hpucoll_comm *c, size_t len);
+
+/* The name of the collective kind in the low 4 bits of `kind` (an enum
+ * hpucoll__kind, or a header's kind byte), "unknown" if none. */
+const char *hpucoll__kind_name(unsigned kind);
+
+/* Checks that a received header equals `want`; if not, says how they
+ * differ in errmsg and returns HPUCOLL_EPROTO. */
+int hpucoll__check_hdr(hpucoll_comm *c, const struct hpucoll__hdr *want,
+		       const struct hpucoll__hdr *got);
 
 /* Takes one event off the monitor socket `mon` (NULL: none) without
  * waiting, with its endpoint frame; returns 1 with its number in *ev and
  * its value (a ZAP status, an fd, ...) in *value unless NULL, or 0 when
- * none (transport_zmq.c). */
+ * none. */
 int hpucoll__monitor_event(void *mon, uint16_t *ev, uint32_t *value);
+
+/* ---- comm.c: the lifecycle, above everything else ---- */
+
+/* hpucoll_comm_new_secure() that also writes, when it fails, the sentence
+ * saying why into err (errlen bytes; NULL for none): the communicator,
+ * and with it hpucoll_comm_errmsg(), is gone by then. */
+int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
+		      const char *bind_endpoint, hpucoll_security security,
+		      const void *secret, size_t secret_len, char *err,
+		      size_t errlen);
+
+/* The monitor events of a failed security handshake (secure.c). */
+#define HPUCOLL__HANDSHAKE_FAILED                                            \
+	(ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |                              \
+	 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
 /* secure.c: _start binds the ZAP handler's socket on c->ctx (before any
  * socket binds or connects); _run, once c->pull is bound, watches its
@@ -368,14 +384,6 @@ int hpucoll__sec_server(hpucoll_comm *c, void *sock);
  * uid (no filter when an endpoint's host is not a numeric address). */
 int hpucoll__sec_peers(hpucoll_comm *c, const char *const *endpoints);
 int hpucoll__sec_client(hpucoll_comm *c, void *sock, int dst);
-
-/* A scratch buffer of at least `len` bytes, kept until destroy (NULL when
- * out of memory). */
-void *hpucoll__scratch(hpucoll_comm *c, size_t len);
-
-/* The name of the collective kind in the low 4 bits of `kind` (an enum
- * hpucoll__kind, or a header's kind byte), "unknown" if none. */
-const char *hpucoll__kind_name(unsigned kind);
 
 /* ---- transport.c: the dispatch ---- */
 
@@ -430,11 +438,6 @@ int hpucoll__fence(hpucoll_comm *c);
  * holds no pointer into the caller's buffers any more. */
 void hpucoll__fail_transport(hpucoll_comm *c, int rc);
 
-/* Checks that a received header equals `want`; if not, says how they
- * differ in errmsg and returns HPUCOLL_EPROTO. */
-int hpucoll__check_hdr(hpucoll_comm *c, const struct hpucoll__hdr *want,
-		       const struct hpucoll__hdr *got);
-
 /* ---- transport_zmq.c: ZeroMQ, and every pair's control messages ---- */
 
 extern const struct hpucoll__transport hpucoll__zmq_transport;
@@ -452,11 +455,6 @@ int hpucoll__zmq_poll_aborts(hpucoll_comm *c, int want);
 
 /* The same for up to `ms`: returns early only with an error. */
 int hpucoll__zmq_await_abort(hpucoll_comm *c, int want, int64_t ms);
-
-/* Sends a header-only control message (a probe or a reply) to rank dst
- * without waiting; best effort, errors are ignored. */
-void hpucoll__zmq_send_ctl(hpucoll_comm *c, int dst,
-			   const struct hpucoll__hdr *h);
 
 /* hpucoll__fence's and hpucoll__fail_transport's work on ZeroMQ: waits
  * for the zero-copy sends; sends ABORTs and lets go of the zero-copy

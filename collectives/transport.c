@@ -93,30 +93,6 @@ int hpucoll__send_commit(hpucoll_comm *c, int dst,
 	return rc;
 }
 
-/* Checks that a message is the one expected. */
-int hpucoll__check_hdr(hpucoll_comm *c, const struct hpucoll__hdr *want,
-		       const struct hpucoll__hdr *got)
-{
-	if (got->magic == want->magic && got->src == want->src &&
-	    got->seq == want->seq && got->kind == want->kind &&
-	    got->arg == want->arg && got->tag == want->tag &&
-	    got->off == want->off && got->len == want->len)
-		return HPUCOLL_OK;
-	hpucoll__set_error(
-		c,
-		"%s: rank %" PRIu32 " sent collective #%" PRIu32 " (%s, "
-		"algorithm %u, arg %u, tag %u, offset %" PRIu64 ", %" PRIu64
-		" bytes) where #%" PRIu32 " (%s, algorithm %u, arg %u, tag %u, "
-		"offset %" PRIu64 ", %" PRIu64 " bytes) was expected; do all "
-		"ranks call the same collectives with the same arguments?",
-		c->what, want->src, got->seq, hpucoll__kind_name(got->kind),
-		(unsigned)got->kind >> 4, (unsigned)got->arg,
-		(unsigned)got->tag, got->off, got->len, want->seq,
-		hpucoll__kind_name(want->kind), (unsigned)want->kind >> 4,
-		(unsigned)want->arg, (unsigned)want->tag, want->off, want->len);
-	return HPUCOLL_EPROTO;
-}
-
 int hpucoll__recv(hpucoll_comm *c, const struct hpucoll__hdr *want,
 		  const void **data)
 {

@@ -219,37 +219,6 @@ void hpucoll__zmq_close(hpucoll_comm *c)
 	}
 }
 
-int hpucoll__monitor_event(void *mon, uint16_t *ev, uint32_t *value)
-{
-	zmq_msg_t f;
-	int more;
-
-	if (mon == NULL)
-		return 0;
-	zmq_msg_init(&f);
-	if (zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
-		zmq_msg_close(&f);
-		return 0;
-	}
-	*ev = 0;
-	if (zmq_msg_size(&f) >= 2)
-		memcpy(ev, zmq_msg_data(&f), sizeof(*ev));
-	if (value != NULL) {
-		*value = 0;
-		if (zmq_msg_size(&f) >= 6)
-			memcpy(value, (char *)zmq_msg_data(&f) + 2,
-			       sizeof(*value));
-	}
-	more = zmq_msg_more(&f);
-	zmq_msg_close(&f);
-	while (more) { /* the endpoint frame */
-		zmq_msg_init(&f);
-		more = zmq_msg_recv(&f, mon, 0) >= 0 && zmq_msg_more(&f);
-		zmq_msg_close(&f);
-	}
-	return 1;
-}
-
 /* Takes in what src's monitor says; redials when this communicator does
  * and the connection closed, a connection attempt failed, or a handshake
  * broke off without a verdict. */
@@ -434,19 +403,6 @@ static int send_hdr(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr)
 	hpucoll__hdr_encode(buf, hdr);
 	return send_copy(c, dst, buf, sizeof(buf),
 			 hdr->len > 0 ? ZMQ_SNDMORE : 0);
-}
-
-/* Sends a header-only control message (a probe or a reply) to rank dst
- * over ZeroMQ, without waiting; best effort, errors are ignored. */
-void hpucoll__zmq_send_ctl(hpucoll_comm *c, int dst,
-			   const struct hpucoll__hdr *h)
-{
-	unsigned char buf[HPUCOLL__HDR_SIZE];
-
-	if (c->peers[dst].push == NULL)
-		return;
-	hpucoll__hdr_encode(buf, h);
-	zmq_send(c->peers[dst].push, buf, sizeof(buf), ZMQ_DONTWAIT);
 }
 
 /* Sends over ZeroMQ: copied, or in place when zc and the payload is large

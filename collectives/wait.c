@@ -292,6 +292,19 @@ static void stall_warn(hpucoll_comm *c, int64_t now, const char *tail)
 		l.buf, tail);
 }
 
+/* Sends a header-only control message (a probe or a reply) to rank dst
+ * over ZeroMQ, without waiting; best effort, errors are ignored. */
+static void send_ctl(hpucoll_comm *c, int dst,
+		     const struct hpucoll__hdr *h)
+{
+	unsigned char buf[HPUCOLL__HDR_SIZE];
+
+	if (c->peers[dst].push == NULL)
+		return;
+	hpucoll__hdr_encode(buf, h);
+	zmq_send(c->peers[dst].push, buf, sizeof(buf), ZMQ_DONTWAIT);
+}
+
 /* Asks every peer where it is (see HPUCOLL__PROBE). */
 static void send_probes(hpucoll_comm *c)
 {
@@ -304,7 +317,7 @@ static void send_probes(hpucoll_comm *c)
 
 	for (int i = 0; i < c->size; i++)
 		if (i != c->rank)
-			hpucoll__zmq_send_ctl(c, i, &h);
+			send_ctl(c, i, &h);
 }
 
 /* The stall check of a wait for `peer`, called by every wait loop. Once
@@ -403,7 +416,7 @@ static void answer_probe(hpucoll_comm *c, const struct hpucoll__hdr *probe)
 		.off = probe->seq,
 	};
 
-	hpucoll__zmq_send_ctl(c, (int)probe->src, &h);
+	send_ctl(c, (int)probe->src, &h);
 }
 
 /* A probe reply: kept when it answers the probe of this collective whose
