@@ -4,7 +4,9 @@
  * its range; o->from[] (indexed by the table) says where each value came
  * from. The JSON config file (config_file.c) maps DeepSpeed's keys onto
  * entries of the same table (config_internal.h), so a value is checked the
- * same way whichever way it comes in.
+ * same way whichever way it comes in. The command line that reads
+ * them (and loads --config's file) is config_args.c, above both: this
+ * file calls neither.
  */
 #include "config.h"
 #include "config_internal.h"
@@ -507,50 +509,6 @@ const char *hpu__opt_expected(const struct hpu__opt *p, char *buf,
 	}
 }
 
-static int set_config(hpu_train_opts *o, const struct hpu__opt *p,
-		      const char *path, char *err, size_t errlen)
-{
-	if (!*path || strlen(path) >= sizeof o->config) {
-		snprintf(err, errlen, "bad value '%s' for --config: expected a file name shorter than %zu bytes",
-			 path, sizeof o->config);
-		return -1;
-	}
-	if (hpu_opts_load_file(o, path, err, errlen) < 0)
-		return -1;
-	strcpy(o->config, path);
-	o->from[hpu__opt_slot(p)] = HPU_FROM_FLAG;
-	return 0;
-}
-
-int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
-		 char *err, size_t errlen)
-{
-	const struct hpu__opt *p = hpu__opt_find(name);
-	if (!p) {
-		snprintf(err, errlen, "unknown option --%s", name);
-		return -1;
-	}
-	int wants = hpu_opts_takes_value(name);
-	if (wants == 1 && !value) {
-		snprintf(err, errlen, "option --%s needs a value", name);
-		return -1;
-	}
-	if (!wants && value) {
-		snprintf(err, errlen, "option --%s takes no value", name);
-		return -1;
-	}
-	if (p->kind == K_CONFIG)
-		return set_config(o, p, value, err, errlen);
-	if (hpu__opt_set_value(o, p, value) < 0) {
-		char buf[160];
-		snprintf(err, errlen, "bad value '%s' for --%s: expected %s",
-			 value, name, hpu__opt_expected(p, buf, sizeof buf));
-		return -1;
-	}
-	o->from[hpu__opt_slot(p)] = HPU_FROM_FLAG;
-	return 0;
-}
-
 /* The option parser's value kinds are hpu_opts_takes_value's answers. */
 _Static_assert(HPU_OPT_FLAG == 0 && HPU_OPT_VALUE == 1 && HPU_OPT_OPTIONAL == 2,
 	       "hpu_opts_specs copies hpu_opts_takes_value");
@@ -571,53 +529,6 @@ const hpu_optspec *hpu_opts_specs(void)
 						 HPU_OPTS_ID + (int)i, kind_arg[opts[i].kind],
 						 .help = opts[i].help};
 	return specs;
-}
-
-int hpu_opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
-		   size_t errlen)
-{
-	const char *name = p->spec->name;
-	if (!p->val && p->spec->value == HPU_OPT_OPTIONAL &&
-	    hpu_opts_takes_next(name, p->ind < p->argc ? p->argv[p->ind] : NULL))
-		p->val = p->argv[p->ind++];
-	return hpu_opts_set(o, name, p->val, err, errlen);
-}
-
-/* The message of an option hpu_optparse_next refused (code r). */
-static int parse_error(const hpu_optparse *p, int r, char *err, size_t errlen)
-{
-	size_t n = strcspn(p->arg + 2, "=");
-	if (r == HPU_OPT_MISSING)
-		snprintf(err, errlen, "option --%s needs a value", p->spec->name);
-	else if (r == HPU_OPT_UNWANTED)
-		snprintf(err, errlen, "option --%s takes no value", p->spec->name);
-	else if (n >= 64) /* longer than any name */
-		snprintf(err, errlen, "unknown option %s", p->arg);
-	else
-		snprintf(err, errlen, "unknown option --%.*s", (int)n, p->arg + 2);
-	return -1;
-}
-
-int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
-		   char *err, size_t errlen)
-{
-	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, hpu_opts_specs());
-	p.ind = *i;
-	for (;;) {
-		int r = hpu_optparse_next(&p);
-		if (r > 0 && hpu_opts_apply(o, &p, err, errlen) < 0)
-			return -1;
-		if (r > 0)
-			continue;
-		/* the end, the model, or a single-dash argument: not ours */
-		if (r == HPU_OPT_END || r == HPU_OPT_POSITIONAL ||
-		    (r == HPU_OPT_UNKNOWN && p.arg[1] != '-')) {
-			*i = p.at;
-			return 0;
-		}
-		return parse_error(&p, r, err, errlen);
-	}
 }
 
 /* ---- resolving against the world size ---- */

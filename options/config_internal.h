@@ -1,10 +1,13 @@
-/* config_internal: what config.c (the option table, flags) and
- * config_file.c (the JSON config file) share. Not installed; only their
+/* config_internal: what config.c (the option table), config_args.c (the
+ * command line, --config) and config_file.c (the JSON config file)
+ * share. Not installed; only their
  * unit tests include it besides.
  *
  * Every option lives in one table in config.c. The config file sets
  * options through the same entries, so a value is checked the same way
- * whichever way it comes in. */
+ * whichever way it comes in. The calls run one way: config_args.c calls
+ * the loader and the table, the loader calls the table, the table calls
+ * neither. */
 #ifndef HPU_CONFIG_INTERNAL_H
 #define HPU_CONFIG_INTERNAL_H
 
