@@ -24,7 +24,6 @@
 #include "autocast.h"
 #include "env.h"
 #include "fileio.h"
-#include "fp8.h"
 #include "lowp.h"
 #include "num.h"
 #include "simd.h"
@@ -39,6 +38,8 @@ static const hpu__op default_lower[] = {HPU_OP_LINEAR, HPU_OP_MATMUL, HPU_OP_BMM
 					HPU_OP_CONV2D, HPU_OP_ATTENTION};
 
 static int lowp_in_force; /* HPU_AUTOCAST_NONE / _BF16 / _FP16 / _FP8 */
+static hpu_fp8_mode fp8_mode; /* hpu__ac_set_fp8 */
+static hpu_fp8_recipe fp8_recipe = {16, 0, HPU_FP8_AMAX_MAX};
 static unsigned char lower[HPU_OP_COUNT]; /* 1: in the lower list */
 /* [op][0]: fp32 calls, [1]: bf16/fp16, [2]: fp8 */
 static _Atomic uint64_t counts[HPU_OP_COUNT][3];
@@ -329,7 +330,7 @@ void hpu_autocast_print(FILE *f)
 	}
 	fputc('\n', f);
 	if (lowp_in_force == HPU_AUTOCAST_FP8) {
-		const hpu_fp8_recipe *r = hpu__fp8_recipe();
+		const hpu_fp8_recipe *r = hpu__ac_fp8_recipe();
 		fprintf(f, "autocast: fp8 linear: E4M3 forward, E5M2 backward, bf16 outputs; "
 			   "delayed scaling: amax history %d, %s, margin %d\n",
 			r->history, r->algo == HPU_FP8_AMAX_MAX ? "max" : "most_recent", r->margin);
@@ -349,6 +350,22 @@ uint64_t hpu_autocast_count(const char *op, int low)
 	return i < 0 ? 0 : atomic_load_explicit(&counts[i][k], memory_order_relaxed);
 }
 
+void hpu__ac_set_fp8(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe)
+{
+	fp8_mode = mode;
+	fp8_recipe = *recipe;
+}
+
+hpu_fp8_mode hpu__ac_fp8_mode(void)
+{
+	return fp8_mode;
+}
+
+const hpu_fp8_recipe *hpu__ac_fp8_recipe(void)
+{
+	return &fp8_recipe;
+}
+
 int hpu__ac_fallback(hpu__op op)
 {
 	int lp = lower[op] ? lowp_in_force : HPU_AUTOCAST_NONE;
@@ -360,7 +377,7 @@ int hpu__ac_enter(hpu__op op)
 	int lp = lower[op] ? lowp_in_force : HPU_AUTOCAST_NONE;
 	if (lp == HPU_AUTOCAST_FP8 && op != HPU_OP_LINEAR)
 		lp = HPU_AUTOCAST_BF16; /* fp8 training: only linear is fp8 */
-	if (quantizable(op) && hpu__fp8_mode() == HPU_FP8_QUANTIZE)
+	if (quantizable(op) && hpu__ac_fp8_mode() == HPU_FP8_QUANTIZE)
 		lp = HPU_AUTOCAST_FP8;
 	atomic_fetch_add_explicit(&counts[op][slot_of(lp)], 1, memory_order_relaxed);
 	return lp;

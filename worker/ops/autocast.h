@@ -11,6 +11,30 @@
 
 #include "hpu/ops.h"
 
+/* fp8's modes and recipe (see fp8.h): defined here because the policy
+ * keeps the ones in force, for hpu__ac_enter and hpu_autocast_print. */
+typedef enum hpu_fp8_mode {
+	HPU_FP8_OFF = 0,
+	HPU_FP8_TRAIN,
+	HPU_FP8_MEASURE,
+	HPU_FP8_QUANTIZE,
+} hpu_fp8_mode;
+
+enum { HPU_FP8_AMAX_MAX = 0, HPU_FP8_AMAX_MOST_RECENT = 1 };
+
+typedef struct hpu_fp8_recipe {
+	int history; /* amax history length, >= 1 */
+	int margin;  /* scale divided by 2^margin */
+	int algo;    /* HPU_FP8_AMAX_MAX or _MOST_RECENT */
+} hpu_fp8_recipe;
+
+/* The fp8 mode and recipe in force: hpu__fp8_set_mode sets them (fp8.c
+ * stands above autocast.c; autocast calls nothing of fp8); a copy of
+ * *recipe is kept. Initially HPU_FP8_OFF and 16, 0, max. */
+void hpu__ac_set_fp8(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe);
+hpu_fp8_mode hpu__ac_fp8_mode(void);
+const hpu_fp8_recipe *hpu__ac_fp8_recipe(void);
+
 /* The ops, in the order of their names in autocast.c. */
 typedef enum hpu__op {
 	HPU_OP_LINEAR = 0,

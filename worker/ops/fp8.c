@@ -144,8 +144,6 @@ typedef struct inst {
 } inst;
 
 static struct {
-	hpu_fp8_mode mode;
-	hpu_fp8_recipe r;
 	int measuring;
 	inst *v;
 	int n, cap;
@@ -158,7 +156,7 @@ static struct {
 	int backward;
 	int calls[HPU_OP_COUNT];
 	char err[256];
-} S = {.layer = -1, .r = {16, 0, HPU_FP8_AMAX_MAX}};
+} S = {.layer = -1};
 
 static void forget(void)
 {
@@ -174,22 +172,23 @@ static void forget(void)
 
 void hpu__fp8_set_mode(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe)
 {
+	hpu_fp8_recipe r = recipe ? *recipe : (hpu_fp8_recipe){16, 0, HPU_FP8_AMAX_MAX};
+
 	forget();
-	S.mode = mode;
-	S.r = recipe ? *recipe : (hpu_fp8_recipe){16, 0, HPU_FP8_AMAX_MAX};
-	if (S.r.history < 1)
-		S.r.history = 1;
+	if (r.history < 1)
+		r.history = 1;
+	hpu__ac_set_fp8(mode, &r);
 	S.measuring = 0;
 }
 
 hpu_fp8_mode hpu__fp8_mode(void)
 {
-	return S.mode;
+	return hpu__ac_fp8_mode();
 }
 
 const hpu_fp8_recipe *hpu__fp8_recipe(void)
 {
-	return &S.r;
+	return hpu__ac_fp8_recipe();
 }
 
 void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
@@ -235,8 +234,8 @@ static inst *add(const char *name)
 	p->quantize = 1;
 	for (int t = 0; t < 3; t++)
 		S.amax[3 * S.n + t] = -1.0f;
-	if (S.mode == HPU_FP8_TRAIN &&
-	    !(p->hist = calloc((size_t)3 * S.r.history, sizeof *p->hist)))
+	if (hpu__fp8_mode() == HPU_FP8_TRAIN &&
+	    !(p->hist = calloc((size_t)3 * hpu__fp8_recipe()->history, sizeof *p->hist)))
 		return NULL;
 	S.n++;
 	return p;
@@ -275,7 +274,7 @@ int hpu__fp8_saved_put(const hpu_fp8_saved *in)
 	p->resolved = 1;
 	memcpy(p->scale, in->scale, sizeof p->scale);
 	if (p->hist)
-		memcpy(p->hist, in->hist, (size_t)3 * S.r.history * sizeof *p->hist);
+		memcpy(p->hist, in->hist, (size_t)3 * hpu__fp8_recipe()->history * sizeof *p->hist);
 	p->nhist = in->nhist;
 	p->pos = in->pos;
 	return 0;
@@ -321,7 +320,7 @@ static inst *site(int op)
 	char name[112];
 	snprintf(name, sizeof name, "%s/%s#%d", S.lname, hpu_autocast_op_name(op), k);
 	inst *p = NULL;
-	if (S.mode == HPU_FP8_QUANTIZE) {
+	if (hpu__fp8_mode() == HPU_FP8_QUANTIZE) {
 		for (int i = 0; i < S.n && !p; i++)
 			if (!S.v[i].resolved && strcmp(S.v[i].name, name) == 0)
 				p = &S.v[i];
@@ -351,7 +350,7 @@ static float train_scale(inst *p, int t, float amax)
 		*cur = amax;
 	int fmt = t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3;
 	if (p->scale[t] == 0.0f) /* a new instance: this tensor sets it */
-		p->scale[t] = hpu__fp8_scale_for(amax, fmt, S.r.margin);
+		p->scale[t] = hpu__fp8_scale_for(amax, fmt, hpu__fp8_recipe()->margin);
 	return p->scale[t] != 0.0f ? p->scale[t] : 1.0f;
 }
 
@@ -359,7 +358,7 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 		   const float *b, size_t nb)
 {
 	memset(c, 0, sizeof *c);
-	if (S.mode == HPU_FP8_MEASURE) {
+	if (hpu__fp8_mode() == HPU_FP8_MEASURE) {
 		if (!S.measuring || S.backward)
 			return lp;
 		inst *p = site(op);
@@ -376,7 +375,7 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 		return lp;
 	/* Training needs the weight among the layer's parameters: backward
 	 * finds the call site again by its place there. */
-	int weight_ok = S.mode != HPU_FP8_TRAIN ||
+	int weight_ok = hpu__fp8_mode() != HPU_FP8_TRAIN ||
 			(S.pbase && b >= S.pbase && b < S.pbase + S.plen);
 	inst *p = S.backward || !weight_ok ? NULL : site(op);
 	if (!p || !p->quantize) {
@@ -386,7 +385,7 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 		return hpu__ac_fallback(op);
 	}
 	float sa, sb;
-	if (S.mode == HPU_FP8_TRAIN) {
+	if (hpu__fp8_mode() == HPU_FP8_TRAIN) {
 		p->wrel = (size_t)(b - S.pbase);
 		sa = p->fwd[0] = train_scale(p, T_X, hpu__fp8_amax(a, na));
 		sb = p->fwd[1] = train_scale(p, T_W, hpu__fp8_amax(b, nb));
@@ -408,7 +407,7 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny)
 {
 	inst *p = c->inst;
-	if (S.mode != HPU_FP8_MEASURE || !p)
+	if (hpu__fp8_mode() != HPU_FP8_MEASURE || !p)
 		return;
 	float m = hpu__fp8_amax(y, ny);
 	p->maxabs[2] = m > p->maxabs[2] ? m : p->maxabs[2];
@@ -426,7 +425,7 @@ int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t n
 			    S.v[i].wrel == rel)
 				p = &S.v[i];
 	}
-	if (S.mode != HPU_FP8_TRAIN || !p || p->fwd[0] == 0.0f) {
+	if (hpu__fp8_mode() != HPU_FP8_TRAIN || !p || p->fwd[0] == 0.0f) {
 		hpu__ac_recount(HPU_OP_LINEAR, HPU_AUTOCAST_FP8, hpu__ac_fallback(HPU_OP_LINEAR));
 		return 0;
 	}
@@ -451,7 +450,7 @@ float *hpu__fp8_step_amax(size_t *n)
 
 void hpu__fp8_roll(void)
 {
-	int H = S.r.history;
+	int H = hpu__fp8_recipe()->history;
 	for (int i = 0; i < S.n; i++) {
 		inst *p = &S.v[i];
 		for (int t = 0; t < 3; t++) {
@@ -464,11 +463,11 @@ void hpu__fp8_roll(void)
 			*cur = -1.0f;
 			int filled = p->nhist + 1 < H ? p->nhist + 1 : H;
 			float a = h[p->pos];
-			if (S.r.algo == HPU_FP8_AMAX_MAX)
+			if (hpu__fp8_recipe()->algo == HPU_FP8_AMAX_MAX)
 				for (int j = 0; j < filled; j++)
 					a = h[j] > a ? h[j] : a;
 			float s = hpu__fp8_scale_for(a, t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3,
-						    S.r.margin);
+						    hpu__fp8_recipe()->margin);
 			if (s != 0.0f) /* an amax of 0, inf or NaN keeps the scale */
 				p->scale[t] = s;
 		}

@@ -54,23 +54,9 @@ float hpu__fp8_amax(const float *x, size_t n);
  * or 0 when amax is 0, negative or not finite (no scale can be had). */
 float hpu__fp8_scale_for(float amax, int fmt, int margin);
 
-typedef enum hpu_fp8_mode {
-	HPU_FP8_OFF = 0,
-	HPU_FP8_TRAIN,
-	HPU_FP8_MEASURE,
-	HPU_FP8_QUANTIZE,
-} hpu_fp8_mode;
-
-enum { HPU_FP8_AMAX_MAX = 0, HPU_FP8_AMAX_MOST_RECENT = 1 };
-
-typedef struct hpu_fp8_recipe {
-	int history; /* amax history length, >= 1 */
-	int margin;  /* scale divided by 2^margin */
-	int algo;    /* HPU_FP8_AMAX_MAX or _MOST_RECENT */
-} hpu_fp8_recipe;
-
 /* Sets the mode (recipe: TRAIN only; NULL for the defaults 16, 0, max) and
- * forgets every instance. */
+ * forgets every instance. The mode and recipe are kept by autocast
+ * (hpu__ac_set_fp8), which fp8 stands on: autocast calls nothing of fp8. */
 void hpu__fp8_set_mode(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe);
 hpu_fp8_mode hpu__fp8_mode(void);
 const hpu_fp8_recipe *hpu__fp8_recipe(void);
