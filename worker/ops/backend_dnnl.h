@@ -1,6 +1,9 @@
-/* backend_dnnl: what the oneDNN backend's files share (backend_dnnl.c has
- * the engine, the primitive cache and the matrix products; the others add
- * their primitives through the same cache).
+/* backend_dnnl: what the oneDNN backend's files share. backend_dnnl_core.c
+ * is their base: the engine, the primitive cache, the thread count, the
+ * ISA. The kernels stand on it: backend_dnnl_gemm.c (matrix products),
+ * backend_dnnl_conv.c (convolution, pooling), backend_dnnl_nn.c (eltwise,
+ * softmax, layer norm). The table (backend_dnnl.c) stands above them all;
+ * none of them calls it.
  *
  * A primitive is made once per key (the op and its shape, types and
  * flags) and kept in a small per-thread cache together with one memory
@@ -65,11 +68,20 @@ static inline dnnl_data_type_t hpu__dnnl_dt(hpu__dtype dt)
 	return dt == HPU_DT_BF16 ? dnnl_bf16 : dnnl_f32;
 }
 
+/* Whether this CPU multiplies bf16 natively (else bf16 products are left
+ * to the reference); the backend's line for the log; the OpenMP thread
+ * count of every calling thread from its next call on
+ * (backend_dnnl_core.c). */
+int hpu__dnnl_bf16_native(void);
+const char *hpu__dnnl_describe(void);
+void hpu__dnnl_set_threads(int n);
+
 /* The table (backend_dnnl.c). */
 const hpu__backend *hpu__dnnl_backend(void);
 
-/* The other files' parts of the table (backend_dnnl_conv.c,
+/* The kernels the table names (backend_dnnl_gemm.c, backend_dnnl_conv.c,
  * backend_dnnl_nn.c). */
+int hpu__dnnl_gemm(const hpu__gemm *g);
 int hpu__dnnl_conv_fwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
 		       const void *w, const float *b, float *y);
 int hpu__dnnl_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const void *w,

@@ -467,7 +467,7 @@ static void conv_key_init(conv_key *k, int op, const hpu_conv2d_shape *s, hpu__d
 
 static int conv_ok(const hpu_conv2d_shape *s, hpu__dtype dt)
 {
-	if (dt == HPU_DT_BF16 && !hpu__dnnl_backend()->bf16_native())
+	if (dt == HPU_DT_BF16 && !hpu__dnnl_bf16_native())
 		return 0;
 	return s->batch > 0 && s->in_ch > 0 && s->out_ch > 0 && s->kernel > 0 &&
 	       s->stride > 0 && s->pad >= 0 && s->height + 2 * s->pad >= s->kernel &&
