@@ -234,8 +234,8 @@ static int root_pick(const root *r, const char *path)
 		return fail("%s/%s names \"%s\", which is not a checkpoint there (newest present: "
 			    "%s); name the checkpoint directory itself",
 			    path, HPU_CKPT_LATEST, r->latest, r->names[0]);
-	fprintf(stderr, "hpu-ckpt: note: %s has no `%s` file; using the newest, %s\n", path,
-		HPU_CKPT_LATEST, r->names[0]);
+	hpu_tool_note("%s has no `%s` file; using the newest, %s", path, HPU_CKPT_LATEST,
+		      r->names[0]);
 	return OK;
 }
 
@@ -277,7 +277,7 @@ static void note_unsealed(const hpu_ckpt *c)
 	if (!c->unsealed)
 		return;
 	hpu_ckpt_unsealed_note(c, note, sizeof note);
-	fprintf(stderr, "hpu-ckpt: warning: %s\n", note);
+	hpu_tool_warn("%s", note);
 }
 
 /* Opens the checkpoint at dir; BAD (said) if its manifest is unusable. */
@@ -548,8 +548,7 @@ static int cmd_verify(int argc, char **argv)
 	trust_for(pos[0]);
 	if (has_manifest(pos[0])) {
 		if (all)
-			fprintf(stderr, "hpu-ckpt: note: %s is one checkpoint; --all is for a root\n",
-				pos[0]);
+			hpu_tool_note("%s is one checkpoint; --all is for a root", pos[0]);
 		return verify_one(pos[0]);
 	}
 	root r;
@@ -781,11 +780,10 @@ static int cmd_export(int argc, char **argv)
 	       c.dir, c.step, c.nparams, (unsigned long long)c.numel, extra, out, format,
 	       (unsigned long long)((c.numel + nbuf) * 4 + (header ? 8 + hlen : 0)));
 	if (c.nbuffers && !st)
-		fprintf(stderr,
-			"hpu-ckpt: note: raw holds the parameters only; the checkpoint's %d "
-			"buffers are not in %s (they are in %s/%s; --format safetensors "
-			"exports them too)\n",
-			c.nbuffers, out, c.dir, c.buffer_file.name);
+		hpu_tool_note("raw holds the parameters only; the checkpoint's %d "
+			      "buffers are not in %s (they are in %s/%s; --format safetensors "
+			      "exports them too)",
+			      c.nbuffers, out, c.dir, c.buffer_file.name);
 	rc = OK;
 done:
 	free(header);
@@ -1043,7 +1041,8 @@ static int help_doc(const char *format)
 
 int main(int argc, char **argv)
 {
-	hpu_tool_name = "hpu-ckpt";
+	if (hpu_tool_start("hpu-ckpt") < 0)
+		return HPU_TOOL_USAGE;
 	if (argc < 2)
 		return usage_error(NULL, "which command? (info, verify, export, reshard)");
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -32,6 +32,7 @@
 
 #include "env.h"
 #include "fileio.h"
+#include "log.h"
 #include "num.h"
 #include "opt.h"
 #include "optdoc.h"
@@ -617,12 +618,12 @@ static void pass_on(const char *err)
 	while (fgets(line, sizeof line, f)) {
 		if (blank(line))
 			continue;
-		fprintf(stderr, "hpu-plot: gnuplot: %s%s", line,
-			strchr(line, '\n') ? "" : "\n");
+		line[strcspn(line, "\n")] = 0;
+		hpu_log(HPU_LOG_ERROR, "gnuplot: %s", line);
 		any = 1;
 	}
 	if (!any)
-		fputs("hpu-plot: gnuplot said nothing on stderr\n", stderr);
+		hpu_log(HPU_LOG_ERROR, "gnuplot said nothing on stderr");
 	fclose(f);
 }
 
@@ -875,7 +876,8 @@ done:
 
 int main(int argc, char **argv)
 {
-	hpu_tool_name = "hpu-plot";
+	if (hpu_tool_start("hpu-plot") < 0)
+		return HPU_TOOL_USAGE;
 	args A;
 	int rc = parse_args(argc, argv, &A);
 	if (rc < 0)

@@ -983,7 +983,8 @@ done:
 
 int main(int argc, char **argv)
 {
-	hpu_tool_name = "hpu-trace";
+	if (hpu_tool_start("hpu-trace") < 0)
+		return HPU_TOOL_USAGE;
 	opts o = {0};
 	int rc = parse_args(&o, argc, argv);
 	if (rc < 0)
