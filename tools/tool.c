@@ -18,6 +18,16 @@ int hpu_tool_start(const char *name)
 	return -1;
 }
 
+int hpu_tool_log_level(const char *value)
+{
+	char err[200];
+	hpu_log_level lvl;
+	if (hpu_log_parse_level(value, "--log-level", &lvl, err, sizeof err) < 0)
+		return hpu_tool_usage(NULL, "%s", err);
+	hpu_log_set_level(lvl);
+	return 0;
+}
+
 /* One line of the tool's: "NAME: " + `head` + fmt's text. */
 static void say(hpu_log_level lvl, const char *head, const char *fmt, va_list ap)
 {

@@ -14,6 +14,12 @@ extern const char *hpu_tool_name;
  * with HPU_TOOL_USAGE). */
 int hpu_tool_start(const char *name);
 
+/* The tools' --log-level LEVEL (HPU_LOG_LEVEL too): the entry of their
+ * option tables, and its value set (0), or said wrong (HPU_TOOL_USAGE). */
+#define HPU_TOOL_LOG_LEVEL_HELP \
+	"error | warning | notice | info | debug: messages above it are not printed (info)"
+int hpu_tool_log_level(const char *value);
+
 /* "NAME: error: ..." on stderr; returns HPU_TOOL_BAD. */
 int hpu_tool_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

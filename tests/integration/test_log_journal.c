@@ -4,7 +4,8 @@
  * without JOURNAL_STREAM, not when it names another stream. The programs:
  * hpulaunch (its start-up line, a rank's failure), hpu-worker, hpud,
  * hpu-ckpt, hpu-trace and hpu-plot, each on a line it prints at once.
- * HPU_LOG_LEVEL and --log-level drop the lines above the level. */
+ * HPU_LOG_LEVEL and --log-level (hpulaunch, hpud, the tools) drop the
+ * lines above the level; a bad level is refused, naming it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,6 +46,9 @@ static const prog_case cases[] = {
 	 {{3, "hpu-ckpt: error: /nonexistent-hpu-ckpt: "}}},
 	{"hpu-ckpt", {"bin/hpu-ckpt", NULL}, NULL, 2,
 	 {{3, "hpu-ckpt: which command? (info, verify, export, reshard)"},
+	  {3, "(hpu-ckpt --help for the usage)"}}},
+	{"hpu-ckpt", {"bin/hpu-ckpt", "info", "--log-level", "loud", "x", NULL}, NULL, 2,
+	 {{3, "hpu-ckpt: --log-level: 'loud' is not a log level (error, warning, notice, info or debug)"},
 	  {3, "(hpu-ckpt --help for the usage)"}}},
 	{"hpu-trace", {"bin/hpu-trace", "--bogus", NULL}, NULL, 2, {{3, "hpu-trace: "}}},
 	{"hpu-plot", {"bin/hpu-plot", "--bogus", NULL}, NULL, 2, {{3, "hpu-plot: "}}},
