@@ -741,7 +741,7 @@ const hpu_env_id hpu_job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST, HPU_ENV_QUANT_CONFIG,
 				  HPU_ENV_HPUCOLL_SECURITY, HPU_ENV_OMP_NUM_THREADS,
-				  HPU_ENV_OPENBLAS_NUM_THREADS, HPU_ENV_COUNT};
+				  HPU_ENV_OPENBLAS_NUM_THREADS, HPU_ENV_HPU_LOG_LEVEL, HPU_ENV_COUNT};
 
 /* What the agent sets for every worker (HPUCOLL_TRANSPORT when it has
  * one): the agent's own values of these are not passed on. */

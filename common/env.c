@@ -159,7 +159,7 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "stderr, log lines carry priority prefixes (<3> error, <4> warning, "
 	    "<5> notice, <6> info, <7> debug)"),
 	VAR(HPU_LOG_LEVEL, "info",
-	    "every program (hpulaunch, hpud, hpu-worker, the tools); passed to workers",
+	    "every program (hpulaunch, hpud, hpu-worker, the tools); carried to hpud by --hostfile",
 	    "error | warning | notice | info | debug: lines above it are not "
 	    "printed (--log-level; hpud: overrides log_level)"),
 	VAR(SLURM_JOB_ID, "", "hpulaunch (in srun)",
