@@ -1,5 +1,6 @@
 #include "agent.h"
 #include "fileio.h"
+#include "log.h"
 #include "output.h"
 #include "shmname.h"
 #include "num.h"
@@ -611,20 +612,20 @@ static void report_leftovers(const hpu_agent *a, int left)
 	char pids[200];
 	const pidset *e = &a->ended, *u = &a->unsure;
 	if (e->n > 0)
-		fprintf(stderr, "%s: ended %d process%s left behind by the job's workers (job %s, node %d; pid%s %s)\n",
-			program_invocation_short_name, e->n, e->n == 1 ? "" : "es", a->cfg.job_id,
+		hpu_log(HPU_LOG_NOTICE, "ended %d process%s left behind by the job's workers (job %s, node %d; pid%s %s)",
+			e->n, e->n == 1 ? "" : "es", a->cfg.job_id,
 			a->cfg.node_rank, e->n == 1 ? "" : "s", pid_list(e, pids, sizeof pids));
 	if (u->n > 0)
-		fprintf(stderr, "%s: ended %d process%s left behind by this job or an earlier one (the environment names no job; found as job %s ended, node %d; pid%s %s)\n",
-			program_invocation_short_name, u->n, u->n == 1 ? "" : "es", a->cfg.job_id,
+		hpu_log(HPU_LOG_NOTICE, "ended %d process%s left behind by this job or an earlier one (the environment names no job; found as job %s ended, node %d; pid%s %s)",
+			u->n, u->n == 1 ? "" : "es", a->cfg.job_id,
 			a->cfg.node_rank, u->n == 1 ? "" : "s", pid_list(u, pids, sizeof pids));
 	if (!alone(a))
 		unsure_strays++;
 	else if (left == 0)
 		unsure_strays = 0; /* none of ours is left: nobody's either */
 	if (left > 0)
-		fprintf(stderr, "%s: warning: %d process%s left behind by the job's workers would not end (job %s, node %d)\n",
-			program_invocation_short_name, left, left == 1 ? "" : "es", a->cfg.job_id,
+		hpu_log(HPU_LOG_WARNING, "warning: %d process%s left behind by the job's workers would not end (job %s, node %d)",
+			left, left == 1 ? "" : "es", a->cfg.job_id,
 			a->cfg.node_rank);
 }
 
@@ -740,7 +741,7 @@ const hpu_env_id hpu_job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST, HPU_ENV_QUANT_CONFIG,
 				  HPU_ENV_HPUCOLL_SECURITY, HPU_ENV_OMP_NUM_THREADS,
-				  HPU_ENV_OPENBLAS_NUM_THREADS, HPU_ENV_COUNT};
+				  HPU_ENV_OPENBLAS_NUM_THREADS, HPU_ENV_HPU_LOG_LEVEL, HPU_ENV_COUNT};
 
 /* What the agent sets for every worker (HPUCOLL_TRANSPORT when it has
  * one): the agent's own values of these are not passed on. */
@@ -910,8 +911,7 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		gid_t g = (gid_t)a->cfg.gid;
 		if (setgroups(1, &g) != 0 || setgid(g) != 0 || setuid((uid_t)a->cfg.uid) != 0 ||
 		    (a->cfg.uid != 0 && setuid(0) == 0)) {
-			static const char msg[] = "hpulaunch: cannot switch the worker to its user\n";
-			(void)hpu_write_all(2, msg, sizeof msg - 1);
+			hpu_log_sigsafe(HPU_LOG_ERROR, "cannot switch the worker to its user");
 			_exit(126);
 		}
 		/* Changing credentials cleared the parent-death signal: set it
@@ -924,8 +924,7 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		execvpe(a->cfg.argv[0], a->cfg.argv, env);
 	else
 		execve(a->cfg.argv[0], a->cfg.argv, env);
-	static const char msg[] = "hpulaunch: cannot execute the worker program\n";
-	(void)hpu_write_all(2, msg, sizeof msg - 1);
+	hpu_log_sigsafe(HPU_LOG_ERROR, "cannot execute the worker program");
 	_exit(127);
 }
 

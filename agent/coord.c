@@ -11,6 +11,7 @@
 #include "agent.h"
 #include "codec.h"
 #include "hex.h"
+#include "log.h"
 #include "num.h"
 #include "restart.h"
 #include "zwatch.h"
@@ -62,7 +63,7 @@ static void send_env(hpu_coord *c, const hpu_codec_peer *peer,
 		     const Hpu__Envelope *env)
 {
 	if (hpu_codec_send(c->sock, peer, env) != 0 && errno != EHOSTUNREACH)
-		fprintf(stderr, "hpulaunch: coordinator: send failed: %s\n",
+		hpu_log(HPU_LOG_ERROR, "coordinator: send failed: %s",
 			zmq_strerror(errno));
 }
 
@@ -191,7 +192,7 @@ static void on_join(hpu_coord *c, const hpu_codec_peer *peer, const Hpu__Join *j
 {
 	const char *why = check_join(c, j);
 	if (why) {
-		fprintf(stderr, "hpulaunch: coordinator: refused a join from rank %d (pid %u, host %s): %s\n",
+		hpu_log(HPU_LOG_WARNING, "coordinator: refused a join from rank %d (pid %u, host %s): %s",
 			j->self ? (int)j->self->rank : -1, j->self ? j->self->pid : 0,
 			j->self && j->self->host ? j->self->host : "?", why);
 		send_join_reply(c, peer, 0, why, NULL, 0);
@@ -235,7 +236,7 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		/* Another attempt's agent: an earlier one on its way out, or a
 		 * later one that says hello again until its own coordinator
 		 * answers. Neither belongs here, and neither is to be aborted. */
-		fprintf(stderr, "hpulaunch: coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d\n",
+		hpu_log(HPU_LOG_WARNING, "coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d",
 			h->node_rank, h->restart_count, c->cfg.restart_count);
 		return;
 	}
@@ -256,7 +257,7 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
 	if (why) {
-		fprintf(stderr, "hpulaunch: coordinator: refused agent of node %u: %s\n",
+		hpu_log(HPU_LOG_WARNING, "coordinator: refused agent of node %u: %s",
 			h->node_rank, why);
 		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, why);
 		return;

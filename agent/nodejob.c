@@ -13,6 +13,7 @@
 
 #include "codec.h"
 #include "coord.h"
+#include "log.h"
 #include "restart.h"
 #include "zwatch.h"
 
@@ -61,7 +62,7 @@ static void fail_as(hpu_nodejob *j, const char *cause, double grace_s, int print
 	if (!j->failed) {
 		snprintf(j->root_cause, sizeof j->root_cause, "%s", cause);
 		if (print && !j->cfg.quiet)
-			fprintf(stderr, "%s: error: %s\n", j->cfg.who, cause);
+			hpu_log(HPU_LOG_ERROR, "error: %s", cause);
 	}
 	j->failed = 1;
 	if (j->agent)
@@ -77,8 +78,7 @@ static void fail(hpu_nodejob *j, const char *cause, double grace_s)
 static void send_to_coord(hpu_nodejob *j, Hpu__Envelope *env)
 {
 	if (j->dealer && hpu_codec_send(j->dealer, NULL, env) != 0 && !j->cfg.quiet)
-		fprintf(stderr, "%s: cannot reach the coordinator: %s\n", j->cfg.who,
-			zmq_strerror(errno));
+		hpu_log(HPU_LOG_ERROR, "cannot reach the coordinator: %s", zmq_strerror(errno));
 }
 
 /* Ends the job on every node for `reason`. */
@@ -382,8 +382,6 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 	}
 	j->loop = loop;
 	j->cfg = *cfg;
-	if (!j->cfg.who)
-		j->cfg.who = "hpulaunch";
 	j->master_port = cfg->master_port;
 	j->rank_base = cfg->node_rank * cfg->devices;
 	j->world = cfg->nodes * cfg->devices;

@@ -41,8 +41,7 @@ typedef struct hpu_nodejob_cfg {
 	/* uid is the job's alone, one of these (agent.h); 0 0: shared */
 	unsigned job_uid_first, job_uid_last;
 	double join_timeout_s, agent_timeout_s, grace_s;
-	const char *who;          /* message prefix: "hpulaunch", "hpud" */
-	int quiet;                /* no error lines on stderr */
+	int quiet;                /* no error lines in the log */
 	/* A worker's output line (agent.h); NULL: this process's stdout. */
 	void (*on_line)(hpu_nodejob *j, int rank, int is_err, const char *line,
 			size_t len, void *arg);

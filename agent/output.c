@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "log.h"
 
 #define MAX_SAID 64 /* distinct destinations said; more are counted only */
 
@@ -35,14 +36,12 @@ void hpu_output_fail(const char *what, int err)
 	O.failed = 1;
 	if (err == EPIPE || said_before(what) || O.std_err[2])
 		return; /* stderr itself failed: nowhere left to say it */
-	char line[1200];
-	int n = snprintf(line, sizeof line,
-			 "%s: error: cannot write %s: %s; the rest of it is not written "
-			 "(exit status %d at the end)\n",
-			 program_invocation_short_name, what, strerror(err), HPU_OUTPUT_EXIT);
 	fflush(stderr);
-	if (hpu_write_all(2, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1) < 0)
-		O.std_err[2] = errno ? errno : EIO;
+	hpu_log(HPU_LOG_ERROR,
+		"error: cannot write %s: %s; the rest of it is not written (exit status %d at the end)",
+		what, strerror(err), HPU_OUTPUT_EXIT);
+	if (hpu_log_write_errno())
+		O.std_err[2] = hpu_log_write_errno();
 }
 
 static void std_fail(int fd, int err)
@@ -138,8 +137,8 @@ int hpu_output_finish(void)
 	 * disk reported late); nothing writes to it after this */
 	if (fflush(stdout) == 0 && !O.std_err[1] && close(1) != 0 && errno != EBADF)
 		std_fail(1, errno);
-	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr))) {
-		O.std_err[2] = errno ? errno : EIO; /* nowhere left to say it */
+	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr) || hpu_log_write_errno())) {
+		O.std_err[2] = hpu_log_write_errno() ? hpu_log_write_errno() : errno ? errno : EIO;
 		O.failed = 1;
 	}
 	for (int i = 0; i < O.n_said; i++)

@@ -1,5 +1,6 @@
 #include "restart.h"
 #include "hex.h"
+#include "log.h"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -48,7 +49,7 @@ static char *all_causes(const hpu_restarts *r)
 	return s;
 }
 
-int hpu_restarts_next(hpu_restarts *r, const char *who, const char *cause)
+int hpu_restarts_next(hpu_restarts *r, const char *cause)
 {
 	char **grown = realloc(r->causes, (size_t)(r->attempt + 1) * sizeof *grown);
 	char *copy = strdup(cause && *cause ? cause : "no cause given");
@@ -56,19 +57,19 @@ int hpu_restarts_next(hpu_restarts *r, const char *who, const char *cause)
 		free(copy);
 		if (grown)
 			r->causes = grown;
-		fprintf(stderr, "%s: out of memory: no more restarts\n", who);
+		hpu_log(HPU_LOG_ERROR, "out of memory: no more restarts");
 		return 0;
 	}
 	r->causes = grown;
 	r->causes[r->attempt++] = copy;
 	if (r->attempt <= r->max) {
-		fprintf(stderr, "%s: attempt %d of %d failed: %s; restarting (restart %d of %d)\n",
-			who, r->attempt, r->max + 1, copy, r->attempt, r->max);
+		hpu_log(HPU_LOG_WARNING, "attempt %d of %d failed: %s; restarting (restart %d of %d)",
+			r->attempt, r->max + 1, copy, r->attempt, r->max);
 		return 1;
 	}
 	if (r->max > 0) {
 		char *all = all_causes(r);
-		fprintf(stderr, "%s: job failed after %d restart%s: %s\n", who, r->max,
+		hpu_log(HPU_LOG_ERROR, "job failed after %d restart%s: %s", r->max,
 			r->max == 1 ? "" : "s", all ? all : "(out of memory)");
 		free(all);
 	}

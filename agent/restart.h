@@ -34,11 +34,11 @@ typedef struct hpu_restarts {
 void hpu_restarts_init(hpu_restarts *r, int max);
 
 /* The running attempt failed because of `cause`. If a restart remains,
- * prints "<who>: attempt A of N failed: CAUSE; restarting (restart R of K)"
- * on stderr, moves on to the next attempt and returns 1. Otherwise returns
- * 0; with K > 0 it has then printed "<who>: job failed after K restarts:
- * attempt 1: CAUSE; attempt 2: ...". */
-int hpu_restarts_next(hpu_restarts *r, const char *who, const char *cause);
+ * logs "attempt A of N failed: CAUSE; restarting (restart R of K)"
+ * (common/log.h: after the program's prefix), moves on to the next
+ * attempt and returns 1. Otherwise returns 0; with K > 0 it has then
+ * logged "job failed after K restarts: attempt 1: CAUSE; attempt 2: ...". */
+int hpu_restarts_next(hpu_restarts *r, const char *cause);
 
 /* Frees the causes; safe twice. */
 void hpu_restarts_free(hpu_restarts *r);

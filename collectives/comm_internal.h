@@ -323,6 +323,11 @@ static inline void hpucoll__count(_Atomic uint64_t *ctr, uint64_t n)
 	atomic_fetch_add_explicit(ctr, n, memory_order_relaxed);
 }
 
+/* One line of the library's (printf-style, no newline): to the hook of
+ * hpucoll_set_log, or to stderr without one (log.c). */
+void hpucoll__log(hpucoll_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
 /* Formats one sentence into comm->errmsg. */
 void hpucoll__set_error(hpucoll_comm *c, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

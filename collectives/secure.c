@@ -236,10 +236,10 @@ static void say(hpucoll_comm *c, const zmq_msg_t *addr, const char *why)
 	for (char *q = a; *q; q++)
 		if (*q < 0x20 || *q > 0x7e)
 			*q = '?';
-	fprintf(stderr,
-		"hpucoll: rank %d refused a data-plane connection from %s: %s; "
-		"none of its frames was read\n",
-		c->rank, a, why);
+	hpucoll__log(HPUCOLL_LOG_WARNING,
+		     "hpucoll: rank %d refused a data-plane connection from %s: %s; "
+		     "none of its frames was read",
+		     c->rank, a, why);
 }
 
 /* A handshake on the receive socket failed (its monitor says so): the
@@ -256,9 +256,10 @@ static void count_refusal(hpucoll_comm *c, uint16_t ev)
 	while (p < n && p < UINT64_MAX / 10)
 		p *= 10;
 	if (n == p)
-		fprintf(stderr, "hpucoll: rank %d has refused %" PRIu64
-				" data-plane connections so far\n",
-			c->rank, n);
+		hpucoll__log(HPUCOLL_LOG_WARNING,
+			     "hpucoll: rank %d has refused %" PRIu64
+			     " data-plane connections so far",
+			     c->rank, n);
 }
 
 static void read_monitor(hpucoll_comm *c, void *mon)

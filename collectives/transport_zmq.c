@@ -931,9 +931,10 @@ void hpucoll__zmq_fail(hpucoll_comm *c, int rc)
 			backoff(&round);
 	} while (left > 0 && hpucoll__now_ms() - t0 < 10000);
 	if (left > 0)
-		fprintf(stderr, "hpucoll: rank %d: ZeroMQ still holds "
-				"zero-copy sends to %d peers after a "
-				"failure\n",
-			c->rank, left);
+		hpucoll__log(HPUCOLL_LOG_WARNING,
+			     "hpucoll: rank %d: ZeroMQ still holds "
+			     "zero-copy sends to %d peers after a "
+			     "failure",
+			     c->rank, left);
 	c->zc_pending = 0;
 }

@@ -285,11 +285,11 @@ static void stall_warn(hpucoll_comm *c, int64_t now, const char *tail)
 	list_ranks(c, &l, 1);
 	add(&l, "; not arrived: ");
 	list_ranks(c, &l, 0);
-	fprintf(stderr,
-		"hpucoll: rank %d: %s (collective #%" PRIu32 ") has waited "
-		"%" PRId64 " ms for rank %d; %s; %s\n",
-		c->rank, c->what, c->seq, now - c->stall_start, c->stall_peer,
-		l.buf, tail);
+	hpucoll__log(HPUCOLL_LOG_WARNING,
+		     "hpucoll: rank %d: %s (collective #%" PRIu32 ") has waited "
+		     "%" PRId64 " ms for rank %d; %s; %s",
+		     c->rank, c->what, c->seq, now - c->stall_start, c->stall_peer,
+		     l.buf, tail);
 }
 
 /* Sends a header-only control message (a probe or a reply) to rank dst

@@ -154,10 +154,14 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	VAR(NOTIFY_SOCKET, "", "hpud (libsystemd's sd_notify); not passed to workers",
 	    "systemd's socket for Type=notify: hpud says READY=1 once it "
 	    "listens, RELOADING=1 on SIGHUP, STOPPING=1, and STATUS="),
-	VAR(JOURNAL_STREAM, "", "hpud; not passed to workers",
-	    "systemd's DEV:INO of the journal stream: when it is hpud's stderr, "
-	    "log lines carry priority prefixes (<3> error, <4> warn, <6> info, "
-	    "<7> debug)"),
+	VAR(JOURNAL_STREAM, "", "every program (common/log); not passed to workers",
+	    "systemd's DEV:INO of the journal stream: when it is the program's "
+	    "stderr, log lines carry priority prefixes (<3> error, <4> warning, "
+	    "<5> notice, <6> info, <7> debug)"),
+	VAR(HPU_LOG_LEVEL, "info",
+	    "every program (hpulaunch, hpud, hpu-worker, the tools); carried to hpud by --hostfile",
+	    "error | warning | notice | info | debug: lines above it are not "
+	    "printed (--log-level; hpud: overrides log_level)"),
 	VAR(SLURM_JOB_ID, "", "hpulaunch (in srun)",
 	    "the Slurm job: the job id and master port; the job token when "
 	    "HPU_JOB_TOKEN is unset"),

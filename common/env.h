@@ -73,6 +73,8 @@ typedef enum hpu_env_id {
 	/* systemd's, for hpud as a service (never passed to workers). */
 	HPU_ENV_NOTIFY_SOCKET,
 	HPU_ENV_JOURNAL_STREAM,
+	/* Every program's log (common/log.h). */
+	HPU_ENV_HPU_LOG_LEVEL,
 	/* Slurm's, read by hpulaunch inside srun (several names: the first
 	 * one set wins, in the order launcher/slurm.c asks). */
 	HPU_ENV_SLURM_JOB_ID,

@@ -37,6 +37,7 @@
 #include "env.h"
 #include "job.h"
 #include "joboutput.h"
+#include "log.h"
 #include "nodejob.h"
 #include "opt.h"
 #include "optdoc.h"
@@ -87,7 +88,7 @@ static struct {
 	/* drawn at start: every request must name it (proto/hpu.proto) */
 	char instance[HPU_AUTH_ID_HEX + 1];
 	uint64_t seq;              /* of the last frame signed */
-	int journal;               /* stderr is journald's: prefix priorities */
+	int log_level_fixed;       /* --log-level set it: not log_level */
 	/* job_uids that no job holds but processes still run under: given to
 	 * no job until none is left */
 	hpud_quarantine quarantine;
@@ -95,40 +96,42 @@ static struct {
 
 /* ---- logging (stderr: journald takes it from there) ---- */
 
-/* Whether stderr is a stream to journald: JOURNAL_STREAM ("DEV:INO", set
- * by systemd for StandardError=journal) names the device and inode of
- * stderr itself (so not after stderr was redirected elsewhere). */
-static int stderr_is_journal(void)
+/* hpud's levels as the log's (common/log.h). */
+static hpu_log_level log_level_of(hpud_log_level lvl)
 {
-	const char *v = hpu_env_str(HPU_ENV_JOURNAL_STREAM);
-	unsigned long long dev, ino;
-	int end = 0;
-	struct stat st;
-	if (!v || sscanf(v, "%llu:%llu%n", &dev, &ino, &end) != 2 || v[end] ||
-	    fstat(STDERR_FILENO, &st) != 0)
-		return 0;
-	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+	static const hpu_log_level of[] = {[HPUD_LOG_ERROR] = HPU_LOG_ERROR,
+					   [HPUD_LOG_WARN] = HPU_LOG_WARNING,
+					   [HPUD_LOG_INFO] = HPU_LOG_INFO,
+					   [HPUD_LOG_DEBUG] = HPU_LOG_DEBUG};
+	return of[lvl];
+}
+
+/* The configuration's log_level, unless HPU_LOG_LEVEL or --log-level
+ * set the level. */
+static void apply_log_level(void)
+{
+	if (!D.log_level_fixed && !hpu_log_level_from_env())
+		hpu_log_set_level(log_level_of(D.conf.log_level));
 }
 
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-/* "hpud: LEVEL: text" on stderr; for journald with the syslog priority in
- * front (sd-daemon.h's SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG), which it
- * takes off and keeps as the line's priority (journalctl -p). */
+/* "hpud: LEVEL: text" through the log (common/log.h), which puts the
+ * syslog priority in front for journald when stderr is the journal
+ * stream; journald takes it off and keeps it as the line's priority
+ * (journalctl -p). The agent's and the coordinator's lines in hpud go
+ * the same way, as "hpud: text". */
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 {
-	static const char *const prio[] = {[HPUD_LOG_ERROR] = SD_ERR, [HPUD_LOG_WARN] = SD_WARNING,
-					   [HPUD_LOG_INFO] = SD_INFO, [HPUD_LOG_DEBUG] = SD_DEBUG};
-	if (lvl > D.conf.log_level)
+	if (!hpu_log_enabled(log_level_of(lvl)))
 		return;
 	char line[1200];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof line, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "%shpud: %s: %s\n", D.journal ? prio[lvl] : "", hpud_log_level_name(lvl),
-		line);
+	hpu_log(log_level_of(lvl), "%s: %s", hpud_log_level_name(lvl), line);
 }
 
 /* Tells systemd `state` ("READY=1", ...) with a STATUS= line of what
@@ -698,7 +701,6 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		.join_timeout_s = 300,
 		.agent_timeout_s = 10,
 		.grace_s = 2,
-		.who = "hpud",
 		.quiet = 1,
 		.on_line = on_line,
 		.on_status = on_status,
@@ -1110,6 +1112,7 @@ static void reload(void)
 		resolve_user(&D.conf, err, sizeof err);
 		return;
 	}
+	apply_log_level();
 	logmsg(HPUD_LOG_INFO, "configuration reloaded from %s", D.conf_path);
 }
 
@@ -1148,7 +1151,7 @@ static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
 
 /* ---- start-up ---- */
 
-enum { OPT_HELP = 1, OPT_GEN_KEY, OPT_CONFIG, OPT_CHECK, OPT_HELP_DOC };
+enum { OPT_HELP = 1, OPT_GEN_KEY, OPT_CONFIG, OPT_CHECK, OPT_HELP_DOC, OPT_LOG_LEVEL };
 
 /* The parser's table and the help's (--help, man/hpud.8, docs/reference). */
 static const hpu_optspec specs[] = {
@@ -1158,6 +1161,10 @@ static const hpu_optspec specs[] = {
 	 .help = "check the configuration, the key and the worker program, then exit"},
 	{"gen-key", 0, HPU_OPT_VALUE, OPT_GEN_KEY, "FILE",
 	 .help = "make a new cluster secret in FILE (mode 0600) and exit"},
+	{"log-level", 0, HPU_OPT_VALUE, OPT_LOG_LEVEL, "LEVEL",
+	 .help = "error | warning | notice | info | debug: lines above it are not logged (the "
+		 "configuration's log_level)",
+	 .env = "HPU_LOG_LEVEL"},
 	{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this help"},
 	/* the options' and the keys' documentation (man/, docs/reference/) */
 	{"help-doc", 0, HPU_OPT_VALUE, OPT_HELP_DOC, .help = NULL},
@@ -1229,7 +1236,10 @@ int main(int argc, char **argv)
 	D.conf_path = "/etc/hpud/hpud.conf";
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	D.journal = stderr_is_journal();
+	if (hpu_log_init(err, sizeof err, "hpud") < 0) {
+		logmsg(HPUD_LOG_ERROR, "%s", err);
+		return 2;
+	}
 	hpu_optparse p;
 	hpu_optparse_init(&p, argc, argv, specs);
 	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
@@ -1250,6 +1260,14 @@ int main(int argc, char **argv)
 			D.conf_path = p.val;
 		} else if (r == OPT_CHECK) {
 			check = 1;
+		} else if (r == OPT_LOG_LEVEL) {
+			hpu_log_level lvl;
+			if (hpu_log_parse_level(p.val, "--log-level", &lvl, err, sizeof err) < 0) {
+				logmsg(HPUD_LOG_ERROR, "%s", err);
+				return 2;
+			}
+			hpu_log_set_level(lvl);
+			D.log_level_fixed = 1;
 		} else if (r == HPU_OPT_MISSING) {
 			logmsg(HPUD_LOG_ERROR, "%s needs a value", p.arg);
 			usage(stderr);
@@ -1273,6 +1291,7 @@ int main(int argc, char **argv)
 		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
+	apply_log_level();
 	if (check) {
 		printf("hpud: %s is fine\n", D.conf_path);
 		return 0;

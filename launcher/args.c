@@ -1,6 +1,7 @@
 #include "args.h"
 #include "env.h"
 #include "hex.h"
+#include "log.h"
 #include "num.h"
 #include "opt.h"
 #include "optdoc.h"
@@ -94,7 +95,7 @@ static int status_target(hpu_launch_args *a, const char *v)
 enum {
 	O_NODES = 1, O_DEVICES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT,
 	O_JOB_ID, O_LOG_DIR, O_JOIN_TIMEOUT, O_TRANSPORT, O_HOSTFILE, O_STATUS,
-	O_HPUD_PORT, O_KEY, O_MAX_RESTARTS, O_PROGRESS, O_DATA_PLANE, O_QUIET,
+	O_HPUD_PORT, O_KEY, O_MAX_RESTARTS, O_PROGRESS, O_DATA_PLANE, O_QUIET, O_LOG_LEVEL,
 	O_HELP, O_HELP_ENV, O_HELP_DOC, O_EXEC,
 	/* torchrun's spellings that are more than another name: */
 	O_NNODES, O_NPROC_PER_NODE, O_STANDALONE, O_RDZV_ENDPOINT,
@@ -134,6 +135,10 @@ static const hpu_optspec launcher_specs[] = {
 		 "last line of the terminal, below the workers' lines (auto: when stdout is a terminal and "
 		 "TERM is not dumb; also with --hostfile)"},
 	{"quiet", 'q', HPU_OPT_FLAG, O_QUIET, NULL, .help = "no start-up summary line"},
+	{"log-level", 0, HPU_OPT_VALUE, O_LOG_LEVEL, "LEVEL",
+	 .help = "error | warning | notice | info | debug: hpulaunch's lines above it are not printed; "
+		 "the workers get it too (info)",
+	 .env = "HPU_LOG_LEVEL"},
 	{"help", 'h', HPU_OPT_FLAG, O_HELP, NULL, .help = "this help"},
 	{"help-env", 0, HPU_OPT_FLAG, O_HELP_ENV, NULL,
 	 .help = "every environment variable hpulaunch, hpud and the workers read, with its default"},
@@ -339,6 +344,13 @@ static int launcher_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p,
 		}
 		break;
 	case O_DATA_PLANE: a->data_plane = v; break;
+	case O_LOG_LEVEL: {
+		hpu_log_level lvl;
+		if (hpu_log_parse_level(v, "--log-level", &lvl, err, errlen) < 0)
+			return -1;
+		a->log_level = v;
+		break;
+	}
 	}
 	if (bad) {
 		snprintf(err, errlen, "bad value '%s' for --%s", v, p->spec->name);

@@ -18,6 +18,7 @@ typedef struct hpu_launch_args {
 	const char *log_dir;
 	const char *transport; /* --transport: exported as HPUCOLL_TRANSPORT */
 	const char *data_plane; /* --data-plane: exported as HPUCOLL_SECURITY */
+	const char *log_level;  /* --log-level: set, and exported as HPU_LOG_LEVEL */
 	double join_timeout_s;
 	double agent_timeout_s;
 	double grace_s;      /* SIGTERM to SIGKILL */

@@ -9,6 +9,7 @@
 
 #include "args.h"
 #include "env.h"
+#include "log.h"
 #include "nodejob.h"
 #include "output.h"
 #include "progress.h"
@@ -96,7 +97,7 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	char reason[160];
 	snprintf(reason, sizeof reason, "interrupted by %s on node %d",
 		 w->signum == SIGINT ? "SIGINT" : "SIGTERM", L.args.node_rank);
-	fprintf(stderr, "hpulaunch: %s: stopping %d workers\n", reason,
+	hpu_log(HPU_LOG_NOTICE, "%s: stopping %d workers", reason,
 		hpu_nodejob_live(L.job));
 	L.signo = w->signum;
 	hpu_nodejob_cancel(L.job, reason, L.args.grace_s);
@@ -131,7 +132,6 @@ static int run_attempt(char *err, size_t errlen)
 		.join_timeout_s = L.args.join_timeout_s,
 		.agent_timeout_s = L.args.agent_timeout_s,
 		.grace_s = L.args.grace_s,
-		.who = "hpulaunch",
 		.on_end = on_end,
 	};
 	if (L.bar.on) {
@@ -144,7 +144,7 @@ static int run_attempt(char *err, size_t errlen)
 	if (!(L.job = hpu_nodejob_start(L.loop, &jc, err, errlen)))
 		return -1;
 	if (!L.args.quiet)
-		fprintf(stderr, "hpulaunch: job %s: node %d of %d, ranks %d-%d of %d, coordinator %s:%d\n",
+		hpu_log(HPU_LOG_INFO, "job %s: node %d of %d, ranks %d-%d of %d, coordinator %s:%d",
 			L.args.job_id, L.args.node_rank, L.args.nodes,
 			hpu_nodejob_rank(L.job, 0), hpu_nodejob_rank(L.job, L.args.devices - 1),
 			L.args.world, L.args.master_addr,
@@ -153,7 +153,7 @@ static int run_attempt(char *err, size_t errlen)
 	hpu_progress_reset(&L.bar);
 	long bad = hpu_nodejob_status_bad(L.job);
 	if (bad)
-		fprintf(stderr, "hpulaunch: warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)\n",
+		hpu_log(HPU_LOG_WARNING, "warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)",
 			bad);
 	hpu_nodejob_destroy(&L.job); /* every worker is reaped by now */
 	return 0;
@@ -183,7 +183,7 @@ static int run_local(char *err, size_t errlen)
 				rc = 1; /* main says why */
 				break;
 			}
-			fprintf(stderr, "hpulaunch: error: %s\n", err);
+			hpu_log(HPU_LOG_ERROR, "error: %s", err);
 			snprintf(L.cause, sizeof L.cause, "%s", err);
 			err[0] = 0;
 			L.failed = 1;
@@ -192,7 +192,7 @@ static int run_local(char *err, size_t errlen)
 			rc = exit_status();
 			break;
 		}
-		if (!hpu_restarts_next(&L.restarts, "hpulaunch", L.cause)) {
+		if (!hpu_restarts_next(&L.restarts, L.cause)) {
 			rc = 1;
 			break;
 		}
@@ -201,24 +201,56 @@ static int run_local(char *err, size_t errlen)
 	return rc;
 }
 
+/* The config file's notes (options/), as log lines: a warning's at its
+ * level, the others as notices. */
+static void config_notes(const hpu_train_opts *o)
+{
+	char *buf = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&buf, &n);
+	if (!f)
+		return;
+	hpu_opts_config_notes(o, f, hpu_log_prefix());
+	fclose(f);
+	for (char *l = buf, *e; l && *l; l = e + 1) {
+		e = strchr(l, '\n');
+		if (e)
+			*e = 0;
+		hpu_log_plain(strstr(l, ": warning: ") ? HPU_LOG_WARNING : HPU_LOG_NOTICE, "%s", l);
+		if (!e)
+			break;
+	}
+	free(buf);
+}
+
 static int run(int argc, char **argv)
 {
 	char err[4096] = ""; /* a config file's errors, one a line */
 	signal(SIGPIPE, SIG_IGN);
+	if (hpu_log_init(err, sizeof err, "hpulaunch") < 0) {
+		hpu_log(HPU_LOG_ERROR, "error: %s", err);
+		return 2;
+	}
 	int r = hpu_args_parse(&L.args, argc, argv, err, sizeof err);
 	if (r != 0) {
 		if (r < 0)
-			fprintf(stderr, "hpulaunch: error: %s\n", err);
+			hpu_log(HPU_LOG_ERROR, "error: %s", err);
 		return r < 0 ? 2 : 0;
 	}
 	/* The workers read it (hpucoll_comm_init_env); hpud gets it with the
 	 * request (hpu_job_env). */
 	if (L.args.data_plane)
 		setenv(hpu_env_name(HPU_ENV_HPUCOLL_SECURITY), L.args.data_plane, 1);
+	if (L.args.log_level) {
+		hpu_log_level lvl = HPU_LOG_INFO;
+		hpu_log_parse_level(L.args.log_level, "--log-level", &lvl, err, sizeof err);
+		hpu_log_set_level(lvl);
+		setenv(hpu_env_name(HPU_ENV_HPU_LOG_LEVEL), L.args.log_level, 1);
+	}
 	if (!L.args.exec_mode && !L.args.status_host)
-		hpu_opts_config_notes(&L.args.train, stderr, "hpulaunch");
+		config_notes(&L.args.train);
 	if (L.args.weak_token)
-		fprintf(stderr, "hpulaunch: warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun\n");
+		hpu_log(HPU_LOG_WARNING, "warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun");
 	int rc;
 	if (L.args.status_host)
 		rc = hpu_status_run(&L.args);
@@ -230,7 +262,7 @@ static int run(int argc, char **argv)
 	else
 		rc = run_local(err, sizeof err);
 	if (rc && err[0])
-		fprintf(stderr, "hpulaunch: error: %s\n", err);
+		hpu_log(HPU_LOG_ERROR, "error: %s", err);
 	hpu_args_free(&L.args);
 	return rc;
 }

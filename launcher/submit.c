@@ -17,6 +17,7 @@
 #include "auth.h"
 #include "codec.h"
 #include "env.h"
+#include "log.h"
 #include "nodejob.h"
 #include "output.h"
 #include "progress.h"
@@ -124,7 +125,7 @@ static void drops_summary(int last)
 		return;
 	if (S.drops_unsaid) {
 		hpu_progress_hide(&S.bar);
-		fprintf(stderr, "hpulaunch: warning: %ld more messages dropped (not shown)\n",
+		hpu_log(HPU_LOG_WARNING, "warning: %ld more messages dropped (not shown)",
 			S.drops_unsaid);
 	}
 	S.drop_window = t;
@@ -142,7 +143,7 @@ static void warn_drop(const node *nd, const char *what, const char *why)
 		return;
 	}
 	hpu_progress_hide(&S.bar);
-	fprintf(stderr, "hpulaunch: warning: dropped %s from %s:%d%s%s\n", what, nd->host,
+	hpu_log(HPU_LOG_WARNING, "warning: dropped %s from %s:%d%s%s", what, nd->host,
 		nd->port, why ? ": " : "", why ? why : "");
 }
 
@@ -378,17 +379,17 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 		if ((w->exit_code != 0 || w->left_early) && !S.a->quiet) {
 			hpu_progress_hide(&S.bar);
 			if (w->signal)
-				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) was killed by signal %d\n",
+				hpu_log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) was killed by signal %d",
 					w->rank, w->node_rank, w->pid, w->signal);
 			else if (w->left_early) {
 				char pos[128];
 				hpu_describe_position((long)w->step, (long)w->total, (int)w->phase, pos,
 						      sizeof pos);
-				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)\n",
+				hpu_log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)",
 					w->rank, w->node_rank, w->pid, pos);
 			}
 			else
-				fprintf(stderr, "hpulaunch: rank %u (node %u, pid %u) exited with code %d\n",
+				hpu_log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code %d",
 					w->rank, w->node_rank, w->pid, w->exit_code);
 		}
 		break;
@@ -610,7 +611,7 @@ static int outcome(char *cause, size_t len)
 		return 0;
 	node *nd = &S.n[bad];
 	snprintf(cause, len, "%s", nd->reason[0] ? nd->reason : "a node's part did not end");
-	fprintf(stderr, "hpulaunch: error: %s\n", cause);
+	hpu_log(HPU_LOG_ERROR, "error: %s", cause);
 	return 1;
 }
 
@@ -636,7 +637,7 @@ static int follow(char *cause, size_t len)
 		hpu_progress_tick(&S.bar);
 		if (S.signo && !cancelled) {
 			hpu_progress_hide(&S.bar);
-			fprintf(stderr, "hpulaunch: interrupted by %s: cancelling job %s on %d nodes\n",
+			hpu_log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d nodes",
 				S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn);
 			cancel_all();
 			cancelled = 1;
@@ -669,7 +670,7 @@ static int follow(char *cause, size_t len)
 				}
 				if (!S.lost) {
 					hpu_progress_hide(&S.bar);
-					fprintf(stderr, "hpulaunch: error: %s\n", nd->reason);
+					hpu_log(HPU_LOG_ERROR, "error: %s", nd->reason);
 					snprintf(S.lost_cause, sizeof S.lost_cause, "%s", nd->reason);
 				}
 				S.lost = 1;
@@ -703,10 +704,10 @@ static void interrupted_submitting(void)
 		n += may_run(&S.n[i]);
 	hpu_progress_hide(&S.bar);
 	if (n)
-		fprintf(stderr, "hpulaunch: interrupted by %s while submitting: cancelling job %s on %d node%s\n",
+		hpu_log(HPU_LOG_NOTICE, "interrupted by %s while submitting: cancelling job %s on %d node%s",
 			S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, n, n == 1 ? "" : "s");
 	else
-		fprintf(stderr, "hpulaunch: interrupted by %s: job %s was not submitted\n",
+		hpu_log(HPU_LOG_NOTICE, "interrupted by %s: job %s was not submitted",
 			S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id);
 	S.err[0] = 0;
 	cancel_and_wait(15);
@@ -758,7 +759,7 @@ static int launch_all(int restart)
 	if (!S.a->quiet) {
 		char layout[64];
 		describe_layout(layout, sizeof layout);
-		fprintf(stderr, "hpulaunch: job %s: %s through hpud, coordinator %s:%d\n",
+		hpu_log(HPU_LOG_INFO, "job %s: %s through hpud, coordinator %s:%d",
 			S.a->job_id, layout, S.n[0].host, S.master_port);
 	}
 	return 0;
@@ -784,7 +785,7 @@ static int run_attempts(void)
 				rc = S.signo ? 128 + S.signo : 1;
 				break; /* the caller prints S.err */
 			}
-			fprintf(stderr, "hpulaunch: error: %s\n", S.err);
+			hpu_log(HPU_LOG_ERROR, "error: %s", S.err);
 			snprintf(cause, sizeof cause, "%s", S.err);
 			S.err[0] = 0;
 		} else {
@@ -793,7 +794,7 @@ static int run_attempts(void)
 			if (rc != 1)
 				break;
 		}
-		if (!hpu_restarts_next(&r, "hpulaunch", cause)) {
+		if (!hpu_restarts_next(&r, cause)) {
 			rc = 1;
 			break;
 		}
@@ -822,7 +823,7 @@ int hpu_submit_run(const hpu_launch_args *a)
 	rc = run_attempts();
 out:
 	if (rc && S.err[0])
-		fprintf(stderr, "hpulaunch: error: %s\n", S.err);
+		hpu_log(HPU_LOG_ERROR, "error: %s", S.err);
 	teardown();
 	return rc;
 }
@@ -913,7 +914,7 @@ int hpu_status_run(const hpu_launch_args *a)
 	rc = 0;
 out:
 	if (rc && S.err[0])
-		fprintf(stderr, "hpulaunch: error: %s\n", S.err);
+		hpu_log(HPU_LOG_ERROR, "error: %s", S.err);
 	teardown();
 	return rc;
 }

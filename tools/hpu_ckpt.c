@@ -111,26 +111,30 @@ static const char *const help_reshard =
 /* Each command's options: the parser's table and the help's (its --help,
  * man/hpu-ckpt.1, docs/reference/hpu-ckpt.md). An option's id is 2 + the
  * index of its value in the command's vals[]; a flag's value is "1". */
-enum { OPT_HELP = 1, OPT_VAL = 2 };
-#define HELP_OPT {"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this text"}
+enum { OPT_HELP = 1, OPT_VAL = 2, OPT_LOG_LEVEL = 100 };
+/* Every command's --log-level and --help. */
+#define COMMON_OPTS \
+	{"log-level", 0, HPU_OPT_VALUE, OPT_LOG_LEVEL, "LEVEL", .help = HPU_TOOL_LOG_LEVEL_HELP, \
+	 .env = "HPU_LOG_LEVEL"}, \
+	{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this text"}
 #define MAX_OPTS 6
 
-static const hpu_optspec info_specs[] = {HELP_OPT, {0}};
+static const hpu_optspec info_specs[] = {COMMON_OPTS, {0}};
 static const hpu_optspec verify_specs[] = {
 	{"all", 0, HPU_OPT_FLAG, OPT_VAL, NULL,
 	 .help = "for a checkpoint root, verify every checkpoint under it, not only the one `latest` names"},
-	HELP_OPT, {0}};
+	COMMON_OPTS, {0}};
 static const hpu_optspec export_specs[] = {
 	{"output", 'o', HPU_OPT_VALUE, OPT_VAL, "FILE", .help = "the file to write (required)"},
 	{"format", 0, HPU_OPT_VALUE, OPT_VAL + 1, "FORMAT",
 	 .help = "safetensors (default): one F32 tensor per parameter, then one per buffer; "
 		 "raw: every parameter's floats in declaration order, as --save-params writes"},
-	HELP_OPT, {0}};
+	COMMON_OPTS, {0}};
 static const hpu_optspec reshard_specs[] = {
 	{"world", 0, HPU_OPT_VALUE, OPT_VAL, "M", .help = "the number of shards to write (required; 1..99999)"},
 	{"strategy", 0, HPU_OPT_VALUE, OPT_VAL + 1, "S",
 	 .help = "the strategy the manifest names: fast_ddp, ddp, zero1, zero2 or zero3 (SRC's)"},
-	HELP_OPT, {0}};
+	COMMON_OPTS, {0}};
 
 /* Splits argv[1..] (argv[0] the command) into options, whose values go to
  * vals[id - OPT_VAL], and at most maxpos positional arguments. Returns -1
@@ -149,6 +153,9 @@ static int parse_args(const char *cmd, const char *help, int argc, char **argv,
 			fputs("\noptions:\n", stdout);
 			hpu_optdoc(stdout, specs, HPU_DOC_HELP, 21);
 			return OK;
+		} else if (r == OPT_LOG_LEVEL) {
+			if (hpu_tool_log_level(p.val))
+				return USAGE;
 		} else if (r == HPU_OPT_POSITIONAL) {
 			if (*npos == maxpos)
 				return usage_error(cmd, "unexpected argument '%s'", p.val);
@@ -234,8 +241,8 @@ static int root_pick(const root *r, const char *path)
 		return fail("%s/%s names \"%s\", which is not a checkpoint there (newest present: "
 			    "%s); name the checkpoint directory itself",
 			    path, HPU_CKPT_LATEST, r->latest, r->names[0]);
-	fprintf(stderr, "hpu-ckpt: note: %s has no `%s` file; using the newest, %s\n", path,
-		HPU_CKPT_LATEST, r->names[0]);
+	hpu_tool_note("%s has no `%s` file; using the newest, %s", path, HPU_CKPT_LATEST,
+		      r->names[0]);
 	return OK;
 }
 
@@ -277,7 +284,7 @@ static void note_unsealed(const hpu_ckpt *c)
 	if (!c->unsealed)
 		return;
 	hpu_ckpt_unsealed_note(c, note, sizeof note);
-	fprintf(stderr, "hpu-ckpt: warning: %s\n", note);
+	hpu_tool_warn("%s", note);
 }
 
 /* Opens the checkpoint at dir; BAD (said) if its manifest is unusable. */
@@ -548,8 +555,7 @@ static int cmd_verify(int argc, char **argv)
 	trust_for(pos[0]);
 	if (has_manifest(pos[0])) {
 		if (all)
-			fprintf(stderr, "hpu-ckpt: note: %s is one checkpoint; --all is for a root\n",
-				pos[0]);
+			hpu_tool_note("%s is one checkpoint; --all is for a root", pos[0]);
 		return verify_one(pos[0]);
 	}
 	root r;
@@ -781,11 +787,10 @@ static int cmd_export(int argc, char **argv)
 	       c.dir, c.step, c.nparams, (unsigned long long)c.numel, extra, out, format,
 	       (unsigned long long)((c.numel + nbuf) * 4 + (header ? 8 + hlen : 0)));
 	if (c.nbuffers && !st)
-		fprintf(stderr,
-			"hpu-ckpt: note: raw holds the parameters only; the checkpoint's %d "
-			"buffers are not in %s (they are in %s/%s; --format safetensors "
-			"exports them too)\n",
-			c.nbuffers, out, c.dir, c.buffer_file.name);
+		hpu_tool_note("raw holds the parameters only; the checkpoint's %d "
+			      "buffers are not in %s (they are in %s/%s; --format safetensors "
+			      "exports them too)",
+			      c.nbuffers, out, c.dir, c.buffer_file.name);
 	rc = OK;
 done:
 	free(header);
@@ -1043,7 +1048,8 @@ static int help_doc(const char *format)
 
 int main(int argc, char **argv)
 {
-	hpu_tool_name = "hpu-ckpt";
+	if (hpu_tool_start("hpu-ckpt") < 0)
+		return HPU_TOOL_USAGE;
 	if (argc < 2)
 		return usage_error(NULL, "which command? (info, verify, export, reshard)");
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

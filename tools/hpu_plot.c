@@ -32,6 +32,7 @@
 
 #include "env.h"
 #include "fileio.h"
+#include "log.h"
 #include "num.h"
 #include "opt.h"
 #include "optdoc.h"
@@ -74,7 +75,7 @@ typedef struct args {
 	int width, height, print_data;
 } args;
 
-enum { OPT_HELP = 1, OPT_PRINT_DATA, OPT_OUTPUT, OPT_TITLE, OPT_WIDTH, OPT_HEIGHT, OPT_HELP_DOC };
+enum { OPT_HELP = 1, OPT_PRINT_DATA, OPT_OUTPUT, OPT_TITLE, OPT_WIDTH, OPT_HEIGHT, OPT_HELP_DOC, OPT_LOG_LEVEL };
 
 /* The parser's table and the help's (--help, man/hpu-plot.1,
  * docs/reference/hpu-plot.md). */
@@ -88,6 +89,8 @@ static const hpu_optspec specs[] = {
 	{"print-data", 0, HPU_OPT_FLAG, OPT_PRINT_DATA, NULL,
 	 .help = "print the table that would be drawn (MiB for memory, '?' where a value is missing) "
 		 "instead of drawing; gnuplot is not needed for it"},
+	{"log-level", 0, HPU_OPT_VALUE, OPT_LOG_LEVEL, "LEVEL", .help = HPU_TOOL_LOG_LEVEL_HELP,
+	 .env = "HPU_LOG_LEVEL"},
 	{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this text"},
 	/* the options' documentation (man/, docs/reference/): not listed */
 	{"help-doc", 0, HPU_OPT_VALUE, OPT_HELP_DOC, .help = NULL},
@@ -119,6 +122,10 @@ static int parse_args(int argc, char **argv, args *A)
 			return hpu_tool_doc(specs, v, 21);
 		case OPT_PRINT_DATA:
 			A->print_data = 1;
+			break;
+		case OPT_LOG_LEVEL:
+			if (hpu_tool_log_level(v))
+				return USAGE;
 			break;
 		case OPT_OUTPUT:
 			if (!*v)
@@ -617,12 +624,12 @@ static void pass_on(const char *err)
 	while (fgets(line, sizeof line, f)) {
 		if (blank(line))
 			continue;
-		fprintf(stderr, "hpu-plot: gnuplot: %s%s", line,
-			strchr(line, '\n') ? "" : "\n");
+		line[strcspn(line, "\n")] = 0;
+		hpu_log(HPU_LOG_ERROR, "gnuplot: %s", line);
 		any = 1;
 	}
 	if (!any)
-		fputs("hpu-plot: gnuplot said nothing on stderr\n", stderr);
+		hpu_log(HPU_LOG_ERROR, "gnuplot said nothing on stderr");
 	fclose(f);
 }
 
@@ -875,7 +882,8 @@ done:
 
 int main(int argc, char **argv)
 {
-	hpu_tool_name = "hpu-plot";
+	if (hpu_tool_start("hpu-plot") < 0)
+		return HPU_TOOL_USAGE;
 	args A;
 	int rc = parse_args(argc, argv, &A);
 	if (rc < 0)

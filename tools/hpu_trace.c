@@ -848,7 +848,7 @@ typedef struct opts {
 	int npaths;
 } opts;
 
-enum { OPT_HELP = 1, OPT_NO_MERGE, OPT_OUTPUT, OPT_TOP, OPT_SORT, OPT_HELP_DOC };
+enum { OPT_HELP = 1, OPT_NO_MERGE, OPT_OUTPUT, OPT_TOP, OPT_SORT, OPT_HELP_DOC, OPT_LOG_LEVEL };
 
 /* The parser's table and the help's (--help, man/hpu-trace.1,
  * docs/reference/hpu-trace.md). */
@@ -860,6 +860,8 @@ static const hpu_optspec specs[] = {
 	{"top", 0, HPU_OPT_VALUE, OPT_TOP, "N", .help = "print only the first N actions"},
 	{"sort", 0, HPU_OPT_VALUE, OPT_SORT, "KEY",
 	 .help = "order of the actions: total (default), count, mean, max (all largest first) or name"},
+	{"log-level", 0, HPU_OPT_VALUE, OPT_LOG_LEVEL, "LEVEL", .help = HPU_TOOL_LOG_LEVEL_HELP,
+	 .env = "HPU_LOG_LEVEL"},
 	{"help", 'h', HPU_OPT_FLAG, OPT_HELP, NULL, .help = "this text"},
 	/* the options' documentation (man/, docs/reference/): not listed */
 	{"help-doc", 0, HPU_OPT_VALUE, OPT_HELP_DOC, .help = NULL},
@@ -892,6 +894,9 @@ static int parse_args(opts *o, int argc, char **argv)
 			return hpu_tool_usage(NULL, "unknown option '%s'", p.arg);
 		} else if (r == OPT_OUTPUT) {
 			o->out = val;
+		} else if (r == OPT_LOG_LEVEL) {
+			if (hpu_tool_log_level(val))
+				return USAGE;
 		} else if (r == OPT_TOP) {
 			if (hpu_parse_int(val, 1, 1000000, &o->top))
 				return hpu_tool_usage(NULL, "--top wants a whole number of at least 1, not '%s'",
@@ -983,7 +988,8 @@ done:
 
 int main(int argc, char **argv)
 {
-	hpu_tool_name = "hpu-trace";
+	if (hpu_tool_start("hpu-trace") < 0)
+		return HPU_TOOL_USAGE;
 	opts o = {0};
 	int rc = parse_args(&o, argc, argv);
 	if (rc < 0)

@@ -1,5 +1,6 @@
 /* tool: see tool.h. */
 #include "tool.h"
+#include "log.h"
 #include "optdoc.h"
 
 #include <stdarg.h>
@@ -7,13 +8,39 @@
 
 const char *hpu_tool_name = "hputrain";
 
+int hpu_tool_start(const char *name)
+{
+	char err[200];
+	hpu_tool_name = name;
+	if (hpu_log_init(err, sizeof err, "%s", name) == 0)
+		return 0;
+	hpu_log(HPU_LOG_ERROR, "error: %s", err);
+	return -1;
+}
+
+int hpu_tool_log_level(const char *value)
+{
+	char err[200];
+	hpu_log_level lvl;
+	if (hpu_log_parse_level(value, "--log-level", &lvl, err, sizeof err) < 0)
+		return hpu_tool_usage(NULL, "%s", err);
+	hpu_log_set_level(lvl);
+	return 0;
+}
+
+/* One line of the tool's: "NAME: " + `head` + fmt's text. */
+static void say(hpu_log_level lvl, const char *head, const char *fmt, va_list ap)
+{
+	char text[4096];
+	vsnprintf(text, sizeof text, fmt, ap);
+	hpu_log(lvl, "%s%s", head, text);
+}
+
 int hpu_tool_fail(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "%s: error: ", hpu_tool_name);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	say(HPU_LOG_ERROR, "error: ", fmt, ap);
 	va_end(ap);
 	return HPU_TOOL_BAD;
 }
@@ -22,21 +49,29 @@ void hpu_tool_warn(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "%s: warning: ", hpu_tool_name);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	say(HPU_LOG_WARNING, "warning: ", fmt, ap);
+	va_end(ap);
+}
+
+void hpu_tool_note(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	say(HPU_LOG_NOTICE, "note: ", fmt, ap);
 	va_end(ap);
 }
 
 int hpu_tool_usage(const char *cmd, const char *fmt, ...)
 {
+	char text[4096];
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "%s%s%s: ", hpu_tool_name, cmd ? " " : "", cmd ? cmd : "");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n(%s %s%s--help for the usage)\n", hpu_tool_name, cmd ? cmd : "",
-		cmd ? " " : "");
+	vsnprintf(text, sizeof text, fmt, ap);
 	va_end(ap);
+	hpu_log_plain(HPU_LOG_ERROR, "%s%s%s: %s", hpu_tool_name, cmd ? " " : "", cmd ? cmd : "",
+		      text);
+	hpu_log_plain(HPU_LOG_ERROR, "(%s %s%s--help for the usage)", hpu_tool_name, cmd ? cmd : "",
+		      cmd ? " " : "");
 	return HPU_TOOL_USAGE;
 }
 

@@ -227,6 +227,31 @@ HPU_API void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, voi
  * warning names the ranks that have and have not arrived. */
 HPU_API void hpucoll_comm_set_stall_warning(hpucoll_comm *comm, int stall_ms);
 
+/* ---- Messages ----
+ *
+ * The library prints nothing by itself once a hook is set: its few lines
+ * (a collective's stall warning, a refused data-plane connection, a
+ * transport that could not settle after a failure) go to the hook, as
+ * one line without its newline, starting "hpucoll: " as printed ("hpucoll:
+ * rank 1 refused a data-plane connection from ..."). Without a hook they
+ * are written to stderr. The levels are syslog's priorities. */
+typedef enum hpucoll_log_level {
+	HPUCOLL_LOG_ERROR = 3,
+	HPUCOLL_LOG_WARNING = 4,
+	HPUCOLL_LOG_NOTICE = 5,
+	HPUCOLL_LOG_INFO = 6,
+	HPUCOLL_LOG_DEBUG = 7,
+} hpucoll_log_level;
+
+typedef void (*hpucoll_log_fn)(void *user, hpucoll_log_level level, const char *line);
+
+/* Sends the library's lines to fn(user, level, line) for the whole
+ * process; NULL: back to stderr. fn may be called from the library's own
+ * threads (the security handler's, the progress thread), at any time
+ * while a communicator exists, and must be thread-safe; set the hook
+ * before the first communicator is made. */
+HPU_API void hpucoll_set_log(hpucoll_log_fn fn, void *user);
+
 /* ---- Collectives ----
  *
  * Every collective must be called in the same order on every rank.

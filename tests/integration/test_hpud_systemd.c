@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -310,12 +311,44 @@ static void test_journal_priorities(void **state)
 	stop_daemon();
 }
 
+/* A job's lines in hpud are hpud's: the agent's (a process the job's
+ * worker left behind, ended) carry hpud's prefix and their priority when
+ * stderr is the journal stream, like hpud's own. */
+static void test_journal_job_lines(void **state)
+{
+	(void)state;
+	start_journal_daemon(conf_path);
+	assert_int_equal(h_wait_for(&daemon_proc, "listening on", 10000), 0);
+	char pids[64];
+	h_scratch_dir(pids, sizeof pids);
+	assert_int_equal(chmod(pids, 0777), 0); /* the workers run as nobody */
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--devices", "1",
+			"--max-steps", "2", "--no-eval", "--batch-size", "16",
+			(char *)h_build("lib/setsid_child.so"), "--", "--pid-dir", pids, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	h_free(&p);
+	int seen = h_wait_for(&daemon_proc, "left behind", 10000);
+	h_rmtree(pids);
+	assert_int_equal(code, 0);
+	assert_int_equal(seen, 0);
+	kill(daemon_proc.pid, SIGTERM);
+	assert_int_equal(h_wait(&daemon_proc, 15000), 0);
+	printf("%s", daemon_proc.out);
+	assert_non_null(strstr(daemon_proc.out, "<5>hpud: ended 1 process left behind by the job's workers"));
+	assert_null(strstr(daemon_proc.out, "hpulaunch"));
+	assert_true(lines_all(daemon_proc.out, 1));
+	stop_daemon();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_notify_lifecycle),
 		cmocka_unit_test(test_no_ready_without_listening),
 		cmocka_unit_test(test_journal_priorities),
+		cmocka_unit_test(test_journal_job_lines),
 	};
 	unsetenv("NOTIFY_SOCKET"); /* only where a test sets it */
 	unsetenv("JOURNAL_STREAM");

@@ -105,17 +105,17 @@ static void test_attempts_counted(void **state)
 	hpu_restarts r;
 	hpu_restarts_init(&r, 2);
 	assert_int_equal(r.attempt, 0);
-	assert_int_equal(hpu_restarts_next(&r, "test", "first cause"), 1);
+	assert_int_equal(hpu_restarts_next(&r, "first cause"), 1);
 	assert_int_equal(r.attempt, 1);
-	assert_int_equal(hpu_restarts_next(&r, "test", "second cause"), 1);
+	assert_int_equal(hpu_restarts_next(&r, "second cause"), 1);
 	assert_int_equal(r.attempt, 2);
-	assert_int_equal(hpu_restarts_next(&r, "test", "third cause"), 0);
+	assert_int_equal(hpu_restarts_next(&r, "third cause"), 0);
 	assert_string_equal(r.causes[0], "first cause");
 	assert_string_equal(r.causes[2], "third cause");
 	hpu_restarts_free(&r);
 	hpu_restarts_free(&r); /* safe twice */
 	hpu_restarts_init(&r, 0);
-	assert_int_equal(hpu_restarts_next(&r, "test", "only cause"), 0);
+	assert_int_equal(hpu_restarts_next(&r, "only cause"), 0);
 	hpu_restarts_free(&r);
 }
 

@@ -35,6 +35,7 @@
  * the system without touching the new device's counts).
  */
 #include "devmem.h"
+#include "log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -195,7 +196,7 @@ static void fmt_limit(char *buf, size_t len)
 
 static _Noreturn void bad_pointer(const void *p, const char *why)
 {
-	fprintf(stderr, "hpu__dfree(%p): %s\n", p, why);
+	hpu_log(HPU_LOG_ERROR, "hpu__dfree(%p): %s", p, why);
 	abort();
 }
 
@@ -371,7 +372,7 @@ static void tally_free(tally *t, hpu_mem_kind kind, size_t bytes)
 static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS) {
-		fprintf(stderr, "hpu__dalloc: bad memory kind %d\n", (int)kind);
+		hpu_log(HPU_LOG_ERROR, "hpu__dalloc: bad memory kind %d", (int)kind);
 		abort();
 	}
 	if (!what)
@@ -622,7 +623,7 @@ static void set_host_error(size_t bytes, const char *what, int e)
 void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS) {
-		fprintf(stderr, "hpu__halloc: bad memory kind %d\n", (int)kind);
+		hpu_log(HPU_LOG_ERROR, "hpu__halloc: bad memory kind %d", (int)kind);
 		abort();
 	}
 	if (!what)

@@ -18,6 +18,7 @@
 #include "devmem.h"
 #include "env.h"
 #include "fp8.h"
+#include "log.h"
 #include "model.h"
 #include "num.h"
 #include "same_opts.h"
@@ -55,7 +56,7 @@ static int autocast_type(hpu_precision p)
 /* The kernels' threads (--kernel-threads): with more than one, the worker
  * widens the one core the agent pinned it to into its own run of N cores
  * (local rank L takes L*N .. L*N+N-1) where the node has them, else all. */
-static void kernels_setup(const hpu_train_opts *o, int rank)
+static void kernels_setup(const hpu_train_opts *o)
 {
 	const hpu__backend *be = hpu__be();
 	int n = o->kernel_threads, local = env_int(HPU_ENV_LOCAL_RANK, 0);
@@ -74,10 +75,10 @@ static void kernels_setup(const hpu_train_opts *o, int rank)
 	if (o->verbose)
 		printf("kernels: %s\n", be->describe()); /* the agent adds [rank R] */
 	else if (low && !be->bf16_native() && local == 0)
-		fprintf(stderr, "hpu-worker: rank %d: kernels: %s: bf16 products run as fp32 "
-				"products of bf16-rounded values (the same results, without "
-				"the speed-up)\n",
-			rank, be->describe());
+		hpu_log(HPU_LOG_NOTICE, "kernels: %s: bf16 products run as fp32 "
+					"products of bf16-rounded values (the same results, without "
+					"the speed-up)",
+			be->describe());
 }
 
 /* A failure that another rank caused (it died, stopped answering, or
@@ -90,6 +91,14 @@ static void blame_peer(const hpucoll_comm *comm)
 		hpu_status_blame(culprit, code == HPUCOLL_EPEER       ? HPU_BLAME_DIED
 					  : code == HPUCOLL_ETIMEDOUT ? HPU_BLAME_SILENT
 								      : HPU_BLAME_FAILED);
+}
+
+/* libhpucoll's lines ("hpucoll: rank 3: ..."), as they are, through the
+ * worker's log: its level, journald's priorities. */
+static void coll_log(void *user, hpucoll_log_level lvl, const char *line)
+{
+	(void)user;
+	hpu_log_plain((hpu_log_level)lvl, "%s", line);
 }
 
 static void usage(FILE *f)
@@ -107,6 +116,11 @@ int main(int argc, char **argv)
 	hpu_status_hello();
 	char err[4096] = ""; /* a config file's errors, one a line */
 	int rank = env_int(HPU_ENV_RANK, 0), world = env_int(HPU_ENV_WORLD_SIZE, 1);
+	if (hpu_log_init(err, sizeof err, "hpu-worker: rank %d", rank) < 0) {
+		hpu_log(HPU_LOG_ERROR, "%s", err);
+		return 2;
+	}
+	hpucoll_set_log(coll_log, NULL);
 	hpu_train_opts o;
 	hpu_opts_defaults(&o);
 	int i = 1;
@@ -120,7 +134,7 @@ int main(int argc, char **argv)
 	if (hpu_opts_parse(&o, argc, argv, &i, err, sizeof err) < 0 ||
 	    hpu_opts_resolve(&o, world, err, sizeof err) < 0 ||
 	    hpu_opts_check_checkpoint_dir(&o, err, sizeof err) < 0) {
-		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
+		hpu_log(HPU_LOG_ERROR, "%s", err);
 		return 2;
 	}
 	if (i >= argc) {
@@ -156,7 +170,7 @@ int main(int argc, char **argv)
 	}
 	if (o.verbose && rank == 0)
 		hpu_autocast_print(stdout);
-	kernels_setup(&o, rank);
+	kernels_setup(&o);
 	if (hpu__model_load(&b, path, rank, world, o.micro_batch, err, sizeof err) < 0)
 		goto out;
 	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK ||
@@ -170,9 +184,9 @@ int main(int argc, char **argv)
 out:
 	blame_peer(rc ? comm : NULL);
 	if (rc && strncmp(err, "rank ", 5) == 0) /* it names the rank itself */
-		fprintf(stderr, "hpu-worker: %s\n", err);
+		hpu_log_plain(HPU_LOG_ERROR, "hpu-worker: %s", err);
 	else if (rc)
-		fprintf(stderr, "hpu-worker: rank %d: %s\n", rank, err);
+		hpu_log(HPU_LOG_ERROR, "%s", err);
 	hpu__model_destroy(&b);
 	hpucoll_comm_destroy(&comm);
 	hpu__devmem_shutdown();
