@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "device.h"
 #include "devmem.h"
 #include "env.h"
 #include "fp8.h"
@@ -139,6 +140,9 @@ int main(int argc, char **argv)
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
 	int rc = 1;
+	static const char *const devices[] = {"cpu", "cpu-strict", "cuda", "auto"};
+	if (hpu__dev_open(devices[o.device], rank, err, sizeof err) < 0)
+		goto out;
 	if (hpu__devmem_init(device_memory(&o), rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
@@ -176,5 +180,6 @@ out:
 	hpu__model_destroy(&b);
 	hpucoll_comm_destroy(&comm);
 	hpu__devmem_shutdown();
+	hpu__dev_close();
 	return rc;
 }
