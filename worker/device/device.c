@@ -187,6 +187,25 @@ void hpu__dev_host_free(void *p)
 		cur->host_free(p);
 }
 
+void *hpu__dev_hbuf_alloc(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	if (!cur->owns)
+		return hpu__dalloc(kind, bytes, what);
+	(void)kind;
+	(void)what;
+	return cur->host_alloc(bytes);
+}
+
+void hpu__dev_hbuf_free(void *p)
+{
+	if (!p)
+		return;
+	if (!cur->owns || cur->owns(p))
+		hpu__dfree(p);
+	else
+		cur->host_free(p);
+}
+
 /* ---- device calls, copies ---- */
 
 void hpu__dev_enter(void)
@@ -230,6 +249,29 @@ void hpu__dev_memset(hpu__dev_queue *q, void *dst, int byte, size_t n)
 	hpu__dev_enter();
 	cur->fill(q, dst, byte, n);
 	hpu__dev_leave();
+}
+
+int hpu__dev_owns(const void *p)
+{
+	return cur->owns ? cur->owns(p) : 0;
+}
+
+void hpu__dev_copy(void *dst, const void *src, size_t n)
+{
+	if (!cur->owns) {
+		if (n)
+			memmove(dst, src, n);
+		return;
+	}
+	int d = cur->owns(dst), s = cur->owns(src);
+	if (d && s)
+		hpu__dev_d2d(NULL, dst, src, n);
+	else if (d)
+		hpu__dev_h2d(NULL, dst, src, n);
+	else if (s)
+		hpu__dev_d2h(NULL, dst, src, n);
+	else if (n)
+		memmove(dst, src, n);
 }
 
 void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h)

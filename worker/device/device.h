@@ -66,6 +66,9 @@ typedef struct hpu__device {
 	void (*host_free)(void *p);
 	/* The kernels. */
 	const hpu__backend *(*ops)(void);
+	/* 1 when p is device memory (NULL: host and device memory are
+	 * one, as on cpu). */
+	int (*owns)(const void *p);
 } hpu__device;
 
 /* The devices built in. */
@@ -102,6 +105,14 @@ void hpu__dev_free(void *p);
 void *hpu__dev_host_alloc(size_t bytes);
 void hpu__dev_host_free(void *p);
 
+/* Memory the host itself reads and writes (batches as loaded, the
+ * sampler's indices, the hooks' parameters): device memory where the
+ * host may read it (counted in DeviceStats, as before), else pinned host
+ * memory. NULL with hpu__devmem_error() set. Freed by hpu__dev_hbuf_free
+ * (NULL is fine). */
+void *hpu__dev_hbuf_alloc(hpu_mem_kind kind, size_t bytes, const char *what);
+void hpu__dev_hbuf_free(void *p);
+
 /* A device call: device memory is open between these. Nest freely. */
 void hpu__dev_enter(void);
 void hpu__dev_leave(void);
@@ -112,6 +123,15 @@ void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 void hpu__dev_memset(hpu__dev_queue *q, void *dst, int byte, size_t n);
+
+/* A copy of n bytes where either side may be device memory or host
+ * memory (the host tier, a staging buffer): an h2d, d2h or d2d copy as
+ * the pointers say, or memcpy between host buffers; on cpu, memcpy. */
+void hpu__dev_copy(void *dst, const void *src, size_t n);
+
+/* 1 when p lies in this device's memory (0 on cpu: host code may read it
+ * anyway). */
+int hpu__dev_owns(const void *p);
 
 /* Queues and events (on the CPU devices work is done when issued). */
 hpu__dev_queue *hpu__dev_queue_new(void);

@@ -16,6 +16,9 @@
  * nest and may come from several threads: a count under a mutex says
  * when the arena is open. */
 #include <errno.h>
+#ifdef HPU_STRICT_DEBUG
+#include <execinfo.h>
+#endif
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -187,6 +190,12 @@ static void strict_leave(void)
 	pthread_mutex_unlock(&A.mu);
 }
 
+static int strict_owns(const void *p)
+{
+	const char *c = p;
+	return A.base && c >= A.base && c < A.base + ARENA_BYTES;
+}
+
 static const hpu__devmem_backing backing = {
     .map = arena_map,
     .unmap = arena_unmap,
@@ -231,6 +240,10 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
 			 A.rank, (void *)a, block);
 	if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
 		_exit(1);
+#ifdef HPU_STRICT_DEBUG
+	void *bt[32];
+	backtrace_symbols_fd(bt, backtrace(bt, 32), 2);
+#endif
 	_exit(1);
 }
 
@@ -295,4 +308,5 @@ const hpu__device hpu__dev_cpu_strict = {
     .host_alloc = hpu__dev_cpu_host_alloc,
     .host_free = hpu__dev_cpu_host_free,
     .ops = hpu__be,
+    .owns = strict_owns,
 };

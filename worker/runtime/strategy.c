@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "autocast.h"
+#include "device.h"
 #include "devmem.h"
 #include "simd.h"
 #include "strategy_impl.h"
@@ -289,6 +290,24 @@ int hpu__strat_fill_unit(hpu_strat *s, int j, float *full)
 
 /* Every rank computes the same initial values; ZeRO-3 keeps its pieces
  * (and the whole of persistent units). */
+/* A unit's initial values into dst: made in place where the host may
+ * write device memory, else in a host buffer and copied in. */
+static int fill_unit_into(hpu_strat *s, int j, float *dst)
+{
+	size_t n = s->u[j].len;
+	if (!hpu__dev_owns(dst))
+		return hpu__strat_fill_unit(s, j, dst);
+	float *host = hpu__dev_host_alloc(n * 4);
+	if (!host)
+		return fail(s, "out of host memory for the initial parameters of %s",
+			    hpu__strat_unit_name(s, j));
+	int rc = hpu__strat_fill_unit(s, j, host);
+	if (rc == 0)
+		hpu__dev_h2d(NULL, dst, host, n * 4);
+	hpu__dev_host_free(host);
+	return rc;
+}
+
 static int init_params(hpu_strat *s)
 {
 	for (int j = 0; j < s->nunits; j++) {
@@ -301,7 +320,7 @@ static int init_params(hpu_strat *s)
 			if (!(dst = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
 				return -1;
 		}
-		if (hpu__strat_fill_unit(s, j, dst) < 0) {
+		if (fill_unit_into(s, j, dst) < 0) {
 			if (!s->P)
 				hpu__dfree(dst);
 			return -1;
@@ -310,7 +329,7 @@ static int init_params(hpu_strat *s)
 			continue;
 		float *piece = s->nvp ? hpu__nvp_get(s, j, 0) : u->opt_p;
 		if (piece)
-			memcpy(piece, dst + (size_t)s->rank * u->piece, u->piece * 4);
+			hpu__dev_copy(piece, dst + (size_t)s->rank * u->piece, u->piece * 4);
 		if (!piece || (s->nvp && hpu__nvp_put(s, j) < 0)) {
 			hpu__dfree(dst);
 			return -1;
@@ -336,7 +355,9 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	for (int k = 0; k < s->nunits; k++) {
 		const unit *u = &s->u[k];
 		if (!s->mp) {
+			hpu__dev_enter(); /* a reduction on the device */
 			ss += hpu_sumsq(u->opt_g, u->opt.n);
+			hpu__dev_leave();
 			continue;
 		}
 		for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
@@ -375,6 +396,7 @@ HPU_CLONES static int nonfinite(const float *restrict g, size_t n)
 static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	float bad = 0;
+	hpu__dev_enter(); /* the non-finite check on the device */
 	for (int k = 0; k < s->nunits && !bad; k++)
 		bad = (float)nonfinite(s->u[k].opt_g, s->u[k].opt.n);
 	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
@@ -382,6 +404,7 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (nonfinite(s->u[k].opt_g, s->u[k].opt.n))
 				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
+	hpu__dev_leave();
 	if (s->sharded) { /* each rank checked its shard */
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
 		if (rc)
@@ -403,15 +426,17 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			for (int k = 0; k < s->nunits; k++) {
 				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 					return -1;
+				hpu__dev_enter(); /* the update over a flat buffer */
 				hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
 					       gscale, lr);
+				hpu__dev_leave();
 			}
 			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 				return -1;
 		}
 	}
 	if (s->G)
-		memset(s->G, 0, s->total * 4);
+		hpu__dev_memset(NULL, s->G, 0, s->total * 4);
 	return *skipped ? 0 : hpu__zero_gather_params(s);
 }
 
@@ -647,7 +672,7 @@ void hpu_strat_free(hpu_strat **ps)
 	if (!s)
 		return;
 	while (s->qn) { /* after an error: let the collectives end first */
-		hpucoll_wait(&s->q[s->qhead].req);
+		hpu__dc_wait(&s->q[s->qhead].req);
 		s->qhead = (s->qhead + 1) % (s->nunits + 1);
 		s->qn--;
 	}
@@ -662,8 +687,8 @@ void hpu_strat_free(hpu_strat **ps)
 		hpu__dfree(u->gbuf16);
 	}
 	for (int t = 0; s->t_data && t < s->b->ntensors; t++) {
-		if (s->b->tensors[t].producer >= 0)
-			hpu__dfree(s->t_data[t]);
+		if (s->b->tensors[t].producer >= 0 || hpu__dev_owns(s->t_data[t]))
+			hpu__dfree(s->t_data[t]); /* a field's: its copy on the device */
 		hpu__dfree(s->t_grad[t]);
 		if (s->a16)
 			hpu__dfree(s->a16[t]);
@@ -676,6 +701,7 @@ void hpu_strat_free(hpu_strat **ps)
 		if (s->saved)
 			hpu__dfree(s->saved[i]);
 	}
+	hpu__dc_free(s);
 	hpu__dfree(s->scratch);
 	hpu__dfree(s->B);
 	hpu__dfree(s->bsync);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device.h"
 #include "devmem.h"
 #include "fileio.h"
 #include "strategy_impl.h"
@@ -329,28 +330,39 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 			int rc = 0;
 			snprintf(what, sizeof what, "parameters of %s %s",
 				 hpu__strat_unit_name(s, k), why);
-			if (!(tmpbuf = hpu__strat_dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
-				rc = -1;
+			if (!(tmpbuf = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, u->len * 4, what)))
+				rc = hpu__strat_fail(s, "%s", hpu__devmem_error());
 			if (!rc && nv) {
 				/* this rank's range, then (sharded) gathered in place */
 				size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 				rc = hpu__nv_get(s, k, 0, tmpbuf + mine);
 				piece = tmpbuf + mine;
 			}
-			if (!rc && s->sharded &&
-			    (rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece, HPUCOLL_F32)))
-				hpu__strat_coll_fail(s, "parameter all-gather", rc);
+			if (!rc && s->sharded) { /* in place, in host memory */
+				float *at = tmpbuf + (size_t)s->rank * u->piece;
+				if (piece != at)
+					hpu__dev_copy(at, piece, u->piece * 4);
+				if ((rc = hpucoll_all_gather(s->comm, at, tmpbuf, u->piece,
+							     HPUCOLL_F32)))
+					hpu__strat_coll_fail(s, "parameter all-gather", rc);
+			}
 			if (rc) {
-				hpu__dfree(tmpbuf);
+				hpu__dev_hbuf_free(tmpbuf);
 				return -1;
 			}
+			full = tmpbuf;
+		} else if (hpu__dev_owns(full)) { /* the host reads a copy */
+			if (!(tmpbuf = hpu__dev_host_alloc(u->len * 4)))
+				return hpu__strat_fail(s, "out of host memory for the parameters of %s",
+						       hpu__strat_unit_name(s, k));
+			hpu__dev_d2h(NULL, tmpbuf, full, u->len * 4);
 			full = tmpbuf;
 		}
 		if (!bad && fn(s, k, full, arg) < 0) {
 			bad = 1;
 			fn_errno = errno; /* the later units' gathers may set errno */
 		}
-		hpu__dfree(tmpbuf);
+		hpu__dev_hbuf_free(tmpbuf);
 	}
 	if (s->nvp && hpu__nvp_drop_all(s) < 0 && !bad)
 		return -1;

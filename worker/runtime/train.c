@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "save_resume.h"
+#include "device.h"
 #include "devmem.h"
 #include "env.h"
 #include "fp8.h"
@@ -112,7 +113,7 @@ static int coll_fail(loop *L, const char *what, int rc)
 
 static void *dalloc(loop *L, size_t bytes, const char *what)
 {
-	void *p = hpu__dalloc(HPU_MEM_OTHER, bytes, what);
+	void *p = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, bytes, what);
 	if (!p)
 		fail(L, "%s", hpu__devmem_error());
 	return p;
@@ -138,8 +139,8 @@ static void free_buffers(loop *L)
 {
 	hpu_loader_destroy(&L->loader);
 	hpu_batch_free(&L->eval_bt);
-	hpu__dfree(L->eval_idx);
-	hpu__dfree(L->perm);
+	hpu__dev_hbuf_free(L->eval_idx);
+	hpu__dev_hbuf_free(L->perm);
 	hpu_strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
