@@ -360,11 +360,13 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 			hpu__dev_leave();
 			continue;
 		}
+		hpu__dev_enter();
 		for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 			size_t c = hpu__strat_chunk(u->opt.n, i);
 			hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
 			ss += hpu_sumsq(s->chunk, c);
 		}
+		hpu__dev_leave();
 	}
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);
