@@ -704,6 +704,9 @@ void hpu_strat_free(hpu_strat **ps)
 			hpu__dfree(s->saved[i]);
 	}
 	hpu__dc_free(s);
+	for (int t = 0; s->t_host && t < s->b->ntensors; t++)
+		hpu__dev_host_free(s->t_host[t]);
+	free(s->t_host);
 	hpu__dfree(s->scratch);
 	hpu__dfree(s->B);
 	hpu__dfree(s->bsync);

@@ -39,7 +39,8 @@ void hpu_strat_set_pos(hpu_strat *s, int train, long step, long epoch);
  * those tensor `want` depends on. */
 int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want);
 
-/* Tensor t after a forward (its rows of the batch), or NULL. */
+/* Tensor t after a forward (its rows of the batch) where the host may
+ * read it (a copy where it may not read device memory), or NULL. */
 const void *hpu_strat_tensor(hpu_strat *s, int t);
 
 /* The loss of the last forward: the weighted sum of the loss tensors'

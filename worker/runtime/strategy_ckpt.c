@@ -162,11 +162,25 @@ typedef struct put {
 	size_t from;       /* the layout position of base[0] */
 } put;
 
+/* Floats a checkpoint moves through host memory at a time, where the
+ * host may not read the device's. */
+#define CKPT_STAGE 65536
+
 static int put_run(hpu_strat *s, const run *r, void *arg)
 {
 	put *p = arg;
-	return hpu_ckpt_writer_put(p->w, p->base + (r->pos - p->from), r->count * 4, s->err,
-				   s->errlen);
+	const float *src = p->base + (r->pos - p->from);
+	if (!hpu__dev_owns(src))
+		return hpu_ckpt_writer_put(p->w, src, r->count * 4, s->err, s->errlen);
+	float *h = hpu__dev_host_alloc(CKPT_STAGE * 4);
+	int rc = h ? 0 : hpu__strat_fail(s, "out of host memory for a checkpoint");
+	for (uint64_t i = 0; !rc && i < r->count; i += CKPT_STAGE) {
+		size_t n = r->count - i < CKPT_STAGE ? r->count - i : CKPT_STAGE;
+		hpu__dev_d2h(NULL, h, src + i, n * 4);
+		rc = hpu_ckpt_writer_put(p->w, h, n * 4, s->err, s->errlen);
+	}
+	hpu__dev_host_free(h);
+	return rc;
 }
 
 /* Unit j's array holding section k over its owned range: the master
@@ -227,8 +241,20 @@ typedef struct get {
 static int get_run(hpu_strat *s, const run *r, void *arg)
 {
 	get *g = arg;
-	return hpu_ckpt_read(s->resume, g->section, r->start, r->count, g->dst + (r->pos - g->from),
-			     s->err, s->errlen);
+	float *dst = g->dst + (r->pos - g->from);
+	if (!hpu__dev_owns(dst))
+		return hpu_ckpt_read(s->resume, g->section, r->start, r->count, dst, s->err,
+				     s->errlen);
+	float *h = hpu__dev_host_alloc(CKPT_STAGE * 4);
+	int rc = h ? 0 : hpu__strat_fail(s, "out of host memory for a checkpoint");
+	for (uint64_t i = 0; !rc && i < r->count; i += CKPT_STAGE) {
+		size_t n = r->count - i < CKPT_STAGE ? r->count - i : CKPT_STAGE;
+		rc = hpu_ckpt_read(s->resume, g->section, r->start + i, n, h, s->err, s->errlen);
+		if (rc == 0)
+			hpu__dev_h2d(NULL, dst + i, h, n * 4);
+	}
+	hpu__dev_host_free(h);
+	return rc;
 }
 
 /* The unit holding layout position `pos`. */
@@ -242,7 +268,10 @@ static int unit_at(const hpu_strat *s, size_t pos)
 
 int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, float *dst)
 {
-	memset(dst, 0, n * 4);
+	if (hpu__dev_owns(dst))
+		hpu__dev_memset(NULL, dst, 0, n * 4);
+	else
+		memset(dst, 0, n * 4);
 	int j = n ? unit_at(s, from) : -1;
 	if (j < 0)
 		return 0;

@@ -128,6 +128,9 @@ struct hpu_strat {
 				  * the collectives where the host may not
 				  * read device memory */
 	size_t stage_bytes;
+	void **t_host;           /* per tensor: the host's copy that
+				  * hpu_strat_tensor returns where the host
+				  * may not read device memory, or NULL */
 };
 
 /* Floats converted at a time for the optimizer (s->chunk). */

@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "device.h"
@@ -247,7 +248,18 @@ const void *hpu_strat_tensor(hpu_strat *s, int t)
 {
 	if (hpu__act_expand(s, t, s->ctx.batch) < 0)
 		return NULL;
-	return s->t_data[t];
+	if (hpu__dev_host_can_read())
+		return s->t_data[t];
+	/* the host reads a copy (metrics, the hooks' forward) */
+	size_t row = s->b->tensors[t].sample_numel * 4;
+	if (!s->t_host) {
+		if (!(s->t_host = calloc((size_t)s->b->ntensors, sizeof *s->t_host)))
+			return NULL;
+	}
+	if (!s->t_host[t] && !(s->t_host[t] = hpu__dev_host_alloc((size_t)s->maxbatch * row)))
+		return NULL;
+	hpu__dev_d2h(NULL, s->t_host[t], s->t_data[t], (size_t)s->ctx.batch * row);
+	return s->t_host[t];
 }
 
 double hpu_strat_loss(hpu_strat *s)
