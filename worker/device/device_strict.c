@@ -8,7 +8,8 @@
  * therefore faults at once; the SIGSEGV handler sees the address in the
  * arena, prints one line naming the rank, the address and the block
  * (its kind and what it holds) and exits with status 1, which the
- * launcher reports as the rank's failure.
+ * launcher reports as the rank's failure. (Built with -DHPU_STRICT_DEBUG
+ * it prints the stack too: where to look.)
  *
  * The arena is handed out in whole pages, first fit, from a list of free
  * extents kept in address order; a freed extent's pages are dropped
