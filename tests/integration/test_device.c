@@ -10,7 +10,8 @@
  *   hpu_run_forward) pass on both;
  * - the strategies (ddp, fast_ddp, zero1, zero2, zero3) in fp32 and
  *   bf16-mixed on 2 workers, checkpoint save and resume, both offload
- *   tiers and --save-params run on cpu-strict with the same parameters,
+ *   tiers, --save-params and a model's buffers (synchronized, saved,
+ *   resumed) run on cpu-strict with the same parameters,
  *   bit for bit, as on cpu;
  * - one DDP step on cpu-strict copies the batch in, the loss out and the
  *   gradients through the collectives' staging, and nothing else. */
@@ -30,6 +31,7 @@
 #include "runlib.h"
 
 #define PEEK h_build("lib/peek_param.so")
+#define BUFMODEL h_build("lib/buffer_model.so")
 #define MLP_ARGS "--hidden 64 --depth 3"
 
 /* Runs the MLP on `device` with 2 workers, 4 steps of 64, and `extra`
@@ -211,6 +213,55 @@ static void test_offload(void **state)
 	h_rmtree(nv);
 }
 
+/* buffer_model on `device`: 2 steps saved, resumed to 4; its parameters
+ * and buffers (the after-training hook's file) into one string. */
+static char *buffers_run(const char *device)
+{
+	char dir[64], params[64], bufs[64], margs[128];
+	snprintf(dir, sizeof dir, "/tmp/hpu-dev-bk-%d", (int)getpid());
+	snprintf(params, sizeof params, "/tmp/hpu-dev-%d-bp.bin", (int)getpid());
+	snprintf(bufs, sizeof bufs, "/tmp/hpu-dev-%d-bb.bin", (int)getpid());
+	snprintf(margs, sizeof margs, "--save-buffers %s", bufs);
+	h_rmtree(dir);
+	for (int pass = 0; pass < 2; pass++) {
+		run r;
+		start(&r, 2);
+		args(&r, "--device", device, "--batch-size", "16", "--strategy", "zero2",
+		     "--checkpoint-dir", dir, "--max-steps", pass ? "4" : "2", NULL);
+		if (pass)
+			args(&r, "--resume", dir, "--save-params", params, NULL);
+		else
+			args(&r, "--checkpoint-every", "2", NULL);
+		free(finish_with(&r, 0, BUFMODEL, margs));
+	}
+	h_rmtree(dir);
+	size_t np, nb;
+	char *p = h_slurp_n(params, &np), *bb = h_slurp_n(bufs, &nb);
+	assert_non_null(p);
+	assert_non_null(bb);
+	char *all = malloc(np + nb + 1);
+	assert_non_null(all);
+	memcpy(all, p, np);
+	memcpy(all + np, bb, nb);
+	all[np + nb] = 0;
+	free(p);
+	free(bb);
+	unlink(params);
+	unlink(bufs);
+	return all;
+}
+
+static void test_buffers(void **state)
+{
+	(void)state;
+	char *a = buffers_run("cpu"), *b = buffers_run("cpu-strict");
+	/* 4 + 4 + 4 + 1 floats of parameters and buffers */
+	assert_memory_equal(a, b, 13 * 4);
+	printf("  buffer_model, zero2, resumed: parameters and buffers equal on both devices\n");
+	free(a);
+	free(b);
+}
+
 /* The MLP's parameters: 784 -> 64 -> 64 -> 64 -> 10, weights and biases. */
 static size_t mlp_params(void)
 {
@@ -261,6 +312,7 @@ int main(void)
 	    cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_checkpoint_resume),
 	    cmocka_unit_test(test_offload),
+	    cmocka_unit_test(test_buffers),
 	    cmocka_unit_test(test_copied_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -453,7 +453,8 @@ static int sync_buffers(hpu_strat *s)
 		size_t n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				memcpy(s->bsync + n, s->B + b->buffers[i].offset, b->buffers[i].numel * 4);
+				hpu__dev_copy(s->bsync + n, s->B + b->buffers[i].offset,
+					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
 		if (!n)
@@ -464,13 +465,14 @@ static int sync_buffers(hpu_strat *s)
 				 : hpucoll_broadcast(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32, 0);
 		if (rc)
 			return hpu__strat_coll_fail(s, "buffer synchronization", rc);
+		if (kind == HPU_BUFFER_MEAN)
+			for (size_t j = 0; j < n; j++)
+				s->bsync[j] /= (float)s->world;
 		n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				float *dst = s->B + b->buffers[i].offset;
-				for (size_t j = 0; j < b->buffers[i].numel; j++)
-					dst[j] = kind == HPU_BUFFER_MEAN ? s->bsync[n + j] / (float)s->world
-									 : s->bsync[n + j];
+				hpu__dev_copy(s->B + b->buffers[i].offset, s->bsync + n,
+					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
 	}
@@ -509,6 +511,10 @@ long hpu_strat_bad_total(const hpu_strat *s)
 
 const float *hpu_strat_buffers(const hpu_strat *s)
 {
+	if (s->B && hpu__dev_owns(s->B)) { /* the host reads a copy */
+		hpu__dev_d2h(NULL, s->bsync, s->B, s->b->buffer_numel * 4);
+		return s->bsync;
+	}
 	return s->B;
 }
 
@@ -572,11 +578,15 @@ static int alloc_scratch_buffers(hpu_strat *s)
 		return -1;
 	if (!b->nbuffers)
 		return 0;
-	if (!(s->B = dalloc(s, HPU_MEM_PARAMS, b->buffer_numel * 4, "buffers")) ||
-	    !(s->bsync = dalloc(s, HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
+	if (!(s->B = dalloc(s, HPU_MEM_PARAMS, b->buffer_numel * 4, "buffers")))
 		return -1;
-	if (s->resume ? hpu__strat_resume_buffers(s) < 0
-		      : hpu__model_init_buffers(b, s->o->seed, s->B, s->err, s->errlen) < 0)
+	if (!(s->bsync = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
+		return fail(s, "%s", hpu__devmem_error());
+	/* made by the host: in place, or in the staging and copied in */
+	int direct = !hpu__dev_owns(s->B);
+	float *dst = direct ? s->B : s->bsync;
+	if (s->resume ? hpu__strat_resume_buffers(s, dst) < 0
+		      : hpu__model_init_buffers(b, s->o->seed, dst, s->err, s->errlen) < 0)
 		return -1;
 	for (int i = 0; i < b->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
@@ -584,10 +594,12 @@ static int alloc_scratch_buffers(hpu_strat *s)
 			l->bbase = s->B + b->buffers[l->first_buffer].offset;
 	}
 	if (s->world > 1) {
-		int rc = hpucoll_broadcast(s->comm, s->B, s->B, b->buffer_numel, HPUCOLL_F32, 0);
+		int rc = hpucoll_broadcast(s->comm, dst, dst, b->buffer_numel, HPUCOLL_F32, 0);
 		if (rc)
 			return hpu__strat_coll_fail(s, "buffer broadcast", rc);
 	}
+	if (!direct)
+		hpu__dev_h2d(NULL, s->B, dst, b->buffer_numel * 4);
 	return 0;
 }
 
@@ -709,7 +721,7 @@ void hpu_strat_free(hpu_strat **ps)
 	free(s->t_host);
 	hpu__dfree(s->scratch);
 	hpu__dfree(s->B);
-	hpu__dfree(s->bsync);
+	hpu__dev_hbuf_free(s->bsync);
 	hpu__dfree(s->P);
 	hpu__dfree(s->G);
 	hpu__dfree(s->PS);

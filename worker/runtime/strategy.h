@@ -90,7 +90,9 @@ void hpu_strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int uni
 /* Every parameter consolidated, fp32, on every rank, into dst[psi] in
  * declaration order (unpadded); collective. */
 int hpu_strat_gather_all(hpu_strat *s, float *dst);
-/* The buffers (b->buffer_numel floats, the builder's layout). */
+/* The buffers (b->buffer_numel floats, the builder's layout), where the
+ * host may read them: a copy where it may not read device memory (valid
+ * until the next step). */
 const float *hpu_strat_buffers(const hpu_strat *s);
 
 /* Writes the consolidated fp32 parameters, each parameter's numel floats

@@ -484,10 +484,11 @@ static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n)
 }
 
 /* The checkpoint's buffers, matched to the model's by name and shape, into
- * s->B at each buffer's place (its padding zeroed). Buffers are whole on
+ * dst (host memory laid out as s->B) at each buffer's place (its padding
+ * zeroed). Buffers are whole on
  * every rank whatever the world size, so any checkpoint's file serves:
  * every rank reads it (rank 0's values are broadcast after). */
-int hpu__strat_resume_buffers(hpu_strat *s)
+int hpu__strat_resume_buffers(hpu_strat *s, float *dst)
 {
 	hpu_ckpt *c = s->resume;
 	hpu_builder *b = s->b;
@@ -504,7 +505,7 @@ int hpu__strat_resume_buffers(hpu_strat *s)
 					       "checkpoint %s holds buffer %s, which the model "
 					       "%s does not declare (another model?)",
 					       c->dir, c->buffers[k].name, b->path);
-	memset(s->B, 0, b->buffer_numel * 4);
+	memset(dst, 0, b->buffer_numel * 4);
 	for (int i = 0; i < b->nbuffers; i++) {
 		const hpu_buffer_info *bi = &b->buffers[i];
 		int k = hpu_ckpt_buffer_find(c, bi->name);
@@ -526,7 +527,7 @@ int hpu__strat_resume_buffers(hpu_strat *s)
 					       "the model %s",
 					       c->dir, bi->name, there, here, b->path);
 		}
-		if (hpu_ckpt_read_buffers(c, q->offset, q->numel, s->B + bi->offset, s->err,
+		if (hpu_ckpt_read_buffers(c, q->offset, q->numel, dst + bi->offset, s->err,
 					  s->errlen) < 0)
 			return -1;
 	}

@@ -335,7 +335,7 @@ int hpu__nvp_step_at(hpu_strat *s, int k);
 int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, float *dst);
 
 /* The buffers (s->B) from s->resume. */
-int hpu__strat_resume_buffers(hpu_strat *s);
+int hpu__strat_resume_buffers(hpu_strat *s, float *dst);
 
 /* After the parameters: the optimizer state and counters from s->resume. */
 int hpu__strat_resume_state(hpu_strat *s);
