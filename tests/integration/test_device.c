@@ -70,16 +70,40 @@ static void same_on_both(const char *name, const char *const *extra)
 	unlink(b);
 }
 
-static void test_cuda_refused(void **state)
+/* hpulaunch with `opt` (NULL: none) refuses cuda before any worker
+ * starts. */
+static void cuda_refused(const char *opt, const char *val)
 {
-	(void)state;
 	run r;
 	start(&r, 2);
-	args(&r, "--device", "cuda", NULL);
+	if (opt)
+		args(&r, opt, val, NULL);
 	char *out = finish(&r, 2, MLP_ARGS);
 	assert_non_null(strstr(out, "--device cuda: the CUDA device is not built in this build"));
 	assert_null(strstr(out, "rank 0")); /* no worker started */
 	free(out);
+}
+
+static void test_cuda_refused(void **state)
+{
+	(void)state;
+	cuda_refused("--device", "cuda");
+	/* the configuration file's key */
+	char path[64];
+	snprintf(path, sizeof path, "/tmp/hpu-dev-cfg-%d.json", (int)getpid());
+	assert_int_equal(h_write_file(path, "{\"hputrain\": {\"device\": \"cuda\"}}\n", 0600), 0);
+	cuda_refused("--config", path);
+	unlink(path);
+	/* the environment, when no option says otherwise */
+	setenv("HPU_DEVICE", "cuda", 1);
+	cuda_refused(NULL, NULL);
+	char *out;
+	run r;
+	start(&r, 1);
+	args(&r, "--device", "cpu", "--max-steps", "1", NULL);
+	out = finish(&r, 0, MLP_ARGS); /* the option wins */
+	free(out);
+	unsetenv("HPU_DEVICE");
 }
 
 static char *peek_run(const char *device, int peek, int want)
