@@ -133,6 +133,11 @@ const char *hpu_precision_name(hpu_precision p)
 	return name_of(precision_names, COUNT(precision_names), (int)p);
 }
 
+const char *hpu_device_name(hpu_device_kind d)
+{
+	return name_of(device_names, COUNT(device_names), (int)d);
+}
+
 double hpu_opts_weight_decay(const hpu_train_opts *o)
 {
 	if (o->weight_decay >= 0)

@@ -301,6 +301,7 @@ const char *hpu_strategy_name(hpu_strategy s);
 const char *hpu_optim_name(hpu_optim_kind k);
 const char *hpu_sched_name(hpu_sched_kind k);
 const char *hpu_precision_name(hpu_precision p);
+const char *hpu_device_name(hpu_device_kind d);
 const char *hpu_offload_name(hpu_offload d);
 
 /* Prints the training options' help. */

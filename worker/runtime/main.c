@@ -140,8 +140,7 @@ int main(int argc, char **argv)
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
 	int rc = 1;
-	static const char *const devices[] = {"cpu", "cpu-strict", "cuda", "auto"};
-	if (hpu__dev_open(devices[o.device], rank, err, sizeof err) < 0)
+	if (hpu__dev_open(hpu_device_name(o.device), rank, err, sizeof err) < 0)
 		goto out;
 	if (hpu__devmem_init(device_memory(&o), rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
