@@ -52,6 +52,9 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	VAR(HPU_DEVICE_ID, "", "models; set by the agent",
 	    "the device this worker drives (its local rank unless hpud maps "
 	    "devices)"),
+	VAR(HPU_DEVICE, "cpu", "hpulaunch, hpu-worker",
+	    "the device workers compute on when --device is not given: cpu, "
+	    "cpu-strict, cuda (not built yet) or auto"),
 	VAR(HPU_RESTART_COUNT, "0", "hpu-worker; set by the agent",
 	    "which attempt of the job this is (0, then 1, 2, ... after "
 	    "restarts): resume, trace names"),

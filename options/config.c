@@ -10,6 +10,7 @@
  */
 #include "config.h"
 #include "config_internal.h"
+#include "env.h"
 #include "fileio.h"
 #include "num.h"
 #include "optdoc.h"
@@ -36,6 +37,7 @@ static const char *const comm_names[] = {"fp32", "bf16"};
 static const char *const precision_names[] = {"fp32", "bf16-mixed", "16-mixed", "fp8"};
 static const char *const fp8_algo_names[] = {"max", "most_recent"};
 static const char *const offload_names[] = {"none", "cpu", "nvme"};
+static const char *const device_names[] = {"cpu", "cpu-strict", "cuda", "auto"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -131,6 +133,11 @@ const char *hpu_sched_name(hpu_sched_kind k)
 const char *hpu_precision_name(hpu_precision p)
 {
 	return name_of(precision_names, COUNT(precision_names), (int)p);
+}
+
+const char *hpu_device_name(hpu_device_kind d)
+{
+	return name_of(device_names, COUNT(device_names), (int)d);
 }
 
 double hpu_opts_weight_decay(const hpu_train_opts *o)
@@ -268,6 +275,7 @@ static const struct hpu__opt opts[] = {
 	NUM("max-live-parameters", K_LONG, max_live_params, 0, 1e15, "zero3: gathered elements alive at once; 0: none ahead of use (1000000000)"),
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
+	CHOICE("device", device, device_names, "cpu | cpu-strict | cuda | auto: the device workers compute on; cpu-strict (tests) faults when host code touches device memory; cuda is not built yet; auto: cpu (cpu) [HPU_DEVICE]"),
 	OTHER_("device-memory", K_SIZE, device_memory, LOCAL, "memory per device, e.g. 2GiB (node memory / local devices)"),
 	CHOICE("offload-optimizer", offload_optimizer, offload_names, "zero1-3: optimizer state, fp32 master weights and gradient shard in none | cpu (host memory) | nvme (--nvme-path) (none)"),
 	CHOICE("offload-param", offload_param, offload_names, "zero3: the parameter shard in none | cpu | nvme (none)"),
@@ -635,6 +643,30 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 	return 0;
 }
 
+/* --device: HPU_DEVICE when the option is not given; auto is cpu, the
+ * one device built (the CUDA device comes with the next issue). */
+static int check_device(hpu_train_opts *o, char *err, size_t errlen)
+{
+	const char *env = hpu_env_str(HPU_ENV_HPU_DEVICE);
+	int slot = hpu__opt_slot_named("device");
+	if (env && *env && slot >= 0 && o->from[slot] == HPU_FROM_DEFAULT) {
+		int k = hpu__pick(env, device_names, COUNT(device_names), 0);
+		if (k < 0) {
+			snprintf(err, errlen, "HPU_DEVICE=%s: not a device (cpu, cpu-strict, cuda or auto)",
+				 env);
+			return -1;
+		}
+		o->device = (hpu_device_kind)k;
+	}
+	if (o->device == HPU_DEVICE_CUDA) {
+		snprintf(err, errlen, "--device cuda: the CUDA device is not built in this build (use --device cpu or auto)");
+		return -1;
+	}
+	if (o->device == HPU_DEVICE_AUTO)
+		o->device = HPU_DEVICE_CPU;
+	return 0;
+}
+
 int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		     size_t errlen)
 {
@@ -664,7 +696,7 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 				      "(hpu-ckpt export --format raw makes a --load-params file)");
 		return -1;
 	}
-	if (check_offload(o, err, errlen) < 0)
+	if (check_offload(o, err, errlen) < 0 || check_device(o, err, errlen) < 0)
 		return -1;
 	if (o->resume[0] && o->load_params[0]) {
 		snprintf(err, errlen, "--resume and --load-params both say where the parameters come from: give one");

@@ -52,6 +52,14 @@ typedef enum hpu_precision {
 	HPU_PREC_FP8,        /* bf16-mixed, with linear layers in fp8 */
 } hpu_precision;
 
+/* The device a worker computes on (--device; worker/device/device.h). */
+typedef enum hpu_device_kind {
+	HPU_DEVICE_CPU = 0,    /* the host's cores: the default */
+	HPU_DEVICE_CPU_STRICT, /* cpu whose memory host code cannot touch (tests) */
+	HPU_DEVICE_CUDA,       /* an NVIDIA GPU: not built yet */
+	HPU_DEVICE_AUTO,       /* cuda where built and visible, else cpu */
+} hpu_device_kind;
+
 /* Where ZeRO-Offload keeps a model state (DeepSpeed's "device"). */
 typedef enum hpu_offload {
 	HPU_OFFLOAD_NONE = 0, /* on the device (--device-memory) */
@@ -140,6 +148,7 @@ typedef struct hpu_train_opts {
 	int aio_single_submit;         /* aio.single_submit (0) */
 	int aio_overlap_events;        /* aio.overlap_events (1) */
 	uint64_t device_memory; /* bytes; 0: node memory / local devices */
+	hpu_device_kind device; /* --device (cpu) */
 	int log_every;          /* log every N steps (0: never) */
 	int verbose;            /* rank 0 prints the autocast policy at start-up,
 				 * every worker its kernels (library, ISA) */
@@ -292,6 +301,7 @@ const char *hpu_strategy_name(hpu_strategy s);
 const char *hpu_optim_name(hpu_optim_kind k);
 const char *hpu_sched_name(hpu_sched_kind k);
 const char *hpu_precision_name(hpu_precision p);
+const char *hpu_device_name(hpu_device_kind d);
 const char *hpu_offload_name(hpu_offload d);
 
 /* Prints the training options' help. */

@@ -934,6 +934,7 @@ static const struct fkey hputrain_keys[] = {
 	KEY("epochs", "epochs", 0),
 	KEY("max_steps", "max-steps", 0),
 	KEY("seed", "seed", 0),
+	KEY("device", "device", 0),
 	KEY("device_memory", "device-memory", 0),
 	KEY("host_memory", "host-memory", 0),
 	KEY("activation_checkpointing", "activation-checkpointing", 0),

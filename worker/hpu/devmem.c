@@ -102,6 +102,26 @@ static struct {
 	blk *buckets[NBUCKETS]; /* chains of class heads */
 } dev = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* The strict device's arena, or NULL: the system's memory. */
+static const hpu__devmem_backing *backing;
+
+void hpu__devmem_set_backing(const hpu__devmem_backing *b)
+{
+	backing = b;
+}
+
+static void bk_open(void)
+{
+	if (backing)
+		backing->open();
+}
+
+static void bk_close(void)
+{
+	if (backing)
+		backing->close();
+}
+
 /* Like errno: the last failed allocation of the calling thread. */
 static _Thread_local char err_buf[512];
 
@@ -152,7 +172,7 @@ static uint64_t class_of(size_t bytes)
 
 static bool is_mapped(uint64_t rounded)
 {
-	return rounded > SMALL_MAX;
+	return backing || rounded > SMALL_MAX;
 }
 
 static uint64_t cache_cap(void)
@@ -206,7 +226,11 @@ static _Noreturn void bad_pointer(const void *p, const char *why)
 static blk *sys_take(uint64_t rounded)
 {
 	blk *b;
-	if (is_mapped(rounded)) {
+	if (backing) {
+		b = backing->map(round_up(HDR + rounded, PAGE));
+		if (!b)
+			return NULL;
+	} else if (is_mapped(rounded)) {
 		void *m = mmap(NULL, HDR + rounded, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (m == MAP_FAILED)
@@ -232,7 +256,9 @@ static void sys_give(blk *b, bool counted)
 	uint64_t rounded = b->rounded;
 	unpoison(user_of(b), rounded);
 	b->magic = MAGIC_DEAD;
-	if (is_mapped(rounded))
+	if (backing)
+		backing->unmap(b, round_up(HDR + rounded, PAGE));
+	else if (is_mapped(rounded))
 		munmap(b, HDR + rounded);
 	else
 		free(b);
@@ -383,6 +409,7 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 		pthread_mutex_unlock(&dev.mu);
 		return NULL;
 	}
+	bk_open();
 	blk *b = NULL;
 	bool fresh = false;
 	if (bytes <= MAX_REQUEST)
@@ -391,6 +418,7 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 		errno = ENOMEM;
 	if (!b) {
 		set_alloc_error(bytes, what, errno);
+		bk_close();
 		pthread_mutex_unlock(&dev.mu);
 		return NULL;
 	}
@@ -400,11 +428,14 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	b->next = b->next_class = NULL;
 	poison((char *)user_of(b) + bytes, b->rounded - bytes);
 	tally_alloc(&dev.t, kind, bytes);
+	if (backing)
+		backing->label(user_of(b), bytes, kind, what);
 	pthread_mutex_unlock(&dev.mu);
 	/* The block is the caller's now: zero it outside the lock. A fresh
 	 * mapping is zero already. */
 	if (zero && !(fresh && is_mapped(b->rounded)))
 		memset(user_of(b), 0, bytes);
+	bk_close();
 	return user_of(b);
 }
 
@@ -427,11 +458,15 @@ void hpu__dfree(void *p)
 	if ((uintptr_t)p % HDR)
 		bad_pointer(p, "not a pointer from hpu__dalloc (misaligned)");
 	blk *b = (blk *)((char *)p - HDR);
+	bk_open();
 	if (b->magic == MAGIC_HOST) { /* the caller's block: no race on it */
+		bk_close();
 		host_free(b);
 		return;
 	}
 	pthread_mutex_lock(&dev.mu);
+	if (backing)
+		backing->label(p, 0, HPU_MEM_OTHER, NULL);
 	if (b->magic == MAGIC_FREE)
 		bad_pointer(p, "double free");
 	if (b->magic != MAGIC_LIVE)
@@ -439,6 +474,7 @@ void hpu__dfree(void *p)
 	if (b->gen != dev.gen) {
 		/* From before the last shutdown: not this device's. */
 		sys_give(b, false);
+		bk_close();
 		pthread_mutex_unlock(&dev.mu);
 		return;
 	}
@@ -447,6 +483,7 @@ void hpu__dfree(void *p)
 		cache_put(b);
 	else
 		sys_give(b, true);
+	bk_close();
 	pthread_mutex_unlock(&dev.mu);
 }
 
@@ -483,7 +520,9 @@ int hpu__devmem_init(uint64_t limit, int rank)
 void hpu__devmem_shutdown(void)
 {
 	pthread_mutex_lock(&dev.mu);
+	bk_open();
 	cache_drop();
+	bk_close();
 	uint32_t gen = dev.gen + 1;
 	dev.initialized = false;
 	dev.rank = 0;

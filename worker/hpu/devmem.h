@@ -24,6 +24,25 @@ typedef enum hpu_mem_kind {
 	HPU_MEM_NKINDS,
 } hpu_mem_kind;
 
+/* Where the device's blocks come from, when not from the system
+ * (worker/device's strict CPU device: an arena host code cannot touch).
+ * map returns `bytes` (a whole number of pages) of zeroed memory, or NULL
+ * with errno set; unmap gives them back. open and close bracket devmem's
+ * own accesses to a block (its header, zeroing); label tells the backing
+ * what a block holds once it is handed out (kind and what; the user
+ * pointer and its bytes) and, with what == NULL, that it was freed. */
+typedef struct hpu__devmem_backing {
+	void *(*map)(size_t bytes);
+	void (*unmap)(void *p, size_t bytes);
+	void (*open)(void);
+	void (*close)(void);
+	void (*label)(void *user, size_t bytes, hpu_mem_kind kind, const char *what);
+} hpu__devmem_backing;
+
+/* Takes the device's blocks from `b` (NULL: the system) from now on; call
+ * before hpu__devmem_init, with no block in use. */
+void hpu__devmem_set_backing(const hpu__devmem_backing *b);
+
 /* Sets up the device of `rank` with `limit` bytes. Returns 0, or -1. */
 int hpu__devmem_init(uint64_t limit, int rank);
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "devmem.h"
 #include "loader.h"
 
@@ -55,7 +56,8 @@ int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, c
 	impl im = {.st = st, .step = step, .why = err}; /* the strategy's error buffer */
 	hpu_run run = {.b = b, .rank = b->rank, .world = b->world, .step = step,
 		       .forward = forward, .impl = &im};
-	float *params = hpu__dalloc(HPU_MEM_OTHER, b->psi * 4, "parameters for the model's hooks");
+	float *params = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->psi * 4,
+					    "parameters for the model's hooks");
 	int rc = -1;
 	if (!params || hpu_batch_alloc(&b->data[HPU_SPLIT_TRAIN], max_batch, &im.bt,
 				       "the hooks' batch") < 0 ||
@@ -85,7 +87,7 @@ int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, c
 	}
 	rc = 0;
 out:
-	hpu__dfree(params);
+	hpu__dev_hbuf_free(params);
 	hpu_batch_free(&im.bt);
 	free(im.idx);
 	return rc;

@@ -1,6 +1,7 @@
 #include "loader.h"
 #include "prof.h"
 
+#include "device.h"
 #include "devmem.h"
 
 #include <pthread.h>
@@ -59,7 +60,7 @@ int hpu_batch_alloc(const hpu_dataset *ds, int max, hpu_batch *bt, const char *w
 	for (int f = 0; f < ds->nfields; f++) {
 		char name[160];
 		snprintf(name, sizeof name, "%s (%s)", what, ds->fields[f].name);
-		bt->data[f] = hpu__dalloc(HPU_MEM_OTHER,
+		bt->data[f] = hpu__dev_hbuf_alloc(HPU_MEM_OTHER,
 					  (size_t)max * hpu_field_numel(&ds->fields[f]) * 4, name);
 		if (!bt->data[f])
 			return -1;
@@ -70,7 +71,7 @@ int hpu_batch_alloc(const hpu_dataset *ds, int max, hpu_batch *bt, const char *w
 void hpu_batch_free(hpu_batch *bt)
 {
 	for (int f = 0; f < HPU_MAX_IO; f++) {
-		hpu__dfree(bt->data[f]);
+		hpu__dev_hbuf_free(bt->data[f]);
 		bt->data[f] = NULL;
 	}
 }

@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "device.h"
 #include "devmem.h"
 #include "env.h"
 #include "fp8.h"
@@ -153,6 +154,8 @@ int main(int argc, char **argv)
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
 	int rc = 1;
+	if (hpu__dev_open(hpu_device_name(o.device), rank, err, sizeof err) < 0)
+		goto out;
 	if (hpu__devmem_init(device_memory(&o), rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
@@ -190,5 +193,6 @@ out:
 	hpu__model_destroy(&b);
 	hpucoll_comm_destroy(&comm);
 	hpu__devmem_shutdown();
+	hpu__dev_close();
 	return rc;
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "autocast.h"
+#include "device.h"
 #include "devmem.h"
 #include "simd.h"
 #include "strategy_impl.h"
@@ -289,6 +290,24 @@ int hpu__strat_fill_unit(hpu_strat *s, int j, float *full)
 
 /* Every rank computes the same initial values; ZeRO-3 keeps its pieces
  * (and the whole of persistent units). */
+/* A unit's initial values into dst: made in place where the host may
+ * write device memory, else in a host buffer and copied in. */
+static int fill_unit_into(hpu_strat *s, int j, float *dst)
+{
+	size_t n = s->u[j].len;
+	if (!hpu__dev_owns(dst))
+		return hpu__strat_fill_unit(s, j, dst);
+	float *host = hpu__dev_host_alloc(n * 4);
+	if (!host)
+		return fail(s, "out of host memory for the initial parameters of %s",
+			    hpu__strat_unit_name(s, j));
+	int rc = hpu__strat_fill_unit(s, j, host);
+	if (rc == 0)
+		hpu__dev_h2d(NULL, dst, host, n * 4);
+	hpu__dev_host_free(host);
+	return rc;
+}
+
 static int init_params(hpu_strat *s)
 {
 	for (int j = 0; j < s->nunits; j++) {
@@ -301,7 +320,7 @@ static int init_params(hpu_strat *s)
 			if (!(dst = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
 				return -1;
 		}
-		if (hpu__strat_fill_unit(s, j, dst) < 0) {
+		if (fill_unit_into(s, j, dst) < 0) {
 			if (!s->P)
 				hpu__dfree(dst);
 			return -1;
@@ -310,7 +329,7 @@ static int init_params(hpu_strat *s)
 			continue;
 		float *piece = s->nvp ? hpu__nvp_get(s, j, 0) : u->opt_p;
 		if (piece)
-			memcpy(piece, dst + (size_t)s->rank * u->piece, u->piece * 4);
+			hpu__dev_copy(piece, dst + (size_t)s->rank * u->piece, u->piece * 4);
 		if (!piece || (s->nvp && hpu__nvp_put(s, j) < 0)) {
 			hpu__dfree(dst);
 			return -1;
@@ -336,14 +355,18 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	for (int k = 0; k < s->nunits; k++) {
 		const unit *u = &s->u[k];
 		if (!s->mp) {
+			hpu__dev_enter(); /* a reduction on the device */
 			ss += hpu_sumsq(u->opt_g, u->opt.n);
+			hpu__dev_leave();
 			continue;
 		}
+		hpu__dev_enter();
 		for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 			size_t c = hpu__strat_chunk(u->opt.n, i);
 			hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
 			ss += hpu_sumsq(s->chunk, c);
 		}
+		hpu__dev_leave();
 	}
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);
@@ -375,6 +398,7 @@ HPU_CLONES static int nonfinite(const float *restrict g, size_t n)
 static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	float bad = 0;
+	hpu__dev_enter(); /* the non-finite check on the device */
 	for (int k = 0; k < s->nunits && !bad; k++)
 		bad = (float)nonfinite(s->u[k].opt_g, s->u[k].opt.n);
 	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
@@ -382,6 +406,7 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (nonfinite(s->u[k].opt_g, s->u[k].opt.n))
 				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
+	hpu__dev_leave();
 	if (s->sharded) { /* each rank checked its shard */
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
 		if (rc)
@@ -403,15 +428,17 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			for (int k = 0; k < s->nunits; k++) {
 				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 					return -1;
+				hpu__dev_enter(); /* the update over a flat buffer */
 				hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
 					       gscale, lr);
+				hpu__dev_leave();
 			}
 			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 				return -1;
 		}
 	}
 	if (s->G)
-		memset(s->G, 0, s->total * 4);
+		hpu__dev_memset(NULL, s->G, 0, s->total * 4);
 	return *skipped ? 0 : hpu__zero_gather_params(s);
 }
 
@@ -426,7 +453,8 @@ static int sync_buffers(hpu_strat *s)
 		size_t n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				memcpy(s->bsync + n, s->B + b->buffers[i].offset, b->buffers[i].numel * 4);
+				hpu__dev_copy(s->bsync + n, s->B + b->buffers[i].offset,
+					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
 		if (!n)
@@ -437,13 +465,14 @@ static int sync_buffers(hpu_strat *s)
 				 : hpucoll_broadcast(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32, 0);
 		if (rc)
 			return hpu__strat_coll_fail(s, "buffer synchronization", rc);
+		if (kind == HPU_BUFFER_MEAN)
+			for (size_t j = 0; j < n; j++)
+				s->bsync[j] /= (float)s->world;
 		n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				float *dst = s->B + b->buffers[i].offset;
-				for (size_t j = 0; j < b->buffers[i].numel; j++)
-					dst[j] = kind == HPU_BUFFER_MEAN ? s->bsync[n + j] / (float)s->world
-									 : s->bsync[n + j];
+				hpu__dev_copy(s->B + b->buffers[i].offset, s->bsync + n,
+					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
 	}
@@ -482,6 +511,10 @@ long hpu_strat_bad_total(const hpu_strat *s)
 
 const float *hpu_strat_buffers(const hpu_strat *s)
 {
+	if (s->B && hpu__dev_owns(s->B)) { /* the host reads a copy */
+		hpu__dev_d2h(NULL, s->bsync, s->B, s->b->buffer_numel * 4);
+		return s->bsync;
+	}
 	return s->B;
 }
 
@@ -545,11 +578,15 @@ static int alloc_scratch_buffers(hpu_strat *s)
 		return -1;
 	if (!b->nbuffers)
 		return 0;
-	if (!(s->B = dalloc(s, HPU_MEM_PARAMS, b->buffer_numel * 4, "buffers")) ||
-	    !(s->bsync = dalloc(s, HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
+	if (!(s->B = dalloc(s, HPU_MEM_PARAMS, b->buffer_numel * 4, "buffers")))
 		return -1;
-	if (s->resume ? hpu__strat_resume_buffers(s) < 0
-		      : hpu__model_init_buffers(b, s->o->seed, s->B, s->err, s->errlen) < 0)
+	if (!(s->bsync = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
+		return fail(s, "%s", hpu__devmem_error());
+	/* made by the host: in place, or in the staging and copied in */
+	int direct = !hpu__dev_owns(s->B);
+	float *dst = direct ? s->B : s->bsync;
+	if (s->resume ? hpu__strat_resume_buffers(s, dst) < 0
+		      : hpu__model_init_buffers(b, s->o->seed, dst, s->err, s->errlen) < 0)
 		return -1;
 	for (int i = 0; i < b->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
@@ -557,10 +594,12 @@ static int alloc_scratch_buffers(hpu_strat *s)
 			l->bbase = s->B + b->buffers[l->first_buffer].offset;
 	}
 	if (s->world > 1) {
-		int rc = hpucoll_broadcast(s->comm, s->B, s->B, b->buffer_numel, HPUCOLL_F32, 0);
+		int rc = hpucoll_broadcast(s->comm, dst, dst, b->buffer_numel, HPUCOLL_F32, 0);
 		if (rc)
 			return hpu__strat_coll_fail(s, "buffer broadcast", rc);
 	}
+	if (!direct)
+		hpu__dev_h2d(NULL, s->B, dst, b->buffer_numel * 4);
 	return 0;
 }
 
@@ -647,7 +686,7 @@ void hpu_strat_free(hpu_strat **ps)
 	if (!s)
 		return;
 	while (s->qn) { /* after an error: let the collectives end first */
-		hpucoll_wait(&s->q[s->qhead].req);
+		hpu__dc_wait(&s->q[s->qhead].req);
 		s->qhead = (s->qhead + 1) % (s->nunits + 1);
 		s->qn--;
 	}
@@ -662,8 +701,8 @@ void hpu_strat_free(hpu_strat **ps)
 		hpu__dfree(u->gbuf16);
 	}
 	for (int t = 0; s->t_data && t < s->b->ntensors; t++) {
-		if (s->b->tensors[t].producer >= 0)
-			hpu__dfree(s->t_data[t]);
+		if (s->b->tensors[t].producer >= 0 || hpu__dev_owns(s->t_data[t]))
+			hpu__dfree(s->t_data[t]); /* a field's: its copy on the device */
 		hpu__dfree(s->t_grad[t]);
 		if (s->a16)
 			hpu__dfree(s->a16[t]);
@@ -676,9 +715,13 @@ void hpu_strat_free(hpu_strat **ps)
 		if (s->saved)
 			hpu__dfree(s->saved[i]);
 	}
+	hpu__dc_free(s);
+	for (int t = 0; s->t_host && t < s->b->ntensors; t++)
+		hpu__dev_host_free(s->t_host[t]);
+	free(s->t_host);
 	hpu__dfree(s->scratch);
 	hpu__dfree(s->B);
-	hpu__dfree(s->bsync);
+	hpu__dev_hbuf_free(s->bsync);
 	hpu__dfree(s->P);
 	hpu__dfree(s->G);
 	hpu__dfree(s->PS);

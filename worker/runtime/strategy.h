@@ -39,7 +39,8 @@ void hpu_strat_set_pos(hpu_strat *s, int train, long step, long epoch);
  * those tensor `want` depends on. */
 int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want);
 
-/* Tensor t after a forward (its rows of the batch), or NULL. */
+/* Tensor t after a forward (its rows of the batch) where the host may
+ * read it (a copy where it may not read device memory), or NULL. */
 const void *hpu_strat_tensor(hpu_strat *s, int t);
 
 /* The loss of the last forward: the weighted sum of the loss tensors'
@@ -89,7 +90,9 @@ void hpu_strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int uni
 /* Every parameter consolidated, fp32, on every rank, into dst[psi] in
  * declaration order (unpadded); collective. */
 int hpu_strat_gather_all(hpu_strat *s, float *dst);
-/* The buffers (b->buffer_numel floats, the builder's layout). */
+/* The buffers (b->buffer_numel floats, the builder's layout), where the
+ * host may read them: a copy where it may not read device memory (valid
+ * until the next step). */
 const float *hpu_strat_buffers(const hpu_strat *s);
 
 /* Writes the consolidated fp32 parameters, each parameter's numel floats

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "device.h"
 #include "devmem.h"
 #include "simd.h"
 #include "strategy_impl.h"
@@ -141,7 +142,10 @@ int hpu__act_compress(hpu_strat *s, int t, int n)
 		if (!(s->a16[t] = hpu__dalloc(HPU_MEM_ACTS, tensor_bytes(s, t, s->maxbatch, 2), what)))
 			return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	}
-	if (!bf16_exact(s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1))) {
+	hpu__dev_enter(); /* a cast on the device */
+	int exact = bf16_exact(s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1));
+	hpu__dev_leave();
+	if (!exact) {
 		hpu__dfree(s->a16[t]); /* an fp32 op's output: keep fp32 */
 		s->a16[t] = NULL;
 		return 0;
@@ -157,7 +161,9 @@ int hpu__act_expand(hpu_strat *s, int t, int n)
 		return 0;
 	if (hpu__act_ensure(s, t) < 0)
 		return -1;
+	hpu__dev_enter(); /* a cast on the device */
 	bf16_expand(s->t_data[t], s->a16[t], tensor_bytes(s, t, n, 1));
+	hpu__dev_leave();
 	return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device.h"
 #include "devmem.h"
 #include "fileio.h"
 #include "strategy_impl.h"
@@ -161,11 +162,25 @@ typedef struct put {
 	size_t from;       /* the layout position of base[0] */
 } put;
 
+/* Floats a checkpoint moves through host memory at a time, where the
+ * host may not read the device's. */
+#define CKPT_STAGE 65536
+
 static int put_run(hpu_strat *s, const run *r, void *arg)
 {
 	put *p = arg;
-	return hpu_ckpt_writer_put(p->w, p->base + (r->pos - p->from), r->count * 4, s->err,
-				   s->errlen);
+	const float *src = p->base + (r->pos - p->from);
+	if (!hpu__dev_owns(src))
+		return hpu_ckpt_writer_put(p->w, src, r->count * 4, s->err, s->errlen);
+	float *h = hpu__dev_host_alloc(CKPT_STAGE * 4);
+	int rc = h ? 0 : hpu__strat_fail(s, "out of host memory for a checkpoint");
+	for (uint64_t i = 0; !rc && i < r->count; i += CKPT_STAGE) {
+		size_t n = r->count - i < CKPT_STAGE ? r->count - i : CKPT_STAGE;
+		hpu__dev_d2h(NULL, h, src + i, n * 4);
+		rc = hpu_ckpt_writer_put(p->w, h, n * 4, s->err, s->errlen);
+	}
+	hpu__dev_host_free(h);
+	return rc;
 }
 
 /* Unit j's array holding section k over its owned range: the master
@@ -226,8 +241,20 @@ typedef struct get {
 static int get_run(hpu_strat *s, const run *r, void *arg)
 {
 	get *g = arg;
-	return hpu_ckpt_read(s->resume, g->section, r->start, r->count, g->dst + (r->pos - g->from),
-			     s->err, s->errlen);
+	float *dst = g->dst + (r->pos - g->from);
+	if (!hpu__dev_owns(dst))
+		return hpu_ckpt_read(s->resume, g->section, r->start, r->count, dst, s->err,
+				     s->errlen);
+	float *h = hpu__dev_host_alloc(CKPT_STAGE * 4);
+	int rc = h ? 0 : hpu__strat_fail(s, "out of host memory for a checkpoint");
+	for (uint64_t i = 0; !rc && i < r->count; i += CKPT_STAGE) {
+		size_t n = r->count - i < CKPT_STAGE ? r->count - i : CKPT_STAGE;
+		rc = hpu_ckpt_read(s->resume, g->section, r->start + i, n, h, s->err, s->errlen);
+		if (rc == 0)
+			hpu__dev_h2d(NULL, dst + i, h, n * 4);
+	}
+	hpu__dev_host_free(h);
+	return rc;
 }
 
 /* The unit holding layout position `pos`. */
@@ -241,7 +268,10 @@ static int unit_at(const hpu_strat *s, size_t pos)
 
 int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, float *dst)
 {
-	memset(dst, 0, n * 4);
+	if (hpu__dev_owns(dst))
+		hpu__dev_memset(NULL, dst, 0, n * 4);
+	else
+		memset(dst, 0, n * 4);
 	int j = n ? unit_at(s, from) : -1;
 	if (j < 0)
 		return 0;
@@ -329,28 +359,39 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 			int rc = 0;
 			snprintf(what, sizeof what, "parameters of %s %s",
 				 hpu__strat_unit_name(s, k), why);
-			if (!(tmpbuf = hpu__strat_dalloc(s, HPU_MEM_OTHER, u->len * 4, what)))
-				rc = -1;
+			if (!(tmpbuf = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, u->len * 4, what)))
+				rc = hpu__strat_fail(s, "%s", hpu__devmem_error());
 			if (!rc && nv) {
 				/* this rank's range, then (sharded) gathered in place */
 				size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 				rc = hpu__nv_get(s, k, 0, tmpbuf + mine);
 				piece = tmpbuf + mine;
 			}
-			if (!rc && s->sharded &&
-			    (rc = hpucoll_all_gather(s->comm, piece, tmpbuf, u->piece, HPUCOLL_F32)))
-				hpu__strat_coll_fail(s, "parameter all-gather", rc);
+			if (!rc && s->sharded) { /* in place, in host memory */
+				float *at = tmpbuf + (size_t)s->rank * u->piece;
+				if (piece != at)
+					hpu__dev_copy(at, piece, u->piece * 4);
+				if ((rc = hpucoll_all_gather(s->comm, at, tmpbuf, u->piece,
+							     HPUCOLL_F32)))
+					hpu__strat_coll_fail(s, "parameter all-gather", rc);
+			}
 			if (rc) {
-				hpu__dfree(tmpbuf);
+				hpu__dev_hbuf_free(tmpbuf);
 				return -1;
 			}
+			full = tmpbuf;
+		} else if (hpu__dev_owns(full)) { /* the host reads a copy */
+			if (!(tmpbuf = hpu__dev_host_alloc(u->len * 4)))
+				return hpu__strat_fail(s, "out of host memory for the parameters of %s",
+						       hpu__strat_unit_name(s, k));
+			hpu__dev_d2h(NULL, tmpbuf, full, u->len * 4);
 			full = tmpbuf;
 		}
 		if (!bad && fn(s, k, full, arg) < 0) {
 			bad = 1;
 			fn_errno = errno; /* the later units' gathers may set errno */
 		}
-		hpu__dfree(tmpbuf);
+		hpu__dev_hbuf_free(tmpbuf);
 	}
 	if (s->nvp && hpu__nvp_drop_all(s) < 0 && !bad)
 		return -1;
@@ -443,10 +484,11 @@ static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n)
 }
 
 /* The checkpoint's buffers, matched to the model's by name and shape, into
- * s->B at each buffer's place (its padding zeroed). Buffers are whole on
+ * dst (host memory laid out as s->B) at each buffer's place (its padding
+ * zeroed). Buffers are whole on
  * every rank whatever the world size, so any checkpoint's file serves:
  * every rank reads it (rank 0's values are broadcast after). */
-int hpu__strat_resume_buffers(hpu_strat *s)
+int hpu__strat_resume_buffers(hpu_strat *s, float *dst)
 {
 	hpu_ckpt *c = s->resume;
 	hpu_builder *b = s->b;
@@ -463,7 +505,7 @@ int hpu__strat_resume_buffers(hpu_strat *s)
 					       "checkpoint %s holds buffer %s, which the model "
 					       "%s does not declare (another model?)",
 					       c->dir, c->buffers[k].name, b->path);
-	memset(s->B, 0, b->buffer_numel * 4);
+	memset(dst, 0, b->buffer_numel * 4);
 	for (int i = 0; i < b->nbuffers; i++) {
 		const hpu_buffer_info *bi = &b->buffers[i];
 		int k = hpu_ckpt_buffer_find(c, bi->name);
@@ -485,7 +527,7 @@ int hpu__strat_resume_buffers(hpu_strat *s)
 					       "the model %s",
 					       c->dir, bi->name, there, here, b->path);
 		}
-		if (hpu_ckpt_read_buffers(c, q->offset, q->numel, s->B + bi->offset, s->err,
+		if (hpu_ckpt_read_buffers(c, q->offset, q->numel, dst + bi->offset, s->err,
 					  s->errlen) < 0)
 			return -1;
 	}

@@ -124,6 +124,13 @@ struct hpu_strat {
 				  * shard in a swap file (s->PS, s->PS16 are
 				  * NULL; a unit's piece is in memory, at
 				  * opt_p / opt_p16, only while used) */
+	void *stage;             /* strategy_dcoll.c: pinned host staging of
+				  * the collectives where the host may not
+				  * read device memory */
+	size_t stage_bytes;
+	void **t_host;           /* per tensor: the host's copy that
+				  * hpu_strat_tensor returns where the host
+				  * may not read device memory, or NULL */
 };
 
 /* Floats converted at a time for the optimizer (s->chunk). */
@@ -166,6 +173,24 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm);
 
 /* dst[i] += src[i]. */
 void hpu__sync_add(float *restrict dst, const float *restrict src, size_t n);
+
+/* strategy_dcoll.c: the strategies' collectives on device buffers, as
+ * libhpucoll's hpucoll_iall_reduce, hpucoll_ireduce_scatter and
+ * hpucoll_iall_gather. Where the host may read device memory (cpu) they
+ * are those calls. Where it may not (cpu-strict) the buffers go through
+ * pinned host staging: copied out, the collective run there at once
+ * (after those in flight, as libhpucoll orders them) and the result
+ * copied back, the all-reduce in chunks; *req is NULL then, nothing is
+ * left in flight. Return libhpucoll's codes. */
+int hpu__dc_iall_reduce(hpu_strat *s, const void *send, void *recv, size_t count,
+			hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req);
+int hpu__dc_ireduce_scatter(hpu_strat *s, const void *send, void *recv, size_t recvcount,
+			    hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req);
+int hpu__dc_iall_gather(hpu_strat *s, const void *send, void *recv, size_t sendcount,
+			hpucoll_dtype dt, hpucoll_req **req);
+/* hpucoll_wait for a request of the above (a NULL one is done). */
+int hpu__dc_wait(hpucoll_req **req);
+void hpu__dc_free(hpu_strat *s);
 /* zero2/3 fp32: unit k's gradient bucket, made if not there yet. */
 int hpu__sync_grads_for(hpu_strat *s, int k);
 /* Every layer of unit k has run its backward in this micro-step: starts
@@ -310,7 +335,7 @@ int hpu__nvp_step_at(hpu_strat *s, int k);
 int hpu__strat_read_layout(hpu_strat *s, int section, size_t from, size_t n, float *dst);
 
 /* The buffers (s->B) from s->resume. */
-int hpu__strat_resume_buffers(hpu_strat *s);
+int hpu__strat_resume_buffers(hpu_strat *s, float *dst);
 
 /* After the parameters: the optimizer state and counters from s->resume. */
 int hpu__strat_resume_state(hpu_strat *s);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "autocast.h"
+#include "device.h"
 #include "devmem.h"
 #include "lowp.h"
 #include "prof.h"
@@ -127,45 +128,52 @@ int hpu__mp_init_params(hpu_strat *s)
 		unit *u = &s->u[j];
 		char what[128];
 		snprintf(what, sizeof what, "initial parameters of %s", hpu__strat_unit_name(s, j));
-		float *full = dalloc(s, HPU_MEM_OTHER, u->len * 4, what);
+		/* made by the host: host memory where the device's is not */
+		float *full = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, u->len * 4, what);
 		if (!full)
-			return -1;
+			return fail(s, "%s", hpu__devmem_error());
 		if (hpu__strat_fill_unit(s, j, full) < 0) {
-			hpu__dfree(full);
+			hpu__dev_hbuf_free(full);
 			return -1;
 		}
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 		if (s->nv) {
 			if (hpu__nv_fill(s, j, full + mine) < 0) {
-				hpu__dfree(full);
+				hpu__dev_hbuf_free(full);
 				return -1;
 			}
 		} else {
-			memcpy(u->opt_p, full + mine, u->opt.n * 4);
+			hpu__dev_copy(u->opt_p, full + mine, u->opt.n * 4);
 		}
 		if (s->P16) {
+			hpu__dev_enter(); /* a cast on the device */
 			hpu__mp_to16(s->fp16, s->P16 + u->off, full, u->len);
+			hpu__dev_leave();
 		} else {
 			if (s->nvp && !hpu__nvp_get(s, j, 0)) {
-				hpu__dfree(full);
+				hpu__dev_hbuf_free(full);
 				return -1;
 			}
+			hpu__dev_enter();
 			hpu__mp_to16(s->fp16, u->opt_p16, full + mine, u->piece);
+			hpu__dev_leave();
 			if (s->nvp && hpu__nvp_put(s, j) < 0) {
-				hpu__dfree(full);
+				hpu__dev_hbuf_free(full);
 				return -1;
 			}
 			if (u->persistent) {
 				snprintf(what, sizeof what, "parameters of %s (persistent)",
 					 hpu__strat_unit_name(s, j));
 				if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
-					hpu__dfree(full);
+					hpu__dev_hbuf_free(full);
 					return -1;
 				}
+				hpu__dev_enter();
 				hpu__mp_to16(s->fp16, u->full16, full, u->len);
+				hpu__dev_leave();
 			}
 		}
-		hpu__dfree(full);
+		hpu__dev_hbuf_free(full);
 	}
 	return s->nvp ? hpu__nvp_drop_all(s) : 0;
 }
@@ -260,6 +268,7 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 	hpu_layer *l = s->b->layers[i];
 	unit *u = &s->u[l->unit];
 	float *g = s->lgs[i];
+	hpu__dev_enter(); /* the gradients' cast on the device */
 	if (final && !s->injected && s->o->inject_overflow_step == s->step_no + 1 &&
 	    s->rank == 0) {
 		g[0] = INFINITY; /* --inject-overflow-step: testing only */
@@ -271,6 +280,7 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 		hpu__mp_acc16(s->fp16, s->G16 + l->off, g, l->plen);
 	else
 		hpu__mp_to16(s->fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
+	hpu__dev_leave();
 	hpu__dfree(g);
 	s->lgs[i] = NULL;
 }
@@ -306,9 +316,11 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	/* An overflow anywhere skips the step everywhere. */
 	float bad = 0;
+	hpu__dev_enter(); /* the overflow check on the device */
 	for (int k = 0; k < s->nunits; k++)
 		if (nonfinite16(s, s->u[k].opt_g16, s->u[k].opt.n))
 			bad = 1;
+	hpu__dev_leave();
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
 		if (rc)
@@ -329,12 +341,14 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
 			hpu_optim_begin(&u->opt);
+			hpu__dev_enter(); /* the update, casts included: one device call */
 			for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 				size_t c = hpu__strat_chunk(u->opt.n, i);
 				hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
 				hpu_optim_range(&u->opt, i, c, u->opt_p + i, s->chunk, gscale, lr);
 				hpu__mp_to16(s->fp16, u->opt_p16 + i, u->opt_p + i, c);
 			}
+			hpu__dev_leave();
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
 			return -1;

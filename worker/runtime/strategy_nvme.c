@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "autocast.h"
+#include "device.h"
 #include "devmem.h"
 #include "strategy_impl.h"
 #include "swap.h"
@@ -338,7 +339,9 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 		}
 		if (s->nvp && hpu__nvp_step_at(s, nv->g[i].unit) < 0)
 			return -1;
+		hpu__dev_enter(); /* the update over a sub-group: one device call */
 		update(s, &nv->g[i], nv->st.buf[b], gscale, lr);
+		hpu__dev_leave();
 		nv->st.use[b] = hpu_swap_write(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
 		if (nv->st.use[b] < 0 || (i + ahead < nv->ng && start_read(s, i + ahead) < 0))
 			return swap_fail(s);

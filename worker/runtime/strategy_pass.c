@@ -11,8 +11,10 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "fp8.h"
 #include "prof.h"
 #include "strategy_impl.h"
@@ -137,7 +139,9 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	c.recompute = recompute;
 	int64_t t0 = hpu__prof_t0();
 	op_layer(s, i, 0);
+	hpu__dev_enter(); /* the layer's forward: one device call */
 	int rc = l->ops.forward(l, &c, in, out);
+	hpu__dev_leave();
 	op_layer(s, -1, 0);
 	hpu__prof_span(recompute ? "forward" : c.train ? "forward" : "eval",
 		       recompute ? "recompute" : c.train ? "forward" : "eval_forward", l->name, t0,
@@ -194,6 +198,27 @@ void hpu_strat_set_pos(hpu_strat *s, int train, long step, long epoch)
 	s->ctx.epoch = epoch;
 }
 
+/* Dataset field t of the batch: read in place where the host may read
+ * device memory, else copied into the device's buffer for it (the batch
+ * in). */
+static int batch_in(hpu_strat *s, int t, void *host, int n)
+{
+	size_t numel = s->b->tensors[t].sample_numel;
+	if (hpu__dev_host_can_read()) {
+		s->t_data[t] = host;
+		return 0;
+	}
+	if (!s->t_data[t]) {
+		char what[160];
+		snprintf(what, sizeof what, "the batch on the device (%s)", s->b->tensors[t].name);
+		s->t_data[t] = hpu__dalloc_uninit(HPU_MEM_OTHER, (size_t)s->maxbatch * numel * 4, what);
+		if (!s->t_data[t])
+			return hpu__strat_fail(s, "%s", hpu__devmem_error());
+	}
+	hpu__dev_h2d(NULL, s->t_data[t], host, (size_t)n * numel * 4);
+	return 0;
+}
+
 int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want)
 {
 	hpu_builder *b = s->b;
@@ -202,8 +227,8 @@ int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, i
 	s->ctx.accum = accum;
 	s->ctx.samples = bt->idx;
 	for (int t = 0; t < b->ntensors; t++)
-		if (b->tensors[t].producer < 0)
-			s->t_data[t] = bt->data[b->tensors[t].field];
+		if (b->tensors[t].producer < 0 && batch_in(s, t, bt->data[b->tensors[t].field], bt->n) < 0)
+			return -1;
 	const int *last = s->ctx.train ? s->last_train : s->last_eval;
 	if (want >= 0)
 		mask_for(s, want);
@@ -223,20 +248,40 @@ const void *hpu_strat_tensor(hpu_strat *s, int t)
 {
 	if (hpu__act_expand(s, t, s->ctx.batch) < 0)
 		return NULL;
-	return s->t_data[t];
+	if (hpu__dev_host_can_read())
+		return s->t_data[t];
+	/* the host reads a copy (metrics, the hooks' forward) */
+	size_t row = s->b->tensors[t].sample_numel * 4;
+	if (!s->t_host) {
+		if (!(s->t_host = calloc((size_t)s->b->ntensors, sizeof *s->t_host)))
+			return NULL;
+	}
+	if (!s->t_host[t] && !(s->t_host[t] = hpu__dev_host_alloc((size_t)s->maxbatch * row)))
+		return NULL;
+	hpu__dev_d2h(NULL, s->t_host[t], s->t_data[t], (size_t)s->ctx.batch * row);
+	return s->t_host[t];
 }
 
 double hpu_strat_loss(hpu_strat *s)
 {
 	hpu_builder *b = s->b;
 	double sum = 0;
+	float *host = NULL;
 	for (int k = 0; k < b->nloss; k++) {
 		const float *v = s->t_data[b->loss[k].tensor];
+		if (!hpu__dev_host_can_read()) { /* the loss out */
+			size_t bytes = (size_t)s->ctx.batch * sizeof *host;
+			if (!host && !(host = hpu__dev_host_alloc((size_t)s->maxbatch * sizeof *host)))
+				return NAN;
+			hpu__dev_d2h(NULL, host, v, bytes);
+			v = host;
+		}
 		double m = 0;
 		for (int r = 0; r < s->ctx.batch; r++)
 			m += v[r];
 		sum += b->loss[k].weight * (m / s->ctx.batch);
 	}
+	hpu__dev_host_free(host);
 	return sum;
 }
 
@@ -311,8 +356,10 @@ static int seed(hpu_strat *s, float scale, float loss)
 		if (!g)
 			return -1;
 		float v = isfinite(loss) ? b->loss[k].weight * scale / (float)n : NAN;
+		hpu__dev_enter(); /* a fill on the device */
 		for (int r = 0; r < n; r++)
 			g[r] += v;
+		hpu__dev_leave();
 	}
 	return 0;
 }
@@ -355,7 +402,9 @@ static void add_tmp(hpu_strat *s, int i, float **tmp)
 		if (!tmp[k])
 			continue;
 		int t = l->in[k];
+		hpu__dev_enter(); /* an add on the device */
 		hpu__sync_add(s->t_grad[t], tmp[k], (size_t)s->ctx.batch * s->b->tensors[t].sample_numel);
+		hpu__dev_leave();
 		hpu__dfree(tmp[k]);
 		tmp[k] = NULL;
 	}
@@ -388,7 +437,9 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	c.layer = i;
 	int64_t t0 = hpu__prof_t0();
 	op_layer(s, i, 1);
+	hpu__dev_enter(); /* the layer's backward: one device call */
 	int rc = l->ops.backward(l, &c, in, out, dout, din);
+	hpu__dev_leave();
 	op_layer(s, -1, 0);
 	hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
 	if (rc != 0) {
@@ -452,11 +503,14 @@ static long tensor_nonfinite(const hpu_strat *s, int t, size_t *numel)
 	*numel = (size_t)s->ctx.batch * ti->sample_numel;
 	if (ti->dtype != HPU_F32)
 		return 0;
+	long k = 0;
+	hpu__dev_enter(); /* a count on the device */
 	if (s->t_data[t])
-		return count_nonfinite(s->t_data[t], *numel);
-	if (s->a16 && s->a16[t])
-		return count_nonfinite16(s->a16[t], *numel);
-	return 0;
+		k = count_nonfinite(s->t_data[t], *numel);
+	else if (s->a16 && s->a16[t])
+		k = count_nonfinite16(s->a16[t], *numel);
+	hpu__dev_leave();
+	return k;
 }
 
 static int note_nonfinite(hpu_strat *s, int layer, int t)

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "autocast.h"
+#include "device.h"
 #include "devmem.h"
 #include "simd.h"
 #include "strategy_impl.h"
@@ -75,10 +76,12 @@ static int wait_oldest(hpu_strat *s)
 	flight f = s->q[s->qhead];
 	s->qhead = (s->qhead + 1) % (s->nunits + 1);
 	s->qn--;
-	int rc = hpucoll_wait(&f.req);
+	int rc = hpu__dc_wait(&f.req);
 	if (rc)
 		return coll_fail(s, "gradient collective", rc);
+	hpu__dev_enter(); /* landing: copies and adds on the device */
 	land(s, f.unit);
+	hpu__dev_leave();
 	return 0;
 }
 
@@ -93,8 +96,9 @@ int hpu__sync_drain(hpu_strat *s)
 int hpu__sync_poll(hpu_strat *s)
 {
 	while (s->qn) {
-		int done = 0;
-		hpucoll_test(s->q[s->qhead].req, &done);
+		int done = 1; /* a staged collective is done */
+		if (s->q[s->qhead].req)
+			hpucoll_test(s->q[s->qhead].req, &done);
 		if (!done)
 			return 0;
 		if (wait_oldest(s) < 0)
@@ -109,18 +113,20 @@ static int start_all_reduce(hpu_strat *s, int k)
 	hpucoll_req *req;
 	int rc;
 	if (s->mp) {
-		rc = hpucoll_iall_reduce(s->comm, s->G16 + u->off, s->G16 + u->off, u->len,
+		rc = hpu__dc_iall_reduce(s, s->G16 + u->off, s->G16 + u->off, u->len,
 					 s->dt16, HPUCOLL_SUM, &req);
 	} else if (s->o->grad_comm_dtype == HPU_COMM_BF16) {
 		char what[128];
 		snprintf(what, sizeof what, "bf16 gradients of %s", hpu__strat_unit_name(s, k));
 		if (!(u->cbuf = dalloc(s, HPU_MEM_COMM, u->len * 2, what)))
 			return -1;
+		hpu__dev_enter(); /* a cast on the device */
 		hpu__mp_to16(0, u->cbuf, s->G + u->off, u->len); /* bf16 */
-		rc = hpucoll_iall_reduce(s->comm, u->cbuf, u->cbuf, u->len, HPUCOLL_BF16,
+		hpu__dev_leave();
+		rc = hpu__dc_iall_reduce(s, u->cbuf, u->cbuf, u->len, HPUCOLL_BF16,
 					 HPUCOLL_SUM, &req);
 	} else {
-		rc = hpucoll_iall_reduce(s->comm, s->G + u->off, s->G + u->off, u->len,
+		rc = hpu__dc_iall_reduce(s, s->G + u->off, s->G + u->off, u->len,
 					 HPUCOLL_F32, HPUCOLL_SUM, &req);
 	}
 	if (rc)
@@ -135,10 +141,10 @@ static int start_reduce_scatter(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	hpucoll_req *req;
-	int rc = s->mp ? hpucoll_ireduce_scatter(s->comm, u->gbuf16,
+	int rc = s->mp ? hpu__dc_ireduce_scatter(s, u->gbuf16,
 						 u->gbuf16 + (size_t)s->rank * u->piece,
 						 u->piece, s->dt16, HPUCOLL_SUM, &req)
-		       : hpucoll_ireduce_scatter(s->comm, u->gbuf,
+		       : hpu__dc_ireduce_scatter(s, u->gbuf,
 						 u->gbuf + (size_t)s->rank * u->piece,
 						 u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
 	if (rc)
@@ -199,10 +205,10 @@ int hpu__sync_reduce(hpu_strat *s)
 			unit *u = &s->u[k];
 			hpucoll_req *req;
 			size_t mine = (size_t)s->rank * u->piece;
-			rc = s->mp ? hpucoll_ireduce_scatter(s->comm, s->G16 + u->off,
+			rc = s->mp ? hpu__dc_ireduce_scatter(s, s->G16 + u->off,
 							     s->G16 + u->off + mine, u->piece,
 							     s->dt16, HPUCOLL_SUM, &req)
-				   : hpucoll_ireduce_scatter(s->comm, s->G + u->off,
+				   : hpu__dc_ireduce_scatter(s, s->G + u->off,
 							     s->G + u->off + mine, u->piece,
 							     HPUCOLL_F32, HPUCOLL_SUM, &req);
 			if (rc)

@@ -37,12 +37,12 @@ static int gather_start(hpu_strat *s, int k)
 	if (s->mp) {
 		if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
 			return -1;
-		rc = hpucoll_iall_gather(s->comm, u->opt_p16, u->full16, u->piece, s->dt16,
+		rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece, s->dt16,
 					 &u->gather);
 	} else {
 		if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
 			return -1;
-		rc = hpucoll_iall_gather(s->comm, u->opt_p, u->full, u->piece, HPUCOLL_F32,
+		rc = hpu__dc_iall_gather(s, u->opt_p, u->full, u->piece, HPUCOLL_F32,
 					 &u->gather);
 	}
 	if (rc)
@@ -194,18 +194,18 @@ int hpu__zero_gather_params(hpu_strat *s)
 	for (k = 0; k < s->nunits && !rc; k++) {
 		unit *u = &s->u[k];
 		if (s->mp && s->kind != HPU_STRATEGY_ZERO3)
-			rc = hpucoll_iall_gather(s->comm, s->P16 + u->off + (size_t)s->rank * u->piece,
+			rc = hpu__dc_iall_gather(s, s->P16 + u->off + (size_t)s->rank * u->piece,
 						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
 		else if (s->mp && u->persistent)
-			rc = hpucoll_iall_gather(s->comm, u->opt_p16, u->full16, u->piece,
+			rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece,
 						 s->dt16, &reqs[k]);
 		else if (s->mp)
 			continue;
 		else if (s->kind != HPU_STRATEGY_ZERO3)
-			rc = hpucoll_iall_gather(s->comm, s->P + u->off + (size_t)s->rank * u->piece,
+			rc = hpu__dc_iall_gather(s, s->P + u->off + (size_t)s->rank * u->piece,
 						 s->P + u->off, u->piece, HPUCOLL_F32, &reqs[k]);
 		else if (u->persistent)
-			rc = hpucoll_iall_gather(s->comm, u->opt_p, u->full, u->piece,
+			rc = hpu__dc_iall_gather(s, u->opt_p, u->full, u->piece,
 						 HPUCOLL_F32, &reqs[k]);
 	}
 	for (int j = 0; j < s->nunits; j++) {

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "save_resume.h"
+#include "device.h"
 #include "devmem.h"
 #include "env.h"
 #include "fp8.h"
@@ -112,7 +113,7 @@ static int coll_fail(loop *L, const char *what, int rc)
 
 static void *dalloc(loop *L, size_t bytes, const char *what)
 {
-	void *p = hpu__dalloc(HPU_MEM_OTHER, bytes, what);
+	void *p = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, bytes, what);
 	if (!p)
 		fail(L, "%s", hpu__devmem_error());
 	return p;
@@ -138,8 +139,8 @@ static void free_buffers(loop *L)
 {
 	hpu_loader_destroy(&L->loader);
 	hpu_batch_free(&L->eval_bt);
-	hpu__dfree(L->eval_idx);
-	hpu__dfree(L->perm);
+	hpu__dev_hbuf_free(L->eval_idx);
+	hpu__dev_hbuf_free(L->perm);
 	hpu_strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
@@ -425,6 +426,18 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 typedef struct evalres {
 	double loss, metric[HPU_MAX_IO], count;
 } evalres;
+
+/* --verbose on a device whose memory the host may not read: the bytes
+ * the step copied between host and device (the batch in, the loss out,
+ * the collectives' staging), for tests and figures. */
+static void copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0)
+{
+	uint64_t h2d, d2h;
+	hpu__dev_copied(&h2d, &d2h);
+	printf("rank %d: step %ld: device %s copied %llu bytes host-to-device, %llu bytes device-to-host\n",
+	       L->rank, step, hpu__dev_name(), (unsigned long long)(h2d - h2d0),
+	       (unsigned long long)(d2h - d2h0));
+}
 
 static int evaluate(loop *L, evalres *ev)
 {
@@ -811,9 +824,13 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			double lr = hpu_sched_lr(&L->pos.sched, step);
 			int64_t ts = hpu__prof_t0();
 			L->epoch = e;
+			uint64_t h2d0, d2h0;
+			hpu__dev_copied(&h2d0, &d2h0);
 			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0 ||
 			    skipped_check(L, step) < 0)
 				return -1;
+			if (o->verbose && !hpu__dev_host_can_read())
+				copied_log(L, step + 1, h2d0, d2h0);
 			step++;
 			L->epoch = e;
 			hpu__prof_span("step", "step", NULL, ts, "\"step\":%ld,\"epoch\":%d", step, e + 1);

@@ -1,0 +1,343 @@
+/* test_device: the device a worker computes on (--device).
+ *
+ * - --device cuda is refused before workers start, in one sentence;
+ * - the strict CPU device (cpu-strict) catches host code that touches
+ *   device memory outside a device call: the fixture peek_param's hook
+ *   reads a parameter through the pointer its layer got (a planted
+ *   read); the rank exits naming itself, the address and the block, and
+ *   the job fails. On cpu the same read passes: it is the strict device
+ *   that catches it. Reads through the API (hpu_run_param,
+ *   hpu_run_forward) pass on both;
+ * - the strategies (ddp, fast_ddp, zero1, zero2, zero3) in fp32 and
+ *   bf16-mixed on 2 workers, checkpoint save and resume, both offload
+ *   tiers, --save-params and a model's buffers (synchronized, saved,
+ *   resumed) run on cpu-strict with the same parameters,
+ *   bit for bit, as on cpu;
+ * - one DDP step on cpu-strict copies the batch in, the loss out and the
+ *   gradients through the collectives' staging, and nothing else. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statfs.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "runlib.h"
+
+#define PEEK h_build("lib/peek_param.so")
+#define BUFMODEL h_build("lib/buffer_model.so")
+#define MLP_ARGS "--hidden 64 --depth 3"
+
+/* Runs the MLP on `device` with 2 workers, 4 steps of 64, and `extra`
+ * (NULL-ended), saving the parameters to `path`. */
+static void mlp_run(const char *device, const char *path, const char *const *extra)
+{
+	run r;
+	start(&r, 2);
+	args(&r, "--device", device, "--max-steps", "4", "--batch-size", "64", "--optimizer",
+	     "adamw", "--save-params", path, NULL);
+	for (; extra && *extra; extra++)
+		arg(&r, *extra);
+	free(finish(&r, 0, MLP_ARGS));
+}
+
+/* The same run on cpu and on cpu-strict: their --save-params files are
+ * equal byte for byte. */
+static void same_on_both(const char *name, const char *const *extra)
+{
+	char a[64], b[64];
+	snprintf(a, sizeof a, "/tmp/hpu-dev-%d-cpu.bin", (int)getpid());
+	snprintf(b, sizeof b, "/tmp/hpu-dev-%d-strict.bin", (int)getpid());
+	mlp_run("cpu", a, extra);
+	mlp_run("cpu-strict", b, extra);
+	size_t na, nb;
+	char *pa = h_slurp_n(a, &na), *pb = h_slurp_n(b, &nb);
+	assert_non_null(pa);
+	assert_non_null(pb);
+	int same = na == nb && memcmp(pa, pb, na) == 0;
+	printf("  %-40s cpu-strict %s cpu (%zu bytes of parameters)\n", name,
+	       same ? "equals" : "DIFFERS FROM", na);
+	assert_true(same);
+	free(pa);
+	free(pb);
+	unlink(a);
+	unlink(b);
+}
+
+/* hpulaunch with `opt` (NULL: none) refuses cuda before any worker
+ * starts. */
+static void cuda_refused(const char *opt, const char *val)
+{
+	run r;
+	start(&r, 2);
+	if (opt)
+		args(&r, opt, val, NULL);
+	char *out = finish(&r, 2, MLP_ARGS);
+	assert_non_null(strstr(out, "--device cuda: the CUDA device is not built in this build"));
+	assert_null(strstr(out, "rank 0")); /* no worker started */
+	free(out);
+}
+
+static void test_cuda_refused(void **state)
+{
+	(void)state;
+	cuda_refused("--device", "cuda");
+	/* the configuration file's key */
+	char path[64];
+	snprintf(path, sizeof path, "/tmp/hpu-dev-cfg-%d.json", (int)getpid());
+	assert_int_equal(h_write_file(path, "{\"hputrain\": {\"device\": \"cuda\"}}\n", 0600), 0);
+	cuda_refused("--config", path);
+	unlink(path);
+	/* the environment, when no option says otherwise */
+	setenv("HPU_DEVICE", "cuda", 1);
+	cuda_refused(NULL, NULL);
+	char *out;
+	run r;
+	start(&r, 1);
+	args(&r, "--device", "cpu", "--max-steps", "1", NULL);
+	out = finish(&r, 0, MLP_ARGS); /* the option wins */
+	free(out);
+	unsetenv("HPU_DEVICE");
+}
+
+static char *peek_run(const char *device, int peek, int want)
+{
+	run r;
+	start(&r, 2);
+	args(&r, "--device", device, "--max-steps", "2", "--batch-size", "16", NULL);
+	return finish_with(&r, want, PEEK, peek ? "--peek" : NULL);
+}
+
+static void test_planted_read_caught(void **state)
+{
+	(void)state;
+	char *out = peek_run("cpu-strict", 1, 1);
+	const char *line = strstr(out, "hpu-worker: rank 0: host code touched device memory at 0x");
+	assert_non_null(line);
+	printf("  %.*s\n", (int)strcspn(line, "\n"), line);
+	assert_non_null(strstr(line, "(PARAMS block 'parameters') outside a device call under "
+				     "--device cpu-strict\n"));
+	assert_non_null(strstr(out, "rank 0 (node 0"));
+	assert_null(strstr(out, "peeked:"));
+	free(out);
+}
+
+static void test_planted_read_passes_on_cpu(void **state)
+{
+	(void)state;
+	char *cpu = peek_run("cpu", 1, 0), *strict = peek_run("cpu-strict", 0, 0);
+	assert_non_null(strstr(cpu, "peeked: "));
+	/* the API's reads pass on cpu-strict, with the same values */
+	const char *a = strstr(cpu, "peek: fc.weight[0] = "), *b = strstr(strict, "peek: fc.weight[0] = ");
+	assert_non_null(a);
+	assert_non_null(b);
+	size_t n = strcspn(a, "\n");
+	assert_int_equal(n, strcspn(b, "\n"));
+	assert_memory_equal(a, b, n);
+	free(cpu);
+	free(strict);
+}
+
+static void test_strategies_fp32(void **state)
+{
+	(void)state;
+	const char *names[] = {"ddp", "fast_ddp", "zero1", "zero2", "zero3"};
+	for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+		const char *extra[] = {"--strategy", names[k], NULL};
+		char what[64];
+		snprintf(what, sizeof what, "%s fp32, 2 workers", names[k]);
+		same_on_both(what, extra);
+	}
+}
+
+static void test_strategies_bf16(void **state)
+{
+	(void)state;
+	const char *names[] = {"ddp", "zero1", "zero2", "zero3"};
+	for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+		const char *extra[] = {"--strategy", names[k], "--precision", "bf16-mixed", NULL};
+		char what[64];
+		snprintf(what, sizeof what, "%s bf16-mixed, 2 workers", names[k]);
+		same_on_both(what, extra);
+	}
+}
+
+/* Saved after 2 steps, resumed to 4: the same on both devices, and the
+ * same as the uninterrupted run. */
+static void resumed(const char *strategy, const char *precision)
+{
+	char dir[64], a[64], b[64], whole[64];
+	snprintf(dir, sizeof dir, "/tmp/hpu-dev-ck-%d", (int)getpid());
+	const char *devs[] = {"cpu", "cpu-strict"};
+	char *paths[] = {a, b};
+	for (int d = 0; d < 2; d++) {
+		snprintf(paths[d], 64, "/tmp/hpu-dev-%d-resumed-%d.bin", (int)getpid(), d);
+		h_rmtree(dir);
+		const char *first[] = {"--strategy", strategy, "--precision", precision,
+				       "--checkpoint-dir", dir, "--checkpoint-every", "2",
+				       "--max-steps", "2", NULL};
+		char scratch[64];
+		snprintf(scratch, sizeof scratch, "/tmp/hpu-dev-%d-first.bin", (int)getpid());
+		mlp_run(devs[d], scratch, first);
+		unlink(scratch);
+		const char *again[] = {"--strategy", strategy, "--precision", precision,
+				       "--resume", dir, NULL};
+		mlp_run(devs[d], paths[d], again);
+	}
+	h_rmtree(dir);
+	snprintf(whole, sizeof whole, "/tmp/hpu-dev-%d-whole.bin", (int)getpid());
+	const char *plain[] = {"--strategy", strategy, "--precision", precision, NULL};
+	mlp_run("cpu", whole, plain);
+	size_t na, nb, nw;
+	char *pa = h_slurp_n(a, &na), *pb = h_slurp_n(b, &nb), *pw = h_slurp_n(whole, &nw);
+	assert_non_null(pa);
+	assert_non_null(pb);
+	assert_non_null(pw);
+	printf("  %s %s: resumed on cpu-strict %s resumed on cpu, %s the run without a stop\n",
+	       strategy, precision, na == nb && !memcmp(pa, pb, na) ? "equals" : "DIFFERS FROM",
+	       na == nw && !memcmp(pa, pw, na) ? "as" : "NOT as");
+	assert_true(na == nb && memcmp(pa, pb, na) == 0);
+	assert_true(na == nw && memcmp(pa, pw, na) == 0);
+	free(pa);
+	free(pb);
+	free(pw);
+	unlink(a);
+	unlink(b);
+	unlink(whole);
+}
+
+static void test_checkpoint_resume(void **state)
+{
+	(void)state;
+	resumed("zero2", "fp32");
+	resumed("ddp", "bf16-mixed");
+}
+
+static void test_offload(void **state)
+{
+	(void)state;
+	const char *cpu_tier[] = {"--strategy", "zero3", "--offload-optimizer", "cpu",
+				  "--offload-param", "cpu", NULL};
+	same_on_both("zero3, both states offloaded to cpu", cpu_tier);
+	/* the NVMe tier refuses tmpfs: then a directory in the build tree */
+	struct statfs fs;
+	int tmpfs = statfs("/tmp", &fs) == 0 && fs.f_type == 0x01021994;
+	char nv[300];
+	snprintf(nv, sizeof nv, "%s/hpu-dev-nvme.XXXXXX", tmpfs ? h_build("") : "/tmp");
+	assert_non_null(mkdtemp(nv));
+	const char *nvme[] = {"--strategy", "zero3", "--offload-optimizer", "nvme",
+			      "--offload-param", "nvme", "--nvme-path", nv, NULL};
+	same_on_both("zero3, both states offloaded to nvme", nvme);
+	h_rmtree(nv);
+}
+
+/* buffer_model on `device`: 2 steps saved, resumed to 4; its parameters
+ * and buffers (the after-training hook's file) into one string. */
+static char *buffers_run(const char *device)
+{
+	char dir[64], params[64], bufs[64], margs[128];
+	snprintf(dir, sizeof dir, "/tmp/hpu-dev-bk-%d", (int)getpid());
+	snprintf(params, sizeof params, "/tmp/hpu-dev-%d-bp.bin", (int)getpid());
+	snprintf(bufs, sizeof bufs, "/tmp/hpu-dev-%d-bb.bin", (int)getpid());
+	snprintf(margs, sizeof margs, "--save-buffers %s", bufs);
+	h_rmtree(dir);
+	for (int pass = 0; pass < 2; pass++) {
+		run r;
+		start(&r, 2);
+		args(&r, "--device", device, "--batch-size", "16", "--strategy", "zero2",
+		     "--checkpoint-dir", dir, "--max-steps", pass ? "4" : "2", NULL);
+		if (pass)
+			args(&r, "--resume", dir, "--save-params", params, NULL);
+		else
+			args(&r, "--checkpoint-every", "2", NULL);
+		free(finish_with(&r, 0, BUFMODEL, margs));
+	}
+	h_rmtree(dir);
+	size_t np, nb;
+	char *p = h_slurp_n(params, &np), *bb = h_slurp_n(bufs, &nb);
+	assert_non_null(p);
+	assert_non_null(bb);
+	char *all = malloc(np + nb + 1);
+	assert_non_null(all);
+	memcpy(all, p, np);
+	memcpy(all + np, bb, nb);
+	all[np + nb] = 0;
+	free(p);
+	free(bb);
+	unlink(params);
+	unlink(bufs);
+	return all;
+}
+
+static void test_buffers(void **state)
+{
+	(void)state;
+	char *a = buffers_run("cpu"), *b = buffers_run("cpu-strict");
+	/* 4 + 4 + 4 + 1 floats of parameters and buffers */
+	assert_memory_equal(a, b, 13 * 4);
+	printf("  buffer_model, zero2, resumed: parameters and buffers equal on both devices\n");
+	free(a);
+	free(b);
+}
+
+/* The MLP's parameters: 784 -> 64 -> 64 -> 64 -> 10, weights and biases. */
+static size_t mlp_params(void)
+{
+	size_t n = 0, in = 784;
+	for (int i = 0; i <= 3; i++) {
+		size_t out = i == 3 ? 10 : 64;
+		n += out * in + out;
+		in = out;
+	}
+	return n;
+}
+
+static void test_copied_bytes(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	args(&r, "--device", "cpu-strict", "--strategy", "ddp", "--max-steps", "1", "--batch-size",
+	     "64", "--verbose", NULL);
+	char *out = finish(&r, 0, MLP_ARGS);
+	const char *line = strstr(out, "rank 0: step 1: device cpu-strict copied ");
+	assert_non_null(line);
+	unsigned long long h2d = 0, d2h = 0;
+	assert_int_equal(sscanf(line, "rank 0: step 1: device cpu-strict copied %llu bytes "
+				      "host-to-device, %llu bytes device-to-host",
+				&h2d, &d2h),
+			 2);
+	/* per rank: 32 samples of 784 pixels and a label in; 32 losses out;
+	 * the gradients (one bucket, padded to 16 floats) out to the
+	 * all-reduce's staging and back */
+	unsigned long long batch = 32ull * (784 + 1) * 4, loss = 32ull * 4,
+			   grads = (mlp_params() + 15) / 16 * 16 * 4;
+	printf("  one ddp step: %llu bytes in (batch %llu + gradients %llu), %llu out (loss %llu + "
+	       "gradients %llu)\n",
+	       h2d, batch, grads, d2h, loss, grads);
+	assert_int_equal(h2d, batch + grads);
+	assert_int_equal(d2h, loss + grads);
+	free(out);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_cuda_refused),
+	    cmocka_unit_test(test_planted_read_caught),
+	    cmocka_unit_test(test_planted_read_passes_on_cpu),
+	    cmocka_unit_test(test_strategies_fp32),
+	    cmocka_unit_test(test_strategies_bf16),
+	    cmocka_unit_test(test_checkpoint_resume),
+	    cmocka_unit_test(test_offload),
+	    cmocka_unit_test(test_buffers),
+	    cmocka_unit_test(test_copied_bytes),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,221 @@
+/* Unit tests for the device (worker/device): choosing it by name (cuda
+ * refused in one sentence), the cpu device's pass-through, and the strict
+ * CPU device: copies in and out with their byte counts, devmem's
+ * accounting on its arena, fresh blocks zeroed after reuse, nested device
+ * calls, and the fault -- host code touching device memory outside a
+ * device call exits with one line naming the rank and the block. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "device.h"
+
+#define MiB (1024ull * 1024)
+
+static int open_dev(const char *name, int rank)
+{
+	char err[256] = "";
+	if (hpu__dev_open(name, rank, err, sizeof err) < 0) {
+		fprintf(stderr, "%s\n", err);
+		return -1;
+	}
+	return hpu__devmem_init(64 * MiB, rank);
+}
+
+static void close_dev(void)
+{
+	hpu__devmem_shutdown();
+	hpu__dev_close();
+}
+
+static void test_names(void **state)
+{
+	(void)state;
+	char err[256] = "";
+	assert_int_equal(hpu__dev_check_name("cpu", err, sizeof err), 0);
+	assert_int_equal(hpu__dev_check_name("cpu-strict", err, sizeof err), 0);
+	assert_int_equal(hpu__dev_check_name("auto", err, sizeof err), 0);
+	assert_int_equal(hpu__dev_check_name("cuda", err, sizeof err), -1);
+	assert_string_equal(err, "--device cuda: the CUDA device is not built in this build "
+				 "(use --device cpu or auto)");
+	assert_int_equal(hpu__dev_check_name("gpu", err, sizeof err), -1);
+	assert_non_null(strstr(err, "--device gpu: no such device"));
+	assert_int_equal(hpu__dev_open("cuda", 0, err, sizeof err), -1);
+	assert_string_equal(hpu__dev_name(), "cpu"); /* unchanged */
+}
+
+static void test_cpu(void **state)
+{
+	(void)state;
+	assert_int_equal(open_dev("auto", 0), 0);
+	assert_string_equal(hpu__dev_name(), "cpu");
+	assert_int_equal(hpu__dev_host_can_read(), 1);
+	float *p = hpu__dev_alloc(HPU_MEM_PARAMS, 1000 * 4, "weights");
+	assert_non_null(p);
+	assert_int_equal(hpu__dev_owns(p), 0);
+	p[999] = 2.5f; /* the host may */
+	float h[1000];
+	hpu__dev_d2h(NULL, h, p, sizeof h);
+	assert_true(h[999] == 2.5f);
+	uint64_t in, out;
+	hpu__dev_copied(&in, &out);
+	assert_int_equal(in, 0);
+	assert_int_equal(out, sizeof h);
+	hpu__dev_free(p);
+	close_dev();
+}
+
+static void test_strict_copies(void **state)
+{
+	(void)state;
+	assert_int_equal(open_dev("cpu-strict", 0), 0);
+	assert_int_equal(hpu__dev_host_can_read(), 0);
+	enum { N = 300000 };
+	float *h = malloc(N * 4), *back = malloc(N * 4);
+	assert_non_null(h);
+	assert_non_null(back);
+	for (int i = 0; i < N; i++)
+		h[i] = (float)i * 0.5f;
+	float *a = hpu__dev_alloc(HPU_MEM_GRADS, N * 4, "gradients");
+	float *b = hpu__dev_alloc_uninit(HPU_MEM_ACTS, 100, "small");
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_int_equal(hpu__dev_owns(a), 1);
+	assert_int_equal(hpu__dev_owns(h), 0);
+	hpu__dev_h2d(NULL, a, h, N * 4);
+	hpu__dev_d2d(NULL, b, a + 7, 100);
+	hpu__dev_copy(back, a, N * 4); /* d2h, by the pointers */
+	assert_memory_equal(back, h, N * 4);
+	hpu__dev_d2h(NULL, back, b, 100);
+	assert_memory_equal(back, h + 7, 100);
+	uint64_t in, out;
+	hpu__dev_copied(&in, &out);
+	assert_int_equal(in, N * 4);
+	assert_int_equal(out, N * 4 + 100);
+	/* devmem's accounting, on the arena */
+	hpu_device_stats st;
+	hpu__devmem_stats(&st);
+	assert_int_equal(st.in_use, N * 4 + 100);
+	assert_int_equal(hpu__devmem_kind_in_use(HPU_MEM_GRADS), N * 4);
+	/* a freed block comes back zeroed */
+	hpu__dev_memset(NULL, a, 0xff, N * 4);
+	hpu__dev_free(a);
+	float *c = hpu__dev_alloc(HPU_MEM_GRADS, N * 4, "again");
+	assert_non_null(c);
+	hpu__dev_d2h(NULL, back, c, N * 4);
+	for (int i = 0; i < N; i++)
+		assert_true(back[i] == 0.0f);
+	/* a queue and an event: done when issued */
+	hpu__dev_queue *q = hpu__dev_queue_new();
+	assert_non_null(q);
+	hpu__dev_event ev;
+	hpu__dev_h2d(q, c, h, 64);
+	hpu__dev_event_record(q, &ev);
+	hpu__dev_event_wait(&ev);
+	hpu__dev_queue_sync(q);
+	hpu__dev_queue_free(&q);
+	assert_null(q);
+	hpu__dev_free(b);
+	hpu__dev_free(c);
+	free(h);
+	free(back);
+	close_dev();
+}
+
+/* Runs fn in a child with stderr into a pipe: its exit status and what it
+ * wrote (caller frees). */
+static int in_child(void (*fn)(void), char **text)
+{
+	int fd[2];
+	assert_int_equal(pipe(fd), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		dup2(fd[1], 2);
+		close(fd[0]);
+		fn();
+		_exit(0);
+	}
+	close(fd[1]);
+	char *buf = calloc(1, 4096);
+	size_t n = 0;
+	ssize_t k;
+	while (buf && n < 4095 && (k = read(fd[0], buf + n, 4095 - n)) > 0)
+		n += (size_t)k;
+	close(fd[0]);
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	*text = buf;
+	return status;
+}
+
+static void touch_outside(void)
+{
+	if (open_dev("cpu-strict", 3) < 0)
+		_exit(9);
+	volatile float *p = hpu__dev_alloc(HPU_MEM_PARAMS, 4096, "weights of fc");
+	p[10] = 1.0f; /* outside a device call */
+	_exit(8);     /* not reached */
+}
+
+static void touch_inside(void)
+{
+	if (open_dev("cpu-strict", 0) < 0)
+		_exit(9);
+	volatile float *p = hpu__dev_alloc(HPU_MEM_OPTIM, 4096, "state");
+	hpu__dev_enter();
+	hpu__dev_enter(); /* nested */
+	p[0] = 1.0f;
+	hpu__dev_leave();
+	p[1] = p[0] + 1.0f; /* still inside the outer call */
+	hpu__dev_leave();
+	/* a block allocated inside a device call is open too */
+	hpu__dev_enter();
+	volatile float *q = hpu__dev_alloc(HPU_MEM_OPTIM, 3 * MiB, "big");
+	q[3 * MiB / 4 - 1] = 3.0f;
+	hpu__dev_leave();
+	close_dev();
+	_exit(0);
+}
+
+static void test_strict_fault(void **state)
+{
+	(void)state;
+	char *text;
+	int st = in_child(touch_outside, &text);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	printf("  %s", text);
+	void *at = NULL;
+	int end = -1;
+	sscanf(text, "hpu-worker: rank 3: host code touched device memory at %p (PARAMS block 'weights of fc') outside a device call under --device cpu-strict\n%n",
+	       &at, &end);
+	assert_true(end > 0 && (size_t)end == strlen(text)); /* that one line, whole */
+	assert_non_null(at);
+	free(text);
+	st = in_child(touch_inside, &text);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_string_equal(text, "");
+	free(text);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_names),
+	    cmocka_unit_test(test_cpu),
+	    cmocka_unit_test(test_strict_copies),
+	    cmocka_unit_test(test_strict_fault),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

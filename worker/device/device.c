@@ -1,0 +1,318 @@
+/* device: choosing the device, the cpu device's table, and the calls
+ * every device shares (see device.h). */
+#include "device.h"
+#include "device_impl.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct hpu__dev_queue {
+	atomic_uint_fast64_t seq; /* work issued so far */
+};
+
+static const hpu__device *cur = &hpu__dev_cpu;
+static hpu__dev_caps cur_caps;
+static int caps_known;
+static atomic_uint_fast64_t copied_h2d, copied_d2h;
+
+/* ---- the cpu device: host memory, work done when issued ---- */
+
+static int cpu_setup(int rank, char *err, size_t errlen)
+{
+	(void)rank;
+	(void)err;
+	(void)errlen;
+	return 0;
+}
+
+static void cpu_teardown(void)
+{
+}
+
+static void cpu_caps(hpu__dev_caps *out)
+{
+	const hpu__backend *be = hpu__be();
+	memset(out, 0, sizeof *out);
+	out->bf16_native = be->bf16_native ? be->bf16_native() : 0;
+	out->host_can_read = 1;
+}
+
+void hpu__dev_cpu_copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
+{
+	if (q)
+		q->seq++;
+	if (n)
+		memmove(dst, src, n);
+}
+
+void hpu__dev_cpu_fill(hpu__dev_queue *q, void *dst, int byte, size_t n)
+{
+	if (q)
+		q->seq++;
+	if (n)
+		memset(dst, byte, n);
+}
+
+void hpu__dev_cpu_record(hpu__dev_queue *q, hpu__dev_event *ev)
+{
+	ev->q = q;
+	ev->seq = q ? q->seq : 0;
+}
+
+void hpu__dev_cpu_wait(const hpu__dev_event *ev)
+{
+	(void)ev; /* the work before it is done already */
+}
+
+void *hpu__dev_cpu_host_alloc(size_t bytes)
+{
+	size_t n = (bytes + 63) / 64 * 64;
+	void *p = aligned_alloc(64, n ? n : 64);
+	if (p)
+		memset(p, 0, n);
+	return p;
+}
+
+void hpu__dev_cpu_host_free(void *p)
+{
+	free(p);
+}
+
+const hpu__device hpu__dev_cpu = {
+    .name = "cpu",
+    .setup = cpu_setup,
+    .teardown = cpu_teardown,
+    .caps = cpu_caps,
+    .copy = hpu__dev_cpu_copy,
+    .fill = hpu__dev_cpu_fill,
+    .record = hpu__dev_cpu_record,
+    .wait = hpu__dev_cpu_wait,
+    .host_alloc = hpu__dev_cpu_host_alloc,
+    .host_free = hpu__dev_cpu_host_free,
+    .ops = hpu__be,
+};
+
+/* ---- choosing ---- */
+
+static const hpu__device *by_name(const char *name, char *err, size_t errlen)
+{
+	if (!name || !*name || !strcmp(name, "cpu") || !strcmp(name, "auto"))
+		return &hpu__dev_cpu; /* auto: no GPU device is built yet */
+	if (!strcmp(name, "cpu-strict"))
+		return &hpu__dev_cpu_strict;
+	if (!strcmp(name, "cuda"))
+		snprintf(err, errlen,
+			 "--device cuda: the CUDA device is not built in this build (use --device cpu or auto)");
+	else
+		snprintf(err, errlen,
+			 "--device %s: no such device (cpu, cpu-strict, cuda or auto)", name);
+	return NULL;
+}
+
+int hpu__dev_check_name(const char *name, char *err, size_t errlen)
+{
+	return by_name(name, err, errlen) ? 0 : -1;
+}
+
+int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
+{
+	const hpu__device *d = by_name(name, err, errlen);
+	if (!d || d->setup(rank, err, errlen) < 0)
+		return -1;
+	cur = d;
+	caps_known = 0;
+	atomic_store(&copied_h2d, 0);
+	atomic_store(&copied_d2h, 0);
+	return 0;
+}
+
+void hpu__dev_close(void)
+{
+	cur->teardown();
+	cur = &hpu__dev_cpu;
+	caps_known = 0;
+}
+
+const hpu__device *hpu__dev(void)
+{
+	return cur;
+}
+
+const char *hpu__dev_name(void)
+{
+	return cur->name;
+}
+
+const hpu__dev_caps *hpu__dev_caps_get(void)
+{
+	if (!caps_known) {
+		cur->caps(&cur_caps);
+		caps_known = 1;
+	}
+	return &cur_caps;
+}
+
+int hpu__dev_host_can_read(void)
+{
+	return hpu__dev_caps_get()->host_can_read;
+}
+
+/* ---- memory ---- */
+
+void *hpu__dev_alloc(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	return hpu__dalloc(kind, bytes, what);
+}
+
+void *hpu__dev_alloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	return hpu__dalloc_uninit(kind, bytes, what);
+}
+
+void hpu__dev_free(void *p)
+{
+	hpu__dfree(p);
+}
+
+void *hpu__dev_host_alloc(size_t bytes)
+{
+	return cur->host_alloc(bytes);
+}
+
+void hpu__dev_host_free(void *p)
+{
+	if (p)
+		cur->host_free(p);
+}
+
+void *hpu__dev_hbuf_alloc(hpu_mem_kind kind, size_t bytes, const char *what)
+{
+	if (!cur->owns)
+		return hpu__dalloc(kind, bytes, what);
+	(void)kind;
+	(void)what;
+	return cur->host_alloc(bytes);
+}
+
+void hpu__dev_hbuf_free(void *p)
+{
+	if (!p)
+		return;
+	if (!cur->owns || cur->owns(p))
+		hpu__dfree(p);
+	else
+		cur->host_free(p);
+}
+
+/* ---- device calls, copies ---- */
+
+void hpu__dev_enter(void)
+{
+	if (cur->enter)
+		cur->enter();
+}
+
+void hpu__dev_leave(void)
+{
+	if (cur->leave)
+		cur->leave();
+}
+
+static void copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
+{
+	hpu__dev_enter();
+	cur->copy(q, dst, src, n);
+	hpu__dev_leave();
+}
+
+void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
+{
+	atomic_fetch_add(&copied_h2d, n);
+	copy(q, dst, src, n);
+}
+
+void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
+{
+	atomic_fetch_add(&copied_d2h, n);
+	copy(q, dst, src, n);
+}
+
+void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
+{
+	copy(q, dst, src, n);
+}
+
+void hpu__dev_memset(hpu__dev_queue *q, void *dst, int byte, size_t n)
+{
+	hpu__dev_enter();
+	cur->fill(q, dst, byte, n);
+	hpu__dev_leave();
+}
+
+int hpu__dev_owns(const void *p)
+{
+	return cur->owns ? cur->owns(p) : 0;
+}
+
+void hpu__dev_copy(void *dst, const void *src, size_t n)
+{
+	if (!cur->owns) {
+		if (n)
+			memmove(dst, src, n);
+		return;
+	}
+	int d = cur->owns(dst), s = cur->owns(src);
+	if (d && s)
+		hpu__dev_d2d(NULL, dst, src, n);
+	else if (d)
+		hpu__dev_h2d(NULL, dst, src, n);
+	else if (s)
+		hpu__dev_d2h(NULL, dst, src, n);
+	else if (n)
+		memmove(dst, src, n);
+}
+
+void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h)
+{
+	*h2d = atomic_load(&copied_h2d);
+	*d2h = atomic_load(&copied_d2h);
+}
+
+/* ---- queues and events ---- */
+
+hpu__dev_queue *hpu__dev_queue_new(void)
+{
+	return calloc(1, sizeof(hpu__dev_queue));
+}
+
+void hpu__dev_queue_free(hpu__dev_queue **q)
+{
+	if (!q || !*q)
+		return;
+	free(*q);
+	*q = NULL;
+}
+
+void hpu__dev_event_record(hpu__dev_queue *q, hpu__dev_event *ev)
+{
+	cur->record(q, ev);
+}
+
+void hpu__dev_event_wait(const hpu__dev_event *ev)
+{
+	cur->wait(ev);
+}
+
+void hpu__dev_queue_sync(hpu__dev_queue *q)
+{
+	hpu__dev_event ev;
+	cur->record(q, &ev);
+	cur->wait(&ev);
+}
+
+const hpu__backend *hpu__dev_ops(void)
+{
+	return cur->ops();
+}

@@ -1,0 +1,149 @@
+/* device: the device a worker computes on. One table per device, in the
+ * style of the collectives' transports: memory (device memory through
+ * devmem's accounting, so DeviceStats, the bytes per kind and
+ * --device-memory hold on every device; pinned host memory), copies
+ * host->device, device->host, device->device and memset issued on a
+ * queue, queues and events, capabilities, and the ops (the kernel table
+ * of worker/ops/backend.h, which stays where it is).
+ *
+ * Device calls. Work the device does on its memory (a layer's forward or
+ * backward, an optimizer update over a flat buffer, a cast, a copy) runs
+ * between hpu__dev_enter() and hpu__dev_leave(); host code outside such a
+ * bracket must not read or write device memory, only copy it with
+ * hpu__dev_d2h / hpu__dev_h2d. On "cpu" the brackets cost nothing and the
+ * host may read device memory (host_can_read); on "cpu-strict" device
+ * memory is mapped without access outside the brackets, so a host access
+ * faults at once and the worker exits naming the block
+ * (device_strict.c).
+ *
+ * One device per process, chosen by hpu__dev_open before devmem is set
+ * up; thread-safe once open. */
+#ifndef HPU_DEVICE_H
+#define HPU_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "devmem.h"
+
+/* What a device can do. */
+typedef struct hpu__dev_caps {
+	int bf16_native, fp16_native, fp8_native; /* arithmetic in that type */
+	int host_can_read;                        /* host code may touch device memory */
+	int can_capture;                          /* a step can be captured and replayed */
+} hpu__dev_caps;
+
+/* A queue: work issued on it runs in order. NULL is the default queue. */
+typedef struct hpu__dev_queue hpu__dev_queue;
+
+/* A point on a queue: the host can wait for the work before it. */
+typedef struct hpu__dev_event {
+	hpu__dev_queue *q;
+	uint64_t seq;
+} hpu__dev_event;
+
+/* One device's table. */
+typedef struct hpu__device {
+	const char *name; /* "cpu", "cpu-strict" */
+	/* Sets the device up for `rank` (before devmem); 0, or -1 with a
+	 * sentence in err. */
+	int (*setup)(int rank, char *err, size_t errlen);
+	void (*teardown)(void);
+	void (*caps)(hpu__dev_caps *out);
+	/* Open and close device memory around a device call (NULL: always
+	 * open). Nested calls are counted. */
+	void (*enter)(void);
+	void (*leave)(void);
+	/* Copies and fills, issued on q (inside a device call). */
+	void (*copy)(hpu__dev_queue *q, void *dst, const void *src, size_t n);
+	void (*fill)(hpu__dev_queue *q, void *dst, int byte, size_t n);
+	/* Events: record a point on q; wait for it on the host. */
+	void (*record)(hpu__dev_queue *q, hpu__dev_event *ev);
+	void (*wait)(const hpu__dev_event *ev);
+	/* Pinned host memory: zeroed, 64-byte aligned. */
+	void *(*host_alloc)(size_t bytes);
+	void (*host_free)(void *p);
+	/* The kernels. */
+	const hpu__backend *(*ops)(void);
+	/* 1 when p is device memory (NULL: host and device memory are
+	 * one, as on cpu). */
+	int (*owns)(const void *p);
+} hpu__device;
+
+/* The devices built in. */
+extern const hpu__device hpu__dev_cpu;
+extern const hpu__device hpu__dev_cpu_strict;
+
+/* Chooses the device named `name` ("cpu", "cpu-strict", "cuda", "auto";
+ * NULL or "": cpu) for `rank` and sets it up; call before
+ * hpu__devmem_init. 0, or -1 with one sentence in err (an unknown name,
+ * "cuda" in a build without it). */
+int hpu__dev_open(const char *name, int rank, char *err, size_t errlen);
+
+/* Tears the device down after devmem's shutdown; the cpu device serves
+ * again. */
+void hpu__dev_close(void);
+
+/* 0 when `name` names a device this build has, else -1 with a sentence
+ * in err (the option's check before workers start). */
+int hpu__dev_check_name(const char *name, char *err, size_t errlen);
+
+const hpu__device *hpu__dev(void);
+const char *hpu__dev_name(void);
+const hpu__dev_caps *hpu__dev_caps_get(void);
+
+/* 1 when host code may read and write device memory directly. */
+int hpu__dev_host_can_read(void);
+
+/* Device memory (devmem: zeroed or not; freed by hpu__dev_free). */
+void *hpu__dev_alloc(hpu_mem_kind kind, size_t bytes, const char *what);
+void *hpu__dev_alloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what);
+void hpu__dev_free(void *p);
+
+/* Pinned host memory, zeroed; NULL when the system refuses. */
+void *hpu__dev_host_alloc(size_t bytes);
+void hpu__dev_host_free(void *p);
+
+/* Memory the host itself reads and writes (batches as loaded, the
+ * sampler's indices, the hooks' parameters): device memory where the
+ * host may read it (counted in DeviceStats, as before), else pinned host
+ * memory. NULL with hpu__devmem_error() set. Freed by hpu__dev_hbuf_free
+ * (NULL is fine). */
+void *hpu__dev_hbuf_alloc(hpu_mem_kind kind, size_t bytes, const char *what);
+void hpu__dev_hbuf_free(void *p);
+
+/* A device call: device memory is open between these. Nest freely. */
+void hpu__dev_enter(void);
+void hpu__dev_leave(void);
+
+/* Copies and memset on queue q (NULL: the default), each a device call;
+ * h2d and d2h count their bytes. */
+void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n);
+void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n);
+void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n);
+void hpu__dev_memset(hpu__dev_queue *q, void *dst, int byte, size_t n);
+
+/* A copy of n bytes where either side may be device memory or host
+ * memory (the host tier, a staging buffer): an h2d, d2h or d2d copy as
+ * the pointers say, or memcpy between host buffers; on cpu, memcpy. */
+void hpu__dev_copy(void *dst, const void *src, size_t n);
+
+/* 1 when p lies in this device's memory (0 on cpu: host code may read it
+ * anyway). */
+int hpu__dev_owns(const void *p);
+
+/* Queues and events (on the CPU devices work is done when issued). */
+hpu__dev_queue *hpu__dev_queue_new(void);
+void hpu__dev_queue_free(hpu__dev_queue **q);
+void hpu__dev_event_record(hpu__dev_queue *q, hpu__dev_event *ev);
+void hpu__dev_event_wait(const hpu__dev_event *ev);
+void hpu__dev_queue_sync(hpu__dev_queue *q);
+
+/* The kernel table the ops use on this device. */
+const hpu__backend *hpu__dev_ops(void);
+
+/* Bytes copied host->device and device->host since the device opened. */
+void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h);
+
+#endif

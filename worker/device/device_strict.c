@@ -1,0 +1,313 @@
+/* device_strict: the strict CPU device (--device cpu-strict), for tests.
+ *
+ * Its memory is one arena of address space reserved at set-up and mapped
+ * without access (PROT_NONE). A device call (hpu__dev_enter) opens the
+ * part in use for reading and writing, the last hpu__dev_leave closes it
+ * again; devmem's own accesses (block headers, zeroing) are device calls
+ * too. Host code that reads or writes device memory outside a device call
+ * therefore faults at once; the SIGSEGV handler sees the address in the
+ * arena, prints one line naming the rank, the address and the block
+ * (its kind and what it holds) and exits with status 1, which the
+ * launcher reports as the rank's failure. (Built with -DHPU_STRICT_DEBUG
+ * it prints the stack too: where to look.)
+ *
+ * The arena is handed out in whole pages, first fit, from a list of free
+ * extents kept in address order; a freed extent's pages are dropped
+ * (MADV_DONTNEED), so a new block is zero as devmem expects. Device calls
+ * nest and may come from several threads: a count under a mutex says
+ * when the arena is open. */
+#include <errno.h>
+#ifdef HPU_STRICT_DEBUG
+#include <execinfo.h>
+#endif
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "device.h"
+#include "device_impl.h"
+
+#define ARENA_BYTES ((size_t)64 << 30) /* address space, not memory */
+#define PAGE_BYTES ((size_t)4096)
+
+typedef struct extent {
+	size_t off, len;
+} extent;
+
+/* A block handed out: its pages and what devmem said it holds. */
+typedef struct label {
+	size_t off, len;
+	int kind; /* -1: pages mapped, not yet labelled */
+	char what[96];
+} label;
+
+static struct {
+	pthread_mutex_t mu;
+	char *base;
+	size_t top; /* bytes from base ever handed out: the part opened */
+	int depth;  /* device calls running */
+	int rank;
+	extent *free;
+	size_t nfree, capfree;
+	label *live;
+	size_t nlive, caplive;
+} A = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void protect(size_t off, size_t len, int prot)
+{
+	if (len && mprotect(A.base + off, len, prot) < 0) {
+		fprintf(stderr, "hpu-worker: rank %d: cpu-strict: mprotect failed: %s\n", A.rank,
+			strerror(errno));
+		_exit(1);
+	}
+}
+
+/* ---- the arena's extents ---- */
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+	if (need <= *cap)
+		return 0;
+	size_t n = *cap ? *cap * 2 : 64;
+	void *p = realloc(*arr, n * elem);
+	if (!p)
+		return -1;
+	*arr = p;
+	*cap = n;
+	return 0;
+}
+
+static void *arena_map(size_t bytes)
+{
+	void *p = NULL;
+	pthread_mutex_lock(&A.mu);
+	if (grow((void **)&A.live, &A.caplive, A.nlive + 1, sizeof(label)) < 0)
+		goto out;
+	for (size_t i = 0; i < A.nfree; i++) {
+		extent *e = &A.free[i];
+		if (e->len < bytes)
+			continue;
+		size_t off = e->off;
+		e->off += bytes;
+		e->len -= bytes;
+		if (!e->len) {
+			memmove(e, e + 1, (A.nfree - i - 1) * sizeof *e);
+			A.nfree--;
+		}
+		if (off + bytes > A.top) {
+			if (A.depth) /* inside a device call: open the new pages too */
+				protect(A.top, off + bytes - A.top, PROT_READ | PROT_WRITE);
+			A.top = off + bytes;
+		}
+		A.live[A.nlive++] = (label){.off = off, .len = bytes, .kind = -1};
+		p = A.base + off;
+		break;
+	}
+out:
+	pthread_mutex_unlock(&A.mu);
+	if (!p)
+		errno = ENOMEM;
+	return p;
+}
+
+/* Puts [off, off + len) back into the free list, merged with its
+ * neighbours. */
+static void free_extent(size_t off, size_t len)
+{
+	size_t i = 0;
+	while (i < A.nfree && A.free[i].off < off)
+		i++;
+	if (i > 0 && A.free[i - 1].off + A.free[i - 1].len == off) {
+		A.free[i - 1].len += len;
+		if (i < A.nfree && off + len == A.free[i].off) {
+			A.free[i - 1].len += A.free[i].len;
+			memmove(&A.free[i], &A.free[i + 1], (A.nfree - i - 1) * sizeof(extent));
+			A.nfree--;
+		}
+		return;
+	}
+	if (i < A.nfree && off + len == A.free[i].off) {
+		A.free[i].off = off;
+		A.free[i].len += len;
+		return;
+	}
+	if (grow((void **)&A.free, &A.capfree, A.nfree + 1, sizeof(extent)) < 0)
+		return; /* the pages are lost to the arena, no harm */
+	memmove(&A.free[i + 1], &A.free[i], (A.nfree - i) * sizeof(extent));
+	A.free[i] = (extent){off, len};
+	A.nfree++;
+}
+
+static void arena_unmap(void *p, size_t bytes)
+{
+	size_t off = (size_t)((char *)p - A.base);
+	madvise(p, bytes, MADV_DONTNEED); /* zero when taken again */
+	pthread_mutex_lock(&A.mu);
+	for (size_t i = 0; i < A.nlive; i++)
+		if (A.live[i].off == off) {
+			A.live[i] = A.live[--A.nlive];
+			break;
+		}
+	free_extent(off, bytes);
+	pthread_mutex_unlock(&A.mu);
+}
+
+static void arena_label(void *user, size_t bytes, hpu_mem_kind kind, const char *what)
+{
+	size_t at = (size_t)((char *)user - A.base);
+	(void)bytes;
+	pthread_mutex_lock(&A.mu);
+	for (size_t i = 0; i < A.nlive; i++) {
+		label *l = &A.live[i];
+		if (at >= l->off && at < l->off + l->len) {
+			l->kind = what ? (int)kind : -1;
+			snprintf(l->what, sizeof l->what, "%s", what ? what : "");
+			break;
+		}
+	}
+	pthread_mutex_unlock(&A.mu);
+}
+
+/* ---- device calls ---- */
+
+static void strict_enter(void)
+{
+	pthread_mutex_lock(&A.mu);
+	if (A.depth++ == 0)
+		protect(0, A.top, PROT_READ | PROT_WRITE);
+	pthread_mutex_unlock(&A.mu);
+}
+
+static void strict_leave(void)
+{
+	pthread_mutex_lock(&A.mu);
+	if (--A.depth == 0)
+		protect(0, A.top, PROT_NONE);
+	pthread_mutex_unlock(&A.mu);
+}
+
+static int strict_owns(const void *p)
+{
+	const char *c = p;
+	return A.base && c >= A.base && c < A.base + ARENA_BYTES;
+}
+
+static const hpu__devmem_backing backing = {
+    .map = arena_map,
+    .unmap = arena_unmap,
+    .open = strict_enter,
+    .close = strict_leave,
+    .label = arena_label,
+};
+
+/* ---- the fault ---- */
+
+static const char *const kind_upper[HPU_MEM_NKINDS] = {
+    "PARAMS", "GRADS", "OPTIM", "ACTS", "COMM", "OTHER",
+};
+
+static struct sigaction old_segv;
+
+/* A fault in the arena is host code touching device memory: say where and
+ * exit. Any other fault goes to the handler that was there before. (The
+ * lookup takes no lock: the faulting thread may hold it.) */
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+	char *a = si->si_addr;
+	(void)uc;
+	if (!A.base || a < A.base || a >= A.base + ARENA_BYTES) {
+		sigaction(SIGSEGV, &old_segv, NULL);
+		raise(sig);
+		return;
+	}
+	size_t at = (size_t)(a - A.base);
+	const label *hit = NULL;
+	for (size_t i = 0; i < A.nlive; i++)
+		if (at >= A.live[i].off && at < A.live[i].off + A.live[i].len)
+			hit = &A.live[i];
+	char block[160];
+	if (hit && hit->kind >= 0 && hit->kind < HPU_MEM_NKINDS)
+		snprintf(block, sizeof block, "%s block '%s'", kind_upper[hit->kind], hit->what);
+	else
+		snprintf(block, sizeof block, "no block in use");
+	char line[384];
+	int n = snprintf(line, sizeof line,
+			 "hpu-worker: rank %d: host code touched device memory at %p (%s) outside a device call under --device cpu-strict\n",
+			 A.rank, (void *)a, block);
+	if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
+		_exit(1);
+#ifdef HPU_STRICT_DEBUG
+	void *bt[32];
+	backtrace_symbols_fd(bt, backtrace(bt, 32), 2);
+#endif
+	_exit(1);
+}
+
+/* ---- the table ---- */
+
+static int strict_setup(int rank, char *err, size_t errlen)
+{
+	void *m = mmap(NULL, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		       -1, 0);
+	if (m == MAP_FAILED) {
+		snprintf(err, errlen, "--device cpu-strict: cannot reserve its arena of %zu GiB: %s",
+			 ARENA_BYTES >> 30, strerror(errno));
+		return -1;
+	}
+	A.base = m;
+	A.top = 0;
+	A.depth = 0;
+	A.rank = rank;
+	A.nfree = A.nlive = 0;
+	if (grow((void **)&A.free, &A.capfree, 1, sizeof(extent)) < 0) {
+		munmap(m, ARENA_BYTES);
+		A.base = NULL;
+		snprintf(err, errlen, "--device cpu-strict: out of memory");
+		return -1;
+	}
+	A.free[A.nfree++] = (extent){0, ARENA_BYTES};
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = on_segv;
+	sa.sa_flags = SA_SIGINFO;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGSEGV, &sa, &old_segv);
+	hpu__devmem_set_backing(&backing);
+	return 0;
+}
+
+static void strict_teardown(void)
+{
+	hpu__devmem_set_backing(NULL);
+	sigaction(SIGSEGV, &old_segv, NULL);
+	/* Blocks still in use keep their pages: the arena stays reserved. */
+	A.nfree = A.nlive = 0;
+}
+
+static void strict_caps(hpu__dev_caps *out)
+{
+	hpu__dev_cpu.caps(out);
+	out->host_can_read = 0;
+}
+
+const hpu__device hpu__dev_cpu_strict = {
+    .name = "cpu-strict",
+    .setup = strict_setup,
+    .teardown = strict_teardown,
+    .caps = strict_caps,
+    .enter = strict_enter,
+    .leave = strict_leave,
+    .copy = hpu__dev_cpu_copy,
+    .fill = hpu__dev_cpu_fill,
+    .record = hpu__dev_cpu_record,
+    .wait = hpu__dev_cpu_wait,
+    .host_alloc = hpu__dev_cpu_host_alloc,
+    .host_free = hpu__dev_cpu_host_free,
+    .ops = hpu__be,
+    .owns = strict_owns,
+};

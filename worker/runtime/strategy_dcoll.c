@@ -1,0 +1,91 @@
+/* strategy_dcoll: the strategies' collectives on device buffers (see
+ * strategy_impl.h). libhpucoll stays standalone: it sees host memory
+ * only. Where the device's host_can_read is 1 that is the device's
+ * memory itself; otherwise the strategy stages: d2h into a pinned host
+ * buffer, the blocking collective on it, h2d back. */
+#include <string.h>
+
+#include "device.h"
+#include "strategy_impl.h"
+
+/* Bytes staged at a time by an all-reduce (a whole chunk of elements). */
+#define STAGE_CHUNK ((size_t)1 << 20)
+
+static void *stage(hpu_strat *s, size_t bytes)
+{
+	if (bytes <= s->stage_bytes)
+		return s->stage;
+	hpu__dev_host_free(s->stage);
+	s->stage = hpu__dev_host_alloc(bytes);
+	s->stage_bytes = s->stage ? bytes : 0;
+	return s->stage;
+}
+
+void hpu__dc_free(hpu_strat *s)
+{
+	hpu__dev_host_free(s->stage);
+	s->stage = NULL;
+	s->stage_bytes = 0;
+}
+
+int hpu__dc_wait(hpucoll_req **req)
+{
+	return *req ? hpucoll_wait(req) : HPUCOLL_OK;
+}
+
+int hpu__dc_iall_reduce(hpu_strat *s, const void *send, void *recv, size_t count,
+			hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req)
+{
+	if (hpu__dev_host_can_read())
+		return hpucoll_iall_reduce(s->comm, send, recv, count, dt, op, req);
+	*req = NULL;
+	size_t esz = hpucoll_dtype_size(dt), per = STAGE_CHUNK / esz;
+	char *h = stage(s, (count < per ? count : per) * esz);
+	if (!h && count)
+		return HPUCOLL_ENOMEM;
+	for (size_t i = 0; i < count; i += per) {
+		size_t n = count - i < per ? count - i : per;
+		hpu__dev_copy(h, (const char *)send + i * esz, n * esz);
+		int rc = hpucoll_all_reduce(s->comm, h, h, n, dt, op);
+		if (rc)
+			return rc;
+		hpu__dev_copy((char *)recv + i * esz, h, n * esz);
+	}
+	return HPUCOLL_OK;
+}
+
+int hpu__dc_ireduce_scatter(hpu_strat *s, const void *send, void *recv, size_t recvcount,
+			    hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req)
+{
+	if (hpu__dev_host_can_read())
+		return hpucoll_ireduce_scatter(s->comm, send, recv, recvcount, dt, op, req);
+	*req = NULL;
+	size_t esz = hpucoll_dtype_size(dt), all = (size_t)s->world * recvcount * esz;
+	char *h = stage(s, all);
+	if (!h && all)
+		return HPUCOLL_ENOMEM;
+	hpu__dev_copy(h, send, all);
+	char *mine = h + (size_t)s->rank * recvcount * esz;
+	int rc = hpucoll_reduce_scatter(s->comm, h, mine, recvcount, dt, op);
+	if (rc == HPUCOLL_OK)
+		hpu__dev_copy(recv, mine, recvcount * esz);
+	return rc;
+}
+
+int hpu__dc_iall_gather(hpu_strat *s, const void *send, void *recv, size_t sendcount,
+			hpucoll_dtype dt, hpucoll_req **req)
+{
+	if (hpu__dev_host_can_read())
+		return hpucoll_iall_gather(s->comm, send, recv, sendcount, dt, req);
+	*req = NULL;
+	size_t esz = hpucoll_dtype_size(dt), all = (size_t)s->world * sendcount * esz;
+	char *h = stage(s, all);
+	if (!h && all)
+		return HPUCOLL_ENOMEM;
+	char *mine = h + (size_t)s->rank * sendcount * esz;
+	hpu__dev_copy(mine, send, sendcount * esz);
+	int rc = hpucoll_all_gather(s->comm, mine, h, sendcount, dt);
+	if (rc == HPUCOLL_OK)
+		hpu__dev_copy(recv, h, all);
+	return rc;
+}
