@@ -20,6 +20,8 @@
 #define HPUD h_build("bin/hpud")
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")
+/* the MLP with the fault knobs (tests/fixtures/fault_mlp.c) */
+#define FAULT_MODEL h_build("lib/fault_mlp.so")
 
 /* What setup() made: the directory, the cluster's key (its file and its
  * bytes), hpud's configuration and a hostfile naming it (2 slots), the

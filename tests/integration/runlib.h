@@ -9,6 +9,8 @@
 
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")
+/* the MLP with the fault knobs and a probe layer (tests/fixtures/fault_mlp.c) */
+#define FAULT_MODEL h_build("lib/fault_mlp.so")
 #define MAXARGS 64
 
 typedef struct run {

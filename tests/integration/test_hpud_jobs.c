@@ -436,7 +436,7 @@ static void test_chatty_job(void **state)
 	start_daemon();
 	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
 			"--devices", "2", "--max-steps", "40", "--log-every", "0",
-			"--no-eval", (char *)MODEL, "--", "--hidden", "16",
+			"--no-eval", (char *)FAULT_MODEL, "--", "--hidden", "16",
 			"--print-lines", "1000", NULL};
 	proc p;
 	struct timespec t0, t1;
@@ -622,7 +622,7 @@ static void test_stopped_submitter_gets_last_line(void **state)
 	unlink(script);
 }
 
-/* Rank r's lines of fmnist_mlp --print-lines n in out: "[rank R] chatter
+/* Rank r's lines of fault_mlp --print-lines n in out: "[rank R] chatter
  * rank R call C line L of N", every L from 1 to n for each call, the calls
  * one after another, none missing, none out of order. Returns how many. */
 static long chatter_in_order(const char *out, int r, long n)
@@ -663,7 +663,7 @@ static void test_burst_past_small_output_buffer(void **state)
 	start_daemon();
 	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
 			"--devices", "2", "--max-steps", "6", "--log-every", "0",
-			"--no-eval", (char *)MODEL, "--", "--hidden", "16",
+			"--no-eval", (char *)FAULT_MODEL, "--", "--hidden", "16",
 			"--print-lines", "5000", NULL};
 	proc p;
 	int code = h_run(&p, argv, NULL, 180000);

@@ -26,6 +26,8 @@
 
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")
+/* the MLP with the fault knobs (tests/fixtures/fault_mlp.c) */
+#define FAULT_MODEL h_build("lib/fault_mlp.so")
 
 
 /* The loss of the metrics record for `step`, or NAN. */
@@ -645,8 +647,8 @@ static void test_worker_leaves_early(void **state)
 		snprintf(devices, sizeof devices, "%d", world);
 		snprintf(rank, sizeof rank, "%d", world - 1);
 		char *argv[] = {(char *)LAUNCH, "--devices", devices, "--max-steps", "20",
-				"--log-every", "0", "--no-eval", (char *)MODEL, "--", "--hidden",
-				"16", "--exit-rank", rank, "--exit-at", "3", NULL};
+				"--log-every", "0", "--no-eval", (char *)FAULT_MODEL, "--",
+				"--hidden", "16", "--exit-rank", rank, "--exit-at", "3", NULL};
 		proc p;
 		int code = h_run(&p, argv, NULL, 120000);
 		printf("%d rank(s), rank %s calls exit(0) at step 3: exit %d\n%s", world, rank,
@@ -1255,7 +1257,7 @@ static int forge_aborts(void *ctx, const proc *p)
 static int attacked_job(const char *mode, char **out)
 {
 	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--transport", "tcp",
-			"--data-plane", (char *)mode, "--max-steps", "30", (char *)MODEL,
+			"--data-plane", (char *)mode, "--max-steps", "30", (char *)FAULT_MODEL,
 			"--sleep-rank", "1", "--sleep-ms", "3000", NULL};
 	void *ctx = zmq_ctx_new();
 	int sent = 0, code;

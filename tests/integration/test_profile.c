@@ -121,7 +121,8 @@ static int inside_steps(const cJSON *ev)
 /* A 2-worker fast_ddp run with --profile: each rank's trace names the
  * rank, holds 8 steps with their data loading, forward and backward (and
  * per layer), optimizer steps, the first barrier, all-reduces with their
- * bytes and algorithm, and the model's "loss" range; every event of the
+ * bytes and algorithm, and the model's "loss" range (fault_mlp's probe
+ * layer; the example has no ranges of its own); every event of the
  * main thread that belongs to training (data, forward, backward,
  * optimizer) lies inside a step. */
 static void test_traces(void **state)
@@ -134,7 +135,7 @@ static void test_traces(void **state)
 	start(&r, 2);
 	args(&r, "--profile", prof, "--max-steps", "8", "--batch-size", "64", "--metrics", metrics,
 	     NULL);
-	free(finish(&r, 0, NULL));
+	free(finish_with(&r, 0, FAULT_MODEL, NULL));
 	for (int rank = 0; rank < 2; rank++) {
 		char path[400];
 		snprintf(path, sizeof path, "%s/perf-logs-rank%d.json", prof, rank);
@@ -436,7 +437,7 @@ static void test_device_stats(void **state)
 }
 
 /* --stall-warning: rank 1 of 3 sleeps 1.5 s before a collective (the
- * example's testing knob); after 0.3 s the others warn, naming ranks 0
+ * fault_mlp fixture's knob); after 0.3 s the others warn, naming ranks 0
  * and 2 as arrived and rank 1 as not; the job then goes on to the end. */
 static void test_stall_warning(void **state)
 {
@@ -444,7 +445,7 @@ static void test_stall_warning(void **state)
 	run r;
 	start(&r, 3);
 	args(&r, "--batch-size", "96", "--max-steps", "15", "--stall-warning", "0.3", NULL);
-	char *out = finish(&r, 0, "--sleep-rank 1 --sleep-ms 1500");
+	char *out = finish_with(&r, 0, FAULT_MODEL, "--sleep-rank 1 --sleep-ms 1500");
 	const char *w = strstr(out, "[rank 0] hpucoll: rank 0: all_reduce");
 	if (!w)
 		fprintf(stderr, "no stall warning of rank 0 in:\n%s\n", out);

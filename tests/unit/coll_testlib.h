@@ -1,7 +1,7 @@
 /* coll_testlib: what the collectives tests (test_coll, test_coll_matrix,
- * test_shm) share. Ranks run as forked processes that the parent waits
- * for with a deadline; they exchange their resolved endpoints through a
- * MAP_SHARED page; elements of every dtype are read and written as
+ * test_coll_async, test_shm) share. Ranks run as forked processes that
+ * the parent waits for with a deadline; they exchange their resolved
+ * endpoints through a MAP_SHARED page; elements of every dtype are read and written as
  * numbers, f16 and bf16 through an exact reference encoder and decoder.
  *
  * It uses the types of hpu/coll.h but calls nothing in libhpucoll, so
