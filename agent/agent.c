@@ -1,10 +1,10 @@
-#include "agent.h"
-#include "fileio.h"
-#include "log.h"
-#include "output.h"
-#include "shmname.h"
-#include "num.h"
-#include "uidproc.h"
+#include "agent/agent.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "agent/output.h"
+#include "common/shmname.h"
+#include "common/num.h"
+#include "agent/uidproc.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -54,7 +54,7 @@ typedef struct stream {
 	struct worker *w;
 } stream;
 
-/* A worker's status pipe: records, one a line (hpu_status_parse). */
+/* A worker's status pipe: records, one a line (hpu__status_parse). */
 typedef struct status_pipe {
 	ev_io io;
 	int fd;
@@ -75,7 +75,7 @@ typedef struct worker {
 	int hello;               /* it said "H1": it speaks the protocol */
 	hpu_status_rec last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
-	int culprit;             /* its blame line (hpu_status_blame): -1 none */
+	int culprit;             /* its blame line (hpu__status_blame): -1 none */
 	hpu_blame culprit_how;
 	int log_fd;
 	char log_path[1024];     /* log_fd's (--log-dir) */
@@ -89,11 +89,11 @@ struct hpu_agent {
 	worker *w;
 	int live;     /* not yet reaped */
 	int open;     /* output streams not yet at EOF */
-	int started;  /* hpu_agent_start ran */
+	int started;  /* hpu__agent_start ran */
 	int stopping;
 	int impatient; /* stopped with no grace: SIGKILL what is left at once */
 	int idle_sent;
-	int held;     /* the workers' output is not read (hpu_agent_hold_output) */
+	int held;     /* the workers' output is not read (hpu__agent_hold_output) */
 	long status_bad;  /* malformed status lines */
 	ev_timer kill_timer;
 	/* What the workers left behind (see hpu_agent.h): */
@@ -117,7 +117,7 @@ static hpu_agent *agents;
  * later job's. */
 static int unsure_strays;
 
-hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
+hpu_agent *hpu__agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 {
 	hpu_agent *a = calloc(1, sizeof *a);
 	if (!a)
@@ -138,17 +138,17 @@ hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg)
 	return a;
 }
 
-int hpu_agent_rank(const hpu_agent *a, int local)
+int hpu__agent_rank(const hpu_agent *a, int local)
 {
 	return a->cfg.rank_base + local;
 }
 
-int hpu_agent_live(const hpu_agent *a)
+int hpu__agent_live(const hpu_agent *a)
 {
 	return a->live;
 }
 
-void hpu_describe_status(int status, char *out, size_t outlen)
+void hpu__describe_status(int status, char *out, size_t outlen)
 {
 	if (status == HPU_AGENT_LEFT_EARLY)
 		snprintf(out, outlen, "exited with code 0 before the job ended");
@@ -161,8 +161,8 @@ void hpu_describe_status(int status, char *out, size_t outlen)
 		snprintf(out, outlen, "ended with status 0x%x", status);
 }
 
-void hpu_describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
-			int reporter, char *out, size_t outlen)
+void hpu__describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
+			 int reporter, char *out, size_t outlen)
 {
 	if (how == HPU_BLAME_DIED)
 		snprintf(out, outlen, "rank %d%s died%s%s; rank %d found it gone", culprit, who,
@@ -176,7 +176,7 @@ void hpu_describe_blame(int culprit, hpu_blame how, const char *who, const char 
 			 culprit, who, *where ? " " : "", where, reporter);
 }
 
-void hpu_describe_position(long step, long total, int phase, char *out, size_t outlen)
+void hpu__describe_position(long step, long total, int phase, char *out, size_t outlen)
 {
 	char of[48] = "";
 	if (total > 0)
@@ -226,8 +226,8 @@ static void emit(stream *s, const char *line, size_t n, int more)
 		c->on_line(w->a, w->rank, s->out_fd == 2, out + w->prefix_len,
 			   len - w->prefix_len, c->arg);
 	else
-		hpu_output_std(s->out_fd, out, len + 1);
-	if (w->log_fd >= 0 && hpu_output_file(w->log_fd, w->log_path, out, len + 1) < 0) {
+		hpu__output_std(s->out_fd, out, len + 1);
+	if (w->log_fd >= 0 && hpu__output_file(w->log_fd, w->log_path, out, len + 1) < 0) {
 		close(w->log_fd);
 		w->log_fd = -1;
 	}
@@ -295,7 +295,7 @@ static void on_output(struct ev_loop *loop, ev_io *io, int revents)
 	read_stream(s->w->a, s, LONG_MAX);
 }
 
-void hpu_agent_hold_output(hpu_agent *a, int hold)
+void hpu__agent_hold_output(hpu_agent *a, int hold)
 {
 	hold = !!hold;
 	if (a->held == hold)
@@ -325,14 +325,14 @@ static void status_line(status_pipe *sp, const char *line, size_t n)
 	}
 	int culprit, world = a->cfg.world > 0 ? a->cfg.world : a->cfg.nodes * a->cfg.devices;
 	hpu_blame how;
-	if (hpu_status_parse_blame(line, n, &culprit, &how) == 0) {
+	if (hpu__status_parse_blame(line, n, &culprit, &how) == 0) {
 		if (w->culprit < 0 && culprit < world) {
 			w->culprit = culprit;
 			w->culprit_how = how;
 		}
 		return;
 	}
-	if (hpu_status_parse(line, n, &r) < 0) {
+	if (hpu__status_parse(line, n, &r) < 0) {
 		a->status_bad++;
 		return;
 	}
@@ -388,7 +388,7 @@ static void on_status_pipe(struct ev_loop *loop, ev_io *io, int revents)
 	status_read(io->data);
 }
 
-int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s)
+int hpu__agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s)
 {
 	int local = rank - a->cfg.rank_base;
 	if (local < 0 || local >= a->cfg.devices || a->w[local].last_at == 0)
@@ -400,7 +400,7 @@ int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *a
 	return 0;
 }
 
-int hpu_agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
+int hpu__agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
 {
 	int local = rank - a->cfg.rank_base;
 	if (local < 0 || local >= a->cfg.devices || a->w[local].culprit < 0)
@@ -409,14 +409,14 @@ int hpu_agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
 	return a->w[local].culprit;
 }
 
-long hpu_agent_status_bad(const hpu_agent *a)
+long hpu__agent_status_bad(const hpu_agent *a)
 {
 	return a->status_bad;
 }
 
 /* ---- what the workers leave behind ----
  *
- * This process is a child subreaper (hpu_agent_start), so a process that a
+ * This process is a child subreaper (hpu__agent_start), so a process that a
  * worker started and that outlives it, in the worker's process group or
  * not (setsid), becomes our child rather than init's. Once every worker is
  * reaped, the children of ours that are not workers are what the job left
@@ -501,10 +501,10 @@ static int leftover_of(const hpu_agent *a, pid_t pid, pid_t ppid, char state)
 	if (is_live_worker(pid))
 		return NOT_ITS;
 	hpu_procinfo pi;
-	if (own_uid(a) && hpu_proc_info(pid, &pi) == 0) {
-		if (hpu_proc_has_uid(&pi, a->cfg.uid))
+	if (own_uid(a) && hpu__proc_info(pid, &pi) == 0) {
+		if (hpu__proc_has_uid(&pi, a->cfg.uid))
 			return ITS;
-		if (hpu_proc_uid_in(&pi, a->cfg.job_uid_first, a->cfg.job_uid_last))
+		if (hpu__proc_uid_in(&pi, a->cfg.job_uid_first, a->cfg.job_uid_last))
 			return NOT_ITS; /* another job's */
 	}
 	if (ppid != getpid())
@@ -513,8 +513,8 @@ static int leftover_of(const hpu_agent *a, pid_t pid, pid_t ppid, char state)
 	if (state == 'Z' || state == 'X') /* its environment is gone */
 		return lone ? ITS : NOT_ITS; /* reaped here, else by the loop */
 	char id[600], tok[300];
-	snprintf(id, sizeof id, "%s=%s", hpu_env_name(HPU_ENV_HPU_JOB_ID), a->cfg.job_id);
-	snprintf(tok, sizeof tok, "%s=%s", hpu_env_name(HPU_ENV_HPU_JOB_TOKEN), a->cfg.token);
+	snprintf(id, sizeof id, "%s=%s", hpu__env_name(HPU_ENV_HPU_JOB_ID), a->cfg.job_id);
+	snprintf(tok, sizeof tok, "%s=%s", hpu__env_name(HPU_ENV_HPU_JOB_TOKEN), a->cfg.token);
 	if (env_has(a, pid, id, tok))
 		return ITS;
 	return !lone ? NOT_ITS : unsure_strays ? MAYBE_ITS : ITS;
@@ -525,7 +525,7 @@ static int leftover_of(const hpu_agent *a, pid_t pid, pid_t ppid, char state)
 static int proc_stat(pid_t pid, pid_t *ppid, pid_t *pgid, char *state)
 {
 	char buf[1024];
-	if (hpu_proc_read(pid, "stat", buf, sizeof buf) != 0)
+	if (hpu__proc_read(pid, "stat", buf, sizeof buf) != 0)
 		return -1;
 	const char *p = strrchr(buf, ')'); /* the command may hold anything */
 	int pp, pg;
@@ -557,7 +557,7 @@ static int note_ended(pidset *set, pid_t pid)
 /* Sends sig to every process a's workers left behind (SIGTERM only once
  * to each), and to its process group where it leads one; reaps those
  * that are already dead. With a uid of its own, SIGKILL goes to all
- * under that uid at once too (hpu_uid_kill). Returns how many there
+ * under that uid at once too (hpu__uid_kill). Returns how many there
  * were, dead children included (a zombie that is not ours is its
  * parent's to reap): 0 when none is left. */
 static int sweep(hpu_agent *a, int sig)
@@ -570,7 +570,7 @@ static int sweep(hpu_agent *a, int sig)
 		pid_t pid, ppid, pgid; /* an int */
 		char state;
 		int whose;
-		if (hpu_parse_int(e->d_name, 1, INT_MAX, &pid) || pid == self ||
+		if (hpu__parse_int(e->d_name, 1, INT_MAX, &pid) || pid == self ||
 		    proc_stat(pid, &ppid, &pgid, &state) < 0 ||
 		    (ppid != self && (!own_uid(a) || state == 'Z' || state == 'X')) ||
 		    (whose = leftover_of(a, pid, ppid, state)) == NOT_ITS)
@@ -589,7 +589,7 @@ static int sweep(hpu_agent *a, int sig)
 	if (dir)
 		closedir(dir);
 	if (n && sig == SIGKILL && own_uid(a))
-		hpu_uid_kill(a->cfg.uid);
+		hpu__uid_kill(a->cfg.uid);
 	return n;
 }
 
@@ -612,21 +612,21 @@ static void report_leftovers(const hpu_agent *a, int left)
 	char pids[200];
 	const pidset *e = &a->ended, *u = &a->unsure;
 	if (e->n > 0)
-		hpu_log(HPU_LOG_NOTICE, "ended %d process%s left behind by the job's workers (job %s, node %d; pid%s %s)",
-			e->n, e->n == 1 ? "" : "es", a->cfg.job_id,
-			a->cfg.node_rank, e->n == 1 ? "" : "s", pid_list(e, pids, sizeof pids));
+		hpu__log(HPU_LOG_NOTICE, "ended %d process%s left behind by the job's workers (job %s, node %d; pid%s %s)",
+			 e->n, e->n == 1 ? "" : "es", a->cfg.job_id,
+			 a->cfg.node_rank, e->n == 1 ? "" : "s", pid_list(e, pids, sizeof pids));
 	if (u->n > 0)
-		hpu_log(HPU_LOG_NOTICE, "ended %d process%s left behind by this job or an earlier one (the environment names no job; found as job %s ended, node %d; pid%s %s)",
-			u->n, u->n == 1 ? "" : "es", a->cfg.job_id,
-			a->cfg.node_rank, u->n == 1 ? "" : "s", pid_list(u, pids, sizeof pids));
+		hpu__log(HPU_LOG_NOTICE, "ended %d process%s left behind by this job or an earlier one (the environment names no job; found as job %s ended, node %d; pid%s %s)",
+			 u->n, u->n == 1 ? "" : "es", a->cfg.job_id,
+			 a->cfg.node_rank, u->n == 1 ? "" : "s", pid_list(u, pids, sizeof pids));
 	if (!alone(a))
 		unsure_strays++;
 	else if (left == 0)
 		unsure_strays = 0; /* none of ours is left: nobody's either */
 	if (left > 0)
-		hpu_log(HPU_LOG_WARNING, "warning: %d process%s left behind by the job's workers would not end (job %s, node %d)",
-			left, left == 1 ? "" : "es", a->cfg.job_id,
-			a->cfg.node_rank);
+		hpu__log(HPU_LOG_WARNING, "warning: %d process%s left behind by the job's workers would not end (job %s, node %d)",
+			 left, left == 1 ? "" : "es", a->cfg.job_id,
+			 a->cfg.node_rank);
 }
 
 static void finish_leftovers(hpu_agent *a, int left)
@@ -698,7 +698,7 @@ static void workers_done(hpu_agent *a)
 	ev_timer_start(a->loop, &a->drain_timer);
 }
 
-/* The same at once, without the loop (hpu_agent_destroy): SIGKILL and reap
+/* The same at once, without the loop (hpu__agent_destroy): SIGKILL and reap
  * until nothing is left, for GIVE_UP_S at most. */
 static void end_leftovers_now(hpu_agent *a)
 {
@@ -737,7 +737,7 @@ static int device_of(const hpu_agent *a, const worker *w)
 	return a->cfg.device_ids ? a->cfg.device_ids[w->local] : w->local;
 }
 
-const hpu_env_id hpu_job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
+const hpu_env_id hpu__job_env[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
 				  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST, HPU_ENV_QUANT_CONFIG,
 				  HPU_ENV_HPUCOLL_SECURITY, HPU_ENV_OMP_NUM_THREADS,
@@ -765,7 +765,7 @@ static const hpu_env_id service_env[] = {HPU_ENV_NOTIFY_SOCKET, HPU_ENV_JOURNAL_
 static char *entry_str(hpu_env_id id, const char *value)
 {
 	char e[600];
-	snprintf(e, sizeof e, "%s=%s", hpu_env_name(id), value);
+	snprintf(e, sizeof e, "%s=%s", hpu__env_name(id), value);
 	return strdup(e);
 }
 
@@ -803,15 +803,15 @@ static char **make_env(const hpu_agent *a, const worker *w)
 	if (!env)
 		return NULL;
 	size_t k = 0;
-	int have_blas = set_by(hpu_env_name(HPU_ENV_OPENBLAS_NUM_THREADS), a->cfg.env);
-	int have_omp = set_by(hpu_env_name(HPU_ENV_OMP_NUM_THREADS), a->cfg.env);
+	int have_blas = set_by(hpu__env_name(HPU_ENV_OPENBLAS_NUM_THREADS), a->cfg.env);
+	int have_omp = set_by(hpu__env_name(HPU_ENV_OMP_NUM_THREADS), a->cfg.env);
 	for (size_t i = 0; i < n; i++) {
-		int id = hpu_env_find(environ[i]);
+		int id = hpu__env_find(environ[i]);
 		if (id == HPU_ENV_OPENBLAS_NUM_THREADS)
 			have_blas = 1;
 		if (id == HPU_ENV_OMP_NUM_THREADS)
 			have_omp = 1;
-		if (!(id >= 0 && (hpu_env_in(id, launch_env) || hpu_env_in(id, service_env))) &&
+		if (!(id >= 0 && (hpu__env_in(id, launch_env) || hpu__env_in(id, service_env))) &&
 		    !set_by(environ[i], a->cfg.env))
 			env[k++] = strdup(environ[i]);
 	}
@@ -911,7 +911,7 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		gid_t g = (gid_t)a->cfg.gid;
 		if (setgroups(1, &g) != 0 || setgid(g) != 0 || setuid((uid_t)a->cfg.uid) != 0 ||
 		    (a->cfg.uid != 0 && setuid(0) == 0)) {
-			hpu_log_sigsafe(HPU_LOG_ERROR, "cannot switch the worker to its user");
+			hpu__log_sigsafe(HPU_LOG_ERROR, "cannot switch the worker to its user");
 			_exit(126);
 		}
 		/* Changing credentials cleared the parent-death signal: set it
@@ -924,7 +924,7 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		execvpe(a->cfg.argv[0], a->cfg.argv, env);
 	else
 		execve(a->cfg.argv[0], a->cfg.argv, env);
-	hpu_log_sigsafe(HPU_LOG_ERROR, "cannot execute the worker program");
+	hpu__log_sigsafe(HPU_LOG_ERROR, "cannot execute the worker program");
 	_exit(127);
 }
 
@@ -1024,7 +1024,7 @@ static int spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
 	return 0;
 }
 
-int hpu_agent_start(hpu_agent *a, char *err, size_t errlen)
+int hpu__agent_start(hpu_agent *a, char *err, size_t errlen)
 {
 	/* What a worker leaves behind becomes our child, not init's, and can
 	 * be found and ended (setsid or not). */
@@ -1034,13 +1034,13 @@ int hpu_agent_start(hpu_agent *a, char *err, size_t errlen)
 		worker *w = &a->w[i];
 		w->a = a;
 		w->local = i;
-		w->rank = hpu_agent_rank(a, i);
+		w->rank = hpu__agent_rank(a, i);
 		w->out.fd = w->err.fd = w->st.fd = -1;
 		w->culprit = -1;
 		w->prefix_len = (size_t)snprintf(w->prefix, sizeof w->prefix,
 						 "[rank %d] ", w->rank);
 		if (spawn(a, w, err, errlen) < 0) {
-			hpu_agent_stop(a, 0);
+			hpu__agent_stop(a, 0);
 			return -1;
 		}
 	}
@@ -1061,7 +1061,7 @@ static void on_kill_timer(struct ev_loop *loop, ev_timer *t, int revents)
 	signal_all(t->data, SIGKILL);
 }
 
-void hpu_agent_stop(hpu_agent *a, double grace_s)
+void hpu__agent_stop(hpu_agent *a, double grace_s)
 {
 	if (grace_s <= 0)
 		a->impatient = 1;
@@ -1087,7 +1087,7 @@ void hpu_agent_stop(hpu_agent *a, double grace_s)
 static int is_node_seg(const char *name, const char *job, int node)
 {
 	int session = 0;
-	return hpu_shm_seg_node(name, job, &session) == node && session;
+	return hpu__shm_seg_node(name, job, &session) == node && session;
 }
 
 /* The uid the workers run as: only their files are ever removed. */
@@ -1108,7 +1108,7 @@ static int unlink_if_workers(const hpu_agent *a, int dirfd, const char *path)
 	return unlinkat(dirfd, path, 0) == 0;
 }
 
-int hpu_agent_cleanup(const hpu_agent *a)
+int hpu__agent_cleanup(const hpu_agent *a)
 {
 	char path[512];
 	int n = 0;
@@ -1124,13 +1124,13 @@ int hpu_agent_cleanup(const hpu_agent *a)
 		closedir(dir);
 	for (int i = 0; i < a->cfg.devices; i++) {
 		snprintf(path, sizeof path, "/tmp/hpucoll-%s-r%d", a->cfg.job_id,
-			 hpu_agent_rank(a, i));
+			 hpu__agent_rank(a, i));
 		n += unlink_if_workers(a, AT_FDCWD, path);
 	}
 	return n;
 }
 
-void hpu_agent_destroy(hpu_agent **pa)
+void hpu__agent_destroy(hpu_agent **pa)
 {
 	hpu_agent *a = *pa;
 	if (!a)
@@ -1155,14 +1155,14 @@ void hpu_agent_destroy(hpu_agent **pa)
 			close(w->st.fd);
 		}
 		if (w->log_fd >= 0 && w->pid > 0)
-			hpu_output_file_close(w->log_fd, w->log_path);
+			hpu__output_file_close(w->log_fd, w->log_path);
 	}
 	ev_timer_stop(a->loop, &a->drain_timer);
 	ev_timer_stop(a->loop, &a->sweep_timer);
 	if (a->started && !a->swept)
 		end_leftovers_now(a);
 	if (a->w[0].pid > 0)
-		hpu_agent_cleanup(a);
+		hpu__agent_cleanup(a);
 	for (hpu_agent **p = &agents; *p; p = &(*p)->next)
 		if (*p == a) {
 			*p = a->next;

@@ -35,8 +35,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "env.h"
-#include "status.h"
+#include "common/env.h"
+#include "proto/status.h"
 
 typedef struct hpu_agent hpu_agent;
 
@@ -56,7 +56,7 @@ typedef struct hpu_agent hpu_agent;
  * submitted to hpud (the workers read them; hpud's own environment would
  * otherwise stand): LOWER_LIST, FP32_LIST, QUANT_CONFIG, HPUCOLL_SECURITY,
  * OMP_NUM_THREADS, OPENBLAS_NUM_THREADS. HPU_ENV_COUNT ends the list. */
-extern const hpu_env_id hpu_job_env[];
+extern const hpu_env_id hpu__job_env[];
 
 typedef struct hpu_agent_cfg {
 	int node_rank;    /* this node */
@@ -98,7 +98,7 @@ typedef struct hpu_agent_cfg {
 	void (*on_line)(hpu_agent *a, int rank, int is_err, const char *line,
 			size_t len, void *arg);
 	/* Optional: a worker sent a status record (already stored, see
-	 * hpu_agent_status). A worker's last records come before its
+	 * hpu__agent_status). A worker's last records come before its
 	 * on_exit. */
 	void (*on_status)(hpu_agent *a, int rank, const hpu_status_rec *st, void *arg);
 	/* Called when a worker has been reaped. status as from waitpid, or
@@ -111,71 +111,71 @@ typedef struct hpu_agent_cfg {
 } hpu_agent_cfg;
 
 /* Makes an agent; nothing starts yet. cfg's strings must outlive it. */
-hpu_agent *hpu_agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg);
+hpu_agent *hpu__agent_new(struct ev_loop *loop, const hpu_agent_cfg *cfg);
 
 /* Starts every worker. Returns 0, or -1 with a sentence in err (workers
  * already started are stopped). */
-int hpu_agent_start(hpu_agent *a, char *err, size_t errlen);
+int hpu__agent_start(hpu_agent *a, char *err, size_t errlen);
 
 /* Sends SIGTERM to every live worker's process group, and SIGKILL to those
  * still alive after `grace_s` seconds (at once when grace_s <= 0, also on
  * a later call). Once the workers are gone, ends what they left behind at
  * once (SIGKILL when grace_s <= 0). Safe to call more than once. */
-void hpu_agent_stop(hpu_agent *a, double grace_s);
+void hpu__agent_stop(hpu_agent *a, double grace_s);
 
 /* Stops (hold 1) or resumes (0) reading the workers' stdout and stderr,
  * for an on_line whose reader cannot keep up: a worker that fills its
  * pipe then blocks in write (back-pressure) and nothing is lost. Once the
  * workers are gone their pipes are read to the end, held or not. */
-void hpu_agent_hold_output(hpu_agent *a, int hold);
+void hpu__agent_hold_output(hpu_agent *a, int hold);
 
 /* Workers not yet reaped. */
-int hpu_agent_live(const hpu_agent *a);
+int hpu__agent_live(const hpu_agent *a);
 
 /* The global rank of local worker `local`. */
-int hpu_agent_rank(const hpu_agent *a, int local);
+int hpu__agent_rank(const hpu_agent *a, int local);
 
 /* The latest status record of global rank `rank` (one of this node's) in
  * *st and the seconds since it came in *age_s. Returns 0, or -1 when the
  * rank is not on this node or has sent none yet. */
-int hpu_agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s);
+int hpu__agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s);
 
 /* The rank that rank `rank` (one of this node's) blamed for its failure
- * (hpu_status_blame) and *how; -1 when it blamed none. */
-int hpu_agent_culprit(const hpu_agent *a, int rank, hpu_blame *how);
+ * (hpu__status_blame) and *how; -1 when it blamed none. */
+int hpu__agent_culprit(const hpu_agent *a, int rank, hpu_blame *how);
 
 /* Status lines ignored because they were malformed (or over-long). */
-long hpu_agent_status_bad(const hpu_agent *a);
+long hpu__agent_status_bad(const hpu_agent *a);
 
 /* Removes what this node's workers may have left behind when they died:
  * the job's shared-memory segment /dev/shm/hpucoll-<job>-<session>-n<node>
  * and the ZeroMQ ipc files /tmp/hpucoll-<job>-r<rank>, each only when it
  * is the workers' user's (lstat: a link is judged by its own owner and
  * never followed). Returns how many. */
-int hpu_agent_cleanup(const hpu_agent *a);
+int hpu__agent_cleanup(const hpu_agent *a);
 
 /* Kills what is left (SIGKILL), workers and what they left behind, reaps
- * it, cleans up after it (hpu_agent_cleanup), frees; *a = NULL; safe
+ * it, cleans up after it (hpu__agent_cleanup), frees; *a = NULL; safe
  * twice. */
-void hpu_agent_destroy(hpu_agent **a);
+void hpu__agent_destroy(hpu_agent **a);
 
 /* "exited with code 3" / "was killed by signal 9 (Killed)" / "exited with
  * code 0 before the job ended" (HPU_AGENT_LEFT_EARLY). */
-void hpu_describe_status(int status, char *out, size_t outlen);
+void hpu__describe_status(int status, char *out, size_t outlen);
 
 /* Where a worker was by its latest status record (step: optimizer steps
  * done, of total when total > 0; phase HPU_PHASE_*): "during setup, before
  * step 1 of 20", "in step 3 of 20", "in evaluation, after step 20 of 20",
  * "after step 20 of 20". */
-void hpu_describe_position(long step, long total, int phase, char *out, size_t outlen);
+void hpu__describe_position(long step, long total, int phase, char *out, size_t outlen);
 
 /* The failure of rank `reporter` because of rank `culprit`, as
- * hpu_status_blame said: "rank 3 (node 1, pid 7) died; rank 0 found it
+ * hpu__status_blame said: "rank 3 (node 1, pid 7) died; rank 0 found it
  * gone", "rank 1 (node 0, pid 7) stopped answering during setup, before
  * step 1 of 20; rank 0 gave up waiting for it", "rank 2 (...) failed first
  * (its own error says why); rank 0 stopped because of it". who: " (node 1, pid 7)"
- * or ""; where: a position (hpu_describe_position) or "". */
-void hpu_describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
-			int reporter, char *out, size_t outlen);
+ * or ""; where: a position (hpu__describe_position) or "". */
+void hpu__describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
+			 int reporter, char *out, size_t outlen);
 
 #endif

@@ -1,4 +1,4 @@
-#include "coord.h"
+#include "agent/coord.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>
@@ -8,13 +8,13 @@
 #include <string.h>
 #include <zmq.h>
 
-#include "agent.h"
-#include "codec.h"
-#include "hex.h"
-#include "log.h"
-#include "num.h"
-#include "restart.h"
-#include "zwatch.h"
+#include "agent/agent.h"
+#include "proto/codec.h"
+#include "common/hex.h"
+#include "common/log.h"
+#include "common/num.h"
+#include "agent/restart.h"
+#include "agent/zwatch.h"
 
 #define MAX_ENDPOINT 256
 
@@ -62,9 +62,9 @@ static int same_peer(const hpu_codec_peer *a, const hpu_codec_peer *b)
 static void send_env(hpu_coord *c, const hpu_codec_peer *peer,
 		     const Hpu__Envelope *env)
 {
-	if (hpu_codec_send(c->sock, peer, env) != 0 && errno != EHOSTUNREACH)
-		hpu_log(HPU_LOG_ERROR, "coordinator: send failed: %s",
-			zmq_strerror(errno));
+	if (hpu__codec_send(c->sock, peer, env) != 0 && errno != EHOSTUNREACH)
+		hpu__log(HPU_LOG_ERROR, "coordinator: send failed: %s",
+			 zmq_strerror(errno));
 }
 
 static void send_join_reply(hpu_coord *c, const hpu_codec_peer *peer, int ok,
@@ -101,7 +101,7 @@ static void send_simple(hpu_coord *c, const hpu_codec_peer *peer,
 	send_env(c, peer, &env);
 }
 
-void hpu_coord_abort(hpu_coord *c, const char *reason)
+void hpu__coord_abort(hpu_coord *c, const char *reason)
 {
 	if (c->aborted || c->finished)
 		return;
@@ -127,7 +127,7 @@ static void release(hpu_coord *c)
 	if (!infos || !table) {
 		free(infos);
 		free(table);
-		hpu_coord_abort(c, "the coordinator ran out of memory");
+		hpu__coord_abort(c, "the coordinator ran out of memory");
 		return;
 	}
 	for (int r = 0; r < c->world; r++) {
@@ -156,7 +156,7 @@ static const char *token_refusal(hpu_coord *c, const char *token)
 	for (int n = c->cfg.restart_count - 1; n <= c->cfg.restart_count + 1; n += 2) {
 		if (n < 0 || n > HPU_MAX_RESTARTS_LIMIT)
 			continue;
-		hpu_attempt_token(c->cfg.token, n, t, sizeof t);
+		hpu__attempt_token(c->cfg.token, n, t, sizeof t);
 		if (same_secret(token, t)) {
 			snprintf(c->why, sizeof c->why, "it is a worker of restart %d of this job, this is restart %d",
 				 n, c->cfg.restart_count);
@@ -192,9 +192,9 @@ static void on_join(hpu_coord *c, const hpu_codec_peer *peer, const Hpu__Join *j
 {
 	const char *why = check_join(c, j);
 	if (why) {
-		hpu_log(HPU_LOG_WARNING, "coordinator: refused a join from rank %d (pid %u, host %s): %s",
-			j->self ? (int)j->self->rank : -1, j->self ? j->self->pid : 0,
-			j->self && j->self->host ? j->self->host : "?", why);
+		hpu__log(HPU_LOG_WARNING, "coordinator: refused a join from rank %d (pid %u, host %s): %s",
+			 j->self ? (int)j->self->rank : -1, j->self ? j->self->pid : 0,
+			 j->self && j->self->host ? j->self->host : "?", why);
 		send_join_reply(c, peer, 0, why, NULL, 0);
 		return;
 	}
@@ -236,8 +236,8 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		/* Another attempt's agent: an earlier one on its way out, or a
 		 * later one that says hello again until its own coordinator
 		 * answers. Neither belongs here, and neither is to be aborted. */
-		hpu_log(HPU_LOG_WARNING, "coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d",
-			h->node_rank, h->restart_count, c->cfg.restart_count);
+		hpu__log(HPU_LOG_WARNING, "coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d",
+			 h->node_rank, h->restart_count, c->cfg.restart_count);
 		return;
 	}
 	if (ours && h->node_rank < (uint32_t)c->cfg.nodes && c->agents[h->node_rank].hello &&
@@ -257,8 +257,8 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
 	if (why) {
-		hpu_log(HPU_LOG_WARNING, "coordinator: refused agent of node %u: %s",
-			h->node_rank, why);
+		hpu__log(HPU_LOG_WARNING, "coordinator: refused agent of node %u: %s",
+			 h->node_rank, why);
 		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, why);
 		return;
 	}
@@ -287,14 +287,14 @@ static void check_finished(hpu_coord *c)
 		c->cfg.on_done(c, c->cfg.arg);
 }
 
-void hpu_coord_node_done(hpu_coord *c, int node_rank)
+void hpu__coord_node_done(hpu_coord *c, int node_rank)
 {
 	c->agents[node_rank].done = 1;
 	check_finished(c);
 }
 
-void hpu_coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
-		     size_t outlen)
+void hpu__coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
+		      size_t outlen)
 {
 	char who[200] = "", where[128] = "";
 	if (culprit >= 0 && culprit < c->world && c->ranks[culprit].joined) {
@@ -304,7 +304,7 @@ void hpu_coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporte
 	}
 	if (how == HPU_BLAME_SILENT && c->cfg.where)
 		c->cfg.where(culprit, where, sizeof where, c->cfg.arg);
-	hpu_describe_blame(culprit, how, who, where, reporter, out, outlen);
+	hpu__describe_blame(culprit, how, who, where, reporter, out, outlen);
 }
 
 static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
@@ -315,12 +315,12 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
 		const Hpu__WorkerExit *w = m->worker_exit;
 		char pos[128];
-		hpu_describe_position(w->step, w->total, (int)w->phase, pos, sizeof pos);
+		hpu__describe_position(w->step, w->total, (int)w->phase, pos, sizeof pos);
 		if (w->culprit > 0 && !w->signal && !w->left_early)
-			hpu_coord_blame(c, (int)w->culprit - 1,
-					w->culprit_how <= HPU_BLAME_FAILED ? (hpu_blame)w->culprit_how
+			hpu__coord_blame(c, (int)w->culprit - 1,
+					 w->culprit_how <= HPU_BLAME_FAILED ? (hpu_blame)w->culprit_how
 									   : HPU_BLAME_FAILED,
-					(int)w->rank, reason, sizeof reason);
+					 (int)w->rank, reason, sizeof reason);
 		else if (w->signal)
 			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) was killed by signal %d (%s)",
 				 w->rank, w->node_rank, w->pid, w->signal, strsignal(w->signal));
@@ -331,13 +331,13 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 		else
 			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d",
 				 w->rank, w->node_rank, w->pid, w->exit_code);
-		hpu_coord_abort(c, reason);
+		hpu__coord_abort(c, reason);
 		break;
 	}
 	case HPU__ENVELOPE__MSG_ABORT:
 		snprintf(reason, sizeof reason, "node %d: %s", (int)(a - c->agents),
 			 m->abort->reason ? m->abort->reason : "aborted");
-		hpu_coord_abort(c, reason);
+		hpu__coord_abort(c, reason);
 		break;
 	case HPU__ENVELOPE__MSG_AGENT_DONE:
 		a->done = 1;
@@ -352,7 +352,7 @@ static void on_message(hpu_zwatch *w, void *arg)
 {
 	hpu_coord *c = arg;
 	hpu_codec_peer peer;
-	Hpu__Envelope *m = hpu_codec_recv(w->sock, &peer, ZMQ_DONTWAIT);
+	Hpu__Envelope *m = hpu__codec_recv(w->sock, &peer, ZMQ_DONTWAIT);
 	if (!m)
 		return; /* EAGAIN, or garbage: dropped */
 	agent_slot *a;
@@ -362,7 +362,7 @@ static void on_message(hpu_zwatch *w, void *arg)
 		on_hello(c, &peer, m->agent_hello);
 	else if ((a = known_agent(c, &peer)))
 		on_agent_msg(c, a, m);
-	hpu_codec_free(m);
+	hpu__codec_free(m);
 }
 
 static void append_list(char *out, size_t outlen, int *count, int v)
@@ -394,7 +394,7 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 		 nn ? nodes : "");
 	if (nn)
 		strncat(reason, ")", sizeof reason - strlen(reason) - 1);
-	hpu_coord_abort(c, reason);
+	hpu__coord_abort(c, reason);
 }
 
 static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
@@ -409,7 +409,7 @@ static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 			char reason[200];
 			snprintf(reason, sizeof reason, "lost contact with node %d's hpulaunch (silent for %g s)",
 				 n, c->cfg.agent_timeout_s);
-			hpu_coord_abort(c, reason);
+			hpu__coord_abort(c, reason);
 			return;
 		}
 		send_simple(c, &a->peer, HPU__ENVELOPE__MSG_HEARTBEAT, NULL);
@@ -436,13 +436,13 @@ static int bind_socket(hpu_coord *c, char *err, size_t errlen)
 	}
 	zmq_getsockopt(c->sock, ZMQ_LAST_ENDPOINT, last, &sz);
 	const char *colon = strrchr(last, ':');
-	if (!colon || hpu_parse_int(colon + 1, 1, 65535, &c->port))
+	if (!colon || hpu__parse_int(colon + 1, 1, 65535, &c->port))
 		c->port = c->cfg.port;
 	return 0;
 }
 
-hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
-			 char *err, size_t errlen)
+hpu_coord *hpu__coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
+			  char *err, size_t errlen)
 {
 	hpu_coord *c = calloc(1, sizeof *c);
 	if (!c) {
@@ -451,14 +451,14 @@ hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 	}
 	c->loop = loop;
 	c->cfg = *cfg;
-	hpu_attempt_token(cfg->token, cfg->restart_count, c->join_token, sizeof c->join_token);
+	hpu__attempt_token(cfg->token, cfg->restart_count, c->join_token, sizeof c->join_token);
 	unsigned char rnd[16];
 	if (RAND_bytes(rnd, sizeof rnd) != 1) {
 		snprintf(err, errlen, "cannot draw the job's shared-memory session: no random bytes");
 		free(c);
 		return NULL;
 	}
-	hpu_hex(c->session, rnd, sizeof rnd);
+	hpu__hex(c->session, rnd, sizeof rnd);
 	c->world = 0;
 	for (int n = 0; n < cfg->nodes; n++)
 		c->world += node_devices(c, n);
@@ -472,7 +472,7 @@ hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 	}
 	if (bind_socket(c, err, errlen) < 0)
 		goto fail;
-	if (hpu_zwatch_start(&c->zw, loop, c->sock, on_message, c) < 0) {
+	if (hpu__zwatch_start(&c->zw, loop, c->sock, on_message, c) < 0) {
 		snprintf(err, errlen, "cannot watch the coordinator socket");
 		goto fail;
 	}
@@ -486,21 +486,21 @@ hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 		ev_timer_start(loop, &c->beat_timer);
 	return c;
 fail:
-	hpu_coord_destroy(&c);
+	hpu__coord_destroy(&c);
 	return NULL;
 }
 
-int hpu_coord_port(const hpu_coord *c)
+int hpu__coord_port(const hpu_coord *c)
 {
 	return c->port;
 }
 
-void hpu_coord_destroy(hpu_coord **pc)
+void hpu__coord_destroy(hpu_coord **pc)
 {
 	hpu_coord *c = *pc;
 	if (!c)
 		return;
-	hpu_zwatch_stop(&c->zw);
+	hpu__zwatch_stop(&c->zw);
 	if (c->loop) {
 		ev_timer_stop(c->loop, &c->join_timer);
 		ev_timer_stop(c->loop, &c->beat_timer);
@@ -508,7 +508,7 @@ void hpu_coord_destroy(hpu_coord **pc)
 	if (c->sock)
 		zmq_close(c->sock);
 	if (c->ctx)
-		hpu_zmq_ctx_term(c->ctx);
+		hpu__zmq_ctx_term(c->ctx);
 	free(c->ranks);
 	free(c->agents);
 	free(c);

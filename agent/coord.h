@@ -13,7 +13,7 @@
 #include <ev.h>
 #include <stddef.h>
 
-#include "status.h"
+#include "proto/status.h"
 
 typedef struct hpu_coord hpu_coord;
 
@@ -22,7 +22,7 @@ typedef struct hpu_coord_cfg {
 	int port;              /* 0: pick a free one */
 	const char *job_id, *token;
 	/* Which attempt of the job this is (restart.h): workers must present
-	 * hpu_attempt_token(token, restart_count), agents the token and this
+	 * hpu__attempt_token(token, restart_count), agents the token and this
 	 * restart_count; those of other attempts are refused or ignored. */
 	int restart_count;
 	int nodes, devices;
@@ -36,34 +36,34 @@ typedef struct hpu_coord_cfg {
 	/* Every node reported success. */
 	void (*on_done)(hpu_coord *c, void *arg);
 	/* Optional: where rank `rank` is, if it is one of this node's and
-	 * has reported (hpu_describe_position into out); else out
+	 * has reported (hpu__describe_position into out); else out
 	 * gets "". */
 	void (*where)(int rank, char *out, size_t outlen, void *arg);
 	void *arg;
 } hpu_coord_cfg;
 
 /* Binds and starts serving on `loop`. Returns NULL with a sentence in err. */
-hpu_coord *hpu_coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
-			 char *err, size_t errlen);
+hpu_coord *hpu__coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
+			  char *err, size_t errlen);
 
 /* The port it is bound to. */
-int hpu_coord_port(const hpu_coord *c);
+int hpu__coord_port(const hpu_coord *c);
 
 /* Aborts the job for `reason`: tells every agent and waiting worker, then
  * calls on_abort. Only the first abort counts. */
-void hpu_coord_abort(hpu_coord *c, const char *reason);
+void hpu__coord_abort(hpu_coord *c, const char *reason);
 
 /* The cause of a failure that rank `reporter` put on rank `culprit` (it
- * died, stopped answering, failed first: hpu_status_blame), named with the culprit's
+ * died, stopped answering, failed first: hpu__status_blame), named with the culprit's
  * node, pid and host from the rank table, into out
- * (hpu_describe_blame). */
-void hpu_coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
-		     size_t outlen);
+ * (hpu__describe_blame). */
+void hpu__coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int reporter, char *out,
+		      size_t outlen);
 
 /* Node `node_rank`'s workers all finished successfully. */
-void hpu_coord_node_done(hpu_coord *c, int node_rank);
+void hpu__coord_node_done(hpu_coord *c, int node_rank);
 
 /* Closes the socket and frees; *c = NULL; safe twice. */
-void hpu_coord_destroy(hpu_coord **c);
+void hpu__coord_destroy(hpu_coord **c);
 
 #endif

@@ -1,4 +1,4 @@
-#include "nodejob.h"
+#include "agent/nodejob.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -11,11 +11,11 @@
 #include <sys/wait.h>
 #include <zmq.h>
 
-#include "codec.h"
-#include "coord.h"
-#include "log.h"
-#include "restart.h"
-#include "zwatch.h"
+#include "proto/codec.h"
+#include "agent/coord.h"
+#include "common/log.h"
+#include "agent/restart.h"
+#include "agent/zwatch.h"
 
 struct hpu_nodejob {
 	struct ev_loop *loop;
@@ -62,11 +62,11 @@ static void fail_as(hpu_nodejob *j, const char *cause, double grace_s, int print
 	if (!j->failed) {
 		snprintf(j->root_cause, sizeof j->root_cause, "%s", cause);
 		if (print && !j->cfg.quiet)
-			hpu_log(HPU_LOG_ERROR, "error: %s", cause);
+			hpu__log(HPU_LOG_ERROR, "error: %s", cause);
 	}
 	j->failed = 1;
 	if (j->agent)
-		hpu_agent_stop(j->agent, grace_s);
+		hpu__agent_stop(j->agent, grace_s);
 	finish_if_ready(j);
 }
 
@@ -77,15 +77,15 @@ static void fail(hpu_nodejob *j, const char *cause, double grace_s)
 
 static void send_to_coord(hpu_nodejob *j, Hpu__Envelope *env)
 {
-	if (j->dealer && hpu_codec_send(j->dealer, NULL, env) != 0 && !j->cfg.quiet)
-		hpu_log(HPU_LOG_ERROR, "cannot reach the coordinator: %s", zmq_strerror(errno));
+	if (j->dealer && hpu__codec_send(j->dealer, NULL, env) != 0 && !j->cfg.quiet)
+		hpu__log(HPU_LOG_ERROR, "cannot reach the coordinator: %s", zmq_strerror(errno));
 }
 
 /* Ends the job on every node for `reason`. */
 static void abort_job(hpu_nodejob *j, const char *reason)
 {
 	if (j->coord) {
-		hpu_coord_abort(j->coord, reason);
+		hpu__coord_abort(j->coord, reason);
 	} else {
 		Hpu__Abort ab = HPU__ABORT__INIT;
 		ab.reason = (char *)reason;
@@ -96,12 +96,12 @@ static void abort_job(hpu_nodejob *j, const char *reason)
 	}
 }
 
-void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
+void hpu__nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
 {
 	fail_as(j, reason, grace_s, 0); /* the caller says why */
 	abort_job(j, reason);
 	if (j->agent && grace_s <= 0)
-		hpu_agent_stop(j->agent, 0);
+		hpu__agent_stop(j->agent, 0);
 }
 
 /* Where rank r is, when it is one of this node's and has reported. */
@@ -110,8 +110,8 @@ static void rank_where(hpu_nodejob *j, int r, char *out, size_t outlen)
 	hpu_status_rec st;
 	double age;
 	out[0] = 0;
-	if (j->agent && hpu_agent_status(j->agent, r, &st, &age) == 0)
-		hpu_describe_position(st.step, st.total, st.phase, out, outlen);
+	if (j->agent && hpu__agent_status(j->agent, r, &st, &age) == 0)
+		hpu__describe_position(st.step, st.total, st.phase, out, outlen);
 }
 
 static void coord_where(int rank, char *out, size_t outlen, void *arg)
@@ -126,12 +126,12 @@ static void blame(hpu_nodejob *j, int culprit, hpu_blame how, int reporter, char
 {
 	char where[128] = "";
 	if (j->coord) {
-		hpu_coord_blame(j->coord, culprit, how, reporter, out, outlen);
+		hpu__coord_blame(j->coord, culprit, how, reporter, out, outlen);
 		return;
 	}
 	if (how == HPU_BLAME_SILENT)
 		rank_where(j, culprit, where, sizeof where);
-	hpu_describe_blame(culprit, how, "", where, reporter, out, outlen);
+	hpu__describe_blame(culprit, how, "", where, reporter, out, outlen);
 }
 
 static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)
@@ -143,22 +143,22 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	if (status == 0 || j->failed)
 		return;
 	char how[400], cause[600];
-	hpu_describe_status(status, how, sizeof how);
+	hpu__describe_status(status, how, sizeof how);
 	hpu_status_rec st = {0};
 	double age;
-	int have = hpu_agent_status(a, rank, &st, &age) == 0;
+	int have = hpu__agent_status(a, rank, &st, &age) == 0;
 	if (status == HPU_AGENT_LEFT_EARLY) {
 		size_t n = strlen(how);
 		char pos[128];
-		hpu_describe_position(have ? st.step : 0, have ? st.total : 0,
-				      have ? st.phase : HPU_PHASE_SETUP, pos, sizeof pos);
+		hpu__describe_position(have ? st.step : 0, have ? st.total : 0,
+				       have ? st.phase : HPU_PHASE_SETUP, pos, sizeof pos);
 		snprintf(how + n, sizeof how - n, " (%s)", pos);
 	}
 	/* a worker that failed because of another rank: that rank is the
 	 * cause, not the one that exited first */
 	hpu_blame bhow = HPU_BLAME_SILENT;
 	int culprit = status != HPU_AGENT_LEFT_EARLY && WIFEXITED(status)
-			      ? hpu_agent_culprit(a, rank, &bhow) : -1;
+			      ? hpu__agent_culprit(a, rank, &bhow) : -1;
 	if (culprit >= 0)
 		blame(j, culprit, bhow, rank, cause, sizeof cause);
 	else
@@ -166,11 +166,11 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 			 j->cfg.node_rank, (int)pid, how);
 	fail(j, cause, j->cfg.grace_s);
 	if (j->coord) {
-		hpu_coord_abort(j->coord, cause);
+		hpu__coord_abort(j->coord, cause);
 		return;
 	}
 	Hpu__WorkerExit we;
-	hpu_codec_worker_exit(&we, rank, j->cfg.node_rank, (int)pid, status);
+	hpu__codec_worker_exit(&we, rank, j->cfg.node_rank, (int)pid, status);
 	we.step = have ? st.step : 0;
 	we.total = have ? st.total : 0;
 	we.phase = have ? (uint32_t)st.phase : HPU_PHASE_SETUP;
@@ -189,7 +189,7 @@ static void on_agent_idle(hpu_agent *a, void *arg)
 	j->agent_idle = 1;
 	if (!j->failed) {
 		if (j->coord) {
-			hpu_coord_node_done(j->coord, 0);
+			hpu__coord_node_done(j->coord, 0);
 		} else {
 			Hpu__AgentDone d = HPU__AGENT_DONE__INIT;
 			d.node_rank = (uint32_t)j->cfg.node_rank;
@@ -255,9 +255,9 @@ static void start_gated_workers(hpu_nodejob *j)
 	char err[600], cause[700];
 	j->gated = 0;
 	j->agent_idle = 0;
-	if (hpu_agent_start(j->agent, err, sizeof err) == 0)
+	if (hpu__agent_start(j->agent, err, sizeof err) == 0)
 		return;
-	hpu_agent_destroy(&j->agent); /* reaps what started */
+	hpu__agent_destroy(&j->agent); /* reaps what started */
 	j->agent_idle = 1;
 	snprintf(cause, sizeof cause, "node %d could not start its workers: %s",
 		 j->cfg.node_rank, err);
@@ -268,7 +268,7 @@ static void start_gated_workers(hpu_nodejob *j)
 static void on_coord_msg(hpu_zwatch *w, void *arg)
 {
 	hpu_nodejob *j = arg;
-	Hpu__Envelope *m = hpu_codec_recv(w->sock, NULL, ZMQ_DONTWAIT);
+	Hpu__Envelope *m = hpu__codec_recv(w->sock, NULL, ZMQ_DONTWAIT);
 	if (!m)
 		return;
 	j->coord_seen = ev_now(j->loop);
@@ -283,7 +283,7 @@ static void on_coord_msg(hpu_zwatch *w, void *arg)
 	} else if (j->gated && !j->failed) {
 		start_gated_workers(j);
 	}
-	hpu_codec_free(m);
+	hpu__codec_free(m);
 }
 
 static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
@@ -334,7 +334,7 @@ static int connect_coord(hpu_nodejob *j, char *err, size_t errlen)
 	if (!j->dealer || zmq_setsockopt(j->dealer, ZMQ_LINGER, &linger, sizeof linger) ||
 	    zmq_setsockopt(j->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
 	    zmq_connect(j->dealer, ep) ||
-	    hpu_zwatch_start(&j->zw, j->loop, j->dealer, on_coord_msg, j)) {
+	    hpu__zwatch_start(&j->zw, j->loop, j->dealer, on_coord_msg, j)) {
 		snprintf(err, errlen, "cannot connect to the coordinator at %s: %s", ep,
 			 zmq_strerror(errno));
 		return -1;
@@ -365,15 +365,15 @@ static int start_coord(hpu_nodejob *j, char *err, size_t errlen)
 		.where = coord_where,
 		.arg = j,
 	};
-	j->coord = hpu_coord_new(j->loop, &cc, err, errlen);
+	j->coord = hpu__coord_new(j->loop, &cc, err, errlen);
 	if (!j->coord)
 		return -1;
-	j->master_port = hpu_coord_port(j->coord);
+	j->master_port = hpu__coord_port(j->coord);
 	return 0;
 }
 
-hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
-			       char *err, size_t errlen)
+hpu_nodejob *hpu__nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
+				char *err, size_t errlen)
 {
 	hpu_nodejob *j = calloc(1, sizeof *j);
 	if (!j) {
@@ -393,7 +393,7 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 			j->world += cfg->node_devices[n];
 		}
 	}
-	hpu_attempt_token(cfg->token, cfg->restart_count, j->token, sizeof j->token);
+	hpu__attempt_token(cfg->token, cfg->restart_count, j->token, sizeof j->token);
 	/* A restart on a node other than 0 might otherwise start workers that
 	 * reach the previous attempt's coordinator, still shutting down. */
 	j->gated = cfg->node_rank != 0 && cfg->restart_count > 0;
@@ -436,68 +436,68 @@ hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
 		.on_status = cfg->on_status ? on_status : NULL,
 		.arg = j,
 	};
-	if (!(j->agent = hpu_agent_new(loop, &ac))) {
+	if (!(j->agent = hpu__agent_new(loop, &ac))) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
-	if (!j->gated && hpu_agent_start(j->agent, err, errlen) < 0)
+	if (!j->gated && hpu__agent_start(j->agent, err, errlen) < 0)
 		goto fail;
 	return j;
 fail:
-	hpu_nodejob_destroy(&j);
+	hpu__nodejob_destroy(&j);
 	return NULL;
 }
 
-int hpu_nodejob_master_port(const hpu_nodejob *j)
+int hpu__nodejob_master_port(const hpu_nodejob *j)
 {
 	return j->master_port;
 }
 
-void hpu_nodejob_hold_output(hpu_nodejob *j, int hold)
+void hpu__nodejob_hold_output(hpu_nodejob *j, int hold)
 {
 	if (j->agent)
-		hpu_agent_hold_output(j->agent, hold);
+		hpu__agent_hold_output(j->agent, hold);
 }
 
-int hpu_nodejob_live(const hpu_nodejob *j)
+int hpu__nodejob_live(const hpu_nodejob *j)
 {
-	return j->agent ? hpu_agent_live(j->agent) : 0;
+	return j->agent ? hpu__agent_live(j->agent) : 0;
 }
 
-int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s)
+int hpu__nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s)
 {
-	return j->agent ? hpu_agent_status(j->agent, rank, st, age_s) : -1;
+	return j->agent ? hpu__agent_status(j->agent, rank, st, age_s) : -1;
 }
 
-long hpu_nodejob_status_bad(const hpu_nodejob *j)
+long hpu__nodejob_status_bad(const hpu_nodejob *j)
 {
-	return j->agent ? hpu_agent_status_bad(j->agent) : 0;
+	return j->agent ? hpu__agent_status_bad(j->agent) : 0;
 }
 
-int hpu_nodejob_rank(const hpu_nodejob *j, int local)
+int hpu__nodejob_rank(const hpu_nodejob *j, int local)
 {
 	return j->rank_base + local;
 }
 
-int hpu_nodejob_world(const hpu_nodejob *j)
+int hpu__nodejob_world(const hpu_nodejob *j)
 {
 	return j->world;
 }
 
-void hpu_nodejob_destroy(hpu_nodejob **pj)
+void hpu__nodejob_destroy(hpu_nodejob **pj)
 {
 	hpu_nodejob *j = *pj;
 	if (!j)
 		return;
 	ev_idle_stop(j->loop, &j->end);
 	ev_timer_stop(j->loop, &j->beat);
-	hpu_agent_destroy(&j->agent);
-	hpu_zwatch_stop(&j->zw);
-	hpu_coord_destroy(&j->coord);
+	hpu__agent_destroy(&j->agent);
+	hpu__zwatch_stop(&j->zw);
+	hpu__coord_destroy(&j->coord);
 	if (j->dealer)
 		zmq_close(j->dealer);
 	if (j->ctx)
-		hpu_zmq_ctx_term(j->ctx);
+		hpu__zmq_ctx_term(j->ctx);
 	free(j);
 	*pj = NULL;
 }

@@ -10,8 +10,8 @@
 #include <ev.h>
 #include <stddef.h>
 
-#include "agent.h"
-#include "hpu.pb-c.h"
+#include "agent/agent.h"
+#include "proto/hpu.pb-c.h"
 
 typedef struct hpu_nodejob hpu_nodejob;
 
@@ -59,40 +59,40 @@ typedef struct hpu_nodejob_cfg {
 /* Starts the coordinator (node 0) or the link to it, then the workers.
  * The cfg strings must outlive the job. Returns NULL with a sentence in
  * err; on_end is then never called. */
-hpu_nodejob *hpu_nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
-			       char *err, size_t errlen);
+hpu_nodejob *hpu__nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg,
+				char *err, size_t errlen);
 
 /* The coordinator's port (node 0: the one it bound). */
-int hpu_nodejob_master_port(const hpu_nodejob *j);
+int hpu__nodejob_master_port(const hpu_nodejob *j);
 
 /* Ends the job for `reason`: tells the coordinator (or, on node 0, every
  * node), stops the local workers (SIGTERM, then SIGKILL after grace_s;
  * at once with grace_s 0, also when called again). The first reason is
  * the root cause; it is not printed (the caller says why). */
-void hpu_nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s);
+void hpu__nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s);
 
-/* hpu_agent_hold_output for the node's workers: on_line's reader cannot
+/* hpu__agent_hold_output for the node's workers: on_line's reader cannot
  * keep up (hold 1), or can again (0). */
-void hpu_nodejob_hold_output(hpu_nodejob *j, int hold);
+void hpu__nodejob_hold_output(hpu_nodejob *j, int hold);
 
 /* Workers not yet reaped. */
-int hpu_nodejob_live(const hpu_nodejob *j);
+int hpu__nodejob_live(const hpu_nodejob *j);
 
 /* The global rank of local worker `local`. */
-int hpu_nodejob_rank(const hpu_nodejob *j, int local);
+int hpu__nodejob_rank(const hpu_nodejob *j, int local);
 
 /* The ranks in the job, all nodes together. */
-int hpu_nodejob_world(const hpu_nodejob *j);
+int hpu__nodejob_world(const hpu_nodejob *j);
 
 /* The latest status record of global rank `rank` and its age
- * (hpu_agent_status); -1 when the rank is not on this node, has sent none
+ * (hpu__agent_status); -1 when the rank is not on this node, has sent none
  * or its workers have not started. */
-int hpu_nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s);
+int hpu__nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s);
 
 /* Malformed status lines the workers wrote, ignored (agent.h). */
-long hpu_nodejob_status_bad(const hpu_nodejob *j);
+long hpu__nodejob_status_bad(const hpu_nodejob *j);
 
 /* Kills what is left, frees; *j = NULL; safe twice. Not from on_end. */
-void hpu_nodejob_destroy(hpu_nodejob **j);
+void hpu__nodejob_destroy(hpu_nodejob **j);
 
 #endif

@@ -1,13 +1,13 @@
 /* output: the destinations whose writes failed, each said once. */
-#include "output.h"
+#include "agent/output.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "fileio.h"
-#include "log.h"
+#include "common/fileio.h"
+#include "common/log.h"
 
 #define MAX_SAID 64 /* distinct destinations said; more are counted only */
 
@@ -31,42 +31,42 @@ static int said_before(const char *what)
 	return 0;
 }
 
-void hpu_output_fail(const char *what, int err)
+void hpu__output_fail(const char *what, int err)
 {
 	O.failed = 1;
 	if (err == EPIPE || said_before(what) || O.std_err[2])
 		return; /* stderr itself failed: nowhere left to say it */
 	fflush(stderr);
-	hpu_log(HPU_LOG_ERROR,
-		"error: cannot write %s: %s; the rest of it is not written (exit status %d at the end)",
-		what, strerror(err), HPU_OUTPUT_EXIT);
-	if (hpu_log_write_errno())
-		O.std_err[2] = hpu_log_write_errno();
+	hpu__log(HPU_LOG_ERROR,
+		 "error: cannot write %s: %s; the rest of it is not written (exit status %d at the end)",
+		 what, strerror(err), HPU_OUTPUT_EXIT);
+	if (hpu__log_write_errno())
+		O.std_err[2] = hpu__log_write_errno();
 }
 
 static void std_fail(int fd, int err)
 {
 	if (!O.std_err[fd])
 		O.std_err[fd] = err ? err : EIO;
-	hpu_output_fail(fd == 1 ? "to stdout" : "to stderr", O.std_err[fd]);
+	hpu__output_fail(fd == 1 ? "to stdout" : "to stderr", O.std_err[fd]);
 }
 
-int hpu_output_std_ok(int fd)
+int hpu__output_std_ok(int fd)
 {
 	return (fd == 1 || fd == 2) && !O.std_err[fd];
 }
 
-int hpu_output_std(int fd, const void *p, size_t n)
+int hpu__output_std(int fd, const void *p, size_t n)
 {
-	if (!hpu_output_std_ok(fd))
+	if (!hpu__output_std_ok(fd))
 		return -1;
-	if (hpu_write_all(fd, p, n) == 0)
+	if (hpu__write_all(fd, p, n) == 0)
 		return 0;
 	std_fail(fd, errno);
 	return -1;
 }
 
-int hpu_output_stream(FILE *f)
+int hpu__output_stream(FILE *f)
 {
 	int fd = f == stderr ? 2 : 1;
 	if (O.std_err[fd])
@@ -78,25 +78,25 @@ int hpu_output_stream(FILE *f)
 	return -1;
 }
 
-int hpu_output_file(int fd, const char *path, const void *p, size_t n)
+int hpu__output_file(int fd, const char *path, const void *p, size_t n)
 {
-	if (hpu_write_all(fd, p, n) == 0)
+	if (hpu__write_all(fd, p, n) == 0)
 		return 0;
 	char what[1100];
 	int err = errno ? errno : EIO;
 	snprintf(what, sizeof what, "the log file %s", path);
-	hpu_output_fail(what, err);
+	hpu__output_fail(what, err);
 	return -1;
 }
 
-int hpu_output_file_close(int fd, const char *path)
+int hpu__output_file_close(int fd, const char *path)
 {
 	if (close(fd) == 0 || errno == EINTR)
 		return 0;
 	char what[1100];
 	int err = errno;
 	snprintf(what, sizeof what, "the log file %s", path);
-	hpu_output_fail(what, err);
+	hpu__output_fail(what, err);
 	return -1;
 }
 
@@ -105,13 +105,13 @@ int hpu_output_file_close(int fd, const char *path)
 static ssize_t stdout_write(void *cookie, const char *buf, size_t n)
 {
 	(void)cookie;
-	if (hpu_write_all(1, buf, n) == 0)
+	if (hpu__write_all(1, buf, n) == 0)
 		return (ssize_t)n;
 	O.stdout_errno = errno ? errno : EIO;
 	return -1;
 }
 
-void hpu_output_init(void)
+void hpu__output_init(void)
 {
 	/* A terminal keeps the real stream: the progress bar asks it
 	 * (isatty, its width), and a terminal is seldom full. */
@@ -124,12 +124,12 @@ void hpu_output_init(void)
 	stdout = f;
 }
 
-int hpu_output_failed(void)
+int hpu__output_failed(void)
 {
 	return O.failed;
 }
 
-int hpu_output_finish(void)
+int hpu__output_finish(void)
 {
 	if (!O.std_err[1] && (fflush(stdout) != 0 || ferror(stdout)))
 		std_fail(1, O.stdout_errno);
@@ -137,8 +137,8 @@ int hpu_output_finish(void)
 	 * disk reported late); nothing writes to it after this */
 	if (fflush(stdout) == 0 && !O.std_err[1] && close(1) != 0 && errno != EBADF)
 		std_fail(1, errno);
-	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr) || hpu_log_write_errno())) {
-		O.std_err[2] = hpu_log_write_errno() ? hpu_log_write_errno() : errno ? errno : EIO;
+	if (!O.std_err[2] && (fflush(stderr) != 0 || ferror(stderr) || hpu__log_write_errno())) {
+		O.std_err[2] = hpu__log_write_errno() ? hpu__log_write_errno() : errno ? errno : EIO;
 		O.failed = 1;
 	}
 	for (int i = 0; i < O.n_said; i++)

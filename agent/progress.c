@@ -1,4 +1,4 @@
-#include "progress.h"
+#include "agent/progress.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "env.h"
+#include "common/env.h"
 
 #define REDRAW_EVERY_S 0.2
 #define DEFAULT_COLUMNS 80
@@ -19,7 +19,7 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int hpu_progress_mode_parse(const char *s, int *mode)
+int hpu__progress_mode_parse(const char *s, int *mode)
 {
 	static const char *names[] = {"auto", "always", "never"};
 	for (int i = 0; i < 3; i++)
@@ -30,11 +30,11 @@ int hpu_progress_mode_parse(const char *s, int *mode)
 	return -1;
 }
 
-void hpu_progress_init(hpu_progress *p, int mode, FILE *out)
+void hpu__progress_init(hpu_progress *p, int mode, FILE *out)
 {
 	memset(p, 0, sizeof *p);
 	p->out = out;
-	const char *term = hpu_env_str(HPU_ENV_TERM);
+	const char *term = hpu__env_str(HPU_ENV_TERM);
 	if (mode == HPU_PROGRESS_ALWAYS)
 		p->on = 1;
 	else if (mode == HPU_PROGRESS_AUTO)
@@ -96,7 +96,7 @@ static void tail_text(const hpu_status_rec *st, int drop, char *out, size_t len)
 	snprintf(out, len, "%s %s%s%s%s", pct, steps, loss, rate, eta);
 }
 
-size_t hpu_progress_format(const hpu_status_rec *st, int width, char *out, size_t outlen)
+size_t hpu__progress_format(const hpu_status_rec *st, int width, char *out, size_t outlen)
 {
 	char head[64] = "", tail[256];
 	if (width < 1 || outlen < 2) {
@@ -146,7 +146,7 @@ static void draw(hpu_progress *p)
 	int width = columns(p) - 1;
 	if (width > (int)sizeof text - 1)
 		width = (int)sizeof text - 1;
-	hpu_progress_format(&p->st, width, text, sizeof text);
+	hpu__progress_format(&p->st, width, text, sizeof text);
 	fprintf(p->out, "\r%s\x1b[K", text);
 	fflush(p->out);
 	p->shown = 1;
@@ -154,23 +154,23 @@ static void draw(hpu_progress *p)
 	p->drawn_at = now_s();
 }
 
-void hpu_progress_update(hpu_progress *p, const hpu_status_rec *st)
+void hpu__progress_update(hpu_progress *p, const hpu_status_rec *st)
 {
 	if (!p->on)
 		return;
 	p->st = *st;
 	p->have = 1;
 	p->dirty = 1;
-	hpu_progress_tick(p);
+	hpu__progress_tick(p);
 }
 
-void hpu_progress_tick(hpu_progress *p)
+void hpu__progress_tick(hpu_progress *p)
 {
 	if (p->on && p->have && p->dirty && now_s() - p->drawn_at >= REDRAW_EVERY_S)
 		draw(p);
 }
 
-void hpu_progress_hide(hpu_progress *p)
+void hpu__progress_hide(hpu_progress *p)
 {
 	if (!p->on || !p->shown)
 		return;
@@ -180,15 +180,15 @@ void hpu_progress_hide(hpu_progress *p)
 	p->dirty = 1;
 }
 
-void hpu_progress_show(hpu_progress *p)
+void hpu__progress_show(hpu_progress *p)
 {
 	if (p->on && p->have && !p->shown)
 		draw(p);
 }
 
-void hpu_progress_reset(hpu_progress *p)
+void hpu__progress_reset(hpu_progress *p)
 {
-	hpu_progress_hide(p);
+	hpu__progress_hide(p);
 	p->have = 0;
 	p->dirty = 0;
 }

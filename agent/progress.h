@@ -6,8 +6,8 @@
  *
  * New records redraw it with "\r" ... "\x1b[K" at most 5 times a second,
  * fitted to the terminal's width; before any other output the caller hides
- * it (hpu_progress_hide) and shows it again at once afterwards
- * (hpu_progress_show).
+ * it (hpu__progress_hide) and shows it again at once afterwards
+ * (hpu__progress_show).
  * Off, every call does nothing, so the output is the plain lines. */
 #ifndef HPU_PROGRESS_H
 #define HPU_PROGRESS_H
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "agent.h"
+#include "agent/agent.h"
 
 /* --progress: auto (on when stdout is a terminal and TERM is not "dumb"),
  * always, never. */
@@ -32,32 +32,32 @@ typedef struct hpu_progress {
 } hpu_progress;
 
 /* Parses "auto", "always" or "never" into *mode; -1 if it is none. */
-int hpu_progress_mode_parse(const char *s, int *mode);
+int hpu__progress_mode_parse(const char *s, int *mode);
 
 /* Sets p up to draw on `out` (stdout) in `mode`: auto draws only when
  * out is a terminal and $TERM is set and not "dumb". */
-void hpu_progress_init(hpu_progress *p, int mode, FILE *out);
+void hpu__progress_init(hpu_progress *p, int mode, FILE *out);
 
 /* Takes rank 0's latest record; draws it now unless the last draw was
- * less than 0.2 s ago (hpu_progress_tick draws it then). */
-void hpu_progress_update(hpu_progress *p, const hpu_status_rec *st);
+ * less than 0.2 s ago (hpu__progress_tick draws it then). */
+void hpu__progress_update(hpu_progress *p, const hpu_status_rec *st);
 
-/* Draws a record not yet drawn (or a bar hidden by hpu_progress_hide)
+/* Draws a record not yet drawn (or a bar hidden by hpu__progress_hide)
  * once 0.2 s have passed since the last draw; call it every 0.2 s or so. */
-void hpu_progress_tick(hpu_progress *p);
+void hpu__progress_tick(hpu_progress *p);
 
 /* Clears the bar off the screen before other output ("\r\x1b[K"); the
- * next hpu_progress_show or tick draws it again. */
-void hpu_progress_hide(hpu_progress *p);
+ * next hpu__progress_show or tick draws it again. */
+void hpu__progress_hide(hpu_progress *p);
 
 /* Draws the bar again at once (after a line printed below a hidden one). */
-void hpu_progress_show(hpu_progress *p);
+void hpu__progress_show(hpu_progress *p);
 
 /* Clears the bar and forgets its record (the end of an attempt). */
-void hpu_progress_reset(hpu_progress *p);
+void hpu__progress_reset(hpu_progress *p);
 
 /* Writes the bar's text for st, at most `width` columns, into out
  * (NUL-terminated, outlen > width); returns its length. */
-size_t hpu_progress_format(const hpu_status_rec *st, int width, char *out, size_t outlen);
+size_t hpu__progress_format(const hpu_status_rec *st, int width, char *out, size_t outlen);
 
 #endif

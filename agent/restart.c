@@ -1,6 +1,6 @@
-#include "restart.h"
-#include "hex.h"
-#include "log.h"
+#include "agent/restart.h"
+#include "common/hex.h"
+#include "common/log.h"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void hpu_attempt_token(const char *token, int restart, char *out, size_t outlen)
+void hpu__attempt_token(const char *token, int restart, char *out, size_t outlen)
 {
 	if (restart == 0) {
 		snprintf(out, outlen, "%s", token);
@@ -23,10 +23,10 @@ void hpu_attempt_token(const char *token, int restart, char *out, size_t outlen)
 		abort(); /* only without memory; a wrong token must not result */
 	size_t k = outlen ? (outlen - 1) / 2 : 0; /* the bytes that fit */
 	if (outlen)
-		hpu_hex(out, mac, k < n ? k : n);
+		hpu__hex(out, mac, k < n ? k : n);
 }
 
-void hpu_restarts_init(hpu_restarts *r, int max)
+void hpu__restarts_init(hpu_restarts *r, int max)
 {
 	memset(r, 0, sizeof *r);
 	r->max = max;
@@ -49,7 +49,7 @@ static char *all_causes(const hpu_restarts *r)
 	return s;
 }
 
-int hpu_restarts_next(hpu_restarts *r, const char *cause)
+int hpu__restarts_next(hpu_restarts *r, const char *cause)
 {
 	char **grown = realloc(r->causes, (size_t)(r->attempt + 1) * sizeof *grown);
 	char *copy = strdup(cause && *cause ? cause : "no cause given");
@@ -57,26 +57,26 @@ int hpu_restarts_next(hpu_restarts *r, const char *cause)
 		free(copy);
 		if (grown)
 			r->causes = grown;
-		hpu_log(HPU_LOG_ERROR, "out of memory: no more restarts");
+		hpu__log(HPU_LOG_ERROR, "out of memory: no more restarts");
 		return 0;
 	}
 	r->causes = grown;
 	r->causes[r->attempt++] = copy;
 	if (r->attempt <= r->max) {
-		hpu_log(HPU_LOG_WARNING, "attempt %d of %d failed: %s; restarting (restart %d of %d)",
-			r->attempt, r->max + 1, copy, r->attempt, r->max);
+		hpu__log(HPU_LOG_WARNING, "attempt %d of %d failed: %s; restarting (restart %d of %d)",
+			 r->attempt, r->max + 1, copy, r->attempt, r->max);
 		return 1;
 	}
 	if (r->max > 0) {
 		char *all = all_causes(r);
-		hpu_log(HPU_LOG_ERROR, "job failed after %d restart%s: %s", r->max,
-			r->max == 1 ? "" : "s", all ? all : "(out of memory)");
+		hpu__log(HPU_LOG_ERROR, "job failed after %d restart%s: %s", r->max,
+			 r->max == 1 ? "" : "s", all ? all : "(out of memory)");
 		free(all);
 	}
 	return 0;
 }
 
-void hpu_restarts_free(hpu_restarts *r)
+void hpu__restarts_free(hpu_restarts *r)
 {
 	for (int i = 0; r->causes && i < r->attempt; i++)
 		free(r->causes[i]);

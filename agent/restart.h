@@ -7,7 +7,7 @@
  * restarts the job fails with the root cause of every attempt.
  *
  * Attempts never mix: the workers of attempt n present a job token derived
- * from the job's token and n (hpu_attempt_token), so a coordinator refuses
+ * from the job's token and n (hpu__attempt_token), so a coordinator refuses
  * a worker of another attempt, and agents say which attempt they run in
  * AgentHello.restart_count. */
 #ifndef HPU_RESTART_H
@@ -21,7 +21,7 @@
  * job's token itself (so nothing changes without restarts), afterwards the
  * hex HMAC-SHA256 keyed by the token over "hpu-restart-<restart>" (64
  * characters). out must hold at least 129 bytes. */
-void hpu_attempt_token(const char *token, int restart, char *out, size_t outlen);
+void hpu__attempt_token(const char *token, int restart, char *out, size_t outlen);
 
 /* The attempts of one job and why each failed. */
 typedef struct hpu_restarts {
@@ -31,16 +31,16 @@ typedef struct hpu_restarts {
 } hpu_restarts;
 
 /* Starts at attempt 0 with `max` restarts allowed. */
-void hpu_restarts_init(hpu_restarts *r, int max);
+void hpu__restarts_init(hpu_restarts *r, int max);
 
 /* The running attempt failed because of `cause`. If a restart remains,
  * logs "attempt A of N failed: CAUSE; restarting (restart R of K)"
  * (common/log.h: after the program's prefix), moves on to the next
  * attempt and returns 1. Otherwise returns 0; with K > 0 it has then
  * logged "job failed after K restarts: attempt 1: CAUSE; attempt 2: ...". */
-int hpu_restarts_next(hpu_restarts *r, const char *cause);
+int hpu__restarts_next(hpu_restarts *r, const char *cause);
 
 /* Frees the causes; safe twice. */
-void hpu_restarts_free(hpu_restarts *r);
+void hpu__restarts_free(hpu_restarts *r);
 
 #endif

@@ -1,4 +1,4 @@
-#include "uidproc.h"
+#include "agent/uidproc.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -10,9 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "num.h"
+#include "common/num.h"
 
-int hpu_proc_read(pid_t pid, const char *name, char *buf, size_t len)
+int hpu__proc_read(pid_t pid, const char *name, char *buf, size_t len)
 {
 	char path[64];
 	snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, name);
@@ -27,10 +27,10 @@ int hpu_proc_read(pid_t pid, const char *name, char *buf, size_t len)
 	return 0;
 }
 
-int hpu_proc_info(pid_t pid, hpu_procinfo *pi)
+int hpu__proc_info(pid_t pid, hpu_procinfo *pi)
 {
 	char buf[4096];
-	if (hpu_proc_read(pid, "status", buf, sizeof buf) != 0)
+	if (hpu__proc_read(pid, "status", buf, sizeof buf) != 0)
 		return -1;
 	/* "Name:" may hold anything but a newline: every field is looked
 	 * for at the start of a line */
@@ -46,7 +46,7 @@ int hpu_proc_info(pid_t pid, hpu_procinfo *pi)
 	return 0;
 }
 
-int hpu_proc_has_uid(const hpu_procinfo *pi, unsigned uid)
+int hpu__proc_has_uid(const hpu_procinfo *pi, unsigned uid)
 {
 	for (int i = 0; i < 4; i++)
 		if (pi->uid[i] == uid)
@@ -54,7 +54,7 @@ int hpu_proc_has_uid(const hpu_procinfo *pi, unsigned uid)
 	return 0;
 }
 
-int hpu_proc_uid_in(const hpu_procinfo *pi, unsigned first, unsigned last)
+int hpu__proc_uid_in(const hpu_procinfo *pi, unsigned first, unsigned last)
 {
 	for (int i = 0; i < 4; i++)
 		if (pi->uid[i] >= first && pi->uid[i] <= last)
@@ -73,9 +73,9 @@ static int each_uid_proc(unsigned uid, void (*fn)(pid_t pid, void *arg), void *a
 	while (dir && (e = readdir(dir)) != NULL) {
 		pid_t pid;
 		hpu_procinfo pi;
-		if (hpu_parse_int(e->d_name, 1, INT_MAX, &pid) || pid == self ||
-		    hpu_proc_info(pid, &pi) < 0 || pi.state == 'Z' || pi.state == 'X' ||
-		    !hpu_proc_has_uid(&pi, uid))
+		if (hpu__parse_int(e->d_name, 1, INT_MAX, &pid) || pid == self ||
+		    hpu__proc_info(pid, &pi) < 0 || pi.state == 'Z' || pi.state == 'X' ||
+		    !hpu__proc_has_uid(&pi, uid))
 			continue;
 		n++;
 		if (fn)
@@ -98,7 +98,7 @@ static void add_pid(pid_t pid, void *arg)
 		l->pids[l->n++] = pid;
 }
 
-int hpu_uid_procs(unsigned uid, pid_t *pids, int max)
+int hpu__uid_procs(unsigned uid, pid_t *pids, int max)
 {
 	pid_list l = {pids, pids ? max : 0, 0};
 	return each_uid_proc(uid, add_pid, &l);
@@ -110,7 +110,7 @@ static void kill_pid(pid_t pid, void *arg)
 	kill(pid, SIGKILL);
 }
 
-int hpu_uid_kill(unsigned uid)
+int hpu__uid_kill(unsigned uid)
 {
 	if (uid == 0)
 		return 0;

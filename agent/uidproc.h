@@ -21,27 +21,27 @@ typedef struct hpu_procinfo {
 
 /* Reads /proc/PID/NAME (its first len - 1 bytes) into buf, NUL-ended;
  * 0, or -1 when the process is gone or the file is empty. */
-int hpu_proc_read(pid_t pid, const char *name, char *buf, size_t len);
+int hpu__proc_read(pid_t pid, const char *name, char *buf, size_t len);
 
 /* Reads pid's status into *pi; 0, or -1 when it is gone. */
-int hpu_proc_info(pid_t pid, hpu_procinfo *pi);
+int hpu__proc_info(pid_t pid, hpu_procinfo *pi);
 
 /* Whether one of pi's four uids is uid. */
-int hpu_proc_has_uid(const hpu_procinfo *pi, unsigned uid);
+int hpu__proc_has_uid(const hpu_procinfo *pi, unsigned uid);
 
 /* Whether one of pi's four uids lies in first..last. */
-int hpu_proc_uid_in(const hpu_procinfo *pi, unsigned first, unsigned last);
+int hpu__proc_uid_in(const hpu_procinfo *pi, unsigned first, unsigned last);
 
 /* How many processes run under uid; the first `max` of their pids go to
  * pids (may be NULL with max 0). */
-int hpu_uid_procs(unsigned uid, pid_t *pids, int max);
+int hpu__uid_procs(unsigned uid, pid_t *pids, int max);
 
 /* Sends SIGKILL to every process under uid: from a helper process that
  * runs as uid alone, kill(-1) (which the kernel does at once, so a
  * process that forks meanwhile cannot slip through), then, as the
- * caller, to each one hpu_uid_procs finds (one whose real and saved uid
+ * caller, to each one hpu__uid_procs finds (one whose real and saved uid
  * differ from uid). Needs root; uid must not be 0. Returns how many were
  * found in the second pass (0: none was left for it). */
-int hpu_uid_kill(unsigned uid);
+int hpu__uid_kill(unsigned uid);
 
 #endif

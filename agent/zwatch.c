@@ -1,4 +1,4 @@
-#include "zwatch.h"
+#include "agent/zwatch.h"
 
 #include <zmq.h>
 
@@ -28,8 +28,8 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *p, int revents)
 	drain(p->data);
 }
 
-int hpu_zwatch_start(hpu_zwatch *w, struct ev_loop *loop, void *sock,
-		     hpu_zwatch_cb cb, void *arg)
+int hpu__zwatch_start(hpu_zwatch *w, struct ev_loop *loop, void *sock,
+		      hpu_zwatch_cb cb, void *arg)
 {
 	int fd;
 	size_t sz = sizeof fd;
@@ -49,7 +49,7 @@ int hpu_zwatch_start(hpu_zwatch *w, struct ev_loop *loop, void *sock,
 	return 0;
 }
 
-void hpu_zwatch_stop(hpu_zwatch *w)
+void hpu__zwatch_stop(hpu_zwatch *w)
 {
 	if (!w->active)
 		return;

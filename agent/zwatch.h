@@ -25,10 +25,10 @@ struct hpu_zwatch {
 };
 
 /* Starts watching `sock` on `loop`. Returns 0, or -1 if ZMQ_FD fails. */
-int hpu_zwatch_start(hpu_zwatch *w, struct ev_loop *loop, void *sock,
-		     hpu_zwatch_cb cb, void *arg);
+int hpu__zwatch_start(hpu_zwatch *w, struct ev_loop *loop, void *sock,
+		      hpu_zwatch_cb cb, void *arg);
 
 /* Stops the watchers; safe twice. The socket stays the caller's. */
-void hpu_zwatch_stop(hpu_zwatch *w);
+void hpu__zwatch_stop(hpu_zwatch *w);
 
 #endif

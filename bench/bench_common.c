@@ -1,4 +1,4 @@
-#include "bench_common.h"
+#include "bench/bench_common.h"
 
 #include <errno.h>
 #include <limits.h>

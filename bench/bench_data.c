@@ -1,5 +1,5 @@
-#include "bench_data.h"
-#include "lowp.h" /* the rounding the collectives use */
+#include "bench/bench_data.h"
+#include "common/lowp.h" /* the rounding the collectives use */
 
 #include <math.h>
 #include <stdint.h>

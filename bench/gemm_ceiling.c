@@ -60,7 +60,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lowp.h"
+#include "common/lowp.h"
 
 enum kind { GEMM, CONV_FWD, CONV_BWD_D, CONV_BWD_W };
 

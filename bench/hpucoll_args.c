@@ -1,5 +1,5 @@
 /* hpucoll-bench's command line: see hpucoll_args.h and hcb_usage(). */
-#include "hpucoll_args.h"
+#include "bench/hpucoll_args.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -7,9 +7,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "num.h"
-#include "opt.h"
-#include "optdoc.h"
+#include "common/num.h"
+#include "common/opt.h"
+#include "common/optdoc.h"
 
 const char *const hcb_coll_names[BENCH_NUM_COLLS] = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast"};
@@ -142,7 +142,7 @@ static const hpu_optspec specs[] = {
 void hcb_usage(FILE *f, const char *prog)
 {
 	fprintf(f, "usage: hpulaunch --devices N --exec %s [options]\n", prog);
-	hpu_optdoc(f, specs, HPU_DOC_HELP, 26);
+	hpu__optdoc(f, specs, HPU_DOC_HELP, 26);
 	fprintf(f, "\nThe transport comes from HPUCOLL_TRANSPORT (hpulaunch --transport).\n");
 }
 
@@ -246,7 +246,7 @@ static int parse_fixed(const struct hcb_args *a, int id, const char *v)
 		if (fixed[i].letter != id)
 			continue;
 		int n;
-		if (hpu_parse_int(v, INT_MIN, INT_MAX, &n) == HPU_NUM_OK &&
+		if (hpu__parse_int(v, INT_MIN, INT_MAX, &n) == HPU_NUM_OK &&
 		    n == atoi(fixed[i].value))
 			return 0;
 		if (id == 't' && coll_by_name(v) >= 0)
@@ -269,7 +269,7 @@ static int parse_int_opt(const struct hcb_args *a, int id, const char *v,
 	for (const hpu_optspec *s = specs; s->name; s++)
 		if (s->id == id)
 			name = s->name;
-	if (hpu_parse_int(v, lo, hi, out) == HPU_NUM_OK)
+	if (hpu__parse_int(v, lo, hi, out) == HPU_NUM_OK)
 		return 0;
 	if (hi == INT_MAX)
 		return fail(a, "-%c %s (--%s): give a whole number, %d or more",
@@ -323,7 +323,7 @@ static int option(struct hcb_args *a, int id, const char *v, int *stepbytes,
 		a->blocking = (enum hcb_blocking)n;
 		return rc;
 	case 'a':
-		if (hpu_parse_int(v, 0, 3, &n) != HPU_NUM_OK)
+		if (hpu__parse_int(v, 0, 3, &n) != HPU_NUM_OK)
 			return fail(
 			    a,
 			    "-a %s (--average): give 0 (rank 0's time), 1 "
@@ -421,16 +421,16 @@ int hcb_parse(struct hcb_args *a, int argc, char **argv)
 
 	int stepbytes = 0, factor = 0;
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, specs);
-	for (int id; (id = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+	hpu__optparse_init(&p, argc, argv, specs);
+	for (int id; (id = hpu__optparse_next(&p)) != HPU_OPT_END;) {
 		switch (id) {
 		case 'h':
 			hcb_usage(stdout, a->prog);
 			return 1;
 		case OPT_HELP_DOC:
-			if (hpu_optdoc_format(p.val) < 0)
+			if (hpu__optdoc_format(p.val) < 0)
 				return fail(a, "--help-doc takes help, scdoc or markdown, not '%s'", p.val);
-			hpu_optdoc(stdout, specs, hpu_optdoc_format(p.val), 26);
+			hpu__optdoc(stdout, specs, hpu__optdoc_format(p.val), 26);
 			return 1;
 		case HPU_OPT_POSITIONAL:
 			return fail(a, "unexpected argument '%s'", p.val);

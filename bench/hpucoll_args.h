@@ -5,8 +5,8 @@
 #ifndef HPU_BENCH_HPUCOLL_ARGS_H
 #define HPU_BENCH_HPUCOLL_ARGS_H
 
-#include "bench_common.h"
-#include "bench_data.h"
+#include "bench/bench_common.h"
+#include "bench/bench_data.h"
 
 #include <hpu/coll.h>
 #include <stdio.h>

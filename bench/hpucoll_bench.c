@@ -44,10 +44,10 @@
  * "# Avg bus bandwidth    : X", the mean busbw of every group printed.
  * -J also writes the results as JSON (hpucoll_json.h). The exit status is
  * 1 if any element was wrong or a collective failed, 2 for bad usage. */
-#include "bench_common.h"
-#include "bench_data.h"
-#include "hpucoll_args.h"
-#include "hpucoll_json.h"
+#include "bench/bench_common.h"
+#include "bench/bench_data.h"
+#include "bench/hpucoll_args.h"
+#include "bench/hpucoll_json.h"
 
 #include <hpu/coll.h>
 #include <stdint.h>

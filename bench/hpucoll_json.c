@@ -1,5 +1,5 @@
 /* hpucoll-bench's JSON results: see hpucoll_json.h. */
-#include "hpucoll_json.h"
+#include "bench/hpucoll_json.h"
 
 #include <errno.h>
 #include <string.h>

@@ -34,7 +34,7 @@
 #include <cJSON.h>
 #include <stdio.h>
 
-#include "hpucoll_args.h"
+#include "bench/hpucoll_args.h"
 
 /* One group (out-of-place or in-place) of a result line. */
 struct hcb_group {

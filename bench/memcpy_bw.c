@@ -9,7 +9,7 @@
  * the mean time of one copy and size / time in GB/s (1e9 bytes; bytes
  * copied, not read plus written). Small sizes stay in cache, as the
  * collectives' buffers of those sizes do. */
-#include "bench_common.h"
+#include "bench/bench_common.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * rank's mean). Out-of-place, then in-place (MPI_IN_PLACE). busbw =
  * algbw * 2(n-1)/n. With -c 1, a further untimed iteration per group with
  * fresh inputs is checked element by element (small integers: exact). */
-#include "bench_common.h"
+#include "bench/bench_common.h"
 
 #include <mpi.h>
 #include <stdlib.h>

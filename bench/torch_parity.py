@@ -121,7 +121,7 @@ class Rng:
 
 
 def permutation(n, seed, epoch):
-    """hpu_sampler_permute: epoch `epoch`'s order of n samples."""
+    """hpu__sampler_permute: epoch `epoch`'s order of n samples."""
     r = Rng(seed, 0x5A4D504C + epoch)
     perm = list(range(n))
     for i in range(n, 1, -1):

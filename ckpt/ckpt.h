@@ -46,7 +46,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "fileio.h"
+#include "common/fileio.h"
 
 #define HPU_CKPT_FORMAT "hputrain-checkpoint"
 #define HPU_CKPT_VERSION 1
@@ -123,7 +123,7 @@ typedef struct hpu_ckpt {
 	hpu_ckpt_file buffer_file;
 	int *fds;              /* files[i]'s, then buffer_file's: opened on
 				* first read, or -1 */
-	uint64_t bytes_read;   /* by hpu_ckpt_read() so far */
+	uint64_t bytes_read;   /* by hpu__ckpt_read() so far */
 	uint64_t bytes_verified; /* the caller's count of verified bytes */
 	hpu_ckpt_owners owners; /* whose files are trusted (n 0: anyone's) */
 	int unsealed;          /* the manifest has no manifest_sha256 */
@@ -136,71 +136,71 @@ typedef struct hpu_ckpt {
  * space exactly once, the buffers (when listed) laid end to end in a file
  * of their size, and last its manifest_sha256 against its content ("was
  * altered after it was written"). Trusts anyone's files (see
- * hpu_ckpt_open_owned). Returns 0, or -1 with a sentence naming the file
+ * hpu__ckpt_open_owned). Returns 0, or -1 with a sentence naming the file
  * and what is wrong. */
-int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen);
+int hpu__ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen);
 
-/* hpu_ckpt_open, trusting only the files of *who (NULL: anyone's): the
+/* hpu__ckpt_open, trusting only the files of *who (NULL: anyone's): the
  * directory and the manifest are checked here, the shards and the buffers
  * file when verified or read. An untrusted owner is an error naming the
  * path, its owner and the uids trusted, and sets c->foreign. A manifest
  * without manifest_sha256 (from before it existed) opens with
- * c->unsealed set: say so (hpu_ckpt_unsealed_note). */
-int hpu_ckpt_open_owned(hpu_ckpt *c, const char *dir, const hpu_ckpt_owners *who, char *err,
-			size_t errlen);
+ * c->unsealed set: say so (hpu__ckpt_unsealed_note). */
+int hpu__ckpt_open_owned(hpu_ckpt *c, const char *dir, const hpu_ckpt_owners *who, char *err,
+			 size_t errlen);
 
 /* The warning for an unsealed manifest, as one sentence. */
-void hpu_ckpt_unsealed_note(const hpu_ckpt *c, char *buf, size_t n);
+void hpu__ckpt_unsealed_note(const hpu_ckpt *c, char *buf, size_t n);
 
 /* Whether the file of status st at path belongs to one of *who; -1 with
  * a sentence naming the path, its owner and the uids trusted if not. */
-int hpu_ckpt_check_owner(const char *path, const struct stat *st, const hpu_ckpt_owners *who,
-			 char *err, size_t errlen);
+int hpu__ckpt_check_owner(const char *path, const struct stat *st, const hpu_ckpt_owners *who,
+			  char *err, size_t errlen);
 
 /* root/latest, when there is one, must be a regular file (not a link) of
  * one of *who. Returns 0, or -1 with a sentence naming it. */
-int hpu_ckpt_check_latest(const char *root, const hpu_ckpt_owners *who, char *err,
-			  size_t errlen);
+int hpu__ckpt_check_latest(const char *root, const hpu_ckpt_owners *who, char *err,
+			   size_t errlen);
 
 /* The SHA-256 (hex, 65 bytes) of manifest m's canonical content: m
  * without manifest_sha256, object keys sorted, printed compactly. -1 when
  * out of memory. */
-int hpu_ckpt_manifest_digest(const cJSON *m, char *hex);
+int hpu__ckpt_manifest_digest(const cJSON *m, char *hex);
 
 /* Seals m (sets its manifest_sha256) and prints it; the text is the
  * caller's to free, NULL when out of memory. */
-char *hpu_ckpt_manifest_text(cJSON *m);
+char *hpu__ckpt_manifest_text(cJSON *m);
 
-void hpu_ckpt_close(hpu_ckpt *c);
+void hpu__ckpt_close(hpu_ckpt *c);
 
 /* Section index by name, or -1. */
-int hpu_ckpt_section(const hpu_ckpt *c, const char *name);
+int hpu__ckpt_section(const hpu_ckpt *c, const char *name);
 
 /* Parameter index by name, or -1. */
-int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name);
+int hpu__ckpt_param_find(const hpu_ckpt *c, const char *name);
 
 /* Buffer index by name, or -1. */
-int hpu_ckpt_buffer_find(const hpu_ckpt *c, const char *name);
+int hpu__ckpt_buffer_find(const hpu_ckpt *c, const char *name);
 
 /* Checks file i: present, a regular file (not a link, a FIFO or a
  * device: refused at once, unread), of a trusted owner, its size (before
  * any byte is read), its SHA-256. Returns 0, or -1 with a sentence naming
  * the file ("truncated", "digest mismatch", ...). */
-int hpu_ckpt_verify(hpu_ckpt *c, int i, char *err, size_t errlen);
+int hpu__ckpt_verify(hpu_ckpt *c, int i, char *err, size_t errlen);
 
 /* The same for the buffers file; 0 when the checkpoint has none. */
-int hpu_ckpt_verify_buffers(hpu_ckpt *c, char *err, size_t errlen);
+int hpu__ckpt_verify_buffers(hpu_ckpt *c, char *err, size_t errlen);
 
 /* Reads canonical floats [start, start + count) of a section into dst,
  * from whichever files hold them (pread of just those bytes; each file
- * opened as hpu_ckpt_verify checks it: regular, not a link, trusted). */
-int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count,
-		  float *dst, char *err, size_t errlen);
+ * opened as hpu__ckpt_verify checks it: regular, not a link, trusted). */
+int hpu__ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count,
+		   float *dst, char *err, size_t errlen);
 
 /* Reads floats [start, start + count) of the buffers file into dst (buffer
  * k is [buffers[k].offset, + numel)). */
-int hpu_ckpt_read_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *dst, char *err,
-			  size_t errlen);
+int hpu__ckpt_read_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *dst, char *err,
+			   size_t errlen);
 
 /* ---- writing ---- */
 
@@ -214,70 +214,70 @@ typedef struct hpu_ckpt_writer {
 	size_t fill;
 } hpu_ckpt_writer;
 
-int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err,
-			 size_t errlen);
-int hpu_ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n,
-			char *err, size_t errlen);
+int hpu__ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err,
+			  size_t errlen);
+int hpu__ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n,
+			 char *err, size_t errlen);
 /* sha256 gets the hex digest (65 bytes). */
-int hpu_ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err,
-			   size_t errlen);
+int hpu__ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err,
+			    size_t errlen);
 /* Closes and removes the temporary file; safe after commit or a failure. */
-void hpu_ckpt_writer_abort(hpu_ckpt_writer *w);
+void hpu__ckpt_writer_abort(hpu_ckpt_writer *w);
 
 /* Removes a directory and its files (one level, as checkpoints are). */
-int hpu_ckpt_rmtree(const char *path);
+int hpu__ckpt_rmtree(const char *path);
 
 /* Locks partial directory path (flock, exclusive, not waiting) for as
  * long as the returned descriptor is open: a saver holds it while it
  * writes, so that nobody takes its partial for a stale one. -1 with errno
  * set (EWOULDBLOCK: another process holds it). */
-int hpu_ckpt_partial_lock(const char *path);
+int hpu__ckpt_partial_lock(const char *path);
 
 /* Removes the stale partial checkpoints of root: the `.step-N.partial`
  * directories (not links) owned by this process's uid that no live
- * process holds (hpu_ckpt_partial_lock). Calls said(path, arg) for each
+ * process holds (hpu__ckpt_partial_lock). Calls said(path, arg) for each
  * one removed; leaves every other entry alone. Returns how many. */
-int hpu_ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
-			    void *arg);
+int hpu__ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
+			     void *arg);
 
 /* ---- the checkpoint root ---- */
 
 /* "step-00000040" */
-void hpu_ckpt_step_name(long step, char *buf, size_t n);
+void hpu__ckpt_step_name(long step, char *buf, size_t n);
 /* "rank-00001-of-00004.bin" */
-void hpu_ckpt_shard_name(int rank, int world, char *buf, size_t n);
+void hpu__ckpt_shard_name(int rank, int world, char *buf, size_t n);
 
 /* What root/latest says, trimmed ("" when there is no such file). */
-void hpu_ckpt_latest(const char *root, char *out, size_t n);
+void hpu__ckpt_latest(const char *root, char *out, size_t n);
 
 /* The checkpoints under root, newest first: the one `latest` names, then
  * every other step-* directory by step, descending. *names is a
- * NULL-terminated array the caller frees with hpu_ckpt_free_names().
+ * NULL-terminated array the caller frees with hpu__ckpt_free_names().
  * Returns the count (0 when root has none or does not exist), or -1 with
  * a sentence. */
-int hpu_ckpt_candidates(const char *root, char ***names, char *err, size_t errlen);
-void hpu_ckpt_free_names(char **names);
+int hpu__ckpt_candidates(const char *root, char ***names, char *err, size_t errlen);
+void hpu__ckpt_free_names(char **names);
 
 /* Publishes a complete checkpoint: renames root/partial to root/name,
  * fsyncs root, points `latest` at it (atomically), then removes the oldest
  * step-* directories beyond `keep` (0: keep all; never the new one; never
  * one another uid owns).
  * Returns 0, or -1 with a sentence. */
-int hpu_ckpt_publish(const char *root, const char *partial, const char *name,
-		     int keep, char *err, size_t errlen);
+int hpu__ckpt_publish(const char *root, const char *partial, const char *name,
+		      int keep, char *err, size_t errlen);
 
 /* The manifest's JSON for one file. */
-cJSON *hpu_ckpt_file_json(const hpu_ckpt_file *f);
+cJSON *hpu__ckpt_file_json(const hpu_ckpt_file *f);
 
 /* The manifest's "buffers" object: file f (name, bytes, sha256) holding
  * buffers v[0 .. n), whose offsets must lie end to end. */
-cJSON *hpu_ckpt_buffers_json(const hpu_ckpt_file *f, const hpu_ckpt_buffer *v, int n);
+cJSON *hpu__ckpt_buffers_json(const hpu_ckpt_file *f, const hpu_ckpt_buffer *v, int n);
 
 /* A number of a JSON object (a manifest's), or dflt when it is not one. */
-double hpu_ckpt_num(const cJSON *o, const char *key, double dflt);
+double hpu__ckpt_num(const cJSON *o, const char *key, double dflt);
 
 /* SHA-256 of a regular file (a FIFO or a device: -1, EINVAL), as hex
  * (65 bytes); -1 with errno set. */
-int hpu_ckpt_sha256_file(const char *path, char *hex, uint64_t *bytes);
+int hpu__ckpt_sha256_file(const char *path, char *hex, uint64_t *bytes);
 
 #endif

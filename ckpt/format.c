@@ -1,7 +1,7 @@
-#include "ckpt.h"
-#include "fileio.h"
-#include "hex.h"
-#include "num.h"
+#include "ckpt/ckpt.h"
+#include "common/fileio.h"
+#include "common/hex.h"
+#include "common/num.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -17,18 +17,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h" /* the options' kinds and limits */
+#include "options/config.h" /* the options' kinds and limits */
 
 struct hpu_ckpt_index {
 	uint64_t start, count, at; /* at: floats into the file's section */
 	int file;
 };
 
-#define say hpu_say
+#define say hpu__say
 
 /* ---- reading the manifest ---- */
 
-double hpu_ckpt_num(const cJSON *o, const char *key, double dflt)
+double hpu__ckpt_num(const cJSON *o, const char *key, double dflt)
 {
 	const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
 	return cJSON_IsNumber(j) ? j->valuedouble : dflt;
@@ -68,7 +68,7 @@ static int get_str(const cJSON *o, const char *key, char *buf, size_t n)
 
 enum { OPTIONAL = 0, REQUIRED = 1 };
 enum { WHOLE = 1, REAL = 0 };
-#define MAX_WORLD 99999.0      /* what hpu_ckpt_shard_name can spell */
+#define MAX_WORLD 99999.0      /* what hpu__ckpt_shard_name can spell */
 #define MAX_INT 2147483647.0
 #define MAX_LR 1e6             /* the options' own limits (config.c) */
 #define MAX_STEPS 1e15
@@ -122,22 +122,22 @@ static int check_name(const cJSON *o, const char *ctx, const char *key, int requ
 
 static const char *strategy_at(int k)
 {
-	return hpu_strategy_name((hpu_strategy)k);
+	return hpu__strategy_name((hpu_strategy)k);
 }
 
 static const char *precision_at(int k)
 {
-	return hpu_precision_name((hpu_precision)k);
+	return hpu__precision_name((hpu_precision)k);
 }
 
 static const char *optimizer_at(int k)
 {
-	return hpu_optim_name((hpu_optim_kind)k);
+	return hpu__optim_name((hpu_optim_kind)k);
 }
 
 static const char *sched_at(int k)
 {
-	return hpu_sched_name((hpu_sched_kind)k);
+	return hpu__sched_name((hpu_sched_kind)k);
 }
 
 static const char *warmup_at(int k)
@@ -155,7 +155,7 @@ static const char *dtype_at(int k)
 static const char *const section_names[] = {"params", "momentum_buffer", "exp_avg",
 					    "exp_avg_sq"};
 
-/* The learning-rate schedule, as hpu_sched_init resolves it. */
+/* The learning-rate schedule, as hpu__sched_init resolves it. */
 static int check_sched(const cJSON *j, const char *mpath, char *err, size_t errlen)
 {
 	char ctx[4400];
@@ -263,7 +263,7 @@ static int check_run(const cJSON *m, const char *mpath, char *err, size_t errlen
 		const char *v = cJSON_IsString(seed) ? seed->valuestring : "";
 		uint64_t u;
 		if (!cJSON_IsObject(rng) || !isdigit((unsigned char)v[0]) ||
-		    hpu_parse_u64(v, 0, UINT64_MAX, &u))
+		    hpu__parse_u64(v, 0, UINT64_MAX, &u))
 			return say(err, errlen, "%s: rng: seed \"%.40s\" is not a whole number below 2^64",
 				   mpath, v);
 	}
@@ -373,13 +373,13 @@ static int parse_sections(hpu_ckpt *c, const char *mpath, char *err, size_t errl
 				   "%s: section \"%s\" is not one of params, momentum_buffer, exp_avg, "
 				   "exp_avg_sq",
 				   mpath, c->sections[k]);
-		if (hpu_ckpt_section(c, c->sections[k]) != k)
+		if (hpu__ckpt_section(c, c->sections[k]) != k)
 			return say(err, errlen, "%s: section \"%s\" is listed twice", mpath,
 				   c->sections[k]);
 	}
 	/* the optimizer's state: Adam's two moments, SGD's momentum if any */
 	int adam = strcmp(c->optimizer, "sgd") != 0;
-	int mom = hpu_ckpt_section(c, "momentum_buffer") >= 0;
+	int mom = hpu__ckpt_section(c, "momentum_buffer") >= 0;
 	if (adam ? c->nsections == 3 && !mom : c->nsections == 1 + mom)
 		return 0;
 	char list[4 * 34] = "";
@@ -452,7 +452,7 @@ static int parse_buffers(hpu_ckpt *c, const char *mpath, char *err, size_t errle
 				   "(expected offset %llu)",
 				   ctx, (unsigned long long)q->numel, (unsigned long long)q->offset,
 				   (unsigned long long)at);
-		if (hpu_ckpt_buffer_find(c, q->name) >= 0)
+		if (hpu__ckpt_buffer_find(c, q->name) >= 0)
 			return say(err, errlen, "%s is listed twice", ctx);
 		at += q->numel;
 		c->nbuffers++;
@@ -570,8 +570,8 @@ static void uid_list(const hpu_ckpt_owners *who, char *buf, size_t n)
 				       (unsigned)who->uid[i]);
 }
 
-int hpu_ckpt_check_owner(const char *path, const struct stat *st, const hpu_ckpt_owners *who,
-			 char *err, size_t errlen)
+int hpu__ckpt_check_owner(const char *path, const struct stat *st, const hpu_ckpt_owners *who,
+			  char *err, size_t errlen)
 {
 	if (!who || who->n <= 0)
 		return 0;
@@ -609,10 +609,10 @@ static int open_data(hpu_ckpt *c, const char *what, const char *path, struct sta
 		     char *err, size_t errlen)
 {
 	const char *why = NULL;
-	int fd = hpu_open_input_fd(path, O_NOFOLLOW, st, &why);
+	int fd = hpu__open_input_fd(path, O_NOFOLLOW, st, &why);
 	if (fd < 0)
 		return open_failed(what, path, why, err, errlen);
-	if (hpu_ckpt_check_owner(path, st, &c->owners, err, errlen) < 0) {
+	if (hpu__ckpt_check_owner(path, st, &c->owners, err, errlen) < 0) {
 		c->foreign = 1;
 		close(fd);
 		return -1;
@@ -629,15 +629,15 @@ static int check_dir(hpu_ckpt *c, char *err, size_t errlen)
 	if (c->owners.n <= 0 || lstat(c->dir, &st) < 0)
 		return 0;
 	if (S_ISLNK(st.st_mode) &&
-	    (hpu_ckpt_check_owner(c->dir, &st, &c->owners, err, errlen) < 0 || stat(c->dir, &st) < 0))
+	    (hpu__ckpt_check_owner(c->dir, &st, &c->owners, err, errlen) < 0 || stat(c->dir, &st) < 0))
 		return c->foreign = 1, -1;
-	if (hpu_ckpt_check_owner(c->dir, &st, &c->owners, err, errlen) < 0)
+	if (hpu__ckpt_check_owner(c->dir, &st, &c->owners, err, errlen) < 0)
 		return c->foreign = 1, -1;
 	return 0;
 }
 
-int hpu_ckpt_check_latest(const char *root, const hpu_ckpt_owners *who, char *err,
-			  size_t errlen)
+int hpu__ckpt_check_latest(const char *root, const hpu_ckpt_owners *who, char *err,
+			   size_t errlen)
 {
 	char path[4200];
 	struct stat st;
@@ -651,7 +651,7 @@ int hpu_ckpt_check_latest(const char *root, const hpu_ckpt_owners *who, char *er
 			   path);
 	if (!S_ISREG(st.st_mode))
 		return say(err, errlen, "%s is not a regular file: refusing it", path);
-	return hpu_ckpt_check_owner(path, &st, who, err, errlen);
+	return hpu__ckpt_check_owner(path, &st, who, err, errlen);
 }
 
 /* Sorts the keys of every object under o (in place), keeping the order
@@ -694,7 +694,7 @@ static int canon(cJSON *o)
 	return 0;
 }
 
-int hpu_ckpt_manifest_digest(const cJSON *m, char *hex)
+int hpu__ckpt_manifest_digest(const cJSON *m, char *hex)
 {
 	cJSON *d = cJSON_Duplicate(m, 1);
 	if (!d)
@@ -709,14 +709,14 @@ int hpu_ckpt_manifest_digest(const cJSON *m, char *hex)
 	int rc = EVP_Digest(text, strlen(text), md, &ml, EVP_sha256(), NULL) == 1 ? 0 : -1;
 	free(text);
 	if (rc == 0)
-		hpu_hex(hex, md, sizeof md);
+		hpu__hex(hex, md, sizeof md);
 	return rc;
 }
 
-char *hpu_ckpt_manifest_text(cJSON *m)
+char *hpu__ckpt_manifest_text(cJSON *m)
 {
 	char hex[65];
-	if (hpu_ckpt_manifest_digest(m, hex) < 0)
+	if (hpu__ckpt_manifest_digest(m, hex) < 0)
 		return NULL;
 	cJSON *s = cJSON_CreateString(hex);
 	if (!s)
@@ -741,7 +741,7 @@ static int check_sealed(hpu_ckpt *c, const char *mpath, char *err, size_t errlen
 	if (!cJSON_IsString(j) || strlen(j->valuestring) != 64)
 		return say(err, errlen, "%s: %s is not a SHA-256 (64 hex digits)", mpath,
 			   HPU_CKPT_DIGEST);
-	if (hpu_ckpt_manifest_digest(c->m, hex) < 0)
+	if (hpu__ckpt_manifest_digest(c->m, hex) < 0)
 		return say(err, errlen, "out of memory");
 	if (strcmp(hex, j->valuestring) != 0)
 		return say(err, errlen,
@@ -751,7 +751,7 @@ static int check_sealed(hpu_ckpt *c, const char *mpath, char *err, size_t errlen
 	return 0;
 }
 
-void hpu_ckpt_unsealed_note(const hpu_ckpt *c, char *buf, size_t n)
+void hpu__ckpt_unsealed_note(const hpu_ckpt *c, char *buf, size_t n)
 {
 	snprintf(buf, n,
 		 "%s/%s has no %s (written before hputrain sealed its manifests?): an edit of it "
@@ -772,20 +772,20 @@ static int read_manifest(hpu_ckpt *c, const char *mpath, char **text, size_t *le
 		close(fd);
 		return say(err, errlen, "out of memory");
 	}
-	const char *why = hpu_read_stream(f, 1, text, len);
+	const char *why = hpu__read_stream(f, 1, text, len);
 	fclose(f);
 	if (why)
 		return say(err, errlen, "cannot read the checkpoint manifest %s: %s", mpath, why);
 	return 0;
 }
 
-int hpu_ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
+int hpu__ckpt_open(hpu_ckpt *c, const char *dir, char *err, size_t errlen)
 {
-	return hpu_ckpt_open_owned(c, dir, NULL, err, errlen);
+	return hpu__ckpt_open_owned(c, dir, NULL, err, errlen);
 }
 
-int hpu_ckpt_open_owned(hpu_ckpt *c, const char *dir, const hpu_ckpt_owners *who, char *err,
-			size_t errlen)
+int hpu__ckpt_open_owned(hpu_ckpt *c, const char *dir, const hpu_ckpt_owners *who, char *err,
+			 size_t errlen)
 {
 	memset(c, 0, sizeof *c);
 	snprintf(c->dir, sizeof c->dir, "%s", dir);
@@ -845,7 +845,7 @@ int hpu_ckpt_open_owned(hpu_ckpt *c, const char *dir, const hpu_ckpt_owners *who
 	return check_sealed(c, mpath, err, errlen);
 }
 
-void hpu_ckpt_close(hpu_ckpt *c)
+void hpu__ckpt_close(hpu_ckpt *c)
 {
 	for (int i = 0; i < c->nfiles; i++) {
 		free(c->files[i].seg);
@@ -863,7 +863,7 @@ void hpu_ckpt_close(hpu_ckpt *c)
 	memset(c, 0, sizeof *c);
 }
 
-int hpu_ckpt_section(const hpu_ckpt *c, const char *name)
+int hpu__ckpt_section(const hpu_ckpt *c, const char *name)
 {
 	for (int i = 0; i < c->nsections; i++)
 		if (strcmp(c->sections[i], name) == 0)
@@ -871,7 +871,7 @@ int hpu_ckpt_section(const hpu_ckpt *c, const char *name)
 	return -1;
 }
 
-int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name)
+int hpu__ckpt_param_find(const hpu_ckpt *c, const char *name)
 {
 	for (int i = 0; i < c->nparams; i++)
 		if (strcmp(c->params[i].name, name) == 0)
@@ -879,7 +879,7 @@ int hpu_ckpt_param_find(const hpu_ckpt *c, const char *name)
 	return -1;
 }
 
-int hpu_ckpt_buffer_find(const hpu_ckpt *c, const char *name)
+int hpu__ckpt_buffer_find(const hpu_ckpt *c, const char *name)
 {
 	for (int i = 0; i < c->nbuffers; i++)
 		if (strcmp(c->buffers[i].name, name) == 0)
@@ -911,7 +911,7 @@ static int sha256_fd(int fd, uint64_t most, char *hexout, uint64_t *bytes)
 				unsigned char d[32];
 				unsigned int dl = 0;
 				EVP_DigestFinal_ex(md, d, &dl);
-				hpu_hex(hexout, d, sizeof d);
+				hpu__hex(hexout, d, sizeof d);
 				rc = 0;
 				break;
 			}
@@ -926,11 +926,11 @@ static int sha256_fd(int fd, uint64_t most, char *hexout, uint64_t *bytes)
 	return rc;
 }
 
-int hpu_ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
+int hpu__ckpt_sha256_file(const char *path, char *hexout, uint64_t *bytes)
 {
 	struct stat st;
 	const char *why;
-	int fd = hpu_open_input_fd(path, 0, &st, &why);
+	int fd = hpu__open_input_fd(path, 0, &st, &why);
 	if (fd < 0) {
 		if (st.st_mode)
 			errno = EINVAL; /* not a regular file */
@@ -982,12 +982,12 @@ static int verify_file(hpu_ckpt *c, const hpu_ckpt_file *f, const char *what, ch
 	return 0;
 }
 
-int hpu_ckpt_verify(hpu_ckpt *c, int i, char *err, size_t errlen)
+int hpu__ckpt_verify(hpu_ckpt *c, int i, char *err, size_t errlen)
 {
 	return verify_file(c, &c->files[i], "shard", err, errlen);
 }
 
-int hpu_ckpt_verify_buffers(hpu_ckpt *c, char *err, size_t errlen)
+int hpu__ckpt_verify_buffers(hpu_ckpt *c, char *err, size_t errlen)
 {
 	if (!c->nbuffers)
 		return 0;
@@ -1030,8 +1030,8 @@ static int pread_all(int fd, void *dst, size_t n, off_t at)
 	return 0;
 }
 
-int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count, float *dst,
-		  char *err, size_t errlen)
+int hpu__ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count, float *dst,
+		   char *err, size_t errlen)
 {
 	if (section < 0 || section >= c->nsections || start + count > c->numel)
 		return say(err, errlen, "checkpoint %s: floats %llu-%llu of section %d are not there",
@@ -1067,8 +1067,8 @@ int hpu_ckpt_read(hpu_ckpt *c, int section, uint64_t start, uint64_t count, floa
 	return 0;
 }
 
-int hpu_ckpt_read_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *dst, char *err,
-			  size_t errlen)
+int hpu__ckpt_read_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *dst, char *err,
+			   size_t errlen)
 {
 	if (start > c->buffer_numel || count > c->buffer_numel - start)
 		return say(err, errlen,
@@ -1092,7 +1092,7 @@ int hpu_ckpt_read_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *ds
 
 enum { WBUF = 4 << 20 };
 
-int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t errlen)
+int hpu__ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t errlen)
 {
 	memset(w, 0, sizeof *w);
 	if (!(w->buf = malloc(WBUF)) || !(w->md = EVP_MD_CTX_new()) ||
@@ -1101,9 +1101,9 @@ int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t
 		free(w->buf);
 		return say(err, errlen, "out of memory");
 	}
-	if (hpu_outfile_open(&w->out, path, 0644) < 0) {
-		hpu_outfile_error(&w->out, "open", err, errlen);
-		hpu_ckpt_writer_abort(w);
+	if (hpu__outfile_open(&w->out, path, 0644) < 0) {
+		hpu__outfile_error(&w->out, "open", err, errlen);
+		hpu__ckpt_writer_abort(w);
 		return -1;
 	}
 	return 0;
@@ -1111,13 +1111,13 @@ int hpu_ckpt_writer_open(hpu_ckpt_writer *w, const char *path, char *err, size_t
 
 static int flush(hpu_ckpt_writer *w, char *err, size_t errlen)
 {
-	if (hpu_write_all(w->out.fd, w->buf, w->fill) < 0)
-		return hpu_outfile_error(&w->out, "write", err, errlen);
+	if (hpu__write_all(w->out.fd, w->buf, w->fill) < 0)
+		return hpu__outfile_error(&w->out, "write", err, errlen);
 	w->fill = 0;
 	return 0;
 }
 
-int hpu_ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n, char *err, size_t errlen)
+int hpu__ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n, char *err, size_t errlen)
 {
 	const unsigned char *s = p;
 	EVP_DigestUpdate(w->md, s, n);
@@ -1134,33 +1134,33 @@ int hpu_ckpt_writer_put(hpu_ckpt_writer *w, const void *p, size_t n, char *err, 
 	return 0;
 }
 
-int hpu_ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err, size_t errlen)
+int hpu__ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err, size_t errlen)
 {
 	const char *step;
 	if (flush(w, err, errlen) < 0)
 		return -1;
-	if (hpu_outfile_commit(&w->out, &step) < 0)
-		return hpu_outfile_error(&w->out, step, err, errlen);
+	if (hpu__outfile_commit(&w->out, &step) < 0)
+		return hpu__outfile_error(&w->out, step, err, errlen);
 	unsigned char d[32];
 	unsigned int dl = 0;
 	EVP_DigestFinal_ex(w->md, d, &dl);
 	if (sha256)
-		hpu_hex(sha256, d, sizeof d);
-	hpu_ckpt_writer_abort(w); /* frees; nothing left to remove */
+		hpu__hex(sha256, d, sizeof d);
+	hpu__ckpt_writer_abort(w); /* frees; nothing left to remove */
 	return 0;
 }
 
-void hpu_ckpt_writer_abort(hpu_ckpt_writer *w)
+void hpu__ckpt_writer_abort(hpu_ckpt_writer *w)
 {
 	if (w->buf) /* else closed already, or never opened */
-		hpu_outfile_abort(&w->out);
+		hpu__outfile_abort(&w->out);
 	EVP_MD_CTX_free(w->md);
 	w->md = NULL;
 	free(w->buf);
 	w->buf = NULL;
 }
 
-int hpu_ckpt_rmtree(const char *path)
+int hpu__ckpt_rmtree(const char *path)
 {
 	DIR *d = opendir(path);
 	if (!d)
@@ -1177,7 +1177,7 @@ int hpu_ckpt_rmtree(const char *path)
 	return rmdir(path);
 }
 
-int hpu_ckpt_partial_lock(const char *path)
+int hpu__ckpt_partial_lock(const char *path)
 {
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
@@ -1210,17 +1210,17 @@ static int clean_one(const char *path)
 	struct stat st, fst;
 	if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
 		return 0;
-	int fd = hpu_ckpt_partial_lock(path);
+	int fd = hpu__ckpt_partial_lock(path);
 	if (fd < 0)
 		return 0; /* held by a live save, or gone */
 	int same = fstat(fd, &fst) == 0 && fst.st_dev == st.st_dev && fst.st_ino == st.st_ino;
-	int gone = same && hpu_ckpt_rmtree(path) == 0;
+	int gone = same && hpu__ckpt_rmtree(path) == 0;
 	close(fd);
 	return gone;
 }
 
-int hpu_ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
-			    void *arg)
+int hpu__ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
+			     void *arg)
 {
 	DIR *d = opendir(root);
 	if (!d)
@@ -1244,12 +1244,12 @@ int hpu_ckpt_clean_partials(const char *root, void (*said)(const char *path, voi
 
 /* ---- the root ---- */
 
-void hpu_ckpt_step_name(long step, char *buf, size_t n)
+void hpu__ckpt_step_name(long step, char *buf, size_t n)
 {
 	snprintf(buf, n, "step-%08ld", step);
 }
 
-void hpu_ckpt_shard_name(int rank, int world, char *buf, size_t n)
+void hpu__ckpt_shard_name(int rank, int world, char *buf, size_t n)
 {
 	snprintf(buf, n, "rank-%05d-of-%05d.bin", rank, world);
 }
@@ -1260,16 +1260,16 @@ static long step_of(const char *name)
 	if (strncmp(name, "step-", 5) != 0 || !isdigit((unsigned char)name[5]))
 		return -1; /* strtol would skip spaces and take signs */
 	long v;
-	return hpu_parse_long(name + 5, 0, LONG_MAX, &v) ? -1 : v;
+	return hpu__parse_long(name + 5, 0, LONG_MAX, &v) ? -1 : v;
 }
 
-void hpu_ckpt_latest(const char *root, char *out, size_t n)
+void hpu__ckpt_latest(const char *root, char *out, size_t n)
 {
 	char path[4200], *text = NULL;
 	size_t len;
 	out[0] = '\0';
 	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
-	if (hpu_read_file(path, &text, &len))
+	if (hpu__read_file(path, &text, &len))
 		return;
 	while (len && (text[len - 1] == '\n' || text[len - 1] == ' ' || text[len - 1] == '\r'))
 		text[--len] = '\0';
@@ -1280,7 +1280,7 @@ void hpu_ckpt_latest(const char *root, char *out, size_t n)
 /* The step `latest` names, or "" when absent or not a step. */
 static void read_latest(const char *root, char *out, size_t n)
 {
-	hpu_ckpt_latest(root, out, n);
+	hpu__ckpt_latest(root, out, n);
 	if (step_of(out) < 0)
 		out[0] = '\0';
 }
@@ -1296,7 +1296,7 @@ static int by_step_desc(const void *a, const void *b)
 	return x->step > y->step ? -1 : x->step < y->step;
 }
 
-void hpu_ckpt_free_names(char **names)
+void hpu__ckpt_free_names(char **names)
 {
 	if (!names)
 		return;
@@ -1305,7 +1305,7 @@ void hpu_ckpt_free_names(char **names)
 	free(names);
 }
 
-int hpu_ckpt_candidates(const char *root, char ***names, char *err, size_t errlen)
+int hpu__ckpt_candidates(const char *root, char ***names, char *err, size_t errlen)
 {
 	*names = NULL;
 	char latest[256];
@@ -1354,41 +1354,41 @@ int hpu_ckpt_candidates(const char *root, char ***names, char *err, size_t errle
 	return n;
 }
 
-int hpu_ckpt_publish(const char *root, const char *partial, const char *name, int keep,
-		     char *err, size_t errlen)
+int hpu__ckpt_publish(const char *root, const char *partial, const char *name, int keep,
+		      char *err, size_t errlen)
 {
 	char from[4200], to[4200], lpath[4200], line[300];
 	snprintf(from, sizeof from, "%s/%s", root, partial);
 	snprintf(to, sizeof to, "%s/%s", root, name);
-	if (hpu_fsync_dir(from, err, errlen) < 0)
+	if (hpu__fsync_dir(from, err, errlen) < 0)
 		return -1;
-	hpu_ckpt_rmtree(to); /* a checkpoint of the same step from before */
+	hpu__ckpt_rmtree(to); /* a checkpoint of the same step from before */
 	if (rename(from, to) < 0)
 		return say(err, errlen, "cannot rename %s to %s: %s", from, to, strerror(errno));
-	if (hpu_fsync_dir(root, err, errlen) < 0)
+	if (hpu__fsync_dir(root, err, errlen) < 0)
 		return -1;
 	snprintf(lpath, sizeof lpath, "%s/%s", root, HPU_CKPT_LATEST);
 	int n = snprintf(line, sizeof line, "%s\n", name);
-	if (hpu_write_atomic(lpath, line, (size_t)n, err, errlen) < 0 ||
-	    hpu_fsync_dir(root, err, errlen) < 0)
+	if (hpu__write_atomic(lpath, line, (size_t)n, err, errlen) < 0 ||
+	    hpu__fsync_dir(root, err, errlen) < 0)
 		return -1;
 	if (keep <= 0)
 		return 0;
 	char **names;
-	int k = hpu_ckpt_candidates(root, &names, err, errlen);
+	int k = hpu__ckpt_candidates(root, &names, err, errlen);
 	if (k < 0)
 		return -1;
 	for (int i = keep; i < k; i++) { /* names[0] is the new one */
 		struct stat st;
 		snprintf(to, sizeof to, "%s/%s", root, names[i]);
 		if (lstat(to, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
-			hpu_ckpt_rmtree(to); /* never another uid's, nor through a link */
+			hpu__ckpt_rmtree(to); /* never another uid's, nor through a link */
 	}
-	hpu_ckpt_free_names(names);
+	hpu__ckpt_free_names(names);
 	return 0;
 }
 
-cJSON *hpu_ckpt_file_json(const hpu_ckpt_file *f)
+cJSON *hpu__ckpt_file_json(const hpu_ckpt_file *f)
 {
 	cJSON *j = cJSON_CreateObject(), *segs = cJSON_CreateArray();
 	cJSON_AddStringToObject(j, "name", f->name);
@@ -1404,7 +1404,7 @@ cJSON *hpu_ckpt_file_json(const hpu_ckpt_file *f)
 	return j;
 }
 
-cJSON *hpu_ckpt_buffers_json(const hpu_ckpt_file *f, const hpu_ckpt_buffer *v, int n)
+cJSON *hpu__ckpt_buffers_json(const hpu_ckpt_file *f, const hpu_ckpt_buffer *v, int n)
 {
 	cJSON *j = cJSON_CreateObject(), *arr = cJSON_CreateArray();
 	uint64_t numel = 0;

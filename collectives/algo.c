@@ -38,9 +38,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "env.h"
-#include "num.h"
-#include "patterns.h"
+#include "common/env.h"
+#include "common/num.h"
+#include "collectives/patterns.h"
 
 /* The switch points, measured on this machine (AMD EPYC, 2 cores, 23 GB;
  * ranks forked on one node; float sum, out of place): each algorithm was
@@ -79,12 +79,12 @@
 
 static int size_from_env(hpu_env_id id, size_t *out)
 {
-	const char *s = hpu_env_str(id);
+	const char *s = hpu__env_str(id);
 	uint64_t v;
 
 	if (s == NULL || *s == '\0')
 		return HPUCOLL_OK;
-	if (hpu_parse_u64(s, 0, SIZE_MAX, &v) != HPU_NUM_OK)
+	if (hpu__parse_u64(s, 0, SIZE_MAX, &v) != HPU_NUM_OK)
 		return HPUCOLL_EENV;
 	*out = (size_t)v;
 	return HPUCOLL_OK;
@@ -93,7 +93,7 @@ static int size_from_env(hpu_env_id id, size_t *out)
 int hpucoll__tune_from_env(hpucoll_comm *c)
 {
 	static const char *const names[] = {"ring", "rd", NULL, "hier"};
-	const char *s = hpu_env_str(HPU_ENV_HPUCOLL_ALGO);
+	const char *s = hpu__env_str(HPU_ENV_HPUCOLL_ALGO);
 	struct hpucoll__tune *t = &c->tune;
 
 	t->algo = -1;

@@ -14,15 +14,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "comm_internal.h"
-#include "env.h"
+#include "collectives/comm_internal.h"
+#include "common/env.h"
 
 /* Reads the integer environment variable id into *v when it is set;
  * a value that is not a whole number is an error. */
 static int int_from_env(hpu_env_id id, int *v)
 {
 	long x;
-	int r = hpu_env_long(id, INT_MIN, INT_MAX, &x);
+	int r = hpu__env_long(id, INT_MIN, INT_MAX, &x);
 
 	if (r < 0)
 		return HPUCOLL_EENV;

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 
 static const char *const errstr[] = {
 	[HPUCOLL_OK] = "Success.",

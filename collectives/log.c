@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 
 /* The hook and its argument: set before the first communicator exists
  * (coll.h), read by any thread. */

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "patterns.h"
+#include "collectives/patterns.h"
 
 static size_t min_size(size_t a, size_t b)
 {

@@ -19,7 +19,7 @@
 #ifndef HPUCOLL_PATTERNS_H
 #define HPUCOLL_PATTERNS_H
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 
 /* What one reduction works on. */
 struct hpucoll__red {

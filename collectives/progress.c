@@ -15,7 +15,7 @@
  */
 #include <stdlib.h>
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 
 static void *worker(void *arg)
 {

@@ -16,13 +16,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 #include <zmq.h>
 
-#include "codec.h"
-#include "env.h"
-#include "num.h"
-#include "shmname.h"
+#include "proto/codec.h"
+#include "common/env.h"
+#include "common/num.h"
+#include "common/shmname.h"
 
 #define DEFAULT_JOIN_TIMEOUT_MS (15 * 60 * 1000)
 /* --transport ipc binds ipc:///tmp/hpucoll-<job>-r<rank>; hpulaunch
@@ -38,10 +38,10 @@ typedef struct env {
 
 static int read_int(hpu_env_id id, int *out, char *err, size_t errlen)
 {
-	const char *v = hpu_env_str(id);
+	const char *v = hpu__env_str(id);
 	long x;
-	if (hpu_env_long(id, 0, 1 << 24, &x) <= 0) {
-		snprintf(err, errlen, "environment variable %s is %s%s%s", hpu_env_name(id),
+	if (hpu__env_long(id, 0, 1 << 24, &x) <= 0) {
+		snprintf(err, errlen, "environment variable %s is %s%s%s", hpu__env_name(id),
 			 v ? "'" : "not set", v ? v : "", v ? "', not a rank number" : "");
 		return -1;
 	}
@@ -51,10 +51,10 @@ static int read_int(hpu_env_id id, int *out, char *err, size_t errlen)
 
 static int read_str(hpu_env_id id, const char **out, char *err, size_t errlen)
 {
-	*out = hpu_env_str(id);
+	*out = hpu__env_str(id);
 	if (!*out || !**out) {
 		snprintf(err, errlen, "environment variable %s is not set (start this program with hpulaunch)",
-			 hpu_env_name(id));
+			 hpu__env_name(id));
 		return -1;
 	}
 	return 0;
@@ -78,13 +78,13 @@ static int read_env(env *e, char *err, size_t errlen)
 				 e->job_id);
 			return -1;
 		}
-	const char *t = hpu_env_str(HPU_ENV_HPUCOLL_TRANSPORT);
+	const char *t = hpu__env_str(HPU_ENV_HPUCOLL_TRANSPORT);
 	e->transport = HPUCOLL_TRANSPORT_AUTO;
 	if (t && *t && hpucoll_transport_parse(t, &e->transport) < 0) {
 		snprintf(err, errlen, "HPUCOLL_TRANSPORT='%s' is not one of auto, tcp, ipc, shm", t);
 		return -1;
 	}
-	t = hpu_env_str(HPU_ENV_HPUCOLL_SECURITY);
+	t = hpu__env_str(HPU_ENV_HPUCOLL_SECURITY);
 	e->security = HPUCOLL_SECURITY_AUTH;
 	if (t && *t && hpucoll_security_parse(t, &e->security) < 0) {
 		snprintf(err, errlen, "HPUCOLL_SECURITY='%s' is not one of auth, encrypt, none", t);
@@ -114,7 +114,7 @@ static int resolve(const char *host, char *out, size_t outlen)
  * other ranks can reach us at), unless HPU_DATA_ADDR says otherwise. */
 static int local_addr(const char *master, char *out, size_t outlen)
 {
-	const char *forced = hpu_env_str(HPU_ENV_HPU_DATA_ADDR);
+	const char *forced = hpu__env_str(HPU_ENV_HPU_DATA_ADDR);
 	if (forced && *forced)
 		return snprintf(out, outlen, "%s", forced) < (int)outlen ? 0 : -1;
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(9)};
@@ -151,7 +151,7 @@ static int send_join(void *sock, const env *e, const char *endpoint,
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_JOIN;
 	env.join = &join;
-	return hpu_codec_send(sock, NULL, &env);
+	return hpu__codec_send(sock, NULL, &env);
 }
 
 /* Checks the rank table, tells the communicator which ranks share a node
@@ -184,7 +184,7 @@ static int take_table(hpucoll_comm *comm, const Hpu__JoinReply *r,
 	 * coordinator's random session: a name nobody outside the job can
 	 * guess, so nobody can create it first (shm.c). */
 	char ns[HPUCOLL__JOB_MAX];
-	if (!hpu_shm_session_ok(r->session)) {
+	if (!hpu__shm_session_ok(r->session)) {
 		snprintf(err, errlen, "the coordinator sent no shared-memory session (32 hex digits): is hpulaunch of another version?");
 		goto out;
 	}
@@ -208,13 +208,13 @@ out:
 static int await_reply(void *sock, hpucoll_comm *comm, const env *e,
 		       char *err, size_t errlen)
 {
-	const char *t = hpu_env_str(HPU_ENV_HPU_JOIN_TIMEOUT_MS);
+	const char *t = hpu__env_str(HPU_ENV_HPU_JOIN_TIMEOUT_MS);
 	int timeout;
-	if (hpu_parse_int(t, 1, INT_MAX, &timeout))
+	if (hpu__parse_int(t, 1, INT_MAX, &timeout))
 		timeout = DEFAULT_JOIN_TIMEOUT_MS;
 	zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
 	for (;;) {
-		Hpu__Envelope *m = hpu_codec_recv(sock, NULL, 0);
+		Hpu__Envelope *m = hpu__codec_recv(sock, NULL, 0);
 		if (!m && errno == EINTR)
 			continue;
 		if (!m && errno == EAGAIN) {
@@ -238,10 +238,10 @@ static int await_reply(void *sock, hpucoll_comm *comm, const env *e,
 			snprintf(err, errlen, "the job was aborted: %s", m->abort->reason);
 			rc = HPUCOLL_EABORTED;
 		} else {
-			hpu_codec_free(m);
+			hpu__codec_free(m);
 			continue;
 		}
-		hpu_codec_free(m);
+		hpu__codec_free(m);
 		return rc;
 	}
 }
@@ -294,7 +294,7 @@ out:
 	if (sock)
 		zmq_close(sock);
 	if (ctx)
-		hpu_zmq_ctx_term(ctx);
+		hpu__zmq_ctx_term(ctx);
 	if (rc)
 		hpucoll_comm_destroy(&comm);
 	*out = comm;

@@ -16,9 +16,9 @@
  */
 #include <stdint.h>
 
-#include "comm_internal.h"
-#include "lowp.h" /* the conversions the worker uses too: one rounding */
-#include "simd.h"
+#include "collectives/comm_internal.h"
+#include "common/lowp.h" /* the conversions the worker uses too: one rounding */
+#include "common/simd.h"
 
 typedef float f32u __attribute__((aligned(1)));
 typedef double f64u __attribute__((aligned(1)));

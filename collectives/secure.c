@@ -51,9 +51,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "comm_internal.h"
-#include "hex.h"
-#include "num.h"
+#include "collectives/comm_internal.h"
+#include "common/hex.h"
+#include "common/num.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define NONCE_BYTES 16
@@ -111,7 +111,7 @@ static void plain_mac(const struct hpucoll__sec *s, uint32_t src, uint32_t dst,
 	put32(msg + 10, dst);
 	memcpy(msg + 14, nonce, NONCE_BYTES);
 	HMAC(EVP_sha256(), s->key, sizeof(s->key), msg, sizeof(msg), mac, &len);
-	hpu_hex(out, mac, sizeof(mac));
+	hpu__hex(out, mac, sizeof(mac));
 }
 
 /* ---- The ZAP handler ---- */
@@ -150,9 +150,9 @@ static const char *check_plain(hpucoll_comm *c, const zmq_msg_t *user,
 		return "malformed credentials";
 	memcpy(u, zmq_msg_data((zmq_msg_t *)user), ulen);
 	u[ulen] = '\0';
-	if (hpu_parse_u64_prefix(u, &dash, &src) != HPU_NUM_OK || *dash != '-' ||
+	if (hpu__parse_u64_prefix(u, &dash, &src) != HPU_NUM_OK || *dash != '-' ||
 	    strlen(dash + 1) != 2 * NONCE_BYTES ||
-	    hpu_unhex(nonce, dash + 1, NONCE_BYTES) != 0)
+	    hpu__unhex(nonce, dash + 1, NONCE_BYTES) != 0)
 		return "malformed credentials";
 	if (src >= (uint64_t)c->size || src == (uint64_t)c->rank)
 		return "claims a rank that is not a peer";
@@ -186,7 +186,7 @@ static int from_a_peer(hpucoll_comm *c, const zmq_msg_t *addr)
 		uint64_t uid;
 
 		return s->ipc &&
-		       hpu_parse_u64_prefix(cred, &end, &uid) == HPU_NUM_OK &&
+		       hpu__parse_u64_prefix(cred, &end, &uid) == HPU_NUM_OK &&
 		       *end == ':' && uid == (uint64_t)geteuid();
 	}
 	if (a[0] == '\0' || strcmp(a, "localhost") == 0)
@@ -560,7 +560,7 @@ int hpucoll__sec_client(hpucoll_comm *c, void *sock, int dst)
 	if (RAND_bytes(nonce, sizeof(nonce)) != 1)
 		return -1;
 	snprintf(user, sizeof(user), "%d-", c->rank);
-	hpu_hex(user + strlen(user), nonce, sizeof(nonce));
+	hpu__hex(user + strlen(user), nonce, sizeof(nonce));
 	plain_mac(s, (uint32_t)c->rank, (uint32_t)dst, nonce, pass);
 	return set_str(sock, ZMQ_PLAIN_USERNAME, user) ||
 	       set_str(sock, ZMQ_PLAIN_PASSWORD, pass);

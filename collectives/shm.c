@@ -63,8 +63,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shm.h"
-#include "shmname.h"
+#include "collectives/shm.h"
+#include "common/shmname.h"
 
 #define SEG_MAGIC 0x4d485348u /* "HSHM" */
 #define SEG_VERSION 1u
@@ -1023,7 +1023,7 @@ int hpucoll__shm_unlink_job(const char *job)
 		return 0;
 	while ((e = readdir(dir)) != NULL) {
 		/* either name form (shmname.h), any node */
-		if (hpu_shm_seg_node(e->d_name, job, NULL) < 0)
+		if (hpu__shm_seg_node(e->d_name, job, NULL) < 0)
 			continue;
 		/* only this user's: never another user's file at our name */
 		struct stat st;

@@ -22,7 +22,7 @@
 
 #include <stddef.h>
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 
 /* Largest payload of one shared-memory message. */
 #define HPUCOLL__SHM_MAX_PAYLOAD (256u * 1024u)

@@ -17,8 +17,8 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-#include "comm_internal.h"
-#include "shm.h"
+#include "collectives/comm_internal.h"
+#include "collectives/shm.h"
 
 /* Shared memory carries the pairs of one node when the topology says
  * where ranks are and the transport is AUTO or SHM. */

@@ -7,8 +7,8 @@
  */
 #include <stdlib.h>
 
-#include "comm_internal.h"
-#include "shm.h"
+#include "collectives/comm_internal.h"
+#include "collectives/shm.h"
 
 int hpucoll__shm_link_open(hpucoll_comm *c)
 {

@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 
 static int set_int(void *sock, int opt, int v)
 {

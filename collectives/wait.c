@@ -27,7 +27,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "comm_internal.h"
+#include "collectives/comm_internal.h"
 
 int64_t hpucoll__now_ms(void)
 {

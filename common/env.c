@@ -1,14 +1,14 @@
 /* env: see env.h. The table below is the one list of the environment
  * variables the system reads; keep README.md's "Environment variables" in
  * step (tests/check_env.sh compares them). */
-#include "env.h"
+#include "common/env.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "num.h"
+#include "common/num.h"
 
 /* VAR(NAME, default, who, what): the entry of HPU_ENV_NAME, whose name is
  * NAME (so an id and its name cannot disagree). In "who", the agent is
@@ -198,35 +198,35 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 
 #undef VAR
 
-const hpu_env_var *hpu_env_var_of(hpu_env_id id)
+const hpu_env_var *hpu__env_var_of(hpu_env_id id)
 {
 	assert((unsigned)id < HPU_ENV_COUNT && table[id].name);
 	return &table[id];
 }
 
-const char *hpu_env_name(hpu_env_id id)
+const char *hpu__env_name(hpu_env_id id)
 {
-	return hpu_env_var_of(id)->name;
+	return hpu__env_var_of(id)->name;
 }
 
-const char *hpu_env_str(hpu_env_id id)
+const char *hpu__env_str(hpu_env_id id)
 {
-	return getenv(hpu_env_name(id));
+	return getenv(hpu__env_name(id));
 }
 
-int hpu_env_long(hpu_env_id id, long lo, long hi, long *out)
+int hpu__env_long(hpu_env_id id, long lo, long hi, long *out)
 {
-	const char *v = hpu_env_str(id);
+	const char *v = hpu__env_str(id);
 	if (!v || !*v)
 		return 0;
-	int r = hpu_parse_long(v, lo, hi, out);
+	int r = hpu__parse_long(v, lo, hi, out);
 	if (r == HPU_NUM_OK)
 		return 1;
 	errno = r == HPU_NUM_RANGE ? ERANGE : EINVAL;
 	return -1;
 }
 
-int hpu_env_find(const char *s)
+int hpu__env_find(const char *s)
 {
 	size_t n = strcspn(s, "=");
 	for (int i = 0; i < HPU_ENV_COUNT; i++)
@@ -235,7 +235,7 @@ int hpu_env_find(const char *s)
 	return -1;
 }
 
-int hpu_env_in(hpu_env_id id, const hpu_env_id *list)
+int hpu__env_in(hpu_env_id id, const hpu_env_id *list)
 {
 	for (; *list != HPU_ENV_COUNT; list++)
 		if (*list == id)
@@ -264,7 +264,7 @@ static void print_wrapped(FILE *f, const char *text)
 	}
 }
 
-void hpu_env_print(FILE *f)
+void hpu__env_print(FILE *f)
 {
 	fprintf(f, "Environment variables (the default in parentheses; who reads them):\n");
 	for (int i = 0; i < HPU_ENV_COUNT; i++) {

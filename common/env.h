@@ -103,29 +103,29 @@ typedef struct hpu_env_var {
 } hpu_env_var;
 
 /* The table entry of id, which must be below HPU_ENV_COUNT. */
-const hpu_env_var *hpu_env_var_of(hpu_env_id id);
+const hpu_env_var *hpu__env_var_of(hpu_env_id id);
 
-/* The variable's name: hpu_env_name(HPU_ENV_RANK) is "RANK". */
-const char *hpu_env_name(hpu_env_id id);
+/* The variable's name: hpu__env_name(HPU_ENV_RANK) is "RANK". */
+const char *hpu__env_name(hpu_env_id id);
 
 /* Its value as getenv() gives it: NULL when unset, maybe "". */
-const char *hpu_env_str(hpu_env_id id);
+const char *hpu__env_str(hpu_env_id id);
 
 /* Reads the variable as a whole decimal number lo..hi. Returns 1 with
  * *out set; 0 when it is unset or empty (*out untouched); -1 when it is
  * not such a number (*out untouched, errno EINVAL or ERANGE). */
-int hpu_env_long(hpu_env_id id, long lo, long hi, long *out);
+int hpu__env_long(hpu_env_id id, long lo, long hi, long *out);
 
 /* The id of the variable that s names ("NAME", or an environment entry
  * "NAME=VALUE"); -1 for a name the table lacks: the table is the one list
  * of the variables we read, so reading another one is a bug. */
-int hpu_env_find(const char *s);
+int hpu__env_find(const char *s);
 
 /* Whether id is one of list (ended by HPU_ENV_COUNT). */
-int hpu_env_in(hpu_env_id id, const hpu_env_id *list);
+int hpu__env_in(hpu_env_id id, const hpu_env_id *list);
 
 /* Prints the table for --help-env: each variable with its default and
  * readers, then its description. */
-void hpu_env_print(FILE *f);
+void hpu__env_print(FILE *f);
 
 #endif

@@ -1,6 +1,6 @@
 /* fileio: input files opened without hanging on a FIFO, output files
  * written through a temporary file, an fsync and a rename. */
-#include "fileio.h"
+#include "common/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +23,7 @@ static const char *not_regular(mode_t m)
 			     : "not a regular file";
 }
 
-int hpu_open_input_fd(const char *path, int extra, struct stat *st, const char **why)
+int hpu__open_input_fd(const char *path, int extra, struct stat *st, const char **why)
 {
 	st->st_mode = 0;
 	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | extra), fl;
@@ -54,10 +54,10 @@ fail:
 	return -1;
 }
 
-FILE *hpu_open_input(const char *path, const char **why)
+FILE *hpu__open_input(const char *path, const char **why)
 {
 	struct stat st;
-	int fd = hpu_open_input_fd(path, 0, &st, why);
+	int fd = hpu__open_input_fd(path, 0, &st, why);
 	if (fd < 0)
 		return NULL;
 	FILE *f = fdopen(fd, "r");
@@ -68,7 +68,7 @@ FILE *hpu_open_input(const char *path, const char **why)
 	return f;
 }
 
-const char *hpu_read_stream(FILE *f, int text, char **buf, size_t *len)
+const char *hpu__read_stream(FILE *f, int text, char **buf, size_t *len)
 {
 	enum { MAX = 16 << 20 };
 	/* a text file may fill MAX + 1 bytes: one more than it may hold */
@@ -111,20 +111,20 @@ const char *hpu_read_stream(FILE *f, int text, char **buf, size_t *len)
 	return NULL;
 }
 
-const char *hpu_read_file(const char *path, char **buf, size_t *len)
+const char *hpu__read_file(const char *path, char **buf, size_t *len)
 {
 	const char *why = NULL;
-	FILE *f = hpu_open_input(path, &why);
+	FILE *f = hpu__open_input(path, &why);
 	if (!f)
 		return why;
-	why = hpu_read_stream(f, 1, buf, len);
+	why = hpu__read_stream(f, 1, buf, len);
 	fclose(f);
 	return why;
 }
 
 /* ---- writing ---- */
 
-int hpu_write_all(int fd, const void *p, size_t n)
+int hpu__write_all(int fd, const void *p, size_t n)
 {
 	const char *s = p;
 	while (n) {
@@ -139,7 +139,7 @@ int hpu_write_all(int fd, const void *p, size_t n)
 	return 0;
 }
 
-int hpu_out_in_place(const char *path, char *real, size_t len)
+int hpu__out_in_place(const char *path, char *real, size_t len)
 {
 	struct stat st, lst;
 	snprintf(real, len, "%s", path);
@@ -159,10 +159,10 @@ int hpu_out_in_place(const char *path, char *real, size_t len)
 	return 0;
 }
 
-int hpu_outfile_open(hpu_outfile *o, const char *path, mode_t mode)
+int hpu__outfile_open(hpu_outfile *o, const char *path, mode_t mode)
 {
 	memset(o, 0, sizeof *o);
-	o->direct = hpu_out_in_place(path, o->path, sizeof o->path);
+	o->direct = hpu__out_in_place(path, o->path, sizeof o->path);
 	if (o->direct) {
 		o->fd = open(path, O_WRONLY | O_CLOEXEC);
 		return o->fd < 0 ? -1 : 0;
@@ -173,7 +173,7 @@ int hpu_outfile_open(hpu_outfile *o, const char *path, mode_t mode)
 	return o->fd < 0 ? -1 : 0;
 }
 
-FILE *hpu_outfile_stream(hpu_outfile *o)
+FILE *hpu__outfile_stream(hpu_outfile *o)
 {
 	if (!o->f && (o->f = fdopen(o->fd, "w")) == NULL)
 		return NULL;
@@ -188,7 +188,7 @@ static int failed(const char **step, const char *what)
 	return -1;
 }
 
-int hpu_outfile_commit(hpu_outfile *o, const char **step)
+int hpu__outfile_commit(hpu_outfile *o, const char **step)
 {
 	if (o->f && fflush(o->f) != 0)
 		return failed(step, "write");
@@ -206,7 +206,7 @@ int hpu_outfile_commit(hpu_outfile *o, const char **step)
 	return 0;
 }
 
-void hpu_outfile_abort(hpu_outfile *o)
+void hpu__outfile_abort(hpu_outfile *o)
 {
 	int e = errno; /* the caller's message may still want it */
 	if (o->f)
@@ -221,7 +221,7 @@ void hpu_outfile_abort(hpu_outfile *o)
 	errno = e;
 }
 
-int hpu_say(char *err, size_t errlen, const char *fmt, ...)
+int hpu__say(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -230,48 +230,48 @@ int hpu_say(char *err, size_t errlen, const char *fmt, ...)
 	return -1;
 }
 
-int hpu_outfile_error(const hpu_outfile *o, const char *step, char *err, size_t errlen)
+int hpu__outfile_error(const hpu_outfile *o, const char *step, char *err, size_t errlen)
 {
 	const char *e = strerror(errno);
 	if (!strcmp(step, "open") && o->direct)
-		return hpu_say(err, errlen, "cannot open %s: %s", o->path, e);
+		return hpu__say(err, errlen, "cannot open %s: %s", o->path, e);
 	if (!strcmp(step, "open"))
-		return hpu_say(err, errlen, "cannot create %s: %s", o->tmp, e);
+		return hpu__say(err, errlen, "cannot create %s: %s", o->tmp, e);
 	if (!strcmp(step, "write"))
-		return hpu_say(err, errlen, "writing %s: %s", o->path, e);
+		return hpu__say(err, errlen, "writing %s: %s", o->path, e);
 	if (!strcmp(step, "rename"))
-		return hpu_say(err, errlen, "cannot rename %s to %s: %s", o->tmp, o->path, e);
-	return hpu_say(err, errlen, "writing %s: %s: %s", o->path, step, e);
+		return hpu__say(err, errlen, "cannot rename %s to %s: %s", o->tmp, o->path, e);
+	return hpu__say(err, errlen, "writing %s: %s: %s", o->path, step, e);
 }
 
-int hpu_write_atomic(const char *path, const void *data, size_t n, char *err,
-		     size_t errlen)
+int hpu__write_atomic(const char *path, const void *data, size_t n, char *err,
+		      size_t errlen)
 {
 	hpu_outfile o;
 	const char *step = "write";
-	if (hpu_outfile_open(&o, path, 0644) < 0)
-		return hpu_outfile_error(&o, "open", err, errlen);
-	if (hpu_write_all(o.fd, data, n) == 0 && hpu_outfile_commit(&o, &step) == 0)
+	if (hpu__outfile_open(&o, path, 0644) < 0)
+		return hpu__outfile_error(&o, "open", err, errlen);
+	if (hpu__write_all(o.fd, data, n) == 0 && hpu__outfile_commit(&o, &step) == 0)
 		return 0;
-	hpu_outfile_error(&o, step, err, errlen);
-	hpu_outfile_abort(&o);
+	hpu__outfile_error(&o, step, err, errlen);
+	hpu__outfile_abort(&o);
 	return -1;
 }
 
-int hpu_fsync_dir(const char *dir, char *err, size_t errlen)
+int hpu__fsync_dir(const char *dir, char *err, size_t errlen)
 {
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
-		return hpu_say(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+		return hpu__say(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
 	int rc = fsync(fd);
 	int e = errno;
 	close(fd);
 	if (rc < 0 && e != EINVAL) /* some filesystems cannot fsync a directory */
-		return hpu_say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
+		return hpu__say(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
 	return 0;
 }
 
-int hpu_make_dirs(const char *path, char *at, size_t atlen)
+int hpu__make_dirs(const char *path, char *at, size_t atlen)
 {
 	snprintf(at, atlen, "%s", path);
 	for (char *s = at + 1;; s++) {

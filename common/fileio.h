@@ -14,7 +14,7 @@
 
 /* A sentence into err[errlen]; returns -1: the failure of every function
  * of the system that takes an err buffer. */
-int hpu_say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int hpu__say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- reading ---- */
 
@@ -26,88 +26,88 @@ int hpu_say(char *err, size_t errlen, const char *fmt, ...) __attribute__((forma
  * when open or fstat failed (st->st_mode 0), else "not a regular file (a
  * FIFO)", "... (a character device)", strerror(EISDIR) for a directory
  * ... (st->st_mode the file's). */
-int hpu_open_input_fd(const char *path, int extra, struct stat *st, const char **why);
+int hpu__open_input_fd(const char *path, int extra, struct stat *st, const char **why);
 
-/* hpu_open_input_fd's file as a stream; NULL with why in *why. */
-FILE *hpu_open_input(const char *path, const char **why);
+/* hpu__open_input_fd's file as a stream; NULL with why in *why. */
+FILE *hpu__open_input(const char *path, const char **why);
 
 /* Reads f to its end into *buf (malloc'ed, NUL-terminated) and the length
  * into *len; text: at most 16 MiB and no NUL byte. Returns NULL, or why
  * not ("out of memory", "larger than 16 MiB", "it holds a NUL byte: not a
  * text file", strerror's text); f stays open either way. */
-const char *hpu_read_stream(FILE *f, int text, char **buf, size_t *len);
+const char *hpu__read_stream(FILE *f, int text, char **buf, size_t *len);
 
-/* Reads a whole text file (at most 16 MiB; hpu_open_input's checks) into
+/* Reads a whole text file (at most 16 MiB; hpu__open_input's checks) into
  * *buf (malloc'ed, NUL-terminated) and its length into *len. Returns
- * NULL, or why it could not (hpu_open_input's reasons, "out of memory",
+ * NULL, or why it could not (hpu__open_input's reasons, "out of memory",
  * "larger than 16 MiB", "it holds a NUL byte: not a text file"). */
-const char *hpu_read_file(const char *path, char **buf, size_t *len);
+const char *hpu__read_file(const char *path, char **buf, size_t *len);
 
 /* ---- writing ---- */
 
 /* Writes all n bytes to fd, again after EINTR and short writes; 0, or -1
  * with errno set. */
-int hpu_write_all(int fd, const void *p, size_t n);
+int hpu__write_all(int fd, const void *p, size_t n);
 
 /* How output `path` is written: in place (1) when it is a device or a
  * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
  * replace; else (0) as a temporary file renamed onto real[len]: path
  * itself, or the regular file a symbolic link at path leads to (the link
  * stays). */
-int hpu_out_in_place(const char *path, char *real, size_t len);
+int hpu__out_in_place(const char *path, char *real, size_t len);
 
 /* An output file written under a temporary name ("REAL.tmp.PID", next to
  * it) and renamed into place once complete, so that a reader sees the old
  * file or the whole new one; a device or a pipe is written in place
- * (hpu_out_in_place). */
+ * (hpu__out_in_place). */
 typedef struct hpu_outfile {
 	int fd;          /* open for writing; -1 once closed */
 	int direct;      /* written in place: nothing to rename */
 	char path[4096]; /* where it lands (through a symbolic link) */
 	char tmp[4160];  /* the temporary file; "" when direct */
 	int made;        /* tmp is ours to remove (until renamed) */
-	FILE *f;         /* hpu_outfile_stream's, which owns fd */
+	FILE *f;         /* hpu__outfile_stream's, which owns fd */
 } hpu_outfile;
 
 /* Starts writing path: creates the temporary file with mode (and the
  * umask), read-write so that the writer may read back what it wrote; or
  * opens a device or a pipe write-only. Returns 0, or -1 with errno set
  * (o->tmp names the file that could not be created, "" when the open in
- * place failed); either way hpu_outfile_abort cleans up. */
-int hpu_outfile_open(hpu_outfile *o, const char *path, mode_t mode);
+ * place failed); either way hpu__outfile_abort cleans up. */
+int hpu__outfile_open(hpu_outfile *o, const char *path, mode_t mode);
 
 /* o's descriptor as a stdio stream (which then owns it); NULL with errno
  * set. */
-FILE *hpu_outfile_stream(hpu_outfile *o);
+FILE *hpu__outfile_stream(hpu_outfile *o);
 
 /* Finishes o: flushes its stream, fsyncs (a pipe or device that cannot
  * is fine), closes and renames the temporary file into place. Returns 0,
  * or -1 with errno set and *step (if step) "write", "fsync", "close" or
- * "rename"; then the caller still calls hpu_outfile_abort. */
-int hpu_outfile_commit(hpu_outfile *o, const char **step);
+ * "rename"; then the caller still calls hpu__outfile_abort. */
+int hpu__outfile_commit(hpu_outfile *o, const char **step);
 
 /* Closes o and removes its temporary file; safe after commit, after a
  * failed open, and twice. errno stays as it was. */
-void hpu_outfile_abort(hpu_outfile *o);
+void hpu__outfile_abort(hpu_outfile *o);
 
 /* One sentence into err for o's failed step ("open", or commit's), from
  * errno: "cannot create TMP: ...", "cannot open PATH: ..." (in place),
  * "writing PATH: ...", "writing PATH: fsync: ...", "cannot rename TMP to
  * PATH: ...". Returns -1. */
-int hpu_outfile_error(const hpu_outfile *o, const char *step, char *err, size_t errlen);
+int hpu__outfile_error(const hpu_outfile *o, const char *step, char *err, size_t errlen);
 
 /* The whole of data[n] into path, atomically (an hpu_outfile, mode 0644).
- * Returns 0, or -1 with hpu_outfile_error's sentence in err. */
-int hpu_write_atomic(const char *path, const void *data, size_t n, char *err,
-		     size_t errlen);
+ * Returns 0, or -1 with hpu__outfile_error's sentence in err. */
+int hpu__write_atomic(const char *path, const void *data, size_t n, char *err,
+		      size_t errlen);
 
 /* Makes each missing directory of path (mkdir -p). Returns 0, or -1 with
  * the one that could not be made in at[atlen] and errno set. */
-int hpu_make_dirs(const char *path, char *at, size_t atlen);
+int hpu__make_dirs(const char *path, char *at, size_t atlen);
 
 /* fsyncs directory dir, so that a rename or a new file in it lasts (a
  * filesystem that cannot sync a directory is fine). Returns 0, or -1 with
  * one sentence in err. */
-int hpu_fsync_dir(const char *dir, char *err, size_t errlen);
+int hpu__fsync_dir(const char *dir, char *err, size_t errlen);
 
 #endif

@@ -1,9 +1,9 @@
 /* hex: bytes as lowercase hex digits and back. */
-#include "hex.h"
+#include "common/hex.h"
 
 #include <stdint.h>
 
-void hpu_hex(char *out, const void *in, size_t n)
+void hpu__hex(char *out, const void *in, size_t n)
 {
 	static const char digits[] = "0123456789abcdef";
 	const uint8_t *b = in;
@@ -14,7 +14,7 @@ void hpu_hex(char *out, const void *in, size_t n)
 	out[2 * n] = '\0';
 }
 
-int hpu_hex_digit(int c)
+int hpu__hex_digit(int c)
 {
 	if (c >= '0' && c <= '9')
 		return c - '0';
@@ -28,10 +28,10 @@ int hpu_hex_digit(int c)
 /* The value of lowercase hex digit c, or -1. */
 static int lower_digit(char c)
 {
-	return c >= 'A' && c <= 'F' ? -1 : hpu_hex_digit((unsigned char)c);
+	return c >= 'A' && c <= 'F' ? -1 : hpu__hex_digit((unsigned char)c);
 }
 
-int hpu_unhex(void *out, const char *in, size_t n)
+int hpu__unhex(void *out, const char *in, size_t n)
 {
 	uint8_t *b = out;
 	for (size_t i = 0; i < n; i++) {
@@ -44,7 +44,7 @@ int hpu_unhex(void *out, const char *in, size_t n)
 	return 0;
 }
 
-int hpu_is_hex(const char *s, size_t n)
+int hpu__is_hex(const char *s, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (lower_digit(s[i]) < 0)

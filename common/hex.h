@@ -7,17 +7,17 @@
 
 /* Writes the n bytes at in as 2n lowercase hex digits and a NUL into
  * out[2n + 1]. */
-void hpu_hex(char *out, const void *in, size_t n);
+void hpu__hex(char *out, const void *in, size_t n);
 
 /* The value of hex digit c (0-9, a-f, A-F), or -1. */
-int hpu_hex_digit(int c);
+int hpu__hex_digit(int c);
 
-/* Reads 2n lowercase hex digits (what hpu_hex writes, so that one value
+/* Reads 2n lowercase hex digits (what hpu__hex writes, so that one value
  * has one spelling) into the n bytes at out. Returns 0, or -1 at the
  * first character that is not one (out then partly written). */
-int hpu_unhex(void *out, const char *in, size_t n);
+int hpu__unhex(void *out, const char *in, size_t n);
 
 /* Whether s starts with exactly n lowercase hex digits (s[n] is none). */
-int hpu_is_hex(const char *s, size_t n);
+int hpu__is_hex(const char *s, size_t n);
 
 #endif

@@ -1,6 +1,6 @@
 /* log: levelled lines on stderr, one write(2) each, with journald's
  * priorities when stderr is the journal stream (see log.h). */
-#include "log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "env.h"
+#include "common/env.h"
 
 #define PREFIX_MAX 128
 #define LINE_MAX_ 4096 /* a longer line is cut, and still ends in "\n" */
@@ -34,13 +34,13 @@ static const char *const names[] = {
 	[HPU_LOG_INFO] = "info",   [HPU_LOG_DEBUG] = "debug",
 };
 
-const char *hpu_log_level_name(hpu_log_level lvl)
+const char *hpu__log_level_name(hpu_log_level lvl)
 {
 	return lvl >= HPU_LOG_ERROR && lvl <= HPU_LOG_DEBUG ? names[lvl] : "?";
 }
 
-int hpu_log_parse_level(const char *s, const char *what, hpu_log_level *out, char *err,
-			size_t errlen)
+int hpu__log_parse_level(const char *s, const char *what, hpu_log_level *out, char *err,
+			 size_t errlen)
 {
 	for (int l = HPU_LOG_ERROR; s && l <= HPU_LOG_DEBUG; l++)
 		if (strcmp(s, names[l]) == 0) {
@@ -69,7 +69,7 @@ static int stderr_is_named(void)
  * stderr itself (so not after stderr was redirected elsewhere). */
 static int stderr_is_journal(void)
 {
-	const char *v = hpu_env_str(HPU_ENV_JOURNAL_STREAM);
+	const char *v = hpu__env_str(HPU_ENV_JOURNAL_STREAM);
 	int end = 0;
 	L.named = v && sscanf(v, "%llu:%llu%n", &L.jdev, &L.jino, &end) == 2 && !v[end];
 	return stderr_is_named();
@@ -78,12 +78,12 @@ static int stderr_is_journal(void)
 /* Reads HPU_LOG_LEVEL and JOURNAL_STREAM. */
 static int read_env(char *err, size_t errlen)
 {
-	const char *v = hpu_env_str(HPU_ENV_HPU_LOG_LEVEL);
+	const char *v = hpu__env_str(HPU_ENV_HPU_LOG_LEVEL);
 	hpu_log_level lvl = HPU_LOG_INFO;
 	int rc = 0;
 	atomic_store(&L.from_env, 0);
 	if (v && *v) {
-		rc = hpu_log_parse_level(v, "HPU_LOG_LEVEL", &lvl, err, errlen);
+		rc = hpu__log_parse_level(v, "HPU_LOG_LEVEL", &lvl, err, errlen);
 		if (rc == 0)
 			atomic_store(&L.from_env, 1);
 		else
@@ -95,7 +95,7 @@ static int read_env(char *err, size_t errlen)
 	return rc;
 }
 
-/* A program that never called hpu_log_init: its own name, the
+/* A program that never called hpu__log_init: its own name, the
  * environment's level (a bad one is taken as info). */
 static void default_init(void)
 {
@@ -112,7 +112,7 @@ static void ensure(void)
 		pthread_once(&once, default_init);
 }
 
-int hpu_log_init(char *err, size_t errlen, const char *fmt, ...)
+int hpu__log_init(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -121,7 +121,7 @@ int hpu_log_init(char *err, size_t errlen, const char *fmt, ...)
 	return read_env(err, errlen);
 }
 
-void hpu_log_set_prefix(const char *fmt, ...)
+void hpu__log_set_prefix(const char *fmt, ...)
 {
 	ensure();
 	va_list ap;
@@ -130,42 +130,42 @@ void hpu_log_set_prefix(const char *fmt, ...)
 	va_end(ap);
 }
 
-const char *hpu_log_prefix(void)
+const char *hpu__log_prefix(void)
 {
 	ensure();
 	return L.prefix;
 }
 
-void hpu_log_set_level(hpu_log_level lvl)
+void hpu__log_set_level(hpu_log_level lvl)
 {
 	ensure();
 	atomic_store(&L.level, lvl);
 }
 
-hpu_log_level hpu_log_get_level(void)
+hpu_log_level hpu__log_get_level(void)
 {
 	ensure();
 	return (hpu_log_level)atomic_load(&L.level);
 }
 
-int hpu_log_level_from_env(void)
+int hpu__log_level_from_env(void)
 {
 	ensure();
 	return atomic_load(&L.from_env);
 }
 
-int hpu_log_enabled(hpu_log_level lvl)
+int hpu__log_enabled(hpu_log_level lvl)
 {
 	ensure();
 	return (int)lvl <= atomic_load(&L.level);
 }
 
-int hpu_log_write_errno(void)
+int hpu__log_write_errno(void)
 {
 	return atomic_load(&L.write_errno);
 }
 
-int hpu_log_journal(void)
+int hpu__log_journal(void)
 {
 	ensure();
 	return atomic_load(&L.journal);
@@ -193,7 +193,7 @@ static void line(hpu_log_level lvl, int with_prefix, const char *fmt, va_list ap
 {
 	char buf[LINE_MAX_];
 	size_t n = 0;
-	if (!hpu_log_enabled(lvl))
+	if (!hpu__log_enabled(lvl))
 		return;
 	if (atomic_load(&L.journal))
 		n += (size_t)snprintf(buf, sizeof buf, "<%d>", (int)lvl);
@@ -205,7 +205,7 @@ static void line(hpu_log_level lvl, int with_prefix, const char *fmt, va_list ap
 	put(buf, n);
 }
 
-void hpu_log(hpu_log_level lvl, const char *fmt, ...)
+void hpu__log(hpu_log_level lvl, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -213,7 +213,7 @@ void hpu_log(hpu_log_level lvl, const char *fmt, ...)
 	va_end(ap);
 }
 
-void hpu_log_plain(hpu_log_level lvl, const char *fmt, ...)
+void hpu__log_plain(hpu_log_level lvl, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -231,7 +231,7 @@ static void append(char *buf, size_t cap, size_t *n, const char *s)
 	*n += len;
 }
 
-void hpu_log_sigsafe(hpu_log_level lvl, const char *text)
+void hpu__log_sigsafe(hpu_log_level lvl, const char *text)
 {
 	char buf[PREFIX_MAX + 512], pri[4] = {'<', (char)('0' + (int)lvl), '>', 0};
 	size_t n = 0;

@@ -1,6 +1,6 @@
 /* log: the one logging path of every program and internal library.
  *
- * A program sets its prefix once at start (hpu_log_init: "hpulaunch",
+ * A program sets its prefix once at start (hpu__log_init: "hpulaunch",
  * "hpud", "hpu-ckpt"; the worker "hpu-worker", then "hpu-worker: rank N"
  * once it knows its rank) and every line is "PREFIX: text", written to
  * stderr with one write(2) so that lines of several processes sharing a
@@ -35,51 +35,51 @@ typedef enum hpu_log_level {
  * whether stderr is the journal stream now. Returns 0, or -1 with err
  * naming a bad HPU_LOG_LEVEL (the level stays info). A program that
  * never calls it logs with its own name as the prefix. */
-int hpu_log_init(char *err, size_t errlen, const char *fmt, ...)
+int hpu__log_init(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
 /* Changes the prefix only (printf-style), e.g. once the rank is known. */
-void hpu_log_set_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void hpu__log_set_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The prefix now ("hpulaunch"). */
-const char *hpu_log_prefix(void);
+const char *hpu__log_prefix(void);
 
 /* "error", "warning", "notice", "info" or "debug" ("warn" is taken for
  * warning too): 0 and *out, or -1 with err naming `what` and the value. */
-int hpu_log_parse_level(const char *s, const char *what, hpu_log_level *out, char *err,
-			size_t errlen);
+int hpu__log_parse_level(const char *s, const char *what, hpu_log_level *out, char *err,
+			 size_t errlen);
 
 /* The level's name ("warning"). */
-const char *hpu_log_level_name(hpu_log_level lvl);
+const char *hpu__log_level_name(hpu_log_level lvl);
 
 /* The level; lines above it are dropped. */
-void hpu_log_set_level(hpu_log_level lvl);
-hpu_log_level hpu_log_get_level(void);
+void hpu__log_set_level(hpu_log_level lvl);
+hpu_log_level hpu__log_get_level(void);
 
 /* Whether HPU_LOG_LEVEL set the level (a program's own setting, such as
  * hpud.conf's log_level, then yields to it). */
-int hpu_log_level_from_env(void);
+int hpu__log_level_from_env(void);
 
 /* Whether a line at lvl is written. */
-int hpu_log_enabled(hpu_log_level lvl);
+int hpu__log_enabled(hpu_log_level lvl);
 
 /* The errno of the first line that could not be written to stderr, or 0
  * (a program's exit status may say its output was lost). */
-int hpu_log_write_errno(void);
+int hpu__log_write_errno(void);
 
 /* Whether lines carry journald's priorities (stderr is the journal). */
-int hpu_log_journal(void);
+int hpu__log_journal(void);
 
 /* "[<N>]PREFIX: text\n" on stderr, text printf-style. */
-void hpu_log(hpu_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void hpu__log(hpu_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* "[<N>]text\n": a line that carries its own prefix (a library's
  * "hpucoll: rank 3: ...", hpu-plot's copy of gnuplot's lines). */
-void hpu_log_plain(hpu_log_level lvl, const char *fmt, ...)
+void hpu__log_plain(hpu_log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-/* hpu_log of a fixed text, async-signal-safe (no stdio, no allocation):
+/* hpu__log of a fixed text, async-signal-safe (no stdio, no allocation):
  * for a child between fork and exec. */
-void hpu_log_sigsafe(hpu_log_level lvl, const char *text);
+void hpu__log_sigsafe(hpu_log_level lvl, const char *text);
 
 #endif

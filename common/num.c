@@ -1,6 +1,6 @@
 /* num: see num.h. Every parser here wraps one strto* call: errno is
  * cleared for it and restored after, so a caller's errno survives. */
-#include "num.h"
+#include "common/num.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -9,7 +9,7 @@
 
 _Static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "strtoull reads a uint64_t");
 
-int hpu_parse_long(const char *s, long lo, long hi, long *out)
+int hpu__parse_long(const char *s, long lo, long hi, long *out)
 {
 	if (!s)
 		return HPU_NUM_INVALID;
@@ -27,16 +27,16 @@ int hpu_parse_long(const char *s, long lo, long hi, long *out)
 	return r;
 }
 
-int hpu_parse_int(const char *s, int lo, int hi, int *out)
+int hpu__parse_int(const char *s, int lo, int hi, int *out)
 {
 	long v;
-	int r = hpu_parse_long(s, lo, hi, &v);
+	int r = hpu__parse_long(s, lo, hi, &v);
 	if (r == HPU_NUM_OK)
 		*out = (int)v;
 	return r;
 }
 
-int hpu_parse_u64_prefix(const char *s, const char **end, uint64_t *out)
+int hpu__parse_u64_prefix(const char *s, const char **end, uint64_t *out)
 {
 	if (!s) {
 		*end = s;
@@ -60,11 +60,11 @@ int hpu_parse_u64_prefix(const char *s, const char **end, uint64_t *out)
 	return r;
 }
 
-int hpu_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+int hpu__parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
 	const char *end;
 	uint64_t v;
-	int r = hpu_parse_u64_prefix(s, &end, &v);
+	int r = hpu__parse_u64_prefix(s, &end, &v);
 	if (r == HPU_NUM_INVALID || *end)
 		return HPU_NUM_INVALID;
 	if (r == HPU_NUM_RANGE || v < lo || v > hi)
@@ -73,7 +73,7 @@ int hpu_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 	return HPU_NUM_OK;
 }
 
-int hpu_parse_double(const char *s, double lo, double hi, double *out)
+int hpu__parse_double(const char *s, double lo, double hi, double *out)
 {
 	if (!s)
 		return HPU_NUM_INVALID;
@@ -91,7 +91,7 @@ int hpu_parse_double(const char *s, double lo, double hi, double *out)
 	return r;
 }
 
-int hpu_parse_real(const char *s, double *out)
+int hpu__parse_real(const char *s, double *out)
 {
 	if (!s)
 		return HPU_NUM_INVALID;
@@ -105,7 +105,7 @@ int hpu_parse_real(const char *s, double *out)
 	return HPU_NUM_OK;
 }
 
-size_t hpu_edit_distance(const char *a, const char *b)
+size_t hpu__edit_distance(const char *a, const char *b)
 {
 	size_t la = strlen(a), lb = strlen(b), row[64];
 	if (la >= 64 || lb >= 64)

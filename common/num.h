@@ -20,33 +20,33 @@ enum {
 };
 
 /* A whole number lo..hi. */
-int hpu_parse_long(const char *s, long lo, long hi, long *out);
+int hpu__parse_long(const char *s, long lo, long hi, long *out);
 
 /* The same for an int. */
-int hpu_parse_int(const char *s, int lo, int hi, int *out);
+int hpu__parse_int(const char *s, int lo, int hi, int *out);
 
 /* An unsigned whole number lo..hi; a minus sign is out of range (strtoull
  * would wrap "-1" around to 2^64-1). */
-int hpu_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+int hpu__parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 
 /* The unsigned whole number at the start of s, for a number followed by
  * more ("17-22", "64K"): *end is set after its digits (to s when there
  * are none). Returns HPU_NUM_OK, HPU_NUM_INVALID (no digits) or
  * HPU_NUM_RANGE (a minus sign, or above 2^64-1). */
-int hpu_parse_u64_prefix(const char *s, const char **end, uint64_t *out);
+int hpu__parse_u64_prefix(const char *s, const char **end, uint64_t *out);
 
 /* A real number lo..hi, overflow and underflow refused. NaN lies in no
  * range; an infinity ("inf") only in one whose bound is infinite, so
  * finite bounds also mean a finite value. */
-int hpu_parse_double(const char *s, double lo, double hi, double *out);
+int hpu__parse_double(const char *s, double lo, double hi, double *out);
 
 /* Any real number strtod reads from all of s, "nan" and "inf" included,
  * rounded as strtod rounds it (to 0 or an infinity when out of range):
  * for values that may rightly be NaN, like a loss. */
-int hpu_parse_real(const char *s, double *out);
+int hpu__parse_real(const char *s, double *out);
 
 /* The edit distance (Levenshtein, ignoring case) between a and b, for
  * "did you mean"; 99 when either is 64 bytes or longer. */
-size_t hpu_edit_distance(const char *a, const char *b);
+size_t hpu__edit_distance(const char *a, const char *b);
 
 #endif

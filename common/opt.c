@@ -1,10 +1,10 @@
 /* opt: see opt.h. */
-#include "opt.h"
+#include "common/opt.h"
 
 #include <stddef.h>
 #include <string.h>
 
-void hpu_optparse_init(hpu_optparse *p, int argc, char *const *argv, const hpu_optspec *specs)
+void hpu__optparse_init(hpu_optparse *p, int argc, char *const *argv, const hpu_optspec *specs)
 {
 	*p = (hpu_optparse){.argc = argc, .argv = argv, .specs = specs, .ind = 1};
 }
@@ -56,7 +56,7 @@ static int option(hpu_optparse *p)
 	return p->spec->id;
 }
 
-int hpu_optparse_next(hpu_optparse *p)
+int hpu__optparse_next(hpu_optparse *p)
 {
 	p->spec = NULL;
 	p->val = NULL;
@@ -68,7 +68,7 @@ int hpu_optparse_next(hpu_optparse *p)
 	p->arg = p->argv[p->ind++];
 	if (!p->rest && !strcmp(p->arg, "--")) {
 		p->rest = 1;
-		return hpu_optparse_next(p);
+		return hpu__optparse_next(p);
 	}
 	if (p->rest || p->arg[0] != '-' || !p->arg[1]) {
 		p->val = p->arg;

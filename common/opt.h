@@ -8,8 +8,8 @@
  *		{0},
  *	};
  *	hpu_optparse p;
- *	hpu_optparse_init(&p, argc, argv, specs);
- *	for (int id; (id = hpu_optparse_next(&p)) != HPU_OPT_END;)
+ *	hpu__optparse_init(&p, argc, argv, specs);
+ *	for (int id; (id = hpu__optparse_next(&p)) != HPU_OPT_END;)
  *		switch (id) { ... }
  *
  * It reads "--name value", "--name=value", "-x value", flags ("--name",
@@ -36,7 +36,7 @@ typedef struct hpu_optspec {
 	const char *name; /* the long name without dashes ("output"), or NULL */
 	char short_name;  /* 'o' for "-o", or 0 */
 	int value;        /* HPU_OPT_FLAG, HPU_OPT_VALUE or HPU_OPT_OPTIONAL */
-	int id;           /* what hpu_optparse_next returns for it: above 0 */
+	int id;           /* what hpu__optparse_next returns for it: above 0 */
 	const char *arg;  /* its value's name in the help ("FILE"); NULL: VALUE */
 	const char *help; /* what it does; NULL: another name of the option
 			   * of the same id above it, or not documented */
@@ -44,7 +44,7 @@ typedef struct hpu_optspec {
 	const char *section; /* a heading printed before it; NULL */
 } hpu_optspec;
 
-/* What hpu_optparse_next returns besides an option's id. */
+/* What hpu__optparse_next returns besides an option's id. */
 enum {
 	HPU_OPT_END = 0,         /* no argument left */
 	HPU_OPT_POSITIONAL = -1, /* p->val: an argument that is no option */
@@ -69,11 +69,11 @@ typedef struct hpu_optparse {
 } hpu_optparse;
 
 /* Starts reading argv[1..argc) against specs. */
-void hpu_optparse_init(hpu_optparse *p, int argc, char *const *argv, const hpu_optspec *specs);
+void hpu__optparse_init(hpu_optparse *p, int argc, char *const *argv, const hpu_optspec *specs);
 
 /* Reads the next argument (with its value): returns the option's id, or
  * one of HPU_OPT_END, _POSITIONAL, _UNKNOWN, _MISSING, _UNWANTED. After
  * an error the iterator may go on with the argument after argv[at]. */
-int hpu_optparse_next(hpu_optparse *p);
+int hpu__optparse_next(hpu_optparse *p);
 
 #endif

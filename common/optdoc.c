@@ -1,11 +1,11 @@
 /* optdoc: see optdoc.h. */
-#include "optdoc.h"
+#include "common/optdoc.h"
 
 #include <string.h>
 
 enum { WIDTH = 79, LEFT_MAX = 160 };
 
-int hpu_optdoc_format(const char *name)
+int hpu__optdoc_format(const char *name)
 {
 	static const char *const names[HPU_DOC_FORMATS] = {"help", "scdoc", "markdown"};
 	for (int i = 0; i < HPU_DOC_FORMATS; i++)
@@ -155,7 +155,7 @@ static void markdown_entry(FILE *f, const hpu_optspec *specs, const hpu_optspec 
 	fputc('\n', f);
 }
 
-void hpu_optdoc_heading(FILE *f, const char *title, int how)
+void hpu__optdoc_heading(FILE *f, const char *title, int how)
 {
 	switch (how & ~HPU_DOC_KEYS) {
 	case HPU_DOC_HELP: fprintf(f, "\n%s:\n", title); break;
@@ -172,12 +172,12 @@ void hpu_optdoc_heading(FILE *f, const char *title, int how)
 	}
 }
 
-void hpu_optdoc(FILE *f, const hpu_optspec *specs, int how, int col)
+void hpu__optdoc(FILE *f, const hpu_optspec *specs, int how, int col)
 {
 	int keys = (how & HPU_DOC_KEYS) != 0;
 	for (const hpu_optspec *s = specs; !is_end(s); s++) {
 		if (s->section)
-			hpu_optdoc_heading(f, s->section, how);
+			hpu__optdoc_heading(f, s->section, how);
 		if (!s->help)
 			continue; /* another name (printed with its option), or hidden */
 		switch (how & ~HPU_DOC_KEYS) {

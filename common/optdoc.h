@@ -15,7 +15,7 @@
 
 #include <stdio.h>
 
-#include "opt.h"
+#include "common/opt.h"
 
 /* How the table is printed. */
 enum {
@@ -30,14 +30,14 @@ enum {
 
 /* The format named "help", "scdoc" or "markdown", or -1 (the value of
  * the programs' hidden --help-doc FORMAT). */
-int hpu_optdoc_format(const char *name);
+int hpu__optdoc_format(const char *name);
 
 /* Prints the documented entries of specs (up to its empty entry) in
  * format how. col: where --help's texts start (the options before them
  * are indented by two); unused by the other formats. */
-void hpu_optdoc(FILE *f, const hpu_optspec *specs, int how, int col);
+void hpu__optdoc(FILE *f, const hpu_optspec *specs, int how, int col);
 
 /* A heading in format how, as an entry's section is printed. */
-void hpu_optdoc_heading(FILE *f, const char *title, int how);
+void hpu__optdoc_heading(FILE *f, const char *title, int how);
 
 #endif

@@ -1,23 +1,23 @@
 /* shmname: a job's shared-memory segment names, recognized. */
-#include "shmname.h"
+#include "common/shmname.h"
 
 #include <string.h>
 
-#include "hex.h"
+#include "common/hex.h"
 
-int hpu_shm_session_ok(const char *s)
+int hpu__shm_session_ok(const char *s)
 {
-	return s && hpu_is_hex(s, HPU_SHM_SESSION_HEX) && s[HPU_SHM_SESSION_HEX] == '\0';
+	return s && hpu__is_hex(s, HPU_SHM_SESSION_HEX) && s[HPU_SHM_SESSION_HEX] == '\0';
 }
 
-int hpu_shm_seg_node(const char *name, const char *job, int *session)
+int hpu__shm_seg_node(const char *name, const char *job, int *session)
 {
 	size_t jl = strlen(job);
 	if (strncmp(name, "hpucoll-", 8) != 0 || strncmp(name + 8, job, jl) != 0 ||
 	    name[8 + jl] != '-')
 		return -1;
 	const char *d = name + 9 + jl;
-	int s = hpu_is_hex(d, HPU_SHM_SESSION_HEX) && d[HPU_SHM_SESSION_HEX] == '-';
+	int s = hpu__is_hex(d, HPU_SHM_SESSION_HEX) && d[HPU_SHM_SESSION_HEX] == '-';
 	if (s)
 		d += HPU_SHM_SESSION_HEX + 1;
 	/* "n" and the node as %d writes it: no sign, no leading zero */

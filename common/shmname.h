@@ -11,11 +11,11 @@ enum { HPU_SHM_SESSION_HEX = 32 };
 
 /* Whether s is a session: exactly HPU_SHM_SESSION_HEX lowercase hex
  * digits. */
-int hpu_shm_session_ok(const char *s);
+int hpu__shm_session_ok(const char *s);
 
 /* The node of segment `name` (a /dev/shm entry, no leading '/') when it
  * is one of job's, in either form, else -1; *session (if not NULL) says
  * whether the name carries a session. */
-int hpu_shm_seg_node(const char *name, const char *job, int *session);
+int hpu__shm_seg_node(const char *name, const char *job, int *session);
 
 #endif

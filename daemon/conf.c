@@ -2,10 +2,10 @@
  * stores its value; the file is read into a copy of the caller's struct,
  * which is copied back only when every line was good, so that a bad file
  * (or a SIGHUP reload of one) leaves the running configuration alone. */
-#include "conf.h"
-#include "fileio.h"
-#include "num.h"
-#include "optdoc.h"
+#include "daemon/conf.h"
+#include "common/fileio.h"
+#include "common/num.h"
+#include "common/optdoc.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,14 +21,14 @@
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
-const char *hpud_log_level_name(hpud_log_level l)
+const char *hpud__log_level_name(hpud_log_level l)
 {
 	if ((unsigned)l >= sizeof level_names / sizeof level_names[0])
 		return "?";
 	return level_names[l];
 }
 
-void hpud_conf_defaults(hpud_conf *c)
+void hpud__conf_defaults(hpud_conf *c)
 {
 	memset(c, 0, sizeof *c);
 	strcpy(c->listen, "0.0.0.0");
@@ -48,7 +48,7 @@ void hpud_conf_defaults(hpud_conf *c)
 static int parse_int(const char *v, int lo, int hi, int *out, char *why,
 		     size_t whylen)
 {
-	if (hpu_parse_int(v, lo, hi, out)) {
+	if (hpu__parse_int(v, lo, hi, out)) {
 		snprintf(why, whylen, "'%s' is not an integer from %d to %d",
 			 v, lo, hi);
 		return -1;
@@ -61,7 +61,7 @@ static int parse_seconds(const char *v, double hi, double *out, char *why,
 			 size_t whylen)
 {
 	/* above 0, and finite */
-	if (hpu_parse_double(v, DBL_TRUE_MIN, hi < HUGE_VAL ? hi : DBL_MAX, out)) {
+	if (hpu__parse_double(v, DBL_TRUE_MIN, hi < HUGE_VAL ? hi : DBL_MAX, out)) {
 		if (hi < HUGE_VAL)
 			snprintf(why, whylen,
 				 "'%s' is not a number of seconds > 0 "
@@ -173,7 +173,7 @@ static int set_output_buffer(hpud_conf *c, const char *v, char *why, size_t whyl
 {
 	const char *end;
 	uint64_t x;
-	int bad = v[0] < '0' || v[0] > '9' || hpu_parse_u64_prefix(v, &end, &x);
+	int bad = v[0] < '0' || v[0] > '9' || hpu__parse_u64_prefix(v, &end, &x);
 	int shift = bad ? 0 : *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
 	if (shift)
 		end++;
@@ -193,9 +193,9 @@ static int set_job_uids(hpud_conf *c, const char *v, char *why, size_t whylen)
 {
 	const char *end;
 	uint64_t a, b;
-	int ok = v[0] >= '0' && v[0] <= '9' && !hpu_parse_u64_prefix(v, &end, &a) &&
+	int ok = v[0] >= '0' && v[0] <= '9' && !hpu__parse_u64_prefix(v, &end, &a) &&
 		 *end == '-' && end[1] >= '0' && end[1] <= '9' &&
-		 !hpu_parse_u64(end + 1, 1, 0x7ffffffe, &b) && a >= 1 && a <= b && b - a < 65536;
+		 !hpu__parse_u64(end + 1, 1, 0x7ffffffe, &b) && a >= 1 && a <= b && b - a < 65536;
 	if (!ok) {
 		snprintf(why, whylen,
 			 "'%s' is not a range of uids FIRST-LAST (1 to 2147483646, "
@@ -310,10 +310,10 @@ static int apply_line(hpud_conf *c, char *line, size_t len, int *first_line,
 	return 0;
 }
 
-int hpud_conf_load(hpud_conf *c, const char *path, char *err, size_t errlen)
+int hpud__conf_load(hpud_conf *c, const char *path, char *err, size_t errlen)
 {
 	const char *why;
-	FILE *f = hpu_open_input(path, &why); /* a FIFO would block */
+	FILE *f = hpu__open_input(path, &why); /* a FIFO would block */
 	if (!f) {
 		snprintf(err, errlen, "%s: %s", path, why);
 		return -1;
@@ -345,11 +345,11 @@ done:
 	return rc;
 }
 
-void hpud_conf_doc(FILE *f, int how)
+void hpud__conf_doc(FILE *f, int how)
 {
 	hpu_optspec specs[NKEYS + 1] = {{0}};
 	for (size_t k = 0; k < NKEYS; k++)
 		specs[k] = (hpu_optspec){keys[k].name, 0, HPU_OPT_VALUE, (int)k + 1, keys[k].arg,
 					 .help = keys[k].help};
-	hpu_optdoc(f, specs, how | HPU_DOC_KEYS, 28);
+	hpu__optdoc(f, specs, how | HPU_DOC_KEYS, 28);
 }

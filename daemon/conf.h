@@ -51,16 +51,16 @@ typedef struct hpud_conf {
 } hpud_conf;
 
 /* The defaults above. */
-void hpud_conf_defaults(hpud_conf *c);
+void hpud__conf_defaults(hpud_conf *c);
 
 /* Reads `path` over the defaults. Returns 0, or -1 with one sentence in
  * err ("FILE:LINE: unknown key 'prot'"). c is unchanged on failure. */
-int hpud_conf_load(hpud_conf *c, const char *path, char *err, size_t errlen);
+int hpud__conf_load(hpud_conf *c, const char *path, char *err, size_t errlen);
 
-const char *hpud_log_level_name(hpud_log_level l);
+const char *hpud__log_level_name(hpud_log_level l);
 
 /* Prints every key with its value's form and what it does, in the
  * format how (optdoc.h: HPU_DOC_HELP, _SCDOC, _MARKDOWN). */
-void hpud_conf_doc(FILE *f, int how);
+void hpud__conf_doc(FILE *f, int how);
 
 #endif

@@ -31,22 +31,22 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "auth.h"
-#include "codec.h"
-#include "conf.h"
-#include "env.h"
-#include "job.h"
-#include "joboutput.h"
-#include "log.h"
-#include "nodejob.h"
-#include "opt.h"
-#include "optdoc.h"
-#include "outq.h"
-#include "quarantine.h"
-#include "restart.h"
-#include "trust.h"
-#include "uidproc.h"
-#include "zwatch.h"
+#include "proto/auth.h"
+#include "proto/codec.h"
+#include "daemon/conf.h"
+#include "common/env.h"
+#include "daemon/job.h"
+#include "daemon/joboutput.h"
+#include "common/log.h"
+#include "agent/nodejob.h"
+#include "common/opt.h"
+#include "common/optdoc.h"
+#include "daemon/outq.h"
+#include "daemon/quarantine.h"
+#include "agent/restart.h"
+#include "daemon/trust.h"
+#include "agent/uidproc.h"
+#include "agent/zwatch.h"
 
 #define MAX_JOBS 64
 #define MAX_DEVICES HPUD_MAX_DEVICES
@@ -110,8 +110,8 @@ static hpu_log_level log_level_of(hpud_log_level lvl)
  * set the level. */
 static void apply_log_level(void)
 {
-	if (!D.log_level_fixed && !hpu_log_level_from_env())
-		hpu_log_set_level(log_level_of(D.conf.log_level));
+	if (!D.log_level_fixed && !hpu__log_level_from_env())
+		hpu__log_set_level(log_level_of(D.conf.log_level));
 }
 
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
@@ -124,14 +124,14 @@ static void logmsg(hpud_log_level lvl, const char *fmt, ...)
  * the same way, as "hpud: text". */
 static void logmsg(hpud_log_level lvl, const char *fmt, ...)
 {
-	if (!hpu_log_enabled(log_level_of(lvl)))
+	if (!hpu__log_enabled(log_level_of(lvl)))
 		return;
 	char line[1200];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof line, fmt, ap);
 	va_end(ap);
-	hpu_log(log_level_of(lvl), "%s: %s", hpud_log_level_name(lvl), line);
+	hpu__log(log_level_of(lvl), "%s: %s", hpud__log_level_name(lvl), line);
 }
 
 /* Tells systemd `state` ("READY=1", ...) with a STATUS= line of what
@@ -202,7 +202,7 @@ static int own_uids(void)
 	return D.set_user && D.conf.job_uid_first;
 }
 
-/* After j's workers and what they left were ended (hpu_nodejob_destroy):
+/* After j's workers and what they left were ended (hpu__nodejob_destroy):
  * a process that still runs under its uid keeps the uid out of the
  * pool. */
 static void check_job_uid(const job *j)
@@ -210,7 +210,7 @@ static void check_job_uid(const job *j)
 	if (own_uids()) {
 		char whose[128];
 		snprintf(whose, sizeof whose, "left by job %s, which has ended", j->id);
-		hpud_quarantine_if_used(&D.quarantine, j->uid, whose);
+		hpud__quarantine_if_used(&D.quarantine, j->uid, whose);
 	}
 }
 
@@ -220,7 +220,7 @@ static void retire_job(job *j)
 {
 	ev_timer_stop(D.loop, &j->progress_timer);
 	if (j->nj) {
-		hpu_nodejob_destroy(&j->nj);
+		hpu__nodejob_destroy(&j->nj);
 		check_job_uid(j);
 	}
 	for (int i = 0; i < j->devices; i++)
@@ -232,7 +232,7 @@ static void retire_job(job *j)
 static void release_job(job *j)
 {
 	retire_job(j);
-	hpud_outq_free(&j->out);
+	hpud__outq_free(&j->out);
 	free_argv(j->argv);
 	free_argv(j->env);
 	free(j->node_devices);
@@ -249,7 +249,7 @@ static size_t pack_env(const char *session, Hpu__Envelope *env, uint8_t **body)
 	env->instance = D.instance;
 	env->session = (char *)session;
 	env->seq = 0;
-	return hpu_codec_pack(env, body);
+	return hpu__codec_pack(env, body);
 }
 
 /* Signs a packed envelope (pack_env) with the next sequence number (the
@@ -276,11 +276,11 @@ static int send_body(const hpu_codec_peer *peer, const uint8_t *body, size_t ble
 	Hpu__Envelope s = HPU__ENVELOPE__INIT;
 	s.seq = ++D.seq;
 	uint8_t *tail = NULL, *whole = NULL, *frame = NULL;
-	size_t tlen = hpu_codec_pack(&s, &tail), flen = 0;
+	size_t tlen = hpu__codec_pack(&s, &tail), flen = 0;
 	if (tail && (whole = malloc(blen + tlen))) {
 		memcpy(whole, body, blen);
 		memcpy(whole + blen, tail, tlen);
-		flen = hpu_auth_sign(D.auth, whole, blen + tlen, hpu_auth_now_ms(), &frame);
+		flen = hpu__auth_sign(D.auth, whole, blen + tlen, hpu__auth_now_ms(), &frame);
 	}
 	free(tail);
 	free(whole);
@@ -324,7 +324,7 @@ static void reply_launch(const hpu_codec_peer *peer, const char *session, const 
 			ids[i] = (uint32_t)j->dev[i];
 		r.n_device_ids = (size_t)j->devices;
 		r.device_ids = ids;
-		r.master_port = (uint32_t)hpu_nodejob_master_port(j->nj);
+		r.master_port = (uint32_t)hpu__nodejob_master_port(j->nj);
 	}
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REPLY;
@@ -339,7 +339,7 @@ static void on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 {
 	(void)nj;
 	(void)is_err;
-	hpud_jobout_line(&D.out, arg, rank, line, len);
+	hpud__jobout_line(&D.out, arg, rank, line, len);
 }
 
 /* Sends rank 0's latest record to the submitter. */
@@ -348,10 +348,10 @@ static void send_progress(job *j)
 	hpu_status_rec st;
 	double age;
 	j->progress_pending = 0;
-	if (!j->nj || hpu_nodejob_status(j->nj, 0, &st, &age) < 0)
+	if (!j->nj || hpu__nodejob_status(j->nj, 0, &st, &age) < 0)
 		return;
 	Hpu__RankStatus rs;
-	hpu_status_to_proto(&rs, 0, &st, age);
+	hpu__status_to_proto(&rs, 0, &st, age);
 	Hpu__Progress p = HPU__PROGRESS__INIT;
 	p.job_id = j->id;
 	p.status = &rs;
@@ -359,7 +359,7 @@ static void send_progress(job *j)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_PROGRESS;
 	env.progress = &p;
-	hpud_jobout_send(&D.out, j, &env, HPUD_JOB_PROGRESS, 0);
+	hpud__jobout_send(&D.out, j, &env, HPUD_JOB_PROGRESS, 0);
 	j->progress_at = ev_now(D.loop);
 	j->progress_phase = st.phase;
 }
@@ -397,11 +397,11 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 {
 	job *j = arg;
 	Hpu__WorkerExit we;
-	hpu_codec_worker_exit(&we, rank, j->node_rank, pid, status);
+	hpu__codec_worker_exit(&we, rank, j->node_rank, pid, status);
 	hpu_status_rec st;
 	double age;
 	we.phase = HPU_PHASE_SETUP; /* no record yet */
-	if (hpu_nodejob_status(nj, rank, &st, &age) == 0) {
+	if (hpu__nodejob_status(nj, rank, &st, &age) == 0) {
 		we.step = st.step;
 		we.total = st.total;
 		we.phase = (uint32_t)st.phase;
@@ -409,7 +409,7 @@ static void on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void 
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;
-	hpud_jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
+	hpud__jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
 }
 
 static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
@@ -417,7 +417,7 @@ static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 	job *j = arg;
 	logmsg(failed ? HPUD_LOG_WARN : HPUD_LOG_INFO, "job %s node %d ended%s%s", j->id,
 	       j->node_rank, failed ? ": " : " successfully", failed ? cause : "");
-	long bad = hpu_nodejob_status_bad(nj);
+	long bad = hpu__nodejob_status_bad(nj);
 	if (bad)
 		logmsg(HPUD_LOG_WARN, "job %s: %ld malformed status lines from the workers were ignored",
 		       j->id, bad);
@@ -431,8 +431,8 @@ static void on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
 	env.job_end = &e;
-	hpud_jobout_ending(&D.out, j); /* its drop notices, before the end */
-	hpud_jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
+	hpud__jobout_ending(&D.out, j); /* its drop notices, before the end */
+	hpud__jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
 	j->ended = 1; /* freed by on_reap, outside the job's own callbacks */
 	ev_prepare_start(D.loop, &D.reap);
 	if (!D.stopping)
@@ -450,7 +450,7 @@ static void on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
 		job *j = &D.jobs[i];
 		if (!j->used || !j->ended)
 			continue;
-		if (!hpud_outq_peek(&j->out) || j->peer_gone || D.stopping)
+		if (!hpud__outq_peek(&j->out) || j->peer_gone || D.stopping)
 			release_job(j);
 		else
 			retire_job(j);
@@ -516,8 +516,8 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 	for (size_t i = 0; i < q->n_env; i++) {
 		const char *e = q->env[i];
 		size_t n = e ? strcspn(e, "=") : 0;
-		int id = e && e[n] == '=' ? hpu_env_find(e) : -1;
-		int known = id >= 0 && hpu_env_in(id, hpu_job_env);
+		int id = e && e[n] == '=' ? hpu__env_find(e) : -1;
+		int known = id >= 0 && hpu__env_in(id, hpu__job_env);
 		if (!known || strlen(e) > MAX_ARG_BYTES)
 			return "env may only set the autocast lists (LOWER_LIST, FP32_LIST, "
 			       "PT_HPU_AUTOCAST_*_OPS_LIST), QUANT_CONFIG, HPUCOLL_SECURITY, "
@@ -590,12 +590,12 @@ static int pick_uid(job *j)
 		return 0;
 	}
 	for (unsigned u = D.conf.job_uid_first; u <= D.conf.job_uid_last; u++) {
-		int taken = hpud_quarantine_has(&D.quarantine, u);
+		int taken = hpud__quarantine_has(&D.quarantine, u);
 		for (int i = 0; i < MAX_JOBS && !taken; i++)
 			taken = D.jobs + i != j && D.jobs[i].used && D.jobs[i].uid == u;
 		int n = taken || !own_uids()
 				? 0
-				: hpud_quarantine_if_used(&D.quarantine, u, "which no running job holds");
+				: hpud__quarantine_if_used(&D.quarantine, u, "which no running job holds");
 		if (!taken && !n) {
 			j->uid = u;
 			return 0;
@@ -673,7 +673,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		}
 	}
 	if (!(j->argv = worker_argv(q)) || !(j->env = job_env(q)) ||
-	    hpud_outq_init(&j->out, j->rank_base, j->devices) < 0) {
+	    hpud__outq_init(&j->out, j->rank_base, j->devices) < 0) {
 		release_job(j);
 		reply_launch(peer, session, id, NULL, "out of memory");
 		return;
@@ -708,7 +708,7 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 		.on_end = on_end,
 		.arg = j,
 	};
-	if (!(j->nj = hpu_nodejob_start(D.loop, &jc, err, sizeof err))) {
+	if (!(j->nj = hpu__nodejob_start(D.loop, &jc, err, sizeof err))) {
 		logmsg(HPUD_LOG_WARN, "job %s from %s could not start: %s", id, addr, err);
 		reply_launch(peer, session, id, NULL, err);
 		release_job(j);
@@ -720,9 +720,9 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 			 j->max_restarts);
 	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers (ranks %d-%d of %d) as uid %d, coordinator %s:%d",
 	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices, j->rank_base,
-	       j->rank_base + j->devices - 1, hpu_nodejob_world(j->nj),
+	       j->rank_base + j->devices - 1, hpu__nodejob_world(j->nj),
 	       D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
-	       hpu_nodejob_master_port(j->nj));
+	       hpu__nodejob_master_port(j->nj));
 	reply_launch(peer, session, id, j, NULL);
 	notify("");
 }
@@ -734,11 +734,11 @@ static size_t rank_status(const job *j, size_t max, Hpu__RankStatus *rs,
 {
 	size_t n = (size_t)j->devices < max ? (size_t)j->devices : max;
 	for (size_t k = 0; k < n; k++) {
-		int rank = hpu_nodejob_rank(j->nj, (int)k);
+		int rank = hpu__nodejob_rank(j->nj, (int)k);
 		hpu_status_rec st;
 		double age;
-		int have = hpu_nodejob_status(j->nj, rank, &st, &age) == 0;
-		hpu_status_to_proto(&rs[k], rank, have ? &st : NULL, age);
+		int have = hpu__nodejob_status(j->nj, rank, &st, &age) == 0;
+		hpu__status_to_proto(&rs[k], rank, have ? &st : NULL, age);
 		rsp[k] = &rs[k];
 	}
 	return n;
@@ -770,7 +770,7 @@ static void do_status(const hpu_codec_peer *peer, const char *session)
 		for (size_t k = 0; k < st[n].n_device_ids; k++)
 			ids[n][k] = (uint32_t)j->dev[k];
 		st[n].device_ids = ids[n];
-		st[n].live_workers = (uint32_t)hpu_nodejob_live(j->nj);
+		st[n].live_workers = (uint32_t)hpu__nodejob_live(j->nj);
 		st[n].seconds = ev_now(D.loop) - j->started;
 		st[n].submitter = j->peer_addr;
 		if (rs && rsp) {
@@ -809,7 +809,7 @@ static void do_cancel(const char *addr, const Hpu__Cancel *c)
 	char reason[200];
 	snprintf(reason, sizeof reason, "cancelled by the submitter (%s)", addr);
 	logmsg(HPUD_LOG_INFO, "job %s: %s", j->id, reason);
-	hpu_nodejob_cancel(j->nj, reason, 2);
+	hpu__nodejob_cancel(j->nj, reason, 2);
 }
 
 static void do_ping(const hpu_codec_peer *peer, const char *session, const Hpu__Ping *p)
@@ -864,12 +864,12 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 	char why[256];
 	const void *body;
 	size_t blen;
-	if (hpu_auth_verify(D.auth, frame, len, hpu_auth_now_ms(), &body, &blen, why,
-			    sizeof why) < 0) {
+	if (hpu__auth_verify(D.auth, frame, len, hpu__auth_now_ms(), &body, &blen, why,
+			     sizeof why) < 0) {
 		log_refusal(addr, why);
 		return;
 	}
-	Hpu__Envelope *m = hpu_codec_unpack(body, blen);
+	Hpu__Envelope *m = hpu__codec_unpack(body, blen);
 	if (!m) {
 		log_refusal(addr, "signed, but not a valid message");
 		return;
@@ -878,7 +878,7 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 	const char *bad = check_binding(m, bwhy, sizeof bwhy);
 	if (bad) {
 		log_refusal(addr, bad);
-		hpu_codec_free(m);
+		hpu__codec_free(m);
 		return;
 	}
 	switch (m->msg_case) {
@@ -901,7 +901,7 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 		log_refusal(addr, "not a request hpud takes");
 		break;
 	}
-	hpu_codec_free(m);
+	hpu__codec_free(m);
 }
 
 /* ---- the socket ---- */
@@ -964,7 +964,7 @@ static int open_socket(char *err, size_t errlen)
 	    zmq_setsockopt(D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
 	    zmq_setsockopt(D.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) ||
 	    zmq_bind(D.sock, ep) ||
-	    hpu_zwatch_start(&D.zw, D.loop, D.sock, on_sock, NULL)) {
+	    hpu__zwatch_start(&D.zw, D.loop, D.sock, on_sock, NULL)) {
 		snprintf(err, errlen, "cannot listen on %s: %s", ep, zmq_strerror(errno));
 		return -1;
 	}
@@ -977,7 +977,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	(void)t;
 	(void)revents;
-	hpud_quarantine_check(&D.quarantine);
+	hpud__quarantine_check(&D.quarantine);
 	for (int i = 0; i < MAX_JOBS; i++) {
 		job *j = &D.jobs[i];
 		double silent = ev_now(loop) - j->last_ping;
@@ -991,18 +991,18 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 		if (!j->used || !j->nj || j->ended)
 			continue;
 		if (j->held && (j->peer_gone || ev_now(loop) - j->out_moved >= OUTPUT_STALL_S))
-			hpud_jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
+			hpud__jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
 		if (silent > D.conf.submitter_timeout_s) {
 			char reason[200];
 			snprintf(reason, sizeof reason,
 				 "the submitter (%s) went away: no ping for %.0f s", j->peer_addr,
 				 silent);
 			logmsg(HPUD_LOG_WARN, "job %s: %s", j->id, reason);
-			hpu_nodejob_cancel(j->nj, reason, 2);
+			hpu__nodejob_cancel(j->nj, reason, 2);
 			j->last_ping = ev_now(loop) + 3600; /* say it once */
 			j->peer_gone = 1;
 			if (j->held)
-				hpud_jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
+				hpud__jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
 		}
 	}
 }
@@ -1010,12 +1010,12 @@ static void on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 static int load_key(char *err, size_t errlen)
 {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
-	if (hpu_auth_load_key(D.conf.key_path, key, err, errlen) < 0)
+	if (hpu__auth_load_key(D.conf.key_path, key, err, errlen) < 0)
 		return -1;
 	if (D.auth)
-		hpu_auth_set_key(D.auth, key);
+		hpu__auth_set_key(D.auth, key);
 	else
-		D.auth = hpu_auth_new(key, (int64_t)(D.conf.clock_window_s * 1000), 1 << 16);
+		D.auth = hpu__auth_new(key, (int64_t)(D.conf.clock_window_s * 1000), 1 << 16);
 	memset(key, 0, sizeof key);
 	if (!D.auth) {
 		snprintf(err, errlen, "out of memory");
@@ -1088,8 +1088,8 @@ static void reload(void)
 {
 	char err[1024];
 	hpud_conf c = D.conf;
-	if (hpud_trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
-	    hpud_conf_load(&c, D.conf_path, err, sizeof err) < 0) {
+	if (hpud__trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
+	    hpud__conf_load(&c, D.conf_path, err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		return;
 	}
@@ -1104,9 +1104,9 @@ static void reload(void)
 	snprintf(D.conf.listen, sizeof D.conf.listen, "%s", old.listen);
 	D.conf.port = old.port;
 	if (resolve_user(&D.conf, err, sizeof err) < 0 ||
-	    hpud_trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
+	    hpud__trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    load_key(err, sizeof err) < 0 ||
-	    hpud_trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
+	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		D.conf = old;
 		resolve_user(&D.conf, err, sizeof err);
@@ -1142,7 +1142,7 @@ static void on_term(struct ev_loop *loop, ev_signal *w, int revents)
 	int left = 0;
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended) {
-			hpu_nodejob_cancel(D.jobs[i].nj, "hpud is shutting down", 2);
+			hpu__nodejob_cancel(D.jobs[i].nj, "hpud is shutting down", 2);
 			left++;
 		}
 	if (!left)
@@ -1178,7 +1178,7 @@ static void usage(FILE *f)
 		   "       hpud -c FILE --check check the configuration and the key, then exit\n"
 		   "\n"
 		   "options:\n");
-	hpu_optdoc(f, specs, HPU_DOC_HELP, 22);
+	hpu__optdoc(f, specs, HPU_DOC_HELP, 22);
 	fprintf(f, "\n"
 		   "Logs go to stderr. SIGHUP reloads the configuration and the key;\n"
 		   "SIGTERM cancels the running jobs and exits.\n");
@@ -1189,15 +1189,15 @@ static void usage(FILE *f)
 static int help_doc(const char *format)
 {
 	int conf = !strncmp(format, "conf-", 5);
-	int how = hpu_optdoc_format(conf ? format + 5 : format);
+	int how = hpu__optdoc_format(conf ? format + 5 : format);
 	if (how < 0) {
 		logmsg(HPUD_LOG_ERROR, "--help-doc takes [conf-]help, scdoc or markdown, not '%s'", format);
 		return 2;
 	}
 	if (conf)
-		hpud_conf_doc(stdout, how);
+		hpud__conf_doc(stdout, how);
 	else
-		hpu_optdoc(stdout, specs, how, 22);
+		hpu__optdoc(stdout, specs, how, 22);
 	return 0;
 }
 
@@ -1236,20 +1236,20 @@ int main(int argc, char **argv)
 	D.conf_path = "/etc/hpud/hpud.conf";
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	if (hpu_log_init(err, sizeof err, "hpud") < 0) {
+	if (hpu__log_init(err, sizeof err, "hpud") < 0) {
 		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 2;
 	}
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, specs);
-	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+	hpu__optparse_init(&p, argc, argv, specs);
+	for (int r; (r = hpu__optparse_next(&p)) != HPU_OPT_END;) {
 		if (r == OPT_HELP) {
 			usage(stdout);
 			return 0;
 		} else if (r == OPT_HELP_DOC) {
 			return help_doc(p.val);
 		} else if (r == OPT_GEN_KEY) {
-			if (hpu_auth_gen_key(p.val, err, sizeof err) < 0) {
+			if (hpu__auth_gen_key(p.val, err, sizeof err) < 0) {
 				logmsg(HPUD_LOG_ERROR, "%s", err);
 				return 1;
 			}
@@ -1262,11 +1262,11 @@ int main(int argc, char **argv)
 			check = 1;
 		} else if (r == OPT_LOG_LEVEL) {
 			hpu_log_level lvl;
-			if (hpu_log_parse_level(p.val, "--log-level", &lvl, err, sizeof err) < 0) {
+			if (hpu__log_parse_level(p.val, "--log-level", &lvl, err, sizeof err) < 0) {
 				logmsg(HPUD_LOG_ERROR, "%s", err);
 				return 2;
 			}
-			hpu_log_set_level(lvl);
+			hpu__log_set_level(lvl);
 			D.log_level_fixed = 1;
 		} else if (r == HPU_OPT_MISSING) {
 			logmsg(HPUD_LOG_ERROR, "%s needs a value", p.arg);
@@ -1278,16 +1278,16 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	hpud_conf_defaults(&D.conf);
+	hpud__conf_defaults(&D.conf);
 	D.quarantine.log = logmsg;
 	/* Nothing that someone else could have written is read or run
 	 * (daemon/trust.h): the configuration, the key, the worker program. */
-	if (hpud_trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
-	    hpud_conf_load(&D.conf, D.conf_path, err, sizeof err) < 0 ||
+	if (hpud__trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
+	    hpud__conf_load(&D.conf, D.conf_path, err, sizeof err) < 0 ||
 	    resolve_user(&D.conf, err, sizeof err) < 0 ||
-	    hpud_trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
+	    hpud__trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    load_key(err, sizeof err) < 0 || find_worker(err, sizeof err) < 0 ||
-	    hpud_trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
+	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
@@ -1297,7 +1297,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	D.loop = EV_DEFAULT;
-	if (hpu_auth_random_id(D.instance) < 0) {
+	if (hpu__auth_random_id(D.instance) < 0) {
 		logmsg(HPUD_LOG_ERROR, "cannot draw an instance id: the random generator failed");
 		return 1;
 	}
@@ -1310,7 +1310,7 @@ int main(int argc, char **argv)
 	ev_prepare_init(&D.reap, on_reap);
 	D.out = (hpud_jobout){.loop = D.loop, .conf = &D.conf, .jobs = D.jobs, .njobs = MAX_JOBS,
 			      .reap = &D.reap, .pack = pack_env, .send = send_body, .log = logmsg};
-	hpud_jobout_init(&D.out);
+	hpud__jobout_init(&D.out);
 	ev_signal_init(&D.sigterm, on_term, SIGTERM);
 	ev_signal_init(&D.sigint, on_term, SIGINT);
 	ev_signal_init(&D.sighup, on_hup, SIGHUP);
@@ -1325,10 +1325,10 @@ int main(int argc, char **argv)
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (D.jobs[i].used)
 			release_job(&D.jobs[i]);
-	hpu_zwatch_stop(&D.zw);
+	hpu__zwatch_stop(&D.zw);
 	zmq_close(D.sock);
-	hpu_zmq_ctx_term(D.ctx);
-	hpu_auth_destroy(&D.auth);
+	hpu__zmq_ctx_term(D.ctx);
+	hpu__auth_destroy(&D.auth);
 	logmsg(HPUD_LOG_INFO, "stopped");
 	return 0;
 }

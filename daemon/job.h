@@ -7,9 +7,9 @@
 #include <ev.h>
 #include <sys/types.h>
 
-#include "codec.h"
-#include "nodejob.h"
-#include "outq.h"
+#include "proto/codec.h"
+#include "agent/nodejob.h"
+#include "daemon/outq.h"
 
 #define HPUD_MAX_DEVICES 1024
 

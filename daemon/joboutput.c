@@ -1,10 +1,10 @@
 /* joboutput: the way of a job's messages to its submitter (joboutput.h). */
-#include "joboutput.h"
+#include "daemon/joboutput.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "outq.h"
+#include "daemon/outq.h"
 
 #define DRAIN_MIN_S 0.001        /* a full queue to a peer is tried again after
 				  * this, twice as long after each try that
@@ -37,7 +37,7 @@ static void hold_output(hpud_jobout *o, hpud_job *j, int hold)
 	if (hold)
 		j->out_moved = ev_now(o->loop); /* the wait for the submitter starts */
 	if (j->nj)
-		hpu_nodejob_hold_output(j->nj, hold);
+		hpu__nodejob_hold_output(j->nj, hold);
 }
 
 /* Packs env into j's queue (daemon/outq.h): an output line of `rank`
@@ -49,8 +49,8 @@ static void hold_output(hpud_jobout *o, hpud_job *j, int hold)
 static int queue_env(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
 		     size_t text_len)
 {
-	if (rank >= 0 && hpud_outq_dropping(&j->out)) {
-		hpud_outq_count_drop(&j->out, rank, text_len); /* not even packed */
+	if (rank >= 0 && hpud__outq_dropping(&j->out)) {
+		hpud__outq_count_drop(&j->out, rank, text_len); /* not even packed */
 		return 0;
 	}
 	uint8_t *body = NULL;
@@ -60,11 +60,11 @@ static int queue_env(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
 		       j->id);
 		return 0;
 	}
-	int queued = rank == HPUD_JOB_CONTROL ? hpud_outq_push(&j->out, body, blen) == 0
+	int queued = rank == HPUD_JOB_CONTROL ? hpud__outq_push(&j->out, body, blen) == 0
 		     : rank == HPUD_JOB_PROGRESS
-			 ? hpud_outq_push_record(&j->out, o->conf->output_buffer, body, blen)
-			 : hpud_outq_push_line(&j->out, rank, text_len, body, blen);
-	if (queued && rank >= 0 && hpud_outq_full(&j->out, o->conf->output_buffer))
+			 ? hpud__outq_push_record(&j->out, o->conf->output_buffer, body, blen)
+			 : hpud__outq_push_line(&j->out, rank, text_len, body, blen);
+	if (queued && rank >= 0 && hpud__outq_full(&j->out, o->conf->output_buffer))
 		hold_output(o, j, 1);
 	return queued;
 }
@@ -108,7 +108,7 @@ static void queue_drop_notices(hpud_jobout *o, hpud_job *j)
 	int rank;
 	hpud_outq_drops d;
 	char text[300], sz[32];
-	while (hpud_outq_take_drops(&j->out, &rank, &d)) {
+	while (hpud__outq_take_drops(&j->out, &rank, &d)) {
 		if (d.lines) {
 			snprintf(text, sizeof text,
 				 "[hpud: %lld lines (%s) of this rank's output dropped: the submitter took none of it for %.0f s]",
@@ -128,11 +128,11 @@ static void queue_drop_notices(hpud_jobout *o, hpud_job *j)
 	}
 }
 
-void hpud_jobout_stall(hpud_jobout *o, hpud_job *j, double silent)
+void hpud__jobout_stall(hpud_jobout *o, hpud_job *j, double silent)
 {
 	char sz[32];
 	j->stalled_s = silent;
-	hpud_outq_stall(&j->out);
+	hpud__outq_stall(&j->out);
 	hold_output(o, j, 0);
 	o->log(HPUD_LOG_WARN, "job %s: the submitter (%s) took none of its output for %.0f s with output_buffer (%s) full: its output is dropped and counted until it reads again",
 	       j->id, j->peer_addr, silent,
@@ -147,15 +147,15 @@ void hpud_jobout_stall(hpud_jobout *o, hpud_job *j, double silent)
 static int flush_job(hpud_jobout *o, hpud_job *j)
 {
 	const hpud_outq_msg *m;
-	while ((m = hpud_outq_peek(&j->out))) {
+	while ((m = hpud__outq_peek(&j->out))) {
 		if (o->send(&j->peer, m->body, m->len) == 1)
 			return 1;
-		hpud_outq_pop(&j->out);
+		hpud__outq_pop(&j->out);
 		o->drained++;
 		j->out_moved = ev_now(o->loop);
-		if (hpud_outq_caught_up(&j->out, o->conf->output_buffer))
+		if (hpud__outq_caught_up(&j->out, o->conf->output_buffer))
 			queue_drop_notices(o, j);
-		if (j->held && hpud_outq_room(&j->out, o->conf->output_buffer))
+		if (j->held && hpud__outq_room(&j->out, o->conf->output_buffer))
 			hold_output(o, j, 0);
 	}
 	if (j->ended)
@@ -182,7 +182,7 @@ static void on_drain(struct ev_loop *loop, ev_timer *t, int revents)
 	long before = o->drained;
 	int waiting = 0;
 	for (int i = 0; i < o->njobs; i++)
-		if (o->jobs[i].used && hpud_outq_peek(&o->jobs[i].out))
+		if (o->jobs[i].used && hpud__outq_peek(&o->jobs[i].out))
 			waiting |= flush_job(o, &o->jobs[i]);
 	if (waiting)
 		drain_later(o, o->drained > before ? DRAIN_MIN_S
@@ -190,24 +190,24 @@ static void on_drain(struct ev_loop *loop, ev_timer *t, int revents)
 								     : DRAIN_MAX_S);
 }
 
-void hpud_jobout_send(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
-		      size_t text_len)
+void hpud__jobout_send(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
+		       size_t text_len)
 {
 	if (queue_env(o, j, env, rank, text_len) && flush_job(o, j) &&
 	    !ev_is_active(&o->drain))
 		drain_later(o, DRAIN_MIN_S);
 }
 
-void hpud_jobout_init(hpud_jobout *o)
+void hpud__jobout_init(hpud_jobout *o)
 {
 	ev_timer_init(&o->drain, on_drain, DRAIN_MIN_S, 0);
 	o->drain.data = o;
 }
 
-void hpud_jobout_line(hpud_jobout *o, hpud_job *j, int rank, const char *line, size_t len)
+void hpud__jobout_line(hpud_jobout *o, hpud_job *j, int rank, const char *line, size_t len)
 {
-	if (hpud_outq_dropping(&j->out)) {
-		hpud_outq_keep_line(&j->out, rank, line, len);
+	if (hpud__outq_dropping(&j->out)) {
+		hpud__outq_keep_line(&j->out, rank, line, len);
 		return;
 	}
 	queue_line(o, j, rank, line, len, rank);
@@ -215,9 +215,9 @@ void hpud_jobout_line(hpud_jobout *o, hpud_job *j, int rank, const char *line, s
 		drain_later(o, DRAIN_MIN_S);
 }
 
-void hpud_jobout_ending(hpud_jobout *o, hpud_job *j)
+void hpud__jobout_ending(hpud_jobout *o, hpud_job *j)
 {
-	if (hpud_outq_has_drops(&j->out))
+	if (hpud__outq_has_drops(&j->out))
 		queue_drop_notices(o, j);
 	if (j->out.total.lines) {
 		char sz[32];

@@ -4,10 +4,10 @@
  * again, so a drain timer tries again for the jobs whose messages wait.
  * A queue past output_buffer holds the job's workers' output
  * (back-pressure); a submitter that takes none of it for a while stalls
- * the queue (hpud_jobout_stall): the lines are dropped, counted, and
+ * the queue (hpud__jobout_stall): the lines are dropped, counted, and
  * notices go out in their place.
  *
- * hpud fills in the fields above `drain` and calls hpud_jobout_init. */
+ * hpud fills in the fields above `drain` and calls hpud__jobout_init. */
 #ifndef HPUD_JOBOUTPUT_H
 #define HPUD_JOBOUTPUT_H
 
@@ -15,11 +15,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "codec.h"
-#include "conf.h"
-#include "job.h"
+#include "proto/codec.h"
+#include "daemon/conf.h"
+#include "daemon/job.h"
 
-/* hpud_jobout_send's `rank` for a message that is not an output line: */
+/* hpud__jobout_send's `rank` for a message that is not an output line: */
 #define HPUD_JOB_CONTROL (-2)  /* never dropped */
 #define HPUD_JOB_PROGRESS (-1) /* dropped past output_buffer, uncounted */
 
@@ -44,25 +44,25 @@ typedef struct hpud_jobout {
 } hpud_jobout;
 
 /* Readies the drain timer (not started). */
-void hpud_jobout_init(hpud_jobout *o);
+void hpud__jobout_init(hpud_jobout *o);
 
 /* A message for j's submitter: an output line of `rank` (>= 0, text_len
  * bytes of text), HPUD_JOB_PROGRESS or HPUD_JOB_CONTROL; queued, then
  * sent if it can. */
-void hpud_jobout_send(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
-		      size_t text_len);
+void hpud__jobout_send(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
+		       size_t text_len);
 
 /* A worker's line to the submitter: all of it queued, unless the queue
  * is stalled (then kept as the rank's last, outq.h); flushed. */
-void hpud_jobout_line(hpud_jobout *o, hpud_job *j, int rank, const char *line, size_t len);
+void hpud__jobout_line(hpud_jobout *o, hpud_job *j, int rank, const char *line, size_t len);
 
 /* The submitter has taken none of j's output for `silent` seconds while
  * its workers' output was held (or it is gone): the output is read again
  * and dropped, counted, until the submitter has taken half the queue. */
-void hpud_jobout_stall(hpud_jobout *o, hpud_job *j, double silent);
+void hpud__jobout_stall(hpud_jobout *o, hpud_job *j, double silent);
 
 /* j ends: the notices of its drops not yet sent are queued (before the
  * end), and its drops in all are logged. */
-void hpud_jobout_ending(hpud_jobout *o, hpud_job *j);
+void hpud__jobout_ending(hpud_jobout *o, hpud_job *j);
 
 #endif

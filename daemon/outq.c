@@ -1,11 +1,11 @@
 /* outq: a singly linked list with a byte count and, per rank, the
  * output lines dropped since the last notice. */
-#include "outq.h"
+#include "daemon/outq.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-int hpud_outq_init(hpud_outq *q, int first_rank, int nranks)
+int hpud__outq_init(hpud_outq *q, int first_rank, int nranks)
 {
 	memset(q, 0, sizeof *q);
 	if (nranks > 0 &&
@@ -16,17 +16,17 @@ int hpud_outq_init(hpud_outq *q, int first_rank, int nranks)
 	return 0;
 }
 
-void hpud_outq_free(hpud_outq *q)
+void hpud__outq_free(hpud_outq *q)
 {
 	while (q->head)
-		hpud_outq_pop(q);
+		hpud__outq_pop(q);
 	for (int i = 0; i < q->nranks; i++)
 		free(q->drops[i].last);
 	free(q->drops);
 	memset(q, 0, sizeof *q);
 }
 
-int hpud_outq_push(hpud_outq *q, uint8_t *body, size_t len)
+int hpud__outq_push(hpud_outq *q, uint8_t *body, size_t len)
 {
 	hpud_outq_msg *m = malloc(sizeof *m);
 	if (!m) {
@@ -46,44 +46,44 @@ int hpud_outq_push(hpud_outq *q, uint8_t *body, size_t len)
 	return 0;
 }
 
-int hpud_outq_push_line(hpud_outq *q, int rank, size_t text_len, uint8_t *body, size_t len)
+int hpud__outq_push_line(hpud_outq *q, int rank, size_t text_len, uint8_t *body, size_t len)
 {
 	if (!q->dropping)
-		return hpud_outq_push(q, body, len) == 0;
+		return hpud__outq_push(q, body, len) == 0;
 	free(body);
-	hpud_outq_count_drop(q, rank, text_len);
+	hpud__outq_count_drop(q, rank, text_len);
 	return 0;
 }
 
-int hpud_outq_push_record(hpud_outq *q, size_t bound, uint8_t *body, size_t len)
+int hpud__outq_push_record(hpud_outq *q, size_t bound, uint8_t *body, size_t len)
 {
 	if (!q->dropping && q->bytes + len + HPUD_OUTQ_OVERHEAD <= bound)
-		return hpud_outq_push(q, body, len) == 0;
+		return hpud__outq_push(q, body, len) == 0;
 	free(body);
 	return 0;
 }
 
-int hpud_outq_full(const hpud_outq *q, size_t bound)
+int hpud__outq_full(const hpud_outq *q, size_t bound)
 {
 	return q->bytes > bound;
 }
 
-int hpud_outq_room(const hpud_outq *q, size_t bound)
+int hpud__outq_room(const hpud_outq *q, size_t bound)
 {
 	return q->bytes <= bound / 2;
 }
 
-void hpud_outq_stall(hpud_outq *q)
+void hpud__outq_stall(hpud_outq *q)
 {
 	q->dropping = 1;
 }
 
-int hpud_outq_dropping(const hpud_outq *q)
+int hpud__outq_dropping(const hpud_outq *q)
 {
 	return q->dropping;
 }
 
-void hpud_outq_count_drop(hpud_outq *q, int rank, size_t text_len)
+void hpud__outq_count_drop(hpud_outq *q, int rank, size_t text_len)
 {
 	if (rank < 0)
 		return;
@@ -95,34 +95,34 @@ void hpud_outq_count_drop(hpud_outq *q, int rank, size_t text_len)
 	}
 }
 
-void hpud_outq_keep_line(hpud_outq *q, int rank, const char *text, size_t len)
+void hpud__outq_keep_line(hpud_outq *q, int rank, const char *text, size_t len)
 {
 	if (rank < q->first_rank || rank - q->first_rank >= q->nranks) {
-		hpud_outq_count_drop(q, rank, len);
+		hpud__outq_count_drop(q, rank, len);
 		return;
 	}
 	hpud_outq_drops *d = &q->drops[rank - q->first_rank];
 	char *copy = malloc(len + 1);
 	if (!copy) {
-		hpud_outq_count_drop(q, rank, len);
+		hpud__outq_count_drop(q, rank, len);
 		return;
 	}
 	memcpy(copy, text, len);
 	copy[len] = 0;
 	if (d->last) {
-		hpud_outq_count_drop(q, rank, d->last_len);
+		hpud__outq_count_drop(q, rank, d->last_len);
 		free(d->last);
 	}
 	d->last = copy;
 	d->last_len = len;
 }
 
-const hpud_outq_msg *hpud_outq_peek(const hpud_outq *q)
+const hpud_outq_msg *hpud__outq_peek(const hpud_outq *q)
 {
 	return q->head;
 }
 
-void hpud_outq_pop(hpud_outq *q)
+void hpud__outq_pop(hpud_outq *q)
 {
 	hpud_outq_msg *m = q->head;
 	if (!m)
@@ -136,12 +136,12 @@ void hpud_outq_pop(hpud_outq *q)
 	free(m);
 }
 
-int hpud_outq_caught_up(const hpud_outq *q, size_t bound)
+int hpud__outq_caught_up(const hpud_outq *q, size_t bound)
 {
 	return q->dropping && q->bytes <= bound / 2;
 }
 
-int hpud_outq_has_drops(const hpud_outq *q)
+int hpud__outq_has_drops(const hpud_outq *q)
 {
 	for (int i = 0; i < q->nranks; i++)
 		if (q->drops[i].lines || q->drops[i].last)
@@ -149,7 +149,7 @@ int hpud_outq_has_drops(const hpud_outq *q)
 	return 0;
 }
 
-int hpud_outq_take_drops(hpud_outq *q, int *rank, hpud_outq_drops *d)
+int hpud__outq_take_drops(hpud_outq *q, int *rank, hpud_outq_drops *d)
 {
 	for (int i = 0; i < q->nranks; i++)
 		if (q->drops[i].lines || q->drops[i].last) {

@@ -1,13 +1,13 @@
 /* quarantine: the job_uids (hpud.conf) that no job holds but processes
  * still run under. Such a uid is given to no job: its processes are
- * ended (SIGKILL), again every second (hpud_quarantine_check), and it
+ * ended (SIGKILL), again every second (hpud__quarantine_check), and it
  * goes back to the pool once none is left. Needs root to end them.
  *
  * A zeroed hpud_quarantine with its log set keeps no uid. */
 #ifndef HPUD_QUARANTINE_H
 #define HPUD_QUARANTINE_H
 
-#include "conf.h"
+#include "daemon/conf.h"
 
 #define HPUD_MAX_QUARANTINE 64 /* uids kept out of the pool at once */
 
@@ -19,15 +19,15 @@ typedef struct hpud_quarantine {
 } hpud_quarantine;
 
 /* Whether uid is kept out of the pool. */
-int hpud_quarantine_has(const hpud_quarantine *q, unsigned uid);
+int hpud__quarantine_has(const hpud_quarantine *q, unsigned uid);
 
 /* If processes run under uid: keeps it out of the pool, says so and why
  * (`whose`: "left by job ...") and ends them. Returns how many ran (0:
  * none, uid may be given out). */
-int hpud_quarantine_if_used(hpud_quarantine *q, unsigned uid, const char *whose);
+int hpud__quarantine_if_used(hpud_quarantine *q, unsigned uid, const char *whose);
 
 /* Every second: a uid under which nothing runs any more goes back to the
  * pool; the others' processes get SIGKILL again. */
-void hpud_quarantine_check(hpud_quarantine *q);
+void hpud__quarantine_check(hpud_quarantine *q);
 
 #endif

@@ -1,7 +1,7 @@
 /* trust: the file and each directory above it, as sshd's StrictModes
  * (auth.c, secure_path) checks them, with root-owned sticky directories
  * allowed. */
-#include "trust.h"
+#include "daemon/trust.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -77,8 +77,8 @@ static int check_chain(const char *abs, const char *what, const char *file,
 	}
 }
 
-int hpud_trust_path(const char *path, const char *what, char *err,
-                    size_t errlen)
+int hpud__trust_path(const char *path, const char *what, char *err,
+		     size_t errlen)
 {
 	char abs[PATH_MAX], real[PATH_MAX];
 	int n;

@@ -16,7 +16,7 @@
  * "the configuration /etc/hpud/hpud.conf is writable by group or others
  * (mode 0666): chmod go-w it". `what` names the file ("the
  * configuration"). */
-int hpud_trust_path(const char *path, const char *what, char *err,
-                    size_t errlen);
+int hpud__trust_path(const char *path, const char *what, char *err,
+		     size_t errlen);
 
 #endif

@@ -1,12 +1,12 @@
-#include "args.h"
-#include "env.h"
-#include "hex.h"
-#include "log.h"
-#include "num.h"
-#include "opt.h"
-#include "optdoc.h"
-#include "restart.h"
-#include "slurm.h"
+#include "launcher/args.h"
+#include "common/env.h"
+#include "common/hex.h"
+#include "common/log.h"
+#include "common/num.h"
+#include "common/opt.h"
+#include "common/optdoc.h"
+#include "agent/restart.h"
+#include "launcher/slurm.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -22,7 +22,7 @@
 /* A number of seconds above 0 ("inf": no limit). */
 static int to_seconds(const char *s, double *out)
 {
-	return hpu_parse_double(s, DBL_TRUE_MIN, INFINITY, out);
+	return hpu__parse_double(s, DBL_TRUE_MIN, INFINITY, out);
 }
 
 static void random_hex(char *out, size_t bytes)
@@ -37,13 +37,13 @@ static void random_hex(char *out, size_t bytes)
 			abort();
 		fclose(f);
 	}
-	hpu_hex(out, b, bytes);
+	hpu__hex(out, b, bytes);
 }
 
 /* The hpu-worker next to this executable, or $HPU_WORKER. */
 static int worker_path(char *out, size_t outlen)
 {
-	const char *env = hpu_env_str(HPU_ENV_HPU_WORKER);
+	const char *env = hpu__env_str(HPU_ENV_HPU_WORKER);
 	if (env && *env)
 		return snprintf(out, outlen, "%s", env) < (int)outlen ? 0 : -1;
 	char self[PATH_MAX];
@@ -82,7 +82,7 @@ static int status_target(hpu_launch_args *a, const char *v)
 	size_t n = colon ? (size_t)(colon - v) : strlen(v);
 	if (n == 0 || n > 255 || (colon && strchr(colon + 1, ':')))
 		return -1;
-	if (colon && hpu_parse_int(colon + 1, 1, 65535, &a->status_port))
+	if (colon && hpu__parse_int(colon + 1, 1, 65535, &a->status_port))
 		return -1;
 	free(a->status_host);
 	a->status_host = strndup(v, n);
@@ -90,7 +90,7 @@ static int status_target(hpu_launch_args *a, const char *v)
 }
 
 /* hpulaunch's own options; the training options follow them
- * (hpu_opts_specs, ids from HPU_OPTS_ID on). The first six are the
+ * (hpu__opts_specs, ids from HPU_OPTS_ID on). The first six are the
  * settings of sources. */
 enum {
 	O_NODES = 1, O_DEVICES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT,
@@ -174,7 +174,7 @@ static const hpu_optspec launcher_specs[] = {
 	{0},
 };
 
-void hpu_args_usage(FILE *f)
+void hpu__args_usage(FILE *f)
 {
 	fprintf(f,
 		"usage: hpulaunch [options] [training options] MODEL.so [-- model args]\n"
@@ -186,7 +186,7 @@ void hpu_args_usage(FILE *f)
 		"\n"
 		"Starts one worker per device on this node; with --nodes N, run it on\n"
 		"every node with its --node-rank (torchrun style).\n");
-	hpu_optdoc(f, launcher_specs, HPU_DOC_HELP, 25);
+	hpu__optdoc(f, launcher_specs, HPU_DOC_HELP, 25);
 	fprintf(f,
 		"\n"
 		"[WORLD_SIZE], if set, must equal nodes x devices (--hostfile: the slots\n"
@@ -200,17 +200,17 @@ void hpu_args_usage(FILE *f)
 		"keeps jobs apart but not users.\n"
 		"\n"
 		"Training options (passed to every worker):\n");
-	hpu_opts_help(f);
+	hpu__opts_help(f);
 }
 
-int hpu_args_doc(FILE *f, const char *format)
+int hpu__args_doc(FILE *f, const char *format)
 {
-	int how = hpu_optdoc_format(format);
+	int how = hpu__optdoc_format(format);
 	if (how < 0)
 		return -1;
-	hpu_optdoc(f, launcher_specs, how, 25);
-	hpu_optdoc_heading(f, "Training options (passed to every worker)", how);
-	hpu_optdoc(f, hpu_opts_specs(), how, 27);
+	hpu__optdoc(f, launcher_specs, how, 25);
+	hpu__optdoc_heading(f, "Training options (passed to every worker)", how);
+	hpu__optdoc(f, hpu__opts_specs(), how, 27);
 	return 0;
 }
 
@@ -232,7 +232,7 @@ static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
 			 name, v);
 		return -1;
 	}
-	if (hpu_parse_int(v, 1, 1024, &a->devices)) {
+	if (hpu__parse_int(v, 1, 1024, &a->devices)) {
 		snprintf(err, errlen, "--%s takes a number of workers from 1 to 1024%s, not '%s'", name,
 			 torchrun ? ", auto or cpu" : " or auto", v);
 		return -1;
@@ -250,14 +250,14 @@ static int nnodes_opt(hpu_launch_args *a, sources *src, const char *v, char *err
 	int lo, hi;
 	if (!colon) {
 		lo = hi = -1;
-		if (hpu_parse_int(v, 1, 4096, &lo) == 0)
+		if (hpu__parse_int(v, 1, 4096, &lo) == 0)
 			hi = lo;
 	} else {
 		char first[16];
 		size_t n = (size_t)(colon - v);
 		snprintf(first, sizeof first, "%.*s", (int)(n < sizeof first ? n : sizeof first - 1), v);
-		if (n >= sizeof first || hpu_parse_int(first, 1, 4096, &lo) ||
-		    hpu_parse_int(colon + 1, 1, 4096, &hi))
+		if (n >= sizeof first || hpu__parse_int(first, 1, 4096, &lo) ||
+		    hpu__parse_int(colon + 1, 1, 4096, &hi))
 			lo = hi = -1;
 	}
 	if (lo < 0) {
@@ -288,7 +288,7 @@ static int rdzv_endpoint_opt(hpu_launch_args *a, sources *src, const char *v, ch
 		return -1;
 	}
 	if (!colon || n == 0 || n >= sizeof a->master_addr ||
-	    hpu_parse_int(colon + 1, 1, 65535, &a->master_port)) {
+	    hpu__parse_int(colon + 1, 1, 65535, &a->master_port)) {
 		snprintf(err, errlen, "--rdzv-endpoint takes HOST:PORT (node 0's address and a port from 1 to 65535), not '%s'",
 			 v);
 		return -1;
@@ -309,16 +309,16 @@ static int launcher_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p,
 	int bad = 0;
 	switch (k) {
 	case O_QUIET: a->quiet = 1; break;
-	case O_NODES: bad = hpu_parse_int(v, 1, 4096, &a->nodes); break;
+	case O_NODES: bad = hpu__parse_int(v, 1, 4096, &a->nodes); break;
 	case O_DEVICES:
 	case O_NPROC_PER_NODE:
 		return devices_opt(a, src, p->spec->name, v, err, errlen);
 	case O_NNODES: return nnodes_opt(a, src, v, err, errlen);
 	case O_RDZV_ENDPOINT: return rdzv_endpoint_opt(a, src, v, err, errlen);
 	case O_STANDALONE: a->standalone = 1; return 0;
-	case O_NODE_RANK: bad = hpu_parse_int(v, 0, 4095, &a->node_rank); break;
+	case O_NODE_RANK: bad = hpu__parse_int(v, 0, 4095, &a->node_rank); break;
 	case O_MASTER_ADDR: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
-	case O_MASTER_PORT: bad = hpu_parse_int(v, 1, 65535, &a->master_port); break;
+	case O_MASTER_PORT: bad = hpu__parse_int(v, 1, 65535, &a->master_port); break;
 	case O_JOB_ID: bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v; break;
 	case O_LOG_DIR: a->log_dir = v; break;
 	case O_JOIN_TIMEOUT: bad = to_seconds(v, &a->join_timeout_s); break;
@@ -328,17 +328,17 @@ static int launcher_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p,
 		break;
 	case O_HOSTFILE: bad = !*v; a->hostfile = v; break;
 	case O_STATUS: bad = status_target(a, v); break;
-	case O_HPUD_PORT: bad = hpu_parse_int(v, 1, 65535, &a->hpud_port); break;
+	case O_HPUD_PORT: bad = hpu__parse_int(v, 1, 65535, &a->hpud_port); break;
 	case O_KEY: bad = !*v; a->key_path = v; break;
 	case O_MAX_RESTARTS:
-		if (hpu_parse_int(v, 0, HPU_MAX_RESTARTS_LIMIT, &a->max_restarts)) {
+		if (hpu__parse_int(v, 0, HPU_MAX_RESTARTS_LIMIT, &a->max_restarts)) {
 			snprintf(err, errlen, "--max-restarts takes a whole number of restarts from 0 to %d, not '%s'",
 				 HPU_MAX_RESTARTS_LIMIT, v);
 			return -1;
 		}
 		break;
 	case O_PROGRESS:
-		if (hpu_progress_mode_parse(v, &a->progress)) {
+		if (hpu__progress_mode_parse(v, &a->progress)) {
 			snprintf(err, errlen, "--progress takes auto, always or never, not '%s'", v);
 			return -1;
 		}
@@ -346,7 +346,7 @@ static int launcher_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p,
 	case O_DATA_PLANE: a->data_plane = v; break;
 	case O_LOG_LEVEL: {
 		hpu_log_level lvl;
-		if (hpu_log_parse_level(v, "--log-level", &lvl, err, errlen) < 0)
+		if (hpu__log_parse_level(v, "--log-level", &lvl, err, errlen) < 0)
 			return -1;
 		a->log_level = v;
 		break;
@@ -365,37 +365,37 @@ static int from_env(hpu_launch_args *a, sources *src, char *err,
 		    size_t errlen)
 {
 	const char *v;
-	if ((v = hpu_env_str(HPU_ENV_MASTER_ADDR)) && *v) {
+	if ((v = hpu__env_str(HPU_ENV_MASTER_ADDR)) && *v) {
 		snprintf(a->master_addr, sizeof a->master_addr, "%s", v);
 		src->env |= SET_ADDR;
 	}
-	if ((v = hpu_env_str(HPU_ENV_MASTER_PORT)) && *v) {
-		if (hpu_parse_int(v, 1, 65535, &a->master_port)) {
+	if ((v = hpu__env_str(HPU_ENV_MASTER_PORT)) && *v) {
+		if (hpu__parse_int(v, 1, 65535, &a->master_port)) {
 			snprintf(err, errlen, "MASTER_PORT='%s' is not a port number", v);
 			return -1;
 		}
 		src->env |= SET_PORT;
 	}
-	if ((v = hpu_env_str(HPU_ENV_NODE_RANK)) && *v) {
-		if (hpu_parse_int(v, 0, 4095, &a->node_rank)) {
+	if ((v = hpu__env_str(HPU_ENV_NODE_RANK)) && *v) {
+		if (hpu__parse_int(v, 0, 4095, &a->node_rank)) {
 			snprintf(err, errlen, "NODE_RANK='%s' is not a node rank", v);
 			return -1;
 		}
 		src->env |= SET_RANK;
 	}
-	if ((v = hpu_env_str(HPU_ENV_HPU_JOB_ID)) && *v) {
+	if ((v = hpu__env_str(HPU_ENV_HPU_JOB_ID)) && *v) {
 		snprintf(a->job_id, sizeof a->job_id, "%s", v);
 		src->env |= SET_JOB_ID;
 	}
-	if ((v = hpu_env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)
+	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)
 		a->transport = v;
-	if ((v = hpu_env_str(HPU_ENV_HPUCOLL_SECURITY)) && *v)
+	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_SECURITY)) && *v)
 		a->data_plane = v;
-	if ((v = hpu_env_str(HPU_ENV_HPU_JOB_TOKEN)) && *v) {
+	if ((v = hpu__env_str(HPU_ENV_HPU_JOB_TOKEN)) && *v) {
 		snprintf(a->token, sizeof a->token, "%s", v);
 		src->env |= SET_TOKEN;
 	}
-	if ((v = hpu_env_str(HPU_ENV_HPU_KEY_FILE)) && *v)
+	if ((v = hpu__env_str(HPU_ENV_HPU_KEY_FILE)) && *v)
 		a->key_path = v;
 	return 0;
 }
@@ -413,7 +413,7 @@ static int add_args(hpu_launch_args *a, char **argv, int from, int to)
 	return 0;
 }
 
-/* The message of an option hpu_optparse_next refused (code r). */
+/* The message of an option hpu__optparse_next refused (code r). */
 static int option_error(const hpu_optparse *p, int r, char *err, size_t errlen)
 {
 	if (r == HPU_OPT_MISSING)
@@ -530,7 +530,7 @@ static int hostfile_plan(hpu_launch_args *a, const sources *src, char *err,
 				 no[k].flag);
 			return -1;
 		}
-	if (hpu_hostfile_read(a->hostfile, &a->hosts, &a->nhosts, err, errlen) < 0)
+	if (hpu__hostfile_read(a->hostfile, &a->hosts, &a->nhosts, err, errlen) < 0)
 		return -1;
 	if (hostfile_devices(a, src, err, errlen) < 0)
 		return -1;
@@ -553,7 +553,7 @@ static int slurm_plan(hpu_launch_args *a, const sources *src, char *err,
 		      size_t errlen)
 {
 	hpu_slurm s;
-	if (hpu_slurm_read(&s, err, errlen) < 0)
+	if (hpu__slurm_read(&s, err, errlen) < 0)
 		return -1;
 	if (!s.present)
 		return 0;
@@ -582,10 +582,10 @@ static int slurm_plan(hpu_launch_args *a, const sources *src, char *err,
 	if (!(given & SET_ADDR))
 		snprintf(a->master_addr, sizeof a->master_addr, "%s", s.first_host);
 	if (!(given & SET_PORT))
-		a->master_port = hpu_slurm_master_port(s.job_id);
+		a->master_port = hpu__slurm_master_port(s.job_id);
 	if (!(given & SET_TOKEN)) {
-		/* Not a secret: see hpu_slurm_token. */
-		hpu_slurm_token(s.job_id, a->token);
+		/* Not a secret: see hpu__slurm_token. */
+		hpu__slurm_token(s.job_id, a->token);
 		a->weak_token = 1;
 	}
 	return 0;
@@ -618,7 +618,7 @@ static int standalone_plan(hpu_launch_args *a, const sources *src, char *err,
 
 static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 {
-	const char *ws = hpu_env_str(HPU_ENV_WORLD_SIZE);
+	const char *ws = hpu__env_str(HPU_ENV_WORLD_SIZE);
 	int world = a->nodes * a->devices, w;
 	if (a->hostfile) {
 		world = 0;
@@ -626,7 +626,7 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 			world += a->hosts[i].slots;
 	}
 	a->world = world;
-	if (ws && *ws && (hpu_parse_int(ws, 1, 1 << 24, &w) || w != world)) {
+	if (ws && *ws && (hpu__parse_int(ws, 1, 1 << 24, &w) || w != world)) {
 		if (a->hostfile)
 			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal the %d workers of %s's %d hosts",
 				 ws, world, a->hostfile, a->nhosts);
@@ -672,7 +672,7 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 			 a->nodes);
 		return -1;
 	}
-	if (!a->exec_mode && hpu_opts_resolve(&a->train, world, err, errlen) < 0)
+	if (!a->exec_mode && hpu__opts_resolve(&a->train, world, err, errlen) < 0)
 		return -1;
 	job_identity(a);
 	return 0;
@@ -731,7 +731,7 @@ static int model_path(hpu_launch_args *a, const char *path, char *err,
 	return 0;
 }
 
-/* Keeps s (malloc'ed, or NULL: out of memory) for hpu_args_free. */
+/* Keeps s (malloc'ed, or NULL: out of memory) for hpu__args_free. */
 static char *own(hpu_launch_args *a, char *s)
 {
 	char **grown = s ? realloc(a->owned, (size_t)(a->nowned + 1) * sizeof *grown) : NULL;
@@ -750,7 +750,7 @@ static char *abs_flag(hpu_launch_args *a, const char *name, const char *value, c
 		      int *rc, char *err, size_t errlen)
 {
 	char *path, *flag = NULL;
-	*rc = hpu_opts_abs_path(name, value, cwd, &path);
+	*rc = hpu__opts_abs_path(name, value, cwd, &path);
 	if (*rc == -2) {
 		snprintf(err, errlen, "--%s %s made absolute (hpud starts the workers in its own directory) is longer than %zu bytes: give a shorter path",
 			 name, value ? value : ".", sizeof a->train.metrics - 1);
@@ -767,7 +767,7 @@ static char *abs_flag(hpu_launch_args *a, const char *name, const char *value, c
 	return *rc == 1 ? flag : NULL;
 }
 
-/* The file variables hostfile jobs carry to the workers (hpu_job_env):
+/* The file variables hostfile jobs carry to the workers (hpu__job_env):
  * made absolute in this process's environment before they are sent. */
 static const hpu_env_id file_vars[] = {
 	HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST, HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
@@ -776,12 +776,12 @@ static const hpu_env_id file_vars[] = {
 static int absolute_vars(const char *cwd, char *err, size_t errlen)
 {
 	for (size_t k = 0; k < sizeof file_vars / sizeof file_vars[0]; k++) {
-		const char *v = hpu_env_str(file_vars[k]);
+		const char *v = hpu__env_str(file_vars[k]);
 		char *abs = NULL;
 		if (!v || !*v || v[0] == '/')
 			continue;
 		if (asprintf(&abs, "%s%s%s", cwd, strcmp(cwd, "/") ? "/" : "", v) < 0 ||
-		    setenv(hpu_env_name(file_vars[k]), abs, 1) < 0) {
+		    setenv(hpu__env_name(file_vars[k]), abs, 1) < 0) {
 			free(abs);
 			snprintf(err, errlen, "out of memory");
 			return -1;
@@ -797,7 +797,7 @@ static int absolute_vars(const char *cwd, char *err, size_t errlen)
  * get (--metrics x, --metrics=x, --profile alone), in a flag for each one
  * the --config file gave (a flag wins over the file), and in the file
  * variables (LOWER_LIST, QUANT_CONFIG, ...). Which options are paths is
- * the option table's to say (hpu_opts_is_path). worker_argv holds the
+ * the option table's to say (hpu__opts_is_path). worker_argv holds the
  * program and the training options. */
 static int absolute_paths(hpu_launch_args *a, char *err, size_t errlen)
 {
@@ -815,11 +815,11 @@ static int absolute_paths(hpu_launch_args *a, char *err, size_t errlen)
 	if (add_args(a, in, 0, 1) < 0)
 		goto oom;
 	hpu_optparse p;
-	hpu_optparse_init(&p, n, in, hpu_opts_specs());
-	for (int r; (r = hpu_optparse_next(&p)) > 0;) {
+	hpu__optparse_init(&p, n, in, hpu__opts_specs());
+	for (int r; (r = hpu__optparse_next(&p)) > 0;) {
 		const char *name = p.spec->name, *v = p.val;
 		if (!v && p.spec->value == HPU_OPT_OPTIONAL &&
-		    hpu_opts_takes_next(name, p.ind < n ? in[p.ind] : NULL))
+		    hpu__opts_takes_next(name, p.ind < n ? in[p.ind] : NULL))
 			v = in[p.ind++];
 		char *flag = abs_flag(a, name, v, cwd, &rc, err, errlen);
 		if (rc < 0)
@@ -828,7 +828,7 @@ static int absolute_paths(hpu_launch_args *a, char *err, size_t errlen)
 			goto oom;
 	}
 	const char *name, *v;
-	for (int k = 0; (name = hpu_opts_file_path(&a->train, k, &v)); k++) {
+	for (int k = 0; (name = hpu__opts_file_path(&a->train, k, &v)); k++) {
 		char *flag = abs_flag(a, name, v, cwd, &rc, err, errlen);
 		if (rc < 0)
 			goto out;
@@ -845,8 +845,8 @@ out:
 	return rc < 0 ? -1 : 0;
 }
 
-int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
-		   size_t errlen)
+int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
+		    size_t errlen)
 {
 	sources src = {0, 0};
 	memset(a, 0, sizeof *a);
@@ -858,7 +858,7 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 	a->hpud_port = HPU_HPUD_PORT;
 	a->key_path = HPU_KEY_FILE_DEFAULT;
 	strcpy(a->master_addr, "127.0.0.1");
-	hpu_opts_defaults(&a->train);
+	hpu__opts_defaults(&a->train);
 	if (from_env(a, &src, err, errlen) < 0)
 		return -1;
 	static char wpath[PATH_MAX];
@@ -867,20 +867,20 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		return -1;
 	}
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, launcher_specs);
-	p.more = hpu_opts_specs();
+	hpu__optparse_init(&p, argc, argv, launcher_specs);
+	p.more = hpu__opts_specs();
 	int r;
-	while ((r = hpu_optparse_next(&p)) > 0) {
+	while ((r = hpu__optparse_next(&p)) > 0) {
 		if (r == O_HELP) {
-			hpu_args_usage(stdout);
+			hpu__args_usage(stdout);
 			return 1;
 		}
 		if (r == O_HELP_ENV) {
-			hpu_env_print(stdout);
+			hpu__env_print(stdout);
 			return 1;
 		}
 		if (r == O_HELP_DOC) {
-			if (hpu_args_doc(stdout, p.val) < 0) {
+			if (hpu__args_doc(stdout, p.val) < 0) {
 				snprintf(err, errlen, "--help-doc takes help, scdoc or markdown, not '%s'", p.val);
 				return -1;
 			}
@@ -905,7 +905,7 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		if (r < HPU_OPTS_ID) {
 			if (launcher_opt(a, &src, &p, r, err, errlen) < 0)
 				return -1;
-		} else if (hpu_opts_apply(&a->train, &p, err, errlen) < 0 ||
+		} else if (hpu__opts_apply(&a->train, &p, err, errlen) < 0 ||
 			   add_args(a, argv, p.at, p.ind) < 0) {
 			return -1; /* a training option: checked, forwarded as written */
 		}
@@ -932,7 +932,7 @@ int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 	return finish(a, &src, 0, err, errlen);
 }
 
-void hpu_args_free(hpu_launch_args *a)
+void hpu__args_free(hpu_launch_args *a)
 {
 	free(a->worker_argv);
 	a->worker_argv = NULL;

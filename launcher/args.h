@@ -2,9 +2,9 @@
 #ifndef HPU_ARGS_H
 #define HPU_ARGS_H
 
-#include "config.h"
-#include "hostfile.h"
-#include "progress.h"
+#include "options/config.h"
+#include "launcher/hostfile.h"
+#include "agent/progress.h"
 
 typedef struct hpu_launch_args {
 	int nodes, devices, node_rank;
@@ -39,11 +39,11 @@ typedef struct hpu_launch_args {
 	 * resolved against this process's directory, so neither the dynamic
 	 * loader's search path nor hpud's directory decides which file it
 	 * is). NULL with --exec or --status; malloc'ed, freed by
-	 * hpu_args_free. */
+	 * hpu__args_free. */
 	char *model;
 	int worker_argc;
-	/* Strings of worker_argv that hpu_args_parse made (absolute paths
-	 * for --hostfile), malloc'ed, freed by hpu_args_free. */
+	/* Strings of worker_argv that hpu__args_parse made (absolute paths
+	 * for --hostfile), malloc'ed, freed by hpu__args_free. */
 	char **owned;
 	int nowned;
 	int exec_mode;       /* --exec: argv[0] is looked up in PATH */
@@ -54,13 +54,13 @@ typedef struct hpu_launch_args {
 	 * Each host's port is its hpud port (hpud_port where the file gives
 	 * none), its slots the workers it runs (--devices on each, else the
 	 * file's slots=N, which may differ from host to host). NULL / 0
-	 * without --hostfile. Freed by hpu_args_free. */
+	 * without --hostfile. Freed by hpu__args_free. */
 	const char *hostfile;
 	hpu_host *hosts;
 	int nhosts;
 	/* --status HOST[:PORT]: print that hpud's jobs instead of running one
 	 * (no model, no plan); status_port is PORT, else hpud_port. NULL
-	 * otherwise; malloc'ed, freed by hpu_args_free. */
+	 * otherwise; malloc'ed, freed by hpu__args_free. */
 	char *status_host;
 	int status_port;
 	int hpud_port;        /* --hpud-port: the daemons' control port (29400) */
@@ -81,20 +81,20 @@ typedef struct hpu_launch_args {
  * NODE_RANK, HPU_JOB_ID, HPU_JOB_TOKEN, HPU_KEY_FILE, and inside an srun
  * job step SLURM_*; flags beat the environment, which beats Slurm).
  * Returns 0; 1 if --help was printed; -1 with a sentence in err. Call
- * hpu_args_free afterwards whatever it returned. */
-int hpu_args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
-		   size_t errlen);
+ * hpu__args_free afterwards whatever it returned. */
+int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
+		    size_t errlen);
 
-/* Frees what hpu_args_parse allocated; safe twice. */
-void hpu_args_free(hpu_launch_args *a);
+/* Frees what hpu__args_parse allocated; safe twice. */
+void hpu__args_free(hpu_launch_args *a);
 
 /* Prints hpulaunch's --help text. */
-void hpu_args_usage(FILE *f);
+void hpu__args_usage(FILE *f);
 
 /* Prints hpulaunch's options, its own and the training options, in the
- * format named (hpu_optdoc_format: help, scdoc, markdown): the OPTIONS of
+ * format named (hpu__optdoc_format: help, scdoc, markdown): the OPTIONS of
  * its manual page and docs/reference/hpulaunch.md. Returns 0, or -1 for
  * a format it does not know. */
-int hpu_args_doc(FILE *f, const char *format);
+int hpu__args_doc(FILE *f, const char *format);
 
 #endif

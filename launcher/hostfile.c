@@ -1,6 +1,6 @@
-#include "hostfile.h"
-#include "fileio.h"
-#include "num.h"
+#include "launcher/hostfile.h"
+#include "common/fileio.h"
+#include "common/num.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -34,7 +34,7 @@ static int fail(reader *r, const char *fmt, ...)
 /* A whole number lo..hi written in digits only (no sign, no spaces). */
 static int to_count(const char *s, int lo, int hi, int *out)
 {
-	return isdigit((unsigned char)*s) ? hpu_parse_int(s, lo, hi, out) : -1;
+	return isdigit((unsigned char)*s) ? hpu__parse_int(s, lo, hi, out) : -1;
 }
 
 static int all_digits_and_dots(const char *s)
@@ -211,8 +211,8 @@ static int next_line(reader *r, FILE *f, char *buf, size_t size)
 	return 1;
 }
 
-int hpu_hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
-		      char *err, size_t errlen)
+int hpu__hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
+		       char *err, size_t errlen)
 {
 	reader r = {.path = path, .err = err, .errlen = errlen};
 	hpu_host *list = NULL, h;
@@ -221,7 +221,7 @@ int hpu_hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
 	*hosts = NULL;
 	*nhosts = 0;
 	const char *why;
-	FILE *f = hpu_open_input(path, &why); /* a FIFO would block */
+	FILE *f = hpu__open_input(path, &why); /* a FIFO would block */
 	if (!f) {
 		snprintf(err, errlen, "cannot read the hostfile %s: %s", path, why);
 		return -1;

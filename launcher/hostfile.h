@@ -36,7 +36,7 @@ typedef struct hpu_host {
  * names are not resolved here. A host is a
  * duplicate when its name (ignoring case) and port equal an earlier
  * line's, so two daemons on one machine may be listed with two ports. */
-int hpu_hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
-		      char *err, size_t errlen);
+int hpu__hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
+		       char *err, size_t errlen);
 
 #endif

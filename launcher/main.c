@@ -7,14 +7,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "args.h"
-#include "env.h"
-#include "log.h"
-#include "nodejob.h"
-#include "output.h"
-#include "progress.h"
-#include "restart.h"
-#include "submit.h"
+#include "launcher/args.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "agent/nodejob.h"
+#include "agent/output.h"
+#include "agent/progress.h"
+#include "agent/restart.h"
+#include "launcher/submit.h"
 
 /* The job on this node (torchrun style). */
 typedef struct launch {
@@ -50,12 +50,12 @@ static void on_line(hpu_nodejob *j, int rank, int is_err, const char *line, size
 	(void)j;
 	(void)arg;
 	FILE *f = is_err ? stderr : stdout;
-	if (!hpu_output_std_ok(is_err ? 2 : 1))
+	if (!hpu__output_std_ok(is_err ? 2 : 1))
 		return; /* said once: the rest is lost */
-	hpu_progress_hide(&L.bar);
+	hpu__progress_hide(&L.bar);
 	fprintf(f, "[rank %d] %.*s\n", rank, (int)len, line);
-	hpu_output_stream(f);
-	hpu_progress_show(&L.bar);
+	hpu__output_stream(f);
+	hpu__progress_show(&L.bar);
 }
 
 static void on_status(hpu_nodejob *j, int rank, const hpu_status_rec *st, void *arg)
@@ -63,7 +63,7 @@ static void on_status(hpu_nodejob *j, int rank, const hpu_status_rec *st, void *
 	(void)j;
 	(void)arg;
 	if (rank == 0)
-		hpu_progress_update(&L.bar, st);
+		hpu__progress_update(&L.bar, st);
 }
 
 /* A worker ended: what is said about it next must not land on the bar. */
@@ -74,7 +74,7 @@ static void on_exit_worker(hpu_nodejob *j, int rank, int pid, int status, void *
 	(void)pid;
 	(void)arg;
 	if (status != 0)
-		hpu_progress_hide(&L.bar);
+		hpu__progress_hide(&L.bar);
 }
 
 static void on_bar_tick(struct ev_loop *loop, ev_timer *t, int revents)
@@ -82,25 +82,25 @@ static void on_bar_tick(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)loop;
 	(void)t;
 	(void)revents;
-	hpu_progress_tick(&L.bar);
+	hpu__progress_tick(&L.bar);
 }
 
 static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)loop;
 	(void)revents;
-	hpu_progress_hide(&L.bar);
+	hpu__progress_hide(&L.bar);
 	if (L.signo) { /* a second Ctrl-C: no more grace */
-		hpu_nodejob_cancel(L.job, "interrupted again", 0);
+		hpu__nodejob_cancel(L.job, "interrupted again", 0);
 		return;
 	}
 	char reason[160];
 	snprintf(reason, sizeof reason, "interrupted by %s on node %d",
 		 w->signum == SIGINT ? "SIGINT" : "SIGTERM", L.args.node_rank);
-	hpu_log(HPU_LOG_NOTICE, "%s: stopping %d workers", reason,
-		hpu_nodejob_live(L.job));
+	hpu__log(HPU_LOG_NOTICE, "%s: stopping %d workers", reason,
+		 hpu__nodejob_live(L.job));
 	L.signo = w->signum;
-	hpu_nodejob_cancel(L.job, reason, L.args.grace_s);
+	hpu__nodejob_cancel(L.job, reason, L.args.grace_s);
 }
 
 static int exit_status(void)
@@ -141,21 +141,21 @@ static int run_attempt(char *err, size_t errlen)
 	}
 	L.ended = L.failed = 0;
 	L.cause[0] = 0;
-	if (!(L.job = hpu_nodejob_start(L.loop, &jc, err, errlen)))
+	if (!(L.job = hpu__nodejob_start(L.loop, &jc, err, errlen)))
 		return -1;
 	if (!L.args.quiet)
-		hpu_log(HPU_LOG_INFO, "job %s: node %d of %d, ranks %d-%d of %d, coordinator %s:%d",
-			L.args.job_id, L.args.node_rank, L.args.nodes,
-			hpu_nodejob_rank(L.job, 0), hpu_nodejob_rank(L.job, L.args.devices - 1),
-			L.args.world, L.args.master_addr,
-			hpu_nodejob_master_port(L.job));
+		hpu__log(HPU_LOG_INFO, "job %s: node %d of %d, ranks %d-%d of %d, coordinator %s:%d",
+			 L.args.job_id, L.args.node_rank, L.args.nodes,
+			 hpu__nodejob_rank(L.job, 0), hpu__nodejob_rank(L.job, L.args.devices - 1),
+			 L.args.world, L.args.master_addr,
+			 hpu__nodejob_master_port(L.job));
 	ev_run(L.loop, 0);
-	hpu_progress_reset(&L.bar);
-	long bad = hpu_nodejob_status_bad(L.job);
+	hpu__progress_reset(&L.bar);
+	long bad = hpu__nodejob_status_bad(L.job);
 	if (bad)
-		hpu_log(HPU_LOG_WARNING, "warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)",
-			bad);
-	hpu_nodejob_destroy(&L.job); /* every worker is reaped by now */
+		hpu__log(HPU_LOG_WARNING, "warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)",
+			 bad);
+	hpu__nodejob_destroy(&L.job); /* every worker is reaped by now */
 	return 0;
 }
 
@@ -169,13 +169,13 @@ static int run_local(char *err, size_t errlen)
 	ev_signal_start(L.loop, &L.sigint);
 	ev_signal_start(L.loop, &L.sigterm);
 	/* Rank 0 runs on node 0: the bar is that node's. */
-	hpu_progress_init(&L.bar, L.args.node_rank == 0 ? L.args.progress : HPU_PROGRESS_NEVER,
-			  stdout);
+	hpu__progress_init(&L.bar, L.args.node_rank == 0 ? L.args.progress : HPU_PROGRESS_NEVER,
+			   stdout);
 	if (L.bar.on) {
 		ev_timer_init(&L.bar_tick, on_bar_tick, 0.2, 0.2);
 		ev_timer_start(L.loop, &L.bar_tick);
 	}
-	hpu_restarts_init(&L.restarts, L.args.max_restarts);
+	hpu__restarts_init(&L.restarts, L.args.max_restarts);
 	int rc;
 	for (;;) {
 		if (run_attempt(err, errlen) < 0) {
@@ -183,7 +183,7 @@ static int run_local(char *err, size_t errlen)
 				rc = 1; /* main says why */
 				break;
 			}
-			hpu_log(HPU_LOG_ERROR, "error: %s", err);
+			hpu__log(HPU_LOG_ERROR, "error: %s", err);
 			snprintf(L.cause, sizeof L.cause, "%s", err);
 			err[0] = 0;
 			L.failed = 1;
@@ -192,12 +192,12 @@ static int run_local(char *err, size_t errlen)
 			rc = exit_status();
 			break;
 		}
-		if (!hpu_restarts_next(&L.restarts, L.cause)) {
+		if (!hpu__restarts_next(&L.restarts, L.cause)) {
 			rc = 1;
 			break;
 		}
 	}
-	hpu_restarts_free(&L.restarts);
+	hpu__restarts_free(&L.restarts);
 	return rc;
 }
 
@@ -210,13 +210,13 @@ static void config_notes(const hpu_train_opts *o)
 	FILE *f = open_memstream(&buf, &n);
 	if (!f)
 		return;
-	hpu_opts_config_notes(o, f, hpu_log_prefix());
+	hpu__opts_config_notes(o, f, hpu__log_prefix());
 	fclose(f);
 	for (char *l = buf, *e; l && *l; l = e + 1) {
 		e = strchr(l, '\n');
 		if (e)
 			*e = 0;
-		hpu_log_plain(strstr(l, ": warning: ") ? HPU_LOG_WARNING : HPU_LOG_NOTICE, "%s", l);
+		hpu__log_plain(strstr(l, ": warning: ") ? HPU_LOG_WARNING : HPU_LOG_NOTICE, "%s", l);
 		if (!e)
 			break;
 	}
@@ -227,43 +227,43 @@ static int run(int argc, char **argv)
 {
 	char err[4096] = ""; /* a config file's errors, one a line */
 	signal(SIGPIPE, SIG_IGN);
-	if (hpu_log_init(err, sizeof err, "hpulaunch") < 0) {
-		hpu_log(HPU_LOG_ERROR, "error: %s", err);
+	if (hpu__log_init(err, sizeof err, "hpulaunch") < 0) {
+		hpu__log(HPU_LOG_ERROR, "error: %s", err);
 		return 2;
 	}
-	int r = hpu_args_parse(&L.args, argc, argv, err, sizeof err);
+	int r = hpu__args_parse(&L.args, argc, argv, err, sizeof err);
 	if (r != 0) {
 		if (r < 0)
-			hpu_log(HPU_LOG_ERROR, "error: %s", err);
+			hpu__log(HPU_LOG_ERROR, "error: %s", err);
 		return r < 0 ? 2 : 0;
 	}
 	/* The workers read it (hpucoll_comm_init_env); hpud gets it with the
-	 * request (hpu_job_env). */
+	 * request (hpu__job_env). */
 	if (L.args.data_plane)
-		setenv(hpu_env_name(HPU_ENV_HPUCOLL_SECURITY), L.args.data_plane, 1);
+		setenv(hpu__env_name(HPU_ENV_HPUCOLL_SECURITY), L.args.data_plane, 1);
 	if (L.args.log_level) {
 		hpu_log_level lvl = HPU_LOG_INFO;
-		hpu_log_parse_level(L.args.log_level, "--log-level", &lvl, err, sizeof err);
-		hpu_log_set_level(lvl);
-		setenv(hpu_env_name(HPU_ENV_HPU_LOG_LEVEL), L.args.log_level, 1);
+		hpu__log_parse_level(L.args.log_level, "--log-level", &lvl, err, sizeof err);
+		hpu__log_set_level(lvl);
+		setenv(hpu__env_name(HPU_ENV_HPU_LOG_LEVEL), L.args.log_level, 1);
 	}
 	if (!L.args.exec_mode && !L.args.status_host)
 		config_notes(&L.args.train);
 	if (L.args.weak_token)
-		hpu_log(HPU_LOG_WARNING, "warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun");
+		hpu__log(HPU_LOG_WARNING, "warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun");
 	int rc;
 	if (L.args.status_host)
-		rc = hpu_status_run(&L.args);
+		rc = hpu__status_run(&L.args);
 	else if (L.args.hostfile)
-		rc = hpu_submit_run(&L.args);
+		rc = hpu__submit_run(&L.args);
 	else if (!L.args.exec_mode &&
-		 hpu_opts_check_checkpoint_dir(&L.args.train, err, sizeof err) < 0)
+		 hpu__opts_check_checkpoint_dir(&L.args.train, err, sizeof err) < 0)
 		rc = 2; /* found now, not at the first save after training */
 	else
 		rc = run_local(err, sizeof err);
 	if (rc && err[0])
-		hpu_log(HPU_LOG_ERROR, "error: %s", err);
-	hpu_args_free(&L.args);
+		hpu__log(HPU_LOG_ERROR, "error: %s", err);
+	hpu__args_free(&L.args);
 	return rc;
 }
 
@@ -271,9 +271,9 @@ static int run(int argc, char **argv)
  * not all be written exits HPU_OUTPUT_EXIT (output.h), after saying so. */
 int main(int argc, char **argv)
 {
-	hpu_output_init();
+	hpu__output_init();
 	int rc = run(argc, argv);
-	if (hpu_output_finish() && rc == 0)
+	if (hpu__output_finish() && rc == 0)
 		rc = HPU_OUTPUT_EXIT;
 	return rc;
 }

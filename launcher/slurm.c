@@ -1,4 +1,4 @@
-#include "slurm.h"
+#include "launcher/slurm.h"
 
 #include <ctype.h>
 #include <openssl/evp.h>
@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "env.h"
-#include "hex.h"
-#include "num.h"
+#include "common/env.h"
+#include "common/hex.h"
+#include "common/num.h"
 
 /* Step ids from here up are Slurm's special steps (batch script, extern,
  * interactive, pending), not one started by srun. */
@@ -125,8 +125,8 @@ bad:
 	return -1;
 }
 
-int hpu_slurm_hostlist_expand(const char *list, char ***hosts, int *n,
-			      char *err, size_t errlen)
+int hpu__slurm_hostlist_expand(const char *list, char ***hosts, int *n,
+			       char *err, size_t errlen)
 {
 	hostvec hv = {0};
 	char prefix[256];
@@ -167,11 +167,11 @@ int hpu_slurm_hostlist_expand(const char *list, char ***hosts, int *n,
 	*n = hv.n;
 	return 0;
 fail:
-	hpu_slurm_hostlist_free(hv.v, hv.n);
+	hpu__slurm_hostlist_free(hv.v, hv.n);
 	return -1;
 }
 
-void hpu_slurm_hostlist_free(char **hosts, int n)
+void hpu__slurm_hostlist_free(char **hosts, int n)
 {
 	if (!hosts)
 		return;
@@ -180,12 +180,12 @@ void hpu_slurm_hostlist_free(char **hosts, int n)
 	free(hosts);
 }
 
-int hpu_slurm_master_port(long job_id)
+int hpu__slurm_master_port(long job_id)
 {
 	return 20000 + (int)(job_id % 20000);
 }
 
-void hpu_slurm_token(long job_id, char out[65])
+void hpu__slurm_token(long job_id, char out[65])
 {
 	char msg[64];
 	unsigned char md[EVP_MAX_MD_SIZE];
@@ -194,7 +194,7 @@ void hpu_slurm_token(long job_id, char out[65])
 	if (EVP_Digest(msg, (size_t)len, md, &mdlen, EVP_sha256(), NULL) != 1 ||
 	    mdlen != 32)
 		abort(); /* SHA-256 is always there */
-	hpu_hex(out, md, 32);
+	hpu__hex(out, md, 32);
 }
 
 /* A list of variables for first_env. */
@@ -205,13 +205,13 @@ void hpu_slurm_token(long job_id, char out[65])
 static const char *first_env(const hpu_env_id *ids, const char **which)
 {
 	for (; *ids != HPU_ENV_COUNT; ids++) {
-		const char *v = hpu_env_str(*ids);
+		const char *v = hpu__env_str(*ids);
 		if (v && *v) {
-			*which = hpu_env_name(*ids);
+			*which = hpu__env_name(*ids);
 			return v;
 		}
 	}
-	*which = hpu_env_name(ids[-1]);
+	*which = hpu__env_name(ids[-1]);
 	return NULL;
 }
 
@@ -223,7 +223,7 @@ static int env_num(const hpu_env_id *ids, long lo, long hi, long *out,
 	const char *name, *v = first_env(ids, &name);
 	if (!v)
 		return 0;
-	if (hpu_parse_long(v, lo, hi, out)) {
+	if (hpu__parse_long(v, lo, hi, out)) {
 		snprintf(err, errlen, "%s='%s' from Slurm is not a number %ld..%ld",
 			 name, v, lo, hi);
 		return -1;
@@ -238,10 +238,10 @@ static int in_srun_step(void)
 	if (!v)
 		return 0;
 	uint64_t id;
-	return hpu_parse_u64(v, 0, SLURM_SPECIAL_STEPS - 1, &id) == HPU_NUM_OK;
+	return hpu__parse_u64(v, 0, SLURM_SPECIAL_STEPS - 1, &id) == HPU_NUM_OK;
 }
 
-int hpu_slurm_read(hpu_slurm *s, char *err, size_t errlen)
+int hpu__slurm_read(hpu_slurm *s, char *err, size_t errlen)
 {
 	long v;
 	memset(s, 0, sizeof *s);
@@ -285,12 +285,12 @@ int hpu_slurm_read(hpu_slurm *s, char *err, size_t errlen)
 	}
 	char **hosts, e[200];
 	int n;
-	if (hpu_slurm_hostlist_expand(list, &hosts, &n, e, sizeof e) < 0) {
+	if (hpu__slurm_hostlist_expand(list, &hosts, &n, e, sizeof e) < 0) {
 		snprintf(err, errlen, "%s='%s': %s", name, list, e);
 		return -1;
 	}
 	snprintf(s->first_host, sizeof s->first_host, "%s", hosts[0]);
-	hpu_slurm_hostlist_free(hosts, n);
+	hpu__slurm_hostlist_free(hosts, n);
 	if (!s->nnodes)
 		s->nnodes = n;
 	return 0;

@@ -36,25 +36,25 @@ typedef struct hpu_slurm {
 /* Reads the Slurm environment into s. Returns 0 with s->present 0 outside
  * a job step, or 0 with everything filled in; -1 with a sentence in err
  * naming the variable when a step's variable is missing or malformed. */
-int hpu_slurm_read(hpu_slurm *s, char *err, size_t errlen);
+int hpu__slurm_read(hpu_slurm *s, char *err, size_t errlen);
 
 /* Expands a Slurm hostlist: comma-separated hosts, each with any number of
  * bracketed ranges ("n[1-3,7]", "rack[1-2]-n[3-4]"), keeping the low
  * bound's zero padding ("node[08-10]": node08 node09 node10); ranges
  * multiply out leftmost first, as Slurm orders them. On success *hosts is
  * a malloc'ed array of *n malloc'ed names that the caller releases with
- * hpu_slurm_hostlist_free() and returns 0; -1 with a sentence in err on a
+ * hpu__slurm_hostlist_free() and returns 0; -1 with a sentence in err on a
  * syntax error or more than HPU_SLURM_MAX_HOSTS hosts (then *hosts is
  * NULL). */
-int hpu_slurm_hostlist_expand(const char *list, char ***hosts, int *n,
-			      char *err, size_t errlen);
+int hpu__slurm_hostlist_expand(const char *list, char ***hosts, int *n,
+			       char *err, size_t errlen);
 
-/* Frees what hpu_slurm_hostlist_expand returned; hosts may be NULL. */
-void hpu_slurm_hostlist_free(char **hosts, int n);
+/* Frees what hpu__slurm_hostlist_expand returned; hosts may be NULL. */
+void hpu__slurm_hostlist_free(char **hosts, int n);
 
 /* The master port every node of job job_id agrees on:
  * 20000 + job_id % 20000. */
-int hpu_slurm_master_port(long job_id);
+int hpu__slurm_master_port(long job_id);
 
 /* The job token every node of job job_id agrees on without being told:
  * the hex SHA-256 of "hputrain-slurm-<job_id>" (64 characters and a NUL
@@ -62,6 +62,6 @@ int hpu_slurm_master_port(long job_id);
  * it, so it keeps apart jobs, not users. To keep other users out, export
  * HPU_JOB_TOKEN (e.g. `export HPU_JOB_TOKEN=$(openssl rand -hex 32)`)
  * before srun, which passes the environment on to every node. */
-void hpu_slurm_token(long job_id, char out[65]);
+void hpu__slurm_token(long job_id, char out[65]);
 
 #endif

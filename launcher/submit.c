@@ -1,4 +1,4 @@
-#include "submit.h"
+#include "launcher/submit.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -13,15 +13,15 @@
 #include <time.h>
 #include <zmq.h>
 
-#include "agent.h"
-#include "auth.h"
-#include "codec.h"
-#include "env.h"
-#include "log.h"
-#include "nodejob.h"
-#include "output.h"
-#include "progress.h"
-#include "restart.h"
+#include "agent/agent.h"
+#include "proto/auth.h"
+#include "proto/codec.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "agent/nodejob.h"
+#include "agent/output.h"
+#include "agent/progress.h"
+#include "agent/restart.h"
 
 #define REPLY_TIMEOUT_MS 10000
 #define PING_EVERY_S 1.0
@@ -105,9 +105,9 @@ static int send_env(node *nd, Hpu__Envelope *env)
 	uint8_t *body = NULL, *frame = NULL;
 	env->instance = nd->instance;
 	env->session = nd->session;
-	size_t blen = hpu_codec_pack(env, &body), flen = 0;
+	size_t blen = hpu__codec_pack(env, &body), flen = 0;
 	if (body)
-		flen = hpu_auth_sign(S.auth, body, blen, hpu_auth_now_ms(), &frame);
+		flen = hpu__auth_sign(S.auth, body, blen, hpu__auth_now_ms(), &frame);
 	free(body);
 	if (!frame)
 		return fail("out of memory signing a request");
@@ -124,9 +124,9 @@ static void drops_summary(int last)
 	if (t - S.drop_window < 1.0 && !last)
 		return;
 	if (S.drops_unsaid) {
-		hpu_progress_hide(&S.bar);
-		hpu_log(HPU_LOG_WARNING, "warning: %ld more messages dropped (not shown)",
-			S.drops_unsaid);
+		hpu__progress_hide(&S.bar);
+		hpu__log(HPU_LOG_WARNING, "warning: %ld more messages dropped (not shown)",
+			 S.drops_unsaid);
 	}
 	S.drop_window = t;
 	S.drops_warned = 0;
@@ -142,9 +142,9 @@ static void warn_drop(const node *nd, const char *what, const char *why)
 		S.drops_unsaid++;
 		return;
 	}
-	hpu_progress_hide(&S.bar);
-	hpu_log(HPU_LOG_WARNING, "warning: dropped %s from %s:%d%s%s", what, nd->host,
-		nd->port, why ? ": " : "", why ? why : "");
+	hpu__progress_hide(&S.bar);
+	hpu__log(HPU_LOG_WARNING, "warning: dropped %s from %s:%d%s%s", what, nd->host,
+		 nd->port, why ? ": " : "", why ? why : "");
 }
 
 /* Whether env, genuine, belongs to nd's current session: for it, from the
@@ -197,15 +197,15 @@ static Hpu__Envelope *recv_env(node *nd)
 	char why[256];
 	const char *bad;
 	Hpu__Envelope *env = NULL;
-	if (hpu_auth_check(S.auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu_auth_now_ms(),
-			   &body, &blen, why, sizeof why) < 0)
+	if (hpu__auth_check(S.auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu__auth_now_ms(),
+			    &body, &blen, why, sizeof why) < 0)
 		warn_drop(nd, "a message", why);
-	else if (!(env = hpu_codec_unpack(body, blen)))
+	else if (!(env = hpu__codec_unpack(body, blen)))
 		warn_drop(nd, "a malformed message", NULL);
 	else if ((bad = check_binding(nd, env, why, sizeof why))) {
 		if (*bad)
 			warn_drop(nd, "a signed message", bad);
-		hpu_codec_free(env);
+		hpu__codec_free(env);
 		env = NULL;
 	}
 	zmq_msg_close(&m);
@@ -259,11 +259,11 @@ static int setup(const char *key_path, int nodes)
 {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
 	char err[600];
-	if (hpu_auth_load_key(key_path, key, err, sizeof err) < 0)
+	if (hpu__auth_load_key(key_path, key, err, sizeof err) < 0)
 		return fail("%s", err);
 	/* hpud's frames are checked by sequence number (recv_env): the
 	 * verifier needs no room for nonces */
-	S.auth = hpu_auth_new(key, 30000, 1);
+	S.auth = hpu__auth_new(key, 30000, 1);
 	memset(key, 0, sizeof key);
 	S.ctx = zmq_ctx_new();
 	S.n = calloc((size_t)nodes, sizeof *S.n);
@@ -280,24 +280,24 @@ static void teardown(void)
 		if (S.n[i].sock)
 			zmq_close(S.n[i].sock);
 	if (S.ctx)
-		hpu_zmq_ctx_term(S.ctx);
+		hpu__zmq_ctx_term(S.ctx);
 	free(S.n);
 	for (int i = 0; i < S.npieces; i++)
 		free(S.pieces[i].buf);
 	free(S.pieces);
-	hpu_auth_destroy(&S.auth);
+	hpu__auth_destroy(&S.auth);
 }
 
 /* ---- the job ---- */
 
 static void print_text(uint32_t rank, const char *text)
 {
-	if (!hpu_output_std_ok(1))
+	if (!hpu__output_std_ok(1))
 		return; /* said once: the rest is lost */
-	hpu_progress_hide(&S.bar);
+	hpu__progress_hide(&S.bar);
 	printf("[rank %u] %s\n", rank, text);
-	hpu_output_stream(stdout);
-	hpu_progress_show(&S.bar);
+	hpu__output_stream(stdout);
+	hpu__progress_show(&S.bar);
 }
 
 /* Adds text to rank's line in pieces; 0, or -1 (not a rank of the job,
@@ -351,8 +351,8 @@ static void take_progress(const Hpu__Progress *p)
 	    strcmp(p->job_id, S.a->job_id) != 0)
 		return;
 	hpu_status_rec st;
-	hpu_status_from_proto(p->status, p->eta_s, &st);
-	hpu_progress_update(&S.bar, &st);
+	hpu__status_from_proto(p->status, p->eta_s, &st);
+	hpu__progress_update(&S.bar, &st);
 }
 
 /* Handles a message from nd during the run; returns its launch reply (to
@@ -377,20 +377,20 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
 		const Hpu__WorkerExit *w = m->worker_exit;
 		if ((w->exit_code != 0 || w->left_early) && !S.a->quiet) {
-			hpu_progress_hide(&S.bar);
+			hpu__progress_hide(&S.bar);
 			if (w->signal)
-				hpu_log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) was killed by signal %d",
-					w->rank, w->node_rank, w->pid, w->signal);
+				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) was killed by signal %d",
+					 w->rank, w->node_rank, w->pid, w->signal);
 			else if (w->left_early) {
 				char pos[128];
-				hpu_describe_position((long)w->step, (long)w->total, (int)w->phase, pos,
-						      sizeof pos);
-				hpu_log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)",
-					w->rank, w->node_rank, w->pid, pos);
+				hpu__describe_position((long)w->step, (long)w->total, (int)w->phase, pos,
+						       sizeof pos);
+				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)",
+					 w->rank, w->node_rank, w->pid, pos);
 			}
 			else
-				hpu_log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code %d",
-					w->rank, w->node_rank, w->pid, w->exit_code);
+				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code %d",
+					 w->rank, w->node_rank, w->pid, w->exit_code);
 		}
 		break;
 	}
@@ -399,7 +399,7 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 	default:
 		break;
 	}
-	hpu_codec_free(m);
+	hpu__codec_free(m);
 	return NULL;
 }
 
@@ -436,7 +436,7 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 			if (r && i == want_reply_from && reply && !*reply)
 				*reply = r;
 			else
-				hpu_codec_free(r);
+				hpu__codec_free(r);
 		}
 	}
 }
@@ -458,7 +458,7 @@ static int hello(node *nd, const char *which)
 		nd->reconnect = 0;
 	}
 	memcpy(nd->old_session, nd->session, sizeof nd->session);
-	if (hpu_auth_random_id(nd->session) < 0)
+	if (hpu__auth_random_id(nd->session) < 0)
 		return fail("cannot draw a session id: the random generator failed");
 	nd->instance[0] = 0;
 	nd->last_seq = 0;
@@ -510,12 +510,12 @@ static int launch_node(int i, int restart)
 	q.transport = (char *)(a->transport ? a->transport : "");
 	q.restart_count = (uint32_t)restart;
 	q.max_restarts = (uint32_t)a->max_restarts;
-	char envbuf[16][1100], *envp[16]; /* hpu_job_env has fewer */
-	for (int k = 0; hpu_job_env[k] != HPU_ENV_COUNT && q.n_env < 16; k++) {
-		const char *v = hpu_env_str(hpu_job_env[k]);
+	char envbuf[16][1100], *envp[16]; /* hpu__job_env has fewer */
+	for (int k = 0; hpu__job_env[k] != HPU_ENV_COUNT && q.n_env < 16; k++) {
+		const char *v = hpu__env_str(hpu__job_env[k]);
 		if (v && *v) {
 			snprintf(envbuf[q.n_env], sizeof envbuf[0], "%s=%s",
-				 hpu_env_name(hpu_job_env[k]), v);
+				 hpu__env_name(hpu__job_env[k]), v);
 			envp[q.n_env] = envbuf[q.n_env];
 			q.n_env++;
 		}
@@ -546,7 +546,7 @@ static int launch_node(int i, int restart)
 		     r->launch_reply->error ? r->launch_reply->error : "");
 	else if (i == 0)
 		S.master_port = (int)r->launch_reply->master_port;
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 	return ok ? 0 : -1;
 }
 
@@ -611,7 +611,7 @@ static int outcome(char *cause, size_t len)
 		return 0;
 	node *nd = &S.n[bad];
 	snprintf(cause, len, "%s", nd->reason[0] ? nd->reason : "a node's part did not end");
-	hpu_log(HPU_LOG_ERROR, "error: %s", cause);
+	hpu__log(HPU_LOG_ERROR, "error: %s", cause);
 	return 1;
 }
 
@@ -634,11 +634,11 @@ static int follow(char *cause, size_t len)
 	S.following = 1;
 	while (!all_ended()) {
 		double t = now_s();
-		hpu_progress_tick(&S.bar);
+		hpu__progress_tick(&S.bar);
 		if (S.signo && !cancelled) {
-			hpu_progress_hide(&S.bar);
-			hpu_log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d nodes",
-				S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn);
+			hpu__progress_hide(&S.bar);
+			hpu__log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d nodes",
+				 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn);
 			cancel_all();
 			cancelled = 1;
 			cancel_at = t;
@@ -669,8 +669,8 @@ static int follow(char *cause, size_t len)
 					continue; /* the report is the cause */
 				}
 				if (!S.lost) {
-					hpu_progress_hide(&S.bar);
-					hpu_log(HPU_LOG_ERROR, "error: %s", nd->reason);
+					hpu__progress_hide(&S.bar);
+					hpu__log(HPU_LOG_ERROR, "error: %s", nd->reason);
 					snprintf(S.lost_cause, sizeof S.lost_cause, "%s", nd->reason);
 				}
 				S.lost = 1;
@@ -680,7 +680,7 @@ static int follow(char *cause, size_t len)
 		pump(200, -1, NULL);
 	}
 	S.following = 0;
-	hpu_progress_reset(&S.bar);
+	hpu__progress_reset(&S.bar);
 	if (S.signo)
 		return 128 + S.signo;
 	return outcome(cause, len);
@@ -702,13 +702,13 @@ static void interrupted_submitting(void)
 	int n = 0;
 	for (int i = 0; i < S.nn; i++)
 		n += may_run(&S.n[i]);
-	hpu_progress_hide(&S.bar);
+	hpu__progress_hide(&S.bar);
 	if (n)
-		hpu_log(HPU_LOG_NOTICE, "interrupted by %s while submitting: cancelling job %s on %d node%s",
-			S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, n, n == 1 ? "" : "s");
+		hpu__log(HPU_LOG_NOTICE, "interrupted by %s while submitting: cancelling job %s on %d node%s",
+			 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, n, n == 1 ? "" : "s");
 	else
-		hpu_log(HPU_LOG_NOTICE, "interrupted by %s: job %s was not submitted",
-			S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id);
+		hpu__log(HPU_LOG_NOTICE, "interrupted by %s: job %s was not submitted",
+			 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id);
 	S.err[0] = 0;
 	cancel_and_wait(15);
 }
@@ -759,8 +759,8 @@ static int launch_all(int restart)
 	if (!S.a->quiet) {
 		char layout[64];
 		describe_layout(layout, sizeof layout);
-		hpu_log(HPU_LOG_INFO, "job %s: %s through hpud, coordinator %s:%d",
-			S.a->job_id, layout, S.n[0].host, S.master_port);
+		hpu__log(HPU_LOG_INFO, "job %s: %s through hpud, coordinator %s:%d",
+			 S.a->job_id, layout, S.n[0].host, S.master_port);
 	}
 	return 0;
 }
@@ -774,7 +774,7 @@ static int run_attempts(void)
 	hpu_restarts r;
 	char cause[1024];
 	int rc = 1;
-	hpu_restarts_init(&r, S.a->max_restarts);
+	hpu__restarts_init(&r, S.a->max_restarts);
 	for (;;) {
 		if (S.signo && r.attempt > 0) { /* interrupted between attempts */
 			rc = 128 + S.signo;
@@ -785,7 +785,7 @@ static int run_attempts(void)
 				rc = S.signo ? 128 + S.signo : 1;
 				break; /* the caller prints S.err */
 			}
-			hpu_log(HPU_LOG_ERROR, "error: %s", S.err);
+			hpu__log(HPU_LOG_ERROR, "error: %s", S.err);
 			snprintf(cause, sizeof cause, "%s", S.err);
 			S.err[0] = 0;
 		} else {
@@ -794,23 +794,23 @@ static int run_attempts(void)
 			if (rc != 1)
 				break;
 		}
-		if (!hpu_restarts_next(&r, cause)) {
+		if (!hpu__restarts_next(&r, cause)) {
 			rc = 1;
 			break;
 		}
 	}
-	hpu_restarts_free(&r);
+	hpu__restarts_free(&r);
 	return rc;
 }
 
-int hpu_submit_run(const hpu_launch_args *a)
+int hpu__submit_run(const hpu_launch_args *a)
 {
 	S.a = a;
 	int rc = 1;
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	hpu_progress_init(&S.bar, a->progress, stdout);
+	hpu__progress_init(&S.bar, a->progress, stdout);
 	if (resolve_hosts(a) < 0 || setup(a->key_path, a->nhosts) < 0)
 		goto out;
 	for (int i = 0; i < a->nhosts; i++) {
@@ -823,7 +823,7 @@ int hpu_submit_run(const hpu_launch_args *a)
 	rc = run_attempts();
 out:
 	if (rc && S.err[0])
-		hpu_log(HPU_LOG_ERROR, "error: %s", S.err);
+		hpu__log(HPU_LOG_ERROR, "error: %s", S.err);
 	teardown();
 	return rc;
 }
@@ -861,7 +861,7 @@ static void print_ranks(const Hpu__JobStatus *j)
 	}
 }
 
-int hpu_status_run(const hpu_launch_args *a)
+int hpu__status_run(const hpu_launch_args *a)
 {
 	S.a = a;
 	int rc = 1;
@@ -888,7 +888,7 @@ int hpu_status_run(const hpu_launch_args *a)
 		if (zmq_poll(&it, 1, 200) > 0)
 			m = recv_env(&S.n[0]);
 		if (m && m->msg_case != HPU__ENVELOPE__MSG_STATUS_REPLY) {
-			hpu_codec_free(m);
+			hpu__codec_free(m);
 			m = NULL;
 		}
 	}
@@ -910,11 +910,11 @@ int hpu_status_run(const hpu_launch_args *a)
 		       j->submitter ? j->submitter : "");
 		print_ranks(j);
 	}
-	hpu_codec_free(m);
+	hpu__codec_free(m);
 	rc = 0;
 out:
 	if (rc && S.err[0])
-		hpu_log(HPU_LOG_ERROR, "error: %s", S.err);
+		hpu__log(HPU_LOG_ERROR, "error: %s", S.err);
 	teardown();
 	return rc;
 }

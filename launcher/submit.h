@@ -14,12 +14,12 @@
 #ifndef HPU_SUBMIT_H
 #define HPU_SUBMIT_H
 
-#include "args.h"
+#include "launcher/args.h"
 
 /* Runs the job through the hosts' daemons; returns the exit status. */
-int hpu_submit_run(const hpu_launch_args *a);
+int hpu__submit_run(const hpu_launch_args *a);
 
 /* Prints a->status_host's jobs; returns 0, or 1 after an error. */
-int hpu_status_run(const hpu_launch_args *a);
+int hpu__status_run(const hpu_launch_args *a);
 
 #endif

@@ -8,12 +8,12 @@
  * them (and loads --config's file) is config_args.c, above both: this
  * file calls neither.
  */
-#include "config.h"
-#include "config_internal.h"
-#include "env.h"
-#include "fileio.h"
-#include "num.h"
-#include "optdoc.h"
+#include "options/config.h"
+#include "options/config_internal.h"
+#include "common/env.h"
+#include "common/fileio.h"
+#include "common/num.h"
+#include "common/optdoc.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -51,7 +51,7 @@ _Static_assert(sizeof(hpu_precision) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_fp8_algo) == sizeof(int), "enum size");
 _Static_assert(sizeof(hpu_offload) == sizeof(int), "enum size");
 
-void hpu_opts_defaults(hpu_train_opts *o)
+void hpu__opts_defaults(hpu_train_opts *o)
 {
 	memset(o, 0, sizeof *o); /* from[] all HPU_FROM_DEFAULT */
 	o->epochs = 1;
@@ -110,37 +110,37 @@ static const char *name_of(const char *const *names, int n, int k)
 	return k >= 0 && k < n ? names[k] : "unknown";
 }
 
-const char *hpu_strategy_name(hpu_strategy s)
+const char *hpu__strategy_name(hpu_strategy s)
 {
 	return name_of(strategy_names, COUNT(strategy_names), (int)s);
 }
 
-const char *hpu_optim_name(hpu_optim_kind k)
+const char *hpu__optim_name(hpu_optim_kind k)
 {
 	return name_of(optim_names, COUNT(optim_names), (int)k);
 }
 
-const char *hpu_offload_name(hpu_offload d)
+const char *hpu__offload_name(hpu_offload d)
 {
 	return name_of(offload_names, COUNT(offload_names), (int)d);
 }
 
-const char *hpu_sched_name(hpu_sched_kind k)
+const char *hpu__sched_name(hpu_sched_kind k)
 {
 	return name_of(sched_names, COUNT(sched_names), (int)k);
 }
 
-const char *hpu_precision_name(hpu_precision p)
+const char *hpu__precision_name(hpu_precision p)
 {
 	return name_of(precision_names, COUNT(precision_names), (int)p);
 }
 
-const char *hpu_device_name(hpu_device_kind d)
+const char *hpu__device_name(hpu_device_kind d)
 {
 	return name_of(device_names, COUNT(device_names), (int)d);
 }
 
-double hpu_opts_weight_decay(const hpu_train_opts *o)
+double hpu__opts_weight_decay(const hpu_train_opts *o)
 {
 	if (o->weight_decay >= 0)
 		return o->weight_decay;
@@ -149,13 +149,13 @@ double hpu_opts_weight_decay(const hpu_train_opts *o)
 
 /* ---- sizes ---- */
 
-int hpu_parse_size(const char *s, uint64_t *out)
+int hpu__parse_size(const char *s, uint64_t *out)
 {
 	const char *p = s;
 	if (!isdigit((unsigned char)*p))
 		return -1;
 	uint64_t whole;
-	if (hpu_parse_u64_prefix(p, &p, &whole) != HPU_NUM_OK)
+	if (hpu__parse_u64_prefix(p, &p, &whole) != HPU_NUM_OK)
 		return -1;
 	double frac = 0;
 	if (*p == '.') {
@@ -393,12 +393,12 @@ int hpu__opt_slot_named(const char *name)
 	return hpu__opt_slot(p);
 }
 
-int hpu_opts_from(const hpu_train_opts *o, const char *name)
+int hpu__opts_from(const hpu_train_opts *o, const char *name)
 {
 	return o->from[hpu__opt_slot_named(name)];
 }
 
-int hpu_opts_takes_value(const char *name)
+int hpu__opts_takes_value(const char *name)
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
 	if (!p)
@@ -406,9 +406,9 @@ int hpu_opts_takes_value(const char *name)
 	return p->kind == K_OPTSTR ? 2 : p->kind != K_FLAG && p->kind != K_NOFLAG;
 }
 
-int hpu_opts_takes_next(const char *name, const char *next)
+int hpu__opts_takes_next(const char *name, const char *next)
 {
-	int wants = hpu_opts_takes_value(name);
+	int wants = hpu__opts_takes_value(name);
 	if (wants != 2)
 		return wants == 1;
 	size_t n = next ? strlen(next) : 0;
@@ -426,22 +426,22 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 	int k;
 	switch (p->kind) {
 	case K_INT:
-		if (hpu_parse_long(v, (long)p->lo, (long)p->hi, &l))
+		if (hpu__parse_long(v, (long)p->lo, (long)p->hi, &l))
 			return -1;
 		*(int *)field = (int)l;
 		return 0;
 	case K_LONG:
-		if (hpu_parse_long(v, (long)p->lo, (long)p->hi, &l))
+		if (hpu__parse_long(v, (long)p->lo, (long)p->hi, &l))
 			return -1;
 		*(long *)field = l;
 		return 0;
 	case K_U64:
-		if (hpu_parse_long(v, (long)p->lo, (long)p->hi, &l))
+		if (hpu__parse_long(v, (long)p->lo, (long)p->hi, &l))
 			return -1;
 		*(uint64_t *)field = (uint64_t)l;
 		return 0;
 	case K_DOUBLE:
-		if (hpu_parse_double(v, p->lo, p->hi, &d))
+		if (hpu__parse_double(v, p->lo, p->hi, &d))
 			return -1;
 		*(double *)field = d;
 		return 0;
@@ -460,12 +460,12 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 		*(int *)field = k;
 		return 0;
 	case K_SIZE:
-		if (hpu_parse_size(v, &u) || u == 0)
+		if (hpu__parse_size(v, &u) || u == 0)
 			return -1;
 		*(uint64_t *)field = u;
 		return 0;
 	case K_MB:
-		if (hpu_parse_double(v, p->lo, p->hi, &d) || d * 1048576 / 4 < 1)
+		if (hpu__parse_double(v, p->lo, p->hi, &d) || d * 1048576 / 4 < 1)
 			return -1;
 		*(long *)field = (long)(d * 1048576 / 4);
 		return 0;
@@ -517,9 +517,9 @@ const char *hpu__opt_expected(const struct hpu__opt *p, char *buf,
 	}
 }
 
-/* The option parser's value kinds are hpu_opts_takes_value's answers. */
+/* The option parser's value kinds are hpu__opts_takes_value's answers. */
 _Static_assert(HPU_OPT_FLAG == 0 && HPU_OPT_VALUE == 1 && HPU_OPT_OPTIONAL == 2,
-	       "hpu_opts_specs copies hpu_opts_takes_value");
+	       "hpu__opts_specs copies hpu__opts_takes_value");
 
 /* The value's name in the help, by kind. */
 static const char *const kind_arg[] = {
@@ -528,12 +528,12 @@ static const char *const kind_arg[] = {
     [K_STR] = "FILE",   [K_CHOICE] = "NAME", [K_SIZE] = "SIZE",
     [K_MB] = "X",       [K_CONFIG] = "FILE", [K_OPTSTR] = "DIR"};
 
-const hpu_optspec *hpu_opts_specs(void)
+const hpu_optspec *hpu__opts_specs(void)
 {
 	static hpu_optspec specs[NOPTS + 1]; /* filled on the first call */
 	if (!specs[0].name)
 		for (size_t i = 0; i < NOPTS; i++)
-			specs[i] = (hpu_optspec){opts[i].name, 0, hpu_opts_takes_value(opts[i].name),
+			specs[i] = (hpu_optspec){opts[i].name, 0, hpu__opts_takes_value(opts[i].name),
 						 HPU_OPTS_ID + (int)i, kind_arg[opts[i].kind],
 						 .help = opts[i].help};
 	return specs;
@@ -617,12 +617,12 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 	hpu_strategy s = o->strategy;
 	if (o->offload_optimizer && (s == HPU_STRATEGY_DDP || s == HPU_STRATEGY_FAST_DDP)) {
 		snprintf(err, errlen, "--offload-optimizer %s needs a ZeRO strategy (zero1, zero2 or zero3), not %s",
-			 hpu_offload_name(o->offload_optimizer), hpu_strategy_name(s));
+			 hpu__offload_name(o->offload_optimizer), hpu__strategy_name(s));
 		return -1;
 	}
 	if (o->offload_param && s != HPU_STRATEGY_ZERO3) {
 		snprintf(err, errlen, "--offload-param %s works with --strategy zero3 only (DeepSpeed's stage 3), not %s",
-			 hpu_offload_name(o->offload_param), hpu_strategy_name(s));
+			 hpu__offload_name(o->offload_param), hpu__strategy_name(s));
 		return -1;
 	}
 	if (!o->param_nvme_path[0])
@@ -647,7 +647,7 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
  * one device built (the CUDA device comes with the next issue). */
 static int check_device(hpu_train_opts *o, char *err, size_t errlen)
 {
-	const char *env = hpu_env_str(HPU_ENV_HPU_DEVICE);
+	const char *env = hpu__env_str(HPU_ENV_HPU_DEVICE);
 	int slot = hpu__opt_slot_named("device");
 	if (env && *env && slot >= 0 && o->from[slot] == HPU_FROM_DEFAULT) {
 		int k = hpu__pick(env, device_names, COUNT(device_names), 0);
@@ -667,8 +667,8 @@ static int check_device(hpu_train_opts *o, char *err, size_t errlen)
 	return 0;
 }
 
-int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
-		     size_t errlen)
+int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
+		      size_t errlen)
 {
 	assert(world_size >= 1);
 	if (resolve_batch(o, world_size, err, errlen) < 0)
@@ -677,7 +677,7 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	    o->strategy != HPU_STRATEGY_DDP &&
 	    o->strategy != HPU_STRATEGY_FAST_DDP) {
 		snprintf(err, errlen, "--grad-comm-dtype bf16 works with --strategy ddp or fast_ddp only, not %s",
-			 hpu_strategy_name(o->strategy));
+			 hpu__strategy_name(o->strategy));
 		return -1;
 	}
 	if (o->sched == HPU_SCHED_WARMUP_DECAY && o->total_steps > 0 &&
@@ -705,14 +705,14 @@ int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	return 0;
 }
 
-int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
-				  size_t errlen)
+int hpu__opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
+				   size_t errlen)
 {
 	const char *dir = o->checkpoint_dir;
 	char at[sizeof o->checkpoint_dir], probe[sizeof o->checkpoint_dir + 32];
 	if (!dir[0])
 		return 0;
-	if (hpu_make_dirs(dir, at, sizeof at) < 0) {
+	if (hpu__make_dirs(dir, at, sizeof at) < 0) {
 		int e = errno;
 		if (strcmp(at, dir) == 0)
 			snprintf(err, errlen, "cannot make the checkpoint directory %s: %s", dir,
@@ -734,7 +734,7 @@ int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 	return 0;
 }
 
-void hpu_opts_help(FILE *f)
+void hpu__opts_help(FILE *f)
 {
-	hpu_optdoc(f, hpu_opts_specs(), HPU_DOC_HELP, 27);
+	hpu__optdoc(f, hpu__opts_specs(), HPU_DOC_HELP, 27);
 }

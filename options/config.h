@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "opt.h"
+#include "common/opt.h"
 
 typedef enum hpu_optim_kind {
 	HPU_OPTIM_SGD = 0,
@@ -83,7 +83,7 @@ typedef struct hpu_train_opts {
 	/* Batch sizes: batch_size = micro_batch * grad_accum * world size
 	 * (DeepSpeed's train_batch_size, train_micro_batch_size_per_gpu,
 	 * gradient_accumulation_steps). Any two determine the third;
-	 * hpu_opts_resolve() fills in the one not given. */
+	 * hpu__opts_resolve() fills in the one not given. */
 	int batch_size;         /* global batch, summed over all ranks (256) */
 	int micro_batch;        /* per rank per micro-step (resolved) */
 	int grad_accum;         /* micro-steps per optimizer step (1) */
@@ -176,7 +176,7 @@ typedef struct hpu_train_opts {
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
 	/* What --config left to flags and defaults ("auto" values) and the
 	 * keys it accepted that change nothing here ("key\twhy\n" lines):
-	 * hpu_opts_config_notes says them. */
+	 * hpu__opts_config_notes says them. */
 	struct hpu_cfg_auto {
 		char key[80];  /* "optimizer.params.lr" */
 		short slot[2]; /* the options' from[] slots; -1: none */
@@ -186,72 +186,72 @@ typedef struct hpu_train_opts {
 } hpu_train_opts;
 
 /* Fills o with the defaults (1 epoch, batch 256, AdamW lr 1e-3, ...). */
-void hpu_opts_defaults(hpu_train_opts *o);
+void hpu__opts_defaults(hpu_train_opts *o);
 
 /* Whether `name` (without leading dashes) is a training option, and
  * whether it takes a value. Returns -1 if it is not one, else 0 (a flag),
  * 1 (a value) or 2 (an optional value: --profile [DIR]). */
-int hpu_opts_takes_value(const char *name);
+int hpu__opts_takes_value(const char *name);
 
 /* Whether option `name`, written without "=value", takes `next` (the
  * following argument, or NULL) as its value: always for a value; for an
  * optional value, unless next is missing, starts with '-' or names a
  * shared library (ends in ".so"). */
-int hpu_opts_takes_next(const char *name, const char *next);
+int hpu__opts_takes_next(const char *name, const char *next);
 
 /* Sets option `name` (without dashes) from `value` (NULL for a flag), as a
  * command-line flag. --config FILE loads the file at once; values the file
  * sets never replace ones set by flags, before or after it. Returns 0, or
  * -1 with a sentence naming the option and value in err. */
-int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
-		 char *err, size_t errlen);
+int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
+		  char *err, size_t errlen);
 
 /* Parses "--name value" / "--name=value" options from argv[*i] on, up to
  * the first argument that is not an option (after a "--", if one ends
  * them); leaves *i there. */
-int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
-		   char *err, size_t errlen);
+int hpu__opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
+		    char *err, size_t errlen);
 
 /* The training options as a table for the option parser (common/opt.h),
  * for a command that reads them among its own (hpulaunch): option i of
  * the table has the id HPU_OPTS_ID + i. */
 enum { HPU_OPTS_ID = 1000 };
-const hpu_optspec *hpu_opts_specs(void);
+const hpu_optspec *hpu__opts_specs(void);
 
 /* Sets the training option that p has just read (an id from
- * hpu_opts_specs()) from its value; an optional one written without
- * "=value" takes the next argument when hpu_opts_takes_next says so,
+ * hpu__opts_specs()) from its value; an optional one written without
+ * "=value" takes the next argument when hpu__opts_takes_next says so,
  * moving p->ind past it. Returns 0, or -1 with a sentence in err, as
- * hpu_opts_set. */
-int hpu_opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
-		   size_t errlen);
+ * hpu__opts_set. */
+int hpu__opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
+		    size_t errlen);
 
 /* Loads a DeepSpeed-style JSON config file (the keys are listed in
  * README.md). Unknown keys, wrong types and out-of-range values are errors
  * naming the key path ("zero_optimization.stage"); every one in the file is
  * in err, one a line. At the top level, as in DeepSpeed, an unknown key
  * far from every known one is ignored (and noted). */
-int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
-		       size_t errlen);
+int hpu__opts_load_file(hpu_train_opts *o, const char *path, char *err,
+			size_t errlen);
 
-/* After hpu_opts_resolve: one note naming the config file's "auto" values
+/* After hpu__opts_resolve: one note naming the config file's "auto" values
  * and what they were resolved to, and one warning naming its keys that
  * change nothing here and why; nothing when there are none. */
-void hpu_opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog);
+void hpu__opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog);
 
 /* Checks the options against a world size and fills in what follows from
  * them (the batch size not given). A batch mismatch names all three
  * values. Returns 0, or -1 with one sentence in err. */
-int hpu_opts_resolve(hpu_train_opts *o, int world_size, char *err,
-		     size_t errlen);
+int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
+		      size_t errlen);
 
 /* Makes the checkpoint directory (--checkpoint-dir) if it is missing, as
  * the first save would, and checks that a file can be made in it (a
  * temporary file, removed again); nothing without a checkpoint directory.
  * Returns 0, or -1 with a sentence naming the directory and the reason in
  * err. */
-int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
-				  size_t errlen);
+int hpu__opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
+				   size_t errlen);
 
 /* The options every rank of a job must share, as text in buf: a line
  * "name=value" each, in the table's order, of the resolved values (the
@@ -264,47 +264,47 @@ int hpu_opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
  * --save-params and --profile, which every rank acts on, only whether one
  * is given (and --resume auto): a node may keep its copy at another path.
  * Returns the length, or -1 if the text does not fit in len. */
-int hpu_opts_shared_text(const hpu_train_opts *o, char *buf, size_t len);
+int hpu__opts_shared_text(const hpu_train_opts *o, char *buf, size_t len);
 
-/* The options whose lines differ between two hpu_opts_shared_text texts,
+/* The options whose lines differ between two hpu__opts_shared_text texts,
  * as "--lr (0.5 vs 0.001), --seed (1 vs 42)" in out (mine's value first;
  * "none" for an option one text lacks). Returns how many differ. */
-int hpu_opts_shared_diff(const char *mine, const char *ref, char *out, size_t len);
+int hpu__opts_shared_diff(const char *mine, const char *ref, char *out, size_t len);
 
 /* Whether training option `name` (without dashes) names a file or a
  * directory: --config, --metrics, --checkpoint-dir, --resume, ... */
-int hpu_opts_is_path(const char *name);
+int hpu__opts_is_path(const char *name);
 
 /* Option `name`'s value made absolute against directory cwd, in *out
  * (malloc'd): value NULL is --profile's default ("."). Returns 1 with
  * *out set; 0 (*out NULL) when there is nothing to do (not a path option,
  * an empty or absolute value, --resume auto); -1 out of memory; -2 when
  * the result is longer than an option's value may be (511 bytes). */
-int hpu_opts_abs_path(const char *name, const char *value, const char *cwd, char **out);
+int hpu__opts_abs_path(const char *name, const char *value, const char *cwd, char **out);
 
 /* The k-th (from 0) path option whose value came from the --config file
  * (paths there are relative to the directory the command runs in, as a
  * flag's): returns its name, its value in *value; NULL past the last. */
-const char *hpu_opts_file_path(const hpu_train_opts *o, int k, const char **value);
+const char *hpu__opts_file_path(const hpu_train_opts *o, int k, const char **value);
 
 /* The weight decay in force (resolving the optimizer's default). */
-double hpu_opts_weight_decay(const hpu_train_opts *o);
+double hpu__opts_weight_decay(const hpu_train_opts *o);
 
 /* Where option `name` (which must exist) got its value: HPU_FROM_*. */
-int hpu_opts_from(const hpu_train_opts *o, const char *name);
+int hpu__opts_from(const hpu_train_opts *o, const char *name);
 
 /* Parses a size: "4096", "512K", "1.5G", "2GiB", "64MB" (binary
  * multiples). Returns 0, or -1. */
-int hpu_parse_size(const char *s, uint64_t *out);
+int hpu__parse_size(const char *s, uint64_t *out);
 
-const char *hpu_strategy_name(hpu_strategy s);
-const char *hpu_optim_name(hpu_optim_kind k);
-const char *hpu_sched_name(hpu_sched_kind k);
-const char *hpu_precision_name(hpu_precision p);
-const char *hpu_device_name(hpu_device_kind d);
-const char *hpu_offload_name(hpu_offload d);
+const char *hpu__strategy_name(hpu_strategy s);
+const char *hpu__optim_name(hpu_optim_kind k);
+const char *hpu__sched_name(hpu_sched_kind k);
+const char *hpu__precision_name(hpu_precision p);
+const char *hpu__device_name(hpu_device_kind d);
+const char *hpu__offload_name(hpu_offload d);
 
 /* Prints the training options' help. */
-void hpu_opts_help(FILE *f);
+void hpu__opts_help(FILE *f);
 
 #endif

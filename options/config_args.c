@@ -1,14 +1,14 @@
 /* config_args: the training options from the command line (see config.h).
  *
- * hpu_opts_parse and hpu_opts_set put each --flag through the option table
+ * hpu__opts_parse and hpu__opts_set put each --flag through the option table
  * (config.c), and --config FILE through the config file loader
  * (config_file.c), which sets its keys through the same table. This file
  * stands above both; neither calls back into it, nor the table into the
  * loader.
  */
-#include "config.h"
-#include "config_internal.h"
-#include "optdoc.h"
+#include "options/config.h"
+#include "options/config_internal.h"
+#include "common/optdoc.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -21,22 +21,22 @@ static int set_config(hpu_train_opts *o, const struct hpu__opt *p,
 			 path, sizeof o->config);
 		return -1;
 	}
-	if (hpu_opts_load_file(o, path, err, errlen) < 0)
+	if (hpu__opts_load_file(o, path, err, errlen) < 0)
 		return -1;
 	strcpy(o->config, path);
 	o->from[hpu__opt_slot(p)] = HPU_FROM_FLAG;
 	return 0;
 }
 
-int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
-		 char *err, size_t errlen)
+int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
+		  char *err, size_t errlen)
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
 	if (!p) {
 		snprintf(err, errlen, "unknown option --%s", name);
 		return -1;
 	}
-	int wants = hpu_opts_takes_value(name);
+	int wants = hpu__opts_takes_value(name);
 	if (wants == 1 && !value) {
 		snprintf(err, errlen, "option --%s needs a value", name);
 		return -1;
@@ -57,17 +57,17 @@ int hpu_opts_set(hpu_train_opts *o, const char *name, const char *value,
 	return 0;
 }
 
-int hpu_opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
-		   size_t errlen)
+int hpu__opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
+		    size_t errlen)
 {
 	const char *name = p->spec->name;
 	if (!p->val && p->spec->value == HPU_OPT_OPTIONAL &&
-	    hpu_opts_takes_next(name, p->ind < p->argc ? p->argv[p->ind] : NULL))
+	    hpu__opts_takes_next(name, p->ind < p->argc ? p->argv[p->ind] : NULL))
 		p->val = p->argv[p->ind++];
-	return hpu_opts_set(o, name, p->val, err, errlen);
+	return hpu__opts_set(o, name, p->val, err, errlen);
 }
 
-/* The message of an option hpu_optparse_next refused (code r). */
+/* The message of an option hpu__optparse_next refused (code r). */
 static int parse_error(const hpu_optparse *p, int r, char *err, size_t errlen)
 {
 	size_t n = strcspn(p->arg + 2, "=");
@@ -82,15 +82,15 @@ static int parse_error(const hpu_optparse *p, int r, char *err, size_t errlen)
 	return -1;
 }
 
-int hpu_opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
-		   char *err, size_t errlen)
+int hpu__opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
+		    char *err, size_t errlen)
 {
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, hpu_opts_specs());
+	hpu__optparse_init(&p, argc, argv, hpu__opts_specs());
 	p.ind = *i;
 	for (;;) {
-		int r = hpu_optparse_next(&p);
-		if (r > 0 && hpu_opts_apply(o, &p, err, errlen) < 0)
+		int r = hpu__optparse_next(&p);
+		if (r > 0 && hpu__opts_apply(o, &p, err, errlen) < 0)
 			return -1;
 		if (r > 0)
 			continue;

@@ -1,5 +1,5 @@
 /* config_file: the DeepSpeed-style JSON config file (see config.h,
- * hpu_opts_load_file; the keys are listed in README.md).
+ * hpu__opts_load_file; the keys are listed in README.md).
  *
  * Each section is a table of keys; a key either sets one option of the
  * option table in config.c (checked against that option's kind and range,
@@ -11,10 +11,10 @@
  * overrides "optimizer.params.lr". A value is checked even when a flag
  * overrides it.
  */
-#include "config.h"
-#include "config_internal.h"
-#include "fileio.h"
-#include "num.h"
+#include "options/config.h"
+#include "options/config_internal.h"
+#include "common/fileio.h"
+#include "common/num.h"
 
 #include <assert.h>
 #include <cJSON.h>
@@ -162,7 +162,7 @@ static int want_bool(struct fctx *c, const char *path, const cJSON *it,
 }
 
 /* Whether s holds a control character. A NUL (JSON's \u0000) would cut
- * the string short, so hpu_opts_load_file turns each one into another
+ * the string short, so hpu__opts_load_file turns each one into another
  * control character before parsing (mark_nuls), and this finds it. */
 static int has_control(const char *s)
 {
@@ -252,7 +252,7 @@ static int file_opt(struct fctx *c, const char *path, const cJSON *it,
 		}
 		if (!cJSON_IsString(it))
 			return wrong_type(c, path, it, "a number of bytes or a size string");
-		if (hpu_parse_size(it->valuestring, &u) || u == 0)
+		if (hpu__parse_size(it->valuestring, &u) || u == 0)
 			return ferr(c, path, "\"%.40s\" is not %s",
 				    it->valuestring,
 				    hpu__opt_expected(p, buf, sizeof buf));
@@ -358,7 +358,7 @@ static const char *closest(const char *k, const struct fkey *keys, size_t n)
 	const char *best = NULL;
 	size_t bestd = 3;
 	for (size_t i = 0; i < n; i++) {
-		size_t d = hpu_edit_distance(k, keys[i].key);
+		size_t d = hpu__edit_distance(k, keys[i].key);
 		if (d < bestd) {
 			bestd = d;
 			best = keys[i].key;
@@ -510,7 +510,7 @@ static int f_stage(struct fctx *c, const char *path, const cJSON *it)
 		return -1;
 	/* stage 0 is plain data parallelism: ddp (not fast_ddp). */
 	return put(c, path, hpu__opt_find("strategy"),
-		   hpu_strategy_name((hpu_strategy)((int)v + 1)));
+		   hpu__strategy_name((hpu_strategy)((int)v + 1)));
 }
 
 static int f_offload_optimizer(struct fctx *c, const char *path, const cJSON *it);
@@ -792,7 +792,7 @@ static int f_optimizer(struct fctx *c, const char *path, const cJSON *it)
 			      : k == 1 || c->adam_w_mode ? HPU_OPTIM_ADAMW
 							 : HPU_OPTIM_ADAM;
 	snprintf(p, sizeof p, "%s.type", path);
-	return put(c, p, hpu__opt_find("optimizer"), hpu_optim_name(kind));
+	return put(c, p, hpu__opt_find("optimizer"), hpu__optim_name(kind));
 }
 
 /* scheduler: type and params */
@@ -832,7 +832,7 @@ static int f_scheduler(struct fctx *c, const char *path, const cJSON *it)
 		return k == -1 ? -1 : 0;
 	snprintf(p, sizeof p, "%s.type", path);
 	if (put(c, p, hpu__opt_find("scheduler"),
-		hpu_sched_name((hpu_sched_kind)k)))
+		hpu__sched_name((hpu_sched_kind)k)))
 		return -1;
 	snprintf(p, sizeof p, "%s.params", path);
 	if (params && WALK(c, params, p, sched_param_keys, 1u << k, types[k], 0))
@@ -867,7 +867,7 @@ static int f_enabled_as(struct fctx *c, const char *path, const cJSON *it,
 	if (c->o->precision != want && c->o->precision != HPU_PREC_FP32 &&
 	    c->o->from[hpu__opt_slot_named("precision")] == HPU_FROM_FILE)
 		return ferr(c, path, "only one of bf16.enabled, fp16.enabled and fp8.enabled can be true");
-	return put(c, path, hpu__opt_find("precision"), hpu_precision_name(want));
+	return put(c, path, hpu__opt_find("precision"), hpu__precision_name(want));
 }
 
 static int f_bf16_enabled(struct fctx *c, const char *path, const cJSON *it)
@@ -1040,7 +1040,7 @@ static const struct fkey top_keys[] = {
 static int read_file(const char *path, char **buf, size_t *len, char *err,
 		     size_t errlen)
 {
-	const char *why = hpu_read_file(path, buf, len);
+	const char *why = hpu__read_file(path, buf, len);
 	if (why) {
 		snprintf(err, errlen, "cannot read config file %s: %s", path, why);
 		return -1;
@@ -1107,8 +1107,8 @@ static void mark_nuls(char *buf)
 	}
 }
 
-int hpu_opts_load_file(hpu_train_opts *o, const char *path, char *err,
-		       size_t errlen)
+int hpu__opts_load_file(hpu_train_opts *o, const char *path, char *err,
+			size_t errlen)
 {
 	char *buf;
 	size_t len;
@@ -1169,7 +1169,7 @@ static size_t auto_text(const hpu_train_opts *o, const struct hpu_cfg_auto *a, c
 			hpu__opt_text(o, p[i], v[i], sizeof v[i]);
 	/* the values whose number means something else */
 	if (p[0]->off == offsetof(hpu_train_opts, weight_decay))
-		snprintf(v[0], sizeof v[0], "%.15g", hpu_opts_weight_decay(o));
+		snprintf(v[0], sizeof v[0], "%.15g", hpu__opts_weight_decay(o));
 	if (p[0]->off == offsetof(hpu_train_opts, total_steps) && !o->total_steps)
 		snprintf(v[0], sizeof v[0], "the run's steps");
 	int from = o->from[a->slot[0]];
@@ -1183,7 +1183,7 @@ static size_t auto_text(const hpu_train_opts *o, const struct hpu_cfg_auto *a, c
 	return m < 0 ? (size_t)n : (size_t)n + (size_t)m < len ? (size_t)n + (size_t)m : len - 1;
 }
 
-void hpu_opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog)
+void hpu__opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 {
 	char line[4096];
 	size_t at = 0;

@@ -11,7 +11,7 @@
 #ifndef HPU_CONFIG_INTERNAL_H
 #define HPU_CONFIG_INTERNAL_H
 
-#include "config.h"
+#include "options/config.h"
 
 #include <stddef.h>
 
@@ -26,7 +26,7 @@ enum hpu__opt_kind {
 	K_STR,    /* non-empty string, fits the field */
 	K_OPTSTR, /* K_STR whose value may be left out (hpu__opt.dflt) */
 	K_CHOICE, /* one of names[], stored as its index */
-	K_SIZE,   /* hpu_parse_size(), not 0 */
+	K_SIZE,   /* hpu__parse_size(), not 0 */
 	K_MB,     /* MiB of fp32 (lo..hi), stored as a long count of floats */
 	K_CONFIG, /* --config FILE: loads the file */
 };
@@ -54,7 +54,7 @@ enum {
 	HPU__OPT_AUTO = 1 << 1,
 	/* It may differ from rank to rank (a node's own files, memory, cores
 	 * and I/O tuning, or what only prints): the ranks do not compare it
-	 * (hpu_opts_shared_text). */
+	 * (hpu__opts_shared_text). */
 	HPU__OPT_LOCAL = 1 << 2,
 	/* A file every rank uses, which a node may keep at a path of its
 	 * own: the ranks compare only whether it is given. */

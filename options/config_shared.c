@@ -1,10 +1,10 @@
 /* config_shared: what the option table's flags (HPU__OPT_*, see
  * config_internal.h) say beyond a value: which options every rank of a job
- * must share (hpu_opts_shared_text, hpu_opts_shared_diff) and which name
- * files (hpu_opts_is_path, hpu_opts_abs_path, hpu_opts_file_path).
+ * must share (hpu__opts_shared_text, hpu__opts_shared_diff) and which name
+ * files (hpu__opts_is_path, hpu__opts_abs_path, hpu__opts_file_path).
  */
-#include "config.h"
-#include "config_internal.h"
+#include "options/config.h"
+#include "options/config_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +41,7 @@ static const char *shared_value(const hpu_train_opts *o, const struct hpu__opt *
 	}
 }
 
-int hpu_opts_shared_text(const hpu_train_opts *o, char *buf, size_t len)
+int hpu__opts_shared_text(const hpu_train_opts *o, char *buf, size_t len)
 {
 	size_t at = 0;
 	const struct hpu__opt *p;
@@ -85,7 +85,7 @@ static void add_diff(char *out, size_t len, size_t *at, const char *name, size_t
 		*at = *at + (size_t)n < len ? *at + (size_t)n : len;
 }
 
-int hpu_opts_shared_diff(const char *mine, const char *ref, char *out, size_t len)
+int hpu__opts_shared_diff(const char *mine, const char *ref, char *out, size_t len)
 {
 	size_t at = 0;
 	int count = 0;
@@ -114,13 +114,13 @@ int hpu_opts_shared_diff(const char *mine, const char *ref, char *out, size_t le
 	return count;
 }
 
-int hpu_opts_is_path(const char *name)
+int hpu__opts_is_path(const char *name)
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
 	return p && (p->how & HPU__OPT_PATH);
 }
 
-int hpu_opts_abs_path(const char *name, const char *value, const char *cwd, char **out)
+int hpu__opts_abs_path(const char *name, const char *value, const char *cwd, char **out)
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
 	*out = NULL;
@@ -147,7 +147,7 @@ int hpu_opts_abs_path(const char *name, const char *value, const char *cwd, char
 	return 1;
 }
 
-const char *hpu_opts_file_path(const hpu_train_opts *o, int k, const char **value)
+const char *hpu__opts_file_path(const hpu_train_opts *o, int k, const char **value)
 {
 	const struct hpu__opt *p;
 	for (int i = 0, seen = 0; (p = hpu__opt_at(i)); i++) {

@@ -19,9 +19,9 @@
  * no longer remembers. With a clock that only moves forward the horizon
  * lies before now - window and never refuses anything the window accepts.
  */
-#include "auth.h"
-#include "fileio.h"
-#include "hex.h"
+#include "proto/auth.h"
+#include "common/fileio.h"
+#include "common/hex.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -131,7 +131,7 @@ static int open_key(const char *path, char *err, size_t errlen)
 {
 	struct stat st;
 	const char *why;
-	int fd = hpu_open_input_fd(path, O_NOFOLLOW, &st, &why);
+	int fd = hpu__open_input_fd(path, O_NOFOLLOW, &st, &why);
 	if (fd < 0 && st.st_mode != 0)
 		seterr(err, errlen, "key file %s is not a regular file", path);
 	else if (fd < 0 && errno == ENOENT)
@@ -172,8 +172,8 @@ static int parse_key(const char *buf, size_t n, const char *path,
 		return -1;
 	}
 	for (size_t i = 0; i < KEY_HEX; i += 2) {
-		int hi = hpu_hex_digit((unsigned char)buf[i]);
-		int lo = hpu_hex_digit((unsigned char)buf[i + 1]);
+		int hi = hpu__hex_digit((unsigned char)buf[i]);
+		int lo = hpu__hex_digit((unsigned char)buf[i + 1]);
 		if (hi < 0 || lo < 0) {
 			seterr(err, errlen,
 			       "key file %s has a character that is not a hex "
@@ -186,8 +186,8 @@ static int parse_key(const char *buf, size_t n, const char *path,
 	return 0;
 }
 
-int hpu_auth_load_key(const char *path, uint8_t key[HPU_AUTH_KEY_BYTES],
-		      char *err, size_t errlen)
+int hpu__auth_load_key(const char *path, uint8_t key[HPU_AUTH_KEY_BYTES],
+		       char *err, size_t errlen)
 {
 	char buf[KEY_HEX + 2]; /* one more than a good file holds */
 	uint8_t tmp[HPU_AUTH_KEY_BYTES];
@@ -213,7 +213,7 @@ out:
 	return rc;
 }
 
-int hpu_auth_gen_key(const char *path, char *err, size_t errlen)
+int hpu__auth_gen_key(const char *path, char *err, size_t errlen)
 {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
 	char text[KEY_HEX + 1]; /* the digits and a newline */
@@ -225,7 +225,7 @@ int hpu_auth_gen_key(const char *path, char *err, size_t errlen)
 		       path);
 		return -1;
 	}
-	hpu_hex(text, key, sizeof(key));
+	hpu__hex(text, key, sizeof(key));
 	text[KEY_HEX] = '\n';
 
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
@@ -242,7 +242,7 @@ int hpu_auth_gen_key(const char *path, char *err, size_t errlen)
 		goto out;
 	}
 	/* The umask may have taken bits off 0600; it cannot have added any. */
-	if (fchmod(fd, 0600) < 0 || hpu_write_all(fd, text, sizeof(text)) < 0 ||
+	if (fchmod(fd, 0600) < 0 || hpu__write_all(fd, text, sizeof(text)) < 0 ||
 	    fsync(fd) < 0) {
 		seterr(err, errlen, "cannot write key file %s: %s", path,
 		       strerror(errno));
@@ -420,8 +420,8 @@ static void remember(hpu_auth *a, const uint8_t *nonce, int64_t ts,
 
 /* ---- the object ---- */
 
-hpu_auth *hpu_auth_new(const uint8_t key[HPU_AUTH_KEY_BYTES],
-		       int64_t window_ms, size_t max_nonces)
+hpu_auth *hpu__auth_new(const uint8_t key[HPU_AUTH_KEY_BYTES],
+			int64_t window_ms, size_t max_nonces)
 {
 	assert(window_ms >= 0 && window_ms <= MAX_WINDOW_MS);
 	assert(max_nonces >= 1 && max_nonces < NONE);
@@ -460,16 +460,16 @@ hpu_auth *hpu_auth_new(const uint8_t key[HPU_AUTH_KEY_BYTES],
 	memcpy(a->key, key, sizeof(a->key));
 	return a;
 fail:
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 	return NULL;
 }
 
-void hpu_auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES])
+void hpu__auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES])
 {
 	memcpy(a->key, key, sizeof(a->key));
 }
 
-void hpu_auth_destroy(hpu_auth **ap)
+void hpu__auth_destroy(hpu_auth **ap)
 {
 	hpu_auth *a = *ap;
 	if (!a)
@@ -500,8 +500,8 @@ static uint64_t get_be64(const uint8_t *p)
 	return v;
 }
 
-size_t hpu_auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
-		     uint8_t **frame)
+size_t hpu__auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
+		      uint8_t **frame)
 {
 	assert(frame);
 	if (len > HPU_AUTH_MAX_FRAME - HPU_AUTH_HEADER)
@@ -546,7 +546,7 @@ static int check_clock(const hpu_auth *a, uint64_t ts_wire, int64_t now_ms,
 	return 0;
 }
 
-/* Everything hpu_auth_verify checks but the replay cache: size, magic, MAC
+/* Everything hpu__auth_verify checks but the replay cache: size, magic, MAC
  * and clock. */
 static int check_frame(hpu_auth *a, const uint8_t *f, size_t len,
 		       int64_t now_ms, char *err, size_t errlen)
@@ -581,8 +581,8 @@ static int check_frame(hpu_auth *a, const uint8_t *f, size_t len,
 	return check_clock(a, get_be64(f + OFF_TS), now_ms, err, errlen);
 }
 
-int hpu_auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
-		   const void **body, size_t *bodylen, char *err, size_t errlen)
+int hpu__auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		    const void **body, size_t *bodylen, char *err, size_t errlen)
 {
 	const uint8_t *f = frame;
 	assert(now_ms > INT64_MIN / 2 && now_ms < INT64_MAX / 2);
@@ -595,8 +595,8 @@ int hpu_auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 	return 0;
 }
 
-int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
-		    const void **body, size_t *bodylen, char *err, size_t errlen)
+int hpu__auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		     const void **body, size_t *bodylen, char *err, size_t errlen)
 {
 	const uint8_t *f = frame;
 	assert(now_ms > INT64_MIN / 2 && now_ms < INT64_MAX / 2);
@@ -630,16 +630,16 @@ int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 	return 0;
 }
 
-int hpu_auth_random_id(char out[HPU_AUTH_ID_HEX + 1])
+int hpu__auth_random_id(char out[HPU_AUTH_ID_HEX + 1])
 {
 	uint8_t r[HPU_AUTH_ID_HEX / 2];
 	if (RAND_bytes(r, sizeof(r)) != 1)
 		return -1;
-	hpu_hex(out, r, sizeof(r));
+	hpu__hex(out, r, sizeof(r));
 	return 0;
 }
 
-int64_t hpu_auth_now_ms(void)
+int64_t hpu__auth_now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);

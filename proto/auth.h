@@ -15,7 +15,7 @@
  * magic, a wrong MAC (compared in constant time), a timestamp outside the
  * clock window, or a nonce it has already accepted within the window (a
  * replay). A stream whose messages carry their own sequence numbers (hpud's
- * frames to a submitter) is checked with hpu_auth_check instead, which
+ * frames to a submitter) is checked with hpu__auth_check instead, which
  * keeps no nonces: the receiver refuses replays by the sequence number,
  * in O(1) memory whatever the rate. The secret is a file of 64 hex digits (32 bytes) that must not
  * be readable or writable by group or others. */
@@ -29,7 +29,7 @@
 #define HPU_AUTH_HEADER 60
 /* Largest frame accepted (header + body). */
 #define HPU_AUTH_MAX_FRAME (HPU_AUTH_HEADER + 64 * 1024)
-/* Hex digits in an id from hpu_auth_random_id (16 random bytes). */
+/* Hex digits in an id from hpu__auth_random_id (16 random bytes). */
 #define HPU_AUTH_ID_HEX 32
 
 typedef struct hpu_auth hpu_auth;
@@ -38,50 +38,50 @@ typedef struct hpu_auth hpu_auth;
  * err naming the file) a file that is missing, not a regular file,
  * readable or writable by group or others, or not 64 hex digits (an
  * optional trailing newline is fine). */
-int hpu_auth_load_key(const char *path, uint8_t key[HPU_AUTH_KEY_BYTES],
-		      char *err, size_t errlen);
+int hpu__auth_load_key(const char *path, uint8_t key[HPU_AUTH_KEY_BYTES],
+		       char *err, size_t errlen);
 
 /* Makes a new secret at `path` (mode 0600, refusing to overwrite an
  * existing file) from OpenSSL's RAND_bytes. Returns 0, or -1 with err. */
-int hpu_auth_gen_key(const char *path, char *err, size_t errlen);
+int hpu__auth_gen_key(const char *path, char *err, size_t errlen);
 
 /* A verifier/signer for one key, with a replay cache of at most
  * `max_nonces` nonces and a clock window of +-window_ms. NULL on no
  * memory. */
-hpu_auth *hpu_auth_new(const uint8_t key[HPU_AUTH_KEY_BYTES],
-		       int64_t window_ms, size_t max_nonces);
+hpu_auth *hpu__auth_new(const uint8_t key[HPU_AUTH_KEY_BYTES],
+			int64_t window_ms, size_t max_nonces);
 
 /* Replaces the key (SIGHUP); the replay cache stays. */
-void hpu_auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES]);
+void hpu__auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES]);
 
-void hpu_auth_destroy(hpu_auth **a);
+void hpu__auth_destroy(hpu_auth **a);
 
 /* Signs `body` as a frame stamped `now_ms` with a fresh nonce into a
  * malloc'ed buffer (*frame, the caller frees). Returns the frame's length,
  * or 0 (no memory, body too long). */
-size_t hpu_auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
-		     uint8_t **frame);
+size_t hpu__auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
+		      uint8_t **frame);
 
 /* Checks `frame` at time now_ms. On success returns 0 and points *body
  * (inside frame) and *bodylen at the body, and remembers the nonce. On
  * failure returns -1 and writes one sentence saying which check failed
  * into err ("bad signature", "stale: timestamp 42 s in the past", "replayed
  * nonce", ...); nothing is remembered. Never reads outside frame[0..len). */
-int hpu_auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
-		    const void **body, size_t *bodylen, char *err, size_t errlen);
+int hpu__auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		     const void **body, size_t *bodylen, char *err, size_t errlen);
 
-/* Checks `frame` at time now_ms as hpu_auth_verify does (size, magic,
+/* Checks `frame` at time now_ms as hpu__auth_verify does (size, magic,
  * MAC, clock window), but neither looks up nor remembers its nonce: the
  * caller must refuse replays itself, by a sequence number inside the body
  * (the body is signed). Same results and err sentences otherwise. */
-int hpu_auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
-		   const void **body, size_t *bodylen, char *err, size_t errlen);
+int hpu__auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		    const void **body, size_t *bodylen, char *err, size_t errlen);
 
 /* Writes HPU_AUTH_ID_HEX random hex digits and a NUL into out (OpenSSL's
  * RAND_bytes: unguessable). Returns 0, or -1 when the generator fails. */
-int hpu_auth_random_id(char out[HPU_AUTH_ID_HEX + 1]);
+int hpu__auth_random_id(char out[HPU_AUTH_ID_HEX + 1]);
 
 /* The current time in ms since the epoch (CLOCK_REALTIME). */
-int64_t hpu_auth_now_ms(void);
+int64_t hpu__auth_now_ms(void);
 
 #endif

@@ -1,4 +1,4 @@
-#include "codec.h"
+#include "proto/codec.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -6,8 +6,8 @@
 #include <sys/wait.h>
 #include <zmq.h>
 
-int hpu_codec_send(void *sock, const hpu_codec_peer *peer,
-		   const Hpu__Envelope *env)
+int hpu__codec_send(void *sock, const hpu_codec_peer *peer,
+		    const Hpu__Envelope *env)
 {
 	size_t len = hpu__envelope__get_packed_size(env);
 	uint8_t stackbuf[1024];
@@ -41,7 +41,7 @@ static void drain_more(void *sock)
 	}
 }
 
-Hpu__Envelope *hpu_codec_recv(void *sock, hpu_codec_peer *peer, int flags)
+Hpu__Envelope *hpu__codec_recv(void *sock, hpu_codec_peer *peer, int flags)
 {
 	zmq_msg_t m;
 	zmq_msg_init(&m);
@@ -77,7 +77,7 @@ Hpu__Envelope *hpu_codec_recv(void *sock, hpu_codec_peer *peer, int flags)
 	return env;
 }
 
-size_t hpu_codec_pack(const Hpu__Envelope *env, uint8_t **out)
+size_t hpu__codec_pack(const Hpu__Envelope *env, uint8_t **out)
 {
 	size_t len = hpu__envelope__get_packed_size(env);
 	*out = malloc(len ? len : 1);
@@ -86,15 +86,15 @@ size_t hpu_codec_pack(const Hpu__Envelope *env, uint8_t **out)
 	return hpu__envelope__pack(env, *out);
 }
 
-Hpu__Envelope *hpu_codec_unpack(const void *buf, size_t len)
+Hpu__Envelope *hpu__codec_unpack(const void *buf, size_t len)
 {
 	if (!buf || len > HPU_CODEC_MAX_MSG)
 		return NULL;
 	return hpu__envelope__unpack(NULL, len, buf);
 }
 
-void hpu_codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid,
-			   int status)
+void hpu__codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid,
+			    int status)
 {
 	hpu__worker_exit__init(we);
 	we->rank = (uint32_t)rank;
@@ -105,13 +105,13 @@ void hpu_codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid
 	we->left_early = status == 0x10000; /* HPU_AGENT_LEFT_EARLY */
 }
 
-void hpu_codec_free(Hpu__Envelope *env)
+void hpu__codec_free(Hpu__Envelope *env)
 {
 	if (env)
 		hpu__envelope__free_unpacked(env, NULL);
 }
 
-void hpu_zmq_ctx_term(void *ctx)
+void hpu__zmq_ctx_term(void *ctx)
 {
 	if (!ctx)
 		return;

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "hpu.pb-c.h"
+#include "proto/hpu.pb-c.h"
 
 /* Largest control message accepted off the wire (bytes). */
 #define HPU_CODEC_MAX_MSG (64 * 1024)
@@ -20,35 +20,35 @@ typedef struct hpu_codec_peer {
 /* Packs `env` and sends it on `sock`; when `peer` is not NULL, the peer's
  * routing id goes first (for ROUTER sockets). Returns 0, or -1 with errno
  * set (EAGAIN with ZMQ_DONTWAIT and a full queue). */
-int hpu_codec_send(void *sock, const hpu_codec_peer *peer,
-		   const Hpu__Envelope *env);
+int hpu__codec_send(void *sock, const hpu_codec_peer *peer,
+		    const Hpu__Envelope *env);
 
 /* Receives one message from `sock` (flags as for zmq_msg_recv). When
  * `peer` is not NULL the first frame is taken as the routing id. Returns
- * the envelope, to be freed with hpu_codec_free(), or NULL: errno EAGAIN
+ * the envelope, to be freed with hpu__codec_free(), or NULL: errno EAGAIN
  * when nothing is there, EPROTO when the bytes are not a valid envelope
  * (the message is consumed). */
-Hpu__Envelope *hpu_codec_recv(void *sock, hpu_codec_peer *peer, int flags);
+Hpu__Envelope *hpu__codec_recv(void *sock, hpu_codec_peer *peer, int flags);
 
 /* Packs `env` into a malloc'ed buffer (*out, the caller frees); returns
  * its length, or 0 with *out NULL when memory is short. */
-size_t hpu_codec_pack(const Hpu__Envelope *env, uint8_t **out);
+size_t hpu__codec_pack(const Hpu__Envelope *env, uint8_t **out);
 
 /* Unpacks `len` bytes (at most HPU_CODEC_MAX_MSG) into an envelope, to be
- * freed with hpu_codec_free(); NULL when they are not a valid envelope. */
-Hpu__Envelope *hpu_codec_unpack(const void *buf, size_t len);
+ * freed with hpu__codec_free(); NULL when they are not a valid envelope. */
+Hpu__Envelope *hpu__codec_unpack(const void *buf, size_t len);
 
 /* Fills a WorkerExit from a waitpid status. */
-void hpu_codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid,
-			   int status);
+void hpu__codec_worker_exit(Hpu__WorkerExit *we, int rank, int node_rank, int pid,
+			    int status);
 
-/* Frees an envelope from hpu_codec_recv() or hpu_codec_unpack(); safe on
+/* Frees an envelope from hpu__codec_recv() or hpu__codec_unpack(); safe on
  * NULL. */
-void hpu_codec_free(Hpu__Envelope *env);
+void hpu__codec_free(Hpu__Envelope *env);
 
 /* zmq_ctx_term(ctx), retried while a signal interrupts it (EINTR: a
  * SIGCHLD during teardown), so that the context's threads and descriptors
  * are really gone. NULL is a no-op. */
-void hpu_zmq_ctx_term(void *ctx);
+void hpu__zmq_ctx_term(void *ctx);
 
 #endif

@@ -5,9 +5,9 @@
  * and, before a worker fails because of another rank, "B1 rank silent|died|failed\n".
  *
  * A line is far below PIPE_BUF, so it is written whole or not at all. */
-#include "status.h"
-#include "env.h"
-#include "num.h"
+#include "proto/status.h"
+#include "common/env.h"
+#include "common/num.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -29,9 +29,9 @@ static double last_s = -1;
 static int fd(void)
 {
 	if (status_fd == -2) {
-		const char *v = hpu_env_str(HPU_ENV_HPU_STATUS_FD);
+		const char *v = hpu__env_str(HPU_ENV_HPU_STATUS_FD);
 		int n;
-		status_fd = !hpu_parse_int(v, 0, (1 << 20) - 1, &n) && fcntl(n, F_GETFD) >= 0 ? n : -1;
+		status_fd = !hpu__parse_int(v, 0, (1 << 20) - 1, &n) && fcntl(n, F_GETFD) >= 0 ? n : -1;
 		if (status_fd >= 0) { /* a full pipe drops a record, never waits */
 			fcntl(status_fd, F_SETFL, fcntl(status_fd, F_GETFL) | O_NONBLOCK);
 			fcntl(status_fd, F_SETFD, FD_CLOEXEC); /* not for what the model starts */
@@ -126,7 +126,7 @@ static void start_flusher(void)
 	pthread_attr_destroy(&at);
 }
 
-void hpu_status_report(const hpu_status_rec *r, int force)
+void hpu__status_report(const hpu_status_rec *r, int force)
 {
 	int f = fd();
 	if (f < 0)
@@ -148,7 +148,7 @@ void hpu_status_report(const hpu_status_rec *r, int force)
 	pthread_mutex_unlock(&mu);
 }
 
-void hpu_status_hello(void)
+void hpu__status_hello(void)
 {
 	int f = fd();
 	if (f >= 0 && write(f, "H1\n", 3) < 0 && errno == EPIPE)
@@ -157,7 +157,7 @@ void hpu_status_hello(void)
 
 static const char *const blame_words[] = {"silent", "died", "failed"};
 
-void hpu_status_blame(int rank, hpu_blame how)
+void hpu__status_blame(int rank, hpu_blame how)
 {
 	char line[64];
 	int f = fd(), n = snprintf(line, sizeof line, "B1 %d %s\n", rank, blame_words[how]);
@@ -196,7 +196,7 @@ static int parse_long(const char **p, const char *end, long lo, long hi, long *o
 	char tmp[32];
 	if (token(p, end, tmp, sizeof tmp) < 0)
 		return -1;
-	return hpu_parse_long(tmp, lo, hi, out) ? -1 : 0;
+	return hpu__parse_long(tmp, lo, hi, out) ? -1 : 0;
 }
 
 static int parse_u64(const char **p, const char *end, uint64_t *out)
@@ -204,7 +204,7 @@ static int parse_u64(const char **p, const char *end, uint64_t *out)
 	char tmp[32];
 	if (token(p, end, tmp, sizeof tmp) < 0)
 		return -1;
-	return hpu_parse_u64(tmp, 0, UINT64_MAX, out) ? -1 : 0;
+	return hpu__parse_u64(tmp, 0, UINT64_MAX, out) ? -1 : 0;
 }
 
 static int parse_double(const char **p, const char *end, double *out)
@@ -213,10 +213,10 @@ static int parse_double(const char **p, const char *end, double *out)
 	if (token(p, end, tmp, sizeof tmp) < 0)
 		return -1;
 	/* "nan" and "inf" are a loss's right */
-	return hpu_parse_real(tmp, out) ? -1 : 0;
+	return hpu__parse_real(tmp, out) ? -1 : 0;
 }
 
-int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st)
+int hpu__status_parse(const char *line, size_t len, hpu_status_rec *st)
 {
 	const char *p = line, *end = line + len;
 	hpu_status_rec r;
@@ -246,7 +246,7 @@ int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st)
 	return 0;
 }
 
-int hpu_status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how)
+int hpu__status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how)
 {
 	const char *p = line, *end = line + len;
 	char word[8];
@@ -270,7 +270,7 @@ int hpu_status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *h
 
 /* ---- the record on the wire (hpud, hpulaunch --status) ---- */
 
-void hpu_status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_status_rec *st, double age_s)
+void hpu__status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_status_rec *st, double age_s)
 {
 	hpu__rank_status__init(rs);
 	rs->rank = (uint32_t)rank;
@@ -290,7 +290,7 @@ void hpu_status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_status_rec *st
 	rs->age_s = age_s;
 }
 
-void hpu_status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_status_rec *st)
+void hpu__status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_status_rec *st)
 {
 	*st = (hpu_status_rec){
 		.step = rs->step > LONG_MAX ? LONG_MAX : (long)rs->step,

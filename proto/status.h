@@ -2,7 +2,7 @@
  * bar, hpud's and `hpulaunch --status`'s per-rank table).
  *
  * The agent gives each worker a pipe (HPU_STATUS_FD in its environment);
- * hpu_status_report() writes one record to it. Without that variable it
+ * hpu__status_report() writes one record to it. Without that variable it
  * does nothing, so a worker started by hand is unaffected. The record is
  * written and parsed here, so both sides read one definition. */
 #ifndef HPU_STATUS_H
@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "hpu.pb-c.h"
+#include "proto/hpu.pb-c.h"
 
 typedef struct hpu_status_rec {
 	long step, total;       /* optimizer steps done, of the run */
@@ -35,12 +35,12 @@ enum { HPU_PHASE_TRAIN = 0, HPU_PHASE_EVAL = 1, HPU_PHASE_DONE = 2, HPU_PHASE_SE
  * training: a full pipe drops the record, except
  * the HPU_PHASE_DONE one, which waits up to 10 s for room: the agent takes
  * a worker that ends without it for one that left before the job ended. */
-void hpu_status_report(const hpu_status_rec *r, int force);
+void hpu__status_report(const hpu_status_rec *r, int force);
 
 /* Tells the agent, first thing, that this worker speaks the protocol
  * ("H1"): from then on, exit code 0 without a HPU_PHASE_DONE record is a
  * failure (a model that called exit()), not success. */
-void hpu_status_hello(void);
+void hpu__status_hello(void);
 
 /* How another rank caused this worker's failure: it stopped answering,
  * it died, or its own collective failed first (its ABORT named no one
@@ -51,20 +51,20 @@ typedef enum hpu_blame { HPU_BLAME_SILENT = 0, HPU_BLAME_DIED, HPU_BLAME_FAILED 
  * rank caused it, as the collectives found (hpucoll_comm_culprit). One
  * line "B1 RANK silent|died|failed"; the agent blames that rank rather
  * than this one. */
-void hpu_status_blame(int rank, hpu_blame how);
+void hpu__status_blame(int rank, hpu_blame how);
 
-/* The agent's side: parses a blame line (hpu_status_blame). Returns 0, or
+/* The agent's side: parses a blame line (hpu__status_blame). Returns 0, or
  * -1 when the line is not one. */
-int hpu_status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how);
+int hpu__status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how);
 
 /* The agent's side: parses one record line (without its newline).
  * Returns 0, or -1 when it is not a well-formed record (st is then
  * unchanged). */
-int hpu_status_parse(const char *line, size_t len, hpu_status_rec *st);
+int hpu__status_parse(const char *line, size_t len, hpu_status_rec *st);
 
 /* A rank's record (age_s old) as the protocol carries it, and back
  * (clamped to the record's ranges; eta_s travels beside it). */
-void hpu_status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_status_rec *st, double age_s);
-void hpu_status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_status_rec *st);
+void hpu__status_to_proto(Hpu__RankStatus *rs, int rank, const hpu_status_rec *st, double age_s);
+void hpu__status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_status_rec *st);
 
 #endif

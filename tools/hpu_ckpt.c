@@ -22,19 +22,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "config.h"
-#include "fileio.h"
-#include "num.h"
-#include "opt.h"
-#include "optdoc.h"
-#include "tool.h"
+#include "ckpt/ckpt.h"
+#include "options/config.h"
+#include "common/fileio.h"
+#include "common/num.h"
+#include "common/opt.h"
+#include "common/optdoc.h"
+#include "tools/tool.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
-#define fail hpu_tool_fail
-#define usage_error hpu_tool_usage
+#define fail hpu__tool_fail
+#define usage_error hpu__tool_usage
 enum { CHUNK = 1 << 20 };      /* floats per read: 4 MiB */
-enum { MAX_WORLD = 99999 };    /* what hpu_ckpt_shard_name can spell */
+enum { MAX_WORLD = 99999 };    /* what hpu__ckpt_shard_name can spell */
 enum { SHOW_PARAMS = 20 };     /* parameters listed by info */
 
 /* ---- messages ---- */
@@ -145,16 +145,16 @@ static int parse_args(const char *cmd, const char *help, int argc, char **argv,
 		      int *npos)
 {
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, specs);
+	hpu__optparse_init(&p, argc, argv, specs);
 	*npos = 0;
-	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+	for (int r; (r = hpu__optparse_next(&p)) != HPU_OPT_END;) {
 		if (r == OPT_HELP) {
 			fputs(help, stdout);
 			fputs("\noptions:\n", stdout);
-			hpu_optdoc(stdout, specs, HPU_DOC_HELP, 21);
+			hpu__optdoc(stdout, specs, HPU_DOC_HELP, 21);
 			return OK;
 		} else if (r == OPT_LOG_LEVEL) {
-			if (hpu_tool_log_level(p.val))
+			if (hpu__tool_log_level(p.val))
 				return USAGE;
 		} else if (r == HPU_OPT_POSITIONAL) {
 			if (*npos == maxpos)
@@ -191,7 +191,7 @@ static int has_manifest(const char *dir)
 }
 
 
-/* A checkpoint root: its checkpoints newest first (hpu_ckpt_candidates)
+/* A checkpoint root: its checkpoints newest first (hpu__ckpt_candidates)
  * and what `latest` says. */
 typedef struct root {
 	char **names;
@@ -211,23 +211,23 @@ static int root_open(root *r, const char *path)
 		return fail("%s: %s", path, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
 		return fail("%s is not a directory (a checkpoint is one)", path);
-	if ((r->n = hpu_ckpt_candidates(path, &r->names, err, sizeof err)) < 0)
+	if ((r->n = hpu__ckpt_candidates(path, &r->names, err, sizeof err)) < 0)
 		return fail("%s", err);
 	if (r->n == 0) {
-		hpu_ckpt_free_names(r->names);
+		hpu__ckpt_free_names(r->names);
 		r->names = NULL;
 		return fail("%s is neither a checkpoint (no %s) nor a checkpoint root (no step-* "
 			    "directories)",
 			    path, HPU_CKPT_MANIFEST);
 	}
-	hpu_ckpt_latest(path, r->latest, sizeof r->latest);
+	hpu__ckpt_latest(path, r->latest, sizeof r->latest);
 	r->latest_ok = r->latest[0] && !strcmp(r->latest, r->names[0]);
 	return OK;
 }
 
 static void root_close(root *r)
 {
-	hpu_ckpt_free_names(r->names);
+	hpu__ckpt_free_names(r->names);
 	r->names = NULL;
 }
 
@@ -241,8 +241,8 @@ static int root_pick(const root *r, const char *path)
 		return fail("%s/%s names \"%s\", which is not a checkpoint there (newest present: "
 			    "%s); name the checkpoint directory itself",
 			    path, HPU_CKPT_LATEST, r->latest, r->names[0]);
-	hpu_tool_note("%s has no `%s` file; using the newest, %s", path, HPU_CKPT_LATEST,
-		      r->names[0]);
+	hpu__tool_note("%s has no `%s` file; using the newest, %s", path, HPU_CKPT_LATEST,
+		       r->names[0]);
 	return OK;
 }
 
@@ -283,16 +283,16 @@ static void note_unsealed(const hpu_ckpt *c)
 	char note[4400];
 	if (!c->unsealed)
 		return;
-	hpu_ckpt_unsealed_note(c, note, sizeof note);
-	hpu_tool_warn("%s", note);
+	hpu__ckpt_unsealed_note(c, note, sizeof note);
+	hpu__tool_warn("%s", note);
 }
 
 /* Opens the checkpoint at dir; BAD (said) if its manifest is unusable. */
 static int open_ckpt(hpu_ckpt *c, const char *dir)
 {
 	char err[1024];
-	if (hpu_ckpt_open_owned(c, dir, &TRUST, err, sizeof err) < 0) {
-		hpu_ckpt_close(c);
+	if (hpu__ckpt_open_owned(c, dir, &TRUST, err, sizeof err) < 0) {
+		hpu__ckpt_close(c);
 		return fail("%s", err);
 	}
 	return OK;
@@ -324,8 +324,8 @@ static int verify_files(hpu_ckpt *c, int print, char *first, size_t firstlen)
 	/* i == nfiles: the buffers file */
 	for (int i = 0; i < n; i++) {
 		const hpu_ckpt_file *f = i < c->nfiles ? &c->files[i] : &c->buffer_file;
-		if ((i < c->nfiles ? hpu_ckpt_verify(c, i, err, sizeof err)
-				   : hpu_ckpt_verify_buffers(c, err, sizeof err)) < 0) {
+		if ((i < c->nfiles ? hpu__ckpt_verify(c, i, err, sizeof err)
+				   : hpu__ckpt_verify_buffers(c, err, sizeof err)) < 0) {
 			if (!bad++ && first)
 				snprintf(first, firstlen, "%s", err);
 			if (print)
@@ -417,13 +417,13 @@ static void print_details(const hpu_ckpt *c)
 	printf("%-14s%s\n", "checkpoint", c->dir);
 	printf("%-14s%s\n", "model", str(m, "model", "(not recorded)"));
 	printf("%-14s%ld (epoch %d, batch %.0f of the epoch; global batch %.0f)\n", "step",
-	       c->step, (int)hpu_ckpt_num(m, "epoch", 0) + 1, hpu_ckpt_num(m, "batch_in_epoch", 0),
-	       hpu_ckpt_num(m, "global_batch", 0));
+	       c->step, (int)hpu__ckpt_num(m, "epoch", 0) + 1, hpu__ckpt_num(m, "batch_in_epoch", 0),
+	       hpu__ckpt_num(m, "global_batch", 0));
 	printf("%-14s%d\n", "world size", c->world);
 	printf("%-14s%s\n", "strategy", c->strategy);
 	printf("%-14s%s\n", "precision", c->precision);
 	printf("%-14s%s (%.0f optimizer steps)\n", "optimizer", c->optimizer,
-	       hpu_ckpt_num(m, "optimizer_steps", 0));
+	       hpu__ckpt_num(m, "optimizer_steps", 0));
 	printf("%-14s", "sections");
 	for (int s = 0; s < c->nsections; s++)
 		printf("%s%s", s ? ", " : "", c->sections[s]);
@@ -458,7 +458,7 @@ static void print_details(const hpu_ckpt *c)
 	if (cJSON_IsObject(fp8))
 		printf("%-14s%d call sites (amax history %.0f, margin %g)\n", "fp8",
 		       cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(fp8, "sites")),
-		       hpu_ckpt_num(fp8, "amax_history_len", 0), hpu_ckpt_num(fp8, "margin", 0));
+		       hpu__ckpt_num(fp8, "amax_history_len", 0), hpu__ckpt_num(fp8, "margin", 0));
 }
 
 /* One line per checkpoint of a root, newest first. */
@@ -471,13 +471,13 @@ static void print_root(const root *r, const char *path)
 		hpu_ckpt c;
 		int mark = r->latest[0] && !strcmp(r->latest, r->names[i]);
 		snprintf(dir, sizeof dir, "%s/%s", path, r->names[i]);
-		if (hpu_ckpt_open(&c, dir, err, sizeof err) < 0)
+		if (hpu__ckpt_open(&c, dir, err, sizeof err) < 0)
 			printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else
 			printf("%c %s  step %ld, %d x %s, %s, %d files, %.1f MB\n", mark ? '*' : ' ',
 			       r->names[i], c.step, c.world, c.strategy, c.precision,
 			       total_files(&c), (double)total_bytes(&c) / 1e6);
-		hpu_ckpt_close(&c);
+		hpu__ckpt_close(&c);
 	}
 	if (!r->latest[0])
 		printf("(no `%s` file)\n", HPU_CKPT_LATEST);
@@ -515,7 +515,7 @@ static int cmd_info(int argc, char **argv)
 	if ((rc = open_ckpt(&c, dir)) != OK)
 		return rc;
 	print_details(&c);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	return OK;
 }
 
@@ -526,18 +526,18 @@ static int verify_one(const char *dir)
 {
 	hpu_ckpt c;
 	char err[1024];
-	if (hpu_ckpt_open_owned(&c, dir, &TRUST, err, sizeof err) < 0) {
+	if (hpu__ckpt_open_owned(&c, dir, &TRUST, err, sizeof err) < 0) {
 		printf("%s: DAMAGED: %s\n", dir, err);
-		hpu_ckpt_close(&c);
+		hpu__ckpt_close(&c);
 		return BAD;
 	}
 	if (c.unsealed) {
 		char note[4400];
-		hpu_ckpt_unsealed_note(&c, note, sizeof note);
+		hpu__ckpt_unsealed_note(&c, note, sizeof note);
 		printf("%s: warning: %s\n", dir, note);
 	}
 	int bad = verify_files(&c, 1, NULL, 0);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	return bad ? BAD : OK;
 }
 
@@ -555,7 +555,7 @@ static int cmd_verify(int argc, char **argv)
 	trust_for(pos[0]);
 	if (has_manifest(pos[0])) {
 		if (all)
-			hpu_tool_note("%s is one checkpoint; --all is for a root", pos[0]);
+			hpu__tool_note("%s is one checkpoint; --all is for a root", pos[0]);
 		return verify_one(pos[0]);
 	}
 	root r;
@@ -563,7 +563,7 @@ static int cmd_verify(int argc, char **argv)
 	if ((rc = root_open(&r, pos[0])) != OK)
 		return rc;
 	/* `latest` of another uid: reported, and not followed */
-	int bad = hpu_ckpt_check_latest(pos[0], &TRUST, err, sizeof err) < 0;
+	int bad = hpu__ckpt_check_latest(pos[0], &TRUST, err, sizeof err) < 0;
 	if (bad)
 		printf("BAD  %s\n", err);
 	if (!all) {
@@ -602,8 +602,8 @@ static int copy_range(hpu_ckpt *c, int s, uint64_t start, uint64_t count, float 
 {
 	while (count) {
 		uint64_t n = count < CHUNK ? count : CHUNK;
-		if (hpu_ckpt_read(c, s, start, n, buf, err, errlen) < 0 ||
-		    hpu_ckpt_writer_put(w, buf, (size_t)n * 4, err, errlen) < 0)
+		if (hpu__ckpt_read(c, s, start, n, buf, err, errlen) < 0 ||
+		    hpu__ckpt_writer_put(w, buf, (size_t)n * 4, err, errlen) < 0)
 			return -1;
 		start += n;
 		count -= n;
@@ -618,8 +618,8 @@ static int copy_buffers(hpu_ckpt *c, uint64_t start, uint64_t count, float *buf,
 {
 	while (count) {
 		uint64_t n = count < CHUNK ? count : CHUNK;
-		if (hpu_ckpt_read_buffers(c, start, n, buf, err, errlen) < 0 ||
-		    hpu_ckpt_writer_put(w, buf, (size_t)n * 4, err, errlen) < 0)
+		if (hpu__ckpt_read_buffers(c, start, n, buf, err, errlen) < 0 ||
+		    hpu__ckpt_writer_put(w, buf, (size_t)n * 4, err, errlen) < 0)
 			return -1;
 		start += n;
 		count -= n;
@@ -634,7 +634,7 @@ static int open_verified(hpu_ckpt *c, const char *arg, const char *what)
 	char dir[4400], first[1024];
 	trust_for(arg);
 	int rc = resolve(arg, dir, sizeof dir);
-	if (rc == OK && !has_manifest(arg) && hpu_ckpt_check_latest(arg, &TRUST, first, sizeof first) < 0)
+	if (rc == OK && !has_manifest(arg) && hpu__ckpt_check_latest(arg, &TRUST, first, sizeof first) < 0)
 		rc = fail("%s (refusing to %s it)", first, what);
 	if (rc == OK)
 		rc = open_ckpt(c, dir);
@@ -645,7 +645,7 @@ static int open_verified(hpu_ckpt *c, const char *arg, const char *what)
 		rc = fail("%s (refusing to %s a damaged checkpoint; hpu-ckpt verify %s lists every "
 			  "file)",
 			  first, what, c->dir);
-		hpu_ckpt_close(c);
+		hpu__ckpt_close(c);
 	}
 	return rc;
 }
@@ -685,7 +685,7 @@ static char *safetensors_header(const hpu_ckpt *c, size_t *len)
 	cJSON_AddStringToObject(meta, "precision", c->precision);
 	for (int i = 0; i < c->nparams; i++) {
 		const hpu_ckpt_param *p = &c->params[i];
-		if (hpu_ckpt_param_find(c, p->name) != i || !strcmp(p->name, "__metadata__")) {
+		if (hpu__ckpt_param_find(c, p->name) != i || !strcmp(p->name, "__metadata__")) {
 			fail("%s: parameter name \"%s\" appears twice (or is reserved); safetensors "
 			     "needs unique names (use --format raw)",
 			     c->dir, p->name);
@@ -696,7 +696,7 @@ static char *safetensors_header(const hpu_ckpt *c, size_t *len)
 	}
 	for (int i = 0; i < c->nbuffers; i++) {
 		const hpu_ckpt_buffer *q = &c->buffers[i];
-		if (hpu_ckpt_param_find(c, q->name) >= 0 || !strcmp(q->name, "__metadata__")) {
+		if (hpu__ckpt_param_find(c, q->name) >= 0 || !strcmp(q->name, "__metadata__")) {
 			fail("%s: buffer name \"%s\" is also a parameter's (or is reserved); "
 			     "safetensors needs unique names (use --format raw)",
 			     c->dir, q->name);
@@ -730,9 +730,9 @@ static int put_header(hpu_ckpt_writer *w, const char *h, size_t n, char *err, si
 	unsigned char le[8];
 	for (int i = 0; i < 8; i++)
 		le[i] = (unsigned char)((uint64_t)n >> (8 * i));
-	if (hpu_ckpt_writer_put(w, le, 8, err, errlen) < 0)
+	if (hpu__ckpt_writer_put(w, le, 8, err, errlen) < 0)
 		return -1;
-	return hpu_ckpt_writer_put(w, h, n, err, errlen);
+	return hpu__ckpt_writer_put(w, h, n, err, errlen);
 }
 
 static int cmd_export(int argc, char **argv)
@@ -757,7 +757,7 @@ static int cmd_export(int argc, char **argv)
 	size_t hlen = 0;
 	float *buf = malloc((size_t)CHUNK * sizeof *buf);
 	hpu_ckpt_writer w;
-	int section = hpu_ckpt_section(&c, "params");
+	int section = hpu__ckpt_section(&c, "params");
 	rc = BAD;
 	if (!buf) {
 		fail("out of memory");
@@ -765,7 +765,7 @@ static int cmd_export(int argc, char **argv)
 	}
 	if (st && !(header = safetensors_header(&c, &hlen)))
 		goto done;
-	if (hpu_ckpt_writer_open(&w, out, err, sizeof err) < 0) {
+	if (hpu__ckpt_writer_open(&w, out, err, sizeof err) < 0) {
 		fail("%s", err);
 		goto done;
 	}
@@ -774,8 +774,8 @@ static int cmd_export(int argc, char **argv)
 	if ((header && put_header(&w, header, hlen, err, sizeof err) < 0) ||
 	    copy_range(&c, section, 0, c.numel, buf, &w, err, sizeof err) < 0 ||
 	    copy_buffers(&c, 0, nbuf, buf, &w, err, sizeof err) < 0 ||
-	    hpu_ckpt_writer_commit(&w, NULL, err, sizeof err) < 0) {
-		hpu_ckpt_writer_abort(&w);
+	    hpu__ckpt_writer_commit(&w, NULL, err, sizeof err) < 0) {
+		hpu__ckpt_writer_abort(&w);
 		fail("exporting %s to %s: %s", c.dir, out, err);
 		goto done;
 	}
@@ -787,15 +787,15 @@ static int cmd_export(int argc, char **argv)
 	       c.dir, c.step, c.nparams, (unsigned long long)c.numel, extra, out, format,
 	       (unsigned long long)((c.numel + nbuf) * 4 + (header ? 8 + hlen : 0)));
 	if (c.nbuffers && !st)
-		hpu_tool_note("raw holds the parameters only; the checkpoint's %d "
-			      "buffers are not in %s (they are in %s/%s; --format safetensors "
-			      "exports them too)",
-			      c.nbuffers, out, c.dir, c.buffer_file.name);
+		hpu__tool_note("raw holds the parameters only; the checkpoint's %d "
+			       "buffers are not in %s (they are in %s/%s; --format safetensors "
+			       "exports them too)",
+			       c.nbuffers, out, c.dir, c.buffer_file.name);
 	rc = OK;
 done:
 	free(header);
 	free(buf);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	return rc;
 }
 
@@ -804,7 +804,7 @@ done:
 static int known_strategy(const char *s)
 {
 	for (int k = HPU_STRATEGY_FAST_DDP; k <= HPU_STRATEGY_ZERO3; k++)
-		if (!strcmp(s, hpu_strategy_name((hpu_strategy)k)))
+		if (!strcmp(s, hpu__strategy_name((hpu_strategy)k)))
 			return 1;
 	return 0;
 }
@@ -826,7 +826,7 @@ static int write_shard(hpu_ckpt *c, const char *dir, int r, int m, float *buf, h
 	uint64_t lo, hi;
 	slice(c->numel, r, m, &lo, &hi);
 	memset(f, 0, sizeof *f);
-	hpu_ckpt_shard_name(r, m, f->name, sizeof f->name);
+	hpu__ckpt_shard_name(r, m, f->name, sizeof f->name);
 	seg->start = lo;
 	seg->count = hi - lo;
 	f->seg = seg;
@@ -834,16 +834,16 @@ static int write_shard(hpu_ckpt *c, const char *dir, int r, int m, float *buf, h
 	f->elems = hi - lo;
 	snprintf(path, sizeof path, "%s/%s", dir, f->name);
 	hpu_ckpt_writer w;
-	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
+	if (hpu__ckpt_writer_open(&w, path, err, errlen) < 0)
 		return -1;
 	for (int s = 0; s < c->nsections; s++)
 		if (copy_range(c, s, lo, hi - lo, buf, &w, err, errlen) < 0) {
-			hpu_ckpt_writer_abort(&w);
+			hpu__ckpt_writer_abort(&w);
 			return -1;
 		}
 	f->bytes = w.bytes;
-	if (hpu_ckpt_writer_commit(&w, f->sha256, err, errlen) < 0) {
-		hpu_ckpt_writer_abort(&w);
+	if (hpu__ckpt_writer_commit(&w, f->sha256, err, errlen) < 0) {
+		hpu__ckpt_writer_abort(&w);
 		return -1;
 	}
 	return 0;
@@ -857,15 +857,15 @@ static int copy_buffers_file(hpu_ckpt *c, const char *dir, float *buf, char *err
 	char path[4600], sha[65];
 	snprintf(path, sizeof path, "%s/%s", dir, c->buffer_file.name);
 	hpu_ckpt_writer w;
-	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
+	if (hpu__ckpt_writer_open(&w, path, err, errlen) < 0)
 		return -1;
 	if (copy_buffers(c, 0, c->buffer_numel, buf, &w, err, errlen) < 0 ||
-	    hpu_ckpt_writer_commit(&w, sha, err, errlen) < 0) {
-		hpu_ckpt_writer_abort(&w);
+	    hpu__ckpt_writer_commit(&w, sha, err, errlen) < 0) {
+		hpu__ckpt_writer_abort(&w);
 		return -1;
 	}
 	if (strcmp(sha, c->buffer_file.sha256) != 0)
-		return hpu_say(err, errlen,
+		return hpu__say(err, errlen,
 				    "%s/%s changed while it was copied (SHA-256 %s, the manifest "
 				    "says %s)",
 				    c->dir, c->buffer_file.name, sha, c->buffer_file.sha256);
@@ -887,9 +887,9 @@ static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 	if (strategy)
 		cJSON_ReplaceItemInObjectCaseSensitive(j, "strategy", cJSON_CreateString(strategy));
 	for (int r = 0; r < m; r++)
-		cJSON_AddItemToArray(arr, hpu_ckpt_file_json(&files[r]));
+		cJSON_AddItemToArray(arr, hpu__ckpt_file_json(&files[r]));
 	cJSON_ReplaceItemInObjectCaseSensitive(j, "files", arr);
-	char *text = hpu_ckpt_manifest_text(j); /* sealed again: its content changed */
+	char *text = hpu__ckpt_manifest_text(j); /* sealed again: its content changed */
 	cJSON_Delete(j);
 	return text;
 }
@@ -922,7 +922,7 @@ static int cmd_reshard(int argc, char **argv)
 		return usage_error("reshard", "needs SRC and DST (hpu-ckpt reshard SRC DST --world M)");
 	if (!world_s)
 		return usage_error("reshard", "how many shards? (--world M)");
-	if (hpu_parse_int(world_s, 1, MAX_WORLD, &m))
+	if (hpu__parse_int(world_s, 1, MAX_WORLD, &m))
 		return usage_error("reshard", "--world must be 1 to %d, not '%s'", MAX_WORLD, world_s);
 	if (strategy && !known_strategy(strategy))
 		return usage_error("reshard",
@@ -978,8 +978,8 @@ static int cmd_reshard(int argc, char **argv)
 		goto done;
 	}
 	snprintf(mpath, sizeof mpath, "%s/%s", partial, HPU_CKPT_MANIFEST);
-	if (hpu_write_atomic(mpath, text, strlen(text), err, sizeof err) < 0 ||
-	    hpu_fsync_dir(partial, err, sizeof err) < 0) {
+	if (hpu__write_atomic(mpath, text, strlen(text), err, sizeof err) < 0 ||
+	    hpu__fsync_dir(partial, err, sizeof err) < 0) {
 		fail("%s", err);
 		goto done;
 	}
@@ -988,7 +988,7 @@ static int cmd_reshard(int argc, char **argv)
 		goto done;
 	}
 	made = 0;
-	if (hpu_fsync_dir(parent, err, sizeof err) < 0) {
+	if (hpu__fsync_dir(parent, err, sizeof err) < 0) {
 		fail("%s", err);
 		goto done;
 	}
@@ -1001,12 +1001,12 @@ static int cmd_reshard(int argc, char **argv)
 	rc = OK;
 done:
 	if (made)
-		hpu_ckpt_rmtree(partial);
+		hpu__ckpt_rmtree(partial);
 	free(text);
 	free(segs);
 	free(files);
 	free(buf);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	return rc;
 }
 
@@ -1035,20 +1035,20 @@ static const struct command {
  * synopsis (man/hpu-ckpt.1, docs/reference/hpu-ckpt.md). */
 static int help_doc(const char *format)
 {
-	int how = hpu_optdoc_format(format);
+	int how = hpu__optdoc_format(format);
 	if (how < 0)
 		return usage_error(NULL, "--help-doc takes help, scdoc or markdown, not '%s'",
 				   format ? format : "");
 	for (size_t i = 0; i < NCMDS; i++) {
-		hpu_optdoc_heading(stdout, cmds[i].synopsis, how);
-		hpu_optdoc(stdout, cmds[i].specs, how, 21);
+		hpu__optdoc_heading(stdout, cmds[i].synopsis, how);
+		hpu__optdoc(stdout, cmds[i].specs, how, 21);
 	}
 	return OK;
 }
 
 int main(int argc, char **argv)
 {
-	if (hpu_tool_start("hpu-ckpt") < 0)
+	if (hpu__tool_start("hpu-ckpt") < 0)
 		return HPU_TOOL_USAGE;
 	if (argc < 2)
 		return usage_error(NULL, "which command? (info, verify, export, reshard)");

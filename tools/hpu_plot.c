@@ -30,16 +30,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "env.h"
-#include "fileio.h"
-#include "log.h"
-#include "num.h"
-#include "opt.h"
-#include "optdoc.h"
-#include "tool.h"
+#include "common/env.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/num.h"
+#include "common/opt.h"
+#include "common/optdoc.h"
+#include "tools/tool.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
-#define fail hpu_tool_fail
+#define fail hpu__tool_fail
 enum { DEF_W = 1200, DEF_H = 900, MIN_PX = 200, MAX_PX = 16384 };
 enum { MAX_RANKS = 1 << 16 };  /* ranks beyond this are ignored */
 enum { RANK_LINES = 8 };       /* above this many ranks: min and max */
@@ -103,33 +103,33 @@ static int parse_args(int argc, char **argv, args *A)
 {
 	*A = (args){.width = DEF_W, .height = DEF_H};
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, specs);
-	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+	hpu__optparse_init(&p, argc, argv, specs);
+	for (int r; (r = hpu__optparse_next(&p)) != HPU_OPT_END;) {
 		const char *v = p.val;
 		switch (r) {
 		case HPU_OPT_POSITIONAL:
 			if (A->metrics)
-				return hpu_tool_usage(NULL, "one metrics file only ('%s' and '%s')",
+				return hpu__tool_usage(NULL, "one metrics file only ('%s' and '%s')",
 						   A->metrics, v);
 			A->metrics = v;
 			break;
 		case OPT_HELP:
 			fputs(help, stdout);
-			hpu_optdoc(stdout, specs, HPU_DOC_HELP, 21);
+			hpu__optdoc(stdout, specs, HPU_DOC_HELP, 21);
 			fputs(help_tail, stdout);
 			return OK;
 		case OPT_HELP_DOC:
-			return hpu_tool_doc(specs, v, 21);
+			return hpu__tool_doc(specs, v, 21);
 		case OPT_PRINT_DATA:
 			A->print_data = 1;
 			break;
 		case OPT_LOG_LEVEL:
-			if (hpu_tool_log_level(v))
+			if (hpu__tool_log_level(v))
 				return USAGE;
 			break;
 		case OPT_OUTPUT:
 			if (!*v)
-				return hpu_tool_usage(NULL, "--output needs a file name");
+				return hpu__tool_usage(NULL, "--output needs a file name");
 			A->out = v;
 			break;
 		case OPT_TITLE:
@@ -137,19 +137,19 @@ static int parse_args(int argc, char **argv, args *A)
 			break;
 		case OPT_WIDTH:
 		case OPT_HEIGHT:
-			if (hpu_parse_int(v, MIN_PX, MAX_PX, r == OPT_WIDTH ? &A->width : &A->height))
-				return hpu_tool_usage(NULL, "--%s wants a whole number of pixels from %d to "
+			if (hpu__parse_int(v, MIN_PX, MAX_PX, r == OPT_WIDTH ? &A->width : &A->height))
+				return hpu__tool_usage(NULL, "--%s wants a whole number of pixels from %d to "
 						   "%d, not '%s'",
 						   p.spec->name, MIN_PX, MAX_PX, v);
 			break;
 		case HPU_OPT_MISSING:
-			return hpu_tool_usage(NULL, "--%s needs a value", p.spec->name);
+			return hpu__tool_usage(NULL, "--%s needs a value", p.spec->name);
 		default: /* unknown, or a flag with a value */
-			return hpu_tool_usage(NULL, "unknown option '%s'", p.arg);
+			return hpu__tool_usage(NULL, "unknown option '%s'", p.arg);
 		}
 	}
 	if (!A->metrics)
-		return hpu_tool_usage(NULL, "which metrics file? (the file hpulaunch --metrics wrote)");
+		return hpu__tool_usage(NULL, "which metrics file? (the file hpulaunch --metrics wrote)");
 	return -1;
 }
 
@@ -278,7 +278,7 @@ static int read_metrics(const char *file, table *t)
 {
 	struct stat st;
 	const char *why = NULL;
-	int fd = hpu_open_input_fd(file, 0, &st, &why); /* a FIFO or a device: refused */
+	int fd = hpu__open_input_fd(file, 0, &st, &why); /* a FIFO or a device: refused */
 	FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
 	if (fd >= 0 && !f)
 		close(fd);
@@ -298,9 +298,9 @@ static int read_metrics(const char *file, table *t)
 			continue;
 		cJSON *j = cJSON_ParseWithOpts(buf, NULL, 1);
 		if (!j && !ended && !blank(buf))
-			hpu_tool_warn("%s:%ld: the last line is incomplete (a run still writing it?): "
-				      "skipped",
-				      file, line);
+			hpu__tool_warn("%s:%ld: the last line is incomplete (a run still writing it?): "
+				       "skipped",
+				       file, line);
 		else if (!j)
 			rc = fail("%s:%ld: not JSON", file, line);
 		else if (add_record(t, j, line) < 0)
@@ -581,7 +581,7 @@ static int write_script(FILE *f, const args *A, const table *t, const layout *L)
  * if there is none. */
 static char *find_gnuplot(void)
 {
-	const char *path = hpu_env_str(HPU_ENV_PATH);
+	const char *path = hpu__env_str(HPU_ENV_PATH);
 	if (!path || !*path)
 		path = "/usr/local/bin:/usr/bin:/bin";
 	char cwd[4096];
@@ -625,11 +625,11 @@ static void pass_on(const char *err)
 		if (blank(line))
 			continue;
 		line[strcspn(line, "\n")] = 0;
-		hpu_log(HPU_LOG_ERROR, "gnuplot: %s", line);
+		hpu__log(HPU_LOG_ERROR, "gnuplot: %s", line);
 		any = 1;
 	}
 	if (!any)
-		hpu_log(HPU_LOG_ERROR, "gnuplot said nothing on stderr");
+		hpu__log(HPU_LOG_ERROR, "gnuplot said nothing on stderr");
 	fclose(f);
 }
 
@@ -743,7 +743,7 @@ static int copy_out(int fd, int to, const char *out)
 	off_t at = 0;
 	ssize_t n;
 	while ((n = pread(fd, buf, sizeof buf, at)) > 0) {
-		if (hpu_write_all(to, buf, (size_t)n) < 0)
+		if (hpu__write_all(to, buf, (size_t)n) < 0)
 			return fail("cannot write %s: %s", out, strerror(errno));
 		at += n;
 	}
@@ -783,7 +783,7 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 	hpu_outfile o;
 	const char *step;
 	int rc = OK;
-	if (hpu_outfile_open(&o, A->out, 0666) < 0) {
+	if (hpu__outfile_open(&o, A->out, 0666) < 0) {
 		rc = fail("cannot write %s: %s", o.direct ? A->out : o.tmp, strerror(errno));
 	} else if (!o.direct) {
 		rc = render(gp, dir, o.fd, o.tmp);
@@ -797,21 +797,21 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 		if (fd >= 0)
 			close(fd);
 	}
-	if (rc == OK && hpu_outfile_commit(&o, &step) != 0) {
+	if (rc == OK && hpu__outfile_commit(&o, &step) != 0) {
 		if (!strcmp(step, "rename"))
 			rc = fail("cannot rename %s to %s: %s", o.tmp, o.path, strerror(errno));
 		else
 			rc = fail("cannot write %s: %s", o.direct ? A->out : o.tmp,
 				  strerror(errno));
 	}
-	hpu_outfile_abort(&o); /* what is left after a failure */
+	hpu__outfile_abort(&o); /* what is left after a failure */
 	return rc;
 }
 
 /* Makes the temporary directory, draws, removes the directory. */
 static int draw_in_tmpdir(const args *A, const table *t, const layout *L, const char *gp)
 {
-	const char *base = hpu_env_str(HPU_ENV_TMPDIR);
+	const char *base = hpu__env_str(HPU_ENV_TMPDIR);
 	char dir[4096], p[4200];
 	snprintf(dir, sizeof dir, "%s/hpu-plot.XXXXXX", base && *base ? base : "/tmp");
 	if (!mkdtemp(dir))
@@ -882,7 +882,7 @@ done:
 
 int main(int argc, char **argv)
 {
-	if (hpu_tool_start("hpu-plot") < 0)
+	if (hpu__tool_start("hpu-plot") < 0)
 		return HPU_TOOL_USAGE;
 	args A;
 	int rc = parse_args(argc, argv, &A);

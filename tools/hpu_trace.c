@@ -29,15 +29,15 @@
 
 #include <cJSON.h>
 
-#include "fileio.h"
-#include "num.h"
-#include "opt.h"
-#include "optdoc.h"
-#include "tool.h"
+#include "common/fileio.h"
+#include "common/num.h"
+#include "common/opt.h"
+#include "common/optdoc.h"
+#include "tools/tool.h"
 
 enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
-#define fail hpu_tool_fail
-#define warn hpu_tool_warn
+#define fail hpu__tool_fail
+#define warn hpu__tool_warn
 
 static const char *const help =
 	"usage: hpu-trace [-o OUT.json] [--no-merge] [--top N]\n"
@@ -714,8 +714,8 @@ static int write_merged(inputs *in, const char *out, int aligned, long *written)
 {
 	hpu_outfile of;
 	FILE *f = NULL;
-	if (hpu_outfile_open(&of, out, 0666) < 0 || !(f = hpu_outfile_stream(&of))) {
-		hpu_outfile_abort(&of); /* errno stays */
+	if (hpu__outfile_open(&of, out, 0666) < 0 || !(f = hpu__outfile_stream(&of))) {
+		hpu__outfile_abort(&of); /* errno stays */
 		return fail("%s: cannot write: %s", out, strerror(errno));
 	}
 	cJSON *o = other_data(in, aligned);
@@ -730,9 +730,9 @@ static int write_merged(inputs *in, const char *out, int aligned, long *written)
 	for (int i = 0; i < in->n && rc == OK; i++)
 		if ((rc = put_rank(f, &in->t[i], written)) < 0)
 			err = errno;
-	if (rc == OK && (fputs("\n]}\n", f) < 0 || hpu_outfile_commit(&of, NULL) != 0))
+	if (rc == OK && (fputs("\n]}\n", f) < 0 || hpu__outfile_commit(&of, NULL) != 0))
 		rc = -1, err = errno;
-	hpu_outfile_abort(&of); /* what is left of it after a failure */
+	hpu__outfile_abort(&of); /* what is left of it after a failure */
 	if (rc < 0) /* a write failed (BAD: put_rank said why) */
 		return fail("%s: cannot write: %s", out, strerror(err ? err : EIO));
 	return rc;
@@ -873,33 +873,33 @@ static int parse_args(opts *o, int argc, char **argv)
 {
 	o->paths = xrealloc(NULL, (size_t)argc * sizeof *o->paths);
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, specs);
-	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END;) {
+	hpu__optparse_init(&p, argc, argv, specs);
+	for (int r; (r = hpu__optparse_next(&p)) != HPU_OPT_END;) {
 		const char *val = p.val;
 		if (r == HPU_OPT_POSITIONAL) {
 			o->paths[o->npaths++] = val;
 		} else if (r == OPT_HELP) {
 			fputs(help, stdout);
-			hpu_optdoc(stdout, specs, HPU_DOC_HELP, 21);
+			hpu__optdoc(stdout, specs, HPU_DOC_HELP, 21);
 			fputs(help_tail, stdout);
 			return OK;
 		} else if (r == OPT_HELP_DOC) {
-			return hpu_tool_doc(specs, val, 21);
+			return hpu__tool_doc(specs, val, 21);
 		} else if (r == OPT_NO_MERGE) {
 			o->no_merge = 1;
 		} else if (r == HPU_OPT_MISSING) {
 			/* named as written: -o or --output */
-			return hpu_tool_usage(NULL, "%s needs a value", p.arg);
+			return hpu__tool_usage(NULL, "%s needs a value", p.arg);
 		} else if (r < 0) { /* unknown, or a flag with a value */
-			return hpu_tool_usage(NULL, "unknown option '%s'", p.arg);
+			return hpu__tool_usage(NULL, "unknown option '%s'", p.arg);
 		} else if (r == OPT_OUTPUT) {
 			o->out = val;
 		} else if (r == OPT_LOG_LEVEL) {
-			if (hpu_tool_log_level(val))
+			if (hpu__tool_log_level(val))
 				return USAGE;
 		} else if (r == OPT_TOP) {
-			if (hpu_parse_int(val, 1, 1000000, &o->top))
-				return hpu_tool_usage(NULL, "--top wants a whole number of at least 1, not '%s'",
+			if (hpu__parse_int(val, 1, 1000000, &o->top))
+				return hpu__tool_usage(NULL, "--top wants a whole number of at least 1, not '%s'",
 						   val);
 		} else {
 			static const char *keys[] = {"total", "count", "mean", "max", "name"};
@@ -907,16 +907,16 @@ static int parse_args(opts *o, int argc, char **argv)
 			while (k < 5 && strcmp(val, keys[k]) != 0)
 				k++;
 			if (k == 5)
-				return hpu_tool_usage(NULL, "--sort wants total, count, mean, max or name, not "
+				return hpu__tool_usage(NULL, "--sort wants total, count, mean, max or name, not "
 						   "'%s'",
 						   val);
 			sort_key = (enum sort_key)k;
 		}
 	}
 	if (o->npaths == 0)
-		return hpu_tool_usage(NULL, "no trace given: name trace files or a directory of them");
+		return hpu__tool_usage(NULL, "no trace given: name trace files or a directory of them");
 	if (o->no_merge && o->out)
-		return hpu_tool_usage(NULL, "-o and --no-merge together: --no-merge writes no file");
+		return hpu__tool_usage(NULL, "-o and --no-merge together: --no-merge writes no file");
 	return -1;
 }
 
@@ -988,7 +988,7 @@ done:
 
 int main(int argc, char **argv)
 {
-	if (hpu_tool_start("hpu-trace") < 0)
+	if (hpu__tool_start("hpu-trace") < 0)
 		return HPU_TOOL_USAGE;
 	opts o = {0};
 	int rc = parse_args(&o, argc, argv);

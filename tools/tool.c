@@ -1,30 +1,30 @@
 /* tool: see tool.h. */
-#include "tool.h"
-#include "log.h"
-#include "optdoc.h"
+#include "tools/tool.h"
+#include "common/log.h"
+#include "common/optdoc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 
-const char *hpu_tool_name = "hputrain";
+const char *hpu__tool_name = "hputrain";
 
-int hpu_tool_start(const char *name)
+int hpu__tool_start(const char *name)
 {
 	char err[200];
-	hpu_tool_name = name;
-	if (hpu_log_init(err, sizeof err, "%s", name) == 0)
+	hpu__tool_name = name;
+	if (hpu__log_init(err, sizeof err, "%s", name) == 0)
 		return 0;
-	hpu_log(HPU_LOG_ERROR, "error: %s", err);
+	hpu__log(HPU_LOG_ERROR, "error: %s", err);
 	return -1;
 }
 
-int hpu_tool_log_level(const char *value)
+int hpu__tool_log_level(const char *value)
 {
 	char err[200];
 	hpu_log_level lvl;
-	if (hpu_log_parse_level(value, "--log-level", &lvl, err, sizeof err) < 0)
-		return hpu_tool_usage(NULL, "%s", err);
-	hpu_log_set_level(lvl);
+	if (hpu__log_parse_level(value, "--log-level", &lvl, err, sizeof err) < 0)
+		return hpu__tool_usage(NULL, "%s", err);
+	hpu__log_set_level(lvl);
 	return 0;
 }
 
@@ -33,10 +33,10 @@ static void say(hpu_log_level lvl, const char *head, const char *fmt, va_list ap
 {
 	char text[4096];
 	vsnprintf(text, sizeof text, fmt, ap);
-	hpu_log(lvl, "%s%s", head, text);
+	hpu__log(lvl, "%s%s", head, text);
 }
 
-int hpu_tool_fail(const char *fmt, ...)
+int hpu__tool_fail(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -45,7 +45,7 @@ int hpu_tool_fail(const char *fmt, ...)
 	return HPU_TOOL_BAD;
 }
 
-void hpu_tool_warn(const char *fmt, ...)
+void hpu__tool_warn(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -53,7 +53,7 @@ void hpu_tool_warn(const char *fmt, ...)
 	va_end(ap);
 }
 
-void hpu_tool_note(const char *fmt, ...)
+void hpu__tool_note(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -61,25 +61,25 @@ void hpu_tool_note(const char *fmt, ...)
 	va_end(ap);
 }
 
-int hpu_tool_usage(const char *cmd, const char *fmt, ...)
+int hpu__tool_usage(const char *cmd, const char *fmt, ...)
 {
 	char text[4096];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof text, fmt, ap);
 	va_end(ap);
-	hpu_log_plain(HPU_LOG_ERROR, "%s%s%s: %s", hpu_tool_name, cmd ? " " : "", cmd ? cmd : "",
-		      text);
-	hpu_log_plain(HPU_LOG_ERROR, "(%s %s%s--help for the usage)", hpu_tool_name, cmd ? cmd : "",
-		      cmd ? " " : "");
+	hpu__log_plain(HPU_LOG_ERROR, "%s%s%s: %s", hpu__tool_name, cmd ? " " : "", cmd ? cmd : "",
+		       text);
+	hpu__log_plain(HPU_LOG_ERROR, "(%s %s%s--help for the usage)", hpu__tool_name, cmd ? cmd : "",
+		       cmd ? " " : "");
 	return HPU_TOOL_USAGE;
 }
 
-int hpu_tool_doc(const struct hpu_optspec *specs, const char *format, int col)
+int hpu__tool_doc(const struct hpu_optspec *specs, const char *format, int col)
 {
-	int how = hpu_optdoc_format(format);
+	int how = hpu__optdoc_format(format);
 	if (how < 0)
-		return hpu_tool_usage(NULL, "--help-doc takes help, scdoc or markdown, not '%s'", format);
-	hpu_optdoc(stdout, specs, how, col);
+		return hpu__tool_usage(NULL, "--help-doc takes help, scdoc or markdown, not '%s'", format);
+	hpu__optdoc(stdout, specs, how, col);
 	return HPU_TOOL_OK;
 }

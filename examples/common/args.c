@@ -1,5 +1,5 @@
 /* args: see args.h. */
-#include "args.h"
+#include "examples/common/args.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* corpus: see corpus.h. */
-#include "corpus.h"
+#include "examples/common/corpus.h"
 
 #include <dirent.h>
 #include <math.h>

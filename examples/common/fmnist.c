@@ -1,5 +1,5 @@
 /* fmnist: see fmnist.h. */
-#include "fmnist.h"
+#include "examples/common/fmnist.h"
 
 #include <stdio.h>
 #include <string.h>

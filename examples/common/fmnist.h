@@ -10,7 +10,7 @@
 
 #include <hpu/hpu.h>
 
-#include "idx.h"
+#include "examples/common/idx.h"
 
 /* Debian's dataset-fashion-mnist puts the files here. */
 #define FMNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"

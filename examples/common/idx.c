@@ -1,4 +1,4 @@
-#include "idx.h"
+#include "examples/common/idx.h"
 
 #include <errno.h>
 #include <stdio.h>

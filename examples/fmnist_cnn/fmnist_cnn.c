@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "fmnist.h"
+#include "examples/common/args.h"
+#include "examples/common/fmnist.h"
 
 /* The training set's pixel mean and standard deviation, on the 0..1 scale. */
 #define PIXEL_MEAN 0.2860f

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "fmnist.h"
+#include "examples/common/args.h"
+#include "examples/common/fmnist.h"
 
 #define CLASSES FMNIST_CLASSES
 #define MAX_DEPTH 256

@@ -41,8 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "corpus.h"
+#include "examples/common/args.h"
+#include "examples/common/corpus.h"
 
 #define DEFAULT_DATA "/usr/share/common-licenses"
 #define LN_EPS 1e-5f

@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "fmnist.h"
+#include "examples/common/args.h"
+#include "examples/common/fmnist.h"
 
 #define STAGES 3
 #define BN_EPS 1e-5f

@@ -2,10 +2,10 @@
  * check (proto/auth.c), the protobuf-c unpack (proto/codec.c) and reading
  * every field of the Envelope as hpud does. Each input is used twice:
  *
- *   (a) as a whole frame: hpu_auth_verify must refuse it (or, for the
+ *   (a) as a whole frame: hpu__auth_verify must refuse it (or, for the
  *       signed seeds of gen_corpus.c, accept it) without reading outside
  *       it; a verified body is decoded;
- *   (b) as a body: signed with hpu_auth_sign, so that the decoder behind
+ *   (b) as a body: signed with hpu__auth_sign, so that the decoder behind
  *       the signature gets fuzzed too. The signed frame must verify once,
  *       give back the same bytes, and be refused when replayed, truncated
  *       or changed in any one bit.
@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "auth.h"
-#include "codec.h"
-#include "fuzz_decode.h"
+#include "proto/auth.h"
+#include "proto/codec.h"
+#include "tests/fuzz/fuzz_decode.h"
 
 static uint8_t key[HPU_AUTH_KEY_BYTES];
 
@@ -224,21 +224,21 @@ static void walk(const Hpu__Envelope *e, size_t len)
  * overlong varint (82 00 ...), packs it back as 02 ..., and refuses that. */
 static void decode(const void *body, size_t len)
 {
-	Hpu__Envelope *env = hpu_codec_unpack(body, len);
+	Hpu__Envelope *env = hpu__codec_unpack(body, len);
 	if (!env)
 		return;
 	walk(env, len);
 	uint8_t *out = NULL;
-	size_t n = hpu_codec_pack(env, &out);
+	size_t n = hpu__codec_pack(env, &out);
 	CHECK(out != NULL);
-	Hpu__Envelope *again = hpu_codec_unpack(out, n);
+	Hpu__Envelope *again = hpu__codec_unpack(out, n);
 	if (again) {
 		CHECK(again->msg_case == env->msg_case);
 		walk(again, n);
-		hpu_codec_free(again);
+		hpu__codec_free(again);
 	}
 	free(out);
-	hpu_codec_free(env);
+	hpu__codec_free(env);
 }
 
 /* ---- the two paths ---- */
@@ -246,19 +246,19 @@ static void decode(const void *body, size_t len)
 /* (a) The input as a frame off the wire. */
 static void as_frame(const uint8_t *data, size_t size)
 {
-	hpu_auth *a = hpu_auth_new(key, FUZZ_WINDOW_MS, FUZZ_MAX_NONCES);
+	hpu_auth *a = hpu__auth_new(key, FUZZ_WINDOW_MS, FUZZ_MAX_NONCES);
 	CHECK(a != NULL);
 	const void *body = NULL;
 	size_t bodylen = 0;
 	char err[256];
-	if (hpu_auth_verify(a, data, size, FUZZ_NOW_MS, &body, &bodylen, err,
-			    sizeof err) == 0) {
+	if (hpu__auth_verify(a, data, size, FUZZ_NOW_MS, &body, &bodylen, err,
+			     sizeof err) == 0) {
 		const uint8_t *b = body;
 		CHECK(b >= data && bodylen <= size &&
 		      (size_t)(b - data) <= size - bodylen);
 		decode(body, bodylen);
 	}
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 	CHECK(a == NULL);
 }
 
@@ -268,8 +268,8 @@ static void refused(hpu_auth *a, const uint8_t *frame, size_t len)
 	const void *body = NULL;
 	size_t bodylen = 0;
 	char err[256] = "";
-	int rc = hpu_auth_verify(a, frame, len, FUZZ_NOW_MS, &body, &bodylen,
-				 err, sizeof err);
+	int rc = hpu__auth_verify(a, frame, len, FUZZ_NOW_MS, &body, &bodylen,
+				  err, sizeof err);
 	CHECK(rc == -1);
 	CHECK(err[0] != 0);
 }
@@ -277,14 +277,14 @@ static void refused(hpu_auth *a, const uint8_t *frame, size_t len)
 /* (b) The input as the body of a frame signed with the right key. */
 static void as_body(const uint8_t *data, size_t size)
 {
-	hpu_auth *a = hpu_auth_new(key, FUZZ_WINDOW_MS, FUZZ_MAX_NONCES);
+	hpu_auth *a = hpu__auth_new(key, FUZZ_WINDOW_MS, FUZZ_MAX_NONCES);
 	CHECK(a != NULL);
 	uint8_t *frame = NULL;
-	size_t len = hpu_auth_sign(a, data, size, FUZZ_NOW_MS, &frame);
+	size_t len = hpu__auth_sign(a, data, size, FUZZ_NOW_MS, &frame);
 	if (size > HPU_AUTH_MAX_FRAME - HPU_AUTH_HEADER) {
 		CHECK(len == 0);
 		free(frame);
-		hpu_auth_destroy(&a);
+		hpu__auth_destroy(&a);
 		return;
 	}
 	CHECK(len == HPU_AUTH_HEADER + size && frame != NULL);
@@ -303,8 +303,8 @@ static void as_body(const uint8_t *data, size_t size)
 	const void *body = NULL;
 	size_t bodylen = 0;
 	char err[256];
-	int rc = hpu_auth_verify(a, frame, len, FUZZ_NOW_MS, &body, &bodylen,
-				 err, sizeof err);
+	int rc = hpu__auth_verify(a, frame, len, FUZZ_NOW_MS, &body, &bodylen,
+				  err, sizeof err);
 	if (rc != 0)
 		fprintf(stderr, "fuzz_decode: signed frame refused: %s\n", err);
 	CHECK(rc == 0);
@@ -313,7 +313,7 @@ static void as_body(const uint8_t *data, size_t size)
 	refused(a, frame, len); /* a replay */
 
 	free(frame);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

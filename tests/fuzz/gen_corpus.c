@@ -10,9 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "auth.h"
-#include "codec.h"
-#include "fuzz_decode.h"
+#include "proto/auth.h"
+#include "proto/codec.h"
+#include "tests/fuzz/fuzz_decode.h"
 
 static const char *dir;
 static hpu_auth *auth;
@@ -33,13 +33,13 @@ static void write_file(const char *prefix, const char *name, const void *p,
 static void seed(const char *name, const Hpu__Envelope *env)
 {
 	uint8_t *body = NULL, *frame = NULL;
-	size_t n = hpu_codec_pack(env, &body);
+	size_t n = hpu__codec_pack(env, &body);
 	if (!body) {
 		fprintf(stderr, "gen_corpus: out of memory\n");
 		exit(1);
 	}
 	write_file("body", name, body, n);
-	size_t len = hpu_auth_sign(auth, body, n, FUZZ_NOW_MS, &frame);
+	size_t len = hpu__auth_sign(auth, body, n, FUZZ_NOW_MS, &frame);
 	if (!len) {
 		fprintf(stderr, "gen_corpus: cannot sign %s\n", name);
 		exit(1);
@@ -237,7 +237,7 @@ int main(int argc, char **argv)
 	}
 	uint8_t key[HPU_AUTH_KEY_BYTES];
 	fuzz_key(key);
-	auth = hpu_auth_new(key, FUZZ_WINDOW_MS, FUZZ_MAX_NONCES);
+	auth = hpu__auth_new(key, FUZZ_WINDOW_MS, FUZZ_MAX_NONCES);
 	if (!auth) {
 		fprintf(stderr, "gen_corpus: out of memory\n");
 		return 1;
@@ -246,6 +246,6 @@ int main(int argc, char **argv)
 	daemon_messages();
 	Hpu__Envelope empty = HPU__ENVELOPE__INIT;
 	seed("empty", &empty);
-	hpu_auth_destroy(&auth);
+	hpu__auth_destroy(&auth);
 	return 0;
 }

@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clusterlib.h"
-#include "runlib.h"
+#include "tests/integration/clusterlib.h"
+#include "tests/integration/runlib.h"
 
 int sh(const char *fmt, ...)
 {

@@ -1,6 +1,6 @@
 /* hpudlib: a real hpud on loopback and a raw client of it, for the hpud
  * tests (hpudlib.h). */
-#include "hpudlib.h"
+#include "tests/integration/hpudlib.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -62,7 +62,7 @@ int hpud_setup(void **state)
 	assert_int_equal(h_run(&p, argv, NULL, 10000), 0);
 	h_free(&p);
 	char err[256];
-	assert_int_equal(hpu_auth_load_key(key_path, key, err, sizeof err), 0);
+	assert_int_equal(hpu__auth_load_key(key_path, key, err, sizeof err), 0);
 	port = h_free_port();
 	write_conf(2, NULL);
 	char hf[128];
@@ -104,8 +104,8 @@ void client_open_port(client *c, const uint8_t *k, int p)
 	c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
 	zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
 	assert_int_equal(zmq_connect(c->sock, ep), 0);
-	c->auth = hpu_auth_new(k, 30000, 1 << 16);
-	assert_int_equal(hpu_auth_random_id(c->session), 0);
+	c->auth = hpu__auth_new(k, 30000, 1 << 16);
+	assert_int_equal(hpu__auth_random_id(c->session), 0);
 	c->instance[0] = 0;
 	if (!memcmp(k, key, sizeof key))
 		client_hello(c);
@@ -120,7 +120,7 @@ void client_close(client *c)
 {
 	zmq_close(c->sock);
 	zmq_ctx_term(c->ctx);
-	hpu_auth_destroy(&c->auth);
+	hpu__auth_destroy(&c->auth);
 }
 
 uint8_t *sign_env(client *c, Hpu__Envelope *env, int64_t skew_ms, size_t *len)
@@ -128,8 +128,8 @@ uint8_t *sign_env(client *c, Hpu__Envelope *env, int64_t skew_ms, size_t *len)
 	env->instance = c->instance;
 	env->session = c->session;
 	uint8_t *body, *frame;
-	size_t blen = hpu_codec_pack(env, &body);
-	*len = hpu_auth_sign(c->auth, body, blen, hpu_auth_now_ms() + skew_ms, &frame);
+	size_t blen = hpu__codec_pack(env, &body);
+	*len = hpu__auth_sign(c->auth, body, blen, hpu__auth_now_ms() + skew_ms, &frame);
 	free(body);
 	assert_true(*len > 0);
 	return frame;
@@ -156,9 +156,9 @@ Hpu__Envelope *await_reply(client *c, int timeout_ms)
 	size_t blen;
 	char why[128];
 	Hpu__Envelope *env = NULL;
-	if (hpu_auth_verify(c->auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu_auth_now_ms(),
-			    &body, &blen, why, sizeof why) == 0)
-		env = hpu_codec_unpack(body, blen);
+	if (hpu__auth_verify(c->auth, zmq_msg_data(&m), zmq_msg_size(&m), hpu__auth_now_ms(),
+			     &body, &blen, why, sizeof why) == 0)
+		env = hpu__codec_unpack(body, blen);
 	zmq_msg_close(&m);
 	return env;
 }
@@ -179,7 +179,7 @@ static void client_hello(client *c)
 	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_HELLO_REPLY);
 	assert_string_equal(r->session, c->session);
 	snprintf(c->instance, sizeof c->instance, "%s", r->hello_reply->instance);
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 	assert_int_equal(strlen(c->instance), HPU_AUTH_ID_HEX);
 }
 
@@ -195,7 +195,7 @@ int jobs_running(void)
 	assert_non_null(r);
 	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_STATUS_REPLY);
 	int n = (int)r->status_reply->n_jobs;
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 	client_close(&c);
 	return n;
 }
@@ -235,9 +235,9 @@ Hpu__Envelope *fake_recv(fake *f)
 	const void *body;
 	size_t blen;
 	if (n <= 0 || n > (int)sizeof buf ||
-	    hpu_auth_verify(f->auth, buf, (size_t)n, hpu_auth_now_ms(), &body, &blen, NULL, 0) < 0)
+	    hpu__auth_verify(f->auth, buf, (size_t)n, hpu__auth_now_ms(), &body, &blen, NULL, 0) < 0)
 		return NULL;
-	return hpu_codec_unpack(body, blen);
+	return hpu__codec_unpack(body, blen);
 }
 
 uint8_t *fake_sign(fake *f, Hpu__Envelope *env, const char *instance, const char *session,
@@ -247,8 +247,8 @@ uint8_t *fake_sign(fake *f, Hpu__Envelope *env, const char *instance, const char
 	env->session = (char *)session;
 	env->seq = seq;
 	uint8_t *body = NULL, *frame = NULL;
-	size_t blen = hpu_codec_pack(env, &body);
-	*len = body ? hpu_auth_sign(f->auth, body, blen, hpu_auth_now_ms(), &frame) : 0;
+	size_t blen = hpu__codec_pack(env, &body);
+	*len = body ? hpu__auth_sign(f->auth, body, blen, hpu__auth_now_ms(), &frame) : 0;
 	free(body);
 	return frame; /* NULL only without memory */
 }
@@ -272,7 +272,7 @@ void fake_open(fake *f, int p)
 	zmq_setsockopt(f->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
 	zmq_setsockopt(f->sock, ZMQ_SNDTIMEO, &wait_ms, sizeof wait_ms);
 	assert_int_equal(zmq_bind(f->sock, ep), 0);
-	f->auth = hpu_auth_new(key, 30000, 1 << 16);
+	f->auth = hpu__auth_new(key, 30000, 1 << 16);
 }
 
 void fake_close(fake *f)
@@ -281,5 +281,5 @@ void fake_close(fake *f)
 	zmq_setsockopt(f->sock, ZMQ_LINGER, &zero, sizeof zero);
 	zmq_close(f->sock);
 	zmq_ctx_term(f->ctx);
-	hpu_auth_destroy(&f->auth);
+	hpu__auth_destroy(&f->auth);
 }

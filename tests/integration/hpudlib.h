@@ -13,9 +13,9 @@
 
 #include <sys/types.h>
 
-#include "auth.h"
-#include "codec.h"
-#include "harness.h"
+#include "proto/auth.h"
+#include "proto/codec.h"
+#include "tests/harness.h"
 
 #define HPUD h_build("bin/hpud")
 #define LAUNCH h_build("bin/hpulaunch")
@@ -76,7 +76,7 @@ uint8_t *sign_env(client *c, Hpu__Envelope *env, int64_t skew_ms, size_t *len);
 uint8_t *status_frame(client *c, int64_t skew_ms, size_t *len);
 
 /* The reply to a frame just sent, verified and unpacked, or NULL after
- * timeout_ms (or when it is not genuine). Free with hpu_codec_free. */
+ * timeout_ms (or when it is not genuine). Free with hpu__codec_free. */
 Hpu__Envelope *await_reply(client *c, int timeout_ms);
 
 /* A fake hpud, for the submitter's side: a ZeroMQ ROUTER with the
@@ -95,7 +95,7 @@ void fake_close(fake *f);
 
 /* The next request to the fake hpud, verified, or NULL (nothing within
  * 10 s, or not genuine); f->id becomes its sender's. No cmocka
- * assertion: a thread may call it. Free with hpu_codec_free. */
+ * assertion: a thread may call it. Free with hpu__codec_free. */
 Hpu__Envelope *fake_recv(fake *f);
 
 /* env signed as hpud signs it (for `instance`, `session`, numbered seq);

@@ -1,4 +1,4 @@
-#include "runlib.h"
+#include "tests/integration/runlib.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

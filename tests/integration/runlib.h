@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")

@@ -33,7 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #define MAXARGS 48
 

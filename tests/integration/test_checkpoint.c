@@ -50,8 +50,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "runlib.h"
+#include "tests/harness.h"
+#include "tests/integration/runlib.h"
 
 static const char *strategies[] = {"ddp", "fast_ddp", "zero1", "zero2", "zero3"};
 

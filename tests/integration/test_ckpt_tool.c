@@ -42,7 +42,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #define TOOL h_build("bin/hpu-ckpt")
 #define LAUNCH h_build("bin/hpulaunch")

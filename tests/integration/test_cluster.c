@@ -26,8 +26,8 @@
 #include <unistd.h>
 #include <dirent.h>
 
-#include "clusterlib.h"
-#include "harness.h"
+#include "tests/integration/clusterlib.h"
+#include "tests/harness.h"
 
 #define HPUD h_build("bin/hpud")
 #define LAUNCH h_build("bin/hpulaunch")

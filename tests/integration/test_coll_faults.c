@@ -35,7 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 #include "hpu/coll.h"
 
 #define LAUNCH h_build("bin/hpulaunch")

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
 #define WORKER h_build("bin/coll_stall_worker")

@@ -27,8 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clusterlib.h"
-#include "harness.h"
+#include "tests/integration/clusterlib.h"
+#include "tests/harness.h"
 
 #define NAME "hputest"
 #define SUBNET "10.91.77"

@@ -28,7 +28,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "runlib.h"
+#include "tests/integration/runlib.h"
 
 #define PEEK h_build("lib/peek_param.so")
 #define BUFMODEL h_build("lib/buffer_model.so")

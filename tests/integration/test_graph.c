@@ -24,9 +24,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "regression.h"
-#include "runlib.h"
+#include "tests/harness.h"
+#include "tests/fixtures/regression.h"
+#include "tests/integration/runlib.h"
 
 #define GRAPH h_build("lib/graph_model.so")
 #define REGRESSION h_build("lib/regression.so")

@@ -11,7 +11,7 @@
  *   session or instance, replayed or garbage, are dropped; a flood of
  *   output lines is taken whole.
  * Needs root (the workers switch to the user 'nobody'). */
-#include "hpudlib.h"
+#include "tests/integration/hpudlib.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -46,7 +46,7 @@ static void sync_daemon(client *c)
 		r = await_reply(c, 50);
 	}
 	assert_non_null(r);
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 }
 
 static void send_garbage(client *c, int count)
@@ -83,7 +83,7 @@ static void test_bad_requests(void **state)
 	zmq_send(c.sock, good, len, 0);
 	Hpu__Envelope *r = await_reply(&c, 5000);
 	assert_non_null(r);
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 	/* replayed: the same frame again */
 	zmq_send(c.sock, good, len, 0);
 	assert_null(await_reply(&c, 1000));
@@ -98,7 +98,7 @@ static void test_bad_requests(void **state)
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
 	env.status_request = &q;
 	uint8_t *body;
-	size_t blen = hpu_codec_pack(&env, &body);
+	size_t blen = hpu__codec_pack(&env, &body);
 	zmq_send(c.sock, body, blen, 0);
 	free(body);
 	/* wrong key; expired; from the future */
@@ -256,7 +256,7 @@ static void launch_layout(int rank, int nodes, int devices, const uint32_t *nd, 
 			usleep(100000);
 		assert_int_equal(jobs_running(), 0);
 	}
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 	client_close(&c);
 }
 
@@ -288,7 +288,7 @@ static int replay_to(int p, const uint8_t *frame, size_t len)
 	zmq_send(c.sock, frame, len, 0);
 	Hpu__Envelope *r = await_reply(&c, 3000);
 	int ok = r && r->msg_case == HPU__ENVELOPE__MSG_LAUNCH_REPLY && r->launch_reply->ok;
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 	client_close(&c);
 	return ok;
 }
@@ -326,7 +326,7 @@ static void test_launch_bound_to_instance(void **state)
 	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_LAUNCH_REPLY);
 	if (!r->launch_reply->ok)
 		fail_msg("hpud refused the genuine launch: %s", r->launch_reply->error);
-	hpu_codec_free(r);
+	hpu__codec_free(r);
 	client_close(&a);
 	pid_t kids[4];
 	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 1);
@@ -393,8 +393,8 @@ static void test_submitter_refuses_replays(void **state)
 	char session[64], other[HPU_AUTH_ID_HEX + 1];
 	snprintf(session, sizeof session, "%s", q->session);
 	assert_int_equal(strlen(session), HPU_AUTH_ID_HEX);
-	hpu_codec_free(q);
-	assert_int_equal(hpu_auth_random_id(other), 0);
+	hpu__codec_free(q);
+	assert_int_equal(hpu__auth_random_id(other), 0);
 	const char *instance = "0123456789abcdef0123456789abcdef";
 	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
 	hr.instance = (char *)instance;
@@ -413,7 +413,7 @@ static void test_submitter_refuses_replays(void **state)
 	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_STATUS_REQUEST);
 	assert_string_equal(q->instance, instance);
 	assert_string_equal(q->session, session);
-	hpu_codec_free(q);
+	hpu__codec_free(q);
 	assert_int_equal(fake_put(&f, hello, len), 0); /* replayed: seq 10 again */
 	free(hello);
 	Hpu__StatusReply sr = HPU__STATUS_REPLY__INIT;
@@ -466,7 +466,7 @@ static void *fake_flood(void *arg)
 		return "no hello";
 	char session[64], job_id[64];
 	snprintf(session, sizeof session, "%s", q->session);
-	hpu_codec_free(q);
+	hpu__codec_free(q);
 	const char *instance = "00112233445566778899aabbccddeeff";
 	uint64_t seq = 0;
 	size_t len;
@@ -483,11 +483,11 @@ static void *fake_flood(void *arg)
 		return "hpulaunch went away";
 	if (!(q = fake_recv(f)) || q->msg_case != HPU__ENVELOPE__MSG_LAUNCH_REQUEST ||
 	    strcmp(q->instance, instance) || strcmp(q->session, session)) {
-		hpu_codec_free(q);
+		hpu__codec_free(q);
 		return "no launch request naming the instance and session";
 	}
 	snprintf(job_id, sizeof job_id, "%s", q->launch_request->job_id);
-	hpu_codec_free(q);
+	hpu__codec_free(q);
 	Hpu__LaunchReply lr = HPU__LAUNCH_REPLY__INIT;
 	lr.job_id = job_id;
 	lr.ok = 1;

@@ -16,7 +16,7 @@
  *   of the job's output, drops the rest and says so; the job runs to the
  *   end.
  * Needs root (the workers switch to the user 'nobody'). */
-#include "hpudlib.h"
+#include "tests/integration/hpudlib.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -826,7 +826,7 @@ static void test_ctrl_c_before_acceptance(void **state)
 	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_HELLO);
 	char session[64];
 	snprintf(session, sizeof session, "%s", q->session);
-	hpu_codec_free(q);
+	hpu__codec_free(q);
 	Hpu__HelloReply hr = HPU__HELLO_REPLY__INIT;
 	hr.instance = "00112233445566778899aabbccddeeff";
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
@@ -838,14 +838,14 @@ static void test_ctrl_c_before_acceptance(void **state)
 	assert_int_equal(q->msg_case, HPU__ENVELOPE__MSG_LAUNCH_REQUEST);
 	assert_string_equal(q->launch_request->job_id, "ctrlc1");
 	assert_int_equal(q->launch_request->node_rank, 1);
-	hpu_codec_free(q);
+	hpu__codec_free(q);
 	assert_int_equal(h_wait_for(&daemon_proc, "job ctrlc1 from", 10000), 0); /* node 0's */
 	kill(p.pid, SIGINT);
 	int cancelled = 0;
 	for (int i = 0; i < 8 && !cancelled && (q = fake_recv(&f)); i++) {
 		cancelled = q->msg_case == HPU__ENVELOPE__MSG_CANCEL &&
 			    !strcmp(q->cancel->job_id, "ctrlc1");
-		hpu_codec_free(q);
+		hpu__codec_free(q);
 	}
 	if (cancelled) { /* its part ends: it never started */
 		Hpu__JobEnd je = HPU__JOB_END__INIT;

@@ -9,7 +9,7 @@
  * - a job's workers get neither variable;
  * - log lines carry journald's priorities (<3>, <4>, <6>) when stderr is
  *   the journal stream, and are plain otherwise. */
-#include "hpudlib.h"
+#include "tests/integration/hpudlib.h"
 
 #include <arpa/inet.h>
 #include <poll.h>

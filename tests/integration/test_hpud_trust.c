@@ -9,7 +9,7 @@
  *   every process of its uid, and a uid is never given out while a
  *   process runs under it.
  * Needs root (the workers switch to the user 'nobody'). */
-#include "hpudlib.h"
+#include "tests/integration/hpudlib.h"
 
 #include <dirent.h>
 #include <signal.h>

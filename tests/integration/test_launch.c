@@ -21,8 +21,8 @@
 
 #include <zmq.h>
 
-#include "comm_internal.h"
-#include "harness.h"
+#include "collectives/comm_internal.h"
+#include "tests/harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")

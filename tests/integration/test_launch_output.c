@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 /* How JOURNAL_STREAM is set for a run. */
 enum { JOURNAL, UNSET, OTHER };

@@ -34,8 +34,8 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "runlib.h"
+#include "tests/harness.h"
+#include "tests/integration/runlib.h"
 
 #define SMALL_MODEL "--hidden 96 --depth 3"
 

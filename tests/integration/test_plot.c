@@ -44,7 +44,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "harness.h"
+#include "tests/harness.h"
 
 #define PLOT h_build("bin/hpu-plot")
 #define LAUNCH h_build("bin/hpulaunch")

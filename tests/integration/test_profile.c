@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runlib.h"
+#include "tests/integration/runlib.h"
 
 static char dir[256];
 

@@ -34,9 +34,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent.h"
-#include "harness.h"
-#include "progress.h"
+#include "agent/agent.h"
+#include "tests/harness.h"
+#include "agent/progress.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
 #define HPUD h_build("bin/hpud")
@@ -145,7 +145,7 @@ static void test_parse_and_format(void **state)
 	(void)state;
 	hpu_status_rec st;
 	const char *good = "S1 220 600 1 2 0.412345 4711.2 83 31138816 31457280 12637536256 0";
-	assert_int_equal(hpu_status_parse(good, strlen(good), &st), 0);
+	assert_int_equal(hpu__status_parse(good, strlen(good), &st), 0);
 	assert_int_equal(st.step, 220);
 	assert_int_equal(st.total, 600);
 	assert_int_equal(st.epoch, 1);
@@ -157,25 +157,25 @@ static void test_parse_and_format(void **state)
 		    st.mem_limit == 12637536256ull);
 	assert_int_equal(st.phase, 0);
 	const char *nan_loss = "S1 3 10 1 1 -nan 0 -1 1 2 3 2";
-	assert_int_equal(hpu_status_parse(nan_loss, strlen(nan_loss), &st), 0);
+	assert_int_equal(hpu__status_parse(nan_loss, strlen(nan_loss), &st), 0);
 	assert_true(isnan(st.loss));
 	assert_int_equal(st.phase, 2);
 	const char *setup = "S1 0 20 1 1 0 0 -1 0 0 0 3";
-	assert_int_equal(hpu_status_parse(setup, strlen(setup), &st), 0);
+	assert_int_equal(hpu__status_parse(setup, strlen(setup), &st), 0);
 	assert_int_equal(st.phase, HPU_PHASE_SETUP);
 	/* a blame line: which rank this worker's failure is due to */
 	int culprit = -1;
 	hpu_blame how = HPU_BLAME_FAILED;
-	assert_int_equal(hpu_status_parse_blame("B1 3 died", 9, &culprit, &how), 0);
+	assert_int_equal(hpu__status_parse_blame("B1 3 died", 9, &culprit, &how), 0);
 	assert_true(culprit == 3 && how == HPU_BLAME_DIED);
-	assert_int_equal(hpu_status_parse_blame("B1 12 silent", 12, &culprit, &how), 0);
+	assert_int_equal(hpu__status_parse_blame("B1 12 silent", 12, &culprit, &how), 0);
 	assert_true(culprit == 12 && how == HPU_BLAME_SILENT);
-	assert_int_equal(hpu_status_parse_blame("B1 0 failed", 11, &culprit, &how), 0);
+	assert_int_equal(hpu__status_parse_blame("B1 0 failed", 11, &culprit, &how), 0);
 	assert_true(culprit == 0 && how == HPU_BLAME_FAILED);
 	const char *bad_blame[] = {"B1", "B1 3", "B1 -1 died", "B1 3 dead", "B1 3 died x",
 				   "B2 3 died", "S1 3 died"};
 	for (size_t i = 0; i < sizeof bad_blame / sizeof *bad_blame; i++)
-		if (hpu_status_parse_blame(bad_blame[i], strlen(bad_blame[i]), &culprit, &how) == 0)
+		if (hpu__status_parse_blame(bad_blame[i], strlen(bad_blame[i]), &culprit, &how) == 0)
 			fail_msg("malformed blame line accepted: \"%s\"", bad_blame[i]);
 	const char *bad[] = {"",
 			     "S1",
@@ -189,7 +189,7 @@ static void test_parse_and_format(void **state)
 			     "S1 99999999999999999999 2 1 1 0.5 1 1 1 1 1 0"};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		st.step = 42;
-		if (hpu_status_parse(bad[i], strlen(bad[i]), &st) == 0)
+		if (hpu__status_parse(bad[i], strlen(bad[i]), &st) == 0)
 			fail_msg("malformed status line accepted: \"%s\"", bad[i]);
 		assert_int_equal(st.step, 42); /* untouched */
 	}
@@ -197,7 +197,7 @@ static void test_parse_and_format(void **state)
 	hpu_status_rec r = {.step = 220, .total = 600, .epoch = 1, .epochs = 2, .loss = 0.4123,
 			     .samples_per_sec = 4711.2, .eta_s = 83, .phase = 0};
 	char out[512];
-	size_t n = hpu_progress_format(&r, 100, out, sizeof out);
+	size_t n = hpu__progress_format(&r, 100, out, sizeof out);
 	printf("  %s\n", out);
 	assert_int_equal(n, 100); /* the bar takes what the words leave */
 	assert_int_equal(strlen(out), n);
@@ -209,28 +209,28 @@ static void test_parse_and_format(void **state)
 		hashes += *c == '#';
 	assert_int_equal(hashes, (int)((end - bar) * 220 / 600));
 	/* narrower: the throughput goes first, then the loss, then the epoch */
-	n = hpu_progress_format(&r, 70, out, sizeof out);
+	n = hpu__progress_format(&r, 70, out, sizeof out);
 	printf("  %s\n", out);
 	assert_true(n <= 70);
 	assert_null(strstr(out, "samples/s"));
 	assert_non_null(strstr(out, "loss 0.4123"));
-	n = hpu_progress_format(&r, 30, out, sizeof out);
+	n = hpu__progress_format(&r, 30, out, sizeof out);
 	printf("  %s\n", out);
 	assert_true(n <= 30);
 	assert_non_null(strstr(out, "step 220/600"));
 	/* unknown ETA, evaluation, the end */
 	r.eta_s = -1;
-	hpu_progress_format(&r, 120, out, sizeof out);
+	hpu__progress_format(&r, 120, out, sizeof out);
 	assert_non_null(strstr(out, "ETA ?"));
 	r.phase = 1;
-	hpu_progress_format(&r, 120, out, sizeof out);
+	hpu__progress_format(&r, 120, out, sizeof out);
 	assert_non_null(strstr(out, "evaluating"));
 	r.phase = HPU_PHASE_SETUP;
-	hpu_progress_format(&r, 120, out, sizeof out);
+	hpu__progress_format(&r, 120, out, sizeof out);
 	assert_non_null(strstr(out, "setting up"));
 	r.phase = 2;
 	r.step = 600;
-	hpu_progress_format(&r, 120, out, sizeof out);
+	hpu__progress_format(&r, 120, out, sizeof out);
 	assert_non_null(strstr(out, "] 100% step 600/600"));
 	assert_non_null(strstr(out, "done"));
 	for (const char *c = strchr(out, '[') + 1; *c != ']'; c++)

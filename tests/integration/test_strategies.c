@@ -25,8 +25,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "runlib.h"
+#include "tests/harness.h"
+#include "tests/integration/runlib.h"
 
 static const char *strategies[] = {"ddp", "fast_ddp", "zero1", "zero2", "zero3"};
 

@@ -35,7 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runlib.h"
+#include "tests/integration/runlib.h"
 
 #define BAD_LOSS h_build("lib/bad_loss.so")
 #define NOSPACE "No space left on device"

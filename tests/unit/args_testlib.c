@@ -1,4 +1,4 @@
-#include "args_testlib.h"
+#include "tests/unit/args_testlib.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,18 +21,18 @@ static int argc_of(char **argv)
 void parse_ok(hpu_launch_args *a, char **argv)
 {
 	char err[512] = "";
-	int rc = hpu_args_parse(a, argc_of(argv), argv, err, sizeof err);
+	int rc = hpu__args_parse(a, argc_of(argv), argv, err, sizeof err);
 	if (rc != 0)
-		fail_msg("hpu_args_parse: %s", err);
+		fail_msg("hpu__args_parse: %s", err);
 }
 
 void parse_fails(char **argv, const char *needle)
 {
 	hpu_launch_args a;
 	char err[512] = "";
-	int rc = hpu_args_parse(&a, argc_of(argv), argv, err, sizeof err);
+	int rc = hpu__args_parse(&a, argc_of(argv), argv, err, sizeof err);
 	printf("  -> %s\n", err);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	assert_int_equal(rc, -1);
 	if (!strstr(err, needle))
 		fail_msg("error \"%s\" does not say \"%s\"", err, needle);

@@ -3,7 +3,7 @@
 #ifndef HPU_ARGS_TESTLIB_H
 #define HPU_ARGS_TESTLIB_H
 
-#include "args.h"
+#include "launcher/args.h"
 
 /* A NULL-terminated argv with "hpulaunch" as argv[0]. */
 #define ARGV(...) ((char *[]){"hpulaunch", __VA_ARGS__, NULL})
@@ -13,10 +13,10 @@
  * arguments count. */
 int args_clean_env(void **state);
 
-/* hpu_args_parse must succeed (else the test fails with its error). */
+/* hpu__args_parse must succeed (else the test fails with its error). */
 void parse_ok(hpu_launch_args *a, char **argv);
 
-/* hpu_args_parse must fail with an error containing `needle`. */
+/* hpu__args_parse must fail with an error containing `needle`. */
 void parse_fails(char **argv, const char *needle);
 
 #endif

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll_matrix_lib.h"
+#include "tests/unit/coll_matrix_lib.h"
 
 #define SENTINEL 0xA5 /* recvbuf bytes before a collective */
 #define GARBAGE 0x3C  /* non-root broadcast sendbuf bytes: never read */

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "hpu/coll.h"
-#include "coll_testlib.h"
+#include "tests/unit/coll_testlib.h"
 
 #define MAX_WS CT_MAX_WS
 #define MAX_CFG 192

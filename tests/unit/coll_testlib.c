@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "coll_testlib.h"
+#include "tests/unit/coll_testlib.h"
 
 /* ---- time ---- */
 

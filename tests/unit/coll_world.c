@@ -1,4 +1,4 @@
-#include "coll_world.h"
+#include "tests/unit/coll_world.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

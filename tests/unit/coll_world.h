@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 #include "hpu/coll.h"
-#include "coll_testlib.h"
+#include "tests/unit/coll_testlib.h"
 
 #define MAX_WS 5
 #define CHILD_DEADLINE_MS 120000

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "config_testlib.h"
+#include "tests/unit/config_testlib.h"
 
 static int count_args(char **argv)
 {
@@ -21,13 +21,13 @@ static int count_args(char **argv)
 }
 
 /* Parses argv (NULL-terminated, argv[0] the program) from index 1 into o;
- * returns hpu_opts_parse's result and leaves the stop index in *stop. */
+ * returns hpu__opts_parse's result and leaves the stop index in *stop. */
 int parse(hpu_train_opts *o, char **argv, int *stop, char *err,
 		 size_t errlen)
 {
 	int i = 1;
 	err[0] = 0;
-	int rc = hpu_opts_parse(o, count_args(argv), argv, &i, err, errlen);
+	int rc = hpu__opts_parse(o, count_args(argv), argv, &i, err, errlen);
 	*stop = i;
 	return rc;
 }
@@ -39,7 +39,7 @@ void expect_error(char **argv, const char *const *needles)
 	hpu_train_opts o;
 	char err[256];
 	int stop;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	int rc = parse(&o, argv, &stop, err, sizeof(err));
 	printf("  %-28s -> \"%s\"\n", argv[1], err);
 	assert_int_equal(rc, -1);
@@ -70,8 +70,8 @@ void load_ok(const char *json, hpu_train_opts *o)
 {
 	char path[64], err[512] = "";
 	write_temp(json, path);
-	hpu_opts_defaults(o);
-	int rc = hpu_opts_load_file(o, path, err, sizeof(err));
+	hpu__opts_defaults(o);
+	int rc = hpu__opts_load_file(o, path, err, sizeof(err));
 	unlink(path);
 	if (rc != 0)
 		fail_msg("%s did not load: %s", json, err);
@@ -84,9 +84,9 @@ void load_error(const char *json, const char *const *needles)
 	char path[64], err[512] = "";
 	hpu_train_opts o, d;
 	write_temp(json, path);
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	d = o;
-	int rc = hpu_opts_load_file(&o, path, err, sizeof(err));
+	int rc = hpu__opts_load_file(&o, path, err, sizeof(err));
 	unlink(path);
 	printf("  -> \"%s\"\n", err);
 	assert_int_equal(rc, -1);
@@ -102,6 +102,6 @@ void load_error(const char *json, const char *const *needles)
 void set_ok(hpu_train_opts *o, const char *name, const char *v)
 {
 	char err[256];
-	if (hpu_opts_set(o, name, v, err, sizeof(err)) != 0)
+	if (hpu__opts_set(o, name, v, err, sizeof(err)) != 0)
 		fail_msg("--%s %s: %s", name, v, err);
 }

@@ -6,12 +6,12 @@
 
 #include <stddef.h>
 
-#include "config.h"
+#include "options/config.h"
 
 #define ARGS(...) ((char *[]){"hpu-worker", __VA_ARGS__, NULL})
 
 /* Parses argv (NULL-terminated, argv[0] the program) from index 1 into o;
- * returns hpu_opts_parse's result and leaves the stop index in *stop. */
+ * returns hpu__opts_parse's result and leaves the stop index in *stop. */
 int parse(hpu_train_opts *o, char **argv, int *stop, char *err, size_t errlen);
 
 /* Asserts that parsing argv fails and that the message contains every
@@ -33,7 +33,7 @@ void load_error(const char *json, const char *const *needles);
 #define LOAD_ERROR(json, ...)                                                  \
 	load_error(json, (const char *const[]){__VA_ARGS__, NULL})
 
-/* hpu_opts_set that fails the test when it fails. */
+/* hpu__opts_set that fails the test when it fails. */
 void set_ok(hpu_train_opts *o, const char *name, const char *v);
 
 #endif

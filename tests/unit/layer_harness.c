@@ -1,5 +1,5 @@
 /* layer_harness: see layer_harness.h. */
-#include "layer_harness.h"
+#include "tests/unit/layer_harness.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -32,7 +32,7 @@
 
 #include <hpu/hpu.h>
 
-#include "model.h" /* worker/hpu: hpu_builder, hpu_layer internals */
+#include "worker/hpu/model.h" /* worker/hpu: hpu_builder, hpu_layer internals */
 
 typedef struct lh_harness lh_harness;
 

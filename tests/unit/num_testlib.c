@@ -1,4 +1,4 @@
-#include "num_testlib.h"
+#include "tests/unit/num_testlib.h"
 
 #include <math.h>
 #include <setjmp.h>

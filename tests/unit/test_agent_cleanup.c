@@ -1,4 +1,4 @@
-/* What the node agent removes after a job (hpu_agent_cleanup): the ZeroMQ
+/* What the node agent removes after a job (hpu__agent_cleanup): the ZeroMQ
  * ipc files /tmp/hpucoll-<job>-r<rank> of its workers, and nothing that
  * another user made at those names (hpud runs as root: it used to remove
  * any file there). A link is judged by its own owner and never followed. */
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent.h"
+#include "agent/agent.h"
 
 static void make_file(const char *path, uid_t uid)
 {
@@ -48,9 +48,9 @@ static void test_ipc_files_of_the_workers_only(void **state)
 	assert_int_equal(lchown(p[2], 65534, 65534), 0);
 	/* rank 3: nothing there */
 
-	a = hpu_agent_new(ev_default_loop(0), &cfg);
+	a = hpu__agent_new(ev_default_loop(0), &cfg);
 	assert_non_null(a);
-	assert_int_equal(hpu_agent_cleanup(a), 1);
+	assert_int_equal(hpu__agent_cleanup(a), 1);
 	assert_int_equal(lstat(p[0], &st), -1);
 	assert_int_equal(lstat(p[1], &st), 0);
 	assert_int_equal(lstat(p[2], &st), 0);
@@ -62,15 +62,15 @@ static void test_ipc_files_of_the_workers_only(void **state)
 	cfg.set_user = 1;
 	cfg.uid = cfg.gid = 65534;
 	make_file(p[0], 0);
-	hpu_agent_destroy(&a);
-	a = hpu_agent_new(ev_default_loop(0), &cfg);
+	hpu__agent_destroy(&a);
+	a = hpu__agent_new(ev_default_loop(0), &cfg);
 	assert_non_null(a);
-	assert_int_equal(hpu_agent_cleanup(a), 2);
+	assert_int_equal(hpu__agent_cleanup(a), 2);
 	assert_int_equal(lstat(p[0], &st), 0);
 	assert_int_equal(lstat(p[1], &st), -1);
 	assert_int_equal(lstat(p[2], &st), -1);
 	assert_int_equal(lstat(target, &st), 0);
-	hpu_agent_destroy(&a);
+	hpu__agent_destroy(&a);
 	unlink(p[0]);
 	unlink(target);
 }

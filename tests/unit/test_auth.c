@@ -5,7 +5,7 @@
  * truncated or oversized frame and random garbage are refused with the
  * sentence that names the check; the replay cache stays within max_nonces,
  * forgets only expired nonces and refuses rather than forget a live one;
- * hpu_auth_check makes the same checks without the cache, remembering
+ * hpu__auth_check makes the same checks without the cache, remembering
  * nothing;
  * key files are refused unless private, regular and 64 hex digits, and
  * gen_key makes one that load_key takes.
@@ -30,7 +30,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "auth.h"
+#include "proto/auth.h"
 
 #define T0 INT64_C(1700000000000) /* a fixed "now", ms */
 #define W 5000                    /* the usual window, ms */
@@ -48,7 +48,7 @@ static char err[256];
 
 static hpu_auth *new_auth(const uint8_t *key, int64_t window, size_t max)
 {
-	hpu_auth *a = hpu_auth_new(key, window, max);
+	hpu_auth *a = hpu__auth_new(key, window, max);
 	assert_non_null(a);
 	return a;
 }
@@ -57,7 +57,7 @@ static size_t sign(hpu_auth *a, const void *body, size_t len, int64_t now,
 		   uint8_t **frame)
 {
 	*frame = NULL;
-	size_t n = hpu_auth_sign(a, body, len, now, frame);
+	size_t n = hpu__auth_sign(a, body, len, now, frame);
 	assert_int_equal(n, HPU_AUTH_HEADER + len);
 	assert_non_null(*frame);
 	return n;
@@ -68,8 +68,8 @@ static int verify(hpu_auth *a, const void *frame, size_t len, int64_t now)
 	const void *body = NULL;
 	size_t bodylen = 0;
 	err[0] = 0;
-	int rc = hpu_auth_verify(a, frame, len, now, &body, &bodylen, err,
-				 sizeof(err));
+	int rc = hpu__auth_verify(a, frame, len, now, &body, &bodylen, err,
+				  sizeof(err));
 	if (rc == 0) {
 		assert_ptr_equal(body, (const uint8_t *)frame + HPU_AUTH_HEADER);
 		assert_int_equal(bodylen, len - HPU_AUTH_HEADER);
@@ -149,8 +149,8 @@ static void test_round_trip(void **state)
 		check_layout(f, body, lens[k], T0);
 		const void *b = NULL;
 		size_t blen = 99;
-		assert_int_equal(hpu_auth_verify(a, f, n, T0, &b, &blen, err,
-						 sizeof(err)),
+		assert_int_equal(hpu__auth_verify(a, f, n, T0, &b, &blen, err,
+						  sizeof(err)),
 				 0);
 		assert_ptr_equal(b, f + HPU_AUTH_HEADER);
 		assert_int_equal(blen, lens[k]);
@@ -161,11 +161,11 @@ static void test_round_trip(void **state)
 	/* NULL out-parameters are fine. */
 	uint8_t *f;
 	size_t n = sign(a, "x", 1, T0, &f);
-	assert_int_equal(hpu_auth_verify(a, f, n, T0, NULL, NULL, NULL, 0), 0);
+	assert_int_equal(hpu__auth_verify(a, f, n, T0, NULL, NULL, NULL, 0), 0);
 	free(f);
 	free(body);
-	hpu_auth_destroy(&a);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
+	hpu__auth_destroy(&a);
 	assert_null(a);
 }
 
@@ -177,15 +177,15 @@ static void test_sign_refuses_too_long(void **state)
 	uint8_t *body = calloc(max + 1, 1);
 	assert_non_null(body);
 	uint8_t *f = (uint8_t *)&f; /* must stay untouched */
-	assert_int_equal(hpu_auth_sign(a, body, max + 1, T0, &f), 0);
+	assert_int_equal(hpu__auth_sign(a, body, max + 1, T0, &f), 0);
 	assert_ptr_equal(f, (uint8_t *)&f);
-	assert_int_equal(hpu_auth_sign(a, body, SIZE_MAX, T0, &f), 0);
+	assert_int_equal(hpu__auth_sign(a, body, SIZE_MAX, T0, &f), 0);
 	size_t n = sign(a, body, max, T0, &f);
 	assert_int_equal(n, HPU_AUTH_MAX_FRAME);
 	assert_accepted(a, f, n, T0);
 	free(f);
 	free(body);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 static void test_flipped_bits(void **state)
@@ -207,7 +207,7 @@ static void test_flipped_bits(void **state)
 	/* None of that was remembered: the original still goes through. */
 	assert_accepted(a, f, n, T0);
 	free(f);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 static void test_wrong_key(void **state)
@@ -219,8 +219,8 @@ static void test_wrong_key(void **state)
 	assert_refused(v, f, n, T0, "bad signature (wrong key or altered)");
 	assert_accepted(s, f, n, T0);
 	free(f);
-	hpu_auth_destroy(&s);
-	hpu_auth_destroy(&v);
+	hpu__auth_destroy(&s);
+	hpu__auth_destroy(&v);
 }
 
 static void test_set_key(void **state)
@@ -230,20 +230,20 @@ static void test_set_key(void **state)
 	uint8_t *f1, *f2;
 	size_t n1 = sign(a, "one", 3, T0, &f1);
 	assert_accepted(a, f1, n1, T0);
-	hpu_auth_set_key(a, key2);
+	hpu__auth_set_key(a, key2);
 	uint8_t *f3;
 	size_t n3 = sign(a, "one", 3, T0, &f3);
 	assert_refused(a, f1, n1, T0, "bad signature");
 	size_t n2 = sign(a, "two", 3, T0, &f2);
 	assert_accepted(a, f2, n2, T0);
 	/* Back to the first key: the replay cache stayed. */
-	hpu_auth_set_key(a, key1);
+	hpu__auth_set_key(a, key1);
 	assert_refused(a, f1, n1, T0, "replayed nonce");
 	assert_refused(a, f3, n3, T0, "bad signature");
 	free(f1);
 	free(f2);
 	free(f3);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 static void test_replay(void **state)
@@ -262,10 +262,10 @@ static void test_replay(void **state)
 	assert_string_equal(err, "replayed nonce");
 	free(f1);
 	free(f2);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
-/* hpu_auth_check: the same checks as verify but the replay cache. A stream
+/* hpu__auth_check: the same checks as verify but the replay cache. A stream
  * of 100000 frames (far more than the cache's 16) within one window is
  * taken whole, a frame twice too; a wrong key, a flipped bit, a stale or
  * truncated frame are refused as by verify; nothing is remembered, so that
@@ -279,26 +279,26 @@ static void test_check_keeps_no_nonces(void **state)
 	const void *body = NULL;
 	size_t blen = 0;
 	for (int i = 0; i < 100000; i++)
-		if (hpu_auth_check(a, f, n, T0 + i % W, &body, &blen, err, sizeof err) != 0)
+		if (hpu__auth_check(a, f, n, T0 + i % W, &body, &blen, err, sizeof err) != 0)
 			fail_msg("frame %d refused: %s", i, err);
 	assert_ptr_equal(body, f + HPU_AUTH_HEADER);
 	assert_int_equal(blen, 4);
-	assert_int_equal(hpu_auth_check(b, f, n, T0, NULL, NULL, err, sizeof err), -1);
+	assert_int_equal(hpu__auth_check(b, f, n, T0, NULL, NULL, err, sizeof err), -1);
 	assert_string_equal(err, "bad signature (wrong key or altered)");
-	assert_int_equal(hpu_auth_check(a, f, n, T0 + W + 1, NULL, NULL, err, sizeof err), -1);
+	assert_int_equal(hpu__auth_check(a, f, n, T0 + W + 1, NULL, NULL, err, sizeof err), -1);
 	assert_non_null(strstr(err, "stale"));
-	assert_int_equal(hpu_auth_check(a, f, n - 1, T0, NULL, NULL, err, sizeof err), -1);
+	assert_int_equal(hpu__auth_check(a, f, n - 1, T0, NULL, NULL, err, sizeof err), -1);
 	assert_non_null(strstr(err, "bad signature"));
-	assert_int_equal(hpu_auth_check(a, f, 20, T0, NULL, NULL, err, sizeof err), -1);
+	assert_int_equal(hpu__auth_check(a, f, 20, T0, NULL, NULL, err, sizeof err), -1);
 	assert_non_null(strstr(err, "truncated"));
 	f[HPU_AUTH_HEADER] ^= 1;
-	assert_int_equal(hpu_auth_check(a, f, n, T0, NULL, NULL, err, sizeof err), -1);
+	assert_int_equal(hpu__auth_check(a, f, n, T0, NULL, NULL, err, sizeof err), -1);
 	f[HPU_AUTH_HEADER] ^= 1;
 	assert_accepted(a, f, n, T0); /* check remembered nothing */
 	assert_refused(a, f, n, T0, "replayed nonce");
 	free(f);
-	hpu_auth_destroy(&a);
-	hpu_auth_destroy(&b);
+	hpu__auth_destroy(&a);
+	hpu__auth_destroy(&b);
 }
 
 /* Ids are 32 lowercase hex digits and differ. */
@@ -306,8 +306,8 @@ static void test_random_id(void **state)
 {
 	(void)state;
 	char x[HPU_AUTH_ID_HEX + 1], y[HPU_AUTH_ID_HEX + 1];
-	assert_int_equal(hpu_auth_random_id(x), 0);
-	assert_int_equal(hpu_auth_random_id(y), 0);
+	assert_int_equal(hpu__auth_random_id(x), 0);
+	assert_int_equal(hpu__auth_random_id(y), 0);
 	assert_int_equal(strlen(x), HPU_AUTH_ID_HEX);
 	assert_int_equal(strspn(x, "0123456789abcdef"), HPU_AUTH_ID_HEX);
 	assert_string_not_equal(x, y);
@@ -355,7 +355,7 @@ static void test_clock_window(void **state)
 	n = sign(a, "t", 1, T0 + 42000, &f);
 	assert_refused(a, f, n, T0, "timestamp 42.0 s in the future");
 	free(f);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 static void test_truncated(void **state)
@@ -378,7 +378,7 @@ static void test_truncated(void **state)
 	assert_refused(a, NULL, 0, T0, "truncated frame (0 bytes");
 	assert_accepted(a, f, n, T0);
 	free(f);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 static void test_oversized(void **state)
@@ -399,7 +399,7 @@ static void test_oversized(void **state)
 	free(big);
 	free(f);
 	free(body);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 static void test_garbage(void **state)
@@ -433,7 +433,7 @@ static void test_garbage(void **state)
 		assert_int_equal(verify(a, g, len, T0), -1);
 		free(g);
 	}
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 /* ---- the replay cache ---- */
@@ -482,7 +482,7 @@ static void test_cache_full_then_evicted(void **state)
 	}
 	for (int i = 0; i < 8; i++)
 		free(f[i]);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 /* Same timestamps, the cache full: nothing expires, all refused, and the
@@ -507,7 +507,7 @@ static void test_cache_full_same_ms(void **state)
 		assert_refused(a, f[i], n[i], T0 + 999, "replayed nonce");
 		free(f[i]);
 	}
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 /* A steady stream: 100 frames a ms for 2 s with a 100 ms window needs about
@@ -547,7 +547,7 @@ static void test_cache_stream(void **state)
 	       s, frames / s);
 	for (int k = 0; k < 8; k++)
 		free(keep[k]);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 /* Random traffic against a model of the cache. With a clock that only moves
@@ -645,7 +645,7 @@ static void test_cache_model_monotonic(void **state)
 			m.accepted[i] |= got;
 		}
 		model_free(&m);
-		hpu_auth_destroy(&a);
+		hpu__auth_destroy(&a);
 	}
 }
 
@@ -687,7 +687,7 @@ static void test_cache_model_clock_steps(void **state)
 		/* The checks above must not have refused everything. */
 		assert_true(accepted > 3);
 		model_free(&m);
-		hpu_auth_destroy(&a);
+		hpu__auth_destroy(&a);
 	}
 }
 
@@ -714,7 +714,7 @@ static void test_cache_clock_steps_back(void **state)
 	free(f0);
 	free(f1);
 	free(f2);
-	hpu_auth_destroy(&a);
+	hpu__auth_destroy(&a);
 }
 
 /* ---- key files ---- */
@@ -769,7 +769,7 @@ static const char hex1[] =
 static int load(const char *path, uint8_t key[HPU_AUTH_KEY_BYTES])
 {
 	err[0] = 0;
-	return hpu_auth_load_key(path, key, err, sizeof(err));
+	return hpu__auth_load_key(path, key, err, sizeof(err));
 }
 
 static void assert_load_fails(const char *path, const char *want)
@@ -904,7 +904,7 @@ static void test_gen_key(void **state)
 	const char *p = path_of("gen.key");
 	char path[128];
 	strcpy(path, p);
-	assert_int_equal(hpu_auth_gen_key(path, err, sizeof(err)), 0);
+	assert_int_equal(hpu__auth_gen_key(path, err, sizeof(err)), 0);
 	umask(old);
 	struct stat st;
 	assert_int_equal(lstat(path, &st), 0);
@@ -925,7 +925,7 @@ static void test_gen_key(void **state)
 	assert_int_equal(load(path, k1), 0);
 
 	/* Refuses to overwrite; the file is left as it was. */
-	assert_int_equal(hpu_auth_gen_key(path, err, sizeof(err)), -1);
+	assert_int_equal(hpu__auth_gen_key(path, err, sizeof(err)), -1);
 	assert_non_null(strstr(err, path));
 	assert_non_null(strstr(err, "already exists: refusing to overwrite"));
 	printf("# %s\n", err);
@@ -935,19 +935,19 @@ static void test_gen_key(void **state)
 	/* Nor through a dangling symbolic link. */
 	assert_int_equal(symlink("nowhere.key", path_of("dangling.key")), 0);
 	strcpy(path, path_of("dangling.key"));
-	assert_int_equal(hpu_auth_gen_key(path, err, sizeof(err)), -1);
+	assert_int_equal(hpu__auth_gen_key(path, err, sizeof(err)), -1);
 	assert_non_null(strstr(err, "already exists"));
 	assert_int_equal(access(path_of("nowhere.key"), F_OK), -1);
 
 	/* Two keys differ. */
 	strcpy(path, path_of("gen2.key"));
-	assert_int_equal(hpu_auth_gen_key(path, err, sizeof(err)), 0);
+	assert_int_equal(hpu__auth_gen_key(path, err, sizeof(err)), 0);
 	assert_int_equal(load(path, k2), 0);
 	assert_memory_not_equal(k1, k2, sizeof(k1));
 
 	/* A missing directory is an error naming the file. */
 	strcpy(path, path_of("no/such.key"));
-	assert_int_equal(hpu_auth_gen_key(path, err, sizeof(err)), -1);
+	assert_int_equal(hpu__auth_gen_key(path, err, sizeof(err)), -1);
 	assert_non_null(strstr(err, path));
 }
 
@@ -957,7 +957,7 @@ static void test_now(void **state)
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	int64_t mine = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-	int64_t now = hpu_auth_now_ms();
+	int64_t now = hpu__auth_now_ms();
 	assert_true(now >= mine && now - mine < 1000);
 }
 

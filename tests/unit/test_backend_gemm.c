@@ -24,13 +24,13 @@
 
 #include <cmocka.h>
 
-#include "num_testlib.h"
+#include "tests/unit/num_testlib.h"
 
-#include "autocast.h"
-#include "backend.h"
-#include "fp8.h"
-#include "lowp.h"
-#include "ops_ref.h"
+#include "worker/ops/autocast.h"
+#include "worker/ops/backend.h"
+#include "worker/ops/fp8.h"
+#include "common/lowp.h"
+#include "worker/ops/ops_ref.h"
 
 #include "hpu/ops.h"
 

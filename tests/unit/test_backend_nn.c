@@ -23,10 +23,10 @@
 
 #include <cmocka.h>
 
-#include "backend.h"
-#include "backend_dnnl.h"
-#include "num_testlib.h"
-#include "ops_ref.h"
+#include "worker/ops/backend.h"
+#include "worker/ops/backend_dnnl.h"
+#include "tests/unit/num_testlib.h"
+#include "worker/ops/ops_ref.h"
 
 #include "hpu/ops.h"
 

@@ -1,22 +1,22 @@
 /* Unit tests for the checkpoint format library (ckpt/format.c), on small
  * checkpoints built here with the library's own writer and a manifest
- * assembled with hpu_ckpt_file_json, in a temporary directory:
+ * assembled with hpu__ckpt_file_json, in a temporary directory:
  *
- * - hpu_ckpt_open accepts a good checkpoint and refuses, each with its own
+ * - hpu__ckpt_open accepts a good checkpoint and refuses, each with its own
  *   sentence, segments that overlap (across files and within one), leave
  *   a gap (inside, at the end), a file whose bytes do not match its
  *   segments, a parameter whose offset or numel do not follow from the
  *   shapes, a wrong format or version, a missing or non-JSON manifest;
- * - hpu_ckpt_read returns the right floats of every section for every
+ * - hpu__ckpt_read returns the right floats of every section for every
  *   range, also ranges across several segments and files;
- * - hpu_ckpt_verify catches a truncated, a lengthened, a changed and a
+ * - hpu__ckpt_verify catches a truncated, a lengthened, a changed and a
  *   missing file;
  * - the writer: commit renames with the right digest, abort leaves no
  *   temporary file, an unwritable path is named;
  * - the root: publish + keep prunes the oldest, never the new one, and
- *   `latest` names the new one; hpu_ckpt_candidates orders `latest` first
+ *   `latest` names the new one; hpu__ckpt_candidates orders `latest` first
  *   then by step, descending, and ignores names that are not step-N;
- * - buffers: a manifest with a "buffers" object (hpu_ckpt_buffers_json)
+ * - buffers: a manifest with a "buffers" object (hpu__ckpt_buffers_json)
  *   and its file opens, lists them and reads them back, range by range;
  *   one without has none; bad sizes, offsets, shapes, names, a sync or a
  *   file name are refused, each with its sentence; verify finds the
@@ -46,7 +46,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt.h"
+#include "ckpt/ckpt.h"
 
 /* ---- the model: three parameters, 15 floats, three sections ---- */
 
@@ -138,26 +138,26 @@ static void build(const char *dir, const layout *L, mutate_fn mutate)
 	cJSON_AddItemToObject(m, "sections", secs);
 	for (int f = 0; f < L->nfiles; f++) {
 		hpu_ckpt_file hf = {.seg = (hpu_ckpt_seg *)L->seg[f], .nseg = (size_t)L->nseg[f]};
-		hpu_ckpt_shard_name(f, L->nfiles, hf.name, sizeof hf.name);
+		hpu__ckpt_shard_name(f, L->nfiles, hf.name, sizeof hf.name);
 		snprintf(path, sizeof path, "%s/%s", dir, hf.name);
 		hpu_ckpt_writer w;
-		assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
+		assert_int_equal(hpu__ckpt_writer_open(&w, path, err, sizeof err), 0);
 		for (int s = 0; s < NSEC; s++)
 			for (int k = 0; k < L->nseg[f]; k++)
 				for (uint64_t i = 0; i < L->seg[f][k].count; i++) {
 					float v = value(s, L->seg[f][k].start + i);
-					assert_int_equal(hpu_ckpt_writer_put(&w, &v, 4, err, sizeof err), 0);
+					assert_int_equal(hpu__ckpt_writer_put(&w, &v, 4, err, sizeof err), 0);
 				}
 		hf.bytes = w.bytes;
-		assert_int_equal(hpu_ckpt_writer_commit(&w, hf.sha256, err, sizeof err), 0);
-		cJSON_AddItemToArray(files, hpu_ckpt_file_json(&hf));
+		assert_int_equal(hpu__ckpt_writer_commit(&w, hf.sha256, err, sizeof err), 0);
+		cJSON_AddItemToArray(files, hpu__ckpt_file_json(&hf));
 	}
 	cJSON_AddItemToObject(m, "files", files);
 	if (mutate)
 		mutate(m);
 	char *text = cJSON_Print(m);
 	snprintf(path, sizeof path, "%s/%s", dir, HPU_CKPT_MANIFEST);
-	assert_int_equal(hpu_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic(path, text, strlen(text), err, sizeof err), 0);
 	free(text);
 	cJSON_Delete(m);
 }
@@ -167,9 +167,9 @@ static void expect_open_error(const char *dir, const char *const *needles)
 {
 	hpu_ckpt c;
 	char err[1024] = "";
-	int rc = hpu_ckpt_open(&c, dir, err, sizeof err);
+	int rc = hpu__ckpt_open(&c, dir, err, sizeof err);
 	printf("  open %s -> \"%s\"\n", strrchr(dir, '/') + 1, err);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	assert_int_equal(rc, -1);
 	for (size_t k = 0; needles[k]; k++)
 		if (!strstr(err, needles[k]))
@@ -181,8 +181,8 @@ static void expect_open_error(const char *dir, const char *const *needles)
 static void open_ok(hpu_ckpt *c, const char *dir)
 {
 	char err[1024] = "";
-	if (hpu_ckpt_open(c, dir, err, sizeof err) < 0)
-		fail_msg("hpu_ckpt_open(%s): %s", dir, err);
+	if (hpu__ckpt_open(c, dir, err, sizeof err) < 0)
+		fail_msg("hpu__ckpt_open(%s): %s", dir, err);
 }
 
 /* ---- opening ---- */
@@ -203,18 +203,18 @@ static void test_open_good(void **state)
 	assert_int_equal(c.numel, NUMEL);
 	assert_int_equal(c.nsections, NSEC);
 	assert_int_equal(c.nfiles, 3);
-	assert_int_equal(hpu_ckpt_section(&c, "exp_avg_sq"), 2);
-	assert_int_equal(hpu_ckpt_section(&c, "momentum_buffer"), -1);
-	assert_int_equal(hpu_ckpt_param_find(&c, "a.bias"), 1);
-	assert_int_equal(hpu_ckpt_param_find(&c, "c"), -1);
+	assert_int_equal(hpu__ckpt_section(&c, "exp_avg_sq"), 2);
+	assert_int_equal(hpu__ckpt_section(&c, "momentum_buffer"), -1);
+	assert_int_equal(hpu__ckpt_param_find(&c, "a.bias"), 1);
+	assert_int_equal(hpu__ckpt_param_find(&c, "c"), -1);
 	assert_int_equal(c.params[2].ndim, 2);
 	assert_int_equal(c.params[2].shape[0], 5);
 	assert_int_equal(c.params[2].offset, 10);
 	assert_int_equal(c.files[0].elems, 6);
 	assert_int_equal(c.files[0].bytes, 6 * 4 * NSEC);
 	assert_int_equal(c.files[1].nseg, 2);
-	hpu_ckpt_close(&c);
-	hpu_ckpt_close(&c); /* safe twice */
+	hpu__ckpt_close(&c);
+	hpu__ckpt_close(&c); /* safe twice */
 }
 
 static void test_open_overlap(void **state)
@@ -357,9 +357,9 @@ static void test_open_manifest_missing_or_not_json(void **state)
 	build(d, &good, NULL);
 	snprintf(path, sizeof path, "%s/manifest.json", d);
 	const char *junk = "{\"format\": \"hputrain-checkpoint\", \"version\": 1,";
-	assert_int_equal(hpu_write_atomic(path, junk, strlen(junk), err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic(path, junk, strlen(junk), err, sizeof err), 0);
 	EXPECT_OPEN_ERROR(d, "notjson/manifest.json", "is not a JSON object (damaged?)");
-	assert_int_equal(hpu_write_atomic(path, "[1, 2]", 6, err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic(path, "[1, 2]", 6, err, sizeof err), 0);
 	EXPECT_OPEN_ERROR(d, "is not a JSON object");
 }
 
@@ -375,7 +375,7 @@ static void check_all_ranges(hpu_ckpt *c)
 		for (uint64_t start = 0; start < NUMEL; start++)
 			for (uint64_t count = 1; start + count <= NUMEL; count++) {
 				memset(got, 0xff, sizeof got);
-				if (hpu_ckpt_read(c, s, start, count, got, err, sizeof err) < 0)
+				if (hpu__ckpt_read(c, s, start, count, got, err, sizeof err) < 0)
 					fail_msg("read %d [%llu, +%llu): %s", s,
 						 (unsigned long long)start, (unsigned long long)count,
 						 err);
@@ -400,10 +400,10 @@ static void test_read_every_range(void **state)
 	/* the whole of params, across all three files and five segments */
 	float all[NUMEL];
 	char err[512];
-	assert_int_equal(hpu_ckpt_read(&c, 0, 0, NUMEL, all, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_read(&c, 0, 0, NUMEL, all, err, sizeof err), 0);
 	for (int i = 0; i < NUMEL; i++)
 		assert_true(all[i] == value(0, (uint64_t)i));
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	/* one segment per float, files in reverse order of the space */
 	layout fine = {4, {4, 4, 4, 3}, {{{0, 1}, {4, 1}, {8, 1}, {12, 1}},
 					 {{1, 1}, {5, 1}, {9, 1}, {13, 1}},
@@ -413,14 +413,14 @@ static void test_read_every_range(void **state)
 	build(d, &fine, NULL);
 	open_ok(&c, d);
 	check_all_ranges(&c);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	/* a single file */
 	layout one = {1, {1}, {{{0, NUMEL}}}};
 	d = fresh("read_one");
 	build(d, &one, NULL);
 	open_ok(&c, d);
 	check_all_ranges(&c);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 }
 
 static void test_read_outside(void **state)
@@ -432,12 +432,12 @@ static void test_read_outside(void **state)
 	char err[512] = "";
 	float got[NUMEL + 1];
 	open_ok(&c, d);
-	assert_int_equal(hpu_ckpt_read(&c, 0, 10, 6, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read(&c, 0, 10, 6, got, err, sizeof err), -1);
 	assert_non_null(strstr(err, "floats 10-16 of section 0 are not there"));
-	assert_int_equal(hpu_ckpt_read(&c, NSEC, 0, 1, got, err, sizeof err), -1);
-	assert_int_equal(hpu_ckpt_read(&c, -1, 0, 1, got, err, sizeof err), -1);
-	assert_int_equal(hpu_ckpt_read(&c, 0, NUMEL, 0, got, err, sizeof err), 0);
-	hpu_ckpt_close(&c);
+	assert_int_equal(hpu__ckpt_read(&c, NSEC, 0, 1, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read(&c, -1, 0, 1, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read(&c, 0, NUMEL, 0, got, err, sizeof err), 0);
+	hpu__ckpt_close(&c);
 }
 
 /* The file of a checkpoint, cut to `bytes`. */
@@ -458,11 +458,11 @@ static void test_read_short_file(void **state)
 	char err[512] = "";
 	float got[NUMEL];
 	open_ok(&c, d); /* sizes are verify's business */
-	assert_int_equal(hpu_ckpt_read(&c, 0, 7, 3, got, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_read(&c, 1, 0, NUMEL, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read(&c, 0, 7, 3, got, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_read(&c, 1, 0, NUMEL, got, err, sizeof err), -1);
 	printf("  short file -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "rank-00002-of-00003.bin: shorter than the manifest says"));
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 }
 
 /* ---- verifying ---- */
@@ -470,7 +470,7 @@ static void test_read_short_file(void **state)
 static void expect_verify(hpu_ckpt *c, int i, const char *const *needles)
 {
 	char err[1024] = "";
-	int rc = hpu_ckpt_verify(c, i, err, sizeof err);
+	int rc = hpu__ckpt_verify(c, i, err, sizeof err);
 	printf("  verify %s -> \"%s\"\n", c->files[i].name, err);
 	assert_int_equal(rc, -1);
 	for (size_t k = 0; needles[k]; k++)
@@ -502,13 +502,13 @@ static void test_verify(void **state)
 	hpu_ckpt c;
 	open_ok(&c, d);
 	for (int i = 0; i < c.nfiles; i++)
-		if (hpu_ckpt_verify(&c, i, err, sizeof err) < 0)
+		if (hpu__ckpt_verify(&c, i, err, sizeof err) < 0)
 			fail_msg("good file %d: %s", i, err);
 	/* a digest of a file agrees with the writer's */
 	char hex[65];
 	uint64_t bytes;
 	snprintf(path, sizeof path, "%s/%s", d, c.files[1].name);
-	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), 0);
+	assert_int_equal(hpu__ckpt_sha256_file(path, hex, &bytes), 0);
 	assert_string_equal(hex, c.files[1].sha256);
 	assert_int_equal(bytes, c.files[1].bytes);
 
@@ -526,7 +526,7 @@ static void test_verify(void **state)
 	snprintf(path, sizeof path, "%s/%s", d, c.files[2].name);
 	assert_int_equal(unlink(path), 0);
 	EXPECT_VERIFY(&c, 2, "rank-00002-of-00003.bin", "No such file or directory");
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 }
 
 /* ---- writing ---- */
@@ -556,39 +556,39 @@ static void test_writer(void **state)
 	hpu_ckpt_writer w;
 	snprintf(path, sizeof path, "%s/shard.bin", d);
 	/* abort: no file, temporary or final */
-	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_writer_open(&w, path, err, sizeof err), 0);
 	static char big[5 << 20]; /* more than the writer's buffer */
 	memset(big, 7, sizeof big);
-	assert_int_equal(hpu_ckpt_writer_put(&w, big, sizeof big, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_writer_put(&w, big, sizeof big, err, sizeof err), 0);
 	listing(d, list, sizeof list);
 	assert_non_null(strstr(list, "shard.bin.tmp.")); /* while writing */
-	hpu_ckpt_writer_abort(&w);
-	hpu_ckpt_writer_abort(&w); /* safe twice */
+	hpu__ckpt_writer_abort(&w);
+	hpu__ckpt_writer_abort(&w); /* safe twice */
 	listing(d, list, sizeof list);
 	assert_string_equal(list, "");
 	/* commit: the final name only, and the digest of what is there */
-	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_writer_put(&w, big, sizeof big, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_writer_put(&w, "abc", 3, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_writer_open(&w, path, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_writer_put(&w, big, sizeof big, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_writer_put(&w, "abc", 3, err, sizeof err), 0);
 	assert_int_equal(w.bytes, sizeof big + 3);
-	assert_int_equal(hpu_ckpt_writer_commit(&w, sha, err, sizeof err), 0);
-	hpu_ckpt_writer_abort(&w); /* after commit: removes nothing */
+	assert_int_equal(hpu__ckpt_writer_commit(&w, sha, err, sizeof err), 0);
+	hpu__ckpt_writer_abort(&w); /* after commit: removes nothing */
 	listing(d, list, sizeof list);
 	assert_string_equal(list, "shard.bin");
-	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), 0);
+	assert_int_equal(hpu__ckpt_sha256_file(path, hex, &bytes), 0);
 	assert_string_equal(hex, sha);
 	assert_int_equal(bytes, sizeof big + 3);
 	/* write_atomic replaces */
-	assert_int_equal(hpu_write_atomic(path, "xy", 2, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), 0);
+	assert_int_equal(hpu__write_atomic(path, "xy", 2, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_sha256_file(path, hex, &bytes), 0);
 	assert_int_equal(bytes, 2);
 	/* an unwritable place is named */
 	snprintf(path, sizeof path, "%s/no/such/dir/f", d);
-	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_writer_open(&w, path, err, sizeof err), -1);
 	printf("  writer -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "no/such/dir/f.tmp."));
 	assert_non_null(strstr(err, "No such file or directory"));
-	assert_int_equal(hpu_write_atomic(path, "xy", 2, err, sizeof err), -1);
+	assert_int_equal(hpu__write_atomic(path, "xy", 2, err, sizeof err), -1);
 	listing(d, list, sizeof list);
 	assert_string_equal(list, "shard.bin");
 }
@@ -638,21 +638,21 @@ static void write_latest(const char *root, const char *text)
 {
 	char path[1024], err[256];
 	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
-	assert_int_equal(hpu_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic(path, text, strlen(text), err, sizeof err), 0);
 }
 
 /* The candidates of root as "a b c". */
 static int candidates(const char *root, char *out, size_t n)
 {
 	char **names = NULL, err[256];
-	int k = hpu_ckpt_candidates(root, &names, err, sizeof err);
+	int k = hpu__ckpt_candidates(root, &names, err, sizeof err);
 	assert_true(k >= 0);
 	assert_non_null(names);
 	out[0] = '\0';
 	for (int i = 0; i < k; i++)
 		snprintf(out + strlen(out), n - strlen(out), "%s%s", i ? " " : "", names[i]);
 	assert_null(names[k]);
-	hpu_ckpt_free_names(names);
+	hpu__ckpt_free_names(names);
 	return k;
 }
 
@@ -687,9 +687,9 @@ static void test_candidates(void **state)
 	write_latest(r, "step-abc\n");
 	candidates(r, list, sizeof list);
 	assert_string_equal(list, "step-00000100 step-00000020 step-00000010 step-00000005");
-	hpu_ckpt_step_name(40, name, sizeof name);
+	hpu__ckpt_step_name(40, name, sizeof name);
 	assert_string_equal(name, "step-00000040");
-	hpu_ckpt_shard_name(1, 4, name, sizeof name);
+	hpu__ckpt_shard_name(1, 4, name, sizeof name);
 	assert_string_equal(name, "rank-00001-of-00004.bin");
 }
 
@@ -697,20 +697,20 @@ static void test_candidates(void **state)
 static void partial(const char *root, long step)
 {
 	char name[64], path[1024], err[256];
-	hpu_ckpt_step_name(step, name, sizeof name);
+	hpu__ckpt_step_name(step, name, sizeof name);
 	snprintf(path, sizeof path, "%s/.%s.partial", root, name);
 	assert_int_equal(mkdir(path, 0755), 0);
 	snprintf(path + strlen(path), sizeof path - strlen(path), "/%s", HPU_CKPT_MANIFEST);
-	assert_int_equal(hpu_write_atomic(path, "{}", 2, err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic(path, "{}", 2, err, sizeof err), 0);
 }
 
 static void publish(const char *root, long step, int keep)
 {
 	char name[64], part[80], err[512] = "";
-	hpu_ckpt_step_name(step, name, sizeof name);
+	hpu__ckpt_step_name(step, name, sizeof name);
 	snprintf(part, sizeof part, ".%s.partial", name);
 	partial(root, step);
-	if (hpu_ckpt_publish(root, part, name, keep, err, sizeof err) < 0)
+	if (hpu__ckpt_publish(root, part, name, keep, err, sizeof err) < 0)
 		fail_msg("publish %s: %s", name, err);
 }
 
@@ -749,8 +749,8 @@ static void test_publish_keep(void **state)
 	assert_string_equal(list, "latest step-00000005 step-00000006 step-00000007");
 	/* a publish of a partial that is not there fails, naming it */
 	char err[512] = "";
-	assert_int_equal(hpu_ckpt_publish(r, ".step-00000099.partial", "step-00000099", 1, err,
-					  sizeof err),
+	assert_int_equal(hpu__ckpt_publish(r, ".step-00000099.partial", "step-00000099", 1, err,
+					   sizeof err),
 			 -1);
 	assert_non_null(strstr(err, ".step-00000099.partial"));
 	listing(r, list, sizeof list);
@@ -778,7 +778,7 @@ static mutate_fn buf_mutate;    /* applied after the buffers are added */
 
 static void add_buffers(cJSON *m)
 {
-	cJSON_AddItemToObject(m, "buffers", hpu_ckpt_buffers_json(&buf_file, buf_decl, 2));
+	cJSON_AddItemToObject(m, "buffers", hpu__ckpt_buffers_json(&buf_file, buf_decl, 2));
 	if (buf_mutate)
 		buf_mutate(m);
 }
@@ -791,13 +791,13 @@ static void build_buffers(const char *dir, mutate_fn mutate)
 	memset(&buf_file, 0, sizeof buf_file);
 	snprintf(buf_file.name, sizeof buf_file.name, "%s", HPU_CKPT_BUFFERS);
 	snprintf(path, sizeof path, "%s/%s", dir, buf_file.name);
-	assert_int_equal(hpu_ckpt_writer_open(&w, path, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_writer_open(&w, path, err, sizeof err), 0);
 	for (uint64_t i = 0; i < BNUMEL; i++) {
 		float v = bvalue(i);
-		assert_int_equal(hpu_ckpt_writer_put(&w, &v, 4, err, sizeof err), 0);
+		assert_int_equal(hpu__ckpt_writer_put(&w, &v, 4, err, sizeof err), 0);
 	}
 	buf_file.bytes = w.bytes;
-	assert_int_equal(hpu_ckpt_writer_commit(&w, buf_file.sha256, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_writer_commit(&w, buf_file.sha256, err, sizeof err), 0);
 	buf_mutate = mutate;
 	build(dir, &good, add_buffers);
 }
@@ -816,9 +816,9 @@ static void test_buffers_open_read(void **state)
 	assert_string_equal(c.buffer_file.name, "buffers.bin");
 	assert_int_equal(c.buffer_file.bytes, BNUMEL * 4);
 	assert_string_equal(c.buffer_file.sha256, buf_file.sha256);
-	assert_int_equal(hpu_ckpt_buffer_find(&c, "bn.last"), 1);
-	assert_int_equal(hpu_ckpt_buffer_find(&c, "a.weight"), -1);
-	assert_int_equal(hpu_ckpt_param_find(&c, "bn.last"), -1);
+	assert_int_equal(hpu__ckpt_buffer_find(&c, "bn.last"), 1);
+	assert_int_equal(hpu__ckpt_buffer_find(&c, "a.weight"), -1);
+	assert_int_equal(hpu__ckpt_param_find(&c, "bn.last"), -1);
 	assert_int_equal(c.buffers[1].ndim, 2);
 	assert_int_equal(c.buffers[1].shape[0], 1);
 	assert_int_equal(c.buffers[1].shape[1], 3);
@@ -829,15 +829,15 @@ static void test_buffers_open_read(void **state)
 	/* the shards are as without buffers */
 	assert_int_equal(c.nfiles, 3);
 	assert_int_equal(c.numel, NUMEL);
-	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_verify_buffers(&c, err, sizeof err), 0);
 	for (int i = 0; i < c.nfiles; i++)
-		assert_int_equal(hpu_ckpt_verify(&c, i, err, sizeof err), 0);
+		assert_int_equal(hpu__ckpt_verify(&c, i, err, sizeof err), 0);
 	/* every range */
 	uint64_t before = c.bytes_read;
 	for (uint64_t start = 0; start < BNUMEL; start++)
 		for (uint64_t count = 0; start + count <= BNUMEL; count++) {
 			memset(got, 0xff, sizeof got);
-			if (hpu_ckpt_read_buffers(&c, start, count, got, err, sizeof err) < 0)
+			if (hpu__ckpt_read_buffers(&c, start, count, got, err, sizeof err) < 0)
 				fail_msg("read buffers [%llu, +%llu): %s",
 					 (unsigned long long)start, (unsigned long long)count, err);
 			for (uint64_t i = 0; i < count; i++)
@@ -850,11 +850,11 @@ static void test_buffers_open_read(void **state)
 	assert_int_equal(c.bytes_read - before, want);
 	/* and the parameters read as before */
 	check_all_ranges(&c);
-	assert_int_equal(hpu_ckpt_read_buffers(&c, 5, 3, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read_buffers(&c, 5, 3, got, err, sizeof err), -1);
 	printf("  read past the buffers -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "buffer floats 5-8 are not there (it holds 7)"));
-	assert_int_equal(hpu_ckpt_read_buffers(&c, 8, 0, got, err, sizeof err), -1);
-	hpu_ckpt_close(&c);
+	assert_int_equal(hpu__ckpt_read_buffers(&c, 8, 0, got, err, sizeof err), -1);
+	hpu__ckpt_close(&c);
 	/* no "buffers": none, and nothing to verify or read */
 	d = fresh("no_buffers");
 	build(d, &good, NULL);
@@ -862,11 +862,11 @@ static void test_buffers_open_read(void **state)
 	assert_int_equal(c.nbuffers, 0);
 	assert_int_equal(c.buffer_numel, 0);
 	assert_string_equal(c.buffer_file.name, "");
-	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 0, got, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 1, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_verify_buffers(&c, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_read_buffers(&c, 0, 0, got, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_read_buffers(&c, 0, 1, got, err, sizeof err), -1);
 	assert_null(cJSON_GetObjectItem(c.m, "buffers"));
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 }
 
 static cJSON *bufs(cJSON *m)
@@ -1011,47 +1011,47 @@ static void test_buffers_verify(void **state)
 	snprintf(path, sizeof path, "%s/buffers.bin", d);
 	/* a changed float: the digest no longer matches */
 	flip_byte(d, "buffers.bin", 9);
-	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_verify_buffers(&c, err, sizeof err), -1);
 	printf("  verify buffers.bin -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "checkpoint buffers file"));
 	assert_non_null(strstr(err, "buffers_verify/buffers.bin is damaged: SHA-256"));
 	assert_non_null(strstr(err, buf_file.sha256));
 	flip_byte(d, "buffers.bin", 9);
-	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_verify_buffers(&c, err, sizeof err), 0);
 	/* cut short, and read past its end */
 	cut(d, "buffers.bin", 26);
-	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_verify_buffers(&c, err, sizeof err), -1);
 	printf("  verify buffers.bin -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "buffers.bin is truncated: 26 bytes, the manifest says 28"));
-	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 6, got, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, BNUMEL, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read_buffers(&c, 0, 6, got, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_read_buffers(&c, 0, BNUMEL, got, err, sizeof err), -1);
 	assert_non_null(strstr(err, "buffers.bin: shorter than the manifest says"));
 	/* longer */
 	cut(d, "buffers.bin", 40);
-	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_verify_buffers(&c, err, sizeof err), -1);
 	assert_non_null(strstr(err, "buffers.bin is too long: 40 bytes"));
 	/* gone */
 	assert_int_equal(unlink(path), 0);
-	assert_int_equal(hpu_ckpt_verify_buffers(&c, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_verify_buffers(&c, err, sizeof err), -1);
 	printf("  verify buffers.bin -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "buffers.bin: No such file or directory"));
 	/* the shards are still fine */
 	for (int i = 0; i < c.nfiles; i++)
-		assert_int_equal(hpu_ckpt_verify(&c, i, err, sizeof err), 0);
-	hpu_ckpt_close(&c);
+		assert_int_equal(hpu__ckpt_verify(&c, i, err, sizeof err), 0);
+	hpu__ckpt_close(&c);
 	/* the read descriptor was opened before the unlink: a fresh open
 	 * finds the file missing */
 	open_ok(&c, d);
-	assert_int_equal(hpu_ckpt_read_buffers(&c, 0, 1, got, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read_buffers(&c, 0, 1, got, err, sizeof err), -1);
 	assert_non_null(strstr(err, "checkpoint buffers file"));
 	assert_non_null(strstr(err, "No such file or directory"));
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 }
 
 /* ---- the manifest's own digest, owners, odd files, stale partials ---- */
 
 /* Rewrites dir's manifest through edit(m) (may be NULL), sealed with
- * hpu_ckpt_manifest_text when `seal`. */
+ * hpu__ckpt_manifest_text when `seal`. */
 static void rewrite_manifest(const char *dir, mutate_fn edit, int seal)
 {
 	char path[1024], err[256];
@@ -1062,9 +1062,9 @@ static void rewrite_manifest(const char *dir, mutate_fn edit, int seal)
 	assert_non_null(m);
 	if (edit)
 		edit(m);
-	text = seal ? hpu_ckpt_manifest_text(m) : cJSON_Print(m);
+	text = seal ? hpu__ckpt_manifest_text(m) : cJSON_Print(m);
 	assert_non_null(text);
-	assert_int_equal(hpu_write_atomic(path, text, strlen(text), err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic(path, text, strlen(text), err, sizeof err), 0);
 	free(text);
 	cJSON_Delete(m);
 }
@@ -1095,17 +1095,17 @@ static void test_manifest_digest(void **state)
 	build(d, &good, NULL);
 	open_ok(&c, d); /* a manifest from before: opens, said unsealed */
 	assert_int_equal(c.unsealed, 1);
-	hpu_ckpt_unsealed_note(&c, note, sizeof note);
+	hpu__ckpt_unsealed_note(&c, note, sizeof note);
 	assert_non_null(strstr(note, "manifest.json has no manifest_sha256"));
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	rewrite_manifest(d, NULL, 1);
 	open_ok(&c, d);
 	assert_int_equal(c.unsealed, 0);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	rewrite_manifest(d, format_last, 0); /* the keys reordered: the same content */
 	open_ok(&c, d);
 	assert_int_equal(c.unsealed, 0);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	rewrite_manifest(d, step_41, 0); /* an edit, in range */
 	EXPECT_OPEN_ERROR(d, "manifest.json was altered after it was written: its content's SHA-256 is ",
 			  ", its manifest_sha256 says ");
@@ -1124,12 +1124,12 @@ static void test_owners(void **state)
 	hpu_ckpt_owners mine = {1, {me}}, theirs = {2, {other, other + 1}};
 	build(d, &good, NULL);
 	hpu_ckpt c;
-	assert_int_equal(hpu_ckpt_open_owned(&c, d, &mine, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_open_owned(&c, d, &mine, err, sizeof err), 0);
 	for (int i = 0; i < c.nfiles; i++)
-		assert_int_equal(hpu_ckpt_verify(&c, i, err, sizeof err), 0);
+		assert_int_equal(hpu__ckpt_verify(&c, i, err, sizeof err), 0);
 	/* a shard another uid owns (the trust narrowed after opening) */
 	c.owners = theirs;
-	assert_int_equal(hpu_ckpt_verify(&c, 1, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_verify(&c, 1, err, sizeof err), -1);
 	snprintf(want, sizeof want, "rank-00001-of-00003.bin is owned by uid %u, not by uid %u or %u",
 		 (unsigned)me, (unsigned)other, (unsigned)other + 1);
 	printf("  %s\n", err);
@@ -1137,27 +1137,27 @@ static void test_owners(void **state)
 		fail_msg("\"%s\" does not say \"%s\"", err, want);
 	assert_int_equal(c.foreign, 1);
 	float v;
-	assert_int_equal(hpu_ckpt_read(&c, 0, 0, 1, &v, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read(&c, 0, 0, 1, &v, err, sizeof err), -1);
 	assert_non_null(strstr(err, "is owned by uid"));
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	/* the directory itself */
-	assert_int_equal(hpu_ckpt_open_owned(&c, d, &theirs, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_open_owned(&c, d, &theirs, err, sizeof err), -1);
 	snprintf(want, sizeof want, "owners is owned by uid %u, not by uid", (unsigned)me);
 	assert_non_null(strstr(err, want));
 	assert_int_equal(c.foreign, 1);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	/* latest: absent is fine; of another uid, or a link, is not */
-	assert_int_equal(hpu_ckpt_check_latest(d, &theirs, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_check_latest(d, &theirs, err, sizeof err), 0);
 	write_latest(d, "step-00000001\n");
-	assert_int_equal(hpu_ckpt_check_latest(d, &mine, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_check_latest(d, NULL, err, sizeof err), 0);
-	assert_int_equal(hpu_ckpt_check_latest(d, &theirs, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_check_latest(d, &mine, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_check_latest(d, NULL, err, sizeof err), 0);
+	assert_int_equal(hpu__ckpt_check_latest(d, &theirs, err, sizeof err), -1);
 	assert_non_null(strstr(err, "/latest is owned by uid"));
 	char lp[1024];
 	snprintf(lp, sizeof lp, "%s/latest", d);
 	assert_int_equal(unlink(lp), 0);
 	assert_int_equal(symlink("elsewhere", lp), 0);
-	assert_int_equal(hpu_ckpt_check_latest(d, &mine, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_check_latest(d, &mine, err, sizeof err), -1);
 	assert_non_null(strstr(err, "/latest is a symbolic link (not followed"));
 }
 
@@ -1176,10 +1176,10 @@ static void test_not_regular(void **state)
 	assert_int_equal(mkfifo(path, 0644), 0);
 	EXPECT_VERIFY(&c, 1, "checkpoint shard ", "rank-00001-of-00003.bin: not a regular file (a FIFO)");
 	float v[NUMEL];
-	assert_int_equal(hpu_ckpt_read(&c, 0, 0, NUMEL, v, err, sizeof err), -1);
+	assert_int_equal(hpu__ckpt_read(&c, 0, 0, NUMEL, v, err, sizeof err), -1);
 	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
 	errno = 0;
-	assert_int_equal(hpu_ckpt_sha256_file(path, hex, &bytes), -1);
+	assert_int_equal(hpu__ckpt_sha256_file(path, hex, &bytes), -1);
 	assert_int_equal(errno, EINVAL);
 	assert_int_equal(unlink(path), 0);
 	assert_int_equal(symlink("/dev/zero", path), 0);
@@ -1191,7 +1191,7 @@ static void test_not_regular(void **state)
 	fclose(f);
 	EXPECT_VERIFY(&c, 1, "rank-00001-of-00003.bin is too long: 8589934592 bytes, the manifest says 72");
 	assert_int_equal(unlink(path), 0);
-	hpu_ckpt_close(&c);
+	hpu__ckpt_close(&c);
 	/* the manifest too */
 	snprintf(path, sizeof path, "%s/%s", d, HPU_CKPT_MANIFEST);
 	assert_int_equal(unlink(path), 0);
@@ -1220,10 +1220,10 @@ static void test_clean_partials(void **state)
 	snprintf(path, sizeof path, "%s/.step-00000005.partial", r);
 	assert_int_equal(symlink("elsewhere", path), 0);
 	snprintf(path, sizeof path, "%s/.step-00000003.partial", r);
-	int held = hpu_ckpt_partial_lock(path);
+	int held = hpu__ckpt_partial_lock(path);
 	assert_true(held >= 0);
-	assert_int_equal(hpu_ckpt_partial_lock(path), -1); /* one holder at a time */
-	assert_int_equal(hpu_ckpt_clean_partials(r, said, list), 2);
+	assert_int_equal(hpu__ckpt_partial_lock(path), -1); /* one holder at a time */
+	assert_int_equal(hpu__ckpt_clean_partials(r, said, list), 2);
 	assert_string_equal(list, strstr(list, ".step-00000001") == list
 					  ? ".step-00000001.partial .step-00000002.partial "
 					  : ".step-00000002.partial .step-00000001.partial ");
@@ -1231,9 +1231,9 @@ static void test_clean_partials(void **state)
 	listing(r, list, sizeof list);
 	assert_string_equal(list, ".step-00000003.partial .step-00000005.partial .step-x.partial "
 				  "elsewhere step-00000004");
-	assert_int_equal(hpu_ckpt_clean_partials(r, NULL, NULL), 1); /* no longer held */
+	assert_int_equal(hpu__ckpt_clean_partials(r, NULL, NULL), 1); /* no longer held */
 	snprintf(path, sizeof path, "%s/nothing", r);
-	assert_int_equal(hpu_ckpt_clean_partials(path, NULL, NULL), 0);
+	assert_int_equal(hpu__ckpt_clean_partials(path, NULL, NULL), 0);
 }
 
 /* ---- set-up ---- */

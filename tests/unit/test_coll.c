@@ -28,9 +28,9 @@
 #include <zmq.h>
 
 #include "hpu/coll.h"
-#include "comm_internal.h" /* the wire format and kernels, to test them */
-#include "coll_testlib.h"
-#include "coll_world.h"
+#include "collectives/comm_internal.h" /* the wire format and kernels, to test them */
+#include "tests/unit/coll_testlib.h"
+#include "tests/unit/coll_world.h"
 
 #define BIG_COUNT (1000000u + 3)
 

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coll_matrix_lib.h"
+#include "tests/unit/coll_matrix_lib.h"
 
 #define OVERLAP_N (16u * 1024 * 1024)
 #define HOLD_CHUNKS 16 /* chunks rank 0 computes before rank 1 joins */

@@ -52,7 +52,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "coll_matrix_lib.h"
+#include "tests/unit/coll_matrix_lib.h"
 
 static const size_t small_counts[] = {0, 1, 7, 4099};
 #define NSMALL (sizeof(small_counts) / sizeof(small_counts[0]))

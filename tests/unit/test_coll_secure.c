@@ -34,8 +34,8 @@
 #include <openssl/hmac.h>
 #include <zmq.h>
 
-#include "comm_internal.h"
-#include "coll_world.h"
+#include "collectives/comm_internal.h"
+#include "tests/unit/coll_world.h"
 
 /* What a stranger does to rank 1's receive socket. */
 enum attack { BARE, WRONG_SECRET, REPLAY, OWN_CURVE_KEY, N_ATTACKS };

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "hpu/coll.h"
-#include "coll_testlib.h"
-#include "coll_world.h"
+#include "tests/unit/coll_testlib.h"
+#include "tests/unit/coll_world.h"
 
 /* ---- traffic counters ---- */
 

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "conf.h"
+#include "daemon/conf.h"
 
 /* Writes `text` to a fresh temporary file; its name goes to path[]. */
 static void write_conf(char path[256], const char *text)
@@ -27,13 +27,13 @@ static void write_conf(char path[256], const char *text)
 	close(fd);
 }
 
-/* Loads `text` over the defaults; returns hpud_conf_load's result. */
+/* Loads `text` over the defaults; returns hpud__conf_load's result. */
 static int load_text(hpud_conf *c, const char *text, char path[256],
 		     char *err, size_t errlen)
 {
 	write_conf(path, text);
 	err[0] = 0;
-	int rc = hpud_conf_load(c, path, err, errlen);
+	int rc = hpud__conf_load(c, path, err, errlen);
 	unlink(path);
 	return rc;
 }
@@ -42,7 +42,7 @@ static void test_defaults(void **state)
 {
 	(void)state;
 	hpud_conf c;
-	hpud_conf_defaults(&c);
+	hpud__conf_defaults(&c);
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	assert_string_equal(c.listen, "0.0.0.0");
 	assert_int_equal(c.port, 29400);
@@ -56,10 +56,10 @@ static void test_defaults(void **state)
 	assert_true(c.submitter_timeout_s == 10);
 	assert_int_equal(c.output_buffer, 4 << 20);
 	assert_int_equal(c.job_uid_first, 0);
-	assert_string_equal(hpud_log_level_name(HPUD_LOG_ERROR), "error");
-	assert_string_equal(hpud_log_level_name(HPUD_LOG_WARN), "warn");
-	assert_string_equal(hpud_log_level_name(HPUD_LOG_INFO), "info");
-	assert_string_equal(hpud_log_level_name(HPUD_LOG_DEBUG), "debug");
+	assert_string_equal(hpud__log_level_name(HPUD_LOG_ERROR), "error");
+	assert_string_equal(hpud__log_level_name(HPUD_LOG_WARN), "warn");
+	assert_string_equal(hpud__log_level_name(HPUD_LOG_INFO), "info");
+	assert_string_equal(hpud__log_level_name(HPUD_LOG_DEBUG), "debug");
 }
 
 static void test_full_file(void **state)
@@ -67,7 +67,7 @@ static void test_full_file(void **state)
 	(void)state;
 	hpud_conf c;
 	char path[256], err[256];
-	hpud_conf_defaults(&c);
+	hpud__conf_defaults(&c);
 	int rc = load_text(&c,
 			   "listen = 10.1.2.3\n"
 			   "port = 29500\n"
@@ -102,7 +102,7 @@ static void test_partial_file_keeps_the_rest(void **state)
 	(void)state;
 	hpud_conf c, want;
 	char path[256], err[256];
-	hpud_conf_defaults(&c);
+	hpud__conf_defaults(&c);
 	want = c;
 	want.port = 1;
 	assert_int_equal(load_text(&c, "port = 1\n", path, err, sizeof err), 0);
@@ -117,7 +117,7 @@ static void test_comments_and_whitespace(void **state)
 	(void)state;
 	hpud_conf c;
 	char path[256], err[256];
-	hpud_conf_defaults(&c);
+	hpud__conf_defaults(&c);
 	int rc = load_text(&c,
 			   "# hpud.conf\n"
 			   "\n"
@@ -147,7 +147,7 @@ static void test_bounds_accepted(void **state)
 	(void)state;
 	hpud_conf c;
 	char path[256], err[256];
-	hpud_conf_defaults(&c);
+	hpud__conf_defaults(&c);
 	char user63[64], key511[512], text[1024];
 	memset(user63, 'u', 63);
 	user63[63] = 0;
@@ -249,7 +249,7 @@ static void test_errors(void **state)
 		const bad_case *b = &bad_cases[i];
 		hpud_conf c;
 		char path[256], err[512], where[300];
-		hpud_conf_defaults(&c);
+		hpud__conf_defaults(&c);
 		int rc = load_text(&c, b->text, path, err, sizeof err);
 		printf("  %s\n", err);
 		if (rc != -1)
@@ -281,7 +281,7 @@ static void test_too_long(void **state)
 		memset(text + n, '1', cases[i].len);
 		strcpy(text + n + cases[i].len, "\n");
 		hpud_conf c;
-		hpud_conf_defaults(&c);
+		hpud__conf_defaults(&c);
 		int rc = load_text(&c, text, path, err, sizeof err);
 		printf("  %s\n", err);
 		assert_int_equal(rc, -1);
@@ -298,10 +298,10 @@ static void test_missing_file(void **state)
 	(void)state;
 	hpud_conf c, before;
 	char err[256];
-	hpud_conf_defaults(&c);
+	hpud__conf_defaults(&c);
 	before = c;
 	const char *path = "/nonexistent/hpud/hpud.conf";
-	assert_int_equal(hpud_conf_load(&c, path, err, sizeof err), -1);
+	assert_int_equal(hpud__conf_load(&c, path, err, sizeof err), -1);
 	printf("  %s\n", err);
 	assert_non_null(strstr(err, path));
 	assert_memory_equal(&c, &before, sizeof c);
@@ -313,7 +313,7 @@ static void test_unchanged_on_failure(void **state)
 	(void)state;
 	hpud_conf c, before;
 	char path[256], err[256];
-	hpud_conf_defaults(&c);
+	hpud__conf_defaults(&c);
 	strcpy(c.listen, "192.168.0.1");
 	c.port = 1234;
 	c.devices = 3;

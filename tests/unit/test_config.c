@@ -19,9 +19,9 @@
 
 #include <cmocka.h>
 
-#include "config.h"
-#include "config_testlib.h"
-#include "fileio.h" /* hpu_read_file */
+#include "options/config.h"
+#include "tests/unit/config_testlib.h"
+#include "common/fileio.h" /* hpu__read_file */
 
 
 /* ---- defaults ---- */
@@ -31,7 +31,7 @@ static void test_defaults(void **state)
 	(void)state;
 	hpu_train_opts o;
 	memset(&o, 0x5a, sizeof(o)); /* defaults must set every field */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_int_equal(o.epochs, 1);
 	assert_int_equal(o.max_steps, -1);
 	assert_int_equal(o.batch_size, 256);
@@ -46,31 +46,31 @@ static void test_defaults(void **state)
 	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
 	assert_int_equal(o.eval, 1);
 	assert_string_equal(o.metrics, "");
-	assert_string_equal(hpu_optim_name(o.optimizer), "adamw");
-	assert_string_equal(hpu_strategy_name(o.strategy), "fast_ddp");
+	assert_string_equal(hpu__optim_name(o.optimizer), "adamw");
+	assert_string_equal(hpu__strategy_name(o.strategy), "fast_ddp");
 }
 
 static void test_weight_decay_default(void **state)
 {
 	(void)state;
 	hpu_train_opts o;
-	hpu_opts_defaults(&o);
-	assert_true(hpu_opts_weight_decay(&o) == 0.01);
+	hpu__opts_defaults(&o);
+	assert_true(hpu__opts_weight_decay(&o) == 0.01);
 	o.optimizer = HPU_OPTIM_SGD;
-	assert_true(hpu_opts_weight_decay(&o) == 0.0);
+	assert_true(hpu__opts_weight_decay(&o) == 0.0);
 
 	/* set explicitly: taken as is for either optimizer, 0 included */
 	char err[256];
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_set(&o, "weight-decay", "0", err,
-				      sizeof(err)), 0);
-	assert_true(hpu_opts_weight_decay(&o) == 0.0);
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_set(&o, "optimizer", "sgd", err,
-				      sizeof(err)), 0);
-	assert_int_equal(hpu_opts_set(&o, "weight-decay", "0.05", err,
-				      sizeof(err)), 0);
-	assert_true(hpu_opts_weight_decay(&o) == 0.05);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "weight-decay", "0", err,
+				       sizeof(err)), 0);
+	assert_true(hpu__opts_weight_decay(&o) == 0.0);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "optimizer", "sgd", err,
+				       sizeof(err)), 0);
+	assert_int_equal(hpu__opts_set(&o, "weight-decay", "0.05", err,
+				       sizeof(err)), 0);
+	assert_true(hpu__opts_weight_decay(&o) == 0.05);
 }
 
 /* ---- parsing ---- */
@@ -78,14 +78,14 @@ static void test_weight_decay_default(void **state)
 static void test_takes_value(void **state)
 {
 	(void)state;
-	assert_int_equal(hpu_opts_takes_value("lr"), 1);
-	assert_int_equal(hpu_opts_takes_value("epochs"), 1);
-	assert_int_equal(hpu_opts_takes_value("metrics"), 1);
-	assert_int_equal(hpu_opts_takes_value("nesterov"), 0);
-	assert_int_equal(hpu_opts_takes_value("no-eval"), 0);
-	assert_int_equal(hpu_opts_takes_value("frobnicate"), -1);
-	assert_int_equal(hpu_opts_takes_value("--lr"), -1);
-	assert_int_equal(hpu_opts_takes_value(""), -1);
+	assert_int_equal(hpu__opts_takes_value("lr"), 1);
+	assert_int_equal(hpu__opts_takes_value("epochs"), 1);
+	assert_int_equal(hpu__opts_takes_value("metrics"), 1);
+	assert_int_equal(hpu__opts_takes_value("nesterov"), 0);
+	assert_int_equal(hpu__opts_takes_value("no-eval"), 0);
+	assert_int_equal(hpu__opts_takes_value("frobnicate"), -1);
+	assert_int_equal(hpu__opts_takes_value("--lr"), -1);
+	assert_int_equal(hpu__opts_takes_value(""), -1);
 }
 
 static void test_parse_separate_and_equals(void **state)
@@ -94,8 +94,8 @@ static void test_parse_separate_and_equals(void **state)
 	hpu_train_opts a, b;
 	char err[256];
 	int stop;
-	hpu_opts_defaults(&a);
-	hpu_opts_defaults(&b);
+	hpu__opts_defaults(&a);
+	hpu__opts_defaults(&b);
 	assert_int_equal(parse(&a, ARGS("--lr", "0.1", "model.so"), &stop,
 			       err, sizeof(err)), 0);
 	assert_int_equal(stop, 3);
@@ -121,7 +121,7 @@ static void test_parse_all(void **state)
 			   "--beta1", "0.8", "--beta2=0.99", "--eps", "1e-6",
 			   "--lr", "2.5e-2", "model.so", "--lr", "9", "--epochs",
 			   "5");
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_int_equal(parse(&o, argv, &stop, err, sizeof(err)), 0);
 	assert_string_equal(argv[stop], "model.so");
 	assert_int_equal(o.epochs, 3);
@@ -130,7 +130,7 @@ static void test_parse_all(void **state)
 	assert_int_equal(o.optimizer, HPU_OPTIM_SGD);
 	assert_true(o.momentum == 0.5);
 	assert_int_equal(o.nesterov, 1);
-	assert_true(hpu_opts_weight_decay(&o) == 0.0);
+	assert_true(hpu__opts_weight_decay(&o) == 0.0);
 	assert_int_equal(o.seed, 7);
 	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
 	assert_int_equal(o.log_every, 0);
@@ -149,7 +149,7 @@ static void test_parse_stops_at_non_option(void **state)
 	hpu_train_opts o, d;
 	char err[256];
 	int stop;
-	hpu_opts_defaults(&d);
+	hpu__opts_defaults(&d);
 
 	/* nothing to parse */
 	char *only[] = {"hpu-worker", NULL};
@@ -194,23 +194,23 @@ static void test_set_direct(void **state)
 	(void)state;
 	hpu_train_opts o;
 	char err[256];
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_set(&o, "lr", "0.5", err, sizeof(err)), 0);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "lr", "0.5", err, sizeof(err)), 0);
 	assert_true(o.lr == 0.5);
-	assert_int_equal(hpu_opts_set(&o, "nesterov", NULL, err, sizeof(err)),
+	assert_int_equal(hpu__opts_set(&o, "nesterov", NULL, err, sizeof(err)),
 			 0);
 	assert_int_equal(o.nesterov, 1);
-	assert_int_equal(hpu_opts_set(&o, "lr", NULL, err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_set(&o, "lr", NULL, err, sizeof(err)), -1);
 	assert_non_null(strstr(err, "lr"));
-	assert_int_equal(hpu_opts_set(&o, "nesterov", "1", err, sizeof(err)),
+	assert_int_equal(hpu__opts_set(&o, "nesterov", "1", err, sizeof(err)),
 			 -1);
 	assert_non_null(strstr(err, "nesterov"));
-	assert_int_equal(hpu_opts_set(&o, "bogus", "1", err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_set(&o, "bogus", "1", err, sizeof(err)), -1);
 	assert_non_null(strstr(err, "bogus"));
 	/* a short buffer is truncated, not overrun */
 	char tiny[8];
 	memset(tiny, 'x', sizeof(tiny));
-	assert_int_equal(hpu_opts_set(&o, "bogus", "1", tiny, sizeof(tiny)),
+	assert_int_equal(hpu__opts_set(&o, "bogus", "1", tiny, sizeof(tiny)),
 			 -1);
 	assert_int_equal(strlen(tiny), sizeof(tiny) - 1);
 }
@@ -267,19 +267,19 @@ static void test_rejected_value_keeps_field(void **state)
 	(void)state;
 	hpu_train_opts o;
 	char err[256];
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_set(&o, "lr", "abc", err, sizeof(err)), -1);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "lr", "abc", err, sizeof(err)), -1);
 	assert_true(o.lr == 1e-3);
-	assert_int_equal(hpu_opts_set(&o, "epochs", "-1", err, sizeof(err)),
+	assert_int_equal(hpu__opts_set(&o, "epochs", "-1", err, sizeof(err)),
 			 -1);
 	assert_int_equal(o.epochs, 1);
-	assert_int_equal(hpu_opts_set(&o, "optimizer", "lamb", err,
-				      sizeof(err)), -1);
+	assert_int_equal(hpu__opts_set(&o, "optimizer", "lamb", err,
+				       sizeof(err)), -1);
 	assert_int_equal(o.optimizer, HPU_OPTIM_ADAMW);
-	assert_int_equal(hpu_opts_set(&o, "strategy", "fsdp", err,
-				      sizeof(err)), -1);
+	assert_int_equal(hpu__opts_set(&o, "strategy", "fsdp", err,
+				       sizeof(err)), -1);
 	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
-	assert_int_equal(hpu_opts_set(&o, "metrics", "", err, sizeof(err)),
+	assert_int_equal(hpu__opts_set(&o, "metrics", "", err, sizeof(err)),
 			 -1);
 	assert_string_equal(o.metrics, "");
 }
@@ -300,21 +300,21 @@ static void test_resolve_world(void **state)
 	(void)state;
 	hpu_train_opts o;
 	char err[256];
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	for (int w = 1; w <= 8; w *= 2) {
-		assert_int_equal(hpu_opts_resolve(&o, w, err, sizeof(err)), 0);
+		assert_int_equal(hpu__opts_resolve(&o, w, err, sizeof(err)), 0);
 		assert_int_equal(o.batch_size, 256);
 		assert_int_equal(o.grad_accum, 1);
 		assert_int_equal(o.micro_batch, 256 / w);
 	}
 
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_set(&o, "batch-size", "1000", err,
-				      sizeof(err)), 0);
-	assert_int_equal(hpu_opts_resolve(&o, 5, err, sizeof(err)), 0);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "batch-size", "1000", err,
+				       sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 5, err, sizeof(err)), 0);
 	assert_int_equal(o.micro_batch, 200);
 	err[0] = 0;
-	assert_int_equal(hpu_opts_resolve(&o, 7, err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_resolve(&o, 7, err, sizeof(err)), -1);
 	printf("  batch 1000, world 7 -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "--batch-size 1000"));
 	assert_non_null(strstr(err, "world size 7"));
@@ -325,12 +325,12 @@ static void test_resolve_world(void **state)
 				    HPU_STRATEGY_ZERO3};
 	const char *names[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
 	for (size_t k = 0; k < 5; k++) {
-		hpu_opts_defaults(&o);
-		assert_int_equal(hpu_opts_set(&o, "strategy", names[k], err,
-					      sizeof(err)), 0);
+		hpu__opts_defaults(&o);
+		assert_int_equal(hpu__opts_set(&o, "strategy", names[k], err,
+					       sizeof(err)), 0);
 		assert_int_equal(o.strategy, all[k]);
-		assert_string_equal(hpu_strategy_name(o.strategy), names[k]);
-		assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
+		assert_string_equal(hpu__strategy_name(o.strategy), names[k]);
+		assert_int_equal(hpu__opts_resolve(&o, 4, err, sizeof(err)), 0);
 	}
 }
 
@@ -341,7 +341,7 @@ static void test_help_lists_options(void **state)
 	size_t len = 0;
 	FILE *f = open_memstream(&buf, &len);
 	assert_non_null(f);
-	hpu_opts_help(f);
+	hpu__opts_help(f);
 	fclose(f);
 	const char *names[] = {
 	    "--epochs", "--max-steps", "--batch-size", "--micro-batch-size",
@@ -357,7 +357,7 @@ static void test_help_lists_options(void **state)
 	    "--metrics", "--save-params", "--config", "--no-eval"};
 	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
 		assert_non_null(strstr(buf, names[k]));
-		assert_int_not_equal(hpu_opts_takes_value(names[k] + 2), -1);
+		assert_int_not_equal(hpu__opts_takes_value(names[k] + 2), -1);
 	}
 	assert_null(strstr(buf, "not yet"));
 	free(buf);
@@ -370,7 +370,7 @@ static void test_defaults_new_fields(void **state)
 	(void)state;
 	hpu_train_opts o;
 	memset(&o, 0x5a, sizeof(o));
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_int_equal(o.micro_batch, 0);
 	assert_int_equal(o.grad_accum, 1);
 	assert_true(o.clip_norm == 0);
@@ -396,17 +396,17 @@ static void test_defaults_new_fields(void **state)
 	assert_string_equal(o.config, "");
 	for (int k = 0; k < HPU_OPTS_MAX; k++)
 		assert_int_equal(o.from[k], HPU_FROM_DEFAULT);
-	assert_string_equal(hpu_sched_name(o.sched), "constant");
-	assert_string_equal(hpu_sched_name(HPU_SCHED_STEP), "step");
-	assert_string_equal(hpu_sched_name(HPU_SCHED_COSINE), "cosine");
-	assert_string_equal(hpu_sched_name(HPU_SCHED_WARMUP), "warmup");
-	assert_string_equal(hpu_sched_name(HPU_SCHED_WARMUP_DECAY),
+	assert_string_equal(hpu__sched_name(o.sched), "constant");
+	assert_string_equal(hpu__sched_name(HPU_SCHED_STEP), "step");
+	assert_string_equal(hpu__sched_name(HPU_SCHED_COSINE), "cosine");
+	assert_string_equal(hpu__sched_name(HPU_SCHED_WARMUP), "warmup");
+	assert_string_equal(hpu__sched_name(HPU_SCHED_WARMUP_DECAY),
 			    "warmup_decay");
-	assert_string_equal(hpu_optim_name(HPU_OPTIM_SGD), "sgd");
-	assert_string_equal(hpu_optim_name(HPU_OPTIM_ADAM), "adam");
+	assert_string_equal(hpu__optim_name(HPU_OPTIM_SGD), "sgd");
+	assert_string_equal(hpu__optim_name(HPU_OPTIM_ADAM), "adam");
 	/* torch.optim.Adam's weight decay defaults to 0, AdamW's to 0.01 */
 	o.optimizer = HPU_OPTIM_ADAM;
-	assert_true(hpu_opts_weight_decay(&o) == 0.0);
+	assert_true(hpu__opts_weight_decay(&o) == 0.0);
 }
 
 static void test_parse_new_flags(void **state)
@@ -426,7 +426,7 @@ static void test_parse_new_flags(void **state)
 	    "7", "--max-live-parameters", "9", "--grad-comm-dtype", "bf16",
 	    "--activation-checkpointing", "--device-memory", "1.5G",
 	    "--save-params", "/tmp/p.bin", "--strategy", "zero3", "model.so");
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_int_equal(parse(&o, argv, &stop, err, sizeof(err)), 0);
 	assert_string_equal(argv[stop], "model.so");
 	assert_int_equal(o.micro_batch, 8);
@@ -457,33 +457,33 @@ static void test_parse_new_flags(void **state)
 	const char *sched[] = {"constant", "step", "cosine", "warmup",
 			       "warmup_decay"};
 	for (int k = 0; k < 5; k++) {
-		assert_int_equal(hpu_opts_set(&o, "scheduler", sched[k], err,
-					      sizeof(err)), 0);
+		assert_int_equal(hpu__opts_set(&o, "scheduler", sched[k], err,
+					       sizeof(err)), 0);
 		assert_int_equal(o.sched, k);
 	}
-	assert_int_equal(hpu_opts_set(&o, "overlap-comm", NULL, err,
-				      sizeof(err)), 0);
+	assert_int_equal(hpu__opts_set(&o, "overlap-comm", NULL, err,
+				       sizeof(err)), 0);
 	assert_int_equal(o.overlap_comm, 1);
-	assert_int_equal(hpu_opts_set(&o, "bucket-cap-mb", "25", err,
-				      sizeof(err)), 0);
+	assert_int_equal(hpu__opts_set(&o, "bucket-cap-mb", "25", err,
+				       sizeof(err)), 0);
 	assert_int_equal(o.reduce_bucket, 6553600);
-	assert_int_equal(hpu_opts_set(&o, "bucket-cap-mb", "0.5", err,
-				      sizeof(err)), 0);
+	assert_int_equal(hpu__opts_set(&o, "bucket-cap-mb", "0.5", err,
+				       sizeof(err)), 0);
 	assert_int_equal(o.reduce_bucket, 131072);
-	assert_int_equal(hpu_opts_set(&o, "grad-comm-dtype", "fp32", err,
-				      sizeof(err)), 0);
+	assert_int_equal(hpu__opts_set(&o, "grad-comm-dtype", "fp32", err,
+				       sizeof(err)), 0);
 	assert_int_equal(o.grad_comm_dtype, HPU_COMM_FP32);
-	assert_int_equal(hpu_opts_set(&o, "warmup-type", "log", err,
-				      sizeof(err)), 0);
+	assert_int_equal(hpu__opts_set(&o, "warmup-type", "log", err,
+				       sizeof(err)), 0);
 	assert_int_equal(o.warmup_type, HPU_WARMUP_LOG);
-	assert_int_equal(hpu_opts_set(&o, "device-memory", "4096", err,
-				      sizeof(err)), 0);
+	assert_int_equal(hpu__opts_set(&o, "device-memory", "4096", err,
+				       sizeof(err)), 0);
 	assert_int_equal(o.device_memory, 4096);
 
-	assert_int_equal(hpu_opts_takes_value("config"), 1);
-	assert_int_equal(hpu_opts_takes_value("device-memory"), 1);
-	assert_int_equal(hpu_opts_takes_value("activation-checkpointing"), 0);
-	assert_int_equal(hpu_opts_takes_value("no-overlap-comm"), 0);
+	assert_int_equal(hpu__opts_takes_value("config"), 1);
+	assert_int_equal(hpu__opts_takes_value("device-memory"), 1);
+	assert_int_equal(hpu__opts_takes_value("activation-checkpointing"), 0);
+	assert_int_equal(hpu__opts_takes_value("no-overlap-comm"), 0);
 }
 
 static void test_errors_new_flags(void **state)
@@ -537,7 +537,7 @@ static void test_parse_size(void **state)
 	};
 	for (size_t k = 0; k < sizeof(good) / sizeof(good[0]); k++) {
 		uint64_t v = 1;
-		if (hpu_parse_size(good[k].s, &v) != 0 || v != good[k].v)
+		if (hpu__parse_size(good[k].s, &v) != 0 || v != good[k].v)
 			fail_msg("\"%s\" -> %llu, expected %llu", good[k].s,
 				 (unsigned long long)v,
 				 (unsigned long long)good[k].v);
@@ -548,7 +548,7 @@ static void test_parse_size(void **state)
 			     "18446744073709551616", "99999999999999999999K"};
 	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
 		uint64_t v = 7;
-		if (hpu_parse_size(bad[k], &v) != -1 || v != 7)
+		if (hpu__parse_size(bad[k], &v) != -1 || v != 7)
 			fail_msg("\"%s\" was accepted", bad[k]);
 	}
 }
@@ -560,7 +560,7 @@ static void test_fp8_flags(void **state)
 	hpu_train_opts o;
 	char err[256];
 	int stop;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_int_equal(o.fp8_amax_history, 16);
 	assert_int_equal(o.fp8_margin, 0);
 	assert_int_equal(o.fp8_amax_algo, HPU_FP8_ALGO_MAX);
@@ -573,7 +573,7 @@ static void test_fp8_flags(void **state)
 			       &stop, err, sizeof err),
 			 0);
 	assert_int_equal(o.precision, HPU_PREC_FP8);
-	assert_string_equal(hpu_precision_name(o.precision), "fp8");
+	assert_string_equal(hpu__precision_name(o.precision), "fp8");
 	assert_int_equal(o.fp8_amax_history, 4);
 	assert_int_equal(o.fp8_margin, 2);
 	assert_int_equal(o.fp8_amax_algo, HPU_FP8_ALGO_MOST_RECENT);
@@ -593,16 +593,16 @@ static void test_profile_flags(void **state)
 	hpu_train_opts o;
 	char err[256];
 	int stop;
-	assert_int_equal(hpu_opts_takes_value("profile"), 2);
-	assert_int_equal(hpu_opts_takes_next("profile", "traces"), 1);
-	assert_int_equal(hpu_opts_takes_next("profile", "model.so"), 0);
-	assert_int_equal(hpu_opts_takes_next("profile", "--max-steps"), 0);
-	assert_int_equal(hpu_opts_takes_next("profile", NULL), 0);
-	assert_int_equal(hpu_opts_takes_next("profile", ""), 0);
-	assert_int_equal(hpu_opts_takes_next("max-steps", "model.so"), 1);
-	assert_int_equal(hpu_opts_takes_next("eval-only", "x"), 0);
+	assert_int_equal(hpu__opts_takes_value("profile"), 2);
+	assert_int_equal(hpu__opts_takes_next("profile", "traces"), 1);
+	assert_int_equal(hpu__opts_takes_next("profile", "model.so"), 0);
+	assert_int_equal(hpu__opts_takes_next("profile", "--max-steps"), 0);
+	assert_int_equal(hpu__opts_takes_next("profile", NULL), 0);
+	assert_int_equal(hpu__opts_takes_next("profile", ""), 0);
+	assert_int_equal(hpu__opts_takes_next("max-steps", "model.so"), 1);
+	assert_int_equal(hpu__opts_takes_next("eval-only", "x"), 0);
 
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_string_equal(o.profile, "");
 	assert_string_equal(o.profile_name, "perf-logs");
 	assert_int_equal(o.throughput_warmup, 1);
@@ -612,7 +612,7 @@ static void test_profile_flags(void **state)
 	assert_string_equal(o.profile, ".");
 	assert_int_equal(stop, 2); /* stops at the model */
 
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	char *a2[] = {"w", "--profile", "/tmp/tr", "--profile-filename", "run1",
 		      "--throughput-warmup-steps", "0", "--stall-warning", "2.5", "m.so", NULL};
 	assert_int_equal(parse(&o, a2, &stop, err, sizeof err), 0);
@@ -622,13 +622,13 @@ static void test_profile_flags(void **state)
 	assert_true(o.stall_warning == 2.5);
 	assert_int_equal(stop, 9);
 
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	char *a3[] = {"w", "--profile", "--max-steps", "3", NULL};
 	assert_int_equal(parse(&o, a3, &stop, err, sizeof err), 0);
 	assert_string_equal(o.profile, ".");
 	assert_int_equal(o.max_steps, 3);
 
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	char *a4[] = {"w", "--profile=d2", NULL};
 	assert_int_equal(parse(&o, a4, &stop, err, sizeof err), 0);
 	assert_string_equal(o.profile, "d2");
@@ -647,7 +647,7 @@ static void test_checkpoint_flags(void **state)
 	hpu_train_opts o;
 	char err[256];
 	int stop;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_string_equal(o.checkpoint_dir, "");
 	assert_int_equal(o.checkpoint_every, 0);
 	assert_int_equal(o.keep, 0);
@@ -663,7 +663,7 @@ static void test_checkpoint_flags(void **state)
 	assert_int_equal(o.keep, 2);
 	assert_string_equal(o.resume, "auto");
 	assert_int_equal(o.stop_at_step, 7);
-	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof err), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof err), 0);
 	EXPECT_ERROR(ARGS("--keep", "-1"), "--keep", "-1");
 	EXPECT_ERROR(ARGS("--stop-at-step", "0"), "--stop-at-step", "0");
 
@@ -678,9 +678,9 @@ static void test_checkpoint_flags(void **state)
 		{ARGS("--eval-only", "--resume", "/ck"), "--eval-only does not train"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-		hpu_opts_defaults(&o);
+		hpu__opts_defaults(&o);
 		assert_int_equal(parse(&o, bad[i].argv, &stop, err, sizeof err), 0);
-		assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof err), -1);
+		assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof err), -1);
 		if (!strstr(err, bad[i].want))
 			fail_msg("'%s' lacks '%s'", err, bad[i].want);
 	}
@@ -715,17 +715,17 @@ static void test_checkpoint_dir_check(void **state)
 	hpu_train_opts o;
 	char base[64] = "/tmp/hpu-test-ckdir-XXXXXX", err[512] = "";
 	assert_non_null(mkdtemp(base));
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_check_checkpoint_dir(&o, err, sizeof err), 0); /* none */
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_check_checkpoint_dir(&o, err, sizeof err), 0); /* none */
 	snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "%s/a/b/", base);
-	if (hpu_opts_check_checkpoint_dir(&o, err, sizeof err) != 0)
+	if (hpu__opts_check_checkpoint_dir(&o, err, sizeof err) != 0)
 		fail_msg("%s", err);
 	struct stat st;
 	snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "%s/a/b", base);
 	assert_int_equal(stat(o.checkpoint_dir, &st), 0);
 	assert_true(S_ISDIR(st.st_mode));
 	assert_int_equal(dir_entries(o.checkpoint_dir), 0); /* the probe is gone */
-	assert_int_equal(hpu_opts_check_checkpoint_dir(&o, err, sizeof err), 0); /* again */
+	assert_int_equal(hpu__opts_check_checkpoint_dir(&o, err, sizeof err), 0); /* again */
 
 	const struct {
 		const char *dir, *want;
@@ -737,13 +737,13 @@ static void test_checkpoint_dir_check(void **state)
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "%s", bad[i].dir);
 		err[0] = 0;
-		assert_int_equal(hpu_opts_check_checkpoint_dir(&o, err, sizeof err), -1);
+		assert_int_equal(hpu__opts_check_checkpoint_dir(&o, err, sizeof err), -1);
 		printf("  -> \"%s\"\n", err);
 		assert_non_null(strstr(err, "checkpoint directory"));
 		assert_non_null(strstr(err, bad[i].want));
 	}
 	snprintf(o.checkpoint_dir, sizeof o.checkpoint_dir, "/dev/null/ckpt");
-	hpu_opts_check_checkpoint_dir(&o, err, sizeof err);
+	hpu__opts_check_checkpoint_dir(&o, err, sizeof err);
 	assert_non_null(strstr(err, strerror(ENOTDIR)));
 	char rm[160];
 	snprintf(rm, sizeof rm, "rm -rf %s", base);
@@ -759,42 +759,42 @@ static void test_resolve_batch(void **state)
 	char err[256];
 
 	/* batch and micro-batch: grad_accum follows */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "batch-size", "512");
 	set_ok(&o, "micro-batch-size", "32");
-	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 4, err, sizeof(err)), 0);
 	assert_int_equal(o.grad_accum, 4);
 	/* batch and grad_accum: micro_batch follows */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "batch-size", "512");
 	set_ok(&o, "grad-accum", "2");
-	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 4, err, sizeof(err)), 0);
 	assert_int_equal(o.micro_batch, 64);
 	/* micro-batch and grad_accum: the batch follows */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "micro-batch-size", "16");
 	set_ok(&o, "grad-accum", "3");
-	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof(err)), 0);
 	assert_int_equal(o.batch_size, 96);
 	/* micro-batch alone: grad_accum 1 */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "micro-batch-size", "16");
-	assert_int_equal(hpu_opts_resolve(&o, 3, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 3, err, sizeof(err)), 0);
 	assert_int_equal(o.batch_size, 48);
 	assert_int_equal(o.grad_accum, 1);
 	/* grad_accum alone: batch 256 */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "grad-accum", "4");
-	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof(err)), 0);
 	assert_int_equal(o.micro_batch, 32);
 	/* all three, consistent; resolving twice changes nothing */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "batch-size", "256");
 	set_ok(&o, "micro-batch-size", "32");
 	set_ok(&o, "grad-accum", "2");
-	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 4, err, sizeof(err)), 0);
 	hpu_train_opts again = o;
-	assert_int_equal(hpu_opts_resolve(&again, 4, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&again, 4, err, sizeof(err)), 0);
 	assert_memory_equal(&o, &again, sizeof(o));
 
 	/* from the file, and the mismatch the issue names */
@@ -802,42 +802,42 @@ static void test_resolve_batch(void **state)
 		" 'gradient_accumulation_steps': 4}",
 		&o);
 	err[0] = 0;
-	assert_int_equal(hpu_opts_resolve(&o, 4, err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_resolve(&o, 4, err, sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_string_equal(err, "train_batch_size 256 != "
 				 "train_micro_batch_size_per_gpu 32 x "
 				 "gradient_accumulation_steps 4 x world size 4 "
 				 "= 512");
-	assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof(err)), 0);
 	load_ok("{'train_micro_batch_size_per_gpu': 8,"
 		" 'gradient_accumulation_steps': 2}",
 		&o);
-	assert_int_equal(hpu_opts_resolve(&o, 8, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 8, err, sizeof(err)), 0);
 	assert_int_equal(o.batch_size, 128);
 
 	/* not divisible */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "batch-size", "100");
-	assert_int_equal(hpu_opts_resolve(&o, 3, err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_resolve(&o, 3, err, sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_string_equal(err, "--batch-size 100 is not divisible by "
 				 "--grad-accum 1 x world size 3");
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "batch-size", "100");
 	set_ok(&o, "micro-batch-size", "30");
-	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "--batch-size 100"));
 	assert_non_null(strstr(err, "--micro-batch-size 30"));
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_resolve(&o, 3, err, sizeof(err)), -1);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_resolve(&o, 3, err, sizeof(err)), -1);
 	/* a default is named by the flag that changes it */
 	assert_non_null(strstr(err, "--batch-size 256"));
 	/* too large */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "micro-batch-size", "16777216");
 	set_ok(&o, "grad-accum", "1048576");
-	assert_int_equal(hpu_opts_resolve(&o, 1 << 22, err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_resolve(&o, 1 << 22, err, sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "largest"));
 }
@@ -850,34 +850,34 @@ static void test_resolve_other_checks(void **state)
 	const char *ok[] = {"ddp", "fast_ddp"}, *bad[] = {"zero1", "zero2",
 							   "zero3"};
 	for (int k = 0; k < 2; k++) {
-		hpu_opts_defaults(&o);
+		hpu__opts_defaults(&o);
 		set_ok(&o, "grad-comm-dtype", "bf16");
 		set_ok(&o, "strategy", ok[k]);
-		assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), 0);
+		assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof(err)), 0);
 	}
 	for (int k = 0; k < 3; k++) {
-		hpu_opts_defaults(&o);
+		hpu__opts_defaults(&o);
 		set_ok(&o, "grad-comm-dtype", "bf16");
 		set_ok(&o, "strategy", bad[k]);
-		assert_int_equal(hpu_opts_resolve(&o, 2, err, sizeof(err)), -1);
+		assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof(err)), -1);
 		printf("  -> \"%s\"\n", err);
 		assert_non_null(strstr(err, "--grad-comm-dtype bf16"));
 		assert_non_null(strstr(err, bad[k]));
 	}
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	set_ok(&o, "scheduler", "warmup_decay");
 	set_ok(&o, "warmup-steps", "100");
-	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), 0);
 	set_ok(&o, "total-steps", "100");
-	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), 0);
 	set_ok(&o, "total-steps", "99");
-	assert_int_equal(hpu_opts_resolve(&o, 1, err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "--total-steps 99"));
 	assert_non_null(strstr(err, "--warmup-steps 100"));
 }
 
-/* What the ranks compare (hpu_opts_shared_text): resolved values, not
+/* What the ranks compare (hpu__opts_shared_text): resolved values, not
  * where they came from; a node's own paths, memory and cores are left
  * out, and of the files every rank acts on only whether one is given. */
 static void test_shared_text(void **state)
@@ -885,8 +885,8 @@ static void test_shared_text(void **state)
 	(void)state;
 	char ta[4096], tb[4096], diff[512], err[256];
 	hpu_train_opts a, b;
-	hpu_opts_defaults(&a);
-	hpu_opts_defaults(&b);
+	hpu__opts_defaults(&a);
+	hpu__opts_defaults(&b);
 	set_ok(&a, "checkpoint-dir", "/mnt/a/ck");
 	set_ok(&b, "checkpoint-dir", "/mnt/b/ck");
 	set_ok(&a, "metrics", "m.jsonl");
@@ -895,17 +895,17 @@ static void test_shared_text(void **state)
 	set_ok(&b, "device-memory", "2GiB");
 	set_ok(&a, "lr", "0.001"); /* the default, from a flag */
 	set_ok(&b, "batch-size", "256");
-	assert_int_equal(hpu_opts_resolve(&a, 2, err, sizeof err), 0);
-	assert_int_equal(hpu_opts_resolve(&b, 2, err, sizeof err), 0);
-	assert_true(hpu_opts_shared_text(&a, ta, sizeof ta) > 0);
-	assert_true(hpu_opts_shared_text(&b, tb, sizeof tb) > 0);
+	assert_int_equal(hpu__opts_resolve(&a, 2, err, sizeof err), 0);
+	assert_int_equal(hpu__opts_resolve(&b, 2, err, sizeof err), 0);
+	assert_true(hpu__opts_shared_text(&a, ta, sizeof ta) > 0);
+	assert_true(hpu__opts_shared_text(&b, tb, sizeof tb) > 0);
 	assert_string_equal(ta, tb);
 	assert_non_null(strstr(ta, "lr=0.001\n"));
 	assert_non_null(strstr(ta, "checkpoint-dir=given\n"));
 	assert_null(strstr(ta, "metrics="));
 	assert_null(strstr(ta, "kernel-threads="));
 	assert_null(strstr(ta, "bucket-cap-mb=")); /* an alias of reduce-bucket-size */
-	assert_int_equal(hpu_opts_shared_diff(ta, tb, diff, sizeof diff), 0);
+	assert_int_equal(hpu__opts_shared_diff(ta, tb, diff, sizeof diff), 0);
 	assert_string_equal(diff, "");
 
 	/* what differs, mine's value first, in the table's order */
@@ -913,16 +913,16 @@ static void test_shared_text(void **state)
 	set_ok(&b, "resume", "auto");
 	set_ok(&b, "no-eval", NULL);
 	set_ok(&b, "seed", "7");
-	assert_true(hpu_opts_shared_text(&b, tb, sizeof tb) > 0);
-	assert_int_equal(hpu_opts_shared_diff(tb, ta, diff, sizeof diff), 4);
+	assert_true(hpu__opts_shared_text(&b, tb, sizeof tb) > 0);
+	assert_int_equal(hpu__opts_shared_diff(tb, ta, diff, sizeof diff), 4);
 	printf("  -> %s\n", diff);
 	assert_string_equal(diff, "--lr (0.1 vs 0.001), --seed (7 vs 42), --resume (auto vs not given), "
 				  "--no-eval (on vs off)");
 	/* a line only one side has (another version): "none" */
-	assert_int_equal(hpu_opts_shared_diff("lr=1\nx=2\n", "lr=1\ny=3\n", diff, sizeof diff), 2);
+	assert_int_equal(hpu__opts_shared_diff("lr=1\nx=2\n", "lr=1\ny=3\n", diff, sizeof diff), 2);
 	assert_string_equal(diff, "--x (2 vs none), --y (none vs 3)");
 	/* too small a buffer */
-	assert_int_equal(hpu_opts_shared_text(&a, ta, 64), -1);
+	assert_int_equal(hpu__opts_shared_text(&a, ta, 64), -1);
 }
 
 /* Path options and making them absolute (hpulaunch --hostfile). */
@@ -930,34 +930,34 @@ static void test_abs_path(void **state)
 {
 	(void)state;
 	char *out;
-	assert_true(hpu_opts_is_path("config"));
-	assert_true(hpu_opts_is_path("metrics"));
-	assert_true(hpu_opts_is_path("checkpoint-dir"));
-	assert_true(hpu_opts_is_path("profile"));
-	assert_false(hpu_opts_is_path("profile-filename")); /* a file name's prefix */
-	assert_false(hpu_opts_is_path("lr"));
-	assert_false(hpu_opts_is_path("no-such-option"));
-	assert_int_equal(hpu_opts_abs_path("metrics", "out/m.jsonl", "/home/u", &out), 1);
+	assert_true(hpu__opts_is_path("config"));
+	assert_true(hpu__opts_is_path("metrics"));
+	assert_true(hpu__opts_is_path("checkpoint-dir"));
+	assert_true(hpu__opts_is_path("profile"));
+	assert_false(hpu__opts_is_path("profile-filename")); /* a file name's prefix */
+	assert_false(hpu__opts_is_path("lr"));
+	assert_false(hpu__opts_is_path("no-such-option"));
+	assert_int_equal(hpu__opts_abs_path("metrics", "out/m.jsonl", "/home/u", &out), 1);
 	assert_string_equal(out, "/home/u/out/m.jsonl");
 	free(out);
-	assert_int_equal(hpu_opts_abs_path("profile", NULL, "/", &out), 1);
+	assert_int_equal(hpu__opts_abs_path("profile", NULL, "/", &out), 1);
 	assert_string_equal(out, "/");
 	free(out);
-	assert_int_equal(hpu_opts_abs_path("profile", "prof", "/", &out), 1);
+	assert_int_equal(hpu__opts_abs_path("profile", "prof", "/", &out), 1);
 	assert_string_equal(out, "/prof");
 	free(out);
-	assert_int_equal(hpu_opts_abs_path("metrics", "/abs", "/home/u", &out), 0);
+	assert_int_equal(hpu__opts_abs_path("metrics", "/abs", "/home/u", &out), 0);
 	assert_null(out);
-	assert_int_equal(hpu_opts_abs_path("resume", "auto", "/home/u", &out), 0);
-	assert_int_equal(hpu_opts_abs_path("resume", "ck/step-5", "/home/u", &out), 1);
+	assert_int_equal(hpu__opts_abs_path("resume", "auto", "/home/u", &out), 0);
+	assert_int_equal(hpu__opts_abs_path("resume", "ck/step-5", "/home/u", &out), 1);
 	assert_string_equal(out, "/home/u/ck/step-5");
 	free(out);
-	assert_int_equal(hpu_opts_abs_path("lr", "0.1", "/home/u", &out), 0);
+	assert_int_equal(hpu__opts_abs_path("lr", "0.1", "/home/u", &out), 0);
 	char cwd[600];
 	memset(cwd, 'd', sizeof cwd - 1);
 	cwd[0] = '/';
 	cwd[sizeof cwd - 1] = 0;
-	assert_int_equal(hpu_opts_abs_path("metrics", "m", cwd, &out), -2);
+	assert_int_equal(hpu__opts_abs_path("metrics", "m", cwd, &out), -2);
 	assert_null(out);
 }
 

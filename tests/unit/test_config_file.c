@@ -17,30 +17,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
-#include "config.h"
-#include "config_internal.h" /* hpu__repeated_keys */
-#include "fileio.h" /* hpu_read_file */
-#include "config_testlib.h"
+#include "options/config.h"
+#include "options/config_internal.h" /* hpu__repeated_keys */
+#include "common/fileio.h" /* hpu__read_file */
+#include "tests/unit/config_testlib.h"
 
 /* --config through the flags, on top of the defaults, resolved for world
- * 2; returns the notes hpu_opts_config_notes prints (malloc'd). Flags in
+ * 2; returns the notes hpu__opts_config_notes prints (malloc'd). Flags in
  * `before` come first on the command line. */
 static char *notes_of(const char *json, char **before, hpu_train_opts *o)
 {
 	char path[64], err[2048] = "", *text = NULL;
 	size_t len = 0;
 	write_temp(json, path);
-	hpu_opts_defaults(o);
+	hpu__opts_defaults(o);
 	for (int k = 0; before && before[k]; k += 2)
-		assert_int_equal(hpu_opts_set(o, before[k], before[k + 1], err, sizeof err), 0);
-	int rc = hpu_opts_set(o, "config", path, err, sizeof err);
+		assert_int_equal(hpu__opts_set(o, before[k], before[k + 1], err, sizeof err), 0);
+	int rc = hpu__opts_set(o, "config", path, err, sizeof err);
 	if (rc == 0)
-		rc = hpu_opts_resolve(o, 2, err, sizeof err);
+		rc = hpu__opts_resolve(o, 2, err, sizeof err);
 	unlink(path);
 	if (rc != 0)
 		fail_msg("%s did not load: %s", json, err);
 	FILE *f = open_memstream(&text, &len);
-	hpu_opts_config_notes(o, f, "hpulaunch");
+	hpu__opts_config_notes(o, f, "hpulaunch");
 	fclose(f);
 	printf("%s", text);
 	return text;
@@ -91,7 +91,7 @@ static void test_file_top_and_zero(void **state)
 	}
 	load_ok("{}", &o);
 	hpu_train_opts d;
-	hpu_opts_defaults(&d);
+	hpu__opts_defaults(&d);
 	assert_memory_equal(&o, &d, sizeof(o));
 }
 
@@ -107,7 +107,7 @@ static void test_file_optimizer(void **state)
 	assert_true(o.beta1 == 0.8);
 	assert_true(o.beta2 == 0.95);
 	assert_true(o.eps == 1e-6);
-	assert_true(hpu_opts_weight_decay(&o) == 0.1);
+	assert_true(hpu__opts_weight_decay(&o) == 0.1);
 
 	/* DeepSpeed's Adam is AdamW unless adam_w_mode is false */
 	load_ok("{'optimizer': {'type': 'Adam', 'params': {'lr': 0.01}}}", &o);
@@ -128,7 +128,7 @@ static void test_file_optimizer(void **state)
 	assert_true(o.lr == 0.1);
 	assert_true(o.momentum == 0.5);
 	assert_int_equal(o.nesterov, 1);
-	assert_true(hpu_opts_weight_decay(&o) == 0);
+	assert_true(hpu__opts_weight_decay(&o) == 0);
 	load_ok("{'optimizer': {'type': 'sgd', 'params': {'nesterov': false}}}",
 		&o);
 	assert_int_equal(o.nesterov, 0);
@@ -411,9 +411,9 @@ static void test_file_all_errors(void **state)
 		   " 'optimizer': {'type': 'AdamW', 'params': {'lr': 'fast', 'betas': [0.9]}},"
 		   " 'fp16': {'loss_scail': 0}, 'hputrain': {'epoch': 2}}",
 		   path);
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	d = o;
-	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof err), -1);
+	assert_int_equal(hpu__opts_load_file(&o, path, err, sizeof err), -1);
 	unlink(path);
 	printf("  -> \"%s\"\n", err);
 	assert_memory_equal(&o, &d, sizeof o);
@@ -450,7 +450,7 @@ static void test_precision_names_and_zero_sizes(void **state)
 	char err[512];
 	int stop;
 	for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
-		hpu_opts_defaults(&o);
+		hpu__opts_defaults(&o);
 		assert_int_equal(parse(&o, ARGS("--precision", (char *)names[k].name, "m.so"),
 				       &stop, err, sizeof err), 0);
 		assert_int_equal(o.precision, names[k].p);
@@ -539,8 +539,8 @@ static void test_file_syntax_and_io(void **state)
 	/* the error is on line 3 */
 	write_temp("{\n  'train_batch_size': 8,\n  'gradient_clipping' 1.0\n}\n",
 		   path);
-	hpu_opts_defaults(&o);
-	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof(err)), -1);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_load_file(&o, path, err, sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, path));
 	assert_non_null(strstr(err, "line 3"));
@@ -554,12 +554,12 @@ static void test_file_syntax_and_io(void **state)
 	LOAD_ERROR("{'a': 1,\n\n 'b' 2}", "line 3", "JSON syntax error");
 
 	err[0] = 0;
-	assert_int_equal(hpu_opts_load_file(&o, "/nonexistent/x.json", err,
-					    sizeof(err)), -1);
+	assert_int_equal(hpu__opts_load_file(&o, "/nonexistent/x.json", err,
+					     sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "/nonexistent/x.json"));
 	assert_non_null(strstr(err, strerror(ENOENT)));
-	assert_int_equal(hpu_opts_load_file(&o, "/tmp", err, sizeof(err)), -1);
+	assert_int_equal(hpu__opts_load_file(&o, "/tmp", err, sizeof(err)), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, strerror(EISDIR)));
 }
@@ -577,9 +577,9 @@ static void test_file_not_regular(void **state)
 	unlink(fifo);
 	assert_int_equal(mkfifo(fifo, 0600), 0);
 	hpu_train_opts o;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	alarm(10); /* a hang fails the test instead of blocking ctest */
-	int rc = hpu_opts_load_file(&o, fifo, err, sizeof err);
+	int rc = hpu__opts_load_file(&o, fifo, err, sizeof err);
 	printf("  -> \"%s\"\n", err);
 	assert_int_equal(rc, -1);
 	assert_non_null(strstr(err, fifo));
@@ -592,12 +592,12 @@ static void test_file_not_regular(void **state)
 	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
 	char *buf = NULL;
 	size_t len;
-	const char *why = hpu_read_file(fifo, &buf, &len); /* QUANT_CONFIG's reader */
+	const char *why = hpu__read_file(fifo, &buf, &len); /* QUANT_CONFIG's reader */
 	assert_non_null(why);
 	assert_string_equal(why, "not a regular file (a FIFO)");
 	alarm(0);
 	unlink(fifo);
-	assert_int_equal(hpu_opts_load_file(&o, "/dev/null", err, sizeof err), -1);
+	assert_int_equal(hpu__opts_load_file(&o, "/dev/null", err, sizeof err), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "/dev/null: not a regular file (a character device)"));
 
@@ -607,11 +607,11 @@ static void test_file_not_regular(void **state)
 	assert_non_null(f);
 	fputc(0, f);
 	fclose(f);
-	assert_int_equal(hpu_opts_load_file(&o, path, err, sizeof err), -1);
+	assert_int_equal(hpu__opts_load_file(&o, path, err, sizeof err), -1);
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, path));
 	assert_non_null(strstr(err, "NUL byte"));
-	why = hpu_read_file(path, &buf, &len);
+	why = hpu__read_file(path, &buf, &len);
 	assert_non_null(why);
 	assert_non_null(strstr(why, "NUL byte"));
 	unlink(path);
@@ -630,8 +630,8 @@ static void test_flags_beat_file(void **state)
 		   path);
 	snprintf(cfg, sizeof(cfg), "--config=%s", path);
 	hpu_train_opts a, b;
-	hpu_opts_defaults(&a);
-	hpu_opts_defaults(&b);
+	hpu__opts_defaults(&a);
+	hpu__opts_defaults(&b);
 	assert_int_equal(parse(&a, ARGS("--lr", "0.1", "--no-overlap-comm",
 					"--strategy", "ddp", "--config", path,
 					"model.so"),
@@ -656,12 +656,12 @@ static void test_flags_beat_file(void **state)
 
 	/* --bucket-cap-mb is the flag for reduce_bucket_size */
 	write_temp("{'zero_optimization': {'reduce_bucket_size': 1000}}", path);
-	hpu_opts_defaults(&a);
+	hpu__opts_defaults(&a);
 	assert_int_equal(parse(&a, ARGS("--bucket-cap-mb", "1", "--config",
 					path),
 			       &stop, err, sizeof(err)), 0);
 	assert_int_equal(a.reduce_bucket, 262144);
-	hpu_opts_defaults(&a);
+	hpu__opts_defaults(&a);
 	assert_int_equal(parse(&a, ARGS("--config", path), &stop, err,
 			       sizeof(err)), 0);
 	assert_int_equal(a.reduce_bucket, 1000);
@@ -669,7 +669,7 @@ static void test_flags_beat_file(void **state)
 
 	/* a flag also satisfies WarmupDecayLR's total_num_steps */
 	write_temp("{'scheduler': {'type': 'WarmupDecayLR'}}", path);
-	hpu_opts_defaults(&a);
+	hpu__opts_defaults(&a);
 	assert_int_equal(parse(&a, ARGS("--total-steps", "50", "--config",
 					path),
 			       &stop, err, sizeof(err)), 0);
@@ -678,7 +678,7 @@ static void test_flags_beat_file(void **state)
 	unlink(path);
 
 	/* a bad file through --config: the error is the file's */
-	hpu_opts_defaults(&a);
+	hpu__opts_defaults(&a);
 	b = a;
 	write_temp("{'zero_optimization': {'stage': 9}}", path);
 	assert_int_equal(parse(&a, ARGS("--config", path), &stop, err,
@@ -708,8 +708,8 @@ static void test_file_many_keys(void **state)
 	fprintf(f, ", \"k%06d\": 1}", N / 2);
 	assert_int_equal(fclose(f), 0);
 	hpu_train_opts o;
-	hpu_opts_defaults(&o);
-	int rc = hpu_opts_load_file(&o, path, err, sizeof err);
+	hpu__opts_defaults(&o);
+	int rc = hpu__opts_load_file(&o, path, err, sizeof err);
 	unlink(path);
 	printf("  -> \"%s\"\n", err);
 	assert_int_equal(rc, -1);

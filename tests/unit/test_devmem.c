@@ -23,7 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "devmem.h"
+#include "worker/hpu/devmem.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "device.h"
+#include "worker/device/device.h"
 
 #define MiB (1024ull * 1024)
 

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "env.h"
+#include "common/env.h"
 
 static int is_name(const char *s)
 {
@@ -31,14 +31,14 @@ static void test_table_complete(void **state)
 {
 	(void)state;
 	for (int i = 0; i < HPU_ENV_COUNT; i++) {
-		const hpu_env_var *v = hpu_env_var_of(i);
+		const hpu_env_var *v = hpu__env_var_of(i);
 		if (!v->name || !is_name(v->name))
 			fail_msg("id %d: no name, or not a variable's name", i);
 		if (!v->dflt || !v->who || !*v->who || !v->what || !*v->what)
 			fail_msg("%s: the entry lacks a default, its readers or a description", v->name);
-		assert_string_equal(hpu_env_name(i), v->name);
+		assert_string_equal(hpu__env_name(i), v->name);
 		/* the name leads back to the id: no two entries share one */
-		assert_int_equal(hpu_env_find(v->name), i);
+		assert_int_equal(hpu__env_find(v->name), i);
 	}
 }
 
@@ -65,20 +65,20 @@ static void test_launch_names(void **state)
 		{HPU_ENV_SLURM_JOB_NODELIST, "SLURM_JOB_NODELIST"},
 	};
 	for (size_t i = 0; i < sizeof want / sizeof *want; i++)
-		assert_string_equal(hpu_env_name(want[i].id), want[i].name);
+		assert_string_equal(hpu__env_name(want[i].id), want[i].name);
 }
 
 static void test_find_refuses_others(void **state)
 {
 	(void)state;
-	assert_int_equal(hpu_env_find("RANK"), HPU_ENV_RANK);
-	assert_int_equal(hpu_env_find("RANK=3"), HPU_ENV_RANK);
-	assert_int_equal(hpu_env_find("RANK="), HPU_ENV_RANK);
-	assert_int_equal(hpu_env_find("HPUCOLL_TIMEOUT_MS=5"), HPU_ENV_HPUCOLL_TIMEOUT_MS);
+	assert_int_equal(hpu__env_find("RANK"), HPU_ENV_RANK);
+	assert_int_equal(hpu__env_find("RANK=3"), HPU_ENV_RANK);
+	assert_int_equal(hpu__env_find("RANK="), HPU_ENV_RANK);
+	assert_int_equal(hpu__env_find("HPUCOLL_TIMEOUT_MS=5"), HPU_ENV_HPUCOLL_TIMEOUT_MS);
 	static const char *const no[] = {"NOT_A_VARIABLE", "RAN", "RANKS", "RANK_", "rank",
 					 "", "=RANK", "HPU_JOB", "HPUCOLL_TIMEOUT", "HOME"};
 	for (size_t i = 0; i < sizeof no / sizeof *no; i++)
-		if (hpu_env_find(no[i]) != -1)
+		if (hpu__env_find(no[i]) != -1)
 			fail_msg("'%s' is not in the table, yet found", no[i]);
 }
 
@@ -86,25 +86,25 @@ static void test_in(void **state)
 {
 	(void)state;
 	const hpu_env_id list[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST, HPU_ENV_COUNT};
-	assert_true(hpu_env_in(HPU_ENV_LOWER_LIST, list));
-	assert_true(hpu_env_in(HPU_ENV_FP32_LIST, list));
-	assert_false(hpu_env_in(HPU_ENV_QUANT_CONFIG, list));
-	assert_false(hpu_env_in(HPU_ENV_RANK, (const hpu_env_id[]){HPU_ENV_COUNT}));
+	assert_true(hpu__env_in(HPU_ENV_LOWER_LIST, list));
+	assert_true(hpu__env_in(HPU_ENV_FP32_LIST, list));
+	assert_false(hpu__env_in(HPU_ENV_QUANT_CONFIG, list));
+	assert_false(hpu__env_in(HPU_ENV_RANK, (const hpu_env_id[]){HPU_ENV_COUNT}));
 }
 
 static void test_str(void **state)
 {
 	(void)state;
 	unsetenv("HPU_JOB_ID");
-	assert_null(hpu_env_str(HPU_ENV_HPU_JOB_ID));
+	assert_null(hpu__env_str(HPU_ENV_HPU_JOB_ID));
 	setenv("HPU_JOB_ID", "job-7", 1);
-	assert_string_equal(hpu_env_str(HPU_ENV_HPU_JOB_ID), "job-7");
+	assert_string_equal(hpu__env_str(HPU_ENV_HPU_JOB_ID), "job-7");
 	setenv("HPU_JOB_ID", "", 1);
-	assert_string_equal(hpu_env_str(HPU_ENV_HPU_JOB_ID), "");
+	assert_string_equal(hpu__env_str(HPU_ENV_HPU_JOB_ID), "");
 	unsetenv("HPU_JOB_ID");
 }
 
-/* hpu_env_long on HPUCOLL_IO_THREADS set to v (NULL: unset), range 1..64:
+/* hpu__env_long on HPUCOLL_IO_THREADS set to v (NULL: unset), range 1..64:
  * its return value, and *out (which starts at -5). */
 static int read_long(const char *v, long *out)
 {
@@ -114,7 +114,7 @@ static int read_long(const char *v, long *out)
 		unsetenv("HPUCOLL_IO_THREADS");
 	*out = -5;
 	errno = 0;
-	int r = hpu_env_long(HPU_ENV_HPUCOLL_IO_THREADS, 1, 64, out);
+	int r = hpu__env_long(HPU_ENV_HPUCOLL_IO_THREADS, 1, 64, out);
 	unsetenv("HPUCOLL_IO_THREADS");
 	return r;
 }
@@ -170,7 +170,7 @@ static void test_print(void **state)
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
 	assert_non_null(f);
-	hpu_env_print(f);
+	hpu__env_print(f);
 	fclose(f);
 	/* descriptions are wrapped at 78 columns, at spaces */
 	for (char *line = text, *nl; (nl = strchr(line, '\n')); line = nl + 1)
@@ -180,7 +180,7 @@ static void test_print(void **state)
 	assert_non_null(flat);
 	unwrap(flat);
 	for (int i = 0; i < HPU_ENV_COUNT; i++) {
-		const hpu_env_var *v = hpu_env_var_of(i);
+		const hpu_env_var *v = hpu__env_var_of(i);
 		char line[256];
 		if (*v->dflt)
 			snprintf(line, sizeof line, "\n  %s (%s): %s\n", v->name, v->dflt, v->who);

@@ -17,9 +17,9 @@
 
 #include <cmocka.h>
 
-#include "fileio.h"
-#include "hex.h"
-#include "shmname.h"
+#include "common/fileio.h"
+#include "common/hex.h"
+#include "common/shmname.h"
 
 static char dir[64];
 
@@ -77,26 +77,26 @@ static void test_open_input(void **state)
 	const char *why = NULL;
 	assert_int_equal(mkfifo(at("fifo"), 0600), 0);
 	alarm(10); /* a hang fails instead of blocking ctest */
-	assert_int_equal(hpu_open_input_fd(at("fifo"), 0, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(at("fifo"), 0, &st, &why), -1);
 	assert_string_equal(why, "not a regular file (a FIFO)");
 	assert_true(S_ISFIFO(st.st_mode));
 	alarm(0);
-	assert_int_equal(hpu_open_input_fd(dir, 0, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(dir, 0, &st, &why), -1);
 	assert_string_equal(why, strerror(EISDIR));
-	assert_int_equal(hpu_open_input_fd("/dev/null", 0, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd("/dev/null", 0, &st, &why), -1);
 	assert_string_equal(why, "not a regular file (a character device)");
-	assert_int_equal(hpu_open_input_fd(at("none"), 0, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(at("none"), 0, &st, &why), -1);
 	assert_int_equal(errno, ENOENT);
 	assert_int_equal(st.st_mode, 0);
 	/* a regular file: open, blocking, through a link unless O_NOFOLLOW */
 	put(at("f"), "abc", 3);
 	assert_int_equal(symlink("f", at("link")), 0);
-	int fd = hpu_open_input_fd(at("link"), 0, &st, &why);
+	int fd = hpu__open_input_fd(at("link"), 0, &st, &why);
 	assert_true(fd >= 0);
 	assert_true(S_ISREG(st.st_mode));
 	assert_int_equal(fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
 	close(fd);
-	assert_int_equal(hpu_open_input_fd(at("link"), O_NOFOLLOW, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(at("link"), O_NOFOLLOW, &st, &why), -1);
 	assert_int_equal(errno, ELOOP);
 }
 
@@ -106,7 +106,7 @@ static void test_read(void **state)
 	char *buf = NULL;
 	size_t len = 0;
 	put(at("t"), "one\ntwo\n", 8);
-	assert_null(hpu_read_file(at("t"), &buf, &len));
+	assert_null(hpu__read_file(at("t"), &buf, &len));
 	assert_int_equal(len, 8);
 	assert_string_equal(buf, "one\ntwo\n");
 	free(buf);
@@ -117,23 +117,23 @@ static void test_read(void **state)
 	memset(big, 'x', max + 1);
 	put(at("max"), big, max);
 	put(at("over"), big, max + 1);
-	assert_null(hpu_read_file(at("max"), &buf, &len));
+	assert_null(hpu__read_file(at("max"), &buf, &len));
 	assert_int_equal(len, max);
 	free(buf);
-	assert_string_equal(hpu_read_file(at("over"), &buf, &len), "larger than 16 MiB");
+	assert_string_equal(hpu__read_file(at("over"), &buf, &len), "larger than 16 MiB");
 	/* not text: any size, NULs too */
 	big[7] = 0;
 	put(at("bin"), big, max + 1);
 	FILE *f = fopen(at("bin"), "rb");
 	assert_non_null(f);
-	assert_null(hpu_read_stream(f, 0, &buf, &len));
+	assert_null(hpu__read_stream(f, 0, &buf, &len));
 	fclose(f);
 	assert_int_equal(len, max + 1);
 	assert_memory_equal(buf, big, max + 1);
 	assert_int_equal(buf[len], 0);
 	free(buf);
 	put(at("nul"), "a\0b", 3);
-	assert_string_equal(hpu_read_file(at("nul"), &buf, &len),
+	assert_string_equal(hpu__read_file(at("nul"), &buf, &len),
 			    "it holds a NUL byte: not a text file");
 	free(big);
 }
@@ -146,36 +146,36 @@ static void test_write_atomic(void **state)
 	char err[512], *buf;
 	size_t len;
 	put(at("out"), "old", 3);
-	assert_int_equal(hpu_write_atomic(at("out"), "new text", 8, err, sizeof err), 0);
-	assert_null(hpu_read_file(at("out"), &buf, &len));
+	assert_int_equal(hpu__write_atomic(at("out"), "new text", 8, err, sizeof err), 0);
+	assert_null(hpu__read_file(at("out"), &buf, &len));
 	assert_string_equal(buf, "new text");
 	free(buf);
 	/* through a symbolic link: the file it leads to, the link stays */
 	assert_int_equal(symlink("out", at("ln")), 0);
-	assert_int_equal(hpu_write_atomic(at("ln"), "via link", 8, err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic(at("ln"), "via link", 8, err, sizeof err), 0);
 	struct stat st;
 	assert_int_equal(lstat(at("ln"), &st), 0);
 	assert_true(S_ISLNK(st.st_mode));
-	assert_null(hpu_read_file(at("out"), &buf, &len));
+	assert_null(hpu__read_file(at("out"), &buf, &len));
 	assert_string_equal(buf, "via link");
 	free(buf);
 	assert_int_equal(count_prefix("out.tmp"), 0);
 	/* a device in place; a full one says so */
-	assert_int_equal(hpu_write_atomic("/dev/null", "x", 1, err, sizeof err), 0);
-	assert_int_equal(hpu_write_atomic("/dev/full", "x", 1, err, sizeof err), -1);
+	assert_int_equal(hpu__write_atomic("/dev/null", "x", 1, err, sizeof err), 0);
+	assert_int_equal(hpu__write_atomic("/dev/full", "x", 1, err, sizeof err), -1);
 	assert_string_equal(err, "writing /dev/full: No space left on device");
 	/* no directory to create the temporary file in */
-	assert_int_equal(hpu_write_atomic(at("no/f"), "x", 1, err, sizeof err), -1);
+	assert_int_equal(hpu__write_atomic(at("no/f"), "x", 1, err, sizeof err), -1);
 	assert_non_null(strstr(err, "cannot create "));
 	assert_non_null(strstr(err, "/no/f.tmp."));
 	/* onto a directory: the rename fails, the temporary file goes */
 	assert_int_equal(mkdir(at("d"), 0755), 0);
 	put(at("d/x"), "x", 1);
-	assert_int_equal(hpu_write_atomic(at("d"), "x", 1, err, sizeof err), -1);
+	assert_int_equal(hpu__write_atomic(at("d"), "x", 1, err, sizeof err), -1);
 	assert_non_null(strstr(err, "cannot rename "));
 	assert_int_equal(count_prefix("d.tmp"), 0);
-	assert_int_equal(hpu_fsync_dir(dir, err, sizeof err), 0);
-	assert_int_equal(hpu_fsync_dir(at("none"), err, sizeof err), -1);
+	assert_int_equal(hpu__fsync_dir(dir, err, sizeof err), 0);
+	assert_int_equal(hpu__fsync_dir(at("none"), err, sizeof err), -1);
 	assert_non_null(strstr(err, "cannot open directory "));
 }
 
@@ -188,35 +188,35 @@ static void test_outfile(void **state)
 	char *buf;
 	size_t len;
 	put(at("keep"), "old", 3);
-	assert_int_equal(hpu_outfile_open(&o, at("keep"), 0644), 0);
-	assert_int_equal(hpu_write_all(o.fd, "half", 4), 0);
+	assert_int_equal(hpu__outfile_open(&o, at("keep"), 0644), 0);
+	assert_int_equal(hpu__write_all(o.fd, "half", 4), 0);
 	assert_int_equal(count_prefix("keep.tmp."), 1);
-	hpu_outfile_abort(&o);
-	hpu_outfile_abort(&o); /* twice is fine */
+	hpu__outfile_abort(&o);
+	hpu__outfile_abort(&o); /* twice is fine */
 	assert_int_equal(count_prefix("keep.tmp."), 0);
-	assert_null(hpu_read_file(at("keep"), &buf, &len));
+	assert_null(hpu__read_file(at("keep"), &buf, &len));
 	assert_string_equal(buf, "old");
 	free(buf);
-	assert_int_equal(hpu_outfile_open(&o, at("keep"), 0644), 0);
-	FILE *f = hpu_outfile_stream(&o);
+	assert_int_equal(hpu__outfile_open(&o, at("keep"), 0644), 0);
+	FILE *f = hpu__outfile_stream(&o);
 	assert_non_null(f);
 	assert_true(fprintf(f, "%s %d\n", "streamed", 42) > 0);
 	const char *step = NULL;
-	assert_int_equal(hpu_outfile_commit(&o, &step), 0);
-	hpu_outfile_abort(&o); /* after commit: nothing to do */
-	assert_null(hpu_read_file(at("keep"), &buf, &len));
+	assert_int_equal(hpu__outfile_commit(&o, &step), 0);
+	hpu__outfile_abort(&o); /* after commit: nothing to do */
+	assert_null(hpu__read_file(at("keep"), &buf, &len));
 	assert_string_equal(buf, "streamed 42\n");
 	free(buf);
 	assert_int_equal(count_prefix("keep.tmp."), 0);
-	assert_int_equal(hpu_outfile_open(&o, "/dev/full", 0644), 0);
+	assert_int_equal(hpu__outfile_open(&o, "/dev/full", 0644), 0);
 	assert_true(o.direct);
-	f = hpu_outfile_stream(&o);
+	f = hpu__outfile_stream(&o);
 	assert_non_null(f);
 	fputs("x", f);
-	assert_int_equal(hpu_outfile_commit(&o, &step), -1);
+	assert_int_equal(hpu__outfile_commit(&o, &step), -1);
 	assert_string_equal(step, "write");
 	assert_int_equal(errno, ENOSPC);
-	hpu_outfile_abort(&o);
+	hpu__outfile_abort(&o);
 }
 
 /* ---- hex ---- */
@@ -228,25 +228,25 @@ static void test_hex(void **state)
 	char s[513];
 	for (int i = 0; i < 256; i++)
 		b[i] = (uint8_t)i;
-	hpu_hex(s, b, sizeof b);
+	hpu__hex(s, b, sizeof b);
 	assert_int_equal(strlen(s), 512);
 	assert_memory_equal(s, "000102", 6);
 	assert_string_equal(s + 500, "fafbfcfdfeff");
-	assert_int_equal(hpu_unhex(back, s, sizeof back), 0);
+	assert_int_equal(hpu__unhex(back, s, sizeof back), 0);
 	assert_memory_equal(back, b, sizeof b);
-	assert_true(hpu_is_hex(s, 512));
-	assert_false(hpu_is_hex(s, 511)); /* s[511] is a digit too */
+	assert_true(hpu__is_hex(s, 512));
+	assert_false(hpu__is_hex(s, 511)); /* s[511] is a digit too */
 	/* one spelling: no capitals, no other characters */
-	assert_int_equal(hpu_unhex(back, "0A", 1), -1);
-	assert_int_equal(hpu_unhex(back, "0g", 1), -1);
-	assert_int_equal(hpu_unhex(back, "0", 1), -1);
-	assert_false(hpu_is_hex("abC", 3));
+	assert_int_equal(hpu__unhex(back, "0A", 1), -1);
+	assert_int_equal(hpu__unhex(back, "0g", 1), -1);
+	assert_int_equal(hpu__unhex(back, "0", 1), -1);
+	assert_false(hpu__is_hex("abC", 3));
 	/* a digit's value in either case (key files) */
-	assert_int_equal(hpu_hex_digit('0'), 0);
-	assert_int_equal(hpu_hex_digit('f'), 15);
-	assert_int_equal(hpu_hex_digit('F'), 15);
-	assert_int_equal(hpu_hex_digit('g'), -1);
-	assert_int_equal(hpu_hex_digit('/'), -1);
+	assert_int_equal(hpu__hex_digit('0'), 0);
+	assert_int_equal(hpu__hex_digit('f'), 15);
+	assert_int_equal(hpu__hex_digit('F'), 15);
+	assert_int_equal(hpu__hex_digit('g'), -1);
+	assert_int_equal(hpu__hex_digit('/'), -1);
 }
 
 /* ---- shared-memory segment names ---- */
@@ -257,30 +257,30 @@ static void test_shm_names(void **state)
 	const char *ses = "0123456789abcdef0123456789abcdef";
 	char name[128];
 	int s = -1;
-	assert_true(hpu_shm_session_ok(ses));
-	assert_false(hpu_shm_session_ok("0123456789abcdef0123456789abcde"));
-	assert_false(hpu_shm_session_ok("0123456789abcdef0123456789abcdef0"));
-	assert_false(hpu_shm_session_ok("0123456789ABCDEF0123456789abcdef"));
-	assert_false(hpu_shm_session_ok(NULL));
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n3", "job7", &s), 3);
+	assert_true(hpu__shm_session_ok(ses));
+	assert_false(hpu__shm_session_ok("0123456789abcdef0123456789abcde"));
+	assert_false(hpu__shm_session_ok("0123456789abcdef0123456789abcdef0"));
+	assert_false(hpu__shm_session_ok("0123456789ABCDEF0123456789abcdef"));
+	assert_false(hpu__shm_session_ok(NULL));
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n3", "job7", &s), 3);
 	assert_int_equal(s, 0);
 	snprintf(name, sizeof name, "hpucoll-job7-%s-n12", ses);
-	assert_int_equal(hpu_shm_seg_node(name, "job7", &s), 12);
+	assert_int_equal(hpu__shm_seg_node(name, "job7", &s), 12);
 	assert_int_equal(s, 1);
-	assert_int_equal(hpu_shm_seg_node(name, "job", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node(name, "job", NULL), -1);
 	/* another job whose id starts with this one's */
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n0-n1", "job7", NULL), -1);
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-x-n1", "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n0-n1", "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-x-n1", "job7", NULL), -1);
 	/* the node as %d writes it */
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n", "job7", NULL), -1);
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n01", "job7", NULL), -1);
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n-1", "job7", NULL), -1);
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n0", "job7", NULL), 0);
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n999999999", "job7", NULL), 999999999);
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n9999999999", "job7", NULL), -1);
-	assert_int_equal(hpu_shm_seg_node("hpucoll-job7-n3x", "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n", "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n01", "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n-1", "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n0", "job7", NULL), 0);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n999999999", "job7", NULL), 999999999);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n9999999999", "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node("hpucoll-job7-n3x", "job7", NULL), -1);
 	snprintf(name, sizeof name, "hpucoll-job7-%.31s-n1", ses); /* a session too short */
-	assert_int_equal(hpu_shm_seg_node(name, "job7", NULL), -1);
+	assert_int_equal(hpu__shm_seg_node(name, "job7", NULL), -1);
 }
 
 int main(void)

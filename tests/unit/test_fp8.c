@@ -14,10 +14,10 @@
 
 #include <cmocka.h>
 
-#include "num_testlib.h"
+#include "tests/unit/num_testlib.h"
 
-#include "fp8.h"
-#include "lowp.h"
+#include "worker/ops/fp8.h"
+#include "common/lowp.h"
 #include "hpu/ops.h"
 
 static const char *fmt_name(int fmt)

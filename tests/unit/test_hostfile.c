@@ -1,6 +1,6 @@
 /* Unit tests for the hostfile reader (launcher/hostfile.c) and for
  * `hpulaunch --hostfile`, `--status`, `--hpud-port` and `--key` through
- * hpu_args_parse: every format DeepSpeed and Open MPI write, and every
+ * hpu__args_parse: every format DeepSpeed and Open MPI write, and every
  * error, which must name FILE:LINE and what is wrong. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,10 +14,10 @@
 
 #include <cmocka.h>
 
-#include "args_testlib.h"
+#include "tests/unit/args_testlib.h"
 
-#include "args.h"
-#include "hostfile.h"
+#include "launcher/args.h"
+#include "launcher/hostfile.h"
 
 static char hostfile[64], model[64];
 
@@ -45,7 +45,7 @@ static hpu_host *read_ok(const char *text, int *n)
 {
 	hpu_host *h = NULL;
 	char err[512] = "";
-	int rc = hpu_hostfile_read(write_hosts(text), &h, n, err, sizeof err);
+	int rc = hpu__hostfile_read(write_hosts(text), &h, n, err, sizeof err);
 	if (rc != 0)
 		fail_msg("hostfile rejected: %s", err);
 	assert_non_null(h);
@@ -59,7 +59,7 @@ static void read_fails_n(const char *bytes, size_t len, int line, const char *ne
 	hpu_host *h = (hpu_host *)1;
 	int n = -1;
 	char err[512] = "", where[96];
-	int rc = hpu_hostfile_read(write_hosts_n(bytes, len), &h, &n, err, sizeof err);
+	int rc = hpu__hostfile_read(write_hosts_n(bytes, len), &h, &n, err, sizeof err);
 	printf("  -> %s\n", err);
 	assert_int_equal(rc, -1);
 	assert_null(h);
@@ -259,7 +259,7 @@ static void test_not_regular(void **state)
 	int n;
 	char err[256] = "";
 	alarm(10); /* a hang fails the test instead of blocking ctest */
-	int rc = hpu_hostfile_read(fifo, &h, &n, err, sizeof err);
+	int rc = hpu__hostfile_read(fifo, &h, &n, err, sizeof err);
 	alarm(0);
 	unlink(fifo);
 	printf("  -> %s\n", err);
@@ -267,7 +267,7 @@ static void test_not_regular(void **state)
 	assert_null(h);
 	assert_non_null(strstr(err, fifo));
 	assert_non_null(strstr(err, "not a regular file (a FIFO)"));
-	rc = hpu_hostfile_read("/dev/null", &h, &n, err, sizeof err);
+	rc = hpu__hostfile_read("/dev/null", &h, &n, err, sizeof err);
 	assert_int_equal(rc, -1);
 	assert_non_null(strstr(err, "cannot read the hostfile /dev/null: not a regular file"));
 }
@@ -289,14 +289,14 @@ static void test_missing_file(void **state)
 	hpu_host *h;
 	int n;
 	char err[256];
-	assert_int_equal(hpu_hostfile_read("/nonexistent/hosts", &h, &n, err, sizeof err), -1);
+	assert_int_equal(hpu__hostfile_read("/nonexistent/hosts", &h, &n, err, sizeof err), -1);
 	assert_null(h);
 	assert_non_null(strstr(err, "cannot read the hostfile /nonexistent/hosts: No such file"));
-	assert_int_equal(hpu_hostfile_read("/tmp", &h, &n, err, sizeof err), -1);
+	assert_int_equal(hpu__hostfile_read("/tmp", &h, &n, err, sizeof err), -1);
 	assert_non_null(strstr(err, "cannot read the hostfile /tmp"));
 }
 
-/* ---- through hpu_args_parse ---- */
+/* ---- through hpu__args_parse ---- */
 
 static int setup(void **state)
 {
@@ -324,8 +324,8 @@ static void test_args_hostfile(void **state)
 	assert_memory_equal(a.job_id, "job-", 4);
 	assert_null(a.status_host);
 	assert_int_equal(a.from_slurm, 0);
-	hpu_args_free(&a);
-	hpu_args_free(&a); /* safe twice */
+	hpu__args_free(&a);
+	hpu__args_free(&a); /* safe twice */
 
 	/* Hosts with different slots (DeepSpeed's hostfiles): each runs its
 	 * own, the world is their sum; --devices D runs D on each. */
@@ -337,12 +337,12 @@ static void test_args_hostfile(void **state)
 	assert_int_equal(a.hosts[0].slots, 8);
 	assert_int_equal(a.hosts[1].slots, 4);
 	assert_int_equal(a.hosts[2].slots, 6);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "2", "--batch-size", "96", model));
 	assert_int_equal(a.world, 6);
 	for (int i = 0; i < 3; i++)
 		assert_int_equal(a.hosts[i].slots, 2);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	write_hosts("node1 slots=8\nnode2:29411 slots=8\n");
 
 	/* --devices below the slots; flags and environment that still apply. */
@@ -361,7 +361,7 @@ static void test_args_hostfile(void **state)
 	assert_string_equal(a.job_id, "mine");
 	assert_int_equal(a.hosts[0].port, 7000);
 	assert_int_equal(a.hosts[1].port, 29411);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	setup(NULL);
 
 	/* One host: a single node, free port; --exec works too. */
@@ -372,7 +372,7 @@ static void test_args_hostfile(void **state)
 	assert_int_equal(a.master_port, 0);
 	assert_string_equal(a.master_addr, "solo");
 	assert_int_equal(a.exec_mode, 1);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 }
 
 static void test_args_hostfile_errors(void **state)
@@ -428,19 +428,19 @@ static void test_args_model_path(void **state)
 	assert_string_equal(a.worker_argv[1], model);
 	assert_string_equal(a.worker_argv[2], "--");
 	assert_string_equal(a.worker_argv[3], "x.so"); /* the model's own */
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	snprintf(rel, sizeof rel, "./%s", base);
 	parse_ok(&a, ARGV("--devices", "2", "--lr", "0.1", rel));
 	assert_int_equal(a.worker_argc, 4);
 	assert_string_equal(a.worker_argv[3], model);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	snprintf(rel, sizeof rel, "../tmp/%s", base);
 	parse_ok(&a, ARGV(rel));
 	assert_string_equal(a.worker_argv[1], model);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	parse_ok(&a, ARGV(model)); /* absolute: as given */
 	assert_string_equal(a.worker_argv[1], model);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	assert_int_equal(chdir(cwd), 0);
 	/* dlopen would wait on a FIFO for a writer */
 	char fifo[64] = "/tmp/hpu-test-model-fifo-XXXXXX";
@@ -490,12 +490,12 @@ static void test_args_option_paths(void **state)
 	assert_string_equal(a.worker_argv[9], model);
 	assert_string_equal(getenv("QUANT_CONFIG"), "/tmp/q.json");
 	assert_string_equal(getenv("LOWER_LIST"), "/etc/lower");
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	setenv("QUANT_CONFIG", "q.json", 1);
 	parse_ok(&a, ARGV("--devices", "2", "--metrics", "m.jsonl", model));
 	assert_string_equal(a.worker_argv[2], "m.jsonl");
 	assert_string_equal(getenv("QUANT_CONFIG"), "q.json");
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	unsetenv("QUANT_CONFIG");
 	unsetenv("LOWER_LIST");
 	assert_int_equal(chdir(cwd), 0);
@@ -510,21 +510,21 @@ static void test_args_status(void **state)
 	assert_string_equal(a.status_host, "node7");
 	assert_int_equal(a.status_port, 29444);
 	assert_string_equal(a.key_path, "/etc/hpud/secret.key");
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 
 	setenv("HPU_KEY_FILE", "/tmp/env.key", 1);
 	parse_ok(&a, ARGV("--status", "10.0.0.1", "--hpud-port", "1234"));
 	assert_string_equal(a.status_host, "10.0.0.1");
 	assert_int_equal(a.status_port, 1234);
 	assert_string_equal(a.key_path, "/tmp/env.key");
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 
 	parse_ok(&a, ARGV("-q", "--key", "/tmp/flag.key", "--status", "a", "--status", "b"));
 	assert_string_equal(a.status_host, "b");
 	assert_int_equal(a.status_port, 29400);
 	assert_string_equal(a.key_path, "/tmp/flag.key");
 	assert_int_equal(a.quiet, 1);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	unsetenv("HPU_KEY_FILE");
 
 	parse_fails(ARGV("--status", "a", model), "--status prints a daemon's jobs and takes no model");
@@ -555,7 +555,7 @@ static void test_args_defaults(void **state)
 	assert_string_equal(a.key_path, "/etc/hpud/secret.key");
 	assert_string_equal(a.master_addr, "127.0.0.1");
 	assert_int_equal(a.master_port, 0);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 }
 
 static int group_setup(void **state)

@@ -24,7 +24,7 @@
 #include <hpu/hpu.h>
 #include <hpu/layers.h>
 
-#include "layer_harness.h"
+#include "tests/unit/layer_harness.h"
 
 #ifndef HPU_REFS_DIR
 #error "HPU_REFS_DIR must name tests/fixtures/refs"

@@ -25,7 +25,7 @@
 
 #include <hpu/layers.h>
 
-#include "layer_harness.h"
+#include "tests/unit/layer_harness.h"
 
 #ifndef HPU_REFS_DIR
 #error "HPU_REFS_DIR (tests/fixtures/refs) must be defined by the build"

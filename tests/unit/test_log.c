@@ -24,7 +24,7 @@
 #include <zmq.h>
 
 #include "hpu/coll.h"
-#include "log.h"
+#include "common/log.h"
 
 /* ---- fd 2 captured in a pipe ---- */
 
@@ -181,20 +181,20 @@ static char *log_lines(hpu_log_level level, void (*body)(void))
 	char err[200] = "";
 	unsetenv("HPU_LOG_LEVEL");
 	cap_start(&cap);
-	assert_int_equal(hpu_log_init(err, sizeof err, "test-%s", "log"), 0);
-	hpu_log_set_level(level);
+	assert_int_equal(hpu__log_init(err, sizeof err, "test-%s", "log"), 0);
+	hpu__log_set_level(level);
 	body();
 	return cap_end(&cap);
 }
 
 static void every_level(void)
 {
-	hpu_log(HPU_LOG_DEBUG, "d %d", 7);
-	hpu_log(HPU_LOG_INFO, "i %d", 6);
-	hpu_log(HPU_LOG_NOTICE, "n %d", 5);
-	hpu_log(HPU_LOG_WARNING, "w %d", 4);
-	hpu_log(HPU_LOG_ERROR, "e %d", 3);
-	hpu_log_plain(HPU_LOG_ERROR, "own: prefix");
+	hpu__log(HPU_LOG_DEBUG, "d %d", 7);
+	hpu__log(HPU_LOG_INFO, "i %d", 6);
+	hpu__log(HPU_LOG_NOTICE, "n %d", 5);
+	hpu__log(HPU_LOG_WARNING, "w %d", 4);
+	hpu__log(HPU_LOG_ERROR, "e %d", 3);
+	hpu__log_plain(HPU_LOG_ERROR, "own: prefix");
 }
 
 static void test_levels_filter(void **state)
@@ -210,7 +210,7 @@ static void test_levels_filter(void **state)
 	out = log_lines(HPU_LOG_ERROR, every_level);
 	assert_string_equal(out, "test-log: e 3\nown: prefix\n");
 	free(out);
-	assert_false(hpu_log_enabled(HPU_LOG_WARNING));
+	assert_false(hpu__log_enabled(HPU_LOG_WARNING));
 }
 
 static void test_env_level(void **state)
@@ -224,30 +224,30 @@ static void test_env_level(void **state)
 		  {"notice", HPU_LOG_NOTICE}, {"info", HPU_LOG_INFO},       {"debug", HPU_LOG_DEBUG}};
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
 		setenv("HPU_LOG_LEVEL", ok[i].v, 1);
-		assert_int_equal(hpu_log_init(err, sizeof err, "t"), 0);
-		assert_int_equal(hpu_log_get_level(), ok[i].want);
-		assert_true(hpu_log_level_from_env());
+		assert_int_equal(hpu__log_init(err, sizeof err, "t"), 0);
+		assert_int_equal(hpu__log_get_level(), ok[i].want);
+		assert_true(hpu__log_level_from_env());
 	}
 	unsetenv("HPU_LOG_LEVEL");
-	assert_int_equal(hpu_log_init(err, sizeof err, "t"), 0);
-	assert_int_equal(hpu_log_get_level(), HPU_LOG_INFO);
-	assert_false(hpu_log_level_from_env());
+	assert_int_equal(hpu__log_init(err, sizeof err, "t"), 0);
+	assert_int_equal(hpu__log_get_level(), HPU_LOG_INFO);
+	assert_false(hpu__log_level_from_env());
 	static const char *const bad[] = {"loud", "INFO", "3", " info", "info "};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		setenv("HPU_LOG_LEVEL", bad[i], 1);
 		err[0] = 0;
-		assert_int_equal(hpu_log_init(err, sizeof err, "t"), -1);
+		assert_int_equal(hpu__log_init(err, sizeof err, "t"), -1);
 		char want[120];
 		snprintf(want, sizeof want,
 			 "HPU_LOG_LEVEL: '%s' is not a log level (error, warning, notice, info or debug)",
 			 bad[i]);
 		assert_string_equal(err, want);
-		assert_int_equal(hpu_log_get_level(), HPU_LOG_INFO);
-		assert_false(hpu_log_level_from_env());
+		assert_int_equal(hpu__log_get_level(), HPU_LOG_INFO);
+		assert_false(hpu__log_level_from_env());
 	}
 	unsetenv("HPU_LOG_LEVEL");
 	hpu_log_level l;
-	assert_int_equal(hpu_log_parse_level("", "--log-level", &l, err, sizeof err), -1);
+	assert_int_equal(hpu__log_parse_level("", "--log-level", &l, err, sizeof err), -1);
 	assert_string_equal(err, "--log-level: '' is not a log level (error, warning, notice, info or debug)");
 }
 
@@ -270,8 +270,8 @@ static char *journal_lines(int name_it, int other, void (*body)(void))
 	fflush(stderr);
 	int saved = dup(2);
 	dup2(fd, 2);
-	assert_int_equal(hpu_log_init(err, sizeof err, "prog"), 0);
-	int journal = hpu_log_journal();
+	assert_int_equal(hpu__log_init(err, sizeof err, "prog"), 0);
+	int journal = hpu__log_journal();
 	body();
 	dup2(saved, 2);
 	close(saved);
@@ -291,12 +291,12 @@ static char *journal_lines(int name_it, int other, void (*body)(void))
 
 static void some_lines(void)
 {
-	hpu_log(HPU_LOG_ERROR, "error: e");
-	hpu_log(HPU_LOG_WARNING, "warning: w");
-	hpu_log(HPU_LOG_NOTICE, "n");
-	hpu_log(HPU_LOG_INFO, "i");
-	hpu_log_plain(HPU_LOG_WARNING, "hpucoll: rank 1: x");
-	hpu_log_sigsafe(HPU_LOG_ERROR, "cannot execute the worker program");
+	hpu__log(HPU_LOG_ERROR, "error: e");
+	hpu__log(HPU_LOG_WARNING, "warning: w");
+	hpu__log(HPU_LOG_NOTICE, "n");
+	hpu__log(HPU_LOG_INFO, "i");
+	hpu__log_plain(HPU_LOG_WARNING, "hpucoll: rank 1: x");
+	hpu__log_sigsafe(HPU_LOG_ERROR, "cannot execute the worker program");
 }
 
 static void test_journal_priorities(void **state)
@@ -320,11 +320,11 @@ static void child_line(void)
 {
 	capture cap;
 	cap_start(&cap);
-	hpu_log_sigsafe(HPU_LOG_ERROR, "in a pipe");
+	hpu__log_sigsafe(HPU_LOG_ERROR, "in a pipe");
 	char *got = cap_end(&cap);
 	assert_string_equal(got, "prog: in a pipe\n");
 	free(got);
-	hpu_log(HPU_LOG_ERROR, "back");
+	hpu__log(HPU_LOG_ERROR, "back");
 }
 
 static void test_sigsafe_checks_stderr(void **state)
@@ -340,7 +340,7 @@ static void long_line(void)
 	char text[3001];
 	memset(text, 'x', 3000);
 	text[3000] = 0;
-	hpu_log(HPU_LOG_INFO, "%s", text);
+	hpu__log(HPU_LOG_INFO, "%s", text);
 }
 
 /* A 3000-byte line is one write: the first read of the pipe has it all. */
@@ -352,7 +352,7 @@ static void test_one_write_per_line(void **state)
 	unsetenv("HPU_LOG_LEVEL");
 	unsetenv("JOURNAL_STREAM");
 	cap_start(&cap);
-	assert_int_equal(hpu_log_init(err, sizeof err, "p"), 0);
+	assert_int_equal(hpu__log_init(err, sizeof err, "p"), 0);
 	long_line();
 	char buf[4096];
 	ssize_t n = read(cap.rfd, buf, sizeof buf);

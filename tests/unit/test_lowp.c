@@ -23,11 +23,11 @@
 
 #include <cmocka.h>
 
-#include "autocast.h"
-#include "comm_internal.h"
+#include "worker/ops/autocast.h"
+#include "collectives/comm_internal.h"
 #include "hpu/ops.h"
-#include "lowp.h"
-#include "simd.h"
+#include "common/lowp.h"
+#include "common/simd.h"
 
 static uint32_t bits(float f)
 {

@@ -12,14 +12,14 @@
 
 #include <cmocka.h>
 
-#include "num.h"
+#include "common/num.h"
 
 /* Parses s as a long lo..hi; checks the code, and *out: the value on
  * success, untouched (7) on failure. */
 static void check_long(const char *s, long lo, long hi, int want, long v)
 {
 	long out = 7;
-	int r = hpu_parse_long(s, lo, hi, &out);
+	int r = hpu__parse_long(s, lo, hi, &out);
 	if (r != want || out != (want == HPU_NUM_OK ? v : 7))
 		fail_msg("\"%s\" in %ld..%ld: code %d, value %ld; expected %d, %ld", s ? s : "(null)",
 			 lo, hi, r, out, want, want == HPU_NUM_OK ? v : 7);
@@ -28,7 +28,7 @@ static void check_long(const char *s, long lo, long hi, int want, long v)
 static void check_u64(const char *s, uint64_t lo, uint64_t hi, int want, uint64_t v)
 {
 	uint64_t out = 7;
-	int r = hpu_parse_u64(s, lo, hi, &out);
+	int r = hpu__parse_u64(s, lo, hi, &out);
 	if (r != want || out != (want == HPU_NUM_OK ? v : 7))
 		fail_msg("\"%s\": code %d, value %llu; expected %d, %llu", s, r,
 			 (unsigned long long)out, want,
@@ -38,7 +38,7 @@ static void check_u64(const char *s, uint64_t lo, uint64_t hi, int want, uint64_
 static void check_double(const char *s, double lo, double hi, int want, double v)
 {
 	double out = 7;
-	int r = hpu_parse_double(s, lo, hi, &out);
+	int r = hpu__parse_double(s, lo, hi, &out);
 	if (r != want || out != (want == HPU_NUM_OK ? v : 7))
 		fail_msg("\"%s\" in %g..%g: code %d, value %g; expected %d, %g", s, lo, hi, r, out,
 			 want, want == HPU_NUM_OK ? v : 7);
@@ -83,16 +83,16 @@ static void test_int(void **state)
 {
 	(void)state;
 	int out = 7;
-	assert_int_equal(hpu_parse_int("2147483647", INT_MIN, INT_MAX, &out), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_int("2147483647", INT_MIN, INT_MAX, &out), HPU_NUM_OK);
 	assert_int_equal(out, INT_MAX);
-	assert_int_equal(hpu_parse_int("-2147483648", INT_MIN, INT_MAX, &out), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_int("-2147483648", INT_MIN, INT_MAX, &out), HPU_NUM_OK);
 	assert_int_equal(out, INT_MIN);
 	out = 7;
 	/* a long but not an int: out of range, never truncated */
-	assert_int_equal(hpu_parse_int("2147483648", INT_MIN, INT_MAX, &out), HPU_NUM_RANGE);
-	assert_int_equal(hpu_parse_int("4294967297", INT_MIN, INT_MAX, &out), HPU_NUM_RANGE);
-	assert_int_equal(hpu_parse_int("65536", 1, 65535, &out), HPU_NUM_RANGE);
-	assert_int_equal(hpu_parse_int("port", 1, 65535, &out), HPU_NUM_INVALID);
+	assert_int_equal(hpu__parse_int("2147483648", INT_MIN, INT_MAX, &out), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_int("4294967297", INT_MIN, INT_MAX, &out), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_int("65536", 1, 65535, &out), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_int("port", 1, 65535, &out), HPU_NUM_INVALID);
 	assert_int_equal(out, 7);
 }
 
@@ -122,27 +122,27 @@ static void test_u64_prefix(void **state)
 	(void)state;
 	const char *s = "17-22", *end = NULL;
 	uint64_t v = 7;
-	assert_int_equal(hpu_parse_u64_prefix(s, &end, &v), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_u64_prefix(s, &end, &v), HPU_NUM_OK);
 	assert_int_equal(v, 17);
 	assert_ptr_equal(end, s + 2);
 	s = "64K";
-	assert_int_equal(hpu_parse_u64_prefix(s, &end, &v), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_u64_prefix(s, &end, &v), HPU_NUM_OK);
 	assert_int_equal(v, 64);
 	assert_string_equal(end, "K");
 	s = "123";
-	assert_int_equal(hpu_parse_u64_prefix(s, &end, &v), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_u64_prefix(s, &end, &v), HPU_NUM_OK);
 	assert_int_equal(v, 123);
 	assert_int_equal(*end, '\0');
 	/* no digits: end stays at s */
 	v = 7;
 	s = "K";
-	assert_int_equal(hpu_parse_u64_prefix(s, &end, &v), HPU_NUM_INVALID);
+	assert_int_equal(hpu__parse_u64_prefix(s, &end, &v), HPU_NUM_INVALID);
 	assert_ptr_equal(end, s);
 	assert_int_equal(v, 7);
 	s = "99999999999999999999K";
-	assert_int_equal(hpu_parse_u64_prefix(s, &end, &v), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_u64_prefix(s, &end, &v), HPU_NUM_RANGE);
 	assert_string_equal(end, "K");
-	assert_int_equal(hpu_parse_u64_prefix("-5-6", &end, &v), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_u64_prefix("-5-6", &end, &v), HPU_NUM_RANGE);
 	assert_int_equal(v, 7);
 }
 
@@ -176,7 +176,7 @@ static void test_double(void **state)
 	check_double("0.5 ", 0, 1, HPU_NUM_INVALID, 0);
 	check_double(".", 0, 1, HPU_NUM_INVALID, 0);
 	double out = 7;
-	assert_int_equal(hpu_parse_double(NULL, 0, 1, &out), HPU_NUM_INVALID);
+	assert_int_equal(hpu__parse_double(NULL, 0, 1, &out), HPU_NUM_INVALID);
 	assert_true(out == 7);
 }
 
@@ -184,18 +184,18 @@ static void test_real(void **state)
 {
 	(void)state;
 	double v = 7;
-	assert_int_equal(hpu_parse_real("0.412345", &v), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_real("0.412345", &v), HPU_NUM_OK);
 	assert_true(v == 0.412345);
-	assert_int_equal(hpu_parse_real("-nan", &v), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_real("-nan", &v), HPU_NUM_OK);
 	assert_true(isnan(v));
-	assert_int_equal(hpu_parse_real("inf", &v), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_real("inf", &v), HPU_NUM_OK);
 	assert_true(isinf(v) && v > 0);
-	assert_int_equal(hpu_parse_real("1e400", &v), HPU_NUM_OK); /* as strtod rounds it */
+	assert_int_equal(hpu__parse_real("1e400", &v), HPU_NUM_OK); /* as strtod rounds it */
 	assert_true(isinf(v));
 	v = 7;
-	assert_int_equal(hpu_parse_real("0.5x", &v), HPU_NUM_INVALID);
-	assert_int_equal(hpu_parse_real("", &v), HPU_NUM_INVALID);
-	assert_int_equal(hpu_parse_real(NULL, &v), HPU_NUM_INVALID);
+	assert_int_equal(hpu__parse_real("0.5x", &v), HPU_NUM_INVALID);
+	assert_int_equal(hpu__parse_real("", &v), HPU_NUM_INVALID);
+	assert_int_equal(hpu__parse_real(NULL, &v), HPU_NUM_INVALID);
 	assert_true(v == 7);
 }
 
@@ -208,12 +208,12 @@ static void test_errno_kept(void **state)
 	double d;
 	const char *end;
 	errno = EACCES;
-	assert_int_equal(hpu_parse_long("99999999999999999999", 0, 1, &l), HPU_NUM_RANGE);
-	assert_int_equal(hpu_parse_u64("18446744073709551616", 0, UINT64_MAX, &u), HPU_NUM_RANGE);
-	assert_int_equal(hpu_parse_u64_prefix("18446744073709551616", &end, &u), HPU_NUM_RANGE);
-	assert_int_equal(hpu_parse_double("1e400", 0, 1, &d), HPU_NUM_RANGE);
-	assert_int_equal(hpu_parse_real("1e400", &d), HPU_NUM_OK);
-	assert_int_equal(hpu_parse_long("3", 0, 5, &l), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_long("99999999999999999999", 0, 1, &l), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_u64("18446744073709551616", 0, UINT64_MAX, &u), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_u64_prefix("18446744073709551616", &end, &u), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_double("1e400", 0, 1, &d), HPU_NUM_RANGE);
+	assert_int_equal(hpu__parse_real("1e400", &d), HPU_NUM_OK);
+	assert_int_equal(hpu__parse_long("3", 0, 5, &l), HPU_NUM_OK);
 	assert_int_equal(errno, EACCES);
 }
 

@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "num_testlib.h"
+#include "tests/unit/num_testlib.h"
 
 #include "hpu/ops.h"
 

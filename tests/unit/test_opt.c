@@ -12,8 +12,8 @@
 
 #include <cmocka.h>
 
-#include "opt.h"
-#include "optdoc.h"
+#include "common/opt.h"
+#include "common/optdoc.h"
 
 enum { OUTPUT = 1, TOP, ALL, PROFILE, HELP, LR = 100, NESTEROV };
 
@@ -44,11 +44,11 @@ static const hpu_optspec more[] = {
 static void trace(int argc, char **argv, const hpu_optspec *also, char *out, size_t n)
 {
 	hpu_optparse p;
-	hpu_optparse_init(&p, argc, argv, specs);
+	hpu__optparse_init(&p, argc, argv, specs);
 	p.more = also;
 	size_t len = 0;
 	out[0] = 0;
-	for (int r; (r = hpu_optparse_next(&p)) != HPU_OPT_END && len < n;) {
+	for (int r; (r = hpu__optparse_next(&p)) != HPU_OPT_END && len < n;) {
 		if (r == HPU_OPT_POSITIONAL)
 			len += (size_t)snprintf(out + len, n - len, "P:%s ", p.val);
 		else if (r < 0)
@@ -100,16 +100,16 @@ static void test_optional(void **state)
 
 	char *argv[] = {"prog", "--profile", "dir", "x", NULL};
 	hpu_optparse p;
-	hpu_optparse_init(&p, 4, argv, specs);
-	assert_int_equal(hpu_optparse_next(&p), PROFILE);
+	hpu__optparse_init(&p, 4, argv, specs);
+	assert_int_equal(hpu__optparse_next(&p), PROFILE);
 	assert_null(p.val);
 	assert_int_equal(p.ind, 2);
 	p.val = p.argv[p.ind++]; /* taken */
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_POSITIONAL);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_POSITIONAL);
 	assert_string_equal(p.val, "x");
 	assert_int_equal(p.at, 3);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_END);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_END);
 }
 
 static void test_errors(void **state)
@@ -147,19 +147,19 @@ static void test_error_fields(void **state)
 	(void)state;
 	char *argv[] = {"prog", "x", "--all=yes", "--top", NULL};
 	hpu_optparse p;
-	hpu_optparse_init(&p, 4, argv, specs);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_POSITIONAL);
+	hpu__optparse_init(&p, 4, argv, specs);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_POSITIONAL);
 	assert_int_equal(p.at, 1);
 	assert_null(p.spec);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_UNWANTED);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_UNWANTED);
 	assert_string_equal(p.spec->name, "all");
 	assert_string_equal(p.val, "yes");
 	assert_int_equal(p.at, 2);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_MISSING);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_MISSING);
 	assert_string_equal(p.spec->name, "top");
 	assert_string_equal(p.arg, "--top");
 	assert_null(p.val);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_END);
 	assert_null(p.arg);
 	assert_int_equal(p.at, 4);
 }
@@ -171,16 +171,16 @@ static void test_stop_at_positional(void **state)
 	(void)state;
 	char *argv[] = {"prog", "--all", "--", "model.so", "--all", NULL};
 	hpu_optparse p;
-	hpu_optparse_init(&p, 5, argv, specs);
-	assert_int_equal(hpu_optparse_next(&p), ALL);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_POSITIONAL);
+	hpu__optparse_init(&p, 5, argv, specs);
+	assert_int_equal(hpu__optparse_next(&p), ALL);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_POSITIONAL);
 	assert_int_equal(p.at, 3);
 	assert_int_equal(p.ind, 4);
 	/* starting elsewhere than argv[1] */
-	hpu_optparse_init(&p, 5, argv, specs);
+	hpu__optparse_init(&p, 5, argv, specs);
 	p.ind = 4;
-	assert_int_equal(hpu_optparse_next(&p), ALL);
-	assert_int_equal(hpu_optparse_next(&p), HPU_OPT_END);
+	assert_int_equal(hpu__optparse_next(&p), ALL);
+	assert_int_equal(hpu__optparse_next(&p), HPU_OPT_END);
 }
 
 /* The table printed in format how (col 16) into a string. */
@@ -190,7 +190,7 @@ static char *doc(int how)
 	size_t len = 0;
 	FILE *f = open_memstream(&buf, &len);
 	assert_non_null(f);
-	hpu_optdoc(f, specs, how, 16);
+	hpu__optdoc(f, specs, how, 16);
 	fclose(f);
 	return buf;
 }
@@ -232,9 +232,9 @@ static void test_doc(void **state)
 		"the 79th column of the help\n"
 		"- `--profile [DIR]`: profile\n");
 	free(md);
-	assert_int_equal(hpu_optdoc_format("scdoc"), HPU_DOC_SCDOC);
-	assert_int_equal(hpu_optdoc_format("markdown"), HPU_DOC_MARKDOWN);
-	assert_int_equal(hpu_optdoc_format("man"), -1);
+	assert_int_equal(hpu__optdoc_format("scdoc"), HPU_DOC_SCDOC);
+	assert_int_equal(hpu__optdoc_format("markdown"), HPU_DOC_MARKDOWN);
+	assert_int_equal(hpu__optdoc_format("man"), -1);
 }
 
 int main(void)

@@ -1,6 +1,6 @@
 /* Unit tests for the optimizers (worker/runtime/optim.c).
  *
- * hpu_optim_step works in fp32. It is compared with a double-precision
+ * hpu__optim_step works in fp32. It is compared with a double-precision
  * reference written here from the update rules documented for
  * torch.optim.SGD, torch.optim.Adam and torch.optim.AdamW in PyTorch 1.13,
  * run side by side for 5 steps on 37 parameters with random gradients (some
@@ -10,7 +10,7 @@
  * itself on fixed inputs, hard-coded below, with and without
  * clip_grad_norm_. Every comparison prints its largest absolute difference
  * (maxdiff) and its largest relative difference against the tolerance.
- * hpu_sumsq is checked against a double loop and hpu_clip_factor against
+ * hpu__sumsq is checked against a double loop and hpu__clip_factor against
  * the factors torch 1.13's clip_grad_norm_ applied.
  */
 #include <math.h>
@@ -24,10 +24,10 @@
 
 #include <cmocka.h>
 
-#include "num_testlib.h"
+#include "tests/unit/num_testlib.h"
 
-#include "config.h"
-#include "optim.h"
+#include "options/config.h"
+#include "worker/runtime/optim.h"
 
 #define N 37
 #define STEPS 5
@@ -89,10 +89,10 @@ typedef struct opt_mem {
 
 static void opt_init(opt_mem *m, const hpu_train_opts *opts, size_t n)
 {
-	size_t floats = (size_t)hpu_optim_state_floats(opts) * n;
+	size_t floats = (size_t)hpu__optim_state_floats(opts) * n;
 	m->state = floats ? calloc(floats, sizeof(float)) : NULL;
 	assert_true(floats == 0 || m->state != NULL);
-	hpu_optim_init(&m->o, opts, n, m->state);
+	hpu__optim_init(&m->o, opts, n, m->state);
 }
 
 static void opt_free(opt_mem *m)
@@ -180,7 +180,7 @@ static void ref_step(const ref_hp *h, ref_state *s, double *p, const float *gf,
 /* The training options that give the optimizer h. */
 static void opts_from(hpu_train_opts *o, const ref_hp *h)
 {
-	hpu_opts_defaults(o);
+	hpu__opts_defaults(o);
 	o->optimizer = h->kind;
 	o->lr = h->lr;
 	o->momentum = h->momentum;
@@ -221,7 +221,7 @@ static void check_against_reference(const char *what, const ref_hp *h,
 		double lr = vary ? h->lr * lr_factor[t - 1] : h->lr;
 		float gs = vary ? gscales[t - 1] : 1.0f;
 		random_grad(g);
-		hpu_optim_step(&om.o, p, g, gs, lr);
+		hpu__optim_step(&om.o, p, g, gs, lr);
 		ref_step(h, &rs, pr, g, gs, lr);
 		assert_int_equal(om.o.t, t);
 		snprintf(label, sizeof(label), "%s%s step %d", what,
@@ -306,7 +306,7 @@ static void test_sgd_plain_exact(void **state)
 	hpu_train_opts opts;
 	opt_mem om;
 	float p[N], g[N], want[N];
-	hpu_opts_defaults(&opts);
+	hpu__opts_defaults(&opts);
 	opts.optimizer = HPU_OPTIM_SGD;
 	opts.momentum = 0.0;
 	opts.lr = 0.1;
@@ -324,7 +324,7 @@ static void test_sgd_plain_exact(void **state)
 			float gi = gs * g[i];
 			want[i] = p[i] - lrf * gi;
 		}
-		hpu_optim_step(&om.o, p, g, gs, lr);
+		hpu__optim_step(&om.o, p, g, gs, lr);
 		assert_memory_equal(p, want, sizeof(p));
 	}
 	opt_free(&om);
@@ -340,8 +340,8 @@ static void check_first_step(hpu_optim_kind kind)
 	float p[N], g[N];
 	double want[N];
 	char label[96];
-	const char *name = hpu_optim_name(kind);
-	hpu_opts_defaults(&opts);
+	const char *name = hpu__optim_name(kind);
+	hpu__opts_defaults(&opts);
 	opts.optimizer = kind;
 	opts.weight_decay = 0.0;
 	opt_init(&om, &opts, N);
@@ -351,7 +351,7 @@ static void check_first_step(hpu_optim_kind kind)
 	g[0] = 0.0f;
 	g[3] = 1000.0f;
 	memset(p, 0, sizeof(p)); /* so that p is exactly the step taken */
-	hpu_optim_step(&om.o, p, g, 1.0f, opts.lr);
+	hpu__optim_step(&om.o, p, g, 1.0f, opts.lr);
 	for (int i = 0; i < N; i++)
 		want[i] = -opts.lr * g[i] / (fabs(g[i]) + opts.eps);
 	/* dp itself to fp32 accuracy (torch 1.13 is within 1.2e-7 here) */
@@ -379,7 +379,7 @@ static void test_adam_first_step(void **state)
 	float p[N], g[N];
 	double want[N];
 
-	hpu_opts_defaults(&opts);
+	hpu__opts_defaults(&opts);
 	assert_int_equal(opts.optimizer, HPU_OPTIM_ADAMW);
 	check_first_step(HPU_OPTIM_ADAMW);
 	check_first_step(HPU_OPTIM_ADAM);
@@ -388,13 +388,13 @@ static void test_adam_first_step(void **state)
 	for (int i = 0; i < N; i++)
 		g[i] = (i % 2 ? -1.0f : 1.0f) * (1e-3f + rng_uniform(0, 1));
 	/* AdamW from a non-zero start, with the default wd resolved to 0.01 */
-	hpu_opts_defaults(&opts);
+	hpu__opts_defaults(&opts);
 	opts.lr = 1e-2;
 	opt_init(&om, &opts, N);
 	assert_true(om.o.weight_decay == 0.01);
 	for (int i = 0; i < N; i++)
 		p[i] = 0.5f;
-	hpu_optim_step(&om.o, p, g, 1.0f, opts.lr);
+	hpu__optim_step(&om.o, p, g, 1.0f, opts.lr);
 	for (int i = 0; i < N; i++)
 		want[i] = 0.5 * (1.0 - 1e-2 * 0.01) -
 			  1e-2 * g[i] / (fabs(g[i]) + 1e-8);
@@ -403,7 +403,7 @@ static void test_adam_first_step(void **state)
 
 	/* Adam: torch's default wd is 0; with wd 0.4 the step follows the
 	 * sign of g + 0.4 * 0.5, not of g */
-	hpu_opts_defaults(&opts);
+	hpu__opts_defaults(&opts);
 	opts.optimizer = HPU_OPTIM_ADAM;
 	opts.lr = 1e-2;
 	opt_init(&om, &opts, N);
@@ -413,7 +413,7 @@ static void test_adam_first_step(void **state)
 	opt_init(&om, &opts, N);
 	for (int i = 0; i < N; i++)
 		p[i] = 0.5f;
-	hpu_optim_step(&om.o, p, g, 1.0f, opts.lr);
+	hpu__optim_step(&om.o, p, g, 1.0f, opts.lr);
 	for (int i = 0; i < N; i++) {
 		double gi = g[i] + 0.4 * 0.5;
 		want[i] = 0.5 - 1e-2 * gi / (fabs(gi) + 1e-8);
@@ -444,11 +444,11 @@ static void check_prescaled(const char *what, const ref_hp *h, uint64_t seed)
 		random_grad(g);
 		for (int i = 0; i < N; i++)
 			gp[i] = scales[t] * g[i];
-		hpu_optim_step(&a.o, pa, g, scales[t], lr);
-		hpu_optim_step(&b.o, pb, gp, 1.0f, lr);
+		hpu__optim_step(&a.o, pa, g, scales[t], lr);
+		hpu__optim_step(&b.o, pb, gp, 1.0f, lr);
 		assert_memory_equal(pa, pb, sizeof(pa));
 	}
-	size_t floats = (size_t)hpu_optim_state_floats(&opts) * N;
+	size_t floats = (size_t)hpu__optim_state_floats(&opts) * N;
 	if (floats)
 		assert_memory_equal(a.state, b.state, floats * sizeof(float));
 	printf("  %-48s bit-identical (%zu state floats)\n", what, floats);
@@ -492,15 +492,15 @@ static void test_state_layout(void **state)
 		hpu_train_opts opts;
 		hpu_optim o;
 		float mem[2 * N + GUARD], p[N], g[N];
-		hpu_opts_defaults(&opts);
+		hpu__opts_defaults(&opts);
 		opts.optimizer = cases[c].kind;
 		opts.momentum = cases[c].momentum;
-		const int floats = hpu_optim_state_floats(&opts);
+		const int floats = hpu__optim_state_floats(&opts);
 		assert_int_equal(floats, cases[c].floats);
 		memset(mem, 0, sizeof(mem));
 		for (int i = floats * N; i < 2 * N + GUARD; i++)
 			mem[i] = 12345.0f;
-		hpu_optim_init(&o, &opts, N, floats ? mem : NULL);
+		hpu__optim_init(&o, &opts, N, floats ? mem : NULL);
 		assert_ptr_equal(o.m, floats >= 1 ? mem : NULL);
 		assert_ptr_equal(o.v, floats >= 2 ? mem + N : NULL);
 		rng_seed(61);
@@ -508,7 +508,7 @@ static void test_state_layout(void **state)
 			p[i] = rng_uniform(-1.0f, 1.0f);
 		for (int t = 0; t < STEPS; t++) {
 			random_grad(g);
-			hpu_optim_step(&o, p, g, 0.5f, 1e-2);
+			hpu__optim_step(&o, p, g, 0.5f, 1e-2);
 		}
 		for (int i = floats * N; i < 2 * N + GUARD; i++)
 			assert_true(mem[i] == 12345.0f);
@@ -524,7 +524,7 @@ static void test_independent_state(void **state)
 	hpu_train_opts opts;
 	opt_mem a, b, z;
 	float pa[N], pb[N], g[N];
-	hpu_opts_defaults(&opts);
+	hpu__opts_defaults(&opts);
 	opt_init(&a, &opts, N);
 	opt_init(&b, &opts, N);
 	opt_init(&z, &opts, 0);
@@ -534,9 +534,9 @@ static void test_independent_state(void **state)
 		pa[i] = pb[i] = rng_uniform(-1.0f, 1.0f);
 	for (int t = 0; t < STEPS; t++) {
 		random_grad(g);
-		hpu_optim_step(&a.o, pa, g, 1.0f, 1e-3);
-		hpu_optim_step(&b.o, pb, g, 1.0f, 1e-3);
-		hpu_optim_step(&z.o, pa, g, 1.0f, 1e-3); /* touches nothing */
+		hpu__optim_step(&a.o, pa, g, 1.0f, 1e-3);
+		hpu__optim_step(&b.o, pb, g, 1.0f, 1e-3);
+		hpu__optim_step(&z.o, pa, g, 1.0f, 1e-3); /* touches nothing */
 	}
 	assert_memory_equal(pa, pb, sizeof(pa));
 	assert_int_equal(z.o.t, STEPS);
@@ -545,7 +545,7 @@ static void test_independent_state(void **state)
 	opt_free(&z);
 }
 
-/* ---- hpu_sumsq ---- */
+/* ---- hpu__sumsq ---- */
 
 static double sumsq_ref(const float *g, size_t n)
 {
@@ -574,7 +574,7 @@ static void test_sumsq(void **state)
 			size_t n = sizes[k];
 			for (size_t i = 0; i < n; i++)
 				g[i] = scales[s] * rng_uniform(-1.0f, 1.0f);
-			double got = hpu_sumsq(g, n), want = sumsq_ref(g, n);
+			double got = hpu__sumsq(g, n), want = sumsq_ref(g, n);
 			double rel = n ? fabs(got - want) / want : fabs(got);
 			if (!(rel <= 2e-6))
 				printf("  sumsq n %zu scale %g: %.17g vs %.17g\n",
@@ -583,7 +583,7 @@ static void test_sumsq(void **state)
 			worst = fmax(worst, rel);
 		}
 	}
-	printf("  %-48s rel %.3g (tol 2e-06)\n", "hpu_sumsq vs double loop",
+	printf("  %-48s rel %.3g (tol 2e-06)\n", "hpu__sumsq vs double loop",
 	       worst);
 
 	/* squares that overflow fp32 (|g| = 1e20) are summed in double */
@@ -591,28 +591,28 @@ static void test_sumsq(void **state)
 		g[i] = rng_uniform(-1.0f, 1.0f);
 	g[300] = 1e20f;
 	g[301] = -3e25f;
-	double got = hpu_sumsq(g, 1000), want = sumsq_ref(g, 1000);
-	printf("  %-48s %.9g vs %.9g\n", "hpu_sumsq with |g| = 3e25", got,
+	double got = hpu__sumsq(g, 1000), want = sumsq_ref(g, 1000);
+	printf("  %-48s %.9g vs %.9g\n", "hpu__sumsq with |g| = 3e25", got,
 	       want);
 	assert_true(isfinite(got) && fabs(got - want) <= 1e-12 * want);
 	/* NaN and inf come through */
 	g[301] = INFINITY;
-	assert_true(isinf(hpu_sumsq(g, 1000)));
+	assert_true(isinf(hpu__sumsq(g, 1000)));
 	g[301] = NAN;
-	assert_true(isnan(hpu_sumsq(g, 1000)));
+	assert_true(isnan(hpu__sumsq(g, 1000)));
 	g[301] = 0.0f;
 	g[999] = NAN; /* in the tail after the last whole block */
-	assert_true(isnan(hpu_sumsq(g, 1000)));
+	assert_true(isnan(hpu__sumsq(g, 1000)));
 	free(g);
 }
 
-/* ---- hpu_clip_factor against torch 1.13 ----
+/* ---- hpu__clip_factor against torch 1.13 ----
  *
  * Produced with torch 1.13.0a0 (/usr/bin/python3): for each (x, max_norm),
  * a.grad = torch.tensor([x]), b.grad = torch.tensor([1.0]),
  * n = torch.nn.utils.clip_grad_norm_([a, b], max_norm); printed "%.9g" of n
  * (the fp32 total norm sqrt(x^2 + 1)) and of b.grad afterwards, which is
- * exactly the factor torch applied (1.0 * coef). hpu_clip_factor of that
+ * exactly the factor torch applied (1.0 * coef). hpu__clip_factor of that
  * norm must give the same fp32 value, bit for bit. */
 static const struct {
 	double norm, max_norm;
@@ -636,8 +636,8 @@ static void test_clip_factor(void **state)
 {
 	(void)state;
 	for (size_t c = 0; c < sizeof(torch_clip) / sizeof(torch_clip[0]); c++) {
-		float got = hpu_clip_factor(torch_clip[c].norm,
-					    torch_clip[c].max_norm);
+		float got = hpu__clip_factor(torch_clip[c].norm,
+					     torch_clip[c].max_norm);
 		if (got != torch_clip[c].coef)
 			printf("  clip norm %.9g max %.9g: %.9g, torch %.9g\n",
 			       torch_clip[c].norm, torch_clip[c].max_norm,
@@ -645,11 +645,11 @@ static void test_clip_factor(void **state)
 		assert_true(got == torch_clip[c].coef);
 	}
 	/* no gradient at all: max_norm / 1e-6, clamped */
-	assert_true(hpu_clip_factor(0.0, 1.0) == 1.0f);
+	assert_true(hpu__clip_factor(0.0, 1.0) == 1.0f);
 	/* a NaN norm gives NaN, as torch's clamp does */
-	assert_true(isnan(hpu_clip_factor(NAN, 1.0)));
+	assert_true(isnan(hpu__clip_factor(NAN, 1.0)));
 	printf("  %-48s %zu cases bit-identical\n",
-	       "hpu_clip_factor vs clip_grad_norm_",
+	       "hpu__clip_factor vs clip_grad_norm_",
 	       sizeof(torch_clip) / sizeof(torch_clip[0]));
 }
 
@@ -783,7 +783,7 @@ static void torch_grad(float *g, int s)
 
 /* Runs h on the torch inputs; with `clip`, the lr is lr_scale *
  * torch_lrs[s] and the gradients are clipped to TORCH_MAX_NORM through
- * hpu_sumsq and hpu_clip_factor, as the worker does. */
+ * hpu__sumsq and hpu__clip_factor, as the worker does. */
 static void check_against_torch(const char *what, const ref_hp *h,
 				const float *want_f, int clip, double lr_scale)
 {
@@ -803,18 +803,18 @@ static void check_against_torch(const char *what, const ref_hp *h,
 		float gs = 1.0f;
 		torch_grad(g, s);
 		if (clip) {
-			double norm = sqrt(hpu_sumsq(g, N));
+			double norm = sqrt(hpu__sumsq(g, N));
 			maxnorm = fmax(maxnorm, fabs(norm - torch_norms[s]) /
 						    torch_norms[s]);
-			gs = hpu_clip_factor(norm, TORCH_MAX_NORM);
+			gs = hpu__clip_factor(norm, TORCH_MAX_NORM);
 			assert_true(gs < 1.0f);
 		}
-		hpu_optim_step(&om.o, p, g, gs, lr);
+		hpu__optim_step(&om.o, p, g, gs, lr);
 		ref_step(h, &rs, pr, g, gs, lr);
 	}
 	if (clip) {
 		printf("  %-48s rel %.3g (tol 1e-06)\n",
-		       "sqrt(hpu_sumsq) vs torch's norms", maxnorm);
+		       "sqrt(hpu__sumsq) vs torch's norms", maxnorm);
 		assert_true(maxnorm <= 1e-6);
 	}
 	for (int i = 0; i < N; i++)

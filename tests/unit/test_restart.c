@@ -12,10 +12,10 @@
 
 #include <cmocka.h>
 
-#include "args_testlib.h"
+#include "tests/unit/args_testlib.h"
 
-#include "args.h"
-#include "restart.h"
+#include "launcher/args.h"
+#include "agent/restart.h"
 
 static int setup(void **state)
 {
@@ -28,7 +28,7 @@ static void test_flag_values(void **state)
 	hpu_launch_args a;
 	parse_ok(&a, ARGV("--exec", "/bin/true"));
 	assert_int_equal(a.max_restarts, 0); /* the default */
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	static const struct {
 		const char *v;
 		int want;
@@ -38,7 +38,7 @@ static void test_flag_values(void **state)
 				  "/bin/true"));
 		assert_int_equal(a.max_restarts, ok[i].want);
 		assert_int_equal(a.devices, 2); /* the options around it still count */
-		hpu_args_free(&a);
+		hpu__args_free(&a);
 	}
 	/* with several nodes, torchrun style */
 	setenv("HPU_JOB_TOKEN", "t", 1);
@@ -46,7 +46,7 @@ static void test_flag_values(void **state)
 			  "--max-restarts", "5", "--exec", "/bin/true"));
 	assert_int_equal(a.max_restarts, 5);
 	assert_int_equal(a.node_rank, 1);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	setup(NULL);
 }
 
@@ -71,7 +71,7 @@ static void test_help_mentions_flag(void **state)
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
 	assert_non_null(f);
-	hpu_args_usage(f);
+	hpu__args_usage(f);
 	fclose(f);
 	assert_non_null(strstr(text, "--max-restarts K"));
 	assert_non_null(strstr(text, "HPU_RESTART_COUNT"));
@@ -84,11 +84,11 @@ static void test_attempt_token(void **state)
 {
 	(void)state;
 	char t0[129], t1[129], t1b[129], t2[129], u1[129];
-	hpu_attempt_token("secret", 0, t0, sizeof t0);
-	hpu_attempt_token("secret", 1, t1, sizeof t1);
-	hpu_attempt_token("secret", 1, t1b, sizeof t1b);
-	hpu_attempt_token("secret", 2, t2, sizeof t2);
-	hpu_attempt_token("other", 1, u1, sizeof u1);
+	hpu__attempt_token("secret", 0, t0, sizeof t0);
+	hpu__attempt_token("secret", 1, t1, sizeof t1);
+	hpu__attempt_token("secret", 1, t1b, sizeof t1b);
+	hpu__attempt_token("secret", 2, t2, sizeof t2);
+	hpu__attempt_token("other", 1, u1, sizeof u1);
 	assert_string_equal(t0, "secret");
 	assert_int_equal((int)strlen(t1), 64);
 	assert_int_equal((int)strspn(t1, "0123456789abcdef"), 64);
@@ -103,20 +103,20 @@ static void test_attempts_counted(void **state)
 {
 	(void)state;
 	hpu_restarts r;
-	hpu_restarts_init(&r, 2);
+	hpu__restarts_init(&r, 2);
 	assert_int_equal(r.attempt, 0);
-	assert_int_equal(hpu_restarts_next(&r, "first cause"), 1);
+	assert_int_equal(hpu__restarts_next(&r, "first cause"), 1);
 	assert_int_equal(r.attempt, 1);
-	assert_int_equal(hpu_restarts_next(&r, "second cause"), 1);
+	assert_int_equal(hpu__restarts_next(&r, "second cause"), 1);
 	assert_int_equal(r.attempt, 2);
-	assert_int_equal(hpu_restarts_next(&r, "third cause"), 0);
+	assert_int_equal(hpu__restarts_next(&r, "third cause"), 0);
 	assert_string_equal(r.causes[0], "first cause");
 	assert_string_equal(r.causes[2], "third cause");
-	hpu_restarts_free(&r);
-	hpu_restarts_free(&r); /* safe twice */
-	hpu_restarts_init(&r, 0);
-	assert_int_equal(hpu_restarts_next(&r, "only cause"), 0);
-	hpu_restarts_free(&r);
+	hpu__restarts_free(&r);
+	hpu__restarts_free(&r); /* safe twice */
+	hpu__restarts_init(&r, 0);
+	assert_int_equal(hpu__restarts_next(&r, "only cause"), 0);
+	hpu__restarts_free(&r);
 }
 
 int main(void)

@@ -1,6 +1,6 @@
 /* Unit tests for the distributed sampler (worker/runtime/sampler.c).
  *
- * Every rank calls hpu_sampler_permute on its own, so the tests do the same:
+ * Every rank calls hpu__sampler_permute on its own, so the tests do the same:
  * each simulated rank computes its own copy of the permutation. Checked: the
  * permutation is one, it is reproducible and depends on seed and epoch, the
  * ranks' shards partition the first steps*batch entries (drop_last), any
@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "sampler.h"
+#include "worker/runtime/sampler.h"
 
 #define MAX_WORLD 5
 
@@ -31,7 +31,7 @@ static void *xcalloc(size_t n, size_t size)
 static uint32_t *permutation(size_t n, uint64_t seed, uint64_t epoch)
 {
 	uint32_t *perm = xcalloc(n, sizeof(*perm));
-	hpu_sampler_permute(perm, n, seed, epoch);
+	hpu__sampler_permute(perm, n, seed, epoch);
 	return perm;
 }
 
@@ -77,9 +77,9 @@ static void test_permute_deterministic(void **state)
 		/* Another rank, later, with the buffer already dirty. */
 		uint32_t *b = xcalloc(n, sizeof(*b));
 		memset(b, 0xab, n * sizeof(*b));
-		hpu_sampler_permute(b, n, 42, 3);
+		hpu__sampler_permute(b, n, 42, 3);
 		assert_memory_equal(a, b, n * sizeof(*a));
-		hpu_sampler_permute(b, n, 42, 3);
+		hpu__sampler_permute(b, n, 42, 3);
 		assert_memory_equal(a, b, n * sizeof(*a));
 		free(a);
 		free(b);
@@ -121,14 +121,14 @@ static void test_permute_depends_on_seed_and_epoch(void **state)
 static void test_steps(void **state)
 {
 	(void)state;
-	assert_int_equal(hpu_sampler_steps(0, 256), 0);
-	assert_int_equal(hpu_sampler_steps(255, 256), 0);
-	assert_int_equal(hpu_sampler_steps(256, 256), 1);
-	assert_int_equal(hpu_sampler_steps(511, 256), 1);
-	assert_int_equal(hpu_sampler_steps(60000, 256), 234);
-	assert_int_equal(hpu_sampler_steps(60000, 60), 1000);
-	assert_int_equal(hpu_sampler_steps(60000, 1), 60000);
-	assert_int_equal(hpu_sampler_steps(100, 0), 0);
+	assert_int_equal(hpu__sampler_steps(0, 256), 0);
+	assert_int_equal(hpu__sampler_steps(255, 256), 0);
+	assert_int_equal(hpu__sampler_steps(256, 256), 1);
+	assert_int_equal(hpu__sampler_steps(511, 256), 1);
+	assert_int_equal(hpu__sampler_steps(60000, 256), 234);
+	assert_int_equal(hpu__sampler_steps(60000, 60), 1000);
+	assert_int_equal(hpu__sampler_steps(60000, 1), 60000);
+	assert_int_equal(hpu__sampler_steps(100, 0), 0);
 }
 
 /* For one (n, batch, world): the shards of all ranks over all steps are
@@ -136,7 +136,7 @@ static void test_steps(void **state)
  * perm[0 .. steps*batch) -- the remainder n - steps*batch is dropped. */
 static void check_shards(size_t n, size_t batch, int world, uint64_t epoch)
 {
-	size_t steps = hpu_sampler_steps(n, batch);
+	size_t steps = hpu__sampler_steps(n, batch);
 	size_t local = batch / (size_t)world, used = steps * batch;
 	assert_int_equal(steps, n / batch);
 	assert_true(n - used < batch);
@@ -149,7 +149,7 @@ static void check_shards(size_t n, size_t batch, int world, uint64_t epoch)
 	for (size_t s = 0; s < steps; s++)
 		for (int r = 0; r < world; r++) {
 			const uint32_t *sh =
-				hpu_sampler_shard(perm[r], s, batch, r, world);
+				hpu__sampler_shard(perm[r], s, batch, r, world);
 			/* inside the used part of this rank's own array */
 			assert_true(sh >= perm[r]);
 			assert_true(sh + local <= perm[r] + used);
@@ -189,7 +189,7 @@ static void test_shards_partition(void **state)
  * a single worker trains on at step s. */
 static void check_same_global_batch(size_t n, size_t batch, int world)
 {
-	size_t steps = hpu_sampler_steps(n, batch);
+	size_t steps = hpu__sampler_steps(n, batch);
 	size_t local = batch / (size_t)world;
 	uint32_t *one = permutation(n, 1234, 5);
 	uint32_t *perm[MAX_WORLD];
@@ -197,11 +197,11 @@ static void check_same_global_batch(size_t n, size_t batch, int world)
 		perm[r] = permutation(n, 1234, 5);
 	uint32_t *a = xcalloc(batch, sizeof(*a)), *b = xcalloc(batch, sizeof(*b));
 	for (size_t s = 0; s < steps; s++) {
-		memcpy(a, hpu_sampler_shard(one, s, batch, 0, 1),
+		memcpy(a, hpu__sampler_shard(one, s, batch, 0, 1),
 		       batch * sizeof(*a));
 		for (int r = 0; r < world; r++)
 			memcpy(b + (size_t)r * local,
-			       hpu_sampler_shard(perm[r], s, batch, r, world),
+			       hpu__sampler_shard(perm[r], s, batch, r, world),
 			       local * sizeof(*b));
 		qsort(a, batch, sizeof(*a), cmp_u32);
 		qsort(b, batch, sizeof(*b), cmp_u32);
@@ -231,7 +231,7 @@ static void check_eval(size_t n, int world)
 	unsigned *count = xcalloc(n, sizeof(*count));
 	size_t total = 0;
 	for (int r = 0; r < world; r++) {
-		size_t c = hpu_sampler_eval_count(n, r, world);
+		size_t c = hpu__sampler_eval_count(n, r, world);
 		total += c;
 		for (size_t k = 0; k < c; k++) {
 			size_t idx = (size_t)r + k * (size_t)world;
@@ -255,13 +255,13 @@ static void test_eval_striding(void **state)
 		for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++)
 			check_eval(ns[i], w);
 	/* n < W: the first n ranks get one sample each, the rest none */
-	assert_int_equal(hpu_sampler_eval_count(3, 0, 5), 1);
-	assert_int_equal(hpu_sampler_eval_count(3, 2, 5), 1);
-	assert_int_equal(hpu_sampler_eval_count(3, 3, 5), 0);
-	assert_int_equal(hpu_sampler_eval_count(3, 4, 5), 0);
-	assert_int_equal(hpu_sampler_eval_count(0, 0, 1), 0);
-	assert_int_equal(hpu_sampler_eval_count(10000, 0, 3), 3334);
-	assert_int_equal(hpu_sampler_eval_count(10000, 2, 3), 3333);
+	assert_int_equal(hpu__sampler_eval_count(3, 0, 5), 1);
+	assert_int_equal(hpu__sampler_eval_count(3, 2, 5), 1);
+	assert_int_equal(hpu__sampler_eval_count(3, 3, 5), 0);
+	assert_int_equal(hpu__sampler_eval_count(3, 4, 5), 0);
+	assert_int_equal(hpu__sampler_eval_count(0, 0, 1), 0);
+	assert_int_equal(hpu__sampler_eval_count(10000, 0, 3), 3334);
+	assert_int_equal(hpu__sampler_eval_count(10000, 2, 3), 3333);
 }
 
 int main(void)

@@ -1,6 +1,6 @@
 /* Unit tests for the learning-rate schedules (worker/runtime/lrsched.c).
  *
- * hpu_sched_lr(s, k) is the lr of optimizer step k (0-based): the value a
+ * hpu__sched_lr(s, k) is the lr of optimizer step k (0-based): the value a
  * torch or DeepSpeed scheduler holds after k scheduler.step() calls, with
  * optimizer.step() before scheduler.step() in every iteration.
  *
@@ -24,8 +24,8 @@
 
 #include <cmocka.h>
 
-#include "config.h"
-#include "lrsched.h"
+#include "options/config.h"
+#include "worker/runtime/lrsched.h"
 
 /* Differences are taken relative to the peak lr: torch's recursive forms
  * and the closed forms agree to a few ulps of it, and an lr that passes
@@ -37,7 +37,7 @@ static void check_lrs(const char *what, const hpu_sched *s, const double *want,
 {
 	double maxdiff = 0.0;
 	for (long k = 0; k < n; k++) {
-		double got = hpu_sched_lr(s, k);
+		double got = hpu__sched_lr(s, k);
 		double d = fabs(got - want[k]) / s->lr;
 		if (!(d <= TOL))
 			printf("  %s: k %ld: %.17g, want %.17g\n", what, k, got,
@@ -52,7 +52,7 @@ static void check_lrs(const char *what, const hpu_sched *s, const double *want,
 
 static void close_to(const hpu_sched *s, long k, double want)
 {
-	double got = hpu_sched_lr(s, k);
+	double got = hpu__sched_lr(s, k);
 	if (!(fabs(got - want) <= TOL * s->lr))
 		printf("  k %ld: %.17g, want %.17g\n", k, got, want);
 	assert_true(fabs(got - want) <= TOL * s->lr);
@@ -65,14 +65,14 @@ static void test_constant(void **state)
 	(void)state;
 	hpu_train_opts o;
 	hpu_sched s;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	assert_int_equal(o.sched, HPU_SCHED_CONSTANT);
 	o.lr = 0.25;
 	o.warmup_min_lr = 0.1; /* belongs to the warm-up schedules only */
-	hpu_sched_init(&s, &o, 100);
+	hpu__sched_init(&s, &o, 100);
 	assert_int_equal(s.total_steps, 100);
 	for (long k = 0; k < 300; k += 7)
-		assert_true(hpu_sched_lr(&s, k) == 0.25);
+		assert_true(hpu__sched_lr(&s, k) == 0.25);
 }
 
 /* ---- torch 1.13 ----
@@ -133,24 +133,24 @@ static void test_step_torch(void **state)
 	(void)state;
 	hpu_train_opts o;
 	hpu_sched s;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	o.sched = HPU_SCHED_STEP;
 	o.lr = 0.1;
 	o.step_size = 3;
 	o.gamma = 0.5;
-	hpu_sched_init(&s, &o, 1000);
+	hpu__sched_init(&s, &o, 1000);
 	check_lrs("StepLR(3, 0.5) vs torch 1.13", &s, torch_step,
 		  COUNT(torch_step));
 	o.lr = 0.3;
 	o.step_size = 2;
 	o.gamma = 0.1;
-	hpu_sched_init(&s, &o, 1000);
+	hpu__sched_init(&s, &o, 1000);
 	check_lrs("StepLR(2, 0.1) vs torch 1.13", &s, torch_step2,
 		  COUNT(torch_step2));
 	/* the defaults: x0.1 every 1000 steps */
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	o.sched = HPU_SCHED_STEP;
-	hpu_sched_init(&s, &o, 5000);
+	hpu__sched_init(&s, &o, 5000);
 	close_to(&s, 999, 1e-3);
 	close_to(&s, 1000, 1e-4);
 	close_to(&s, 2999, 1e-5);
@@ -161,19 +161,19 @@ static void test_cosine_torch(void **state)
 	(void)state;
 	hpu_train_opts o;
 	hpu_sched s;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	o.sched = HPU_SCHED_COSINE;
 	o.lr = 0.1;
 	o.min_lr = 0.001;
 	o.total_steps = 10;
-	hpu_sched_init(&s, &o, 500); /* total_steps given: run_steps unused */
+	hpu__sched_init(&s, &o, 500); /* total_steps given: run_steps unused */
 	assert_int_equal(s.total_steps, 10);
 	check_lrs("CosineAnnealingLR(10, 1e-3) vs torch 1.13", &s, torch_cos,
 		  COUNT(torch_cos));
 
 	/* total_steps 0: the run's steps are T_max */
 	o.total_steps = 0;
-	hpu_sched_init(&s, &o, 10);
+	hpu__sched_init(&s, &o, 10);
 	assert_int_equal(s.total_steps, 10);
 	check_lrs("  the same, T_max from run_steps = 10", &s, torch_cos,
 		  COUNT(torch_cos));
@@ -181,10 +181,10 @@ static void test_cosine_torch(void **state)
 	o.lr = 0.05;
 	o.min_lr = 0.0;
 	o.total_steps = 7;
-	hpu_sched_init(&s, &o, 0);
+	hpu__sched_init(&s, &o, 0);
 	check_lrs("CosineAnnealingLR(7) vs torch 1.13", &s, torch_cos0,
 		  COUNT(torch_cos0));
-	assert_true(fabs(hpu_sched_lr(&s, 7)) <= 1e-18);
+	assert_true(fabs(hpu__sched_lr(&s, 7)) <= 1e-18);
 }
 
 /* ---- DeepSpeed WarmupLR / WarmupDecayLR ---- */
@@ -266,7 +266,7 @@ static void check_ds(const char *what, const hpu_train_opts *o, long run_steps,
 	hpu_sched s;
 	double *want = malloc((size_t)n * sizeof(double));
 	assert_non_null(want);
-	hpu_sched_init(&s, o, run_steps);
+	hpu__sched_init(&s, o, run_steps);
 	ds_run(o, o->total_steps ? o->total_steps : run_steps, want, n);
 	check_lrs(what, &s, want, n);
 	free(want);
@@ -276,7 +276,7 @@ static void warm_opts(hpu_train_opts *o, hpu_sched_kind kind,
 		      hpu_warmup_type type, long warmup, long total,
 		      double min_lr, double lr)
 {
-	hpu_opts_defaults(o);
+	hpu__opts_defaults(o);
 	o->sched = kind;
 	o->warmup_type = type;
 	o->warmup_steps = warmup;
@@ -292,7 +292,7 @@ static void test_warmup_log(void **state)
 	hpu_sched s;
 	warm_opts(&o, HPU_SCHED_WARMUP, HPU_WARMUP_LOG, 10, 0, 1e-5, 1e-3);
 	check_ds("WarmupLR log, 10 steps vs DeepSpeed model", &o, 100, 40);
-	hpu_sched_init(&s, &o, 100);
+	hpu__sched_init(&s, &o, 100);
 	/* by hand: steps 0 and 1 at warmup_min_lr (log(0 + 1) = 0), step k at
 	 * min + (max - min) * log(k) / log(10), the peak at k = 10 */
 	close_to(&s, 0, 1e-5);
@@ -314,7 +314,7 @@ static void test_warmup_linear(void **state)
 	hpu_sched s;
 	warm_opts(&o, HPU_SCHED_WARMUP, HPU_WARMUP_LINEAR, 8, 0, 0.0, 0.1);
 	check_ds("WarmupLR linear, 8 steps vs DeepSpeed model", &o, 100, 30);
-	hpu_sched_init(&s, &o, 100);
+	hpu__sched_init(&s, &o, 100);
 	/* by hand: step k at max * (k - 1) / 8 up to k = 8, then max */
 	close_to(&s, 0, 0.0);
 	close_to(&s, 1, 0.0);
@@ -336,7 +336,7 @@ static void test_warmup_short(void **state)
 	for (long w = 0; w <= 2; w++) {
 		warm_opts(&o, HPU_SCHED_WARMUP_DECAY, HPU_WARMUP_LOG, w, 10,
 			  0.0, 1.0);
-		hpu_sched_init(&s, &o, 0);
+		hpu__sched_init(&s, &o, 0);
 		assert_int_equal(s.warmup_steps, 2);
 		close_to(&s, 0, 0.0);
 		close_to(&s, 1, 0.0);
@@ -361,7 +361,7 @@ static void test_warmup_decay(void **state)
 	warm_opts(&o, HPU_SCHED_WARMUP_DECAY, HPU_WARMUP_LOG, 10, 50, 1e-4,
 		  1e-2);
 	check_ds("WarmupDecayLR log 10/50 vs DeepSpeed model", &o, 1000, 70);
-	hpu_sched_init(&s, &o, 1000);
+	hpu__sched_init(&s, &o, 1000);
 	assert_int_equal(s.total_steps, 50);
 	close_to(&s, 0, 1e-4);
 	close_to(&s, 10, 1e-2); /* the end of warm-up: log(10) / log(10) */
@@ -371,20 +371,20 @@ static void test_warmup_decay(void **state)
 	close_to(&s, 49, 1e-4 + (1e-2 - 1e-4) * 2.0 / 40.0);
 	close_to(&s, 50, 1e-4 + (1e-2 - 1e-4) * 1.0 / 40.0);
 	/* ...gamma reaches 0 after total_steps scheduler steps and stays */
-	assert_true(hpu_sched_lr(&s, 51) == 1e-4);
-	assert_true(hpu_sched_lr(&s, 52) == 1e-4);
-	assert_true(hpu_sched_lr(&s, 10000) == 1e-4);
+	assert_true(hpu__sched_lr(&s, 51) == 1e-4);
+	assert_true(hpu__sched_lr(&s, 52) == 1e-4);
+	assert_true(hpu__sched_lr(&s, 10000) == 1e-4);
 
 	/* linear warm-up, min 0: the decay reaches exactly 0 */
 	warm_opts(&o, HPU_SCHED_WARMUP_DECAY, HPU_WARMUP_LINEAR, 5, 20, 0.0,
 		  0.1);
 	check_ds("WarmupDecayLR linear 5/20 vs DeepSpeed model", &o, 1000, 30);
-	hpu_sched_init(&s, &o, 1000);
+	hpu__sched_init(&s, &o, 1000);
 	close_to(&s, 5, 0.1 * 4 / 5);
 	close_to(&s, 6, 0.1);
 	close_to(&s, 16, 0.1 * 5 / 15);
-	assert_true(hpu_sched_lr(&s, 21) == 0.0);
-	assert_true(hpu_sched_lr(&s, 25) == 0.0);
+	assert_true(hpu__sched_lr(&s, 21) == 0.0);
+	assert_true(hpu__sched_lr(&s, 25) == 0.0);
 
 	/* total_steps below warmup_num_steps: full warm-up, then gamma
 	 * (6 - it) / max(1, 6 - 10) < 0, clamped to 0 */
@@ -392,9 +392,9 @@ static void test_warmup_decay(void **state)
 		  1e-2);
 	check_ds("WarmupDecayLR total 6 < warmup 10 vs DeepSpeed model", &o,
 		 1000, 20);
-	hpu_sched_init(&s, &o, 1000);
+	hpu__sched_init(&s, &o, 1000);
 	close_to(&s, 10, 1e-2);
-	assert_true(hpu_sched_lr(&s, 11) == 1e-3);
+	assert_true(hpu__sched_lr(&s, 11) == 1e-3);
 }
 
 /* total_steps 0: the number of optimizer steps in this run stands in. */
@@ -405,26 +405,26 @@ static void test_decay_run_steps(void **state)
 	hpu_sched a, b;
 	warm_opts(&o, HPU_SCHED_WARMUP_DECAY, HPU_WARMUP_LINEAR, 10, 0, 0.0,
 		  1e-3);
-	hpu_sched_init(&a, &o, 40);
+	hpu__sched_init(&a, &o, 40);
 	assert_int_equal(a.total_steps, 40);
 	o.total_steps = 40;
-	hpu_sched_init(&b, &o, 7777);
+	hpu__sched_init(&b, &o, 7777);
 	assert_int_equal(b.total_steps, 40);
 	for (long k = 0; k < 60; k++)
-		assert_true(hpu_sched_lr(&a, k) == hpu_sched_lr(&b, k));
+		assert_true(hpu__sched_lr(&a, k) == hpu__sched_lr(&b, k));
 	o.total_steps = 0;
 	check_ds("WarmupDecayLR, total from run_steps 40", &o, 40, 60);
-	assert_true(hpu_sched_lr(&a, 41) == 0.0);
-	assert_true(hpu_sched_lr(&a, 40) > 0.0);
+	assert_true(hpu__sched_lr(&a, 41) == 0.0);
+	assert_true(hpu__sched_lr(&a, 40) > 0.0);
 
 	/* no steps at all (and total_steps 0): a schedule still comes out */
-	hpu_sched_init(&a, &o, 0);
+	hpu__sched_init(&a, &o, 0);
 	assert_true(a.total_steps >= 1);
 	o.sched = HPU_SCHED_COSINE;
-	hpu_sched_init(&a, &o, 0);
+	hpu__sched_init(&a, &o, 0);
 	assert_true(a.total_steps >= 1);
-	assert_true(isfinite(hpu_sched_lr(&a, 0)));
-	assert_true(hpu_sched_lr(&a, 0) == 1e-3);
+	assert_true(isfinite(hpu__sched_lr(&a, 0)));
+	assert_true(hpu__sched_lr(&a, 0) == 1e-3);
 }
 
 int main(void)

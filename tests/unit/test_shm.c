@@ -21,8 +21,8 @@
 
 #include <cmocka.h>
 
-#include "shm.h"
-#include "coll_testlib.h"
+#include "collectives/shm.h"
+#include "tests/unit/coll_testlib.h"
 
 #define MAXP HPUCOLL__SHM_MAX_PAYLOAD
 #define LONG_MS 20000

@@ -1,6 +1,6 @@
 /* Unit tests for Slurm support (launcher/slurm.c): hostlist expansion
  * (ranges, zero padding, several brackets, errors), reading a job step's
- * environment, and how hpu_args_parse maps it: node rank, nodes, master
+ * environment, and how hpu__args_parse maps it: node rank, nodes, master
  * address and port, job id and token, with flags beating the environment
  * beating Slurm, one hpulaunch per node enforced, and nothing changed
  * outside an srun step. */
@@ -15,10 +15,10 @@
 
 #include <cmocka.h>
 
-#include "args_testlib.h"
+#include "tests/unit/args_testlib.h"
 
-#include "args.h"
-#include "slurm.h"
+#include "launcher/args.h"
+#include "launcher/slurm.h"
 
 extern char **environ;
 
@@ -31,7 +31,7 @@ static void expands_to(const char *list, const char *want)
 {
 	char **hosts, err[256] = "", joined[4096] = "";
 	int n;
-	if (hpu_slurm_hostlist_expand(list, &hosts, &n, err, sizeof err) != 0)
+	if (hpu__slurm_hostlist_expand(list, &hosts, &n, err, sizeof err) != 0)
 		fail_msg("'%s' refused: %s", list, err);
 	for (int i = 0; i < n; i++) {
 		strcat(joined, i ? " " : "");
@@ -39,14 +39,14 @@ static void expands_to(const char *list, const char *want)
 	}
 	printf("  %-40s -> %s\n", list, joined);
 	assert_string_equal(joined, want);
-	hpu_slurm_hostlist_free(hosts, n);
+	hpu__slurm_hostlist_free(hosts, n);
 }
 
 static void refused(const char *list, const char *needle)
 {
 	char **hosts = (char **)1, err[256] = "";
 	int n = -1;
-	int rc = hpu_slurm_hostlist_expand(list, &hosts, &n, err, sizeof err);
+	int rc = hpu__slurm_hostlist_expand(list, &hosts, &n, err, sizeof err);
 	printf("  %-40s -> %s\n", list, err);
 	assert_int_equal(rc, -1);
 	assert_null(hosts);
@@ -80,12 +80,12 @@ static void test_hostlist_large(void **state)
 	(void)state;
 	char **hosts, err[256];
 	int n;
-	assert_int_equal(hpu_slurm_hostlist_expand("n[00000-65535]", &hosts, &n, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_hostlist_expand("n[00000-65535]", &hosts, &n, err, sizeof err), 0);
 	assert_int_equal(n, 65536);
 	assert_string_equal(hosts[0], "n00000");
 	assert_string_equal(hosts[65535], "n65535");
-	hpu_slurm_hostlist_free(hosts, n);
-	hpu_slurm_hostlist_free(NULL, 0);
+	hpu__slurm_hostlist_free(hosts, n);
+	hpu__slurm_hostlist_free(NULL, 0);
 }
 
 static void test_hostlist_errors(void **state)
@@ -168,11 +168,11 @@ static void test_read(void **state)
 	(void)state;
 	hpu_slurm s;
 	char err[256] = "";
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 	assert_int_equal(s.present, 0);
 
 	srun_env(1, 2);
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 	assert_int_equal(s.present, 1);
 	assert_int_equal(s.job_id, 123456);
 	assert_int_equal(s.step_id, 0);
@@ -189,7 +189,7 @@ static void test_read(void **state)
 	setenv("SLURM_STEP_NUM_TASKS", "2", 1);
 	setenv("SLURM_NNODES", "8", 1);
 	setenv("SLURM_NTASKS", "8", 1);
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 	assert_string_equal(s.first_host, "node05");
 	assert_int_equal(s.nnodes, 2);
 	assert_int_equal(s.ntasks, 2);
@@ -200,7 +200,7 @@ static void test_read(void **state)
 	setenv("SLURM_STEP_ID", "3", 1);
 	setenv("SLURM_PROCID", "0", 1);
 	setenv("SLURM_JOB_NODELIST", "gpu-a,gpu-b,gpu-c", 1);
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 	assert_int_equal(s.present, 1);
 	assert_int_equal(s.nnodes, 3);
 	assert_int_equal(s.ntasks, 0);
@@ -217,19 +217,19 @@ static void test_not_a_step(void **state)
 	char err[256];
 	srun_env(0, 2);
 	unsetenv("SLURM_STEP_ID");
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 	assert_int_equal(s.present, 0);
 	const char *special[] = {"4294967290", "4294967291", "4294967292", "4294967294", "-5", "batch"};
 	for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
 		setenv("SLURM_STEP_ID", special[i], 1);
-		assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+		assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 		assert_int_equal(s.present, 0);
 	}
 	setenv("SLURM_STEPID", "2", 1); /* the old name still counts */
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 	assert_int_equal(s.present, 0); /* SLURM_STEP_ID, set, wins */
 	unsetenv("SLURM_STEP_ID");
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), 0);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), 0);
 	assert_int_equal(s.present, 1);
 }
 
@@ -237,7 +237,7 @@ static void read_fails(const char *needle)
 {
 	hpu_slurm s;
 	char err[256] = "";
-	assert_int_equal(hpu_slurm_read(&s, err, sizeof err), -1);
+	assert_int_equal(hpu__slurm_read(&s, err, sizeof err), -1);
 	printf("  -> %s\n", err);
 	if (!strstr(err, needle))
 		fail_msg("error \"%s\" does not say \"%s\"", err, needle);
@@ -271,16 +271,16 @@ static void test_read_errors(void **state)
 static void test_port_and_token(void **state)
 {
 	(void)state;
-	assert_int_equal(hpu_slurm_master_port(123456), 23456);
-	assert_int_equal(hpu_slurm_master_port(20000), 20000);
-	assert_int_equal(hpu_slurm_master_port(19999), 39999);
+	assert_int_equal(hpu__slurm_master_port(123456), 23456);
+	assert_int_equal(hpu__slurm_master_port(20000), 20000);
+	assert_int_equal(hpu__slurm_master_port(19999), 39999);
 	char tok[65];
-	hpu_slurm_token(123456, tok);
+	hpu__slurm_token(123456, tok);
 	/* printf 'hputrain-slurm-123456' | sha256sum */
 	assert_string_equal(tok, "dc08e47f9f837b14922d19ca0f10ea72ef8230a89b8b821c56569d2697fdba7b");
 }
 
-/* ---- through hpu_args_parse ---- */
+/* ---- through hpu__args_parse ---- */
 
 
 static void test_args_mapping(void **state)
@@ -299,14 +299,14 @@ static void test_args_mapping(void **state)
 		assert_string_equal(a.job_id, "slurm-123456");
 		assert_string_equal(a.token, "dc08e47f9f837b14922d19ca0f10ea72ef8230a89b8b821c56569d2697fdba7b");
 		assert_int_equal(a.weak_token, 1);
-		hpu_args_free(&a);
+		hpu__args_free(&a);
 	}
 	/* With HPU_JOB_TOKEN exported before srun. */
 	setenv("HPU_JOB_TOKEN", "0123abcd", 1);
 	parse_ok(&a, ARGV("--devices", "8", model));
 	assert_string_equal(a.token, "0123abcd");
 	assert_int_equal(a.weak_token, 0);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	/* NTASKS absent: NNODES. */
 	unsetenv("SLURM_NTASKS");
 	srun_env(2, 4);
@@ -315,12 +315,12 @@ static void test_args_mapping(void **state)
 	assert_int_equal(a.nodes, 4);
 	assert_int_equal(a.node_rank, 2);
 	assert_string_equal(a.master_addr, "node01");
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	/* SLURM_NODEID absent: SLURM_PROCID. */
 	unsetenv("SLURM_NODEID");
 	parse_ok(&a, ARGV("--exec", "/bin/true"));
 	assert_int_equal(a.node_rank, 2);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 }
 
 static void test_args_precedence(void **state)
@@ -339,12 +339,12 @@ static void test_args_precedence(void **state)
 	assert_string_equal(a.token, "tok");
 	assert_int_equal(a.node_rank, 1);
 	assert_int_equal(a.nodes, 2);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 
 	setenv("NODE_RANK", "0", 1);
 	parse_ok(&a, ARGV(model));
 	assert_int_equal(a.node_rank, 0); /* NODE_RANK beats SLURM_PROCID */
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 
 	/* Flags beat both. */
 	setenv("NODE_RANK", "1", 1);
@@ -355,7 +355,7 @@ static void test_args_precedence(void **state)
 	assert_int_equal(a.master_port, 30001);
 	assert_string_equal(a.job_id, "flagjob");
 	assert_int_equal(a.nodes, 2);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 
 	/* --nodes from a flag: Slurm still gives the rest. */
 	clean_env(NULL);
@@ -365,12 +365,12 @@ static void test_args_precedence(void **state)
 	assert_int_equal(a.node_rank, 1);
 	assert_int_equal(a.master_port, 23456);
 	assert_string_equal(a.master_addr, "node01");
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 
 	/* WORLD_SIZE is checked against Slurm's nodes. */
 	setenv("WORLD_SIZE", "16", 1);
 	parse_ok(&a, ARGV("--devices", "8", model));
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	parse_fails(ARGV("--devices", "4", model),
 		    "WORLD_SIZE=16 from the environment does not equal --nodes 2 x --devices 4 = 8");
 }
@@ -392,7 +392,7 @@ static void test_args_one_launcher_per_node(void **state)
 	assert_int_equal(a.nodes, 16);
 	assert_int_equal(a.node_rank, 3);
 	assert_string_equal(a.master_addr, "node01");
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	/* A node rank out of range is caught as before. */
 	clean_env(NULL);
 	srun_env(1, 2);
@@ -428,7 +428,7 @@ static void test_args_unchanged(void **state)
 			assert_string_equal(a.job_id, "slurm-123456");
 		else
 			assert_memory_equal(a.job_id, "job-", 4);
-		hpu_args_free(&a);
+		hpu__args_free(&a);
 	}
 	/* A multi-node job outside Slurm still needs its port and token. */
 	clean_env(NULL);
@@ -454,7 +454,7 @@ static void test_args_hostfile_beats_slurm(void **state)
 	assert_int_equal(a.node_rank, 0);
 	assert_string_equal(a.master_addr, "h1");
 	assert_int_equal(a.from_slurm, 0);
-	hpu_args_free(&a);
+	hpu__args_free(&a);
 	unlink(hosts);
 }
 

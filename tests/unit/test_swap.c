@@ -22,7 +22,7 @@
 
 #include <cmocka.h>
 
-#include "swap.h"
+#include "worker/runtime/swap.h"
 
 #ifndef TMPFS_MAGIC
 #define TMPFS_MAGIC 0x01021994
@@ -168,16 +168,16 @@ static void assert_same(const void *got, const void *want, size_t n, const char 
 static hpu_swap *open_ok(const char *dir, const char *tag, uint64_t bytes,
 			 const hpu_swap_opts *o)
 {
-	hpu_swap *s = hpu_swap_open(dir, tag, "optimizer state", bytes, o, err, sizeof err);
+	hpu_swap *s = hpu__swap_open(dir, tag, "optimizer state", bytes, o, err, sizeof err);
 	if (!s)
-		fail_msg("hpu_swap_open %s: %s", dir, err);
+		fail_msg("hpu__swap_open %s: %s", dir, err);
 	return s;
 }
 
 static void ok(hpu_swap *s, int rc)
 {
 	if (rc < 0)
-		fail_msg("%s", hpu_swap_error(s));
+		fail_msg("%s", hpu__swap_error(s));
 }
 
 /* ---- round trips ---- */
@@ -194,7 +194,7 @@ static void ok(hpu_swap *s, int rc)
 static void pipelined(int single_submit, int overlap_events)
 {
 	hpu_swap_opts o;
-	hpu_swap_opts_defaults(&o);
+	hpu__swap_opts_defaults(&o);
 	o.block_size = 64 * 1024;
 	o.queue_depth = 2;
 	o.single_submit = single_submit;
@@ -207,7 +207,7 @@ static void pipelined(int single_submit, int overlap_events)
 	assert_non_null(ref);
 	fill_random(ref, (size_t)NSUB * SUB / 4, 7 + single_submit);
 	for (int b = 0; b < NBUF; b++) {
-		buf[b] = hpu_swap_buffer(SUB);
+		buf[b] = hpu__swap_buffer(SUB);
 		assert_non_null(buf[b]);
 		wt[b] = rt[b] = -1;
 	}
@@ -217,50 +217,50 @@ static void pipelined(int single_submit, int overlap_events)
 	for (int i = 0; i < NSUB; i++) {
 		int b = i % NBUF;
 		if (wt[b] >= 0)
-			ok(s, hpu_swap_wait(s, wt[b]));
+			ok(s, hpu__swap_wait(s, wt[b]));
 		memcpy(buf[b], (char *)ref + (size_t)i * SUB, SUB);
-		wt[b] = hpu_swap_write(s, (uint64_t)i * SUB, buf[b], SUB);
+		wt[b] = hpu__swap_write(s, (uint64_t)i * SUB, buf[b], SUB);
 		ok(s, wt[b]);
 	}
-	ok(s, hpu_swap_wait_all(s));
+	ok(s, hpu__swap_wait_all(s));
 	for (int b = 0; b < NBUF; b++)
 		wt[b] = -1;
 
-	rt[0] = hpu_swap_read(s, 0, buf[0], SUB);
+	rt[0] = hpu__swap_read(s, 0, buf[0], SUB);
 	ok(s, rt[0]);
 	for (int i = 0; i < NSUB; i++) {
 		int b = i % NBUF, nb = (i + 1) % NBUF;
-		ok(s, hpu_swap_wait(s, rt[b]));
+		ok(s, hpu__swap_wait(s, rt[b]));
 		if (i + 1 < NSUB) {
 			/* nb last held sub-group i-2, whose write may be in flight. */
 			if (wt[nb] >= 0)
-				ok(s, hpu_swap_wait(s, wt[nb]));
+				ok(s, hpu__swap_wait(s, wt[nb]));
 			wt[nb] = -1;
-			rt[nb] = hpu_swap_read(s, (uint64_t)(i + 1) * SUB, buf[nb], SUB);
+			rt[nb] = hpu__swap_read(s, (uint64_t)(i + 1) * SUB, buf[nb], SUB);
 			ok(s, rt[nb]);
 		}
 		uint32_t *sg = ref + (size_t)i * SUB / 4, *w = (uint32_t *)buf[b];
 		assert_same(w, sg, SUB, "a sub-group read back during the step");
 		for (size_t k = 0; k < SUB / 4; k++)
 			sg[k] = w[k] = w[k] * 2654435761u + (uint32_t)i;
-		wt[b] = hpu_swap_write(s, (uint64_t)i * SUB, buf[b], SUB);
+		wt[b] = hpu__swap_write(s, (uint64_t)i * SUB, buf[b], SUB);
 		ok(s, wt[b]);
 	}
-	ok(s, hpu_swap_wait_all(s));
+	ok(s, hpu__swap_wait_all(s));
 
-	uint8_t *all = hpu_swap_buffer((size_t)NSUB * SUB);
+	uint8_t *all = hpu__swap_buffer((size_t)NSUB * SUB);
 	assert_non_null(all);
 	memset(all, 0xee, (size_t)NSUB * SUB);
-	ok(s, hpu_swap_wait(s, hpu_swap_read(s, 0, all, (size_t)NSUB * SUB)));
+	ok(s, hpu__swap_wait(s, hpu__swap_read(s, 0, all, (size_t)NSUB * SUB)));
 	assert_same(all, ref, (size_t)NSUB * SUB, "the store read back whole");
 
 	uint64_t rd, wr;
 	double ws;
-	hpu_swap_stats(s, &rd, &wr, &ws);
+	hpu__swap_stats(s, &rd, &wr, &ws);
 	assert_int_equal(rd, 2ull * NSUB * SUB);
 	assert_int_equal(wr, 2ull * NSUB * SUB);
 	assert_true(ws >= 0);
-	hpu_swap_close(s);
+	hpu__swap_close(s);
 	assert_int_equal(entries(dir), 0);
 	for (int b = 0; b < NBUF; b++)
 		free(buf[b]);
@@ -293,7 +293,7 @@ static void test_out_of_order(void **state)
 {
 	(void)state;
 	hpu_swap_opts o;
-	hpu_swap_opts_defaults(&o);
+	hpu__swap_opts_defaults(&o);
 	o.block_size = 256 * 1024;
 	o.queue_depth = 3;
 	const char *dir = fresh_dir("ooo");
@@ -301,39 +301,39 @@ static void test_out_of_order(void **state)
 	uint8_t *w[4], *r[4];
 	int t[4];
 	for (int i = 0; i < 4; i++) {
-		w[i] = hpu_swap_buffer(MiB);
-		r[i] = hpu_swap_buffer(MiB);
+		w[i] = hpu__swap_buffer(MiB);
+		r[i] = hpu__swap_buffer(MiB);
 		fill_random((uint32_t *)w[i], MiB / 4, 100 + i);
 		memset(r[i], 0, MiB);
-		t[i] = hpu_swap_write(s, (uint64_t)i * MiB, w[i], MiB);
+		t[i] = hpu__swap_write(s, (uint64_t)i * MiB, w[i], MiB);
 		ok(s, t[i]);
 	}
 	for (int i = 0; i < 4; i++)
 		for (int j = 0; j < i; j++)
 			assert_int_not_equal(t[i], t[j]);
-	ok(s, hpu_swap_wait(s, t[3]));
-	ok(s, hpu_swap_wait(s, t[1]));
-	ok(s, hpu_swap_wait(s, t[0]));
-	ok(s, hpu_swap_wait(s, t[2]));
-	assert_int_equal(hpu_swap_wait(s, t[2]), -1);
-	assert_has(hpu_swap_error(s), "already waited for");
-	assert_int_equal(hpu_swap_wait(s, 12345), -1);
+	ok(s, hpu__swap_wait(s, t[3]));
+	ok(s, hpu__swap_wait(s, t[1]));
+	ok(s, hpu__swap_wait(s, t[0]));
+	ok(s, hpu__swap_wait(s, t[2]));
+	assert_int_equal(hpu__swap_wait(s, t[2]), -1);
+	assert_has(hpu__swap_error(s), "already waited for");
+	assert_int_equal(hpu__swap_wait(s, 12345), -1);
 
 	/* Read in reverse, into each other's places, waited for last first. */
 	for (int i = 3; i >= 0; i--) {
-		t[i] = hpu_swap_read(s, (uint64_t)i * MiB, r[i], MiB);
+		t[i] = hpu__swap_read(s, (uint64_t)i * MiB, r[i], MiB);
 		ok(s, t[i]);
 	}
-	ok(s, hpu_swap_wait(s, t[0]));
+	ok(s, hpu__swap_wait(s, t[0]));
 	assert_same(r[0], w[0], MiB, "sub-group 0");
-	ok(s, hpu_swap_wait(s, t[2]));
-	ok(s, hpu_swap_wait_all(s));
+	ok(s, hpu__swap_wait(s, t[2]));
+	ok(s, hpu__swap_wait_all(s));
 	for (int i = 0; i < 4; i++) {
 		assert_same(r[i], w[i], MiB, "a sub-group read out of order");
 		free(w[i]);
 		free(r[i]);
 	}
-	hpu_swap_close(s);
+	hpu__swap_close(s);
 }
 
 /* ---- refusals ---- */
@@ -342,9 +342,9 @@ static void refused(const char *dir, uint64_t bytes, const hpu_swap_opts *o, con
 		    const char *part)
 {
 	err[0] = 0;
-	hpu_swap *s = hpu_swap_open(dir, tag, "optimizer state", bytes, o, err, sizeof err);
+	hpu_swap *s = hpu__swap_open(dir, tag, "optimizer state", bytes, o, err, sizeof err);
 	if (s) {
-		hpu_swap_close(s);
+		hpu__swap_close(s);
 		fail_msg("the store in %s was opened, not refused for '%s'", dir, part);
 	}
 	assert_has(err, part);
@@ -371,10 +371,10 @@ static void test_refused_opts(void **state)
 	(void)state;
 	hpu_swap_opts o;
 	const char *d = fresh_dir("opts");
-	hpu_swap_opts_defaults(&o);
+	hpu__swap_opts_defaults(&o);
 	o.block_size = 1000;
 	refused(d, MiB, &o, "r0", "aio.block_size 1000");
-	hpu_swap_opts_defaults(&o);
+	hpu__swap_opts_defaults(&o);
 	o.queue_depth = 0;
 	refused(d, MiB, &o, "r0", "aio.queue_depth 0");
 	refused(d, MiB, NULL, "a/b", "tag 'a/b'");
@@ -439,12 +439,12 @@ static void test_refused_not_writable(void **state)
 		assert_int_equal(chmod(d, 0500), 0);
 	}
 	err[0] = 0;
-	hpu_swap *s = hpu_swap_open(d, "r0", "parameters", MiB, NULL, err, sizeof err);
+	hpu_swap *s = hpu__swap_open(d, "r0", "parameters", MiB, NULL, err, sizeof err);
 	if (mounted)
 		run("umount '%s'", d);
 	else
 		chmod(d, 0700);
-	hpu_swap_close(s);
+	hpu__swap_close(s);
 	assert_null(s);
 	assert_has(err, "is not writable");
 	assert_has(err, d);
@@ -458,32 +458,32 @@ static void test_refused_transfer(void **state)
 	(void)state;
 	const char *d = fresh_dir("xfer");
 	hpu_swap *s = open_ok(d, "r0", MiB + 1, NULL);  /* rounded up to MiB + 4096 */
-	uint8_t *b = hpu_swap_buffer(2 * MiB);
+	uint8_t *b = hpu__swap_buffer(2 * MiB);
 	alarm(20);  /* a hang fails instead of blocking ctest */
-	assert_int_equal(hpu_swap_read(s, MiB + 4096, b, 4096), -1);
-	assert_has(hpu_swap_error(s), "past the end");
-	assert_has(hpu_swap_error(s), hpu_swap_path(s));
-	assert_int_equal(hpu_swap_read(s, 0, b, 2 * MiB), -1);
-	assert_has(hpu_swap_error(s), "past the end");
-	assert_int_equal(hpu_swap_write(s, UINT64_MAX - 4095, b, 4096), -1);
-	assert_has(hpu_swap_error(s), "past the end");
-	assert_int_equal(hpu_swap_read(s, 512, b, 4096), -1);
-	assert_has(hpu_swap_error(s), "multiples of 4096");
-	assert_int_equal(hpu_swap_read(s, 0, b + 512, 4096), -1);
-	assert_has(hpu_swap_error(s), "multiples of 4096");
-	assert_int_equal(hpu_swap_write(s, 0, b, 100), -1);
-	assert_has(hpu_swap_error(s), "multiples of 4096");
+	assert_int_equal(hpu__swap_read(s, MiB + 4096, b, 4096), -1);
+	assert_has(hpu__swap_error(s), "past the end");
+	assert_has(hpu__swap_error(s), hpu__swap_path(s));
+	assert_int_equal(hpu__swap_read(s, 0, b, 2 * MiB), -1);
+	assert_has(hpu__swap_error(s), "past the end");
+	assert_int_equal(hpu__swap_write(s, UINT64_MAX - 4095, b, 4096), -1);
+	assert_has(hpu__swap_error(s), "past the end");
+	assert_int_equal(hpu__swap_read(s, 512, b, 4096), -1);
+	assert_has(hpu__swap_error(s), "multiples of 4096");
+	assert_int_equal(hpu__swap_read(s, 0, b + 512, 4096), -1);
+	assert_has(hpu__swap_error(s), "multiples of 4096");
+	assert_int_equal(hpu__swap_write(s, 0, b, 100), -1);
+	assert_has(hpu__swap_error(s), "multiples of 4096");
 
 	memset(b, 0x5a, 2 * MiB);
-	ok(s, hpu_swap_wait(s, hpu_swap_read(s, 0, b, MiB + 4096)));
+	ok(s, hpu__swap_wait(s, hpu__swap_read(s, 0, b, MiB + 4096)));
 	for (size_t i = 0; i < MiB + 4096; i++)
 		if (b[i])
 			fail_msg("byte %zu of the unwritten store is %d", i, b[i]);
-	ok(s, hpu_swap_wait_all(s));
+	ok(s, hpu__swap_wait_all(s));
 	alarm(0);
-	hpu_swap_close(s);
+	hpu__swap_close(s);
 	free(b);
-	hpu_swap_close(NULL);
+	hpu__swap_close(NULL);
 }
 
 /* ---- no file left behind ---- */
@@ -494,17 +494,17 @@ static void no_files_left(int named)
 	hpu__swap_no_tmpfile = named;
 	hpu_swap *s = open_ok(d, "r3-optim", 2 * MiB, NULL);
 	hpu__swap_no_tmpfile = 0;
-	assert_has(hpu_swap_path(s), "/hpu-swap-");
-	assert_has(hpu_swap_path(s), "-r3-optim.bin");
+	assert_has(hpu__swap_path(s), "/hpu-swap-");
+	assert_has(hpu__swap_path(s), "-r3-optim.bin");
 	/* Unnamed either way: O_TMPFILE, or unlinked right after creating. */
 	assert_int_equal(entries(d), 0);
-	uint8_t *w = hpu_swap_buffer(2 * MiB), *r = hpu_swap_buffer(2 * MiB);
+	uint8_t *w = hpu__swap_buffer(2 * MiB), *r = hpu__swap_buffer(2 * MiB);
 	fill_random((uint32_t *)w, 2 * MiB / 4, 3);
-	ok(s, hpu_swap_write(s, 0, w, 2 * MiB));
-	ok(s, hpu_swap_wait_all(s));
-	ok(s, hpu_swap_wait(s, hpu_swap_read(s, 0, r, 2 * MiB)));
+	ok(s, hpu__swap_write(s, 0, w, 2 * MiB));
+	ok(s, hpu__swap_wait_all(s));
+	ok(s, hpu__swap_wait(s, hpu__swap_read(s, 0, r, 2 * MiB)));
 	assert_same(r, w, 2 * MiB, "the unnamed file's contents");
-	hpu_swap_close(s);
+	hpu__swap_close(s);
 	assert_int_equal(entries(d), 0);
 	free(w);
 	free(r);
@@ -535,16 +535,16 @@ static void killed(int named)
 		char e[512];
 		close(p[0]);
 		hpu__swap_no_tmpfile = named;
-		hpu_swap *s = hpu_swap_open(d, "r0-optim", "optimizer state", 8 * MiB, NULL, e,
-					    sizeof e);
-		void *b = hpu_swap_buffer(8 * MiB);
+		hpu_swap *s = hpu__swap_open(d, "r0-optim", "optimizer state", 8 * MiB, NULL, e,
+					     sizeof e);
+		void *b = hpu__swap_buffer(8 * MiB);
 		if (!s || !b)
 			_exit(1);
 		memset(b, 1, 8 * MiB);
-		if (hpu_swap_wait(s, hpu_swap_write(s, 0, b, 8 * MiB)))
+		if (hpu__swap_wait(s, hpu__swap_write(s, 0, b, 8 * MiB)))
 			_exit(1);
 		/* A second write in flight when the kill comes. */
-		hpu_swap_write(s, 0, b, 8 * MiB);
+		hpu__swap_write(s, 0, b, 8 * MiB);
 		if (write(p[1], "k", 1) != 1)
 			_exit(1);
 		for (;;)
@@ -598,7 +598,7 @@ static void test_stale_removed(void **state)
 	assert_true(exists(d, other));
 	assert_true(exists(d, live));
 	assert_true(exists(d, "hpu-swap-x-y.bin"));
-	hpu_swap_close(s);
+	hpu__swap_close(s);
 	assert_int_equal(entries_want(d, 3), 3);
 }
 
@@ -638,15 +638,15 @@ static void test_enospc_at_open(void **state)
 	if (loop_fs("ext4", d))
 		skip();
 	char e1[1024], e2[1024];
-	hpu_swap *big = hpu_swap_open(d, "r0", "optimizer state", 32 * MiB, NULL, e1, sizeof e1);
-	hpu_swap *fits = hpu_swap_open(d, "r0", "optimizer state", 9 * MiB, NULL, e2, sizeof e2);
-	hpu_swap *more = fits ? hpu_swap_open(d, "r1", "optimizer state", 9 * MiB, NULL, err,
-					      sizeof err)
+	hpu_swap *big = hpu__swap_open(d, "r0", "optimizer state", 32 * MiB, NULL, e1, sizeof e1);
+	hpu_swap *fits = hpu__swap_open(d, "r0", "optimizer state", 9 * MiB, NULL, e2, sizeof e2);
+	hpu_swap *more = fits ? hpu__swap_open(d, "r1", "optimizer state", 9 * MiB, NULL, err,
+					       sizeof err)
 			      : NULL;
 	int left = entries_want(d, 1);
-	hpu_swap_close(more);
-	hpu_swap_close(fits);
-	hpu_swap_close(big);
+	hpu__swap_close(more);
+	hpu__swap_close(fits);
+	hpu__swap_close(big);
 	loop_fs_gone(d);
 	assert_null(big);
 	assert_has(e1, "needs 0.031 GiB");
@@ -668,23 +668,23 @@ static void test_enospc_at_write(void **state)
 	if (loop_fs("ext2", d))
 		skip();
 	hpu_swap_opts o;
-	hpu_swap_opts_defaults(&o);
+	hpu__swap_opts_defaults(&o);
 	o.block_size = 256 * 1024;
-	hpu_swap *s = hpu_swap_open(d, "r0", "optimizer state", 8 * MiB, &o, err, sizeof err);
+	hpu_swap *s = hpu__swap_open(d, "r0", "optimizer state", 8 * MiB, &o, err, sizeof err);
 	if (!s) {
 		loop_fs_gone(d);
 		fail_msg("an 8 MiB store on 16 MiB ext2: %s", err);
 	}
 	run("dd if=/dev/zero of='%s/fill' bs=1M status=none 2>/dev/null", d);
-	uint8_t *b = hpu_swap_buffer(8 * MiB);
+	uint8_t *b = hpu__swap_buffer(8 * MiB);
 	memset(b, 7, 8 * MiB);
 	alarm(30);
-	int t = hpu_swap_write(s, 0, b, 8 * MiB);
-	int rc = t < 0 ? -2 : hpu_swap_wait(s, t);
+	int t = hpu__swap_write(s, 0, b, 8 * MiB);
+	int rc = t < 0 ? -2 : hpu__swap_wait(s, t);
 	alarm(0);
 	char msg[1024];
-	snprintf(msg, sizeof msg, "%s", hpu_swap_error(s));
-	hpu_swap_close(s);
+	snprintf(msg, sizeof msg, "%s", hpu__swap_error(s));
+	hpu__swap_close(s);
 	free(b);
 	loop_fs_gone(d);
 	assert_int_equal(rc, -1);

@@ -1,7 +1,7 @@
 /* device: choosing the device, the cpu device's table, and the calls
  * every device shares (see device.h). */
-#include "device.h"
-#include "device_impl.h"
+#include "worker/device/device.h"
+#include "worker/device/device_impl.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

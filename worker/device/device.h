@@ -24,8 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "devmem.h"
+#include "worker/ops/backend.h"
+#include "worker/hpu/devmem.h"
 
 /* What a device can do. */
 typedef struct hpu__dev_caps {

@@ -3,7 +3,7 @@
 #ifndef HPU_DEVICE_IMPL_H
 #define HPU_DEVICE_IMPL_H
 
-#include "device.h"
+#include "worker/device/device.h"
 
 void hpu__dev_cpu_copy(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 void hpu__dev_cpu_fill(hpu__dev_queue *q, void *dst, int byte, size_t n);

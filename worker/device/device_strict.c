@@ -29,8 +29,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "device.h"
-#include "device_impl.h"
+#include "worker/device/device.h"
+#include "worker/device/device_impl.h"
 
 #define ARENA_BYTES ((size_t)64 << 30) /* address space, not memory */
 #define PAGE_BYTES ((size_t)4096)

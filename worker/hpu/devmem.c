@@ -34,8 +34,8 @@
  * may be freed later: a block of an older generation goes straight back to
  * the system without touching the new device's counts).
  */
-#include "devmem.h"
-#include "log.h"
+#include "worker/hpu/devmem.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -216,7 +216,7 @@ static void fmt_limit(char *buf, size_t len)
 
 static _Noreturn void bad_pointer(const void *p, const char *why)
 {
-	hpu_log(HPU_LOG_ERROR, "hpu__dfree(%p): %s", p, why);
+	hpu__log(HPU_LOG_ERROR, "hpu__dfree(%p): %s", p, why);
 	abort();
 }
 
@@ -398,7 +398,7 @@ static void tally_free(tally *t, hpu_mem_kind kind, size_t bytes)
 static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS) {
-		hpu_log(HPU_LOG_ERROR, "hpu__dalloc: bad memory kind %d", (int)kind);
+		hpu__log(HPU_LOG_ERROR, "hpu__dalloc: bad memory kind %d", (int)kind);
 		abort();
 	}
 	if (!what)
@@ -662,7 +662,7 @@ static void set_host_error(size_t bytes, const char *what, int e)
 void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS) {
-		hpu_log(HPU_LOG_ERROR, "hpu__halloc: bad memory kind %d", (int)kind);
+		hpu__log(HPU_LOG_ERROR, "hpu__halloc: bad memory kind %d", (int)kind);
 		abort();
 	}
 	if (!what)

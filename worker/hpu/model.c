@@ -1,4 +1,4 @@
-#include "model.h"
+#include "worker/hpu/model.h"
 
 #include <ctype.h>
 #include <dlfcn.h>
@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "autocast.h"
-#include "fileio.h"
-#include "rng.h"
+#include "worker/ops/autocast.h"
+#include "common/fileio.h"
+#include "common/rng.h"
 
 static hpu_builder *builder_new(int rank, int world, int max_batch)
 {
@@ -935,7 +935,7 @@ int hpu__model_params_open(hpu_builder *b, const char *path, char *err, size_t e
 {
 	struct stat st;
 	const char *why;
-	int fd = hpu_open_input_fd(path, 0, &st, &why); /* a FIFO would hang */
+	int fd = hpu__open_input_fd(path, 0, &st, &why); /* a FIFO would hang */
 	if (fd < 0 && st.st_mode == 0) {
 		snprintf(err, errlen, "--load-params %s: cannot read it: %s", path, why);
 		return -1;

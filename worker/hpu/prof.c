@@ -1,5 +1,5 @@
 /* prof: see prof.h. */
-#include "prof.h"
+#include "worker/hpu/prof.h"
 
 #include <hpu/hpu.h>
 #include <cJSON.h>
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 #define TAIL "\n]}\n"
 #define FLUSH_AT (256u * 1024u) /* buffered bytes that force a flush */
@@ -97,8 +97,8 @@ static void flush_locked(void)
 		 * that the file still parses (what fit stays unlisted) */
 		(void)!pwrite(P.fd, TAIL + 1, sizeof TAIL - 2, P.end);
 		if (!P.failed)
-			hpu_log(HPU_LOG_WARNING, "profiling stopped: writing %s: %s", P.path,
-				w < 0 ? strerror(errno) : "short write");
+			hpu__log(HPU_LOG_WARNING, "profiling stopped: writing %s: %s", P.path,
+				 w < 0 ? strerror(errno) : "short write");
 		P.failed = 1;
 		hpu__prof_enabled = 0;
 		P.len = 0;
@@ -385,8 +385,8 @@ void hpu_profile_start(const char *action)
 	if (nopen == MAX_OPEN) {
 		static atomic_int said;
 		if (!atomic_exchange(&said, 1))
-			hpu_log(HPU_LOG_WARNING, "hpu_profile_start(\"%s\"): more than %d ranges open at once; ignored",
-				action, MAX_OPEN);
+			hpu__log(HPU_LOG_WARNING, "hpu_profile_start(\"%s\"): more than %d ranges open at once; ignored",
+				 action, MAX_OPEN);
 		return;
 	}
 	snprintf(open_ranges[nopen].name, sizeof open_ranges[nopen].name, "%s", action);
@@ -407,6 +407,6 @@ void hpu_profile_stop(const char *action)
 	}
 	static atomic_int said;
 	if (!atomic_exchange(&said, 1))
-		hpu_log(HPU_LOG_WARNING, "hpu_profile_stop(\"%s\") without hpu_profile_start; ignored",
-			action);
+		hpu__log(HPU_LOG_WARNING, "hpu_profile_stop(\"%s\") without hpu_profile_start; ignored",
+			 action);
 }

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model.h"
+#include "worker/hpu/model.h"
 
 static void describe(hpu_tensor *info, const char *name, int ndim, const int64_t *shape,
 		     size_t numel, const float *data)

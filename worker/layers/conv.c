@@ -8,7 +8,7 @@
 #include <hpu/layers.h>
 #include <hpu/ops.h>
 
-#include "decl.h"
+#include "worker/layers/decl.h"
 
 /* x [C, H, W] f32 named `in` into *x; an error naming the layer if not. */
 static int chw_input(hpu_builder *b, const char *name, const char *in, hpu_tensor *x)

@@ -8,7 +8,7 @@
 #include <hpu/layers.h>
 #include <hpu/ops.h>
 
-#include "decl.h"
+#include "worker/layers/decl.h"
 
 typedef struct linear {
 	int in, out;

@@ -9,7 +9,7 @@
 #include <hpu/layers.h>
 #include <hpu/ops.h>
 
-#include "decl.h"
+#include "worker/layers/decl.h"
 
 /* Adds a one-input layer without state whose f32 output is shaped as its
  * input. */

@@ -11,7 +11,7 @@
 #include <hpu/hpu.h>
 #include <hpu/layers.h>
 
-#include "decl.h"
+#include "worker/layers/decl.h"
 
 #define IGNORE_INDEX (-100)
 

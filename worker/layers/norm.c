@@ -14,7 +14,7 @@
 #include <hpu/layers.h>
 #include <hpu/ops.h>
 
-#include "decl.h"
+#include "worker/layers/decl.h"
 
 /* ---- layer norm ---- */
 

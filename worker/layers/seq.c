@@ -21,7 +21,7 @@
 #include <hpu/layers.h>
 #include <hpu/ops.h>
 
-#include "decl.h"
+#include "worker/layers/decl.h"
 
 /* hpu_max_batch(), 0 when the runtime has not said. */
 static size_t max_batch(const hpu_builder *b)

@@ -21,12 +21,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "autocast.h"
-#include "env.h"
-#include "fileio.h"
-#include "lowp.h"
-#include "num.h"
-#include "simd.h"
+#include "worker/ops/autocast.h"
+#include "common/env.h"
+#include "common/fileio.h"
+#include "common/lowp.h"
+#include "common/num.h"
+#include "common/simd.h"
 
 static const char *const op_names[HPU_OP_COUNT] = {
 	"linear", "matmul", "bmm", "conv2d", "maxpool2d", "avgpool2d",
@@ -159,7 +159,7 @@ static const char *near_op(const char *name)
 	for (int i = 0; i < HPU_OP_COUNT; i++) {
 		size_t la = strlen(name), lb = strlen(op_names[i]);
 		/* short names are all near each other: "silu" is not "relu" */
-		if (hpu_edit_distance(name, op_names[i]) <= (la >= 8 && lb >= 8 ? 2u : 1u))
+		if (hpu__edit_distance(name, op_names[i]) <= (la >= 8 && lb >= 8 ? 2u : 1u))
 			return op_names[i];
 	}
 	return NULL;
@@ -182,10 +182,10 @@ static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 	char unknown[1024] = "";
 	size_t nu = 0;
 	int nunknown = 0;
-	const char *var = hpu_env_name(id), *path = hpu_env_str(id), *why = NULL;
+	const char *var = hpu__env_name(id), *path = hpu__env_str(id), *why = NULL;
 	if (path == NULL || *path == '\0')
 		return 0;
-	FILE *f = hpu_open_input(path, &why); /* a FIFO would block */
+	FILE *f = hpu__open_input(path, &why); /* a FIFO would block */
 	if (f == NULL) {
 		snprintf(err, errlen, "%s file %s: cannot read it: %s", var, path, why);
 		return -1;
@@ -270,9 +270,9 @@ int hpu_autocast_init(int lowp, char *err, size_t errlen)
 				if (to_low[a][i] && to_fp32[b][i]) {
 					snprintf(err, errlen,
 						 "op '%s' is in both the %s file %s and the %s file %s",
-						 op_names[i], hpu_env_name(low_vars[a]),
-						 hpu_env_str(low_vars[a]), hpu_env_name(fp32_vars[b]),
-						 hpu_env_str(fp32_vars[b]));
+						 op_names[i], hpu__env_name(low_vars[a]),
+						 hpu__env_str(low_vars[a]), hpu__env_name(fp32_vars[b]),
+						 hpu__env_str(fp32_vars[b]));
 					return HPU_ERROR;
 				}
 	memset(lower, 0, sizeof lower);
@@ -325,8 +325,8 @@ void hpu_autocast_print(FILE *f)
 					  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST};
 	fprintf(f, "autocast:");
 	for (int i = 0; i < 4; i++) {
-		const char *v = hpu_env_str(vars[i]);
-		fprintf(f, "%s %s %s", i ? "," : "", hpu_env_name(vars[i]), v && *v ? v : "(unset)");
+		const char *v = hpu__env_str(vars[i]);
+		fprintf(f, "%s %s %s", i ? "," : "", hpu__env_name(vars[i]), v && *v ? v : "(unset)");
 	}
 	fputc('\n', f);
 	if (lowp_in_force == HPU_AUTOCAST_FP8) {

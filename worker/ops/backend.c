@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "env.h"
+#include "worker/ops/backend.h"
+#include "common/env.h"
 
 const hpu__backend *hpu__dnnl_backend(void);
 
@@ -89,7 +89,7 @@ static const hpu__backend *current;
 const hpu__backend *hpu__be(void)
 {
 	if (!current) {
-		const char *e = hpu_env_str(HPU_ENV_HPU_BACKEND);
+		const char *e = hpu__env_str(HPU_ENV_HPU_BACKEND);
 		current = e && strcmp(e, "reference") == 0 ? &ref_backend : hpu__dnnl_backend();
 	}
 	return current;

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend_dnnl.h"
+#include "worker/ops/backend_dnnl.h"
 
 /* ---- the table ---- */
 

@@ -17,7 +17,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include "backend.h"
+#include "worker/ops/backend.h"
 
 #define HPU__DNNL_MAX_ARGS 10
 #define HPU__DNNL_MAX_KEY 128 /* bytes */

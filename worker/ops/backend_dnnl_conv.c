@@ -41,8 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend_dnnl.h"
-#include "env.h"
+#include "worker/ops/backend_dnnl.h"
+#include "common/env.h"
 
 /* ---- keys ---- */
 
@@ -69,7 +69,7 @@ typedef struct conv_key {
 
 static int env_choice(hpu_env_id id, const char *alt, int dflt, int altval)
 {
-	const char *v = hpu_env_str(id);
+	const char *v = hpu__env_str(id);
 	if (!v || !*v)
 		return dflt;
 	return strcmp(v, alt) == 0 ? altval : !altval;
@@ -81,7 +81,7 @@ static int conv_layout(void)
 {
 	static int layout = -1;
 	if (layout < 0) {
-		const char *v = hpu_env_str(HPU_ENV_HPU_DNNL_CONV_LAYOUT);
+		const char *v = hpu__env_str(HPU_ENV_HPU_DNNL_CONV_LAYOUT);
 		layout_forced = v && *v;
 		layout = env_choice(HPU_ENV_HPU_DNNL_CONV_LAYOUT, "plain", LAYOUT_DEFAULT,
 				    LAYOUT_PLAIN);

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend_dnnl.h"
+#include "worker/ops/backend_dnnl.h"
 
 /* ---- engine, stream, threads ---- */
 

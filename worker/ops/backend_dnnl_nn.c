@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "backend_dnnl.h"
+#include "worker/ops/backend_dnnl.h"
 
 /* ---- eltwise ---- */
 

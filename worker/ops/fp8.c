@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fp8.h"
-#include "lowp.h"
-#include "simd.h"
+#include "worker/ops/fp8.h"
+#include "common/lowp.h"
+#include "common/simd.h"
 
 /* Per format: max, the smallest normal's exponent, mantissa bits. */
 static const struct {

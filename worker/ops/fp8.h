@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "autocast.h"
+#include "worker/ops/autocast.h"
 
 enum { HPU_FP8_E4M3 = 0, HPU_FP8_E5M2 = 1 };
 

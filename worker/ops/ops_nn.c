@@ -15,11 +15,11 @@
 
 #include <cblas.h>
 
-#include "autocast.h"
-#include "backend.h"
-#include "ops_ref.h"
-#include "fp8.h"
-#include "simd.h"
+#include "worker/ops/autocast.h"
+#include "worker/ops/backend.h"
+#include "worker/ops/ops_ref.h"
+#include "worker/ops/fp8.h"
+#include "common/simd.h"
 
 #include "hpu/ops.h"
 

@@ -1,12 +1,12 @@
-#include "hooks.h"
+#include "worker/runtime/hooks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "devmem.h"
-#include "loader.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "worker/runtime/loader.h"
 
 typedef struct impl {
 	hpu_strat *st;
@@ -28,17 +28,17 @@ static int forward(hpu_run *run, const void *const *fields, int batch, const cha
 		if (!fields[f])
 			return hpu_run_error(run, "hpu_run_forward: field %s is NULL",
 					     d->fields[f].name);
-		memcpy(im->bt.data[f], fields[f], (size_t)batch * hpu_field_numel(&d->fields[f]) * 4);
+		memcpy(im->bt.data[f], fields[f], (size_t)batch * hpu__field_numel(&d->fields[f]) * 4);
 	}
 	im->bt.n = batch;
 	im->bt.idx = im->idx;
 	int t = hpu__model_tensor(b, tensor);
-	hpu_strat_set_pos(im->st, 0, im->step, 0);
-	if (hpu_strat_forward(im->st, &im->bt, 0, 1, t) < 0)
+	hpu__strat_set_pos(im->st, 0, im->step, 0);
+	if (hpu__strat_forward(im->st, &im->bt, 0, 1, t) < 0)
 		return hpu_run_error(run, "hpu_run_forward: %s", im->why);
 	const hpu_tinfo *ti = &b->tensors[t];
 	memset(out, 0, sizeof *out);
-	out->data = (void *)hpu_strat_tensor(im->st, t);
+	out->data = (void *)hpu__strat_tensor(im->st, t);
 	out->dtype = ti->dtype;
 	out->batch = batch;
 	out->ndim = ti->ndim;
@@ -48,8 +48,8 @@ static int forward(hpu_run *run, const void *const *fields, int batch, const cha
 	return out->data ? HPU_OK : hpu_run_error(run, "hpu_run_forward: out of device memory");
 }
 
-int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, const char *when,
-		  long step, int max_batch, const double *figures, char *err, size_t errlen)
+int hpu__hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, const char *when,
+		   long step, int max_batch, const double *figures, char *err, size_t errlen)
 {
 	if (n == 0)
 		return 0;
@@ -59,18 +59,18 @@ int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, c
 	float *params = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->psi * 4,
 					    "parameters for the model's hooks");
 	int rc = -1;
-	if (!params || hpu_batch_alloc(&b->data[HPU_SPLIT_TRAIN], max_batch, &im.bt,
-				       "the hooks' batch") < 0 ||
+	if (!params || hpu__batch_alloc(&b->data[HPU_SPLIT_TRAIN], max_batch, &im.bt,
+					"the hooks' batch") < 0 ||
 	    !(im.idx = calloc((size_t)max_batch, sizeof *im.idx))) {
 		snprintf(err, errlen, "%s", hpu__devmem_error());
 		goto out;
 	}
 	for (int i = 0; i < max_batch; i++)
 		im.idx[i] = (uint32_t)i;
-	if (hpu_strat_gather_all(st, params) < 0)
+	if (hpu__strat_gather_all(st, params) < 0)
 		goto out; /* err has the sentence */
 	run.params = params;
-	run.buffers = hpu_strat_buffers(st);
+	run.buffers = hpu__strat_buffers(st);
 	if (figures) {
 		run.evaluated = 1;
 		run.test_loss = figures[0];
@@ -88,7 +88,7 @@ int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, c
 	rc = 0;
 out:
 	hpu__dev_hbuf_free(params);
-	hpu_batch_free(&im.bt);
+	hpu__batch_free(&im.bt);
 	free(im.idx);
 	return rc;
 }

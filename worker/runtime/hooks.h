@@ -4,15 +4,15 @@
 #ifndef HPU_HOOKS_H
 #define HPU_HOOKS_H
 
-#include "model.h"
-#include "strategy.h"
+#include "worker/hpu/model.h"
+#include "worker/runtime/strategy.h"
 
 /* Runs hooks v[0 .. n) on this rank (collective when n > 0: parameters
  * are gathered). `figures` is NULL, or the test loss then each metric.
  * Returns 0, or -1 with a sentence naming the hook's failure in err,
  * which must be the buffer the strategy writes its errors to (a failed
  * forward pass of the hook's says why from there). */
-int hpu_hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, const char *when,
-		  long step, int max_batch, const double *figures, char *err, size_t errlen);
+int hpu__hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, const char *when,
+		   long step, int max_batch, const double *figures, char *err, size_t errlen);
 
 #endif

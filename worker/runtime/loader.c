@@ -1,8 +1,8 @@
-#include "loader.h"
-#include "prof.h"
+#include "worker/runtime/loader.h"
+#include "worker/hpu/prof.h"
 
-#include "device.h"
-#include "devmem.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -27,7 +27,7 @@ struct hpu_loader {
 	int stop;
 };
 
-size_t hpu_field_numel(const hpu_field *f)
+size_t hpu__field_numel(const hpu_field *f)
 {
 	size_t n = 1;
 	for (int d = 0; d < f->ndim; d++)
@@ -35,13 +35,13 @@ size_t hpu_field_numel(const hpu_field *f)
 	return n;
 }
 
-int hpu_batch_fetch(const hpu_dataset *ds, const uint32_t *idx, int n, hpu_batch *bt,
-		    size_t *bad)
+int hpu__batch_fetch(const hpu_dataset *ds, const uint32_t *idx, int n, hpu_batch *bt,
+		     size_t *bad)
 {
 	size_t numel[HPU_MAX_IO];
 	void *out[HPU_MAX_IO];
 	for (int f = 0; f < ds->nfields; f++)
-		numel[f] = hpu_field_numel(&ds->fields[f]);
+		numel[f] = hpu__field_numel(&ds->fields[f]);
 	bt->n = n;
 	bt->idx = idx;
 	for (int i = 0; i < n; i++) {
@@ -55,20 +55,20 @@ int hpu_batch_fetch(const hpu_dataset *ds, const uint32_t *idx, int n, hpu_batch
 	return 0;
 }
 
-int hpu_batch_alloc(const hpu_dataset *ds, int max, hpu_batch *bt, const char *what)
+int hpu__batch_alloc(const hpu_dataset *ds, int max, hpu_batch *bt, const char *what)
 {
 	for (int f = 0; f < ds->nfields; f++) {
 		char name[160];
 		snprintf(name, sizeof name, "%s (%s)", what, ds->fields[f].name);
 		bt->data[f] = hpu__dev_hbuf_alloc(HPU_MEM_OTHER,
-					  (size_t)max * hpu_field_numel(&ds->fields[f]) * 4, name);
+					  (size_t)max * hpu__field_numel(&ds->fields[f]) * 4, name);
 		if (!bt->data[f])
 			return -1;
 	}
 	return 0;
 }
 
-void hpu_batch_free(hpu_batch *bt)
+void hpu__batch_free(hpu_batch *bt)
 {
 	for (int f = 0; f < HPU_MAX_IO; f++) {
 		hpu__dev_hbuf_free(bt->data[f]);
@@ -78,7 +78,7 @@ void hpu_batch_free(hpu_batch *bt)
 
 static void fetch_slot(const hpu_dataset *ds, slot *s)
 {
-	if (hpu_batch_fetch(ds, s->idx, s->n, &s->bt, &s->bad) < 0)
+	if (hpu__batch_fetch(ds, s->idx, s->n, &s->bt, &s->bad) < 0)
 		s->failed = 1;
 }
 
@@ -108,7 +108,7 @@ static void *run(void *arg)
 	return NULL;
 }
 
-hpu_loader *hpu_loader_new(const hpu_dataset *ds, int batch)
+hpu_loader *hpu__loader_new(const hpu_dataset *ds, int batch)
 {
 	hpu_loader *ld = calloc(1, sizeof *ld);
 	if (!ld)
@@ -117,18 +117,18 @@ hpu_loader *hpu_loader_new(const hpu_dataset *ds, int batch)
 	pthread_mutex_init(&ld->mu, NULL);
 	pthread_cond_init(&ld->cv, NULL);
 	for (int k = 0; k < 2; k++)
-		if (hpu_batch_alloc(ds, batch, &ld->s[k].bt, "data loader batch") < 0)
+		if (hpu__batch_alloc(ds, batch, &ld->s[k].bt, "data loader batch") < 0)
 			goto fail;
 	if (pthread_create(&ld->thread, NULL, run, ld) != 0)
 		goto fail;
 	ld->started = 1;
 	return ld;
 fail:
-	hpu_loader_destroy(&ld);
+	hpu__loader_destroy(&ld);
 	return NULL;
 }
 
-void hpu_loader_request(hpu_loader *ld, int k, const uint32_t *idx, int n)
+void hpu__loader_request(hpu_loader *ld, int k, const uint32_t *idx, int n)
 {
 	pthread_mutex_lock(&ld->mu);
 	slot *s = &ld->s[k];
@@ -140,7 +140,7 @@ void hpu_loader_request(hpu_loader *ld, int k, const uint32_t *idx, int n)
 	pthread_mutex_unlock(&ld->mu);
 }
 
-int hpu_loader_wait(hpu_loader *ld, int k, const hpu_batch **bt, size_t *bad)
+int hpu__loader_wait(hpu_loader *ld, int k, const hpu_batch **bt, size_t *bad)
 {
 	slot *s = &ld->s[k];
 	pthread_mutex_lock(&ld->mu);
@@ -153,7 +153,7 @@ int hpu_loader_wait(hpu_loader *ld, int k, const hpu_batch **bt, size_t *bad)
 	return failed ? -1 : 0;
 }
 
-void hpu_loader_destroy(hpu_loader **pld)
+void hpu__loader_destroy(hpu_loader **pld)
 {
 	hpu_loader *ld = *pld;
 	if (!ld)
@@ -166,7 +166,7 @@ void hpu_loader_destroy(hpu_loader **pld)
 		pthread_join(ld->thread, NULL);
 	}
 	for (int k = 0; k < 2; k++)
-		hpu_batch_free(&ld->s[k].bt);
+		hpu__batch_free(&ld->s[k].bt);
 	pthread_mutex_destroy(&ld->mu);
 	pthread_cond_destroy(&ld->cv);
 	free(ld);

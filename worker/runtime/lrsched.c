@@ -1,4 +1,4 @@
-#include "lrsched.h"
+#include "worker/runtime/lrsched.h"
 
 #include <math.h>
 
@@ -17,7 +17,7 @@
  * warmup_min_lr. So optimizer step 0 runs at warmup_min_lr and step k >= 1
  * at the formula for last_batch_iteration = k - 1. */
 
-void hpu_sched_init(hpu_sched *s, const hpu_train_opts *o, long run_steps)
+void hpu__sched_init(hpu_sched *s, const hpu_train_opts *o, long run_steps)
 {
 	long total = o->total_steps > 0 ? o->total_steps : run_steps;
 	*s = (hpu_sched){
@@ -51,7 +51,7 @@ static double warmup_gamma(const hpu_sched *s, long it)
 	return fmax(0.0, left / span);
 }
 
-double hpu_sched_lr(const hpu_sched *s, long k)
+double hpu__sched_lr(const hpu_sched *s, long k)
 {
 	if (k < 0)
 		k = 0;

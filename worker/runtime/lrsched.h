@@ -5,7 +5,7 @@
 #ifndef HPU_LRSCHED_H
 #define HPU_LRSCHED_H
 
-#include "config.h"
+#include "options/config.h"
 
 typedef struct hpu_sched {
 	hpu_sched_kind kind;
@@ -20,9 +20,9 @@ typedef struct hpu_sched {
 
 /* From the options; `run_steps` (the number of optimizer steps this run
  * takes) stands in for total_steps when that is 0. */
-void hpu_sched_init(hpu_sched *s, const hpu_train_opts *o, long run_steps);
+void hpu__sched_init(hpu_sched *s, const hpu_train_opts *o, long run_steps);
 
 /* The learning rate for optimizer step k (0-based). */
-double hpu_sched_lr(const hpu_sched *s, long k);
+double hpu__sched_lr(const hpu_sched *s, long k);
 
 #endif

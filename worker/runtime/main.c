@@ -13,24 +13,24 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "config.h"
-#include "device.h"
-#include "devmem.h"
-#include "env.h"
-#include "fp8.h"
-#include "log.h"
-#include "model.h"
-#include "num.h"
-#include "same_opts.h"
-#include "status.h"
-#include "train.h"
+#include "worker/ops/backend.h"
+#include "options/config.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "common/env.h"
+#include "worker/ops/fp8.h"
+#include "common/log.h"
+#include "worker/hpu/model.h"
+#include "common/num.h"
+#include "worker/runtime/same_opts.h"
+#include "proto/status.h"
+#include "worker/runtime/train.h"
 
 /* The variable as a whole number; dflt when it is unset or not one. */
 static int env_int(hpu_env_id id, int dflt)
 {
 	int v;
-	return hpu_parse_int(hpu_env_str(id), INT_MIN, INT_MAX, &v) ? dflt : v;
+	return hpu__parse_int(hpu__env_str(id), INT_MIN, INT_MAX, &v) ? dflt : v;
 }
 
 /* --device-memory, or this node's memory shared by its devices. */
@@ -76,10 +76,10 @@ static void kernels_setup(const hpu_train_opts *o)
 	if (o->verbose)
 		printf("kernels: %s\n", be->describe()); /* the agent adds [rank R] */
 	else if (low && !be->bf16_native() && local == 0)
-		hpu_log(HPU_LOG_NOTICE, "kernels: %s: bf16 products run as fp32 "
+		hpu__log(HPU_LOG_NOTICE, "kernels: %s: bf16 products run as fp32 "
 					"products of bf16-rounded values (the same results, without "
 					"the speed-up)",
-			be->describe());
+			 be->describe());
 }
 
 /* A failure that another rank caused (it died, stopped answering, or
@@ -89,7 +89,7 @@ static void blame_peer(const hpucoll_comm *comm)
 {
 	int code, culprit = comm ? hpucoll_comm_culprit(comm, &code) : -1;
 	if (culprit >= 0)
-		hpu_status_blame(culprit, code == HPUCOLL_EPEER       ? HPU_BLAME_DIED
+		hpu__status_blame(culprit, code == HPUCOLL_EPEER       ? HPU_BLAME_DIED
 					  : code == HPUCOLL_ETIMEDOUT ? HPU_BLAME_SILENT
 								      : HPU_BLAME_FAILED);
 }
@@ -99,7 +99,7 @@ static void blame_peer(const hpucoll_comm *comm)
 static void coll_log(void *user, hpucoll_log_level lvl, const char *line)
 {
 	(void)user;
-	hpu_log_plain((hpu_log_level)lvl, "%s", line);
+	hpu__log_plain((hpu_log_level)lvl, "%s", line);
 }
 
 static void usage(FILE *f)
@@ -107,23 +107,23 @@ static void usage(FILE *f)
 	fprintf(f, "usage: hpu-worker [training options] MODEL.so [-- model args]\n"
 		   "Started by hpulaunch, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...\n"
 		   "Training options:\n");
-	hpu_opts_help(f);
+	hpu__opts_help(f);
 }
 
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN); /* a closed status pipe or socket is EPIPE, not death */
-	hpu_status_hello();
+	hpu__status_hello();
 	char err[4096] = ""; /* a config file's errors, one a line */
 	int rank = env_int(HPU_ENV_RANK, 0), world = env_int(HPU_ENV_WORLD_SIZE, 1);
-	if (hpu_log_init(err, sizeof err, "hpu-worker: rank %d", rank) < 0) {
-		hpu_log(HPU_LOG_ERROR, "%s", err);
+	if (hpu__log_init(err, sizeof err, "hpu-worker: rank %d", rank) < 0) {
+		hpu__log(HPU_LOG_ERROR, "%s", err);
 		return 2;
 	}
 	hpucoll_set_log(coll_log, NULL);
 	hpu_train_opts o;
-	hpu_opts_defaults(&o);
+	hpu__opts_defaults(&o);
 	int i = 1;
 	if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
 		usage(stdout);
@@ -132,17 +132,17 @@ int main(int argc, char **argv)
 	/* the checkpoint directory is checked here too (hpud's node can be
 	 * another machine than the launcher's): before training, not at the
 	 * first save */
-	if (hpu_opts_parse(&o, argc, argv, &i, err, sizeof err) < 0 ||
-	    hpu_opts_resolve(&o, world, err, sizeof err) < 0 ||
-	    hpu_opts_check_checkpoint_dir(&o, err, sizeof err) < 0) {
-		hpu_log(HPU_LOG_ERROR, "%s", err);
+	if (hpu__opts_parse(&o, argc, argv, &i, err, sizeof err) < 0 ||
+	    hpu__opts_resolve(&o, world, err, sizeof err) < 0 ||
+	    hpu__opts_check_checkpoint_dir(&o, err, sizeof err) < 0) {
+		hpu__log(HPU_LOG_ERROR, "%s", err);
 		return 2;
 	}
 	if (i >= argc) {
 		usage(stderr);
 		return 2;
 	}
-	hpu_train_announce(&o);
+	hpu__train_announce(&o);
 	const char *path = argv[i++];
 	/* Model arguments follow "--"; the model sees its path as argv[0]. */
 	if (i < argc && strcmp(argv[i], "--") == 0)
@@ -154,7 +154,7 @@ int main(int argc, char **argv)
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
 	int rc = 1;
-	if (hpu__dev_open(hpu_device_name(o.device), rank, err, sizeof err) < 0)
+	if (hpu__dev_open(hpu__device_name(o.device), rank, err, sizeof err) < 0)
 		goto out;
 	if (hpu__devmem_init(device_memory(&o), rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
@@ -177,19 +177,19 @@ int main(int argc, char **argv)
 	if (hpu__model_load(&b, path, rank, world, o.micro_batch, err, sizeof err) < 0)
 		goto out;
 	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK ||
-	    hpu_same_opts_check(comm, &o, err, sizeof err) < 0)
+	    hpu__same_opts_check(comm, &o, err, sizeof err) < 0)
 		goto out;
 	if (hpu__model_setup(b, margc, margv, err, sizeof err) < 0)
 		goto out;
-	if (hpu_train_run(b, comm, &o, err, sizeof err) < 0)
+	if (hpu__train_run(b, comm, &o, err, sizeof err) < 0)
 		goto out;
 	rc = 0;
 out:
 	blame_peer(rc ? comm : NULL);
 	if (rc && strncmp(err, "rank ", 5) == 0) /* it names the rank itself */
-		hpu_log_plain(HPU_LOG_ERROR, "hpu-worker: %s", err);
+		hpu__log_plain(HPU_LOG_ERROR, "hpu-worker: %s", err);
 	else if (rc)
-		hpu_log(HPU_LOG_ERROR, "%s", err);
+		hpu__log(HPU_LOG_ERROR, "%s", err);
 	hpu__model_destroy(&b);
 	hpucoll_comm_destroy(&comm);
 	hpu__devmem_shutdown();

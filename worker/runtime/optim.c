@@ -1,8 +1,8 @@
-#include "optim.h"
+#include "worker/runtime/optim.h"
 
 #include <math.h>
 
-#include "simd.h"
+#include "common/simd.h"
 
 /* Every step is one pass over the n parameters, in fp32 the way torch does
  * it after clip_grad_norm_: the gradient is first scaled by gscale (rounded
@@ -11,7 +11,7 @@
  * double here and rounded once. This file is compiled -O3 -fno-math-errno:
  * keep the loops free of calls and branches that depend on i. */
 
-int hpu_optim_state_floats(const hpu_train_opts *opts)
+int hpu__optim_state_floats(const hpu_train_opts *opts)
 {
 	switch (opts->optimizer) {
 	case HPU_OPTIM_ADAM:
@@ -23,14 +23,14 @@ int hpu_optim_state_floats(const hpu_train_opts *opts)
 	return opts->momentum != 0.0 ? 1 : 0;
 }
 
-void hpu_optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n,
-		    float *state)
+void hpu__optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n,
+		     float *state)
 {
-	int floats = hpu_optim_state_floats(opts);
+	int floats = hpu__optim_state_floats(opts);
 	*o = (hpu_optim){
 		.kind = opts->optimizer,
 		.momentum = opts->momentum,
-		.weight_decay = hpu_opts_weight_decay(opts),
+		.weight_decay = hpu__opts_weight_decay(opts),
 		.beta1 = opts->beta1,
 		.beta2 = opts->beta2,
 		.eps = opts->eps,
@@ -137,8 +137,8 @@ static void adam_step(hpu_optim *o, float *p, const float *g, float gscale,
 		adam_decoupled(&k, p, g, o->m, o->v, o->n, gscale);
 }
 
-void hpu_optim_step(hpu_optim *o, float *p, const float *g, float gscale,
-		    double lr)
+void hpu__optim_step(hpu_optim *o, float *p, const float *g, float gscale,
+		     double lr)
 {
 	o->t++;
 	switch (o->kind) {
@@ -152,13 +152,13 @@ void hpu_optim_step(hpu_optim *o, float *p, const float *g, float gscale,
 	sgd_step(o, p, g, gscale, lr);
 }
 
-void hpu_optim_begin(hpu_optim *o)
+void hpu__optim_begin(hpu_optim *o)
 {
 	o->t++;
 }
 
-void hpu_optim_range(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
-		     float gscale, double lr)
+void hpu__optim_range(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
+		      float gscale, double lr)
 {
 	hpu_optim view = *o;
 	view.n = n;
@@ -202,7 +202,7 @@ static inline float sumsq_block(const float *g)
 	return acc[0];
 }
 
-HPU_CLONES double hpu_sumsq(const float *g, size_t n)
+HPU_CLONES double hpu__sumsq(const float *g, size_t n)
 {
 	double total = 0.0;
 	size_t i = 0;
@@ -217,7 +217,7 @@ HPU_CLONES double hpu_sumsq(const float *g, size_t n)
 /* torch 1.13 computes this on fp32 tensors: total_norm + 1e-6, then
  * max_norm / that as reciprocal() * max_norm, then clamp(max=1.0), which
  * keeps NaN (a NaN norm gives a NaN factor, as in torch). */
-float hpu_clip_factor(double norm, double max_norm)
+float hpu__clip_factor(double norm, double max_norm)
 {
 	float denom = (float)norm + (float)1e-6;
 	float coef = (1.0f / denom) * (float)max_norm;

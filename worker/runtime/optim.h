@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "config.h"
+#include "options/config.h"
 
 typedef struct hpu_optim {
 	hpu_optim_kind kind;
@@ -21,35 +21,35 @@ typedef struct hpu_optim {
 
 /* Floats of state per parameter the optimizer in `opts` needs: 2 for Adam
  * and AdamW, 1 for SGD with momentum, 0 for plain SGD. */
-int hpu_optim_state_floats(const hpu_train_opts *opts);
+int hpu__optim_state_floats(const hpu_train_opts *opts);
 
 /* Sets up an optimizer for n parameters; `state` holds
- * n * hpu_optim_state_floats(opts) floats, zeroed, and stays the caller's
+ * n * hpu__optim_state_floats(opts) floats, zeroed, and stays the caller's
  * (NULL when that is 0): m = state[0, n), v = state[n, 2n). */
-void hpu_optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n,
-		    float *state);
+void hpu__optim_init(hpu_optim *o, const hpu_train_opts *opts, size_t n,
+		     float *state);
 
 /* One step with learning rate `lr`: updates p[n] from the gradients
  * gscale * g[n] (as torch.optim.SGD / Adam / AdamW do after
  * clip_grad_norm_ multiplied the gradients by gscale). */
-void hpu_optim_step(hpu_optim *o, float *p, const float *g, float gscale,
-		    double lr);
+void hpu__optim_step(hpu_optim *o, float *p, const float *g, float gscale,
+		     double lr);
 
 /* The same step done in pieces (mixed precision converts the gradients
- * chunk by chunk): hpu_optim_begin() counts the step once, then
- * hpu_optim_range() updates elements [from, from + n) of the parameters
+ * chunk by chunk): hpu__optim_begin() counts the step once, then
+ * hpu__optim_range() updates elements [from, from + n) of the parameters
  * p[n], g[n] (pointers to that range) and of the state. */
-void hpu_optim_begin(hpu_optim *o);
-void hpu_optim_range(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
-		     float gscale, double lr);
+void hpu__optim_begin(hpu_optim *o);
+void hpu__optim_range(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
+		      float gscale, double lr);
 
 /* Sum of squares of g[n]: fp32 within blocks of 256, the blocks summed in
  * double. */
-double hpu_sumsq(const float *g, size_t n);
+double hpu__sumsq(const float *g, size_t n);
 
 /* torch.nn.utils.clip_grad_norm_'s factor for a global norm, in fp32 as
  * torch computes it: max_norm / (norm + 1e-6) when that is below 1, else 1
  * (NaN for a NaN norm). */
-float hpu_clip_factor(double norm, double max_norm);
+float hpu__clip_factor(double norm, double max_norm);
 
 #endif

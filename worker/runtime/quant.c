@@ -1,6 +1,6 @@
 /* quant: QUANT_CONFIG and the measurement file of fp8 inference (see
  * quant.h). */
-#include "quant.h"
+#include "worker/runtime/quant.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -10,9 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "env.h"
-#include "fileio.h"
-#include "fp8.h"
+#include "common/env.h"
+#include "common/fileio.h"
+#include "worker/ops/fp8.h"
 
 static int bad(char *err, size_t errlen, const char *file, const char *key, const char *what)
 {
@@ -117,7 +117,7 @@ static int load_stats(hpu_quant *q, const cJSON *allow, const cJSON *block, int 
 {
 	char *text;
 	size_t len;
-	const char *why = hpu_read_file(q->stats, &text, &len);
+	const char *why = hpu__read_file(q->stats, &text, &len);
 	if (why) {
 		snprintf(err, errlen,
 			 "QUANT_CONFIG %s: cannot read the measurement file %s: %s "
@@ -172,16 +172,16 @@ static int load_stats(hpu_quant *q, const cJSON *allow, const cJSON *block, int 
 	return rc;
 }
 
-int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errlen)
+int hpu__quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errlen)
 {
 	memset(q, 0, sizeof *q);
-	const char *path = hpu_env_str(HPU_ENV_QUANT_CONFIG);
+	const char *path = hpu__env_str(HPU_ENV_QUANT_CONFIG);
 	if (!path || !*path)
 		return 0;
 	snprintf(q->config, sizeof q->config, "%s", path);
 	char *text;
 	size_t len;
-	const char *why = hpu_read_file(path, &text, &len);
+	const char *why = hpu__read_file(path, &text, &len);
 	if (why) {
 		snprintf(err, errlen, "QUANT_CONFIG %s: cannot read it: %s", path, why);
 		return -1;
@@ -283,7 +283,7 @@ int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errl
 	if (q->mode == HPU_FP8_MEASURE && slash && slash > q->stats) {
 		char dir[sizeof q->stats];
 		snprintf(dir, sizeof dir, "%.*s", (int)(slash - q->stats), q->stats);
-		if (hpu_make_dirs(dir, at, sizeof at) < 0) {
+		if (hpu__make_dirs(dir, at, sizeof at) < 0) {
 			snprintf(err, errlen, "QUANT_CONFIG %s: dump_stats_path: cannot make directory %s: %s",
 				 path, at, strerror(errno));
 			goto out;
@@ -301,8 +301,8 @@ out:
 	return rc;
 }
 
-int hpu_quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
-		   double samples, char *err, size_t errlen)
+int hpu__quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
+		    double samples, char *err, size_t errlen)
 {
 	int n = hpu__fp8_count(), rank = hpucoll_comm_rank(comm);
 	float *v = calloc((size_t)n * 3 + 1, sizeof *v);
@@ -348,10 +348,10 @@ int hpu_quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
 	char *text = cJSON_Print(j);
 	cJSON_Delete(j);
 	hpu_outfile o = {.fd = -1};
-	int bad_write = !text || hpu_outfile_open(&o, q->stats, 0666) < 0 ||
-			hpu_write_all(o.fd, text, strlen(text)) < 0 ||
-			hpu_write_all(o.fd, "\n", 1) < 0 || hpu_outfile_commit(&o, NULL) < 0;
-	hpu_outfile_abort(&o); /* errno stays */
+	int bad_write = !text || hpu__outfile_open(&o, q->stats, 0666) < 0 ||
+			hpu__write_all(o.fd, text, strlen(text)) < 0 ||
+			hpu__write_all(o.fd, "\n", 1) < 0 || hpu__outfile_commit(&o, NULL) < 0;
+	hpu__outfile_abort(&o); /* errno stays */
 	free(text);
 	if (bad_write) {
 		snprintf(err, errlen, "cannot write the measurement file %s: %s", q->stats,

@@ -27,7 +27,7 @@
 #include <hpu/coll.h>
 #include <stddef.h>
 
-#include "config.h"
+#include "options/config.h"
 
 typedef struct hpu_quant {
 	int mode;            /* HPU_FP8_OFF (no QUANT_CONFIG), _MEASURE, _QUANTIZE */
@@ -40,12 +40,12 @@ typedef struct hpu_quant {
 /* Reads QUANT_CONFIG (unset or empty: nothing to do) and sets fp8.c's
  * mode; QUANTIZE loads the measurement file. Returns 0, or -1 with a
  * sentence naming the file and key in err. */
-int hpu_quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errlen);
+int hpu__quant_init(hpu_quant *q, const hpu_train_opts *o, char *err, size_t errlen);
 
 /* MEASURE, after the calibration batches: the figures reduced over the
  * ranks; rank 0 writes the measurement file (atomically). `samples`: the
  * calibration samples of all ranks. Returns 0, or -1 with err. */
-int hpu_quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
-		   double samples, char *err, size_t errlen);
+int hpu__quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
+		    double samples, char *err, size_t errlen);
 
 #endif

@@ -1,5 +1,5 @@
 /* same_opts: see same_opts.h. */
-#include "same_opts.h"
+#include "worker/runtime/same_opts.h"
 
 #include <openssl/evp.h>
 #include <stdarg.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
+#include "common/fileio.h"
 
 enum {
 	TEXT_MAX = 4096, /* the shared text (about 2 KB) fits with room */
@@ -19,7 +19,7 @@ enum {
 static int coll_error(hpucoll_comm *comm, int rc, char *err, size_t errlen)
 {
 	const char *msg = hpucoll_comm_errmsg(comm);
-	return hpu_say(err, errlen, "comparing the ranks' training options failed: %s",
+	return hpu__say(err, errlen, "comparing the ranks' training options failed: %s",
 		   msg && *msg ? msg : hpucoll_strerror(rc));
 }
 
@@ -76,7 +76,7 @@ static void describe(const unsigned char *dig, const char *texts, int world, cha
 			more++;
 			continue;
 		}
-		hpu_opts_shared_diff(texts + (size_t)r * TEXT_MAX, texts, diff, sizeof diff);
+		hpu__opts_shared_diff(texts + (size_t)r * TEXT_MAX, texts, diff, sizeof diff);
 		if (groups++)
 			put(err, errlen, &at, "; ");
 		group_ranks(dig, world, r, err, errlen, &at);
@@ -87,21 +87,21 @@ static void describe(const unsigned char *dig, const char *texts, int world, cha
 	put(err, errlen, &at, " (every node must run with the same training options and --config values)");
 }
 
-int hpu_same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
-			size_t errlen)
+int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
+			 size_t errlen)
 {
 	int world = hpucoll_comm_size(comm), rc = -1, c;
 	char *mine = calloc(1, TEXT_MAX), *texts = NULL;
 	unsigned char md[EVP_MAX_MD_SIZE], *dig = malloc((size_t)world * DIGEST);
 	unsigned int mdlen = 0;
 	if (!mine || !dig) {
-		hpu_say(err, errlen, "out of memory");
+		hpu__say(err, errlen, "out of memory");
 		goto out;
 	}
-	int len = hpu_opts_shared_text(o, mine, TEXT_MAX);
+	int len = hpu__opts_shared_text(o, mine, TEXT_MAX);
 	if (len < 0 || EVP_Digest(mine, (size_t)len, md, &mdlen, EVP_sha256(), NULL) != 1 ||
 	    mdlen != DIGEST) {
-		hpu_say(err, errlen, "cannot make the digest of the training options");
+		hpu__say(err, errlen, "cannot make the digest of the training options");
 		goto out;
 	}
 	if ((c = hpucoll_all_gather(comm, md, dig, DIGEST, HPUCOLL_U8))) {
@@ -117,7 +117,7 @@ int hpu_same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 	}
 	/* every rank saw the same digests: every rank comes here */
 	if (!(texts = malloc((size_t)world * TEXT_MAX))) {
-		hpu_say(err, errlen, "the ranks' training options differ (out of memory naming them)");
+		hpu__say(err, errlen, "the ranks' training options differ (out of memory naming them)");
 		goto out;
 	}
 	if ((c = hpucoll_all_gather(comm, mine, texts, TEXT_MAX, HPUCOLL_U8))) {

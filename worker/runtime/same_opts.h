@@ -1,5 +1,5 @@
 /* same_opts: at start-up, the ranks of a job check that they train with
- * the same options (hpu_opts_shared_text): two nodes whose copies of a
+ * the same options (hpu__opts_shared_text): two nodes whose copies of a
  * --config file differ would otherwise train together, to a useless
  * model. */
 #ifndef HPU_SAME_OPTS_H
@@ -8,7 +8,7 @@
 #include <hpu/coll.h>
 #include <stddef.h>
 
-#include "config.h"
+#include "options/config.h"
 
 /* Compares a digest of the options every rank must share with every
  * other rank's (one all-gather of 32 bytes each); where any differs, a
@@ -18,7 +18,7 @@
  * 0.001)"). Every rank reaches the same verdict. Collective: every rank
  * calls it, first after connecting. Returns 0, or -1 with a sentence in
  * err. */
-int hpu_same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
-			size_t errlen);
+int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
+			 size_t errlen);
 
 #endif

@@ -1,9 +1,9 @@
-#include "sampler.h"
+#include "worker/runtime/sampler.h"
 
-#include "rng.h"
+#include "common/rng.h"
 
-void hpu_sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
-			 uint64_t epoch)
+void hpu__sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
+			  uint64_t epoch)
 {
 	hpu_rng r;
 	hpu_rng_seed(&r, seed, 0x5a4d504cull + epoch); /* "SMPL" + epoch */
@@ -18,19 +18,19 @@ void hpu_sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
 	}
 }
 
-size_t hpu_sampler_steps(size_t n, size_t global_batch)
+size_t hpu__sampler_steps(size_t n, size_t global_batch)
 {
 	return global_batch ? n / global_batch : 0;
 }
 
-const uint32_t *hpu_sampler_shard(const uint32_t *perm, size_t step,
-				  size_t global_batch, int rank, int world)
+const uint32_t *hpu__sampler_shard(const uint32_t *perm, size_t step,
+				   size_t global_batch, int rank, int world)
 {
 	size_t local = global_batch / (size_t)world;
 	return perm + step * global_batch + (size_t)rank * local;
 }
 
-size_t hpu_sampler_eval_count(size_t n, int rank, int world)
+size_t hpu__sampler_eval_count(size_t n, int rank, int world)
 {
 	if ((size_t)rank >= n)
 		return 0;

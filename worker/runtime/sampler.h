@@ -10,18 +10,18 @@
 #include <stdint.h>
 
 /* Fills perm[0..n) with epoch `epoch`'s permutation under `seed`. */
-void hpu_sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
-			 uint64_t epoch);
+void hpu__sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
+			  uint64_t epoch);
 
 /* Number of full global batches of `global_batch` in n samples. */
-size_t hpu_sampler_steps(size_t n, size_t global_batch);
+size_t hpu__sampler_steps(size_t n, size_t global_batch);
 
 /* The global_batch/world indices rank `rank` trains on at `step`. */
-const uint32_t *hpu_sampler_shard(const uint32_t *perm, size_t step,
-				  size_t global_batch, int rank, int world);
+const uint32_t *hpu__sampler_shard(const uint32_t *perm, size_t step,
+				   size_t global_batch, int rank, int world);
 
 /* Evaluation: rank r takes samples r, r+W, r+2W, ... (every sample once
  * over all ranks). Returns how many samples rank r gets out of n. */
-size_t hpu_sampler_eval_count(size_t n, int rank, int world);
+size_t hpu__sampler_eval_count(size_t n, int rank, int world);
 
 #endif

@@ -1,4 +1,4 @@
-#include "save_resume.h"
+#include "worker/runtime/save_resume.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -9,12 +9,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "env.h"
-#include "fileio.h"
-#include "fp8.h"
-#include "num.h"
+#include "common/env.h"
+#include "common/fileio.h"
+#include "worker/ops/fp8.h"
+#include "common/num.h"
 
-#define say hpu_say
+#define say hpu__say
 
 static double now_s(void)
 {
@@ -66,7 +66,7 @@ static int agree(hpucoll_comm *comm, const rec *mine, rec *all, char *err, size_
 static int mkdir_p(const char *path, char *err, size_t errlen)
 {
 	char at[600];
-	if (hpu_make_dirs(path, at, sizeof at) < 0)
+	if (hpu__make_dirs(path, at, sizeof at) < 0)
 		return say(err, errlen, "cannot make directory %s: %s", at, strerror(errno));
 	return 0;
 }
@@ -81,7 +81,7 @@ static cJSON *seed_json(uint64_t seed)
 static cJSON *sched_json(const hpu_sched *s)
 {
 	cJSON *j = cJSON_CreateObject();
-	cJSON_AddStringToObject(j, "type", hpu_sched_name(s->kind));
+	cJSON_AddStringToObject(j, "type", hpu__sched_name(s->kind));
 	cJSON_AddNumberToObject(j, "lr", s->lr);
 	cJSON_AddNumberToObject(j, "warmup_min_lr", s->warmup_min_lr);
 	cJSON_AddNumberToObject(j, "warmup_steps", (double)s->warmup_steps);
@@ -171,7 +171,7 @@ static cJSON *buffers_json(const hpu_builder *b, const hpu_ckpt_file *bf)
 		snprintf(v[i].sync, sizeof v[i].sync, "%s", sync_name(bi->sync));
 		at += bi->numel;
 	}
-	cJSON *j = hpu_ckpt_buffers_json(bf, v, b->nbuffers);
+	cJSON *j = hpu__ckpt_buffers_json(bf, v, b->nbuffers);
 	free(v);
 	return j;
 }
@@ -182,22 +182,22 @@ static cJSON *buffers_json(const hpu_builder *b, const hpu_ckpt_file *bf)
 static int write_buffers(const hpu_builder *b, hpu_strat *st, const char *dir,
 			 hpu_ckpt_file *bf, char *err, size_t errlen)
 {
-	const float *B = hpu_strat_buffers(st);
+	const float *B = hpu__strat_buffers(st);
 	char path[1200 + sizeof bf->name + 2]; /* dir is at most 1200 bytes */
 	hpu_ckpt_writer w;
 	snprintf(bf->name, sizeof bf->name, "%s", HPU_CKPT_BUFFERS);
 	snprintf(path, sizeof path, "%s/%s", dir, bf->name);
-	if (hpu_ckpt_writer_open(&w, path, err, errlen) < 0)
+	if (hpu__ckpt_writer_open(&w, path, err, errlen) < 0)
 		return -1;
 	for (int i = 0; i < b->nbuffers; i++)
-		if (hpu_ckpt_writer_put(&w, B + b->buffers[i].offset, b->buffers[i].numel * 4, err,
-					errlen) < 0) {
-			hpu_ckpt_writer_abort(&w);
+		if (hpu__ckpt_writer_put(&w, B + b->buffers[i].offset, b->buffers[i].numel * 4, err,
+					 errlen) < 0) {
+			hpu__ckpt_writer_abort(&w);
 			return -1;
 		}
 	bf->bytes = w.bytes;
-	if (hpu_ckpt_writer_commit(&w, bf->sha256, err, errlen) < 0) {
-		hpu_ckpt_writer_abort(&w);
+	if (hpu__ckpt_writer_commit(&w, bf->sha256, err, errlen) < 0) {
+		hpu__ckpt_writer_abort(&w);
 		return -1;
 	}
 	return 0;
@@ -211,18 +211,18 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 {
 	int world = hpucoll_comm_size(comm);
 	hpu_strat_state ss;
-	hpu_strat_get_state(st, &ss);
+	hpu__strat_get_state(st, &ss);
 	const char *names[3];
-	int ns = hpu_strat_ckpt_sections(st, names);
+	int ns = hpu__strat_ckpt_sections(st, names);
 	cJSON *m = cJSON_CreateObject();
 	cJSON_AddStringToObject(m, "format", HPU_CKPT_FORMAT);
 	cJSON_AddNumberToObject(m, "version", HPU_CKPT_VERSION);
 	const char *slash = strrchr(b->path, '/');
 	cJSON_AddStringToObject(m, "model", slash ? slash + 1 : b->path);
 	cJSON_AddNumberToObject(m, "world_size", world);
-	cJSON_AddStringToObject(m, "strategy", hpu_strategy_name(o->strategy));
-	cJSON_AddStringToObject(m, "precision", hpu_precision_name(o->precision));
-	cJSON_AddStringToObject(m, "optimizer", hpu_optim_name(o->optimizer));
+	cJSON_AddStringToObject(m, "strategy", hpu__strategy_name(o->strategy));
+	cJSON_AddStringToObject(m, "precision", hpu__precision_name(o->precision));
+	cJSON_AddStringToObject(m, "optimizer", hpu__optim_name(o->optimizer));
 	cJSON_AddNumberToObject(m, "step", (double)pos->step);
 	cJSON_AddNumberToObject(m, "epoch", pos->epoch);
 	cJSON_AddNumberToObject(m, "batch_in_epoch", (double)pos->batch);
@@ -253,14 +253,14 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 	cJSON_AddItemToObject(m, "files", files);
 	for (int r = 0; r < world; r++) {
 		hpu_ckpt_file f = {.bytes = (uint64_t)all[r].bytes};
-		hpu_ckpt_shard_name(r, world, f.name, sizeof f.name);
+		hpu__ckpt_shard_name(r, world, f.name, sizeof f.name);
 		memcpy(f.sha256, all[r].sha256, sizeof f.sha256);
-		if (hpu_strat_ckpt_segments(st, r, &f.seg, &f.nseg) < 0) {
+		if (hpu__strat_ckpt_segments(st, r, &f.seg, &f.nseg) < 0) {
 			say(err, errlen, "out of memory");
 			cJSON_Delete(m);
 			return NULL;
 		}
-		cJSON_AddItemToArray(files, hpu_ckpt_file_json(&f));
+		cJSON_AddItemToArray(files, hpu__ckpt_file_json(&f));
 		free(f.seg);
 	}
 	if (b->nbuffers) { /* no key without buffers: as before buffers existed */
@@ -283,16 +283,16 @@ static int finish(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder
 	cJSON *m = manifest(comm, o, b, st, pos, all, bf, msg, msglen);
 	if (!m)
 		return -1;
-	char *text = hpu_ckpt_manifest_text(m); /* with its own digest */
+	char *text = hpu__ckpt_manifest_text(m); /* with its own digest */
 	cJSON_Delete(m);
 	if (!text)
 		return say(msg, msglen, "out of memory");
 	char path[1200];
 	snprintf(path, sizeof path, "%s/%s/%s", o->checkpoint_dir, partial, HPU_CKPT_MANIFEST);
-	int rc = hpu_write_atomic(path, text, strlen(text), msg, msglen);
+	int rc = hpu__write_atomic(path, text, strlen(text), msg, msglen);
 	free(text);
 	if (rc == 0)
-		rc = hpu_ckpt_publish(o->checkpoint_dir, partial, name, o->keep, msg, msglen);
+		rc = hpu__ckpt_publish(o->checkpoint_dir, partial, name, o->keep, msg, msglen);
 	return rc;
 }
 
@@ -358,7 +358,7 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
  * nanosleep, which are async-signal-safe): this rank's files in the
  * partial directory, and on rank 0 the directory once the other ranks
  * have removed theirs (waiting up to 1 s). What a SIGKILL leaves, the next
- * save or start-up removes (hpu_ckpt_clean_partials). */
+ * save or start-up removes (hpu__ckpt_clean_partials). */
 static struct {
 	char files[6][1300];
 	int nfiles;
@@ -449,7 +449,7 @@ static void said_removed(const char *path, void *arg)
  * first) and locked for the save. */
 static int make_partial(const char *root, const char *path, char *msg, size_t msglen)
 {
-	hpu_ckpt_clean_partials(root, said_removed, NULL);
+	hpu__ckpt_clean_partials(root, said_removed, NULL);
 	if (mkdir_p(root, msg, msglen) < 0)
 		return -1;
 	if (mkdir(path, 0755) == 0)
@@ -460,20 +460,20 @@ static int make_partial(const char *root, const char *path, char *msg, size_t ms
 					     "that still runs or owned by another user"
 					   : "cannot make directory %s: %s",
 			   path, strerror(errno));
-	if ((G.lock = hpu_ckpt_partial_lock(path)) < 0)
+	if ((G.lock = hpu__ckpt_partial_lock(path)) < 0)
 		return say(msg, msglen, "cannot lock %s: %s", path, strerror(errno));
 	return 0;
 }
 
-int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
-			hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
-			size_t errlen)
+int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			 hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
+			 size_t errlen)
 {
 	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
 	const char *root = o->checkpoint_dir;
 	char name[64], partial[80], path[1200], why[600];
 	double t0 = now_s();
-	hpu_ckpt_step_name(pos->step, name, sizeof name);
+	hpu__ckpt_step_name(pos->step, name, sizeof name);
 	snprintf(partial, sizeof partial, ".%s.partial", name);
 	rec mine = {.ok = 1};
 	rec *all = calloc((size_t)world, sizeof *all);
@@ -482,7 +482,7 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 		return say(err, errlen, "out of memory");
 	/* rank 0 makes the partial directory; a crashed save's is dropped */
 	char shard[96];
-	hpu_ckpt_shard_name(rank, world, shard, sizeof shard);
+	hpu__ckpt_shard_name(rank, world, shard, sizeof shard);
 	snprintf(path, sizeof path, "%s/%s", root, partial);
 	/* once the partial is this save's (rank 0 holds it), a signal
 	 * removes it: rank 0 at once, the others when they know */
@@ -498,16 +498,16 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 	snprintf(path, sizeof path, "%s/%s/%s", root, partial, shard);
 	double tw = now_s();
 	hpu_ckpt_writer w;
-	if (hpu_ckpt_writer_open(&w, path, mine.msg, sizeof mine.msg) < 0) {
+	if (hpu__ckpt_writer_open(&w, path, mine.msg, sizeof mine.msg) < 0) {
 		mine.ok = 0;
-	} else if (hpu_strat_ckpt_write(st, &w) < 0) {
+	} else if (hpu__strat_ckpt_write(st, &w) < 0) {
 		mine.ok = 0;
-		hpu_ckpt_writer_abort(&w);
+		hpu__ckpt_writer_abort(&w);
 	} else {
 		mine.bytes = (double)w.bytes;
-		if (hpu_ckpt_writer_commit(&w, mine.sha256, mine.msg, sizeof mine.msg) < 0) {
+		if (hpu__ckpt_writer_commit(&w, mine.sha256, mine.msg, sizeof mine.msg) < 0) {
 			mine.ok = 0;
-			hpu_ckpt_writer_abort(&w);
+			hpu__ckpt_writer_abort(&w);
 		}
 	}
 	if (!mine.ok && !mine.msg[0]) /* the strategy's sentence is in err */
@@ -542,7 +542,7 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 failed:
 	if (rank == 0 && G.made) { /* only a partial of its own */
 		snprintf(path, sizeof path, "%s/%s", root, partial);
-		hpu_ckpt_rmtree(path);
+		hpu__ckpt_rmtree(path);
 	}
 	guard_end();
 	free(all);
@@ -603,18 +603,18 @@ static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *d
 	if (!c || !all) {
 		mine.ok = 0;
 		snprintf(mine.msg, sizeof mine.msg, "out of memory");
-	} else if (hpu_ckpt_open_owned(c, dir, who, mine.msg, sizeof mine.msg) < 0 ||
+	} else if (hpu__ckpt_open_owned(c, dir, who, mine.msg, sizeof mine.msg) < 0 ||
 		   same_model(c, b, mine.msg, sizeof mine.msg) < 0) {
 		mine.ok = 0;
 	} else {
 		for (int i = rank; i < c->nfiles && mine.ok; i += world) {
-			if (hpu_ckpt_verify(c, i, mine.msg, sizeof mine.msg) < 0)
+			if (hpu__ckpt_verify(c, i, mine.msg, sizeof mine.msg) < 0)
 				mine.ok = 0;
 			c->bytes_verified += c->files[i].bytes;
 		}
 		/* the buffers file: the rank next in turn after the shards */
 		if (mine.ok && c->nbuffers && rank == c->nfiles % world) {
-			if (hpu_ckpt_verify_buffers(c, mine.msg, sizeof mine.msg) < 0)
+			if (hpu__ckpt_verify_buffers(c, mine.msg, sizeof mine.msg) < 0)
 				mine.ok = 0;
 			c->bytes_verified += c->buffer_file.bytes;
 		}
@@ -627,13 +627,13 @@ static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *d
 	free(all);
 	if (failed) {
 		if (c)
-			hpu_ckpt_close(c);
+			hpu__ckpt_close(c);
 		free(c);
 		return NULL;
 	}
 	if (c->unsealed && rank == 0) {
 		char note[4400];
-		hpu_ckpt_unsealed_note(c, note, sizeof note);
+		hpu__ckpt_unsealed_note(c, note, sizeof note);
 		printf("warning: resume: %s\n", note);
 	}
 	return c;
@@ -678,7 +678,7 @@ static int latest_trusted(hpucoll_comm *comm, const char *root, const hpu_ckpt_o
 			  char *err, size_t errlen)
 {
 	rec mine = {.ok = 1};
-	if (hpu_ckpt_check_latest(root, who, mine.msg, sizeof mine.msg) < 0)
+	if (hpu__ckpt_check_latest(root, who, mine.msg, sizeof mine.msg) < 0)
 		mine.ok = 0;
 	return agree(comm, &mine, NULL, err, errlen) ? -1 : 0;
 }
@@ -691,25 +691,25 @@ static int exists(const char *dir, const char *file)
 	return stat(p, &st) == 0;
 }
 
-int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
-			hpu_ckpt **out, char *err, size_t errlen)
+int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			 hpu_ckpt **out, char *err, size_t errlen)
 {
 	*out = NULL;
 	int rank = hpucoll_comm_rank(comm);
 	/* what an interrupted save of this checkpoint root left (rank 0 alone
 	 * writes there until the first save) */
 	if (rank == 0 && o->checkpoint_dir[0])
-		hpu_ckpt_clean_partials(o->checkpoint_dir, said_removed, NULL);
-	const char *want = o->resume, *rc_env = hpu_env_str(HPU_ENV_HPU_RESTART_COUNT);
+		hpu__ckpt_clean_partials(o->checkpoint_dir, said_removed, NULL);
+	const char *want = o->resume, *rc_env = hpu__env_str(HPU_ENV_HPU_RESTART_COUNT);
 	long restarts = 0; /* unset or not a number: none */
-	hpu_parse_long(rc_env, LONG_MIN, LONG_MAX, &restarts);
+	hpu__parse_long(rc_env, LONG_MIN, LONG_MAX, &restarts);
 	/* After a restart the newest checkpoint of this job wins over a
 	 * --resume DIR given for its first attempt (when there is one). */
 	char **names = NULL, dir[1200], why[600] = "";
 	int mine = 0;
 	if (restarts > 0 && o->checkpoint_dir[0] && strcmp(want, "auto") != 0) {
-		mine = hpu_ckpt_candidates(o->checkpoint_dir, &names, err, errlen);
-		hpu_ckpt_free_names(names);
+		mine = hpu__ckpt_candidates(o->checkpoint_dir, &names, err, errlen);
+		hpu__ckpt_free_names(names);
 		names = NULL;
 	}
 	if (restarts > 0 && o->checkpoint_dir[0] && (!*want || mine > 0))
@@ -731,11 +731,11 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 	}
 	if (latest_trusted(comm, root, &who, why, sizeof why) < 0)
 		return say(err, errlen, "--resume %s: %s", want, why);
-	int n = hpu_ckpt_candidates(root, &names, err, errlen);
+	int n = hpu__ckpt_candidates(root, &names, err, errlen);
 	if (n < 0)
 		return -1;
 	if (n == 0) {
-		hpu_ckpt_free_names(names);
+		hpu__ckpt_free_names(names);
 		if (!autom)
 			return say(err, errlen,
 				   "--resume %s: no checkpoint there (neither %s nor step-* directories)",
@@ -752,7 +752,7 @@ int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
 			printf("warning: resume: checkpoint %s is unusable: %s; falling back to %s/%s\n",
 			       dir, why, root, names[i + 1]);
 	}
-	hpu_ckpt_free_names(names);
+	hpu__ckpt_free_names(names);
 	if (!*out && foreign)
 		return say(err, errlen, "--resume %s: %s", want, why);
 	if (!*out)
@@ -772,7 +772,7 @@ static int pick(const char *v, const char *(*name)(int), int n)
 
 static const char *sched_name_i(int i)
 {
-	return hpu_sched_name((hpu_sched_kind)i);
+	return hpu__sched_name((hpu_sched_kind)i);
 }
 
 static int sched_from(const cJSON *j, hpu_sched *s)
@@ -784,15 +784,15 @@ static int sched_from(const cJSON *j, hpu_sched *s)
 	if (kind < 0)
 		return -1;
 	s->kind = (hpu_sched_kind)kind;
-	s->lr = hpu_ckpt_num(j, "lr", s->lr);
-	s->warmup_min_lr = hpu_ckpt_num(j, "warmup_min_lr", s->warmup_min_lr);
-	s->warmup_steps = (long)hpu_ckpt_num(j, "warmup_steps", (double)s->warmup_steps);
+	s->lr = hpu__ckpt_num(j, "lr", s->lr);
+	s->warmup_min_lr = hpu__ckpt_num(j, "warmup_min_lr", s->warmup_min_lr);
+	s->warmup_steps = (long)hpu__ckpt_num(j, "warmup_steps", (double)s->warmup_steps);
 	s->warmup_type = cJSON_IsString(wt) && !strcmp(wt->valuestring, "linear") ? HPU_WARMUP_LINEAR
 										    : HPU_WARMUP_LOG;
-	s->total_steps = (long)hpu_ckpt_num(j, "total_steps", (double)s->total_steps);
-	s->step_size = (long)hpu_ckpt_num(j, "step_size", (double)s->step_size);
-	s->gamma = hpu_ckpt_num(j, "gamma", s->gamma);
-	s->min_lr = hpu_ckpt_num(j, "min_lr", s->min_lr);
+	s->total_steps = (long)hpu__ckpt_num(j, "total_steps", (double)s->total_steps);
+	s->step_size = (long)hpu__ckpt_num(j, "step_size", (double)s->step_size);
+	s->gamma = hpu__ckpt_num(j, "gamma", s->gamma);
+	s->min_lr = hpu__ckpt_num(j, "min_lr", s->min_lr);
 	return 0;
 }
 
@@ -815,11 +815,11 @@ static int fp8_from(const hpu_ckpt *c, const hpu_train_opts *o, int rank, char *
 	if (o->precision != HPU_PREC_FP8 || !cJSON_IsObject(j))
 		return 0;
 	int H = hpu__fp8_recipe()->history;
-	if ((int)hpu_ckpt_num(j, "amax_history_len", -1) != H) {
+	if ((int)hpu__ckpt_num(j, "amax_history_len", -1) != H) {
 		if (rank == 0)
 			printf("resume: the checkpoint's fp8 amax history is %g steps, this run's %d: "
 			       "the histories start afresh\n",
-			       hpu_ckpt_num(j, "amax_history_len", -1), H);
+			       hpu__ckpt_num(j, "amax_history_len", -1), H);
 		return 0;
 	}
 	float *hist = malloc((size_t)3 * H * sizeof *hist);
@@ -829,12 +829,12 @@ static int fp8_from(const hpu_ckpt *c, const hpu_train_opts *o, int rank, char *
 	cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(j, "sites")) {
 		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(s, "name");
 		hpu_fp8_saved sv = {.name = cJSON_IsString(nm) ? nm->valuestring : "",
-				    .layer = (int)hpu_ckpt_num(s, "layer", -1),
-				    .op = (int)hpu_ckpt_num(s, "op", -1),
-				    .k = (int)hpu_ckpt_num(s, "k", 0),
+				    .layer = (int)hpu__ckpt_num(s, "layer", -1),
+				    .op = (int)hpu__ckpt_num(s, "op", -1),
+				    .k = (int)hpu__ckpt_num(s, "k", 0),
 				    .hist = hist,
-				    .nhist = (int)hpu_ckpt_num(s, "filled", 0),
-				    .pos = (int)hpu_ckpt_num(s, "pos", 0)};
+				    .nhist = (int)hpu__ckpt_num(s, "filled", 0),
+				    .pos = (int)hpu__ckpt_num(s, "pos", 0)};
 		if (floats_from(cJSON_GetObjectItemCaseSensitive(s, "scale"), sv.scale, 3) < 0 ||
 		    floats_from(cJSON_GetObjectItemCaseSensitive(s, "amax_history"), hist, 3 * H) < 0 ||
 		    sv.pos < 0 || sv.pos >= H) {
@@ -896,23 +896,23 @@ static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE 
 	return 0;
 }
 
-int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
-			 hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen)
+int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
+			  hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen)
 {
 	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
-	long gb = (long)hpu_ckpt_num(c->m, "global_batch", -1);
+	long gb = (long)hpu__ckpt_num(c->m, "global_batch", -1);
 	if (gb != o->batch_size)
 		return say(err, errlen,
 			   "checkpoint %s was saved with a global batch of %ld; resuming needs the "
 			   "same (--batch-size %ld), not %d",
 			   c->dir, gb, gb, o->batch_size);
 	pos->step = c->step;
-	pos->epoch = (int)hpu_ckpt_num(c->m, "epoch", 0);
-	pos->batch = (long)hpu_ckpt_num(c->m, "batch_in_epoch", 0);
+	pos->epoch = (int)hpu__ckpt_num(c->m, "epoch", 0);
+	pos->batch = (long)hpu__ckpt_num(c->m, "batch_in_epoch", 0);
 	const cJSON *rng = cJSON_GetObjectItemCaseSensitive(c->m, "rng");
 	const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
 	if (cJSON_IsString(seed))
-		hpu_parse_u64(seed->valuestring, 0, UINT64_MAX, &pos->seed); /* checked on open */
+		hpu__parse_u64(seed->valuestring, 0, UINT64_MAX, &pos->seed); /* checked on open */
 	hpu_sched mine = pos->sched;
 	if (sched_from(cJSON_GetObjectItemCaseSensitive(c->m, "scheduler"), &pos->sched) < 0)
 		return say(err, errlen, "checkpoint %s: the scheduler entry is damaged", c->dir);
@@ -921,16 +921,16 @@ int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *
 		return -1;
 	if (rank != 0)
 		return 0;
-	int reshard = c->world != world || strcmp(c->strategy, hpu_strategy_name(o->strategy));
+	int reshard = c->world != world || strcmp(c->strategy, hpu__strategy_name(o->strategy));
 	printf("resumed from %s at step %ld (epoch %d, batch %ld): saved by %d workers under %s "
 	       "(%s)%s%s%s\n",
 	       c->dir, c->step, pos->epoch + 1, pos->batch, c->world, c->strategy, c->precision,
-	       reshard ? ", resharded for " : "", reshard ? hpu_strategy_name(o->strategy) : "",
+	       reshard ? ", resharded for " : "", reshard ? hpu__strategy_name(o->strategy) : "",
 	       reshard ? " here" : "");
 	if (memcmp(&mine, &pos->sched, sizeof mine) != 0)
 		printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld "
 		       "total steps); this run's options differ\n",
-		       hpu_sched_name(pos->sched.kind), pos->sched.lr, pos->sched.total_steps);
+		       hpu__sched_name(pos->sched.kind), pos->sched.lr, pos->sched.total_steps);
 	if (pos->seed != o->seed)
 		printf("resume: the checkpoint's seed %llu orders the data, not --seed %llu\n",
 		       (unsigned long long)pos->seed, (unsigned long long)o->seed);

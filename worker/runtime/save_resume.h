@@ -11,11 +11,11 @@
 #include <hpu/coll.h>
 #include <stdio.h>
 
-#include "ckpt.h"
-#include "config.h"
-#include "lrsched.h"
-#include "model.h"
-#include "strategy.h"
+#include "ckpt/ckpt.h"
+#include "options/config.h"
+#include "worker/runtime/lrsched.h"
+#include "worker/hpu/model.h"
+#include "worker/runtime/strategy.h"
 
 /* Where a run stands after `step` optimizer steps. */
 typedef struct hpu_run_pos {
@@ -32,9 +32,9 @@ typedef struct hpu_run_pos {
  * the same result. A failure (a full disk, ...) leaves the previous
  * checkpoints as they were and says which rank failed and why. Rank 0
  * prints a line (and a metrics record when `metrics`). */
-int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
-			hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
-			size_t errlen);
+int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			 hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
+			 size_t errlen);
 
 /* What --resume asks for (also auto after an elastic restart,
  * HPU_RESTART_COUNT > 0, with a --checkpoint-dir): the checkpoint, found,
@@ -44,14 +44,14 @@ int hpu_checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder
  * checkpoints, saying so; a named one must be intact. After a restart,
  * auto also replaces a named --resume once --checkpoint-dir holds a
  * checkpoint (the job's own progress wins over its starting point). */
-int hpu_checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
-			hpu_ckpt **out, char *err, size_t errlen);
+int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			 hpu_ckpt **out, char *err, size_t errlen);
 
-/* After hpu_strat_new() read the floats: the run's position, its
+/* After hpu__strat_new() read the floats: the run's position, its
  * schedule (`pos->sched` holds this run's; the checkpoint's replaces it)
  * and fp8's state. Rank 0 says what was resumed and how long every rank
  * took (`secs`: this rank's finding, verifying and reading). */
-int hpu_checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
-			 hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen);
+int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
+			  hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen);
 
 #endif

@@ -1,14 +1,14 @@
 /* strategy: making the strategy, its layout, and the optimizer step.
- * hpu_strat_new groups the layers with parameters into units, lays them
+ * hpu__strat_new groups the layers with parameters into units, lays them
  * out (padded; under ZeRO each rank owns a piece of every unit),
  * allocates the parameters, gradients and optimizer state where the
- * strategy keeps them and initializes them. hpu_strat_step reduces the
+ * strategy keeps them and initializes them. hpu__strat_step reduces the
  * gradients (strategy_sync.c), clips and steps the optimizer (mixed
  * precision: strategy_mp.c) and gathers the updated parameters
  * (strategy_zero.c). The forward and backward passes are in
  * strategy_pass.c, the layers' outputs in strategy_act.c, checkpoints and
  * --save-params in strategy_ckpt.c. */
-#include "strategy.h"
+#include "worker/runtime/strategy.h"
 
 #include <errno.h>
 #include <math.h>
@@ -18,11 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "autocast.h"
-#include "device.h"
-#include "devmem.h"
-#include "simd.h"
-#include "strategy_impl.h"
+#include "worker/ops/autocast.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "common/simd.h"
+#include "worker/runtime/strategy_impl.h"
 
 #define fail hpu__strat_fail
 
@@ -185,12 +185,12 @@ int hpu__strat_alloc_optim(hpu_strat *s)
 {
 	const hpu_train_opts *o = s->o;
 	char what[160];
-	int k = hpu_optim_state_floats(o);
+	int k = hpu__optim_state_floats(o);
 	size_t n = s->sharded ? s->shard_total : s->total;
 	if (o->offload_optimizer == HPU_OFFLOAD_NVME)
 		return hpu__nv_open(s);
 	snprintf(what, sizeof what, "optimizer state (%s, %d floats per parameter)",
-		 hpu_optim_name(o->optimizer), k);
+		 hpu__optim_name(o->optimizer), k);
 	if (k && !(s->state = hpu__strat_salloc(s, o->offload_optimizer, HPU_MEM_OPTIM,
 						   (size_t)k * n * 4, what)))
 		return -1;
@@ -200,10 +200,10 @@ int hpu__strat_alloc_optim(hpu_strat *s)
 void hpu__strat_optim_init(hpu_strat *s, int j)
 {
 	unit *u = &s->u[j];
-	int k = hpu_optim_state_floats(s->o);
+	int k = hpu__optim_state_floats(s->o);
 	size_t n_opt = s->sharded ? u->piece : u->len;
 	size_t at = s->sharded ? u->shard_off : u->off;
-	hpu_optim_init(&u->opt, s->o, n_opt, s->state ? s->state + (size_t)k * at : NULL);
+	hpu__optim_init(&u->opt, s->o, n_opt, s->state ? s->state + (size_t)k * at : NULL);
 }
 
 /* fp32: parameters (whole, or zero3's shard), gradients (whole, or
@@ -356,7 +356,7 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 		const unit *u = &s->u[k];
 		if (!s->mp) {
 			hpu__dev_enter(); /* a reduction on the device */
-			ss += hpu_sumsq(u->opt_g, u->opt.n);
+			ss += hpu__sumsq(u->opt_g, u->opt.n);
 			hpu__dev_leave();
 			continue;
 		}
@@ -364,7 +364,7 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 		for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 			size_t c = hpu__strat_chunk(u->opt.n, i);
 			hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
-			ss += hpu_sumsq(s->chunk, c);
+			ss += hpu__sumsq(s->chunk, c);
 		}
 		hpu__dev_leave();
 	}
@@ -419,7 +419,7 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 		if (s->o->clip_norm > 0) { /* by the global norm */
 			if (hpu__strat_grad_norm(s, grad_norm) < 0)
 				return -1;
-			gscale = hpu_clip_factor(*grad_norm, s->o->clip_norm);
+			gscale = hpu__clip_factor(*grad_norm, s->o->clip_norm);
 		}
 		if (s->nv) {
 			if (hpu__nv_step(s, gscale, lr) < 0)
@@ -429,8 +429,8 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 					return -1;
 				hpu__dev_enter(); /* the update over a flat buffer */
-				hpu_optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
-					       gscale, lr);
+				hpu__optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
+						gscale, lr);
 				hpu__dev_leave();
 			}
 			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
@@ -479,7 +479,7 @@ static int sync_buffers(hpu_strat *s)
 	return 0;
 }
 
-int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm)
+int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 {
 	int skipped;
 	if (hpu__sync_reduce(s) < 0)
@@ -499,17 +499,17 @@ int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm)
 	return sync_buffers(s);
 }
 
-int hpu_strat_bad_run(const hpu_strat *s)
+int hpu__strat_bad_run(const hpu_strat *s)
 {
 	return s->bad_run;
 }
 
-long hpu_strat_bad_total(const hpu_strat *s)
+long hpu__strat_bad_total(const hpu_strat *s)
 {
 	return s->bad_total;
 }
 
-const float *hpu_strat_buffers(const hpu_strat *s)
+const float *hpu__strat_buffers(const hpu_strat *s)
 {
 	if (s->B && hpu__dev_owns(s->B)) { /* the host reads a copy */
 		hpu__dev_d2h(NULL, s->bsync, s->B, s->b->buffer_numel * 4);
@@ -520,17 +520,17 @@ const float *hpu_strat_buffers(const hpu_strat *s)
 
 /* ---- for logs and metrics ---- */
 
-int hpu_strat_units(const hpu_strat *s)
+int hpu__strat_units(const hpu_strat *s)
 {
 	return s->nunits;
 }
 
-double hpu_strat_loss_scale(const hpu_strat *s)
+double hpu__strat_loss_scale(const hpu_strat *s)
 {
 	return s->scale;
 }
 
-long hpu_strat_skipped(const hpu_strat *s)
+long hpu__strat_skipped(const hpu_strat *s)
 {
 	return s->skipped;
 }
@@ -604,9 +604,9 @@ static int alloc_scratch_buffers(hpu_strat *s)
 }
 
 
-int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
-		  const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
-		  size_t errlen)
+int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
+		   const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
+		   size_t errlen)
 {
 	*out = NULL;
 	hpu_strat *s = calloc(1, sizeof *s);
@@ -680,7 +680,7 @@ int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	return alloc_scratch_buffers(s);
 }
 
-void hpu_strat_free(hpu_strat **ps)
+void hpu__strat_free(hpu_strat **ps)
 {
 	hpu_strat *s = *ps;
 	if (!s)

@@ -10,10 +10,10 @@
 #include <hpu/coll.h>
 #include <stddef.h>
 
-#include "ckpt.h"
-#include "config.h"
-#include "loader.h"
-#include "model.h"
+#include "ckpt/ckpt.h"
+#include "options/config.h"
+#include "worker/runtime/loader.h"
+#include "worker/hpu/model.h"
 
 typedef struct hpu_strat hpu_strat;
 
@@ -25,44 +25,44 @@ typedef struct hpu_strat hpu_strat;
  * optimizer state and the loss scaler come from it instead: each rank
  * reads only the ranges it keeps. Errors (including device memory) go to
  * err. */
-int hpu_strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
-		  const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
-		  size_t errlen);
+int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
+		   const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
+		   size_t errlen);
 
 /* Where the next passes are (their hpu_ctx): training or evaluation,
  * the step being computed (or done, in evaluation), the epoch. */
-void hpu_strat_set_pos(hpu_strat *s, int train, long step, long epoch);
+void hpu__strat_set_pos(hpu_strat *s, int train, long step, long epoch);
 
 /* Forward pass over batch bt, micro-step `micro` of `accum`: training
- * runs the layers a loss depends on; evaluation (hpu_strat_set_pos's
+ * runs the layers a loss depends on; evaluation (hpu__strat_set_pos's
  * train 0) those the losses and metrics depend on, or with want >= 0
  * those tensor `want` depends on. */
-int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want);
+int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want);
 
 /* Tensor t after a forward (its rows of the batch) where the host may
  * read it (a copy where it may not read device memory), or NULL. */
-const void *hpu_strat_tensor(hpu_strat *s, int t);
+const void *hpu__strat_tensor(hpu_strat *s, int t);
 
 /* The loss of the last forward: the weighted sum of the loss tensors'
  * means over the batch (NaN or Inf as they come). */
-double hpu_strat_loss(hpu_strat *s);
+double hpu__strat_loss(hpu_strat *s);
 
-/* Backward pass after hpu_strat_forward() of the same batch: the loss
+/* Backward pass after hpu__strat_forward() of the same batch: the loss
  * gradient multiplied by `scale` (a non-finite loss gives NaN gradients:
  * the step is then skipped on every rank). Sets *loss to the local loss. */
-int hpu_strat_backward(hpu_strat *s, float scale, float *loss);
+int hpu__strat_backward(hpu_strat *s, float scale, float *loss);
 
 /* After the last micro-step: finishes the gradient communication, clips
  * (the global norm before clipping goes to *grad_norm when clipping is on,
  * else 0), steps the optimizer with `lr` and brings the parameters back
  * where the next forward wants them. */
-int hpu_strat_step(hpu_strat *s, double lr, double *grad_norm);
+int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm);
 
 /* Steps skipped for non-finite losses or gradients: in a row now, and in
  * all (the fp16 loss scaler's overflows excluded while it can still
  * lower the scale). */
-int hpu_strat_bad_run(const hpu_strat *s);
-long hpu_strat_bad_total(const hpu_strat *s);
+int hpu__strat_bad_run(const hpu_strat *s);
+long hpu__strat_bad_total(const hpu_strat *s);
 
 /* Where a step's first non-finite value on this rank came from. A
  * micro-step whose loss is not finite looks, before its backward, through
@@ -80,38 +80,38 @@ typedef struct hpu_nonfinite {
 } hpu_nonfinite;
 
 /* This step's first non-finite value (found 0: none), and forgets it. */
-void hpu_strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out);
+void hpu__strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out);
 
 /* "output \"y\" of layer \"fc\"", "dataset field \"x\"", "the gradients of
  * fc" for a finding's tensor or unit. */
-void hpu_strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
-			      size_t outlen);
+void hpu__strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
+			       size_t outlen);
 
 /* Every parameter consolidated, fp32, on every rank, into dst[psi] in
  * declaration order (unpadded); collective. */
-int hpu_strat_gather_all(hpu_strat *s, float *dst);
+int hpu__strat_gather_all(hpu_strat *s, float *dst);
 /* The buffers (b->buffer_numel floats, the builder's layout), where the
  * host may read them: a copy where it may not read device memory (valid
  * until the next step). */
-const float *hpu_strat_buffers(const hpu_strat *s);
+const float *hpu__strat_buffers(const hpu_strat *s);
 
 /* Writes the consolidated fp32 parameters, each parameter's numel floats
  * in declaration order, to `path` on rank 0. Every rank must call it. */
-int hpu_strat_save_params(hpu_strat *s, const char *path);
+int hpu__strat_save_params(hpu_strat *s, const char *path);
 
 /* ---- checkpoints (strategy_ckpt.c) ---- */
 
 /* The sections this strategy's checkpoints hold: "params", then the
  * optimizer's state. Returns their count (1 to 3). */
-int hpu_strat_ckpt_sections(const hpu_strat *s, const char *names[3]);
+int hpu__strat_ckpt_sections(const hpu_strat *s, const char *names[3]);
 
 /* The canonical segments rank r of this run saves, increasing and merged
  * (malloc'ed; *n may be 0). Under ZeRO, what the rank owns; otherwise,
  * every rank holding everything, the r-th of W equal slices. */
-int hpu_strat_ckpt_segments(const hpu_strat *s, int r, hpu_ckpt_seg **segs, size_t *n);
+int hpu__strat_ckpt_segments(const hpu_strat *s, int r, hpu_ckpt_seg **segs, size_t *n);
 
 /* Writes this rank's segments of every section into w. */
-int hpu_strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w);
+int hpu__strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w);
 
 /* The counters a checkpoint carries besides the floats. */
 typedef struct hpu_strat_state {
@@ -121,15 +121,15 @@ typedef struct hpu_strat_state {
 	long scaler_steps, last_overflow, skipped;
 } hpu_strat_state;
 
-void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st);
+void hpu__strat_get_state(const hpu_strat *s, hpu_strat_state *st);
 
 /* Layout facts for logs and metrics. */
-int hpu_strat_units(const hpu_strat *s);
+int hpu__strat_units(const hpu_strat *s);
 
 /* Mixed precision: the loss scale now (1 unless 16-mixed) and the steps
  * skipped for a gradient overflow so far. */
-double hpu_strat_loss_scale(const hpu_strat *s);
-long hpu_strat_skipped(const hpu_strat *s);
+double hpu__strat_loss_scale(const hpu_strat *s);
+long hpu__strat_skipped(const hpu_strat *s);
 /* The NVMe tier: bytes the swap files (--offload-optimizer nvme,
  * --offload-param nvme) have read and written, both and the parameters'
  * alone, and seconds waited for them (all 0 without the tier). */
@@ -138,8 +138,8 @@ typedef struct hpu_nvme_stats {
 	uint64_t param_read, param_written; /* the parameters' file */
 	double wait_s;
 } hpu_nvme_stats;
-void hpu_strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st);
+void hpu__strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st);
 
-void hpu_strat_free(hpu_strat **s);
+void hpu__strat_free(hpu_strat **s);
 
 #endif

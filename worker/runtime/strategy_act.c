@@ -18,10 +18,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "device.h"
-#include "devmem.h"
-#include "simd.h"
-#include "strategy_impl.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "common/simd.h"
+#include "worker/runtime/strategy_impl.h"
 
 /* Activation checkpointing. In a run of consecutive marked layers, a
  * tensor whose readers all come after its producer within the same

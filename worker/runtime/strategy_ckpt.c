@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "device.h"
-#include "devmem.h"
-#include "fileio.h"
-#include "strategy_impl.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "common/fileio.h"
+#include "worker/runtime/strategy_impl.h"
 
 /* Parameter i's first float in the canonical space. */
 static const uint64_t *canon(hpu_strat *s)
@@ -98,15 +98,15 @@ static void slice(hpu_strat *s, int r, uint64_t *lo, uint64_t *hi)
 	*hi = psi * (uint64_t)(r + 1) / (uint64_t)s->world;
 }
 
-int hpu_strat_ckpt_sections(const hpu_strat *s, const char *names[3])
+int hpu__strat_ckpt_sections(const hpu_strat *s, const char *names[3])
 {
 	names[0] = "params";
-	if (hpu_optim_state_floats(s->o) == 2) {
+	if (hpu__optim_state_floats(s->o) == 2) {
 		names[1] = "exp_avg";
 		names[2] = "exp_avg_sq";
 		return 3;
 	}
-	if (hpu_optim_state_floats(s->o) == 1) {
+	if (hpu__optim_state_floats(s->o) == 1) {
 		names[1] = "momentum_buffer";
 		return 2;
 	}
@@ -137,7 +137,7 @@ static int add_seg(hpu_strat *s, const run *r, void *arg)
 	return 0;
 }
 
-int hpu_strat_ckpt_segments(const hpu_strat *cs, int r, hpu_ckpt_seg **segs, size_t *n)
+int hpu__strat_ckpt_segments(const hpu_strat *cs, int r, hpu_ckpt_seg **segs, size_t *n)
 {
 	hpu_strat *s = (hpu_strat *)cs; /* the canonical offsets are cached */
 	seglist L = {0};
@@ -171,13 +171,13 @@ static int put_run(hpu_strat *s, const run *r, void *arg)
 	put *p = arg;
 	const float *src = p->base + (r->pos - p->from);
 	if (!hpu__dev_owns(src))
-		return hpu_ckpt_writer_put(p->w, src, r->count * 4, s->err, s->errlen);
+		return hpu__ckpt_writer_put(p->w, src, r->count * 4, s->err, s->errlen);
 	float *h = hpu__dev_host_alloc(CKPT_STAGE * 4);
 	int rc = h ? 0 : hpu__strat_fail(s, "out of host memory for a checkpoint");
 	for (uint64_t i = 0; !rc && i < r->count; i += CKPT_STAGE) {
 		size_t n = r->count - i < CKPT_STAGE ? r->count - i : CKPT_STAGE;
 		hpu__dev_d2h(NULL, h, src + i, n * 4);
-		rc = hpu_ckpt_writer_put(p->w, h, n * 4, s->err, s->errlen);
+		rc = hpu__ckpt_writer_put(p->w, h, n * 4, s->err, s->errlen);
 	}
 	hpu__dev_host_free(h);
 	return rc;
@@ -205,10 +205,10 @@ static int put_group(hpu_strat *s, size_t from, size_t n, float *sec, void *arg)
 	return each_run(s, q->j, from, n, q->clo, q->chi, put_run, &p);
 }
 
-int hpu_strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
+int hpu__strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
 {
 	const char *names[3];
-	int ns = hpu_strat_ckpt_sections(s, names);
+	int ns = hpu__strat_ckpt_sections(s, names);
 	uint64_t clo, chi;
 	slice(s, s->rank, &clo, &chi);
 	for (int k = 0; k < ns; k++)
@@ -243,13 +243,13 @@ static int get_run(hpu_strat *s, const run *r, void *arg)
 	get *g = arg;
 	float *dst = g->dst + (r->pos - g->from);
 	if (!hpu__dev_owns(dst))
-		return hpu_ckpt_read(s->resume, g->section, r->start, r->count, dst, s->err,
-				     s->errlen);
+		return hpu__ckpt_read(s->resume, g->section, r->start, r->count, dst, s->err,
+				      s->errlen);
 	float *h = hpu__dev_host_alloc(CKPT_STAGE * 4);
 	int rc = h ? 0 : hpu__strat_fail(s, "out of host memory for a checkpoint");
 	for (uint64_t i = 0; !rc && i < r->count; i += CKPT_STAGE) {
 		size_t n = r->count - i < CKPT_STAGE ? r->count - i : CKPT_STAGE;
-		rc = hpu_ckpt_read(s->resume, g->section, r->start + i, n, h, s->err, s->errlen);
+		rc = hpu__ckpt_read(s->resume, g->section, r->start + i, n, h, s->err, s->errlen);
 		if (rc == 0)
 			hpu__dev_h2d(NULL, dst + i, h, n * 4);
 	}
@@ -289,14 +289,14 @@ int hpu__strat_resume_state(hpu_strat *s)
 {
 	hpu_ckpt *c = s->resume;
 	const char *names[3];
-	int ns = hpu_strat_ckpt_sections(s, names);
+	int ns = hpu__strat_ckpt_sections(s, names);
 	for (int k = 1; k < ns; k++) {
-		int sec = hpu_ckpt_section(c, names[k]);
+		int sec = hpu__ckpt_section(c, names[k]);
 		if (sec < 0)
 			return hpu__strat_fail(s, "checkpoint %s has no optimizer state \"%s\" "
 						  "(saved with optimizer %s, this run uses %s)",
 					       c->dir, names[k], c->optimizer,
-					       hpu_optim_name(s->o->optimizer));
+					       hpu__optim_name(s->o->optimizer));
 		for (int j = 0; j < s->nunits; j++) {
 			if (hpu__nv_has(s, k)) {
 				if (hpu__nv_each(s, j, k, HPU_NV_UPDATE, get_group, &sec) < 0)
@@ -310,21 +310,21 @@ int hpu__strat_resume_state(hpu_strat *s)
 				return -1;
 		}
 	}
-	long t = (long)hpu_ckpt_num(c->m, "optimizer_steps", 0);
+	long t = (long)hpu__ckpt_num(c->m, "optimizer_steps", 0);
 	for (int j = 0; j < s->nunits; j++)
 		s->u[j].opt.t = t;
 	const cJSON *ls = cJSON_GetObjectItemCaseSensitive(c->m, "loss_scaler");
 	if (s->fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
-		s->scale = hpu_ckpt_num(ls, "scale", s->scale);
-		s->hyst_left = (int)hpu_ckpt_num(ls, "hysteresis_left", s->hyst_left);
-		s->step_no = (long)hpu_ckpt_num(ls, "steps", 0);
-		s->last_overflow = (long)hpu_ckpt_num(ls, "last_overflow", -1);
-		s->skipped = (long)hpu_ckpt_num(ls, "skipped", 0);
+		s->scale = hpu__ckpt_num(ls, "scale", s->scale);
+		s->hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->hyst_left);
+		s->step_no = (long)hpu__ckpt_num(ls, "steps", 0);
+		s->last_overflow = (long)hpu__ckpt_num(ls, "last_overflow", -1);
+		s->skipped = (long)hpu__ckpt_num(ls, "skipped", 0);
 	}
 	return 0;
 }
 
-void hpu_strat_get_state(const hpu_strat *s, hpu_strat_state *st)
+void hpu__strat_get_state(const hpu_strat *s, hpu_strat_state *st)
 {
 	st->opt_steps = s->nunits ? s->u[0].opt.t : 0;
 	st->loss_scale = s->scale;
@@ -420,16 +420,16 @@ static int write_unit(hpu_strat *s, int k, const float *full, void *arg)
 	return 0;
 }
 
-int hpu_strat_save_params(hpu_strat *s, const char *path)
+int hpu__strat_save_params(hpu_strat *s, const char *path)
 {
 	hpu_outfile o;
 	FILE *f = NULL;
 	int e = 0;
 	if (s->rank == 0) {
-		if (hpu_outfile_open(&o, path, 0644) < 0 || !(f = hpu_outfile_stream(&o))) {
+		if (hpu__outfile_open(&o, path, 0644) < 0 || !(f = hpu__outfile_stream(&o))) {
 			e = errno;
 			hpu__strat_fail(s, "cannot write %s: %s", o.tmp[0] ? o.tmp : path, strerror(e));
-			hpu_outfile_abort(&o);
+			hpu__outfile_abort(&o);
 		}
 	}
 	int bad = s->rank == 0 && !f;
@@ -438,13 +438,13 @@ int hpu_strat_save_params(hpu_strat *s, const char *path)
 		bad = 1;
 	}
 	if (f) {
-		if (!bad && hpu_outfile_commit(&o, NULL) < 0) {
+		if (!bad && hpu__outfile_commit(&o, NULL) < 0) {
 			bad = 1;
 			e = errno;
 		}
 		if (bad && !s->err[0])
 			hpu__strat_fail(s, "cannot write %s: %s", path, strerror(e ? e : EIO));
-		hpu_outfile_abort(&o);
+		hpu__outfile_abort(&o);
 	}
 	return bad ? -1 : 0;
 }
@@ -467,7 +467,7 @@ static int copy_unit(hpu_strat *s, int k, const float *full, void *arg)
 	return 0;
 }
 
-int hpu_strat_gather_all(hpu_strat *s, float *dst)
+int hpu__strat_gather_all(hpu_strat *s, float *dst)
 {
 	return each_full_unit(s, copy_unit, dst, "for a hook");
 }
@@ -508,7 +508,7 @@ int hpu__strat_resume_buffers(hpu_strat *s, float *dst)
 	memset(dst, 0, b->buffer_numel * 4);
 	for (int i = 0; i < b->nbuffers; i++) {
 		const hpu_buffer_info *bi = &b->buffers[i];
-		int k = hpu_ckpt_buffer_find(c, bi->name);
+		int k = hpu__ckpt_buffer_find(c, bi->name);
 		if (k < 0)
 			return hpu__strat_fail(s,
 					       "checkpoint %s has no buffer %s, which the model "
@@ -527,8 +527,8 @@ int hpu__strat_resume_buffers(hpu_strat *s, float *dst)
 					       "the model %s",
 					       c->dir, bi->name, there, here, b->path);
 		}
-		if (hpu_ckpt_read_buffers(c, q->offset, q->numel, dst + bi->offset, s->err,
-					  s->errlen) < 0)
+		if (hpu__ckpt_read_buffers(c, q->offset, q->numel, dst + bi->offset, s->err,
+					   s->errlen) < 0)
 			return -1;
 	}
 	return 0;

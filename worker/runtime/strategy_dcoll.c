@@ -5,8 +5,8 @@
  * buffer, the blocking collective on it, h2d back. */
 #include <string.h>
 
-#include "device.h"
-#include "strategy_impl.h"
+#include "worker/device/device.h"
+#include "worker/runtime/strategy_impl.h"
 
 /* Bytes staged at a time by an all-reduce (a whole chunk of elements). */
 #define STAGE_CHUNK ((size_t)1 << 20)

@@ -14,11 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ckpt.h"
-#include "devmem.h"
-#include "model.h"
-#include "optim.h"
-#include "strategy.h"
+#include "ckpt/ckpt.h"
+#include "worker/hpu/devmem.h"
+#include "worker/hpu/model.h"
+#include "worker/runtime/optim.h"
+#include "worker/runtime/strategy.h"
 
 /* A unit is a run of consecutive layers whose parameters are communicated
  * together: a DDP or ZeRO-2 gradient bucket, a ZeRO-1 partition unit, one
@@ -80,7 +80,7 @@ struct hpu_strat {
 	int *seg_start;       /* per layer: its checkpointing segment's first */
 	void *scratch;
 	int *last_train, *last_eval; /* per tensor: its last reader in forward */
-	char *run_mask;       /* per layer: what hpu_strat_forward runs now */
+	char *run_mask;       /* per layer: what hpu__strat_forward runs now */
 	int *gusers, *gpend;  /* per layer: the backward calls that use its
 			       * parameters (its own and its users'), left */
 	hpu_ctx ctx;          /* of the pass in progress */
@@ -129,7 +129,7 @@ struct hpu_strat {
 				  * read device memory */
 	size_t stage_bytes;
 	void **t_host;           /* per tensor: the host's copy that
-				  * hpu_strat_tensor returns where the host
+				  * hpu__strat_tensor returns where the host
 				  * may not read device memory, or NULL */
 };
 

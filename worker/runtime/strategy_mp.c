@@ -17,13 +17,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "autocast.h"
-#include "device.h"
-#include "devmem.h"
-#include "lowp.h"
-#include "prof.h"
-#include "simd.h"
-#include "strategy_impl.h"
+#include "worker/ops/autocast.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "common/lowp.h"
+#include "worker/hpu/prof.h"
+#include "common/simd.h"
+#include "worker/runtime/strategy_impl.h"
 
 #define fail hpu__strat_fail
 #define coll_fail hpu__strat_coll_fail
@@ -334,18 +334,18 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (hpu__strat_grad_norm(s, grad_norm) < 0)
 				return -1;
 			*grad_norm /= s->scale;
-			gscale *= hpu_clip_factor(*grad_norm, s->o->clip_norm);
+			gscale *= hpu__clip_factor(*grad_norm, s->o->clip_norm);
 		}
 		for (int k = 0; k < s->nunits && !s->nv; k++) {
 			unit *u = &s->u[k];
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
-			hpu_optim_begin(&u->opt);
+			hpu__optim_begin(&u->opt);
 			hpu__dev_enter(); /* the update, casts included: one device call */
 			for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
 				size_t c = hpu__strat_chunk(u->opt.n, i);
 				hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
-				hpu_optim_range(&u->opt, i, c, u->opt_p + i, s->chunk, gscale, lr);
+				hpu__optim_range(&u->opt, i, c, u->opt_p + i, s->chunk, gscale, lr);
 				hpu__mp_to16(s->fp16, u->opt_p16 + i, u->opt_p + i, c);
 			}
 			hpu__dev_leave();

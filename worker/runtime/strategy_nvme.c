@@ -28,11 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autocast.h"
-#include "device.h"
-#include "devmem.h"
-#include "strategy_impl.h"
-#include "swap.h"
+#include "worker/ops/autocast.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "worker/runtime/strategy_impl.h"
+#include "worker/runtime/swap.h"
 
 typedef struct group {
 	int unit;
@@ -96,7 +96,7 @@ static int store_open(hpu_strat *s, store *st, const char *dir, const char *kind
 	};
 	char tag[32];
 	snprintf(tag, sizeof tag, "r%d-%s", s->rank, kind);
-	if (!(st->sw = hpu_swap_open(dir, tag, what, bytes, &so, s->err, s->errlen)))
+	if (!(st->sw = hpu__swap_open(dir, tag, what, bytes, &so, s->err, s->errlen)))
 		return -1;
 	if (!nbuf)
 		return 0;
@@ -121,7 +121,7 @@ static int store_open(hpu_strat *s, store *st, const char *dir, const char *kind
  * descriptor) and frees the buffers. */
 static void store_close(store *st)
 {
-	hpu_swap_close(st->sw);
+	hpu__swap_close(st->sw);
 	for (int b = 0; st->raw && b < st->nbuf; b++)
 		hpu__dfree(st->raw[b]);
 	free(st->raw);
@@ -142,13 +142,13 @@ static size_t owned_from(const hpu_strat *s, int j)
 
 static int swap_fail(hpu_strat *s)
 {
-	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nv->st.sw));
+	return hpu__strat_fail(s, "%s", hpu__swap_error(s->nv->st.sw));
 }
 
 int hpu__nv_open(hpu_strat *s)
 {
 	const hpu_train_opts *o = s->o;
-	int nsec = hpu_optim_state_floats(o) + (s->mp ? 1 : 0);
+	int nsec = hpu__optim_state_floats(o) + (s->mp ? 1 : 0);
 	if (!nsec)
 		return 0; /* plain SGD in fp32: no optimizer space at all */
 	hpu_nv *nv = calloc(1, sizeof *nv);
@@ -196,14 +196,14 @@ void hpu__nv_close(hpu_strat *s)
 	s->nv = NULL;
 }
 
-void hpu_strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st)
+void hpu__strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st)
 {
 	memset(st, 0, sizeof *st);
 	if (s->nv)
-		hpu_swap_stats(s->nv->st.sw, &st->read, &st->written, &st->wait_s);
+		hpu__swap_stats(s->nv->st.sw, &st->read, &st->written, &st->wait_s);
 	if (s->nvp) {
 		double w = 0;
-		hpu_swap_stats(s->nvp->st.sw, &st->param_read, &st->param_written, &w);
+		hpu__swap_stats(s->nvp->st.sw, &st->param_read, &st->param_written, &w);
 		st->read += st->param_read;
 		st->written += st->param_written;
 		st->wait_s += w;
@@ -227,9 +227,9 @@ int hpu__nv_has(const hpu_strat *s, int k)
 /* One slot read or written, waited for. */
 static int transfer(hpu_swap *sw, int write, const group *g, float *slot)
 {
-	int t = write ? hpu_swap_write(sw, g->off, slot, g->bytes)
-		      : hpu_swap_read(sw, g->off, slot, g->bytes);
-	return t < 0 ? -1 : hpu_swap_wait(sw, t);
+	int t = write ? hpu__swap_write(sw, g->off, slot, g->bytes)
+		      : hpu__swap_read(sw, g->off, slot, g->bytes);
+	return t < 0 ? -1 : hpu__swap_wait(sw, t);
 }
 
 int hpu__nv_each(hpu_strat *s, int j, int k, hpu__nv_mode mode, hpu__nv_fn fn, void *arg)
@@ -237,7 +237,7 @@ int hpu__nv_each(hpu_strat *s, int j, int k, hpu__nv_mode mode, hpu__nv_fn fn, v
 	hpu_nv *nv = s->nv;
 	size_t base = owned_from(s, j);
 	float *slot = nv->st.buf[0];
-	if (hpu_swap_wait_all(nv->st.sw) < 0)
+	if (hpu__swap_wait_all(nv->st.sw) < 0)
 		return swap_fail(s);
 	for (int b = 0; b < nv->st.nbuf; b++)
 		nv->st.use[b] = -1;
@@ -296,14 +296,14 @@ static void update(hpu_strat *s, const group *g, float *buf, float gscale, doubl
 	view.m = section(s, buf, g->n, 1);
 	view.v = section(s, buf, g->n, 2);
 	if (!s->mp) {
-		hpu_optim_range(&view, 0, g->n, u->opt_p + g->from, u->opt_g + g->from, gscale, lr);
+		hpu__optim_range(&view, 0, g->n, u->opt_p + g->from, u->opt_g + g->from, gscale, lr);
 		return;
 	}
 	float *master = section(s, buf, g->n, 0);
 	for (size_t i = 0; i < g->n; i += HPU__STRAT_CHUNK) {
 		size_t c = hpu__strat_chunk(g->n, i);
 		hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + g->from + i, c);
-		hpu_optim_range(&view, i, c, master + i, s->chunk, gscale, lr);
+		hpu__optim_range(&view, i, c, master + i, s->chunk, gscale, lr);
 		hpu__mp_to16(s->fp16, u->opt_p16 + g->from + i, master + i, c);
 	}
 }
@@ -313,9 +313,9 @@ static int start_read(hpu_strat *s, int i)
 {
 	hpu_nv *nv = s->nv;
 	int b = i % nv->st.nbuf;
-	if (nv->st.use[b] >= 0 && hpu_swap_wait(nv->st.sw, nv->st.use[b]) < 0)
+	if (nv->st.use[b] >= 0 && hpu__swap_wait(nv->st.sw, nv->st.use[b]) < 0)
 		return -1;
-	nv->st.use[b] = hpu_swap_read(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
+	nv->st.use[b] = hpu__swap_read(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
 	return nv->st.use[b] < 0 ? -1 : 0;
 }
 
@@ -323,7 +323,7 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 {
 	hpu_nv *nv = s->nv;
 	for (int k = 0; k < s->nunits; k++)
-		hpu_optim_begin(&s->u[k].opt);
+		hpu__optim_begin(&s->u[k].opt);
 	/* With B buffers, B - 1 sub-groups are read ahead: sub-group i + B - 1
 	 * goes into the buffer sub-group i - 1 is being written from. One
 	 * buffer: one sub-group at a time, nothing overlapped. */
@@ -333,7 +333,7 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 			return swap_fail(s);
 	for (int i = 0; i < nv->ng; i++) {
 		int b = i % nv->st.nbuf;
-		if (hpu_swap_wait(nv->st.sw, nv->st.use[b]) < 0) {
+		if (hpu__swap_wait(nv->st.sw, nv->st.use[b]) < 0) {
 			nv->st.use[b] = -1;
 			return swap_fail(s);
 		}
@@ -342,13 +342,13 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 		hpu__dev_enter(); /* the update over a sub-group: one device call */
 		update(s, &nv->g[i], nv->st.buf[b], gscale, lr);
 		hpu__dev_leave();
-		nv->st.use[b] = hpu_swap_write(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
+		nv->st.use[b] = hpu__swap_write(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
 		if (nv->st.use[b] < 0 || (i + ahead < nv->ng && start_read(s, i + ahead) < 0))
 			return swap_fail(s);
 	}
 	/* the writes land before anything reads the file or a checkpoint
 	 * says the step is done */
-	int rc = hpu_swap_wait_all(nv->st.sw);
+	int rc = hpu__swap_wait_all(nv->st.sw);
 	for (int b = 0; b < nv->st.nbuf; b++)
 		nv->st.use[b] = -1;
 	if (rc < 0)
@@ -360,7 +360,7 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 
 static int nvp_fail(hpu_strat *s)
 {
-	return hpu__strat_fail(s, "%s", hpu_swap_error(s->nvp->st.sw));
+	return hpu__strat_fail(s, "%s", hpu__swap_error(s->nvp->st.sw));
 }
 
 /* Unit k's piece now at `at` (NULL: not in memory). */
@@ -445,7 +445,7 @@ int hpu__nvp_drop(hpu_strat *s, int k)
 	s->nvp->st.use[p->buf] = -1;
 	p->buf = p->ticket = -1;
 	point_piece(s, k, NULL);
-	return t >= 0 && hpu_swap_wait(s->nvp->st.sw, t) < 0 ? nvp_fail(s) : 0;
+	return t >= 0 && hpu__swap_wait(s->nvp->st.sw, t) < 0 ? nvp_fail(s) : 0;
 }
 
 int hpu__nvp_drop_all(hpu_strat *s)
@@ -502,7 +502,7 @@ static int place(hpu_strat *s, int k, int b, int read)
 	p->buf = b;
 	p->ticket = -1;
 	point_piece(s, k, nvp->st.buf[b]);
-	if (read && (p->ticket = hpu_swap_read(nvp->st.sw, p->off, nvp->st.buf[b], p->bytes)) < 0) {
+	if (read && (p->ticket = hpu__swap_read(nvp->st.sw, p->off, nvp->st.buf[b], p->bytes)) < 0) {
 		nvp->st.use[b] = p->buf = -1;
 		point_piece(s, k, NULL);
 		return nvp_fail(s);
@@ -538,7 +538,7 @@ void *hpu__nvp_get(hpu_strat *s, int k, int read)
 	if (p->ticket >= 0) { /* its read, or an earlier write */
 		int t = p->ticket;
 		p->ticket = -1;
-		if (hpu_swap_wait(nvp->st.sw, t) < 0) {
+		if (hpu__swap_wait(nvp->st.sw, t) < 0) {
 			nvp_fail(s);
 			return NULL;
 		}
@@ -552,9 +552,9 @@ int hpu__nvp_put(hpu_strat *s, int k)
 	piece *p = &nvp->p[k];
 	if (p->keep)
 		return 0;
-	if (p->ticket >= 0 && hpu_swap_wait(nvp->st.sw, p->ticket) < 0)
+	if (p->ticket >= 0 && hpu__swap_wait(nvp->st.sw, p->ticket) < 0)
 		return nvp_fail(s);
-	p->ticket = hpu_swap_write(nvp->st.sw, p->off, nvp->st.buf[p->buf], p->bytes);
+	p->ticket = hpu__swap_write(nvp->st.sw, p->off, nvp->st.buf[p->buf], p->bytes);
 	return p->ticket < 0 ? nvp_fail(s) : 0;
 }
 

@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "fp8.h"
-#include "prof.h"
-#include "strategy_impl.h"
+#include "worker/device/device.h"
+#include "worker/ops/fp8.h"
+#include "worker/hpu/prof.h"
+#include "worker/runtime/strategy_impl.h"
 
 #define fail hpu__strat_fail
 
@@ -191,7 +191,7 @@ static void mask_for(hpu_strat *s, int want)
 	}
 }
 
-void hpu_strat_set_pos(hpu_strat *s, int train, long step, long epoch)
+void hpu__strat_set_pos(hpu_strat *s, int train, long step, long epoch)
 {
 	s->ctx.train = train;
 	s->ctx.step = step;
@@ -219,7 +219,7 @@ static int batch_in(hpu_strat *s, int t, void *host, int n)
 	return 0;
 }
 
-int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want)
+int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want)
 {
 	hpu_builder *b = s->b;
 	s->ctx.batch = bt->n;
@@ -244,7 +244,7 @@ int hpu_strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, i
 	return 0;
 }
 
-const void *hpu_strat_tensor(hpu_strat *s, int t)
+const void *hpu__strat_tensor(hpu_strat *s, int t)
 {
 	if (hpu__act_expand(s, t, s->ctx.batch) < 0)
 		return NULL;
@@ -262,7 +262,7 @@ const void *hpu_strat_tensor(hpu_strat *s, int t)
 	return s->t_host[t];
 }
 
-double hpu_strat_loss(hpu_strat *s)
+double hpu__strat_loss(hpu_strat *s)
 {
 	hpu_builder *b = s->b;
 	double sum = 0;
@@ -546,14 +546,14 @@ static void find_nonfinite(hpu_strat *s)
 	}
 }
 
-void hpu_strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out)
+void hpu__strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out)
 {
 	*out = s->first_bad;
 	s->first_bad = (hpu_nonfinite){.unit = -1};
 }
 
-void hpu_strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
-			      size_t outlen)
+void hpu__strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
+			       size_t outlen)
 {
 	const hpu_builder *b = s->b;
 	if (unit >= 0 && unit < s->nunits)
@@ -567,12 +567,12 @@ void hpu_strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int uni
 			 b->layers[layer]->name);
 }
 
-int hpu_strat_backward(hpu_strat *s, float scale, float *loss_out)
+int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 {
 	hpu_builder *b = s->b;
 	int final = s->ctx.micro == s->ctx.accum - 1;
 	s->micro = s->ctx.micro;
-	double loss = hpu_strat_loss(s);
+	double loss = hpu__strat_loss(s);
 	if (s->ctx.micro == 0)
 		s->first_bad = (hpu_nonfinite){.unit = -1};
 	if (!isfinite(loss))

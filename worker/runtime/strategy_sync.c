@@ -13,11 +13,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "autocast.h"
-#include "device.h"
-#include "devmem.h"
-#include "simd.h"
-#include "strategy_impl.h"
+#include "worker/ops/autocast.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "common/simd.h"
+#include "worker/runtime/strategy_impl.h"
 
 #define coll_fail hpu__strat_coll_fail
 #define dalloc hpu__strat_dalloc

@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "devmem.h"
-#include "prof.h"
-#include "strategy_impl.h"
+#include "worker/hpu/devmem.h"
+#include "worker/hpu/prof.h"
+#include "worker/runtime/strategy_impl.h"
 
 #define fail hpu__strat_fail
 #define coll_fail hpu__strat_coll_fail

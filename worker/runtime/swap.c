@@ -7,7 +7,7 @@
  * handed out are the internal queue: pump() gives free requests to the
  * oldest transfer first. A request that comes back short, or with EINTR /
  * EAGAIN, goes on the retry list and is submitted again before new ones. */
-#include "swap.h"
+#include "worker/runtime/swap.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -83,7 +83,7 @@ struct hpu_swap {
 	char err[PATH_MAX + 256];
 };
 
-void hpu_swap_opts_defaults(hpu_swap_opts *o)
+void hpu__swap_opts_defaults(hpu_swap_opts *o)
 {
 	o->block_size = 1048576;
 	o->queue_depth = 8;
@@ -322,12 +322,12 @@ static int init_ring(hpu_swap *s, char *err, size_t errlen)
 	return 0;
 }
 
-hpu_swap *hpu_swap_open(const char *dir, const char *tag, const char *what, uint64_t bytes,
-			const hpu_swap_opts *o, char *err, size_t errlen)
+hpu_swap *hpu__swap_open(const char *dir, const char *tag, const char *what, uint64_t bytes,
+			 const hpu_swap_opts *o, char *err, size_t errlen)
 {
 	hpu_swap_opts def;
 	if (!o) {
-		hpu_swap_opts_defaults(&def);
+		hpu__swap_opts_defaults(&def);
 		o = &def;
 	}
 	if (check_opts(o, err, errlen) || check_tag(tag, err, errlen))
@@ -363,11 +363,11 @@ hpu_swap *hpu_swap_open(const char *dir, const char *tag, const char *what, uint
 		goto bad;
 	return s;
 bad:
-	hpu_swap_close(s);
+	hpu__swap_close(s);
 	return NULL;
 }
 
-void *hpu_swap_buffer(size_t bytes)
+void *hpu__swap_buffer(size_t bytes)
 {
 	void *p = NULL;
 	if (bytes > SIZE_MAX - HPU_SWAP_ALIGN)
@@ -625,12 +625,12 @@ static int transfer(hpu_swap *s, int write, uint64_t off, void *buf, size_t len)
 	return t->ticket;
 }
 
-int hpu_swap_read(hpu_swap *s, uint64_t off, void *buf, size_t len)
+int hpu__swap_read(hpu_swap *s, uint64_t off, void *buf, size_t len)
 {
 	return transfer(s, 0, off, buf, len);
 }
 
-int hpu_swap_write(hpu_swap *s, uint64_t off, const void *buf, size_t len)
+int hpu__swap_write(hpu_swap *s, uint64_t off, const void *buf, size_t len)
 {
 	/* The buffer is only read from: io_uring_prep_write takes it const. */
 	return transfer(s, 1, off, (void *)buf, len);
@@ -651,7 +651,7 @@ static int slot_result(hpu_swap *s, int i)
 	return rc;
 }
 
-int hpu_swap_wait(hpu_swap *s, int ticket)
+int hpu__swap_wait(hpu_swap *s, int ticket)
 {
 	int i;
 	if (s->dead)
@@ -686,7 +686,7 @@ int hpu_swap_wait(hpu_swap *s, int ticket)
 	return slot_result(s, i);
 }
 
-int hpu_swap_wait_all(hpu_swap *s)
+int hpu__swap_wait_all(hpu_swap *s)
 {
 	char first[sizeof s->err] = "";
 	int rc = 0;
@@ -698,7 +698,7 @@ int hpu_swap_wait_all(hpu_swap *s)
 				best = i;
 		if (best < 0 || s->dead)
 			break;
-		if (hpu_swap_wait(s, s->slots[best].ticket) && !rc) {
+		if (hpu__swap_wait(s, s->slots[best].ticket) && !rc) {
 			rc = -1;
 			snprintf(first, sizeof first, "%s", s->err);
 		}
@@ -710,17 +710,17 @@ int hpu_swap_wait_all(hpu_swap *s)
 	return rc;
 }
 
-const char *hpu_swap_error(const hpu_swap *s)
+const char *hpu__swap_error(const hpu_swap *s)
 {
 	return s->err;
 }
 
-const char *hpu_swap_path(const hpu_swap *s)
+const char *hpu__swap_path(const hpu_swap *s)
 {
 	return s->path;
 }
 
-void hpu_swap_stats(const hpu_swap *s, uint64_t *read, uint64_t *written, double *wait_s)
+void hpu__swap_stats(const hpu_swap *s, uint64_t *read, uint64_t *written, double *wait_s)
 {
 	if (read)
 		*read = s->nread;
@@ -730,13 +730,13 @@ void hpu_swap_stats(const hpu_swap *s, uint64_t *read, uint64_t *written, double
 		*wait_s = s->wait_s;
 }
 
-void hpu_swap_close(hpu_swap *s)
+void hpu__swap_close(hpu_swap *s)
 {
 	if (!s)
 		return;
 	if (s->ring_ok) {
 		if (!s->dead)
-			hpu_swap_wait_all(s);
+			hpu__swap_wait_all(s);
 		io_uring_queue_exit(&s->ring);
 	}
 	if (s->fd >= 0)

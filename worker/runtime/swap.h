@@ -27,7 +27,7 @@ typedef struct hpu_swap_opts {
 			      * at once (8) */
 	int single_submit;   /* aio.single_submit: submit each request alone instead of
 			      * batching (0) */
-	int overlap_events;  /* aio.overlap_events: hpu_swap_read/write also reap finished
+	int overlap_events;  /* aio.overlap_events: hpu__swap_read/write also reap finished
 			      * requests and submit queued ones, so a transfer longer than
 			      * the queue keeps moving between calls; with 0 only the
 			      * waits do (1) */
@@ -36,7 +36,7 @@ typedef struct hpu_swap_opts {
 } hpu_swap_opts;
 
 /* Fills *o with DeepSpeed's defaults (the values in parentheses above). */
-void hpu_swap_opts_defaults(hpu_swap_opts *o);
+void hpu__swap_opts_defaults(hpu_swap_opts *o);
 
 typedef struct hpu_swap hpu_swap;
 
@@ -53,52 +53,52 @@ typedef struct hpu_swap hpu_swap;
  * leftovers of dead processes, "hpu-swap-<pid>-*.bin" files in dir whose
  * pid no longer exists, are removed. `o` NULL takes the defaults. Returns
  * the store, or NULL with err filled. */
-hpu_swap *hpu_swap_open(const char *dir, const char *tag, const char *what, uint64_t bytes,
-			const hpu_swap_opts *o, char *err, size_t errlen);
+hpu_swap *hpu__swap_open(const char *dir, const char *tag, const char *what, uint64_t bytes,
+			 const hpu_swap_opts *o, char *err, size_t errlen);
 
 /* A buffer for transfers: `bytes` rounded up to HPU_SWAP_ALIGN, aligned to
  * it; free with free(). NULL when memory is short. */
-void *hpu_swap_buffer(size_t bytes);
+void *hpu__swap_buffer(size_t bytes);
 
 /* Starts a transfer from file offset `off` into buf[len] (read) or from
  * buf[len] to `off` (write), split into block_size requests. off, buf and
  * len are multiples of HPU_SWAP_ALIGN and [off, off + len) lies within the
- * store. Returns a ticket >= 0 for hpu_swap_wait(), or -1 with
- * hpu_swap_error() set (nothing started). Any number may be in flight:
+ * store. Returns a ticket >= 0 for hpu__swap_wait(), or -1 with
+ * hpu__swap_error() set (nothing started). Any number may be in flight:
  * requests beyond queue_depth wait in the store and are submitted as
  * entries free. buf belongs to the transfer until its ticket is waited
  * for. */
-int hpu_swap_read(hpu_swap *s, uint64_t off, void *buf, size_t len);
-int hpu_swap_write(hpu_swap *s, uint64_t off, const void *buf, size_t len);
+int hpu__swap_read(hpu_swap *s, uint64_t off, void *buf, size_t len);
+int hpu__swap_write(hpu_swap *s, uint64_t off, const void *buf, size_t len);
 
 /* Waits until `ticket`'s transfer is complete, moving the others along on
- * the way, and retires the ticket. Returns 0, or -1 with hpu_swap_error()
+ * the way, and retires the ticket. Returns 0, or -1 with hpu__swap_error()
  * set: a failed request names the file, the offset and the system's
  * reason (No space left on device, Input/output error, ...); an unknown or
  * already retired ticket is refused too. */
-int hpu_swap_wait(hpu_swap *s, int ticket);
+int hpu__swap_wait(hpu_swap *s, int ticket);
 
 /* Waits for every transfer in flight and retires all tickets. 0, or -1
- * with the first failure's sentence in hpu_swap_error(). */
-int hpu_swap_wait_all(hpu_swap *s);
+ * with the first failure's sentence in hpu__swap_error(). */
+int hpu__swap_wait_all(hpu_swap *s);
 
 /* The last failure's sentence ("" when none). */
-const char *hpu_swap_error(const hpu_swap *s);
+const char *hpu__swap_error(const hpu_swap *s);
 
 /* "<dir>/hpu-swap-<pid>-<tag>.bin": the file's name while it was created,
  * for messages (an O_TMPFILE file never has a name; neither kind keeps one
  * once open). */
-const char *hpu_swap_path(const hpu_swap *s);
+const char *hpu__swap_path(const hpu_swap *s);
 
 /* Bytes read and written so far, and seconds spent blocked in
- * hpu_swap_wait* for the kernel. Any pointer may be NULL. */
-void hpu_swap_stats(const hpu_swap *s, uint64_t *read, uint64_t *written, double *wait_s);
+ * hpu__swap_wait* for the kernel. Any pointer may be NULL. */
+void hpu__swap_stats(const hpu_swap *s, uint64_t *read, uint64_t *written, double *wait_s);
 
 /* Waits for the transfers in flight, then closes (the file goes with its
  * descriptor). NULL is fine. */
-void hpu_swap_close(hpu_swap *s);
+void hpu__swap_close(hpu_swap *s);
 
-/* Tests only: nonzero makes hpu_swap_open skip O_TMPFILE and take the
+/* Tests only: nonzero makes hpu__swap_open skip O_TMPFILE and take the
  * named-file way (create, unlink at once) that filesystems without it
  * get. */
 extern int hpu__swap_no_tmpfile;

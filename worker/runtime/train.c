@@ -1,4 +1,4 @@
-#include "train.h"
+#include "worker/runtime/train.h"
 
 #include <cJSON.h>
 #include <hpu/ops.h>
@@ -11,20 +11,20 @@
 #include <string.h>
 #include <time.h>
 
-#include "save_resume.h"
-#include "device.h"
-#include "devmem.h"
-#include "env.h"
-#include "fp8.h"
-#include "hooks.h"
-#include "num.h"
-#include "loader.h"
-#include "sampler.h"
-#include "lrsched.h"
-#include "prof.h"
-#include "quant.h"
-#include "status.h"
-#include "strategy.h"
+#include "worker/runtime/save_resume.h"
+#include "worker/device/device.h"
+#include "worker/hpu/devmem.h"
+#include "common/env.h"
+#include "worker/ops/fp8.h"
+#include "worker/runtime/hooks.h"
+#include "common/num.h"
+#include "worker/runtime/loader.h"
+#include "worker/runtime/sampler.h"
+#include "worker/runtime/lrsched.h"
+#include "worker/hpu/prof.h"
+#include "worker/runtime/quant.h"
+#include "proto/status.h"
+#include "worker/runtime/strategy.h"
 
 /* Everything one worker's loop owns. */
 typedef struct loop {
@@ -69,7 +69,7 @@ static int where_said = -1;   /* the phase of the last record sent */
 static void where_at_exit(void)
 {
 	if (where_live)
-		hpu_status_report(&where, 1);
+		hpu__status_report(&where, 1);
 }
 
 /* Sends `where`: at once when forced or when its phase changed. */
@@ -77,10 +77,10 @@ static void where_report(int force)
 {
 	force |= where.phase != where_said;
 	where_said = where.phase;
-	hpu_status_report(&where, force);
+	hpu__status_report(&where, force);
 }
 
-void hpu_train_announce(const hpu_train_opts *o)
+void hpu__train_announce(const hpu_train_opts *o)
 {
 	where.total = o->max_steps > 0 ? o->max_steps : 0;
 	where.epochs = o->epochs;
@@ -122,12 +122,12 @@ static void *dalloc(loop *L, size_t bytes, const char *what)
 static int alloc_buffers(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	if (hpu_batch_alloc(d, L->micro, &L->eval_bt, "evaluation batch") < 0)
+	if (hpu__batch_alloc(d, L->micro, &L->eval_bt, "evaluation batch") < 0)
 		return fail(L, "%s", hpu__devmem_error());
 	if (!(L->eval_idx = dalloc(L, (size_t)L->micro * sizeof *L->eval_idx, "evaluation indices")) ||
 	    !(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
 		return -1;
-	if (!(L->loader = hpu_loader_new(d, L->micro))) {
+	if (!(L->loader = hpu__loader_new(d, L->micro))) {
 		if (!L->err[0])
 			fail(L, "cannot start the data loader: %s", hpu__devmem_error());
 		return -1;
@@ -137,11 +137,11 @@ static int alloc_buffers(loop *L)
 
 static void free_buffers(loop *L)
 {
-	hpu_loader_destroy(&L->loader);
-	hpu_batch_free(&L->eval_bt);
+	hpu__loader_destroy(&L->loader);
+	hpu__batch_free(&L->eval_bt);
 	hpu__dev_hbuf_free(L->eval_idx);
 	hpu__dev_hbuf_free(L->perm);
-	hpu_strat_free(&L->st);
+	hpu__strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
 }
@@ -153,7 +153,7 @@ static int load_eval_batch(loop *L, hpu_split split, size_t done, int n)
 	size_t bad;
 	for (int i = 0; i < n; i++)
 		L->eval_idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
-	if (hpu_batch_fetch(&L->b->data[split], L->eval_idx, n, &L->eval_bt, &bad) < 0)
+	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, n, &L->eval_bt, &bad) < 0)
 		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
 	return 0;
 }
@@ -192,7 +192,7 @@ static int gather_stats(loop *L, double comm_per_step, double *all)
 		mine[ST_KIND0 + k] = (double)hpu__devmem_kind_max((hpu_mem_kind)k);
 	mine[ST_STATES_MAX] = (double)hpu__devmem_states_max();
 	mine[ST_COMM_BYTES] = comm_per_step;
-	mine[ST_SKIPPED] = L->st ? (double)hpu_strat_skipped(L->st) : 0;
+	mine[ST_SKIPPED] = L->st ? (double)hpu__strat_skipped(L->st) : 0;
 	hpu__hostmem_stats(&d);
 	mine[ST_HOST0] = (double)d.limit;
 	mine[ST_HOST0 + 1] = (double)d.in_use;
@@ -202,7 +202,7 @@ static int gather_stats(loop *L, double comm_per_step, double *all)
 	mine[ST_HOST_STATES] = (double)hpu__hostmem_states_max();
 	hpu_nvme_stats nv = {0};
 	if (L->st)
-		hpu_strat_nvme_stats(L->st, &nv);
+		hpu__strat_nvme_stats(L->st, &nv);
 	mine[ST_NV0] = (double)nv.read;
 	mine[ST_NV0 + 1] = (double)nv.written;
 	mine[ST_NV0 + 2] = nv.wait_s;
@@ -327,7 +327,7 @@ static int log_step(loop *L, long step, long total, int epoch, float loss,
 			if (L->o->clip_norm > 0)
 				cJSON_AddNumberToObject(j, "grad_norm", norm);
 			if (L->o->precision != HPU_PREC_FP32)
-				cJSON_AddNumberToObject(j, "loss_scale", hpu_strat_loss_scale(L->st));
+				cJSON_AddNumberToObject(j, "loss_scale", hpu__strat_loss_scale(L->st));
 			cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 			cJSON_AddItemToObject(j, "device", stats_json(L, all));
 			if (print_json(L, j) < 0) {
@@ -361,10 +361,10 @@ static int fp8_roll(loop *L)
  * share of it: micro-batches follow each other inside the share). */
 static void prefetch(loop *L, size_t s, int k)
 {
-	const uint32_t *share = hpu_sampler_shard(L->perm, s, (size_t)L->o->batch_size,
-						  L->rank, L->world);
+	const uint32_t *share = hpu__sampler_shard(L->perm, s, (size_t)L->o->batch_size,
+						   L->rank, L->world);
 	size_t m = s * (size_t)L->accum + (size_t)k;
-	hpu_loader_request(L->loader, (int)(m & 1), share + (size_t)k * L->micro, L->micro);
+	hpu__loader_request(L->loader, (int)(m & 1), share + (size_t)k * L->micro, L->micro);
 }
 
 static uint64_t bytes_sent(loop *L)
@@ -388,13 +388,13 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	where.step = gstep; /* done; this one is under way */
 	where.phase = HPU_PHASE_TRAIN;
 	where_report(0);
-	hpu_strat_set_pos(L->st, 1, gstep, L->epoch);
+	hpu__strat_set_pos(L->st, 1, gstep, L->epoch);
 	for (int k = 0; k < L->accum; k++) {
 		size_t m = s * (size_t)L->accum + (size_t)k, bad;
 		float loss;
 		const hpu_batch *bt;
 		int64_t t0 = hpu__prof_t0();
-		if (hpu_loader_wait(L->loader, (int)(m & 1), &bt, &bad) < 0)
+		if (hpu__loader_wait(L->loader, (int)(m & 1), &bt, &bad) < 0)
 			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
 		hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
 		if (k + 1 < L->accum)
@@ -402,17 +402,17 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 		else if (more)
 			prefetch(L, s + 1, 0);
 		t0 = hpu__prof_t0();
-		if (hpu_strat_forward(L->st, bt, k, L->accum, -1) < 0)
+		if (hpu__strat_forward(L->st, bt, k, L->accum, -1) < 0)
 			return -1;
 		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
 		t0 = hpu__prof_t0();
-		if (hpu_strat_backward(L->st, scale, &loss) < 0)
+		if (hpu__strat_backward(L->st, scale, &loss) < 0)
 			return -1;
 		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
 		sum += loss;
 	}
 	int64_t t0 = hpu__prof_t0();
-	if (hpu_strat_step(L->st, hpu_sched_lr(&L->pos.sched, gstep), norm_out) < 0 ||
+	if (hpu__strat_step(L->st, hpu__sched_lr(&L->pos.sched, gstep), norm_out) < 0 ||
 	    fp8_roll(L) < 0)
 		return -1;
 	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
@@ -444,20 +444,20 @@ static int evaluate(loop *L, evalres *ev)
 	int64_t t0 = hpu__prof_t0();
 	hpu_builder *b = L->b;
 	const hpu_dataset *d = &b->data[HPU_SPLIT_TEST];
-	size_t mine = hpu_sampler_eval_count(d->size, L->rank, L->world);
+	size_t mine = hpu__sampler_eval_count(d->size, L->rank, L->world);
 	int nm = b->nmetrics;
 	double sums[HPU_MAX_IO + 2] = {0}; /* loss, metrics, count */
-	hpu_strat_set_pos(L->st, 0, L->pos.step, L->epoch);
+	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
 	for (size_t done = 0; done < mine;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
 		if (load_eval_batch(L, HPU_SPLIT_TEST, done, n) < 0 ||
-		    hpu_strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0)
+		    hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0)
 			return -1;
 		if (hpu__fp8_error()) /* every rank meets it at the same op */
 			return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
-		sums[0] += hpu_strat_loss(L->st) * n;
+		sums[0] += hpu__strat_loss(L->st) * n;
 		for (int k = 0; k < nm; k++) {
-			const float *v = hpu_strat_tensor(L->st, b->metrics[k].tensor);
+			const float *v = hpu__strat_tensor(L->st, b->metrics[k].tensor);
 			for (int r = 0; r < n; r++)
 				sums[1 + k] += v[r];
 		}
@@ -481,17 +481,17 @@ static int evaluate(loop *L, evalres *ev)
 static int calibrate(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	size_t mine = hpu_sampler_eval_count(d->size, L->rank, L->world);
+	size_t mine = hpu__sampler_eval_count(d->size, L->rank, L->world);
 	size_t want = (size_t)L->o->calib_batches * (size_t)L->micro;
 	if (mine > want)
 		mine = want;
 	hpu__fp8_measuring(1);
-	hpu_strat_set_pos(L->st, 0, L->pos.step, L->epoch);
+	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
 	int rc = 0;
 	for (size_t done = 0; done < mine && rc == 0;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
 		rc = load_eval_batch(L, HPU_SPLIT_TRAIN, done, n) < 0 ||
-				     hpu_strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0
+				     hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0
 			     ? -1
 			     : 0;
 		done += (size_t)n;
@@ -503,7 +503,7 @@ static int calibrate(loop *L)
 	int crc = hpucoll_all_reduce(L->comm, &count, &count, 1, HPUCOLL_F32, HPUCOLL_SUM);
 	if (crc)
 		return coll_fail(L, "calibration all-reduce", crc);
-	if (hpu_quant_save(&L->quant, L->comm, L->b->path, count, L->err, L->errlen) < 0)
+	if (hpu__quant_save(&L->quant, L->comm, L->b->path, count, L->err, L->errlen) < 0)
 		return -1;
 	if (L->rank == 0)
 		printf("fp8 measurement: %d ops over %.0f training samples -> %s\n",
@@ -571,18 +571,18 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 	const hpu_builder *b = L->b;
 	if (!L->o->eval_only && steps == L->pos.step && steps > 0) /* resumed at the end */
 		printf("resumed at step %ld on %d workers (%s): no steps left to train\n", steps,
-		       L->world, hpu_strategy_name(L->o->strategy));
+		       L->world, hpu__strategy_name(L->o->strategy));
 	else if (L->o->eval_only)
 		printf("evaluated without training (--eval-only) on %d workers (%s, %s): "
 		       "max_memory_allocated %.1f MiB\n",
-		       L->world, hpu_strategy_name(L->o->strategy),
-		       hpu_precision_name(L->o->precision), mib(all[ST_MAX_IN_USE]));
+		       L->world, hpu__strategy_name(L->o->strategy),
+		       hpu__precision_name(L->o->precision), mib(all[ST_MAX_IN_USE]));
 	else
 		printf("trained %ld steps on %d workers (%s): final loss %.4f, %.1f samples/s, "
 		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
-		       steps, L->world, hpu_strategy_name(L->o->strategy), l, sps,
+		       steps, L->world, hpu__strategy_name(L->o->strategy), l, sps,
 		       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
-	long bad = hpu_strat_bad_total(L->st);
+	long bad = hpu__strat_bad_total(L->st);
 	if (bad)
 		printf("%ld step%s skipped for a non-finite loss or gradients\n", bad,
 		       bad == 1 ? " was" : "s were");
@@ -599,15 +599,15 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 		cJSON_AddNumberToObject(j, "loss", l);
 		cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 		cJSON_AddNumberToObject(j, "world_size", L->world);
-		cJSON_AddStringToObject(j, "strategy", hpu_strategy_name(L->o->strategy));
-		cJSON_AddStringToObject(j, "precision", hpu_precision_name(L->o->precision));
-		cJSON_AddNumberToObject(j, "loss_scale", hpu_strat_loss_scale(L->st));
+		cJSON_AddStringToObject(j, "strategy", hpu__strategy_name(L->o->strategy));
+		cJSON_AddStringToObject(j, "precision", hpu__precision_name(L->o->precision));
+		cJSON_AddNumberToObject(j, "loss_scale", hpu__strat_loss_scale(L->st));
 		cJSON_AddNumberToObject(j, "micro_batch", L->micro);
 		cJSON_AddNumberToObject(j, "grad_accum", L->accum);
 		cJSON_AddNumberToObject(j, "parameters", (double)L->b->psi);
-		cJSON_AddNumberToObject(j, "units", hpu_strat_units(L->st));
+		cJSON_AddNumberToObject(j, "units", hpu__strat_units(L->st));
 		cJSON_AddNumberToObject(j, "nonfinite_steps_skipped",
-					(double)hpu_strat_bad_total(L->st));
+					(double)hpu__strat_bad_total(L->st));
 		if (ev) {
 			cJSON_AddNumberToObject(j, "test_loss", ev->loss);
 			for (int k = 0; k < b->nmetrics; k++) {
@@ -633,7 +633,7 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 static int run_total(loop *L, long *total, size_t *per_epoch)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	*per_epoch = hpu_sampler_steps(d->size, (size_t)L->o->batch_size);
+	*per_epoch = hpu__sampler_steps(d->size, (size_t)L->o->batch_size);
 	if (*per_epoch == 0)
 		return fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
 			    d->size, L->o->batch_size);
@@ -656,13 +656,13 @@ static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch
 	p.epoch = s + 1 < per_epoch ? e : e + 1;
 	p.batch = s + 1 < per_epoch ? (long)(s + 1) : 0;
 	int64_t t0 = hpu__prof_t0();
-	int rc = hpu_checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
+	int rc = hpu__checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
 	hpu__prof_span("checkpoint", "checkpoint_save", NULL, t0, "\"step\":%ld", step);
 	return rc;
 }
 
 /* This rank's progress, for the agent's progress bar and status table
- * (rate-limited in hpu_status_report unless forced or a new phase). */
+ * (rate-limited in hpu__status_report unless forced or a new phase). */
 static void report(loop *L, long step, long total, int epoch, float loss, double sps,
 		   double eta, int phase, int force)
 {
@@ -740,7 +740,7 @@ static int first_nonfinite(loop *L, char *out, size_t outlen)
 {
 	enum { F_FOUND, F_MICRO, F_LAYER, F_TENSOR, F_COUNT, F_NUMEL, F_UNIT, F_N };
 	hpu_nonfinite nf;
-	hpu_strat_first_nonfinite(L->st, &nf);
+	hpu__strat_first_nonfinite(L->st, &nf);
 	double mine[F_N] = {nf.found, nf.micro, nf.layer, nf.tensor, (double)nf.count,
 			    (double)nf.numel, nf.unit};
 	double *all = malloc((size_t)L->world * F_N * sizeof *all);
@@ -759,14 +759,14 @@ static int first_nonfinite(loop *L, char *out, size_t outlen)
 	char what[300];
 	out[0] = 0;
 	if (v && (int)v[F_FOUND] == 1) {
-		hpu_strat_nonfinite_name(L->st, (int)v[F_LAYER], (int)v[F_TENSOR], -1, what,
-					 sizeof what);
+		hpu__strat_nonfinite_name(L->st, (int)v[F_LAYER], (int)v[F_TENSOR], -1, what,
+					  sizeof what);
 		snprintf(out, outlen, "first non-finite value: rank %d, micro-step %d of %d, %s "
 				      "(%.0f of %.0f values)",
 			 (int)((v - all) / F_N), (int)v[F_MICRO] + 1, L->accum, what, v[F_COUNT],
 			 v[F_NUMEL]);
 	} else if (v) {
-		hpu_strat_nonfinite_name(L->st, -1, -1, (int)v[F_UNIT], what, sizeof what);
+		hpu__strat_nonfinite_name(L->st, -1, -1, (int)v[F_UNIT], what, sizeof what);
 		snprintf(out, outlen, "first non-finite value: %s (every rank's loss was finite)",
 			 what);
 	}
@@ -778,10 +778,10 @@ static int first_nonfinite(loop *L, char *out, size_t outlen)
  * gradients is said; --max-skipped-steps of them in a row end the run. */
 static int skipped_check(loop *L, long step)
 {
-	int run = hpu_strat_bad_run(L->st);
+	int run = hpu__strat_bad_run(L->st);
 	long seen = L->bad_seen;
 	char first[400], sep[3] = "";
-	L->bad_seen = hpu_strat_bad_total(L->st);
+	L->bad_seen = hpu__strat_bad_total(L->st);
 	if (L->bad_seen == seen)
 		return 0;
 	if (first_nonfinite(L, first, sizeof first) < 0)
@@ -815,13 +815,13 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 	rate_start(&R, o->throughput_warmup, step);
 	for (; e < L->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
-		hpu_sampler_permute(L->perm, d->size, L->pos.seed, (uint64_t)e);
+		hpu__sampler_permute(L->perm, d->size, L->pos.seed, (uint64_t)e);
 		size_t s0 = e == L->pos.epoch ? (size_t)L->pos.batch : 0, end = per_epoch;
 		if ((long)(end - s0) > total - step)
 			end = s0 + (size_t)(total - step);
 		prefetch(L, s0, 0);
 		for (size_t s = s0; s < end; s++) {
-			double lr = hpu_sched_lr(&L->pos.sched, step);
+			double lr = hpu__sched_lr(&L->pos.sched, step);
 			int64_t ts = hpu__prof_t0();
 			L->epoch = e;
 			uint64_t h2d0, d2h0;
@@ -874,27 +874,27 @@ done:
 static int observe_setup(loop *L)
 {
 	const hpu_train_opts *o = L->o;
-	if (hpu_opts_from(o, "stall-warning") != HPU_FROM_DEFAULT)
+	if (hpu__opts_from(o, "stall-warning") != HPU_FROM_DEFAULT)
 		hpucoll_comm_set_stall_warning(L->comm, o->stall_warning > 0 && o->stall_warning < 0.001
 								? 1 : (int)(o->stall_warning * 1000));
 	if (!o->profile[0])
 		return 0;
-	const char *nr = hpu_env_str(HPU_ENV_NODE_RANK), *rc_env = hpu_env_str(HPU_ENV_HPU_RESTART_COUNT);
+	const char *nr = hpu__env_str(HPU_ENV_NODE_RANK), *rc_env = hpu__env_str(HPU_ENV_HPU_RESTART_COUNT);
 	/* a restarted job's attempt K keeps the earlier attempts' traces */
 	char name[600];
 	int attempt = 0, node_rank = 0; /* unset or not numbers: 0 */
-	hpu_parse_int(rc_env, INT_MIN, INT_MAX, &attempt);
-	hpu_parse_int(nr, INT_MIN, INT_MAX, &node_rank);
+	hpu__parse_int(rc_env, INT_MIN, INT_MAX, &attempt);
+	hpu__parse_int(nr, INT_MIN, INT_MAX, &node_rank);
 	if (attempt > 0)
 		snprintf(name, sizeof name, "%s-restart%d", o->profile_name, attempt);
 	else
 		snprintf(name, sizeof name, "%s", o->profile_name);
 	hpu_prof_conf c = {
 		.dir = o->profile, .name = name, .rank = L->rank, .world = L->world,
-		.node_rank = node_rank, .job_id = hpu_env_str(HPU_ENV_HPU_JOB_ID),
+		.node_rank = node_rank, .job_id = hpu__env_str(HPU_ENV_HPU_JOB_ID),
 		.model = L->b->model && L->b->model->name ? L->b->model->name : "",
-		.strategy = hpu_strategy_name(o->strategy),
-		.precision = hpu_precision_name(o->precision),
+		.strategy = hpu__strategy_name(o->strategy),
+		.precision = hpu__precision_name(o->precision),
 	};
 	if (hpu__prof_open(&c, L->err, L->errlen) < 0)
 		return -1;
@@ -908,8 +908,8 @@ static int observe_setup(loop *L)
 	return 0;
 }
 
-int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
-		  const hpu_train_opts *o, char *err, size_t errlen)
+int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
+		   const hpu_train_opts *o, char *err, size_t errlen)
 {
 	loop L = {.b = b, .comm = comm, .o = o, .epochs = o->epochs, .err = err, .errlen = errlen};
 	L.rank = hpucoll_comm_rank(comm);
@@ -923,9 +923,9 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	long total = 0;
 	size_t per_epoch = 0;
 	double tload = now_s();
-	if (observe_setup(&L) < 0 || hpu_quant_init(&L.quant, o, err, errlen) < 0 ||
+	if (observe_setup(&L) < 0 || hpu__quant_init(&L.quant, o, err, errlen) < 0 ||
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
-	    hpu_checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
+	    hpu__checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
 	where.total = total;
 	where.epochs = L.epochs;
@@ -936,11 +936,11 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 		fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
 		goto out;
 	}
-	hpu_sched_init(&L.pos.sched, o, total);
+	hpu__sched_init(&L.pos.sched, o, total);
 	int64_t tl = hpu__prof_t0();
-	if (hpu_strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
-	    (ck && hpu_checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
-					errlen) < 0))
+	if (hpu__strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
+	    (ck && hpu__checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
+					 errlen) < 0))
 		goto out;
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
@@ -949,7 +949,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (alloc_buffers(&L) < 0)
 		goto out;
 	if (ck) {
-		hpu_ckpt_close(ck);
+		hpu__ckpt_close(ck);
 		free(ck);
 		ck = NULL;
 	}
@@ -960,8 +960,8 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (!o->eval_only && run_epochs(&L, total, per_epoch, &steps, &loss, &sps) < 0)
 		goto out;
 	long done = steps > L.pos.step ? steps : L.pos.step; /* steps trained, resumed ones too */
-	if (hpu_hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
-			  L.micro, NULL, err, errlen) < 0)
+	if (hpu__hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
+			   L.micro, NULL, err, errlen) < 0)
 		goto out;
 	hpu__prof_in_eval = 1; /* calibration: forward passes too */
 	if (L.quant.mode == HPU_FP8_MEASURE && calibrate(&L) < 0)
@@ -975,15 +975,15 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (evaluates) {
 		double fig[HPU_MAX_IO + 1] = {ev.loss};
 		memcpy(fig + 1, ev.metric, sizeof ev.metric);
-		if (hpu_hooks_run(L.st, b, b->after_eval, b->nafter_eval, "after evaluation",
-				  done, L.micro, fig, err, errlen) < 0)
+		if (hpu__hooks_run(L.st, b, b->after_eval, b->nafter_eval, "after evaluation",
+				   done, L.micro, fig, err, errlen) < 0)
 			goto out;
 	}
 	if (L.quant.mode == HPU_FP8_QUANTIZE)
 		quant_report(&L);
 	if (write_final(&L, steps, loss, sps, evaluates ? &ev : NULL) < 0)
 		goto out;
-	if (o->save_params[0] && hpu_strat_save_params(L.st, o->save_params) < 0)
+	if (o->save_params[0] && hpu__strat_save_params(L.st, o->save_params) < 0)
 		goto out;
 	if (close_metrics(&L) < 0)
 		goto out;
@@ -992,7 +992,7 @@ int hpu_train_run(hpu_builder *b, hpucoll_comm *comm,
 out:
 	hpu__prof_close();
 	if (ck) {
-		hpu_ckpt_close(ck);
+		hpu__ckpt_close(ck);
 		free(ck);
 	}
 	free_buffers(&L);
