@@ -92,6 +92,7 @@ const hpu__device hpu__dev_cpu = {
     .host_alloc = hpu__dev_cpu_host_alloc,
     .host_free = hpu__dev_cpu_host_free,
     .ops = hpu__be,
+    .rt = &hpu__dev_cpu_rtops,
 };
 
 /* ---- choosing ---- */
@@ -315,4 +316,99 @@ void hpu__dev_queue_sync(hpu__dev_queue *q)
 const hpu__backend *hpu__dev_ops(void)
 {
 	return cur->ops();
+}
+
+/* ---- the runtime's ops: each one device call ---- */
+
+#define RT_CALL(call)                                                                  \
+	do {                                                                           \
+		hpu__dev_enter();                                                      \
+		cur->rt->call;                                                         \
+		hpu__dev_leave();                                                      \
+	} while (0)
+#define RT_VALUE(type, call)                                                           \
+	do {                                                                           \
+		hpu__dev_enter();                                                      \
+		type r_ = cur->rt->call;                                               \
+		hpu__dev_leave();                                                      \
+		return r_;                                                             \
+	} while (0)
+
+void hpu__dev_to16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	RT_CALL(to16(fp16, dst, src, n));
+}
+
+void hpu__dev_from16(int fp16, float *dst, const uint16_t *src, size_t n)
+{
+	RT_CALL(from16(fp16, dst, src, n));
+}
+
+void hpu__dev_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	RT_CALL(acc16(fp16, dst, src, n));
+}
+
+int hpu__dev_bf16_exact(uint16_t *dst, const float *x, size_t n)
+{
+	RT_VALUE(int, bf16_exact(dst, x, n));
+}
+
+void hpu__dev_bf16_expand(float *dst, const uint16_t *src, size_t n)
+{
+	RT_CALL(bf16_expand(dst, src, n));
+}
+
+void hpu__dev_add(float *dst, const float *src, size_t n)
+{
+	RT_CALL(add(dst, src, n));
+}
+
+void hpu__dev_add_scalar(float *dst, float v, size_t n)
+{
+	RT_CALL(add_scalar(dst, v, n));
+}
+
+double hpu__dev_sumsq(const float *g, size_t n)
+{
+	RT_VALUE(double, sumsq(g, n));
+}
+
+double hpu__dev_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			size_t chunk)
+{
+	RT_VALUE(double, sumsq16(acc, fp16, g, n, scratch, chunk));
+}
+
+int hpu__dev_nonfinite(const float *g, size_t n)
+{
+	RT_VALUE(int, nonfinite(g, n));
+}
+
+int hpu__dev_nonfinite16(int fp16, const uint16_t *g, size_t n)
+{
+	RT_VALUE(int, nonfinite16(fp16, g, n));
+}
+
+long hpu__dev_count_nonfinite(const float *v, size_t n)
+{
+	RT_VALUE(long, count_nonfinite(v, n));
+}
+
+long hpu__dev_count_nonfinite16(const uint16_t *v, size_t n)
+{
+	RT_VALUE(long, count_nonfinite16(v, n));
+}
+
+void hpu__dev_optim_update(const hpu__dev_optim *k, float *p, const float *g, float *m,
+			   float *v, size_t n)
+{
+	RT_CALL(optim(k, p, g, m, v, n));
+}
+
+void hpu__dev_optim_update16(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
+			     uint16_t *p16, float *m, float *v, size_t n, float *scratch,
+			     size_t chunk)
+{
+	RT_CALL(optim16(k, fp16, p, g16, p16, m, v, n, scratch, chunk));
 }

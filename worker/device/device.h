@@ -3,8 +3,9 @@
  * devmem's accounting, so DeviceStats, the bytes per kind and
  * --device-memory hold on every device; pinned host memory), copies
  * host->device, device->host, device->device and memset issued on a
- * queue, queues and events, capabilities, and the ops (the kernel table
- * of worker/ops/backend.h, which stays where it is).
+ * queue, queues and events, capabilities, and the ops: the kernel table
+ * of worker/ops/backend.h (which stays where it is) and the runtime's own
+ * ops (hpu__dev_rtops: casts, the optimizer's update, norms and checks).
  *
  * Device calls. Work the device does on its memory (a layer's forward or
  * backward, an optimizer update over a flat buffer, a cast, a copy) runs
@@ -33,6 +34,69 @@ typedef struct hpu__dev_caps {
 	int host_can_read;                        /* host code may touch device memory */
 	int can_capture;                          /* a step can be captured and replayed */
 } hpu__dev_caps;
+
+/* The optimizers the device's update knows (optim.c maps its kinds). */
+typedef enum hpu__dev_optkind {
+	HPU__DEV_SGD = 0,
+	HPU__DEV_ADAM,  /* torch.optim.Adam: L2, g += wd*p */
+	HPU__DEV_ADAMW, /* torch.optim.AdamW: decoupled, p *= 1 - lr*wd */
+} hpu__dev_optkind;
+
+/* One optimizer step's scalars: the gradients are gscale * g, `t` the
+ * step counted from 1, `lr` the learning rate. */
+typedef struct hpu__dev_optim {
+	hpu__dev_optkind kind;
+	double momentum, weight_decay, beta1, beta2, eps;
+	int nesterov;
+	long t;
+	double lr;
+	float gscale;
+} hpu__dev_optim;
+
+/* The runtime's own ops: what the runtime does to device memory itself,
+ * outside the layers (mixed precision's casts, the optimizer's update,
+ * the gradient norm, the non-finite checks, adding gradients). Separate
+ * from hpu__backend: those kernels are chosen by HPU_BACKEND and may
+ * answer HPU_BE_UNSUPPORTED to fall back on the reference ones, while
+ * these are the same on every backend, have no fallback, and each one is
+ * a device call of its own (the hpu__dev_* wrappers below enter the
+ * device). Every buffer is device memory unless said otherwise; `fp16`
+ * picks IEEE binary16 over bf16 (common/lowp.h's rounding). */
+typedef struct hpu__dev_rtops {
+	/* dst[n] = the 16-bit rounding of src[n]; src[n] widened */
+	void (*to16)(int fp16, uint16_t *dst, const float *src, size_t n);
+	void (*from16)(int fp16, float *dst, const uint16_t *src, size_t n);
+	/* dst[n] = the 16-bit rounding of dst + src (fp32 sum) */
+	void (*acc16)(int fp16, uint16_t *dst, const float *src, size_t n);
+	/* dst[n] = the top halves of x[n]; 1 when x[n] were all bf16 values */
+	int (*bf16_exact)(uint16_t *dst, const float *x, size_t n);
+	void (*bf16_expand)(float *dst, const uint16_t *src, size_t n);
+	/* dst[n] += src[n]; dst[n] += v */
+	void (*add)(float *dst, const float *src, size_t n);
+	void (*add_scalar)(float *dst, float v, size_t n);
+	/* Sum of squares of g[n] (fp32 in blocks of 256, the blocks in
+	 * double). sumsq16: acc plus, chunk by chunk of `chunk` values
+	 * widened into scratch (device memory), each chunk's sum. */
+	double (*sumsq)(const float *g, size_t n);
+	double (*sumsq16)(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			  size_t chunk);
+	/* 1 when some value is Inf or NaN; how many are. */
+	int (*nonfinite)(const float *g, size_t n);
+	int (*nonfinite16)(int fp16, const uint16_t *g, size_t n);
+	long (*count_nonfinite)(const float *v, size_t n);
+	long (*count_nonfinite16)(const uint16_t *v, size_t n); /* bf16 */
+	/* One optimizer step over p[n] from g[n] with its state m[n], v[n]
+	 * (NULL where the optimizer keeps none). optim16: the gradients are
+	 * 16-bit, widened chunk by chunk into scratch[chunk], and the result
+	 * rounded into p16[n] too. */
+	void (*optim)(const hpu__dev_optim *k, float *p, const float *g, float *m, float *v,
+		      size_t n);
+	void (*optim16)(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
+			uint16_t *p16, float *m, float *v, size_t n, float *scratch, size_t chunk);
+} hpu__dev_rtops;
+
+/* The CPU devices' runtime ops (device_ops.c): today's host loops. */
+extern const hpu__dev_rtops hpu__dev_cpu_rtops;
 
 /* A queue: work issued on it runs in order. NULL is the default queue. */
 typedef struct hpu__dev_queue hpu__dev_queue;
@@ -64,8 +128,9 @@ typedef struct hpu__device {
 	/* Pinned host memory: zeroed, 64-byte aligned. */
 	void *(*host_alloc)(size_t bytes);
 	void (*host_free)(void *p);
-	/* The kernels. */
+	/* The kernels, and the runtime's own ops. */
 	const hpu__backend *(*ops)(void);
+	const hpu__dev_rtops *rt;
 	/* 1 when p is device memory (NULL: host and device memory are
 	 * one, as on cpu). */
 	int (*owns)(const void *p);
@@ -142,6 +207,28 @@ void hpu__dev_queue_sync(hpu__dev_queue *q);
 
 /* The kernel table the ops use on this device. */
 const hpu__backend *hpu__dev_ops(void);
+
+/* The runtime's ops on the device (hpu__dev_rtops), each a device call
+ * on the default queue; results the host needs come back as values. */
+void hpu__dev_to16(int fp16, uint16_t *dst, const float *src, size_t n);
+void hpu__dev_from16(int fp16, float *dst, const uint16_t *src, size_t n);
+void hpu__dev_acc16(int fp16, uint16_t *dst, const float *src, size_t n);
+int hpu__dev_bf16_exact(uint16_t *dst, const float *x, size_t n);
+void hpu__dev_bf16_expand(float *dst, const uint16_t *src, size_t n);
+void hpu__dev_add(float *dst, const float *src, size_t n);
+void hpu__dev_add_scalar(float *dst, float v, size_t n);
+double hpu__dev_sumsq(const float *g, size_t n);
+double hpu__dev_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			size_t chunk);
+int hpu__dev_nonfinite(const float *g, size_t n);
+int hpu__dev_nonfinite16(int fp16, const uint16_t *g, size_t n);
+long hpu__dev_count_nonfinite(const float *v, size_t n);
+long hpu__dev_count_nonfinite16(const uint16_t *v, size_t n);
+void hpu__dev_optim_update(const hpu__dev_optim *k, float *p, const float *g, float *m,
+			   float *v, size_t n);
+void hpu__dev_optim_update16(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
+			     uint16_t *p16, float *m, float *v, size_t n, float *scratch,
+			     size_t chunk);
 
 /* Bytes copied host->device and device->host since the device opened. */
 void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h);

@@ -309,5 +309,6 @@ const hpu__device hpu__dev_cpu_strict = {
     .host_alloc = hpu__dev_cpu_host_alloc,
     .host_free = hpu__dev_cpu_host_free,
     .ops = hpu__be,
+    .rt = &hpu__dev_cpu_rtops,
     .owns = strict_owns,
 };

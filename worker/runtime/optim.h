@@ -1,11 +1,13 @@
 /* optim: optimizers over flat fp32 buffers (a rank's shard under ZeRO),
  * each step one fused pass: gradient scaling (clipping), weight decay,
- * moments and the update together. The caller owns the state memory (it
- * comes from the device allocator). */
+ * moments and the update together, run by the device (each call below
+ * is a device call: the buffers may be device memory). The caller owns
+ * the state memory (it comes from the device allocator). */
 #ifndef HPU_OPTIM_H
 #define HPU_OPTIM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "options/config.h"
 
@@ -42,6 +44,14 @@ void hpu__optim_step(hpu_optim *o, float *p, const float *g, float gscale,
 void hpu__optim_begin(hpu_optim *o);
 void hpu__optim_range(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
 		      float gscale, double lr);
+
+/* hpu__optim_range with 16-bit gradients g16 (fp16: binary16, else
+ * bf16), widened chunk by chunk into scratch[chunk], and the updated
+ * parameters rounded into p16 as well (mixed precision's master
+ * weights): one device call. */
+void hpu__optim_range16(hpu_optim *o, size_t from, size_t n, float *p, const uint16_t *g16,
+			uint16_t *p16, int fp16, float *scratch, size_t chunk, float gscale,
+			double lr);
 
 /* Sum of squares of g[n]: fp32 within blocks of 256, the blocks summed in
  * double. */

@@ -355,18 +355,10 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	for (int k = 0; k < s->nunits; k++) {
 		const unit *u = &s->u[k];
 		if (!s->mp) {
-			hpu__dev_enter(); /* a reduction on the device */
-			ss += hpu__sumsq(u->opt_g, u->opt.n);
-			hpu__dev_leave();
+			ss += hpu__dev_sumsq(u->opt_g, u->opt.n);
 			continue;
 		}
-		hpu__dev_enter();
-		for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
-			size_t c = hpu__strat_chunk(u->opt.n, i);
-			hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
-			ss += hpu__sumsq(s->chunk, c);
-		}
-		hpu__dev_leave();
+		ss = hpu__dev_sumsq16(ss, s->fp16, u->opt_g16, u->opt.n, s->chunk, HPU__STRAT_CHUNK);
 	}
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);
@@ -377,36 +369,18 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	return 0;
 }
 
-/* 1 when some g[i] is Inf or NaN (x * 0 is NaN exactly then). */
-/* An Inf or NaN in g[n]: the largest magnitude's bits reach the all-ones
- * exponent. (An integer max vectorizes; a float sum, in order, does not:
- * it cost a tenth of an fp32 MLP step.) */
-HPU_CLONES static int nonfinite(const float *restrict g, size_t n)
-{
-	uint32_t top = 0;
-	for (size_t i = 0; i < n; i++) {
-		uint32_t b;
-		memcpy(&b, &g[i], sizeof b);
-		b &= 0x7fffffffu;
-		top = b > top ? b : top;
-	}
-	return top >= 0x7f800000u;
-}
-
 /* fp32: an Inf or NaN gradient anywhere (a non-finite loss makes them
  * NaN) skips the step everywhere; else clip and step. */
 static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	float bad = 0;
-	hpu__dev_enter(); /* the non-finite check on the device */
 	for (int k = 0; k < s->nunits && !bad; k++)
-		bad = (float)nonfinite(s->u[k].opt_g, s->u[k].opt.n);
+		bad = (float)hpu__dev_nonfinite(s->u[k].opt_g, s->u[k].opt.n);
 	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
 		for (int k = 0; k < s->nunits && !s->first_bad.found; k++)
-			if (nonfinite(s->u[k].opt_g, s->u[k].opt.n))
+			if (hpu__dev_nonfinite(s->u[k].opt_g, s->u[k].opt.n))
 				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
-	hpu__dev_leave();
 	if (s->sharded) { /* each rank checked its shard */
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
 		if (rc)
@@ -428,10 +402,8 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			for (int k = 0; k < s->nunits; k++) {
 				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 					return -1;
-				hpu__dev_enter(); /* the update over a flat buffer */
 				hpu__optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
 						gscale, lr);
-				hpu__dev_leave();
 			}
 			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 				return -1;

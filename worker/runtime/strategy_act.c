@@ -108,28 +108,6 @@ int hpu__act_kept(const hpu_strat *s, int t)
 	return s->t_data[t] || (s->a16 && s->a16[t]);
 }
 
-/* dst[k] = the bf16 of x[k]; returns 1 when every x[k] was a bf16 value
- * (so that dst holds x exactly). */
-HPU_CLONES static int bf16_exact(uint16_t *restrict dst, const float *restrict x, size_t n)
-{
-	uint32_t off = 0;
-	for (size_t k = 0; k < n; k++) {
-		uint32_t v;
-		memcpy(&v, &x[k], 4);
-		off |= v & 0xffffu;
-		dst[k] = (uint16_t)(v >> 16);
-	}
-	return off == 0;
-}
-
-HPU_CLONES static void bf16_expand(float *restrict dst, const uint16_t *restrict src, size_t n)
-{
-	for (size_t k = 0; k < n; k++) {
-		uint32_t v = (uint32_t)src[k] << 16;
-		memcpy(&dst[k], &v, 4);
-	}
-}
-
 int hpu__act_compress(hpu_strat *s, int t, int n)
 {
 	const hpu_tinfo *ti = &s->b->tensors[t];
@@ -142,9 +120,7 @@ int hpu__act_compress(hpu_strat *s, int t, int n)
 		if (!(s->a16[t] = hpu__dalloc(HPU_MEM_ACTS, tensor_bytes(s, t, s->maxbatch, 2), what)))
 			return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	}
-	hpu__dev_enter(); /* a cast on the device */
-	int exact = bf16_exact(s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1));
-	hpu__dev_leave();
+	int exact = hpu__dev_bf16_exact(s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1));
 	if (!exact) {
 		hpu__dfree(s->a16[t]); /* an fp32 op's output: keep fp32 */
 		s->a16[t] = NULL;
@@ -161,9 +137,7 @@ int hpu__act_expand(hpu_strat *s, int t, int n)
 		return 0;
 	if (hpu__act_ensure(s, t) < 0)
 		return -1;
-	hpu__dev_enter(); /* a cast on the device */
-	bf16_expand(s->t_data[t], s->a16[t], tensor_bytes(s, t, n, 1));
-	hpu__dev_leave();
+	hpu__dev_bf16_expand(s->t_data[t], s->a16[t], tensor_bytes(s, t, n, 1));
 	return 0;
 }
 

@@ -171,9 +171,6 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm);
 
 /* ---- strategy_sync.c: the gradients' collectives ---- */
 
-/* dst[i] += src[i]. */
-void hpu__sync_add(float *restrict dst, const float *restrict src, size_t n);
-
 /* strategy_dcoll.c: the strategies' collectives on device buffers, as
  * libhpucoll's hpucoll_iall_reduce, hpucoll_ireduce_scatter and
  * hpucoll_iall_gather. Where the host may read device memory (cpu) they
@@ -225,12 +222,6 @@ int hpu__zero_gather_params(hpu_strat *s);
 
 /* ---- strategy_mp.c: mixed precision ---- */
 
-/* n values from fp32 to 16 bits: fp16 when `fp16`, else bf16; round to
- * nearest even (fp16 by the CPU's F16C instructions where it has them,
- * rounding as common/lowp.h does). Back: hpu__ac_from16 (autocast.h). */
-void hpu__mp_to16(int fp16, uint16_t *dst, const float *src, size_t n);
-/* dst16 = 16-bit(from16(dst16) + src): accumulating micro-steps. */
-void hpu__mp_acc16(int fp16, uint16_t *dst, const float *src, size_t n);
 /* The 16-bit parameters and gradients, master weights, optimizer state,
  * and their initial values. 0, or -1 (s->err). */
 int hpu__mp_alloc(hpu_strat *s);

@@ -29,47 +29,6 @@
 #define coll_fail hpu__strat_coll_fail
 #define dalloc hpu__strat_dalloc
 
-/* ---- 16-bit <-> fp32 ---- */
-
-HPU_CLONES static void to16_plain(int fp16, uint16_t *restrict dst,
-				  const float *restrict src, size_t n)
-{
-	if (fp16)
-		for (size_t i = 0; i < n; i++)
-			dst[i] = hpu_to_fp16(src[i]);
-	else
-		for (size_t i = 0; i < n; i++)
-			dst[i] = hpu_to_bf16(src[i]);
-}
-
-void hpu__mp_to16(int fp16, uint16_t *dst, const float *src, size_t n)
-{
-	if (fp16 && hpu_have_f16c())
-		hpu__f16c_to_fp16(dst, src, n);
-	else
-		to16_plain(fp16, dst, src, n);
-}
-
-void hpu__mp_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
-{
-	float tmp[1024];
-	for (size_t i = 0; i < n; i += 1024) {
-		size_t c = n - i < 1024 ? n - i : 1024;
-		hpu__ac_from16(fp16, tmp, dst + i, c);
-		hpu__sync_add(tmp, src + i, c);
-		hpu__mp_to16(fp16, dst + i, tmp, c);
-	}
-}
-
-static int nonfinite16(const hpu_strat *s, const uint16_t *h, size_t n)
-{
-	const uint16_t mask = s->fp16 ? 0x7c00 : 0x7f80;
-	int bad = 0;
-	for (size_t i = 0; i < n; i++)
-		bad |= (h[i] & mask) == mask;
-	return bad;
-}
-
 /* ---- making ---- */
 
 /* 16-bit working parameters (whole, or zero3's shard), 16-bit gradients
@@ -146,17 +105,13 @@ int hpu__mp_init_params(hpu_strat *s)
 			hpu__dev_copy(u->opt_p, full + mine, u->opt.n * 4);
 		}
 		if (s->P16) {
-			hpu__dev_enter(); /* a cast on the device */
-			hpu__mp_to16(s->fp16, s->P16 + u->off, full, u->len);
-			hpu__dev_leave();
+			hpu__dev_to16(s->fp16, s->P16 + u->off, full, u->len);
 		} else {
 			if (s->nvp && !hpu__nvp_get(s, j, 0)) {
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
-			hpu__dev_enter();
-			hpu__mp_to16(s->fp16, u->opt_p16, full + mine, u->piece);
-			hpu__dev_leave();
+			hpu__dev_to16(s->fp16, u->opt_p16, full + mine, u->piece);
 			if (s->nvp && hpu__nvp_put(s, j) < 0) {
 				hpu__dev_hbuf_free(full);
 				return -1;
@@ -168,9 +123,7 @@ int hpu__mp_init_params(hpu_strat *s)
 					hpu__dev_hbuf_free(full);
 					return -1;
 				}
-				hpu__dev_enter();
-				hpu__mp_to16(s->fp16, u->full16, full, u->len);
-				hpu__dev_leave();
+				hpu__dev_to16(s->fp16, u->full16, full, u->len);
 			}
 		}
 		hpu__dev_hbuf_free(full);
@@ -268,19 +221,18 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 	hpu_layer *l = s->b->layers[i];
 	unit *u = &s->u[l->unit];
 	float *g = s->lgs[i];
-	hpu__dev_enter(); /* the gradients' cast on the device */
 	if (final && !s->injected && s->o->inject_overflow_step == s->step_no + 1 &&
 	    s->rank == 0) {
-		g[0] = INFINITY; /* --inject-overflow-step: testing only */
+		/* --inject-overflow-step: testing only */
+		hpu__dev_h2d(NULL, g, &(float){INFINITY}, 4);
 		s->injected = 1;
 	}
 	if (s->G16 && s->micro == 0) /* the step's first: no sum to add to */
-		hpu__mp_to16(s->fp16, s->G16 + l->off, g, l->plen);
+		hpu__dev_to16(s->fp16, s->G16 + l->off, g, l->plen);
 	else if (s->G16)
-		hpu__mp_acc16(s->fp16, s->G16 + l->off, g, l->plen);
+		hpu__dev_acc16(s->fp16, s->G16 + l->off, g, l->plen);
 	else
-		hpu__mp_to16(s->fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
-	hpu__dev_leave();
+		hpu__dev_to16(s->fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
 	hpu__dfree(g);
 	s->lgs[i] = NULL;
 }
@@ -316,11 +268,9 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	/* An overflow anywhere skips the step everywhere. */
 	float bad = 0;
-	hpu__dev_enter(); /* the overflow check on the device */
 	for (int k = 0; k < s->nunits; k++)
-		if (nonfinite16(s, s->u[k].opt_g16, s->u[k].opt.n))
+		if (hpu__dev_nonfinite16(s->fp16, s->u[k].opt_g16, s->u[k].opt.n))
 			bad = 1;
-	hpu__dev_leave();
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
 		if (rc)
@@ -341,14 +291,8 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
 			hpu__optim_begin(&u->opt);
-			hpu__dev_enter(); /* the update, casts included: one device call */
-			for (size_t i = 0; i < u->opt.n; i += HPU__STRAT_CHUNK) {
-				size_t c = hpu__strat_chunk(u->opt.n, i);
-				hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + i, c);
-				hpu__optim_range(&u->opt, i, c, u->opt_p + i, s->chunk, gscale, lr);
-				hpu__mp_to16(s->fp16, u->opt_p16 + i, u->opt_p + i, c);
-			}
-			hpu__dev_leave();
+			hpu__optim_range16(&u->opt, 0, u->opt.n, u->opt_p, u->opt_g16, u->opt_p16,
+					   s->fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
 			return -1;

@@ -300,12 +300,8 @@ static void update(hpu_strat *s, const group *g, float *buf, float gscale, doubl
 		return;
 	}
 	float *master = section(s, buf, g->n, 0);
-	for (size_t i = 0; i < g->n; i += HPU__STRAT_CHUNK) {
-		size_t c = hpu__strat_chunk(g->n, i);
-		hpu__ac_from16(s->fp16, s->chunk, u->opt_g16 + g->from + i, c);
-		hpu__optim_range(&view, i, c, master + i, s->chunk, gscale, lr);
-		hpu__mp_to16(s->fp16, u->opt_p16 + g->from + i, master + i, c);
-	}
+	hpu__optim_range16(&view, 0, g->n, master, u->opt_g16 + g->from, u->opt_p16 + g->from,
+			   s->fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
 }
 
 /* Sub-group i into its buffer, once that buffer's last transfer is done. */
@@ -339,9 +335,7 @@ int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 		}
 		if (s->nvp && hpu__nvp_step_at(s, nv->g[i].unit) < 0)
 			return -1;
-		hpu__dev_enter(); /* the update over a sub-group: one device call */
 		update(s, &nv->g[i], nv->st.buf[b], gscale, lr);
-		hpu__dev_leave();
 		nv->st.use[b] = hpu__swap_write(nv->st.sw, nv->g[i].off, nv->st.buf[b], nv->g[i].bytes);
 		if (nv->st.use[b] < 0 || (i + ahead < nv->ng && start_read(s, i + ahead) < 0))
 			return swap_fail(s);

@@ -356,10 +356,7 @@ static int seed(hpu_strat *s, float scale, float loss)
 		if (!g)
 			return -1;
 		float v = isfinite(loss) ? b->loss[k].weight * scale / (float)n : NAN;
-		hpu__dev_enter(); /* a fill on the device */
-		for (int r = 0; r < n; r++)
-			g[r] += v;
-		hpu__dev_leave();
+		hpu__dev_add_scalar(g, v, (size_t)n);
 	}
 	return 0;
 }
@@ -402,9 +399,7 @@ static void add_tmp(hpu_strat *s, int i, float **tmp)
 		if (!tmp[k])
 			continue;
 		int t = l->in[k];
-		hpu__dev_enter(); /* an add on the device */
-		hpu__sync_add(s->t_grad[t], tmp[k], (size_t)s->ctx.batch * s->b->tensors[t].sample_numel);
-		hpu__dev_leave();
+		hpu__dev_add(s->t_grad[t], tmp[k], (size_t)s->ctx.batch * s->b->tensors[t].sample_numel);
 		hpu__dfree(tmp[k]);
 		tmp[k] = NULL;
 	}
@@ -478,23 +473,6 @@ static void after_backward(hpu_strat *s, int i)
 
 /* ---- the first non-finite value (hpu_nonfinite) ---- */
 
-/* Inf or NaN among n floats / bf16 values: how many. */
-static long count_nonfinite(const float *v, size_t n)
-{
-	long k = 0;
-	for (size_t i = 0; i < n; i++)
-		k += !isfinite(v[i]);
-	return k;
-}
-
-static long count_nonfinite16(const uint16_t *v, size_t n)
-{
-	long k = 0;
-	for (size_t i = 0; i < n; i++)
-		k += (v[i] & 0x7f80u) == 0x7f80u;
-	return k;
-}
-
 /* Tensor t after this micro-step's forward: its non-finite values, or 0
  * when it is not there (dropped, or not f32). */
 static long tensor_nonfinite(const hpu_strat *s, int t, size_t *numel)
@@ -504,12 +482,10 @@ static long tensor_nonfinite(const hpu_strat *s, int t, size_t *numel)
 	if (ti->dtype != HPU_F32)
 		return 0;
 	long k = 0;
-	hpu__dev_enter(); /* a count on the device */
 	if (s->t_data[t])
-		k = count_nonfinite(s->t_data[t], *numel);
+		k = hpu__dev_count_nonfinite(s->t_data[t], *numel);
 	else if (s->a16 && s->a16[t])
-		k = count_nonfinite16(s->a16[t], *numel);
-	hpu__dev_leave();
+		k = hpu__dev_count_nonfinite16(s->a16[t], *numel);
 	return k;
 }
 

@@ -22,12 +22,6 @@
 #define coll_fail hpu__strat_coll_fail
 #define dalloc hpu__strat_dalloc
 
-HPU_CLONES void hpu__sync_add(float *restrict dst, const float *restrict src, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		dst[i] += src[i];
-}
-
 static void push(hpu_strat *s, int k, hpucoll_req *req)
 {
 	int cap = s->nunits + 1;
@@ -40,7 +34,7 @@ static void land(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	if (u->cbuf) {
-		hpu__ac_from16(0, s->G + u->off, u->cbuf, u->len); /* bf16 */
+		hpu__dev_from16(0, s->G + u->off, u->cbuf, u->len); /* bf16 */
 		hpu__dfree(u->cbuf);
 		u->cbuf = NULL;
 	}
@@ -48,12 +42,12 @@ static void land(hpu_strat *s, int k)
 		uint16_t *src = u->gbuf16 + (size_t)s->rank * u->piece,
 			 *dst = s->GS16 + u->shard_off;
 		if (s->micro == 0) {
-			memcpy(dst, src, u->piece * 2);
+			hpu__dev_d2d(NULL, dst, src, u->piece * 2);
 		} else {
 			for (size_t i = 0; i < u->piece; i += HPU__STRAT_CHUNK) {
 				size_t c = hpu__strat_chunk(u->piece, i);
-				hpu__ac_from16(s->fp16, s->chunk, src + i, c);
-				hpu__mp_acc16(s->fp16, dst + i, s->chunk, c);
+				hpu__dev_from16(s->fp16, s->chunk, src + i, c);
+				hpu__dev_acc16(s->fp16, dst + i, s->chunk, c);
 			}
 		}
 		hpu__dfree(u->gbuf16);
@@ -62,9 +56,9 @@ static void land(hpu_strat *s, int k)
 	if (u->gbuf) { /* zero2/3: keep only the owned piece */
 		float *src = u->gbuf + (size_t)s->rank * u->piece, *dst = s->GS + u->shard_off;
 		if (s->micro == 0)
-			memcpy(dst, src, u->piece * 4);
+			hpu__dev_d2d(NULL, dst, src, u->piece * 4);
 		else
-			hpu__sync_add(dst, src, u->piece);
+			hpu__dev_add(dst, src, u->piece);
 		hpu__dfree(u->gbuf);
 		u->gbuf = NULL;
 	}
@@ -79,9 +73,7 @@ static int wait_oldest(hpu_strat *s)
 	int rc = hpu__dc_wait(&f.req);
 	if (rc)
 		return coll_fail(s, "gradient collective", rc);
-	hpu__dev_enter(); /* landing: copies and adds on the device */
 	land(s, f.unit);
-	hpu__dev_leave();
 	return 0;
 }
 
@@ -120,9 +112,7 @@ static int start_all_reduce(hpu_strat *s, int k)
 		snprintf(what, sizeof what, "bf16 gradients of %s", hpu__strat_unit_name(s, k));
 		if (!(u->cbuf = dalloc(s, HPU_MEM_COMM, u->len * 2, what)))
 			return -1;
-		hpu__dev_enter(); /* a cast on the device */
-		hpu__mp_to16(0, u->cbuf, s->G + u->off, u->len); /* bf16 */
-		hpu__dev_leave();
+		hpu__dev_to16(0, u->cbuf, s->G + u->off, u->len); /* bf16 */
 		rc = hpu__dc_iall_reduce(s, u->cbuf, u->cbuf, u->len, HPUCOLL_BF16,
 					 HPUCOLL_SUM, &req);
 	} else {

@@ -1,0 +1,465 @@
+/* Unit tests for the runtime's ops on the device (hpu__dev_rtops,
+ * worker/device/device.h): each op run through the cpu device and
+ * through the strict CPU device, its buffers device memory, against plain
+ * C written here from the ops' contracts, bit for bit: the 16-bit casts,
+ * accumulation, the bf16 activations, adds, sums of squares, the
+ * non-finite checks and counts, and the optimizers' update through
+ * optim.h's public functions. On cpu-strict no test opens the device
+ * itself: an op that still ran on the host would fault and the program
+ * exit naming the block. And the devices' capabilities. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "worker/device/device.h"
+#include "worker/runtime/optim.h"
+#include "common/lowp.h"
+
+#define MiB (1024ull * 1024)
+#define N 3001   /* blocks of 256 and a tail */
+#define CHUNK 1000 /* the scratch of the 16-bit ops: chunks and a tail */
+
+static const char *const devices[] = {"cpu", "cpu-strict"};
+
+static void open_dev(const char *name)
+{
+	char err[256] = "";
+	if (hpu__dev_open(name, 0, err, sizeof err) < 0)
+		fail_msg("%s", err);
+	assert_int_equal(hpu__devmem_init(256 * MiB, 0), 0);
+}
+
+static void close_dev(void)
+{
+	hpu__devmem_shutdown();
+	hpu__dev_close();
+}
+
+/* n bytes of device memory holding src (zero when src is NULL). */
+static void *dev_in(const void *src, size_t n)
+{
+	void *d = hpu__dev_alloc(HPU_MEM_OTHER, n, "test input");
+	assert_non_null(d);
+	if (src)
+		hpu__dev_h2d(NULL, d, src, n);
+	return d;
+}
+
+static void dev_out(void *dst, void *d, size_t n)
+{
+	hpu__dev_d2h(NULL, dst, d, n);
+	hpu__dev_free(d);
+}
+
+/* Values of many magnitudes and both signs, from a fixed seed. */
+static void values(float *x, size_t n, uint32_t seed, float scale)
+{
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		float u = (float)(seed >> 8) / (float)(1u << 24); /* [0, 1) */
+		float e = ldexpf(1.0f, (int)(seed % 13) - 6);
+		x[i] = (u - 0.5f) * e * scale;
+	}
+}
+
+static uint16_t ref_to16(int fp16, float f)
+{
+	return fp16 ? hpu_to_fp16(f) : hpu_to_bf16(f);
+}
+
+static float ref_from16(int fp16, uint16_t h)
+{
+	return fp16 ? hpu_from_fp16(h) : hpu_from_bf16(h);
+}
+
+/* ---- casts ---- */
+
+static void test_casts(void **state)
+{
+	(void)state;
+	static float x[N], back[N], ref_back[N], acc_src[N];
+	static uint16_t h[N], ref_h[N], acc[N], ref_acc[N];
+	values(x, N, 7, 1000.0f);
+	x[5] = NAN;
+	x[6] = INFINITY;
+	x[7] = 70000.0f; /* fp16: infinity */
+	x[8] = 1e-7f;    /* fp16: subnormal */
+	values(acc_src, N, 11, 10.0f);
+	for (int d = 0; d < 2; d++)
+		for (int fp16 = 0; fp16 < 2; fp16++) {
+			open_dev(devices[d]);
+			for (size_t i = 0; i < N; i++)
+				ref_h[i] = ref_to16(fp16, x[i]);
+			for (size_t i = 0; i < N; i++)
+				ref_back[i] = ref_from16(fp16, ref_h[i]);
+			for (size_t i = 0; i < N; i++)
+				ref_acc[i] = ref_to16(fp16, ref_from16(fp16, ref_h[i]) + acc_src[i]);
+
+			float *dx = dev_in(x, sizeof x);
+			uint16_t *dh = dev_in(NULL, sizeof h);
+			hpu__dev_to16(fp16, dh, dx, N);
+			float *dback = dev_in(NULL, sizeof back);
+			hpu__dev_from16(fp16, dback, dh, N);
+			float *dsrc = dev_in(acc_src, sizeof acc_src);
+			hpu__dev_acc16(fp16, dh, dsrc, N); /* dh += acc_src */
+			dev_out(acc, dh, sizeof acc);
+			dev_out(back, dback, sizeof back);
+			hpu__dev_to16(fp16, dh = dev_in(NULL, sizeof h), dx, N);
+			dev_out(h, dh, sizeof h);
+			hpu__dev_free(dx);
+			hpu__dev_free(dsrc);
+			assert_memory_equal(h, ref_h, sizeof h);
+			assert_memory_equal(back, ref_back, sizeof back);
+			assert_memory_equal(acc, ref_acc, sizeof acc);
+			close_dev();
+		}
+}
+
+static void test_bf16_acts(void **state)
+{
+	(void)state;
+	static float x[N], back[N];
+	static uint16_t h[N], ref_h[N];
+	for (size_t i = 0; i < N; i++)
+		x[i] = hpu_from_bf16((uint16_t)(i * 37u));
+	for (size_t i = 0; i < N; i++)
+		ref_h[i] = (uint16_t)(i * 37u);
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		float *dx = dev_in(x, sizeof x);
+		uint16_t *dh = dev_in(NULL, sizeof h);
+		assert_int_equal(hpu__dev_bf16_exact(dh, dx, N), 1);
+		float *dback = dev_in(NULL, sizeof back);
+		hpu__dev_bf16_expand(dback, dh, N);
+		dev_out(back, dback, sizeof back);
+		hpu__dev_h2d(NULL, dx + 100, &(float){1.1f}, 4); /* not a bf16 value */
+		assert_int_equal(hpu__dev_bf16_exact(dh, dx, N), 0);
+		ref_h[100] = (uint16_t)(hpu__f32_bits(1.1f) >> 16); /* its top half */
+		dev_out(h, dh, sizeof h);
+		hpu__dev_free(dx);
+		assert_memory_equal(h, ref_h, sizeof h);
+		assert_memory_equal(back, x, sizeof back);
+		ref_h[100] = (uint16_t)(100 * 37u);
+		close_dev();
+	}
+}
+
+/* ---- adds ---- */
+
+static void test_adds(void **state)
+{
+	(void)state;
+	static float a[N], b[N], out[N], ref[N];
+	values(a, N, 3, 100.0f);
+	values(b, N, 4, 1.0f);
+	for (size_t i = 0; i < N; i++)
+		ref[i] = (a[i] + b[i]) + 0.3f;
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		float *da = dev_in(a, sizeof a), *db = dev_in(b, sizeof b);
+		hpu__dev_add(da, db, N);
+		hpu__dev_add_scalar(da, 0.3f, N);
+		dev_out(out, da, sizeof out);
+		hpu__dev_free(db);
+		assert_memory_equal(out, ref, sizeof out);
+		close_dev();
+	}
+}
+
+/* ---- sums of squares: fp32 in blocks of 256 over 16 lanes, added
+ * pairwise, the blocks and the tail in double ---- */
+
+static double ref_sumsq(const float *g, size_t n)
+{
+	double total = 0;
+	size_t i = 0;
+	for (; i + 256 <= n; i += 256) {
+		float acc[16] = {0};
+		for (size_t j = 0; j < 256; j++)
+			acc[j % 16] += g[i + j] * g[i + j];
+		for (size_t w = 8; w > 0; w /= 2)
+			for (size_t l = 0; l < w; l++)
+				acc[l] += acc[l + w];
+		total += (double)acc[0];
+	}
+	double tail = 0;
+	for (; i < n; i++)
+		tail += (double)g[i] * (double)g[i];
+	return total + tail;
+}
+
+static void test_sumsq(void **state)
+{
+	(void)state;
+	static float g[N], w[N];
+	static uint16_t g16[N];
+	values(g, N, 9, 3.0f);
+	for (int d = 0; d < 2; d++)
+		for (int fp16 = 0; fp16 < 2; fp16++) {
+			open_dev(devices[d]);
+			for (size_t i = 0; i < N; i++)
+				g16[i] = ref_to16(fp16, g[i]);
+			double ref16 = 0.5; /* the sum so far */
+			for (size_t i = 0; i < N; i += CHUNK) {
+				size_t c = N - i < CHUNK ? N - i : CHUNK;
+				for (size_t k = 0; k < c; k++)
+					w[k] = ref_from16(fp16, g16[i + k]);
+				ref16 += ref_sumsq(w, c);
+			}
+			float *dg = dev_in(g, sizeof g), *scratch = dev_in(NULL, CHUNK * 4);
+			uint16_t *dg16 = dev_in(g16, sizeof g16);
+			double s = hpu__dev_sumsq(dg, N), s_opt = hpu__sumsq(dg, N);
+			double s16 = hpu__dev_sumsq16(0.5, fp16, dg16, N, scratch, CHUNK);
+			hpu__dev_free(dg);
+			hpu__dev_free(dg16);
+			hpu__dev_free(scratch);
+			double ref = ref_sumsq(g, N);
+			assert_memory_equal(&s, &ref, sizeof s);
+			assert_memory_equal(&s_opt, &ref, sizeof s);
+			assert_memory_equal(&s16, &ref16, sizeof s);
+			close_dev();
+		}
+}
+
+/* ---- non-finite checks and counts ---- */
+
+static void test_nonfinite(void **state)
+{
+	(void)state;
+	static float g[N];
+	static uint16_t h[N], b16[N];
+	values(g, N, 5, 1.0f);
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		float *dg = dev_in(g, sizeof g);
+		for (size_t i = 0; i < N; i++)
+			h[i] = hpu_to_fp16(g[i]), b16[i] = hpu_to_bf16(g[i]);
+		uint16_t *dh = dev_in(h, sizeof h), *db = dev_in(b16, sizeof b16);
+		assert_int_equal(hpu__dev_nonfinite(dg, N), 0);
+		assert_int_equal(hpu__dev_nonfinite16(1, dh, N), 0);
+		assert_int_equal(hpu__dev_nonfinite16(0, db, N), 0);
+		assert_int_equal(hpu__dev_count_nonfinite(dg, N), 0);
+		assert_int_equal(hpu__dev_count_nonfinite16(db, N), 0);
+		hpu__dev_h2d(NULL, dg + N - 1, &(float){NAN}, 4);
+		hpu__dev_h2d(NULL, dg + 7, &(float){-INFINITY}, 4);
+		hpu__dev_h2d(NULL, dh + 3, &(uint16_t){0x7c00}, 2); /* fp16 inf */
+		hpu__dev_h2d(NULL, db + 9, &(uint16_t){0xffc1}, 2); /* bf16 NaN */
+		hpu__dev_h2d(NULL, db + 10, &(uint16_t){0x7f80}, 2); /* bf16 inf */
+		assert_int_equal(hpu__dev_nonfinite(dg, N), 1);
+		assert_int_equal(hpu__dev_nonfinite(dg, 7), 0); /* before the first */
+		assert_int_equal(hpu__dev_nonfinite16(1, dh, N), 1);
+		assert_int_equal(hpu__dev_nonfinite16(0, db, N), 1);
+		assert_int_equal(hpu__dev_count_nonfinite(dg, N), 2);
+		assert_int_equal(hpu__dev_count_nonfinite16(db, N), 2);
+		hpu__dev_free(dg);
+		hpu__dev_free(dh);
+		hpu__dev_free(db);
+		close_dev();
+	}
+}
+
+/* ---- the optimizers: torch's formulas, in fp32, scalars in double ---- */
+
+static void ref_step(const hpu_train_opts *o, long t, float *p, const float *g, float *m,
+		     float *v, size_t n, float gscale, double lr)
+{
+	const float wd = (float)hpu__opts_weight_decay(o);
+	if (o->optimizer == HPU_OPTIM_SGD) {
+		const float mu = (float)o->momentum, lrf = (float)lr;
+		for (size_t i = 0; i < n; i++) {
+			float d = gscale * g[i] + wd * p[i];
+			if (mu != 0.0f) {
+				m[i] = t == 1 ? d : mu * m[i] + d;
+				d = o->nesterov ? d + mu * m[i] : m[i];
+			}
+			p[i] -= lrf * d;
+		}
+		return;
+	}
+	const int l2 = o->optimizer == HPU_OPTIM_ADAM;
+	const float b1 = (float)o->beta1, b2 = (float)o->beta2;
+	const float c1 = (float)(1.0 - o->beta1), c2 = (float)(1.0 - o->beta2);
+	const float step = (float)(lr / (1.0 - pow(o->beta1, (double)t)));
+	const float isb = (float)(1.0 / sqrt(1.0 - pow(o->beta2, (double)t)));
+	const float decay = (float)(1.0 - lr * hpu__opts_weight_decay(o));
+	for (size_t i = 0; i < n; i++) {
+		float gi = gscale * g[i];
+		if (l2)
+			gi = gi + wd * p[i];
+		m[i] = b1 * m[i] + c1 * gi;
+		v[i] = b2 * v[i] + c2 * gi * gi;
+		float pi = l2 ? p[i] : p[i] * decay;
+		p[i] = pi - step * m[i] / (sqrtf(v[i]) * isb + (float)o->eps);
+	}
+}
+
+static hpu_train_opts opts_for(int which)
+{
+	hpu_train_opts o;
+	memset(&o, 0, sizeof o);
+	o.beta1 = 0.9;
+	o.beta2 = 0.999;
+	o.eps = 1e-8;
+	o.weight_decay = 0.01;
+	switch (which) {
+	case 0:
+		o.optimizer = HPU_OPTIM_SGD;
+		break;
+	case 1:
+		o.optimizer = HPU_OPTIM_SGD;
+		o.momentum = 0.9;
+		o.nesterov = 1;
+		break;
+	case 2:
+		o.optimizer = HPU_OPTIM_ADAM;
+		break;
+	default:
+		o.optimizer = HPU_OPTIM_ADAMW;
+		break;
+	}
+	return o;
+}
+
+/* Two steps of each optimizer through hpu__optim_step and, with 16-bit
+ * gradients, hpu__optim_range16 over two ranges. */
+static void test_optim(void **state)
+{
+	(void)state;
+	static float p0[N], g[N], w[N];
+	static float p[N], ref_p[N], st[2 * N], ref_st[2 * N], p16p[N], ref_p16p[N];
+	static uint16_t g16[N], p16[N], ref_p16[N];
+	values(p0, N, 21, 1.0f);
+	values(g, N, 22, 0.1f);
+	for (size_t i = 0; i < N; i++)
+		g16[i] = hpu_to_bf16(g[i]);
+	for (int d = 0; d < 2; d++)
+		for (int which = 0; which < 4; which++) {
+			hpu_train_opts o = opts_for(which);
+			int floats = hpu__optim_state_floats(&o);
+			open_dev(devices[d]);
+			/* fp32 */
+			memcpy(ref_p, p0, sizeof p0);
+			memset(ref_st, 0, sizeof ref_st);
+			float *dp = dev_in(p0, sizeof p0), *dg = dev_in(g, sizeof g);
+			float *dst = dev_in(NULL, sizeof st);
+			hpu_optim opt;
+			hpu__optim_init(&opt, &o, N, floats ? dst : NULL);
+			for (long t = 1; t <= 2; t++) {
+				hpu__optim_step(&opt, dp, dg, 0.5f, 0.01);
+				ref_step(&o, t, ref_p, g, ref_st, ref_st + N, N, 0.5f, 0.01);
+			}
+			dev_out(p, dp, sizeof p);
+			dev_out(st, dst, sizeof st);
+			assert_memory_equal(p, ref_p, sizeof p);
+			assert_memory_equal(st, ref_st, sizeof st);
+			/* 16-bit gradients, the result rounded into p16 */
+			memcpy(ref_p16p, p0, sizeof p0);
+			memset(ref_st, 0, sizeof ref_st);
+			for (size_t i = 0; i < N; i++)
+				w[i] = hpu_from_bf16(g16[i]);
+			dp = dev_in(p0, sizeof p0);
+			dst = dev_in(NULL, sizeof st);
+			uint16_t *dg16 = dev_in(g16, sizeof g16), *dp16 = dev_in(NULL, sizeof p16);
+			float *scratch = dev_in(NULL, CHUNK * 4);
+			hpu__optim_init(&opt, &o, N, floats ? dst : NULL);
+			for (long t = 1; t <= 2; t++) {
+				hpu__optim_begin(&opt);
+				hpu__optim_range16(&opt, 0, 2000, dp, dg16, dp16, 0, scratch, CHUNK,
+						   0.5f, 0.01);
+				hpu__optim_range16(&opt, 2000, N - 2000, dp + 2000, dg16 + 2000,
+						   dp16 + 2000, 0, scratch, CHUNK, 0.5f, 0.01);
+				ref_step(&o, t, ref_p16p, w, ref_st, ref_st + N, N, 0.5f, 0.01);
+			}
+			for (size_t i = 0; i < N; i++)
+				ref_p16[i] = hpu_to_bf16(ref_p16p[i]);
+			dev_out(p16p, dp, sizeof p16p);
+			dev_out(st, dst, sizeof st);
+			dev_out(p16, dp16, sizeof p16);
+			hpu__dev_free(dg);
+			hpu__dev_free(dg16);
+			hpu__dev_free(scratch);
+			assert_memory_equal(p16p, ref_p16p, sizeof p16p);
+			assert_memory_equal(st, ref_st, sizeof st);
+			assert_memory_equal(p16, ref_p16, sizeof p16);
+			close_dev();
+		}
+}
+
+/* The optimizer's public step on strict device memory, no device call
+ * around it: the step enters the device itself (before the runtime's
+ * ops it looped on the host and faulted here). */
+static void test_optim_strict_unbracketed(void **state)
+{
+	(void)state;
+	hpu_train_opts o = opts_for(3);
+	float p[64], g[64], ref_p[64], ref_st[128] = {0};
+	values(p, 64, 1, 1.0f);
+	values(g, 64, 2, 1.0f);
+	memcpy(ref_p, p, sizeof p);
+	open_dev("cpu-strict");
+	float *dp = hpu__dev_alloc(HPU_MEM_PARAMS, sizeof p, "parameters");
+	float *dg = hpu__dev_alloc(HPU_MEM_GRADS, sizeof g, "gradients");
+	float *dst = hpu__dev_alloc(HPU_MEM_OPTIM, 2 * sizeof p, "optimizer state");
+	hpu__dev_h2d(NULL, dp, p, sizeof p);
+	hpu__dev_h2d(NULL, dg, g, sizeof g);
+	hpu_optim opt;
+	hpu__optim_init(&opt, &o, 64, dst);
+	hpu__optim_step(&opt, dp, dg, 1.0f, 0.001);
+	double ss = hpu__sumsq(dg, 64);
+	hpu__dev_d2h(NULL, p, dp, sizeof p);
+	ref_step(&o, 1, ref_p, g, ref_st, ref_st + 64, 64, 1.0f, 0.001);
+	assert_memory_equal(p, ref_p, sizeof p);
+	assert_true(ss == ref_sumsq(g, 64));
+	hpu__dev_free(dp);
+	hpu__dev_free(dg);
+	hpu__dev_free(dst);
+	close_dev();
+}
+
+/* ---- capabilities ---- */
+
+static void test_caps(void **state)
+{
+	(void)state;
+	const hpu__backend *be = hpu__be();
+	int bf16 = be->bf16_native ? be->bf16_native() : 0;
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		const hpu__dev_caps *c = hpu__dev_caps_get();
+		assert_int_equal(c->bf16_native, bf16); /* the backend's, not a guess */
+		assert_int_equal(c->fp16_native, 0);    /* fp16 and fp8 run in fp32 */
+		assert_int_equal(c->fp8_native, 0);
+		assert_int_equal(c->can_capture, 0);
+		assert_int_equal(c->host_can_read, d == 0);
+		assert_non_null(hpu__dev()->rt);
+		close_dev();
+	}
+	/* the reference kernels have no bf16 instructions */
+	hpu__be_set(hpu__be_reference());
+	open_dev("cpu");
+	assert_int_equal(hpu__dev_caps_get()->bf16_native, 0);
+	close_dev();
+	hpu__be_set(NULL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_optim_strict_unbracketed),
+		cmocka_unit_test(test_casts),
+		cmocka_unit_test(test_bf16_acts),
+		cmocka_unit_test(test_adds),
+		cmocka_unit_test(test_sumsq),
+		cmocka_unit_test(test_nonfinite),
+		cmocka_unit_test(test_optim),
+		cmocka_unit_test(test_caps),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
