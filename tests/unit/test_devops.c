@@ -4,7 +4,9 @@
  * C written here from the ops' contracts, bit for bit: the 16-bit casts,
  * accumulation, the bf16 activations, adds, sums of squares, the
  * non-finite checks and counts, and the optimizers' update through
- * optim.h's public functions. On cpu-strict no test opens the device
+ * optim.h's public functions; dropout's masks against the formula every
+ * device must draw, and the ops' kernels a device table provides. On
+ * cpu-strict no test opens the device
  * itself: an op that still ran on the host would fault and the program
  * exit naming the block. And the devices' capabilities. */
 #include <setjmp.h>
@@ -18,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "hpu/ops.h"
 #include "worker/device/device.h"
 #include "worker/runtime/optim.h"
 #include "common/lowp.h"
@@ -423,6 +426,95 @@ static void test_optim_strict_unbracketed(void **state)
 	close_dev();
 }
 
+/* ---- the ops' kernels the CPU runs as plain C: dropout, embedding, the
+ * loss ---- */
+
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* backend.h's dropout contract, written out: what every device draws. */
+static uint8_t contract_keep(uint64_t seed, uint64_t stream, size_t i, float p)
+{
+	uint64_t key = mix64(seed ^ mix64(stream ^ 0x6a09e667f3bcc909ull));
+	uint32_t thresh = (uint32_t)((double)p * 4294967296.0);
+	return (uint32_t)(mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull) >> 32) >= thresh;
+}
+
+static int calls;
+
+static int my_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t n, float p,
+			  uint64_t seed, uint64_t stream)
+{
+	calls++;
+	for (size_t i = 0; i < n; i++) {
+		mask[i] = contract_keep(seed, stream, i, p);
+		y[i] = mask[i] ? x[i] * (1.0f / (1.0f - p)) : 0.0f;
+	}
+	return HPU_BE_OK;
+}
+
+static int my_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim)
+{
+	calls++;
+	for (int i = 0; i < n; i++)
+		memcpy(y + (size_t)i * dim, table + (size_t)ids[i] * dim, (size_t)dim * 4);
+	return HPU_BE_OK;
+}
+
+static int my_xent(const float *logits, const int32_t *labels, float *dlogits, int batch,
+		   int classes, float *loss)
+{
+	(void)logits, (void)labels, (void)dlogits, (void)batch, (void)classes;
+	calls++;
+	*loss = 42.0f;
+	return HPU_BE_OK;
+}
+
+/* The masks are backend.h's formula on both CPU tables; a table that
+ * provides the kernels (as a GPU's does) gets the ops' calls. */
+static void test_dropout_embedding_xent(void **state)
+{
+	(void)state;
+	static float x[N], y[N], y2[N];
+	static uint8_t mask[N], mask2[N];
+	values(x, N, 31, 1.0f);
+	hpu_dropout_forward(x, y, mask, N, 0.3f, 1234, 77);
+	size_t kept = 0;
+	for (size_t i = 0; i < N; i++) {
+		assert_int_equal(mask[i], contract_keep(1234, 77, i, 0.3f));
+		kept += mask[i];
+	}
+	assert_true(kept > N / 2 && kept < N); /* about 70% */
+	hpu__backend mine = *hpu__be_reference();
+	hpu__be_set(&mine); /* the reference table: the plain C kernels */
+	hpu_dropout_forward(x, y2, mask2, N, 0.3f, 1234, 77);
+	assert_memory_equal(mask2, mask, sizeof mask);
+	assert_memory_equal(y2, y, sizeof y);
+	mine.dropout_fwd = my_dropout_fwd;
+	mine.embedding_fwd = my_embedding_fwd;
+	mine.softmax_xent = my_xent;
+	calls = 0;
+	hpu_dropout_forward(x, y2, mask2, N, 0.3f, 1234, 77);
+	assert_int_equal(calls, 1);
+	assert_memory_equal(mask2, mask, sizeof mask);
+	assert_memory_equal(y2, y, sizeof y);
+	float table[4 * 3] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, e[2 * 3];
+	int32_t ids[2] = {3, 1}, bad[2] = {3, 4};
+	assert_int_equal(hpu_embedding_forward(table, ids, e, 2, 4, 3), HPU_OK);
+	assert_int_equal(calls, 2);
+	assert_true(e[0] == 9 && e[3] == 3);
+	assert_int_equal(hpu_embedding_forward(table, bad, e, 2, 4, 3), HPU_ERANGE);
+	assert_int_equal(calls, 2); /* the op checks the ids first */
+	int32_t labels[2] = {0, 2};
+	assert_true(hpu_softmax_xent(table, labels, NULL, 2, 3) == 42.0f);
+	assert_int_equal(calls, 3);
+	hpu__be_set(NULL);
+}
+
 /* ---- capabilities ---- */
 
 static void test_caps(void **state)
@@ -459,6 +551,7 @@ int main(void)
 		cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_nonfinite),
 		cmocka_unit_test(test_optim),
+		cmocka_unit_test(test_dropout_embedding_xent),
 		cmocka_unit_test(test_caps),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

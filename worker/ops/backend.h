@@ -107,6 +107,33 @@ typedef struct hpu__backend {
 	int (*layernorm_bwd)(const float *x, const float *gamma, const float *mean,
 			     const float *rstd, const float *dy, float *dx, float *dgamma,
 			     float *dbeta, int rows, int cols);
+
+	/* The ops the CPU runs as plain C loops (ops_nn.c, ops.c) and a
+	 * device provides as kernels; NULL where a table has none (oneDNN
+	 * and the reference table), and the ops run their plain C form. */
+
+	/* Dropout, fp32, as hpu_dropout_forward/backward (ops.h), with the
+	 * counter-based mask every device must draw alike: with
+	 * mix64(z) = splitmix64's finalizer, key = mix64(seed ^
+	 * mix64(stream ^ 0x6a09e667f3bcc909)), element i is kept (mask 1,
+	 * y = x * (1 / (1 - p))) when the top 32 bits of mix64(key + (i + 1)
+	 * * 0x9e3779b97f4a7c15) reach (uint32)(p * 2^32); p >= 1 drops all. */
+	int (*dropout_fwd)(const float *x, float *y, uint8_t *mask, size_t n, float p,
+			   uint64_t seed, uint64_t stream);
+	int (*dropout_bwd)(const float *dy, const uint8_t *mask, float *dx, size_t n,
+			   float p);
+	/* Embedding: y[n, dim] = the rows ids[n] of table[vocab, dim] (ids
+	 * checked by the op before), and its backward dtable[ids[i]] +=
+	 * dy[i] in order of i. */
+	int (*embedding_fwd)(const float *table, const int32_t *ids, float *y, int n,
+			     int dim);
+	int (*embedding_bwd)(const int32_t *ids, const float *dy, float *dtable, int n,
+			     int dim);
+	/* Mean softmax cross-entropy of logits[B, C] against labels[B]
+	 * (checked by the op before) into *loss, and, when dlogits is not
+	 * NULL, its gradient, as hpu_softmax_xent (ops.h). */
+	int (*softmax_xent)(const float *logits, const int32_t *labels, float *dlogits,
+			    int batch, int classes, float *loss);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

@@ -110,6 +110,11 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 	for (int i = 0; i < batch; i++)
 		if (labels[i] < 0 || labels[i] >= classes)
 			return -1.0f;
+	const hpu__backend *be = hpu__be();
+	float out;
+	if (be->softmax_xent &&
+	    be->softmax_xent(logits, labels, dlogits, batch, classes, &out) == HPU_BE_OK)
+		return out;
 
 	double loss = 0.0;
 	float inv_batch = 1.0f / (float)batch;

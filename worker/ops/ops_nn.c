@@ -274,6 +274,9 @@ static int embedding_forward(const float *table, const int32_t *ids, float *y,
 	for (int i = 0; i < n; i++)
 		if (ids[i] < 0 || ids[i] >= vocab)
 			return HPU_ERANGE;
+	const hpu__backend *be = hpu__be();
+	if (be->embedding_fwd && be->embedding_fwd(table, ids, y, n, dim) == HPU_BE_OK)
+		return HPU_OK;
 	for (int i = 0; i < n; i++)
 		memcpy(y + (size_t)i * dim, table + (size_t)ids[i] * dim,
 		       (size_t)dim * sizeof *y);
@@ -284,6 +287,9 @@ static void embedding_backward(const int32_t *ids, const float *dy, float *dtabl
 			       int n, int dim)
 {
 	assert(ids != NULL && dy != NULL && dtable != NULL);
+	const hpu__backend *be = hpu__be();
+	if (be->embedding_bwd && be->embedding_bwd(ids, dy, dtable, n, dim) == HPU_BE_OK)
+		return;
 	for (int i = 0; i < n; i++) {
 		assert(ids[i] >= 0); /* the forward checked the upper bound */
 		float *row = dtable + (size_t)ids[i] * dim;
@@ -318,6 +324,9 @@ static void dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
 {
 	assert(x != NULL && y != NULL && mask != NULL);
 	assert(p >= 0.0f && p <= 1.0f);
+	const hpu__backend *be = hpu__be();
+	if (be->dropout_fwd && be->dropout_fwd(x, y, mask, n, p, seed, stream) == HPU_BE_OK)
+		return;
 	if (p >= 1.0f) { /* everything dropped; no 1 / 0 */
 		memset(mask, 0, n);
 		for (size_t i = 0; i < n; i++)
@@ -335,12 +344,20 @@ static void dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
 	}
 }
 
-HPU_CLONES static void dropout_backward(const float *dy, const uint8_t *mask,
-					float *dx, size_t n, float p)
+HPU_CLONES static void dropout_backward_c(const float *dy, const uint8_t *mask,
+					  float *dx, size_t n, float p)
 {
 	const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 	for (size_t i = 0; i < n; i++)
 		dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+static void dropout_backward(const float *dy, const uint8_t *mask, float *dx, size_t n,
+			     float p)
+{
+	const hpu__backend *be = hpu__be();
+	if (!be->dropout_bwd || be->dropout_bwd(dy, mask, dx, n, p) != HPU_BE_OK)
+		dropout_backward_c(dy, mask, dx, n, p);
 }
 
 /* ---- causal multi-head self-attention ----
