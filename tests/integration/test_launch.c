@@ -326,6 +326,39 @@ static void test_usage_errors(void **state)
 	expect_usage_error(a6, NULL, "unknown option --frobnicate");
 }
 
+/* Issue 39: DeepSpeed's launcher flags run a job; hpulaunch's options
+ * after the model, unknown flags, a --resume that is no checkpoint and
+ * --include without a hostfile are refused before any worker starts. */
+static void test_deepspeed_aliases_and_refusals(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--num_gpus", "2", "--num_nodes", "1", "--max-steps", "2",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "32", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "[rank 0] trained 2 steps on 2 workers"));
+	h_free(&p);
+	char *a1[] = {(char *)LAUNCH, "--devices", "2", (char *)MODEL, "--max-steps", "10", "--lr",
+		      "0.1", NULL};
+	expect_usage_error(a1, NULL, "hpulaunch's option --max-steps comes after the model");
+	expect_usage_error(a1, NULL, "put it before the model, or after -- to hand it to the model");
+	char *a2[] = {(char *)LAUNCH, "--device", "2", (char *)MODEL, NULL};
+	expect_usage_error(a2, NULL, "unknown option --device (did you mean --devices?)");
+	char *a3[] = {(char *)LAUNCH, "--resume", "/nonexistent/ckpt", (char *)MODEL, NULL};
+	expect_usage_error(a3, NULL, "--resume /nonexistent/ckpt: No such file or directory: give a checkpoint directory");
+	char empty[64] = "/tmp/hpu-test-resume-XXXXXX", want[160];
+	assert_non_null(mkdtemp(empty));
+	snprintf(want, sizeof want, "--resume %s: no checkpoint there (neither manifest.json nor step-* directories)",
+		 empty);
+	char *a4[] = {(char *)LAUNCH, "--resume", empty, (char *)MODEL, NULL};
+	expect_usage_error(a4, NULL, want);
+	rmdir(empty);
+	char *a5[] = {(char *)LAUNCH, "--exclude", "node1", (char *)MODEL, NULL};
+	expect_usage_error(a5, NULL, "--exclude picks hosts of a --hostfile: give one");
+}
+
 /* Copies the file at from to to; 0 or -1. */
 static int copy_file(const char *from, const char *to)
 {
@@ -1298,6 +1331,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_usage_errors),
+		cmocka_unit_test(test_deepspeed_aliases_and_refusals),
 		cmocka_unit_test(test_exec_environment),
 		cmocka_unit_test(test_exec_collectives),
 		cmocka_unit_test(test_exec_transports),
