@@ -194,7 +194,9 @@ void hpu_args_usage(FILE *f)
 		"\n"
 		"MODEL.so is a file: a relative path (a bare name too) is made absolute\n"
 		"against this directory before the workers get it, also with --hostfile,\n"
-		"where that path must then hold the model on every node.\n"
+		"where that path must then hold the model on every node. Arguments after\n"
+		"it go to the model; hpulaunch's own options there are refused (put them\n"
+		"before the model, or after -- to hand them to the model).\n"
 		"\n"
 		"Starts one worker per device on this node; with --nodes N, run it on\n"
 		"every node with its --node-rank (torchrun style).\n");
@@ -459,9 +461,12 @@ static int option_error(const hpu_optparse *p, int r, char *err, size_t errlen)
 		snprintf(err, errlen, "option --%s takes no value", p->spec->name);
 	} else {
 		const char *name = p->arg + 2, *near = nearest_option(name, strcspn(name, "="));
-		snprintf(err, errlen, "unknown option %.*s%s%s%s (see hpulaunch --help)",
-			 (int)strcspn(p->arg, "="), p->arg, near ? " (did you mean --" : "",
-			 near ? near : "", near ? "?)" : "");
+		int n = (int)strcspn(p->arg, "=");
+		if (near)
+			snprintf(err, errlen, "unknown option %.*s (did you mean --%s?) (see hpulaunch --help)",
+				 n, p->arg, near);
+		else
+			snprintf(err, errlen, "unknown option %.*s (see hpulaunch --help)", n, p->arg);
 	}
 	return -1;
 }

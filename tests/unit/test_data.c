@@ -156,7 +156,8 @@ static void test_idx_refused(void **state)
 	buf[2] = 0x08;
 	buf[n] = 99;
 	p = put("long.idx", buf, n + 1);
-	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "mis-shaped");
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"mis-shaped: more data follows than the header's [3, 2, 2] of u8 (12 bytes) holds");
 	p = put_str("junk.idx", "hello");
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "bad magic");
 }
