@@ -169,10 +169,10 @@ static const hpu_optspec launcher_specs[] = {
 	 .section = "DeepSpeed's launcher's names, as aliases (--master_addr and --master_port as above)"},
 	{"num_nodes", 0, HPU_OPT_VALUE, O_NODES, "N", .help = "--nodes N"},
 	{"include", 0, HPU_OPT_VALUE, O_INCLUDE, "HOST@HOST...",
-	 .help = "with --hostfile: run on these hosts only, in the file's order (whole hosts: DeepSpeed's "
+	 .help = "run on these hosts of the hostfile only, in the file's order (whole hosts: DeepSpeed's "
 		 "HOST:SLOT,SLOT device lists are refused; set slots= instead)"},
 	{"exclude", 0, HPU_OPT_VALUE, O_EXCLUDE, "HOST@HOST...",
-	 .help = "with --hostfile: run on every host but these (whole hosts, as --include)"},
+	 .help = "run on every host of the hostfile but these (whole hosts, as --include)"},
 	{"hostfile", 0, HPU_OPT_VALUE, O_HOSTFILE, "FILE",
 	 .help = "one host a line, \"HOST[:PORT] [slots=N]\" (DeepSpeed and Open MPI style; PORT: that node's "
 		 "hpud port); nodes = hosts, node 0 = the first host [MASTER_ADDR], each host runs its slots "
