@@ -158,6 +158,9 @@ static void test_idx_refused(void **state)
 	p = put("long.idx", buf, n + 1);
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
 		"mis-shaped: more data follows than the header's [3, 2, 2] of u8 (12 bytes) holds");
+	p = at("missing.idx");
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "cannot open");
+	assert_non_null(strstr(err, "No such file or directory"));
 	p = put_str("junk.idx", "hello");
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "bad magic");
 }

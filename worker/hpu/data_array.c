@@ -40,6 +40,14 @@ int hpu__data_fail(const hpu__dfile *f, const char *fmt, ...)
 	return HPU_EINVAL;
 }
 
+int hpu__data_open_fail(const hpu__dfile *f, int errnum)
+{
+	if (f->err && f->errlen)
+		snprintf(f->err, f->errlen, "cannot open %s: %s", f->path,
+			 errnum ? strerror(errnum) : "out of memory");
+	return HPU_EINVAL;
+}
+
 size_t hpu__array_bytes(const hpu_array *a)
 {
 	return a->count * a->row_numel * hpu_data_type_size(a->type);

@@ -15,7 +15,7 @@ static int slurp(const hpu__dfile *f, char **out)
 {
 	gzFile gz = gzopen(f->path, "rb");
 	if (!gz)
-		return hpu__data_fail(f, "cannot open: %s", errno ? strerror(errno) : "out of memory");
+		return hpu__data_open_fail(f, errno);
 	size_t len = 0, cap = 1 << 16;
 	char *buf = malloc(cap);
 	int k = 0;

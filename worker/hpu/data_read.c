@@ -474,7 +474,7 @@ static int load_npz(hpu_array *a, const hpu__dfile *f, const char *member)
 {
 	FILE *fp = fopen(f->path, "rb");
 	if (!fp)
-		return hpu__data_fail(f, "cannot open: %s", strerror(errno));
+		return hpu__data_open_fail(f, errno);
 	uint8_t *bytes = NULL;
 	zentry e;
 	int rc = fseeko(fp, 0, SEEK_END) ? hpu__data_fail(f, "cannot seek") : HPU_OK;
@@ -505,7 +505,7 @@ int hpu_array_load(hpu_array *a, const char *path, const char *member, char *err
 		return hpu__data_fail(&f, "no file named");
 	rd r = {.gz = gzopen(path, "rb")};
 	if (!r.gz)
-		return hpu__data_fail(&f, "cannot open: %s", errno ? strerror(errno) : "out of memory");
+		return hpu__data_open_fail(&f, errno);
 	uint8_t m[4];
 	size_t got = rd_read(&r, m, 4);
 	int rc, npz = got == 4 && (!memcmp(m, "PK\3\4", 4) || !memcmp(m, "PK\5\6", 4));

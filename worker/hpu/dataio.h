@@ -19,6 +19,9 @@ typedef struct hpu__dfile {
 int hpu__data_fail(const hpu__dfile *f, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* Writes "cannot open PATH: <strerror(errnum)>"; returns HPU_EINVAL. */
+int hpu__data_open_fail(const hpu__dfile *f, int errnum);
+
 /* Sets a's type and shape and allocates its data (count * row_numel
  * elements, at least one byte); HPU_OK, or an error naming f (a shape
  * too large, out of memory). */
