@@ -408,6 +408,7 @@ static void test_csv_good(void **state)
 	assert_int_equal(a.row_numel, 2);
 	assert_true(x[0] == -1 && x[1] == 1 && x[2] == 0.25f && x[3] == 3.5f);
 	assert_int_equal(y.type, HPU_DATA_I32);
+	hpu_array_free(&a);
 	hpu_array_free(&y);
 	p = put_str("r.csv", "x,t\n1,0.5\n2,1\n");
 	assert_int_equal(hpu_csv_load(&a, &y, p, NULL, "t", err, sizeof err), HPU_OK);
