@@ -255,10 +255,28 @@ static void expect_model_error(const char *model, const char *text)
 	h_free(&p);
 }
 
+static void expect_usage_error(char **argv, char *const env[], const char *text);
+
+/* hpulaunch reads the model's ELF headers before any worker starts
+ * (issue 39): a library without the entry symbol, or a file that is no
+ * shared library, is refused as a usage error naming it. */
 static void test_model_without_entry(void **state)
 {
 	(void)state;
-	expect_model_error(h_build("lib/bad_noentry.so"), "has no entry symbol 'hpu_model_entry'");
+	char want[512];
+	snprintf(want, sizeof want, "the model %s has no entry symbol 'hpu_model_entry'",
+		 h_build("lib/bad_noentry.so"));
+	char *a1[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/bad_noentry.so"), NULL};
+	expect_usage_error(a1, NULL, want);
+	char text[64] = "/tmp/hpu-test-model-XXXXXX";
+	int fd = mkstemp(text);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "not a model\n", 12), 12);
+	close(fd);
+	snprintf(want, sizeof want, "the model %s is not a shared library (no ELF header)", text);
+	char *a2[] = {(char *)LAUNCH, "-q", (char *)text, NULL};
+	expect_usage_error(a2, NULL, want);
+	unlink(text);
 }
 
 static void test_model_wrong_abi(void **state)
@@ -401,7 +419,7 @@ static void test_model_relative_path(void **state)
 	char *a1[] = {(char *)LAUNCH, "-q", "--devices", "2", "--max-steps", "2", "--no-eval",
 		      "fmnist_mlp.so", NULL};
 	int code = run_in(dir, &p, a1, 60000);
-	assert_int_equal(code, 1);
+	assert_int_equal(code, 2); /* refused by hpulaunch before the workers */
 	assert_non_null(strstr(p.out, shadow));
 	assert_non_null(strstr(p.out, "has no entry symbol 'hpu_model_entry'"));
 	h_free(&p);
