@@ -480,6 +480,83 @@ static void test_binary_gradients(void **state)
 	lh_free(&h);
 }
 
+/* ---- ops ---- */
+
+static double maxrel(const float *got, const float *want, size_t n)
+{
+	return lh_maxrel(got, want, n, 1e-6);
+}
+
+/* The rectangular op with equal sizes per axis computes what the square
+ * op (hpu_conv2d_*, oneDNN's) does: forward, dx, dw and db. */
+static void test_conv_rect_equals_square(void **state)
+{
+	(void)state;
+	const hpu_conv2d_shape sq = {2, 3, 7, 6, 4, 3, 2, 1};
+	const hpu_conv2d_rect_shape re = {2, 3, 7, 6, 4, 3, 3, 2, 2, 1, 1};
+	assert_int_equal(hpu_conv2d_rect_out_h(&re), hpu_conv2d_out_h(&sq));
+	assert_int_equal(hpu_conv2d_rect_out_w(&re), hpu_conv2d_out_w(&sq));
+	size_t nx = 2 * 3 * 7 * 6, nw = 4 * 3 * 3 * 3;
+	size_t ny = 2 * 4 * (size_t)hpu_conv2d_out_h(&sq) * (size_t)hpu_conv2d_out_w(&sq);
+	size_t ns = hpu_conv2d_scratch(&sq) > hpu_conv2d_rect_scratch(&re)
+			    ? hpu_conv2d_scratch(&sq) : hpu_conv2d_rect_scratch(&re);
+	float *x = alloc_f(nx), *w = alloc_f(nw), *bias = alloc_f(4), *dy = alloc_f(ny);
+	float *y[2], *dx[2], *dw[2], *db[2], *scratch = alloc_f(ns);
+	uint64_t seed = 42;
+	lh_fill(x, nx, -1, 1, &seed);
+	lh_fill(w, nw, -1, 1, &seed);
+	lh_fill(bias, 4, -1, 1, &seed);
+	lh_fill(dy, ny, -1, 1, &seed);
+	for (int k = 0; k < 2; k++) {
+		y[k] = alloc_f(ny), dx[k] = alloc_f(nx), dw[k] = alloc_f(nw), db[k] = alloc_f(4);
+		if (k == 0) {
+			hpu_conv2d_forward(&sq, x, w, bias, y[k], scratch);
+			hpu_conv2d_backward(&sq, x, w, dy, dx[k], dw[k], db[k], scratch);
+		} else {
+			hpu_conv2d_rect_forward(&re, x, w, bias, y[k], scratch);
+			hpu_conv2d_rect_backward(&re, x, w, dy, dx[k], dw[k], db[k], scratch);
+		}
+	}
+	double d[4] = {maxrel(y[1], y[0], ny), maxrel(dx[1], dx[0], nx), maxrel(dw[1], dw[0], nw),
+		       maxrel(db[1], db[0], 4)};
+	printf("  rect vs square: y %.3g, dx %.3g, dw %.3g, db %.3g\n", d[0], d[1], d[2], d[3]);
+	for (int i = 0; i < 4; i++)
+		assert_true(d[i] <= 1e-5);
+	for (int k = 0; k < 2; k++)
+		free(y[k]), free(dx[k]), free(dw[k]), free(db[k]);
+	free(x), free(w), free(bias), free(dy), free(scratch);
+}
+
+/* A permutation of 5 dimensions against index arithmetic, and back. */
+static void test_permute_op(void **state)
+{
+	(void)state;
+	const int64_t shape[5] = {2, 3, 1, 4, 5};
+	const int perm[5] = {3, 0, 4, 2, 1}, inv[5] = {1, 4, 3, 0, 2};
+	float x[120], y[120], back[120];
+	for (int i = 0; i < 120; i++)
+		x[i] = (float)i;
+	hpu_permute_forward(x, y, 5, shape, perm);
+	int64_t ys[5];
+	for (int d = 0; d < 5; d++)
+		ys[d] = shape[perm[d]];
+	int i = 0;
+	for (int a = 0; a < ys[0]; a++)
+		for (int b = 0; b < ys[1]; b++)
+			for (int c = 0; c < ys[2]; c++)
+				for (int d = 0; d < ys[3]; d++)
+					for (int e = 0; e < ys[4]; e++, i++) {
+						int at[5]; /* x's index: at[perm[k]] = y's k-th */
+						at[perm[0]] = a, at[perm[1]] = b, at[perm[2]] = c;
+						at[perm[3]] = d, at[perm[4]] = e;
+						int off = (((at[0] * 3 + at[1]) * 1 + at[2]) * 4 + at[3]) * 5 +
+							  at[4];
+						assert_true(y[i] == x[off]);
+					}
+	hpu_permute_forward(y, back, 5, ys, inv);
+	assert_memory_equal(back, x, sizeof x);
+}
+
 /* ---- errors ---- */
 
 static void test_refused(void **state)
@@ -535,6 +612,8 @@ int main(void)
 		cmocka_unit_test(test_conv_gradients),
 		cmocka_unit_test(test_pool1d_gradients),
 		cmocka_unit_test(test_binary_gradients),
+		cmocka_unit_test(test_conv_rect_equals_square),
+		cmocka_unit_test(test_permute_op),
 		cmocka_unit_test(test_refused),
 		cmocka_unit_test(test_bce_bad_probability),
 	};
