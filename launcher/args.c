@@ -9,6 +9,7 @@
 #include "launcher/slurm.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -99,6 +100,8 @@ enum {
 	O_HELP, O_HELP_ENV, O_HELP_DOC, O_EXEC,
 	/* torchrun's spellings that are more than another name: */
 	O_NNODES, O_NPROC_PER_NODE, O_STANDALONE, O_RDZV_ENDPOINT,
+	/* DeepSpeed's */
+	O_INCLUDE, O_EXCLUDE,
 };
 
 /* The parser's table and the help's (--help, man/hpulaunch.1,
@@ -161,6 +164,15 @@ static const hpu_optspec launcher_specs[] = {
 	{"rdzv_id", 0, HPU_OPT_VALUE, O_JOB_ID, .help = NULL},
 	{"standalone", 0, HPU_OPT_FLAG, O_STANDALONE, NULL,
 	 .help = "one node, the coordinator on 127.0.0.1 at a free port; MASTER_ADDR, MASTER_PORT, NODE_RANK ignored"},
+	/* DeepSpeed's launcher's names */
+	{"num_gpus", 0, HPU_OPT_VALUE, O_DEVICES, "D", .help = "--devices D",
+	 .section = "DeepSpeed's launcher's names, as aliases (--master_addr and --master_port as above)"},
+	{"num_nodes", 0, HPU_OPT_VALUE, O_NODES, "N", .help = "--nodes N"},
+	{"include", 0, HPU_OPT_VALUE, O_INCLUDE, "HOST@HOST...",
+	 .help = "run on these hosts of the hostfile only, in the file's order (whole hosts: DeepSpeed's "
+		 "HOST:SLOT,SLOT device lists are refused; set slots= instead)"},
+	{"exclude", 0, HPU_OPT_VALUE, O_EXCLUDE, "HOST@HOST...",
+	 .help = "run on every host of the hostfile but these (whole hosts, as --include)"},
 	{"hostfile", 0, HPU_OPT_VALUE, O_HOSTFILE, "FILE",
 	 .help = "one host a line, \"HOST[:PORT] [slots=N]\" (DeepSpeed and Open MPI style; PORT: that node's "
 		 "hpud port); nodes = hosts, node 0 = the first host [MASTER_ADDR], each host runs its slots "
@@ -182,7 +194,9 @@ void hpu__args_usage(FILE *f)
 		"\n"
 		"MODEL.so is a file: a relative path (a bare name too) is made absolute\n"
 		"against this directory before the workers get it, also with --hostfile,\n"
-		"where that path must then hold the model on every node.\n"
+		"where that path must then hold the model on every node. Arguments after\n"
+		"it go to the model; hpulaunch's own options there are refused (put them\n"
+		"before the model, or after -- to hand them to the model).\n"
 		"\n"
 		"Starts one worker per device on this node; with --nodes N, run it on\n"
 		"every node with its --node-rank (torchrun style).\n");
@@ -327,6 +341,8 @@ static int launcher_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p,
 		a->transport = v;
 		break;
 	case O_HOSTFILE: bad = !*v; a->hostfile = v; break;
+	case O_INCLUDE: bad = !*v; a->include = v; break;
+	case O_EXCLUDE: bad = !*v; a->exclude = v; break;
 	case O_STATUS: bad = status_target(a, v); break;
 	case O_HPUD_PORT: bad = hpu__parse_int(v, 1, 65535, &a->hpud_port); break;
 	case O_KEY: bad = !*v; a->key_path = v; break;
@@ -413,16 +429,135 @@ static int add_args(hpu_launch_args *a, char **argv, int from, int to)
 	return 0;
 }
 
+/* The option of either table nearest to `name` (without dashes and
+ * "=VALUE"): within an edit distance of 2, or NULL. */
+static const char *nearest_option(const char *name, size_t len)
+{
+	char want[64];
+	if (len >= sizeof want)
+		return NULL;
+	memcpy(want, name, len);
+	want[len] = 0;
+	const char *best = NULL;
+	size_t bestd = 3;
+	const hpu_optspec *tables[2] = {launcher_specs, hpu__opts_specs()};
+	for (int t = 0; t < 2; t++)
+		for (const hpu_optspec *o = tables[t]; o->name || o->short_name; o++) {
+			size_t d = o->name && strcmp(o->name, "help-doc") ? hpu__edit_distance(want, o->name) : 99;
+			if (d < bestd) {
+				bestd = d;
+				best = o->name;
+			}
+		}
+	return best;
+}
+
+/* A bad value that is a number, given to an option whose plural is one of
+ * the launcher's (--device 2 for --devices 2): says so after err. */
+static void plural_hint(const hpu_optparse *p, char *err, size_t errlen)
+{
+	const char *v = p->val;
+	if (!p->spec || !p->spec->name || !v || !v[0] || strspn(v, "0123456789") != strlen(v))
+		return;
+	for (const hpu_optspec *o = launcher_specs; o->name || o->short_name; o++) {
+		size_t n = strlen(p->spec->name);
+		if (o->name && !strncmp(o->name, p->spec->name, n) && !strcmp(o->name + n, "s")) {
+			size_t len = strlen(err);
+			snprintf(err + len, errlen - len, " (did you mean --%s %s?)", o->name, v);
+			return;
+		}
+	}
+}
+
 /* The message of an option hpu__optparse_next refused (code r). */
 static int option_error(const hpu_optparse *p, int r, char *err, size_t errlen)
 {
-	if (r == HPU_OPT_MISSING)
+	if (r == HPU_OPT_MISSING) {
 		snprintf(err, errlen, "option --%s needs a value", p->spec->name);
-	else if (r == HPU_OPT_UNWANTED && p->spec->id >= HPU_OPTS_ID)
+	} else if (r == HPU_OPT_UNWANTED && p->spec->id >= HPU_OPTS_ID) {
 		snprintf(err, errlen, "option --%s takes no value", p->spec->name);
-	else
-		snprintf(err, errlen, "unknown option %s (see hpulaunch --help)", p->arg);
+	} else {
+		const char *name = p->arg + 2, *near = nearest_option(name, strcspn(name, "="));
+		int n = (int)strcspn(p->arg, "=");
+		if (near)
+			snprintf(err, errlen, "unknown option %.*s (did you mean --%s?) (see hpulaunch --help)",
+				 n, p->arg, near);
+		else
+			snprintf(err, errlen, "unknown option %.*s (see hpulaunch --help)", n, p->arg);
+	}
 	return -1;
+}
+
+/* The option of either table that argument arg ("--name" or
+ * "--name=VALUE") is, or NULL. */
+static const hpu_optspec *known_option(const char *arg)
+{
+	if (strncmp(arg, "--", 2) || !arg[2])
+		return NULL;
+	size_t len = strcspn(arg + 2, "=");
+	const hpu_optspec *tables[2] = {launcher_specs, hpu__opts_specs()};
+	for (int t = 0; t < 2; t++)
+		for (const hpu_optspec *o = tables[t]; o->name || o->short_name; o++)
+			if (o->name && strlen(o->name) == len && !strncmp(o->name, arg + 2, len))
+				return o;
+	return NULL;
+}
+
+/* Refuses hpulaunch's own options among the arguments after the model
+ * argv[model] up to "--": they would reach the model, not hpulaunch (the
+ * model's arguments go after "--"; others, not hpulaunch's, pass). */
+static int options_after_model(char **argv, int argc, int model, char *err, size_t errlen)
+{
+	for (int i = model + 1; i < argc && strcmp(argv[i], "--"); i++) {
+		const hpu_optspec *o = known_option(argv[i]);
+		if (o) {
+			snprintf(err, errlen, "hpulaunch's option --%s comes after the model %s, where the model would get it: put it before the model, or after -- to hand it to the model (hpulaunch ... %s -- %s)",
+				 o->name, argv[model], argv[model], argv[i]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* --resume DIR (not auto) must be a checkpoint (DIR/manifest.json) or a
+ * checkpoint root (step-* directories, or latest) on this node before the
+ * workers start; with --hostfile the path is the nodes', not this one's. */
+static int check_resume(const hpu_launch_args *a, char *err, size_t errlen)
+{
+	const char *r = a->train.resume;
+	struct stat st;
+	char path[1200];
+	if (!r[0] || !strcmp(r, "auto") || a->hostfile || a->exec_mode)
+		return 0;
+	if (stat(r, &st) != 0) {
+		snprintf(err, errlen, "--resume %s: %s: give a checkpoint directory (with manifest.json), a checkpoint root (with step-* directories) or auto",
+			 r, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "--resume %s is not a directory: give a checkpoint directory (with manifest.json), a checkpoint root (with step-* directories) or auto",
+			 r);
+		return -1;
+	}
+	snprintf(path, sizeof path, "%s/manifest.json", r);
+	if (access(path, F_OK) == 0)
+		return 0;
+	snprintf(path, sizeof path, "%s/latest", r);
+	if (access(path, F_OK) == 0)
+		return 0;
+	DIR *d = opendir(r);
+	struct dirent *e;
+	int found = 0;
+	while (d && !found && (e = readdir(d)))
+		found = !strncmp(e->d_name, "step-", 5);
+	if (d)
+		closedir(d);
+	if (!found) {
+		snprintf(err, errlen, "--resume %s: no checkpoint there (neither manifest.json nor step-* directories)",
+			 r);
+		return -1;
+	}
+	return 0;
 }
 
 /* The job id and token a job needs; a single-node job, and one started
@@ -515,6 +650,64 @@ static int hostfile_devices(hpu_launch_args *a, const sources *src,
 	return 0;
 }
 
+/* Whether host `name` is in DeepSpeed's list "HOST@HOST...". */
+static int in_host_list(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list;; p++) {
+		size_t len = strcspn(p, "@");
+		if (len == n && !strncmp(p, name, n))
+			return 1;
+		p += len;
+		if (!*p)
+			return 0;
+	}
+}
+
+/* DeepSpeed's --include / --exclude: keeps (or drops) the hostfile's
+ * hosts named in the list, in file order. Whole hosts only: "HOST:0,1"
+ * picks devices, which hpulaunch does not (a host runs its slots). */
+static int filter_hosts(hpu_launch_args *a, char *err, size_t errlen)
+{
+	const char *list = a->include ? a->include : a->exclude;
+	const char *flag = a->include ? "--include" : "--exclude";
+	if (!list)
+		return 0;
+	if (a->include && a->exclude) {
+		snprintf(err, errlen, "--include and --exclude do not go together: give one of them");
+		return -1;
+	}
+	if (strchr(list, ':')) {
+		snprintf(err, errlen, "%s %s: hpulaunch does not pick a host's devices (HOST:SLOT,SLOT); name whole hosts (HOST@HOST) and set slots= in %s or --devices",
+			 flag, list, a->hostfile);
+		return -1;
+	}
+	for (const char *p = list;; p++) {
+		size_t len = strcspn(p, "@");
+		int found = 0;
+		for (int i = 0; i < a->nhosts && !found; i++)
+			found = strlen(a->hosts[i].name) == len && !strncmp(a->hosts[i].name, p, len);
+		if (!found) {
+			snprintf(err, errlen, "%s names host '%.*s', which is not in %s", flag, (int)len, p,
+				 a->hostfile);
+			return -1;
+		}
+		p += len;
+		if (!*p)
+			break;
+	}
+	int kept = 0;
+	for (int i = 0; i < a->nhosts; i++)
+		if (in_host_list(list, a->hosts[i].name) == (a->include != NULL))
+			a->hosts[kept++] = a->hosts[i];
+	if (!kept) {
+		snprintf(err, errlen, "--exclude %s leaves no host of %s to run on", list, a->hostfile);
+		return -1;
+	}
+	a->nhosts = kept;
+	return 0;
+}
+
 /* --hostfile: the nodes, devices and master address follow from the file. */
 static int hostfile_plan(hpu_launch_args *a, const sources *src, char *err,
 			 size_t errlen)
@@ -532,7 +725,7 @@ static int hostfile_plan(hpu_launch_args *a, const sources *src, char *err,
 		}
 	if (hpu__hostfile_read(a->hostfile, &a->hosts, &a->nhosts, err, errlen) < 0)
 		return -1;
-	if (hostfile_devices(a, src, err, errlen) < 0)
+	if (filter_hosts(a, err, errlen) < 0 || hostfile_devices(a, src, err, errlen) < 0)
 		return -1;
 	for (int i = 0; i < a->nhosts; i++)
 		if (!a->hosts[i].port)
@@ -674,6 +867,8 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 	}
 	if (!a->exec_mode && hpu__opts_resolve(&a->train, world, err, errlen) < 0)
 		return -1;
+	if (check_resume(a, err, errlen) < 0)
+		return -1;
 	job_identity(a);
 	return 0;
 }
@@ -692,6 +887,11 @@ static int finish(hpu_launch_args *a, const sources *src, int extra_args,
 		if (!a->status_port)
 			a->status_port = a->hpud_port;
 		return 0;
+	}
+	if ((a->include || a->exclude) && !a->hostfile) {
+		snprintf(err, errlen, "%s picks hosts of a --hostfile: give one (DeepSpeed's hostfile format: HOST slots=N)",
+			 a->include ? "--include" : "--exclude");
+		return -1;
 	}
 	if (a->standalone) {
 		if (standalone_plan(a, src, err, errlen) < 0)
@@ -905,8 +1105,10 @@ int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		if (r < HPU_OPTS_ID) {
 			if (launcher_opt(a, &src, &p, r, err, errlen) < 0)
 				return -1;
-		} else if (hpu__opts_apply(&a->train, &p, err, errlen) < 0 ||
-			   add_args(a, argv, p.at, p.ind) < 0) {
+		} else if (hpu__opts_apply(&a->train, &p, err, errlen) < 0) {
+			plural_hint(&p, err, errlen);
+			return -1;
+		} else if (add_args(a, argv, p.at, p.ind) < 0) {
 			return -1; /* a training option: checked, forwarded as written */
 		}
 	}
@@ -921,7 +1123,8 @@ int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		snprintf(err, errlen, "no model given: hpulaunch [options] MODEL.so (see --help)");
 		return -1;
 	}
-	if (model_path(a, argv[i], err, errlen) < 0)
+	if (options_after_model(argv, argc, i, err, errlen) < 0 ||
+	    model_path(a, argv[i], err, errlen) < 0)
 		return -1;
 	if (a->hostfile && absolute_paths(a, err, errlen) < 0)
 		return -1;

@@ -58,6 +58,9 @@ typedef struct hpu_launch_args {
 	const char *hostfile;
 	hpu_host *hosts;
 	int nhosts;
+	/* DeepSpeed's --include / --exclude HOST@HOST...: the hostfile's hosts
+	 * kept or dropped (whole hosts; HOST:SLOTS is refused). NULL: all. */
+	const char *include, *exclude;
 	/* --status HOST[:PORT]: print that hpud's jobs instead of running one
 	 * (no model, no plan); status_port is PORT, else hpud_port. NULL
 	 * otherwise; malloc'ed, freed by hpu__args_free. */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "launcher/args.h"
+#include "launcher/modelcheck.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "agent/nodejob.h"
@@ -236,6 +237,12 @@ static int run(int argc, char **argv)
 		if (r < 0)
 			hpu__log(HPU_LOG_ERROR, "error: %s", err);
 		return r < 0 ? 2 : 0;
+	}
+	/* The model, before any worker starts (a path that is no model fails
+	 * here, not in every rank). */
+	if (L.args.model && hpu__model_check(L.args.model, err, sizeof err) < 0) {
+		hpu__log(HPU_LOG_ERROR, "error: %s", err);
+		return 2;
 	}
 	/* The workers read it (hpucoll_comm_init_env); hpud gets it with the
 	 * request (hpu__job_env). */

@@ -3,7 +3,7 @@
 # public API and nothing else (issue 17, "What a library user should see").
 #
 #   libhpu.so      exports exactly the HPU_API declarations of
-#                  include/hpu/hpu.h, ops.h and layers.h;
+#                  include/hpu/hpu.h, ops.h, layers.h and data.h;
 #   libhpucoll.so  exactly those of include/hpu/coll.h;
 #   hpu-worker     exports the same hpu_* names as libhpu.so (a model's
 #                  calls resolve to the worker's one copy of the runtime).
@@ -69,7 +69,7 @@ compare()
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 inc=$src/include/hpu
-declared "$inc/hpu.h" "$inc/ops.h" "$inc/layers.h" >"$tmp/hpu.want" || exit 1
+declared "$inc/hpu.h" "$inc/ops.h" "$inc/layers.h" "$inc/data.h" >"$tmp/hpu.want" || exit 1
 declared "$inc/coll.h" >"$tmp/coll.want" || exit 1
 for f in hpu coll; do
 	if [ ! -s "$tmp/$f.want" ]; then

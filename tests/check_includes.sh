@@ -53,7 +53,7 @@ die() {
 
 # The folder a path inside the tree belongs to, for the table above:
 # worker/ops/fp8.h -> worker/ops, agent/coord.h -> agent,
-# examples/common/idx.h -> examples, proto/hpu.pb-c.h (generated) -> proto.
+# examples/common/fmnist.h -> examples, proto/hpu.pb-c.h (generated) -> proto.
 folder_of() {
 	local rel=$1
 	case $rel in

@@ -9,30 +9,20 @@ static int load_split(fmnist_split *s, const char *dir, const char *prefix, char
 {
 	char path[1024];
 	snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
-	if (idx_read(&s->images, path, err, errlen) < 0)
+	if (hpu_array_load(&s->images, path, NULL, err, errlen) != HPU_OK)
 		return -1;
 	snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
-	if (idx_read(&s->labels, path, err, errlen) < 0)
+	if (hpu_array_load(&s->labels, path, NULL, err, errlen) != HPU_OK)
 		return -1;
-	if (s->images.count != s->labels.count || s->images.item != FMNIST_PIXELS) {
-		snprintf(err, errlen, "%s/%s: %zu images of %zu bytes but %zu labels", dir,
-			 prefix, s->images.count, s->images.item, s->labels.count);
+	if (s->images.type != HPU_DATA_U8 || s->labels.type != HPU_DATA_U8 ||
+	    s->images.count != s->labels.count || s->images.row_numel != FMNIST_PIXELS) {
+		snprintf(err, errlen, "%s/%s: %zu images of %zu %s but %zu labels of %s (expected u8 images of %d pixels)",
+			 dir, prefix, s->images.count, s->images.row_numel,
+			 hpu_data_type_name(s->images.type), s->labels.count,
+			 hpu_data_type_name(s->labels.type), FMNIST_PIXELS);
 		return -1;
 	}
 	return 0;
-}
-
-/* out[0]: the image, out[1]: the label. A label that is not a class
- * fails the fetch (the layers index with it). */
-static int fetch(void *user, size_t i, void *const *out)
-{
-	const fmnist_split *s = user;
-	const uint8_t *px = s->images.data + i * FMNIST_PIXELS;
-	float *x = out[0];
-	for (int k = 0; k < FMNIST_PIXELS; k++)
-		x[k] = px[k] * s->scale + s->shift;
-	*(int32_t *)out[1] = s->labels.data[i];
-	return s->labels.data[i] < FMNIST_CLASSES ? 0 : -1;
 }
 
 int fmnist_declare(hpu_builder *b, fmnist *f, const char *dir, int ndim, const int64_t *shape,
@@ -43,17 +33,18 @@ int fmnist_declare(hpu_builder *b, fmnist *f, const char *dir, int ndim, const i
 	    load_split(&f->test, dir, "t10k", err, sizeof err) < 0)
 		return hpu_error(b, "%s (on Debian: apt-get install dataset-fashion-mnist, or pass -- --data DIR)",
 				 err);
-	hpu_dataset d = {.nfields = 2, .fetch = fetch};
-	d.fields[0] = (hpu_field){.name = "image", .dtype = HPU_F32, .ndim = ndim};
-	memcpy(d.fields[0].shape, shape, (size_t)ndim * sizeof *shape);
-	d.fields[1] = (hpu_field){.name = "label", .dtype = HPU_I32, .ndim = 0};
 	fmnist_split *split[2] = {&f->train, &f->test};
 	for (int k = 0; k < 2; k++) {
-		split[k]->scale = 1.0f / (255.0f * std);
-		split[k]->shift = -mean / std;
-		d.size = split[k]->images.count;
-		d.user = split[k];
-		if (hpu_dataset_set(b, k ? HPU_SPLIT_TEST : HPU_SPLIT_TRAIN, &d) < 0)
+		hpu_data_split *s = &split[k]->split;
+		*s = (hpu_data_split){.nfields = 2};
+		/* image = pixel / 255 normalized: (pixel / 255 - mean) / std */
+		s->fields[0] = (hpu_data_field){.name = "image", .array = &split[k]->images,
+						.dtype = HPU_F32, .scale = 1.0f / (255.0f * std),
+						.shift = -mean / std, .reshape = 1, .ndim = ndim};
+		memcpy(s->fields[0].shape, shape, (size_t)ndim * sizeof *shape);
+		s->fields[1] = (hpu_data_field){.name = "label", .array = &split[k]->labels,
+						.dtype = HPU_I32, .classes = FMNIST_CLASSES};
+		if (hpu_data_declare(b, k ? HPU_SPLIT_TEST : HPU_SPLIT_TRAIN, s) != HPU_OK)
 			return -1;
 	}
 	return 0;
@@ -61,8 +52,8 @@ int fmnist_declare(hpu_builder *b, fmnist *f, const char *dir, int ndim, const i
 
 void fmnist_free(fmnist *f)
 {
-	idx_free(&f->train.images);
-	idx_free(&f->train.labels);
-	idx_free(&f->test.images);
-	idx_free(&f->test.labels);
+	hpu_array_free(&f->train.images);
+	hpu_array_free(&f->train.labels);
+	hpu_array_free(&f->test.images);
+	hpu_array_free(&f->test.labels);
 }

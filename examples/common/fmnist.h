@@ -1,5 +1,5 @@
 /* fmnist: Fashion-MNIST for the example models: both splits read from
- * their IDX files and declared as the model's datasets, two fields a
+ * their IDX files (<hpu/data.h>) and declared as the model's datasets, two fields a
  * sample:
  *   "image" f32, 784 values in the shape the model asks for ([784] or
  *           [1, 28, 28]): (pixel / 255 - mean) / std
@@ -8,9 +8,8 @@
 #ifndef EXAMPLES_FMNIST_H
 #define EXAMPLES_FMNIST_H
 
+#include <hpu/data.h>
 #include <hpu/hpu.h>
-
-#include "examples/common/idx.h"
 
 /* Debian's dataset-fashion-mnist puts the files here. */
 #define FMNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
@@ -18,8 +17,8 @@
 #define FMNIST_PIXELS 784 /* 28 x 28, one channel */
 
 typedef struct fmnist_split {
-	idx_array images, labels;
-	float scale, shift; /* image = pixel * scale + shift */
+	hpu_array images, labels; /* u8 [n, 28, 28] and u8 [n] */
+	hpu_data_split split;     /* the fields the runtime fetches from */
 } fmnist_split;
 
 typedef struct fmnist {

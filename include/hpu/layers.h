@@ -18,6 +18,7 @@
 
 #include <hpu/export.h>
 #include <hpu/hpu.h>
+#include <hpu/ops.h> /* hpu_reduce_op */
 
 #ifdef __cplusplus
 extern "C" {
@@ -140,6 +141,85 @@ HPU_API hpu_layer *hpu_mse(hpu_builder *b, const char *name, const char *in,
  * positions whose arg-max is the label (a metric; no backward). */
 HPU_API hpu_layer *hpu_accuracy(hpu_builder *b, const char *name, const char *in,
 				const char *out);
+
+/* ---- shapes and reductions (f32) ----
+ *
+ * `dim` counts the per-sample dimensions: 0 is the first after the
+ * batch (torch's dim 1), and a negative dim counts from the last (-1).
+ * The runtime gives every tensor its own memory, so reshape, slice,
+ * concat and permute copy forward and back. hpu_reduce_op is ops.h's
+ * (HPU_REDUCE_SUM, HPU_REDUCE_MEAN, HPU_REDUCE_MAX). */
+
+/* [..., n, ...] -> [..., ...]: the sum, mean or max over dimension `dim`
+ * (torch.sum / mean / amax(dim) without keepdim; max's gradient goes to
+ * the first maximum, as torch.max(dim)'s). A 1-D input gives ndim 0. */
+HPU_API hpu_layer *hpu_reduce(hpu_builder *b, const char *name, const char *in,
+			      const char *out, int dim, hpu_reduce_op op);
+
+/* The same values in `shape` [ndim] (at most one -1: the size that keeps
+ * the count; torch.reshape). */
+HPU_API hpu_layer *hpu_reshape(hpu_builder *b, const char *name, const char *in,
+			       const char *out, int ndim, const int64_t *shape);
+
+/* Positions [start, start + len) of dimension `dim` (torch.narrow). */
+HPU_API hpu_layer *hpu_slice(hpu_builder *b, const char *name, const char *in,
+			     const char *out, int dim, int64_t start, int64_t len);
+
+/* in = "a,b,..." (2 to 8 inputs, equal shapes but along `dim`): joined
+ * along `dim` in that order (torch.cat). */
+HPU_API hpu_layer *hpu_concat(hpu_builder *b, const char *name, const char *in,
+			      const char *out, int dim);
+
+/* Output dimension i is the input's dimension perm[i]; ndim must be the
+ * input's (torch.permute of the per-sample dimensions). */
+HPU_API hpu_layer *hpu_permute(hpu_builder *b, const char *name, const char *in,
+			       const char *out, int ndim, const int *perm);
+
+/* Dimensions dim0 and dim1 swapped (torch.transpose). */
+HPU_API hpu_layer *hpu_transpose(hpu_builder *b, const char *name, const char *in,
+				 const char *out, int dim0, int dim1);
+
+/* ---- sequences and rectangular kernels (f32) ---- */
+
+/* Over x [C, T]: y [out_ch, (T + 2 pad - kernel) / stride + 1]; weight
+ * [out_ch, C, kernel] and bias [out_ch] U(+-1/sqrt(C*kernel))
+ * (torch.nn.Conv1d). */
+HPU_API hpu_layer *hpu_conv1d(hpu_builder *b, const char *name, const char *in,
+			      const char *out, int out_ch, int kernel, int stride, int pad,
+			      int bias);
+
+/* hpu_conv2d with kernel {kh, kw}, stride {sh, sw} and zero padding {ph,
+ * pw} per axis: weight [out_ch, C, kh, kw], bias [out_ch]
+ * U(+-1/sqrt(C*kh*kw)) (torch.nn.Conv2d with tuples). */
+HPU_API hpu_layer *hpu_conv2d_rect(hpu_builder *b, const char *name, const char *in,
+				   const char *out, int out_ch, const int kernel[2],
+				   const int stride[2], const int pad[2], int bias);
+
+/* Max / average pooling along dimension `dim` only, window `kernel`,
+ * `stride`, no padding: that dimension becomes (n - kernel) / stride + 1
+ * (torch.nn.MaxPool1d / AvgPool1d when dim is the last of [C, T]). */
+HPU_API hpu_layer *hpu_maxpool1d(hpu_builder *b, const char *name, const char *in,
+				 const char *out, int dim, int kernel, int stride);
+HPU_API hpu_layer *hpu_avgpool1d(hpu_builder *b, const char *name, const char *in,
+				 const char *out, int dim, int kernel, int stride);
+
+/* Elementwise 1 / (1 + exp(-x)) (torch.sigmoid). */
+HPU_API hpu_layer *hpu_sigmoid(hpu_builder *b, const char *name, const char *in,
+			       const char *out);
+
+/* in = "logits,target", same shape, f32, targets in [0, 1]: per sample
+ * the mean of max(x, 0) - x t + log(1 + exp(-|x|)), the binary
+ * cross-entropy of sigmoid(x) computed stably
+ * (torch.nn.BCEWithLogitsLoss). */
+HPU_API hpu_layer *hpu_bce_with_logits(hpu_builder *b, const char *name, const char *in,
+				       const char *out);
+
+/* in = "prob,target", same shape, f32, probabilities in [0, 1]: per
+ * sample the mean of -(t log p + (1 - t) log(1 - p)), each log clamped
+ * at -100 as torch.nn.BCELoss does. A probability outside [0, 1] fails
+ * the call naming it. */
+HPU_API hpu_layer *hpu_binary_cross_entropy(hpu_builder *b, const char *name,
+					    const char *in, const char *out);
 
 #ifdef __cplusplus
 }

@@ -211,6 +211,83 @@ HPU_API uint64_t hpu_autocast_count(const char *op, int low);
 HPU_API int hpu_autocast_ops(void);
 HPU_API const char *hpu_autocast_op_name(int op);
 
+/* ---- shapes, reductions, sequences (ops_shape.c, ops_conv_rect.c) ----
+ *
+ * Plain C kernels, fp32 (autocast does not lower them). A dimension is
+ * addressed as the middle axis of x[outer, n, inner]: outer is the
+ * product of the dimensions before it (the batch included), inner of
+ * those after it. */
+
+typedef enum hpu_reduce_op {
+	HPU_REDUCE_SUM = 0,
+	HPU_REDUCE_MEAN = 1,
+	HPU_REDUCE_MAX = 2,
+} hpu_reduce_op;
+
+/* y[outer, inner] = sum / mean / max of x[outer, n, inner] over n
+ * (n >= 1). For max, idx[outer, inner] gets the position (0..n-1) of
+ * the first maximum (idx may be NULL for sum and mean). */
+HPU_API void hpu_reduce_forward(hpu_reduce_op op, const float *x, float *y, int32_t *idx,
+				size_t outer, size_t n, size_t inner);
+/* dx[outer, n, inner] = dy broadcast over n (sum), divided by n (mean),
+ * or at idx only and 0 elsewhere (max); overwritten. */
+HPU_API void hpu_reduce_backward(hpu_reduce_op op, const float *dy, const int32_t *idx,
+				 float *dx, size_t outer, size_t n, size_t inner);
+
+/* Copies len rows along the middle axis: y[o, y0 + i, :] = x[o, x0 + i, :]
+ * for i < len, x[outer, nx, inner] and y[outer, ny, inner]; the other
+ * rows of y are left as they are. Slicing (y0 = 0, ny = len) and
+ * concatenation (one call per input, y0 its offset) in both directions. */
+HPU_API void hpu_copy_rows(const float *x, float *y, size_t outer, size_t nx, size_t x0,
+			   size_t ny, size_t y0, size_t len, size_t inner);
+
+/* y = x with its dimensions permuted: x has `ndim` (<= 8) dimensions of
+ * `shape`, and y's dimension i is x's dimension perm[i] (torch.permute).
+ * Its backward is itself with the inverse permutation. */
+HPU_API void hpu_permute_forward(const float *x, float *y, int ndim, const int64_t *shape,
+				 const int *perm);
+
+/* y[n] = 1 / (1 + exp(-x)); y may alias x. */
+HPU_API void hpu_sigmoid_forward(const float *x, float *y, size_t n);
+/* dx = dy * y * (1 - y), y the forward output; dx may alias dy. */
+HPU_API void hpu_sigmoid_backward(const float *y, const float *dy, float *dx, size_t n);
+
+/* Pooling along the middle axis of x[outer, n, inner] with a window of
+ * k and a stride (no padding): y[outer, (n - k) / stride + 1, inner].
+ * Max pooling records each output's arg-max (0..n-1, the first maximum)
+ * in idx for backward; dx is overwritten. */
+HPU_API void hpu_maxpool1d_forward(const float *x, float *y, int32_t *idx, size_t outer,
+				   int n, size_t inner, int k, int stride);
+HPU_API void hpu_maxpool1d_backward(const float *dy, const int32_t *idx, float *dx,
+				    size_t outer, int n, size_t inner, int k, int stride);
+HPU_API void hpu_avgpool1d_forward(const float *x, float *y, size_t outer, int n,
+				   size_t inner, int k, int stride);
+HPU_API void hpu_avgpool1d_backward(const float *dy, float *dx, size_t outer, int n,
+				    size_t inner, int k, int stride);
+
+/* Convolution with a rectangular kernel, its own stride and zero padding
+ * per axis (hpu_conv2d_shape's square case is kernel_h == kernel_w, ...);
+ * a 1-D convolution over x[B, C, T] is height 1, kernel_h 1, stride_h 1,
+ * pad_h 0 (torch.nn.Conv1d). */
+typedef struct hpu_conv2d_rect_shape {
+	int batch, in_ch, height, width; /* input x[B, C, H, W] */
+	int out_ch;
+	int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+} hpu_conv2d_rect_shape;
+
+/* (H + 2*pad_h - kernel_h) / stride_h + 1, and the same along W. */
+HPU_API int hpu_conv2d_rect_out_h(const hpu_conv2d_rect_shape *s);
+HPU_API int hpu_conv2d_rect_out_w(const hpu_conv2d_rect_shape *s);
+/* Floats of scratch (im2col of one sample). */
+HPU_API size_t hpu_conv2d_rect_scratch(const hpu_conv2d_rect_shape *s);
+/* y[B, O, OH, OW] = conv(x, w[O, C, KH, KW]) + b[O] (b may be NULL). */
+HPU_API void hpu_conv2d_rect_forward(const hpu_conv2d_rect_shape *s, const float *x,
+				     const float *w, const float *b, float *y, float *scratch);
+/* dw += ..., db += ... (db may be NULL); dx = ... (dx may be NULL). */
+HPU_API void hpu_conv2d_rect_backward(const hpu_conv2d_rect_shape *s, const float *x,
+				      const float *w, const float *dy, float *dx, float *dw,
+				      float *db, float *scratch);
+
 #ifdef __cplusplus
 }
 #endif

@@ -257,10 +257,28 @@ static void expect_model_error(const char *model, const char *text)
 	h_free(&p);
 }
 
+static void expect_usage_error(char **argv, char *const env[], const char *text);
+
+/* hpulaunch reads the model's ELF headers before any worker starts
+ * (issue 39): a library without the entry symbol, or a file that is no
+ * shared library, is refused as a usage error naming it. */
 static void test_model_without_entry(void **state)
 {
 	(void)state;
-	expect_model_error(h_build("lib/bad_noentry.so"), "has no entry symbol 'hpu_model_entry'");
+	char want[512];
+	snprintf(want, sizeof want, "the model %s has no entry symbol 'hpu_model_entry'",
+		 h_build("lib/bad_noentry.so"));
+	char *a1[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/bad_noentry.so"), NULL};
+	expect_usage_error(a1, NULL, want);
+	char text[64] = "/tmp/hpu-test-model-XXXXXX";
+	int fd = mkstemp(text);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "not a model\n", 12), 12);
+	close(fd);
+	snprintf(want, sizeof want, "the model %s is not a shared library (no ELF header)", text);
+	char *a2[] = {(char *)LAUNCH, "-q", (char *)text, NULL};
+	expect_usage_error(a2, NULL, want);
+	unlink(text);
 }
 
 static void test_model_wrong_abi(void **state)
@@ -328,6 +346,39 @@ static void test_usage_errors(void **state)
 	expect_usage_error(a6, NULL, "unknown option --frobnicate");
 }
 
+/* Issue 39: DeepSpeed's launcher flags run a job; hpulaunch's options
+ * after the model, unknown flags, a --resume that is no checkpoint and
+ * --include without a hostfile are refused before any worker starts. */
+static void test_deepspeed_aliases_and_refusals(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--num_gpus", "2", "--num_nodes", "1", "--max-steps", "2",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "32", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "[rank 0] trained 2 steps on 2 workers"));
+	h_free(&p);
+	char *a1[] = {(char *)LAUNCH, "--devices", "2", (char *)MODEL, "--max-steps", "10", "--lr",
+		      "0.1", NULL};
+	expect_usage_error(a1, NULL, "hpulaunch's option --max-steps comes after the model");
+	expect_usage_error(a1, NULL, "put it before the model, or after -- to hand it to the model");
+	char *a2[] = {(char *)LAUNCH, "--device", "2", (char *)MODEL, NULL};
+	expect_usage_error(a2, NULL, "bad value '2' for --device: expected one of cpu, cpu-strict, cuda, auto (did you mean --devices 2?)");
+	char *a3[] = {(char *)LAUNCH, "--resume", "/nonexistent/ckpt", (char *)MODEL, NULL};
+	expect_usage_error(a3, NULL, "--resume /nonexistent/ckpt: No such file or directory: give a checkpoint directory");
+	char empty[64] = "/tmp/hpu-test-resume-XXXXXX", want[160];
+	assert_non_null(mkdtemp(empty));
+	snprintf(want, sizeof want, "--resume %s: no checkpoint there (neither manifest.json nor step-* directories)",
+		 empty);
+	char *a4[] = {(char *)LAUNCH, "--resume", empty, (char *)MODEL, NULL};
+	expect_usage_error(a4, NULL, want);
+	rmdir(empty);
+	char *a5[] = {(char *)LAUNCH, "--exclude", "node1", (char *)MODEL, NULL};
+	expect_usage_error(a5, NULL, "--exclude picks hosts of a --hostfile: give one");
+}
+
 /* Copies the file at from to to; 0 or -1. */
 static int copy_file(const char *from, const char *to)
 {
@@ -370,7 +421,7 @@ static void test_model_relative_path(void **state)
 	char *a1[] = {(char *)LAUNCH, "-q", "--devices", "2", "--max-steps", "2", "--no-eval",
 		      "fmnist_mlp.so", NULL};
 	int code = run_in(dir, &p, a1, 60000);
-	assert_int_equal(code, 1);
+	assert_int_equal(code, 2); /* refused by hpulaunch before the workers */
 	assert_non_null(strstr(p.out, shadow));
 	assert_non_null(strstr(p.out, "has no entry symbol 'hpu_model_entry'"));
 	h_free(&p);
@@ -1300,6 +1351,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_usage_errors),
+		cmocka_unit_test(test_deepspeed_aliases_and_refusals),
 		cmocka_unit_test(test_exec_environment),
 		cmocka_unit_test(test_exec_collectives),
 		cmocka_unit_test(test_exec_transports),

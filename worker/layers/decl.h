@@ -83,4 +83,27 @@ static inline int ld_fits_int(int batch, size_t per_sample)
 	return batch >= 0 && (per_sample == 0 || (size_t)batch <= (size_t)INT_MAX / per_sample);
 }
 
+/* Per-sample dimension `dim` of x (negative: from the last) into *d; an
+ * error naming the layer when x has no such dimension. */
+static inline int ld_dim(hpu_builder *b, const char *name, const char *in,
+			 const hpu_tensor *x, int dim, int *d)
+{
+	int at = dim < 0 ? dim + x->ndim : dim;
+	if (at < 0 || at >= x->ndim)
+		return hpu_error(b, "layer %s: dim %d is not a dimension of input %s, which "
+				 "has %d (0 .. %d, or -1 .. -%d from the last)", ld_str(name), dim,
+				 ld_str(in), x->ndim, x->ndim - 1, x->ndim);
+	*d = at;
+	return HPU_OK;
+}
+
+/* The product of x's per-sample dimensions [from, to). */
+static inline size_t ld_prod(const hpu_tensor *x, int from, int to)
+{
+	size_t n = 1;
+	for (int i = from; i < to; i++)
+		n *= (size_t)x->shape[i];
+	return n;
+}
+
 #endif

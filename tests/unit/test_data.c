@@ -1,0 +1,513 @@
+/* <hpu/data.h> (worker/hpu/data_*.c): each format's good file loads with
+ * its shape, type and values; a truncated, mis-typed or mis-shaped one is
+ * refused with a sentence naming the file and the problem; arrays become
+ * a dataset split whose fetch gives the values. The files are written
+ * byte by byte here, as numpy, llm.c and the IDX tools write them. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include <hpu/data.h>
+
+#include "worker/hpu/model.h" /* worker/hpu: a builder without the runtime */
+
+static char dir[64];
+static char err[1024];
+static hpu_array a, y;
+
+static const char *at(const char *name)
+{
+	static char p[4][128];
+	static int k;
+	char *s = p[k++ & 3];
+	snprintf(s, sizeof p[0], "%s/%s", dir, name);
+	return s;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof dir, "/tmp/test_data.XXXXXX");
+	return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	return system(cmd);
+}
+
+static int reset(void **state)
+{
+	(void)state;
+	hpu_array_free(&a);
+	hpu_array_free(&y);
+	err[0] = 0;
+	return 0;
+}
+
+static const char *put(const char *name, const void *data, size_t n)
+{
+	const char *path = at(name);
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(data, 1, n, f), n);
+	fclose(f);
+	return path;
+}
+
+static const char *put_str(const char *name, const char *text)
+{
+	return put(name, text, strlen(text));
+}
+
+/* The load fails, naming path and saying `what`. */
+static void refused(int rc, const char *path, const char *what)
+{
+	assert_int_not_equal(rc, HPU_OK);
+	if (!strstr(err, path) || !strstr(err, what))
+		fail_msg("message \"%s\" should name %s and say \"%s\"", err, path, what);
+	assert_null(a.data);
+}
+
+static void be32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+static void le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+static void le16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
+}
+
+/* ---- IDX ---- */
+
+/* An unsigned-byte IDX file of shape [3, 2, 2] holding 0 .. 11. */
+static size_t idx_u8(uint8_t *buf)
+{
+	uint8_t h[4] = {0, 0, 0x08, 3};
+	memcpy(buf, h, 4);
+	be32(buf + 4, 3), be32(buf + 8, 2), be32(buf + 12, 2);
+	for (int i = 0; i < 12; i++)
+		buf[16 + i] = (uint8_t)i;
+	return 28;
+}
+
+static void test_idx_good(void **state)
+{
+	(void)state;
+	uint8_t buf[64];
+	size_t n = idx_u8(buf);
+	assert_int_equal(hpu_array_load(&a, put("u8.idx", buf, n), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_U8);
+	assert_int_equal(a.ndim, 3);
+	assert_int_equal(a.shape[0], 3);
+	assert_int_equal(a.shape[2], 2);
+	assert_int_equal(a.count, 3);
+	assert_int_equal(a.row_numel, 4);
+	assert_int_equal(((uint8_t *)a.data)[11], 11);
+	hpu_array_free(&a);
+
+	/* gzipped, as the MNIST family ships */
+	gzFile gz = gzopen(at("u8.idx.gz"), "wb");
+	assert_int_equal(gzwrite(gz, buf, (unsigned)n), (int)n);
+	gzclose(gz);
+	assert_int_equal(hpu_array_load(&a, at("u8.idx.gz"), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(((uint8_t *)a.data)[7], 7);
+	hpu_array_free(&a);
+
+	/* float, big-endian: [2] of 1.5, -2 */
+	uint8_t f[16] = {0, 0, 0x0D, 1};
+	be32(f + 4, 2);
+	float v[2] = {1.5f, -2.0f};
+	uint32_t bits;
+	memcpy(&bits, &v[0], 4), be32(f + 8, bits);
+	memcpy(&bits, &v[1], 4), be32(f + 12, bits);
+	assert_int_equal(hpu_array_load(&a, put("f32.idx", f, 16), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_F32);
+	assert_true(((float *)a.data)[0] == 1.5f && ((float *)a.data)[1] == -2.0f);
+}
+
+static void test_idx_refused(void **state)
+{
+	(void)state;
+	uint8_t buf[64];
+	size_t n = idx_u8(buf);
+	const char *p = put("cut.idx", buf, n - 1);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "truncated");
+	buf[2] = 0x0A;
+	p = put("type.idx", buf, n);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "bad IDX type 0x0a");
+	buf[2] = 0x08;
+	buf[n] = 99;
+	p = put("long.idx", buf, n + 1);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"mis-shaped: more data follows than the header's [3, 2, 2] of u8 (12 bytes) holds");
+	p = at("missing.idx");
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "cannot open");
+	assert_non_null(strstr(err, "No such file or directory"));
+	p = put_str("junk.idx", "hello");
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "bad magic");
+}
+
+/* ---- .npy ---- */
+
+/* A .npy file (format `major`) with the header dict and data. */
+static size_t npy(uint8_t *buf, int major, const char *dict, const void *data, size_t n)
+{
+	size_t pre = major == 1 ? 10 : 12, len = strlen(dict) + 1;
+	len += (64 - (pre + len) % 64) % 64;
+	memcpy(buf, "\x93NUMPY", 6);
+	buf[6] = (uint8_t)major, buf[7] = 0;
+	if (major == 1)
+		le16(buf + 8, (uint16_t)len);
+	else
+		le32(buf + 8, (uint32_t)len);
+	memset(buf + pre, ' ', len);
+	memcpy(buf + pre, dict, strlen(dict));
+	buf[pre + len - 1] = '\n';
+	memcpy(buf + pre + len, data, n);
+	return pre + len + n;
+}
+
+static void test_npy_good(void **state)
+{
+	(void)state;
+	uint8_t buf[512];
+	float f[6] = {0, 1, 2, 3, 4, 5.5f};
+	size_t n = npy(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", f, sizeof f);
+	assert_int_equal(hpu_array_load(&a, put("f.npy", buf, n), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_F32);
+	assert_int_equal(a.ndim, 2);
+	assert_int_equal(a.count, 2);
+	assert_int_equal(a.row_numel, 3);
+	assert_true(((float *)a.data)[5] == 5.5f);
+	hpu_array_free(&a);
+
+	int64_t l[4] = {-1, 2, 1LL << 40, 7};
+	n = npy(buf, 2, "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }", l, sizeof l);
+	assert_int_equal(hpu_array_load(&a, put("l.npy", buf, n), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_I64);
+	assert_int_equal(a.ndim, 1);
+	assert_true(((int64_t *)a.data)[2] == 1LL << 40 && ((int64_t *)a.data)[0] == -1);
+	hpu_array_free(&a);
+
+	uint8_t be[4] = {0x01, 0x02, 0xff, 0xfe}; /* '>u2': 258, 65534 */
+	n = npy(buf, 1, "{'descr': '>u2', 'fortran_order': False, 'shape': (2,), }", be, 4);
+	assert_int_equal(hpu_array_load(&a, put("be.npy", buf, n), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_U16);
+	assert_int_equal(((uint16_t *)a.data)[0], 258);
+	assert_int_equal(((uint16_t *)a.data)[1], 65534);
+}
+
+static void test_npy_refused(void **state)
+{
+	(void)state;
+	uint8_t buf[512];
+	float f[6] = {0};
+	const char *d = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+	size_t n = npy(buf, 1, d, f, sizeof f);
+	const char *p = put("cut.npy", buf, n - 2);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "truncated");
+	memset(buf + n, 0, 4); /* the shape says 6 floats, 7 follow */
+	p = put("long.npy", buf, n + 4);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "mis-shaped");
+	n = npy(buf, 1, "{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }", f, sizeof f);
+	p = put("c8.npy", buf, n);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "mis-typed: element type '<c8'");
+	n = npy(buf, 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", f, sizeof f);
+	p = put("fortran.npy", buf, n);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "fortran_order is True");
+	n = npy(buf, 1, d, f, sizeof f);
+	p = put("named.npy", buf, n);
+	refused(hpu_array_load(&a, p, "x", err, sizeof err), p, "is not an .npz archive");
+}
+
+/* ---- .npz ---- */
+
+typedef struct zmember {
+	const char *name;
+	const uint8_t *data;
+	size_t len;
+	int deflate;
+} zmember;
+
+/* A zip archive of the members, as numpy's savez / savez_compressed. */
+static size_t zip(uint8_t *buf, const zmember *m, int n)
+{
+	uint8_t cd[1024];
+	size_t pos = 0, cpos = 0;
+	for (int i = 0; i < n; i++) {
+		uint8_t comp[2048];
+		uLongf clen = sizeof comp;
+		const uint8_t *body = m[i].data;
+		if (m[i].deflate) {
+			z_stream z = {0};
+			assert_int_equal(deflateInit2(&z, 6, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+			z.next_in = (Bytef *)m[i].data, z.avail_in = (uInt)m[i].len;
+			z.next_out = comp, z.avail_out = sizeof comp;
+			assert_int_equal(deflate(&z, Z_FINISH), Z_STREAM_END);
+			clen = z.total_out;
+			deflateEnd(&z);
+			body = comp;
+		} else {
+			clen = m[i].len;
+		}
+		uint32_t crc = (uint32_t)crc32(0, m[i].data, (uInt)m[i].len);
+		size_t nl = strlen(m[i].name);
+		uint8_t *l = buf + pos;
+		memset(l, 0, 30);
+		memcpy(l, "PK\3\4", 4);
+		le16(l + 8, m[i].deflate ? 8 : 0);
+		le16(l + 26, (uint16_t)nl);
+		le16(l + 28, 4); /* an extra field the reader must skip */
+		memcpy(l + 30, m[i].name, nl);
+		memset(l + 30 + nl, 0, 4);
+		memcpy(l + 34 + nl, body, clen);
+		uint8_t *c = cd + cpos;
+		memset(c, 0, 46);
+		memcpy(c, "PK\1\2", 4);
+		le16(c + 10, m[i].deflate ? 8 : 0);
+		le32(c + 16, crc);
+		le32(c + 20, (uint32_t)clen);
+		le32(c + 24, (uint32_t)m[i].len);
+		le16(c + 28, (uint16_t)nl);
+		le32(c + 42, (uint32_t)pos);
+		memcpy(c + 46, m[i].name, nl);
+		cpos += 46 + nl;
+		pos += 34 + nl + clen;
+	}
+	memcpy(buf + pos, cd, cpos);
+	uint8_t *e = buf + pos + cpos;
+	memset(e, 0, 22);
+	memcpy(e, "PK\5\6", 4);
+	le16(e + 8, (uint16_t)n), le16(e + 10, (uint16_t)n);
+	le32(e + 12, (uint32_t)cpos), le32(e + 16, (uint32_t)pos);
+	return pos + cpos + 22;
+}
+
+static void test_npz_good(void **state)
+{
+	(void)state;
+	uint8_t x[256], l[256], buf[2048];
+	float f[4] = {1, 2, 3, 4};
+	int32_t lab[2] = {7, 9};
+	zmember m[2] = {
+		{"x.npy", x, npy(x, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", f, sizeof f), 0},
+		{"y.npy", l, npy(l, 1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", lab, sizeof lab), 1},
+	};
+	const char *p = put("xy.npz", buf, zip(buf, m, 2));
+	assert_int_equal(hpu_array_load(&a, p, "x", err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_F32);
+	assert_int_equal(a.count, 2);
+	assert_true(((float *)a.data)[3] == 4.0f);
+	assert_int_equal(hpu_array_load(&y, p, "y", err, sizeof err), HPU_OK); /* deflated */
+	assert_int_equal(y.type, HPU_DATA_I32);
+	assert_int_equal(((int32_t *)y.data)[1], 9);
+	hpu_array_free(&a);
+	p = put("one.npz", buf, zip(buf, m + 1, 1));
+	assert_int_equal(hpu_array_load(&a, p, NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(((int32_t *)a.data)[0], 7);
+}
+
+static void test_npz_refused(void **state)
+{
+	(void)state;
+	uint8_t x[256], c8[256], buf[2048];
+	float f[4] = {1, 2, 3, 4};
+	zmember m[2] = {
+		{"x.npy", x, npy(x, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", f, sizeof f), 1},
+		{"c.npy", c8, npy(c8, 1, "{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", f, sizeof f), 0},
+	};
+	size_t n = zip(buf, m, 2);
+	const char *p = put("xc.npz", buf, n);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "holds 2 arrays (x.npy, c.npy)");
+	refused(hpu_array_load(&a, p, "z", err, sizeof err), p, "has no array 'z'");
+	refused(hpu_array_load(&a, p, "c", err, sizeof err), p, "(member c.npy): mis-typed");
+	p = put("cut.npz", buf, n - 10);
+	refused(hpu_array_load(&a, p, "x", err, sizeof err), p, "truncated");
+	m[0].len -= 4; /* the shape says 4 floats, 3 follow */
+	p = put("short.npz", buf, zip(buf, m, 1));
+	refused(hpu_array_load(&a, p, "x", err, sizeof err), p, "(member x.npy): truncated");
+	m[0].len += 8;
+	p = put("long.npz", buf, zip(buf, m, 1));
+	refused(hpu_array_load(&a, p, "x", err, sizeof err), p, "(member x.npy): mis-shaped");
+}
+
+/* ---- llm.c tokens ---- */
+
+static size_t tokens(uint8_t *buf, uint32_t magic, uint32_t version, int32_t ntok, int have)
+{
+	memset(buf, 0, 1024);
+	le32(buf, magic), le32(buf + 4, version), le32(buf + 8, (uint32_t)ntok);
+	for (int i = 0; i < have; i++)
+		le16(buf + 1024 + 2 * i, (uint16_t)(100 + i));
+	return 1024 + 2 * (size_t)have;
+}
+
+static void test_tokens_good(void **state)
+{
+	(void)state;
+	uint8_t buf[2048];
+	const char *p = put("tok.bin", buf, tokens(buf, 20240520, 1, 9, 9));
+	assert_int_equal(hpu_array_load(&a, p, NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_U16);
+	assert_int_equal(a.ndim, 1);
+	assert_int_equal(a.count, 9);
+	assert_int_equal(((uint16_t *)a.data)[8], 108);
+}
+
+static void test_tokens_refused(void **state)
+{
+	(void)state;
+	uint8_t buf[2048];
+	const char *p = put("cut.bin", buf, tokens(buf, 20240520, 1, 9, 8));
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "truncated: the header says [9] of u16");
+	p = put("hdr.bin", buf, 600);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "truncated: an llm.c token file");
+	p = put("v2.bin", buf, tokens(buf, 20240520, 2, 9, 9));
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "of version 2");
+	p = put("long.bin", buf, tokens(buf, 20240520, 1, 8, 9));
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "mis-shaped");
+}
+
+/* ---- CSV ---- */
+
+static void test_csv_good(void **state)
+{
+	(void)state;
+	const char *p = put_str("t.csv", "a, \"b\",label,c\r\n1,2,0,-1\n\n3.5,4e1,2,0.25\n");
+	assert_int_equal(hpu_csv_load(&a, &y, p, NULL, "label", err, sizeof err), HPU_OK);
+	assert_int_equal(a.type, HPU_DATA_F32);
+	assert_int_equal(a.count, 2);
+	assert_int_equal(a.row_numel, 3);
+	float *x = a.data;
+	assert_true(x[0] == 1 && x[1] == 2 && x[2] == -1 && x[3] == 3.5f && x[4] == 40 && x[5] == 0.25f);
+	assert_int_equal(y.type, HPU_DATA_I32);
+	assert_int_equal(((int32_t *)y.data)[1], 2);
+	hpu_array_free(&a);
+	hpu_array_free(&y);
+	/* chosen features, in the order named */
+	assert_int_equal(hpu_csv_load(&a, &y, p, "c,a", "b", err, sizeof err), HPU_OK);
+	x = a.data;
+	assert_int_equal(a.row_numel, 2);
+	assert_true(x[0] == -1 && x[1] == 1 && x[2] == 0.25f && x[3] == 3.5f);
+	assert_int_equal(y.type, HPU_DATA_I32);
+	hpu_array_free(&a);
+	hpu_array_free(&y);
+	p = put_str("r.csv", "x,t\n1,0.5\n2,1\n");
+	assert_int_equal(hpu_csv_load(&a, &y, p, NULL, "t", err, sizeof err), HPU_OK);
+	assert_int_equal(y.type, HPU_DATA_F32);
+	assert_true(((float *)y.data)[0] == 0.5f);
+}
+
+static void test_csv_refused(void **state)
+{
+	(void)state;
+	const char *p = put_str("fields.csv", "a,b,label\n1,2,0\n3,4\n");
+	refused(hpu_csv_load(&a, &y, p, NULL, "label", err, sizeof err), p,
+		"line 3 has 2 fields, the header has 3");
+	p = put_str("nan.csv", "a,b,label\n1,x,0\n");
+	refused(hpu_csv_load(&a, &y, p, NULL, "label", err, sizeof err), p,
+		"line 2: column 'b' is 'x', not a number");
+	p = put_str("nolabel.csv", "a,b\n1,2\n");
+	refused(hpu_csv_load(&a, &y, p, NULL, "label", err, sizeof err), p,
+		"has no label column 'label'");
+	refused(hpu_csv_load(&a, &y, p, "a,z", NULL, err, sizeof err), p, "has no column 'z'");
+	p = put_str("empty.csv", "a,b\n");
+	refused(hpu_csv_load(&a, &y, p, NULL, NULL, err, sizeof err), p, "no rows");
+}
+
+/* ---- a split from arrays ---- */
+
+static void test_declare(void **state)
+{
+	(void)state;
+	uint8_t buf[2048];
+	hpu_array img, lab, tok;
+	size_t n = idx_u8(buf);
+	assert_int_equal(hpu_array_load(&img, put("img.idx", buf, n), NULL, err, sizeof err), HPU_OK);
+	uint8_t l[12] = {0, 0, 0x08, 1, 0, 0, 0, 3, 2, 0, 9};
+	assert_int_equal(hpu_array_load(&lab, put("lab.idx", l, 11), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(hpu_array_load(&tok, put("t.bin", buf, tokens(buf, 20240520, 1, 9, 9)), NULL,
+					err, sizeof err), HPU_OK);
+	hpu_builder *b = hpu__model_new(0, 1, 8);
+	assert_non_null(b);
+	hpu_data_split s = {.nfields = 2};
+	s.fields[0] = (hpu_data_field){.name = "image", .array = &img, .dtype = HPU_F32,
+				       .scale = 0.5f, .shift = -1, .reshape = 1, .ndim = 1, .shape = {4}};
+	s.fields[1] = (hpu_data_field){.name = "label", .array = &lab, .dtype = HPU_I32, .classes = 3};
+	assert_int_equal(hpu_data_declare(b, HPU_SPLIT_TRAIN, &s), HPU_OK);
+	const hpu_dataset *d = &b->data[HPU_SPLIT_TRAIN];
+	assert_int_equal(d->size, 3);
+	assert_int_equal(d->fields[0].ndim, 1);
+	assert_int_equal(d->fields[0].shape[0], 4);
+	assert_int_equal(d->fields[1].ndim, 0);
+	float x[4];
+	int32_t c;
+	void *out[2] = {x, &c};
+	assert_int_equal(d->fetch(d->user, 1, out), 0);
+	assert_true(x[0] == 1.0f && x[3] == 2.5f); /* pixels 4 .. 7 * 0.5 - 1 */
+	assert_int_equal(c, 0);
+	assert_int_not_equal(d->fetch(d->user, 2, out), 0); /* label 9 is no class of 3 */
+
+	/* windows of a token file: inputs and next-token targets (a new
+	 * builder: a test split must have the training split's fields) */
+	hpu__model_destroy(&b);
+	b = hpu__model_new(0, 1, 8);
+	assert_non_null(b);
+	hpu_data_split w = {.nfields = 2};
+	w.fields[0] = (hpu_data_field){.name = "x", .array = &tok, .dtype = HPU_I32, .window = 4};
+	w.fields[1] = (hpu_data_field){.name = "y", .array = &tok, .dtype = HPU_I32, .window = 4, .offset = 1};
+	assert_int_equal(hpu_data_declare(b, HPU_SPLIT_TRAIN, &w), HPU_OK);
+	d = &b->data[HPU_SPLIT_TRAIN];
+	assert_int_equal(d->size, 2);
+	int32_t xi[4], yi[4];
+	void *o2[2] = {xi, yi};
+	assert_int_equal(d->fetch(d->user, 1, o2), 0);
+	assert_true(xi[0] == 104 && xi[3] == 107 && yi[0] == 105 && yi[3] == 108);
+
+	/* fields of different lengths are refused, naming both */
+	hpu_data_split bad = {.nfields = 2};
+	bad.fields[0] = (hpu_data_field){.name = "image", .array = &img, .dtype = HPU_F32};
+	bad.fields[1] = (hpu_data_field){.name = "t", .array = &tok, .dtype = HPU_I32};
+	assert_int_not_equal(hpu_data_declare(b, HPU_SPLIT_TEST, &bad), HPU_OK);
+	assert_non_null(strstr(b->err, "data fields 'image' (3 rows) and 't' (9 rows) differ"));
+	hpu__model_destroy(&b);
+	hpu_array_free(&img);
+	hpu_array_free(&lab);
+	hpu_array_free(&tok);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_idx_good, reset),
+		cmocka_unit_test_teardown(test_idx_refused, reset),
+		cmocka_unit_test_teardown(test_npy_good, reset),
+		cmocka_unit_test_teardown(test_npy_refused, reset),
+		cmocka_unit_test_teardown(test_npz_good, reset),
+		cmocka_unit_test_teardown(test_npz_refused, reset),
+		cmocka_unit_test_teardown(test_tokens_good, reset),
+		cmocka_unit_test_teardown(test_tokens_refused, reset),
+		cmocka_unit_test_teardown(test_csv_good, reset),
+		cmocka_unit_test_teardown(test_csv_refused, reset),
+		cmocka_unit_test_teardown(test_declare, reset),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,176 @@
+/* hpulaunch's command line (launcher/args.c), issue 39: hpulaunch's own
+ * options after the model are refused (they would reach the model);
+ * DeepSpeed's launcher flags are aliases (--num_gpus, --num_nodes,
+ * --master_addr, --master_port, --include/--exclude over a hostfile);
+ * an unknown flag gets "did you mean"; --resume must name a checkpoint
+ * before the workers start. (test_launch runs the same refusals through
+ * the hpulaunch binary.) */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/unit/args_testlib.h"
+
+#include "launcher/args.h"
+
+static char dir[64], model[128], hostfile[128];
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static int setup(void **state)
+{
+	snprintf(dir, sizeof dir, "/tmp/test_launch_args.XXXXXX");
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(model, sizeof model, "%s/model.so", dir);
+	snprintf(hostfile, sizeof hostfile, "%s/hosts", dir);
+	write_file(model, "a model\n");
+	write_file(hostfile, "alpha slots=2\nbeta slots=2\ngamma slots=2\n");
+	return args_clean_env(state);
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	return system(cmd);
+}
+
+/* The worker's arguments end with the n strings of tail. */
+static void argv_ends(const hpu_launch_args *a, const char *const *tail, int n)
+{
+	assert_true(a->worker_argc >= n);
+	for (int k = 0; k < n; k++)
+		assert_string_equal(a->worker_argv[a->worker_argc - n + k], tail[k]);
+}
+
+static void test_options_after_model(void **state)
+{
+	(void)state;
+	parse_fails(ARGV("--devices", "2", model, "--max-steps", "10", "--lr", "0.1"),
+		    "hpulaunch's option --max-steps comes after the model");
+	parse_fails(ARGV(model, "--lr=0.1"), "put it before the model, or after -- to hand it to the model");
+	parse_fails(ARGV(model, "--data", "d", "--devices", "2", "--", "--hidden", "8"),
+		    "option --devices comes after the model");
+	/* after --, the model's; arguments that are not hpulaunch's pass */
+	hpu_launch_args a;
+	parse_ok(&a, ARGV("--max-steps", "10", model, "--", "--lr", "0.1"));
+	argv_ends(&a, (const char *[]){"--", "--lr", "0.1"}, 3);
+	assert_int_equal(a.train.max_steps, 10);
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV(model, "--data", "/d", "--", "--hidden", "8"));
+	argv_ends(&a, (const char *[]){"--data", "/d", "--", "--hidden", "8"}, 5);
+	hpu__args_free(&a);
+}
+
+static void test_deepspeed_aliases(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	parse_ok(&a, ARGV("--num_gpus", "4", "--batch-size", "64", model));
+	assert_int_equal(a.devices, 4);
+	assert_int_equal(a.world, 4);
+	hpu__args_free(&a);
+	setenv("HPU_JOB_TOKEN", "secret", 1);
+	parse_ok(&a, ARGV("--num_nodes", "2", "--node_rank", "1", "--master_addr", "10.1.2.3",
+			  "--master_port", "29555", model));
+	unsetenv("HPU_JOB_TOKEN");
+	assert_int_equal(a.nodes, 2);
+	assert_int_equal(a.node_rank, 1);
+	assert_string_equal(a.master_addr, "10.1.2.3");
+	assert_int_equal(a.master_port, 29555);
+	hpu__args_free(&a);
+	parse_fails(ARGV("--num_gpus", "gpu", model), "--num_gpus gpu: hpulaunch's devices are CPU cores");
+}
+
+static void test_include_exclude(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--include", "gamma@alpha", "--batch-size", "64", model));
+	assert_int_equal(a.nhosts, 2);
+	assert_string_equal(a.hosts[0].name, "alpha"); /* the file's order */
+	assert_string_equal(a.hosts[1].name, "gamma");
+	assert_int_equal(a.nodes, 2);
+	assert_int_equal(a.world, 4);
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--exclude", "alpha", "--batch-size", "64", model));
+	assert_int_equal(a.nhosts, 2);
+	assert_string_equal(a.hosts[0].name, "beta");
+	assert_string_equal(a.master_addr, "beta"); /* node 0: the first host kept */
+	hpu__args_free(&a);
+	parse_fails(ARGV("--hostfile", hostfile, "--include", "alpha:0,1", model),
+		    "--include alpha:0,1: hpulaunch does not pick a host's devices (HOST:SLOT,SLOT)");
+	parse_fails(ARGV("--hostfile", hostfile, "--include", "alpha@delta", model),
+		    "--include names host 'delta', which is not in");
+	parse_fails(ARGV("--hostfile", hostfile, "--exclude", "alpha@beta@gamma", model),
+		    "--exclude alpha@beta@gamma leaves no host of");
+	parse_fails(ARGV("--hostfile", hostfile, "--include", "alpha", "--exclude", "beta", model),
+		    "--include and --exclude do not go together");
+	parse_fails(ARGV("--include", "alpha", model), "--include picks hosts of a --hostfile: give one");
+}
+
+static void test_did_you_mean(void **state)
+{
+	(void)state;
+	parse_fails(ARGV("--device", "2", model), "for --device: expected one of cpu, cpu-strict, cuda, auto (did you mean --devices 2?)");
+	parse_fails(ARGV("--devics", "2", model), "unknown option --devics (did you mean --devices?)");
+	parse_fails(ARGV("--max-step=3", model), "unknown option --max-step (did you mean --max-steps?)");
+	parse_fails(ARGV("--num-gpus", "2", model), "unknown option --num-gpus (did you mean --num_gpus?)");
+	parse_fails(ARGV("--frobnicate", model), "unknown option --frobnicate (see hpulaunch --help)");
+}
+
+static void test_resume_checked(void **state)
+{
+	(void)state;
+	char missing[160], file[160], empty[160], ckpt[256], root[160];
+	snprintf(missing, sizeof missing, "%s/nowhere", dir);
+	parse_fails(ARGV("--resume", missing, model), "No such file or directory: give a checkpoint directory");
+	snprintf(file, sizeof file, "%s/afile", dir);
+	write_file(file, "x");
+	parse_fails(ARGV("--resume", file, model), "is not a directory");
+	snprintf(empty, sizeof empty, "%s/empty", dir);
+	assert_int_equal(mkdir(empty, 0700), 0);
+	parse_fails(ARGV("--resume", empty, model),
+		    "no checkpoint there (neither manifest.json nor step-* directories)");
+	hpu_launch_args a;
+	snprintf(ckpt, sizeof ckpt, "%s/manifest.json", empty);
+	write_file(ckpt, "{}");
+	parse_ok(&a, ARGV("--resume", empty, model)); /* a checkpoint */
+	hpu__args_free(&a);
+	snprintf(root, sizeof root, "%s/root", dir);
+	assert_int_equal(mkdir(root, 0700), 0);
+	snprintf(ckpt, sizeof ckpt, "%s/root/step-00000010", dir);
+	assert_int_equal(mkdir(ckpt, 0700), 0);
+	parse_ok(&a, ARGV("--resume", root, model)); /* a root */
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV("--resume", "auto", "--checkpoint-dir", missing, model));
+	hpu__args_free(&a);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_options_after_model),
+		cmocka_unit_test(test_deepspeed_aliases),
+		cmocka_unit_test(test_include_exclude),
+		cmocka_unit_test(test_did_you_mean),
+		cmocka_unit_test(test_resume_checked),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,142 @@
+/* data_set: hpu_data_declare (include/hpu/data.h): arrays as the fields
+ * of a dataset split, converted to f32 or i32 on each fetch. */
+#include "worker/hpu/dataio.h"
+
+#include <string.h>
+
+/* Element k of a as a double (exact for every type but i64 beyond 2^53). */
+static double value(const hpu_array *a, size_t k)
+{
+	const void *d = a->data;
+	switch (a->type) {
+	case HPU_DATA_U8: return ((const uint8_t *)d)[k];
+	case HPU_DATA_I8: return ((const int8_t *)d)[k];
+	case HPU_DATA_U16: return ((const uint16_t *)d)[k];
+	case HPU_DATA_I16: return ((const int16_t *)d)[k];
+	case HPU_DATA_U32: return ((const uint32_t *)d)[k];
+	case HPU_DATA_I32: return ((const int32_t *)d)[k];
+	case HPU_DATA_I64: return (double)((const int64_t *)d)[k];
+	case HPU_DATA_F32: return ((const float *)d)[k];
+	case HPU_DATA_F64: return ((const double *)d)[k];
+	}
+	return 0;
+}
+
+static size_t field_numel(const hpu_data_field *fd)
+{
+	return fd->window ? fd->window : fd->array->row_numel;
+}
+
+/* Writes field fd of sample i into out. */
+static int fetch_field(const hpu_data_field *fd, size_t i, void *out)
+{
+	size_t n = field_numel(fd), first = fd->window ? i * fd->window + fd->offset : i * n;
+	const hpu_array *a = fd->array;
+	if (fd->dtype == HPU_I32) {
+		int32_t *y = out;
+		for (size_t k = 0; k < n; k++) {
+			double v = value(a, first + k);
+			if (v < -2147483648.0 || v > 2147483647.0 ||
+			    (fd->classes > 0 && (v < 0 || v >= (double)fd->classes)))
+				return -1;
+			y[k] = (int32_t)v;
+		}
+		return 0;
+	}
+	float *x = out;
+	if (a->type == HPU_DATA_U8 && (fd->scale != 0 || fd->shift != 0)) {
+		const uint8_t *px = (const uint8_t *)a->data + first;
+		for (size_t k = 0; k < n; k++)
+			x[k] = px[k] * fd->scale + fd->shift;
+	} else if (fd->scale != 0 || fd->shift != 0) {
+		for (size_t k = 0; k < n; k++)
+			x[k] = (float)value(a, first + k) * fd->scale + fd->shift;
+	} else if (a->type == HPU_DATA_F32) {
+		memcpy(x, (const float *)a->data + first, n * sizeof *x);
+	} else {
+		for (size_t k = 0; k < n; k++)
+			x[k] = (float)value(a, first + k);
+	}
+	return 0;
+}
+
+static int fetch(void *user, size_t index, void *const *out)
+{
+	const hpu_data_split *s = user;
+	if (index >= s->size)
+		return -1;
+	for (int f = 0; f < s->nfields; f++)
+		if (fetch_field(&s->fields[f], index, out[f]) < 0)
+			return -1;
+	return 0;
+}
+
+/* The samples field fd gives; its sample shape into hf. */
+static int check_field(hpu_builder *b, const hpu_data_field *fd, hpu_field *hf, size_t *rows)
+{
+	const hpu_array *a = fd->array;
+	const char *name = fd->name ? fd->name : "(null)";
+	if (!fd->name || !a || !a->data || (fd->dtype != HPU_F32 && fd->dtype != HPU_I32))
+		return hpu_error(b, "data field '%s': it needs a name, a loaded array and dtype HPU_F32 or HPU_I32",
+				 name);
+	size_t total = a->count * a->row_numel;
+	if (fd->window) {
+		*rows = total > fd->offset ? (total - fd->offset) / fd->window : 0;
+	} else {
+		if (fd->offset)
+			return hpu_error(b, "data field '%s': an offset needs a window", name);
+		*rows = a->count;
+	}
+	*hf = (hpu_field){.name = fd->name, .dtype = fd->dtype};
+	if (fd->reshape) {
+		size_t numel = 1;
+		if (fd->ndim < 0 || fd->ndim > HPU_MAX_DIMS)
+			return hpu_error(b, "data field '%s': ndim %d is not 0 to %d", name, fd->ndim,
+					 HPU_MAX_DIMS);
+		for (int d = 0; d < fd->ndim; d++)
+			numel *= fd->shape[d] > 0 ? (size_t)fd->shape[d] : 0;
+		if (numel != field_numel(fd))
+			return hpu_error(b, "data field '%s': its shape has %zu elements, a sample of the array has %zu",
+					 name, numel, field_numel(fd));
+		hf->ndim = fd->ndim;
+		memcpy(hf->shape, fd->shape, (size_t)fd->ndim * sizeof *fd->shape);
+	} else if (fd->window) {
+		hf->ndim = 1;
+		hf->shape[0] = (int64_t)fd->window;
+	} else {
+		if (a->ndim - 1 > HPU_MAX_DIMS)
+			return hpu_error(b, "data field '%s': a row of the array has %d dimensions; reshape it to at most %d",
+					 name, a->ndim - 1, HPU_MAX_DIMS);
+		hf->ndim = a->ndim > 0 ? a->ndim - 1 : 0;
+		memcpy(hf->shape, a->shape + 1, (size_t)hf->ndim * sizeof *a->shape);
+	}
+	return HPU_OK;
+}
+
+int hpu_data_declare(hpu_builder *b, hpu_split split, hpu_data_split *s)
+{
+	if (!s || s->nfields < 1 || s->nfields > HPU_MAX_IO)
+		return hpu_error(b, "hpu_data_declare: a split needs 1 to %d fields", HPU_MAX_IO);
+	hpu_dataset d = {.nfields = s->nfields, .fetch = fetch, .user = s};
+	size_t size = 0, rows0 = 0;
+	const char *first = NULL;
+	for (int f = 0; f < s->nfields; f++) {
+		size_t rows = 0;
+		const hpu_data_field *fd = &s->fields[f];
+		int rc = check_field(b, fd, &d.fields[f], &rows);
+		if (rc)
+			return rc;
+		if (!fd->window && first && rows != rows0)
+			return hpu_error(b, "data fields '%s' (%zu rows) and '%s' (%zu rows) differ in length",
+					 first, rows0, fd->name, rows);
+		if (!fd->window && !first) {
+			first = fd->name;
+			rows0 = rows;
+		}
+		size = f == 0 || rows < size ? rows : size;
+	}
+	if (!size)
+		return hpu_error(b, "data field '%s': the array gives no samples", s->fields[0].name);
+	s->size = d.size = size;
+	return hpu_dataset_set(b, split, &d);
+}

@@ -1,0 +1,34 @@
+/* dataio: what the data library's files share (include/hpu/data.h):
+ * errors that name the file, and array allocation. */
+#ifndef HPU_WORKER_DATAIO_H
+#define HPU_WORKER_DATAIO_H
+
+#include <hpu/data.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The file being read and where its error goes. */
+typedef struct hpu__dfile {
+	const char *path;
+	char *err;
+	size_t errlen;
+} hpu__dfile;
+
+/* Writes "PATH: <message>" into f's err; returns HPU_EINVAL. */
+int hpu__data_fail(const hpu__dfile *f, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Writes "cannot open PATH: <strerror(errnum)>"; returns HPU_EINVAL. */
+int hpu__data_open_fail(const hpu__dfile *f, int errnum);
+
+/* Sets a's type and shape and allocates its data (count * row_numel
+ * elements, at least one byte); HPU_OK, or an error naming f (a shape
+ * too large, out of memory). */
+int hpu__array_alloc(hpu_array *a, const hpu__dfile *f, hpu_data_type type, int ndim,
+		     const int64_t *shape);
+
+/* The bytes of a's data. */
+size_t hpu__array_bytes(const hpu_array *a);
+
+#endif
