@@ -538,7 +538,7 @@ static void test_fp32_list_note_and_singular(void **state)
 	printf("%s", p.out);
 	assert_int_equal(code, 0);
 	assert_non_null(strstr(p.out, "note: LOWER_LIST="));
-	assert_non_null(strstr(p.out, "has no effect at --precision fp32"));
+	assert_non_null(strstr(p.out, "has no effect at --precision fp32: every op runs in fp32"));
 	assert_non_null(strstr(p.out, "trained 1 step on 1 worker ("));
 	assert_null(strstr(p.out, "1 workers"));
 	h_free(&p);
