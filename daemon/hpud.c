@@ -146,9 +146,10 @@ static void notify(const char *state)
 		busy += D.busy[i];
 	int r = D.stopping ? sd_notifyf(0, "%s%sSTATUS=stopping: %d job%s to end", state,
 					*state ? "\n" : "", jobs, jobs == 1 ? "" : "s")
-			   : sd_notifyf(0, "%s%sSTATUS=listening on tcp://%s:%d: %d job%s, %d of %d devices free",
+			   : sd_notifyf(0, "%s%sSTATUS=listening on tcp://%s:%d: %d job%s, %d of %d device%s free",
 					state, *state ? "\n" : "", D.conf.listen, D.conf.port, jobs,
-					jobs == 1 ? "" : "s", D.conf.devices - busy, D.conf.devices);
+					jobs == 1 ? "" : "s", D.conf.devices - busy, D.conf.devices,
+					hpu__plural(D.conf.devices));
 	static int warned;
 	if (r < 0 && !warned++)
 		logmsg(HPUD_LOG_WARN, "cannot notify systemd through NOTIFY_SOCKET: %s", strerror(-r));

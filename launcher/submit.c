@@ -902,8 +902,8 @@ int hpu__status_run(const hpu_launch_args *a)
 		goto out;
 	}
 	const Hpu__StatusReply *r = m->status_reply;
-	printf("hpud %s:%d: %u devices, %u free, %zu jobs\n", host, port, r->devices_total,
-	       r->devices_free, r->n_jobs);
+	printf("hpud %s:%d: %u device%s, %u free, %zu job%s\n", host, port, r->devices_total,
+	       hpu__plural(r->devices_total), r->devices_free, r->n_jobs, hpu__plural(r->n_jobs));
 	if (r->n_jobs)
 		printf("%-24s %5s %8s %8s %10s  %s\n", "job", "node", "devices", "workers",
 		       "running s", "submitter");

@@ -792,11 +792,12 @@ static int skipped_check(loop *L, long step)
 		printf("step %ld: non-finite loss or gradients: step skipped on every rank (%d in a "
 		       "row)%s%s\n", step + 1, run, sep, first);
 	if (run >= L->o->max_skipped_steps)
-		return fail(L, "%d steps in a row (steps %ld to %ld) had a non-finite loss or "
+		return fail(L, "%d step%s in a row (steps %ld to %ld) had a non-finite loss or "
 			       "gradients (NaN or Inf) and were skipped: the run diverged "
 			       "(--max-skipped-steps %d); lower the learning rate, clip gradients "
 			       "(--clip-grad-norm) or check the model's loss%s%s",
-			    run, step + 2 - run, step + 1, L->o->max_skipped_steps, sep, first);
+			    run, hpu__plural(run), step + 2 - run, step + 1, L->o->max_skipped_steps,
+			    sep, first);
 	return 0;
 }
 
