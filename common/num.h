@@ -49,4 +49,12 @@ int hpu__parse_real(const char *s, double *out);
  * "did you mean"; 99 when either is 64 bytes or longer. */
 size_t hpu__edit_distance(const char *a, const char *b);
 
+/* The plural ending for a count in a message, "" for one and "s" for any
+ * other: printf("%d worker%s", n, hpu__plural(n)) says "1 worker" and
+ * "2 workers". */
+static inline const char *hpu__plural(long long n)
+{
+	return n == 1 ? "" : "s";
+}
+
 #endif

@@ -34,6 +34,7 @@
 #include "proto/auth.h"
 #include "proto/codec.h"
 #include "daemon/conf.h"
+#include "common/num.h"
 #include "common/env.h"
 #include "daemon/job.h"
 #include "daemon/joboutput.h"
@@ -145,9 +146,10 @@ static void notify(const char *state)
 		busy += D.busy[i];
 	int r = D.stopping ? sd_notifyf(0, "%s%sSTATUS=stopping: %d job%s to end", state,
 					*state ? "\n" : "", jobs, jobs == 1 ? "" : "s")
-			   : sd_notifyf(0, "%s%sSTATUS=listening on tcp://%s:%d: %d job%s, %d of %d devices free",
+			   : sd_notifyf(0, "%s%sSTATUS=listening on tcp://%s:%d: %d job%s, %d of %d device%s free",
 					state, *state ? "\n" : "", D.conf.listen, D.conf.port, jobs,
-					jobs == 1 ? "" : "s", D.conf.devices - busy, D.conf.devices);
+					jobs == 1 ? "" : "s", D.conf.devices - busy, D.conf.devices,
+					hpu__plural(D.conf.devices));
 	static int warned;
 	if (r < 0 && !warned++)
 		logmsg(HPUD_LOG_WARN, "cannot notify systemd through NOTIFY_SOCKET: %s", strerror(-r));
@@ -564,8 +566,8 @@ static int book_devices(job *j, char *why, size_t len)
 {
 	int n = free_devices();
 	if (n < j->devices) {
-		int k = snprintf(why, len, "busy: this node has %d devices, %d free, the job asks for %d",
-				 D.conf.devices, n, j->devices);
+		int k = snprintf(why, len, "busy: this node has %d device%s, %d free, the job asks for %d",
+				 D.conf.devices, hpu__plural(D.conf.devices), n, j->devices);
 		for (int i = 0; i < MAX_JOBS && k > 0 && (size_t)k < len; i++)
 			if (D.jobs[i].used && D.jobs[i].nj)
 				k += snprintf(why + k, len - (size_t)k, "; job %s holds %d",
@@ -718,8 +720,9 @@ static void do_launch(const hpu_codec_peer *peer, const char *addr, const char *
 	if (j->max_restarts)
 		snprintf(attempt, sizeof attempt, " (restart %d of %d)", j->restart_count,
 			 j->max_restarts);
-	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d workers (ranks %d-%d of %d) as uid %d, coordinator %s:%d",
-	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices, j->rank_base,
+	logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d worker%s (ranks %d-%d of %d) as uid %d, coordinator %s:%d",
+	       j->id, attempt, addr, j->node_rank, j->nodes, j->devices, hpu__plural(j->devices),
+	       j->rank_base,
 	       j->rank_base + j->devices - 1, hpu__nodejob_world(j->nj),
 	       D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
 	       hpu__nodejob_master_port(j->nj));
@@ -1317,8 +1320,8 @@ int main(int argc, char **argv)
 	ev_signal_start(D.loop, &D.sigterm);
 	ev_signal_start(D.loop, &D.sigint);
 	ev_signal_start(D.loop, &D.sighup);
-	logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d devices, workers run as %s, worker %s, instance %s",
-	       D.conf.listen, D.conf.port, D.conf.devices,
+	logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d device%s, workers run as %s, worker %s, instance %s",
+	       D.conf.listen, D.conf.port, D.conf.devices, hpu__plural(D.conf.devices),
 	       D.set_user ? D.conf.user : "hpud's own user", D.worker, D.instance);
 	notify("READY=1"); /* the socket listens: connections are taken from now on */
 	ev_run(D.loop, 0);

@@ -753,8 +753,8 @@ static int slurm_plan(hpu_launch_args *a, const sources *src, char *err,
 	unsigned given = src->flag | src->env;
 	int own_nodes = !(given & SET_NODES), own_rank = !(given & SET_RANK);
 	if ((own_nodes || own_rank) && s.ntasks && s.ntasks != s.nnodes) {
-		snprintf(err, errlen, "Slurm started %d tasks on %d nodes, but hpulaunch runs once per node and starts the workers itself: use srun --ntasks-per-node=1 (and --devices for the workers per node)",
-			 s.ntasks, s.nnodes);
+		snprintf(err, errlen, "Slurm started %d task%s on %d node%s, but hpulaunch runs once per node and starts the workers itself: use srun --ntasks-per-node=1 (and --devices for the workers per node)",
+			 s.ntasks, hpu__plural(s.ntasks), s.nnodes, hpu__plural(s.nnodes));
 		return -1;
 	}
 	int nodes = s.ntasks ? s.ntasks : s.nnodes;
@@ -821,8 +821,9 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 	a->world = world;
 	if (ws && *ws && (hpu__parse_int(ws, 1, 1 << 24, &w) || w != world)) {
 		if (a->hostfile)
-			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal the %d workers of %s's %d hosts",
-				 ws, world, a->hostfile, a->nhosts);
+			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal the %d worker%s of %s's %d host%s",
+				 ws, world, hpu__plural(world), a->hostfile, a->nhosts,
+				 hpu__plural(a->nhosts));
 		else
 			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal --nodes %d x --devices %d = %d",
 				 ws, a->nodes, a->devices, world);

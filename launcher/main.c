@@ -10,6 +10,7 @@
 #include "launcher/args.h"
 #include "launcher/modelcheck.h"
 #include "common/env.h"
+#include "common/num.h"
 #include "common/log.h"
 #include "agent/nodejob.h"
 #include "agent/output.h"
@@ -98,8 +99,8 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	char reason[160];
 	snprintf(reason, sizeof reason, "interrupted by %s on node %d",
 		 w->signum == SIGINT ? "SIGINT" : "SIGTERM", L.args.node_rank);
-	hpu__log(HPU_LOG_NOTICE, "%s: stopping %d workers", reason,
-		 hpu__nodejob_live(L.job));
+	int live = hpu__nodejob_live(L.job);
+	hpu__log(HPU_LOG_NOTICE, "%s: stopping %d worker%s", reason, live, hpu__plural(live));
 	L.signo = w->signum;
 	hpu__nodejob_cancel(L.job, reason, L.args.grace_s);
 }

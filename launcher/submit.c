@@ -15,6 +15,7 @@
 
 #include "agent/agent.h"
 #include "proto/auth.h"
+#include "common/num.h"
 #include "proto/codec.h"
 #include "common/env.h"
 #include "common/log.h"
@@ -637,8 +638,9 @@ static int follow(char *cause, size_t len)
 		hpu__progress_tick(&S.bar);
 		if (S.signo && !cancelled) {
 			hpu__progress_hide(&S.bar);
-			hpu__log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d nodes",
-				 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn);
+			hpu__log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d node%s",
+				 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn,
+				 hpu__plural(S.nn));
 			cancel_all();
 			cancelled = 1;
 			cancel_at = t;
@@ -722,10 +724,12 @@ static void describe_layout(char *out, size_t len)
 	for (int i = 1; i < S.nn; i++)
 		same &= a->hosts[i].slots == a->hosts[0].slots;
 	if (same) {
-		snprintf(out, len, "%d nodes x %d devices", S.nn, a->hosts[0].slots);
+		snprintf(out, len, "%d node%s x %d device%s", S.nn, hpu__plural(S.nn),
+			 a->hosts[0].slots, hpu__plural(a->hosts[0].slots));
 		return;
 	}
-	size_t n = (size_t)snprintf(out, len, "%d ranks on %d nodes (", a->world, S.nn);
+	size_t n = (size_t)snprintf(out, len, "%d rank%s on %d node%s (", a->world,
+				    hpu__plural(a->world), S.nn, hpu__plural(S.nn));
 	for (int i = 0; i < S.nn && i < 8 && n < len; i++)
 		n += (size_t)snprintf(out + n, len - n, "%s%d", i ? "+" : "", a->hosts[i].slots);
 	if (n < len)
@@ -898,8 +902,8 @@ int hpu__status_run(const hpu_launch_args *a)
 		goto out;
 	}
 	const Hpu__StatusReply *r = m->status_reply;
-	printf("hpud %s:%d: %u devices, %u free, %zu jobs\n", host, port, r->devices_total,
-	       r->devices_free, r->n_jobs);
+	printf("hpud %s:%d: %u device%s, %u free, %zu job%s\n", host, port, r->devices_total,
+	       hpu__plural(r->devices_total), r->devices_free, r->n_jobs, hpu__plural(r->n_jobs));
 	if (r->n_jobs)
 		printf("%-24s %5s %8s %8s %10s  %s\n", "job", "node", "devices", "workers",
 		       "running s", "submitter");

@@ -528,13 +528,31 @@ static const char *const kind_arg[] = {
     [K_STR] = "FILE",   [K_CHOICE] = "NAME", [K_SIZE] = "SIZE",
     [K_MB] = "X",       [K_CONFIG] = "FILE", [K_OPTSTR] = "DIR"};
 
+/* The options whose value is not what their kind's name says: a string
+ * that names a directory or a file name without its directory. The help
+ * text names the value the same way. */
+static const struct {
+	const char *opt, *arg;
+} opt_args[] = {
+    {"checkpoint-dir", "DIR"}, {"resume", "DIR"}, {"nvme-path", "DIR"},
+    {"param-nvme-path", "DIR"}, {"profile-filename", "NAME"},
+};
+
+static const char *arg_of(const struct hpu__opt *p)
+{
+	for (size_t i = 0; i < sizeof opt_args / sizeof *opt_args; i++)
+		if (!strcmp(p->name, opt_args[i].opt))
+			return opt_args[i].arg;
+	return kind_arg[p->kind];
+}
+
 const hpu_optspec *hpu__opts_specs(void)
 {
 	static hpu_optspec specs[NOPTS + 1]; /* filled on the first call */
 	if (!specs[0].name)
 		for (size_t i = 0; i < NOPTS; i++)
 			specs[i] = (hpu_optspec){opts[i].name, 0, hpu__opts_takes_value(opts[i].name),
-						 HPU_OPTS_ID + (int)i, kind_arg[opts[i].kind],
+						 HPU_OPTS_ID + (int)i, arg_of(&opts[i]),
 						 .help = opts[i].help};
 	return specs;
 }

@@ -320,7 +320,8 @@ static int verify_files(hpu_ckpt *c, int print, char *first, size_t firstlen)
 	uint64_t ok_bytes = 0;
 	char err[1024];
 	if (print)
-		printf("%s: %d files, %llu bytes\n", c->dir, n, (unsigned long long)total_bytes(c));
+		printf("%s: %d file%s, %llu bytes\n", c->dir, n, hpu__plural(n),
+		       (unsigned long long)total_bytes(c));
 	/* i == nfiles: the buffers file */
 	for (int i = 0; i < n; i++) {
 		const hpu_ckpt_file *f = i < c->nfiles ? &c->files[i] : &c->buffer_file;
@@ -339,9 +340,9 @@ static int verify_files(hpu_ckpt *c, int print, char *first, size_t firstlen)
 	}
 	if (print) {
 		if (bad)
-			printf("%s: DAMAGED: %d of %d files bad\n", c->dir, bad, n);
+			printf("%s: DAMAGED: %d of %d file%s bad\n", c->dir, bad, n, hpu__plural(n));
 		else
-			printf("%s: ok: %d files, %llu bytes verified\n", c->dir, n,
+			printf("%s: ok: %d file%s, %llu bytes verified\n", c->dir, n, hpu__plural(n),
 			       (unsigned long long)ok_bytes);
 	}
 	return bad;
@@ -474,9 +475,9 @@ static void print_root(const root *r, const char *path)
 		if (hpu__ckpt_open(&c, dir, err, sizeof err) < 0)
 			printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else
-			printf("%c %s  step %ld, %d x %s, %s, %d files, %.1f MB\n", mark ? '*' : ' ',
+			printf("%c %s  step %ld, %d x %s, %s, %d file%s, %.1f MB\n", mark ? '*' : ' ',
 			       r->names[i], c.step, c.world, c.strategy, c.precision,
-			       total_files(&c), (double)total_bytes(&c) / 1e6);
+			       total_files(&c), hpu__plural(total_files(&c)), (double)total_bytes(&c) / 1e6);
 		hpu__ckpt_close(&c);
 	}
 	if (!r->latest[0])
@@ -781,10 +782,11 @@ static int cmd_export(int argc, char **argv)
 	}
 	char extra[160] = "";
 	if (c.nbuffers && st)
-		snprintf(extra, sizeof extra, " and %d buffers, %llu floats,", c.nbuffers,
+		snprintf(extra, sizeof extra, " and %d buffer%s, %llu floats,", c.nbuffers,
+			 hpu__plural(c.nbuffers),
 			 (unsigned long long)c.buffer_numel);
-	printf("exported %s (step %ld): %d parameters, %llu floats,%s to %s (%s, %llu bytes)\n",
-	       c.dir, c.step, c.nparams, (unsigned long long)c.numel, extra, out, format,
+	printf("exported %s (step %ld): %d parameter%s, %llu floats,%s to %s (%s, %llu bytes)\n",
+	       c.dir, c.step, c.nparams, hpu__plural(c.nparams), (unsigned long long)c.numel, extra, out, format,
 	       (unsigned long long)((c.numel + nbuf) * 4 + (header ? 8 + hlen : 0)));
 	if (c.nbuffers && !st)
 		hpu__tool_note("raw holds the parameters only; the checkpoint's %d "
@@ -995,8 +997,8 @@ static int cmd_reshard(int argc, char **argv)
 	uint64_t bytes = c.nbuffers ? c.buffer_file.bytes : 0;
 	for (int r = 0; r < m; r++)
 		bytes += files[r].bytes;
-	printf("resharded %s (step %ld, %d x %s) into %s: %d shards for %d x %s%s, %llu bytes\n",
-	       c.dir, c.step, c.world, c.strategy, dst, m, m, strategy ? strategy : c.strategy,
+	printf("resharded %s (step %ld, %d x %s) into %s: %d shard%s for %d x %s%s, %llu bytes\n",
+	       c.dir, c.step, c.world, c.strategy, dst, m, hpu__plural(m), m, strategy ? strategy : c.strategy,
 	       c.nbuffers ? " and the buffers" : "", (unsigned long long)bytes);
 	rc = OK;
 done:

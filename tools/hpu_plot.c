@@ -524,7 +524,7 @@ static char *memory_series(const table *t, const layout *L, const char *with)
 		if (L->per_rank)
 			fprintf(f, "'%s r%d'", k % 2 ? "MaxInUse" : "InUse", k / 2);
 		else
-			fprintf(f, "'%s (%d ranks)'", mm[k], t->nranks);
+			fprintf(f, "'%s (%d rank%s)'", mm[k], t->nranks, hpu__plural(t->nranks));
 	}
 	if (fclose(f) != 0) {
 		free(s);

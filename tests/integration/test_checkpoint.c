@@ -169,6 +169,35 @@ static void test_resume_precisions(void **state)
 			     "--warmup-steps 10");
 }
 
+/* Issue 39: a checkpoint saved at bf16-mixed and resumed at fp32 trains
+ * on, and rank 0 says the precision changed; the same precision says
+ * nothing. */
+static void test_resume_other_precision_noted(void **state)
+{
+	(void)state;
+	char dir[300];
+	snprintf(dir, sizeof dir, "%s/prec-ck", tmp);
+	run r;
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--stop-at-step", "2", "--precision",
+	     "bf16-mixed", "--checkpoint-dir", dir, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--checkpoint-dir", dir, "--resume",
+	     "auto", NULL);
+	char *out = finish(&r, 0, SMALL);
+	assert_non_null(strstr(out, "was saved at --precision bf16-mixed; this run goes on at "
+				    "--precision fp32"));
+	free(out);
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "6", "--checkpoint-dir", dir, "--resume",
+	     "auto", NULL);
+	out = finish(&r, 0, SMALL);
+	assert_non_null(strstr(out, "at step 4"));
+	assert_null(strstr(out, "this run goes on at"));
+	free(out);
+}
+
 /* Saved by 4 workers under zero3; loaded by 2 under ddp and by 3 under
  * zero1 (a global batch of 96 divides among 2, 3 and 4). */
 static void test_reshard(void **state)
@@ -739,7 +768,7 @@ static void test_buffers_reshard_export(void **state)
 	free(out);
 	assert_true(same_file(raw, p20));
 	out = tool(0, "export", ck, "-o", st, NULL);
-	expect_in(out, "1 parameters, 4 floats, and 3 buffers, 9 floats,");
+	expect_in(out, "1 parameter, 4 floats, and 3 buffers, 9 floats,");
 	free(out);
 	size_t len, plen, blen;
 	unsigned char *f = (unsigned char *)h_slurp_n(st, &len);
@@ -868,6 +897,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_resume_every_strategy),
+		cmocka_unit_test(test_resume_other_precision_noted),
 		cmocka_unit_test(test_resume_precisions),
 		cmocka_unit_test(test_reshard),
 		cmocka_unit_test(test_crash_restart),

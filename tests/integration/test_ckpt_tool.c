@@ -484,7 +484,7 @@ static void test_reshard_resume(void **state)
 	out = CKPT(0, "reshard", CK, r1, "--world=1", "--strategy", "ddp");
 	free(out);
 	out = CKPT(0, "verify", r1);
-	has(out, "ok: 1 files");
+	has(out, "ok: 1 file,");
 	free(out);
 	out = CKPT(0, "info", r1);
 	has(out, "world size    1\n");

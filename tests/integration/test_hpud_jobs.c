@@ -189,7 +189,7 @@ static void test_busy_status_and_lost_submitter(void **state)
 	char *st[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
 	assert_int_equal(h_run(&s, st, NULL, 20000), 0);
 	printf("%s", s.out);
-	assert_non_null(strstr(s.out, "2 devices, 0 free, 1 jobs"));
+	assert_non_null(strstr(s.out, "2 devices, 0 free, 1 job"));
 	h_free(&s);
 	launch_start(&b, "1");
 	assert_int_equal(h_wait(&b, 30000), 0);

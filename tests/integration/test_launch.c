@@ -520,6 +520,32 @@ static void test_inputs_not_regular(void **state)
 	rmdir(dir);
 }
 
+/* Issue 39: an autocast list at fp32 changes nothing and rank 0 says so in
+ * one note; a one-worker run's summary says "1 worker", not "1 workers". */
+static void test_fp32_list_note_and_singular(void **state)
+{
+	(void)state;
+	char dir[64] = "/tmp/hpu-test-lower-XXXXXX", list[128], lower[160];
+	assert_non_null(mkdtemp(dir));
+	snprintf(list, sizeof list, "%s/lower.txt", dir);
+	assert_int_equal(h_write_file(list, "linear\n", 0644), 0);
+	snprintf(lower, sizeof lower, "LOWER_LIST=%s", list);
+	char *env[] = {lower, NULL};
+	char *argv[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "1", "--no-eval",
+			(char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "note: LOWER_LIST="));
+	assert_non_null(strstr(p.out, "has no effect at --precision fp32: every op runs in fp32"));
+	assert_non_null(strstr(p.out, "trained 1 step on 1 worker ("));
+	assert_null(strstr(p.out, "1 workers"));
+	h_free(&p);
+	unlink(list);
+	rmdir(dir);
+}
+
 /* A checkpoint directory that cannot be made is found before training,
  * not at the first save after it: the launcher stops with the directory
  * and the reason, and no worker starts. The parent being a regular file
@@ -1361,6 +1387,7 @@ int main(void)
 		cmocka_unit_test(test_model_relative_path),
 		cmocka_unit_test(test_hostfile_unresolvable_host),
 		cmocka_unit_test(test_inputs_not_regular),
+		cmocka_unit_test(test_fp32_list_note_and_singular),
 		cmocka_unit_test(test_checkpoint_dir_unwritable),
 		cmocka_unit_test(test_model_without_entry),
 		cmocka_unit_test(test_model_wrong_abi),

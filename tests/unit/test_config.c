@@ -961,10 +961,44 @@ static void test_abs_path(void **state)
 	assert_null(out);
 }
 
+/* Whether word appears in text as a whole upper-case word. */
+static int has_word(const char *text, const char *word)
+{
+	size_t n = strlen(word);
+	for (const char *p = text; (p = strstr(p, word)) != NULL; p += n) {
+		int before = p > text && (p[-1] >= 'A' && p[-1] <= 'Z');
+		int after = p[n] >= 'A' && p[n] <= 'Z';
+		if (!before && !after)
+			return 1;
+	}
+	return 0;
+}
+
+/* Issue 39: an option's placeholder is the one its help text uses
+ * ("--checkpoint-dir DIR: ... under DIR", not FILE): a help that names
+ * a FILE, DIR or NAME names the option's own. */
+static void test_placeholders_match_help(void **state)
+{
+	(void)state;
+	static const char *const words[] = {"FILE", "DIR", "NAME"};
+	for (const hpu_optspec *s = hpu__opts_specs(); s->name; s++) {
+		if (!s->arg || !s->help)
+			continue;
+		for (size_t w = 0; w < sizeof words / sizeof *words; w++)
+			if (has_word(s->help, words[w]) && !has_word(s->help, s->arg))
+				fail_msg("--%s %s: its help says %s: \"%s\"", s->name, s->arg,
+					 words[w], s->help);
+	}
+	for (const hpu_optspec *s = hpu__opts_specs(); s->name; s++)
+		if (!strcmp(s->name, "checkpoint-dir") || !strcmp(s->name, "nvme-path"))
+			assert_string_equal(s->arg, "DIR");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_defaults),
+	    cmocka_unit_test(test_placeholders_match_help),
 	    cmocka_unit_test(test_weight_decay_default),
 	    cmocka_unit_test(test_takes_value),
 	    cmocka_unit_test(test_parse_separate_and_equals),

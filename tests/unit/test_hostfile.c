@@ -387,6 +387,10 @@ static void test_args_hostfile_errors(void **state)
 	setenv("WORLD_SIZE", "24", 1);
 	parse_fails(ARGV("--hostfile", hostfile, model),
 		    "WORLD_SIZE=24 from the environment does not equal the 20 workers of ");
+	write_hosts("a slots=1\n"); /* issue 39: "1 worker", "1 host" */
+	setenv("WORLD_SIZE", "2", 1);
+	parse_fails(ARGV("--hostfile", hostfile, model),
+		    "WORLD_SIZE=2 from the environment does not equal the 1 worker of ");
 	unsetenv("WORLD_SIZE");
 	parse_fails(ARGV("--hostfile", hostfile, "--devices", "auto", model),
 		    "--devices auto counts this machine's cores");

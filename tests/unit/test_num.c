@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cmocka.h>
 
@@ -217,6 +218,18 @@ static void test_errno_kept(void **state)
 	assert_int_equal(errno, EACCES);
 }
 
+/* Issue 39: a message's count agrees with its noun ("1 worker",
+ * "0 workers", "2 workers"). */
+static void test_plural(void **state)
+{
+	(void)state;
+	char buf[64];
+	snprintf(buf, sizeof buf, "%d worker%s, %d rank%s, %ld step%s", 1, hpu__plural(1), 2,
+		 hpu__plural(2), 0L, hpu__plural(0));
+	assert_string_equal(buf, "1 worker, 2 ranks, 0 steps");
+	assert_string_equal(hpu__plural(-1), "s");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -227,6 +240,7 @@ int main(void)
 		cmocka_unit_test(test_double),
 		cmocka_unit_test(test_real),
 		cmocka_unit_test(test_errno_kept),
+		cmocka_unit_test(test_plural),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

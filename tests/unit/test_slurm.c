@@ -386,6 +386,12 @@ static void test_args_one_launcher_per_node(void **state)
 	setenv("SLURM_NTASKS", "2", 1);
 	parse_fails(ARGV(model), "Slurm started 16 tasks on 2 nodes");
 	parse_fails(ARGV("--nodes", "2", model), "Slurm started 16 tasks");
+	/* Issue 39: one node is "1 node", not "1 nodes". */
+	srun_env(0, 1);
+	setenv("SLURM_STEP_NUM_TASKS", "2", 1);
+	parse_fails(ARGV(model), "Slurm started 2 tasks on 1 node, but hpulaunch runs once per node");
+	srun_env(3, 2);
+	setenv("SLURM_STEP_NUM_TASKS", "16", 1);
 	/* Given both node rank and nodes, the user placed the launchers. */
 	hpu_launch_args a;
 	parse_ok(&a, ARGV("--nodes", "16", "--node-rank", "3", model));

@@ -54,6 +54,24 @@ static int autocast_type(hpu_precision p)
 					  : HPU_AUTOCAST_NONE;
 }
 
+/* The autocast lists only move ops between fp32 and a low precision: at
+ * fp32 there is none, so a list set there changes nothing; say so. */
+static void note_lists_at_fp32(const hpu_train_opts *o)
+{
+	static const hpu_env_id vars[] = {HPU_ENV_LOWER_LIST, HPU_ENV_FP32_LIST,
+					  HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST,
+					  HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST};
+	if (autocast_type(o->precision) != HPU_AUTOCAST_NONE)
+		return;
+	for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+		const char *v = hpu__env_str(vars[i]);
+		if (v && *v)
+			printf("note: %s=%s has no effect at --precision %s: every op runs in "
+			       "fp32 (the autocast lists apply to bf16-mixed, 16-mixed and fp8)\n",
+			       hpu__env_name(vars[i]), v, hpu__precision_name(o->precision));
+	}
+}
+
 /* The kernels' threads (--kernel-threads): with more than one, the worker
  * widens the one core the agent pinned it to into its own run of N cores
  * (local rank L takes L*N .. L*N+N-1) where the node has them, else all. */
@@ -165,6 +183,8 @@ int main(int argc, char **argv)
 		goto out;
 	for (const char *w = hpu_autocast_warnings(); rank == 0 && *w; w = strchr(w, '\n') + 1)
 		printf("warning: %.*s\n", (int)strcspn(w, "\n"), w);
+	if (rank == 0)
+		note_lists_at_fp32(&o);
 	if (o.precision == HPU_PREC_FP8) {
 		hpu_fp8_recipe r = {o.fp8_amax_history, o.fp8_margin,
 				    o.fp8_amax_algo == HPU_FP8_ALGO_MAX ? HPU_FP8_AMAX_MAX

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/fileio.h"
+#include "common/num.h"
 
 enum {
 	TEXT_MAX = 4096, /* the shared text (about 2 KB) fits with room */
@@ -83,7 +84,7 @@ static void describe(const unsigned char *dig, const char *texts, int world, cha
 		put(err, errlen, &at, "%s", diff);
 	}
 	if (more)
-		put(err, errlen, &at, "; and %d more groups of ranks", more);
+		put(err, errlen, &at, "; and %d more group%s of ranks", more, hpu__plural(more));
 	put(err, errlen, &at, " (every node must run with the same training options and --config values)");
 }
 

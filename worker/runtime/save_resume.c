@@ -881,8 +881,8 @@ static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE 
 			cJSON_AddNumberToObject(x, "seconds", all[3 * r + 2]);
 			cJSON_AddItemToArray(ranks, x);
 		}
-		printf("resume: %d ranks verified %.1f MB and read %.1f MB in %.3f s (slowest rank)\n",
-		       world, vf / 1e6, rd / 1e6, slow);
+		printf("resume: %d rank%s verified %.1f MB and read %.1f MB in %.3f s (slowest rank)\n",
+		       world, hpu__plural(world), vf / 1e6, rd / 1e6, slow);
 		cJSON_AddStringToObject(j, "checkpoint", "loaded");
 		cJSON_AddNumberToObject(j, "step", (double)c->step);
 		cJSON_AddNumberToObject(j, "seconds", slow);
@@ -922,11 +922,15 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 	if (rank != 0)
 		return 0;
 	int reshard = c->world != world || strcmp(c->strategy, hpu__strategy_name(o->strategy));
-	printf("resumed from %s at step %ld (epoch %d, batch %ld): saved by %d workers under %s "
+	printf("resumed from %s at step %ld (epoch %d, batch %ld): saved by %d worker%s under %s "
 	       "(%s)%s%s%s\n",
-	       c->dir, c->step, pos->epoch + 1, pos->batch, c->world, c->strategy, c->precision,
+	       c->dir, c->step, pos->epoch + 1, pos->batch, c->world, hpu__plural(c->world),
+	       c->strategy, c->precision,
 	       reshard ? ", resharded for " : "", reshard ? hpu__strategy_name(o->strategy) : "",
 	       reshard ? " here" : "");
+	if (strcmp(c->precision, hpu__precision_name(o->precision)) != 0)
+		printf("note: checkpoint %s was saved at --precision %s; this run goes on at "
+		       "--precision %s\n", c->dir, c->precision, hpu__precision_name(o->precision));
 	if (memcmp(&mine, &pos->sched, sizeof mine) != 0)
 		printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld "
 		       "total steps); this run's options differ\n",

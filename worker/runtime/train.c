@@ -570,17 +570,17 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 	}
 	const hpu_builder *b = L->b;
 	if (!L->o->eval_only && steps == L->pos.step && steps > 0) /* resumed at the end */
-		printf("resumed at step %ld on %d workers (%s): no steps left to train\n", steps,
-		       L->world, hpu__strategy_name(L->o->strategy));
+		printf("resumed at step %ld on %d worker%s (%s): no steps left to train\n", steps,
+		       L->world, hpu__plural(L->world), hpu__strategy_name(L->o->strategy));
 	else if (L->o->eval_only)
-		printf("evaluated without training (--eval-only) on %d workers (%s, %s): "
+		printf("evaluated without training (--eval-only) on %d worker%s (%s, %s): "
 		       "max_memory_allocated %.1f MiB\n",
-		       L->world, hpu__strategy_name(L->o->strategy),
+		       L->world, hpu__plural(L->world), hpu__strategy_name(L->o->strategy),
 		       hpu__precision_name(L->o->precision), mib(all[ST_MAX_IN_USE]));
 	else
-		printf("trained %ld steps on %d workers (%s): final loss %.4f, %.1f samples/s, "
+		printf("trained %ld step%s on %d worker%s (%s): final loss %.4f, %.1f samples/s, "
 		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
-		       steps, L->world, hpu__strategy_name(L->o->strategy), l, sps,
+		       steps, hpu__plural(steps), L->world, hpu__plural(L->world), hpu__strategy_name(L->o->strategy), l, sps,
 		       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
 	long bad = hpu__strat_bad_total(L->st);
 	if (bad)
@@ -792,11 +792,12 @@ static int skipped_check(loop *L, long step)
 		printf("step %ld: non-finite loss or gradients: step skipped on every rank (%d in a "
 		       "row)%s%s\n", step + 1, run, sep, first);
 	if (run >= L->o->max_skipped_steps)
-		return fail(L, "%d steps in a row (steps %ld to %ld) had a non-finite loss or "
+		return fail(L, "%d step%s in a row (steps %ld to %ld) had a non-finite loss or "
 			       "gradients (NaN or Inf) and were skipped: the run diverged "
 			       "(--max-skipped-steps %d); lower the learning rate, clip gradients "
 			       "(--clip-grad-norm) or check the model's loss%s%s",
-			    run, step + 2 - run, step + 1, L->o->max_skipped_steps, sep, first);
+			    run, hpu__plural(run), step + 2 - run, step + 1, L->o->max_skipped_steps,
+			    sep, first);
 	return 0;
 }
 
