@@ -595,7 +595,7 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 		hpu__act_grad_drop(s, t);
 	*loss_out = (float)loss;
 	/* zero2/3 land every micro-step's gradients in the shard. */
-	if (s->sharded && s->kind != HPU_STRATEGY_ZERO1 && hpu__sync_drain(s) < 0)
+	if (hpu__strat_grads_sharded(s) && hpu__sync_drain(s) < 0)
 		return -1;
 	return hpu__zero_release_all(s);
 }
