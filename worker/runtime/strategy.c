@@ -404,10 +404,7 @@ static int sync_buffers(hpu_strat *s)
 int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 {
 	int skipped;
-	if (hpu__sync_reduce(s) < 0)
-		return -1;
-	if ((s->mp ? hpu__mp_step(s, lr, grad_norm, &skipped)
-		   : fp32_step(s, lr, grad_norm, &skipped)) < 0)
+	if (s->hooks.reduce(s) < 0 || s->hooks.step(s, lr, grad_norm, &skipped) < 0)
 		return -1;
 	/* The fp16 scaler's overflows are how it finds its scale: they count
 	 * only once it cannot lower the scale any more. */
@@ -526,6 +523,51 @@ static int alloc_scratch_buffers(hpu_strat *s)
 }
 
 
+/* ---- the strategy's hooks ---- */
+
+/* fp32: a layer computes on the strategy's parameters and gradients
+ * (zero3: its gathered unit, zero2/3: its unit's bucket). */
+static int fp32_release(hpu_strat *s, int i)
+{
+	return hpu__zero_release(s, s->b->layers[i]->unit);
+}
+
+static int fp32_grads_for(hpu_strat *s, int i)
+{
+	return hpu__sync_grads_for(s, s->b->layers[i]->unit);
+}
+
+/* Mixed precision: on fp32 copies of its 16-bit parameters and fp32
+ * gradients of its own (strategy_mp.c). */
+static int mp_release(hpu_strat *s, int i)
+{
+	hpu__mp_release_layer(s, i);
+	return 0;
+}
+
+/* The hooks the plan calls for: the precision picks how a layer gets its
+ * parameters and gradients and how the step updates; the gradients'
+ * collective (strategy_sync.c switches on the plan's) when they move. */
+static void choose_hooks(hpu_strat *s)
+{
+	hpu__strat_hooks *h = &s->hooks;
+	h->unit_done = hpu__sync_unit_done;
+	h->reduce = hpu__sync_reduce;
+	if (s->plan.mixed) {
+		h->acquire = hpu__mp_acquire;
+		h->release = mp_release;
+		h->grads_for = hpu__mp_grads_for;
+		h->grads_done = hpu__mp_grads_done;
+		h->step = hpu__mp_step;
+	} else {
+		h->acquire = hpu__zero_acquire;
+		h->release = fp32_release;
+		h->grads_for = fp32_grads_for;
+		h->grads_done = NULL;
+		h->step = fp32_step;
+	}
+}
+
 int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 		   const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
 		   size_t errlen)
@@ -585,6 +627,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->hyst_left = o->hysteresis;
 	s->last_overflow = -1;
 	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
+	choose_hooks(s);
 	build_units(s);
 	for (int i = 0; i + 1 < L; i++)
 		if (o->activation_checkpointing)

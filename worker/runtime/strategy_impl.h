@@ -65,12 +65,32 @@ typedef struct flight {
 typedef struct hpu_nv hpu_nv;
 typedef struct hpu_nvp hpu_nvp;
 
+/* A strategy's hooks into the passes and the step, chosen once by
+ * hpu__strat_new from the placement plan (the precision, the gradients'
+ * collective); strategy_pass.c calls only these. */
+typedef struct hpu__strat_hooks {
+	/* layer i's own parameters ready for its call, prefetching what
+	 * follows in direction dir (up to layer `stop`); released after */
+	int (*acquire)(hpu_strat *s, int i, int dir, int stop);
+	int (*release)(hpu_strat *s, int i);
+	/* layer i's gradient buffers ready for its backward; complete after
+	 * every backward that uses them (NULL: nothing to do) */
+	int (*grads_for)(hpu_strat *s, int i);
+	void (*grads_done)(hpu_strat *s, int i, int final);
+	/* every layer of unit k has run its backward in this micro-step */
+	int (*unit_done)(hpu_strat *s, int k, int final);
+	/* at the step: the gradients' collectives finished; the update */
+	int (*reduce)(hpu_strat *s);
+	int (*step)(hpu_strat *s, double lr, double *grad_norm, int *skipped);
+} hpu__strat_hooks;
+
 struct hpu_strat {
 	hpu_builder *b;
 	hpucoll_comm *comm;
 	const hpu_train_opts *o;
 	hpu_strategy kind;
 	hpu_plan plan;     /* where each state lives (worker/strategy/plan.h) */
+	hpu__strat_hooks hooks; /* the strategy's, from the plan */
 	int rank, world, sharded, nlayers;
 	unit *u;
 	int nunits;
