@@ -237,6 +237,31 @@ static void test_equivalence_clip_4(void **state)
 static const char *mem_precision = "fp32";
 static const char *mem_model = MEM_MODEL;
 
+/* The placement plan's prediction, from rank 0's --verbose lines: the
+ * model states kept for the whole run, those passing at their peak, and
+ * whether that peak is exact (else a bound). */
+typedef struct mem_plan {
+	double kept, passing;
+	int exact;
+} mem_plan;
+
+static mem_plan mem_plan_of(const char *out)
+{
+	mem_plan p = {0};
+	const char *k = strstr(out, "model states kept on the device: ");
+	const char *q = strstr(out, "model states passing: ");
+	assert_non_null(k);
+	assert_non_null(q);
+	p.kept = atof(k + strlen("model states kept on the device: "));
+	q += strlen("model states passing: ");
+	p.exact = strncmp(q, "exactly ", 8) == 0;
+	assert_true(p.exact || strncmp(q, "at most ", 8) == 0);
+	p.passing = atof(q + 8);
+	return p;
+}
+
+static mem_plan mem_last_plan;
+
 static void mem_run(const char *strategy, int workers, double *out, double *psi,
 		    double *acts)
 {
@@ -249,8 +274,10 @@ static void mem_run(const char *strategy, int workers, double *out, double *psi,
 	     "--batch-size", "64",
 	     "--reduce-bucket-size", "300000", "--allgather-bucket-size", "300000",
 	     "--prefetch-bucket-size", pf, "--param-persistence-threshold", "1000",
-	     "--metrics", metrics, NULL);
-	free(finish(&r, 0, mem_model));
+	     "--metrics", metrics, "--verbose", NULL);
+	char *log = finish(&r, 0, mem_model);
+	mem_last_plan = mem_plan_of(log);
+	free(log);
 	char *m = h_slurp(metrics);
 	assert_non_null(m);
 	const char *fin = strstr(m, "\"final\":true");
@@ -316,6 +343,21 @@ static void memory(int workers)
 			       extra > 0 ? " + live layers" : "", ratio);
 			assert_true(got[r] >= 0.9 * want);
 			assert_true(got[r] <= 1.1 * want + extra);
+			/* The placement plan's own prediction, to the byte: the
+			 * states it keeps plus those passing at their peak
+			 * (zero3: at most; at least its kept states plus, mixed,
+			 * the running layer's fp32 copy and gradients). */
+			const mem_plan *p = &mem_last_plan;
+			printf("  %-6s %s N=%d rank %d: plan: kept %.0f + passing %s %.0f = %.0f (%.2f Ψ)\n",
+			       s, mem_precision, workers, r, p->kept,
+			       p->exact ? "exactly" : "at most", p->passing, p->kept + p->passing,
+			       (p->kept + p->passing) / psi);
+			if (p->exact) {
+				assert_true(got[r] == p->kept + p->passing);
+			} else {
+				assert_true(got[r] <= p->kept + p->passing);
+				assert_true(got[r] >= p->kept + (mixed ? 8 * MEM_LARGEST_LAYER : 0));
+			}
 		}
 	}
 }

@@ -223,6 +223,7 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 	cJSON_AddStringToObject(m, "strategy", hpu__strategy_name(o->strategy));
 	cJSON_AddStringToObject(m, "precision", hpu__precision_name(o->precision));
 	cJSON_AddStringToObject(m, "optimizer", hpu__optim_name(o->optimizer));
+	cJSON_AddItemToObject(m, "placement", hpu__strat_plan_json(st));
 	cJSON_AddNumberToObject(m, "step", (double)pos->step);
 	cJSON_AddNumberToObject(m, "epoch", pos->epoch);
 	cJSON_AddNumberToObject(m, "batch_in_epoch", (double)pos->batch);

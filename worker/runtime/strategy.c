@@ -26,41 +26,6 @@
 
 #define fail hpu__strat_fail
 
-int hpu__strat_fail(hpu_strat *s, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(s->err, s->errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
-int hpu__strat_coll_fail(hpu_strat *s, const char *what, int rc)
-{
-	const char *msg = hpucoll_comm_errmsg(s->comm);
-	return fail(s, "%s failed: %s", what, msg && *msg ? msg : hpucoll_strerror(rc));
-}
-
-void *hpu__strat_dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes, const char *what)
-{
-	void *p = hpu__dalloc(kind, bytes, what);
-	if (!p)
-		fail(s, "%s", hpu__devmem_error());
-	return p;
-}
-
-/* A model state that ZeRO-Offload may keep outside the device: in the
- * host tier when `where` says so (cpu; nvme keeps its in-memory
- * buffers there too), else device memory. */
-void *hpu__strat_salloc(hpu_strat *s, hpu_offload where, hpu_mem_kind kind, size_t bytes,
-			const char *what)
-{
-	void *p = where ? hpu__halloc(kind, bytes, what) : hpu__dalloc(kind, bytes, what);
-	if (!p)
-		fail(s, "%s", hpu__devmem_error());
-	return p;
-}
-
 #define dalloc hpu__strat_dalloc
 
 /* ---- layout ---- */
@@ -155,28 +120,11 @@ static void build_units(hpu_strat *s)
 			u->shard_off = shard_at;
 			shard_at += u->piece;
 		}
-		u->persistent = s->kind == HPU_STRATEGY_ZERO3 &&
+		u->persistent = hpu__strat_params_sharded(s) &&
 				(long)(at - u->off) < s->o->persistence_threshold;
 	}
 	s->total = at;
 	s->shard_total = shard_at;
-}
-
-void hpu__strat_point(hpu_strat *s, int k, float *p, float *g)
-{
-	unit *u = &s->u[k];
-	for (int i = u->first; i <= u->last; i++) {
-		hpu_layer *l = s->b->layers[i];
-		if (p)
-			l->pbase = p + (l->off - u->off);
-		if (g)
-			l->gbase = g + (l->off - u->off);
-	}
-}
-
-const char *hpu__strat_unit_name(const hpu_strat *s, int k)
-{
-	return s->b->layers[s->u[k].first]->name;
 }
 
 /* ---- parameters, gradients, optimizer state ---- */
@@ -206,45 +154,83 @@ void hpu__strat_optim_init(hpu_strat *s, int j)
 	hpu__optim_init(&u->opt, s->o, n_opt, s->state ? s->state + (size_t)k * at : NULL);
 }
 
-/* fp32: parameters (whole, or zero3's shard), gradients (whole, or
- * zero2/3's shard) and the optimizer state over the range this rank
- * updates (whole, or its shard). Mixed precision: hpu__mp_alloc. */
+/* One model state of the plan: `n` floats' worth in the plan's dtype and
+ * copies, where the plan keeps it (the device, or the host tier for
+ * either offload; NVMe's in-memory buffers are host memory too). */
+static void *state_alloc(hpu_strat *s, hpu_plan_state st, size_t n, hpu_mem_kind kind,
+			 const char *what)
+{
+	const hpu_plan_entry *e = &s->plan.e[st];
+	size_t bytes = n * (size_t)e->copies * hpu__plan_esize(e);
+	if (e->where == HPU_PLAN_DEVICE)
+		return dalloc(s, kind, bytes, what);
+	return hpu__strat_salloc(s, HPU_OFFLOAD_CPU, kind, bytes, what);
+}
+
+/* The layout of the model states, for every precision, as the plan says:
+ * working parameters (whole, or zero3's shard; in the working dtype),
+ * gradients (whole, or zero2/3's shard; in the working dtype), mixed
+ * precision's fp32 master weights and the optimizer state over the range
+ * this rank updates (whole, or its shard), then each unit's optimizer
+ * pointed at its range. Under mixed precision the layers compute on fp32
+ * copies made per layer when they need them (strategy_mp.c). */
 static int alloc_states(hpu_strat *s)
 {
-	if (s->kind != HPU_STRATEGY_ZERO3 &&
-	    !(s->P = dalloc(s, HPU_MEM_PARAMS, s->total * 4, "parameters")))
+	const hpu_plan *p = &s->plan;
+	const hpu_plan_entry *pe = &p->e[HPU_PLAN_PARAMS], *ge = &p->e[HPU_PLAN_GRADS];
+	const char *w16 = !p->mixed ? "" : p->fp16 ? "fp16 " : "bf16 ";
+	size_t es = hpu__plan_esize(pe);
+	char what[160];
+	char *P = NULL, *PS = NULL, *G = NULL, *GS = NULL;
+	snprintf(what, sizeof what, "%sparameters", w16);
+	if (!pe->sharded && !(P = state_alloc(s, HPU_PLAN_PARAMS, s->total, HPU_MEM_PARAMS, what)))
 		return -1;
-	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1) {
-		if (!(s->G = dalloc(s, HPU_MEM_GRADS, s->total * 4, "gradients")))
-			return -1;
-	} else if (!(s->GS = hpu__strat_salloc(s, s->o->offload_optimizer, HPU_MEM_GRADS,
-					       s->shard_total * 4, "gradient shard"))) {
+	snprintf(what, sizeof what, "%sparameter shard", w16);
+	if (pe->sharded && pe->where != HPU_PLAN_NVME && /* nvme: hpu__nvp_open */
+	    !(PS = state_alloc(s, HPU_PLAN_PARAMS, s->shard_total, HPU_MEM_PARAMS, what)))
 		return -1;
+	snprintf(what, sizeof what, "%s%s", w16,
+		 ge->sharded && !p->mixed ? "gradient shard" : "gradients");
+	if (!ge->sharded && !(G = state_alloc(s, HPU_PLAN_GRADS, s->total, HPU_MEM_GRADS, what)))
+		return -1;
+	if (ge->sharded &&
+	    !(GS = state_alloc(s, HPU_PLAN_GRADS, s->shard_total, HPU_MEM_GRADS, what)))
+		return -1;
+	size_t n = s->sharded ? s->shard_total : s->total;
+	const hpu_plan_entry *me = &p->e[HPU_PLAN_MASTER];
+	if (me->where != HPU_PLAN_NOWHERE &&
+	    me->where != HPU_PLAN_NVME && /* nvme: in the swap file with the moments */
+	    !(s->M = state_alloc(s, HPU_PLAN_MASTER, n, HPU_MEM_OPTIM, "fp32 master weights")))
+		return -1;
+	if (p->mixed) {
+		s->P16 = (uint16_t *)P;
+		s->PS16 = (uint16_t *)PS;
+		s->G16 = (uint16_t *)G;
+		s->GS16 = (uint16_t *)GS;
+	} else {
+		s->P = (float *)P;
+		s->PS = (float *)PS;
+		s->G = (float *)G;
+		s->GS = (float *)GS;
 	}
-	if (s->kind == HPU_STRATEGY_ZERO3 && s->o->offload_param != HPU_OFFLOAD_NVME &&
-	    !(s->PS = hpu__strat_salloc(s, s->o->offload_param, HPU_MEM_PARAMS,
-					s->shard_total * 4, "parameter shard")))
-		return -1;
 	if (hpu__strat_alloc_optim(s) < 0)
+		return -1;
+	if (p->mixed &&
+	    !(s->chunk = hpu__strat_salloc(s, s->o->offload_optimizer, HPU_MEM_OTHER,
+					   HPU__STRAT_CHUNK * 4, "optimizer conversion buffer")))
 		return -1;
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
-		switch (s->kind) {
-		case HPU_STRATEGY_FAST_DDP:
-		case HPU_STRATEGY_DDP:
-		case HPU_STRATEGY_ZERO1:
-			u->opt_p = s->P + u->off + mine;
-			u->opt_g = s->G + u->off + mine;
-			break;
-		case HPU_STRATEGY_ZERO2:
-			u->opt_p = s->P + u->off + mine;
-			u->opt_g = s->GS + u->shard_off;
-			break;
-		case HPU_STRATEGY_ZERO3:
-			u->opt_p = s->PS ? s->PS + u->shard_off : NULL; /* nvme: hpu__nvp_get */
-			u->opt_g = s->GS + u->shard_off;
-			break;
+		void *wp = P ? P + (u->off + mine) * es : PS ? PS + u->shard_off * es : NULL;
+		void *wg = G ? G + (u->off + mine) * es : GS + u->shard_off * es;
+		if (p->mixed) { /* nvme: hpu__nvp_get gives opt_p16 */
+			u->opt_p = s->M ? s->M + (s->sharded ? u->shard_off : u->off) : NULL;
+			u->opt_p16 = wp;
+			u->opt_g16 = wg;
+		} else { /* nvme: hpu__nvp_get gives opt_p */
+			u->opt_p = wp;
+			u->opt_g = wg;
 		}
 		hpu__strat_optim_init(s, j);
 		if (s->P)
@@ -252,40 +238,7 @@ static int alloc_states(hpu_strat *s)
 		if (s->G)
 			hpu__strat_point(s, j, NULL, s->G + u->off);
 	}
-	return s->o->offload_param == HPU_OFFLOAD_NVME ? hpu__nvp_open(s) : 0;
-}
-
-/* Layer i's initial parameters into dst: from --load-params, or from the
- * initializers. */
-static int init_layer(hpu_strat *s, int i, float *dst)
-{
-	if (s->load_fd < 0)
-		return hpu__model_init_layer(s->b, i, s->o->seed, dst, s->err, s->errlen);
-	if (hpu__model_read_layer(s->b, i, s->load_fd, dst) < 0)
-		return fail(s, "--load-params %s: cannot read the parameters of layer %s: %s",
-			    s->o->load_params, s->b->layers[i]->name, strerror(errno));
-	return 0;
-}
-
-/* Unit j's initial parameters into full[0 .. len): from the initializers,
- * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
- * unit not kept whole reads only this rank's piece of the checkpoint. */
-int hpu__strat_fill_unit(hpu_strat *s, int j, float *full)
-{
-	unit *u = &s->u[j];
-	hpu_builder *b = s->b;
-	if (s->resume) {
-		size_t lo = 0, n = u->len;
-		if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
-			lo = (size_t)s->rank * u->piece;
-			n = u->piece;
-		}
-		return hpu__strat_read_layout(s, 0, u->off + lo, n, full + lo);
-	}
-	for (int i = u->first; i <= u->last; i++)
-		if (b->layers[i]->plen && init_layer(s, i, full + (b->layers[i]->off - u->off)) < 0)
-			return -1;
-	return 0;
+	return pe->where == HPU_PLAN_NVME ? hpu__nvp_open(s) : 0;
 }
 
 /* Every rank computes the same initial values; ZeRO-3 keeps its pieces
@@ -345,29 +298,6 @@ static int init_params(hpu_strat *s)
 }
 
 /* ---- the optimizer step ---- */
-
-/* Each rank sums the squares of the gradients it updates (its shard under
- * ZeRO, everything otherwise, where every rank holds the same sums), then
- * the shards' sums add. */
-int hpu__strat_grad_norm(hpu_strat *s, double *norm)
-{
-	double ss = 0;
-	for (int k = 0; k < s->nunits; k++) {
-		const unit *u = &s->u[k];
-		if (!s->mp) {
-			ss += hpu__dev_sumsq(u->opt_g, u->opt.n);
-			continue;
-		}
-		ss = hpu__dev_sumsq16(ss, s->fp16, u->opt_g16, u->opt.n, s->chunk, HPU__STRAT_CHUNK);
-	}
-	if (s->sharded) {
-		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);
-		if (rc)
-			return hpu__strat_coll_fail(s, "gradient-norm all-reduce", rc);
-	}
-	*norm = sqrt(ss);
-	return 0;
-}
 
 /* fp32: an Inf or NaN gradient anywhere (a non-finite loss makes them
  * NaN) skips the step everywhere; else clip and step. */
@@ -454,10 +384,7 @@ static int sync_buffers(hpu_strat *s)
 int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 {
 	int skipped;
-	if (hpu__sync_reduce(s) < 0)
-		return -1;
-	if ((s->mp ? hpu__mp_step(s, lr, grad_norm, &skipped)
-		   : fp32_step(s, lr, grad_norm, &skipped)) < 0)
+	if (s->hooks.reduce(s) < 0 || s->hooks.step(s, lr, grad_norm, &skipped) < 0)
 		return -1;
 	/* The fp16 scaler's overflows are how it finds its scale: they count
 	 * only once it cannot lower the scale any more. */
@@ -576,6 +503,51 @@ static int alloc_scratch_buffers(hpu_strat *s)
 }
 
 
+/* ---- the strategy's hooks ---- */
+
+/* fp32: a layer computes on the strategy's parameters and gradients
+ * (zero3: its gathered unit, zero2/3: its unit's bucket). */
+static int fp32_release(hpu_strat *s, int i)
+{
+	return hpu__zero_release(s, s->b->layers[i]->unit);
+}
+
+static int fp32_grads_for(hpu_strat *s, int i)
+{
+	return hpu__sync_grads_for(s, s->b->layers[i]->unit);
+}
+
+/* Mixed precision: on fp32 copies of its 16-bit parameters and fp32
+ * gradients of its own (strategy_mp.c). */
+static int mp_release(hpu_strat *s, int i)
+{
+	hpu__mp_release_layer(s, i);
+	return 0;
+}
+
+/* The hooks the plan calls for: the precision picks how a layer gets its
+ * parameters and gradients and how the step updates; the gradients'
+ * collective (strategy_sync.c switches on the plan's) when they move. */
+static void choose_hooks(hpu_strat *s)
+{
+	hpu__strat_hooks *h = &s->hooks;
+	h->unit_done = hpu__sync_unit_done;
+	h->reduce = hpu__sync_reduce;
+	if (s->plan.mixed) {
+		h->acquire = hpu__mp_acquire;
+		h->release = mp_release;
+		h->grads_for = hpu__mp_grads_for;
+		h->grads_done = hpu__mp_grads_done;
+		h->step = hpu__mp_step;
+	} else {
+		h->acquire = hpu__zero_acquire;
+		h->release = fp32_release;
+		h->grads_for = fp32_grads_for;
+		h->grads_done = NULL;
+		h->step = fp32_step;
+	}
+}
+
 int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 		   const hpu_train_opts *o, int maxbatch, hpu_ckpt *resume, char *err,
 		   size_t errlen)
@@ -634,6 +606,8 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 				   : ldexp(1.0, o->initial_scale_power);
 	s->hyst_left = o->hysteresis;
 	s->last_overflow = -1;
+	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
+	choose_hooks(s);
 	build_units(s);
 	for (int i = 0; i + 1 < L; i++)
 		if (o->activation_checkpointing)
@@ -642,8 +616,8 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	if (o->load_params[0] &&
 	    (s->load_fd = hpu__model_params_open(b, o->load_params, err, errlen)) < 0)
 		return -1;
-	int rc = s->mp ? hpu__mp_alloc(s) < 0 || hpu__mp_init_params(s) < 0
-		       : alloc_states(s) < 0 || init_params(s) < 0;
+	int rc = alloc_states(s) < 0 ||
+		 (s->mp ? hpu__mp_init_params(s) < 0 : init_params(s) < 0);
 	if (s->load_fd >= 0)
 		close(s->load_fd);
 	s->load_fd = -1;

@@ -8,7 +8,10 @@
 #define HPU_STRATEGY_H
 
 #include <hpu/coll.h>
+#include <cJSON.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "ckpt/ckpt.h"
 #include "options/config.h"
@@ -139,6 +142,26 @@ typedef struct hpu_nvme_stats {
 	double wait_s;
 } hpu_nvme_stats;
 void hpu__strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st);
+
+/* ---- the placement plan (strategy_plan.c; worker/strategy/plan.h) ---- */
+
+/* The model states (bytes) one rank keeps on the device for the whole
+ * run, as the plan lays them out: its states, zero3's persistent units
+ * and the buffers. The layers' passing states (mixed precision's fp32
+ * copies, buckets, gathered layers) come on top. */
+uint64_t hpu__strat_plan_states(const hpu_strat *s);
+/* The model states that come and go on top, at their peak: mixed
+ * precision's fp32 compute copy and gradients of the running layer (8
+ * bytes a parameter of the largest layer), ZeRO-2/3's gradient buckets
+ * (three consecutive units: one filling, two in flight) and zero3's
+ * gathered layers (the one in use and --prefetch-bucket-size ahead).
+ * *exact: 1 when that peak is reached exactly, 0 when it is a bound
+ * (zero3: how much is gathered at once depends on the layers' order). */
+uint64_t hpu__strat_plan_passing(const hpu_strat *s, int *exact);
+/* The plan, a few lines (--verbose, rank 0). */
+void hpu__strat_plan_print(const hpu_strat *s, FILE *f);
+/* The plan as a JSON object (the checkpoint manifest's "placement"). */
+cJSON *hpu__strat_plan_json(const hpu_strat *s);
 
 void hpu__strat_free(hpu_strat **s);
 

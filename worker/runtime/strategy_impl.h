@@ -1,11 +1,20 @@
 /* strategy_impl: the strategy's state and the internals its files share:
  *   strategy.c       making it, the layout, the optimizer step
+ *   strategy_state.c the states' values: initial parameters, gradient norm
+ *   strategy_base.c  errors, allocations, unit names (calls no other file)
+ *   strategy_plan.c  the placement plan shown (worker/strategy/plan.c)
  *   strategy_pass.c  the forward and backward passes with their hooks
  *   strategy_sync.c  the gradients' collectives and buckets
  *   strategy_zero.c  ZeRO's parameter gathers and releases
  *   strategy_mp.c    mixed precision: 16-bit copies, master weights, loss scale
  *   strategy_act.c   the layers' outputs, activation checkpointing
  *   strategy_ckpt.c  checkpoints and --save-params
+ *   strategy_nvme.c  the NVMe tier
+ * They call one way (tests/check_circles.sh): strategy.c on strategy_mp,
+ * _sync, _zero, _act, _state; strategy_mp on _zero, _state; _state on
+ * _ckpt; _zero and _ckpt on _nvme; everything on _base. Their work on
+ * tensors (casts, sums, non-finite checks, updates) is the device's
+ * (worker/device: hpu__dev_to16, _sumsq, _nonfinite, ...).
  * Not for other users. */
 #ifndef HPU_STRATEGY_IMPL_H
 #define HPU_STRATEGY_IMPL_H
@@ -19,6 +28,7 @@
 #include "worker/hpu/model.h"
 #include "worker/runtime/optim.h"
 #include "worker/runtime/strategy.h"
+#include "worker/strategy/plan.h"
 
 /* A unit is a run of consecutive layers whose parameters are communicated
  * together: a DDP or ZeRO-2 gradient bucket, a ZeRO-1 partition unit, one
@@ -56,11 +66,32 @@ typedef struct flight {
 typedef struct hpu_nv hpu_nv;
 typedef struct hpu_nvp hpu_nvp;
 
+/* A strategy's hooks into the passes and the step, chosen once by
+ * hpu__strat_new from the placement plan (the precision, the gradients'
+ * collective); strategy_pass.c calls only these. */
+typedef struct hpu__strat_hooks {
+	/* layer i's own parameters ready for its call, prefetching what
+	 * follows in direction dir (up to layer `stop`); released after */
+	int (*acquire)(hpu_strat *s, int i, int dir, int stop);
+	int (*release)(hpu_strat *s, int i);
+	/* layer i's gradient buffers ready for its backward; complete after
+	 * every backward that uses them (NULL: nothing to do) */
+	int (*grads_for)(hpu_strat *s, int i);
+	void (*grads_done)(hpu_strat *s, int i, int final);
+	/* every layer of unit k has run its backward in this micro-step */
+	int (*unit_done)(hpu_strat *s, int k, int final);
+	/* at the step: the gradients' collectives finished; the update */
+	int (*reduce)(hpu_strat *s);
+	int (*step)(hpu_strat *s, double lr, double *grad_norm, int *skipped);
+} hpu__strat_hooks;
+
 struct hpu_strat {
 	hpu_builder *b;
 	hpucoll_comm *comm;
 	const hpu_train_opts *o;
 	hpu_strategy kind;
+	hpu_plan plan;     /* where each state lives (worker/strategy/plan.h) */
+	hpu__strat_hooks hooks; /* the strategy's, from the plan */
 	int rank, world, sharded, nlayers;
 	unit *u;
 	int nunits;
@@ -133,6 +164,19 @@ struct hpu_strat {
 				  * may not read device memory, or NULL */
 };
 
+/* What the plan says, as the strategy files ask it: zero3 shards the
+ * working parameters (gathered per layer), zero2/3 the gradients
+ * (reduce-scattered per bucket, no whole gradient kept). */
+static inline int hpu__strat_params_sharded(const hpu_strat *s)
+{
+	return s->plan.e[HPU_PLAN_PARAMS].sharded;
+}
+
+static inline int hpu__strat_grads_sharded(const hpu_strat *s)
+{
+	return s->plan.e[HPU_PLAN_GRADS].sharded;
+}
+
 /* Floats converted at a time for the optimizer (s->chunk). */
 #define HPU__STRAT_CHUNK 16384
 
@@ -142,7 +186,7 @@ static inline size_t hpu__strat_chunk(size_t n, size_t i)
 	return n - i < HPU__STRAT_CHUNK ? n - i : HPU__STRAT_CHUNK;
 }
 
-/* ---- strategy.c ---- */
+/* ---- strategy_base.c ---- */
 
 /* A sentence into s->err; returns -1. */
 int hpu__strat_fail(hpu_strat *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -155,12 +199,16 @@ const char *hpu__strat_unit_name(const hpu_strat *s, int k);
 /* Points the layers of unit k at parameters starting at `p` (the unit's
  * first float) or gradients at `g` (NULL: leave as is). */
 void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);
+/* ---- strategy.c ---- */
+
 /* s->state: the optimizer's floats for the parameters this rank updates.
  * 0, or -1 (s->err). */
 int hpu__strat_alloc_optim(hpu_strat *s);
 /* Unit j's optimizer over the floats this rank updates (its piece under
  * ZeRO, the whole unit otherwise), with its part of s->state. */
 void hpu__strat_optim_init(hpu_strat *s, int j);
+/* ---- strategy_state.c ---- */
+
 /* Unit j's initial parameters into full[0 .. len): from the initializers,
  * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
  * unit not kept whole reads only this rank's piece of the checkpoint. */
@@ -222,9 +270,8 @@ int hpu__zero_gather_params(hpu_strat *s);
 
 /* ---- strategy_mp.c: mixed precision ---- */
 
-/* The 16-bit parameters and gradients, master weights, optimizer state,
- * and their initial values. 0, or -1 (s->err). */
-int hpu__mp_alloc(hpu_strat *s);
+/* The initial values of the 16-bit parameters and the master weights,
+ * laid out by strategy.c's alloc_states. 0, or -1 (s->err). */
 int hpu__mp_init_params(hpu_strat *s);
 /* Layer i's fp32 compute copy, before its forward or backward (zero3:
  * gathered first, prefetching as hpu__zero_acquire); freed after. */

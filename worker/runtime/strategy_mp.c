@@ -31,54 +31,6 @@
 
 /* ---- making ---- */
 
-/* 16-bit working parameters (whole, or zero3's shard), 16-bit gradients
- * (whole, or zero2/3's shard), fp32 master weights and the optimizer
- * state in the optimizer's space (whole or the shard). The layers compute
- * on fp32 copies made per layer when they need them. */
-int hpu__mp_alloc(hpu_strat *s)
-{
-	char what[160];
-	const char *w16 = s->fp16 ? "fp16" : "bf16";
-	snprintf(what, sizeof what, "%s parameters", w16);
-	if (s->kind != HPU_STRATEGY_ZERO3 &&
-	    !(s->P16 = dalloc(s, HPU_MEM_PARAMS, s->total * 2, what)))
-		return -1;
-	hpu_offload opt = s->o->offload_optimizer;
-	snprintf(what, sizeof what, "%s parameter shard", w16);
-	if (s->kind == HPU_STRATEGY_ZERO3 && s->o->offload_param != HPU_OFFLOAD_NVME &&
-	    !(s->PS16 = hpu__strat_salloc(s, s->o->offload_param, HPU_MEM_PARAMS,
-					  s->shard_total * 2, what)))
-		return -1;
-	snprintf(what, sizeof what, "%s gradients", w16);
-	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1) {
-		if (!(s->G16 = dalloc(s, HPU_MEM_GRADS, s->total * 2, what)))
-			return -1;
-	} else if (!(s->GS16 = hpu__strat_salloc(s, opt, HPU_MEM_GRADS, s->shard_total * 2,
-						 what))) {
-		return -1;
-	}
-	size_t n = s->sharded ? s->shard_total : s->total;
-	if (opt != HPU_OFFLOAD_NVME && /* nvme: in the swap file with the moments */
-	    !(s->M = hpu__strat_salloc(s, opt, HPU_MEM_OPTIM, n * 4, "fp32 master weights")))
-		return -1;
-	if (hpu__strat_alloc_optim(s) < 0)
-		return -1;
-	if (!(s->chunk = hpu__strat_salloc(s, opt, HPU_MEM_OTHER, HPU__STRAT_CHUNK * 4,
-					   "optimizer conversion buffer")))
-		return -1;
-	for (int j = 0; j < s->nunits; j++) {
-		unit *u = &s->u[j];
-		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
-		u->opt_p = s->M ? s->M + (s->sharded ? u->shard_off : u->off) : NULL;
-		u->opt_p16 = s->kind != HPU_STRATEGY_ZERO3 ? s->P16 + u->off + mine
-			     : s->PS16 ? s->PS16 + u->shard_off
-				       : NULL; /* nvme: hpu__nvp_get */
-		u->opt_g16 = s->G16 ? s->G16 + u->off + mine : s->GS16 + u->shard_off;
-		hpu__strat_optim_init(s, j);
-	}
-	return s->o->offload_param == HPU_OFFLOAD_NVME ? hpu__nvp_open(s) : 0;
-}
-
 /* The fp32 initial values become the master weights; the working copy is
  * their 16-bit rounding, on every rank alike. */
 int hpu__mp_init_params(hpu_strat *s)
@@ -143,7 +95,7 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 	if (k < 0)
 		return 0;
 	unit *u = &s->u[k];
-	int gathered = s->kind == HPU_STRATEGY_ZERO3 && !u->persistent;
+	int gathered = hpu__strat_params_sharded(s) && !u->persistent;
 	if (!s->lcp[i]) {
 		if (gathered && hpu__zero_gather_wait(s, k) < 0)
 			return -1;
@@ -169,28 +121,7 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 		}
 	}
 	l->pbase = s->lcp[i];
-	return s->kind == HPU_STRATEGY_ZERO3 ? hpu__zero_prefetch(s, i, dir, stop) : 0;
-}
-
-/* After layer i's forward or backward: its fp32 copy goes, and with it
- * the gathered 16-bit unit it was made from (zero3). */
-void hpu__mp_release_layer(hpu_strat *s, int i)
-{
-	hpu_layer *l = s->b->layers[i];
-	unit *u = &s->u[l->unit];
-	if (!s->lcp[i])
-		return;
-	int64_t t0 = hpu__prof_t0();
-	hpu__ac_param16_remove(s->lcp[i]);
-	hpu__dfree(s->lcp[i]);
-	s->lcp[i] = NULL;
-	hpu__dfree(s->own16[i]);
-	s->own16[i] = NULL;
-	if (s->kind == HPU_STRATEGY_ZERO3 && !u->persistent) {
-		s->live -= u->len;
-		hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu",
-			       l->unit, u->len * 2);
-	}
+	return hpu__strat_params_sharded(s) ? hpu__zero_prefetch(s, i, dir, stop) : 0;
 }
 
 /* Layer i accumulates into fp32 gradients of its own (and zero2/3's unit

@@ -27,9 +27,7 @@
  * direction dir (up to layer `stop`). */
 static int acquire_own(hpu_strat *s, int o, int dir, int stop)
 {
-	if (s->mp)
-		return hpu__mp_acquire(s, o, dir, stop);
-	return hpu__zero_acquire(s, o, dir, stop);
+	return s->hooks.acquire(s, o, dir, stop);
 }
 
 static int release_own(hpu_strat *s, int o)
@@ -37,10 +35,7 @@ static int release_own(hpu_strat *s, int o)
 	hpu_layer *l = s->b->layers[o];
 	if (l->unit < 0)
 		return 0;
-	if (!s->mp)
-		return hpu__zero_release(s, l->unit);
-	hpu__mp_release_layer(s, o);
-	return 0;
+	return s->hooks.release(s, o);
 }
 
 /* Layer i's parameters ready: its own and those it shares. */
@@ -327,7 +322,7 @@ static int owners(const hpu_layer *l, int *o)
 
 static int grads_for(hpu_strat *s, int o)
 {
-	return s->mp ? hpu__mp_grads_for(s, o) : hpu__sync_grads_for(s, s->b->layers[o]->unit);
+	return s->hooks.grads_for(s, o);
 }
 
 /* Every backward using layer o's parameters has run: its gradients are
@@ -337,9 +332,9 @@ static int grads_done(hpu_strat *s, int o, int final)
 	hpu_layer *l = s->b->layers[o];
 	if (--s->gpend[o] > 0)
 		return 0;
-	if (s->mp)
-		hpu__mp_grads_done(s, o, final);
-	if (--s->u[l->unit].pending == 0 && hpu__sync_unit_done(s, l->unit, final) < 0)
+	if (s->hooks.grads_done)
+		s->hooks.grads_done(s, o, final);
+	if (--s->u[l->unit].pending == 0 && s->hooks.unit_done(s, l->unit, final) < 0)
 		return -1;
 	return 0;
 }
@@ -571,7 +566,7 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 		hpu__act_grad_drop(s, t);
 	*loss_out = (float)loss;
 	/* zero2/3 land every micro-step's gradients in the shard. */
-	if (s->sharded && s->kind != HPU_STRATEGY_ZERO1 && hpu__sync_drain(s) < 0)
+	if (hpu__strat_grads_sharded(s) && hpu__sync_drain(s) < 0)
 		return -1;
 	return hpu__zero_release_all(s);
 }

@@ -148,13 +148,12 @@ static int start_reduce_scatter(hpu_strat *s, int k)
 
 int hpu__sync_unit_done(hpu_strat *s, int k, int final)
 {
-	switch (s->kind) {
-	case HPU_STRATEGY_DDP:
+	switch (s->plan.e[HPU_PLAN_GRADS].coll) {
+	case HPU_PLAN_ALL_REDUCE: /* ddp */
 		if (final && s->o->overlap_comm)
 			return start_all_reduce(s, k);
 		return 0;
-	case HPU_STRATEGY_ZERO2:
-	case HPU_STRATEGY_ZERO3:
+	case HPU_PLAN_REDUCE_SCATTER_BUCKETS: /* zero2/3 */
 		return start_reduce_scatter(s, k);
 	default:
 		return 0;
@@ -166,7 +165,7 @@ int hpu__sync_unit_done(hpu_strat *s, int k, int final)
 int hpu__sync_grads_for(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
-	if (!s->sharded || s->kind == HPU_STRATEGY_ZERO1 || u->gbuf)
+	if (!hpu__strat_grads_sharded(s) || u->gbuf)
 		return 0;
 	char what[128];
 	snprintf(what, sizeof what, "gradient bucket of %s", hpu__strat_unit_name(s, k));
@@ -179,18 +178,18 @@ int hpu__sync_grads_for(hpu_strat *s, int k)
 int hpu__sync_reduce(hpu_strat *s)
 {
 	int rc;
-	switch (s->kind) {
-	case HPU_STRATEGY_DDP:
+	switch (s->plan.e[HPU_PLAN_GRADS].coll) {
+	case HPU_PLAN_ALL_REDUCE: /* ddp */
 		if (!s->o->overlap_comm)
 			for (int k = s->nunits - 1; k >= 0; k--)
 				if (start_all_reduce(s, k) < 0)
 					return -1;
 		return hpu__sync_drain(s);
-	case HPU_STRATEGY_FAST_DDP:
+	case HPU_PLAN_ALL_REDUCE_FLAT: /* fast_ddp */
 		if (start_all_reduce(s, 0) < 0)
 			return -1;
 		return hpu__sync_drain(s);
-	case HPU_STRATEGY_ZERO1:
+	case HPU_PLAN_REDUCE_SCATTER: /* zero1 */
 		for (int k = 0; k < s->nunits; k++) {
 			unit *u = &s->u[k];
 			hpucoll_req *req;

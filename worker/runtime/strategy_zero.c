@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "worker/ops/autocast.h"
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/prof.h"
 #include "worker/runtime/strategy_impl.h"
@@ -131,7 +132,7 @@ int hpu__zero_gather_wait(hpu_strat *s, int k)
 int hpu__zero_acquire(hpu_strat *s, int i, int dir, int stop)
 {
 	int k = s->b->layers[i]->unit;
-	if (s->kind != HPU_STRATEGY_ZERO3 || k < 0 || s->u[k].persistent)
+	if (!hpu__strat_params_sharded(s) || k < 0 || s->u[k].persistent)
 		return 0;
 	if (hpu__zero_gather_wait(s, k) < 0)
 		return -1;
@@ -142,7 +143,7 @@ int hpu__zero_acquire(hpu_strat *s, int i, int dir, int stop)
 int hpu__zero_release(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
-	if (s->kind != HPU_STRATEGY_ZERO3 || u->persistent || !u->full)
+	if (!hpu__strat_params_sharded(s) || u->persistent || !u->full)
 		return 0;
 	int64_t t0 = hpu__prof_t0();
 	if (u->gather) {
@@ -193,7 +194,7 @@ int hpu__zero_gather_params(hpu_strat *s)
 	int rc = 0, k;
 	for (k = 0; k < s->nunits && !rc; k++) {
 		unit *u = &s->u[k];
-		if (s->mp && s->kind != HPU_STRATEGY_ZERO3)
+		if (s->mp && !hpu__strat_params_sharded(s))
 			rc = hpu__dc_iall_gather(s, s->P16 + u->off + (size_t)s->rank * u->piece,
 						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
 		else if (s->mp && u->persistent)
@@ -201,7 +202,7 @@ int hpu__zero_gather_params(hpu_strat *s)
 						 s->dt16, &reqs[k]);
 		else if (s->mp)
 			continue;
-		else if (s->kind != HPU_STRATEGY_ZERO3)
+		else if (!hpu__strat_params_sharded(s))
 			rc = hpu__dc_iall_gather(s, s->P + u->off + (size_t)s->rank * u->piece,
 						 s->P + u->off, u->piece, HPUCOLL_F32, &reqs[k]);
 		else if (u->persistent)
@@ -215,4 +216,25 @@ int hpu__zero_gather_params(hpu_strat *s)
 	}
 	free(reqs);
 	return rc ? coll_fail(s, "parameter all-gather", rc) : 0;
+}
+
+/* After layer i's forward or backward: its fp32 copy goes, and with it
+ * the gathered 16-bit unit it was made from (zero3). */
+void hpu__mp_release_layer(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	unit *u = &s->u[l->unit];
+	if (!s->lcp[i])
+		return;
+	int64_t t0 = hpu__prof_t0();
+	hpu__ac_param16_remove(s->lcp[i]);
+	hpu__dfree(s->lcp[i]);
+	s->lcp[i] = NULL;
+	hpu__dfree(s->own16[i]);
+	s->own16[i] = NULL;
+	if (hpu__strat_params_sharded(s) && !u->persistent) {
+		s->live -= u->len;
+		hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu",
+			       l->unit, u->len * 2);
+	}
 }

@@ -943,6 +943,8 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (ck && hpu__checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
 					 errlen) < 0))
 		goto out;
+	if (o->verbose && L.rank == 0)
+		hpu__strat_plan_print(L.st, stdout);
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
 	where.step = L.pos.step;

@@ -1,0 +1,100 @@
+/* strategy_plan: the placement plan of a running strategy, shown --
+ * printed for --verbose, written into checkpoint manifests -- and the
+ * model states it predicts. The plan itself is worker/strategy/plan.c. */
+#include <stdio.h>
+
+#include "worker/runtime/strategy_impl.h"
+
+uint64_t hpu__strat_plan_passing(const hpu_strat *s, int *exact);
+
+uint64_t hpu__strat_plan_states(const hpu_strat *s)
+{
+	const hpu_plan *p = &s->plan;
+	uint64_t n = hpu__plan_states_bytes(p, s->total, s->shard_total);
+	const hpu_plan_entry *pe = &p->e[HPU_PLAN_PARAMS];
+	for (int k = 0; pe->sharded && k < s->nunits; k++) /* zero3: kept whole */
+		if (s->u[k].persistent)
+			n += (uint64_t)s->u[k].len * hpu__plan_esize(pe);
+	return n + (uint64_t)s->b->buffer_numel * 4; /* the buffers, whole */
+}
+
+void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
+{
+	const hpu_plan *p = &s->plan;
+	char line[256];
+	fprintf(f, "placement plan: %s, %s, %d rank%s, %zu floats laid out (%zu per rank's shard)\n",
+		hpu__strategy_name(p->kind), hpu__precision_name(p->precision), p->world,
+		p->world == 1 ? "" : "s", s->total, s->shard_total);
+	for (int k = 0; k < HPU_PLAN_NSTATES; k++) {
+		hpu__plan_describe(p, (hpu_plan_state)k, line, sizeof line);
+		fprintf(f, "  %s\n", line);
+	}
+	double psi = s->b->psi ? (double)s->b->psi : 1.0;
+	uint64_t kept = hpu__strat_plan_states(s);
+	int exact;
+	uint64_t passing = hpu__strat_plan_passing(s, &exact);
+	fprintf(f, "  model states kept on the device: %llu bytes (%.2f per parameter)\n",
+		(unsigned long long)kept, (double)kept / psi);
+	fprintf(f, "  model states passing: %s %llu bytes (%.2f per parameter), peak %llu\n",
+		exact ? "exactly" : "at most", (unsigned long long)passing,
+		(double)passing / psi, (unsigned long long)(kept + passing));
+}
+
+cJSON *hpu__strat_plan_json(const hpu_strat *s)
+{
+	const hpu_plan *p = &s->plan;
+	cJSON *j = cJSON_CreateObject();
+	for (int k = 0; k < HPU_PLAN_NSTATES; k++) {
+		const hpu_plan_entry *e = &p->e[k];
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "where", hpu__plan_where_name(e->where));
+		cJSON_AddStringToObject(o, "dtype", hpu__plan_dtype_name(e->dtype));
+		cJSON_AddBoolToObject(o, "sharded", e->sharded);
+		cJSON_AddNumberToObject(o, "copies", e->copies);
+		cJSON_AddStringToObject(o, "collective", hpu__plan_coll_name(e->coll));
+		cJSON_AddItemToObject(j, hpu__plan_state_name((hpu_plan_state)k), o);
+	}
+	return j;
+}
+
+/* The largest run of three consecutive units: ZeRO-2/3's gradient
+ * buckets alive at once in backward (the one being filled and two in
+ * flight). */
+static size_t three_units(const hpu_strat *s)
+{
+	size_t best = 0;
+	for (int k = 0; k < s->nunits; k++) {
+		size_t n = 0;
+		for (int j = k; j < k + 3 && j < s->nunits; j++)
+			n += s->u[j].len;
+		best = n > best ? n : best;
+	}
+	return best;
+}
+
+uint64_t hpu__strat_plan_passing(const hpu_strat *s, int *exact)
+{
+	const hpu_plan *p = &s->plan;
+	uint64_t n = 0;
+	size_t largest = 0;
+	for (int i = 0; i < s->nlayers; i++)
+		largest = s->b->layers[i]->plen > largest ? s->b->layers[i]->plen : largest;
+	*exact = 1;
+	if (p->mixed) /* the running layer's fp32 compute copy and gradients */
+		n += 8 * (uint64_t)largest;
+	if (p->kind >= HPU_STRATEGY_ZERO2) {
+		/* at most: how many buckets are still in flight when the next
+		 * one is made depends on how fast the collectives complete */
+		n += (uint64_t)three_units(s) * hpu__plan_esize(&p->e[HPU_PLAN_GRADS]);
+		*exact = 0;
+	}
+	if (p->kind == HPU_STRATEGY_ZERO3) { /* the layer in use and those prefetched */
+		size_t ahead = (size_t)s->o->prefetch_bucket, live = largest;
+		if ((size_t)s->o->max_live_params < ahead)
+			ahead = (size_t)s->o->max_live_params;
+		live = largest + ahead < s->total ? largest + ahead : s->total;
+		n += (uint64_t)live * hpu__plan_esize(&p->e[HPU_PLAN_PARAMS]);
+		*exact = 0;
+	}
+	return n;
+}

@@ -1,0 +1,71 @@
+/* strategy_state: the values of the model states -- a unit's initial
+ * parameters (initializers, --load-params or the checkpoint resumed) and
+ * the global norm of the gradients the optimizer is to use. Stands on
+ * strategy_base.c and strategy_ckpt.c. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "worker/ops/autocast.h"
+#include "worker/device/device.h"
+#include "worker/runtime/strategy_impl.h"
+
+#define fail hpu__strat_fail
+
+/* Layer i's initial parameters into dst: from --load-params, or from the
+ * initializers. */
+static int init_layer(hpu_strat *s, int i, float *dst)
+{
+	if (s->load_fd < 0)
+		return hpu__model_init_layer(s->b, i, s->o->seed, dst, s->err, s->errlen);
+	if (hpu__model_read_layer(s->b, i, s->load_fd, dst) < 0)
+		return fail(s, "--load-params %s: cannot read the parameters of layer %s: %s",
+			    s->o->load_params, s->b->layers[i]->name, strerror(errno));
+	return 0;
+}
+
+/* Unit j's initial parameters into full[0 .. len): from the initializers,
+ * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
+ * unit not kept whole reads only this rank's piece of the checkpoint. */
+int hpu__strat_fill_unit(hpu_strat *s, int j, float *full)
+{
+	unit *u = &s->u[j];
+	hpu_builder *b = s->b;
+	if (s->resume) {
+		size_t lo = 0, n = u->len;
+		if (hpu__strat_params_sharded(s) && !u->persistent) {
+			lo = (size_t)s->rank * u->piece;
+			n = u->piece;
+		}
+		return hpu__strat_read_layout(s, 0, u->off + lo, n, full + lo);
+	}
+	for (int i = u->first; i <= u->last; i++)
+		if (b->layers[i]->plen && init_layer(s, i, full + (b->layers[i]->off - u->off)) < 0)
+			return -1;
+	return 0;
+}
+
+/* Each rank sums the squares of the gradients it updates (its shard under
+ * ZeRO, everything otherwise, where every rank holds the same sums), then
+ * the shards' sums add. */
+int hpu__strat_grad_norm(hpu_strat *s, double *norm)
+{
+	double ss = 0;
+	for (int k = 0; k < s->nunits; k++) {
+		const unit *u = &s->u[k];
+		if (!s->mp) {
+			ss += hpu__dev_sumsq(u->opt_g, u->opt.n);
+			continue;
+		}
+		ss = hpu__dev_sumsq16(ss, s->fp16, u->opt_g16, u->opt.n, s->chunk, HPU__STRAT_CHUNK);
+	}
+	if (s->sharded) {
+		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);
+		if (rc)
+			return hpu__strat_coll_fail(s, "gradient-norm all-reduce", rc);
+	}
+	*norm = sqrt(ss);
+	return 0;
+}
+
