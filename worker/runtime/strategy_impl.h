@@ -18,6 +18,7 @@
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/model.h"
 #include "worker/runtime/optim.h"
+#include "worker/runtime/params_file.h"
 #include "worker/runtime/strategy.h"
 
 /* A unit is a run of consecutive layers whose parameters are communicated
