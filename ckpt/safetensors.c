@@ -49,8 +49,8 @@ static void add_tensor(cJSON *h, const char *name, int ndim, const int64_t *shap
 }
 
 char *hpu__st_header(int n, const char *const *names, const int *ndims,
-		     const int64_t *const *shapes, const char *const *meta, size_t *len,
-		     char *err, size_t errlen)
+		     const int64_t *const *shapes, const uint64_t *begins,
+		     const char *const *meta, size_t *len, char *err, size_t errlen)
 {
 	cJSON *h = cJSON_CreateObject();
 	char *json = NULL, *out = NULL;
@@ -74,6 +74,8 @@ char *hpu__st_header(int n, const char *const *names, const int *ndims,
 		uint64_t numel = 1;
 		for (int d = 0; d < ndims[i]; d++)
 			numel *= (uint64_t)shapes[i][d];
+		if (begins)
+			at = begins[i];
 		add_tensor(h, names[i], ndims[i], shapes[i], at, numel * 4);
 		at += numel * 4;
 	}

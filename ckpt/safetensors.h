@@ -19,15 +19,15 @@ typedef struct hpu_st_tensor {
 	uint64_t begin, end; /* bytes, from the start of the data */
 } hpu_st_tensor;
 
-/* The header for F32 tensors laid out back to back in the order given
- * (tensor i's floats right after tensor i-1's): the 8 length bytes and the
- * JSON padded with spaces to a multiple of 8. meta: NULL or pairs of
- * strings ending in NULL. names[i], shapes[i][0 .. ndims[i]). Returns a
- * malloc'd buffer of *len bytes, or NULL with err (duplicate or reserved
- * name, no memory). */
+/* The header for F32 tensors names[i] of shape shapes[i][0 .. ndims[i]),
+ * tensor i's data from byte begins[i] of the data (begins NULL: back to
+ * back in the order given): the 8 length bytes, then the JSON
+ * ("__metadata__" first) padded with spaces to a multiple of 8. meta:
+ * NULL or pairs of strings ending in NULL. Returns a malloc'd buffer of
+ * *len bytes, or NULL with err (duplicate or reserved name, no memory). */
 char *hpu__st_header(int n, const char *const *names, const int *ndims,
-		     const int64_t *const *shapes, const char *const *meta, size_t *len,
-		     char *err, size_t errlen);
+		     const int64_t *const *shapes, const uint64_t *begins,
+		     const char *const *meta, size_t *len, char *err, size_t errlen);
 
 /* Parses the first `have` bytes of a file of `file_size` bytes. Returns
  * the number of tensors (*out malloc'd, the caller frees) and the data's

@@ -28,7 +28,7 @@ static void test_roundtrip(void **state)
 	const char *meta[] = {"format", "pt", NULL};
 	char err[256];
 	size_t len;
-	char *h = hpu__st_header(2, names, ndims, shapes, meta, &len, err, sizeof err);
+	char *h = hpu__st_header(2, names, ndims, shapes, NULL, meta, &len, err, sizeof err);
 	assert_non_null(h);
 	assert_int_equal(len % 8, 0);
 	assert_true(hpu__st_sniff((unsigned char *)h, len + 36));
@@ -51,6 +51,16 @@ static void test_roundtrip(void **state)
 	assert_int_equal(hpu__st_parse(h, 8, len + 36, &t, &at, &need, err, sizeof err), -2);
 	assert_int_equal(need, len);
 	free(h);
+	/* explicit places: a gap of 16 bytes before the second */
+	uint64_t begins[] = {0, 40};
+	h = hpu__st_header(2, names, ndims, shapes, begins, NULL, &len, err, sizeof err);
+	assert_non_null(h);
+	assert_null(strstr(h + 8, "__metadata__"));
+	assert_int_equal(hpu__st_parse(h, len, len + 52, &t, &at, &need, err, sizeof err), 2);
+	assert_int_equal(t[1].begin, 40);
+	assert_int_equal(t[1].end, 52);
+	free(t);
+	free(h);
 }
 
 static void test_header_refuses(void **state)
@@ -62,9 +72,9 @@ static void test_header_refuses(void **state)
 	const int64_t *shapes[] = {s, s};
 	char err[256];
 	size_t len;
-	assert_null(hpu__st_header(2, dup, ndims, shapes, NULL, &len, err, sizeof err));
+	assert_null(hpu__st_header(2, dup, ndims, shapes, NULL, NULL, &len, err, sizeof err));
 	assert_non_null(strstr(err, "\"a\" appears twice"));
-	assert_null(hpu__st_header(1, res, ndims, shapes, NULL, &len, err, sizeof err));
+	assert_null(hpu__st_header(1, res, ndims, shapes, NULL, NULL, &len, err, sizeof err));
 	assert_non_null(strstr(err, "__metadata__"));
 }
 

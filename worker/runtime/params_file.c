@@ -45,7 +45,7 @@ int hpu__params_write_header(hpu_builder *b, FILE *f, int format, const char *pa
 		shapes[i] = b->params[i].shape;
 		ndims[i] = b->params[i].ndim;
 	}
-	if (!(h = hpu__st_header(n, names, ndims, shapes, meta, &len, err, sizeof err))) {
+	if (!(h = hpu__st_header(n, names, ndims, shapes, NULL, meta, &len, err, sizeof err))) {
 		errno = EINVAL;
 		goto done;
 	}
