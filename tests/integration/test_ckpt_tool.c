@@ -514,9 +514,10 @@ static void test_load_params_torch(void **state)
 	assert_int_equal(at, m);
 	printf("  torch state_dict: 6 tensors, %zu floats, loaded by name\n", at / 4);
 	/* renamed: fc2.bias -> fc2.bian */
-	unsigned char *bad = malloc(n);
+	unsigned char *bad = malloc(n + 1);
 	assert_non_null(bad);
 	memcpy(bad, st, n);
+	bad[n] = '\0'; /* strstr ends there */
 	char *q = strstr((char *)bad + 8, "\"fc2.bias\"");
 	assert_non_null(q);
 	memcpy(q, "\"fc2.bian\"", 10);
