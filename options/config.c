@@ -37,6 +37,7 @@ static const char *const comm_names[] = {"fp32", "bf16"};
 static const char *const precision_names[] = {"fp32", "bf16-mixed", "16-mixed", "fp8"};
 static const char *const fp8_algo_names[] = {"max", "most_recent"};
 static const char *const offload_names[] = {"none", "cpu", "nvme"};
+static const char *const params_format_names[] = {"auto", "safetensors", "raw"};
 static const char *const device_names[] = {"cpu", "cpu-strict", "cuda", "auto"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -307,7 +308,8 @@ static const struct hpu__opt opts[] = {
 	NUM("inject-overflow-step", K_LONG, inject_overflow_step, 0, 1e15, "testing: make step N's gradients overflow (16-mixed)"),
 	OTHER_("metrics", K_STR, metrics, PATH | LOCAL, "write JSON lines of metrics to FILE (rank 0)"),
 	OTHER_("save-params", K_STR, save_params, PATH | GIVEN, "save the trained fp32 parameters to FILE (rank 0)"),
-	OTHER_("load-params", K_STR, load_params, PATH | GIVEN, "start from the fp32 parameters in FILE (a --save-params file)"),
+	CHOICE("save-params-format", save_params_format, params_format_names, "auto | safetensors | raw: auto is raw for a --save-params name ending in .bin or .raw, else safetensors (auto)"),
+	OTHER_("load-params", K_STR, load_params, PATH | GIVEN, "start from the fp32 parameters in FILE (safetensors, matched by name, or a raw --save-params file)"),
 	OTHER("eval-only", K_FLAG, eval_only, "no training: evaluate on the test split (fp8 inference: QUANT_CONFIG)"),
 	NUM("calibration-batches", K_INT, calib_batches, 1, 1e9, "QUANT_CONFIG MEASURE: training batches per rank measured (16)"),
 	OTHER_("checkpoint-dir", K_STR, checkpoint_dir, PATH | GIVEN, "save checkpoints under DIR (each rank its shard)"),

@@ -67,6 +67,13 @@ typedef enum hpu_offload {
 	HPU_OFFLOAD_NVME,     /* in files under an nvme_path */
 } hpu_offload;
 
+/* --save-params-format: the file --save-params writes. */
+enum {
+	HPU_PARAMS_AUTO = 0,     /* raw for a name ending in .bin or .raw, else safetensors */
+	HPU_PARAMS_SAFETENSORS,  /* names, shapes, F32 (ckpt/safetensors.h) */
+	HPU_PARAMS_RAW,          /* every parameter's floats, unpadded, in declaration order */
+};
+
 typedef enum hpu_fp8_algo {
 	HPU_FP8_ALGO_MAX = 0,     /* the max over the amax history */
 	HPU_FP8_ALGO_MOST_RECENT, /* the last step's amax */
@@ -156,6 +163,7 @@ typedef struct hpu_train_opts {
 	char metrics[512];      /* JSON-lines file written by rank 0, or "" */
 	char save_params[512];  /* consolidated fp32 parameters (rank 0), or "" */
 	char load_params[512];  /* start from a --save-params file, or "" */
+	int save_params_format; /* HPU_PARAMS_AUTO | _SAFETENSORS | _RAW */
 	int eval_only;          /* no training: evaluate (fp8 inference) */
 	int calib_batches;      /* QUANT_CONFIG MEASURE: batches per rank (16) */
 	/* Checkpoints (ckpt.h). */

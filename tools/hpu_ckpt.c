@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/safetensors.h"
 #include "options/config.h"
 #include "common/fileio.h"
 #include "common/num.h"
@@ -653,47 +654,39 @@ static int open_verified(hpu_ckpt *c, const char *arg, const char *what)
 
 /* ---- export ---- */
 
-/* Tensor `name` of the safetensors header h: F32, its shape, and its
- * floats from `at` (in floats of the data). */
-static void tensor_entry(cJSON *h, const char *name, int ndim, const int64_t *shape, uint64_t at,
-			 uint64_t numel)
-{
-	cJSON *t = cJSON_AddObjectToObject(h, name), *sh = cJSON_CreateArray(),
-	      *off = cJSON_CreateArray();
-	cJSON_AddStringToObject(t, "dtype", "F32");
-	for (int d = 0; d < ndim; d++)
-		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)shape[d]));
-	cJSON_AddItemToObject(t, "shape", sh);
-	cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(at * 4)));
-	cJSON_AddItemToArray(off, cJSON_CreateNumber((double)((at + numel) * 4)));
-	cJSON_AddItemToObject(t, "data_offsets", off);
-}
-
-/* The safetensors header: JSON, padded with spaces to a multiple of 8
- * bytes so that the data after it (and its 8-byte length) is aligned.
- * The parameters' floats come first, then the buffers'. NULL (said) on
- * duplicate names or no memory. */
+/* The safetensors file's first bytes (ckpt/safetensors.h): the length and
+ * the JSON, padded with spaces to a multiple of 8 bytes so that the data
+ * after it is aligned. The parameters' floats come first, then the
+ * buffers'. NULL (said) on duplicate names or no memory. */
 static char *safetensors_header(const hpu_ckpt *c, size_t *len)
 {
-	cJSON *h = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(h, "__metadata__");
-	char buf[64];
-	cJSON_AddStringToObject(meta, "format", "pt");
-	cJSON_AddStringToObject(meta, "producer", "hpu-ckpt export");
-	cJSON_AddStringToObject(meta, "model", str(c->m, "model", ""));
-	snprintf(buf, sizeof buf, "%ld", c->step);
-	cJSON_AddStringToObject(meta, "step", buf);
-	cJSON_AddStringToObject(meta, "optimizer", c->optimizer);
-	cJSON_AddStringToObject(meta, "precision", c->precision);
+	int n = c->nparams + c->nbuffers;
+	const char **names = calloc((size_t)n + 1, sizeof *names);
+	const int64_t **shapes = calloc((size_t)n + 1, sizeof *shapes);
+	int *ndims = calloc((size_t)n + 1, sizeof *ndims);
+	uint64_t *begins = calloc((size_t)n + 1, sizeof *begins);
+	char step[64], err[1024], *out = NULL;
+	snprintf(step, sizeof step, "%ld", c->step);
+	const char *meta[] = {"format",    "pt",         "producer",  "hpu-ckpt export",
+			      "model",     str(c->m, "model", ""),  "step", step,
+			      "optimizer", c->optimizer, "precision", c->precision,
+			      NULL};
+	if (!names || !shapes || !ndims || !begins) {
+		fail("out of memory");
+		goto done;
+	}
 	for (int i = 0; i < c->nparams; i++) {
 		const hpu_ckpt_param *p = &c->params[i];
 		if (hpu__ckpt_param_find(c, p->name) != i || !strcmp(p->name, "__metadata__")) {
 			fail("%s: parameter name \"%s\" appears twice (or is reserved); safetensors "
 			     "needs unique names (use --format raw)",
 			     c->dir, p->name);
-			cJSON_Delete(h);
-			return NULL;
+			goto done;
 		}
-		tensor_entry(h, p->name, p->ndim, p->shape, p->offset, p->numel);
+		names[i] = p->name;
+		ndims[i] = p->ndim;
+		shapes[i] = p->shape;
+		begins[i] = p->offset * 4;
 	}
 	for (int i = 0; i < c->nbuffers; i++) {
 		const hpu_ckpt_buffer *q = &c->buffers[i];
@@ -701,39 +694,22 @@ static char *safetensors_header(const hpu_ckpt *c, size_t *len)
 			fail("%s: buffer name \"%s\" is also a parameter's (or is reserved); "
 			     "safetensors needs unique names (use --format raw)",
 			     c->dir, q->name);
-			cJSON_Delete(h);
-			return NULL;
+			goto done;
 		}
-		tensor_entry(h, q->name, q->ndim, q->shape, c->numel + q->offset, q->numel);
+		int k = c->nparams + i;
+		names[k] = q->name;
+		ndims[k] = q->ndim;
+		shapes[k] = q->shape;
+		begins[k] = (c->numel + q->offset) * 4;
 	}
-	char *json = cJSON_PrintUnformatted(h);
-	cJSON_Delete(h);
-	if (!json) {
-		fail("out of memory");
-		return NULL;
-	}
-	size_t n = strlen(json), padded = (n + 7) / 8 * 8;
-	char *out = realloc(json, padded + 1);
-	if (!out) {
-		free(json);
-		fail("out of memory");
-		return NULL;
-	}
-	memset(out + n, ' ', padded - n);
-	out[padded] = '\0';
-	*len = padded;
+	if (!(out = hpu__st_header(n, names, ndims, shapes, begins, meta, len, err, sizeof err)))
+		fail("%s: %s", c->dir, err);
+done:
+	free(names);
+	free((void *)shapes);
+	free(ndims);
+	free(begins);
 	return out;
-}
-
-/* The 8-byte little-endian header length, then the header. */
-static int put_header(hpu_ckpt_writer *w, const char *h, size_t n, char *err, size_t errlen)
-{
-	unsigned char le[8];
-	for (int i = 0; i < 8; i++)
-		le[i] = (unsigned char)((uint64_t)n >> (8 * i));
-	if (hpu__ckpt_writer_put(w, le, 8, err, errlen) < 0)
-		return -1;
-	return hpu__ckpt_writer_put(w, h, n, err, errlen);
 }
 
 static int cmd_export(int argc, char **argv)
@@ -772,7 +748,7 @@ static int cmd_export(int argc, char **argv)
 	}
 	/* raw is --save-params' format: the parameters alone */
 	uint64_t nbuf = st ? c.buffer_numel : 0;
-	if ((header && put_header(&w, header, hlen, err, sizeof err) < 0) ||
+	if ((header && hpu__ckpt_writer_put(&w, header, hlen, err, sizeof err) < 0) ||
 	    copy_range(&c, section, 0, c.numel, buf, &w, err, sizeof err) < 0 ||
 	    copy_buffers(&c, 0, nbuf, buf, &w, err, sizeof err) < 0 ||
 	    hpu__ckpt_writer_commit(&w, NULL, err, sizeof err) < 0) {
@@ -787,7 +763,7 @@ static int cmd_export(int argc, char **argv)
 			 (unsigned long long)c.buffer_numel);
 	printf("exported %s (step %ld): %d parameter%s, %llu floats,%s to %s (%s, %llu bytes)\n",
 	       c.dir, c.step, c.nparams, hpu__plural(c.nparams), (unsigned long long)c.numel, extra, out, format,
-	       (unsigned long long)((c.numel + nbuf) * 4 + (header ? 8 + hlen : 0)));
+	       (unsigned long long)((c.numel + nbuf) * 4 + hlen));
 	if (c.nbuffers && !st)
 		hpu__tool_note("raw holds the parameters only; the checkpoint's %d "
 			       "buffers are not in %s (they are in %s/%s; --format safetensors "

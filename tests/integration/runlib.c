@@ -73,6 +73,19 @@ float *load_params(const char *path, size_t *n)
 	fseek(f, 0, SEEK_END);
 	long bytes = ftell(f);
 	fseek(f, 0, SEEK_SET);
+	/* safetensors (--save-params' default): the floats after the header,
+	 * which --save-params lays out in declaration order as raw does */
+	unsigned char head[9] = {0};
+	uint64_t hlen = 0;
+	if (bytes >= 9 && fread(head, 1, 9, f) == 9 && head[8] == '{') {
+		for (int i = 7; i >= 0; i--)
+			hlen = hlen << 8 | head[i];
+		if (hlen > (uint64_t)bytes - 8)
+			hlen = 0;
+	}
+	long skip = hlen && head[8] == '{' ? (long)(8 + hlen) : 0;
+	bytes -= skip;
+	fseek(f, skip, SEEK_SET);
 	assert_true(bytes > 0 && bytes % 4 == 0);
 	float *v = malloc((size_t)bytes);
 	assert_non_null(v);

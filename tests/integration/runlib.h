@@ -32,7 +32,8 @@ char *finish(run *r, int want, const char *model_args);
 /* The same with another model (a path). */
 char *finish_with(run *r, int want, const char *model, const char *model_args);
 
-/* The parameters a run saved with --save-params (caller frees). */
+/* The parameters a run saved with --save-params, safetensors or raw
+ * (caller frees). */
 float *load_params(const char *path, size_t *n);
 
 #endif

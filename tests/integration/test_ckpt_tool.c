@@ -10,6 +10,13 @@
  * - export (safetensors) parses with the reader here (header length,
  *   JSON, contiguous offsets, every tensor equal to its floats of the
  *   --save-params file) and, where /usr/bin/python3 has torch, in Python;
+ * - --load-params reads that export by name, and --save-params writes
+ *   safetensors (by default, a name not ending in .bin or .raw) that
+ *   passes the same reader, its floats the --save-params file's, equal
+ *   byte for byte on --device cpu and cpu-strict; raw still round-trips;
+ * - a state_dict written by PyTorch 1.13 (tests/fixtures/
+ *   mlp_h8_torch.safetensors, in its own tensor order) loads by name; a
+ *   renamed tensor and a shape that differs are refused naming them;
  * - reshard --world 3 writes a checkpoint that verifies, whose manifest is
  *   the source's but for world_size and files, whose export is
  *   bit-identical to the source's, and that 3 workers resume from and
@@ -292,7 +299,8 @@ static uint64_t le64(const unsigned char *p)
 
 /* The safetensors file, read by the spec: 8-byte little-endian N, N bytes
  * of JSON (spaces after it allowed), then the tensors back to back. */
-static void check_safetensors(const char *file, const unsigned char *raw, size_t rawlen)
+static void check_safetensors(const char *file, const unsigned char *raw, size_t rawlen,
+			      const char *step)
 {
 	static const char *names[] = {"fc1.weight", "fc1.bias", "fc2.weight",
 				      "fc2.bias",   "fc3.weight", "fc3.bias"};
@@ -313,7 +321,8 @@ static void check_safetensors(const char *file, const unsigned char *raw, size_t
 	const cJSON *meta = cJSON_GetObjectItemCaseSensitive(h, "__metadata__");
 	assert_true(cJSON_IsObject(meta));
 	assert_string_equal(cJSON_GetObjectItemCaseSensitive(meta, "format")->valuestring, "pt");
-	assert_string_equal(cJSON_GetObjectItemCaseSensitive(meta, "step")->valuestring, "4");
+	if (step) /* hpu-ckpt export's; --save-params has none */
+		assert_string_equal(cJSON_GetObjectItemCaseSensitive(meta, "step")->valuestring, step);
 	const cJSON *m;
 	cJSON_ArrayForEach(m, meta) assert_true(cJSON_IsString(m)); /* values are strings */
 	const unsigned char *data = st + 8 + n;
@@ -396,7 +405,7 @@ static void test_export_safetensors(void **state)
 	size_t rawlen;
 	unsigned char *raw = read_all(PARAMS, &rawlen);
 	assert_non_null(raw);
-	check_safetensors(st, raw, rawlen);
+	check_safetensors(st, raw, rawlen, "4");
 	free(raw);
 	/* Python, where /usr/bin/python3 has torch */
 	if (access(PYTHON, X_OK) != 0 ||
@@ -409,6 +418,135 @@ static void test_export_safetensors(void **state)
 	has(out, "python-check ok: 6 tensors");
 	printf("  %s", strstr(out, "python-check"));
 	free(out);
+}
+
+
+/* ---- --save-params and --load-params: safetensors by name ---- */
+
+/* One step at learning rate 0 on `device` from --load-params `from`,
+ * saving to `to`, the MLP `hidden` wide: the parameters go through
+ * unchanged. Returns the
+ * output; asserts exit `want`. */
+static char *pass_through(int want, const char *device, const char *from, const char *to,
+			  const char *hidden)
+{
+	return run_v(want, (const char *[]){LAUNCH, "-q", "--devices", "1", "--device", device,
+					    "--batch-size", BATCH, "--max-steps", "1", "--lr", "0",
+					    "--no-eval", "--log-every", "0", "--load-params", from,
+					    "--save-params", to, MODEL, "--hidden", hidden, NULL});
+}
+
+static void test_params_safetensors_roundtrip(void **state)
+{
+	(void)state;
+	const char *st = path("rt-export.safetensors");
+	char cpu[700], strict[700];
+	snprintf(cpu, sizeof cpu, "%s", path("rt-cpu.safetensors"));
+	snprintf(strict, sizeof strict, "%s", path("rt-strict.safetensors"));
+	free(CKPT(0, "export", LAST, "-o", st));
+	/* export -> --load-params by name -> --save-params, on both devices */
+	free(pass_through(0, "cpu", st, cpu, "1024"));
+	free(pass_through(0, "cpu-strict", st, strict, "1024"));
+	same_bytes(cpu, strict);
+	size_t rawlen;
+	unsigned char *raw = read_all(PARAMS, &rawlen);
+	assert_non_null(raw);
+	check_safetensors(cpu, raw, rawlen, NULL);
+	free(raw);
+	/* the bare array: by its name, and on request */
+	free(pass_through(0, "cpu", PARAMS, path("rt.bin"), "1024"));
+	same_bytes(path("rt.bin"), PARAMS);
+	free(run_v(0, (const char *[]){LAUNCH, "-q", "--devices", "1", "--batch-size", BATCH,
+				       "--max-steps", "1", "--lr", "0", "--no-eval", "--log-every",
+				       "0", "--load-params", cpu, "--save-params", path("rt-raw"),
+				       "--save-params-format", "raw", MODEL, NULL}));
+	same_bytes(path("rt-raw"), PARAMS);
+}
+
+/* made by tests/fixtures/make_mlp_torch_safetensors.py */
+static const char *torch_fixture(void)
+{
+	static char p[700];
+	const char *src = getenv("HPU_SOURCE_DIR");
+	snprintf(p, sizeof p, "%s/tests/fixtures/mlp_h8_torch.safetensors", src ? src : ".");
+	return p;
+}
+#define TORCH_FIXTURE torch_fixture()
+
+/* The floats of tensor `name` in safetensors image st (n bytes). */
+static const unsigned char *st_tensor(const unsigned char *st, size_t n, const char *name,
+				      size_t *bytes)
+{
+	uint64_t h = le64(st);
+	cJSON *j = cJSON_ParseWithLength((const char *)st + 8, h);
+	assert_non_null(j);
+	const cJSON *off = cJSON_GetObjectItemCaseSensitive(
+	    cJSON_GetObjectItemCaseSensitive(j, name), "data_offsets");
+	assert_non_null(off);
+	uint64_t b = (uint64_t)cJSON_GetArrayItem(off, 0)->valuedouble,
+		 e = (uint64_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+	cJSON_Delete(j);
+	assert_true(8 + h + e <= n);
+	*bytes = e - b;
+	return st + 8 + h + b;
+}
+
+static void test_load_params_torch(void **state)
+{
+	(void)state;
+	static const char *names[] = {"fc1.weight", "fc1.bias", "fc2.weight",
+				      "fc2.bias",   "fc3.weight", "fc3.bias"};
+	size_t n, m;
+	unsigned char *st = read_all(TORCH_FIXTURE, &n);
+	assert_non_null(st);
+	free(pass_through(0, "cpu", TORCH_FIXTURE, path("torch.bin"), "8"));
+	unsigned char *got = read_all(path("torch.bin"), &m);
+	assert_non_null(got);
+	size_t at = 0; /* raw: declaration order; the fixture's is reversed */
+	for (int i = 0; i < 6; i++) {
+		size_t bytes;
+		const unsigned char *want = st_tensor(st, n, names[i], &bytes);
+		assert_true(at + bytes <= m);
+		if (memcmp(got + at, want, bytes))
+			fail_msg("%s: not the state_dict's floats", names[i]);
+		at += bytes;
+	}
+	assert_int_equal(at, m);
+	printf("  torch state_dict: 6 tensors, %zu floats, loaded by name\n", at / 4);
+	/* renamed: fc2.bias -> fc2.bian */
+	unsigned char *bad = malloc(n + 1);
+	assert_non_null(bad);
+	memcpy(bad, st, n);
+	bad[n] = '\0'; /* strstr ends there */
+	char *q = strstr((char *)bad + 8, "\"fc2.bias\"");
+	assert_non_null(q);
+	memcpy(q, "\"fc2.bian\"", 10);
+	write_all(path("renamed.safetensors"), bad, n);
+	char *out = pass_through(1, "cpu", path("renamed.safetensors"), path("x.bin"), "8");
+	char want[1200];
+	has(out, "tensor \"fc2.bian\" is not a parameter of");
+	snprintf(want, sizeof want, "is not a parameter of %s (saved from another model, or renamed?)",
+		 MODEL);
+	has(out, want);
+	free(out);
+	/* fc2.weight [8, 8] -> [64]: as many floats, another shape */
+	memcpy(bad, st, n);
+	q = strstr((char *)bad + 8, "\"fc2.weight\":{\"dtype\":\"F32\",\"shape\":[8,8]");
+	assert_non_null(q);
+	memcpy(strstr(q, "[8,8]"), "[64] ", 5);
+	write_all(path("reshaped.safetensors"), bad, n);
+	out = pass_through(1, "cpu", path("reshaped.safetensors"), path("x.bin"), "8");
+	has(out, "parameter \"fc2.weight\" is F32 [64] in the file, but");
+	snprintf(want, sizeof want, "in the file, but %s declares F32 %s", MODEL, "[8, 8]");
+	has(out, want);
+	free(out);
+	/* a model of another width: fc1.weight is missing its shape */
+	out = pass_through(1, "cpu", TORCH_FIXTURE, path("x.bin"), "16");
+	has(out, "parameter \"fc1.weight\" is F32 [8, 784] in the file");
+	free(out);
+	free(bad);
+	free(got);
+	free(st);
 }
 
 /* ---- reshard ---- */
@@ -800,6 +938,8 @@ int main(void)
 	    cmocka_unit_test(test_verify),
 	    cmocka_unit_test(test_export_raw),
 	    cmocka_unit_test(test_export_safetensors),
+	    cmocka_unit_test(test_params_safetensors_roundtrip),
+	    cmocka_unit_test(test_load_params_torch),
 	    cmocka_unit_test(test_reshard_resume),
 	    cmocka_unit_test(test_manifest_checked),
 	    cmocka_unit_test(test_manifest_sealed),

@@ -965,6 +965,8 @@ int hpu__model_read_layer(hpu_builder *b, int li, int fd, float *dst)
 	for (int i = l->first_param; i < l->first_param + l->nparams; i++) {
 		const hpu_param_info *p = &b->params[i];
 		size_t want = p->numel * 4, got = 0;
+		if (b->load_at)
+			at = (off_t)b->load_at[i];
 		while (got < want) {
 			ssize_t n = pread(fd, (char *)(dst + p->rel) + got, want - got,
 					  at + (off_t)got);
@@ -984,6 +986,7 @@ void hpu__model_destroy(hpu_builder **pb)
 		return;
 	if (b->model && b->model->teardown)
 		b->model->teardown(b->user);
+	free(b->load_at);
 	for (int i = 0; i < b->nlayers; i++) {
 		if (b->layers[i]->ops.destroy)
 			b->layers[i]->ops.destroy(b->layers[i]->user);

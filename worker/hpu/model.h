@@ -121,6 +121,7 @@ struct hpu_builder {
 	void *user;
 	size_t numel;      /* parameter floats, each parameter padded to 16 */
 	size_t psi;        /* parameter floats, unpadded (the ZeRO paper's Ψ) */
+	uint64_t *load_at; /* --load-params by name: parameter i's byte offset in the file; NULL: raw order */
 	char err[512];
 };
 

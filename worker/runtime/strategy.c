@@ -614,7 +614,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 			b->layers[i]->ckpt = 1;
 	hpu__act_plan(s);
 	if (o->load_params[0] &&
-	    (s->load_fd = hpu__model_params_open(b, o->load_params, err, errlen)) < 0)
+	    (s->load_fd = hpu__params_open(b, o->load_params, err, errlen)) < 0)
 		return -1;
 	int rc = alloc_states(s) < 0 ||
 		 (s->mp ? hpu__mp_init_params(s) < 0 : init_params(s) < 0);

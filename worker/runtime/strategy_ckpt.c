@@ -432,7 +432,7 @@ int hpu__strat_save_params(hpu_strat *s, const char *path)
 			hpu__outfile_abort(&o);
 		}
 	}
-	int bad = s->rank == 0 && !f;
+	int bad = s->rank == 0 && (!f || hpu__params_write_header(s->b, f, s->o->save_params_format, path) < 0);
 	if (each_full_unit(s, write_unit, bad ? NULL : f, "for --save-params") < 0) {
 		e = s->err[0] ? 0 : errno;
 		bad = 1;

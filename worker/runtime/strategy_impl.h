@@ -27,6 +27,7 @@
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/model.h"
 #include "worker/runtime/optim.h"
+#include "worker/runtime/params_file.h"
 #include "worker/runtime/strategy.h"
 #include "worker/strategy/plan.h"
 

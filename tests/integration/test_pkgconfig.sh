@@ -1,0 +1,71 @@
+#!/bin/bash
+# test_pkgconfig.sh BUILD_DIR: a model built outside the tree against the
+# BUILD tree's hpu.pc (PKG_CONFIG_PATH=BUILD/worker/hpu), as
+# docs/writing-a-model.md says: `cc -shared -fPIC my.c $(pkg-config
+# --cflags --libs hpu)`. The .pc's include directory must hold hpu/hpu.h;
+# the model must not need libhpu.so (hpu-worker provides the hpu_* names:
+# a model linked with -lhpu loads a second, unused copy of libhpu, and
+# without an rpath does not load at all), so readelf shows no NEEDED
+# libhpu; and the build's hpulaunch trains it for a step.
+set -u
+build=$(cd "${1:?usage: test_pkgconfig.sh BUILD_DIR}" && pwd) || exit 1
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+unset LD_LIBRARY_PATH LD_PRELOAD
+export PKG_CONFIG_PATH=$build/worker/hpu
+
+fail()
+{
+	echo "test_pkgconfig: FAIL: $*" >&2
+	exit 1
+}
+
+inc=$(pkg-config --variable=includedir hpu) || fail "pkg-config knows no hpu in $PKG_CONFIG_PATH"
+[ -f "$inc/hpu/hpu.h" ] || fail "the build tree's hpu.pc says includedir=$inc, which has no hpu/hpu.h"
+
+cd "$tmp" || exit 1
+cat >my.c <<'EOF'
+/* y = 2 x0 - 3 x1 + 1 by a linear layer, from made-up samples. */
+#include <hpu/hpu.h>
+#include <hpu/layers.h>
+
+static int fetch(void *user, size_t i, void *const *out)
+{
+	float *x = out[0], *y = out[1];
+	(void)user;
+	x[0] = (float)(i % 7) / 7.0f;
+	x[1] = (float)(i % 5) / 5.0f;
+	y[0] = 2 * x[0] - 3 * x[1] + 1;
+	return 0;
+}
+
+static int setup(hpu_builder *b, int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	hpu_dataset train = {.size = 64, .nfields = 2, .fetch = fetch,
+			     .fields = {{"x", HPU_F32, 1, {2}}, {"y", HPU_F32, 1, {1}}}};
+	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) != HPU_OK ||
+	    !hpu_linear(b, "fc", "x", "pred", 1, 1) || !hpu_mse(b, "mse", "pred,y", "err") ||
+	    hpu_loss_add(b, "err", 1.0f) != HPU_OK)
+		return HPU_ERROR;
+	return HPU_OK;
+}
+
+HPU_MODEL(.name = "pcmodel", .setup = setup);
+EOF
+flags=$(pkg-config --cflags --libs hpu) || fail "pkg-config --cflags --libs hpu failed"
+echo "test_pkgconfig: pkg-config --cflags --libs hpu: $flags"
+cc -shared -fPIC my.c $flags -o my.so || fail "the model did not build with: $flags"
+needed=$(readelf -d my.so | grep '(NEEDED)')
+echo "$needed"
+if grep -q 'libhpu\.so' <<<"$needed"; then
+	fail "my.so has NEEDED libhpu.so: a model must not link libhpu (hpu-worker provides the hpu_* names)"
+fi
+timeout 120 "$build/bin/hpulaunch" -q --devices 1 --max-steps 1 --log-every 1 --batch-size 16 \
+	--optimizer sgd --lr 0.1 ./my.so >out.log 2>&1
+rc=$?
+cat out.log
+[ $rc = 0 ] || fail "hpulaunch exited $rc on the pkg-config-built model"
+grep -q 'trained 1 steps\|trained 1 step' out.log || fail "no 'trained 1 step' line"
+echo "test_pkgconfig: PASS"
