@@ -358,7 +358,7 @@ static void test_cancel_term_and_reload(void **state)
 	char *st[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
 	proc s;
 	assert_int_equal(h_run(&s, st, NULL, 20000), 0);
-	assert_non_null(strstr(s.out, "1 devices, 1 free"));
+	assert_non_null(strstr(s.out, "1 device, 1 free"));
 	h_free(&s);
 	write_conf(2, NULL);
 	kill(daemon_proc.pid, SIGHUP);
