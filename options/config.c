@@ -320,6 +320,9 @@ static const struct hpu__opt opts[] = {
 	NUM("max-skipped-steps", K_INT, max_skipped_steps, 1, 1e9, "stop after N steps in a row skipped for a non-finite loss or gradients (5)"),
 	OTHER_("config", K_CONFIG, config, PATH | LOCAL, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
+	NUM("eval-every", K_LONG, eval_every, 1, 1e15, "validate every N steps: loss and metrics on the test split or the --val-fraction slice (never)"),
+	NUM("eval-every-epochs", K_INT, eval_every_epochs, 1, 1e9, "validate at the end of every Nth epoch (never)"),
+	NUM("val-fraction", K_DOUBLE, val_fraction, 0, 1, "validate on this fraction of the training split, held out of training, chosen from --seed (0: the test split)"),
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
 	OTHER_("profile-filename", K_STR, profile_name, LOCAL, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
 	NUM_("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, LOCAL, "leave the first N steps out of samples/s (1)"),
@@ -687,6 +690,23 @@ static int check_device(hpu_train_opts *o, char *err, size_t errlen)
 	return 0;
 }
 
+/* --eval-every, --eval-every-epochs and --val-fraction agree. */
+static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
+{
+	int given = hpu__opts_from(o, "val-fraction") != HPU_FROM_DEFAULT;
+	if (given && !(o->val_fraction > 0 && o->val_fraction < 1)) {
+		snprintf(err, errlen, "--val-fraction %g: give a fraction above 0 and below 1 of the "
+				      "training split to hold out for validation", o->val_fraction);
+		return -1;
+	}
+	if (given && !o->eval_every && !o->eval_every_epochs) {
+		snprintf(err, errlen, "--val-fraction %g holds out samples that nothing validates on: "
+				      "add --eval-every N or --eval-every-epochs N", o->val_fraction);
+		return -1;
+	}
+	return 0;
+}
+
 int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		      size_t errlen)
 {
@@ -711,6 +731,8 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 			 o->checkpoint_every ? "--checkpoint-every" : o->keep ? "--keep" : "--resume auto");
 		return -1;
 	}
+	if (check_validation(o, err, errlen) < 0)
+		return -1;
 	if (o->eval_only && (o->resume[0] || o->checkpoint_dir[0])) {
 		snprintf(err, errlen, "--eval-only does not train: it takes no --resume or --checkpoint-dir "
 				      "(hpu-ckpt export --format raw makes a --load-params file)");

@@ -181,6 +181,10 @@ typedef struct hpu_train_opts {
 	double stall_warning;   /* seconds a collective waits before the
 				 * stall warning (30; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
+	long eval_every;        /* validate every N steps (0: never) */
+	int eval_every_epochs;  /* validate every N epochs (0: never) */
+	double val_fraction;    /* hold out this part of the training split to
+				 * validate on (0: the test split) */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
 	/* What --config left to flags and defaults ("auto" values) and the
 	 * keys it accepted that change nothing here ("key\twhy\n" lines):
