@@ -1,0 +1,168 @@
+/* Validation during training (--eval-every, --eval-every-epochs,
+ * --val-fraction) through the real launcher and workers on the MLP:
+ * the values equal a separate --eval-only run of the saved parameters;
+ * a held-out slice leaves fewer samples to train on; the config file's
+ * keys (Lightning's names too) work; bad values are refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/integration/runlib.h"
+
+#define SMALL "--hidden 64 --depth 1"
+
+static char tmp[3][96];
+
+static void paths(void)
+{
+	const char *name[3] = {"train.jsonl", "eval.jsonl", "params.safetensors"};
+	for (int k = 0; k < 3; k++)
+		snprintf(tmp[k], sizeof tmp[k], "/tmp/hpu-val-%d-%s", (int)getpid(), name[k]);
+}
+
+/* The number after "key": in the first line of the file that has `has`
+ * (NULL: any) and the key; fails the test if none. */
+static double field(const char *file, const char *has, const char *key)
+{
+	char *text = h_slurp(file), pat[96];
+	assert_non_null(text);
+	snprintf(pat, sizeof pat, "\"%s\":", key);
+	for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+		const char *p = strstr(line, pat);
+		if (p && (!has || strstr(line, has))) {
+			double v = strtod(p + strlen(pat), NULL);
+			free(text);
+			return v;
+		}
+	}
+	fail_msg("no \"%s\" (in a line with %s) in %s", key, has ? has : "anything", file);
+	free(text);
+	return 0;
+}
+
+/* Validation at step 4 equals --eval-only of the parameters saved at
+ * step 4, to the last digit, loss and accuracy. */
+static void test_eval_every_matches_eval_only(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	args(&r, "--max-steps", "4", "--eval-every", "2", "--metrics", tmp[0], "--save-params",
+	     tmp[2], NULL);
+	char *out = finish(&r, 0, SMALL);
+	assert_non_null(strstr(out, "step 2 validation: val_loss "));
+	assert_non_null(strstr(out, "step 4 validation: val_loss "));
+	assert_non_null(strstr(out, " val_accuracy "));
+	free(out);
+	start(&r, 2);
+	args(&r, "--eval-only", "--load-params", tmp[2], "--metrics", tmp[1], NULL);
+	free(finish(&r, 0, SMALL));
+	double vl = field(tmp[0], "\"step\":4,", "val_loss");
+	double va = field(tmp[0], "\"step\":4,", "val_accuracy");
+	double vs = field(tmp[0], "\"step\":4,", "val_samples");
+	assert_true(vl == field(tmp[1], NULL, "test_loss"));
+	assert_true(va == field(tmp[1], NULL, "test_accuracy"));
+	assert_true(vs == 10000);
+	/* the step-2 validation is another model's */
+	assert_true(field(tmp[0], "\"step\":2,", "val_loss") != vl);
+	for (int k = 0; k < 3; k++)
+		unlink(tmp[k]);
+}
+
+/* --val-fraction 0.5 holds out half the 60000 training samples: an epoch
+ * of batches of 6000 is 5 steps, not 10, and --eval-every-epochs 1
+ * validates on the 30000 held out after it. */
+static void test_val_fraction(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	args(&r, "--epochs", "1", "--batch-size", "6000", "--log-every", "1", "--val-fraction",
+	     "0.5", "--eval-every-epochs", "1", NULL);
+	char *out = finish(&r, 0, SMALL);
+	assert_non_null(strstr(out, "validation: 30000 samples of the training split held out "
+				    "(--val-fraction 0.5), 30000 left to train on"));
+	assert_non_null(strstr(out, "step 5/5 "));
+	assert_null(strstr(out, "step 6/"));
+	assert_non_null(strstr(out, "epoch 1/1 step 5 validation: val_loss "));
+	assert_non_null(strstr(out, "(30000 samples)"));
+	free(out);
+}
+
+/* The config file's keys: our names and Lightning's. */
+static void test_config_keys(void **state)
+{
+	(void)state;
+	const char *body[2] = {"{\"hputrain\": {\"eval_every\": 1, \"val_fraction\": 0.1}}",
+			       "{\"hputrain\": {\"val_check_interval\": 1, \"val_fraction\": 0.1}}"};
+	for (int k = 0; k < 2; k++) {
+		FILE *f = fopen(tmp[1], "w");
+		assert_non_null(f);
+		fputs(body[k], f);
+		fclose(f);
+		run r;
+		start(&r, 1);
+		args(&r, "--max-steps", "2", "--config", tmp[1], NULL);
+		char *out = finish(&r, 0, SMALL);
+		assert_non_null(strstr(out, "6000 samples of the training split held out"));
+		assert_non_null(strstr(out, "step 1 validation: val_loss "));
+		assert_non_null(strstr(out, "step 2 validation: val_loss "));
+		free(out);
+	}
+	unlink(tmp[1]);
+}
+
+/* 0, negative and fractions outside (0, 1) are refused, saying so. */
+static void test_bad_values(void **state)
+{
+	(void)state;
+	const char *bad[][5] = {
+		{"--eval-every", "0", NULL},
+		{"--eval-every", "-2", NULL},
+		{"--eval-every-epochs", "0", NULL},
+		{"--val-fraction", "1", "--eval-every", "2", NULL},
+		{"--val-fraction", "0", "--eval-every", "2", NULL},
+		{"--val-fraction", "-0.1", "--eval-every", "2", NULL},
+		{"--val-fraction", "0.2", NULL},
+	};
+	const char *says[] = {
+		"bad value '0' for --eval-every: expected an integer from 1 to",
+		"bad value '-2' for --eval-every: expected an integer from 1 to",
+		"bad value '0' for --eval-every-epochs: expected an integer from 1 to",
+		"--val-fraction 1: give a fraction above 0 and below 1 of the training split to "
+		"hold out for validation",
+		"--val-fraction 0: give a fraction above 0 and below 1",
+		"bad value '-0.1' for --val-fraction: expected a number from 0 to 1",
+		"--val-fraction 0.2 holds out samples that nothing validates on: add --eval-every N "
+		"or --eval-every-epochs N",
+	};
+	for (size_t k = 0; k < sizeof says / sizeof *says; k++) {
+		run r;
+		start(&r, 1);
+		for (int i = 0; bad[k][i]; i++)
+			arg(&r, bad[k][i]);
+		char *out = finish(&r, 2, NULL);
+		if (!strstr(out, says[k]))
+			fail_msg("case %zu: no \"%s\" in:\n%s", k, says[k], out);
+		free(out);
+	}
+}
+
+int main(void)
+{
+	paths();
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_values),
+		cmocka_unit_test(test_eval_every_matches_eval_only),
+		cmocka_unit_test(test_val_fraction),
+		cmocka_unit_test(test_config_keys),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
