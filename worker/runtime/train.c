@@ -42,6 +42,11 @@ typedef struct loop {
 	uint32_t *val_map;       /* --val-fraction: the training split's
 				  * samples, training ones first, or NULL */
 	hpu_strat *st;
+	hpu_early_stop es;       /* --early-stop, when es.patience > 0 */
+	int es_metric;           /* the watched metric's index; -1: the loss */
+	double es_best;          /* its best value so far (NAN: none yet) */
+	long es_best_step, es_wait; /* ... at which step; validations since */
+	int stop_early;          /* the rule says stop (every rank alike) */
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */
 	int epochs;              /* --epochs, or as many as --max-steps takes */
@@ -487,6 +492,48 @@ static int evaluate(loop *L, evalres *ev)
 	return evaluate_on(L, HPU_SPLIT_TEST, NULL, L->b->data[HPU_SPLIT_TEST].size, ev);
 }
 
+/* --early-stop: the metric it watches must be the loss or one the model
+ * declares. */
+static int early_setup(loop *L)
+{
+	const hpu_builder *b = L->b;
+	if (hpu__early_stop_parse(L->o->early_stop, &L->es, L->err, L->errlen) < 0)
+		return -1;
+	L->es_best = NAN;
+	L->es_metric = -1;
+	if (!strcmp(L->es.metric, "val_loss"))
+		return 0;
+	for (int k = 0; k < b->nmetrics; k++)
+		if (!strcmp(L->es.metric + 4, b->metrics[k].name)) {
+			L->es_metric = k;
+			return 0;
+		}
+	char names[256] = "";
+	for (int k = 0, n = 0; k < b->nmetrics && n < (int)sizeof names; k++)
+		n += snprintf(names + n, sizeof names - (size_t)n, "%s val_%s", k ? "," : "",
+			      b->metrics[k].name);
+	return fail(L, "--early-stop %s: the model declares no metric %s (it has val_loss%s%s)",
+		    L->o->early_stop, L->es.metric + 4, b->nmetrics ? " and" : "", names);
+}
+
+/* After a validation: one more without improvement, or a new best;
+ * every rank holds the same figures and decides alike. */
+static void early_check(loop *L, const evalres *ev, long step)
+{
+	if (L->es.patience <= 0)
+		return;
+	double v = L->es_metric < 0 ? ev->loss : ev->metric[L->es_metric], d = L->es.min_delta;
+	int better = isnan(L->es_best) ? !isnan(v)
+		     : L->es.max ? v > L->es_best + d : v < L->es_best - d;
+	if (better) {
+		L->es_best = v;
+		L->es_best_step = step;
+		L->es_wait = 0;
+	} else if (++L->es_wait >= L->es.patience) {
+		L->stop_early = 1;
+	}
+}
+
 /* --val-fraction: the training split in an order drawn from the seed
  * alone (the same on every rank), its last part held out for validation;
  * else every training sample trains. */
@@ -497,6 +544,8 @@ static int val_setup(loop *L)
 	L->ntrain = n;
 	if (o->eval_only || (!o->eval_every && !o->eval_every_epochs))
 		return 0;
+	if (o->early_stop[0] && early_setup(L) < 0)
+		return -1;
 	if (!(o->val_fraction > 0)) {
 		if (!L->b->has_data[HPU_SPLIT_TEST])
 			return fail(L, "%s: the model declares no test split to validate on; hold out part "
@@ -534,6 +583,8 @@ static int validate(loop *L, long step, int e)
 	else
 		rc = evaluate(L, &ev);
 	hpu__prof_in_eval = 0;
+	if (rc == 0)
+		early_check(L, &ev, step);
 	if (rc < 0 || L->rank != 0)
 		return rc;
 	printf("epoch %d/%d step %ld validation: val_loss %.4f", e + 1, L->epochs, step, ev.loss);
@@ -932,7 +983,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			      (e + 1) % o->eval_every_epochs == 0)) &&
 			    validate(L, step, e) < 0)
 				return -1;
-			int stop = o->stop_at_step > 0 && step == o->stop_at_step;
+			int stop = (o->stop_at_step > 0 && step == o->stop_at_step) || (L->stop_early && step < total);
 			if (o->checkpoint_dir[0] &&
 			    ((o->checkpoint_every > 0 && step % o->checkpoint_every == 0) || stop ||
 			     step == total) &&
@@ -940,7 +991,13 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 				return -1;
 			hpu__prof_flush();
 			if (stop) {
-				if (L->rank == 0)
+				if (L->rank == 0 && L->stop_early)
+					printf("stopped early after step %ld of %ld (--early-stop %s): %s did not "
+					       "improve by more than %g in %ld validation%s; the best, %.4f, was "
+					       "at step %ld\n", step, total, o->early_stop, L->es.metric,
+					       L->es.min_delta, L->es_wait, hpu__plural(L->es_wait),
+					       L->es_best, L->es_best_step);
+				else if (L->rank == 0)
 					printf("stopped after step %ld of %ld (--stop-at-step)\n", step, total);
 				goto done;
 			}
