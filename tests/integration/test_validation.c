@@ -2,7 +2,8 @@
  * --val-fraction) through the real launcher and workers on the MLP:
  * the values equal a separate --eval-only run of the saved parameters;
  * a held-out slice leaves fewer samples to train on; the config file's
- * keys (Lightning's names too) work; bad values are refused. */
+ * keys (Lightning's names too) work; bad values are refused;
+ * --early-stop stops where its rule says on every rank. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -119,6 +120,108 @@ static void test_config_keys(void **state)
 	unlink(tmp[1]);
 }
 
+/* The step the rule METRIC,PATIENCE,MIN_DELTA (min, or max) stops at,
+ * worked out from the validations of the metrics file; 0: none. */
+static long rule_stop(const char *file, const char *key, int max, long patience, double delta)
+{
+	char *text = h_slurp(file), pat[64];
+	assert_non_null(text);
+	snprintf(pat, sizeof pat, "\"%s\":", key);
+	double best = 0;
+	long wait = 0, seen = 0, stop = 0;
+	for (char *line = strtok(text, "\n"); line && !stop; line = strtok(NULL, "\n")) {
+		const char *p = strstr(line, pat);
+		if (!p)
+			continue;
+		double v = strtod(p + strlen(pat), NULL);
+		long step = strtol(strstr(line, "\"step\":") + 7, NULL, 10);
+		if (!seen++ || (max ? v > best + delta : v < best - delta)) {
+			best = v;
+			wait = 0;
+		} else if (++wait >= patience) {
+			stop = step;
+		}
+	}
+	free(text);
+	return stop;
+}
+
+/* --early-stop stops at the validation its rule names, on every rank:
+ * both ranks write their shard of the checkpoint of that step, and the
+ * run trains no further; min with a delta, and max. */
+static void test_early_stop(void **state)
+{
+	(void)state;
+	const struct {
+		const char *rule, *key;
+		int max;
+		long patience;
+		double delta;
+	} c[2] = {{"val_loss,2,0.05", "val_loss", 0, 2, 0.05},
+		  {"val_accuracy:max,2", "val_accuracy", 1, 2, 0}};
+	for (int k = 0; k < 2; k++) {
+		char ck[128], want[64], shard[192];
+		snprintf(ck, sizeof ck, "/tmp/hpu-val-%d-ck", (int)getpid());
+		run r;
+		start(&r, 2);
+		args(&r, "--max-steps", "60", "--lr", "0.05", "--eval-every", "2", "--early-stop",
+		     c[k].rule, "--metrics", tmp[0], "--checkpoint-dir", ck, NULL);
+		char *out = finish(&r, 0, SMALL);
+		long stop = rule_stop(tmp[0], c[k].key, c[k].max, c[k].patience, c[k].delta);
+		printf("  --early-stop %s: the rule stops at step %ld\n", c[k].rule, stop);
+		assert_true(stop > 0 && stop < 60);
+		snprintf(want, sizeof want, "stopped early after step %ld of 60 (--early-stop ", stop);
+		if (!strstr(out, want))
+			fail_msg("no \"%s\" in:\n%s", want, out);
+		snprintf(want, sizeof want, "trained %ld steps on 2 workers", stop);
+		assert_non_null(strstr(out, want));
+		for (int rank = 0; rank < 2; rank++) {
+			snprintf(shard, sizeof shard, "%s/step-%08ld/rank-%05d-of-00002.bin", ck, stop, rank);
+			assert_int_equal(access(shard, R_OK), 0);
+		}
+		assert_true(field(tmp[0], "\"final\":true", "steps") == stop);
+		free(out);
+		char cmd[300];
+		snprintf(cmd, sizeof cmd, "rm -rf %s", ck);
+		assert_int_equal(system(cmd), 0);
+		unlink(tmp[0]);
+	}
+}
+
+/* --early-stop's refusals: its form, its metric, no validation. */
+static void test_early_stop_bad(void **state)
+{
+	(void)state;
+	const char *rule[] = {"val_loss", "loss,2", "val_loss:up,2", "val_loss,0", "val_loss,2,-1",
+			      "val_f1,2"};
+	const char *says[] = {
+		"--early-stop val_loss: no PATIENCE: expected METRIC[:min|max],PATIENCE[,MIN_DELTA]",
+		"--early-stop loss,2: the metric 'loss' is not a validation one: give val_loss or "
+		"val_<a metric of the model>",
+		"--early-stop val_loss:up,2: mode 'up' is neither min nor max",
+		"--early-stop val_loss,0: PATIENCE '0' is not a whole number of validations from 1",
+		"--early-stop val_loss,2,-1: MIN_DELTA '-1' is not a number of 0 or more",
+		"--early-stop val_f1,2: the model declares no metric f1 (it has val_loss and "
+		"val_accuracy)",
+	};
+	for (size_t k = 0; k < sizeof says / sizeof *says; k++) {
+		run r;
+		start(&r, 1);
+		args(&r, "--eval-every", "2", "--early-stop", rule[k], NULL);
+		char *out = finish(&r, k == 5 ? 1 : 2, NULL);
+		if (!strstr(out, says[k]))
+			fail_msg("case %zu: no \"%s\" in:\n%s", k, says[k], out);
+		free(out);
+	}
+	run r;
+	start(&r, 1);
+	args(&r, "--early-stop", "val_loss,2", NULL);
+	char *out = finish(&r, 2, NULL);
+	assert_non_null(strstr(out, "--early-stop val_loss,2 watches the validation: add "
+				    "--eval-every N or --eval-every-epochs N"));
+	free(out);
+}
+
 /* 0, negative and fractions outside (0, 1) are refused, saying so. */
 static void test_bad_values(void **state)
 {
@@ -163,6 +266,8 @@ int main(void)
 		cmocka_unit_test(test_eval_every_matches_eval_only),
 		cmocka_unit_test(test_val_fraction),
 		cmocka_unit_test(test_config_keys),
+		cmocka_unit_test(test_early_stop),
+		cmocka_unit_test(test_early_stop_bad),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
