@@ -576,6 +576,14 @@ static int validate(loop *L, long step, int e)
 	const hpu_builder *b = L->b;
 	evalres ev = {0};
 	int rc;
+	/* the model's fetch() is not called from two threads at once: the
+	 * next training batch, already asked for, is fetched first (a failure
+	 * is said when training waits for it) */
+	for (int k = 0; k < 2; k++) {
+		const hpu_batch *bt;
+		size_t bad;
+		(void)hpu__loader_wait(L->loader, k, &bt, &bad);
+	}
 	hpu__prof_in_eval = 1;
 	if (L->val_map)
 		rc = evaluate_on(L, HPU_SPLIT_TRAIN, L->val_map + L->ntrain,
