@@ -188,6 +188,38 @@ static void test_early_stop(void **state)
 	}
 }
 
+/* A model with a training split only (bad_loss, 256 samples, its loss
+ * left finite): validation needs --val-fraction, which must hold out at
+ * least one sample. */
+static void test_no_test_split(void **state)
+{
+	(void)state;
+	const char *model = h_build("lib/bad_loss.so"), *margs = "--from 1000000";
+	run r;
+	start(&r, 2);
+	args(&r, "--max-steps", "2", "--batch-size", "32", "--eval-every", "1", NULL);
+	char *out = finish_with(&r, 1, model, margs);
+	assert_non_null(strstr(out, "--eval-every: the model declares no test split to validate "
+				    "on; hold out part of the training split with --val-fraction F"));
+	free(out);
+	start(&r, 2);
+	args(&r, "--max-steps", "2", "--batch-size", "32", "--eval-every", "1", "--val-fraction",
+	     "0.001", NULL);
+	out = finish_with(&r, 1, model, margs);
+	assert_non_null(strstr(out, "--val-fraction 0.001 of the training split's 256 samples "
+				    "holds out 0: nothing to validate on"));
+	free(out);
+	start(&r, 2);
+	args(&r, "--max-steps", "2", "--batch-size", "32", "--eval-every", "1", "--val-fraction",
+	     "0.25", NULL);
+	out = finish_with(&r, 0, model, margs);
+	assert_non_null(strstr(out, "64 samples of the training split held out (--val-fraction "
+				    "0.25), 192 left to train on"));
+	assert_non_null(strstr(out, "step 2 validation: val_loss "));
+	assert_non_null(strstr(out, "(64 samples)"));
+	free(out);
+}
+
 /* --early-stop's refusals: its form, its metric, no validation. */
 static void test_early_stop_bad(void **state)
 {
@@ -266,6 +298,7 @@ int main(void)
 		cmocka_unit_test(test_eval_every_matches_eval_only),
 		cmocka_unit_test(test_val_fraction),
 		cmocka_unit_test(test_config_keys),
+		cmocka_unit_test(test_no_test_split),
 		cmocka_unit_test(test_early_stop),
 		cmocka_unit_test(test_early_stop_bad),
 	};
