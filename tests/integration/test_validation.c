@@ -77,6 +77,38 @@ static void test_eval_every_matches_eval_only(void **state)
 		unlink(tmp[k]);
 }
 
+/* Validating changes nothing of the training: the parameters after 6
+ * steps with a validation after every one are those without, bit for
+ * bit (fp8 too, whose scales come from the training forwards only; zero3
+ * with micro-steps). */
+static void test_validation_leaves_training_alone(void **state)
+{
+	(void)state;
+	const char *prec[2][6] = {{"--precision", "fp8", NULL},
+				  {"--strategy", "zero3", "--precision", "bf16-mixed", "--grad-accum", "2"}};
+	for (int c = 0; c < 2; c++) {
+		float *w[2];
+		size_t n[2];
+		for (int v = 0; v < 2; v++) {
+			run r;
+			start(&r, 2);
+			args(&r, "--max-steps", "6", "--save-params", tmp[2], NULL);
+			for (int i = 0; i < 6 && prec[c][i]; i++)
+				arg(&r, prec[c][i]);
+			if (v)
+				args(&r, "--eval-every", "1", NULL);
+			free(finish(&r, 0, SMALL));
+			w[v] = load_params(tmp[2], &n[v]);
+			assert_non_null(w[v]);
+		}
+		assert_int_equal(n[0], n[1]);
+		assert_memory_equal(w[0], w[1], n[0] * sizeof *w[0]);
+		free(w[0]);
+		free(w[1]);
+	}
+	unlink(tmp[2]);
+}
+
 /* --val-fraction 0.5 holds out half the 60000 training samples: an epoch
  * of batches of 6000 is 5 steps, not 10, and --eval-every-epochs 1
  * validates on the 30000 held out after it. */
@@ -296,6 +328,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_values),
 		cmocka_unit_test(test_eval_every_matches_eval_only),
+		cmocka_unit_test(test_validation_leaves_training_alone),
 		cmocka_unit_test(test_val_fraction),
 		cmocka_unit_test(test_config_keys),
 		cmocka_unit_test(test_no_test_split),
