@@ -320,6 +320,10 @@ static const struct hpu__opt opts[] = {
 	NUM("max-skipped-steps", K_INT, max_skipped_steps, 1, 1e9, "stop after N steps in a row skipped for a non-finite loss or gradients (5)"),
 	OTHER_("config", K_CONFIG, config, PATH | LOCAL, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
+	NUM("eval-every", K_LONG, eval_every, 1, 1e15, "validate every N steps: loss and metrics on the test split or the --val-fraction slice (never)"),
+	NUM("eval-every-epochs", K_INT, eval_every_epochs, 1, 1e9, "validate at the end of every Nth epoch (never)"),
+	NUM("val-fraction", K_DOUBLE, val_fraction, 0, 1, "validate on this fraction of the training split, held out of training, chosen from --seed (0: the test split)"),
+	OTHER("early-stop", K_STR, early_stop, "METRIC[:min|max],PATIENCE[,MIN_DELTA]: stop when PATIENCE validations in a row did not improve val_loss or val_<metric> by more than MIN_DELTA (0); min unless :max"),
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
 	OTHER_("profile-filename", K_STR, profile_name, LOCAL, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
 	NUM_("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, LOCAL, "leave the first N steps out of samples/s (1)"),
@@ -687,6 +691,76 @@ static int check_device(hpu_train_opts *o, char *err, size_t errlen)
 	return 0;
 }
 
+int hpu__early_stop_parse(const char *s, hpu_early_stop *e, char *err, size_t errlen)
+{
+	static const char form[] = "expected METRIC[:min|max],PATIENCE[,MIN_DELTA], e.g. val_loss,3 or "
+				   "val_accuracy:max,5,0.001";
+	char buf[512];
+	*e = (hpu_early_stop){0};
+	snprintf(buf, sizeof buf, "%s", s);
+	char *pat = strchr(buf, ','), *delta = NULL;
+	if (!pat) {
+		snprintf(err, errlen, "--early-stop %s: no PATIENCE: %s", s, form);
+		return -1;
+	}
+	*pat++ = 0;
+	if ((delta = strchr(pat, ',')))
+		*delta++ = 0;
+	char *mode = strchr(buf, ':');
+	if (mode) {
+		*mode++ = 0;
+		if (strcmp(mode, "min") && strcmp(mode, "max")) {
+			snprintf(err, errlen, "--early-stop %s: mode '%s' is neither min nor max", s, mode);
+			return -1;
+		}
+		e->max = !strcmp(mode, "max");
+	}
+	if (strncmp(buf, "val_", 4) || !buf[4] || strlen(buf) >= sizeof e->metric) {
+		snprintf(err, errlen, "--early-stop %s: the metric '%s' is not a validation one: "
+				      "give val_loss or val_<a metric of the model>", s, buf);
+		return -1;
+	}
+	snprintf(e->metric, sizeof e->metric, "%s", buf);
+	if (hpu__parse_long(pat, 1, 1000000000L, &e->patience)) {
+		snprintf(err, errlen, "--early-stop %s: PATIENCE '%s' is not a whole number of "
+				      "validations from 1", s, pat);
+		return -1;
+	}
+	if (delta && hpu__parse_double(delta, 0, 1e30, &e->min_delta)) {
+		snprintf(err, errlen, "--early-stop %s: MIN_DELTA '%s' is not a number of 0 or more",
+			 s, delta);
+		return -1;
+	}
+	return 0;
+}
+
+/* --eval-every, --eval-every-epochs and --val-fraction agree. */
+static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
+{
+	int given = hpu__opts_from(o, "val-fraction") != HPU_FROM_DEFAULT;
+	if (given && !(o->val_fraction > 0 && o->val_fraction < 1)) {
+		snprintf(err, errlen, "--val-fraction %g: give a fraction above 0 and below 1 of the "
+				      "training split to hold out for validation", o->val_fraction);
+		return -1;
+	}
+	if (o->early_stop[0]) {
+		hpu_early_stop e;
+		if (hpu__early_stop_parse(o->early_stop, &e, err, errlen) < 0)
+			return -1;
+		if (!o->eval_every && !o->eval_every_epochs) {
+			snprintf(err, errlen, "--early-stop %s watches the validation: add --eval-every N "
+					      "or --eval-every-epochs N", o->early_stop);
+			return -1;
+		}
+	}
+	if (given && !o->eval_every && !o->eval_every_epochs) {
+		snprintf(err, errlen, "--val-fraction %g holds out samples that nothing validates on: "
+				      "add --eval-every N or --eval-every-epochs N", o->val_fraction);
+		return -1;
+	}
+	return 0;
+}
+
 int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		      size_t errlen)
 {
@@ -711,6 +785,8 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 			 o->checkpoint_every ? "--checkpoint-every" : o->keep ? "--keep" : "--resume auto");
 		return -1;
 	}
+	if (check_validation(o, err, errlen) < 0)
+		return -1;
 	if (o->eval_only && (o->resume[0] || o->checkpoint_dir[0])) {
 		snprintf(err, errlen, "--eval-only does not train: it takes no --resume or --checkpoint-dir "
 				      "(hpu-ckpt export --format raw makes a --load-params file)");

@@ -181,6 +181,11 @@ typedef struct hpu_train_opts {
 	double stall_warning;   /* seconds a collective waits before the
 				 * stall warning (30; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
+	long eval_every;        /* validate every N steps (0: never) */
+	int eval_every_epochs;  /* validate every N epochs (0: never) */
+	double val_fraction;    /* hold out this part of the training split to
+				 * validate on (0: the test split) */
+	char early_stop[512];   /* --early-stop METRIC[:min|max],PATIENCE[,MIN_DELTA] or "" */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
 	/* What --config left to flags and defaults ("auto" values) and the
 	 * keys it accepted that change nothing here ("key\twhy\n" lines):
@@ -250,6 +255,19 @@ void hpu__opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog);
 /* Checks the options against a world size and fills in what follows from
  * them (the batch size not given). A batch mismatch names all three
  * values. Returns 0, or -1 with one sentence in err. */
+/* --early-stop METRIC[:min|max],PATIENCE[,MIN_DELTA], parsed: stop when
+ * `patience` validations in a row did not improve the metric by more
+ * than min_delta (mode min: by falling; max: by rising). */
+typedef struct hpu_early_stop {
+	char metric[64]; /* "val_loss", "val_accuracy", ... */
+	int max;         /* 1: larger is better; 0: smaller (the default) */
+	long patience;
+	double min_delta;
+} hpu_early_stop;
+
+/* Parses s into e; -1 with a sentence in err if it is not one. */
+int hpu__early_stop_parse(const char *s, hpu_early_stop *e, char *err, size_t errlen);
+
 int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		      size_t errlen);
 

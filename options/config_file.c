@@ -950,6 +950,12 @@ static const struct fkey hputrain_keys[] = {
 	KEY("keep_checkpoints", "keep", 0),
 	KEY("resume", "resume", 0),
 	KEY("eval", "no-eval", 0), /* true or false */
+	KEY("eval_every", "eval-every", 0),
+	KEY("eval_every_epochs", "eval-every-epochs", 0),
+	KEY("val_fraction", "val-fraction", 0),
+	KEY("early_stop", "early-stop", 0),
+	KEY("val_check_interval", "eval-every", 0),         /* Lightning's, in steps */
+	KEY("check_val_every_n_epoch", "eval-every-epochs", 0), /* Lightning's */
 };
 
 static int f_hputrain(struct fctx *c, const char *path, const cJSON *it)

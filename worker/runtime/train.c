@@ -37,7 +37,16 @@ typedef struct loop {
 	uint32_t *eval_idx;
 	hpu_loader *loader;      /* training micro-batches, one ahead */
 	uint32_t *perm;
+	size_t ntrain;           /* training samples: the training split less
+				  * the --val-fraction slice */
+	uint32_t *val_map;       /* --val-fraction: the training split's
+				  * samples, training ones first, or NULL */
 	hpu_strat *st;
+	hpu_early_stop es;       /* --early-stop, when es.patience > 0 */
+	int es_metric;           /* the watched metric's index; -1: the loss */
+	double es_best;          /* its best value so far (NAN: none yet) */
+	long es_best_step, es_wait; /* ... at which step; validations since */
+	int stop_early;          /* the rule says stop (every rank alike) */
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */
 	int epochs;              /* --epochs, or as many as --max-steps takes */
@@ -141,18 +150,21 @@ static void free_buffers(loop *L)
 	hpu__batch_free(&L->eval_bt);
 	hpu__dev_hbuf_free(L->eval_idx);
 	hpu__dev_hbuf_free(L->perm);
+	free(L->val_map);
 	hpu__strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
 }
 
 /* Fetches the samples (done + i) * world + rank, i < n, of a split into
- * the evaluation batch. */
-static int load_eval_batch(loop *L, hpu_split split, size_t done, int n)
+ * the evaluation batch; through map (the held-out slice) when not NULL. */
+static int load_eval_batch(loop *L, hpu_split split, const uint32_t *map, size_t done, int n)
 {
 	size_t bad;
-	for (int i = 0; i < n; i++)
-		L->eval_idx[i] = (uint32_t)((done + (size_t)i) * (size_t)L->world + (size_t)L->rank);
+	for (int i = 0; i < n; i++) {
+		size_t k = (done + (size_t)i) * (size_t)L->world + (size_t)L->rank;
+		L->eval_idx[i] = map ? map[k] : (uint32_t)k;
+	}
 	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, n, &L->eval_bt, &bad) < 0)
 		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
 	return 0;
@@ -439,18 +451,18 @@ static void copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0)
 	       (unsigned long long)(d2h - d2h0));
 }
 
-static int evaluate(loop *L, evalres *ev)
+/* Evaluates the n samples of `split` (through map when not NULL). */
+static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_all, evalres *ev)
 {
 	int64_t t0 = hpu__prof_t0();
 	hpu_builder *b = L->b;
-	const hpu_dataset *d = &b->data[HPU_SPLIT_TEST];
-	size_t mine = hpu__sampler_eval_count(d->size, L->rank, L->world);
+	size_t mine = hpu__sampler_eval_count(n_all, L->rank, L->world);
 	int nm = b->nmetrics;
 	double sums[HPU_MAX_IO + 2] = {0}; /* loss, metrics, count */
 	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
 	for (size_t done = 0; done < mine;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
-		if (load_eval_batch(L, HPU_SPLIT_TEST, done, n) < 0 ||
+		if (load_eval_batch(L, split, map, done, n) < 0 ||
 		    hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0)
 			return -1;
 		if (hpu__fp8_error()) /* every rank meets it at the same op */
@@ -475,6 +487,133 @@ static int evaluate(loop *L, evalres *ev)
 	return 0;
 }
 
+static int evaluate(loop *L, evalres *ev)
+{
+	return evaluate_on(L, HPU_SPLIT_TEST, NULL, L->b->data[HPU_SPLIT_TEST].size, ev);
+}
+
+/* --early-stop: the metric it watches must be the loss or one the model
+ * declares. */
+static int early_setup(loop *L)
+{
+	const hpu_builder *b = L->b;
+	if (hpu__early_stop_parse(L->o->early_stop, &L->es, L->err, L->errlen) < 0)
+		return -1;
+	L->es_best = NAN;
+	L->es_metric = -1;
+	if (!strcmp(L->es.metric, "val_loss"))
+		return 0;
+	for (int k = 0; k < b->nmetrics; k++)
+		if (!strcmp(L->es.metric + 4, b->metrics[k].name)) {
+			L->es_metric = k;
+			return 0;
+		}
+	char names[256] = "";
+	for (int k = 0, n = 0; k < b->nmetrics && n < (int)sizeof names; k++)
+		n += snprintf(names + n, sizeof names - (size_t)n, "%s val_%s", k ? "," : "",
+			      b->metrics[k].name);
+	return fail(L, "--early-stop %s: the model declares no metric %s (it has val_loss%s%s)",
+		    L->o->early_stop, L->es.metric + 4, b->nmetrics ? " and" : "", names);
+}
+
+/* After a validation: one more without improvement, or a new best;
+ * every rank holds the same figures and decides alike. */
+static void early_check(loop *L, const evalres *ev, long step)
+{
+	if (L->es.patience <= 0)
+		return;
+	double v = L->es_metric < 0 ? ev->loss : ev->metric[L->es_metric], d = L->es.min_delta;
+	int better = isnan(L->es_best) ? !isnan(v)
+		     : L->es.max ? v > L->es_best + d : v < L->es_best - d;
+	if (better) {
+		L->es_best = v;
+		L->es_best_step = step;
+		L->es_wait = 0;
+	} else if (++L->es_wait >= L->es.patience) {
+		L->stop_early = 1;
+	}
+}
+
+/* --val-fraction: the training split in an order drawn from the seed
+ * alone (the same on every rank), its last part held out for validation;
+ * else every training sample trains. */
+static int val_setup(loop *L)
+{
+	const hpu_train_opts *o = L->o;
+	size_t n = L->b->data[HPU_SPLIT_TRAIN].size;
+	L->ntrain = n;
+	if (o->eval_only || (!o->eval_every && !o->eval_every_epochs))
+		return 0;
+	if (o->early_stop[0] && early_setup(L) < 0)
+		return -1;
+	if (!(o->val_fraction > 0)) {
+		if (!L->b->has_data[HPU_SPLIT_TEST])
+			return fail(L, "%s: the model declares no test split to validate on; hold out part "
+				       "of the training split with --val-fraction F",
+				    o->eval_every ? "--eval-every" : "--eval-every-epochs");
+		return 0;
+	}
+	size_t nval = (size_t)((double)n * o->val_fraction + 0.5);
+	if (nval == 0 || nval >= n)
+		return fail(L, "--val-fraction %g of the training split's %zu sample%s holds out %zu: "
+			       "nothing to %s", o->val_fraction, n, hpu__plural((long long)n), nval,
+			    nval ? "train on" : "validate on");
+	if (!(L->val_map = malloc(n * sizeof *L->val_map)))
+		return fail(L, "out of memory holding out the validation samples");
+	hpu__sampler_permute(L->val_map, n, o->seed, UINT64_MAX);
+	L->ntrain = n - nval;
+	if (L->rank == 0)
+		printf("validation: %zu sample%s of the training split held out (--val-fraction %g), "
+		       "%zu left to train on\n", nval, hpu__plural((long long)nval), o->val_fraction,
+		       L->ntrain);
+	return 0;
+}
+
+/* Validation during training after `step` steps of epoch e (from 0):
+ * the loss and the model's metrics in the log and the metrics file. */
+static int validate(loop *L, long step, int e)
+{
+	const hpu_builder *b = L->b;
+	evalres ev = {0};
+	int rc;
+	/* the model's fetch() is not called from two threads at once: the
+	 * next training batch, already asked for, is fetched first (a failure
+	 * is said when training waits for it) */
+	for (int k = 0; k < 2; k++) {
+		const hpu_batch *bt;
+		size_t bad;
+		(void)hpu__loader_wait(L->loader, k, &bt, &bad);
+	}
+	hpu__prof_in_eval = 1;
+	if (L->val_map)
+		rc = evaluate_on(L, HPU_SPLIT_TRAIN, L->val_map + L->ntrain,
+				 b->data[HPU_SPLIT_TRAIN].size - L->ntrain, &ev);
+	else
+		rc = evaluate(L, &ev);
+	hpu__prof_in_eval = 0;
+	if (rc == 0)
+		early_check(L, &ev, step);
+	if (rc < 0 || L->rank != 0)
+		return rc;
+	printf("epoch %d/%d step %ld validation: val_loss %.4f", e + 1, L->epochs, step, ev.loss);
+	for (int k = 0; k < b->nmetrics; k++)
+		printf(" val_%s %.4f", b->metrics[k].name, ev.metric[k]);
+	printf(" (%.0f samples)\n", ev.count);
+	if (!L->metrics)
+		return 0;
+	cJSON *j = cJSON_CreateObject();
+	cJSON_AddNumberToObject(j, "step", (double)step);
+	cJSON_AddNumberToObject(j, "epoch", e + 1);
+	cJSON_AddNumberToObject(j, "val_loss", ev.loss);
+	for (int k = 0; k < b->nmetrics; k++) {
+		char key[96];
+		snprintf(key, sizeof key, "val_%s", b->metrics[k].name);
+		cJSON_AddNumberToObject(j, key, ev.metric[k]);
+	}
+	cJSON_AddNumberToObject(j, "val_samples", ev.count);
+	return print_json(L, j);
+}
+
 /* fp8 inference, MEASURE: forward passes over --calibration-batches
  * batches of this rank's training samples (every world-th), recorded;
  * then the figures of all ranks go into the measurement file. */
@@ -490,7 +629,7 @@ static int calibrate(loop *L)
 	int rc = 0;
 	for (size_t done = 0; done < mine && rc == 0;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
-		rc = load_eval_batch(L, HPU_SPLIT_TRAIN, done, n) < 0 ||
+		rc = load_eval_batch(L, HPU_SPLIT_TRAIN, NULL, done, n) < 0 ||
 				     hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0
 			     ? -1
 			     : 0;
@@ -632,11 +771,10 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
  * on into as many epochs as it takes), and 0 trains nothing. */
 static int run_total(loop *L, long *total, size_t *per_epoch)
 {
-	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	*per_epoch = hpu__sampler_steps(d->size, (size_t)L->o->batch_size);
+	*per_epoch = hpu__sampler_steps(L->ntrain, (size_t)L->o->batch_size);
 	if (*per_epoch == 0)
 		return fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
-			    d->size, L->o->batch_size);
+			    L->ntrain, L->o->batch_size);
 	if (L->o->max_steps < 0) {
 		*total = (long)*per_epoch * L->o->epochs;
 		return 0;
@@ -807,7 +945,6 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		      double *sps_out)
 {
 	const hpu_train_opts *o = L->o;
-	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
 	double norm = 0;
 	long step = L->pos.step;
 	float loss = 0;
@@ -816,7 +953,9 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 	rate_start(&R, o->throughput_warmup, step);
 	for (; e < L->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
-		hpu__sampler_permute(L->perm, d->size, L->pos.seed, (uint64_t)e);
+		hpu__sampler_permute(L->perm, L->ntrain, L->pos.seed, (uint64_t)e);
+		for (size_t i = 0; L->val_map && i < L->ntrain; i++)
+			L->perm[i] = L->val_map[L->perm[i]];
 		size_t s0 = e == L->pos.epoch ? (size_t)L->pos.batch : 0, end = per_epoch;
 		if ((long)(end - s0) > total - step)
 			end = s0 + (size_t)(total - step);
@@ -847,7 +986,12 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 				       ? (double)(total - step) * o->batch_size / sps
 				       : -1,
 			       HPU_PHASE_TRAIN, logs);
-			int stop = o->stop_at_step > 0 && step == o->stop_at_step;
+			if (((o->eval_every && step % o->eval_every == 0) ||
+			     (o->eval_every_epochs && s + 1 == per_epoch &&
+			      (e + 1) % o->eval_every_epochs == 0)) &&
+			    validate(L, step, e) < 0)
+				return -1;
+			int stop = (o->stop_at_step > 0 && step == o->stop_at_step) || (L->stop_early && step < total);
 			if (o->checkpoint_dir[0] &&
 			    ((o->checkpoint_every > 0 && step % o->checkpoint_every == 0) || stop ||
 			     step == total) &&
@@ -855,7 +999,13 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 				return -1;
 			hpu__prof_flush();
 			if (stop) {
-				if (L->rank == 0)
+				if (L->rank == 0 && L->stop_early)
+					printf("stopped early after step %ld of %ld (--early-stop %s): %s did not "
+					       "improve by more than %g in %ld validation%s; the best, %.4f, was "
+					       "at step %ld\n", step, total, o->early_stop, L->es.metric,
+					       L->es.min_delta, L->es_wait, hpu__plural(L->es_wait),
+					       L->es_best, L->es_best_step);
+				else if (L->rank == 0)
 					printf("stopped after step %ld of %ld (--stop-at-step)\n", step, total);
 				goto done;
 			}
@@ -925,6 +1075,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	size_t per_epoch = 0;
 	double tload = now_s();
 	if (observe_setup(&L) < 0 || hpu__quant_init(&L.quant, o, err, errlen) < 0 ||
+	    val_setup(&L) < 0 ||
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
 	    hpu__checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
