@@ -263,10 +263,10 @@ typedef struct hpu_model {
 	void (*teardown)(void *user);
 } hpu_model;
 
-/* Deprecated: the model's entry symbol is marked HPU_API (hpu/export.h),
- * as HPU_MODEL does. HPU_EXPORT is kept as an alias of HPU_API for one
- * version, for models written `HPU_EXPORT const hpu_model
- * hpu_model_entry = {...}`; it goes in the version after. */
+/* Deprecated: one export macro marks what a library or model makes
+ * visible (hpu/export.h), and HPU_MODEL uses it. HPU_EXPORT stays an
+ * alias of it for one version, for models written `HPU_EXPORT const
+ * hpu_model hpu_model_entry = {...}`; it goes in the version after. */
 #define HPU_EXPORT HPU_API
 
 /* Defines the model's entry symbol: HPU_MODEL(.name = "mlp", .setup = f). */
