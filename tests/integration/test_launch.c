@@ -293,7 +293,8 @@ static void test_model_wrong_abi(void **state)
 }
 
 /* A call in the wrong phase fails the run naming the call and the phase
- * (issue 37): hpu_param() in setup, a declaration in a forward. */
+ * (issue 37): hpu_param() in setup, a declaration in a forward or in a
+ * hook. */
 static void test_model_wrong_phase(void **state)
 {
 	(void)state;
@@ -301,6 +302,8 @@ static void test_model_wrong_phase(void **state)
 		      "--", "--in-setup", NULL};
 	char *a2[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
 		      "--", "--in-forward", NULL};
+	char *a3[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
+		      "--", "--in-hook", NULL};
 	struct {
 		char **argv;
 		const char *text;
@@ -309,6 +312,8 @@ static void test_model_wrong_phase(void **state)
 		     "gradients, buffers and memory exist only once setup has returned"},
 		{a2, "layer loss: forward failed: hpu_param_add() called after setup (while the "
 		     "model runs), but declarations belong in setup"},
+		{a3, "the model's hook after training failed: hpu_loss_add() called after setup "
+		     "(while the model runs), but declarations belong in setup"},
 	};
 	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
 		proc p;
