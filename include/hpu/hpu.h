@@ -154,11 +154,14 @@ typedef enum hpu_init_kind {
 } hpu_init_kind;
 
 /* What an initializer is told about its tensor. fan_in and fan_out come
- * from the tensor's own shape, as torch.nn.init computes them: for 2 or
- * more dims, fan_in = shape[1] * prod(shape[2..]), fan_out = shape[0] *
- * prod(shape[2..]); for 1 dim both are shape[0]. Give a bias its layer's
- * fan-in explicitly (HPU_INIT_UNIFORM with the bound), as torch's layers
- * do: the layer library does. */
+ * from a shape as torch.nn.init computes them: for 2 or more dims, fan_in
+ * = shape[1] * prod(shape[2..]), fan_out = shape[0] * prod(shape[2..]).
+ * The shape is the tensor's own, but for a parameter of 1 dim (a bias)
+ * declared after one of 2 or more dims in the same layer: it takes the
+ * fans of the last such parameter before it (its layer's weight), as
+ * torch.nn.Linear's and Conv2d's biases are drawn from U(+-1/sqrt(the
+ * weight's fan_in)). A 1-dim parameter with no such weight before it (and
+ * every buffer) uses its own length for both. */
 typedef struct hpu_init_info {
 	const char *name; /* "layer.param" */
 	int ndim;
@@ -260,11 +263,15 @@ typedef struct hpu_model {
 	void (*teardown)(void *user);
 } hpu_model;
 
-#define HPU_EXPORT HPU_API /* the model's entry symbol: visible */
+/* Deprecated: one export macro marks what a library or model makes
+ * visible (hpu/export.h), and HPU_MODEL uses it. HPU_EXPORT stays an
+ * alias of it for one version, for models written `HPU_EXPORT const
+ * hpu_model hpu_model_entry = {...}`; it goes in the version after. */
+#define HPU_EXPORT HPU_API
 
 /* Defines the model's entry symbol: HPU_MODEL(.name = "mlp", .setup = f). */
 #define HPU_MODEL(...)                                                      \
-	HPU_EXPORT const hpu_model hpu_model_entry = {                      \
+	HPU_API const hpu_model hpu_model_entry = {                         \
 		.abi_version = HPU_ABI_VERSION, __VA_ARGS__}
 
 /* --- during setup --- */
@@ -399,9 +406,12 @@ HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
 
 /* --- in a hook --- */
 
-/* A parameter or buffer by its full name ("layer.name"), with its shape:
- * the whole tensor, fp32, valid until the hook returns. NULL (and
- * HPU_ENOENT in *err when err is not NULL) for an unknown name. */
+/* A parameter or buffer by its full name ("layer.name"), with its shape
+ * in *info (info may be NULL): the whole tensor, fp32, valid until the
+ * hook returns. For an unknown name (or NULL), or a buffer asked for in
+ * a model without buffers: NULL, with "no parameter named NAME" / "no
+ * buffer named NAME" recorded as the hook's error (hpu_run_error), which
+ * the job reports if the hook then returns non-zero. */
 HPU_API const float *hpu_run_param(hpu_run *run, const char *name, hpu_tensor *info);
 HPU_API const float *hpu_run_buffer(hpu_run *run, const char *name, hpu_tensor *info);
 /* Runs the model's forward in evaluation mode on `batch` samples given

@@ -47,7 +47,8 @@ HPU_API int hpu_count_correct(const float *logits, const int32_t *labels, int ba
 		      int classes);
 
 
-/* ---- matrix products (OpenBLAS) ---- */
+/* ---- matrix products (oneDNN on CPUs; OpenBLAS sgemm where oneDNN
+ * refuses a case) ---- */
 
 /* c[M,N] = a[M,K] * b[K,N] (+ c when accumulate). trans_a / trans_b:
  * a is stored [K,M] / b is stored [N,K]. */
@@ -168,48 +169,10 @@ HPU_API void hpu_attention_backward(const float *qkv, const float *att, const fl
  * rstd, attention's probabilities) stay fp32. Ops in the fp32 list, and
  * every op while no low type is in force, run unchanged. */
 
-enum {
-	HPU_AUTOCAST_NONE = 0, /* fp32: no op is lowered */
-	HPU_AUTOCAST_BF16 = 1,
-	HPU_AUTOCAST_FP16 = 2,
-	/* --precision fp8: linear in fp8 (E4M3 forward, E5M2 backward,
-	 * delayed scaling, bf16 outputs), the other lowered ops in bf16 */
-	HPU_AUTOCAST_FP8 = 3,
-};
-
-/* hpu_autocast_count's `low` for the calls that ran in fp8. */
-#define HPU_AUTOCAST_COUNT_FP8 2
-
-/* Sets the policy: low type `lowp`, the default lower list (linear,
- * matmul, bmm, conv2d, attention), then the ops named in the files of the
- * LOWER_LIST / PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST and FP32_LIST /
- * PT_HPU_AUTOCAST_FP32_OPS_LIST environment variables moved into the lower
- * / fp32 list (one name a line; blank lines and '#' comments allowed). A
- * name is one of ours or PyTorch's for one of ours ("addmm", "layer_norm",
- * "aten::bmm.out"); a name that means no op here is ignored and named in
- * hpu_autocast_warnings(). On an unreadable file or an op in both lists,
- * returns HPU_ERROR with a message naming the file (and line) in err, and
- * leaves the policy as it was; HPU_OK otherwise. */
-HPU_API int hpu_autocast_init(int lowp, char *err, size_t errlen);
-
-/* What the last hpu_autocast_init ignored: a line per list file naming
- * the names that mean no op here; "" when there were none. */
-HPU_API const char *hpu_autocast_warnings(void);
-
-/* Prints the policy in force (low type, both lists, the files) to f. */
-HPU_API void hpu_autocast_print(FILE *f);
-
-/* 1 when calls of the named op run in low precision now, else 0. */
+/* 1 when calls of the named op run in low precision now, else 0. (The
+ * policy is set by the runtime from --precision and the list files; its
+ * controls are internal: worker/ops/autocast.h.) */
 HPU_API int hpu_autocast_lowered(const char *op);
-
-/* How many calls of the named op (forward and backward functions alike)
- * ran in fp32 (low == 0), in bf16/fp16 (low == 1) or in fp8 (low ==
- * HPU_AUTOCAST_COUNT_FP8) in this process; 0 for an unknown name. */
-HPU_API uint64_t hpu_autocast_count(const char *op, int low);
-
-/* The number of ops, and the name of op i (0 <= i < count), NULL outside. */
-HPU_API int hpu_autocast_ops(void);
-HPU_API const char *hpu_autocast_op_name(int op);
 
 /* ---- shapes, reductions, sequences (ops_shape.c, ops_conv_rect.c) ----
  *

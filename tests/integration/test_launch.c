@@ -292,6 +292,40 @@ static void test_model_wrong_abi(void **state)
 			   "ABI 1 (a chain of layers with float inputs) is gone");
 }
 
+/* A call in the wrong phase fails the run naming the call and the phase
+ * (issue 37): hpu_param() in setup, a declaration in a forward or in a
+ * hook. */
+static void test_model_wrong_phase(void **state)
+{
+	(void)state;
+	char *a1[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
+		      "--", "--in-setup", NULL};
+	char *a2[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
+		      "--", "--in-forward", NULL};
+	char *a3[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
+		      "--", "--in-hook", NULL};
+	struct {
+		char **argv;
+		const char *text;
+	} c[] = {
+		{a1, "layer head: hpu_param() called during setup, but a layer's parameters, "
+		     "gradients, buffers and memory exist only once setup has returned"},
+		{a2, "layer loss: forward failed: hpu_param_add() called after setup (while the "
+		     "model runs), but declarations belong in setup"},
+		{a3, "the model's hook after training failed: hpu_loss_add() called after setup "
+		     "(while the model runs), but declarations belong in setup"},
+	};
+	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+		proc p;
+		int code = h_run(&p, c[i].argv, NULL, 60000);
+		printf("%s", p.out);
+		assert_int_equal(code, 1);
+		assert_non_null(strstr(p.out, c[i].text));
+		assert_non_null(strstr(p.out, "hpulaunch: error: rank "));
+		h_free(&p);
+	}
+}
+
 /* The dataset missing: the error names the Debian package. */
 static void test_missing_dataset(void **state)
 {
@@ -1391,6 +1425,7 @@ int main(void)
 		cmocka_unit_test(test_checkpoint_dir_unwritable),
 		cmocka_unit_test(test_model_without_entry),
 		cmocka_unit_test(test_model_wrong_abi),
+		cmocka_unit_test(test_model_wrong_phase),
 		cmocka_unit_test(test_missing_dataset),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
 		cmocka_unit_test(test_two_workers_match_one_adamw),

@@ -190,6 +190,7 @@ int lh_alloc(lh_harness *h, uint64_t seed)
 		l->scratch = h->scratch[i];
 		l->off = l->decl_off;
 	}
+	b->phase = HPU__PHASE_RUN; /* memory placed: the layers may run */
 	return 0;
 oom:
 	return hpu_error(b, "lh_alloc: out of memory");

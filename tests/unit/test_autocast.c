@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "tests/unit/num_testlib.h"
+#include "worker/ops/autocast.h"
 
 #include "hpu/ops.h"
 
@@ -54,7 +55,7 @@ static const char *write_file(const char *name, const char *text)
 }
 
 /* Sets LOWER_LIST / FP32_LIST to files holding the texts (NULL: unset)
- * and initializes the policy; returns hpu_autocast_init's result. */
+ * and initializes the policy; returns hpu__autocast_init's result. */
 static int policy(int lowp, const char *lower, const char *fp32, char *err, size_t len)
 {
 	if (lower)
@@ -65,14 +66,14 @@ static int policy(int lowp, const char *lower, const char *fp32, char *err, size
 		setenv("FP32_LIST", write_file("fp32.txt", fp32), 1);
 	else
 		unsetenv("FP32_LIST");
-	return hpu_autocast_init(lowp, err, len);
+	return hpu__autocast_init(lowp, err, len);
 }
 
 static void policy_ok(int lowp, const char *lower, const char *fp32)
 {
 	char err[512] = "";
 	if (policy(lowp, lower, fp32, err, sizeof err) < 0)
-		fail_msg("hpu_autocast_init: %s", err);
+		fail_msg("hpu__autocast_init: %s", err);
 }
 
 static int setup(void **state)
@@ -111,10 +112,10 @@ static void test_defaults(void **state)
 	policy_ok(HPU_AUTOCAST_NONE, "gelu\n", NULL);
 	for (size_t i = 0; i < NOPS; i++)
 		assert_int_equal(hpu_autocast_lowered(all_ops[i]), 0);
-	assert_int_equal(hpu_autocast_ops(), (int)NOPS);
+	assert_int_equal(hpu__autocast_ops(), (int)NOPS);
 	for (size_t i = 0; i < NOPS; i++)
-		assert_string_equal(hpu_autocast_op_name((int)i), all_ops[i]);
-	assert_null(hpu_autocast_op_name((int)NOPS));
+		assert_string_equal(hpu__autocast_op_name((int)i), all_ops[i]);
+	assert_null(hpu__autocast_op_name((int)NOPS));
 	assert_int_equal(hpu_autocast_lowered("lineer"), 0);
 }
 
@@ -132,7 +133,7 @@ static void test_lists_move_ops(void **state)
 	char *buf = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&buf, &len);
-	hpu_autocast_print(f);
+	hpu__autocast_print(f);
 	fclose(f);
 	printf("%s", buf);
 	assert_non_null(strstr(buf, "low precision fp16"));
@@ -155,7 +156,7 @@ static void test_unknown_op(void **state)
 	policy_ok(HPU_AUTOCAST_BF16, "relu\n\n  lineer\nsilu\n", "Linear\n");
 	assert_int_equal(hpu_autocast_lowered("relu"), 1);
 	assert_int_equal(hpu_autocast_lowered("linear"), 1);
-	const char *w = hpu_autocast_warnings();
+	const char *w = hpu__autocast_warnings();
 	printf("%s", w);
 	snprintf(want, sizeof want,
 		 "LOWER_LIST file %s/lower.txt: 2 names mean no op here and are ignored: "
@@ -169,7 +170,7 @@ static void test_unknown_op(void **state)
 	assert_non_null(strstr(w, want));
 	/* the next init starts again */
 	policy_ok(HPU_AUTOCAST_BF16, "relu\n", NULL);
-	assert_string_equal(hpu_autocast_warnings(), "");
+	assert_string_equal(hpu__autocast_warnings(), "");
 }
 
 /* PyTorch's names for our ops, as Habana's list files write them, in the
@@ -193,9 +194,9 @@ static void test_torch_names(void **state)
 					  "max_pool2d_with_indices\n"),
 	       1);
 	char err[512] = "";
-	if (hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err) < 0)
+	if (hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err) < 0)
 		fail_msg("ops_bf16.txt did not load: %s", err);
-	printf("%s", hpu_autocast_warnings());
+	printf("%s", hpu__autocast_warnings());
 	static const char *const low[] = {"linear", "matmul", "bmm", "conv2d", "embedding",
 					  "layernorm", "gelu", "relu", "attention"};
 	static const char *const fp32[] = {"softmax_xent", "softmax", "maxpool2d", "tanh",
@@ -211,15 +212,15 @@ static void test_torch_names(void **state)
 		 "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file %s/ops_bf16.txt: 21 names mean no op "
 		 "here and are ignored: 'slice', 'unsqueeze', 'mul', 'cast', 'add', 'transpose', ",
 		 dir);
-	assert_non_null(strstr(hpu_autocast_warnings(), want));
+	assert_non_null(strstr(hpu__autocast_warnings(), want));
 	snprintf(want, sizeof want,
 		 "PT_HPU_AUTOCAST_FP32_OPS_LIST file %s/ops_fp32.txt: 3 names mean no op here and "
 		 "are ignored: 'acos', 'exp', 'mse_loss' (ops: ",
 		 dir);
-	assert_non_null(strstr(hpu_autocast_warnings(), want));
+	assert_non_null(strstr(hpu__autocast_warnings(), want));
 	/* one op in both lists, across the old and the new names */
 	setenv("FP32_LIST", write_file("fp32.txt", "mm\n"), 1);
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
 	printf("error: %s\n", err);
 	assert_non_null(strstr(err, "op 'linear' is in both the PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file"));
 	assert_non_null(strstr(err, "and the FP32_LIST file"));
@@ -235,12 +236,12 @@ static void test_unreadable_file(void **state)
 	char err[512] = "";
 	unsetenv("FP32_LIST");
 	setenv("LOWER_LIST", "/nonexistent/autocast.txt", 1);
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
 	printf("error: %s\n", err);
 	assert_non_null(strstr(err, "LOWER_LIST file /nonexistent/autocast.txt: cannot read it: "));
 	unsetenv("LOWER_LIST");
 	setenv("FP32_LIST", dir, 1); /* a directory: opens, cannot be read */
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
 	printf("error: %s\n", err);
 	assert_non_null(strstr(err, "FP32_LIST file "));
 	assert_non_null(strstr(err, dir));
@@ -261,7 +262,7 @@ static void test_list_not_text(void **state)
 	fclose(f);
 	unsetenv("FP32_LIST");
 	setenv("LOWER_LIST", path, 1);
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
 	printf("error: %s\n", err);
 	snprintf(want, sizeof want, "LOWER_LIST file %s line 1: a NUL byte: not a text file", path);
 	assert_non_null(strstr(err, want));
@@ -272,7 +273,7 @@ static void test_list_not_text(void **state)
 	fclose(f);
 	unsetenv("LOWER_LIST");
 	setenv("FP32_LIST", path, 1);
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
 	printf("error: %s\n", err);
 	snprintf(want, sizeof want, "FP32_LIST file %s line 3: a NUL byte: not a text file", path);
 	assert_non_null(strstr(err, want));
@@ -283,7 +284,7 @@ static void test_list_not_text(void **state)
 	unsetenv("FP32_LIST");
 	setenv("LOWER_LIST", path, 1);
 	alarm(10); /* a hang fails the test instead of blocking ctest */
-	int rc = hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err);
+	int rc = hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err);
 	alarm(0);
 	unlink(path);
 	printf("error: %s\n", err);
@@ -291,7 +292,7 @@ static void test_list_not_text(void **state)
 	snprintf(want, sizeof want, "LOWER_LIST file %s: cannot read it: not a regular file (a FIFO)", path);
 	assert_non_null(strstr(err, want));
 	setenv("LOWER_LIST", "/dev/zero", 1);
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), -1);
 	printf("error: %s\n", err);
 	assert_non_null(strstr(err, "LOWER_LIST file /dev/zero: cannot read it: not a regular file (a character device)"));
 	unsetenv("LOWER_LIST");
@@ -323,29 +324,29 @@ static void test_counters(void **state)
 	(void)state;
 	float y_low[8], y_fp32[8], y_none[8];
 	policy_ok(HPU_AUTOCAST_BF16, NULL, NULL);
-	uint64_t lo = hpu_autocast_count("linear", 1), hi = hpu_autocast_count("linear", 0);
+	uint64_t lo = hpu__autocast_count("linear", 1), hi = hpu__autocast_count("linear", 0);
 	linear_once(y_low);
-	assert_int_equal(hpu_autocast_count("linear", 1), lo + 1);
-	assert_int_equal(hpu_autocast_count("linear", 0), hi);
+	assert_int_equal(hpu__autocast_count("linear", 1), lo + 1);
+	assert_int_equal(hpu__autocast_count("linear", 0), hi);
 
 	policy_ok(HPU_AUTOCAST_BF16, NULL, "linear\n");
 	linear_once(y_fp32);
-	assert_int_equal(hpu_autocast_count("linear", 1), lo + 1);
-	assert_int_equal(hpu_autocast_count("linear", 0), hi + 1);
+	assert_int_equal(hpu__autocast_count("linear", 1), lo + 1);
+	assert_int_equal(hpu__autocast_count("linear", 0), hi + 1);
 
 	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
 	linear_once(y_none);
-	assert_int_equal(hpu_autocast_count("linear", 0), hi + 2);
+	assert_int_equal(hpu__autocast_count("linear", 0), hi + 2);
 	/* fp32: the kernel runs untouched; lowered: a different result */
 	assert_memory_equal(y_fp32, y_none, sizeof y_none);
 	assert_memory_not_equal(y_low, y_none, sizeof y_none);
 
 	/* an op moved in by LOWER_LIST counts as low */
 	policy_ok(HPU_AUTOCAST_BF16, "gelu\n", NULL);
-	uint64_t g = hpu_autocast_count("gelu", 1);
+	uint64_t g = hpu__autocast_count("gelu", 1);
 	hpu_gelu_forward(y_none, y_low, 8);
-	assert_int_equal(hpu_autocast_count("gelu", 1), g + 1);
-	assert_int_equal(hpu_autocast_count("nosuchop", 1), 0);
+	assert_int_equal(hpu__autocast_count("gelu", 1), g + 1);
+	assert_int_equal(hpu__autocast_count("nosuchop", 1), 0);
 }
 
 /* ---- each low-precision variant against the fp32 op ---- */
@@ -538,13 +539,13 @@ static void run_case(int op, int lowp, outs *o)
 {
 	memset(o, 0, sizeof *o);
 	rng_seed(1000 + (uint64_t)op); /* the same inputs every run */
-	uint64_t low = hpu_autocast_count(all_ops[op], 1);
+	uint64_t low = hpu__autocast_count(all_ops[op], 1);
 	cases[op](o);
 	/* every call of the op ran in the expected precision */
 	if (lowp != HPU_AUTOCAST_NONE)
-		assert_true(hpu_autocast_count(all_ops[op], 1) > low);
+		assert_true(hpu__autocast_count(all_ops[op], 1) > low);
 	else
-		assert_int_equal(hpu_autocast_count(all_ops[op], 1), low);
+		assert_int_equal(hpu__autocast_count(all_ops[op], 1), low);
 }
 
 static void free_outs(outs *o)

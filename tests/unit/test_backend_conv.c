@@ -108,7 +108,7 @@ static void set_policy(int lowp)
 	char err[256];
 	unsetenv("LOWER_LIST");
 	unsetenv("FP32_LIST");
-	if (hpu_autocast_init(lowp, err, sizeof err) < 0)
+	if (hpu__autocast_init(lowp, err, sizeof err) < 0)
 		fail_msg("%s", err);
 }
 
@@ -342,14 +342,14 @@ static void test_public_fp8(void **state)
 			set_policy(HPU_AUTOCAST_NONE);
 			hpu__fp8_set_mode(HPU_FP8_QUANTIZE, NULL);
 			assert_int_equal(hpu__fp8_preload("conv/conv2d#0", m, 1), 0);
-			uint64_t before = hpu_autocast_count("conv2d", HPU_AUTOCAST_COUNT_FP8);
+			uint64_t before = hpu__autocast_count("conv2d", HPU_AUTOCAST_COUNT_FP8);
 			hpu__op_layer(0, "conv", params, t.nw + t.no, 0);
 			y[r] = xcalloc(t.ny, 4);
 			fill_nan(y[r], t.ny);
 			hpu_conv2d_forward(s, t.x, params, params + t.nw, y[r], t.scratch);
 			hpu__op_layer(-1, NULL, NULL, 0, 0);
 			assert_null(hpu__fp8_error());
-			assert_int_equal(hpu_autocast_count("conv2d", HPU_AUTOCAST_COUNT_FP8),
+			assert_int_equal(hpu__autocast_count("conv2d", HPU_AUTOCAST_COUNT_FP8),
 					 before + 1);
 			hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
 		}

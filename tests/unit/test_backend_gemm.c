@@ -99,7 +99,7 @@ static void policy(int lowp)
 	char err[256];
 	unsetenv("LOWER_LIST");
 	unsetenv("FP32_LIST");
-	if (hpu_autocast_init(lowp, err, sizeof err) < 0)
+	if (hpu__autocast_init(lowp, err, sizeof err) < 0)
 		fail_msg("%s", err);
 }
 
@@ -360,13 +360,13 @@ static void test_linear_fp8(void **state)
 	rng_seed(6);
 	linear_fill();
 	policy(HPU_AUTOCAST_FP8);
-	uint64_t n8 = hpu_autocast_count("linear", HPU_AUTOCAST_COUNT_FP8);
+	uint64_t n8 = hpu__autocast_count("linear", HPU_AUTOCAST_COUNT_FP8);
 	hpu__fp8_set_mode(HPU_FP8_TRAIN, NULL);
 	linear_run(&got, NULL);
 	hpu__fp8_set_mode(HPU_FP8_TRAIN, NULL);
 	linear_run(&want, hpu__be_reference());
 	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
-	assert_int_equal(hpu_autocast_count("linear", HPU_AUTOCAST_COUNT_FP8), n8 + 4);
+	assert_int_equal(hpu__autocast_count("linear", HPU_AUTOCAST_COUNT_FP8), n8 + 4);
 	check_bf16("fp8 linear y (bf16 kernel vs emulation)", got.y, want.y, B * OUT);
 	check_bf16("fp8 linear dx", got.dx, want.dx, B * IN);
 	check("fp8 linear dw", got.dw, want.dw, OUT * IN, 1e-5);

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "worker/ops/backend.h"
+#include "worker/ops/autocast.h"
 #include "worker/ops/backend_dnnl.h"
 #include "tests/unit/num_testlib.h"
 #include "worker/ops/ops_ref.h"
@@ -428,7 +429,7 @@ static void test_public_fp32(void **state)
 	char err[256];
 	unsetenv("LOWER_LIST");
 	unsetenv("FP32_LIST");
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
 	compare_public("fp32", TOL);
 }
 
@@ -447,14 +448,14 @@ static void test_public_bf16(void **state)
 	setenv("LOWER_LIST", path, 1);
 	unsetenv("FP32_LIST");
 	char err[256] = "";
-	int rc = hpu_autocast_init(HPU_AUTOCAST_BF16, err, sizeof err);
+	int rc = hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err);
 	unlink(path);
 	if (rc != 0)
-		fail_msg("hpu_autocast_init: %s", err);
+		fail_msg("hpu__autocast_init: %s", err);
 	assert_int_equal(hpu_autocast_lowered("gelu"), 1);
 	compare_public("bf16", 1.0 / 128);
 	unsetenv("LOWER_LIST");
-	assert_int_equal(hpu_autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
 }
 
 int main(void)

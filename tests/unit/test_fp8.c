@@ -183,7 +183,7 @@ static void fp8_policy(hpu_fp8_mode mode, const hpu_fp8_recipe *r, int lowp)
 	char err[256];
 	unsetenv("LOWER_LIST");
 	unsetenv("FP32_LIST");
-	if (hpu_autocast_init(lowp, err, sizeof err) < 0)
+	if (hpu__autocast_init(lowp, err, sizeof err) < 0)
 		fail_msg("%s", err);
 	hpu__fp8_set_mode(mode, r);
 }
@@ -207,13 +207,13 @@ static void test_linear_fp8_vs_fp32(void **state)
 	hpu_linear_backward(x, W, dy, dx32, dw32, db32, B, IN, OUT);
 
 	fp8_policy(HPU_FP8_TRAIN, NULL, HPU_AUTOCAST_FP8);
-	uint64_t n8 = hpu_autocast_count("linear", HPU_AUTOCAST_COUNT_FP8);
+	uint64_t n8 = hpu__autocast_count("linear", HPU_AUTOCAST_COUNT_FP8);
 	hpu__op_layer(0, "fc", params, OUT * IN + OUT, 0);
 	hpu_linear_forward(x, W, BIAS, y8, B, IN, OUT);
 	hpu__op_layer(0, "fc", params, OUT * IN + OUT, 1);
 	hpu_linear_backward(x, W, dy, dx8, dw8, db8, B, IN, OUT);
 	hpu__op_layer(-1, NULL, NULL, 0, 0);
-	assert_int_equal(hpu_autocast_count("linear", HPU_AUTOCAST_COUNT_FP8), n8 + 2);
+	assert_int_equal(hpu__autocast_count("linear", HPU_AUTOCAST_COUNT_FP8), n8 + 2);
 
 	double ey = rel_err(y8, y32, B * OUT), edx = rel_err(dx8, dx32, B * IN);
 	double edw = rel_err(dw8, dw32, OUT * IN);
@@ -236,17 +236,17 @@ static void test_linear_fp8_vs_fp32(void **state)
 
 	/* Outside a layer, or with a weight that is not the layer's, the call
 	 * cannot be found again in backward: bf16, counted so. */
-	uint64_t lo = hpu_autocast_count("linear", 1);
+	uint64_t lo = hpu__autocast_count("linear", 1);
 	hpu_linear_forward(x, W, BIAS, y8, B, IN, OUT);
-	assert_int_equal(hpu_autocast_count("linear", 1), lo + 1);
+	assert_int_equal(hpu__autocast_count("linear", 1), lo + 1);
 	static float other_w[OUT * IN];
 	memcpy(other_w, W, sizeof other_w);
 	hpu__op_layer(0, "fc", params, OUT * IN + OUT, 0);
 	hpu_linear_forward(x, other_w, BIAS, y8, B, IN, OUT);
 	hpu__op_layer(-1, NULL, NULL, 0, 0);
-	assert_int_equal(hpu_autocast_count("linear", 1), lo + 2);
+	assert_int_equal(hpu__autocast_count("linear", 1), lo + 2);
 	assert_int_equal(hpu__fp8_count(), 1);
-	assert_int_equal(hpu_autocast_count("linear", HPU_AUTOCAST_COUNT_FP8), n8 + 2);
+	assert_int_equal(hpu__autocast_count("linear", HPU_AUTOCAST_COUNT_FP8), n8 + 2);
 	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
 }
 
@@ -356,7 +356,7 @@ static void test_measure_then_quantize(void **state)
 	hpu__fp8_fake_quant(W, qw, OUT * IN, hpu__fp8_scale_for(m[1], HPU_FP8_E4M3, 0),
 			   HPU_FP8_E4M3);
 	char err[256];
-	hpu_autocast_init(HPU_AUTOCAST_NONE, err, sizeof err);
+	hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err);
 	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
 	float want[B * OUT], b16[OUT];
 	for (int o = 0; o < OUT; o++) /* the bias in bf16 */
@@ -370,11 +370,11 @@ static void test_measure_then_quantize(void **state)
 	hpu__fp8_set_mode(HPU_FP8_QUANTIZE, NULL);
 	assert_int_equal(hpu__fp8_preload("fc/linear#0", m, 1), 0);
 	hpu__op_layer(7, "other", NULL, 0, 0);
-	uint64_t fp32 = hpu_autocast_count("linear", 0);
+	uint64_t fp32 = hpu__autocast_count("linear", 0);
 	hpu_linear_forward(x, W, BIAS, yq, B, IN, OUT);
 	assert_non_null(hpu__fp8_error());
 	assert_non_null(strstr(hpu__fp8_error(), "other/linear#0"));
-	assert_int_equal(hpu_autocast_count("linear", 0), fp32 + 1); /* ran in fp32 */
+	assert_int_equal(hpu__autocast_count("linear", 0), fp32 + 1); /* ran in fp32 */
 	/* blocklisted: runs unquantized */
 	hpu__fp8_set_mode(HPU_FP8_QUANTIZE, NULL);
 	assert_int_equal(hpu__fp8_preload("fc/linear#0", m, 0), 0);

@@ -199,6 +199,108 @@ static void test_linear_forward(void **state)
 	lh_free(&h);
 }
 
+static int noop_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
+{
+	(void)l, (void)c, (void)in, (void)out;
+	return 0;
+}
+
+static const hpu_layer_ops noop_ops = {.forward = noop_forward};
+
+/* A call in the wrong phase is refused naming the call and the phase
+ * (issue 37): hpu_param and the like during setup, declarations after
+ * it; an index out of range names the call and the index. */
+static void test_wrong_phase(void **state)
+{
+	(void)state;
+	int64_t shape = 4, wshape[2] = {2, 4};
+	lh_harness *h = harness_x(1, 1, &shape);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *l = hpu_layer_add(b, "custom", "x", &noop_ops, NULL);
+	assert_non_null(l);
+	assert_int_equal(hpu_layer_output(l, "y", HPU_F32, 1, wshape), 0);
+	assert_int_equal(hpu_param_add(l, "weight", 2, wshape, HPU_INIT(ZEROS)), 0);
+	/* during setup */
+	const char *calls[] = {"hpu_param", "hpu_grad", "hpu_buffer", "hpu_saved", "hpu_scratch"};
+	for (int i = 0; i < 5; i++) {
+		lh_clear_error(h);
+		void *p = i == 0 ? (void *)hpu_param(l, 0) : i == 1 ? (void *)hpu_grad(l, 0)
+			: i == 2 ? (void *)hpu_buffer(l, 0) : i == 3 ? hpu_saved(l) : hpu_scratch(l);
+		char want[128];
+		snprintf(want, sizeof want, "layer custom: %s() called during setup, but", calls[i]);
+		printf("  %s\n", lh_error(h));
+		assert_null(p);
+		assert_non_null(strstr(lh_error(h), want));
+	}
+	lh_clear_error(h);
+	assert_int_equal(lh_alloc(h, 1), 0);
+	/* after setup: declarations are refused, the layer's error says why */
+	assert_non_null(hpu_param(l, 0));
+	assert_int_equal(hpu_param_add(l, "late", 2, wshape, HPU_INIT(ZEROS)), HPU_EINVAL);
+	printf("  %s\n", l->err);
+	assert_non_null(strstr(l->err, "hpu_param_add() called after setup (while the model runs), "
+				       "but declarations belong in setup"));
+	assert_int_equal(b->nparams, 1);
+	lh_clear_error(h);
+	assert_null(hpu_layer_add(b, "late", "x", &noop_ops, NULL));
+	assert_non_null(strstr(lh_error(h), "hpu_layer_add() called after setup"));
+	lh_clear_error(h);
+	assert_int_equal(hpu_loss_add(b, "y", 1.0f), HPU_EINVAL);
+	assert_non_null(strstr(lh_error(h), "hpu_loss_add() called after setup"));
+	/* an index out of range */
+	l->err[0] = 0;
+	assert_null(hpu_param(l, 1));
+	printf("  %s\n", l->err);
+	assert_string_equal(l->err, "hpu_param(): layer custom has 1 parameters, asked for index 1");
+	lh_free(&h);
+}
+
+/* What a custom initializer is told: name, fans. */
+static int record_fans(void *user, const hpu_init_info *info, float *w, hpu_init_rng *rng)
+{
+	(void)rng;
+	size_t *fans = user;
+	fans[0] = info->fan_in;
+	fans[1] = info->fan_out;
+	for (size_t i = 0; i < info->numel; i++)
+		w[i] = 0;
+	return 0;
+}
+
+/* A bias's fan-in is its layer's weight's, as PyTorch's Linear gives it
+ * (issue 37): a fan-in initializer on a 1-D parameter uses the fans of
+ * the last parameter of 2 or more dimensions its layer declared before
+ * it. */
+static void test_bias_fan_in(void **state)
+{
+	(void)state;
+	int64_t shape = 4, wshape[2] = {64, 4}, bshape = 64, w2[2] = {3, 5}, b2 = 3;
+	lh_harness *h = harness_x(1, 1, &shape);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *l = hpu_layer_add(b, "lin", "x", &noop_ops, NULL);
+	assert_non_null(l);
+	assert_int_equal(hpu_layer_output(l, "y", HPU_F32, 1, &bshape), 0);
+	assert_int_equal(hpu_param_add(l, "weight", 2, wshape, HPU_INIT(FAN_IN_UNIFORM)), 0);
+	assert_int_equal(hpu_param_add(l, "bias", 1, &bshape, HPU_INIT(FAN_IN_UNIFORM)), 1);
+	size_t fans[2] = {0, 0};
+	hpu_layer *l2 = hpu_layer_add(b, "lin2", "y", &noop_ops, NULL);
+	assert_non_null(l2);
+	assert_int_equal(hpu_layer_output(l2, "z", HPU_F32, 1, &b2), 0);
+	assert_int_equal(hpu_param_add(l2, "weight", 2, w2, HPU_INIT(ZEROS)), 0);
+	hpu_init custom = {.kind = HPU_INIT_CUSTOM, .fn = record_fans, .user = fans};
+	assert_int_equal(hpu_param_add(l2, "bias", 1, &b2, custom), 1);
+	assert_int_equal(lh_alloc(h, 7), 0);
+	/* U(+-1/sqrt(4)) = U(+-0.5), not U(+-1/sqrt(64)) = U(+-0.125) */
+	float big = 0;
+	for (int i = 0; i < 64; i++)
+		big = fabsf(hpu_param(l, 1)[i]) > big ? fabsf(hpu_param(l, 1)[i]) : big;
+	printf("  lin.bias: largest |value| %.4f; lin2.bias fans %zu, %zu\n", big, fans[0], fans[1]);
+	assert_true(big > 0.2f && big <= 0.5f);
+	assert_int_equal(fans[0], 5);
+	assert_int_equal(fans[1], 3);
+	lh_free(&h);
+}
+
 static void test_linear_init(void **state)
 {
 	(void)state;
@@ -1088,6 +1190,8 @@ int main(void)
 		cmocka_unit_test(test_harness_dataset),
 		cmocka_unit_test(test_linear_forward),
 		cmocka_unit_test(test_linear_init),
+		cmocka_unit_test(test_wrong_phase),
+		cmocka_unit_test(test_bias_fan_in),
 		cmocka_unit_test(test_linear_gradients),
 		cmocka_unit_test(test_linear_refused),
 		cmocka_unit_test(test_linear_tied),

@@ -110,6 +110,31 @@ static int refuse(hpu_builder *b, hpu_err code, const char *fmt, ...)
 	return code;
 }
 
+/* A public call made in the wrong phase: records "CALL() called PHASE:
+ * WHY" as the builder's error and, when there is one, the layer's (the
+ * message a failed forward/backward is reported with). Returns
+ * HPU_EINVAL. */
+static int wrong_phase(hpu_builder *b, hpu_layer *l, const char *call)
+{
+	const char *why = b->phase == HPU__PHASE_SETUP
+		? "called during setup, but a layer's parameters, gradients, buffers and "
+		  "memory exist only once setup has returned (use them in its forward and backward)"
+		: "called after setup (while the model runs), but declarations belong in setup";
+	if (l)
+		snprintf(l->err, sizeof l->err, "%s() %s", call, why);
+	return refuse(b, HPU_EINVAL, "%s%s%s%s() %s", l ? "layer " : "", l ? l->name : "",
+		      l ? ": " : "", call, why);
+}
+
+/* Declarations: refused after setup. */
+#define HPU__SETUP_ONLY(b, l, call, fail)                       \
+	do {                                                     \
+		if ((b)->phase != HPU__PHASE_SETUP) {            \
+			wrong_phase((b), (l), (call));           \
+			return (fail);                           \
+		}                                                \
+	} while (0)
+
 int hpu_rank(const hpu_builder *b)
 {
 	return b->rank;
@@ -237,6 +262,7 @@ int hpu_tensor_info(const hpu_builder *b, const char *name, hpu_tensor *out)
 
 int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
 {
+	HPU__SETUP_ONLY(b, NULL, "hpu_dataset_set", HPU_EINVAL);
 	if (split != HPU_SPLIT_TRAIN && split != HPU_SPLIT_TEST)
 		return refuse(b, HPU_EINVAL, "dataset: unknown split %d", (int)split);
 	const char *which = split == HPU_SPLIT_TRAIN ? "training dataset" : "test dataset";
@@ -326,6 +352,7 @@ static int parse_inputs(hpu_builder *b, hpu_layer *l, const char *inputs)
 hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
 			 const hpu_layer_ops *ops, void *user)
 {
+	HPU__SETUP_ONLY(b, NULL, "hpu_layer_add", NULL);
 	if (bad_name(name))
 		return layer_fail(b, NULL, "layer %d: name \"%s\" is empty, longer than %d bytes or "
 				  "has characters other than letters, digits and _-/.",
@@ -373,6 +400,7 @@ static int check_last(hpu_layer *l, const char *what)
 int hpu_layer_output(hpu_layer *l, const char *tensor, hpu_dtype dtype, int ndim,
 		     const int64_t *shape)
 {
+	HPU__SETUP_ONLY(l->b, l, "hpu_layer_output", HPU_EINVAL);
 	hpu_builder *b = l->b;
 	int rc = check_last(l, "outputs");
 	if (rc < 0)
@@ -440,6 +468,7 @@ static int check_decl(hpu_layer *l, const char *what, const char *name, int ndim
 int hpu_param_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape,
 		  hpu_init init)
 {
+	HPU__SETUP_ONLY(l->b, l, "hpu_param_add", HPU_EINVAL);
 	hpu_builder *b = l->b;
 	char full[sizeof b->params[0].name];
 	size_t numel;
@@ -474,6 +503,7 @@ int hpu_param_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape
 
 int hpu_param_init(hpu_builder *b, const char *param, hpu_init init)
 {
+	HPU__SETUP_ONLY(b, NULL, "hpu_param_init", HPU_EINVAL);
 	int g = param ? hpu__model_param(b, param) : -1;
 	if (g < 0)
 		return refuse(b, HPU_ENOENT, "hpu_param_init: no parameter named %s declared so far",
@@ -498,6 +528,7 @@ int hpu_param_shape(const hpu_builder *b, const char *param, int *ndim,
 
 int hpu_param_share(hpu_layer *l, const char *param)
 {
+	HPU__SETUP_ONLY(l->b, l, "hpu_param_share", HPU_EINVAL);
 	hpu_builder *b = l->b;
 	int g = param ? hpu__model_param(b, param) : -1;
 	if (g < 0)
@@ -528,6 +559,7 @@ int hpu_param_share(hpu_layer *l, const char *param)
 int hpu_buffer_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape,
 		   hpu_init init, hpu_buffer_sync sync)
 {
+	HPU__SETUP_ONLY(l->b, l, "hpu_buffer_add", HPU_EINVAL);
 	hpu_builder *b = l->b;
 	char full[sizeof b->buffers[0].name];
 	size_t numel;
@@ -559,6 +591,7 @@ int hpu_buffer_add(hpu_layer *l, const char *name, int ndim, const int64_t *shap
 int hpu_layer_memory(hpu_layer *l, size_t saved_ps, size_t saved_fixed, size_t scratch_ps,
 		     size_t scratch_fixed)
 {
+	HPU__SETUP_ONLY(l->b, l, "hpu_layer_memory", HPU_EINVAL);
 	l->saved_ps = saved_ps;
 	l->saved_fixed = saved_fixed;
 	l->scratch_ps = scratch_ps;
@@ -568,12 +601,14 @@ int hpu_layer_memory(hpu_layer *l, size_t saved_ps, size_t saved_fixed, size_t s
 
 int hpu_layer_checkpoint(hpu_layer *l, int on)
 {
+	HPU__SETUP_ONLY(l->b, l, "hpu_layer_checkpoint", HPU_EINVAL);
 	l->ckpt = on != 0;
 	return HPU_OK;
 }
 
 int hpu_layer_params_in_ops(hpu_layer *l)
 {
+	HPU__SETUP_ONLY(l->b, l, "hpu_layer_params_in_ops", HPU_EINVAL);
 	l->params_in_ops = 1;
 	return HPU_OK;
 }
@@ -596,6 +631,7 @@ static int scalar_tensor(hpu_builder *b, const char *tensor, const char *what)
 
 int hpu_loss_add(hpu_builder *b, const char *tensor, float weight)
 {
+	HPU__SETUP_ONLY(b, NULL, "hpu_loss_add", HPU_EINVAL);
 	int t = scalar_tensor(b, tensor, "loss");
 	if (t < 0)
 		return t;
@@ -613,6 +649,7 @@ int hpu_loss_add(hpu_builder *b, const char *tensor, float weight)
 
 int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor)
 {
+	HPU__SETUP_ONLY(b, NULL, "hpu_metric_add", HPU_EINVAL);
 	int t = scalar_tensor(b, tensor, "metric");
 	if (t < 0)
 		return t;
@@ -644,18 +681,43 @@ static int add_hook(hpu_builder *b, hpu_hook_ent *v, int *n, hpu_hook fn, void *
 
 int hpu_hook_after_eval(hpu_builder *b, hpu_hook fn, void *user)
 {
+	HPU__SETUP_ONLY(b, NULL, "hpu_hook_after_eval", HPU_EINVAL);
 	return add_hook(b, b->after_eval, &b->nafter_eval, fn, user);
 }
 
 int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user)
 {
+	HPU__SETUP_ONLY(b, NULL, "hpu_hook_after_train", HPU_EINVAL);
 	return add_hook(b, b->after_train, &b->nafter_train, fn, user);
 }
 
 /* ---- inside forward/backward ---- */
 
+/* Parameters, gradients, buffers, memory: refused during setup. */
+#define HPU__RUN_ONLY(l, call)                                  \
+	do {                                                     \
+		if ((l)->b->phase != HPU__PHASE_RUN) {           \
+			wrong_phase((l)->b, (l), (call));        \
+			return NULL;                             \
+		}                                                \
+	} while (0)
+
+/* Index k of the layer's npidx parameters (or nbuffers buffers), else
+ * the layer's error naming the call and the index. */
+static int check_index(hpu_layer *l, const char *call, int k, int n, const char *what)
+{
+	if (k >= 0 && k < n)
+		return 1;
+	snprintf(l->err, sizeof l->err, "%s(): layer %s has %d %s, asked for index %d", call,
+		 l->name, n, what, k);
+	return 0;
+}
+
 float *hpu_param(hpu_layer *l, int k)
 {
+	HPU__RUN_ONLY(l, "hpu_param");
+	if (!check_index(l, "hpu_param", k, l->npidx, "parameters"))
+		return NULL;
 	const hpu_param_info *p = &l->b->params[l->pidx[k]];
 	float *v = l->b->layers[p->layer]->pbase + p->rel;
 	/* under mixed precision: the fp32 values, made now unless the layer
@@ -667,23 +729,31 @@ float *hpu_param(hpu_layer *l, int k)
 
 float *hpu_grad(hpu_layer *l, int k)
 {
+	HPU__RUN_ONLY(l, "hpu_grad");
+	if (!check_index(l, "hpu_grad", k, l->npidx, "parameters"))
+		return NULL;
 	const hpu_param_info *p = &l->b->params[l->pidx[k]];
 	return l->b->layers[p->layer]->gbase + p->rel;
 }
 
 float *hpu_buffer(hpu_layer *l, int k)
 {
+	HPU__RUN_ONLY(l, "hpu_buffer");
+	if (!check_index(l, "hpu_buffer", k, l->nbuffers, "buffers"))
+		return NULL;
 	const hpu_buffer_info *bi = &l->b->buffers[l->first_buffer + k];
 	return l->bbase + (bi->offset - l->b->buffers[l->first_buffer].offset);
 }
 
 void *hpu_saved(hpu_layer *l)
 {
+	HPU__RUN_ONLY(l, "hpu_saved");
 	return l->saved;
 }
 
 void *hpu_scratch(hpu_layer *l)
 {
+	HPU__RUN_ONLY(l, "hpu_scratch");
 	return l->scratch;
 }
 
@@ -793,7 +863,10 @@ int hpu__model_setup_fn(hpu_builder *b, int (*setup)(hpu_builder *, int, char **
 				  b->err[0] ? b->err : "(no reason given)");
 	if (b->err[0]) /* a declaration failed but setup went on */
 		return setup_fail(b, err, errlen, "%s", b->err);
-	return check_declared(b, err, errlen);
+	if (check_declared(b, err, errlen) < 0)
+		return -1;
+	b->phase = HPU__PHASE_RUN;
+	return 0;
 }
 
 int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err, size_t errlen)
@@ -826,12 +899,15 @@ float hpu_init_normal(hpu_init_rng *r)
 
 int hpu__model_init_values(const hpu_init *init, const char *name, int ndim,
 			   const int64_t *shape, size_t numel, uint64_t seed, uint64_t stream,
-			   float *w, char *err, size_t errlen)
+			   const hpu_param_info *fans_of, float *w, char *err, size_t errlen)
 {
 	hpu_init_rng r;
 	hpu_rng_seed((hpu_rng *)&r, seed, stream);
 	size_t fi, fo;
-	hpu__model_fans(ndim, shape, &fi, &fo);
+	if (fans_of)
+		hpu__model_fans(fans_of->ndim, fans_of->shape, &fi, &fo);
+	else
+		hpu__model_fans(ndim, shape, &fi, &fo);
 	float a = init->a, bb = init->b, gain = a != 0 ? a : 1.0f, lo = 0, hi = 0, std = 0;
 	switch (init->kind) {
 	case HPU_INIT_UNIFORM:
@@ -907,11 +983,17 @@ int hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst, cha
 {
 	hpu_layer *l = b->layers[li];
 	memset(dst, 0, l->plen * sizeof *dst);
+	const hpu_param_info *weight = NULL; /* the last of 2+ dims so far */
 	for (int i = l->first_param; i < l->first_param + l->nparams; i++) {
 		hpu_param_info *p = &b->params[i];
+		/* a bias (1 dim) after a weight takes the weight's fans, as
+		 * torch.nn.Linear's and Conv's biases do */
+		const hpu_param_info *fans_of = p->ndim == 1 ? weight : NULL;
 		if (hpu__model_init_values(&p->init, p->name, p->ndim, p->shape, p->numel, seed,
-					   (uint64_t)i + 1, dst + p->rel, err, errlen) < 0)
+					   (uint64_t)i + 1, fans_of, dst + p->rel, err, errlen) < 0)
 			return -1;
+		if (p->ndim >= 2)
+			weight = p;
 	}
 	return 0;
 }
@@ -924,8 +1006,8 @@ int hpu__model_init_buffers(hpu_builder *b, uint64_t seed, float *dst, char *err
 		hpu_buffer_info *bi = &b->buffers[i];
 		/* streams after the parameters' */
 		if (hpu__model_init_values(&bi->init, bi->name, bi->ndim, bi->shape, bi->numel, seed,
-					   (uint64_t)(b->nparams + i) + 1, dst + bi->offset, err,
-					   errlen) < 0)
+					   (uint64_t)(b->nparams + i) + 1, NULL, dst + bi->offset,
+					   err, errlen) < 0)
 			return -1;
 	}
 	return 0;

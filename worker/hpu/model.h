@@ -95,8 +95,19 @@ typedef struct hpu_metric_ent {
 	int tensor;
 } hpu_metric_ent;
 
+/* The builder's phase. Declarations (hpu_layer_add, hpu_param_add, ...)
+ * belong in setup; parameters, gradients, buffers and a layer's saved and
+ * scratch memory (hpu_param, ...) exist once setup has returned and the
+ * strategy has placed them. A call in the other phase is refused naming
+ * the call and the phase (model.c, wrong_phase). */
+typedef enum hpu__phase {
+	HPU__PHASE_SETUP = 0, /* a new builder; setup() runs */
+	HPU__PHASE_RUN = 1,   /* after setup: training, evaluation, hooks */
+} hpu__phase;
+
 struct hpu_builder {
 	int rank, world, max_batch;
+	hpu__phase phase;
 	void *dl;
 	const hpu_model *model;
 	char path[512];
@@ -172,11 +183,14 @@ int hpu__model_buffer(const hpu_builder *b, const char *name);
 void hpu__model_fans(int ndim, const int64_t *shape, size_t *fan_in, size_t *fan_out);
 
 /* Fills w[numel] from `init` (name, shape for the fans and messages)
- * with the generator seeded by (seed, stream). Returns 0, or -1 with a
- * sentence in err (a custom initializer failed). */
+ * with the generator seeded by (seed, stream). `fans_of` (NULL: `shape`)
+ * is the shape the fans come from: for a bias, its layer's weight's
+ * (hpu__model_init_layer). Returns 0, or -1 with a sentence in err (a
+ * custom initializer failed). */
 int hpu__model_init_values(const hpu_init *init, const char *name, int ndim,
 			   const int64_t *shape, size_t numel, uint64_t seed,
-			   uint64_t stream, float *w, char *err, size_t errlen);
+			   uint64_t stream, const hpu_param_info *fans_of, float *w,
+			   char *err, size_t errlen);
 
 /* Writes layer `li`'s own parameters, initialized with `seed`, to dst[0
  * .. plen) (padding zeroed). Every rank computes the same values. 0, or

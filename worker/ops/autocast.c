@@ -68,12 +68,12 @@ typedef struct param16 {
 static param16 *p16s;
 static int np16, cap16;
 
-int hpu_autocast_ops(void)
+int hpu__autocast_ops(void)
 {
 	return HPU_OP_COUNT;
 }
 
-const char *hpu_autocast_op_name(int op)
+const char *hpu__autocast_op_name(int op)
 {
 	return op >= 0 && op < HPU_OP_COUNT ? op_names[op] : NULL;
 }
@@ -143,11 +143,11 @@ static int list_op(const char *name)
 	return op;
 }
 
-/* What the last hpu_autocast_init had to say: names that mean no op
+/* What the last hpu__autocast_init had to say: names that mean no op
  * here, a line per list file. */
 static char warnings[2048];
 
-const char *hpu_autocast_warnings(void)
+const char *hpu__autocast_warnings(void)
 {
 	return warnings;
 }
@@ -246,7 +246,7 @@ static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 	return rc;
 }
 
-int hpu_autocast_init(int lowp, char *err, size_t errlen)
+int hpu__autocast_init(int lowp, char *err, size_t errlen)
 {
 	if (lowp < HPU_AUTOCAST_NONE || lowp > HPU_AUTOCAST_FP8) {
 		snprintf(err, errlen, "autocast: unknown low-precision type %d", lowp);
@@ -309,7 +309,7 @@ static int quantizable(hpu__op op)
 	       op == HPU_OP_BMM;
 }
 
-void hpu_autocast_print(FILE *f)
+void hpu__autocast_print(FILE *f)
 {
 	fprintf(f, "autocast: low precision %s%s\n", lowp_name(lowp_in_force),
 		lowp_in_force ? "" : " (every op runs in fp32)");
@@ -343,7 +343,7 @@ int hpu_autocast_lowered(const char *op)
 	return i >= 0 && lowp_in_force != HPU_AUTOCAST_NONE && lower[i];
 }
 
-uint64_t hpu_autocast_count(const char *op, int low)
+uint64_t hpu__autocast_count(const char *op, int low)
 {
 	int i = op_index(op);
 	int k = low == HPU_AUTOCAST_COUNT_FP8 ? 2 : low ? 1 : 0;

@@ -1,18 +1,63 @@
-/* autocast: the ops' side of the autocast policy (include/hpu/ops.h has
- * the public half). Each public op calls hpu__ac_enter once; when it
- * returns a low-precision type the op rounds its inputs into scratch with
- * hpu__ac_round, runs its fp32 kernel (fp32 accumulation) and rounds its
- * overwritten outputs with hpu__ac_round_inplace. */
+/* autocast: the runtime's side of the autocast policy (include/hpu/ops.h
+ * has the public half: the description and hpu_autocast_lowered). Each
+ * public op calls hpu__ac_enter once; when it returns a low-precision
+ * type the op rounds its inputs into scratch with hpu__ac_round, runs
+ * its fp32 kernel (fp32 accumulation) and rounds its overwritten outputs
+ * with hpu__ac_round_inplace. */
 #ifndef HPU_AUTOCAST_INTERNAL_H
 #define HPU_AUTOCAST_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "hpu/ops.h"
 
+/* The runtime's controls of the policy (include/hpu/ops.h describes it
+ * for model authors; only the runtime sets it). */
+enum {
+	HPU_AUTOCAST_NONE = 0, /* fp32: no op is lowered */
+	HPU_AUTOCAST_BF16 = 1,
+	HPU_AUTOCAST_FP16 = 2,
+	/* --precision fp8: linear in fp8 (E4M3 forward, E5M2 backward,
+	 * delayed scaling, bf16 outputs), the other lowered ops in bf16 */
+	HPU_AUTOCAST_FP8 = 3,
+};
+
+/* hpu__autocast_count's `low` for the calls that ran in fp8. */
+#define HPU_AUTOCAST_COUNT_FP8 2
+
+/* Sets the policy: low type `lowp`, the default lower list (linear,
+ * matmul, bmm, conv2d, attention), then the ops named in the files of the
+ * LOWER_LIST / PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST and FP32_LIST /
+ * PT_HPU_AUTOCAST_FP32_OPS_LIST environment variables moved into the lower
+ * / fp32 list (one name a line; blank lines and '#' comments allowed). A
+ * name is one of ours or PyTorch's for one of ours ("addmm", "layer_norm",
+ * "aten::bmm.out"); a name that means no op here is ignored and named in
+ * hpu__autocast_warnings(). On an unreadable file or an op in both lists,
+ * returns HPU_ERROR with a message naming the file (and line) in err, and
+ * leaves the policy as it was; HPU_OK otherwise. */
+int hpu__autocast_init(int lowp, char *err, size_t errlen);
+
+/* What the last hpu__autocast_init ignored: a line per list file naming
+ * the names that mean no op here; "" when there were none. */
+const char *hpu__autocast_warnings(void);
+
+/* Prints the policy in force (low type, both lists, the files) to f. */
+void hpu__autocast_print(FILE *f);
+
+/* How many calls of the named op (forward and backward functions alike)
+ * ran in fp32 (low == 0), in bf16/fp16 (low == 1) or in fp8 (low ==
+ * HPU_AUTOCAST_COUNT_FP8) in this process; 0 for an unknown name. */
+uint64_t hpu__autocast_count(const char *op, int low);
+
+/* The number of ops, and the name of op i (0 <= i < count), NULL outside. */
+int hpu__autocast_ops(void);
+const char *hpu__autocast_op_name(int op);
+
+
 /* fp8's modes and recipe (see fp8.h): defined here because the policy
- * keeps the ones in force, for hpu__ac_enter and hpu_autocast_print. */
+ * keeps the ones in force, for hpu__ac_enter and hpu__autocast_print. */
 typedef enum hpu_fp8_mode {
 	HPU_FP8_OFF = 0,
 	HPU_FP8_TRAIN,

@@ -318,7 +318,7 @@ static inst *site(int op)
 			return p;
 	}
 	char name[112];
-	snprintf(name, sizeof name, "%s/%s#%d", S.lname, hpu_autocast_op_name(op), k);
+	snprintf(name, sizeof name, "%s/%s#%d", S.lname, hpu__autocast_op_name(op), k);
 	inst *p = NULL;
 	if (hpu__fp8_mode() == HPU_FP8_QUANTIZE) {
 		for (int i = 0; i < S.n && !p; i++)

@@ -78,10 +78,11 @@ int hpu__hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, 
 			run.metric[k] = figures[1 + k];
 	}
 	for (int i = 0; i < n; i++) {
-		run.err[0] = 0;
+		run.err[0] = b->err[0] = 0;
 		if (v[i].fn(&run, v[i].user) != 0) {
+			/* a builder call made in the hook says why in b->err */
 			snprintf(err, errlen, "the model's hook %s failed: %s", when,
-				 run.err[0] ? run.err : "(no reason given)");
+				 run.err[0] ? run.err : b->err[0] ? b->err : "(no reason given)");
 			goto out;
 		}
 	}

@@ -179,9 +179,9 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	hpu__hostmem_init(o.host_memory);
-	if (hpu_autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
+	if (hpu__autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
 		goto out;
-	for (const char *w = hpu_autocast_warnings(); rank == 0 && *w; w = strchr(w, '\n') + 1)
+	for (const char *w = hpu__autocast_warnings(); rank == 0 && *w; w = strchr(w, '\n') + 1)
 		printf("warning: %.*s\n", (int)strcspn(w, "\n"), w);
 	if (rank == 0)
 		note_lists_at_fp32(&o);
@@ -192,7 +192,7 @@ int main(int argc, char **argv)
 		hpu__fp8_set_mode(HPU_FP8_TRAIN, &r);
 	}
 	if (o.verbose && rank == 0)
-		hpu_autocast_print(stdout);
+		hpu__autocast_print(stdout);
 	kernels_setup(&o);
 	if (hpu__model_load(&b, path, rank, world, o.micro_batch, err, sizeof err) < 0)
 		goto out;

@@ -336,7 +336,7 @@ int hpu__quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
 	for (int i = 0; i < n; i++) {
 		hpu__fp8_info_get(i, &in);
 		cJSON *node = cJSON_CreateObject();
-		cJSON_AddStringToObject(node, "op", hpu_autocast_op_name(in.op));
+		cJSON_AddStringToObject(node, "op", hpu__autocast_op_name(in.op));
 		float in2[2] = {v[3 * i], v[3 * i + 1]};
 		cJSON_AddItemToObject(node, "inputs", cJSON_CreateFloatArray(in2, 2));
 		if (!q->exclude_outputs)

@@ -102,13 +102,14 @@ static int input_views(hpu_strat *s, int i, hpu_tensor *in)
 
 static int layer_failed(hpu_strat *s, hpu_layer *l, const char *what)
 {
-	/* the layer's own message may name it already */
-	const char *why = l->err[0] ? l->err : "(no reason given)";
+	/* the layer's own message may name it already; a builder call made
+	 * in the layer (hpu_loss_add after setup) says why in the builder's */
+	const char *why = l->err[0] ? l->err : s->b->err[0] ? s->b->err : "(no reason given)";
 	size_t n = strlen(l->name);
 	if (!strncmp(why, "layer ", 6) && !strncmp(why + 6, l->name, n) && !strncmp(why + 6 + n, ": ", 2))
 		why += 8 + n;
 	int rc = fail(s, "layer %s: %s failed: %s", l->name, what, why);
-	l->err[0] = 0;
+	l->err[0] = s->b->err[0] = 0;
 	return rc;
 }
 

@@ -679,10 +679,10 @@ static void quant_report(loop *L)
 static cJSON *autocast_json(void)
 {
 	cJSON *j = cJSON_CreateObject();
-	for (int i = 0; i < hpu_autocast_ops(); i++) {
-		const char *name = hpu_autocast_op_name(i);
-		uint64_t low = hpu_autocast_count(name, 1), fp32 = hpu_autocast_count(name, 0);
-		uint64_t fp8 = hpu_autocast_count(name, HPU_AUTOCAST_COUNT_FP8);
+	for (int i = 0; i < hpu__autocast_ops(); i++) {
+		const char *name = hpu__autocast_op_name(i);
+		uint64_t low = hpu__autocast_count(name, 1), fp32 = hpu__autocast_count(name, 0);
+		uint64_t fp8 = hpu__autocast_count(name, HPU_AUTOCAST_COUNT_FP8);
 		if (low + fp32 + fp8 == 0)
 			continue;
 		cJSON *c = cJSON_CreateObject();
