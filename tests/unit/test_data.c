@@ -17,35 +17,11 @@
 
 #include <hpu/data.h>
 
+#include "tests/unit/tmp_testlib.h"
 #include "worker/hpu/model.h" /* worker/hpu: a builder without the runtime */
 
-static char dir[64];
 static char err[1024];
 static hpu_array a, y;
-
-static const char *at(const char *name)
-{
-	static char p[4][128];
-	static int k;
-	char *s = p[k++ & 3];
-	snprintf(s, sizeof p[0], "%s/%s", dir, name);
-	return s;
-}
-
-static int setup(void **state)
-{
-	(void)state;
-	snprintf(dir, sizeof dir, "/tmp/test_data.XXXXXX");
-	return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	char cmd[128];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-	return system(cmd);
-}
 
 static int reset(void **state)
 {
@@ -58,7 +34,7 @@ static int reset(void **state)
 
 static const char *put(const char *name, const void *data, size_t n)
 {
-	const char *path = at(name);
+	const char *path = tmp_at(name);
 	FILE *f = fopen(path, "wb");
 	assert_non_null(f);
 	assert_int_equal(fwrite(data, 1, n, f), n);
@@ -124,10 +100,10 @@ static void test_idx_good(void **state)
 	hpu_array_free(&a);
 
 	/* gzipped, as the MNIST family ships */
-	gzFile gz = gzopen(at("u8.idx.gz"), "wb");
+	gzFile gz = gzopen(tmp_at("u8.idx.gz"), "wb");
 	assert_int_equal(gzwrite(gz, buf, (unsigned)n), (int)n);
 	gzclose(gz);
-	assert_int_equal(hpu_array_load(&a, at("u8.idx.gz"), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(hpu_array_load(&a, tmp_at("u8.idx.gz"), NULL, err, sizeof err), HPU_OK);
 	assert_int_equal(((uint8_t *)a.data)[7], 7);
 	hpu_array_free(&a);
 
@@ -158,7 +134,7 @@ static void test_idx_refused(void **state)
 	p = put("long.idx", buf, n + 1);
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
 		"mis-shaped: more data follows than the header's [3, 2, 2] of u8 (12 bytes) holds");
-	p = at("missing.idx");
+	p = tmp_at("missing.idx");
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "cannot open");
 	assert_non_null(strstr(err, "No such file or directory"));
 	p = put_str("junk.idx", "hello");
@@ -509,5 +485,5 @@ int main(void)
 		cmocka_unit_test_teardown(test_csv_refused, reset),
 		cmocka_unit_test_teardown(test_declare, reset),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, tmp_setup, tmp_teardown);
 }

@@ -20,38 +20,14 @@
 #include "common/fileio.h"
 #include "common/hex.h"
 #include "common/shmname.h"
+#include "tests/unit/tmp_testlib.h"
 
-static char dir[64];
-
-static const char *at(const char *name)
-{
-	static char p[4][128];
-	static int k;
-	char *s = p[k++ & 3];
-	snprintf(s, sizeof p[0], "%s/%s", dir, name);
-	return s;
-}
-
-static int setup(void **state)
-{
-	(void)state;
-	snprintf(dir, sizeof dir, "/tmp/test_fileio.XXXXXX");
-	return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	char cmd[128];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-	return system(cmd);
-}
 
 /* The names in dir that start with prefix. */
 static int count_prefix(const char *prefix)
 {
 	char cmd[256];
-	snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -c '^%s'", dir, prefix);
+	snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -c '^%s'", tmp_dir, prefix);
 	FILE *p = popen(cmd, "r");
 	int n = -1;
 	assert_non_null(p);
@@ -75,28 +51,28 @@ static void test_open_input(void **state)
 	(void)state;
 	struct stat st;
 	const char *why = NULL;
-	assert_int_equal(mkfifo(at("fifo"), 0600), 0);
+	assert_int_equal(mkfifo(tmp_at("fifo"), 0600), 0);
 	alarm(10); /* a hang fails instead of blocking ctest */
-	assert_int_equal(hpu__open_input_fd(at("fifo"), 0, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(tmp_at("fifo"), 0, &st, &why), -1);
 	assert_string_equal(why, "not a regular file (a FIFO)");
 	assert_true(S_ISFIFO(st.st_mode));
 	alarm(0);
-	assert_int_equal(hpu__open_input_fd(dir, 0, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(tmp_dir, 0, &st, &why), -1);
 	assert_string_equal(why, strerror(EISDIR));
 	assert_int_equal(hpu__open_input_fd("/dev/null", 0, &st, &why), -1);
 	assert_string_equal(why, "not a regular file (a character device)");
-	assert_int_equal(hpu__open_input_fd(at("none"), 0, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(tmp_at("none"), 0, &st, &why), -1);
 	assert_int_equal(errno, ENOENT);
 	assert_int_equal(st.st_mode, 0);
 	/* a regular file: open, blocking, through a link unless O_NOFOLLOW */
-	put(at("f"), "abc", 3);
-	assert_int_equal(symlink("f", at("link")), 0);
-	int fd = hpu__open_input_fd(at("link"), 0, &st, &why);
+	put(tmp_at("f"), "abc", 3);
+	assert_int_equal(symlink("f", tmp_at("link")), 0);
+	int fd = hpu__open_input_fd(tmp_at("link"), 0, &st, &why);
 	assert_true(fd >= 0);
 	assert_true(S_ISREG(st.st_mode));
 	assert_int_equal(fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
 	close(fd);
-	assert_int_equal(hpu__open_input_fd(at("link"), O_NOFOLLOW, &st, &why), -1);
+	assert_int_equal(hpu__open_input_fd(tmp_at("link"), O_NOFOLLOW, &st, &why), -1);
 	assert_int_equal(errno, ELOOP);
 }
 
@@ -105,8 +81,8 @@ static void test_read(void **state)
 	(void)state;
 	char *buf = NULL;
 	size_t len = 0;
-	put(at("t"), "one\ntwo\n", 8);
-	assert_null(hpu__read_file(at("t"), &buf, &len));
+	put(tmp_at("t"), "one\ntwo\n", 8);
+	assert_null(hpu__read_file(tmp_at("t"), &buf, &len));
 	assert_int_equal(len, 8);
 	assert_string_equal(buf, "one\ntwo\n");
 	free(buf);
@@ -115,16 +91,16 @@ static void test_read(void **state)
 	char *big = malloc(max + 1);
 	assert_non_null(big);
 	memset(big, 'x', max + 1);
-	put(at("max"), big, max);
-	put(at("over"), big, max + 1);
-	assert_null(hpu__read_file(at("max"), &buf, &len));
+	put(tmp_at("max"), big, max);
+	put(tmp_at("over"), big, max + 1);
+	assert_null(hpu__read_file(tmp_at("max"), &buf, &len));
 	assert_int_equal(len, max);
 	free(buf);
-	assert_string_equal(hpu__read_file(at("over"), &buf, &len), "larger than 16 MiB");
+	assert_string_equal(hpu__read_file(tmp_at("over"), &buf, &len), "larger than 16 MiB");
 	/* not text: any size, NULs too */
 	big[7] = 0;
-	put(at("bin"), big, max + 1);
-	FILE *f = fopen(at("bin"), "rb");
+	put(tmp_at("bin"), big, max + 1);
+	FILE *f = fopen(tmp_at("bin"), "rb");
 	assert_non_null(f);
 	assert_null(hpu__read_stream(f, 0, &buf, &len));
 	fclose(f);
@@ -132,8 +108,8 @@ static void test_read(void **state)
 	assert_memory_equal(buf, big, max + 1);
 	assert_int_equal(buf[len], 0);
 	free(buf);
-	put(at("nul"), "a\0b", 3);
-	assert_string_equal(hpu__read_file(at("nul"), &buf, &len),
+	put(tmp_at("nul"), "a\0b", 3);
+	assert_string_equal(hpu__read_file(tmp_at("nul"), &buf, &len),
 			    "it holds a NUL byte: not a text file");
 	free(big);
 }
@@ -145,18 +121,18 @@ static void test_write_atomic(void **state)
 	(void)state;
 	char err[512], *buf;
 	size_t len;
-	put(at("out"), "old", 3);
-	assert_int_equal(hpu__write_atomic(at("out"), "new text", 8, err, sizeof err), 0);
-	assert_null(hpu__read_file(at("out"), &buf, &len));
+	put(tmp_at("out"), "old", 3);
+	assert_int_equal(hpu__write_atomic(tmp_at("out"), "new text", 8, err, sizeof err), 0);
+	assert_null(hpu__read_file(tmp_at("out"), &buf, &len));
 	assert_string_equal(buf, "new text");
 	free(buf);
 	/* through a symbolic link: the file it leads to, the link stays */
-	assert_int_equal(symlink("out", at("ln")), 0);
-	assert_int_equal(hpu__write_atomic(at("ln"), "via link", 8, err, sizeof err), 0);
+	assert_int_equal(symlink("out", tmp_at("ln")), 0);
+	assert_int_equal(hpu__write_atomic(tmp_at("ln"), "via link", 8, err, sizeof err), 0);
 	struct stat st;
-	assert_int_equal(lstat(at("ln"), &st), 0);
+	assert_int_equal(lstat(tmp_at("ln"), &st), 0);
 	assert_true(S_ISLNK(st.st_mode));
-	assert_null(hpu__read_file(at("out"), &buf, &len));
+	assert_null(hpu__read_file(tmp_at("out"), &buf, &len));
 	assert_string_equal(buf, "via link");
 	free(buf);
 	assert_int_equal(count_prefix("out.tmp"), 0);
@@ -165,17 +141,17 @@ static void test_write_atomic(void **state)
 	assert_int_equal(hpu__write_atomic("/dev/full", "x", 1, err, sizeof err), -1);
 	assert_string_equal(err, "writing /dev/full: No space left on device");
 	/* no directory to create the temporary file in */
-	assert_int_equal(hpu__write_atomic(at("no/f"), "x", 1, err, sizeof err), -1);
+	assert_int_equal(hpu__write_atomic(tmp_at("no/f"), "x", 1, err, sizeof err), -1);
 	assert_non_null(strstr(err, "cannot create "));
 	assert_non_null(strstr(err, "/no/f.tmp."));
 	/* onto a directory: the rename fails, the temporary file goes */
-	assert_int_equal(mkdir(at("d"), 0755), 0);
-	put(at("d/x"), "x", 1);
-	assert_int_equal(hpu__write_atomic(at("d"), "x", 1, err, sizeof err), -1);
+	assert_int_equal(mkdir(tmp_at("d"), 0755), 0);
+	put(tmp_at("d/x"), "x", 1);
+	assert_int_equal(hpu__write_atomic(tmp_at("d"), "x", 1, err, sizeof err), -1);
 	assert_non_null(strstr(err, "cannot rename "));
 	assert_int_equal(count_prefix("d.tmp"), 0);
-	assert_int_equal(hpu__fsync_dir(dir, err, sizeof err), 0);
-	assert_int_equal(hpu__fsync_dir(at("none"), err, sizeof err), -1);
+	assert_int_equal(hpu__fsync_dir(tmp_dir, err, sizeof err), 0);
+	assert_int_equal(hpu__fsync_dir(tmp_at("none"), err, sizeof err), -1);
 	assert_non_null(strstr(err, "cannot open directory "));
 }
 
@@ -187,24 +163,24 @@ static void test_outfile(void **state)
 	hpu_outfile o;
 	char *buf;
 	size_t len;
-	put(at("keep"), "old", 3);
-	assert_int_equal(hpu__outfile_open(&o, at("keep"), 0644), 0);
+	put(tmp_at("keep"), "old", 3);
+	assert_int_equal(hpu__outfile_open(&o, tmp_at("keep"), 0644), 0);
 	assert_int_equal(hpu__write_all(o.fd, "half", 4), 0);
 	assert_int_equal(count_prefix("keep.tmp."), 1);
 	hpu__outfile_abort(&o);
 	hpu__outfile_abort(&o); /* twice is fine */
 	assert_int_equal(count_prefix("keep.tmp."), 0);
-	assert_null(hpu__read_file(at("keep"), &buf, &len));
+	assert_null(hpu__read_file(tmp_at("keep"), &buf, &len));
 	assert_string_equal(buf, "old");
 	free(buf);
-	assert_int_equal(hpu__outfile_open(&o, at("keep"), 0644), 0);
+	assert_int_equal(hpu__outfile_open(&o, tmp_at("keep"), 0644), 0);
 	FILE *f = hpu__outfile_stream(&o);
 	assert_non_null(f);
 	assert_true(fprintf(f, "%s %d\n", "streamed", 42) > 0);
 	const char *step = NULL;
 	assert_int_equal(hpu__outfile_commit(&o, &step), 0);
 	hpu__outfile_abort(&o); /* after commit: nothing to do */
-	assert_null(hpu__read_file(at("keep"), &buf, &len));
+	assert_null(hpu__read_file(tmp_at("keep"), &buf, &len));
 	assert_string_equal(buf, "streamed 42\n");
 	free(buf);
 	assert_int_equal(count_prefix("keep.tmp."), 0);
@@ -290,5 +266,5 @@ int main(void)
 		cmocka_unit_test(test_write_atomic), cmocka_unit_test(test_outfile),
 		cmocka_unit_test(test_hex), cmocka_unit_test(test_shm_names),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, tmp_setup, tmp_teardown);
 }

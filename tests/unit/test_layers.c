@@ -25,55 +25,9 @@
 #include <hpu/layers.h>
 
 #include "tests/unit/layer_harness.h"
-
-#ifndef HPU_REFS_DIR
-#error "HPU_REFS_DIR must name tests/fixtures/refs"
-#endif
-
-#define REF_TOL 1e-5 /* relative to the largest |reference| */
+#include "tests/unit/layer_testlib.h"
 
 /* ---- helpers ---- */
-
-/* A harness with one training field per entry of f. */
-static lh_harness *harness(int max_batch, int nfields, const hpu_field *f)
-{
-	lh_harness *h = lh_new(max_batch);
-	assert_non_null(h);
-	assert_int_equal(lh_dataset(h, nfields, f, NULL, 4), HPU_OK);
-	return h;
-}
-
-/* The same with one f32 field "x" of the given shape. */
-static lh_harness *harness_x(int max_batch, int ndim, const int64_t *shape)
-{
-	hpu_field f = {.name = "x", .dtype = HPU_F32, .ndim = ndim};
-	memcpy(f.shape, shape, (size_t)ndim * sizeof *shape);
-	return harness(max_batch, 1, &f);
-}
-
-static void gradcheck_ok(lh_harness *h, hpu_layer *l, int batch, void *const *in,
-			 const lh_check_opts *o)
-{
-	char msg[512];
-	lh_check_opts v = o ? *o : (lh_check_opts){0};
-	v.verbose = 1;
-	int rc = lh_gradcheck(h, l, batch, in, &v, msg, sizeof msg);
-	if (rc)
-		printf("  FAIL: %s\n", msg);
-	assert_int_equal(rc, 0);
-}
-
-/* A declaration that must fail: NULL, and the builder's error names the
- * layer (and `also` when not NULL). */
-static void refused(lh_harness *h, hpu_layer *l, const char *name, const char *also)
-{
-	printf("  refused: %s\n", lh_error(h));
-	assert_null(l);
-	assert_non_null(strstr(lh_error(h), name));
-	if (also)
-		assert_non_null(strstr(lh_error(h), also));
-	lh_clear_error(h);
-}
 
 static void close_to(const float *got, const float *want, size_t n, double tol)
 {
@@ -82,13 +36,6 @@ static void close_to(const float *got, const float *want, size_t n, double tol)
 		for (size_t i = 0; i < n; i++)
 			printf("  [%zu] got %.7g want %.7g\n", i, got[i], want[i]);
 	assert_true(d <= tol);
-}
-
-static float *alloc_f(size_t n)
-{
-	float *p = calloc(n ? n : 1, sizeof *p);
-	assert_non_null(p);
-	return p;
 }
 
 /* ---- the harness's checker fails wrong gradients ---- */
@@ -134,7 +81,7 @@ static void test_gradcheck_catches_wrong_gradients(void **state)
 	static const hpu_layer_ops ops = {.forward = scale_forward, .backward = scale_backward};
 	int64_t shape = 6;
 	for (int mode = 0; mode <= 4; mode++) {
-		lh_harness *h = harness_x(3, 1, &shape);
+		lh_harness *h = lt_harness_x(3, 1, &shape);
 		hpu_layer *l = hpu_layer_add(lh_builder(h), "scale", "x", &ops, &mode);
 		assert_non_null(l);
 		assert_true(hpu_layer_output(l, "y", HPU_F32, 1, &shape) >= 0);
@@ -180,7 +127,7 @@ static void test_linear_forward(void **state)
 {
 	(void)state;
 	int64_t shape[2] = {2, 2}; /* two rows of 2 a sample */
-	lh_harness *h = harness_x(2, 2, shape);
+	lh_harness *h = lt_harness_x(2, 2, shape);
 	hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", 3, 1);
 	assert_non_null(l);
 	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
@@ -305,7 +252,7 @@ static void test_linear_init(void **state)
 {
 	(void)state;
 	int64_t shape = 25;
-	lh_harness *h = harness_x(1, 1, &shape);
+	lh_harness *h = lt_harness_x(1, 1, &shape);
 	hpu_builder *b = lh_builder(h);
 	hpu_layer *l = hpu_linear(b, "fc", "x", "y", 40, 1);
 	assert_non_null(l);
@@ -334,12 +281,12 @@ static void test_linear_gradients(void **state)
 	(void)state;
 	int64_t shape[3] = {2, 3, 5}; /* leading dimensions are rows */
 	for (int bias = 0; bias <= 1; bias++) {
-		lh_harness *h = harness_x(3, 3, shape);
+		lh_harness *h = lt_harness_x(3, 3, shape);
 		hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", 4, bias);
 		assert_non_null(l);
 		assert_int_equal(l->npidx, 1 + bias);
 		assert_int_equal(lh_alloc(h, 11), 0);
-		gradcheck_ok(h, l, 3, NULL, NULL);
+		lt_gradcheck_ok(h, l, 3, NULL, NULL);
 		lh_free(&h);
 	}
 }
@@ -349,16 +296,16 @@ static void test_linear_refused(void **state)
 	(void)state;
 	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {4}},
 			  {.name = "ids", .dtype = HPU_I32, .ndim = 1, .shape = {4}}};
-	lh_harness *h = harness(2, 2, f);
+	lh_harness *h = lt_harness(2, 2, f);
 	hpu_builder *b = lh_builder(h);
-	refused(h, hpu_linear(b, "fc1", "nope", "y", 3, 1), "fc1", "nope");
-	refused(h, hpu_linear(b, "fc2", "ids", "y", 3, 1), "fc2", "f32");
-	refused(h, hpu_linear(b, "fc3", "x", "y", 0, 1), "fc3", NULL);
+	lt_refused(h, hpu_linear(b, "fc1", "nope", "y", 3, 1), "fc1", "nope");
+	lt_refused(h, hpu_linear(b, "fc2", "ids", "y", 3, 1), "fc2", "f32");
+	lt_refused(h, hpu_linear(b, "fc3", "x", "y", 0, 1), "fc3", NULL);
 	/* the builder refusing the name: the layer's state is freed here */
-	refused(h, hpu_linear(b, "fc 4", "x", "y", 3, 1), "fc 4", NULL);
+	lt_refused(h, hpu_linear(b, "fc 4", "x", "y", 3, 1), "fc 4", NULL);
 	assert_int_equal(b->nlayers, 0);
 	/* ... or its output: the layer is in, its destroy frees the state */
-	refused(h, hpu_linear(b, "fc5", "x", "x", 3, 1), "fc5", "twice");
+	lt_refused(h, hpu_linear(b, "fc5", "x", "x", 3, 1), "fc5", "twice");
 	assert_int_equal(b->nlayers, 1);
 	lh_free(&h);
 }
@@ -368,13 +315,13 @@ static void test_linear_tied(void **state)
 	(void)state;
 	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 2, .shape = {2, 3}},
 			  {.name = "z", .dtype = HPU_F32, .ndim = 1, .shape = {4}}};
-	lh_harness *h = harness(2, 2, f);
+	lh_harness *h = lt_harness(2, 2, f);
 	hpu_builder *b = lh_builder(h);
 	hpu_layer *enc = hpu_linear(b, "enc", "x", "e", 5, 0);
 	assert_non_null(enc);
-	refused(h, hpu_linear_tied(b, "bad", "z", "d", "enc.weight", 1), "bad", "enc.weight");
-	refused(h, hpu_linear_tied(b, "bad2", "x", "d", "enc.nope", 1), "bad2", "enc.nope");
-	refused(h, hpu_linear_tied(b, "bad3", "x", "d", NULL, 1), "bad3", NULL);
+	lt_refused(h, hpu_linear_tied(b, "bad", "z", "d", "enc.weight", 1), "bad", "enc.weight");
+	lt_refused(h, hpu_linear_tied(b, "bad2", "x", "d", "enc.nope", 1), "bad2", "enc.nope");
+	lt_refused(h, hpu_linear_tied(b, "bad3", "x", "d", NULL, 1), "bad3", NULL);
 	hpu_layer *dec = hpu_linear_tied(b, "dec", "x", "d", "enc.weight", 1);
 	assert_non_null(dec);
 	hpu_tensor d = lh_tensor(h, "d", 0, NULL);
@@ -386,7 +333,7 @@ static void test_linear_tied(void **state)
 	assert_int_equal(b->params[hpu__model_param(b, "enc.weight")].users, 2);
 	assert_true(hpu__model_param(b, "dec.bias") >= 0);
 	assert_int_equal(hpu__model_param(b, "dec.weight"), -1);
-	gradcheck_ok(h, dec, 2, NULL, NULL);
+	lt_gradcheck_ok(h, dec, 2, NULL, NULL);
 	/* the forward reads the owner's values */
 	memset(hpu_param(enc, 0), 0, 15 * sizeof(float));
 	memset(hpu_param(dec, 1), 0, 5 * sizeof(float));
@@ -406,7 +353,7 @@ static void test_conv2d_forward(void **state)
 {
 	(void)state;
 	int64_t shape[3] = {1, 3, 3};
-	lh_harness *h = harness_x(1, 3, shape);
+	lh_harness *h = lt_harness_x(1, 3, shape);
 	hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", 2, 2, 1, 0, 1);
 	assert_non_null(l);
 	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
@@ -430,13 +377,13 @@ static void test_conv2d_gradients(void **state)
 	(void)state;
 	int64_t shape[3] = {3, 6, 5};
 	for (int bias = 0; bias <= 1; bias++) {
-		lh_harness *h = harness_x(2, 3, shape);
+		lh_harness *h = lt_harness_x(2, 3, shape);
 		hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", 4, 3, 2, 1, bias);
 		assert_non_null(l);
 		hpu_tensor y = lh_tensor(h, "y", 0, NULL);
 		assert_true(y.shape[0] == 4 && y.shape[1] == 3 && y.shape[2] == 3);
 		assert_int_equal(lh_alloc(h, 2), 0);
-		gradcheck_ok(h, l, 2, NULL, NULL);
+		lt_gradcheck_ok(h, l, 2, NULL, NULL);
 		lh_free(&h);
 	}
 }
@@ -446,18 +393,18 @@ static void test_conv_pool_refused(void **state)
 	(void)state;
 	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 3, .shape = {2, 4, 4}},
 			  {.name = "v", .dtype = HPU_F32, .ndim = 2, .shape = {4, 4}}};
-	lh_harness *h = harness(1, 2, f);
+	lh_harness *h = lt_harness(1, 2, f);
 	hpu_builder *b = lh_builder(h);
-	refused(h, hpu_conv2d(b, "c1", "v", "y", 2, 3, 1, 0, 1), "c1", "[C, H, W]");
-	refused(h, hpu_conv2d(b, "c2", "x", "y", 2, 5, 1, 0, 1), "c2", NULL);
-	refused(h, hpu_conv2d(b, "c3", "x", "y", 2, 3, 0, 0, 1), "c3", NULL);
-	refused(h, hpu_conv2d(b, "c4", "x", "y", 0, 3, 1, 0, 1), "c4", NULL);
-	refused(h, hpu_conv2d(b, "c5", "nope", "y", 2, 3, 1, 0, 1), "c5", "nope");
-	refused(h, hpu_maxpool2d(b, "p1", "v", "y", 2, 2), "p1", NULL);
-	refused(h, hpu_maxpool2d(b, "p2", "x", "y", 5, 1), "p2", NULL);
-	refused(h, hpu_avgpool2d(b, "p3", "x", "y", 2, 0), "p3", NULL);
-	refused(h, hpu_avgpool2d(b, "p4", "nope", "y", 2, 2), "p4", "nope");
-	refused(h, hpu_flatten(b, "f1", "nope", "y"), "f1", "nope");
+	lt_refused(h, hpu_conv2d(b, "c1", "v", "y", 2, 3, 1, 0, 1), "c1", "[C, H, W]");
+	lt_refused(h, hpu_conv2d(b, "c2", "x", "y", 2, 5, 1, 0, 1), "c2", NULL);
+	lt_refused(h, hpu_conv2d(b, "c3", "x", "y", 2, 3, 0, 0, 1), "c3", NULL);
+	lt_refused(h, hpu_conv2d(b, "c4", "x", "y", 0, 3, 1, 0, 1), "c4", NULL);
+	lt_refused(h, hpu_conv2d(b, "c5", "nope", "y", 2, 3, 1, 0, 1), "c5", "nope");
+	lt_refused(h, hpu_maxpool2d(b, "p1", "v", "y", 2, 2), "p1", NULL);
+	lt_refused(h, hpu_maxpool2d(b, "p2", "x", "y", 5, 1), "p2", NULL);
+	lt_refused(h, hpu_avgpool2d(b, "p3", "x", "y", 2, 0), "p3", NULL);
+	lt_refused(h, hpu_avgpool2d(b, "p4", "nope", "y", 2, 2), "p4", "nope");
+	lt_refused(h, hpu_flatten(b, "f1", "nope", "y"), "f1", "nope");
 	assert_int_equal(b->nlayers, 0);
 	lh_free(&h);
 }
@@ -468,20 +415,14 @@ static void spaced(float *x, size_t n, uint64_t seed)
 {
 	for (size_t i = 0; i < n; i++)
 		x[i] = 0.1f * (float)i - 0.05f * (float)n;
-	for (size_t i = n - 1; i > 0; i--) {
-		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-		size_t j = (size_t)(seed >> 33) % (i + 1);
-		float t = x[i];
-		x[i] = x[j];
-		x[j] = t;
-	}
+	lt_shuffle(x, n, seed);
 }
 
 static void test_maxpool(void **state)
 {
 	(void)state;
 	int64_t shape[3] = {1, 4, 4};
-	lh_harness *h = harness_x(2, 3, shape);
+	lh_harness *h = lt_harness_x(2, 3, shape);
 	hpu_layer *l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", 2, 2);
 	assert_non_null(l);
 	assert_int_equal(l->saved_ps, 4); /* one index per output */
@@ -500,14 +441,14 @@ static void test_maxpool(void **state)
 	lh_free(&h);
 
 	int64_t big[3] = {2, 7, 5};
-	h = harness_x(2, 3, big);
+	h = lt_harness_x(2, 3, big);
 	l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", 3, 2);
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);
 	float xs[2 * 70];
 	spaced(xs, 140, 3);
 	void *given[1] = {xs};
-	gradcheck_ok(h, l, 2, given, &(lh_check_opts){.eps = 1e-3});
+	lt_gradcheck_ok(h, l, 2, given, &(lh_check_opts){.eps = 1e-3});
 	lh_free(&h);
 }
 
@@ -515,7 +456,7 @@ static void test_avgpool(void **state)
 {
 	(void)state;
 	int64_t shape[3] = {1, 3, 3};
-	lh_harness *h = harness_x(1, 3, shape);
+	lh_harness *h = lt_harness_x(1, 3, shape);
 	hpu_layer *l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", 2, 1);
 	assert_non_null(l);
 	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
@@ -530,11 +471,11 @@ static void test_avgpool(void **state)
 	lh_free(&h);
 
 	int64_t big[3] = {3, 7, 6};
-	h = harness_x(2, 3, big);
+	h = lt_harness_x(2, 3, big);
 	l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", 3, 2);
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);
-	gradcheck_ok(h, l, 2, NULL, NULL);
+	lt_gradcheck_ok(h, l, 2, NULL, NULL);
 	lh_free(&h);
 }
 
@@ -542,7 +483,7 @@ static void test_flatten(void **state)
 {
 	(void)state;
 	int64_t shape[3] = {2, 2, 3};
-	lh_harness *h = harness_x(2, 3, shape);
+	lh_harness *h = lt_harness_x(2, 3, shape);
 	hpu_layer *l = hpu_flatten(lh_builder(h), "flat", "x", "y");
 	assert_non_null(l);
 	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
@@ -555,7 +496,7 @@ static void test_flatten(void **state)
 	void *in[1] = {x}, *o[1] = {out};
 	assert_int_equal(lh_forward(h, l, &c, in, o), 0);
 	close_to(out, x, 24, 0);
-	gradcheck_ok(h, l, 2, NULL, NULL);
+	lt_gradcheck_ok(h, l, 2, NULL, NULL);
 	lh_free(&h);
 }
 
@@ -565,7 +506,7 @@ static void test_relu(void **state)
 {
 	(void)state;
 	int64_t shape = 6;
-	lh_harness *h = harness_x(3, 1, &shape);
+	lh_harness *h = lt_harness_x(3, 1, &shape);
 	hpu_layer *l = hpu_relu(lh_builder(h), "act", "x", "y");
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);
@@ -582,7 +523,7 @@ static void test_relu(void **state)
 	for (int i = 0; i < 18; i += 2)
 		xs[i] = -xs[i];
 	void *given[1] = {xs};
-	gradcheck_ok(h, l, 3, given, NULL);
+	lt_gradcheck_ok(h, l, 3, given, NULL);
 	lh_free(&h);
 }
 
@@ -590,15 +531,15 @@ static void test_gelu_tanh_gradients(void **state)
 {
 	(void)state;
 	int64_t shape[2] = {3, 4};
-	lh_harness *h = harness_x(2, 2, shape);
+	lh_harness *h = lt_harness_x(2, 2, shape);
 	hpu_layer *g = hpu_gelu(lh_builder(h), "gelu", "x", "g");
 	hpu_layer *t = hpu_tanh(lh_builder(h), "tanh", "x", "t");
 	assert_non_null(g);
 	assert_non_null(t);
 	assert_int_equal(lh_alloc(h, 1), 0);
 	lh_check_opts o = {.lo = -3, .hi = 3};
-	gradcheck_ok(h, g, 2, NULL, &o);
-	gradcheck_ok(h, t, 2, NULL, &o);
+	lt_gradcheck_ok(h, g, 2, NULL, &o);
+	lt_gradcheck_ok(h, t, 2, NULL, &o);
 	/* gelu(0) = 0, gelu(x) -> x for large x; tanh(1) */
 	float x[12] = {0, 10, -10, 1}, out[12];
 	hpu_ctx c = lh_ctx(h, g, 0, 0, 1);
@@ -619,16 +560,16 @@ static void test_eltwise_refused(void **state)
 	(void)state;
 	hpu_field f[2] = {{.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {4}},
 			  {.name = "ids", .dtype = HPU_I32, .ndim = 1, .shape = {4}}};
-	lh_harness *h = harness(1, 2, f);
+	lh_harness *h = lt_harness(1, 2, f);
 	hpu_builder *b = lh_builder(h);
-	refused(h, hpu_relu(b, "r1", "ids", "y"), "r1", "f32");
-	refused(h, hpu_gelu(b, "g1", "nope", "y"), "g1", "nope");
-	refused(h, hpu_tanh(b, "t1", "ids", "y"), "t1", "f32");
-	refused(h, hpu_softmax(b, "s1", "ids", "y"), "s1", "f32");
-	refused(h, hpu_dropout(b, "d1", "x", "y", 1.0f), "d1", NULL);
-	refused(h, hpu_dropout(b, "d2", "x", "y", -0.1f), "d2", NULL);
-	refused(h, hpu_dropout(b, "d3", "x", "y", NAN), "d3", NULL);
-	refused(h, hpu_dropout(b, "d4", "ids", "y", 0.5f), "d4", "f32");
+	lt_refused(h, hpu_relu(b, "r1", "ids", "y"), "r1", "f32");
+	lt_refused(h, hpu_gelu(b, "g1", "nope", "y"), "g1", "nope");
+	lt_refused(h, hpu_tanh(b, "t1", "ids", "y"), "t1", "f32");
+	lt_refused(h, hpu_softmax(b, "s1", "ids", "y"), "s1", "f32");
+	lt_refused(h, hpu_dropout(b, "d1", "x", "y", 1.0f), "d1", NULL);
+	lt_refused(h, hpu_dropout(b, "d2", "x", "y", -0.1f), "d2", NULL);
+	lt_refused(h, hpu_dropout(b, "d3", "x", "y", NAN), "d3", NULL);
+	lt_refused(h, hpu_dropout(b, "d4", "ids", "y", 0.5f), "d4", "f32");
 	assert_int_equal(b->nlayers, 0);
 	lh_free(&h);
 }
@@ -648,12 +589,12 @@ static void test_dropout(void **state)
 	(void)state;
 	int64_t shape = DN;
 	const float p = 0.3f;
-	lh_harness *h = harness_x(DB, 1, &shape);
+	lh_harness *h = lt_harness_x(DB, 1, &shape);
 	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", p);
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 99), 0);
-	float *x = alloc_f(DB * DN), *y1 = alloc_f(DB * DN), *y2 = alloc_f(DB * DN);
-	float *dx = alloc_f(DB * DN);
+	float *x = lt_alloc_f(DB * DN), *y1 = lt_alloc_f(DB * DN), *y2 = lt_alloc_f(DB * DN);
+	float *dx = lt_alloc_f(DB * DN);
 	uint64_t s = 1;
 	lh_fill(x, DB * DN, 0.5f, 1.5f, &s); /* never 0: a zero in y is a drop */
 
@@ -716,14 +657,14 @@ static void test_dropout_gradients(void **state)
 {
 	(void)state;
 	int64_t shape = 20;
-	lh_harness *h = harness_x(3, 1, &shape);
+	lh_harness *h = lt_harness_x(3, 1, &shape);
 	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", 0.5f);
 	hpu_layer *l0 = hpu_dropout(lh_builder(h), "drop0", "x", "y0", 0.0f);
 	assert_non_null(l);
 	assert_non_null(l0);
 	assert_int_equal(lh_alloc(h, 4), 0);
-	gradcheck_ok(h, l, 3, NULL, &(lh_check_opts){.train = 1, .step = 3});
-	gradcheck_ok(h, l, 3, NULL, &(lh_check_opts){.train = 0});
+	lt_gradcheck_ok(h, l, 3, NULL, &(lh_check_opts){.train = 1, .step = 3});
+	lt_gradcheck_ok(h, l, 3, NULL, &(lh_check_opts){.train = 0});
 	/* p = 0 trains as the identity */
 	float x[20], y[20];
 	uint64_t s = 3;
@@ -743,14 +684,14 @@ static void test_add(void **state)
 			  {.name = "b", .dtype = HPU_F32, .ndim = 2, .shape = {2, 3}},
 			  {.name = "c", .dtype = HPU_F32, .ndim = 2, .shape = {3, 2}},
 			  {.name = "ids", .dtype = HPU_I32, .ndim = 2, .shape = {2, 3}}};
-	lh_harness *h = harness(2, 4, f);
+	lh_harness *h = lt_harness(2, 4, f);
 	hpu_builder *b = lh_builder(h);
-	refused(h, hpu_add(b, "add1", "a,c", "y"), "add1", "shape");
-	refused(h, hpu_add(b, "add2", "a", "y"), "add2", NULL);
-	refused(h, hpu_add(b, "add3", "a,b,b", "y"), "add3", NULL);
-	refused(h, hpu_add(b, "add4", "a,ids", "y"), "add4", "f32");
-	refused(h, hpu_add(b, "add5", "a,nope", "y"), "add5", "nope");
-	refused(h, hpu_add(b, "add6", NULL, "y"), "add6", NULL);
+	lt_refused(h, hpu_add(b, "add1", "a,c", "y"), "add1", "shape");
+	lt_refused(h, hpu_add(b, "add2", "a", "y"), "add2", NULL);
+	lt_refused(h, hpu_add(b, "add3", "a,b,b", "y"), "add3", NULL);
+	lt_refused(h, hpu_add(b, "add4", "a,ids", "y"), "add4", "f32");
+	lt_refused(h, hpu_add(b, "add5", "a,nope", "y"), "add5", "nope");
+	lt_refused(h, hpu_add(b, "add6", NULL, "y"), "add6", NULL);
 	hpu_layer *l = hpu_add(b, "add", "a,b", "y");
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);
@@ -764,7 +705,7 @@ static void test_add(void **state)
 	void *dout[1] = {bb}, *din[2] = {da, NULL};
 	assert_int_equal(lh_backward(h, l, &c, in, out, dout, din), 0);
 	close_to(da, bb, 6, 0);
-	gradcheck_ok(h, l, 2, NULL, NULL);
+	lt_gradcheck_ok(h, l, 2, NULL, NULL);
 	lh_free(&h);
 }
 
@@ -772,7 +713,7 @@ static void test_softmax(void **state)
 {
 	(void)state;
 	int64_t shape[2] = {2, 4};
-	lh_harness *h = harness_x(2, 2, shape);
+	lh_harness *h = lt_harness_x(2, 2, shape);
 	hpu_layer *l = hpu_softmax(lh_builder(h), "sm", "x", "y");
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);
@@ -784,7 +725,7 @@ static void test_softmax(void **state)
 	const float want[8] = {0.25f, 0.25f, 0.25f, 0.25f, (float)(exp(1) / z),
 			       (float)(exp(2) / z), (float)(exp(3) / z), (float)(exp(4) / z)};
 	close_to(y, want, 8, 1e-6);
-	gradcheck_ok(h, l, 2, NULL, &(lh_check_opts){.lo = -2, .hi = 2});
+	lt_gradcheck_ok(h, l, 2, NULL, &(lh_check_opts){.lo = -2, .hi = 2});
 	lh_free(&h);
 }
 
@@ -795,7 +736,7 @@ static lh_harness *xent_harness(int max_batch)
 {
 	hpu_field f[2] = {{.name = "logits", .dtype = HPU_F32, .ndim = 2, .shape = {3, 4}},
 			  {.name = "labels", .dtype = HPU_I32, .ndim = 1, .shape = {3}}};
-	return harness(max_batch, 2, f);
+	return lt_harness(max_batch, 2, f);
 }
 
 static void test_xent_forward(void **state)
@@ -877,7 +818,7 @@ static void test_xent_gradients(void **state)
 	assert_int_equal(lh_alloc(h, 1), 0);
 	int32_t y[9] = {0, 3, 1, -100, 2, 1, -100, -100, -100};
 	void *in[2] = {NULL, y};
-	gradcheck_ok(h, l, 3, in, &(lh_check_opts){.lo = -2, .hi = 2});
+	lt_gradcheck_ok(h, l, 3, in, &(lh_check_opts){.lo = -2, .hi = 2});
 	lh_free(&h);
 }
 
@@ -889,18 +830,18 @@ static void test_loss_refused(void **state)
 			  {.name = "short", .dtype = HPU_I32, .ndim = 1, .shape = {2}},
 			  {.name = "flabels", .dtype = HPU_F32, .ndim = 1, .shape = {3}},
 			  {.name = "other", .dtype = HPU_F32, .ndim = 2, .shape = {4, 3}}};
-	lh_harness *h = harness(1, 5, f);
+	lh_harness *h = lt_harness(1, 5, f);
 	hpu_builder *b = lh_builder(h);
-	refused(h, hpu_cross_entropy(b, "x1", "logits", "l"), "x1", "logits,labels");
-	refused(h, hpu_cross_entropy(b, "x2", "logits,short", "l"), "x2", "short");
-	refused(h, hpu_cross_entropy(b, "x3", "logits,flabels", "l"), "x3", "i32");
-	refused(h, hpu_cross_entropy(b, "x4", "labels,labels", "l"), "x4", "f32");
-	refused(h, hpu_cross_entropy(b, "x5", "nope,labels", "l"), "x5", "nope");
-	refused(h, hpu_accuracy(b, "a1", "logits,short", "l"), "a1", "short");
-	refused(h, hpu_accuracy(b, "a2", "logits", "l"), "a2", NULL);
-	refused(h, hpu_mse(b, "m1", "logits,other", "l"), "m1", "shape");
-	refused(h, hpu_mse(b, "m2", "logits,labels", "l"), "m2", "f32");
-	refused(h, hpu_mse(b, "m3", "logits", "l"), "m3", "pred,target");
+	lt_refused(h, hpu_cross_entropy(b, "x1", "logits", "l"), "x1", "logits,labels");
+	lt_refused(h, hpu_cross_entropy(b, "x2", "logits,short", "l"), "x2", "short");
+	lt_refused(h, hpu_cross_entropy(b, "x3", "logits,flabels", "l"), "x3", "i32");
+	lt_refused(h, hpu_cross_entropy(b, "x4", "labels,labels", "l"), "x4", "f32");
+	lt_refused(h, hpu_cross_entropy(b, "x5", "nope,labels", "l"), "x5", "nope");
+	lt_refused(h, hpu_accuracy(b, "a1", "logits,short", "l"), "a1", "short");
+	lt_refused(h, hpu_accuracy(b, "a2", "logits", "l"), "a2", NULL);
+	lt_refused(h, hpu_mse(b, "m1", "logits,other", "l"), "m1", "shape");
+	lt_refused(h, hpu_mse(b, "m2", "logits,labels", "l"), "m2", "f32");
+	lt_refused(h, hpu_mse(b, "m3", "logits", "l"), "m3", "pred,target");
 	assert_int_equal(b->nlayers, 0);
 	lh_free(&h);
 }
@@ -910,7 +851,7 @@ static void test_mse(void **state)
 	(void)state;
 	hpu_field f[2] = {{.name = "p", .dtype = HPU_F32, .ndim = 2, .shape = {2, 2}},
 			  {.name = "t", .dtype = HPU_F32, .ndim = 2, .shape = {2, 2}}};
-	lh_harness *h = harness(2, 2, f);
+	lh_harness *h = lt_harness(2, 2, f);
 	hpu_layer *l = hpu_mse(lh_builder(h), "mse", "p,t", "loss");
 	assert_non_null(l);
 	assert_int_equal(lh_tensor(h, "loss", 0, NULL).ndim, 0);
@@ -921,7 +862,7 @@ static void test_mse(void **state)
 	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
 	assert_float_equal(loss[0], 5, 1e-6); /* (4 + 16) / 4 */
 	assert_float_equal(loss[1], 1, 1e-6);
-	gradcheck_ok(h, l, 2, NULL, NULL);
+	lt_gradcheck_ok(h, l, 2, NULL, NULL);
 	lh_free(&h);
 }
 
@@ -996,120 +937,6 @@ static void test_accuracy_plan(void **state)
 
 /* ---- PyTorch references ---- */
 
-static lh_ref *load_ref(const char *file)
-{
-	char path[1024];
-	snprintf(path, sizeof path, "%s/%s", HPU_REFS_DIR, file);
-	lh_ref *r = lh_ref_load(path);
-	assert_non_null(r);
-	return r;
-}
-
-/* One reference case: its input arrays (each also the field's name, the
- * first dimension the batch) and the names of their gradients (NULL: not
- * checked, none wanted). */
-typedef struct ref_case {
-	const char *file;
-	int nin;
-	const char *in[2], *din[2];
-	hpu_layer *(*declare)(hpu_builder *b, const lh_ref *r);
-} ref_case;
-
-static const void *ref_array(const lh_ref *r, const char *name, hpu_dtype *dt, size_t *n,
-			     int *ndim, int64_t *shape)
-{
-	const void *v = lh_ref_get(r, name, HPU_F32, n, ndim, shape);
-	*dt = HPU_F32;
-	if (!v) {
-		v = lh_ref_get(r, name, HPU_I32, n, ndim, shape);
-		*dt = HPU_I32;
-	}
-	if (!v)
-		printf("  reference has no array %s\n", name);
-	assert_non_null(v);
-	return v;
-}
-
-static void compare(const char *what, const float *got, const float *want, size_t n)
-{
-	double d = lh_maxrel(got, want, n, 1e-6);
-	printf("  %-10s rel maxdiff %.3g%s\n", what, d, d <= REF_TOL ? "" : "  FAIL");
-	assert_true(d <= REF_TOL);
-}
-
-static void run_ref(const ref_case *rc)
-{
-	printf(" %s\n", rc->file);
-	lh_ref *r = load_ref(rc->file);
-	hpu_field f[2];
-	const void *data[2];
-	size_t n[2];
-	int batch = 0;
-	for (int k = 0; k < rc->nin; k++) {
-		int ndim;
-		int64_t shape[4];
-		data[k] = ref_array(r, rc->in[k], &f[k].dtype, &n[k], &ndim, shape);
-		f[k].name = rc->in[k];
-		f[k].ndim = ndim - 1;
-		memcpy(f[k].shape, shape + 1, 3 * sizeof *shape);
-		batch = (int)shape[0];
-	}
-	lh_harness *h = lh_new(batch);
-	assert_int_equal(lh_dataset(h, rc->nin, f, data, (size_t)batch), HPU_OK);
-	hpu_layer *l = rc->declare(lh_builder(h), r);
-	if (!l)
-		printf("  %s\n", lh_error(h));
-	assert_non_null(l);
-	assert_int_equal(lh_alloc(h, 1), 0);
-	hpu_builder *b = lh_builder(h);
-	for (int p = 0; p < l->npidx; p++) { /* "layer.weight" -> "weight" */
-		const hpu_param_info *pi = &b->params[l->pidx[p]];
-		size_t pn;
-		const float *v = lh_ref_get(r, strchr(pi->name, '.') + 1, HPU_F32, &pn, NULL, NULL);
-		assert_non_null(v);
-		assert_int_equal(pn, pi->numel);
-		memcpy(hpu_param(l, p), v, pn * sizeof *v);
-	}
-	size_t yn, dyn;
-	const float *want = lh_ref_get(r, "y", HPU_F32, &yn, NULL, NULL);
-	const float *dy = lh_ref_get(r, "dy", HPU_F32, &dyn, NULL, NULL);
-	assert_non_null(want);
-	assert_non_null(dy);
-	assert_int_equal(yn, lh_numel(h, "y") * (size_t)batch);
-	float *y = alloc_f(yn), *din[2] = {NULL, NULL};
-	void *in[2] = {(void *)data[0], (void *)data[1]}, *out[1] = {y};
-	hpu_ctx c = lh_ctx(h, l, 1, 0, batch);
-	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
-	compare("y", y, want, yn);
-	for (int k = 0; k < rc->nin; k++)
-		if (rc->din[k])
-			din[k] = alloc_f(n[k]);
-	void *dout[1] = {(void *)dy}, *dinv[2] = {din[0], din[1]};
-	lh_zero_grads(h);
-	assert_int_equal(lh_backward(h, l, &c, in, out, dout, dinv), 0);
-	for (int k = 0; k < rc->nin; k++) {
-		if (!rc->din[k])
-			continue;
-		size_t dn;
-		const float *dwant = lh_ref_get(r, rc->din[k], HPU_F32, &dn, NULL, NULL);
-		assert_non_null(dwant);
-		assert_int_equal(dn, n[k]);
-		compare(rc->din[k], din[k], dwant, dn);
-		free(din[k]);
-	}
-	for (int p = 0; p < l->npidx; p++) {
-		const hpu_param_info *pi = &b->params[l->pidx[p]];
-		char name[64];
-		snprintf(name, sizeof name, "d%s", strchr(pi->name, '.') + 1);
-		const float *gwant = lh_ref_get(r, name, HPU_F32, NULL, NULL, NULL);
-		assert_non_null(gwant);
-		compare(name, hpu_grad(l, p), gwant, pi->numel);
-	}
-	free(y);
-	lh_free(&h);
-	lh_ref_free(&r);
-}
-
 static hpu_layer *ref_linear(hpu_builder *b, const lh_ref *r)
 {
 	return hpu_linear(b, "fc", "x", "y", lh_ref_int(r, "out_features", 0), 1);
@@ -1167,7 +994,7 @@ static hpu_layer *ref_mse(hpu_builder *b, const lh_ref *r)
 static void test_torch_references(void **state)
 {
 	(void)state;
-	static const ref_case cases[] = {
+	static const lt_ref_case cases[] = {
 		{"a_linear.ref", 1, {"x"}, {"dx"}, ref_linear},
 		{"a_conv2d.ref", 1, {"x"}, {"dx"}, ref_conv2d},
 		{"a_maxpool2d.ref", 1, {"x"}, {"dx"}, ref_maxpool},
@@ -1180,7 +1007,7 @@ static void test_torch_references(void **state)
 		{"a_mse.ref", 2, {"pred", "target"}, {"dpred", "dtarget"}, ref_mse},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-		run_ref(&cases[i]);
+		lt_run_ref(&cases[i]);
 }
 
 int main(void)

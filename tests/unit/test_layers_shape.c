@@ -27,58 +27,9 @@
 #include <hpu/ops.h>
 
 #include "tests/unit/layer_harness.h"
-
-#ifndef HPU_REFS_DIR
-#error "HPU_REFS_DIR must name tests/fixtures/refs"
-#endif
-
-#define REF_TOL 1e-5 /* relative to the largest |reference| */
+#include "tests/unit/layer_testlib.h"
 
 /* ---- helpers ---- */
-
-static lh_harness *harness(int max_batch, int nfields, const hpu_field *f)
-{
-	lh_harness *h = lh_new(max_batch);
-	assert_non_null(h);
-	assert_int_equal(lh_dataset(h, nfields, f, NULL, 4), HPU_OK);
-	return h;
-}
-
-static hpu_field field(const char *name, int ndim, const int64_t *shape)
-{
-	hpu_field f = {.name = name, .dtype = HPU_F32, .ndim = ndim};
-	memcpy(f.shape, shape, (size_t)ndim * sizeof *shape);
-	return f;
-}
-
-static lh_harness *harness_x(int max_batch, int ndim, const int64_t *shape)
-{
-	hpu_field f = field("x", ndim, shape);
-	return harness(max_batch, 1, &f);
-}
-
-static void gradcheck_ok(lh_harness *h, hpu_layer *l, int batch, void *const *in,
-			 const lh_check_opts *o)
-{
-	char msg[512];
-	lh_check_opts v = o ? *o : (lh_check_opts){0};
-	v.verbose = 1;
-	int rc = lh_gradcheck(h, l, batch, in, &v, msg, sizeof msg);
-	if (rc)
-		printf("  FAIL: %s\n", msg);
-	assert_int_equal(rc, 0);
-}
-
-/* A declaration that must fail: NULL, and the builder's error names the
- * layer and `also`. */
-static void refused(lh_harness *h, hpu_layer *l, const char *name, const char *also)
-{
-	printf("  refused: %s\n", lh_error(h));
-	assert_null(l);
-	assert_non_null(strstr(lh_error(h), name));
-	assert_non_null(strstr(lh_error(h), also));
-	lh_clear_error(h);
-}
 
 static void shape_is(lh_harness *h, const char *t, int ndim, const int64_t *want)
 {
@@ -96,24 +47,11 @@ static float *spaced(size_t n, uint64_t seed)
 	assert_non_null(x);
 	for (size_t i = 0; i < n; i++)
 		x[i] = 0.05f * (float)i - 0.025f * (float)n;
-	for (size_t i = n - 1; i > 0; i--) {
-		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-		size_t j = (size_t)(seed >> 33) % (i + 1);
-		float t = x[i];
-		x[i] = x[j];
-		x[j] = t;
-	}
+	lt_shuffle(x, n, seed);
 	return x;
 }
 
 /* ---- PyTorch references ---- */
-
-typedef struct ref_case {
-	const char *file;
-	int nin;
-	const char *in[2];
-	hpu_layer *(*declare)(hpu_builder *b, const lh_ref *r);
-} ref_case;
 
 static const int32_t *ints(const lh_ref *r, const char *name, size_t want)
 {
@@ -122,102 +60,6 @@ static const int32_t *ints(const lh_ref *r, const char *name, size_t want)
 	assert_non_null(v);
 	assert_int_equal(n, want);
 	return v;
-}
-
-static void compare(const char *what, const float *got, const float *want, size_t n)
-{
-	double d = lh_maxrel(got, want, n, 1e-6);
-	printf("  %-10s rel maxdiff %.3g%s\n", what, d, d <= REF_TOL ? "" : "  FAIL");
-	assert_true(d <= REF_TOL);
-}
-
-static float *alloc_f(size_t n)
-{
-	float *p = calloc(n ? n : 1, sizeof *p);
-	assert_non_null(p);
-	return p;
-}
-
-/* Loads the inputs into the harness's dataset and sets the parameters
- * from the file ("weight", "bias"). */
-static hpu_layer *ref_setup(const ref_case *rc, const lh_ref *r, lh_harness **hp,
-			    const void **data, size_t *n, int *batch)
-{
-	hpu_field f[2];
-	for (int k = 0; k < rc->nin; k++) {
-		int ndim;
-		int64_t shape[4];
-		data[k] = lh_ref_get(r, rc->in[k], HPU_F32, &n[k], &ndim, shape);
-		assert_non_null(data[k]);
-		f[k] = field(rc->in[k], ndim - 1, shape + 1);
-		*batch = (int)shape[0];
-	}
-	lh_harness *h = *hp = lh_new(*batch);
-	assert_int_equal(lh_dataset(h, rc->nin, f, data, (size_t)*batch), HPU_OK);
-	hpu_layer *l = rc->declare(lh_builder(h), r);
-	if (!l)
-		printf("  %s\n", lh_error(h));
-	assert_non_null(l);
-	assert_int_equal(lh_alloc(h, 1), 0);
-	hpu_builder *b = lh_builder(h);
-	for (int p = 0; p < l->npidx; p++) {
-		const hpu_param_info *pi = &b->params[l->pidx[p]];
-		size_t pn;
-		const float *v = lh_ref_get(r, strchr(pi->name, '.') + 1, HPU_F32, &pn, NULL, NULL);
-		assert_non_null(v);
-		assert_int_equal(pn, pi->numel);
-		memcpy(hpu_param(l, p), v, pn * sizeof *v);
-	}
-	return l;
-}
-
-static void run_ref(const ref_case *rc)
-{
-	printf(" %s\n", rc->file);
-	char path[1024];
-	snprintf(path, sizeof path, "%s/%s", HPU_REFS_DIR, rc->file);
-	lh_ref *r = lh_ref_load(path);
-	assert_non_null(r);
-	lh_harness *h;
-	const void *data[2] = {NULL, NULL};
-	size_t n[2], yn, dyn;
-	int batch = 0;
-	hpu_layer *l = ref_setup(rc, r, &h, data, n, &batch);
-	const float *want = lh_ref_get(r, "y", HPU_F32, &yn, NULL, NULL);
-	const float *dy = lh_ref_get(r, "dy", HPU_F32, &dyn, NULL, NULL);
-	assert_non_null(want);
-	assert_non_null(dy);
-	assert_int_equal(yn, lh_numel(h, "y") * (size_t)batch);
-	float *y = alloc_f(yn), *din[2] = {alloc_f(n[0]), rc->nin > 1 ? alloc_f(n[1]) : NULL};
-	void *in[2] = {(void *)data[0], (void *)data[1]}, *out[1] = {y};
-	hpu_ctx c = lh_ctx(h, l, 1, 0, batch);
-	assert_int_equal(lh_forward(h, l, &c, in, out), 0);
-	compare("y", y, want, yn);
-	void *dout[1] = {(void *)dy}, *dinv[2] = {din[0], din[1]};
-	lh_zero_grads(h);
-	assert_int_equal(lh_backward(h, l, &c, in, out, dout, dinv), 0);
-	for (int k = 0; k < rc->nin; k++) {
-		char name[64];
-		snprintf(name, sizeof name, "d%s", rc->in[k]);
-		size_t dn;
-		const float *dwant = lh_ref_get(r, name, HPU_F32, &dn, NULL, NULL);
-		assert_non_null(dwant);
-		assert_int_equal(dn, n[k]);
-		compare(name, din[k], dwant, dn);
-		free(din[k]);
-	}
-	hpu_builder *b = lh_builder(h);
-	for (int p = 0; p < l->npidx; p++) {
-		const hpu_param_info *pi = &b->params[l->pidx[p]];
-		char name[64];
-		snprintf(name, sizeof name, "d%s", strchr(pi->name, '.') + 1);
-		const float *gwant = lh_ref_get(r, name, HPU_F32, NULL, NULL, NULL);
-		assert_non_null(gwant);
-		compare(name, hpu_grad(l, p), gwant, pi->numel);
-	}
-	free(y);
-	lh_free(&h);
-	lh_ref_free(&r);
 }
 
 static hpu_layer *ref_reduce(hpu_builder *b, const lh_ref *r)
@@ -305,26 +147,26 @@ static hpu_layer *ref_bce(hpu_builder *b, const lh_ref *r)
 static void test_torch_references(void **state)
 {
 	(void)state;
-	static const ref_case cases[] = {
-		{"c_reduce_sum.ref", 1, {"x"}, ref_reduce},
-		{"c_reduce_mean.ref", 1, {"x"}, ref_reduce},
-		{"c_reduce_max.ref", 1, {"x"}, ref_reduce},
-		{"c_reshape.ref", 1, {"x"}, ref_reshape},
-		{"c_slice.ref", 1, {"x"}, ref_slice},
-		{"c_concat.ref", 2, {"a", "b"}, ref_concat},
-		{"c_permute.ref", 1, {"x"}, ref_permute},
-		{"c_transpose.ref", 1, {"x"}, ref_transpose},
-		{"c_conv1d.ref", 1, {"x"}, ref_conv1d},
-		{"c_conv2d_rect.ref", 1, {"x"}, ref_conv2d_rect},
-		{"c_maxpool1d.ref", 1, {"x"}, ref_maxpool1d},
-		{"c_avgpool1d.ref", 1, {"x"}, ref_avgpool1d},
-		{"c_maxpool1d_h.ref", 1, {"x"}, ref_maxpool1d},
-		{"c_sigmoid.ref", 1, {"x"}, ref_sigmoid},
-		{"c_bce_logits.ref", 2, {"logits", "target"}, ref_bce_logits},
-		{"c_bce.ref", 2, {"prob", "target"}, ref_bce},
+	static const lt_ref_case cases[] = {
+		{"c_reduce_sum.ref", 1, {"x"}, {"dx"}, ref_reduce},
+		{"c_reduce_mean.ref", 1, {"x"}, {"dx"}, ref_reduce},
+		{"c_reduce_max.ref", 1, {"x"}, {"dx"}, ref_reduce},
+		{"c_reshape.ref", 1, {"x"}, {"dx"}, ref_reshape},
+		{"c_slice.ref", 1, {"x"}, {"dx"}, ref_slice},
+		{"c_concat.ref", 2, {"a", "b"}, {"da", "db"}, ref_concat},
+		{"c_permute.ref", 1, {"x"}, {"dx"}, ref_permute},
+		{"c_transpose.ref", 1, {"x"}, {"dx"}, ref_transpose},
+		{"c_conv1d.ref", 1, {"x"}, {"dx"}, ref_conv1d},
+		{"c_conv2d_rect.ref", 1, {"x"}, {"dx"}, ref_conv2d_rect},
+		{"c_maxpool1d.ref", 1, {"x"}, {"dx"}, ref_maxpool1d},
+		{"c_avgpool1d.ref", 1, {"x"}, {"dx"}, ref_avgpool1d},
+		{"c_maxpool1d_h.ref", 1, {"x"}, {"dx"}, ref_maxpool1d},
+		{"c_sigmoid.ref", 1, {"x"}, {"dx"}, ref_sigmoid},
+		{"c_bce_logits.ref", 2, {"logits", "target"}, {"dlogits", "dtarget"}, ref_bce_logits},
+		{"c_bce.ref", 2, {"prob", "target"}, {"dprob", "dtarget"}, ref_bce},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-		run_ref(&cases[i]);
+		lt_run_ref(&cases[i]);
 }
 
 /* ---- finite differences ---- */
@@ -335,7 +177,7 @@ static void test_reduce(void **state)
 	int64_t shape[3] = {3, 4, 2};
 	for (int op = HPU_REDUCE_SUM; op <= HPU_REDUCE_MAX; op++)
 		for (int dim = -3; dim < 3; dim++) {
-			lh_harness *h = harness_x(2, 3, shape);
+			lh_harness *h = lt_harness_x(2, 3, shape);
 			hpu_layer *l = hpu_reduce(lh_builder(h), "red", "x", "y", dim,
 						  (hpu_reduce_op)op);
 			assert_non_null(l);
@@ -348,13 +190,13 @@ static void test_reduce(void **state)
 			assert_int_equal(lh_alloc(h, 2), 0);
 			float *x = spaced(2 * 24, (uint64_t)(op * 7 + dim + 3));
 			void *in[1] = {x};
-			gradcheck_ok(h, l, 2, in, NULL);
+			lt_gradcheck_ok(h, l, 2, in, NULL);
 			free(x);
 			lh_free(&h);
 		}
 	/* a 1-D input reduces to one value a sample */
 	int64_t n = 5;
-	lh_harness *h = harness_x(2, 1, &n);
+	lh_harness *h = lt_harness_x(2, 1, &n);
 	assert_non_null(hpu_reduce(lh_builder(h), "red", "x", "y", 0, HPU_REDUCE_MEAN));
 	shape_is(h, "y", 0, NULL);
 	lh_free(&h);
@@ -366,7 +208,7 @@ static void test_copies(void **state)
 	int64_t shape[3] = {2, 3, 4};
 	int perm[3] = {1, 2, 0};
 	int64_t view[2] = {-1, 6}, pshape[3] = {3, 4, 2}, vshape[2] = {4, 6};
-	lh_harness *h = harness_x(3, 3, shape);
+	lh_harness *h = lt_harness_x(3, 3, shape);
 	hpu_builder *b = lh_builder(h);
 	hpu_layer *ls[4] = {
 		hpu_reshape(b, "view", "x", "v", 2, view),
@@ -383,7 +225,7 @@ static void test_copies(void **state)
 	shape_is(h, "t", 3, tshape);
 	assert_int_equal(lh_alloc(h, 3), 0);
 	for (int i = 0; i < 4; i++)
-		gradcheck_ok(h, ls[i], 3, NULL, NULL);
+		lt_gradcheck_ok(h, ls[i], 3, NULL, NULL);
 	lh_free(&h);
 }
 
@@ -391,8 +233,8 @@ static void test_concat(void **state)
 {
 	(void)state;
 	int64_t sa[2] = {2, 3}, sb[2] = {2, 1}, sc[2] = {2, 2};
-	hpu_field f[3] = {field("a", 2, sa), field("b", 2, sb), field("c", 2, sc)};
-	lh_harness *h = harness(2, 3, f);
+	hpu_field f[3] = {lt_field("a", 2, sa), lt_field("b", 2, sb), lt_field("c", 2, sc)};
+	lh_harness *h = lt_harness(2, 3, f);
 	hpu_layer *l = hpu_concat(lh_builder(h), "cat", "a,b,c", "y", 1);
 	assert_non_null(l);
 	int64_t want[2] = {2, 6};
@@ -412,7 +254,7 @@ static void test_concat(void **state)
 	const float row0[6] = {0, 1, 2, 100, 200, 201}, row3[6] = {9, 10, 11, 103, 206, 207};
 	assert_memory_equal(y, row0, sizeof row0);
 	assert_memory_equal(y + 18, row3, sizeof row3);
-	gradcheck_ok(h, l, 2, NULL, NULL);
+	lt_gradcheck_ok(h, l, 2, NULL, NULL);
 	lh_free(&h);
 }
 
@@ -421,8 +263,8 @@ static void test_conv_gradients(void **state)
 	(void)state;
 	int64_t s1[2] = {3, 9}, s2[3] = {2, 6, 7};
 	for (int bias = 0; bias <= 1; bias++) {
-		hpu_field f[2] = {field("x", 2, s1), field("z", 3, s2)};
-		lh_harness *h = harness(2, 2, f);
+		hpu_field f[2] = {lt_field("x", 2, s1), lt_field("z", 3, s2)};
+		lh_harness *h = lt_harness(2, 2, f);
 		hpu_layer *c1 = hpu_conv1d(lh_builder(h), "c1", "x", "y1", 4, 3, 2, 1, bias);
 		int k[2] = {3, 2}, st[2] = {1, 2}, p[2] = {0, 1};
 		hpu_layer *c2 = hpu_conv2d_rect(lh_builder(h), "c2", "z", "y2", 3, k, st, p, bias);
@@ -432,8 +274,8 @@ static void test_conv_gradients(void **state)
 		shape_is(h, "y1", 2, w1);
 		shape_is(h, "y2", 3, w2);
 		assert_int_equal(lh_alloc(h, 5), 0);
-		gradcheck_ok(h, c1, 2, NULL, NULL);
-		gradcheck_ok(h, c2, 2, NULL, NULL);
+		lt_gradcheck_ok(h, c1, 2, NULL, NULL);
+		lt_gradcheck_ok(h, c2, 2, NULL, NULL);
 		lh_free(&h);
 	}
 }
@@ -443,7 +285,7 @@ static void test_pool1d_gradients(void **state)
 	(void)state;
 	int64_t shape[3] = {2, 7, 5};
 	for (int dim = 0; dim < 3; dim++) {
-		lh_harness *h = harness_x(2, 3, shape);
+		lh_harness *h = lt_harness_x(2, 3, shape);
 		hpu_layer *mx = hpu_maxpool1d(lh_builder(h), "mx", "x", "m", dim, 2, 1);
 		hpu_layer *av = hpu_avgpool1d(lh_builder(h), "av", "x", "a", dim, 2, 2);
 		assert_non_null(mx);
@@ -451,8 +293,8 @@ static void test_pool1d_gradients(void **state)
 		assert_int_equal(lh_alloc(h, 6), 0);
 		float *x = spaced(2 * 70, (uint64_t)dim + 11);
 		void *in[1] = {x};
-		gradcheck_ok(h, mx, 2, in, NULL);
-		gradcheck_ok(h, av, 2, NULL, NULL);
+		lt_gradcheck_ok(h, mx, 2, in, NULL);
+		lt_gradcheck_ok(h, av, 2, NULL, NULL);
 		free(x);
 		lh_free(&h);
 	}
@@ -462,8 +304,8 @@ static void test_binary_gradients(void **state)
 {
 	(void)state;
 	int64_t shape[2] = {2, 3};
-	hpu_field f[2] = {field("x", 2, shape), field("t", 2, shape)};
-	lh_harness *h = harness(3, 2, f);
+	hpu_field f[2] = {lt_field("x", 2, shape), lt_field("t", 2, shape)};
+	lh_harness *h = lt_harness(3, 2, f);
 	hpu_builder *b = lh_builder(h);
 	hpu_layer *sg = hpu_sigmoid(b, "sg", "x", "p");
 	hpu_layer *bl = hpu_bce_with_logits(b, "bl", "x,t", "l1");
@@ -474,9 +316,9 @@ static void test_binary_gradients(void **state)
 	shape_is(h, "l1", 0, NULL);
 	assert_int_equal(lh_alloc(h, 7), 0);
 	lh_check_opts wide = {.lo = -4, .hi = 4}, unit = {.lo = 0.1f, .hi = 0.9f, .eps = 1e-3};
-	gradcheck_ok(h, sg, 3, NULL, &wide);
-	gradcheck_ok(h, bl, 3, NULL, &wide);
-	gradcheck_ok(h, bp, 3, NULL, &unit);
+	lt_gradcheck_ok(h, sg, 3, NULL, &wide);
+	lt_gradcheck_ok(h, bl, 3, NULL, &wide);
+	lt_gradcheck_ok(h, bp, 3, NULL, &unit);
 	lh_free(&h);
 }
 
@@ -500,15 +342,15 @@ static void test_conv_rect_equals_square(void **state)
 	size_t ny = 2 * 4 * (size_t)hpu_conv2d_out_h(&sq) * (size_t)hpu_conv2d_out_w(&sq);
 	size_t ns = hpu_conv2d_scratch(&sq) > hpu_conv2d_rect_scratch(&re)
 			    ? hpu_conv2d_scratch(&sq) : hpu_conv2d_rect_scratch(&re);
-	float *x = alloc_f(nx), *w = alloc_f(nw), *bias = alloc_f(4), *dy = alloc_f(ny);
-	float *y[2], *dx[2], *dw[2], *db[2], *scratch = alloc_f(ns);
+	float *x = lt_alloc_f(nx), *w = lt_alloc_f(nw), *bias = lt_alloc_f(4), *dy = lt_alloc_f(ny);
+	float *y[2], *dx[2], *dw[2], *db[2], *scratch = lt_alloc_f(ns);
 	uint64_t seed = 42;
 	lh_fill(x, nx, -1, 1, &seed);
 	lh_fill(w, nw, -1, 1, &seed);
 	lh_fill(bias, 4, -1, 1, &seed);
 	lh_fill(dy, ny, -1, 1, &seed);
 	for (int k = 0; k < 2; k++) {
-		y[k] = alloc_f(ny), dx[k] = alloc_f(nx), dw[k] = alloc_f(nw), db[k] = alloc_f(4);
+		y[k] = lt_alloc_f(ny), dx[k] = lt_alloc_f(nx), dw[k] = lt_alloc_f(nw), db[k] = lt_alloc_f(4);
 		if (k == 0) {
 			hpu_conv2d_forward(&sq, x, w, bias, y[k], scratch);
 			hpu_conv2d_backward(&sq, x, w, dy, dx[k], dw[k], db[k], scratch);
@@ -563,22 +405,22 @@ static void test_refused(void **state)
 {
 	(void)state;
 	int64_t shape[3] = {2, 3, 4}, other[3] = {2, 5, 3}, bad[2] = {5, -1};
-	hpu_field f[2] = {field("x", 3, shape), field("w", 3, other)};
-	lh_harness *h = harness(2, 2, f);
+	hpu_field f[2] = {lt_field("x", 3, shape), lt_field("w", 3, other)};
+	lh_harness *h = lt_harness(2, 2, f);
 	hpu_builder *b = lh_builder(h);
 	int k[2] = {4, 1}, s[2] = {1, 1}, p[2] = {0, 0}, perm[3] = {0, 0, 1};
-	refused(h, hpu_reduce(b, "r", "x", "y", 3, HPU_REDUCE_SUM), "layer r", "dim 3");
-	refused(h, hpu_reduce(b, "r", "x", "y", -4, HPU_REDUCE_SUM), "layer r", "dim -4");
-	refused(h, hpu_reduce(b, "r", "x", "y", 0, (hpu_reduce_op)7), "layer r", "reduce op 7");
-	refused(h, hpu_reshape(b, "v", "x", "y", 2, bad), "layer v", "24 values");
-	refused(h, hpu_slice(b, "s", "x", "y", 1, 2, 2), "layer s", "is not inside it");
-	refused(h, hpu_concat(b, "c", "x,w", "y", 0), "layer c", "differs from x's");
-	refused(h, hpu_concat(b, "c", "x", "y", 0), "layer c", "2 to 8 inputs");
-	refused(h, hpu_permute(b, "p", "x", "y", 3, perm), "layer p", "once");
-	refused(h, hpu_conv1d(b, "c1", "x", "y", 2, 3, 1, 0, 1), "layer c1", "needs [C, T]");
-	refused(h, hpu_conv2d_rect(b, "c2", "x", "y", 2, k, s, p, 1), "layer c2", "along H");
-	refused(h, hpu_maxpool1d(b, "m", "x", "y", 1, 4, 1), "layer m", "kernel 4");
-	refused(h, hpu_bce_with_logits(b, "l", "x,w", "y"), "layer l", "differ in shape");
+	lt_refused(h, hpu_reduce(b, "r", "x", "y", 3, HPU_REDUCE_SUM), "layer r", "dim 3");
+	lt_refused(h, hpu_reduce(b, "r", "x", "y", -4, HPU_REDUCE_SUM), "layer r", "dim -4");
+	lt_refused(h, hpu_reduce(b, "r", "x", "y", 0, (hpu_reduce_op)7), "layer r", "reduce op 7");
+	lt_refused(h, hpu_reshape(b, "v", "x", "y", 2, bad), "layer v", "24 values");
+	lt_refused(h, hpu_slice(b, "s", "x", "y", 1, 2, 2), "layer s", "is not inside it");
+	lt_refused(h, hpu_concat(b, "c", "x,w", "y", 0), "layer c", "differs from x's");
+	lt_refused(h, hpu_concat(b, "c", "x", "y", 0), "layer c", "2 to 8 inputs");
+	lt_refused(h, hpu_permute(b, "p", "x", "y", 3, perm), "layer p", "once");
+	lt_refused(h, hpu_conv1d(b, "c1", "x", "y", 2, 3, 1, 0, 1), "layer c1", "needs [C, T]");
+	lt_refused(h, hpu_conv2d_rect(b, "c2", "x", "y", 2, k, s, p, 1), "layer c2", "along H");
+	lt_refused(h, hpu_maxpool1d(b, "m", "x", "y", 1, 4, 1), "layer m", "kernel 4");
+	lt_refused(h, hpu_bce_with_logits(b, "l", "x,w", "y"), "layer l", "differ in shape");
 	lh_free(&h);
 }
 
@@ -587,8 +429,8 @@ static void test_bce_bad_probability(void **state)
 {
 	(void)state;
 	int64_t n = 2;
-	hpu_field f[2] = {field("p", 1, &n), field("t", 1, &n)};
-	lh_harness *h = harness(2, 2, f);
+	hpu_field f[2] = {lt_field("p", 1, &n), lt_field("t", 1, &n)};
+	lh_harness *h = lt_harness(2, 2, f);
 	hpu_layer *l = hpu_binary_cross_entropy(lh_builder(h), "loss", "p,t", "y");
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);

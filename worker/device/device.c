@@ -85,14 +85,7 @@ const hpu__device hpu__dev_cpu = {
     .setup = cpu_setup,
     .teardown = cpu_teardown,
     .caps = cpu_caps,
-    .copy = hpu__dev_cpu_copy,
-    .fill = hpu__dev_cpu_fill,
-    .record = hpu__dev_cpu_record,
-    .wait = hpu__dev_cpu_wait,
-    .host_alloc = hpu__dev_cpu_host_alloc,
-    .host_free = hpu__dev_cpu_host_free,
-    .ops = hpu__be,
-    .rt = &hpu__dev_cpu_rtops,
+    HPU__DEV_CPU_SHARED,
 };
 
 /* ---- choosing ---- */

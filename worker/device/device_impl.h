@@ -12,4 +12,12 @@ void hpu__dev_cpu_wait(const hpu__dev_event *ev);
 void *hpu__dev_cpu_host_alloc(size_t bytes);
 void hpu__dev_cpu_host_free(void *p);
 
+/* The members of an hpu__device that the cpu and strict CPU devices
+ * share in their initializers: the functions above, the CPU kernels and
+ * the cpu run-time ops. */
+#define HPU__DEV_CPU_SHARED                                                                        \
+	.copy = hpu__dev_cpu_copy, .fill = hpu__dev_cpu_fill, .record = hpu__dev_cpu_record,      \
+	.wait = hpu__dev_cpu_wait, .host_alloc = hpu__dev_cpu_host_alloc,                          \
+	.host_free = hpu__dev_cpu_host_free, .ops = hpu__be, .rt = &hpu__dev_cpu_rtops
+
 #endif

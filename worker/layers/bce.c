@@ -56,12 +56,11 @@ static int bcel_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hp
 	(void)l, (void)c;
 	size_t n = in[0].sample_numel;
 	for (int r = 0; r < in[0].batch; r++) {
-		const float *x = hpu_f32(&in[0]) + (size_t)r * n;
-		const float *t = hpu_f32(&in[1]) + (size_t)r * n;
+		ld_pair_row x = ld_pair_at(in, NULL, r);
 		double s = 0;
 		for (size_t i = 0; i < n; i++) {
-			double xi = x[i];
-			s += (xi > 0 ? xi : 0) - xi * (double)t[i] + log1p(exp(-fabs(xi)));
+			double xi = x.p[i];
+			s += (xi > 0 ? xi : 0) - xi * (double)x.t[i] + log1p(exp(-fabs(xi)));
 		}
 		hpu_f32(&out[0])[r] = (float)(s / (double)n);
 	}
@@ -74,17 +73,15 @@ static int bcel_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 {
 	(void)l, (void)c, (void)out;
 	size_t n = in[0].sample_numel;
-	float *dx = hpu_f32(&din[0]), *dt = hpu_f32(&din[1]);
 	for (int r = 0; r < in[0].batch; r++) {
-		const float *x = hpu_f32(&in[0]) + (size_t)r * n;
-		const float *t = hpu_f32(&in[1]) + (size_t)r * n;
+		ld_pair_row x = ld_pair_at(in, din, r);
 		float g = hpu_f32(&dout[0])[r] / (float)n, sg;
 		for (size_t i = 0; i < n; i++) {
-			hpu_sigmoid_forward(&x[i], &sg, 1);
-			if (dx)
-				dx[(size_t)r * n + i] = g * (sg - t[i]);
-			if (dt)
-				dt[(size_t)r * n + i] = -g * x[i];
+			hpu_sigmoid_forward(&x.p[i], &sg, 1);
+			if (x.dp)
+				x.dp[i] = g * (sg - x.t[i]);
+			if (x.dt)
+				x.dt[i] = -g * x.p[i];
 		}
 	}
 	return 0;
@@ -104,8 +101,8 @@ static int bce_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu
 {
 	size_t n = in[0].sample_numel;
 	for (int r = 0; r < in[0].batch; r++) {
-		const float *p = hpu_f32(&in[0]) + (size_t)r * n;
-		const float *t = hpu_f32(&in[1]) + (size_t)r * n;
+		ld_pair_row x = ld_pair_at(in, NULL, r);
+		const float *p = x.p, *t = x.t;
 		double s = 0;
 		for (size_t i = 0; i < n; i++) {
 			if (!(p[i] >= 0.0f && p[i] <= 1.0f))
@@ -130,19 +127,16 @@ static int bce_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 {
 	(void)l, (void)c, (void)out;
 	size_t n = in[0].sample_numel;
-	float *dp = hpu_f32(&din[0]), *dt = hpu_f32(&din[1]);
 	for (int r = 0; r < in[0].batch; r++) {
-		const float *p = hpu_f32(&in[0]) + (size_t)r * n;
-		const float *t = hpu_f32(&in[1]) + (size_t)r * n;
+		ld_pair_row x = ld_pair_at(in, din, r);
 		double g = (double)hpu_f32(&dout[0])[r] / (double)n;
 		for (size_t i = 0; i < n; i++) {
-			double pi = p[i], q = pi * (1.0 - pi);
-			if (dp)
-				dp[(size_t)r * n + i] =
-					(float)(g * (pi - (double)t[i]) / (q > BCE_EPS ? q : BCE_EPS));
-			if (dt)
-				dt[(size_t)r * n + i] =
-					(float)(-g * (clamped_log(pi) - clamped_log(1.0 - pi)));
+			double pi = x.p[i], q = pi * (1.0 - pi);
+			if (x.dp)
+				x.dp[i] = (float)(g * (pi - (double)x.t[i]) /
+						  (q > BCE_EPS ? q : BCE_EPS));
+			if (x.dt)
+				x.dt[i] = (float)(-g * (clamped_log(pi) - clamped_log(1.0 - pi)));
 		}
 	}
 	return 0;

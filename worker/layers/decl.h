@@ -1,8 +1,9 @@
 /* decl.h: what the layer library's declaration functions share: input
  * checks whose errors name the layer, splitting "a,b" input lists, and
  * adding a layer together with its malloc'ed state (freed by the layer's
- * ops.destroy once added, here when adding fails). Internal to
- * worker/layers. */
+ * ops.destroy once added, here when adding fails); and what the pairwise
+ * losses (mse, the BCEs) share: a row of their two inputs and gradients.
+ * Internal to worker/layers. */
 #ifndef HPU_LAYERS_DECL_H
 #define HPU_LAYERS_DECL_H
 
@@ -104,6 +105,25 @@ static inline size_t ld_prod(const hpu_tensor *x, int from, int to)
 	for (int i = from; i < to; i++)
 		n *= (size_t)x->shape[i];
 	return n;
+}
+
+/* Row r of a pairwise loss (prediction in[0], target in[1], f32 of one
+ * shape): its values, and where its gradients go (NULL where din is NULL
+ * or that gradient is not wanted). */
+typedef struct ld_pair_row {
+	const float *p, *t;
+	float *dp, *dt;
+} ld_pair_row;
+
+static inline ld_pair_row ld_pair_at(const hpu_tensor *in, const hpu_tensor *din, int r)
+{
+	size_t off = (size_t)r * in[0].sample_numel;
+	ld_pair_row x = {hpu_f32(&in[0]) + off, hpu_f32(&in[1]) + off, NULL, NULL};
+	if (din && din[0].data)
+		x.dp = hpu_f32(&din[0]) + off;
+	if (din && din[1].data)
+		x.dt = hpu_f32(&din[1]) + off;
+	return x;
 }
 
 #endif

@@ -224,11 +224,10 @@ static int mse_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu
 	size_t n = in[0].sample_numel;
 	float *loss = hpu_f32(&out[0]);
 	for (int r = 0; r < in[0].batch; r++) {
-		const float *p = hpu_f32(&in[0]) + (size_t)r * n;
-		const float *t = hpu_f32(&in[1]) + (size_t)r * n;
+		ld_pair_row x = ld_pair_at(in, NULL, r);
 		double s = 0;
 		for (size_t i = 0; i < n; i++) {
-			double d = (double)p[i] - (double)t[i];
+			double d = (double)x.p[i] - (double)x.t[i];
 			s += d * d;
 		}
 		loss[r] = (float)(s / (double)n);
@@ -242,17 +241,15 @@ static int mse_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 {
 	(void)l, (void)c, (void)out;
 	size_t n = in[0].sample_numel;
-	float *dp = hpu_f32(&din[0]), *dt = hpu_f32(&din[1]);
 	for (int r = 0; r < in[0].batch; r++) {
-		const float *p = hpu_f32(&in[0]) + (size_t)r * n;
-		const float *t = hpu_f32(&in[1]) + (size_t)r * n;
+		ld_pair_row x = ld_pair_at(in, din, r);
 		float g = 2.0f * hpu_f32(&dout[0])[r] / (float)n;
 		for (size_t i = 0; i < n; i++) {
-			float d = g * (p[i] - t[i]);
-			if (dp)
-				dp[(size_t)r * n + i] = d;
-			if (dt)
-				dt[(size_t)r * n + i] = -d;
+			float d = g * (x.p[i] - x.t[i]);
+			if (x.dp)
+				x.dp[i] = d;
+			if (x.dt)
+				x.dt[i] = -d;
 		}
 	}
 	return 0;
