@@ -161,7 +161,7 @@ static void test_wrong_phase(void **state)
 {
 	(void)state;
 	int64_t shape = 4, wshape[2] = {2, 4};
-	lh_harness *h = harness_x(1, 1, &shape);
+	lh_harness *h = lt_harness_x(1, 1, &shape);
 	hpu_builder *b = lh_builder(h);
 	hpu_layer *l = hpu_layer_add(b, "custom", "x", &noop_ops, NULL);
 	assert_non_null(l);
@@ -222,7 +222,7 @@ static void test_bias_fan_in(void **state)
 {
 	(void)state;
 	int64_t shape = 4, wshape[2] = {64, 4}, bshape = 64, w2[2] = {3, 5}, b2 = 3;
-	lh_harness *h = harness_x(1, 1, &shape);
+	lh_harness *h = lt_harness_x(1, 1, &shape);
 	hpu_builder *b = lh_builder(h);
 	hpu_layer *l = hpu_layer_add(b, "lin", "x", &noop_ops, NULL);
 	assert_non_null(l);
