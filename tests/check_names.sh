@@ -15,7 +15,9 @@
 #     (HPU_MODEL_ENTRY_SYMBOL in hpu.h), protobuf-c's generated code
 #     (the names defined by proto's *.pb-c.c objects), and the C
 #     run-time's and libgcc's own (_start, _init, __bss_start, __cpu_model
-#     of target_clones, ...; a name with '@' is a shared library's copy).
+#     of target_clones, ...; a name with '@' is a shared library's copy),
+#     and the sanitizers' (__asan_*, __odr_asan*, __local_asan_preinit,
+#     __ubsan_*, __lsan_*, __sanitizer_*: make test-asan's build).
 #
 # A compiler-made name with a suffix (hpu__sumsq.resolver of target_clones)
 # counts as its base name.
@@ -31,7 +33,7 @@ build=$(cd "$build" && pwd -P) || exit 2
 src=$(cd "$src" && pwd -P) || exit 2
 PRODUCT="common proto collectives options ckpt agent worker tools launcher daemon"
 INTERNAL='^hpu[a-z]*__[A-Za-z0-9]'
-CRT='^(_start|_init|_fini|_edata|_end|__bss_start|__data_start|data_start|__dso_handle|_IO_stdin_used|__TMC_END__|__libc_csu_init|__libc_csu_fini|_dl_relocate_static_pie|__GNU_EH_FRAME_HDR|__cpu_model|__cpu_features2)$'
+CRT='^(_start|_init|_fini|_edata|_end|__bss_start|__data_start|data_start|__dso_handle|_IO_stdin_used|__TMC_END__|__libc_csu_init|__libc_csu_fini|_dl_relocate_static_pie|__GNU_EH_FRAME_HDR|__cpu_model|__cpu_features2|__(local_)?asan_[A-Za-z0-9_]*|__odr_asan[A-Za-z0-9_.]*|__ubsan_[A-Za-z0-9_]*|__lsan_[A-Za-z0-9_]*|__sanitizer_[A-Za-z0-9_]*)$'
 
 tmp=$(mktemp -d) || exit 2
 trap 'rm -rf "$tmp"' EXIT
