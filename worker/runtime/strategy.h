@@ -17,6 +17,7 @@
 #include "options/config.h"
 #include "worker/runtime/loader.h"
 #include "worker/hpu/model.h"
+#include "worker/strategy/copies.h"
 
 typedef struct hpu_strat hpu_strat;
 
@@ -162,6 +163,9 @@ uint64_t hpu__strat_plan_passing(const hpu_strat *s, int *exact);
 void hpu__strat_plan_print(const hpu_strat *s, FILE *f);
 /* The plan as a JSON object (the checkpoint manifest's "placement"). */
 cJSON *hpu__strat_plan_json(const hpu_strat *s);
+/* The bytes one step must copy between host and device, as the plan
+ * says (worker/strategy/copies.h). 0, or -1 out of memory. */
+int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c);
 
 void hpu__strat_free(hpu_strat **s);
 

@@ -2,7 +2,9 @@
  * printed for --verbose, written into checkpoint manifests -- and the
  * model states it predicts. The plan itself is worker/strategy/plan.c. */
 #include <stdio.h>
+#include <stdlib.h>
 
+#include "worker/device/device.h"
 #include "worker/runtime/strategy_impl.h"
 
 uint64_t hpu__strat_plan_passing(const hpu_strat *s, int *exact);
@@ -38,6 +40,48 @@ void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
 	fprintf(f, "  model states passing: %s %llu bytes (%.2f per parameter), peak %llu\n",
 		exact ? "exactly" : "at most", (unsigned long long)passing,
 		(double)passing / psi, (unsigned long long)(kept + passing));
+	hpu_plan_copies c;
+	if (hpu__strat_plan_copies(s, &c) < 0)
+		return;
+	hpu__plan_copies_describe(&c, 0, line, sizeof line);
+	fprintf(f, "  copied per step on device %s: %s\n", hpu__dev_name(), line);
+	hpu__plan_copies_describe(&c, 1, line, sizeof line);
+	fprintf(f, "  copied per step on device %s: %s\n", hpu__dev_name(), line);
+}
+
+/* The step as worker/strategy/copies.h counts it: the units (zero3's
+ * gathered once per forward and backward call that uses them), the
+ * batch's fields, the losses, the buffers synchronized. */
+int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
+{
+	const hpu_builder *b = s->b;
+	hpu_plan_unit *pu = calloc((size_t)s->nunits + 1, sizeof *pu);
+	if (!pu)
+		return -1;
+	hpu_plan_step st = {.units = pu, .nunits = s->nunits, .micro = s->maxbatch,
+			    .accum = s->o->grad_accum, .nloss = b->nloss,
+			    .host_can_read = hpu__dev_host_can_read(),
+			    .exact = !s->o->activation_checkpointing};
+	for (int k = 0; k < s->nunits; k++)
+		pu[k] = (hpu_plan_unit){.len = s->u[k].len, .piece = s->u[k].piece,
+					.persistent = s->u[k].persistent};
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		int calls = !!l->for_loss + !!l->backward;
+		if (l->nparams && l->unit >= 0)
+			pu[l->unit].gathers += calls;
+		if (l->nuses || l->ckpt) /* shared parameters, recomputation */
+			st.exact = 0;
+	}
+	for (int t = 0; t < b->ntensors; t++)
+		if (b->tensors[t].producer < 0)
+			st.sample_bytes += b->tensors[t].sample_numel * 4;
+	for (int i = 0; s->world > 1 && i < b->nbuffers; i++)
+		if (b->buffers[i].sync != HPU_BUFFER_LOCAL)
+			st.synced_buffers += b->buffers[i].numel;
+	hpu__plan_copies(&s->plan, &st, c);
+	free(pu);
+	return 0;
 }
 
 cJSON *hpu__strat_plan_json(const hpu_strat *s)

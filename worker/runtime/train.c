@@ -439,16 +439,22 @@ typedef struct evalres {
 	double loss, metric[HPU_MAX_IO], count;
 } evalres;
 
-/* --verbose on a device whose memory the host may not read: the bytes
- * the step copied between host and device (the batch in, the loss out,
- * the collectives' staging), for tests and figures. */
+/* --verbose: the bytes the step copied between host and device (the
+ * batch in, the loss out, the collectives' staging; none where the host
+ * may read device memory), and what the placement plan says they must
+ * be, for tests and figures. */
 static void copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0)
 {
 	uint64_t h2d, d2h;
+	hpu_plan_copies c;
 	hpu__dev_copied(&h2d, &d2h);
-	printf("rank %d: step %ld: device %s copied %llu bytes host-to-device, %llu bytes device-to-host\n",
+	printf("rank %d: step %ld: device %s copied %llu bytes host-to-device, %llu bytes device-to-host",
 	       L->rank, step, hpu__dev_name(), (unsigned long long)(h2d - h2d0),
 	       (unsigned long long)(d2h - d2h0));
+	if (hpu__strat_plan_copies(L->st, &c) == 0)
+		printf("; the plan: %s%llu and %llu", c.exact ? "" : "at least ",
+		       (unsigned long long)c.h2d_total, (unsigned long long)c.d2h_total);
+	printf("\n");
 }
 
 /* Evaluates the n samples of `split` (through map when not NULL). */
@@ -969,7 +975,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0 ||
 			    skipped_check(L, step) < 0)
 				return -1;
-			if (o->verbose && !hpu__dev_host_can_read())
+			if (o->verbose)
 				copied_log(L, step + 1, h2d0, d2h0);
 			step++;
 			L->epoch = e;

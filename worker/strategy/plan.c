@@ -38,6 +38,7 @@ void hpu__plan_make(hpu_plan *p, const hpu_train_opts *o, int world, int opt_flo
 	*p = (hpu_plan){.kind = k, .precision = o->precision, .world = world};
 	p->mixed = o->precision != HPU_PREC_FP32;
 	p->fp16 = o->precision == HPU_PREC_FP16_MIXED;
+	p->grad_comm16 = !p->mixed && !sharded && o->grad_comm_dtype == HPU_COMM_BF16;
 	hpu_plan_dtype d16 = !p->mixed ? HPU_PLAN_FP32 : p->fp16 ? HPU_PLAN_FP16 : HPU_PLAN_BF16;
 
 	hpu_plan_entry *e = &p->e[HPU_PLAN_PARAMS];

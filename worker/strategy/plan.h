@@ -60,6 +60,8 @@ typedef struct hpu_plan {
 	int world;
 	int mixed;  /* 16-bit working parameters and gradients, fp32 master */
 	int fp16;   /* ... in fp16 (else bf16) */
+	int grad_comm16; /* fp32 ddp/fast_ddp: gradients all-reduced as bf16
+			  * copies (--grad-comm-dtype bf16) */
 	hpu_plan_entry e[HPU_PLAN_NSTATES];
 } hpu_plan;
 

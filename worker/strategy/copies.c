@@ -1,0 +1,101 @@
+/* copies: the bytes a step copies between host and device (copies.h). */
+#include "worker/strategy/copies.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The gradients' collective over every unit: staged out and back. */
+static void grads(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *c)
+{
+	const hpu_plan_entry *ge = &p->e[HPU_PLAN_GRADS];
+	uint64_t esz = p->grad_comm16 ? 2 : hpu__plan_esize(ge), out = 0, back = 0;
+	for (int k = 0; k < st->nunits; k++) {
+		const hpu_plan_unit *u = &st->units[k];
+		switch (ge->coll) {
+		case HPU_PLAN_ALL_REDUCE:
+		case HPU_PLAN_ALL_REDUCE_FLAT: /* the buffer out, the sum back */
+			out += u->len * esz;
+			back += u->len * esz;
+			break;
+		case HPU_PLAN_REDUCE_SCATTER:
+		case HPU_PLAN_REDUCE_SCATTER_BUCKETS: /* the unit out, the piece back */
+			out += u->len * esz;
+			back += u->piece * esz;
+			break;
+		default:
+			break;
+		}
+	}
+	/* zero2/3 reduce-scatter a bucket every micro-step */
+	uint64_t times = ge->coll == HPU_PLAN_REDUCE_SCATTER_BUCKETS ? (uint64_t)st->accum : 1;
+	c->d2h[HPU_COPY_GRADS] = out * times;
+	c->h2d[HPU_COPY_GRADS] = back * times;
+}
+
+/* ZeRO's parameter all-gathers: the piece out where it is on the device,
+ * the others' pieces back, and the own piece too where it is not. */
+static void params(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *c)
+{
+	const hpu_plan_entry *pe = &p->e[HPU_PLAN_PARAMS];
+	uint64_t esz = hpu__plan_esize(pe);
+	int ondev = pe->where == HPU_PLAN_DEVICE;
+	for (int k = 0; k < st->nunits; k++) {
+		const hpu_plan_unit *u = &st->units[k];
+		uint64_t times;
+		if (pe->coll == HPU_PLAN_ALL_GATHER_STEP)
+			times = 1;
+		else if (pe->coll == HPU_PLAN_ALL_GATHER_LAYER)
+			times = u->persistent ? 1 : (uint64_t)st->accum * (uint64_t)u->gathers;
+		else
+			return;
+		uint64_t out = p->world > 1 && ondev ? u->piece : 0;
+		uint64_t back = (u->len - u->piece) + (ondev ? 0 : u->piece);
+		c->d2h[HPU_COPY_PARAMS] += times * out * esz;
+		c->h2d[HPU_COPY_PARAMS] += times * back * esz;
+	}
+}
+
+void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *c)
+{
+	memset(c, 0, sizeof *c);
+	c->exact = st->exact;
+	if (st->host_can_read) /* read in place: nothing is copied */
+		return;
+	uint64_t samples = (uint64_t)st->micro * (uint64_t)st->accum;
+	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
+	c->d2h[HPU_COPY_LOSS] = samples * 4 * (uint64_t)st->nloss;
+	if (p->world > 1) { /* at 1 the collectives are the identity */
+		grads(p, st, c);
+		c->h2d[HPU_COPY_BUFFERS] = c->d2h[HPU_COPY_BUFFERS] = (uint64_t)st->synced_buffers * 4;
+	}
+	params(p, st, c);
+	for (int k = 0; k < HPU_COPY_N; k++) {
+		c->h2d_total += c->h2d[k];
+		c->d2h_total += c->d2h[k];
+	}
+}
+
+const char *hpu__plan_copy_name(hpu_plan_copy c)
+{
+	static const char *const n[] = {"batch", "loss", "gradients", "parameters", "buffers"};
+	return (unsigned)c < HPU_COPY_N ? n[c] : "?";
+}
+
+void hpu__plan_copies_describe(const hpu_plan_copies *c, int d2h, char *out, size_t outlen)
+{
+	const uint64_t *v = d2h ? c->d2h : c->h2d;
+	size_t n = (size_t)snprintf(out, outlen, "%s%llu bytes %s", c->exact ? "" : "at least ",
+				    (unsigned long long)(d2h ? c->d2h_total : c->h2d_total),
+				    d2h ? "device-to-host" : "host-to-device");
+	const char *sep = " (";
+	for (int k = 0; k < HPU_COPY_N && n < outlen; k++) {
+		if (!v[k])
+			continue;
+		n += (size_t)snprintf(out + n, outlen - n, "%s%s %llu", sep,
+				      hpu__plan_copy_name((hpu_plan_copy)k),
+				      (unsigned long long)v[k]);
+		sep = ", ";
+	}
+	if (*sep == ',' && n < outlen)
+		snprintf(out + n, outlen - n, ")");
+}

@@ -1,0 +1,85 @@
+/* copies: the bytes one training step must copy between the host and the
+ * device, as the placement plan (plan.h) and the code that carries it out
+ * say: per rank, for one step of `accum` micro-steps that each run forward
+ * and backward once, then the optimizer step (not skipped).
+ *
+ * What crosses, on a device whose memory the host may not read
+ * (host_can_read 0: cpu-strict, GPUs):
+ *   - the batch in: every dataset field of every micro-batch, 4 bytes a
+ *     value (strategy_pass.c's batch_in);
+ *   - the loss out: each loss term's per-sample values (hpu__strat_loss);
+ *   - the gradients' collectives, staged through pinned host buffers
+ *     (strategy_dcoll.c): an all-reduce copies its buffer out and back; a
+ *     reduce-scatter the whole unit out and the rank's piece back;
+ *   - the parameters' all-gathers (ZeRO): the rank's piece out (unless it
+ *     lives in the host tier or NVMe's buffers already) and the other
+ *     ranks' pieces back (and the own piece too when it is not on the
+ *     device); ZeRO-1/2 once after the step, ZeRO-3 for every use of a
+ *     layer not kept whole in forward and backward, and its persistent
+ *     layers after the step;
+ *   - the buffers synchronized after the step: out and back.
+ * At world size 1 nothing is staged: the collectives are the identity.
+ * Where the host may read device memory (cpu) libhpucoll and the loss
+ * read the device's memory itself and the batch is read in place:
+ * nothing is copied.
+ *
+ * Not counted as copies: what the device's own ops read and write in the
+ * host tier (--offload-optimizer/--offload-param cpu, NVMe's buffers): on
+ * the CPU devices an op reaches host memory directly. */
+#ifndef HPU_STRATEGY_COPIES_H
+#define HPU_STRATEGY_COPIES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/strategy/plan.h"
+
+/* One unit of the strategy's layout (strategy_impl.h): `len` floats
+ * (padded), `piece` of them each rank's under ZeRO; zero3: `persistent`
+ * when kept whole, else gathered `gathers` times per micro-step (once per
+ * forward and per backward call that uses it). */
+typedef struct hpu_plan_unit {
+	size_t len, piece;
+	int persistent;
+	int gathers;
+} hpu_plan_unit;
+
+/* The step, as the model and the options make it. */
+typedef struct hpu_plan_step {
+	const hpu_plan_unit *units;
+	int nunits;
+	int micro, accum;       /* samples per micro-step (per rank), micro-steps */
+	size_t sample_bytes;    /* one sample's dataset fields as copied in */
+	int nloss;              /* loss terms */
+	size_t synced_buffers;  /* floats of buffers synchronized after the step */
+	int host_can_read;      /* the device's capability */
+	int exact;              /* 0: something the count does not model runs
+				 * (recomputation, shared parameters) */
+} hpu_plan_step;
+
+/* What the bytes are for. */
+typedef enum hpu_plan_copy {
+	HPU_COPY_BATCH = 0,
+	HPU_COPY_LOSS,
+	HPU_COPY_GRADS,   /* the gradients' collectives' staging */
+	HPU_COPY_PARAMS,  /* ZeRO's parameter all-gathers' staging */
+	HPU_COPY_BUFFERS, /* the buffers' synchronization */
+	HPU_COPY_N,
+} hpu_plan_copy;
+
+typedef struct hpu_plan_copies {
+	uint64_t h2d[HPU_COPY_N], d2h[HPU_COPY_N];
+	uint64_t h2d_total, d2h_total;
+	int exact; /* 0: at least these */
+} hpu_plan_copies;
+
+/* The bytes one step of plan p copies, per rank, into out. */
+void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *out);
+
+const char *hpu__plan_copy_name(hpu_plan_copy c);
+
+/* "N bytes host-to-device (batch A, gradients B, ...)" for one direction
+ * (d2h 0: host-to-device), the parts that are not 0. */
+void hpu__plan_copies_describe(const hpu_plan_copies *c, int d2h, char *out, size_t outlen);
+
+#endif
