@@ -14,7 +14,11 @@
  *   resumed) run on cpu-strict with the same parameters,
  *   bit for bit, as on cpu;
  * - one DDP step on cpu-strict copies the batch in, the loss out and the
- *   gradients through the collectives' staging, and nothing else. */
+ *   gradients through the collectives' staging, and nothing else;
+ * - every strategy in fp32 and bf16-mixed (zero3 with gathered layers,
+ *   the host tier, gradient accumulation, a model's buffers, 1 and 2
+ *   workers) copies per step exactly the bytes the placement plan says
+ *   (worker/strategy/copies.h); on cpu, none. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -328,6 +332,126 @@ static void test_copied_bytes(void **state)
 	free(out);
 }
 
+/* ---- the bytes a step copies, as the placement plan says ---- */
+
+#define SMALL_MLP "--hidden 32 --depth 2" /* 784-32-32-10: 25,120, 1,056, 330 */
+
+/* Every rank's line of every step in `out` ("rank R: step S: device D
+ * copied H bytes host-to-device, X bytes device-to-host; the plan: PH and
+ * PX"): 1 when each measured pair equals the plan's exactly; rank 0's
+ * first step into *h2d, *d2h. */
+static int as_planned(const char *out, const char *device, int workers, int steps,
+		      unsigned long long *h2d, unsigned long long *d2h)
+{
+	int ok = 1;
+	for (int r = 0; r < workers; r++)
+		for (int st = 1; st <= steps; st++) {
+			char head[96];
+			snprintf(head, sizeof head, "rank %d: step %d: device %s copied ", r, st, device);
+			const char *line = strstr(out, head);
+			assert_non_null(line);
+			unsigned long long h = 0, d = 0, ph = 0, pd = 0;
+			assert_int_equal(sscanf(line + strlen(head),
+						"%llu bytes host-to-device, %llu bytes device-to-host; "
+						"the plan: %llu and %llu",
+						&h, &d, &ph, &pd),
+					 4);
+			if (h != ph || d != pd) {
+				printf("    rank %d step %d: copied %llu in, %llu out; the plan says %llu "
+				       "in, %llu out\n",
+				       r, st, h, d, ph, pd);
+				ok = 0;
+			}
+			if (r == 0 && st == 1) {
+				*h2d = h;
+				*d2h = d;
+			}
+		}
+	return ok;
+}
+
+/* One case: `workers` ranks, 2 steps of 32 on `device`, and `extra`
+ * (NULL-ended); the bytes copied must be the plan's, to the byte. */
+static int copies_case(const char *device, int workers, const char *model, const char *margs,
+		       const char *const *extra, unsigned long long *h2d, unsigned long long *d2h)
+{
+	run r;
+	start(&r, workers);
+	args(&r, "--device", device, "--max-steps", "2", "--batch-size", "32", "--verbose",
+	     "--param-persistence-threshold", "1000", NULL);
+	char what[160] = "";
+	size_t n = 0;
+	for (; extra && *extra; extra++) {
+		arg(&r, *extra);
+		n += (size_t)snprintf(what + n, sizeof what - n, "%s ", *extra);
+	}
+	char *out = finish_with(&r, 0, model, margs);
+	assert_null(strstr(out, "the plan: at least")); /* nothing it cannot count */
+	int ok = as_planned(out, device, workers, 2, h2d, d2h);
+	printf("  %-10s %d worker%s %-62s %7llu in, %7llu out per step: %s\n", device, workers,
+	       workers == 1 ? " " : "s", what, *h2d, *d2h, ok ? "as planned" : "NOT AS PLANNED");
+	free(out);
+	return ok;
+}
+
+static void test_copies_as_planned(void **state)
+{
+	(void)state;
+	static const char *const cases[][9] = {
+	    {"--strategy", "ddp"},
+	    {"--strategy", "ddp", "--grad-comm-dtype", "bf16"},
+	    {"--strategy", "fast_ddp"},
+	    {"--strategy", "zero1"},
+	    {"--strategy", "zero2"},
+	    {"--strategy", "zero3"},
+	    {"--strategy", "ddp", "--precision", "bf16-mixed"},
+	    {"--strategy", "fast_ddp", "--precision", "bf16-mixed"},
+	    {"--strategy", "zero1", "--precision", "bf16-mixed"},
+	    {"--strategy", "zero2", "--precision", "bf16-mixed"},
+	    {"--strategy", "zero3", "--precision", "bf16-mixed"},
+	    /* the parameter shard in the host tier: nothing to copy out */
+	    {"--strategy", "zero3", "--offload-param", "cpu", "--offload-optimizer", "cpu"},
+	    {"--strategy", "zero3", "--precision", "bf16-mixed", "--offload-param", "cpu"},
+	    {"--strategy", "zero2", "--grad-accum", "2"},
+	};
+	int bad = 0;
+	unsigned long long h, d, zero1_h = 0, zero1_d = 0;
+	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+		bad += !copies_case("cpu-strict", 2, MODEL, SMALL_MLP, cases[k], &h, &d);
+		if (k == 3) {
+			zero1_h = h;
+			zero1_d = d;
+		}
+	}
+	/* one worker: no collective, only the batch in and the loss out */
+	const char *one[][5] = {{"--strategy", "ddp"},
+				{"--strategy", "zero3", "--precision", "bf16-mixed"}};
+	for (size_t k = 0; k < sizeof one / sizeof *one; k++) {
+		bad += !copies_case("cpu-strict", 1, MODEL, SMALL_MLP, one[k], &h, &d);
+		assert_int_equal(h, 32ull * (784 + 1) * 4);
+		assert_int_equal(d, 32ull * 4);
+	}
+	/* a model with buffers: synchronized after the step, out and back */
+	const char *bufs[] = {"--strategy", "zero2", NULL};
+	bad += !copies_case("cpu-strict", 2, BUFMODEL, NULL, bufs, &h, &d);
+	/* on cpu the host reads device memory: nothing is copied */
+	const char *cpu[][5] = {{"--strategy", "ddp"}, {"--strategy", "zero3"},
+				{"--strategy", "zero1", "--precision", "bf16-mixed"}};
+	for (size_t k = 0; k < sizeof cpu / sizeof *cpu; k++) {
+		bad += !copies_case("cpu", 2, MODEL, SMALL_MLP, cpu[k], &h, &d);
+		assert_int_equal(h, 0);
+		assert_int_equal(d, 0);
+	}
+	/* zero1 by hand: units 25,120 + 1,056 + 330 floats, each padded to
+	 * 32: 25,120 + 1,056 + 352 = 26,528, pieces half. Gradients out
+	 * whole and the piece back; the piece out and the others' back. */
+	unsigned long long len = 26528, piece = len / 2, batch = 16ull * (784 + 1) * 4,
+			   loss = 16ull * 4;
+	assert_int_equal(zero1_h, batch + piece * 4 + (len - piece) * 4);
+	assert_int_equal(zero1_d, loss + len * 4 + piece * 4);
+	assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -340,6 +464,7 @@ int main(void)
 	    cmocka_unit_test(test_offload),
 	    cmocka_unit_test(test_buffers),
 	    cmocka_unit_test(test_copied_bytes),
+	    cmocka_unit_test(test_copies_as_planned),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
