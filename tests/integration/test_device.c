@@ -423,6 +423,17 @@ static void test_copies_as_planned(void **state)
 			zero1_d = d;
 		}
 	}
+	/* NVMe's tier: the pieces are read into host buffers, as the host
+	 * tier's (a directory off tmpfs, which the tier refuses) */
+	struct statfs fs;
+	int tmpfs = statfs("/tmp", &fs) == 0 && fs.f_type == 0x01021994;
+	char nv[300];
+	snprintf(nv, sizeof nv, "%s/hpu-dev-copies.XXXXXX", tmpfs ? h_build("") : "/tmp");
+	assert_non_null(mkdtemp(nv));
+	const char *nvme[] = {"--strategy", "zero3", "--offload-param", "nvme",
+			      "--offload-optimizer", "nvme", "--nvme-path", nv, NULL};
+	bad += !copies_case("cpu-strict", 2, MODEL, SMALL_MLP, nvme, &h, &d);
+	h_rmtree(nv);
 	/* one worker: no collective, only the batch in and the loss out */
 	const char *one[][5] = {{"--strategy", "ddp"},
 				{"--strategy", "zero3", "--precision", "bf16-mixed"}};
