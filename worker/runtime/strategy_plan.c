@@ -61,7 +61,7 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 	hpu_plan_step st = {.units = pu, .nunits = s->nunits, .micro = s->maxbatch,
 			    .accum = s->o->grad_accum, .nloss = b->nloss,
 			    .host_can_read = hpu__dev_host_can_read(),
-			    .exact = !s->o->activation_checkpointing};
+			    .regathers = s->o->activation_checkpointing};
 	for (int k = 0; k < s->nunits; k++)
 		pu[k] = (hpu_plan_unit){.len = s->u[k].len, .piece = s->u[k].piece,
 					.persistent = s->u[k].persistent};
@@ -71,7 +71,7 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 		if (l->nparams && l->unit >= 0)
 			pu[l->unit].gathers += calls;
 		if (l->nuses || l->ckpt) /* shared parameters, recomputation */
-			st.exact = 0;
+			st.regathers = 1;
 	}
 	for (int t = 0; t < b->ntensors; t++)
 		if (b->tensors[t].producer < 0)

@@ -58,7 +58,7 @@ static void params(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *
 void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *c)
 {
 	memset(c, 0, sizeof *c);
-	c->exact = st->exact;
+	c->exact = !st->regathers || p->e[HPU_PLAN_PARAMS].coll != HPU_PLAN_ALL_GATHER_LAYER;
 	if (st->host_can_read) /* read in place: nothing is copied */
 		return;
 	uint64_t samples = (uint64_t)st->micro * (uint64_t)st->accum;

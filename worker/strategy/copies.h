@@ -53,8 +53,8 @@ typedef struct hpu_plan_step {
 	int nloss;              /* loss terms */
 	size_t synced_buffers;  /* floats of buffers synchronized after the step */
 	int host_can_read;      /* the device's capability */
-	int exact;              /* 0: something the count does not model runs
-				 * (recomputation, shared parameters) */
+	int regathers;          /* 1: zero3 may gather layers more often than
+				 * counted (recomputation, shared parameters) */
 } hpu_plan_step;
 
 /* What the bytes are for. */
