@@ -948,6 +948,8 @@ static const struct fkey hputrain_keys[] = {
 	KEY("checkpoint_dir", "checkpoint-dir", 0),
 	KEY("checkpoint_every", "checkpoint-every", 0),
 	KEY("keep_checkpoints", "keep", 0),
+	KEY("keep_last", "keep-last", 0),
+	KEY("keep_best", "keep-best", 0),
 	KEY("resume", "resume", 0),
 	KEY("eval", "no-eval", 0), /* true or false */
 	KEY("eval_every", "eval-every", 0),
