@@ -323,7 +323,7 @@ static const struct hpu__opt opts[] = {
 	OTHER_("config", K_CONFIG, config, PATH | LOCAL, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
 	NUM("eval-every", K_LONG, eval_every, 1, 1e15, "validate every N steps: loss and metrics on the test split or the --val-fraction slice (never)"),
-	NUM("eval-every-epochs", K_INT, eval_every_epochs, 1, 1e9, "validate at the end of every Nth epoch (never)"),
+	NUM("eval-every-epochs", K_DOUBLE, eval_every_epochs, 0, 1e9, "validate at the end of every Nth epoch, or F below 1: at every F of an epoch, 0.25 every quarter (never)"),
 	NUM("val-fraction", K_DOUBLE, val_fraction, 0, 1, "validate on this fraction of the training split, held out of training, chosen from --seed (0: the test split)"),
 	OTHER("early-stop", K_STR, early_stop, "METRIC[:min|max],PATIENCE[,MIN_DELTA]: stop when PATIENCE validations in a row did not improve val_loss or val_<metric> by more than MIN_DELTA (0); min unless :max"),
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
@@ -800,6 +800,14 @@ static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
 	if (given && !(o->val_fraction > 0 && o->val_fraction < 1)) {
 		snprintf(err, errlen, "--val-fraction %g: give a fraction above 0 and below 1 of the "
 				      "training split to hold out for validation", o->val_fraction);
+		return -1;
+	}
+	double f = o->eval_every_epochs;
+	if (hpu__opts_from(o, "eval-every-epochs") != HPU_FROM_DEFAULT &&
+	    !(f > 0 && (f < 1 || f == floor(f)))) {
+		snprintf(err, errlen, "--eval-every-epochs %g: give a whole number of epochs from 1, "
+				      "or a fraction of one above 0 and below 1 (0.25: every quarter of "
+				      "an epoch)", f);
 		return -1;
 	}
 	if (o->early_stop[0]) {

@@ -184,7 +184,8 @@ typedef struct hpu_train_opts {
 				 * stall warning (30; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
 	long eval_every;        /* validate every N steps (0: never) */
-	int eval_every_epochs;  /* validate every N epochs (0: never) */
+	double eval_every_epochs; /* validate every N epochs, or below 1: at
+				   * every such fraction of one (0: never) */
 	double val_fraction;    /* hold out this part of the training split to
 				 * validate on (0: the test split) */
 	char early_stop[512];   /* --early-stop METRIC[:min|max],PATIENCE[,MIN_DELTA] or "" */

@@ -978,6 +978,21 @@ static int skipped_check(loop *L, long step)
 	return 0;
 }
 
+/* --eval-every-epochs after batch s (from 0) of epoch e: N, after the last
+ * batch of every Nth epoch; F below 1 (Lightning's val_check_interval=F),
+ * after the batch that reaches each F of the epoch (rounded up) and after
+ * its last. */
+static int epoch_validates(double f, int e, size_t s, size_t per_epoch)
+{
+	if (f <= 0)
+		return 0;
+	if (f >= 1)
+		return s + 1 == per_epoch && (e + 1) % (long)f == 0;
+	double part = f * (double)per_epoch; /* batches per validation */
+	return s + 1 == per_epoch ||
+	       floor((double)(s + 1) / part + 1e-9) > floor((double)s / part + 1e-9);
+}
+
 /* Trains from L->pos to step `total`: checkpoints every
  * --checkpoint-every steps and at the end; stops early at --stop-at-step. */
 static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, float *loss_out,
@@ -1026,8 +1041,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 				       : -1,
 			       HPU_PHASE_TRAIN, logs);
 			if (((o->eval_every && step % o->eval_every == 0) ||
-			     (o->eval_every_epochs && s + 1 == per_epoch &&
-			      (e + 1) % o->eval_every_epochs == 0)) &&
+			     epoch_validates(o->eval_every_epochs, e, s, per_epoch)) &&
 			    validate(L, step, e) < 0)
 				return -1;
 			int stop = (o->stop_at_step > 0 && step == o->stop_at_step) || (L->stop_early && step < total);
