@@ -266,6 +266,30 @@ void hpu__ckpt_free_names(char **names);
 int hpu__ckpt_publish(const char *root, const char *partial, const char *name,
 		      int keep, char *err, size_t errlen);
 
+/* What survives a save (--keep-last, --keep-best): the newest `last`
+ * checkpoints and the `best` ones by a validation metric. */
+typedef struct hpu_ckpt_keep {
+	int last;           /* the newest kept, the new one among them (1 or more) */
+	int best;           /* the best kept (0: none) */
+	int max;            /* larger is better */
+	const char *metric; /* the manifest's "validation" key ("val_loss") */
+} hpu_ckpt_keep;
+
+/* The checkpoints under root that survive publishing `name` (not yet
+ * there), whose metric is `value` (NAN: not validated): *best, the best
+ * first (at most k->best), and *last, the newest first (at most
+ * k->last), NULL-terminated lists the caller frees with
+ * hpu__ckpt_free_names. Another checkpoint's value is its manifest's
+ * validation.<metric>; one without is never among the best; equal
+ * values keep the older. Returns 0, or -1 with a sentence. */
+int hpu__ckpt_keep_plan(const char *root, const hpu_ckpt_keep *k, const char *name,
+			double value, char ***best, char ***last, char *err, size_t errlen);
+
+/* Removes every step-* directory under root that neither list names,
+ * never the one `latest` names, one another uid owns, nor through a
+ * link. Returns 0, or -1 with a sentence. */
+int hpu__ckpt_prune(const char *root, char **best, char **last, char *err, size_t errlen);
+
 /* The manifest's JSON for one file. */
 cJSON *hpu__ckpt_file_json(const hpu_ckpt_file *f);
 

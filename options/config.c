@@ -315,13 +315,15 @@ static const struct hpu__opt opts[] = {
 	OTHER_("checkpoint-dir", K_STR, checkpoint_dir, PATH | GIVEN, "save checkpoints under DIR (each rank its shard)"),
 	NUM("checkpoint-every", K_LONG, checkpoint_every, 0, 1e15, "checkpoint every N steps, and at the end (0: only at the end)"),
 	NUM("keep", K_INT, keep, 0, 1e6, "keep the newest N checkpoints (0: all)"),
+	NUM("keep-last", K_INT, keep_last, 1, 1e6, "keep the newest K checkpoints, besides --keep-best's (as --keep K; 1 with --keep-best)"),
+	OTHER("keep-best", K_STR, keep_best, "METRIC[:min|max],K: keep the K checkpoints with the best val_loss or val_<metric> at their save, besides the newest (min unless :max)"),
 	OTHER_("resume", K_STR, resume, PATH | GIVEN | HPU__OPT_AUTO, "resume from DIR (a checkpoint or a --checkpoint-dir), or auto: the newest intact one"),
 	NUM("stop-at-step", K_LONG, stop_at_step, 1, 1e15, "checkpoint and stop after step N, schedule unchanged (to resume later)"),
 	NUM("max-skipped-steps", K_INT, max_skipped_steps, 1, 1e9, "stop after N steps in a row skipped for a non-finite loss or gradients (5)"),
 	OTHER_("config", K_CONFIG, config, PATH | LOCAL, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
 	NUM("eval-every", K_LONG, eval_every, 1, 1e15, "validate every N steps: loss and metrics on the test split or the --val-fraction slice (never)"),
-	NUM("eval-every-epochs", K_INT, eval_every_epochs, 1, 1e9, "validate at the end of every Nth epoch (never)"),
+	NUM("eval-every-epochs", K_DOUBLE, eval_every_epochs, 0, 1e9, "validate at the end of every Nth epoch, or F below 1: at every F of an epoch, 0.25 every quarter (never)"),
 	NUM("val-fraction", K_DOUBLE, val_fraction, 0, 1, "validate on this fraction of the training split, held out of training, chosen from --seed (0: the test split)"),
 	OTHER("early-stop", K_STR, early_stop, "METRIC[:min|max],PATIENCE[,MIN_DELTA]: stop when PATIENCE validations in a row did not improve val_loss or val_<metric> by more than MIN_DELTA (0); min unless :max"),
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
@@ -691,6 +693,30 @@ static int check_device(hpu_train_opts *o, char *err, size_t errlen)
 	return 0;
 }
 
+/* METRIC[:min|max] of option `opt`'s value s (buf, cut at the first
+ * comma): into metric[64] and *max; -1 with a sentence. */
+static int metric_mode(const char *opt, const char *s, char *buf, char *metric, int *max,
+		       char *err, size_t errlen)
+{
+	char *mode = strchr(buf, ':');
+	*max = 0;
+	if (mode) {
+		*mode++ = 0;
+		if (strcmp(mode, "min") && strcmp(mode, "max")) {
+			snprintf(err, errlen, "%s %s: mode '%s' is neither min nor max", opt, s, mode);
+			return -1;
+		}
+		*max = !strcmp(mode, "max");
+	}
+	if (strncmp(buf, "val_", 4) || !buf[4] || strlen(buf) >= 64) {
+		snprintf(err, errlen, "%s %s: the metric '%s' is not a validation one: "
+				      "give val_loss or val_<a metric of the model>", opt, s, buf);
+		return -1;
+	}
+	snprintf(metric, 64, "%s", buf);
+	return 0;
+}
+
 int hpu__early_stop_parse(const char *s, hpu_early_stop *e, char *err, size_t errlen)
 {
 	static const char form[] = "expected METRIC[:min|max],PATIENCE[,MIN_DELTA], e.g. val_loss,3 or "
@@ -706,21 +732,8 @@ int hpu__early_stop_parse(const char *s, hpu_early_stop *e, char *err, size_t er
 	*pat++ = 0;
 	if ((delta = strchr(pat, ',')))
 		*delta++ = 0;
-	char *mode = strchr(buf, ':');
-	if (mode) {
-		*mode++ = 0;
-		if (strcmp(mode, "min") && strcmp(mode, "max")) {
-			snprintf(err, errlen, "--early-stop %s: mode '%s' is neither min nor max", s, mode);
-			return -1;
-		}
-		e->max = !strcmp(mode, "max");
-	}
-	if (strncmp(buf, "val_", 4) || !buf[4] || strlen(buf) >= sizeof e->metric) {
-		snprintf(err, errlen, "--early-stop %s: the metric '%s' is not a validation one: "
-				      "give val_loss or val_<a metric of the model>", s, buf);
+	if (metric_mode("--early-stop", s, buf, e->metric, &e->max, err, errlen) < 0)
 		return -1;
-	}
-	snprintf(e->metric, sizeof e->metric, "%s", buf);
 	if (hpu__parse_long(pat, 1, 1000000000L, &e->patience)) {
 		snprintf(err, errlen, "--early-stop %s: PATIENCE '%s' is not a whole number of "
 				      "validations from 1", s, pat);
@@ -734,6 +747,52 @@ int hpu__early_stop_parse(const char *s, hpu_early_stop *e, char *err, size_t er
 	return 0;
 }
 
+int hpu__keep_best_parse(const char *s, hpu_keep_best *k, char *err, size_t errlen)
+{
+	char buf[128];
+	*k = (hpu_keep_best){0};
+	snprintf(buf, sizeof buf, "%s", s);
+	char *n = strchr(buf, ',');
+	if (!n) {
+		snprintf(err, errlen, "--keep-best %s: no K: expected METRIC[:min|max],K, e.g. "
+				      "val_loss,3 or val_accuracy:max,2", s);
+		return -1;
+	}
+	*n++ = 0;
+	if (metric_mode("--keep-best", s, buf, k->metric, &k->max, err, errlen) < 0)
+		return -1;
+	long v;
+	if (hpu__parse_long(n, 1, 1000000L, &v)) {
+		snprintf(err, errlen, "--keep-best %s: K '%s' is not a whole number of checkpoints "
+				      "from 1", s, n);
+		return -1;
+	}
+	k->k = (int)v;
+	return 0;
+}
+
+/* --keep-best and --keep-last: a checkpoint root, a validation to rank
+ * by, and one count of the newest kept. */
+static int check_keep(const hpu_train_opts *o, char *err, size_t errlen)
+{
+	if (o->keep_last && o->keep && o->keep != o->keep_last) {
+		snprintf(err, errlen, "--keep %d and --keep-last %d both count the newest checkpoints "
+				      "kept: give one", o->keep, o->keep_last);
+		return -1;
+	}
+	if (!o->keep_best[0])
+		return 0;
+	hpu_keep_best k;
+	if (hpu__keep_best_parse(o->keep_best, &k, err, errlen) < 0)
+		return -1;
+	if (!o->eval_every && !o->eval_every_epochs) {
+		snprintf(err, errlen, "--keep-best %s ranks the checkpoints by the validation: add "
+				      "--eval-every N or --eval-every-epochs N", o->keep_best);
+		return -1;
+	}
+	return 0;
+}
+
 /* --eval-every, --eval-every-epochs and --val-fraction agree. */
 static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
 {
@@ -741,6 +800,14 @@ static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
 	if (given && !(o->val_fraction > 0 && o->val_fraction < 1)) {
 		snprintf(err, errlen, "--val-fraction %g: give a fraction above 0 and below 1 of the "
 				      "training split to hold out for validation", o->val_fraction);
+		return -1;
+	}
+	double f = o->eval_every_epochs;
+	if (hpu__opts_from(o, "eval-every-epochs") != HPU_FROM_DEFAULT &&
+	    !(f > 0 && (f < 1 || f == floor(f)))) {
+		snprintf(err, errlen, "--eval-every-epochs %g: give a whole number of epochs from 1, "
+				      "or a fraction of one above 0 and below 1 (0.25: every quarter of "
+				      "an epoch)", f);
 		return -1;
 	}
 	if (o->early_stop[0]) {
@@ -780,12 +847,15 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 			 o->total_steps, o->warmup_steps);
 		return -1;
 	}
-	if (!o->checkpoint_dir[0] && (o->checkpoint_every || o->keep || !strcmp(o->resume, "auto"))) {
+	if (!o->checkpoint_dir[0] && (o->checkpoint_every || o->keep || o->keep_last ||
+				      o->keep_best[0] || !strcmp(o->resume, "auto"))) {
 		snprintf(err, errlen, "%s needs --checkpoint-dir DIR",
-			 o->checkpoint_every ? "--checkpoint-every" : o->keep ? "--keep" : "--resume auto");
+			 o->checkpoint_every ? "--checkpoint-every" : o->keep ? "--keep"
+				 : o->keep_last ? "--keep-last" : o->keep_best[0] ? "--keep-best"
+				 : "--resume auto");
 		return -1;
 	}
-	if (check_validation(o, err, errlen) < 0)
+	if (check_validation(o, err, errlen) < 0 || check_keep(o, err, errlen) < 0)
 		return -1;
 	if (o->eval_only && (o->resume[0] || o->checkpoint_dir[0])) {
 		snprintf(err, errlen, "--eval-only does not train: it takes no --resume or --checkpoint-dir "

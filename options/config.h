@@ -170,6 +170,8 @@ typedef struct hpu_train_opts {
 	char checkpoint_dir[512]; /* the checkpoint root, or "" */
 	long checkpoint_every;  /* save every N steps (0: only at the end) */
 	int keep;               /* newest checkpoints kept (0: all) */
+	int keep_last;          /* --keep-last: the same count (0: not given) */
+	char keep_best[128];    /* --keep-best METRIC[:min|max],K or "" */
 	char resume[512];       /* "auto", a checkpoint or a root, or "" */
 	long stop_at_step;      /* checkpoint and stop after this step (0: no) */
 	int max_skipped_steps;  /* non-finite steps in a row before the job stops */
@@ -182,7 +184,8 @@ typedef struct hpu_train_opts {
 				 * stall warning (30; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
 	long eval_every;        /* validate every N steps (0: never) */
-	int eval_every_epochs;  /* validate every N epochs (0: never) */
+	double eval_every_epochs; /* validate every N epochs, or below 1: at
+				   * every such fraction of one (0: never) */
 	double val_fraction;    /* hold out this part of the training split to
 				 * validate on (0: the test split) */
 	char early_stop[512];   /* --early-stop METRIC[:min|max],PATIENCE[,MIN_DELTA] or "" */
@@ -267,6 +270,17 @@ typedef struct hpu_early_stop {
 
 /* Parses s into e; -1 with a sentence in err if it is not one. */
 int hpu__early_stop_parse(const char *s, hpu_early_stop *e, char *err, size_t errlen);
+
+/* --keep-best METRIC[:min|max],K, parsed: besides the newest, keep the
+ * k checkpoints whose metric was best (min: lowest) at their save. */
+typedef struct hpu_keep_best {
+	char metric[64]; /* "val_loss", "val_accuracy", ... */
+	int max;         /* 1: larger is better */
+	int k;
+} hpu_keep_best;
+
+/* Parses s into k; -1 with a sentence in err if it is not one. */
+int hpu__keep_best_parse(const char *s, hpu_keep_best *k, char *err, size_t errlen);
 
 int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		      size_t errlen);

@@ -927,6 +927,15 @@ static int f_fp16(struct fctx *c, const char *path, const cJSON *it)
 	return WALK(c, it, path, fp16_keys, 0, "", 0);
 }
 
+/* hputrain.val_check_interval, Lightning's: a fraction below 1 is a part
+ * of an epoch (--eval-every-epochs F), else steps (--eval-every N). */
+static int f_val_check_interval(struct fctx *c, const char *path, const cJSON *it)
+{
+	if (cJSON_IsNumber(it) && it->valuedouble > 0 && it->valuedouble < 1)
+		return file_opt(c, path, it, "eval-every-epochs");
+	return file_opt(c, path, it, "eval-every");
+}
+
 /* hputrain: our own keys, named as our flags (dashes or underscores). */
 static const struct fkey hputrain_keys[] = {
 	KEY("strategy", "strategy", 0),
@@ -948,13 +957,15 @@ static const struct fkey hputrain_keys[] = {
 	KEY("checkpoint_dir", "checkpoint-dir", 0),
 	KEY("checkpoint_every", "checkpoint-every", 0),
 	KEY("keep_checkpoints", "keep", 0),
+	KEY("keep_last", "keep-last", 0),
+	KEY("keep_best", "keep-best", 0),
 	KEY("resume", "resume", 0),
 	KEY("eval", "no-eval", 0), /* true or false */
 	KEY("eval_every", "eval-every", 0),
 	KEY("eval_every_epochs", "eval-every-epochs", 0),
 	KEY("val_fraction", "val-fraction", 0),
 	KEY("early_stop", "early-stop", 0),
-	KEY("val_check_interval", "eval-every", 0),         /* Lightning's, in steps */
+	FN("val_check_interval", f_val_check_interval, 0), /* Lightning's: steps, or a fraction */
 	KEY("check_val_every_n_epoch", "eval-every-epochs", 0), /* Lightning's */
 };
 

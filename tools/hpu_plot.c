@@ -1,12 +1,14 @@
 /* hpu-plot: draws a metrics file (hpulaunch --metrics) as one PNG with
  * four panels -- loss, learning rate, throughput and device memory over
- * the steps -- by running gnuplot on a generated script.
+ * the steps -- by running gnuplot on a generated script; validation
+ * records (--eval-every) add val_loss to the loss panel and a fifth
+ * panel of the validation metrics.
  *
  *   hpu-plot [-o OUT.png] [--width PX] [--height PX] [--title T] METRICS
  *
- * The metrics file is JSON lines: step records ("step" and "loss") are
- * plotted, every other record (checkpoint reports, the "final" record) is
- * skipped. A resumed run appends to the file, so a step may appear more
+ * The metrics file is JSON lines: step records ("step" and "loss") and
+ * validation records ("step" and "val_loss") are plotted, every other
+ * record (checkpoint reports, the "final" record) is skipped. A resumed run appends to the file, so a step may appear more
  * than once: the last record of each step is kept, and the steps are drawn
  * in ascending order. The data and the script go to a temporary directory
  * (removed afterwards); gnuplot writes the PNG to its standard output,
@@ -57,6 +59,8 @@ static const char *const help =
 	"device memory in MiB (InUse solid and MaxInUse dashed per rank, and\n"
 	"Limit; a log scale when Limit dwarfs MaxInUse; above 8 ranks the\n"
 	"smallest and largest over the ranks instead of one line per rank).\n"
+	"Validation records (--eval-every) add val_loss to the loss panel and\n"
+	"a panel of the validation metrics (val_accuracy, ...).\n"
 	"Step records are drawn, other records skipped; where a resumed run\n"
 	"repeated steps, the last record of each step counts. Needs gnuplot\n"
 	"(Debian: gnuplot-nox).\n"
@@ -87,7 +91,8 @@ static const hpu_optspec specs[] = {
 	{"height", 0, HPU_OPT_VALUE, OPT_HEIGHT, "PX", .help = "image height in pixels (default 900, 200..16384)"},
 	{"title", 0, HPU_OPT_VALUE, OPT_TITLE, "T", .help = "the title above the panels (default: METRICS's name)"},
 	{"print-data", 0, HPU_OPT_FLAG, OPT_PRINT_DATA, NULL,
-	 .help = "print the table that would be drawn (MiB for memory, '?' where a value is missing) "
+	 .help = "print the table that would be drawn (MiB for memory, '?' where a value is missing), "
+		 "then, after a blank line, the validations' (step, val_loss, the metrics), "
 		 "instead of drawing; gnuplot is not needed for it"},
 	{"log-level", 0, HPU_OPT_VALUE, OPT_LOG_LEVEL, "LEVEL", .help = HPU_TOOL_LOG_LEVEL_HELP,
 	 .env = "HPU_LOG_LEVEL"},
@@ -165,15 +170,29 @@ typedef struct point {
 	double *in_use, *max_in_use; /* bytes per rank */
 } point;
 
+enum { MAX_VAL = 16 }; /* validation series: val_loss and metrics */
+
+/* One validation record: its figures in the order of vnames. */
+typedef struct vpoint {
+	double step;
+	long line;
+	double v[MAX_VAL];
+} vpoint;
+
 typedef struct table {
 	point *p;
 	size_t n, cap;
 	int nranks;   /* the most ranks any record has */
 	long records; /* JSON lines read, step records or not */
+	vpoint *vp;   /* validation records */
+	size_t vn, vcap;
+	int nv;       /* series: vname[0] is val_loss, then the metrics */
+	char vname[MAX_VAL][64];
 } table;
 
 static void table_free(table *t)
 {
+	free(t->vp);
 	for (size_t i = 0; i < t->n; i++) {
 		free(t->p[i].in_use);
 		free(t->p[i].max_in_use);
@@ -234,11 +253,59 @@ static int read_device(const cJSON *dev, point *p)
 	return 0;
 }
 
+/* The series of validation key `key`, added when new; -1 when there are
+ * MAX_VAL already. */
+static int vseries(table *t, const char *key)
+{
+	for (int k = 0; k < t->nv; k++)
+		if (!strcmp(t->vname[k], key))
+			return k;
+	if (t->nv == MAX_VAL)
+		return -1;
+	snprintf(t->vname[t->nv], sizeof t->vname[0], "%s", key);
+	return t->nv++;
+}
+
+/* Adds validation record j: "step", "val_loss" and every other numeric
+ * "val_*" but val_samples (a count, not a figure). 0, or -1 when out of
+ * memory. */
+static int add_validation(table *t, const cJSON *j, long line)
+{
+	if (t->vn == t->vcap) {
+		size_t cap = t->vcap ? 2 * t->vcap : 64;
+		vpoint *p = realloc(t->vp, cap * sizeof *p);
+		if (!p)
+			return -1;
+		t->vp = p;
+		t->vcap = cap;
+	}
+	vpoint *p = &t->vp[t->vn++];
+	p->step = num(j, "step");
+	p->line = line;
+	for (int k = 0; k < MAX_VAL; k++)
+		p->v[k] = NAN;
+	vseries(t, "val_loss");
+	const cJSON *e;
+	cJSON_ArrayForEach(e, j)
+	{
+		if (strncmp(e->string, "val_", 4) || !strcmp(e->string, "val_samples") ||
+		    strlen(e->string) >= sizeof t->vname[0])
+			continue;
+		int k = vseries(t, e->string);
+		if (k >= 0)
+			p->v[k] = num(j, e->string);
+	}
+	return 0;
+}
+
 /* Adds record j (from line `line`) to t if it is a step record: an
  * object with a numeric "step" and a "loss" (a number, or null where the
  * loss was not finite). 0, or -1 when out of memory. */
 static int add_record(table *t, const cJSON *j, long line)
 {
+	if (cJSON_IsObject(j) && !isnan(num(j, "step")) &&
+	    cJSON_GetObjectItemCaseSensitive(j, "val_loss"))
+		return add_validation(t, j, line);
 	if (!cJSON_IsObject(j) || isnan(num(j, "step")) ||
 	    !cJSON_GetObjectItemCaseSensitive(j, "loss") ||
 	    cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "final")))
@@ -323,9 +390,25 @@ static int by_step_then_line(const void *a, const void *b)
 	return (x->line > y->line) - (x->line < y->line);
 }
 
-/* Sorts t by step, keeping only the last record (in the file) of each. */
+static int vby_step_then_line(const void *a, const void *b)
+{
+	const vpoint *x = a, *y = b;
+	if (x->step != y->step)
+		return x->step < y->step ? -1 : 1;
+	return (x->line > y->line) - (x->line < y->line);
+}
+
+/* Sorts t by step, keeping only the last record (in the file) of each;
+ * the validation records too. */
 static void keep_last_per_step(table *t)
 {
+	if (t->vn > 1)
+		qsort(t->vp, t->vn, sizeof *t->vp, vby_step_then_line);
+	size_t v = 0;
+	for (size_t i = 0; i < t->vn; i++)
+		if (i + 1 == t->vn || t->vp[i + 1].step != t->vp[i].step)
+			t->vp[v++] = t->vp[i];
+	t->vn = v;
 	if (t->n > 1) /* t->p is NULL when there is none */
 		qsort(t->p, t->n, sizeof *t->p, by_step_then_line);
 	size_t k = 0;
@@ -350,8 +433,9 @@ typedef struct layout {
 	int per_rank;   /* one series per rank */
 	int nseries;    /* memory series after Limit */
 	int logscale;   /* memory on a log scale */
-	long have[4];   /* values present: loss, lr, samples/s, memory */
-	double lo[4], hi[4]; /* their smallest and largest (memory: MiB) */
+	long have[5];   /* values present: loss (val_loss too), lr, samples/s,
+			 * memory, validation metrics */
+	double lo[5], hi[5]; /* their smallest and largest (memory: MiB) */
 } layout;
 
 static void put(FILE *f, double v, int positive_only)
@@ -428,8 +512,30 @@ static int plan(const table *t, layout *L)
 		for (int s = 0; s < L->nseries; s++)
 			see(L, 3, row[s] / MIB);
 	}
+	for (size_t i = 0; i < t->vn; i++)
+		for (int k = 0; k < t->nv; k++)
+			see(L, k ? 4 : 0, t->vp[i].v[k]);
 	free(row);
 	return 0;
+}
+
+/* The validation table: a header comment, then one row per validation
+ * (step, val_loss, the metrics); nothing when there is none. */
+static int write_vtable(FILE *f, const table *t)
+{
+	if (!t->vn)
+		return 0;
+	fputs("# validation: step", f);
+	for (int k = 0; k < t->nv; k++)
+		fprintf(f, " %s", t->vname[k]);
+	fputc('\n', f);
+	for (size_t i = 0; i < t->vn; i++) {
+		fprintf(f, "%.10g", t->vp[i].step);
+		for (int k = 0; k < t->nv; k++)
+			put(f, t->vp[i].v[k], 0);
+		fputc('\n', f);
+	}
+	return ferror(f) ? -1 : 0;
 }
 
 /* Writes the table (a header comment, then one row per step) to f. */
@@ -533,6 +639,28 @@ static char *memory_series(const table *t, const layout *L, const char *with)
 	return s;
 }
 
+/* The fifth panel: each validation metric (val.txt's columns from 3 on)
+ * over the step. */
+static int val_panel(FILE *f, const table *t, const layout *L)
+{
+	char *s = NULL;
+	size_t len;
+	FILE *m = open_memstream(&s, &len);
+	if (!m)
+		return -1;
+	for (int k = 1; k < t->nv; k++)
+		fprintf(m, "%s'val.txt' using 1:%d with linespoints pt 7 ps 0.8 lc %d title '%s'",
+			k > 1 ? ", " : "", k + 2, k + 4, t->vname[k]);
+	if (fclose(m) != 0) {
+		free(s);
+		return -1;
+	}
+	fputs("unset logscale y\nset key inside top right\n", f);
+	panel(f, L, 4, "validation metrics", "value", s);
+	free(s);
+	return 0;
+}
+
 /* Writes the script: pngcairo (png where gnuplot lacks it) to standard
  * output, a 2x2 multiplot of data.txt (in the working directory). */
 static int write_script(FILE *f, const args *A, const table *t, const layout *L)
@@ -551,12 +679,18 @@ static int write_script(FILE *f, const args *A, const table *t, const layout *L)
 		A->width, A->height, A->width, A->height);
 	if (t->n == 1 || t->p[0].step == t->p[t->n - 1].step)
 		fprintf(f, "set xrange [%.10g:%.10g]\n", t->p[0].step - 1, t->p[0].step + 1);
-	fputs("set multiplot layout 2,2 title ", f);
+	fprintf(f, "set multiplot layout %d,2 title ", t->vn ? 3 : 2);
 	put_quoted(f, A->title);
 	fputc('\n', f);
-	char s[160];
-	snprintf(s, sizeof s, "'data.txt' using 1:2 %s lc 1 title 'loss'", with);
+	char s[300];
+	int n = snprintf(s, sizeof s, "'data.txt' using 1:2 %s lc 1 title 'loss'", with);
+	if (t->vn) { /* the validations' loss beside the training's */
+		snprintf(s + n, sizeof s - (size_t)n,
+			 ", 'val.txt' using 1:2 with linespoints pt 7 ps 0.8 lc 4 title 'val_loss'");
+		fputs("set key top right\n", f);
+	}
 	panel(f, L, 0, "loss", "loss", s);
+	fputs("unset key\n", f);
 	fputs("set format y '%.2e'\n", f);
 	snprintf(s, sizeof s, "'data.txt' using 1:3 %s lc 2 title 'lr'", with);
 	panel(f, L, 1, "learning rate", "lr", s);
@@ -571,6 +705,8 @@ static int write_script(FILE *f, const args *A, const table *t, const layout *L)
 		fputs("set logscale y\n", f);
 	panel(f, L, 3, L->logscale ? "device memory (log scale)" : "device memory", "MiB", mem);
 	free(mem);
+	if (t->vn && val_panel(f, t, L) < 0)
+		return -1;
 	fputs("unset multiplot\n", f);
 	return ferror(f) ? -1 : 0;
 }
@@ -774,6 +910,14 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 		bad = 1;
 	if (bad)
 		return fail("cannot write %s: %s", data, strerror(errno));
+	if (t->vn) {
+		f = fopen(in_dir(data, sizeof data, dir, "val.txt"), "w");
+		bad = !f || write_vtable(f, t) < 0;
+		if (f && fclose(f) != 0)
+			bad = 1;
+		if (bad)
+			return fail("cannot write %s: %s", data, strerror(errno));
+	}
 	f = fopen(in_dir(script, sizeof script, dir, "plot.gp"), "w");
 	bad = !f || write_script(f, A, t, L) < 0;
 	if (f && fclose(f) != 0)
@@ -818,7 +962,8 @@ static int draw_in_tmpdir(const args *A, const table *t, const layout *L, const 
 		return fail("cannot make a temporary directory in %s: %s",
 			    base && *base ? base : "/tmp", strerror(errno));
 	int rc = draw(A, t, L, gp, dir);
-	static const char *const files[] = {"data.txt", "plot.gp", "gnuplot.err", "plot.png"};
+	static const char *const files[] = {"data.txt", "val.txt", "plot.gp", "gnuplot.err",
+					    "plot.png"};
 	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
 		unlink(in_dir(p, sizeof p, dir, files[i]));
 	rmdir(dir);
@@ -851,7 +996,8 @@ static int plot(args *A)
 		goto done;
 	}
 	if (A->print_data) {
-		rc = write_table(stdout, &t, &L) < 0 || fflush(stdout) != 0
+		rc = write_table(stdout, &t, &L) < 0 || (t.vn && fputc('\n', stdout) == EOF) ||
+				     write_vtable(stdout, &t) < 0 || fflush(stdout) != 0
 			     ? fail("cannot write the table to standard output: %s", strerror(errno))
 			     : OK;
 		goto done;

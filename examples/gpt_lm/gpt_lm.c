@@ -20,19 +20,30 @@
  * character; a hook after evaluation prints it next to the unigram
  * baseline, and a hook after training generates text.
  *
+ * With --tokens FILE the text is instead an llm.c token file (dev/data's
+ * .bin: a header of 256 int32: magic 20240520, version 1 and the token
+ * count, then uint16 tokens; LLaMA-3's magic 20240801, version 7, uint32
+ * tokens), read by <hpu/data.h>;
+ * the vocabulary is --vocab N (else the largest token + 1), and nothing
+ * is generated (there is no tokenizer to decode with).
+ *
  * Model arguments (after "--"):
  *   --data DIR        the corpus directory (/usr/share/common-licenses)
+ *   --tokens FILE     an llm.c token file instead of the corpus
+ *   --vocab N         --tokens: the vocabulary size (the largest token + 1)
  *   --ctx T           context length (64)
  *   --dim D           model width (128)
  *   --heads H         attention heads (4; D must be a multiple)
  *   --layers N        transformer blocks (2)
  *   --dropout P       dropout after attention and after the MLP (0.1)
  *   --checkpoint      activation checkpointing on the blocks
- *   --gen N           characters to generate after training (200; 0: none)
+ *   --gen N           characters to generate after training (200; 0: none;
+ *                     none with --tokens)
  *   --temperature X   sampling temperature (0.8; 0: greedy)
  *   --prompt TEXT     the generation's start ("The ")
  *   --gen-seed N      the sampler's seed (1)
  */
+#include <hpu/data.h>
 #include <hpu/hpu.h>
 #include <hpu/layers.h>
 #include <hpu/ops.h>
@@ -49,37 +60,76 @@
 #define NAME_LEN 24 /* "h<n>.<part>" */
 
 typedef struct args {
-	const char *dir, *prompt;
-	double t, d, heads, layers, dropout, gen, temp, seed;
+	const char *dir, *prompt, *tokens;
+	double t, d, heads, layers, dropout, gen, temp, seed, vocab;
 	int ckpt;
 } args;
 
-/* Windows of T characters starting every `stride` characters of ids. */
+/* Windows of T ids starting every `stride` ids from `first`: of the
+ * corpus's ids, or of a --tokens file's. */
 typedef struct windows {
-	const uint8_t *ids;
-	size_t stride;
+	const uint8_t *ids;   /* the corpus, or NULL: */
+	const hpu_array *tok; /* --tokens: U16 or U32, 1-D */
+	size_t first, stride;
 	int t;
 } windows;
 
 typedef struct lm {
 	args a;
 	ex_corpus text;
+	hpu_array tok; /* --tokens */
+	int vocab;
 	windows train, val;
-	double unigram; /* nats per character */
+	double unigram; /* nats per character (the corpus only) */
 } lm;
 
 /* ---- data ---- */
 
+static uint32_t id_at(const windows *w, size_t k)
+{
+	if (w->ids)
+		return w->ids[k];
+	if (w->tok->type == HPU_DATA_U16)
+		return ((const uint16_t *)w->tok->data)[k];
+	return ((const uint32_t *)w->tok->data)[k];
+}
+
 static int fetch(void *user, size_t i, void *const *out)
 {
 	const windows *w = user;
-	const uint8_t *s = w->ids + i * w->stride;
+	size_t s = w->first + i * w->stride;
 	int32_t *tokens = out[0], *targets = out[1], *pos = out[2];
 	for (int t = 0; t < w->t; t++) {
-		tokens[t] = s[t];
-		targets[t] = s[t + 1];
+		tokens[t] = (int32_t)id_at(w, s + (size_t)t);
+		targets[t] = (int32_t)id_at(w, s + (size_t)t + 1);
 		pos[t] = t;
 	}
+	return 0;
+}
+
+/* --tokens FILE: an llm.c token file, through <hpu/data.h>; every token
+ * below --vocab, which defaults to the largest + 1. */
+static int load_tokens(hpu_builder *b, lm *m)
+{
+	const char *f = m->a.tokens;
+	char err[4200];
+	if (hpu_array_load(&m->tok, f, NULL, err, sizeof err) != HPU_OK)
+		return hpu_error(b, "--tokens: %s", err);
+	if (m->tok.ndim != 1 || (m->tok.type != HPU_DATA_U16 && m->tok.type != HPU_DATA_U32))
+		return hpu_error(b, "--tokens %s: not a token file but a %d-dimensional %s array", f,
+				 m->tok.ndim, hpu_data_type_name(m->tok.type));
+	windows w = {NULL, &m->tok, 0, 1, 0};
+	uint32_t most = 0;
+	for (size_t k = 0; k < m->tok.count; k++) {
+		uint32_t v = id_at(&w, k);
+		if (m->a.vocab > 0 && v >= (uint32_t)m->a.vocab)
+			return hpu_error(b, "--tokens %s: token %u at position %zu is not below "
+					 "--vocab %g", f, v, k, m->a.vocab);
+		most = v > most ? v : most;
+	}
+	if (!(m->a.vocab > 0) && most >= 10000000)
+		return hpu_error(b, "--tokens %s: its largest token is %u: give --vocab N", f, most);
+	m->vocab = m->a.vocab > 0 ? (int)m->a.vocab : (int)most + 1;
 	return 0;
 }
 
@@ -87,14 +137,18 @@ static int fetch(void *user, size_t i, void *const *out)
  * rest, in non-overlapping windows. */
 static int set_data(hpu_builder *b, lm *m)
 {
-	size_t t = (size_t)m->a.t, nval = m->text.n / 10, ntrain = m->text.n - nval;
+	size_t n = m->a.tokens ? m->tok.count : m->text.n;
+	size_t t = (size_t)m->a.t, nval = n / 10, ntrain = n - nval;
 	if (ntrain <= t || nval <= t)
-		return hpu_error(b, "the corpus (%zu characters) is too small for --ctx %zu",
-				 m->text.n, t);
-	m->train = (windows){m->text.ids, 1, (int)t};
-	m->val = (windows){m->text.ids + ntrain, t, (int)t};
-	m->unigram = ex_unigram_nats(m->text.ids, ntrain, m->text.ids + ntrain, nval,
-				     m->text.vocab);
+		return hpu_error(b, "the %s (%zu %s) is too small for --ctx %zu",
+				 m->a.tokens ? "token file" : "corpus", n,
+				 m->a.tokens ? "tokens" : "characters", t);
+	const uint8_t *ids = m->a.tokens ? NULL : m->text.ids;
+	m->train = (windows){ids, &m->tok, 0, 1, (int)t};
+	m->val = (windows){ids, &m->tok, ntrain, t, (int)t};
+	m->unigram = m->a.tokens ? NAN
+				 : ex_unigram_nats(m->text.ids, ntrain, m->text.ids + ntrain,
+						   nval, m->text.vocab);
 	hpu_dataset ds = {.size = ntrain - t, .nfields = 3, .fetch = fetch, .user = &m->train,
 			  .fields = {{"tokens", HPU_I32, 1, {(int64_t)t}},
 				     {"targets", HPU_I32, 1, {(int64_t)t}},
@@ -150,7 +204,7 @@ static int declare(hpu_builder *b, const lm *m)
 	/* GPT-2's N(0, 0.02) tables, not torch's N(0, 1): position vectors
 	 * that large drown the tokens', and the head tied to the token table
 	 * would start with logits of size sqrt(D) */
-	if (!hpu_embedding(b, "wte", "tokens", "wte", m->text.vocab, (int64_t)m->a.d) ||
+	if (!hpu_embedding(b, "wte", "tokens", "wte", m->vocab, (int64_t)m->a.d) ||
 	    !hpu_embedding(b, "wpe", "pos", "wpe", (int64_t)m->a.t, (int64_t)m->a.d) ||
 	    hpu_param_init(b, "wte.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
 	    hpu_param_init(b, "wpe.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
@@ -174,7 +228,9 @@ static int report(hpu_run *run, void *user)
 {
 	const lm *m = user;
 	double loss = hpu_run_metric(run, "test_loss");
-	if (hpu_run_rank(run) == 0)
+	if (hpu_run_rank(run) == 0 && m->a.tokens)
+		printf("validation loss %.4f nats/token (%.3f bits/token)\n", loss, loss / log(2.0));
+	else if (hpu_run_rank(run) == 0)
 		printf("validation loss %.4f nats/char (%.3f bits/char; unigram baseline %.4f)\n",
 		       loss, loss / log(2.0), m->unigram);
 	return 0;
@@ -278,6 +334,7 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 		{"--gen", offsetof(args, gen), 0, 1e6},
 		{"--temperature", offsetof(args, temp), 0, 100},
 		{"--gen-seed", offsetof(args, seed), 0, 1e15},
+		{"--vocab", offsetof(args, vocab), 1, 1e7},
 	};
 	for (int i = 1; i < argc; i++) {
 		size_t k, nn = sizeof nums / sizeof nums[0];
@@ -291,25 +348,37 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 			i++;
 		} else if (!strcmp(argv[i], "--data") && i + 1 < argc) {
 			a->dir = argv[++i];
+		} else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+			a->tokens = argv[++i];
 		} else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) {
 			a->prompt = argv[++i];
 		} else if (!strcmp(argv[i], "--checkpoint")) {
 			a->ckpt = 1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --ctx T, --dim D, --heads H, --layers N, --dropout P, --checkpoint, --gen N, --temperature X, --prompt TEXT, --gen-seed N)",
+			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --tokens FILE, --vocab N, --ctx T, --dim D, --heads H, --layers N, --dropout P, --checkpoint, --gen N, --temperature X, --prompt TEXT, --gen-seed N)",
 					 argv[i]);
 		}
 	}
 	if ((long)a->d % (long)a->heads)
 		return hpu_error(b, "--dim %g is not a multiple of --heads %g", a->d, a->heads);
+	if (a->vocab > 0 && !a->tokens)
+		return hpu_error(b, "--vocab is for --tokens FILE (the corpus's vocabulary is its "
+				 "bytes)");
+	if (a->tokens && a->gen > 0)
+		return hpu_error(b, "--gen %g: a --tokens file has no tokenizer here to decode a "
+				 "sample with; leave --gen out", a->gen);
+	if (a->gen < 0)
+		a->gen = a->tokens ? 0 : 200;
 	return 0;
 }
 
 static void teardown(void *user)
 {
 	lm *m = user;
-	if (m)
+	if (m) {
 		ex_corpus_free(&m->text);
+		hpu_array_free(&m->tok);
+	}
 	free(m);
 }
 
@@ -320,17 +389,26 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, m);
 	m->a = (args){.dir = DEFAULT_DATA, .prompt = "The ", .t = 64, .d = 128, .heads = 4,
-		      .layers = 2, .dropout = 0.1, .gen = 200, .temp = 0.8, .seed = 1};
+		      .layers = 2, .dropout = 0.1, .gen = -1, .temp = 0.8, .seed = 1};
 	char err[4200];
 	if (parse_args(b, argc, argv, &m->a) < 0)
 		return -1;
-	if (ex_corpus_read(&m->text, m->a.dir, err, sizeof err) < 0)
+	if (m->a.tokens && load_tokens(b, m) < 0)
+		return -1;
+	if (!m->a.tokens && ex_corpus_read(&m->text, m->a.dir, err, sizeof err) < 0)
 		return hpu_error(b, "%s", err);
+	if (!m->a.tokens)
+		m->vocab = m->text.vocab;
 	if (set_data(b, m) < 0 || declare(b, m) < 0 ||
 	    hpu_hook_after_eval(b, report, m) < 0 ||
 	    (m->a.gen > 0 && hpu_hook_after_train(b, generate, m) < 0))
 		return -1;
-	if (hpu_rank(b) == 0)
+	if (hpu_rank(b) == 0 && m->a.tokens)
+		printf("gpt_lm: %zu tokens from %s (%s), vocabulary %d; T %g, D %g, %g heads, %g "
+		       "blocks, dropout %g\n", m->tok.count, m->a.tokens,
+		       hpu_data_type_name(m->tok.type), m->vocab, m->a.t, m->a.d, m->a.heads,
+		       m->a.layers, m->a.dropout);
+	else if (hpu_rank(b) == 0)
 		printf("gpt_lm: %zu characters from %d files in %s, vocabulary %d; T %g, D %g, "
 		       "%g heads, %g blocks, dropout %g; unigram baseline %.4f nats (%.3f bits) "
 		       "per character\n", m->text.n, m->text.files, m->a.dir, m->text.vocab,

@@ -1,6 +1,7 @@
 /* The example models through the real launcher, briefly: the CNN under
  * several strategies and precisions, the ResNet under two, the GPT LM
- * printing its validation loss and a generated sample, and the MLP under
+ * printing its validation loss and a generated sample (and trained on an
+ * llm.c token file), and the MLP under
  * autocast lists. (Their full-length results are in bench/RESULTS.md.) */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -94,6 +95,70 @@ static void test_gpt_lm(void **state)
 		assert_true(loss > 0 && loss < base);
 		free(out);
 	}
+}
+
+/* Writes an llm.c token file (GPT-2's: magic 20240520, version 1, the
+ * count, then uint16 tokens) of n tokens repeating a 12-token pattern;
+ * `cut` bytes short of whole. */
+static void token_file(const char *path, int n, int cut)
+{
+	static const uint16_t pattern[12] = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 32};
+	int32_t head[256] = {20240520, 1, n};
+	uint16_t *tok = malloc((size_t)n * sizeof *tok);
+	assert_non_null(tok);
+	for (int i = 0; i < n; i++)
+		tok[i] = pattern[i % 12];
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(head, sizeof head, 1, f), 1);
+	assert_int_equal(fwrite(tok, 1, (size_t)n * sizeof *tok - (size_t)cut, f),
+			 (size_t)n * sizeof *tok - (size_t)cut);
+	assert_int_equal(fclose(f), 0);
+	free(tok);
+}
+
+/* gpt_lm --tokens FILE --vocab N: 40 steps on an llm.c token file of a
+ * repeating pattern bring the validation loss far below the uniform
+ * guess's log(40); a token not below --vocab, and a truncated file, are
+ * refused naming the file. */
+static void test_gpt_lm_tokens(void **state)
+{
+	(void)state;
+	char path[96];
+	snprintf(path, sizeof path, "/tmp/hpu-models-%d-tok.bin", (int)getpid());
+	token_file(path, 3000, 0);
+	const char *vocab[3] = {"40", "30", "40"};
+	for (int k = 0; k < 3; k++) {
+		if (k == 2)
+			token_file(path, 3000, 7);
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--batch-size", "32",
+				"--max-steps", "40", "--lr", "3e-3", "--log-every", "20",
+				(char *)h_build("lib/gpt_lm.so"), "--", "--tokens", path, "--vocab",
+				(char *)vocab[k], "--ctx", "16", "--dim", "32", "--heads", "2",
+				"--layers", "1", "--dropout", "0", NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 300000);
+		char want[200];
+		if (k == 0) {
+			snprintf(want, sizeof want, "gpt_lm: 3000 tokens from %s (u16), vocabulary 40",
+				 path);
+			if (code != 0 || !strstr(p.out, want) || !strstr(p.out, "validation loss "))
+				fail_msg("exit %d, no \"%s\" or no validation loss:\n%s", code, want,
+					 p.out);
+			double loss = strtod(strstr(p.out, "validation loss ") + 16, NULL);
+			printf("  gpt_lm --tokens: validation loss %.4f nats/token after 40 steps "
+			       "(uniform %.4f)\n", loss, log(40.0));
+			assert_true(loss > 0 && loss < log(40.0) - 1);
+		} else {
+			snprintf(want, sizeof want, k == 1 ? "--tokens %s: token 35 at position 6 is "
+							     "not below --vocab 30"
+							   : "%s: truncated", path);
+			if (code != 1 || !strstr(p.out, want))
+				fail_msg("exit %d (want 1), no \"%s\" in:\n%s", code, want, p.out);
+		}
+		h_free(&p);
+	}
+	unlink(path);
 }
 
 /* A few steps of the ResNet (batch norm's running statistics, projection
@@ -411,6 +476,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cnn),
 		cmocka_unit_test(test_gpt_lm),
+		cmocka_unit_test(test_gpt_lm_tokens),
 		cmocka_unit_test(test_resnet),
 		cmocka_unit_test(test_autocast_lists),
 		cmocka_unit_test(test_bf16_activation_memory),

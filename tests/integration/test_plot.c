@@ -12,6 +12,8 @@
  * - the default output name and size;
  * - --print-data: one row per step, ascending, each the last record of
  *   its step in the file (the resumed run's samples/s), memory in MiB;
+ * - validation records (--eval-every): their table after the steps' in
+ *   --print-data, and a whole PNG with their panels;
  * - an unterminated last line is skipped with a warning;
  * - a line that is not JSON (named by number), a file without step
  *   records, a missing file: exit 1 and no output file; /dev/zero, a link
@@ -432,6 +434,47 @@ static void test_table(void **state)
 	free(o);
 }
 
+/* Validation records (--eval-every 2 on 4 steps): --print-data follows
+ * the step table with a blank line and the validations' table, whose
+ * rows are the metrics file's val_loss and val_accuracy; the PNG with
+ * their panels is drawn whole, and the temporary directory (val.txt too)
+ * emptied. */
+static void test_validation_records(void **state)
+{
+	(void)state;
+	const char *vm = path("val.jsonl"), *png = path("val.png");
+	const char *train[] = {LAUNCH, "-q", "--devices", "1", "--max-steps", "4",
+			       "--log-every", "1", "--eval-every", "2", "--no-eval", "--metrics", vm,
+			       MODEL, "--hidden", "64", "--depth", "1", NULL};
+	free(run_v(0, NULL, train));
+	char *text = h_slurp(vm), want[256] = "", row[96];
+	assert_non_null(text);
+	for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n")) {
+		cJSON *j = cJSON_Parse(l);
+		assert_non_null(j);
+		cJSON *vl = cJSON_GetObjectItem(j, "val_loss");
+		if (vl) {
+			snprintf(row, sizeof row, "%.10g %.10g %.10g\n",
+				 cJSON_GetObjectItem(j, "step")->valuedouble, vl->valuedouble,
+				 cJSON_GetObjectItem(j, "val_accuracy")->valuedouble);
+			strcat(want, row);
+		}
+		cJSON_Delete(j);
+	}
+	free(text);
+	assert_int_equal(strncmp(want, "2 ", 2), 0);
+	assert_non_null(strstr(want, "\n4 "));
+	char *o = HPU_PLOT(0, "--print-data", vm);
+	const char *v = strstr(o, "\n\n# validation: step val_loss val_accuracy\n");
+	if (!v)
+		fail_msg("no validation table in:\n%s", o);
+	assert_string_equal(strchr(v + 2, '\n') + 1, want);
+	free(o);
+	free(HPU_PLOT(0, "-o", png, vm));
+	check_png(png, 1200, 900);
+	empty_dir(path("tmp"));
+}
+
 /* A run still writing (or killed mid-line) leaves an unterminated line. */
 static void test_incomplete_last_line(void **state)
 {
@@ -688,6 +731,7 @@ int main(void)
 		cmocka_unit_test(test_png),
 		cmocka_unit_test(test_default_output),
 		cmocka_unit_test(test_table),
+		cmocka_unit_test(test_validation_records),
 		cmocka_unit_test(test_incomplete_last_line),
 		cmocka_unit_test(test_not_json),
 		cmocka_unit_test(test_no_step_records),

@@ -2,7 +2,8 @@
  * --val-fraction) through the real launcher and workers on the MLP:
  * the values equal a separate --eval-only run of the saved parameters;
  * a held-out slice leaves fewer samples to train on; the config file's
- * keys (Lightning's names too) work; bad values are refused;
+ * keys (Lightning's names too) work; a fraction of an epoch
+ * (Lightning's val_check_interval=0.25); bad values are refused;
  * --early-stop stops where its rule says on every rank. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -127,6 +128,35 @@ static void test_val_fraction(void **state)
 	assert_non_null(strstr(out, "epoch 1/1 step 5 validation: val_loss "));
 	assert_non_null(strstr(out, "(30000 samples)"));
 	free(out);
+}
+
+/* --eval-every-epochs 0.25 (and Lightning's val_check_interval 0.25 in
+ * the config file): an epoch of 10 steps validates after the steps that
+ * reach each quarter, rounded up: 3, 5, 8 and 10, and at no other. */
+static void test_eval_fraction_of_epoch(void **state)
+{
+	(void)state;
+	FILE *f = fopen(tmp[1], "w");
+	assert_non_null(f);
+	fputs("{\"hputrain\": {\"val_check_interval\": 0.25}}", f);
+	fclose(f);
+	for (int k = 0; k < 2; k++) {
+		run r;
+		start(&r, 2);
+		args(&r, "--epochs", "1", "--batch-size", "6000", NULL);
+		args(&r, k ? "--config" : "--eval-every-epochs", k ? tmp[1] : "0.25", NULL);
+		char *out = finish(&r, 0, SMALL);
+		for (int step = 1; step <= 10; step++) {
+			char want[64];
+			snprintf(want, sizeof want, "step %d validation: val_loss ", step);
+			int at = step == 3 || step == 5 || step == 8 || step == 10;
+			if (!strstr(out, want) != !at)
+				fail_msg("case %d: step %d %s:\n%s", k, step,
+					 at ? "not validated" : "validated", out);
+		}
+		free(out);
+	}
+	unlink(tmp[1]);
 }
 
 /* The config file's keys: our names and Lightning's. */
@@ -294,6 +324,7 @@ static void test_bad_values(void **state)
 		{"--eval-every", "0", NULL},
 		{"--eval-every", "-2", NULL},
 		{"--eval-every-epochs", "0", NULL},
+		{"--eval-every-epochs", "1.5", NULL},
 		{"--val-fraction", "1", "--eval-every", "2", NULL},
 		{"--val-fraction", "0", "--eval-every", "2", NULL},
 		{"--val-fraction", "-0.1", "--eval-every", "2", NULL},
@@ -302,7 +333,9 @@ static void test_bad_values(void **state)
 	const char *says[] = {
 		"bad value '0' for --eval-every: expected an integer from 1 to",
 		"bad value '-2' for --eval-every: expected an integer from 1 to",
-		"bad value '0' for --eval-every-epochs: expected an integer from 1 to",
+		"--eval-every-epochs 0: give a whole number of epochs from 1, or a fraction of one "
+		"above 0 and below 1 (0.25: every quarter of an epoch)",
+		"--eval-every-epochs 1.5: give a whole number of epochs from 1, or a fraction",
 		"--val-fraction 1: give a fraction above 0 and below 1 of the training split to "
 		"hold out for validation",
 		"--val-fraction 0: give a fraction above 0 and below 1",
@@ -331,6 +364,7 @@ int main(void)
 		cmocka_unit_test(test_validation_leaves_training_alone),
 		cmocka_unit_test(test_val_fraction),
 		cmocka_unit_test(test_config_keys),
+		cmocka_unit_test(test_eval_fraction_of_epoch),
 		cmocka_unit_test(test_no_test_split),
 		cmocka_unit_test(test_early_stop),
 		cmocka_unit_test(test_early_stop_bad),

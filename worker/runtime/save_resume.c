@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,36 @@ static int write_buffers(const hpu_builder *b, hpu_strat *st, const char *dir,
 	return 0;
 }
 
+/* The last validation's figures, when there was one. */
+static cJSON *validation_json(const hpu_builder *b, const hpu_run_pos *pos)
+{
+	cJSON *j = cJSON_CreateObject();
+	cJSON_AddNumberToObject(j, "step", (double)pos->vstep);
+	cJSON_AddNumberToObject(j, "val_loss", pos->vloss);
+	for (int k = 0; k < b->nmetrics; k++) {
+		char key[96];
+		snprintf(key, sizeof key, "val_%s", b->metrics[k].name);
+		cJSON_AddNumberToObject(j, key, pos->vmetric[k]);
+	}
+	return j;
+}
+
+/* --early-stop's rule and count (a best of NAN prints as null). */
+static cJSON *early_json(const hpu_train_opts *o, const hpu_run_pos *pos)
+{
+	hpu_early_stop e;
+	char why[256];
+	if (hpu__early_stop_parse(o->early_stop, &e, why, sizeof why) < 0)
+		return NULL; /* hpu__opts_resolve checked it */
+	cJSON *j = cJSON_CreateObject();
+	cJSON_AddStringToObject(j, "metric", e.metric);
+	cJSON_AddStringToObject(j, "mode", e.max ? "max" : "min");
+	cJSON_AddNumberToObject(j, "best", pos->es_best);
+	cJSON_AddNumberToObject(j, "best_step", (double)pos->es_best_step);
+	cJSON_AddNumberToObject(j, "wait", (double)pos->es_wait);
+	return j;
+}
+
 /* Rank 0: the manifest of the shards every rank wrote (all[world]) and of
  * the buffers file (bf, when the model has buffers). */
 static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder *b,
@@ -244,6 +275,11 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 	cJSON_AddItemToObject(m, "loss_scaler", ls);
 	if (o->precision == HPU_PREC_FP8)
 		cJSON_AddItemToObject(m, "fp8", fp8_json(o));
+	if (pos->vstep > 0)
+		cJSON_AddItemToObject(m, "validation", validation_json(b, pos));
+	cJSON *es = o->early_stop[0] ? early_json(o, pos) : NULL;
+	if (es)
+		cJSON_AddItemToObject(m, "early_stop", es);
 	cJSON_AddNumberToObject(m, "numel", (double)b->psi);
 	cJSON_AddItemToObject(m, "parameters", params_json(b));
 	cJSON *secs = cJSON_CreateArray();
@@ -276,24 +312,95 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 	return m;
 }
 
-/* Rank 0, after every shard is in place: the manifest, then publishing. */
+/* --keep-last and --keep-best: what survives this save. */
+typedef struct keeping {
+	hpu_keep_best kb; /* kb.k 0: no --keep-best */
+	hpu_ckpt_keep k;
+	char **best, **last;
+} keeping;
+
+/* The checkpoint's own value of the --keep-best metric: its step's
+ * validation, else NAN (it is kept only as one of the newest). */
+static double keep_value(const keeping *K, const hpu_builder *b, const hpu_run_pos *pos)
+{
+	if (!K->kb.k || pos->vstep != pos->step)
+		return NAN;
+	if (!strcmp(K->kb.metric, "val_loss"))
+		return pos->vloss;
+	for (int i = 0; i < b->nmetrics; i++)
+		if (!strcmp(K->kb.metric + 4, b->metrics[i].name))
+			return pos->vmetric[i];
+	return NAN;
+}
+
+/* Rank 0: which checkpoints survive the save of `name`. */
+static int keep_plan(keeping *K, const hpu_train_opts *o, const hpu_builder *b,
+		     const hpu_run_pos *pos, const char *name, char *msg, size_t msglen)
+{
+	if (o->keep_best[0] && hpu__keep_best_parse(o->keep_best, &K->kb, msg, msglen) < 0)
+		return -1;
+	K->k = (hpu_ckpt_keep){.last = o->keep_last ? o->keep_last : o->keep ? o->keep : 1,
+			       .best = K->kb.k, .max = K->kb.max, .metric = K->kb.metric};
+	return hpu__ckpt_keep_plan(o->checkpoint_dir, &K->k, name, keep_value(K, b, pos), &K->best,
+				   &K->last, msg, msglen);
+}
+
+static cJSON *names_json(char **names)
+{
+	cJSON *a = cJSON_CreateArray();
+	for (char **p = names; p && *p; p++)
+		cJSON_AddItemToArray(a, cJSON_CreateString(*p));
+	return a;
+}
+
+/* The manifest's "keep": the rule and what it kept at this save. */
+static cJSON *keep_json(const keeping *K)
+{
+	cJSON *j = cJSON_CreateObject();
+	cJSON_AddNumberToObject(j, "last_k", K->k.last);
+	cJSON_AddItemToObject(j, "last", names_json(K->last));
+	if (K->k.best) {
+		cJSON_AddStringToObject(j, "metric", K->kb.metric);
+		cJSON_AddStringToObject(j, "mode", K->kb.max ? "max" : "min");
+		cJSON_AddNumberToObject(j, "best_k", K->k.best);
+		cJSON_AddItemToObject(j, "best", names_json(K->best));
+	}
+	return j;
+}
+
+/* Rank 0, after every shard is in place: the manifest, then publishing
+ * and pruning (--keep, or --keep-last and --keep-best). */
 static int finish(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_builder *b,
 		  hpu_strat *st, const hpu_run_pos *pos, const rec *all, const hpu_ckpt_file *bf,
 		  const char *partial, const char *name, char *msg, size_t msglen)
 {
-	cJSON *m = manifest(comm, o, b, st, pos, all, bf, msg, msglen);
-	if (!m)
-		return -1;
-	char *text = hpu__ckpt_manifest_text(m); /* with its own digest */
+	keeping K = {0};
+	int keeps = o->keep_best[0] || o->keep_last, rc = -1;
+	char *text = NULL, path[1200];
+	cJSON *m;
+	if (keeps && keep_plan(&K, o, b, pos, name, msg, msglen) < 0)
+		goto out;
+	if (!(m = manifest(comm, o, b, st, pos, all, bf, msg, msglen)))
+		goto out;
+	if (keeps)
+		cJSON_AddItemToObject(m, "keep", keep_json(&K));
+	text = hpu__ckpt_manifest_text(m); /* with its own digest */
 	cJSON_Delete(m);
-	if (!text)
-		return say(msg, msglen, "out of memory");
-	char path[1200];
+	if (!text) {
+		say(msg, msglen, "out of memory");
+		goto out;
+	}
 	snprintf(path, sizeof path, "%s/%s/%s", o->checkpoint_dir, partial, HPU_CKPT_MANIFEST);
-	int rc = hpu__write_atomic(path, text, strlen(text), msg, msglen);
-	free(text);
+	rc = hpu__write_atomic(path, text, strlen(text), msg, msglen);
 	if (rc == 0)
-		rc = hpu__ckpt_publish(o->checkpoint_dir, partial, name, o->keep, msg, msglen);
+		rc = hpu__ckpt_publish(o->checkpoint_dir, partial, name, keeps ? 0 : o->keep, msg,
+				       msglen);
+	if (rc == 0 && keeps)
+		rc = hpu__ckpt_prune(o->checkpoint_dir, K.best, K.last, msg, msglen);
+out:
+	free(text);
+	hpu__ckpt_free_names(K.best);
+	hpu__ckpt_free_names(K.last);
 	return rc;
 }
 
@@ -852,6 +959,36 @@ static int fp8_from(const hpu_ckpt *c, const hpu_train_opts *o, int rank, char *
 	return 0;
 }
 
+/* --early-stop's count goes on when the checkpoint's rule watched the
+ * same metric the same way; else it starts afresh (said). */
+static void early_from(const hpu_ckpt *c, const hpu_train_opts *o, hpu_run_pos *pos, int rank)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->m, "early_stop");
+	const cJSON *jm = cJSON_GetObjectItemCaseSensitive(j, "metric"),
+		    *jo = cJSON_GetObjectItemCaseSensitive(j, "mode");
+	hpu_early_stop e;
+	char why[256];
+	if (!o->early_stop[0] || !cJSON_IsString(jm) || !cJSON_IsString(jo) ||
+	    hpu__early_stop_parse(o->early_stop, &e, why, sizeof why) < 0)
+		return;
+	if (strcmp(jm->valuestring, e.metric) || strcmp(jo->valuestring, e.max ? "max" : "min")) {
+		if (rank == 0)
+			printf("resume: the checkpoint's early-stop count watched %s:%s, this run "
+			       "%s:%s: it starts afresh\n",
+			       jm->valuestring, jo->valuestring, e.metric, e.max ? "max" : "min");
+		return;
+	}
+	pos->es_best = hpu__ckpt_num(j, "best", NAN);
+	pos->es_best_step = (long)hpu__ckpt_num(j, "best_step", 0);
+	pos->es_wait = (long)hpu__ckpt_num(j, "wait", 0);
+	pos->es_restored = 1;
+	if (rank == 0 && !isnan(pos->es_best))
+		printf("resume: --early-stop goes on from the checkpoint: the best %s, %.4f, at step "
+		       "%ld; %ld validation%s since without improvement\n",
+		       e.metric, pos->es_best, pos->es_best_step, pos->es_wait,
+		       hpu__plural(pos->es_wait));
+}
+
 /* Every rank's bytes read and verified and seconds, on rank 0's line and
  * in the metrics. */
 static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE *metrics,
@@ -917,6 +1054,7 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 	hpu_sched mine = pos->sched;
 	if (sched_from(cJSON_GetObjectItemCaseSensitive(c->m, "scheduler"), &pos->sched) < 0)
 		return say(err, errlen, "checkpoint %s: the scheduler entry is damaged", c->dir);
+	early_from(c, o, pos, rank);
 	if (fp8_from(c, o, rank, err, errlen) < 0 ||
 	    load_report(comm, c, secs, metrics, o->metrics, err, errlen) < 0)
 		return -1;

@@ -4,7 +4,8 @@
  * position (step, epoch, batch within the epoch), the seed the sampler
  * and the initializers derive from (the runtime keeps no other random
  * state), the learning-rate schedule, the optimizer's step count, the
- * loss scaler and fp8's amax histories. */
+ * loss scaler, fp8's amax histories, the last validation's figures and
+ * --early-stop's count. */
 #ifndef HPU_SAVE_RESUME_H
 #define HPU_SAVE_RESUME_H
 
@@ -24,11 +25,23 @@ typedef struct hpu_run_pos {
 	long batch;     /* the next step's global batch within that epoch */
 	uint64_t seed;  /* the sampler's seed */
 	hpu_sched sched;
+	/* The last validation (vstep 0: none yet): its loss and the model's
+	 * metrics, saved in the manifest's "validation" (--keep-best ranks
+	 * checkpoints by them). */
+	long vstep;
+	double vloss, vmetric[HPU_MAX_IO];
+	/* --early-stop's state, saved in "early_stop" and restored when the
+	 * resumed run watches the same metric the same way (es_best NAN: no
+	 * validation yet). */
+	double es_best;
+	long es_best_step, es_wait;
+	int es_restored; /* hpu__checkpoint_apply restored the three */
 } hpu_run_pos;
 
 /* Saves a checkpoint of the run at `pos` under o->checkpoint_dir: each
  * rank its shard in parallel, rank 0 the manifest, then the rename and
- * `latest`, then --keep's pruning. Every rank must call it; all return
+ * `latest`, then --keep's pruning (--keep-last, --keep-best: the kept
+ * ones named in the manifest's "keep"). Every rank must call it; all return
  * the same result. A failure (a full disk, ...) leaves the previous
  * checkpoints as they were and says which rank failed and why. Rank 0
  * prints a line (and a metrics record when `metrics`). */

@@ -47,6 +47,8 @@ typedef struct loop {
 	double es_best;          /* its best value so far (NAN: none yet) */
 	long es_best_step, es_wait; /* ... at which step; validations since */
 	int stop_early;          /* the rule says stop (every rank alike) */
+	long vstep;              /* the last validation's step (0: none) */
+	double vloss, vmetric[HPU_MAX_IO]; /* ... and its figures */
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */
 	int epochs;              /* --epochs, or as many as --max-steps takes */
@@ -498,28 +500,55 @@ static int evaluate(loop *L, evalres *ev)
 	return evaluate_on(L, HPU_SPLIT_TEST, NULL, L->b->data[HPU_SPLIT_TEST].size, ev);
 }
 
-/* --early-stop: the metric it watches must be the loss or one the model
- * declares. */
-static int early_setup(loop *L)
+/* The index of validation metric `metric` ("val_loss": -1) among the
+ * model's, which option `opt` (given `spec`) names; -2 after saying it
+ * names none. */
+static int metric_index(loop *L, const char *opt, const char *spec, const char *metric)
 {
 	const hpu_builder *b = L->b;
-	if (hpu__early_stop_parse(L->o->early_stop, &L->es, L->err, L->errlen) < 0)
+	if (!strcmp(metric, "val_loss"))
 		return -1;
-	L->es_best = NAN;
-	L->es_metric = -1;
-	if (!strcmp(L->es.metric, "val_loss"))
-		return 0;
 	for (int k = 0; k < b->nmetrics; k++)
-		if (!strcmp(L->es.metric + 4, b->metrics[k].name)) {
-			L->es_metric = k;
-			return 0;
-		}
+		if (!strcmp(metric + 4, b->metrics[k].name))
+			return k;
 	char names[256] = "";
 	for (int k = 0, n = 0; k < b->nmetrics && n < (int)sizeof names; k++)
 		n += snprintf(names + n, sizeof names - (size_t)n, "%s val_%s", k ? "," : "",
 			      b->metrics[k].name);
-	return fail(L, "--early-stop %s: the model declares no metric %s (it has val_loss%s%s)",
-		    L->o->early_stop, L->es.metric + 4, b->nmetrics ? " and" : "", names);
+	fail(L, "%s %s: the model declares no metric %s (it has val_loss%s%s)", opt, spec,
+	     metric + 4, b->nmetrics ? " and" : "", names);
+	return -2;
+}
+
+/* --early-stop: the metric it watches must be the loss or one the model
+ * declares. */
+static int early_setup(loop *L)
+{
+	if (hpu__early_stop_parse(L->o->early_stop, &L->es, L->err, L->errlen) < 0)
+		return -1;
+	L->es_best = NAN;
+	L->es_metric = metric_index(L, "--early-stop", L->o->early_stop, L->es.metric);
+	return L->es_metric == -2 ? -1 : 0;
+}
+
+/* --keep-best: the same check of its metric. */
+static int keep_setup(loop *L)
+{
+	hpu_keep_best k;
+	if (hpu__keep_best_parse(L->o->keep_best, &k, L->err, L->errlen) < 0)
+		return -1;
+	return metric_index(L, "--keep-best", L->o->keep_best, k.metric) == -2 ? -1 : 0;
+}
+
+/* A resumed run's --early-stop count, when its checkpoint had the same
+ * rule's. */
+static void early_resume(loop *L)
+{
+	if (!L->pos.es_restored)
+		return;
+	L->es_best = L->pos.es_best;
+	L->es_best_step = L->pos.es_best_step;
+	L->es_wait = L->pos.es_wait;
 }
 
 /* After a validation: one more without improvement, or a new best;
@@ -550,7 +579,7 @@ static int val_setup(loop *L)
 	L->ntrain = n;
 	if (o->eval_only || (!o->eval_every && !o->eval_every_epochs))
 		return 0;
-	if (o->early_stop[0] && early_setup(L) < 0)
+	if ((o->early_stop[0] && early_setup(L) < 0) || (o->keep_best[0] && keep_setup(L) < 0))
 		return -1;
 	if (!(o->val_fraction > 0)) {
 		if (!L->b->has_data[HPU_SPLIT_TEST])
@@ -597,8 +626,12 @@ static int validate(loop *L, long step, int e)
 	else
 		rc = evaluate(L, &ev);
 	hpu__prof_in_eval = 0;
-	if (rc == 0)
+	if (rc == 0) {
 		early_check(L, &ev, step);
+		L->vstep = step;
+		L->vloss = ev.loss;
+		memcpy(L->vmetric, ev.metric, sizeof L->vmetric);
+	}
 	if (rc < 0 || L->rank != 0)
 		return rc;
 	printf("epoch %d/%d step %ld validation: val_loss %.4f", e + 1, L->epochs, step, ev.loss);
@@ -799,6 +832,12 @@ static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch
 	p.step = step;
 	p.epoch = s + 1 < per_epoch ? e : e + 1;
 	p.batch = s + 1 < per_epoch ? (long)(s + 1) : 0;
+	p.vstep = L->vstep;
+	p.vloss = L->vloss;
+	memcpy(p.vmetric, L->vmetric, sizeof p.vmetric);
+	p.es_best = L->es_best;
+	p.es_best_step = L->es_best_step;
+	p.es_wait = L->es_wait;
 	int64_t t0 = hpu__prof_t0();
 	int rc = hpu__checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
 	hpu__prof_span("checkpoint", "checkpoint_save", NULL, t0, "\"step\":%ld", step);
@@ -945,6 +984,21 @@ static int skipped_check(loop *L, long step)
 	return 0;
 }
 
+/* --eval-every-epochs after batch s (from 0) of epoch e: N, after the last
+ * batch of every Nth epoch; F below 1 (Lightning's val_check_interval=F),
+ * after the batch that reaches each F of the epoch (rounded up) and after
+ * its last. */
+static int epoch_validates(double f, int e, size_t s, size_t per_epoch)
+{
+	if (f <= 0)
+		return 0;
+	if (f >= 1)
+		return s + 1 == per_epoch && (e + 1) % (long)f == 0;
+	double part = f * (double)per_epoch; /* batches per validation */
+	return s + 1 == per_epoch ||
+	       floor((double)(s + 1) / part + 1e-9) > floor((double)s / part + 1e-9);
+}
+
 /* Trains from L->pos to step `total`: checkpoints every
  * --checkpoint-every steps and at the end; stops early at --stop-at-step. */
 static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, float *loss_out,
@@ -993,8 +1047,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 				       : -1,
 			       HPU_PHASE_TRAIN, logs);
 			if (((o->eval_every && step % o->eval_every == 0) ||
-			     (o->eval_every_epochs && s + 1 == per_epoch &&
-			      (e + 1) % o->eval_every_epochs == 0)) &&
+			     epoch_validates(o->eval_every_epochs, e, s, per_epoch)) &&
 			    validate(L, step, e) < 0)
 				return -1;
 			int stop = (o->stop_at_step > 0 && step == o->stop_at_step) || (L->stop_early && step < total);
@@ -1100,6 +1153,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (ck && hpu__checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
 					 errlen) < 0))
 		goto out;
+	early_resume(&L);
 	if (o->verbose && L.rank == 0)
 		hpu__strat_plan_print(L.st, stdout);
 	if (ck)
