@@ -4,8 +4,10 @@
  *
  * The GPU. A worker drives GPU (HPU_DEVICE_ID, else LOCAL_RANK, else 0)
  * modulo the GPUs visible to it (CUDA_VISIBLE_DEVICES is CUDA's own), so
- * that more workers than GPUs share them. Set-up makes it the thread's
- * current device and creates the compute stream, the default queue.
+ * that more workers than GPUs share them. Set-up creates the compute
+ * stream, the default queue. CUDA's current device is per thread: every
+ * entry of the table (a device call's enter among them) first makes the
+ * worker's GPU the calling thread's (hpu__cuda_bind, once per thread).
  *
  * Memory. devmem takes the device's blocks from this backing: cudaMalloc
  * and cudaFree (devmem's own cache pools them; no cudaMallocAsync pool),
@@ -62,7 +64,10 @@ static struct {
 	size_t rescap;      /* bytes of each */
 	cudaEvent_t zeroed; /* after the last zeroing on the compute stream */
 	uint64_t zero_seq;  /* zeroings so far */
+	int gen;            /* set-ups so far */
 } C = {.mu = PTHREAD_MUTEX_INITIALIZER, .dev = -1};
+
+static _Thread_local int bound_gen; /* the set-up this thread is bound for */
 
 /* ---- errors ---- */
 
@@ -78,8 +83,17 @@ void hpu__cuda_check(cudaError_t e, const char *what)
 	_exit(1);
 }
 
+void hpu__cuda_bind(void)
+{
+	if (C.up && bound_gen != C.gen) {
+		hpu__cuda_check(cudaSetDevice(C.dev), "cudaSetDevice");
+		bound_gen = C.gen;
+	}
+}
+
 cudaStream_t hpu__cuda_stream(void)
 {
+	hpu__cuda_bind();
 	return C.up ? C.compute.s : 0;
 }
 
@@ -119,6 +133,7 @@ static void queue_fini(hpu__dev_queue *q)
 
 static hpu__dev_queue *cuda_queue_new(void)
 {
+	hpu__cuda_bind();
 	hpu__dev_queue *q = malloc(sizeof *q);
 	cudaStream_t s;
 	if (!q || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
@@ -135,6 +150,7 @@ static hpu__dev_queue *cuda_queue_new(void)
 
 static void cuda_queue_free(hpu__dev_queue *q)
 {
+	hpu__cuda_bind();
 	cudaStream_t s = q->s;
 	queue_fini(q);
 	cudaStreamDestroy(s);
@@ -145,6 +161,7 @@ static void cuda_queue_free(hpu__dev_queue *q)
  * stream before it. */
 static cudaStream_t stream_of(hpu__dev_queue *q)
 {
+	hpu__cuda_bind();
 	if (!q || q == &C.compute)
 		return C.compute.s;
 	pthread_mutex_lock(&C.mu);
@@ -159,6 +176,7 @@ static cudaStream_t stream_of(hpu__dev_queue *q)
 static void cuda_record(hpu__dev_queue *q, hpu__dev_event *ev)
 {
 	hpu__dev_queue *x = Q(q);
+	hpu__cuda_bind();
 	pthread_mutex_lock(&x->mu);
 	uint64_t seq = ++x->issued;
 	hpu__cuda_check(cudaEventRecord(x->ev[seq % RING], x->s), "cudaEventRecord");
@@ -172,6 +190,7 @@ static void cuda_wait(const hpu__dev_event *ev)
 	if (!ev->seq)
 		return;
 	hpu__dev_queue *x = Q(ev->q);
+	hpu__cuda_bind();
 	pthread_mutex_lock(&x->mu);
 	cudaEvent_t e = x->ev[ev->seq % RING];
 	pthread_mutex_unlock(&x->mu);
@@ -183,6 +202,7 @@ static void cuda_wait(const hpu__dev_event *ev)
 static int is_device(const void *p)
 {
 	struct cudaPointerAttributes a;
+	hpu__cuda_bind();
 	if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
 		cudaGetLastError(); /* not sticky: forget it */
 		return 0;
@@ -198,6 +218,7 @@ static int cuda_owns(const void *p)
 static void *bk_map(size_t bytes)
 {
 	void *p = NULL;
+	hpu__cuda_bind();
 	if (cudaMalloc(&p, bytes) != cudaSuccess) {
 		cudaGetLastError(); /* out of memory is not sticky */
 		errno = ENOMEM;
@@ -209,11 +230,13 @@ static void *bk_map(size_t bytes)
 static void bk_unmap(void *p, size_t bytes)
 {
 	(void)bytes;
+	hpu__cuda_bind();
 	hpu__cuda_check(cudaFree(p), "cudaFree");
 }
 
 static void bk_zero(void *p, size_t bytes)
 {
+	hpu__cuda_bind();
 	pthread_mutex_lock(&C.mu);
 	hpu__cuda_check(cudaMemsetAsync(p, 0, bytes, C.compute.s), "cudaMemsetAsync");
 	hpu__cuda_check(cudaEventRecord(C.zeroed, C.compute.s), "cudaEventRecord");
@@ -232,6 +255,7 @@ static void *cuda_host_alloc(size_t bytes)
 {
 	size_t n = (bytes + 63) / 64 * 64;
 	void *p = NULL;
+	hpu__cuda_bind();
 	if (cudaHostAlloc(&p, n ? n : 64, cudaHostAllocPortable) != cudaSuccess) {
 		cudaGetLastError();
 		return NULL;
@@ -242,6 +266,7 @@ static void *cuda_host_alloc(size_t bytes)
 
 static void cuda_host_free(void *p)
 {
+	hpu__cuda_bind();
 	hpu__cuda_check(cudaFreeHost(p), "cudaFreeHost");
 }
 
@@ -330,7 +355,9 @@ static int setup_core(int rank, char *err, size_t errlen)
 		return fail(err, errlen, "creating events", e);
 	}
 	C.zero_seq = 0;
+	C.gen++;
 	C.up = 1;
+	bound_gen = C.gen; /* cudaSetDevice above */
 	return 0;
 }
 
@@ -353,6 +380,7 @@ static void cuda_teardown(void)
 {
 	if (!C.up)
 		return;
+	hpu__cuda_bind();
 	cudaStream_t s = C.compute.s;
 	queue_fini(&C.compute);
 	cudaStreamDestroy(s);
@@ -364,6 +392,12 @@ static void cuda_teardown(void)
 	C.dres = C.hres = NULL;
 	C.rescap = 0;
 	C.up = 0;
+}
+
+/* A device call: its thread drives the worker's GPU. */
+static void cuda_enter(void)
+{
+	hpu__cuda_bind();
 }
 
 static void cuda_caps(hpu__dev_caps *out)
@@ -382,7 +416,7 @@ static const hpu__backend *cuda_ops(void)
 
 /* ---- the runtime ops ---- */
 
-#define S (C.compute.s)
+#define S (hpu__cuda_bind(), C.compute.s)
 #define K(call, what) hpu__cuda_check(call, what)
 
 /* The results' buffers, at least `bytes` each, zeroed on the device;
@@ -611,7 +645,7 @@ static const hpu__dev_rtops rtops = {
 /* ---- the tables and the entries ---- */
 
 #define CUDA_MEMBERS                                                                               \
-	.name = "cuda", .teardown = cuda_teardown, .caps = cuda_caps, .copy = cuda_copy,           \
+	.name = "cuda", .enter = cuda_enter, .teardown = cuda_teardown, .caps = cuda_caps, .copy = cuda_copy,           \
 	.fill = cuda_fill, .record = cuda_record, .wait = cuda_wait,                               \
 	.host_alloc = cuda_host_alloc, .host_free = cuda_host_free, .ops = cuda_ops,               \
 	.rt = &rtops, .owns = cuda_owns, .backing = &backing, .queue_new = cuda_queue_new,         \

@@ -7,7 +7,12 @@
 
 #include <cuda_runtime_api.h>
 
-/* The compute stream of the device set up (NULL queue); 0 before setup. */
+/* Makes the worker's GPU the calling thread's current device (CUDA's is
+ * per thread), once per thread; every entry of the module calls it. */
+void hpu__cuda_bind(void);
+
+/* The compute stream of the device set up (NULL queue), the calling
+ * thread bound to its GPU; 0 before setup. */
 cudaStream_t hpu__cuda_stream(void);
 
 /* The CUDA device index the worker drives; -1 before setup. */
