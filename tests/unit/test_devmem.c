@@ -11,6 +11,7 @@
  * touching one (a header in front of it, a memset) faults; zeroed through
  * the backing, reused, freed after a shutdown.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -715,10 +716,15 @@ static void test_bad_pointers_abort(void **state)
 
 static struct {
 	size_t maps, unmaps, zeros, zeroed_bytes;
+	size_t refuse_over; /* maps above this many bytes fail (0: none) */
 } rb;
 
 static void *rb_map(size_t bytes)
 {
+	if (rb.refuse_over && bytes > rb.refuse_over) { /* the GPU is full */
+		errno = ENOMEM;
+		return NULL;
+	}
 	void *m = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
 		return NULL;
@@ -811,6 +817,14 @@ static void test_remote_backing(void **state)
 	hpu__dfree(u);
 	assert_int_equal(stats().in_use, sum);
 	assert_invariants();
+	/* more than the device has: its own sentence, nothing changed */
+	rb.refuse_over = 8 * MiB;
+	assert_null(hpu__dalloc(HPU_MEM_OPTIM, 16 * MiB, "optimizer state"));
+	assert_non_null(strstr(hpu__devmem_error(),
+			       "rank 0: out of device memory allocating optimizer state: the device "
+			       "refused 16.0 MiB (Cannot allocate memory) even with the cache given back"));
+	assert_int_equal(stats().in_use, sum);
+	rb.refuse_over = 0;
 	/* a block in use across the shutdown goes straight back later */
 	hpu__devmem_shutdown();
 	for (int i = 1; i < N; i++)

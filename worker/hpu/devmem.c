@@ -492,6 +492,10 @@ static void set_alloc_error(size_t bytes, const char *what, int e)
 		snprintf(err_buf, sizeof err_buf,
 			 "%sout of device memory allocating %s: %s requested, InUse %s, Limit %s (--device-memory)",
 			 who, what, req, used, lim);
+	else if (bk_remote()) /* the GPU's memory, not the host's */
+		snprintf(err_buf, sizeof err_buf,
+			 "%sout of device memory allocating %s: the device refused %s (%s) even with the cache given back; InUse %s, Limit %s",
+			 who, what, req, strerror(e), used, lim);
 	else
 		snprintf(err_buf, sizeof err_buf,
 			 "%sout of host memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s",
