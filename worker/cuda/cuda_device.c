@@ -576,38 +576,10 @@ static long rt_count_nonfinite16(const uint16_t *v, size_t n)
 	return count_op(1, v, n);
 }
 
-/* device_ops.c's scalars, computed the same way on the host. */
-static hpu__cuda_optk optk(const hpu__dev_optim *o)
-{
-	hpu__cuda_optk k = {.gscale = o->gscale};
-	if (o->kind == HPU__DEV_SGD) {
-		k.lr = (float)o->lr;
-		k.mu = (float)o->momentum;
-		k.wd = (float)o->weight_decay;
-		k.first = o->t == 1;
-		k.nesterov = o->nesterov;
-		return k;
-	}
-	const int l2 = o->kind == HPU__DEV_ADAM;
-	const double t = (double)o->t, lr = o->lr;
-	k.adam = 1;
-	k.l2 = l2;
-	k.b1 = (float)o->beta1;
-	k.b2 = (float)o->beta2;
-	k.c1 = (float)(1.0 - o->beta1);
-	k.c2 = (float)(1.0 - o->beta2);
-	k.decay = l2 ? 1.0f : (float)(1.0 - lr * o->weight_decay);
-	k.wd = l2 ? (float)o->weight_decay : 0.0f;
-	k.step = (float)(lr / (1.0 - pow(o->beta1, t)));
-	k.inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(o->beta2, t)));
-	k.eps = (float)o->eps;
-	return k;
-}
-
 static void rt_optim(const hpu__dev_optim *o, float *p, const float *g, float *m, float *v,
 		     size_t n)
 {
-	hpu__cuda_optk k = optk(o);
+	hpu__cuda_optk k = hpu__cuda_optk_of(o);
 	if (n)
 		K(hpu__cuda_k_optim(S, &k, p, g, NULL, 0, NULL, m, v, n), "optim");
 }
@@ -619,7 +591,7 @@ static void rt_optim16(const hpu__dev_optim *o, int fp16, float *p, const uint16
 {
 	(void)scratch;
 	(void)chunk;
-	hpu__cuda_optk k = optk(o);
+	hpu__cuda_optk k = hpu__cuda_optk_of(o);
 	if (n)
 		K(hpu__cuda_k_optim(S, &k, p, NULL, g16, fp16, p16, m, v, n), "optim16");
 }

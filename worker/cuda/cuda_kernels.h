@@ -1,9 +1,7 @@
 /* cuda_kernels: the runtime ops' kernels (cuda_rt.cu), launched on a
  * stream, behind a C interface of plain types so that the device's C
- * code (cuda_device.c) needs no CUDA C++. Each rounds as
- * worker/device/device_ops.c does, operation for operation (the .cu is
- * compiled with --fmad=false, and every step below is written with
- * explicitly rounded intrinsics besides), so results agree bit for bit.
+ * code (cuda_device.c) needs no CUDA C++. Their arithmetic is
+ * cuda_elem.h's, which rounds as worker/device/device_ops.c does.
  * Pointers are device memory. Internal to worker/cuda. */
 #ifndef HPU_CUDA_KERNELS_H
 #define HPU_CUDA_KERNELS_H
@@ -13,20 +11,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "worker/cuda/cuda_elem.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The scalars of one SGD or Adam/AdamW pass, as device_ops.c computes
- * them on the host (double, rounded once). */
-typedef struct hpu__cuda_optk {
-	int adam;          /* 0: SGD */
-	int l2;            /* Adam: g += wd*p; AdamW: p *= decay */
-	float lr, mu, wd;  /* SGD */
-	int first, nesterov;
-	float b1, b2, c1, c2, decay, step, inv_sqrt_bc2, eps; /* Adam */
-	float gscale;
-} hpu__cuda_optk;
 
 cudaError_t hpu__cuda_k_to16(cudaStream_t s, int fp16, uint16_t *dst, const float *src, size_t n);
 cudaError_t hpu__cuda_k_from16(cudaStream_t s, int fp16, float *dst, const uint16_t *src,
