@@ -54,7 +54,11 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "devices)"),
 	VAR(HPU_DEVICE, "cpu", "hpulaunch, hpu-worker",
 	    "the device workers compute on when --device is not given: cpu, "
-	    "cpu-strict, cuda (not built yet) or auto"),
+	    "cpu-strict, cuda or auto"),
+	VAR(HPU_CUDA_MODULE, "", "hpu-worker, test_cuda_device",
+	    "the CUDA device's module to load for --device cuda or auto "
+	    "(default: hpudev_cuda.so in ../lib or ../LIBDIR/hputrain beside "
+	    "hpu-worker)"),
 	VAR(HPU_RESTART_COUNT, "0", "hpu-worker; set by the agent",
 	    "which attempt of the job this is (0, then 1, 2, ... after "
 	    "restarts): resume, trace names"),

@@ -276,7 +276,7 @@ static const struct hpu__opt opts[] = {
 	NUM("max-live-parameters", K_LONG, max_live_params, 0, 1e15, "zero3: gathered elements alive at once; 0: none ahead of use (1000000000)"),
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
-	CHOICE("device", device, device_names, "cpu | cpu-strict | cuda | auto: the device workers compute on; cpu-strict (tests) faults when host code touches device memory; cuda is not built yet; auto: cpu (cpu) [HPU_DEVICE]"),
+	CHOICE("device", device, device_names, "cpu | cpu-strict | cuda | auto: the device workers compute on; cpu-strict (tests) faults when host code touches device memory; cuda: an NVIDIA GPU (the worker says why where it has none); auto: cuda where its module loads and a GPU is visible, else cpu (cpu) [HPU_DEVICE]"),
 	OTHER_("device-memory", K_SIZE, device_memory, LOCAL, "memory per device, e.g. 2GiB (node memory / local devices)"),
 	CHOICE("offload-optimizer", offload_optimizer, offload_names, "zero1-3: optimizer state, fp32 master weights and gradient shard in none | cpu (host memory) | nvme (--nvme-path) (none)"),
 	CHOICE("offload-param", offload_param, offload_names, "zero3: the parameter shard in none | cpu | nvme (none)"),
@@ -669,8 +669,9 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 	return 0;
 }
 
-/* --device: HPU_DEVICE when the option is not given; auto is cpu, the
- * one device built (the CUDA device comes with the next issue). */
+/* --device: HPU_DEVICE when the option is not given. cuda and auto are
+ * the worker's to resolve: whether the CUDA device's module loads and sees
+ * a GPU is a question for the worker's node (worker/device). */
 static int check_device(hpu_train_opts *o, char *err, size_t errlen)
 {
 	const char *env = hpu__env_str(HPU_ENV_HPU_DEVICE);
@@ -684,12 +685,6 @@ static int check_device(hpu_train_opts *o, char *err, size_t errlen)
 		}
 		o->device = (hpu_device_kind)k;
 	}
-	if (o->device == HPU_DEVICE_CUDA) {
-		snprintf(err, errlen, "--device cuda: the CUDA device is not built in this build (use --device cpu or auto)");
-		return -1;
-	}
-	if (o->device == HPU_DEVICE_AUTO)
-		o->device = HPU_DEVICE_CPU;
 	return 0;
 }
 

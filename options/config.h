@@ -56,7 +56,7 @@ typedef enum hpu_precision {
 typedef enum hpu_device_kind {
 	HPU_DEVICE_CPU = 0,    /* the host's cores: the default */
 	HPU_DEVICE_CPU_STRICT, /* cpu whose memory host code cannot touch (tests) */
-	HPU_DEVICE_CUDA,       /* an NVIDIA GPU: not built yet */
+	HPU_DEVICE_CUDA,       /* an NVIDIA GPU (worker/cuda's module) */
 	HPU_DEVICE_AUTO,       /* cuda where built and visible, else cpu */
 } hpu_device_kind;
 

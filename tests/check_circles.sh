@@ -25,7 +25,7 @@
 set -u -f -o pipefail
 
 SRC=$(cd "$(dirname "$0")/.." && pwd -P)
-FOLDERS="common collectives options worker/ops worker/layers worker/hpu worker/device worker/strategy worker/runtime agent ckpt daemon launcher tools"
+FOLDERS="common collectives options worker/ops worker/layers worker/hpu worker/device worker/cuda worker/strategy worker/runtime agent ckpt daemon launcher tools"
 
 die() {
 	echo "check_circles: $*" >&2

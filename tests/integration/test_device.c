@@ -1,6 +1,8 @@
 /* test_device: the device a worker computes on (--device).
  *
- * - --device cuda is refused before workers start, in one sentence;
+ * - --device cuda where it cannot run (its module missing, not built, no
+ *   GPU visible) fails the job with the worker's reason in one line;
+ *   --device auto there computes on cpu;
  * - the strict CPU device (cpu-strict) catches host code that touches
  *   device memory outside a device call: the fixture peek_param's hook
  *   reads a parameter through the pointer its layer got (a planted
@@ -74,40 +76,77 @@ static void same_on_both(const char *name, const char *const *extra)
 	unlink(b);
 }
 
-/* hpulaunch with `opt` (NULL: none) refuses cuda before any worker
- * starts. */
-static void cuda_refused(const char *opt, const char *val)
+/* --device cuda (by `opt`, NULL: HPU_DEVICE) where it cannot run: rank
+ * 0's worker says `why` in one line naming its rank, and the job fails. */
+static void cuda_fails(const char *opt, const char *val, const char *why)
 {
 	run r;
-	start(&r, 2);
+	start(&r, 1);
 	if (opt)
 		args(&r, opt, val, NULL);
-	char *out = finish(&r, 2, MLP_ARGS);
-	assert_non_null(strstr(out, "--device cuda: the CUDA device is not built in this build"));
-	assert_null(strstr(out, "rank 0")); /* no worker started */
+	char *out = finish(&r, 1, MLP_ARGS);
+	const char *line = strstr(out, "rank 0");
+	assert_non_null(line);
+	printf("  %.*s\n", (int)strcspn(line, "\n"), line);
+	assert_non_null(strstr(out, why));
 	free(out);
 }
 
-static void test_cuda_refused(void **state)
+static void test_cuda_fails_with_reason(void **state)
 {
 	(void)state;
-	cuda_refused("--device", "cuda");
+	/* a module that is not there: dlopen's reason */
+	setenv("HPU_CUDA_MODULE", "/nonexistent/hpudev_cuda.so", 1);
+	cuda_fails("--device", "cuda",
+		   "--device cuda: cannot load the CUDA device's module: /nonexistent/hpudev_cuda.so");
 	/* the configuration file's key */
 	char path[64];
 	snprintf(path, sizeof path, "/tmp/hpu-dev-cfg-%d.json", (int)getpid());
 	assert_int_equal(h_write_file(path, "{\"hputrain\": {\"device\": \"cuda\"}}\n", 0600), 0);
-	cuda_refused("--config", path);
+	cuda_fails("--config", path, "--device cuda: cannot load the CUDA device's module");
 	unlink(path);
 	/* the environment, when no option says otherwise */
 	setenv("HPU_DEVICE", "cuda", 1);
-	cuda_refused(NULL, NULL);
-	char *out;
+	cuda_fails(NULL, NULL, "--device cuda: cannot load the CUDA device's module");
 	run r;
 	start(&r, 1);
 	args(&r, "--device", "cpu", "--max-steps", "1", NULL);
-	out = finish(&r, 0, MLP_ARGS); /* the option wins */
-	free(out);
+	free(finish(&r, 0, MLP_ARGS)); /* the option wins */
 	unsetenv("HPU_DEVICE");
+	unsetenv("HPU_CUDA_MODULE");
+	/* this build's module on this machine: not built, or no GPU (a
+	 * machine with NVIDIA's driver is test_cuda_device's) */
+	if (access("/dev/nvidiactl", F_OK) == 0) {
+		printf("  NVIDIA's driver is here: --device cuda's failure not checked\n");
+		return;
+	}
+	run c;
+	start(&c, 1);
+	args(&c, "--device", "cuda", NULL);
+	char *out = finish(&c, 1, MLP_ARGS);
+	const char *line = strstr(out, "--device cuda: ");
+	printf("  %.*s\n", line ? (int)strcspn(line, "\n") : 0, line ? line : "");
+	assert_true(strstr(out, "--device cuda: no GPU is visible (") ||
+		    strstr(out, "--device cuda: the CUDA device is not built in this build"));
+	free(out);
+}
+
+/* --device auto without a GPU computes on cpu, and says so with
+ * --verbose. */
+static void test_auto_is_cpu(void **state)
+{
+	(void)state;
+	if (access("/dev/nvidiactl", F_OK) == 0) {
+		printf("  NVIDIA's driver is here: auto may be cuda, not checked\n");
+		return;
+	}
+	run r;
+	start(&r, 2);
+	args(&r, "--device", "auto", "--max-steps", "2", "--verbose", NULL);
+	char *out = finish(&r, 0, MLP_ARGS);
+	assert_non_null(strstr(out, "rank 0: device cpu (--device auto)"));
+	assert_non_null(strstr(out, "rank 1: device cpu (--device auto)"));
+	free(out);
 }
 
 static char *peek_run(const char *device, int peek, int want)
@@ -476,7 +515,8 @@ static void test_copies_as_planned(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_cuda_refused),
+	    cmocka_unit_test(test_cuda_fails_with_reason),
+	    cmocka_unit_test(test_auto_is_cpu),
 	    cmocka_unit_test(test_planted_read_caught),
 	    cmocka_unit_test(test_planted_read_passes_on_cpu),
 	    cmocka_unit_test(test_strategies_fp32),

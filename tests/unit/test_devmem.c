@@ -6,8 +6,12 @@
  * (its error sentence, and that a refused allocation changes nothing), the
  * cache given back to fit an allocation, the system refusing memory, the
  * cache cap, the per-kind and model-states peaks, set-up and shutdown, four
- * threads at once, and the abort on a bad pointer.
+ * threads at once, and the abort on a bad pointer. A remote backing (GPU
+ * memory, devmem.h): its blocks are mapped without access, so that devmem
+ * touching one (a header in front of it, a memset) faults; zeroed through
+ * the backing, reused, freed after a shutdown.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +24,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -707,6 +712,134 @@ static void test_bad_pointers_abort(void **state)
 	expect_abort(misaligned_pointer, "not a pointer from hpu__dalloc");
 }
 
+/* ---- a remote backing: memory host code cannot touch ---- */
+
+static struct {
+	size_t maps, unmaps, zeros, zeroed_bytes;
+	size_t refuse_over; /* maps above this many bytes fail (0: none) */
+} rb;
+
+static void *rb_map(size_t bytes)
+{
+	if (rb.refuse_over && bytes > rb.refuse_over) { /* the GPU is full */
+		errno = ENOMEM;
+		return NULL;
+	}
+	void *m = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	rb.maps++;
+	return m;
+}
+
+static void rb_unmap(void *p, size_t bytes)
+{
+	assert_int_equal((uintptr_t)p % 4096, 0);
+	assert_int_equal(munmap(p, bytes), 0);
+	rb.unmaps++;
+}
+
+static void rb_zero(void *p, size_t bytes)
+{
+	assert_int_equal(mprotect(p, bytes, PROT_READ | PROT_WRITE), 0);
+	memset(p, 0, bytes);
+	assert_int_equal(mprotect(p, bytes, PROT_NONE), 0);
+	rb.zeros++;
+	rb.zeroed_bytes += bytes;
+}
+
+/* Reads or writes p[0..n) as the device would. */
+static void rb_poke(void *p, size_t n, int byte)
+{
+	assert_int_equal(mprotect(p, n, PROT_READ | PROT_WRITE), 0);
+	memset(p, byte, n);
+	assert_int_equal(mprotect(p, n, PROT_NONE), 0);
+}
+
+static int rb_is_zero(void *p, size_t n)
+{
+	assert_int_equal(mprotect(p, n, PROT_READ), 0);
+	int z = is_zero(p, n);
+	assert_int_equal(mprotect(p, n, PROT_NONE), 0);
+	return z;
+}
+
+static const hpu__devmem_backing remote_backing = {
+    .map = rb_map, .unmap = rb_unmap, .remote = 1, .zero = rb_zero,
+};
+
+static void test_remote_backing(void **state)
+{
+	(void)state;
+	static const size_t sizes[] = {1, 64, 100, 4096, 70000, 2 * MiB + 3};
+	enum { N = sizeof sizes / sizeof sizes[0], M = 600 };
+	void *p[N];
+	memset(&rb, 0, sizeof rb);
+	hpu__devmem_set_backing(&remote_backing);
+	assert_int_equal(hpu__devmem_init(64 * MiB, 0), 0);
+	for (int i = 0; i < N; i++) { /* a header written in front would fault */
+		p[i] = hpu__dalloc(HPU_MEM_PARAMS, sizes[i], "params");
+		assert_non_null(p[i]);
+		assert_int_equal((uintptr_t)p[i] % 4096, 0);
+		assert_true(rb_is_zero(p[i], sizes[i]));
+		rb_poke(p[i], sizes[i], 0x5a);
+	}
+	assert_int_equal(rb.maps, N);
+	assert_int_equal(rb.zeros, N); /* a remote mapping is not taken as zero */
+	hpu_device_stats s = stats();
+	uint64_t sum = 0;
+	for (int i = 0; i < N; i++)
+		sum += sizes[i];
+	assert_int_equal(s.in_use, sum);
+	assert_int_equal(s.total_system_allocs, N);
+	/* freed blocks are cached, reused, zeroed again through the backing */
+	for (int i = 0; i < N; i++)
+		hpu__dfree(p[i]);
+	for (int i = N - 1; i >= 0; i--) {
+		void *q = hpu__dalloc(HPU_MEM_GRADS, sizes[i], "grads");
+		assert_ptr_equal(q, p[i]);
+		assert_true(rb_is_zero(q, sizes[i]));
+	}
+	assert_int_equal(rb.maps, N);
+	/* uninitialized: not zeroed */
+	size_t z = rb.zeros;
+	void *u = hpu__dalloc_uninit(HPU_MEM_ACTS, 300, "acts");
+	assert_non_null(u);
+	assert_int_equal(rb.zeros, z);
+	/* many blocks: the table of headers grows and shrinks */
+	void *many[M];
+	for (int i = 0; i < M; i++)
+		assert_non_null(many[i] = hpu__dalloc(HPU_MEM_OTHER, 64, "many"));
+	for (int i = 0; i < M; i += 2)
+		hpu__dfree(many[i]);
+	for (int i = 1; i < M; i += 2)
+		hpu__dfree(many[i]);
+	hpu__dfree(u);
+	assert_int_equal(stats().in_use, sum);
+	assert_invariants();
+	/* more than the device has: its own sentence, nothing changed */
+	rb.refuse_over = 8 * MiB;
+	assert_null(hpu__dalloc(HPU_MEM_OPTIM, 16 * MiB, "optimizer state"));
+	assert_non_null(strstr(hpu__devmem_error(),
+			       "rank 0: out of device memory allocating optimizer state: the device "
+			       "refused 16.0 MiB (Cannot allocate memory) even with the cache given back"));
+	assert_int_equal(stats().in_use, sum);
+	rb.refuse_over = 0;
+	/* a block in use across the shutdown goes straight back later */
+	hpu__devmem_shutdown();
+	for (int i = 1; i < N; i++)
+		hpu__dfree(p[i]);
+	hpu__devmem_set_backing(NULL);
+	hpu__dfree(p[0]);
+	assert_int_equal(rb.maps, rb.unmaps);
+	/* the host's own blocks are unchanged */
+	assert_int_equal(hpu__devmem_init(0, 0), 0);
+	void *h = hpu__dalloc(HPU_MEM_OTHER, 100, "host");
+	assert_fresh(h, 100);
+	hpu__dfree(h);
+	hpu__devmem_shutdown();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -729,6 +862,7 @@ int main(void)
 					    teardown),
 	    cmocka_unit_test(test_shutdown_and_again),
 	    cmocka_unit_test(test_threads),
+	    cmocka_unit_test(test_remote_backing),
 	    cmocka_unit_test_setup_teardown(test_bad_pointers_abort,
 					    setup_unlimited, teardown),
 	};

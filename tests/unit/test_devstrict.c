@@ -44,19 +44,35 @@ static void test_names(void **state)
 	assert_int_equal(hpu__dev_check_name("cpu", err, sizeof err), 0);
 	assert_int_equal(hpu__dev_check_name("cpu-strict", err, sizeof err), 0);
 	assert_int_equal(hpu__dev_check_name("auto", err, sizeof err), 0);
-	assert_int_equal(hpu__dev_check_name("cuda", err, sizeof err), -1);
-	assert_string_equal(err, "--device cuda: the CUDA device is not built in this build "
-				 "(use --device cpu or auto)");
 	assert_int_equal(hpu__dev_check_name("gpu", err, sizeof err), -1);
 	assert_non_null(strstr(err, "--device gpu: no such device"));
+	/* cuda's module where HPU_CUDA_MODULE says, and it is not there */
+	setenv("HPU_CUDA_MODULE", "/nonexistent/hpudev_cuda.so", 1);
+	assert_int_equal(hpu__dev_check_name("cuda", err, sizeof err), -1);
+	assert_non_null(strstr(err, "--device cuda: cannot load the CUDA device's module: "
+				    "/nonexistent/hpudev_cuda.so"));
 	assert_int_equal(hpu__dev_open("cuda", 0, err, sizeof err), -1);
 	assert_string_equal(hpu__dev_name(), "cpu"); /* unchanged */
+	assert_int_equal(open_dev("auto", 0), 0); /* auto: cpu */
+	assert_string_equal(hpu__dev_name(), "cpu");
+	close_dev();
+	unsetenv("HPU_CUDA_MODULE");
+	/* this build's: not built, or built and no GPU here, or a GPU */
+	if (hpu__dev_check_name("cuda", err, sizeof err) < 0) {
+		printf("  --device cuda here: %s\n", err);
+		char reason[256];
+		assert_true(strstr(err, "--device cuda: the CUDA device is not built in this build") ||
+			    sscanf(err, "--device cuda: no GPU is visible (%255[^)])", reason) == 1);
+		assert_int_equal(open_dev("auto", 0), 0);
+		assert_string_equal(hpu__dev_name(), "cpu");
+		close_dev();
+	}
 }
 
 static void test_cpu(void **state)
 {
 	(void)state;
-	assert_int_equal(open_dev("auto", 0), 0);
+	assert_int_equal(open_dev("cpu", 0), 0);
 	assert_string_equal(hpu__dev_name(), "cpu");
 	assert_int_equal(hpu__dev_host_can_read(), 1);
 	float *p = hpu__dev_alloc(HPU_MEM_PARAMS, 1000 * 4, "weights");

@@ -3,10 +3,16 @@
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
 
+#include <dlfcn.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/log.h"
 
 struct hpu__dev_queue {
 	atomic_uint_fast64_t seq; /* work issued so far */
@@ -88,20 +94,102 @@ const hpu__device hpu__dev_cpu = {
     HPU__DEV_CPU_SHARED,
 };
 
+/* ---- the CUDA device's module ---- */
+
+#define CUDA_MODULE "hpudev_cuda.so"
+#ifndef HPU_INSTALL_LIBDIR
+#define HPU_INSTALL_LIBDIR "lib"
+#endif
+
+/* The module's path in `out`: HPU_CUDA_MODULE, else the first that exists
+ * of ../lib (the build tree) and ../LIBDIR/hputrain (an install) beside
+ * the program. -1 with the sentence in err where this build has none. */
+static int cuda_module_path(char *out, size_t len, char *err, size_t errlen)
+{
+	const char *env = hpu__env_str(HPU_ENV_HPU_CUDA_MODULE);
+	if (env && *env) {
+		snprintf(out, len, "%s", env);
+		return 0;
+	}
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
+	if (slash)
+		*slash = '\0';
+	static const char *const rel[] = {"/../lib/", "/../" HPU_INSTALL_LIBDIR "/hputrain/"};
+	for (size_t i = 0; slash && i < sizeof rel / sizeof rel[0]; i++) {
+		snprintf(out, len, "%s%s" CUDA_MODULE, exe, rel[i]);
+		if (access(out, F_OK) == 0)
+			return 0;
+	}
+#ifdef HPU_CUDA_BUILT
+	snprintf(err, errlen,
+		 "--device cuda: cannot find the CUDA device's module " CUDA_MODULE
+		 " beside %s (../lib or ../%s/hputrain; HPU_CUDA_MODULE names another)",
+		 slash ? exe : "the program", HPU_INSTALL_LIBDIR);
+#else
+	snprintf(err, errlen,
+		 "--device cuda: the CUDA device is not built in this build (use --device cpu or auto)");
+#endif
+	return -1;
+}
+
+/* The CUDA device's table, and the GPUs it sees in *ngpus; NULL with the
+ * sentence in err where the module is missing or does not load. A module
+ * stays loaded (CUDA's run-time does not unload); another path, as
+ * HPU_CUDA_MODULE may name, loads another. */
+static const hpu__device *cuda_load(int *ngpus, char *err, size_t errlen)
+{
+	static void *handle;
+	static char loaded[PATH_MAX + 64];
+	char path[PATH_MAX + 64];
+	*ngpus = 0;
+	if (cuda_module_path(path, sizeof path, err, errlen) < 0)
+		return NULL;
+	if (!handle || strcmp(path, loaded)) {
+		void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+		if (!h) {
+			snprintf(err, errlen, "--device cuda: cannot load the CUDA device's module: %s",
+				 dlerror());
+			return NULL;
+		}
+		handle = h;
+		snprintf(loaded, sizeof loaded, "%s", path);
+	}
+	hpu__cuda_entry_fn *entry;
+	*(void **)&entry = dlsym(handle, HPU__CUDA_ENTRY);
+	if (!entry) {
+		snprintf(err, errlen,
+			 "--device cuda: the CUDA device's module has no " HPU__CUDA_ENTRY
+			 " (a module of another version?)");
+		return NULL;
+	}
+	char why[256] = "";
+	const hpu__device *d = entry(ngpus, why, sizeof why);
+	if (d && *ngpus <= 0)
+		snprintf(err, errlen, "--device cuda: no GPU is visible (%s)", why);
+	return d;
+}
+
 /* ---- choosing ---- */
 
 static const hpu__device *by_name(const char *name, char *err, size_t errlen)
 {
-	if (!name || !*name || !strcmp(name, "cpu") || !strcmp(name, "auto"))
-		return &hpu__dev_cpu; /* auto: no GPU device is built yet */
+	if (!name || !*name || !strcmp(name, "cpu"))
+		return &hpu__dev_cpu;
 	if (!strcmp(name, "cpu-strict"))
 		return &hpu__dev_cpu_strict;
-	if (!strcmp(name, "cuda"))
-		snprintf(err, errlen,
-			 "--device cuda: the CUDA device is not built in this build (use --device cpu or auto)");
-	else
-		snprintf(err, errlen,
-			 "--device %s: no such device (cpu, cpu-strict, cuda or auto)", name);
+	int ngpus;
+	if (!strcmp(name, "auto")) { /* cuda where it loads and sees a GPU */
+		char why[512];
+		const hpu__device *d = cuda_load(&ngpus, why, sizeof why);
+		return d && ngpus > 0 ? d : &hpu__dev_cpu;
+	}
+	if (!strcmp(name, "cuda")) {
+		const hpu__device *d = cuda_load(&ngpus, err, errlen);
+		return d && ngpus > 0 ? d : NULL;
+	}
+	snprintf(err, errlen, "--device %s: no such device (cpu, cpu-strict, cuda or auto)", name);
 	return NULL;
 }
 
@@ -113,8 +201,16 @@ int hpu__dev_check_name(const char *name, char *err, size_t errlen)
 int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 {
 	const hpu__device *d = by_name(name, err, errlen);
-	if (!d || d->setup(rank, err, errlen) < 0)
+	if (!d)
 		return -1;
+	if (d->setup(rank, err, errlen) < 0) {
+		if (!name || strcmp(name, "auto") || d == &hpu__dev_cpu)
+			return -1;
+		/* auto: a GPU that does not set up leaves the CPU */
+		hpu__log(HPU_LOG_WARNING, "rank %d: --device auto: %s; computing on cpu", rank, err);
+		d = &hpu__dev_cpu;
+	}
+	hpu__devmem_set_backing(d->backing);
 	cur = d;
 	caps_known = 0;
 	atomic_store(&copied_h2d, 0);
@@ -124,6 +220,7 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 
 void hpu__dev_close(void)
 {
+	hpu__devmem_set_backing(NULL);
 	cur->teardown();
 	cur = &hpu__dev_cpu;
 	caps_known = 0;
@@ -278,6 +375,8 @@ void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h)
 
 hpu__dev_queue *hpu__dev_queue_new(void)
 {
+	if (cur->queue_new)
+		return cur->queue_new();
 	return calloc(1, sizeof(hpu__dev_queue));
 }
 
@@ -285,7 +384,10 @@ void hpu__dev_queue_free(hpu__dev_queue **q)
 {
 	if (!q || !*q)
 		return;
-	free(*q);
+	if (cur->queue_free)
+		cur->queue_free(*q);
+	else
+		free(*q);
 	*q = NULL;
 }
 

@@ -109,7 +109,7 @@ typedef struct hpu__dev_event {
 
 /* One device's table. */
 typedef struct hpu__device {
-	const char *name; /* "cpu", "cpu-strict" */
+	const char *name; /* "cpu", "cpu-strict", "cuda" */
 	/* Sets the device up for `rank` (before devmem); 0, or -1 with a
 	 * sentence in err. */
 	int (*setup)(int rank, char *err, size_t errlen);
@@ -134,7 +134,24 @@ typedef struct hpu__device {
 	/* 1 when p is device memory (NULL: host and device memory are
 	 * one, as on cpu). */
 	int (*owns)(const void *p);
+	/* Where devmem takes the device's blocks (NULL: host memory from
+	 * the system); hpu__dev_open installs it after setup,
+	 * hpu__dev_close removes it before teardown. */
+	const hpu__devmem_backing *backing;
+	/* Queues of the device's own (NULL: device.c's, for devices whose
+	 * work is done when issued). queue_free takes a queue from
+	 * queue_new. */
+	hpu__dev_queue *(*queue_new)(void);
+	void (*queue_free)(hpu__dev_queue *q);
 } hpu__device;
+
+/* The CUDA device lives in a program module, hpudev_cuda.so
+ * (worker/cuda), that exports one function of this type by the name
+ * HPU__CUDA_ENTRY. It returns the device's table and sets *ngpus to the
+ * GPUs visible to the process; where there are none, or CUDA cannot say,
+ * 0 and one sentence in err. The module needs no symbol of the worker. */
+#define HPU__CUDA_ENTRY "hpu_cuda_device_v1"
+typedef const hpu__device *hpu__cuda_entry_fn(int *ngpus, char *err, size_t errlen);
 
 /* The devices built in. */
 extern const hpu__device hpu__dev_cpu;
@@ -142,8 +159,11 @@ extern const hpu__device hpu__dev_cpu_strict;
 
 /* Chooses the device named `name` ("cpu", "cpu-strict", "cuda", "auto";
  * NULL or "": cpu) for `rank` and sets it up; call before
- * hpu__devmem_init. 0, or -1 with one sentence in err (an unknown name,
- * "cuda" in a build without it). */
+ * hpu__devmem_init. "cuda" loads hpudev_cuda.so (HPU_CUDA_MODULE, else
+ * beside the program: ../lib, ../LIBDIR/hputrain); "auto" is cuda where
+ * it loads and sees a GPU, else cpu. 0, or -1 with one sentence in err
+ * (an unknown name, "cuda" in a build without it, a module that does not
+ * load, no GPU visible, CUDA's error). */
 int hpu__dev_open(const char *name, int rank, char *err, size_t errlen);
 
 /* Tears the device down after devmem's shutdown; the cpu device serves

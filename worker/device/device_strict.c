@@ -277,13 +277,11 @@ static int strict_setup(int rank, char *err, size_t errlen)
 	sa.sa_flags = SA_SIGINFO;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGSEGV, &sa, &old_segv);
-	hpu__devmem_set_backing(&backing);
 	return 0;
 }
 
 static void strict_teardown(void)
 {
-	hpu__devmem_set_backing(NULL);
 	sigaction(SIGSEGV, &old_segv, NULL);
 	/* Blocks still in use keep their pages: the arena stays reserved. */
 	A.nfree = A.nlive = 0;
@@ -304,4 +302,5 @@ const hpu__device hpu__dev_cpu_strict = {
     .leave = strict_leave,
     HPU__DEV_CPU_SHARED,
     .owns = strict_owns,
+    .backing = &backing,
 };

@@ -29,6 +29,13 @@
  * (so that the limit and the counts stay exact) but not while a block is
  * zeroed.
  *
+ * Remote backings. Where the backing says host code may not touch its
+ * blocks (GPU memory: devmem.h's `remote`), a block's header is not in
+ * front of it but in host memory of its own (calloc), found from the user
+ * pointer through a hash table (open addressing, linear probing); the
+ * whole mapping is the user's, blocks are zeroed by the backing's `zero`
+ * and never poisoned. A header's `user` is NULL for the others.
+ *
  * Generations. hpu__devmem_shutdown gives the cache back and starts a new
  * generation; blocks still in use are left to their owners on purpose (they
  * may be freed later: a block of an older generation goes straight back to
@@ -78,7 +85,8 @@ typedef struct blk {
 	struct blk *next_class; /* class heads only: next class in the bucket */
 	uint32_t kind;
 	uint32_t gen; /* generation it was taken in */
-	char pad[HDR - 48];
+	void *user;   /* remote blocks: the user pointer (else NULL) */
+	const hpu__devmem_backing *bk; /* remote blocks: their backing */
 } blk;
 _Static_assert(sizeof(blk) == HDR, "the header must be 64 bytes");
 
@@ -100,6 +108,8 @@ static struct {
 	uint64_t sys_allocs, sys_frees;
 	uint64_t cached;        /* rounded bytes in the cache */
 	blk *buckets[NBUCKETS]; /* chains of class heads */
+	blk **tab;              /* remote blocks' headers by user pointer */
+	size_t tabcap, tabn;    /* slots (a power of two or 0), entries */
 } dev = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* The strict device's arena, or NULL: the system's memory. */
@@ -112,14 +122,25 @@ void hpu__devmem_set_backing(const hpu__devmem_backing *b)
 
 static void bk_open(void)
 {
-	if (backing)
+	if (backing && backing->open)
 		backing->open();
 }
 
 static void bk_close(void)
 {
-	if (backing)
+	if (backing && backing->close)
 		backing->close();
+}
+
+static void bk_label(void *user, size_t bytes, hpu_mem_kind kind, const char *what)
+{
+	if (backing && backing->label)
+		backing->label(user, bytes, kind, what);
+}
+
+static bool bk_remote(void)
+{
+	return backing && backing->remote;
 }
 
 /* Like errno: the last failed allocation of the calling thread. */
@@ -155,7 +176,7 @@ static void unpoison(void *p, size_t n)
 
 static void *user_of(blk *b)
 {
-	return (char *)b + HDR;
+	return b->user ? b->user : (char *)b + HDR;
 }
 
 static size_t round_up(size_t n, size_t to)
@@ -220,13 +241,108 @@ static _Noreturn void bad_pointer(const void *p, const char *why)
 	abort();
 }
 
+/* ---- the remote blocks' headers, by user pointer (under dev.mu) ---- */
+
+static size_t tab_slot(const void *user, size_t cap)
+{
+	return (size_t)(((uintptr_t)user >> 6) * 0x9e3779b97f4a7c15ull) & (cap - 1);
+}
+
+static blk *tab_find(const void *user)
+{
+	if (!dev.tabn)
+		return NULL;
+	for (size_t i = tab_slot(user, dev.tabcap);; i = (i + 1) & (dev.tabcap - 1))
+		if (!dev.tab[i] || dev.tab[i]->user == user)
+			return dev.tab[i];
+}
+
+static void tab_put(blk **tab, size_t cap, blk *b)
+{
+	size_t i = tab_slot(b->user, cap);
+	while (tab[i])
+		i = (i + 1) & (cap - 1);
+	tab[i] = b;
+}
+
+/* Adds b (at most half full); -1 with errno ENOMEM. */
+static int tab_add(blk *b)
+{
+	if (2 * (dev.tabn + 1) > dev.tabcap) {
+		size_t cap = dev.tabcap ? dev.tabcap * 2 : 256;
+		blk **t = calloc(cap, sizeof *t);
+		if (!t) {
+			errno = ENOMEM;
+			return -1;
+		}
+		for (size_t i = 0; i < dev.tabcap; i++)
+			if (dev.tab[i])
+				tab_put(t, cap, dev.tab[i]);
+		free(dev.tab);
+		dev.tab = t;
+		dev.tabcap = cap;
+	}
+	tab_put(dev.tab, dev.tabcap, b);
+	dev.tabn++;
+	return 0;
+}
+
+/* Removes b, moving back the entries after it that probed past it. */
+static void tab_del(blk *b)
+{
+	size_t m = dev.tabcap - 1, i = tab_slot(b->user, dev.tabcap);
+	while (dev.tab[i] != b)
+		i = (i + 1) & m;
+	dev.tab[i] = NULL;
+	for (size_t j = (i + 1) & m; dev.tab[j]; j = (j + 1) & m) {
+		size_t home = tab_slot(dev.tab[j]->user, dev.tabcap);
+		/* j's entry may move to the hole at i unless its home lies
+		 * cyclically in (i, j] */
+		if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+			dev.tab[i] = dev.tab[j];
+			dev.tab[j] = NULL;
+			i = j;
+		}
+	}
+	dev.tabn--;
+}
+
 /* ---- the system ---- */
+
+/* A remote block: the backing's memory, its header in host memory. */
+static blk *remote_take(uint64_t rounded)
+{
+	blk *b = calloc(1, sizeof *b);
+	if (!b) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	b->user = backing->map(round_up(rounded, PAGE));
+	if (!b->user) {
+		int e = errno;
+		free(b);
+		errno = e ? e : ENOMEM;
+		return NULL;
+	}
+	b->bk = backing;
+	if (tab_add(b) < 0) {
+		backing->unmap(b->user, round_up(rounded, PAGE));
+		free(b);
+		errno = ENOMEM;
+		return NULL;
+	}
+	return b;
+}
 
 /* A new block of class `rounded` from the system, or NULL (errno set). */
 static blk *sys_take(uint64_t rounded)
 {
 	blk *b;
-	if (backing) {
+	if (bk_remote()) {
+		b = remote_take(rounded);
+		if (!b)
+			return NULL;
+	} else if (backing) {
 		b = backing->map(round_up(HDR + rounded, PAGE));
 		if (!b)
 			return NULL;
@@ -243,7 +359,8 @@ static blk *sys_take(uint64_t rounded)
 			return NULL;
 		}
 	}
-	memset(b, 0, HDR);
+	if (!bk_remote()) /* a remote header is calloc's */
+		memset(b, 0, HDR);
 	b->rounded = rounded;
 	b->gen = dev.gen;
 	dev.sys_allocs++;
@@ -254,6 +371,14 @@ static blk *sys_take(uint64_t rounded)
 static void sys_give(blk *b, bool counted)
 {
 	uint64_t rounded = b->rounded;
+	if (b->user) {
+		tab_del(b);
+		b->bk->unmap(b->user, round_up(rounded, PAGE));
+		free(b);
+		if (counted)
+			dev.sys_frees++;
+		return;
+	}
 	unpoison(user_of(b), rounded);
 	b->magic = MAGIC_DEAD;
 	if (backing)
@@ -292,7 +417,8 @@ static void cache_put(blk *b)
 	b->next_class = head ? head->next_class : NULL;
 	*link = b;
 	dev.cached += b->rounded;
-	poison(user_of(b), b->rounded);
+	if (!b->user)
+		poison(user_of(b), b->rounded);
 }
 
 static blk *cache_take(uint64_t rounded)
@@ -308,7 +434,8 @@ static blk *cache_take(uint64_t rounded)
 		*link = b->next_class;
 	}
 	dev.cached -= rounded;
-	unpoison(user_of(b), rounded);
+	if (!b->user)
+		unpoison(user_of(b), rounded);
 	return b;
 }
 
@@ -365,6 +492,10 @@ static void set_alloc_error(size_t bytes, const char *what, int e)
 		snprintf(err_buf, sizeof err_buf,
 			 "%sout of device memory allocating %s: %s requested, InUse %s, Limit %s (--device-memory)",
 			 who, what, req, used, lim);
+	else if (bk_remote()) /* the GPU's memory, not the host's */
+		snprintf(err_buf, sizeof err_buf,
+			 "%sout of device memory allocating %s: the device refused %s (%s) even with the cache given back; InUse %s, Limit %s",
+			 who, what, req, strerror(e), used, lim);
 	else
 		snprintf(err_buf, sizeof err_buf,
 			 "%sout of host memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s",
@@ -426,17 +557,21 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	b->bytes = bytes;
 	b->kind = kind;
 	b->next = b->next_class = NULL;
-	poison((char *)user_of(b) + bytes, b->rounded - bytes);
+	if (!b->user)
+		poison((char *)user_of(b) + bytes, b->rounded - bytes);
 	tally_alloc(&dev.t, kind, bytes);
-	if (backing)
-		backing->label(user_of(b), bytes, kind, what);
+	bk_label(user_of(b), bytes, kind, what);
+	void *user = user_of(b);
+	const hpu__devmem_backing *rb = b->user ? b->bk : NULL;
 	pthread_mutex_unlock(&dev.mu);
 	/* The block is the caller's now: zero it outside the lock. A fresh
-	 * mapping is zero already. */
-	if (zero && !(fresh && is_mapped(b->rounded)))
-		memset(user_of(b), 0, bytes);
+	 * mapping is zero already, but for a remote backing's. */
+	if (zero && rb && bytes)
+		rb->zero(user, bytes);
+	else if (zero && !rb && !(fresh && is_mapped(b->rounded)))
+		memset(user, 0, bytes);
 	bk_close();
-	return user_of(b);
+	return user;
 }
 
 void *hpu__dalloc(hpu_mem_kind kind, size_t bytes, const char *what)
@@ -451,22 +586,10 @@ void *hpu__dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what)
 
 static void host_free(blk *b);
 
-void hpu__dfree(void *p)
+/* Frees b, the header of p, under dev.mu and the backing open. */
+static void free_locked(blk *b, void *p)
 {
-	if (!p)
-		return;
-	if ((uintptr_t)p % HDR)
-		bad_pointer(p, "not a pointer from hpu__dalloc (misaligned)");
-	blk *b = (blk *)((char *)p - HDR);
-	bk_open();
-	if (b->magic == MAGIC_HOST) { /* the caller's block: no race on it */
-		bk_close();
-		host_free(b);
-		return;
-	}
-	pthread_mutex_lock(&dev.mu);
-	if (backing)
-		backing->label(p, 0, HPU_MEM_OTHER, NULL);
+	bk_label(p, 0, HPU_MEM_OTHER, NULL);
 	if (b->magic == MAGIC_FREE)
 		bad_pointer(p, "double free");
 	if (b->magic != MAGIC_LIVE)
@@ -474,8 +597,6 @@ void hpu__dfree(void *p)
 	if (b->gen != dev.gen) {
 		/* From before the last shutdown: not this device's. */
 		sys_give(b, false);
-		bk_close();
-		pthread_mutex_unlock(&dev.mu);
 		return;
 	}
 	tally_free(&dev.t, b->kind, b->bytes);
@@ -483,6 +604,33 @@ void hpu__dfree(void *p)
 		cache_put(b);
 	else
 		sys_give(b, true);
+}
+
+void hpu__dfree(void *p)
+{
+	if (!p)
+		return;
+	if ((uintptr_t)p % HDR)
+		bad_pointer(p, "not a pointer from hpu__dalloc (misaligned)");
+	pthread_mutex_lock(&dev.mu);
+	blk *b = tab_find(p); /* a remote block: its header is not at p */
+	if (b) {
+		bk_open();
+		free_locked(b, p);
+		bk_close();
+		pthread_mutex_unlock(&dev.mu);
+		return;
+	}
+	pthread_mutex_unlock(&dev.mu);
+	b = (blk *)((char *)p - HDR);
+	bk_open();
+	if (b->magic == MAGIC_HOST) { /* the caller's block: no race on it */
+		bk_close();
+		host_free(b);
+		return;
+	}
+	pthread_mutex_lock(&dev.mu);
+	free_locked(b, p);
 	bk_close();
 	pthread_mutex_unlock(&dev.mu);
 }

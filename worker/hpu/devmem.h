@@ -25,18 +25,29 @@ typedef enum hpu_mem_kind {
 } hpu_mem_kind;
 
 /* Where the device's blocks come from, when not from the system
- * (worker/device's strict CPU device: an arena host code cannot touch).
- * map returns `bytes` (a whole number of pages) of zeroed memory, or NULL
- * with errno set; unmap gives them back. open and close bracket devmem's
- * own accesses to a block (its header, zeroing); label tells the backing
- * what a block holds once it is handed out (kind and what; the user
- * pointer and its bytes) and, with what == NULL, that it was freed. */
+ * (worker/device's strict CPU device: an arena host code cannot touch;
+ * the CUDA device: GPU memory). map returns `bytes` (a whole number of
+ * pages) of memory, or NULL with errno set; unmap gives them back. open
+ * and close bracket devmem's own accesses to a block (its header,
+ * zeroing); label tells the backing what a block holds once it is handed
+ * out (kind and what; the user pointer and its bytes) and, with what ==
+ * NULL, that it was freed. open, close and label may be NULL.
+ *
+ * remote == 0: the host may touch the blocks inside open/close; map
+ * returns zeroed memory, devmem keeps each block's header in front of it
+ * and zeroes with memset. remote == 1 (GPU memory, which host code can
+ * never touch): map's memory need not be zero, devmem keeps the headers
+ * in a table of its own, keyed by the user pointer, never reads or
+ * writes a block, and zeroes through zero(p, n) (which must be done, or
+ * ordered before any later use of p, when it returns). */
 typedef struct hpu__devmem_backing {
 	void *(*map)(size_t bytes);
 	void (*unmap)(void *p, size_t bytes);
 	void (*open)(void);
 	void (*close)(void);
 	void (*label)(void *user, size_t bytes, hpu_mem_kind kind, const char *what);
+	int remote;
+	void (*zero)(void *p, size_t bytes);
 } hpu__devmem_backing;
 
 /* Takes the device's blocks from `b` (NULL: the system) from now on; call

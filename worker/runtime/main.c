@@ -174,6 +174,9 @@ int main(int argc, char **argv)
 	int rc = 1;
 	if (hpu__dev_open(hpu__device_name(o.device), rank, err, sizeof err) < 0)
 		goto out;
+	if (o.verbose) /* what auto chose */
+		printf("rank %d: device %s (--device %s)\n", rank, hpu__dev_name(),
+		       hpu__device_name(o.device));
 	if (hpu__devmem_init(device_memory(&o), rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;

@@ -1,0 +1,418 @@
+/* test_cuda_device: the CUDA device (worker/cuda, hpudev_cuda.so) on a GPU.
+ *
+ * Loads the module (HPU_CUDA_MODULE, else $HPU_BUILD_DIR/lib) and sets up
+ * its device without the kernel table (hpu_cuda_device_core_v1), then
+ * checks devmem's memory over its remote backing (zeroed, reused, owned),
+ * copies every way on the default queue and on a queue of its own, fills,
+ * events, pinned host memory, and every runtime op (hpu__dev_rtops)
+ * against the CPU's (device_ops.c) bit for bit at n = 1, 255, 257 and
+ * 1e6+3. Where the module is not built, or no GPU is visible, it says so
+ * and exits 77 (ctest: skipped). Plain C, not cmocka: the skip needs its
+ * own exit status. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/device/device.h"
+
+static int failures;
+static const hpu__device *D;
+
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
+			printf(__VA_ARGS__);                                                       \
+			printf("\n");                                                              \
+			failures++;                                                                \
+		}                                                                                  \
+	} while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+	rng ^= rng >> 12;
+	rng ^= rng << 25;
+	rng ^= rng >> 27;
+	return (float)((rng * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 24) * 4.0f - 2.0f;
+}
+
+/* ---- device buffers through devmem (the module's backing) ---- */
+
+static void *dev(size_t bytes)
+{
+	void *p = hpu__dalloc(HPU_MEM_OTHER, bytes, "test");
+	if (!p) {
+		printf("FAIL: %s\n", hpu__devmem_error());
+		exit(1);
+	}
+	return p;
+}
+
+static void *up(const void *h, size_t bytes)
+{
+	void *d = dev(bytes);
+	D->copy(NULL, d, h, bytes);
+	return d;
+}
+
+static void *down(const void *d, size_t bytes)
+{
+	void *h = malloc(bytes ? bytes : 1);
+	D->copy(NULL, h, d, bytes);
+	return h;
+}
+
+/* The first difference of a and b (elements of `size` bytes), or -1. */
+static long first_diff(const void *a, const void *b, size_t n, size_t size)
+{
+	for (size_t i = 0; i < n; i++)
+		if (memcmp((const char *)a + i * size, (const char *)b + i * size, size))
+			return (long)i;
+	return -1;
+}
+
+/* Device buffer d against host buffer want, n elements of `size`. */
+static void same(const char *what, size_t n, const void *d, const void *want, size_t size)
+{
+	void *got = down(d, n * size);
+	long i = first_diff(got, want, n, size);
+	if (i >= 0 && size == 4)
+		CHECK(0, "%s n=%zu: element %ld is %.9g, the CPU's %.9g", what, n, i,
+		      ((float *)got)[i], ((const float *)want)[i]);
+	else if (i >= 0 && size == 2)
+		CHECK(0, "%s n=%zu: element %ld is 0x%04x, the CPU's 0x%04x", what, n, i,
+		      ((uint16_t *)got)[i], ((const uint16_t *)want)[i]);
+	else if (i >= 0)
+		CHECK(0, "%s n=%zu: byte %ld is 0x%02x, not 0x%02x", what, n, i,
+		      ((unsigned char *)got)[i], ((const unsigned char *)want)[i]);
+	free(got);
+}
+
+/* ---- memory, copies, events, pinned memory ---- */
+
+static void check_memory(void)
+{
+	static const size_t sizes[] = {1, 255, 257, 4096, 1000003};
+	for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+		size_t n = sizes[k];
+		unsigned char *p = dev(n), *pat = malloc(n), *back;
+		CHECK(D->owns(p), "devmem's block is not device memory");
+		CHECK(!D->owns(pat), "malloc's memory is taken for device memory");
+		back = down(p, n);
+		for (size_t i = 0; i < n; i++)
+			if (back[i]) {
+				CHECK(0, "a fresh block of %zu bytes is not zero at %zu", n, i);
+				break;
+			}
+		free(back);
+		for (size_t i = 0; i < n; i++)
+			pat[i] = (unsigned char)(i * 7 + 1);
+		D->copy(NULL, p, pat, n);
+		hpu__dfree(p);
+		unsigned char *q = dev(n); /* the same block again, zeroed again */
+		CHECK(q == p, "a freed block of %zu bytes is not reused", n);
+		back = down(q, n);
+		for (size_t i = 0; i < n; i++)
+			if (back[i]) {
+				CHECK(0, "a reused block of %zu bytes is not zero at %zu", n, i);
+				break;
+			}
+		free(back);
+		/* h2d, d2d on a queue of its own, fill, d2h */
+		hpu__dev_queue *qu = D->queue_new();
+		CHECK(qu != NULL, "queue_new failed");
+		unsigned char *r = dev(n);
+		D->copy(NULL, q, pat, n);
+		hpu__dev_event ev;
+		D->record(NULL, &ev);
+		D->wait(&ev);
+		D->copy(qu, r, q, n);
+		D->record(qu, &ev);
+		D->wait(&ev);
+		same("h2d, d2d on a queue, d2h", n, r, pat, 1);
+		D->fill(NULL, r, 0xab, n / 2);
+		D->record(NULL, &ev);
+		D->wait(&ev);
+		memset(pat, 0xab, n / 2);
+		same("fill", n, r, pat, 1);
+		/* pinned host memory: zeroed, a copy's either side */
+		unsigned char *h = D->host_alloc(n);
+		CHECK(h != NULL && ((uintptr_t)h % 64) == 0, "host_alloc: NULL or misaligned");
+		CHECK(!D->owns(h), "pinned memory is taken for device memory");
+		for (size_t i = 0; h && i < n; i++)
+			if (h[i]) {
+				CHECK(0, "pinned memory of %zu bytes is not zero at %zu", n, i);
+				break;
+			}
+		if (h) {
+			D->copy(qu, h, r, n);
+			CHECK(memcmp(h, pat, n) == 0, "d2h into pinned memory differs");
+			D->host_free(h);
+		}
+		D->queue_free(qu);
+		hpu__dfree(q);
+		hpu__dfree(r);
+		free(pat);
+	}
+	printf("memory, copies, fills, events, pinned memory: checked\n");
+}
+
+/* ---- the runtime ops against device_ops.c ---- */
+
+static const hpu__dev_rtops *cpu = &hpu__dev_cpu_rtops;
+
+static float *randf(size_t n, int planted)
+{
+	float *x = malloc((n ? n : 1) * sizeof *x);
+	for (size_t i = 0; i < n; i++)
+		x[i] = frand();
+	if (planted && n) {
+		x[n / 2] = 1.0f / 0.0f;
+		x[n - 1] = -0.0f;
+	}
+	return x;
+}
+
+static uint16_t *rand16(int fp16, size_t n)
+{
+	float *f = randf(n, 0);
+	uint16_t *h = malloc((n ? n : 1) * 2);
+	cpu->to16(fp16, h, f, n);
+	free(f);
+	return h;
+}
+
+static void check_casts(size_t n)
+{
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		float *x = randf(n, 1), *f = malloc(n * 4);
+		uint16_t *want = malloc(n * 2), *h = rand16(fp16, n), *acc = malloc(n * 2);
+		float *dx = up(x, n * 4), *df = dev(n * 4);
+		uint16_t *dh = dev(n * 2), *dacc = up(h, n * 2);
+		cpu->to16(fp16, want, x, n);
+		D->rt->to16(fp16, dh, dx, n);
+		same(fp16 ? "to16 fp16" : "to16 bf16", n, dh, want, 2);
+		cpu->from16(fp16, f, h, n);
+		uint16_t *dh2 = up(h, n * 2);
+		D->rt->from16(fp16, df, dh2, n);
+		same(fp16 ? "from16 fp16" : "from16 bf16", n, df, f, 4);
+		memcpy(acc, h, n * 2);
+		cpu->acc16(fp16, acc, x, n);
+		D->rt->acc16(fp16, dacc, dx, n);
+		same("acc16", n, dacc, acc, 2);
+		long cpu_count = fp16 ? 0 : cpu->count_nonfinite16(want, n);
+		if (!fp16)
+			CHECK(D->rt->count_nonfinite16(dh, n) == cpu_count,
+			      "count_nonfinite16 n=%zu: not the CPU's %ld", n, cpu_count);
+		CHECK(D->rt->nonfinite16(fp16, dh, n) == cpu->nonfinite16(fp16, want, n),
+		      "nonfinite16 n=%zu differs", n);
+		CHECK(D->rt->nonfinite16(fp16, dh2, n) == cpu->nonfinite16(fp16, h, n),
+		      "nonfinite16 (finite) n=%zu differs", n);
+		hpu__dfree(dx);
+		hpu__dfree(df);
+		hpu__dfree(dh);
+		hpu__dfree(dh2);
+		hpu__dfree(dacc);
+		free(x);
+		free(f);
+		free(want);
+		free(h);
+		free(acc);
+	}
+}
+
+static void check_bf16_and_sums(size_t n)
+{
+	float *x = randf(n, 0), *y = randf(n, 1), *e = malloc(n * 4);
+	uint16_t *want = malloc(n * 2);
+	float *dx = up(x, n * 4), *dy = up(y, n * 4), *de = dev(n * 4);
+	uint16_t *dw = dev(n * 2);
+	/* bf16_exact: on random values (not exact), then on their bf16s */
+	int cx = cpu->bf16_exact(want, x, n), gx = D->rt->bf16_exact(dw, dx, n);
+	CHECK(cx == gx, "bf16_exact n=%zu: %d, the CPU's %d", n, gx, cx);
+	same("bf16_exact", n, dw, want, 2);
+	cpu->bf16_expand(e, want, n);
+	D->rt->bf16_expand(de, dw, n);
+	same("bf16_expand", n, de, e, 4);
+	CHECK(D->rt->bf16_exact(dw, de, n) == 1, "bf16_exact n=%zu: bf16 values not exact", n);
+	/* sums of squares: equal doubles */
+	double cs = cpu->sumsq(x, n), gs = D->rt->sumsq(dx, n);
+	CHECK(cs == gs, "sumsq n=%zu: %.17g, the CPU's %.17g", n, gs, cs);
+	cs = cpu->sumsq(y, n), gs = D->rt->sumsq(dy, n); /* an Inf: redone in double */
+	CHECK(cs == gs || (cs != cs && gs != gs), "sumsq (Inf) n=%zu: %.17g, the CPU's %.17g", n,
+	      gs, cs);
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		uint16_t *h = rand16(fp16, n);
+		uint16_t *dh = up(h, n * 2);
+		size_t chunk = 300;
+		float *scr = malloc(chunk * 4), *dscr = dev(chunk * 4);
+		cs = cpu->sumsq16(0.5, fp16, h, n, scr, chunk);
+		gs = D->rt->sumsq16(0.5, fp16, dh, n, dscr, chunk);
+		CHECK(cs == gs, "sumsq16 n=%zu: %.17g, the CPU's %.17g", n, gs, cs);
+		hpu__dfree(dh);
+		hpu__dfree(dscr);
+		free(h);
+		free(scr);
+	}
+	/* checks */
+	CHECK(D->rt->nonfinite(dx, n) == cpu->nonfinite(x, n), "nonfinite n=%zu differs", n);
+	CHECK(D->rt->nonfinite(dy, n) == cpu->nonfinite(y, n), "nonfinite (Inf) n=%zu differs", n);
+	CHECK(D->rt->count_nonfinite(dy, n) == cpu->count_nonfinite(y, n),
+	      "count_nonfinite n=%zu differs", n);
+	/* add, add_scalar */
+	cpu->add(x, y, n);
+	D->rt->add(dx, dy, n);
+	same("add", n, dx, x, 4);
+	cpu->add_scalar(x, 0.3f, n);
+	D->rt->add_scalar(dx, 0.3f, n);
+	same("add_scalar", n, dx, x, 4);
+	hpu__dfree(dx);
+	hpu__dfree(dy);
+	hpu__dfree(de);
+	hpu__dfree(dw);
+	free(x);
+	free(y);
+	free(e);
+	free(want);
+}
+
+/* Three steps of optimizer k on both, 16-bit gradients or not. */
+static void check_optim(size_t n, hpu__dev_optim k, const char *name, int g16, int fp16)
+{
+	float *p = randf(n, 0), *g = randf(n, 0), *m = calloc(n, 4), *v = calloc(n, 4);
+	uint16_t *gh = malloc(n * 2), *p16 = calloc(n, 2);
+	cpu->to16(fp16, gh, g, n);
+	float *dp = up(p, n * 4), *dg = up(g, n * 4), *dm = dev(n * 4), *dv = dev(n * 4);
+	uint16_t *dgh = up(gh, n * 2), *dp16 = dev(n * 2);
+	size_t chunk = 1000;
+	float *scr = malloc(chunk * 4), *dscr = dev(chunk * 4);
+	for (k.t = 1; k.t <= 3; k.t++) {
+		if (g16) {
+			cpu->optim16(&k, fp16, p, gh, p16, m, v, n, scr, chunk);
+			D->rt->optim16(&k, fp16, dp, dgh, dp16, dm, dv, n, dscr, chunk);
+		} else {
+			cpu->optim(&k, p, g, m, v, n);
+			D->rt->optim(&k, dp, dg, dm, dv, n);
+		}
+	}
+	char what[96];
+	snprintf(what, sizeof what, "%s%s p", name, g16 ? (fp16 ? " fp16" : " bf16") : "");
+	same(what, n, dp, p, 4);
+	snprintf(what, sizeof what, "%s m", name);
+	same(what, n, dm, m, 4);
+	if (k.kind != HPU__DEV_SGD)
+		same("adam v", n, dv, v, 4);
+	if (g16)
+		same("optim16 p16", n, dp16, p16, 2);
+	void *bufs[] = {dp, dg, dm, dv, dgh, dp16, dscr};
+	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+		hpu__dfree(bufs[i]);
+	free(p);
+	free(g);
+	free(m);
+	free(v);
+	free(gh);
+	free(p16);
+	free(scr);
+}
+
+static void check_optimizers(size_t n)
+{
+	const hpu__dev_optim sgd = {.kind = HPU__DEV_SGD, .lr = 0.1, .weight_decay = 1e-4,
+				    .gscale = 0.75f};
+	hpu__dev_optim mom = sgd, nest = sgd;
+	mom.momentum = 0.9;
+	nest.momentum = 0.9;
+	nest.nesterov = 1;
+	const hpu__dev_optim adam = {.kind = HPU__DEV_ADAM, .lr = 1e-3, .weight_decay = 1e-2,
+				     .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .gscale = 0.5f};
+	hpu__dev_optim adamw = adam;
+	adamw.kind = HPU__DEV_ADAMW;
+	check_optim(n, sgd, "sgd", 0, 0);
+	check_optim(n, mom, "sgd momentum", 0, 0);
+	check_optim(n, nest, "sgd nesterov", 0, 0);
+	check_optim(n, adam, "adam", 0, 0);
+	check_optim(n, adamw, "adamw", 0, 0);
+	check_optim(n, adamw, "adamw", 1, 0);
+	check_optim(n, adam, "adam", 1, 1);
+	check_optim(n, mom, "sgd momentum", 1, 0);
+}
+
+/* ---- loading ---- */
+
+static const hpu__device *load(void)
+{
+	char path[4096];
+	const char *env = getenv("HPU_CUDA_MODULE"), *build = getenv("HPU_BUILD_DIR");
+	if (env && *env)
+		snprintf(path, sizeof path, "%s", env);
+	else
+		snprintf(path, sizeof path, "%s/lib/hpudev_cuda.so", build ? build : ".");
+#ifndef HPU_CUDA_BUILT
+	if (!env || !*env) {
+		printf("skipped: the CUDA device is not built in this build (HPU_CUDA)\n");
+		exit(77);
+	}
+#endif
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		printf("FAIL: cannot load %s: %s\n", path, dlerror());
+		exit(1);
+	}
+	hpu__cuda_entry_fn *entry, *full;
+	*(void **)&entry = dlsym(h, "hpu_cuda_device_core_v1");
+	*(void **)&full = dlsym(h, HPU__CUDA_ENTRY);
+	if (!entry || !full) {
+		printf("FAIL: %s lacks its entries\n", path);
+		exit(1);
+	}
+	char why[256] = "";
+	int ngpus = 0;
+	const hpu__device *d = entry(&ngpus, why, sizeof why);
+	if (ngpus <= 0) {
+		printf("skipped: no GPU is visible (%s)\n", why);
+		exit(77);
+	}
+	return d;
+}
+
+int main(void)
+{
+	D = load();
+	char err[512];
+	if (D->setup(0, err, sizeof err) < 0) {
+		printf("FAIL: setup: %s\n", err);
+		return 1;
+	}
+	hpu__dev_caps caps;
+	D->caps(&caps);
+	CHECK(!caps.host_can_read && caps.can_capture && caps.bf16_native,
+	      "caps: host_can_read %d, can_capture %d, bf16_native %d", caps.host_can_read,
+	      caps.can_capture, caps.bf16_native);
+	printf("GPU: fp8_native %d\n", caps.fp8_native);
+	hpu__devmem_set_backing(D->backing);
+	if (hpu__devmem_init(0, 0) < 0) {
+		printf("FAIL: devmem: %s\n", hpu__devmem_error());
+		return 1;
+	}
+	check_memory();
+	static const size_t ns[] = {1, 255, 257, 1000003};
+	for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+		check_casts(ns[i]);
+		check_bf16_and_sums(ns[i]);
+		check_optimizers(ns[i]);
+		printf("runtime ops at n = %zu: checked against the CPU's\n", ns[i]);
+	}
+	hpu_device_stats s;
+	hpu__devmem_stats(&s);
+	CHECK(s.in_use == 0, "%llu bytes of device memory still in use",
+	      (unsigned long long)s.in_use);
+	hpu__devmem_shutdown();
+	hpu__devmem_set_backing(NULL);
+	D->teardown();
+	printf("%s\n", failures ? "FAILED" : "passed");
+	return failures ? 1 : 0;
+}

@@ -1,0 +1,196 @@
+/* test_cuda_elem: the CUDA device's arithmetic (worker/cuda/cuda_elem.h,
+ * what its kernels compute on each element) against the CPU's
+ * (common/lowp.h, worker/device/device_ops.c), bit for bit, on any
+ * machine: the header compiled as C, with the same IEEE operations the
+ * kernels' intrinsics perform. The conversions on every 16-bit value and
+ * on the floats around each rounding boundary, acc16, the sums of
+ * squares part by part (blocks, the rest, a block redone in double), and
+ * SGD (plain, momentum, Nesterov), Adam and AdamW over three steps, from
+ * fp32 and 16-bit gradients. What it cannot check is a GPU running them:
+ * test_cuda_device does that where one is visible. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/lowp.h"
+#include "worker/cuda/cuda_elem.h"
+#include "worker/device/device.h"
+
+static const hpu__dev_rtops *cpu = &hpu__dev_cpu_rtops;
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static float frand(float scale)
+{
+	rng ^= rng >> 12;
+	rng ^= rng << 25;
+	rng ^= rng >> 27;
+	return ((float)((rng * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 24) * 2.0f - 1.0f) *
+	       scale;
+}
+
+static void test_widen_every_value(void **state)
+{
+	(void)state;
+	for (uint32_t h = 0; h < 65536; h++) {
+		uint32_t a = hpu__f32_bits(hpu__elem_from_fp16((uint16_t)h));
+		uint32_t b = hpu__f32_bits(hpu_from_fp16((uint16_t)h));
+		if (a != b)
+			fail_msg("fp16 0x%04x widens to 0x%08x, lowp.h's 0x%08x", h, a, b);
+		a = hpu__f32_bits(hpu__elem_from_bf16((uint16_t)h));
+		b = hpu__f32_bits(hpu_from_bf16((uint16_t)h));
+		assert_int_equal(a, b);
+	}
+}
+
+static void narrow_one(uint32_t x)
+{
+	float f = hpu__bits_f32(x);
+	uint16_t a = hpu__elem_to_fp16(f), b = hpu_to_fp16(f);
+	if (a != b)
+		fail_msg("0x%08x narrows to fp16 0x%04x, lowp.h's 0x%04x", x, a, b);
+	a = hpu__elem_to_bf16(f), b = hpu_to_bf16(f);
+	if (a != b)
+		fail_msg("0x%08x narrows to bf16 0x%04x, lowp.h's 0x%04x", x, a, b);
+}
+
+static void test_narrow_boundaries(void **state)
+{
+	(void)state;
+	/* around every 16-bit value of both types: the value, its halfway
+	 * points to the neighbours (ties), and one bit either side */
+	static const int32_t off[] = {0, 1, -1, 0x1000, 0xfff, 0x1001, -0x1000, -0x1001,
+				      0x8000, 0x7fff, 0x8001, -0x8000, -0x8001};
+	for (uint32_t h = 0; h < 65536; h++)
+		for (int t = 0; t < 2; t++) {
+			uint32_t base = hpu__f32_bits(t ? hpu_from_fp16((uint16_t)h)
+							: hpu_from_bf16((uint16_t)h));
+			for (size_t i = 0; i < sizeof off / sizeof off[0]; i++)
+				narrow_one(base + (uint32_t)off[i]);
+		}
+	for (uint64_t x = 0; x < (1ull << 32); x += 4093) /* a sweep of the rest */
+		narrow_one((uint32_t)x);
+}
+
+static void test_acc16(void **state)
+{
+	(void)state;
+	enum { N = 5000 };
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		float src[N], x[N];
+		uint16_t want[N], got[N];
+		for (int i = 0; i < N; i++) {
+			x[i] = frand(4.0f);
+			src[i] = frand(1.0f);
+		}
+		cpu->to16(fp16, want, x, N);
+		memcpy(got, want, sizeof got);
+		cpu->acc16(fp16, want, src, N);
+		for (int i = 0; i < N; i++)
+			got[i] = hpu__elem_acc16(fp16, got[i], src[i]);
+		assert_memory_equal(got, want, sizeof got);
+	}
+}
+
+/* The kernel's parts added as cuda_device.c adds them. */
+static double sumsq_parts(const float *g, size_t n)
+{
+	size_t nb = n / HPU_SUMSQ_BLOCK;
+	double total = 0.0;
+	for (size_t b = 0; b < nb; b++)
+		total += hpu__elem_sumsq_part(g, n, b);
+	return total + hpu__elem_sumsq_part(g, n, nb);
+}
+
+static void test_sumsq(void **state)
+{
+	(void)state;
+	static const size_t ns[] = {0, 1, 255, 256, 257, 1000003};
+	for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+		size_t n = ns[k];
+		float *g = malloc((n ? n : 1) * sizeof *g);
+		for (int plant = 0; plant < 3; plant++) {
+			for (size_t i = 0; i < n; i++)
+				g[i] = frand(3.0f);
+			if (plant == 1 && n) /* a block's fp32 sum overflows: redone in double */
+				g[n / 3] = 3e19f;
+			if (plant == 2 && n)
+				g[n - 1] = 1.0f / 0.0f;
+			double want = cpu->sumsq(g, n), got = sumsq_parts(g, n);
+			if (memcmp(&want, &got, sizeof got))
+				fail_msg("sumsq n=%zu (case %d): %.17g, the CPU's %.17g", n, plant, got,
+					 want);
+		}
+		free(g);
+	}
+}
+
+/* Three steps of `o` on both, from fp32 gradients or 16-bit ones. */
+static void optim_case(hpu__dev_optim o, int g16, int fp16)
+{
+	enum { N = 3001 };
+	static float p[N], g[N], m[N], v[N], P[N], M[N], V[N], scr[700];
+	static uint16_t gh[N], p16[N], P16[N];
+	for (int i = 0; i < N; i++) {
+		p[i] = P[i] = frand(1.0f);
+		g[i] = frand(0.1f);
+		m[i] = v[i] = M[i] = V[i] = 0.0f;
+	}
+	cpu->to16(fp16, gh, g, N);
+	for (o.t = 1; o.t <= 3; o.t++) {
+		if (g16)
+			cpu->optim16(&o, fp16, p, gh, p16, m, v, N, scr, 700);
+		else
+			cpu->optim(&o, p, g, m, v, N);
+		hpu__cuda_optk k = hpu__cuda_optk_of(&o);
+		for (int i = 0; i < N; i++) {
+			float gr = g16 ? hpu__elem_from16(fp16, gh[i]) : g[i];
+			P[i] = hpu__elem_optim(&k, P[i], gr, &M[i], &V[i]);
+			if (g16)
+				P16[i] = hpu__elem_to16(fp16, P[i]);
+		}
+	}
+	assert_memory_equal(P, p, sizeof p);
+	assert_memory_equal(M, m, sizeof m);
+	assert_memory_equal(V, v, sizeof v);
+	if (g16)
+		assert_memory_equal(P16, p16, sizeof p16);
+}
+
+static void test_optimizers(void **state)
+{
+	(void)state;
+	const hpu__dev_optim sgd = {.kind = HPU__DEV_SGD, .lr = 0.1, .weight_decay = 1e-4,
+				    .gscale = 0.75f};
+	hpu__dev_optim mom = sgd, nest = sgd;
+	mom.momentum = 0.9;
+	nest.momentum = 0.9;
+	nest.nesterov = 1;
+	const hpu__dev_optim adam = {.kind = HPU__DEV_ADAM, .lr = 1e-3, .weight_decay = 1e-2,
+				     .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .gscale = 0.5f};
+	hpu__dev_optim adamw = adam;
+	adamw.kind = HPU__DEV_ADAMW;
+	const hpu__dev_optim *all[] = {&sgd, &mom, &nest, &adam, &adamw};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+		optim_case(*all[i], 0, 0);
+		optim_case(*all[i], 1, 0);
+		optim_case(*all[i], 1, 1);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_widen_every_value),
+	    cmocka_unit_test(test_narrow_boundaries),
+	    cmocka_unit_test(test_acc16),
+	    cmocka_unit_test(test_sumsq),
+	    cmocka_unit_test(test_optimizers),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

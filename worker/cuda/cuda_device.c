@@ -1,0 +1,659 @@
+/* cuda_device: the CUDA device (worker/device/device.h's table) in the
+ * module hpudev_cuda.so, which the worker loads for --device cuda and
+ * auto (worker/device/device.c) through its one entry, hpu_cuda_device_v1.
+ *
+ * The GPU. A worker drives GPU (HPU_DEVICE_ID, else LOCAL_RANK, else 0)
+ * modulo the GPUs visible to it (CUDA_VISIBLE_DEVICES is CUDA's own), so
+ * that more workers than GPUs share them. Set-up creates the compute
+ * stream, the default queue. CUDA's current device is per thread: every
+ * entry of the table (a device call's enter among them) first makes the
+ * worker's GPU the calling thread's (hpu__cuda_bind, once per thread).
+ *
+ * Memory. devmem takes the device's blocks from this backing: cudaMalloc
+ * and cudaFree (devmem's own cache pools them; no cudaMallocAsync pool),
+ * remote (the host never touches them: their headers stay on the host),
+ * zeroed by cudaMemsetAsync on the compute stream; the work of other
+ * queues waits for the last zeroing before it (the `zeroed` event).
+ * Pinned host memory is cudaHostAlloc's.
+ *
+ * Copies. On a queue's stream with cudaMemcpyAsync(cudaMemcpyDefault);
+ * one with a host side is waited for before it returns, as the CPU
+ * devices' copies are done when they return (callers read the host side
+ * at once). Copies between device buffers and fills stay asynchronous.
+ *
+ * Events. A queue keeps a ring of CUDA events; recording takes the next
+ * one. Waiting for an event that was recorded again since waits for a
+ * later point of the same stream: longer, never too short.
+ *
+ * The runtime ops run on the compute stream as kernels of cuda_rt.cu;
+ * those that answer a value (sums, checks) copy it back and wait. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "worker/cuda/cuda_device.h"
+#include "worker/cuda/cuda_kernels.h"
+#include "worker/device/device.h"
+#ifdef HPU_CUDA_HAVE_OPS
+#include "worker/cuda/cuda_ops.h"
+#endif
+
+#define RING 16 /* events per queue */
+
+struct hpu__dev_queue {
+	cudaStream_t s;
+	pthread_mutex_t mu;
+	uint64_t issued;     /* events recorded */
+	uint64_t zero_seen;  /* the zeroing this stream waited for last */
+	cudaEvent_t ev[RING];
+};
+
+static struct {
+	int up, rank, dev;
+	hpu__dev_caps caps;
+	hpu__dev_queue compute;
+	pthread_mutex_t mu; /* the results' buffers and the zeroing event */
+	void *dres;         /* device: flags, counts, partial sums */
+	void *hres;         /* pinned host: their copy */
+	size_t rescap;      /* bytes of each */
+	cudaEvent_t zeroed; /* after the last zeroing on the compute stream */
+	uint64_t zero_seq;  /* zeroings so far */
+	int gen;            /* set-ups so far */
+} C = {.mu = PTHREAD_MUTEX_INITIALIZER, .dev = -1};
+
+static _Thread_local int bound_gen; /* the set-up this thread is bound for */
+
+/* ---- errors ---- */
+
+void hpu__cuda_check(cudaError_t e, const char *what)
+{
+	if (e == cudaSuccess)
+		return;
+	char line[512];
+	int n = snprintf(line, sizeof line, "hpu-worker: rank %d: CUDA error in %s on GPU %d: %s\n",
+			 C.rank, what, C.dev, cudaGetErrorString(e));
+	if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
+		_exit(1);
+	_exit(1);
+}
+
+void hpu__cuda_bind(void)
+{
+	if (C.up && bound_gen != C.gen) {
+		hpu__cuda_check(cudaSetDevice(C.dev), "cudaSetDevice");
+		bound_gen = C.gen;
+	}
+}
+
+cudaStream_t hpu__cuda_stream(void)
+{
+	hpu__cuda_bind();
+	return C.up ? C.compute.s : 0;
+}
+
+int hpu__cuda_device_index(void)
+{
+	return C.up ? C.dev : -1;
+}
+
+/* ---- queues and events ---- */
+
+static hpu__dev_queue *Q(hpu__dev_queue *q)
+{
+	return q ? q : &C.compute;
+}
+
+static int queue_init(hpu__dev_queue *q, cudaStream_t s)
+{
+	memset(q, 0, sizeof *q);
+	q->s = s;
+	pthread_mutex_init(&q->mu, NULL);
+	for (int i = 0; i < RING; i++)
+		if (cudaEventCreateWithFlags(&q->ev[i], cudaEventDisableTiming) != cudaSuccess) {
+			while (i--)
+				cudaEventDestroy(q->ev[i]);
+			return -1;
+		}
+	return 0;
+}
+
+static void queue_fini(hpu__dev_queue *q)
+{
+	cudaStreamSynchronize(q->s);
+	for (int i = 0; i < RING; i++)
+		cudaEventDestroy(q->ev[i]);
+	pthread_mutex_destroy(&q->mu);
+}
+
+static hpu__dev_queue *cuda_queue_new(void)
+{
+	hpu__cuda_bind();
+	hpu__dev_queue *q = malloc(sizeof *q);
+	cudaStream_t s;
+	if (!q || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+		free(q);
+		return NULL;
+	}
+	if (queue_init(q, s) < 0) {
+		cudaStreamDestroy(s);
+		free(q);
+		return NULL;
+	}
+	return q;
+}
+
+static void cuda_queue_free(hpu__dev_queue *q)
+{
+	hpu__cuda_bind();
+	cudaStream_t s = q->s;
+	queue_fini(q);
+	cudaStreamDestroy(s);
+	free(q);
+}
+
+/* Work about to be issued on q waits for blocks zeroed on the compute
+ * stream before it. */
+static cudaStream_t stream_of(hpu__dev_queue *q)
+{
+	hpu__cuda_bind();
+	if (!q || q == &C.compute)
+		return C.compute.s;
+	pthread_mutex_lock(&C.mu);
+	if (q->zero_seen != C.zero_seq) {
+		hpu__cuda_check(cudaStreamWaitEvent(q->s, C.zeroed, 0), "cudaStreamWaitEvent");
+		q->zero_seen = C.zero_seq;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return q->s;
+}
+
+static void cuda_record(hpu__dev_queue *q, hpu__dev_event *ev)
+{
+	hpu__dev_queue *x = Q(q);
+	hpu__cuda_bind();
+	pthread_mutex_lock(&x->mu);
+	uint64_t seq = ++x->issued;
+	hpu__cuda_check(cudaEventRecord(x->ev[seq % RING], x->s), "cudaEventRecord");
+	pthread_mutex_unlock(&x->mu);
+	ev->q = q;
+	ev->seq = seq;
+}
+
+static void cuda_wait(const hpu__dev_event *ev)
+{
+	if (!ev->seq)
+		return;
+	hpu__dev_queue *x = Q(ev->q);
+	hpu__cuda_bind();
+	pthread_mutex_lock(&x->mu);
+	cudaEvent_t e = x->ev[ev->seq % RING];
+	pthread_mutex_unlock(&x->mu);
+	hpu__cuda_check(cudaEventSynchronize(e), "cudaEventSynchronize");
+}
+
+/* ---- memory ---- */
+
+static int is_device(const void *p)
+{
+	struct cudaPointerAttributes a;
+	hpu__cuda_bind();
+	if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+		cudaGetLastError(); /* not sticky: forget it */
+		return 0;
+	}
+	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+static int cuda_owns(const void *p)
+{
+	return is_device(p);
+}
+
+static void *bk_map(size_t bytes)
+{
+	void *p = NULL;
+	hpu__cuda_bind();
+	if (cudaMalloc(&p, bytes) != cudaSuccess) {
+		cudaGetLastError(); /* out of memory is not sticky */
+		errno = ENOMEM;
+		return NULL;
+	}
+	return p;
+}
+
+static void bk_unmap(void *p, size_t bytes)
+{
+	(void)bytes;
+	hpu__cuda_bind();
+	hpu__cuda_check(cudaFree(p), "cudaFree");
+}
+
+static void bk_zero(void *p, size_t bytes)
+{
+	hpu__cuda_bind();
+	pthread_mutex_lock(&C.mu);
+	hpu__cuda_check(cudaMemsetAsync(p, 0, bytes, C.compute.s), "cudaMemsetAsync");
+	hpu__cuda_check(cudaEventRecord(C.zeroed, C.compute.s), "cudaEventRecord");
+	C.zero_seq++;
+	pthread_mutex_unlock(&C.mu);
+}
+
+static const hpu__devmem_backing backing = {
+    .map = bk_map,
+    .unmap = bk_unmap,
+    .remote = 1,
+    .zero = bk_zero,
+};
+
+static void *cuda_host_alloc(size_t bytes)
+{
+	size_t n = (bytes + 63) / 64 * 64;
+	void *p = NULL;
+	hpu__cuda_bind();
+	if (cudaHostAlloc(&p, n ? n : 64, cudaHostAllocPortable) != cudaSuccess) {
+		cudaGetLastError();
+		return NULL;
+	}
+	memset(p, 0, n ? n : 64);
+	return p;
+}
+
+static void cuda_host_free(void *p)
+{
+	hpu__cuda_bind();
+	hpu__cuda_check(cudaFreeHost(p), "cudaFreeHost");
+}
+
+/* ---- copies ---- */
+
+static void cuda_copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
+{
+	if (!n)
+		return;
+	cudaStream_t s = stream_of(q);
+	hpu__cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+	if (!is_device(dst) || !is_device(src))
+		hpu__cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+static void cuda_fill(hpu__dev_queue *q, void *dst, int byte, size_t n)
+{
+	if (n)
+		hpu__cuda_check(cudaMemsetAsync(dst, byte, n, stream_of(q)), "cudaMemsetAsync");
+}
+
+/* ---- set-up ---- */
+
+static void caps_of(int dev, hpu__dev_caps *c, int *major, int *minor)
+{
+	cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
+	cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
+	memset(c, 0, sizeof *c);
+	c->bf16_native = *major >= 8;
+	c->fp16_native = *major >= 7;
+	c->fp8_native = *major * 10 + *minor >= 89;
+	c->host_can_read = 0;
+	c->can_capture = 1;
+}
+
+/* The GPU this worker drives among `count`: HPU_DEVICE_ID (the agent's,
+ * which hpud may map), else LOCAL_RANK, else 0, modulo count. */
+static int pick(int count)
+{
+	const char *s = getenv("HPU_DEVICE_ID");
+	if (!s || !*s)
+		s = getenv("LOCAL_RANK");
+	long id = s && *s ? strtol(s, NULL, 10) : 0;
+	return (int)((id < 0 ? 0 : id) % count);
+}
+
+static int fail(char *err, size_t errlen, const char *what, cudaError_t e)
+{
+	snprintf(err, errlen, "--device cuda: %s on GPU %d: %s", what, C.dev,
+		 cudaGetErrorString(e));
+	cudaGetLastError();
+	return -1;
+}
+
+static int setup_core(int rank, char *err, size_t errlen)
+{
+	int count = 0, major = 0, minor = 0;
+	cudaError_t e = cudaGetDeviceCount(&count);
+	if (e != cudaSuccess || count <= 0) {
+		snprintf(err, errlen, "--device cuda: no GPU is visible (%s)",
+			 e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+		cudaGetLastError();
+		return -1;
+	}
+	C.rank = rank;
+	C.dev = pick(count);
+	caps_of(C.dev, &C.caps, &major, &minor);
+	if (major < 8) {
+		snprintf(err, errlen,
+			 "--device cuda: GPU %d has compute capability %d.%d; the CUDA device needs 8.0 or later",
+			 C.dev, major, minor);
+		return -1;
+	}
+	cudaStream_t s;
+	if ((e = cudaSetDevice(C.dev)) != cudaSuccess)
+		return fail(err, errlen, "cudaSetDevice", e);
+	if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+		return fail(err, errlen, "creating the compute stream", e);
+	if (queue_init(&C.compute, s) < 0) {
+		cudaStreamDestroy(s);
+		return fail(err, errlen, "creating events", cudaGetLastError());
+	}
+	if ((e = cudaEventCreateWithFlags(&C.zeroed, cudaEventDisableTiming)) != cudaSuccess) {
+		queue_fini(&C.compute);
+		cudaStreamDestroy(s);
+		return fail(err, errlen, "creating events", e);
+	}
+	C.zero_seq = 0;
+	C.gen++;
+	C.up = 1;
+	bound_gen = C.gen; /* cudaSetDevice above */
+	return 0;
+}
+
+static int cuda_setup(int rank, char *err, size_t errlen)
+{
+	if (setup_core(rank, err, errlen) < 0)
+		return -1;
+#ifdef HPU_CUDA_HAVE_OPS
+	if (hpu__cuda_backend())
+		return 0;
+	snprintf(err, errlen, "--device cuda: the CUDA kernels did not set up on GPU %d", C.dev);
+#else
+	snprintf(err, errlen,
+		 "--device cuda: the CUDA kernels are not built in this module (worker/cuda/ops.cmake lists none)");
+#endif
+	return -1;
+}
+
+static void cuda_teardown(void)
+{
+	if (!C.up)
+		return;
+	hpu__cuda_bind();
+	cudaStream_t s = C.compute.s;
+	queue_fini(&C.compute);
+	cudaStreamDestroy(s);
+	cudaEventDestroy(C.zeroed);
+	if (C.dres)
+		cudaFree(C.dres);
+	if (C.hres)
+		cudaFreeHost(C.hres);
+	C.dres = C.hres = NULL;
+	C.rescap = 0;
+	C.up = 0;
+}
+
+/* A device call: its thread drives the worker's GPU. */
+static void cuda_enter(void)
+{
+	hpu__cuda_bind();
+}
+
+static void cuda_caps(hpu__dev_caps *out)
+{
+	*out = C.caps;
+}
+
+static const hpu__backend *cuda_ops(void)
+{
+#ifdef HPU_CUDA_HAVE_OPS
+	return hpu__cuda_backend();
+#else
+	return NULL; /* setup failed: the device never serves */
+#endif
+}
+
+/* ---- the runtime ops ---- */
+
+#define S (hpu__cuda_bind(), C.compute.s)
+#define K(call, what) hpu__cuda_check(call, what)
+
+/* The results' buffers, at least `bytes` each, zeroed on the device;
+ * under C.mu. */
+static void res_need(size_t bytes)
+{
+	if (bytes > C.rescap) {
+		size_t cap = bytes < 4096 ? 4096 : bytes * 2;
+		K(cudaStreamSynchronize(S), "cudaStreamSynchronize");
+		if (C.dres)
+			K(cudaFree(C.dres), "cudaFree");
+		if (C.hres)
+			K(cudaFreeHost(C.hres), "cudaFreeHost");
+		C.dres = C.hres = NULL;
+		C.rescap = 0;
+		K(cudaMalloc(&C.dres, cap), "cudaMalloc (results)");
+		K(cudaHostAlloc(&C.hres, cap, 0), "cudaHostAlloc (results)");
+		C.rescap = cap;
+	}
+	K(cudaMemsetAsync(C.dres, 0, bytes, S), "cudaMemsetAsync");
+}
+
+/* Copies the first `bytes` of the results back and waits; under C.mu. */
+static void res_fetch(size_t bytes)
+{
+	K(cudaMemcpyAsync(C.hres, C.dres, bytes, cudaMemcpyDeviceToHost, S), "cudaMemcpyAsync");
+	K(cudaStreamSynchronize(S), "cudaStreamSynchronize");
+}
+
+static void rt_to16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_to16(S, fp16, dst, src, n), "to16");
+}
+
+static void rt_from16(int fp16, float *dst, const uint16_t *src, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_from16(S, fp16, dst, src, n), "from16");
+}
+
+static void rt_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_acc16(S, fp16, dst, src, n), "acc16");
+}
+
+static int rt_bf16_exact(uint16_t *dst, const float *x, size_t n)
+{
+	if (!n)
+		return 1;
+	pthread_mutex_lock(&C.mu);
+	res_need(sizeof(unsigned));
+	K(hpu__cuda_k_bf16_exact(S, dst, x, n, C.dres), "bf16_exact");
+	res_fetch(sizeof(unsigned));
+	int exact = *(unsigned *)C.hres == 0;
+	pthread_mutex_unlock(&C.mu);
+	return exact;
+}
+
+static void rt_bf16_expand(float *dst, const uint16_t *src, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_bf16_expand(S, dst, src, n), "bf16_expand");
+}
+
+static void rt_add(float *dst, const float *src, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_add(S, dst, src, n), "add");
+}
+
+static void rt_add_scalar(float *dst, float v, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_add_scalar(S, dst, v, n), "add_scalar");
+}
+
+/* device_ops.c's sumsq: the blocks' sums from the device, added here in
+ * their order, then the rest's. */
+static double rt_sumsq(const float *g, size_t n)
+{
+	size_t nb = n / 256;
+	pthread_mutex_lock(&C.mu);
+	res_need((nb + 1) * sizeof(double));
+	K(hpu__cuda_k_sumsq_parts(S, g, n, C.dres), "sumsq");
+	res_fetch((nb + 1) * sizeof(double));
+	const double *part = C.hres;
+	double total = 0.0;
+	for (size_t b = 0; b < nb; b++)
+		total += part[b];
+	total += part[nb];
+	pthread_mutex_unlock(&C.mu);
+	return total;
+}
+
+static double rt_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			 size_t chunk)
+{
+	for (size_t i = 0; i < n; i += chunk) {
+		size_t c = n - i < chunk ? n - i : chunk;
+		rt_from16(fp16, scratch, g + i, c);
+		acc += rt_sumsq(scratch, c);
+	}
+	return acc;
+}
+
+static int flag_op(int which, int fp16, const void *g, size_t n)
+{
+	if (!n)
+		return 0;
+	pthread_mutex_lock(&C.mu);
+	res_need(sizeof(unsigned));
+	if (which == 0)
+		K(hpu__cuda_k_nonfinite(S, g, n, C.dres), "nonfinite");
+	else
+		K(hpu__cuda_k_nonfinite16(S, fp16, g, n, C.dres), "nonfinite16");
+	res_fetch(sizeof(unsigned));
+	int bad = *(unsigned *)C.hres != 0;
+	pthread_mutex_unlock(&C.mu);
+	return bad;
+}
+
+static int rt_nonfinite(const float *g, size_t n)
+{
+	return flag_op(0, 0, g, n);
+}
+
+static int rt_nonfinite16(int fp16, const uint16_t *g, size_t n)
+{
+	return flag_op(1, fp16, g, n);
+}
+
+static long count_op(int is16, const void *v, size_t n)
+{
+	if (!n)
+		return 0;
+	pthread_mutex_lock(&C.mu);
+	res_need(sizeof(unsigned long long));
+	if (is16)
+		K(hpu__cuda_k_count_nonfinite16(S, v, n, C.dres), "count_nonfinite16");
+	else
+		K(hpu__cuda_k_count_nonfinite(S, v, n, C.dres), "count_nonfinite");
+	res_fetch(sizeof(unsigned long long));
+	long k = (long)*(unsigned long long *)C.hres;
+	pthread_mutex_unlock(&C.mu);
+	return k;
+}
+
+static long rt_count_nonfinite(const float *v, size_t n)
+{
+	return count_op(0, v, n);
+}
+
+static long rt_count_nonfinite16(const uint16_t *v, size_t n)
+{
+	return count_op(1, v, n);
+}
+
+static void rt_optim(const hpu__dev_optim *o, float *p, const float *g, float *m, float *v,
+		     size_t n)
+{
+	hpu__cuda_optk k = hpu__cuda_optk_of(o);
+	if (n)
+		K(hpu__cuda_k_optim(S, &k, p, g, NULL, 0, NULL, m, v, n), "optim");
+}
+
+/* The gradients widened in the kernel itself: the scratch is not needed
+ * (each element's arithmetic is the CPU's, chunked or not). */
+static void rt_optim16(const hpu__dev_optim *o, int fp16, float *p, const uint16_t *g16,
+		       uint16_t *p16, float *m, float *v, size_t n, float *scratch, size_t chunk)
+{
+	(void)scratch;
+	(void)chunk;
+	hpu__cuda_optk k = hpu__cuda_optk_of(o);
+	if (n)
+		K(hpu__cuda_k_optim(S, &k, p, NULL, g16, fp16, p16, m, v, n), "optim16");
+}
+
+static const hpu__dev_rtops rtops = {
+    .to16 = rt_to16,
+    .from16 = rt_from16,
+    .acc16 = rt_acc16,
+    .bf16_exact = rt_bf16_exact,
+    .bf16_expand = rt_bf16_expand,
+    .add = rt_add,
+    .add_scalar = rt_add_scalar,
+    .sumsq = rt_sumsq,
+    .sumsq16 = rt_sumsq16,
+    .nonfinite = rt_nonfinite,
+    .nonfinite16 = rt_nonfinite16,
+    .count_nonfinite = rt_count_nonfinite,
+    .count_nonfinite16 = rt_count_nonfinite16,
+    .optim = rt_optim,
+    .optim16 = rt_optim16,
+};
+
+/* ---- the tables and the entries ---- */
+
+#define CUDA_MEMBERS                                                                               \
+	.name = "cuda", .enter = cuda_enter, .teardown = cuda_teardown, .caps = cuda_caps, .copy = cuda_copy,           \
+	.fill = cuda_fill, .record = cuda_record, .wait = cuda_wait,                               \
+	.host_alloc = cuda_host_alloc, .host_free = cuda_host_free, .ops = cuda_ops,               \
+	.rt = &rtops, .owns = cuda_owns, .backing = &backing, .queue_new = cuda_queue_new,         \
+	.queue_free = cuda_queue_free
+
+static const hpu__device dev_full = {.setup = cuda_setup, CUDA_MEMBERS};
+static const hpu__device dev_core = {.setup = setup_core, CUDA_MEMBERS};
+
+static int visible(char *err, size_t errlen)
+{
+	int count = 0;
+	cudaError_t e = cudaGetDeviceCount(&count);
+	if (e != cudaSuccess) {
+		snprintf(err, errlen, "%s", cudaGetErrorString(e));
+		cudaGetLastError();
+		return 0;
+	}
+	if (count <= 0)
+		snprintf(err, errlen, "cudaGetDeviceCount found none");
+	return count;
+}
+
+/* The device (worker/device/device.h's HPU__CUDA_ENTRY). */
+__attribute__((visibility("default"))) const hpu__device *
+hpu_cuda_device_v1(int *ngpus, char *err, size_t errlen)
+{
+	*ngpus = visible(err, errlen);
+	return &dev_full;
+}
+
+/* The device without its kernel table, whose setup needs none: for
+ * tests of memory, copies, events and the runtime ops
+ * (tests/unit/test_cuda_device.c). */
+__attribute__((visibility("default"))) const hpu__device *
+hpu_cuda_device_core_v1(int *ngpus, char *err, size_t errlen)
+{
+	*ngpus = visible(err, errlen);
+	return &dev_core;
+}

@@ -1,0 +1,26 @@
+/* cuda_device: what the CUDA device's files share inside the module
+ * hpudev_cuda.so (the kernels of worker/cuda/ops among them): the compute
+ * stream every op runs on, and the one way a CUDA error ends the worker.
+ * Internal to worker/cuda. */
+#ifndef HPU_CUDA_DEVICE_H
+#define HPU_CUDA_DEVICE_H
+
+#include <cuda_runtime_api.h>
+
+/* Makes the worker's GPU the calling thread's current device (CUDA's is
+ * per thread), once per thread; every entry of the module calls it. */
+void hpu__cuda_bind(void);
+
+/* The compute stream of the device set up (NULL queue), the calling
+ * thread bound to its GPU; 0 before setup. */
+cudaStream_t hpu__cuda_stream(void);
+
+/* The CUDA device index the worker drives; -1 before setup. */
+int hpu__cuda_device_index(void);
+
+/* Where `e` is an error: prints one line naming the rank, `what` and
+ * CUDA's text on stderr and exits with status 1 (a CUDA error leaves the
+ * context unusable: the launcher reports the rank's failure). */
+void hpu__cuda_check(cudaError_t e, const char *what);
+
+#endif

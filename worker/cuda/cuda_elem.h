@@ -1,0 +1,231 @@
+/* cuda_elem: the runtime ops' arithmetic on one element, written once
+ * for the kernels (cuda_rt.cu, nvcc: every operation an explicitly
+ * rounded intrinsic, no FMA) and for plain C (gcc with -ffp-contract=off:
+ * the same IEEE operations), so that a test on any machine
+ * (tests/unit/test_cuda_elem.c) holds the kernels' arithmetic against
+ * device_ops.c's bit for bit; only the execution on a GPU is left to
+ * test_cuda_device. The conversions are common/lowp.h's, the sums of
+ * squares device_ops.c's blocks, the optimizers its sgd_step and
+ * adam_pass, operation for operation. Internal to worker/cuda. */
+#ifndef HPU_CUDA_ELEM_H
+#define HPU_CUDA_ELEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define HPU_ELEM __device__ static inline
+#define E_ADD(a, b) __fadd_rn(a, b)
+#define E_SUB(a, b) __fsub_rn(a, b)
+#define E_MUL(a, b) __fmul_rn(a, b)
+#define E_DIV(a, b) __fdiv_rn(a, b)
+#define E_SQRT(a) __fsqrt_rn(a)
+#define E_DADD(a, b) __dadd_rn(a, b)
+#define E_DMUL(a, b) __dmul_rn(a, b)
+#define E_BITS(f) __float_as_uint(f)
+#define E_FLOAT(u) __uint_as_float(u)
+#else
+#include <math.h>
+#include <string.h>
+#define HPU_ELEM static inline
+#define E_ADD(a, b) ((a) + (b))
+#define E_SUB(a, b) ((a) - (b))
+#define E_MUL(a, b) ((a) * (b))
+#define E_DIV(a, b) ((a) / (b))
+#define E_SQRT(a) sqrtf(a)
+#define E_DADD(a, b) ((a) + (b))
+#define E_DMUL(a, b) ((a) * (b))
+#define E_BITS(f) hpu__elem_bits(f)
+#define E_FLOAT(u) hpu__elem_float(u)
+static inline uint32_t hpu__elem_bits(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+static inline float hpu__elem_float(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+#endif
+
+#define HPU_SUMSQ_LANES 16
+#define HPU_SUMSQ_BLOCK 256
+
+/* The scalars of one SGD or Adam/AdamW pass, as device_ops.c computes
+ * them on the host (double, rounded once): hpu__cuda_optk_of. */
+typedef struct hpu__cuda_optk {
+	int adam;         /* 0: SGD */
+	int l2;           /* Adam: g += wd*p; AdamW: p *= decay */
+	float lr, mu, wd; /* SGD (wd: Adam's too) */
+	int first, nesterov;
+	float b1, b2, c1, c2, decay, step, inv_sqrt_bc2, eps; /* Adam */
+	float gscale;
+} hpu__cuda_optk;
+
+/* ---- common/lowp.h ---- */
+
+HPU_ELEM uint16_t hpu__elem_to_bf16(float f)
+{
+	uint32_t x = E_BITS(f);
+	uint32_t r = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;
+	uint32_t q = (x >> 16) | 0x40;
+	return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+HPU_ELEM uint16_t hpu__elem_to_fp16(float f)
+{
+	uint32_t x = E_BITS(f), ax = x & 0x7fffffffu;
+	uint32_t sign = (x >> 16) & 0x8000u;
+	uint32_t norm = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1)) >> 13;
+	uint32_t sub = E_BITS(E_ADD(E_FLOAT(ax), 0.5f)) - 0x3f000000u;
+	uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu);
+	uint32_t big = ax > 0x7f800000u ? nan : 0x7c00u;
+	uint32_t r = ax < 0x38800000u ? sub : ax < 0x47800000u ? norm : big;
+	return (uint16_t)(sign | r);
+}
+
+HPU_ELEM float hpu__elem_from_bf16(uint16_t h)
+{
+	return E_FLOAT((uint32_t)h << 16);
+}
+
+HPU_ELEM float hpu__elem_from_fp16(uint16_t h)
+{
+	uint32_t u = (uint32_t)(h & 0x7fffu) << 13;
+	uint32_t e = u & 0x0f800000u;
+	uint32_t norm = u + (112u << 23);
+	uint32_t big = (norm + (112u << 23)) | (u > 0x0f800000u ? 0x400000u : 0);
+	uint32_t sub = E_BITS(E_SUB(E_FLOAT(u + (113u << 23)), 0x1p-14f));
+	uint32_t r = e == 0 ? sub : e == 0x0f800000u ? big : norm;
+	return E_FLOAT(r | (uint32_t)(h & 0x8000u) << 16);
+}
+
+HPU_ELEM uint16_t hpu__elem_to16(int fp16, float f)
+{
+	return fp16 ? hpu__elem_to_fp16(f) : hpu__elem_to_bf16(f);
+}
+
+HPU_ELEM float hpu__elem_from16(int fp16, uint16_t h)
+{
+	return fp16 ? hpu__elem_from_fp16(h) : hpu__elem_from_bf16(h);
+}
+
+/* device_ops.c's acc16: the 16-bit rounding of d + s (an fp32 sum). */
+HPU_ELEM uint16_t hpu__elem_acc16(int fp16, uint16_t d, float s)
+{
+	return hpu__elem_to16(fp16, E_ADD(hpu__elem_from16(fp16, d), s));
+}
+
+HPU_ELEM int hpu__elem_nonfinite(float f)
+{
+	return (E_BITS(f) & 0x7f800000u) == 0x7f800000u;
+}
+
+/* ---- sums of squares: device_ops.c's sumsq, block by block ---- */
+
+HPU_ELEM double hpu__elem_sumsq_double(const float *g, size_t n)
+{
+	double s = 0.0;
+	for (size_t i = 0; i < n; i++)
+		s = E_DADD(s, E_DMUL((double)g[i], (double)g[i]));
+	return s;
+}
+
+HPU_ELEM float hpu__elem_sumsq_block(const float *g)
+{
+	float acc[HPU_SUMSQ_LANES];
+	for (int l = 0; l < HPU_SUMSQ_LANES; l++)
+		acc[l] = 0.0f;
+	for (int j = 0; j < HPU_SUMSQ_BLOCK; j += HPU_SUMSQ_LANES)
+		for (int l = 0; l < HPU_SUMSQ_LANES; l++)
+			acc[l] = E_ADD(acc[l], E_MUL(g[j + l], g[j + l]));
+	for (int w = HPU_SUMSQ_LANES / 2; w > 0; w /= 2)
+		for (int l = 0; l < w; l++)
+			acc[l] = E_ADD(acc[l], acc[l + w]);
+	return acc[0];
+}
+
+/* Part b of g[n]'s sum of squares: block b's (b < n / 256; redone in
+ * double where its fp32 sum is not finite), or the rest's (b = n / 256).
+ * The sum is the parts added in order, the rest's last. */
+HPU_ELEM double hpu__elem_sumsq_part(const float *g, size_t n, size_t b)
+{
+	size_t nb = n / HPU_SUMSQ_BLOCK;
+	const float *x = g + b * HPU_SUMSQ_BLOCK;
+	if (b == nb)
+		return hpu__elem_sumsq_double(x, n - nb * HPU_SUMSQ_BLOCK);
+	float s = hpu__elem_sumsq_block(x);
+	return !hpu__elem_nonfinite(s) ? (double)s : hpu__elem_sumsq_double(x, HPU_SUMSQ_BLOCK);
+}
+
+/* ---- the optimizers: one element ---- */
+
+/* device_ops.c's sgd_step; buf: the momentum (NULL without). */
+HPU_ELEM float hpu__elem_sgd(const hpu__cuda_optk *k, float p, float gi, float *buf)
+{
+	if (k->mu == 0.0f)
+		return E_SUB(p, E_MUL(k->lr, E_ADD(gi, E_MUL(k->wd, p))));
+	float d = E_ADD(gi, E_MUL(k->wd, p));
+	float b = k->first ? d : E_ADD(E_MUL(k->mu, *buf), d);
+	*buf = b;
+	d = k->nesterov ? E_ADD(d, E_MUL(k->mu, b)) : b;
+	return E_SUB(p, E_MUL(k->lr, d));
+}
+
+/* device_ops.c's adam_pass. */
+HPU_ELEM float hpu__elem_adam(const hpu__cuda_optk *k, float p, float gi, float *m, float *v)
+{
+	if (k->l2)
+		gi = E_ADD(gi, E_MUL(k->wd, p));
+	float mi = E_ADD(E_MUL(k->b1, *m), E_MUL(k->c1, gi));
+	float vi = E_ADD(E_MUL(k->b2, *v), E_MUL(E_MUL(k->c2, gi), gi));
+	*m = mi;
+	*v = vi;
+	float pi = k->l2 ? p : E_MUL(p, k->decay);
+	float den = E_ADD(E_MUL(E_SQRT(vi), k->inv_sqrt_bc2), k->eps);
+	return E_SUB(pi, E_DIV(E_MUL(k->step, mi), den));
+}
+
+/* One parameter's step from its raw gradient gr (scaled here). */
+HPU_ELEM float hpu__elem_optim(const hpu__cuda_optk *k, float p, float gr, float *m, float *v)
+{
+	float gi = E_MUL(k->gscale, gr);
+	return k->adam ? hpu__elem_adam(k, p, gi, m, v) : hpu__elem_sgd(k, p, gi, m);
+}
+
+#ifndef __CUDACC__
+#include "worker/device/device.h"
+
+/* device_ops.c's scalars of one step, computed the same way (host). */
+static inline hpu__cuda_optk hpu__cuda_optk_of(const hpu__dev_optim *o)
+{
+	hpu__cuda_optk k = {.gscale = o->gscale};
+	if (o->kind == HPU__DEV_SGD) {
+		k.lr = (float)o->lr;
+		k.mu = (float)o->momentum;
+		k.wd = (float)o->weight_decay;
+		k.first = o->t == 1;
+		k.nesterov = o->nesterov;
+		return k;
+	}
+	const int l2 = o->kind == HPU__DEV_ADAM;
+	const double t = (double)o->t, lr = o->lr;
+	k.adam = 1;
+	k.l2 = l2;
+	k.b1 = (float)o->beta1;
+	k.b2 = (float)o->beta2;
+	k.c1 = (float)(1.0 - o->beta1);
+	k.c2 = (float)(1.0 - o->beta2);
+	k.decay = l2 ? 1.0f : (float)(1.0 - lr * o->weight_decay);
+	k.wd = l2 ? (float)o->weight_decay : 0.0f;
+	k.step = (float)(lr / (1.0 - pow(o->beta1, t)));
+	k.inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(o->beta2, t)));
+	k.eps = (float)o->eps;
+	return k;
+}
+#endif
+
+#endif

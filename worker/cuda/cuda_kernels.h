@@ -1,0 +1,56 @@
+/* cuda_kernels: the runtime ops' kernels (cuda_rt.cu), launched on a
+ * stream, behind a C interface of plain types so that the device's C
+ * code (cuda_device.c) needs no CUDA C++. Their arithmetic is
+ * cuda_elem.h's, which rounds as worker/device/device_ops.c does.
+ * Pointers are device memory. Internal to worker/cuda. */
+#ifndef HPU_CUDA_KERNELS_H
+#define HPU_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "worker/cuda/cuda_elem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+
+cudaError_t hpu__cuda_k_to16(cudaStream_t s, int fp16, uint16_t *dst, const float *src, size_t n);
+cudaError_t hpu__cuda_k_from16(cudaStream_t s, int fp16, float *dst, const uint16_t *src,
+			       size_t n);
+cudaError_t hpu__cuda_k_acc16(cudaStream_t s, int fp16, uint16_t *dst, const float *src,
+			      size_t n);
+/* flag[0] |= 1 where some x[k] is not a bf16 value */
+cudaError_t hpu__cuda_k_bf16_exact(cudaStream_t s, uint16_t *dst, const float *x, size_t n,
+				   unsigned *flag);
+cudaError_t hpu__cuda_k_bf16_expand(cudaStream_t s, float *dst, const uint16_t *src, size_t n);
+cudaError_t hpu__cuda_k_add(cudaStream_t s, float *dst, const float *src, size_t n);
+cudaError_t hpu__cuda_k_add_scalar(cudaStream_t s, float *dst, float v, size_t n);
+/* part[b] = block b's sum of squares (n / 256 blocks, fp32 in 16 lanes
+ * summed pairwise, redone in double where not finite), part[n / 256] the
+ * rest's in double: the host adds them in order. */
+cudaError_t hpu__cuda_k_sumsq_parts(cudaStream_t s, const float *g, size_t n, double *part);
+/* flag[0] |= 1 for an Inf or NaN */
+cudaError_t hpu__cuda_k_nonfinite(cudaStream_t s, const float *g, size_t n, unsigned *flag);
+cudaError_t hpu__cuda_k_nonfinite16(cudaStream_t s, int fp16, const uint16_t *g, size_t n,
+				    unsigned *flag);
+/* cnt[0] += the Inf and NaN */
+cudaError_t hpu__cuda_k_count_nonfinite(cudaStream_t s, const float *v, size_t n,
+					unsigned long long *cnt);
+cudaError_t hpu__cuda_k_count_nonfinite16(cudaStream_t s, const uint16_t *v, size_t n,
+					  unsigned long long *cnt);
+/* One optimizer pass. g16 != NULL: the gradients are 16-bit (fp16 picks
+ * the type) and g is not read; p16 != NULL: p's rounding is stored there
+ * too. m, v: NULL where the optimizer keeps none. */
+cudaError_t hpu__cuda_k_optim(cudaStream_t s, const hpu__cuda_optk *k, float *p, const float *g,
+			      const uint16_t *g16, int fp16, uint16_t *p16, float *m, float *v,
+			      size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

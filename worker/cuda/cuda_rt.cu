@@ -1,0 +1,213 @@
+/* cuda_rt: the runtime ops' kernels (cuda_kernels.h). Each is a grid-
+ * stride loop over size_t indices around cuda_elem.h's arithmetic on one
+ * element (compiled with --fmad=false besides). */
+#include "worker/cuda/cuda_kernels.h"
+
+#define THREADS 256
+#define MAX_BLOCKS 65535u
+
+static unsigned blocks_for(size_t n)
+{
+	size_t b = (n + THREADS - 1) / THREADS;
+	return b == 0 ? 1u : b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
+}
+
+#define FOR_EACH(i, n)                                                                             \
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
+	     i += (size_t)blockDim.x * gridDim.x)
+
+/* ---- casts and sums ---- */
+
+__global__ static void k_to16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	FOR_EACH(i, n)
+	dst[i] = hpu__elem_to16(fp16, src[i]);
+}
+
+__global__ static void k_from16(int fp16, float *dst, const uint16_t *src, size_t n)
+{
+	FOR_EACH(i, n)
+	dst[i] = hpu__elem_from16(fp16, src[i]);
+}
+
+__global__ static void k_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	FOR_EACH(i, n)
+	dst[i] = hpu__elem_acc16(fp16, dst[i], src[i]);
+}
+
+__global__ static void k_bf16_exact(uint16_t *dst, const float *x, size_t n, unsigned *flag)
+{
+	unsigned off = 0;
+	FOR_EACH(i, n)
+	{
+		uint32_t v = __float_as_uint(x[i]);
+		off |= v & 0xffffu;
+		dst[i] = (uint16_t)(v >> 16);
+	}
+	if (off)
+		atomicOr(flag, 1u);
+}
+
+__global__ static void k_bf16_expand(float *dst, const uint16_t *src, size_t n)
+{
+	FOR_EACH(i, n)
+	dst[i] = hpu__elem_from_bf16(src[i]);
+}
+
+__global__ static void k_add(float *dst, const float *src, size_t n)
+{
+	FOR_EACH(i, n)
+	dst[i] = __fadd_rn(dst[i], src[i]);
+}
+
+__global__ static void k_add_scalar(float *dst, float v, size_t n)
+{
+	FOR_EACH(i, n)
+	dst[i] = __fadd_rn(dst[i], v);
+}
+
+/* ---- sums of squares: device_ops.c's blocks, one thread each ---- */
+
+__global__ static void k_sumsq_parts(const float *g, size_t n, double *part)
+{
+	FOR_EACH(b, n / HPU_SUMSQ_BLOCK + 1)
+	part[b] = hpu__elem_sumsq_part(g, n, b);
+}
+
+/* ---- checks ---- */
+
+__global__ static void k_nonfinite(const float *g, size_t n, unsigned *flag)
+{
+	unsigned bad = 0;
+	FOR_EACH(i, n)
+	bad |= hpu__elem_nonfinite(g[i]);
+	if (bad)
+		atomicOr(flag, 1u);
+}
+
+__global__ static void k_nonfinite16(int fp16, const uint16_t *h, size_t n, unsigned *flag)
+{
+	const uint16_t mask = fp16 ? 0x7c00 : 0x7f80;
+	unsigned bad = 0;
+	FOR_EACH(i, n)
+	bad |= (h[i] & mask) == mask;
+	if (bad)
+		atomicOr(flag, 1u);
+}
+
+__global__ static void k_count_nonfinite(const float *v, size_t n, unsigned long long *cnt)
+{
+	unsigned long long k = 0;
+	FOR_EACH(i, n)
+	k += hpu__elem_nonfinite(v[i]);
+	if (k)
+		atomicAdd(cnt, k);
+}
+
+__global__ static void k_count_nonfinite16(const uint16_t *v, size_t n, unsigned long long *cnt)
+{
+	unsigned long long k = 0;
+	FOR_EACH(i, n)
+	k += (v[i] & 0x7f80u) == 0x7f80u;
+	if (k)
+		atomicAdd(cnt, k);
+}
+
+/* ---- the optimizers ---- */
+
+__global__ static void k_optim(hpu__cuda_optk k, float *p, const float *g, const uint16_t *g16,
+			       int fp16, uint16_t *p16, float *m, float *v, size_t n)
+{
+	FOR_EACH(i, n)
+	{
+		float gr = g16 ? hpu__elem_from16(fp16, g16[i]) : g[i];
+		float r = hpu__elem_optim(&k, p[i], gr, m ? m + i : nullptr, v ? v + i : nullptr);
+		p[i] = r;
+		if (p16)
+			p16[i] = hpu__elem_to16(fp16, r);
+	}
+}
+
+/* ---- launches ---- */
+
+#define LAUNCH(kernel, n, s, ...)                                                                  \
+	do {                                                                                       \
+		kernel<<<blocks_for(n), THREADS, 0, s>>>(__VA_ARGS__);                             \
+		return cudaGetLastError();                                                         \
+	} while (0)
+
+extern "C" {
+
+cudaError_t hpu__cuda_k_to16(cudaStream_t s, int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	LAUNCH(k_to16, n, s, fp16, dst, src, n);
+}
+
+cudaError_t hpu__cuda_k_from16(cudaStream_t s, int fp16, float *dst, const uint16_t *src,
+			       size_t n)
+{
+	LAUNCH(k_from16, n, s, fp16, dst, src, n);
+}
+
+cudaError_t hpu__cuda_k_acc16(cudaStream_t s, int fp16, uint16_t *dst, const float *src, size_t n)
+{
+	LAUNCH(k_acc16, n, s, fp16, dst, src, n);
+}
+
+cudaError_t hpu__cuda_k_bf16_exact(cudaStream_t s, uint16_t *dst, const float *x, size_t n,
+				   unsigned *flag)
+{
+	LAUNCH(k_bf16_exact, n, s, dst, x, n, flag);
+}
+
+cudaError_t hpu__cuda_k_bf16_expand(cudaStream_t s, float *dst, const uint16_t *src, size_t n)
+{
+	LAUNCH(k_bf16_expand, n, s, dst, src, n);
+}
+
+cudaError_t hpu__cuda_k_add(cudaStream_t s, float *dst, const float *src, size_t n)
+{
+	LAUNCH(k_add, n, s, dst, src, n);
+}
+
+cudaError_t hpu__cuda_k_add_scalar(cudaStream_t s, float *dst, float v, size_t n)
+{
+	LAUNCH(k_add_scalar, n, s, dst, v, n);
+}
+
+cudaError_t hpu__cuda_k_sumsq_parts(cudaStream_t s, const float *g, size_t n, double *part)
+{
+	LAUNCH(k_sumsq_parts, n / HPU_SUMSQ_BLOCK + 1, s, g, n, part);
+}
+
+cudaError_t hpu__cuda_k_nonfinite(cudaStream_t s, const float *g, size_t n, unsigned *flag)
+{
+	LAUNCH(k_nonfinite, n, s, g, n, flag);
+}
+
+cudaError_t hpu__cuda_k_nonfinite16(cudaStream_t s, int fp16, const uint16_t *g, size_t n,
+				    unsigned *flag)
+{
+	LAUNCH(k_nonfinite16, n, s, fp16, g, n, flag);
+}
+
+cudaError_t hpu__cuda_k_count_nonfinite(cudaStream_t s, const float *v, size_t n,
+					unsigned long long *cnt)
+{
+	LAUNCH(k_count_nonfinite, n, s, v, n, cnt);
+}
+
+cudaError_t hpu__cuda_k_count_nonfinite16(cudaStream_t s, const uint16_t *v, size_t n,
+					  unsigned long long *cnt)
+{
+	LAUNCH(k_count_nonfinite16, n, s, v, n, cnt);
+}
+
+cudaError_t hpu__cuda_k_optim(cudaStream_t s, const hpu__cuda_optk *k, float *p, const float *g,
+			      const uint16_t *g16, int fp16, uint16_t *p16, float *m, float *v,
+			      size_t n)
+{
+	LAUNCH(k_optim, n, s, *k, p, g, g16, fp16, p16, m, v, n);
+}
+}
