@@ -74,7 +74,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	for (int i = 1; i <= depth; i++) {
 		snprintf(name, sizeof name, "fc%d", i);
 		snprintf(h, sizeof h, "h%d", i);
-		hpu_layer *fc = hpu_linear(b, name, x, h, hidden, 1);
+		hpu_layer *fc = hpu_linear(b, name, x, h, (hpu_linear_opts){.out = hidden, .bias = true});
 		snprintf(name, sizeof name, "relu%d", i);
 		snprintf(x, sizeof x, "a%d", i);
 		hpu_layer *relu = fc ? hpu_relu(b, name, h, x) : NULL;
@@ -84,7 +84,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		hpu_layer_checkpoint(relu, ckpt);
 	}
 	snprintf(name, sizeof name, "fc%ld", depth + 1);
-	if (!hpu_linear(b, name, x, "logits", CLASSES, 1) ||
+	if (!hpu_linear(b, name, x, "logits", (hpu_linear_opts){.out = CLASSES, .bias = true}) ||
 	    !hpu_cross_entropy(b, "xent", "logits,label", "loss") ||
 	    !hpu_accuracy(b, "acc", "logits,label", "correct") ||
 	    hpu_loss_add(b, "loss", 1.0f) < 0 || hpu_metric_add(b, "accuracy", "correct") < 0)

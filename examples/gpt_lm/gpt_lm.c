@@ -129,16 +129,16 @@ static int block(hpu_builder *b, const lm *m, int n, const char *x, char *y)
 	char in[2 * HPU_NAME_MAX];
 	float p = (float)m->a.dropout;
 	snprintf(y, NAME_LEN, "h%d.res2", n);
-	LAYER(hpu_layernorm(b, ln1, x, ln1, LN_EPS));
-	LAYER(hpu_attention(b, attn, ln1, attn, (int)m->a.heads, 1));
-	LAYER(hpu_dropout(b, drop1, attn, drop1, p));
+	LAYER(hpu_layernorm(b, ln1, x, ln1, (hpu_layernorm_opts){.eps = LN_EPS}));
+	LAYER(hpu_attention(b, attn, ln1, attn, (hpu_attention_opts){.heads = (int)m->a.heads, .causal = true}));
+	LAYER(hpu_dropout(b, drop1, attn, drop1, (hpu_dropout_opts){.p = p}));
 	snprintf(in, sizeof in, "%s,%s", x, drop1);
 	LAYER(hpu_add(b, res1, in, res1));
-	LAYER(hpu_layernorm(b, ln2, res1, ln2, LN_EPS));
-	LAYER(hpu_linear(b, fc1, ln2, fc1, 4 * (int64_t)m->a.d, 1));
+	LAYER(hpu_layernorm(b, ln2, res1, ln2, (hpu_layernorm_opts){.eps = LN_EPS}));
+	LAYER(hpu_linear(b, fc1, ln2, fc1, (hpu_linear_opts){.out = 4 * (int64_t)m->a.d, .bias = true}));
 	LAYER(hpu_gelu(b, gelu, fc1, gelu));
-	LAYER(hpu_linear(b, fc2, gelu, fc2, (int64_t)m->a.d, 1));
-	LAYER(hpu_dropout(b, drop2, fc2, drop2, p));
+	LAYER(hpu_linear(b, fc2, gelu, fc2, (hpu_linear_opts){.out = (int64_t)m->a.d, .bias = true}));
+	LAYER(hpu_dropout(b, drop2, fc2, drop2, (hpu_dropout_opts){.p = p}));
 	snprintf(in, sizeof in, "%s,%s", res1, drop2);
 	LAYER(hpu_add(b, y, in, y));
 	return 0;
@@ -150,8 +150,8 @@ static int declare(hpu_builder *b, const lm *m)
 	/* GPT-2's N(0, 0.02) tables, not torch's N(0, 1): position vectors
 	 * that large drown the tokens', and the head tied to the token table
 	 * would start with logits of size sqrt(D) */
-	if (!hpu_embedding(b, "wte", "tokens", "wte", m->text.vocab, (int64_t)m->a.d) ||
-	    !hpu_embedding(b, "wpe", "pos", "wpe", (int64_t)m->a.t, (int64_t)m->a.d) ||
+	if (!hpu_embedding(b, "wte", "tokens", "wte", (hpu_embedding_opts){.vocab = m->text.vocab, .dim = (int64_t)m->a.d}) ||
+	    !hpu_embedding(b, "wpe", "pos", "wpe", (hpu_embedding_opts){.vocab = (int64_t)m->a.t, .dim = (int64_t)m->a.d}) ||
 	    hpu_param_init(b, "wte.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
 	    hpu_param_init(b, "wpe.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
 	    !hpu_add(b, "emb", "wte,wpe", "emb"))
@@ -161,8 +161,8 @@ static int declare(hpu_builder *b, const lm *m)
 			return -1;
 		memcpy(x, y, sizeof x);
 	}
-	if (!hpu_layernorm(b, "ln_f", x, "ln_f", LN_EPS) ||
-	    !hpu_linear_tied(b, "head", "ln_f", "logits", "wte.weight", 0) ||
+	if (!hpu_layernorm(b, "ln_f", x, "ln_f", (hpu_layernorm_opts){.eps = LN_EPS}) ||
+	    !hpu_linear_tied(b, "head", "ln_f", "logits", (hpu_linear_tied_opts){.weight = "wte.weight"}) ||
 	    !hpu_cross_entropy(b, "xent", "logits,targets", "xent"))
 		return -1;
 	return hpu_loss_add(b, "xent", 1.0f);

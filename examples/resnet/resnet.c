@@ -50,7 +50,7 @@
 
 /* Batch norm `name` of tensor `in`, its running statistics averaged
  * over the ranks after every step. */
-#define BN(name, in) hpu_batchnorm(b, name, in, name, BN_EPS, BN_MOMENTUM, HPU_BUFFER_MEAN)
+#define BN(name, in) hpu_batchnorm(b, name, in, name, (hpu_batchnorm_opts){.eps = BN_EPS, .momentum = BN_MOMENTUM, .sync = HPU_BUFFER_MEAN})
 
 /* Each layer writes the tensor of its own name, "<block>.<part>" (block
  * names are "s<stage>.b<k>", well under 16 bytes). */
@@ -65,14 +65,14 @@ static int block(hpu_builder *b, const char *p, const char *x, char *y, int widt
 	hpu_tensor xi;
 	TRY(hpu_tensor_info(b, x, &xi) == HPU_OK);
 	snprintf(y, NAME_LEN, "%.16s.out", p);
-	TRY(hpu_conv2d(b, conv1, x, conv1, width, 3, stride, 1, 0));
+	TRY(hpu_conv2d(b, conv1, x, conv1, (hpu_conv2d_opts){.out = width, .kernel = 3, .stride = stride, .pad = 1}));
 	TRY(BN(bn1, conv1));
 	TRY(hpu_relu(b, relu1, bn1, relu1));
-	TRY(hpu_conv2d(b, conv2, relu1, conv2, width, 3, 1, 1, 0));
+	TRY(hpu_conv2d(b, conv2, relu1, conv2, (hpu_conv2d_opts){.out = width, .kernel = 3, .stride = 1, .pad = 1}));
 	TRY(BN(bn2, conv2));
 	const char *skip = x;
 	if (stride != 1 || xi.shape[0] != width) {
-		TRY(hpu_conv2d(b, proj, x, proj, width, 1, stride, 0, 0));
+		TRY(hpu_conv2d(b, proj, x, proj, (hpu_conv2d_opts){.out = width, .kernel = 1, .stride = stride, .pad = 0}));
 		TRY(BN(proj_bn, proj));
 		skip = proj_bn;
 	}
@@ -85,7 +85,7 @@ static int block(hpu_builder *b, const char *p, const char *x, char *y, int widt
 static int declare(hpu_builder *b, int width, int blocks)
 {
 	char x[NAME_LEN] = "stem", y[NAME_LEN], p[NAME_LEN];
-	TRY(hpu_conv2d(b, "stem.conv", "image", "stem.conv", width, 3, 1, 1, 0));
+	TRY(hpu_conv2d(b, "stem.conv", "image", "stem.conv", (hpu_conv2d_opts){.out = width, .kernel = 3, .stride = 1, .pad = 1}));
 	TRY(BN("stem.bn", "stem.conv"));
 	TRY(hpu_relu(b, "stem", "stem.bn", "stem"));
 	for (int s = 0; s < STAGES; s++)
@@ -98,9 +98,9 @@ static int declare(hpu_builder *b, int width, int blocks)
 	hpu_tensor last;
 	TRY(hpu_tensor_info(b, x, &last) == HPU_OK);
 	int side = (int)last.shape[1]; /* 7: the pool covers the whole plane */
-	TRY(hpu_avgpool2d(b, "pool", x, "pool", side, side));
+	TRY(hpu_avgpool2d(b, "pool", x, "pool", (hpu_pool2d_opts){.kernel = side, .stride = side}));
 	TRY(hpu_flatten(b, "flatten", "pool", "flatten"));
-	TRY(hpu_linear(b, "fc", "flatten", "logits", FMNIST_CLASSES, 1));
+	TRY(hpu_linear(b, "fc", "flatten", "logits", (hpu_linear_opts){.out = FMNIST_CLASSES, .bias = true}));
 	TRY(hpu_cross_entropy(b, "xent", "logits,label", "xent"));
 	TRY(hpu_accuracy(b, "correct", "logits,label", "correct"));
 	TRY(hpu_loss_add(b, "xent", 1.0f) == HPU_OK);

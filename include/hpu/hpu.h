@@ -1,5 +1,6 @@
 /* hpu.h: the contract between a model (train.so) and the hputrain runtime,
- * ABI 2.
+ * ABI 3 (the runtime loads ABI 2 models too; their forms, kept for one
+ * version, are marked deprecated and warn on a rebuild).
  *
  * A model is a shared library that exports one symbol, `hpu_model_entry`,
  * an hpu_model whose abi_version is HPU_ABI_VERSION (use HPU_MODEL()).
@@ -36,7 +37,10 @@
 extern "C" {
 #endif
 
-#define HPU_ABI_VERSION 2u
+#define HPU_ABI_VERSION 3u
+/* The oldest ABI version the runtime still loads: ABI 2's forms are kept
+ * one version (deprecated) and go in the version after. */
+#define HPU_ABI_VERSION_MIN 2u
 #define HPU_MODEL_ENTRY_SYMBOL "hpu_model_entry"
 #define HPU_MAX_DIMS 4  /* dimensions of one sample of a tensor */
 #define HPU_MAX_IO 8    /* inputs, outputs of a layer; fields of a sample */
@@ -232,6 +236,19 @@ typedef struct hpu_dataset {
 
 /* ---- layers ---- */
 
+/* Where a custom layer's forward and backward may run. */
+typedef enum hpu_layer_device {
+	HPU_LAYER_ANY_DEVICE = 0, /* the default: the callbacks only call ops
+				   * (<hpu/ops.h>), which run where the
+				   * tensors are, so the layer runs on any
+				   * device (a GPU worker's too) */
+	HPU_LAYER_HOST_ONLY = 1,  /* the callbacks read or write the tensors'
+				   * memory themselves: the runtime stages
+				   * the layer's tensors in host memory.
+				   * Recorded now (and named by --verbose);
+				   * the CPU devices need no staging */
+} hpu_layer_device;
+
 typedef struct hpu_layer_ops {
 	/* Writes out[0 .. nout) from in[0 .. nin) (as declared, in order).
 	 * Return 0, or non-zero after hpu_layer_error(). */
@@ -250,6 +267,10 @@ typedef struct hpu_layer_ops {
 	/* Optional: frees the layer's `user` when the model is unloaded
 	 * (library layers keep their sizes there). */
 	void (*destroy)(void *user);
+	/* ABI 3: where the callbacks may run; left out (0) it is
+	 * HPU_LAYER_ANY_DEVICE. (The runtime reads this field only from ABI
+	 * 3 models: an ABI 2 model's struct ends before it.) */
+	hpu_layer_device device;
 } hpu_layer_ops;
 
 typedef struct hpu_model {
@@ -274,7 +295,25 @@ typedef struct hpu_model {
 	HPU_API const hpu_model hpu_model_entry = {                         \
 		.abi_version = HPU_ABI_VERSION, __VA_ARGS__}
 
-/* --- during setup --- */
+/* --- during setup ---
+ *
+ * Errors are sticky: the first declaration that fails records its error
+ * (naming the layer, tensor or parameter and what was wrong), and from
+ * then on every declaration (hpu_dataset_set, hpu_layer_add and what
+ * follows a layer, the library's layers, hpu_param_init, hpu_loss_add,
+ * hpu_metric_add, the hooks) does nothing and returns the error (NULL
+ * for a layer; the calls taking a layer accept that NULL). A setup
+ * therefore reads top to bottom without checks and ends with
+ *
+ *     return hpu_builder_status(b);
+ *
+ * and the job reports that first error alone. hpu_error() records the
+ * model's own error the same way (the first error wins). Queries
+ * (hpu_tensor_info, hpu_param_shape, hpu_rank, ...) record nothing. */
+
+/* HPU_OK while every declaration so far succeeded; else the first
+ * failure's code (HPU_ERROR for hpu_error()). */
+HPU_API int hpu_builder_status(const hpu_builder *b);
 
 /* Sets a dataset split. The struct is copied (names too); `user` stays
  * the model's. The test split must have the training split's fields.
@@ -289,6 +328,10 @@ HPU_API int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *
  * Once added, ops->destroy (if set) frees `user` at unload. */
 HPU_API hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
 				 const hpu_layer_ops *ops, void *user);
+/* (hpu_layer_output, hpu_param_add, hpu_param_share, hpu_buffer_add,
+ * hpu_layer_memory, hpu_layer_checkpoint and hpu_layer_params_in_ops
+ * take a NULL layer, a failed declaration's, and return HPU_EINVAL or the
+ * builder's first error without recording another.) */
 
 /* Declares the layer's next output: a new tensor named `tensor` with
  * one sample of `shape`. Returns its index, or an error code. */
@@ -377,7 +420,8 @@ HPU_API int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user);
 /* Keeps a pointer that teardown() gets back. */
 HPU_API void hpu_set_user(hpu_builder *b, void *user);
 
-/* Records a setup error (printf format); returns HPU_ERROR (-1). */
+/* Records a setup error (printf format), unless one is recorded already
+ * (the first error wins); returns HPU_ERROR (-1). */
 HPU_API int hpu_error(hpu_builder *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
