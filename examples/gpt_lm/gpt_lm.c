@@ -99,8 +99,7 @@ static int set_data(hpu_builder *b, lm *m)
 			  .fields = {{"tokens", HPU_I32, 1, {(int64_t)t}},
 				     {"targets", HPU_I32, 1, {(int64_t)t}},
 				     {"pos", HPU_I32, 1, {(int64_t)t}}}};
-	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds) < 0)
-		return -1;
+	hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds);
 	ds.size = (nval - 1) / t; /* the last window's targets end the text */
 	ds.user = &m->val;
 	return hpu_dataset_set(b, HPU_SPLIT_TEST, &ds);
@@ -108,64 +107,58 @@ static int set_data(hpu_builder *b, lm *m)
 
 /* ---- the model ---- */
 
-/* Declares a layer-library call's layer, marked for activation
- * checkpointing with --checkpoint; returns -1 from the caller on failure. */
-#define LAYER(call)                                         \
-	do {                                                \
-		hpu_layer *l_ = (call);                     \
-		if (!l_)                                    \
-			return -1;                          \
-		hpu_layer_checkpoint(l_, m->a.ckpt);        \
-	} while (0)
+/* A layer marked for activation checkpointing with --checkpoint. A
+ * failed declaration makes the ones after it do nothing (sticky errors):
+ * setup's hpu_builder_status() reports it, so none is checked here. */
+#define CKPT(call) hpu_layer_checkpoint((call), m->a.ckpt)
 
 /* Block n: the tensor y = block(x). Each layer writes the tensor of its
  * own name, "h<n>.<part>". */
 #define PART(v) char v[NAME_LEN]; snprintf(v, sizeof v, "h%d." #v, n)
 
-static int block(hpu_builder *b, const lm *m, int n, const char *x, char *y)
+static void block(hpu_builder *b, const lm *m, int n, const char *x, char *y)
 {
 	PART(ln1); PART(attn); PART(drop1); PART(res1);
 	PART(ln2); PART(fc1); PART(gelu); PART(fc2); PART(drop2);
 	char in[2 * HPU_NAME_MAX];
-	float p = (float)m->a.dropout;
+	const int64_t d = (int64_t)m->a.d;
+	const hpu_dropout_opts drop = {.p = (float)m->a.dropout};
 	snprintf(y, NAME_LEN, "h%d.res2", n);
-	LAYER(hpu_layernorm(b, ln1, x, ln1, (hpu_layernorm_opts){.eps = LN_EPS}));
-	LAYER(hpu_attention(b, attn, ln1, attn, (hpu_attention_opts){.heads = (int)m->a.heads, .causal = true}));
-	LAYER(hpu_dropout(b, drop1, attn, drop1, (hpu_dropout_opts){.p = p}));
+	CKPT(hpu_layernorm(b, ln1, x, ln1, (hpu_layernorm_opts){.eps = LN_EPS}));
+	CKPT(hpu_attention(b, attn, ln1, attn,
+			   (hpu_attention_opts){.heads = (int64_t)m->a.heads, .causal = true}));
+	CKPT(hpu_dropout(b, drop1, attn, drop1, drop));
 	snprintf(in, sizeof in, "%s,%s", x, drop1);
-	LAYER(hpu_add(b, res1, in, res1));
-	LAYER(hpu_layernorm(b, ln2, res1, ln2, (hpu_layernorm_opts){.eps = LN_EPS}));
-	LAYER(hpu_linear(b, fc1, ln2, fc1, (hpu_linear_opts){.out = 4 * (int64_t)m->a.d, .bias = true}));
-	LAYER(hpu_gelu(b, gelu, fc1, gelu));
-	LAYER(hpu_linear(b, fc2, gelu, fc2, (hpu_linear_opts){.out = (int64_t)m->a.d, .bias = true}));
-	LAYER(hpu_dropout(b, drop2, fc2, drop2, (hpu_dropout_opts){.p = p}));
+	CKPT(hpu_add(b, res1, in, res1));
+	CKPT(hpu_layernorm(b, ln2, res1, ln2, (hpu_layernorm_opts){.eps = LN_EPS}));
+	CKPT(hpu_linear(b, fc1, ln2, fc1, (hpu_linear_opts){.out = 4 * d, .bias = true}));
+	CKPT(hpu_gelu(b, gelu, fc1, gelu));
+	CKPT(hpu_linear(b, fc2, gelu, fc2, (hpu_linear_opts){.out = d, .bias = true}));
+	CKPT(hpu_dropout(b, drop2, fc2, drop2, drop));
 	snprintf(in, sizeof in, "%s,%s", res1, drop2);
-	LAYER(hpu_add(b, y, in, y));
-	return 0;
+	CKPT(hpu_add(b, y, in, y));
 }
 
-static int declare(hpu_builder *b, const lm *m)
+static void declare(hpu_builder *b, const lm *m)
 {
 	char x[NAME_LEN] = "emb", y[NAME_LEN];
+	const int64_t d = (int64_t)m->a.d;
 	/* GPT-2's N(0, 0.02) tables, not torch's N(0, 1): position vectors
 	 * that large drown the tokens', and the head tied to the token table
 	 * would start with logits of size sqrt(D) */
-	if (!hpu_embedding(b, "wte", "tokens", "wte", (hpu_embedding_opts){.vocab = m->text.vocab, .dim = (int64_t)m->a.d}) ||
-	    !hpu_embedding(b, "wpe", "pos", "wpe", (hpu_embedding_opts){.vocab = (int64_t)m->a.t, .dim = (int64_t)m->a.d}) ||
-	    hpu_param_init(b, "wte.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
-	    hpu_param_init(b, "wpe.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
-	    !hpu_add(b, "emb", "wte,wpe", "emb"))
-		return -1;
+	hpu_embedding(b, "wte", "tokens", "wte", (hpu_embedding_opts){.vocab = m->text.vocab, .dim = d});
+	hpu_embedding(b, "wpe", "pos", "wpe", (hpu_embedding_opts){.vocab = (int64_t)m->a.t, .dim = d});
+	hpu_param_init(b, "wte.weight", HPU_INIT(NORMAL, 0, 0.02f));
+	hpu_param_init(b, "wpe.weight", HPU_INIT(NORMAL, 0, 0.02f));
+	hpu_add(b, "emb", "wte,wpe", "emb");
 	for (int n = 0; n < (int)m->a.layers; n++) {
-		if (block(b, m, n, x, y) < 0)
-			return -1;
+		block(b, m, n, x, y);
 		memcpy(x, y, sizeof x);
 	}
-	if (!hpu_layernorm(b, "ln_f", x, "ln_f", (hpu_layernorm_opts){.eps = LN_EPS}) ||
-	    !hpu_linear_tied(b, "head", "ln_f", "logits", (hpu_linear_tied_opts){.weight = "wte.weight"}) ||
-	    !hpu_cross_entropy(b, "xent", "logits,targets", "xent"))
-		return -1;
-	return hpu_loss_add(b, "xent", 1.0f);
+	hpu_layernorm(b, "ln_f", x, "ln_f", (hpu_layernorm_opts){.eps = LN_EPS});
+	hpu_linear_tied(b, "head", "ln_f", "logits", (hpu_linear_tied_opts){.weight = "wte.weight"});
+	hpu_cross_entropy(b, "xent", "logits,targets", "xent");
+	hpu_loss_add(b, "xent", 1.0f);
 }
 
 /* ---- after evaluation: the validation loss ---- */
@@ -326,17 +319,18 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return -1;
 	if (ex_corpus_read(&m->text, m->a.dir, err, sizeof err) < 0)
 		return hpu_error(b, "%s", err);
-	if (set_data(b, m) < 0 || declare(b, m) < 0 ||
-	    hpu_hook_after_eval(b, report, m) < 0 ||
-	    (m->a.gen > 0 && hpu_hook_after_train(b, generate, m) < 0))
-		return -1;
-	if (hpu_rank(b) == 0)
+	set_data(b, m);
+	declare(b, m);
+	hpu_hook_after_eval(b, report, m);
+	if (m->a.gen > 0)
+		hpu_hook_after_train(b, generate, m);
+	if (hpu_builder_status(b) == HPU_OK && hpu_rank(b) == 0)
 		printf("gpt_lm: %zu characters from %d files in %s, vocabulary %d; T %g, D %g, "
 		       "%g heads, %g blocks, dropout %g; unigram baseline %.4f nats (%.3f bits) "
 		       "per character\n", m->text.n, m->text.files, m->a.dir, m->text.vocab,
 		       m->a.t, m->a.d, m->a.heads, m->a.layers, m->a.dropout, m->unigram,
 		       m->unigram / log(2.0));
-	return 0;
+	return hpu_builder_status(b);
 }
 
 HPU_MODEL(.name = "gpt_lm", .setup = setup, .teardown = teardown);
