@@ -167,7 +167,7 @@ static int report(hpu_run *run, void *user)
 {
 	const lm *m = user;
 	double loss = hpu_run_metric(run, "test_loss");
-	if (hpu_run_rank(run) == 0)
+	if (hpu_run_ctx(run)->rank == 0)
 		printf("validation loss %.4f nats/char (%.3f bits/char; unigram baseline %.4f)\n",
 		       loss, loss / log(2.0), m->unigram);
 	return 0;
@@ -243,13 +243,13 @@ static int generate(hpu_run *run, void *user)
 	}
 	for (size_t i = 0; i < len; i++)
 		text[i] = (char)m->text.chars[ids[i]];
-	if (hpu_run_rank(run) == 0)
+	if (hpu_run_ctx(run)->rank == 0)
 		printf("sample (%ld characters after the prompt \"%.*s\", temperature %g):\n%.*s\n",
 		       gen, (int)start, text, m->a.temp, (int)len, text);
 	rc = HPU_OK;
 out:
 	if (rc == HPU_ENOMEM)
-		hpu_run_error(run, "out of memory generating %ld characters", gen);
+		hpu_error(run, "out of memory generating %ld characters", gen);
 	free(ids), free(text), free(fields);
 	return rc;
 }

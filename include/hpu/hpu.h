@@ -106,7 +106,10 @@ static inline size_t hpu_numel(const hpu_tensor *t)
 	return (size_t)t->batch * t->sample_numel;
 }
 
-/* ---- the run context: what every callback is told ---- */
+/* ---- the run context: what every callback is told ----
+ *
+ * One context type for layers (losses and metrics are layers) and hooks:
+ * forward and backward get it as `c`, a hook from hpu_run_ctx(run). */
 
 typedef struct hpu_ctx {
 	int train;      /* 1: training (forward, backward, recompute);
@@ -121,7 +124,8 @@ typedef struct hpu_ctx {
 	long epoch;     /* from 0 */
 	int batch;      /* samples (rows) in this call */
 	int rank, world;
-	int layer;      /* the layer's index: its random stream */
+	int layer;      /* the layer's index: its random stream (-1 in a
+			 * hook) */
 	uint64_t seed;  /* the run's --seed */
 	const uint32_t *samples; /* the dataset index of each row */
 } hpu_ctx;
@@ -251,7 +255,7 @@ typedef enum hpu_layer_device {
 
 typedef struct hpu_layer_ops {
 	/* Writes out[0 .. nout) from in[0 .. nin) (as declared, in order).
-	 * Return 0, or non-zero after hpu_layer_error(). */
+	 * Return 0, or non-zero after hpu_error(layer, ...). */
 	int (*forward)(hpu_layer *layer, const hpu_ctx *c, const hpu_tensor *in,
 		       hpu_tensor *out);
 	/* Given the forward's in and out and dout[k] = dL/dout[k],
@@ -261,7 +265,7 @@ typedef struct hpu_layer_ops {
 	 * is never NULL (zeros where nothing used the output). May be NULL
 	 * for a layer with no parameters whose inputs need no gradient (it
 	 * is then never called). Return 0, or non-zero after
-	 * hpu_layer_error(). */
+	 * hpu_error(layer, ...). */
 	int (*backward)(hpu_layer *layer, const hpu_ctx *c, const hpu_tensor *in,
 			const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din);
 	/* Optional: frees the layer's `user` when the model is unloaded
@@ -412,7 +416,7 @@ HPU_API int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor)
 /* Hooks with access to the trained model on every rank (parameters
  * gathered under ZeRO-3): after each evaluation and after training. The
  * hook returns 0, or non-zero to fail the job (message by
- * hpu_run_error). */
+ * hpu_error(run, ...)); hpu_run_ctx(run) is its context. */
 typedef int (*hpu_hook)(hpu_run *run, void *user);
 HPU_API int hpu_hook_after_eval(hpu_builder *b, hpu_hook fn, void *user);
 HPU_API int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user);
@@ -466,14 +470,34 @@ HPU_API const float *hpu_run_buffer(hpu_run *run, const char *name, hpu_tensor *
  * gathers). Returns HPU_OK or an error code (hpu_run_error). */
 HPU_API int hpu_run_forward(hpu_run *run, const void *const *fields, int batch,
 			    const char *tensor, hpu_tensor *out);
-HPU_API int hpu_run_rank(const hpu_run *run);
-HPU_API int hpu_run_world_size(const hpu_run *run);
-HPU_API long hpu_run_step(const hpu_run *run);
+/* The hook's run context, the type the layers get: train 0, the steps
+ * done (step), the epoch, rank, world, seed; layer -1, batch 0, samples
+ * NULL. Valid until the hook returns. */
+HPU_API const hpu_ctx *hpu_run_ctx(const hpu_run *run);
+/* ABI 2's accessors of the same facts, deprecated (gone in the next
+ * version). */
+HPU_API int hpu_run_rank(const hpu_run *run)
+	__attribute__((deprecated("use hpu_run_ctx(run)->rank")));
+HPU_API int hpu_run_world_size(const hpu_run *run)
+	__attribute__((deprecated("use hpu_run_ctx(run)->world")));
+HPU_API long hpu_run_step(const hpu_run *run)
+	__attribute__((deprecated("use hpu_run_ctx(run)->step")));
 /* The last evaluation's figures: test loss and metric `name` (NAN when
  * none). */
 HPU_API double hpu_run_metric(const hpu_run *run, const char *name);
 HPU_API int hpu_run_error(hpu_run *run, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* One error recorder: hpu_error(x, fmt, ...) records a printf-formatted
+ * error on a builder (setup; sticky), a layer (its forward or backward)
+ * or a run (a hook) and returns HPU_ERROR, for the callback to return.
+ * It calls the function of x's type: hpu_error (the builder's),
+ * hpu_layer_error or hpu_run_error. (C11 _Generic; C++ calls those.) */
+#ifndef __cplusplus
+#define hpu_error(x, ...)                                                   \
+	_Generic((x), hpu_layer *: hpu_layer_error, hpu_run *: hpu_run_error, \
+		 default: (hpu_error))((x), __VA_ARGS__)
+#endif
 
 /* --- device memory, at any time --- */
 

@@ -4,7 +4,9 @@
  * and its ABI 3 twin (abi3_model.c) train on 2 workers with the real
  * launcher to the same parameters, bit for bit (their --save-params
  * files are equal), and those moved from the initial ones. --verbose
- * names the twin's host-only layers, and says the ABI 2 model is one. */
+ * names the twin's host-only layers, and says the ABI 2 model is one.
+ * A hook after training reads the run's facts: ABI 2's hpu_run_rank,
+ * _world_size and _step, ABI 3's hpu_run_ctx (the layers' context type). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,7 +31,7 @@ static char *train(const char *model, const char *steps, const char *verbose, si
 	run r;
 	start(&r, 2);
 	args(&r, "--max-steps", steps, "--batch-size", "16", "--optimizer", "adam", "--lr",
-	     "0.01", "--save-params", path, NULL);
+	     "0.01", "--seed", "7", "--save-params", path, NULL);
 	if (verbose)
 		arg(&r, verbose);
 	*out = finish_with(&r, 0, model, NULL);
@@ -63,13 +65,41 @@ static void test_abi2_trains_as_abi3(void **state)
 	assert_non_null(strstr(o3, "layer scale runs on the host only"));
 	assert_non_null(strstr(o3, "layer xent runs on the host only"));
 	assert_null(strstr(o3, "layer fc1 runs on the host only"));
+	/* a hook's facts: ABI 2's accessors, ABI 3's context */
+	assert_non_null(strstr(o2, "hook: rank 0 of 2, step 12\n"));
+	assert_non_null(strstr(o3, "hook: rank 0 of 2, step 12\n"));
+	assert_non_null(strstr(o3, "hook: seed 7, layer -1\n"));
 	free(init), free(p2), free(p3), free(o0), free(o2), free(o3);
+}
+
+/* One error recorder (ABI 3): hpu_error(x, ...) on a layer fails its
+ * forward, on a run fails the hook, each message reported as given. */
+static void test_one_error_recorder(void **state)
+{
+	(void)state;
+	struct {
+		const char *arg, *text;
+	} c[] = {
+		{"--fail-forward", "layer scale: forward failed: scale failed on purpose at step 3"},
+		{"--fail-hook", "the model's hook after training failed: the hook failed on purpose "
+				"after step 4"},
+	};
+	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+		run r;
+		start(&r, 2);
+		args(&r, "--max-steps", "4", "--batch-size", "16", NULL);
+		char *out = finish_with(&r, 1, h_build("lib/abi3_model.so"), c[i].arg);
+		printf("%s", out);
+		assert_non_null(strstr(out, c[i].text));
+		free(out);
+	}
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_abi2_trains_as_abi3),
+		cmocka_unit_test(test_one_error_recorder),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

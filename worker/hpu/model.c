@@ -97,7 +97,7 @@ static void record(hpu_builder *b, hpu_err code, const char *fmt, va_list ap)
 	vsnprintf(b->err, sizeof b->err, fmt, ap);
 }
 
-int hpu_error(hpu_builder *b, const char *fmt, ...)
+int (hpu_error)(hpu_builder *b, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);

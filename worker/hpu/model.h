@@ -145,6 +145,7 @@ struct hpu_run {
 	hpu_builder *b;
 	int rank, world;
 	long step;
+	hpu_ctx ctx;          /* hpu_run_ctx(): the strategy's, as a hook's */
 	const float *params;  /* every parameter, consolidated, in the
 			       * canonical order (unpadded, declared order) */
 	const float *buffers; /* the builder's buffer layout, or NULL */
