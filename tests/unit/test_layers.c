@@ -310,6 +310,45 @@ static void test_linear_refused(void **state)
 	lh_free(&h);
 }
 
+/* Sticky builder errors (ABI 3): after the first failure every
+ * declaration does nothing, the calls taking a layer accept the NULL a
+ * failed one returned, and the first error (its message and code) stays,
+ * hpu_error()'s included; queries still answer. */
+static void test_sticky_errors(void **state)
+{
+	(void)state;
+	hpu_field f = {.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {4}};
+	lh_harness *h = lt_harness(2, 1, &f);
+	hpu_builder *b = lh_builder(h);
+	assert_int_equal(hpu_builder_status(b), HPU_OK);
+	assert_non_null(hpu_linear(b, "fc1", "x", "h", (hpu_linear_opts){.out = 3}));
+	hpu_layer *bad = hpu_layer_add(b, "custom", "nope", &(hpu_layer_ops){.forward = NULL}, NULL);
+	assert_null(bad);
+	const char *first = "layer custom: needs a forward function";
+	printf("  first error: %s\n", lh_error(h));
+	assert_string_equal(lh_error(h), first);
+	assert_int_equal(hpu_builder_status(b), HPU_EINVAL);
+	/* a NULL layer: nothing happens, nothing is recorded */
+	assert_int_equal(hpu_layer_output(bad, "y", HPU_F32, 1, (int64_t[]){2}), HPU_EINVAL);
+	assert_int_equal(hpu_param_add(bad, "w", 1, (int64_t[]){2}, HPU_INIT(ZEROS)), HPU_EINVAL);
+	assert_int_equal(hpu_layer_checkpoint(bad, 1), HPU_EINVAL);
+	/* valid declarations after it do nothing; wrong ones record nothing */
+	assert_null(hpu_relu(b, "act", "h", "a"));
+	assert_null(hpu_linear(b, "fc2", "missing", "z", (hpu_linear_opts){.out = 2}));
+	assert_int_not_equal(hpu_loss_add(b, "h", 1.0f), HPU_OK);
+	assert_int_equal(hpu_error(b, "a later error %d", 2), HPU_ERROR);
+	assert_int_equal(b->nlayers, 1);
+	assert_string_equal(lh_error(h), first);
+	assert_int_equal(hpu_builder_status(b), HPU_EINVAL);
+	hpu_tensor t;
+	assert_int_equal(hpu_tensor_info(b, "h", &t), HPU_OK);
+	/* cleared (as the tests' lh_clear_error does), declarations run again */
+	lh_clear_error(h);
+	assert_non_null(hpu_relu(b, "act", "h", "a"));
+	assert_int_equal(hpu_builder_status(b), HPU_OK);
+	lh_free(&h);
+}
+
 static void test_linear_tied(void **state)
 {
 	(void)state;
@@ -1020,6 +1059,7 @@ int main(void)
 		cmocka_unit_test(test_linear_tied),
 		cmocka_unit_test(test_conv2d_forward),
 		cmocka_unit_test(test_conv2d_gradients),
+		cmocka_unit_test(test_sticky_errors),
 		cmocka_unit_test(test_conv_pool_refused),
 		cmocka_unit_test(test_maxpool),
 		cmocka_unit_test(test_avgpool),
