@@ -80,25 +80,27 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, data);
 	const int64_t image[3] = {1, 28, 28};
-	if (fmnist_declare(b, data, dir, 3, image, PIXEL_MEAN, PIXEL_STD) < 0)
-		return -1;
-	/* conv 5x5, stride 1, pad 2 keeps the side; each pool halves it */
-	if (!hpu_conv2d(b, "conv1", "image", "c1", (int)ch[0], 5, 1, 2, 1) ||
-	    !hpu_relu(b, "relu1", "c1", "r1") ||
-	    !hpu_maxpool2d(b, "pool1", "r1", "p1", 2, 2) ||
-	    !hpu_conv2d(b, "conv2", "p1", "c2", (int)ch[1], 5, 1, 2, 1) ||
-	    !hpu_relu(b, "relu2", "c2", "r2") ||
-	    !hpu_maxpool2d(b, "pool2", "r2", "p2", 2, 2) ||
-	    !hpu_flatten(b, "flatten", "p2", "f") ||
-	    !hpu_linear(b, "fc1", "f", "h", hidden, 1) ||
-	    !hpu_relu(b, "relu3", "h", "r3") ||
-	    !hpu_linear(b, "fc2", "r3", "logits", FMNIST_CLASSES, 1) ||
-	    !hpu_cross_entropy(b, "xent", "logits,label", "loss") ||
-	    !hpu_accuracy(b, "accuracy", "logits,label", "correct"))
-		return -1;
-	if (hpu_loss_add(b, "loss", 1.0f) < 0 || hpu_metric_add(b, "accuracy", "correct") < 0)
-		return -1;
-	return 0;
+	fmnist_declare(b, data, dir, 3, image, PIXEL_MEAN, PIXEL_STD);
+	/* conv 5x5, stride 1, pad 2 keeps the side; each pool halves it. A
+	 * failed declaration makes the ones after it do nothing: the status
+	 * at the end reports it. */
+	hpu_conv2d(b, "conv1", "image", "c1",
+		   (hpu_conv2d_opts){.out = ch[0], .kernel = 5, .pad = 2, .bias = true});
+	hpu_relu(b, "relu1", "c1", "r1");
+	hpu_maxpool2d(b, "pool1", "r1", "p1", (hpu_pool2d_opts){.kernel = 2});
+	hpu_conv2d(b, "conv2", "p1", "c2",
+		   (hpu_conv2d_opts){.out = ch[1], .kernel = 5, .pad = 2, .bias = true});
+	hpu_relu(b, "relu2", "c2", "r2");
+	hpu_maxpool2d(b, "pool2", "r2", "p2", (hpu_pool2d_opts){.kernel = 2});
+	hpu_flatten(b, "flatten", "p2", "f");
+	hpu_linear(b, "fc1", "f", "h", (hpu_linear_opts){.out = hidden, .bias = true});
+	hpu_relu(b, "relu3", "h", "r3");
+	hpu_linear(b, "fc2", "r3", "logits", (hpu_linear_opts){.out = FMNIST_CLASSES, .bias = true});
+	hpu_cross_entropy(b, "xent", "logits,label", "loss");
+	hpu_accuracy(b, "accuracy", "logits,label", "correct");
+	hpu_loss_add(b, "loss", 1.0f);
+	hpu_metric_add(b, "accuracy", "correct");
+	return hpu_builder_status(b);
 }
 
 HPU_MODEL(.name = "fmnist_cnn", .setup = setup, .teardown = teardown);

@@ -67,29 +67,28 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	if (!data)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, data);
-	if (fmnist_declare(b, data, dir, 1, (int64_t[]){FMNIST_PIXELS}, 0.0f, 1.0f) < 0)
-		return -1;
-	/* "image" -fc1-> h1 -relu1-> a1 -fc2-> h2 ... -fc<depth+1>-> "logits" */
+	fmnist_declare(b, data, dir, 1, (int64_t[]){FMNIST_PIXELS}, 0.0f, 1.0f);
+	/* "image" -fc1-> h1 -relu1-> a1 -fc2-> h2 ... -fc<depth+1>-> "logits".
+	 * A failed declaration makes the ones after it do nothing: the
+	 * status at the end reports it. */
 	char x[32] = "image", name[32], h[32];
 	for (int i = 1; i <= depth; i++) {
 		snprintf(name, sizeof name, "fc%d", i);
 		snprintf(h, sizeof h, "h%d", i);
-		hpu_layer *fc = hpu_linear(b, name, x, h, hidden, 1);
+		hpu_layer *fc = hpu_linear(b, name, x, h, (hpu_linear_opts){.out = hidden, .bias = true});
 		snprintf(name, sizeof name, "relu%d", i);
 		snprintf(x, sizeof x, "a%d", i);
-		hpu_layer *relu = fc ? hpu_relu(b, name, h, x) : NULL;
-		if (!relu)
-			return -1;
+		hpu_layer *relu = hpu_relu(b, name, h, x);
 		hpu_layer_checkpoint(fc, ckpt);
 		hpu_layer_checkpoint(relu, ckpt);
 	}
 	snprintf(name, sizeof name, "fc%ld", depth + 1);
-	if (!hpu_linear(b, name, x, "logits", CLASSES, 1) ||
-	    !hpu_cross_entropy(b, "xent", "logits,label", "loss") ||
-	    !hpu_accuracy(b, "acc", "logits,label", "correct") ||
-	    hpu_loss_add(b, "loss", 1.0f) < 0 || hpu_metric_add(b, "accuracy", "correct") < 0)
-		return -1;
-	return 0;
+	hpu_linear(b, name, x, "logits", (hpu_linear_opts){.out = CLASSES, .bias = true});
+	hpu_cross_entropy(b, "xent", "logits,label", "loss");
+	hpu_accuracy(b, "acc", "logits,label", "correct");
+	hpu_loss_add(b, "loss", 1.0f);
+	hpu_metric_add(b, "accuracy", "correct");
+	return hpu_builder_status(b);
 }
 
 HPU_MODEL(.name = "fmnist_mlp", .setup = setup, .teardown = teardown);

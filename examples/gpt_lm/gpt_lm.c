@@ -153,8 +153,7 @@ static int set_data(hpu_builder *b, lm *m)
 			  .fields = {{"tokens", HPU_I32, 1, {(int64_t)t}},
 				     {"targets", HPU_I32, 1, {(int64_t)t}},
 				     {"pos", HPU_I32, 1, {(int64_t)t}}}};
-	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds) < 0)
-		return -1;
+	hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds);
 	ds.size = (nval - 1) / t; /* the last window's targets end the text */
 	ds.user = &m->val;
 	return hpu_dataset_set(b, HPU_SPLIT_TEST, &ds);
@@ -162,64 +161,58 @@ static int set_data(hpu_builder *b, lm *m)
 
 /* ---- the model ---- */
 
-/* Declares a layer-library call's layer, marked for activation
- * checkpointing with --checkpoint; returns -1 from the caller on failure. */
-#define LAYER(call)                                         \
-	do {                                                \
-		hpu_layer *l_ = (call);                     \
-		if (!l_)                                    \
-			return -1;                          \
-		hpu_layer_checkpoint(l_, m->a.ckpt);        \
-	} while (0)
+/* A layer marked for activation checkpointing with --checkpoint. A
+ * failed declaration makes the ones after it do nothing (sticky errors):
+ * setup's hpu_builder_status() reports it, so none is checked here. */
+#define CKPT(call) hpu_layer_checkpoint((call), m->a.ckpt)
 
 /* Block n: the tensor y = block(x). Each layer writes the tensor of its
  * own name, "h<n>.<part>". */
 #define PART(v) char v[NAME_LEN]; snprintf(v, sizeof v, "h%d." #v, n)
 
-static int block(hpu_builder *b, const lm *m, int n, const char *x, char *y)
+static void block(hpu_builder *b, const lm *m, int n, const char *x, char *y)
 {
 	PART(ln1); PART(attn); PART(drop1); PART(res1);
 	PART(ln2); PART(fc1); PART(gelu); PART(fc2); PART(drop2);
 	char in[2 * HPU_NAME_MAX];
-	float p = (float)m->a.dropout;
+	const int64_t d = (int64_t)m->a.d;
+	const hpu_dropout_opts drop = {.p = (float)m->a.dropout};
 	snprintf(y, NAME_LEN, "h%d.res2", n);
-	LAYER(hpu_layernorm(b, ln1, x, ln1, LN_EPS));
-	LAYER(hpu_attention(b, attn, ln1, attn, (int)m->a.heads, 1));
-	LAYER(hpu_dropout(b, drop1, attn, drop1, p));
+	CKPT(hpu_layernorm(b, ln1, x, ln1, (hpu_layernorm_opts){.eps = LN_EPS}));
+	CKPT(hpu_attention(b, attn, ln1, attn,
+			   (hpu_attention_opts){.heads = (int64_t)m->a.heads, .causal = true}));
+	CKPT(hpu_dropout(b, drop1, attn, drop1, drop));
 	snprintf(in, sizeof in, "%s,%s", x, drop1);
-	LAYER(hpu_add(b, res1, in, res1));
-	LAYER(hpu_layernorm(b, ln2, res1, ln2, LN_EPS));
-	LAYER(hpu_linear(b, fc1, ln2, fc1, 4 * (int64_t)m->a.d, 1));
-	LAYER(hpu_gelu(b, gelu, fc1, gelu));
-	LAYER(hpu_linear(b, fc2, gelu, fc2, (int64_t)m->a.d, 1));
-	LAYER(hpu_dropout(b, drop2, fc2, drop2, p));
+	CKPT(hpu_add(b, res1, in, res1));
+	CKPT(hpu_layernorm(b, ln2, res1, ln2, (hpu_layernorm_opts){.eps = LN_EPS}));
+	CKPT(hpu_linear(b, fc1, ln2, fc1, (hpu_linear_opts){.out = 4 * d, .bias = true}));
+	CKPT(hpu_gelu(b, gelu, fc1, gelu));
+	CKPT(hpu_linear(b, fc2, gelu, fc2, (hpu_linear_opts){.out = d, .bias = true}));
+	CKPT(hpu_dropout(b, drop2, fc2, drop2, drop));
 	snprintf(in, sizeof in, "%s,%s", res1, drop2);
-	LAYER(hpu_add(b, y, in, y));
-	return 0;
+	CKPT(hpu_add(b, y, in, y));
 }
 
-static int declare(hpu_builder *b, const lm *m)
+static void declare(hpu_builder *b, const lm *m)
 {
 	char x[NAME_LEN] = "emb", y[NAME_LEN];
+	const int64_t d = (int64_t)m->a.d;
 	/* GPT-2's N(0, 0.02) tables, not torch's N(0, 1): position vectors
 	 * that large drown the tokens', and the head tied to the token table
 	 * would start with logits of size sqrt(D) */
-	if (!hpu_embedding(b, "wte", "tokens", "wte", m->vocab, (int64_t)m->a.d) ||
-	    !hpu_embedding(b, "wpe", "pos", "wpe", (int64_t)m->a.t, (int64_t)m->a.d) ||
-	    hpu_param_init(b, "wte.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
-	    hpu_param_init(b, "wpe.weight", HPU_INIT(NORMAL, 0, 0.02f)) ||
-	    !hpu_add(b, "emb", "wte,wpe", "emb"))
-		return -1;
+	hpu_embedding(b, "wte", "tokens", "wte", (hpu_embedding_opts){.vocab = m->vocab, .dim = d});
+	hpu_embedding(b, "wpe", "pos", "wpe", (hpu_embedding_opts){.vocab = (int64_t)m->a.t, .dim = d});
+	hpu_param_init(b, "wte.weight", HPU_INIT(NORMAL, 0, 0.02f));
+	hpu_param_init(b, "wpe.weight", HPU_INIT(NORMAL, 0, 0.02f));
+	hpu_add(b, "emb", "wte,wpe", "emb");
 	for (int n = 0; n < (int)m->a.layers; n++) {
-		if (block(b, m, n, x, y) < 0)
-			return -1;
+		block(b, m, n, x, y);
 		memcpy(x, y, sizeof x);
 	}
-	if (!hpu_layernorm(b, "ln_f", x, "ln_f", LN_EPS) ||
-	    !hpu_linear_tied(b, "head", "ln_f", "logits", "wte.weight", 0) ||
-	    !hpu_cross_entropy(b, "xent", "logits,targets", "xent"))
-		return -1;
-	return hpu_loss_add(b, "xent", 1.0f);
+	hpu_layernorm(b, "ln_f", x, "ln_f", (hpu_layernorm_opts){.eps = LN_EPS});
+	hpu_linear_tied(b, "head", "ln_f", "logits", (hpu_linear_tied_opts){.weight = "wte.weight"});
+	hpu_cross_entropy(b, "xent", "logits,targets", "xent");
+	hpu_loss_add(b, "xent", 1.0f);
 }
 
 /* ---- after evaluation: the validation loss ---- */
@@ -228,9 +221,9 @@ static int report(hpu_run *run, void *user)
 {
 	const lm *m = user;
 	double loss = hpu_run_metric(run, "test_loss");
-	if (hpu_run_rank(run) == 0 && m->a.tokens)
+	if (hpu_run_ctx(run)->rank == 0 && m->a.tokens)
 		printf("validation loss %.4f nats/token (%.3f bits/token)\n", loss, loss / log(2.0));
-	else if (hpu_run_rank(run) == 0)
+	else if (hpu_run_ctx(run)->rank == 0)
 		printf("validation loss %.4f nats/char (%.3f bits/char; unigram baseline %.4f)\n",
 		       loss, loss / log(2.0), m->unigram);
 	return 0;
@@ -306,13 +299,13 @@ static int generate(hpu_run *run, void *user)
 	}
 	for (size_t i = 0; i < len; i++)
 		text[i] = (char)m->text.chars[ids[i]];
-	if (hpu_run_rank(run) == 0)
+	if (hpu_run_ctx(run)->rank == 0)
 		printf("sample (%ld characters after the prompt \"%.*s\", temperature %g):\n%.*s\n",
 		       gen, (int)start, text, m->a.temp, (int)len, text);
 	rc = HPU_OK;
 out:
 	if (rc == HPU_ENOMEM)
-		hpu_run_error(run, "out of memory generating %ld characters", gen);
+		hpu_error(run, "out of memory generating %ld characters", gen);
 	free(ids), free(text), free(fields);
 	return rc;
 }
@@ -399,10 +392,13 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "%s", err);
 	if (!m->a.tokens)
 		m->vocab = m->text.vocab;
-	if (set_data(b, m) < 0 || declare(b, m) < 0 ||
-	    hpu_hook_after_eval(b, report, m) < 0 ||
-	    (m->a.gen > 0 && hpu_hook_after_train(b, generate, m) < 0))
-		return -1;
+	set_data(b, m);
+	declare(b, m);
+	hpu_hook_after_eval(b, report, m);
+	if (m->a.gen > 0)
+		hpu_hook_after_train(b, generate, m);
+	if (hpu_builder_status(b) != HPU_OK)
+		return hpu_builder_status(b);
 	if (hpu_rank(b) == 0 && m->a.tokens)
 		printf("gpt_lm: %zu tokens from %s (%s), vocabulary %d; T %g, D %g, %g heads, %g "
 		       "blocks, dropout %g\n", m->tok.count, m->a.tokens,
@@ -414,7 +410,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		       "per character\n", m->text.n, m->text.files, m->a.dir, m->text.vocab,
 		       m->a.t, m->a.d, m->a.heads, m->a.layers, m->a.dropout, m->unigram,
 		       m->unigram / log(2.0));
-	return 0;
+	return hpu_builder_status(b);
 }
 
 HPU_MODEL(.name = "gpt_lm", .setup = setup, .teardown = teardown);

@@ -41,71 +41,76 @@
 
 /* ---- the model ---- */
 
-/* Returns -1 from the caller when a layer-library call fails. */
-#define TRY(call)                  \
-	do {                       \
-		if (!(call))       \
-			return -1; \
-	} while (0)
+/* A failed declaration makes the ones after it do nothing (sticky
+ * errors): setup's hpu_builder_status() reports it, so none is checked
+ * here. */
 
 /* Batch norm `name` of tensor `in`, its running statistics averaged
  * over the ranks after every step. */
-#define BN(name, in) hpu_batchnorm(b, name, in, name, BN_EPS, BN_MOMENTUM, HPU_BUFFER_MEAN)
+#define BN(name, in)                                                        \
+	hpu_batchnorm(b, name, in, name,                                    \
+		      (hpu_batchnorm_opts){.eps = BN_EPS, .momentum = BN_MOMENTUM, \
+					   .sync = HPU_BUFFER_MEAN})
 
 /* Each layer writes the tensor of its own name, "<block>.<part>" (block
  * names are "s<stage>.b<k>", well under 16 bytes). */
 #define PART(v) char v[NAME_LEN]; snprintf(v, sizeof v, "%.16s." #v, p)
 
+/* A 3x3 (or 1x1: `k`) convolution with no bias, zero padding keeping
+ * the side at stride 1. */
+#define CONV(name, in, w_, k_, s_)                                          \
+	hpu_conv2d(b, name, in, name,                                       \
+		   (hpu_conv2d_opts){.out = (w_), .kernel = (k_), .stride = (s_), .pad = (k_) / 2})
+
 /* Block p: y = block(x) with `width` output channels, conv1 at `stride`. */
-static int block(hpu_builder *b, const char *p, const char *x, char *y, int width, int stride)
+static void block(hpu_builder *b, const char *p, const char *x, char *y, int width, int stride)
 {
 	PART(conv1); PART(bn1); PART(relu1); PART(conv2); PART(bn2);
 	PART(proj); PART(proj_bn); PART(sum);
 	char in[2 * NAME_LEN + 1];
-	hpu_tensor xi;
-	TRY(hpu_tensor_info(b, x, &xi) == HPU_OK);
+	hpu_tensor xi = {0}; /* stays zeros when an earlier declaration failed */
+	hpu_tensor_info(b, x, &xi);
 	snprintf(y, NAME_LEN, "%.16s.out", p);
-	TRY(hpu_conv2d(b, conv1, x, conv1, width, 3, stride, 1, 0));
-	TRY(BN(bn1, conv1));
-	TRY(hpu_relu(b, relu1, bn1, relu1));
-	TRY(hpu_conv2d(b, conv2, relu1, conv2, width, 3, 1, 1, 0));
-	TRY(BN(bn2, conv2));
+	CONV(conv1, x, width, 3, stride);
+	BN(bn1, conv1);
+	hpu_relu(b, relu1, bn1, relu1);
+	CONV(conv2, relu1, width, 3, 1);
+	BN(bn2, conv2);
 	const char *skip = x;
 	if (stride != 1 || xi.shape[0] != width) {
-		TRY(hpu_conv2d(b, proj, x, proj, width, 1, stride, 0, 0));
-		TRY(BN(proj_bn, proj));
+		CONV(proj, x, width, 1, stride);
+		BN(proj_bn, proj);
 		skip = proj_bn;
 	}
 	snprintf(in, sizeof in, "%s,%s", bn2, skip);
-	TRY(hpu_add(b, sum, in, sum));
-	TRY(hpu_relu(b, y, sum, y));
-	return 0;
+	hpu_add(b, sum, in, sum);
+	hpu_relu(b, y, sum, y);
 }
 
 static int declare(hpu_builder *b, int width, int blocks)
 {
 	char x[NAME_LEN] = "stem", y[NAME_LEN], p[NAME_LEN];
-	TRY(hpu_conv2d(b, "stem.conv", "image", "stem.conv", width, 3, 1, 1, 0));
-	TRY(BN("stem.bn", "stem.conv"));
-	TRY(hpu_relu(b, "stem", "stem.bn", "stem"));
+	CONV("stem.conv", "image", width, 3, 1);
+	BN("stem.bn", "stem.conv");
+	hpu_relu(b, "stem", "stem.bn", "stem");
 	for (int s = 0; s < STAGES; s++)
 		for (int k = 0; k < blocks; k++) {
 			snprintf(p, sizeof p, "s%d.b%d", s, k);
-			if (block(b, p, x, y, width << s, s > 0 && k == 0 ? 2 : 1) < 0)
-				return -1;
+			block(b, p, x, y, width << s, s > 0 && k == 0 ? 2 : 1);
 			memcpy(x, y, sizeof x);
 		}
-	hpu_tensor last;
-	TRY(hpu_tensor_info(b, x, &last) == HPU_OK);
-	int side = (int)last.shape[1]; /* 7: the pool covers the whole plane */
-	TRY(hpu_avgpool2d(b, "pool", x, "pool", side, side));
-	TRY(hpu_flatten(b, "flatten", "pool", "flatten"));
-	TRY(hpu_linear(b, "fc", "flatten", "logits", FMNIST_CLASSES, 1));
-	TRY(hpu_cross_entropy(b, "xent", "logits,label", "xent"));
-	TRY(hpu_accuracy(b, "correct", "logits,label", "correct"));
-	TRY(hpu_loss_add(b, "xent", 1.0f) == HPU_OK);
-	TRY(hpu_metric_add(b, "accuracy", "correct") == HPU_OK);
-	return 0;
+	hpu_tensor last = {0};
+	hpu_tensor_info(b, x, &last);
+	int64_t side = last.shape[1]; /* 7: the pool covers the whole plane */
+	hpu_avgpool2d(b, "pool", x, "pool", (hpu_pool2d_opts){.kernel = side});
+	hpu_flatten(b, "flatten", "pool", "flatten");
+	hpu_linear(b, "fc", "flatten", "logits",
+		   (hpu_linear_opts){.out = FMNIST_CLASSES, .bias = true});
+	hpu_cross_entropy(b, "xent", "logits,label", "xent");
+	hpu_accuracy(b, "correct", "logits,label", "correct");
+	hpu_loss_add(b, "xent", 1.0f);
+	hpu_metric_add(b, "accuracy", "correct");
+	return hpu_builder_status(b);
 }
 
 /* ---- arguments and setup ---- */
@@ -149,8 +154,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, data);
 	const int64_t image[3] = {1, 28, 28};
-	if (fmnist_declare(b, data, dir, 3, image, PIXEL_MEAN, PIXEL_STD) < 0)
-		return -1;
+	fmnist_declare(b, data, dir, 3, image, PIXEL_MEAN, PIXEL_STD);
 	return declare(b, (int)width, (int)blocks);
 }
 

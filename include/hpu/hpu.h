@@ -1,5 +1,6 @@
 /* hpu.h: the contract between a model (train.so) and the hputrain runtime,
- * ABI 2.
+ * ABI 3 (the runtime loads ABI 2 models too; their forms, kept for one
+ * version, are marked deprecated and warn on a rebuild).
  *
  * A model is a shared library that exports one symbol, `hpu_model_entry`,
  * an hpu_model whose abi_version is HPU_ABI_VERSION (use HPU_MODEL()).
@@ -36,7 +37,10 @@
 extern "C" {
 #endif
 
-#define HPU_ABI_VERSION 2u
+#define HPU_ABI_VERSION 3u
+/* The oldest ABI version the runtime still loads: ABI 2's forms are kept
+ * one version (deprecated) and go in the version after. */
+#define HPU_ABI_VERSION_MIN 2u
 #define HPU_MODEL_ENTRY_SYMBOL "hpu_model_entry"
 #define HPU_MAX_DIMS 4  /* dimensions of one sample of a tensor */
 #define HPU_MAX_IO 8    /* inputs, outputs of a layer; fields of a sample */
@@ -102,7 +106,10 @@ static inline size_t hpu_numel(const hpu_tensor *t)
 	return (size_t)t->batch * t->sample_numel;
 }
 
-/* ---- the run context: what every callback is told ---- */
+/* ---- the run context: what every callback is told ----
+ *
+ * One context type for layers (losses and metrics are layers) and hooks:
+ * forward and backward get it as `c`, a hook from hpu_run_ctx(run). */
 
 typedef struct hpu_ctx {
 	int train;      /* 1: training (forward, backward, recompute);
@@ -117,7 +124,8 @@ typedef struct hpu_ctx {
 	long epoch;     /* from 0 */
 	int batch;      /* samples (rows) in this call */
 	int rank, world;
-	int layer;      /* the layer's index: its random stream */
+	int layer;      /* the layer's index: its random stream (-1 in a
+			 * hook) */
 	uint64_t seed;  /* the run's --seed */
 	const uint32_t *samples; /* the dataset index of each row */
 } hpu_ctx;
@@ -232,9 +240,22 @@ typedef struct hpu_dataset {
 
 /* ---- layers ---- */
 
+/* Where a custom layer's forward and backward may run. */
+typedef enum hpu_layer_device {
+	HPU_LAYER_ANY_DEVICE = 0, /* the default: the callbacks only call ops
+				   * (<hpu/ops.h>), which run where the
+				   * tensors are, so the layer runs on any
+				   * device (a GPU worker's too) */
+	HPU_LAYER_HOST_ONLY = 1,  /* the callbacks read or write the tensors'
+				   * memory themselves: the runtime stages
+				   * the layer's tensors in host memory.
+				   * Recorded now (and named by --verbose);
+				   * the CPU devices need no staging */
+} hpu_layer_device;
+
 typedef struct hpu_layer_ops {
 	/* Writes out[0 .. nout) from in[0 .. nin) (as declared, in order).
-	 * Return 0, or non-zero after hpu_layer_error(). */
+	 * Return 0, or non-zero after hpu_error(layer, ...). */
 	int (*forward)(hpu_layer *layer, const hpu_ctx *c, const hpu_tensor *in,
 		       hpu_tensor *out);
 	/* Given the forward's in and out and dout[k] = dL/dout[k],
@@ -244,12 +265,16 @@ typedef struct hpu_layer_ops {
 	 * is never NULL (zeros where nothing used the output). May be NULL
 	 * for a layer with no parameters whose inputs need no gradient (it
 	 * is then never called). Return 0, or non-zero after
-	 * hpu_layer_error(). */
+	 * hpu_error(layer, ...). */
 	int (*backward)(hpu_layer *layer, const hpu_ctx *c, const hpu_tensor *in,
 			const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din);
 	/* Optional: frees the layer's `user` when the model is unloaded
 	 * (library layers keep their sizes there). */
 	void (*destroy)(void *user);
+	/* ABI 3: where the callbacks may run; left out (0) it is
+	 * HPU_LAYER_ANY_DEVICE. (The runtime reads this field only from ABI
+	 * 3 models: an ABI 2 model's struct ends before it.) */
+	hpu_layer_device device;
 } hpu_layer_ops;
 
 typedef struct hpu_model {
@@ -274,7 +299,25 @@ typedef struct hpu_model {
 	HPU_API const hpu_model hpu_model_entry = {                         \
 		.abi_version = HPU_ABI_VERSION, __VA_ARGS__}
 
-/* --- during setup --- */
+/* --- during setup ---
+ *
+ * Errors are sticky: the first declaration that fails records its error
+ * (naming the layer, tensor or parameter and what was wrong), and from
+ * then on every declaration (hpu_dataset_set, hpu_layer_add and what
+ * follows a layer, the library's layers, hpu_param_init, hpu_loss_add,
+ * hpu_metric_add, the hooks) does nothing and returns the error (NULL
+ * for a layer; the calls taking a layer accept that NULL). A setup
+ * therefore reads top to bottom without checks and ends with
+ *
+ *     return hpu_builder_status(b);
+ *
+ * and the job reports that first error alone. hpu_error() records the
+ * model's own error the same way (the first error wins). Queries
+ * (hpu_tensor_info, hpu_param_shape, hpu_rank, ...) record nothing. */
+
+/* HPU_OK while every declaration so far succeeded; else the first
+ * failure's code (HPU_ERROR for hpu_error()). */
+HPU_API int hpu_builder_status(const hpu_builder *b);
 
 /* Sets a dataset split. The struct is copied (names too); `user` stays
  * the model's. The test split must have the training split's fields.
@@ -289,6 +332,10 @@ HPU_API int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *
  * Once added, ops->destroy (if set) frees `user` at unload. */
 HPU_API hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
 				 const hpu_layer_ops *ops, void *user);
+/* (hpu_layer_output, hpu_param_add, hpu_param_share, hpu_buffer_add,
+ * hpu_layer_memory, hpu_layer_checkpoint and hpu_layer_params_in_ops
+ * take a NULL layer, a failed declaration's, and return HPU_EINVAL or the
+ * builder's first error without recording another.) */
 
 /* Declares the layer's next output: a new tensor named `tensor` with
  * one sample of `shape`. Returns its index, or an error code. */
@@ -369,7 +416,7 @@ HPU_API int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor)
 /* Hooks with access to the trained model on every rank (parameters
  * gathered under ZeRO-3): after each evaluation and after training. The
  * hook returns 0, or non-zero to fail the job (message by
- * hpu_run_error). */
+ * hpu_error(run, ...)); hpu_run_ctx(run) is its context. */
 typedef int (*hpu_hook)(hpu_run *run, void *user);
 HPU_API int hpu_hook_after_eval(hpu_builder *b, hpu_hook fn, void *user);
 HPU_API int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user);
@@ -377,7 +424,8 @@ HPU_API int hpu_hook_after_train(hpu_builder *b, hpu_hook fn, void *user);
 /* Keeps a pointer that teardown() gets back. */
 HPU_API void hpu_set_user(hpu_builder *b, void *user);
 
-/* Records a setup error (printf format); returns HPU_ERROR (-1). */
+/* Records a setup error (printf format), unless one is recorded already
+ * (the first error wins); returns HPU_ERROR (-1). */
 HPU_API int hpu_error(hpu_builder *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
@@ -422,14 +470,34 @@ HPU_API const float *hpu_run_buffer(hpu_run *run, const char *name, hpu_tensor *
  * gathers). Returns HPU_OK or an error code (hpu_run_error). */
 HPU_API int hpu_run_forward(hpu_run *run, const void *const *fields, int batch,
 			    const char *tensor, hpu_tensor *out);
-HPU_API int hpu_run_rank(const hpu_run *run);
-HPU_API int hpu_run_world_size(const hpu_run *run);
-HPU_API long hpu_run_step(const hpu_run *run);
+/* The hook's run context, the type the layers get: train 0, the steps
+ * done (step), the epoch, rank, world, seed; layer -1, batch 0, samples
+ * NULL. Valid until the hook returns. */
+HPU_API const hpu_ctx *hpu_run_ctx(const hpu_run *run);
+/* ABI 2's accessors of the same facts, deprecated (gone in the next
+ * version). */
+HPU_API int hpu_run_rank(const hpu_run *run)
+	__attribute__((deprecated("use hpu_run_ctx(run)->rank")));
+HPU_API int hpu_run_world_size(const hpu_run *run)
+	__attribute__((deprecated("use hpu_run_ctx(run)->world")));
+HPU_API long hpu_run_step(const hpu_run *run)
+	__attribute__((deprecated("use hpu_run_ctx(run)->step")));
 /* The last evaluation's figures: test loss and metric `name` (NAN when
  * none). */
 HPU_API double hpu_run_metric(const hpu_run *run, const char *name);
 HPU_API int hpu_run_error(hpu_run *run, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* One error recorder: hpu_error(x, fmt, ...) records a printf-formatted
+ * error on a builder (setup; sticky), a layer (its forward or backward)
+ * or a run (a hook) and returns HPU_ERROR, for the callback to return.
+ * It calls the function of x's type: hpu_error (the builder's),
+ * hpu_layer_error or hpu_run_error. (C11 _Generic; C++ calls those.) */
+#ifndef __cplusplus
+#define hpu_error(x, ...)                                                   \
+	_Generic((x), hpu_layer *: hpu_layer_error, hpu_run *: hpu_run_error, \
+		 default: (hpu_error))((x), __VA_ARGS__)
+#endif
 
 /* --- device memory, at any time --- */
 

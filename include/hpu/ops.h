@@ -36,15 +36,25 @@ HPU_API void hpu_relu_forward(const float *x, float *y, size_t n);
 /* dx[n] = dy * (y > 0), where y is the forward output; dx may alias dy. */
 HPU_API void hpu_relu_backward(const float *y, const float *dy, float *dx, size_t n);
 
-/* Mean softmax cross-entropy of logits[B,C] against labels[B] (0..C-1).
- * If dlogits is not NULL, writes d(mean loss)/d(logits) into it [B,C].
- * Returns the mean loss, or a negative value if a label is out of range. */
-HPU_API float hpu_softmax_xent(const float *logits, const int32_t *labels,
-		       float *dlogits, int batch, int classes);
+/* The kernel of the layer hpu_cross_entropy: mean softmax cross-entropy
+ * of logits[B,C] against labels[B] (0..C-1). If dlogits is not NULL,
+ * writes d(mean loss)/d(logits) into it [B,C]. Returns the mean loss, or
+ * a negative value if a label is out of range. */
+HPU_API float hpu_cross_entropy_forward(const float *logits, const int32_t *labels,
+					float *dlogits, int batch, int classes);
 
-/* Number of rows of logits[B,C] whose arg-max equals the label. */
+/* The kernel of the layer hpu_accuracy: the number of rows of logits[B,C]
+ * whose arg-max equals the label. */
+HPU_API int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
+				 int classes);
+
+/* ABI 2's names of the two above, deprecated (gone in the next version). */
+HPU_API float hpu_softmax_xent(const float *logits, const int32_t *labels,
+		       float *dlogits, int batch, int classes)
+	__attribute__((deprecated("use hpu_cross_entropy_forward (the kernel of the layer hpu_cross_entropy)")));
 HPU_API int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
-		      int classes);
+		      int classes)
+	__attribute__((deprecated("use hpu_accuracy_forward (the kernel of the layer hpu_accuracy)")));
 
 
 /* ---- matrix products (oneDNN on CPUs; OpenBLAS sgemm where oneDNN

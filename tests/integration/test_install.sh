@@ -129,12 +129,13 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	(void)argv;
 	hpu_dataset train = {.size = SAMPLES, .nfields = 2, .fetch = fetch,
 			     .fields = {{"x", HPU_F32, 1, {IN}}, {"y", HPU_F32, 1, {1}}}};
-	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) != HPU_OK ||
-	    !hpu_linear(b, "fc", "x", "pred", 1, 1) ||      /* pred = x W^T + b */
-	    !hpu_mse(b, "mse", "pred,y", "err") ||          /* (pred - y)^2 per sample */
-	    hpu_loss_add(b, "err", 1.0f) != HPU_OK)         /* minimize its mean */
-		return HPU_ERROR;                           /* the builder said why */
-	return HPU_OK;
+	hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train);
+	hpu_linear(b, "fc", "x", "pred", (hpu_linear_opts){.out = 1, .bias = true}); /* x W^T + b */
+	hpu_mse(b, "mse", "pred,y", "err"); /* (pred - y)^2 per sample */
+	hpu_loss_add(b, "err", 1.0f);       /* minimize its mean */
+	/* HPU_OK, or the first declaration that failed (it said why): after a
+	 * failure the declarations do nothing, so none needs a check */
+	return hpu_builder_status(b);
 }
 
 HPU_MODEL(.name = "linreg", .setup = setup);

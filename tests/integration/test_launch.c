@@ -285,11 +285,12 @@ static void test_model_wrong_abi(void **state)
 {
 	(void)state;
 	expect_model_error(h_build("lib/bad_abi.so"),
-			   "was built for hputrain ABI version 999, but this runtime has ABI version 2");
+			   "was built for hputrain ABI version 999, but this runtime has ABI "
+			   "version 3 (and loads 2)");
 	/* a model of the chain contract is told what changed */
 	expect_model_error(h_build("lib/bad_abi1.so"),
-			   "was built for hputrain ABI version 1, but this runtime has ABI version 2: "
-			   "ABI 1 (a chain of layers with float inputs) is gone");
+			   "was built for hputrain ABI version 1, but this runtime has ABI version 3 "
+			   "(and loads 2): ABI 1 (a chain of layers with float inputs) is gone");
 }
 
 /* A call in the wrong phase fails the run naming the call and the phase
@@ -324,6 +325,27 @@ static void test_model_wrong_phase(void **state)
 		assert_non_null(strstr(p.out, "hpulaunch: error: rank "));
 		h_free(&p);
 	}
+}
+
+/* Sticky builder errors (issue 37, ABI 3): a setup with no per-call
+ * checks whose third declaration reads a tensor that does not exist.
+ * The job reports that error (the layer's name and the reason) and none
+ * of the declarations after it, which read what it would have written. */
+static void test_model_sticky_error(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "2",
+			(char *)h_build("lib/sticky_setup.so"), NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "setup failed: layer act: input hh is not a tensor "
+				      "declared before it"));
+	assert_null(strstr(p.out, "fc2"));
+	assert_null(strstr(p.out, "xent"));
+	assert_null(strstr(p.out, "no tensor named loss"));
+	h_free(&p);
 }
 
 /* The dataset missing: the error names the Debian package. */
@@ -1426,6 +1448,7 @@ int main(void)
 		cmocka_unit_test(test_model_without_entry),
 		cmocka_unit_test(test_model_wrong_abi),
 		cmocka_unit_test(test_model_wrong_phase),
+		cmocka_unit_test(test_model_sticky_error),
 		cmocka_unit_test(test_missing_dataset),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
 		cmocka_unit_test(test_two_workers_match_one_adamw),

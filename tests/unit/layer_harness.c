@@ -97,6 +97,7 @@ const char *lh_error(lh_harness *h)
 void lh_clear_error(lh_harness *h)
 {
 	h->b->err[0] = 0;
+	h->b->status = HPU_OK; /* errors are sticky: the next declaration runs */
 }
 
 /* The dataset's fetch: sample `index` of each field out of h->data. */

@@ -16,7 +16,7 @@
  *	lh_harness *h = lh_new(4);
  *	hpu_field f = {"x", HPU_F32, 1, {8}};
  *	lh_dataset(h, 1, &f, NULL, 0);
- *	hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", 3, 1);
+ *	hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", (hpu_linear_opts){.out = 3, .bias = true});
  *	lh_alloc(h, 1234);
  *	hpu_ctx c = lh_ctx(h, l, 1, 0, 4);
  *	void *in[] = {x}, *out[] = {y};
@@ -47,9 +47,10 @@ void lh_free(lh_harness **h);
 /* The builder, to declare layers on (hpu_linear(lh_builder(h), ...)). */
 hpu_builder *lh_builder(lh_harness *h);
 
-/* The builder's last error (hpu_error, a failed declaration), "" if
- * none; lh_clear_error() empties it (before a declaration that should
- * fail, to see that it set one). */
+/* The builder's error (hpu_error, a failed declaration: the first one,
+ * errors being sticky), "" if none; lh_clear_error() empties it and lets
+ * declarations run again (before a declaration that should fail, to see
+ * that it set one). */
 const char *lh_error(lh_harness *h);
 void lh_clear_error(lh_harness *h);
 

@@ -128,7 +128,7 @@ static void test_linear_forward(void **state)
 	(void)state;
 	int64_t shape[2] = {2, 2}; /* two rows of 2 a sample */
 	lh_harness *h = lt_harness_x(2, 2, shape);
-	hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", 3, 1);
+	hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", (hpu_linear_opts){.out = 3, .bias = true});
 	assert_non_null(l);
 	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
 	assert_int_equal(y.ndim, 2);
@@ -254,7 +254,7 @@ static void test_linear_init(void **state)
 	int64_t shape = 25;
 	lh_harness *h = lt_harness_x(1, 1, &shape);
 	hpu_builder *b = lh_builder(h);
-	hpu_layer *l = hpu_linear(b, "fc", "x", "y", 40, 1);
+	hpu_layer *l = hpu_linear(b, "fc", "x", "y", (hpu_linear_opts){.out = 40, .bias = true});
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 3), 0);
 	int w = hpu__model_param(b, "fc.weight"), bi = hpu__model_param(b, "fc.bias");
@@ -282,7 +282,7 @@ static void test_linear_gradients(void **state)
 	int64_t shape[3] = {2, 3, 5}; /* leading dimensions are rows */
 	for (int bias = 0; bias <= 1; bias++) {
 		lh_harness *h = lt_harness_x(3, 3, shape);
-		hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", 4, bias);
+		hpu_layer *l = hpu_linear(lh_builder(h), "fc", "x", "y", (hpu_linear_opts){.out = 4, .bias = bias});
 		assert_non_null(l);
 		assert_int_equal(l->npidx, 1 + bias);
 		assert_int_equal(lh_alloc(h, 11), 0);
@@ -298,15 +298,54 @@ static void test_linear_refused(void **state)
 			  {.name = "ids", .dtype = HPU_I32, .ndim = 1, .shape = {4}}};
 	lh_harness *h = lt_harness(2, 2, f);
 	hpu_builder *b = lh_builder(h);
-	lt_refused(h, hpu_linear(b, "fc1", "nope", "y", 3, 1), "fc1", "nope");
-	lt_refused(h, hpu_linear(b, "fc2", "ids", "y", 3, 1), "fc2", "f32");
-	lt_refused(h, hpu_linear(b, "fc3", "x", "y", 0, 1), "fc3", NULL);
+	lt_refused(h, hpu_linear(b, "fc1", "nope", "y", (hpu_linear_opts){.out = 3, .bias = true}), "fc1", "nope");
+	lt_refused(h, hpu_linear(b, "fc2", "ids", "y", (hpu_linear_opts){.out = 3, .bias = true}), "fc2", "f32");
+	lt_refused(h, hpu_linear(b, "fc3", "x", "y", (hpu_linear_opts){.out = 0, .bias = true}), "fc3", NULL);
 	/* the builder refusing the name: the layer's state is freed here */
-	lt_refused(h, hpu_linear(b, "fc 4", "x", "y", 3, 1), "fc 4", NULL);
+	lt_refused(h, hpu_linear(b, "fc 4", "x", "y", (hpu_linear_opts){.out = 3, .bias = true}), "fc 4", NULL);
 	assert_int_equal(b->nlayers, 0);
 	/* ... or its output: the layer is in, its destroy frees the state */
-	lt_refused(h, hpu_linear(b, "fc5", "x", "x", 3, 1), "fc5", "twice");
+	lt_refused(h, hpu_linear(b, "fc5", "x", "x", (hpu_linear_opts){.out = 3, .bias = true}), "fc5", "twice");
 	assert_int_equal(b->nlayers, 1);
+	lh_free(&h);
+}
+
+/* Sticky builder errors (ABI 3): after the first failure every
+ * declaration does nothing, the calls taking a layer accept the NULL a
+ * failed one returned, and the first error (its message and code) stays,
+ * hpu_error()'s included; queries still answer. */
+static void test_sticky_errors(void **state)
+{
+	(void)state;
+	hpu_field f = {.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {4}};
+	lh_harness *h = lt_harness(2, 1, &f);
+	hpu_builder *b = lh_builder(h);
+	assert_int_equal(hpu_builder_status(b), HPU_OK);
+	assert_non_null(hpu_linear(b, "fc1", "x", "h", (hpu_linear_opts){.out = 3}));
+	hpu_layer *bad = hpu_layer_add(b, "custom", "nope", &(hpu_layer_ops){.forward = NULL}, NULL);
+	assert_null(bad);
+	const char *first = "layer custom: needs a forward function";
+	printf("  first error: %s\n", lh_error(h));
+	assert_string_equal(lh_error(h), first);
+	assert_int_equal(hpu_builder_status(b), HPU_EINVAL);
+	/* a NULL layer: nothing happens, nothing is recorded */
+	assert_int_equal(hpu_layer_output(bad, "y", HPU_F32, 1, (int64_t[]){2}), HPU_EINVAL);
+	assert_int_equal(hpu_param_add(bad, "w", 1, (int64_t[]){2}, HPU_INIT(ZEROS)), HPU_EINVAL);
+	assert_int_equal(hpu_layer_checkpoint(bad, 1), HPU_EINVAL);
+	/* valid declarations after it do nothing; wrong ones record nothing */
+	assert_null(hpu_relu(b, "act", "h", "a"));
+	assert_null(hpu_linear(b, "fc2", "missing", "z", (hpu_linear_opts){.out = 2}));
+	assert_int_not_equal(hpu_loss_add(b, "h", 1.0f), HPU_OK);
+	assert_int_equal(hpu_error(b, "a later error %d", 2), HPU_ERROR);
+	assert_int_equal(b->nlayers, 1);
+	assert_string_equal(lh_error(h), first);
+	assert_int_equal(hpu_builder_status(b), HPU_EINVAL);
+	hpu_tensor t;
+	assert_int_equal(hpu_tensor_info(b, "h", &t), HPU_OK);
+	/* cleared (as the tests' lh_clear_error does), declarations run again */
+	lh_clear_error(h);
+	assert_non_null(hpu_relu(b, "act", "h", "a"));
+	assert_int_equal(hpu_builder_status(b), HPU_OK);
 	lh_free(&h);
 }
 
@@ -317,12 +356,12 @@ static void test_linear_tied(void **state)
 			  {.name = "z", .dtype = HPU_F32, .ndim = 1, .shape = {4}}};
 	lh_harness *h = lt_harness(2, 2, f);
 	hpu_builder *b = lh_builder(h);
-	hpu_layer *enc = hpu_linear(b, "enc", "x", "e", 5, 0);
+	hpu_layer *enc = hpu_linear(b, "enc", "x", "e", (hpu_linear_opts){.out = 5});
 	assert_non_null(enc);
-	lt_refused(h, hpu_linear_tied(b, "bad", "z", "d", "enc.weight", 1), "bad", "enc.weight");
-	lt_refused(h, hpu_linear_tied(b, "bad2", "x", "d", "enc.nope", 1), "bad2", "enc.nope");
-	lt_refused(h, hpu_linear_tied(b, "bad3", "x", "d", NULL, 1), "bad3", NULL);
-	hpu_layer *dec = hpu_linear_tied(b, "dec", "x", "d", "enc.weight", 1);
+	lt_refused(h, hpu_linear_tied(b, "bad", "z", "d", (hpu_linear_tied_opts){.weight = "enc.weight", .bias = true}), "bad", "enc.weight");
+	lt_refused(h, hpu_linear_tied(b, "bad2", "x", "d", (hpu_linear_tied_opts){.weight = "enc.nope", .bias = true}), "bad2", "enc.nope");
+	lt_refused(h, hpu_linear_tied(b, "bad3", "x", "d", (hpu_linear_tied_opts){.weight = NULL, .bias = true}), "bad3", NULL);
+	hpu_layer *dec = hpu_linear_tied(b, "dec", "x", "d", (hpu_linear_tied_opts){.weight = "enc.weight", .bias = true});
 	assert_non_null(dec);
 	hpu_tensor d = lh_tensor(h, "d", 0, NULL);
 	assert_true(d.ndim == 2 && d.shape[0] == 2 && d.shape[1] == 5);
@@ -354,7 +393,7 @@ static void test_conv2d_forward(void **state)
 	(void)state;
 	int64_t shape[3] = {1, 3, 3};
 	lh_harness *h = lt_harness_x(1, 3, shape);
-	hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", 2, 2, 1, 0, 1);
+	hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", (hpu_conv2d_opts){.out = 2, .kernel = 2, .stride = 1, .pad = 0, .bias = true});
 	assert_non_null(l);
 	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
 	assert_true(y.ndim == 3 && y.shape[0] == 2 && y.shape[1] == 2 && y.shape[2] == 2);
@@ -378,7 +417,7 @@ static void test_conv2d_gradients(void **state)
 	int64_t shape[3] = {3, 6, 5};
 	for (int bias = 0; bias <= 1; bias++) {
 		lh_harness *h = lt_harness_x(2, 3, shape);
-		hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", 4, 3, 2, 1, bias);
+		hpu_layer *l = hpu_conv2d(lh_builder(h), "conv", "x", "y", (hpu_conv2d_opts){.out = 4, .kernel = 3, .stride = 2, .pad = 1, .bias = bias});
 		assert_non_null(l);
 		hpu_tensor y = lh_tensor(h, "y", 0, NULL);
 		assert_true(y.shape[0] == 4 && y.shape[1] == 3 && y.shape[2] == 3);
@@ -395,15 +434,15 @@ static void test_conv_pool_refused(void **state)
 			  {.name = "v", .dtype = HPU_F32, .ndim = 2, .shape = {4, 4}}};
 	lh_harness *h = lt_harness(1, 2, f);
 	hpu_builder *b = lh_builder(h);
-	lt_refused(h, hpu_conv2d(b, "c1", "v", "y", 2, 3, 1, 0, 1), "c1", "[C, H, W]");
-	lt_refused(h, hpu_conv2d(b, "c2", "x", "y", 2, 5, 1, 0, 1), "c2", NULL);
-	lt_refused(h, hpu_conv2d(b, "c3", "x", "y", 2, 3, 0, 0, 1), "c3", NULL);
-	lt_refused(h, hpu_conv2d(b, "c4", "x", "y", 0, 3, 1, 0, 1), "c4", NULL);
-	lt_refused(h, hpu_conv2d(b, "c5", "nope", "y", 2, 3, 1, 0, 1), "c5", "nope");
-	lt_refused(h, hpu_maxpool2d(b, "p1", "v", "y", 2, 2), "p1", NULL);
-	lt_refused(h, hpu_maxpool2d(b, "p2", "x", "y", 5, 1), "p2", NULL);
-	lt_refused(h, hpu_avgpool2d(b, "p3", "x", "y", 2, 0), "p3", NULL);
-	lt_refused(h, hpu_avgpool2d(b, "p4", "nope", "y", 2, 2), "p4", "nope");
+	lt_refused(h, hpu_conv2d(b, "c1", "v", "y", (hpu_conv2d_opts){.out = 2, .kernel = 3, .stride = 1, .pad = 0, .bias = true}), "c1", "[C, H, W]");
+	lt_refused(h, hpu_conv2d(b, "c2", "x", "y", (hpu_conv2d_opts){.out = 2, .kernel = 5, .stride = 1, .pad = 0, .bias = true}), "c2", NULL);
+	lt_refused(h, hpu_conv2d(b, "c3", "x", "y", (hpu_conv2d_opts){.out = 2, .kernel = 3, .stride = -1, .pad = 0, .bias = true}), "c3", NULL);
+	lt_refused(h, hpu_conv2d(b, "c4", "x", "y", (hpu_conv2d_opts){.out = 0, .kernel = 3, .stride = 1, .pad = 0, .bias = true}), "c4", NULL);
+	lt_refused(h, hpu_conv2d(b, "c5", "nope", "y", (hpu_conv2d_opts){.out = 2, .kernel = 3, .stride = 1, .pad = 0, .bias = true}), "c5", "nope");
+	lt_refused(h, hpu_maxpool2d(b, "p1", "v", "y", (hpu_pool2d_opts){.kernel = 2, .stride = 2}), "p1", NULL);
+	lt_refused(h, hpu_maxpool2d(b, "p2", "x", "y", (hpu_pool2d_opts){.kernel = 5, .stride = 1}), "p2", NULL);
+	lt_refused(h, hpu_avgpool2d(b, "p3", "x", "y", (hpu_pool2d_opts){.kernel = 2, .stride = -1}), "p3", NULL);
+	lt_refused(h, hpu_avgpool2d(b, "p4", "nope", "y", (hpu_pool2d_opts){.kernel = 2, .stride = 2}), "p4", "nope");
 	lt_refused(h, hpu_flatten(b, "f1", "nope", "y"), "f1", "nope");
 	assert_int_equal(b->nlayers, 0);
 	lh_free(&h);
@@ -423,7 +462,7 @@ static void test_maxpool(void **state)
 	(void)state;
 	int64_t shape[3] = {1, 4, 4};
 	lh_harness *h = lt_harness_x(2, 3, shape);
-	hpu_layer *l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", 2, 2);
+	hpu_layer *l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", (hpu_pool2d_opts){.kernel = 2, .stride = 2});
 	assert_non_null(l);
 	assert_int_equal(l->saved_ps, 4); /* one index per output */
 	assert_int_equal(lh_alloc(h, 1), 0);
@@ -442,7 +481,7 @@ static void test_maxpool(void **state)
 
 	int64_t big[3] = {2, 7, 5};
 	h = lt_harness_x(2, 3, big);
-	l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", 3, 2);
+	l = hpu_maxpool2d(lh_builder(h), "pool", "x", "y", (hpu_pool2d_opts){.kernel = 3, .stride = 2});
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);
 	float xs[2 * 70];
@@ -457,7 +496,7 @@ static void test_avgpool(void **state)
 	(void)state;
 	int64_t shape[3] = {1, 3, 3};
 	lh_harness *h = lt_harness_x(1, 3, shape);
-	hpu_layer *l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", 2, 1);
+	hpu_layer *l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", (hpu_pool2d_opts){.kernel = 2, .stride = 1});
 	assert_non_null(l);
 	hpu_tensor y = lh_tensor(h, "y", 0, NULL);
 	assert_true(y.shape[0] == 1 && y.shape[1] == 2 && y.shape[2] == 2);
@@ -472,7 +511,7 @@ static void test_avgpool(void **state)
 
 	int64_t big[3] = {3, 7, 6};
 	h = lt_harness_x(2, 3, big);
-	l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", 3, 2);
+	l = hpu_avgpool2d(lh_builder(h), "pool", "x", "y", (hpu_pool2d_opts){.kernel = 3, .stride = 2});
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 1), 0);
 	lt_gradcheck_ok(h, l, 2, NULL, NULL);
@@ -566,10 +605,10 @@ static void test_eltwise_refused(void **state)
 	lt_refused(h, hpu_gelu(b, "g1", "nope", "y"), "g1", "nope");
 	lt_refused(h, hpu_tanh(b, "t1", "ids", "y"), "t1", "f32");
 	lt_refused(h, hpu_softmax(b, "s1", "ids", "y"), "s1", "f32");
-	lt_refused(h, hpu_dropout(b, "d1", "x", "y", 1.0f), "d1", NULL);
-	lt_refused(h, hpu_dropout(b, "d2", "x", "y", -0.1f), "d2", NULL);
-	lt_refused(h, hpu_dropout(b, "d3", "x", "y", NAN), "d3", NULL);
-	lt_refused(h, hpu_dropout(b, "d4", "ids", "y", 0.5f), "d4", "f32");
+	lt_refused(h, hpu_dropout(b, "d1", "x", "y", (hpu_dropout_opts){.p = 1.0f}), "d1", NULL);
+	lt_refused(h, hpu_dropout(b, "d2", "x", "y", (hpu_dropout_opts){.p = -0.1f}), "d2", NULL);
+	lt_refused(h, hpu_dropout(b, "d3", "x", "y", (hpu_dropout_opts){.p = NAN}), "d3", NULL);
+	lt_refused(h, hpu_dropout(b, "d4", "ids", "y", (hpu_dropout_opts){.p = 0.5f}), "d4", "f32");
 	assert_int_equal(b->nlayers, 0);
 	lh_free(&h);
 }
@@ -590,7 +629,7 @@ static void test_dropout(void **state)
 	int64_t shape = DN;
 	const float p = 0.3f;
 	lh_harness *h = lt_harness_x(DB, 1, &shape);
-	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", p);
+	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", (hpu_dropout_opts){.p = p});
 	assert_non_null(l);
 	assert_int_equal(lh_alloc(h, 99), 0);
 	float *x = lt_alloc_f(DB * DN), *y1 = lt_alloc_f(DB * DN), *y2 = lt_alloc_f(DB * DN);
@@ -658,8 +697,8 @@ static void test_dropout_gradients(void **state)
 	(void)state;
 	int64_t shape = 20;
 	lh_harness *h = lt_harness_x(3, 1, &shape);
-	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", 0.5f);
-	hpu_layer *l0 = hpu_dropout(lh_builder(h), "drop0", "x", "y0", 0.0f);
+	hpu_layer *l = hpu_dropout(lh_builder(h), "drop", "x", "y", (hpu_dropout_opts){.p = 0.5f});
+	hpu_layer *l0 = hpu_dropout(lh_builder(h), "drop0", "x", "y0", (hpu_dropout_opts){.p = 0.0f});
 	assert_non_null(l);
 	assert_non_null(l0);
 	assert_int_equal(lh_alloc(h, 4), 0);
@@ -896,7 +935,7 @@ static int setup_acc_loss(hpu_builder *b, int argc, char **argv)
 {
 	(void)argc;
 	int as_loss = argv && argv[0] && !strcmp(argv[0], "loss");
-	if (!hpu_linear(b, "fc", "x", "logits", 4, 1) ||
+	if (!hpu_linear(b, "fc", "x", "logits", (hpu_linear_opts){.out = 4, .bias = true}) ||
 	    !hpu_accuracy(b, "acc", "logits,label", "acc") ||
 	    !hpu_cross_entropy(b, "xent", "logits,label", "xent"))
 		return -1;
@@ -939,26 +978,22 @@ static void test_accuracy_plan(void **state)
 
 static hpu_layer *ref_linear(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_linear(b, "fc", "x", "y", lh_ref_int(r, "out_features", 0), 1);
+	return hpu_linear(b, "fc", "x", "y", (hpu_linear_opts){.out = lh_ref_int(r, "out_features", 0), .bias = true});
 }
 
 static hpu_layer *ref_conv2d(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_conv2d(b, "conv", "x", "y", lh_ref_int(r, "out_ch", 0),
-			  lh_ref_int(r, "kernel", 0), lh_ref_int(r, "stride", 0),
-			  lh_ref_int(r, "pad", -1), 1);
+	return hpu_conv2d(b, "conv", "x", "y", (hpu_conv2d_opts){.out = lh_ref_int(r, "out_ch", 0), .kernel = lh_ref_int(r, "kernel", 0), .stride = lh_ref_int(r, "stride", 0), .pad = lh_ref_int(r, "pad", -1), .bias = true});
 }
 
 static hpu_layer *ref_maxpool(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_maxpool2d(b, "pool", "x", "y", lh_ref_int(r, "kernel", 0),
-			     lh_ref_int(r, "stride", 0));
+	return hpu_maxpool2d(b, "pool", "x", "y", (hpu_pool2d_opts){.kernel = lh_ref_int(r, "kernel", 0), .stride = lh_ref_int(r, "stride", 0)});
 }
 
 static hpu_layer *ref_avgpool(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_avgpool2d(b, "pool", "x", "y", lh_ref_int(r, "kernel", 0),
-			     lh_ref_int(r, "stride", 0));
+	return hpu_avgpool2d(b, "pool", "x", "y", (hpu_pool2d_opts){.kernel = lh_ref_int(r, "kernel", 0), .stride = lh_ref_int(r, "stride", 0)});
 }
 
 static hpu_layer *ref_gelu(hpu_builder *b, const lh_ref *r)
@@ -1024,6 +1059,7 @@ int main(void)
 		cmocka_unit_test(test_linear_tied),
 		cmocka_unit_test(test_conv2d_forward),
 		cmocka_unit_test(test_conv2d_gradients),
+		cmocka_unit_test(test_sticky_errors),
 		cmocka_unit_test(test_conv_pool_refused),
 		cmocka_unit_test(test_maxpool),
 		cmocka_unit_test(test_avgpool),

@@ -146,7 +146,7 @@ static void test_layernorm_torch(void **state)
 	const size_t n = (size_t)batch * 4 * cols;
 	hpu_field f = {"x", HPU_F32, 2, {4, cols}};
 	lh_harness *h = harness(batch, 1, &f);
-	hpu_layer *l = hpu_layernorm(lh_builder(h), "ln", "x", "y", ref_f32(r, "eps", 1)[0]);
+	hpu_layer *l = hpu_layernorm(lh_builder(h), "ln", "x", "y", (hpu_layernorm_opts){.eps = ref_f32(r, "eps", 1)[0]});
 	alloc(h, l);
 	set_param(l, 0, ref_f32(r, "weight", cols), cols);
 	set_param(l, 1, ref_f32(r, "bias", cols), cols);
@@ -187,8 +187,8 @@ static void test_layernorm_gradcheck(void **state)
 	(void)state;
 	hpu_field f[] = {{"x", HPU_F32, 3, {2, 3, 5}}, {"v", HPU_F32, 1, {7}}};
 	lh_harness *h = harness(3, 2, f);
-	hpu_layer *a = hpu_layernorm(lh_builder(h), "ln3d", "x", "y", 1e-5f);
-	hpu_layer *b = hpu_layernorm(lh_builder(h), "ln1d", "v", "w", 1e-3f);
+	hpu_layer *a = hpu_layernorm(lh_builder(h), "ln3d", "x", "y", (hpu_layernorm_opts){.eps = 1e-5f});
+	hpu_layer *b = hpu_layernorm(lh_builder(h), "ln1d", "v", "w", (hpu_layernorm_opts){.eps = 1e-3f});
 	assert_non_null(a);
 	alloc(h, b);
 	/* weights away from ones and zeros, so their role shows */
@@ -209,8 +209,7 @@ static void batchnorm_torch(const char *file, int batch, int ndim, const int64_t
 	hpu_field f = {"x", HPU_F32, ndim, {0}};
 	memcpy(f.shape, shape, (size_t)ndim * sizeof *shape);
 	lh_harness *h = harness(batch, 1, &f);
-	hpu_layer *l = hpu_batchnorm(lh_builder(h), "bn", "x", "y", ref_f32(r, "eps", 1)[0],
-				     ref_f32(r, "momentum", 1)[0], HPU_BUFFER_MEAN);
+	hpu_layer *l = hpu_batchnorm(lh_builder(h), "bn", "x", "y", (hpu_batchnorm_opts){.eps = ref_f32(r, "eps", 1)[0], .momentum = ref_f32(r, "momentum", 1)[0], .sync = HPU_BUFFER_MEAN});
 	alloc(h, l);
 	size_t ch = (size_t)shape[0], n = (size_t)batch * lh_numel(h, "x");
 	set_param(l, 0, ref_f32(r, "weight", ch), ch);
@@ -265,7 +264,7 @@ static void test_batchnorm_running_stats(void **state)
 	const float eps = 1e-3f, mom = 0.25f;
 	hpu_field f = {"x", HPU_F32, 3, {C, 2, 2}};
 	lh_harness *h = harness(B, 1, &f);
-	hpu_layer *l = hpu_batchnorm(lh_builder(h), "bn", "x", "y", eps, mom, HPU_BUFFER_LOCAL);
+	hpu_layer *l = hpu_batchnorm(lh_builder(h), "bn", "x", "y", (hpu_batchnorm_opts){.eps = eps, .momentum = mom, .sync = HPU_BUFFER_LOCAL});
 	alloc(h, l);
 	float x[B * C * S], y[B * C * S], y1[B * C * S], want[C], rm1[C], rv1[C];
 	uint64_t seed = 11;
@@ -335,12 +334,9 @@ static void test_batchnorm_gradcheck(void **state)
 	hpu_field f[] = {{"x", HPU_F32, 3, {3, 3, 2}}, {"v", HPU_F32, 1, {5}},
 			 {"u", HPU_F32, 2, {2, 4}}};
 	lh_harness *h = harness(6, 3, f);
-	hpu_layer *a = hpu_batchnorm(lh_builder(h), "bn2d", "x", "y", 1e-5f, 0.1f,
-				     HPU_BUFFER_BROADCAST);
-	hpu_layer *b = hpu_batchnorm(lh_builder(h), "bn1d", "v", "w", 1e-5f, 0.1f,
-				     HPU_BUFFER_MEAN);
-	hpu_layer *c = hpu_batchnorm(lh_builder(h), "bncl", "u", "z", 1e-5f, 0.1f,
-				     HPU_BUFFER_MEAN);
+	hpu_layer *a = hpu_batchnorm(lh_builder(h), "bn2d", "x", "y", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_BROADCAST});
+	hpu_layer *b = hpu_batchnorm(lh_builder(h), "bn1d", "v", "w", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN});
+	hpu_layer *c = hpu_batchnorm(lh_builder(h), "bncl", "u", "z", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN});
 	assert_non_null(a);
 	assert_non_null(b);
 	alloc(h, c);
@@ -361,7 +357,7 @@ static void test_batchnorm_one_value(void **state)
 	(void)state;
 	hpu_field f = {"v", HPU_F32, 1, {4}};
 	lh_harness *h = harness(2, 1, &f);
-	hpu_layer *l = hpu_batchnorm(lh_builder(h), "bn", "v", "y", 1e-5f, 0.1f, HPU_BUFFER_MEAN);
+	hpu_layer *l = hpu_batchnorm(lh_builder(h), "bn", "v", "y", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN});
 	alloc(h, l);
 	float x[4] = {1, 2, 3, 4}, y[4];
 	void *in[] = {x}, *out[] = {y};
@@ -383,7 +379,7 @@ static void test_embedding_torch(void **state)
 	const size_t nid = (size_t)batch * 5, n = nid * (size_t)dim;
 	hpu_field f = {"ids", HPU_I32, 1, {5}};
 	lh_harness *h = harness(batch, 1, &f);
-	hpu_layer *l = hpu_embedding(lh_builder(h), "emb", "ids", "y", vocab, dim);
+	hpu_layer *l = hpu_embedding(lh_builder(h), "emb", "ids", "y", (hpu_embedding_opts){.vocab = vocab, .dim = dim});
 	alloc(h, l);
 	hpu_tensor t = lh_tensor(h, "y", 0, NULL);
 	assert_int_equal(t.ndim, 2);
@@ -411,8 +407,8 @@ static void test_embedding_shapes(void **state)
 	(void)state;
 	hpu_field f[] = {{"tok", HPU_I32, 0, {0}}, {"grid", HPU_I32, 2, {2, 3}}};
 	lh_harness *h = harness(4, 2, f);
-	hpu_layer *a = hpu_embedding(lh_builder(h), "e0", "tok", "y0", 5, 3);
-	hpu_layer *b = hpu_embedding(lh_builder(h), "e2", "grid", "y2", 9, 2);
+	hpu_layer *a = hpu_embedding(lh_builder(h), "e0", "tok", "y0", (hpu_embedding_opts){.vocab = 5, .dim = 3});
+	hpu_layer *b = hpu_embedding(lh_builder(h), "e2", "grid", "y2", (hpu_embedding_opts){.vocab = 9, .dim = 2});
 	assert_non_null(a);
 	alloc(h, b);
 	hpu_tensor t = lh_tensor(h, "y0", 0, NULL);
@@ -444,7 +440,7 @@ static void test_param_init(void **state)
 	hpu_field f[] = {{"tok", HPU_I32, 0, {0}}};
 	lh_harness *h = harness(4, 1, f);
 	hpu_builder *b = lh_builder(h);
-	hpu_layer *l = hpu_embedding(b, "emb", "tok", "y", 400, 50);
+	hpu_layer *l = hpu_embedding(b, "emb", "tok", "y", (hpu_embedding_opts){.vocab = 400, .dim = 50});
 	assert_non_null(l);
 	assert_int_equal(hpu_param_init(b, "emb.weight", HPU_INIT(NORMAL, 0, 0.02f)), HPU_OK);
 	assert_int_equal(hpu_param_init(b, "emb.bias", HPU_INIT(ZEROS)), HPU_ENOENT);
@@ -469,7 +465,7 @@ static void test_embedding_bad_id(void **state)
 	(void)state;
 	hpu_field f = {"ids", HPU_I32, 1, {4}};
 	lh_harness *h = harness(3, 1, &f);
-	hpu_layer *l = hpu_embedding(lh_builder(h), "emb", "ids", "y", 7, 2);
+	hpu_layer *l = hpu_embedding(lh_builder(h), "emb", "ids", "y", (hpu_embedding_opts){.vocab = 7, .dim = 2});
 	alloc(h, l);
 	const uint32_t samples[] = {40, 41, 42};
 	lh_set_samples(h, samples, 3);
@@ -500,7 +496,7 @@ static void test_embedding_init(void **state)
 	(void)state;
 	hpu_field f = {"ids", HPU_I32, 0, {0}};
 	lh_harness *h = harness(1, 1, &f);
-	hpu_layer *l = hpu_embedding(lh_builder(h), "emb", "ids", "y", 200, 10);
+	hpu_layer *l = hpu_embedding(lh_builder(h), "emb", "ids", "y", (hpu_embedding_opts){.vocab = 200, .dim = 10});
 	alloc(h, l);
 	const hpu_param_info *p = &lh_builder(h)->params[l->pidx[0]];
 	assert_string_equal(p->name, "emb.weight");
@@ -526,7 +522,7 @@ static lh_harness *attention_harness(int batch, int heads, int causal, int maske
 {
 	hpu_field f[] = {{"x", HPU_F32, 2, {AT_T, AT_D}}, {"mask", HPU_I32, 1, {AT_T}}};
 	lh_harness *h = harness(batch, 2, f);
-	*l = hpu_attention(lh_builder(h), "attn", masked ? "x,mask" : "x", "y", heads, causal);
+	*l = hpu_attention(lh_builder(h), "attn", masked ? "x,mask" : "x", "y", (hpu_attention_opts){.heads = heads, .causal = causal});
 	alloc(h, *l);
 	return h;
 }
@@ -735,54 +731,54 @@ static void test_declaration_errors(void **state)
 	lh_harness *h = harness(2, 8, f);
 	hpu_builder *b = lh_builder(h);
 	lh_clear_error(h);
-	expect_refused(h, hpu_layernorm(b, "ln1", "ids", "o", 1e-5f), 0, "ln1", "must be f32");
-	expect_refused(h, hpu_layernorm(b, "ln2", "nope", "o", 1e-5f), 0, "ln2",
+	expect_refused(h, hpu_layernorm(b, "ln1", "ids", "o", (hpu_layernorm_opts){.eps = 1e-5f}), 0, "ln1", "must be f32");
+	expect_refused(h, hpu_layernorm(b, "ln2", "nope", "o", (hpu_layernorm_opts){.eps = 1e-5f}), 0, "ln2",
 		       "nope is not a tensor declared before it");
-	expect_refused(h, hpu_layernorm(b, "ln3", "x", "o", -1), 0, "ln3", "eps");
-	expect_refused(h, hpu_layernorm(b, "ln4", "x", "o", NAN), 0, "ln4", "eps");
-	expect_refused(h, hpu_layernorm(b, "ln5", "s", "o", 1e-5f), 0, "ln5", "last dimension");
-	expect_refused(h, hpu_layernorm(b, "ln6", NULL, "o", 1e-5f), 0, "ln6", "(null)");
-	expect_refused(h, hpu_batchnorm(b, "bn1", "v", "o", 1e-5f, 0.1f, HPU_BUFFER_MEAN), 0,
+	expect_refused(h, hpu_layernorm(b, "ln3", "x", "o", (hpu_layernorm_opts){.eps = -1}), 0, "ln3", "eps");
+	expect_refused(h, hpu_layernorm(b, "ln4", "x", "o", (hpu_layernorm_opts){.eps = NAN}), 0, "ln4", "eps");
+	expect_refused(h, hpu_layernorm(b, "ln5", "s", "o", (hpu_layernorm_opts){.eps = 1e-5f}), 0, "ln5", "last dimension");
+	expect_refused(h, hpu_layernorm(b, "ln6", NULL, "o", (hpu_layernorm_opts){.eps = 1e-5f}), 0, "ln6", "(null)");
+	expect_refused(h, hpu_batchnorm(b, "bn1", "v", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN}), 0,
 		       "bn1", "[C], [C, L] or [C, H, W]");
-	expect_refused(h, hpu_batchnorm(b, "bn2", "s", "o", 1e-5f, 0.1f, HPU_BUFFER_MEAN), 0,
+	expect_refused(h, hpu_batchnorm(b, "bn2", "s", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN}), 0,
 		       "bn2", "[C], [C, L] or [C, H, W]");
-	expect_refused(h, hpu_batchnorm(b, "bn3", "x", "o", 1e-5f, 1.5f, HPU_BUFFER_MEAN), 0,
+	expect_refused(h, hpu_batchnorm(b, "bn3", "x", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 1.5f, .sync = HPU_BUFFER_MEAN}), 0,
 		       "bn3", "momentum");
-	expect_refused(h, hpu_batchnorm(b, "bn4", "x", "o", 1e-5f, 0.1f, (hpu_buffer_sync)7), 0,
+	expect_refused(h, hpu_batchnorm(b, "bn4", "x", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = (hpu_buffer_sync)7}), 0,
 		       "bn4", "sync 7");
-	expect_refused(h, hpu_batchnorm(b, "bn5", "m", "o", 1e-5f, 0.1f, HPU_BUFFER_MEAN), 0,
+	expect_refused(h, hpu_batchnorm(b, "bn5", "m", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN}), 0,
 		       "bn5", "must be f32");
-	expect_refused(h, hpu_embedding(b, "e1", "x", "o", 10, 4), 0, "e1", "must be i32");
-	expect_refused(h, hpu_embedding(b, "e2", "ids", "o", 0, 4), 0, "e2", "vocab 0");
-	expect_refused(h, hpu_embedding(b, "e3", "ids", "o", 10, -1), 0, "e3", "dim -1");
-	expect_refused(h, hpu_embedding(b, "e4", "big", "o", 10, 4), 0, "e4",
+	expect_refused(h, hpu_embedding(b, "e1", "x", "o", (hpu_embedding_opts){.vocab = 10, .dim = 4}), 0, "e1", "must be i32");
+	expect_refused(h, hpu_embedding(b, "e2", "ids", "o", (hpu_embedding_opts){.vocab = 0, .dim = 4}), 0, "e2", "vocab 0");
+	expect_refused(h, hpu_embedding(b, "e3", "ids", "o", (hpu_embedding_opts){.vocab = 10, .dim = -1}), 0, "e3", "dim -1");
+	expect_refused(h, hpu_embedding(b, "e4", "big", "o", (hpu_embedding_opts){.vocab = 10, .dim = 4}), 0, "e4",
 		       "at most 4");
-	expect_refused(h, hpu_attention(b, "a1", "x", "o", 3, 0), 0, "a1",
+	expect_refused(h, hpu_attention(b, "a1", "x", "o", (hpu_attention_opts){.heads = 3}), 0, "a1",
 		       "heads must be at least 1 and divide the model dimension 8, is 3");
-	expect_refused(h, hpu_attention(b, "a2", "x", "o", 0, 0), 0, "a2", "is 0");
-	expect_refused(h, hpu_attention(b, "a3", "x,m5", "o", 2, 0), 0, "a3",
+	expect_refused(h, hpu_attention(b, "a2", "x", "o", (hpu_attention_opts){.heads = 0}), 0, "a2", "is 0");
+	expect_refused(h, hpu_attention(b, "a3", "x,m5", "o", (hpu_attention_opts){.heads = 2}), 0, "a3",
 		       "key mask m5 must be i32 [4]");
-	expect_refused(h, hpu_attention(b, "a4", "x,fm", "o", 2, 0), 0, "a4",
+	expect_refused(h, hpu_attention(b, "a4", "x,fm", "o", (hpu_attention_opts){.heads = 2}), 0, "a4",
 		       "key mask fm must be i32 [4]");
-	expect_refused(h, hpu_attention(b, "a5", "x,m,m", "o", 2, 0), 0, "a5",
+	expect_refused(h, hpu_attention(b, "a5", "x,m,m", "o", (hpu_attention_opts){.heads = 2}), 0, "a5",
 		       "must be \"x\" or \"x,mask\"");
-	expect_refused(h, hpu_attention(b, "a6", "x,", "o", 2, 0), 0, "a6",
+	expect_refused(h, hpu_attention(b, "a6", "x,", "o", (hpu_attention_opts){.heads = 2}), 0, "a6",
 		       "must be \"x\" or \"x,mask\"");
-	expect_refused(h, hpu_attention(b, "a7", "ids", "o", 2, 0), 0, "a7", "must be f32");
-	expect_refused(h, hpu_attention(b, "a8", "fm", "o", 2, 0), 0, "a8", "[T, D]");
-	expect_refused(h, hpu_attention(b, "a9", "x,nope", "o", 2, 0), 0, "a9",
+	expect_refused(h, hpu_attention(b, "a7", "ids", "o", (hpu_attention_opts){.heads = 2}), 0, "a7", "must be f32");
+	expect_refused(h, hpu_attention(b, "a8", "fm", "o", (hpu_attention_opts){.heads = 2}), 0, "a8", "[T, D]");
+	expect_refused(h, hpu_attention(b, "a9", "x,nope", "o", (hpu_attention_opts){.heads = 2}), 0, "a9",
 		       "key mask nope is not a tensor");
 	/* the builder's own checks, after the layer is added */
-	assert_non_null(hpu_layernorm(b, "ok1", "x", "xn", 1e-5f));
-	assert_null(hpu_layernorm(b, "ok1", "x", "xn2", 1e-5f));
+	assert_non_null(hpu_layernorm(b, "ok1", "x", "xn", (hpu_layernorm_opts){.eps = 1e-5f}));
+	assert_null(hpu_layernorm(b, "ok1", "x", "xn2", (hpu_layernorm_opts){.eps = 1e-5f}));
 	expect_contains("twice", lh_error(h), "declared twice");
 	lh_clear_error(h);
-	assert_null(hpu_embedding(b, "e5", "ids", "xn", 10, 4));
+	assert_null(hpu_embedding(b, "e5", "ids", "xn", (hpu_embedding_opts){.vocab = 10, .dim = 4}));
 	expect_contains("output taken", lh_error(h), "xn is declared twice");
 	lh_clear_error(h);
 	/* and valid ones */
-	assert_non_null(hpu_attention(b, "ok2", "x,m", "att", 2, 1));
-	assert_non_null(hpu_batchnorm(b, "ok3", "x", "bn", 1e-5f, 0.1f, HPU_BUFFER_LOCAL));
+	assert_non_null(hpu_attention(b, "ok2", "x,m", "att", (hpu_attention_opts){.heads = 2, .causal = true}));
+	assert_non_null(hpu_batchnorm(b, "ok3", "x", "bn", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_LOCAL}));
 	assert_string_equal(lh_error(h), "");
 	const hpu_buffer_info *bi = &b->buffers[b->nbuffers - 2];
 	assert_string_equal(bi[0].name, "ok3.running_mean");

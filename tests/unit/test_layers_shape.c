@@ -64,66 +64,60 @@ static const int32_t *ints(const lh_ref *r, const char *name, size_t want)
 
 static hpu_layer *ref_reduce(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_reduce(b, "red", "x", "y", lh_ref_int(r, "dim", 99),
-			  (hpu_reduce_op)lh_ref_int(r, "op", -1));
+	return hpu_reduce(b, "red", "x", "y", (hpu_reduce_opts){.dim = lh_ref_int(r, "dim", 99), .op = (hpu_reduce_op)lh_ref_int(r, "op", -1)});
 }
 
 static hpu_layer *ref_reshape(hpu_builder *b, const lh_ref *r)
 {
 	const int32_t *s = ints(r, "shape", 3);
-	int64_t shape[3] = {s[0], s[1], s[2]};
-	return hpu_reshape(b, "view", "x", "y", 3, shape);
+	return hpu_reshape(b, "view", "x", "y",
+			   (hpu_reshape_opts){.ndim = 3, .shape = {s[0], s[1], s[2]}});
 }
 
 static hpu_layer *ref_slice(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_slice(b, "cut", "x", "y", lh_ref_int(r, "dim", 99), lh_ref_int(r, "start", -1),
-			 lh_ref_int(r, "len", -1));
+	return hpu_slice(b, "cut", "x", "y", (hpu_slice_opts){.dim = lh_ref_int(r, "dim", 99), .start = lh_ref_int(r, "start", -1), .len = lh_ref_int(r, "len", -1)});
 }
 
 static hpu_layer *ref_concat(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_concat(b, "cat", "a,b", "y", lh_ref_int(r, "dim", 99));
+	return hpu_concat(b, "cat", "a,b", "y", (hpu_concat_opts){.dim = lh_ref_int(r, "dim", 99)});
 }
 
 static hpu_layer *ref_permute(hpu_builder *b, const lh_ref *r)
 {
 	const int32_t *p = ints(r, "perm", 3);
-	int perm[3] = {p[0], p[1], p[2]};
-	return hpu_permute(b, "perm", "x", "y", 3, perm);
+	return hpu_permute(b, "perm", "x", "y",
+			   (hpu_permute_opts){.ndim = 3, .perm = {p[0], p[1], p[2]}});
 }
 
 static hpu_layer *ref_transpose(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_transpose(b, "tr", "x", "y", lh_ref_int(r, "dim0", 99),
-			     lh_ref_int(r, "dim1", 99));
+	return hpu_transpose(b, "tr", "x", "y", (hpu_transpose_opts){.dim0 = lh_ref_int(r, "dim0", 99), .dim1 = lh_ref_int(r, "dim1", 99)});
 }
 
 static hpu_layer *ref_conv1d(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_conv1d(b, "conv", "x", "y", lh_ref_int(r, "out_ch", 0),
-			  lh_ref_int(r, "kernel", 0), lh_ref_int(r, "stride", 0),
-			  lh_ref_int(r, "pad", -1), 1);
+	return hpu_conv1d(b, "conv", "x", "y", (hpu_conv1d_opts){.out = lh_ref_int(r, "out_ch", 0), .kernel = lh_ref_int(r, "kernel", 0), .stride = lh_ref_int(r, "stride", 0), .pad = lh_ref_int(r, "pad", -1), .bias = true});
 }
 
 static hpu_layer *ref_conv2d_rect(hpu_builder *b, const lh_ref *r)
 {
 	const int32_t *k = ints(r, "kernel", 2), *s = ints(r, "stride", 2), *p = ints(r, "pad", 2);
-	int kernel[2] = {k[0], k[1]}, stride[2] = {s[0], s[1]}, pad[2] = {p[0], p[1]};
-	return hpu_conv2d_rect(b, "conv", "x", "y", lh_ref_int(r, "out_ch", 0), kernel, stride,
-			       pad, 1);
+	return hpu_conv2d_rect(b, "conv", "x", "y",
+			       (hpu_conv2d_rect_opts){.out = lh_ref_int(r, "out_ch", 0),
+						      .kernel = {k[0], k[1]}, .stride = {s[0], s[1]},
+						      .pad = {p[0], p[1]}, .bias = true});
 }
 
 static hpu_layer *ref_maxpool1d(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_maxpool1d(b, "pool", "x", "y", lh_ref_int(r, "dim", 99),
-			     lh_ref_int(r, "kernel", 0), lh_ref_int(r, "stride", 0));
+	return hpu_maxpool1d(b, "pool", "x", "y", (hpu_pool1d_opts){.dim = lh_ref_int(r, "dim", 99), .kernel = lh_ref_int(r, "kernel", 0), .stride = lh_ref_int(r, "stride", 0)});
 }
 
 static hpu_layer *ref_avgpool1d(hpu_builder *b, const lh_ref *r)
 {
-	return hpu_avgpool1d(b, "pool", "x", "y", lh_ref_int(r, "dim", 99),
-			     lh_ref_int(r, "kernel", 0), lh_ref_int(r, "stride", 0));
+	return hpu_avgpool1d(b, "pool", "x", "y", (hpu_pool1d_opts){.dim = lh_ref_int(r, "dim", 99), .kernel = lh_ref_int(r, "kernel", 0), .stride = lh_ref_int(r, "stride", 0)});
 }
 
 static hpu_layer *ref_sigmoid(hpu_builder *b, const lh_ref *r)
@@ -178,8 +172,7 @@ static void test_reduce(void **state)
 	for (int op = HPU_REDUCE_SUM; op <= HPU_REDUCE_MAX; op++)
 		for (int dim = -3; dim < 3; dim++) {
 			lh_harness *h = lt_harness_x(2, 3, shape);
-			hpu_layer *l = hpu_reduce(lh_builder(h), "red", "x", "y", dim,
-						  (hpu_reduce_op)op);
+			hpu_layer *l = hpu_reduce(lh_builder(h), "red", "x", "y", (hpu_reduce_opts){.dim = dim, .op = (hpu_reduce_op)op});
 			assert_non_null(l);
 			int d = dim < 0 ? dim + 3 : dim;
 			int64_t want[2];
@@ -197,7 +190,7 @@ static void test_reduce(void **state)
 	/* a 1-D input reduces to one value a sample */
 	int64_t n = 5;
 	lh_harness *h = lt_harness_x(2, 1, &n);
-	assert_non_null(hpu_reduce(lh_builder(h), "red", "x", "y", 0, HPU_REDUCE_MEAN));
+	assert_non_null(hpu_reduce(lh_builder(h), "red", "x", "y", (hpu_reduce_opts){.dim = 0, .op = HPU_REDUCE_MEAN}));
 	shape_is(h, "y", 0, NULL);
 	lh_free(&h);
 }
@@ -206,15 +199,14 @@ static void test_copies(void **state)
 {
 	(void)state;
 	int64_t shape[3] = {2, 3, 4};
-	int perm[3] = {1, 2, 0};
-	int64_t view[2] = {-1, 6}, pshape[3] = {3, 4, 2}, vshape[2] = {4, 6};
+	int64_t pshape[3] = {3, 4, 2}, vshape[2] = {4, 6};
 	lh_harness *h = lt_harness_x(3, 3, shape);
 	hpu_builder *b = lh_builder(h);
 	hpu_layer *ls[4] = {
-		hpu_reshape(b, "view", "x", "v", 2, view),
-		hpu_slice(b, "cut", "x", "s", -1, 1, 2),
-		hpu_permute(b, "perm", "x", "p", 3, perm),
-		hpu_transpose(b, "tr", "x", "t", 0, 2),
+		hpu_reshape(b, "view", "x", "v", (hpu_reshape_opts){.ndim = 2, .shape = {-1, 6}}),
+		hpu_slice(b, "cut", "x", "s", (hpu_slice_opts){.dim = -1, .start = 1, .len = 2}),
+		hpu_permute(b, "perm", "x", "p", (hpu_permute_opts){.ndim = 3, .perm = {1, 2, 0}}),
+		hpu_transpose(b, "tr", "x", "t", (hpu_transpose_opts){.dim0 = 0, .dim1 = 2}),
 	};
 	for (int i = 0; i < 4; i++)
 		assert_non_null(ls[i]);
@@ -235,7 +227,7 @@ static void test_concat(void **state)
 	int64_t sa[2] = {2, 3}, sb[2] = {2, 1}, sc[2] = {2, 2};
 	hpu_field f[3] = {lt_field("a", 2, sa), lt_field("b", 2, sb), lt_field("c", 2, sc)};
 	lh_harness *h = lt_harness(2, 3, f);
-	hpu_layer *l = hpu_concat(lh_builder(h), "cat", "a,b,c", "y", 1);
+	hpu_layer *l = hpu_concat(lh_builder(h), "cat", "a,b,c", "y", (hpu_concat_opts){.dim = 1});
 	assert_non_null(l);
 	int64_t want[2] = {2, 6};
 	shape_is(h, "y", 2, want);
@@ -265,9 +257,9 @@ static void test_conv_gradients(void **state)
 	for (int bias = 0; bias <= 1; bias++) {
 		hpu_field f[2] = {lt_field("x", 2, s1), lt_field("z", 3, s2)};
 		lh_harness *h = lt_harness(2, 2, f);
-		hpu_layer *c1 = hpu_conv1d(lh_builder(h), "c1", "x", "y1", 4, 3, 2, 1, bias);
-		int k[2] = {3, 2}, st[2] = {1, 2}, p[2] = {0, 1};
-		hpu_layer *c2 = hpu_conv2d_rect(lh_builder(h), "c2", "z", "y2", 3, k, st, p, bias);
+		hpu_layer *c1 = hpu_conv1d(lh_builder(h), "c1", "x", "y1", (hpu_conv1d_opts){.out = 4, .kernel = 3, .stride = 2, .pad = 1, .bias = bias});
+		hpu_layer *c2 = hpu_conv2d_rect(lh_builder(h), "c2", "z", "y2",
+						(hpu_conv2d_rect_opts){.out = 3, .kernel = {3, 2}, .stride = {1, 2}, .pad = {0, 1}, .bias = bias});
 		assert_non_null(c1);
 		assert_non_null(c2);
 		int64_t w1[2] = {4, 5}, w2[3] = {3, 4, 4};
@@ -286,8 +278,8 @@ static void test_pool1d_gradients(void **state)
 	int64_t shape[3] = {2, 7, 5};
 	for (int dim = 0; dim < 3; dim++) {
 		lh_harness *h = lt_harness_x(2, 3, shape);
-		hpu_layer *mx = hpu_maxpool1d(lh_builder(h), "mx", "x", "m", dim, 2, 1);
-		hpu_layer *av = hpu_avgpool1d(lh_builder(h), "av", "x", "a", dim, 2, 2);
+		hpu_layer *mx = hpu_maxpool1d(lh_builder(h), "mx", "x", "m", (hpu_pool1d_opts){.dim = dim, .kernel = 2, .stride = 1});
+		hpu_layer *av = hpu_avgpool1d(lh_builder(h), "av", "x", "a", (hpu_pool1d_opts){.dim = dim, .kernel = 2, .stride = 2});
 		assert_non_null(mx);
 		assert_non_null(av);
 		assert_int_equal(lh_alloc(h, 6), 0);
@@ -404,22 +396,22 @@ static void test_permute_op(void **state)
 static void test_refused(void **state)
 {
 	(void)state;
-	int64_t shape[3] = {2, 3, 4}, other[3] = {2, 5, 3}, bad[2] = {5, -1};
+	int64_t shape[3] = {2, 3, 4}, other[3] = {2, 5, 3};
 	hpu_field f[2] = {lt_field("x", 3, shape), lt_field("w", 3, other)};
 	lh_harness *h = lt_harness(2, 2, f);
 	hpu_builder *b = lh_builder(h);
-	int k[2] = {4, 1}, s[2] = {1, 1}, p[2] = {0, 0}, perm[3] = {0, 0, 1};
-	lt_refused(h, hpu_reduce(b, "r", "x", "y", 3, HPU_REDUCE_SUM), "layer r", "dim 3");
-	lt_refused(h, hpu_reduce(b, "r", "x", "y", -4, HPU_REDUCE_SUM), "layer r", "dim -4");
-	lt_refused(h, hpu_reduce(b, "r", "x", "y", 0, (hpu_reduce_op)7), "layer r", "reduce op 7");
-	lt_refused(h, hpu_reshape(b, "v", "x", "y", 2, bad), "layer v", "24 values");
-	lt_refused(h, hpu_slice(b, "s", "x", "y", 1, 2, 2), "layer s", "is not inside it");
-	lt_refused(h, hpu_concat(b, "c", "x,w", "y", 0), "layer c", "differs from x's");
-	lt_refused(h, hpu_concat(b, "c", "x", "y", 0), "layer c", "2 to 8 inputs");
-	lt_refused(h, hpu_permute(b, "p", "x", "y", 3, perm), "layer p", "once");
-	lt_refused(h, hpu_conv1d(b, "c1", "x", "y", 2, 3, 1, 0, 1), "layer c1", "needs [C, T]");
-	lt_refused(h, hpu_conv2d_rect(b, "c2", "x", "y", 2, k, s, p, 1), "layer c2", "along H");
-	lt_refused(h, hpu_maxpool1d(b, "m", "x", "y", 1, 4, 1), "layer m", "kernel 4");
+	lt_refused(h, hpu_reduce(b, "r", "x", "y", (hpu_reduce_opts){.dim = 3, .op = HPU_REDUCE_SUM}), "layer r", "dim 3");
+	lt_refused(h, hpu_reduce(b, "r", "x", "y", (hpu_reduce_opts){.dim = -4, .op = HPU_REDUCE_SUM}), "layer r", "dim -4");
+	lt_refused(h, hpu_reduce(b, "r", "x", "y", (hpu_reduce_opts){.dim = 0, .op = (hpu_reduce_op)7}), "layer r", "reduce op 7");
+	lt_refused(h, hpu_reshape(b, "v", "x", "y", (hpu_reshape_opts){.ndim = 2, .shape = {5, -1}}), "layer v", "24 values");
+	lt_refused(h, hpu_slice(b, "s", "x", "y", (hpu_slice_opts){.dim = 1, .start = 2, .len = 2}), "layer s", "is not inside it");
+	lt_refused(h, hpu_concat(b, "c", "x,w", "y", (hpu_concat_opts){.dim = 0}), "layer c", "differs from x's");
+	lt_refused(h, hpu_concat(b, "c", "x", "y", (hpu_concat_opts){.dim = 0}), "layer c", "2 to 8 inputs");
+	lt_refused(h, hpu_permute(b, "p", "x", "y", (hpu_permute_opts){.ndim = 3, .perm = {0, 0, 1}}), "layer p", "once");
+	lt_refused(h, hpu_conv1d(b, "c1", "x", "y", (hpu_conv1d_opts){.out = 2, .kernel = 3, .stride = 1, .pad = 0, .bias = true}), "layer c1", "needs [C, T]");
+	lt_refused(h, hpu_conv2d_rect(b, "c2", "x", "y",
+				   (hpu_conv2d_rect_opts){.out = 2, .kernel = {4, 1}, .stride = {1, 1}, .bias = true}), "layer c2", "along H");
+	lt_refused(h, hpu_maxpool1d(b, "m", "x", "y", (hpu_pool1d_opts){.dim = 1, .kernel = 4, .stride = 1}), "layer m", "kernel 4");
 	lt_refused(h, hpu_bce_with_logits(b, "l", "x,w", "y"), "layer l", "differ in shape");
 	lh_free(&h);
 }

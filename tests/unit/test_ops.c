@@ -275,7 +275,7 @@ static void test_xent_hand_computed(void **state)
 	const float z[6] = {1, 2, 3, 0, 0, 0};
 	const int32_t labels[2] = {2, 1};
 	float dz[6];
-	float loss = hpu_softmax_xent(z, labels, dz, 2, 3);
+	float loss = hpu_cross_entropy_forward(z, labels, dz, 2, 3);
 	double s = 1 + exp(-1.0) + exp(-2.0);
 	double want_loss = 0.75310912;
 	double want_dz[6] = {
@@ -286,14 +286,14 @@ static void test_xent_hand_computed(void **state)
 	check_close("xent hand-computed dlogits", dz, want_dz, 6, 1e-7);
 
 	/* dlogits may be NULL: the loss alone. */
-	float loss2 = hpu_softmax_xent(z, labels, NULL, 2, 3);
+	float loss2 = hpu_cross_entropy_forward(z, labels, NULL, 2, 3);
 	check_close("xent loss with dlogits=NULL", &loss2, &want_loss, 1, 1e-6);
 
 	/* Huge logits: the row max is subtracted, so nothing overflows. */
 	const float big[6] = {1000, 0, -1000, 1000, 0, -1000};
 	const int32_t big_labels[2] = {0, 2};
 	float dbig[6];
-	float big_loss = hpu_softmax_xent(big, big_labels, dbig, 2, 3);
+	float big_loss = hpu_cross_entropy_forward(big, big_labels, dbig, 2, 3);
 	double want_big = (0.0 + 2000.0) / 2;
 	double want_dbig[6] = {0, 0, 0, 0.5, 0, -0.5};
 	check_close("xent huge logits loss", &big_loss, &want_big, 1, 1e-3);
@@ -307,13 +307,13 @@ static void test_xent_bad_label(void **state)
 	float dz[6];
 	const int32_t too_big[2] = {0, 3}; /* classes = 3 */
 	const int32_t negative[2] = {-1, 0};
-	float l1 = hpu_softmax_xent(z, too_big, dz, 2, 3);
-	float l2 = hpu_softmax_xent(z, negative, NULL, 2, 3);
+	float l1 = hpu_cross_entropy_forward(z, too_big, dz, 2, 3);
+	float l2 = hpu_cross_entropy_forward(z, negative, NULL, 2, 3);
 	printf("  xent label 3 of 3 -> %g, label -1 -> %g\n", l1, l2);
 	assert_true(l1 < 0);
 	assert_true(l2 < 0);
 	const int32_t edge[2] = {2, 0}; /* classes - 1 and 0 are valid */
-	assert_true(hpu_softmax_xent(z, edge, dz, 2, 3) >= 0);
+	assert_true(hpu_cross_entropy_forward(z, edge, dz, 2, 3) >= 0);
 }
 
 static void test_xent_fd(void **state)
@@ -325,7 +325,7 @@ static void test_xent_fd(void **state)
 	rng_seed(5);
 	fill(z, B * C, -3, 3);
 
-	float loss = hpu_softmax_xent(z, labels, dz, B, C);
+	float loss = hpu_cross_entropy_forward(z, labels, dz, B, C);
 
 	double *zd = to_double(z, B * C);
 	double want_loss = ref_xent(zd, labels, B, C), g[B * C];
@@ -357,7 +357,7 @@ static float mlp_loss(struct mlp *m, float *dz)
 	hpu_relu_forward(m->h, m->h, (size_t)m->batch * m->hid);
 	hpu_linear_forward(m->h, m->w2, m->b2, m->z, m->batch, m->hid,
 			   m->classes);
-	return hpu_softmax_xent(m->z, m->labels, dz, m->batch, m->classes);
+	return hpu_cross_entropy_forward(m->z, m->labels, dz, m->batch, m->classes);
 }
 
 /* Central difference of the fp32 loss w.r.t. p[k]; eps 1e-2 is large
@@ -427,12 +427,12 @@ static void test_count_correct(void **state)
 	    -2, -1, -3, /* all negative: arg-max 1 */
 	};
 	const int32_t labels[3] = {0, 1, 1};
-	int n = hpu_count_correct(z, labels, 3, 3);
+	int n = hpu_accuracy_forward(z, labels, 3, 3);
 	printf("  count_correct: %d of 3 (want 3)\n", n);
 	assert_int_equal(n, 3);
 	const int32_t none[3] = {2, 2, 0}; /* row 1: label 2 loses the tie */
-	assert_int_equal(hpu_count_correct(z, none, 3, 3), 0);
-	assert_int_equal(hpu_count_correct(z, labels, 0, 3), 0);
+	assert_int_equal(hpu_accuracy_forward(z, none, 3, 3), 0);
+	assert_int_equal(hpu_accuracy_forward(z, labels, 0, 3), 0);
 }
 
 /* hpu_strerror (through libhpu.so): a sentence of its own for every

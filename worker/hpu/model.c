@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ static hpu_builder *builder_new(int rank, int world, int max_batch)
 	b->rank = rank;
 	b->world = world;
 	b->max_batch = max_batch;
+	b->abi = HPU_ABI_VERSION;
 	return b;
 }
 
@@ -52,10 +54,11 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 			 path, HPU_MODEL_ENTRY_SYMBOL);
 		goto fail;
 	}
-	if (m->abi_version != HPU_ABI_VERSION) {
+	if (m->abi_version < HPU_ABI_VERSION_MIN || m->abi_version > HPU_ABI_VERSION) {
 		snprintf(err, errlen,
-			 "model %s was built for hputrain ABI version %u, but this runtime has ABI version %u: %s",
-			 path, m->abi_version, HPU_ABI_VERSION,
+			 "model %s was built for hputrain ABI version %u, but this runtime has ABI version %u "
+			 "(and loads %u): %s",
+			 path, m->abi_version, HPU_ABI_VERSION, HPU_ABI_VERSION_MIN,
 			 m->abi_version == 1 ? "ABI 1 (a chain of layers with float inputs) is gone; "
 					       "declare the model as a graph (see <hpu/hpu.h>, <hpu/layers.h> "
 					       "and README's model author guide) and rebuild it"
@@ -73,6 +76,7 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 	}
 	b->dl = dl;
 	b->model = m;
+	b->abi = m->abi_version;
 	snprintf(b->path, sizeof b->path, "%s", path);
 	*out = b;
 	return 0;
@@ -81,13 +85,30 @@ fail:
 	return -1;
 }
 
-int hpu_error(hpu_builder *b, const char *fmt, ...)
+/* Records a builder error with its code. During setup errors are sticky:
+ * the first one stays (its message and code), later ones are dropped. */
+static void record(hpu_builder *b, hpu_err code, const char *fmt, va_list ap)
+{
+	if (b->phase == HPU__PHASE_SETUP) {
+		if (b->status != HPU_OK)
+			return;
+		b->status = code;
+	}
+	vsnprintf(b->err, sizeof b->err, fmt, ap);
+}
+
+int (hpu_error)(hpu_builder *b, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(b->err, sizeof b->err, fmt, ap);
+	record(b, HPU_ERROR, fmt, ap);
 	va_end(ap);
 	return HPU_ERROR;
+}
+
+int hpu_builder_status(const hpu_builder *b)
+{
+	return b->status;
 }
 
 int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
@@ -99,13 +120,14 @@ int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
 	return HPU_ERROR;
 }
 
-/* Records the error as hpu_error() does; returns `code`. */
+/* Records the error as hpu_error() does (sticky during setup); returns
+ * `code`. */
 __attribute__((format(printf, 3, 4)))
 static int refuse(hpu_builder *b, hpu_err code, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(b->err, sizeof b->err, fmt, ap);
+	record(b, code, fmt, ap);
 	va_end(ap);
 	return code;
 }
@@ -126,13 +148,25 @@ static int wrong_phase(hpu_builder *b, hpu_layer *l, const char *call)
 		      l ? ": " : "", call, why);
 }
 
-/* Declarations: refused after setup. */
+/* Declarations: refused after setup, and no-ops once a declaration
+ * failed (sticky errors: `fail` returned, nothing recorded). */
 #define HPU__SETUP_ONLY(b, l, call, fail)                       \
 	do {                                                     \
 		if ((b)->phase != HPU__PHASE_SETUP) {            \
 			wrong_phase((b), (l), (call));           \
 			return (fail);                           \
 		}                                                \
+		if ((b)->status != HPU_OK)                       \
+			return (fail);                           \
+	} while (0)
+
+/* A declaration on a layer. A NULL layer is a failed declaration's (the
+ * builder holds its error): HPU_EINVAL, nothing recorded. */
+#define HPU__LAYER_DECL(l, call)                                \
+	do {                                                     \
+		if (!(l))                                        \
+			return HPU_EINVAL;                       \
+		HPU__SETUP_ONLY((l)->b, (l), (call), (l)->b->status ? (l)->b->status : HPU_EINVAL); \
 	} while (0)
 
 int hpu_rank(const hpu_builder *b)
@@ -316,7 +350,7 @@ static hpu_layer *layer_fail(hpu_builder *b, hpu_layer *l, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(b->err, sizeof b->err, fmt, ap);
+	record(b, HPU_EINVAL, fmt, ap);
 	va_end(ap);
 	free(l);
 	return NULL;
@@ -368,7 +402,18 @@ hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
 	l->b = b;
 	l->index = b->nlayers;
 	snprintf(l->name, sizeof l->name, "%s", name);
-	l->ops = *ops;
+	/* an ABI 2 model's hpu_layer_ops ends before `device` */
+	if (b->abi >= 3)
+		l->ops = *ops;
+	else
+		memcpy(&l->ops, ops, offsetof(hpu_layer_ops, device));
+	l->device = l->ops.device;
+	if (l->device != HPU_LAYER_ANY_DEVICE && l->device != HPU_LAYER_HOST_ONLY) {
+		free(l);
+		return layer_fail(b, NULL, "layer %s: unknown device %d in its hpu_layer_ops "
+				  "(HPU_LAYER_ANY_DEVICE or HPU_LAYER_HOST_ONLY)", name,
+				  (int)ops->device);
+	}
 	l->user = user;
 	if (parse_inputs(b, l, inputs) < 0) {
 		free(l);
@@ -400,7 +445,7 @@ static int check_last(hpu_layer *l, const char *what)
 int hpu_layer_output(hpu_layer *l, const char *tensor, hpu_dtype dtype, int ndim,
 		     const int64_t *shape)
 {
-	HPU__SETUP_ONLY(l->b, l, "hpu_layer_output", HPU_EINVAL);
+	HPU__LAYER_DECL(l, "hpu_layer_output");
 	hpu_builder *b = l->b;
 	int rc = check_last(l, "outputs");
 	if (rc < 0)
@@ -468,7 +513,7 @@ static int check_decl(hpu_layer *l, const char *what, const char *name, int ndim
 int hpu_param_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape,
 		  hpu_init init)
 {
-	HPU__SETUP_ONLY(l->b, l, "hpu_param_add", HPU_EINVAL);
+	HPU__LAYER_DECL(l, "hpu_param_add");
 	hpu_builder *b = l->b;
 	char full[sizeof b->params[0].name];
 	size_t numel;
@@ -528,7 +573,7 @@ int hpu_param_shape(const hpu_builder *b, const char *param, int *ndim,
 
 int hpu_param_share(hpu_layer *l, const char *param)
 {
-	HPU__SETUP_ONLY(l->b, l, "hpu_param_share", HPU_EINVAL);
+	HPU__LAYER_DECL(l, "hpu_param_share");
 	hpu_builder *b = l->b;
 	int g = param ? hpu__model_param(b, param) : -1;
 	if (g < 0)
@@ -559,7 +604,7 @@ int hpu_param_share(hpu_layer *l, const char *param)
 int hpu_buffer_add(hpu_layer *l, const char *name, int ndim, const int64_t *shape,
 		   hpu_init init, hpu_buffer_sync sync)
 {
-	HPU__SETUP_ONLY(l->b, l, "hpu_buffer_add", HPU_EINVAL);
+	HPU__LAYER_DECL(l, "hpu_buffer_add");
 	hpu_builder *b = l->b;
 	char full[sizeof b->buffers[0].name];
 	size_t numel;
@@ -591,7 +636,7 @@ int hpu_buffer_add(hpu_layer *l, const char *name, int ndim, const int64_t *shap
 int hpu_layer_memory(hpu_layer *l, size_t saved_ps, size_t saved_fixed, size_t scratch_ps,
 		     size_t scratch_fixed)
 {
-	HPU__SETUP_ONLY(l->b, l, "hpu_layer_memory", HPU_EINVAL);
+	HPU__LAYER_DECL(l, "hpu_layer_memory");
 	l->saved_ps = saved_ps;
 	l->saved_fixed = saved_fixed;
 	l->scratch_ps = scratch_ps;
@@ -601,14 +646,14 @@ int hpu_layer_memory(hpu_layer *l, size_t saved_ps, size_t saved_fixed, size_t s
 
 int hpu_layer_checkpoint(hpu_layer *l, int on)
 {
-	HPU__SETUP_ONLY(l->b, l, "hpu_layer_checkpoint", HPU_EINVAL);
+	HPU__LAYER_DECL(l, "hpu_layer_checkpoint");
 	l->ckpt = on != 0;
 	return HPU_OK;
 }
 
 int hpu_layer_params_in_ops(hpu_layer *l)
 {
-	HPU__SETUP_ONLY(l->b, l, "hpu_layer_params_in_ops", HPU_EINVAL);
+	HPU__LAYER_DECL(l, "hpu_layer_params_in_ops");
 	l->params_in_ops = 1;
 	return HPU_OK;
 }

@@ -1,5 +1,5 @@
 /* model: loads a train.so, runs its setup() through the builder API of
- * <hpu/hpu.h> (ABI 2: a graph of layers over named tensors), checks and
+ * <hpu/hpu.h> (ABI 3, and 2: a graph of layers over named tensors), checks and
  * plans the graph. Memory for parameters, buffers and tensors is the
  * strategy's (worker/runtime). */
 #ifndef HPU_MODEL_H
@@ -65,6 +65,7 @@ struct hpu_layer {
 	size_t saved_ps, saved_fixed, scratch_ps, scratch_fixed;
 	int ckpt;             /* marked for activation checkpointing */
 	int params_in_ops;    /* hpu_layer_params_in_ops() */
+	hpu_layer_device device; /* ops.device (ABI 3; ABI 2: any device) */
 	int backward;         /* its backward must run (parameters, or an
 			       * input that needs a gradient) */
 	int for_loss;         /* training runs it: a loss depends on it */
@@ -108,6 +109,9 @@ typedef enum hpu__phase {
 struct hpu_builder {
 	int rank, world, max_batch;
 	hpu__phase phase;
+	uint32_t abi;      /* the model's ABI version (2 or 3) */
+	int status;        /* HPU_OK, or the first setup error's code: from
+			    * then on declarations do nothing (sticky) */
 	void *dl;
 	const hpu_model *model;
 	char path[512];
@@ -141,6 +145,7 @@ struct hpu_run {
 	hpu_builder *b;
 	int rank, world;
 	long step;
+	hpu_ctx ctx;          /* hpu_run_ctx(): the strategy's, as a hook's */
 	const float *params;  /* every parameter, consolidated, in the
 			       * canonical order (unpadded, declared order) */
 	const float *buffers; /* the builder's buffer layout, or NULL */

@@ -68,6 +68,11 @@ int hpu_run_forward(hpu_run *run, const void *const *fields, int batch, const ch
 	return run->forward(run, fields, batch, tensor, out);
 }
 
+const hpu_ctx *hpu_run_ctx(const hpu_run *run)
+{
+	return &run->ctx;
+}
+
 int hpu_run_rank(const hpu_run *run)
 {
 	return run->rank;

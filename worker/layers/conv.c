@@ -66,7 +66,7 @@ static const hpu_layer_ops conv2d_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_conv2d(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *conv2d_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		      int out_ch, int kernel, int stride, int pad, int bias)
 {
 	hpu_tensor x;
@@ -203,13 +203,13 @@ static hpu_layer *pool_declare(hpu_builder *b, const char *name, const char *in,
 	return l;
 }
 
-hpu_layer *hpu_maxpool2d(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *maxpool2d_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 int kernel, int stride)
 {
 	return pool_declare(b, name, in, out, kernel, stride, &maxpool_ops);
 }
 
-hpu_layer *hpu_avgpool2d(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *avgpool2d_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 int kernel, int stride)
 {
 	return pool_declare(b, name, in, out, kernel, stride, &avgpool_ops);
@@ -251,4 +251,49 @@ hpu_layer *hpu_flatten(hpu_builder *b, const char *name, const char *in, const c
 	if (!l || hpu_layer_output(l, out, HPU_F32, 1, &n) < 0)
 		return NULL;
 	return l;
+}
+
+/* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */
+
+hpu_layer *hpu_conv2d_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_conv2d_opts o)
+{
+	int oc, k, s, p;
+	if (ld_int(b, name, ".out", o.out, &oc) < 0 || ld_int(b, name, ".kernel", o.kernel, &k) < 0 ||
+	    ld_int(b, name, ".stride", o.stride ? o.stride : 1, &s) < 0 ||
+	    ld_int(b, name, ".pad", o.pad, &p) < 0)
+		return NULL;
+	return conv2d_impl(b, name, in, out, oc, k, s, p, o.bias);
+}
+
+hpu_layer *(hpu_conv2d)(hpu_builder *b, const char *name, const char *in, const char *out, int out_ch, int kernel, int stride, int pad, int bias)
+{
+	return conv2d_impl(b, name, in, out, out_ch, kernel, stride, pad, bias);
+}
+
+hpu_layer *hpu_maxpool2d_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_pool2d_opts o)
+{
+	int k, s;
+	if (ld_int(b, name, ".kernel", o.kernel, &k) < 0 ||
+	    ld_int(b, name, ".stride", o.stride ? o.stride : o.kernel, &s) < 0)
+		return NULL;
+	return maxpool2d_impl(b, name, in, out, k, s);
+}
+
+hpu_layer *(hpu_maxpool2d)(hpu_builder *b, const char *name, const char *in, const char *out, int kernel, int stride)
+{
+	return maxpool2d_impl(b, name, in, out, kernel, stride);
+}
+
+hpu_layer *hpu_avgpool2d_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_pool2d_opts o)
+{
+	int k, s;
+	if (ld_int(b, name, ".kernel", o.kernel, &k) < 0 ||
+	    ld_int(b, name, ".stride", o.stride ? o.stride : o.kernel, &s) < 0)
+		return NULL;
+	return avgpool2d_impl(b, name, in, out, k, s);
+}
+
+hpu_layer *(hpu_avgpool2d)(hpu_builder *b, const char *name, const char *in, const char *out, int kernel, int stride)
+{
+	return avgpool2d_impl(b, name, in, out, kernel, stride);
 }

@@ -78,6 +78,19 @@ static inline hpu_layer *ld_declare(hpu_builder *b, const char *name, const char
 	return l;
 }
 
+/* Option `what` (".kernel") of layer `name`, an int64_t, as an int into
+ * *out; an error naming the layer and the option when it does not fit
+ * (the ABI 3 option structs take sizes as int64_t, the layers ints). */
+static inline int ld_int(hpu_builder *b, const char *name, const char *what, int64_t v,
+			 int *out)
+{
+	*out = v < INT_MIN || v > INT_MAX ? 0 : (int)v;
+	if (v < INT_MIN || v > INT_MAX)
+		return hpu_error(b, "layer %s: %s %lld is out of range", ld_str(name), what,
+				 (long long)v);
+	return HPU_OK;
+}
+
 /* Whether batch * per_sample fits the ops' int sizes. */
 static inline int ld_fits_int(int batch, size_t per_sample)
 {

@@ -87,7 +87,7 @@ static int add_bias(hpu_layer *l, int64_t in, int64_t out)
 	return hpu_param_add(l, "bias", 1, &out, HPU_INIT(UNIFORM, -bound, bound));
 }
 
-hpu_layer *hpu_linear(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *linear_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		      int64_t out_features, int bias)
 {
 	hpu_layer *l = declare(b, name, in, out, out_features, bias);
@@ -103,7 +103,7 @@ hpu_layer *hpu_linear(hpu_builder *b, const char *name, const char *in, const ch
 	return l;
 }
 
-hpu_layer *hpu_linear_tied(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *linear_tied_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			   const char *weight, int bias)
 {
 	int wdim;
@@ -138,4 +138,26 @@ hpu_layer *hpu_linear_tied(hpu_builder *b, const char *name, const char *in, con
 	if (bias && add_bias(l, fan_in, out_features) < 0)
 		return NULL;
 	return l;
+}
+
+/* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */
+
+hpu_layer *hpu_linear_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_linear_opts o)
+{
+	return linear_impl(b, name, in, out, o.out, o.bias);
+}
+
+hpu_layer *(hpu_linear)(hpu_builder *b, const char *name, const char *in, const char *out, int64_t out_features, int bias)
+{
+	return linear_impl(b, name, in, out, out_features, bias);
+}
+
+hpu_layer *hpu_linear_tied_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_linear_tied_opts o)
+{
+	return linear_tied_impl(b, name, in, out, o.weight, o.bias);
+}
+
+hpu_layer *(hpu_linear_tied)(hpu_builder *b, const char *name, const char *in, const char *out, const char *weight, int bias)
+{
+	return linear_tied_impl(b, name, in, out, weight, bias);
 }

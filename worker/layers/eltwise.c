@@ -167,7 +167,7 @@ static const hpu_layer_ops dropout_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_dropout(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *dropout_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		       float p)
 {
 	if (!(p >= 0.0f && p < 1.0f)) {
@@ -284,4 +284,16 @@ hpu_layer *hpu_softmax(hpu_builder *b, const char *name, const char *in, const c
 		*s = (softmax){x.sample_numel / (size_t)x.shape[x.ndim - 1],
 			       (int)x.shape[x.ndim - 1]};
 	return ld_declare(b, name, in, &softmax_ops, s, out, HPU_F32, x.ndim, x.shape);
+}
+
+/* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */
+
+hpu_layer *hpu_dropout_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_dropout_opts o)
+{
+	return dropout_impl(b, name, in, out, o.p);
+}
+
+hpu_layer *(hpu_dropout)(hpu_builder *b, const char *name, const char *in, const char *out, float p)
+{
+	return dropout_impl(b, name, in, out, p);
 }

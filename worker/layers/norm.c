@@ -63,7 +63,7 @@ static const hpu_layer_ops layernorm_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_layernorm(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *layernorm_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 float eps)
 {
 	hpu_tensor t;
@@ -235,7 +235,7 @@ static const hpu_layer_ops batchnorm_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_batchnorm(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *batchnorm_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 float eps, float momentum, hpu_buffer_sync sync)
 {
 	hpu_tensor t;
@@ -279,4 +279,27 @@ hpu_layer *hpu_batchnorm(hpu_builder *b, const char *name, const char *in, const
 		return NULL;
 	hpu_layer_memory(l, 0, 2 * (size_t)ch, 0, 0); /* the batch's mean, rstd */
 	return l;
+}
+
+/* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */
+
+hpu_layer *hpu_layernorm_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_layernorm_opts o)
+{
+	return layernorm_impl(b, name, in, out, o.eps != 0 ? o.eps : 1e-5f);
+}
+
+hpu_layer *(hpu_layernorm)(hpu_builder *b, const char *name, const char *in, const char *out, float eps)
+{
+	return layernorm_impl(b, name, in, out, eps);
+}
+
+hpu_layer *hpu_batchnorm_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_batchnorm_opts o)
+{
+	return batchnorm_impl(b, name, in, out, o.eps != 0 ? o.eps : 1e-5f,
+			      o.momentum != 0 ? o.momentum : 0.1f, o.sync);
+}
+
+hpu_layer *(hpu_batchnorm)(hpu_builder *b, const char *name, const char *in, const char *out, float eps, float momentum, hpu_buffer_sync sync)
+{
+	return batchnorm_impl(b, name, in, out, eps, momentum, sync);
 }

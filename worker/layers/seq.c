@@ -79,7 +79,7 @@ static const hpu_layer_ops embedding_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_embedding(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *embedding_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 int64_t vocab, int64_t dim)
 {
 	hpu_tensor t;
@@ -323,7 +323,7 @@ static int attention_check(hpu_builder *b, const char *name, const char *in, int
 	return HPU_OK;
 }
 
-hpu_layer *hpu_attention(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *attention_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 int heads, int causal)
 {
 	attention chk;
@@ -349,4 +349,29 @@ hpu_layer *hpu_attention(hpu_builder *b, const char *name, const char *in, const
 	size_t td = (size_t)chk.t * chk.d, htt = (size_t)chk.heads * chk.t * chk.t;
 	hpu_layer_memory(l, 4 * td + htt, 0, 8 * td + htt, 0);
 	return l;
+}
+
+/* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */
+
+hpu_layer *hpu_embedding_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_embedding_opts o)
+{
+	return embedding_impl(b, name, in, out, o.vocab, o.dim);
+}
+
+hpu_layer *(hpu_embedding)(hpu_builder *b, const char *name, const char *in, const char *out, int64_t vocab, int64_t dim)
+{
+	return embedding_impl(b, name, in, out, vocab, dim);
+}
+
+hpu_layer *hpu_attention_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_attention_opts o)
+{
+	int h;
+	if (ld_int(b, name, ".heads", o.heads, &h) < 0)
+		return NULL;
+	return attention_impl(b, name, in, out, h, o.causal);
+}
+
+hpu_layer *(hpu_attention)(hpu_builder *b, const char *name, const char *in, const char *out, int heads, int causal)
+{
+	return attention_impl(b, name, in, out, heads, causal);
 }

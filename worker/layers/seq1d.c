@@ -103,7 +103,7 @@ static int out_ch_ok(hpu_builder *b, const char *name, const hpu_tensor *x, int 
 			 ld_str(name), out_ch, (long long)x->shape[0]);
 }
 
-hpu_layer *hpu_conv1d(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *conv1d_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		      int out_ch, int kernel, int stride, int pad, int bias)
 {
 	hpu_tensor x;
@@ -123,7 +123,7 @@ hpu_layer *hpu_conv1d(hpu_builder *b, const char *name, const char *in, const ch
 	return conv_declare(b, name, in, out, &s, 2, 3, wshape, bias);
 }
 
-hpu_layer *hpu_conv2d_rect(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *conv2d_rect_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			   int out_ch, const int kernel[2], const int stride[2],
 			   const int pad[2], int bias)
 {
@@ -236,14 +236,77 @@ static hpu_layer *pool1d_declare(hpu_builder *b, const char *name, const char *i
 	return l;
 }
 
-hpu_layer *hpu_maxpool1d(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *maxpool1d_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 int dim, int kernel, int stride)
 {
 	return pool1d_declare(b, name, in, out, dim, kernel, stride, &maxpool1d_ops);
 }
 
-hpu_layer *hpu_avgpool1d(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *avgpool1d_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 int dim, int kernel, int stride)
 {
 	return pool1d_declare(b, name, in, out, dim, kernel, stride, &avgpool1d_ops);
+}
+
+/* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */
+
+hpu_layer *hpu_conv1d_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_conv1d_opts o)
+{
+	int oc, k, s, p;
+	if (ld_int(b, name, ".out", o.out, &oc) < 0 || ld_int(b, name, ".kernel", o.kernel, &k) < 0 ||
+	    ld_int(b, name, ".stride", o.stride ? o.stride : 1, &s) < 0 ||
+	    ld_int(b, name, ".pad", o.pad, &p) < 0)
+		return NULL;
+	return conv1d_impl(b, name, in, out, oc, k, s, p, o.bias);
+}
+
+hpu_layer *(hpu_conv1d)(hpu_builder *b, const char *name, const char *in, const char *out, int out_ch, int kernel, int stride, int pad, int bias)
+{
+	return conv1d_impl(b, name, in, out, out_ch, kernel, stride, pad, bias);
+}
+
+hpu_layer *hpu_conv2d_rect_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_conv2d_rect_opts o)
+{
+	int oc, k[2], s[2], p[2];
+	if (ld_int(b, name, ".out", o.out, &oc) < 0)
+		return NULL;
+	for (int i = 0; i < 2; i++)
+		if (ld_int(b, name, ".kernel", o.kernel[i], &k[i]) < 0 ||
+		    ld_int(b, name, ".stride", o.stride[i] ? o.stride[i] : 1, &s[i]) < 0 ||
+		    ld_int(b, name, ".pad", o.pad[i], &p[i]) < 0)
+			return NULL;
+	return conv2d_rect_impl(b, name, in, out, oc, k, s, p, o.bias);
+}
+
+hpu_layer *(hpu_conv2d_rect)(hpu_builder *b, const char *name, const char *in, const char *out, int out_ch, const int kernel[2], const int stride[2], const int pad[2], int bias)
+{
+	return conv2d_rect_impl(b, name, in, out, out_ch, kernel, stride, pad, bias);
+}
+
+hpu_layer *hpu_maxpool1d_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_pool1d_opts o)
+{
+	int k, s;
+	if (ld_int(b, name, ".kernel", o.kernel, &k) < 0 ||
+	    ld_int(b, name, ".stride", o.stride ? o.stride : o.kernel, &s) < 0)
+		return NULL;
+	return maxpool1d_impl(b, name, in, out, o.dim, k, s);
+}
+
+hpu_layer *(hpu_maxpool1d)(hpu_builder *b, const char *name, const char *in, const char *out, int dim, int kernel, int stride)
+{
+	return maxpool1d_impl(b, name, in, out, dim, kernel, stride);
+}
+
+hpu_layer *hpu_avgpool1d_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_pool1d_opts o)
+{
+	int k, s;
+	if (ld_int(b, name, ".kernel", o.kernel, &k) < 0 ||
+	    ld_int(b, name, ".stride", o.stride ? o.stride : o.kernel, &s) < 0)
+		return NULL;
+	return avgpool1d_impl(b, name, in, out, o.dim, k, s);
+}
+
+hpu_layer *(hpu_avgpool1d)(hpu_builder *b, const char *name, const char *in, const char *out, int dim, int kernel, int stride)
+{
+	return avgpool1d_impl(b, name, in, out, dim, kernel, stride);
 }

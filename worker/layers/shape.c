@@ -46,7 +46,7 @@ static const hpu_layer_ops reduce_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_reduce(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *reduce_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		      int dim, hpu_reduce_op op)
 {
 	hpu_tensor x;
@@ -128,7 +128,7 @@ static int reshape_shape(hpu_builder *b, const char *name, const char *in, size_
 	return HPU_OK;
 }
 
-hpu_layer *hpu_reshape(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *reshape_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		       int ndim, const int64_t *shape)
 {
 	hpu_tensor x;
@@ -178,7 +178,7 @@ static const hpu_layer_ops slice_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_slice(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *slice_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		     int dim, int64_t start, int64_t len)
 {
 	hpu_tensor x;
@@ -279,7 +279,7 @@ static int same_but(const hpu_tensor *x, const hpu_tensor *y, int d)
 	return 1;
 }
 
-hpu_layer *hpu_concat(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *concat_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		      int dim)
 {
 	char names[HPU_MAX_IO][HPU_NAME_MAX];
@@ -354,7 +354,7 @@ static const hpu_layer_ops permute_ops = {
 	.destroy = free,
 };
 
-hpu_layer *hpu_permute(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *permute_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 		       int ndim, const int *perm)
 {
 	hpu_tensor x;
@@ -389,7 +389,7 @@ hpu_layer *hpu_permute(hpu_builder *b, const char *name, const char *in, const c
 	return ld_declare(b, name, in, &permute_ops, p, out, HPU_F32, ndim, shape);
 }
 
-hpu_layer *hpu_transpose(hpu_builder *b, const char *name, const char *in, const char *out,
+static hpu_layer *transpose_impl(hpu_builder *b, const char *name, const char *in, const char *out,
 			 int dim0, int dim1)
 {
 	hpu_tensor x;
@@ -399,5 +399,67 @@ hpu_layer *hpu_transpose(hpu_builder *b, const char *name, const char *in, const
 		return NULL;
 	for (int i = 0; i < x.ndim; i++)
 		perm[i] = i == d0 ? d1 : i == d1 ? d0 : i;
-	return hpu_permute(b, name, in, out, x.ndim, perm);
+	return permute_impl(b, name, in, out, x.ndim, perm);
+}
+
+/* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */
+
+hpu_layer *hpu_reduce_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_reduce_opts o)
+{
+	return reduce_impl(b, name, in, out, o.dim, o.op);
+}
+
+hpu_layer *(hpu_reduce)(hpu_builder *b, const char *name, const char *in, const char *out, int dim, hpu_reduce_op op)
+{
+	return reduce_impl(b, name, in, out, dim, op);
+}
+
+hpu_layer *hpu_reshape_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_reshape_opts o)
+{
+	return reshape_impl(b, name, in, out, o.ndim, o.shape);
+}
+
+hpu_layer *(hpu_reshape)(hpu_builder *b, const char *name, const char *in, const char *out, int ndim, const int64_t *shape)
+{
+	return reshape_impl(b, name, in, out, ndim, shape);
+}
+
+hpu_layer *hpu_slice_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_slice_opts o)
+{
+	return slice_impl(b, name, in, out, o.dim, o.start, o.len);
+}
+
+hpu_layer *(hpu_slice)(hpu_builder *b, const char *name, const char *in, const char *out, int dim, int64_t start, int64_t len)
+{
+	return slice_impl(b, name, in, out, dim, start, len);
+}
+
+hpu_layer *hpu_concat_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_concat_opts o)
+{
+	return concat_impl(b, name, in, out, o.dim);
+}
+
+hpu_layer *(hpu_concat)(hpu_builder *b, const char *name, const char *in, const char *out, int dim)
+{
+	return concat_impl(b, name, in, out, dim);
+}
+
+hpu_layer *hpu_permute_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_permute_opts o)
+{
+	return permute_impl(b, name, in, out, o.ndim, o.perm);
+}
+
+hpu_layer *(hpu_permute)(hpu_builder *b, const char *name, const char *in, const char *out, int ndim, const int *perm)
+{
+	return permute_impl(b, name, in, out, ndim, perm);
+}
+
+hpu_layer *hpu_transpose_v3(hpu_builder *b, const char *name, const char *in, const char *out, hpu_transpose_opts o)
+{
+	return transpose_impl(b, name, in, out, o.dim0, o.dim1);
+}
+
+hpu_layer *(hpu_transpose)(hpu_builder *b, const char *name, const char *in, const char *out, int dim0, int dim1)
+{
+	return transpose_impl(b, name, in, out, dim0, dim1);
 }

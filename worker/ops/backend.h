@@ -131,7 +131,7 @@ typedef struct hpu__backend {
 			     int dim);
 	/* Mean softmax cross-entropy of logits[B, C] against labels[B]
 	 * (checked by the op before) into *loss, and, when dlogits is not
-	 * NULL, its gradient, as hpu_softmax_xent (ops.h). */
+	 * NULL, its gradient, as hpu_cross_entropy_forward (ops.h). */
 	int (*softmax_xent)(const float *logits, const int32_t *labels, float *dlogits,
 			    int batch, int classes, float *loss);
 } hpu__backend;

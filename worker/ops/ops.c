@@ -148,8 +148,8 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 	return (float)(loss / batch);
 }
 
-int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
-		      int classes)
+int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
+			 int classes)
 {
 	int correct = 0;
 	for (int i = 0; i < batch; i++) {
@@ -392,8 +392,8 @@ void hpu_relu_backward(const float *y, const float *dy, float *dx, size_t n)
 
 /* Lowered: the logits rounded; the loss is an fp32 reduction; dlogits
  * rounded. */
-float hpu_softmax_xent(const float *logits, const int32_t *labels,
-		       float *dlogits, int batch, int classes)
+float hpu_cross_entropy_forward(const float *logits, const int32_t *labels,
+				float *dlogits, int batch, int classes)
 {
 	int lp = hpu__ac_enter(HPU_OP_SOFTMAX_XENT);
 	if (!lp || batch <= 0 || classes <= 0)
@@ -404,4 +404,16 @@ float hpu_softmax_xent(const float *logits, const int32_t *labels,
 	if (dlogits != NULL && loss >= 0.0f)
 		hpu__ac_round_inplace(dlogits, n, lp);
 	return loss;
+}
+
+/* ABI 2's names (ops.h: deprecated). */
+float hpu_softmax_xent(const float *logits, const int32_t *labels, float *dlogits, int batch,
+		       int classes)
+{
+	return hpu_cross_entropy_forward(logits, labels, dlogits, batch, classes);
+}
+
+int hpu_count_correct(const float *logits, const int32_t *labels, int batch, int classes)
+{
+	return hpu_accuracy_forward(logits, labels, batch, classes);
 }

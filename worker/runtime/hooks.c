@@ -56,6 +56,11 @@ int hpu__hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, 
 	impl im = {.st = st, .step = step, .why = err}; /* the strategy's error buffer */
 	hpu_run run = {.b = b, .rank = b->rank, .world = b->world, .step = step,
 		       .forward = forward, .impl = &im};
+	run.ctx = *hpu__strat_ctx(st); /* seed, rank, world, epoch */
+	run.ctx.train = run.ctx.recompute = run.ctx.micro = run.ctx.batch = 0;
+	run.ctx.step = step;
+	run.ctx.layer = -1;
+	run.ctx.samples = NULL;
 	float *params = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->psi * 4,
 					    "parameters for the model's hooks");
 	int rc = -1;

@@ -128,6 +128,19 @@ static void usage(FILE *f)
 	hpu__opts_help(f);
 }
 
+/* --verbose: a model of an older ABI, and the layers that run on the
+ * host only (hpu_layer_ops.device). */
+static void note_model(const hpu_builder *b)
+{
+	if (b->abi < HPU_ABI_VERSION)
+		printf("model %s uses ABI %u's deprecated forms: it loads, but rebuild it against "
+		       "this <hpu/hpu.h> (ABI %u) before they go\n", b->path, b->abi, HPU_ABI_VERSION);
+	for (int i = 0; i < b->nlayers; i++)
+		if (b->layers[i]->device == HPU_LAYER_HOST_ONLY)
+			printf("model: layer %s runs on the host only (HPU_LAYER_HOST_ONLY: the runtime "
+			       "stages its tensors in host memory)\n", b->layers[i]->name);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -204,6 +217,8 @@ int main(int argc, char **argv)
 		goto out;
 	if (hpu__model_setup(b, margc, margv, err, sizeof err) < 0)
 		goto out;
+	if (o.verbose && rank == 0)
+		note_model(b);
 	if (hpu__train_run(b, comm, &o, err, sizeof err) < 0)
 		goto out;
 	rc = 0;

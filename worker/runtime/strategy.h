@@ -36,6 +36,8 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 /* Where the next passes are (their hpu_ctx): training or evaluation,
  * the step being computed (or done, in evaluation), the epoch. */
 void hpu__strat_set_pos(hpu_strat *s, int train, long step, long epoch);
+/* The context of the passes so far (seed, rank, world, epoch, ...). */
+const hpu_ctx *hpu__strat_ctx(const hpu_strat *s);
 
 /* Forward pass over batch bt, micro-step `micro` of `accum`: training
  * runs the layers a loss depends on; evaluation (hpu__strat_set_pos's

@@ -187,6 +187,11 @@ static void mask_for(hpu_strat *s, int want)
 	}
 }
 
+const hpu_ctx *hpu__strat_ctx(const hpu_strat *s)
+{
+	return &s->ctx;
+}
+
 void hpu__strat_set_pos(hpu_strat *s, int train, long step, long epoch)
 {
 	s->ctx.train = train;
