@@ -1,0 +1,381 @@
+/* cuops: the CUDA device's kernel table (worker/cuda/cuda_ops.h).
+ *
+ * The products run on cuBLASLt (cuops_gemm.c), the convolutions on cuDNN
+ * (cuops_conv.c), the rest on kernels of our own (cuops_kernels.cu); this
+ * file holds each GPU's context (handles, workspace, scratch), the
+ * stream, and the table. A failing CUDA call is logged and the entry
+ * answers HPU_BE_UNSUPPORTED (backend.h's only refusal).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "worker/cuda/cuda_ops.h"
+#include "worker/cuda/ops/cuops.h"
+#include "worker/cuda/ops/cuops_kernels.h"
+#include "common/log.h"
+
+#define MAX_GPUS 64
+
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static hpu__cuops_ctx *ctxs[MAX_GPUS];
+static void *volatile cur_stream;
+static volatile int tf32_allowed;
+
+void hpu__cuda_ops_set_stream(void *cuda_stream)
+{
+	cur_stream = cuda_stream;
+}
+
+void hpu__cuda_ops_allow_tf32(int allow)
+{
+	tf32_allowed = allow != 0;
+}
+
+cudaStream_t hpu__cuops_stream(void)
+{
+	return (cudaStream_t)cur_stream;
+}
+
+int hpu__cuops_tf32(void)
+{
+	return tf32_allowed;
+}
+
+int hpu__cuops_cuda(cudaError_t e, const char *what)
+{
+	if (e == cudaSuccess)
+		return 0;
+	hpu__log(HPU_LOG_ERROR, "cuda ops: %s: %s", what, cudaGetErrorString(e));
+	return -1;
+}
+
+int hpu__cuops_blas(cublasStatus_t e, const char *what)
+{
+	if (e == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	hpu__log(HPU_LOG_ERROR, "cuda ops: %s: cuBLASLt status %d", what, (int)e);
+	return -1;
+}
+
+int hpu__cuops_dnn(cudnnStatus_t e, const char *what)
+{
+	if (e == CUDNN_STATUS_SUCCESS)
+		return 0;
+	hpu__log(HPU_LOG_ERROR, "cuda ops: %s: %s", what, cudnnGetErrorString(e));
+	return -1;
+}
+
+/* ---- contexts ---- */
+
+static hpu__cuops_ctx *ctx_new(int dev)
+{
+	hpu__cuops_ctx *c = calloc(1, sizeof *c);
+	if (!c) {
+		hpu__log(HPU_LOG_ERROR, "cuda ops: out of memory for GPU %d's context", dev);
+		return NULL;
+	}
+	c->dev = dev;
+	pthread_mutex_init(&c->mu, NULL);
+	if (hpu__cuops_cuda(cudaDeviceGetAttribute(&c->cc_major,
+						   cudaDevAttrComputeCapabilityMajor, dev),
+			    "compute capability") ||
+	    hpu__cuops_cuda(cudaDeviceGetAttribute(&c->cc_minor,
+						   cudaDevAttrComputeCapabilityMinor, dev),
+			    "compute capability"))
+		goto fail;
+	if (hpu__cuops_blas(cublasLtCreate(&c->lt), "cublasLtCreate"))
+		goto fail;
+	if (hpu__cuops_dnn(cudnnCreate(&c->dnn), "cudnnCreate"))
+		goto fail;
+	if (hpu__cuops_cuda(cudaMalloc(&c->ws, HPU_CUOPS_WORKSPACE), "workspace"))
+		goto fail;
+	return c;
+fail:
+	if (c->dnn)
+		cudnnDestroy(c->dnn);
+	if (c->lt)
+		cublasLtDestroy(c->lt);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+	return NULL;
+}
+
+hpu__cuops_ctx *hpu__cuops_enter(void)
+{
+	int dev;
+	if (hpu__cuops_cuda(cudaGetDevice(&dev), "cudaGetDevice"))
+		return NULL;
+	if (dev < 0 || dev >= MAX_GPUS) {
+		hpu__log(HPU_LOG_ERROR, "cuda ops: GPU %d: at most %d GPUs per process", dev,
+			 MAX_GPUS);
+		return NULL;
+	}
+	pthread_mutex_lock(&ctx_mu);
+	if (!ctxs[dev])
+		ctxs[dev] = ctx_new(dev);
+	hpu__cuops_ctx *c = ctxs[dev];
+	pthread_mutex_unlock(&ctx_mu);
+	if (!c)
+		return NULL;
+	pthread_mutex_lock(&c->mu);
+	if (hpu__cuops_dnn(cudnnSetStream(c->dnn, hpu__cuops_stream()), "cudnnSetStream")) {
+		pthread_mutex_unlock(&c->mu);
+		return NULL;
+	}
+	return c;
+}
+
+void hpu__cuops_leave(hpu__cuops_ctx *c)
+{
+	pthread_mutex_unlock(&c->mu);
+}
+
+void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
+{
+	if (bytes <= c->scratch_size)
+		return c->scratch;
+	/* calls queued before may still read the old buffer: cudaFree waits
+	 * for the device, so it is only freed once they are done */
+	if (c->scratch)
+		cudaFree(c->scratch);
+	c->scratch = NULL;
+	c->scratch_size = 0;
+	size_t want = bytes + bytes / 4;
+	if (hpu__cuops_cuda(cudaMalloc(&c->scratch, want), "scratch"))
+		return NULL;
+	c->scratch_size = want;
+	return c->scratch;
+}
+
+/* ---- the table's own entries ---- */
+
+static char describe_line[512];
+
+static const char *cu_describe(void)
+{
+	int dev = 0, rt = 0;
+	struct cudaDeviceProp p;
+	memset(&p, 0, sizeof p);
+	cudaGetDevice(&dev);
+	cudaRuntimeGetVersion(&rt);
+	if (cudaGetDeviceProperties(&p, dev) != cudaSuccess)
+		snprintf(p.name, sizeof p.name, "(no GPU)");
+	size_t dnn = cudnnGetVersion();
+	snprintf(describe_line, sizeof describe_line,
+		 "CUDA %d.%d on GPU %d %.256s (sm_%d%d), %s, cuDNN %zu.%zu.%zu; bf16 products "
+		 "native%s",
+		 rt / 1000, rt % 1000 / 10, dev, p.name, p.major, p.minor,
+		 hpu__cuops_blas_version(), dnn / 10000, dnn / 100 % 100, dnn % 100,
+		 hpu__cuops_tf32() ? ", TF32 allowed" : "");
+	return describe_line;
+}
+
+static int cu_bf16_native(void)
+{
+	return 1;
+}
+
+static void cu_threads(int n)
+{
+	(void)n;
+}
+
+/* Runs `launch` (a kernel launcher's result) inside the current GPU's
+ * context, so that calls from several threads stay ordered. */
+#define CU_KERNEL(what, call)                                                          \
+	do {                                                                           \
+		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
+		if (!c_)                                                               \
+			return HPU_BE_UNSUPPORTED;                                     \
+		cudaStream_t st = hpu__cuops_stream();                                 \
+		int rc_ = hpu__cuops_cuda((call), what) ? HPU_BE_UNSUPPORTED : HPU_BE_OK; \
+		hpu__cuops_leave(c_);                                                  \
+		return rc_;                                                            \
+	} while (0)
+
+static int cu_maxpool_fwd(const float *x, float *y, int32_t *idx, int batch, int ch, int h,
+			  int w, int k, int stride)
+{
+	CU_KERNEL("max pooling", hpu__cuk_maxpool_fwd(x, y, idx, batch * ch, h, w, k, stride, st));
+}
+
+static int cu_maxpool_bwd(const float *dy, const int32_t *idx, float *dx, int batch, int ch,
+			  int h, int w, int k, int stride)
+{
+	CU_KERNEL("max pooling backward",
+		  hpu__cuk_maxpool_bwd(dy, idx, dx, batch * ch, h, w, k, stride, st));
+}
+
+static int cu_avgpool_fwd(const float *x, float *y, int batch, int ch, int h, int w, int k,
+			  int stride)
+{
+	CU_KERNEL("average pooling", hpu__cuk_avgpool_fwd(x, y, batch * ch, h, w, k, stride, st));
+}
+
+static int cu_avgpool_bwd(const float *dy, float *dx, int batch, int ch, int h, int w, int k,
+			  int stride)
+{
+	CU_KERNEL("average pooling backward",
+		  hpu__cuk_avgpool_bwd(dy, dx, batch * ch, h, w, k, stride, st));
+}
+
+static int elt_known(hpu__eltwise op)
+{
+	return op == HPU_ELT_RELU || op == HPU_ELT_GELU_TANH || op == HPU_ELT_TANH;
+}
+
+static int cu_eltwise_fwd(hpu__eltwise op, const float *x, float *y, size_t n)
+{
+	if (!elt_known(op))
+		return HPU_BE_UNSUPPORTED;
+	CU_KERNEL("eltwise", hpu__cuk_eltwise_fwd((int)op, x, y, n, st));
+}
+
+static int cu_eltwise_bwd(hpu__eltwise op, const float *at, const float *dy, float *dx,
+			  size_t n)
+{
+	if (!elt_known(op))
+		return HPU_BE_UNSUPPORTED;
+	CU_KERNEL("eltwise backward", hpu__cuk_eltwise_bwd((int)op, at, dy, dx, n, st));
+}
+
+static int cu_softmax_fwd(const float *x, float *y, int rows, int cols)
+{
+	CU_KERNEL("softmax", hpu__cuk_softmax_fwd(x, y, rows, cols, st));
+}
+
+static int cu_softmax_bwd(const float *y, const float *dy, float *dx, int rows, int cols)
+{
+	CU_KERNEL("softmax backward", hpu__cuk_softmax_bwd(y, dy, dx, rows, cols, st));
+}
+
+static int cu_layernorm_fwd(const float *x, const float *gamma, const float *beta, float *y,
+			    float *mean, float *rstd, int rows, int cols, float eps)
+{
+	CU_KERNEL("layer norm",
+		  hpu__cuk_layernorm_fwd(x, gamma, beta, y, mean, rstd, rows, cols, eps, st));
+}
+
+static int cu_layernorm_bwd(const float *x, const float *gamma, const float *mean,
+			    const float *rstd, const float *dy, float *dx, float *dgamma,
+			    float *dbeta, int rows, int cols)
+{
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	int rc = HPU_BE_UNSUPPORTED;
+	size_t np = hpu__cuk_layernorm_partials(rows, cols);
+	float *partial = np ? hpu__cuops_scratch(c, np * sizeof(float)) : NULL;
+	if ((np == 0 || partial) &&
+	    !hpu__cuops_cuda(hpu__cuk_layernorm_bwd(x, gamma, mean, rstd, dy, dx, dgamma, dbeta,
+						    rows, cols, partial, hpu__cuops_stream()),
+			     "layer norm backward"))
+		rc = HPU_BE_OK;
+	hpu__cuops_leave(c);
+	return rc;
+}
+
+/* ops_nn.c's dropout_key: mix64(seed ^ mix64(stream ^ 0x6a09e667f3bcc909)). */
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static int cu_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t n, float p,
+			  uint64_t seed, uint64_t stream)
+{
+	if (!(p >= 0.0f && p <= 1.0f))
+		return HPU_BE_UNSUPPORTED;
+	int drop_all = p >= 1.0f;
+	uint64_t key = mix64(seed ^ mix64(stream ^ 0x6a09e667f3bcc909ull));
+	uint32_t thresh = drop_all ? 0 : (uint32_t)((double)p * 4294967296.0);
+	float scale = drop_all ? 0.0f : 1.0f / (1.0f - p);
+	CU_KERNEL("dropout",
+		  hpu__cuk_dropout_fwd(x, y, mask, n, key, thresh, scale, drop_all, st));
+}
+
+static int cu_dropout_bwd(const float *dy, const uint8_t *mask, float *dx, size_t n, float p)
+{
+	float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+	CU_KERNEL("dropout backward", hpu__cuk_dropout_bwd(dy, mask, dx, n, scale, st));
+}
+
+static int cu_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim)
+{
+	CU_KERNEL("embedding", hpu__cuk_embedding_fwd(table, ids, y, n, dim, st));
+}
+
+static int cu_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n,
+			    int dim)
+{
+	CU_KERNEL("embedding backward", hpu__cuk_embedding_bwd(ids, dy, dtable, n, dim, st));
+}
+
+/* The mean loss comes back to the host: this waits for the stream. */
+static int cu_softmax_xent(const float *logits, const int32_t *labels, float *dlogits,
+			   int batch, int classes, float *loss)
+{
+	if (batch <= 0 || classes <= 0)
+		return HPU_BE_UNSUPPORTED;
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	cudaStream_t st = hpu__cuops_stream();
+	int rc = HPU_BE_UNSUPPORTED;
+	/* batch doubles of row losses, then the mean (fp32) after them */
+	size_t off = (size_t)batch * sizeof(double);
+	char *s = hpu__cuops_scratch(c, off + sizeof(float));
+	float got;
+	if (s &&
+	    !hpu__cuops_cuda(hpu__cuk_softmax_xent(logits, labels, dlogits, batch, classes,
+						   (double *)s, (float *)(s + off), st),
+			     "softmax cross-entropy") &&
+	    !hpu__cuops_cuda(cudaMemcpyAsync(&got, s + off, sizeof got, cudaMemcpyDeviceToHost,
+					     st),
+			     "softmax cross-entropy's loss") &&
+	    !hpu__cuops_cuda(cudaStreamSynchronize(st), "softmax cross-entropy's loss")) {
+		*loss = got;
+		rc = HPU_BE_OK;
+	}
+	hpu__cuops_leave(c);
+	return rc;
+}
+
+static const hpu__backend cuda_backend = {
+	.name = "CUDA",
+	.describe = cu_describe,
+	.bf16_native = cu_bf16_native,
+	.set_threads = cu_threads,
+	.gemm = hpu__cuops_gemm,
+	.conv_fwd = hpu__cuops_conv_fwd,
+	.conv_bwd_data = hpu__cuops_conv_bwd_data,
+	.conv_bwd_weights = hpu__cuops_conv_bwd_weights,
+	.maxpool_fwd = cu_maxpool_fwd,
+	.maxpool_bwd = cu_maxpool_bwd,
+	.avgpool_fwd = cu_avgpool_fwd,
+	.avgpool_bwd = cu_avgpool_bwd,
+	.eltwise_fwd = cu_eltwise_fwd,
+	.eltwise_bwd = cu_eltwise_bwd,
+	.softmax_fwd = cu_softmax_fwd,
+	.softmax_bwd = cu_softmax_bwd,
+	.layernorm_fwd = cu_layernorm_fwd,
+	.layernorm_bwd = cu_layernorm_bwd,
+	.dropout_fwd = cu_dropout_fwd,
+	.dropout_bwd = cu_dropout_bwd,
+	.embedding_fwd = cu_embedding_fwd,
+	.embedding_bwd = cu_embedding_bwd,
+	.softmax_xent = cu_softmax_xent,
+};
+
+const hpu__backend *hpu__cuda_backend(void)
+{
+	return &cuda_backend;
+}
