@@ -587,6 +587,152 @@ static void test_xent(void **state)
 	hpu__be_set(NULL);
 }
 
+/* ---- the ops' own passes ---- */
+
+static void test_bias_grad(void **state)
+{
+	(void)state;
+	static const int shapes[][2] = {{1, 1}, {7, 13}, {65, 1000}, {300, 37}, {1000, 3}};
+	rng_seed(10);
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+		for (int bf = 0; bf < 2; bf++) {
+			int rows = shapes[s][0], cols = shapes[s][1];
+			size_t n = (size_t)rows * cols, c = (size_t)cols;
+			float *dy = xcalloc(n, 4), *db = xcalloc(c, 4), *db0 = xcalloc(c, 4);
+			float *got = xcalloc(c, 4);
+			uint16_t *dy16 = xcalloc(n, 2);
+			fill(dy, n, -1, 1), fill(db0, c, -1, 1);
+			if (bf)
+				round_bf16(dy, dy16, n);
+			memcpy(db, db0, c * 4);
+			for (int r = 0; r < rows; r++) /* the C loop of ops.c */
+				for (int j = 0; j < cols; j++)
+					db[j] += dy[(size_t)r * cols + j];
+			void *ddy = dput(bf ? (void *)dy16 : dy, n * (bf ? 2 : 4));
+			float *ddb = dput(db0, c * 4);
+			assert_int_equal(gpu->bias_grad(bf ? HPU_DT_BF16 : HPU_DT_F32, ddy, ddb, rows,
+							cols),
+					 HPU_BE_OK);
+			dget(got, ddb, c * 4);
+			char line[96];
+			snprintf(line, sizeof line, "bias_grad %s [%d,%d] (db +=)", bf ? "bf16" : "f32",
+				 rows, cols);
+			check(line, got, db, c, 1e-5);
+			dfree(ddy), dfree(ddb);
+			free(dy), free(db), free(db0), free(got), free(dy16);
+		}
+}
+
+/* Rounding and conversions against common/lowp.h, bit for bit: every
+ * 16-bit pattern widened, and rounding at the edges (ties, subnormals,
+ * overflow, infinities, NaNs) and at random. */
+static void test_convert(void **state)
+{
+	(void)state;
+	const size_t n16 = 65536;
+	uint16_t *h = xcalloc(n16, 2);
+	float *want = xcalloc(n16, 4), *got = xcalloc(n16, 4);
+	for (size_t i = 0; i < n16; i++)
+		h[i] = (uint16_t)i;
+	uint16_t *dh = dput(h, n16 * 2);
+	float *df = dnan(n16 * 4);
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		for (size_t i = 0; i < n16; i++)
+			want[i] = fp16 ? hpu_from_fp16(h[i]) : hpu_from_bf16(h[i]);
+		assert_int_equal(gpu->from16(fp16, dh, df, n16), HPU_BE_OK);
+		dget(got, df, n16 * 4);
+		check_bits(fp16 ? "from16 fp16, every pattern" : "from16 bf16, every pattern", got,
+			   want, n16 * 4);
+	}
+	dfree(dh), dfree(df);
+
+	/* rounding inputs: edge values, then random bits, then random values */
+	const size_t n = 200000;
+	float *x = xcalloc(n, 4), *y = xcalloc(n, 4), *gy = xcalloc(n, 4);
+	uint16_t *y16 = xcalloc(n, 2), *g16 = xcalloc(n, 2);
+	static const uint32_t edges[] = {
+		0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu, 0x00800000u, 0x33000000u,
+		0x33000001u, 0x337fffffu, 0x38800000u, 0x387fffffu, 0x477fe000u, 0x477fefffu,
+		0x477ff000u, 0x47800000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+		0x7f800001u, 0xffc00001u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f800fffu,
+		0x3f801000u, 0x3f803000u};
+	size_t ne = sizeof edges / sizeof edges[0];
+	for (size_t i = 0; i < ne; i++)
+		memcpy(&x[i], &edges[i], 4);
+	for (size_t i = ne; i < n / 2; i++) {
+		uint32_t b = (uint32_t)(rng_uniform(0, 65536)) << 16 | (uint32_t)rng_uniform(0, 65536);
+		memcpy(&x[i], &b, 4);
+	}
+	fill(x + n / 2, n - n / 2, -70000, 70000);
+	float *dx = dput(x, n * 4), *dy = dnan(n * 4);
+	uint16_t *dy16 = dnan(n * 2);
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		for (size_t i = 0; i < n; i++)
+			y[i] = fp16 ? hpu_from_fp16(hpu_to_fp16(x[i])) : hpu_from_bf16(hpu_to_bf16(x[i]));
+		assert_int_equal(gpu->round(fp16, dx, dy, n), HPU_BE_OK);
+		dget(gy, dy, n * 4);
+		check_bits(fp16 ? "round fp16" : "round bf16", gy, y, n * 4);
+		/* in place */
+		assert_int_equal(cudaMemcpy(dy, x, n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+		assert_int_equal(gpu->round(fp16, dy, dy, n), HPU_BE_OK);
+		dget(gy, dy, n * 4);
+		check_bits(fp16 ? "round fp16 in place" : "round bf16 in place", gy, y, n * 4);
+	}
+	for (size_t i = 0; i < n; i++)
+		y16[i] = hpu_to_bf16(x[i]);
+	assert_int_equal(gpu->to_bf16(dx, dy16, n), HPU_BE_OK);
+	dget(g16, dy16, n * 2);
+	check_bits("to_bf16", g16, y16, n * 2);
+	/* add */
+	for (size_t i = 0; i < n; i++)
+		y[i] = x[i] + x[n - 1 - i];
+	float *xr = xcalloc(n, 4);
+	for (size_t i = 0; i < n; i++)
+		xr[i] = x[n - 1 - i];
+	assert_int_equal(cudaMemcpy(dy, xr, n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+	assert_int_equal(gpu->add(dx, dy, n), HPU_BE_OK);
+	dget(gy, dy, n * 4);
+	check_bits("add (y += x)", gy, y, n * 4);
+	dfree(dx), dfree(dy), dfree(dy16);
+	free(h), free(want), free(got), free(x), free(y), free(gy), free(y16), free(g16), free(xr);
+}
+
+/* The public ops on device memory with the CUDA table in force (fp32):
+ * linear forward and backward (products, bias epilogue, bias_grad) and
+ * layer norm, against the same ops on the CPU. */
+static void test_ops_on_gpu(void **state)
+{
+	(void)state;
+	const int batch = 33, in = 70, out = 17;
+	size_t nx = (size_t)batch * in, nw = (size_t)out * in, ny = (size_t)batch * out;
+	rng_seed(11);
+	float *x = xcalloc(nx, 4), *w = xcalloc(nw, 4), *b = xcalloc(out, 4);
+	float *dy = xcalloc(ny, 4), *y = xcalloc(ny, 4), *dx = xcalloc(nx, 4);
+	float *dw = xcalloc(nw, 4), *db = xcalloc(out, 4), *got = xcalloc(nx + nw, 4);
+	fill(x, nx, -1, 1), fill(w, nw, -1, 1), fill(b, out, -1, 1), fill(dy, ny, -1, 1);
+	float *dx_ = dput(x, nx * 4), *dw_ = dput(w, nw * 4), *db_ = dput(b, out * 4);
+	float *ddy = dput(dy, ny * 4), *dyo = dnan(ny * 4), *ddx = dnan(nx * 4);
+	float *ddw = dput(dw, nw * 4), *ddb = dput(db, out * 4);
+	hpu__be_set(hpu__be_reference());
+	hpu_linear_forward(x, w, b, y, batch, in, out);
+	hpu_linear_backward(x, w, dy, dx, dw, db, batch, in, out);
+	hpu__be_set(gpu);
+	hpu_linear_forward(dx_, dw_, db_, dyo, batch, in, out);
+	hpu_linear_backward(dx_, dw_, ddy, ddx, ddw, ddb, batch, in, out);
+	hpu__be_set(NULL);
+	dget(got, dyo, ny * 4);
+	check("hpu_linear_forward on the GPU", got, y, ny, 1e-5);
+	dget(got, ddx, nx * 4);
+	check("hpu_linear_backward on the GPU: dx", got, dx, nx, 1e-5);
+	dget(got, ddw, nw * 4);
+	check("hpu_linear_backward on the GPU: dw", got, dw, nw, 1e-5);
+	dget(got, ddb, out * 4);
+	check("hpu_linear_backward on the GPU: db", got, db, out, 1e-5);
+	dfree(dx_), dfree(dw_), dfree(db_), dfree(ddy), dfree(dyo), dfree(ddx), dfree(ddw);
+	dfree(ddb);
+	free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db), free(got);
+}
+
 /* Every table entry is filled (the ops would run C loops on device
  * memory where one is NULL), and it describes itself. */
 static void test_table(void **state)
@@ -621,6 +767,8 @@ int main(void)
 		cmocka_unit_test(test_eltwise),	  cmocka_unit_test(test_softmax),
 		cmocka_unit_test(test_layernorm), cmocka_unit_test(test_dropout),
 		cmocka_unit_test(test_embedding), cmocka_unit_test(test_xent),
+		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_convert),
+		cmocka_unit_test(test_ops_on_gpu),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

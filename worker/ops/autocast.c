@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "worker/ops/autocast.h"
+#include "worker/ops/backend.h"
 #include "common/env.h"
 #include "common/fileio.h"
 #include "common/lowp.h"
@@ -436,6 +437,9 @@ static void round_fp16(const float *x, float *y, size_t n)
 /* fp8's ops keep bf16 outputs: HPU_AUTOCAST_FP8 rounds to bf16 here. */
 static void round_to(const float *x, float *y, size_t n, int lowp)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, y, n) == HPU_BE_OK)
+		return;
 	if (lowp != HPU_AUTOCAST_FP16)
 		round_bf16(x, y, n);
 	else
@@ -454,7 +458,9 @@ const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
 		scratch16[slot].p = p;
 		scratch16[slot].cap = cap;
 	}
-	to_bf16(x, scratch16[slot].p, n);
+	const hpu__backend *be = hpu__be();
+	if (!be->to_bf16 || be->to_bf16(x, scratch16[slot].p, n) != HPU_BE_OK)
+		to_bf16(x, scratch16[slot].p, n);
 	return scratch16[slot].p;
 }
 
@@ -511,6 +517,9 @@ HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
 
 void hpu__ac_from16(int fp16, float *dst, const uint16_t *src, size_t n)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->from16 && be->from16(fp16, src, dst, n) == HPU_BE_OK)
+		return;
 	if (fp16 && hpu_have_f16c())
 		hpu__f16c_from_fp16(dst, src, n);
 	else
@@ -572,6 +581,9 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)
 
 void hpu__ac_round_inplace(float *x, size_t n, int lowp)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, x, n) == HPU_BE_OK)
+		return;
 	if (lowp != HPU_AUTOCAST_FP16)
 		round_bf16_inplace(x, n);
 	else if (hpu_have_f16c())

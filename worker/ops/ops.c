@@ -52,9 +52,13 @@ void hpu__ref_linear_forward(const float *x, const float *w, const float *b,
 		    1.0f, x, in, w, in, beta, y, out);
 }
 
-/* db[out] += sum over rows of dy[B,out] */
+/* db[out] += sum over rows of dy[B,out] (the backend's kernel where it
+ * has one: a GPU's) */
 static void bias_grad(const float *dy, float *db, int batch, int out)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->bias_grad && be->bias_grad(HPU_DT_F32, dy, db, batch, out) == HPU_BE_OK)
+		return;
 	for (int i = 0; i < batch; i++) {
 		const float *dyr = dy + (size_t)i * out;
 		for (int o = 0; o < out; o++)
@@ -234,6 +238,9 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 /* db[out] += sum over rows of dy16[B,out] */
 static void bias_grad16(const uint16_t *dy, float *db, int batch, int out)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->bias_grad && be->bias_grad(HPU_DT_BF16, dy, db, batch, out) == HPU_BE_OK)
+		return;
 	for (int i = 0; i < batch; i++) {
 		const uint16_t *dyr = dy + (size_t)i * out;
 		for (int o = 0; o < out; o++)

@@ -484,9 +484,12 @@ static void products_rounded(const float *a, const float *b, const uint16_t *a16
 			hpu__ac_round_inplace(c + i * stride_c, mat_n(m, n), lp);
 		return;
 	}
+	const hpu__backend *be = hpu__be();
 	for (int i = 0; i < count; i++) {
 		float *pi = p + i * stride_c, *ci = c + i * stride_c;
 		hpu__ac_round_inplace(pi, mat_n(m, n), lp);
+		if (be->add && be->add(pi, ci, mat_n(m, n)) == HPU_BE_OK)
+			continue;
 		for (size_t j = 0; j < mat_n(m, n); j++)
 			ci[j] += pi[j];
 	}

@@ -349,6 +349,45 @@ static int cu_softmax_xent(const float *logits, const int32_t *labels, float *dl
 	return rc;
 }
 
+static int cu_bias_grad(hpu__dtype dt, const void *dy, float *db, int rows, int cols)
+{
+	if (rows < 0 || cols < 0)
+		return HPU_BE_UNSUPPORTED;
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	int rc = HPU_BE_UNSUPPORTED;
+	size_t np = hpu__cuk_bias_grad_partials(rows, cols);
+	float *partial = np ? hpu__cuops_scratch(c, np * sizeof(float)) : NULL;
+	if ((np == 0 || partial) &&
+	    !hpu__cuops_cuda(hpu__cuk_bias_grad(dt == HPU_DT_BF16, dy, db, rows, cols, partial,
+						hpu__cuops_stream()),
+			     "bias gradient"))
+		rc = HPU_BE_OK;
+	hpu__cuops_leave(c);
+	return rc;
+}
+
+static int cu_round(int fp16, const float *x, float *y, size_t n)
+{
+	CU_KERNEL("rounding", hpu__cuk_round(fp16, x, y, n, st));
+}
+
+static int cu_to_bf16(const float *x, uint16_t *y, size_t n)
+{
+	CU_KERNEL("bf16 conversion", hpu__cuk_to_bf16(x, y, n, st));
+}
+
+static int cu_from16(int fp16, const uint16_t *x, float *y, size_t n)
+{
+	CU_KERNEL("16-bit widening", hpu__cuk_from16(fp16, x, y, n, st));
+}
+
+static int cu_add(const float *x, float *y, size_t n)
+{
+	CU_KERNEL("add", hpu__cuk_add(x, y, n, st));
+}
+
 static const hpu__backend cuda_backend = {
 	.name = "CUDA",
 	.describe = cu_describe,
@@ -373,6 +412,11 @@ static const hpu__backend cuda_backend = {
 	.embedding_fwd = cu_embedding_fwd,
 	.embedding_bwd = cu_embedding_bwd,
 	.softmax_xent = cu_softmax_xent,
+	.bias_grad = cu_bias_grad,
+	.round = cu_round,
+	.to_bf16 = cu_to_bf16,
+	.from16 = cu_from16,
+	.add = cu_add,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

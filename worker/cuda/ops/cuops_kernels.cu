@@ -679,3 +679,152 @@ extern "C" cudaError_t hpu__cuk_softmax_xent(const float *logits, const int32_t 
 	k_xent_mean<<<1, 256, 0, st>>>(row_loss, batch, loss_dev);
 	return cudaGetLastError();
 }
+
+/* ---- the ops' own passes ---- */
+
+/* common/lowp.h's conversions, on the same bits. */
+__device__ static uint16_t to_bf16(float f)
+{
+	uint32_t x = __float_as_uint(f);
+	uint32_t r = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;
+	uint32_t q = (x >> 16) | 0x40; /* a quiet NaN */
+	return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+__device__ static float from_bf16(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+
+__device__ static uint16_t to_fp16(float f)
+{
+	uint32_t x = __float_as_uint(f), ax = x & 0x7fffffffu;
+	uint32_t sign = (x >> 16) & 0x8000u;
+	uint32_t norm = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1)) >> 13;
+	/* below 2^-14 the f32 addition rounds to the subnormal's bits
+	 * (__fadd_rn: never contracted, never flushed) */
+	uint32_t sub = __float_as_uint(__fadd_rn(__uint_as_float(ax), 0.5f)) - 0x3f000000u;
+	uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu);
+	uint32_t big = ax > 0x7f800000u ? nan : 0x7c00u;
+	uint32_t r = ax < 0x38800000u ? sub : ax < 0x47800000u ? norm : big;
+	return (uint16_t)(sign | r);
+}
+
+__device__ static float from_fp16(uint16_t h)
+{
+	uint32_t u = (uint32_t)(h & 0x7fffu) << 13;
+	uint32_t e = u & 0x0f800000u;
+	uint32_t norm = u + (112u << 23);
+	uint32_t big = (norm + (112u << 23)) | (u > 0x0f800000u ? 0x400000u : 0);
+	uint32_t sub = __float_as_uint(__fsub_rn(__uint_as_float(u + (113u << 23)), 0x1p-14f));
+	uint32_t r = e == 0 ? sub : e == 0x0f800000u ? big : norm;
+	return __uint_as_float(r | (uint32_t)(h & 0x8000u) << 16);
+}
+
+static __global__ void k_round(int fp16, const float *x, float *y, size_t n)
+{
+	FOR_EACH(i, n)
+	y[i] = fp16 ? from_fp16(to_fp16(x[i])) : from_bf16(to_bf16(x[i]));
+}
+
+static __global__ void k_to_bf16(const float *x, uint16_t *y, size_t n)
+{
+	FOR_EACH(i, n)
+	y[i] = to_bf16(x[i]);
+}
+
+static __global__ void k_from16(int fp16, const uint16_t *x, float *y, size_t n)
+{
+	FOR_EACH(i, n)
+	y[i] = fp16 ? from_fp16(x[i]) : from_bf16(x[i]);
+}
+
+static __global__ void k_add(const float *x, float *y, size_t n)
+{
+	FOR_EACH(i, n)
+	y[i] += x[i];
+}
+
+#define BG_CHUNK 64 /* rows per partial column sum */
+
+static __global__ void k_bias_grad_partial(int bf16, const void *dy, float *partial, int rows,
+					   int cols)
+{
+	int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+	if (c >= cols)
+		return;
+	int r1 = (ch + 1) * BG_CHUNK < rows ? (ch + 1) * BG_CHUNK : rows;
+	float s = 0.0f;
+	for (int r = ch * BG_CHUNK; r < r1; r++) {
+		size_t o = (size_t)r * cols + c;
+		s += bf16 ? from_bf16(((const uint16_t *)dy)[o]) : ((const float *)dy)[o];
+	}
+	partial[(size_t)ch * cols + c] = s;
+}
+
+/* db[c] += the chunks' sums, in chunk order */
+static __global__ void k_bias_grad_sum(const float *partial, float *db, int cols, int chunks)
+{
+	int c = blockIdx.x * blockDim.x + threadIdx.x;
+	if (c >= cols)
+		return;
+	float s = 0.0f;
+	for (int ch = 0; ch < chunks; ch++)
+		s += partial[(size_t)ch * cols + c];
+	db[c] += s;
+}
+
+extern "C" size_t hpu__cuk_bias_grad_partials(int rows, int cols)
+{
+	if (rows <= 0 || cols <= 0)
+		return 0;
+	return (size_t)((rows + BG_CHUNK - 1) / BG_CHUNK) * cols;
+}
+
+extern "C" cudaError_t hpu__cuk_bias_grad(int bf16, const void *dy, float *db, int rows,
+					   int cols, float *partial, cudaStream_t st)
+{
+	if (rows <= 0 || cols <= 0)
+		return cudaSuccess;
+	int chunks = (rows + BG_CHUNK - 1) / BG_CHUNK;
+	unsigned cb = (unsigned)((cols + 127) / 128);
+	k_bias_grad_partial<<<dim3(cb, (unsigned)chunks), 128, 0, st>>>(bf16, dy, partial, rows,
+									 cols);
+	k_bias_grad_sum<<<cb, 128, 0, st>>>(partial, db, cols, chunks);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_round(int fp16, const float *x, float *y, size_t n,
+				       cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	k_round<<<blocks_for(n, THREADS), THREADS, 0, st>>>(fp16, x, y, n);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_to_bf16(const float *x, uint16_t *y, size_t n,
+					 cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	k_to_bf16<<<blocks_for(n, THREADS), THREADS, 0, st>>>(x, y, n);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_from16(int fp16, const uint16_t *x, float *y, size_t n,
+					cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	k_from16<<<blocks_for(n, THREADS), THREADS, 0, st>>>(fp16, x, y, n);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_add(const float *x, float *y, size_t n, cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	k_add<<<blocks_for(n, THREADS), THREADS, 0, st>>>(x, y, n);
+	return cudaGetLastError();
+}

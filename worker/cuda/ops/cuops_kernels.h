@@ -75,6 +75,20 @@ cudaError_t hpu__cuk_softmax_xent(const float *logits, const int32_t *labels, fl
 				  int batch, int classes, double *row_loss, float *loss_dev,
 				  cudaStream_t st);
 
+/* The ops' own passes (backend.h's bias_grad, round, to_bf16, from16,
+ * add). bias_grad: db[cols] += column sums of dy (bf16 when bf16), the
+ * rows summed in chunks and the chunks in order (deterministic);
+ * partial: hpu__cuk_bias_grad_partials(rows, cols) floats of scratch.
+ * The conversions give common/lowp.h's bits. */
+size_t hpu__cuk_bias_grad_partials(int rows, int cols);
+cudaError_t hpu__cuk_bias_grad(int bf16, const void *dy, float *db, int rows, int cols,
+			       float *partial, cudaStream_t st);
+cudaError_t hpu__cuk_round(int fp16, const float *x, float *y, size_t n, cudaStream_t st);
+cudaError_t hpu__cuk_to_bf16(const float *x, uint16_t *y, size_t n, cudaStream_t st);
+cudaError_t hpu__cuk_from16(int fp16, const uint16_t *x, float *y, size_t n,
+			    cudaStream_t st);
+cudaError_t hpu__cuk_add(const float *x, float *y, size_t n, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif
