@@ -35,6 +35,7 @@ declare -A ALLOW=(
 	[worker/layers]="include"
 	[worker/hpu]="worker/ops common include"
 	[worker/device]="worker/hpu worker/ops common include"
+	[worker/cuda]="worker/device worker/hpu worker/ops common include"
 	[options]="common include"
 	[ckpt]="options common include"
 	[agent]="proto common include"
