@@ -182,6 +182,18 @@ static void test_gemm(void **state)
 				}
 }
 
+/* After a release the contexts (handles, plans) are made again. */
+static void test_release(void **state)
+{
+	(void)state;
+	gemm_case t = {2, 9, 11, 13, 0, 1, 1, 0, 1};
+	rng_seed(12);
+	gemm_one(&t, HPU_DT_F32);
+	hpu__cuda_ops_release();
+	gemm_one(&t, HPU_DT_F32);
+	gemm_one(&t, HPU_DT_BF16);
+}
+
 /* ---- convolutions ---- */
 
 static const hpu_conv2d_shape conv_shapes[] = {
@@ -768,7 +780,10 @@ int main(void)
 		cmocka_unit_test(test_layernorm), cmocka_unit_test(test_dropout),
 		cmocka_unit_test(test_embedding), cmocka_unit_test(test_xent),
 		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_convert),
-		cmocka_unit_test(test_ops_on_gpu),
+		cmocka_unit_test(test_ops_on_gpu), cmocka_unit_test(test_release),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	hpu__cuda_ops_release();
+	cudaStreamDestroy(stream);
+	return rc;
 }

@@ -21,9 +21,16 @@ const hpu__backend *hpu__cuda_backend(void);
 
 /* The stream every kernel of the table is queued on (a cudaStream_t; the
  * device calls this at its setup and whenever its compute stream
- * changes). 0, the legacy default stream, until then. Functions that
+ * changes). 0, the legacy default stream, until then. Change it only
+ * while the previous stream has no table work pending: the kernels'
+ * scratch and workspace are reused in stream order. Functions that
  * return a value to the host (softmax_xent's loss) wait for this stream. */
 void hpu__cuda_ops_set_stream(void *cuda_stream);
+
+/* Waits for the stream, then frees every GPU's handles, workspace,
+ * scratch and cached plans (the device's close); the table makes them
+ * again on its next call. Not while other threads call the table. */
+void hpu__cuda_ops_release(void);
 
 /* 1: fp32 products may run on TF32 tensor cores (cuBLASLt's
  * CUBLAS_COMPUTE_32F_FAST_TF32, cuDNN's default math), as PyTorch's

@@ -106,6 +106,36 @@ fail:
 	return NULL;
 }
 
+static void ctx_free(hpu__cuops_ctx *c)
+{
+	int dev = -1;
+	cudaGetDevice(&dev);
+	cudaSetDevice(c->dev);
+	cudaStreamSynchronize(hpu__cuops_stream());
+	hpu__cuops_gemm_free(c);
+	hpu__cuops_conv_free(c);
+	if (c->scratch)
+		cudaFree(c->scratch);
+	cudaFree(c->ws);
+	cudnnDestroy(c->dnn);
+	cublasLtDestroy(c->lt);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+	if (dev >= 0)
+		cudaSetDevice(dev);
+}
+
+void hpu__cuda_ops_release(void)
+{
+	pthread_mutex_lock(&ctx_mu);
+	for (int i = 0; i < MAX_GPUS; i++)
+		if (ctxs[i]) {
+			ctx_free(ctxs[i]);
+			ctxs[i] = NULL;
+		}
+	pthread_mutex_unlock(&ctx_mu);
+}
+
 hpu__cuops_ctx *hpu__cuops_enter(void)
 {
 	int dev;

@@ -223,6 +223,39 @@ static int run(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const hpu__gemm *g)
 			       "cublasLtMatmul");
 }
 
+/* Runs g with the plan for tf32: the bias in the epilogue, or added
+ * apart when cuBLASLt has no algorithm with it. *none (and -1, not
+ * logged) when it has no algorithm at all. */
+static int run_any(hpu__cuops_ctx *c, const hpu__gemm *g, int tf32, int *none)
+{
+	int64_t key[16];
+	*none = 0;
+	gemm_key(g, tf32, key);
+	hpu__cuops_gemm_plan *p = plan_get(c, key);
+	if (p)
+		return run(c, p, g);
+	hpu__gemm f = *g;
+	f.bias = NULL;
+	gemm_key(&f, tf32, key);
+	p = g->bias ? plan_get(c, key) : NULL;
+	if (!p) {
+		*none = 1;
+		return -1;
+	}
+	if (run(c, p, &f))
+		return -1;
+	return hpu__cuops_cuda(hpu__cuk_gemm_k0(g->c, g->bias, g->count, g->m, g->n,
+						g->stride_c, 1, hpu__cuops_stream()),
+			       "bias");
+}
+
+static int no_algorithm(const hpu__gemm *g)
+{
+	hpu__log(HPU_LOG_ERROR, "cuda ops: cuBLASLt has no algorithm for a %dx%dx%d %s product",
+		 g->m, g->n, g->k, g->dt == HPU_DT_BF16 ? "bf16" : "fp32");
+	return -1;
+}
+
 /* bf16 without a cuBLASLt algorithm: both operands widened to fp32 in
  * scratch, multiplied on TF32 (exact for bf16 values). */
 static int run_widened(hpu__cuops_ctx *c, const hpu__gemm *g)
@@ -240,15 +273,8 @@ static int run_widened(hpu__cuops_ctx *c, const hpu__gemm *g)
 	f.dt = HPU_DT_F32;
 	f.a = w;
 	f.b = w + na;
-	int64_t key[16];
-	gemm_key(&f, 1, key);
-	hpu__cuops_gemm_plan *p = plan_get(c, key);
-	if (!p) {
-		hpu__log(HPU_LOG_ERROR, "cuda ops: cuBLASLt has no algorithm for a %dx%dx%d product",
-			 g->m, g->n, g->k);
-		return -1;
-	}
-	return run(c, p, &f);
+	int none, rc = run_any(c, &f, 1, &none);
+	return none ? no_algorithm(g) : rc;
 }
 
 int hpu__cuops_gemm(const hpu__gemm *g)
@@ -260,26 +286,16 @@ int hpu__cuops_gemm(const hpu__gemm *g)
 	hpu__cuops_ctx *c = hpu__cuops_enter();
 	if (!c)
 		return HPU_BE_UNSUPPORTED;
-	int rc;
+	int rc, none = 0;
 	if (g->k == 0) { /* an empty sum: c = bias or 0, or c unchanged */
 		rc = hpu__cuops_cuda(hpu__cuk_gemm_k0(g->c, g->bias, g->count, g->m, g->n,
 						      g->stride_c, g->accumulate,
 						      hpu__cuops_stream()),
 				     "empty product");
 	} else {
-		int64_t key[16];
-		gemm_key(g, g->dt == HPU_DT_F32 && hpu__cuops_tf32(), key);
-		hpu__cuops_gemm_plan *p = plan_get(c, key);
-		if (p)
-			rc = run(c, p, g);
-		else if (g->dt == HPU_DT_BF16)
-			rc = run_widened(c, g);
-		else {
-			hpu__log(HPU_LOG_ERROR,
-				 "cuda ops: cuBLASLt has no fp32 algorithm for a %dx%dx%d product",
-				 g->m, g->n, g->k);
-			rc = -1;
-		}
+		rc = run_any(c, g, g->dt == HPU_DT_F32 && hpu__cuops_tf32(), &none);
+		if (none)
+			rc = g->dt == HPU_DT_BF16 ? run_widened(c, g) : no_algorithm(g);
 	}
 	hpu__cuops_leave(c);
 	return rc ? HPU_BE_UNSUPPORTED : HPU_BE_OK;

@@ -30,12 +30,20 @@ static unsigned blocks_for(size_t n, unsigned threads)
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
 
 template <typename T> struct sum_op {
+	__device__ static T identity()
+	{
+		return (T)0;
+	}
 	__device__ static T apply(T a, T b)
 	{
 		return a + b;
 	}
 };
 template <typename T> struct max_op {
+	__device__ static T identity()
+	{
+		return (T)-INFINITY;
+	}
 	__device__ static T apply(T a, T b)
 	{
 		return b > a ? b : a;
@@ -55,7 +63,7 @@ template <typename T, typename Op> __device__ T block_reduce(T v)
 	__syncthreads();
 	if (warp == 0) {
 		int nw = blockDim.x >> 5;
-		v = lane < nw ? part[lane] : part[0];
+		v = lane < nw ? part[lane] : Op::identity();
 		for (int o = 16; o > 0; o >>= 1)
 			v = Op::apply(v, __shfl_down_sync(0xffffffffu, v, o));
 		if (lane == 0)

@@ -18,9 +18,9 @@ extern "C" {
 /* y[n] = the fp32 values of bf16 x[n] (exact). */
 cudaError_t hpu__cuk_bf16_to_f32(const uint16_t *x, float *y, size_t n, cudaStream_t st);
 
-/* c[count][m, n] (rows stride_c apart per product) = bias[n] on every row,
- * or 0 (bias NULL), or left alone (accumulate, no bias): a product with
- * k = 0. */
+/* c[count][m, n] (products stride_c apart) = bias[n] on every row, or 0
+ * (bias NULL); with accumulate c += bias[n] (or c left alone): a product
+ * with k = 0, and the bias of one whose epilogue could not take it. */
 cudaError_t hpu__cuk_gemm_k0(float *c, const float *bias, int count, int m, int n,
 			     size_t stride_c, int accumulate, cudaStream_t st);
 
