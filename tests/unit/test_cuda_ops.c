@@ -30,6 +30,7 @@
 
 #include "worker/cuda/cuda_ops.h"
 #include "worker/ops/backend.h"
+#include "worker/ops/fp8.h"
 #include "worker/ops/ops_ref.h"
 #include "common/lowp.h"
 
@@ -709,6 +710,46 @@ static void test_convert(void **state)
 	free(h), free(want), free(got), free(x), free(y), free(gy), free(y16), free(g16), free(xr);
 }
 
+/* fp8's amax and quantization against fp8.c's C loops, bit for bit. */
+static void test_fp8(void **state)
+{
+	(void)state;
+	const size_t n = 100003;
+	static const float scales[] = {1.0f, 0.125f, 32.0f, 1024.0f};
+	rng_seed(13);
+	float *x = xcalloc(n, 4), *y = xcalloc(n, 4), *got = xcalloc(n, 4);
+	fill(x, n / 2, -600, 600);
+	for (size_t i = n / 2; i < n; i++) /* many magnitudes, subnormal ranges */
+		x[i] = ldexpf(rng_uniform(-1, 1), (int)rng_uniform(-30, 20));
+	static const uint32_t edges[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x80000000u,
+					 0x00000001u, 0x43e00000u, 0x43e80000u, 0x47600000u,
+					 0x47700000u, 0x3b000000u, 0x3b100000u};
+	for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++)
+		memcpy(&x[1 + 7 * i], &edges[i], 4);
+	float *dx = dput(x, n * 4), *dy = dnan(n * 4);
+	hpu__be_set(hpu__be_reference());
+	float want = hpu__fp8_amax(x, n), m = -1;
+	hpu__be_set(NULL);
+	assert_int_equal(gpu->amax(dx, n, &m), HPU_BE_OK);
+	check_bits("fp8 amax (NaN and infinities among the values)", &m, &want, 4);
+	assert_int_equal(gpu->amax(dx, 0, &m), HPU_BE_OK);
+	assert_true(m == 0.0f);
+	for (int fmt = 0; fmt < 2; fmt++)
+		for (size_t s = 0; s < sizeof scales / sizeof scales[0]; s++) {
+			hpu__be_set(hpu__be_reference());
+			hpu__fp8_fake_quant(x, y, n, scales[s], fmt);
+			hpu__be_set(NULL);
+			assert_int_equal(gpu->fp8_fake_quant(dx, dy, n, scales[s], fmt), HPU_BE_OK);
+			dget(got, dy, n * 4);
+			char line[96];
+			snprintf(line, sizeof line, "fp8 fake quant %s scale %g",
+				 fmt ? "E5M2" : "E4M3", scales[s]);
+			check_bits(line, got, y, n * 4);
+		}
+	dfree(dx), dfree(dy);
+	free(x), free(y), free(got);
+}
+
 /* The public ops on device memory with the CUDA table in force (fp32):
  * linear forward and backward (products, bias epilogue, bias_grad) and
  * layer norm, against the same ops on the CPU. */
@@ -780,7 +821,8 @@ int main(void)
 		cmocka_unit_test(test_layernorm), cmocka_unit_test(test_dropout),
 		cmocka_unit_test(test_embedding), cmocka_unit_test(test_xent),
 		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_convert),
-		cmocka_unit_test(test_ops_on_gpu), cmocka_unit_test(test_release),
+		cmocka_unit_test(test_fp8),	  cmocka_unit_test(test_ops_on_gpu),
+		cmocka_unit_test(test_release),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	hpu__cuda_ops_release();

@@ -150,6 +150,12 @@ typedef struct hpu__backend {
 	int (*from16)(int fp16, const uint16_t *x, float *y, size_t n);
 	/* y[n] += x[n]. */
 	int (*add)(const float *x, float *y, size_t n);
+	/* fp8 (fp8.h): *amax = max |x[n]| (NaN ignored; 0 for n == 0), as
+	 * hpu__fp8_amax; amax is host memory (the call waits for it). */
+	int (*amax)(const float *x, size_t n, float *amax);
+	/* y[n] = fp8(x[n] * scale) / scale in format fmt (HPU_FP8_E4M3 or
+	 * _E5M2), as hpu__fp8_fake_quant, bit for bit (y may be x). */
+	int (*fp8_fake_quant)(const float *x, float *y, size_t n, float scale, int fmt);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

@@ -6,6 +6,7 @@
  * stream, and the table. A failing CUDA call is logged and the entry
  * answers HPU_BE_UNSUPPORTED (backend.h's only refusal).
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "worker/cuda/cuda_ops.h"
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_kernels.h"
+#include "worker/ops/fp8.h"
 #include "common/log.h"
 
 #define MAX_GPUS 64
@@ -418,6 +420,47 @@ static int cu_add(const float *x, float *y, size_t n)
 	CU_KERNEL("add", hpu__cuk_add(x, y, n, st));
 }
 
+/* The result comes back to the host: this waits for the stream. */
+static int cu_amax(const float *x, size_t n, float *amax)
+{
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	cudaStream_t st = hpu__cuops_stream();
+	uint32_t *d = hpu__cuops_scratch(c, sizeof *d), bits = 0;
+	int rc = HPU_BE_UNSUPPORTED;
+	if (d && !hpu__cuops_cuda(cudaMemsetAsync(d, 0, sizeof *d, st), "amax") &&
+	    !hpu__cuops_cuda(hpu__cuk_amax(x, n, d, st), "amax") &&
+	    !hpu__cuops_cuda(cudaMemcpyAsync(&bits, d, sizeof bits, cudaMemcpyDeviceToHost, st),
+			     "amax") &&
+	    !hpu__cuops_cuda(cudaStreamSynchronize(st), "amax")) {
+		memcpy(amax, &bits, sizeof *amax);
+		rc = HPU_BE_OK;
+	}
+	hpu__cuops_leave(c);
+	return rc;
+}
+
+/* The formats of worker/ops/fp8.h: largest value, smallest normal's
+ * exponent, mantissa bits. */
+static const struct {
+	float max;
+	int emin, mbits;
+} fp8_fmts[2] = {{448.0f, -6, 3}, {57344.0f, -14, 2}};
+
+static int cu_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
+{
+	if (fmt != HPU_FP8_E4M3 && fmt != HPU_FP8_E5M2)
+		return HPU_BE_UNSUPPORTED;
+	int m = fp8_fmts[fmt].mbits, shift = 23 - m;
+	float tiny = ldexpf(1.0f, fp8_fmts[fmt].emin);
+	float magic = 1.5f * ldexpf(1.0f, 23 + fp8_fmts[fmt].emin - m);
+	CU_KERNEL("fp8 quantization",
+		  hpu__cuk_fp8_fake_quant(x, y, n, scale, 1.0f / scale, fp8_fmts[fmt].max, tiny,
+					  magic, (1u << shift) - 1, shift, fmt == HPU_FP8_E5M2,
+					  st));
+}
+
 static const hpu__backend cuda_backend = {
 	.name = "CUDA",
 	.describe = cu_describe,
@@ -447,6 +490,8 @@ static const hpu__backend cuda_backend = {
 	.to_bf16 = cu_to_bf16,
 	.from16 = cu_from16,
 	.add = cu_add,
+	.amax = cu_amax,
+	.fp8_fake_quant = cu_fp8_fake_quant,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

@@ -836,3 +836,61 @@ extern "C" cudaError_t hpu__cuk_add(const float *x, float *y, size_t n, cudaStre
 	k_add<<<blocks_for(n, THREADS), THREADS, 0, st>>>(x, y, n);
 	return cudaGetLastError();
 }
+
+/* ---- fp8 ---- */
+
+static __global__ void k_amax(const float *x, size_t n, uint32_t *out)
+{
+	float m = 0.0f;
+	FOR_EACH(i, n)
+	m = fmaxf(m, fabsf(x[i])); /* fmaxf drops a NaN operand */
+	m = block_reduce<float, max_op<float> >(m);
+	/* floats >= 0 order as their bits */
+	if (threadIdx.x == 0 && m > 0.0f)
+		atomicMax(out, __float_as_uint(m));
+}
+
+/* fp8.c's grid() and fake_quant, operation for operation. */
+static __global__ void k_fp8_fake_quant(const float *x, float *y, size_t n, float scale,
+					float inv, float max, float tiny, float magic,
+					uint32_t keep, int shift, int has_inf)
+{
+	FOR_EACH(i, n)
+	{
+		float v = x[i] * scale;
+		float a = fabsf(v);
+		float c = a < max ? a : max;
+		uint32_t u = __float_as_uint(c);
+		uint32_t r = (u + (keep >> 1) + ((u >> shift) & 1)) & ~keep;
+		float sub = __fsub_rn(__fadd_rn(c, magic), magic);
+		float q = c < tiny ? sub : __uint_as_float(r);
+		q = copysignf(q, v) * inv;
+		if (!(a <= INFINITY)) /* NaN */
+			q = v;
+		else if (a == INFINITY)
+			q = has_inf ? v : NAN;
+		y[i] = q;
+	}
+}
+
+extern "C" cudaError_t hpu__cuk_amax(const float *x, size_t n, uint32_t *out,
+				      cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	size_t b = (n + THREADS - 1) / THREADS;
+	k_amax<<<(unsigned)(b < 1024 ? b : 1024), THREADS, 0, st>>>(x, n, out);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_fp8_fake_quant(const float *x, float *y, size_t n,
+						float scale, float inv, float max, float tiny,
+						float magic, uint32_t keep, int shift, int has_inf,
+						cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	k_fp8_fake_quant<<<blocks_for(n, THREADS), THREADS, 0, st>>>(
+		x, y, n, scale, inv, max, tiny, magic, keep, shift, has_inf);
+	return cudaGetLastError();
+}

@@ -89,6 +89,17 @@ cudaError_t hpu__cuk_from16(int fp16, const uint16_t *x, float *y, size_t n,
 			    cudaStream_t st);
 cudaError_t hpu__cuk_add(const float *x, float *y, size_t n, cudaStream_t st);
 
+/* fp8 (worker/ops/fp8.h). amax: *out (device, one uint32: the bits of
+ * a float >= 0) = max(*out, max |x|), NaN ignored; zero it first.
+ * fake_quant: y = fp8(x * scale) * inv, the format given by its largest
+ * value, smallest normal (tiny), the magic number rounding to its
+ * subnormal grid, the mantissa bits dropped (keep = 2^shift - 1) and
+ * whether it has infinities, as fp8.c's fake_quant. */
+cudaError_t hpu__cuk_amax(const float *x, size_t n, uint32_t *out, cudaStream_t st);
+cudaError_t hpu__cuk_fp8_fake_quant(const float *x, float *y, size_t n, float scale,
+				    float inv, float max, float tiny, float magic, uint32_t keep,
+				    int shift, int has_inf, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif
