@@ -43,7 +43,9 @@ typedef struct hpu__cuops_conv_plan {
 	int tf32; /* the math it was planned with (1: tensor ops allowed) */
 	cudnnTensorDescriptor_t x, y, bias;
 	cudnnFilterDescriptor_t w;
-	cudnnConvolutionDescriptor_t conv;
+	/* one per direction (forward, backward data, backward filter), each
+	 * with the math its algorithm was chosen for */
+	cudnnConvolutionDescriptor_t conv[3];
 	cudnnConvolutionFwdAlgo_t fwd;
 	cudnnConvolutionBwdDataAlgo_t bwd_data;
 	cudnnConvolutionBwdFilterAlgo_t bwd_filter;

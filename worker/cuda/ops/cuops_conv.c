@@ -44,8 +44,9 @@ static void plan_free(hpu__cuops_conv_plan *p)
 		cudnnDestroyTensorDescriptor(p->bias);
 	if (p->w)
 		cudnnDestroyFilterDescriptor(p->w);
-	if (p->conv)
-		cudnnDestroyConvolutionDescriptor(p->conv);
+	for (int i = 0; i < 3; i++)
+		if (p->conv[i])
+			cudnnDestroyConvolutionDescriptor(p->conv[i]);
 	memset(p, 0, sizeof *p);
 }
 
@@ -63,9 +64,19 @@ static int descriptors(hpu__cuops_conv_plan *p, const hpu_conv2d_shape *s)
 	if (hpu__cuops_dnn(cudnnCreateTensorDescriptor(&p->x), "tensor descriptor") ||
 	    hpu__cuops_dnn(cudnnCreateTensorDescriptor(&p->y), "tensor descriptor") ||
 	    hpu__cuops_dnn(cudnnCreateTensorDescriptor(&p->bias), "tensor descriptor") ||
-	    hpu__cuops_dnn(cudnnCreateFilterDescriptor(&p->w), "filter descriptor") ||
-	    hpu__cuops_dnn(cudnnCreateConvolutionDescriptor(&p->conv), "convolution descriptor"))
+	    hpu__cuops_dnn(cudnnCreateFilterDescriptor(&p->w), "filter descriptor"))
 		return -1;
+	for (int i = 0; i < 3; i++)
+		if (hpu__cuops_dnn(cudnnCreateConvolutionDescriptor(&p->conv[i]),
+				   "convolution descriptor") ||
+		    hpu__cuops_dnn(cudnnSetConvolution2dDescriptor(p->conv[i], s->pad, s->pad,
+								   s->stride, s->stride, 1, 1,
+								   CUDNN_CROSS_CORRELATION, f),
+				   "convolution descriptor") ||
+		    hpu__cuops_dnn(cudnnSetConvolutionMathType(
+					   p->conv[i], p->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
+				   "convolution math"))
+			return -1;
 	return hpu__cuops_dnn(cudnnSetTensor4dDescriptor(p->x, nchw, f, s->batch, s->in_ch,
 							 s->height, s->width),
 			      "input descriptor") ||
@@ -77,14 +88,7 @@ static int descriptors(hpu__cuops_conv_plan *p, const hpu_conv2d_shape *s)
 			      "bias descriptor") ||
 	       hpu__cuops_dnn(cudnnSetFilter4dDescriptor(p->w, f, nchw, s->out_ch, s->in_ch,
 							 s->kernel, s->kernel),
-			      "filter descriptor") ||
-	       hpu__cuops_dnn(cudnnSetConvolution2dDescriptor(p->conv, s->pad, s->pad, s->stride,
-							      s->stride, 1, 1,
-							      CUDNN_CROSS_CORRELATION, f),
-			      "convolution descriptor") ||
-	       hpu__cuops_dnn(cudnnSetConvolutionMathType(p->conv, p->tf32 ? CUDNN_DEFAULT_MATH
-									   : CUDNN_FMA_MATH),
-			      "convolution math");
+			      "filter descriptor");
 }
 
 /* Whether a heuristic's answer may be used: it ran, fits the workspace,
@@ -121,7 +125,7 @@ static int exact_filter(cudnnConvolutionBwdFilterAlgo_t a)
 
 /* The first usable exact algorithm, deterministic ones first; goto fail
  * if none. */
-#define PICK(res, got, tf32, exact, out, mem)                                          \
+#define PICK(res, got, tf32, exact, out, mem, math)                                          \
 	do {                                                                           \
 		int pick_ = -1;                                                        \
 		for (int pass_ = 0; pass_ < 2 && pick_ < 0; pass_++)                   \
@@ -135,6 +139,7 @@ static int exact_filter(cudnnConvolutionBwdFilterAlgo_t a)
 			goto fail;                                                     \
 		(out) = (res)[pick_].algo;                                             \
 		(mem) = (res)[pick_].memory;                                           \
+		(math) = (res)[pick_].mathType;                                        \
 	} while (0)
 
 static int algorithms(hpu__cuops_ctx *c, hpu__cuops_conv_plan *p)
@@ -143,19 +148,26 @@ static int algorithms(hpu__cuops_ctx *c, hpu__cuops_conv_plan *p)
 	cudnnConvolutionBwdDataAlgoPerf_t dr[NALGO];
 	cudnnConvolutionBwdFilterAlgoPerf_t wr[NALGO];
 	int nf = 0, nd = 0, nw = 0;
-	if (hpu__cuops_dnn(cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->x, p->w, p->conv,
+	if (hpu__cuops_dnn(cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->x, p->w, p->conv[0],
 								   p->y, NALGO, &nf, fr),
 			   "forward algorithm") ||
-	    hpu__cuops_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, p->w, p->y, p->conv,
-									p->x, NALGO, &nd, dr),
+	    hpu__cuops_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+				   c->dnn, p->w, p->y, p->conv[1], p->x, NALGO, &nd, dr),
 			   "backward data algorithm") ||
 	    hpu__cuops_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-				   c->dnn, p->x, p->y, p->conv, p->w, NALGO, &nw, wr),
+				   c->dnn, p->x, p->y, p->conv[2], p->w, NALGO, &nw, wr),
 			   "backward filter algorithm"))
 		return -1;
-	PICK(fr, nf, p->tf32, exact_fwd, p->fwd, p->ws_fwd);
-	PICK(dr, nd, p->tf32, exact_data, p->bwd_data, p->ws_data);
-	PICK(wr, nw, p->tf32, exact_filter, p->bwd_filter, p->ws_filter);
+	cudnnMathType_t math[3];
+	PICK(fr, nf, p->tf32, exact_fwd, p->fwd, p->ws_fwd, math[0]);
+	PICK(dr, nd, p->tf32, exact_data, p->bwd_data, p->ws_data, math[1]);
+	PICK(wr, nw, p->tf32, exact_filter, p->bwd_filter, p->ws_filter, math[2]);
+	/* each direction runs with its algorithm's math (fp32 without TF32
+	 * keeps FMA math whatever the heuristic said) */
+	for (int i = 0; p->tf32 && i < 3; i++)
+		if (hpu__cuops_dnn(cudnnSetConvolutionMathType(p->conv[i], math[i]),
+				   "convolution math"))
+			return -1;
 	return 0;
 fail:
 	hpu__log(HPU_LOG_ERROR, "cuda ops: cuDNN has no convolution algorithm for %dx%dx%dx%d, "
@@ -259,7 +271,7 @@ int hpu__cuops_conv_fwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
 	const float *f[2];
 	int rc = widen(c, dt, in, n, f) ||
 		 hpu__cuops_dnn(cudnnConvolutionForward(c->dnn, &one, p->x, f[0], p->w, f[1],
-							p->conv, p->fwd, c->ws, p->ws_fwd,
+							p->conv[0], p->fwd, c->ws, p->ws_fwd,
 							&zero, p->y, y),
 				"cudnnConvolutionForward") ||
 		 (b && hpu__cuops_dnn(cudnnAddTensor(c->dnn, &one, p->bias, b, &one, p->y, y),
@@ -284,7 +296,7 @@ int hpu__cuops_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const voi
 	const float *f[2];
 	int rc = widen(c, dt, in, n, f) ||
 		 hpu__cuops_dnn(cudnnConvolutionBackwardData(c->dnn, &one, p->w, f[0], p->y, f[1],
-							     p->conv, p->bwd_data, c->ws,
+							     p->conv[1], p->bwd_data, c->ws,
 							     p->ws_data, &zero, p->x, dx),
 				"cudnnConvolutionBackwardData");
 	hpu__cuops_leave(c);
@@ -308,7 +320,7 @@ int hpu__cuops_conv_bwd_weights(const hpu_conv2d_shape *s, hpu__dtype dt, const 
 	const float *f[2];
 	int rc = widen(c, dt, in, n, f) ||
 		 hpu__cuops_dnn(cudnnConvolutionBackwardFilter(c->dnn, &one, p->x, f[0], p->y,
-							       f[1], p->conv, p->bwd_filter,
+							       f[1], p->conv[2], p->bwd_filter,
 							       c->ws, p->ws_filter, &one, p->w,
 							       dw),
 				"cudnnConvolutionBackwardFilter") ||
