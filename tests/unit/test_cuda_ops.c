@@ -183,6 +183,66 @@ static void test_gemm(void **state)
 				}
 }
 
+/* Label and id checks, and the accuracy count, through the public ops
+ * with the CUDA table in force: a bad id is refused (nothing written), as
+ * on the CPU; ties go to the first maximum. */
+static void test_checks(void **state)
+{
+	(void)state;
+	const int batch = 67, classes = 13, dim = 5;
+	rng_seed(14);
+	float *z = xcalloc((size_t)batch * classes, 4), *d = xcalloc((size_t)batch * classes, 4);
+	int32_t *lab = xcalloc(batch, 4);
+	for (size_t i = 0; i < (size_t)batch * classes; i++) /* ties */
+		z[i] = (float)(int)rng_uniform(0, 4);
+	for (int i = 0; i < batch; i++)
+		lab[i] = (int32_t)rng_uniform(0, classes) % classes;
+	hpu__be_set(hpu__be_reference());
+	int want = hpu_count_correct(z, lab, batch, classes);
+	float want_loss = hpu_softmax_xent(z, lab, d, batch, classes);
+	hpu__be_set(NULL);
+	float *dz = dput(z, (size_t)batch * classes * 4), *dd = dnan((size_t)batch * classes * 4);
+	int32_t *dlab = dput(lab, (size_t)batch * 4);
+	int got = -1, ok = -1;
+	assert_int_equal(gpu->count_correct(dz, dlab, batch, classes, &got), HPU_BE_OK);
+	printf("  count_correct (ties): %d, the CPU's %d\n", got, want);
+	assert_int_equal(got, want);
+	hpu__be_set(gpu);
+	assert_int_equal(hpu_count_correct(dz, dlab, batch, classes), want);
+	float loss = hpu_softmax_xent(dz, dlab, dd, batch, classes);
+	check("hpu_softmax_xent on the GPU: loss", &loss, &want_loss, 1, 1e-5);
+	/* a label out of range: refused, as the CPU refuses it */
+	int32_t bad = classes;
+	assert_int_equal(cudaMemcpy(dlab + batch - 1, &bad, 4, cudaMemcpyHostToDevice), cudaSuccess);
+	assert_true(hpu_softmax_xent(dz, dlab, dd, batch, classes) < 0.0f);
+	hpu__be_set(NULL);
+	assert_int_equal(gpu->ids_in_range(dlab, batch, classes, &ok), HPU_BE_OK);
+	assert_int_equal(ok, 0);
+	assert_int_equal(gpu->ids_in_range(dlab, batch - 1, classes, &ok), HPU_BE_OK);
+	assert_int_equal(ok, 1);
+	bad = -1;
+	assert_int_equal(cudaMemcpy(dlab, &bad, 4, cudaMemcpyHostToDevice), cudaSuccess);
+	assert_int_equal(gpu->ids_in_range(dlab + 1, batch - 2, classes, &ok), HPU_BE_OK);
+	assert_int_equal(ok, 1);
+	assert_int_equal(gpu->ids_in_range(dlab, batch - 1, classes, &ok), HPU_BE_OK);
+	assert_int_equal(ok, 0);
+	assert_int_equal(gpu->ids_in_range(dlab, 0, classes, &ok), HPU_BE_OK);
+	assert_int_equal(ok, 1);
+	/* the embedding refuses the bad id and writes nothing */
+	float *table = xcalloc((size_t)classes * dim, 4), *y = xcalloc((size_t)batch * dim, 4);
+	fill(table, (size_t)classes * dim, -1, 1);
+	float *dtab = dput(table, (size_t)classes * dim * 4), *dy = dnan((size_t)batch * dim * 4);
+	hpu__be_set(gpu);
+	assert_int_equal(hpu_embedding_forward(dtab, dlab, dy, batch, classes, dim), HPU_ERANGE);
+	hpu__be_set(NULL);
+	dget(y, dy, (size_t)batch * dim * 4);
+	for (size_t i = 0; i < (size_t)batch * dim; i++)
+		assert_true(isnan(y[i]));
+	printf("  ids_in_range, and the ops' refusals on the GPU: as on the CPU\n");
+	dfree(dz), dfree(dd), dfree(dlab), dfree(dtab), dfree(dy);
+	free(z), free(d), free(lab), free(table), free(y);
+}
+
 /* After a release the contexts (handles, plans) are made again. */
 static void test_release(void **state)
 {
@@ -822,7 +882,7 @@ int main(void)
 		cmocka_unit_test(test_embedding), cmocka_unit_test(test_xent),
 		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_convert),
 		cmocka_unit_test(test_fp8),	  cmocka_unit_test(test_ops_on_gpu),
-		cmocka_unit_test(test_release),
+		cmocka_unit_test(test_checks),	  cmocka_unit_test(test_release),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	hpu__cuda_ops_release();

@@ -156,6 +156,14 @@ typedef struct hpu__backend {
 	/* y[n] = fp8(x[n] * scale) / scale in format fmt (HPU_FP8_E4M3 or
 	 * _E5M2), as hpu__fp8_fake_quant, bit for bit (y may be x). */
 	int (*fp8_fake_quant)(const float *x, float *y, size_t n, float scale, int fmt);
+	/* *ok = 1 when every ids[n] lies in [0, limit), else 0 (labels and
+	 * token ids come from data files: the ops check them before a
+	 * kernel reads them; ok is host memory, the call waits for it). */
+	int (*ids_in_range)(const int32_t *ids, int n, int limit, int *ok);
+	/* *correct = the rows of logits[B, C] whose first arg-max is their
+	 * label, as hpu_count_correct (correct is host memory). */
+	int (*count_correct)(const float *logits, const int32_t *labels, int batch,
+			     int classes, int *correct);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

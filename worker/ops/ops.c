@@ -111,10 +111,16 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 	if (batch <= 0 || classes <= 0)
 		return -1.0f;
 	/* Labels come from a data file: check them all before writing. */
-	for (int i = 0; i < batch; i++)
-		if (labels[i] < 0 || labels[i] >= classes)
-			return -1.0f;
 	const hpu__backend *be = hpu__be();
+	int ok;
+	if (be->ids_in_range && be->ids_in_range(labels, batch, classes, &ok) == HPU_BE_OK) {
+		if (!ok)
+			return -1.0f;
+	} else {
+		for (int i = 0; i < batch; i++)
+			if (labels[i] < 0 || labels[i] >= classes)
+				return -1.0f;
+	}
 	float out;
 	if (be->softmax_xent &&
 	    be->softmax_xent(logits, labels, dlogits, batch, classes, &out) == HPU_BE_OK)
@@ -155,7 +161,11 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 int hpu_count_correct(const float *logits, const int32_t *labels, int batch,
 		      int classes)
 {
+	const hpu__backend *be = hpu__be();
 	int correct = 0;
+	if (batch > 0 && classes > 0 && be->count_correct &&
+	    be->count_correct(logits, labels, batch, classes, &correct) == HPU_BE_OK)
+		return correct;
 	for (int i = 0; i < batch; i++) {
 		const float *z = logits + (size_t)i * classes;
 		int best = 0;

@@ -271,10 +271,16 @@ static int embedding_forward(const float *table, const int32_t *ids, float *y,
 {
 	assert(table != NULL && ids != NULL && y != NULL);
 	/* ids come from data: check them all before writing anything */
-	for (int i = 0; i < n; i++)
-		if (ids[i] < 0 || ids[i] >= vocab)
-			return HPU_ERANGE;
 	const hpu__backend *be = hpu__be();
+	int ok;
+	if (be->ids_in_range && n > 0 && be->ids_in_range(ids, n, vocab, &ok) == HPU_BE_OK) {
+		if (!ok)
+			return HPU_ERANGE;
+	} else {
+		for (int i = 0; i < n; i++)
+			if (ids[i] < 0 || ids[i] >= vocab)
+				return HPU_ERANGE;
+	}
 	if (be->embedding_fwd && be->embedding_fwd(table, ids, y, n, dim) == HPU_BE_OK)
 		return HPU_OK;
 	for (int i = 0; i < n; i++)

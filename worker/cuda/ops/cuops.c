@@ -441,6 +441,54 @@ static int cu_amax(const float *x, size_t n, float *amax)
 	return rc;
 }
 
+/* One int computed on the GPU (zeroed first), back on the host: waits
+ * for the stream. */
+#define CU_HOST_INT(what, out, call)                                                   \
+	do {                                                                           \
+		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
+		if (!c_)                                                               \
+			return HPU_BE_UNSUPPORTED;                                     \
+		cudaStream_t st = hpu__cuops_stream();                                 \
+		int *d = hpu__cuops_scratch(c_, sizeof(int)), h_ = 0;                  \
+		int rc_ = HPU_BE_UNSUPPORTED;                                          \
+		if (d && !hpu__cuops_cuda(cudaMemsetAsync(d, 0, sizeof *d, st), what) && \
+		    !hpu__cuops_cuda((call), what) &&                                  \
+		    !hpu__cuops_cuda(cudaMemcpyAsync(&h_, d, sizeof h_,                \
+						     cudaMemcpyDeviceToHost, st),      \
+				     what) &&                                          \
+		    !hpu__cuops_cuda(cudaStreamSynchronize(st), what)) {               \
+			*(out) = h_;                                                   \
+			rc_ = HPU_BE_OK;                                               \
+		}                                                                      \
+		hpu__cuops_leave(c_);                                                  \
+		return rc_;                                                            \
+	} while (0)
+
+static int ids_check(const int32_t *ids, int n, int limit, int *bad)
+{
+	CU_HOST_INT("id check", bad, hpu__cuk_ids_check(ids, n, limit, d, st));
+}
+
+static int cu_ids_in_range(const int32_t *ids, int n, int limit, int *ok)
+{
+	int bad = 0;
+	if (n <= 0) {
+		*ok = 1;
+		return HPU_BE_OK;
+	}
+	int rc = ids_check(ids, n, limit, &bad);
+	if (rc == HPU_BE_OK)
+		*ok = !bad;
+	return rc;
+}
+
+static int cu_count_correct(const float *logits, const int32_t *labels, int batch,
+			    int classes, int *correct)
+{
+	CU_HOST_INT("accuracy", correct,
+		    hpu__cuk_count_correct(logits, labels, batch, classes, d, st));
+}
+
 /* The formats of worker/ops/fp8.h: largest value, smallest normal's
  * exponent, mantissa bits. */
 static const struct {
@@ -492,6 +540,8 @@ static const hpu__backend cuda_backend = {
 	.add = cu_add,
 	.amax = cu_amax,
 	.fp8_fake_quant = cu_fp8_fake_quant,
+	.ids_in_range = cu_ids_in_range,
+	.count_correct = cu_count_correct,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

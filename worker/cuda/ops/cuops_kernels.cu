@@ -894,3 +894,54 @@ extern "C" cudaError_t hpu__cuk_fp8_fake_quant(const float *x, float *y, size_t 
 		x, y, n, scale, inv, max, tiny, magic, keep, shift, has_inf);
 	return cudaGetLastError();
 }
+
+/* ---- checks and counts the ops return to the host ---- */
+
+static __global__ void k_ids_check(const int32_t *ids, int n, int limit, int *bad)
+{
+	FOR_EACH(i, (size_t)n)
+	if (ids[i] < 0 || ids[i] >= limit)
+		*bad = 1;
+}
+
+/* One block per row: the first arg-max (the smallest column among the
+ * maxima, as the reference's strict comparison keeps it). */
+static __global__ void k_count_correct(const float *logits, const int32_t *labels, int classes,
+				       int *correct)
+{
+	const float *z = logits + (size_t)blockIdx.x * classes;
+	float best = -INFINITY;
+	int at = classes; /* this thread's first maximum */
+	for (int c = threadIdx.x; c < classes; c += blockDim.x)
+		if (at == classes || z[c] > best) {
+			best = z[c];
+			at = c;
+		}
+	/* the block's largest value, then the smallest column holding it
+	 * (columns are exact in float: the max of their negatives) */
+	float m = block_reduce<float, max_op<float> >(best);
+	int mine = at < classes && best == m ? at : classes;
+	int first = (int)-block_reduce<float, max_op<float> >(-(float)mine);
+	if (threadIdx.x == 0 && first < classes && first == labels[blockIdx.x])
+		atomicAdd(correct, 1);
+}
+
+extern "C" cudaError_t hpu__cuk_ids_check(const int32_t *ids, int n, int limit, int *bad,
+					   cudaStream_t st)
+{
+	if (n <= 0)
+		return cudaSuccess;
+	k_ids_check<<<blocks_for((size_t)n, THREADS), THREADS, 0, st>>>(ids, n, limit, bad);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_count_correct(const float *logits, const int32_t *labels,
+					       int batch, int classes, int *correct,
+					       cudaStream_t st)
+{
+	if (batch <= 0 || classes <= 0)
+		return cudaSuccess;
+	k_count_correct<<<batch, row_threads(classes), 0, st>>>(logits, labels, classes,
+								  correct);
+	return cudaGetLastError();
+}

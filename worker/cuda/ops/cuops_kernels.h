@@ -100,6 +100,15 @@ cudaError_t hpu__cuk_fp8_fake_quant(const float *x, float *y, size_t n, float sc
 				    float inv, float max, float tiny, float magic, uint32_t keep,
 				    int shift, int has_inf, cudaStream_t st);
 
+/* *bad (device int, zeroed first) = 1 when some ids[n] is outside
+ * [0, limit). */
+cudaError_t hpu__cuk_ids_check(const int32_t *ids, int n, int limit, int *bad,
+			       cudaStream_t st);
+/* *correct (device int, zeroed first) += the rows whose first arg-max is
+ * their label (a label outside [0, classes) never matches). */
+cudaError_t hpu__cuk_count_correct(const float *logits, const int32_t *labels, int batch,
+				   int classes, int *correct, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif
