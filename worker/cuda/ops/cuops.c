@@ -3,14 +3,18 @@
  * The products run on cuBLASLt (cuops_gemm.c), the convolutions on cuDNN
  * (cuops_conv.c), the rest on kernels of our own (cuops_kernels.cu); this
  * file holds each GPU's context (handles, workspace, scratch), the
- * stream, and the table. A failing CUDA call is logged and the entry
- * answers HPU_BE_UNSUPPORTED (backend.h's only refusal).
+ * stream, and the table. A failing CUDA call ends the worker with a line
+ * naming it (hpu__cuops_fatal): backend.h's only refusal,
+ * HPU_BE_UNSUPPORTED, would send the ops to their C loops over device
+ * memory.
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -20,7 +24,6 @@
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_kernels.h"
 #include "worker/ops/fp8.h"
-#include "common/log.h"
 
 #define MAX_GPUS 64
 
@@ -49,28 +52,47 @@ int hpu__cuops_tf32(void)
 	return tf32_allowed;
 }
 
+/* The ops cannot fail (a table function's refusal would send them to C
+ * loops over device memory): a CUDA error ends the worker with one line
+ * on stderr, which the launcher reports with the worker's rank. */
+void hpu__cuops_fatal(const char *fmt, ...)
+{
+	char line[512];
+	int n = snprintf(line, sizeof line, "hpu-worker: cuda ops: ");
+	va_list ap;
+	va_start(ap, fmt);
+	if (n > 0 && (size_t)n < sizeof line)
+		n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		n = 0;
+	if ((size_t)n >= sizeof line - 1)
+		n = (int)sizeof line - 2;
+	line[n++] = '\n';
+	if (write(2, line, (size_t)n) < 0)
+		_exit(1);
+	_exit(1);
+}
+
 int hpu__cuops_cuda(cudaError_t e, const char *what)
 {
-	if (e == cudaSuccess)
-		return 0;
-	hpu__log(HPU_LOG_ERROR, "cuda ops: %s: %s", what, cudaGetErrorString(e));
-	return -1;
+	if (e != cudaSuccess)
+		hpu__cuops_fatal("%s: %s", what, cudaGetErrorString(e));
+	return 0;
 }
 
 int hpu__cuops_blas(cublasStatus_t e, const char *what)
 {
-	if (e == CUBLAS_STATUS_SUCCESS)
-		return 0;
-	hpu__log(HPU_LOG_ERROR, "cuda ops: %s: cuBLASLt status %d", what, (int)e);
-	return -1;
+	if (e != CUBLAS_STATUS_SUCCESS)
+		hpu__cuops_fatal("%s: cuBLASLt status %d", what, (int)e);
+	return 0;
 }
 
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what)
 {
-	if (e == CUDNN_STATUS_SUCCESS)
-		return 0;
-	hpu__log(HPU_LOG_ERROR, "cuda ops: %s: %s", what, cudnnGetErrorString(e));
-	return -1;
+	if (e != CUDNN_STATUS_SUCCESS)
+		hpu__cuops_fatal("%s: %s", what, cudnnGetErrorString(e));
+	return 0;
 }
 
 /* ---- contexts ---- */
@@ -79,8 +101,7 @@ static hpu__cuops_ctx *ctx_new(int dev)
 {
 	hpu__cuops_ctx *c = calloc(1, sizeof *c);
 	if (!c) {
-		hpu__log(HPU_LOG_ERROR, "cuda ops: out of memory for GPU %d's context", dev);
-		return NULL;
+		hpu__cuops_fatal("out of memory for GPU %d's context", dev);
 	}
 	c->dev = dev;
 	pthread_mutex_init(&c->mu, NULL);
@@ -144,8 +165,7 @@ hpu__cuops_ctx *hpu__cuops_enter(void)
 	if (hpu__cuops_cuda(cudaGetDevice(&dev), "cudaGetDevice"))
 		return NULL;
 	if (dev < 0 || dev >= MAX_GPUS) {
-		hpu__log(HPU_LOG_ERROR, "cuda ops: GPU %d: at most %d GPUs per process", dev,
-			 MAX_GPUS);
+		hpu__cuops_fatal("GPU %d: at most %d GPUs per process", dev, MAX_GPUS);
 		return NULL;
 	}
 	pthread_mutex_lock(&ctx_mu);

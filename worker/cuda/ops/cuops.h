@@ -66,8 +66,8 @@ typedef struct hpu__cuops_ctx {
 	hpu__cuops_conv_plan conv[HPU_CUOPS_CONV_CACHE];
 } hpu__cuops_ctx;
 
-/* The current GPU's context, locked; NULL (logged) when it cannot be
- * made. */
+/* The current GPU's context, locked (made on first use; a failure there
+ * is fatal). */
 hpu__cuops_ctx *hpu__cuops_enter(void);
 void hpu__cuops_leave(hpu__cuops_ctx *c);
 
@@ -76,10 +76,14 @@ cudaStream_t hpu__cuops_stream(void);
 int hpu__cuops_tf32(void);
 
 /* At least `bytes` of device scratch (grown as needed; the old buffer is
- * freed once the stream is done with it), or NULL (logged). */
+ * freed once the stream is done with it); out of memory is fatal. */
 void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes);
 
-/* 0 when e is success; else logs "cuda ops: WHAT: <error>" and -1. */
+/* Writes "hpu-worker: cuda ops: <message>" to stderr and ends the
+ * process (exit status 1). */
+void hpu__cuops_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* 0 when e is success; else hpu__cuops_fatal("WHAT: <error>"). */
 int hpu__cuops_cuda(cudaError_t e, const char *what);
 int hpu__cuops_blas(cublasStatus_t e, const char *what);
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what);

@@ -20,7 +20,6 @@
 
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_kernels.h"
-#include "common/log.h"
 
 static int out_hw(const hpu_conv2d_shape *s, int size)
 {
@@ -170,8 +169,8 @@ static int algorithms(hpu__cuops_ctx *c, hpu__cuops_conv_plan *p)
 			return -1;
 	return 0;
 fail:
-	hpu__log(HPU_LOG_ERROR, "cuda ops: cuDNN has no convolution algorithm for %dx%dx%dx%d, "
-				"%d filters %dx%d, stride %d, padding %d",
+	hpu__cuops_fatal("cuDNN has no convolution algorithm for %dx%dx%dx%d, %d filters %dx%d, "
+			 "stride %d, padding %d",
 		 p->s.batch, p->s.in_ch, p->s.height, p->s.width, p->s.out_ch, p->s.kernel,
 		 p->s.kernel, p->s.stride, p->s.pad);
 	return -1;

@@ -27,7 +27,6 @@
 
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_kernels.h"
-#include "common/log.h"
 
 const char *hpu__cuops_blas_version(void)
 {
@@ -120,7 +119,7 @@ static int desc_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, c
 }
 
 /* Makes p's descriptors and picks its algorithm; 0, or -1 when cuBLASLt
- * has none for the case (not logged: the caller may widen bf16). */
+ * has none for the case (the caller may add the bias apart or widen bf16). */
 static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *key)
 {
 	int bf = key[K_DT] == HPU_DT_BF16, count = (int)key[K_COUNT];
@@ -251,9 +250,8 @@ static int run_any(hpu__cuops_ctx *c, const hpu__gemm *g, int tf32, int *none)
 
 static int no_algorithm(const hpu__gemm *g)
 {
-	hpu__log(HPU_LOG_ERROR, "cuda ops: cuBLASLt has no algorithm for a %dx%dx%d %s product",
-		 g->m, g->n, g->k, g->dt == HPU_DT_BF16 ? "bf16" : "fp32");
-	return -1;
+	hpu__cuops_fatal("cuBLASLt has no algorithm for a %dx%dx%d %s product", g->m, g->n, g->k,
+			 g->dt == HPU_DT_BF16 ? "bf16" : "fp32");
 }
 
 /* bf16 without a cuBLASLt algorithm: both operands widened to fp32 in
