@@ -15,9 +15,15 @@ set(HPU_CUDA_OPS_SOURCES
 find_library(HPU_CUDNN_LIBRARY cudnn
   HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES lib64 lib)
-if(NOT HPU_CUDNN_LIBRARY)
-  message(STATUS "cuDNN (libcudnn) not found beside the CUDA toolkit: no CUDA kernels")
+find_path(HPU_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+if(NOT HPU_CUDNN_LIBRARY OR NOT HPU_CUDNN_INCLUDE_DIR)
+  message(STATUS "cuDNN (libcudnn, cudnn.h) not found beside the CUDA toolkit: no CUDA kernels")
   set(HPU_CUDA_OPS_SOURCES "")
   return()
 endif()
-set(HPU_CUDA_OPS_LIBS CUDA::cublasLt ${HPU_CUDNN_LIBRARY} Threads::Threads)
+if(NOT TARGET hpu_cudnn)
+  add_library(hpu_cudnn SHARED IMPORTED GLOBAL)
+  set_target_properties(hpu_cudnn PROPERTIES IMPORTED_LOCATION ${HPU_CUDNN_LIBRARY}
+    INTERFACE_INCLUDE_DIRECTORIES ${HPU_CUDNN_INCLUDE_DIR})
+endif()
+set(HPU_CUDA_OPS_LIBS CUDA::cublasLt hpu_cudnn Threads::Threads)
