@@ -100,9 +100,8 @@ int hpu__cuops_dnn(cudnnStatus_t e, const char *what)
 static hpu__cuops_ctx *ctx_new(int dev)
 {
 	hpu__cuops_ctx *c = calloc(1, sizeof *c);
-	if (!c) {
+	if (!c)
 		hpu__cuops_fatal("out of memory for GPU %d's context", dev);
-	}
 	c->dev = dev;
 	pthread_mutex_init(&c->mu, NULL);
 	if (hpu__cuops_cuda(cudaDeviceGetAttribute(&c->cc_major,
@@ -192,10 +191,12 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
 {
 	if (bytes <= c->scratch_size)
 		return c->scratch;
-	/* calls queued before may still read the old buffer: cudaFree waits
-	 * for the device, so it is only freed once they are done */
-	if (c->scratch)
+	/* calls queued before may still read the old buffer: it is freed
+	 * once the stream is done with them */
+	if (c->scratch) {
+		hpu__cuops_cuda(cudaStreamSynchronize(hpu__cuops_stream()), "scratch");
 		cudaFree(c->scratch);
+	}
 	c->scratch = NULL;
 	c->scratch_size = 0;
 	size_t want = bytes + bytes / 4;
