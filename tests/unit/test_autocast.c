@@ -602,6 +602,85 @@ static void test_fp16_variants(void **state)
 	check_variants(HPU_AUTOCAST_FP16, TOL_FP16, "fp16");
 }
 
+/* A device's scratch allocator (hpu__ac_set_scratch_allocator): the
+ * lowered ops' rounded copies and bf16 forms are made in what it gives,
+ * every buffer it gave is released when the allocator changes, and the
+ * results are the heap's. */
+#define SA_MAX 64
+static void *sa_live[SA_MAX];
+static int sa_allocs, sa_releases;
+
+static void *sa_alloc(size_t bytes)
+{
+	void *p = malloc(bytes);
+	for (int i = 0; p && i < SA_MAX; i++)
+		if (!sa_live[i]) {
+			sa_live[i] = p;
+			sa_allocs++;
+			return p;
+		}
+	fail_msg("more than %d scratch buffers", SA_MAX);
+	return NULL;
+}
+
+static void sa_release(void *p)
+{
+	for (int i = 0; i < SA_MAX; i++)
+		if (sa_live[i] == p) {
+			sa_live[i] = NULL;
+			sa_releases++;
+			free(p);
+			return;
+		}
+	fail_msg("released a buffer the allocator did not give: %p", p);
+}
+
+/* A lowered linear forward and backward into out. */
+static void lowered_linear(float *out, size_t *k)
+{
+	enum { B = 7, I = 2000, O = 3 };
+	static float x[B * I], w[O * I], b[O], y[B * O], dy[B * O], dx[B * I], dw[O * I];
+	rng_seed(31);
+	fill(x, B * I, -1, 1), fill(w, O * I, -1, 1), fill(b, O, -1, 1), fill(dy, B * O, -1, 1);
+	memset(dw, 0, sizeof dw);
+	hpu_linear_forward(x, w, b, y, B, I, O);
+	hpu_linear_backward(x, w, dy, dx, dw, NULL, B, I, O);
+	memcpy(out + *k, y, sizeof y), *k += B * O;
+	memcpy(out + *k, dx, sizeof dx), *k += B * I;
+	memcpy(out + *k, dw, sizeof dw), *k += O * I;
+}
+
+static void test_scratch_allocator(void **state)
+{
+	(void)state;
+	char err[256];
+	unsetenv("LOWER_LIST");
+	unsetenv("FP32_LIST");
+	size_t n = 7 * 3 + 7 * 2000 + 3 * 2000, k;
+	float *want = calloc(n, sizeof *want), *got = calloc(n, sizeof *got);
+	assert_non_null(want), assert_non_null(got);
+	for (int lowp = HPU_AUTOCAST_BF16; lowp <= HPU_AUTOCAST_FP16; lowp++) {
+		assert_int_equal(hpu__autocast_init(lowp, err, sizeof err), 0);
+		k = 0;
+		lowered_linear(want, &k);
+		hpu__ac_set_scratch_allocator(sa_alloc, sa_release);
+		sa_allocs = sa_releases = 0;
+		k = 0;
+		lowered_linear(got, &k);
+		int allocs = sa_allocs;
+		hpu__ac_set_scratch_allocator(NULL, NULL);
+		printf("  %s: %d scratch buffers from the allocator, %d released\n",
+		       lowp == HPU_AUTOCAST_BF16 ? "bf16" : "fp16", allocs, sa_releases);
+		assert_true(allocs >= 3);
+		assert_int_equal(sa_releases, allocs);
+		for (int i = 0; i < SA_MAX; i++)
+			assert_null(sa_live[i]);
+		assert_memory_equal(got, want, n * sizeof *got);
+	}
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+	free(want), free(got);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -615,6 +694,7 @@ int main(void)
 		cmocka_unit_test(test_counters),
 		cmocka_unit_test(test_bf16_variants),
 		cmocka_unit_test(test_fp16_variants),
+		cmocka_unit_test(test_scratch_allocator),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)

@@ -26,6 +26,8 @@
 #include "worker/ops/backend.h"
 #include "worker/ops/autocast.h"
 #include "worker/ops/backend_dnnl.h"
+#include "worker/ops/fp8.h"
+#include "common/lowp.h"
 #include "tests/unit/num_testlib.h"
 #include "worker/ops/ops_ref.h"
 
@@ -458,12 +460,210 @@ static void test_public_bf16(void **state)
 	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
 }
 
+/* ---- the ops' own passes through the table ----
+ *
+ * A device fills the table's entries for the ops' own passes (bias
+ * gradients, roundings, conversions, fp8's amax and quantization, id
+ * checks, the accuracy count); the ops must call them where they are
+ * filled and give the same results. Here a copy of the reference table
+ * fills them with plain C (counting the calls), and each op runs on it and
+ * on the reference table: the same bits, and every entry called. */
+
+enum { H_BIAS, H_BIAS16, H_ROUND, H_TO_BF16, H_FROM16, H_ADD, H_AMAX, H_QUANT, H_IDS,
+       H_CORRECT, H_N };
+static const char *const hook_names[H_N] = {"bias_grad f32", "bias_grad bf16", "round",
+					    "to_bf16", "from16", "add", "amax",
+					    "fp8_fake_quant", "ids_in_range", "count_correct"};
+static int hook_calls[H_N];
+static hpu__backend hooked;
+
+static int one(void)
+{
+	return 1;
+}
+
+static int h_bias_grad(hpu__dtype dt, const void *dy, float *db, int rows, int cols)
+{
+	hook_calls[dt == HPU_DT_BF16 ? H_BIAS16 : H_BIAS]++;
+	for (int r = 0; r < rows; r++)
+		for (int c = 0; c < cols; c++) {
+			size_t o = (size_t)r * cols + c;
+			db[c] += dt == HPU_DT_BF16 ? hpu_from_bf16(((const uint16_t *)dy)[o])
+						   : ((const float *)dy)[o];
+		}
+	return HPU_BE_OK;
+}
+
+static int h_round(int fp16, const float *x, float *y, size_t n)
+{
+	hook_calls[H_ROUND]++;
+	for (size_t i = 0; i < n; i++)
+		y[i] = fp16 ? hpu_from_fp16(hpu_to_fp16(x[i])) : hpu_from_bf16(hpu_to_bf16(x[i]));
+	return HPU_BE_OK;
+}
+
+static int h_to_bf16(const float *x, uint16_t *y, size_t n)
+{
+	hook_calls[H_TO_BF16]++;
+	for (size_t i = 0; i < n; i++)
+		y[i] = hpu_to_bf16(x[i]);
+	return HPU_BE_OK;
+}
+
+static int h_from16(int fp16, const uint16_t *x, float *y, size_t n)
+{
+	hook_calls[H_FROM16]++;
+	for (size_t i = 0; i < n; i++)
+		y[i] = fp16 ? hpu_from_fp16(x[i]) : hpu_from_bf16(x[i]);
+	return HPU_BE_OK;
+}
+
+static int h_add(const float *x, float *y, size_t n)
+{
+	hook_calls[H_ADD]++;
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+	return HPU_BE_OK;
+}
+
+/* fp8's and the accuracy's hooks call the op itself on the reference
+ * table (its C loop), then put the hooked table back */
+static int h_amax(const float *x, size_t n, float *out)
+{
+	hook_calls[H_AMAX]++;
+	hpu__be_set(hpu__be_reference());
+	*out = hpu__fp8_amax(x, n);
+	hpu__be_set(&hooked);
+	return HPU_BE_OK;
+}
+
+static int h_quant(const float *x, float *y, size_t n, float scale, int fmt)
+{
+	hook_calls[H_QUANT]++;
+	hpu__be_set(hpu__be_reference());
+	hpu__fp8_fake_quant(x, y, n, scale, fmt);
+	hpu__be_set(&hooked);
+	return HPU_BE_OK;
+}
+
+static int h_ids(const int32_t *ids, int n, int limit, int *ok)
+{
+	hook_calls[H_IDS]++;
+	*ok = 1;
+	for (int i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= limit)
+			*ok = 0;
+	return HPU_BE_OK;
+}
+
+static int h_correct(const float *z, const int32_t *labels, int batch, int classes, int *out)
+{
+	hook_calls[H_CORRECT]++;
+	hpu__be_set(hpu__be_reference());
+	*out = hpu_accuracy_forward(z, labels, batch, classes);
+	hpu__be_set(&hooked);
+	return HPU_BE_OK;
+}
+
+/* The ops whose passes go through the entries, on table `be`, into out
+ * (fixed size, zeroed first). bf16_native is 1 on both tables, so the
+ * lowered linear takes its bf16 path (the reference's products then run
+ * in fp32 on the bf16 values). */
+#define HB 9
+#define HI 21
+#define HO 11
+#define HOUT 4096
+static void run_passes(const hpu__backend *be, float *out)
+{
+	char err[256];
+	float x[HB * HI], w[HO * HI], b[HO], dy[HB * HO];
+	float dx[HB * HI], dw[HO * HI], db[HO];
+	int32_t lab[HB];
+	size_t k = 0;
+	rng_seed(21);
+	fill(x, HB * HI, -1, 1), fill(w, HO * HI, -1, 1), fill(b, HO, -1, 1);
+	fill(dy, HB * HO, -1, 1);
+	for (int i = 0; i < HB; i++)
+		lab[i] = i % HO;
+	memset(out, 0, HOUT * sizeof *out);
+	hpu__be_set(be);
+	for (int lowp = 0; lowp < 2; lowp++) { /* fp32, then bf16 autocast */
+		unsetenv("LOWER_LIST");
+		unsetenv("FP32_LIST");
+		assert_int_equal(hpu__autocast_init(lowp ? HPU_AUTOCAST_BF16 : HPU_AUTOCAST_NONE,
+						    err, sizeof err),
+				 0);
+		memset(dw, 0, sizeof dw), memset(db, 0, sizeof db);
+		hpu_linear_backward(x, w, dy, dx, dw, db, HB, HI, HO);
+		memcpy(out + k, dx, sizeof dx), k += HB * HI;
+		memcpy(out + k, db, sizeof db), k += HO;
+		/* an accumulating product, rounded: the rounded product added */
+		float c[HB * HO];
+		memcpy(c, dy, sizeof c);
+		hpu_matmul(x, w, c, HB, HO, HI, 0, 1, 1);
+		memcpy(out + k, c, sizeof c), k += HB * HO;
+	}
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+	/* a 16-bit working copy's fp32 values made */
+	uint16_t p16[HI];
+	float base[HI];
+	for (int i = 0; i < HI; i++)
+		p16[i] = hpu_to_bf16(x[i]);
+	assert_int_equal(hpu__ac_param16_add(base, p16, HI, 0, 0), 0);
+	hpu__ac_param_f32(base, HI);
+	hpu__ac_param16_remove(base);
+	memcpy(out + k, base, sizeof base), k += HI;
+	/* fp8 */
+	out[k++] = hpu__fp8_amax(x, HB * HI);
+	hpu__fp8_fake_quant(x, out + k, HB * HI, 8.0f, HPU_FP8_E4M3), k += HB * HI;
+	/* labels and ids checked, accuracy counted */
+	out[k++] = hpu_cross_entropy_forward(dy, lab, NULL, HB, HO);
+	out[k++] = (float)hpu_accuracy_forward(dy, lab, HB, HO);
+	lab[HB - 1] = HO; /* out of range: refused */
+	out[k++] = hpu_cross_entropy_forward(dy, lab, NULL, HB, HO);
+	float y[HB * 2];
+	out[k++] = (float)hpu_embedding_forward(w, lab, y, HB, HO, 2);
+	assert_true(k <= HOUT);
+	hpu__be_set(NULL);
+}
+
+static void test_passes_on_table(void **state)
+{
+	(void)state;
+	hpu__backend ref = *hpu__be_reference();
+	ref.bf16_native = one;
+	hooked = ref;
+	hooked.name = "hooked";
+	hooked.bias_grad = h_bias_grad;
+	hooked.round = h_round;
+	hooked.to_bf16 = h_to_bf16;
+	hooked.from16 = h_from16;
+	hooked.add = h_add;
+	hooked.amax = h_amax;
+	hooked.fp8_fake_quant = h_quant;
+	hooked.ids_in_range = h_ids;
+	hooked.count_correct = h_correct;
+	float *want = xcalloc(HOUT, sizeof *want), *got = xcalloc(HOUT, sizeof *got);
+	run_passes(&ref, want);
+	memset(hook_calls, 0, sizeof hook_calls);
+	run_passes(&hooked, got);
+	int missing = 0;
+	for (int i = 0; i < H_N; i++) {
+		printf("  %-16s called %d times\n", hook_names[i], hook_calls[i]);
+		missing += hook_calls[i] == 0;
+	}
+	assert_int_equal(missing, 0);
+	assert_memory_equal(got, want, HOUT * sizeof *got);
+	free(want), free(got);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_eltwise),   cmocka_unit_test(test_gelu_tail),
 		cmocka_unit_test(test_softmax),   cmocka_unit_test(test_layernorm),
 		cmocka_unit_test(test_public_fp32), cmocka_unit_test(test_public_bf16),
+		cmocka_unit_test(test_passes_on_table),
 	};
 	printf("backend: %s\n", hpu__be()->describe());
 	return cmocka_run_group_tests(tests, NULL, NULL);

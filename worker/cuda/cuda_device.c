@@ -366,6 +366,7 @@ static int cuda_setup(int rank, char *err, size_t errlen)
 	if (setup_core(rank, err, errlen) < 0)
 		return -1;
 #ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_set_stream(C.compute.s); /* the table's kernels run on the compute stream */
 	if (hpu__cuda_backend())
 		return 0;
 	snprintf(err, errlen, "--device cuda: the CUDA kernels did not set up on GPU %d", C.dev);
@@ -381,6 +382,10 @@ static void cuda_teardown(void)
 	if (!C.up)
 		return;
 	hpu__cuda_bind();
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_release(); /* waits for the stream, frees handles and plans */
+	hpu__cuda_ops_set_stream(NULL);
+#endif
 	cudaStream_t s = C.compute.s;
 	queue_fini(&C.compute);
 	cudaStreamDestroy(s);

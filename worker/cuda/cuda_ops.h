@@ -13,7 +13,29 @@
 #include "worker/ops/backend.h"
 
 /* The CUDA kernels' table; the stream they run on is the device's
- * current compute stream (cuda_device.h). NULL before the device's setup. */
+ * current compute stream (hpu__cuda_ops_set_stream). Never NULL: each
+ * GPU's handles (cuBLASLt, cuDNN) and workspace are made on its first
+ * call there. Every pointer the table is given is device memory, except
+ * softmax_xent's *loss (host). */
 const hpu__backend *hpu__cuda_backend(void);
+
+/* The stream every kernel of the table is queued on (a cudaStream_t; the
+ * device calls this at its setup and whenever its compute stream
+ * changes). 0, the legacy default stream, until then. Change it only
+ * while the previous stream has no table work pending: the kernels'
+ * scratch and workspace are reused in stream order. Functions that
+ * return a value to the host (softmax_xent's loss) wait for this stream. */
+void hpu__cuda_ops_set_stream(void *cuda_stream);
+
+/* Waits for the stream, then frees every GPU's handles, workspace,
+ * scratch and cached plans (the device's close); the table makes them
+ * again on its next call. Not while other threads call the table. */
+void hpu__cuda_ops_release(void);
+
+/* 1: fp32 products may run on TF32 tensor cores (cuBLASLt's
+ * CUBLAS_COMPUTE_32F_FAST_TF32, cuDNN's default math), as PyTorch's
+ * allow_tf32; 0 (the default): fp32 products are fp32 (CUBLAS_COMPUTE_32F,
+ * CUDNN_FMA_MATH). */
+void hpu__cuda_ops_allow_tf32(int allow);
 
 #endif

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "worker/ops/autocast.h"
+#include "worker/ops/backend.h"
 #include "common/env.h"
 #include "common/fileio.h"
 #include "common/lowp.h"
@@ -389,16 +390,50 @@ void hpu__ac_recount(hpu__op op, int from, int to)
 	atomic_fetch_add_explicit(&counts[op][slot_of(to)], 1, memory_order_relaxed);
 }
 
+/* The scratch buffers' allocator: the C heap, or a device's
+ * (hpu__ac_set_scratch_allocator). */
+static void *(*scratch_alloc)(size_t bytes);
+static void (*scratch_release)(void *p);
+
+/* *p grown to hold n elements of `size` bytes (contents not kept); aborts
+ * when out of memory (the ops cannot fail). */
+static void grow(void **p, size_t *cap, size_t n, size_t size)
+{
+	if (n <= *cap && *p != NULL)
+		return;
+	size_t c = n < 1024 ? 1024 : n + n / 2;
+	void *q;
+	if (scratch_alloc) {
+		if (*p)
+			scratch_release(*p);
+		q = scratch_alloc(c * size);
+	} else {
+		q = realloc(*p, c * size);
+	}
+	if (q == NULL)
+		abort();
+	*p = q;
+	*cap = c;
+}
+
+void hpu__ac_set_scratch_allocator(void *(*alloc)(size_t bytes), void (*release)(void *p))
+{
+	for (int i = 0; i < HPU__AC_SLOTS; i++) {
+		void *bufs[2] = {scratch[i].p, scratch16[i].p};
+		for (int j = 0; j < 2; j++)
+			if (bufs[j])
+				scratch_alloc ? scratch_release(bufs[j]) : free(bufs[j]);
+		scratch[i].p = NULL;
+		scratch16[i].p = NULL;
+		scratch[i].cap = scratch16[i].cap = 0;
+	}
+	scratch_alloc = alloc && release ? alloc : NULL;
+	scratch_release = alloc && release ? release : NULL;
+}
+
 float *hpu__ac_scratch(int slot, size_t n)
 {
-	if (n > scratch[slot].cap || scratch[slot].p == NULL) {
-		size_t cap = n < 1024 ? 1024 : n + n / 2;
-		float *p = realloc(scratch[slot].p, cap * sizeof *p);
-		if (p == NULL)
-			abort(); /* the ops cannot fail */
-		scratch[slot].p = p;
-		scratch[slot].cap = cap;
-	}
+	grow((void **)&scratch[slot].p, &scratch[slot].cap, n, sizeof(float));
 	return scratch[slot].p;
 }
 
@@ -436,6 +471,9 @@ static void round_fp16(const float *x, float *y, size_t n)
 /* fp8's ops keep bf16 outputs: HPU_AUTOCAST_FP8 rounds to bf16 here. */
 static void round_to(const float *x, float *y, size_t n, int lowp)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, y, n) == HPU_BE_OK)
+		return;
 	if (lowp != HPU_AUTOCAST_FP16)
 		round_bf16(x, y, n);
 	else
@@ -446,15 +484,10 @@ const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
 {
 	if (x == NULL)
 		return NULL;
-	if (n > scratch16[slot].cap || scratch16[slot].p == NULL) {
-		size_t cap = n < 1024 ? 1024 : n + n / 2;
-		uint16_t *p = realloc(scratch16[slot].p, cap * sizeof *p);
-		if (p == NULL)
-			abort(); /* the ops cannot fail */
-		scratch16[slot].p = p;
-		scratch16[slot].cap = cap;
-	}
-	to_bf16(x, scratch16[slot].p, n);
+	grow((void **)&scratch16[slot].p, &scratch16[slot].cap, n, sizeof(uint16_t));
+	const hpu__backend *be = hpu__be();
+	if (!be->to_bf16 || be->to_bf16(x, scratch16[slot].p, n) != HPU_BE_OK)
+		to_bf16(x, scratch16[slot].p, n);
 	return scratch16[slot].p;
 }
 
@@ -511,6 +544,9 @@ HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
 
 void hpu__ac_from16(int fp16, float *dst, const uint16_t *src, size_t n)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->from16 && be->from16(fp16, src, dst, n) == HPU_BE_OK)
+		return;
 	if (fp16 && hpu_have_f16c())
 		hpu__f16c_from_fp16(dst, src, n);
 	else
@@ -572,6 +608,9 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)
 
 void hpu__ac_round_inplace(float *x, size_t n, int lowp)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, x, n) == HPU_BE_OK)
+		return;
 	if (lowp != HPU_AUTOCAST_FP16)
 		round_bf16_inplace(x, n);
 	else if (hpu_have_f16c())

@@ -123,6 +123,14 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp);
 /* Scratch buffer `slot` of at least n floats, uninitialized. */
 float *hpu__ac_scratch(int slot, size_t n);
 
+/* Where the scratch buffers above (and hpu__ac_bf16's) live: the C heap,
+ * unless a device whose memory the CPU cannot use sets its allocator (a
+ * GPU's) before ops run; NULL, NULL: the heap again. The buffers made so
+ * far are released. `release` may be called while kernels queued earlier
+ * still read the buffer: a device's must wait for them, or be ordered
+ * after them on its stream. Not thread-safe. */
+void hpu__ac_set_scratch_allocator(void *(*alloc)(size_t bytes), void (*release)(void *p));
+
 /* A bf16 copy of x[n] (round to nearest even) in uint16 scratch buffer
  * `slot` (0..HPU__AC_SLOTS-1, separate from the float slots; valid until
  * the slot is used again). NULL when x is NULL. Aborts when out of memory. */

@@ -134,6 +134,36 @@ typedef struct hpu__backend {
 	 * NULL, its gradient, as hpu_cross_entropy_forward (ops.h). */
 	int (*softmax_xent)(const float *logits, const int32_t *labels, float *dlogits,
 			    int batch, int classes, float *loss);
+
+	/* The ops' own passes over tensors (ops.c, ops_nn.c, autocast.c);
+	 * NULL on the CPU's tables, where the C loops serve. A device whose
+	 * memory the CPU cannot read fills them. */
+	/* db[cols] += the sum over rows of dy[rows, cols] (dy fp32, or bf16
+	 * as dt says; sums in fp32). */
+	int (*bias_grad)(hpu__dtype dt, const void *dy, float *db, int rows, int cols);
+	/* y[n] = x[n] rounded to nearest even to bf16, or fp16 when fp16,
+	 * as common/lowp.h (y may be x). */
+	int (*round)(int fp16, const float *x, float *y, size_t n);
+	/* y[n] = the bf16 of x[n] (hpu_to_bf16). */
+	int (*to_bf16)(const float *x, uint16_t *y, size_t n);
+	/* y[n] = the fp32 values of 16-bit x[n]: fp16 when fp16, else bf16. */
+	int (*from16)(int fp16, const uint16_t *x, float *y, size_t n);
+	/* y[n] += x[n]. */
+	int (*add)(const float *x, float *y, size_t n);
+	/* fp8 (fp8.h): *amax = max |x[n]| (NaN ignored; 0 for n == 0), as
+	 * hpu__fp8_amax; amax is host memory (the call waits for it). */
+	int (*amax)(const float *x, size_t n, float *amax);
+	/* y[n] = fp8(x[n] * scale) / scale in format fmt (HPU_FP8_E4M3 or
+	 * _E5M2), as hpu__fp8_fake_quant, bit for bit (y may be x). */
+	int (*fp8_fake_quant)(const float *x, float *y, size_t n, float scale, int fmt);
+	/* *ok = 1 when every ids[n] lies in [0, limit), else 0 (labels and
+	 * token ids come from data files: the ops check them before a
+	 * kernel reads them; ok is host memory, the call waits for it). */
+	int (*ids_in_range)(const int32_t *ids, int n, int limit, int *ok);
+	/* *correct = the rows of logits[B, C] whose first arg-max is their
+	 * label, as hpu_count_correct (correct is host memory). */
+	int (*count_correct)(const float *logits, const int32_t *labels, int batch,
+			     int classes, int *correct);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

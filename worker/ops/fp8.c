@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "worker/ops/backend.h"
 #include "worker/ops/fp8.h"
 #include "common/lowp.h"
 #include "common/simd.h"
@@ -62,7 +63,9 @@ HPU_CLONES static void fake_quant(const float *x, float *y, size_t n, float scal
 	}
 }
 
-void hpu__fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
+/* hpu__fp8_fake_quant's C loop (the encoding of one host value uses it
+ * directly). */
+static void fake_quant_c(const float *x, float *y, size_t n, float scale, int fmt)
 {
 	int m = fmts[fmt].mbits, shift = 23 - m;
 	float tiny = ldexpf(1.0f, fmts[fmt].emin);
@@ -71,10 +74,19 @@ void hpu__fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fm
 		   (1u << shift) - 1, shift, fmt == HPU_FP8_E5M2);
 }
 
+/* On the backend's kernel where it has one (a GPU's), else in C. */
+void hpu__fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
+{
+	const hpu__backend *be = hpu__be();
+	if (be->fp8_fake_quant && be->fp8_fake_quant(x, y, n, scale, fmt) == HPU_BE_OK)
+		return;
+	fake_quant_c(x, y, n, scale, fmt);
+}
+
 uint8_t hpu__fp8_encode(float v, int fmt)
 {
 	float r;
-	hpu__fp8_fake_quant(&v, &r, 1, 1.0f, fmt);
+	fake_quant_c(&v, &r, 1, 1.0f, fmt);
 	uint8_t sign = signbit(r) ? 0x80 : 0;
 	if (isnan(r))
 		return (uint8_t)(sign | 0x7f);
@@ -104,7 +116,7 @@ float hpu__fp8_decode(uint8_t b, int fmt)
 	return sign * ldexpf((float)((1 << m) | man), e - bias - m);
 }
 
-HPU_CLONES float hpu__fp8_amax(const float *x, size_t n)
+HPU_CLONES static float amax_c(const float *x, size_t n)
 {
 	float m = 0.0f;
 	for (size_t i = 0; i < n; i++) {
@@ -112,6 +124,15 @@ HPU_CLONES float hpu__fp8_amax(const float *x, size_t n)
 		m = a > m ? a : m;
 	}
 	return m;
+}
+
+float hpu__fp8_amax(const float *x, size_t n)
+{
+	const hpu__backend *be = hpu__be();
+	float m;
+	if (be->amax && be->amax(x, n, &m) == HPU_BE_OK)
+		return m;
+	return amax_c(x, n);
 }
 
 float hpu__fp8_scale_for(float amax, int fmt, int margin)

@@ -52,9 +52,13 @@ void hpu__ref_linear_forward(const float *x, const float *w, const float *b,
 		    1.0f, x, in, w, in, beta, y, out);
 }
 
-/* db[out] += sum over rows of dy[B,out] */
+/* db[out] += sum over rows of dy[B,out] (the backend's kernel where it
+ * has one: a GPU's) */
 static void bias_grad(const float *dy, float *db, int batch, int out)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->bias_grad && be->bias_grad(HPU_DT_F32, dy, db, batch, out) == HPU_BE_OK)
+		return;
 	for (int i = 0; i < batch; i++) {
 		const float *dyr = dy + (size_t)i * out;
 		for (int o = 0; o < out; o++)
@@ -107,10 +111,16 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 	if (batch <= 0 || classes <= 0)
 		return -1.0f;
 	/* Labels come from a data file: check them all before writing. */
-	for (int i = 0; i < batch; i++)
-		if (labels[i] < 0 || labels[i] >= classes)
-			return -1.0f;
 	const hpu__backend *be = hpu__be();
+	int ok;
+	if (be->ids_in_range && be->ids_in_range(labels, batch, classes, &ok) == HPU_BE_OK) {
+		if (!ok)
+			return -1.0f;
+	} else {
+		for (int i = 0; i < batch; i++)
+			if (labels[i] < 0 || labels[i] >= classes)
+				return -1.0f;
+	}
 	float out;
 	if (be->softmax_xent &&
 	    be->softmax_xent(logits, labels, dlogits, batch, classes, &out) == HPU_BE_OK)
@@ -151,7 +161,11 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
 			 int classes)
 {
+	const hpu__backend *be = hpu__be();
 	int correct = 0;
+	if (batch > 0 && classes > 0 && be->count_correct &&
+	    be->count_correct(logits, labels, batch, classes, &correct) == HPU_BE_OK)
+		return correct;
 	for (int i = 0; i < batch; i++) {
 		const float *z = logits + (size_t)i * classes;
 		int best = 0;
@@ -234,6 +248,9 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 /* db[out] += sum over rows of dy16[B,out] */
 static void bias_grad16(const uint16_t *dy, float *db, int batch, int out)
 {
+	const hpu__backend *be = hpu__be();
+	if (be->bias_grad && be->bias_grad(HPU_DT_BF16, dy, db, batch, out) == HPU_BE_OK)
+		return;
 	for (int i = 0; i < batch; i++) {
 		const uint16_t *dyr = dy + (size_t)i * out;
 		for (int o = 0; o < out; o++)

@@ -271,10 +271,16 @@ static int embedding_forward(const float *table, const int32_t *ids, float *y,
 {
 	assert(table != NULL && ids != NULL && y != NULL);
 	/* ids come from data: check them all before writing anything */
-	for (int i = 0; i < n; i++)
-		if (ids[i] < 0 || ids[i] >= vocab)
-			return HPU_ERANGE;
 	const hpu__backend *be = hpu__be();
+	int ok;
+	if (be->ids_in_range && n > 0 && be->ids_in_range(ids, n, vocab, &ok) == HPU_BE_OK) {
+		if (!ok)
+			return HPU_ERANGE;
+	} else {
+		for (int i = 0; i < n; i++)
+			if (ids[i] < 0 || ids[i] >= vocab)
+				return HPU_ERANGE;
+	}
 	if (be->embedding_fwd && be->embedding_fwd(table, ids, y, n, dim) == HPU_BE_OK)
 		return HPU_OK;
 	for (int i = 0; i < n; i++)
@@ -484,9 +490,12 @@ static void products_rounded(const float *a, const float *b, const uint16_t *a16
 			hpu__ac_round_inplace(c + i * stride_c, mat_n(m, n), lp);
 		return;
 	}
+	const hpu__backend *be = hpu__be();
 	for (int i = 0; i < count; i++) {
 		float *pi = p + i * stride_c, *ci = c + i * stride_c;
 		hpu__ac_round_inplace(pi, mat_n(m, n), lp);
+		if (be->add && be->add(pi, ci, mat_n(m, n)) == HPU_BE_OK)
+			continue;
 		for (size_t j = 0; j < mat_n(m, n); j++)
 			ci[j] += pi[j];
 	}

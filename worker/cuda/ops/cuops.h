@@ -1,0 +1,110 @@
+/* cuops: what the CUDA kernel table's files share (worker/cuda/ops/).
+ *
+ * One context per GPU (the current device when a function is called):
+ * the cuBLASLt and cuDNN handles, one workspace for both, a scratch
+ * buffer for conversions and partial sums, and the caches of matmul and
+ * convolution plans per shape. A table function takes its context with
+ * hpu__cuops_enter (which locks it: the table may be called from any
+ * thread) and gives it back with hpu__cuops_leave. Everything is queued
+ * on the stream of hpu__cuda_ops_set_stream; the scratch and workspace
+ * are reused by later calls on that same stream, in stream order. */
+#ifndef HPU_CUOPS_H
+#define HPU_CUOPS_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "worker/ops/backend.h"
+
+#define HPU_CUOPS_WORKSPACE (32u << 20) /* cuBLASLt's advice for Hopper */
+#define HPU_CUOPS_GEMM_CACHE 64
+#define HPU_CUOPS_CONV_CACHE 32
+
+/* A planned cuBLASLt product: its descriptors and algorithm, for the key. */
+typedef struct hpu__cuops_gemm_plan {
+	int used;
+	uint64_t stamp;  /* last use, for eviction */
+	int64_t key[16]; /* hpu__cuops_gemm_key */
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t la, lb, lc;
+	cublasLtMatmulAlgo_t algo;
+} hpu__cuops_gemm_plan;
+
+/* A planned cuDNN convolution of one shape, data type and math. */
+typedef struct hpu__cuops_conv_plan {
+	int used;
+	uint64_t stamp;
+	hpu_conv2d_shape s;
+	int tf32; /* the math it was planned with (1: tensor ops allowed) */
+	cudnnTensorDescriptor_t x, y, bias;
+	cudnnFilterDescriptor_t w;
+	/* one per direction (forward, backward data, backward filter), each
+	 * with the math its algorithm was chosen for */
+	cudnnConvolutionDescriptor_t conv[3];
+	cudnnConvolutionFwdAlgo_t fwd;
+	cudnnConvolutionBwdDataAlgo_t bwd_data;
+	cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+	size_t ws_fwd, ws_data, ws_filter;
+} hpu__cuops_conv_plan;
+
+typedef struct hpu__cuops_ctx {
+	int dev;
+	int cc_major, cc_minor;
+	pthread_mutex_t mu;
+	cublasLtHandle_t lt;
+	cudnnHandle_t dnn;
+	void *ws; /* HPU_CUOPS_WORKSPACE bytes */
+	void *scratch;
+	size_t scratch_size;
+	uint64_t clock; /* plan stamps */
+	hpu__cuops_gemm_plan gemm[HPU_CUOPS_GEMM_CACHE];
+	hpu__cuops_conv_plan conv[HPU_CUOPS_CONV_CACHE];
+} hpu__cuops_ctx;
+
+/* The current GPU's context, locked (made on first use; a failure there
+ * is fatal). */
+hpu__cuops_ctx *hpu__cuops_enter(void);
+/* Contexts are made by hpu__cuops_enter, one per GPU; at most this many. */
+#define HPU_CUOPS_MAX_GPUS 64
+/* Detaches every context (at most max) into out; frees one whose plans
+ * are freed (the release, cuops.c). */
+int hpu__cuops_ctx_take(hpu__cuops_ctx **out, int max);
+void hpu__cuops_ctx_destroy(hpu__cuops_ctx *c);
+void hpu__cuops_leave(hpu__cuops_ctx *c);
+
+/* The stream of hpu__cuda_ops_set_stream, and whether TF32 is allowed. */
+cudaStream_t hpu__cuops_stream(void);
+int hpu__cuops_tf32(void);
+
+/* At least `bytes` of device scratch (grown as needed; the old buffer is
+ * freed once the stream is done with it); out of memory is fatal. */
+void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes);
+
+/* Writes "hpu-worker: cuda ops: <message>" to stderr and ends the
+ * process (exit status 1). */
+void hpu__cuops_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* 0 when e is success; else hpu__cuops_fatal("WHAT: <error>"). */
+int hpu__cuops_cuda(cudaError_t e, const char *what);
+int hpu__cuops_blas(cublasStatus_t e, const char *what);
+int hpu__cuops_dnn(cudnnStatus_t e, const char *what);
+
+/* The table's entries, by file. */
+int hpu__cuops_gemm(const hpu__gemm *g);          /* cuops_gemm.c */
+const char *hpu__cuops_blas_version(void);
+void hpu__cuops_gemm_free(hpu__cuops_ctx *c);
+
+int hpu__cuops_conv_fwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+			const void *w, const float *b, float *y); /* cuops_conv.c */
+int hpu__cuops_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const void *w,
+			     const void *dy, float *dx);
+int hpu__cuops_conv_bwd_weights(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+				const void *dy, float *dw, float *db);
+void hpu__cuops_conv_free(hpu__cuops_ctx *c);
+
+#endif

@@ -1,0 +1,197 @@
+/* cuops_core: the base of the CUDA kernel table (cuops.h): each GPU's
+ * context (handles, workspace, scratch), the stream, the tf32 switch and
+ * the error helpers. Calls no other file of the table; cuops_gemm.c,
+ * cuops_conv.c and the table (cuops.c) stand on it. A failing CUDA call
+ * ends the worker with a line naming it (hpu__cuops_fatal): backend.h's
+ * only refusal, HPU_BE_UNSUPPORTED, would send the ops to their C loops
+ * over device memory. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "worker/cuda/cuda_ops.h"
+#include "worker/cuda/ops/cuops.h"
+
+#define MAX_GPUS HPU_CUOPS_MAX_GPUS
+
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static hpu__cuops_ctx *ctxs[MAX_GPUS];
+static void *volatile cur_stream;
+static volatile int tf32_allowed;
+
+void hpu__cuda_ops_set_stream(void *cuda_stream)
+{
+	cur_stream = cuda_stream;
+}
+
+void hpu__cuda_ops_allow_tf32(int allow)
+{
+	tf32_allowed = allow != 0;
+}
+
+cudaStream_t hpu__cuops_stream(void)
+{
+	return (cudaStream_t)cur_stream;
+}
+
+int hpu__cuops_tf32(void)
+{
+	return tf32_allowed;
+}
+
+/* The ops cannot fail (a table function's refusal would send them to C
+ * loops over device memory): a CUDA error ends the worker with one line
+ * on stderr, which the launcher reports with the worker's rank. */
+void hpu__cuops_fatal(const char *fmt, ...)
+{
+	char line[512];
+	int n = snprintf(line, sizeof line, "hpu-worker: cuda ops: ");
+	va_list ap;
+	va_start(ap, fmt);
+	if (n > 0 && (size_t)n < sizeof line)
+		n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		n = 0;
+	if ((size_t)n >= sizeof line - 1)
+		n = (int)sizeof line - 2;
+	line[n++] = '\n';
+	if (write(2, line, (size_t)n) < 0)
+		_exit(1);
+	_exit(1);
+}
+
+int hpu__cuops_cuda(cudaError_t e, const char *what)
+{
+	if (e != cudaSuccess)
+		hpu__cuops_fatal("%s: %s", what, cudaGetErrorString(e));
+	return 0;
+}
+
+int hpu__cuops_blas(cublasStatus_t e, const char *what)
+{
+	if (e != CUBLAS_STATUS_SUCCESS)
+		hpu__cuops_fatal("%s: cuBLASLt status %d", what, (int)e);
+	return 0;
+}
+
+int hpu__cuops_dnn(cudnnStatus_t e, const char *what)
+{
+	if (e != CUDNN_STATUS_SUCCESS)
+		hpu__cuops_fatal("%s: %s", what, cudnnGetErrorString(e));
+	return 0;
+}
+
+/* ---- contexts ---- */
+
+static hpu__cuops_ctx *ctx_new(int dev)
+{
+	hpu__cuops_ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		hpu__cuops_fatal("out of memory for GPU %d's context", dev);
+	c->dev = dev;
+	pthread_mutex_init(&c->mu, NULL);
+	if (hpu__cuops_cuda(cudaDeviceGetAttribute(&c->cc_major,
+						   cudaDevAttrComputeCapabilityMajor, dev),
+			    "compute capability") ||
+	    hpu__cuops_cuda(cudaDeviceGetAttribute(&c->cc_minor,
+						   cudaDevAttrComputeCapabilityMinor, dev),
+			    "compute capability"))
+		goto fail;
+	if (hpu__cuops_blas(cublasLtCreate(&c->lt), "cublasLtCreate"))
+		goto fail;
+	if (hpu__cuops_dnn(cudnnCreate(&c->dnn), "cudnnCreate"))
+		goto fail;
+	if (hpu__cuops_cuda(cudaMalloc(&c->ws, HPU_CUOPS_WORKSPACE), "workspace"))
+		goto fail;
+	return c;
+fail:
+	if (c->dnn)
+		cudnnDestroy(c->dnn);
+	if (c->lt)
+		cublasLtDestroy(c->lt);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+	return NULL;
+}
+
+void hpu__cuops_ctx_destroy(hpu__cuops_ctx *c)
+{
+	if (c->scratch)
+		cudaFree(c->scratch);
+	cudaFree(c->ws);
+	cudnnDestroy(c->dnn);
+	cublasLtDestroy(c->lt);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+int hpu__cuops_ctx_take(hpu__cuops_ctx **out, int max)
+{
+	int n = 0;
+	pthread_mutex_lock(&ctx_mu);
+	for (int i = 0; i < MAX_GPUS && n < max; i++)
+		if (ctxs[i]) {
+			out[n++] = ctxs[i];
+			ctxs[i] = NULL;
+		}
+	pthread_mutex_unlock(&ctx_mu);
+	return n;
+}
+
+hpu__cuops_ctx *hpu__cuops_enter(void)
+{
+	int dev;
+	if (hpu__cuops_cuda(cudaGetDevice(&dev), "cudaGetDevice"))
+		return NULL;
+	if (dev < 0 || dev >= MAX_GPUS) {
+		hpu__cuops_fatal("GPU %d: at most %d GPUs per process", dev, MAX_GPUS);
+		return NULL;
+	}
+	pthread_mutex_lock(&ctx_mu);
+	if (!ctxs[dev])
+		ctxs[dev] = ctx_new(dev);
+	hpu__cuops_ctx *c = ctxs[dev];
+	pthread_mutex_unlock(&ctx_mu);
+	if (!c)
+		return NULL;
+	pthread_mutex_lock(&c->mu);
+	if (hpu__cuops_dnn(cudnnSetStream(c->dnn, hpu__cuops_stream()), "cudnnSetStream")) {
+		pthread_mutex_unlock(&c->mu);
+		return NULL;
+	}
+	return c;
+}
+
+void hpu__cuops_leave(hpu__cuops_ctx *c)
+{
+	pthread_mutex_unlock(&c->mu);
+}
+
+void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
+{
+	if (bytes <= c->scratch_size)
+		return c->scratch;
+	/* calls queued before may still read the old buffer: it is freed
+	 * once the stream is done with them */
+	if (c->scratch) {
+		hpu__cuops_cuda(cudaStreamSynchronize(hpu__cuops_stream()), "scratch");
+		cudaFree(c->scratch);
+	}
+	c->scratch = NULL;
+	c->scratch_size = 0;
+	size_t want = bytes + bytes / 4;
+	if (hpu__cuops_cuda(cudaMalloc(&c->scratch, want), "scratch"))
+		return NULL;
+	c->scratch_size = want;
+	return c->scratch;
+}
+
