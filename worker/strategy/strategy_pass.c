@@ -17,7 +17,7 @@
 #include "worker/device/device.h"
 #include "worker/ops/fp8.h"
 #include "worker/hpu/prof.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 

@@ -12,7 +12,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/fileio.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 /* Parameter i's first float in the canonical space. */
 static const uint64_t *canon(hpu_strat *s)

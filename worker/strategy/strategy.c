@@ -8,7 +8,7 @@
  * (strategy_zero.c). The forward and backward passes are in
  * strategy_pass.c, the layers' outputs in strategy_act.c, checkpoints and
  * --save-params in strategy_ckpt.c. */
-#include "worker/runtime/strategy.h"
+#include "worker/strategy/strategy.h"
 
 #include <errno.h>
 #include <math.h>
@@ -22,7 +22,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/simd.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 

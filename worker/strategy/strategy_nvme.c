@@ -31,8 +31,8 @@
 #include "worker/ops/autocast.h"
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
-#include "worker/runtime/strategy_impl.h"
-#include "worker/runtime/swap.h"
+#include "worker/strategy/strategy_impl.h"
+#include "worker/strategy/swap.h"
 
 typedef struct group {
 	int unit;

@@ -19,7 +19,7 @@
 #include "worker/ops/autocast.h"
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/prof.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 #define coll_fail hpu__strat_coll_fail

@@ -9,7 +9,7 @@
 
 #include "worker/ops/autocast.h"
 #include "worker/device/device.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 

@@ -17,7 +17,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/simd.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define coll_fail hpu__strat_coll_fail
 #define dalloc hpu__strat_dalloc

@@ -23,7 +23,7 @@
 #include "common/lowp.h"
 #include "worker/hpu/prof.h"
 #include "common/simd.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 #define coll_fail hpu__strat_coll_fail

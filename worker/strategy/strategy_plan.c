@@ -3,7 +3,7 @@
  * model states it predicts. The plan itself is worker/strategy/plan.c. */
 #include <stdio.h>
 
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 uint64_t hpu__strat_plan_passing(const hpu_strat *s, int *exact);
 
