@@ -135,10 +135,10 @@ struct hpu_strat {
 	hpu_nonfinite first_bad; /* this step's first non-finite value */
 	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
-	/* Mixed precision: 16-bit working parameters and gradients (whole or
-	 * shards, as the fp32 ones otherwise), fp32 master weights in the
-	 * optimizer's space, 16-bit traffic. */
-	int mp, fp16;
+	/* Mixed precision (s->plan.mixed; fp16 or bf16: s->plan.fp16): 16-bit
+	 * working parameters and gradients (whole or shards, as the fp32 ones
+	 * otherwise), fp32 master weights in the optimizer's space, 16-bit
+	 * traffic. */
 	hpucoll_dtype dt16;
 	uint16_t *P16, *G16, *PS16, *GS16;
 	float *M;          /* master weights */

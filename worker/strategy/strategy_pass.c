@@ -549,7 +549,7 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 		s->first_bad = (hpu_nonfinite){.unit = -1};
 	if (!isfinite(loss))
 		find_nonfinite(s);
-	if (s->mp) /* 16-mixed: the loss scale; bf16: 1 */
+	if (s->plan.mixed) /* 16-mixed: the loss scale; bf16: 1 */
 		scale = (float)(scale * s->scale);
 	if (seed(s, scale, (float)loss) < 0)
 		return -1;
