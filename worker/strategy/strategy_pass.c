@@ -549,8 +549,7 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 		s->first_bad = (hpu_nonfinite){.unit = -1};
 	if (!isfinite(loss))
 		find_nonfinite(s);
-	if (s->plan.mixed) /* 16-mixed: the loss scale; bf16: 1 */
-		scale = (float)(scale * s->scale);
+	scale = (float)(scale * s->scale); /* the loss scale: 1 unless 16-mixed */
 	if (seed(s, scale, (float)loss) < 0)
 		return -1;
 	for (int k = 0; k < s->nunits; k++)
