@@ -8,8 +8,8 @@
 # cycle, fail the check, which names the cycle and the functions on each
 # of its arrows.
 #
-# worker/runtime's strategy files stand in layers (strategy_impl.h says
-# which calls which); worker/strategy holds the placement plan.
+# worker/strategy's files (the strategy engine and its placement plan)
+# stand in layers (strategy_impl.h says which calls which).
 #
 #   check_circles.sh BUILD               check every folder of FOLDERS
 #   check_circles.sh --self-test BUILD   that, then planted objects (two

@@ -355,7 +355,7 @@ static char *mlp_run(const char *prec, const char *batch, const char *model_args
  * of fp32's, plus at most two layers' fp32 outputs in use at a time.
  *
  * What the runtime allocates as activations (DeviceStats' "acts" kind;
- * worker/runtime/strategy_act.c), per sample of the micro-batch B, for
+ * worker/strategy/strategy_act.c), per sample of the micro-batch B, for
  * fmnist_mlp's graph "image" [784] -> DEPTH x (fc [H], relu [H]) -> fc
  * "logits" [10]; the library's cross-entropy of "logits" against the
  * dataset's "label" -> "loss" [] (the accuracy layer's "correct" is

@@ -22,7 +22,7 @@
 
 #include "hpu/ops.h"
 #include "worker/device/device.h"
-#include "worker/runtime/optim.h"
+#include "worker/strategy/optim.h"
 #include "common/lowp.h"
 
 #define MiB (1024ull * 1024)

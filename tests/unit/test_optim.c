@@ -1,4 +1,4 @@
-/* Unit tests for the optimizers (worker/runtime/optim.c).
+/* Unit tests for the optimizers (worker/strategy/optim.c).
  *
  * hpu__optim_step works in fp32. It is compared with a double-precision
  * reference written here from the update rules documented for
@@ -27,7 +27,7 @@
 #include "tests/unit/num_testlib.h"
 
 #include "options/config.h"
-#include "worker/runtime/optim.h"
+#include "worker/strategy/optim.h"
 
 #define N 37
 #define STEPS 5

@@ -1,4 +1,4 @@
-/* worker/runtime/swap.c: the NVMe tier's swap store. Pipelined round
+/* worker/strategy/swap.c: the NVMe tier's swap store. Pipelined round
  * trips through a queue shorter than the transfers, waits out of order,
  * the refusals at open (each sentence checked), transfers refused, no
  * file left behind (closed, killed, or by a dead run), and running out of
@@ -22,7 +22,7 @@
 
 #include <cmocka.h>
 
-#include "worker/runtime/swap.h"
+#include "worker/strategy/swap.h"
 
 #ifndef TMPFS_MAGIC
 #define TMPFS_MAGIC 0x01021994

@@ -1,7 +1,7 @@
 /* model: loads a train.so, runs its setup() through the builder API of
  * <hpu/hpu.h> (ABI 3, and 2: a graph of layers over named tensors), checks and
  * plans the graph. Memory for parameters, buffers and tensors is the
- * strategy's (worker/runtime). */
+ * strategy's (worker/strategy). */
 #ifndef HPU_MODEL_H
 #define HPU_MODEL_H
 

@@ -5,7 +5,7 @@
 #define HPU_HOOKS_H
 
 #include "worker/hpu/model.h"
-#include "worker/runtime/strategy.h"
+#include "worker/strategy/strategy.h"
 
 /* Runs hooks v[0 .. n) on this rank (collective when n > 0: parameters
  * are gathered). `figures` is NULL, or the test loss then each metric.

@@ -8,16 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct hpu_loader hpu_loader;
+#include "worker/strategy/strategy.h" /* hpu_batch */
 
-/* A batch of n samples: field f's values at data[f] (n times the field's
- * sample_numel values of its dtype, 4 bytes each), and the dataset index
- * of each row (idx[n]). */
-typedef struct hpu_batch {
-	int n;
-	void *data[HPU_MAX_IO];
-	const uint32_t *idx;
-} hpu_batch;
+typedef struct hpu_loader hpu_loader;
 
 /* Values of one sample of a field. */
 size_t hpu__field_numel(const hpu_field *f);

@@ -16,7 +16,7 @@
 #include "options/config.h"
 #include "worker/runtime/lrsched.h"
 #include "worker/hpu/model.h"
-#include "worker/runtime/strategy.h"
+#include "worker/strategy/strategy.h"
 
 /* Where a run stands after `step` optimizer steps. */
 typedef struct hpu_run_pos {

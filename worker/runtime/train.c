@@ -24,7 +24,7 @@
 #include "worker/hpu/prof.h"
 #include "worker/runtime/quant.h"
 #include "proto/status.h"
-#include "worker/runtime/strategy.h"
+#include "worker/strategy/strategy.h"
 
 /* Everything one worker's loop owns. */
 typedef struct loop {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "worker/device/device.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 /* Bytes staged at a time by an all-reduce (a whole chunk of elements). */
 #define STAGE_CHUNK ((size_t)1 << 20)

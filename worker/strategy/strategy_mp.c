@@ -23,7 +23,7 @@
 #include "common/lowp.h"
 #include "worker/hpu/prof.h"
 #include "common/simd.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 #define coll_fail hpu__strat_coll_fail
@@ -57,13 +57,13 @@ int hpu__mp_init_params(hpu_strat *s)
 			hpu__dev_copy(u->opt_p, full + mine, u->opt.n * 4);
 		}
 		if (s->P16) {
-			hpu__dev_to16(s->fp16, s->P16 + u->off, full, u->len);
+			hpu__dev_to16(s->plan.fp16, s->P16 + u->off, full, u->len);
 		} else {
 			if (s->nvp && !hpu__nvp_get(s, j, 0)) {
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
-			hpu__dev_to16(s->fp16, u->opt_p16, full + mine, u->piece);
+			hpu__dev_to16(s->plan.fp16, u->opt_p16, full + mine, u->piece);
 			if (s->nvp && hpu__nvp_put(s, j) < 0) {
 				hpu__dev_hbuf_free(full);
 				return -1;
@@ -75,7 +75,7 @@ int hpu__mp_init_params(hpu_strat *s)
 					hpu__dev_hbuf_free(full);
 					return -1;
 				}
-				hpu__dev_to16(s->fp16, u->full16, full, u->len);
+				hpu__dev_to16(s->plan.fp16, u->full16, full, u->len);
 			}
 		}
 		hpu__dev_hbuf_free(full);
@@ -109,7 +109,7 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 		/* the 16-bit source stays with the layer while it runs: bf16
 		 * products read it, and the fp32 values are made as they are
 		 * read (hpu_param, the ops) */
-		if (hpu__ac_param16_add(s->lcp[i], src, l->plen, s->fp16, 0) < 0) {
+		if (hpu__ac_param16_add(s->lcp[i], src, l->plen, s->plan.fp16, 0) < 0) {
 			hpu__dfree(s->lcp[i]);
 			s->lcp[i] = NULL;
 			fail(s, "out of host memory for the working parameters of %s", l->name);
@@ -159,11 +159,11 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 		s->injected = 1;
 	}
 	if (s->G16 && s->micro == 0) /* the step's first: no sum to add to */
-		hpu__dev_to16(s->fp16, s->G16 + l->off, g, l->plen);
+		hpu__dev_to16(s->plan.fp16, s->G16 + l->off, g, l->plen);
 	else if (s->G16)
-		hpu__dev_acc16(s->fp16, s->G16 + l->off, g, l->plen);
+		hpu__dev_acc16(s->plan.fp16, s->G16 + l->off, g, l->plen);
 	else
-		hpu__dev_to16(s->fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
+		hpu__dev_to16(s->plan.fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
 	hpu__dfree(g);
 	s->lgs[i] = NULL;
 }
@@ -176,7 +176,7 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 static void update_scale(hpu_strat *s, int overflow)
 {
 	const hpu_train_opts *o = s->o;
-	if (s->fp16 && o->loss_scale <= 0) {
+	if (s->plan.fp16 && o->loss_scale <= 0) {
 		if (overflow) {
 			if (o->hysteresis == 1 || s->hyst_left == 1)
 				s->scale = fmax(s->scale / 2, o->min_loss_scale);
@@ -200,7 +200,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	/* An overflow anywhere skips the step everywhere. */
 	float bad = 0;
 	for (int k = 0; k < s->nunits; k++)
-		if (hpu__dev_nonfinite16(s->fp16, s->u[k].opt_g16, s->u[k].opt.n))
+		if (hpu__dev_nonfinite16(s->plan.fp16, s->u[k].opt_g16, s->u[k].opt.n))
 			bad = 1;
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
@@ -223,7 +223,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 				return -1;
 			hpu__optim_begin(&u->opt);
 			hpu__optim_range16(&u->opt, 0, u->opt.n, u->opt_p, u->opt_g16, u->opt_p16,
-					   s->fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
+					   s->plan.fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
 			return -1;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "worker/device/device.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 uint64_t hpu__strat_plan_passing(const hpu_strat *s, int *exact);
 

@@ -9,7 +9,7 @@
 
 #include "worker/ops/autocast.h"
 #include "worker/device/device.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 
@@ -54,11 +54,12 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	double ss = 0;
 	for (int k = 0; k < s->nunits; k++) {
 		const unit *u = &s->u[k];
-		if (!s->mp) {
+		if (!s->plan.mixed) {
 			ss += hpu__dev_sumsq(u->opt_g, u->opt.n);
 			continue;
 		}
-		ss = hpu__dev_sumsq16(ss, s->fp16, u->opt_g16, u->opt.n, s->chunk, HPU__STRAT_CHUNK);
+		ss = hpu__dev_sumsq16(ss, s->plan.fp16, u->opt_g16, u->opt.n, s->chunk,
+				      HPU__STRAT_CHUNK);
 	}
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);

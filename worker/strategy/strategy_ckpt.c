@@ -12,7 +12,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/fileio.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 /* Parameter i's first float in the canonical space. */
 static const uint64_t *canon(hpu_strat *s)
@@ -221,7 +221,7 @@ int hpu__strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
 			}
 			/* fp32 --offload-param nvme: the master weights are the
 			 * parameters, read in from their swap file */
-			if (k == 0 && s->nvp && !s->mp && !hpu__nvp_get(s, j, 1))
+			if (k == 0 && s->nvp && !s->plan.mixed && !hpu__nvp_get(s, j, 1))
 				return -1;
 			put p = {w, section_base(s, j, k), 0};
 			size_t len;
@@ -314,7 +314,7 @@ int hpu__strat_resume_state(hpu_strat *s)
 	for (int j = 0; j < s->nunits; j++)
 		s->u[j].opt.t = t;
 	const cJSON *ls = cJSON_GetObjectItemCaseSensitive(c->m, "loss_scaler");
-	if (s->fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
+	if (s->plan.fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
 		s->scale = hpu__ckpt_num(ls, "scale", s->scale);
 		s->hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->hyst_left);
 		s->step_no = (long)hpu__ckpt_num(ls, "steps", 0);
@@ -348,11 +348,11 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
 		int nv = hpu__nv_has(s, 0); /* the master weights: read them in */
-		const float *full = s->mp ? (s->sharded || nv ? NULL : s->M + u->off)
+		const float *full = s->plan.mixed ? (s->sharded || nv ? NULL : s->M + u->off)
 				  : s->P ? s->P + u->off : u->full;
-		const float *piece = s->mp ? s->M + u->shard_off : u->opt_p;
+		const float *piece = s->plan.mixed ? s->M + u->shard_off : u->opt_p;
 		float *tmpbuf = NULL;
-		if (!full && !s->mp && s->nvp && !(piece = hpu__nvp_get(s, k, 1)))
+		if (!full && !s->plan.mixed && s->nvp && !(piece = hpu__nvp_get(s, k, 1)))
 			return -1;
 		if (!full) { /* sharded: gather it */
 			char what[128];

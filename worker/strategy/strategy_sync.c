@@ -17,7 +17,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/simd.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define coll_fail hpu__strat_coll_fail
 #define dalloc hpu__strat_dalloc
@@ -46,8 +46,8 @@ static void land(hpu_strat *s, int k)
 		} else {
 			for (size_t i = 0; i < u->piece; i += HPU__STRAT_CHUNK) {
 				size_t c = hpu__strat_chunk(u->piece, i);
-				hpu__dev_from16(s->fp16, s->chunk, src + i, c);
-				hpu__dev_acc16(s->fp16, dst + i, s->chunk, c);
+				hpu__dev_from16(s->plan.fp16, s->chunk, src + i, c);
+				hpu__dev_acc16(s->plan.fp16, dst + i, s->chunk, c);
 			}
 		}
 		hpu__dfree(u->gbuf16);
@@ -104,7 +104,7 @@ static int start_all_reduce(hpu_strat *s, int k)
 	unit *u = &s->u[k];
 	hpucoll_req *req;
 	int rc;
-	if (s->mp) {
+	if (s->plan.mixed) {
 		rc = hpu__dc_iall_reduce(s, s->G16 + u->off, s->G16 + u->off, u->len,
 					 s->dt16, HPUCOLL_SUM, &req);
 	} else if (s->o->grad_comm_dtype == HPU_COMM_BF16) {
@@ -131,7 +131,7 @@ static int start_reduce_scatter(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	hpucoll_req *req;
-	int rc = s->mp ? hpu__dc_ireduce_scatter(s, u->gbuf16,
+	int rc = s->plan.mixed ? hpu__dc_ireduce_scatter(s, u->gbuf16,
 						 u->gbuf16 + (size_t)s->rank * u->piece,
 						 u->piece, s->dt16, HPUCOLL_SUM, &req)
 		       : hpu__dc_ireduce_scatter(s, u->gbuf,
@@ -194,7 +194,7 @@ int hpu__sync_reduce(hpu_strat *s)
 			unit *u = &s->u[k];
 			hpucoll_req *req;
 			size_t mine = (size_t)s->rank * u->piece;
-			rc = s->mp ? hpu__dc_ireduce_scatter(s, s->G16 + u->off,
+			rc = s->plan.mixed ? hpu__dc_ireduce_scatter(s, s->G16 + u->off,
 							     s->G16 + u->off + mine, u->piece,
 							     s->dt16, HPUCOLL_SUM, &req)
 				   : hpu__dc_ireduce_scatter(s, s->G + u->off,

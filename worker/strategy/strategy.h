@@ -15,11 +15,20 @@
 
 #include "ckpt/ckpt.h"
 #include "options/config.h"
-#include "worker/runtime/loader.h"
 #include "worker/hpu/model.h"
 #include "worker/strategy/copies.h"
 
 typedef struct hpu_strat hpu_strat;
+
+/* A batch of n samples: field f's values at data[f] (n times the field's
+ * sample_numel values of its dtype, 4 bytes each), and the dataset index
+ * of each row (idx[n]). The runtime's loader fills it; the passes read
+ * it. */
+typedef struct hpu_batch {
+	int n;
+	void *data[HPU_MAX_IO];
+	const uint32_t *idx;
+} hpu_batch;
 
 /* Lays the model's parameters out for o->strategy, allocates and
  * initializes them (every rank computes the same initial values from

@@ -8,7 +8,7 @@
  * (strategy_zero.c). The forward and backward passes are in
  * strategy_pass.c, the layers' outputs in strategy_act.c, checkpoints and
  * --save-params in strategy_ckpt.c. */
-#include "worker/runtime/strategy.h"
+#include "worker/strategy/strategy.h"
 
 #include <errno.h>
 #include <math.h>
@@ -22,7 +22,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/simd.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 
@@ -388,7 +388,7 @@ int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 		return -1;
 	/* The fp16 scaler's overflows are how it finds its scale: they count
 	 * only once it cannot lower the scale any more. */
-	int scaler = s->fp16 && s->o->loss_scale <= 0 && s->scale > s->o->min_loss_scale;
+	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->scale > s->o->min_loss_scale;
 	if (skipped && !scaler) {
 		s->bad_run++;
 		s->bad_total++;
@@ -599,14 +599,12 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->ctx = (hpu_ctx){.train = 1, .accum = 1, .rank = s->rank, .world = s->world,
 			   .seed = o->seed};
 	plan_graph(s);
-	s->mp = o->precision != HPU_PREC_FP32;
-	s->fp16 = o->precision == HPU_PREC_FP16_MIXED;
-	s->dt16 = s->fp16 ? HPUCOLL_F16 : HPUCOLL_BF16;
-	s->scale = !s->fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
+	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
+	s->dt16 = s->plan.fp16 ? HPUCOLL_F16 : HPUCOLL_BF16;
+	s->scale = !s->plan.fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
 				   : ldexp(1.0, o->initial_scale_power);
 	s->hyst_left = o->hysteresis;
 	s->last_overflow = -1;
-	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
 	choose_hooks(s);
 	build_units(s);
 	for (int i = 0; i + 1 < L; i++)
@@ -617,7 +615,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	    (s->load_fd = hpu__params_open(b, o->load_params, err, errlen)) < 0)
 		return -1;
 	int rc = alloc_states(s) < 0 ||
-		 (s->mp ? hpu__mp_init_params(s) < 0 : init_params(s) < 0);
+		 (s->plan.mixed ? hpu__mp_init_params(s) < 0 : init_params(s) < 0);
 	if (s->load_fd >= 0)
 		close(s->load_fd);
 	s->load_fd = -1;

@@ -2,8 +2,8 @@
  * tensor per parameter, named "layer.param" as the model declares it) or
  * the raw array (every parameter's floats, unpadded, in declaration
  * order). */
-#ifndef HPU_RUNTIME_PARAMS_FILE_H
-#define HPU_RUNTIME_PARAMS_FILE_H
+#ifndef HPU_STRATEGY_PARAMS_FILE_H
+#define HPU_STRATEGY_PARAMS_FILE_H
 
 #include <stdio.h>
 

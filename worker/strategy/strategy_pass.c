@@ -17,7 +17,7 @@
 #include "worker/device/device.h"
 #include "worker/ops/fp8.h"
 #include "worker/hpu/prof.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 
@@ -554,8 +554,7 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 		s->first_bad = (hpu_nonfinite){.unit = -1};
 	if (!isfinite(loss))
 		find_nonfinite(s);
-	if (s->mp) /* 16-mixed: the loss scale; bf16: 1 */
-		scale = (float)(scale * s->scale);
+	scale = (float)(scale * s->scale); /* the loss scale: 1 unless 16-mixed */
 	if (seed(s, scale, (float)loss) < 0)
 		return -1;
 	for (int k = 0; k < s->nunits; k++)

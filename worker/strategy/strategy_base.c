@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "worker/hpu/devmem.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 

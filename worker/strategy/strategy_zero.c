@@ -19,7 +19,7 @@
 #include "worker/ops/autocast.h"
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/prof.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
 #define coll_fail hpu__strat_coll_fail
@@ -28,14 +28,14 @@
 static int gather_start(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
-	if (u->persistent || u->full || u->full16 || (s->mp && s->lcp[u->first]))
+	if (u->persistent || u->full || u->full16 || (s->plan.mixed && s->lcp[u->first]))
 		return 0;
 	if (s->nvp && !hpu__nvp_get(s, k, 1))
 		return -1;
 	char what[128];
 	snprintf(what, sizeof what, "gathered parameters of %s", hpu__strat_unit_name(s, k));
 	int rc;
-	if (s->mp) {
+	if (s->plan.mixed) {
 		if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
 			return -1;
 		rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece, s->dt16,
@@ -84,7 +84,7 @@ static int walk_ahead(hpu_strat *s, int i, int dir, int stop,
 		if (k < 0 || s->u[k].persistent)
 			continue;
 		unit *u = &s->u[k];
-		if (u->full || u->full16 || (s->mp && s->lcp[u->first])) {
+		if (u->full || u->full16 || (s->plan.mixed && s->lcp[u->first])) {
 			ahead += u->len;
 			continue;
 		}
@@ -125,7 +125,7 @@ int hpu__zero_gather_wait(hpu_strat *s, int k)
 		return -1;
 	hpu__prof_span("zero3", "gather_params", NULL, t0,
 		       "\"unit\":%d,\"bytes\":%zu,\"prefetched\":%d", k,
-		       u->len * (s->mp ? 2 : 4), ahead);
+		       u->len * hpu__plan_esize(&s->plan.e[HPU_PLAN_PARAMS]), ahead);
 	return 0;
 }
 
@@ -165,7 +165,7 @@ int hpu__zero_release_all(hpu_strat *s)
 {
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
-		if (s->mp && u->full16 && !u->persistent) { /* prefetched, unused */
+		if (s->plan.mixed && u->full16 && !u->persistent) { /* prefetched, unused */
 			if (u->gather) {
 				int rc = hpucoll_wait(&u->gather);
 				if (rc)
@@ -175,10 +175,10 @@ int hpu__zero_release_all(hpu_strat *s)
 			u->full16 = NULL;
 			s->live -= u->len;
 		}
-		if (!s->mp && hpu__zero_release(s, k) < 0)
+		if (!s->plan.mixed && hpu__zero_release(s, k) < 0)
 			return -1;
 	}
-	for (int i = 0; s->mp && i < s->nlayers; i++)
+	for (int i = 0; s->plan.mixed && i < s->nlayers; i++)
 		if (s->b->layers[i]->unit >= 0)
 			hpu__mp_release_layer(s, i);
 	return s->nvp ? hpu__nvp_drop_all(s) : 0; /* and the pieces read ahead */
@@ -194,13 +194,13 @@ int hpu__zero_gather_params(hpu_strat *s)
 	int rc = 0, k;
 	for (k = 0; k < s->nunits && !rc; k++) {
 		unit *u = &s->u[k];
-		if (s->mp && !hpu__strat_params_sharded(s))
+		if (s->plan.mixed && !hpu__strat_params_sharded(s))
 			rc = hpu__dc_iall_gather(s, s->P16 + u->off + (size_t)s->rank * u->piece,
 						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
-		else if (s->mp && u->persistent)
+		else if (s->plan.mixed && u->persistent)
 			rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece,
 						 s->dt16, &reqs[k]);
-		else if (s->mp)
+		else if (s->plan.mixed)
 			continue;
 		else if (!hpu__strat_params_sharded(s))
 			rc = hpu__dc_iall_gather(s, s->P + u->off + (size_t)s->rank * u->piece,

@@ -21,7 +21,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/simd.h"
-#include "worker/runtime/strategy_impl.h"
+#include "worker/strategy/strategy_impl.h"
 
 /* Activation checkpointing. In a run of consecutive marked layers, a
  * tensor whose readers all come after its producer within the same

@@ -7,7 +7,7 @@
  * handed out are the internal queue: pump() gives free requests to the
  * oldest transfer first. A request that comes back short, or with EINTR /
  * EAGAIN, goes on the retry list and is submitted again before new ones. */
-#include "worker/runtime/swap.h"
+#include "worker/strategy/swap.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -31,8 +31,8 @@
 #include "worker/ops/autocast.h"
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
-#include "worker/runtime/strategy_impl.h"
-#include "worker/runtime/swap.h"
+#include "worker/strategy/strategy_impl.h"
+#include "worker/strategy/swap.h"
 
 typedef struct group {
 	int unit;
@@ -148,7 +148,7 @@ static int swap_fail(hpu_strat *s)
 int hpu__nv_open(hpu_strat *s)
 {
 	const hpu_train_opts *o = s->o;
-	int nsec = hpu__optim_state_floats(o) + (s->mp ? 1 : 0);
+	int nsec = s->plan.e[HPU_PLAN_MASTER].copies + s->plan.e[HPU_PLAN_OPTIM].copies;
 	if (!nsec)
 		return 0; /* plain SGD in fp32: no optimizer space at all */
 	hpu_nv *nv = calloc(1, sizeof *nv);
@@ -215,13 +215,13 @@ void hpu__strat_nvme_stats(const hpu_strat *s, hpu_nvme_stats *st)
  * parameters themselves, in memory). */
 static float *section(const hpu_strat *s, float *slot, size_t n, int k)
 {
-	int at = s->mp ? k : k - 1;
+	int at = k - 1 + s->plan.e[HPU_PLAN_MASTER].copies;
 	return at < 0 || at >= s->nv->nsec ? NULL : slot + (size_t)at * n;
 }
 
 int hpu__nv_has(const hpu_strat *s, int k)
 {
-	return s->nv && (s->mp || k > 0);
+	return s->nv && (k > 0 || s->plan.e[HPU_PLAN_MASTER].copies);
 }
 
 /* One slot read or written, waited for. */
@@ -295,13 +295,13 @@ static void update(hpu_strat *s, const group *g, float *buf, float gscale, doubl
 	hpu_optim view = u->opt;
 	view.m = section(s, buf, g->n, 1);
 	view.v = section(s, buf, g->n, 2);
-	if (!s->mp) {
+	if (!s->plan.mixed) {
 		hpu__optim_range(&view, 0, g->n, u->opt_p + g->from, u->opt_g + g->from, gscale, lr);
 		return;
 	}
 	float *master = section(s, buf, g->n, 0);
 	hpu__optim_range16(&view, 0, g->n, master, u->opt_g16 + g->from, u->opt_p16 + g->from,
-			   s->fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
+			   s->plan.fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
 }
 
 /* Sub-group i into its buffer, once that buffer's last transfer is done. */
@@ -360,7 +360,7 @@ static int nvp_fail(hpu_strat *s)
 /* Unit k's piece now at `at` (NULL: not in memory). */
 static void point_piece(hpu_strat *s, int k, void *at)
 {
-	if (s->mp)
+	if (s->plan.mixed)
 		s->u[k].opt_p16 = at;
 	else
 		s->u[k].opt_p = at;
@@ -369,7 +369,7 @@ static void point_piece(hpu_strat *s, int k, void *at)
 int hpu__nvp_open(hpu_strat *s)
 {
 	const hpu_train_opts *o = s->o;
-	size_t esz = s->mp ? 2 : 4;
+	size_t esz = hpu__plan_esize(&s->plan.e[HPU_PLAN_PARAMS]);
 	hpu_nvp *nvp = calloc(1, sizeof *nvp);
 	if (!nvp || !(nvp->p = calloc((size_t)s->nunits, sizeof *nvp->p))) {
 		free(nvp);

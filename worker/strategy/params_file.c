@@ -1,5 +1,5 @@
 /* --save-params and --load-params files by name (params_file.h). */
-#include "worker/runtime/params_file.h"
+#include "worker/strategy/params_file.h"
 
 #include <errno.h>
 #include <stdlib.h>

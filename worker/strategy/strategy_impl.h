@@ -10,12 +10,16 @@
  *   strategy_act.c   the layers' outputs, activation checkpointing
  *   strategy_ckpt.c  checkpoints and --save-params
  *   strategy_nvme.c  the NVMe tier
+ *   strategy_dcoll.c collectives on device buffers (staged where needed)
  * They call one way (tests/check_circles.sh): strategy.c on strategy_mp,
- * _sync, _zero, _act, _state; strategy_mp on _zero, _state; _state on
- * _ckpt; _zero and _ckpt on _nvme; everything on _base. Their work on
- * tensors (casts, sums, non-finite checks, updates) is the device's
+ * _sync, _zero, _act, _state; _pass on _sync, _zero, _act; _mp on _zero,
+ * _state; _state on _ckpt; _sync and _zero on _dcoll; _mp, _zero and
+ * _ckpt on _nvme; everything on _base; under them plan.c, optim.c,
+ * params_file.c and swap.c, which call no file of the folder. Their
+ * work on tensors (casts, sums, non-finite checks, updates) is the device's
  * (worker/device: hpu__dev_to16, _sumsq, _nonfinite, ...).
- * Not for other users. */
+ * Not for other users: other folders include only strategy.h
+ * (tests/check_includes.sh). */
 #ifndef HPU_STRATEGY_IMPL_H
 #define HPU_STRATEGY_IMPL_H
 
@@ -26,9 +30,9 @@
 #include "ckpt/ckpt.h"
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/model.h"
-#include "worker/runtime/optim.h"
-#include "worker/runtime/params_file.h"
-#include "worker/runtime/strategy.h"
+#include "worker/strategy/optim.h"
+#include "worker/strategy/params_file.h"
+#include "worker/strategy/strategy.h"
 #include "worker/strategy/plan.h"
 
 /* A unit is a run of consecutive layers whose parameters are communicated
@@ -131,10 +135,10 @@ struct hpu_strat {
 	hpu_nonfinite first_bad; /* this step's first non-finite value */
 	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
-	/* Mixed precision: 16-bit working parameters and gradients (whole or
-	 * shards, as the fp32 ones otherwise), fp32 master weights in the
-	 * optimizer's space, 16-bit traffic. */
-	int mp, fp16;
+	/* Mixed precision (s->plan.mixed; fp16 or bf16: s->plan.fp16): 16-bit
+	 * working parameters and gradients (whole or shards, as the fp32 ones
+	 * otherwise), fp32 master weights in the optimizer's space, 16-bit
+	 * traffic. */
 	hpucoll_dtype dt16;
 	uint16_t *P16, *G16, *PS16, *GS16;
 	float *M;          /* master weights */

@@ -1,4 +1,4 @@
-#include "worker/runtime/optim.h"
+#include "worker/strategy/optim.h"
 
 #include <math.h>
 
