@@ -6,6 +6,7 @@
 #include "common/opt.h"
 #include "common/optdoc.h"
 #include "agent/restart.h"
+#include "launcher/gpus.h"
 #include "launcher/slurm.h"
 
 #include <ctype.h>
@@ -110,7 +111,9 @@ enum {
 static const hpu_optspec launcher_specs[] = {
 	{"nodes", 0, HPU_OPT_VALUE, O_NODES, "N", .help = "nodes in the job (1)",
 	 .section = "Options (environment variables in brackets; flags win)"},
-	{"devices", 0, HPU_OPT_VALUE, O_DEVICES, "D|auto", .help = "workers on this node (1; auto: one per CPU core)"},
+	{"devices", 0, HPU_OPT_VALUE, O_DEVICES, "D|auto",
+	 .help = "workers on this node (1; auto: one per GPU with --device cuda, or auto where a GPU is "
+		 "visible; else one per CPU core)"},
 	{"node-rank", 0, HPU_OPT_VALUE, O_NODE_RANK, "R", .help = "this node's rank, 0..N-1 (0)", .env = "NODE_RANK"},
 	{"master-addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR, "A", .help = "node 0's address (127.0.0.1)", .env = "MASTER_ADDR"},
 	{"master-port", 0, HPU_OPT_VALUE, O_MASTER_PORT, "P", .help = "coordinator port on node 0 (single node: a free port)",
@@ -874,6 +877,28 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 	return 0;
 }
 
+/* --devices auto: one worker per GPU with --device cuda (none is an
+ * error), or auto where the CUDA device sees GPUs; else one per CPU core
+ * (gpus.h). hpu-worker counts them: this program links nothing of CUDA. */
+static int auto_devices(hpu_launch_args *a, char *err, size_t errlen)
+{
+	if (hpu__opts_resolve_device(&a->train, err, errlen) < 0)
+		return -1;
+	hpu__count_by by = a->train.device == HPU_DEVICE_CUDA   ? HPU_COUNT_GPUS
+			   : a->train.device == HPU_DEVICE_AUTO ? HPU_COUNT_EITHER
+								: HPU_COUNT_CORES;
+	int ngpus = 0;
+	char why[1024] = "", worker[PATH_MAX];
+	if (by != HPU_COUNT_CORES) {
+		if (worker_path(worker, sizeof worker) < 0)
+			snprintf(why, sizeof why, "cannot find hpu-worker");
+		else
+			hpu__gpus_count(worker, &ngpus, why, sizeof why);
+	}
+	return hpu__gpus_devices(by, ngpus, why, sysconf(_SC_NPROCESSORS_ONLN), &a->devices, err,
+				 errlen);
+}
+
 /* After the command line: --status needs nothing more; otherwise the
  * hostfile or Slurm fill in the plan, which is then checked. */
 static int finish(hpu_launch_args *a, const sources *src, int extra_args,
@@ -901,6 +926,8 @@ static int finish(hpu_launch_args *a, const sources *src, int extra_args,
 			       : slurm_plan(a, src, err, errlen)) {
 		return -1;
 	}
+	if ((src->flag & SET_DEVICES_AUTO) && auto_devices(a, err, errlen) < 0)
+		return -1;
 	return check_plan(a, err, errlen);
 }
 
