@@ -71,6 +71,7 @@ enum {
 	SET_JOB_ID = 1 << 5,
 	SET_TOKEN = 1 << 6,
 	SET_DEVICES_AUTO = 1 << 7,
+	SET_DEVICES_CORES = 1 << 8, /* torchrun's --nproc-per-node cpu: cores, not GPUs */
 };
 
 typedef struct sources {
@@ -232,16 +233,18 @@ int hpu__args_doc(FILE *f, const char *format)
 }
 
 /* --devices D|auto, and torchrun's --nproc-per-node, which also takes
- * "cpu" (as auto: one worker per CPU core; this machine's devices are its
- * cores). Returns 0, or -1 with a sentence in err. */
+ * "cpu" (one worker per CPU core, whatever --device). auto counts the
+ * cores here; after the command line, auto_devices counts GPUs instead
+ * where the workers compute on them. Returns 0, or -1 with a sentence in
+ * err. */
 static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
 		       const char *v, char *err, size_t errlen)
 {
 	int torchrun = strcmp(name, "devices") != 0;
-	src->flag &= ~(unsigned)SET_DEVICES_AUTO;
+	src->flag &= ~(unsigned)(SET_DEVICES_AUTO | SET_DEVICES_CORES);
 	if (!strcmp(v, "auto") || (torchrun && !strcmp(v, "cpu"))) {
 		a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
-		src->flag |= SET_DEVICES | SET_DEVICES_AUTO;
+		src->flag |= SET_DEVICES | SET_DEVICES_AUTO | (strcmp(v, "cpu") ? 0 : SET_DEVICES_CORES);
 		return 0;
 	}
 	if (torchrun && (!strcmp(v, "gpu") || !strcmp(v, "xpu"))) {
@@ -926,7 +929,8 @@ static int finish(hpu_launch_args *a, const sources *src, int extra_args,
 			       : slurm_plan(a, src, err, errlen)) {
 		return -1;
 	}
-	if ((src->flag & SET_DEVICES_AUTO) && auto_devices(a, err, errlen) < 0)
+	if ((src->flag & SET_DEVICES_AUTO) && !(src->flag & SET_DEVICES_CORES) &&
+	    auto_devices(a, err, errlen) < 0)
 		return -1;
 	return check_plan(a, err, errlen);
 }

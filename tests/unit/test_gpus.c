@@ -178,6 +178,10 @@ static void test_launcher_counts_gpus(void **state)
 	snprintf(called, sizeof called, "%s/asked", dir);
 	assert_int_equal(auto_devices(w_called, "cpu"), (int)cores);
 	assert_int_equal(auto_devices(w_called, NULL), (int)cores);
+	hpu_launch_args c; /* torchrun's "cpu" is the cores, whatever --device */
+	parse_ok(&c, ARGV("--nproc-per-node", "cpu", "--device", "cuda", MICRO, model));
+	assert_int_equal(c.devices, (int)cores);
+	hpu__args_free(&c);
 	assert_int_equal(access(called, F_OK), -1);
 	/* an explicit count is kept: more workers than GPUs share them */
 	hpu_launch_args a;
