@@ -6,6 +6,7 @@
 #include "common/opt.h"
 #include "common/optdoc.h"
 #include "agent/restart.h"
+#include "launcher/gpus.h"
 #include "launcher/slurm.h"
 
 #include <ctype.h>
@@ -70,6 +71,7 @@ enum {
 	SET_JOB_ID = 1 << 5,
 	SET_TOKEN = 1 << 6,
 	SET_DEVICES_AUTO = 1 << 7,
+	SET_DEVICES_CORES = 1 << 8, /* torchrun's --nproc-per-node cpu: cores, not GPUs */
 };
 
 typedef struct sources {
@@ -110,7 +112,9 @@ enum {
 static const hpu_optspec launcher_specs[] = {
 	{"nodes", 0, HPU_OPT_VALUE, O_NODES, "N", .help = "nodes in the job (1)",
 	 .section = "Options (environment variables in brackets; flags win)"},
-	{"devices", 0, HPU_OPT_VALUE, O_DEVICES, "D|auto", .help = "workers on this node (1; auto: one per CPU core)"},
+	{"devices", 0, HPU_OPT_VALUE, O_DEVICES, "D|auto",
+	 .help = "workers on this node (1; auto: one per GPU with --device cuda, or auto where a GPU is "
+		 "visible; else one per CPU core)"},
 	{"node-rank", 0, HPU_OPT_VALUE, O_NODE_RANK, "R", .help = "this node's rank, 0..N-1 (0)", .env = "NODE_RANK"},
 	{"master-addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR, "A", .help = "node 0's address (127.0.0.1)", .env = "MASTER_ADDR"},
 	{"master-port", 0, HPU_OPT_VALUE, O_MASTER_PORT, "P", .help = "coordinator port on node 0 (single node: a free port)",
@@ -229,16 +233,18 @@ int hpu__args_doc(FILE *f, const char *format)
 }
 
 /* --devices D|auto, and torchrun's --nproc-per-node, which also takes
- * "cpu" (as auto: one worker per CPU core; this machine's devices are its
- * cores). Returns 0, or -1 with a sentence in err. */
+ * "cpu" (one worker per CPU core, whatever --device). auto counts the
+ * cores here; after the command line, auto_devices counts GPUs instead
+ * where the workers compute on them. Returns 0, or -1 with a sentence in
+ * err. */
 static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
 		       const char *v, char *err, size_t errlen)
 {
 	int torchrun = strcmp(name, "devices") != 0;
-	src->flag &= ~(unsigned)SET_DEVICES_AUTO;
+	src->flag &= ~(unsigned)(SET_DEVICES_AUTO | SET_DEVICES_CORES);
 	if (!strcmp(v, "auto") || (torchrun && !strcmp(v, "cpu"))) {
 		a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
-		src->flag |= SET_DEVICES | SET_DEVICES_AUTO;
+		src->flag |= SET_DEVICES | SET_DEVICES_AUTO | (strcmp(v, "cpu") ? 0 : SET_DEVICES_CORES);
 		return 0;
 	}
 	if (torchrun && (!strcmp(v, "gpu") || !strcmp(v, "xpu"))) {
@@ -874,6 +880,28 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 	return 0;
 }
 
+/* --devices auto: one worker per GPU with --device cuda (none is an
+ * error), or auto where the CUDA device sees GPUs; else one per CPU core
+ * (gpus.h). hpu-worker counts them: this program links nothing of CUDA. */
+static int auto_devices(hpu_launch_args *a, char *err, size_t errlen)
+{
+	if (hpu__opts_resolve_device(&a->train, err, errlen) < 0)
+		return -1;
+	hpu__count_by by = a->train.device == HPU_DEVICE_CUDA   ? HPU_COUNT_GPUS
+			   : a->train.device == HPU_DEVICE_AUTO ? HPU_COUNT_EITHER
+								: HPU_COUNT_CORES;
+	int ngpus = 0;
+	char why[1024] = "", worker[PATH_MAX];
+	if (by != HPU_COUNT_CORES) {
+		if (worker_path(worker, sizeof worker) < 0)
+			snprintf(why, sizeof why, "cannot find hpu-worker");
+		else
+			hpu__gpus_count(worker, &ngpus, why, sizeof why);
+	}
+	return hpu__gpus_devices(by, ngpus, why, sysconf(_SC_NPROCESSORS_ONLN), &a->devices, err,
+				 errlen);
+}
+
 /* After the command line: --status needs nothing more; otherwise the
  * hostfile or Slurm fill in the plan, which is then checked. */
 static int finish(hpu_launch_args *a, const sources *src, int extra_args,
@@ -901,6 +929,9 @@ static int finish(hpu_launch_args *a, const sources *src, int extra_args,
 			       : slurm_plan(a, src, err, errlen)) {
 		return -1;
 	}
+	if ((src->flag & SET_DEVICES_AUTO) && !(src->flag & SET_DEVICES_CORES) &&
+	    auto_devices(a, err, errlen) < 0)
+		return -1;
 	return check_plan(a, err, errlen);
 }
 

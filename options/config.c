@@ -672,7 +672,7 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 /* --device: HPU_DEVICE when the option is not given. cuda and auto are
  * the worker's to resolve: whether the CUDA device's module loads and sees
  * a GPU is a question for the worker's node (worker/device). */
-static int check_device(hpu_train_opts *o, char *err, size_t errlen)
+int hpu__opts_resolve_device(hpu_train_opts *o, char *err, size_t errlen)
 {
 	const char *env = hpu__env_str(HPU_ENV_HPU_DEVICE);
 	int slot = hpu__opt_slot_named("device");
@@ -857,7 +857,7 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 				      "(hpu-ckpt export --format raw makes a --load-params file)");
 		return -1;
 	}
-	if (check_offload(o, err, errlen) < 0 || check_device(o, err, errlen) < 0)
+	if (check_offload(o, err, errlen) < 0 || hpu__opts_resolve_device(o, err, errlen) < 0)
 		return -1;
 	if (o->resume[0] && o->load_params[0]) {
 		snprintf(err, errlen, "--resume and --load-params both say where the parameters come from: give one");

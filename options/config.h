@@ -285,6 +285,12 @@ int hpu__keep_best_parse(const char *s, hpu_keep_best *k, char *err, size_t errl
 int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		      size_t errlen);
 
+/* The device alone, as hpu__opts_resolve sets it: HPU_DEVICE where no
+ * option or config key gave --device. For hpulaunch, which needs it
+ * before the world size (--devices auto counts GPUs for cuda). Returns 0,
+ * or -1 with a sentence in err where HPU_DEVICE names no device. */
+int hpu__opts_resolve_device(hpu_train_opts *o, char *err, size_t errlen);
+
 /* Makes the checkpoint directory (--checkpoint-dir) if it is missing, as
  * the first save would, and checks that a file can be made in it (a
  * temporary file, removed again); nothing without a checkpoint directory.

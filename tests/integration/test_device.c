@@ -2,7 +2,9 @@
  *
  * - --device cuda where it cannot run (its module missing, not built, no
  *   GPU visible) fails the job with the worker's reason in one line;
- *   --device auto there computes on cpu;
+ *   --device auto there computes on cpu; --devices auto --device cuda
+ *   there stops hpulaunch before any worker, naming why, and --devices
+ *   auto --device auto is one worker per CPU core;
  * - the strict CPU device (cpu-strict) catches host code that touches
  *   device memory outside a device call: the fixture peek_param's hook
  *   reads a parameter through the pointer its layer got (a planted
@@ -146,6 +148,58 @@ static void test_auto_is_cpu(void **state)
 	char *out = finish(&r, 0, MLP_ARGS);
 	assert_non_null(strstr(out, "rank 0: device cpu (--device auto)"));
 	assert_non_null(strstr(out, "rank 1: device cpu (--device auto)"));
+	free(out);
+}
+
+/* hpulaunch --devices auto --device D, with `extra` (NULL-ended);
+ * asserts exit code `want`. */
+static char *devices_auto(const char *device, int want, const char *const *extra)
+{
+	run r;
+	r.n = 0;
+	args(&r, LAUNCH, "-q", "--devices", "auto", "--device", device, "--no-eval", "--log-every",
+	     "0", NULL);
+	for (; extra && *extra; extra++)
+		arg(&r, *extra);
+	return finish(&r, want, MLP_ARGS);
+}
+
+/* --devices auto --device cuda is one worker per GPU: without one,
+ * hpulaunch stops before any worker starts, naming why in one line;
+ * --devices auto --device auto there is one worker per CPU core. */
+static void test_devices_auto(void **state)
+{
+	(void)state;
+	if (access("/dev/nvidiactl", F_OK) == 0) {
+		printf("  NVIDIA's driver is here: the count is test_cuda_device's, not checked\n");
+		return;
+	}
+	char *out = devices_auto("cuda", 2, NULL);
+	const char *line = strstr(out, "--devices auto --device cuda: ");
+	assert_non_null(line);
+	printf("  %.*s\n", (int)strcspn(line, "\n"), line);
+	assert_true(strstr(out, "--devices auto --device cuda: no GPU is visible (") ||
+		    strstr(out, "--devices auto --device cuda: the CUDA device is not built in this build"));
+	assert_null(strstr(out, "rank 0")); /* no worker started */
+	free(out);
+	setenv("HPU_CUDA_MODULE", "/nonexistent/hpudev_cuda.so", 1);
+	out = devices_auto("cuda", 2, NULL);
+	assert_non_null(strstr(out, "--devices auto --device cuda: cannot load the CUDA device's "
+				    "module: /nonexistent/hpudev_cuda.so"));
+	free(out);
+	unsetenv("HPU_CUDA_MODULE");
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	char batch[32], want[64];
+	snprintf(batch, sizeof batch, "%ld", 8 * cores);
+	out = devices_auto("auto", 0,
+			   (const char *const[]){"--max-steps", "1", "--batch-size", batch, "--verbose", NULL});
+	for (long k = 0; k <= cores; k++) {
+		snprintf(want, sizeof want, "rank %ld: device cpu (--device auto)", k);
+		if (k < cores)
+			assert_non_null(strstr(out, want));
+		else
+			assert_null(strstr(out, want)); /* one per core, no more */
+	}
 	free(out);
 }
 
@@ -517,6 +571,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_cuda_fails_with_reason),
 	    cmocka_unit_test(test_auto_is_cpu),
+	    cmocka_unit_test(test_devices_auto),
 	    cmocka_unit_test(test_planted_read_caught),
 	    cmocka_unit_test(test_planted_read_passes_on_cpu),
 	    cmocka_unit_test(test_strategies_fp32),

@@ -198,6 +198,13 @@ int hpu__dev_check_name(const char *name, char *err, size_t errlen)
 	return by_name(name, err, errlen) ? 0 : -1;
 }
 
+int hpu__dev_count_gpus(char *err, size_t errlen)
+{
+	int ngpus;
+	const hpu__device *d = cuda_load(&ngpus, err, errlen);
+	return d && ngpus > 0 ? ngpus : 0;
+}
+
 int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 {
 	const hpu__device *d = by_name(name, err, errlen);

@@ -174,6 +174,13 @@ void hpu__dev_close(void);
  * in err (the option's check before workers start). */
 int hpu__dev_check_name(const char *name, char *err, size_t errlen);
 
+/* The GPUs the CUDA device's module sees (CUDA_VISIBLE_DEVICES honoured,
+ * as CUDA counts them): hpu-worker --count-gpus, which hpulaunch asks for
+ * --devices auto. 0 with the sentence in err ("--device cuda: ...") where
+ * the module is not built, does not load or sees none. Loads the module
+ * and CUDA's driver into this process. */
+int hpu__dev_count_gpus(char *err, size_t errlen);
+
 const hpu__device *hpu__dev(void);
 const char *hpu__dev_name(void);
 const hpu__dev_caps *hpu__dev_caps_get(void);

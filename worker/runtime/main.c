@@ -141,9 +141,25 @@ static void note_model(const hpu_builder *b)
 			       "stages its tensors in host memory)\n", b->layers[i]->name);
 }
 
+/* hpu-worker --count-gpus: the GPUs the CUDA device sees, for
+ * hpulaunch's --devices auto (launcher/gpus.h): the number and exit 0,
+ * or the reason there is none and exit 1, on stdout. */
+static int count_gpus(void)
+{
+	char why[512] = "";
+	int n = hpu__dev_count_gpus(why, sizeof why);
+	if (n > 0)
+		printf("%d\n", n);
+	else
+		printf("%s\n", why[0] ? why : "--device cuda: no GPU is visible");
+	return n > 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 2 && !strcmp(argv[1], "--count-gpus"))
+		return count_gpus();
 	signal(SIGPIPE, SIG_IGN); /* a closed status pipe or socket is EPIPE, not death */
 	hpu__status_hello();
 	char err[4096] = ""; /* a config file's errors, one a line */

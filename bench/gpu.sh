@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# The GPU machine's one script (issue 35): the GPU test programs, then the
+# issue's figures beside the PyTorch peer in the same call, ours and
+# theirs in turn, model by model; one table at the end.
+#
+#   bash bench/gpu.sh BUILD
+#   on the GPU machine, from the repository root, after
+#   bash ../shared/device/bundle.sh build here:
+#     bash .device/run.sh 'bash bench/gpu.sh build'
+#
+# What it does, each step under its own timeout and all of them within
+# BUDGET seconds (450; the script stays under 8 minutes), a failing step
+# recording its error and the next one running:
+#   - nvidia-smi, and hpu-worker --count-gpus (what --devices auto counts);
+#   - the GPU test programs run directly (ctest's files hold the build
+#     machine's paths): test_cuda_elem, test_cuda_device, test_cuda_ops
+#     where built; exit 77 is a skip, with the program's reason;
+#   - MLP and CNN at batch 256 in fp32 and bf16-mixed (hpulaunch --device
+#     cuda --devices 1, AdamW lr 1e-3, 200 steps, the first 10 left out of
+#     samples/s) on Fashion-MNIST where it is installed, else on synthetic
+#     IDX files; then the peer (torch_gpu.py mlp / cnn);
+#   - GPT-2 124M (gpt_lm --dim 768 --heads 12 --layers 12 --ctx 1024
+#     --vocab 50304, B=16) in bf16-mixed and fp8 on synthetic tokens (an
+#     llm.c token file), then the peer (torch_gpu.py gpt2);
+#   - the GPU's device-to-device copy rate (PyTorch), the reference of the
+#     all_reduce figure, and an all_reduce of 64 MiB between 2 workers with
+#     hpucoll-bench, which reduces host memory (no tool of ours reduces GPU
+#     memory yet: the table says so);
+#   - a profiler trace of 20 steps of the MLP on the GPU (--profile), where
+#     our MLP runs.
+# Without a GPU (nvidia-smi lists none) the figures are not taken and the
+# table says why (DEVICE=cpu with a stand-in nvidia-smi in PATH runs our
+# side on the CPU instead: the script's own check, no figure). Logs and
+# metrics go to OUT (./gpu-out); the table is
+# also OUT/table.txt. TFLOP/s: 6 x parameters' multiply-adds per sample
+# for the MLP and CNN (2 per multiply-add, forward and two backward), and
+# 6N + 12 L T d per token for GPT-2 (N its 124M parameters). The peer is
+# PEERS/torch_gpu.py: PEERS, else peers/ beside BUILD (the bundle's), else
+# /opt/hpu/peers, else ../shared/device/peers.
+set -uo pipefail
+build=${1:?usage: bench/gpu.sh BUILD}
+[ -d "$build/bin" ] || { echo "bench/gpu.sh: $build/bin is not a build's bin directory" >&2; exit 2; }
+build=$(cd "$build" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-./gpu-out}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+py=${PYTHON:-python3}
+device=${DEVICE:-cuda} # DEVICE=cpu: the script's own check on a machine without a GPU
+budget=${BUDGET:-450}
+t0=$SECONDS
+table=$out/table.tsv
+: >"$table"
+
+# One row: step, ours, theirs, note (tabs apart).
+row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$table"; }
+
+# What went wrong, from a log: the time-out, else the first line that
+# says (error, failed, skipped, ...: a worker's reason comes before
+# hpulaunch's "rank 0 exited"), else the last line; 110 characters.
+why() {
+  local l
+  l=$(grep -a '^timed out after' "$1" 2>/dev/null)
+  [ -n "$l" ] || l=$(grep -aiE 'error|fail|cannot|not built|skipped|no gpu|killed' "$1" 2>/dev/null | head -1)
+  [ -n "$l" ] || l=$(tail -1 "$1" 2>/dev/null)
+  l=$(printf '%s' "$l" | sed -E 's/^\[rank [0-9]+\] (hpu-worker: rank [0-9]+: )?//')
+  printf '%s' "${l:0:110}"
+}
+
+# step NAME SECONDS CMD...: runs CMD with its output in OUT/NAME.log,
+# under SECONDS or what is left of the budget; sets rc (124: timed out;
+# 125: not run, out of time).
+step() {
+  local name=$1 limit=$2 left
+  shift 2
+  left=$((budget - (SECONDS - t0) - 5))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then
+    echo "not run: the script's budget of ${budget}s is spent" >"$out/$name.log"
+    rc=125
+    return
+  fi
+  printf '%-28s' "$name" >&2
+  local s=$SECONDS
+  timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  [ "$rc" = 124 ] && echo "timed out after ${limit}s" >>"$out/$name.log"
+  echo " rc=$rc $((SECONDS - s))s" >&2
+}
+
+# ---- the machine ----
+echo "bench/gpu.sh $(date -u '+%F %T') UTC, $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), build $build"
+ngpu=0
+if command -v nvidia-smi >/dev/null; then
+  timeout 20 nvidia-smi 2>&1 | tee "$out/nvidia-smi.log"
+  ngpu=$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  nogpu="no GPU visible: nvidia-smi lists none"
+else
+  echo "nvidia-smi: not found"
+  nogpu="no GPU visible: no nvidia-smi here"
+fi
+step count-gpus 30 "$build/bin/hpu-worker" --count-gpus
+if [ "$rc" = 0 ]; then
+  row "GPUs: hpu-worker --count-gpus" "$(head -1 "$out/count-gpus.log")" "" "nvidia-smi -L: $ngpu; --devices auto --device cuda starts that many workers"
+else
+  row "GPUs: hpu-worker --count-gpus" none "" "nvidia-smi -L: $ngpu; $(why "$out/count-gpus.log")"
+fi
+
+# ---- the GPU test programs ----
+for t in test_cuda_elem test_cuda_device test_cuda_ops; do
+  if [ ! -x "$build/bin/$t" ]; then
+    row "$t" "not built" "" "not in $build/bin"
+    continue
+  fi
+  step "$t" 150 env HPU_BUILD_DIR="$build" HPU_SOURCE_DIR="$root" "$build/bin/$t"
+  case $rc in
+    0) row "$t" passed "" "$(tail -1 "$out/$t.log" | head -c 90)";;
+    77) row "$t" skipped "" "$(why "$out/$t.log")";;
+    *) row "$t" "FAILED rc=$rc" "" "$(why "$out/$t.log")";;
+  esac
+done
+
+# ---- the figures ----
+figures=("mlp fp32 samples/s" "mlp bf16 samples/s" "cnn fp32 samples/s" "cnn bf16 samples/s"
+         "gpt2 bf16 tokens/s" "gpt2 fp8 tokens/s" "d2d copy GB/s" "all_reduce 64MiB busbw GB/s")
+
+peers=${PEERS:-}
+for d in "$build/../peers" /opt/hpu/peers "$root/../shared/device/peers"; do
+  [ -z "$peers" ] && [ -f "$d/torch_gpu.py" ] && peers=$(cd "$d" && pwd)
+done
+
+# Our run: NAME PRECISION BATCH STEPS LIMIT [options] MODEL.so -- model args.
+# Sets sps (samples/s) and mem (MaxInUse MiB of rank 0), or leaves them
+# empty.
+ours() {
+  local name=$1 prec=$2 batch=$3 steps=$4 limit=$5
+  shift 5
+  sps='' mem=''
+  step "$name" "$limit" "$build/bin/hpulaunch" -q --device "$device" --devices 1 --precision "$prec" \
+    --batch-size "$batch" --max-steps "$steps" --throughput-warmup-steps 10 --optimizer adamw \
+    --lr 1e-3 --no-eval --log-every 0 --metrics "$out/$name.jsonl" "$@"
+  [ "$rc" = 0 ] && [ -s "$out/$name.jsonl" ] || return 0
+  read -r sps mem < <("$py" - "$out/$name.jsonl" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+print(round(r["samples_per_sec"], 2), round(r["device"][0]["MaxInUse"] / 2**20))
+PY
+  )
+}
+
+# Our cell: the number, or why there is none (after our step: rc).
+cell() { # VALUE
+  if [ -n "$1" ]; then printf '%s' "$1"
+  elif [ "$rc" = 125 ]; then printf 'not run'
+  elif [ "$rc" = 124 ]; then printf 'timed out'
+  else printf 'FAILED'; fi
+}
+
+# The peer's cell: the number, or why there is none, from its log.
+tcell() { # VALUE LOG
+  if [ -n "$1" ]; then printf '%s' "$1"
+  elif grep -q '^not run' "$2" 2>/dev/null; then printf 'not run'
+  elif grep -q '^timed out' "$2" 2>/dev/null; then printf 'timed out'
+  else printf 'FAILED'; fi
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b }'; }
+tflops() { awk -v s="$1" -v f="$2" 'BEGIN { if (s > 0) printf "%.2f", s * f / 1e12 }'; }
+
+# The peer's samples/s (or tokens/s) for MODEL PRECISION from its log.
+theirs() { sed -n "s/.*model=$1 precision=$2 .*${3:-samples_per_s}=\([0-9]*\).*/\1/p" "$out/$4.log" | tail -1; }
+
+if [ "$ngpu" -lt 1 ]; then
+  for f in "${figures[@]}"; do row "$f" "not taken" "not taken" "$nogpu"; done
+else
+  # Fashion-MNIST where installed (the bundle's data is copied there),
+  # else synthetic IDX files of its shape.
+  data=/usr/share/datasets/fashion-mnist
+  if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+    data=$out/data
+    step synthetic-data 60 "$py" - "$data" <<'PY'
+import gzip, os, struct, sys
+d = sys.argv[1]; os.makedirs(d, exist_ok=True)
+for split, n in (("train", 60000), ("t10k", 10000)):
+    with gzip.open(f"{d}/{split}-images-idx3-ubyte.gz", "wb", compresslevel=1) as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
+    with gzip.open(f"{d}/{split}-labels-idx1-ubyte.gz", "wb", compresslevel=1) as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(b % 10 for b in os.urandom(n)))
+PY
+  fi
+  peer() { # NAME MODEL LIMIT
+    if [ -z "$peers" ]; then echo "no torch_gpu.py found (PEERS)" >"$out/$1.log"; rc=1; return; fi
+    step "$1" "$3" "$py" "$peers/torch_gpu.py" "$2" --batch 256 --steps 200
+  }
+  # MLP 784-1024-1024-10: 1,861,632 multiply-adds a sample; CNN: 11,467,776
+  for m in mlp cnn; do
+    declare -A got=()
+    for p in fp32 bf16; do
+      prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
+      ours "ours-$m-$p" "$prec" 256 200 90 "$build/lib/fmnist_$m.so" -- --data "$data"
+      got[$p]=$(cell "${sps%.*}"); got[$p-mem]=$mem; got[$p-why]=$(why "$out/ours-$m-$p.log")
+    done
+    peer "torch-$m" "$m" 120
+    macs=1861632; [ "$m" = cnn ] && macs=11467776
+    for p in fp32 bf16; do
+      t=$(theirs "$m" "$p" samples_per_s "torch-$m")
+      o=${got[$p]}
+      note="ratio $(ratio "$o" "$t"); TFLOP/s ours $(tflops "$o" $((6 * macs))) theirs $(tflops "$t" $((6 * macs)))"
+      [ -n "${got[$p-mem]}" ] && note="$note; MaxInUse ${got[$p-mem]} MiB"
+      case $o in FAILED|"not run"|"timed out") note="ours: ${got[$p-why]}";; esac
+      row "$m $p samples/s" "$o" "$(tcell "$t" "$out/torch-$m.log")" "$note"
+    done
+    unset got
+  done
+
+  # GPT-2 124M: synthetic tokens in llm.c's format (header of 256 int32:
+  # magic, version, count; then uint16 tokens).
+  tok=$out/tokens.bin
+  step tokens 30 "$py" - "$tok" <<'PY'
+import array, os, struct, sys
+n = 1 << 20
+t = array.array("H", (x % 50257 for x in array.array("H", os.urandom(2 * n))))
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)) + t.tobytes())
+PY
+  # 6N + 12 L T d FLOPs a token, N = 124,475,904
+  gflop=$((6 * 124475904 + 12 * 12 * 1024 * 768))
+  gpt=(--dim 768 --heads 12 --layers 12 --ctx 1024 --vocab 50304 --tokens "$tok" --dropout 0 --gen 0)
+  declare -A g=()
+  for p in bf16 fp8; do
+    prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
+    ours "ours-gpt2-$p" "$prec" 16 30 150 "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+    g[$p]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[$p-c]=$(cell "${g[$p]}")
+    g[$p-mem]=$mem; g[$p-why]=$(why "$out/ours-gpt2-$p.log")
+  done
+  if [ -n "$peers" ]; then
+    step torch-gpt2 150 "$py" "$peers/torch_gpu.py" gpt2
+  else
+    echo "no torch_gpu.py found (PEERS)" >"$out/torch-gpt2.log"
+  fi
+  t=$(sed -n 's/.*model=gpt2-124M .*tokens_per_s=\([0-9]*\).*/\1/p' "$out/torch-gpt2.log" | tail -1)
+  tmem=$(sed -n 's/.*peak_GiB=\([0-9.]*\).*/\1/p' "$out/torch-gpt2.log" | tail -1)
+  note="ratio $(ratio "${g[bf16]}" "$t"); TFLOP/s ours $(tflops "${g[bf16]}" $gflop) theirs $(tflops "$t" $gflop); memory ours ${g[bf16-mem]:-?} MiB theirs ${tmem:-?} GiB"
+  [ -z "${g[bf16]}" ] && note="ours: ${g[bf16-why]}"
+  row "gpt2 bf16 tokens/s" "${g[bf16-c]}" "$(tcell "$t" "$out/torch-gpt2.log")" "$note"
+  note="fp8/bf16 ours $(ratio "${g[fp8]}" "${g[bf16]}") (the issue: >= 1.3x); TFLOP/s $(tflops "${g[fp8]}" $gflop)"
+  [ -z "${g[fp8]}" ] && note="ours: ${g[fp8-why]}"
+  row "gpt2 fp8 tokens/s" "${g[fp8-c]}" "" "$note"
+
+  # The GPU's device-to-device copy rate (1 GiB, read + write counted).
+  step d2d-copy 60 "$py" - <<'PY'
+import torch
+a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+torch.cuda.synchronize(); s.record()
+for _ in range(20): b.copy_(a)
+e.record(); torch.cuda.synchronize()
+print(f"d2d_GBps={2 * 20 * a.numel() / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
+PY
+  d2d=$(sed -n 's/^d2d_GBps=\([0-9]*\)/\1/p' "$out/d2d-copy.log")
+  row "d2d copy GB/s" "" "$(tcell "$d2d" "$out/d2d-copy.log")" "PyTorch, 1 GiB copy_, read + write: the all_reduce's reference$([ -z "$d2d" ] && printf '; %s' "$(why "$out/d2d-copy.log")")"
+  step allreduce-host 60 "$build/bin/hpulaunch" -q --devices 2 --exec "$build/bin/hpucoll-bench" \
+    --coll all_reduce -b 64M -e 64M -n 20 -w 5 -d float
+  bus=$(sed 's/^\[rank [0-9]*\] *//' "$out/allreduce-host.log" 2>/dev/null | awk '$1 == 67108864 { print $8; exit }')
+  [ -n "$bus" ] && bus="busbw $bus GB/s" || bus=$(why "$out/allreduce-host.log")
+  row "all_reduce 64MiB busbw GB/s" "not taken" "" "no tool of ours reduces GPU memory yet; hpucoll-bench, host memory, 2 workers: $bus"
+
+  # Where a step's time goes: the profiler's trace of the MLP on the GPU.
+  if [ -s "$out/ours-mlp-fp32.jsonl" ]; then
+    ours trace-mlp fp32 256 20 60 --profile "$out/trace" "$build/lib/fmnist_mlp.so" -- --data "$data"
+    if [ "$rc" = 0 ]; then
+      step trace-summary 30 "$build/bin/hpu-trace" --top 15 "$out/trace"
+      row "trace: mlp fp32, 20 steps" written "" "$out/trace; hpu-trace's summary below the table"
+    else
+      row "trace: mlp fp32, 20 steps" "$(cell "")" "" "$(why "$out/trace-mlp.log")"
+    fi
+  else
+    row "trace: mlp fp32, 20 steps" "not run" "" "our MLP did not run on the GPU"
+  fi
+fi
+
+# ---- the table ----
+{
+  echo
+  printf '%-30s %-16s %-16s %s\n' step ours PyTorch note
+  awk -F'\t' '{ printf "%-30s %-16s %-16s %s\n", $1, $2, $3, $4 }' "$table"
+  if [ -s "$out/trace-summary.log" ]; then
+    echo
+    echo "where a step of the MLP (fp32, batch 256) goes on the GPU (hpu-trace):"
+    sed 's/^/  /' "$out/trace-summary.log"
+  fi
+  echo "(${SECONDS}s in all; logs in $out)"
+} | tee "$out/table.txt"
+exit 0
