@@ -342,7 +342,8 @@ const char *hpu__opts_from_name(int from);
  * declared default: only where the option still has its built-in value,
  * since the --config file and flags beat the model. Returns 1 when set, 0
  * when a file or flag had set it (left alone), -1 with a sentence ending
- * in what was expected in err when the value is not one. */
+ * in what was expected in err when the value is not one (checked in
+ * either case: a model's bad declaration is refused even when overridden). */
 int hpu__opts_set_model(hpu_train_opts *o, const char *name, const char *value,
 			char *err, size_t errlen);
 

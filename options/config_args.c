@@ -12,6 +12,7 @@
 
 #include <assert.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int set_config(hpu_train_opts *o, const struct hpu__opt *p,
@@ -110,15 +111,26 @@ int hpu__opts_set_model(hpu_train_opts *o, const char *name, const char *value,
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
 	assert(p && hpu__opts_takes_value(name) == 1);
-	int slot = hpu__opt_slot(p);
-	if (o->from[slot] != HPU_FROM_DEFAULT)
-		return 0;
-	if (hpu__opt_set_value(o, p, value) < 0) {
+	int slot = hpu__opt_slot(p), kept = o->from[slot] != HPU_FROM_DEFAULT;
+	/* checked whether or not a file or flag overrides it */
+	hpu_train_opts *into = kept ? malloc(sizeof *into) : o;
+	if (!into) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (kept)
+		*into = *o;
+	int bad = hpu__opt_set_value(into, p, value) < 0;
+	if (kept)
+		free(into);
+	if (bad) {
 		char buf[160];
 		snprintf(err, errlen, "'%s' is not a valid --%s: expected %s", value, name,
 			 hpu__opt_expected(p, buf, sizeof buf));
 		return -1;
 	}
+	if (kept)
+		return 0;
 	o->from[slot] = HPU_FROM_MODEL;
 	return 1;
 }

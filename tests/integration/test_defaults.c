@@ -127,6 +127,11 @@ static void test_invalid_default_refused(void **state)
 	has(&p, "bad_defaults_model.so declares an invalid default .defaults.scheduler in "
 		"HPU_MODEL: 'cosin' is not a valid --scheduler: expected");
 	h_free(&p);
+	/* refused even where a flag overrides it: the model is wrong */
+	const char *extra[] = {"--scheduler", "constant", NULL};
+	assert_int_equal(launch(&p, h_build("lib/bad_defaults_model.so"), extra), 1);
+	has(&p, "declares an invalid default .defaults.scheduler");
+	h_free(&p);
 }
 
 int main(void)
