@@ -320,6 +320,7 @@ def hputrain(a, setup, params_in, steps, train_opts, tmp, save=None, evaluate=Fa
     cmd = [os.path.join(a.build, "bin", "hpulaunch"), "-q", "--devices", "1",
            "--precision", "fp32", "--seed", str(a.seed), "--batch-size", str(a.batch),
            "--max-steps", str(steps), "--log-every", "1", "--metrics", metrics,
+           "--scheduler", "constant",  # over the model's declared defaults (resnet: cosine)
            "--load-params", params_in] + train_opts
     if not evaluate:
         cmd.append("--no-eval")

@@ -573,8 +573,11 @@ const hpu_optspec *hpu__opts_specs(void)
 static const char *bname(const hpu_train_opts *o, const char *flag,
 			 const char *key, char *buf, size_t len)
 {
-	if (o->from[hpu__opt_slot_named(flag)] == HPU_FROM_FILE)
+	int from = o->from[hpu__opt_slot_named(flag)];
+	if (from == HPU_FROM_FILE)
 		snprintf(buf, len, "%s", key);
+	else if (from == HPU_FROM_MODEL)
+		snprintf(buf, len, "the model's default --%s", flag);
 	else
 		snprintf(buf, len, "--%s", flag);
 	return buf;

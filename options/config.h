@@ -79,8 +79,10 @@ typedef enum hpu_fp8_algo {
 	HPU_FP8_ALGO_MOST_RECENT, /* the last step's amax */
 } hpu_fp8_algo;
 
-/* Where an option's value came from. */
-enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2 };
+/* Where an option's value came from. The precedence, lowest first:
+ * the built-in default, the model's declared default (HPU_MODEL's
+ * .defaults, hpu__opts_set_model), the --config file, a flag. */
+enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2, HPU_FROM_MODEL = 3 };
 #define HPU_OPTS_MAX 96
 #define HPU_CFG_AUTOS 48
 
@@ -338,6 +340,25 @@ double hpu__opts_weight_decay(const hpu_train_opts *o);
 
 /* Where option `name` (which must exist) got its value: HPU_FROM_*. */
 int hpu__opts_from(const hpu_train_opts *o, const char *name);
+
+/* "default", "model", "config" or "flag": a HPU_FROM_* value in words. */
+const char *hpu__opts_from_name(int from);
+
+/* Sets option `name` (without dashes) from `value` as the model's
+ * declared default: only where the option still has its built-in value,
+ * since the --config file and flags beat the model. Returns 1 when set, 0
+ * when a file or flag had set it (left alone), -1 with a sentence ending
+ * in what was expected in err when the value is not one (checked in
+ * either case: a model's bad declaration is refused even when overridden). */
+int hpu__opts_set_model(hpu_train_opts *o, const char *name, const char *value,
+			char *err, size_t errlen);
+
+/* --verbose: the training settings (epochs, batch sizes, optimizer,
+ * learning rate and schedule, precision, and every other option not at
+ * its built-in value) as "setting --NAME VALUE (SOURCE)" lines, SOURCE
+ * being where each came from (hpu__opts_from_name). After
+ * hpu__opts_resolve: the batch size not given is "resolved". */
+void hpu__opts_print_sources(const hpu_train_opts *o, FILE *f);
 
 /* Parses a size: "4096", "512K", "1.5G", "2GiB", "64MB" (binary
  * multiples). Returns 0, or -1. */

@@ -10,7 +10,9 @@
 #include "options/config_internal.h"
 #include "common/optdoc.h"
 
+#include <assert.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int set_config(hpu_train_opts *o, const struct hpu__opt *p,
@@ -101,5 +103,87 @@ int hpu__opts_parse(hpu_train_opts *o, int argc, char **argv, int *i,
 			return 0;
 		}
 		return parse_error(&p, r, err, errlen);
+	}
+}
+
+int hpu__opts_set_model(hpu_train_opts *o, const char *name, const char *value,
+			char *err, size_t errlen)
+{
+	const struct hpu__opt *p = hpu__opt_find(name);
+	assert(p && hpu__opts_takes_value(name) == 1);
+	int slot = hpu__opt_slot(p), kept = o->from[slot] != HPU_FROM_DEFAULT;
+	/* checked whether or not a file or flag overrides it */
+	hpu_train_opts *into = kept ? malloc(sizeof *into) : o;
+	if (!into) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (kept)
+		*into = *o;
+	int bad = hpu__opt_set_value(into, p, value) < 0;
+	if (kept)
+		free(into);
+	if (bad) {
+		char buf[160];
+		snprintf(err, errlen, "'%s' is not a valid --%s: expected %s", value, name,
+			 hpu__opt_expected(p, buf, sizeof buf));
+		return -1;
+	}
+	if (kept)
+		return 0;
+	o->from[slot] = HPU_FROM_MODEL;
+	return 1;
+}
+
+const char *hpu__opts_from_name(int from)
+{
+	switch (from) {
+	case HPU_FROM_FILE: return "config";
+	case HPU_FROM_FLAG: return "flag";
+	case HPU_FROM_MODEL: return "model";
+	default: return "default";
+	}
+}
+
+/* The settings --verbose always shows, given or not. */
+static const char *const core_settings[] = {
+	"epochs", "max-steps", "batch-size", "micro-batch-size", "grad-accum",
+	"optimizer", "lr", "weight-decay", "scheduler", "warmup-steps", "min-lr",
+	"precision", "seed",
+};
+
+static int is_core(const char *name)
+{
+	for (size_t k = 0; k < sizeof core_settings / sizeof *core_settings; k++)
+		if (!strcmp(core_settings[k], name))
+			return 1;
+	return 0;
+}
+
+/* Where a batch number left to hpu__opts_resolve came from: "resolved"
+ * for the one the other two determined. */
+static const char *source_of(const hpu_train_opts *o, const char *name, int from)
+{
+	int gb = hpu__opts_from(o, "batch-size") != HPU_FROM_DEFAULT;
+	int gm = hpu__opts_from(o, "micro-batch-size") != HPU_FROM_DEFAULT;
+	if (from == HPU_FROM_DEFAULT &&
+	    (!strcmp(name, "micro-batch-size") || (!strcmp(name, "batch-size") && gm) ||
+	     (!strcmp(name, "grad-accum") && gb && gm)))
+		return "resolved";
+	return hpu__opts_from_name(from);
+}
+
+void hpu__opts_print_sources(const hpu_train_opts *o, FILE *f)
+{
+	const struct hpu__opt *p;
+	char buf[600];
+	for (int i = 0; (p = hpu__opt_at(i)); i++) {
+		if (hpu__opt_slot(p) != i || p->kind == K_CONFIG ||
+		    (o->from[i] == HPU_FROM_DEFAULT && !is_core(p->name)))
+			continue;
+		const char *v = !strcmp(p->name, "weight-decay")
+					? (snprintf(buf, sizeof buf, "%g", hpu__opts_weight_decay(o)), buf)
+					: hpu__opt_text(o, p, buf, sizeof buf);
+		fprintf(f, "setting --%s %s (%s)\n", p->name, v, source_of(o, p->name, o->from[i]));
 	}
 }

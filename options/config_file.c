@@ -951,6 +951,7 @@ static const struct fkey hputrain_keys[] = {
 	KEY("log_every", "log-every", 0),
 	KEY("metrics", "metrics", 0),
 	KEY("save_params", "save-params", 0),
+	KEY("save_params_format", "save-params-format", 0),
 	KEY("load_params", "load-params", 0),
 	KEY("eval_only", "eval-only", 0),
 	KEY("calibration_batches", "calibration-batches", 0),

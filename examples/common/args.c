@@ -2,7 +2,9 @@
 #include "examples/common/args.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int ex_long_prefix(const char *s, const char **end, long *out)
 {
@@ -34,5 +36,44 @@ int ex_arg_double(hpu_builder *b, const char *name, const char *v, double lo, do
 	if (end == v || *end || !(x >= lo && x <= hi)) /* NaN is in no range */
 		return hpu_error(b, "%s wants a number in %g..%g, got %s", name, lo, hi, v);
 	*out = x;
+	return 0;
+}
+
+/* The usage list, "--a N, --b, ...", in buf. */
+static const char *usage(const ex_arg *args, int n, char *buf, size_t len)
+{
+	size_t at = 0;
+	buf[0] = 0;
+	for (int k = 0; k < n && at < len; k++)
+		at += (size_t)snprintf(buf + at, len - at, "%s%s%s%s", k ? ", " : "", args[k].name,
+				       args[k].meta ? " " : "", args[k].meta ? args[k].meta : "");
+	return buf;
+}
+
+int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int n, void *base)
+{
+	char list[1024];
+	for (int i = 1; i < argc; i++) {
+		int k = 0;
+		while (k < n && strcmp(argv[i], args[k].name))
+			k++;
+		if (k == n)
+			return hpu_error(b, "unknown model argument %s (model arguments: %s)", argv[i],
+					 usage(args, n, list, sizeof list));
+		void *field = (char *)base + args[k].off;
+		if (args[k].kind == EX_ARG_FLAG) {
+			*(int *)field = 1;
+			continue;
+		}
+		if (i + 1 >= argc)
+			return hpu_error(b, "%s needs a value (%s %s)", argv[i], args[k].name,
+					 args[k].meta);
+		if (args[k].kind == EX_ARG_STR)
+			*(const char **)field = argv[++i];
+		else if (ex_arg_double(b, argv[i], argv[i + 1], args[k].lo, args[k].hi, field) < 0)
+			return -1;
+		else
+			i++;
+	}
 	return 0;
 }

@@ -7,6 +7,8 @@
 
 #include <hpu/hpu.h>
 
+#include <stddef.h>
+
 /* Reads the whole number at the start of s (base 10, as strtol reads it)
  * into *out and sets *end after it. Returns 0, or -1 when s starts with
  * none or it does not fit a long. */
@@ -20,5 +22,24 @@ int ex_arg_long(hpu_builder *b, const char *name, const char *v, long lo, long h
 /* The same for a real number lo..hi ("%g" bounds in the message). */
 int ex_arg_double(hpu_builder *b, const char *name, const char *v, double lo, double hi,
 		  double *out);
+
+/* One model argument of a table for ex_args_parse: a number lo..hi
+ * stored as a double, a string (a pointer into argv) or a flag (an int
+ * set to 1), at byte `off` of the model's argument struct. `meta` names
+ * the value in the usage list ("DIR", "N"; NULL for a flag). */
+typedef enum ex_arg_kind { EX_ARG_NUM, EX_ARG_STR, EX_ARG_FLAG } ex_arg_kind;
+typedef struct ex_arg {
+	const char *name; /* "--ctx" */
+	ex_arg_kind kind;
+	size_t off;
+	const char *meta;
+	double lo, hi;    /* EX_ARG_NUM */
+} ex_arg;
+
+/* Reads argv[1..argc-1] by the table args[n] into the struct at base.
+ * Returns 0, or hpu_error's -1 with "unknown model argument X (model
+ * arguments: --a N, --b, ...)", "--x needs a value" or ex_arg_double's
+ * error recorded. */
+int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int n, void *base);
 
 #endif

@@ -5,8 +5,10 @@
  *   flatten  linear C2*49 -> H  relu  linear H -> 10
  *
  * The dataset's benchmark calls this "2 Conv+pooling" (0.916 accuracy).
- * On 2 workers of a 2-core machine (about 1100 samples/s):
- *   hpulaunch --devices 2 --epochs 3 --batch-size 64 --scheduler cosine fmnist_cnn.so
+ * Its declared training defaults (HPU_MODEL's .defaults; flags and
+ * --config override them): 3 epochs, a global batch of 64, AdamW at lr
+ * 1e-3 on a cosine schedule. On 2 workers of a 2-core machine (about 1100
+ * samples/s), `hpulaunch --devices 2 fmnist_cnn.so` with no flags
  * reaches 0.912 test accuracy in about 160 s.
  *
  * Model arguments (after "--" on the hpulaunch command line):
@@ -103,4 +105,6 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	return hpu_builder_status(b);
 }
 
-HPU_MODEL(.name = "fmnist_cnn", .setup = setup, .teardown = teardown);
+HPU_MODEL(.name = "fmnist_cnn", .setup = setup, .teardown = teardown,
+	  .defaults = {.epochs = 3, .batch_size = 64, .optimizer = "adamw", .lr = 1e-3,
+		       .scheduler = "cosine"});

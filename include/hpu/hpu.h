@@ -277,6 +277,27 @@ typedef struct hpu_layer_ops {
 	hpu_layer_device device;
 } hpu_layer_ops;
 
+/* ABI 3: the training settings a model was tuned for (what Lightning's
+ * configure_optimizers says), in HPU_MODEL(..., .defaults = {...}). Each
+ * one declared replaces the runtime's built-in default; a --config file
+ * and a flag replace it in turn (built-in < model < config < flag), and
+ * --verbose says where each setting came from. A field left out (0 or
+ * NULL) keeps the runtime's default. Names are spelt as the flags' values;
+ * a value the flag would refuse stops the job, naming the model and the
+ * field. Every rank loads the same model, so all agree. */
+typedef struct hpu_train_defaults {
+	int epochs;            /* --epochs */
+	int batch_size;        /* --batch-size: the global batch, all ranks */
+	const char *optimizer; /* --optimizer: "sgd", "adamw", "adam" */
+	double lr;             /* --lr: the peak under warm-up */
+	double weight_decay;   /* --weight-decay (0: the optimizer's default) */
+	const char *scheduler; /* --scheduler: "constant", "step", "cosine",
+				* "warmup", "warmup_decay" */
+	long warmup_steps;     /* --warmup-steps */
+	double min_lr;         /* --min-lr: where cosine ends */
+	const char *precision; /* --precision: "fp32", "bf16-mixed", "16-mixed", "fp8" */
+} hpu_train_defaults;
+
 typedef struct hpu_model {
 	uint32_t abi_version; /* HPU_ABI_VERSION */
 	const char *name;
@@ -286,6 +307,10 @@ typedef struct hpu_model {
 	int (*setup)(hpu_builder *b, int argc, char **argv);
 	/* Optional: frees what setup() made; gets hpu_set_user()'s pointer. */
 	void (*teardown)(void *user);
+	/* ABI 3, optional: the model's training defaults (above). The
+	 * runtime reads them only from a model whose hpu_model_entry is
+	 * large enough to hold them. */
+	hpu_train_defaults defaults;
 } hpu_model;
 
 /* Deprecated: one export macro marks what a library or model makes

@@ -62,6 +62,14 @@ echo "$needed"
 if grep -q 'libhpu\.so' <<<"$needed"; then
 	fail "my.so has NEEDED libhpu.so: a model must not link libhpu (hpu-worker provides the hpu_* names)"
 fi
+# The examples are built the same way (examples/CMakeLists.txt): none
+# NEEDs libhpu, and one of them trains below as this model does.
+for ex in fmnist_mlp fmnist_cnn resnet gpt_lm; do
+	[ -f "$build/lib/$ex.so" ] || fail "no $build/lib/$ex.so"
+	if readelf -d "$build/lib/$ex.so" | grep '(NEEDED)' | grep -q 'libhpu\.so'; then
+		fail "examples/$ex has NEEDED libhpu.so: the examples must build as docs/writing-a-model.md says, without -lhpu"
+	fi
+done
 timeout 120 "$build/bin/hpulaunch" -q --devices 1 --max-steps 1 --log-every 1 --batch-size 16 \
 	--optimizer sgd --lr 0.1 ./my.so >out.log 2>&1
 rc=$?

@@ -926,6 +926,37 @@ static void test_shared_text(void **state)
 }
 
 /* Path options and making them absolute (hpulaunch --hostfile). */
+/* A model's declared defaults: only over built-in values, checked even
+ * when a flag overrides them, and --verbose's sources. */
+static void test_model_defaults(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[512], *text = NULL;
+	size_t len = 0;
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "lr", "0.2", err, sizeof err), 0);
+	assert_int_equal(hpu__opts_set_model(&o, "lr", "0.05", err, sizeof err), 0);
+	assert_true(o.lr == 0.2);
+	assert_int_equal(hpu__opts_set_model(&o, "epochs", "3", err, sizeof err), 1);
+	assert_int_equal(o.epochs, 3);
+	assert_int_equal(hpu__opts_from(&o, "epochs"), HPU_FROM_MODEL);
+	assert_int_equal(hpu__opts_set_model(&o, "scheduler", "cosin", err, sizeof err), -1);
+	assert_non_null(strstr(err, "'cosin' is not a valid --scheduler: expected"));
+	assert_int_equal(hpu__opts_set_model(&o, "lr", "-1", err, sizeof err), -1);
+	assert_non_null(strstr(err, "'-1' is not a valid --lr"));
+	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof err), 0);
+	FILE *f = open_memstream(&text, &len);
+	assert_non_null(f);
+	hpu__opts_print_sources(&o, f);
+	fclose(f);
+	assert_non_null(strstr(text, "setting --epochs 3 (model)\n"));
+	assert_non_null(strstr(text, "setting --lr 0.2 (flag)\n"));
+	assert_non_null(strstr(text, "setting --batch-size 256 (default)\n"));
+	assert_non_null(strstr(text, "setting --micro-batch-size 128 (resolved)\n"));
+	free(text);
+}
+
 static void test_abs_path(void **state)
 {
 	(void)state;
@@ -1022,6 +1053,7 @@ int main(void)
 	    cmocka_unit_test(test_resolve_batch),
 	    cmocka_unit_test(test_resolve_other_checks),
 	    cmocka_unit_test(test_shared_text),
+	    cmocka_unit_test(test_model_defaults),
 	    cmocka_unit_test(test_abs_path),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */

@@ -282,6 +282,12 @@ static void test_file_hputrain(void **state)
 	assert_int_equal(o.device_memory, 1048576);
 	assert_string_equal(o.save_params, "x");
 
+	/* --save-params-format has its key too */
+	load_ok("{'hputrain': {'save_params': 'p.st', 'save_params_format': 'raw'}}", &o);
+	assert_int_equal(o.save_params_format, HPU_PARAMS_RAW);
+	LOAD_ERROR("{'hputrain': {'save_params_format': 'npz'}}",
+		   "hputrain.save_params_format", "npz");
+
 	/* hputrain.strategy beats zero_optimization.stage, either order */
 	load_ok("{'hputrain': {'strategy': 'zero1'},"
 		" 'zero_optimization': {'stage': 3}}",

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +36,26 @@ hpu_builder *hpu__model_new(int rank, int world, int max_batch)
 	if (b)
 		snprintf(b->path, sizeof b->path, "(in-process model)");
 	return b;
+}
+
+/* The size of the entry symbol as the model's ELF symbol table says (0
+ * when it cannot say): a model built before hpu_model grew a field has a
+ * smaller one, and the field is not read. */
+static size_t entry_size(const hpu_model *m)
+{
+	Dl_info info;
+	const ElfW(Sym) *sym = NULL;
+	if (!dladdr1(m, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym)
+		return 0;
+	return (size_t)sym->st_size;
+}
+
+const hpu_train_defaults *hpu__model_defaults(const hpu_builder *b)
+{
+	if (!b->model || b->abi < 3 ||
+	    b->model_size < offsetof(hpu_model, defaults) + sizeof(hpu_train_defaults))
+		return NULL;
+	return &b->model->defaults;
 }
 
 int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
@@ -77,6 +98,7 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 	b->dl = dl;
 	b->model = m;
 	b->abi = m->abi_version;
+	b->model_size = entry_size(m);
 	snprintf(b->path, sizeof b->path, "%s", path);
 	*out = b;
 	return 0;

@@ -114,6 +114,7 @@ struct hpu_builder {
 			    * then on declarations do nothing (sticky) */
 	void *dl;
 	const hpu_model *model;
+	size_t model_size; /* bytes of the entry symbol (its ELF st_size) */
 	char path[512];
 	struct hpu_layer **layers;
 	int nlayers;
@@ -162,6 +163,12 @@ struct hpu_run {
  * with a sentence saying which check failed. */
 int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 		    int max_batch, char *err, size_t errlen);
+
+/* The model's declared training defaults (hpu_model.defaults): NULL for
+ * an ABI 2 model, an in-process one, or an entry symbol too small to hold
+ * them (a model built before they existed). Set max_batch (b->max_batch)
+ * after applying them: the batch sizes depend on them. */
+const hpu_train_defaults *hpu__model_defaults(const hpu_builder *b);
 
 /* A builder with no library behind it, for tests that declare a graph
  * in-process (hpu__model_setup_fn runs their setup). NULL when out of

@@ -155,6 +155,50 @@ static int count_gpus(void)
 	return n > 0 ? 0 : 1;
 }
 
+/* One declared default, as text, applied where no file or flag set it. */
+static int model_default(hpu_train_opts *o, const hpu_builder *b, const char *field,
+			 const char *name, const char *value, char *err, size_t errlen)
+{
+	char why[400];
+	if (hpu__opts_set_model(o, name, value, why, sizeof why) >= 0)
+		return 0;
+	snprintf(err, errlen, "model %s declares an invalid default .defaults.%s in HPU_MODEL: %s",
+		 b->path, field, why);
+	return -1;
+}
+
+/* The model's declared training defaults (hpu_model.defaults) over the
+ * built-in ones: built-in < model < --config file < flag. */
+static int apply_model_defaults(hpu_train_opts *o, const hpu_builder *b, char *err,
+				size_t errlen)
+{
+	const hpu_train_defaults *d = hpu__model_defaults(b);
+	char v[64];
+	int rc = 0;
+	if (!d)
+		return 0;
+#define NUMBER(field, name, fmt)                                                          \
+	if (!rc && d->field != 0) {                                                       \
+		snprintf(v, sizeof v, fmt, d->field);                                      \
+		rc = model_default(o, b, #field, name, v, err, errlen);                    \
+	}
+#define WORD(field, name)                                                                 \
+	if (!rc && d->field)                                                              \
+		rc = model_default(o, b, #field, name, d->field, err, errlen);
+	NUMBER(epochs, "epochs", "%d")
+	NUMBER(batch_size, "batch-size", "%d")
+	WORD(optimizer, "optimizer")
+	NUMBER(lr, "lr", "%.17g")
+	NUMBER(weight_decay, "weight-decay", "%.17g")
+	WORD(scheduler, "scheduler")
+	NUMBER(warmup_steps, "warmup-steps", "%ld")
+	NUMBER(min_lr, "min-lr", "%.17g")
+	WORD(precision, "precision")
+#undef NUMBER
+#undef WORD
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -179,9 +223,7 @@ int main(int argc, char **argv)
 	/* the checkpoint directory is checked here too (hpud's node can be
 	 * another machine than the launcher's): before training, not at the
 	 * first save */
-	if (hpu__opts_parse(&o, argc, argv, &i, err, sizeof err) < 0 ||
-	    hpu__opts_resolve(&o, world, err, sizeof err) < 0 ||
-	    hpu__opts_check_checkpoint_dir(&o, err, sizeof err) < 0) {
+	if (hpu__opts_parse(&o, argc, argv, &i, err, sizeof err) < 0) {
 		hpu__log(HPU_LOG_ERROR, "%s", err);
 		return 2;
 	}
@@ -189,8 +231,24 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	hpu__train_announce(&o);
 	const char *path = argv[i++];
+	hpu_builder *b = NULL;
+	hpucoll_comm *comm = NULL;
+	int rc = 1;
+	/* the model first: its declared defaults come before resolving */
+	if (hpu__model_load(&b, path, rank, world, 0, err, sizeof err) < 0 ||
+	    apply_model_defaults(&o, b, err, sizeof err) < 0)
+		goto out;
+	if (hpu__opts_resolve(&o, world, err, sizeof err) < 0 ||
+	    hpu__opts_check_checkpoint_dir(&o, err, sizeof err) < 0) {
+		hpu__log(HPU_LOG_ERROR, "%s", err);
+		hpu__model_destroy(&b);
+		return 2;
+	}
+	b->max_batch = o.micro_batch;
+	if (o.verbose && rank == 0)
+		hpu__opts_print_sources(&o, stdout);
+	hpu__train_announce(&o);
 	/* Model arguments follow "--"; the model sees its path as argv[0]. */
 	if (i < argc && strcmp(argv[i], "--") == 0)
 		i++;
@@ -198,9 +256,6 @@ int main(int argc, char **argv)
 	int margc = argc - i + 1;
 	char **margv = argv + i - 1;
 
-	hpu_builder *b = NULL;
-	hpucoll_comm *comm = NULL;
-	int rc = 1;
 	if (hpu__dev_open(hpu__device_name(o.device), rank, err, sizeof err) < 0)
 		goto out;
 	if (o.verbose) /* what auto chose */
@@ -226,8 +281,6 @@ int main(int argc, char **argv)
 	if (o.verbose && rank == 0)
 		hpu__autocast_print(stdout);
 	kernels_setup(&o);
-	if (hpu__model_load(&b, path, rank, world, o.micro_batch, err, sizeof err) < 0)
-		goto out;
 	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK ||
 	    hpu__same_opts_check(comm, &o, err, sizeof err) < 0)
 		goto out;

@@ -1,0 +1,174 @@
+/* lm: see lm.h. */
+#include "examples/common/lm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t id_at(const ex_windows *w, size_t k)
+{
+	if (w->ids)
+		return w->ids[k];
+	if (w->tok->type == HPU_DATA_U16)
+		return ((const uint16_t *)w->tok->data)[k];
+	return ((const uint32_t *)w->tok->data)[k];
+}
+
+static int fetch(void *user, size_t i, void *const *out)
+{
+	const ex_windows *w = user;
+	size_t s = w->first + i * w->stride;
+	int32_t *tokens = out[0], *targets = out[1], *pos = out[2];
+	for (int t = 0; t < w->t; t++) {
+		tokens[t] = (int32_t)id_at(w, s + (size_t)t);
+		targets[t] = (int32_t)id_at(w, s + (size_t)t + 1);
+		pos[t] = t;
+	}
+	return 0;
+}
+
+/* An llm.c token file, through <hpu/data.h>; every token below vocab,
+ * which defaults to the largest + 1. */
+static int read_tokens(hpu_builder *b, ex_lm *m, const char *f, long vocab)
+{
+	char err[4200];
+	if (hpu_array_load(&m->tok, f, NULL, err, sizeof err) != HPU_OK)
+		return hpu_error(b, "--tokens: %s", err);
+	if (m->tok.ndim != 1 || (m->tok.type != HPU_DATA_U16 && m->tok.type != HPU_DATA_U32))
+		return hpu_error(b, "--tokens %s: not a token file but a %d-dimensional %s array", f,
+				 m->tok.ndim, hpu_data_type_name(m->tok.type));
+	ex_windows w = {NULL, &m->tok, 0, 1, 0};
+	uint32_t most = 0;
+	for (size_t k = 0; k < m->tok.count; k++) {
+		uint32_t v = id_at(&w, k);
+		if (vocab > 0 && v >= (uint32_t)vocab)
+			return hpu_error(b, "--tokens %s: token %u at position %zu is not below "
+					 "--vocab %ld", f, v, k, vocab);
+		most = v > most ? v : most;
+	}
+	if (vocab <= 0 && most >= 10000000)
+		return hpu_error(b, "--tokens %s: its largest token is %u: give --vocab N", f, most);
+	m->vocab = vocab > 0 ? (int)vocab : (int)most + 1;
+	return 0;
+}
+
+int ex_lm_read(hpu_builder *b, ex_lm *m, const char *dir, const char *tokens, long vocab)
+{
+	char err[4200];
+	m->tokens = tokens;
+	if (tokens)
+		return read_tokens(b, m, tokens, vocab);
+	if (ex_corpus_read(&m->text, dir, err, sizeof err) < 0)
+		return hpu_error(b, "%s", err);
+	m->vocab = m->text.vocab;
+	return 0;
+}
+
+int ex_lm_datasets(hpu_builder *b, ex_lm *m, int t)
+{
+	size_t n = m->tokens ? m->tok.count : m->text.n;
+	size_t ut = (size_t)t, nval = n / 10, ntrain = n - nval;
+	if (ntrain <= ut || nval <= ut)
+		return hpu_error(b, "the %s (%zu %s) is too small for --ctx %zu",
+				 m->tokens ? "token file" : "corpus", n,
+				 m->tokens ? "tokens" : "characters", ut);
+	const uint8_t *ids = m->tokens ? NULL : m->text.ids;
+	m->train = (ex_windows){ids, &m->tok, 0, 1, t};
+	m->val = (ex_windows){ids, &m->tok, ntrain, ut, t};
+	m->unigram = m->tokens ? NAN
+			       : ex_unigram_nats(m->text.ids, ntrain, m->text.ids + ntrain, nval,
+						 m->text.vocab);
+	hpu_dataset ds = {.size = ntrain - ut, .nfields = 3, .fetch = fetch, .user = &m->train,
+			  .fields = {{"tokens", HPU_I32, 1, {t}},
+				     {"targets", HPU_I32, 1, {t}},
+				     {"pos", HPU_I32, 1, {t}}}};
+	hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds);
+	ds.size = (nval - 1) / ut; /* the last window's targets end the text */
+	ds.user = &m->val;
+	hpu_dataset_set(b, HPU_SPLIT_TEST, &ds);
+	return hpu_builder_status(b);
+}
+
+/* A uniform double in [0, 1), splitmix64. */
+static double uniform(unsigned long long *state)
+{
+	unsigned long long z = (*state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+}
+
+/* The next id from logits z[v]: the arg-max at temperature 0, else a draw
+ * from softmax(z / temp). */
+static int pick(const float *z, int v, double temp, unsigned long long *rng)
+{
+	int best = 0;
+	for (int c = 1; c < v; c++)
+		if (z[c] > z[best])
+			best = c;
+	if (temp <= 0)
+		return best;
+	double sum = 0, u;
+	for (int c = 0; c < v; c++)
+		sum += exp((z[c] - z[best]) / temp);
+	u = uniform(rng) * sum;
+	for (int c = 0; c < v; c++)
+		if ((u -= exp((z[c] - z[best]) / temp)) < 0)
+			return c;
+	return best;
+}
+
+/* Each step feeds the last (up to) T characters, padded after them (a
+ * causal model does not look ahead), and draws from the logits at the
+ * last one. */
+int ex_lm_generate(hpu_run *run, void *user)
+{
+	const ex_lm *m = user;
+	const int t = m->train.t, v = m->text.vocab;
+	const long gen = m->gen;
+	size_t len = 0, cap = strlen(m->prompt) + (size_t)gen + 1;
+	uint8_t *ids = malloc(cap);
+	char *text = malloc(cap);
+	int32_t *fields = calloc(3 * (size_t)t, sizeof *fields);
+	unsigned long long rng = m->seed;
+	int rc = HPU_ENOMEM;
+	if (!ids || !text || !fields)
+		goto out;
+	for (const char *p = m->prompt; *p; p++) /* bytes not in the text: skipped */
+		if (m->text.id_of[(uint8_t)*p] >= 0)
+			ids[len++] = (uint8_t)m->text.id_of[(uint8_t)*p];
+	if (len == 0)
+		ids[len++] = 0;
+	size_t start = len;
+	int32_t *tokens = fields, *pos = fields + 2 * t; /* targets: unused zeros */
+	const void *in[3] = {tokens, fields + t, pos};
+	for (int i = 0; i < t; i++)
+		pos[i] = i;
+	for (long g = 0; g < gen; g++) {
+		size_t n = len < (size_t)t ? len : (size_t)t;
+		for (size_t i = 0; i < (size_t)t; i++)
+			tokens[i] = i < n ? ids[len - n + i] : 0;
+		hpu_tensor logits;
+		if ((rc = hpu_run_forward(run, in, 1, "logits", &logits)) != HPU_OK)
+			goto out;
+		ids[len++] = (uint8_t)pick(hpu_f32(&logits) + (n - 1) * v, v, m->temp, &rng);
+	}
+	for (size_t i = 0; i < len; i++)
+		text[i] = (char)m->text.chars[ids[i]];
+	if (hpu_run_ctx(run)->rank == 0)
+		printf("sample (%ld characters after the prompt \"%.*s\", temperature %g):\n%.*s\n",
+		       gen, (int)start, text, m->temp, (int)len, text);
+	rc = HPU_OK;
+out:
+	if (rc == HPU_ENOMEM)
+		hpu_error(run, "out of memory generating %ld characters", gen);
+	free(ids), free(text), free(fields);
+	return rc;
+}
+
+void ex_lm_free(ex_lm *m)
+{
+	ex_corpus_free(&m->text);
+	hpu_array_free(&m->tok);
+}
