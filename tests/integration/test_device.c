@@ -416,6 +416,13 @@ static void test_copies_as_planned(void **state)
 	    {"--strategy", "zero3", "--offload-param", "cpu", "--offload-optimizer", "cpu"},
 	    {"--strategy", "zero3", "--precision", "bf16-mixed", "--offload-param", "cpu"},
 	    {"--strategy", "zero2", "--grad-accum", "2"},
+	    /* the host's update (offload): gradients out, parameters to it */
+	    {"--strategy", "zero1", "--offload-optimizer", "cpu"},
+	    {"--strategy", "zero2", "--offload-optimizer", "cpu", "--grad-accum", "2"},
+	    {"--strategy", "zero3", "--offload-param", "cpu"},
+	    {"--strategy", "zero1", "--precision", "bf16-mixed", "--offload-optimizer", "cpu"},
+	    {"--strategy", "zero2", "--precision", "bf16-mixed", "--offload-optimizer", "cpu"},
+	    {"--strategy", "zero3", "--precision", "bf16-mixed", "--offload-optimizer", "cpu"},
 	};
 	int bad = 0;
 	unsigned long long h, d, zero1_h = 0, zero1_d = 0;
@@ -436,6 +443,9 @@ static void test_copies_as_planned(void **state)
 	const char *nvme[] = {"--strategy", "zero3", "--offload-param", "nvme",
 			      "--offload-optimizer", "nvme", "--nvme-path", nv, NULL};
 	bad += 1 != copies_case("cpu-strict", 2, MODEL, SMALL_MLP, nvme, &h, &d);
+	const char *nvme16[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+				"--offload-optimizer", "nvme", "--nvme-path", nv, NULL};
+	bad += 1 != copies_case("cpu-strict", 2, MODEL, SMALL_MLP, nvme16, &h, &d);
 	h_rmtree(nv);
 	/* zero3 recomputing: layers gathered again, more than the plan
 	 * counts, which it says ("at least"); zero2 recomputing gathers
@@ -463,6 +473,13 @@ static void test_copies_as_planned(void **state)
 		assert_int_equal(h, 0);
 		assert_int_equal(d, 0);
 	}
+	/* the offload tier's copies are explicit on cpu too: zero2's host
+	 * update, by hand (units as below): each rank's gradient piece out,
+	 * its parameters' piece out to the host's update and back */
+	const char *off[] = {"--strategy", "zero2", "--offload-optimizer", "cpu", NULL};
+	bad += 1 != copies_case("cpu", 2, MODEL, SMALL_MLP, off, &h, &d);
+	assert_int_equal(h, 26528 / 2 * 4);
+	assert_int_equal(d, 2 * 26528 / 2 * 4);
 	/* zero1 by hand: units 25,120 + 1,056 + 330 floats, each padded to
 	 * 32: 25,120 + 1,056 + 352 = 26,528, pieces half. Gradients out
 	 * whole and the piece back; the piece out and the others' back. */

@@ -219,6 +219,8 @@ static int alloc_states(hpu_strat *s)
 	    !(s->chunk = hpu__strat_salloc(s, s->o->offload_optimizer, HPU_MEM_OTHER,
 					   HPU__STRAT_CHUNK * 4, "optimizer conversion buffer")))
 		return -1;
+	if (hpu__strat_ustage_open(s) < 0)
+		return -1;
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
@@ -305,10 +307,10 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	float bad = 0;
 	for (int k = 0; k < s->nunits && !bad; k++)
-		bad = (float)hpu__dev_nonfinite(s->u[k].opt_g, s->u[k].opt.n);
+		bad = (float)hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n);
 	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
 		for (int k = 0; k < s->nunits && !s->first_bad.found; k++)
-			if (hpu__dev_nonfinite(s->u[k].opt_g, s->u[k].opt.n))
+			if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
 				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
 	if (s->sharded) { /* each rank checked its shard */
@@ -332,8 +334,9 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			for (int k = 0; k < s->nunits; k++) {
 				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 					return -1;
-				hpu__optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
-						gscale, lr);
+				hpu__optim_begin(&s->u[k].opt);
+				hpu__strat_update(s, &s->u[k].opt, 0, s->u[k].opt.n,
+						  s->u[k].opt_p, s->u[k].opt_g, NULL, gscale, lr);
 			}
 			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 				return -1;
@@ -662,6 +665,7 @@ void hpu__strat_free(hpu_strat **ps)
 			hpu__dfree(s->saved[i]);
 	}
 	hpu__dc_free(s);
+	hpu__strat_ustage_close(s);
 	for (int t = 0; s->t_host && t < s->b->ntensors; t++)
 		hpu__dev_host_free(s->t_host[t]);
 	free(s->t_host);
