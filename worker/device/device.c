@@ -417,6 +417,12 @@ double hpu__dev_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float
 	RT_VALUE(double, sumsq16(acc, fp16, g, n, scratch, chunk));
 }
 
+void hpu__dev_sum(double *out, const float *v, size_t n)
+{
+	ON_DEVICE2("sum", out, v);
+	RT_CALL(sum(out, v, n));
+}
+
 int hpu__dev_nonfinite(const float *g, size_t n)
 {
 	on_device("nonfinite", g);

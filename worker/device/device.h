@@ -80,6 +80,8 @@ typedef struct hpu__dev_rtops {
 	double (*sumsq)(const float *g, size_t n);
 	double (*sumsq16)(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			  size_t chunk);
+	/* out[0] = the sum of v[n] in double, in order (a loss's mean) */
+	void (*sum)(double *out, const float *v, size_t n);
 	/* 1 when some value is Inf or NaN; how many are. */
 	int (*nonfinite)(const float *g, size_t n);
 	int (*nonfinite16)(int fp16, const uint16_t *g, size_t n);
@@ -230,6 +232,7 @@ void hpu__dev_add_scalar(float *dst, float v, size_t n);
 double hpu__dev_sumsq(const float *g, size_t n);
 double hpu__dev_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			size_t chunk);
+void hpu__dev_sum(double *out, const float *v, size_t n);
 int hpu__dev_nonfinite(const float *g, size_t n);
 int hpu__dev_nonfinite16(int fp16, const uint16_t *g, size_t n);
 long hpu__dev_count_nonfinite(const float *v, size_t n);

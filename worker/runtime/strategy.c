@@ -666,6 +666,8 @@ void hpu__strat_free(hpu_strat **ps)
 	}
 	hpu__dc_free(s);
 	hpu__strat_ustage_close(s);
+	hpu__dfree(s->lsum);
+	hpu__dev_host_free(s->lsum_host);
 	for (int t = 0; s->t_host && t < s->b->ntensors; t++)
 		hpu__dev_host_free(s->t_host[t]);
 	free(s->t_host);

@@ -160,6 +160,8 @@ struct hpu_strat {
 				  * the collectives where the host may not
 				  * read device memory */
 	size_t stage_bytes;
+	double *lsum, *lsum_host; /* the loss terms' sums on the device, and
+				   * the host's copy (hpu__strat_loss) */
 	void *ustage;            /* strategy_base.c: the optimizer's staging
 				  * across the bus, on the update's side */
 	void **t_host;           /* per tensor: the host's copy that

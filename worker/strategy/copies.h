@@ -7,7 +7,8 @@
  * (host_can_read 0: cpu-strict, GPUs):
  *   - the batch in: every dataset field of every micro-batch, 4 bytes a
  *     value (strategy_pass.c's batch_in);
- *   - the loss out: each loss term's per-sample values (hpu__strat_loss);
+ *   - the loss out: each loss term's sum over the micro-batch, one
+ *     double, summed on the device (hpu__strat_loss);
  *   - the gradients' collectives, staged through pinned host buffers
  *     (strategy_dcoll.c): an all-reduce copies its buffer out and back; a
  *     reduce-scatter the whole unit out and the rank's piece back;
