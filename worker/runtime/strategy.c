@@ -464,6 +464,27 @@ static void plan_graph(hpu_strat *s)
 	}
 }
 
+/* zero3: the last layer whose parameters training's forward gathers
+ * (its own, not persistent), kept gathered into its backward: the layers
+ * between gather nothing. -1 when it has no backward, or where it or a
+ * layer that runs after it shares parameters (the minimal form). */
+static int keep_layer(const hpu_strat *s)
+{
+	if (!hpu__strat_params_sharded(s))
+		return -1;
+	for (int i = s->nlayers - 1; i >= 0; i--) {
+		const hpu_layer *l = s->b->layers[i];
+		if (!l->for_loss)
+			continue;
+		if (l->nuses)
+			return -1;
+		if (!l->nparams || l->unit < 0 || s->u[l->unit].persistent)
+			continue;
+		return l->backward ? i : -1;
+	}
+	return -1;
+}
+
 /* The layers' shared scratch, and the buffers (initialized, or from the
  * checkpoint being resumed, and in step across ranks from the start). */
 static int alloc_scratch_buffers(hpu_strat *s)
@@ -612,6 +633,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
 	choose_hooks(s);
 	build_units(s);
+	s->keep = keep_layer(s);
 	for (int i = 0; i + 1 < L; i++)
 		if (o->activation_checkpointing)
 			b->layers[i]->ckpt = 1;

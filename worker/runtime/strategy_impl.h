@@ -131,6 +131,11 @@ struct hpu_strat {
 	hpu_nonfinite first_bad; /* this step's first non-finite value */
 	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
+	int keep;          /* zero3: the last layer training's forward gathers,
+			    * kept gathered into its backward, which comes
+			    * next (DeepSpeed's stage3_max_reuse_distance,
+			    * minimal form), or -1 */
+	int keep_armed;    /* a whole training forward is running */
 	/* Mixed precision: 16-bit working parameters and gradients (whole or
 	 * shards, as the fp32 ones otherwise), fp32 master weights in the
 	 * optimizer's space, 16-bit traffic. */

@@ -144,6 +144,8 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 		       "\"layer\":%d", i);
 	if (rc != 0)
 		return layer_failed(s, l, recompute ? "forward (recomputed)" : "forward");
+	if (s->keep_armed && i == s->keep && !recompute)
+		return 0; /* its backward comes next: released after it */
 	return release(s, i);
 }
 
@@ -229,14 +231,18 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 	if (want >= 0)
 		mask_for(s, want);
 	int stop = s->nlayers;
+	s->keep_armed = s->ctx.train && want < 0;
 	for (int i = 0; i < s->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
 		int run = want >= 0 ? s->run_mask[i] : s->ctx.train ? l->for_loss : l->for_eval;
 		if (!run)
 			continue;
-		if (layer_forward(s, i, stop, 0) < 0 || (want < 0 && after_forward(s, i, last, -1) < 0))
+		if (layer_forward(s, i, stop, 0) < 0 || (want < 0 && after_forward(s, i, last, -1) < 0)) {
+			s->keep_armed = 0;
 			return -1;
+		}
 	}
+	s->keep_armed = 0;
 	return 0;
 }
 
