@@ -231,6 +231,18 @@ static void test_offload(void **state)
 	const char *cpu_tier[] = {"--strategy", "zero3", "--offload-optimizer", "cpu",
 				  "--offload-param", "cpu", NULL};
 	same_on_both("zero3, both states offloaded to cpu", cpu_tier);
+	/* the host's update: zero1's gradients out to it (and their norm on
+	 * the device), zero2's pieces landing in the host tier and added
+	 * there over micro-steps */
+	const char *host1[] = {"--strategy", "zero1", "--precision", "bf16-mixed",
+			       "--offload-optimizer", "cpu", "--clip-grad-norm", "0.5", NULL};
+	same_on_both("zero1 bf16-mixed, the update on the host, clipped", host1);
+	const char *host2[] = {"--strategy", "zero2", "--offload-optimizer", "cpu",
+			       "--grad-accum", "2", "--clip-grad-norm", "0.5", NULL};
+	same_on_both("zero2, the update on the host, accumulating, clipped", host2);
+	const char *host2b[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+				"--offload-optimizer", "cpu", "--grad-accum", "2", NULL};
+	same_on_both("zero2 bf16-mixed, the update on the host, accumulating", host2b);
 	/* the NVMe tier refuses tmpfs: then a directory in the build tree */
 	struct statfs fs;
 	int tmpfs = statfs("/tmp", &fs) == 0 && fs.f_type == 0x01021994;

@@ -16,6 +16,7 @@ struct hpu__dev_queue {
 static const hpu__device *cur = &hpu__dev_cpu;
 static hpu__dev_caps cur_caps;
 static int caps_known;
+static int cur_rank;
 static atomic_uint_fast64_t copied_h2d, copied_d2h;
 
 /* ---- the cpu device: host memory, work done when issued ---- */
@@ -117,6 +118,7 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	if (!d || d->setup(rank, err, errlen) < 0)
 		return -1;
 	cur = d;
+	cur_rank = rank;
 	caps_known = 0;
 	atomic_store(&copied_h2d, 0);
 	atomic_store(&copied_d2h, 0);
@@ -337,8 +339,8 @@ static void on_device(const char *op, const void *p)
 	if (!p || !cur->owns || cur->owns(p))
 		return;
 	fprintf(stderr,
-		"hpu-worker: device op %s given host memory at %p under --device %s (host memory is the host's: copy it to the device first)\n",
-		op, p, cur->name);
+		"hpu-worker: rank %d: device op %s given host memory at %p under --device %s (host memory is the host's: copy it to the device first)\n",
+		cur_rank, op, p, cur->name);
 	fflush(stderr);
 	_exit(1);
 }
