@@ -324,6 +324,18 @@ static void test_offload(void **state)
 	const char *cpu_tier[] = {"--strategy", "zero3", "--offload-optimizer", "cpu",
 				  "--offload-param", "cpu", NULL};
 	same_on_both("zero3, both states offloaded to cpu", cpu_tier);
+	/* the host's update: zero1's gradients out to it (and their norm on
+	 * the device), zero2's pieces landing in the host tier and added
+	 * there over micro-steps */
+	const char *host1[] = {"--strategy", "zero1", "--precision", "bf16-mixed",
+			       "--offload-optimizer", "cpu", "--clip-grad-norm", "0.5", NULL};
+	same_on_both("zero1 bf16-mixed, the update on the host, clipped", host1);
+	const char *host2[] = {"--strategy", "zero2", "--offload-optimizer", "cpu",
+			       "--grad-accum", "2", "--clip-grad-norm", "0.5", NULL};
+	same_on_both("zero2, the update on the host, accumulating, clipped", host2);
+	const char *host2b[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+				"--offload-optimizer", "cpu", "--grad-accum", "2", NULL};
+	same_on_both("zero2 bf16-mixed, the update on the host, accumulating", host2b);
 	/* the NVMe tier refuses tmpfs: then a directory in the build tree */
 	struct statfs fs;
 	int tmpfs = statfs("/tmp", &fs) == 0 && fs.f_type == 0x01021994;
@@ -412,10 +424,11 @@ static void test_copied_bytes(void **state)
 				      "host-to-device, %llu bytes device-to-host",
 				&h2d, &d2h),
 			 2);
-	/* per rank: 32 samples of 784 pixels and a label in; 32 losses out;
+	/* per rank: 32 samples of 784 pixels and a label in; the loss's sum
+	 * out (one double, summed on the device);
 	 * the gradients (one bucket, padded to 16 floats) out to the
 	 * all-reduce's staging and back */
-	unsigned long long batch = 32ull * (784 + 1) * 4, loss = 32ull * 4,
+	unsigned long long batch = 32ull * (784 + 1) * 4, loss = 8,
 			   grads = (mlp_params() + 15) / 16 * 16 * 4;
 	printf("  one ddp step: %llu bytes in (batch %llu + gradients %llu), %llu out (loss %llu + "
 	       "gradients %llu)\n",
@@ -509,15 +522,24 @@ static void test_copies_as_planned(void **state)
 	    {"--strategy", "zero3", "--offload-param", "cpu", "--offload-optimizer", "cpu"},
 	    {"--strategy", "zero3", "--precision", "bf16-mixed", "--offload-param", "cpu"},
 	    {"--strategy", "zero2", "--grad-accum", "2"},
+	    /* the host's update (offload): gradients out, parameters to it */
+	    {"--strategy", "zero1", "--offload-optimizer", "cpu"},
+	    {"--strategy", "zero2", "--offload-optimizer", "cpu", "--grad-accum", "2"},
+	    {"--strategy", "zero3", "--offload-param", "cpu"},
+	    {"--strategy", "zero1", "--precision", "bf16-mixed", "--offload-optimizer", "cpu"},
+	    {"--strategy", "zero2", "--precision", "bf16-mixed", "--offload-optimizer", "cpu"},
+	    {"--strategy", "zero3", "--precision", "bf16-mixed", "--offload-optimizer", "cpu"},
 	};
 	int bad = 0;
-	unsigned long long h, d, zero1_h = 0, zero1_d = 0;
+	unsigned long long h, d, zero1_h = 0, zero1_d = 0, zero3_h = 0;
 	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
 		bad += 1 != copies_case("cpu-strict", 2, MODEL, SMALL_MLP, cases[k], &h, &d);
 		if (k == 3) {
 			zero1_h = h;
 			zero1_d = d;
 		}
+		if (k == 5)
+			zero3_h = h;
 	}
 	/* NVMe's tier: the pieces are read into host buffers, as the host
 	 * tier's (a directory off tmpfs, which the tier refuses) */
@@ -529,6 +551,9 @@ static void test_copies_as_planned(void **state)
 	const char *nvme[] = {"--strategy", "zero3", "--offload-param", "nvme",
 			      "--offload-optimizer", "nvme", "--nvme-path", nv, NULL};
 	bad += 1 != copies_case("cpu-strict", 2, MODEL, SMALL_MLP, nvme, &h, &d);
+	const char *nvme16[] = {"--strategy", "zero2", "--precision", "bf16-mixed",
+				"--offload-optimizer", "nvme", "--nvme-path", nv, NULL};
+	bad += 1 != copies_case("cpu-strict", 2, MODEL, SMALL_MLP, nvme16, &h, &d);
 	h_rmtree(nv);
 	/* zero3 recomputing: layers gathered again, more than the plan
 	 * counts, which it says ("at least"); zero2 recomputing gathers
@@ -543,7 +568,7 @@ static void test_copies_as_planned(void **state)
 	for (size_t k = 0; k < sizeof one / sizeof *one; k++) {
 		bad += 1 != copies_case("cpu-strict", 1, MODEL, SMALL_MLP, one[k], &h, &d);
 		assert_int_equal(h, 32ull * (784 + 1) * 4);
-		assert_int_equal(d, 32ull * 4);
+		assert_int_equal(d, 8); /* the loss's sum, one double */
 	}
 	/* a model with buffers: synchronized after the step, out and back */
 	const char *bufs[] = {"--strategy", "zero2", NULL};
@@ -556,13 +581,27 @@ static void test_copies_as_planned(void **state)
 		assert_int_equal(h, 0);
 		assert_int_equal(d, 0);
 	}
+	/* the offload tier's copies are explicit on cpu too: zero2's host
+	 * update, by hand (units as below): each rank's gradient piece out,
+	 * its parameters' piece out to the host's update and back */
+	const char *off[] = {"--strategy", "zero2", "--offload-optimizer", "cpu", NULL};
+	bad += 1 != copies_case("cpu", 2, MODEL, SMALL_MLP, off, &h, &d);
+	assert_int_equal(h, 26528 / 2 * 4);
+	assert_int_equal(d, 2 * 26528 / 2 * 4);
 	/* zero1 by hand: units 25,120 + 1,056 + 330 floats, each padded to
 	 * 32: 25,120 + 1,056 + 352 = 26,528, pieces half. Gradients out
 	 * whole and the piece back; the piece out and the others' back. */
 	unsigned long long len = 26528, piece = len / 2, batch = 16ull * (784 + 1) * 4,
-			   loss = 16ull * 4;
+			   loss = 8;
 	assert_int_equal(zero1_h, batch + piece * 4 + (len - piece) * 4);
 	assert_int_equal(zero1_d, loss + len * 4 + piece * 4);
+	/* zero3 by hand: the units' pieces 12,560, 528 and 176 (the last
+	 * persistent) back from the reduce-scatters; the first layer
+	 * gathered for its forward and its backward, the second once (kept
+	 * from its forward into its backward, which comes next), the
+	 * persistent one after the step: the others' pieces in */
+	assert_int_equal(zero3_h, batch + (12560 + 528 + 176) * 4 +
+					  (2 * 12560 + 528 + 176) * 4);
 	assert_int_equal(bad, 0);
 }
 

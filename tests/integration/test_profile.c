@@ -243,7 +243,8 @@ static void test_zero3_events(void **state)
 	assert_non_null(t);
 	const cJSON *ev = events_of(t);
 	assert_true(count_named(ev, "gather_params", "zero3") >= 3 * 3 * 2); /* 3 units, fwd+bwd */
-	assert_true(count_named(ev, "release_params", "zero3") >= 3 * 3 * 2);
+	/* the last layer stays gathered from its forward into its backward */
+	assert_true(count_named(ev, "release_params", "zero3") >= 3 * (3 * 2 - 1));
 	assert_true(count_named(ev, "all_gather", "collective") >= 3 * 3);
 	assert_true(count_named(ev, "reduce_scatter", "collective") >= 3);
 	const cJSON *e;

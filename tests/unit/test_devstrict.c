@@ -203,6 +203,52 @@ static void touch_inside(void)
 	_exit(0);
 }
 
+static void op_on_host(void)
+{
+	if (open_dev("cpu-strict", 2) < 0)
+		_exit(9);
+	float *d = hpu__dev_alloc(HPU_MEM_GRADS, 4096, "gradients");
+	float *h = calloc(1024, 4); /* the host tier's, say */
+	hpu__dev_add(d, h, 1024);   /* the device reading host memory */
+	_exit(8);                   /* not reached */
+}
+
+/* Host memory is the host's: a copy with one side in it counts as the
+ * h2d or d2h it is, the host's own loops work on it, a device op given
+ * it stops the worker. */
+static void test_strict_host_memory(void **state)
+{
+	(void)state;
+	assert_int_equal(open_dev("cpu-strict", 0), 0);
+	float h[64], back[64];
+	for (int i = 0; i < 64; i++)
+		h[i] = (float)i;
+	float *d = hpu__dev_alloc(HPU_MEM_GRADS, sizeof h, "gradients");
+	assert_non_null(d);
+	hpu__dev_d2d(NULL, d, h, sizeof h);    /* really host to device */
+	hpu__dev_d2d(NULL, back, d, sizeof h); /* and back */
+	assert_memory_equal(back, h, sizeof h);
+	uint64_t in, out;
+	hpu__dev_copied(&in, &out);
+	assert_int_equal(in, sizeof h);
+	assert_int_equal(out, sizeof h);
+	hpu__dev_host_rt()->add(back, h, 64);
+	assert_true(back[63] == 126.0f);
+	hpu__dev_free(d);
+	close_dev();
+	char *text;
+	int st = in_child(op_on_host, &text);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	printf("  %s", text);
+	void *at = NULL;
+	int end = -1;
+	sscanf(text, "hpu-worker: rank 2: device op add given host memory at %p under --device cpu-strict (host memory is the host's: copy it to the device first)\n%n",
+	       &at, &end);
+	assert_true(end > 0 && (size_t)end == strlen(text));
+	free(text);
+}
+
 static void test_strict_fault(void **state)
 {
 	(void)state;
@@ -232,6 +278,7 @@ int main(void)
 	    cmocka_unit_test(test_cpu),
 	    cmocka_unit_test(test_strict_copies),
 	    cmocka_unit_test(test_strict_fault),
+	    cmocka_unit_test(test_strict_host_memory),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

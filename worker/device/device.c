@@ -21,6 +21,7 @@ struct hpu__dev_queue {
 static const hpu__device *cur = &hpu__dev_cpu;
 static hpu__dev_caps cur_caps;
 static int caps_known;
+static int cur_rank;
 static atomic_uint_fast64_t copied_h2d, copied_d2h;
 
 /* ---- the cpu device: host memory, work done when issued ---- */
@@ -219,6 +220,7 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	}
 	hpu__devmem_set_backing(d->backing);
 	cur = d;
+	cur_rank = rank;
 	caps_known = 0;
 	atomic_store(&copied_h2d, 0);
 	atomic_store(&copied_d2h, 0);
@@ -337,13 +339,22 @@ void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 	copy(q, dst, src, n);
 }
 
+/* Where one side is host memory (the host tier, a staging buffer) the
+ * bytes cross the bus: counted as the h2d or d2h copy they are. */
 void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
+	if (cur->owns && !cur->owns(dst) && n)
+		atomic_fetch_add(&copied_d2h, n);
+	else if (cur->owns && !cur->owns(src) && n)
+		atomic_fetch_add(&copied_h2d, n);
 	copy(q, dst, src, n);
 }
 
+static void on_device(const char *op, const void *p);
+
 void hpu__dev_memset(hpu__dev_queue *q, void *dst, int byte, size_t n)
 {
+	on_device("memset", dst);
 	hpu__dev_enter();
 	cur->fill(q, dst, byte, n);
 	hpu__dev_leave();
@@ -422,6 +433,31 @@ const hpu__backend *hpu__dev_ops(void)
 
 /* ---- the runtime's ops: each one device call ---- */
 
+const hpu__dev_rtops *hpu__dev_host_rt(void)
+{
+	return &hpu__dev_cpu_rtops;
+}
+
+/* A device op's buffer must be device memory: on a device that tells
+ * (cpu-strict, GPUs) host memory given to one -- the host tier, a
+ * staging buffer -- is a bug in the caller, stopped here with one line
+ * (the host's loops, hpu__dev_host_rt, are for host memory). */
+static void on_device(const char *op, const void *p)
+{
+	if (!p || !cur->owns || cur->owns(p))
+		return;
+	fprintf(stderr,
+		"hpu-worker: rank %d: device op %s given host memory at %p under --device %s (host memory is the host's: copy it to the device first)\n",
+		cur_rank, op, p, cur->name);
+	fflush(stderr);
+	_exit(1);
+}
+#define ON_DEVICE2(op, a, b)                                                           \
+	do {                                                                           \
+		on_device(op, a);                                                      \
+		on_device(op, b);                                                      \
+	} while (0)
+
 #define RT_CALL(call)                                                                  \
 	do {                                                                           \
 		hpu__dev_enter();                                                      \
@@ -438,73 +474,94 @@ const hpu__backend *hpu__dev_ops(void)
 
 void hpu__dev_to16(int fp16, uint16_t *dst, const float *src, size_t n)
 {
+	ON_DEVICE2("to16", dst, src);
 	RT_CALL(to16(fp16, dst, src, n));
 }
 
 void hpu__dev_from16(int fp16, float *dst, const uint16_t *src, size_t n)
 {
+	ON_DEVICE2("from16", dst, src);
 	RT_CALL(from16(fp16, dst, src, n));
 }
 
 void hpu__dev_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
 {
+	ON_DEVICE2("acc16", dst, src);
 	RT_CALL(acc16(fp16, dst, src, n));
 }
 
 int hpu__dev_bf16_exact(uint16_t *dst, const float *x, size_t n)
 {
+	ON_DEVICE2("bf16_exact", dst, x);
 	RT_VALUE(int, bf16_exact(dst, x, n));
 }
 
 void hpu__dev_bf16_expand(float *dst, const uint16_t *src, size_t n)
 {
+	ON_DEVICE2("bf16_expand", dst, src);
 	RT_CALL(bf16_expand(dst, src, n));
 }
 
 void hpu__dev_add(float *dst, const float *src, size_t n)
 {
+	ON_DEVICE2("add", dst, src);
 	RT_CALL(add(dst, src, n));
 }
 
 void hpu__dev_add_scalar(float *dst, float v, size_t n)
 {
+	on_device("add_scalar", dst);
 	RT_CALL(add_scalar(dst, v, n));
 }
 
 double hpu__dev_sumsq(const float *g, size_t n)
 {
+	on_device("sumsq", g);
 	RT_VALUE(double, sumsq(g, n));
 }
 
 double hpu__dev_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			size_t chunk)
 {
+	ON_DEVICE2("sumsq16", g, scratch);
 	RT_VALUE(double, sumsq16(acc, fp16, g, n, scratch, chunk));
+}
+
+void hpu__dev_sum(double *out, const float *v, size_t n)
+{
+	ON_DEVICE2("sum", out, v);
+	RT_CALL(sum(out, v, n));
 }
 
 int hpu__dev_nonfinite(const float *g, size_t n)
 {
+	on_device("nonfinite", g);
 	RT_VALUE(int, nonfinite(g, n));
 }
 
 int hpu__dev_nonfinite16(int fp16, const uint16_t *g, size_t n)
 {
+	on_device("nonfinite16", g);
 	RT_VALUE(int, nonfinite16(fp16, g, n));
 }
 
 long hpu__dev_count_nonfinite(const float *v, size_t n)
 {
+	on_device("count_nonfinite", v);
 	RT_VALUE(long, count_nonfinite(v, n));
 }
 
 long hpu__dev_count_nonfinite16(const uint16_t *v, size_t n)
 {
+	on_device("count_nonfinite16", v);
 	RT_VALUE(long, count_nonfinite16(v, n));
 }
 
 void hpu__dev_optim_update(const hpu__dev_optim *k, float *p, const float *g, float *m,
 			   float *v, size_t n)
 {
+	ON_DEVICE2("optim", p, g);
+	ON_DEVICE2("optim", m, v);
 	RT_CALL(optim(k, p, g, m, v, n));
 }
 
@@ -512,5 +569,8 @@ void hpu__dev_optim_update16(const hpu__dev_optim *k, int fp16, float *p, const 
 			     uint16_t *p16, float *m, float *v, size_t n, float *scratch,
 			     size_t chunk)
 {
+	ON_DEVICE2("optim16", p, g16);
+	ON_DEVICE2("optim16", p16, scratch);
+	ON_DEVICE2("optim16", m, v);
 	RT_CALL(optim16(k, fp16, p, g16, p16, m, v, n, scratch, chunk));
 }

@@ -80,6 +80,8 @@ typedef struct hpu__dev_rtops {
 	double (*sumsq)(const float *g, size_t n);
 	double (*sumsq16)(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			  size_t chunk);
+	/* out[0] = the sum of v[n] in double, in order (a loss's mean) */
+	void (*sum)(double *out, const float *v, size_t n);
 	/* 1 when some value is Inf or NaN; how many are. */
 	int (*nonfinite)(const float *g, size_t n);
 	int (*nonfinite16)(int fp16, const uint16_t *g, size_t n);
@@ -97,6 +99,15 @@ typedef struct hpu__dev_rtops {
 
 /* The CPU devices' runtime ops (device_ops.c): today's host loops. */
 extern const hpu__dev_rtops hpu__dev_cpu_rtops;
+
+/* The host's own loops over host memory, called directly (no device
+ * call): the offloaded optimizer's update over the host tier, as
+ * ZeRO-Offload runs it on the CPU. Never on device memory (on
+ * cpu-strict that faults); the device's ops (hpu__dev_* below) take
+ * device memory only, and on a device that tells host memory from its
+ * own, host memory given to one stops the worker with a line naming
+ * the op. */
+const hpu__dev_rtops *hpu__dev_host_rt(void);
 
 /* A queue: work issued on it runs in order. NULL is the default queue. */
 typedef struct hpu__dev_queue hpu__dev_queue;
@@ -210,7 +221,8 @@ void hpu__dev_enter(void);
 void hpu__dev_leave(void);
 
 /* Copies and memset on queue q (NULL: the default), each a device call;
- * h2d and d2h count their bytes. */
+ * h2d and d2h count their bytes, and so does d2d where one side is host
+ * memory (as the h2d or d2h copy it is). */
 void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n);
@@ -247,6 +259,7 @@ void hpu__dev_add_scalar(float *dst, float v, size_t n);
 double hpu__dev_sumsq(const float *g, size_t n);
 double hpu__dev_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			size_t chunk);
+void hpu__dev_sum(double *out, const float *v, size_t n);
 int hpu__dev_nonfinite(const float *g, size_t n);
 int hpu__dev_nonfinite16(int fp16, const uint16_t *g, size_t n);
 long hpu__dev_count_nonfinite(const float *v, size_t n);

@@ -176,6 +176,14 @@ HPU_CLONES static double sumsq(const float *g, size_t n)
 	return total + sumsq_double(g + i, n - i);
 }
 
+static void sum(double *out, const float *v, size_t n)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++)
+		m += v[i];
+	*out = m;
+}
+
 static double sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 		      size_t chunk)
 {
@@ -316,6 +324,7 @@ const hpu__dev_rtops hpu__dev_cpu_rtops = {
     .add_scalar = add_scalar,
     .sumsq = sumsq,
     .sumsq16 = sumsq16,
+    .sum = sum,
     .nonfinite = nonfinite,
     .nonfinite16 = nonfinite16,
     .count_nonfinite = count_nonfinite,

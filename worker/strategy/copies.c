@@ -55,29 +55,64 @@ static void params(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *
 	}
 }
 
-void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *c)
+/* The offload tier's traffic (copies.h): the gradient pieces landing in
+ * the host tier, and what crosses to the side the update runs on. */
+static void offload(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *c)
 {
-	memset(c, 0, sizeof *c);
-	c->exact = !st->regathers || p->e[HPU_PLAN_PARAMS].coll != HPU_PLAN_ALL_GATHER_LAYER;
-	if (st->host_can_read) /* read in place: nothing is copied */
-		return;
-	uint64_t samples = (uint64_t)st->micro * (uint64_t)st->accum;
-	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
-	c->d2h[HPU_COPY_LOSS] = samples * 4 * (uint64_t)st->nloss;
-	if (p->world > 1) { /* at 1 the collectives are the identity */
-		grads(p, st, c);
-		c->h2d[HPU_COPY_BUFFERS] = c->d2h[HPU_COPY_BUFFERS] = (uint64_t)st->synced_buffers * 4;
+	const hpu_plan_entry *ge = &p->e[HPU_PLAN_GRADS], *pe = &p->e[HPU_PLAN_PARAMS];
+	int host = hpu__plan_on_host(p->update), gh = hpu__plan_on_host(ge->where),
+	    ph = hpu__plan_on_host(pe->where);
+	uint64_t gsz = hpu__plan_esize(ge), in = 0, out = 0;
+	for (int k = 0; k < st->nunits; k++) {
+		const hpu_plan_unit *u = &st->units[k];
+		uint64_t n = u->piece ? u->piece : u->len; /* the range the rank updates */
+		if (ge->sharded && gh) /* landed every micro-step */
+			out += (uint64_t)st->accum * n * gsz;
+		if (gh != host) /* to the update */
+			*(host ? &out : &in) += n * gsz;
+		if (ph != host && p->mixed) /* the 16-bit rounding back */
+			*(host ? &in : &out) += n * 2;
+		else if (ph != host) { /* fp32: there and back */
+			in += n * 4;
+			out += n * 4;
+		}
 	}
-	params(p, st, c);
+	c->h2d[HPU_COPY_OFFLOAD] = in;
+	c->d2h[HPU_COPY_OFFLOAD] = out;
+}
+
+static void totals(hpu_plan_copies *c)
+{
 	for (int k = 0; k < HPU_COPY_N; k++) {
 		c->h2d_total += c->h2d[k];
 		c->d2h_total += c->d2h[k];
 	}
 }
 
+void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *c)
+{
+	memset(c, 0, sizeof *c);
+	c->exact = !st->regathers || p->e[HPU_PLAN_PARAMS].coll != HPU_PLAN_ALL_GATHER_LAYER;
+	offload(p, st, c);
+	if (st->host_can_read) { /* read in place: nothing else is copied */
+		totals(c);
+		return;
+	}
+	uint64_t samples = (uint64_t)st->micro * (uint64_t)st->accum;
+	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
+	c->d2h[HPU_COPY_LOSS] = (uint64_t)st->accum * 8 * (uint64_t)st->nloss;
+	if (p->world > 1) { /* at 1 the collectives are the identity */
+		grads(p, st, c);
+		c->h2d[HPU_COPY_BUFFERS] = c->d2h[HPU_COPY_BUFFERS] = (uint64_t)st->synced_buffers * 4;
+	}
+	params(p, st, c);
+	totals(c);
+}
+
 const char *hpu__plan_copy_name(hpu_plan_copy c)
 {
-	static const char *const n[] = {"batch", "loss", "gradients", "parameters", "buffers"};
+	static const char *const n[] = {"batch", "loss", "gradients", "parameters", "buffers",
+					"offload"};
 	return (unsigned)c < HPU_COPY_N ? n[c] : "?";
 }
 

@@ -7,7 +7,8 @@
  * (host_can_read 0: cpu-strict, GPUs):
  *   - the batch in: every dataset field of every micro-batch, 4 bytes a
  *     value (strategy_pass.c's batch_in);
- *   - the loss out: each loss term's per-sample values (hpu__strat_loss);
+ *   - the loss out: each loss term's sum over the micro-batch, one
+ *     double, summed on the device (hpu__strat_loss);
  *   - the gradients' collectives, staged through pinned host buffers
  *     (strategy_dcoll.c): an all-reduce copies its buffer out and back; a
  *     reduce-scatter the whole unit out and the rank's piece back;
@@ -21,11 +22,20 @@
  * At world size 1 nothing is staged: the collectives are the identity.
  * Where the host may read device memory (cpu) libhpucoll and the loss
  * read the device's memory itself and the batch is read in place:
- * nothing is copied.
+ * nothing of the above is copied.
  *
- * Not counted as copies: what the device's own ops read and write in the
- * host tier (--offload-optimizer/--offload-param cpu, NVMe's buffers): on
- * the CPU devices an op reaches host memory directly. */
+ * The offload tier's traffic is copied on every device, cpu too (the
+ * host tier: --offload-optimizer/--offload-param cpu, and NVMe's
+ * buffers, which are host memory): no device op reads or writes host
+ * memory, and the offloaded update runs on the host (plan.h's `update`):
+ *   - zero2/3 with the gradient shard in the host tier: each micro-step
+ *     the rank's reduced piece out;
+ *   - at the step, over each unit's range the rank updates: gradients
+ *     kept on the other side than the update go to it (zero1's whole
+ *     gradients on the device, out to the host's update); parameters
+ *     kept on the other side go to it and back (fp32), or only back as
+ *     the update's 16-bit rounding (mixed precision: the master weights
+ *     are on the update's side). */
 #ifndef HPU_STRATEGY_COPIES_H
 #define HPU_STRATEGY_COPIES_H
 
@@ -64,6 +74,7 @@ typedef enum hpu_plan_copy {
 	HPU_COPY_GRADS,   /* the gradients' collectives' staging */
 	HPU_COPY_PARAMS,  /* ZeRO's parameter all-gathers' staging */
 	HPU_COPY_BUFFERS, /* the buffers' synchronization */
+	HPU_COPY_OFFLOAD, /* the offload tier's gradients and parameters */
 	HPU_COPY_N,
 } hpu_plan_copy;
 

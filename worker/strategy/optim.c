@@ -99,6 +99,23 @@ void hpu__optim_range16(hpu_optim *o, size_t from, size_t n, float *p, const uin
 				o->v ? o->v + from : NULL, n, scratch, chunk);
 }
 
+void hpu__optim_range_host(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
+			   float gscale, double lr)
+{
+	hpu__dev_optim k = scalars(o, gscale, lr);
+	hpu__dev_host_rt()->optim(&k, p, g, o->m ? o->m + from : NULL, o->v ? o->v + from : NULL,
+				  n);
+}
+
+void hpu__optim_range16_host(hpu_optim *o, size_t from, size_t n, float *p,
+			     const uint16_t *g16, uint16_t *p16, int fp16, float *scratch,
+			     size_t chunk, float gscale, double lr)
+{
+	hpu__dev_optim k = scalars(o, gscale, lr);
+	hpu__dev_host_rt()->optim16(&k, fp16, p, g16, p16, o->m ? o->m + from : NULL,
+				    o->v ? o->v + from : NULL, n, scratch, chunk);
+}
+
 double hpu__sumsq(const float *g, size_t n)
 {
 	return hpu__dev_sumsq(g, n);

@@ -53,6 +53,15 @@ void hpu__optim_range16(hpu_optim *o, size_t from, size_t n, float *p, const uin
 			uint16_t *p16, int fp16, float *scratch, size_t chunk, float gscale,
 			double lr);
 
+/* The same two over host memory, run by the host itself, not the device
+ * (the offloaded optimizer's update, as ZeRO-Offload's CPU Adam:
+ * hpu__dev_host_rt). */
+void hpu__optim_range_host(hpu_optim *o, size_t from, size_t n, float *p, const float *g,
+			   float gscale, double lr);
+void hpu__optim_range16_host(hpu_optim *o, size_t from, size_t n, float *p,
+			     const uint16_t *g16, uint16_t *p16, int fp16, float *scratch,
+			     size_t chunk, float gscale, double lr);
+
 /* Sum of squares of g[n]: fp32 within blocks of 256, the blocks summed in
  * double. */
 double hpu__sumsq(const float *g, size_t n);

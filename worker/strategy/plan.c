@@ -39,6 +39,7 @@ void hpu__plan_make(hpu_plan *p, const hpu_train_opts *o, int world, int opt_flo
 	p->mixed = o->precision != HPU_PREC_FP32;
 	p->fp16 = o->precision == HPU_PREC_FP16_MIXED;
 	p->grad_comm16 = !p->mixed && !sharded && o->grad_comm_dtype == HPU_COMM_BF16;
+	p->update = near_tier(o->offload_optimizer);
 	hpu_plan_dtype d16 = !p->mixed ? HPU_PLAN_FP32 : p->fp16 ? HPU_PLAN_FP16 : HPU_PLAN_BF16;
 
 	hpu_plan_entry *e = &p->e[HPU_PLAN_PARAMS];
@@ -78,6 +79,11 @@ void hpu__plan_make(hpu_plan *p, const hpu_train_opts *o, int world, int opt_flo
 						       o->precision == HPU_PREC_FP8
 					       ? HPU_PLAN_BF16
 					       : HPU_PLAN_FP32};
+}
+
+int hpu__plan_on_host(hpu_plan_where w)
+{
+	return w == HPU_PLAN_HOST || w == HPU_PLAN_NVME; /* NVMe: its buffers */
 }
 
 size_t hpu__plan_esize(const hpu_plan_entry *e)

@@ -62,12 +62,20 @@ typedef struct hpu_plan {
 	int fp16;   /* ... in fp16 (else bf16) */
 	int grad_comm16; /* fp32 ddp/fast_ddp: gradients all-reduced as bf16
 			  * copies (--grad-comm-dtype bf16) */
+	hpu_plan_where update; /* where the optimizer's update runs: the host
+				* under --offload-optimizer cpu or nvme
+				* (ZeRO-Offload's CPU update), else the
+				* device */
 	hpu_plan_entry e[HPU_PLAN_NSTATES];
 } hpu_plan;
 
 /* Fills p from the options and the world size; opt_floats is the
  * optimizer's state floats per parameter (hpu__optim_state_floats). */
 void hpu__plan_make(hpu_plan *p, const hpu_train_opts *o, int world, int opt_floats);
+
+/* 1 when a state kept at w is in host memory (the host tier; NVMe's
+ * in-memory buffers): on the host's side of the bus. */
+int hpu__plan_on_host(hpu_plan_where w);
 
 /* Bytes of one value of entry e (fp32 4, 16-bit 2). */
 size_t hpu__plan_esize(const hpu_plan_entry *e);

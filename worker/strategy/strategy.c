@@ -219,6 +219,8 @@ static int alloc_states(hpu_strat *s)
 	    !(s->chunk = hpu__strat_salloc(s, s->o->offload_optimizer, HPU_MEM_OTHER,
 					   HPU__STRAT_CHUNK * 4, "optimizer conversion buffer")))
 		return -1;
+	if (hpu__strat_ustage_open(s) < 0)
+		return -1;
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
@@ -305,10 +307,10 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	float bad = 0;
 	for (int k = 0; k < s->nunits && !bad; k++)
-		bad = (float)hpu__dev_nonfinite(s->u[k].opt_g, s->u[k].opt.n);
+		bad = (float)hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n);
 	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
 		for (int k = 0; k < s->nunits && !s->first_bad.found; k++)
-			if (hpu__dev_nonfinite(s->u[k].opt_g, s->u[k].opt.n))
+			if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
 				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
 	if (s->sharded) { /* each rank checked its shard */
@@ -332,8 +334,9 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			for (int k = 0; k < s->nunits; k++) {
 				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 					return -1;
-				hpu__optim_step(&s->u[k].opt, s->u[k].opt_p, s->u[k].opt_g,
-						gscale, lr);
+				hpu__optim_begin(&s->u[k].opt);
+				hpu__strat_update(s, &s->u[k].opt, 0, s->u[k].opt.n,
+						  s->u[k].opt_p, s->u[k].opt_g, NULL, gscale, lr);
 			}
 			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 				return -1;
@@ -459,6 +462,27 @@ static void plan_graph(hpu_strat *s)
 		for (int k = 0; k < l->nuses; k++)
 			s->gusers[l->uses[k]]++;
 	}
+}
+
+/* zero3: the last layer whose parameters training's forward gathers
+ * (its own, not persistent), kept gathered into its backward: the layers
+ * between gather nothing. -1 when it has no backward, or where it or a
+ * layer that runs after it shares parameters (the minimal form). */
+static int keep_layer(const hpu_strat *s)
+{
+	if (!hpu__strat_params_sharded(s))
+		return -1;
+	for (int i = s->nlayers - 1; i >= 0; i--) {
+		const hpu_layer *l = s->b->layers[i];
+		if (!l->for_loss)
+			continue;
+		if (l->nuses)
+			return -1;
+		if (!l->nparams || l->unit < 0 || s->u[l->unit].persistent)
+			continue;
+		return l->backward ? i : -1;
+	}
+	return -1;
 }
 
 /* The layers' shared scratch, and the buffers (initialized, or from the
@@ -607,6 +631,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->last_overflow = -1;
 	choose_hooks(s);
 	build_units(s);
+	s->keep = keep_layer(s);
 	for (int i = 0; i + 1 < L; i++)
 		if (o->activation_checkpointing)
 			b->layers[i]->ckpt = 1;
@@ -660,6 +685,9 @@ void hpu__strat_free(hpu_strat **ps)
 			hpu__dfree(s->saved[i]);
 	}
 	hpu__dc_free(s);
+	hpu__strat_ustage_close(s);
+	hpu__dfree(s->lsum);
+	hpu__dev_host_free(s->lsum_host);
 	for (int t = 0; s->t_host && t < s->b->ntensors; t++)
 		hpu__dev_host_free(s->t_host[t]);
 	free(s->t_host);

@@ -1,9 +1,11 @@
 /* strategy_base: what every strategy file uses -- errors, allocating
  * device and offloadable memory, the units' names, pointing layers at
- * their parameters. Calls no other strategy file. */
+ * their parameters, the optimizer's update on the side the plan runs it.
+ * Calls no other strategy file. */
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "worker/strategy/strategy_impl.h"
 
@@ -61,3 +63,142 @@ const char *hpu__strat_unit_name(const hpu_strat *s, int k)
 	return s->b->layers[s->u[k].first]->name;
 }
 
+
+/* ---- the optimizer's update, where the plan runs it ----
+ *
+ * Under --offload-optimizer (cpu, nvme) the update runs on the host over
+ * host memory (hpu__dev_host_rt, as ZeRO-Offload's CPU Adam), else on
+ * the device; no device op reads host memory and no host loop device
+ * memory. What is kept on the other side crosses by explicit, counted
+ * copies, a chunk at a time through s->ustage (on the update's side):
+ * zero1's gradients, kept whole on the device, out to the host; the
+ * parameters where the update is not (fp32: there and back; mixed
+ * precision: only the 16-bit rounding back, the master weights being on
+ * the update's side). worker/strategy/copies.c predicts these bytes. */
+
+static int state_host(const hpu_strat *s, hpu_plan_state st)
+{
+	return hpu__plan_on_host(s->plan.e[st].where);
+}
+
+int hpu__strat_update_host(const hpu_strat *s)
+{
+	return hpu__plan_on_host(s->plan.update);
+}
+
+int hpu__strat_grads_host(const hpu_strat *s)
+{
+	return state_host(s, HPU_PLAN_GRADS);
+}
+
+/* s->ustage: a chunk of gradients, of fp32 parameters and of 16-bit ones. */
+#define USTAGE_BYTES ((size_t)HPU__STRAT_CHUNK * (4 + 4 + 2))
+
+int hpu__strat_ustage_open(hpu_strat *s)
+{
+	int host = hpu__strat_update_host(s);
+	if (!host && !state_host(s, HPU_PLAN_PARAMS))
+		return 0; /* everything on the device: nothing crosses */
+	s->ustage = host ? hpu__dev_host_alloc(USTAGE_BYTES)
+			 : hpu__dalloc(HPU_MEM_OTHER, USTAGE_BYTES, "optimizer's staging");
+	if (!s->ustage)
+		return fail(s, "out of %s memory for the optimizer's staging (%zu bytes)",
+			    host ? "host" : "device", USTAGE_BYTES);
+	return 0;
+}
+
+void hpu__strat_ustage_close(hpu_strat *s)
+{
+	if (s->ustage && hpu__strat_update_host(s))
+		hpu__dev_host_free(s->ustage);
+	else
+		hpu__dfree(s->ustage);
+	s->ustage = NULL;
+}
+
+/* n bytes to the update's side (back 0) or back from it. */
+static void cross(const hpu_strat *s, int back, void *dst, const void *src, size_t n)
+{
+	if (hpu__strat_update_host(s) != back)
+		hpu__dev_d2h(NULL, dst, src, n);
+	else
+		hpu__dev_h2d(NULL, dst, src, n);
+}
+
+static void update_range(hpu_strat *s, int host, hpu_optim *o, size_t from, size_t n, float *p,
+			 const void *g, uint16_t *p16, float gscale, double lr)
+{
+	if (s->plan.mixed)
+		(host ? hpu__optim_range16_host : hpu__optim_range16)(
+			o, from, n, p, g, p16, s->plan.fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
+	else
+		(host ? hpu__optim_range_host : hpu__optim_range)(o, from, n, p, g, gscale, lr);
+}
+
+void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float *p,
+		       const void *g, uint16_t *p16, float gscale, double lr)
+{
+	int host = hpu__strat_update_host(s);
+	int gx = state_host(s, HPU_PLAN_GRADS) != host, px = state_host(s, HPU_PLAN_PARAMS) != host;
+	if (!gx && !px) { /* every operand on the update's side */
+		update_range(s, host, o, from, n, p, g, p16, gscale, lr);
+		return;
+	}
+	size_t gsz = s->plan.mixed ? 2 : 4;
+	float *sg = s->ustage, *sp = sg + HPU__STRAT_CHUNK;
+	uint16_t *sp16 = (uint16_t *)(sp + HPU__STRAT_CHUNK);
+	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
+		size_t c = hpu__strat_chunk(n, i);
+		const void *gi = (const char *)g + i * gsz;
+		float *pi = p + i;
+		uint16_t *p16i = p16 ? p16 + i : NULL;
+		if (gx) {
+			cross(s, 0, sg, gi, c * gsz);
+			gi = sg;
+		}
+		if (px && !s->plan.mixed) {
+			cross(s, 0, sp, pi, c * 4);
+			pi = sp;
+		}
+		if (px && s->plan.mixed)
+			p16i = sp16;
+		update_range(s, host, o, from + i, c, pi, gi, p16i, gscale, lr);
+		if (px && !s->plan.mixed)
+			cross(s, 1, p + i, sp, c * 4);
+		if (px && s->plan.mixed)
+			cross(s, 1, p16 + i, sp16, c * 2);
+	}
+}
+
+int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n)
+{
+	const hpu__dev_rtops *rt = hpu__dev_host_rt();
+	if (hpu__strat_grads_host(s))
+		return s->plan.mixed ? rt->nonfinite16(s->plan.fp16, g, n) : rt->nonfinite(g, n);
+	return s->plan.mixed ? hpu__dev_nonfinite16(s->plan.fp16, g, n) : hpu__dev_nonfinite(g, n);
+}
+
+int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n)
+{
+	const hpu__dev_rtops *rt = hpu__dev_host_rt();
+	int host = hpu__strat_grads_host(s);
+	if (!s->plan.mixed) {
+		*acc += host ? rt->sumsq(g, n) : hpu__dev_sumsq(g, n);
+		return 0;
+	}
+	if (host) {
+		*acc = rt->sumsq16(*acc, s->plan.fp16, g, n, s->chunk, HPU__STRAT_CHUNK);
+		return 0;
+	}
+	/* on the device, with a scratch of its own where s->chunk is the
+	 * host's (zero1 with the update on the host) */
+	float *scratch = s->chunk;
+	if (hpu__strat_update_host(s) &&
+	    !(scratch = hpu__strat_dalloc(s, HPU_MEM_OTHER, HPU__STRAT_CHUNK * 4,
+					  "gradient norm's scratch")))
+		return -1;
+	*acc = hpu__dev_sumsq16(*acc, s->plan.fp16, g, n, scratch, HPU__STRAT_CHUNK);
+	if (scratch != s->chunk)
+		hpu__dfree(scratch);
+	return 0;
+}

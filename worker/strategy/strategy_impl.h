@@ -135,6 +135,11 @@ struct hpu_strat {
 	hpu_nonfinite first_bad; /* this step's first non-finite value */
 	int injected;      /* --inject-overflow-step done this step */
 	size_t live;       /* zero3: gathered floats alive (not persistent) */
+	int keep;          /* zero3: the last layer training's forward gathers,
+			    * kept gathered into its backward, which comes
+			    * next (DeepSpeed's stage3_max_reuse_distance,
+			    * minimal form), or -1 */
+	int keep_armed;    /* a whole training forward is running */
 	/* Mixed precision (s->plan.mixed; fp16 or bf16: s->plan.fp16): 16-bit
 	 * working parameters and gradients (whole or shards, as the fp32 ones
 	 * otherwise), fp32 master weights in the optimizer's space, 16-bit
@@ -164,6 +169,10 @@ struct hpu_strat {
 				  * the collectives where the host may not
 				  * read device memory */
 	size_t stage_bytes;
+	double *lsum, *lsum_host; /* the loss terms' sums on the device, and
+				   * the host's copy (hpu__strat_loss) */
+	void *ustage;            /* strategy_base.c: the optimizer's staging
+				  * across the bus, on the update's side */
 	void **t_host;           /* per tensor: the host's copy that
 				  * hpu__strat_tensor returns where the host
 				  * may not read device memory, or NULL */
@@ -204,6 +213,25 @@ const char *hpu__strat_unit_name(const hpu_strat *s, int k);
 /* Points the layers of unit k at parameters starting at `p` (the unit's
  * first float) or gradients at `g` (NULL: leave as is). */
 void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);
+/* The plan's sides: 1 when the optimizer's update runs on the host
+ * (--offload-optimizer cpu, nvme); when the gradients it reads are in
+ * host memory. */
+int hpu__strat_update_host(const hpu_strat *s);
+int hpu__strat_grads_host(const hpu_strat *s);
+/* s->ustage, where something crosses to the update; freed by _close. */
+int hpu__strat_ustage_open(hpu_strat *s);
+void hpu__strat_ustage_close(hpu_strat *s);
+/* One optimizer update (hpu__optim_begin done) over floats [from, from
+ * + n) of o's range: p the fp32 parameters (mixed precision: the master
+ * weights), g their gradients (mixed: 16-bit), p16 (mixed) the working
+ * copy to round into; on the side the plan runs the update, what is
+ * kept on the other crossing by counted copies (strategy_base.c). */
+void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float *p,
+		       const void *g, uint16_t *p16, float gscale, double lr);
+/* 1 when gradients g[n] (mixed: 16-bit) hold an Inf or NaN; their sum
+ * of squares added to *acc (0, or -1 with s->err): where they are kept. */
+int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n);
+int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n);
 /* ---- strategy.c ---- */
 
 /* s->state: the optimizer's floats for the parameters this rank updates.

@@ -31,6 +31,19 @@
 
 /* ---- making ---- */
 
+/* dst[n] (device memory or the host tier) = the 16-bit rounding of the
+ * host's src[n]: rounded by the host, then copied. 0, or -1 (s->err). */
+static int host_to16(hpu_strat *s, uint16_t *dst, const float *src, size_t n)
+{
+	uint16_t *h = hpu__dev_host_alloc(n * 2);
+	if (!h)
+		return fail(s, "out of host memory for the initial 16-bit parameters");
+	hpu__dev_host_rt()->to16(s->plan.fp16, h, src, n);
+	hpu__dev_copy(dst, h, n * 2);
+	hpu__dev_host_free(h);
+	return 0;
+}
+
 /* The fp32 initial values become the master weights; the working copy is
  * their 16-bit rounding, on every rank alike. */
 int hpu__mp_init_params(hpu_strat *s)
@@ -57,14 +70,17 @@ int hpu__mp_init_params(hpu_strat *s)
 			hpu__dev_copy(u->opt_p, full + mine, u->opt.n * 4);
 		}
 		if (s->P16) {
-			hpu__dev_to16(s->plan.fp16, s->P16 + u->off, full, u->len);
+			if (host_to16(s, s->P16 + u->off, full, u->len) < 0) {
+				hpu__dev_hbuf_free(full);
+				return -1;
+			}
 		} else {
 			if (s->nvp && !hpu__nvp_get(s, j, 0)) {
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
-			hpu__dev_to16(s->plan.fp16, u->opt_p16, full + mine, u->piece);
-			if (s->nvp && hpu__nvp_put(s, j) < 0) {
+			if (host_to16(s, u->opt_p16, full + mine, u->piece) < 0 ||
+			    (s->nvp && hpu__nvp_put(s, j) < 0)) {
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
@@ -75,7 +91,10 @@ int hpu__mp_init_params(hpu_strat *s)
 					hpu__dev_hbuf_free(full);
 					return -1;
 				}
-				hpu__dev_to16(s->plan.fp16, u->full16, full, u->len);
+				if (host_to16(s, u->full16, full, u->len) < 0) {
+					hpu__dev_hbuf_free(full);
+					return -1;
+				}
 			}
 		}
 		hpu__dev_hbuf_free(full);
@@ -200,7 +219,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	/* An overflow anywhere skips the step everywhere. */
 	float bad = 0;
 	for (int k = 0; k < s->nunits; k++)
-		if (hpu__dev_nonfinite16(s->plan.fp16, s->u[k].opt_g16, s->u[k].opt.n))
+		if (hpu__strat_nonfinite(s, s->u[k].opt_g16, s->u[k].opt.n))
 			bad = 1;
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
@@ -222,8 +241,8 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
 			hpu__optim_begin(&u->opt);
-			hpu__optim_range16(&u->opt, 0, u->opt.n, u->opt_p, u->opt_g16, u->opt_p16,
-					   s->plan.fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
+			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g16, u->opt_p16,
+					  gscale, lr);
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
 			return -1;

@@ -295,13 +295,14 @@ static void update(hpu_strat *s, const group *g, float *buf, float gscale, doubl
 	hpu_optim view = u->opt;
 	view.m = section(s, buf, g->n, 1);
 	view.v = section(s, buf, g->n, 2);
-	if (!s->plan.mixed) {
-		hpu__optim_range(&view, 0, g->n, u->opt_p + g->from, u->opt_g + g->from, gscale, lr);
+	if (!s->plan.mixed) { /* on the host (strategy_base.c) */
+		hpu__strat_update(s, &view, 0, g->n, u->opt_p + g->from, u->opt_g + g->from, NULL,
+				  gscale, lr);
 		return;
 	}
 	float *master = section(s, buf, g->n, 0);
-	hpu__optim_range16(&view, 0, g->n, master, u->opt_g16 + g->from, u->opt_p16 + g->from,
-			   s->plan.fp16, s->chunk, HPU__STRAT_CHUNK, gscale, lr);
+	hpu__strat_update(s, &view, 0, g->n, master, u->opt_g16 + g->from, u->opt_p16 + g->from,
+			  gscale, lr);
 }
 
 /* Sub-group i into its buffer, once that buffer's last transfer is done. */

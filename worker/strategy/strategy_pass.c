@@ -144,6 +144,8 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 		       "\"layer\":%d", i);
 	if (rc != 0)
 		return layer_failed(s, l, recompute ? "forward (recomputed)" : "forward");
+	if (s->keep_armed && i == s->keep && !recompute)
+		return 0; /* its backward comes next: released after it */
 	return release(s, i);
 }
 
@@ -234,14 +236,18 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 	if (want >= 0)
 		mask_for(s, want);
 	int stop = s->nlayers;
+	s->keep_armed = s->ctx.train && want < 0;
 	for (int i = 0; i < s->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
 		int run = want >= 0 ? s->run_mask[i] : s->ctx.train ? l->for_loss : l->for_eval;
 		if (!run)
 			continue;
-		if (layer_forward(s, i, stop, 0) < 0 || (want < 0 && after_forward(s, i, last, -1) < 0))
+		if (layer_forward(s, i, stop, 0) < 0 || (want < 0 && after_forward(s, i, last, -1) < 0)) {
+			s->keep_armed = 0;
 			return -1;
+		}
 	}
+	s->keep_armed = 0;
 	return 0;
 }
 
@@ -263,26 +269,26 @@ const void *hpu__strat_tensor(hpu_strat *s, int t)
 	return s->t_host[t];
 }
 
+/* Each loss term's per-sample values summed on the device; only the
+ * sums come out (where the host may not read them), a double per term. */
 double hpu__strat_loss(hpu_strat *s)
 {
 	hpu_builder *b = s->b;
-	double sum = 0;
-	float *host = NULL;
-	for (int k = 0; k < b->nloss; k++) {
-		const float *v = s->t_data[b->loss[k].tensor];
-		if (!hpu__dev_host_can_read()) { /* the loss out */
-			size_t bytes = (size_t)s->ctx.batch * sizeof *host;
-			if (!host && !(host = hpu__dev_host_alloc((size_t)s->maxbatch * sizeof *host)))
-				return NAN;
-			hpu__dev_d2h(NULL, host, v, bytes);
-			v = host;
-		}
-		double m = 0;
-		for (int r = 0; r < s->ctx.batch; r++)
-			m += v[r];
-		sum += b->loss[k].weight * (m / s->ctx.batch);
+	size_t bytes = (size_t)b->nloss * sizeof(double);
+	if (!s->lsum && !(s->lsum = hpu__dalloc(HPU_MEM_OTHER, bytes, "losses' sums")))
+		return NAN;
+	if (!s->lsum_host && !(s->lsum_host = hpu__dev_host_alloc(bytes)))
+		return NAN;
+	for (int k = 0; k < b->nloss; k++)
+		hpu__dev_sum(s->lsum + k, s->t_data[b->loss[k].tensor], (size_t)s->ctx.batch);
+	const double *m = s->lsum;
+	if (!hpu__dev_host_can_read()) { /* the sums out */
+		hpu__dev_d2h(NULL, s->lsum_host, s->lsum, bytes);
+		m = s->lsum_host;
 	}
-	hpu__dev_host_free(host);
+	double sum = 0;
+	for (int k = 0; k < b->nloss; k++)
+		sum += b->loss[k].weight * (m[k] / s->ctx.batch);
 	return sum;
 }
 

@@ -50,7 +50,8 @@ void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
 }
 
 /* The step as worker/strategy/copies.h counts it: the units (zero3's
- * gathered once per forward and backward call that uses them), the
+ * gathered once per forward and backward call that uses them, the layer
+ * kept from forward into its backward once), the
  * batch's fields, the losses, the buffers synchronized. */
 int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 {
@@ -67,7 +68,7 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 					.persistent = s->u[k].persistent};
 	for (int i = 0; i < s->nlayers; i++) {
 		const hpu_layer *l = b->layers[i];
-		int calls = !!l->for_loss + !!l->backward;
+		int calls = i == s->keep ? 1 : !!l->for_loss + !!l->backward;
 		if (l->nparams && l->unit >= 0)
 			pu[l->unit].gathers += calls;
 		if (l->nuses || l->ckpt) /* shared parameters, recomputation */

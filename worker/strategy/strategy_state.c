@@ -54,12 +54,9 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	double ss = 0;
 	for (int k = 0; k < s->nunits; k++) {
 		const unit *u = &s->u[k];
-		if (!s->plan.mixed) {
-			ss += hpu__dev_sumsq(u->opt_g, u->opt.n);
-			continue;
-		}
-		ss = hpu__dev_sumsq16(ss, s->plan.fp16, u->opt_g16, u->opt.n, s->chunk,
-				      HPU__STRAT_CHUNK);
+		if (hpu__strat_sumsq(s, &ss, s->plan.mixed ? (const void *)u->opt_g16 : u->opt_g,
+				     u->opt.n) < 0)
+			return -1;
 	}
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);

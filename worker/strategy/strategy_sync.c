@@ -29,6 +29,30 @@ static void push(hpu_strat *s, int k, hpucoll_req *req)
 	s->qn++;
 }
 
+/* zero2/3 with the gradient shard in the host tier: the reduced piece
+ * src[n] (device) out into dst[n], added by the host after the step's
+ * first micro-step. */
+static void land_host(hpu_strat *s, void *dst, const void *src, size_t n)
+{
+	size_t esz = s->plan.mixed ? 2 : 4;
+	if (s->micro == 0) {
+		hpu__dev_d2h(NULL, dst, src, n * esz);
+		return;
+	}
+	const hpu__dev_rtops *rt = hpu__dev_host_rt();
+	void *h = s->ustage;
+	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
+		size_t c = hpu__strat_chunk(n, i);
+		hpu__dev_d2h(NULL, h, (const char *)src + i * esz, c * esz);
+		if (s->plan.mixed) {
+			rt->from16(s->plan.fp16, s->chunk, h, c);
+			rt->acc16(s->plan.fp16, (uint16_t *)dst + i, s->chunk, c);
+		} else {
+			rt->add((float *)dst + i, h, c);
+		}
+	}
+}
+
 /* What a completed gradient collective leaves to do. */
 static void land(hpu_strat *s, int k)
 {
@@ -41,7 +65,9 @@ static void land(hpu_strat *s, int k)
 	if (u->gbuf16) { /* mixed zero2/3: keep only the owned piece */
 		uint16_t *src = u->gbuf16 + (size_t)s->rank * u->piece,
 			 *dst = s->GS16 + u->shard_off;
-		if (s->micro == 0) {
+		if (hpu__strat_grads_host(s)) {
+			land_host(s, dst, src, u->piece);
+		} else if (s->micro == 0) {
 			hpu__dev_d2d(NULL, dst, src, u->piece * 2);
 		} else {
 			for (size_t i = 0; i < u->piece; i += HPU__STRAT_CHUNK) {
@@ -55,7 +81,9 @@ static void land(hpu_strat *s, int k)
 	}
 	if (u->gbuf) { /* zero2/3: keep only the owned piece */
 		float *src = u->gbuf + (size_t)s->rank * u->piece, *dst = s->GS + u->shard_off;
-		if (s->micro == 0)
+		if (hpu__strat_grads_host(s))
+			land_host(s, dst, src, u->piece);
+		else if (s->micro == 0)
 			hpu__dev_d2d(NULL, dst, src, u->piece * 4);
 		else
 			hpu__dev_add(dst, src, u->piece);
