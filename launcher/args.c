@@ -7,6 +7,7 @@
 #include "common/optdoc.h"
 #include "agent/restart.h"
 #include "launcher/gpus.h"
+#include "launcher/modelcheck.h"
 #include "launcher/slurm.h"
 
 #include <ctype.h>
@@ -815,6 +816,56 @@ static int standalone_plan(hpu_launch_args *a, const sources *src, char *err,
 	return 0;
 }
 
+/* The batch size and epochs the model declares (HPU_MODEL's .defaults),
+ * where no flag or --config file set them, as the workers apply them
+ * (worker/runtime/main.c): the batch is then checked against the world
+ * size as the workers will check it. 1 when read, 0 when it declares
+ * none, -1 when the file cannot tell (why says so), -2 with err when a
+ * declared value is one no flag would take. */
+static int model_numbers(hpu_launch_args *a, char *why, size_t whylen, char *err,
+			 size_t errlen)
+{
+	hpu_train_defaults d;
+	int rc = hpu__model_declared(a->model, &d, why, whylen);
+	const struct {
+		const char *field, *name;
+		int value;
+	} f[] = {{"batch_size", "batch-size", d.batch_size}, {"epochs", "epochs", d.epochs}};
+	for (size_t k = 0; rc > 0 && k < sizeof f / sizeof f[0]; k++) {
+		char v[24], bad[400];
+		snprintf(v, sizeof v, "%d", f[k].value);
+		if (f[k].value && hpu__opts_set_model(&a->train, f[k].name, v, bad, sizeof bad) < 0) {
+			snprintf(err, errlen, "model %s declares an invalid default .defaults.%s in HPU_MODEL: %s",
+				 a->model, f[k].field, bad);
+			return -2;
+		}
+	}
+	return rc;
+}
+
+/* The training options resolved for `world` workers, with the model's
+ * declared numbers. Where the file cannot tell them and only the batch
+ * size's division among the workers fails, that check is left to the
+ * workers, which load the model, saying so. */
+static int resolve_train(hpu_launch_args *a, int world, char *err, size_t errlen)
+{
+	char why[256] = "", other[1024];
+	int known = a->model ? model_numbers(a, why, sizeof why, err, errlen) : 0;
+	if (known == -2)
+		return -1;
+	if (hpu__opts_resolve(&a->train, world, err, errlen) == 0)
+		return 0;
+	/* a file that is no model keeps the batch's error (hpu__model_check
+	 * says what it is after the command line) */
+	if (known >= 0 || world == 1 || hpu__model_check(a->model, other, sizeof other) < 0 ||
+	    hpu__opts_resolve(&a->train, 1, err, errlen) < 0)
+		return -1;
+	hpu__log(HPU_LOG_NOTICE, "note: the model %s may declare its own batch size, which cannot be read from the file (%s): the %d workers check the batch when they load the model",
+		 a->model, why, world);
+	err[0] = '\0';
+	return 0;
+}
+
 static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 {
 	const char *ws = hpu__env_str(HPU_ENV_WORLD_SIZE);
@@ -872,7 +923,7 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 			 a->nodes);
 		return -1;
 	}
-	if (!a->exec_mode && hpu__opts_resolve(&a->train, world, err, errlen) < 0)
+	if (!a->exec_mode && resolve_train(a, world, err, errlen) < 0)
 		return -1;
 	if (check_resume(a, err, errlen) < 0)
 		return -1;

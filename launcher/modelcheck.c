@@ -6,6 +6,7 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,25 +36,31 @@ static void *read_at(int fd, uint64_t size, uint64_t off, uint64_t n)
 }
 
 /* 1 when the dynamic symbol table (section sh, its strings in strs)
- * defines name, 0 when not, -1 when cut short. */
+ * defines name (its entry in *out), 0 when not, -1 when cut short. */
 static int defines(int fd, uint64_t size, const Elf64_Shdr *sh, const Elf64_Shdr *strs,
-		   const char *name)
+		   const char *name, Elf64_Sym *out)
 {
 	Elf64_Sym *syms = read_at(fd, size, sh->sh_offset, sh->sh_size);
 	char *str = read_at(fd, size, strs->sh_offset, strs->sh_size);
 	int found = syms && str ? 0 : -1;
 	size_t n = syms && str ? sh->sh_size / sizeof *syms : 0, len = strlen(name);
 	for (size_t i = 0; i < n && !found; i++)
-		found = syms[i].st_shndx != SHN_UNDEF && syms[i].st_name < strs->sh_size &&
-			strs->sh_size - syms[i].st_name > len &&
-			!memcmp(str + syms[i].st_name, name, len + 1);
+		if (syms[i].st_shndx != SHN_UNDEF && syms[i].st_name < strs->sh_size &&
+		    strs->sh_size - syms[i].st_name > len &&
+		    !memcmp(str + syms[i].st_name, name, len + 1)) {
+			*out = syms[i];
+			found = 1;
+		}
 	free(syms);
 	free(str);
 	return found;
 }
 
-/* Whether the shared library defines the entry symbol: 1, 0, or -1. */
-static int has_entry(int fd, uint64_t size, const Elf64_Ehdr *eh)
+/* Whether the shared library defines the entry symbol: 1 (its symbol in
+ * *sym and, where the symbol's section index is one of the file's, that
+ * section's header in *sec, else sec->sh_type SHT_NULL), 0, or -1. */
+static int find_entry(int fd, uint64_t size, const Elf64_Ehdr *eh, Elf64_Sym *sym,
+		      Elf64_Shdr *sec)
 {
 	if (eh->e_shentsize != sizeof(Elf64_Shdr))
 		return -1;
@@ -63,7 +70,11 @@ static int has_entry(int fd, uint64_t size, const Elf64_Ehdr *eh)
 	int found = -1;
 	for (int i = 0; i < eh->e_shnum && found <= 0; i++)
 		if (sh[i].sh_type == SHT_DYNSYM && sh[i].sh_link < eh->e_shnum)
-			found = defines(fd, size, &sh[i], &sh[sh[i].sh_link], HPU_MODEL_ENTRY_SYMBOL);
+			found = defines(fd, size, &sh[i], &sh[sh[i].sh_link], HPU_MODEL_ENTRY_SYMBOL,
+					sym);
+	memset(sec, 0, sizeof *sec);
+	if (found == 1 && sym->st_shndx < eh->e_shnum)
+		*sec = sh[sym->st_shndx];
 	free(sh);
 	return found;
 }
@@ -85,6 +96,8 @@ int hpu__model_check(const char *path, char *err, size_t errlen)
 		return -1;
 	}
 	Elf64_Ehdr eh;
+	Elf64_Sym sym;
+	Elf64_Shdr sec;
 	uint64_t size = (uint64_t)st.st_size;
 	int rc = -1, got = (int)pread(fd, &eh, sizeof eh, 0);
 	if (got < 4 || memcmp(eh.e_ident, ELFMAG, SELFMAG))
@@ -99,7 +112,7 @@ int hpu__model_check(const char *path, char *err, size_t errlen)
 	else if (HOST_MACHINE != EM_NONE && eh.e_machine != HOST_MACHINE)
 		snprintf(err, errlen, "the model %s is built for another machine (ELF machine %d, this one is %d)",
 			 path, eh.e_machine, HOST_MACHINE);
-	else if ((rc = has_entry(fd, size, &eh)) < 0)
+	else if ((rc = find_entry(fd, size, &eh, &sym, &sec)) < 0)
 		snprintf(err, errlen, "the model %s is cut short or damaged: its ELF section headers point past its end",
 			 path);
 	else if (rc == 0)
@@ -107,4 +120,80 @@ int hpu__model_check(const char *path, char *err, size_t errlen)
 			 path, HPU_MODEL_ENTRY_SYMBOL);
 	close(fd);
 	return rc == 1 ? 0 : -1;
+}
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define HOST_DATA ELFDATA2LSB
+#else
+#define HOST_DATA ELFDATA2MSB
+#endif
+
+/* The entry's bytes up to the end of .defaults, read from the file where
+ * the entry symbol's section places them: 1, 0 for a symbol too small
+ * to hold .defaults (a model built before them), -1 with why. */
+static int entry_bytes(int fd, uint64_t size, unsigned char *buf, size_t n, char *why,
+		       size_t whylen)
+{
+	Elf64_Ehdr eh;
+	Elf64_Sym sym;
+	Elf64_Shdr sec;
+	if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || memcmp(eh.e_ident, ELFMAG, SELFMAG) ||
+	    eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != HOST_DATA ||
+	    eh.e_type != ET_DYN || (HOST_MACHINE != EM_NONE && eh.e_machine != HOST_MACHINE) ||
+	    find_entry(fd, size, &eh, &sym, &sec) != 1) {
+		snprintf(why, whylen, "not a shared library of this machine with the entry symbol");
+		return -1;
+	}
+	if (sym.st_size < n)
+		return 0;
+	if (sec.sh_type == SHT_NULL || sec.sh_type == SHT_NOBITS) {
+		snprintf(why, whylen, "its %s has no bytes in the file, being set when the model is loaded",
+			 HPU_MODEL_ENTRY_SYMBOL);
+		return -1;
+	}
+	uint64_t at = sym.st_value - sec.sh_addr;
+	if (sym.st_value < sec.sh_addr || at > sec.sh_size || sec.sh_size - at < n ||
+	    sec.sh_offset > size || at > size - sec.sh_offset || size - sec.sh_offset - at < n ||
+	    pread(fd, buf, n, (off_t)(sec.sh_offset + at)) != (ssize_t)n) {
+		snprintf(why, whylen, "its %s lies outside its section or the file",
+			 HPU_MODEL_ENTRY_SYMBOL);
+		return -1;
+	}
+	return 1;
+}
+
+int hpu__model_declared(const char *path, hpu_train_defaults *d, char *why, size_t whylen)
+{
+	enum { N = offsetof(hpu_model, defaults) + sizeof(hpu_train_defaults) };
+	unsigned char buf[N];
+	uint32_t abi;
+	memset(d, 0, sizeof *d);
+	why[0] = '\0';
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0) {
+		snprintf(why, whylen, "%s", strerror(errno));
+		return -1;
+	}
+	struct stat st;
+	int rc = fstat(fd, &st) == 0 ? entry_bytes(fd, (uint64_t)st.st_size, buf, N, why, whylen)
+				     : -1;
+	if (rc < 0 && !why[0])
+		snprintf(why, whylen, "%s", strerror(errno));
+	close(fd);
+	if (rc <= 0)
+		return rc;
+	/* numbers only: the pointers (name, setup, the strings of .defaults)
+	 * are set by the dynamic loader's relocations, not in these bytes */
+	memcpy(&abi, buf + offsetof(hpu_model, abi_version), sizeof abi);
+	if (abi < 3)
+		return 0;
+#define FIELD(f) memcpy(&d->f, buf + offsetof(hpu_model, defaults.f), sizeof d->f)
+	FIELD(epochs);
+	FIELD(batch_size);
+	FIELD(lr);
+	FIELD(weight_decay);
+	FIELD(warmup_steps);
+	FIELD(min_lr);
+#undef FIELD
+	return 1;
 }

@@ -65,9 +65,10 @@ static const char *const help_info =
 	"Prints what a checkpoint holds: model, step, epoch and batch, world size,\n"
 	"strategy, precision, optimizer, sections, parameters (name and shape),\n"
 	"buffers (name, shape, sync), files and bytes, scheduler, loss scaler,\n"
-	"fp8 state. For a checkpoint root, first lists every checkpoint in it,\n"
-	"newest first, marking the one `latest` names with '*', then shows that\n"
-	"one.\n";
+	"fp8 state, the last validation (--eval-every), what --keep-last and\n"
+	"--keep-best kept, and --early-stop's count. For a checkpoint root,\n"
+	"first lists every checkpoint in it, newest first, marking the one\n"
+	"`latest` names with '*', then shows that one.\n";
 
 static const char *const help_verify =
 	"usage: hpu-ckpt verify DIR [--all]\n"
@@ -413,6 +414,87 @@ static void print_buffers(const hpu_ckpt *c)
 		printf("  ... %d more\n", c->nbuffers - SHOW_PARAMS);
 }
 
+/* "validation    step 12: val_loss 0.51, val_accuracy 0.81": the last
+ * validation before the save (--eval-every), when there was one. */
+static void print_validation(const cJSON *v)
+{
+	if (!v)
+		return;
+	printf("%-14s", "validation");
+	if (!cJSON_IsObject(v)) {
+		printf("(not an object)\n");
+		return;
+	}
+	printf("step %.0f:", hpu__ckpt_num(v, "step", 0));
+	const cJSON *f;
+	int first = 1;
+	cJSON_ArrayForEach(f, v) {
+		if (strcmp(f->string, "step") == 0 || strncmp(f->string, "val_", 4) != 0)
+			continue;
+		printf("%s %s ", first ? "" : ",", f->string);
+		if (cJSON_IsNumber(f))
+			printf("%g", f->valuedouble);
+		else
+			printf("(not a number)");
+		first = 0;
+	}
+	printf("\n");
+}
+
+/* ", " between the strings of array a, or "none". */
+static void print_names(const cJSON *a)
+{
+	const cJSON *e;
+	int n = 0;
+	cJSON_ArrayForEach(e, a)
+		if (cJSON_IsString(e))
+			printf("%s%s", n++ ? ", " : "", e->valuestring);
+	if (!n)
+		printf("none");
+}
+
+/* "keep          newest 1: step-00000012; best 2 by val_loss (max):
+ * step-00000004, step-00000008" (--keep-last, --keep-best). */
+static void print_keep(const cJSON *k)
+{
+	if (!k)
+		return;
+	printf("%-14s", "keep");
+	if (!cJSON_IsObject(k)) {
+		printf("(not an object)\n");
+		return;
+	}
+	printf("newest %.0f: ", hpu__ckpt_num(k, "last_k", 0));
+	print_names(cJSON_GetObjectItemCaseSensitive(k, "last"));
+	if (cJSON_GetObjectItemCaseSensitive(k, "best_k")) {
+		printf("; best %.0f by %s (%s): ", hpu__ckpt_num(k, "best_k", 0),
+		       str(k, "metric", "?"), str(k, "mode", "?"));
+		print_names(cJSON_GetObjectItemCaseSensitive(k, "best"));
+	}
+	printf("\n");
+}
+
+/* "early stop    val_loss (min): best 0.48 at step 8, 2 validations
+ * since" (--early-stop's count at the save; "no best yet" before one). */
+static void print_early_stop(const cJSON *e)
+{
+	if (!e)
+		return;
+	printf("%-14s", "early stop");
+	if (!cJSON_IsObject(e)) {
+		printf("(not an object)\n");
+		return;
+	}
+	printf("%s (%s): ", str(e, "metric", "?"), str(e, "mode", "?"));
+	const cJSON *best = cJSON_GetObjectItemCaseSensitive(e, "best");
+	if (cJSON_IsNumber(best))
+		printf("best %g at step %.0f", best->valuedouble, hpu__ckpt_num(e, "best_step", 0));
+	else
+		printf("no best yet");
+	double wait = hpu__ckpt_num(e, "wait", 0);
+	printf(", %.0f validation%s since\n", wait, wait == 1 ? "" : "s");
+}
+
 static void print_details(const hpu_ckpt *c)
 {
 	const cJSON *m = c->m;
@@ -461,6 +543,9 @@ static void print_details(const hpu_ckpt *c)
 		printf("%-14s%d call sites (amax history %.0f, margin %g)\n", "fp8",
 		       cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(fp8, "sites")),
 		       hpu__ckpt_num(fp8, "amax_history_len", 0), hpu__ckpt_num(fp8, "margin", 0));
+	print_validation(cJSON_GetObjectItemCaseSensitive(m, "validation"));
+	print_keep(cJSON_GetObjectItemCaseSensitive(m, "keep"));
+	print_early_stop(cJSON_GetObjectItemCaseSensitive(m, "early_stop"));
 }
 
 /* One line per checkpoint of a root, newest first. */

@@ -92,11 +92,68 @@ static void squeeze(char *s)
 	*o = 0;
 }
 
+/* hpu-ckpt info DIR's output (asserting exit 0; caller frees). */
+static char *ckpt_info(const char *dir)
+{
+	char *argv[] = {(char *)h_build("bin/hpu-ckpt"), "info", (char *)dir, NULL};
+	proc p;
+	int rc = h_run(&p, argv, NULL, 60000);
+	char *out = strdup(p.out ? p.out : "");
+	h_free(&p);
+	if (rc != 0)
+		fail_msg("hpu-ckpt info %s: exit %d:\n%s", dir, rc, out);
+	return out;
+}
+
+/* The line of out starting with `start` (asserted there), without its
+ * newline, in buf. */
+static const char *line_of(const char *out, const char *start, char *buf, size_t n)
+{
+	const char *p = strstr(out, start);
+	if (!p)
+		fail_msg("no line \"%s...\" in:\n%s", start, out);
+	size_t len = strcspn(p, "\n");
+	snprintf(buf, n, "%.*s", (int)len, p);
+	return buf;
+}
+
+/* hpu-ckpt info of the root: step 12's validation and what was kept,
+ * best[s] / want[s] the steps the rule keeps as best / at all. */
+static void info_keep(const char *key, int k, int last, const int *best, const int *want)
+{
+	long step[16];
+	double loss[16], acc[16];
+	assert_int_equal(validations("val_loss", step, loss, 16), 6);
+	assert_int_equal(validations("val_accuracy", step, acc, 16), 6);
+	char *out = ckpt_info(ck), expect[200], line[400];
+	snprintf(expect, sizeof expect, "validation    step 12: val_loss %g, val_accuracy %g\n",
+		 loss[5], acc[5]);
+	if (!strstr(out, expect))
+		fail_msg("no \"%s\" in:\n%s", expect, out);
+	snprintf(expect, sizeof expect, "keep          newest %d: ", last);
+	line_of(out, expect, line, sizeof line);
+	snprintf(expect, sizeof expect, "; best %d by %s (max): ", k, key);
+	const char *b = strstr(line, expect);
+	if (!b)
+		fail_msg("no \"%s\" in \"%s\"", expect, line);
+	for (int s = 2; s <= 12; s += 2) {
+		char nm[32];
+		snprintf(nm, sizeof nm, "step-%08d", s);
+		const char *at = strstr(line, nm);
+		int newest = want[s] && !best[s];
+		if (best[s] != (strstr(b, nm) != NULL) || (newest && !(at && at < b)) || (!want[s] && at))
+			fail_msg("%s: step %d misplaced in \"%s\"", key, s, line);
+	}
+	printf("  %s\n", line);
+	free(out);
+}
+
 /* --keep-best val_loss:max,2 --keep-last 1, checkpoints and validations
  * every 2 steps, stopped at step 6 and resumed to 12: exactly the two of
  * the highest val_loss and step 12 are left, `latest` names step 12,
- * whose manifest names them and carries its own val_loss. Then the same
- * from the config file's keys with val_accuracy:max,1 and the newest 2. */
+ * whose manifest names them and carries its own val_loss, as hpu-ckpt
+ * info prints. Then the same from the config file's keys with
+ * val_accuracy:max,1 and the newest 2. */
 static void test_keep_best_across_resume(void **state)
 {
 	(void)state;
@@ -164,20 +221,23 @@ static void test_keep_best_across_resume(void **state)
 		assert_non_null(v);
 		assert_true(strtod(v + strlen(pat), NULL) == val[5]);
 		free(text);
+		info_keep(c[t].key, c[t].k, c[t].last, best, want);
 		cleanup();
 	}
 }
 
-/* The step the rule stops at in the metrics file's validations. */
-static long rule_stop(int max, long patience)
+/* The step the rule stops at in the metrics file's validations; the best
+ * value and its step in *best, *best_step. */
+static long rule_stop(int max, long patience, double *best, long *best_step)
 {
 	long step[64];
-	double val[64], best = 0;
+	double val[64];
 	int n = validations("val_loss", step, val, 64);
 	long wait = 0;
 	for (int i = 0; i < n; i++) {
-		if (!i || (max ? val[i] > best : val[i] < best)) {
-			best = val[i];
+		if (!i || (max ? val[i] > *best : val[i] < *best)) {
+			*best = val[i];
+			*best_step = step[i];
 			wait = 0;
 		} else if (++wait >= patience) {
 			return step[i];
@@ -215,7 +275,17 @@ static void test_early_stop_resumed(void **state)
 		if (!p)
 			fail_msg("no early stop in:\n%s", out);
 		stop[resumed] = strtol(p + strlen("stopped early after step "), NULL, 10);
-		assert_int_equal(stop[resumed], rule_stop(1, 3));
+		double best = 0;
+		long best_step = 0;
+		assert_int_equal(stop[resumed], rule_stop(1, 3, &best, &best_step));
+		char *info = ckpt_info(ck), expect[160];
+		snprintf(expect, sizeof expect,
+			 "early stop    val_loss (max): best %g at step %ld, 3 validations since\n",
+			 best, best_step);
+		if (!strstr(info, expect))
+			fail_msg("no \"%s\" in:\n%s", expect, info);
+		printf("  %s", expect);
+		free(info);
 		printf("  %s: stopped early after step %ld\n", resumed ? "resumed" : "in one go",
 		       stop[resumed]);
 		free(out);

@@ -2,7 +2,9 @@
  * real launcher and workers: they replace the built-in defaults, a
  * --config file and flags replace them (built-in < model < config <
  * flag), --verbose says where each setting came from, and a value no
- * flag would take is refused naming the model and the field. */
+ * flag would take is refused naming the model and the field; hpulaunch
+ * checks the declared batch against the world size before the workers
+ * start, or says it cannot read it and leaves that to them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,11 +20,13 @@
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/defaults_model.so")
 
-/* Runs hpulaunch on 2 workers with `extra` options (NULL-terminated, at
- * most 8) before `model`; returns its exit code with its output in p. */
-static int launch(proc *p, const char *model, const char *const *extra)
+/* Runs hpulaunch on `devices` workers with `extra` options
+ * (NULL-terminated, at most 8) before `model`; returns its exit code with
+ * its output in p. */
+static int launch_on(proc *p, const char *devices, const char *model, const char *const *extra)
 {
-	char *argv[16] = {(char *)LAUNCH, "--devices", "2", "--verbose", "--log-every", "1"};
+	char *argv[16] = {(char *)LAUNCH, "--devices", (char *)devices, "--verbose", "--log-every",
+			  "1"};
 	int n = 6;
 	for (int k = 0; extra && extra[k] && n < 14; k++)
 		argv[n++] = (char *)extra[k];
@@ -31,6 +35,12 @@ static int launch(proc *p, const char *model, const char *const *extra)
 	int code = h_run(p, argv, NULL, 120000);
 	printf("%s", p->out);
 	return code;
+}
+
+/* The same on 2 workers. */
+static int launch(proc *p, const char *model, const char *const *extra)
+{
+	return launch_on(p, "2", model, extra);
 }
 
 static void has(const proc *p, const char *text)
@@ -134,6 +144,50 @@ static void test_invalid_default_refused(void **state)
 	h_free(&p);
 }
 
+/* hpulaunch checks the batch the model declares, not the built-in 256,
+ * against the world size before any worker starts: 96 divides among 3
+ * workers (256 does not), not among 5; defaults_model's 16 not among 3. */
+static void test_launcher_checks_model_batch(void **state)
+{
+	(void)state;
+	proc p;
+	assert_int_equal(launch_on(&p, "3", h_build("lib/batch96_model.so"), NULL), 0);
+	has(&p, "setting --batch-size 96 (model)");
+	has(&p, "setting --micro-batch-size 32 (resolved)");
+	has(&p, "trained 4 steps on 3 workers"); /* 256 samples: 2 batches, 2 epochs */
+	h_free(&p);
+	assert_int_equal(launch_on(&p, "5", h_build("lib/batch96_model.so"), NULL), 2);
+	has(&p, "hpulaunch: error: the model's default --batch-size 96 is not divisible by "
+		"--grad-accum 1 x world size 5");
+	assert_null(strstr(p.out, "[rank ")); /* no worker started */
+	h_free(&p);
+	assert_int_equal(launch_on(&p, "3", MODEL, NULL), 2);
+	has(&p, "hpulaunch: error: the model's default --batch-size 16 is not divisible by "
+		"--grad-accum 1 x world size 3");
+	h_free(&p);
+}
+
+/* A model whose entry is filled in when it is loaded (late96_model: in
+ * .bss): hpulaunch cannot read its batch from the file, says so and leaves
+ * the check to the workers, which find 96. */
+static void test_launcher_defers_unreadable_batch(void **state)
+{
+	(void)state;
+	proc p;
+	assert_int_equal(launch_on(&p, "3", h_build("lib/late96_model.so"), NULL), 0);
+	has(&p, "late96_model.so may declare its own batch size, which cannot be read from the "
+		"file (its hpu_model_entry has no bytes in the file, being set when the model is "
+		"loaded): the 3 workers check the batch when they load the model");
+	has(&p, "setting --batch-size 96 (model)");
+	has(&p, "trained 4 steps on 3 workers");
+	h_free(&p);
+	assert_int_not_equal(launch_on(&p, "5", h_build("lib/late96_model.so"), NULL), 0);
+	has(&p, "the model's default --batch-size 96 is not divisible by --grad-accum 1 x world "
+		"size 5");
+	assert_null(strstr(p.out, "--batch-size 256"));
+	h_free(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -142,6 +196,8 @@ int main(void)
 		cmocka_unit_test(test_config_beats_model),
 		cmocka_unit_test(test_resume_keeps_model_defaults),
 		cmocka_unit_test(test_invalid_default_refused),
+		cmocka_unit_test(test_launcher_checks_model_batch),
+		cmocka_unit_test(test_launcher_defers_unreadable_batch),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
