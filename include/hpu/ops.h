@@ -48,6 +48,26 @@ HPU_API float hpu_cross_entropy_forward(const float *logits, const int32_t *labe
 HPU_API int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
 				 int classes);
 
+/* The kernels of the layers hpu_cross_entropy and hpu_accuracy over
+ * `positions` labels a sample (labels[rows * positions], -100 ignored as
+ * torch's ignore_index; logits [rows * positions, classes]): loss[r] and
+ * acc[r] are row r's means over its counted positions (0 where none),
+ * lse[rows * positions] each position's log-sum-exp, which the backward
+ * reads; the backward writes dx = dloss[r] / n * (softmax - onehot), 0
+ * at ignored positions. HPU_OK; HPU_ERANGE with *bad the index of the
+ * first label outside [0, classes) and not -100, *bad_label its value;
+ * HPU_ERROR where the device's kernel table has no such kernel. */
+HPU_API int hpu_cross_entropy_positions_forward(const float *logits, const int32_t *labels,
+						float *lse, float *loss, int rows,
+						size_t positions, int classes, long *bad,
+						int32_t *bad_label);
+HPU_API int hpu_cross_entropy_positions_backward(const float *logits, const int32_t *labels,
+						 const float *lse, const float *dloss, float *dx,
+						 int rows, size_t positions, int classes);
+HPU_API int hpu_accuracy_positions_forward(const float *logits, const int32_t *labels,
+					   float *acc, int rows, size_t positions, int classes,
+					   long *bad, int32_t *bad_label);
+
 /* ABI 2's names of the two above, deprecated (gone in the next version). */
 HPU_API float hpu_softmax_xent(const float *logits, const int32_t *labels,
 		       float *dlogits, int batch, int classes)

@@ -21,6 +21,7 @@ struct hpu__dev_queue {
 static const hpu__device *cur = &hpu__dev_cpu;
 static hpu__dev_caps cur_caps;
 static int caps_known;
+static int kernels_set; /* the ops use hpu__dev_kernels_table */
 static atomic_uint_fast64_t copied_h2d, copied_d2h;
 
 /* ---- the cpu device: host memory, work done when issued ---- */
@@ -218,6 +219,10 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 		d = &hpu__dev_cpu;
 	}
 	hpu__devmem_set_backing(d->backing);
+	if (d == &hpu__dev_cpu_strict && hpu__dev_strict_kernels()) {
+		hpu__be_set(hpu__dev_kernels_table());
+		kernels_set = 1;
+	}
 	cur = d;
 	caps_known = 0;
 	atomic_store(&copied_h2d, 0);
@@ -229,6 +234,9 @@ void hpu__dev_close(void)
 {
 	hpu__devmem_set_backing(NULL);
 	cur->teardown();
+	if (kernels_set)
+		hpu__be_set(NULL);
+	kernels_set = 0;
 	cur = &hpu__dev_cpu;
 	caps_known = 0;
 }
@@ -316,6 +324,18 @@ void hpu__dev_leave(void)
 {
 	if (cur->leave)
 		cur->leave();
+}
+
+void hpu__dev_layer_enter(void)
+{
+	if (!kernels_set)
+		hpu__dev_enter();
+}
+
+void hpu__dev_layer_leave(void)
+{
+	if (!kernels_set)
+		hpu__dev_leave();
 }
 
 static void copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
