@@ -68,6 +68,35 @@ HPU_API int hpu_accuracy_positions_forward(const float *logits, const int32_t *l
 					   float *acc, int rows, size_t positions, int classes,
 					   long *bad, int32_t *bad_label);
 
+/* The layers' copies and sums of whole tensors, on the device's kernels:
+ * dst = src (bytes; no overlap); y[n] = a + b (y neither a nor b).
+ * HPU_OK, or HPU_ERROR where the device's kernel table has no such
+ * kernel. */
+HPU_API int hpu_copy(void *dst, const void *src, size_t bytes);
+HPU_API int hpu_add_forward(const float *a, const float *b, float *y, size_t n);
+/* The layer hpu_dropout's kernel: over rows of n values, y[r, i] = 0
+ * where u < cut, else x[r, i] * scale, u the top 32 bits of
+ * mix64(keys[r] + (i + 1) * 0x9e3779b97f4a7c15) (hpu_rand_key's row
+ * keys, in host memory: u is hpu_rand_u32(c, r, i)). HPU_OK, or
+ * HPU_ERROR where the device's kernel table has no such kernel. */
+HPU_API int hpu_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
+			     uint32_t cut, float scale);
+
+/* The attention layer's passes (the layer hpu_attention): split:
+ * dst[b, h, i, :] = src[b, i, h*hd ..] * mul, src's rows ld apart, dst
+ * head-major [batch, heads, t, hd]; merge: the inverse. mask_scores over
+ * att[batch, heads, t, t] with an optional key mask[batch, t] (1 a real
+ * token): before the softmax (after 0) -inf where a query may not attend
+ * (causal: keys after it; masked keys), rows with none 0; after: exact
+ * zeros there. HPU_OK, or HPU_ERROR where the device's kernel table has
+ * no such kernel. */
+HPU_API int hpu_split_heads(const float *src, size_t ld, float *dst, int batch, int heads,
+			    int t, int hd, float mul);
+HPU_API int hpu_merge_heads(const float *src, float *dst, size_t ld, int batch, int heads,
+			    int t, int hd, float mul);
+HPU_API int hpu_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
+			    int causal, int after);
+
 /* ABI 2's names of the two above, deprecated (gone in the next version). */
 HPU_API float hpu_softmax_xent(const float *logits, const int32_t *labels,
 		       float *dlogits, int batch, int classes)

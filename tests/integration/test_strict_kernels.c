@@ -71,10 +71,30 @@ static void test_mlp(void **state)
 	same("mlp", NULL, "--hidden 32 --depth 2", "zero3", "bf16-mixed");
 }
 
+static void test_cnn(void **state)
+{
+	(void)state;
+	const char *cnn = h_build("lib/fmnist_cnn.so");
+	same("cnn", cnn, NULL, "ddp", "fp32");
+	same("cnn", cnn, NULL, "zero3", "bf16-mixed");
+}
+
+/* attention, layer norm, embedding, dropout (training mode), GELU */
+static void test_gpt_lm(void **state)
+{
+	(void)state;
+	const char *gpt = h_build("lib/gpt_lm.so");
+	const char *margs = "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0";
+	same("gpt_lm", gpt, margs, "ddp", "bf16-mixed");
+	same("gpt_lm", gpt, margs, "zero3", "fp32");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mlp),
+		cmocka_unit_test(test_cnn),
+		cmocka_unit_test(test_gpt_lm),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -221,6 +221,7 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	hpu__devmem_set_backing(d->backing);
 	if (d == &hpu__dev_cpu_strict && hpu__dev_strict_kernels()) {
 		hpu__be_set(hpu__dev_kernels_table());
+		hpu__dev_kernels_scratch();
 		kernels_set = 1;
 	}
 	cur = d;

@@ -25,5 +25,8 @@ void hpu__dev_cpu_host_free(void *p);
  * around the CPU's kernel (the backend's, else hpu__be_host's). */
 int hpu__dev_strict_kernels(void);
 const hpu__backend *hpu__dev_kernels_table(void);
+/* Makes the ops' scratch (autocast, fp8) device memory, as a GPU's is;
+ * for the process's life (the worker's). */
+void hpu__dev_kernels_scratch(void);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
+#include "worker/ops/autocast.h"
 #include "common/env.h"
 
 static hpu__backend impl; /* the CPU's kernel for each entry */
@@ -113,6 +114,21 @@ WRAP(accuracy_pos,
       int classes, long *bad, int32_t *bad_label),
      (logits, labels, acc, rows, positions, classes, bad, bad_label))
 
+WRAP(copy, (void *dst, const void *src, size_t bytes), (dst, src, bytes))
+
+WRAP(heads,
+     (int merge, const float *src, float *dst, size_t ld, int batch, int heads, int t, int hd,
+      float mul),
+     (merge, src, dst, ld, batch, heads, t, hd, mul))
+WRAP(mask_scores,
+     (float *att, const int32_t *mask, int batch, int heads, int t, int causal, int after),
+     (att, mask, batch, heads, t, causal, after))
+
+WRAP(dropout_rows,
+     (const float *x, float *y, const uint64_t *keys, int rows, size_t n, uint32_t cut,
+      float scale),
+     (x, y, keys, rows, n, cut, scale))
+
 /* Each entry: the backend's where it has one, else the host table's;
  * wrapped where either has it, NULL where neither. */
 #define PICK(name)                                                                           \
@@ -160,6 +176,10 @@ static const hpu__backend *build(void)
 	PICK(xent_pos_fwd);
 	PICK(xent_pos_bwd);
 	PICK(accuracy_pos);
+	PICK(copy);
+	PICK(heads);
+	PICK(mask_scores);
+	PICK(dropout_rows);
 	return &tab;
 }
 
@@ -180,4 +200,14 @@ const hpu__backend *hpu__dev_kernels_table(void)
 	if (!t)
 		t = build();
 	return t;
+}
+
+static void *scratch_alloc(size_t bytes)
+{
+	return hpu__dev_alloc_uninit(HPU_MEM_OTHER, bytes, "the ops' scratch (autocast, fp8)");
+}
+
+void hpu__dev_kernels_scratch(void)
+{
+	hpu__ac_set_scratch_allocator(scratch_alloc, hpu__dev_free);
 }

@@ -184,6 +184,20 @@ typedef struct hpu__backend {
 			    int classes);
 	int (*accuracy_pos)(const float *logits, const int32_t *labels, float *acc, int rows,
 			    size_t positions, int classes, long *bad, int32_t *bad_label);
+	/* dst[bytes] = src[bytes], device memory both (the layers' copies:
+	 * flatten, add's backward); they do not overlap. */
+	int (*copy)(void *dst, const void *src, size_t bytes);
+	/* The attention layer's head-major copies (ops.h hpu_split_heads,
+	 * hpu_merge_heads; merge selects the second) and its masking of the
+	 * scores (hpu_mask_scores). */
+	int (*heads)(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
+		     int t, int hd, float mul);
+	int (*mask_scores)(float *att, const int32_t *mask, int batch, int heads, int t,
+			   int causal, int after);
+	/* The dropout layer's (ops.h hpu_dropout_rows): keys[rows] in host
+	 * memory. */
+	int (*dropout_rows)(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
+			    uint32_t cut, float scale);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

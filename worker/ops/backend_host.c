@@ -113,6 +113,10 @@ static const hpu__backend host_backend = {
 	.xent_pos_fwd = hpu__host_xent_pos_fwd,
 	.xent_pos_bwd = hpu__host_xent_pos_bwd,
 	.accuracy_pos = hpu__host_accuracy_pos,
+	.copy = hpu__host_copy,
+	.dropout_rows = hpu__host_dropout_rows,
+	.heads = hpu__host_heads,
+	.mask_scores = hpu__host_mask_scores,
 };
 
 const hpu__backend *hpu__be_host(void)

@@ -31,6 +31,17 @@ int hpu__host_from16(int fp16, const uint16_t *x, float *y, size_t n);
 int hpu__host_amax(const float *x, size_t n, float *amax);
 int hpu__host_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt);
 
+/* ops_move.c */
+int hpu__host_copy(void *dst, const void *src, size_t bytes);
+int hpu__host_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
+			   uint32_t cut, float scale);
+
+/* ops_heads.c */
+int hpu__host_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
+		    int t, int hd, float mul);
+int hpu__host_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
+			  int causal, int after);
+
 /* ops_loss.c */
 int hpu__host_xent_pos_fwd(const float *logits, const int32_t *labels, float *lse, float *loss,
 			   int rows, size_t positions, int classes, long *bad, int32_t *bad_label);
