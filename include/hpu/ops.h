@@ -97,6 +97,21 @@ HPU_API int hpu_merge_heads(const float *src, float *dst, size_t ld, int batch, 
 HPU_API int hpu_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
 			    int causal, int after);
 
+/* The kernels of the layer hpu_batchnorm over x[batch, ch, spatial]:
+ * train: the batch's mean and biased variance per channel (double,
+ * two-pass), saved[ch] the means and saved[ch + c] the rstd (saved may
+ * be NULL), running statistics updated as torch's where `update`; else
+ * the running statistics. backward: dw, dbias += their gradients, dx
+ * (may be NULL) written. HPU_OK, or HPU_ERROR where the device's kernel
+ * table has no such kernel. */
+HPU_API int hpu_batchnorm_forward(const float *x, float *y, const float *w, const float *bias,
+				  float *run_mean, float *run_var, float *saved, int batch, int ch,
+				  size_t spatial, float eps, float momentum, int train,
+				  int update);
+HPU_API int hpu_batchnorm_backward(const float *x, const float *dy, const float *w,
+				   const float *saved, float *dw, float *dbias, float *dx,
+				   int batch, int ch, size_t spatial);
+
 /* ABI 2's names of the two above, deprecated (gone in the next version). */
 HPU_API float hpu_softmax_xent(const float *logits, const int32_t *labels,
 		       float *dlogits, int batch, int classes)

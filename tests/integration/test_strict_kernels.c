@@ -4,10 +4,10 @@
  * Under --device cpu-strict with HPU_STRICT_KERNELS=1 device memory opens
  * only inside the table's functions (worker/device/device_kernels.c), not
  * for a whole layer: a C loop of an op or a layer over device memory
- * faults at once. The MLP, the CNN and a small gpt_lm (attention, layer
- * norm, embedding, dropout) train a few steps so under ddp and zero3 on 2
- * workers, fp32 and bf16-mixed, and save the parameters byte for byte as
- * on cpu. */
+ * faults at once. The MLP, the CNN, the ResNet (batch norm) and a small
+ * gpt_lm (attention, layer norm, embedding, dropout) train a few steps so
+ * under ddp and zero3 on 2 workers, fp32 and bf16-mixed, and save the
+ * parameters byte for byte as on cpu. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -79,6 +79,13 @@ static void test_cnn(void **state)
 	same("cnn", cnn, NULL, "zero3", "bf16-mixed");
 }
 
+/* batch norm, the residual adds */
+static void test_resnet(void **state)
+{
+	(void)state;
+	same("resnet", h_build("lib/resnet.so"), NULL, "zero3", "bf16-mixed");
+}
+
 /* attention, layer norm, embedding, dropout (training mode), GELU */
 static void test_gpt_lm(void **state)
 {
@@ -94,6 +101,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mlp),
 		cmocka_unit_test(test_cnn),
+		cmocka_unit_test(test_resnet),
 		cmocka_unit_test(test_gpt_lm),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -129,6 +129,17 @@ WRAP(dropout_rows,
       float scale),
      (x, y, keys, rows, n, cut, scale))
 
+WRAP(batchnorm_fwd,
+     (const float *x, float *y, const float *w, const float *bias, float *run_mean,
+      float *run_var, float *saved, int batch, int ch, size_t spatial, float eps,
+      float momentum, int train, int update),
+     (x, y, w, bias, run_mean, run_var, saved, batch, ch, spatial, eps, momentum, train,
+      update))
+WRAP(batchnorm_bwd,
+     (const float *x, const float *dy, const float *w, const float *saved, float *dw,
+      float *dbias, float *dx, int batch, int ch, size_t spatial),
+     (x, dy, w, saved, dw, dbias, dx, batch, ch, spatial))
+
 /* Each entry: the backend's where it has one, else the host table's;
  * wrapped where either has it, NULL where neither. */
 #define PICK(name)                                                                           \
@@ -180,6 +191,8 @@ static const hpu__backend *build(void)
 	PICK(heads);
 	PICK(mask_scores);
 	PICK(dropout_rows);
+	PICK(batchnorm_fwd);
+	PICK(batchnorm_bwd);
 	return &tab;
 }
 

@@ -198,6 +198,12 @@ typedef struct hpu__backend {
 	 * memory. */
 	int (*dropout_rows)(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
 			    uint32_t cut, float scale);
+	/* The batch norm layer's (ops.h hpu_batchnorm_forward/backward). */
+	int (*batchnorm_fwd)(const float *x, float *y, const float *w, const float *bias,
+			     float *run_mean, float *run_var, float *saved, int batch, int ch,
+			     size_t spatial, float eps, float momentum, int train, int update);
+	int (*batchnorm_bwd)(const float *x, const float *dy, const float *w, const float *saved,
+			     float *dw, float *dbias, float *dx, int batch, int ch, size_t spatial);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

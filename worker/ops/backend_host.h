@@ -42,6 +42,13 @@ int hpu__host_heads(int merge, const float *src, float *dst, size_t ld, int batc
 int hpu__host_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
 			  int causal, int after);
 
+/* ops_bnorm.c */
+int hpu__host_batchnorm_fwd(const float *x, float *y, const float *w, const float *bias,
+			    float *run_mean, float *run_var, float *saved, int batch, int ch,
+			    size_t spatial, float eps, float momentum, int train, int update);
+int hpu__host_batchnorm_bwd(const float *x, const float *dy, const float *w, const float *saved,
+			    float *dw, float *dbias, float *dx, int batch, int ch, size_t spatial);
+
 /* ops_loss.c */
 int hpu__host_xent_pos_fwd(const float *logits, const int32_t *labels, float *lse, float *loss,
 			   int rows, size_t positions, int classes, long *bad, int32_t *bad_label);
