@@ -21,16 +21,17 @@ static hpu__backend tab;  /* each entry: enter, impl's, leave */
 
 static hpu__backend fallback; /* where impl's answers HPU_BE_UNSUPPORTED */
 
-/* impl's kernel, else (HPU_BE_UNSUPPORTED) the host table's reference
+/* (The mode is cpu-strict's: its enter and leave directly.) impl's
+ * kernel, else (HPU_BE_UNSUPPORTED) the host table's reference
  * kernel, which the op would have run: both inside the device call. */
 #define WRAP(name, params, args)                                                             \
 	static int k_##name params                                                           \
 	{                                                                                    \
-		hpu__dev_enter();                                                            \
+		hpu__dev_cpu_strict.enter();                                                 \
 		int r = impl.name args;                                                      \
 		if (r == HPU_BE_UNSUPPORTED && fallback.name)                                \
 			r = fallback.name args;                                              \
-		hpu__dev_leave();                                                            \
+		hpu__dev_cpu_strict.leave();                                                 \
 		return r;                                                                    \
 	}
 
@@ -217,10 +218,10 @@ const hpu__backend *hpu__dev_kernels_table(void)
 
 static void *scratch_alloc(size_t bytes)
 {
-	return hpu__dev_alloc_uninit(HPU_MEM_OTHER, bytes, "the ops' scratch (autocast, fp8)");
+	return hpu__dalloc_uninit(HPU_MEM_OTHER, bytes, "the ops' scratch (autocast, fp8)");
 }
 
 void hpu__dev_kernels_scratch(void)
 {
-	hpu__ac_set_scratch_allocator(scratch_alloc, hpu__dev_free);
+	hpu__ac_set_scratch_allocator(scratch_alloc, hpu__dfree);
 }

@@ -1,9 +1,9 @@
 /* Losses and metrics: one f32 value per sample (ndim 0). Softmax
  * cross-entropy and accuracy read "logits,labels" (logits [..., C] f32,
  * labels i32 [...], -100 ignored as torch's ignore_index); MSE reads
- * "pred,target". Loops here rather than ops: the ops' softmax_xent is a
- * batch mean without ignore_index, and a per-sample mean over a variable
- * number of positions is none of theirs. Sums are in double. */
+ * "pred,target". Cross-entropy and accuracy run the ops of
+ * worker/ops/ops_loss.c (per-sample means over positions, -100 ignored,
+ * sums in double) on the device's kernels; MSE is a loop here. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
