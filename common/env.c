@@ -55,6 +55,10 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	VAR(HPU_DEVICE, "cpu", "hpulaunch, hpu-worker",
 	    "the device workers compute on when --device is not given: cpu, "
 	    "cpu-strict, cuda or auto"),
+	VAR(HPU_STRICT_KERNELS, "0", "hpu-worker",
+	    "1: under --device cpu-strict, device memory opens only inside the "
+	    "kernel table and the runtime's ops, not for a whole layer (tests: "
+	    "host loops in the ops fault as they would on a GPU)"),
 	VAR(HPU_CUDA_MODULE, "", "hpu-worker, test_cuda_device",
 	    "the CUDA device's module to load for --device cuda or auto "
 	    "(default: hpudev_cuda.so in ../lib or ../LIBDIR/hputrain beside "

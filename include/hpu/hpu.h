@@ -140,6 +140,10 @@ HPU_API uint32_t hpu_rand_u32(const hpu_ctx *c, int row, uint64_t k);
 HPU_API float hpu_rand_uniform(const hpu_ctx *c, int row, uint64_t k);
 /* out[i] = hpu_rand_u32(c, row, k0 + i) for i < n, faster. */
 HPU_API void hpu_rand_fill(const hpu_ctx *c, int row, uint64_t k0, uint32_t *out, size_t n);
+/* Row `row`'s key: hpu_rand_u32(c, row, k) is the top 32 bits of
+ * mix64(key + (k + 1) * 0x9e3779b97f4a7c15), mix64 splitmix64's
+ * finalizer; what a device kernel draws from (hpu_dropout_rows). */
+HPU_API uint64_t hpu_rand_key(const hpu_ctx *c, int row);
 
 /* ---- parameters and buffers ---- */
 

@@ -48,6 +48,70 @@ HPU_API float hpu_cross_entropy_forward(const float *logits, const int32_t *labe
 HPU_API int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
 				 int classes);
 
+/* The kernels of the layers hpu_cross_entropy and hpu_accuracy over
+ * `positions` labels a sample (labels[rows * positions], -100 ignored as
+ * torch's ignore_index; logits [rows * positions, classes]): loss[r] and
+ * acc[r] are row r's means over its counted positions (0 where none),
+ * lse[rows * positions] each position's log-sum-exp, which the backward
+ * reads; the backward writes dx = dloss[r] / n * (softmax - onehot), 0
+ * at ignored positions. HPU_OK; HPU_ERANGE with *bad the index of the
+ * first label outside [0, classes) and not -100, *bad_label its value;
+ * HPU_ERROR where the device's kernel table has no such kernel. */
+HPU_API int hpu_cross_entropy_positions_forward(const float *logits, const int32_t *labels,
+						float *lse, float *loss, int rows,
+						size_t positions, int classes, long *bad,
+						int32_t *bad_label);
+HPU_API int hpu_cross_entropy_positions_backward(const float *logits, const int32_t *labels,
+						 const float *lse, const float *dloss, float *dx,
+						 int rows, size_t positions, int classes);
+HPU_API int hpu_accuracy_positions_forward(const float *logits, const int32_t *labels,
+					   float *acc, int rows, size_t positions, int classes,
+					   long *bad, int32_t *bad_label);
+
+/* The layers' copies and sums of whole tensors, on the device's kernels:
+ * dst = src (bytes; no overlap); y[n] = a + b (y neither a nor b).
+ * HPU_OK, or HPU_ERROR where the device's kernel table has no such
+ * kernel. */
+HPU_API int hpu_copy(void *dst, const void *src, size_t bytes);
+HPU_API int hpu_add_forward(const float *a, const float *b, float *y, size_t n);
+/* The layer hpu_dropout's kernel: over rows of n values, y[r, i] = 0
+ * where u < cut, else x[r, i] * scale, u the top 32 bits of
+ * mix64(keys[r] + (i + 1) * 0x9e3779b97f4a7c15) (hpu_rand_key's row
+ * keys, in host memory: u is hpu_rand_u32(c, r, i)). HPU_OK, or
+ * HPU_ERROR where the device's kernel table has no such kernel. */
+HPU_API int hpu_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
+			     uint32_t cut, float scale);
+
+/* The attention layer's passes (the layer hpu_attention): split:
+ * dst[b, h, i, :] = src[b, i, h*hd ..] * mul, src's rows ld apart, dst
+ * head-major [batch, heads, t, hd]; merge: the inverse. mask_scores over
+ * att[batch, heads, t, t] with an optional key mask[batch, t] (1 a real
+ * token): before the softmax (after 0) -inf where a query may not attend
+ * (causal: keys after it; masked keys), rows with none 0; after: exact
+ * zeros there. HPU_OK, or HPU_ERROR where the device's kernel table has
+ * no such kernel. */
+HPU_API int hpu_split_heads(const float *src, size_t ld, float *dst, int batch, int heads,
+			    int t, int hd, float mul);
+HPU_API int hpu_merge_heads(const float *src, float *dst, size_t ld, int batch, int heads,
+			    int t, int hd, float mul);
+HPU_API int hpu_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
+			    int causal, int after);
+
+/* The kernels of the layer hpu_batchnorm over x[batch, ch, spatial]:
+ * train: the batch's mean and biased variance per channel (double,
+ * two-pass), saved[ch] the means and saved[ch + c] the rstd (saved may
+ * be NULL), running statistics updated as torch's where `update`; else
+ * the running statistics. backward: dw, dbias += their gradients, dx
+ * (may be NULL) written. HPU_OK, or HPU_ERROR where the device's kernel
+ * table has no such kernel. */
+HPU_API int hpu_batchnorm_forward(const float *x, float *y, const float *w, const float *bias,
+				  float *run_mean, float *run_var, float *saved, int batch, int ch,
+				  size_t spatial, float eps, float momentum, int train,
+				  int update);
+HPU_API int hpu_batchnorm_backward(const float *x, const float *dy, const float *w,
+				   const float *saved, float *dw, float *dbias, float *dx,
+				   int batch, int ch, size_t spatial);
+
 /* ABI 2's names of the two above, deprecated (gone in the next version). */
 HPU_API float hpu_softmax_xent(const float *logits, const int32_t *labels,
 		       float *dlogits, int batch, int classes)

@@ -22,6 +22,8 @@ static const hpu__device *cur = &hpu__dev_cpu;
 static hpu__dev_caps cur_caps;
 static int caps_known;
 static int cur_rank;
+static int kernels_set; /* the ops use hpu__dev_kernels_table */
+static int table_set;   /* the ops use a device's own table (cuda) */
 static atomic_uint_fast64_t copied_h2d, copied_d2h;
 
 /* ---- the cpu device: host memory, work done when issued ---- */
@@ -219,6 +221,18 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 		d = &hpu__dev_cpu;
 	}
 	hpu__devmem_set_backing(d->backing);
+	if (d == &hpu__dev_cpu_strict && hpu__dev_strict_kernels()) {
+		hpu__be_set(hpu__dev_kernels_table());
+		hpu__dev_kernels_scratch();
+		kernels_set = 1;
+	} else if (d != &hpu__dev_cpu && d != &hpu__dev_cpu_strict && d->ops) {
+		/* a device with kernels of its own (cuda): the ops run on its
+		 * table, their scratch in its memory; a layer stays one device
+		 * call (the call binds the thread to the worker's GPU) */
+		hpu__be_set(d->ops());
+		hpu__dev_kernels_scratch();
+		table_set = 1;
+	}
 	cur = d;
 	cur_rank = rank;
 	caps_known = 0;
@@ -231,6 +245,9 @@ void hpu__dev_close(void)
 {
 	hpu__devmem_set_backing(NULL);
 	cur->teardown();
+	if (kernels_set || table_set)
+		hpu__be_set(NULL);
+	kernels_set = table_set = 0;
 	cur = &hpu__dev_cpu;
 	caps_known = 0;
 }
@@ -318,6 +335,18 @@ void hpu__dev_leave(void)
 {
 	if (cur->leave)
 		cur->leave();
+}
+
+void hpu__dev_layer_enter(void)
+{
+	if (!kernels_set)
+		hpu__dev_enter();
+}
+
+void hpu__dev_layer_leave(void)
+{
+	if (!kernels_set)
+		hpu__dev_leave();
 }
 
 static void copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)

@@ -220,6 +220,13 @@ void hpu__dev_hbuf_free(void *p);
 void hpu__dev_enter(void);
 void hpu__dev_leave(void);
 
+/* The strategy's bracket around a layer's forward or backward: a device
+ * call, except under cpu-strict's kernels-only mode (HPU_STRICT_KERNELS=1,
+ * device_kernels.c), where only the kernel table's functions and the
+ * runtime's ops open device memory, as on a GPU. */
+void hpu__dev_layer_enter(void);
+void hpu__dev_layer_leave(void);
+
 /* Copies and memset on queue q (NULL: the default), each a device call;
  * h2d and d2h count their bytes, and so does d2d where one side is host
  * memory (as the h2d or d2h copy it is). */

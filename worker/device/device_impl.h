@@ -20,4 +20,13 @@ void hpu__dev_cpu_host_free(void *p);
 	.wait = hpu__dev_cpu_wait, .host_alloc = hpu__dev_cpu_host_alloc,                          \
 	.host_free = hpu__dev_cpu_host_free, .ops = hpu__be, .rt = &hpu__dev_cpu_rtops
 
+/* cpu-strict's kernels-only mode (device_kernels.c): 1 when
+ * HPU_STRICT_KERNELS=1; the table whose every function is a device call
+ * around the CPU's kernel (the backend's, else hpu__be_host's). */
+int hpu__dev_strict_kernels(void);
+const hpu__backend *hpu__dev_kernels_table(void);
+/* Makes the ops' scratch (autocast, fp8) device memory, as a GPU's is;
+ * for the process's life (the worker's). */
+void hpu__dev_kernels_scratch(void);
+
 #endif

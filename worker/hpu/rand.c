@@ -25,6 +25,11 @@ static inline uint32_t draw(uint64_t key, uint64_t k)
 	return (uint32_t)(mix64(key + 0x9e3779b97f4a7c15ull * (k + 1)) >> 32);
 }
 
+uint64_t hpu_rand_key(const hpu_ctx *c, int row)
+{
+	return row_key(c, row);
+}
+
 uint32_t hpu_rand_u32(const hpu_ctx *c, int row, uint64_t k)
 {
 	return draw(row_key(c, row), k);

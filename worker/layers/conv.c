@@ -223,7 +223,9 @@ static int flatten_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			   hpu_tensor *out)
 {
 	(void)l, (void)c;
-	memcpy(out[0].data, in[0].data, hpu_numel(&in[0]) * sizeof(float));
+	if (hpu_copy(out[0].data, in[0].data, hpu_numel(&in[0]) * sizeof(float)) != HPU_OK)
+		return hpu_layer_error(l, "layer %s: this device's kernel table has no copy",
+				       hpu_layer_name(l));
 	return 0;
 }
 
@@ -231,8 +233,10 @@ static int flatten_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in
 			    const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
 	(void)l, (void)c, (void)in, (void)out;
-	if (din[0].data)
-		memcpy(din[0].data, dout[0].data, hpu_numel(&dout[0]) * sizeof(float));
+	if (din[0].data &&
+	    hpu_copy(din[0].data, dout[0].data, hpu_numel(&dout[0]) * sizeof(float)) != HPU_OK)
+		return hpu_layer_error(l, "layer %s: this device's kernel table has no copy",
+				       hpu_layer_name(l));
 	return 0;
 }
 

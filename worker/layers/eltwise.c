@@ -112,35 +112,35 @@ typedef struct dropout {
 	float scale;    /* 1 / (1 - p) */
 } dropout;
 
-enum { DROPOUT_CHUNK = 256 }; /* random numbers drawn at a time */
-
-/* y = x * keep / (1 - p) over c->batch rows of n values. */
-static void dropout_apply(const dropout *d, const hpu_ctx *c, const float *x, float *y,
-			  int batch, size_t n)
+/* y = x * keep / (1 - p) over `batch` rows of n values (the op
+ * hpu_dropout_rows, from the rows' keys); y = x where nothing drops. */
+static int dropout_apply(hpu_layer *l, const dropout *d, const hpu_ctx *c, const float *x,
+			 float *y, int batch, size_t n)
 {
-	uint32_t u[DROPOUT_CHUNK];
-	for (int r = 0; r < batch; r++) {
-		const float *xr = x + (size_t)r * n;
-		float *yr = y + (size_t)r * n;
-		for (size_t i0 = 0; i0 < n; i0 += DROPOUT_CHUNK) {
-			size_t m = n - i0 < DROPOUT_CHUNK ? n - i0 : DROPOUT_CHUNK;
-			hpu_rand_fill(c, r, i0, u, m);
-			for (size_t i = 0; i < m; i++)
-				yr[i0 + i] = u[i] < d->cut ? 0.0f : xr[i0 + i] * d->scale;
-		}
+	int rc;
+	if (!c->train || d->cut == 0) {
+		rc = hpu_copy(y, x, (size_t)batch * n * sizeof(float));
+	} else {
+		uint64_t *keys = malloc((size_t)(batch > 0 ? batch : 1) * sizeof *keys);
+		if (!keys)
+			return hpu_layer_error(l, "layer %s: out of memory", hpu_layer_name(l));
+		for (int r = 0; r < batch; r++)
+			keys[r] = hpu_rand_key(c, r);
+		rc = hpu_dropout_rows(x, y, keys, batch, n, d->cut, d->scale);
+		free(keys);
 	}
+	if (rc != HPU_OK)
+		return hpu_layer_error(l, "layer %s: this device's kernel table has no dropout",
+				       hpu_layer_name(l));
+	return 0;
 }
 
 static int dropout_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			   hpu_tensor *out)
 {
 	const dropout *d = hpu_layer_user(l);
-	if (!c->train || d->cut == 0) {
-		memcpy(out[0].data, in[0].data, hpu_numel(&in[0]) * sizeof(float));
-		return 0;
-	}
-	dropout_apply(d, c, hpu_f32(&in[0]), hpu_f32(&out[0]), in[0].batch, in[0].sample_numel);
-	return 0;
+	return dropout_apply(l, d, c, hpu_f32(&in[0]), hpu_f32(&out[0]), in[0].batch,
+			     in[0].sample_numel);
 }
 
 /* The derivative of y = x * mask * scale is mask * scale: the same
@@ -152,13 +152,8 @@ static int dropout_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in
 	(void)in, (void)out;
 	if (!din[0].data)
 		return 0;
-	if (!c->train || d->cut == 0) {
-		memcpy(din[0].data, dout[0].data, hpu_numel(&dout[0]) * sizeof(float));
-		return 0;
-	}
-	dropout_apply(d, c, hpu_f32(&dout[0]), hpu_f32(&din[0]), dout[0].batch,
-		      dout[0].sample_numel);
-	return 0;
+	return dropout_apply(l, d, c, hpu_f32(&dout[0]), hpu_f32(&din[0]), dout[0].batch,
+			     dout[0].sample_numel);
 }
 
 static const hpu_layer_ops dropout_ops = {
@@ -192,22 +187,23 @@ static hpu_layer *dropout_impl(hpu_builder *b, const char *name, const char *in,
 
 static int add_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
 {
-	(void)l, (void)c;
-	const float *a = hpu_f32(&in[0]), *b = hpu_f32(&in[1]);
-	float *y = hpu_f32(&out[0]);
-	size_t n = hpu_numel(&in[0]);
-	for (size_t i = 0; i < n; i++)
-		y[i] = a[i] + b[i];
+	(void)c;
+	if (hpu_add_forward(hpu_f32(&in[0]), hpu_f32(&in[1]), hpu_f32(&out[0]),
+			    hpu_numel(&in[0])) != HPU_OK)
+		return hpu_layer_error(l, "layer %s: this device's kernel table has no add",
+				       hpu_layer_name(l));
 	return 0;
 }
 
 static int add_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
-	(void)l, (void)c, (void)in, (void)out;
+	(void)c, (void)in, (void)out;
 	for (int k = 0; k < 2; k++)
-		if (din[k].data)
-			memcpy(din[k].data, dout[0].data, hpu_numel(&dout[0]) * sizeof(float));
+		if (din[k].data &&
+		    hpu_copy(din[k].data, dout[0].data, hpu_numel(&dout[0]) * sizeof(float)) != HPU_OK)
+			return hpu_layer_error(l, "layer %s: this device's kernel table has no copy",
+					       hpu_layer_name(l));
 	return 0;
 }
 

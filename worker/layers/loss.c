@@ -1,57 +1,46 @@
 /* Losses and metrics: one f32 value per sample (ndim 0). Softmax
  * cross-entropy and accuracy read "logits,labels" (logits [..., C] f32,
  * labels i32 [...], -100 ignored as torch's ignore_index); MSE reads
- * "pred,target". Loops here rather than ops: the ops' softmax_xent is a
- * batch mean without ignore_index, and a per-sample mean over a variable
- * number of positions is none of theirs. Sums are in double. */
+ * "pred,target". Cross-entropy and accuracy run the ops of
+ * worker/ops/ops_loss.c (per-sample means over positions, -100 ignored,
+ * sums in double) on the device's kernels; MSE is a loop here. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <hpu/hpu.h>
 #include <hpu/layers.h>
+#include <hpu/ops.h>
 
 #include "worker/layers/decl.h"
 
 #define IGNORE_INDEX (-100)
-
-enum { LABEL_IGNORED = -1, LABEL_BAD = -2 };
 
 typedef struct xent {
 	int classes;
 	size_t positions; /* labels per sample */
 } xent;
 
-/* The label at position p of row r, checked: its class, LABEL_IGNORED,
- * or LABEL_BAD (the layer's error naming it) when out of range. */
-static int label_at(hpu_layer *l, const hpu_ctx *c, const xent *s, const int32_t *labels,
-		    int r, size_t p)
+/* The op's answer: 0, or the layer's error naming the bad label at flat
+ * position `at` (or that the device has no kernel). */
+static int label_check(hpu_layer *l, const hpu_ctx *c, const xent *s, int rc, long at,
+		       int32_t y)
 {
-	int32_t y = labels[(size_t)r * s->positions + p];
-	if (y == IGNORE_INDEX)
-		return LABEL_IGNORED;
-	if (y < 0 || y >= s->classes) {
-		hpu_layer_error(l, "layer %s: label %d at row %d (dataset sample %lu), "
-				       "position %zu is outside [0, %d) and not %d (ignored)",
-				       hpu_layer_name(l), (int)y, r,
-				       c->samples ? (unsigned long)c->samples[r] : (unsigned long)r,
-				       p, s->classes, IGNORE_INDEX);
-		return LABEL_BAD;
+	if (rc == HPU_OK)
+		return 0;
+	if (rc != HPU_ERANGE) {
+		hpu_layer_error(l, "layer %s: this device's kernel table has no kernel for it",
+				hpu_layer_name(l));
+		return HPU_ERROR;
 	}
-	return y;
-}
-
-/* log(sum(exp(x[0 .. n)))), stable. */
-static double logsumexp(const float *x, int n)
-{
-	float m = x[0];
-	for (int j = 1; j < n; j++)
-		if (x[j] > m)
-			m = x[j];
-	double s = 0;
-	for (int j = 0; j < n; j++)
-		s += exp((double)x[j] - (double)m);
-	return (double)m + log(s);
+	int r = (int)((size_t)at / s->positions);
+	size_t p = (size_t)at % s->positions;
+	hpu_layer_error(l, "layer %s: label %d at row %d (dataset sample %lu), "
+			       "position %zu is outside [0, %d) and not %d (ignored)",
+			       hpu_layer_name(l), (int)y, r,
+			       c->samples ? (unsigned long)c->samples[r] : (unsigned long)r,
+			       p, s->classes, IGNORE_INDEX);
+	return HPU_ERROR;
 }
 
 /* ---- softmax cross-entropy ---- */
@@ -60,30 +49,12 @@ static double logsumexp(const float *x, int n)
 static int xent_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
 {
 	const xent *s = hpu_layer_user(l);
-	const float *logits = hpu_f32(&in[0]);
-	const int32_t *labels = hpu_i32(&in[1]);
-	float *lse = hpu_saved(l), *loss = hpu_f32(&out[0]);
-	for (int r = 0; r < in[0].batch; r++) {
-		double sum = 0;
-		size_t n = 0;
-		for (size_t p = 0; p < s->positions; p++) {
-			size_t at = (size_t)r * s->positions + p;
-			const float *x = logits + at * (size_t)s->classes;
-			int y = label_at(l, c, s, labels, r, p);
-			if (y == LABEL_BAD)
-				return HPU_ERROR;
-			if (y == LABEL_IGNORED) {
-				lse[at] = 0;
-				continue;
-			}
-			double z = logsumexp(x, s->classes);
-			lse[at] = (float)z;
-			sum += z - (double)x[y];
-			n++;
-		}
-		loss[r] = n ? (float)(sum / (double)n) : 0.0f;
-	}
-	return 0;
+	long bad;
+	int32_t y;
+	int rc = hpu_cross_entropy_positions_forward(hpu_f32(&in[0]), hpu_i32(&in[1]),
+						     hpu_saved(l), hpu_f32(&out[0]), in[0].batch,
+						     s->positions, s->classes, &bad, &y);
+	return label_check(l, c, s, rc, bad, y);
 }
 
 /* dlogits = dloss / n * (softmax(x) - onehot(y)) at the n counted
@@ -92,33 +63,14 @@ static int xent_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			 const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
 	const xent *s = hpu_layer_user(l);
-	const float *logits = hpu_f32(&in[0]), *lse = hpu_saved(l), *dloss = hpu_f32(&dout[0]);
-	const int32_t *labels = hpu_i32(&in[1]);
 	float *dx = hpu_f32(&din[0]);
-	(void)c, (void)out;
+	(void)out;
 	if (!dx)
 		return 0;
-	size_t C = (size_t)s->classes;
-	for (int r = 0; r < in[0].batch; r++) {
-		const int32_t *yr = labels + (size_t)r * s->positions;
-		size_t n = 0;
-		for (size_t p = 0; p < s->positions; p++)
-			n += yr[p] != IGNORE_INDEX;
-		float g = n ? dloss[r] / (float)n : 0.0f;
-		for (size_t p = 0; p < s->positions; p++) {
-			size_t at = (size_t)r * s->positions + p;
-			const float *x = logits + at * C;
-			float *d = dx + at * C;
-			if (yr[p] == IGNORE_INDEX) {
-				memset(d, 0, C * sizeof *d);
-				continue;
-			}
-			for (size_t j = 0; j < C; j++)
-				d[j] = g * expf(x[j] - lse[at]);
-			d[yr[p]] -= g;
-		}
-	}
-	return 0;
+	int rc = hpu_cross_entropy_positions_backward(hpu_f32(&in[0]), hpu_i32(&in[1]),
+						      hpu_saved(l), hpu_f32(&dout[0]), dx,
+						      in[0].batch, s->positions, s->classes);
+	return label_check(l, c, s, rc, 0, 0);
 }
 
 static const hpu_layer_ops xent_ops = {
@@ -179,29 +131,12 @@ static int accuracy_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in
 			    hpu_tensor *out)
 {
 	const xent *s = hpu_layer_user(l);
-	const float *logits = hpu_f32(&in[0]);
-	const int32_t *labels = hpu_i32(&in[1]);
-	float *acc = hpu_f32(&out[0]);
-	for (int r = 0; r < in[0].batch; r++) {
-		size_t n = 0, right = 0;
-		for (size_t p = 0; p < s->positions; p++) {
-			size_t at = (size_t)r * s->positions + p;
-			const float *x = logits + at * (size_t)s->classes;
-			int y = label_at(l, c, s, labels, r, p);
-			if (y == LABEL_BAD)
-				return HPU_ERROR;
-			if (y == LABEL_IGNORED)
-				continue;
-			int best = 0;
-			for (int j = 1; j < s->classes; j++)
-				if (x[j] > x[best])
-					best = j;
-			right += best == y;
-			n++;
-		}
-		acc[r] = n ? (float)((double)right / (double)n) : 0.0f;
-	}
-	return 0;
+	long bad;
+	int32_t y;
+	int rc = hpu_accuracy_positions_forward(hpu_f32(&in[0]), hpu_i32(&in[1]),
+						hpu_f32(&out[0]), in[0].batch, s->positions,
+						s->classes, &bad, &y);
+	return label_check(l, c, s, rc, bad, y);
 }
 
 /* No backward: a metric. The builder then refuses a loss that depends on

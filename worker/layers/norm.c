@@ -109,44 +109,9 @@ typedef struct batchnorm {
 	float eps, momentum;
 } batchnorm;
 
-/* Channel ch's values x[b][ch][0 .. spatial) for every b: the rows of a
- * sample's channel are contiguous, the samples C * spatial apart. */
-static const float *chan(const batchnorm *s, const float *x, int b, int ch)
-{
-	return x + ((size_t)b * s->ch + ch) * s->spatial;
-}
-
-/* The batch's mean and biased variance of channel ch, two-pass. */
-static void channel_stats(const batchnorm *s, const float *x, int batch, int ch, double *mean,
-			  double *var)
-{
-	double sum = 0, sq = 0, m = (double)batch * s->spatial;
-	for (int b = 0; b < batch; b++) {
-		const float *xc = chan(s, x, b, ch);
-		for (size_t i = 0; i < s->spatial; i++)
-			sum += xc[i];
-	}
-	double mu = sum / m;
-	for (int b = 0; b < batch; b++) {
-		const float *xc = chan(s, x, b, ch);
-		for (size_t i = 0; i < s->spatial; i++)
-			sq += (xc[i] - mu) * (xc[i] - mu);
-	}
-	*mean = mu;
-	*var = sq / m;
-}
-
-/* y = (x - mean) * rstd * weight + bias over channel ch. */
-static void channel_apply(const batchnorm *s, const float *x, float *y, int batch, int ch,
-			  float mean, float rstd, float w, float bias)
-{
-	for (int b = 0; b < batch; b++) {
-		const float *xc = chan(s, x, b, ch);
-		float *yc = (float *)chan(s, y, b, ch);
-		for (size_t i = 0; i < s->spatial; i++)
-			yc[i] = (xc[i] - mean) * rstd * w + bias;
-	}
-}
+#define NO_KERNEL(l)                                                                         \
+	hpu_layer_error(l, "layer %s: this device's kernel table has no batch norm kernel",  \
+			hpu_layer_name(l))
 
 /* Training: the batch's statistics (mean and rstd saved for backward),
  * and the running statistics updated as torch does -- running = (1 -
@@ -161,33 +126,13 @@ static int batchnorm_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *i
 	const batchnorm *s = hpu_layer_user(l);
 	const float *x = hpu_f32(&in[0]), *w = hpu_param(l, 0), *bias = hpu_param(l, 1);
 	float *y = hpu_f32(&out[0]), *run_mean = hpu_buffer(l, 0), *run_var = hpu_buffer(l, 1);
-	if (!c->train) {
-		for (int ch = 0; ch < s->ch; ch++)
-			channel_apply(s, x, y, c->batch, ch, run_mean[ch],
-				      1.0f / sqrtf(run_var[ch] + s->eps), w[ch], bias[ch]);
-		return HPU_OK;
-	}
-	double m = (double)c->batch * s->spatial;
-	if (m < 2)
+	if (c->train && (double)c->batch * s->spatial < 2)
 		return hpu_layer_error(l, "training needs more than one value per channel to "
 				       "normalize with (a micro-batch of %d, %zu per channel per "
 				       "sample), as torch's BatchNorm does", c->batch, s->spatial);
-	float *saved = hpu_saved(l);
-	for (int ch = 0; ch < s->ch; ch++) {
-		double mean, var;
-		channel_stats(s, x, c->batch, ch, &mean, &var);
-		float rstd = (float)(1.0 / sqrt(var + s->eps));
-		channel_apply(s, x, y, c->batch, ch, (float)mean, rstd, w[ch], bias[ch]);
-		if (saved) { /* for backward; a forward-only call may have none */
-			saved[ch] = (float)mean;
-			saved[s->ch + ch] = rstd;
-		}
-		if (c->recompute)
-			continue;
-		run_mean[ch] = (1 - s->momentum) * run_mean[ch] + s->momentum * (float)mean;
-		run_var[ch] = (1 - s->momentum) * run_var[ch] +
-			      s->momentum * (float)(var * m / (m - 1));
-	}
+	if (hpu_batchnorm_forward(x, y, w, bias, run_mean, run_var, hpu_saved(l), c->batch, s->ch,
+				  s->spatial, s->eps, s->momentum, c->train, !c->recompute))
+		return NO_KERNEL(l);
 	return HPU_OK;
 }
 
@@ -200,32 +145,10 @@ static int batchnorm_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *
 {
 	(void)out;
 	const batchnorm *s = hpu_layer_user(l);
-	const float *x = hpu_f32(&in[0]), *dy = hpu_f32(&dout[0]), *w = hpu_param(l, 0);
-	const float *saved = hpu_saved(l);
-	float *dw = hpu_grad(l, 0), *dbias = hpu_grad(l, 1), *dx = hpu_f32(&din[0]);
-	double m = (double)c->batch * s->spatial;
-	for (int ch = 0; ch < s->ch; ch++) {
-		float mean = saved[ch], rstd = saved[s->ch + ch];
-		double sdy = 0, sdyx = 0;
-		for (int b = 0; b < c->batch; b++) {
-			const float *xc = chan(s, x, b, ch), *dyc = chan(s, dy, b, ch);
-			for (size_t i = 0; i < s->spatial; i++) {
-				sdy += dyc[i];
-				sdyx += (double)dyc[i] * ((xc[i] - mean) * rstd);
-			}
-		}
-		dw[ch] += (float)sdyx;
-		dbias[ch] += (float)sdy;
-		if (!dx)
-			continue;
-		float gm = (float)(sdy / m), gxm = (float)(sdyx / m), k = w[ch] * rstd;
-		for (int b = 0; b < c->batch; b++) {
-			const float *xc = chan(s, x, b, ch), *dyc = chan(s, dy, b, ch);
-			float *dxc = (float *)chan(s, dx, b, ch);
-			for (size_t i = 0; i < s->spatial; i++)
-				dxc[i] = k * (dyc[i] - gm - (xc[i] - mean) * rstd * gxm);
-		}
-	}
+	if (hpu_batchnorm_backward(hpu_f32(&in[0]), hpu_f32(&dout[0]), hpu_param(l, 0),
+				   hpu_saved(l), hpu_grad(l, 0), hpu_grad(l, 1), hpu_f32(&din[0]),
+				   c->batch, s->ch, s->spatial))
+		return NO_KERNEL(l);
 	return HPU_OK;
 }
 

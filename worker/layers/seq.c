@@ -121,70 +121,29 @@ typedef struct attention {
 	float scale;        /* 1 / sqrt(hd) */
 } attention;
 
-/* Where row i of head h of sample b starts in a head-major array. */
-static size_t hrow(const attention *s, int b, int h, int i)
+/* The ops' head-major copies and score masking (ops.h); 0, or -1 where
+ * the device's kernel table has none (the layer then fails naming it). */
+static int split_heads(const attention *s, const float *src, size_t ld, float *dst, int batch,
+		       float mul)
 {
-	return (((size_t)b * s->heads + h) * s->t + i) * s->hd;
+	return hpu_split_heads(src, ld, dst, batch, s->heads, s->t, s->hd, mul) ? -1 : 0;
 }
 
-/* dst[b, h, i, :] = src[b, i, h*hd ..] * mul: one head-major copy of a
- * slice (row stride ld) of `batch` samples. */
-static void split_heads(const attention *s, const float *src, size_t ld, float *dst, int batch,
-			float mul)
+static int merge_heads(const attention *s, const float *src, float *dst, size_t ld, int batch,
+		       float mul)
 {
-	for (int b = 0; b < batch; b++)
-		for (int h = 0; h < s->heads; h++)
-			for (int i = 0; i < s->t; i++) {
-				const float *r = src + ((size_t)b * s->t + i) * ld +
-						 (size_t)h * s->hd;
-				float *o = dst + hrow(s, b, h, i);
-				for (int e = 0; e < s->hd; e++)
-					o[e] = r[e] * mul;
-			}
+	return hpu_merge_heads(src, dst, ld, batch, s->heads, s->t, s->hd, mul) ? -1 : 0;
 }
 
-/* The inverse: dst[b, i, h*hd ..] (row stride ld) = src[b, h, i, :] * mul. */
-static void merge_heads(const attention *s, const float *src, float *dst, size_t ld, int batch,
-			float mul)
+static int mask_scores(const attention *s, float *att, const int32_t *mask, int batch,
+		       int after)
 {
-	for (int b = 0; b < batch; b++)
-		for (int h = 0; h < s->heads; h++)
-			for (int i = 0; i < s->t; i++) {
-				const float *r = src + hrow(s, b, h, i);
-				float *o = dst + ((size_t)b * s->t + i) * ld + (size_t)h * s->hd;
-				for (int e = 0; e < s->hd; e++)
-					o[e] = r[e] * mul;
-			}
+	return hpu_mask_scores(att, mask, batch, s->heads, s->t, s->causal, after) ? -1 : 0;
 }
 
-/* Query i may attend to key j of a sample with key mask `mask`. */
-static int allowed(const attention *s, const int32_t *mask, int i, int j)
-{
-	return (!s->causal || j <= i) && (!mask || mask[j]);
-}
-
-/* Before the softmax (after == 0): -inf at the scores a query may not
- * attend to, and a row with none it may gets zeros (anything finite: it
- * is zeroed after). After: exact zeros at those places and rows. */
-static void mask_scores(const attention *s, float *att, const int32_t *mask, int batch,
-			int after)
-{
-	for (int b = 0; b < batch; b++) {
-		const int32_t *m = mask ? mask + (size_t)b * s->t : NULL;
-		for (int h = 0; h < s->heads; h++)
-			for (int i = 0; i < s->t; i++) {
-				float *row = att + (((size_t)b * s->heads + h) * s->t + i) * s->t;
-				int any = 0;
-				for (int j = 0; j < s->t; j++)
-					any |= allowed(s, m, i, j);
-				for (int j = 0; j < s->t; j++)
-					if (!any)
-						row[j] = 0.0f;
-					else if (!allowed(s, m, i, j))
-						row[j] = after ? 0.0f : -INFINITY;
-			}
-	}
-}
+#define NO_KERNEL(l)                                                                         \
+	hpu_layer_error(l, "layer %s: this device's kernel table has no kernel for its "     \
+			   "head copies or score masking", hpu_layer_name(l))
 
 /* Memory, for a micro-batch with N = batch * T * D and P = batch * heads
  * * T * T floats:
@@ -215,17 +174,19 @@ static int attention_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *i
 	float *hq = scr, *hk = scr + n, *hv = scr + 2 * n, *ho = scr + 3 * n;
 	hpu_linear_forward(hpu_f32(&in[0]), hpu_param(l, 0), hpu_param(l, 1), qkv, batch * t, d,
 			   3 * d);
-	split_heads(s, qkv, 3 * (size_t)d, hq, batch, s->scale);
-	split_heads(s, qkv + d, 3 * (size_t)d, hk, batch, 1.0f);
-	split_heads(s, qkv + 2 * d, 3 * (size_t)d, hv, batch, 1.0f);
+	if (split_heads(s, qkv, 3 * (size_t)d, hq, batch, s->scale) < 0 ||
+	    split_heads(s, qkv + d, 3 * (size_t)d, hk, batch, 1.0f) < 0 ||
+	    split_heads(s, qkv + 2 * d, 3 * (size_t)d, hv, batch, 1.0f) < 0)
+		return NO_KERNEL(l);
 	hpu_bmm(hq, hk, att, bh, t, t, hd, 0, 1, 0, th, th, tt);
-	if (s->causal || mask)
-		mask_scores(s, att, mask, batch, 0);
+	if ((s->causal || mask) && mask_scores(s, att, mask, batch, 0) < 0)
+		return NO_KERNEL(l);
 	hpu_softmax_forward(att, att, bh * t, t);
-	if (s->causal || mask)
-		mask_scores(s, att, mask, batch, 1);
+	if ((s->causal || mask) && mask_scores(s, att, mask, batch, 1) < 0)
+		return NO_KERNEL(l);
 	hpu_bmm(att, hv, ho, bh, t, hd, t, 0, 0, 0, tt, th, th);
-	merge_heads(s, ho, ctx, (size_t)d, batch, 1.0f);
+	if (merge_heads(s, ho, ctx, (size_t)d, batch, 1.0f) < 0)
+		return NO_KERNEL(l);
 	hpu_linear_forward(ctx, hpu_param(l, 2), hpu_param(l, 3), hpu_f32(&out[0]), batch * t, d,
 			   d);
 	return HPU_OK;
@@ -249,18 +210,20 @@ static int attention_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *
 	float *dp = scr + 8 * n, *dqkv = scr;
 	hpu_linear_backward(ctx, hpu_param(l, 2), hpu_f32(&dout[0]), dctx, hpu_grad(l, 2),
 			    hpu_grad(l, 3), batch * t, d, d);
-	split_heads(s, dctx, (size_t)d, hdo, batch, 1.0f);
-	split_heads(s, qkv, 3 * (size_t)d, hq, batch, s->scale);
-	split_heads(s, qkv + d, 3 * (size_t)d, hk, batch, 1.0f);
-	split_heads(s, qkv + 2 * d, 3 * (size_t)d, hv, batch, 1.0f);
+	if (split_heads(s, dctx, (size_t)d, hdo, batch, 1.0f) < 0 ||
+	    split_heads(s, qkv, 3 * (size_t)d, hq, batch, s->scale) < 0 ||
+	    split_heads(s, qkv + d, 3 * (size_t)d, hk, batch, 1.0f) < 0 ||
+	    split_heads(s, qkv + 2 * d, 3 * (size_t)d, hv, batch, 1.0f) < 0)
+		return NO_KERNEL(l);
 	hpu_bmm(att, hdo, hdv, bh, t, hd, t, 1, 0, 0, tt, th, th);
 	hpu_bmm(hdo, hv, dp, bh, t, t, hd, 0, 1, 0, th, th, tt);
 	hpu_softmax_backward(att, dp, dp, bh * t, t);
 	hpu_bmm(dp, hk, hdq, bh, t, hd, t, 0, 0, 0, tt, th, th);
 	hpu_bmm(dp, hq, hdk, bh, t, hd, t, 1, 0, 0, tt, th, th);
-	merge_heads(s, hdq, dqkv, 3 * (size_t)d, batch, s->scale);
-	merge_heads(s, hdk, dqkv + d, 3 * (size_t)d, batch, 1.0f);
-	merge_heads(s, hdv, dqkv + 2 * d, 3 * (size_t)d, batch, 1.0f);
+	if (merge_heads(s, hdq, dqkv, 3 * (size_t)d, batch, s->scale) < 0 ||
+	    merge_heads(s, hdk, dqkv + d, 3 * (size_t)d, batch, 1.0f) < 0 ||
+	    merge_heads(s, hdv, dqkv + 2 * d, 3 * (size_t)d, batch, 1.0f) < 0)
+		return NO_KERNEL(l);
 	hpu_linear_backward(hpu_f32(&in[0]), hpu_param(l, 0), dqkv, hpu_f32(&din[0]),
 			    hpu_grad(l, 0), hpu_grad(l, 1), batch * t, d, 3 * d);
 	return HPU_OK;

@@ -23,6 +23,7 @@
 
 #include "worker/ops/autocast.h"
 #include "worker/ops/backend.h"
+#include "worker/ops/backend_host.h"
 #include "common/env.h"
 #include "common/fileio.h"
 #include "common/lowp.h"
@@ -474,10 +475,7 @@ static void round_to(const float *x, float *y, size_t n, int lowp)
 	const hpu__backend *be = hpu__be();
 	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, y, n) == HPU_BE_OK)
 		return;
-	if (lowp != HPU_AUTOCAST_FP16)
-		round_bf16(x, y, n);
-	else
-		round_fp16(x, y, n);
+	hpu__host_round(lowp == HPU_AUTOCAST_FP16, x, y, n);
 }
 
 const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
@@ -487,7 +485,7 @@ const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
 	grow((void **)&scratch16[slot].p, &scratch16[slot].cap, n, sizeof(uint16_t));
 	const hpu__backend *be = hpu__be();
 	if (!be->to_bf16 || be->to_bf16(x, scratch16[slot].p, n) != HPU_BE_OK)
-		to_bf16(x, scratch16[slot].p, n);
+		hpu__host_to_bf16(x, scratch16[slot].p, n);
 	return scratch16[slot].p;
 }
 
@@ -547,10 +545,17 @@ void hpu__ac_from16(int fp16, float *dst, const uint16_t *src, size_t n)
 	const hpu__backend *be = hpu__be();
 	if (be->from16 && be->from16(fp16, src, dst, n) == HPU_BE_OK)
 		return;
+	hpu__host_from16(fp16, src, dst, n);
+}
+
+/* The CPU's from16 (hpu__be_host). */
+int hpu__host_from16(int fp16, const uint16_t *src, float *dst, size_t n)
+{
 	if (fp16 && hpu_have_f16c())
 		hpu__f16c_from_fp16(dst, src, n);
 	else
 		from16_plain(fp16, dst, src, n);
+	return HPU_BE_OK;
 }
 
 /* Makes the fp32 values of w[0..n), which lies in p, where not made yet. */
@@ -611,11 +616,29 @@ void hpu__ac_round_inplace(float *x, size_t n, int lowp)
 	const hpu__backend *be = hpu__be();
 	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, x, n) == HPU_BE_OK)
 		return;
-	if (lowp != HPU_AUTOCAST_FP16)
-		round_bf16_inplace(x, n);
+	hpu__host_round(lowp == HPU_AUTOCAST_FP16, x, x, n);
+}
+
+/* The CPU's round (hpu__be_host): in place where y is x. */
+int hpu__host_round(int fp16, const float *x, float *y, size_t n)
+{
+	if (x != y && !fp16)
+		round_bf16(x, y, n);
+	else if (x != y)
+		round_fp16(x, y, n);
+	else if (!fp16)
+		round_bf16_inplace(y, n);
 	else if (hpu_have_f16c())
-		hpu__f16c_round_fp16(x, x, n);
+		hpu__f16c_round_fp16(y, y, n);
 	else
 		for (size_t i = 0; i < n; i++)
-			x[i] = hpu_from_fp16(hpu_to_fp16(x[i]));
+			y[i] = hpu_from_fp16(hpu_to_fp16(y[i]));
+	return HPU_BE_OK;
+}
+
+/* The CPU's to_bf16 (hpu__be_host). */
+int hpu__host_to_bf16(const float *x, uint16_t *y, size_t n)
+{
+	to_bf16(x, y, n);
+	return HPU_BE_OK;
 }

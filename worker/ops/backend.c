@@ -104,3 +104,9 @@ const hpu__backend *hpu__be_reference(void)
 {
 	return &ref_backend;
 }
+
+int hpu__be_on_host(void)
+{
+	const hpu__backend *be = hpu__be();
+	return be == &ref_backend || be == hpu__dnnl_backend();
+}

@@ -164,6 +164,46 @@ typedef struct hpu__backend {
 	 * label, as hpu_count_correct (correct is host memory). */
 	int (*count_correct)(const float *logits, const int32_t *labels, int batch,
 			     int classes, int *correct);
+
+	/* The layers' own loops (worker/layers), as the ops of ops_loss.c
+	 * (ops.h); NULL on the CPU's tables, where hpu__be_host's serve. A
+	 * table without one (a GPU's) makes the op fail with a sentence. */
+	/* Per-sample softmax cross-entropy over rows x positions labels
+	 * (-100 ignored): lse[rows * positions] saved, loss[rows] each row's
+	 * mean over its counted positions; *bad (host memory) the index of
+	 * the first label outside [0, classes) and not -100, its value in
+	 * *bad_label, or -1. bwd: dx = dloss[r] / n * (softmax - onehot) at
+	 * counted positions, 0 at ignored ones. accuracy_pos: acc[r] the
+	 * fraction of a row's counted positions whose first arg-max is the
+	 * label. */
+	int (*xent_pos_fwd)(const float *logits, const int32_t *labels, float *lse, float *loss,
+			    int rows, size_t positions, int classes, long *bad,
+			    int32_t *bad_label);
+	int (*xent_pos_bwd)(const float *logits, const int32_t *labels, const float *lse,
+			    const float *dloss, float *dx, int rows, size_t positions,
+			    int classes);
+	int (*accuracy_pos)(const float *logits, const int32_t *labels, float *acc, int rows,
+			    size_t positions, int classes, long *bad, int32_t *bad_label);
+	/* dst[bytes] = src[bytes], device memory both (the layers' copies:
+	 * flatten, add's backward); they do not overlap. */
+	int (*copy)(void *dst, const void *src, size_t bytes);
+	/* The attention layer's head-major copies (ops.h hpu_split_heads,
+	 * hpu_merge_heads; merge selects the second) and its masking of the
+	 * scores (hpu_mask_scores). */
+	int (*heads)(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
+		     int t, int hd, float mul);
+	int (*mask_scores)(float *att, const int32_t *mask, int batch, int heads, int t,
+			   int causal, int after);
+	/* The dropout layer's (ops.h hpu_dropout_rows): keys[rows] in host
+	 * memory. */
+	int (*dropout_rows)(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
+			    uint32_t cut, float scale);
+	/* The batch norm layer's (ops.h hpu_batchnorm_forward/backward). */
+	int (*batchnorm_fwd)(const float *x, float *y, const float *w, const float *bias,
+			     float *run_mean, float *run_var, float *saved, int batch, int ch,
+			     size_t spatial, float eps, float momentum, int train, int update);
+	int (*batchnorm_bwd)(const float *x, const float *dy, const float *w, const float *saved,
+			     float *dw, float *dbias, float *dx, int batch, int ch, size_t spatial);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */
@@ -176,5 +216,16 @@ void hpu__be_set(const hpu__backend *be);
 /* A table whose every function answers HPU_BE_UNSUPPORTED: the ops then
  * run the reference kernels of ops_ref.c. */
 const hpu__backend *hpu__be_reference(void);
+
+/* The ops' own C loops as a table (backend_host.c): the CPU's kernel for
+ * each entry the CPU backends leave NULL. The ops run these where the
+ * backend has no entry; cpu-strict's kernels-only mode puts them in its
+ * table, so that the ops touch device memory only through the table. */
+const hpu__backend *hpu__be_host(void);
+
+/* 1 when the ops' table is one of the CPU's (oneDNN's, the reference
+ * one), whose memory the host loops of hpu__be_host may read: where an
+ * entry is NULL elsewhere, the op fails rather than run a host loop. */
+int hpu__be_on_host(void);
 
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "worker/ops/backend.h"
+#include "worker/ops/backend_host.h"
 #include "worker/ops/fp8.h"
 #include "common/lowp.h"
 #include "common/simd.h"
@@ -83,6 +84,13 @@ void hpu__fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fm
 	fake_quant_c(x, y, n, scale, fmt);
 }
 
+/* The CPU's fp8_fake_quant (hpu__be_host). */
+int hpu__host_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
+{
+	fake_quant_c(x, y, n, scale, fmt);
+	return HPU_BE_OK;
+}
+
 uint8_t hpu__fp8_encode(float v, int fmt)
 {
 	float r;
@@ -133,6 +141,13 @@ float hpu__fp8_amax(const float *x, size_t n)
 	if (be->amax && be->amax(x, n, &m) == HPU_BE_OK)
 		return m;
 	return amax_c(x, n);
+}
+
+/* The CPU's amax (hpu__be_host). */
+int hpu__host_amax(const float *x, size_t n, float *amax)
+{
+	*amax = amax_c(x, n);
+	return HPU_BE_OK;
 }
 
 float hpu__fp8_scale_for(float amax, int fmt, int margin)

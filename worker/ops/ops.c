@@ -19,6 +19,7 @@
 #include "worker/ops/backend.h"
 #include "common/lowp.h"
 #include "worker/ops/ops_ref.h"
+#include "worker/ops/backend_host.h"
 #include "worker/ops/fp8.h"
 #include "common/simd.h"
 
@@ -59,11 +60,28 @@ static void bias_grad(const float *dy, float *db, int batch, int out)
 	const hpu__backend *be = hpu__be();
 	if (be->bias_grad && be->bias_grad(HPU_DT_F32, dy, db, batch, out) == HPU_BE_OK)
 		return;
+	hpu__host_bias_grad(HPU_DT_F32, dy, db, batch, out);
+}
+
+/* The CPU's bias_grad (hpu__be_host). */
+int hpu__host_bias_grad(hpu__dtype dt, const void *dyv, float *db, int batch, int out)
+{
+	if (dt == HPU_DT_BF16) {
+		const uint16_t *dy = dyv;
+		for (int i = 0; i < batch; i++) {
+			const uint16_t *dyr = dy + (size_t)i * out;
+			for (int o = 0; o < out; o++)
+				db[o] += hpu_from_bf16(dyr[o]);
+		}
+		return HPU_BE_OK;
+	}
+	const float *dy = dyv;
 	for (int i = 0; i < batch; i++) {
 		const float *dyr = dy + (size_t)i * out;
 		for (int o = 0; o < out; o++)
 			db[o] += dyr[o];
 	}
+	return HPU_BE_OK;
 }
 
 void hpu__ref_linear_backward(const float *x, const float *w, const float *dy,
@@ -113,19 +131,33 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 	/* Labels come from a data file: check them all before writing. */
 	const hpu__backend *be = hpu__be();
 	int ok;
-	if (be->ids_in_range && be->ids_in_range(labels, batch, classes, &ok) == HPU_BE_OK) {
-		if (!ok)
-			return -1.0f;
-	} else {
-		for (int i = 0; i < batch; i++)
-			if (labels[i] < 0 || labels[i] >= classes)
-				return -1.0f;
-	}
+	if (!be->ids_in_range || be->ids_in_range(labels, batch, classes, &ok) != HPU_BE_OK)
+		hpu__host_ids_in_range(labels, batch, classes, &ok);
+	if (!ok)
+		return -1.0f;
 	float out;
-	if (be->softmax_xent &&
-	    be->softmax_xent(logits, labels, dlogits, batch, classes, &out) == HPU_BE_OK)
-		return out;
+	if (!be->softmax_xent ||
+	    be->softmax_xent(logits, labels, dlogits, batch, classes, &out) != HPU_BE_OK)
+		hpu__host_softmax_xent(logits, labels, dlogits, batch, classes, &out);
+	return out;
+}
 
+/* The CPU's ids_in_range (hpu__be_host). */
+int hpu__host_ids_in_range(const int32_t *ids, int n, int limit, int *ok)
+{
+	*ok = 1;
+	for (int i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= limit) {
+			*ok = 0;
+			break;
+		}
+	return HPU_BE_OK;
+}
+
+/* The CPU's softmax_xent (hpu__be_host). */
+int hpu__host_softmax_xent(const float *logits, const int32_t *labels, float *dlogits,
+			   int batch, int classes, float *out)
+{
 	double loss = 0.0;
 	float inv_batch = 1.0f / (float)batch;
 	for (int i = 0; i < batch; i++) {
@@ -155,7 +187,8 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 			d[c] *= scale;
 		d[labels[i]] -= inv_batch;
 	}
-	return (float)(loss / batch);
+	*out = (float)(loss / batch);
+	return HPU_BE_OK;
 }
 
 int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
@@ -166,6 +199,15 @@ int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
 	if (batch > 0 && classes > 0 && be->count_correct &&
 	    be->count_correct(logits, labels, batch, classes, &correct) == HPU_BE_OK)
 		return correct;
+	hpu__host_count_correct(logits, labels, batch, classes, &correct);
+	return correct;
+}
+
+/* The CPU's count_correct (hpu__be_host). */
+int hpu__host_count_correct(const float *logits, const int32_t *labels, int batch,
+			    int classes, int *out)
+{
+	int correct = 0;
 	for (int i = 0; i < batch; i++) {
 		const float *z = logits + (size_t)i * classes;
 		int best = 0;
@@ -175,7 +217,8 @@ int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
 		if (classes > 0 && best == labels[i])
 			correct++;
 	}
-	return correct;
+	*out = correct;
+	return HPU_BE_OK;
 }
 
 /* ---- the public ops: the autocast policy around the kernels ---- */
@@ -251,11 +294,7 @@ static void bias_grad16(const uint16_t *dy, float *db, int batch, int out)
 	const hpu__backend *be = hpu__be();
 	if (be->bias_grad && be->bias_grad(HPU_DT_BF16, dy, db, batch, out) == HPU_BE_OK)
 		return;
-	for (int i = 0; i < batch; i++) {
-		const uint16_t *dyr = dy + (size_t)i * out;
-		for (int o = 0; o < out; o++)
-			db[o] += hpu_from_bf16(dyr[o]);
-	}
+	hpu__host_bias_grad(HPU_DT_BF16, dy, db, batch, out);
 }
 
 /* bf16 products run natively here */

@@ -18,6 +18,7 @@
 #include "worker/ops/autocast.h"
 #include "worker/ops/backend.h"
 #include "worker/ops/ops_ref.h"
+#include "worker/ops/backend_host.h"
 #include "worker/ops/fp8.h"
 #include "common/simd.h"
 
@@ -273,20 +274,22 @@ static int embedding_forward(const float *table, const int32_t *ids, float *y,
 	/* ids come from data: check them all before writing anything */
 	const hpu__backend *be = hpu__be();
 	int ok;
-	if (be->ids_in_range && n > 0 && be->ids_in_range(ids, n, vocab, &ok) == HPU_BE_OK) {
-		if (!ok)
-			return HPU_ERANGE;
-	} else {
-		for (int i = 0; i < n; i++)
-			if (ids[i] < 0 || ids[i] >= vocab)
-				return HPU_ERANGE;
-	}
-	if (be->embedding_fwd && be->embedding_fwd(table, ids, y, n, dim) == HPU_BE_OK)
-		return HPU_OK;
+	if (n > 0 && (!be->ids_in_range || be->ids_in_range(ids, n, vocab, &ok) != HPU_BE_OK))
+		hpu__host_ids_in_range(ids, n, vocab, &ok);
+	if (n > 0 && !ok)
+		return HPU_ERANGE;
+	if (!be->embedding_fwd || be->embedding_fwd(table, ids, y, n, dim) != HPU_BE_OK)
+		hpu__host_embedding_fwd(table, ids, y, n, dim);
+	return HPU_OK;
+}
+
+/* The CPU's embedding_fwd (hpu__be_host). */
+int hpu__host_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim)
+{
 	for (int i = 0; i < n; i++)
 		memcpy(y + (size_t)i * dim, table + (size_t)ids[i] * dim,
 		       (size_t)dim * sizeof *y);
-	return HPU_OK;
+	return HPU_BE_OK;
 }
 
 static void embedding_backward(const int32_t *ids, const float *dy, float *dtable,
@@ -296,6 +299,12 @@ static void embedding_backward(const int32_t *ids, const float *dy, float *dtabl
 	const hpu__backend *be = hpu__be();
 	if (be->embedding_bwd && be->embedding_bwd(ids, dy, dtable, n, dim) == HPU_BE_OK)
 		return;
+	hpu__host_embedding_bwd(ids, dy, dtable, n, dim);
+}
+
+/* The CPU's embedding_bwd (hpu__be_host). */
+int hpu__host_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n, int dim)
+{
 	for (int i = 0; i < n; i++) {
 		assert(ids[i] >= 0); /* the forward checked the upper bound */
 		float *row = dtable + (size_t)ids[i] * dim;
@@ -303,6 +312,7 @@ static void embedding_backward(const int32_t *ids, const float *dy, float *dtabl
 		for (int c = 0; c < dim; c++)
 			row[c] += d[c];
 	}
+	return HPU_BE_OK;
 }
 
 /* ---- dropout ---- */
@@ -333,11 +343,18 @@ static void dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
 	const hpu__backend *be = hpu__be();
 	if (be->dropout_fwd && be->dropout_fwd(x, y, mask, n, p, seed, stream) == HPU_BE_OK)
 		return;
+	hpu__host_dropout_fwd(x, y, mask, n, p, seed, stream);
+}
+
+/* The CPU's dropout_fwd (hpu__be_host). */
+int hpu__host_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t n, float p,
+			  uint64_t seed, uint64_t stream)
+{
 	if (p >= 1.0f) { /* everything dropped; no 1 / 0 */
 		memset(mask, 0, n);
 		for (size_t i = 0; i < n; i++)
 			y[i] = 0.0f;
-		return;
+		return HPU_BE_OK;
 	}
 	const uint64_t key = dropout_key(seed, stream);
 	const uint32_t thresh = (uint32_t)((double)p * 4294967296.0);
@@ -348,6 +365,7 @@ static void dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
 		mask[i] = keep;
 		y[i] = keep ? x[i] * scale : 0.0f;
 	}
+	return HPU_BE_OK;
 }
 
 HPU_CLONES static void dropout_backward_c(const float *dy, const uint8_t *mask,
@@ -356,6 +374,13 @@ HPU_CLONES static void dropout_backward_c(const float *dy, const uint8_t *mask,
 	const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 	for (size_t i = 0; i < n; i++)
 		dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+/* The CPU's dropout_bwd (hpu__be_host). */
+int hpu__host_dropout_bwd(const float *dy, const uint8_t *mask, float *dx, size_t n, float p)
+{
+	dropout_backward_c(dy, mask, dx, n, p);
+	return HPU_BE_OK;
 }
 
 static void dropout_backward(const float *dy, const uint8_t *mask, float *dx, size_t n,
@@ -494,11 +519,17 @@ static void products_rounded(const float *a, const float *b, const uint16_t *a16
 	for (int i = 0; i < count; i++) {
 		float *pi = p + i * stride_c, *ci = c + i * stride_c;
 		hpu__ac_round_inplace(pi, mat_n(m, n), lp);
-		if (be->add && be->add(pi, ci, mat_n(m, n)) == HPU_BE_OK)
-			continue;
-		for (size_t j = 0; j < mat_n(m, n); j++)
-			ci[j] += pi[j];
+		if (!be->add || be->add(pi, ci, mat_n(m, n)) != HPU_BE_OK)
+			hpu__host_add(pi, ci, mat_n(m, n));
 	}
+}
+
+/* The CPU's add (hpu__be_host). */
+int hpu__host_add(const float *x, float *y, size_t n)
+{
+	for (size_t j = 0; j < n; j++)
+		y[j] += x[j];
+	return HPU_BE_OK;
 }
 
 /* bf16 products run natively here */

@@ -279,6 +279,14 @@ static int cu_add(const float *x, float *y, size_t n)
 	CU_KERNEL("add", hpu__cuk_add(x, y, n, st));
 }
 
+/* New (issue 35's strict-kernels work), not yet run on a GPU. */
+static int cu_copy(void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return HPU_BE_OK;
+	CU_KERNEL("copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+}
+
 /* The result comes back to the host: this waits for the stream. */
 static int cu_amax(const float *x, size_t n, float *amax)
 {
@@ -401,6 +409,7 @@ static const hpu__backend cuda_backend = {
 	.fp8_fake_quant = cu_fp8_fake_quant,
 	.ids_in_range = cu_ids_in_range,
 	.count_correct = cu_count_correct,
+	.copy = cu_copy,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

@@ -1,0 +1,60 @@
+/* backend_host: the ops' own C loops, each with the signature of its
+ * entry of hpu__backend (backend.h), so that they are the CPU's kernel of
+ * that entry (hpu__be_host). Each lives in the file of its op. */
+#ifndef HPU_BACKEND_HOST_H
+#define HPU_BACKEND_HOST_H
+
+#include "worker/ops/backend.h"
+
+/* ops.c */
+int hpu__host_bias_grad(hpu__dtype dt, const void *dy, float *db, int rows, int cols);
+int hpu__host_ids_in_range(const int32_t *ids, int n, int limit, int *ok);
+int hpu__host_softmax_xent(const float *logits, const int32_t *labels, float *dlogits,
+			   int batch, int classes, float *loss);
+int hpu__host_count_correct(const float *logits, const int32_t *labels, int batch,
+			    int classes, int *correct);
+
+/* ops_nn.c */
+int hpu__host_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim);
+int hpu__host_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n, int dim);
+int hpu__host_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t n, float p,
+			  uint64_t seed, uint64_t stream);
+int hpu__host_add(const float *x, float *y, size_t n);
+int hpu__host_dropout_bwd(const float *dy, const uint8_t *mask, float *dx, size_t n, float p);
+
+/* autocast.c */
+int hpu__host_round(int fp16, const float *x, float *y, size_t n);
+int hpu__host_to_bf16(const float *x, uint16_t *y, size_t n);
+int hpu__host_from16(int fp16, const uint16_t *x, float *y, size_t n);
+
+/* fp8.c */
+int hpu__host_amax(const float *x, size_t n, float *amax);
+int hpu__host_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt);
+
+/* ops_move.c */
+int hpu__host_copy(void *dst, const void *src, size_t bytes);
+int hpu__host_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
+			   uint32_t cut, float scale);
+
+/* ops_heads.c */
+int hpu__host_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
+		    int t, int hd, float mul);
+int hpu__host_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
+			  int causal, int after);
+
+/* ops_bnorm.c */
+int hpu__host_batchnorm_fwd(const float *x, float *y, const float *w, const float *bias,
+			    float *run_mean, float *run_var, float *saved, int batch, int ch,
+			    size_t spatial, float eps, float momentum, int train, int update);
+int hpu__host_batchnorm_bwd(const float *x, const float *dy, const float *w, const float *saved,
+			    float *dw, float *dbias, float *dx, int batch, int ch, size_t spatial);
+
+/* ops_loss.c */
+int hpu__host_xent_pos_fwd(const float *logits, const int32_t *labels, float *lse, float *loss,
+			   int rows, size_t positions, int classes, long *bad, int32_t *bad_label);
+int hpu__host_xent_pos_bwd(const float *logits, const int32_t *labels, const float *lse,
+			   const float *dloss, float *dx, int rows, size_t positions, int classes);
+int hpu__host_accuracy_pos(const float *logits, const int32_t *labels, float *acc, int rows,
+			   size_t positions, int classes, long *bad, int32_t *bad_label);
+
+#endif

@@ -1,0 +1,98 @@
+/* ops_heads: the attention layer's own passes (worker/layers/seq.c) as
+ * ops on the kernel table (backend.h): the head-major copies of q, k, v
+ * and their gradients, and the masking of the scores; the table's kernel,
+ * else on the CPU's tables the C loops here (hpu__be_host's). */
+#include <math.h>
+#include <stddef.h>
+
+#include "worker/ops/backend.h"
+#include "worker/ops/backend_host.h"
+
+#include "hpu/hpu.h"
+#include "hpu/ops.h"
+
+/* Where row i of head h of sample b starts in a head-major array. */
+static size_t hrow(int heads, int t, int hd, int b, int h, int i)
+{
+	return (((size_t)b * heads + h) * t + i) * hd;
+}
+
+/* split: dst[b, h, i, :] = src[b, i, h*hd ..] * mul (row stride ld);
+ * merge: the inverse, dst[b, i, h*hd ..] = src[b, h, i, :] * mul. */
+int hpu__host_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
+		    int t, int hd, float mul)
+{
+	for (int b = 0; b < batch; b++)
+		for (int h = 0; h < heads; h++)
+			for (int i = 0; i < t; i++) {
+				size_t strided = ((size_t)b * t + i) * ld + (size_t)h * hd;
+				size_t major = hrow(heads, t, hd, b, h, i);
+				const float *r = src + (merge ? major : strided);
+				float *o = dst + (merge ? strided : major);
+				for (int e = 0; e < hd; e++)
+					o[e] = r[e] * mul;
+			}
+	return HPU_BE_OK;
+}
+
+/* Query i may attend to key j of a sample with key mask `mask`. */
+static int allowed(int causal, const int32_t *mask, int i, int j)
+{
+	return (!causal || j <= i) && (!mask || mask[j]);
+}
+
+/* Before the softmax (after == 0): -inf at the scores a query may not
+ * attend to, and a row with none it may gets zeros. After: exact zeros
+ * at those places and rows. */
+int hpu__host_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
+			  int causal, int after)
+{
+	for (int b = 0; b < batch; b++) {
+		const int32_t *m = mask ? mask + (size_t)b * t : NULL;
+		for (int h = 0; h < heads; h++)
+			for (int i = 0; i < t; i++) {
+				float *row = att + (((size_t)b * heads + h) * t + i) * t;
+				int any = 0;
+				for (int j = 0; j < t; j++)
+					any |= allowed(causal, m, i, j);
+				for (int j = 0; j < t; j++)
+					if (!any)
+						row[j] = 0.0f;
+					else if (!allowed(causal, m, i, j))
+						row[j] = after ? 0.0f : -INFINITY;
+			}
+	}
+	return HPU_BE_OK;
+}
+
+static int heads_op(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
+		    int t, int hd, float mul)
+{
+	const hpu__backend *be = hpu__be();
+	int rc = be->heads ? be->heads(merge, src, dst, ld, batch, heads, t, hd, mul)
+	       : hpu__be_on_host() ? hpu__host_heads(merge, src, dst, ld, batch, heads, t, hd, mul)
+				   : HPU_BE_UNSUPPORTED;
+	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
+}
+
+int hpu_split_heads(const float *src, size_t ld, float *dst, int batch, int heads, int t,
+		    int hd, float mul)
+{
+	return heads_op(0, src, dst, ld, batch, heads, t, hd, mul);
+}
+
+int hpu_merge_heads(const float *src, float *dst, size_t ld, int batch, int heads, int t,
+		    int hd, float mul)
+{
+	return heads_op(1, src, dst, ld, batch, heads, t, hd, mul);
+}
+
+int hpu_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t, int causal,
+		    int after)
+{
+	const hpu__backend *be = hpu__be();
+	int rc = be->mask_scores ? be->mask_scores(att, mask, batch, heads, t, causal, after)
+	       : hpu__be_on_host() ? hpu__host_mask_scores(att, mask, batch, heads, t, causal, after)
+				   : HPU_BE_UNSUPPORTED;
+	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
+}
