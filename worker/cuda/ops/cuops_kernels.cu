@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include "worker/cuda/cuda_elem.h"
 #include "worker/cuda/ops/cuops_kernels.h"
 
 #define THREADS 256
@@ -690,44 +691,12 @@ extern "C" cudaError_t hpu__cuk_softmax_xent(const float *logits, const int32_t 
 
 /* ---- the ops' own passes ---- */
 
-/* common/lowp.h's conversions, on the same bits. */
-__device__ static uint16_t to_bf16(float f)
-{
-	uint32_t x = __float_as_uint(f);
-	uint32_t r = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;
-	uint32_t q = (x >> 16) | 0x40; /* a quiet NaN */
-	return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
-
-__device__ static float from_bf16(uint16_t h)
-{
-	return __uint_as_float((uint32_t)h << 16);
-}
-
-__device__ static uint16_t to_fp16(float f)
-{
-	uint32_t x = __float_as_uint(f), ax = x & 0x7fffffffu;
-	uint32_t sign = (x >> 16) & 0x8000u;
-	uint32_t norm = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1)) >> 13;
-	/* below 2^-14 the f32 addition rounds to the subnormal's bits
-	 * (__fadd_rn: never contracted, never flushed) */
-	uint32_t sub = __float_as_uint(__fadd_rn(__uint_as_float(ax), 0.5f)) - 0x3f000000u;
-	uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu);
-	uint32_t big = ax > 0x7f800000u ? nan : 0x7c00u;
-	uint32_t r = ax < 0x38800000u ? sub : ax < 0x47800000u ? norm : big;
-	return (uint16_t)(sign | r);
-}
-
-__device__ static float from_fp16(uint16_t h)
-{
-	uint32_t u = (uint32_t)(h & 0x7fffu) << 13;
-	uint32_t e = u & 0x0f800000u;
-	uint32_t norm = u + (112u << 23);
-	uint32_t big = (norm + (112u << 23)) | (u > 0x0f800000u ? 0x400000u : 0);
-	uint32_t sub = __float_as_uint(__fsub_rn(__uint_as_float(u + (113u << 23)), 0x1p-14f));
-	uint32_t r = e == 0 ? sub : e == 0x0f800000u ? big : norm;
-	return __uint_as_float(r | (uint32_t)(h & 0x8000u) << 16);
-}
+/* common/lowp.h's conversions, on the same bits: cuda_elem.h's, which
+ * tests/unit/test_cuda_elem.c holds to lowp.h bit for bit. */
+#define to_bf16 hpu__elem_to_bf16
+#define from_bf16 hpu__elem_from_bf16
+#define to_fp16 hpu__elem_to_fp16
+#define from_fp16 hpu__elem_from_fp16
 
 static __global__ void k_round(int fp16, const float *x, float *y, size_t n)
 {
