@@ -202,16 +202,14 @@ static int alloc_states(hpu_strat *s)
 	    me->where != HPU_PLAN_NVME && /* nvme: in the swap file with the moments */
 	    !(s->M = state_alloc(s, HPU_PLAN_MASTER, n, HPU_MEM_OPTIM, "fp32 master weights")))
 		return -1;
+	s->G = G;
+	s->GS = GS;
 	if (p->mixed) {
 		s->P16 = (uint16_t *)P;
 		s->PS16 = (uint16_t *)PS;
-		s->G16 = (uint16_t *)G;
-		s->GS16 = (uint16_t *)GS;
 	} else {
 		s->P = (float *)P;
 		s->PS = (float *)PS;
-		s->G = (float *)G;
-		s->GS = (float *)GS;
 	}
 	if (hpu__strat_alloc_optim(s) < 0)
 		return -1;
@@ -229,16 +227,15 @@ static int alloc_states(hpu_strat *s)
 		if (p->mixed) { /* nvme: hpu__nvp_get gives opt_p16 */
 			u->opt_p = s->M ? s->M + (s->sharded ? u->shard_off : u->off) : NULL;
 			u->opt_p16 = wp;
-			u->opt_g16 = wg;
 		} else { /* nvme: hpu__nvp_get gives opt_p */
 			u->opt_p = wp;
-			u->opt_g = wg;
 		}
+		u->opt_g = wg;
 		hpu__strat_optim_init(s, j);
 		if (s->P)
 			hpu__strat_point(s, j, s->P + u->off, NULL);
 		if (s->G)
-			hpu__strat_point(s, j, NULL, s->G + u->off);
+			hpu__strat_point(s, j, NULL, (float *)s->G + u->off);
 	}
 	return pe->where == HPU_PLAN_NVME ? hpu__nvp_open(s) : 0;
 }
@@ -624,7 +621,6 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 			   .seed = o->seed};
 	plan_graph(s);
 	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
-	s->dt16 = s->plan.fp16 ? HPUCOLL_F16 : HPUCOLL_BF16;
 	s->scale = !s->plan.fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
 				   : ldexp(1.0, o->initial_scale_power);
 	s->hyst_left = o->hysteresis;
@@ -667,7 +663,6 @@ void hpu__strat_free(hpu_strat **ps)
 		hpu__dfree(u->gbuf);
 		hpu__dfree(u->cbuf);
 		hpu__dfree(u->full16);
-		hpu__dfree(u->gbuf16);
 	}
 	for (int t = 0; s->t_data && t < s->b->ntensors; t++) {
 		if (s->b->tensors[t].producer >= 0 || hpu__dev_owns(s->t_data[t]))
@@ -700,9 +695,7 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__dfree(s->GS);
 	hpu__dfree(s->state);
 	hpu__dfree(s->P16);
-	hpu__dfree(s->G16);
 	hpu__dfree(s->PS16);
-	hpu__dfree(s->GS16);
 	hpu__dfree(s->M);
 	hpu__dfree(s->chunk);
 	hpu__nv_close(s);

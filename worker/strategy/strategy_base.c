@@ -144,7 +144,7 @@ void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float 
 		update_range(s, host, o, from, n, p, g, p16, gscale, lr);
 		return;
 	}
-	size_t gsz = s->plan.mixed ? 2 : 4;
+	size_t gsz = hpu__strat_esize(s, HPU_PLAN_GRADS);
 	float *sg = s->ustage, *sp = sg + HPU__STRAT_CHUNK;
 	uint16_t *sp16 = (uint16_t *)(sp + HPU__STRAT_CHUNK);
 	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
@@ -201,4 +201,29 @@ int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n)
 	if (scratch != s->chunk)
 		hpu__dfree(scratch);
 	return 0;
+}
+
+void hpu__strat_gacc(hpu_strat *s, int host, void *dst, const void *src, size_t n)
+{
+	const hpu__dev_rtops *rt = hpu__dev_host_rt();
+	if (!s->plan.mixed) {
+		if (host)
+			rt->add(dst, src, n);
+		else
+			hpu__dev_add(dst, src, n);
+		return;
+	}
+	/* 16-bit: widened a chunk at a time, summed in fp32, rounded back */
+	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
+		size_t c = hpu__strat_chunk(n, i);
+		const uint16_t *si = (const uint16_t *)src + i;
+		uint16_t *di = (uint16_t *)dst + i;
+		if (host) {
+			rt->from16(s->plan.fp16, s->chunk, si, c);
+			rt->acc16(s->plan.fp16, di, s->chunk, c);
+		} else {
+			hpu__dev_from16(s->plan.fp16, s->chunk, si, c);
+			hpu__dev_acc16(s->plan.fp16, di, s->chunk, c);
+		}
+	}
 }

@@ -49,17 +49,19 @@ typedef struct unit {
 	int persistent;      /* zero3: small enough to stay whole */
 	float *full;         /* zero3: gathered (or persistent) parameters */
 	hpucoll_req *gather; /* zero3: the gather of `full` in flight */
-	float *gbuf;         /* zero2/3: the unit's gradients in backward */
+	void *gbuf;          /* zero2/3: the unit's gradients in backward, in
+			      * the plan's gradient dtype (mixed: the 16-bit
+			      * bucket being reduced) */
 	uint16_t *cbuf;      /* bf16 staging of a gradient all-reduce */
 	hpu_optim opt;
-	float *opt_p, *opt_g; /* what the optimizer updates, opt.n floats */
+	float *opt_p;        /* what the optimizer updates, opt.n floats */
+	void *opt_g;         /* its gradients, in the plan's gradient dtype */
 	/* mixed precision */
 	float *cp;           /* the fp32 compute copy of the parameters */
 	float *gs;           /* fp32 gradients while the unit's backward runs */
 	uint16_t *full16;    /* zero3: gathered (or persistent) 16-bit params */
-	uint16_t *gbuf16;    /* zero2/3: the 16-bit bucket being reduced */
-	uint16_t *opt_p16, *opt_g16; /* the 16-bit working copy / gradients
-				      * of the optimizer's range */
+	uint16_t *opt_p16;   /* the 16-bit working copy of the optimizer's
+			      * range */
 } unit;
 
 /* A gradient collective in flight; they complete in issue order. */
@@ -101,8 +103,10 @@ struct hpu_strat {
 	unit *u;
 	int nunits;
 	size_t total, shard_total;
-	float *P, *G;      /* whole parameters / gradients, where kept */
-	float *PS, *GS;    /* parameter shard (zero3) / gradient shard (zero2/3) */
+	float *P;          /* whole parameters, where kept */
+	float *PS;         /* parameter shard (zero3) */
+	void *G, *GS;      /* whole gradients / gradient shard (zero2/3), in
+			    * the plan's gradient dtype (hpu__strat_at) */
 	float *state;      /* optimizer state */
 	int maxbatch;
 	/* The graph's tensors (strategy_act.c): data, bf16 copies, gradients;
@@ -144,8 +148,7 @@ struct hpu_strat {
 	 * working parameters and gradients (whole or shards, as the fp32 ones
 	 * otherwise), fp32 master weights in the optimizer's space, 16-bit
 	 * traffic. */
-	hpucoll_dtype dt16;
-	uint16_t *P16, *G16, *PS16, *GS16;
+	uint16_t *P16, *PS16;
 	float *M;          /* master weights */
 	float *chunk;      /* gradients converted for the optimizer */
 	double scale;      /* the loss scale (1 unless 16-mixed) */
@@ -191,6 +194,32 @@ static inline int hpu__strat_grads_sharded(const hpu_strat *s)
 	return s->plan.e[HPU_PLAN_GRADS].sharded;
 }
 
+/* Bytes of one value of state st as the plan keeps it (fp32 4, 16-bit 2). */
+static inline size_t hpu__strat_esize(const hpu_strat *s, hpu_plan_state st)
+{
+	return hpu__plan_esize(&s->plan.e[st]);
+}
+
+/* The element i of a buffer of state st at base (NULL stays NULL). */
+static inline void *hpu__strat_at(const hpu_strat *s, hpu_plan_state st, const void *base,
+				  size_t i)
+{
+	return base ? (char *)(uintptr_t)base + i * hpu__strat_esize(s, st) : NULL;
+}
+
+/* The collectives' dtype of state st. */
+static inline hpucoll_dtype hpu__strat_cdt(const hpu_strat *s, hpu_plan_state st)
+{
+	switch (s->plan.e[st].dtype) {
+	case HPU_PLAN_BF16:
+		return HPUCOLL_BF16;
+	case HPU_PLAN_FP16:
+		return HPUCOLL_F16;
+	default:
+		return HPUCOLL_F32;
+	}
+}
+
 /* Floats converted at a time for the optimizer (s->chunk). */
 #define HPU__STRAT_CHUNK 16384
 
@@ -232,6 +261,9 @@ void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float 
  * of squares added to *acc (0, or -1 with s->err): where they are kept. */
 int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n);
 int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n);
+/* Gradients src[n] added into dst[n], both in the plan's gradient dtype,
+ * by the host (host: memory the host reads) or the device. */
+void hpu__strat_gacc(hpu_strat *s, int host, void *dst, const void *src, size_t n);
 /* ---- strategy.c ---- */
 
 /* s->state: the optimizer's floats for the parameters this rank updates.

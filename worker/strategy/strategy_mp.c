@@ -150,10 +150,10 @@ int hpu__mp_grads_for(hpu_strat *s, int i)
 	hpu_layer *l = s->b->layers[i];
 	unit *u = &s->u[l->unit];
 	char what[128];
-	if (s->GS16 && !u->gbuf16) {
+	if (s->GS && !u->gbuf) {
 		snprintf(what, sizeof what, "16-bit gradient bucket of %s",
 			 hpu__strat_unit_name(s, l->unit));
-		if (!(u->gbuf16 = dalloc(s, HPU_MEM_GRADS, u->len * 2, what)))
+		if (!(u->gbuf = dalloc(s, HPU_MEM_GRADS, u->len * 2, what)))
 			return -1;
 	}
 	snprintf(what, sizeof what, "fp32 gradients of %s", l->name);
@@ -177,12 +177,13 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 		hpu__dev_h2d(NULL, g, &(float){INFINITY}, 4);
 		s->injected = 1;
 	}
-	if (s->G16 && s->micro == 0) /* the step's first: no sum to add to */
-		hpu__dev_to16(s->plan.fp16, s->G16 + l->off, g, l->plen);
-	else if (s->G16)
-		hpu__dev_acc16(s->plan.fp16, s->G16 + l->off, g, l->plen);
+	uint16_t *G = s->G;
+	if (G && s->micro == 0) /* the step's first: no sum to add to */
+		hpu__dev_to16(s->plan.fp16, G + l->off, g, l->plen);
+	else if (G)
+		hpu__dev_acc16(s->plan.fp16, G + l->off, g, l->plen);
 	else
-		hpu__dev_to16(s->plan.fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
+		hpu__dev_to16(s->plan.fp16, (uint16_t *)u->gbuf + (l->off - u->off), g, l->plen);
 	hpu__dfree(g);
 	s->lgs[i] = NULL;
 }
@@ -219,7 +220,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	/* An overflow anywhere skips the step everywhere. */
 	float bad = 0;
 	for (int k = 0; k < s->nunits; k++)
-		if (hpu__strat_nonfinite(s, s->u[k].opt_g16, s->u[k].opt.n))
+		if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
 			bad = 1;
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
@@ -241,7 +242,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
 			hpu__optim_begin(&u->opt);
-			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g16, u->opt_p16,
+			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g, u->opt_p16,
 					  gscale, lr);
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
@@ -249,7 +250,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 		if (!s->nv && s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 			return -1;
 	}
-	/* G16 needs no zeroing: each step's first micro-step overwrites it */
+	/* 16-bit G needs no zeroing: each step's first micro-step overwrites it */
 	double before = s->scale;
 	update_scale(s, *skipped);
 	if (*skipped) {

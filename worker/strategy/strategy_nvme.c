@@ -296,12 +296,14 @@ static void update(hpu_strat *s, const group *g, float *buf, float gscale, doubl
 	view.m = section(s, buf, g->n, 1);
 	view.v = section(s, buf, g->n, 2);
 	if (!s->plan.mixed) { /* on the host (strategy_base.c) */
-		hpu__strat_update(s, &view, 0, g->n, u->opt_p + g->from, u->opt_g + g->from, NULL,
+		hpu__strat_update(s, &view, 0, g->n, u->opt_p + g->from,
+				  hpu__strat_at(s, HPU_PLAN_GRADS, u->opt_g, g->from), NULL,
 				  gscale, lr);
 		return;
 	}
 	float *master = section(s, buf, g->n, 0);
-	hpu__strat_update(s, &view, 0, g->n, master, u->opt_g16 + g->from, u->opt_p16 + g->from,
+	hpu__strat_update(s, &view, 0, g->n, master,
+			  hpu__strat_at(s, HPU_PLAN_GRADS, u->opt_g, g->from), u->opt_p16 + g->from,
 			  gscale, lr);
 }
 

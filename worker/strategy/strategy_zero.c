@@ -38,7 +38,7 @@ static int gather_start(hpu_strat *s, int k)
 	if (s->plan.mixed) {
 		if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
 			return -1;
-		rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece, s->dt16,
+		rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece, hpu__strat_cdt(s, HPU_PLAN_PARAMS),
 					 &u->gather);
 	} else {
 		if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
@@ -196,10 +196,10 @@ int hpu__zero_gather_params(hpu_strat *s)
 		unit *u = &s->u[k];
 		if (s->plan.mixed && !hpu__strat_params_sharded(s))
 			rc = hpu__dc_iall_gather(s, s->P16 + u->off + (size_t)s->rank * u->piece,
-						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
+						 s->P16 + u->off, u->piece, hpu__strat_cdt(s, HPU_PLAN_PARAMS), &reqs[k]);
 		else if (s->plan.mixed && u->persistent)
 			rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece,
-						 s->dt16, &reqs[k]);
+						 hpu__strat_cdt(s, HPU_PLAN_PARAMS), &reqs[k]);
 		else if (s->plan.mixed)
 			continue;
 		else if (!hpu__strat_params_sharded(s))
