@@ -204,13 +204,8 @@ static int alloc_states(hpu_strat *s)
 		return -1;
 	s->G = G;
 	s->GS = GS;
-	if (p->mixed) {
-		s->P16 = (uint16_t *)P;
-		s->PS16 = (uint16_t *)PS;
-	} else {
-		s->P = (float *)P;
-		s->PS = (float *)PS;
-	}
+	s->P = P;
+	s->PS = PS;
 	if (hpu__strat_alloc_optim(s) < 0)
 		return -1;
 	if (p->mixed &&
@@ -224,17 +219,16 @@ static int alloc_states(hpu_strat *s)
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 		void *wp = P ? P + (u->off + mine) * es : PS ? PS + u->shard_off * es : NULL;
 		void *wg = G ? G + (u->off + mine) * es : GS + u->shard_off * es;
-		if (p->mixed) { /* nvme: hpu__nvp_get gives opt_p16 */
+		u->opt_w = wp; /* nvme: hpu__nvp_get gives it */
+		if (hpu__strat_has_master(s))
 			u->opt_p = s->M ? s->M + (s->sharded ? u->shard_off : u->off) : NULL;
-			u->opt_p16 = wp;
-		} else { /* nvme: hpu__nvp_get gives opt_p */
+		else
 			u->opt_p = wp;
-		}
 		u->opt_g = wg;
 		hpu__strat_optim_init(s, j);
-		if (s->P)
-			hpu__strat_point(s, j, s->P + u->off, NULL);
-		if (s->G)
+		if (s->P && hpu__strat_direct(s))
+			hpu__strat_point(s, j, (float *)s->P + u->off, NULL);
+		if (s->G && hpu__strat_direct(s))
 			hpu__strat_point(s, j, NULL, (float *)s->G + u->off);
 	}
 	return pe->where == HPU_PLAN_NVME ? hpu__nvp_open(s) : 0;
@@ -264,7 +258,7 @@ static int init_params(hpu_strat *s)
 {
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
-		float *dst = s->P ? s->P + u->off : NULL;
+		float *dst = s->P ? (float *)s->P + u->off : NULL;
 		if (!dst) {
 			char what[128];
 			snprintf(what, sizeof what, "initial parameters of %s",
@@ -555,12 +549,14 @@ static void choose_hooks(hpu_strat *s)
 	h->unit_done = hpu__sync_unit_done;
 	h->reduce = hpu__sync_reduce;
 	if (s->plan.mixed) {
+		h->init_params = hpu__mp_init_params;
 		h->acquire = hpu__mp_acquire;
 		h->release = mp_release;
 		h->grads_for = hpu__mp_grads_for;
 		h->grads_done = hpu__mp_grads_done;
 		h->step = hpu__mp_step;
 	} else {
+		h->init_params = init_params;
 		h->acquire = hpu__zero_acquire;
 		h->release = fp32_release;
 		h->grads_for = fp32_grads_for;
@@ -636,7 +632,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	    (s->load_fd = hpu__params_open(b, o->load_params, err, errlen)) < 0)
 		return -1;
 	int rc = alloc_states(s) < 0 ||
-		 (s->plan.mixed ? hpu__mp_init_params(s) < 0 : init_params(s) < 0);
+		 s->hooks.init_params(s) < 0;
 	if (s->load_fd >= 0)
 		close(s->load_fd);
 	s->load_fd = -1;
@@ -662,7 +658,6 @@ void hpu__strat_free(hpu_strat **ps)
 		hpu__dfree(u->full);
 		hpu__dfree(u->gbuf);
 		hpu__dfree(u->cbuf);
-		hpu__dfree(u->full16);
 	}
 	for (int t = 0; s->t_data && t < s->b->ntensors; t++) {
 		if (s->b->tensors[t].producer >= 0 || hpu__dev_owns(s->t_data[t]))
@@ -694,8 +689,6 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__dfree(s->PS);
 	hpu__dfree(s->GS);
 	hpu__dfree(s->state);
-	hpu__dfree(s->P16);
-	hpu__dfree(s->PS16);
 	hpu__dfree(s->M);
 	hpu__dfree(s->chunk);
 	hpu__nv_close(s);

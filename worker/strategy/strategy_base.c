@@ -136,8 +136,9 @@ static void update_range(hpu_strat *s, int host, hpu_optim *o, size_t from, size
 }
 
 void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float *p,
-		       const void *g, uint16_t *p16, float gscale, double lr)
+		       const void *g, void *w, float gscale, double lr)
 {
+	uint16_t *p16 = s->plan.mixed ? w : NULL; /* else w is p */
 	int host = hpu__strat_update_host(s);
 	int gx = state_host(s, HPU_PLAN_GRADS) != host, px = state_host(s, HPU_PLAN_PARAMS) != host;
 	if (!gx && !px) { /* every operand on the update's side */

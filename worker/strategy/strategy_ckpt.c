@@ -221,7 +221,7 @@ int hpu__strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
 			}
 			/* fp32 --offload-param nvme: the master weights are the
 			 * parameters, read in from their swap file */
-			if (k == 0 && s->nvp && !s->plan.mixed && !hpu__nvp_get(s, j, 1))
+			if (k == 0 && s->nvp && !hpu__strat_has_master(s) && !hpu__nvp_get(s, j, 1))
 				return -1;
 			put p = {w, section_base(s, j, k), 0};
 			size_t len;
@@ -348,11 +348,14 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
 		int nv = hpu__nv_has(s, 0); /* the master weights: read them in */
-		const float *full = s->plan.mixed ? (s->sharded || nv ? NULL : s->M + u->off)
-				  : s->P ? s->P + u->off : u->full;
-		const float *piece = s->plan.mixed ? s->M + u->shard_off : u->opt_p;
+		/* the fp32 values: the master weights where the plan keeps
+		 * them (whole unless sharded; NULL on NVMe), else the
+		 * parameters; this rank's piece at opt_p */
+		const float *full = hpu__strat_has_master(s) ? (s->sharded ? NULL : u->opt_p)
+				  : s->P ? (float *)s->P + u->off : u->full;
+		const float *piece = u->opt_p;
 		float *tmpbuf = NULL;
-		if (!full && !s->plan.mixed && s->nvp && !(piece = hpu__nvp_get(s, k, 1)))
+		if (!full && !hpu__strat_has_master(s) && s->nvp && !(piece = hpu__nvp_get(s, k, 1)))
 			return -1;
 		if (!full) { /* sharded: gather it */
 			char what[128];

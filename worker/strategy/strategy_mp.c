@@ -69,8 +69,8 @@ int hpu__mp_init_params(hpu_strat *s)
 		} else {
 			hpu__dev_copy(u->opt_p, full + mine, u->opt.n * 4);
 		}
-		if (s->P16) {
-			if (host_to16(s, s->P16 + u->off, full, u->len) < 0) {
+		if (s->P) {
+			if (host_to16(s, (uint16_t *)s->P + u->off, full, u->len) < 0) {
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
@@ -79,7 +79,7 @@ int hpu__mp_init_params(hpu_strat *s)
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
-			if (host_to16(s, u->opt_p16, full + mine, u->piece) < 0 ||
+			if (host_to16(s, u->opt_w, full + mine, u->piece) < 0 ||
 			    (s->nvp && hpu__nvp_put(s, j) < 0)) {
 				hpu__dev_hbuf_free(full);
 				return -1;
@@ -87,11 +87,11 @@ int hpu__mp_init_params(hpu_strat *s)
 			if (u->persistent) {
 				snprintf(what, sizeof what, "parameters of %s (persistent)",
 					 hpu__strat_unit_name(s, j));
-				if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
+				if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
 					hpu__dev_hbuf_free(full);
 					return -1;
 				}
-				if (host_to16(s, u->full16, full, u->len) < 0) {
+				if (host_to16(s, u->full, full, u->len) < 0) {
 					hpu__dev_hbuf_free(full);
 					return -1;
 				}
@@ -118,7 +118,8 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 	if (!s->lcp[i]) {
 		if (gathered && hpu__zero_gather_wait(s, k) < 0)
 			return -1;
-		const uint16_t *src = s->P16 ? s->P16 + l->off : u->full16 + (l->off - u->off);
+		const uint16_t *src = s->P ? (uint16_t *)s->P + l->off
+					   : (uint16_t *)u->full + (l->off - u->off);
 		char what[128];
 		snprintf(what, sizeof what, "fp32 compute copy of %s", l->name);
 		if (!(s->lcp[i] = hpu__dalloc_uninit(HPU_MEM_PARAMS, l->plen * 4, what))) {
@@ -135,8 +136,8 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 			return -1;
 		}
 		if (gathered) {
-			s->own16[i] = u->full16;
-			u->full16 = NULL;
+			s->own16[i] = u->full;
+			u->full = NULL;
 		}
 	}
 	l->pbase = s->lcp[i];
@@ -242,7 +243,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
 			hpu__optim_begin(&u->opt);
-			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g, u->opt_p16,
+			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g, u->opt_w,
 					  gscale, lr);
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
