@@ -299,10 +299,10 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	float bad = 0;
 	for (int k = 0; k < s->nunits && !bad; k++)
 		bad = (float)hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n);
-	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
-		for (int k = 0; k < s->nunits && !s->first_bad.found; k++)
+	if (bad && !s->steps.first_bad.found) /* the losses were finite: name the unit */
+		for (int k = 0; k < s->nunits && !s->steps.first_bad.found; k++)
 			if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
-				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
+				s->steps.first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
 	if (s->sharded) { /* each rank checked its shard */
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
@@ -382,24 +382,24 @@ int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 		return -1;
 	/* The fp16 scaler's overflows are how it finds its scale: they count
 	 * only once it cannot lower the scale any more. */
-	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->scale > s->o->min_loss_scale;
+	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->steps.scale > s->o->min_loss_scale;
 	if (skipped && !scaler) {
-		s->bad_run++;
-		s->bad_total++;
+		s->steps.bad_run++;
+		s->steps.bad_total++;
 	} else if (!skipped) {
-		s->bad_run = 0;
+		s->steps.bad_run = 0;
 	}
 	return sync_buffers(s);
 }
 
 int hpu__strat_bad_run(const hpu_strat *s)
 {
-	return s->bad_run;
+	return s->steps.bad_run;
 }
 
 long hpu__strat_bad_total(const hpu_strat *s)
 {
-	return s->bad_total;
+	return s->steps.bad_total;
 }
 
 const float *hpu__strat_buffers(const hpu_strat *s)
@@ -420,12 +420,12 @@ int hpu__strat_units(const hpu_strat *s)
 
 double hpu__strat_loss_scale(const hpu_strat *s)
 {
-	return s->scale;
+	return s->steps.scale;
 }
 
 long hpu__strat_skipped(const hpu_strat *s)
 {
-	return s->skipped;
+	return s->steps.skipped;
 }
 
 /* ---- making and freeing ---- */
@@ -605,25 +605,25 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->gpend = calloc((size_t)L, sizeof *s->gpend);
 	s->lcp = calloc((size_t)L, sizeof *s->lcp);
 	s->lgs = calloc((size_t)L, sizeof *s->lgs);
-	s->own16 = calloc((size_t)L, sizeof *s->own16);
+	s->z3.own16 = calloc((size_t)L, sizeof *s->z3.own16);
 	s->act16 = o->precision == HPU_PREC_BF16_MIXED || o->precision == HPU_PREC_FP8;
 	if (s->act16 && !(s->a16 = calloc((size_t)T, sizeof *s->a16)))
 		return fail(s, "out of memory");
 	if (!s->u || !s->q || !s->t_data || !s->t_grad || !s->transient || !s->last_train ||
 	    !s->last_eval || !s->saved || !s->saved_transient || !s->seg_start || !s->run_mask ||
-	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->own16)
+	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->z3.own16)
 		return fail(s, "out of memory");
 	s->ctx = (hpu_ctx){.train = 1, .accum = 1, .rank = s->rank, .world = s->world,
 			   .seed = o->seed};
 	plan_graph(s);
 	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
-	s->scale = !s->plan.fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
+	s->steps.scale = !s->plan.fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
 				   : ldexp(1.0, o->initial_scale_power);
-	s->hyst_left = o->hysteresis;
-	s->last_overflow = -1;
+	s->steps.hyst_left = o->hysteresis;
+	s->steps.last_overflow = -1;
 	choose_hooks(s);
 	build_units(s);
-	s->keep = keep_layer(s);
+	s->z3.keep = keep_layer(s);
 	for (int i = 0; i + 1 < L; i++)
 		if (o->activation_checkpointing)
 			b->layers[i]->ckpt = 1;
@@ -670,7 +670,7 @@ void hpu__strat_free(hpu_strat **ps)
 		hpu__ac_param16_remove(s->lcp[i]);
 		hpu__dfree(s->lcp[i]);
 		hpu__dfree(s->lgs[i]);
-		hpu__dfree(s->own16[i]);
+		hpu__dfree(s->z3.own16[i]);
 		if (s->saved)
 			hpu__dfree(s->saved[i]);
 	}
@@ -695,7 +695,7 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__nvp_close(s);
 	free(s->lcp);
 	free(s->lgs);
-	free(s->own16);
+	free(s->z3.own16);
 	free(s->a16);
 	free(s->u);
 	free(s->q);

@@ -315,11 +315,11 @@ int hpu__strat_resume_state(hpu_strat *s)
 		s->u[j].opt.t = t;
 	const cJSON *ls = cJSON_GetObjectItemCaseSensitive(c->m, "loss_scaler");
 	if (s->plan.fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
-		s->scale = hpu__ckpt_num(ls, "scale", s->scale);
-		s->hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->hyst_left);
-		s->step_no = (long)hpu__ckpt_num(ls, "steps", 0);
-		s->last_overflow = (long)hpu__ckpt_num(ls, "last_overflow", -1);
-		s->skipped = (long)hpu__ckpt_num(ls, "skipped", 0);
+		s->steps.scale = hpu__ckpt_num(ls, "scale", s->steps.scale);
+		s->steps.hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->steps.hyst_left);
+		s->steps.step_no = (long)hpu__ckpt_num(ls, "steps", 0);
+		s->steps.last_overflow = (long)hpu__ckpt_num(ls, "last_overflow", -1);
+		s->steps.skipped = (long)hpu__ckpt_num(ls, "skipped", 0);
 	}
 	return 0;
 }
@@ -327,11 +327,11 @@ int hpu__strat_resume_state(hpu_strat *s)
 void hpu__strat_get_state(const hpu_strat *s, hpu_strat_state *st)
 {
 	st->opt_steps = s->nunits ? s->u[0].opt.t : 0;
-	st->loss_scale = s->scale;
-	st->hysteresis_left = s->hyst_left;
-	st->scaler_steps = s->step_no;
-	st->last_overflow = s->last_overflow;
-	st->skipped = s->skipped;
+	st->loss_scale = s->steps.scale;
+	st->hysteresis_left = s->steps.hyst_left;
+	st->scaler_steps = s->steps.step_no;
+	st->last_overflow = s->steps.last_overflow;
+	st->skipped = s->steps.skipped;
 }
 
 /* ---- consolidated parameters ---- */

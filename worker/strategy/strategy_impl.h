@@ -136,29 +136,36 @@ struct hpu_strat {
 	int micro;         /* the micro-step in backward */
 	float **lcp, **lgs; /* mixed: per layer, fp32 parameters (their values
 			     * made as read: hpu__ac_param16_add) / gradients */
-	uint16_t **own16;     /* zero3 mixed: the gathered 16-bit unit a
-			       * layer holds while it runs */
 	float *B;          /* buffers, whole on every rank */
 	float *bsync;      /* staging of the buffers' step collectives */
-	int bad_run;       /* steps skipped in a row (non-finite) */
-	long bad_total;
-	hpu_nonfinite first_bad; /* this step's first non-finite value */
-	int injected;      /* --inject-overflow-step done this step */
-	size_t live;       /* zero3: gathered floats alive (not persistent) */
-	int keep;          /* zero3: the last layer training's forward gathers,
-			    * kept gathered into its backward, which comes
-			    * next (DeepSpeed's stage3_max_reuse_distance,
-			    * minimal form), or -1 */
-	int keep_armed;    /* a whole training forward is running */
+	/* zero3's gathering (strategy_zero.c, strategy_mp.c) */
+	struct {
+		size_t live;      /* gathered floats alive (not persistent) */
+		int keep;         /* the last layer training's forward gathers,
+				   * kept gathered into its backward, which
+				   * comes next (DeepSpeed's
+				   * stage3_max_reuse_distance, minimal form),
+				   * or -1 */
+		int keep_armed;   /* a whole training forward is running */
+		uint16_t **own16; /* mixed: per layer, the gathered 16-bit
+				   * unit it holds while it runs */
+	} z3;
 	/* Mixed precision (s->plan.mixed; fp16 or bf16: s->plan.fp16): 16-bit
 	 * working parameters and gradients (whole or shards, as the fp32 ones
 	 * otherwise), fp32 master weights in the optimizer's space, 16-bit
 	 * traffic. */
 	float *M;          /* master weights */
 	float *chunk;      /* gradients converted for the optimizer */
-	double scale;      /* the loss scale (1 unless 16-mixed) */
-	int hyst_left;     /* overflows left before the scale halves */
-	long step_no, last_overflow, skipped;
+	/* The steps: the loss scale, skipped and non-finite steps. */
+	struct {
+		double scale;   /* the loss scale (1 unless 16-mixed) */
+		int hyst_left;  /* overflows left before the scale halves */
+		long step_no, last_overflow, skipped;
+		int bad_run;    /* steps skipped in a row (non-finite) */
+		long bad_total;
+		hpu_nonfinite first_bad; /* this step's first non-finite value */
+		int injected;   /* --inject-overflow-step done this step */
+	} steps;
 	char *err;
 	size_t errlen;
 	int load_fd;             /* --load-params, or -1 */

@@ -136,7 +136,7 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 			return -1;
 		}
 		if (gathered) {
-			s->own16[i] = u->full;
+			s->z3.own16[i] = u->full;
 			u->full = NULL;
 		}
 	}
@@ -172,11 +172,11 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 	hpu_layer *l = s->b->layers[i];
 	unit *u = &s->u[l->unit];
 	float *g = s->lgs[i];
-	if (final && !s->injected && s->o->inject_overflow_step == s->step_no + 1 &&
+	if (final && !s->steps.injected && s->o->inject_overflow_step == s->steps.step_no + 1 &&
 	    s->rank == 0) {
 		/* --inject-overflow-step: testing only */
 		hpu__dev_h2d(NULL, g, &(float){INFINITY}, 4);
-		s->injected = 1;
+		s->steps.injected = 1;
 	}
 	uint16_t *G = s->G;
 	if (G && s->micro == 0) /* the step's first: no sum to add to */
@@ -199,18 +199,18 @@ static void update_scale(hpu_strat *s, int overflow)
 	const hpu_train_opts *o = s->o;
 	if (s->plan.fp16 && o->loss_scale <= 0) {
 		if (overflow) {
-			if (o->hysteresis == 1 || s->hyst_left == 1)
-				s->scale = fmax(s->scale / 2, o->min_loss_scale);
+			if (o->hysteresis == 1 || s->steps.hyst_left == 1)
+				s->steps.scale = fmax(s->steps.scale / 2, o->min_loss_scale);
 			else
-				s->hyst_left--;
-			s->last_overflow = s->step_no;
-		} else if ((s->step_no - s->last_overflow) % o->loss_scale_window == 0) {
-			s->hyst_left = o->hysteresis;
-			s->scale *= 2;
+				s->steps.hyst_left--;
+			s->steps.last_overflow = s->steps.step_no;
+		} else if ((s->steps.step_no - s->steps.last_overflow) % o->loss_scale_window == 0) {
+			s->steps.hyst_left = o->hysteresis;
+			s->steps.scale *= 2;
 		}
 	}
-	s->step_no++;
-	s->injected = 0;
+	s->steps.step_no++;
+	s->steps.injected = 0;
 }
 
 /* The optimizer runs on the master weights, HPU__STRAT_CHUNK floats at a
@@ -231,11 +231,11 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	*grad_norm = 0;
 	*skipped = bad > 0;
 	if (!*skipped) {
-		float gscale = (float)(1.0 / s->scale);
+		float gscale = (float)(1.0 / s->steps.scale);
 		if (s->o->clip_norm > 0) {
 			if (hpu__strat_grad_norm(s, grad_norm) < 0)
 				return -1;
-			*grad_norm /= s->scale;
+			*grad_norm /= s->steps.scale;
 			gscale *= hpu__clip_factor(*grad_norm, s->o->clip_norm);
 		}
 		for (int k = 0; k < s->nunits && !s->nv; k++) {
@@ -252,13 +252,13 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			return -1;
 	}
 	/* 16-bit G needs no zeroing: each step's first micro-step overwrites it */
-	double before = s->scale;
+	double before = s->steps.scale;
 	update_scale(s, *skipped);
 	if (*skipped) {
-		s->skipped++;
+		s->steps.skipped++;
 		if (s->rank == 0)
 			printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
-			       s->step_no, before, s->scale);
+			       s->steps.step_no, before, s->steps.scale);
 		return 0;
 	}
 	return hpu__zero_gather_params(s);

@@ -42,7 +42,7 @@ static int gather_start(hpu_strat *s, int k)
 				     hpu__strat_cdt(s, HPU_PLAN_PARAMS), &u->gather);
 	if (rc)
 		return coll_fail(s, "parameter all-gather", rc);
-	s->live += u->len;
+	s->z3.live += u->len;
 	return 0;
 }
 
@@ -72,7 +72,7 @@ static int gather(hpu_strat *s, int k, int within)
 static int walk_ahead(hpu_strat *s, int i, int dir, int stop,
 		      int (*fn)(hpu_strat *s, int k, int within))
 {
-	size_t ahead = 0, live = s->live; /* fn may gather: counted here */
+	size_t ahead = 0, live = s->z3.live; /* fn may gather: counted here */
 	for (int j = i + dir; j != stop; j += dir) {
 		int k = s->b->layers[j]->unit;
 		if (k < 0 || s->u[k].persistent)
@@ -149,7 +149,7 @@ int hpu__zero_release(hpu_strat *s, int k)
 		return -1;
 	hpu__dfree(u->full);
 	u->full = NULL;
-	s->live -= u->len;
+	s->z3.live -= u->len;
 	hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu", k,
 		       u->len * hpu__strat_esize(s, HPU_PLAN_PARAMS));
 	return 0;
@@ -167,7 +167,7 @@ int hpu__zero_release_all(hpu_strat *s)
 			}
 			hpu__dfree(u->full);
 			u->full = NULL;
-			s->live -= u->len;
+			s->z3.live -= u->len;
 		}
 		if (!s->plan.mixed && hpu__zero_release(s, k) < 0)
 			return -1;
@@ -218,10 +218,10 @@ void hpu__mp_release_layer(hpu_strat *s, int i)
 	hpu__ac_param16_remove(s->lcp[i]);
 	hpu__dfree(s->lcp[i]);
 	s->lcp[i] = NULL;
-	hpu__dfree(s->own16[i]);
-	s->own16[i] = NULL;
+	hpu__dfree(s->z3.own16[i]);
+	s->z3.own16[i] = NULL;
 	if (hpu__strat_params_sharded(s) && !u->persistent) {
-		s->live -= u->len;
+		s->z3.live -= u->len;
 		hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu",
 			       l->unit, u->len * 2);
 	}
