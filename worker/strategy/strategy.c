@@ -349,25 +349,25 @@ static int sync_buffers(hpu_strat *s)
 		size_t n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				hpu__dev_copy(s->bsync + n, s->B + b->buffers[i].offset,
+				hpu__dev_copy(s->stg.bsync + n, s->B + b->buffers[i].offset,
 					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
 		if (!n)
 			continue;
 		int rc = kind == HPU_BUFFER_MEAN
-				 ? hpucoll_all_reduce(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32,
+				 ? hpucoll_all_reduce(s->comm, s->stg.bsync, s->stg.bsync, n, HPUCOLL_F32,
 						      HPUCOLL_SUM)
-				 : hpucoll_broadcast(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32, 0);
+				 : hpucoll_broadcast(s->comm, s->stg.bsync, s->stg.bsync, n, HPUCOLL_F32, 0);
 		if (rc)
 			return hpu__strat_coll_fail(s, "buffer synchronization", rc);
 		if (kind == HPU_BUFFER_MEAN)
 			for (size_t j = 0; j < n; j++)
-				s->bsync[j] /= (float)s->world;
+				s->stg.bsync[j] /= (float)s->world;
 		n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				hpu__dev_copy(s->B + b->buffers[i].offset, s->bsync + n,
+				hpu__dev_copy(s->B + b->buffers[i].offset, s->stg.bsync + n,
 					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
@@ -405,8 +405,8 @@ long hpu__strat_bad_total(const hpu_strat *s)
 const float *hpu__strat_buffers(const hpu_strat *s)
 {
 	if (s->B && hpu__dev_owns(s->B)) { /* the host reads a copy */
-		hpu__dev_d2h(NULL, s->bsync, s->B, s->b->buffer_numel * 4);
-		return s->bsync;
+		hpu__dev_d2h(NULL, s->stg.bsync, s->B, s->b->buffer_numel * 4);
+		return s->stg.bsync;
 	}
 	return s->B;
 }
@@ -494,11 +494,11 @@ static int alloc_scratch_buffers(hpu_strat *s)
 		return 0;
 	if (!(s->B = dalloc(s, HPU_MEM_PARAMS, b->buffer_numel * 4, "buffers")))
 		return -1;
-	if (!(s->bsync = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
+	if (!(s->stg.bsync = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
 		return fail(s, "%s", hpu__devmem_error());
 	/* made by the host: in place, or in the staging and copied in */
 	int direct = !hpu__dev_owns(s->B);
-	float *dst = direct ? s->B : s->bsync;
+	float *dst = direct ? s->B : s->stg.bsync;
 	if (s->resume ? hpu__strat_resume_buffers(s, dst) < 0
 		      : hpu__model_init_buffers(b, s->o->seed, dst, s->err, s->errlen) < 0)
 		return -1;
@@ -678,12 +678,12 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__strat_ustage_close(s);
 	hpu__dfree(s->lsum);
 	hpu__dev_host_free(s->lsum_host);
-	for (int t = 0; s->t_host && t < s->b->ntensors; t++)
-		hpu__dev_host_free(s->t_host[t]);
-	free(s->t_host);
+	for (int t = 0; s->stg.t_host && t < s->b->ntensors; t++)
+		hpu__dev_host_free(s->stg.t_host[t]);
+	free(s->stg.t_host);
 	hpu__dfree(s->scratch);
 	hpu__dfree(s->B);
-	hpu__dev_hbuf_free(s->bsync);
+	hpu__dev_hbuf_free(s->stg.bsync);
 	hpu__dfree(s->P);
 	hpu__dfree(s->G);
 	hpu__dfree(s->PS);

@@ -137,7 +137,6 @@ struct hpu_strat {
 	float **lcp, **lgs; /* mixed: per layer, fp32 parameters (their values
 			     * made as read: hpu__ac_param16_add) / gradients */
 	float *B;          /* buffers, whole on every rank */
-	float *bsync;      /* staging of the buffers' step collectives */
 	/* zero3's gathering (strategy_zero.c, strategy_mp.c) */
 	struct {
 		size_t live;      /* gathered floats alive (not persistent) */
@@ -180,17 +179,22 @@ struct hpu_strat {
 				  * shard in a swap file (s->PS is NULL; a
 				  * unit's piece is in memory, at opt_w, only
 				  * while used) */
-	void *stage;             /* strategy_dcoll.c: pinned host staging of
-				  * the collectives where the host may not
-				  * read device memory */
-	size_t stage_bytes;
 	double *lsum, *lsum_host; /* the loss terms' sums on the device, and
 				   * the host's copy (hpu__strat_loss) */
-	void *ustage;            /* strategy_base.c: the optimizer's staging
-				  * across the bus, on the update's side */
-	void **t_host;           /* per tensor: the host's copy that
-				  * hpu__strat_tensor returns where the host
-				  * may not read device memory, or NULL */
+	/* Staging: what crosses between the host and the device. */
+	struct {
+		void *coll;        /* strategy_dcoll.c: pinned host staging of
+				    * the collectives where the host may not
+				    * read device memory */
+		size_t coll_bytes;
+		void *update;      /* strategy_base.c: the optimizer's staging
+				    * across the bus, on the update's side */
+		float *bsync;      /* the buffers' step collectives */
+		void **t_host;     /* per tensor: the host's copy that
+				    * hpu__strat_tensor returns where the
+				    * host may not read device memory, or
+				    * NULL */
+	} stg;
 };
 
 /* What the plan says, as the strategy files ask it: zero3 shards the
@@ -272,7 +276,7 @@ void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);
  * host memory. */
 int hpu__strat_update_host(const hpu_strat *s);
 int hpu__strat_grads_host(const hpu_strat *s);
-/* s->ustage, where something crosses to the update; freed by _close. */
+/* s->stg.update, where something crosses to the update; freed by _close. */
 int hpu__strat_ustage_open(hpu_strat *s);
 void hpu__strat_ustage_close(hpu_strat *s);
 /* One optimizer update (hpu__optim_begin done) over floats [from, from

@@ -259,14 +259,14 @@ const void *hpu__strat_tensor(hpu_strat *s, int t)
 		return s->t_data[t];
 	/* the host reads a copy (metrics, the hooks' forward) */
 	size_t row = s->b->tensors[t].sample_numel * 4;
-	if (!s->t_host) {
-		if (!(s->t_host = calloc((size_t)s->b->ntensors, sizeof *s->t_host)))
+	if (!s->stg.t_host) {
+		if (!(s->stg.t_host = calloc((size_t)s->b->ntensors, sizeof *s->stg.t_host)))
 			return NULL;
 	}
-	if (!s->t_host[t] && !(s->t_host[t] = hpu__dev_host_alloc((size_t)s->maxbatch * row)))
+	if (!s->stg.t_host[t] && !(s->stg.t_host[t] = hpu__dev_host_alloc((size_t)s->maxbatch * row)))
 		return NULL;
-	hpu__dev_d2h(NULL, s->t_host[t], s->t_data[t], (size_t)s->ctx.batch * row);
-	return s->t_host[t];
+	hpu__dev_d2h(NULL, s->stg.t_host[t], s->t_data[t], (size_t)s->ctx.batch * row);
+	return s->stg.t_host[t];
 }
 
 /* Each loss term's per-sample values summed on the device; only the

@@ -39,7 +39,7 @@ static void land_host(hpu_strat *s, void *dst, const void *src, size_t n)
 		hpu__dev_d2h(NULL, dst, src, n * esz);
 		return;
 	}
-	void *h = s->ustage;
+	void *h = s->stg.update;
 	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
 		size_t c = hpu__strat_chunk(n, i);
 		hpu__dev_d2h(NULL, h, (const char *)src + i * esz, c * esz);
