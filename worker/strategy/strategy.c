@@ -202,17 +202,10 @@ static int alloc_states(hpu_strat *s)
 	    me->where != HPU_PLAN_NVME && /* nvme: in the swap file with the moments */
 	    !(s->M = state_alloc(s, HPU_PLAN_MASTER, n, HPU_MEM_OPTIM, "fp32 master weights")))
 		return -1;
-	if (p->mixed) {
-		s->P16 = (uint16_t *)P;
-		s->PS16 = (uint16_t *)PS;
-		s->G16 = (uint16_t *)G;
-		s->GS16 = (uint16_t *)GS;
-	} else {
-		s->P = (float *)P;
-		s->PS = (float *)PS;
-		s->G = (float *)G;
-		s->GS = (float *)GS;
-	}
+	s->G = G;
+	s->GS = GS;
+	s->P = P;
+	s->PS = PS;
 	if (hpu__strat_alloc_optim(s) < 0)
 		return -1;
 	if (p->mixed &&
@@ -226,19 +219,17 @@ static int alloc_states(hpu_strat *s)
 		size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0;
 		void *wp = P ? P + (u->off + mine) * es : PS ? PS + u->shard_off * es : NULL;
 		void *wg = G ? G + (u->off + mine) * es : GS + u->shard_off * es;
-		if (p->mixed) { /* nvme: hpu__nvp_get gives opt_p16 */
+		u->opt_w = wp; /* nvme: hpu__nvp_get gives it */
+		if (hpu__strat_has_master(s))
 			u->opt_p = s->M ? s->M + (s->sharded ? u->shard_off : u->off) : NULL;
-			u->opt_p16 = wp;
-			u->opt_g16 = wg;
-		} else { /* nvme: hpu__nvp_get gives opt_p */
+		else
 			u->opt_p = wp;
-			u->opt_g = wg;
-		}
+		u->opt_g = wg;
 		hpu__strat_optim_init(s, j);
-		if (s->P)
-			hpu__strat_point(s, j, s->P + u->off, NULL);
-		if (s->G)
-			hpu__strat_point(s, j, NULL, s->G + u->off);
+		if (s->P && hpu__strat_direct(s))
+			hpu__strat_point(s, j, (float *)s->P + u->off, NULL);
+		if (s->G && hpu__strat_direct(s))
+			hpu__strat_point(s, j, NULL, (float *)s->G + u->off);
 	}
 	return pe->where == HPU_PLAN_NVME ? hpu__nvp_open(s) : 0;
 }
@@ -267,7 +258,7 @@ static int init_params(hpu_strat *s)
 {
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
-		float *dst = s->P ? s->P + u->off : NULL;
+		float *dst = s->P ? (float *)s->P + u->off : NULL;
 		if (!dst) {
 			char what[128];
 			snprintf(what, sizeof what, "initial parameters of %s",
@@ -308,10 +299,10 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	float bad = 0;
 	for (int k = 0; k < s->nunits && !bad; k++)
 		bad = (float)hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n);
-	if (bad && !s->first_bad.found) /* the losses were finite: name the unit */
-		for (int k = 0; k < s->nunits && !s->first_bad.found; k++)
+	if (bad && !s->steps.first_bad.found) /* the losses were finite: name the unit */
+		for (int k = 0; k < s->nunits && !s->steps.first_bad.found; k++)
 			if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
-				s->first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
+				s->steps.first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
 	if (s->sharded) { /* each rank checked its shard */
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
@@ -358,25 +349,25 @@ static int sync_buffers(hpu_strat *s)
 		size_t n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				hpu__dev_copy(s->bsync + n, s->B + b->buffers[i].offset,
+				hpu__dev_copy(s->stg.bsync + n, s->B + b->buffers[i].offset,
 					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
 		if (!n)
 			continue;
 		int rc = kind == HPU_BUFFER_MEAN
-				 ? hpucoll_all_reduce(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32,
+				 ? hpucoll_all_reduce(s->comm, s->stg.bsync, s->stg.bsync, n, HPUCOLL_F32,
 						      HPUCOLL_SUM)
-				 : hpucoll_broadcast(s->comm, s->bsync, s->bsync, n, HPUCOLL_F32, 0);
+				 : hpucoll_broadcast(s->comm, s->stg.bsync, s->stg.bsync, n, HPUCOLL_F32, 0);
 		if (rc)
 			return hpu__strat_coll_fail(s, "buffer synchronization", rc);
 		if (kind == HPU_BUFFER_MEAN)
 			for (size_t j = 0; j < n; j++)
-				s->bsync[j] /= (float)s->world;
+				s->stg.bsync[j] /= (float)s->world;
 		n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
 			if ((int)b->buffers[i].sync == kind) {
-				hpu__dev_copy(s->B + b->buffers[i].offset, s->bsync + n,
+				hpu__dev_copy(s->B + b->buffers[i].offset, s->stg.bsync + n,
 					      b->buffers[i].numel * 4);
 				n += b->buffers[i].numel;
 			}
@@ -391,31 +382,31 @@ int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 		return -1;
 	/* The fp16 scaler's overflows are how it finds its scale: they count
 	 * only once it cannot lower the scale any more. */
-	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->scale > s->o->min_loss_scale;
+	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->steps.scale > s->o->min_loss_scale;
 	if (skipped && !scaler) {
-		s->bad_run++;
-		s->bad_total++;
+		s->steps.bad_run++;
+		s->steps.bad_total++;
 	} else if (!skipped) {
-		s->bad_run = 0;
+		s->steps.bad_run = 0;
 	}
 	return sync_buffers(s);
 }
 
 int hpu__strat_bad_run(const hpu_strat *s)
 {
-	return s->bad_run;
+	return s->steps.bad_run;
 }
 
 long hpu__strat_bad_total(const hpu_strat *s)
 {
-	return s->bad_total;
+	return s->steps.bad_total;
 }
 
 const float *hpu__strat_buffers(const hpu_strat *s)
 {
 	if (s->B && hpu__dev_owns(s->B)) { /* the host reads a copy */
-		hpu__dev_d2h(NULL, s->bsync, s->B, s->b->buffer_numel * 4);
-		return s->bsync;
+		hpu__dev_d2h(NULL, s->stg.bsync, s->B, s->b->buffer_numel * 4);
+		return s->stg.bsync;
 	}
 	return s->B;
 }
@@ -429,12 +420,12 @@ int hpu__strat_units(const hpu_strat *s)
 
 double hpu__strat_loss_scale(const hpu_strat *s)
 {
-	return s->scale;
+	return s->steps.scale;
 }
 
 long hpu__strat_skipped(const hpu_strat *s)
 {
-	return s->skipped;
+	return s->steps.skipped;
 }
 
 /* ---- making and freeing ---- */
@@ -503,11 +494,11 @@ static int alloc_scratch_buffers(hpu_strat *s)
 		return 0;
 	if (!(s->B = dalloc(s, HPU_MEM_PARAMS, b->buffer_numel * 4, "buffers")))
 		return -1;
-	if (!(s->bsync = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
+	if (!(s->stg.bsync = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, b->buffer_numel * 4, "buffers' staging")))
 		return fail(s, "%s", hpu__devmem_error());
 	/* made by the host: in place, or in the staging and copied in */
 	int direct = !hpu__dev_owns(s->B);
-	float *dst = direct ? s->B : s->bsync;
+	float *dst = direct ? s->B : s->stg.bsync;
 	if (s->resume ? hpu__strat_resume_buffers(s, dst) < 0
 		      : hpu__model_init_buffers(b, s->o->seed, dst, s->err, s->errlen) < 0)
 		return -1;
@@ -558,12 +549,14 @@ static void choose_hooks(hpu_strat *s)
 	h->unit_done = hpu__sync_unit_done;
 	h->reduce = hpu__sync_reduce;
 	if (s->plan.mixed) {
+		h->init_params = hpu__mp_init_params;
 		h->acquire = hpu__mp_acquire;
 		h->release = mp_release;
 		h->grads_for = hpu__mp_grads_for;
 		h->grads_done = hpu__mp_grads_done;
 		h->step = hpu__mp_step;
 	} else {
+		h->init_params = init_params;
 		h->acquire = hpu__zero_acquire;
 		h->release = fp32_release;
 		h->grads_for = fp32_grads_for;
@@ -612,26 +605,25 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->gpend = calloc((size_t)L, sizeof *s->gpend);
 	s->lcp = calloc((size_t)L, sizeof *s->lcp);
 	s->lgs = calloc((size_t)L, sizeof *s->lgs);
-	s->own16 = calloc((size_t)L, sizeof *s->own16);
+	s->z3.own16 = calloc((size_t)L, sizeof *s->z3.own16);
 	s->act16 = o->precision == HPU_PREC_BF16_MIXED || o->precision == HPU_PREC_FP8;
 	if (s->act16 && !(s->a16 = calloc((size_t)T, sizeof *s->a16)))
 		return fail(s, "out of memory");
 	if (!s->u || !s->q || !s->t_data || !s->t_grad || !s->transient || !s->last_train ||
 	    !s->last_eval || !s->saved || !s->saved_transient || !s->seg_start || !s->run_mask ||
-	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->own16)
+	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->z3.own16)
 		return fail(s, "out of memory");
 	s->ctx = (hpu_ctx){.train = 1, .accum = 1, .rank = s->rank, .world = s->world,
 			   .seed = o->seed};
 	plan_graph(s);
 	hpu__plan_make(&s->plan, o, s->world, hpu__optim_state_floats(o));
-	s->dt16 = s->plan.fp16 ? HPUCOLL_F16 : HPUCOLL_BF16;
-	s->scale = !s->plan.fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
+	s->steps.scale = !s->plan.fp16 ? 1.0 : o->loss_scale > 0 ? o->loss_scale
 				   : ldexp(1.0, o->initial_scale_power);
-	s->hyst_left = o->hysteresis;
-	s->last_overflow = -1;
+	s->steps.hyst_left = o->hysteresis;
+	s->steps.last_overflow = -1;
 	choose_hooks(s);
 	build_units(s);
-	s->keep = keep_layer(s);
+	s->z3.keep = keep_layer(s);
 	for (int i = 0; i + 1 < L; i++)
 		if (o->activation_checkpointing)
 			b->layers[i]->ckpt = 1;
@@ -640,7 +632,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	    (s->load_fd = hpu__params_open(b, o->load_params, err, errlen)) < 0)
 		return -1;
 	int rc = alloc_states(s) < 0 ||
-		 (s->plan.mixed ? hpu__mp_init_params(s) < 0 : init_params(s) < 0);
+		 s->hooks.init_params(s) < 0;
 	if (s->load_fd >= 0)
 		close(s->load_fd);
 	s->load_fd = -1;
@@ -666,8 +658,6 @@ void hpu__strat_free(hpu_strat **ps)
 		hpu__dfree(u->full);
 		hpu__dfree(u->gbuf);
 		hpu__dfree(u->cbuf);
-		hpu__dfree(u->full16);
-		hpu__dfree(u->gbuf16);
 	}
 	for (int t = 0; s->t_data && t < s->b->ntensors; t++) {
 		if (s->b->tensors[t].producer >= 0 || hpu__dev_owns(s->t_data[t]))
@@ -680,7 +670,7 @@ void hpu__strat_free(hpu_strat **ps)
 		hpu__ac_param16_remove(s->lcp[i]);
 		hpu__dfree(s->lcp[i]);
 		hpu__dfree(s->lgs[i]);
-		hpu__dfree(s->own16[i]);
+		hpu__dfree(s->z3.own16[i]);
 		if (s->saved)
 			hpu__dfree(s->saved[i]);
 	}
@@ -688,28 +678,24 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__strat_ustage_close(s);
 	hpu__dfree(s->lsum);
 	hpu__dev_host_free(s->lsum_host);
-	for (int t = 0; s->t_host && t < s->b->ntensors; t++)
-		hpu__dev_host_free(s->t_host[t]);
-	free(s->t_host);
+	for (int t = 0; s->stg.t_host && t < s->b->ntensors; t++)
+		hpu__dev_host_free(s->stg.t_host[t]);
+	free(s->stg.t_host);
 	hpu__dfree(s->scratch);
 	hpu__dfree(s->B);
-	hpu__dev_hbuf_free(s->bsync);
+	hpu__dev_hbuf_free(s->stg.bsync);
 	hpu__dfree(s->P);
 	hpu__dfree(s->G);
 	hpu__dfree(s->PS);
 	hpu__dfree(s->GS);
 	hpu__dfree(s->state);
-	hpu__dfree(s->P16);
-	hpu__dfree(s->G16);
-	hpu__dfree(s->PS16);
-	hpu__dfree(s->GS16);
 	hpu__dfree(s->M);
 	hpu__dfree(s->chunk);
 	hpu__nv_close(s);
 	hpu__nvp_close(s);
 	free(s->lcp);
 	free(s->lgs);
-	free(s->own16);
+	free(s->z3.own16);
 	free(s->a16);
 	free(s->u);
 	free(s->q);

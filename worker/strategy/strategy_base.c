@@ -70,7 +70,7 @@ const char *hpu__strat_unit_name(const hpu_strat *s, int k)
  * host memory (hpu__dev_host_rt, as ZeRO-Offload's CPU Adam), else on
  * the device; no device op reads host memory and no host loop device
  * memory. What is kept on the other side crosses by explicit, counted
- * copies, a chunk at a time through s->ustage (on the update's side):
+ * copies, a chunk at a time through s->stg.update (on the update's side):
  * zero1's gradients, kept whole on the device, out to the host; the
  * parameters where the update is not (fp32: there and back; mixed
  * precision: only the 16-bit rounding back, the master weights being on
@@ -91,7 +91,7 @@ int hpu__strat_grads_host(const hpu_strat *s)
 	return state_host(s, HPU_PLAN_GRADS);
 }
 
-/* s->ustage: a chunk of gradients, of fp32 parameters and of 16-bit ones. */
+/* s->stg.update: a chunk of gradients, of fp32 parameters and of 16-bit ones. */
 #define USTAGE_BYTES ((size_t)HPU__STRAT_CHUNK * (4 + 4 + 2))
 
 int hpu__strat_ustage_open(hpu_strat *s)
@@ -99,9 +99,9 @@ int hpu__strat_ustage_open(hpu_strat *s)
 	int host = hpu__strat_update_host(s);
 	if (!host && !state_host(s, HPU_PLAN_PARAMS))
 		return 0; /* everything on the device: nothing crosses */
-	s->ustage = host ? hpu__dev_host_alloc(USTAGE_BYTES)
+	s->stg.update = host ? hpu__dev_host_alloc(USTAGE_BYTES)
 			 : hpu__dalloc(HPU_MEM_OTHER, USTAGE_BYTES, "optimizer's staging");
-	if (!s->ustage)
+	if (!s->stg.update)
 		return fail(s, "out of %s memory for the optimizer's staging (%zu bytes)",
 			    host ? "host" : "device", USTAGE_BYTES);
 	return 0;
@@ -109,11 +109,11 @@ int hpu__strat_ustage_open(hpu_strat *s)
 
 void hpu__strat_ustage_close(hpu_strat *s)
 {
-	if (s->ustage && hpu__strat_update_host(s))
-		hpu__dev_host_free(s->ustage);
+	if (s->stg.update && hpu__strat_update_host(s))
+		hpu__dev_host_free(s->stg.update);
 	else
-		hpu__dfree(s->ustage);
-	s->ustage = NULL;
+		hpu__dfree(s->stg.update);
+	s->stg.update = NULL;
 }
 
 /* n bytes to the update's side (back 0) or back from it. */
@@ -136,16 +136,17 @@ static void update_range(hpu_strat *s, int host, hpu_optim *o, size_t from, size
 }
 
 void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float *p,
-		       const void *g, uint16_t *p16, float gscale, double lr)
+		       const void *g, void *w, float gscale, double lr)
 {
+	uint16_t *p16 = s->plan.mixed ? w : NULL; /* else w is p */
 	int host = hpu__strat_update_host(s);
 	int gx = state_host(s, HPU_PLAN_GRADS) != host, px = state_host(s, HPU_PLAN_PARAMS) != host;
 	if (!gx && !px) { /* every operand on the update's side */
 		update_range(s, host, o, from, n, p, g, p16, gscale, lr);
 		return;
 	}
-	size_t gsz = s->plan.mixed ? 2 : 4;
-	float *sg = s->ustage, *sp = sg + HPU__STRAT_CHUNK;
+	size_t gsz = hpu__strat_esize(s, HPU_PLAN_GRADS);
+	float *sg = s->stg.update, *sp = sg + HPU__STRAT_CHUNK;
 	uint16_t *sp16 = (uint16_t *)(sp + HPU__STRAT_CHUNK);
 	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
 		size_t c = hpu__strat_chunk(n, i);
@@ -201,4 +202,29 @@ int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n)
 	if (scratch != s->chunk)
 		hpu__dfree(scratch);
 	return 0;
+}
+
+void hpu__strat_gacc(hpu_strat *s, int host, void *dst, const void *src, size_t n)
+{
+	const hpu__dev_rtops *rt = hpu__dev_host_rt();
+	if (!s->plan.mixed) {
+		if (host)
+			rt->add(dst, src, n);
+		else
+			hpu__dev_add(dst, src, n);
+		return;
+	}
+	/* 16-bit: widened a chunk at a time, summed in fp32, rounded back */
+	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
+		size_t c = hpu__strat_chunk(n, i);
+		const uint16_t *si = (const uint16_t *)src + i;
+		uint16_t *di = (uint16_t *)dst + i;
+		if (host) {
+			rt->from16(s->plan.fp16, s->chunk, si, c);
+			rt->acc16(s->plan.fp16, di, s->chunk, c);
+		} else {
+			hpu__dev_from16(s->plan.fp16, s->chunk, si, c);
+			hpu__dev_acc16(s->plan.fp16, di, s->chunk, c);
+		}
+	}
 }

@@ -221,7 +221,7 @@ int hpu__strat_ckpt_write(hpu_strat *s, hpu_ckpt_writer *w)
 			}
 			/* fp32 --offload-param nvme: the master weights are the
 			 * parameters, read in from their swap file */
-			if (k == 0 && s->nvp && !s->plan.mixed && !hpu__nvp_get(s, j, 1))
+			if (k == 0 && s->nvp && !hpu__strat_has_master(s) && !hpu__nvp_get(s, j, 1))
 				return -1;
 			put p = {w, section_base(s, j, k), 0};
 			size_t len;
@@ -315,11 +315,11 @@ int hpu__strat_resume_state(hpu_strat *s)
 		s->u[j].opt.t = t;
 	const cJSON *ls = cJSON_GetObjectItemCaseSensitive(c->m, "loss_scaler");
 	if (s->plan.fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
-		s->scale = hpu__ckpt_num(ls, "scale", s->scale);
-		s->hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->hyst_left);
-		s->step_no = (long)hpu__ckpt_num(ls, "steps", 0);
-		s->last_overflow = (long)hpu__ckpt_num(ls, "last_overflow", -1);
-		s->skipped = (long)hpu__ckpt_num(ls, "skipped", 0);
+		s->steps.scale = hpu__ckpt_num(ls, "scale", s->steps.scale);
+		s->steps.hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->steps.hyst_left);
+		s->steps.step_no = (long)hpu__ckpt_num(ls, "steps", 0);
+		s->steps.last_overflow = (long)hpu__ckpt_num(ls, "last_overflow", -1);
+		s->steps.skipped = (long)hpu__ckpt_num(ls, "skipped", 0);
 	}
 	return 0;
 }
@@ -327,11 +327,11 @@ int hpu__strat_resume_state(hpu_strat *s)
 void hpu__strat_get_state(const hpu_strat *s, hpu_strat_state *st)
 {
 	st->opt_steps = s->nunits ? s->u[0].opt.t : 0;
-	st->loss_scale = s->scale;
-	st->hysteresis_left = s->hyst_left;
-	st->scaler_steps = s->step_no;
-	st->last_overflow = s->last_overflow;
-	st->skipped = s->skipped;
+	st->loss_scale = s->steps.scale;
+	st->hysteresis_left = s->steps.hyst_left;
+	st->scaler_steps = s->steps.step_no;
+	st->last_overflow = s->steps.last_overflow;
+	st->skipped = s->steps.skipped;
 }
 
 /* ---- consolidated parameters ---- */
@@ -348,11 +348,14 @@ static int each_full_unit(hpu_strat *s, unit_fn fn, void *arg, const char *why)
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
 		int nv = hpu__nv_has(s, 0); /* the master weights: read them in */
-		const float *full = s->plan.mixed ? (s->sharded || nv ? NULL : s->M + u->off)
-				  : s->P ? s->P + u->off : u->full;
-		const float *piece = s->plan.mixed ? s->M + u->shard_off : u->opt_p;
+		/* the fp32 values: the master weights where the plan keeps
+		 * them (whole unless sharded; NULL on NVMe), else the
+		 * parameters; this rank's piece at opt_p */
+		const float *full = hpu__strat_has_master(s) ? (s->sharded ? NULL : u->opt_p)
+				  : s->P ? (float *)s->P + u->off : u->full;
+		const float *piece = u->opt_p;
 		float *tmpbuf = NULL;
-		if (!full && !s->plan.mixed && s->nvp && !(piece = hpu__nvp_get(s, k, 1)))
+		if (!full && !hpu__strat_has_master(s) && s->nvp && !(piece = hpu__nvp_get(s, k, 1)))
 			return -1;
 		if (!full) { /* sharded: gather it */
 			char what[128];

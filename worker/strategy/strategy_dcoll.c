@@ -15,19 +15,19 @@
 
 static void *stage(hpu_strat *s, size_t bytes)
 {
-	if (bytes <= s->stage_bytes)
-		return s->stage;
-	hpu__dev_host_free(s->stage);
-	s->stage = hpu__dev_host_alloc(bytes);
-	s->stage_bytes = s->stage ? bytes : 0;
-	return s->stage;
+	if (bytes <= s->stg.coll_bytes)
+		return s->stg.coll;
+	hpu__dev_host_free(s->stg.coll);
+	s->stg.coll = hpu__dev_host_alloc(bytes);
+	s->stg.coll_bytes = s->stg.coll ? bytes : 0;
+	return s->stg.coll;
 }
 
 void hpu__dc_free(hpu_strat *s)
 {
-	hpu__dev_host_free(s->stage);
-	s->stage = NULL;
-	s->stage_bytes = 0;
+	hpu__dev_host_free(s->stg.coll);
+	s->stg.coll = NULL;
+	s->stg.coll_bytes = 0;
 }
 
 /* A collective of one rank, or a rank's own piece of an all-gather:

@@ -47,19 +47,23 @@ typedef struct unit {
 	int pending;         /* of those, the ones whose backward is still due */
 	size_t off, len, piece, shard_off;
 	int persistent;      /* zero3: small enough to stay whole */
-	float *full;         /* zero3: gathered (or persistent) parameters */
+	void *full;          /* zero3: gathered (or persistent) parameters, in
+			      * the plan's parameter dtype */
 	hpucoll_req *gather; /* zero3: the gather of `full` in flight */
-	float *gbuf;         /* zero2/3: the unit's gradients in backward */
+	void *gbuf;          /* zero2/3: the unit's gradients in backward, in
+			      * the plan's gradient dtype (mixed: the 16-bit
+			      * bucket being reduced) */
 	uint16_t *cbuf;      /* bf16 staging of a gradient all-reduce */
 	hpu_optim opt;
-	float *opt_p, *opt_g; /* what the optimizer updates, opt.n floats */
+	float *opt_p;        /* what the optimizer updates, opt.n floats: the
+			      * master weights where the plan keeps them, else
+			      * the parameters (opt_w) */
+	void *opt_w;         /* the working parameters of that range, in the
+			      * plan's parameter dtype */
+	void *opt_g;         /* its gradients, in the plan's gradient dtype */
 	/* mixed precision */
 	float *cp;           /* the fp32 compute copy of the parameters */
 	float *gs;           /* fp32 gradients while the unit's backward runs */
-	uint16_t *full16;    /* zero3: gathered (or persistent) 16-bit params */
-	uint16_t *gbuf16;    /* zero2/3: the 16-bit bucket being reduced */
-	uint16_t *opt_p16, *opt_g16; /* the 16-bit working copy / gradients
-				      * of the optimizer's range */
 } unit;
 
 /* A gradient collective in flight; they complete in issue order. */
@@ -75,6 +79,9 @@ typedef struct hpu_nvp hpu_nvp;
  * hpu__strat_new from the placement plan (the precision, the gradients'
  * collective); strategy_pass.c calls only these. */
 typedef struct hpu__strat_hooks {
+	/* the parameters' initial values (and the master weights), into
+	 * the states strategy.c laid out */
+	int (*init_params)(hpu_strat *s);
 	/* layer i's own parameters ready for its call, prefetching what
 	 * follows in direction dir (up to layer `stop`); released after */
 	int (*acquire)(hpu_strat *s, int i, int dir, int stop);
@@ -101,8 +108,11 @@ struct hpu_strat {
 	unit *u;
 	int nunits;
 	size_t total, shard_total;
-	float *P, *G;      /* whole parameters / gradients, where kept */
-	float *PS, *GS;    /* parameter shard (zero3) / gradient shard (zero2/3) */
+	/* The model states in the plan's dtypes (hpu__strat_at): whole
+	 * parameters, where kept, and zero3's parameter shard; whole
+	 * gradients and zero2/3's gradient shard. */
+	void *P, *PS;
+	void *G, *GS;
 	float *state;      /* optimizer state */
 	int maxbatch;
 	/* The graph's tensors (strategy_act.c): data, bf16 copies, gradients;
@@ -126,31 +136,35 @@ struct hpu_strat {
 	int micro;         /* the micro-step in backward */
 	float **lcp, **lgs; /* mixed: per layer, fp32 parameters (their values
 			     * made as read: hpu__ac_param16_add) / gradients */
-	uint16_t **own16;     /* zero3 mixed: the gathered 16-bit unit a
-			       * layer holds while it runs */
 	float *B;          /* buffers, whole on every rank */
-	float *bsync;      /* staging of the buffers' step collectives */
-	int bad_run;       /* steps skipped in a row (non-finite) */
-	long bad_total;
-	hpu_nonfinite first_bad; /* this step's first non-finite value */
-	int injected;      /* --inject-overflow-step done this step */
-	size_t live;       /* zero3: gathered floats alive (not persistent) */
-	int keep;          /* zero3: the last layer training's forward gathers,
-			    * kept gathered into its backward, which comes
-			    * next (DeepSpeed's stage3_max_reuse_distance,
-			    * minimal form), or -1 */
-	int keep_armed;    /* a whole training forward is running */
+	/* zero3's gathering (strategy_zero.c, strategy_mp.c) */
+	struct {
+		size_t live;      /* gathered floats alive (not persistent) */
+		int keep;         /* the last layer training's forward gathers,
+				   * kept gathered into its backward, which
+				   * comes next (DeepSpeed's
+				   * stage3_max_reuse_distance, minimal form),
+				   * or -1 */
+		int keep_armed;   /* a whole training forward is running */
+		uint16_t **own16; /* mixed: per layer, the gathered 16-bit
+				   * unit it holds while it runs */
+	} z3;
 	/* Mixed precision (s->plan.mixed; fp16 or bf16: s->plan.fp16): 16-bit
 	 * working parameters and gradients (whole or shards, as the fp32 ones
 	 * otherwise), fp32 master weights in the optimizer's space, 16-bit
 	 * traffic. */
-	hpucoll_dtype dt16;
-	uint16_t *P16, *G16, *PS16, *GS16;
 	float *M;          /* master weights */
 	float *chunk;      /* gradients converted for the optimizer */
-	double scale;      /* the loss scale (1 unless 16-mixed) */
-	int hyst_left;     /* overflows left before the scale halves */
-	long step_no, last_overflow, skipped;
+	/* The steps: the loss scale, skipped and non-finite steps. */
+	struct {
+		double scale;   /* the loss scale (1 unless 16-mixed) */
+		int hyst_left;  /* overflows left before the scale halves */
+		long step_no, last_overflow, skipped;
+		int bad_run;    /* steps skipped in a row (non-finite) */
+		long bad_total;
+		hpu_nonfinite first_bad; /* this step's first non-finite value */
+		int injected;   /* --inject-overflow-step done this step */
+	} steps;
 	char *err;
 	size_t errlen;
 	int load_fd;             /* --load-params, or -1 */
@@ -162,20 +176,25 @@ struct hpu_strat {
 				  * the units' opt.m, opt.v and, mixed, opt_p
 				  * are NULL then) */
 	hpu_nvp *nvp;            /* --offload-param nvme: the parameter
-				  * shard in a swap file (s->PS, s->PS16 are
-				  * NULL; a unit's piece is in memory, at
-				  * opt_p / opt_p16, only while used) */
-	void *stage;             /* strategy_dcoll.c: pinned host staging of
-				  * the collectives where the host may not
-				  * read device memory */
-	size_t stage_bytes;
+				  * shard in a swap file (s->PS is NULL; a
+				  * unit's piece is in memory, at opt_w, only
+				  * while used) */
 	double *lsum, *lsum_host; /* the loss terms' sums on the device, and
 				   * the host's copy (hpu__strat_loss) */
-	void *ustage;            /* strategy_base.c: the optimizer's staging
-				  * across the bus, on the update's side */
-	void **t_host;           /* per tensor: the host's copy that
-				  * hpu__strat_tensor returns where the host
-				  * may not read device memory, or NULL */
+	/* Staging: what crosses between the host and the device. */
+	struct {
+		void *coll;        /* strategy_dcoll.c: pinned host staging of
+				    * the collectives where the host may not
+				    * read device memory */
+		size_t coll_bytes;
+		void *update;      /* strategy_base.c: the optimizer's staging
+				    * across the bus, on the update's side */
+		float *bsync;      /* the buffers' step collectives */
+		void **t_host;     /* per tensor: the host's copy that
+				    * hpu__strat_tensor returns where the
+				    * host may not read device memory, or
+				    * NULL */
+	} stg;
 };
 
 /* What the plan says, as the strategy files ask it: zero3 shards the
@@ -189,6 +208,45 @@ static inline int hpu__strat_params_sharded(const hpu_strat *s)
 static inline int hpu__strat_grads_sharded(const hpu_strat *s)
 {
 	return s->plan.e[HPU_PLAN_GRADS].sharded;
+}
+
+/* Bytes of one value of state st as the plan keeps it (fp32 4, 16-bit 2). */
+static inline size_t hpu__strat_esize(const hpu_strat *s, hpu_plan_state st)
+{
+	return hpu__plan_esize(&s->plan.e[st]);
+}
+
+/* The element i of a buffer of state st at base (NULL stays NULL). */
+static inline void *hpu__strat_at(const hpu_strat *s, hpu_plan_state st, const void *base,
+				  size_t i)
+{
+	return base ? (char *)(uintptr_t)base + i * hpu__strat_esize(s, st) : NULL;
+}
+
+/* The layers compute on the parameters and gradients the plan keeps
+ * (fp32), not on fp32 copies made per layer (mixed: strategy_mp.c). */
+static inline int hpu__strat_direct(const hpu_strat *s)
+{
+	return s->plan.e[HPU_PLAN_PARAMS].dtype == HPU_PLAN_FP32;
+}
+
+/* The plan keeps master weights apart from the parameters (mixed). */
+static inline int hpu__strat_has_master(const hpu_strat *s)
+{
+	return s->plan.e[HPU_PLAN_MASTER].where != HPU_PLAN_NOWHERE;
+}
+
+/* The collectives' dtype of state st. */
+static inline hpucoll_dtype hpu__strat_cdt(const hpu_strat *s, hpu_plan_state st)
+{
+	switch (s->plan.e[st].dtype) {
+	case HPU_PLAN_BF16:
+		return HPUCOLL_BF16;
+	case HPU_PLAN_FP16:
+		return HPUCOLL_F16;
+	default:
+		return HPUCOLL_F32;
+	}
 }
 
 /* Floats converted at a time for the optimizer (s->chunk). */
@@ -218,20 +276,25 @@ void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);
  * host memory. */
 int hpu__strat_update_host(const hpu_strat *s);
 int hpu__strat_grads_host(const hpu_strat *s);
-/* s->ustage, where something crosses to the update; freed by _close. */
+/* s->stg.update, where something crosses to the update; freed by _close. */
 int hpu__strat_ustage_open(hpu_strat *s);
 void hpu__strat_ustage_close(hpu_strat *s);
 /* One optimizer update (hpu__optim_begin done) over floats [from, from
  * + n) of o's range: p the fp32 parameters (mixed precision: the master
- * weights), g their gradients (mixed: 16-bit), p16 (mixed) the working
- * copy to round into; on the side the plan runs the update, what is
- * kept on the other crossing by counted copies (strategy_base.c). */
+ * weights), g their gradients, w the working parameters (all in the
+ * plan's dtypes; where the plan keeps master weights the update is
+ * rounded into w, else w is p); on the side the plan runs the update,
+ * what is kept on the other crossing by counted copies
+ * (strategy_base.c). */
 void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float *p,
-		       const void *g, uint16_t *p16, float gscale, double lr);
+		       const void *g, void *w, float gscale, double lr);
 /* 1 when gradients g[n] (mixed: 16-bit) hold an Inf or NaN; their sum
  * of squares added to *acc (0, or -1 with s->err): where they are kept. */
 int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n);
 int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n);
+/* Gradients src[n] added into dst[n], both in the plan's gradient dtype,
+ * by the host (host: memory the host reads) or the device. */
+void hpu__strat_gacc(hpu_strat *s, int host, void *dst, const void *src, size_t n);
 /* ---- strategy.c ---- */
 
 /* s->state: the optimizer's floats for the parameters this rank updates.
@@ -378,7 +441,7 @@ int hpu__nv_fill(hpu_strat *s, int j, const float *master);
 int hpu__nv_step(hpu_strat *s, float gscale, double lr);
 
 /* --offload-param nvme: the parameter store and its buffers, after the
- * units' opt_p / opt_p16 are set (s->nvp). 0, or -1 (s->err). */
+ * units' opt_w are set (s->nvp). 0, or -1 (s->err). */
 int hpu__nvp_open(hpu_strat *s);
 void hpu__nvp_close(hpu_strat *s);
 /* Starts reading unit k's piece if a buffer is free (0 also when none is). */
@@ -386,7 +449,7 @@ int hpu__nvp_fetch(hpu_strat *s, int k);
 /* Unit k's piece is in memory, or its read started. */
 int hpu__nvp_fetched(const hpu_strat *s, int k);
 /* Unit k's piece in memory (read: its values read from the file, else as
- * the buffer holds them, to be overwritten) -- u->opt_p / opt_p16 -- or
+ * the buffer holds them, to be overwritten) -- u->opt_w -- or
  * NULL (s->err). It stays until dropped or its buffer is taken. */
 void *hpu__nvp_get(hpu_strat *s, int k, int read);
 /* Starts writing unit k's piece back (after it was changed). */

@@ -69,8 +69,8 @@ int hpu__mp_init_params(hpu_strat *s)
 		} else {
 			hpu__dev_copy(u->opt_p, full + mine, u->opt.n * 4);
 		}
-		if (s->P16) {
-			if (host_to16(s, s->P16 + u->off, full, u->len) < 0) {
+		if (s->P) {
+			if (host_to16(s, (uint16_t *)s->P + u->off, full, u->len) < 0) {
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
@@ -79,7 +79,7 @@ int hpu__mp_init_params(hpu_strat *s)
 				hpu__dev_hbuf_free(full);
 				return -1;
 			}
-			if (host_to16(s, u->opt_p16, full + mine, u->piece) < 0 ||
+			if (host_to16(s, u->opt_w, full + mine, u->piece) < 0 ||
 			    (s->nvp && hpu__nvp_put(s, j) < 0)) {
 				hpu__dev_hbuf_free(full);
 				return -1;
@@ -87,11 +87,11 @@ int hpu__mp_init_params(hpu_strat *s)
 			if (u->persistent) {
 				snprintf(what, sizeof what, "parameters of %s (persistent)",
 					 hpu__strat_unit_name(s, j));
-				if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
+				if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what))) {
 					hpu__dev_hbuf_free(full);
 					return -1;
 				}
-				if (host_to16(s, u->full16, full, u->len) < 0) {
+				if (host_to16(s, u->full, full, u->len) < 0) {
 					hpu__dev_hbuf_free(full);
 					return -1;
 				}
@@ -118,7 +118,8 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 	if (!s->lcp[i]) {
 		if (gathered && hpu__zero_gather_wait(s, k) < 0)
 			return -1;
-		const uint16_t *src = s->P16 ? s->P16 + l->off : u->full16 + (l->off - u->off);
+		const uint16_t *src = s->P ? (uint16_t *)s->P + l->off
+					   : (uint16_t *)u->full + (l->off - u->off);
 		char what[128];
 		snprintf(what, sizeof what, "fp32 compute copy of %s", l->name);
 		if (!(s->lcp[i] = hpu__dalloc_uninit(HPU_MEM_PARAMS, l->plen * 4, what))) {
@@ -135,8 +136,8 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 			return -1;
 		}
 		if (gathered) {
-			s->own16[i] = u->full16;
-			u->full16 = NULL;
+			s->z3.own16[i] = u->full;
+			u->full = NULL;
 		}
 	}
 	l->pbase = s->lcp[i];
@@ -150,10 +151,10 @@ int hpu__mp_grads_for(hpu_strat *s, int i)
 	hpu_layer *l = s->b->layers[i];
 	unit *u = &s->u[l->unit];
 	char what[128];
-	if (s->GS16 && !u->gbuf16) {
+	if (s->GS && !u->gbuf) {
 		snprintf(what, sizeof what, "16-bit gradient bucket of %s",
 			 hpu__strat_unit_name(s, l->unit));
-		if (!(u->gbuf16 = dalloc(s, HPU_MEM_GRADS, u->len * 2, what)))
+		if (!(u->gbuf = dalloc(s, HPU_MEM_GRADS, u->len * 2, what)))
 			return -1;
 	}
 	snprintf(what, sizeof what, "fp32 gradients of %s", l->name);
@@ -171,18 +172,19 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 	hpu_layer *l = s->b->layers[i];
 	unit *u = &s->u[l->unit];
 	float *g = s->lgs[i];
-	if (final && !s->injected && s->o->inject_overflow_step == s->step_no + 1 &&
+	if (final && !s->steps.injected && s->o->inject_overflow_step == s->steps.step_no + 1 &&
 	    s->rank == 0) {
 		/* --inject-overflow-step: testing only */
 		hpu__dev_h2d(NULL, g, &(float){INFINITY}, 4);
-		s->injected = 1;
+		s->steps.injected = 1;
 	}
-	if (s->G16 && s->micro == 0) /* the step's first: no sum to add to */
-		hpu__dev_to16(s->plan.fp16, s->G16 + l->off, g, l->plen);
-	else if (s->G16)
-		hpu__dev_acc16(s->plan.fp16, s->G16 + l->off, g, l->plen);
+	uint16_t *G = s->G;
+	if (G && s->micro == 0) /* the step's first: no sum to add to */
+		hpu__dev_to16(s->plan.fp16, G + l->off, g, l->plen);
+	else if (G)
+		hpu__dev_acc16(s->plan.fp16, G + l->off, g, l->plen);
 	else
-		hpu__dev_to16(s->plan.fp16, u->gbuf16 + (l->off - u->off), g, l->plen);
+		hpu__dev_to16(s->plan.fp16, (uint16_t *)u->gbuf + (l->off - u->off), g, l->plen);
 	hpu__dfree(g);
 	s->lgs[i] = NULL;
 }
@@ -197,18 +199,18 @@ static void update_scale(hpu_strat *s, int overflow)
 	const hpu_train_opts *o = s->o;
 	if (s->plan.fp16 && o->loss_scale <= 0) {
 		if (overflow) {
-			if (o->hysteresis == 1 || s->hyst_left == 1)
-				s->scale = fmax(s->scale / 2, o->min_loss_scale);
+			if (o->hysteresis == 1 || s->steps.hyst_left == 1)
+				s->steps.scale = fmax(s->steps.scale / 2, o->min_loss_scale);
 			else
-				s->hyst_left--;
-			s->last_overflow = s->step_no;
-		} else if ((s->step_no - s->last_overflow) % o->loss_scale_window == 0) {
-			s->hyst_left = o->hysteresis;
-			s->scale *= 2;
+				s->steps.hyst_left--;
+			s->steps.last_overflow = s->steps.step_no;
+		} else if ((s->steps.step_no - s->steps.last_overflow) % o->loss_scale_window == 0) {
+			s->steps.hyst_left = o->hysteresis;
+			s->steps.scale *= 2;
 		}
 	}
-	s->step_no++;
-	s->injected = 0;
+	s->steps.step_no++;
+	s->steps.injected = 0;
 }
 
 /* The optimizer runs on the master weights, HPU__STRAT_CHUNK floats at a
@@ -219,7 +221,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	/* An overflow anywhere skips the step everywhere. */
 	float bad = 0;
 	for (int k = 0; k < s->nunits; k++)
-		if (hpu__strat_nonfinite(s, s->u[k].opt_g16, s->u[k].opt.n))
+		if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
 			bad = 1;
 	if (s->sharded) {
 		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
@@ -229,11 +231,11 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	*grad_norm = 0;
 	*skipped = bad > 0;
 	if (!*skipped) {
-		float gscale = (float)(1.0 / s->scale);
+		float gscale = (float)(1.0 / s->steps.scale);
 		if (s->o->clip_norm > 0) {
 			if (hpu__strat_grad_norm(s, grad_norm) < 0)
 				return -1;
-			*grad_norm /= s->scale;
+			*grad_norm /= s->steps.scale;
 			gscale *= hpu__clip_factor(*grad_norm, s->o->clip_norm);
 		}
 		for (int k = 0; k < s->nunits && !s->nv; k++) {
@@ -241,7 +243,7 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
 			hpu__optim_begin(&u->opt);
-			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g16, u->opt_p16,
+			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g, u->opt_w,
 					  gscale, lr);
 		}
 		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
@@ -249,14 +251,14 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 		if (!s->nv && s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 			return -1;
 	}
-	/* G16 needs no zeroing: each step's first micro-step overwrites it */
-	double before = s->scale;
+	/* 16-bit G needs no zeroing: each step's first micro-step overwrites it */
+	double before = s->steps.scale;
 	update_scale(s, *skipped);
 	if (*skipped) {
-		s->skipped++;
+		s->steps.skipped++;
 		if (s->rank == 0)
 			printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
-			       s->step_no, before, s->scale);
+			       s->steps.step_no, before, s->steps.scale);
 		return 0;
 	}
 	return hpu__zero_gather_params(s);

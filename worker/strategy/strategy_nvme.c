@@ -21,7 +21,7 @@
  * (a unit not read ahead is read when its gather starts), and freed once
  * the gather is done; the optimizer step reads each unit's
  * piece (the next one's read in flight), updates it and writes it back
- * while it goes on with the next. u->opt_p (fp32) / u->opt_p16 (mixed)
+ * while it goes on with the next. u->opt_w (and, fp32, u->opt_p)
  * point at the piece while it is in memory, NULL otherwise. */
 
 #include <stdio.h>
@@ -295,13 +295,10 @@ static void update(hpu_strat *s, const group *g, float *buf, float gscale, doubl
 	hpu_optim view = u->opt;
 	view.m = section(s, buf, g->n, 1);
 	view.v = section(s, buf, g->n, 2);
-	if (!s->plan.mixed) { /* on the host (strategy_base.c) */
-		hpu__strat_update(s, &view, 0, g->n, u->opt_p + g->from, u->opt_g + g->from, NULL,
-				  gscale, lr);
-		return;
-	}
-	float *master = section(s, buf, g->n, 0);
-	hpu__strat_update(s, &view, 0, g->n, master, u->opt_g16 + g->from, u->opt_p16 + g->from,
+	float *p = hpu__strat_has_master(s) ? section(s, buf, g->n, 0) : u->opt_p + g->from;
+	hpu__strat_update(s, &view, 0, g->n, p,
+			  hpu__strat_at(s, HPU_PLAN_GRADS, u->opt_g, g->from),
+			  hpu__strat_at(s, HPU_PLAN_PARAMS, u->opt_w, g->from),
 			  gscale, lr);
 }
 
@@ -361,9 +358,8 @@ static int nvp_fail(hpu_strat *s)
 /* Unit k's piece now at `at` (NULL: not in memory). */
 static void point_piece(hpu_strat *s, int k, void *at)
 {
-	if (s->plan.mixed)
-		s->u[k].opt_p16 = at;
-	else
+	s->u[k].opt_w = at;
+	if (!hpu__strat_has_master(s)) /* the parameters are what is updated */
 		s->u[k].opt_p = at;
 }
 

@@ -144,7 +144,7 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 		       "\"layer\":%d", i);
 	if (rc != 0)
 		return layer_failed(s, l, recompute ? "forward (recomputed)" : "forward");
-	if (s->keep_armed && i == s->keep && !recompute)
+	if (s->z3.keep_armed && i == s->z3.keep && !recompute)
 		return 0; /* its backward comes next: released after it */
 	return release(s, i);
 }
@@ -236,18 +236,18 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 	if (want >= 0)
 		mask_for(s, want);
 	int stop = s->nlayers;
-	s->keep_armed = s->ctx.train && want < 0;
+	s->z3.keep_armed = s->ctx.train && want < 0;
 	for (int i = 0; i < s->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
 		int run = want >= 0 ? s->run_mask[i] : s->ctx.train ? l->for_loss : l->for_eval;
 		if (!run)
 			continue;
 		if (layer_forward(s, i, stop, 0) < 0 || (want < 0 && after_forward(s, i, last, -1) < 0)) {
-			s->keep_armed = 0;
+			s->z3.keep_armed = 0;
 			return -1;
 		}
 	}
-	s->keep_armed = 0;
+	s->z3.keep_armed = 0;
 	return 0;
 }
 
@@ -259,14 +259,14 @@ const void *hpu__strat_tensor(hpu_strat *s, int t)
 		return s->t_data[t];
 	/* the host reads a copy (metrics, the hooks' forward) */
 	size_t row = s->b->tensors[t].sample_numel * 4;
-	if (!s->t_host) {
-		if (!(s->t_host = calloc((size_t)s->b->ntensors, sizeof *s->t_host)))
+	if (!s->stg.t_host) {
+		if (!(s->stg.t_host = calloc((size_t)s->b->ntensors, sizeof *s->stg.t_host)))
 			return NULL;
 	}
-	if (!s->t_host[t] && !(s->t_host[t] = hpu__dev_host_alloc((size_t)s->maxbatch * row)))
+	if (!s->stg.t_host[t] && !(s->stg.t_host[t] = hpu__dev_host_alloc((size_t)s->maxbatch * row)))
 		return NULL;
-	hpu__dev_d2h(NULL, s->t_host[t], s->t_data[t], (size_t)s->ctx.batch * row);
-	return s->t_host[t];
+	hpu__dev_d2h(NULL, s->stg.t_host[t], s->t_data[t], (size_t)s->ctx.batch * row);
+	return s->stg.t_host[t];
 }
 
 /* Each loss term's per-sample values summed on the device; only the
@@ -502,7 +502,7 @@ static int note_nonfinite(hpu_strat *s, int layer, int t)
 	long bad = tensor_nonfinite(s, t, &numel);
 	if (!bad)
 		return 0;
-	s->first_bad = (hpu_nonfinite){.found = 1, .micro = s->ctx.micro, .layer = layer,
+	s->steps.first_bad = (hpu_nonfinite){.found = 1, .micro = s->ctx.micro, .layer = layer,
 				       .tensor = t, .count = bad, .numel = (long)numel,
 				       .unit = -1};
 	return 1;
@@ -514,7 +514,7 @@ static int note_nonfinite(hpu_strat *s, int layer, int t)
 static void find_nonfinite(hpu_strat *s)
 {
 	hpu_builder *b = s->b;
-	if (s->first_bad.found == 1)
+	if (s->steps.first_bad.found == 1)
 		return; /* an earlier micro-step's came first */
 	for (int t = 0; t < b->ntensors; t++)
 		if (b->tensors[t].producer < 0 && note_nonfinite(s, -1, t))
@@ -531,8 +531,8 @@ static void find_nonfinite(hpu_strat *s)
 
 void hpu__strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out)
 {
-	*out = s->first_bad;
-	s->first_bad = (hpu_nonfinite){.unit = -1};
+	*out = s->steps.first_bad;
+	s->steps.first_bad = (hpu_nonfinite){.unit = -1};
 }
 
 void hpu__strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
@@ -557,10 +557,10 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 	s->micro = s->ctx.micro;
 	double loss = hpu__strat_loss(s);
 	if (s->ctx.micro == 0)
-		s->first_bad = (hpu_nonfinite){.unit = -1};
+		s->steps.first_bad = (hpu_nonfinite){.unit = -1};
 	if (!isfinite(loss))
 		find_nonfinite(s);
-	scale = (float)(scale * s->scale); /* the loss scale: 1 unless 16-mixed */
+	scale = (float)(scale * s->steps.scale); /* the loss scale: 1 unless 16-mixed */
 	if (seed(s, scale, (float)loss) < 0)
 		return -1;
 	for (int k = 0; k < s->nunits; k++)

@@ -68,7 +68,7 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 					.persistent = s->u[k].persistent};
 	for (int i = 0; i < s->nlayers; i++) {
 		const hpu_layer *l = b->layers[i];
-		int calls = i == s->keep ? 1 : !!l->for_loss + !!l->backward;
+		int calls = i == s->z3.keep ? 1 : !!l->for_loss + !!l->backward;
 		if (l->nparams && l->unit >= 0)
 			pu[l->unit].gathers += calls;
 		if (l->nuses || l->ckpt) /* shared parameters, recomputation */

@@ -54,7 +54,7 @@ int hpu__strat_grad_norm(hpu_strat *s, double *norm)
 	double ss = 0;
 	for (int k = 0; k < s->nunits; k++) {
 		const unit *u = &s->u[k];
-		if (hpu__strat_sumsq(s, &ss, s->plan.mixed ? (const void *)u->opt_g16 : u->opt_g,
+		if (hpu__strat_sumsq(s, &ss, u->opt_g,
 				     u->opt.n) < 0)
 			return -1;
 	}

@@ -34,22 +34,16 @@ static void push(hpu_strat *s, int k, hpucoll_req *req)
  * first micro-step. */
 static void land_host(hpu_strat *s, void *dst, const void *src, size_t n)
 {
-	size_t esz = s->plan.mixed ? 2 : 4;
+	size_t esz = hpu__strat_esize(s, HPU_PLAN_GRADS);
 	if (s->micro == 0) {
 		hpu__dev_d2h(NULL, dst, src, n * esz);
 		return;
 	}
-	const hpu__dev_rtops *rt = hpu__dev_host_rt();
-	void *h = s->ustage;
+	void *h = s->stg.update;
 	for (size_t i = 0; i < n; i += HPU__STRAT_CHUNK) {
 		size_t c = hpu__strat_chunk(n, i);
 		hpu__dev_d2h(NULL, h, (const char *)src + i * esz, c * esz);
-		if (s->plan.mixed) {
-			rt->from16(s->plan.fp16, s->chunk, h, c);
-			rt->acc16(s->plan.fp16, (uint16_t *)dst + i, s->chunk, c);
-		} else {
-			rt->add((float *)dst + i, h, c);
-		}
+		hpu__strat_gacc(s, 1, (char *)dst + i * esz, h, c);
 	}
 }
 
@@ -58,35 +52,19 @@ static void land(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	if (u->cbuf) {
-		hpu__dev_from16(0, s->G + u->off, u->cbuf, u->len); /* bf16 */
+		hpu__dev_from16(0, (float *)s->G + u->off, u->cbuf, u->len); /* bf16 */
 		hpu__dfree(u->cbuf);
 		u->cbuf = NULL;
 	}
-	if (u->gbuf16) { /* mixed zero2/3: keep only the owned piece */
-		uint16_t *src = u->gbuf16 + (size_t)s->rank * u->piece,
-			 *dst = s->GS16 + u->shard_off;
-		if (hpu__strat_grads_host(s)) {
-			land_host(s, dst, src, u->piece);
-		} else if (s->micro == 0) {
-			hpu__dev_d2d(NULL, dst, src, u->piece * 2);
-		} else {
-			for (size_t i = 0; i < u->piece; i += HPU__STRAT_CHUNK) {
-				size_t c = hpu__strat_chunk(u->piece, i);
-				hpu__dev_from16(s->plan.fp16, s->chunk, src + i, c);
-				hpu__dev_acc16(s->plan.fp16, dst + i, s->chunk, c);
-			}
-		}
-		hpu__dfree(u->gbuf16);
-		u->gbuf16 = NULL;
-	}
 	if (u->gbuf) { /* zero2/3: keep only the owned piece */
-		float *src = u->gbuf + (size_t)s->rank * u->piece, *dst = s->GS + u->shard_off;
+		void *src = hpu__strat_at(s, HPU_PLAN_GRADS, u->gbuf, (size_t)s->rank * u->piece);
+		void *dst = hpu__strat_at(s, HPU_PLAN_GRADS, s->GS, u->shard_off);
 		if (hpu__strat_grads_host(s))
 			land_host(s, dst, src, u->piece);
 		else if (s->micro == 0)
-			hpu__dev_d2d(NULL, dst, src, u->piece * 4);
+			hpu__dev_d2d(NULL, dst, src, u->piece * hpu__strat_esize(s, HPU_PLAN_GRADS));
 		else
-			hpu__dev_add(dst, src, u->piece);
+			hpu__strat_gacc(s, 0, dst, src, u->piece);
 		hpu__dfree(u->gbuf);
 		u->gbuf = NULL;
 	}
@@ -132,20 +110,18 @@ static int start_all_reduce(hpu_strat *s, int k)
 	unit *u = &s->u[k];
 	hpucoll_req *req;
 	int rc;
-	if (s->plan.mixed) {
-		rc = hpu__dc_iall_reduce(s, s->G16 + u->off, s->G16 + u->off, u->len,
-					 s->dt16, HPUCOLL_SUM, &req);
-	} else if (s->o->grad_comm_dtype == HPU_COMM_BF16) {
+	if (s->plan.grad_comm16) {
 		char what[128];
 		snprintf(what, sizeof what, "bf16 gradients of %s", hpu__strat_unit_name(s, k));
 		if (!(u->cbuf = dalloc(s, HPU_MEM_COMM, u->len * 2, what)))
 			return -1;
-		hpu__dev_to16(0, u->cbuf, s->G + u->off, u->len); /* bf16 */
+		hpu__dev_to16(0, u->cbuf, (float *)s->G + u->off, u->len); /* bf16 */
 		rc = hpu__dc_iall_reduce(s, u->cbuf, u->cbuf, u->len, HPUCOLL_BF16,
 					 HPUCOLL_SUM, &req);
 	} else {
-		rc = hpu__dc_iall_reduce(s, s->G + u->off, s->G + u->off, u->len,
-					 HPUCOLL_F32, HPUCOLL_SUM, &req);
+		void *g = hpu__strat_at(s, HPU_PLAN_GRADS, s->G, u->off);
+		rc = hpu__dc_iall_reduce(s, g, g, u->len, hpu__strat_cdt(s, HPU_PLAN_GRADS),
+					 HPUCOLL_SUM, &req);
 	}
 	if (rc)
 		return coll_fail(s, "gradient all-reduce", rc);
@@ -159,12 +135,9 @@ static int start_reduce_scatter(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	hpucoll_req *req;
-	int rc = s->plan.mixed ? hpu__dc_ireduce_scatter(s, u->gbuf16,
-						 u->gbuf16 + (size_t)s->rank * u->piece,
-						 u->piece, s->dt16, HPUCOLL_SUM, &req)
-		       : hpu__dc_ireduce_scatter(s, u->gbuf,
-						 u->gbuf + (size_t)s->rank * u->piece,
-						 u->piece, HPUCOLL_F32, HPUCOLL_SUM, &req);
+	int rc = hpu__dc_ireduce_scatter(
+		s, u->gbuf, hpu__strat_at(s, HPU_PLAN_GRADS, u->gbuf, (size_t)s->rank * u->piece),
+		u->piece, hpu__strat_cdt(s, HPU_PLAN_GRADS), HPUCOLL_SUM, &req);
 	if (rc)
 		return coll_fail(s, "gradient reduce-scatter", rc);
 	push(s, k, req);
@@ -222,12 +195,10 @@ int hpu__sync_reduce(hpu_strat *s)
 			unit *u = &s->u[k];
 			hpucoll_req *req;
 			size_t mine = (size_t)s->rank * u->piece;
-			rc = s->plan.mixed ? hpu__dc_ireduce_scatter(s, s->G16 + u->off,
-							     s->G16 + u->off + mine, u->piece,
-							     s->dt16, HPUCOLL_SUM, &req)
-				   : hpu__dc_ireduce_scatter(s, s->G + u->off,
-							     s->G + u->off + mine, u->piece,
-							     HPUCOLL_F32, HPUCOLL_SUM, &req);
+			rc = hpu__dc_ireduce_scatter(
+				s, hpu__strat_at(s, HPU_PLAN_GRADS, s->G, u->off),
+				hpu__strat_at(s, HPU_PLAN_GRADS, s->G, u->off + mine), u->piece,
+				hpu__strat_cdt(s, HPU_PLAN_GRADS), HPUCOLL_SUM, &req);
 			if (rc)
 				return coll_fail(s, "gradient reduce-scatter", rc);
 			push(s, k, req);

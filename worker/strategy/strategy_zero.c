@@ -28,27 +28,21 @@
 static int gather_start(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
-	if (u->persistent || u->full || u->full16 || (s->plan.mixed && s->lcp[u->first]))
+	/* held gathered, or (mixed) as its first layer's fp32 copy */
+	if (u->persistent || u->full || s->lcp[u->first])
 		return 0;
 	if (s->nvp && !hpu__nvp_get(s, k, 1))
 		return -1;
 	char what[128];
 	snprintf(what, sizeof what, "gathered parameters of %s", hpu__strat_unit_name(s, k));
-	int rc;
-	if (s->plan.mixed) {
-		if (!(u->full16 = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
-			return -1;
-		rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece, s->dt16,
-					 &u->gather);
-	} else {
-		if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 4, what)))
-			return -1;
-		rc = hpu__dc_iall_gather(s, u->opt_p, u->full, u->piece, HPUCOLL_F32,
-					 &u->gather);
-	}
+	if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * hpu__strat_esize(s, HPU_PLAN_PARAMS),
+			       what)))
+		return -1;
+	int rc = hpu__dc_iall_gather(s, u->opt_w, u->full, u->piece,
+				     hpu__strat_cdt(s, HPU_PLAN_PARAMS), &u->gather);
 	if (rc)
 		return coll_fail(s, "parameter all-gather", rc);
-	s->live += u->len;
+	s->z3.live += u->len;
 	return 0;
 }
 
@@ -78,13 +72,13 @@ static int gather(hpu_strat *s, int k, int within)
 static int walk_ahead(hpu_strat *s, int i, int dir, int stop,
 		      int (*fn)(hpu_strat *s, int k, int within))
 {
-	size_t ahead = 0, live = s->live; /* fn may gather: counted here */
+	size_t ahead = 0, live = s->z3.live; /* fn may gather: counted here */
 	for (int j = i + dir; j != stop; j += dir) {
 		int k = s->b->layers[j]->unit;
 		if (k < 0 || s->u[k].persistent)
 			continue;
 		unit *u = &s->u[k];
-		if (u->full || u->full16 || (s->plan.mixed && s->lcp[u->first])) {
+		if (u->full || s->lcp[u->first]) {
 			ahead += u->len;
 			continue;
 		}
@@ -113,7 +107,7 @@ int hpu__zero_gather_wait(hpu_strat *s, int k)
 {
 	unit *u = &s->u[k];
 	int64_t t0 = hpu__prof_t0();
-	int ahead = u->full || u->full16;
+	int ahead = u->full != NULL;
 	if (!ahead && gather_start(s, k) < 0)
 		return -1;
 	if (u->gather) {
@@ -155,9 +149,9 @@ int hpu__zero_release(hpu_strat *s, int k)
 		return -1;
 	hpu__dfree(u->full);
 	u->full = NULL;
-	s->live -= u->len;
+	s->z3.live -= u->len;
 	hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu", k,
-		       u->len * 4);
+		       u->len * hpu__strat_esize(s, HPU_PLAN_PARAMS));
 	return 0;
 }
 
@@ -165,20 +159,20 @@ int hpu__zero_release_all(hpu_strat *s)
 {
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
-		if (s->plan.mixed && u->full16 && !u->persistent) { /* prefetched, unused */
+		if (s->plan.mixed && u->full && !u->persistent) { /* prefetched, unused */
 			if (u->gather) {
 				int rc = hpucoll_wait(&u->gather);
 				if (rc)
 					return coll_fail(s, "parameter all-gather", rc);
 			}
-			hpu__dfree(u->full16);
-			u->full16 = NULL;
-			s->live -= u->len;
+			hpu__dfree(u->full);
+			u->full = NULL;
+			s->z3.live -= u->len;
 		}
 		if (!s->plan.mixed && hpu__zero_release(s, k) < 0)
 			return -1;
 	}
-	for (int i = 0; s->plan.mixed && i < s->nlayers; i++)
+	for (int i = 0; i < s->nlayers; i++) /* mixed: the fp32 copies left */
 		if (s->b->layers[i]->unit >= 0)
 			hpu__mp_release_layer(s, i);
 	return s->nvp ? hpu__nvp_drop_all(s) : 0; /* and the pieces read ahead */
@@ -194,20 +188,14 @@ int hpu__zero_gather_params(hpu_strat *s)
 	int rc = 0, k;
 	for (k = 0; k < s->nunits && !rc; k++) {
 		unit *u = &s->u[k];
-		if (s->plan.mixed && !hpu__strat_params_sharded(s))
-			rc = hpu__dc_iall_gather(s, s->P16 + u->off + (size_t)s->rank * u->piece,
-						 s->P16 + u->off, u->piece, s->dt16, &reqs[k]);
-		else if (s->plan.mixed && u->persistent)
-			rc = hpu__dc_iall_gather(s, u->opt_p16, u->full16, u->piece,
-						 s->dt16, &reqs[k]);
-		else if (s->plan.mixed)
-			continue;
-		else if (!hpu__strat_params_sharded(s))
-			rc = hpu__dc_iall_gather(s, s->P + u->off + (size_t)s->rank * u->piece,
-						 s->P + u->off, u->piece, HPUCOLL_F32, &reqs[k]);
-		else if (u->persistent)
-			rc = hpu__dc_iall_gather(s, u->opt_p, u->full, u->piece,
-						 HPUCOLL_F32, &reqs[k]);
+		hpucoll_dtype dt = hpu__strat_cdt(s, HPU_PLAN_PARAMS);
+		if (!hpu__strat_params_sharded(s))
+			rc = hpu__dc_iall_gather(
+				s, hpu__strat_at(s, HPU_PLAN_PARAMS, s->P,
+						 u->off + (size_t)s->rank * u->piece),
+				hpu__strat_at(s, HPU_PLAN_PARAMS, s->P, u->off), u->piece, dt, &reqs[k]);
+		else if (u->persistent) /* zero3: the rest gathered per layer */
+			rc = hpu__dc_iall_gather(s, u->opt_w, u->full, u->piece, dt, &reqs[k]);
 	}
 	for (int j = 0; j < s->nunits; j++) {
 		int r = reqs[j] ? hpucoll_wait(&reqs[j]) : 0;
@@ -230,10 +218,10 @@ void hpu__mp_release_layer(hpu_strat *s, int i)
 	hpu__ac_param16_remove(s->lcp[i]);
 	hpu__dfree(s->lcp[i]);
 	s->lcp[i] = NULL;
-	hpu__dfree(s->own16[i]);
-	s->own16[i] = NULL;
+	hpu__dfree(s->z3.own16[i]);
+	s->z3.own16[i] = NULL;
 	if (hpu__strat_params_sharded(s) && !u->persistent) {
-		s->live -= u->len;
+		s->z3.live -= u->len;
 		hpu__prof_span("zero3", "release_params", NULL, t0, "\"unit\":%d,\"bytes\":%zu",
 			       l->unit, u->len * 2);
 	}
