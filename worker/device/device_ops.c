@@ -105,7 +105,7 @@ HPU_CLONES static int nonfinite(const float *restrict g, size_t n)
 	return top >= 0x7f800000u;
 }
 
-static int nonfinite16(int fp16, const uint16_t *h, size_t n)
+HPU_CLONES static int nonfinite16(int fp16, const uint16_t *restrict h, size_t n)
 {
 	const uint16_t mask = fp16 ? 0x7c00 : 0x7f80;
 	int bad = 0;
@@ -272,12 +272,11 @@ HPU_CLONES static void adam_decoupled(const adam_k *k, float *p, const float *g,
 
 /* torch.optim.Adam (L2: g += wd*p) and torch.optim.AdamW (decoupled:
  * p *= 1 - lr*wd), amsgrad off. */
-static void adam_step(const hpu__dev_optim *o, float *p, const float *g, float *m, float *v,
-		      size_t n)
+static adam_k adam_scalars(const hpu__dev_optim *o)
 {
 	const int l2 = o->kind == HPU__DEV_ADAM;
 	const double t = (double)o->t, lr = o->lr;
-	const adam_k k = {
+	return (adam_k){
 		.b1 = (float)o->beta1,
 		.b2 = (float)o->beta2,
 		.c1 = (float)(1.0 - o->beta1),
@@ -288,6 +287,13 @@ static void adam_step(const hpu__dev_optim *o, float *p, const float *g, float *
 		.inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(o->beta2, t))),
 		.eps = (float)o->eps,
 	};
+}
+
+static void adam_step(const hpu__dev_optim *o, float *p, const float *g, float *m, float *v,
+		      size_t n)
+{
+	const int l2 = o->kind == HPU__DEV_ADAM;
+	const adam_k k = adam_scalars(o);
 	if (l2)
 		adam_l2(&k, p, g, m, v, n, o->gscale);
 	else
@@ -303,9 +309,55 @@ static void optim(const hpu__dev_optim *k, float *p, const float *g, float *m, f
 		adam_step(k, p, g, m, v, n);
 }
 
+/* bf16 Adam / AdamW in one pass: the gradient read from bf16 (exact in
+ * fp32), the update as adam_pass makes it, the new master weight rounded
+ * into the working copy; the same values as converting, updating and
+ * rounding chunk by chunk, without the two extra passes. */
+static inline void adam_pass_bf16(const adam_k *k, int l2, float *p, const uint16_t *g16,
+				  uint16_t *p16, float *m, float *v, size_t n, float gscale)
+{
+	const float b1 = k->b1, b2 = k->b2, c1 = k->c1, c2 = k->c2;
+	const float decay = k->decay, wd = k->l2, step = k->step,
+		    inv_sqrt_bc2 = k->inv_sqrt_bc2, eps = k->eps;
+	for (size_t i = 0; i < n; i++) {
+		float gi = gscale * hpu_from_bf16(g16[i]);
+		if (l2)
+			gi = gi + wd * p[i];
+		m[i] = b1 * m[i] + c1 * gi;
+		v[i] = b2 * v[i] + c2 * gi * gi;
+		float pi = l2 ? p[i] : p[i] * decay;
+		pi = pi - step * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + eps);
+		p[i] = pi;
+		p16[i] = hpu_to_bf16(pi);
+	}
+}
+
+HPU_CLONES static void adam_l2_bf16(const adam_k *k, float *restrict p,
+				    const uint16_t *restrict g16, uint16_t *restrict p16,
+				    float *restrict m, float *restrict v, size_t n, float gscale)
+{
+	adam_pass_bf16(k, 1, p, g16, p16, m, v, n, gscale);
+}
+
+HPU_CLONES static void adam_decoupled_bf16(const adam_k *k, float *restrict p,
+					   const uint16_t *restrict g16, uint16_t *restrict p16,
+					   float *restrict m, float *restrict v, size_t n,
+					   float gscale)
+{
+	adam_pass_bf16(k, 0, p, g16, p16, m, v, n, gscale);
+}
+
 static void optim16(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
 		    uint16_t *p16, float *m, float *v, size_t n, float *scratch, size_t chunk)
 {
+	if (!fp16 && k->kind != HPU__DEV_SGD) {
+		const adam_k a = adam_scalars(k);
+		if (k->kind == HPU__DEV_ADAM)
+			adam_l2_bf16(&a, p, g16, p16, m, v, n, k->gscale);
+		else
+			adam_decoupled_bf16(&a, p, g16, p16, m, v, n, k->gscale);
+		return;
+	}
 	for (size_t i = 0; i < n; i += chunk) {
 		size_t c = n - i < chunk ? n - i : chunk;
 		from16(fp16, scratch, g16 + i, c);
