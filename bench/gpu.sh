@@ -111,13 +111,54 @@ for t in test_cuda_elem test_cuda_device test_cuda_ops; do
     row "$t" "not built" "" "not in $build/bin"
     continue
   fi
-  step "$t" 150 env HPU_BUILD_DIR="$build" HPU_SOURCE_DIR="$root" "$build/bin/$t"
+  step "$t" "${TEST_LIMIT:-150}" env HPU_BUILD_DIR="$build" HPU_SOURCE_DIR="$root" "$build/bin/$t"
   case $rc in
     0) row "$t" passed "" "$(tail -1 "$out/$t.log" | head -c 90)";;
     77) row "$t" skipped "" "$(why "$out/$t.log")";;
     *) row "$t" "FAILED rc=$rc" "" "$(why "$out/$t.log")";;
   esac
 done
+
+# ---- the same training on the GPU and the CPU ----
+# MODEL STRATEGY PRECISION WORKERS: 20 steps at batch 64, --save-params
+# (raw fp32) on --device cpu and on --device cuda (workers beyond the
+# GPUs share them); the largest difference of a parameter, absolute and
+# relative to the largest parameter.
+equiv() {
+  local m=$1 st=$2 p=$3 w=$4 name="equiv-$1-$2-$3-$4" d
+  for d in cpu "$device"; do
+    step "$name-$d" "${EQUIV_LIMIT:-40}" "$build/bin/hpulaunch" -q --device "$d" --devices "$w" --precision "$p" \
+      --strategy "$st" --batch-size 64 --max-steps 20 --optimizer adamw --lr 1e-3 --no-eval --log-every 0 \
+      --save-params "$out/$name-$d.bin" "$build/lib/fmnist_$m.so" -- --data "$data"
+    [ "$rc" = 0 ] || { row "same as cpu: $m $st $p ${w}w" "FAILED ($d)" "" "$(why "$out/$name-$d.log")"; return; }
+  done
+  local diff
+  diff=$("$py" - "$out/$name-cpu.bin" "$out/$name-$device.bin" <<'PY'
+import array, math, sys
+a, b = array.array("f"), array.array("f")
+for x, f in ((a, sys.argv[1]), (b, sys.argv[2])):
+    with open(f, "rb") as h: x.frombytes(h.read())
+if len(a) != len(b): print(f"sizes differ: {len(a)} and {len(b)}"); sys.exit()
+d = max(abs(x - y) for x, y in zip(a, b)); s = max(max(map(abs, a)), 1e-30)
+print(f"max|diff| {d:.3g} (rel {d / s:.3g}), nan {sum(math.isnan(y) for y in b)}, params {len(a)}")
+PY
+  )
+  row "same as cpu: $m $st $p ${w}w" "${diff%%,*}" "" "${diff#*, }"
+}
+
+if [ "$ngpu" -ge 1 ]; then
+  data=/usr/share/datasets/fashion-mnist
+  if [ -f "$data/train-images-idx3-ubyte.gz" ]; then
+    equiv mlp fast_ddp fp32 1
+    equiv mlp ddp fp32 2
+    equiv mlp zero1 bf16-mixed 2
+    equiv mlp zero3 fp32 2
+    equiv mlp zero2 bf16-mixed 1
+    equiv cnn fast_ddp fp32 1
+  else
+    row "same as cpu" "not run" "" "no Fashion-MNIST at $data"
+  fi
+fi
 
 # ---- the figures ----
 figures=("mlp fp32 samples/s" "mlp bf16 samples/s" "cnn fp32 samples/s" "cnn bf16 samples/s"
