@@ -36,6 +36,8 @@
 
 #include "hpu/ops.h"
 
+int hpu_cuda_layer_tests(const hpu__backend *gpu_, cudaStream_t stream_); /* test_cuda_layers.c */
+
 static const hpu__backend *gpu;
 static cudaStream_t stream;
 
@@ -885,6 +887,7 @@ int main(void)
 		cmocka_unit_test(test_checks),	  cmocka_unit_test(test_release),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	rc += hpu_cuda_layer_tests(gpu, stream);
 	hpu__cuda_ops_release();
 	cudaStreamDestroy(stream);
 	return rc;

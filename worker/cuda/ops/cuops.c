@@ -77,19 +77,6 @@ static void cu_threads(int n)
 	(void)n;
 }
 
-/* Runs `launch` (a kernel launcher's result) inside the current GPU's
- * context, so that calls from several threads stay ordered. */
-#define CU_KERNEL(what, call)                                                          \
-	do {                                                                           \
-		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
-		if (!c_)                                                               \
-			return HPU_BE_UNSUPPORTED;                                     \
-		cudaStream_t st = hpu__cuops_stream();                                 \
-		int rc_ = hpu__cuops_cuda((call), what) ? HPU_BE_UNSUPPORTED : HPU_BE_OK; \
-		hpu__cuops_leave(c_);                                                  \
-		return rc_;                                                            \
-	} while (0)
-
 static int cu_maxpool_fwd(const float *x, float *y, int32_t *idx, int batch, int ch, int h,
 			  int w, int k, int stride)
 {
@@ -279,7 +266,6 @@ static int cu_add(const float *x, float *y, size_t n)
 	CU_KERNEL("add", hpu__cuk_add(x, y, n, st));
 }
 
-/* New (issue 35's strict-kernels work), not yet run on a GPU. */
 static int cu_copy(void *dst, const void *src, size_t bytes)
 {
 	if (!bytes)
@@ -410,6 +396,14 @@ static const hpu__backend cuda_backend = {
 	.ids_in_range = cu_ids_in_range,
 	.count_correct = cu_count_correct,
 	.copy = cu_copy,
+	.xent_pos_fwd = hpu__cuops_xent_pos_fwd,
+	.xent_pos_bwd = hpu__cuops_xent_pos_bwd,
+	.accuracy_pos = hpu__cuops_accuracy_pos,
+	.heads = hpu__cuops_heads,
+	.mask_scores = hpu__cuops_mask_scores,
+	.dropout_rows = hpu__cuops_dropout_rows,
+	.batchnorm_fwd = hpu__cuops_batchnorm_fwd,
+	.batchnorm_bwd = hpu__cuops_batchnorm_bwd,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

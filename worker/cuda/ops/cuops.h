@@ -94,6 +94,19 @@ int hpu__cuops_cuda(cudaError_t e, const char *what);
 int hpu__cuops_blas(cublasStatus_t e, const char *what);
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what);
 
+/* Runs `launch` (a kernel launcher's result) inside the current GPU's
+ * context, so that calls from several threads stay ordered. */
+#define CU_KERNEL(what, call)                                                          \
+	do {                                                                           \
+		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
+		if (!c_)                                                               \
+			return HPU_BE_UNSUPPORTED;                                     \
+		cudaStream_t st = hpu__cuops_stream();                                 \
+		int rc_ = hpu__cuops_cuda((call), what) ? HPU_BE_UNSUPPORTED : HPU_BE_OK; \
+		hpu__cuops_leave(c_);                                                  \
+		return rc_;                                                            \
+	} while (0)
+
 /* The table's entries, by file. */
 int hpu__cuops_gemm(const hpu__gemm *g);          /* cuops_gemm.c */
 const char *hpu__cuops_blas_version(void);
@@ -106,5 +119,27 @@ int hpu__cuops_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const voi
 int hpu__cuops_conv_bwd_weights(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
 				const void *dy, float *dw, float *db);
 void hpu__cuops_conv_free(hpu__cuops_ctx *c);
+
+/* cuops_layers.c: the layers' own passes (backend.h's xent_pos_fwd ..
+ * batchnorm_bwd). */
+int hpu__cuops_xent_pos_fwd(const float *logits, const int32_t *labels, float *lse, float *loss,
+			    int rows, size_t positions, int classes, long *bad,
+			    int32_t *bad_label);
+int hpu__cuops_xent_pos_bwd(const float *logits, const int32_t *labels, const float *lse,
+			    const float *dloss, float *dx, int rows, size_t positions,
+			    int classes);
+int hpu__cuops_accuracy_pos(const float *logits, const int32_t *labels, float *acc, int rows,
+			    size_t positions, int classes, long *bad, int32_t *bad_label);
+int hpu__cuops_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
+		     int t, int hd, float mul);
+int hpu__cuops_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
+			   int causal, int after);
+int hpu__cuops_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
+			    uint32_t cut, float scale);
+int hpu__cuops_batchnorm_fwd(const float *x, float *y, const float *w, const float *bias,
+			     float *run_mean, float *run_var, float *saved, int batch, int ch,
+			     size_t spatial, float eps, float momentum, int train, int update);
+int hpu__cuops_batchnorm_bwd(const float *x, const float *dy, const float *w, const float *saved,
+			     float *dw, float *dbias, float *dx, int batch, int ch, size_t spatial);
 
 #endif
