@@ -798,6 +798,28 @@ static void test_worker_leaves_early(void **state)
 	}
 }
 
+/* A worker that crashes (a model writing through a bad pointer) says so
+ * before it dies: the signal, the address and a backtrace whose frames
+ * name the model's library, so that a crash on a machine without a
+ * debugger (a GPU machine) can be placed; the job fails naming the rank. */
+static void test_worker_crash_reported(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--max-steps", "20", "--log-every", "0",
+			"--no-eval", (char *)FAULT_MODEL, "--", "--hidden", "16", "--crash-rank", "1",
+			"--crash-at", "3", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("rank 1 crashes at step 3: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "rank 1: crashed: signal 11 (Segmentation fault) at 0x10"));
+	const char *bt = strstr(p.out, "rank 1: backtrace:");
+	assert_non_null(bt);
+	assert_non_null(strstr(bt, "fault_mlp.so("));
+	assert_non_null(strstr(p.out, "was killed by signal 11 (Segmentation fault)"));
+	h_free(&p);
+}
+
 /* Two nodes (two hpulaunch processes) on loopback; node 1's hpulaunch is
  * killed (SIGKILL: its workers die with it) mid-run. Rank 0 finds rank 1's
  * connection gone, and node 0's error names rank 1 on node 1 as the
@@ -1440,6 +1462,7 @@ int main(void)
 		cmocka_unit_test(test_shm_squatted_name),
 		cmocka_unit_test(test_ipc_squatted_path),
 		cmocka_unit_test(test_worker_leaves_early),
+		cmocka_unit_test(test_worker_crash_reported),
 		cmocka_unit_test(test_model_relative_path),
 		cmocka_unit_test(test_hostfile_unresolvable_host),
 		cmocka_unit_test(test_inputs_not_regular),

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "worker/hpu/model.h"
 #include "common/num.h"
+#include "worker/runtime/crash.h"
 #include "worker/runtime/same_opts.h"
 #include "proto/status.h"
 #include "worker/runtime/train.h"
@@ -213,6 +214,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	hpucoll_set_log(coll_log, NULL);
+	hpu__crash_report_install(rank);
 	hpu_train_opts o;
 	hpu__opts_defaults(&o);
 	int i = 1;

@@ -1,0 +1,114 @@
+/* crash: the worker's report of a fatal signal (crash.h). Only
+ * async-signal-safe calls in the handler, except backtrace(), whose
+ * library is loaded at install so that it does not allocate then. */
+#include "worker/runtime/crash.h"
+
+#include <execinfo.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int crash_rank;
+static char altstack[64 * 1024]; /* a stack overflow still reports */
+
+static const char *sig_name(int sig)
+{
+	switch (sig) {
+	case SIGSEGV:
+		return "Segmentation fault";
+	case SIGBUS:
+		return "Bus error";
+	case SIGILL:
+		return "Illegal instruction";
+	case SIGFPE:
+		return "Floating point exception";
+	default:
+		return "fatal signal";
+	}
+}
+
+/* "0x" and the hex digits of v into out (at least 19 bytes). */
+static void hex(char *out, uintptr_t v)
+{
+	char tmp[16];
+	int n = 0;
+	do {
+		tmp[n++] = "0123456789abcdef"[v & 15];
+		v >>= 4;
+	} while (v && n < 16);
+	*out++ = '0', *out++ = 'x';
+	while (n)
+		*out++ = tmp[--n];
+	*out = 0;
+}
+
+static void say(const char *a, const char *b, const char *c, const char *d, const char *e,
+		const char *f)
+{
+	char line[512];
+	size_t n = 0;
+	const char *parts[] = {a, b, c, d, e, f};
+	for (size_t i = 0; i < 6; i++)
+		for (const char *p = parts[i]; p && *p && n < sizeof line - 1; p++)
+			line[n++] = *p;
+	line[n++] = '\n';
+	if (write(2, line, n) < 0)
+		return;
+}
+
+static void on_fatal(int sig, siginfo_t *si, void *uc)
+{
+	(void)uc;
+	char who[48], addr[24];
+	/* "hpu-worker: rank N" without printf's locks */
+	char num[16];
+	int n = 0, r = crash_rank < 0 ? 0 : crash_rank;
+	do {
+		num[n++] = (char)('0' + r % 10);
+		r /= 10;
+	} while (r && n < 15);
+	size_t w = 0;
+	for (const char *p = "hpu-worker: rank "; *p; p++)
+		who[w++] = *p;
+	while (n)
+		who[w++] = num[--n];
+	who[w] = 0;
+	hex(addr, (uintptr_t)si->si_addr);
+	const char *num_s = sig == SIGSEGV ? "11" : sig == SIGBUS ? "7" : sig == SIGILL ? "4" : "8";
+	char tail[64];
+	size_t t = 0;
+	for (const char *p = sig_name(sig); *p && t < 40; p++)
+		tail[t++] = *p;
+	tail[t++] = ')', tail[t++] = ' ', tail[t++] = 'a', tail[t++] = 't', tail[t++] = ' ';
+	tail[t] = 0;
+	say(who, ": crashed: signal ", num_s, " (", tail, addr);
+	say(who, ": backtrace:", NULL, NULL, NULL, NULL);
+	void *bt[48];
+	backtrace_symbols_fd(bt, backtrace(bt, 48), 2);
+	/* SA_RESETHAND put the default action back: the fault repeats and
+	 * ends the process with the signal (raise for one sent by kill) */
+	if (si->si_code <= 0)
+		raise(sig);
+}
+
+void hpu__crash_report_install(int rank)
+{
+	crash_rank = rank;
+	void *warm[2];
+	backtrace(warm, 2); /* loads libgcc_s now, not in the handler */
+	stack_t ss;
+	memset(&ss, 0, sizeof ss);
+	ss.ss_sp = altstack;
+	ss.ss_size = sizeof altstack;
+	sigaltstack(&ss, NULL);
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = on_fatal;
+	sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK;
+	sigemptyset(&sa.sa_mask);
+	static const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
+	for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+		sigaction(sigs[i], &sa, NULL);
+}

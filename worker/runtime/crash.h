@@ -1,0 +1,15 @@
+/* crash: what a worker says when it crashes (a fault in a model, a layer
+ * or ours): the signal, the faulting address and a backtrace on stderr,
+ * one write a line, before the default action ends the process with the
+ * signal (the launcher names the rank and the signal). Frames read
+ * "library(function+offset)" or "library(+offset)" for a stripped one:
+ * `addr2line -f -e LIBRARY OFFSET` on an unstripped build places it. */
+#ifndef HPU_WORKER_CRASH_H
+#define HPU_WORKER_CRASH_H
+
+/* Installs the report for SIGSEGV, SIGBUS, SIGILL and SIGFPE; rank names
+ * the worker. A handler installed later (cpu-strict's) may pass faults
+ * of its own on to this one. */
+void hpu__crash_report_install(int rank);
+
+#endif
