@@ -257,6 +257,15 @@ static void check_bf16_and_sums(size_t n)
 		free(h);
 		free(scr);
 	}
+	/* a loss's sum: equal doubles, into device memory */
+	double csum = -1, gsum = -1, *dsum = dev(sizeof(double));
+	cpu->sum(&csum, x, n);
+	D->rt->sum(dsum, dx, n);
+	double *hsum = down(dsum, sizeof gsum);
+	gsum = *hsum;
+	free(hsum);
+	CHECK(csum == gsum, "sum n=%zu: %.17g, the CPU's %.17g", n, gsum, csum);
+	hpu__dfree(dsum);
 	/* checks */
 	CHECK(D->rt->nonfinite(dx, n) == cpu->nonfinite(x, n), "nonfinite n=%zu differs", n);
 	CHECK(D->rt->nonfinite(dy, n) == cpu->nonfinite(y, n), "nonfinite (Inf) n=%zu differs", n);
@@ -379,9 +388,25 @@ static const hpu__device *load(void)
 	return d;
 }
 
+/* Every runtime op and every table member the runtime calls is filled
+ * (a NULL one is a jump to address 0 in the middle of a step). */
+static void check_filled(void)
+{
+	const void *const *f = (const void *const *)D->rt;
+	size_t nf = sizeof(hpu__dev_rtops) / sizeof(void *);
+	for (size_t i = 0; i < nf; i++)
+		CHECK(f[i] != NULL, "runtime op %zu of %zu (hpu__dev_rtops, device.h's order) is NULL",
+		      i, nf);
+	CHECK(D->setup && D->teardown && D->caps && D->copy && D->fill && D->record && D->wait &&
+		      D->host_alloc && D->host_free && D->ops && D->owns && D->backing &&
+		      D->queue_new && D->queue_free,
+	      "a member of the device table is NULL");
+}
+
 int main(void)
 {
 	D = load();
+	check_filled();
 	char err[512];
 	if (D->setup(0, err, sizeof err) < 0) {
 		printf("FAIL: setup: %s\n", err);

@@ -500,6 +500,11 @@ static void rt_add_scalar(float *dst, float v, size_t n)
 		K(hpu__cuda_k_add_scalar(S, dst, v, n), "add_scalar");
 }
 
+static void rt_sum(double *out, const float *v, size_t n)
+{
+	K(hpu__cuda_k_sum(S, out, v, n), "sum");
+}
+
 /* device_ops.c's sumsq: the blocks' sums from the device, added here in
  * their order, then the rest's. */
 static double rt_sumsq(const float *g, size_t n)
@@ -611,6 +616,7 @@ static const hpu__dev_rtops rtops = {
     .add_scalar = rt_add_scalar,
     .sumsq = rt_sumsq,
     .sumsq16 = rt_sumsq16,
+    .sum = rt_sum,
     .nonfinite = rt_nonfinite,
     .nonfinite16 = rt_nonfinite16,
     .count_nonfinite = rt_count_nonfinite,

@@ -29,6 +29,8 @@ cudaError_t hpu__cuda_k_bf16_exact(cudaStream_t s, uint16_t *dst, const float *x
 cudaError_t hpu__cuda_k_bf16_expand(cudaStream_t s, float *dst, const uint16_t *src, size_t n);
 cudaError_t hpu__cuda_k_add(cudaStream_t s, float *dst, const float *src, size_t n);
 cudaError_t hpu__cuda_k_add_scalar(cudaStream_t s, float *dst, float v, size_t n);
+/* out[0] = the sum of v[n] in double, in order (one thread) */
+cudaError_t hpu__cuda_k_sum(cudaStream_t s, double *out, const float *v, size_t n);
 /* part[b] = block b's sum of squares (n / 256 blocks, fp32 in 16 lanes
  * summed pairwise, redone in double where not finite), part[n / 256] the
  * rest's in double: the host adds them in order. */

@@ -67,6 +67,16 @@ __global__ static void k_add_scalar(float *dst, float v, size_t n)
 	dst[i] = __fadd_rn(dst[i], v);
 }
 
+/* out[0] = v[0] + v[1] + ... in double, in order: one thread, as
+ * device_ops.c's sum (a loss's per-sample values: a few hundred). */
+__global__ static void k_sum(double *out, const float *v, size_t n)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++)
+		m += v[i];
+	*out = m;
+}
+
 /* ---- sums of squares: device_ops.c's blocks, one thread each ---- */
 
 __global__ static void k_sumsq_parts(const float *g, size_t n, double *part)
@@ -174,6 +184,12 @@ cudaError_t hpu__cuda_k_add(cudaStream_t s, float *dst, const float *src, size_t
 cudaError_t hpu__cuda_k_add_scalar(cudaStream_t s, float *dst, float v, size_t n)
 {
 	LAUNCH(k_add_scalar, n, s, dst, v, n);
+}
+
+cudaError_t hpu__cuda_k_sum(cudaStream_t s, double *out, const float *v, size_t n)
+{
+	k_sum<<<1, 1, 0, s>>>(out, v, n);
+	return cudaGetLastError();
 }
 
 cudaError_t hpu__cuda_k_sumsq_parts(cudaStream_t s, const float *g, size_t n, double *part)
