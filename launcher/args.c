@@ -6,7 +6,7 @@
 #include "common/opt.h"
 #include "common/optdoc.h"
 #include "agent/restart.h"
-#include "launcher/gpus.h"
+#include "agent/gpus.h"
 #include "launcher/modelcheck.h"
 #include "launcher/slurm.h"
 

@@ -1,4 +1,4 @@
-/* test_gpus: hpulaunch's --devices auto on GPUs (launcher/gpus.c): one
+/* test_gpus: hpulaunch's --devices auto on GPUs (agent/gpus.c): one
  * worker per GPU with --device cuda (none is an error naming why), the
  * GPUs or else the cores with --device auto, the cores with cpu; the
  * count read from "hpu-worker --count-gpus", here fake workers (shell
@@ -20,7 +20,7 @@
 #include "tests/unit/args_testlib.h"
 
 #include "launcher/args.h"
-#include "launcher/gpus.h"
+#include "agent/gpus.h"
 
 static char dir[64], model[128], w_three[128], w_none[128], w_killed[128], w_junk[128],
 	w_called[128];

@@ -158,7 +158,7 @@ static void note_model(const hpu_builder *b)
 }
 
 /* hpu-worker --count-gpus: the GPUs the CUDA device sees, for
- * hpulaunch's --devices auto (launcher/gpus.h): the number and exit 0,
+ * hpulaunch's --devices auto (agent/gpus.h): the number and exit 0,
  * or the reason there is none and exit 1, on stdout. */
 static int count_gpus(void)
 {

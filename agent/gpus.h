@@ -1,4 +1,5 @@
-/* gpus: --devices auto on a node whose workers compute on GPUs.
+/* gpus: --devices auto on a node whose workers compute on GPUs (hpulaunch
+ * and hpud's devices = auto).
  *
  * With --device cuda, or auto where the CUDA device loads and sees a GPU,
  * --devices auto is one worker per GPU visible to this node
@@ -7,8 +8,8 @@
  * beside it ("hpu-worker --count-gpus", which loads the CUDA device's
  * module, worker/device) and reads the count, or the reason there is
  * none, from its output. */
-#ifndef HPU_LAUNCHER_GPUS_H
-#define HPU_LAUNCHER_GPUS_H
+#ifndef HPU_AGENT_GPUS_H
+#define HPU_AGENT_GPUS_H
 
 #include <stddef.h>
 
