@@ -1107,6 +1107,7 @@ static void reload(void)
 	hpud_conf c = D.conf;
 	if (hpud__trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
 	    hpud__conf_load(&c, D.conf_path, err, sizeof err) < 0 ||
+	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0 ||
 	    count_devices(&c, err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		return;

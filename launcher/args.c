@@ -240,21 +240,26 @@ int hpu__args_doc(FILE *f, const char *format)
 /* --devices D|auto, and torchrun's --nproc-per-node, which also takes
  * "cpu" (one worker per CPU core, whatever --device), "gpu" (one per GPU,
  * on --device cuda) and its own "auto" (the GPUs where there are some,
- * else the cores). auto counts the cores here; after the command line,
+ * else the cores); DeepSpeed's --num_gpus takes a number, auto or cpu. auto counts the cores here; after the command line,
  * auto_devices counts GPUs instead where the workers compute on them.
  * Returns 0, or -1 with a sentence in err. */
 static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
 		       const char *v, char *err, size_t errlen)
 {
-	int torchrun = strcmp(name, "devices") != 0;
+	int torchrun = strcmp(name, "devices") != 0, nproc = !strncmp(name, "nproc", 5);
 	src->flag &= ~(unsigned)(SET_DEVICES_AUTO | SET_DEVICES_CORES | SET_DEVICES_GPU |
 				 SET_DEVICES_TORCH);
+	if (torchrun && !nproc && (!strcmp(v, "gpu") || !strcmp(v, "xpu"))) {
+		snprintf(err, errlen, "--%s %s: give a number of workers (one per GPU: --devices auto --device cuda)",
+			 name, v);
+		return -1;
+	}
 	if (!strcmp(v, "auto") || (torchrun && (!strcmp(v, "cpu") || !strcmp(v, "gpu")))) {
 		a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
 		src->flag |= SET_DEVICES | SET_DEVICES_AUTO;
 		src->flag |= !strcmp(v, "cpu")	  ? SET_DEVICES_CORES
 			     : !strcmp(v, "gpu") ? SET_DEVICES_GPU
-			     : torchrun		  ? SET_DEVICES_TORCH
+			     : nproc		  ? SET_DEVICES_TORCH
 						  : 0;
 		return 0;
 	}
@@ -265,7 +270,7 @@ static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
 	}
 	if (hpu__parse_int(v, 1, 1024, &a->devices)) {
 		snprintf(err, errlen, "--%s takes a number of workers from 1 to 1024%s, not '%s'", name,
-			 torchrun ? ", gpu, auto or cpu" : " or auto", v);
+			 nproc ? ", gpu, auto or cpu" : torchrun ? ", auto or cpu" : " or auto", v);
 		return -1;
 	}
 	src->flag |= SET_DEVICES;
