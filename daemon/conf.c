@@ -3,6 +3,7 @@
  * which is copied back only when every line was good, so that a bad file
  * (or a SIGHUP reload of one) leaves the running configuration alone. */
 #include "daemon/conf.h"
+#include "agent/gpus.h"
 #include "common/fileio.h"
 #include "common/num.h"
 #include "common/optdoc.h"
@@ -35,6 +36,8 @@ void hpud__conf_defaults(hpud_conf *c)
 	c->port = 29400;
 	long n = sysconf(_SC_NPROCESSORS_ONLN);
 	c->devices = n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : (int)n;
+	c->devices_auto = 1;
+	strcpy(c->device, "cpu");
 	strcpy(c->key_path, "/etc/hpud/secret.key");
 	c->log_level = HPUD_LOG_INFO;
 	c->clock_window_s = 30;
@@ -107,7 +110,30 @@ static int set_port(hpud_conf *c, const char *v, char *why, size_t whylen)
 
 static int set_devices(hpud_conf *c, const char *v, char *why, size_t whylen)
 {
-	return parse_int(v, 1, MAX_DEVICES, &c->devices, why, whylen);
+	if (!strcmp(v, "auto")) {
+		c->devices_auto = 1;
+		return 0;
+	}
+	if (hpu__parse_int(v, 1, MAX_DEVICES, &c->devices)) {
+		snprintf(why, whylen, "'%s' is not an integer from 1 to %d, or auto", v, MAX_DEVICES);
+		return -1;
+	}
+	c->devices_auto = 0;
+	return 0;
+}
+
+static const char *const device_names[] = {"cpu", "cpu-strict", "cuda", "auto"};
+#define NDEVICES (sizeof device_names / sizeof device_names[0])
+
+static int set_device(hpud_conf *c, const char *v, char *why, size_t whylen)
+{
+	for (size_t i = 0; i < NDEVICES; i++)
+		if (!strcmp(v, device_names[i])) {
+			snprintf(c->device, sizeof c->device, "%s", v);
+			return 0;
+		}
+	snprintf(why, whylen, "'%s' is not a device (cpu, cpu-strict, cuda or auto)", v);
+	return -1;
 }
 
 static int set_key(hpud_conf *c, const char *v, char *why, size_t whylen)
@@ -217,7 +243,13 @@ static const struct conf_key {
 } keys[] = {
 	{"listen", set_listen, "ADDRESS", "the numeric IPv4 address of the control socket (0.0.0.0)"},
 	{"port", set_port, "PORT", "the control socket's TCP port, 1..65535 (29400)"},
-	{"devices", set_devices, "N", "devices (workers) this node offers, 1..1024 (its online CPU cores)"},
+	{"devices", set_devices, "N|auto", "devices (workers) this node offers, 1..1024, or auto: counted as "
+					   "hpulaunch's --devices auto counts for the device below (auto)"},
+	{"device", set_device, "NAME", "what devices = auto counts, as hpulaunch's --device: cpu and "
+				       "cpu-strict the online CPU cores, cuda the GPUs that the worker's "
+				       "--count-gpus sees (none: hpud does not start, naming why), auto "
+				       "those or else the cores; the jobs' workers compute on their own "
+				       "--device (cpu)"},
 	{"key", set_key, "FILE", "the cluster secret, made by hpud --gen-key; it and the directories "
 				 "above it must belong to root or hpud's user, writable by no one else "
 				 "(/etc/hpud/secret.key)"},
@@ -343,6 +375,38 @@ done:
 	if (rc == 0)
 		*c = tmp;
 	return rc;
+}
+
+int hpud__conf_count_devices(hpud_conf *c, const char *worker, char *note, size_t notelen,
+			     char *err, size_t errlen)
+{
+	static const char cuda[] = "--devices auto --device cuda: ";
+	if (notelen)
+		note[0] = '\0';
+	if (!c->devices_auto)
+		return 0;
+	hpu__count_by by = !strcmp(c->device, "cuda")	? HPU_COUNT_GPUS
+			   : !strcmp(c->device, "auto") ? HPU_COUNT_EITHER
+							: HPU_COUNT_CORES;
+	int ngpus = 0, n = 0;
+	char why[1024] = "", msg[1200];
+	if (by != HPU_COUNT_CORES)
+		hpu__gpus_count(worker, &ngpus, why, sizeof why);
+	if (hpu__gpus_devices(by, ngpus, why, sysconf(_SC_NPROCESSORS_ONLN), &n, msg,
+			      sizeof msg) < 0) {
+		/* hpulaunch's sentence, in the file's words */
+		snprintf(err, errlen, "devices = auto, device = %s: %s", c->device,
+			 strncmp(msg, cuda, sizeof cuda - 1) ? msg : msg + sizeof cuda - 1);
+		return -1;
+	}
+	c->devices = n;
+	if (by != HPU_COUNT_CORES && ngpus > 0)
+		snprintf(note, notelen, "devices = auto, device = %s: %d, one per GPU %s --count-gpus sees",
+			 c->device, n, worker);
+	else
+		snprintf(note, notelen, "devices = auto, device = %s: %d, one per online CPU core%s%s",
+			 c->device, n, why[0] ? "; no GPU: " : "", why);
+	return 0;
 }
 
 void hpud__conf_doc(FILE *f, int how)

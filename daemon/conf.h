@@ -3,7 +3,10 @@
  *     # comments and blank lines are fine
  *     listen = 0.0.0.0          # address of the control socket
  *     port = 29400
- *     devices = 8               # devices (workers) this node offers
+ *     devices = 8               # devices (workers) this node offers, or
+ *                               # auto: counted as device says
+ *     device = cuda             # what auto counts: cpu, cpu-strict (the
+ *                               # CPU cores), cuda (the GPUs), auto
  *     key = /etc/hpud/secret.key
  *     user = hpu                # run workers as this user ("root" only if
  *                               # written so explicitly)
@@ -39,6 +42,10 @@ typedef struct hpud_conf {
 	char listen[64];         /* numeric IPv4 address ("0.0.0.0") */
 	int port;                /* 29400 */
 	int devices;             /* 1 .. 1024; default: online CPU cores */
+	int devices_auto;        /* devices = auto (the default): counted by
+				  * hpud__conf_count_devices */
+	char device[16];         /* what auto counts by: cpu (the default),
+				  * cpu-strict, cuda, auto (hpulaunch's --device) */
 	char key_path[512];      /* /etc/hpud/secret.key */
 	char user[64];           /* "" : the user hpud runs as, unless root */
 	hpud_log_level log_level; /* info */
@@ -58,6 +65,17 @@ void hpud__conf_defaults(hpud_conf *c);
 int hpud__conf_load(hpud_conf *c, const char *path, char *err, size_t errlen);
 
 const char *hpud__log_level_name(hpud_log_level l);
+
+/* devices = auto: c->devices counted as hpulaunch's --devices auto
+ * --device DEVICE counts (agent/gpus.h): the GPUs `worker --count-gpus`
+ * sees for cuda (none is an error), them or else the online CPU cores
+ * for auto, the cores for cpu and cpu-strict. Nothing for a number.
+ * Returns 0 with a line saying what was counted in note ("" for a
+ * number), or -1 with one sentence in err ("devices = auto, device =
+ * cuda: no GPU is visible (...)", the worker's reason as hpulaunch gives
+ * it); c is unchanged on failure. */
+int hpud__conf_count_devices(hpud_conf *c, const char *worker, char *note, size_t notelen,
+			     char *err, size_t errlen);
 
 /* Prints every key with its value's form and what it does, in the
  * format how (optdoc.h: HPU_DOC_HELP, _SCDOC, _MARKDOWN). */

@@ -1087,12 +1087,28 @@ static int resolve_user(const hpud_conf *c, char *err, size_t errlen)
 	return check_job_uids(c, err, errlen);
 }
 
+/* devices = auto: the devices counted with the worker program, as
+ * hpulaunch counts them (daemon/conf.h); the count is logged. */
+static int count_devices(hpud_conf *c, char *err, size_t errlen)
+{
+	char note[1024], why[1024];
+	if (hpud__conf_count_devices(c, D.worker, note, sizeof note, why, sizeof why) < 0) {
+		snprintf(err, errlen, "%.200s: %.800s", D.conf_path, why);
+		return -1;
+	}
+	if (note[0])
+		logmsg(HPUD_LOG_INFO, "%s", note);
+	return 0;
+}
+
 static void reload(void)
 {
 	char err[1024];
 	hpud_conf c = D.conf;
 	if (hpud__trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
-	    hpud__conf_load(&c, D.conf_path, err, sizeof err) < 0) {
+	    hpud__conf_load(&c, D.conf_path, err, sizeof err) < 0 ||
+	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0 ||
+	    count_devices(&c, err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		return;
 	}
@@ -1290,7 +1306,8 @@ int main(int argc, char **argv)
 	    resolve_user(&D.conf, err, sizeof err) < 0 ||
 	    hpud__trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    load_key(err, sizeof err) < 0 || find_worker(err, sizeof err) < 0 ||
-	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
+	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0 ||
+	    count_devices(&D.conf, err, sizeof err) < 0) {
 		logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}

@@ -6,7 +6,7 @@
 #include "common/opt.h"
 #include "common/optdoc.h"
 #include "agent/restart.h"
-#include "launcher/gpus.h"
+#include "agent/gpus.h"
 #include "launcher/modelcheck.h"
 #include "launcher/slurm.h"
 
@@ -73,6 +73,8 @@ enum {
 	SET_TOKEN = 1 << 6,
 	SET_DEVICES_AUTO = 1 << 7,
 	SET_DEVICES_CORES = 1 << 8, /* torchrun's --nproc-per-node cpu: cores, not GPUs */
+	SET_DEVICES_GPU = 1 << 9,   /* torchrun's gpu: the GPUs, on --device cuda */
+	SET_DEVICES_TORCH = 1 << 10, /* torchrun's auto: the GPUs where there are some */
 };
 
 typedef struct sources {
@@ -156,7 +158,9 @@ static const hpu_optspec launcher_specs[] = {
 	{"nnodes", 0, HPU_OPT_VALUE, O_NNODES, "N", .help = "--nodes N (N:N too; no elastic MIN:MAX range)",
 	 .section = "torchrun's names, as aliases (with '-' or '_' where torchrun takes both)"},
 	{"nproc-per-node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE, "D",
-	 .help = "--devices D; auto and cpu: one worker per CPU core"},
+	 .help = "--devices D; gpu: one worker per GPU on --device cuda (--devices auto --device cuda); "
+		 "auto: as torchrun, one per GPU on cuda where a GPU is visible, else one per CPU core "
+		 "(a --device given counts as with --devices auto); cpu: one per CPU core"},
 	{"nproc_per_node", 0, HPU_OPT_VALUE, O_NPROC_PER_NODE, .help = NULL},
 	{"node_rank", 0, HPU_OPT_VALUE, O_NODE_RANK, "R", .help = "--node-rank R"},
 	{"master_addr", 0, HPU_OPT_VALUE, O_MASTER_ADDR, "A", .help = "--master-addr A"},
@@ -234,28 +238,39 @@ int hpu__args_doc(FILE *f, const char *format)
 }
 
 /* --devices D|auto, and torchrun's --nproc-per-node, which also takes
- * "cpu" (one worker per CPU core, whatever --device). auto counts the
- * cores here; after the command line, auto_devices counts GPUs instead
- * where the workers compute on them. Returns 0, or -1 with a sentence in
- * err. */
+ * "cpu" (one worker per CPU core, whatever --device), "gpu" (one per GPU,
+ * on --device cuda) and its own "auto" (the GPUs where there are some,
+ * else the cores); DeepSpeed's --num_gpus takes a number, auto or cpu. auto counts the cores here; after the command line,
+ * auto_devices counts GPUs instead where the workers compute on them.
+ * Returns 0, or -1 with a sentence in err. */
 static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
 		       const char *v, char *err, size_t errlen)
 {
-	int torchrun = strcmp(name, "devices") != 0;
-	src->flag &= ~(unsigned)(SET_DEVICES_AUTO | SET_DEVICES_CORES);
-	if (!strcmp(v, "auto") || (torchrun && !strcmp(v, "cpu"))) {
+	int torchrun = strcmp(name, "devices") != 0, nproc = !strncmp(name, "nproc", 5);
+	src->flag &= ~(unsigned)(SET_DEVICES_AUTO | SET_DEVICES_CORES | SET_DEVICES_GPU |
+				 SET_DEVICES_TORCH);
+	if (torchrun && !nproc && (!strcmp(v, "gpu") || !strcmp(v, "xpu"))) {
+		snprintf(err, errlen, "--%s %s: give a number of workers (one per GPU: --devices auto --device cuda)",
+			 name, v);
+		return -1;
+	}
+	if (!strcmp(v, "auto") || (torchrun && (!strcmp(v, "cpu") || !strcmp(v, "gpu")))) {
 		a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
-		src->flag |= SET_DEVICES | SET_DEVICES_AUTO | (strcmp(v, "cpu") ? 0 : SET_DEVICES_CORES);
+		src->flag |= SET_DEVICES | SET_DEVICES_AUTO;
+		src->flag |= !strcmp(v, "cpu")	  ? SET_DEVICES_CORES
+			     : !strcmp(v, "gpu") ? SET_DEVICES_GPU
+			     : nproc		  ? SET_DEVICES_TORCH
+						  : 0;
 		return 0;
 	}
-	if (torchrun && (!strcmp(v, "gpu") || !strcmp(v, "xpu"))) {
-		snprintf(err, errlen, "--%s %s: hpulaunch's devices are CPU cores; give a number, auto or cpu (one worker per core)",
-			 name, v);
+	if (torchrun && !strcmp(v, "xpu")) {
+		snprintf(err, errlen, "--%s xpu: hpulaunch has no XPU device; give a number, gpu (one worker per GPU), auto or cpu (one per core)",
+			 name);
 		return -1;
 	}
 	if (hpu__parse_int(v, 1, 1024, &a->devices)) {
 		snprintf(err, errlen, "--%s takes a number of workers from 1 to 1024%s, not '%s'", name,
-			 torchrun ? ", auto or cpu" : " or auto", v);
+			 nproc ? ", gpu, auto or cpu" : torchrun ? ", auto or cpu" : " or auto", v);
 		return -1;
 	}
 	src->flag |= SET_DEVICES;
@@ -931,16 +946,62 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 	return 0;
 }
 
+/* Gives the workers "--device cuda" among their training options,
+ * before the model (torchrun's gpu, or its auto where it found GPUs,
+ * with no device given): 0, or -1 out of memory. */
+static int add_device_cuda(hpu_launch_args *a)
+{
+	int at = 1;
+	while (at < a->worker_argc && a->worker_argv[at] != a->model)
+		at++;
+	char **grown = realloc(a->worker_argv, (size_t)(a->worker_argc + 3) * sizeof *grown);
+	if (!grown)
+		return -1;
+	memmove(grown + at + 2, grown + at, (size_t)(a->worker_argc - at + 1) * sizeof *grown);
+	grown[at] = (char *)"--device";
+	grown[at + 1] = (char *)"cuda";
+	a->worker_argv = grown;
+	a->worker_argc += 2;
+	a->train.device = HPU_DEVICE_CUDA;
+	return 0;
+}
+
+/* What --devices auto counts by (gpus.h): the device; torchrun's gpu the
+ * GPUs on cuda, its auto the GPUs where there are some, where no device
+ * is given (the option, the file or HPU_DEVICE). *given: one was. -1 with
+ * a sentence in err for gpu with a CPU device. */
+static int count_by(const hpu_launch_args *a, const sources *src, hpu__count_by *by,
+		    int *given, char *err, size_t errlen)
+{
+	const char *env = hpu__env_str(HPU_ENV_HPU_DEVICE);
+	hpu_device_kind d = a->train.device;
+	*given = hpu__opts_from(&a->train, "device") != HPU_FROM_DEFAULT || (env && *env);
+	*by = d == HPU_DEVICE_CUDA ? HPU_COUNT_GPUS : d == HPU_DEVICE_AUTO ? HPU_COUNT_EITHER
+									    : HPU_COUNT_CORES;
+	if ((src->flag & SET_DEVICES_GPU) && *given && *by == HPU_COUNT_CORES) {
+		snprintf(err, errlen, "--nproc-per-node gpu: one worker per GPU computes on --device cuda, not --device %s",
+			 hpu__device_name(d));
+		return -1;
+	}
+	if (src->flag & SET_DEVICES_GPU)
+		*by = HPU_COUNT_GPUS;
+	else if ((src->flag & SET_DEVICES_TORCH) && !*given)
+		*by = HPU_COUNT_EITHER;
+	return 0;
+}
+
 /* --devices auto: one worker per GPU with --device cuda (none is an
  * error), or auto where the CUDA device sees GPUs; else one per CPU core
- * (gpus.h). hpu-worker counts them: this program links nothing of CUDA. */
-static int auto_devices(hpu_launch_args *a, char *err, size_t errlen)
+ * (gpus.h). hpu-worker counts them: this program links nothing of CUDA.
+ * torchrun's --nproc-per-node gpu and auto, as count_by says. */
+static int auto_devices(hpu_launch_args *a, const sources *src, char *err, size_t errlen)
 {
-	if (hpu__opts_resolve_device(&a->train, err, errlen) < 0)
+	static const char cuda[] = "--devices auto --device cuda: ";
+	hpu__count_by by;
+	int given;
+	if (hpu__opts_resolve_device(&a->train, err, errlen) < 0 ||
+	    count_by(a, src, &by, &given, err, errlen) < 0)
 		return -1;
-	hpu__count_by by = a->train.device == HPU_DEVICE_CUDA   ? HPU_COUNT_GPUS
-			   : a->train.device == HPU_DEVICE_AUTO ? HPU_COUNT_EITHER
-								: HPU_COUNT_CORES;
 	int ngpus = 0;
 	char why[1024] = "", worker[PATH_MAX];
 	if (by != HPU_COUNT_CORES) {
@@ -949,8 +1010,21 @@ static int auto_devices(hpu_launch_args *a, char *err, size_t errlen)
 		else
 			hpu__gpus_count(worker, &ngpus, why, sizeof why);
 	}
-	return hpu__gpus_devices(by, ngpus, why, sysconf(_SC_NPROCESSORS_ONLN), &a->devices, err,
-				 errlen);
+	if (hpu__gpus_devices(by, ngpus, why, sysconf(_SC_NPROCESSORS_ONLN), &a->devices, err,
+			      errlen) < 0) {
+		/* torchrun's spelling is named as given */
+		if ((src->flag & SET_DEVICES_GPU) && !strncmp(err, cuda, sizeof cuda - 1)) {
+			snprintf(why, sizeof why, "--nproc-per-node gpu: %s", err + sizeof cuda - 1);
+			snprintf(err, errlen, "%s", why);
+		}
+		return -1;
+	}
+	if ((src->flag & (SET_DEVICES_GPU | SET_DEVICES_TORCH)) && !given && ngpus > 0 &&
+	    a->model && add_device_cuda(a) < 0) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
 }
 
 /* After the command line: --status needs nothing more; otherwise the
@@ -981,7 +1055,7 @@ static int finish(hpu_launch_args *a, const sources *src, int extra_args,
 		return -1;
 	}
 	if ((src->flag & SET_DEVICES_AUTO) && !(src->flag & SET_DEVICES_CORES) &&
-	    auto_devices(a, err, errlen) < 0)
+	    auto_devices(a, src, err, errlen) < 0)
 		return -1;
 	return check_plan(a, err, errlen);
 }

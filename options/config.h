@@ -158,6 +158,7 @@ typedef struct hpu_train_opts {
 	int aio_overlap_events;        /* aio.overlap_events (1) */
 	uint64_t device_memory; /* bytes; 0: node memory / local devices */
 	hpu_device_kind device; /* --device (cpu) */
+	int allow_tf32;         /* --allow-tf32: fp32 products may use TF32 (cuda) */
 	int log_every;          /* log every N steps (0: never) */
 	int verbose;            /* rank 0 prints the autocast policy at start-up,
 				 * every worker its kernels (library, ISA) */

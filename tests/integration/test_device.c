@@ -151,6 +151,39 @@ static void test_auto_is_cpu(void **state)
 	free(out);
 }
 
+/* --allow-tf32 (and its key, hputrain.allow_tf32) reaches every worker
+ * from hpulaunch; on the CPU devices it is accepted and --verbose says it
+ * changes nothing there. Without it, nothing is said. */
+static void test_allow_tf32(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	args(&r, "--device", "cpu", "--allow-tf32", "--max-steps", "1", "--verbose", NULL);
+	char *out = finish(&r, 0, MLP_ARGS);
+	const char *line = strstr(out, "rank 1: --allow-tf32");
+	printf("  %.*s\n", line ? (int)strcspn(line, "\n") : 0, line ? line : "");
+	assert_non_null(strstr(out, "rank 0: --allow-tf32 has no effect on device cpu: its fp32 "
+				    "products stay fp32"));
+	assert_non_null(strstr(out, "rank 1: --allow-tf32 has no effect on device cpu: its fp32 "
+				    "products stay fp32"));
+	free(out);
+	char path[64];
+	snprintf(path, sizeof path, "/tmp/hpu-dev-tf32-%d.json", (int)getpid());
+	assert_int_equal(h_write_file(path, "{\"hputrain\": {\"allow_tf32\": true}}\n", 0600), 0);
+	start(&r, 1);
+	args(&r, "--device", "cpu-strict", "--config", path, "--max-steps", "1", "--verbose", NULL);
+	out = finish(&r, 0, MLP_ARGS);
+	unlink(path);
+	assert_non_null(strstr(out, "rank 0: --allow-tf32 has no effect on device cpu-strict"));
+	free(out);
+	start(&r, 1);
+	args(&r, "--device", "cpu", "--max-steps", "1", "--verbose", NULL);
+	out = finish(&r, 0, MLP_ARGS);
+	assert_null(strstr(out, "--allow-tf32 has no effect"));
+	free(out);
+}
+
 /* hpulaunch --devices auto --device D, with `extra` (NULL-ended);
  * asserts exit code `want`. */
 static char *devices_auto(const char *device, int want, const char *const *extra)
@@ -614,6 +647,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_cuda_fails_with_reason),
 	    cmocka_unit_test(test_auto_is_cpu),
+	    cmocka_unit_test(test_allow_tf32),
 	    cmocka_unit_test(test_devices_auto),
 	    cmocka_unit_test(test_planted_read_caught),
 	    cmocka_unit_test(test_planted_read_passes_on_cpu),

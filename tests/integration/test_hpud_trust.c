@@ -79,6 +79,51 @@ static void assert_refused(const char *conf, const char *file, const char *what)
 	h_free(&p);
 }
 
+/* devices = auto counts as hpulaunch --devices auto does: with device =
+ * cuda and no GPU, hpud does not start and says hpulaunch's reason; with
+ * auto there, one device per core. (On a GPU machine: test_conf.) */
+static void test_devices_auto(void **state)
+{
+	(void)state;
+	if (access("/dev/nvidiactl", F_OK) == 0) {
+		printf("  NVIDIA's driver is here: not checked\n");
+		return;
+	}
+	char text[1024];
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = auto\ndevice = cuda\nkey = %s\n"
+		 "user = nobody\n", port, key_path);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	proc p, l;
+	assert_int_equal(check_conf(&p, conf_path), 1);
+	char *argv[] = {(char *)LAUNCH, "--devices", "auto", "--device", "cuda", (char *)MODEL, NULL};
+	assert_int_equal(h_run(&l, argv, NULL, 30000), 2);
+	printf("  %s", l.out);
+	const char *mine = strstr(p.out, ": devices = auto, device = cuda: ");
+	const char *theirs = strstr(l.out, "--devices auto --device cuda: ");
+	assert_non_null(mine);
+	assert_non_null(theirs);
+	assert_non_null(strstr(p.out, conf_path));
+	mine += strlen(": devices = auto, device = cuda: ");
+	theirs += strlen("--devices auto --device cuda: ");
+	size_t n = strcspn(theirs, "\n");
+	assert_true(n > 0 && strcspn(mine, "\n") == n && !strncmp(mine, theirs, n));
+	h_free(&p);
+	h_free(&l);
+	/* auto: the cores where there is no GPU */
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = auto\ndevice = auto\nkey = %s\n"
+		 "user = nobody\n", port, key_path);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	assert_int_equal(check_conf(&p, conf_path), 0);
+	char want[128];
+	snprintf(want, sizeof want, "devices = auto, device = auto: %ld, one per online CPU core; no GPU: ",
+		 sysconf(_SC_NPROCESSORS_ONLN));
+	assert_non_null(strstr(p.out, want));
+	h_free(&p);
+	write_conf(2, NULL);
+}
+
 /* hpud trusts no file that someone else could have written (as sshd's
  * StrictModes): the configuration, the key, the worker program and every
  * directory above them belong to root (or hpud's own user) and are not
@@ -402,6 +447,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_key_permissions),
 		cmocka_unit_test(test_untrusted_files),
+		cmocka_unit_test(test_devices_auto),
 		cmocka_unit_test(test_jobs_isolated),
 		cmocka_unit_test(test_leftovers_end_with_the_uid),
 	};

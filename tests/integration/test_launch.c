@@ -1161,8 +1161,8 @@ static void test_torchrun_alias_errors(void **state)
 		{"--nnodes", "1:4", "--nnodes 1:4: hpulaunch has no elastic range of nodes; give one number (--nnodes 4)"},
 		{"--nnodes", "two", "--nnodes takes a number of nodes from 1 to 4096 (or N:N), not 'two'"},
 		{"--nnodes", "2:", "--nnodes takes a number of nodes from 1 to 4096 (or N:N), not '2:'"},
-		{"--nproc-per-node", "gpu", "--nproc-per-node gpu: hpulaunch's devices are CPU cores; give a number, auto or cpu"},
-		{"--nproc_per_node", "0", "--nproc_per_node takes a number of workers from 1 to 1024, auto or cpu, not '0'"},
+		{"--nproc-per-node", "xpu", "--nproc-per-node xpu: hpulaunch has no XPU device; give a number, gpu (one worker per GPU), auto or cpu (one per core)"},
+		{"--nproc_per_node", "0", "--nproc_per_node takes a number of workers from 1 to 1024, gpu, auto or cpu, not '0'"},
 		{"--devices", "cpu", "--devices takes a number of workers from 1 to 1024 or auto, not 'cpu'"},
 		{"--rdzv-endpoint", "[::1]:29500", "--rdzv-endpoint [::1]:29500: an IPv6 address; hpulaunch speaks IPv4 only"},
 		{"--rdzv_endpoint", "fe80::1:29500", "--rdzv-endpoint fe80::1:29500: an IPv6 address"},
@@ -1176,6 +1176,11 @@ static void test_torchrun_alias_errors(void **state)
 		char *argv[] = {(char *)LAUNCH, (char *)cases[i].opt, (char *)cases[i].value,
 				(char *)MODEL, NULL};
 		expect_usage_error(argv, NULL, cases[i].want);
+	}
+	/* gpu: one worker per GPU (test_gpus); without one, the reason */
+	if (access("/dev/nvidiactl", F_OK) != 0) {
+		char *g[] = {(char *)LAUNCH, "--nproc-per-node", "gpu", (char *)MODEL, NULL};
+		expect_usage_error(g, NULL, "--nproc-per-node gpu: ");
 	}
 	char *tok[] = {"HPU_JOB_TOKEN=x", NULL};
 	char *s1[] = {(char *)LAUNCH, "--standalone", "--nnodes", "2", "--master-port", "29500",

@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "agent/gpus.h"
 #include "daemon/conf.h"
 
 /* Writes `text` to a fresh temporary file; its name goes to path[]. */
@@ -342,6 +344,93 @@ static void test_unchanged_on_failure(void **state)
 	assert_memory_equal(&c, &before, sizeof c);
 }
 
+/* A fake worker in dir answering --count-gpus with `body` (test_gpus's). */
+static void fake_worker(char *path, size_t len, const char *dir, const char *name,
+			const char *body)
+{
+	snprintf(path, len, "%s/%s", dir, name);
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fprintf(f, "#!/bin/sh\n[ \"$1\" = --count-gpus ] || exit 9\n%s\n", body);
+	fclose(f);
+	assert_int_equal(chmod(path, 0755), 0);
+}
+
+/* devices = auto counts as hpulaunch's --devices auto --device DEVICE:
+ * the GPUs the worker counts for cuda (none: the launcher's reason), them
+ * or the cores for auto, the cores for cpu without asking the worker; a
+ * number is kept. */
+static void test_devices_auto(void **state)
+{
+	(void)state;
+	char dir[64] = "/tmp/test_conf.XXXXXX", three[128], none[128], asked[128], called[160];
+	char path[256], err[512], note[512];
+	assert_non_null(mkdtemp(dir));
+	fake_worker(three, sizeof three, dir, "three", "echo 3");
+	fake_worker(none, sizeof none, dir, "none",
+		    "echo '--device cuda: no GPU is visible (no CUDA-capable device is detected)'; exit 1");
+	snprintf(called, sizeof called, "%s/was-asked", dir);
+	char body[256];
+	snprintf(body, sizeof body, "touch %s; echo 3", called);
+	fake_worker(asked, sizeof asked, dir, "asked", body);
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	hpud_conf c;
+	hpud__conf_defaults(&c);
+	assert_int_equal(c.devices_auto, 1);
+	assert_string_equal(c.device, "cpu");
+	assert_int_equal(load_text(&c, "devices = auto\ndevice = cuda\n", path, err, sizeof err), 0);
+	assert_int_equal(c.devices_auto, 1);
+	assert_string_equal(c.device, "cuda");
+	assert_int_equal(hpud__conf_count_devices(&c, three, note, sizeof note, err, sizeof err), 0);
+	printf("  -> %s\n", note);
+	assert_int_equal(c.devices, 3);
+	assert_non_null(strstr(note, "devices = auto, device = cuda: 3, one per GPU"));
+	c.devices = 5;
+	assert_int_equal(hpud__conf_count_devices(&c, none, note, sizeof note, err, sizeof err), -1);
+	printf("  -> %s\n", err);
+	assert_string_equal(err, "devices = auto, device = cuda: no GPU is visible (no CUDA-capable "
+				 "device is detected)");
+	assert_int_equal(c.devices, 5); /* unchanged */
+	assert_int_equal(load_text(&c, "device = auto\n", path, err, sizeof err), 0);
+	assert_int_equal(hpud__conf_count_devices(&c, three, note, sizeof note, err, sizeof err), 0);
+	assert_int_equal(c.devices, 3);
+	assert_int_equal(hpud__conf_count_devices(&c, none, note, sizeof note, err, sizeof err), 0);
+	assert_int_equal(c.devices, cores > 1024 ? 1024 : cores);
+	assert_int_equal(load_text(&c, "device = cpu\n", path, err, sizeof err), 0);
+	assert_int_equal(hpud__conf_count_devices(&c, asked, note, sizeof note, err, sizeof err), 0);
+	assert_int_equal(c.devices, cores > 1024 ? 1024 : cores);
+	assert_int_equal(access(called, F_OK), -1); /* cpu: the worker is not asked */
+	assert_int_equal(load_text(&c, "devices = 7\ndevice = cuda\n", path, err, sizeof err), 0);
+	assert_int_equal(hpud__conf_count_devices(&c, none, note, sizeof note, err, sizeof err), 0);
+	assert_int_equal(c.devices, 7);
+	assert_string_equal(note, "");
+	assert_int_equal(load_text(&c, "device = gpu\n", path, err, sizeof err), -1);
+	assert_non_null(strstr(err, "bad value for key 'device': 'gpu' is not a device (cpu, "
+				    "cpu-strict, cuda or auto)"));
+	/* the real worker of this build where no GPU is: the reason hpulaunch gives */
+	const char *build = getenv("HPU_BUILD_DIR");
+	char real[512];
+	snprintf(real, sizeof real, "%s/bin/hpu-worker", build ? build : ".");
+	if (access(real, X_OK) == 0 && access("/dev/nvidiactl", F_OK) != 0) {
+		int ngpus = 0, d = 0;
+		char why[512] = "", launcher[700];
+		hpu__gpus_count(real, &ngpus, why, sizeof why);
+		assert_int_equal(hpu__gpus_devices(HPU_COUNT_GPUS, ngpus, why, cores, &d, launcher,
+						   sizeof launcher), -1);
+		assert_int_equal(load_text(&c, "devices = auto\n", path, err, sizeof err), 0);
+		assert_int_equal(hpud__conf_count_devices(&c, real, note, sizeof note, err, sizeof err), -1);
+		printf("  hpulaunch: %s\n  hpud:      %s\n", launcher, err);
+		const char *tail = launcher + strlen("--devices auto --device cuda: ");
+		assert_true(!strncmp(launcher, "--devices auto --device cuda: ", tail - launcher));
+		assert_string_equal(err + strlen("devices = auto, device = cuda: "), tail);
+	} else {
+		printf("  %s not built, or NVIDIA's driver is here: the real worker's reason not checked\n",
+		       real);
+	}
+	snprintf(body, sizeof body, "rm -rf '%s'", dir);
+	assert_int_equal(system(body), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -354,6 +443,7 @@ int main(void)
 		cmocka_unit_test(test_too_long),
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_unchanged_on_failure),
+		cmocka_unit_test(test_devices_auto),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

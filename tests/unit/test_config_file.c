@@ -282,6 +282,13 @@ static void test_file_hputrain(void **state)
 	assert_int_equal(o.device_memory, 1048576);
 	assert_string_equal(o.save_params, "x");
 
+	/* --allow-tf32 (PyTorch's allow_tf32) has its key, off by default */
+	assert_int_equal(o.allow_tf32, 0);
+	load_ok("{'hputrain': {'allow_tf32': true}}", &o);
+	assert_int_equal(o.allow_tf32, 1);
+	load_ok("{'hputrain': {'allow-tf32': false}}", &o);
+	assert_int_equal(o.allow_tf32, 0);
+
 	/* --save-params-format has its key too */
 	load_ok("{'hputrain': {'save_params': 'p.st', 'save_params_format': 'raw'}}", &o);
 	assert_int_equal(o.save_params_format, HPU_PARAMS_RAW);

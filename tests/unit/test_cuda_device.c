@@ -350,6 +350,44 @@ static void check_optimizers(size_t n)
 	check_optim(n, mom, "sgd momentum", 1, 0);
 }
 
+/* ---- the options ---- */
+
+/* --device-memory above the GPU's memory is refused, naming both; at
+ * most that is taken, and --allow-tf32 is said in the note. */
+static void check_configure(void)
+{
+	char err[512] = "", note[512] = "", want[512];
+	uint64_t cap = 0;
+	hpu__dev_config c = {0};
+	CHECK(D->configure(&c, &cap, note, sizeof note, err, sizeof err) == 0, "configure: %s", err);
+	CHECK(cap > 0, "configure gave no capacity");
+	printf("GPU: %s\n", note);
+	c.memory_limit = cap + 1;
+	CHECK(D->configure(&c, &cap, note, sizeof note, err, sizeof err) == -1,
+	      "--device-memory of %llu bytes, 1 more than the GPU's, is taken",
+	      (unsigned long long)c.memory_limit);
+	printf("GPU: refused: %s\n", err);
+	/* the whole sentence, with the GPU's index and name as it gives them */
+	int dev = -1;
+	char name[256] = "";
+	const char *at = strstr(err, "is more than GPU "), *end = strstr(err, ") has: ");
+	if (at && end && sscanf(at, "is more than GPU %d (", &dev) == 1 && strchr(at, '(') < end)
+		snprintf(name, sizeof name, "%.*s", (int)(end - strchr(at, '(') - 1),
+			 strchr(at, '(') + 1);
+	double gib = 1024.0 * 1024.0 * 1024.0;
+	snprintf(want, sizeof want,
+		 "--device-memory %llu bytes (%.1f GiB) is more than GPU %d (%s) has: %llu bytes (%.1f GiB) in all",
+		 (unsigned long long)(cap + 1), (double)(cap + 1) / gib, dev, name,
+		 (unsigned long long)cap, (double)cap / gib);
+	CHECK(dev >= 0 && !strcmp(err, want), "the refusal is '%s', not '%s'", err, want);
+	c.memory_limit = cap;
+	c.allow_tf32 = 1;
+	CHECK(D->configure(&c, &cap, note, sizeof note, err, sizeof err) == 0,
+	      "--device-memory of the GPU's whole memory is refused: %s", err);
+	CHECK(strstr(note, "TF32 for fp32 GEMMs and convolutions allowed") != NULL,
+	      "--allow-tf32 is not in the note '%s'", note);
+}
+
 /* ---- loading ---- */
 
 static const hpu__device *load(void)
@@ -418,6 +456,7 @@ int main(void)
 	      "caps: host_can_read %d, can_capture %d, bf16_native %d", caps.host_can_read,
 	      caps.can_capture, caps.bf16_native);
 	printf("GPU: fp8_native %d\n", caps.fp8_native);
+	check_configure();
 	hpu__devmem_set_backing(D->backing);
 	if (hpu__devmem_init(0, 0) < 0) {
 		printf("FAIL: devmem: %s\n", hpu__devmem_error());

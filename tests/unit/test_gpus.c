@@ -1,4 +1,4 @@
-/* test_gpus: hpulaunch's --devices auto on GPUs (launcher/gpus.c): one
+/* test_gpus: hpulaunch's --devices auto on GPUs (agent/gpus.c): one
  * worker per GPU with --device cuda (none is an error naming why), the
  * GPUs or else the cores with --device auto, the cores with cpu; the
  * count read from "hpu-worker --count-gpus", here fake workers (shell
@@ -20,7 +20,7 @@
 #include "tests/unit/args_testlib.h"
 
 #include "launcher/args.h"
-#include "launcher/gpus.h"
+#include "agent/gpus.h"
 
 static char dir[64], model[128], w_three[128], w_none[128], w_killed[128], w_junk[128],
 	w_called[128];
@@ -199,12 +199,70 @@ static void test_launcher_counts_gpus(void **state)
 	unsetenv("HPU_WORKER");
 }
 
+/* The index of "--device" followed by `dev` in a's worker argv, before
+ * the model; -1 where there is none. */
+static int device_arg(const hpu_launch_args *a, const char *dev)
+{
+	for (int i = 1; i + 1 < a->worker_argc && a->worker_argv[i] != a->model; i++)
+		if (!strcmp(a->worker_argv[i], "--device") && !strcmp(a->worker_argv[i + 1], dev))
+			return a->worker_argv[i + 2] == a->model ? i : -1;
+	return -1;
+}
+
+/* torchrun's --nproc-per-node gpu: one worker per GPU on --device cuda,
+ * which the workers are given; none is the worker's reason. Its auto:
+ * the GPUs where there are some (the workers then compute on cuda), else
+ * the cores, as torchrun counts. A --device given is kept. */
+static void test_torchrun_gpu(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	setenv("HPU_WORKER", w_three, 1);
+	parse_ok(&a, ARGV("--nproc-per-node", "gpu", MICRO, model));
+	assert_int_equal(a.devices, 3);
+	assert_int_equal(a.train.device, HPU_DEVICE_CUDA);
+	assert_true(device_arg(&a, "cuda") > 0);
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV("--nproc_per_node", "gpu", "--device", "cuda", MICRO, model));
+	assert_int_equal(a.devices, 3);
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV("--nproc-per-node", "auto", MICRO, model));
+	assert_int_equal(a.devices, 3);
+	assert_true(device_arg(&a, "cuda") > 0);
+	hpu__args_free(&a);
+	/* no GPU: gpu is the worker's reason, auto the cores on cpu */
+	setenv("HPU_WORKER", w_none, 1);
+	parse_fails(ARGV("--nproc-per-node", "gpu", model),
+		    "--nproc-per-node gpu: no GPU is visible (no CUDA-capable device is detected)");
+	parse_ok(&a, ARGV("--nproc-per-node", "auto", MICRO, model));
+	assert_int_equal(a.devices, (int)cores);
+	assert_int_equal(a.train.device, HPU_DEVICE_CPU);
+	assert_int_equal(device_arg(&a, "cuda"), -1);
+	hpu__args_free(&a);
+	/* a device that is not a GPU's does not go with gpu */
+	setenv("HPU_WORKER", w_three, 1);
+	parse_fails(ARGV("--nproc-per-node", "gpu", "--device", "cpu", model),
+		    "--nproc-per-node gpu: one worker per GPU computes on --device cuda, not --device cpu");
+	setenv("HPU_DEVICE", "cpu-strict", 1);
+	parse_fails(ARGV("--nproc-per-node", "gpu", model),
+		    "--nproc-per-node gpu: one worker per GPU computes on --device cuda, not --device cpu-strict");
+	/* auto with a device given counts by it: cpu-strict is the cores */
+	parse_ok(&a, ARGV("--nproc-per-node", "auto", MICRO, model));
+	assert_int_equal(a.devices, (int)cores);
+	assert_int_equal(device_arg(&a, "cuda"), -1);
+	hpu__args_free(&a);
+	unsetenv("HPU_DEVICE");
+	parse_fails(ARGV("--nproc-per-node", "xpu", model), "--nproc-per-node xpu: ");
+	unsetenv("HPU_WORKER");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_devices_by_count),
 		cmocka_unit_test(test_count_from_worker),
 		cmocka_unit_test(test_launcher_counts_gpus),
+		cmocka_unit_test(test_torchrun_gpu),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

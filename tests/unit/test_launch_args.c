@@ -95,7 +95,7 @@ static void test_deepspeed_aliases(void **state)
 	assert_string_equal(a.master_addr, "10.1.2.3");
 	assert_int_equal(a.master_port, 29555);
 	hpu__args_free(&a);
-	parse_fails(ARGV("--num_gpus", "gpu", model), "--num_gpus gpu: hpulaunch's devices are CPU cores");
+	parse_fails(ARGV("--num_gpus", "gpu", model), "--num_gpus gpu: give a number of workers (one per GPU: --devices auto --device cuda)");
 }
 
 static void test_include_exclude(void **state)

@@ -399,6 +399,48 @@ static void cuda_teardown(void)
 	C.up = 0;
 }
 
+/* ---- the options ---- */
+
+#define GIB(n) ((double)(n) / (1024.0 * 1024.0 * 1024.0))
+
+/* --device-memory against the GPU's memory (cudaMemGetInfo's total: a
+ * larger limit could never be met, and would end in an out-of-memory
+ * error in the middle of training), --allow-tf32 to the kernels. */
+static int cuda_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
+			  size_t notelen, char *err, size_t errlen)
+{
+	size_t free_b = 0, total = 0;
+	struct cudaDeviceProp p;
+	cudaError_t e;
+	hpu__cuda_bind();
+	if ((e = cudaMemGetInfo(&free_b, &total)) != cudaSuccess)
+		return fail(err, errlen, "cudaMemGetInfo", e);
+	if ((e = cudaGetDeviceProperties(&p, C.dev)) != cudaSuccess)
+		return fail(err, errlen, "cudaGetDeviceProperties", e);
+	p.name[sizeof p.name - 1] = '\0';
+	*capacity = total;
+	if (c->memory_limit > total) {
+		snprintf(err, errlen,
+			 "--device-memory %llu bytes (%.1f GiB) is more than GPU %d (%s) has: %llu "
+			 "bytes (%.1f GiB) in all",
+			 (unsigned long long)c->memory_limit, GIB(c->memory_limit), C.dev, p.name,
+			 (unsigned long long)total, GIB(total));
+		return -1;
+	}
+	size_t ws = 0;
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_allow_tf32(c->allow_tf32);
+	ws = hpu__cuda_ops_workspace_bytes();
+#endif
+	snprintf(note, notelen,
+		 "device cuda: GPU %d (%s), %.1f GiB in all, %.1f GiB free; outside the "
+		 "--device-memory limit: CUDA's context, the kernels' workspace (%zu MiB) and "
+		 "scratch; TF32 for fp32 GEMMs and convolutions %s",
+		 C.dev, p.name, GIB(total), GIB(free_b), ws >> 20,
+		 c->allow_tf32 ? "allowed (--allow-tf32)" : "off");
+	return 0;
+}
+
 /* A device call: its thread drives the worker's GPU. */
 static void cuda_enter(void)
 {
@@ -632,7 +674,7 @@ static const hpu__dev_rtops rtops = {
 	.fill = cuda_fill, .record = cuda_record, .wait = cuda_wait,                               \
 	.host_alloc = cuda_host_alloc, .host_free = cuda_host_free, .ops = cuda_ops,               \
 	.rt = &rtops, .owns = cuda_owns, .backing = &backing, .queue_new = cuda_queue_new,         \
-	.queue_free = cuda_queue_free
+	.queue_free = cuda_queue_free, .configure = cuda_configure
 
 static const hpu__device dev_full = {.setup = cuda_setup, CUDA_MEMBERS};
 static const hpu__device dev_core = {.setup = setup_core, CUDA_MEMBERS};

@@ -10,6 +10,8 @@
 #ifndef HPU_CUDA_OPS_H
 #define HPU_CUDA_OPS_H
 
+#include <stddef.h>
+
 #include "worker/ops/backend.h"
 
 /* The CUDA kernels' table; the stream they run on is the device's
@@ -37,5 +39,11 @@ void hpu__cuda_ops_release(void);
  * allow_tf32; 0 (the default): fp32 products are fp32 (CUBLAS_COMPUTE_32F,
  * CUDNN_FMA_MATH). */
 void hpu__cuda_ops_allow_tf32(int allow);
+
+/* The bytes of cuBLASLt's and cuDNN's workspace each GPU's context holds
+ * (cudaMalloc'd beside devmem's blocks, outside --device-memory, as its
+ * scratch is: the largest bf16 product's or convolution's operands
+ * widened to fp32). */
+size_t hpu__cuda_ops_workspace_bytes(void);
 
 #endif

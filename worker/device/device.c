@@ -241,6 +241,21 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	return 0;
 }
 
+int hpu__dev_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
+		       size_t notelen, char *err, size_t errlen)
+{
+	*capacity = 0;
+	if (notelen)
+		note[0] = '\0';
+	if (cur->configure)
+		return cur->configure(c, capacity, note, notelen, err, errlen);
+	if (c->allow_tf32) /* accepted, as PyTorch's flag is on a CPU */
+		snprintf(note, notelen,
+			 "--allow-tf32 has no effect on device %s: its fp32 products stay fp32",
+			 cur->name);
+	return 0;
+}
+
 void hpu__dev_close(void)
 {
 	hpu__devmem_set_backing(NULL);

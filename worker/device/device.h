@@ -118,6 +118,14 @@ typedef struct hpu__dev_event {
 	uint64_t seq;
 } hpu__dev_event;
 
+/* What the worker's options ask of the device, applied once it is set
+ * up (hpu__dev_configure). */
+typedef struct hpu__dev_config {
+	uint64_t memory_limit; /* --device-memory where given; 0: not given */
+	int allow_tf32;        /* --allow-tf32: fp32 GEMMs and convolutions may
+				* run on TF32 tensor cores */
+} hpu__dev_config;
+
 /* One device's table. */
 typedef struct hpu__device {
 	const char *name; /* "cpu", "cpu-strict", "cuda" */
@@ -154,6 +162,14 @@ typedef struct hpu__device {
 	 * queue_new. */
 	hpu__dev_queue *(*queue_new)(void);
 	void (*queue_free)(hpu__dev_queue *q);
+	/* Applies c after setup (NULL: the device takes none of it, as the
+	 * CPU devices, whose fp32 products are fp32 whatever allow_tf32
+	 * says). *capacity: the bytes of memory the device has of its own
+	 * (0: host memory); note: one line for --verbose on what c does
+	 * there. 0, or -1 with a sentence in err (a memory_limit above
+	 * the device's memory). */
+	int (*configure)(const hpu__dev_config *c, uint64_t *capacity, char *note,
+			 size_t notelen, char *err, size_t errlen);
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so
@@ -176,6 +192,14 @@ extern const hpu__device hpu__dev_cpu_strict;
  * (an unknown name, "cuda" in a build without it, a module that does not
  * load, no GPU visible, CUDA's error). */
 int hpu__dev_open(const char *name, int rank, char *err, size_t errlen);
+
+/* Applies the options to the open device, before hpu__devmem_init:
+ * *capacity is the memory the device has of its own (0: host memory,
+ * as on the CPU devices), note one line for --verbose on what c does
+ * there ("" where there is nothing to say). 0, or -1 with a sentence in
+ * err (--device-memory above a GPU's memory). */
+int hpu__dev_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
+		       size_t notelen, char *err, size_t errlen);
 
 /* Tears the device down after devmem's shutdown; the cpu device serves
  * again. */

@@ -34,16 +34,32 @@ static int env_int(hpu_env_id id, int dflt)
 	return hpu__parse_int(hpu__env_str(id), INT_MIN, INT_MAX, &v) ? dflt : v;
 }
 
-/* --device-memory, or this node's memory shared by its devices. */
-static uint64_t device_memory(const hpu_train_opts *o)
+/* --device-memory, or this node's memory shared by its devices, at most
+ * the memory a device has of its own (capacity, 0: host memory). */
+static uint64_t device_memory(const hpu_train_opts *o, uint64_t capacity)
 {
 	if (o->device_memory)
 		return o->device_memory;
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	int local = env_int(HPU_ENV_LOCAL_WORLD_SIZE, 1);
 	if (pages <= 0 || page <= 0)
-		return 0; /* unknown: no limit */
-	return (uint64_t)pages * (uint64_t)page / (uint64_t)(local > 0 ? local : 1);
+		return capacity; /* unknown: no limit, or the device's */
+	uint64_t share = (uint64_t)pages * (uint64_t)page / (uint64_t)(local > 0 ? local : 1);
+	return capacity && capacity < share ? capacity : share;
+}
+
+/* The options the device takes (--device-memory, --allow-tf32), after it
+ * is open; --verbose says what they do there. Its memory in *capacity. */
+static int device_configure(const hpu_train_opts *o, int rank, uint64_t *capacity, char *err,
+			    size_t errlen)
+{
+	hpu__dev_config c = {.memory_limit = o->device_memory, .allow_tf32 = o->allow_tf32};
+	char note[512];
+	if (hpu__dev_configure(&c, capacity, note, sizeof note, err, errlen) < 0)
+		return -1;
+	if (o->verbose && note[0])
+		printf("rank %d: %s\n", rank, note);
+	return 0;
 }
 
 /* The low-precision type the ops' autocast policy emulates. */
@@ -143,7 +159,7 @@ static void note_model(const hpu_builder *b)
 }
 
 /* hpu-worker --count-gpus: the GPUs the CUDA device sees, for
- * hpulaunch's --devices auto (launcher/gpus.h): the number and exit 0,
+ * hpulaunch's --devices auto (agent/gpus.h): the number and exit 0,
  * or the reason there is none and exit 1, on stdout. */
 static int count_gpus(void)
 {
@@ -263,7 +279,10 @@ int main(int argc, char **argv)
 	if (o.verbose) /* what auto chose */
 		printf("rank %d: device %s (--device %s)\n", rank, hpu__dev_name(),
 		       hpu__device_name(o.device));
-	if (hpu__devmem_init(device_memory(&o), rank) < 0) {
+	uint64_t capacity = 0;
+	if (device_configure(&o, rank, &capacity, err, sizeof err) < 0)
+		goto out;
+	if (hpu__devmem_init(device_memory(&o, capacity), rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
 	}

@@ -37,6 +37,11 @@ void hpu__cuda_ops_allow_tf32(int allow)
 	tf32_allowed = allow != 0;
 }
 
+size_t hpu__cuda_ops_workspace_bytes(void)
+{
+	return HPU_CUOPS_WORKSPACE;
+}
+
 cudaStream_t hpu__cuops_stream(void)
 {
 	return (cudaStream_t)cur_stream;

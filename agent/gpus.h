@@ -1,14 +1,16 @@
-/* gpus: --devices auto on a node whose workers compute on GPUs.
+/* gpus: --devices auto on a node whose workers compute on GPUs (hpulaunch
+ * and hpud's devices = auto).
  *
  * With --device cuda, or auto where the CUDA device loads and sees a GPU,
  * --devices auto is one worker per GPU visible to this node
  * (CUDA_VISIBLE_DEVICES honoured, as CUDA itself counts); otherwise one
- * per CPU core. hpulaunch links nothing of CUDA: it asks the hpu-worker
- * beside it ("hpu-worker --count-gpus", which loads the CUDA device's
- * module, worker/device) and reads the count, or the reason there is
- * none, from its output. */
-#ifndef HPU_LAUNCHER_GPUS_H
-#define HPU_LAUNCHER_GPUS_H
+ * per CPU core. hpulaunch and hpud (devices = auto) link nothing of CUDA:
+ * they ask the hpu-worker beside them, or hpud's worker program
+ * ("hpu-worker --count-gpus", which loads the CUDA device's module,
+ * worker/device) and read the count, or the reason there is none, from
+ * its output. */
+#ifndef HPU_AGENT_GPUS_H
+#define HPU_AGENT_GPUS_H
 
 #include <stddef.h>
 

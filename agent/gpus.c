@@ -1,5 +1,5 @@
 /* gpus: see gpus.h. */
-#include "launcher/gpus.h"
+#include "agent/gpus.h"
 
 #include <errno.h>
 #include <fcntl.h>
