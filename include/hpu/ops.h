@@ -215,17 +215,22 @@ HPU_API void hpu_dropout_forward(const float *x, float *y, uint8_t *mask, size_t
 HPU_API void hpu_dropout_backward(const float *dy, const uint8_t *mask, float *dx,
 			  size_t n, float p);
 
-/* ---- attention ---- */
+/* ---- attention ----
+ *
+ * These ops, and those of the shape and sequence layers below (reduce,
+ * row copies, permute, sigmoid, 1-D pooling, rectangular convolution),
+ * return HPU_OK, or HPU_ERROR where the device's kernel table has no
+ * such kernel. */
 
 /* Causal multi-head self-attention over qkv[B, T, 3*D] (q, k, v of each
  * position side by side, D = heads * head_dim): out[B, T, D]. att[B, heads,
  * T, T] keeps the softmax probabilities for backward (row t attends to
  * 0..t). */
-HPU_API void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
-			   int t, int heads, int head_dim);
+HPU_API int hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
+			  int t, int heads, int head_dim);
 /* dqkv[B, T, 3*D] = the gradient w.r.t. qkv (overwritten). */
-HPU_API void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
-			    float *dqkv, int batch, int t, int heads, int head_dim);
+HPU_API int hpu_attention_backward(const float *qkv, const float *att, const float *dout,
+			   float *dqkv, int batch, int t, int heads, int head_dim);
 
 /* ---- autocast ----
  *
@@ -264,43 +269,72 @@ typedef enum hpu_reduce_op {
 /* y[outer, inner] = sum / mean / max of x[outer, n, inner] over n
  * (n >= 1). For max, idx[outer, inner] gets the position (0..n-1) of
  * the first maximum (idx may be NULL for sum and mean). */
-HPU_API void hpu_reduce_forward(hpu_reduce_op op, const float *x, float *y, int32_t *idx,
-				size_t outer, size_t n, size_t inner);
+HPU_API int hpu_reduce_forward(hpu_reduce_op op, const float *x, float *y, int32_t *idx,
+			       size_t outer, size_t n, size_t inner);
 /* dx[outer, n, inner] = dy broadcast over n (sum), divided by n (mean),
  * or at idx only and 0 elsewhere (max); overwritten. */
-HPU_API void hpu_reduce_backward(hpu_reduce_op op, const float *dy, const int32_t *idx,
-				 float *dx, size_t outer, size_t n, size_t inner);
+HPU_API int hpu_reduce_backward(hpu_reduce_op op, const float *dy, const int32_t *idx,
+				float *dx, size_t outer, size_t n, size_t inner);
 
 /* Copies len rows along the middle axis: y[o, y0 + i, :] = x[o, x0 + i, :]
  * for i < len, x[outer, nx, inner] and y[outer, ny, inner]; the other
  * rows of y are left as they are. Slicing (y0 = 0, ny = len) and
  * concatenation (one call per input, y0 its offset) in both directions. */
-HPU_API void hpu_copy_rows(const float *x, float *y, size_t outer, size_t nx, size_t x0,
-			   size_t ny, size_t y0, size_t len, size_t inner);
+HPU_API int hpu_copy_rows(const float *x, float *y, size_t outer, size_t nx, size_t x0,
+			  size_t ny, size_t y0, size_t len, size_t inner);
 
 /* y = x with its dimensions permuted: x has `ndim` (<= 8) dimensions of
  * `shape`, and y's dimension i is x's dimension perm[i] (torch.permute).
  * Its backward is itself with the inverse permutation. */
-HPU_API void hpu_permute_forward(const float *x, float *y, int ndim, const int64_t *shape,
-				 const int *perm);
+HPU_API int hpu_permute_forward(const float *x, float *y, int ndim, const int64_t *shape,
+				const int *perm);
 
 /* y[n] = 1 / (1 + exp(-x)); y may alias x. */
-HPU_API void hpu_sigmoid_forward(const float *x, float *y, size_t n);
+HPU_API int hpu_sigmoid_forward(const float *x, float *y, size_t n);
 /* dx = dy * y * (1 - y), y the forward output; dx may alias dy. */
-HPU_API void hpu_sigmoid_backward(const float *y, const float *dy, float *dx, size_t n);
+HPU_API int hpu_sigmoid_backward(const float *y, const float *dy, float *dx, size_t n);
 
 /* Pooling along the middle axis of x[outer, n, inner] with a window of
  * k and a stride (no padding): y[outer, (n - k) / stride + 1, inner].
  * Max pooling records each output's arg-max (0..n-1, the first maximum)
  * in idx for backward; dx is overwritten. */
-HPU_API void hpu_maxpool1d_forward(const float *x, float *y, int32_t *idx, size_t outer,
-				   int n, size_t inner, int k, int stride);
-HPU_API void hpu_maxpool1d_backward(const float *dy, const int32_t *idx, float *dx,
-				    size_t outer, int n, size_t inner, int k, int stride);
-HPU_API void hpu_avgpool1d_forward(const float *x, float *y, size_t outer, int n,
+HPU_API int hpu_maxpool1d_forward(const float *x, float *y, int32_t *idx, size_t outer,
+				  int n, size_t inner, int k, int stride);
+HPU_API int hpu_maxpool1d_backward(const float *dy, const int32_t *idx, float *dx,
+				   size_t outer, int n, size_t inner, int k, int stride);
+HPU_API int hpu_avgpool1d_forward(const float *x, float *y, size_t outer, int n,
+				  size_t inner, int k, int stride);
+HPU_API int hpu_avgpool1d_backward(const float *dy, float *dx, size_t outer, int n,
 				   size_t inner, int k, int stride);
-HPU_API void hpu_avgpool1d_backward(const float *dy, float *dx, size_t outer, int n,
-				    size_t inner, int k, int stride);
+
+/* dst[bytes] = 0 (the layers' zeroing of a whole tensor). */
+HPU_API int hpu_zero(void *dst, size_t bytes);
+
+/* The losses' kernels over `rows` samples of n values, pred (or logits,
+ * or probabilities) p and target t [rows, n]: loss[r] each row's mean
+ * over its values, sums in double.
+ * mse: (p - t)^2; backward dp = dloss[r] * 2 (p - t) / n, dt = -dp.
+ * bce, logits 1: torch's BCEWithLogitsLoss per element; backward dp =
+ * dloss[r] / n (sigmoid(p) - t), dt = -dloss[r] / n p.
+ * bce, logits 0: torch's BCELoss of probabilities (logs clamped at
+ * -100); HPU_ERANGE with *bad = r * n + i of the first probability
+ * outside [0, 1] (loss then unspecified) and *bad_value it; backward dp =
+ * dloss[r] / n (p - t) / max(p (1 - p), 1e-12), dt = -dloss[r] / n (log
+ * p - log(1 - p)), the logs clamped.
+ * dp and dt may be NULL (not wanted). */
+HPU_API int hpu_mse_forward(const float *p, const float *t, float *loss, int rows, size_t n);
+HPU_API int hpu_mse_backward(const float *p, const float *t, const float *dloss, float *dp,
+			     float *dt, int rows, size_t n);
+HPU_API int hpu_bce_forward(int logits, const float *p, const float *t, float *loss, int rows,
+			    size_t n, long *bad, float *bad_value);
+HPU_API int hpu_bce_backward(int logits, const float *p, const float *t, const float *dloss,
+			     float *dp, float *dt, int rows, size_t n);
+
+/* HPU_OK when every ids[i] lies in [0, limit); else HPU_ERANGE with
+ * *bad the index of the first that does not and *bad_value its value
+ * (the attention layer's key mask: limit 2). */
+HPU_API int hpu_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
+			      int32_t *bad_value);
 
 /* Convolution with a rectangular kernel, its own stride and zero padding
  * per axis (hpu_conv2d_shape's square case is kernel_h == kernel_w, ...);
@@ -318,12 +352,12 @@ HPU_API int hpu_conv2d_rect_out_w(const hpu_conv2d_rect_shape *s);
 /* Floats of scratch (im2col of one sample). */
 HPU_API size_t hpu_conv2d_rect_scratch(const hpu_conv2d_rect_shape *s);
 /* y[B, O, OH, OW] = conv(x, w[O, C, KH, KW]) + b[O] (b may be NULL). */
-HPU_API void hpu_conv2d_rect_forward(const hpu_conv2d_rect_shape *s, const float *x,
-				     const float *w, const float *b, float *y, float *scratch);
+HPU_API int hpu_conv2d_rect_forward(const hpu_conv2d_rect_shape *s, const float *x,
+				    const float *w, const float *b, float *y, float *scratch);
 /* dw += ..., db += ... (db may be NULL); dx = ... (dx may be NULL). */
-HPU_API void hpu_conv2d_rect_backward(const hpu_conv2d_rect_shape *s, const float *x,
-				      const float *w, const float *dy, float *dx, float *dw,
-				      float *db, float *scratch);
+HPU_API int hpu_conv2d_rect_backward(const hpu_conv2d_rect_shape *s, const float *x,
+				     const float *w, const float *dy, float *dx, float *dw,
+				     float *db, float *scratch);
 
 #ifdef __cplusplus
 }

@@ -4,10 +4,12 @@
  * Under --device cpu-strict with HPU_STRICT_KERNELS=1 device memory opens
  * only inside the table's functions (worker/device/device_kernels.c), not
  * for a whole layer: a C loop of an op or a layer over device memory
- * faults at once. The MLP, the CNN, the ResNet (batch norm) and a small
- * gpt_lm (attention, layer norm, embedding, dropout) train a few steps so
- * under ddp and zero3 on 2 workers, fp32 and bf16-mixed, and save the
- * parameters byte for byte as on cpu. */
+ * faults at once. The MLP, the CNN, the ResNet (batch norm), a small
+ * gpt_lm (attention, layer norm, embedding, dropout), the sequence model
+ * (conv1d, 1-D pooling, slice, concat, permute, reduce, reshape,
+ * rectangular convolution, sigmoid, both BCEs) and a masked attention
+ * with MSE train a few steps so under ddp and zero3 on 2 workers, fp32
+ * and bf16-mixed, and save the parameters byte for byte as on cpu. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -96,6 +98,24 @@ static void test_gpt_lm(void **state)
 	same("gpt_lm", gpt, margs, "zero3", "fp32");
 }
 
+/* the shape, sequence and binary-loss layers (tests/fixtures/seq_model.c) */
+static void test_seq_model(void **state)
+{
+	(void)state;
+	const char *seq = h_build("lib/seq_model.so");
+	same("seq", seq, NULL, "ddp", "fp32");
+	same("seq", seq, NULL, "zero3", "bf16-mixed");
+}
+
+/* the attention layer's key mask check, MSE */
+static void test_masked_attention(void **state)
+{
+	(void)state;
+	const char *m = h_build("lib/masked_attn_model.so");
+	same("masked", m, NULL, "ddp", "fp32");
+	same("masked", m, NULL, "zero3", "bf16-mixed");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -103,6 +123,8 @@ int main(void)
 		cmocka_unit_test(test_cnn),
 		cmocka_unit_test(test_resnet),
 		cmocka_unit_test(test_gpt_lm),
+		cmocka_unit_test(test_seq_model),
+		cmocka_unit_test(test_masked_attention),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

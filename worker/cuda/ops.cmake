@@ -10,6 +10,8 @@ set(HPU_CUDA_OPS_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_kernels.cu # pooling, eltwise, softmax, layer norm, dropout, embedding, losses
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_layers.c  # the layers' own passes: the table's entries
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_layers.cu # their kernels: losses over positions, heads, masks, dropout rows, batch norm
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_more.c    # the shape, sequence and loss layers' entries
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_more.cu   # their kernels
 )
 # The target compiles CUDA with --fmad=false (no multiply-add contraction,
 # as the CPU's sources are built with -ffp-contract=off) and links a cudart

@@ -141,6 +141,62 @@ WRAP(batchnorm_bwd,
       float *dbias, float *dx, int batch, int ch, size_t spatial),
      (x, dy, w, saved, dw, dbias, dx, batch, ch, spatial))
 
+WRAP(reduce_fwd,
+     (int op, const float *x, float *y, int32_t *idx, size_t outer, size_t n, size_t inner),
+     (op, x, y, idx, outer, n, inner))
+WRAP(reduce_bwd,
+     (int op, const float *dy, const int32_t *idx, float *dx, size_t outer, size_t n,
+      size_t inner),
+     (op, dy, idx, dx, outer, n, inner))
+WRAP(copy_rows,
+     (const float *x, float *y, size_t outer, size_t nx, size_t x0, size_t ny, size_t y0,
+      size_t len, size_t inner),
+     (x, y, outer, nx, x0, ny, y0, len, inner))
+WRAP(zero, (void *dst, size_t bytes), (dst, bytes))
+WRAP(permute, (const float *x, float *y, int ndim, const int64_t *shape, const int *perm),
+     (x, y, ndim, shape, perm))
+WRAP(sigmoid_fwd, (const float *x, float *y, size_t n), (x, y, n))
+WRAP(sigmoid_bwd, (const float *y, const float *dy, float *dx, size_t n), (y, dy, dx, n))
+WRAP(pool1d_fwd,
+     (int max, const float *x, float *y, int32_t *idx, size_t outer, int n, size_t inner, int k,
+      int stride),
+     (max, x, y, idx, outer, n, inner, k, stride))
+WRAP(pool1d_bwd,
+     (int max, const float *dy, const int32_t *idx, float *dx, size_t outer, int n,
+      size_t inner, int k, int stride),
+     (max, dy, idx, dx, outer, n, inner, k, stride))
+WRAP(conv_rect_fwd,
+     (const hpu_conv2d_rect_shape *s, const float *x, const float *w, const float *b, float *y,
+      float *scratch),
+     (s, x, w, b, y, scratch))
+WRAP(conv_rect_bwd,
+     (const hpu_conv2d_rect_shape *s, const float *x, const float *w, const float *dy,
+      float *dx, float *dw, float *db, float *scratch),
+     (s, x, w, dy, dx, dw, db, scratch))
+WRAP(mse_fwd, (const float *p, const float *t, float *loss, int rows, size_t n),
+     (p, t, loss, rows, n))
+WRAP(mse_bwd,
+     (const float *p, const float *t, const float *dloss, float *dp, float *dt, int rows,
+      size_t n),
+     (p, t, dloss, dp, dt, rows, n))
+WRAP(bce_fwd,
+     (int logits, const float *x, const float *t, float *loss, int rows, size_t n, long *bad,
+      float *bad_value),
+     (logits, x, t, loss, rows, n, bad, bad_value))
+WRAP(bce_bwd,
+     (int logits, const float *x, const float *t, const float *dloss, float *dx, float *dt,
+      int rows, size_t n),
+     (logits, x, t, dloss, dx, dt, rows, n))
+WRAP(ids_first_bad, (const int32_t *ids, size_t n, int32_t limit, long *bad, int32_t *bad_value),
+     (ids, n, limit, bad, bad_value))
+WRAP(attention_fwd,
+     (const float *qkv, float *out, float *att, int batch, int t, int heads, int hd),
+     (qkv, out, att, batch, t, heads, hd))
+WRAP(attention_bwd,
+     (const float *qkv, const float *att, const float *dout, float *dqkv, int batch, int t,
+      int heads, int hd),
+     (qkv, att, dout, dqkv, batch, t, heads, hd))
+
 /* Each entry: the backend's where it has one, else the host table's;
  * wrapped where either has it, NULL where neither. */
 #define PICK(name)                                                                           \
@@ -194,6 +250,24 @@ static const hpu__backend *build(void)
 	PICK(dropout_rows);
 	PICK(batchnorm_fwd);
 	PICK(batchnorm_bwd);
+	PICK(reduce_fwd);
+	PICK(reduce_bwd);
+	PICK(copy_rows);
+	PICK(zero);
+	PICK(permute);
+	PICK(sigmoid_fwd);
+	PICK(sigmoid_bwd);
+	PICK(pool1d_fwd);
+	PICK(pool1d_bwd);
+	PICK(conv_rect_fwd);
+	PICK(conv_rect_bwd);
+	PICK(mse_fwd);
+	PICK(mse_bwd);
+	PICK(bce_fwd);
+	PICK(bce_bwd);
+	PICK(ids_first_bad);
+	PICK(attention_fwd);
+	PICK(attention_bwd);
 	return &tab;
 }
 

@@ -1,7 +1,7 @@
 /* The sigmoid and the binary cross-entropy losses: one f32 value per
  * sample (ndim 0), the mean over the sample's elements, as
  * torch.nn.BCEWithLogitsLoss and BCELoss (log clamped at -100) give per
- * element. Sums are in double. */
+ * element, on the ops hpu_bce_forward/backward (sums in double). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,27 +12,26 @@
 
 #include "worker/layers/decl.h"
 
-#define LOG_FLOOR (-100.0) /* torch's clamp of BCELoss's logs */
-#define BCE_EPS 1e-12      /* torch's floor under p (1 - p) in its backward */
-
 /* ---- sigmoid ---- */
 
 static int sigmoid_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			   hpu_tensor *out)
 {
-	(void)l, (void)c;
-	hpu_sigmoid_forward(hpu_f32(&in[0]), hpu_f32(&out[0]), hpu_numel(&in[0]));
-	return 0;
+	(void)c;
+	return ld_op(l, hpu_sigmoid_forward(hpu_f32(&in[0]), hpu_f32(&out[0]), hpu_numel(&in[0])),
+		     "sigmoid");
 }
 
 static int sigmoid_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			    const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
-	(void)l, (void)c, (void)in;
-	if (din[0].data)
-		hpu_sigmoid_backward(hpu_f32(&out[0]), hpu_f32(&dout[0]), hpu_f32(&din[0]),
-				     hpu_numel(&out[0]));
-	return 0;
+	(void)c, (void)in;
+	if (!din[0].data)
+		return 0;
+	return ld_op(l,
+		     hpu_sigmoid_backward(hpu_f32(&out[0]), hpu_f32(&dout[0]), hpu_f32(&din[0]),
+					  hpu_numel(&out[0])),
+		     "sigmoid's backward");
 }
 
 static const hpu_layer_ops sigmoid_ops = {.forward = sigmoid_forward,
@@ -49,75 +48,56 @@ hpu_layer *hpu_sigmoid(hpu_builder *b, const char *name, const char *in, const c
 	return l;
 }
 
-/* ---- binary cross-entropy with logits ---- */
+/* ---- binary cross-entropy, with logits and of probabilities ---- */
+
+static int bce_any_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
+			   hpu_tensor *out, int logits)
+{
+	size_t n = in[0].sample_numel;
+	long bad = -1;
+	float v = 0;
+	int rc = hpu_bce_forward(logits, hpu_f32(&in[0]), hpu_f32(&in[1]), hpu_f32(&out[0]),
+				 in[0].batch, n, &bad, &v);
+	if (rc == HPU_ERANGE) {
+		int r = (int)((size_t)bad / n);
+		return hpu_layer_error(l, "layer %s: probability %g at row %d (dataset sample %lu), "
+				       "element %zu is outside [0, 1]", hpu_layer_name(l),
+				       (double)v, r,
+				       c->samples ? (unsigned long)c->samples[r] : (unsigned long)r,
+				       (size_t)bad % n);
+	}
+	return ld_op(l, rc, "binary cross-entropy");
+}
+
+static int bce_any_backward(hpu_layer *l, const hpu_tensor *in, const hpu_tensor *dout,
+			    hpu_tensor *din, int logits)
+{
+	return ld_op(l,
+		     hpu_bce_backward(logits, hpu_f32(&in[0]), hpu_f32(&in[1]), hpu_f32(&dout[0]),
+				      din[0].data ? hpu_f32(&din[0]) : NULL,
+				      din[1].data ? hpu_f32(&din[1]) : NULL, in[0].batch,
+				      in[0].sample_numel),
+		     "binary cross-entropy's backward");
+}
 
 static int bcel_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
 {
-	(void)l, (void)c;
-	size_t n = in[0].sample_numel;
-	for (int r = 0; r < in[0].batch; r++) {
-		ld_pair_row x = ld_pair_at(in, NULL, r);
-		double s = 0;
-		for (size_t i = 0; i < n; i++) {
-			double xi = x.p[i];
-			s += (xi > 0 ? xi : 0) - xi * (double)x.t[i] + log1p(exp(-fabs(xi)));
-		}
-		hpu_f32(&out[0])[r] = (float)(s / (double)n);
-	}
-	return 0;
+	return bce_any_forward(l, c, in, out, 1);
 }
 
 /* dlogits = dloss (sigmoid(x) - t) / n; dtarget = -dloss x / n. */
 static int bcel_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			 const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
-	(void)l, (void)c, (void)out;
-	size_t n = in[0].sample_numel;
-	for (int r = 0; r < in[0].batch; r++) {
-		ld_pair_row x = ld_pair_at(in, din, r);
-		float g = hpu_f32(&dout[0])[r] / (float)n, sg;
-		for (size_t i = 0; i < n; i++) {
-			hpu_sigmoid_forward(&x.p[i], &sg, 1);
-			if (x.dp)
-				x.dp[i] = g * (sg - x.t[i]);
-			if (x.dt)
-				x.dt[i] = -g * x.p[i];
-		}
-	}
-	return 0;
+	(void)c, (void)out;
+	return bce_any_backward(l, in, dout, din, 1);
 }
 
 static const hpu_layer_ops bcel_ops = {.forward = bcel_forward, .backward = bcel_backward};
 
-/* ---- binary cross-entropy of probabilities ---- */
-
-static double clamped_log(double v)
-{
-	double lg = log(v);
-	return lg < LOG_FLOOR ? LOG_FLOOR : lg;
-}
-
 static int bce_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
 {
-	size_t n = in[0].sample_numel;
-	for (int r = 0; r < in[0].batch; r++) {
-		ld_pair_row x = ld_pair_at(in, NULL, r);
-		const float *p = x.p, *t = x.t;
-		double s = 0;
-		for (size_t i = 0; i < n; i++) {
-			if (!(p[i] >= 0.0f && p[i] <= 1.0f))
-				return hpu_layer_error(l, "layer %s: probability %g at row %d "
-						       "(dataset sample %lu), element %zu is "
-						       "outside [0, 1]", hpu_layer_name(l),
-						       (double)p[i], r,
-						       c->samples ? (unsigned long)c->samples[r]
-								  : (unsigned long)r, i);
-			s -= (double)t[i] * clamped_log(p[i]) +
-			     (1.0 - (double)t[i]) * clamped_log(1.0 - (double)p[i]);
-		}
-		hpu_f32(&out[0])[r] = (float)(s / (double)n);
-	}
-	return 0;
+	return bce_any_forward(l, c, in, out, 0);
 }
 
 /* dprob = dloss (p - t) / max(p (1 - p), 1e-12) / n (torch's);
@@ -125,21 +105,8 @@ static int bce_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu
 static int bce_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
-	(void)l, (void)c, (void)out;
-	size_t n = in[0].sample_numel;
-	for (int r = 0; r < in[0].batch; r++) {
-		ld_pair_row x = ld_pair_at(in, din, r);
-		double g = (double)hpu_f32(&dout[0])[r] / (double)n;
-		for (size_t i = 0; i < n; i++) {
-			double pi = x.p[i], q = pi * (1.0 - pi);
-			if (x.dp)
-				x.dp[i] = (float)(g * (pi - (double)x.t[i]) /
-						  (q > BCE_EPS ? q : BCE_EPS));
-			if (x.dt)
-				x.dt[i] = (float)(-g * (clamped_log(pi) - clamped_log(1.0 - pi)));
-		}
-	}
-	return 0;
+	(void)c, (void)out;
+	return bce_any_backward(l, in, dout, din, 0);
 }
 
 static const hpu_layer_ops bce_ops = {.forward = bce_forward, .backward = bce_backward};

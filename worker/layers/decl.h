@@ -112,6 +112,17 @@ static inline int ld_dim(hpu_builder *b, const char *name, const char *in,
 }
 
 /* The product of x's per-sample dimensions [from, to). */
+/* 0 when an op of the layer's returned HPU_OK; else (HPU_ERROR: the
+ * device's kernel table has no such kernel) the error naming the layer
+ * and `what` the op does. */
+static inline int ld_op(hpu_layer *l, int rc, const char *what)
+{
+	if (rc == HPU_OK)
+		return 0;
+	return hpu_layer_error(l, "layer %s: this device's kernel table has no kernel for its %s",
+			       hpu_layer_name(l), what);
+}
+
 static inline size_t ld_prod(const hpu_tensor *x, int from, int to)
 {
 	size_t n = 1;

@@ -155,39 +155,24 @@ hpu_layer *hpu_accuracy(hpu_builder *b, const char *name, const char *in, const 
 
 static int mse_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
 {
-	(void)l, (void)c;
-	size_t n = in[0].sample_numel;
-	float *loss = hpu_f32(&out[0]);
-	for (int r = 0; r < in[0].batch; r++) {
-		ld_pair_row x = ld_pair_at(in, NULL, r);
-		double s = 0;
-		for (size_t i = 0; i < n; i++) {
-			double d = (double)x.p[i] - (double)x.t[i];
-			s += d * d;
-		}
-		loss[r] = (float)(s / (double)n);
-	}
-	return 0;
+	(void)c;
+	return ld_op(l,
+		     hpu_mse_forward(hpu_f32(&in[0]), hpu_f32(&in[1]), hpu_f32(&out[0]),
+				     in[0].batch, in[0].sample_numel),
+		     "mean squared error");
 }
 
 /* dpred = dloss * 2 (pred - target) / n; dtarget = -dpred. */
 static int mse_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
-	(void)l, (void)c, (void)out;
-	size_t n = in[0].sample_numel;
-	for (int r = 0; r < in[0].batch; r++) {
-		ld_pair_row x = ld_pair_at(in, din, r);
-		float g = 2.0f * hpu_f32(&dout[0])[r] / (float)n;
-		for (size_t i = 0; i < n; i++) {
-			float d = g * (x.p[i] - x.t[i]);
-			if (x.dp)
-				x.dp[i] = d;
-			if (x.dt)
-				x.dt[i] = -d;
-		}
-	}
-	return 0;
+	(void)c, (void)out;
+	return ld_op(l,
+		     hpu_mse_backward(hpu_f32(&in[0]), hpu_f32(&in[1]), hpu_f32(&dout[0]),
+				      din[0].data ? hpu_f32(&din[0]) : NULL,
+				      din[1].data ? hpu_f32(&din[1]) : NULL, in[0].batch,
+				      in[0].sample_numel),
+		     "mean squared error's backward");
 }
 
 static const hpu_layer_ops mse_ops = {.forward = mse_forward, .backward = mse_backward};

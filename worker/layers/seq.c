@@ -161,11 +161,15 @@ static int attention_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *i
 		return hpu_layer_error(l, "a micro-batch of %d is too large for the ops' int sizes",
 				       batch);
 	const int32_t *mask = s->masked ? hpu_i32(&in[1]) : NULL;
-	for (size_t i = 0; mask && i < (size_t)batch * t; i++)
-		if (mask[i] != 0 && mask[i] != 1)
-			return hpu_layer_error(l, "key mask %s has %d at position %zu of row %zu: "
-					       "1 marks a real token, 0 padding",
-					       ld_str(in[1].name), mask[i], i % t, i / t);
+	long bad = -1;
+	int32_t v = 0;
+	int rc = mask ? hpu_ids_first_bad(mask, (size_t)batch * t, 2, &bad, &v) : HPU_OK;
+	if (rc == HPU_ERANGE)
+		return hpu_layer_error(l, "key mask %s has %d at position %zu of row %zu: "
+				       "1 marks a real token, 0 padding",
+				       ld_str(in[1].name), v, (size_t)bad % t, (size_t)bad / t);
+	if (rc != HPU_OK)
+		return ld_op(l, rc, "key mask check");
 	size_t n = (size_t)batch * t * d, tt = (size_t)t * t, th = (size_t)t * hd;
 	float *scr = hpu_scratch(l), *sv = hpu_saved(l);
 	if (!sv)

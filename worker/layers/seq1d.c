@@ -29,10 +29,11 @@ static int conv_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hp
 	if (!ld_fits_int(s.batch, st->in_numel > st->out_numel ? st->in_numel : st->out_numel))
 		return hpu_layer_error(l, "layer %s: a micro-batch of %d is too large for the "
 				       "convolution op", hpu_layer_name(l), s.batch);
-	hpu_conv2d_rect_forward(&s, hpu_f32(&in[0]), hpu_param(l, 0),
-				st->bias ? hpu_param(l, 1) : NULL, hpu_f32(&out[0]),
-				hpu_scratch(l));
-	return 0;
+	return ld_op(l,
+		     hpu_conv2d_rect_forward(&s, hpu_f32(&in[0]), hpu_param(l, 0),
+					     st->bias ? hpu_param(l, 1) : NULL, hpu_f32(&out[0]),
+					     hpu_scratch(l)),
+		     "convolution");
 }
 
 static int conv_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
@@ -42,10 +43,11 @@ static int conv_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 	hpu_conv2d_rect_shape s = st->s;
 	(void)c, (void)out;
 	s.batch = in[0].batch;
-	hpu_conv2d_rect_backward(&s, hpu_f32(&in[0]), hpu_param(l, 0), hpu_f32(&dout[0]),
-				 hpu_f32(&din[0]), hpu_grad(l, 0), st->bias ? hpu_grad(l, 1) : NULL,
-				 hpu_scratch(l));
-	return 0;
+	return ld_op(l,
+		     hpu_conv2d_rect_backward(&s, hpu_f32(&in[0]), hpu_param(l, 0),
+					      hpu_f32(&dout[0]), hpu_f32(&din[0]), hpu_grad(l, 0),
+					      st->bias ? hpu_grad(l, 1) : NULL, hpu_scratch(l)),
+		     "convolution's backward");
 }
 
 static const hpu_layer_ops conv_ops = {
@@ -157,9 +159,11 @@ static int maxpool1d_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *i
 {
 	const pool1d *p = hpu_layer_user(l);
 	(void)c;
-	hpu_maxpool1d_forward(hpu_f32(&in[0]), hpu_f32(&out[0]), hpu_saved(l),
-			      (size_t)in[0].batch * p->outer, p->n, p->inner, p->k, p->stride);
-	return 0;
+	return ld_op(l,
+		     hpu_maxpool1d_forward(hpu_f32(&in[0]), hpu_f32(&out[0]), hpu_saved(l),
+					   (size_t)in[0].batch * p->outer, p->n, p->inner, p->k,
+					   p->stride),
+		     "max pooling");
 }
 
 static int maxpool1d_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
@@ -167,11 +171,13 @@ static int maxpool1d_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *
 {
 	const pool1d *p = hpu_layer_user(l);
 	(void)c, (void)out;
-	if (din[0].data)
-		hpu_maxpool1d_backward(hpu_f32(&dout[0]), hpu_saved(l), hpu_f32(&din[0]),
-				       (size_t)in[0].batch * p->outer, p->n, p->inner, p->k,
-				       p->stride);
-	return 0;
+	if (!din[0].data)
+		return 0;
+	return ld_op(l,
+		     hpu_maxpool1d_backward(hpu_f32(&dout[0]), hpu_saved(l), hpu_f32(&din[0]),
+					    (size_t)in[0].batch * p->outer, p->n, p->inner, p->k,
+					    p->stride),
+		     "max pooling's backward");
 }
 
 static int avgpool1d_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
@@ -179,9 +185,11 @@ static int avgpool1d_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *i
 {
 	const pool1d *p = hpu_layer_user(l);
 	(void)c;
-	hpu_avgpool1d_forward(hpu_f32(&in[0]), hpu_f32(&out[0]), (size_t)in[0].batch * p->outer,
-			      p->n, p->inner, p->k, p->stride);
-	return 0;
+	return ld_op(l,
+		     hpu_avgpool1d_forward(hpu_f32(&in[0]), hpu_f32(&out[0]),
+					   (size_t)in[0].batch * p->outer, p->n, p->inner, p->k,
+					   p->stride),
+		     "average pooling");
 }
 
 static int avgpool1d_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
@@ -189,11 +197,13 @@ static int avgpool1d_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *
 {
 	const pool1d *p = hpu_layer_user(l);
 	(void)c, (void)out;
-	if (din[0].data)
-		hpu_avgpool1d_backward(hpu_f32(&dout[0]), hpu_f32(&din[0]),
-				       (size_t)in[0].batch * p->outer, p->n, p->inner, p->k,
-				       p->stride);
-	return 0;
+	if (!din[0].data)
+		return 0;
+	return ld_op(l,
+		     hpu_avgpool1d_backward(hpu_f32(&dout[0]), hpu_f32(&din[0]),
+					    (size_t)in[0].batch * p->outer, p->n, p->inner, p->k,
+					    p->stride),
+		     "average pooling's backward");
 }
 
 static const hpu_layer_ops maxpool1d_ops = {

@@ -23,10 +23,11 @@ static int reduce_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 {
 	const reduce *r = hpu_layer_user(l);
 	(void)c;
-	hpu_reduce_forward(r->op, hpu_f32(&in[0]), hpu_f32(&out[0]),
-			   r->op == HPU_REDUCE_MAX ? hpu_saved(l) : NULL,
-			   (size_t)in[0].batch * r->outer, r->n, r->inner);
-	return 0;
+	return ld_op(l,
+		     hpu_reduce_forward(r->op, hpu_f32(&in[0]), hpu_f32(&out[0]),
+					r->op == HPU_REDUCE_MAX ? hpu_saved(l) : NULL,
+					(size_t)in[0].batch * r->outer, r->n, r->inner),
+		     "reduction");
 }
 
 static int reduce_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
@@ -34,10 +35,12 @@ static int reduce_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 {
 	const reduce *r = hpu_layer_user(l);
 	(void)c, (void)out;
-	if (din[0].data)
-		hpu_reduce_backward(r->op, hpu_f32(&dout[0]), hpu_saved(l), hpu_f32(&din[0]),
-				    (size_t)in[0].batch * r->outer, r->n, r->inner);
-	return 0;
+	if (!din[0].data)
+		return 0;
+	return ld_op(l,
+		     hpu_reduce_backward(r->op, hpu_f32(&dout[0]), hpu_saved(l), hpu_f32(&din[0]),
+					 (size_t)in[0].batch * r->outer, r->n, r->inner),
+		     "reduction's backward");
 }
 
 static const hpu_layer_ops reduce_ops = {
@@ -81,18 +84,19 @@ static hpu_layer *reduce_impl(hpu_builder *b, const char *name, const char *in, 
 
 static int copy_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
 {
-	(void)l, (void)c;
-	memcpy(out[0].data, in[0].data, hpu_numel(&in[0]) * sizeof(float));
-	return 0;
+	(void)c;
+	return ld_op(l, hpu_copy(out[0].data, in[0].data, hpu_numel(&in[0]) * sizeof(float)),
+		     "copy");
 }
 
 static int copy_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 			 const hpu_tensor *out, const hpu_tensor *dout, hpu_tensor *din)
 {
-	(void)l, (void)c, (void)in, (void)out;
-	if (din[0].data)
-		memcpy(din[0].data, dout[0].data, hpu_numel(&dout[0]) * sizeof(float));
-	return 0;
+	(void)c, (void)in, (void)out;
+	if (!din[0].data)
+		return 0;
+	return ld_op(l, hpu_copy(din[0].data, dout[0].data, hpu_numel(&dout[0]) * sizeof(float)),
+		     "copy");
 }
 
 static const hpu_layer_ops reshape_ops = {.forward = copy_forward, .backward = copy_backward};
@@ -153,9 +157,10 @@ static int slice_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 {
 	const slice *s = hpu_layer_user(l);
 	(void)c;
-	hpu_copy_rows(hpu_f32(&in[0]), hpu_f32(&out[0]), (size_t)in[0].batch * s->outer, s->n,
-		      s->start, s->len, 0, s->len, s->inner);
-	return 0;
+	return ld_op(l,
+		     hpu_copy_rows(hpu_f32(&in[0]), hpu_f32(&out[0]), (size_t)in[0].batch * s->outer,
+				   s->n, s->start, s->len, 0, s->len, s->inner),
+		     "row copies");
 }
 
 /* dx is dy at the slice's positions, 0 elsewhere. */
@@ -166,10 +171,13 @@ static int slice_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 	(void)c, (void)out;
 	if (!din[0].data)
 		return 0;
-	memset(din[0].data, 0, hpu_numel(&in[0]) * sizeof(float));
-	hpu_copy_rows(hpu_f32(&dout[0]), hpu_f32(&din[0]), (size_t)in[0].batch * s->outer,
-		      s->len, 0, s->n, s->start, s->len, s->inner);
-	return 0;
+	if (ld_op(l, hpu_zero(din[0].data, hpu_numel(&in[0]) * sizeof(float)), "zeroing") < 0)
+		return HPU_ERROR;
+	return ld_op(l,
+		     hpu_copy_rows(hpu_f32(&dout[0]), hpu_f32(&din[0]),
+				   (size_t)in[0].batch * s->outer, s->len, 0, s->n, s->start,
+				   s->len, s->inner),
+		     "row copies");
 }
 
 static const hpu_layer_ops slice_ops = {
@@ -217,8 +225,11 @@ static int concat_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 	size_t at = 0, outer = (size_t)in[0].batch * s->outer;
 	(void)c;
 	for (int k = 0; k < s->nin; k++) {
-		hpu_copy_rows(hpu_f32(&in[k]), hpu_f32(&out[0]), outer, s->n[k], 0, s->total, at,
-			      s->n[k], s->inner);
+		if (ld_op(l,
+			  hpu_copy_rows(hpu_f32(&in[k]), hpu_f32(&out[0]), outer, s->n[k], 0,
+					s->total, at, s->n[k], s->inner),
+			  "row copies") < 0)
+			return HPU_ERROR;
 		at += s->n[k];
 	}
 	return 0;
@@ -231,9 +242,12 @@ static int concat_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 	size_t at = 0, outer = (size_t)in[0].batch * s->outer;
 	(void)c, (void)out;
 	for (int k = 0; k < s->nin; k++) {
-		if (din[k].data)
-			hpu_copy_rows(hpu_f32(&dout[0]), hpu_f32(&din[k]), outer, s->total, at,
-				      s->n[k], 0, s->n[k], s->inner);
+		if (din[k].data &&
+		    ld_op(l,
+			  hpu_copy_rows(hpu_f32(&dout[0]), hpu_f32(&din[k]), outer, s->total, at,
+					s->n[k], 0, s->n[k], s->inner),
+			  "row copies") < 0)
+			return HPU_ERROR;
 		at += s->n[k];
 	}
 	return 0;
@@ -329,8 +343,9 @@ static int permute_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in,
 	(void)c;
 	memcpy(shape, p->xshape, sizeof shape);
 	shape[0] = in[0].batch;
-	hpu_permute_forward(hpu_f32(&in[0]), hpu_f32(&out[0]), p->ndim, shape, p->perm);
-	return 0;
+	return ld_op(l, hpu_permute_forward(hpu_f32(&in[0]), hpu_f32(&out[0]), p->ndim, shape,
+					    p->perm),
+		     "permutation");
 }
 
 /* The gradient goes back through the inverse permutation. */
@@ -344,8 +359,9 @@ static int permute_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in
 		return 0;
 	memcpy(shape, p->yshape, sizeof shape);
 	shape[0] = in[0].batch;
-	hpu_permute_forward(hpu_f32(&dout[0]), hpu_f32(&din[0]), p->ndim, shape, p->inv);
-	return 0;
+	return ld_op(l, hpu_permute_forward(hpu_f32(&dout[0]), hpu_f32(&din[0]), p->ndim, shape,
+					    p->inv),
+		     "permutation");
 }
 
 static const hpu_layer_ops permute_ops = {

@@ -204,6 +204,69 @@ typedef struct hpu__backend {
 			     size_t spatial, float eps, float momentum, int train, int update);
 	int (*batchnorm_bwd)(const float *x, const float *dy, const float *w, const float *saved,
 			     float *dw, float *dbias, float *dx, int batch, int ch, size_t spatial);
+
+	/* The shape, sequence and loss layers' kernels (ops_shape.c,
+	 * ops_conv_rect.c, ops_loss.c; ops.h): NULL on the CPU's tables,
+	 * where hpu__be_host's serve. A table without one (a GPU's) makes
+	 * the op fail (HPU_ERROR). Sums in double where ops.h says so. */
+	/* hpu_reduce_forward/backward over x[outer, n, inner] (op an
+	 * hpu_reduce_op; idx may be NULL but for max). */
+	int (*reduce_fwd)(int op, const float *x, float *y, int32_t *idx, size_t outer, size_t n,
+			  size_t inner);
+	int (*reduce_bwd)(int op, const float *dy, const int32_t *idx, float *dx, size_t outer,
+			  size_t n, size_t inner);
+	/* hpu_copy_rows: y[o, y0 + i, :] = x[o, x0 + i, :] for i < len. */
+	int (*copy_rows)(const float *x, float *y, size_t outer, size_t nx, size_t x0, size_t ny,
+			 size_t y0, size_t len, size_t inner);
+	/* dst[bytes] = 0, device memory (slice's backward). */
+	int (*zero)(void *dst, size_t bytes);
+	/* hpu_permute_forward: shape[ndim] and perm[ndim] (ndim <= 8) are
+	 * host memory. */
+	int (*permute)(const float *x, float *y, int ndim, const int64_t *shape, const int *perm);
+	/* hpu_sigmoid_forward (exp of -|x| only) and its backward dx = dy *
+	 * y * (1 - y). */
+	int (*sigmoid_fwd)(const float *x, float *y, size_t n);
+	int (*sigmoid_bwd)(const float *y, const float *dy, float *dx, size_t n);
+	/* hpu_maxpool1d_* (max: idx written, read back) and hpu_avgpool1d_*
+	 * (idx unused, NULL) over the middle axis of x[outer, n, inner]. */
+	int (*pool1d_fwd)(int max, const float *x, float *y, int32_t *idx, size_t outer, int n,
+			  size_t inner, int k, int stride);
+	int (*pool1d_bwd)(int max, const float *dy, const int32_t *idx, float *dx, size_t outer,
+			  int n, size_t inner, int k, int stride);
+	/* hpu_conv2d_rect_forward/backward: im2col of one sample into
+	 * scratch (hpu_conv2d_rect_scratch floats, device memory) and a
+	 * product per sample; b, dx, dw, db may be NULL as ops.h says. */
+	int (*conv_rect_fwd)(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			     const float *b, float *y, float *scratch);
+	int (*conv_rect_bwd)(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			     const float *dy, float *dx, float *dw, float *db, float *scratch);
+	/* The losses over `rows` samples of n values, pred or x and target
+	 * t [rows, n]: loss[rows] each row's mean (sums in double).
+	 * mse: (p - t)^2; bwd dp = dloss[r] * 2 (p - t) / n (fp32), dt = -dp.
+	 * bce (logits 1): with logits, torch's BCEWithLogitsLoss per
+	 * element; bwd dx = dloss / n (sigmoid(x) - t), dt = -dloss / n x.
+	 * bce (logits 0): of probabilities, logs clamped at -100; *bad
+	 * (host memory) the index r * n + i of the first probability
+	 * outside [0, 1] (loss then unspecified), *bad_value it, or -1;
+	 * bwd as the layer hpu_binary_cross_entropy. dp, dt may be NULL. */
+	int (*mse_fwd)(const float *p, const float *t, float *loss, int rows, size_t n);
+	int (*mse_bwd)(const float *p, const float *t, const float *dloss, float *dp, float *dt,
+		       int rows, size_t n);
+	int (*bce_fwd)(int logits, const float *x, const float *t, float *loss, int rows, size_t n,
+		       long *bad, float *bad_value);
+	int (*bce_bwd)(int logits, const float *x, const float *t, const float *dloss, float *dx,
+		       float *dt, int rows, size_t n);
+	/* *bad (host memory) = the index of the first ids[i] outside [0,
+	 * limit), *bad_value its value, or -1 (the attention layer's key
+	 * mask: limit 2). */
+	int (*ids_first_bad)(const int32_t *ids, size_t n, int32_t limit, long *bad,
+			     int32_t *bad_value);
+	/* hpu_attention_forward/backward (fp32, causal, qkv[B, T, 3D]);
+	 * att[B, heads, T, T] the probabilities, written then read. */
+	int (*attention_fwd)(const float *qkv, float *out, float *att, int batch, int t,
+			     int heads, int hd);
+	int (*attention_bwd)(const float *qkv, const float *att, const float *dout, float *dqkv,
+			     int batch, int t, int heads, int hd);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

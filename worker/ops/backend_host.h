@@ -6,6 +6,13 @@
 
 #include "worker/ops/backend.h"
 
+/* The table's kernel for `entry`, else on the CPU's tables `host` (its
+ * C loops); HPU_BE_UNSUPPORTED where neither may run. */
+#define HPU__BE_RUN(entry, host, ...)                                                        \
+	(hpu__be()->entry ? hpu__be()->entry(__VA_ARGS__)                                     \
+	 : hpu__be_on_host() ? host(__VA_ARGS__)                                               \
+			     : HPU_BE_UNSUPPORTED)
+
 /* ops.c */
 int hpu__host_bias_grad(hpu__dtype dt, const void *dy, float *db, int rows, int cols);
 int hpu__host_ids_in_range(const int32_t *ids, int n, int limit, int *ok);
@@ -56,5 +63,44 @@ int hpu__host_xent_pos_bwd(const float *logits, const int32_t *labels, const flo
 			   const float *dloss, float *dx, int rows, size_t positions, int classes);
 int hpu__host_accuracy_pos(const float *logits, const int32_t *labels, float *acc, int rows,
 			   size_t positions, int classes, long *bad, int32_t *bad_label);
+
+/* ops_shape.c */
+int hpu__host_reduce_fwd(int op, const float *x, float *y, int32_t *idx, size_t outer, size_t n,
+			 size_t inner);
+int hpu__host_reduce_bwd(int op, const float *dy, const int32_t *idx, float *dx, size_t outer,
+			 size_t n, size_t inner);
+int hpu__host_copy_rows(const float *x, float *y, size_t outer, size_t nx, size_t x0,
+			size_t ny, size_t y0, size_t len, size_t inner);
+int hpu__host_zero(void *dst, size_t bytes);
+int hpu__host_permute(const float *x, float *y, int ndim, const int64_t *shape, const int *perm);
+int hpu__host_sigmoid_fwd(const float *x, float *y, size_t n);
+int hpu__host_sigmoid_bwd(const float *y, const float *dy, float *dx, size_t n);
+int hpu__host_pool1d_fwd(int max, const float *x, float *y, int32_t *idx, size_t outer, int n,
+			 size_t inner, int k, int stride);
+int hpu__host_pool1d_bwd(int max, const float *dy, const int32_t *idx, float *dx, size_t outer,
+			 int n, size_t inner, int k, int stride);
+
+/* ops_conv_rect.c */
+int hpu__host_conv_rect_fwd(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			    const float *b, float *y, float *scratch);
+int hpu__host_conv_rect_bwd(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			    const float *dy, float *dx, float *dw, float *db, float *scratch);
+
+/* ops_loss.c (the losses) */
+int hpu__host_mse_fwd(const float *p, const float *t, float *loss, int rows, size_t n);
+int hpu__host_mse_bwd(const float *p, const float *t, const float *dloss, float *dp, float *dt,
+		      int rows, size_t n);
+int hpu__host_bce_fwd(int logits, const float *x, const float *t, float *loss, int rows,
+		      size_t n, long *bad, float *bad_value);
+int hpu__host_bce_bwd(int logits, const float *x, const float *t, const float *dloss, float *dx,
+		      float *dt, int rows, size_t n);
+int hpu__host_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
+			    int32_t *bad_value);
+
+/* ops_nn.c (attention) */
+int hpu__host_attention_fwd(const float *qkv, float *out, float *att, int batch, int t,
+			    int heads, int hd);
+int hpu__host_attention_bwd(const float *qkv, const float *att, const float *dout, float *dqkv,
+			    int batch, int t, int heads, int hd);
 
 #endif

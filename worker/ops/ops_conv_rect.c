@@ -3,13 +3,19 @@
  * height-1 case. im2col + one OpenBLAS sgemm per sample, as the square
  * reference kernel of ops_conv.c: col[C*KH*KW, OH*OW], row (c, ki, kj),
  * column (oh, ow) holds x[c, oh*SH - PH + ki, ow*SW - PW + kj] (0 outside
- * the image), y[O, OH*OW] = w[O, C*KH*KW] * col. */
+ * the image), y[O, OH*OW] = w[O, C*KH*KW] * col. The op runs the kernel
+ * table's entry (backend.h), else on the CPU's tables the loops here
+ * (hpu__be_host's). */
 #include <assert.h>
 #include <stddef.h>
 #include <string.h>
 
 #include <cblas.h>
 
+#include "worker/ops/backend.h"
+#include "worker/ops/backend_host.h"
+
+#include "hpu/hpu.h"
 #include "hpu/ops.h"
 
 static void check_shape(const hpu_conv2d_rect_shape *s)
@@ -85,13 +91,12 @@ static void col2im(const hpu_conv2d_rect_shape *s, int oh_n, int ow_n, const flo
 	}
 }
 
-void hpu_conv2d_rect_forward(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
-			     const float *b, float *y, float *scratch)
+int hpu__host_conv_rect_fwd(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			    const float *b, float *y, float *scratch)
 {
 	const int oh_n = hpu_conv2d_rect_out_h(s), ow_n = hpu_conv2d_rect_out_w(s);
 	const int O = s->out_ch, ckk = s->in_ch * s->kernel_h * s->kernel_w, npix = oh_n * ow_n;
 	const size_t xs = (size_t)s->in_ch * s->height * s->width, ys = (size_t)O * npix;
-	assert(x != NULL && w != NULL && y != NULL && scratch != NULL);
 	for (int n = 0; n < s->batch; n++) {
 		float *yn = y + n * ys;
 		im2col(s, oh_n, ow_n, x + n * xs, scratch);
@@ -101,16 +106,15 @@ void hpu_conv2d_rect_forward(const hpu_conv2d_rect_shape *s, const float *x, con
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, O, npix, ckk, 1.0f, w, ckk,
 			    scratch, npix, 1.0f, yn, npix);
 	}
+	return HPU_BE_OK;
 }
 
-void hpu_conv2d_rect_backward(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
-			      const float *dy, float *dx, float *dw, float *db, float *scratch)
+int hpu__host_conv_rect_bwd(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			    const float *dy, float *dx, float *dw, float *db, float *scratch)
 {
 	const int oh_n = hpu_conv2d_rect_out_h(s), ow_n = hpu_conv2d_rect_out_w(s);
 	const int O = s->out_ch, ckk = s->in_ch * s->kernel_h * s->kernel_w, npix = oh_n * ow_n;
 	const size_t xs = (size_t)s->in_ch * s->height * s->width, ys = (size_t)O * npix;
-	assert(dy != NULL && scratch != NULL && (dw == NULL || x != NULL));
-	assert(dx == NULL || w != NULL);
 	for (int n = 0; n < s->batch; n++) {
 		const float *dyn = dy + n * ys;
 		if (dw) {
@@ -131,4 +135,28 @@ void hpu_conv2d_rect_backward(const hpu_conv2d_rect_shape *s, const float *x, co
 			    dyn, npix, 0.0f, scratch, npix);
 		col2im(s, oh_n, ow_n, scratch, dx + n * xs);
 	}
+	return HPU_BE_OK;
+}
+
+int hpu_conv2d_rect_forward(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			    const float *b, float *y, float *scratch)
+{
+	check_shape(s);
+	assert(x != NULL && w != NULL && y != NULL && scratch != NULL);
+	return HPU__BE_RUN(conv_rect_fwd, hpu__host_conv_rect_fwd, s, x, w, b, y, scratch) ==
+			       HPU_BE_OK
+		       ? HPU_OK
+		       : HPU_ERROR;
+}
+
+int hpu_conv2d_rect_backward(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			     const float *dy, float *dx, float *dw, float *db, float *scratch)
+{
+	check_shape(s);
+	assert(dy != NULL && scratch != NULL && (dw == NULL || x != NULL));
+	assert(dx == NULL || w != NULL);
+	return HPU__BE_RUN(conv_rect_bwd, hpu__host_conv_rect_bwd, s, x, w, dy, dx, dw, db,
+			   scratch) == HPU_BE_OK
+		       ? HPU_OK
+		       : HPU_ERROR;
 }

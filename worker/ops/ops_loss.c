@@ -147,3 +147,176 @@ int hpu_accuracy_positions_forward(const float *logits, const int32_t *labels, f
 		return HPU_ERROR;
 	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
 }
+
+/* ---- mean squared error and binary cross-entropy (worker/layers) ---- */
+
+#define LOG_FLOOR (-100.0) /* torch's clamp of BCELoss's logs */
+#define BCE_EPS 1e-12      /* torch's floor under p (1 - p) in its backward */
+
+int hpu__host_mse_fwd(const float *p, const float *t, float *loss, int rows, size_t n)
+{
+	for (int r = 0; r < rows; r++) {
+		const float *pr = p + (size_t)r * n, *tr = t + (size_t)r * n;
+		double s = 0;
+		for (size_t i = 0; i < n; i++) {
+			double d = (double)pr[i] - (double)tr[i];
+			s += d * d;
+		}
+		loss[r] = (float)(s / (double)n);
+	}
+	return HPU_BE_OK;
+}
+
+int hpu__host_mse_bwd(const float *p, const float *t, const float *dloss, float *dp, float *dt,
+		      int rows, size_t n)
+{
+	for (int r = 0; r < rows; r++) {
+		size_t off = (size_t)r * n;
+		float g = 2.0f * dloss[r] / (float)n;
+		for (size_t i = 0; i < n; i++) {
+			float d = g * (p[off + i] - t[off + i]);
+			if (dp)
+				dp[off + i] = d;
+			if (dt)
+				dt[off + i] = -d;
+		}
+	}
+	return HPU_BE_OK;
+}
+
+static double clamped_log(double v)
+{
+	double lg = log(v);
+	return lg < LOG_FLOOR ? LOG_FLOOR : lg;
+}
+
+/* A row's mean loss; *bad_at = i where probability i is outside [0, 1]. */
+static double bce_row(int logits, const float *x, const float *t, size_t n, size_t *bad_at)
+{
+	double s = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (logits) {
+			double xi = x[i];
+			s += (xi > 0 ? xi : 0) - xi * (double)t[i] + log1p(exp(-fabs(xi)));
+			continue;
+		}
+		if (!(x[i] >= 0.0f && x[i] <= 1.0f)) {
+			*bad_at = i;
+			return 0;
+		}
+		s -= (double)t[i] * clamped_log(x[i]) +
+		     (1.0 - (double)t[i]) * clamped_log(1.0 - (double)x[i]);
+	}
+	return s / (double)n;
+}
+
+int hpu__host_bce_fwd(int logits, const float *x, const float *t, float *loss, int rows,
+		      size_t n, long *bad, float *bad_value)
+{
+	*bad = -1;
+	for (int r = 0; r < rows; r++) {
+		size_t off = (size_t)r * n, at = n;
+		double v = bce_row(logits, x + off, t + off, n, &at);
+		if (at < n) {
+			*bad = (long)(off + at);
+			*bad_value = x[off + at];
+			return HPU_BE_OK;
+		}
+		loss[r] = (float)v;
+	}
+	return HPU_BE_OK;
+}
+
+/* dlogits = dloss (sigmoid(x) - t) / n; dtarget = -dloss x / n. */
+static void bcel_bwd_row(const float *x, const float *t, float dloss, float *dx, float *dt,
+			 size_t n)
+{
+	float g = dloss / (float)n, sg;
+	for (size_t i = 0; i < n; i++) {
+		hpu__host_sigmoid_fwd(&x[i], &sg, 1);
+		if (dx)
+			dx[i] = g * (sg - t[i]);
+		if (dt)
+			dt[i] = -g * x[i];
+	}
+}
+
+/* dprob = dloss (p - t) / max(p (1 - p), 1e-12) / n (torch's);
+ * dtarget = -dloss (log p - log(1 - p)) / n, the logs clamped. */
+static void bce_bwd_row(const float *x, const float *t, float dloss, float *dx, float *dt,
+			size_t n)
+{
+	double g = (double)dloss / (double)n;
+	for (size_t i = 0; i < n; i++) {
+		double pi = x[i], q = pi * (1.0 - pi);
+		if (dx)
+			dx[i] = (float)(g * (pi - (double)t[i]) / (q > BCE_EPS ? q : BCE_EPS));
+		if (dt)
+			dt[i] = (float)(-g * (clamped_log(pi) - clamped_log(1.0 - pi)));
+	}
+}
+
+int hpu__host_bce_bwd(int logits, const float *x, const float *t, const float *dloss, float *dx,
+		      float *dt, int rows, size_t n)
+{
+	for (int r = 0; r < rows; r++) {
+		size_t off = (size_t)r * n;
+		(logits ? bcel_bwd_row : bce_bwd_row)(x + off, t + off, dloss[r],
+						      dx ? dx + off : NULL, dt ? dt + off : NULL, n);
+	}
+	return HPU_BE_OK;
+}
+
+int hpu__host_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
+			    int32_t *bad_value)
+{
+	*bad = -1;
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= limit) {
+			*bad = (long)i;
+			*bad_value = ids[i];
+			break;
+		}
+	return HPU_BE_OK;
+}
+
+int hpu_mse_forward(const float *p, const float *t, float *loss, int rows, size_t n)
+{
+	return RUN(mse_fwd, hpu__host_mse_fwd, p, t, loss, rows, n) == HPU_BE_OK ? HPU_OK
+										: HPU_ERROR;
+}
+
+int hpu_mse_backward(const float *p, const float *t, const float *dloss, float *dp, float *dt,
+		     int rows, size_t n)
+{
+	return RUN(mse_bwd, hpu__host_mse_bwd, p, t, dloss, dp, dt, rows, n) == HPU_BE_OK
+		       ? HPU_OK
+		       : HPU_ERROR;
+}
+
+int hpu_bce_forward(int logits, const float *p, const float *t, float *loss, int rows,
+		    size_t n, long *bad, float *bad_value)
+{
+	if (RUN(bce_fwd, hpu__host_bce_fwd, logits, p, t, loss, rows, n, bad, bad_value) !=
+	    HPU_BE_OK)
+		return HPU_ERROR;
+	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
+}
+
+int hpu_bce_backward(int logits, const float *p, const float *t, const float *dloss, float *dp,
+		     float *dt, int rows, size_t n)
+{
+	return RUN(bce_bwd, hpu__host_bce_bwd, logits, p, t, dloss, dp, dt, rows, n) ==
+			       HPU_BE_OK
+		       ? HPU_OK
+		       : HPU_ERROR;
+}
+
+int hpu_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
+		      int32_t *bad_value)
+{
+	if (RUN(ids_first_bad, hpu__host_ids_first_bad, ids, n, limit, bad, bad_value) !=
+	    HPU_BE_OK)
+		return HPU_ERROR;
+	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
+}

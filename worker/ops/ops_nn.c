@@ -400,14 +400,13 @@ static void dropout_backward(const float *dy, const uint8_t *mask, float *dx, si
  * The products run on strided views through sgemm's leading dimensions.
  */
 
-static void attention_forward(const float *qkv, float *out, float *att, int batch,
-			      int t, int heads, int head_dim)
+int hpu__host_attention_fwd(const float *qkv, float *out, float *att, int batch, int t,
+			    int heads, int head_dim)
 {
-	assert(qkv != NULL && out != NULL && att != NULL);
 	const int d = heads * head_dim, ld = 3 * d;
 	const float scale = 1.0f / sqrtf((float)head_dim);
 	if (t <= 0 || d <= 0)
-		return;
+		return HPU_BE_OK;
 	for (int b = 0; b < batch; b++) {
 		const float *base = qkv + (size_t)b * t * ld;
 		for (int h = 0; h < heads; h++) {
@@ -430,20 +429,20 @@ static void attention_forward(const float *qkv, float *out, float *att, int batc
 				    head_dim, t, 1.0f, a, t, v, ld, 0.0f, o, d);
 		}
 	}
+	return HPU_BE_OK;
 }
 
 /* With do = dout's head slice [T, hd] and P = att [T, T]:
  *   dv = P^T do,  dP = do v^T,  dS = P * (dP - rowsum(dP * P)) * scale,
  *   dq = dS k,    dk = dS^T q.
  * Future entries of P are 0, so dS is 0 there and no mask is needed. */
-static void attention_backward(const float *qkv, const float *att, const float *dout,
-			       float *dqkv, int batch, int t, int heads, int head_dim)
+int hpu__host_attention_bwd(const float *qkv, const float *att, const float *dout, float *dqkv,
+			    int batch, int t, int heads, int head_dim)
 {
-	assert(qkv != NULL && att != NULL && dout != NULL && dqkv != NULL);
 	const int d = heads * head_dim, ld = 3 * d;
 	const float scale = 1.0f / sqrtf((float)head_dim);
 	if (t <= 0 || d <= 0)
-		return;
+		return HPU_BE_OK;
 	/* dP, then dS, of one head; the signature has no scratch and the
 	 * op cannot fail, so running out of memory here aborts. */
 	float *ds = malloc((size_t)t * t * sizeof *ds);
@@ -482,6 +481,27 @@ static void attention_backward(const float *qkv, const float *att, const float *
 		}
 	}
 	free(ds);
+	return HPU_BE_OK;
+}
+
+static int attention_forward(const float *qkv, float *out, float *att, int batch, int t,
+			     int heads, int head_dim)
+{
+	assert(qkv != NULL && out != NULL && att != NULL);
+	return HPU__BE_RUN(attention_fwd, hpu__host_attention_fwd, qkv, out, att, batch, t, heads,
+			   head_dim) == HPU_BE_OK
+		       ? HPU_OK
+		       : HPU_ERROR;
+}
+
+static int attention_backward(const float *qkv, const float *att, const float *dout,
+			      float *dqkv, int batch, int t, int heads, int head_dim)
+{
+	assert(qkv != NULL && att != NULL && dout != NULL && dqkv != NULL);
+	return HPU__BE_RUN(attention_bwd, hpu__host_attention_bwd, qkv, att, dout, dqkv, batch,
+			   t, heads, head_dim) == HPU_BE_OK
+		       ? HPU_OK
+		       : HPU_ERROR;
 }
 
 /* ---- the public ops: the autocast policy around the kernels ---- */
@@ -793,33 +813,33 @@ void hpu_dropout_backward(const float *dy, const uint8_t *mask, float *dx,
 /* Lowered: qkv (and dout) rounded; the scores, the softmax probabilities
  * (att) and the products inside stay fp32, as fused attention kernels
  * keep them; out and dqkv rounded. */
-void hpu_attention_forward(const float *qkv, float *out, float *att, int batch,
-			   int t, int heads, int head_dim)
+int hpu_attention_forward(const float *qkv, float *out, float *att, int batch, int t,
+			  int heads, int head_dim)
 {
 	int lp = hpu__ac_enter(HPU_OP_ATTENTION);
 	size_t d = (size_t)heads * head_dim;
-	if (!lp || batch <= 0 || t <= 0 || d == 0) {
-		attention_forward(qkv, out, att, batch, t, heads, head_dim);
-		return;
-	}
+	if (!lp || batch <= 0 || t <= 0 || d == 0)
+		return attention_forward(qkv, out, att, batch, t, heads, head_dim);
 	size_t bt = (size_t)batch * t;
-	attention_forward(hpu__ac_round(0, qkv, bt * 3 * d, lp), out, att, batch, t,
-			  heads, head_dim);
-	hpu__ac_round_inplace(out, bt * d, lp);
+	int rc = attention_forward(hpu__ac_round(0, qkv, bt * 3 * d, lp), out, att, batch, t,
+				   heads, head_dim);
+	if (rc == HPU_OK)
+		hpu__ac_round_inplace(out, bt * d, lp);
+	return rc;
 }
 
-void hpu_attention_backward(const float *qkv, const float *att, const float *dout,
-			    float *dqkv, int batch, int t, int heads, int head_dim)
+int hpu_attention_backward(const float *qkv, const float *att, const float *dout, float *dqkv,
+			   int batch, int t, int heads, int head_dim)
 {
 	int lp = hpu__ac_enter(HPU_OP_ATTENTION);
 	size_t d = (size_t)heads * head_dim;
-	if (!lp || batch <= 0 || t <= 0 || d == 0) {
-		attention_backward(qkv, att, dout, dqkv, batch, t, heads, head_dim);
-		return;
-	}
+	if (!lp || batch <= 0 || t <= 0 || d == 0)
+		return attention_backward(qkv, att, dout, dqkv, batch, t, heads, head_dim);
 	size_t bt = (size_t)batch * t;
-	attention_backward(hpu__ac_round(0, qkv, bt * 3 * d, lp), att,
-			   hpu__ac_round(1, dout, bt * d, lp), dqkv, batch, t, heads,
-			   head_dim);
-	hpu__ac_round_inplace(dqkv, bt * 3 * d, lp);
+	int rc = attention_backward(hpu__ac_round(0, qkv, bt * 3 * d, lp), att,
+				    hpu__ac_round(1, dout, bt * d, lp), dqkv, batch, t, heads,
+				    head_dim);
+	if (rc == HPU_OK)
+		hpu__ac_round_inplace(dqkv, bt * 3 * d, lp);
+	return rc;
 }

@@ -23,6 +23,7 @@
 #include "worker/cuda/cuda_ops.h"
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_kernels.h"
+#include "worker/cuda/ops/cuops_more.h"
 #include "worker/ops/fp8.h"
 
 /* ---- releasing: each context's plans, then the context ---- */
@@ -404,6 +405,24 @@ static const hpu__backend cuda_backend = {
 	.dropout_rows = hpu__cuops_dropout_rows,
 	.batchnorm_fwd = hpu__cuops_batchnorm_fwd,
 	.batchnorm_bwd = hpu__cuops_batchnorm_bwd,
+	.reduce_fwd = hpu__cuops_reduce_fwd,
+	.reduce_bwd = hpu__cuops_reduce_bwd,
+	.copy_rows = hpu__cuops_copy_rows,
+	.zero = hpu__cuops_zero,
+	.permute = hpu__cuops_permute,
+	.sigmoid_fwd = hpu__cuops_sigmoid_fwd,
+	.sigmoid_bwd = hpu__cuops_sigmoid_bwd,
+	.pool1d_fwd = hpu__cuops_pool1d_fwd,
+	.pool1d_bwd = hpu__cuops_pool1d_bwd,
+	.conv_rect_fwd = hpu__cuops_conv_rect_fwd,
+	.conv_rect_bwd = hpu__cuops_conv_rect_bwd,
+	.mse_fwd = hpu__cuops_mse_fwd,
+	.mse_bwd = hpu__cuops_mse_bwd,
+	.bce_fwd = hpu__cuops_bce_fwd,
+	.bce_bwd = hpu__cuops_bce_bwd,
+	.ids_first_bad = hpu__cuops_ids_first_bad,
+	.attention_fwd = hpu__cuops_attention_fwd,
+	.attention_bwd = hpu__cuops_attention_bwd,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

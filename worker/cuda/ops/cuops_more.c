@@ -1,0 +1,308 @@
+/* cuops_more: the CUDA table's entries for the shape, sequence and loss
+ * layers (cuops_more.h): reduce, row copies, zeroing, permute, sigmoid,
+ * 1-D pooling, the rectangular convolution (im2col and cuBLASLt products
+ * per sample, through hpu__cuops_gemm), MSE and BCE, the id check and
+ * causal attention. As cuops.c's: a failing CUDA call ends the worker
+ * with a line naming it (hpu__cuops_fatal). Results a caller reads on
+ * the host (the first bad index) wait for the stream.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "worker/cuda/ops/cuops.h"
+#include "worker/cuda/ops/cuops_more.h"
+
+/* ---- shapes ---- */
+
+int hpu__cuops_reduce_fwd(int op, const float *x, float *y, int32_t *idx, size_t outer,
+			  size_t n, size_t inner)
+{
+	if (n < 1 || (unsigned)op > HPU_CUKM_REDUCE_MAX)
+		return HPU_BE_UNSUPPORTED;
+	CU_KERNEL("reduction", hpu__cukm_reduce_fwd(op, x, y, idx, outer, n, inner, st));
+}
+
+int hpu__cuops_reduce_bwd(int op, const float *dy, const int32_t *idx, float *dx, size_t outer,
+			  size_t n, size_t inner)
+{
+	if (n < 1 || (unsigned)op > HPU_CUKM_REDUCE_MAX || (op == HPU_CUKM_REDUCE_MAX && !idx))
+		return HPU_BE_UNSUPPORTED;
+	CU_KERNEL("reduction backward",
+		  hpu__cukm_reduce_bwd(op, dy, idx, dx, outer, n, inner, st));
+}
+
+/* One strided copy: outer rows of len * inner floats, nx and ny rows apart. */
+int hpu__cuops_copy_rows(const float *x, float *y, size_t outer, size_t nx, size_t x0,
+			 size_t ny, size_t y0, size_t len, size_t inner)
+{
+	const size_t f = sizeof(float);
+	if (!outer || !len || !inner)
+		return HPU_BE_OK;
+	CU_KERNEL("row copies",
+		  cudaMemcpy2DAsync(y + y0 * inner, ny * inner * f, x + x0 * inner,
+				    nx * inner * f, len * inner * f, outer,
+				    cudaMemcpyDeviceToDevice, st));
+}
+
+int hpu__cuops_zero(void *dst, size_t bytes)
+{
+	if (!bytes)
+		return HPU_BE_OK;
+	CU_KERNEL("zeroing", cudaMemsetAsync(dst, 0, bytes, st));
+}
+
+/* The host's walk: y's dimension d steps x by x's stride along perm[d]. */
+int hpu__cuops_permute(const float *x, float *y, int ndim, const int64_t *shape,
+		       const int *perm)
+{
+	hpu__cukm_perm p;
+	size_t xstride[HPU_CUKM_PERM_MAX], s = 1;
+	if (ndim < 1 || ndim > HPU_CUKM_PERM_MAX)
+		return HPU_BE_UNSUPPORTED;
+	for (int d = ndim - 1; d >= 0; d--) {
+		xstride[d] = s;
+		s *= (size_t)shape[d];
+	}
+	p.ndim = ndim;
+	for (int d = 0; d < ndim; d++) {
+		if (perm[d] < 0 || perm[d] >= ndim)
+			return HPU_BE_UNSUPPORTED;
+		p.yshape[d] = (size_t)shape[perm[d]];
+		p.ystep[d] = xstride[perm[d]];
+	}
+	CU_KERNEL("permutation", hpu__cukm_permute(x, y, &p, st));
+}
+
+int hpu__cuops_sigmoid_fwd(const float *x, float *y, size_t n)
+{
+	CU_KERNEL("sigmoid", hpu__cukm_sigmoid(0, x, NULL, y, n, st));
+}
+
+int hpu__cuops_sigmoid_bwd(const float *y, const float *dy, float *dx, size_t n)
+{
+	CU_KERNEL("sigmoid backward", hpu__cukm_sigmoid(1, y, dy, dx, n, st));
+}
+
+int hpu__cuops_pool1d_fwd(int max, const float *x, float *y, int32_t *idx, size_t outer, int n,
+			  size_t inner, int k, int stride)
+{
+	if (k < 1 || stride < 1 || n < k || (max && !idx))
+		return HPU_BE_UNSUPPORTED;
+	CU_KERNEL("1-D pooling",
+		  hpu__cukm_pool1d(0, max, x, y, NULL, idx, outer, n, inner, k, stride, st));
+}
+
+int hpu__cuops_pool1d_bwd(int max, const float *dy, const int32_t *idx, float *dx,
+			  size_t outer, int n, size_t inner, int k, int stride)
+{
+	if (k < 1 || stride < 1 || n < k || (max && !idx))
+		return HPU_BE_UNSUPPORTED;
+	CU_KERNEL("1-D pooling backward",
+		  hpu__cukm_pool1d(1, max, dy, dx, idx, NULL, outer, n, inner, k, stride, st));
+}
+
+/* ---- the rectangular convolution ---- */
+
+static hpu__cukm_rect rect_of(const hpu_conv2d_rect_shape *s)
+{
+	hpu__cukm_rect r = {s->in_ch,	 s->height,  s->width,	s->kernel_h,
+			    s->kernel_w, s->stride_h, s->stride_w, s->pad_h,
+			    s->pad_w,	 0,	     0};
+	r.oh = (s->height + 2 * s->pad_h - s->kernel_h) / s->stride_h + 1;
+	r.ow = (s->width + 2 * s->pad_w - s->kernel_w) / s->stride_w + 1;
+	return r;
+}
+
+static int rect_ok(const hpu_conv2d_rect_shape *s)
+{
+	return s->batch >= 0 && s->in_ch > 0 && s->out_ch > 0 && s->kernel_h > 0 &&
+	       s->kernel_w > 0 && s->stride_h > 0 && s->stride_w > 0 && s->pad_h >= 0 &&
+	       s->pad_w >= 0 && s->height + 2 * s->pad_h >= s->kernel_h &&
+	       s->width + 2 * s->pad_w >= s->kernel_w;
+}
+
+#define UNFOLD(what, call)                                                             \
+	do {                                                                           \
+		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
+		if (!c_)                                                               \
+			return HPU_BE_UNSUPPORTED;                                     \
+		cudaStream_t st = hpu__cuops_stream();                                 \
+		int bad_ = hpu__cuops_cuda((call), what);                              \
+		hpu__cuops_leave(c_);                                                  \
+		if (bad_)                                                              \
+			return HPU_BE_UNSUPPORTED;                                     \
+	} while (0)
+
+/* c[m, n] (+)= a * b, fp32, one product. */
+static int gemm1(int m, int n, int k, int ta, int tb, const float *a, const float *b, float *c,
+		 int accumulate)
+{
+	hpu__gemm g;
+	memset(&g, 0, sizeof g);
+	g.dt = HPU_DT_F32;
+	g.count = 1;
+	g.m = m, g.n = n, g.k = k;
+	g.trans_a = ta, g.trans_b = tb;
+	g.a = a, g.b = b, g.c = c;
+	g.accumulate = accumulate;
+	return hpu__cuops_gemm(&g);
+}
+
+/* Per sample: y = b (or 0), col = im2col(x), y += w col. */
+int hpu__cuops_conv_rect_fwd(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			     const float *b, float *y, float *scratch)
+{
+	if (!rect_ok(s))
+		return HPU_BE_UNSUPPORTED;
+	hpu__cukm_rect r = rect_of(s);
+	const int O = s->out_ch, ckk = r.c * r.kh * r.kw, npix = r.oh * r.ow;
+	const size_t xs = (size_t)r.c * r.h * r.w, ys = (size_t)O * npix;
+	UNFOLD("convolution's bias",
+	       hpu__cukm_rows_fill(y, b, (size_t)s->batch, (size_t)O, (size_t)npix, st));
+	for (int n = 0; n < s->batch; n++) {
+		UNFOLD("im2col", hpu__cukm_im2col(&r, x + n * xs, scratch, st));
+		if (gemm1(O, npix, ckk, 0, 0, w, scratch, y + n * ys, 1) != HPU_BE_OK)
+			return HPU_BE_UNSUPPORTED;
+	}
+	return HPU_BE_OK;
+}
+
+/* Per sample: dw += dy col^T; dcol = w^T dy, dx = col2im(dcol); then
+ * db += the sums of dy's rows. */
+int hpu__cuops_conv_rect_bwd(const hpu_conv2d_rect_shape *s, const float *x, const float *w,
+			     const float *dy, float *dx, float *dw, float *db, float *scratch)
+{
+	if (!rect_ok(s))
+		return HPU_BE_UNSUPPORTED;
+	hpu__cukm_rect r = rect_of(s);
+	const int O = s->out_ch, ckk = r.c * r.kh * r.kw, npix = r.oh * r.ow;
+	const size_t xs = (size_t)r.c * r.h * r.w, ys = (size_t)O * npix;
+	for (int n = 0; n < s->batch; n++) {
+		const float *dyn = dy + n * ys;
+		if (dw) {
+			UNFOLD("im2col", hpu__cukm_im2col(&r, x + n * xs, scratch, st));
+			if (gemm1(O, ckk, npix, 0, 1, dyn, scratch, dw, 1) != HPU_BE_OK)
+				return HPU_BE_UNSUPPORTED;
+		}
+		if (!dx)
+			continue;
+		if (gemm1(ckk, npix, O, 1, 0, w, dyn, scratch, 0) != HPU_BE_OK)
+			return HPU_BE_UNSUPPORTED;
+		UNFOLD("col2im", hpu__cukm_col2im(&r, scratch, dx + n * xs, st));
+	}
+	if (db)
+		UNFOLD("convolution's bias gradient",
+		       hpu__cukm_rows_sum(dy, db, s->batch, O, (size_t)npix, st));
+	return HPU_BE_OK;
+}
+
+/* ---- losses and the id check ---- */
+
+/* The first bad index (device scratch set to ~0, lowered by `call`),
+ * back on the host: -1 where none. Waits for the stream. */
+#define FIRST_BAD(what, out, call)                                                     \
+	do {                                                                           \
+		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
+		if (!c_)                                                               \
+			return HPU_BE_UNSUPPORTED;                                     \
+		cudaStream_t st = hpu__cuops_stream();                                 \
+		unsigned long long *d = hpu__cuops_scratch(c_, sizeof *d), h_ = 0;     \
+		int rc_ = HPU_BE_UNSUPPORTED;                                          \
+		if (d && !hpu__cuops_cuda(cudaMemsetAsync(d, 0xff, sizeof *d, st), what) && \
+		    !hpu__cuops_cuda((call), what) &&                                  \
+		    !hpu__cuops_cuda(cudaMemcpyAsync(&h_, d, sizeof h_,                \
+						     cudaMemcpyDeviceToHost, st),      \
+				     what) &&                                          \
+		    !hpu__cuops_cuda(cudaStreamSynchronize(st), what)) {               \
+			*(out) = h_ == ~0ull ? -1 : (long)h_;                          \
+			rc_ = HPU_BE_OK;                                               \
+		}                                                                      \
+		hpu__cuops_leave(c_);                                                  \
+		if (rc_ != HPU_BE_OK)                                                  \
+			return rc_;                                                    \
+	} while (0)
+
+/* The value at device address p, on the host (waits). */
+static int fetch(void *out, const void *p, size_t bytes, const char *what)
+{
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	cudaStream_t st = hpu__cuops_stream();
+	int bad = hpu__cuops_cuda(cudaMemcpyAsync(out, p, bytes, cudaMemcpyDeviceToHost, st),
+				  what) ||
+		  hpu__cuops_cuda(cudaStreamSynchronize(st), what);
+	hpu__cuops_leave(c);
+	return bad ? HPU_BE_UNSUPPORTED : HPU_BE_OK;
+}
+
+int hpu__cuops_mse_fwd(const float *p, const float *t, float *loss, int rows, size_t n)
+{
+	CU_KERNEL("mean squared error", hpu__cukm_loss_fwd(0, p, t, loss, rows, n, NULL, st));
+}
+
+int hpu__cuops_mse_bwd(const float *p, const float *t, const float *dloss, float *dp, float *dt,
+		       int rows, size_t n)
+{
+	CU_KERNEL("mean squared error backward",
+		  hpu__cukm_loss_bwd(0, p, t, dloss, dp, dt, rows, n, st));
+}
+
+int hpu__cuops_bce_fwd(int logits, const float *x, const float *t, float *loss, int rows,
+		       size_t n, long *bad, float *bad_value)
+{
+	*bad = -1;
+	if (logits)
+		CU_KERNEL("binary cross-entropy",
+			  hpu__cukm_loss_fwd(1, x, t, loss, rows, n, NULL, st));
+	FIRST_BAD("binary cross-entropy", bad, hpu__cukm_loss_fwd(2, x, t, loss, rows, n, d, st));
+	if (*bad >= 0)
+		return fetch(bad_value, x + *bad, sizeof *bad_value, "binary cross-entropy");
+	return HPU_BE_OK;
+}
+
+int hpu__cuops_bce_bwd(int logits, const float *x, const float *t, const float *dloss,
+		       float *dx, float *dt, int rows, size_t n)
+{
+	CU_KERNEL("binary cross-entropy backward",
+		  hpu__cukm_loss_bwd(logits ? 1 : 2, x, t, dloss, dx, dt, rows, n, st));
+}
+
+int hpu__cuops_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
+			     int32_t *bad_value)
+{
+	FIRST_BAD("id check", bad, hpu__cukm_ids_first_bad(ids, n, limit, d, st));
+	if (*bad >= 0)
+		return fetch(bad_value, ids + *bad, sizeof *bad_value, "id check");
+	return HPU_BE_OK;
+}
+
+/* ---- causal attention ---- */
+
+int hpu__cuops_attention_fwd(const float *qkv, float *out, float *att, int batch, int t,
+			     int heads, int hd)
+{
+	CU_KERNEL("attention", hpu__cukm_attention_fwd(qkv, out, att, batch, t, heads, hd, st));
+}
+
+/* dS of every head in scratch: batch * heads * t * t floats. */
+int hpu__cuops_attention_bwd(const float *qkv, const float *att, const float *dout,
+			     float *dqkv, int batch, int t, int heads, int hd)
+{
+	if (batch <= 0 || t <= 0 || heads <= 0 || hd <= 0)
+		return HPU_BE_OK;
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	float *ds = hpu__cuops_scratch(c, (size_t)batch * heads * t * t * sizeof(float));
+	int rc = ds && !hpu__cuops_cuda(hpu__cukm_attention_bwd(qkv, att, dout, dqkv, ds, batch, t,
+								heads, hd, hpu__cuops_stream()),
+					"attention backward")
+			 ? HPU_BE_OK
+			 : HPU_BE_UNSUPPORTED;
+	hpu__cuops_leave(c);
+	return rc;
+}
