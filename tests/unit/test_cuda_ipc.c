@@ -17,7 +17,9 @@
  *   test_cuda_ipc --bench   also the figure: an all-reduce of 64 MiB fp32
  *       (and bf16) between the 2 workers, 20 times after 3, with the
  *       strategy's 32 MiB chunks: time, algbw and busbw (2(n-1)/n algbw),
- *       beside the GPU's device-to-device copy rate in the same run.
+ *       beside the GPU's device-to-device copy rate in the same run;
+ *       where CUDA IPC is refused, the same figure for the staged path
+ *       training falls back to (marked STAGED), and exit 77.
  * Plain C, not cmocka: the skip needs its own exit status. */
 #include <dlfcn.h>
 #include <errno.h>
@@ -124,11 +126,16 @@ static void connect_world(const char *job)
 		snprintf(ep[r], sizeof ep[r], "ipc:///tmp/hpu-cuda-ipc-%s-%d", job, r);
 		eps[r] = ep[r];
 	}
+	static const int nodes[WORLD] = {0, 0}; /* shared memory, as the workers of a node */
+	char name[96];
+	snprintf(name, sizeof name, "hpu-cuda-ipc-%s", job);
 	int rc = hpucoll_comm_new(&comm, me, WORLD, ep[me]);
 	if (!rc) {
 		hpucoll_comm_set_timeout(comm, 30000);
-		rc = hpucoll_comm_connect(comm, eps);
+		rc = hpucoll_comm_set_topology(comm, nodes, name, HPUCOLL_TRANSPORT_AUTO);
 	}
+	if (!rc)
+		rc = hpucoll_comm_connect(comm, eps);
 	if (rc) {
 		say("FAIL: the communicator: %s (%s)", hpucoll_strerror(rc),
 		    comm ? hpucoll_comm_errmsg(comm) : "");
@@ -165,7 +172,7 @@ static void *values(hpu__dev_dtype dt, size_t n)
 
 static void *dev(size_t bytes)
 {
-	void *p = hpu__dalloc(HPU_MEM_OTHER, bytes, "test");
+	void *p = hpu__dalloc(HPU_MEM_OTHER, bytes ? bytes : 16, "test");
 	if (!p) {
 		say("FAIL: %s", hpu__devmem_error());
 		exit(1);
@@ -254,6 +261,41 @@ static void bench(hpu__dev_group *g, hpu__dev_dtype dt)
 	hpu__dfree(e);
 }
 
+/* Without the group: the figure of what training does then, the
+ * strategy's staging (worker/strategy/strategy_dcoll.c: 1 MiB at a time
+ * out to pinned host memory, libhpucoll's all-reduce there, back). */
+static void bench_staged(hpu__dev_dtype dt, const char *why)
+{
+	const size_t bytes = (size_t)64 << 20, stage = (size_t)1 << 20;
+	const size_t esz = dt == HPU__DEV_BF16 ? 2 : 4;
+	const int warm = 2, iters = 10;
+	char *d = dev(bytes), *h = D->host_alloc(stage);
+	double t0 = 0;
+	if (!h) {
+		say("FAIL: no pinned host memory");
+		exit(1);
+	}
+	for (int i = 0; i < warm + iters; i++) {
+		if (i == warm)
+			t0 = now_s();
+		for (size_t at = 0; at < bytes; at += stage) {
+			D->copy(NULL, h, d + at, stage);
+			int rc = hpucoll_all_reduce(comm, h, h, stage / esz,
+						    dt == HPU__DEV_BF16 ? HPUCOLL_BF16 : HPUCOLL_F32,
+						    HPUCOLL_SUM);
+			CHECK(rc == 0, "libhpucoll's all-reduce: %s", hpucoll_comm_errmsg(comm));
+			D->copy(NULL, d + at, h, stage);
+		}
+	}
+	double t = (now_s() - t0) / iters, alg = (double)bytes / t / 1e9;
+	if (me == 0)
+		printf("bench: all_reduce %s 64 MiB, %d workers sharing the GPU, STAGED through host "
+		       "memory (no CUDA IPC: %s): %.3f ms, algbw %.1f GB/s, busbw %.1f GB/s\n",
+		       dname(dt), WORLD, why, t * 1e3, alg, alg * 2.0 * (WORLD - 1) / WORLD);
+	D->host_free(h);
+	hpu__dfree(d);
+}
+
 static int rank_main(int rank, const char *job, int do_bench)
 {
 	me = rank;
@@ -283,6 +325,10 @@ static int rank_main(int rank, const char *job, int do_bench)
 		    "where this happens in training the gradients' all-reduce is staged through "
 		    "host memory instead, with one warning",
 		    rc < 0 ? "skipped: CUDA IPC is not available here" : "FAIL", WORLD, rc, err);
+		if (do_bench && rc < 0) {
+			bench_staged(HPU__DEV_F32, err);
+			bench_staged(HPU__DEV_BF16, err);
+		}
 		hpucoll_comm_destroy(&comm);
 		return rc < 0 ? SKIP : 1;
 	}

@@ -229,11 +229,14 @@ static int cc_open(hpu__dev_group **out, int rank, int world, size_t bytes,
 		snprintf(why, whylen, "exchanging the CUDA IPC handles failed");
 		goto fail;
 	}
-	for (int r = 0; r < world; r++)
+	for (int r = 0; r < world; r++) {
+		all[r].node[sizeof all[r].node - 1] = 0;
+		all[r].why[WHY - 1] = 0;
 		if (all[r].magic != MAGIC) {
 			snprintf(why, whylen, "rank %d sent no CUDA IPC handle", r);
 			goto fail;
 		}
+	}
 	if (other_node(all, world, why, whylen)) {
 		rc = 1;
 		goto fail;
@@ -250,6 +253,7 @@ static int cc_open(hpu__dev_group **out, int rank, int world, size_t bytes,
 	}
 	for (int r = 0; r < world; r++)
 		if (acks[r].status) {
+			acks[r].why[WHY - 1] = 0;
 			snprintf(why, whylen, "rank %d: %s", r, acks[r].why);
 			goto fail;
 		}
