@@ -22,7 +22,9 @@
  * - every strategy in fp32 and bf16-mixed (zero3 with gathered layers,
  *   the host tier, gradient accumulation, a model's buffers, 1 and 2
  *   workers) copies per step exactly the bytes the placement plan says
- *   (worker/strategy/copies.h); on cpu, none. */
+ *   (worker/strategy/copies.h); on cpu, none; ddp's and fast_ddp's
+ *   --verbose plan says the gradients' all-reduce is staged there (the
+ *   CPU devices have no collectives of their own, as CUDA IPC is). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -526,11 +528,16 @@ static int copies_case(const char *device, int workers, const char *model, const
 	     "--param-persistence-threshold", "1000", NULL);
 	char what[160] = "";
 	size_t n = 0;
+	int all_reduce = 0; /* ddp, fast_ddp: the plan says how the gradients go */
 	for (; extra && *extra; extra++) {
 		arg(&r, *extra);
 		n += (size_t)snprintf(what + n, sizeof what - n, "%s ", *extra);
+		all_reduce |= !strcmp(*extra, "ddp") || !strcmp(*extra, "fast_ddp");
 	}
 	char *out = finish_with(&r, 0, model, margs);
+	if (all_reduce && workers > 1 && !strcmp(device, "cpu-strict")) /* none of its own */
+		assert_non_null(strstr(out, "gradients' all-reduce: libhpucoll, staged through host "
+					    "memory (the device has no collectives of its own)"));
 	int bound = strstr(out, "the plan: at least") != NULL;
 	int ok = as_planned(out, device, workers, 2, bound, h2d, d2h);
 	printf("  %-10s %d worker%s %-62s %7llu in, %7llu out per step: %s\n", device, workers,

@@ -26,7 +26,10 @@
  * later point of the same stream: longer, never too short.
  *
  * The runtime ops run on the compute stream as kernels of cuda_rt.cu;
- * those that answer a value (sums, checks) copy it back and wait. */
+ * those that answer a value (sums, checks) copy it back and wait.
+ *
+ * Collectives between the workers of one node on device memory, over
+ * CUDA IPC: cuda_coll.c. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -37,6 +40,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "worker/cuda/cuda_coll.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/cuda_kernels.h"
 #include "worker/device/device.h"
@@ -674,7 +678,7 @@ static const hpu__dev_rtops rtops = {
 	.fill = cuda_fill, .record = cuda_record, .wait = cuda_wait,                               \
 	.host_alloc = cuda_host_alloc, .host_free = cuda_host_free, .ops = cuda_ops,               \
 	.rt = &rtops, .owns = cuda_owns, .backing = &backing, .queue_new = cuda_queue_new,         \
-	.queue_free = cuda_queue_free, .configure = cuda_configure
+	.queue_free = cuda_queue_free, .configure = cuda_configure, .coll = &hpu__cuda_coll
 
 static const hpu__device dev_full = {.setup = cuda_setup, CUDA_MEMBERS};
 static const hpu__device dev_core = {.setup = setup_core, CUDA_MEMBERS};

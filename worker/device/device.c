@@ -433,6 +433,43 @@ void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h)
 	*d2h = atomic_load(&copied_d2h);
 }
 
+/* ---- collectives on device memory ---- */
+
+int hpu__dev_group_open(hpu__dev_group **out, int rank, int world, size_t bytes,
+			hpu__dev_xchg_fn *xchg, void *arg, char *why, size_t whylen)
+{
+	*out = NULL;
+	if (!cur->coll) {
+		snprintf(why, whylen, "device %s has no collectives of its own", cur->name);
+		return 1;
+	}
+	hpu__dev_enter();
+	int rc = cur->coll->open(out, rank, world, bytes, xchg, arg, why, whylen);
+	hpu__dev_leave();
+	return rc;
+}
+
+int hpu__dev_group_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t count,
+			      hpu__dev_dtype dt)
+{
+	on_device("group_all_reduce", send);
+	on_device("group_all_reduce", recv);
+	hpu__dev_enter();
+	int rc = cur->coll->all_reduce(g, send, recv, count, dt);
+	hpu__dev_leave();
+	return rc;
+}
+
+void hpu__dev_group_close(hpu__dev_group **g)
+{
+	if (!*g)
+		return;
+	hpu__dev_enter();
+	cur->coll->close(*g);
+	hpu__dev_leave();
+	*g = NULL;
+}
+
 /* ---- queues and events ---- */
 
 hpu__dev_queue *hpu__dev_queue_new(void)

@@ -126,6 +126,45 @@ typedef struct hpu__dev_config {
 				* run on TF32 tensor cores */
 } hpu__dev_config;
 
+/* Collectives between the ranks of one node on device memory (the CUDA
+ * device: CUDA IPC). The device module links no collectives library: the
+ * host's collectives come in as an exchange, `xchg`, that puts every
+ * rank's `bytes` bytes at `mine` into all[rank * bytes], in rank order
+ * (an all-gather; 0, or -1 where it failed: the caller's communicator
+ * holds the sentence, naming the peer). Every rank of the group calls
+ * each function at once, in the same order. */
+typedef int hpu__dev_xchg_fn(void *arg, const void *mine, void *all, size_t bytes);
+
+typedef struct hpu__dev_group hpu__dev_group;
+
+typedef enum hpu__dev_dtype {
+	HPU__DEV_F32 = 0,
+	HPU__DEV_BF16,
+} hpu__dev_dtype;
+
+typedef struct hpu__dev_coll {
+	/* The group of `world` ranks (this one `rank`), each with a staging
+	 * buffer of twice `bytes` in its device memory that the others map.
+	 * 0 and *out; 1 where the group cannot be and nothing failed (ranks
+	 * on more than one node, too many ranks); -1 where the device
+	 * refused it (CUDA IPC unsupported, no peer access) or xchg failed.
+	 * Every rank gets the same answer (the ranks agree through xchg,
+	 * unless xchg itself failed); on 1 and -1, one sentence in why. */
+	int (*open)(hpu__dev_group **out, int rank, int world, size_t bytes,
+		    hpu__dev_xchg_fn *xchg, void *arg, char *why, size_t whylen);
+	/* recv[count] = the sum of every rank's send[count] (device
+	 * memory; recv may be send), issued on the default queue: fp32
+	 * added in rank order, or bf16 widened to fp32 and each partial sum
+	 * rounded to bf16 in rank order (libhpucoll's rounding: at two
+	 * ranks the same bits as its all-reduce). Every rank gives the same
+	 * count and dtype. 0; -1 where xchg failed. */
+	int (*all_reduce)(hpu__dev_group *g, const void *send, void *recv, size_t count,
+			  hpu__dev_dtype dt);
+	/* Unmaps the peers' buffers and frees this rank's (after a last
+	 * exchange, so that no peer still reads it). NULL is fine. */
+	void (*close)(hpu__dev_group *g);
+} hpu__dev_coll;
+
 /* One device's table. */
 typedef struct hpu__device {
 	const char *name; /* "cpu", "cpu-strict", "cuda" */
@@ -170,6 +209,10 @@ typedef struct hpu__device {
 	 * the device's memory). */
 	int (*configure)(const hpu__dev_config *c, uint64_t *capacity, char *note,
 			 size_t notelen, char *err, size_t errlen);
+
+	/* Collectives on device memory between the ranks of one node
+	 * (NULL: none; the strategy stages through host memory). */
+	const hpu__dev_coll *coll;
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so
@@ -300,6 +343,15 @@ void hpu__dev_optim_update(const hpu__dev_optim *k, float *p, const float *g, fl
 void hpu__dev_optim_update16(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
 			     uint16_t *p16, float *m, float *v, size_t n, float *scratch,
 			     size_t chunk);
+
+/* The device's collectives (hpu__dev_coll), each a device call: where
+ * the device has none, group_open answers 1 with the sentence in why. */
+int hpu__dev_group_open(hpu__dev_group **out, int rank, int world, size_t bytes,
+			hpu__dev_xchg_fn *xchg, void *arg, char *why, size_t whylen);
+int hpu__dev_group_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t count,
+			      hpu__dev_dtype dt);
+/* Closes *g (NULL is fine) and sets it to NULL. */
+void hpu__dev_group_close(hpu__dev_group **g);
 
 /* Bytes copied host->device and device->host since the device opened. */
 void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h);

@@ -102,7 +102,8 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
 	c->d2h[HPU_COPY_LOSS] = (uint64_t)st->accum * 8 * (uint64_t)st->nloss;
 	if (p->world > 1) { /* at 1 the collectives are the identity */
-		grads(p, st, c);
+		if (!st->grads_direct) /* else device to device */
+			grads(p, st, c);
 		c->h2d[HPU_COPY_BUFFERS] = c->d2h[HPU_COPY_BUFFERS] = (uint64_t)st->synced_buffers * 4;
 	}
 	params(p, st, c);

@@ -11,7 +11,9 @@
  *     double, summed on the device (hpu__strat_loss);
  *   - the gradients' collectives, staged through pinned host buffers
  *     (strategy_dcoll.c): an all-reduce copies its buffer out and back; a
- *     reduce-scatter the whole unit out and the rank's piece back;
+ *     reduce-scatter the whole unit out and the rank's piece back; none
+ *     where the all-reduce runs on the device itself (grads_direct: ddp
+ *     and fast_ddp over CUDA IPC, the ranks on one node);
  *   - the parameters' all-gathers (ZeRO): the rank's piece out (unless it
  *     lives in the host tier or NVMe's buffers already) and the other
  *     ranks' pieces back (and the own piece too when it is not on the
@@ -63,6 +65,9 @@ typedef struct hpu_plan_step {
 	int nloss;              /* loss terms */
 	size_t synced_buffers;  /* floats of buffers synchronized after the step */
 	int host_can_read;      /* the device's capability */
+	int grads_direct;       /* 1: the gradients' all-reduce runs on the
+				 * device between the ranks of one node
+				 * (CUDA IPC): nothing of it is staged */
 	int regathers;          /* 1: zero3 may gather layers more often than
 				 * counted (recomputation, shared parameters) */
 } hpu_plan_step;

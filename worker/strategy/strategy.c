@@ -636,9 +636,9 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	if (s->load_fd >= 0)
 		close(s->load_fd);
 	s->load_fd = -1;
-	if (rc || (resume && hpu__strat_resume_state(s) < 0))
+	if (rc || (resume && hpu__strat_resume_state(s) < 0) || alloc_scratch_buffers(s) < 0)
 		return -1;
-	return alloc_scratch_buffers(s);
+	return hpu__dc_open(s); /* every rank at once */
 }
 
 void hpu__strat_free(hpu_strat **ps)

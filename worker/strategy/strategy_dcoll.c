@@ -4,11 +4,22 @@
  * memory itself; otherwise the strategy stages: d2h into a pinned host
  * buffer, the blocking collective on it, h2d back -- only what the
  * device does not hold already: nothing at world size 1, and not an
- * all-gather's own piece (worker/strategy/copies.h counts the rest). */
+ * all-gather's own piece (worker/strategy/copies.h counts the rest).
+ *
+ * The gradients' all-reduce of ddp and fast_ddp skips the host where the
+ * device has collectives of its own (cuda: CUDA IPC between the ranks of
+ * one node): hpu__dc_open makes the group, and the all-reduces of fp32
+ * and bf16 sums run in it, device memory to device memory, in rank order.
+ * libhpucoll carries only the group's small exchanges (its all-gather). */
+#include <stdio.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "worker/device/device.h"
 #include "worker/strategy/strategy_impl.h"
+
+/* The device group's staging: at most this much per chunk. */
+#define GROUP_CHUNK ((size_t)32 << 20)
 
 /* Bytes staged at a time by an all-reduce (a whole chunk of elements). */
 #define STAGE_CHUNK ((size_t)1 << 20)
@@ -23,8 +34,78 @@ static void *stage(hpu_strat *s, size_t bytes)
 	return s->stg.coll;
 }
 
+/* ---- the device's group ---- */
+
+/* The device's exchange: libhpucoll's all-gather of bytes. */
+static int xchg(void *arg, const void *mine, void *all, size_t bytes)
+{
+	hpu_strat *s = arg;
+	s->dc.rc = hpucoll_all_gather(s->comm, mine, all, bytes, HPUCOLL_U8);
+	return s->dc.rc == HPUCOLL_OK ? 0 : -1;
+}
+
+/* The dtypes the group sums. */
+static int group_dtype(hpucoll_dtype dt, hpu__dev_dtype *out)
+{
+	*out = dt == HPUCOLL_BF16 ? HPU__DEV_BF16 : HPU__DEV_F32;
+	return dt == HPUCOLL_F32 || dt == HPUCOLL_BF16;
+}
+
+/* Why the gradients' all-reduce cannot run in a group on this run, in
+ * why (the same on every rank: the options and the device), or NULL. */
+static const char *no_group(const hpu_strat *s, hpucoll_dtype dt)
+{
+	hpu__dev_dtype d;
+	const hpu_plan_entry *ge = &s->plan.e[HPU_PLAN_GRADS];
+	if (ge->coll != HPU_PLAN_ALL_REDUCE && ge->coll != HPU_PLAN_ALL_REDUCE_FLAT)
+		return "the strategy all-reduces no gradients";
+	if (s->world == 1)
+		return "one rank: nothing to reduce";
+	if (hpu__dev_host_can_read())
+		return "libhpucoll reads the device's memory in place";
+	if (!hpu__dev()->coll)
+		return "the device has no collectives of its own";
+	if (ge->where != HPU_PLAN_DEVICE)
+		return "the gradients are not in device memory";
+	if (!group_dtype(dt, &d))
+		return "fp16 gradients are summed by libhpucoll only";
+	return NULL;
+}
+
+int hpu__dc_open(hpu_strat *s)
+{
+	hpucoll_dtype dt = s->plan.grad_comm16 ? HPUCOLL_BF16 : hpu__strat_cdt(s, HPU_PLAN_GRADS);
+	const char *no = no_group(s, dt);
+	if (no) {
+		snprintf(s->dc.why, sizeof s->dc.why, "%s", no);
+		return 0;
+	}
+	size_t most = 0, esz = hpucoll_dtype_size(dt);
+	for (int k = 0; k < s->nunits; k++)
+		most = s->u[k].len > most ? s->u[k].len : most;
+	size_t bytes = most * esz < GROUP_CHUNK ? most * esz : GROUP_CHUNK;
+	s->dc.rc = HPUCOLL_OK;
+	int rc = hpu__dev_group_open(&s->dc.group, s->rank, s->world, bytes, xchg, s, s->dc.why,
+				     sizeof s->dc.why);
+	if (rc < 0 && s->dc.rc != HPUCOLL_OK)
+		return hpu__strat_coll_fail(s, "setting up the gradients' all-reduce on the device",
+					    s->dc.rc);
+	if (rc < 0 && s->rank == 0)
+		hpu__log(HPU_LOG_WARNING,
+			 "the gradients' all-reduce is staged through host memory: %s cannot "
+			 "share device memory between the workers (%s)",
+			 hpu__dev_name(), s->dc.why);
+	return 0;
+}
+
+int hpu__dc_direct(const hpu_strat *s)
+{
+	return s->dc.group != NULL;
+}
+
 void hpu__dc_free(hpu_strat *s)
 {
+	hpu__dev_group_close(&s->dc.group);
 	hpu__dev_host_free(s->stg.coll);
 	s->stg.coll = NULL;
 	s->stg.coll_bytes = 0;
@@ -47,9 +128,15 @@ int hpu__dc_wait(hpucoll_req **req)
 int hpu__dc_iall_reduce(hpu_strat *s, const void *send, void *recv, size_t count,
 			hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req)
 {
+	hpu__dev_dtype gd;
 	if (hpu__dev_host_can_read())
 		return hpucoll_iall_reduce(s->comm, send, recv, count, dt, op, req);
 	*req = NULL;
+	if (s->dc.group && op == HPUCOLL_SUM && group_dtype(dt, &gd)) {
+		if (hpu__dev_group_all_reduce(s->dc.group, send, recv, count, gd) == 0)
+			return HPUCOLL_OK;
+		return s->dc.rc != HPUCOLL_OK ? s->dc.rc : HPUCOLL_ETRANSPORT;
+	}
 	size_t esz = hpucoll_dtype_size(dt), per = STAGE_CHUNK / esz;
 	if (s->world == 1) /* the identity: nothing to stage */
 		return one_rank(recv, send, count * esz);

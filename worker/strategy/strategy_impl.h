@@ -181,6 +181,14 @@ struct hpu_strat {
 				  * while used) */
 	double *lsum, *lsum_host; /* the loss terms' sums on the device, and
 				   * the host's copy (hpu__strat_loss) */
+	/* strategy_dcoll.c: the gradients' all-reduce on the device itself,
+	 * between the ranks of one node (the device's collectives, CUDA
+	 * IPC), where hpu__dc_open made the group; else staged. */
+	struct {
+		struct hpu__dev_group *group;
+		int rc;         /* the last exchange's libhpucoll code */
+		char why[256];  /* where staged: why */
+	} dc;
 	/* Staging: what crosses between the host and the device. */
 	struct {
 		void *coll;        /* strategy_dcoll.c: pinned host staging of
@@ -329,6 +337,16 @@ int hpu__dc_ireduce_scatter(hpu_strat *s, const void *send, void *recv, size_t r
 			    hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req);
 int hpu__dc_iall_gather(hpu_strat *s, const void *send, void *recv, size_t sendcount,
 			hpucoll_dtype dt, hpucoll_req **req);
+/* ddp and fast_ddp on a device with collectives of its own (cuda), the
+ * ranks on one node: the group the gradients' all-reduces run in, device
+ * memory to device memory (nothing staged), made now by every rank at
+ * once. Elsewhere, or where the device refuses (CUDA IPC unsupported:
+ * one warning on rank 0), nothing: the all-reduces stay staged and
+ * s->dc.why says why. 0, or -1 (s->err) where the ranks' exchange
+ * failed. hpu__dc_free closes the group. */
+int hpu__dc_open(hpu_strat *s);
+/* 1 when the gradients' all-reduces run in the device's group. */
+int hpu__dc_direct(const hpu_strat *s);
 /* hpucoll_wait for a request of the above (a NULL one is done). */
 int hpu__dc_wait(hpucoll_req **req);
 void hpu__dc_free(hpu_strat *s);

@@ -40,6 +40,15 @@ void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
 	fprintf(f, "  model states passing: %s %llu bytes (%.2f per parameter), peak %llu\n",
 		exact ? "exactly" : "at most", (unsigned long long)passing,
 		(double)passing / psi, (unsigned long long)(kept + passing));
+	if (hpu__dc_direct(s))
+		fprintf(f, "  gradients' all-reduce: on device %s, device to device between the %d "
+			   "ranks of this node (nothing staged)\n",
+			hpu__dev_name(), p->world);
+	else if (!hpu__dev_host_can_read() && p->world > 1 &&
+		 (p->e[HPU_PLAN_GRADS].coll == HPU_PLAN_ALL_REDUCE ||
+		  p->e[HPU_PLAN_GRADS].coll == HPU_PLAN_ALL_REDUCE_FLAT))
+		fprintf(f, "  gradients' all-reduce: libhpucoll, staged through host memory (%s)\n",
+			s->dc.why);
 	hpu_plan_copies c;
 	if (hpu__strat_plan_copies(s, &c) < 0)
 		return;
@@ -62,6 +71,7 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 	hpu_plan_step st = {.units = pu, .nunits = s->nunits, .micro = s->maxbatch,
 			    .accum = s->o->grad_accum, .nloss = b->nloss,
 			    .host_can_read = hpu__dev_host_can_read(),
+			    .grads_direct = hpu__dc_direct(s),
 			    .regathers = s->o->activation_checkpointing};
 	for (int k = 0; k < s->nunits; k++)
 		pu[k] = (hpu_plan_unit){.len = s->u[k].len, .piece = s->u[k].piece,

@@ -1,0 +1,83 @@
+/* Unit tests for the bytes a step copies between host and device as the
+ * placement plan predicts them (worker/strategy/copies.c): the gradients'
+ * all-reduce staged out and back where the host may not read device
+ * memory, nothing of it where it runs on the device between the ranks of
+ * one node (grads_direct: CUDA IPC), the rest of the step unchanged. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "options/config.h"
+#include "worker/strategy/copies.h"
+#include "worker/strategy/plan.h"
+
+static const hpu_plan_unit units[] = {{.len = 1000}, {.len = 24}};
+
+static hpu_plan_step step(int direct)
+{
+	return (hpu_plan_step){.units = units, .nunits = 2, .micro = 4, .accum = 2,
+			       .sample_bytes = 16, .nloss = 1, .grads_direct = direct};
+}
+
+static void plan(hpu_plan *p, hpu_strategy k, hpu_comm_dtype comm)
+{
+	hpu_train_opts o;
+	hpu__opts_defaults(&o);
+	o.strategy = k;
+	o.grad_comm_dtype = comm;
+	hpu__plan_make(p, &o, 2, 2);
+}
+
+/* ddp and fast_ddp: 1,024 gradients out and back, 4 bytes each (2 as
+ * bf16 copies), staged; none on the device path; batch and loss alike. */
+static void test_all_reduce_staged_or_direct(void **state)
+{
+	(void)state;
+	static const hpu_strategy kinds[] = {HPU_STRATEGY_DDP, HPU_STRATEGY_FAST_DDP};
+	for (int k = 0; k < 2; k++)
+		for (int c = 0; c < 2; c++) {
+			hpu_plan p;
+			plan(&p, kinds[k], c ? HPU_COMM_BF16 : HPU_COMM_FP32);
+			uint64_t esz = c ? 2 : 4;
+			hpu_plan_step st = step(0);
+			hpu_plan_copies staged, direct;
+			hpu__plan_copies(&p, &st, &staged);
+			st = step(1);
+			hpu__plan_copies(&p, &st, &direct);
+			assert_true(staged.exact && direct.exact);
+			assert_int_equal(staged.d2h[HPU_COPY_GRADS], 1024 * esz);
+			assert_int_equal(staged.h2d[HPU_COPY_GRADS], 1024 * esz);
+			assert_int_equal(direct.d2h[HPU_COPY_GRADS], 0);
+			assert_int_equal(direct.h2d[HPU_COPY_GRADS], 0);
+			assert_int_equal(direct.h2d[HPU_COPY_BATCH], 8 * 16);
+			assert_int_equal(direct.d2h[HPU_COPY_LOSS], 2 * 8);
+			assert_int_equal(direct.h2d_total, staged.h2d_total - 1024 * esz);
+			assert_int_equal(direct.d2h_total, staged.d2h_total - 1024 * esz);
+		}
+}
+
+/* Where the host reads device memory (cpu) nothing is staged either way. */
+static void test_host_can_read(void **state)
+{
+	(void)state;
+	hpu_plan p;
+	plan(&p, HPU_STRATEGY_DDP, HPU_COMM_FP32);
+	hpu_plan_step st = step(0);
+	st.host_can_read = 1;
+	hpu_plan_copies c;
+	hpu__plan_copies(&p, &st, &c);
+	assert_int_equal(c.h2d_total, 0);
+	assert_int_equal(c.d2h_total, 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_all_reduce_staged_or_direct),
+		cmocka_unit_test(test_host_can_read),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
