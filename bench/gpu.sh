@@ -106,7 +106,7 @@ else
 fi
 
 # ---- the GPU test programs ----
-for t in test_cuda_elem test_cuda_device test_cuda_ops; do
+for t in test_cuda_elem test_cuda_device test_cuda_ops test_cuda_ops_more test_cuda_ipc; do
   if [ ! -x "$build/bin/$t" ]; then
     row "$t" "not built" "" "not in $build/bin"
     continue
@@ -162,7 +162,7 @@ fi
 
 # ---- the figures ----
 figures=("mlp fp32 samples/s" "mlp bf16 samples/s" "cnn fp32 samples/s" "cnn bf16 samples/s"
-         "gpt2 bf16 tokens/s" "gpt2 fp8 tokens/s" "d2d copy GB/s" "all_reduce 64MiB busbw GB/s")
+         "gpt2 bf16 tokens/s" "gpt2 fp8 tokens/s" "d2d copy GB/s" "all_reduce 64MiB fp32 busbw GB/s")
 
 peers=${PEERS:-}
 for d in "$build/../peers" /opt/hpu/peers "$root/../shared/device/peers"; do
@@ -300,11 +300,35 @@ print(f"d2d_GBps={2 * 20 * a.numel() / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
 PY
   d2d=$(sed -n 's/^d2d_GBps=\([0-9]*\)/\1/p' "$out/d2d-copy.log")
   row "d2d copy GB/s" "" "$(tcell "$d2d" "$out/d2d-copy.log")" "PyTorch, 1 GiB copy_, read + write: the all_reduce's reference$([ -z "$d2d" ] && printf '; %s' "$(why "$out/d2d-copy.log")")"
-  step allreduce-host 60 "$build/bin/hpulaunch" -q --devices 2 --exec "$build/bin/hpucoll-bench" \
-    --coll all_reduce -b 64M -e 64M -n 20 -w 5 -d float
-  bus=$(sed 's/^\[rank [0-9]*\] *//' "$out/allreduce-host.log" 2>/dev/null | awk '$1 == 67108864 { print $8; exit }')
-  [ -n "$bus" ] && bus="busbw $bus GB/s" || bus=$(why "$out/allreduce-host.log")
-  row "all_reduce 64MiB busbw GB/s" "not taken" "" "no tool of ours reduces GPU memory yet; hpucoll-bench, host memory, 2 workers: $bus"
+  step allreduce-ipc 90 env HPU_BUILD_DIR="$build" "$build/bin/test_cuda_ipc" --bench
+  for dt in fp32 bf16; do
+    l=$(grep -a "^bench: all_reduce $dt 64 MiB" "$out/allreduce-ipc.log" | head -1)
+    bus=$(printf '%s' "$l" | sed -n 's/.*busbw \([0-9.]*\) GB\/s.*/\1/p')
+    cp=$(printf '%s' "$l" | sed -n 's/.*device-to-device copy of 64 MiB: \([0-9.]*\) GB\/s.*/\1/p')
+    if [ -n "$bus" ]; then
+      row "all_reduce 64MiB $dt busbw GB/s" "$bus" "" "2 workers sharing the GPU (test_cuda_ipc --bench)$([ -n "$cp" ] && printf '; d2d copy of 64 MiB in the same run %s GB/s, busbw/copy %s' "$cp" "$(awk -v a="$bus" -v b="$cp" 'BEGIN { printf "%.2f", a / b }')")$(printf '%s' "$l" | grep -q STAGED && printf '; STAGED: no CUDA IPC')"
+    else
+      row "all_reduce 64MiB $dt busbw GB/s" "$(cell "")" "" "$(why "$out/allreduce-ipc.log")"
+    fi
+  done
+
+  # The device's refusals and flags: more memory than the GPU has, torchrun's
+  # --nproc-per-node gpu with --allow-tf32, 2 workers' all-reduce path.
+  step too-much-memory 60 "$build/bin/hpulaunch" --devices 1 --device cuda --device-memory 1TiB \
+    --max-steps 1 --no-eval "$build/lib/fmnist_mlp.so" -- --data "$data"
+  m=$(grep -a -o 'device-memory [0-9]* bytes ([0-9.]* GiB) is more than GPU.*' "$out/too-much-memory.log" | head -1)
+  row "--device-memory 1TiB" "$([ "$rc" = 1 ] && [ -n "$m" ] && echo refused || echo "rc=$rc")" "" "${m:-$(why "$out/too-much-memory.log")}"
+  step nproc-gpu 60 "$build/bin/hpulaunch" --nproc-per-node gpu --allow-tf32 --verbose --max-steps 2 \
+    --no-eval "$build/lib/fmnist_mlp.so" -- --data "$data"
+  row "--nproc-per-node gpu --allow-tf32" "rc=$rc" "" "$(grep -a -o 'TF32[^]]*' "$out/nproc-gpu.log" | head -1 | cut -c1-100)"
+  step ipc-train 60 "$build/bin/hpulaunch" --devices 2 --device cuda --strategy ddp --max-steps 5 \
+    --batch-size 64 --verbose --no-eval "$build/lib/fmnist_mlp.so" -- --data "$data"
+  hd=$(mktemp -d)
+  "$build/bin/hpud" --gen-key "$hd/k" >/dev/null 2>&1
+  printf 'devices = auto\ndevice = cuda\nkey = %s/k\nuser = root\n' "$hd" >"$hd/c"
+  step hpud-check 30 "$build/bin/hpud" --check -c "$hd/c"
+  row "hpud devices = auto, device = cuda" "rc=$rc" "" "$(grep -a -o 'devices = auto, device = cuda: .*' "$out/hpud-check.log" | head -1 | cut -c1-100)"
+  row "ddp 2 workers: gradients' path" "rc=$rc" "" "$(grep -a -o "gradients' all-reduce: .*" "$out/ipc-train.log" | head -1 | cut -c1-100)"
 
   # Where a step's time goes: the profiler's trace of the MLP on the GPU.
   if [ -s "$out/ours-mlp-fp32.jsonl" ]; then

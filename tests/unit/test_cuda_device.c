@@ -437,7 +437,7 @@ static void check_filled(void)
 		      i, nf);
 	CHECK(D->setup && D->teardown && D->caps && D->copy && D->fill && D->record && D->wait &&
 		      D->host_alloc && D->host_free && D->ops && D->owns && D->backing &&
-		      D->queue_new && D->queue_free,
+		      D->queue_new && D->queue_free && D->configure && D->coll,
 	      "a member of the device table is NULL");
 }
 
