@@ -253,40 +253,6 @@ PY
     unset got
   done
 
-  # GPT-2 124M: synthetic tokens in llm.c's format (header of 256 int32:
-  # magic, version, count; then uint16 tokens).
-  tok=$out/tokens.bin
-  step tokens 30 "$py" - "$tok" <<'PY'
-import array, os, struct, sys
-n = 1 << 20
-t = array.array("H", (x % 50257 for x in array.array("H", os.urandom(2 * n))))
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)) + t.tobytes())
-PY
-  # 6N + 12 L T d FLOPs a token, N = 124,475,904
-  gflop=$((6 * 124475904 + 12 * 12 * 1024 * 768))
-  gpt=(--dim 768 --heads 12 --layers 12 --ctx 1024 --vocab 50304 --tokens "$tok" --dropout 0 --gen 0)
-  declare -A g=()
-  for p in bf16 fp8; do
-    prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
-    ours "ours-gpt2-$p" "$prec" 16 30 150 "$build/lib/gpt_lm.so" -- "${gpt[@]}"
-    g[$p]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[$p-c]=$(cell "${g[$p]}")
-    g[$p-mem]=$mem; g[$p-why]=$(why "$out/ours-gpt2-$p.log")
-  done
-  if [ -n "$peers" ]; then
-    step torch-gpt2 150 "$py" "$peers/torch_gpu.py" gpt2
-  else
-    echo "no torch_gpu.py found (PEERS)" >"$out/torch-gpt2.log"
-  fi
-  t=$(sed -n 's/.*model=gpt2-124M .*tokens_per_s=\([0-9]*\).*/\1/p' "$out/torch-gpt2.log" | tail -1)
-  tmem=$(sed -n 's/.*peak_GiB=\([0-9.]*\).*/\1/p' "$out/torch-gpt2.log" | tail -1)
-  note="ratio $(ratio "${g[bf16]}" "$t"); TFLOP/s ours $(tflops "${g[bf16]}" $gflop) theirs $(tflops "$t" $gflop); memory ours ${g[bf16-mem]:-?} MiB theirs ${tmem:-?} GiB"
-  [ -z "${g[bf16]}" ] && note="ours: ${g[bf16-why]}"
-  row "gpt2 bf16 tokens/s" "${g[bf16-c]}" "$(tcell "$t" "$out/torch-gpt2.log")" "$note"
-  note="fp8/bf16 ours $(ratio "${g[fp8]}" "${g[bf16]}") (the issue: >= 1.3x); TFLOP/s $(tflops "${g[fp8]}" $gflop)"
-  [ -z "${g[fp8]}" ] && note="ours: ${g[fp8-why]}"
-  row "gpt2 fp8 tokens/s" "${g[fp8-c]}" "" "$note"
-
   # The GPU's device-to-device copy rate (1 GiB, read + write counted).
   step d2d-copy 60 "$py" - <<'PY'
 import torch
@@ -329,6 +295,40 @@ PY
   step hpud-check 30 "$build/bin/hpud" --check -c "$hd/c"
   row "hpud devices = auto, device = cuda" "rc=$rc" "" "$(grep -a -o 'devices = auto, device = cuda: .*' "$out/hpud-check.log" | head -1 | cut -c1-100)"
   row "ddp 2 workers: gradients' path" "rc=$rc" "" "$(grep -a -o "gradients' all-reduce: .*" "$out/ipc-train.log" | head -1 | cut -c1-100)"
+
+  # GPT-2 124M: synthetic tokens in llm.c's format (header of 256 int32:
+  # magic, version, count; then uint16 tokens).
+  tok=$out/tokens.bin
+  step tokens 30 "$py" - "$tok" <<'PY'
+import array, os, struct, sys
+n = 1 << 20
+t = array.array("H", (x % 50257 for x in array.array("H", os.urandom(2 * n))))
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)) + t.tobytes())
+PY
+  # 6N + 12 L T d FLOPs a token, N = 124,475,904
+  gflop=$((6 * 124475904 + 12 * 12 * 1024 * 768))
+  gpt=(--dim 768 --heads 12 --layers 12 --ctx 1024 --vocab 50304 --tokens "$tok" --dropout 0 --gen 0)
+  declare -A g=()
+  for p in bf16 fp8; do
+    prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
+    ours "ours-gpt2-$p" "$prec" 16 30 "${GPT_LIMIT:-150}" "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+    g[$p]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[$p-c]=$(cell "${g[$p]}")
+    g[$p-mem]=$mem; g[$p-why]=$(why "$out/ours-gpt2-$p.log")
+  done
+  if [ -n "$peers" ]; then
+    step torch-gpt2 150 "$py" "$peers/torch_gpu.py" gpt2
+  else
+    echo "no torch_gpu.py found (PEERS)" >"$out/torch-gpt2.log"
+  fi
+  t=$(sed -n 's/.*model=gpt2-124M .*tokens_per_s=\([0-9]*\).*/\1/p' "$out/torch-gpt2.log" | tail -1)
+  tmem=$(sed -n 's/.*peak_GiB=\([0-9.]*\).*/\1/p' "$out/torch-gpt2.log" | tail -1)
+  note="ratio $(ratio "${g[bf16]}" "$t"); TFLOP/s ours $(tflops "${g[bf16]}" $gflop) theirs $(tflops "$t" $gflop); memory ours ${g[bf16-mem]:-?} MiB theirs ${tmem:-?} GiB"
+  [ -z "${g[bf16]}" ] && note="ours: ${g[bf16-why]}"
+  row "gpt2 bf16 tokens/s" "${g[bf16-c]}" "$(tcell "$t" "$out/torch-gpt2.log")" "$note"
+  note="fp8/bf16 ours $(ratio "${g[fp8]}" "${g[bf16]}") (the issue: >= 1.3x); TFLOP/s $(tflops "${g[fp8]}" $gflop)"
+  [ -z "${g[fp8]}" ] && note="ours: ${g[fp8-why]}"
+  row "gpt2 fp8 tokens/s" "${g[fp8-c]}" "" "$note"
 
   # Where a step's time goes: the profiler's trace of the MLP on the GPU.
   if [ -s "$out/ours-mlp-fp32.jsonl" ]; then
