@@ -177,7 +177,7 @@ ours() {
   shift 5
   sps='' mem=''
   step "$name" "$limit" "$build/bin/hpulaunch" -q --device "$device" --devices 1 --precision "$prec" \
-    --batch-size "$batch" --max-steps "$steps" --throughput-warmup-steps 10 --optimizer adamw \
+    --batch-size "$batch" --max-steps "$steps" --throughput-warmup-steps "${WARM:-10}" --optimizer adamw \
     --lr 1e-3 --no-eval --log-every 0 --metrics "$out/$name.jsonl" "$@"
   [ "$rc" = 0 ] && [ -s "$out/$name.jsonl" ] || return 0
   read -r sps mem < <("$py" - "$out/$name.jsonl" <<'PY'
@@ -237,9 +237,16 @@ PY
     declare -A got=()
     for p in fp32 bf16; do
       prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
-      ours "ours-$m-$p" "$prec" 256 200 90 "$build/lib/fmnist_$m.so" -- --data "$data"
+      ours "ours-$m-$p" "$prec" 256 "${STEPS:-200}" 90 "$build/lib/fmnist_$m.so" -- --data "$data"
       got[$p]=$(cell "${sps%.*}"); got[$p-mem]=$mem; got[$p-why]=$(why "$out/ours-$m-$p.log")
     done
+    if [ "$m" = cnn ]; then # the convolutions' algorithms timed by cuDNN (HPU_CUDNN_FIND=1)
+      for p in fp32 bf16; do
+        prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
+        HPU_CUDNN_FIND=1 ours "ours-cnn-$p-find" "$prec" 256 "${STEPS:-200}" 90 "$build/lib/fmnist_cnn.so" -- --data "$data"
+        got[$p-find]=$(cell "${sps%.*}")
+      done
+    fi
     peer "torch-$m" "$m" 120
     macs=1861632; [ "$m" = cnn ] && macs=11467776
     for p in fp32 bf16; do
@@ -249,6 +256,7 @@ PY
       [ -n "${got[$p-mem]}" ] && note="$note; MaxInUse ${got[$p-mem]} MiB"
       case $o in FAILED|"not run"|"timed out") note="ours: ${got[$p-why]}";; esac
       row "$m $p samples/s" "$o" "$(tcell "$t" "$out/torch-$m.log")" "$note"
+      [ -n "${got[$p-find]:-}" ] && row "$m $p samples/s, HPU_CUDNN_FIND=1" "${got[$p-find]}" "$(tcell "$t" "$out/torch-$m.log")" "ratio $(ratio "${got[$p-find]}" "$t")"
     done
     unset got
   done
@@ -312,7 +320,7 @@ PY
   declare -A g=()
   for p in bf16 fp8; do
     prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
-    ours "ours-gpt2-$p" "$prec" 16 30 "${GPT_LIMIT:-150}" "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+    WARM=5 ours "ours-gpt2-$p" "$prec" 16 15 "${GPT_LIMIT:-150}" "$build/lib/gpt_lm.so" -- "${gpt[@]}"
     g[$p]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[$p-c]=$(cell "${g[$p]}")
     g[$p-mem]=$mem; g[$p-why]=$(why "$out/ours-gpt2-$p.log")
   done
@@ -330,18 +338,22 @@ PY
   [ -z "${g[fp8]}" ] && note="ours: ${g[fp8-why]}"
   row "gpt2 fp8 tokens/s" "${g[fp8-c]}" "" "$note"
 
-  # Where a step's time goes: the profiler's trace of the MLP on the GPU.
-  if [ -s "$out/ours-mlp-fp32.jsonl" ]; then
-    ours trace-mlp fp32 256 20 60 --profile "$out/trace" "$build/lib/fmnist_mlp.so" -- --data "$data"
+  # Where a step's time goes: the profiler's traces of the MLP (20 steps),
+  # the CNN (20) and GPT-2 (6), fp32 and bf16-mixed, on the GPU.
+  trace() { # NAME PRECISION BATCH STEPS MODEL.so [model args]
+    local name=$1 prec=$2 batch=$3 steps=$4
+    shift 4
+    WARM=1 ours "trace-$name" "$prec" "$batch" "$steps" 90 --profile "$out/trace-$name" "$@"
     if [ "$rc" = 0 ]; then
-      step trace-summary 30 "$build/bin/hpu-trace" --top 15 "$out/trace"
-      row "trace: mlp fp32, 20 steps" written "" "$out/trace; hpu-trace's summary below the table"
+      step "summary-$name" 30 "$build/bin/hpu-trace" --top 18 "$out/trace-$name"
+      row "trace: $name $prec, $steps steps" written "" "hpu-trace's summary below the table"
     else
-      row "trace: mlp fp32, 20 steps" "$(cell "")" "" "$(why "$out/trace-mlp.log")"
+      row "trace: $name $prec, $steps steps" "$(cell "")" "" "$(why "$out/trace-$name.log")"
     fi
-  else
-    row "trace: mlp fp32, 20 steps" "not run" "" "our MLP did not run on the GPU"
-  fi
+  }
+  trace mlp fp32 256 20 "$build/lib/fmnist_mlp.so" -- --data "$data"
+  trace cnn fp32 256 20 "$build/lib/fmnist_cnn.so" -- --data "$data"
+  [ "${TRACE_GPT:-1}" = 1 ] && trace gpt2 bf16-mixed 16 6 "$build/lib/gpt_lm.so" -- "${gpt[@]}"
 fi
 
 # ---- the table ----
@@ -349,11 +361,12 @@ fi
   echo
   printf '%-30s %-16s %-16s %s\n' step ours PyTorch note
   awk -F'\t' '{ printf "%-30s %-16s %-16s %s\n", $1, $2, $3, $4 }' "$table"
-  if [ -s "$out/trace-summary.log" ]; then
+  for n in mlp cnn gpt2; do
+    [ -s "$out/summary-$n.log" ] || continue
     echo
-    echo "where a step of the MLP (fp32, batch 256) goes on the GPU (hpu-trace):"
-    sed 's/^/  /' "$out/trace-summary.log"
-  fi
+    echo "where a step of $n goes on the GPU (hpu-trace of trace-$n):"
+    sed 's/^/  /' "$out/summary-$n.log"
+  done
   echo "(${SECONDS}s in all; logs in $out)"
 } | tee "$out/table.txt"
 exit 0

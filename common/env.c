@@ -63,6 +63,10 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "the CUDA device's module to load for --device cuda or auto "
 	    "(default: hpudev_cuda.so in ../lib or ../LIBDIR/hputrain beside "
 	    "hpu-worker)"),
+	VAR(HPU_CUDNN_FIND, "0", "hpu-worker",
+	    "1: on --device cuda, each convolution shape's algorithms are timed "
+	    "by cuDNN once (its Find) and the fastest exact, deterministic one "
+	    "kept; 0: cuDNN's heuristics choose"),
 	VAR(HPU_RESTART_COUNT, "0", "hpu-worker; set by the agent",
 	    "which attempt of the job this is (0, then 1, 2, ... after "
 	    "restarts): resume, trace names"),

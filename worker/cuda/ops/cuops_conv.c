@@ -4,7 +4,8 @@
  * One plan per shape and math (a small cache per GPU): the tensor,
  * filter and convolution descriptors and the three algorithms, picked by
  * cuDNN's heuristics (no benchmarking) among the GEMM-like ones that fit
- * the workspace, deterministic ones first. fp32: CUDNN_FMA_MATH (no TF32) unless
+ * the workspace, deterministic ones first (HPU_CUDNN_FIND=1: timed by
+ * cuDNN's Find rather than guessed). fp32: CUDNN_FMA_MATH (no TF32) unless
  * hpu__cuda_ops_allow_tf32 said so. bf16 inputs: cuDNN's legacy API
  * writes bf16 outputs only, while the table's outputs (and dw's
  * accumulation) are fp32, so the bf16 operands are widened to fp32 in
@@ -13,6 +14,7 @@
  * computes.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -141,21 +143,42 @@ static int exact_filter(cudnnConvolutionBwdFilterAlgo_t a)
 		(math) = (res)[pick_].mathType;                                        \
 	} while (0)
 
+/* HPU_CUDNN_FIND=1: each shape's algorithms timed by cuDNN once (its
+ * Find calls, on buffers of their own), the fastest usable one taken,
+ * deterministic ones first as always; else cuDNN's heuristics. */
+static int find_algorithms(void)
+{
+	const char *e = getenv("HPU_CUDNN_FIND");
+	return e && !strcmp(e, "1");
+}
+
 static int algorithms(hpu__cuops_ctx *c, hpu__cuops_conv_plan *p)
 {
 	cudnnConvolutionFwdAlgoPerf_t fr[NALGO];
 	cudnnConvolutionBwdDataAlgoPerf_t dr[NALGO];
 	cudnnConvolutionBwdFilterAlgoPerf_t wr[NALGO];
 	int nf = 0, nd = 0, nw = 0;
-	if (hpu__cuops_dnn(cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->x, p->w, p->conv[0],
-								   p->y, NALGO, &nf, fr),
-			   "forward algorithm") ||
-	    hpu__cuops_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-				   c->dnn, p->w, p->y, p->conv[1], p->x, NALGO, &nd, dr),
-			   "backward data algorithm") ||
-	    hpu__cuops_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-				   c->dnn, p->x, p->y, p->conv[2], p->w, NALGO, &nw, wr),
-			   "backward filter algorithm"))
+	if (find_algorithms()) { /* timed by cuDNN, fastest first */
+		if (hpu__cuops_dnn(cudnnFindConvolutionForwardAlgorithm(c->dnn, p->x, p->w, p->conv[0],
+									 p->y, NALGO, &nf, fr),
+				   "timing forward algorithms") ||
+		    hpu__cuops_dnn(cudnnFindConvolutionBackwardDataAlgorithm(
+					   c->dnn, p->w, p->y, p->conv[1], p->x, NALGO, &nd, dr),
+				   "timing backward data algorithms") ||
+		    hpu__cuops_dnn(cudnnFindConvolutionBackwardFilterAlgorithm(
+					   c->dnn, p->x, p->y, p->conv[2], p->w, NALGO, &nw, wr),
+				   "timing backward filter algorithms"))
+			return -1;
+	} else if (hpu__cuops_dnn(cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->x, p->w,
+									  p->conv[0], p->y, NALGO,
+									  &nf, fr),
+				  "forward algorithm") ||
+		   hpu__cuops_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+					  c->dnn, p->w, p->y, p->conv[1], p->x, NALGO, &nd, dr),
+				  "backward data algorithm") ||
+		   hpu__cuops_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+					  c->dnn, p->x, p->y, p->conv[2], p->w, NALGO, &nw, wr),
+				  "backward filter algorithm"))
 		return -1;
 	cudnnMathType_t math[3];
 	PICK(fr, nf, p->tf32, exact_fwd, p->fwd, p->ws_fwd, math[0]);
