@@ -431,6 +431,18 @@ HPU_API int hpu_layer_checkpoint(hpu_layer *layer, int on);
  * conv2d and attention layers make this promise. Returns HPU_OK. */
 HPU_API int hpu_layer_params_in_ops(hpu_layer *layer);
 
+/* Promises that `layer` hands its parameters' gradients (hpu_grad) only
+ * to hpu_linear_backward and hpu_conv2d_backward, as their dw and db
+ * (each gradient whole, from its first float), and never reads or writes
+ * them itself. The runtime may then leave a step's gradients of the layer
+ * unzeroed (on the CPU devices, where no other layer uses its parameters):
+ * the linear op writes the weight gradient's product instead of adding
+ * it to zeros, and the ops zero what they add to; the values are those
+ * of zeroed gradients. A layer that adds to a gradient itself must not
+ * promise this. The library's linear, conv2d and attention layers make
+ * this promise. Returns HPU_OK. */
+HPU_API int hpu_layer_grads_in_ops(hpu_layer *layer);
+
 /* The loss the optimizer minimizes: the mean over samples of the
  * per-sample f32 tensor `tensor` (ndim 0, as loss layers output), times
  * `weight`. Call it again to add auxiliary losses. Returns HPU_OK or an

@@ -24,7 +24,11 @@
  *   workers) copies per step exactly the bytes the placement plan says
  *   (worker/strategy/copies.h); on cpu, none; ddp's and fast_ddp's
  *   --verbose plan says the gradients' all-reduce is staged there (the
- *   CPU devices have no collectives of their own, as CUDA IPC is). */
+ *   CPU devices have no collectives of their own, as CUDA IPC is);
+ * - a model's own layer that says hpu_layer_params_in_ops but not
+ *   hpu_layer_grads_in_ops, and adds to its gradient itself, trains on
+ *   cpu (where the library's layers get gradients owed zeros, issue 38)
+ *   as on cpu-strict (where nothing does), bit for bit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -425,6 +429,35 @@ static char *buffers_run(const char *device)
 	return all;
 }
 
+/* peek_param --in-ops (its layer promises its parameters to the ops, not
+ * its gradients, and adds to them itself), 4 steps fp32 on cpu and on
+ * cpu-strict: the same --save-params file, byte for byte. */
+static void test_own_layer_in_ops(void **state)
+{
+	(void)state;
+	static const char *const devs[2] = {"cpu", "cpu-strict"};
+	char path[2][64];
+	char *p[2];
+	size_t n[2];
+	for (int d = 0; d < 2; d++) {
+		snprintf(path[d], sizeof path[d], "/tmp/hpu-dev-%d-own%d.bin", (int)getpid(), d);
+		run r;
+		start(&r, 1);
+		args(&r, "--device", devs[d], "--max-steps", "4", "--batch-size", "64",
+		     "--save-params", path[d], NULL);
+		free(finish_with(&r, 0, PEEK, "--in-ops"));
+		p[d] = h_slurp_n(path[d], &n[d]);
+		assert_non_null(p[d]);
+		unlink(path[d]);
+	}
+	int same = n[0] == n[1] && memcmp(p[0], p[1], n[0]) == 0;
+	printf("  peek_param --in-ops, 4 steps: cpu-strict %s cpu (%zu bytes)\n",
+	       same ? "equals" : "DIFFERS FROM", n[0]);
+	assert_true(same);
+	free(p[0]);
+	free(p[1]);
+}
+
 static void test_buffers(void **state)
 {
 	(void)state;
@@ -663,6 +696,7 @@ int main(void)
 	    cmocka_unit_test(test_checkpoint_resume),
 	    cmocka_unit_test(test_offload),
 	    cmocka_unit_test(test_buffers),
+	    cmocka_unit_test(test_own_layer_in_ops),
 	    cmocka_unit_test(test_copied_bytes),
 	    cmocka_unit_test(test_copies_as_planned),
 	};

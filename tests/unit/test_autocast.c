@@ -25,6 +25,7 @@
 
 #include "tests/unit/num_testlib.h"
 #include "worker/ops/autocast.h"
+#include "common/lowp.h"
 
 #include "hpu/ops.h"
 
@@ -681,6 +682,110 @@ static void test_scratch_allocator(void **state)
 	free(want), free(got);
 }
 
+/* Activations held in fp32 and bf16 at once (hpu__ac_twin_add): the ops'
+ * bf16 form of data within the fp32 one is the bf16 one itself, values
+ * unchanged; outside it, or once removed, a converted copy. */
+static void test_twins(void **state)
+{
+	(void)state;
+	enum { B = 8, IN = 64, OUT = 16 };
+	static float x[B * IN], w[OUT * IN], y_twin[B * OUT], y_plain[B * OUT];
+	static uint16_t h[B * IN];
+	for (int i = 0; i < B * IN; i++) {
+		h[i] = hpu_to_bf16(sinf((float)i) * 3.0f);
+		x[i] = hpu_from_bf16(h[i]);
+	}
+	for (int i = 0; i < OUT * IN; i++)
+		w[i] = cosf((float)i) / 8.0f;
+	policy_ok(HPU_AUTOCAST_BF16, NULL, NULL);
+	assert_int_equal(hpu__ac_twin_add(x, h, B * IN - IN), 0); /* all rows but the last */
+	assert_ptr_equal(hpu__ac_bf16(0, x, B * IN - IN), h);
+	assert_ptr_equal(hpu__ac_bf16(0, x + IN, 2 * IN), h + IN);
+	const uint16_t *c = hpu__ac_bf16(0, x + IN, B * IN - IN); /* past the twin */
+	assert_ptr_not_equal(c, h + IN);
+	assert_memory_equal(c, h + IN, (B * IN - IN) * sizeof *h);
+	hpu_linear_forward(x, w, NULL, y_twin, B - 1, IN, OUT);
+	hpu__ac_twin_remove(x);
+	c = hpu__ac_bf16(0, x, B * IN - IN);
+	assert_ptr_not_equal(c, h);
+	assert_memory_equal(c, h, (B * IN - IN) * sizeof *h);
+	hpu_linear_forward(x, w, NULL, y_plain, B - 1, IN, OUT);
+	assert_memory_equal(y_twin, y_plain, sizeof y_twin);
+	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
+}
+
+/* Gradients owed zeros (hpu__ac_fresh_add): a linear's and a conv2d's
+ * backward claim their dw and db and give what they give on zeroed ones,
+ * bit for bit, though the memory held garbage; the padding after each is
+ * zeroed; a region nobody claims is zeroed by the flush, one forgotten is
+ * left alone; a claimed one is not claimed again. */
+static void test_fresh_grads(void **state)
+{
+	(void)state;
+	enum { B = 8, IN = 40, OUT = 12, WPAD = OUT * IN + 16, BPAD = OUT + 4 };
+	static float x[B * IN], w[OUT * IN], dy[B * OUT], dx[B * IN];
+	static float ref[WPAD + BPAD], g[WPAD + BPAD], spare[32];
+	for (int i = 0; i < B * IN; i++)
+		x[i] = sinf((float)i);
+	for (int i = 0; i < OUT * IN; i++)
+		w[i] = cosf((float)i) / 8.0f;
+	for (int i = 0; i < B * OUT; i++)
+		dy[i] = sinf(0.3f * (float)i);
+	for (int lp = 0; lp < 2; lp++) {
+		policy_ok(lp ? HPU_AUTOCAST_BF16 : HPU_AUTOCAST_NONE, NULL, NULL);
+		memset(ref, 0, sizeof ref);
+		hpu_linear_backward(x, w, dy, dx, ref, ref + WPAD, B, IN, OUT);
+		for (size_t i = 0; i < WPAD + BPAD; i++)
+			g[i] = NAN; /* garbage */
+		assert_int_equal(hpu__ac_fresh_add(g, WPAD), 0);
+		assert_int_equal(hpu__ac_fresh_add(g + WPAD, BPAD), 0);
+		hpu_linear_backward(x, w, dy, dx, g, g + WPAD, B, IN, OUT);
+		assert_memory_equal(g, ref, sizeof g);
+		assert_int_equal(hpu__ac_fresh_claim(g, OUT * IN), 0); /* claimed */
+		hpu__ac_fresh_flush(g, WPAD + BPAD);                  /* nothing left */
+		assert_memory_equal(g, ref, sizeof g);
+	}
+	/* conv2d: 2 channels in, 3 out, 3x3 kernels on 6x6, 2 samples */
+	hpu_conv2d_shape cs = {.batch = 2, .in_ch = 2, .height = 6, .width = 6, .out_ch = 3,
+				.kernel = 3, .stride = 1, .pad = 1};
+	enum { CX = 2 * 2 * 36, CW = 3 * 2 * 9, CY = 2 * 3 * 36 };
+	static float cx[CX], cw[CW], cdy[CY], cdx[CX], cref[CW + 3], cg[CW + 3];
+	float *scratch = calloc(hpu_conv2d_scratch(&cs), sizeof *scratch);
+	assert_non_null(scratch);
+	for (int i = 0; i < CX; i++)
+		cx[i] = sinf((float)i);
+	for (int i = 0; i < CW; i++)
+		cw[i] = cosf((float)i) / 4.0f;
+	for (int i = 0; i < CY; i++)
+		cdy[i] = sinf(0.7f * (float)i);
+	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
+	memset(cref, 0, sizeof cref);
+	hpu_conv2d_backward(&cs, cx, cw, cdy, cdx, cref, cref + CW, scratch);
+	for (size_t i = 0; i < CW + 3; i++)
+		cg[i] = NAN;
+	assert_int_equal(hpu__ac_fresh_add(cg, CW), 0);
+	assert_int_equal(hpu__ac_fresh_add(cg + CW, 3), 0);
+	hpu_conv2d_backward(&cs, cx, cw, cdy, cdx, cg, cg + CW, scratch);
+	assert_memory_equal(cg, cref, sizeof cg);
+	free(scratch);
+	for (size_t i = 0; i < 32; i++)
+		spare[i] = NAN;
+	assert_int_equal(hpu__ac_fresh_add(spare + 8, 16), 0);
+	assert_int_equal(hpu__ac_fresh_claim(spare + 8, 17), 0); /* larger than owed */
+	hpu__ac_fresh_flush(spare, 32);
+	for (size_t i = 0; i < 32; i++)
+		assert_true(i >= 8 && i < 24 ? spare[i] == 0.0f : isnan(spare[i]));
+	assert_int_equal(hpu__ac_fresh_claim(spare + 8, 16), 0); /* flushed */
+	for (size_t i = 0; i < 32; i++)
+		spare[i] = NAN;
+	assert_int_equal(hpu__ac_fresh_add(spare, 16), 0);
+	hpu__ac_fresh_forget(spare, 32);
+	assert_int_equal(hpu__ac_fresh_claim(spare, 16), 0); /* forgotten */
+	for (size_t i = 0; i < 32; i++)
+		assert_true(isnan(spare[i]));
+	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -694,6 +799,8 @@ int main(void)
 		cmocka_unit_test(test_counters),
 		cmocka_unit_test(test_bf16_variants),
 		cmocka_unit_test(test_fp16_variants),
+		cmocka_unit_test(test_twins),
+		cmocka_unit_test(test_fresh_grads),
 		cmocka_unit_test(test_scratch_allocator),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */

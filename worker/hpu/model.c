@@ -680,6 +680,13 @@ int hpu_layer_params_in_ops(hpu_layer *l)
 	return HPU_OK;
 }
 
+int hpu_layer_grads_in_ops(hpu_layer *l)
+{
+	HPU__LAYER_DECL(l, "hpu_layer_grads_in_ops");
+	l->grads_in_ops = 1;
+	return HPU_OK;
+}
+
 /* ---- losses, metrics, hooks ---- */
 
 /* The per-sample f32 scalar tensor `tensor` for `what`, or an error. */

@@ -65,6 +65,7 @@ struct hpu_layer {
 	size_t saved_ps, saved_fixed, scratch_ps, scratch_fixed;
 	int ckpt;             /* marked for activation checkpointing */
 	int params_in_ops;    /* hpu_layer_params_in_ops() */
+	int grads_in_ops;     /* hpu_layer_grads_in_ops() */
 	hpu_layer_device device; /* ops.device (ABI 3; ABI 2: any device) */
 	int backward;         /* its backward must run (parameters, or an
 			       * input that needs a gradient) */

@@ -90,6 +90,7 @@ static hpu_layer *conv2d_impl(hpu_builder *b, const char *name, const char *in, 
 	if (!l)
 		return NULL;
 	hpu_layer_params_in_ops(l);
+	hpu_layer_grads_in_ops(l); /* hpu_conv2d_backward's dw and db */
 	/* the im2col buffer of one sample, whatever the batch */
 	hpu_layer_memory(l, 0, 0, 0, hpu_conv2d_scratch(&s));
 	int64_t wshape[4] = {out_ch, s.in_ch, kernel, kernel};

@@ -75,8 +75,10 @@ static hpu_layer *declare(hpu_builder *b, const char *name, const char *in, cons
 		shape[d] = x.shape[d];
 	shape[x.ndim - 1] = out_features;
 	hpu_layer *l = ld_declare(b, name, in, &linear_ops, s, out, HPU_F32, x.ndim, shape);
-	if (l)
+	if (l) {
 		hpu_layer_params_in_ops(l);
+		hpu_layer_grads_in_ops(l); /* hpu_linear_backward's dw and db */
+	}
 	return l;
 }
 

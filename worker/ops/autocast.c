@@ -70,6 +70,23 @@ typedef struct param16 {
 static param16 *p16s;
 static int np16, cap16;
 
+/* hpu__ac_twin_add: fp32 activations and the bf16 values they hold. */
+typedef struct twin {
+	const float *f;
+	const uint16_t *h;
+	size_t n;
+} twin;
+static twin *twins;
+static int ntwins, captwins;
+
+/* hpu__ac_fresh_add: gradients owed zeros. */
+typedef struct fresh {
+	float *g;
+	size_t len;
+} fresh;
+static fresh *freshes;
+static int nfresh, capfresh;
+
 int hpu__autocast_ops(void)
 {
 	return HPU_OP_COUNT;
@@ -478,10 +495,96 @@ static void round_to(const float *x, float *y, size_t n, int lowp)
 	hpu__host_round(lowp == HPU_AUTOCAST_FP16, x, y, n);
 }
 
+int hpu__ac_twin_add(const float *f, const uint16_t *h, size_t n)
+{
+	hpu__ac_twin_remove(f);
+	if (ntwins == captwins) {
+		int cap = captwins ? 2 * captwins : 8;
+		twin *t = realloc(twins, (size_t)cap * sizeof *t);
+		if (t == NULL)
+			return -1;
+		twins = t;
+		captwins = cap;
+	}
+	twins[ntwins++] = (twin){f, h, n};
+	return 0;
+}
+
+void hpu__ac_twin_remove(const float *f)
+{
+	for (int i = 0; f && i < ntwins; i++)
+		if (twins[i].f == f) {
+			twins[i] = twins[--ntwins];
+			return;
+		}
+}
+
+/* The bf16 values of x[0..n) where x lies in a twin, else NULL. */
+static const uint16_t *twin_of(const float *x, size_t n)
+{
+	for (int i = 0; i < ntwins; i++) {
+		const twin *t = &twins[i];
+		if (x >= t->f && n <= t->n && (size_t)(x - t->f) <= t->n - n)
+			return t->h + (x - t->f);
+	}
+	return NULL;
+}
+
+int hpu__ac_fresh_add(float *g, size_t len)
+{
+	if (nfresh == capfresh) {
+		int cap = capfresh ? 2 * capfresh : 8;
+		fresh *f = realloc(freshes, (size_t)cap * sizeof *f);
+		if (f == NULL)
+			return -1;
+		freshes = f;
+		capfresh = cap;
+	}
+	freshes[nfresh++] = (fresh){g, len};
+	return 0;
+}
+
+int hpu__ac_fresh_claim(float *g, size_t n)
+{
+	for (int i = 0; g && i < nfresh; i++)
+		if (freshes[i].g == g && n <= freshes[i].len) {
+			memset(g + n, 0, (freshes[i].len - n) * sizeof *g);
+			freshes[i] = freshes[--nfresh];
+			return 1;
+		}
+	return 0;
+}
+
+/* Drops the owed zeros in base[0..len), zeroing them first when `zero`. */
+static void fresh_drop(const float *base, size_t len, int zero)
+{
+	for (int i = 0; base && i < nfresh;)
+		if (freshes[i].g >= base && freshes[i].g < base + len) {
+			if (zero)
+				memset(freshes[i].g, 0, freshes[i].len * sizeof *base);
+			freshes[i] = freshes[--nfresh];
+		} else {
+			i++;
+		}
+}
+
+void hpu__ac_fresh_flush(float *base, size_t len)
+{
+	fresh_drop(base, len, 1);
+}
+
+void hpu__ac_fresh_forget(const float *base, size_t len)
+{
+	fresh_drop(base, len, 0);
+}
+
 const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
 {
 	if (x == NULL)
 		return NULL;
+	const uint16_t *h = twin_of(x, n);
+	if (h)
+		return h;
 	grow((void **)&scratch16[slot].p, &scratch16[slot].cap, n, sizeof(uint16_t));
 	const hpu__backend *be = hpu__be();
 	if (!be->to_bf16 || be->to_bf16(x, scratch16[slot].p, n) != HPU_BE_OK)

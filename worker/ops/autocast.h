@@ -136,6 +136,33 @@ void hpu__ac_set_scratch_allocator(void *(*alloc)(size_t bytes), void (*release)
  * the slot is used again). NULL when x is NULL. Aborts when out of memory. */
 const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n);
 
+/* Activations the runtime holds in fp32 and in bf16 at once: f[0..n) are
+ * the exact fp32 values of h[0..n) (expanded from it). hpu__ac_bf16 of
+ * data within f then returns h itself instead of converting again. Until
+ * hpu__ac_twin_remove(f), which the runtime calls before f is freed or
+ * written. Returns 0, or -1 when out of memory (then nothing is
+ * registered and the ops convert as before). Host memory only (a device
+ * whose memory the host reads); training thread only. */
+int hpu__ac_twin_add(const float *f, const uint16_t *h, size_t n);
+void hpu__ac_twin_remove(const float *f);
+
+/* Gradients owed zeros: g[0..len) is a parameter's gradient (with its
+ * padding) that nothing has written yet, left unzeroed by the runtime
+ * for a layer that hands its gradients only to the ops
+ * (hpu_layer_grads_in_ops). An op about to accumulate into g[0..n)
+ * claims it first: 1 when it was owed zeros (g[n..len) are zeroed now,
+ * g[0..n) are the op's to overwrite, or to zero before it accumulates),
+ * else 0 (accumulate as ever). hpu__ac_fresh_flush zeroes what nobody
+ * claimed in base[0..len) when the layer's backward is over;
+ * hpu__ac_fresh_forget drops the owed zeros in base[0..len) unzeroed
+ * (memory about to be freed). Returns of _add: 0, or -1 when out of
+ * memory (nothing registered: zero g as ever). Training thread only;
+ * host memory only. */
+int hpu__ac_fresh_add(float *g, size_t len);
+int hpu__ac_fresh_claim(float *g, size_t n);
+void hpu__ac_fresh_flush(float *base, size_t len);
+void hpu__ac_fresh_forget(const float *base, size_t len);
+
 /* The bf16 form of parameter data w[n] for a bf16 product: the runtime's
  * bf16 working copy when w lies in one (hpu__ac_param16_add), else a copy
  * made into uint16 slot `slot`. NULL when w is NULL. */

@@ -251,22 +251,26 @@ static void fwd_product(const float *x, const float *w, const uint16_t *x16,
 		hpu__ref_linear_forward(x, w, b, y, batch, in, out);
 }
 
-/* dw[out,in] += dy^T x; dx[B,in] = dy w (dx may be NULL) */
+/* dw[out,in] += dy^T x (dw_fresh: dw is owed zeros, hpu__ac_fresh_claim:
+ * dw = dy^T x); dx[B,in] = dy w (dx may be NULL) */
 static void bwd_products(const float *x, const float *w, const float *dy,
 			 const uint16_t *x16, const uint16_t *w16, const uint16_t *dy16,
-			 float *dx, float *dw, int batch, int in, int out)
+			 float *dx, float *dw, int dw_fresh, int batch, int in, int out)
 {
 	const hpu__backend *be = hpu__be();
 	int bf = x16 && w16 && dy16;
 	hpu__gemm gw = {.dt = bf ? HPU_DT_BF16 : HPU_DT_F32, .count = 1, .m = out, .n = in,
 			.k = batch, .trans_a = 1, .a = bf ? (const void *)dy16 : dy,
-			.b = bf ? (const void *)x16 : x, .c = dw, .accumulate = 1};
+			.b = bf ? (const void *)x16 : x, .c = dw, .accumulate = !dw_fresh};
 	if (be->gemm(&gw) != HPU_BE_OK) { /* dw alone: w is not read */
 		gw.dt = HPU_DT_F32;
 		gw.a = dy;
 		gw.b = x;
-		if (be->gemm(&gw) != HPU_BE_OK)
+		if (be->gemm(&gw) != HPU_BE_OK) {
+			if (dw_fresh)
+				memset(dw, 0, (size_t)out * in * sizeof *dw);
 			hpu__ref_linear_backward(x, w, dy, NULL, dw, NULL, batch, in, out);
+		}
 	}
 	if (dx == NULL)
 		return;
@@ -365,14 +369,20 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 {
 	int lp = hpu__ac_enter(HPU_OP_LINEAR);
 	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
+	/* gradients owed zeros: dw is overwritten by its product, db zeroed */
+	int dw_fresh = in >= 0 && out >= 0 && hpu__ac_fresh_claim(dw, (size_t)out * in);
+	if (out >= 0 && hpu__ac_fresh_claim(db, (size_t)out))
+		memset(db, 0, (size_t)out * sizeof *db);
 	if (batch <= 0 || in < 0 || out < 0) {
+		if (dw_fresh)
+			memset(dw, 0, (size_t)out * in * sizeof *dw);
 		hpu__ref_linear_backward(x, w, dy, dx, dw, db, batch, in, out);
 		return;
 	}
 	size_t nx = (size_t)batch * in, ny = (size_t)batch * out, nw = (size_t)out * in;
 	params_f32(lp, w, nw, NULL, 0);
 	if (!lp) {
-		bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, batch, in, out);
+		bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, dw_fresh, batch, in, out);
 		if (db)
 			bias_grad(dy, db, batch, out);
 		return;
@@ -383,7 +393,7 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 			int bf = bf16_ok(lp);
 			bwd_products(xq, wq, dyq, bf ? hpu__ac_bf16(0, xq, nx) : NULL,
 				     bf ? hpu__ac_bf16(1, wq, nw) : NULL,
-				     bf ? hpu__ac_bf16(2, dyq, ny) : NULL, dx, dw, batch, in, out);
+				     bf ? hpu__ac_bf16(2, dyq, ny) : NULL, dx, dw, dw_fresh, batch, in, out);
 			if (db)
 				bias_grad(dy, db, batch, out);
 			if (dx != NULL)
@@ -392,7 +402,7 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		}
 		lp = hpu__ac_fallback(HPU_OP_LINEAR);
 		if (!lp) {
-			bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, batch, in, out);
+			bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, dw_fresh, batch, in, out);
 			if (db)
 				bias_grad(dy, db, batch, out);
 			return;
@@ -401,13 +411,13 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 	if (bf16_ok(lp)) {
 		const uint16_t *dy16 = hpu__ac_bf16(2, dy, ny);
 		bwd_products(x, w, dy, hpu__ac_bf16(0, x, nx), hpu__ac_weight_bf16(1, w, nw),
-			     dy16, dx, dw, batch, in, out);
+			     dy16, dx, dw, dw_fresh, batch, in, out);
 		if (db)
 			bias_grad16(dy16, db, batch, out);
 	} else {
 		const float *dyr = hpu__ac_round(2, dy, ny, lp);
 		bwd_products(hpu__ac_round(0, x, nx, lp), hpu__ac_weight_round(1, w, nw, lp), dyr,
-			     NULL, NULL, NULL, dx, dw, batch, in, out);
+			     NULL, NULL, NULL, dx, dw, dw_fresh, batch, in, out);
 		if (db)
 			bias_grad(dyr, db, batch, out);
 	}

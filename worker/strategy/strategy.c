@@ -292,6 +292,36 @@ static int init_params(hpu_strat *s)
 
 /* ---- the optimizer step ---- */
 
+/* fp32, after a step: the next step's gradients start at zero. Those of
+ * the layers whose gradients may be owed zeros (hpu__strat_fresh_ok),
+ * where they lie whole in G, are owed zeros instead: the ops claim them,
+ * the rest is zeroed when the layer's backward ends (fp32_grads_done) or
+ * at the next step (hpu__strat_step). */
+static void zero_grads(hpu_strat *s)
+{
+	int fresh = !hpu__strat_grads_sharded(s) && hpu__strat_direct(s);
+	float *G = s->G;
+	size_t at = 0; /* G[0 .. at) is done */
+	for (int i = 0; fresh && i < s->nlayers; i++) {
+		hpu_layer *l = s->b->layers[i];
+		if (!hpu__strat_fresh_ok(s, i) || l->gbase != G + l->off || l->off < at)
+			continue;
+		if (hpu__strat_fresh_add(s, i, l->gbase) < 0)
+			break;
+		hpu__dev_memset(NULL, G + at, 0, (l->off - at) * 4);
+		at = l->off + l->plen;
+	}
+	hpu__dev_memset(NULL, G + at, 0, (s->total - at) * 4);
+}
+
+/* fp32: layer o's gradients are complete; what no op claimed is zero. */
+static void fp32_grads_done(hpu_strat *s, int o, int final)
+{
+	(void)final;
+	hpu_layer *l = s->b->layers[o];
+	hpu__ac_fresh_flush(l->gbase, l->plen);
+}
+
 /* fp32: an Inf or NaN gradient anywhere (a non-finite loss makes them
  * NaN) skips the step everywhere; else clip and step. */
 static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
@@ -334,7 +364,7 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 		}
 	}
 	if (s->G)
-		hpu__dev_memset(NULL, s->G, 0, s->total * 4);
+		zero_grads(s);
 	return *skipped ? 0 : hpu__zero_gather_params(s);
 }
 
@@ -378,6 +408,8 @@ static int sync_buffers(hpu_strat *s)
 int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 {
 	int skipped;
+	if (s->G && !s->plan.mixed) /* owed zeros nobody claimed (zero_grads) */
+		hpu__ac_fresh_flush(s->G, s->total);
 	if (s->hooks.reduce(s) < 0 || s->hooks.step(s, lr, grad_norm, &skipped) < 0)
 		return -1;
 	/* The fp16 scaler's overflows are how it finds its scale: they count
@@ -560,7 +592,7 @@ static void choose_hooks(hpu_strat *s)
 		h->acquire = hpu__zero_acquire;
 		h->release = fp32_release;
 		h->grads_for = fp32_grads_for;
-		h->grads_done = NULL;
+		h->grads_done = fp32_grads_done;
 		h->step = fp32_step;
 	}
 }
@@ -660,6 +692,7 @@ void hpu__strat_free(hpu_strat **ps)
 		hpu__dfree(u->cbuf);
 	}
 	for (int t = 0; s->t_data && t < s->b->ntensors; t++) {
+		hpu__ac_twin_remove(s->t_data[t]);
 		if (s->b->tensors[t].producer >= 0 || hpu__dev_owns(s->t_data[t]))
 			hpu__dfree(s->t_data[t]); /* a field's: its copy on the device */
 		hpu__dfree(s->t_grad[t]);
@@ -669,6 +702,7 @@ void hpu__strat_free(hpu_strat **ps)
 	for (int i = 0; s->lcp && i < s->nlayers; i++) {
 		hpu__ac_param16_remove(s->lcp[i]);
 		hpu__dfree(s->lcp[i]);
+		hpu__ac_fresh_forget(s->lgs[i], s->b->layers[i]->plen);
 		hpu__dfree(s->lgs[i]);
 		hpu__dfree(s->z3.own16[i]);
 		if (s->saved)
@@ -685,6 +719,8 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__dfree(s->B);
 	hpu__dev_hbuf_free(s->stg.bsync);
 	hpu__dfree(s->P);
+	if (s->G && !s->plan.mixed)
+		hpu__ac_fresh_forget(s->G, s->total);
 	hpu__dfree(s->G);
 	hpu__dfree(s->PS);
 	hpu__dfree(s->GS);

@@ -11,7 +11,10 @@
  * their outputs; ReLU and pooling keep them so): a16[t] at half the bytes,
  * made once its last reader has run in forward, the fp32 one then freed;
  * backward expands it again while it is needed. Loss and metric tensors,
- * i32 tensors and outputs with any value off the bf16 grid stay fp32. */
+ * i32 tensors and outputs with any value off the bf16 grid stay fp32.
+ * While both forms are there after an expansion, the fp32 one lends the
+ * ops its bf16 twin (hpu__ac_twin_add): their bf16 products read a16
+ * instead of converting the activations again (issue 38). */
 
 #include <math.h>
 #include <stdint.h>
@@ -20,6 +23,7 @@
 
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
+#include "worker/ops/autocast.h"
 #include "common/simd.h"
 #include "worker/strategy/strategy_impl.h"
 
@@ -79,6 +83,8 @@ static size_t tensor_bytes(const hpu_strat *s, int t, int rows, size_t elem)
 
 int hpu__act_ensure(hpu_strat *s, int t)
 {
+	if (s->t_data[t]) /* about to be written: no longer a16's values */
+		hpu__ac_twin_remove(s->t_data[t]);
 	if (s->t_data[t] || !owned(s, t))
 		return 0;
 	char what[128];
@@ -95,6 +101,7 @@ void hpu__act_drop(hpu_strat *s, int t)
 {
 	if (!owned(s, t))
 		return;
+	hpu__ac_twin_remove(s->t_data[t]);
 	hpu__dfree(s->t_data[t]);
 	s->t_data[t] = NULL;
 	if (s->a16) {
@@ -126,6 +133,7 @@ int hpu__act_compress(hpu_strat *s, int t, int n)
 		s->a16[t] = NULL;
 		return 0;
 	}
+	hpu__ac_twin_remove(s->t_data[t]);
 	hpu__dfree(s->t_data[t]);
 	s->t_data[t] = NULL;
 	return 0;
@@ -138,12 +146,17 @@ int hpu__act_expand(hpu_strat *s, int t, int n)
 	if (hpu__act_ensure(s, t) < 0)
 		return -1;
 	hpu__dev_bf16_expand(s->t_data[t], s->a16[t], tensor_bytes(s, t, n, 1));
+	/* the lowered ops read a16 itself for their bf16 products (host
+	 * memory on the CPU devices; a failure only costs the conversion) */
+	if (hpu__dev_host_can_read())
+		(void)hpu__ac_twin_add(s->t_data[t], s->a16[t], tensor_bytes(s, t, n, 1));
 	return 0;
 }
 
 void hpu__act_release(hpu_strat *s, int t)
 {
 	if (s->a16 && s->a16[t]) {
+		hpu__ac_twin_remove(s->t_data[t]);
 		hpu__dfree(s->t_data[t]);
 		s->t_data[t] = NULL;
 	}

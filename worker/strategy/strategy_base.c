@@ -7,6 +7,7 @@
 
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
+#include "worker/ops/autocast.h"
 #include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
@@ -61,6 +62,28 @@ void hpu__strat_point(hpu_strat *s, int k, float *p, float *g)
 const char *hpu__strat_unit_name(const hpu_strat *s, int k)
 {
 	return s->b->layers[s->u[k].first]->name;
+}
+
+/* ---- gradients owed zeros (issue 38) ---- */
+
+int hpu__strat_fresh_ok(const hpu_strat *s, int i)
+{
+	const hpu_layer *l = s->b->layers[i];
+	return l->grads_in_ops && l->plen && s->gusers[i] == 1 && hpu__dev_host_can_read();
+}
+
+int hpu__strat_fresh_add(hpu_strat *s, int i, float *g)
+{
+	hpu_layer *l = s->b->layers[i];
+	const hpu_param_info *ps = &s->b->params[l->first_param];
+	for (int k = 0; k < l->nparams; k++) {
+		size_t end = k + 1 < l->nparams ? ps[k + 1].rel : l->plen;
+		if (hpu__ac_fresh_add(g + ps[k].rel, end - ps[k].rel) < 0) {
+			hpu__ac_fresh_flush(g, l->plen);
+			return -1;
+		}
+	}
+	return 0;
 }
 
 

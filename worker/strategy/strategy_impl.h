@@ -276,6 +276,15 @@ int hpu__strat_coll_fail(hpu_strat *s, const char *what, int rc);
 void *hpu__strat_dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes, const char *what);
 /* The name of unit k (its first layer's), for messages. */
 const char *hpu__strat_unit_name(const hpu_strat *s, int k);
+/* Gradients owed zeros (worker/ops/autocast.h, hpu__ac_fresh_add): layer
+ * i's gradients may be left unzeroed for the ops to claim when it hands
+ * them only to the ops (hpu_layer_grads_in_ops), no other layer uses its
+ * parameters and the host writes the memory (hpu__strat_fresh_ok). Then
+ * hpu__strat_fresh_add(s, i, g) registers each parameter's range of its
+ * gradients g[0 .. plen) (with its padding); 0, or -1 when out of memory
+ * (nothing left registered: g is to be zeroed as ever). */
+int hpu__strat_fresh_ok(const hpu_strat *s, int i);
+int hpu__strat_fresh_add(hpu_strat *s, int i, float *g);
 /* Points the layers of unit k at parameters starting at `p` (the unit's
  * first float) or gradients at `g` (NULL: leave as is). */
 void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);

@@ -144,6 +144,20 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 	return hpu__strat_params_sharded(s) ? hpu__zero_prefetch(s, i, dir, stop) : 0;
 }
 
+/* Layer i's fp32 gradients, uninitialized, each parameter's (with its
+ * padding) owed zeros until an op claims it or its backward ends (a
+ * linear's weight gradient is then its product, not added to zeros). */
+static int fresh_grads(hpu_strat *s, int i, const char *what)
+{
+	hpu_layer *l = s->b->layers[i];
+	if (!(s->lgs[i] = hpu__dalloc_uninit(HPU_MEM_GRADS, l->plen * 4, what)))
+		return fail(s, "%s", hpu__devmem_error());
+	l->gbase = s->lgs[i];
+	if (hpu__strat_fresh_add(s, i, s->lgs[i]) < 0)
+		hpu__dev_memset(NULL, s->lgs[i], 0, l->plen * 4);
+	return 0;
+}
+
 /* Layer i accumulates into fp32 gradients of its own (and zero2/3's unit
  * gets its 16-bit bucket). */
 int hpu__mp_grads_for(hpu_strat *s, int i)
@@ -159,6 +173,8 @@ int hpu__mp_grads_for(hpu_strat *s, int i)
 	}
 	snprintf(what, sizeof what, "fp32 gradients of %s", l->name);
 	/* kept until every backward using them ran (tied parameters) */
+	if (!s->lgs[i] && hpu__strat_fresh_ok(s, i))
+		return fresh_grads(s, i, what);
 	if (!s->lgs[i] && !(s->lgs[i] = dalloc(s, HPU_MEM_GRADS, l->plen * 4, what)))
 		return -1;
 	l->gbase = s->lgs[i];
@@ -172,6 +188,7 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 	hpu_layer *l = s->b->layers[i];
 	unit *u = &s->u[l->unit];
 	float *g = s->lgs[i];
+	hpu__ac_fresh_flush(g, l->plen); /* what no op claimed: zeros */
 	if (final && !s->steps.injected && s->o->inject_overflow_step == s->steps.step_no + 1 &&
 	    s->rank == 0) {
 		/* --inject-overflow-step: testing only */
