@@ -48,8 +48,10 @@ static void reaches(const char *model, double bar, const char *const *extra)
 	arg(&r, h_build(model));
 	proc p;
 	int code = h_run(&p, (char *const *)r.argv, NULL, 900000); /* a guard: ResNet on a CPU */
+	if (code < 0) /* h_run printed its output */
+		fail_msg("%s: still running after 15 minutes, killed", model);
 	if (code != 0)
-		fail_msg("%s: exit %d:\n%s", model, code, p.out ? p.out : "");
+		fail_msg("%s: exit %d:\n%s", model, code, p.out);
 	h_free(&p);
 	char *m = h_slurp(metrics);
 	assert_non_null(m);
