@@ -1,0 +1,300 @@
+/* test_cuda_train: training on the GPU (--device cuda) through the real
+ * launcher and workers, against the CPU (issue 35). Label gpu: where no
+ * GPU is visible it prints "skipped: " and the reason, and exits 77.
+ * HPU_TEST_GPU_DEVICE=cpu-strict runs the same tests with cpu-strict in
+ * place of cuda (the tests' own check on a machine without a GPU);
+ * HPU_TEST_GPU_ARGS adds options to the runs on the device under test
+ * (tests/integration/cudalib.h).
+ *
+ * - test_same_fp32, test_same_bf16: every strategy (fast_ddp, ddp,
+ *   zero1, zero2, zero3) on 1 and 2 workers (2 share the GPU) trains the
+ *   MLP example (784-1024-1024-10, AdamW lr 1e-3, batch 64, 20 steps) to
+ *   the cpu run's parameters (--save-params) within the precision's
+ *   bounds (TOL below: the largest difference and the relative L2
+ *   distance); each configuration's margins are printed, then the test
+ *   fails if any was out of bounds;
+ * - test_resume_across: a checkpoint written after 10 of 20 steps on the
+ *   GPU resumes on the cpu, and one written on the cpu resumes on the
+ *   GPU; each resumed run ends within the bounds of the uninterrupted run
+ *   on the device it resumed on (zero2 fp32 on 2 workers, ddp bf16-mixed
+ *   on 1);
+ * - test_kill_gpu_worker: kill -9 of a GPU worker mid-run ends the job
+ *   within 60 s, non-zero, with hpulaunch's line naming the rank and the
+ *   pid killed by signal 9, and no worker left;
+ * - test_device_memory_over_gpu: --device-memory 1TiB, more than a GPU
+ *   has, fails the job within 120 s with a line naming --device-memory,
+ *   the 1 TiB asked for and the GPU's memory (in GiB). Only on cuda: on
+ *   cpu-strict it says so and passes.
+ *
+ * On the GPU machine (ctest's files hold the build machine's paths):
+ *   HPU_BUILD_DIR=build HPU_SOURCE_DIR=. build/bin/test_cuda_train */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/integration/cudalib.h"
+
+/* The bounds on the cpu run's parameters a against the GPU run's b after
+ * 20 AdamW steps: the largest |a - b|, and the relative L2 distance
+ * |a - b|_2 / |a|_2. AdamW moves a parameter by about lr = 1e-3 a step
+ * whatever its gradient's size, so where a gradient is near 0 a tiny
+ * difference can flip its sign and move that parameter 2 lr the other
+ * way: the largest difference grows with few such parameters, the L2
+ * distance tells a run that follows the cpu's from one that does not.
+ * Measured on the cpu with its reference kernels (HPU_BACKEND=reference:
+ * plain loops and OpenBLAS, another summation order, as cuBLASLt's is)
+ * against oneDNN over these 10 configurations each:
+ *   fp32        max|diff| 1.9e-5 to 2.0e-5, L2 1.6e-6;
+ *   bf16-mixed  max|diff| 7.9e-3 to 1.1e-2, L2 8.6e-3 to 1.6e-2 (a different sum
+ *               rounds some bf16 value to its neighbour, 2^-8 away, and
+ *               that trains on);
+ * a different --seed gives max|diff| 0.1 and L2 1.4, and 10 of the 20
+ * steps at lr 1.05e-3 max|diff| 0.018 and L2 0.061. The bounds: fp32
+ * 2e-4 and 1e-4 (10 and 60 times the measured), bf16-mixed 4e-2 (2 lr a
+ * step for 20 steps: no more than a sanity bound) and 0.05 (3 times). */
+typedef struct tol {
+	const char *precision;
+	double max, l2;
+} tol;
+static const tol TOL[] = {{"fp32", 2e-4, 1e-4}, {"bf16-mixed", 4e-2, 0.05}};
+
+static const char *const STRATEGIES[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
+
+#define STEPS "20"
+
+static const tol *tol_of(const char *precision)
+{
+	for (size_t i = 0; i < sizeof TOL / sizeof TOL[0]; i++)
+		if (strcmp(TOL[i].precision, precision) == 0)
+			return &TOL[i];
+	fail_msg("no bounds for %s", precision);
+	return NULL;
+}
+
+static void scratch(char *buf, size_t len, const char *what)
+{
+	snprintf(buf, len, "/tmp/hpu-cudatrain-%d-%s", (int)getpid(), what);
+}
+
+/* The MLP on `dev`: `workers` workers, batch 64, AdamW lr 1e-3, the
+ * strategy and precision, then `extra` (NULL-ended); parameters saved to
+ * `params` (raw fp32) where it is not NULL. */
+static void train(const char *dev, int workers, const char *strategy, const char *precision,
+		  const char *params, const char *const *extra)
+{
+	run r;
+	start(&r, workers);
+	args(&r, "--strategy", strategy, "--precision", precision, "--batch-size", "64",
+	     "--optimizer", "adamw", "--lr", "1e-3", NULL);
+	if (params)
+		args(&r, "--save-params", params, NULL);
+	for (; extra && *extra; extra++)
+		arg(&r, *extra);
+	gpu_args(&r, dev);
+	free(finish(&r, 0, NULL));
+}
+
+/* Compares ref (on `ref_dev`) with got, prints the margin under `what`;
+ * returns 1 when within the precision's bounds. */
+static int report(const char *what, const char *precision, const char *ref, const char *got)
+{
+	const tol *t = tol_of(precision);
+	gpu_cmp c = gpu_compare(ref, got);
+	int ok = gpu_within(&c, t->max, t->l2);
+	printf("  %-38s max|diff| %.3g (bound %.0e, max|p| %.3g), L2 %.3g (bound %.0e), "
+	       "%zu not finite of %zu: %s\n",
+	       what, c.max_diff, t->max, c.max_abs, c.rel_l2, t->l2, c.nonfinite, c.n,
+	       ok ? "ok" : "OUT OF BOUNDS");
+	fflush(stdout);
+	return ok;
+}
+
+/* Every strategy on 1 and 2 workers in `precision`, on cpu and on the
+ * device under test: all configurations printed, then the test fails if
+ * any was out of bounds. */
+static void same_as_cpu(const char *precision)
+{
+	const char *dev = gpu_device();
+	char a[96], b[96], what[96];
+	scratch(a, sizeof a, "cpu.bin");
+	scratch(b, sizeof b, "dev.bin");
+	const char *const steps[] = {"--max-steps", STEPS, NULL};
+	int bad = 0;
+	for (size_t s = 0; s < sizeof STRATEGIES / sizeof STRATEGIES[0]; s++)
+		for (int w = 1; w <= 2; w++) {
+			train("cpu", w, STRATEGIES[s], precision, a, steps);
+			train(dev, w, STRATEGIES[s], precision, b, steps);
+			snprintf(what, sizeof what, "%s %s %dw, %s against cpu:", STRATEGIES[s],
+				 precision, w, dev);
+			bad += !report(what, precision, a, b);
+		}
+	unlink(a);
+	unlink(b);
+	if (bad)
+		fail_msg("%d of 10 configurations out of bounds (above)", bad);
+}
+
+static void test_same_fp32(void **state)
+{
+	(void)state;
+	same_as_cpu("fp32");
+}
+
+static void test_same_bf16(void **state)
+{
+	(void)state;
+	same_as_cpu("bf16-mixed");
+}
+
+/* 10 steps on `from` with a checkpoint, resumed on `to` to 20; against
+ * 20 steps on `to` without a stop. Returns 1 when within bounds. */
+static int resumed(const char *from, const char *to, int workers, const char *strategy,
+		   const char *precision)
+{
+	char dir[96], got[96], whole[96], what[128];
+	scratch(dir, sizeof dir, "ckpt");
+	scratch(got, sizeof got, "resumed.bin");
+	scratch(whole, sizeof whole, "whole.bin");
+	h_rmtree(dir);
+	const char *first[] = {"--checkpoint-dir", dir, "--checkpoint-every", "10",
+			       "--max-steps", "10", NULL};
+	train(from, workers, strategy, precision, NULL, first);
+	const char *again[] = {"--resume", dir, "--max-steps", STEPS, NULL};
+	train(to, workers, strategy, precision, got, again);
+	const char *plain[] = {"--max-steps", STEPS, NULL};
+	train(to, workers, strategy, precision, whole, plain);
+	snprintf(what, sizeof what, "%s %s %dw, %s->%s against %s:", strategy, precision, workers,
+		 from, to, to);
+	int ok = report(what, precision, whole, got);
+	h_rmtree(dir);
+	unlink(got);
+	unlink(whole);
+	return ok;
+}
+
+static void test_resume_across(void **state)
+{
+	(void)state;
+	const char *dev = gpu_device();
+	int bad = 0;
+	bad += !resumed(dev, "cpu", 2, "zero2", "fp32");
+	bad += !resumed("cpu", dev, 2, "zero2", "fp32");
+	bad += !resumed(dev, "cpu", 1, "ddp", "bf16-mixed");
+	bad += !resumed("cpu", dev, 1, "ddp", "bf16-mixed");
+	if (bad)
+		fail_msg("%d of 4 resumed runs out of bounds (above)", bad);
+}
+
+/* The first line of out holding `text`; NULL if none. */
+static const char *line_with(const char *out, const char *text)
+{
+	const char *hit = strstr(out, text), *line = hit;
+	while (line && line > out && line[-1] != '\n')
+		line--;
+	return line;
+}
+
+/* kill -9 of rank 1's worker once training runs: the job ends within
+ * 60 s (a guard against a hang, not a timing), non-zero, hpulaunch naming
+ * the rank and the pid, no worker left. */
+static void test_kill_gpu_worker(void **state)
+{
+	(void)state;
+	run r;
+	r.n = 0;
+	args(&r, LAUNCH, "--devices", "2", "--epochs", "50", "--log-every", "2", "--no-eval", NULL);
+	gpu_args(&r, gpu_device());
+	arg(&r, MODEL);
+	proc p;
+	assert_int_equal(h_start(&p, (char *const *)r.argv, NULL), 0);
+	int seen = h_wait_for(&p, "step 4/", 120000);
+	pid_t kids[8];
+	int n = h_children(p.pid, kids, 8);
+	if (seen != 0 || n != 2) {
+		h_kill_groups(kids, n);
+		fprintf(stderr, "training did not start (%d workers):\n%s\n", n, p.out);
+		h_kill(&p);
+		fail();
+	}
+	assert_int_equal(kill(kids[1], SIGKILL), 0);
+	int exited = h_wait(&p, 60000);
+	int alive = h_alive(kids[0]) || h_alive(kids[1]);
+	h_kill_groups(kids, n);
+	if (exited != 0) {
+		fprintf(stderr, "still running 60 s after kill -9 of pid %d:\n%s\n", (int)kids[1],
+			p.out);
+		h_kill(&p);
+		fail();
+	}
+	char want[96];
+	snprintf(want, sizeof want, "pid %d) was killed by signal 9", (int)kids[1]);
+	const char *line = line_with(p.out, want);
+	char *l = strndup(line ? line : "", line ? strcspn(line, "\n") : 0);
+	assert_non_null(l);
+	printf("  exit %d; %s\n", h_code(&p), line ? l : "(no line naming the killed pid)");
+	if (!line)
+		fprintf(stderr, "no line '%s' in:\n%s\n", want, p.out);
+	assert_int_not_equal(h_code(&p), 0);
+	assert_non_null(line);
+	assert_non_null(strstr(l, "rank ")); /* "rank R (node 0, pid P) was killed ..." */
+	free(l);
+	assert_non_null(strstr(p.out, "hpulaunch: error: rank "));
+	assert_false(alive);
+	h_free(&p);
+}
+
+/* --device-memory beyond the GPU's memory: refused with a line naming
+ * the option, what was asked (1 TiB) and the GPU's memory, in GiB. */
+static void test_device_memory_over_gpu(void **state)
+{
+	(void)state;
+	if (!gpu_is_cuda()) {
+		printf("  %s: a GPU's memory limit, not checked here\n", gpu_device());
+		return;
+	}
+	run r;
+	r.n = 0;
+	args(&r, LAUNCH, "-q", "--devices", "1", "--max-steps", "5", "--no-eval", NULL);
+	arg(&r, "--device-memory");
+	arg(&r, "1TiB");
+	gpu_args(&r, gpu_device());
+	arg(&r, MODEL);
+	proc p;
+	int code = h_run(&p, (char *const *)r.argv, NULL, 120000);
+	assert_int_not_equal(code, -1); /* h_run printed it: a hang */
+	const char *line = line_with(p.out, "--device-memory");
+	int len = line ? (int)strcspn(line, "\n") : 0;
+	printf("  exit %d; %.*s\n", code, len, line ? line : "(no line naming --device-memory)");
+	if (code == 0 || !line)
+		fprintf(stderr, "the whole output:\n%s\n", p.out);
+	assert_int_not_equal(code, 0);
+	assert_non_null(line);
+	char *l = strndup(line, (size_t)len);
+	assert_non_null(l);
+	assert_true(strstr(l, "1.0 TiB") || strstr(l, "1TiB") || strstr(l, "1099511627776"));
+	assert_non_null(strstr(l, "GPU"));
+	assert_non_null(strstr(l, "GiB"));
+	free(l);
+	h_free(&p);
+}
+
+int main(void)
+{
+	gpu_device(); /* the skip, before cmocka's header */
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_same_fp32),
+	    cmocka_unit_test(test_same_bf16),
+	    cmocka_unit_test(test_resume_across),
+	    cmocka_unit_test(test_kill_gpu_worker),
+	    cmocka_unit_test(test_device_memory_over_gpu),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
