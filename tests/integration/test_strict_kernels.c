@@ -9,7 +9,10 @@
  * (conv1d, 1-D pooling, slice, concat, permute, reduce, reshape,
  * rectangular convolution, sigmoid, both BCEs) and a masked attention
  * with MSE train a few steps so under ddp and zero3 on 2 workers, fp32
- * and bf16-mixed, and save the parameters byte for byte as on cpu. */
+ * and bf16-mixed, and save the parameters byte for byte as on cpu. So
+ * does a model whose host-only custom layers (HPU_LAYER_HOST_ONLY) read
+ * their tensors themselves: the runtime stages them through host memory,
+ * warning once per layer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,9 +27,9 @@
 #include "tests/integration/runlib.h"
 
 /* One run of `model` (NULL: the MLP) with `margs` on `device`, 2 workers,
- * 3 steps of 16, saving the parameters to `path`. */
-static void one_run(const char *device, int kernels, const char *path, const char *model,
-		    const char *margs, const char *strategy, const char *precision)
+ * 3 steps of 16, saving the parameters to `path`; its output. */
+static char *one_run(const char *device, int kernels, const char *path, const char *model,
+		     const char *margs, const char *strategy, const char *precision)
 {
 	run r;
 	if (kernels)
@@ -38,20 +41,21 @@ static void one_run(const char *device, int kernels, const char *path, const cha
 	     "--max-steps", "3", "--batch-size", "16", "--optimizer", "adamw", "--save-params",
 	     path, NULL);
 	char *out = model ? finish_with(&r, 0, model, margs) : finish(&r, 0, margs);
-	free(out);
 	unsetenv("HPU_STRICT_KERNELS");
+	return out;
 }
 
 /* The run on cpu and on cpu-strict's kernels-only mode: their
- * --save-params files are equal byte for byte. */
-static void same(const char *name, const char *model, const char *margs, const char *strategy,
-		 const char *precision)
+ * --save-params files are equal byte for byte. The strict run's output,
+ * or NULL. */
+static char *same_out(const char *name, const char *model, const char *margs,
+		      const char *strategy, const char *precision)
 {
 	char a[64], b[64];
 	snprintf(a, sizeof a, "/tmp/hpu-sk-%d-cpu.bin", (int)getpid());
 	snprintf(b, sizeof b, "/tmp/hpu-sk-%d-strict.bin", (int)getpid());
-	one_run("cpu", 0, a, model, margs, strategy, precision);
-	one_run("cpu-strict", 1, b, model, margs, strategy, precision);
+	char *cpu = one_run("cpu", 0, a, model, margs, strategy, precision);
+	char *strict = one_run("cpu-strict", 1, b, model, margs, strategy, precision);
 	size_t na, nb;
 	char *pa = h_slurp_n(a, &na), *pb = h_slurp_n(b, &nb);
 	assert_non_null(pa);
@@ -64,6 +68,25 @@ static void same(const char *name, const char *model, const char *margs, const c
 	free(pb);
 	unlink(a);
 	unlink(b);
+	/* the CPU needs no staging: no warning there */
+	assert_null(strstr(cpu, "staged through host memory"));
+	free(cpu);
+	return strict;
+}
+
+static void same(const char *name, const char *model, const char *margs, const char *strategy,
+		 const char *precision)
+{
+	free(same_out(name, model, margs, strategy, precision));
+}
+
+/* times `needle` occurs in `hay` */
+static int count(const char *hay, const char *needle)
+{
+	int n = 0;
+	for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+		n++;
+	return n;
 }
 
 static void test_mlp(void **state)
@@ -116,6 +139,33 @@ static void test_masked_attention(void **state)
 	same("masked", m, NULL, "zero3", "bf16-mixed");
 }
 
+/* Host-only custom layers (HPU_LAYER_HOST_ONLY: a parameter, one shared
+ * with the next layer, a buffer, saved and scratch memory) read and write
+ * their tensors themselves: on cpu-strict they run on host copies, staged
+ * by the runtime, and train as on cpu; one warning per layer names it. */
+static void test_host_only_layers(void **state)
+{
+	(void)state;
+	const char *m = h_build("lib/host_layer_model.so");
+	static const char *const cfg[][2] = {{"ddp", "fp32"}, {"zero3", "bf16-mixed"}};
+	for (int k = 0; k < 2; k++) {
+		char *out = same_out("host", m, NULL, cfg[k][0], cfg[k][1]);
+		static const char *const layers[] = {"hscale", "hscale2"};
+		for (int j = 0; j < 2; j++) {
+			char want[160];
+			snprintf(want, sizeof want,
+				 "warning: layer %s is host-only (HPU_LAYER_HOST_ONLY) on device "
+				 "cpu-strict: its tensors are staged through host memory",
+				 layers[j]);
+			if (count(out, want) != 1)
+				fprintf(stderr, "wanted once: %s\noutput:\n%s\n", want, out);
+			assert_int_equal(count(out, want), 1);
+		}
+		assert_int_equal(count(out, "staged through host memory"), 2);
+		free(out);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -125,6 +175,7 @@ int main(void)
 		cmocka_unit_test(test_gpt_lm),
 		cmocka_unit_test(test_seq_model),
 		cmocka_unit_test(test_masked_attention),
+		cmocka_unit_test(test_host_only_layers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

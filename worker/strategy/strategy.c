@@ -715,6 +715,7 @@ void hpu__strat_free(hpu_strat **ps)
 	for (int t = 0; s->stg.t_host && t < s->b->ntensors; t++)
 		hpu__dev_host_free(s->stg.t_host[t]);
 	free(s->stg.t_host);
+	hpu__host_stage_free(s);
 	hpu__dfree(s->scratch);
 	hpu__dfree(s->B);
 	hpu__dev_hbuf_free(s->stg.bsync);

@@ -202,8 +202,23 @@ struct hpu_strat {
 				    * hpu__strat_tensor returns where the
 				    * host may not read device memory, or
 				    * NULL */
+		struct hpu__lstage **lstage; /* strategy_host.c: per layer,
+				    * a host-only layer's staging, or NULL */
 	} stg;
 };
+
+/* strategy_host.c: a host-only layer (HPU_LAYER_HOST_ONLY) where the host
+ * may not read device memory runs on host copies of its tensors.
+ * hpu__host_staged: 1 when layer i's calls are staged. stage_in points
+ * the views, the layer's (and its shared parameters' owners') parameters,
+ * gradients, buffers, saved and scratch memory at host copies (din: in
+ * backward only); stage_out copies back what the call wrote (where rc is
+ * 0) and points everything at the device again. */
+int hpu__host_staged(const hpu_strat *s, int i);
+int hpu__host_stage_in(hpu_strat *s, int i, int backward, hpu_tensor *in, hpu_tensor *out,
+		       hpu_tensor *dout, hpu_tensor *din);
+void hpu__host_stage_out(hpu_strat *s, int i, int backward, int rc);
+void hpu__host_stage_free(hpu_strat *s);
 
 /* What the plan says, as the strategy files ask it: zero3 shards the
  * working parameters (gathered per layer), zero2/3 the gradients

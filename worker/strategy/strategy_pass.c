@@ -135,9 +135,14 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	c.recompute = recompute;
 	int64_t t0 = hpu__prof_t0();
 	op_layer(s, i, 0);
+	int staged = hpu__host_staged(s, i);
+	if (staged && hpu__host_stage_in(s, i, 0, in, out, NULL, NULL) < 0)
+		return -1;
 	hpu__dev_layer_enter(); /* the layer's forward: one device call */
 	int rc = l->ops.forward(l, &c, in, out);
 	hpu__dev_layer_leave();
+	if (staged)
+		hpu__host_stage_out(s, i, 0, rc);
 	op_layer(s, -1, 0);
 	hpu__prof_span(recompute ? "forward" : c.train ? "forward" : "eval",
 		       recompute ? "recompute" : c.train ? "forward" : "eval_forward", l->name, t0,
@@ -439,9 +444,14 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	c.layer = i;
 	int64_t t0 = hpu__prof_t0();
 	op_layer(s, i, 1);
+	int staged = hpu__host_staged(s, i);
+	if (staged && hpu__host_stage_in(s, i, 1, in, out, dout, din) < 0)
+		goto fail;
 	hpu__dev_layer_enter(); /* the layer's backward: one device call */
 	int rc = l->ops.backward(l, &c, in, out, dout, din);
 	hpu__dev_layer_leave();
+	if (staged)
+		hpu__host_stage_out(s, i, 1, rc);
 	op_layer(s, -1, 0);
 	hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
 	if (rc != 0) {
