@@ -251,10 +251,16 @@ typedef enum hpu_layer_device {
 				   * tensors are, so the layer runs on any
 				   * device (a GPU worker's too) */
 	HPU_LAYER_HOST_ONLY = 1,  /* the callbacks read or write the tensors'
-				   * memory themselves: the runtime stages
-				   * the layer's tensors in host memory.
-				   * Recorded now (and named by --verbose);
-				   * the CPU devices need no staging */
+				   * memory themselves: where the host may
+				   * not read device memory (a GPU,
+				   * cpu-strict) the runtime stages each
+				   * call through pinned host memory: host
+				   * copies of the inputs, outputs and their
+				   * gradients, hpu_param/hpu_grad/
+				   * hpu_buffer/hpu_saved/hpu_scratch,
+				   * copied back after the call (correct,
+				   * slow; rank 0 warns once per layer).
+				   * The CPU devices need no staging */
 } hpu_layer_device;
 
 typedef struct hpu_layer_ops {
