@@ -142,7 +142,8 @@ static void test_masked_attention(void **state)
 /* Host-only custom layers (HPU_LAYER_HOST_ONLY: a parameter, one shared
  * with the next layer, a buffer, saved and scratch memory) read and write
  * their tensors themselves: on cpu-strict they run on host copies, staged
- * by the runtime, and train as on cpu; one warning per layer names it. */
+ * by the runtime, and train as on cpu; one warning per layer names it;
+ * the staging's bytes are the placement plan's. */
 static void test_host_only_layers(void **state)
 {
 	(void)state;
@@ -164,6 +165,28 @@ static void test_host_only_layers(void **state)
 		assert_int_equal(count(out, "staged through host memory"), 2);
 		free(out);
 	}
+	/* the staging's bytes are counted and planned: each step's copies
+	 * are the plan's, the host-only layers' part named */
+	run r;
+	setenv("HPU_STRICT_KERNELS", "1", 1);
+	start(&r, 2);
+	args(&r, "--device", "cpu-strict", "--max-steps", "2", "--batch-size", "16", "--verbose",
+	     NULL);
+	char *out = finish_with(&r, 0, m, NULL);
+	unsetenv("HPU_STRICT_KERNELS");
+	assert_non_null(strstr(out, "host-only layers "));
+	int steps = 0;
+	for (const char *p = out; (p = strstr(p, "device cpu-strict copied ")); p++) {
+		unsigned long long h, d, ph, pd;
+		assert_int_equal(sscanf(p, "device cpu-strict copied %llu bytes host-to-device, "
+					   "%llu bytes device-to-host; the plan: %llu and %llu",
+					&h, &d, &ph, &pd), 4);
+		printf("  host     step copies %llu and %llu, the plan %llu and %llu\n", h, d, ph, pd);
+		assert_true(h == ph && d == pd);
+		steps++;
+	}
+	assert_int_equal(steps, 4); /* 2 steps, 2 ranks */
+	free(out);
 }
 
 int main(void)

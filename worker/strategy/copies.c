@@ -101,6 +101,8 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 	uint64_t samples = (uint64_t)st->micro * (uint64_t)st->accum;
 	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
 	c->d2h[HPU_COPY_LOSS] = (uint64_t)st->accum * 8 * (uint64_t)st->nloss;
+	c->h2d[HPU_COPY_HOSTLAYERS] = (uint64_t)st->accum * st->staged_h2d;
+	c->d2h[HPU_COPY_HOSTLAYERS] = (uint64_t)st->accum * st->staged_d2h;
 	if (p->world > 1) { /* at 1 the collectives are the identity */
 		if (!st->grads_direct) /* else device to device */
 			grads(p, st, c);
@@ -113,7 +115,8 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 const char *hpu__plan_copy_name(hpu_plan_copy c)
 {
 	static const char *const n[] = {"batch", "loss", "gradients", "parameters", "buffers",
-					"offload"};
+					"offload",
+					"host-only layers"};
 	return (unsigned)c < HPU_COPY_N ? n[c] : "?";
 }
 

@@ -70,6 +70,8 @@ typedef struct hpu_plan_step {
 				 * (CUDA IPC): nothing of it is staged */
 	int regathers;          /* 1: zero3 may gather layers more often than
 				 * counted (recomputation, shared parameters) */
+	uint64_t staged_h2d, staged_d2h; /* per micro-step: the host-only
+				 * layers' staging (strategy_host.c) */
 } hpu_plan_step;
 
 /* What the bytes are for. */
@@ -80,6 +82,7 @@ typedef enum hpu_plan_copy {
 	HPU_COPY_PARAMS,  /* ZeRO's parameter all-gathers' staging */
 	HPU_COPY_BUFFERS, /* the buffers' synchronization */
 	HPU_COPY_OFFLOAD, /* the offload tier's gradients and parameters */
+	HPU_COPY_HOSTLAYERS, /* host-only layers' tensors staged around their calls */
 	HPU_COPY_N,
 } hpu_plan_copy;
 

@@ -11,7 +11,8 @@
  * host copies live in one pinned block per layer, made at its first
  * staged call (sized for the largest batch) and kept until the strategy
  * is freed. Each copy is the device's (hpu__dev_copy), counted in its
- * h2d/d2h bytes. Where the host may read device memory (cpu) nothing is
+ * h2d/d2h bytes, and planned (hpu__host_stage_plan, the same rules as
+ * the calls below). Where the host may read device memory (cpu) nothing is
  * staged. */
 
 #include <stdio.h>
@@ -220,4 +221,43 @@ void hpu__host_stage_free(hpu_strat *s)
 		stage_free(s->stg.lstage[i]);
 	free(s->stg.lstage);
 	s->stg.lstage = NULL;
+}
+
+/* One layer's bytes per training micro-step: stage_in's and stage_out's
+ * copies, for a forward and (where it runs) a backward. */
+static void layer_plan(const hpu_strat *s, int i, int micro, uint64_t *h2d, uint64_t *d2h)
+{
+	const hpu_layer *l = s->b->layers[i];
+	uint64_t ins = 0, outs = 0, dins = 0, params = 0;
+	for (int k = 0; k < l->nin; k++) {
+		ins += tbytes(s, l->in[k], micro);
+		if (s->b->tensors[l->in[k]].grad)
+			dins += tbytes(s, l->in[k], micro);
+	}
+	for (int k = 0; k < l->nout; k++)
+		outs += tbytes(s, l->out[k], micro);
+	for (int j = 0; j < 1 + l->nuses; j++)
+		params += owner(s, l, j)->plen * 4;
+	uint64_t state = buffer_floats(l) * 4 +
+			 ((size_t)s->maxbatch * l->saved_ps + l->saved_fixed) * 4;
+	*d2h += ins + params + state;
+	*h2d += outs + state;
+	if (!l->backward)
+		return;
+	*d2h += ins + 2 * outs + 2 * params + state; /* parameters, gradients */
+	*h2d += dins + params + state;
+}
+
+int hpu__host_stage_plan(const hpu_strat *s, int micro, uint64_t *h2d, uint64_t *d2h)
+{
+	int floor = 0;
+	*h2d = *d2h = 0;
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = s->b->layers[i];
+		if (!hpu__host_staged(s, i) || !l->for_loss)
+			continue;
+		layer_plan(s, i, micro, h2d, d2h);
+		floor |= l->ckpt;
+	}
+	return floor;
 }

@@ -219,6 +219,10 @@ int hpu__host_stage_in(hpu_strat *s, int i, int backward, hpu_tensor *in, hpu_te
 		       hpu_tensor *dout, hpu_tensor *din);
 void hpu__host_stage_out(hpu_strat *s, int i, int backward, int rc);
 void hpu__host_stage_free(hpu_strat *s);
+/* The bytes one training micro-step of `micro` samples stages (0 where
+ * nothing is staged); 1 where they are a floor (a staged layer under
+ * activation checkpointing runs its forward again), else 0. */
+int hpu__host_stage_plan(const hpu_strat *s, int micro, uint64_t *h2d, uint64_t *d2h);
 
 /* What the plan says, as the strategy files ask it: zero3 shards the
  * working parameters (gathered per layer), zero2/3 the gradients

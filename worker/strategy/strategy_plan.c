@@ -61,8 +61,8 @@ void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
 /* The step as worker/strategy/copies.h counts it: the units (zero3's
  * gathered once per forward and backward call that uses them, the layer
  * kept from forward into its backward once), the
- * batch's fields, the losses, the buffers synchronized. A host-only
- * layer's staging is left out: the figures are then "at least". */
+ * batch's fields, the losses, the buffers synchronized, the host-only
+ * layers' staging. */
 int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 {
 	const hpu_builder *b = s->b;
@@ -91,12 +91,10 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 	for (int i = 0; s->world > 1 && i < b->nbuffers; i++)
 		if (b->buffers[i].sync != HPU_BUFFER_LOCAL)
 			st.synced_buffers += b->buffers[i].numel;
+	int guess = hpu__host_stage_plan(s, s->maxbatch, &st.staged_h2d, &st.staged_d2h);
 	hpu__plan_copies(&s->plan, &st, c);
-	/* host-only layers staged through host memory (strategy_host.c):
-	 * their copies are counted but not planned */
-	for (int i = 0; i < s->nlayers; i++)
-		if (hpu__host_staged(s, i))
-			c->exact = 0;
+	if (guess)
+		c->exact = 0;
 	free(pu);
 	return 0;
 }
