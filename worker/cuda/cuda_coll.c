@@ -216,8 +216,11 @@ static int cc_open(hpu__dev_group **out, int rank, int world, size_t bytes,
 	struct ack a;
 	int rc = -1;
 	if (!g || !all || !acks) {
-		snprintf(why, whylen, "out of memory");
-		goto fail; /* the others fail in the exchange, naming this rank */
+		/* the others wait in the exchange: this rank must end, so that
+		 * theirs fails naming it, not carry on staged */
+		fprintf(stderr, "hpu-worker: rank %d: out of memory setting up the device's "
+				"all-reduce (%d ranks)\n", rank, world);
+		exit(1);
 	}
 	g->rank = rank;
 	g->world = world;

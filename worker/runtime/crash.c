@@ -11,7 +11,8 @@
 #include <unistd.h>
 
 static int crash_rank;
-static char altstack[64 * 1024]; /* a stack overflow still reports */
+static char altstack[64 * 1024]; /* the main thread's stack overflow still reports (other
+				  * threads' run the handler on their own stack) */
 
 static const char *sig_name(int sig)
 {

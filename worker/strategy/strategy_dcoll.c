@@ -12,6 +12,7 @@
  * and bf16 sums run in it, device memory to device memory, in rank order.
  * libhpucoll carries only the group's small exchanges (its all-gather). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -20,6 +21,9 @@
 
 /* The device group's staging: at most this much per chunk. */
 #define GROUP_CHUNK ((size_t)32 << 20)
+
+/* Ranks whose join bytes fit on the stack. */
+#define HPU_STRAT_MAX_GROUP 256
 
 /* Bytes staged at a time by an all-reduce (a whole chunk of elements). */
 #define STAGE_CHUNK ((size_t)1 << 20)
@@ -51,35 +55,74 @@ static int group_dtype(hpucoll_dtype dt, hpu__dev_dtype *out)
 	return dt == HPUCOLL_F32 || dt == HPUCOLL_BF16;
 }
 
-/* Why the gradients' all-reduce cannot run in a group on this run, in
- * why (the same on every rank: the options and the device), or NULL. */
-static const char *no_group(const hpu_strat *s, hpucoll_dtype dt)
+/* Why the gradients' all-reduce cannot run in a group on this run, the
+ * same on every rank (the options), or NULL. */
+static const char *no_group_job(const hpu_strat *s)
 {
-	hpu__dev_dtype d;
 	const hpu_plan_entry *ge = &s->plan.e[HPU_PLAN_GRADS];
 	if (ge->coll != HPU_PLAN_ALL_REDUCE && ge->coll != HPU_PLAN_ALL_REDUCE_FLAT)
 		return "the strategy all-reduces no gradients";
 	if (s->world == 1)
 		return "one rank: nothing to reduce";
+	return NULL;
+}
+
+/* Why this rank's device cannot join a group, or NULL. (Ranks may differ:
+ * --device auto resolves on each node.) */
+static const char *no_group_here(const hpu_strat *s, hpucoll_dtype dt)
+{
+	hpu__dev_dtype d;
 	if (hpu__dev_host_can_read())
 		return "libhpucoll reads the device's memory in place";
 	if (!hpu__dev()->coll)
 		return "the device has no collectives of its own";
-	if (ge->where != HPU_PLAN_DEVICE)
+	if (s->plan.e[HPU_PLAN_GRADS].where != HPU_PLAN_DEVICE)
 		return "the gradients are not in device memory";
 	if (!group_dtype(dt, &d))
 		return "fp16 gradients are summed by libhpucoll only";
 	return NULL;
 }
 
+/* Every rank says whether its device can join (one byte each through
+ * libhpucoll), so that all open the group or none does: 1 when all can,
+ * 0 with the first refusing rank's reason in why, -1 where the exchange
+ * failed (s->dc.rc). */
+static int all_can_join(hpu_strat *s, const char *here)
+{
+	unsigned char mine = here == NULL, all[HPU_STRAT_MAX_GROUP];
+	unsigned char *v = s->world <= HPU_STRAT_MAX_GROUP ? all : calloc((size_t)s->world, 1);
+	if (!v)
+		return 0; /* cannot happen at the sizes a node holds; staged then */
+	int rc = xchg(s, &mine, v, 1) < 0 ? -1 : 1;
+	for (int r = 0; rc == 1 && r < s->world; r++)
+		if (!v[r]) {
+			if (here)
+				snprintf(s->dc.why, sizeof s->dc.why, "%s", here);
+			else
+				snprintf(s->dc.why, sizeof s->dc.why,
+					 "rank %d's device cannot join the device's all-reduce", r);
+			rc = 0;
+		}
+	if (v != all)
+		free(v);
+	return rc;
+}
+
 int hpu__dc_open(hpu_strat *s)
 {
 	hpucoll_dtype dt = s->plan.grad_comm16 ? HPUCOLL_BF16 : hpu__strat_cdt(s, HPU_PLAN_GRADS);
-	const char *no = no_group(s, dt);
+	const char *no = no_group_job(s);
 	if (no) {
 		snprintf(s->dc.why, sizeof s->dc.why, "%s", no);
 		return 0;
 	}
+	s->dc.rc = HPUCOLL_OK;
+	int can = all_can_join(s, no_group_here(s, dt));
+	if (can < 0)
+		return hpu__strat_coll_fail(s, "agreeing on the gradients' all-reduce path",
+					    s->dc.rc);
+	if (!can)
+		return 0;
 	size_t most = 0, esz = hpucoll_dtype_size(dt);
 	for (int k = 0; k < s->nunits; k++)
 		most = s->u[k].len > most ? s->u[k].len : most;

@@ -282,9 +282,22 @@ int hpu__cuops_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *
 
 /* ---- causal attention ---- */
 
+/* The attention kernels keep a score row in shared memory: t at most
+ * HPU_CUOPS_ATTN_MAX_T (cuops_more.cu's attn_fits). */
+#define HPU_CUOPS_ATTN_MAX_T 11264
+
+static void attn_length(int t)
+{
+	if (t > HPU_CUOPS_ATTN_MAX_T)
+		hpu__cuops_fatal("attention over %d positions: the CUDA attention kernels take at "
+				 "most %d (a score row in a block's shared memory)",
+				 t, HPU_CUOPS_ATTN_MAX_T);
+}
+
 int hpu__cuops_attention_fwd(const float *qkv, float *out, float *att, int batch, int t,
 			     int heads, int hd)
 {
+	attn_length(t);
 	CU_KERNEL("attention", hpu__cukm_attention_fwd(qkv, out, att, batch, t, heads, hd, st));
 }
 
@@ -294,6 +307,7 @@ int hpu__cuops_attention_bwd(const float *qkv, const float *att, const float *do
 {
 	if (batch <= 0 || t <= 0 || heads <= 0 || hd <= 0)
 		return HPU_BE_OK;
+	attn_length(t);
 	hpu__cuops_ctx *c = hpu__cuops_enter();
 	if (!c)
 		return HPU_BE_UNSUPPORTED;
