@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
+#include "tests/unit/cuda_testlib.h"
 #include "tests/unit/num_testlib.h"
 
 #include "worker/ops/backend.h"
@@ -29,49 +30,6 @@ int hpu_cuda_layer_tests(const hpu__backend *gpu_, cudaStream_t stream_);
 
 static const hpu__backend *gpu;
 static cudaStream_t stream;
-
-static void *dput(const void *h, size_t bytes)
-{
-	void *d = NULL;
-	assert_int_equal(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-	if (bytes)
-		assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-	return d;
-}
-
-static void dget(void *h, const void *d, size_t bytes)
-{
-	assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
-	if (bytes)
-		assert_int_equal(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
-static void dfree(void *d)
-{
-	assert_int_equal(cudaFree(d), cudaSuccess);
-}
-
-/* Largest |got - want| relative to max(|want|, a tenth of the largest). */
-static void close_to(const char *what, const float *got, const float *want, size_t n)
-{
-	double floor = 1e-6, m = 0;
-	for (size_t i = 0; i < n; i++)
-		floor = fmax(floor, 0.1 * fabs(want[i]));
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - want[i]) / fmax(fabs(want[i]), floor);
-		if (!(d <= m))
-			m = isnan(d) ? INFINITY : d;
-	}
-	printf("  %-60s maxdiff %.3g (tol 1e-5)%s\n", what, m, m <= 1e-5 ? "" : "  FAIL");
-	assert_true(m <= 1e-5);
-}
-
-static void same_bits(const char *what, const void *got, const void *want, size_t bytes)
-{
-	int same = memcmp(got, want, bytes) == 0;
-	printf("  %-60s %s\n", what, same ? "bit-identical" : "DIFFERENT  FAIL");
-	assert_true(same);
-}
 
 /* ---- cross-entropy and accuracy over positions ---- */
 
@@ -116,10 +74,10 @@ static void xent_one(int rows, size_t pos, int classes, int ignore_every, int ba
 	}
 	dget(got, dlse, at * 4);
 	snprintf(line, sizeof line, "xent_pos_fwd [%d,%zu,%d] lse", rows, pos, classes);
-	close_to(line, got, lse, at);
+	check(line, got, lse, at, 1e-5);
 	dget(got, dlo, rows * 4UL);
 	snprintf(line, sizeof line, "xent_pos_fwd [%d,%zu,%d] loss", rows, pos, classes);
-	close_to(line, got, loss, (size_t)rows);
+	check(line, got, loss, (size_t)rows, 1e-5);
 	/* backward from the host's lse, so that only the pass differs */
 	assert_int_equal(cudaMemcpy(dlse, lse, at * 4, cudaMemcpyHostToDevice), cudaSuccess);
 	assert_int_equal(hpu__host_xent_pos_bwd(x, lab, lse, dloss, dx, rows, pos, classes),
@@ -129,7 +87,7 @@ static void xent_one(int rows, size_t pos, int classes, int ignore_every, int ba
 	assert_int_equal(gpu->xent_pos_bwd(dx_, dl, dlse, ddl, dg, rows, pos, classes), HPU_BE_OK);
 	dget(got, dg, n * 4);
 	snprintf(line, sizeof line, "xent_pos_bwd [%d,%zu,%d] dx", rows, pos, classes);
-	close_to(line, got, dx, n);
+	check(line, got, dx, n, 1e-5);
 	long ab = -2, hab = -2;
 	int32_t al = 0, hal = 0;
 	assert_int_equal(hpu__host_accuracy_pos(x, lab, acc, rows, pos, classes, &hab, &hal),
@@ -141,7 +99,7 @@ static void xent_one(int rows, size_t pos, int classes, int ignore_every, int ba
 	assert_int_equal(ab, -1);
 	dget(got, dacc, rows * 4UL);
 	snprintf(line, sizeof line, "accuracy_pos [%d,%zu,%d]", rows, pos, classes);
-	same_bits(line, got, acc, rows * 4UL);
+	check_bits(line, got, acc, rows * 4UL);
 	dfree(ddl), dfree(dg), dfree(dacc);
 done:
 	dfree(dx_), dfree(dlse), dfree(dlo), dfree(dl);
@@ -179,7 +137,7 @@ static void test_heads_and_masks(void **state)
 		assert_int_equal(gpu->heads(0, ds, dm, ld, b, h, t, hd, 0.125f), HPU_BE_OK);
 		dget(got, dm, nm * 4);
 		snprintf(line, sizeof line, "heads split [%d,%d,%d,%d] ld %zu", b, h, t, hd, ld);
-		same_bits(line, got, want, nm * 4);
+		check_bits(line, got, want, nm * 4);
 		/* merge back into a strided buffer, its gaps kept */
 		float *back = xcalloc(ns, 4);
 		memcpy(back, src, ns * 4);
@@ -188,7 +146,7 @@ static void test_heads_and_masks(void **state)
 		assert_int_equal(gpu->heads(1, dm, db, ld, b, h, t, hd, 2.0f), HPU_BE_OK);
 		dget(got, db, ns * 4);
 		snprintf(line, sizeof line, "heads merge [%d,%d,%d,%d] ld %zu", b, h, t, hd, ld);
-		same_bits(line, got, back, ns * 4);
+		check_bits(line, got, back, ns * 4);
 		/* scores [b, h, t, t]: causal or not, a key mask with one sample
 		 * masked whole, before and after the softmax */
 		size_t na = (size_t)b * h * t * t;
@@ -218,7 +176,7 @@ static void test_heads_and_masks(void **state)
 					snprintf(line, sizeof line,
 						 "mask_scores [%d,%d,%d] causal %d mask %d after %d", b,
 						 h, t, causal, withmask, after);
-					same_bits(line, ag, aw, na * 4);
+					check_bits(line, ag, aw, na * 4);
 				}
 		dfree(ds), dfree(dm), dfree(db), dfree(dmask), dfree(da);
 		free(src), free(want), free(got), free(back), free(mask), free(att), free(aw);
@@ -249,7 +207,7 @@ static void test_dropout_rows(void **state)
 		dget(got, dy, all * 4);
 		char line[96];
 		snprintf(line, sizeof line, "dropout_rows [%d,%zu]", rows, n);
-		same_bits(line, got, want, all * 4);
+		check_bits(line, got, want, all * 4);
 		dfree(dx), dfree(dy);
 		free(x), free(want), free(got), free(keys);
 	}
@@ -282,7 +240,7 @@ static void bn_one(int batch, int ch, size_t spatial)
 			 HPU_BE_OK);
 	dget(got, gy, n * 4);
 	snprintf(line, sizeof line, "batchnorm_fwd eval [%d,%d,%zu] y", batch, ch, spatial);
-	close_to(line, got, y, n);
+	check(line, got, y, n, 1e-5);
 	/* training, the running statistics updated */
 	assert_int_equal(hpu__host_batchnorm_fwd(x, y, w, bias, rm, rv, saved, batch, ch, spatial,
 						 1e-5f, 0.1f, 1, 1),
@@ -292,15 +250,15 @@ static void bn_one(int batch, int ch, size_t spatial)
 			 HPU_BE_OK);
 	dget(got, gy, n * 4);
 	snprintf(line, sizeof line, "batchnorm_fwd train [%d,%d,%zu] y", batch, ch, spatial);
-	close_to(line, got, y, n);
+	check(line, got, y, n, 1e-5);
 	dget(got, gs, 2 * ch * 4UL);
 	snprintf(line, sizeof line, "batchnorm_fwd train [%d,%d,%zu] mean, rstd", batch, ch,
 		 spatial);
-	close_to(line, got, saved, 2 * (size_t)ch);
+	check(line, got, saved, 2 * (size_t)ch, 1e-5);
 	dget(got, grv, ch * 4UL);
 	snprintf(line, sizeof line, "batchnorm_fwd train [%d,%d,%zu] running var", batch, ch,
 		 spatial);
-	close_to(line, got, rv, (size_t)ch);
+	check(line, got, rv, (size_t)ch, 1e-5);
 	/* backward from the host's saved statistics, into accumulating dw */
 	assert_int_equal(cudaMemcpy(gs, saved, 2 * ch * 4UL, cudaMemcpyHostToDevice), cudaSuccess);
 	for (int withdx = 0; withdx < 2; withdx++) {
@@ -313,14 +271,14 @@ static void bn_one(int batch, int ch, size_t spatial)
 		dget(got, gdw, ch * 4UL);
 		snprintf(line, sizeof line, "batchnorm_bwd [%d,%d,%zu] dw (accumulated)", batch, ch,
 			 spatial);
-		close_to(line, got, dw, (size_t)ch);
+		check(line, got, dw, (size_t)ch, 1e-5);
 		dget(got, gdb, ch * 4UL);
 		snprintf(line, sizeof line, "batchnorm_bwd [%d,%d,%zu] dbias", batch, ch, spatial);
-		close_to(line, got, dbias, (size_t)ch);
+		check(line, got, dbias, (size_t)ch, 1e-5);
 	}
 	dget(got, gdx, n * 4);
 	snprintf(line, sizeof line, "batchnorm_bwd [%d,%d,%zu] dx", batch, ch, spatial);
-	close_to(line, got, dx, n);
+	check(line, got, dx, n, 1e-5);
 	dfree(gx), dfree(gdy), dfree(gy), dfree(gdx), dfree(gw), dfree(gb), dfree(grm);
 	dfree(grv), dfree(gs), dfree(gdw), dfree(gdb);
 	free(x), free(dy), free(y), free(dx), free(got), free(w), free(bias), free(rm), free(rv);

@@ -26,6 +26,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
+#include "tests/unit/cuda_testlib.h"
 #include "tests/unit/num_testlib.h"
 
 #include "worker/cuda/cuda_ops.h"
@@ -40,92 +41,6 @@ int hpu_cuda_layer_tests(const hpu__backend *gpu_, cudaStream_t stream_); /* tes
 
 static const hpu__backend *gpu;
 static cudaStream_t stream;
-
-/* ---- device buffers ---- */
-
-static void *dput(const void *h, size_t bytes)
-{
-	void *d = NULL;
-	assert_int_equal(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-	if (bytes)
-		assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-	return d;
-}
-
-/* A device buffer of `bytes` filled with 0xff (NaN for floats: "not written"). */
-static void *dnan(size_t bytes)
-{
-	void *d = NULL;
-	assert_int_equal(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-	assert_int_equal(cudaMemset(d, 0xff, bytes ? bytes : 1), cudaSuccess);
-	return d;
-}
-
-static void dget(void *h, const void *d, size_t bytes)
-{
-	assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
-	if (bytes)
-		assert_int_equal(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
-static void dfree(void *d)
-{
-	assert_int_equal(cudaFree(d), cudaSuccess);
-}
-
-/* ---- comparisons ---- */
-
-static double rel_diff(const float *got, const float *want, size_t n, double floor)
-{
-	double m = 0;
-	for (size_t i = 0; i < n; i++)
-		floor = fmax(floor, 0.1 * fabs(want[i]));
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - want[i]) / fmax(fabs(want[i]), floor);
-		if (!(d <= m))
-			m = isnan(d) ? INFINITY : d;
-	}
-	return m;
-}
-
-static void check(const char *what, const float *got, const float *want, size_t n, double tol)
-{
-	double m = rel_diff(got, want, n, 1e-6);
-	printf("  %-56s maxdiff %.3g (tol %.1g)%s\n", what, m, tol, m <= tol ? "" : "  FAIL");
-	assert_true(m <= tol);
-}
-
-static void check_bits(const char *what, const void *got, const void *want, size_t bytes)
-{
-	int same = memcmp(got, want, bytes) == 0;
-	printf("  %-56s %s\n", what, same ? "bit-identical" : "DIFFERENT  FAIL");
-	assert_true(same);
-}
-
-/* Floats bit for bit, except that any NaN matches any NaN: a GPU's
- * arithmetic gives the canonical NaN where the CPU's keeps an operand's
- * payload, and a NaN's payload means nothing to us. */
-static void check_floats_bits(const char *what, const float *got, const float *want, size_t n)
-{
-	size_t bad = 0, first = n, nans = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (isnan(got[i]) && isnan(want[i])) {
-			nans++;
-			continue;
-		}
-		if (memcmp(&got[i], &want[i], 4)) {
-			bad++;
-			if (first == n)
-				first = i;
-		}
-	}
-	if (bad)
-		printf("  %-56s %zu DIFFERENT, the first at %zu: %a, want %a  FAIL\n", what, bad,
-		       first, got[first], want[first]);
-	else
-		printf("  %-56s bit-identical (%zu NaNs, payloads aside)\n", what, nans);
-	assert_true(bad == 0);
-}
 
 /* a[n] rounded to bf16: the values (fp32) and their bf16 form. */
 static void round_bf16(float *a, uint16_t *a16, size_t n)
@@ -916,6 +831,7 @@ int main(void)
 		return 1;
 	}
 	hpu__cuda_ops_set_stream(stream);
+	cu_test_set_stream(stream);
 	gpu = hpu__cuda_backend();
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_table),	  cmocka_unit_test(test_gemm),

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
+#include "tests/unit/cuda_testlib.h"
 #include "tests/unit/num_testlib.h"
 
 #include "worker/cuda/cuda_ops.h"
@@ -36,74 +37,6 @@
 
 static const hpu__backend *gpu, *cpu;
 static cudaStream_t stream;
-
-/* ---- device buffers ---- */
-
-static void *dput(const void *h, size_t bytes)
-{
-	void *d = NULL;
-	assert_int_equal(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-	if (bytes)
-		assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-	return d;
-}
-
-/* A device buffer of `bytes` filled with 0xff (NaN for floats: "not written"). */
-static void *dnan(size_t bytes)
-{
-	void *d = NULL;
-	assert_int_equal(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-	assert_int_equal(cudaMemset(d, 0xff, bytes ? bytes : 1), cudaSuccess);
-	return d;
-}
-
-static void dget(void *h, const void *d, size_t bytes)
-{
-	assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
-	if (bytes)
-		assert_int_equal(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
-static void dfree(void *d)
-{
-	assert_int_equal(cudaFree(d), cudaSuccess);
-}
-
-/* ---- comparisons ---- */
-
-static double rel_diff(const float *got, const float *want, size_t n, double floor)
-{
-	double m = 0;
-	for (size_t i = 0; i < n; i++)
-		floor = fmax(floor, 0.1 * fabs(want[i]));
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - want[i]) / fmax(fabs(want[i]), floor);
-		if (!(d <= m))
-			m = isnan(d) ? INFINITY : d;
-	}
-	return m;
-}
-
-static void check(const char *what, const float *got, const float *want, size_t n, double tol)
-{
-	double m = rel_diff(got, want, n, 1e-6);
-	printf("  %-60s maxdiff %.3g (tol %.1g)%s\n", what, m, tol, m <= tol ? "" : "  FAIL");
-	assert_true(m <= tol);
-}
-
-static void check_bits(const char *what, const void *got, const void *want, size_t bytes)
-{
-	int same = memcmp(got, want, bytes) == 0;
-	if (same) {
-		printf("  %-60s bit-identical\n", what);
-	} else {
-		size_t at = 0;
-		while (at < bytes && ((const char *)got)[at] == ((const char *)want)[at])
-			at++;
-		printf("  %-60s DIFFERENT at byte %zu of %zu  FAIL\n", what, at, bytes);
-	}
-	assert_true(same);
-}
 
 /* The GPU's result of `bytes` at d against the host's at want. */
 static void check_dev_bits(const char *what, const void *d, const void *want, size_t bytes)
@@ -564,6 +497,7 @@ int main(void)
 		return 1;
 	}
 	hpu__cuda_ops_set_stream(stream);
+	cu_test_set_stream(stream);
 	gpu = hpu__cuda_backend();
 	cpu = hpu__be_host();
 	rng_seed(35);

@@ -5,18 +5,15 @@
 #include "worker/cuda/cuda_coll.h"
 #include "worker/cuda/cuda_elem.h"
 
+#include "worker/cuda/cuda_grid.cuh"
+
 #define THREADS 256
 #define MAX_BLOCKS 65535u
 
 static unsigned blocks_for(size_t n)
 {
-	size_t b = (n + THREADS - 1) / THREADS;
-	return b == 0 ? 1u : b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
+	return hpu__cu_blocks(n, THREADS, MAX_BLOCKS);
 }
-
-#define FOR_EACH(i, n)                                                                             \
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
-	     i += (size_t)blockDim.x * gridDim.x)
 
 /* 8 bf16 values, loaded and stored as one 16-byte vector */
 struct alignas(16) bf8 {

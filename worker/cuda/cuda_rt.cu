@@ -3,18 +3,15 @@
  * element (compiled with --fmad=false besides). */
 #include "worker/cuda/cuda_kernels.h"
 
+#include "worker/cuda/cuda_grid.cuh"
+
 #define THREADS 256
 #define MAX_BLOCKS 65535u
 
 static unsigned blocks_for(size_t n)
 {
-	size_t b = (n + THREADS - 1) / THREADS;
-	return b == 0 ? 1u : b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
+	return hpu__cu_blocks(n, THREADS, MAX_BLOCKS);
 }
-
-#define FOR_EACH(i, n)                                                                             \
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
-	     i += (size_t)blockDim.x * gridDim.x)
 
 /* ---- casts and sums ---- */
 

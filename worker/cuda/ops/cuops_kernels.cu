@@ -13,67 +13,14 @@
 #include <cuda_runtime.h>
 
 #include "worker/cuda/cuda_elem.h"
+#include "worker/cuda/cuda_grid.cuh"
 #include "worker/cuda/ops/cuops_kernels.h"
 
 #define THREADS 256
 
 static unsigned blocks_for(size_t n, unsigned threads)
 {
-	size_t b = (n + threads - 1) / threads;
-	return (unsigned)(b > 0x7fffffffu ? 0x7fffffffu : b);
-}
-
-/* Grid-stride loop over [0, n). */
-#define FOR_EACH(i, n)                                                                 \
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);          \
-	     i += (size_t)gridDim.x * blockDim.x)
-
-/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
-
-template <typename T> struct sum_op {
-	__device__ static T identity()
-	{
-		return (T)0;
-	}
-	__device__ static T apply(T a, T b)
-	{
-		return a + b;
-	}
-};
-template <typename T> struct max_op {
-	__device__ static T identity()
-	{
-		return (T)-INFINITY;
-	}
-	__device__ static T apply(T a, T b)
-	{
-		return b > a ? b : a;
-	}
-};
-
-/* Every thread gets the reduction of v over the block. */
-template <typename T, typename Op> __device__ T block_reduce(T v)
-{
-	__shared__ T part[32];
-	__shared__ T result;
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	for (int o = 16; o > 0; o >>= 1)
-		v = Op::apply(v, __shfl_down_sync(0xffffffffu, v, o));
-	if (lane == 0)
-		part[warp] = v;
-	__syncthreads();
-	if (warp == 0) {
-		int nw = blockDim.x >> 5;
-		v = lane < nw ? part[lane] : Op::identity();
-		for (int o = 16; o > 0; o >>= 1)
-			v = Op::apply(v, __shfl_down_sync(0xffffffffu, v, o));
-		if (lane == 0)
-			result = v;
-	}
-	__syncthreads();
-	T r = result;
-	__syncthreads(); /* result and part are reused by the next call */
-	return r;
+	return hpu__cu_blocks(n, threads, 0x7fffffffu);
 }
 
 /* ---- conversions ---- */
@@ -369,7 +316,7 @@ static __global__ void k_softmax_bwd(const float *y, const float *dy, float *dx,
 
 static unsigned row_threads(int cols)
 {
-	return cols >= 1024 ? 512 : cols >= 256 ? 256 : cols > 64 ? 128 : 32;
+	return hpu__cu_row_threads((size_t)cols);
 }
 
 extern "C" cudaError_t hpu__cuk_softmax_fwd(const float *x, float *y, int rows, int cols,

@@ -13,81 +13,26 @@
 
 #include <cuda_runtime.h>
 
+#include "worker/cuda/cuda_grid.cuh"
 #include "worker/cuda/ops/cuops_layers.h"
 
 #define IGNORE_INDEX (-100)
 
 static unsigned blocks_for(size_t n, unsigned threads)
 {
-	size_t b = (n + threads - 1) / threads;
-	return (unsigned)(b > 0x7fffffffu ? 0x7fffffffu : b);
+	return hpu__cu_blocks(n, threads, 0x7fffffffu);
 }
 
-#define FOR_EACH(i, n)                                                                 \
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);          \
-	     i += (size_t)gridDim.x * blockDim.x)
-
-/* Threads for a block that walks a row of `cols`. */
-static unsigned row_threads(size_t cols)
-{
-	return cols >= 1024 ? 512 : cols >= 256 ? 256 : cols > 64 ? 128 : 32;
-}
-
-/* Every thread gets the sum (or max, or) of v over the block; blockDim.x a
- * multiple of 32, at most 1024. */
-template <typename T> struct lsum {
-	__device__ static T id()
-	{
-		return (T)0;
-	}
-	__device__ static T op(T a, T b)
-	{
-		return a + b;
-	}
-};
-template <typename T> struct lmax {
-	__device__ static T id()
-	{
-		return (T)-INFINITY;
-	}
-	__device__ static T op(T a, T b)
-	{
-		return b > a ? b : a;
-	}
-};
-
-template <typename T, typename Op> __device__ T reduce_block(T v)
-{
-	__shared__ T part[32];
-	__shared__ T result;
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	for (int o = 16; o > 0; o >>= 1)
-		v = Op::op(v, __shfl_down_sync(0xffffffffu, v, o));
-	if (lane == 0)
-		part[warp] = v;
-	__syncthreads();
-	if (warp == 0) {
-		int nw = blockDim.x >> 5;
-		v = lane < nw ? part[lane] : Op::id();
-		for (int o = 16; o > 0; o >>= 1)
-			v = Op::op(v, __shfl_down_sync(0xffffffffu, v, o));
-		if (lane == 0)
-			result = v;
-	}
-	__syncthreads();
-	T r = result;
-	__syncthreads();
-	return r;
-}
+#define row_threads hpu__cu_row_threads
 
 /* The first index holding the block's largest value among this thread's
  * (best, at): at == n for none. */
 __device__ static int first_argmax(float best, int at, int n)
 {
-	float m = reduce_block<float, lmax<float> >(at < n ? best : -INFINITY);
+	float m = block_reduce<float, max_op<float> >(at < n ? best : -INFINITY);
 	int mine = at < n && best == m ? at : n;
 	/* indices below 2^24 are exact in float: the max of their negatives */
-	return (int)-reduce_block<float, lmax<float> >(-(float)mine);
+	return (int)-block_reduce<float, max_op<float> >(-(float)mine);
 }
 
 /* A bad label at position `at`: the smallest such position wins. */
@@ -118,11 +63,11 @@ static __global__ void k_xent_pos(const float *logits, const int32_t *labels, fl
 	float m = -INFINITY;
 	for (int j = threadIdx.x; j < classes; j += blockDim.x)
 		m = fmaxf(m, x[j]);
-	m = reduce_block<float, lmax<float> >(m);
+	m = block_reduce<float, max_op<float> >(m);
 	double s = 0.0;
 	for (int j = threadIdx.x; j < classes; j += blockDim.x)
 		s += exp((double)x[j] - (double)m);
-	s = reduce_block<double, lsum<double> >(s);
+	s = block_reduce<double, sum_op<double> >(s);
 	if (threadIdx.x == 0) {
 		double z = (double)m + log(s);
 		lse[at] = (float)z;
@@ -144,8 +89,8 @@ static __global__ void k_xent_pos_rows(const int32_t *labels, const double *term
 			n++;
 		}
 	}
-	sum = reduce_block<double, lsum<double> >(sum);
-	n = (unsigned long long)reduce_block<double, lsum<double> >((double)n);
+	sum = block_reduce<double, sum_op<double> >(sum);
+	n = (unsigned long long)block_reduce<double, sum_op<double> >((double)n);
 	if (threadIdx.x == 0)
 		loss[r] = n ? (float)(sum / (double)n) : 0.0f;
 }
@@ -185,7 +130,7 @@ static __global__ void k_xent_pos_bwd(const float *logits, const int32_t *labels
 	double c = 0.0;
 	for (size_t p = threadIdx.x; p < positions; p += blockDim.x)
 		c += yr[p] != IGNORE_INDEX;
-	c = reduce_block<double, lsum<double> >(c);
+	c = block_reduce<double, sum_op<double> >(c);
 	size_t n = (size_t)c;
 	float g = n ? dloss[r] / (float)n : 0.0f;
 	const float *x = logits + at * (size_t)classes;
@@ -249,8 +194,8 @@ static __global__ void k_accuracy_rows(const int32_t *labels, const int *hit, fl
 		n += labels[at] != IGNORE_INDEX;
 		right += hit[at];
 	}
-	n = reduce_block<double, lsum<double> >(n);
-	right = reduce_block<double, lsum<double> >(right);
+	n = block_reduce<double, sum_op<double> >(n);
+	right = block_reduce<double, sum_op<double> >(right);
 	if (threadIdx.x == 0)
 		acc[r] = n > 0 ? (float)(right / n) : 0.0f;
 }
@@ -318,7 +263,7 @@ static __global__ void k_mask_scores(float *att, const int32_t *mask, int heads,
 	double any = 0.0;
 	for (int j = threadIdx.x; j < t; j += blockDim.x)
 		any += allowed(causal, m, i, j);
-	any = reduce_block<double, lsum<double> >(any);
+	any = block_reduce<double, sum_op<double> >(any);
 	for (int j = threadIdx.x; j < t; j += blockDim.x)
 		if (any == 0.0)
 			r[j] = 0.0f;
@@ -407,14 +352,14 @@ static __global__ void k_bn_fwd(const float *x, float *y, const float *w, const 
 	double sum = 0.0;
 	for (size_t k = threadIdx.x; k < total; k += blockDim.x)
 		sum += chan(x, nch, spatial, (int)(k / spatial), c)[k % spatial];
-	sum = reduce_block<double, lsum<double> >(sum);
+	sum = block_reduce<double, sum_op<double> >(sum);
 	const double mu = sum / m;
 	double sq = 0.0;
 	for (size_t k = threadIdx.x; k < total; k += blockDim.x) {
 		double d = chan(x, nch, spatial, (int)(k / spatial), c)[k % spatial] - mu;
 		sq += d * d;
 	}
-	sq = reduce_block<double, lsum<double> >(sq);
+	sq = block_reduce<double, sum_op<double> >(sq);
 	const double var = sq / m;
 	const float rstd = (float)(1.0 / sqrt(var + eps));
 	bn_apply(x, y, batch, nch, spatial, c, (float)mu, rstd, w[c], bias[c]);
@@ -457,8 +402,8 @@ static __global__ void k_bn_bwd(const float *x, const float *dy, const float *w,
 		sdy += dy[o];
 		sdyx += (double)dy[o] * ((x[o] - mean) * rstd);
 	}
-	sdy = reduce_block<double, lsum<double> >(sdy);
-	sdyx = reduce_block<double, lsum<double> >(sdyx);
+	sdy = block_reduce<double, sum_op<double> >(sdy);
+	sdyx = block_reduce<double, sum_op<double> >(sdyx);
 	if (threadIdx.x == 0) {
 		dw[c] += (float)sdyx;
 		dbias[c] += (float)sdy;

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include "worker/cuda/cuda_grid.cuh"
 #include "worker/cuda/ops/cuops_more.h"
 
 #define THREADS 256
@@ -23,14 +24,8 @@
 
 static unsigned blocks_for(size_t n, unsigned threads)
 {
-	size_t b = (n + threads - 1) / threads;
-	return (unsigned)(b > 0x7fffffffu ? 0x7fffffffu : b);
+	return hpu__cu_blocks(n, threads, 0x7fffffffu);
 }
-
-/* Grid-stride loop over [0, n). */
-#define FOR_EACH(i, n)                                                                 \
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);          \
-	     i += (size_t)gridDim.x * blockDim.x)
 
 /* The sum (max when max) of v over a block of ROW_THREADS, in every
  * thread; s is ROW_THREADS of shared memory. */

@@ -1,0 +1,79 @@
+/* cuda_grid: what the module's CUDA files share to lay out their
+ * kernels: grid sizes, the grid-stride loop and block reductions.
+ * Internal to worker/cuda (CUDA C++ only). */
+#ifndef HPU_CUDA_GRID_CUH
+#define HPU_CUDA_GRID_CUH
+
+#include <stddef.h>
+
+#include <cuda_runtime.h>
+
+/* Blocks of `threads` for n elements, at least 1, at most `cap` (a
+ * grid-stride loop covers the rest). */
+static inline unsigned hpu__cu_blocks(size_t n, unsigned threads, unsigned cap)
+{
+	size_t b = (n + threads - 1) / threads;
+	return b == 0 ? 1u : b > cap ? cap : (unsigned)b;
+}
+
+/* Threads for a block that walks a row of `cols`. */
+static inline unsigned hpu__cu_row_threads(size_t cols)
+{
+	return cols >= 1024 ? 512 : cols >= 256 ? 256 : cols > 64 ? 128 : 32;
+}
+
+/* Grid-stride loop over [0, n). */
+#define FOR_EACH(i, n)                                                                 \
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);          \
+	     i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
+
+template <typename T> struct sum_op {
+	__device__ static T identity()
+	{
+		return (T)0;
+	}
+	__device__ static T apply(T a, T b)
+	{
+		return a + b;
+	}
+};
+template <typename T> struct max_op {
+	__device__ static T identity()
+	{
+		return (T)-INFINITY;
+	}
+	__device__ static T apply(T a, T b)
+	{
+		return b > a ? b : a;
+	}
+};
+
+/* Every thread gets the reduction of v over the block (every thread of
+ * the block must call it). */
+template <typename T, typename Op> __device__ T block_reduce(T v)
+{
+	__shared__ T part[32];
+	__shared__ T result;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	for (int o = 16; o > 0; o >>= 1)
+		v = Op::apply(v, __shfl_down_sync(0xffffffffu, v, o));
+	if (lane == 0)
+		part[warp] = v;
+	__syncthreads();
+	if (warp == 0) {
+		int nw = blockDim.x >> 5;
+		v = lane < nw ? part[lane] : Op::identity();
+		for (int o = 16; o > 0; o >>= 1)
+			v = Op::apply(v, __shfl_down_sync(0xffffffffu, v, o));
+		if (lane == 0)
+			result = v;
+	}
+	__syncthreads();
+	T r = result;
+	__syncthreads(); /* result and part are reused by the next call */
+	return r;
+}
+
+#endif
