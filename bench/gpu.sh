@@ -262,6 +262,20 @@ PY
   row "--nproc-per-node gpu --allow-tf32" "rc=$rc" "" "$(grep -a -o 'TF32[^]]*' "$out/nproc-gpu.log" | head -1 | cut -c1-100)"
   step ipc-train 60 "$build/bin/hpulaunch" --devices 2 --device cuda --strategy ddp --max-steps 5 \
     --batch-size 64 --verbose --no-eval "$build/lib/fmnist_mlp.so" -- --data "$data"
+  # A custom layer written for the host (HPU_LAYER_HOST_ONLY) on the GPU:
+  # staged through host memory, one warning a layer, the CPU's parameters.
+  for d in cpu cuda; do
+    step "host-layer-$d" 60 "$build/bin/hpulaunch" --devices 1 --device "$d" --no-eval --max-steps 3 \
+      --batch-size 16 --save-params "$out/host-layer-$d.bin" "$build/lib/host_layer_model.so"
+  done
+  hl=$("$py" - "$out/host-layer-cpu.bin" "$out/host-layer-cuda.bin" <<'PY' 2>&1
+import array, sys
+a, b = array.array("f"), array.array("f")
+a.frombytes(open(sys.argv[1], "rb").read()); b.frombytes(open(sys.argv[2], "rb").read())
+print(f"max|diff| against cpu {max(abs(x - y) for x, y in zip(a, b)):.3g} of {len(a)} parameters" if len(a) == len(b) and a else "sizes differ")
+PY
+  )
+  row "host-only layers on cuda" "rc=$rc" "" "$(grep -a -c 'is host-only' "$out/host-layer-cuda.log") warnings; ${hl:0:80}"
   hd=$(mktemp -d)
   "$build/bin/hpud" --gen-key "$hd/k" >/dev/null 2>&1
   printf 'devices = auto\ndevice = cuda\nkey = %s/k\nuser = root\n' "$hd" >"$hd/c"
