@@ -441,7 +441,7 @@ HPU_API int hpu_layer_params_in_ops(hpu_layer *layer);
  * to hpu_linear_backward and hpu_conv2d_backward, as their dw and db
  * (each gradient whole, from its first float), and never reads or writes
  * them itself. The runtime may then leave a step's gradients of the layer
- * unzeroed (on the CPU devices, where no other layer uses its parameters):
+ * unzeroed (on --device cpu, where no other layer uses its parameters):
  * the linear op writes the weight gradient's product instead of adding
  * it to zeros, and the ops zero what they add to; the values are those
  * of zeroed gradients. A layer that adds to a gradient itself must not
