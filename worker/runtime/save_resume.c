@@ -465,7 +465,7 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
  * dies of it as it would have (the handler uses only unlink, rmdir and
  * nanosleep, which are async-signal-safe): this rank's files in the
  * partial directory, and on rank 0 the directory once the other ranks
- * have removed theirs (waiting up to 1 s). What a SIGKILL leaves, the next
+ * have removed theirs (waiting up to 1.8 s). What a SIGKILL leaves, the next
  * save or start-up removes (hpu__ckpt_clean_partials). */
 static struct {
 	char files[6][1300];
@@ -485,7 +485,10 @@ static void on_stop(int sig)
 	struct timespec ts = {0, 20 * 1000 * 1000};
 	/* again each time: another thread of this process may still be
 	 * writing (the signal may have come to any thread) */
-	for (int k = 0; k < 50; k++) {
+	/* rank 0 waits for the other ranks' files up to 1.8 s: nearly the
+	 * launcher's 2 s of grace before SIGKILL (a rank descheduled on a
+	 * loaded node may take over a second to run its handler) */
+	for (int k = 0; k < 90; k++) {
 		for (int i = 0; i < G.nfiles; i++)
 			unlink(G.files[i]);
 		if (!G.made || rmdir(G.dir) == 0 || errno != ENOTEMPTY)
