@@ -30,8 +30,9 @@
 #     --vocab 50304, B=16, 15 steps, 5 left out) in bf16-mixed and fp8 on
 #     synthetic tokens (an llm.c token file), then the peer (torch_gpu.py
 #     gpt2);
-#   - profiler traces (--profile) of the MLP, the CNN and GPT-2 on the GPU,
-#     summarised by hpu-trace;
+#   - profiler traces (--profile) of the MLP, the CNN and GPT-2 on the GPU
+#     (GPT-2's with HPU_PROFILE_SYNC=1: a layer's range is the GPU's time
+#     for it), summarised by hpu-trace;
 #   - last, test_cuda_accuracy (the examples' accuracy on the GPU).
 # Without a GPU (nvidia-smi lists none) the figures are not taken and the
 # table says why (DEVICE=cpu with a stand-in nvidia-smi in PATH runs our
@@ -332,7 +333,9 @@ PY
   }
   trace mlp fp32 256 20 "$build/lib/fmnist_mlp.so" -- --data "$data"
   trace cnn fp32 256 20 "$build/lib/fmnist_cnn.so" -- --data "$data"
-  [ "${TRACE_GPT:-1}" = 1 ] && trace gpt2 bf16-mixed 16 6 "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+  # GPT-2 with HPU_PROFILE_SYNC=1: each range waits for the GPU, so a
+  # layer's range is its kernels' time (GPU-bound: the host runs ahead)
+  [ "${TRACE_GPT:-1}" = 1 ] && HPU_PROFILE_SYNC=1 trace gpt2 bf16-mixed 16 6 "$build/lib/gpt_lm.so" -- "${gpt[@]}"
 fi
 
 # ---- the examples' accuracy on the GPU (last: the slowest, cut first) ----

@@ -75,6 +75,12 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	VAR(HPU_STATUS_FD, "3", "hpu-worker; set by the agent",
 	    "the pipe a worker writes its progress records to (see Live "
 	    "progress)"),
+	VAR(HPU_PROFILE_SYNC, "0", "hpu-worker",
+	    "1: with --profile, the main thread waits for the device's queued "
+	    "work at every range's start and end, so that on a GPU a layer's "
+	    "range is the device's time for it, not the host's time to issue "
+	    "its kernels (slower: no overlap); the CPU devices finish work as "
+	    "it is issued and are not changed"),
 	VAR(OPENBLAS_NUM_THREADS, "1", "OpenBLAS; set by the agent unless set",
 	    "BLAS threads per worker for the reference kernels"),
 	VAR(OMP_NUM_THREADS, "1", "OpenMP; set by the agent unless set",

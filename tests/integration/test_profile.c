@@ -353,6 +353,18 @@ static void test_bad_profile_dir(void **state)
 	assert_non_null(strstr(out, want));
 	assert_null(strstr(out, "trained "));
 	free(out);
+	/* HPU_PROFILE_SYNC takes 0 or 1 */
+	snprintf(prof, sizeof prof, "%s/sync", dir);
+	setenv("HPU_PROFILE_SYNC", "yes", 1);
+	start(&r, 1);
+	args(&r, "--profile", prof, "--max-steps", "2", "--batch-size", "64", NULL);
+	out = finish(&r, 1, NULL);
+	unsetenv("HPU_PROFILE_SYNC");
+	if (!strstr(out, "HPU_PROFILE_SYNC=yes: must be 0 or 1"))
+		fprintf(stderr, "no HPU_PROFILE_SYNC error in:\n%s\n", out);
+	assert_non_null(strstr(out, "HPU_PROFILE_SYNC=yes: must be 0 or 1"));
+	assert_null(strstr(out, "trained "));
+	free(out);
 }
 
 /* Reads the metrics file's records with a "device" array. */

@@ -53,6 +53,9 @@ static __thread struct {
 } open_ranges[MAX_OPEN];
 static __thread int nopen;
 
+/* hpu__prof_set_sync's wait (set before the trace opens, read after) */
+static void (*device_sync)(void);
+
 static int mkdirs(const char *dir)
 {
 	char p[1024];
@@ -233,6 +236,17 @@ void hpu__prof_thread(int tid)
 	my_tid = tid;
 }
 
+void hpu__prof_set_sync(void (*wait)(void))
+{
+	device_sync = wait;
+}
+
+void hpu__prof_sync(void)
+{
+	if (device_sync && my_tid == HPU_PROF_MAIN)
+		device_sync();
+}
+
 /* The row of a thread that records ranges for the first time (a model's
  * own thread), named in the trace. */
 static int own_row(void)
@@ -280,6 +294,7 @@ void hpu__prof_span(const char *cat, const char *name, const char *sub, int64_t 
 {
 	if (!hpu__prof_enabled)
 		return;
+	hpu__prof_sync();
 	va_list ap;
 	va_start(ap, args);
 	span_v(own_row(), cat, name, sub, t0, hpu__prof_now(), args, ap);

@@ -51,10 +51,22 @@ static inline int64_t hpu__prof_now(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* A wait for the device's queued work, where the runtime installs one
+ * (HPU_PROFILE_SYNC=1 on a device that runs work after the host issues
+ * it, as a GPU does): the main thread's ranges then start and end with
+ * the device idle, so a layer's range is the device's time for it, not
+ * the time the host took to issue its kernels. NULL (the default): no
+ * wait. Called on the main thread only, while a trace is open. */
+void hpu__prof_set_sync(void (*wait)(void));
+void hpu__prof_sync(void);
+
 /* The start of an event: now, or 0 while nothing is recorded. */
 static inline int64_t hpu__prof_t0(void)
 {
-	return hpu__prof_enabled ? hpu__prof_now() : 0;
+	if (!hpu__prof_enabled)
+		return 0;
+	hpu__prof_sync();
+	return hpu__prof_now();
 }
 
 /* Creates the trace file and writes its header; the calling thread is

@@ -1081,6 +1081,11 @@ done:
 /* --stall-warning; --profile: the trace file, the collectives' events,
  * and the job's first barrier, at which hpu-trace aligns the ranks'
  * clocks. */
+static void device_sync(void)
+{
+	hpu__dev_queue_sync(NULL);
+}
+
 static int observe_setup(loop *L)
 {
 	const hpu_train_opts *o = L->o;
@@ -1106,6 +1111,11 @@ static int observe_setup(loop *L)
 		.strategy = hpu__strategy_name(o->strategy),
 		.precision = hpu__precision_name(o->precision),
 	};
+	long sync = 0;
+	if (hpu__env_long(HPU_ENV_HPU_PROFILE_SYNC, 0, 1, &sync) < 0)
+		return fail(L, "HPU_PROFILE_SYNC=%s: must be 0 or 1",
+			    hpu__env_str(HPU_ENV_HPU_PROFILE_SYNC));
+	hpu__prof_set_sync(sync ? device_sync : NULL);
 	if (hpu__prof_open(&c, L->err, L->errlen) < 0)
 		return -1;
 	hpucoll_comm_set_trace(L->comm, hpu__prof_collective, NULL);
