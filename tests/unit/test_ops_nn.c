@@ -840,6 +840,74 @@ static void test_attention_backward_fp32(void **state)
 	free(qkv), free(out), free(att), free(r), free(dqkv);
 }
 
+/* The attention layer's score masking against its definition: query i
+ * may attend to key j when (!causal || j <= i) && (!mask || mask[j]);
+ * before the softmax -inf elsewhere, after it exact zeros, and a row
+ * with no key it may attend to all zeros. Samples: no padding, leading
+ * and inner padding, and all padding. */
+static void test_mask_scores(void **state)
+{
+	(void)state;
+	enum { B = 3, H = 2, T = 7 };
+	static const int32_t mask[B * T] = {1, 1, 1, 1, 1, 1, 1, /**/ 0, 0, 1, 1, 0, 1, 1,
+					    /**/ 0, 0, 0, 0, 0, 0, 0};
+	float att[B * H * T * T], want[B * H * T * T];
+	int checked = 0;
+	for (int causal = 0; causal < 2; causal++)
+		for (int masked = 0; masked < 2; masked++)
+			for (int after = 0; after < 2; after++) {
+				if (!causal && !masked)
+					continue; /* the layer masks nothing then */
+				for (size_t k = 0; k < sizeof att / sizeof *att; k++)
+					att[k] = want[k] = (float)rng_uniform(-3, 3);
+				const int32_t *m = masked ? mask : NULL;
+				for (int b = 0; b < B; b++)
+					for (int h = 0; h < H; h++)
+						for (int i = 0; i < T; i++) {
+							float *row = want + (((size_t)b * H + h) * T + i) * T;
+							int any = 0;
+							for (int j = 0; j < T; j++)
+								any |= (!causal || j <= i) && (!m || m[b * T + j]);
+							for (int j = 0; j < T; j++)
+								if (!any)
+									row[j] = 0.0f;
+								else if (!((!causal || j <= i) && (!m || m[b * T + j])))
+									row[j] = after ? 0.0f : -INFINITY;
+						}
+				assert_int_equal(hpu_mask_scores(att, m, B, H, T, causal, after), HPU_OK);
+				if (memcmp(att, want, sizeof att))
+					fail_msg("mask_scores causal %d masked %d after %d differs from its definition",
+						 causal, masked, after);
+				checked++;
+			}
+	assert_int_equal(checked, 6);
+	printf("  mask_scores: 6 cases (causal, key mask, before/after) bit for bit\n");
+}
+
+/* split_heads and merge_heads move rows between [B, T, ld] (head h at
+ * columns h*hd) and head-major [B, H, T, hd], scaled; merge undoes split. */
+static void test_split_merge_heads(void **state)
+{
+	(void)state;
+	enum { B = 2, H = 3, T = 5, HD = 4, LD = 3 * H * HD + 2 };
+	float src[B * T * LD], hm[B * H * T * HD], back[B * T * LD];
+	for (size_t k = 0; k < B * T * LD; k++)
+		src[k] = (float)rng_uniform(-1, 1), back[k] = 7.0f;
+	assert_int_equal(hpu_split_heads(src + H * HD, LD, hm, B, H, T, HD, 0.5f), HPU_OK);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < H; h++)
+			for (int i = 0; i < T; i++)
+				for (int e = 0; e < HD; e++)
+					assert_true(hm[(((size_t)b * H + h) * T + i) * HD + e] ==
+						    src[((size_t)b * T + i) * LD + H * HD + h * HD + e] * 0.5f);
+	assert_int_equal(hpu_merge_heads(hm, back + H * HD, LD, B, H, T, HD, 2.0f), HPU_OK);
+	for (int r = 0; r < B * T; r++)
+		for (int c = 0; c < LD; c++) {
+			int in = c >= H * HD && c < 2 * H * HD; /* the columns merged into */
+			assert_true(back[(size_t)r * LD + c] == (in ? src[(size_t)r * LD + c] : 7.0f));
+		}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -858,6 +926,8 @@ int main(void)
 	    cmocka_unit_test(test_attention_causal),
 	    cmocka_unit_test(test_attention_backward),
 	    cmocka_unit_test(test_attention_backward_fp32),
+	    cmocka_unit_test(test_mask_scores),
+	    cmocka_unit_test(test_split_merge_heads),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,14 @@ static size_t hrow(int heads, int t, int hd, int b, int h, int i)
 	return (((size_t)b * heads + h) * t + i) * hd;
 }
 
+/* One row of hd values scaled: o[e] = r[e] * mul (no overlap, so it
+ * vectorizes). */
+static void scale_row(const float *restrict r, float *restrict o, int hd, float mul)
+{
+	for (int e = 0; e < hd; e++)
+		o[e] = r[e] * mul;
+}
+
 /* split: dst[b, h, i, :] = src[b, i, h*hd ..] * mul (row stride ld);
  * merge: the inverse, dst[b, i, h*hd ..] = src[b, h, i, :] * mul. */
 int hpu__host_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
@@ -27,39 +35,41 @@ int hpu__host_heads(int merge, const float *src, float *dst, size_t ld, int batc
 			for (int i = 0; i < t; i++) {
 				size_t strided = ((size_t)b * t + i) * ld + (size_t)h * hd;
 				size_t major = hrow(heads, t, hd, b, h, i);
-				const float *r = src + (merge ? major : strided);
-				float *o = dst + (merge ? strided : major);
-				for (int e = 0; e < hd; e++)
-					o[e] = r[e] * mul;
+				if (merge)
+					scale_row(src + major, dst + strided, hd, mul);
+				else
+					scale_row(src + strided, dst + major, hd, mul);
 			}
 	return HPU_BE_OK;
 }
 
-/* Query i may attend to key j of a sample with key mask `mask`. */
-static int allowed(int causal, const int32_t *mask, int i, int j)
-{
-	return (!causal || j <= i) && (!mask || mask[j]);
-}
-
 /* Before the softmax (after == 0): -inf at the scores a query may not
- * attend to, and a row with none it may gets zeros. After: exact zeros
- * at those places and rows. */
+ * attend to (causal: keys after it; masked keys), and a row with none it
+ * may gets zeros. After: exact zeros at those places and rows. Query i
+ * may attend to key j when (!causal || j <= i) && (!mask || mask[j]). */
 int hpu__host_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
 			  int causal, int after)
 {
+	const float no = after ? 0.0f : -INFINITY;
 	for (int b = 0; b < batch; b++) {
 		const int32_t *m = mask ? mask + (size_t)b * t : NULL;
+		int first = 0; /* the first key any query may attend to; t: none */
+		while (m && first < t && !m[first])
+			first++;
 		for (int h = 0; h < heads; h++)
 			for (int i = 0; i < t; i++) {
 				float *row = att + (((size_t)b * heads + h) * t + i) * t;
-				int any = 0;
-				for (int j = 0; j < t; j++)
-					any |= allowed(causal, m, i, j);
-				for (int j = 0; j < t; j++)
-					if (!any)
+				int end = causal ? i + 1 : t; /* keys from end on: never */
+				if (first >= end) {           /* none: a row of zeros */
+					for (int j = 0; j < t; j++)
 						row[j] = 0.0f;
-					else if (!allowed(causal, m, i, j))
-						row[j] = after ? 0.0f : -INFINITY;
+					continue;
+				}
+				for (int j = 0; m && j < end; j++)
+					if (!m[j])
+						row[j] = no;
+				for (int j = end; j < t; j++)
+					row[j] = no;
 			}
 	}
 	return HPU_BE_OK;
