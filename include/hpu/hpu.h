@@ -445,8 +445,11 @@ HPU_API int hpu_layer_params_in_ops(hpu_layer *layer);
  * the linear op writes the weight gradient's product instead of adding
  * it to zeros, and the ops zero what they add to; the values are those
  * of zeroed gradients. A layer that adds to a gradient itself must not
- * promise this. The library's linear, conv2d and attention layers make
- * this promise. Returns HPU_OK. */
+ * promise this. Under bf16-mixed the weight gradient's product may go
+ * straight into the 16-bit gradients, rounded; a second
+ * hpu_linear_backward into the same dw in one backward then adds onto
+ * those rounded values. The library's linear, conv2d and attention layers
+ * make this promise. Returns HPU_OK. */
 HPU_API int hpu_layer_grads_in_ops(hpu_layer *layer);
 
 /* The loss the optimizer minimizes: the mean over samples of the

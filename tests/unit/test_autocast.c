@@ -25,6 +25,7 @@
 
 #include "tests/unit/num_testlib.h"
 #include "worker/ops/autocast.h"
+#include "worker/ops/backend.h"
 #include "common/lowp.h"
 
 #include "hpu/ops.h"
@@ -786,6 +787,91 @@ static void test_fresh_grads(void **state)
 	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
 }
 
+/* The backend's gemm, answering HPU_BE_UNSUPPORTED to a bf16 output: the
+ * op then rounds the fp32 product itself. */
+static int (*real_gemm)(const hpu__gemm *g);
+static int gemm_no_c16(const hpu__gemm *g)
+{
+	return g->c16 ? HPU_BE_UNSUPPORTED : real_gemm(g);
+}
+
+/* Gradients owed zeros with a bf16 place (hpu__ac_fresh_add16): a bf16
+ * linear's weight gradient goes there as the bf16 rounding of the zeroed
+ * run's, bit for bit, its fp32 gradient unwritten; the bias is claimed as
+ * ever; a second writer adds onto the first's values; without the
+ * backend's bf16 output the op rounds the same sums itself. */
+static void test_fresh_grads16(void **state)
+{
+	(void)state;
+	enum { B = 8, IN = 40, OUT = 12, NW = OUT * IN, WPAD = NW + 16, BPAD = OUT + 4 };
+	static float x[B * IN], w[OUT * IN], dy[B * OUT], dx[B * IN];
+	static float ref[WPAD + BPAD], twice[WPAD + BPAD], g[WPAD + BPAD];
+	static uint16_t g16[WPAD + BPAD];
+	for (int i = 0; i < B * IN; i++)
+		x[i] = sinf((float)i);
+	for (int i = 0; i < NW; i++)
+		w[i] = cosf((float)i) / 8.0f;
+	for (int i = 0; i < B * OUT; i++)
+		dy[i] = sinf(0.3f * (float)i);
+	policy_ok(HPU_AUTOCAST_BF16, NULL, NULL);
+	const hpu__backend *be = hpu__be();
+	int direct = be->gemm_c16 && be->bf16_native();
+	printf("  backend %s: bf16 output %s\n", be->name, direct ? "yes" : "no (not claimed)");
+	memset(ref, 0, sizeof ref);
+	hpu_linear_backward(x, w, dy, dx, ref, ref + WPAD, B, IN, OUT);
+	/* a second call adds onto the first's bf16 values */
+	for (size_t i = 0; i < WPAD + BPAD; i++)
+		twice[i] = i < NW ? hpu_from_bf16(hpu_to_bf16(ref[i])) : ref[i];
+	hpu_linear_backward(x, w, dy, dx, twice, NULL, B, IN, OUT);
+	static hpu__backend no_c16;
+	no_c16 = *be;
+	no_c16.gemm = gemm_no_c16;
+	real_gemm = be->gemm;
+	/* the backend's bf16 output, the op's rounding, two writers */
+	for (int pass = 0; pass < (direct ? 3 : 2); pass++) {
+		for (size_t i = 0; i < WPAD + BPAD; i++) {
+			g[i] = NAN;
+			g16[i] = 0xabcd;
+		}
+		assert_int_equal(hpu__ac_fresh_add16(g, WPAD, g16), 0);
+		assert_int_equal(hpu__ac_fresh_add16(g + WPAD, BPAD, g16 + WPAD), 0);
+		hpu__be_set(pass == 1 ? &no_c16 : be);
+		hpu_linear_backward(x, w, dy, dx, g, g + WPAD, B, IN, OUT);
+		if (pass == 2)
+			hpu_linear_backward(x, w, dy, dx, g, NULL, B, IN, OUT);
+		hpu__be_set(NULL);
+		int taken = hpu__ac_fresh_taken16(g);
+		printf("  pass %d: weight gradient %s\n", pass, taken ? "in bf16" : "in fp32");
+		assert_int_equal(taken, direct && pass < 2);
+		assert_int_equal(hpu__ac_fresh_taken16(g + WPAD), 0); /* the bias: fp32 */
+		hpu__ac_fresh_flush(g, WPAD + BPAD);
+		const float *want = pass == 2 ? twice : ref;
+		for (size_t i = 0; i < WPAD; i++) {
+			if (!taken) {
+				assert_memory_equal(&g[i], &want[i], 4);
+				continue;
+			}
+			if (g16[i] != hpu_to_bf16(want[i]) || !isnan(g[i]))
+				fail_msg("dw[%zu]: bf16 %#x, want %#x (%g); fp32 %g, want unwritten", i,
+					 g16[i], hpu_to_bf16(want[i]), (double)want[i], (double)g[i]);
+		}
+		assert_memory_equal(g + WPAD, want + WPAD, BPAD * sizeof *g);
+	}
+	/* fp32 owed zeros have no bf16 place; a taken claim is forgotten */
+	for (size_t i = 0; i < WPAD; i++)
+		g[i] = NAN;
+	assert_int_equal(hpu__ac_fresh_add(g, WPAD), 0);
+	assert_null(hpu__ac_fresh_claim16(g, NW));
+	assert_int_equal(hpu__ac_fresh_claim(g, NW), 1);
+	assert_int_equal(hpu__ac_fresh_add16(g, WPAD, g16), 0);
+	assert_null(hpu__ac_fresh_claim16(g, WPAD + 1)); /* larger than owed */
+	assert_ptr_equal(hpu__ac_fresh_claim16(g, NW), g16);
+	assert_true(g16[NW] == 0 && g16[WPAD - 1] == 0); /* the padding */
+	hpu__ac_fresh_forget(g, WPAD);
+	assert_int_equal(hpu__ac_fresh_taken16(g), 0);
+	policy_ok(HPU_AUTOCAST_NONE, NULL, NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -801,6 +887,7 @@ int main(void)
 		cmocka_unit_test(test_fp16_variants),
 		cmocka_unit_test(test_twins),
 		cmocka_unit_test(test_fresh_grads),
+		cmocka_unit_test(test_fresh_grads16),
 		cmocka_unit_test(test_scratch_allocator),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */

@@ -213,6 +213,79 @@ static void test_gemm_empty(void **state)
 	assert_true(c[0] == 42);
 }
 
+/* A bf16 output (c16, where the table says gemm_c16): each element the
+ * bf16 rounding of the fp32 output's, bit for bit (the same sums), the
+ * padding between batch entries left alone; bias or accumulate refused.
+ * The shapes of the MLP's weight gradients at batch 256 among them. */
+static void test_gemm_c16(void **state)
+{
+	(void)state;
+	static const gcase c16cases[] = {
+		{1, 1, 1, 1, 1, 0, 0, 0, 0},       {1, 33, 17, 29, 1, 0, 0, 0, 0},
+		{1, 5, 7, 1001, 0, 1, 0, 0, 0},    {3, 4, 5, 6, 1, 1, 0, 0, 7},
+		{1, 1024, 784, 256, 1, 0, 0, 0, 0}, {1, 1024, 1024, 256, 1, 0, 0, 0, 0},
+		{1, 10, 1024, 256, 1, 0, 0, 0, 0},  {1, 64, 784, 37, 1, 0, 0, 0, 0},
+	};
+	const hpu__backend *be = hpu__be();
+	printf("  backend %s: gemm_c16 %d, bf16 native %d\n", be->name, be->gemm_c16,
+	       be->bf16_native());
+	assert_int_equal(hpu__be_reference()->gemm_c16, 0);
+	if (!be->gemm_c16)
+		skip();
+	rng_seed(7);
+	for (size_t t = 0; t < sizeof c16cases / sizeof *c16cases; t++) {
+		const gcase *c = &c16cases[t];
+		size_t sa = (size_t)c->m * c->k + c->pad, sb = (size_t)c->k * c->n + c->pad;
+		size_t sc = (size_t)c->m * c->n + c->pad;
+		size_t na = sa * c->count, nb = sb * c->count, nc = sc * c->count;
+		float *a = xcalloc(na, 4), *b = xcalloc(nb, 4), *c32 = xcalloc(nc, 4);
+		uint16_t *a16 = xcalloc(na, 2), *b16 = xcalloc(nb, 2), *c16 = xcalloc(nc, 2);
+		fill(a, na, -1, 1);
+		fill(b, nb, -1e-3f, 1e-3f);
+		for (size_t i = 0; i < na; i++)
+			a16[i] = hpu_to_bf16(a[i]);
+		for (size_t i = 0; i < nb; i++)
+			b16[i] = hpu_to_bf16(b[i]);
+		for (size_t i = 0; i < nc; i++)
+			c16[i] = 0xabcd;
+		hpu__gemm g = {.dt = HPU_DT_BF16, .count = c->count, .m = c->m, .n = c->n,
+			       .k = c->k, .trans_a = c->ta, .trans_b = c->tb, .a = a16, .b = b16,
+			       .c = c32, .stride_a = sa, .stride_b = sb, .stride_c = sc};
+		int rc = be->gemm(&g);
+		g.c = NULL;
+		g.c16 = c16;
+		int rc16 = be->gemm(&g);
+		if (!be->bf16_native()) {
+			assert_int_equal(rc16, HPU_BE_UNSUPPORTED);
+		} else {
+			assert_int_equal(rc, HPU_BE_OK);
+			assert_int_equal(rc16, HPU_BE_OK);
+			size_t bad = 0;
+			for (size_t i = 0; i < nc; i++) {
+				int pad = i % sc >= (size_t)c->m * c->n;
+				uint16_t want = pad ? 0xabcd : hpu_to_bf16(c32[i]);
+				if (c16[i] != want && bad++ < 3)
+					printf("    [%zu] %#x, want %#x (%.9g)\n", i, c16[i], want,
+					       (double)c32[i]);
+			}
+			printf("  bf16 out %dx %dx%dx%d t%d%d: %zu of %zu differ\n", c->count, c->m,
+			       c->n, c->k, c->ta, c->tb, bad, nc);
+			assert_int_equal(bad, 0);
+		}
+		g.accumulate = 1;
+		assert_int_equal(be->gemm(&g), HPU_BE_UNSUPPORTED);
+		free(a), free(b), free(c32), free(a16), free(b16), free(c16);
+	}
+	/* k == 0: zeros */
+	uint16_t z[6] = {1, 2, 3, 4, 5, 6};
+	float one[1] = {0};
+	hpu__gemm e = {.dt = HPU_DT_BF16, .count = 1, .m = 2, .n = 3, .k = 0, .a = one,
+		       .b = one, .c16 = z};
+	assert_int_equal(be->gemm(&e), HPU_BE_OK);
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(z[i], 0);
+}
+
 /* ---- the ops: oneDNN against the reference kernels ---- */
 
 enum { B = 37, IN = 53, OUT = 29 };
@@ -416,7 +489,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gemm_f32),     cmocka_unit_test(test_gemm_bf16),
-		cmocka_unit_test(test_gemm_empty),   cmocka_unit_test(test_linear_fp32),
+		cmocka_unit_test(test_gemm_empty),   cmocka_unit_test(test_gemm_c16),
+		cmocka_unit_test(test_linear_fp32),
 		cmocka_unit_test(test_linear_bf16),  cmocka_unit_test(test_linear_param16),
 		cmocka_unit_test(test_linear_param16_lazy),
 		cmocka_unit_test(test_linear_fp8),   cmocka_unit_test(test_matmul_bmm),

@@ -83,6 +83,8 @@ static int ntwins, captwins;
 typedef struct fresh {
 	float *g;
 	size_t len;
+	uint16_t *g16; /* NULL, or the bf16 form's place (hpu__ac_fresh_add16) */
+	int taken;     /* claimed by hpu__ac_fresh_claim16: written in g16 only */
 } fresh;
 static fresh *freshes;
 static int nfresh, capfresh;
@@ -540,26 +542,69 @@ int hpu__ac_fresh_add(float *g, size_t len)
 		freshes = f;
 		capfresh = cap;
 	}
-	freshes[nfresh++] = (fresh){g, len};
+	freshes[nfresh++] = (fresh){g, len, NULL, 0};
 	return 0;
+}
+
+int hpu__ac_fresh_add16(float *g, size_t len, uint16_t *g16)
+{
+	if (hpu__ac_fresh_add(g, len) < 0)
+		return -1;
+	freshes[nfresh - 1].g16 = g16;
+	return 0;
+}
+
+/* The record of owed zeros (or of a taken claim) that starts at g, or -1. */
+static int fresh_find(const float *g)
+{
+	for (int i = 0; g && i < nfresh; i++)
+		if (freshes[i].g == g)
+			return i;
+	return -1;
 }
 
 int hpu__ac_fresh_claim(float *g, size_t n)
 {
-	for (int i = 0; g && i < nfresh; i++)
-		if (freshes[i].g == g && n <= freshes[i].len) {
-			memset(g + n, 0, (freshes[i].len - n) * sizeof *g);
-			freshes[i] = freshes[--nfresh];
-			return 1;
-		}
-	return 0;
+	int i = fresh_find(g);
+	if (i < 0 || n > freshes[i].len)
+		return 0;
+	fresh *f = &freshes[i];
+	if (f->taken) /* a second writer: the first's values in fp32, added to */
+		hpu__ac_from16(0, g, f->g16, f->len);
+	else
+		memset(g + n, 0, (f->len - n) * sizeof *g);
+	int owed = !f->taken;
+	*f = freshes[--nfresh];
+	return owed;
 }
 
-/* Drops the owed zeros in base[0..len), zeroing them first when `zero`. */
+uint16_t *hpu__ac_fresh_claim16(float *g, size_t n)
+{
+	int i = fresh_find(g);
+	if (i < 0 || n > freshes[i].len || !freshes[i].g16 || freshes[i].taken)
+		return NULL;
+	fresh *f = &freshes[i];
+	memset(f->g16 + n, 0, (f->len - n) * sizeof *f->g16);
+	f->taken = 1;
+	return f->g16;
+}
+
+int hpu__ac_fresh_taken16(const float *g)
+{
+	int i = fresh_find(g);
+	if (i < 0 || !freshes[i].taken)
+		return 0;
+	freshes[i] = freshes[--nfresh];
+	return 1;
+}
+
+/* Drops the owed zeros in base[0..len), zeroing them first when `zero`;
+ * `zero` leaves the taken claims for hpu__ac_fresh_taken16. */
 static void fresh_drop(const float *base, size_t len, int zero)
 {
 	for (int i = 0; base && i < nfresh;)
-		if (freshes[i].g >= base && freshes[i].g < base + len) {
+		if (freshes[i].g >= base && freshes[i].g < base + len &&
+		    !(zero && freshes[i].taken)) {
 			if (zero)
 				memset(freshes[i].g, 0, freshes[i].len * sizeof *base);
 			freshes[i] = freshes[--nfresh];

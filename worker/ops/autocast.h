@@ -163,6 +163,22 @@ int hpu__ac_fresh_claim(float *g, size_t n);
 void hpu__ac_fresh_flush(float *base, size_t len);
 void hpu__ac_fresh_forget(const float *base, size_t len);
 
+/* Owed zeros whose bf16 rounding the runtime wants at g16[0..len) (the
+ * 16-bit gradients, when nothing is to be added to them: bf16-mixed's
+ * first micro-step), as hpu__ac_fresh_add. A bf16 product about to write
+ * g[0..n) may claim it with hpu__ac_fresh_claim16 instead: it gets g16
+ * (g16[n..len) zeroed now) and writes the bf16 rounding of its fp32 sums
+ * there itself, leaving g unwritten; NULL when g is not owed zeros with a
+ * 16-bit place (claim it with hpu__ac_fresh_claim as ever). Another op
+ * that then claims g accumulates as ever, onto g[0..len) = the fp32
+ * values of g16 (claim returns 0; the sum is then rounded twice).
+ * hpu__ac_fresh_taken16(g): 1 when g was claimed by claim16 and is in
+ * g16 alone (the record is dropped; the runtime converts nothing of it),
+ * else 0. _flush leaves such claims alone; _forget drops them. */
+int hpu__ac_fresh_add16(float *g, size_t len, uint16_t *g16);
+uint16_t *hpu__ac_fresh_claim16(float *g, size_t n);
+int hpu__ac_fresh_taken16(const float *g);
+
 /* The bf16 form of parameter data w[n] for a bf16 product: the runtime's
  * bf16 working copy when w lies in one (hpu__ac_param16_add), else a copy
  * made into uint16 slot `slot`. NULL when w is NULL. */

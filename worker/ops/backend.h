@@ -11,10 +11,10 @@
  * products, a shape a primitive refuses).
  *
  * Conventions: row-major, NCHW; every function returns HPU_BE_OK or
- * HPU_BE_UNSUPPORTED (then nothing was written). Outputs are fp32;
- * inputs are fp32 or bf16 (uint16_t, the top half of an fp32) as the
- * dtype says. A backend keeps its primitives per shape (a small cache) and
- * may be called from any thread.
+ * HPU_BE_UNSUPPORTED (then nothing was written). Outputs are fp32 (but
+ * a product's bf16 output, gemm_c16); inputs are fp32 or bf16 (uint16_t,
+ * the top half of an fp32) as the dtype says. A backend keeps its
+ * primitives per shape (a small cache) and may be called from any thread.
  */
 #ifndef HPU_BACKEND_H
 #define HPU_BACKEND_H
@@ -44,6 +44,11 @@ typedef struct hpu__gemm {
 	float *c;
 	size_t stride_a, stride_b, stride_c;
 	int accumulate;
+	/* NULL, or where the product goes instead of c, as bf16: each fp32
+	 * sum rounded to nearest even (hpu_to_bf16); c is then unused. Only
+	 * with dt bf16, no bias, no accumulate, and only to a table whose
+	 * gemm_c16 is 1 (others never see it set). */
+	uint16_t *c16;
 } hpu__gemm;
 
 /* Eltwise ops (hpu__backend.eltwise_*). */
@@ -66,6 +71,11 @@ typedef struct hpu__backend {
 	void (*set_threads)(int n);
 
 	int (*gemm)(const hpu__gemm *g);
+	/* 1 when gemm takes c16 (a bf16 output, hpu__gemm): the ops then let
+	 * a weight gradient's product write the 16-bit gradient itself
+	 * (autocast.h, hpu__ac_fresh_claim16). 0 where a table leaves it out
+	 * (the reference table, CUDA's): c16 is never set for it. */
+	int gemm_c16;
 
 	/* Convolution, square kernel, padding and stride of s. x, w and dy
 	 * are of type dt; y, dx, dw and db are fp32.

@@ -63,6 +63,7 @@ static const hpu__backend dnnl_backend = {
 	.bf16_native = hpu__dnnl_bf16_native,
 	.set_threads = hpu__dnnl_set_threads,
 	.gemm = hpu__dnnl_gemm,
+	.gemm_c16 = 1,
 	.conv_fwd = hpu__dnnl_conv_fwd,
 	.conv_bwd_data = hpu__dnnl_conv_bwd_data,
 	.conv_bwd_weights = hpu__dnnl_conv_bwd_weights,

@@ -10,6 +10,7 @@
 typedef struct gemm_key {
 	int op; /* 1 */
 	int dt, count, m, n, k, trans_a, trans_b, bias, accumulate;
+	int c16; /* c in bf16 */
 	int64_t stride_a, stride_b, stride_c; /* 0 when count == 1 */
 } gemm_key;
 
@@ -39,7 +40,7 @@ static int make_gemm(hpu__dnnl_prim *p, const void *vkey, dnnl_engine_t eng)
 	dnnl_memory_desc_t a, b, bias, c;
 	if (mat_md(&a, k->count, k->m, k->k, k->trans_a, k->stride_a, dt) < 0 ||
 	    mat_md(&b, k->count, k->k, k->n, k->trans_b, k->stride_b, dt) < 0 ||
-	    mat_md(&c, k->count, k->m, k->n, 0, k->stride_c, dnnl_f32) < 0)
+	    mat_md(&c, k->count, k->m, k->n, 0, k->stride_c, k->c16 ? dnnl_bf16 : dnnl_f32) < 0)
 		return -1;
 	if (k->bias) {
 		dnnl_dims_t d = {1, 1, 1};
@@ -80,10 +81,22 @@ static int make_gemm(hpu__dnnl_prim *p, const void *vkey, dnnl_engine_t eng)
 	return 0;
 }
 
+/* c16 = the bf16 of an empty sum: zeros */
+static int gemm_empty16(const hpu__gemm *g)
+{
+	for (int i = 0; i < g->count; i++)
+		memset(g->c16 + (size_t)i * g->stride_c, 0, (size_t)g->m * g->n * 2);
+	return HPU_BE_OK;
+}
+
 int hpu__dnnl_gemm(const hpu__gemm *g)
 {
+	if (g->c16 && (g->dt != HPU_DT_BF16 || g->bias || g->accumulate))
+		return HPU_BE_UNSUPPORTED; /* not promised (backend.h) */
 	if (g->count <= 0 || g->m <= 0 || g->n <= 0)
 		return HPU_BE_OK; /* nothing to write */
+	if (g->k <= 0 && g->c16)
+		return gemm_empty16(g);
 	if (g->k <= 0) { /* an empty sum: c = bias or 0, or c unchanged */
 		if (g->accumulate)
 			return HPU_BE_OK;
@@ -109,6 +122,7 @@ int hpu__dnnl_gemm(const hpu__gemm *g)
 	k.trans_b = !!g->trans_b;
 	k.bias = g->bias != NULL;
 	k.accumulate = !!g->accumulate;
+	k.c16 = g->c16 != NULL;
 	if (g->count > 1) {
 		k.stride_a = (int64_t)g->stride_a;
 		k.stride_b = (int64_t)g->stride_b;
@@ -117,6 +131,7 @@ int hpu__dnnl_gemm(const hpu__gemm *g)
 	hpu__dnnl_prim *p = hpu__dnnl_get(&k, sizeof k, make_gemm);
 	if (!p)
 		return HPU_BE_UNSUPPORTED;
-	void *data[4] = {(void *)g->a, (void *)g->b, g->c, (void *)g->bias};
+	void *c = g->c16 ? (void *)g->c16 : (void *)g->c;
+	void *data[4] = {(void *)g->a, (void *)g->b, c, (void *)g->bias};
 	return hpu__dnnl_run(p, data);
 }

@@ -251,26 +251,48 @@ static void fwd_product(const float *x, const float *w, const uint16_t *x16,
 		hpu__ref_linear_forward(x, w, b, y, batch, in, out);
 }
 
+/* dw[out,in] += dy^T x (dw_fresh: dw = dy^T x), the product gw on the
+ * backend, else in fp32, else the reference */
+static void dw_product(hpu__gemm *gw, const float *x, const float *w, const float *dy,
+		       float *dw, int dw_fresh, int batch, int in, int out)
+{
+	const hpu__backend *be = hpu__be();
+	gw->c = dw;
+	gw->accumulate = !dw_fresh;
+	if (be->gemm(gw) == HPU_BE_OK)
+		return;
+	gw->dt = HPU_DT_F32; /* dw alone: w is not read */
+	gw->a = dy;
+	gw->b = x;
+	if (be->gemm(gw) == HPU_BE_OK)
+		return;
+	if (dw_fresh)
+		memset(dw, 0, (size_t)out * in * sizeof *dw);
+	hpu__ref_linear_backward(x, w, dy, NULL, dw, NULL, batch, in, out);
+}
+
 /* dw[out,in] += dy^T x (dw_fresh: dw is owed zeros, hpu__ac_fresh_claim:
- * dw = dy^T x); dx[B,in] = dy w (dx may be NULL) */
+ * dw = dy^T x; dw16 not NULL: the bf16 of dy^T x goes there instead,
+ * hpu__ac_fresh_claim16); dx[B,in] = dy w (dx may be NULL) */
 static void bwd_products(const float *x, const float *w, const float *dy,
 			 const uint16_t *x16, const uint16_t *w16, const uint16_t *dy16,
-			 float *dx, float *dw, int dw_fresh, int batch, int in, int out)
+			 float *dx, float *dw, uint16_t *dw16, int dw_fresh, int batch, int in,
+			 int out)
 {
 	const hpu__backend *be = hpu__be();
 	int bf = x16 && w16 && dy16;
 	hpu__gemm gw = {.dt = bf ? HPU_DT_BF16 : HPU_DT_F32, .count = 1, .m = out, .n = in,
 			.k = batch, .trans_a = 1, .a = bf ? (const void *)dy16 : dy,
-			.b = bf ? (const void *)x16 : x, .c = dw, .accumulate = !dw_fresh};
-	if (be->gemm(&gw) != HPU_BE_OK) { /* dw alone: w is not read */
-		gw.dt = HPU_DT_F32;
-		gw.a = dy;
-		gw.b = x;
-		if (be->gemm(&gw) != HPU_BE_OK) {
-			if (dw_fresh)
-				memset(dw, 0, (size_t)out * in * sizeof *dw);
-			hpu__ref_linear_backward(x, w, dy, NULL, dw, NULL, batch, in, out);
-		}
+			.b = bf ? (const void *)x16 : x, .c16 = bf ? dw16 : NULL};
+	if (dw16 && !(gw.c16 && be->gemm(&gw) == HPU_BE_OK)) {
+		/* the same sums in fp32, rounded after */
+		size_t nw = (size_t)out * in;
+		float *tmp = hpu__ac_scratch(3, nw);
+		gw.c16 = NULL;
+		dw_product(&gw, x, w, dy, tmp, 1, batch, in, out);
+		hpu__host_to_bf16(tmp, dw16, nw);
+	} else if (!dw16) {
+		dw_product(&gw, x, w, dy, dw, dw_fresh, batch, in, out);
 	}
 	if (dx == NULL)
 		return;
@@ -369,8 +391,13 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 {
 	int lp = hpu__ac_enter(HPU_OP_LINEAR);
 	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
-	/* gradients owed zeros: dw is overwritten by its product, db zeroed */
-	int dw_fresh = in >= 0 && out >= 0 && hpu__ac_fresh_claim(dw, (size_t)out * in);
+	/* gradients owed zeros: dw is overwritten by its product (bf16: the
+	 * product may write the runtime's 16-bit gradient itself), db zeroed */
+	uint16_t *dw16 = NULL;
+	if (lp == HPU_AUTOCAST_BF16 && batch > 0 && in > 0 && out > 0 && hpu__be()->gemm_c16 &&
+	    bf16_ok(lp))
+		dw16 = hpu__ac_fresh_claim16(dw, (size_t)out * in);
+	int dw_fresh = dw16 || (in >= 0 && out >= 0 && hpu__ac_fresh_claim(dw, (size_t)out * in));
 	if (out >= 0 && hpu__ac_fresh_claim(db, (size_t)out))
 		memset(db, 0, (size_t)out * sizeof *db);
 	if (batch <= 0 || in < 0 || out < 0) {
@@ -382,7 +409,7 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 	size_t nx = (size_t)batch * in, ny = (size_t)batch * out, nw = (size_t)out * in;
 	params_f32(lp, w, nw, NULL, 0);
 	if (!lp) {
-		bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, dw_fresh, batch, in, out);
+		bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, NULL, dw_fresh, batch, in, out);
 		if (db)
 			bias_grad(dy, db, batch, out);
 		return;
@@ -393,7 +420,8 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 			int bf = bf16_ok(lp);
 			bwd_products(xq, wq, dyq, bf ? hpu__ac_bf16(0, xq, nx) : NULL,
 				     bf ? hpu__ac_bf16(1, wq, nw) : NULL,
-				     bf ? hpu__ac_bf16(2, dyq, ny) : NULL, dx, dw, dw_fresh, batch, in, out);
+				     bf ? hpu__ac_bf16(2, dyq, ny) : NULL, dx, dw, NULL, dw_fresh, batch,
+				     in, out);
 			if (db)
 				bias_grad(dy, db, batch, out);
 			if (dx != NULL)
@@ -402,7 +430,7 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		}
 		lp = hpu__ac_fallback(HPU_OP_LINEAR);
 		if (!lp) {
-			bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, dw_fresh, batch, in, out);
+			bwd_products(x, w, dy, NULL, NULL, NULL, dx, dw, NULL, dw_fresh, batch, in, out);
 			if (db)
 				bias_grad(dy, db, batch, out);
 			return;
@@ -411,13 +439,13 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 	if (bf16_ok(lp)) {
 		const uint16_t *dy16 = hpu__ac_bf16(2, dy, ny);
 		bwd_products(x, w, dy, hpu__ac_bf16(0, x, nx), hpu__ac_weight_bf16(1, w, nw),
-			     dy16, dx, dw, dw_fresh, batch, in, out);
+			     dy16, dx, dw, dw16, dw_fresh, batch, in, out);
 		if (db)
 			bias_grad16(dy16, db, batch, out);
 	} else {
 		const float *dyr = hpu__ac_round(2, dy, ny, lp);
 		bwd_products(hpu__ac_round(0, x, nx, lp), hpu__ac_weight_round(1, w, nw, lp), dyr,
-			     NULL, NULL, NULL, dx, dw, dw_fresh, batch, in, out);
+			     NULL, NULL, NULL, dx, dw, NULL, dw_fresh, batch, in, out);
 		if (db)
 			bias_grad(dyr, db, batch, out);
 	}

@@ -306,7 +306,7 @@ static void zero_grads(hpu_strat *s)
 		hpu_layer *l = s->b->layers[i];
 		if (!hpu__strat_fresh_ok(s, i) || l->gbase != G + l->off || l->off < at)
 			continue;
-		if (hpu__strat_fresh_add(s, i, l->gbase) < 0)
+		if (hpu__strat_fresh_add(s, i, l->gbase, NULL) < 0)
 			break;
 		hpu__dev_memset(NULL, G + at, 0, (l->off - at) * 4);
 		at = l->off + l->plen;

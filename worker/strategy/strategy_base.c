@@ -72,13 +72,15 @@ int hpu__strat_fresh_ok(const hpu_strat *s, int i)
 	return l->grads_in_ops && l->plen && s->gusers[i] == 1 && hpu__dev_host_can_read();
 }
 
-int hpu__strat_fresh_add(hpu_strat *s, int i, float *g)
+int hpu__strat_fresh_add(hpu_strat *s, int i, float *g, uint16_t *g16)
 {
 	hpu_layer *l = s->b->layers[i];
 	const hpu_param_info *ps = &s->b->params[l->first_param];
 	for (int k = 0; k < l->nparams; k++) {
-		size_t end = k + 1 < l->nparams ? ps[k + 1].rel : l->plen;
-		if (hpu__ac_fresh_add(g + ps[k].rel, end - ps[k].rel) < 0) {
+		size_t at = ps[k].rel, end = k + 1 < l->nparams ? ps[k + 1].rel : l->plen;
+		int rc = g16 ? hpu__ac_fresh_add16(g + at, end - at, g16 + at)
+			     : hpu__ac_fresh_add(g + at, end - at);
+		if (rc < 0) {
 			hpu__ac_fresh_flush(g, l->plen);
 			return -1;
 		}

@@ -299,11 +299,13 @@ const char *hpu__strat_unit_name(const hpu_strat *s, int k);
  * i's gradients may be left unzeroed for the ops to claim when it hands
  * them only to the ops (hpu_layer_grads_in_ops), no other layer uses its
  * parameters and the host writes the memory (hpu__strat_fresh_ok). Then
- * hpu__strat_fresh_add(s, i, g) registers each parameter's range of its
- * gradients g[0 .. plen) (with its padding); 0, or -1 when out of memory
- * (nothing left registered: g is to be zeroed as ever). */
+ * hpu__strat_fresh_add(s, i, g, g16) registers each parameter's range of
+ * its gradients g[0 .. plen) (with its padding), with the place of their
+ * bf16 rounding g16[0 .. plen) when not NULL (hpu__ac_fresh_add16); 0, or
+ * -1 when out of memory (nothing left registered: g is to be zeroed as
+ * ever). */
 int hpu__strat_fresh_ok(const hpu_strat *s, int i);
-int hpu__strat_fresh_add(hpu_strat *s, int i, float *g);
+int hpu__strat_fresh_add(hpu_strat *s, int i, float *g, uint16_t *g16);
 /* Points the layers of unit k at parameters starting at `p` (the unit's
  * first float) or gradients at `g` (NULL: leave as is). */
 void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);

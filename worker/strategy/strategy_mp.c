@@ -144,16 +144,40 @@ int hpu__mp_acquire(hpu_strat *s, int i, int dir, int stop)
 	return hpu__strat_params_sharded(s) ? hpu__zero_prefetch(s, i, dir, stop) : 0;
 }
 
+/* Where layer i's 16-bit gradients go when its backward ends (the
+ * step's sum when they are whole, else zero2/3's bucket); NULL when
+ * there is none yet. */
+static uint16_t *grads16(hpu_strat *s, int i)
+{
+	hpu_layer *l = s->b->layers[i];
+	unit *u = &s->u[l->unit];
+	if (s->G)
+		return (uint16_t *)s->G + l->off;
+	return u->gbuf ? (uint16_t *)u->gbuf + (l->off - u->off) : NULL;
+}
+
+/* 1 when --inject-overflow-step writes an fp32 gradient of this rank in
+ * this step (testing only). */
+static int injecting(const hpu_strat *s)
+{
+	return !s->steps.injected && s->o->inject_overflow_step == s->steps.step_no + 1 &&
+	       s->rank == 0;
+}
+
 /* Layer i's fp32 gradients, uninitialized, each parameter's (with its
  * padding) owed zeros until an op claims it or its backward ends (a
- * linear's weight gradient is then its product, not added to zeros). */
+ * linear's weight gradient is then its product, not added to zeros).
+ * Under bf16 where the 16-bit gradients are overwritten, not added to
+ * (the step's first micro-step; zero2/3's bucket always), a bf16 product
+ * may write its bf16 rounding there itself (hpu__ac_fresh_claim16). */
 static int fresh_grads(hpu_strat *s, int i, const char *what)
 {
 	hpu_layer *l = s->b->layers[i];
 	if (!(s->lgs[i] = hpu__dalloc_uninit(HPU_MEM_GRADS, l->plen * 4, what)))
 		return fail(s, "%s", hpu__devmem_error());
 	l->gbase = s->lgs[i];
-	if (hpu__strat_fresh_add(s, i, s->lgs[i]) < 0)
+	int direct = !s->plan.fp16 && !(s->G && s->micro != 0) && !injecting(s);
+	if (hpu__strat_fresh_add(s, i, s->lgs[i], direct ? grads16(s, i) : NULL) < 0)
 		hpu__dev_memset(NULL, s->lgs[i], 0, l->plen * 4);
 	return 0;
 }
@@ -181,27 +205,40 @@ int hpu__mp_grads_for(hpu_strat *s, int i)
 	return 0;
 }
 
+/* dst[n] = the 16-bit rounding of g[n], or += it when acc */
+static void put16(hpu_strat *s, uint16_t *dst, const float *g, size_t n, int acc)
+{
+	if (n && acc)
+		hpu__dev_acc16(s->plan.fp16, dst, g, n);
+	else if (n)
+		hpu__dev_to16(s->plan.fp16, dst, g, n);
+}
+
 /* Layer i's fp32 gradients go into the 16-bit ones (accumulating over
- * micro-steps where they are whole). */
+ * micro-steps where they are whole), but for the parameters whose bf16
+ * gradients a product wrote there itself (hpu__ac_fresh_taken16). */
 void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 {
 	hpu_layer *l = s->b->layers[i];
-	unit *u = &s->u[l->unit];
 	float *g = s->lgs[i];
 	hpu__ac_fresh_flush(g, l->plen); /* what no op claimed: zeros */
-	if (final && !s->steps.injected && s->o->inject_overflow_step == s->steps.step_no + 1 &&
-	    s->rank == 0) {
+	if (final && injecting(s)) {
 		/* --inject-overflow-step: testing only */
 		hpu__dev_h2d(NULL, g, &(float){INFINITY}, 4);
 		s->steps.injected = 1;
 	}
-	uint16_t *G = s->G;
-	if (G && s->micro == 0) /* the step's first: no sum to add to */
-		hpu__dev_to16(s->plan.fp16, G + l->off, g, l->plen);
-	else if (G)
-		hpu__dev_acc16(s->plan.fp16, G + l->off, g, l->plen);
-	else
-		hpu__dev_to16(s->plan.fp16, (uint16_t *)u->gbuf + (l->off - u->off), g, l->plen);
+	uint16_t *dst = grads16(s, i);
+	int acc = s->G && s->micro != 0; /* the step's first: no sum to add to */
+	const hpu_param_info *ps = &s->b->params[l->first_param];
+	size_t from = 0; /* g[from ..) not converted yet */
+	for (int k = 0; k < l->nparams; k++) {
+		size_t at = ps[k].rel, end = k + 1 < l->nparams ? ps[k + 1].rel : l->plen;
+		if (!hpu__ac_fresh_taken16(g + at))
+			continue;
+		put16(s, dst + from, g + from, at - from, acc);
+		from = end;
+	}
+	put16(s, dst + from, g + from, l->plen - from, acc);
 	hpu__dfree(g);
 	s->lgs[i] = NULL;
 }
