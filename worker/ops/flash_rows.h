@@ -66,6 +66,17 @@ HPU_FLASH float hpu__flash_dot(const float *x, const float *y, int n)
 	return s;
 }
 
+/* src[n], or where buf is not NULL its copy there (a thread's own row,
+ * read once per key: on a GPU a local copy is read coalesced). */
+HPU_FLASH const float *hpu__flash_keep(const float *src, float *buf, int n)
+{
+	if (!buf)
+		return src;
+	for (int e = 0; e < n; e++)
+		buf[e] = src[e];
+	return buf;
+}
+
 /* Key j of sample b is a real token (no mask: all are). */
 HPU_FLASH int hpu__flash_key(const hpu__flash_dims *a, const int32_t *mask, int b, int j)
 {
@@ -74,13 +85,13 @@ HPU_FLASH int hpu__flash_key(const hpu__flash_dims *a, const int32_t *mask, int 
 
 /* Query i of head h of sample b: its ctx row (hd floats) and lse.
  * acc: hd floats of the caller's for the running output (may be the ctx
- * row itself). */
+ * row itself); qbuf: NULL, or hd floats to keep the query row in. */
 HPU_FLASH void hpu__flash_fwd_row(const hpu__flash_dims *a, const float *qkv,
-				  const int32_t *mask, float *ctx, float *lse, float *acc, int b,
-				  int h, int i)
+				  const int32_t *mask, float *ctx, float *lse, float *acc,
+				  float *qbuf, int b, int h, int i)
 {
 	const int hd = a->hd, end = a->causal ? i + 1 : a->t;
-	const float *q = qkv + hpu__flash_qkv_at(a, b, h, i, 0);
+	const float *q = hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, i, 0), qbuf, hd);
 	float mx = 0.0f, l = 0.0f;
 	int any = 0;
 	for (int j = 0; j < end; j++) {
@@ -121,14 +132,16 @@ HPU_FLASH float hpu__flash_delta_row(const hpu__flash_dims *a, const float *ctx,
 }
 
 /* dq of query i (dqkv's q part of its row; every element written), given
- * its D_i. acc: hd floats of the caller's (may be the dq row itself). */
+ * its D_i. acc: hd floats of the caller's (may be the dq row itself);
+ * qbuf, dobuf: NULL, or hd floats each to keep the q and dO rows in. */
 HPU_FLASH void hpu__flash_dq_row(const hpu__flash_dims *a, const float *qkv,
 				 const int32_t *mask, const float *lse, const float *dctx,
-				 float delta, float *dqkv, float *acc, int b, int h, int i)
+				 float delta, float *dqkv, float *acc, float *qbuf, float *dobuf,
+				 int b, int h, int i)
 {
 	const int hd = a->hd, end = a->causal ? i + 1 : a->t;
-	const float *q = qkv + hpu__flash_qkv_at(a, b, h, i, 0);
-	const float *dO = dctx + hpu__flash_ctx_at(a, b, h, i);
+	const float *q = hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, i, 0), qbuf, hd);
+	const float *dO = hpu__flash_keep(dctx + hpu__flash_ctx_at(a, b, h, i), dobuf, hd);
 	const float lse_i = lse[hpu__flash_row_at(a, b, h, i)];
 	for (int e = 0; e < hd; e++)
 		acc[e] = 0.0f;
@@ -150,15 +163,17 @@ HPU_FLASH void hpu__flash_dq_row(const hpu__flash_dims *a, const float *qkv,
 /* dk and dv of key j (dqkv's k and v parts of its row; every element
  * written, zeros at a padding key), given delta[B, heads, T] (the D_i).
  * acck, accv: hd floats each of the caller's (may be the rows
- * themselves). */
+ * themselves); kbuf, vbuf: NULL, or hd floats each to keep the k and v
+ * rows in. The queries are walked from the last one down, so that the
+ * threads of consecutive keys read the same query row together. */
 HPU_FLASH void hpu__flash_dkv_row(const hpu__flash_dims *a, const float *qkv,
 				  const int32_t *mask, const float *lse, const float *dctx,
-				  const float *delta, float *dqkv, float *acck, float *accv, int b,
-				  int h, int j)
+				  const float *delta, float *dqkv, float *acck, float *accv,
+				  float *kbuf, float *vbuf, int b, int h, int j)
 {
 	const int hd = a->hd;
-	const float *k = qkv + hpu__flash_qkv_at(a, b, h, j, 1);
-	const float *v = qkv + hpu__flash_qkv_at(a, b, h, j, 2);
+	const float *k = hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, j, 1), kbuf, hd);
+	const float *v = hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, j, 2), vbuf, hd);
 	for (int e = 0; e < hd; e++) {
 		acck[e] = 0.0f;
 		accv[e] = 0.0f;
@@ -166,7 +181,7 @@ HPU_FLASH void hpu__flash_dkv_row(const hpu__flash_dims *a, const float *qkv,
 	/* every query at or after j (all, not causal) may attend to a real
 	 * key j, so its lse is set */
 	const int start = hpu__flash_key(a, mask, b, j) ? (a->causal ? j : 0) : a->t;
-	for (int i = start; i < a->t; i++) {
+	for (int i = a->t - 1; i >= start; i--) {
 		size_t r = hpu__flash_row_at(a, b, h, i);
 		const float *q = qkv + hpu__flash_qkv_at(a, b, h, i, 0);
 		const float *dO = dctx + hpu__flash_ctx_at(a, b, h, i);

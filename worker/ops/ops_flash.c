@@ -30,24 +30,31 @@ static int empty(int batch, int t, int heads, int hd)
 	return batch <= 0 || t <= 0 || heads <= 0 || hd <= 0;
 }
 
-/* Each query row; the running output in the ctx row itself. */
+/* Each query row; the running output in the ctx row itself, the query
+ * row kept in a buffer as the CUDA kernels keep it (HPU_BE_UNSUPPORTED
+ * without memory for it). */
 int hpu__host_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch,
 			int t, int heads, int hd, int causal)
 {
 	if (empty(batch, t, heads, hd))
 		return HPU_BE_OK;
 	hpu__flash_dims a = dims_of(batch, t, heads, hd, causal);
+	float *qbuf = malloc((size_t)hd * sizeof *qbuf);
+	if (!qbuf)
+		return HPU_BE_UNSUPPORTED;
 	for (int b = 0; b < batch; b++)
 		for (int h = 0; h < heads; h++)
 			for (int i = 0; i < t; i++)
 				hpu__flash_fwd_row(&a, qkv, mask, ctx, lse,
-						   ctx + hpu__flash_ctx_at(&a, b, h, i), b, h, i);
+						   ctx + hpu__flash_ctx_at(&a, b, h, i), qbuf, b, h,
+						   i);
+	free(qbuf);
 	return HPU_BE_OK;
 }
 
 /* D of every query row (batch * heads * t floats of the heap: the table
  * has no scratch; HPU_BE_UNSUPPORTED without them), then each query's dq
- * and each key's dk, dv. */
+ * and each key's dk, dv (with their own rows kept in buffers). */
 int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
 			const float *dctx, float *dqkv, int batch, int t, int heads, int hd,
 			int causal)
@@ -56,8 +63,12 @@ int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
 		return HPU_BE_OK;
 	hpu__flash_dims a = dims_of(batch, t, heads, hd, causal);
 	float *delta = malloc((size_t)batch * heads * t * sizeof *delta);
-	if (!delta)
+	float *buf = malloc(2 * (size_t)hd * sizeof *buf);
+	if (!delta || !buf) {
+		free(delta);
+		free(buf);
 		return HPU_BE_UNSUPPORTED;
+	}
 	for (int b = 0; b < batch; b++)
 		for (int h = 0; h < heads; h++)
 			for (int i = 0; i < t; i++)
@@ -69,13 +80,14 @@ int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
 				float *dq = dqkv + hpu__flash_qkv_at(&a, b, h, i, 0);
 				hpu__flash_dq_row(&a, qkv, mask, lse, dctx,
 						  delta[hpu__flash_row_at(&a, b, h, i)], dqkv, dq,
-						  b, h, i);
+						  buf, buf + hd, b, h, i);
 				hpu__flash_dkv_row(&a, qkv, mask, lse, dctx, delta, dqkv,
 						   dqkv + hpu__flash_qkv_at(&a, b, h, i, 1),
-						   dqkv + hpu__flash_qkv_at(&a, b, h, i, 2), b, h,
-						   i);
+						   dqkv + hpu__flash_qkv_at(&a, b, h, i, 2), buf,
+						   buf + hd, b, h, i);
 			}
 	free(delta);
+	free(buf);
 	return HPU_BE_OK;
 }
 

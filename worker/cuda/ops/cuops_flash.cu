@@ -9,8 +9,10 @@
  * library's). Not yet run on a GPU: test_cuda_ops_more's
  * test_flash_attention compares them with the host's.
  *
- * Each thread's running sums of hd floats live in a local array when hd
- * is at most FLASH_LOCAL_HD, else in its output row (global memory). No
+ * Each thread's running sums of hd floats, and its own query (or key and
+ * value) rows, live in local arrays when hd is at most FLASH_LOCAL_HD
+ * (local memory is laid out so that a warp's threads read it coalesced),
+ * else the sums in its output row and the rows in place. No
  * shared memory, one dimension of grid (a grid-stride loop over the
  * batch * heads * t rows), FLASH_THREADS threads a block: no limit on t
  * but the rows' count. */
@@ -38,13 +40,14 @@ __device__ static void flash_split(const hpu__flash_dims *a, size_t r, int *b, i
 static __global__ void k_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
 				   hpu__flash_dims a, size_t rows)
 {
-	float acc[FLASH_LOCAL_HD];
+	float acc[FLASH_LOCAL_HD], qb[FLASH_LOCAL_HD];
+	const int local = a.hd <= FLASH_LOCAL_HD;
 	FOR_EACH(r, rows)
 	{
 		int b, h, i;
 		flash_split(&a, r, &b, &h, &i);
-		float *o = a.hd <= FLASH_LOCAL_HD ? acc : ctx + hpu__flash_ctx_at(&a, b, h, i);
-		hpu__flash_fwd_row(&a, qkv, mask, ctx, lse, o, b, h, i);
+		float *o = local ? acc : ctx + hpu__flash_ctx_at(&a, b, h, i);
+		hpu__flash_fwd_row(&a, qkv, mask, ctx, lse, o, local ? qb : NULL, b, h, i);
 	}
 }
 
@@ -53,15 +56,17 @@ static __global__ void k_flash_dq(const float *qkv, const int32_t *mask, const f
 				  const float *lse, const float *dctx, float *delta, float *dqkv,
 				  hpu__flash_dims a, size_t rows)
 {
-	float acc[FLASH_LOCAL_HD];
+	float acc[FLASH_LOCAL_HD], qb[FLASH_LOCAL_HD], dob[FLASH_LOCAL_HD];
+	const int local = a.hd <= FLASH_LOCAL_HD;
 	FOR_EACH(r, rows)
 	{
 		int b, h, i;
 		flash_split(&a, r, &b, &h, &i);
 		float dl = hpu__flash_delta_row(&a, ctx, dctx, b, h, i);
 		delta[r] = dl;
-		float *o = a.hd <= FLASH_LOCAL_HD ? acc : dqkv + hpu__flash_qkv_at(&a, b, h, i, 0);
-		hpu__flash_dq_row(&a, qkv, mask, lse, dctx, dl, dqkv, o, b, h, i);
+		float *o = local ? acc : dqkv + hpu__flash_qkv_at(&a, b, h, i, 0);
+		hpu__flash_dq_row(&a, qkv, mask, lse, dctx, dl, dqkv, o, local ? qb : NULL,
+				  local ? dob : NULL, b, h, i);
 	}
 }
 
@@ -71,14 +76,16 @@ static __global__ void k_flash_dkv(const float *qkv, const int32_t *mask, const 
 				   hpu__flash_dims a, size_t rows)
 {
 	float acck[FLASH_LOCAL_HD], accv[FLASH_LOCAL_HD];
+	float kb[FLASH_LOCAL_HD], vb[FLASH_LOCAL_HD];
+	const int local = a.hd <= FLASH_LOCAL_HD;
 	FOR_EACH(r, rows)
 	{
 		int b, h, j;
 		flash_split(&a, r, &b, &h, &j);
-		int local = a.hd <= FLASH_LOCAL_HD;
 		float *ok = local ? acck : dqkv + hpu__flash_qkv_at(&a, b, h, j, 1);
 		float *ov = local ? accv : dqkv + hpu__flash_qkv_at(&a, b, h, j, 2);
-		hpu__flash_dkv_row(&a, qkv, mask, lse, dctx, delta, dqkv, ok, ov, b, h, j);
+		hpu__flash_dkv_row(&a, qkv, mask, lse, dctx, delta, dqkv, ok, ov, local ? kb : NULL,
+				   local ? vb : NULL, b, h, j);
 	}
 }
 
