@@ -28,8 +28,9 @@
 #     gpu with --allow-tf32, hpud's GPU count, 2 workers' gradient path;
 #   - GPT-2 124M (gpt_lm --dim 768 --heads 12 --layers 12 --ctx 1024
 #     --vocab 50304, B=16, 15 steps, 5 left out) in bf16-mixed and fp8 on
-#     synthetic tokens (an llm.c token file), then the peer (torch_gpu.py
-#     gpt2);
+#     synthetic tokens (an llm.c token file), bf16-mixed again with the
+#     fused attention (HPU_FUSED_ATTENTION=1, GPT_FUSED_LIMIT), then the
+#     peer (torch_gpu.py gpt2);
 #   - profiler traces (--profile) of the MLP, the CNN and GPT-2 on the GPU
 #     (GPT-2's with HPU_PROFILE_SYNC=1: a layer's range is the GPU's time
 #     for it), summarised by hpu-trace;
@@ -304,6 +305,12 @@ PY
     g[$p]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[$p-c]=$(cell "${g[$p]}")
     g[$p-mem]=$mem; g[$p-why]=$(why "$out/ours-gpt2-$p.log")
   done
+  # The attention layer fused (HPU_FUSED_ATTENTION=1: cuops_flash.cu, lse
+  # instead of the [B, heads, T, T] probabilities), beside the run above.
+  HPU_FUSED_ATTENTION=1 WARM=5 ours ours-gpt2-bf16-fused bf16-mixed 16 15 "${GPT_FUSED_LIMIT:-150}" \
+    "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+  g[fused]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[fused-c]=$(cell "${g[fused]}")
+  g[fused-mem]=$mem; g[fused-why]=$(why "$out/ours-gpt2-bf16-fused.log")
   if [ -n "$peers" ]; then
     step torch-gpt2 150 "$py" "$peers/torch_gpu.py" gpt2
   else
@@ -314,6 +321,9 @@ PY
   note="ratio $(ratio "${g[bf16]}" "$t"); TFLOP/s ours $(tflops "${g[bf16]}" $gflop) theirs $(tflops "$t" $gflop); memory ours ${g[bf16-mem]:-?} MiB theirs ${tmem:-?} GiB"
   [ -z "${g[bf16]}" ] && note="ours: ${g[bf16-why]}"
   row "gpt2 bf16 tokens/s" "${g[bf16-c]}" "$(tcell "$t" "$out/torch-gpt2.log")" "$note"
+  note="fused/unfused $(ratio "${g[fused]}" "${g[bf16]}"); TFLOP/s $(tflops "${g[fused]}" $gflop); memory ${g[fused-mem]:-?} MiB (unfused ${g[bf16-mem]:-?} MiB) theirs ${tmem:-?} GiB"
+  [ -z "${g[fused]}" ] && note="ours: ${g[fused-why]}"
+  row "gpt2 bf16 tokens/s, HPU_FUSED_ATTENTION=1" "${g[fused-c]}" "$(tcell "$t" "$out/torch-gpt2.log")" "$note"
   note="fp8/bf16 ours $(ratio "${g[fp8]}" "${g[bf16]}") (the issue: >= 1.3x); TFLOP/s $(tflops "${g[fp8]}" $gflop)"
   [ -z "${g[fp8]}" ] && note="ours: ${g[fp8-why]}"
   row "gpt2 fp8 tokens/s" "${g[fp8-c]}" "" "$note"

@@ -67,6 +67,11 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "1: on --device cuda, each convolution shape's algorithms are timed "
 	    "by cuDNN once (its Find) and the fastest exact, deterministic one "
 	    "kept; 0: cuDNN's heuristics choose"),
+	VAR(HPU_FUSED_ATTENTION, "0", "hpu-worker",
+	    "1: the attention layer runs fused (flash-style) kernels, keeping "
+	    "each query's log-sum-exp instead of the [B, heads, T, T] "
+	    "probabilities (on the CPU: the host's row loops); not yet verified "
+	    "on a GPU; 0: linear, bmm, softmax, bmm"),
 	VAR(HPU_RESTART_COUNT, "0", "hpu-worker; set by the agent",
 	    "which attempt of the job this is (0, then 1, 2, ... after "
 	    "restarts): resume, trace names"),

@@ -232,6 +232,29 @@ HPU_API int hpu_attention_forward(const float *qkv, float *out, float *att, int 
 HPU_API int hpu_attention_backward(const float *qkv, const float *att, const float *dout,
 			   float *dqkv, int batch, int t, int heads, int head_dim);
 
+/* Fused (flash-style) multi-head self-attention over qkv[B, T, 3*D], as
+ * the layer hpu_attention computes it unfused: causal or not, an optional
+ * key mask[B, T] (NULL, or 1 a real token, 0 padding: hpu_mask_scores'
+ * rule, and a query with no key to attend to gets zeros), scale
+ * 1/sqrt(head_dim), fp32 sums. The forward writes ctx[B, T, D] (the heads
+ * side by side, before the output projection) and lse[B, heads, T] (each
+ * query's log-sum-exp of its scaled scores, 0 where it has no key), and
+ * keeps no probabilities; the backward recomputes them from qkv and lse
+ * and overwrites dqkv[B, T, 3*D] from dctx. On the CPU's kernel tables
+ * they run the host's loops (one row at a time); on a device whose table
+ * lacks them they return HPU_ERROR. */
+HPU_API int hpu_attention_fused_forward(const float *qkv, const int32_t *mask, float *ctx,
+					float *lse, int batch, int t, int heads, int head_dim,
+					int causal);
+HPU_API int hpu_attention_fused_backward(const float *qkv, const int32_t *mask, const float *ctx,
+					 const float *lse, const float *dctx, float *dqkv,
+					 int batch, int t, int heads, int head_dim, int causal);
+/* 1 when the layer hpu_attention should run the fused ops (the
+ * environment's HPU_FUSED_ATTENTION=1, and the device's kernel table has
+ * them or is the CPU's), else 0. Asked when a layer is declared: it then
+ * keeps lse[B, heads, T] instead of the probabilities [B, heads, T, T]. */
+HPU_API int hpu_attention_fused(void);
+
 /* ---- autocast ----
  *
  * Every op above has a name: linear, matmul, bmm, conv2d, maxpool2d,

@@ -9,7 +9,8 @@
  * (conv1d, 1-D pooling, slice, concat, permute, reduce, reshape,
  * rectangular convolution, sigmoid, both BCEs) and a masked attention
  * with MSE train a few steps so under ddp and zero3 on 2 workers, fp32
- * and bf16-mixed, and save the parameters byte for byte as on cpu. So
+ * and bf16-mixed, and save the parameters byte for byte as on cpu (the
+ * attention layer fused too, HPU_FUSED_ATTENTION=1). So
  * does a model whose host-only custom layers (HPU_LAYER_HOST_ONLY) read
  * their tensors themselves: the runtime stages them through host memory,
  * warning once per layer. */
@@ -139,6 +140,18 @@ static void test_masked_attention(void **state)
 	same("masked", m, NULL, "zero3", "bf16-mixed");
 }
 
+/* The attention layer fused (HPU_FUSED_ATTENTION=1): its ops reach
+ * device memory only through the table's flash_fwd and flash_bwd. */
+static void test_fused_attention(void **state)
+{
+	(void)state;
+	setenv("HPU_FUSED_ATTENTION", "1", 1);
+	same("masked fused", h_build("lib/masked_attn_model.so"), NULL, "zero3", "bf16-mixed");
+	same("gpt_lm fused", h_build("lib/gpt_lm.so"), "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0",
+	     "ddp", "fp32");
+	unsetenv("HPU_FUSED_ATTENTION");
+}
+
 /* Host-only custom layers (HPU_LAYER_HOST_ONLY: a parameter, one shared
  * with the next layer, a buffer, saved and scratch memory) read and write
  * their tensors themselves: on cpu-strict they run on host copies, staged
@@ -198,6 +211,7 @@ int main(void)
 		cmocka_unit_test(test_gpt_lm),
 		cmocka_unit_test(test_seq_model),
 		cmocka_unit_test(test_masked_attention),
+		cmocka_unit_test(test_fused_attention),
 		cmocka_unit_test(test_host_only_layers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

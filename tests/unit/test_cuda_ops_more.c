@@ -10,8 +10,10 @@
  * computes each output in the host loop's order (reduce, row copies,
  * zeroing, permute, pooling, the MSE's and sigmoid's backwards) agree
  * bit for bit; the rest within 1e-5 relative to a tenth of the array's
- * largest value (as test_cuda_ops). Without a visible GPU the program
- * says why and exits 77 (ctest: skipped).
+ * largest value (as test_cuda_ops). Fused attention (cuops_flash.cu)
+ * is held within 1e-4 against the layer's unfused math in double and
+ * the host's rows. Without a visible GPU the program says why and exits
+ * 77 (ctest: skipped).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -25,6 +27,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
+#include "tests/unit/attn_ref.h"
 #include "tests/unit/cuda_testlib.h"
 #include "tests/unit/num_testlib.h"
 
@@ -34,6 +37,7 @@
 #include "hpu/ops.h"
 
 #define TOL 1e-5
+#define FLASH_TOL 1e-4
 
 static const hpu__backend *gpu, *cpu;
 static cudaStream_t stream;
@@ -463,6 +467,115 @@ static void test_attention(void **state)
 	attention_one(3, 130, 1, 5); /* more rows than a block's threads */
 }
 
+/* ---- fused attention (cuops_flash.cu) ----
+ *
+ * Against the layer's unfused math in double (attn_ref.c) and against
+ * the host's rows (hpu__be_host()->flash_*, the same flash_rows.h code
+ * test_flash_rows checks on every machine): ctx, lse, dqkv within 1e-4
+ * of the array's largest value, and exact zeros for a query with no key. */
+
+static void flash_ref_check(const char *what, const float *d, const double *want, size_t n,
+			    const float *host)
+{
+	float *w = xcalloc(n, 4);
+	for (size_t i = 0; i < n; i++)
+		w[i] = (float)want[i];
+	char line[160];
+	snprintf(line, sizeof line, "%s vs double", what);
+	check_dev(line, d, w, n, FLASH_TOL);
+	snprintf(line, sizeof line, "%s vs host rows", what);
+	check_dev(line, d, host, n, FLASH_TOL);
+	free(w);
+}
+
+static void flash_one(int batch, int t, int heads, int hd, int causal, const int32_t *mask)
+{
+	size_t d = (size_t)heads * hd, bt = (size_t)batch * t;
+	size_t nq = bt * 3 * d, no = bt * d, nl = (size_t)batch * heads * t;
+	float *qkv = xcalloc(nq, 4), *ctx = xcalloc(no, 4), *lse = xcalloc(nl, 4);
+	float *dctx = xcalloc(no, 4), *dqkv = xcalloc(nq, 4);
+	double *rctx = xcalloc(no, 8), *rlse = xcalloc(nl, 8), *rdqkv = xcalloc(nq, 8);
+	char what[128];
+	fill(qkv, nq, -2, 2);
+	fill(dctx, no, -1, 1);
+	attn_ref(qkv, mask, dctx, batch, t, heads, hd, causal, rctx, rlse, rdqkv);
+	OK(cpu->flash_fwd(qkv, mask, ctx, lse, batch, t, heads, hd, causal));
+	OK(cpu->flash_bwd(qkv, mask, ctx, lse, dctx, dqkv, batch, t, heads, hd, causal));
+	float *gq = dput(qkv, nq * 4), *gc = dnan(no * 4), *gl = dnan(nl * 4);
+	float *gdc = dput(dctx, no * 4), *gdq = dnan(nq * 4);
+	int32_t *gm = mask ? dput(mask, bt * 4) : NULL;
+	OK(gpu->flash_fwd(gq, gm, gc, gl, batch, t, heads, hd, causal));
+	snprintf(what, sizeof what, "fused attention ctx B%d T%d heads %d hd %d causal %d mask %d",
+		 batch, t, heads, hd, causal, mask != NULL);
+	flash_ref_check(what, gc, rctx, no, ctx);
+	snprintf(what, sizeof what, "fused attention lse B%d T%d heads %d hd %d causal %d mask %d",
+		 batch, t, heads, hd, causal, mask != NULL);
+	flash_ref_check(what, gl, rlse, nl, lse);
+	/* the backward from the host's ctx and lse */
+	assert_int_equal(cudaMemcpy(gc, ctx, no * 4, cudaMemcpyHostToDevice), cudaSuccess);
+	assert_int_equal(cudaMemcpy(gl, lse, nl * 4, cudaMemcpyHostToDevice), cudaSuccess);
+	OK(gpu->flash_bwd(gq, gm, gc, gl, gdc, gdq, batch, t, heads, hd, causal));
+	snprintf(what, sizeof what, "fused attention dqkv B%d T%d heads %d hd %d causal %d mask %d",
+		 batch, t, heads, hd, causal, mask != NULL);
+	flash_ref_check(what, gdq, rdqkv, nq, dqkv);
+	/* a query with no key: zeros in ctx and dq */
+	float *got = xcalloc(nq, 4);
+	dget(got, gdq, nq * 4);
+	float *gotc = xcalloc(no, 4);
+	OK(gpu->flash_fwd(gq, gm, gc, gl, batch, t, heads, hd, causal));
+	dget(gotc, gc, no * 4);
+	int empties = 0;
+	for (int b = 0; b < batch; b++)
+		for (int i = 0; i < t; i++) {
+			int any = 0;
+			for (int j = 0; j < t; j++)
+				any |= (!causal || j <= i) && (!mask || mask[(size_t)b * t + j]);
+			for (size_t e = 0; !any && e < d; e++) {
+				if (gotc[((size_t)b * t + i) * d + e] != 0.0f ||
+				    got[((size_t)b * t + i) * 3 * d + e] != 0.0f)
+					printf("  query %d of sample %d has no key but ctx %g, dq %g "
+					       "at %zu\n", i, b, gotc[((size_t)b * t + i) * d + e],
+					       got[((size_t)b * t + i) * 3 * d + e], e);
+				assert_true(gotc[((size_t)b * t + i) * d + e] == 0.0f);
+				assert_true(got[((size_t)b * t + i) * 3 * d + e] == 0.0f);
+			}
+			empties += !any;
+		}
+	if (empties)
+		printf("  %d query rows with no key: zeros\n", empties);
+	dfree(gq), dfree(gc), dfree(gl), dfree(gdc), dfree(gdq);
+	if (gm)
+		dfree(gm);
+	free(got), free(gotc);
+	free(qkv), free(ctx), free(lse), free(dctx), free(dqkv);
+	free(rctx), free(rlse), free(rdqkv);
+}
+
+static void test_flash_attention(void **state)
+{
+	(void)state;
+	/* padding in the middle and at the end; sample 2 all padding */
+	static const int32_t m13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
+					    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+					    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+	/* key 0 padding: causal query 0 has no key */
+	static const int32_t m7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
+	int32_t *m300 = xcalloc(2 * 300, 4);
+	for (int i = 0; i < 2 * 300; i++)
+		m300[i] = i % 300 < 280 && i % 17 != 5;
+	flash_one(1, 9, 2, 24, 1, NULL);
+	flash_one(1, 9, 2, 24, 0, NULL);
+	flash_one(2, 7, 3, 64, 1, m7);
+	flash_one(2, 7, 3, 64, 0, m7);
+	flash_one(3, 13, 2, 24, 0, m13);
+	flash_one(3, 13, 1, 64, 1, m13);
+	flash_one(2, 1, 1, 1, 1, NULL);
+	flash_one(2, 300, 2, 64, 1, m300); /* rows across blocks */
+	flash_one(1, 130, 3, 24, 0, NULL);
+	flash_one(1, 37, 2, 160, 1, NULL); /* hd above the local accumulators' 128 */
+	free(m300);
+}
+
 /* Every entry of this file's is in the table. */
 static void test_entries(void **state)
 {
@@ -477,6 +590,7 @@ static void test_entries(void **state)
 		(const void *)gpu->mse_bwd,	  (const void *)gpu->bce_fwd,
 		(const void *)gpu->bce_bwd,	  (const void *)gpu->ids_first_bad,
 		(const void *)gpu->attention_fwd, (const void *)gpu->attention_bwd,
+		(const void *)gpu->flash_fwd,	  (const void *)gpu->flash_bwd,
 	};
 	for (size_t i = 0; i < sizeof f / sizeof *f; i++)
 		assert_non_null(f[i]);
@@ -507,6 +621,7 @@ int main(void)
 		cmocka_unit_test(test_sigmoid),	  cmocka_unit_test(test_pool1d),
 		cmocka_unit_test(test_conv_rect), cmocka_unit_test(test_losses),
 		cmocka_unit_test(test_first_bad), cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_flash_attention),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	hpu__cuda_ops_release();

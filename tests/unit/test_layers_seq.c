@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include <hpu/layers.h>
+#include <hpu/ops.h>
 
 #include "tests/unit/layer_harness.h"
 
@@ -662,6 +663,38 @@ static void test_attention_bad_mask(void **state)
 	lh_free(&h);
 }
 
+/* HPU_FUSED_ATTENTION=1 when the layer is declared: the fused ops (on
+ * the CPU the host's rows of worker/ops/flash_rows.h) give PyTorch's
+ * outputs and gradients, pass the gradient check, keep lse [heads, T]
+ * instead of the probabilities [heads, T, T], and a query with no key
+ * still gives out_proj.bias. Unset, the layer declares the unfused
+ * memory again. */
+static void test_attention_fused(void **state)
+{
+	int32_t mask[3 * AT_T] = {1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1};
+	void *in[] = {NULL, mask};
+	hpu_layer *l;
+	assert_int_equal(setenv("HPU_FUSED_ATTENTION", "1", 1), 0);
+	assert_int_equal(hpu_attention_fused(), 1);
+	lh_harness *h = attention_harness(1, 2, 1, 0, &l);
+	assert_int_equal(l->saved_ps, 4 * AT_T * AT_D + 2 * AT_T);
+	assert_int_equal(l->scratch_ps, 4 * AT_T * AT_D + 2 * AT_T);
+	lh_free(&h);
+	test_attention_torch(state);
+	test_attention_fully_masked(state);
+	for (int causal = 0; causal < 2; causal++) {
+		h = attention_harness(3, 2, causal, 1, &l);
+		printf(" fused, causal %d, key mask:\n", causal);
+		gradcheck(h, l, 3, in, 1);
+		lh_free(&h);
+	}
+	assert_int_equal(unsetenv("HPU_FUSED_ATTENTION"), 0);
+	assert_int_equal(hpu_attention_fused(), 0);
+	h = attention_harness(1, 2, 1, 0, &l);
+	assert_int_equal(l->saved_ps, 4 * AT_T * AT_D + 2 * AT_T * AT_T);
+	lh_free(&h);
+}
+
 /* torch.nn.MultiheadAttention's names, shapes and initialization. */
 static void test_attention_params(void **state)
 {
@@ -808,6 +841,7 @@ int main(void)
 	    cmocka_unit_test(test_attention_fully_masked),
 	    cmocka_unit_test(test_attention_bad_mask),
 	    cmocka_unit_test(test_attention_params),
+	    cmocka_unit_test(test_attention_fused),
 	    cmocka_unit_test(test_declaration_errors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,7 @@ set(HPU_CUDA_OPS_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_layers.cu # their kernels: losses over positions, heads, masks, dropout rows, batch norm
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_more.c    # the shape, sequence and loss layers' entries
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_more.cu   # their kernels
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_flash.cu  # fused attention: worker/ops/flash_rows.h's rows, a thread each
 )
 # The target compiles CUDA with --fmad=false (no multiply-add contraction,
 # as the CPU's sources are built with -ffp-contract=off) and links a cudart

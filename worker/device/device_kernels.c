@@ -196,6 +196,14 @@ WRAP(attention_bwd,
      (const float *qkv, const float *att, const float *dout, float *dqkv, int batch, int t,
       int heads, int hd),
      (qkv, att, dout, dqkv, batch, t, heads, hd))
+WRAP(flash_fwd,
+     (const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch, int t, int heads,
+      int hd, int causal),
+     (qkv, mask, ctx, lse, batch, t, heads, hd, causal))
+WRAP(flash_bwd,
+     (const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
+      const float *dctx, float *dqkv, int batch, int t, int heads, int hd, int causal),
+     (qkv, mask, ctx, lse, dctx, dqkv, batch, t, heads, hd, causal))
 
 /* Each entry: the backend's where it has one, else the host table's;
  * wrapped where either has it, NULL where neither. */
@@ -268,6 +276,8 @@ static const hpu__backend *build(void)
 	PICK(ids_first_bad);
 	PICK(attention_fwd);
 	PICK(attention_bwd);
+	PICK(flash_fwd);
+	PICK(flash_bwd);
 	return &tab;
 }
 

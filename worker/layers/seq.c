@@ -10,6 +10,12 @@
  * The masked scores get -inf before the softmax and exact zeros after
  * it, so a padding key gets no weight and no gradient, and a query row
  * with no key to attend to gets zeros (its output is then bo).
+ *
+ * Fused (hpu_attention_fused(), HPU_FUSED_ATTENTION=1, asked when the
+ * layer is declared): the same math from qkv to ctx in one op
+ * (hpu_attention_fused_forward/backward, flash-style), which keeps each
+ * query's log-sum-exp lse [heads, T] instead of att [heads, T, T] and
+ * recomputes the probabilities in backward.
  */
 #include <limits.h>
 #include <math.h>
@@ -118,6 +124,7 @@ static hpu_layer *embedding_impl(hpu_builder *b, const char *name, const char *i
 typedef struct attention {
 	int t, d, heads, hd;
 	int causal, masked; /* masked: a key mask is the second input */
+	int fused;          /* hpu_attention_fused() when declared */
 	float scale;        /* 1 / sqrt(hd) */
 } attention;
 
@@ -145,7 +152,49 @@ static int mask_scores(const attention *s, float *att, const int32_t *mask, int 
 	hpu_layer_error(l, "layer %s: this device's kernel table has no kernel for its "     \
 			   "head copies or score masking", hpu_layer_name(l))
 
-/* Memory, for a micro-batch with N = batch * T * D and P = batch * heads
+#define NO_FUSED(l)                                                                          \
+	hpu_layer_error(l, "layer %s: this device's kernel table has no fused attention "    \
+			   "kernel (HPU_FUSED_ATTENTION=1 when it was declared)",           \
+			hpu_layer_name(l))
+
+/* Fused: saved qkv [3N], ctx [N], lse [L = batch * heads * T] (4N + L);
+ * scratch: forward none (with no saved memory, the saved arrays), the
+ * backward dctx [N], dqkv [3N] (4N + L in all). */
+static int fused_forward(hpu_layer *l, const attention *s, int batch, const int32_t *mask,
+			 const hpu_tensor *in, hpu_tensor *out)
+{
+	size_t n = (size_t)batch * s->t * s->d;
+	float *sv = hpu_saved(l) ? hpu_saved(l) : hpu_scratch(l);
+	float *qkv = sv, *ctx = sv + 3 * n, *lse = sv + 4 * n;
+	hpu_linear_forward(hpu_f32(&in[0]), hpu_param(l, 0), hpu_param(l, 1), qkv, batch * s->t,
+			   s->d, 3 * s->d);
+	if (hpu_attention_fused_forward(qkv, mask, ctx, lse, batch, s->t, s->heads, s->hd,
+					s->causal))
+		return NO_FUSED(l);
+	hpu_linear_forward(ctx, hpu_param(l, 2), hpu_param(l, 3), hpu_f32(&out[0]),
+			   batch * s->t, s->d, s->d);
+	return HPU_OK;
+}
+
+static int fused_backward(hpu_layer *l, const attention *s, int batch, const hpu_tensor *in,
+			  const hpu_tensor *dout, hpu_tensor *din)
+{
+	size_t n = (size_t)batch * s->t * s->d;
+	const float *sv = hpu_saved(l);
+	const float *qkv = sv, *ctx = sv + 3 * n, *lse = sv + 4 * n;
+	float *dctx = hpu_scratch(l), *dqkv = dctx + n;
+	const int32_t *mask = s->masked ? hpu_i32(&in[1]) : NULL;
+	hpu_linear_backward(ctx, hpu_param(l, 2), hpu_f32(&dout[0]), dctx, hpu_grad(l, 2),
+			    hpu_grad(l, 3), batch * s->t, s->d, s->d);
+	if (hpu_attention_fused_backward(qkv, mask, ctx, lse, dctx, dqkv, batch, s->t, s->heads,
+					 s->hd, s->causal))
+		return NO_FUSED(l);
+	hpu_linear_backward(hpu_f32(&in[0]), hpu_param(l, 0), dqkv, hpu_f32(&din[0]),
+			    hpu_grad(l, 0), hpu_grad(l, 1), batch * s->t, s->d, 3 * s->d);
+	return HPU_OK;
+}
+
+/* Unfused: memory, for a micro-batch with N = batch * T * D and P = batch * heads
  * * T * T floats:
  *   saved:   qkv [3N], ctx [N], att [P]                (4N + P)
  *   scratch: forward q, k, v, o head-major [4N] (then, with no saved
@@ -170,6 +219,8 @@ static int attention_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *i
 				       ld_str(in[1].name), v, (size_t)bad % t, (size_t)bad / t);
 	if (rc != HPU_OK)
 		return ld_op(l, rc, "key mask check");
+	if (s->fused)
+		return fused_forward(l, s, batch, mask, in, out);
 	size_t n = (size_t)batch * t * d, tt = (size_t)t * t, th = (size_t)t * hd;
 	float *scr = hpu_scratch(l), *sv = hpu_saved(l);
 	if (!sv)
@@ -204,6 +255,8 @@ static int attention_backward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *
 {
 	(void)out;
 	const attention *s = hpu_layer_user(l);
+	if (s->fused)
+		return fused_backward(l, s, c->batch, in, dout, din);
 	int batch = c->batch, t = s->t, d = s->d, hd = s->hd, bh = batch * s->heads;
 	size_t n = (size_t)batch * t * d, tt = (size_t)t * t, th = (size_t)t * hd;
 	const float *sv = hpu_saved(l);
@@ -286,7 +339,8 @@ static int attention_check(hpu_builder *b, const char *name, const char *in, int
 				 "T = %d exceeds the ops' int sizes", ld_str(name),
 				 hpu_max_batch(b), heads, t);
 	*s = (attention){.t = t, .d = d, .heads = heads, .hd = d / heads, .causal = causal != 0,
-			 .masked = *mn != 0, .scale = 1.0f / sqrtf((float)(d / heads))};
+			 .masked = *mn != 0, .fused = hpu_attention_fused(),
+			 .scale = 1.0f / sqrtf((float)(d / heads))};
 	return HPU_OK;
 }
 
@@ -315,7 +369,11 @@ static hpu_layer *attention_impl(hpu_builder *b, const char *name, const char *i
 	    hpu_param_add(l, "out_proj.bias", 1, &d, HPU_INIT(ZEROS)) < 0)
 		return NULL;
 	size_t td = (size_t)chk.t * chk.d, htt = (size_t)chk.heads * chk.t * chk.t;
-	hpu_layer_memory(l, 4 * td + htt, 0, 8 * td + htt, 0);
+	size_t ht = (size_t)chk.heads * chk.t;
+	if (chk.fused)
+		hpu_layer_memory(l, 4 * td + ht, 0, 4 * td + ht, 0);
+	else
+		hpu_layer_memory(l, 4 * td + htt, 0, 8 * td + htt, 0);
 	return l;
 }
 

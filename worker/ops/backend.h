@@ -277,6 +277,16 @@ typedef struct hpu__backend {
 			     int heads, int hd);
 	int (*attention_bwd)(const float *qkv, const float *att, const float *dout, float *dqkv,
 			     int batch, int t, int heads, int hd);
+	/* hpu_attention_fused_forward/backward (ops.h; the rows of
+	 * flash_rows.h): fp32, qkv[B, T, 3D], mask[B, T] or NULL, ctx[B, T,
+	 * D], lse[B, heads, T]; dqkv overwritten. NULL on the CPU's tables,
+	 * where hpu__be_host's (the rows in C) serve; a table without them
+	 * (a GPU's) makes the ops fail and the layer keep its unfused path. */
+	int (*flash_fwd)(const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch,
+			 int t, int heads, int hd, int causal);
+	int (*flash_bwd)(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
+			 const float *dctx, float *dqkv, int batch, int t, int heads, int hd,
+			 int causal);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

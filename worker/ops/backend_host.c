@@ -137,6 +137,8 @@ static const hpu__backend host_backend = {
 	.ids_first_bad = hpu__host_ids_first_bad,
 	.attention_fwd = hpu__host_attention_fwd,
 	.attention_bwd = hpu__host_attention_bwd,
+	.flash_fwd = hpu__host_flash_fwd,
+	.flash_bwd = hpu__host_flash_bwd,
 };
 
 const hpu__backend *hpu__be_host(void)

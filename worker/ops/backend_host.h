@@ -103,4 +103,11 @@ int hpu__host_attention_fwd(const float *qkv, float *out, float *att, int batch,
 int hpu__host_attention_bwd(const float *qkv, const float *att, const float *dout, float *dqkv,
 			    int batch, int t, int heads, int hd);
 
+/* ops_flash.c (fused attention: flash_rows.h's rows, one after another) */
+int hpu__host_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch,
+			int t, int heads, int hd, int causal);
+int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
+			const float *dctx, float *dqkv, int batch, int t, int heads, int hd,
+			int causal);
+
 #endif

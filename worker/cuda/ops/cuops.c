@@ -423,6 +423,8 @@ static const hpu__backend cuda_backend = {
 	.ids_first_bad = hpu__cuops_ids_first_bad,
 	.attention_fwd = hpu__cuops_attention_fwd,
 	.attention_bwd = hpu__cuops_attention_bwd,
+	.flash_fwd = hpu__cuops_flash_fwd,
+	.flash_bwd = hpu__cuops_flash_bwd,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

@@ -320,3 +320,34 @@ int hpu__cuops_attention_bwd(const float *qkv, const float *att, const float *do
 	hpu__cuops_leave(c);
 	return rc;
 }
+
+/* ---- fused attention (cuops_flash.cu) ---- */
+
+int hpu__cuops_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+			 int batch, int t, int heads, int hd, int causal)
+{
+	CU_KERNEL("fused attention",
+		  hpu__cukm_flash_fwd(qkv, mask, ctx, lse, batch, t, heads, hd, causal, st));
+}
+
+/* D of every query row in scratch: batch * heads * t floats. */
+int hpu__cuops_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
+			 const float *lse, const float *dctx, float *dqkv, int batch, int t,
+			 int heads, int hd, int causal)
+{
+	size_t rows = hpu__cukm_flash_rows(batch, t, heads, hd);
+	if (!rows)
+		return HPU_BE_OK;
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	float *delta = hpu__cuops_scratch(c, rows * sizeof(float));
+	int rc = delta && !hpu__cuops_cuda(hpu__cukm_flash_bwd(qkv, mask, ctx, lse, dctx, dqkv,
+							       delta, batch, t, heads, hd, causal,
+							       hpu__cuops_stream()),
+					   "fused attention backward")
+			 ? HPU_BE_OK
+			 : HPU_BE_UNSUPPORTED;
+	hpu__cuops_leave(c);
+	return rc;
+}

@@ -81,6 +81,16 @@ cudaError_t hpu__cukm_attention_bwd(const float *qkv, const float *att, const fl
 				    float *dqkv, float *ds, int batch, int t, int heads, int hd,
 				    cudaStream_t st);
 
+/* Fused attention (cuops_flash.cu, worker/ops/flash_rows.h): rows =
+ * batch * heads * t (0 when any is not positive), the length of lse and
+ * of the backward's delta scratch. */
+size_t hpu__cukm_flash_rows(int batch, int t, int heads, int hd);
+cudaError_t hpu__cukm_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+				int batch, int t, int heads, int hd, int causal, cudaStream_t st);
+cudaError_t hpu__cukm_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
+				const float *lse, const float *dctx, float *dqkv, float *delta,
+				int batch, int t, int heads, int hd, int causal, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif
@@ -121,6 +131,11 @@ int hpu__cuops_attention_fwd(const float *qkv, float *out, float *att, int batch
 			     int heads, int hd);
 int hpu__cuops_attention_bwd(const float *qkv, const float *att, const float *dout,
 			     float *dqkv, int batch, int t, int heads, int hd);
+int hpu__cuops_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+			 int batch, int t, int heads, int hd, int causal);
+int hpu__cuops_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
+			 const float *lse, const float *dctx, float *dqkv, int batch, int t,
+			 int heads, int hd, int causal);
 #endif
 
 #endif

@@ -1,0 +1,194 @@
+/* test_flash_rows: fused (flash-style) attention's rows
+ * (worker/ops/flash_rows.h, what the CUDA kernels of cuops_flash.cu run
+ * one thread a row) against the attention layer's unfused math in double
+ * (attn_ref.c), on every machine: the host table's entries
+ * (hpu__be_host()->flash_fwd/bwd, ops_flash.c) run the same row
+ * functions over every row. Forward ctx and lse, backward dqkv; causal
+ * and not, key masks with padding in the middle, a query row with no key
+ * (exact zeros), a sample all padding, odd T, hd 64 and 24 and 1, batch
+ * 1; and the public ops (hpu_attention_fused_*) on the CPU's own table.
+ * Each check prints its largest difference relative to the array's
+ * largest value. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tests/unit/attn_ref.h"
+#include "worker/ops/backend.h"
+
+#include "hpu/ops.h"
+
+#define TOL 2e-5
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+	rng ^= rng >> 12;
+	rng ^= rng << 25;
+	rng ^= rng >> 27;
+	return (float)((rng * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n ? n : 1, size);
+	assert_non_null(p);
+	return p;
+}
+
+/* Largest |got - want| over the largest |want| (at least 1e-6); fails
+ * above TOL, naming what and where. */
+static void check(const char *what, const float *got, const double *want, size_t n)
+{
+	double top = 1e-6, worst = 0;
+	size_t at = 0;
+	for (size_t i = 0; i < n; i++)
+		top = fabs(want[i]) > top ? fabs(want[i]) : top;
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs((double)got[i] - want[i]);
+		if (isnan(got[i]))
+			e = INFINITY;
+		if (e > worst)
+			worst = e, at = i;
+	}
+	printf("  %-44s max diff %.3g of %.3g (at %zu: %.9g, want %.9g)\n", what, worst, top, at,
+	       n ? (double)got[at] : 0.0, n ? want[at] : 0.0);
+	assert_true(worst <= TOL * top);
+}
+
+typedef struct shape {
+	int batch, t, heads, hd, causal;
+	const int32_t *mask; /* [batch * t] or NULL */
+} shape;
+
+/* Runs one shape through fwd and bwd (the host table's, or the public
+ * ops when ops) and checks ctx, lse, dqkv and the empty rows' zeros. */
+static void one(const shape *s, int ops)
+{
+	const size_t d = (size_t)s->heads * s->hd, bt = (size_t)s->batch * s->t;
+	const size_t nq = bt * 3 * d, no = bt * d, nl = (size_t)s->batch * s->heads * s->t;
+	float *qkv = xcalloc(nq, 4), *ctx = xcalloc(no, 4), *lse = xcalloc(nl, 4);
+	float *dctx = xcalloc(no, 4), *dqkv = xcalloc(nq, 4);
+	double *rctx = xcalloc(no, 8), *rlse = xcalloc(nl, 8), *rdqkv = xcalloc(nq, 8);
+	for (size_t i = 0; i < nq; i++)
+		qkv[i] = 2.0f * frand();
+	for (size_t i = 0; i < no; i++)
+		dctx[i] = frand();
+	for (size_t i = 0; i < nq; i++) /* not written: NaN */
+		dqkv[i] = NAN;
+	for (size_t i = 0; i < no; i++)
+		ctx[i] = NAN;
+	attn_ref(qkv, s->mask, dctx, s->batch, s->t, s->heads, s->hd, s->causal, rctx, rlse,
+		 rdqkv);
+	const hpu__backend *host = hpu__be_host();
+	if (ops) {
+		assert_int_equal(hpu_attention_fused_forward(qkv, s->mask, ctx, lse, s->batch,
+							     s->t, s->heads, s->hd, s->causal),
+				 HPU_OK);
+		assert_int_equal(hpu_attention_fused_backward(qkv, s->mask, ctx, lse, dctx, dqkv,
+							      s->batch, s->t, s->heads, s->hd,
+							      s->causal),
+				 HPU_OK);
+	} else {
+		assert_int_equal(host->flash_fwd(qkv, s->mask, ctx, lse, s->batch, s->t, s->heads,
+						 s->hd, s->causal),
+				 HPU_BE_OK);
+		assert_int_equal(host->flash_bwd(qkv, s->mask, ctx, lse, dctx, dqkv, s->batch,
+						 s->t, s->heads, s->hd, s->causal),
+				 HPU_BE_OK);
+	}
+	char what[96];
+	const char *how = ops ? "ops" : "rows";
+	snprintf(what, sizeof what, "%s ctx B%d T%d h%d hd%d c%d m%d", how, s->batch, s->t,
+		 s->heads, s->hd, s->causal, s->mask != NULL);
+	check(what, ctx, rctx, no);
+	snprintf(what, sizeof what, "%s lse B%d T%d h%d hd%d c%d m%d", how, s->batch, s->t,
+		 s->heads, s->hd, s->causal, s->mask != NULL);
+	check(what, lse, rlse, nl);
+	snprintf(what, sizeof what, "%s dqkv B%d T%d h%d hd%d c%d m%d", how, s->batch, s->t,
+		 s->heads, s->hd, s->causal, s->mask != NULL);
+	check(what, dqkv, rdqkv, nq);
+	/* a query with no key: exact zeros in ctx and dq, as the layer's */
+	int empties = 0;
+	for (int b = 0; b < s->batch; b++)
+		for (int i = 0; i < s->t; i++) {
+			int any = 0;
+			for (int j = 0; j < s->t; j++)
+				any |= (!s->causal || j <= i) &&
+				       (!s->mask || s->mask[(size_t)b * s->t + j]);
+			if (any)
+				continue;
+			empties++;
+			for (size_t e = 0; e < d; e++) {
+				assert_true(ctx[((size_t)b * s->t + i) * d + e] == 0.0f);
+				assert_true(dqkv[((size_t)b * s->t + i) * 3 * d + e] == 0.0f);
+			}
+		}
+	if (empties)
+		printf("  %d query rows with no key: exact zeros\n", empties);
+	free(qkv), free(ctx), free(lse), free(dctx), free(dqkv);
+	free(rctx), free(rlse), free(rdqkv);
+}
+
+/* Padding in the middle and at the end; sample 2 all padding. */
+static const int32_t mask13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
+				       1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+				       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+/* Key 0 padding: causal query 0 has no key. */
+static const int32_t mask7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
+
+static const shape shapes[] = {
+	{1, 9, 2, 24, 1, NULL},   /* causal, odd T, odd hd, batch 1 */
+	{1, 9, 2, 24, 0, NULL},   /* not causal */
+	{2, 7, 3, 64, 1, mask7},  /* causal with a key mask: query 0 of sample 0 empty */
+	{2, 7, 3, 64, 0, mask7},  /* key mask alone */
+	{3, 13, 2, 24, 0, mask13}, /* a sample all padding */
+	{3, 13, 1, 64, 1, mask13},
+	{2, 1, 1, 1, 1, NULL},    /* T 1, hd 1 */
+	{1, 33, 1, 8, 1, NULL},   /* more keys than a warp */
+};
+
+static void test_rows(void **state)
+{
+	(void)state;
+	for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+		one(&shapes[k], 0);
+}
+
+/* The public ops on the CPU's table (no flash entries: the host's). */
+static void test_ops(void **state)
+{
+	(void)state;
+	assert_null(hpu__be()->flash_fwd);
+	one(&shapes[2], 1);
+	one(&shapes[4], 1);
+}
+
+/* Sizes of 0 write nothing and succeed. */
+static void test_empty(void **state)
+{
+	(void)state;
+	float x = 1.0f;
+	assert_int_equal(hpu__be_host()->flash_fwd(&x, NULL, &x, &x, 0, 4, 1, 4, 1), HPU_BE_OK);
+	assert_int_equal(hpu__be_host()->flash_bwd(&x, NULL, &x, &x, &x, &x, 1, 0, 1, 4, 1),
+			 HPU_BE_OK);
+	assert_true(x == 1.0f);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_rows),
+		cmocka_unit_test(test_ops),
+		cmocka_unit_test(test_empty),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
