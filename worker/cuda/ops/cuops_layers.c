@@ -34,24 +34,60 @@ static int bad_label_of(unsigned long long b, const int32_t *labels, long *bad,
 	return hpu__cuops_fetch(bad_label, labels + b, sizeof *bad_label, what);
 }
 
-int hpu__cuops_xent_pos_fwd(const float *logits, const int32_t *labels, float *lse, float *loss,
-			    int rows, size_t positions, int classes, long *bad,
-			    int32_t *bad_label)
+/* A pass over positions that reports the first label outside
+ * [0, classes) and not -100: its arguments (the outputs of cross-entropy,
+ * lse and loss, or of accuracy, acc) and its kernels' launcher, given
+ * `each` bytes of scratch a position and the bad-position slot. */
+typedef struct pos_pass {
+	const float *logits;
+	const int32_t *labels;
+	float *lse, *loss, *acc;
+	int rows, classes;
+	size_t positions, each;
+	cudaError_t (*launch)(const struct pos_pass *p, void *scratch, unsigned long long *bad,
+			      cudaStream_t st);
+	const char *what;
+} pos_pass;
+
+/* The frame of both: the checks, the slot and scratch, the launch, the
+ * bad position and its label back on the host (waits). */
+static int pos_run(const pos_pass *p, long *bad, int32_t *bad_label)
 {
 	hpu__cuops_slot s;
 	unsigned long long b = ULLONG_MAX;
 	size_t extra;
 	*bad = -1;
-	if (rows <= 0 || positions == 0)
+	if (p->rows <= 0 || p->positions == 0)
 		return HPU_BE_OK;
-	if (classes <= 0 || pos_extra(rows, positions, sizeof(double), &extra) ||
-	    hpu__cuops_slot_begin(&s, sizeof b, 0xff, extra, "cross-entropy") ||
-	    hpu__cuops_slot_end(&s,
-				hpu__cuk_xent_pos_fwd(logits, labels, lse, loss, rows, positions,
-						      classes, s.more, s.d, s.st),
-				&b, "cross-entropy"))
+	if (p->classes <= 0 || pos_extra(p->rows, p->positions, p->each, &extra) ||
+	    hpu__cuops_slot_begin(&s, sizeof b, 0xff, extra, p->what) ||
+	    hpu__cuops_slot_end(&s, p->launch(p, s.more, s.d, s.st), &b, p->what))
 		return HPU_BE_UNSUPPORTED;
-	return bad_label_of(b, labels, bad, bad_label, "cross-entropy's label check");
+	return bad_label_of(b, p->labels, bad, bad_label, p->what);
+}
+
+static cudaError_t xent_launch(const pos_pass *p, void *term, unsigned long long *bad,
+			       cudaStream_t st)
+{
+	return hpu__cuk_xent_pos_fwd(p->logits, p->labels, p->lse, p->loss, p->rows, p->positions,
+				     p->classes, term, bad, st);
+}
+
+int hpu__cuops_xent_pos_fwd(const float *logits, const int32_t *labels, float *lse, float *loss,
+			    int rows, size_t positions, int classes, long *bad,
+			    int32_t *bad_label)
+{
+	pos_pass p = {.logits = logits,
+		      .labels = labels,
+		      .lse = lse,
+		      .loss = loss,
+		      .rows = rows,
+		      .classes = classes,
+		      .positions = positions,
+		      .each = sizeof(double),
+		      .launch = xent_launch,
+		      .what = "cross-entropy"};
+	return pos_run(&p, bad, bad_label);
 }
 
 int hpu__cuops_xent_pos_bwd(const float *logits, const int32_t *labels, const float *lse,
@@ -67,23 +103,26 @@ int hpu__cuops_xent_pos_bwd(const float *logits, const int32_t *labels, const fl
 					st));
 }
 
+static cudaError_t accuracy_launch(const pos_pass *p, void *hit, unsigned long long *bad,
+				   cudaStream_t st)
+{
+	return hpu__cuk_accuracy_pos(p->logits, p->labels, p->acc, p->rows, p->positions,
+				     p->classes, hit, bad, st);
+}
+
 int hpu__cuops_accuracy_pos(const float *logits, const int32_t *labels, float *acc, int rows,
 			    size_t positions, int classes, long *bad, int32_t *bad_label)
 {
-	hpu__cuops_slot s;
-	unsigned long long b = ULLONG_MAX;
-	size_t extra;
-	*bad = -1;
-	if (rows <= 0 || positions == 0)
-		return HPU_BE_OK;
-	if (classes <= 0 || pos_extra(rows, positions, sizeof(int), &extra) ||
-	    hpu__cuops_slot_begin(&s, sizeof b, 0xff, extra, "accuracy") ||
-	    hpu__cuops_slot_end(&s,
-				hpu__cuk_accuracy_pos(logits, labels, acc, rows, positions, classes,
-						      s.more, s.d, s.st),
-				&b, "accuracy"))
-		return HPU_BE_UNSUPPORTED;
-	return bad_label_of(b, labels, bad, bad_label, "accuracy's label check");
+	pos_pass p = {.logits = logits,
+		      .labels = labels,
+		      .acc = acc,
+		      .rows = rows,
+		      .classes = classes,
+		      .positions = positions,
+		      .each = sizeof(int),
+		      .launch = accuracy_launch,
+		      .what = "accuracy"};
+	return pos_run(&p, bad, bad_label);
 }
 
 int hpu__cuops_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
