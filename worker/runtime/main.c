@@ -112,8 +112,9 @@ static void kernels_setup(const hpu_train_opts *o)
 		printf("kernels: %s\n", be->describe()); /* the agent adds [rank R] */
 	else if (low && !be->bf16_native() && local == 0)
 		hpu__log(HPU_LOG_NOTICE, "kernels: %s: bf16 products run as fp32 "
-					"products of bf16-rounded values (the same results, without "
-					"the speed-up)",
+					"products of bf16-rounded values, without the speed-up: "
+					"close to bf16 kernels' results, not the same (the sums "
+					"run in another order)",
 			 be->describe());
 }
 
