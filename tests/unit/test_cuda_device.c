@@ -423,7 +423,10 @@ int main(void)
 	CHECK(!caps.host_can_read && caps.can_capture && caps.bf16_native,
 	      "caps: host_can_read %d, can_capture %d, bf16_native %d", caps.host_can_read,
 	      caps.can_capture, caps.bf16_native);
-	printf("GPU: fp8_native %d\n", caps.fp8_native);
+	printf("GPU: fp8_native %d, GPU %d of %d\n", caps.fp8_native, caps.gpu, caps.gpus);
+	CHECK(caps.gpus > 0 && caps.gpu >= 0 && caps.gpu < caps.gpus,
+	      "caps: GPU %d of %d (the default memory limit divides by the workers on it)",
+	      caps.gpu, caps.gpus);
 	check_configure();
 	hpu__devmem_set_backing(D->backing);
 	if (hpu__devmem_init(0, 0) < 0) {
