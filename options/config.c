@@ -277,7 +277,7 @@ static const struct hpu__opt opts[] = {
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
 	CHOICE("device", device, device_names, "cpu | cpu-strict | cuda | auto: the device workers compute on; cpu-strict (tests) faults when host code touches device memory; cuda: an NVIDIA GPU (the worker says why where it has none); auto: cuda where its module loads and a GPU is visible, else cpu (cpu) [HPU_DEVICE]"),
-	OTHER_("device-memory", K_SIZE, device_memory, LOCAL, "memory per device, e.g. 2GiB (node memory / local devices; on a GPU at most its memory, which a larger value is an error against)"),
+	OTHER_("device-memory", K_SIZE, device_memory, LOCAL, "memory per device, e.g. 2GiB (node memory / local devices; on a GPU its memory / the node's workers on it; more than a GPU has is an error)"),
 	OTHER("allow-tf32", K_FLAG, allow_tf32, "fp32 GEMMs and convolutions may run on TF32 tensor cores (--device cuda), as PyTorch's allow_tf32; accepted with no effect on cpu and cpu-strict (off)"),
 	CHOICE("offload-optimizer", offload_optimizer, offload_names, "zero1-3: optimizer state, fp32 master weights and gradient shard in none | cpu (host memory) | nvme (--nvme-path) (none)"),
 	CHOICE("offload-param", offload_param, offload_names, "zero3: the parameter shard in none | cpu | nvme (none)"),

@@ -24,7 +24,10 @@
  * - test_device_memory_over_gpu: --device-memory 1TiB, more than a GPU
  *   has, fails the job within 120 s with a line naming --device-memory,
  *   the 1 TiB asked for and the GPU's memory (in GiB). Only on cuda: on
- *   cpu-strict it says so and passes.
+ *   cpu-strict it says so and passes;
+ * - test_default_memory_shared: without --device-memory, 2 workers on
+ *   one GPU each get half its memory (each rank's --verbose line); only
+ *   on cuda.
  *
  * On the GPU machine (ctest's files hold the build machine's paths):
  *   HPU_BUILD_DIR=build HPU_SOURCE_DIR=. build/bin/test_cuda_train */
@@ -34,6 +37,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,6 +290,58 @@ static void test_device_memory_over_gpu(void **state)
 	h_free(&p);
 }
 
+/* Rank r's number after `key` on its line that starts "rank R: " + what
+ * (the agent prefixes "[rank R] "); -1 where there is none. */
+static double rank_value(const char *out, int r, const char *what, const char *key)
+{
+	char head[96];
+	snprintf(head, sizeof head, "rank %d: %s", r, what);
+	const char *line = strstr(out, head);
+	if (!line)
+		return -1;
+	const char *end = strchr(line, '\n'), *at = strstr(line, key);
+	if (!at || (end && at > end))
+		return -1;
+	return strtod(at + strlen(key), NULL);
+}
+
+/* Without --device-memory, the workers that share a GPU divide its
+ * memory: 2 workers on one GPU get half of it each (--verbose says each
+ * rank's GPU, its memory and the limit); on 2 GPUs, a GPU each. */
+static void test_default_memory_shared(void **state)
+{
+	(void)state;
+	if (!gpu_is_cuda()) {
+		printf("  %s: a GPU's memory divided, not checked here\n", gpu_device());
+		return;
+	}
+	run r;
+	r.n = 0;
+	args(&r, LAUNCH, "--devices", "2", "--max-steps", "1", "--no-eval", "--verbose", NULL);
+	gpu_args(&r, gpu_device());
+	arg(&r, MODEL);
+	proc p;
+	int code = h_run(&p, (char *const *)r.argv, NULL, 120000);
+	double gpu[2], limit[2], total[2], sharers[2];
+	for (int k = 0; k < 2; k++) {
+		gpu[k] = rank_value(p.out, k, "device cuda: GPU ", "GPU ");
+		limit[k] = rank_value(p.out, k, "device memory limit ", "limit ");
+		total[k] = rank_value(p.out, k, "device memory limit ", "the device's ");
+		sharers[k] = rank_value(p.out, k, "device memory limit ", "shared by the ");
+		printf("  rank %d: GPU %g, limit %g GiB of %g GiB, shared by %g\n", k, gpu[k],
+		       limit[k], total[k], sharers[k]);
+	}
+	if (code != 0 || limit[0] < 0 || limit[1] < 0)
+		fprintf(stderr, "exit %d; the whole output:\n%s\n", code, p.out);
+	assert_int_equal(code, 0);
+	int want = gpu[0] >= 0 && gpu[0] == gpu[1] ? 2 : 1;
+	for (int k = 0; k < 2; k++) {
+		assert_true(sharers[k] == want);
+		assert_true(fabs(limit[k] * want - total[k]) <= 0.1 * want);
+	}
+	h_free(&p);
+}
+
 int main(void)
 {
 	gpu_device(); /* the skip, before cmocka's header */
@@ -295,6 +351,7 @@ int main(void)
 	    cmocka_unit_test(test_resume_across),
 	    cmocka_unit_test(test_kill_gpu_worker),
 	    cmocka_unit_test(test_device_memory_over_gpu),
+	    cmocka_unit_test(test_default_memory_shared),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "tests/unit/cuda_testlib.h"
+#include "tests/unit/num_testlib.h"
 
 static cudaStream_t test_stream;
 
@@ -45,19 +46,6 @@ void dget(void *h, const void *d, size_t bytes)
 void dfree(void *d)
 {
 	assert_int_equal(cudaFree(d), cudaSuccess);
-}
-
-double rel_diff(const float *got, const float *want, size_t n, double floor)
-{
-	double m = 0;
-	for (size_t i = 0; i < n; i++)
-		floor = fmax(floor, 0.1 * fabs(want[i]));
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - want[i]) / fmax(fabs(want[i]), floor);
-		if (!(d <= m))
-			m = isnan(d) ? INFINITY : d;
-	}
-	return m;
 }
 
 void check(const char *what, const float *got, const float *want, size_t n, double tol)

@@ -19,10 +19,8 @@ void *dnan(size_t bytes);
 void dget(void *h, const void *d, size_t bytes);
 void dfree(void *d);
 
-/* Largest |got - want| relative to max(|want|, a tenth of the largest
- * |want|, floor); NaN counts as infinite. */
-double rel_diff(const float *got, const float *want, size_t n, double floor);
-/* rel_diff within tol (floor 1e-6). */
+/* num_testlib's rel_diff within tol (floor 1e-6): the program links
+ * num_testlib.c too. */
 void check(const char *what, const float *got, const float *want, size_t n, double tol);
 /* The same bytes. */
 void check_bits(const char *what, const void *got, const void *want, size_t bytes);

@@ -49,3 +49,16 @@ double *to_double(const float *a, size_t n)
 		d[i] = a[i];
 	return d;
 }
+
+double rel_diff(const float *got, const float *want, size_t n, double floor)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++)
+		floor = fmax(floor, 0.1 * fabs(want[i]));
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - want[i]) / fmax(fabs(want[i]), floor);
+		if (!(d <= m))
+			m = isnan(d) ? INFINITY : d;
+	}
+	return m;
+}

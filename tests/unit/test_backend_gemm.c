@@ -34,22 +34,6 @@
 
 #include "hpu/ops.h"
 
-/* Largest |got - want| / max(|want|, floor), with floor at least 1/10 of
- * the largest |want|: sums that cancel to near 0 are measured against the
- * array's scale, not their own. */
-static double rel_diff(const float *got, const float *want, size_t n, double floor)
-{
-	double m = 0;
-	for (size_t i = 0; i < n; i++)
-		floor = fmax(floor, 0.1 * fabs(want[i]));
-	for (size_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - want[i]) / fmax(fabs(want[i]), floor);
-		if (!(d <= m))
-			m = isnan(d) ? INFINITY : d;
-	}
-	return m;
-}
-
 static void check(const char *what, const float *got, const float *want, size_t n,
 		  double tol)
 {

@@ -1,6 +1,6 @@
 /* test_cuda_device: the CUDA device (worker/cuda, hpudev_cuda.so) on a GPU.
  *
- * Loads the module (HPU_CUDA_MODULE, else $HPU_BUILD_DIR/lib) and sets up
+ * Loads the module (cuda_modlib.c: HPU_CUDA_MODULE, else $HPU_BUILD_DIR/lib) and sets up
  * its device without the kernel table (hpu_cuda_device_core_v1), then
  * checks devmem's memory over its remote backing (zeroed, reused, owned),
  * copies every way on the default queue and on a queue of its own, fills,
@@ -9,11 +9,11 @@
  * 1e6+3. Where the module is not built, or no GPU is visible, it says so
  * and exits 77 (ctest: skipped). Plain C, not cmocka: the skip needs its
  * own exit status. */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/cuda_modlib.h"
 #include "worker/device/device.h"
 
 static int failures;
@@ -33,10 +33,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static float frand(void)
 {
-	rng ^= rng >> 12;
-	rng ^= rng << 25;
-	rng ^= rng >> 27;
-	return (float)((rng * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 24) * 4.0f - 2.0f;
+	return cu_mod_frand(&rng);
 }
 
 /* ---- device buffers through devmem (the module's backing) ---- */
@@ -393,37 +390,8 @@ static void check_configure(void)
 static const hpu__device *load(void)
 {
 	char path[4096];
-	const char *env = getenv("HPU_CUDA_MODULE"), *build = getenv("HPU_BUILD_DIR");
-	if (env && *env)
-		snprintf(path, sizeof path, "%s", env);
-	else
-		snprintf(path, sizeof path, "%s/lib/hpudev_cuda.so", build ? build : ".");
-#ifndef HPU_CUDA_BUILT
-	if (!env || !*env) {
-		printf("skipped: the CUDA device is not built in this build (HPU_CUDA)\n");
-		exit(77);
-	}
-#endif
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		printf("FAIL: cannot load %s: %s\n", path, dlerror());
-		exit(1);
-	}
-	hpu__cuda_entry_fn *entry, *full;
-	*(void **)&entry = dlsym(h, "hpu_cuda_device_core_v1");
-	*(void **)&full = dlsym(h, HPU__CUDA_ENTRY);
-	if (!entry || !full) {
-		printf("FAIL: %s lacks its entries\n", path);
-		exit(1);
-	}
-	char why[256] = "";
-	int ngpus = 0;
-	const hpu__device *d = entry(&ngpus, why, sizeof why);
-	if (ngpus <= 0) {
-		printf("skipped: no GPU is visible (%s)\n", why);
-		exit(77);
-	}
-	return d;
+	cu_mod_path(path, sizeof path);
+	return cu_mod_load(path, "");
 }
 
 /* Every runtime op and every table member the runtime calls is filled
@@ -455,7 +423,10 @@ int main(void)
 	CHECK(!caps.host_can_read && caps.can_capture && caps.bf16_native,
 	      "caps: host_can_read %d, can_capture %d, bf16_native %d", caps.host_can_read,
 	      caps.can_capture, caps.bf16_native);
-	printf("GPU: fp8_native %d\n", caps.fp8_native);
+	printf("GPU: fp8_native %d, GPU %d of %d\n", caps.fp8_native, caps.gpu, caps.gpus);
+	CHECK(caps.gpus > 0 && caps.gpu >= 0 && caps.gpu < caps.gpus,
+	      "caps: GPU %d of %d (the default memory limit divides by the workers on it)",
+	      caps.gpu, caps.gpus);
 	check_configure();
 	hpu__devmem_set_backing(D->backing);
 	if (hpu__devmem_init(0, 0) < 0) {

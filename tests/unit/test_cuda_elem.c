@@ -6,7 +6,9 @@
  * on the floats around each rounding boundary, acc16, the sums of
  * squares part by part (blocks, the rest, a block redone in double), and
  * SGD (plain, momentum, Nesterov), Adam and AdamW over three steps, from
- * fp32 and 16-bit gradients. What it cannot check is a GPU running them:
+ * fp32 and 16-bit gradients; accuracy's arg-max over rows with NaNs, as
+ * the kernels split a row among threads, against the host's scan. What
+ * it cannot check is a GPU running them:
  * test_cuda_device does that where one is visible. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +23,7 @@
 #include "common/lowp.h"
 #include "worker/cuda/cuda_elem.h"
 #include "worker/device/device.h"
+#include "worker/ops/backend_host.h"
 
 static const hpu__dev_rtops *cpu = &hpu__dev_cpu_rtops;
 static uint64_t rng = 0x243f6a8885a308d3ull;
@@ -183,6 +186,110 @@ static void test_optimizers(void **state)
 	}
 }
 
+/* ---- accuracy's arg-max ---- */
+
+/* A row's arg-max as the kernels find it with `threads` threads
+ * (cuops_kernels.cu's k_count_correct, cuops_layers.cu's
+ * k_accuracy_pos): column 0 where hpu__elem_argmax_nan0, else each
+ * thread's kept value (its columns t, t + threads, ...), the largest of
+ * them (max_op: b > a ? b : a, over the threads in order), and the first
+ * column holding it; `classes` for none. */
+static int kernel_argmax(const float *z, int classes, int threads)
+{
+	if (hpu__elem_argmax_nan0(z[0]))
+		return 0;
+	float best[1024], m = -INFINITY;
+	int at[1024], first = classes;
+	for (int t = 0; t < threads; t++) {
+		at[t] = classes;
+		best[t] = -INFINITY;
+		for (int c = t; c < classes; c += threads)
+			if (hpu__elem_argmax_takes(z[c], best[t], at[t] < classes)) {
+				best[t] = z[c];
+				at[t] = c;
+			}
+		m = best[t] > m ? best[t] : m;
+	}
+	for (int t = 0; t < threads; t++)
+		if (at[t] < classes && best[t] == m && at[t] < first)
+			first = at[t];
+	return first;
+}
+
+/* The host's arg-max (hpu__host_count_correct's scan), as the column
+ * that counts a label of that column correct. */
+static int host_argmax(const float *z, int classes)
+{
+	for (int y = 0; y < classes; y++) {
+		int correct = 0;
+		hpu__host_count_correct(z, &y, 1, classes, &correct);
+		if (correct)
+			return y;
+	}
+	return -1;
+}
+
+/* Rows of NaNs (first, last, everywhere, alone), infinities, signed
+ * zeros and ties, at every thread count the kernels use and a few odd
+ * ones: the kernels' arg-max is the host's, and so are the counts of
+ * count_correct and accuracy_pos over them. */
+static void test_argmax_nan(void **state)
+{
+	(void)state;
+	const float N = NAN, I = INFINITY;
+	static const struct {
+		int n;
+		float z[6];
+	} rows[] = {
+	    {3, {N, 1, 2}},  {3, {1, N, 2}},	  {3, {2, N, 1}},     {3, {1, 2, N}},
+	    {3, {N, N, N}},  {3, {1, N, N}},	  {4, {N, I, -I, 0}}, {4, {-I, N, -I, N}},
+	    {2, {-0.0f, 0}}, {2, {0, -0.0f}},	  {5, {3, 3, N, 3, 1}}, {1, {N}},
+	    {6, {-1, -2, N, -1, N, -3}}, {4, {-I, -I, -I, -I}},
+	};
+	static const int threads[] = {1, 2, 3, 4, 32, 128, 512};
+	int ok = 1;
+	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+		int want = host_argmax(rows[i].z, rows[i].n);
+		for (size_t k = 0; k < sizeof threads / sizeof threads[0]; k++) {
+			int got = kernel_argmax(rows[i].z, rows[i].n, threads[k]);
+			if (got != want) {
+				printf("  row %zu (%d columns, %g %g %g ...), %d threads: arg-max %d, "
+				       "the host's %d\n",
+				       i, rows[i].n, rows[i].z[0], rows[i].z[1], rows[i].z[2],
+				       threads[k], got, want);
+				ok = 0;
+			}
+		}
+	}
+	/* random rows of 1000 columns, a NaN planted at a random column */
+	float z[1000];
+	for (int r = 0; r < 200; r++) {
+		int n = 1 + r * 5;
+		for (int c = 0; c < n; c++)
+			z[c] = frand(4.0f);
+		if (r % 3 == 0)
+			z[(r * 7919) % n] = NAN;
+		if (r % 5 == 0)
+			z[0] = NAN;
+		int want = host_argmax(z, n), got = kernel_argmax(z, n, 128);
+		if (got != want) {
+			printf("  random row %d (%d columns): arg-max %d, the host's %d\n", r, n, got,
+			       want);
+			ok = 0;
+		}
+		float acc = -1;
+		long bad = 0;
+		int32_t y = got < n ? got : 0, bl = 0;
+		hpu__host_accuracy_pos(z, &y, &acc, 1, 1, n, &bad, &bl);
+		if (got < n && acc != 1.0f) {
+			printf("  random row %d: accuracy_pos counts the kernels' arg-max %d wrong\n",
+			       r, got);
+			ok = 0;
+		}
+	}
+	assert_true(ok);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -191,6 +298,7 @@ int main(void)
 	    cmocka_unit_test(test_acc16),
 	    cmocka_unit_test(test_sumsq),
 	    cmocka_unit_test(test_optimizers),
+	    cmocka_unit_test(test_argmax_nan),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,6 @@
  *       where CUDA IPC is refused, the same figure for the staged path
  *       training falls back to (marked STAGED), and exit 77.
  * Plain C, not cmocka: the skip needs its own exit status. */
-#include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -33,12 +32,13 @@
 #include <unistd.h>
 
 #include "common/lowp.h"
+#include "tests/unit/cuda_modlib.h"
 #include "hpu/coll.h"
 #include "worker/device/device.h"
 
 #define WORLD 2
 #define DEADLINE_S 120
-#define SKIP 77
+#define SKIP CU_MOD_SKIP
 
 static int failures, me;
 static const hpu__device *D;
@@ -78,30 +78,10 @@ static double now_s(void)
 
 static const hpu__device *load(void)
 {
-	char path[4096];
-	const char *env = getenv("HPU_CUDA_MODULE"), *build = getenv("HPU_BUILD_DIR");
-	if (env && *env)
-		snprintf(path, sizeof path, "%s", env);
-	else
-		snprintf(path, sizeof path, "%s/lib/hpudev_cuda.so", build ? build : ".");
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		say("FAIL: cannot load %s: %s", path, dlerror());
-		exit(1);
-	}
-	hpu__cuda_entry_fn *entry;
-	*(void **)&entry = dlsym(h, "hpu_cuda_device_core_v1");
-	if (!entry) {
-		say("FAIL: %s lacks hpu_cuda_device_core_v1", path);
-		exit(1);
-	}
-	char why[256] = "";
-	int ngpus = 0;
-	const hpu__device *d = entry(&ngpus, why, sizeof why);
-	if (ngpus <= 0) {
-		say("skipped: no GPU is visible (%s)", why);
-		exit(SKIP);
-	}
+	char path[4096], who[32];
+	snprintf(who, sizeof who, "rank %d: ", me);
+	cu_mod_path(path, sizeof path);
+	const hpu__device *d = cu_mod_load(path, who);
 	if (!d->coll) {
 		say("FAIL: the CUDA device has no collectives (hpu__device.coll is NULL)");
 		exit(1);
@@ -147,10 +127,7 @@ static uint64_t rng;
 
 static float frand(void)
 {
-	rng ^= rng >> 12;
-	rng ^= rng << 25;
-	rng ^= rng >> 27;
-	return (float)((rng * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 24) * 4.0f - 2.0f;
+	return cu_mod_frand(&rng);
 }
 
 /* This rank's values: n of dtype dt (bf16 as its bits), seeded by the
@@ -409,13 +386,8 @@ int main(int argc, char **argv)
 		return rank_main(atoi(argv[2]), argv[3], argc >= 5 && !strcmp(argv[4], "--bench"));
 	int do_bench = argc >= 2 && !strcmp(argv[1], "--bench");
 	setvbuf(stdout, NULL, _IONBF, 0);
-#ifndef HPU_CUDA_BUILT
-	const char *env = getenv("HPU_CUDA_MODULE");
-	if (!env || !*env) {
-		printf("skipped: the CUDA device is not built in this build (HPU_CUDA)\n");
-		return SKIP;
-	}
-#endif
+	char path[4096];
+	cu_mod_path(path, sizeof path); /* skips where the module is not built */
 	char self[4096], job[64];
 	ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
 	if (k <= 0) {

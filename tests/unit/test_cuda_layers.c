@@ -1,8 +1,9 @@
 /* The CUDA table's entries for the layers' own passes (worker/cuda/ops/
  * cuops_layers.c) against the host loops they replace (backend_host.h):
  * cross-entropy and accuracy over positions (ignored and bad labels
- * included), the attention layer's head copies and score masks, dropout
- * by rows, batch norm in training, evaluation and backward. Copies, masks,
+ * included; NaN logits' arg-max, with count_correct), the attention
+ * layer's head copies and score masks, dropout by rows, batch norm in
+ * training, evaluation and backward. Copies, masks,
  * dropout and accuracies agree bit for bit; the losses and batch norm
  * within 1e-5 relative (summation order). Part of test_cuda_ops, which
  * runs this group after its own (hpu_cuda_layer_tests). */
@@ -117,6 +118,84 @@ static void test_xent_pos(void **state)
 	xent_one(1, 3, 50304, 0, -1);
 	xent_one(2, 1, 7, 2, -1); /* a row with every position ignored */
 	xent_one(3, 4, 9, 0, 6);  /* a bad label: its position and value */
+}
+
+/* Accuracy over rows with NaN logits (in column 0, elsewhere, all),
+ * infinities and ties, at class counts below and above a block's
+ * threads: count_correct and accuracy_pos on the GPU take the host's
+ * arg-max (a NaN in column 0 is it, other NaNs never are), labels at it
+ * and beside it. */
+static void argmax_nan_one(int rows, int classes)
+{
+	size_t n = (size_t)rows * classes;
+	float *x = xcalloc(n, 4), acc = -1, want_acc = -2;
+	int32_t *lab = xcalloc((size_t)rows, 4);
+	fill(x, n, -4, 4);
+	for (int r = 0; r < rows; r++) {
+		float *z = x + (size_t)r * classes;
+		switch (r % 6) {
+		case 0: /* column 0: the arg-max */
+			z[0] = NAN;
+			break;
+		case 1: /* elsewhere: never */
+			z[(r * 7) % classes] = NAN;
+			z[classes - 1] = 100;
+			break;
+		case 2:
+			for (int c = 0; c < classes; c++)
+				z[c] = NAN;
+			break;
+		case 3:
+			z[classes / 2] = NAN;
+			z[0] = INFINITY;
+			break;
+		case 4: /* ties between NaNs */
+			for (int c = 1; c < classes; c++)
+				z[c] = c % 2 ? NAN : 3;
+			break;
+		default:
+			break;
+		}
+		int best = -1;
+		for (int y = 0; y < classes && best < 0; y++) {
+			int hit = 0;
+			hpu__host_count_correct(z, &y, 1, classes, &hit);
+			best = hit ? y : -1;
+		}
+		lab[r] = r % 4 == 3 ? (best + 1) % classes : best;
+	}
+	int want = -1, got = -2;
+	long hb = -2, gb = -2;
+	int32_t hl = 0, gl = 0;
+	hpu__host_count_correct(x, lab, rows, classes, &want);
+	assert_int_equal(hpu__host_accuracy_pos(x, lab, &want_acc, 1, (size_t)rows, classes, &hb,
+						&hl),
+			 HPU_BE_OK);
+	float *dx_ = dput(x, n * 4), *dacc = dnan(4);
+	int32_t *dl = dput(lab, (size_t)rows * 4);
+	assert_int_equal(gpu->count_correct(dx_, dl, rows, classes, &got), HPU_BE_OK);
+	assert_int_equal(gpu->accuracy_pos(dx_, dl, dacc, 1, (size_t)rows, classes, &gb, &gl),
+			 HPU_BE_OK);
+	dget(&acc, dacc, 4);
+	printf("  %d rows of %d classes with NaNs: count_correct %d (the host's %d), "
+	       "accuracy_pos %.6f (the host's %.6f)%s\n",
+	       rows, classes, got, want, acc, want_acc,
+	       got == want && acc == want_acc ? "" : "  FAIL");
+	assert_int_equal(got, want);
+	assert_int_equal(gb, -1);
+	check_bits("accuracy_pos with NaNs", &acc, &want_acc, 4);
+	dfree(dx_), dfree(dacc), dfree(dl);
+	free(x), free(lab);
+}
+
+static void test_argmax_nan(void **state)
+{
+	(void)state;
+	rng_seed(35);
+	argmax_nan_one(12, 1);
+	argmax_nan_one(24, 3);
+	argmax_nan_one(36, 13);
+	argmax_nan_one(30, 1001);
 }
 
 /* ---- the attention layer's passes ---- */
@@ -301,6 +380,7 @@ int hpu_cuda_layer_tests(const hpu__backend *gpu_, cudaStream_t stream_)
 	stream = stream_;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_xent_pos),
+		cmocka_unit_test(test_argmax_nan),
 		cmocka_unit_test(test_heads_and_masks),
 		cmocka_unit_test(test_dropout_rows),
 		cmocka_unit_test(test_batchnorm),

@@ -3,7 +3,8 @@
  * CPU device: copies in and out with their byte counts, devmem's
  * accounting on its arena, fresh blocks zeroed after reuse, nested device
  * calls, and the fault -- host code touching device memory outside a
- * device call exits with one line naming the rank and the block. */
+ * device call exits with one line naming the rank and the block; the
+ * default device-memory limit's division among the workers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,6 +36,33 @@ static void close_dev(void)
 {
 	hpu__devmem_shutdown();
 	hpu__dev_close();
+}
+
+/* The default device-memory limit (no --device-memory): a GPU's memory
+ * divided among the node's workers that drive it (worker L drives GPU L
+ * mod the count), host memory among all the node's workers. */
+static void test_default_memory(void **state)
+{
+	(void)state;
+	const uint64_t gpu = 140ull << 30, host = 128ull << 30;
+	/* which workers share a GPU: 4 workers on 1 GPU, 5 on 2, 2 on 4 */
+	assert_int_equal(hpu__dev_gpu_sharers(0, 1, 4), 4);
+	assert_int_equal(hpu__dev_gpu_sharers(0, 2, 5), 3);
+	assert_int_equal(hpu__dev_gpu_sharers(1, 2, 5), 2);
+	assert_int_equal(hpu__dev_gpu_sharers(1, 4, 2), 1);
+	assert_int_equal(hpu__dev_gpu_sharers(3, 4, 2), 1); /* a GPU by hpud's map */
+	assert_int_equal(hpu__dev_gpu_sharers(0, 1, 0), 1); /* LOCAL_WORLD_SIZE unset */
+	assert_int_equal(hpu__dev_gpu_sharers(0, 0, 8), 1); /* not a GPU */
+	/* 2 workers on one GPU: half of it each, whatever the host has */
+	assert_true(hpu__dev_default_memory(gpu, 2, host, 2) == gpu / 2);
+	assert_true(hpu__dev_default_memory(gpu, 2, 1ull << 40, 2) == gpu / 2);
+	/* 8 workers on 8 GPUs: a GPU each, not an eighth of the host */
+	assert_true(hpu__dev_default_memory(gpu, 1, host, 8) == gpu);
+	assert_true(hpu__dev_default_memory(gpu, 3, 0, 5) == gpu / 3);
+	/* host memory: the node's shared by its workers; unknown: no limit */
+	assert_true(hpu__dev_default_memory(0, 1, host, 4) == host / 4);
+	assert_true(hpu__dev_default_memory(0, 1, host, 0) == host);
+	assert_true(hpu__dev_default_memory(0, 1, 0, 4) == 0);
 }
 
 static void test_names(void **state)
@@ -275,6 +303,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_names),
+	    cmocka_unit_test(test_default_memory),
 	    cmocka_unit_test(test_cpu),
 	    cmocka_unit_test(test_strict_copies),
 	    cmocka_unit_test(test_strict_fault),

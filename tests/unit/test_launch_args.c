@@ -3,8 +3,8 @@
  * DeepSpeed's launcher flags are aliases (--num_gpus, --num_nodes,
  * --master_addr, --master_port, --include/--exclude over a hostfile);
  * an unknown flag gets "did you mean"; --resume must name a checkpoint
- * before the workers start. (test_launch runs the same refusals through
- * the hpulaunch binary.) */
+ * before the workers start. (test_launch_refusals runs the same refusals
+ * through the hpulaunch binary.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

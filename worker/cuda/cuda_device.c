@@ -338,6 +338,8 @@ static int setup_core(int rank, char *err, size_t errlen)
 	C.rank = rank;
 	C.dev = pick(count);
 	caps_of(C.dev, &C.caps, &major, &minor);
+	C.caps.gpu = C.dev;
+	C.caps.gpus = count;
 	if (major < 8) {
 		snprintf(err, errlen,
 			 "--device cuda: GPU %d has compute capability %d.%d; the CUDA device needs 8.0 or later",

@@ -196,6 +196,27 @@ HPU_ELEM float hpu__elem_optim(const hpu__cuda_optk *k, float p, float gr, float
 	return k->adam ? hpu__elem_adam(k, p, gi, m, v) : hpu__elem_sgd(k, p, gi, m);
 }
 
+/* ---- accuracy's arg-max ----
+ * The host's (worker/ops: hpu__host_count_correct, hpu__host_accuracy_pos)
+ * scans a row from column 0 and moves to each column strictly larger
+ * than its best so far. NaN compares false: a NaN in column 0 is the
+ * arg-max, and no other NaN ever is; otherwise it is the first column
+ * holding the largest value (-0 and +0 equal). The kernels split a row
+ * among a block's threads: where hpu__elem_argmax_nan0(row[0]) the
+ * answer is column 0; else each thread keeps, of its columns in order,
+ * those hpu__elem_argmax_takes, and the block's answer is the first
+ * column whose kept value equals the largest kept one: NaN-free, so the
+ * order a reduction meets them in does not matter. */
+HPU_ELEM int hpu__elem_argmax_nan0(float z0)
+{
+	return z0 != z0;
+}
+
+/* Whether a thread holding `best` (have: 0 for nothing yet) takes v. */
+HPU_ELEM int hpu__elem_argmax_takes(float v, float best, int have)
+{
+	return v == v && (!have || v > best);
+}
 #ifndef __CUDACC__
 #include "worker/device/device.h"
 

@@ -1,12 +1,14 @@
 /* cuda_grid: what the module's CUDA files share to lay out their
- * kernels: grid sizes, the grid-stride loop and block reductions.
- * Internal to worker/cuda (CUDA C++ only). */
+ * kernels: grid sizes, the grid-stride loop, block reductions and a
+ * row's arg-max. Internal to worker/cuda (CUDA C++ only). */
 #ifndef HPU_CUDA_GRID_CUH
 #define HPU_CUDA_GRID_CUH
 
 #include <stddef.h>
 
 #include <cuda_runtime.h>
+
+#include "worker/cuda/cuda_elem.h"
 
 /* Blocks of `threads` for n elements, at least 1, at most `cap` (a
  * grid-stride loop covers the rest). */
@@ -74,6 +76,30 @@ template <typename T, typename Op> __device__ T block_reduce(T v)
 	T r = result;
 	__syncthreads(); /* result and part are reused by the next call */
 	return r;
+}
+
+/* The arg-max of row[0, n) by the host's rule (cuda_elem.h's
+ * hpu__elem_argmax_nan0 and _takes): a NaN in column 0, else the first
+ * column holding the largest value, NaNs aside; n for an empty row.
+ * Every thread of the block calls it (with the same row) and gets it.
+ * Columns below 2^24 are exact in float: the smallest is the max of
+ * their negatives. */
+__device__ static int block_argmax(const float *row, int n)
+{
+	if (n <= 0)
+		return n;
+	if (hpu__elem_argmax_nan0(row[0])) /* the same for every thread */
+		return 0;
+	float best = -INFINITY;
+	int at = n;
+	for (int c = threadIdx.x; c < n; c += blockDim.x)
+		if (hpu__elem_argmax_takes(row[c], best, at < n)) {
+			best = row[c];
+			at = c;
+		}
+	float m = block_reduce<float, max_op<float> >(best); /* NaN-free */
+	int mine = at < n && best == m ? at : n;
+	return (int)-block_reduce<float, max_op<float> >(-(float)mine);
 }
 
 #endif

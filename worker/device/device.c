@@ -256,6 +256,22 @@ int hpu__dev_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
 	return 0;
 }
 
+int hpu__dev_gpu_sharers(int gpu, int gpus, int local_workers)
+{
+	if (gpus <= 0 || gpu < 0 || gpu >= gpus || local_workers <= gpu)
+		return 1;
+	/* local ranks gpu, gpu + gpus, gpu + 2 gpus, ... below local_workers */
+	return (local_workers - gpu - 1) / gpus + 1;
+}
+
+uint64_t hpu__dev_default_memory(uint64_t capacity, int sharers, uint64_t host_bytes,
+				 int local_workers)
+{
+	if (capacity)
+		return capacity / (uint64_t)(sharers > 0 ? sharers : 1);
+	return host_bytes / (uint64_t)(local_workers > 0 ? local_workers : 1);
+}
+
 void hpu__dev_close(void)
 {
 	hpu__devmem_set_backing(NULL);

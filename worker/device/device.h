@@ -33,6 +33,8 @@ typedef struct hpu__dev_caps {
 	int bf16_native, fp16_native, fp8_native; /* arithmetic in that type */
 	int host_can_read;                        /* host code may touch device memory */
 	int can_capture;                          /* a step can be captured and replayed */
+	int gpu, gpus; /* the GPU this worker drives among the gpus visible to
+			* it (0 and 0: not a GPU) */
 } hpu__dev_caps;
 
 /* The optimizers the device's update knows (optim.c maps its kinds). */
@@ -243,6 +245,19 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen);
  * err (--device-memory above a GPU's memory). */
 int hpu__dev_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
 		       size_t notelen, char *err, size_t errlen);
+
+/* How many of a node's local_workers workers drive GPU `gpu` of `gpus`,
+ * where worker L drives GPU L mod gpus (the agent's HPU_DEVICE_ID without
+ * hpud's device map); at least 1, this worker. 1 where gpus is 0. */
+int hpu__dev_gpu_sharers(int gpu, int gpus, int local_workers);
+
+/* The device-memory limit of a worker without --device-memory: the
+ * device's own memory (capacity bytes, a GPU's) divided among the
+ * `sharers` workers that drive it; on host memory (capacity 0) the node's
+ * memory (host_bytes; 0: unknown, no limit) divided among its
+ * local_workers workers. */
+uint64_t hpu__dev_default_memory(uint64_t capacity, int sharers, uint64_t host_bytes,
+				 int local_workers);
 
 /* Tears the device down after devmem's shutdown; the cpu device serves
  * again. */

@@ -34,18 +34,19 @@ static int env_int(hpu_env_id id, int dflt)
 	return hpu__parse_int(hpu__env_str(id), INT_MIN, INT_MAX, &v) ? dflt : v;
 }
 
-/* --device-memory, or this node's memory shared by its devices, at most
- * the memory a device has of its own (capacity, 0: host memory). */
-static uint64_t device_memory(const hpu_train_opts *o, uint64_t capacity)
+/* --device-memory, or by default the device's memory shared by the
+ * node's workers that drive it (hpu__dev_default_memory; *sharers: how
+ * many). */
+static uint64_t device_memory(const hpu_train_opts *o, uint64_t capacity, int *sharers)
 {
-	if (o->device_memory)
-		return o->device_memory;
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	int local = env_int(HPU_ENV_LOCAL_WORLD_SIZE, 1);
-	if (pages <= 0 || page <= 0)
-		return capacity; /* unknown: no limit, or the device's */
-	uint64_t share = (uint64_t)pages * (uint64_t)page / (uint64_t)(local > 0 ? local : 1);
-	return capacity && capacity < share ? capacity : share;
+	const hpu__dev_caps *k = hpu__dev_caps_get();
+	uint64_t host = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+	*sharers = hpu__dev_gpu_sharers(k->gpu, k->gpus, local);
+	if (o->device_memory)
+		return o->device_memory;
+	return hpu__dev_default_memory(capacity, *sharers, host, local);
 }
 
 /* The options the device takes (--device-memory, --allow-tf32), after it
@@ -112,8 +113,9 @@ static void kernels_setup(const hpu_train_opts *o)
 		printf("kernels: %s\n", be->describe()); /* the agent adds [rank R] */
 	else if (low && !be->bf16_native() && local == 0)
 		hpu__log(HPU_LOG_NOTICE, "kernels: %s: bf16 products run as fp32 "
-					"products of bf16-rounded values (the same results, without "
-					"the speed-up)",
+					"products of bf16-rounded values, without the speed-up: "
+					"close to bf16 kernels' results, not the same (the sums "
+					"run in another order)",
 			 be->describe());
 }
 
@@ -282,10 +284,17 @@ int main(int argc, char **argv)
 	uint64_t capacity = 0;
 	if (device_configure(&o, rank, &capacity, err, sizeof err) < 0)
 		goto out;
-	if (hpu__devmem_init(device_memory(&o, capacity), rank) < 0) {
+	int sharers = 1;
+	uint64_t limit = device_memory(&o, capacity, &sharers);
+	if (hpu__devmem_init(limit, rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
 	}
+	if (o.verbose && capacity && !o.device_memory)
+		printf("rank %d: device memory limit %.1f GiB: the device's %.1f GiB shared by "
+		       "the %d worker%s on it (--device-memory sets another)\n",
+		       rank, (double)limit / (1 << 30), (double)capacity / (1 << 30), sharers,
+		       sharers == 1 ? "" : "s");
 	hpu__hostmem_init(o.host_memory);
 	if (hpu__autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
 		goto out;

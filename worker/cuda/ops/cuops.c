@@ -202,30 +202,17 @@ static int cu_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, 
 static int cu_softmax_xent(const float *logits, const int32_t *labels, float *dlogits,
 			   int batch, int classes, float *loss)
 {
+	hpu__cuops_slot s;
 	if (batch <= 0 || classes <= 0)
 		return HPU_BE_UNSUPPORTED;
-	hpu__cuops_ctx *c = hpu__cuops_enter();
-	if (!c)
+	/* the mean (fp32) in the slot, batch doubles of row losses after it */
+	if (hpu__cuops_slot_begin(&s, sizeof *loss, -1, (size_t)batch * sizeof(double),
+				  "softmax cross-entropy"))
 		return HPU_BE_UNSUPPORTED;
-	cudaStream_t st = hpu__cuops_stream();
-	int rc = HPU_BE_UNSUPPORTED;
-	/* batch doubles of row losses, then the mean (fp32) after them */
-	size_t off = (size_t)batch * sizeof(double);
-	char *s = hpu__cuops_scratch(c, off + sizeof(float));
-	float got;
-	if (s &&
-	    !hpu__cuops_cuda(hpu__cuk_softmax_xent(logits, labels, dlogits, batch, classes,
-						   (double *)s, (float *)(s + off), st),
-			     "softmax cross-entropy") &&
-	    !hpu__cuops_cuda(cudaMemcpyAsync(&got, s + off, sizeof got, cudaMemcpyDeviceToHost,
-					     st),
-			     "softmax cross-entropy's loss") &&
-	    !hpu__cuops_cuda(cudaStreamSynchronize(st), "softmax cross-entropy's loss")) {
-		*loss = got;
-		rc = HPU_BE_OK;
-	}
-	hpu__cuops_leave(c);
-	return rc;
+	return hpu__cuops_slot_end(&s,
+				   hpu__cuk_softmax_xent(logits, labels, dlogits, batch, classes,
+							 s.more, s.d, s.st),
+				   loss, "softmax cross-entropy");
 }
 
 static int cu_bias_grad(hpu__dtype dt, const void *dy, float *db, int rows, int cols)
@@ -277,50 +264,23 @@ static int cu_copy(void *dst, const void *src, size_t bytes)
 /* The result comes back to the host: this waits for the stream. */
 static int cu_amax(const float *x, size_t n, float *amax)
 {
-	hpu__cuops_ctx *c = hpu__cuops_enter();
-	if (!c)
+	hpu__cuops_slot s;
+	uint32_t bits = 0;
+	if (hpu__cuops_slot_begin(&s, sizeof bits, 0, 0, "amax") ||
+	    hpu__cuops_slot_end(&s, hpu__cuk_amax(x, n, s.d, s.st), &bits, "amax"))
 		return HPU_BE_UNSUPPORTED;
-	cudaStream_t st = hpu__cuops_stream();
-	uint32_t *d = hpu__cuops_scratch(c, sizeof *d), bits = 0;
-	int rc = HPU_BE_UNSUPPORTED;
-	if (d && !hpu__cuops_cuda(cudaMemsetAsync(d, 0, sizeof *d, st), "amax") &&
-	    !hpu__cuops_cuda(hpu__cuk_amax(x, n, d, st), "amax") &&
-	    !hpu__cuops_cuda(cudaMemcpyAsync(&bits, d, sizeof bits, cudaMemcpyDeviceToHost, st),
-			     "amax") &&
-	    !hpu__cuops_cuda(cudaStreamSynchronize(st), "amax")) {
-		memcpy(amax, &bits, sizeof *amax);
-		rc = HPU_BE_OK;
-	}
-	hpu__cuops_leave(c);
-	return rc;
+	memcpy(amax, &bits, sizeof *amax);
+	return HPU_BE_OK;
 }
 
-/* One int computed on the GPU (zeroed first), back on the host: waits
- * for the stream. */
-#define CU_HOST_INT(what, out, call)                                                   \
-	do {                                                                           \
-		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
-		if (!c_)                                                               \
-			return HPU_BE_UNSUPPORTED;                                     \
-		cudaStream_t st = hpu__cuops_stream();                                 \
-		int *d = hpu__cuops_scratch(c_, sizeof(int)), h_ = 0;                  \
-		int rc_ = HPU_BE_UNSUPPORTED;                                          \
-		if (d && !hpu__cuops_cuda(cudaMemsetAsync(d, 0, sizeof *d, st), what) && \
-		    !hpu__cuops_cuda((call), what) &&                                  \
-		    !hpu__cuops_cuda(cudaMemcpyAsync(&h_, d, sizeof h_,                \
-						     cudaMemcpyDeviceToHost, st),      \
-				     what) &&                                          \
-		    !hpu__cuops_cuda(cudaStreamSynchronize(st), what)) {               \
-			*(out) = h_;                                                   \
-			rc_ = HPU_BE_OK;                                               \
-		}                                                                      \
-		hpu__cuops_leave(c_);                                                  \
-		return rc_;                                                            \
-	} while (0)
-
+/* The number of bad ids (waits for the stream). */
 static int ids_check(const int32_t *ids, int n, int limit, int *bad)
 {
-	CU_HOST_INT("id check", bad, hpu__cuk_ids_check(ids, n, limit, d, st));
+	hpu__cuops_slot s;
+	if (hpu__cuops_slot_begin(&s, sizeof *bad, 0, 0, "id check"))
+		return HPU_BE_UNSUPPORTED;
+	return hpu__cuops_slot_end(&s, hpu__cuk_ids_check(ids, n, limit, s.d, s.st), bad,
+				   "id check");
 }
 
 static int cu_ids_in_range(const int32_t *ids, int n, int limit, int *ok)
@@ -339,8 +299,12 @@ static int cu_ids_in_range(const int32_t *ids, int n, int limit, int *ok)
 static int cu_count_correct(const float *logits, const int32_t *labels, int batch,
 			    int classes, int *correct)
 {
-	CU_HOST_INT("accuracy", correct,
-		    hpu__cuk_count_correct(logits, labels, batch, classes, d, st));
+	hpu__cuops_slot s;
+	if (hpu__cuops_slot_begin(&s, sizeof *correct, 0, 0, "accuracy"))
+		return HPU_BE_UNSUPPORTED;
+	return hpu__cuops_slot_end(
+		&s, hpu__cuk_count_correct(logits, labels, batch, classes, s.d, s.st), correct,
+		"accuracy");
 }
 
 /* The formats of worker/ops/fp8.h: largest value, smallest normal's

@@ -94,6 +94,30 @@ int hpu__cuops_cuda(cudaError_t e, const char *what);
 int hpu__cuops_blas(cublasStatus_t e, const char *what);
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what);
 
+/* A pass whose result is one value in device scratch (a count, an
+ * amax, a loss, the first bad index), read back on the host:
+ * hpu__cuops_slot_begin takes the current GPU's context and its slot
+ * (`bytes` of scratch, each byte set to `fill` on the stream unless fill
+ * is negative, then `extra` bytes more for the kernels at s->more, 16-byte
+ * aligned); the caller queues its kernels on s->st; hpu__cuops_slot_end
+ * checks their launch's result, copies the slot into out, waits for the
+ * stream and gives the context back. Both return HPU_BE_OK or
+ * HPU_BE_UNSUPPORTED; begin holds nothing when it fails (a CUDA error is
+ * fatal, hpu__cuops_fatal). */
+typedef struct hpu__cuops_slot {
+	hpu__cuops_ctx *c;
+	cudaStream_t st;
+	void *d;    /* the slot, device scratch */
+	void *more; /* the extra bytes after it */
+	size_t bytes;
+} hpu__cuops_slot;
+int hpu__cuops_slot_begin(hpu__cuops_slot *s, size_t bytes, int fill, size_t extra,
+			  const char *what);
+int hpu__cuops_slot_end(hpu__cuops_slot *s, cudaError_t launched, void *out, const char *what);
+/* `bytes` at device address p (not scratch) into host memory out, queued
+ * on the stream after the work before it; waits. */
+int hpu__cuops_fetch(void *out, const void *p, size_t bytes, const char *what);
+
 /* Runs `launch` (a kernel launcher's result) inside the current GPU's
  * context, so that calls from several threads stay ordered. */
 #define CU_KERNEL(what, call)                                                          \

@@ -1,6 +1,6 @@
 /* cuops_core: the base of the CUDA kernel table (cuops.h): each GPU's
- * context (handles, workspace, scratch), the stream, the tf32 switch and
- * the error helpers. Calls no other file of the table; cuops_gemm.c,
+ * context (handles, workspace, scratch), the stream, the tf32 switch, the
+ * error helpers and the readback of one value (the slot). Calls no other file of the table; cuops_gemm.c,
  * cuops_conv.c and the table (cuops.c) stand on it. A failing CUDA call
  * ends the worker with a line naming it (hpu__cuops_fatal): backend.h's
  * only refusal, HPU_BE_UNSUPPORTED, would send the ops to their C loops
@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,3 +201,50 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
 	return c->scratch;
 }
 
+
+/* ---- one value back on the host ---- */
+
+/* The copy into host memory and the wait: every readback's end. */
+static int read_back(void *out, const void *p, size_t bytes, cudaStream_t st, const char *what)
+{
+	if (hpu__cuops_cuda(cudaMemcpyAsync(out, p, bytes, cudaMemcpyDeviceToHost, st), what) ||
+	    hpu__cuops_cuda(cudaStreamSynchronize(st), what))
+		return HPU_BE_UNSUPPORTED;
+	return HPU_BE_OK;
+}
+
+int hpu__cuops_slot_begin(hpu__cuops_slot *s, size_t bytes, int fill, size_t extra,
+			  const char *what)
+{
+	size_t at = (bytes + 15) & ~(size_t)15; /* where the extra bytes begin */
+	s->c = hpu__cuops_enter();
+	if (!s->c)
+		return HPU_BE_UNSUPPORTED;
+	s->st = hpu__cuops_stream();
+	s->bytes = bytes;
+	s->d = at >= bytes && extra <= SIZE_MAX - at ? hpu__cuops_scratch(s->c, at + extra) : NULL;
+	s->more = s->d ? (char *)s->d + at : NULL;
+	if (s->d && (fill < 0 || !hpu__cuops_cuda(cudaMemsetAsync(s->d, fill, bytes, s->st), what)))
+		return HPU_BE_OK;
+	hpu__cuops_leave(s->c);
+	return HPU_BE_UNSUPPORTED;
+}
+
+int hpu__cuops_slot_end(hpu__cuops_slot *s, cudaError_t launched, void *out, const char *what)
+{
+	int rc = HPU_BE_UNSUPPORTED;
+	if (!hpu__cuops_cuda(launched, what))
+		rc = read_back(out, s->d, s->bytes, s->st, what);
+	hpu__cuops_leave(s->c);
+	return rc;
+}
+
+int hpu__cuops_fetch(void *out, const void *p, size_t bytes, const char *what)
+{
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	int rc = read_back(out, p, bytes, hpu__cuops_stream(), what);
+	hpu__cuops_leave(c);
+	return rc;
+}

@@ -820,24 +820,13 @@ static __global__ void k_ids_check(const int32_t *ids, int n, int limit, int *ba
 		*bad = 1;
 }
 
-/* One block per row: the first arg-max (the smallest column among the
- * maxima, as the reference's strict comparison keeps it). */
+/* One block per row: the arg-max by the host's rule (block_argmax: a NaN
+ * in column 0, else the first column holding the largest value, NaNs
+ * aside). */
 static __global__ void k_count_correct(const float *logits, const int32_t *labels, int classes,
 				       int *correct)
 {
-	const float *z = logits + (size_t)blockIdx.x * classes;
-	float best = -INFINITY;
-	int at = classes; /* this thread's first maximum */
-	for (int c = threadIdx.x; c < classes; c += blockDim.x)
-		if (at == classes || z[c] > best) {
-			best = z[c];
-			at = c;
-		}
-	/* the block's largest value, then the smallest column holding it
-	 * (columns are exact in float: the max of their negatives) */
-	float m = block_reduce<float, max_op<float> >(best);
-	int mine = at < classes && best == m ? at : classes;
-	int first = (int)-block_reduce<float, max_op<float> >(-(float)mine);
+	int first = block_argmax(logits + (size_t)blockIdx.x * classes, classes);
 	if (threadIdx.x == 0 && first < classes && first == labels[blockIdx.x])
 		atomicAdd(correct, 1);
 }

@@ -1,7 +1,7 @@
 /* cuops_layers: the CUDA table's entries for the layers' own passes
  * (backend.h's xent_pos_fwd .. batchnorm_bwd), over the kernels of
  * cuops_layers.cu. The two that report a bad label to the host wait for
- * the stream; the rest only queue work. */
+ * the stream (cuops.h's slot); the rest only queue work. */
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -11,61 +11,83 @@
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_layers.h"
 
-/* Scratch for a pass over positions: the bad-label slot (all ones: none),
- * then `each` bytes a position. NULL when the sizes overflow. */
-static unsigned long long *pos_scratch(hpu__cuops_ctx *c, int rows, size_t positions,
-				       size_t each)
+/* The scratch a pass over positions needs after its slot (the bad
+ * position): `each` bytes a position. Nonzero when the sizes overflow. */
+static int pos_extra(int rows, size_t positions, size_t each, size_t *extra)
 {
 	size_t at = (size_t)rows * positions;
 	if (rows < 0 || (positions && at / positions != (size_t)rows) ||
 	    at > (SIZE_MAX - 64) / each)
-		return NULL;
-	return hpu__cuops_scratch(c, sizeof(unsigned long long) + at * each);
+		return -1;
+	*extra = at * each;
+	return 0;
 }
 
-/* After the kernels: the bad position back on the host (waits), and its
+/* The bad position read back from the slot (all ones: none), and its
  * label. */
-static int read_bad(const unsigned long long *dbad, const int32_t *labels, long *bad,
-		    int32_t *bad_label, cudaStream_t st, const char *what)
+static int bad_label_of(unsigned long long b, const int32_t *labels, long *bad,
+			int32_t *bad_label, const char *what)
 {
-	unsigned long long b = ULLONG_MAX;
-	if (hpu__cuops_cuda(cudaMemcpyAsync(&b, dbad, sizeof b, cudaMemcpyDeviceToHost, st),
-			    what) ||
-	    hpu__cuops_cuda(cudaStreamSynchronize(st), what))
-		return HPU_BE_UNSUPPORTED;
-	*bad = -1;
-	if (b == ULLONG_MAX)
+	*bad = b == ULLONG_MAX ? -1 : (long)b;
+	if (*bad < 0)
 		return HPU_BE_OK;
-	*bad = (long)b;
-	if (hpu__cuops_cuda(cudaMemcpy(bad_label, labels + b, sizeof *bad_label,
-				       cudaMemcpyDeviceToHost),
-			    what))
+	return hpu__cuops_fetch(bad_label, labels + b, sizeof *bad_label, what);
+}
+
+/* A pass over positions that reports the first label outside
+ * [0, classes) and not -100: its arguments (the outputs of cross-entropy,
+ * lse and loss, or of accuracy, acc) and its kernels' launcher, given
+ * `each` bytes of scratch a position and the bad-position slot. */
+typedef struct pos_pass {
+	const float *logits;
+	const int32_t *labels;
+	float *lse, *loss, *acc;
+	int rows, classes;
+	size_t positions, each;
+	cudaError_t (*launch)(const struct pos_pass *p, void *scratch, unsigned long long *bad,
+			      cudaStream_t st);
+	const char *what;
+} pos_pass;
+
+/* The frame of both: the checks, the slot and scratch, the launch, the
+ * bad position and its label back on the host (waits). */
+static int pos_run(const pos_pass *p, long *bad, int32_t *bad_label)
+{
+	hpu__cuops_slot s;
+	unsigned long long b = ULLONG_MAX;
+	size_t extra;
+	*bad = -1;
+	if (p->rows <= 0 || p->positions == 0)
+		return HPU_BE_OK;
+	if (p->classes <= 0 || pos_extra(p->rows, p->positions, p->each, &extra) ||
+	    hpu__cuops_slot_begin(&s, sizeof b, 0xff, extra, p->what) ||
+	    hpu__cuops_slot_end(&s, p->launch(p, s.more, s.d, s.st), &b, p->what))
 		return HPU_BE_UNSUPPORTED;
-	return HPU_BE_OK;
+	return bad_label_of(b, p->labels, bad, bad_label, p->what);
+}
+
+static cudaError_t xent_launch(const pos_pass *p, void *term, unsigned long long *bad,
+			       cudaStream_t st)
+{
+	return hpu__cuk_xent_pos_fwd(p->logits, p->labels, p->lse, p->loss, p->rows, p->positions,
+				     p->classes, term, bad, st);
 }
 
 int hpu__cuops_xent_pos_fwd(const float *logits, const int32_t *labels, float *lse, float *loss,
 			    int rows, size_t positions, int classes, long *bad,
 			    int32_t *bad_label)
 {
-	*bad = -1;
-	if (rows <= 0 || positions == 0)
-		return HPU_BE_OK;
-	if (classes <= 0)
-		return HPU_BE_UNSUPPORTED;
-	hpu__cuops_ctx *c = hpu__cuops_enter();
-	if (!c)
-		return HPU_BE_UNSUPPORTED;
-	cudaStream_t st = hpu__cuops_stream();
-	int rc = HPU_BE_UNSUPPORTED;
-	unsigned long long *s = pos_scratch(c, rows, positions, sizeof(double));
-	if (s && !hpu__cuops_cuda(cudaMemsetAsync(s, 0xff, sizeof *s, st), "cross-entropy") &&
-	    !hpu__cuops_cuda(hpu__cuk_xent_pos_fwd(logits, labels, lse, loss, rows, positions,
-						   classes, (double *)(s + 1), s, st),
-			     "cross-entropy"))
-		rc = read_bad(s, labels, bad, bad_label, st, "cross-entropy's label check");
-	hpu__cuops_leave(c);
-	return rc;
+	pos_pass p = {.logits = logits,
+		      .labels = labels,
+		      .lse = lse,
+		      .loss = loss,
+		      .rows = rows,
+		      .classes = classes,
+		      .positions = positions,
+		      .each = sizeof(double),
+		      .launch = xent_launch,
+		      .what = "cross-entropy"};
+	return pos_run(&p, bad, bad_label);
 }
 
 int hpu__cuops_xent_pos_bwd(const float *logits, const int32_t *labels, const float *lse,
@@ -81,27 +103,26 @@ int hpu__cuops_xent_pos_bwd(const float *logits, const int32_t *labels, const fl
 					st));
 }
 
+static cudaError_t accuracy_launch(const pos_pass *p, void *hit, unsigned long long *bad,
+				   cudaStream_t st)
+{
+	return hpu__cuk_accuracy_pos(p->logits, p->labels, p->acc, p->rows, p->positions,
+				     p->classes, hit, bad, st);
+}
+
 int hpu__cuops_accuracy_pos(const float *logits, const int32_t *labels, float *acc, int rows,
 			    size_t positions, int classes, long *bad, int32_t *bad_label)
 {
-	*bad = -1;
-	if (rows <= 0 || positions == 0)
-		return HPU_BE_OK;
-	if (classes <= 0)
-		return HPU_BE_UNSUPPORTED;
-	hpu__cuops_ctx *c = hpu__cuops_enter();
-	if (!c)
-		return HPU_BE_UNSUPPORTED;
-	cudaStream_t st = hpu__cuops_stream();
-	int rc = HPU_BE_UNSUPPORTED;
-	unsigned long long *s = pos_scratch(c, rows, positions, sizeof(int));
-	if (s && !hpu__cuops_cuda(cudaMemsetAsync(s, 0xff, sizeof *s, st), "accuracy") &&
-	    !hpu__cuops_cuda(hpu__cuk_accuracy_pos(logits, labels, acc, rows, positions, classes,
-						   (int *)(s + 1), s, st),
-			     "accuracy"))
-		rc = read_bad(s, labels, bad, bad_label, st, "accuracy's label check");
-	hpu__cuops_leave(c);
-	return rc;
+	pos_pass p = {.logits = logits,
+		      .labels = labels,
+		      .acc = acc,
+		      .rows = rows,
+		      .classes = classes,
+		      .positions = positions,
+		      .each = sizeof(int),
+		      .launch = accuracy_launch,
+		      .what = "accuracy"};
+	return pos_run(&p, bad, bad_label);
 }
 
 int hpu__cuops_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,

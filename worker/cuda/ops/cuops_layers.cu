@@ -25,16 +25,6 @@ static unsigned blocks_for(size_t n, unsigned threads)
 
 #define row_threads hpu__cu_row_threads
 
-/* The first index holding the block's largest value among this thread's
- * (best, at): at == n for none. */
-__device__ static int first_argmax(float best, int at, int n)
-{
-	float m = block_reduce<float, max_op<float> >(at < n ? best : -INFINITY);
-	int mine = at < n && best == m ? at : n;
-	/* indices below 2^24 are exact in float: the max of their negatives */
-	return (int)-block_reduce<float, max_op<float> >(-(float)mine);
-}
-
 /* A bad label at position `at`: the smallest such position wins. */
 __device__ static void note_bad(unsigned long long *bad, size_t at)
 {
@@ -156,8 +146,8 @@ extern "C" cudaError_t hpu__cuk_xent_pos_bwd(const float *logits, const int32_t 
 	return cudaGetLastError();
 }
 
-/* One block per position: hit[at] 1 when its first arg-max is the label,
- * 0 when not or ignored. */
+/* One block per position: hit[at] 1 when its arg-max (the host's rule,
+ * block_argmax) is the label, 0 when not or ignored. */
 static __global__ void k_accuracy_pos(const float *logits, const int32_t *labels, int *hit,
 				      int classes, unsigned long long *bad)
 {
@@ -171,15 +161,7 @@ static __global__ void k_accuracy_pos(const float *logits, const int32_t *labels
 		}
 		return;
 	}
-	const float *x = logits + at * (size_t)classes;
-	float best = -INFINITY;
-	int where = classes;
-	for (int j = threadIdx.x; j < classes; j += blockDim.x)
-		if (where == classes || x[j] > best) {
-			best = x[j];
-			where = j;
-		}
-	int first = first_argmax(best, where, classes);
+	int first = block_argmax(logits + at * (size_t)classes, classes);
 	if (threadIdx.x == 0)
 		hit[at] = first == y;
 }

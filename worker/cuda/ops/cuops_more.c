@@ -201,43 +201,20 @@ int hpu__cuops_conv_rect_bwd(const hpu_conv2d_rect_shape *s, const float *x, con
 
 /* ---- losses and the id check ---- */
 
-/* The first bad index (device scratch set to ~0, lowered by `call`),
- * back on the host: -1 where none. Waits for the stream. */
+/* The first bad index (a slot set to ~0 that the kernel lowers), back on
+ * the host: -1 where none. Waits for the stream. */
 #define FIRST_BAD(what, out, call)                                                     \
 	do {                                                                           \
-		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
-		if (!c_)                                                               \
+		hpu__cuops_slot s_;                                                    \
+		unsigned long long h_ = 0;                                             \
+		if (hpu__cuops_slot_begin(&s_, sizeof h_, 0xff, 0, what))              \
 			return HPU_BE_UNSUPPORTED;                                     \
-		cudaStream_t st = hpu__cuops_stream();                                 \
-		unsigned long long *d = hpu__cuops_scratch(c_, sizeof *d), h_ = 0;     \
-		int rc_ = HPU_BE_UNSUPPORTED;                                          \
-		if (d && !hpu__cuops_cuda(cudaMemsetAsync(d, 0xff, sizeof *d, st), what) && \
-		    !hpu__cuops_cuda((call), what) &&                                  \
-		    !hpu__cuops_cuda(cudaMemcpyAsync(&h_, d, sizeof h_,                \
-						     cudaMemcpyDeviceToHost, st),      \
-				     what) &&                                          \
-		    !hpu__cuops_cuda(cudaStreamSynchronize(st), what)) {               \
-			*(out) = h_ == ~0ull ? -1 : (long)h_;                          \
-			rc_ = HPU_BE_OK;                                               \
-		}                                                                      \
-		hpu__cuops_leave(c_);                                                  \
-		if (rc_ != HPU_BE_OK)                                                  \
-			return rc_;                                                    \
+		unsigned long long *d = s_.d;                                          \
+		cudaStream_t st = s_.st;                                               \
+		if (hpu__cuops_slot_end(&s_, (call), &h_, what))                       \
+			return HPU_BE_UNSUPPORTED;                                     \
+		*(out) = h_ == ~0ull ? -1 : (long)h_;                                  \
 	} while (0)
-
-/* The value at device address p, on the host (waits). */
-static int fetch(void *out, const void *p, size_t bytes, const char *what)
-{
-	hpu__cuops_ctx *c = hpu__cuops_enter();
-	if (!c)
-		return HPU_BE_UNSUPPORTED;
-	cudaStream_t st = hpu__cuops_stream();
-	int bad = hpu__cuops_cuda(cudaMemcpyAsync(out, p, bytes, cudaMemcpyDeviceToHost, st),
-				  what) ||
-		  hpu__cuops_cuda(cudaStreamSynchronize(st), what);
-	hpu__cuops_leave(c);
-	return bad ? HPU_BE_UNSUPPORTED : HPU_BE_OK;
-}
 
 int hpu__cuops_mse_fwd(const float *p, const float *t, float *loss, int rows, size_t n)
 {
@@ -260,7 +237,8 @@ int hpu__cuops_bce_fwd(int logits, const float *x, const float *t, float *loss, 
 			  hpu__cukm_loss_fwd(1, x, t, loss, rows, n, NULL, st));
 	FIRST_BAD("binary cross-entropy", bad, hpu__cukm_loss_fwd(2, x, t, loss, rows, n, d, st));
 	if (*bad >= 0)
-		return fetch(bad_value, x + *bad, sizeof *bad_value, "binary cross-entropy");
+		return hpu__cuops_fetch(bad_value, x + *bad, sizeof *bad_value,
+					"binary cross-entropy");
 	return HPU_BE_OK;
 }
 
@@ -276,7 +254,7 @@ int hpu__cuops_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *
 {
 	FIRST_BAD("id check", bad, hpu__cukm_ids_first_bad(ids, n, limit, d, st));
 	if (*bad >= 0)
-		return fetch(bad_value, ids + *bad, sizeof *bad_value, "id check");
+		return hpu__cuops_fetch(bad_value, ids + *bad, sizeof *bad_value, "id check");
 	return HPU_BE_OK;
 }
 

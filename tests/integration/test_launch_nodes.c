@@ -1,0 +1,410 @@
+/* Integration tests of jobs over two nodes (two hpulaunch processes on
+ * loopback): training together, a node or a remote worker killed, a
+ * wrong job token, counts and options that differ, the launch
+ * environment across a restart; and torchrun's spellings (--standalone,
+ * --nnodes, --rdzv-endpoint). Every wait is bounded. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+
+#define LAUNCH h_build("bin/hpulaunch")
+#define MODEL h_build("lib/fmnist_mlp.so")
+
+/* A worker with the wrong job token is refused by the coordinator; a rank
+ * that never joins ends the job with an error naming it. */
+static void test_wrong_token_and_missing_rank(void **state)
+{
+	(void)state;
+	char port[16], master_port[32];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	snprintf(master_port, sizeof master_port, "MASTER_PORT=%s", port);
+	char *env0[] = {"HPU_JOB_TOKEN=the-right-secret", NULL};
+	char *argv0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+			 "--master-port", port, "--join-timeout", "4", (char *)MODEL,
+			 "--", "--hidden", "64", NULL};
+	proc coord;
+	assert_int_equal(h_start(&coord, argv0, env0), 0);
+	usleep(300000);
+	char *envw[] = {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "NODE_RANK=1",
+			"MASTER_ADDR=127.0.0.1", master_port, "HPU_JOB_ID=hpujob",
+			"HPU_JOB_TOKEN=a-wrong-guess", NULL};
+	char *argvw[] = {(char *)h_build("bin/hpu-worker"), (char *)MODEL, "--", "--hidden", "64", NULL};
+	proc w;
+	int wcode = h_run(&w, argvw, envw, 30000);
+	printf("impostor: %s", w.out);
+	assert_int_equal(wcode, 1);
+	assert_non_null(strstr(w.out, "refused rank 1: bad job token"));
+	h_free(&w);
+
+	int exited = h_wait(&coord, 30000);
+	if (exited)
+		h_kill(&coord);
+	printf("launcher: %s", coord.out);
+	assert_int_equal(exited, 0);
+	assert_int_equal(h_code(&coord), 1);
+	assert_non_null(strstr(coord.out, "refused a join from rank 1"));
+	assert_non_null(strstr(coord.out, "rank 1 did not join within 4 s"));
+	assert_non_null(strstr(coord.out, "no hpulaunch connected for node 1"));
+	h_free(&coord);
+}
+
+/* Two nodes (two hpulaunch processes) on loopback; node 1's hpulaunch is
+ * killed (SIGKILL: its workers die with it) mid-run. Rank 0 finds rank 1's
+ * connection gone, and node 0's error names rank 1 on node 1 as the
+ * cause, from that report (not the node's silence, nor rank 0's exit). */
+static void test_node_killed_blamed(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc n0, n1;
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--max-steps", "100000", "--log-every", "1",
+		      "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--max-steps", "100000", "--log-every", "1",
+		      "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	assert_int_equal(h_wait_for(&n0, "step 3/", 120000), 0);
+	kill(n1.pid, SIGKILL);
+	int e0 = h_wait(&n0, 60000);
+	h_wait(&n1, 10000);
+	const char *err = n0.out ? strstr(n0.out, "hpulaunch: error: ") : NULL;
+	printf("node 0: exit %d: %.300s\n", e0 ? -1 : h_code(&n0), err ? err : "(no error)");
+	if (e0)
+		h_kill(&n0);
+	assert_int_equal(e0, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_non_null(err);
+	if (strncmp(err, "hpulaunch: error: rank 1 (node 1, pid ", 38) ||
+	    !strstr(err, ") died; rank 0 found it gone"))
+		fail_msg("node 0's error does not blame rank 1 on node 1:\n%s", n0.out);
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* Two nodes (two hpulaunch processes) on loopback train together. */
+static void test_two_nodes(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc n0, n1;
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--max-steps", "5", "--log-every", "1",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--max-steps", "5", "--log-every", "1",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 0);
+	assert_int_equal(h_code(&n1), 0);
+	assert_non_null(strstr(n0.out, "[rank 0] trained 5 steps on 2 workers"));
+	assert_non_null(strstr(n0.out, "[rank 0] test accuracy"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* A worker killed on node 1 fails the job on node 0 too, naming it. */
+static void test_two_nodes_remote_failure(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc n0, n1;
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--epochs", "20", "--log-every", "2",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--epochs", "20", "--log-every", "2",
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	int seen = h_wait_for(&n0, "step 4/", 60000);
+	pid_t k1[4], k0[4];
+	int c1 = h_children(n1.pid, k1, 4), c0 = h_children(n0.pid, k0, 4);
+	if (seen || c1 != 1) {
+		h_kill_groups(k0, c0);
+		h_kill_groups(k1, c1);
+		h_kill(&n0);
+		h_kill(&n1);
+		fail_msg("training did not start: %s", n0.out);
+	}
+	kill(k1[0], SIGKILL);
+	int e0 = h_wait(&n0, 15000), e1 = h_wait(&n1, 15000);
+	int alive = h_alive(k0[0]) || h_alive(k1[0]);
+	h_kill_groups(k0, c0);
+	h_kill_groups(k1, c1);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	char want[96];
+	snprintf(want, sizeof want, "rank 1 (node 1, pid %d) was killed by signal 9", (int)k1[0]);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, want));
+	assert_non_null(strstr(n1.out, want));
+	assert_false(alive);
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* torchrun style, every node runs the same --devices: node 1's hpulaunch
+ * with another count is refused by node 0's coordinator, which names why,
+ * and both fail. */
+static void test_two_nodes_devices_differ(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "5", "--exec", "sleep", "60", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "5", "--exec", "sleep", "60", NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, env, 60000, &n1, a1, env, 60000);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, "refused agent of node 1: its --nodes/--devices differ from node 0's"));
+	assert_non_null(strstr(n1.out, "its --nodes/--devices differ from node 0's"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* Two nodes whose copies of the --config file differ (lr 0.001 and 0.5,
+ * and the batch size) would train together to a useless model: the ranks
+ * compare their options at start-up, and every rank fails naming the
+ * ranks and the options that differ, with both values. */
+static void test_two_nodes_options_differ(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/hpu-test-optsdiff-XXXXXX", c0[64], c1[64], port[16];
+	assert_non_null(mkdtemp(dir));
+	snprintf(c0, sizeof c0, "%s/c0.json", dir);
+	snprintf(c1, sizeof c1, "%s/c1.json", dir);
+	assert_int_equal(h_write_file(c0, "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}}", 0644), 0);
+	assert_int_equal(h_write_file(c1, "{\"train_batch_size\": 128, \"optimizer\": "
+					  "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.5}}}", 0644), 0);
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	/* the metrics file is rank 0's alone: it may differ */
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--max-steps", "3", "--config", c0,
+		      "--metrics", "/dev/null", (char *)MODEL, "--", "--hidden", "64", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--max-steps", "3", "--config", c1,
+		      (char *)MODEL, "--", "--hidden", "64", NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, env, 120000, &n1, a1, env, 30000);
+	unlink(c0);
+	unlink(c1);
+	rmdir(dir);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	const char *want = "the ranks' training options differ: rank 1 differs from rank 0 in "
+			   "--batch-size (128 vs 256), --micro-batch-size (64 vs 128), --lr (0.5 vs 0.001)";
+	assert_non_null(strstr(n0.out, want));
+	assert_non_null(strstr(n1.out, want));
+	assert_null(strstr(n0.out, "trained"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* The launch environment in torchrun's and DeepSpeed's names, on two
+ * nodes of two workers each (two hpulaunch, loopback), before and after a
+ * restart: each rank writes what it sees to DIR/rRANK.COUNT; on the first
+ * attempt rank 3 exits 3 once every rank has written, and the job runs
+ * again. Node 0 runs without OMP_NUM_THREADS (its workers get 1), node 1
+ * with OMP_NUM_THREADS=4 (kept). */
+static void test_torchrun_env_two_nodes(void **state)
+{
+	(void)state;
+	char dir[64], port[16], script[2048];
+	h_scratch_dir(dir, sizeof dir);
+	snprintf(port, sizeof port, "%d", h_free_port());
+	snprintf(script, sizeof script,
+		 "echo \"rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+		 "node=$NODE_RANK group=$GROUP_RANK role_rank=$ROLE_RANK role_ws=$ROLE_WORLD_SIZE "
+		 "count=$TORCHELASTIC_RESTART_COUNT max=$TORCHELASTIC_MAX_RESTARTS "
+		 "run=$TORCHELASTIC_RUN_ID cross_rank=$CROSS_RANK cross_size=$CROSS_SIZE "
+		 "local_size=$LOCAL_SIZE omp=${OMP_NUM_THREADS-unset}\" > %s/.r$RANK && "
+		 "mv %s/.r$RANK %s/r$RANK.$HPU_RESTART_COUNT; "
+		 "if [ \"$HPU_RESTART_COUNT\" = 0 ]; then "
+		 "  if [ \"$RANK\" = 3 ]; then "
+		 "    while [ ! -e %s/r0.0 ] || [ ! -e %s/r1.0 ] || [ ! -e %s/r2.0 ]; do sleep 0.05; done; "
+		 "    exit 3; "
+		 "  fi; exec sleep 300; "
+		 "fi",
+		 dir, dir, dir, dir, dir, dir);
+	unsetenv("OMP_NUM_THREADS"); /* node 0's workers must see it unset */
+	char *env0[] = {"HPU_JOB_TOKEN=env-secret", NULL};
+	char *env1[] = {"HPU_JOB_TOKEN=env-secret", "OMP_NUM_THREADS=4", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "0",
+		      "--master-port", port, "--job-id", "envjob", "--max-restarts", "1",
+		      "--exec", "/bin/sh", "-c", script, NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "2", "--node-rank", "1",
+		      "--master-port", port, "--job-id", "envjob", "--max-restarts", "1",
+		      "--exec", "/bin/sh", "-c", script, NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, env0, 120000, &n1, a1, env1, 30000);
+	assert_int_equal(h_code(&n0), 0);
+	assert_int_equal(h_code(&n1), 0);
+	assert_non_null(strstr(n1.out, "restarting (restart 1 of 1)"));
+	for (int count = 0; count < 2; count++)
+		for (int r = 0; r < 4; r++) {
+			char name[16], want[400];
+			int node = r / 2;
+			snprintf(name, sizeof name, "r%d.%d", r, count);
+			snprintf(want, sizeof want,
+				 "rank=%d local=%d world=4 lws=2 node=%d group=%d role_rank=%d role_ws=4 "
+				 "count=%d max=1 run=envjob cross_rank=%d cross_size=2 local_size=2 omp=%s\n",
+				 r, r % 2, node, node, r, count, node, node ? "4" : "1");
+			if (!h_file_has(dir, name, want))
+				fail_msg("%s/%s does not hold: %s", dir, name, want);
+		}
+	assert_false(h_file_exists(dir, "r0.2"));
+	h_free(&n0);
+	h_free(&n1);
+	assert_int_equal(h_rmtree(dir), 0);
+}
+
+/* ---- torchrun's spellings ---- */
+
+/* --standalone --nproc-per-node 2 trains the model; the coordinator is on
+ * loopback at a port of its own, whatever MASTER_ADDR, MASTER_PORT and
+ * NODE_RANK say. */
+static void test_torchrun_standalone_trains(void **state)
+{
+	(void)state;
+	char *env[] = {"MASTER_ADDR=10.255.255.1", "MASTER_PORT=1", "NODE_RANK=3", NULL};
+	char *argv[] = {(char *)LAUNCH, "--standalone", "--nproc-per-node", "2", "--max-steps",
+			"3", "--log-every", "1", "--no-eval", (char *)MODEL, "--", "--hidden", "32",
+			NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "node 0 of 1, ranks 0-1 of 2, coordinator 127.0.0.1:"));
+	assert_null(strstr(p.out, "coordinator 127.0.0.1:1\n"));
+	assert_non_null(strstr(p.out, "[rank 0] trained 3 steps on 2 workers"));
+	h_free(&p);
+}
+
+/* What the workers of --standalone --nproc_per_node see, and
+ * --nproc-per-node auto and cpu: one worker per core. */
+static void test_torchrun_standalone_env(void **state)
+{
+	(void)state;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	char *env[] = {"MASTER_ADDR=10.255.255.1", "MASTER_PORT=1", NULL};
+	const char *echo = "echo \"rank=$RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+			   "nodes=$NNODES master=$MASTER_ADDR port=$MASTER_PORT\"";
+	static const char *counts[] = {"2", "auto", "cpu"};
+	for (int i = 0; i < 3; i++) {
+		char *argv[] = {(char *)LAUNCH, "-q", "--standalone", "--nproc_per_node",
+				(char *)counts[i], "--exec", "/bin/sh", "-c", (char *)echo, NULL};
+		proc p;
+		int code = h_run(&p, argv, env, 60000);
+		printf("--nproc_per_node %s: exit %d\n%s", counts[i], code, p.out);
+		assert_int_equal(code, 0);
+		long n = i == 0 ? 2 : cores;
+		for (long r = 0; r < n; r++) {
+			char want[256];
+			snprintf(want, sizeof want, "[rank %ld] rank=%ld world=%ld lws=%ld nodes=1 master=127.0.0.1 port=",
+				 r, r, n, n);
+			const char *at = strstr(p.out, want);
+			assert_non_null(at);
+			int port = atoi(at + strlen(want));
+			assert_true(port > 1 && port <= 65535);
+		}
+		char extra[32];
+		snprintf(extra, sizeof extra, "[rank %ld]", n);
+		assert_null(strstr(p.out, extra));
+		h_free(&p);
+	}
+}
+
+/* Two nodes torchrun style in torchrun's words: node 0 with
+ * --rdzv-endpoint, --nnodes N:N, --node_rank and --rdzv-id; node 1 with
+ * --master_addr, --master_port, --rdzv_id, --max_restarts. They meet and
+ * run the collectives; the workers see the job id as TORCHELASTIC_RUN_ID
+ * and HPU_JOB_ID. */
+static void test_torchrun_two_nodes_aliases(void **state)
+{
+	(void)state;
+	char port[16], endpoint[32], script[512];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	snprintf(endpoint, sizeof endpoint, "127.0.0.1:%s", port);
+	snprintf(script, sizeof script,
+		 "echo \"run=$TORCHELASTIC_RUN_ID job=$HPU_JOB_ID node=$NODE_RANK port=$MASTER_PORT "
+		 "max=$TORCHELASTIC_MAX_RESTARTS\"; exec %s",
+		 h_build("bin/coll_env_check"));
+	char *env[] = {"HPU_JOB_TOKEN=alias-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nnodes", "2:2", "--nproc-per-node", "1", "--node_rank",
+		      "0", "--rdzv-endpoint", endpoint, "--rdzv-id", "torchjob", "--max_restarts",
+		      "1", "--exec", "/bin/sh", "-c", script, NULL};
+	char *a1[] = {(char *)LAUNCH, "--nnodes", "2", "--nproc_per_node", "1", "--node-rank",
+		      "1", "--master_addr", "127.0.0.1", "--master_port", port, "--rdzv_id",
+		      "torchjob", "--max_restarts", "1", "--exec", "/bin/sh", "-c", script, NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, env, 120000, &n1, a1, env, 30000);
+	assert_int_equal(h_code(&n0), 0);
+	assert_int_equal(h_code(&n1), 0);
+	char want[128];
+	snprintf(want, sizeof want, "[rank 0] run=torchjob job=torchjob node=0 port=%s max=1", port);
+	assert_non_null(strstr(n0.out, want));
+	snprintf(want, sizeof want, "[rank 1] run=torchjob job=torchjob node=1 port=%s max=1", port);
+	assert_non_null(strstr(n1.out, want));
+	assert_non_null(strstr(n0.out, "[rank 0] coll ok: rank 0 of 2"));
+	assert_non_null(strstr(n1.out, "[rank 1] coll ok: rank 1 of 2"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_wrong_token_and_missing_rank),
+		cmocka_unit_test(test_two_nodes),
+		cmocka_unit_test(test_node_killed_blamed),
+		cmocka_unit_test(test_two_nodes_remote_failure),
+		cmocka_unit_test(test_two_nodes_devices_differ),
+		cmocka_unit_test(test_two_nodes_options_differ),
+		cmocka_unit_test(test_torchrun_env_two_nodes),
+		cmocka_unit_test(test_torchrun_standalone_trains),
+		cmocka_unit_test(test_torchrun_standalone_env),
+		cmocka_unit_test(test_torchrun_two_nodes_aliases),
+	};
+	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
+	if (getenv("HPU_TEST") != NULL)
+		cmocka_set_test_filter(getenv("HPU_TEST"));
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
