@@ -27,6 +27,34 @@
 #include "common/simd.h"
 #include "worker/strategy/strategy_impl.h"
 
+/* The tensors training's forward may free after their last reader: those
+ * no backward reads (hpu_layer_backward_reads; a layer that said nothing
+ * reads all of its inputs and outputs), made by a layer training runs,
+ * neither a loss nor a metric (read after forward), nor an input of a
+ * layer activation checkpointing may run again (recompute() reads it),
+ * nor dropped by checkpointing already. Under bf16-mixed they are neither
+ * compressed nor expanded; under fp32 they are not kept either. */
+static void plan_reads(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	for (int t = 0; t < b->ntensors; t++) {
+		const hpu_tinfo *ti = &b->tensors[t];
+		int p = ti->producer;
+		s->unread[t] = (char)(p >= 0 && b->layers[p]->for_loss && !ti->loss && !ti->metric &&
+				      !s->transient[t]);
+	}
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		int redo = s->saved_transient[i] || s->seg_start[i] != i; /* may run again */
+		for (int k = 0; k < l->nin; k++)
+			if (redo || (l->backward && hpu__act_reads_in(l, k)))
+				s->unread[l->in[k]] = 0;
+		for (int k = 0; k < l->nout && l->backward; k++)
+			if (hpu__act_reads_out(l, k))
+				s->unread[l->out[k]] = 0;
+	}
+}
+
 /* Activation checkpointing. In a run of consecutive marked layers, a
  * tensor whose readers all come after its producer within the same
  * segment of the run need not be kept: backward recomputes the segment
@@ -69,6 +97,7 @@ void hpu__act_plan(hpu_strat *s)
 		}
 		a = z + 1;
 	}
+	plan_reads(s);
 }
 
 static int owned(const hpu_strat *s, int t)
