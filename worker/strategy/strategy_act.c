@@ -5,7 +5,9 @@
  *
  * Tensor t is t_data[t]: a dataset field points into the batch, a layer's
  * output is device memory of the strategy (maxbatch rows), allocated on
- * first use and kept across steps unless checkpointing drops it. Under
+ * first use and kept across steps unless checkpointing drops it, or no
+ * backward reads it (s->unread, hpu_layer_backward_reads: freed after its
+ * last reader's forward, neither kept nor compressed; issue 38). Under
  * bf16-mixed and fp8 (s->act16) an f32 output kept for backward is stored
  * in bf16 when every value of it is a bf16 value (the lowered ops round
  * their outputs; ReLU and pooling keep them so): a16[t] at half the bytes,
@@ -27,7 +29,8 @@
 #include "common/simd.h"
 #include "worker/strategy/strategy_impl.h"
 
-/* The tensors training's forward may free after their last reader: those
+/* The tensors a forward (training's or evaluation's) frees after their
+ * last reader: those
  * no backward reads (hpu_layer_backward_reads; a layer that said nothing
  * reads all of its inputs and outputs), made by a layer training runs,
  * neither a loss nor a metric (read after forward), nor an input of a

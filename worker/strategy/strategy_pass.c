@@ -167,24 +167,23 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	return release(s, i);
 }
 
-/* After layer i's first forward: inputs it read last go (checkpointing;
- * in training, those no backward reads) or into bf16; so do its outputs
- * no one reads in training, and its saved memory when checkpointing drops
- * it. */
+/* After layer i's first forward: inputs it read last go (checkpointing,
+ * and those no backward reads) or, in training, into bf16; so do its
+ * outputs no one reads in this pass that no backward reads, and its saved
+ * memory when checkpointing drops it. */
 static int after_forward(hpu_strat *s, int i, const int *last, int want)
 {
 	hpu_layer *l = s->b->layers[i];
-	int train = s->ctx.train;
 	for (int k = 0; k < l->nin; k++) {
 		int t = l->in[k];
 		if (last[t] != i || t == want)
 			continue;
-		if (s->transient[t] || (train && s->unread[t]))
+		if (s->transient[t] || s->unread[t])
 			hpu__act_drop(s, t);
-		else if (train && hpu__act_compress(s, t, s->ctx.batch) < 0)
+		else if (s->ctx.train && hpu__act_compress(s, t, s->ctx.batch) < 0)
 			return -1;
 	}
-	for (int k = 0; train && k < l->nout; k++)
+	for (int k = 0; k < l->nout; k++)
 		if (last[l->out[k]] < 0 && s->unread[l->out[k]])
 			hpu__act_drop(s, l->out[k]);
 	if (s->saved_transient[i])
