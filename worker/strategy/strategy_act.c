@@ -43,18 +43,24 @@ static void plan_reads(hpu_strat *s)
 	for (int t = 0; t < b->ntensors; t++) {
 		const hpu_tinfo *ti = &b->tensors[t];
 		int p = ti->producer;
-		s->unread[t] = (char)(p >= 0 && b->layers[p]->for_loss && !ti->loss && !ti->metric &&
-				      !s->transient[t]);
+		s->nobwd[t] = (char)(p >= 0 && b->layers[p]->for_loss && !ti->loss && !ti->metric);
 	}
 	for (int i = 0; i < s->nlayers; i++) {
 		const hpu_layer *l = b->layers[i];
-		int redo = s->saved_transient[i] || s->seg_start[i] != i; /* may run again */
 		for (int k = 0; k < l->nin; k++)
-			if (redo || (l->backward && hpu__act_reads_in(l, k)))
-				s->unread[l->in[k]] = 0;
+			if (l->backward && hpu__act_reads_in(l, k))
+				s->nobwd[l->in[k]] = 0;
 		for (int k = 0; k < l->nout && l->backward; k++)
 			if (hpu__act_reads_out(l, k))
-				s->unread[l->out[k]] = 0;
+				s->nobwd[l->out[k]] = 0;
+	}
+	for (int t = 0; t < b->ntensors; t++)
+		s->unread[t] = (char)(s->nobwd[t] && !s->transient[t]);
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		if (s->saved_transient[i] || s->seg_start[i] != i) /* may run again */
+			for (int k = 0; k < l->nin; k++)
+				s->unread[l->in[k]] = 0;
 	}
 }
 

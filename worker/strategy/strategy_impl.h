@@ -121,7 +121,9 @@ struct hpu_strat {
 	uint16_t **a16;       /* act16 (bf16-mixed, fp8): tensors kept in bf16 */
 	float **t_grad;
 	char *transient;      /* per tensor: dropped by activation checkpointing */
-	char *unread;         /* per tensor: no backward reads it (dropped too) */
+	char *unread;         /* per tensor: dropped after forward, no backward
+			       * or recomputation reading it */
+	char *nobwd;          /* per tensor: no backward reads it */
 	void **saved;
 	char *saved_transient; /* per layer: its saved memory goes with them */
 	int *seg_start;       /* per layer: its checkpointing segment's first */

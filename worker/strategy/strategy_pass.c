@@ -317,6 +317,19 @@ double hpu__strat_loss(hpu_strat *s)
 
 /* ---- backward ---- */
 
+/* After layer j's recomputation: the inputs checkpointing dropped that it
+ * read last in forward and no backward reads go again (no layer after it
+ * in the segment reads them; recompute() never needs them back). */
+static void recomputed(hpu_strat *s, int j)
+{
+	hpu_layer *l = s->b->layers[j];
+	for (int k = 0; k < l->nin; k++) {
+		int t = l->in[k];
+		if (s->transient[t] && s->nobwd[t] && s->last_train[t] == j)
+			hpu__act_drop(s, t);
+	}
+}
+
 /* Activation checkpointing: before layer i's backward, recomputes what
  * its segment dropped, from the segment's first layer to i. */
 static int recompute(hpu_strat *s, int i)
@@ -341,6 +354,8 @@ static int recompute(hpu_strat *s, int i)
 			need = s->transient[ls[j]->out[k]] && !hpu__act_kept(s, ls[j]->out[k]);
 		if (need && layer_forward(s, j, i + 1, 1) < 0)
 			return -1;
+		if (need)
+			recomputed(s, j);
 	}
 	return 0;
 }
