@@ -452,6 +452,20 @@ HPU_API int hpu_layer_params_in_ops(hpu_layer *layer);
  * make this promise. Returns HPU_OK. */
 HPU_API int hpu_layer_grads_in_ops(hpu_layer *layer);
 
+/* Says which of `layer`'s forward inputs and outputs its backward reads
+ * the values of: bit k of `inputs` for in[k], bit k of `outputs` for
+ * out[k] (e.g. a ReLU reads only its output: 0, 1u << 0; a linear layer
+ * only its input: 1u << 0, 0). In backward, in[k].data and out[k].data of
+ * a tensor not named are NULL (their shapes are there). When no backward
+ * reads a tensor and no loss, metric or recomputation (activation
+ * checkpointing) needs it, the runtime frees it after its last reader's
+ * forward instead of keeping it for backward. A wrong promise makes
+ * backward read NULL. Without this call backward reads all of them.
+ * Returns HPU_OK, or HPU_EINVAL for a bit past the layer's inputs (or
+ * past HPU_MAX_IO outputs; setup then refuses one past those it
+ * declared). */
+HPU_API int hpu_layer_backward_reads(hpu_layer *layer, unsigned inputs, unsigned outputs);
+
 /* The loss the optimizer minimizes: the mean over samples of the
  * per-sample f32 tensor `tensor` (ndim 0, as loss layers output), times
  * `weight`. Call it again to add auxiliary losses. Returns HPU_OK or an

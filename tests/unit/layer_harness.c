@@ -272,12 +272,15 @@ int lh_backward(lh_harness *h, hpu_layer *l, const hpu_ctx *c, void *const *in,
 	hpu_tensor ti[HPU_MAX_IO], to[HPU_MAX_IO], tdo[HPU_MAX_IO], tdi[HPU_MAX_IO];
 	if (!l->ops.backward)
 		return hpu_layer_error(l, "layer %s has no backward", l->name);
+	/* as the runtime does: NULL for what the layer's backward does not
+	 * read (hpu_layer_backward_reads), so that every gradient check here
+	 * checks its declaration too */
 	for (int k = 0; k < l->nin; k++) {
-		ti[k] = tensor_of(h->b, l->in[k], c->batch, in[k]);
+		ti[k] = tensor_of(h->b, l->in[k], c->batch, l->reads_in >> k & 1u ? in[k] : NULL);
 		tdi[k] = tensor_of(h->b, l->in[k], c->batch, din ? din[k] : NULL);
 	}
 	for (int k = 0; k < l->nout; k++) {
-		to[k] = tensor_of(h->b, l->out[k], c->batch, out[k]);
+		to[k] = tensor_of(h->b, l->out[k], c->batch, l->reads_out >> k & 1u ? out[k] : NULL);
 		tdo[k] = tensor_of(h->b, l->out[k], c->batch, dout[k]);
 	}
 	l->err[0] = 0;

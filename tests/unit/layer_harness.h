@@ -105,7 +105,8 @@ int lh_forward(lh_harness *h, hpu_layer *l, const hpu_ctx *c, void *const *in,
 	       void *const *out);
 
 /* Calls l's backward with c->batch rows: in and out as the forward had
- * them, dout[k] = dL/dout[k] (never NULL), din[k] = where dL/din[k] goes
+ * them (data NULL where the layer's backward does not read them,
+ * hpu_layer_backward_reads, as in the runtime), dout[k] = dL/dout[k] (never NULL), din[k] = where dL/din[k] goes
  * (NULL: not wanted). Parameter gradients accumulate in the harness's
  * gradient memory (lh_zero_grads clears it). Returns backward's return
  * value; -1 with a message in lh_layer_error if l has no backward. */

@@ -613,6 +613,49 @@ static void test_eltwise_refused(void **state)
 	lh_free(&h);
 }
 
+/* ---- what a backward reads ---- */
+
+static int reads_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, hpu_tensor *out)
+{
+	(void)l, (void)c, (void)in, (void)out;
+	return 0;
+}
+
+/* hpu_layer_backward_reads: a custom layer reads everything until it
+ * says otherwise; a bit past its inputs, or past HPU_MAX_IO outputs, is
+ * refused naming it. The library's relu reads its output, linear its
+ * input (lh_backward hands backward NULL for the rest, as the runtime
+ * does: every gradient check in these tests checks the declarations). */
+static void test_backward_reads(void **state)
+{
+	(void)state;
+	hpu_field f = {.name = "x", .dtype = HPU_F32, .ndim = 1, .shape = {4}};
+	lh_harness *h = lt_harness(2, 1, &f);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *fc = hpu_linear(b, "fc", "x", "y", (hpu_linear_opts){.out = 3});
+	hpu_layer *act = hpu_relu(b, "act", "y", "a");
+	assert_non_null(fc);
+	assert_non_null(act);
+	assert_true(fc->reads_in == 1u && fc->reads_out == 0u);
+	assert_true(act->reads_in == 0u && act->reads_out == 1u);
+	static const hpu_layer_ops ops = {.forward = reads_forward};
+	hpu_layer *l = hpu_layer_add(b, "custom", "a", &ops, NULL);
+	assert_non_null(l);
+	assert_true(l->reads_in == ~0u && l->reads_out == ~0u);
+	assert_int_equal(hpu_layer_backward_reads(l, 1u << 1, 0), HPU_EINVAL);
+	printf("  %s\n", lh_error(h));
+	assert_string_equal(lh_error(h),
+			    "layer custom: hpu_layer_backward_reads names input 1; the layer has 1");
+	lh_clear_error(h);
+	assert_int_equal(hpu_layer_backward_reads(l, 0, 1u << HPU_MAX_IO), HPU_EINVAL);
+	assert_non_null(strstr(lh_error(h), "names output 8; a layer has at most 8"));
+	lh_clear_error(h);
+	assert_int_equal(hpu_layer_backward_reads(l, 1u, 0), HPU_OK);
+	assert_true(l->reads_in == 1u && l->reads_out == 0u);
+	assert_int_equal(hpu_layer_backward_reads(NULL, 0, 0), HPU_EINVAL);
+	lh_free(&h);
+}
+
 /* ---- dropout ---- */
 
 enum { DN = 1000, DB = 4 };
@@ -1067,6 +1110,7 @@ int main(void)
 		cmocka_unit_test(test_relu),
 		cmocka_unit_test(test_gelu_tanh_gradients),
 		cmocka_unit_test(test_eltwise_refused),
+		cmocka_unit_test(test_backward_reads),
 		cmocka_unit_test(test_dropout),
 		cmocka_unit_test(test_dropout_gradients),
 		cmocka_unit_test(test_add),

@@ -437,6 +437,7 @@ hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
 				  (int)ops->device);
 	}
 	l->user = user;
+	l->reads_in = l->reads_out = ~0u; /* backward reads everything */
 	if (parse_inputs(b, l, inputs) < 0) {
 		free(l);
 		return NULL;
@@ -687,6 +688,29 @@ int hpu_layer_grads_in_ops(hpu_layer *l)
 	return HPU_OK;
 }
 
+/* The highest bit set in v (v != 0). */
+static int high_bit(unsigned v)
+{
+	int k = 0;
+	while (v >>= 1)
+		k++;
+	return k;
+}
+
+int hpu_layer_backward_reads(hpu_layer *l, unsigned inputs, unsigned outputs)
+{
+	HPU__LAYER_DECL(l, "hpu_layer_backward_reads");
+	if (inputs >> l->nin)
+		return refuse(l->b, HPU_EINVAL, "layer %s: hpu_layer_backward_reads names input %d; "
+			      "the layer has %d", l->name, high_bit(inputs), l->nin);
+	if (outputs >> HPU_MAX_IO)
+		return refuse(l->b, HPU_EINVAL, "layer %s: hpu_layer_backward_reads names output %d; "
+			      "a layer has at most %d", l->name, high_bit(outputs), HPU_MAX_IO);
+	l->reads_in = inputs;
+	l->reads_out = outputs;
+	return HPU_OK;
+}
+
 /* ---- losses, metrics, hooks ---- */
 
 /* The per-sample f32 scalar tensor `tensor` for `what`, or an error. */
@@ -906,6 +930,10 @@ static int plan(hpu_builder *b, char *err, size_t errlen)
 					  l->name, l->npidx ? "parameters" : "inputs that need gradients");
 		if (!l->nout)
 			return setup_fail(b, err, errlen, "layer %s declared no output", l->name);
+		if (l->reads_out != ~0u && l->reads_out >> l->nout)
+			return setup_fail(b, err, errlen, "layer %s: hpu_layer_backward_reads names "
+					  "output %d; the layer declared %d", l->name,
+					  high_bit(l->reads_out), l->nout);
 	}
 	for (int i = 0; i < b->nlayers; i++) {
 		hpu_layer *l = b->layers[i];

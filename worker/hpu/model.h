@@ -66,6 +66,9 @@ struct hpu_layer {
 	int ckpt;             /* marked for activation checkpointing */
 	int params_in_ops;    /* hpu_layer_params_in_ops() */
 	int grads_in_ops;     /* hpu_layer_grads_in_ops() */
+	unsigned reads_in, reads_out; /* what its backward reads, bit k for
+				       * in[k] / out[k] (hpu_layer_backward_reads;
+				       * every bit set until it is called) */
 	hpu_layer_device device; /* ops.device (ABI 3; ABI 2: any device) */
 	int backward;         /* its backward must run (parameters, or an
 			       * input that needs a gradient) */

@@ -45,7 +45,7 @@ hpu_layer *hpu_sigmoid(hpu_builder *b, const char *name, const char *in, const c
 	hpu_layer *l = hpu_layer_add(b, name, in, &sigmoid_ops, NULL);
 	if (!l || hpu_layer_output(l, out, HPU_F32, x.ndim, x.shape) < 0)
 		return NULL;
-	return l;
+	return ld_reads(l, 0, 1); /* backward: y (1 - y) */
 }
 
 /* ---- binary cross-entropy, with logits and of probabilities ---- */
@@ -131,7 +131,7 @@ static hpu_layer *pair_loss(hpu_builder *b, const char *name, const char *in, co
 	hpu_layer *l = hpu_layer_add(b, name, in, ops, NULL);
 	if (!l || hpu_layer_output(l, out, HPU_F32, 0, NULL) < 0)
 		return NULL;
-	return l;
+	return ld_reads(l, 3, 0); /* backward: both inputs, not the loss */
 }
 
 hpu_layer *hpu_bce_with_logits(hpu_builder *b, const char *name, const char *in,

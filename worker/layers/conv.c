@@ -86,7 +86,9 @@ static hpu_layer *conv2d_impl(hpu_builder *b, const char *name, const char *in, 
 	if (st)
 		*st = (conv2d){s, x.sample_numel, bias != 0};
 	int64_t shape[3] = {out_ch, hpu_conv2d_out_h(&s), hpu_conv2d_out_w(&s)};
-	hpu_layer *l = ld_declare(b, name, in, &conv2d_ops, st, out, HPU_F32, 3, shape);
+	/* backward: the input (dw), not the output */
+	hpu_layer *l = ld_reads(ld_declare(b, name, in, &conv2d_ops, st, out, HPU_F32, 3, shape), 1,
+				0);
 	if (!l)
 		return NULL;
 	hpu_layer_params_in_ops(l);
@@ -198,7 +200,8 @@ static hpu_layer *pool_declare(hpu_builder *b, const char *name, const char *in,
 			    x.sample_numel};
 	int64_t shape[3] = {x.shape[0], (x.shape[1] - kernel) / stride + 1,
 			    (x.shape[2] - kernel) / stride + 1};
-	hpu_layer *l = ld_declare(b, name, in, ops, p, out, HPU_F32, 3, shape);
+	/* backward: dout and max's saved indices only */
+	hpu_layer *l = ld_reads(ld_declare(b, name, in, ops, p, out, HPU_F32, 3, shape), 0, 0);
 	if (l && ops == &maxpool_ops) /* one i32 index per output */
 		hpu_layer_memory(l, (size_t)(shape[0] * shape[1] * shape[2]), 0, 0, 0);
 	return l;
@@ -255,7 +258,7 @@ hpu_layer *hpu_flatten(hpu_builder *b, const char *name, const char *in, const c
 	hpu_layer *l = hpu_layer_add(b, name, in, &flatten_ops, NULL);
 	if (!l || hpu_layer_output(l, out, HPU_F32, 1, &n) < 0)
 		return NULL;
-	return l;
+	return ld_reads(l, 0, 0); /* backward copies dout */
 }
 
 /* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */

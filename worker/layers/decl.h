@@ -56,6 +56,17 @@ static inline int ld_split2(hpu_builder *b, const char *name, const char *in, co
 	return HPU_OK;
 }
 
+/* Layer l (NULL passes through) with the forward inputs and outputs its
+ * backward reads declared (hpu_layer_backward_reads: bit k for in[k],
+ * out[k]); NULL if refused. Only tensors a backward reads are kept for
+ * it: a wrong declaration hands backward NULL. */
+static inline hpu_layer *ld_reads(hpu_layer *l, unsigned in, unsigned out)
+{
+	if (l && hpu_layer_backward_reads(l, in, out) != HPU_OK)
+		return NULL;
+	return l;
+}
+
 /* Adds layer `name` reading `in`, with its state `user` (NULL: malloc
  * failed, an error) and its one output `out` of dtype dt and shape
  * [ndim]shape. From here on ops->destroy frees `user`; when adding fails

@@ -74,7 +74,9 @@ static hpu_layer *declare(hpu_builder *b, const char *name, const char *in, cons
 	for (int d = 0; d < x.ndim; d++)
 		shape[d] = x.shape[d];
 	shape[x.ndim - 1] = out_features;
-	hpu_layer *l = ld_declare(b, name, in, &linear_ops, s, out, HPU_F32, x.ndim, shape);
+	/* backward: the input (dw), not the output */
+	hpu_layer *l = ld_reads(ld_declare(b, name, in, &linear_ops, s, out, HPU_F32, x.ndim, shape),
+				1, 0);
 	if (l) {
 		hpu_layer_params_in_ops(l);
 		hpu_layer_grads_in_ops(l); /* hpu_linear_backward's dw and db */

@@ -12,9 +12,9 @@
 #include "worker/layers/decl.h"
 
 /* Adds a one-input layer without state whose f32 output is shaped as its
- * input. */
+ * input, its backward reading the input (`reads_in`) or the output. */
 static hpu_layer *same_shape(hpu_builder *b, const char *name, const char *in, const char *out,
-			     const hpu_layer_ops *ops)
+			     const hpu_layer_ops *ops, int reads_in)
 {
 	hpu_tensor x;
 	if (ld_input(b, name, in, HPU_F32, &x) < 0)
@@ -22,7 +22,7 @@ static hpu_layer *same_shape(hpu_builder *b, const char *name, const char *in, c
 	hpu_layer *l = hpu_layer_add(b, name, in, ops, NULL);
 	if (!l || hpu_layer_output(l, out, HPU_F32, x.ndim, x.shape) < 0)
 		return NULL;
-	return l;
+	return ld_reads(l, reads_in ? 1 : 0, reads_in ? 0 : 1);
 }
 
 /* ---- relu, gelu, tanh ---- */
@@ -85,17 +85,17 @@ static const hpu_layer_ops tanh_ops = {.forward = tanh_forward, .backward = tanh
 
 hpu_layer *hpu_relu(hpu_builder *b, const char *name, const char *in, const char *out)
 {
-	return same_shape(b, name, in, out, &relu_ops);
+	return same_shape(b, name, in, out, &relu_ops, 0); /* y > 0 */
 }
 
 hpu_layer *hpu_gelu(hpu_builder *b, const char *name, const char *in, const char *out)
 {
-	return same_shape(b, name, in, out, &gelu_ops);
+	return same_shape(b, name, in, out, &gelu_ops, 1); /* gelu'(x) */
 }
 
 hpu_layer *hpu_tanh(hpu_builder *b, const char *name, const char *in, const char *out)
 {
-	return same_shape(b, name, in, out, &tanh_ops);
+	return same_shape(b, name, in, out, &tanh_ops, 0); /* 1 - y^2 */
 }
 
 /* ---- dropout ----
@@ -180,7 +180,9 @@ static hpu_layer *dropout_impl(hpu_builder *b, const char *name, const char *in,
 		d->cut = cut >= 4294967295.0 ? UINT32_MAX : (uint32_t)cut;
 		d->scale = (float)(1.0 / (1.0 - (double)p));
 	}
-	return ld_declare(b, name, in, &dropout_ops, d, out, HPU_F32, x.ndim, x.shape);
+	/* backward draws the mask again: reads neither */
+	return ld_reads(ld_declare(b, name, in, &dropout_ops, d, out, HPU_F32, x.ndim, x.shape), 0,
+			0);
 }
 
 /* ---- add ---- */
@@ -225,7 +227,7 @@ hpu_layer *hpu_add(hpu_builder *b, const char *name, const char *in, const char 
 	hpu_layer *l = hpu_layer_add(b, name, in, &add_ops, NULL);
 	if (!l || hpu_layer_output(l, out, HPU_F32, ta.ndim, ta.shape) < 0)
 		return NULL;
-	return l;
+	return ld_reads(l, 0, 0); /* backward copies dout */
 }
 
 /* ---- softmax ---- */
@@ -279,7 +281,9 @@ hpu_layer *hpu_softmax(hpu_builder *b, const char *name, const char *in, const c
 	if (s)
 		*s = (softmax){x.sample_numel / (size_t)x.shape[x.ndim - 1],
 			       (int)x.shape[x.ndim - 1]};
-	return ld_declare(b, name, in, &softmax_ops, s, out, HPU_F32, x.ndim, x.shape);
+	/* backward: the output */
+	return ld_reads(ld_declare(b, name, in, &softmax_ops, s, out, HPU_F32, x.ndim, x.shape), 0,
+			1);
 }
 
 /* ---- ABI 3's options structs, and ABI 2's positional forms (deprecated) ---- */

@@ -110,7 +110,8 @@ static hpu_layer *logits_labels(hpu_builder *b, const char *name, const char *in
 	xent *s = malloc(sizeof *s);
 	if (s)
 		*s = (xent){(int)x.shape[lead], y.sample_numel};
-	return ld_declare(b, name, in, ops, s, out, HPU_F32, 0, NULL);
+	/* cross-entropy's backward: logits and labels, not the loss */
+	return ld_reads(ld_declare(b, name, in, ops, s, out, HPU_F32, 0, NULL), 3, 0);
 }
 
 hpu_layer *hpu_cross_entropy(hpu_builder *b, const char *name, const char *in, const char *out)
@@ -193,5 +194,5 @@ hpu_layer *hpu_mse(hpu_builder *b, const char *name, const char *in, const char 
 	hpu_layer *l = hpu_layer_add(b, name, in, &mse_ops, NULL);
 	if (!l || hpu_layer_output(l, out, HPU_F32, 0, NULL) < 0)
 		return NULL;
-	return l;
+	return ld_reads(l, 3, 0); /* backward: both inputs, not the loss */
 }

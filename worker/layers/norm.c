@@ -88,7 +88,9 @@ static hpu_layer *layernorm_impl(hpu_builder *b, const char *name, const char *i
 	layernorm *s = malloc(sizeof *s);
 	if (s)
 		*s = (layernorm){.cols = (int)n, .rows = t.sample_numel / (size_t)n, .eps = eps};
-	hpu_layer *l = ld_declare(b, name, in, &layernorm_ops, s, out, HPU_F32, t.ndim, t.shape);
+	/* backward: the input and the saved statistics */
+	hpu_layer *l = ld_reads(
+		ld_declare(b, name, in, &layernorm_ops, s, out, HPU_F32, t.ndim, t.shape), 1, 0);
 	if (!l)
 		return NULL;
 	if (hpu_param_add(l, "weight", 1, &n, HPU_INIT(ONES)) < 0 ||
@@ -192,7 +194,9 @@ static hpu_layer *batchnorm_impl(hpu_builder *b, const char *name, const char *i
 	if (s)
 		*s = (batchnorm){.ch = (int)ch, .spatial = t.sample_numel / (size_t)ch, .eps = eps,
 				 .momentum = momentum};
-	hpu_layer *l = ld_declare(b, name, in, &batchnorm_ops, s, out, HPU_F32, t.ndim, t.shape);
+	/* backward: the input and the saved statistics */
+	hpu_layer *l = ld_reads(
+		ld_declare(b, name, in, &batchnorm_ops, s, out, HPU_F32, t.ndim, t.shape), 1, 0);
 	if (!l)
 		return NULL;
 	if (hpu_param_add(l, "weight", 1, &ch, HPU_INIT(ONES)) < 0 ||

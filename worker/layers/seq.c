@@ -113,7 +113,9 @@ static hpu_layer *embedding_impl(hpu_builder *b, const char *name, const char *i
 	embedding *s = malloc(sizeof *s);
 	if (s)
 		*s = (embedding){.vocab = (int)vocab, .dim = (int)dim, .ids = t.sample_numel};
-	hpu_layer *l = ld_declare(b, name, in, &embedding_ops, s, out, HPU_F32, t.ndim + 1, shape);
+	/* backward: the ids */
+	hpu_layer *l = ld_reads(
+		ld_declare(b, name, in, &embedding_ops, s, out, HPU_F32, t.ndim + 1, shape), 1, 0);
 	if (!l || hpu_param_add(l, "weight", 2, wshape, HPU_INIT(NORMAL, 0, 1)) < 0)
 		return NULL;
 	return l;
@@ -355,7 +357,10 @@ static hpu_layer *attention_impl(hpu_builder *b, const char *name, const char *i
 		*s = chk;
 	int64_t d = chk.d, xshape[2] = {chk.t, d}, wqkv[2] = {3 * d, d}, bqkv = 3 * d;
 	int64_t wo[2] = {d, d};
-	hpu_layer *l = ld_declare(b, name, in, &attention_ops, s, out, HPU_F32, 2, xshape);
+	/* backward: x (the input projection's dw) and its saved q, k, v,
+	 * context and probabilities; not the mask, not the output */
+	hpu_layer *l = ld_reads(ld_declare(b, name, in, &attention_ops, s, out, HPU_F32, 2, xshape),
+				1, 0);
 	if (!l)
 		return NULL;
 	hpu_layer_params_in_ops(l); /* its projections are linear ops */

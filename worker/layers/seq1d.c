@@ -72,7 +72,9 @@ static hpu_layer *conv_declare(hpu_builder *b, const char *name, const char *in,
 			     (size_t)shape[0] * (size_t)hpu_conv2d_rect_out_h(s) *
 				     (size_t)hpu_conv2d_rect_out_w(s),
 			     bias != 0};
-	hpu_layer *l = ld_declare(b, name, in, &conv_ops, st, out, HPU_F32, ndim, shape);
+	/* backward: the input (dw), not the output */
+	hpu_layer *l = ld_reads(ld_declare(b, name, in, &conv_ops, st, out, HPU_F32, ndim, shape), 1,
+				0);
 	if (!l)
 		return NULL;
 	hpu_layer_memory(l, 0, 0, 0, hpu_conv2d_rect_scratch(s));
@@ -239,7 +241,8 @@ static hpu_layer *pool1d_declare(hpu_builder *b, const char *name, const char *i
 	int64_t shape[HPU_MAX_DIMS];
 	memcpy(shape, x.shape, sizeof shape);
 	shape[d] = (x.shape[d] - kernel) / stride + 1;
-	hpu_layer *l = ld_declare(b, name, in, ops, p, out, HPU_F32, x.ndim, shape);
+	/* backward: dout and max's saved indices only */
+	hpu_layer *l = ld_reads(ld_declare(b, name, in, ops, p, out, HPU_F32, x.ndim, shape), 0, 0);
 	if (l && ops == &maxpool1d_ops) /* one i32 index per output */
 		hpu_layer_memory(l, x.sample_numel / (size_t)x.shape[d] * (size_t)shape[d], 0, 0,
 				 0);

@@ -74,7 +74,8 @@ static hpu_layer *reduce_impl(hpu_builder *b, const char *name, const char *in, 
 	for (int i = 0; i < x.ndim; i++)
 		if (i != d)
 			shape[nd++] = x.shape[i];
-	hpu_layer *l = ld_declare(b, name, in, &reduce_ops, r, out, HPU_F32, nd, shape);
+	/* backward: dout and max's saved positions only */
+	hpu_layer *l = ld_reads(ld_declare(b, name, in, &reduce_ops, r, out, HPU_F32, nd, shape), 0, 0);
 	if (l && op == HPU_REDUCE_MAX) /* the arg-max of each output, i32 */
 		hpu_layer_memory(l, x.sample_numel / (size_t)x.shape[d], 0, 0, 0);
 	return l;
@@ -143,7 +144,7 @@ static hpu_layer *reshape_impl(hpu_builder *b, const char *name, const char *in,
 	hpu_layer *l = hpu_layer_add(b, name, in, &reshape_ops, NULL);
 	if (!l || hpu_layer_output(l, out, HPU_F32, ndim, s) < 0)
 		return NULL;
-	return l;
+	return ld_reads(l, 0, 0); /* backward copies dout */
 }
 
 /* ---- slice ---- */
@@ -207,7 +208,7 @@ static hpu_layer *slice_impl(hpu_builder *b, const char *name, const char *in, c
 	int64_t shape[HPU_MAX_DIMS];
 	memcpy(shape, x.shape, sizeof shape);
 	shape[d] = len;
-	return ld_declare(b, name, in, &slice_ops, s, out, HPU_F32, x.ndim, shape);
+	return ld_reads(ld_declare(b, name, in, &slice_ops, s, out, HPU_F32, x.ndim, shape), 0, 0);
 }
 
 /* ---- concat ---- */
@@ -321,7 +322,8 @@ static hpu_layer *concat_impl(hpu_builder *b, const char *name, const char *in, 
 	int64_t shape[HPU_MAX_DIMS];
 	memcpy(shape, x[0].shape, sizeof shape);
 	shape[d] = (int64_t)s->total;
-	return ld_declare(b, name, in, &concat_ops, s, out, HPU_F32, x[0].ndim, shape);
+	return ld_reads(ld_declare(b, name, in, &concat_ops, s, out, HPU_F32, x[0].ndim, shape), 0,
+			0);
 fail:
 	free(s);
 	return NULL;
@@ -402,7 +404,7 @@ static hpu_layer *permute_impl(hpu_builder *b, const char *name, const char *in,
 			p->yshape[i + 1] = shape[i];
 		}
 	}
-	return ld_declare(b, name, in, &permute_ops, p, out, HPU_F32, ndim, shape);
+	return ld_reads(ld_declare(b, name, in, &permute_ops, p, out, HPU_F32, ndim, shape), 0, 0);
 }
 
 static hpu_layer *transpose_impl(hpu_builder *b, const char *name, const char *in, const char *out,

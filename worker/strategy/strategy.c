@@ -627,6 +627,8 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->t_data = calloc((size_t)T, sizeof *s->t_data);
 	s->t_grad = calloc((size_t)T, sizeof *s->t_grad);
 	s->transient = calloc((size_t)T, 1);
+	s->unread = calloc((size_t)T, 1);
+	s->nobwd = calloc((size_t)T, 1);
 	s->last_train = calloc((size_t)T, sizeof *s->last_train);
 	s->last_eval = calloc((size_t)T, sizeof *s->last_eval);
 	s->saved = calloc((size_t)L, sizeof *s->saved);
@@ -641,7 +643,8 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->act16 = o->precision == HPU_PREC_BF16_MIXED || o->precision == HPU_PREC_FP8;
 	if (s->act16 && !(s->a16 = calloc((size_t)T, sizeof *s->a16)))
 		return fail(s, "out of memory");
-	if (!s->u || !s->q || !s->t_data || !s->t_grad || !s->transient || !s->last_train ||
+	if (!s->u || !s->q || !s->t_data || !s->t_grad || !s->transient || !s->unread || !s->nobwd ||
+	    !s->last_train ||
 	    !s->last_eval || !s->saved || !s->saved_transient || !s->seg_start || !s->run_mask ||
 	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->z3.own16)
 		return fail(s, "out of memory");
@@ -739,6 +742,8 @@ void hpu__strat_free(hpu_strat **ps)
 	free(s->t_data);
 	free(s->t_grad);
 	free(s->transient);
+	free(s->unread);
+	free(s->nobwd);
 	free(s->last_train);
 	free(s->last_eval);
 	free(s->saved);

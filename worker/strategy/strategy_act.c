@@ -5,7 +5,9 @@
  *
  * Tensor t is t_data[t]: a dataset field points into the batch, a layer's
  * output is device memory of the strategy (maxbatch rows), allocated on
- * first use and kept across steps unless checkpointing drops it. Under
+ * first use and kept across steps unless checkpointing drops it, or no
+ * backward reads it (s->unread, hpu_layer_backward_reads: freed after its
+ * last reader's forward, neither kept nor compressed; issue 38). Under
  * bf16-mixed and fp8 (s->act16) an f32 output kept for backward is stored
  * in bf16 when every value of it is a bf16 value (the lowered ops round
  * their outputs; ReLU and pooling keep them so): a16[t] at half the bytes,
@@ -26,6 +28,41 @@
 #include "worker/ops/autocast.h"
 #include "common/simd.h"
 #include "worker/strategy/strategy_impl.h"
+
+/* The tensors a forward (training's or evaluation's) frees after their
+ * last reader: those
+ * no backward reads (hpu_layer_backward_reads; a layer that said nothing
+ * reads all of its inputs and outputs), made by a layer training runs,
+ * neither a loss nor a metric (read after forward), nor an input of a
+ * layer activation checkpointing may run again (recompute() reads it),
+ * nor dropped by checkpointing already. Under bf16-mixed they are neither
+ * compressed nor expanded; under fp32 they are not kept either. */
+static void plan_reads(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	for (int t = 0; t < b->ntensors; t++) {
+		const hpu_tinfo *ti = &b->tensors[t];
+		int p = ti->producer;
+		s->nobwd[t] = (char)(p >= 0 && b->layers[p]->for_loss && !ti->loss && !ti->metric);
+	}
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		for (int k = 0; k < l->nin; k++)
+			if (l->backward && hpu__act_reads_in(l, k))
+				s->nobwd[l->in[k]] = 0;
+		for (int k = 0; k < l->nout && l->backward; k++)
+			if (hpu__act_reads_out(l, k))
+				s->nobwd[l->out[k]] = 0;
+	}
+	for (int t = 0; t < b->ntensors; t++)
+		s->unread[t] = (char)(s->nobwd[t] && !s->transient[t]);
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		if (s->saved_transient[i] || s->seg_start[i] != i) /* may run again */
+			for (int k = 0; k < l->nin; k++)
+				s->unread[l->in[k]] = 0;
+	}
+}
 
 /* Activation checkpointing. In a run of consecutive marked layers, a
  * tensor whose readers all come after its producer within the same
@@ -69,6 +106,7 @@ void hpu__act_plan(hpu_strat *s)
 		}
 		a = z + 1;
 	}
+	plan_reads(s);
 }
 
 static int owned(const hpu_strat *s, int t)

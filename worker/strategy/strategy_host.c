@@ -149,13 +149,16 @@ int hpu__host_stage_in(hpu_strat *s, int i, int backward, hpu_tensor *in, hpu_te
 		hpu_param(l, k);
 	hpu__dev_leave();
 	int batch = s->ctx.batch;
+	/* NULL stays NULL: what backward does not read (hpu_layer_backward_reads) */
 	for (int k = 0; k < l->nin; k++)
-		in[k].data = in_copy(g, g->in[k], in[k].data, tbytes(s, l->in[k], batch));
+		if (in[k].data)
+			in[k].data = in_copy(g, g->in[k], in[k].data, tbytes(s, l->in[k], batch));
 	for (int k = 0; k < l->nout; k++) {
 		size_t n = tbytes(s, l->out[k], batch);
 		g->out_d[k] = out[k].data;
 		if (backward) {
-			out[k].data = in_copy(g, g->out[k], out[k].data, n);
+			if (out[k].data)
+				out[k].data = in_copy(g, g->out[k], out[k].data, n);
 			dout[k].data = in_copy(g, g->dout[k], dout[k].data, n);
 		} else {
 			out[k].data = g->host + g->out[k]; /* the forward writes it */

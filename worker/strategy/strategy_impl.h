@@ -121,6 +121,9 @@ struct hpu_strat {
 	uint16_t **a16;       /* act16 (bf16-mixed, fp8): tensors kept in bf16 */
 	float **t_grad;
 	char *transient;      /* per tensor: dropped by activation checkpointing */
+	char *unread;         /* per tensor: dropped after forward, no backward
+			       * or recomputation reading it */
+	char *nobwd;          /* per tensor: no backward reads it */
 	void **saved;
 	char *saved_transient; /* per layer: its saved memory goes with them */
 	int *seg_start;       /* per layer: its checkpointing segment's first */
@@ -434,8 +437,19 @@ int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped);
 /* ---- strategy_act.c: tensors, their gradients, saved memory ---- */
 
 /* Activation checkpointing: which tensors and saved memory are dropped
- * (s->transient, s->saved_transient) and the segments (s->seg_start). */
+ * (s->transient, s->saved_transient) and the segments (s->seg_start);
+ * then the tensors no backward reads (s->unread). */
 void hpu__act_plan(hpu_strat *s);
+/* Layer l's backward reads its input k / output k
+ * (hpu_layer_backward_reads). */
+static inline int hpu__act_reads_in(const hpu_layer *l, int k)
+{
+	return (int)(l->reads_in >> k & 1u);
+}
+static inline int hpu__act_reads_out(const hpu_layer *l, int k)
+{
+	return (int)(l->reads_out >> k & 1u);
+}
 
 /* Tensor t's fp32/i32 buffer exists (made if not; dataset fields are the
  * batch's). 0, or -1 (s->err). */

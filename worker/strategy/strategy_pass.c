@@ -84,19 +84,32 @@ static void view(const hpu_strat *s, int t, void *data, hpu_tensor *v)
 	v->name = ti->name;
 }
 
-/* Layer i's inputs as fp32/i32 views (expanded from bf16 where kept so). */
-static int input_views(hpu_strat *s, int i, hpu_tensor *in)
+/* Tensor t as an fp32/i32 view of layer i (expanded from bf16 where kept
+ * so), or with data NULL where i does not read it (`reads` 0: its
+ * backward, hpu_layer_backward_reads). */
+static int tensor_view(hpu_strat *s, int i, int t, int reads, hpu_tensor *v)
+{
+	if (!reads) {
+		view(s, t, NULL, v);
+		return 0;
+	}
+	if (hpu__act_expand(s, t, s->ctx.batch) < 0)
+		return -1;
+	if (!s->t_data[t])
+		return fail(s, "layer %s: tensor %s is not there (an internal error)",
+			    s->b->layers[i]->name, s->b->tensors[t].name);
+	view(s, t, s->t_data[t], v);
+	return 0;
+}
+
+/* Layer i's inputs as views: all of them for its forward, those its
+ * backward reads for its backward. */
+static int input_views(hpu_strat *s, int i, int backward, hpu_tensor *in)
 {
 	hpu_layer *l = s->b->layers[i];
-	for (int k = 0; k < l->nin; k++) {
-		int t = l->in[k];
-		if (hpu__act_expand(s, t, s->ctx.batch) < 0)
+	for (int k = 0; k < l->nin; k++)
+		if (tensor_view(s, i, l->in[k], !backward || hpu__act_reads_in(l, k), &in[k]) < 0)
 			return -1;
-		if (!s->t_data[t])
-			return fail(s, "layer %s: input %s is not there (an internal error)", l->name,
-				    s->b->tensors[t].name);
-		view(s, t, s->t_data[t], &in[k]);
-	}
 	return 0;
 }
 
@@ -126,7 +139,7 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 			return -1;
 		view(s, l->out[k], s->t_data[l->out[k]], &out[k]);
 	}
-	if (hpu__act_saved(s, i) < 0 || input_views(s, i, in) < 0 || acquire(s, i, +1, stop) < 0)
+	if (hpu__act_saved(s, i) < 0 || input_views(s, i, 0, in) < 0 || acquire(s, i, +1, stop) < 0)
 		return -1;
 	l->saved = s->saved[i];
 	l->scratch = s->scratch;
@@ -154,8 +167,10 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	return release(s, i);
 }
 
-/* After layer i's first forward: inputs it read last go (checkpointing)
- * or into bf16; so does its saved memory when checkpointing drops it. */
+/* After layer i's first forward: inputs it read last go (checkpointing,
+ * and those no backward reads) or, in training, into bf16; so do its
+ * outputs no one reads in this pass that no backward reads, and its saved
+ * memory when checkpointing drops it. */
 static int after_forward(hpu_strat *s, int i, const int *last, int want)
 {
 	hpu_layer *l = s->b->layers[i];
@@ -163,11 +178,14 @@ static int after_forward(hpu_strat *s, int i, const int *last, int want)
 		int t = l->in[k];
 		if (last[t] != i || t == want)
 			continue;
-		if (s->transient[t])
+		if (s->transient[t] || s->unread[t])
 			hpu__act_drop(s, t);
 		else if (s->ctx.train && hpu__act_compress(s, t, s->ctx.batch) < 0)
 			return -1;
 	}
+	for (int k = 0; k < l->nout; k++)
+		if (last[l->out[k]] < 0 && s->unread[l->out[k]])
+			hpu__act_drop(s, l->out[k]);
 	if (s->saved_transient[i])
 		hpu__act_saved_drop(s, i);
 	return 0;
@@ -299,6 +317,19 @@ double hpu__strat_loss(hpu_strat *s)
 
 /* ---- backward ---- */
 
+/* After layer j's recomputation: the inputs checkpointing dropped that it
+ * read last in forward and no backward reads go again (no layer after it
+ * in the segment reads them; recompute() never needs them back). */
+static void recomputed(hpu_strat *s, int j)
+{
+	hpu_layer *l = s->b->layers[j];
+	for (int k = 0; k < l->nin; k++) {
+		int t = l->in[k];
+		if (s->transient[t] && s->nobwd[t] && s->last_train[t] == j)
+			hpu__act_drop(s, t);
+	}
+}
+
 /* Activation checkpointing: before layer i's backward, recomputes what
  * its segment dropped, from the segment's first layer to i. */
 static int recompute(hpu_strat *s, int i)
@@ -306,21 +337,25 @@ static int recompute(hpu_strat *s, int i)
 	hpu_layer **ls = s->b->layers;
 	int missing = 0;
 	for (int k = 0; k < ls[i]->nin && !missing; k++)
-		missing = !hpu__act_kept(s, ls[i]->in[k]);
+		missing = hpu__act_reads_in(ls[i], k) && !hpu__act_kept(s, ls[i]->in[k]);
 	for (int k = 0; k < ls[i]->nout && !missing; k++)
-		missing = !hpu__act_kept(s, ls[i]->out[k]);
+		missing = hpu__act_reads_out(ls[i], k) && !hpu__act_kept(s, ls[i]->out[k]);
 	if (s->saved_transient[i] && !s->saved[i])
 		missing = 1;
 	if (!missing)
 		return 0;
+	/* what checkpointing dropped (no backward reading it, a tensor is
+	 * not recomputed for itself) */
 	for (int j = s->seg_start[i]; j <= i; j++) {
 		if (!ls[j]->for_loss)
 			continue;
 		int need = s->saved_transient[j] && !s->saved[j];
 		for (int k = 0; k < ls[j]->nout && !need; k++)
-			need = !hpu__act_kept(s, ls[j]->out[k]);
+			need = s->transient[ls[j]->out[k]] && !hpu__act_kept(s, ls[j]->out[k]);
 		if (need && layer_forward(s, j, i + 1, 1) < 0)
 			return -1;
+		if (need)
+			recomputed(s, j);
 	}
 	return 0;
 }
@@ -423,14 +458,13 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	hpu_tensor in[HPU_MAX_IO], out[HPU_MAX_IO], dout[HPU_MAX_IO], din[HPU_MAX_IO];
 	float *tmp[HPU_MAX_IO] = {0};
 	int own[HPU_MAX_IO + 1], no = owners(l, own);
-	if (recompute(s, i) < 0 || input_views(s, i, in) < 0)
+	if (recompute(s, i) < 0 || input_views(s, i, 1, in) < 0)
 		return -1;
 	for (int k = 0; k < l->nout; k++) {
 		int t = l->out[k];
 		float *g = hpu__act_grad(s, t, 1); /* zeros if no reader wrote it */
-		if (!g || hpu__act_expand(s, t, s->ctx.batch) < 0)
+		if (!g || tensor_view(s, i, t, hpu__act_reads_out(l, k), &out[k]) < 0)
 			return -1;
-		view(s, t, s->t_data[t], &out[k]);
 		view(s, t, g, &dout[k]);
 	}
 	for (int k = 0; k < no; k++)
@@ -479,7 +513,7 @@ static void after_backward(hpu_strat *s, int i)
 	for (int k = 0; k < l->nout; k++) {
 		int t = l->out[k];
 		hpu__act_grad_drop(s, t);
-		if (s->transient[t])
+		if (s->transient[t] || s->unread[t])
 			hpu__act_drop(s, t);
 		else
 			hpu__act_release(s, t);
