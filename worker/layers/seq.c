@@ -358,9 +358,12 @@ static hpu_layer *attention_impl(hpu_builder *b, const char *name, const char *i
 	int64_t d = chk.d, xshape[2] = {chk.t, d}, wqkv[2] = {3 * d, d}, bqkv = 3 * d;
 	int64_t wo[2] = {d, d};
 	/* backward: x (the input projection's dw) and its saved q, k, v,
-	 * context and probabilities; not the mask, not the output */
+	 * context and probabilities (unfused) or log-sum-exps (fused); the
+	 * key mask only where fused (its backward masks the scores it
+	 * recomputes); not the output */
+	unsigned reads = chk.fused && chk.masked ? 3u : 1u;
 	hpu_layer *l = ld_reads(ld_declare(b, name, in, &attention_ops, s, out, HPU_F32, 2, xshape),
-				1, 0);
+				reads, 0);
 	if (!l)
 		return NULL;
 	hpu_layer_params_in_ops(l); /* its projections are linear ops */
