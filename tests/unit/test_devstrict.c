@@ -38,21 +38,51 @@ static void close_dev(void)
 	hpu__dev_close();
 }
 
+/* Every rank's identity of its GPU, for hpu__dev_gpu_sharers. */
+static char ids[8][64];
+
+static void ident(int world, ...)
+{
+	va_list ap;
+	va_start(ap, world);
+	memset(ids, 0, sizeof ids);
+	for (int r = 0; r < world; r++)
+		snprintf(ids[r], sizeof ids[r], "%s", va_arg(ap, const char *));
+	va_end(ap);
+}
+
 /* The default device-memory limit (no --device-memory): a GPU's memory
- * divided among the node's workers that drive it (worker L drives GPU L
- * mod the count), host memory among all the node's workers. */
+ * divided among the workers that drive that GPU (by its identity, the
+ * host and its PCI bus id, not by its index: a worker that sees only its
+ * own GPU has index 0), host memory among all the node's workers. */
 static void test_default_memory(void **state)
 {
 	(void)state;
 	const uint64_t gpu = 140ull << 30, host = 128ull << 30;
-	/* which workers share a GPU: 4 workers on 1 GPU, 5 on 2, 2 on 4 */
-	assert_int_equal(hpu__dev_gpu_sharers(0, 1, 4), 4);
-	assert_int_equal(hpu__dev_gpu_sharers(0, 2, 5), 3);
-	assert_int_equal(hpu__dev_gpu_sharers(1, 2, 5), 2);
-	assert_int_equal(hpu__dev_gpu_sharers(1, 4, 2), 1);
-	assert_int_equal(hpu__dev_gpu_sharers(3, 4, 2), 1); /* a GPU by hpud's map */
-	assert_int_equal(hpu__dev_gpu_sharers(0, 1, 0), 1); /* LOCAL_WORLD_SIZE unset */
-	assert_int_equal(hpu__dev_gpu_sharers(0, 0, 8), 1); /* not a GPU */
+	/* 4 workers on one GPU */
+	ident(4, "a 0000:01:00.0", "a 0000:01:00.0", "a 0000:01:00.0", "a 0000:01:00.0");
+	for (int r = 0; r < 4; r++)
+		assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 4, r), 4);
+	/* 5 on 2 GPUs, L mod 2 */
+	ident(5, "a 0000:01:00.0", "a 0000:02:00.0", "a 0000:01:00.0", "a 0000:02:00.0",
+	      "a 0000:01:00.0");
+	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 5, 0), 3);
+	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 5, 1), 2);
+	/* one GPU each (CUDA_VISIBLE_DEVICES per rank: each sees index 0) */
+	ident(3, "a 0000:01:00.0", "a 0000:02:00.0", "a 0000:03:00.0");
+	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 3, 2), 1);
+	/* the same bus id on two hosts: two GPUs */
+	ident(2, "a 0000:01:00.0", "b 0000:01:00.0");
+	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 2, 0), 1);
+	/* not a GPU, or no entries */
+	ident(2, "", "");
+	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 2, 1), 1);
+	assert_int_equal(hpu__dev_gpu_sharers(NULL, 0, 2, 1), 1);
+	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 2, 5), 1);
+	/* the CPU devices drive no GPU: their entry is "" */
+	char me[64] = "x";
+	hpu__dev_gpu_ident(me, sizeof me);
+	assert_string_equal(me, "");
 	/* 2 workers on one GPU: half of it each, whatever the host has */
 	assert_true(hpu__dev_default_memory(gpu, 2, host, 2) == gpu / 2);
 	assert_true(hpu__dev_default_memory(gpu, 2, 1ull << 40, 2) == gpu / 2);

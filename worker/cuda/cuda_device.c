@@ -340,6 +340,11 @@ static int setup_core(int rank, char *err, size_t errlen)
 	caps_of(C.dev, &C.caps, &major, &minor);
 	C.caps.gpu = C.dev;
 	C.caps.gpus = count;
+	/* the GPU's identity, for counting the workers that share it */
+	if (cudaDeviceGetPCIBusId(C.caps.gpu_id, (int)sizeof C.caps.gpu_id, C.dev) != cudaSuccess) {
+		C.caps.gpu_id[0] = '\0';
+		cudaGetLastError();
+	}
 	if (major < 8) {
 		snprintf(err, errlen,
 			 "--device cuda: GPU %d has compute capability %d.%d; the CUDA device needs 8.0 or later",

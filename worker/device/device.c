@@ -256,12 +256,32 @@ int hpu__dev_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
 	return 0;
 }
 
-int hpu__dev_gpu_sharers(int gpu, int gpus, int local_workers)
+int hpu__dev_gpu_sharers(const char *ids, size_t idlen, int world, int rank)
 {
-	if (gpus <= 0 || gpu < 0 || gpu >= gpus || local_workers <= gpu)
+	if (!ids || !idlen || rank < 0 || rank >= world)
 		return 1;
-	/* local ranks gpu, gpu + gpus, gpu + 2 gpus, ... below local_workers */
-	return (local_workers - gpu - 1) / gpus + 1;
+	const char *mine = ids + (size_t)rank * idlen;
+	if (!memchr(mine, 0, idlen) || !mine[0])
+		return 1;
+	int n = 0;
+	for (int r = 0; r < world; r++) {
+		const char *e = ids + (size_t)r * idlen;
+		n += memchr(e, 0, idlen) && !strcmp(e, mine);
+	}
+	return n;
+}
+
+void hpu__dev_gpu_ident(char *out, size_t outlen)
+{
+	const hpu__dev_caps *k = hpu__dev_caps_get();
+	char host[256] = "";
+	if (!outlen)
+		return;
+	out[0] = 0;
+	if (!k->gpu_id[0] || gethostname(host, sizeof host - 1) < 0)
+		return;
+	if (snprintf(out, outlen, "%s %s", host, k->gpu_id) >= (int)outlen)
+		out[0] = 0; /* too long to compare whole: counted alone */
 }
 
 uint64_t hpu__dev_default_memory(uint64_t capacity, int sharers, uint64_t host_bytes,

@@ -35,6 +35,9 @@ typedef struct hpu__dev_caps {
 	int can_capture;                          /* a step can be captured and replayed */
 	int gpu, gpus; /* the GPU this worker drives among the gpus visible to
 			* it (0 and 0: not a GPU) */
+	char gpu_id[32]; /* that GPU's PCI bus id (cudaDeviceGetPCIBusId),
+			  * the same whatever each worker sees; "": not
+			  * a GPU */
 } hpu__dev_caps;
 
 /* The optimizers the device's update knows (optim.c maps its kinds). */
@@ -246,10 +249,19 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen);
 int hpu__dev_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
 		       size_t notelen, char *err, size_t errlen);
 
-/* How many of a node's local_workers workers drive GPU `gpu` of `gpus`,
- * where worker L drives GPU L mod gpus (the agent's HPU_DEVICE_ID without
- * hpud's device map); at least 1, this worker. 1 where gpus is 0. */
-int hpu__dev_gpu_sharers(int gpu, int gpus, int local_workers);
+/* Which workers share a GPU, from every rank's identity of it: ids
+ * holds world entries of idlen bytes each, in rank order, each a
+ * NUL-terminated "host GPU" string (the host's name and the GPU's PCI
+ * bus id: hpu__dev_gpu_ident), "" for a rank on no GPU. Returns how many
+ * ranks name the same GPU as rank `rank` (itself included: at least 1;
+ * 1 when its entry is ""). The GPU's identity, not its index, counts: a
+ * worker that sees only its own GPU (CUDA_VISIBLE_DEVICES set per rank)
+ * and hpud's device maps give the right count. */
+int hpu__dev_gpu_sharers(const char *ids, size_t idlen, int world, int rank);
+
+/* This worker's entry for hpu__dev_gpu_sharers: "host bus-id" of the
+ * open device's GPU, or "" where it drives none. */
+void hpu__dev_gpu_ident(char *out, size_t outlen);
 
 /* The device-memory limit of a worker without --device-memory: the
  * device's own memory (capacity bytes, a GPU's) divided among the

@@ -34,19 +34,44 @@ static int env_int(hpu_env_id id, int dflt)
 	return hpu__parse_int(hpu__env_str(id), INT_MIN, INT_MAX, &v) ? dflt : v;
 }
 
+/* How many ranks drive this rank's GPU: every rank's identity of its
+ * GPU gathered (hpu__dev_gpu_ident; one all-gather that every rank
+ * makes, whatever its device), then counted. 1 on the CPU devices. 0,
+ * or -1 with a sentence in err. */
+#define GPU_IDENT 320
+static int gpu_sharers(hpucoll_comm *comm, int rank, int world, int *sharers, char *err,
+		       size_t errlen)
+{
+	char mine[GPU_IDENT];
+	hpu__dev_gpu_ident(mine, sizeof mine);
+	char *all = calloc((size_t)world, GPU_IDENT);
+	if (!all) {
+		snprintf(err, errlen, "out of memory gathering the ranks' GPUs");
+		return -1;
+	}
+	int rc = hpucoll_all_gather(comm, mine, all, GPU_IDENT, HPUCOLL_U8);
+	if (rc) {
+		const char *msg = hpucoll_comm_errmsg(comm);
+		snprintf(err, errlen, "gathering the ranks' GPUs failed: %s",
+			 msg && *msg ? msg : hpucoll_strerror(rc));
+		free(all);
+		return -1;
+	}
+	*sharers = hpu__dev_gpu_sharers(all, GPU_IDENT, world, rank);
+	free(all);
+	return 0;
+}
+
 /* --device-memory, or by default the device's memory shared by the
- * node's workers that drive it (hpu__dev_default_memory; *sharers: how
- * many). */
-static uint64_t device_memory(const hpu_train_opts *o, uint64_t capacity, int *sharers)
+ * workers that drive it (hpu__dev_default_memory). */
+static uint64_t device_memory(const hpu_train_opts *o, uint64_t capacity, int sharers)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	int local = env_int(HPU_ENV_LOCAL_WORLD_SIZE, 1);
-	const hpu__dev_caps *k = hpu__dev_caps_get();
 	uint64_t host = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-	*sharers = hpu__dev_gpu_sharers(k->gpu, k->gpus, local);
 	if (o->device_memory)
 		return o->device_memory;
-	return hpu__dev_default_memory(capacity, *sharers, host, local);
+	return hpu__dev_default_memory(capacity, sharers, host, local);
 }
 
 /* The options the device takes (--device-memory, --allow-tf32), after it
@@ -284,8 +309,15 @@ int main(int argc, char **argv)
 	uint64_t capacity = 0;
 	if (device_configure(&o, rank, &capacity, err, sizeof err) < 0)
 		goto out;
+	/* the ranks meet before devmem: its limit counts the workers that
+	 * share this rank's GPU */
+	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK ||
+	    hpu__same_opts_check(comm, &o, err, sizeof err) < 0)
+		goto out;
 	int sharers = 1;
-	uint64_t limit = device_memory(&o, capacity, &sharers);
+	if (gpu_sharers(comm, rank, world, &sharers, err, sizeof err) < 0)
+		goto out;
+	uint64_t limit = device_memory(&o, capacity, sharers);
 	if (hpu__devmem_init(limit, rank) < 0) {
 		snprintf(err, sizeof err, "cannot set up device memory");
 		goto out;
@@ -311,9 +343,6 @@ int main(int argc, char **argv)
 	if (o.verbose && rank == 0)
 		hpu__autocast_print(stdout);
 	kernels_setup(&o);
-	if (hpucoll_comm_init_env(&comm, err, sizeof err) != HPUCOLL_OK ||
-	    hpu__same_opts_check(comm, &o, err, sizeof err) < 0)
-		goto out;
 	if (hpu__model_setup(b, margc, margv, err, sizeof err) < 0)
 		goto out;
 	if (o.verbose && rank == 0)
