@@ -330,6 +330,14 @@ static void recomputed(hpu_strat *s, int j)
 	}
 }
 
+/* Layer j's saved memory was dropped by checkpointing (a layer that
+ * has none never misses it). */
+static int saved_missing(const hpu_strat *s, int j)
+{
+	const hpu_layer *l = s->b->layers[j];
+	return s->saved_transient[j] && !s->saved[j] && (l->saved_ps || l->saved_fixed);
+}
+
 /* Activation checkpointing: before layer i's backward, recomputes what
  * its segment dropped, from the segment's first layer to i. */
 static int recompute(hpu_strat *s, int i)
@@ -340,7 +348,7 @@ static int recompute(hpu_strat *s, int i)
 		missing = hpu__act_reads_in(ls[i], k) && !hpu__act_kept(s, ls[i]->in[k]);
 	for (int k = 0; k < ls[i]->nout && !missing; k++)
 		missing = hpu__act_reads_out(ls[i], k) && !hpu__act_kept(s, ls[i]->out[k]);
-	if (s->saved_transient[i] && !s->saved[i])
+	if (saved_missing(s, i))
 		missing = 1;
 	if (!missing)
 		return 0;
@@ -349,7 +357,7 @@ static int recompute(hpu_strat *s, int i)
 	for (int j = s->seg_start[i]; j <= i; j++) {
 		if (!ls[j]->for_loss)
 			continue;
-		int need = s->saved_transient[j] && !s->saved[j];
+		int need = saved_missing(s, j);
 		for (int k = 0; k < ls[j]->nout && !need; k++)
 			need = s->transient[ls[j]->out[k]] && !hpu__act_kept(s, ls[j]->out[k]);
 		if (need && layer_forward(s, j, i + 1, 1) < 0)
