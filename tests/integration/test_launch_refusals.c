@@ -139,6 +139,23 @@ static void test_missing_dataset(void **state)
 	h_free(&p);
 }
 
+/* The workers' environment knobs take their values only: a typo stops
+ * the job naming it, instead of silently running without it. */
+static void test_worker_knob_values(void **state)
+{
+	(void)state;
+	char *env[] = {"HPU_FUSED_ATTENTION=yes", NULL};
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+			(char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 60000);
+	printf("%s", p.out);
+	assert_int_not_equal(code, 0);
+	assert_non_null(strstr(p.out, "HPU_FUSED_ATTENTION=yes: must be 0 or 1"));
+	assert_null(strstr(p.out, "trained "));
+	h_free(&p);
+}
+
 static void expect_usage_error(char **argv, char *const env[], const char *text)
 {
 	proc p;
@@ -459,6 +476,7 @@ int main(void)
 		cmocka_unit_test(test_model_wrong_phase),
 		cmocka_unit_test(test_model_sticky_error),
 		cmocka_unit_test(test_missing_dataset),
+		cmocka_unit_test(test_worker_knob_values),
 		cmocka_unit_test(test_torchrun_alias_errors),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */

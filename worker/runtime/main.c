@@ -276,6 +276,12 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	long fused = 0; /* read by the attention layer when it is declared */
+	if (hpu__env_long(HPU_ENV_HPU_FUSED_ATTENTION, 0, 1, &fused) < 0) {
+		hpu__log(HPU_LOG_ERROR, "HPU_FUSED_ATTENTION=%s: must be 0 or 1",
+			 hpu__env_str(HPU_ENV_HPU_FUSED_ATTENTION));
+		return 2;
+	}
 	const char *path = argv[i++];
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
