@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "worker/ops/autocast.h"
 #include "worker/ops/backend.h"
@@ -142,8 +141,8 @@ int hpu_attention_fused_backward(const float *qkv, const int32_t *mask, const fl
 
 int hpu_attention_fused(void)
 {
-	const char *e = hpu__env_str(HPU_ENV_HPU_FUSED_ATTENTION);
-	if (!e || strcmp(e, "1") != 0)
+	long on = 0; /* hpu-worker refuses a value other than 0 or 1 */
+	if (hpu__env_long(HPU_ENV_HPU_FUSED_ATTENTION, 0, 1, &on) != 1 || !on)
 		return 0;
 	const hpu__backend *be = hpu__be();
 	return (be->flash_fwd && be->flash_bwd) || hpu__be_on_host();
