@@ -213,6 +213,12 @@ const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)
 	return comm->errmsg;
 }
 
+const char *hpucoll_comm_why(const hpucoll_comm *comm, int rc)
+{
+	const char *msg = comm ? hpucoll_comm_errmsg(comm) : NULL;
+	return msg && *msg ? msg : hpucoll_strerror(rc);
+}
+
 int hpucoll_comm_culprit(const hpucoll_comm *comm, int *code)
 {
 	if (code)

@@ -160,6 +160,11 @@ HPU_API int hpucoll_comm_size(const hpucoll_comm *comm);
 /* One sentence about the last error on this communicator ("" if none). */
 HPU_API const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
 
+/* What to say of a collective that returned rc on comm: the
+ * communicator's sentence (naming the peer) where it has one, else
+ * hpucoll_strerror(rc). comm may be NULL. */
+HPU_API const char *hpucoll_comm_why(const hpucoll_comm *comm, int rc);
+
 /* The rank the last error blames, or -1: a peer that died (*code
  * HPUCOLL_EPEER) or stopped answering (HPUCOLL_ETIMEDOUT: the ranks that
  * did not arrive at the collective, found by a probe before the timeout,

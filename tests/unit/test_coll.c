@@ -940,10 +940,15 @@ static void test_bad_args(void **state)
 	assert_int_equal(hpucoll_comm_rank(c), 1);
 	assert_int_equal(hpucoll_comm_size(c), 2);
 	assert_string_equal(hpucoll_comm_errmsg(c), "");
+	/* no sentence yet (or no communicator): the code's own words */
+	assert_string_equal(hpucoll_comm_why(c, HPUCOLL_EPEER), hpucoll_strerror(HPUCOLL_EPEER));
+	assert_string_equal(hpucoll_comm_why(NULL, HPUCOLL_EINVAL),
+			    hpucoll_strerror(HPUCOLL_EINVAL));
 	assert_null(strstr(hpucoll_comm_endpoint(c), "*"));
 	assert_non_null(strstr(hpucoll_comm_endpoint(c), "tcp://127.0.0.1:"));
 	assert_int_equal(hpucoll_barrier(c), HPUCOLL_EINVAL);
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "not connected"));
+	assert_ptr_equal(hpucoll_comm_why(c, HPUCOLL_EINVAL), hpucoll_comm_errmsg(c));
 	assert_int_equal(hpucoll_ibarrier(c, &req), HPUCOLL_EINVAL);
 	assert_null(req);
 	assert_int_equal(hpucoll_comm_set_topology(c, nodes, "bad/name",

@@ -51,9 +51,8 @@ static int gpu_sharers(hpucoll_comm *comm, int rank, int world, int *sharers, ch
 	}
 	int rc = hpucoll_all_gather(comm, mine, all, GPU_IDENT, HPUCOLL_U8);
 	if (rc) {
-		const char *msg = hpucoll_comm_errmsg(comm);
 		snprintf(err, errlen, "gathering the ranks' GPUs failed: %s",
-			 msg && *msg ? msg : hpucoll_strerror(rc));
+			 hpucoll_comm_why(comm, rc));
 		free(all);
 		return -1;
 	}

@@ -317,9 +317,8 @@ int hpu__quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
 	}
 	int rc = hpucoll_all_reduce(comm, v, v, (size_t)n * 3, HPUCOLL_F32, HPUCOLL_MAX);
 	if (rc) {
-		const char *m = hpucoll_comm_errmsg(comm);
 		snprintf(err, errlen, "measurement all-reduce failed: %s",
-			 m && *m ? m : hpucoll_strerror(rc));
+			 hpucoll_comm_why(comm, rc));
 		free(v);
 		return -1;
 	}

@@ -19,9 +19,8 @@ enum {
 
 static int coll_error(hpucoll_comm *comm, int rc, char *err, size_t errlen)
 {
-	const char *msg = hpucoll_comm_errmsg(comm);
 	return hpu__say(err, errlen, "comparing the ranks' training options failed: %s",
-		   msg && *msg ? msg : hpucoll_strerror(rc));
+			hpucoll_comm_why(comm, rc));
 }
 
 /* Appends to err at *at; keeps err terminated when it is full. */

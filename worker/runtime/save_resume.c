@@ -46,8 +46,7 @@ static int agree(hpucoll_comm *comm, const rec *mine, rec *all, char *err, size_
 		return say(err, errlen, "out of memory"), world;
 	int rc = hpucoll_all_gather(comm, mine, v, sizeof *mine, HPUCOLL_U8);
 	if (rc) {
-		const char *m = hpucoll_comm_errmsg(comm);
-		say(err, errlen, "checkpoint all-gather failed: %s", m && *m ? m : hpucoll_strerror(rc));
+		say(err, errlen, "checkpoint all-gather failed: %s", hpucoll_comm_why(comm, rc));
 		failed = world;
 	} else {
 		for (int r = world - 1; r >= 0; r--)
@@ -761,7 +760,7 @@ static int job_owners(hpucoll_comm *comm, hpu_ckpt_owners *who, char *err, size_
 	int rc = hpucoll_all_gather(comm, &me, all, 1, HPUCOLL_I32);
 	if (rc) {
 		free(all);
-		return say(err, errlen, "checkpoint all-gather failed: %s", hpucoll_strerror(rc));
+		return say(err, errlen, "checkpoint all-gather failed: %s", hpucoll_comm_why(comm, rc));
 	}
 	who->n = 0;
 	for (int r = 0; r < world; r++) {
@@ -1006,7 +1005,7 @@ static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE 
 	if (rc) {
 		free(all);
 		return say(err, errlen, "checkpoint statistics all-gather failed: %s",
-			   hpucoll_strerror(rc));
+			   hpucoll_comm_why(comm, rc));
 	}
 	if (rank == 0) {
 		double rd = 0, vf = 0, slow = 0;

@@ -116,9 +116,7 @@ static int fail(loop *L, const char *fmt, ...)
 
 static int coll_fail(loop *L, const char *what, int rc)
 {
-	const char *msg = hpucoll_comm_errmsg(L->comm);
-	snprintf(L->err, L->errlen, "%s failed: %s", what,
-		 msg && *msg ? msg : hpucoll_strerror(rc));
+	snprintf(L->err, L->errlen, "%s failed: %s", what, hpucoll_comm_why(L->comm, rc));
 	return -1;
 }
 

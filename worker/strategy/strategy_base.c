@@ -23,8 +23,7 @@ int hpu__strat_fail(hpu_strat *s, const char *fmt, ...)
 
 int hpu__strat_coll_fail(hpu_strat *s, const char *what, int rc)
 {
-	const char *msg = hpucoll_comm_errmsg(s->comm);
-	return fail(s, "%s failed: %s", what, msg && *msg ? msg : hpucoll_strerror(rc));
+	return fail(s, "%s failed: %s", what, hpucoll_comm_why(s->comm, rc));
 }
 
 void *hpu__strat_dalloc(hpu_strat *s, hpu_mem_kind kind, size_t bytes, const char *what)
