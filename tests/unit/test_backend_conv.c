@@ -9,7 +9,9 @@
  * Public ops under autocast / fp8: against the same calls on the
  * reference backend (hpu__be_set), within one bf16 rounding of the
  * outputs the ops round (2^-8 relative), 1e-5 for the fp32 accumulators.
- * Every check prints its maxdiff (llm.c style).
+ * Every check prints its maxdiff (llm.c style). Max pooling on
+ * backend_vec.c's loops: bit for bit, ties, NaN and signed zeros in the
+ * windows.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -24,6 +26,7 @@
 
 #include "worker/ops/backend.h"
 #include "worker/ops/backend_dnnl.h"
+#include "worker/ops/backend_vec.h"
 #include "worker/ops/fp8.h"
 #include "tests/unit/num_testlib.h"
 #include "worker/ops/ops_ref.h"
@@ -431,6 +434,86 @@ static void test_pool(void **state)
 	}
 }
 
+/* ---- max pooling on backend_vec.c's AVX-512 loops ---- */
+
+/* Fails, naming the first element whose bits differ (n of 4 bytes). */
+static void check_bits(const char *what, const void *got, const void *want, size_t n)
+{
+	const uint32_t *g = got, *r = want;
+	size_t i = 0;
+	while (i < n && g[i] == r[i])
+		i++;
+	if (i < n)
+		printf("  %-44s element %zu: 0x%08x, the reference 0x%08x  FAIL\n", what, i,
+		       (unsigned)g[i], (unsigned)r[i]);
+	else
+		printf("  %-44s bit for bit\n", what);
+	assert_true(i == n);
+}
+
+/* Values that tie and NaN: drawn from {-1, -0, +0, 0.5, 1, NaN}, NaN one
+ * time in 12, so that windows hold equal maxima, signed zeros and NaN in
+ * every position. */
+static void fill_ties(float *a, size_t n)
+{
+	static const float v[] = {-1.0f, -0.0f, 0.0f, 0.5f, 1.0f, 1.0f};
+	for (size_t i = 0; i < n; i++) {
+		float u = rng_uniform(0.0f, 12.0f);
+		a[i] = u < 1.0f ? NAN : v[(int)u % 6];
+	}
+}
+
+static void test_maxpool_vec(void **state)
+{
+	(void)state;
+	if (!hpu__vec_ok())
+		skip(); /* no AVX-512F: the table runs the reference */
+	static const pool_case cases[] = {
+		{1, 1, 2, 2, 2, 2},    {2, 3, 7, 5, 2, 2},  /* odd: last row, column unread */
+		{3, 2, 9, 35, 2, 2},   /* 17 windows a row: a full vector and one lane */
+		{2, 2, 6, 66, 2, 2},   {1, 3, 3, 3, 2, 2},
+		{4, 32, 28, 28, 2, 2}, {4, 64, 14, 14, 2, 2}, /* the CNN's */
+	};
+	rng_seed(29);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		const pool_case *p = &cases[i];
+		int oh = p->h / 2, ow = p->w / 2;
+		size_t nx = (size_t)p->batch * p->ch * p->h * p->w;
+		size_t ny = (size_t)p->batch * p->ch * oh * ow;
+		float *x = xcalloc(nx, 4), *dy = xcalloc(ny, 4);
+		float *y = xcalloc(ny, 4), *yr = xcalloc(ny, 4);
+		float *dx = xcalloc(nx, 4), *dxr = xcalloc(nx, 4);
+		int32_t *idx = xcalloc(ny, 4), *idxr = xcalloc(ny, 4);
+		fill_ties(x, nx), fill_ties(dy, ny);
+		fill_nan(y, ny), fill_nan(dx, nx), memset(idx, 0xff, ny * 4);
+		assert_int_equal(hpu__vec_maxpool_fwd(x, y, idx, p->batch, p->ch, p->h, p->w, 2, 2),
+				 HPU_BE_OK);
+		hpu__ref_maxpool2d_forward(x, yr, idxr, p->batch, p->ch, p->h, p->w, 2, 2);
+		/* the backward from the reference's idx (the same, checked below) */
+		assert_int_equal(hpu__vec_maxpool_bwd(dy, idxr, dx, p->batch, p->ch, p->h, p->w,
+						      2, 2),
+				 HPU_BE_OK);
+		hpu__ref_maxpool2d_backward(dy, idxr, dxr, p->batch, p->ch, p->h, p->w, 2, 2);
+		char what[160];
+		snprintf(what, sizeof what, "maxpool %dx%dx%dx%d vec fwd y", p->batch, p->ch, p->h,
+			 p->w);
+		check_bits(what, y, yr, ny);
+		snprintf(what, sizeof what, "maxpool %dx%dx%dx%d vec fwd idx", p->batch, p->ch,
+			 p->h, p->w);
+		check_bits(what, idx, idxr, ny);
+		snprintf(what, sizeof what, "maxpool %dx%dx%dx%d vec bwd", p->batch, p->ch, p->h,
+			 p->w);
+		check_bits(what, dx, dxr, nx);
+		free(x), free(dy), free(y), free(yr), free(dx), free(dxr), free(idx), free(idxr);
+	}
+	/* other windows are the reference's: nothing written */
+	float x[9] = {0}, y[4] = {0};
+	int32_t idx[4] = {0};
+	assert_int_equal(hpu__vec_maxpool_fwd(x, y, idx, 1, 1, 3, 3, 2, 1), HPU_BE_UNSUPPORTED);
+	assert_int_equal(hpu__vec_maxpool_fwd(x, y, idx, 1, 1, 3, 3, 3, 3), HPU_BE_UNSUPPORTED);
+	assert_int_equal(hpu__vec_maxpool_bwd(y, idx, x, 1, 1, 3, 3, 3, 2), HPU_BE_UNSUPPORTED);
+}
+
 int main(void)
 {
 	printf("backend: %s\n", hpu__dnnl_backend()->describe());
@@ -438,7 +521,7 @@ int main(void)
 		cmocka_unit_test(test_conv_f32),    cmocka_unit_test(test_conv_bf16),
 		cmocka_unit_test(test_public_fp32), cmocka_unit_test(test_public_bf16),
 		cmocka_unit_test(test_public_fp16), cmocka_unit_test(test_public_fp8),
-		cmocka_unit_test(test_pool),
+		cmocka_unit_test(test_pool),        cmocka_unit_test(test_maxpool_vec),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,7 @@
 #include "worker/ops/backend.h"
 #include "worker/ops/autocast.h"
 #include "worker/ops/backend_dnnl.h"
+#include "worker/ops/backend_vec.h"
 #include "worker/ops/fp8.h"
 #include "common/lowp.h"
 #include "tests/unit/num_testlib.h"
@@ -164,6 +165,76 @@ static void test_eltwise(void **state)
 	/* n = 0 writes nothing and succeeds */
 	assert_int_equal(be->eltwise_fwd(HPU_ELT_GELU_TANH, NULL, NULL, 0), HPU_BE_OK);
 	assert_int_equal(be->eltwise_bwd(HPU_ELT_TANH, NULL, NULL, NULL, 0), HPU_BE_OK);
+}
+
+/* Fails, naming the first element whose bits differ. */
+static void check_bits(const char *what, const float *got, const float *want, size_t n)
+{
+	size_t i = 0;
+	while (i < n && !memcmp(&got[i], &want[i], sizeof *got))
+		i++;
+	uint32_t g = 0, r = 0;
+	if (i < n)
+		memcpy(&g, &got[i], 4), memcpy(&r, &want[i], 4);
+	printf("  %-44s %s", what, i < n ? "" : "bit for bit\n");
+	if (i < n)
+		printf("element %zu: 0x%08x, the reference 0x%08x  FAIL\n", i, (unsigned)g,
+		       (unsigned)r);
+	assert_true(i == n);
+}
+
+/* Inputs where a selection can go wrong: NaN of both signs, signed zeros,
+ * subnormals, infinities, and ordinary values, one in 3 special. */
+static void fill_special(float *a, size_t n)
+{
+	static const float v[] = {NAN, -NAN, 0.0f, -0.0f, 1e-45f, -1e-45f, INFINITY, -INFINITY};
+	for (size_t i = 0; i < n; i++) {
+		float u = rng_uniform(0.0f, 24.0f);
+		a[i] = u < 8.0f ? v[(int)u] : rng_uniform(-2.0f, 2.0f);
+	}
+}
+
+/* ReLU on the table (forward oneDNN's, backward backend_vec.c's loop) is
+ * the reference's selection bit for bit: NaN, -0, subnormals, from 1
+ * element to past where the backward streams (2^20), dx off the 64-byte
+ * line, and in place. */
+static void test_relu_bits(void **state)
+{
+	(void)state;
+	hpu__be_set(NULL);
+	const hpu__backend *be = hpu__be();
+	assert_string_equal(be->name, "oneDNN");
+	static const size_t ns[] = {1, 7, 16, 17, 33, 1000003, ((size_t)1 << 20) + 21};
+	rng_seed(5);
+	for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+		size_t n = ns[t];
+		float *x = fbuf(n), *y = fbuf(n), *yr = fbuf(n), *dy = fbuf(n);
+		float *dxb = fbuf(n + 1), *dxr = fbuf(n), *io = fbuf(n);
+		float *dx = dxb + 1; /* 4 bytes past calloc's alignment */
+		fill_special(x, n), fill_special(dy, n);
+		fill_nan(y, n), fill_nan(dxb, n + 1);
+		char what[96];
+		assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, x, y, n), HPU_BE_OK);
+		hpu__ref_relu_forward(x, yr, n);
+		snprintf(what, sizeof what, "relu fwd n=%zu (table)", n);
+		check_bits(what, y, yr, n);
+		if (!hpu__vec_ok()) { /* no AVX-512F: the backward is the reference */
+			assert_int_equal(be->eltwise_bwd(HPU_ELT_RELU, x, dy, dx, n),
+					 HPU_BE_UNSUPPORTED);
+			free(x), free(y), free(yr), free(dy), free(dxb), free(dxr), free(io);
+			continue;
+		}
+		/* at = x: NaN and -0 reach the backward's test too */
+		hpu__ref_relu_backward(x, dy, dxr, n);
+		assert_int_equal(be->eltwise_bwd(HPU_ELT_RELU, x, dy, dx, n), HPU_BE_OK);
+		snprintf(what, sizeof what, "relu bwd n=%zu (table)", n);
+		check_bits(what, dx, dxr, n);
+		memcpy(io, dy, n * sizeof *io);
+		assert_int_equal(hpu__vec_relu_bwd(x, io, io, n), HPU_BE_OK);
+		snprintf(what, sizeof what, "relu bwd n=%zu in place (vec)", n);
+		check_bits(what, io, dxr, n);
+		free(x), free(y), free(yr), free(dy), free(dxb), free(dxr), free(io);
+	}
 }
 
 /* oneDNN's gelu_tanh is 0.5 x (1 + tanh u): in the left tail 1 + tanh u
@@ -661,6 +732,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_eltwise),   cmocka_unit_test(test_gelu_tail),
+		cmocka_unit_test(test_relu_bits),
 		cmocka_unit_test(test_softmax),   cmocka_unit_test(test_layernorm),
 		cmocka_unit_test(test_public_fp32), cmocka_unit_test(test_public_bf16),
 		cmocka_unit_test(test_passes_on_table),
