@@ -16,10 +16,12 @@
 #   rest       everything else in the steps (memset, malloc, the runtime,
 #              the kernel's page faults and scheduling)
 # start-up (the dataset's gunzip and parsing, dynamic linking, model
-# init) is left out of the shares. From the trace (hpu-trace): the mean
+# init) is left out of the shares. From the trace (hpu-trace): the
 # `data_loading` (the training thread waiting for a batch) and, for D > 1,
-# the mean `all_reduce` (the collective, asynchronous: wait included) per
-# step, in ms, and the step's mean.
+# the `all_reduce` time (the collectives, asynchronous: wait included) per
+# step and rank (all its calls in a step, however many), in ms, and the
+# step's mean (each action's total over the steps; hpu-trace's mean_ms is
+# per call).
 #
 #   bash bench/step_split.sh BUILD_DIR MODEL PRECISION [DEVICES] [STEPS] [HPULAUNCH ARGS...]
 #
@@ -101,11 +103,14 @@ if base > 0:  # the short run's samples out: what is left is steps base+1 .. ste
 steady = sum(v for k, v in cat.items() if k != "startup") or 1
 cpu_ms = steady / 2.0 / steps / dev  # samples at 2000 Hz: CPU ms per step and rank
 order = ["gemm/conv", "other ops", "casts", "optimizer", "comm", "loader", "rest"]
-waits = {}
-for line in open(trace):
+waits = {}; nsteps = 0
+for line in open(trace):  # action count total_ms mean_ms ...: ms per step and rank
     f = line.split()
     if len(f) >= 5 and f[0] in ("step", "data_loading", "all_reduce", "reduce_scatter", "all_gather", "optimizer_step", "backward", "forward"):
-        waits[f[0]] = float(f[3])
+        waits[f[0]] = float(f[2])
+        if f[0] == "step":
+            nsteps = int(f[1])
+waits = {k: v / max(nsteps, 1) for k, v in waits.items()}
 print("split %s: cpu %.2f ms/step/rank: " % (label, cpu_ms) + "  ".join("%s %.1f%%" % (k, 100 * cat[k] / steady) for k in order)
       + "  | trace ms/step: " + "  ".join("%s %.2f" % (k, v) for k, v in waits.items()))
 for k in order:
