@@ -217,8 +217,9 @@ int hpu__strat_grads_bad(hpu_strat *s, float *bad)
 			at = n / (size_t)s->world * (size_t)s->rank;
 			end = s->rank == s->world - 1 ? n : at + n / (size_t)s->world;
 		}
-		*bad = (float)hpu__strat_nonfinite(
-			s, hpu__strat_at(s, HPU_PLAN_GRADS, s->u[k].opt_g, at), end - at);
+		if (end > at) /* a unit smaller than the world leaves some ranks none */
+			*bad = (float)hpu__strat_nonfinite(
+				s, hpu__strat_at(s, HPU_PLAN_GRADS, s->u[k].opt_g, at), end - at);
 	}
 	if (!s->sharded && !split)
 		return 0;
