@@ -289,6 +289,8 @@ struct hpucoll_comm {
 	struct hpucoll__peer *peers; /* `size` entries once connected */
 	struct hpucoll__shm *shm;    /* this node's segment, or NULL */
 	unsigned char *shm_buf;      /* staging for shared-memory sends */
+	void *shm_next;              /* what the last shared-memory send_buf
+					handed out: a slot, or shm_buf */
 	zmq_msg_t out;               /* staging for ZeroMQ sends */
 	int zc_pending;              /* zero-copy sends in this collective */
 	struct hpucoll__group all;   /* every rank */
@@ -396,6 +398,8 @@ int hpucoll__sec_client(hpucoll_comm *c, void *sock, int dst);
  * hpucoll__send / send_buf / send_commit / recv / release (each as
  * described there; the dispatch counts the traffic). */
 struct hpucoll__transport {
+	int copies; /* a send copies its payload (shared memory): one built
+		       in send_buf's buffer is not copied again */
 	int (*send)(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 		    const void *data, int zc);
 	void *(*send_buf)(hpucoll_comm *c, int dst, size_t len);
@@ -425,6 +429,9 @@ int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 
 /* Returns a buffer of `len` bytes to build the payload of the next message
  * to `dst` in, sent by hpucoll__send_commit() (NULL: out of memory). */
+/* 1 when the transport to `dst` copies what hpucoll__send() sends (shared
+ * memory): a payload built in hpucoll__send_buf() then saves that copy. */
+int hpucoll__send_copies(const hpucoll_comm *c, int dst);
 void *hpucoll__send_buf(hpucoll_comm *c, int dst, size_t len);
 int hpucoll__send_commit(hpucoll_comm *c, int dst,
 			 const struct hpucoll__hdr *hdr);
@@ -530,6 +537,11 @@ int hpucoll__probe_take(hpucoll_comm *c, const struct hpucoll__hdr *h);
  * overlaps neither. AVG adds (hpucoll__divide finishes it). */
 void hpucoll__reduce(hpucoll_dtype dtype, hpucoll_op op, void *dst,
 		     const void *a, const void *b, size_t n);
+
+/* dst[i] = dst2[i] = a[i] op b[i]: the same bytes as hpucoll__reduce()
+ * into both, in one pass. dst may be a; dst2 overlaps nothing. */
+void hpucoll__reduce2(hpucoll_dtype dtype, hpucoll_op op, void *dst,
+		      void *dst2, const void *a, const void *b, size_t n);
 
 /* x[i] /= by for n elements (integers truncate toward zero). */
 void hpucoll__divide(hpucoll_dtype dtype, void *x, size_t n, int by);

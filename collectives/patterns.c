@@ -110,6 +110,31 @@ static unsigned char *ring_out(const struct hpucoll__ring *rg, size_t e)
 	return rg->out + (e * rg->r.es - rg->base);
 }
 
+/* Step n - 2 of a ring that goes on, over a transport that copies what it
+ * sends (shared memory): the final sums go into this rank's output and
+ * into the message for next in one pass, instead of a second pass copying
+ * them from the output into the slot. */
+static int ring_final_both(struct hpucoll__ring *rg, int t, size_t e,
+			   size_t l, const void *d)
+{
+	hpucoll_comm *c = rg->c;
+	int n = rg->g->n, me = rg->g->me;
+	int prev = grank(rg->g, mod(me - 1, n));
+	int next = grank(rg->g, mod(me + 1, n));
+	size_t es = rg->r.es, bytes = l * es;
+	void *buf = hpucoll__send_buf(c, next, bytes);
+
+	if (buf == NULL) {
+		hpucoll__release(c, prev);
+		return no_memory(c, bytes);
+	}
+	hpucoll__reduce2(rg->r.dt, rg->r.op, ring_out(rg, e), buf,
+			 rg->in + e * es, d, l);
+	hpucoll__release(c, prev);
+	struct hpucoll__hdr h = hdr(c, c->rank, (unsigned)t + 1, e * es, bytes);
+	return hpucoll__send_commit(c, next, &h);
+}
+
 /* Receives slice s of step t and does what the step says with it. */
 static int ring_step(struct hpucoll__ring *rg, int t, size_t s)
 {
@@ -144,6 +169,9 @@ static int ring_step(struct hpucoll__ring *rg, int t, size_t s)
 					    e * es, bytes);
 		return hpucoll__send_commit(c, grank(rg->g, next), &h);
 	}
+	if (t == n - 2 && t != last && rg->r.divisor == 0 &&
+	    hpucoll__send_copies(c, grank(rg->g, next)))
+		return ring_final_both(rg, t, e, l, d);
 	dst = ring_out(rg, e);
 	if (t == n - 2) {
 		/* The chunk is final here, and only here: AVG divides. */

@@ -7,7 +7,8 @@
  * per dtype and op keep the loops free of aliasing checks: dst distinct
  * from both operands, dst == a, dst == b. The operand order is kept
  * (a op b), so that callers that need the same bytes on every rank can
- * fix it; it matters only for NaNs.
+ * fix it; it matters only for NaNs. hpucoll__reduce2 writes the same
+ * result into two places (the caller's output and a shared-memory slot).
  *
  * f16 and bf16 are widened to f32, combined in f32 and rounded back to
  * nearest-even once per step, by common/lowp.h, as the worker rounds.
@@ -82,6 +83,33 @@ typedef void (*kernel)(void *dst, const void *a, const void *b, size_t n);
 			d[i] = EXPR(x[i], d[i]);                             \
 	}
 
+/* name_2 (dst distinct from a) and name_2a (dst == a): the result into
+ * dst and dst2, which overlaps nothing. */
+#define KERNELS2(name, T, EXPR)                                              \
+	HPU_CLONES static void name##_2(void *dst, void *dst2, const void *a, \
+					const void *b, size_t n)             \
+	{                                                                    \
+		T *restrict d = dst;                                         \
+		T *restrict e = dst2;                                        \
+		const T *restrict x = a;                                     \
+		const T *restrict y = b;                                     \
+                                                                             \
+		for (size_t i = 0; i < n; i++)                               \
+			d[i] = e[i] = EXPR(x[i], y[i]);                      \
+	}                                                                    \
+	HPU_CLONES static void name##_2a(void *dst, void *dst2,               \
+					 const void *a, const void *b,       \
+					 size_t n)                           \
+	{                                                                    \
+		T *restrict d = dst;                                         \
+		T *restrict e = dst2;                                        \
+		const T *restrict y = b;                                     \
+                                                                             \
+		(void)a;                                                     \
+		for (size_t i = 0; i < n; i++)                               \
+			d[i] = e[i] = EXPR(d[i], y[i]);                      \
+	}
+
 KERNELS(f32_sum, f32u, SUM)
 KERNELS(f32_max, f32u, MAX)
 KERNELS(f32_min, f32u, MIN)
@@ -103,6 +131,28 @@ KERNELS(i64_min, i64u, MIN)
 KERNELS(u8_sum, u8u, USUM8)
 KERNELS(u8_max, u8u, MAX)
 KERNELS(u8_min, u8u, MIN)
+
+KERNELS2(f32_sum, f32u, SUM)
+KERNELS2(f32_max, f32u, MAX)
+KERNELS2(f32_min, f32u, MIN)
+KERNELS2(f64_sum, f64u, SUM)
+KERNELS2(f64_max, f64u, MAX)
+KERNELS2(f64_min, f64u, MIN)
+KERNELS2(f16_sum, u16u, HSUM)
+KERNELS2(f16_max, u16u, HMAX)
+KERNELS2(f16_min, u16u, HMIN)
+KERNELS2(bf16_sum, u16u, BSUM)
+KERNELS2(bf16_max, u16u, BMAX)
+KERNELS2(bf16_min, u16u, BMIN)
+KERNELS2(i32_sum, i32u, USUM32)
+KERNELS2(i32_max, i32u, MAX)
+KERNELS2(i32_min, i32u, MIN)
+KERNELS2(i64_sum, i64u, USUM64)
+KERNELS2(i64_max, i64u, MAX)
+KERNELS2(i64_min, i64u, MIN)
+KERNELS2(u8_sum, u8u, USUM8)
+KERNELS2(u8_max, u8u, MAX)
+KERNELS2(u8_min, u8u, MIN)
 
 #define ROW(t)                                                               \
 	{                                                                    \
@@ -126,6 +176,29 @@ void hpucoll__reduce(hpucoll_dtype dtype, hpucoll_op op, void *dst,
 	int v = dst == a ? 1 : dst == b ? 2 : 0;
 
 	kernels[dtype][op][v](dst, a, b, n);
+}
+
+typedef void (*kernel2)(void *dst, void *dst2, const void *a, const void *b,
+			size_t n);
+
+#define ROW2(t)                                                              \
+	{                                                                    \
+		{t##_sum_2, t##_sum_2a}, {t##_sum_2, t##_sum_2a},            \
+			{t##_max_2, t##_max_2a}, {t##_min_2, t##_min_2a},    \
+	}
+
+/* [dtype][op][dst == a]; AVG adds. */
+static const kernel2 kernels2[HPUCOLL_NUM_DTYPES][HPUCOLL_NUM_OPS][2] = {
+	[HPUCOLL_F32] = ROW2(f32), [HPUCOLL_F64] = ROW2(f64),
+	[HPUCOLL_F16] = ROW2(f16), [HPUCOLL_BF16] = ROW2(bf16),
+	[HPUCOLL_I32] = ROW2(i32), [HPUCOLL_I64] = ROW2(i64),
+	[HPUCOLL_U8] = ROW2(u8),
+};
+
+void hpucoll__reduce2(hpucoll_dtype dtype, hpucoll_op op, void *dst,
+		      void *dst2, const void *a, const void *b, size_t n)
+{
+	kernels2[dtype][op][dst == a](dst, dst2, a, b, n);
 }
 
 /* ---- AVG: the division by the number of ranks ---- */

@@ -20,7 +20,9 @@
  * n - tail < nslots, copies the header and payload into the slot and
  * stores seq = n + 1 with release; the consumer waits until that slot's seq
  * is n + 1 (acquire), hands out a pointer to the payload and, on release,
- * stores tail = n + 1 with release. The producer keeps its own count and
+ * stores tail = n + 1 with release. A producer may also build message n's
+ * payload in its slot before sending it (hpucoll__shm_slot(), only once
+ * n - tail < nslots): the send then copies nothing. The producer keeps its own count and
  * the consumer its own tail in process memory, so the only shared words
  * on the fast path are the slot's header line, the tail (read by the
  * producer only when the ring looks full) and the consumer's waiter flag.
@@ -410,13 +412,27 @@ int hpucoll__shm_send(hpucoll__shm *s, int dst, const struct hpucoll__hdr *hdr,
 	}
 	sl = slot_at(t->slots, t->head, s->nslots);
 	sl->hdr = *hdr;
-	if (hdr->len > 0)
+	if (hdr->len > 0 && data != (const void *)(sl + 1))
 		memcpy(sl + 1, data, hdr->len);
 	t->head++;
 	atomic_store(&sl->seq, t->head); /* seq_cst: see sleep_on() */
 	if (atomic_load(&t->ctl->cons_wait))
 		futex_wake(&sl->seq, 1);
 	return HPUCOLL_OK;
+}
+
+void *hpucoll__shm_slot(hpucoll__shm *s, int dst)
+{
+	struct tx *t;
+
+	assert(dst >= 0 && dst < s->nlocal && dst != s->local);
+	t = &s->tx[dst];
+	if (t->head - t->tail_seen >= s->nslots)
+		t->tail_seen = atomic_load_explicit(&t->ctl->tail,
+						    memory_order_acquire);
+	if (t->head - t->tail_seen >= s->nslots)
+		return NULL;
+	return slot_at(t->slots, t->head, s->nslots) + 1;
 }
 
 int hpucoll__shm_recv(hpucoll__shm *s, int src, struct hpucoll__hdr *hdr,

@@ -42,6 +42,12 @@ int hpucoll__shm_open(hpucoll__shm **out, const char *job, int node,
 int hpucoll__shm_send(hpucoll__shm *s, int dst, const struct hpucoll__hdr *hdr,
 		      const void *data, int timeout_ms);
 
+/* The payload area of the next slot towards local rank dst when the ring
+ * has room for it now, else NULL (never waits). A payload written there
+ * and passed to hpucoll__shm_send() as `data` is not copied again. Valid
+ * until the next send to dst. */
+void *hpucoll__shm_slot(hpucoll__shm *s, int dst);
+
 /* Waits for the next message from local rank src; *hdr gets its header,
  * *data points at its payload inside the segment, valid until
  * hpucoll__shm_release(s, src). Only one message per source may be held. */

@@ -83,6 +83,11 @@ void *hpucoll__send_buf(hpucoll_comm *c, int dst, size_t len)
 	return c->peers[dst].tp->send_buf(c, dst, len);
 }
 
+int hpucoll__send_copies(const hpucoll_comm *c, int dst)
+{
+	return c->peers[dst].tp->copies;
+}
+
 int hpucoll__send_commit(hpucoll_comm *c, int dst,
 			 const struct hpucoll__hdr *hdr)
 {

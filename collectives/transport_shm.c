@@ -105,21 +105,27 @@ out:
 	return rc;
 }
 
+/* The next slot towards dst itself when its ring has room now, so that
+ * the payload is built where the peer reads it; else the staging buffer,
+ * copied into the slot once there is room (a wait for room must not hold
+ * a received slot). */
 static void *shm_send_buf(hpucoll_comm *c, int dst, size_t len)
 {
-	(void)dst;
+	void *slot = hpucoll__shm_slot(c->shm, c->peers[dst].shm);
+
 	(void)len;
-	return c->shm_buf;
+	c->shm_next = slot != NULL ? slot : c->shm_buf;
+	return c->shm_next;
 }
 
 static int shm_send_commit(hpucoll_comm *c, int dst,
 			   const struct hpucoll__hdr *hdr)
 {
-	return shm_send(c, dst, hdr, c->shm_buf);
+	return shm_send(c, dst, hdr, c->shm_next);
 }
 
 /* The shared-memory send never sends in place: the payload is copied into
- * the slot. */
+ * the slot, unless it was built there (send_buf). */
 static int shm_send_to(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 		       const void *data, int zc)
 {
@@ -187,6 +193,7 @@ static void shm_release(hpucoll_comm *c, int src)
 }
 
 const struct hpucoll__transport hpucoll__shm_transport = {
+	.copies = 1,
 	.send = shm_send_to,
 	.send_buf = shm_send_buf,
 	.send_commit = shm_send_commit,

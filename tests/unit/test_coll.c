@@ -883,6 +883,60 @@ static void test_kernels(void **state)
 	free(fb);
 }
 
+/* hpucoll__reduce2 (the ring's final sums into the output and a
+ * shared-memory slot at once) writes into both exactly the bytes
+ * hpucoll__reduce writes: every dtype and op, on random bits (NaNs
+ * included), out of place and in place (dst == a), from addresses one
+ * byte off alignment. */
+static void test_kernels_two_outputs(void **state)
+{
+	enum { N = 4099 };
+	unsigned seed = 11;
+	unsigned char *a = malloc(8 * N + 1), *b = malloc(8 * N + 1);
+	unsigned char *want = malloc(8 * N + 1), *d = malloc(8 * N + 1);
+	unsigned char *d2 = malloc(8 * N + 1);
+
+	(void)state;
+	assert_true(a && b && want && d && d2);
+	for (int t = 0; t < HPUCOLL_NUM_DTYPES; t++) {
+		size_t bytes = N * hpucoll_dtype_size((hpucoll_dtype)t);
+
+		for (int op = 0; op < HPUCOLL_NUM_OPS; op++) {
+			for (int inplace = 0; inplace < 2; inplace++) {
+				for (size_t i = 0; i < bytes; i++) {
+					a[1 + i] = (unsigned char)rand_r(&seed);
+					b[i] = (unsigned char)rand_r(&seed);
+				}
+				hpucoll__reduce(t, op, want + 1, a + 1, b, N);
+				memset(d2, 0xa5, bytes + 1);
+				if (inplace) {
+					hpucoll__reduce2(t, op, a + 1, d2 + 1,
+							 a + 1, b, N);
+					memcpy(d + 1, a + 1, bytes);
+				} else {
+					hpucoll__reduce2(t, op, d + 1, d2 + 1,
+							 a + 1, b, N);
+				}
+				if (memcmp(d + 1, want + 1, bytes) != 0 ||
+				    memcmp(d2 + 1, want + 1, bytes) != 0)
+					fprintf(stderr, "%s %s%s: two outputs "
+							"differ from reduce\n",
+						ct_dtype_names[t],
+						ct_op_names[op],
+						inplace ? " in place" : "");
+				assert_memory_equal(d + 1, want + 1, bytes);
+				assert_memory_equal(d2 + 1, want + 1, bytes);
+				assert_int_equal(d2[0], 0xa5);
+			}
+		}
+	}
+	free(a);
+	free(b);
+	free(want);
+	free(d);
+	free(d2);
+}
+
 /* ---- API and error paths, in this process ---- */
 
 static void test_strerror(void **state)
@@ -1333,6 +1387,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_strerror),
 		cmocka_unit_test(test_kernels),
+		cmocka_unit_test(test_kernels_two_outputs),
 		cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_timeout),
 		cmocka_unit_test(test_timeout_env),

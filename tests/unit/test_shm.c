@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sched.h>
@@ -232,6 +233,76 @@ static void test_pairs_8(void **state)
 {
 	(void)state;
 	run_ranks(8, pairs_rank, NULL);
+}
+
+/* ---- Payloads built in the slot ---- */
+
+/* Rank 0 builds messages in the slots hpucoll__shm_slot hands out until
+ * it says the ring is full (rank 1 does not receive before *go), then goes
+ * on with slots where there is room and copied sends where not, and
+ * leaves one slot written but unsent before a copied send. Rank 1 checks
+ * every message. */
+#define SLOT_MSGS (3 * PAIR_MSGS)
+
+static void slot_rank(int me, int n, const char *job, void *arg)
+{
+	_Atomic int *go = arg;
+	hpucoll__shm *s = open_rank(job, 0, me, n);
+	unsigned char *buf = malloc(MAXP), *p;
+	uint32_t k = 0, slots = 0;
+
+	CHECK(buf != NULL);
+	if (me == 1) {
+		for (int i = 0; i < 100000 && !atomic_load(go); i++)
+			usleep(1000);
+		CHECK(atomic_load(go));
+		for (k = 0; k < SLOT_MSGS; k++)
+			recv_msg(s, 0, 1, k, sizes[k % 4]);
+		goto out;
+	}
+	while ((p = hpucoll__shm_slot(s, 1)) != NULL) {
+		struct hpucoll__hdr h = make_hdr(0, 1, k, sizes[k % 4]);
+
+		CHECK(k < 64); /* the ring has a bound */
+		fill(p, h.len, 0, 1, k);
+		CHECK_RC(hpucoll__shm_send(s, 1, &h, p, LONG_MS));
+		k++;
+	}
+	CHECK(k >= 2); /* at least MIN_SLOTS before the ring is full */
+	atomic_store(go, 1);
+	for (; k < SLOT_MSGS; k++) {
+		struct hpucoll__hdr h = make_hdr(0, 1, k, sizes[k % 4]);
+
+		p = hpucoll__shm_slot(s, 1);
+		if (p != NULL && k % 5 == 0) { /* written, then not sent */
+			memset(p, 0x5a, MAXP);
+			p = NULL;
+		}
+		if (p == NULL) {
+			send_msg(s, buf, 0, 1, k, h.len);
+			continue;
+		}
+		slots++;
+		fill(p, h.len, 0, 1, k);
+		CHECK_RC(hpucoll__shm_send(s, 1, &h, p, LONG_MS));
+	}
+	printf("slot sends: %u of %d after the ring filled\n", slots,
+	       SLOT_MSGS - PAIR_MSGS);
+out:
+	free(buf);
+	hpucoll__shm_close(&s);
+}
+
+static void test_slot_send(void **state)
+{
+	_Atomic int *go = mmap(NULL, sizeof *go, PROT_READ | PROT_WRITE,
+			       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	(void)state;
+	assert_true(go != MAP_FAILED);
+	atomic_store(go, 0);
+	run_ranks(2, slot_rank, (void *)go);
+	munmap((void *)go, sizeof *go);
 }
 
 /* ---- Latency and bandwidth (printed) ---- */
@@ -791,6 +862,7 @@ int main(void)
 		cmocka_unit_test(test_pairs_2),
 		cmocka_unit_test(test_pairs_3),
 		cmocka_unit_test(test_pairs_8),
+		cmocka_unit_test(test_slot_send),
 		cmocka_unit_test(test_pingpong),
 		cmocka_unit_test(test_stream),
 		cmocka_unit_test(test_dead_peer_recv),

@@ -326,19 +326,14 @@ static void fp32_grads_done(hpu_strat *s, int o, int final)
  * NaN) skips the step everywhere; else clip and step. */
 static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
-	float bad = 0;
-	for (int k = 0; k < s->nunits && !bad; k++)
-		bad = (float)hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n);
+	float bad;
+	if (hpu__strat_grads_bad(s, &bad) < 0)
+		return -1;
 	if (bad && !s->steps.first_bad.found) /* the losses were finite: name the unit */
 		for (int k = 0; k < s->nunits && !s->steps.first_bad.found; k++)
 			if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
 				s->steps.first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
 							       .tensor = -1};
-	if (s->sharded) { /* each rank checked its shard */
-		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
-		if (rc)
-			return hpu__strat_coll_fail(s, "non-finite check all-reduce", rc);
-	}
 	*grad_norm = 0;
 	*skipped = bad > 0;
 	if (!*skipped) {

@@ -332,6 +332,10 @@ void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float 
 /* 1 when gradients g[n] (mixed: 16-bit) hold an Inf or NaN; their sum
  * of squares added to *acc (0, or -1 with s->err): where they are kept. */
 int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n);
+/* *bad = 1 on every rank when any rank's gradients of any unit hold an
+ * Inf or NaN (a MAX all-reduce where there are ranks to tell); -1 when
+ * that collective failed. */
+int hpu__strat_grads_bad(hpu_strat *s, float *bad);
 int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n);
 /* Gradients src[n] added into dst[n], both in the plan's gradient dtype,
  * by the host (host: memory the host reads) or the device. */

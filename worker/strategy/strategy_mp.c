@@ -26,7 +26,6 @@
 #include "worker/strategy/strategy_impl.h"
 
 #define fail hpu__strat_fail
-#define coll_fail hpu__strat_coll_fail
 #define dalloc hpu__strat_dalloc
 
 /* ---- making ---- */
@@ -273,15 +272,9 @@ static void update_scale(hpu_strat *s, int overflow)
 int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 {
 	/* An overflow anywhere skips the step everywhere. */
-	float bad = 0;
-	for (int k = 0; k < s->nunits; k++)
-		if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
-			bad = 1;
-	if (s->sharded) {
-		int rc = hpucoll_all_reduce(s->comm, &bad, &bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
-		if (rc)
-			return coll_fail(s, "overflow all-reduce", rc);
-	}
+	float bad;
+	if (hpu__strat_grads_bad(s, &bad) < 0)
+		return -1;
 	*grad_norm = 0;
 	*skipped = bad > 0;
 	if (!*skipped) {
