@@ -383,6 +383,26 @@ static const pool_case pool_cases[] = {
 	{4, 32, 28, 28, 2, 2}, /* the CNN's first pooling, batch 4 */
 };
 
+/* A pooling case's buffers: x and dx of nx floats, the others of ny; the
+ * reference's results in the *r ones. */
+typedef struct pool_bufs {
+	float *x, *dy, *y, *yr, *dx, *dxr;
+	int32_t *idx, *idxr;
+} pool_bufs;
+
+static pool_bufs pool_bufs_new(size_t nx, size_t ny)
+{
+	return (pool_bufs){.x = xcalloc(nx, 4), .dy = xcalloc(ny, 4), .y = xcalloc(ny, 4),
+			   .yr = xcalloc(ny, 4), .dx = xcalloc(nx, 4), .dxr = xcalloc(nx, 4),
+			   .idx = xcalloc(ny, 4), .idxr = xcalloc(ny, 4)};
+}
+
+static void pool_bufs_free(pool_bufs *b)
+{
+	free(b->x), free(b->dy), free(b->y), free(b->yr);
+	free(b->dx), free(b->dxr), free(b->idx), free(b->idxr);
+}
+
 static void test_pool(void **state)
 {
 	(void)state;
@@ -392,10 +412,9 @@ static void test_pool(void **state)
 		int oh = (p->h - p->k) / p->stride + 1, ow = (p->w - p->k) / p->stride + 1;
 		size_t nx = (size_t)p->batch * p->ch * p->h * p->w;
 		size_t ny = (size_t)p->batch * p->ch * oh * ow;
-		float *x = xcalloc(nx, 4), *dy = xcalloc(ny, 4);
-		float *y = xcalloc(ny, 4), *yr = xcalloc(ny, 4);
-		float *dx = xcalloc(nx, 4), *dxr = xcalloc(nx, 4);
-		int32_t *idx = xcalloc(ny, 4), *idxr = xcalloc(ny, 4);
+		pool_bufs pb = pool_bufs_new(nx, ny);
+		float *x = pb.x, *dy = pb.dy, *y = pb.y, *yr = pb.yr, *dx = pb.dx, *dxr = pb.dxr;
+		int32_t *idx = pb.idx, *idxr = pb.idxr;
 		fill(x, nx, -1, 1), fill(dy, ny, -1, 1);
 		char what[160];
 		/* average pooling (oneDNN's kernel, which the table declines) */
@@ -430,7 +449,7 @@ static void test_pool(void **state)
 		snprintf(what, sizeof what, "maxpool %dx%dx%dx%d k%d s%d public bwd", p->batch,
 			 p->ch, p->h, p->w, p->k, p->stride);
 		check(what, dx, dxr, nx, 0);
-		free(x), free(dy), free(y), free(yr), free(dx), free(dxr), free(idx), free(idxr);
+		pool_bufs_free(&pb);
 	}
 }
 
@@ -480,10 +499,9 @@ static void test_maxpool_vec(void **state)
 		int oh = p->h / 2, ow = p->w / 2;
 		size_t nx = (size_t)p->batch * p->ch * p->h * p->w;
 		size_t ny = (size_t)p->batch * p->ch * oh * ow;
-		float *x = xcalloc(nx, 4), *dy = xcalloc(ny, 4);
-		float *y = xcalloc(ny, 4), *yr = xcalloc(ny, 4);
-		float *dx = xcalloc(nx, 4), *dxr = xcalloc(nx, 4);
-		int32_t *idx = xcalloc(ny, 4), *idxr = xcalloc(ny, 4);
+		pool_bufs pb = pool_bufs_new(nx, ny);
+		float *x = pb.x, *dy = pb.dy, *y = pb.y, *yr = pb.yr, *dx = pb.dx, *dxr = pb.dxr;
+		int32_t *idx = pb.idx, *idxr = pb.idxr;
 		fill_ties(x, nx), fill_ties(dy, ny);
 		fill_nan(y, ny), fill_nan(dx, nx), memset(idx, 0xff, ny * 4);
 		assert_int_equal(hpu__vec_maxpool_fwd(x, y, idx, p->batch, p->ch, p->h, p->w, 2, 2),
@@ -504,7 +522,7 @@ static void test_maxpool_vec(void **state)
 		snprintf(what, sizeof what, "maxpool %dx%dx%dx%d vec bwd", p->batch, p->ch, p->h,
 			 p->w);
 		check_bits(what, dx, dxr, nx);
-		free(x), free(dy), free(y), free(yr), free(dx), free(dxr), free(idx), free(idxr);
+		pool_bufs_free(&pb);
 	}
 	/* other windows are the reference's: nothing written */
 	float x[9] = {0}, y[4] = {0};
