@@ -19,6 +19,27 @@
  * direct for these shapes; direct is used (auto may pick Winograd for
  * 3x3, with other rounding). HPU_DNNL_CONV_ALG=auto for measurement.
  *
+ * Backward in one call (hpu__dnnl_conv_bwd, the table's conv_bwd): where
+ * backward weights and backward data take diff_dst in the same layout, dy
+ * is reordered once, into backward weights' buffer, and backward data
+ * reads it there. Measured (ONEDNN_VERBOSE=1, fmnist_cnn batch 256, one
+ * thread, steps 3-12, per step): the reorders were 14.4-14.6 ms of
+ * oneDNN's 152-158 ms in f32 and 11.1-11.3 of 88-89 ms in bf16, about 8-9%
+ * of the step's CPU time; the second 256x64x14x14 dy reorder (2.0 ms f32,
+ * 1.1 ms bf16) is what this removes. What is left: the forward outputs
+ * (blocked f32 -> plain: 2.4 + 1.8 ms), conv1's dy (3.1 / 2.5 ms), conv2's
+ * input in forward and again in backward weights (0.9 / 0.6 ms each),
+ * backward data's dx (0.9 ms), the weights (0.02-0.05 ms: not worth
+ * sharing). A plain dst is served by gemm (conv1) or the reference kernel
+ * (conv2 from nChw16c), so the output reorders stay while the ops between
+ * the convolutions work on NCHW. Converting f32 -> bf16 in the reorder
+ * itself (instead of hpu__ac_bf16's pass, then a bf16 reorder) is not
+ * used: oneDNN 2.6.3's f32 -> bf16 reorder (jit:uni, avx512_core_bf16)
+ * flushes denormal inputs to +-0, where hpu_to_bf16 rounds them (NaN,
+ * ties and every other finite value agree). Keeping forward's reordered
+ * input for backward weights would need proof that x did not change in
+ * between (it is not done).
+ *
  * oneDNN overwrites diff_weights and diff_bias; ours accumulate (dw +=,
  * db +=): diff_weights is computed into the entry's buffer and reordered
  * into dw with a sum post-op (or added, when the layout is plain), and
