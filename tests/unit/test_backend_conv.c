@@ -9,7 +9,9 @@
  * Public ops under autocast / fp8: against the same calls on the
  * reference backend (hpu__be_set), within one bf16 rounding of the
  * outputs the ops round (2^-8 relative), 1e-5 for the fp32 accumulators.
- * Every check prints its maxdiff (llm.c style). Max pooling on
+ * Every check prints its maxdiff (llm.c style). Both backward
+ * convolutions in one call (dy's reorder shared): bit for bit with the two
+ * calls. Max pooling on
  * backend_vec.c's loops: bit for bit, ties, NaN and signed zeros in the
  * windows.
  */
@@ -532,6 +534,66 @@ static void test_maxpool_vec(void **state)
 	assert_int_equal(hpu__vec_maxpool_bwd(y, idx, x, 1, 1, 3, 3, 3, 2), HPU_BE_UNSUPPORTED);
 }
 
+/* ---- both backward convolutions in one call ---- */
+
+/* hpu__dnnl_conv_bwd against bwd_weights then bwd_data, bit for bit (dx
+ * overwritten, dw and db accumulated); on the CNN's second layer (dy in
+ * nChw16c for both) backward data must read the dy backward weights
+ * reordered. */
+static void check_bwd_pair(const hpu_conv2d_shape *s, hpu__dtype dt, int seed)
+{
+	const char *tag = dt == HPU_DT_BF16 ? "bf16" : "f32";
+	char what[160], w2[64];
+	rng_seed(seed);
+	bufs t;
+	bufs_init(&t, s);
+	uint16_t *x16 = NULL, *w16 = NULL, *dy16 = NULL;
+	const void *x = t.x, *w = t.w, *dy = t.dy;
+	if (dt == HPU_DT_BF16) {
+		x = x16 = round_bf16(t.x, t.nx), w = w16 = round_bf16(t.w, t.nw);
+		dy = dy16 = round_bf16(t.dy, t.ny);
+	}
+	float *dx[2], *dw[2], *db[2];
+	for (int r = 0; r < 2; r++) {
+		dx[r] = xcalloc(t.nx, 4), dw[r] = dup(t.dw0, t.nw), db[r] = dup(t.db0, t.no);
+		fill_nan(dx[r], t.nx);
+	}
+	assert_int_equal(hpu__dnnl_conv_bwd_weights(s, dt, x, dy, dw[0], db[0]), HPU_BE_OK);
+	assert_int_equal(hpu__dnnl_conv_bwd_data(s, dt, w, dy, dx[0]), HPU_BE_OK);
+	unsigned long shared = hpu__dnnl_conv_dy_shared;
+	int wd = -1;
+	assert_int_equal(hpu__dnnl_conv_bwd(s, dt, x, w, dy, dx[1], dw[1], db[1], &wd), HPU_BE_OK);
+	assert_int_equal(wd, 1);
+	const char *out[3] = {"dx", "dw (+=)", "db (+=)"};
+	float *got[3] = {dx[1], dw[1], db[1]}, *want[3] = {dx[0], dw[0], db[0]};
+	size_t n[3] = {t.nx, t.nw, t.no};
+	for (int i = 0; i < 3; i++) {
+		snprintf(w2, sizeof w2, "%s bwd pair %s%s", tag, out[i],
+			 hpu__dnnl_conv_dy_shared > shared ? ", dy shared" : "");
+		name_of(what, sizeof what, s, w2);
+		check_bits(what, got[i], want[i], n[i]);
+	}
+	if (s->in_ch == 32 && s->out_ch == 64) /* the CNN's second layer */
+		assert_true(hpu__dnnl_conv_dy_shared == shared + 1);
+	for (int r = 0; r < 2; r++)
+		free(dx[r]), free(dw[r]), free(db[r]);
+	free(x16), free(w16), free(dy16);
+	bufs_free(&t);
+}
+
+static void test_conv_bwd_pair(void **state)
+{
+	(void)state;
+	int bf16 = hpu__dnnl_backend()->bf16_native();
+	for (size_t i = 0; i < NCASES; i++) {
+		check_bwd_pair(&cases[i], HPU_DT_F32, 40 + (int)i);
+		if (bf16)
+			check_bwd_pair(&cases[i], HPU_DT_BF16, 60 + (int)i);
+	}
+	if (!bf16)
+		printf("  no native bf16 on this CPU: the pair checked in f32 only\n");
+}
+
 int main(void)
 {
 	printf("backend: %s\n", hpu__dnnl_backend()->describe());
@@ -540,6 +602,7 @@ int main(void)
 		cmocka_unit_test(test_public_fp32), cmocka_unit_test(test_public_bf16),
 		cmocka_unit_test(test_public_fp16), cmocka_unit_test(test_public_fp8),
 		cmocka_unit_test(test_pool),        cmocka_unit_test(test_maxpool_vec),
+		cmocka_unit_test(test_conv_bwd_pair),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -89,6 +89,14 @@ typedef struct hpu__backend {
 			     const void *dy, float *dx);
 	int (*conv_bwd_weights)(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
 				const void *dy, float *dw, float *db);
+	/* Both backward convolutions in one call (bwd_weights, then bwd_data
+	 * into dx, which is not NULL), where the backend can share work
+	 * between them (oneDNN: dy's reorder). NULL where a table leaves it
+	 * out (the reference, the host, cpu-strict's and CUDA's tables): the
+	 * ops then call the two. Answers HPU_BE_OK when both ran; otherwise
+	 * *weights_done (always set) says whether dw/db were accumulated. */
+	int (*conv_bwd)(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x, const void *w,
+			const void *dy, float *dx, float *dw, float *db, int *weights_done);
 
 	/* Pooling, fp32, square window k, stride, no padding (as ops.h). */
 	int (*maxpool_fwd)(const float *x, float *y, int32_t *idx, int batch, int ch,

@@ -60,6 +60,7 @@ static const hpu__backend dnnl_backend = {
 	.conv_fwd = hpu__dnnl_conv_fwd,
 	.conv_bwd_data = hpu__dnnl_conv_bwd_data,
 	.conv_bwd_weights = hpu__dnnl_conv_bwd_weights,
+	.conv_bwd = hpu__dnnl_conv_bwd,
 	.maxpool_fwd = hpu__vec_maxpool_fwd,
 	.maxpool_bwd = hpu__vec_maxpool_bwd,
 	.avgpool_fwd = no_avgpool,

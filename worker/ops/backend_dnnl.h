@@ -88,6 +88,12 @@ int hpu__dnnl_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const void
 			    const void *dy, float *dx);
 int hpu__dnnl_conv_bwd_weights(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
 			       const void *dy, float *dw, float *db);
+int hpu__dnnl_conv_bwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+		       const void *w, const void *dy, float *dx, float *dw, float *db,
+		       int *weights_done);
+/* Calls of hpu__dnnl_conv_bwd whose backward data read the dy backward
+ * weights had reordered (tests). */
+extern unsigned long hpu__dnnl_conv_dy_shared;
 int hpu__dnnl_avgpool_fwd(const float *x, float *y, int batch, int ch, int h, int w,
 			  int k, int stride);
 int hpu__dnnl_avgpool_bwd(const float *dy, float *dx, int batch, int ch, int h, int w,

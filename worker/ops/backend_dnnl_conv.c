@@ -19,6 +19,27 @@
  * direct for these shapes; direct is used (auto may pick Winograd for
  * 3x3, with other rounding). HPU_DNNL_CONV_ALG=auto for measurement.
  *
+ * Backward in one call (hpu__dnnl_conv_bwd, the table's conv_bwd): where
+ * backward weights and backward data take diff_dst in the same layout, dy
+ * is reordered once, into backward weights' buffer, and backward data
+ * reads it there. Measured (ONEDNN_VERBOSE=1, fmnist_cnn batch 256, one
+ * thread, steps 3-12, per step): the reorders were 14.4-14.6 ms of
+ * oneDNN's 152-158 ms in f32 and 11.1-11.3 of 88-89 ms in bf16, about 8-9%
+ * of the step's CPU time; the second 256x64x14x14 dy reorder (2.0 ms f32,
+ * 1.1 ms bf16) is what this removes. What is left: the forward outputs
+ * (blocked f32 -> plain: 2.4 + 1.8 ms), conv1's dy (3.1 / 2.5 ms), conv2's
+ * input in forward and again in backward weights (0.9 / 0.6 ms each),
+ * backward data's dx (0.9 ms), the weights (0.02-0.05 ms: not worth
+ * sharing). A plain dst is served by gemm (conv1) or the reference kernel
+ * (conv2 from nChw16c), so the output reorders stay while the ops between
+ * the convolutions work on NCHW. Converting f32 -> bf16 in the reorder
+ * itself (instead of hpu__ac_bf16's pass, then a bf16 reorder) is not
+ * used: oneDNN 2.6.3's f32 -> bf16 reorder (jit:uni, avx512_core_bf16)
+ * flushes denormal inputs to +-0, where hpu_to_bf16 rounds them (NaN,
+ * ties and every other finite value agree). Keeping forward's reordered
+ * input for backward weights would need proof that x did not change in
+ * between (it is not done).
+ *
  * oneDNN overwrites diff_weights and diff_bias; ours accumulate (dw +=,
  * db +=): diff_weights is computed into the entry's buffer and reordered
  * into dw with a sum post-op (or added, when the layout is plain), and
@@ -356,50 +377,91 @@ static int make_reorder(hpu__dnnl_prim *p, const void *vkey, dnnl_engine_t eng)
 	return rc;
 }
 
-/* Runs convolution key k (op, shape, dt filled) with user pointers data[]
- * in conv_args() order (NULL for an absent bias). */
-static int conv_run(conv_key *k, void *const *data)
+/* A convolution's cache entries: its primitive m and, per argument, the
+ * reorder to or from its plain layout (NULL: the layouts agree). */
+typedef struct conv_prep {
+	conv_key k;
+	hpu__dnnl_prim *m;
+	hpu__dnnl_prim *ro[HPU__DNNL_MAX_ARGS];
+	conv_key rk[HPU__DNNL_MAX_ARGS];
+} conv_prep;
+
+/* Gets p's entries; *same: all were the ones p held already. */
+static int conv_get(conv_prep *p, int *same)
 {
+	const conv_key *k = &p->k;
+	hpu__dnnl_prim *m = hpu__dnnl_get(k, sizeof *k, make_conv);
+	if (!m)
+		return HPU_BE_UNSUPPORTED;
+	*same = m == p->m;
+	p->m = m;
+	for (int i = 0; i < m->nargs; i++) {
+		hpu__dnnl_prim *r = NULL;
+		int a = m->arg[i];
+		if (a != DNNL_ARG_DIFF_BIAS) {
+			dnnl_memory_desc_t plain;
+			const dnnl_memory_desc_t *md;
+			if (dnnl_memory_get_memory_desc(m->mem[i], &md) != dnnl_success ||
+			    conv_plain_md(k, a, &plain) < 0)
+				return HPU_BE_UNSUPPORTED;
+			if (!dnnl_memory_desc_equal(md, &plain)) {
+				p->rk[i] = *k;
+				p->rk[i].op = OP_CONV_REORDER;
+				p->rk[i].conv_op = k->op;
+				p->rk[i].arg = a;
+				r = hpu__dnnl_get(&p->rk[i], sizeof p->rk[i], make_reorder);
+				if (!r)
+					return HPU_BE_UNSUPPORTED;
+			}
+		}
+		*same = *same && r == p->ro[i];
+		p->ro[i] = r;
+	}
+	return HPU_BE_OK;
+}
+
+/* Gets the entries of the n convolutions p[] (fresh: key filled, the rest
+ * zeroed). The cache starts over when it fills up, which would free
+ * entries got earlier: get them all until a pass sees the same ones (a
+ * second pass only hits unless a clear happened). */
+static int conv_prepare(conv_prep *p, int n)
+{
+	for (int pass = 0; pass < 4; pass++) {
+		int all = 1;
+		for (int j = 0; j < n; j++) {
+			int same;
+			if (conv_get(&p[j], &same) != HPU_BE_OK)
+				return HPU_BE_UNSUPPORTED;
+			all = all && same;
+		}
+		if (all && pass > 0)
+			return HPU_BE_OK;
+	}
+	return HPU_BE_UNSUPPORTED;
+}
+
+/* The index of argument arg in p's primitive, or -1. */
+static int conv_arg_at(const conv_prep *p, int arg)
+{
+	for (int i = 0; i < p->m->nargs; i++)
+		if (p->m->arg[i] == arg)
+			return i;
+	return -1;
+}
+
+/* Runs prepared convolution p with user pointers data[] in conv_args()
+ * order (NULL for an absent bias). dd: diff_dst already in the
+ * primitive's layout (its reorder skipped), or NULL; *dd_at (if given):
+ * where diff_dst went through its reorder (the entry's buffer, valid until
+ * the next hpu__dnnl_get), else NULL. */
+static int conv_exec(const conv_prep *p, void *const *data, const void *dd, void **dd_at)
+{
+	const conv_key *k = &p->k;
+	hpu__dnnl_prim *m = p->m;
 	int args[4];
 	conv_args(k->op, args);
-	hpu__dnnl_prim *m = NULL, *ro[HPU__DNNL_MAX_ARGS] = {0};
-	conv_key rk[HPU__DNNL_MAX_ARGS];
-	/* The cache starts over when it fills up, which would free entries
-	 * got earlier in this call: get them all until a pass sees the same
-	 * ones (a second pass only hits unless a clear happened). */
-	for (int pass = 0;; pass++) {
-		if (pass == 4)
-			return HPU_BE_UNSUPPORTED;
-		hpu__dnnl_prim *m2 = hpu__dnnl_get(k, sizeof *k, make_conv);
-		if (!m2)
-			return HPU_BE_UNSUPPORTED;
-		int same = m2 == m;
-		m = m2;
-		for (int i = 0; i < m->nargs; i++) {
-			hpu__dnnl_prim *r = NULL;
-			int a = m->arg[i];
-			if (a != DNNL_ARG_DIFF_BIAS) {
-				dnnl_memory_desc_t plain;
-				const dnnl_memory_desc_t *md;
-				if (dnnl_memory_get_memory_desc(m->mem[i], &md) != dnnl_success ||
-				    conv_plain_md(k, a, &plain) < 0)
-					return HPU_BE_UNSUPPORTED;
-				if (!dnnl_memory_desc_equal(md, &plain)) {
-					rk[i] = *k;
-					rk[i].op = OP_CONV_REORDER;
-					rk[i].conv_op = k->op;
-					rk[i].arg = a;
-					r = hpu__dnnl_get(&rk[i], sizeof rk[i], make_reorder);
-					if (!r)
-						return HPU_BE_UNSUPPORTED;
-				}
-			}
-			same = same && r == ro[i];
-			ro[i] = r;
-		}
-		if (same && pass > 0)
-			break;
-	}
+	if (dd_at)
+		*dd_at = NULL;
 	/* buffers, in argument order */
 	unsigned char *base = (unsigned char *)(((uintptr_t)m->scratch + ALIGN - 1) /
 						ALIGN * ALIGN);
@@ -410,7 +472,7 @@ static int conv_run(conv_key *k, void *const *data)
 			j++;
 		user[i] = j < 4 ? data[j] : NULL;
 		int a = m->arg[i];
-		if (ro[i] || a == DNNL_ARG_DIFF_WEIGHTS || a == DNNL_ARG_DIFF_BIAS) {
+		if (p->ro[i] || a == DNNL_ARG_DIFF_WEIGHTS || a == DNNL_ARG_DIFF_BIAS) {
 			const dnnl_memory_desc_t *md;
 			dnnl_memory_get_memory_desc(m->mem[i], &md);
 			buf[i] = base;
@@ -419,12 +481,19 @@ static int conv_run(conv_key *k, void *const *data)
 		conv_data[i] = buf[i] ? buf[i] : user[i];
 	}
 	/* inputs into the primitive's layouts */
-	for (int i = 0; i < m->nargs; i++)
-		if (ro[i] && is_input(m->arg[i])) {
-			void *d[2] = {user[i], buf[i]};
-			if (hpu__dnnl_run(ro[i], d) != HPU_BE_OK)
-				return HPU_BE_UNSUPPORTED;
+	for (int i = 0; i < m->nargs; i++) {
+		if (!p->ro[i] || !is_input(m->arg[i]))
+			continue;
+		if (dd && m->arg[i] == DNNL_ARG_DIFF_DST) {
+			conv_data[i] = (void *)dd;
+			continue;
 		}
+		void *d[2] = {user[i], buf[i]};
+		if (hpu__dnnl_run(p->ro[i], d) != HPU_BE_OK)
+			return HPU_BE_UNSUPPORTED;
+		if (dd_at && m->arg[i] == DNNL_ARG_DIFF_DST)
+			*dd_at = buf[i];
+	}
 	if (hpu__dnnl_run(m, conv_data) != HPU_BE_OK)
 		return HPU_BE_UNSUPPORTED;
 	/* outputs back (diff_weights and diff_bias added) */
@@ -432,9 +501,9 @@ static int conv_run(conv_key *k, void *const *data)
 		int a = m->arg[i];
 		if (is_input(a))
 			continue;
-		if (ro[i]) {
+		if (p->ro[i]) {
 			void *d[2] = {buf[i], user[i]};
-			if (hpu__dnnl_run(ro[i], d) != HPU_BE_OK)
+			if (hpu__dnnl_run(p->ro[i], d) != HPU_BE_OK)
 				return HPU_BE_UNSUPPORTED;
 		} else if (a == DNNL_ARG_DIFF_WEIGHTS || a == DNNL_ARG_DIFF_BIAS) {
 			size_t n = a == DNNL_ARG_DIFF_BIAS ? (size_t)k->o
@@ -446,6 +515,18 @@ static int conv_run(conv_key *k, void *const *data)
 		}
 	}
 	return HPU_BE_OK;
+}
+
+/* Runs convolution key k (op, shape, dt filled) with user pointers data[]
+ * in conv_args() order (NULL for an absent bias). */
+static int conv_run(const conv_key *k, void *const *data)
+{
+	conv_prep p;
+	memset(&p, 0, sizeof p);
+	p.k = *k;
+	if (conv_prepare(&p, 1) != HPU_BE_OK)
+		return HPU_BE_UNSUPPORTED;
+	return conv_exec(&p, data, NULL, NULL);
 }
 
 static void conv_key_init(conv_key *k, int op, const hpu_conv2d_shape *s, hpu__dtype dt,
@@ -485,18 +566,9 @@ int hpu__dnnl_conv_fwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
 	return conv_run(&k, data);
 }
 
-int hpu__dnnl_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const void *w,
-			    const void *dy, float *dx)
+/* The rows and columns of dx no window reads get no gradient. */
+static void zero_unread(const hpu_conv2d_shape *s, float *dx)
 {
-	if (!conv_ok(s, dt))
-		return HPU_BE_UNSUPPORTED;
-	conv_key k;
-	conv_key_init(&k, OP_CONV_BWD_DATA, s, dt, 0);
-	void *data[4] = {(void *)dy, (void *)w, dx, NULL};
-	int rc = conv_run(&k, data);
-	if (rc != HPU_BE_OK)
-		return rc;
-	/* the rows and columns no window reads get no gradient */
 	int hu, wu, pr;
 	extent(s->height, s->kernel, s->stride, s->pad, &hu, &pr);
 	extent(s->width, s->kernel, s->stride, s->pad, &wu, &pr);
@@ -511,6 +583,20 @@ int hpu__dnnl_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const void
 			       (size_t)(s->height - hu) * s->width * sizeof *d);
 		}
 	}
+}
+
+int hpu__dnnl_conv_bwd_data(const hpu_conv2d_shape *s, hpu__dtype dt, const void *w,
+			    const void *dy, float *dx)
+{
+	if (!conv_ok(s, dt))
+		return HPU_BE_UNSUPPORTED;
+	conv_key k;
+	conv_key_init(&k, OP_CONV_BWD_DATA, s, dt, 0);
+	void *data[4] = {(void *)dy, (void *)w, dx, NULL};
+	int rc = conv_run(&k, data);
+	if (rc != HPU_BE_OK)
+		return rc;
+	zero_unread(s, dx);
 	return HPU_BE_OK;
 }
 
@@ -523,6 +609,48 @@ int hpu__dnnl_conv_bwd_weights(const hpu_conv2d_shape *s, hpu__dtype dt, const v
 	conv_key_init(&k, OP_CONV_BWD_WEIGHTS, s, dt, db != NULL);
 	void *data[4] = {(void *)x, (void *)dy, dw, db};
 	return conv_run(&k, data);
+}
+
+unsigned long hpu__dnnl_conv_dy_shared; /* tests: bwd_data read bwd_weights' dy */
+
+/* Both backward convolutions, backward weights first. Where both take
+ * diff_dst in the same non-plain layout (the CNN's 32 -> 64 layer: nChw16c
+ * in f32 and bf16), dy is reordered once, into backward weights' buffer,
+ * and backward data reads it there: the same reorder of the same dy, so
+ * the same bits as two calls. Nothing is written before both primitives
+ * are in hand; *weights_done says whether dw and db were accumulated when
+ * the answer is not HPU_BE_OK. */
+int hpu__dnnl_conv_bwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+		       const void *w, const void *dy, float *dx, float *dw, float *db,
+		       int *weights_done)
+{
+	*weights_done = 0;
+	if (!conv_ok(s, dt))
+		return HPU_BE_UNSUPPORTED;
+	conv_prep p[2];
+	memset(p, 0, sizeof p);
+	conv_key_init(&p[0].k, OP_CONV_BWD_WEIGHTS, s, dt, db != NULL);
+	conv_key_init(&p[1].k, OP_CONV_BWD_DATA, s, dt, 0);
+	if (conv_prepare(p, 2) != HPU_BE_OK)
+		return HPU_BE_UNSUPPORTED;
+	int iw = conv_arg_at(&p[0], DNNL_ARG_DIFF_DST), id = conv_arg_at(&p[1], DNNL_ARG_DIFF_DST);
+	const dnnl_memory_desc_t *mw = NULL, *md = NULL;
+	int share = iw >= 0 && id >= 0 && p[0].ro[iw] && p[1].ro[id] &&
+		    dnnl_memory_get_memory_desc(p[0].m->mem[iw], &mw) == dnnl_success &&
+		    dnnl_memory_get_memory_desc(p[1].m->mem[id], &md) == dnnl_success &&
+		    dnnl_memory_desc_equal(mw, md);
+	void *wdata[4] = {(void *)x, (void *)dy, dw, db};
+	void *dd = NULL;
+	if (conv_exec(&p[0], wdata, NULL, share ? &dd : NULL) != HPU_BE_OK)
+		return HPU_BE_UNSUPPORTED;
+	*weights_done = 1;
+	void *ddata[4] = {(void *)dy, (void *)w, dx, NULL};
+	if (conv_exec(&p[1], ddata, dd, NULL) != HPU_BE_OK)
+		return HPU_BE_UNSUPPORTED;
+	if (dd)
+		hpu__dnnl_conv_dy_shared++;
+	zero_unread(s, dx);
+	return HPU_BE_OK;
 }
 
 /* ---- pooling ---- */

@@ -497,6 +497,25 @@ void hpu_conv2d_forward(const hpu_conv2d_shape *s, const float *x, const float *
 		hpu__fp8_end(&c, y, conv_y_n(s));
 }
 
+/* The backend's backward convolutions that are not done yet (*weights_done,
+ * *data_done), in one call where the table has conv_bwd and both are due
+ * (it shares dy's layout change between them), else one by one. */
+static void conv_bwd_be(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+			const void *w, const void *dy, float *dx, float *dw, float *db,
+			int *weights_done, int *data_done)
+{
+	const hpu__backend *be = hpu__be();
+	if (!*weights_done && !*data_done && be->conv_bwd) {
+		int wd = 0;
+		*data_done = be->conv_bwd(s, dt, x, w, dy, dx, dw, db, &wd) == HPU_BE_OK;
+		*weights_done = wd;
+	}
+	if (!*weights_done)
+		*weights_done = be->conv_bwd_weights(s, dt, x, dy, dw, db) == HPU_BE_OK;
+	if (!*data_done)
+		*data_done = be->conv_bwd_data(s, dt, w, dy, dx) == HPU_BE_OK;
+}
+
 /* Lowered: x, w and dy rounded (bf16 products: converted to bf16); dw, db
  * accumulated in fp32; dx rounded. dx and db may be NULL. */
 void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float *w,
@@ -510,7 +529,6 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 	}
 	check_shape(s);
 	assert(x != NULL && w != NULL && dy != NULL && dw != NULL);
-	const hpu__backend *be = hpu__be();
 	const size_t nx = conv_x_n(s), nw = conv_w_n(s), ny = conv_y_n(s);
 	/* gradients owed zeros (hpu__ac_fresh_claim): zeroed, then accumulated */
 	if (hpu__ac_fresh_claim(dw, nw))
@@ -524,11 +542,8 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 		const uint16_t *x16 = hpu__ac_bf16(0, x, nx);
 		const uint16_t *w16 = dx ? hpu__ac_weight_bf16(1, w, nw) : NULL;
 		const uint16_t *dy16 = hpu__ac_bf16(2, dy, ny);
-		weights_done = be->conv_bwd_weights(s, HPU_DT_BF16, x16, dy16, dw, db) ==
-			       HPU_BE_OK;
-		if (!data_done)
-			data_done = be->conv_bwd_data(s, HPU_DT_BF16, w16, dy16, dx) ==
-				    HPU_BE_OK;
+		conv_bwd_be(s, HPU_DT_BF16, x16, w16, dy16, dx, dw, db, &weights_done,
+			    &data_done);
 	}
 	if (!weights_done || !data_done) {
 		const float *xl = x, *wl = w, *dyl = dy;
@@ -537,11 +552,7 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 			wl = data_done ? NULL : hpu__ac_weight_round(1, w, nw, lp);
 			dyl = hpu__ac_round(2, dy, ny, lp);
 		}
-		if (!weights_done)
-			weights_done = be->conv_bwd_weights(s, HPU_DT_F32, xl, dyl, dw, db) ==
-				       HPU_BE_OK;
-		if (!data_done)
-			data_done = be->conv_bwd_data(s, HPU_DT_F32, wl, dyl, dx) == HPU_BE_OK;
+		conv_bwd_be(s, HPU_DT_F32, xl, wl, dyl, dx, dw, db, &weights_done, &data_done);
 		if (!weights_done || !data_done)
 			conv2d_backward(s, xl, wl, dyl, data_done ? NULL : dx,
 					weights_done ? NULL : dw, weights_done ? NULL : db,
