@@ -427,11 +427,14 @@ size_t hpucoll__link_max(const hpucoll_comm *c, int a, int b);
 int hpucoll__send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 		  const void *data, int zc);
 
-/* Returns a buffer of `len` bytes to build the payload of the next message
- * to `dst` in, sent by hpucoll__send_commit() (NULL: out of memory). */
 /* 1 when the transport to `dst` copies what hpucoll__send() sends (shared
  * memory): a payload built in hpucoll__send_buf() then saves that copy. */
 int hpucoll__send_copies(const hpucoll_comm *c, int dst);
+
+/* Returns a buffer of `len` bytes to build the payload of the next message
+ * to `dst` in, sent by hpucoll__send_commit() (NULL: out of memory). No
+ * other send to `dst` may come between the two: on shared memory the
+ * buffer may be the ring's next slot, which that send would take. */
 void *hpucoll__send_buf(hpucoll_comm *c, int dst, size_t len);
 int hpucoll__send_commit(hpucoll_comm *c, int dst,
 			 const struct hpucoll__hdr *hdr);

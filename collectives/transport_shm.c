@@ -111,9 +111,12 @@ out:
  * a received slot). */
 static void *shm_send_buf(hpucoll_comm *c, int dst, size_t len)
 {
-	void *slot = hpucoll__shm_slot(c->shm, c->peers[dst].shm);
+	/* never a payload beyond a slot in one (the rings' segments are
+	 * capped below it: group_links) */
+	void *slot = len <= HPUCOLL__SHM_MAX_PAYLOAD
+			     ? hpucoll__shm_slot(c->shm, c->peers[dst].shm)
+			     : NULL;
 
-	(void)len;
 	c->shm_next = slot != NULL ? slot : c->shm_buf;
 	return c->shm_next;
 }
