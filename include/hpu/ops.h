@@ -241,8 +241,10 @@ HPU_API int hpu_attention_backward(const float *qkv, const float *att, const flo
  * query's log-sum-exp of its scaled scores, 0 where it has no key), and
  * keeps no probabilities; the backward recomputes them from qkv and lse
  * and overwrites dqkv[B, T, 3*D] from dctx. On the CPU's kernel tables
- * they run the host's loops (one row at a time); on a device whose table
- * lacks them they return HPU_ERROR. */
+ * they run the host's loops (one row at a time), which return HPU_ENOMEM
+ * where the host has no memory for their buffers (the backward's
+ * batch * heads * T floats); on a device whose table lacks them they
+ * return HPU_ERROR. */
 HPU_API int hpu_attention_fused_forward(const float *qkv, const int32_t *mask, float *ctx,
 					float *lse, int batch, int t, int heads, int head_dim,
 					int causal);

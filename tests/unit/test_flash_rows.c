@@ -19,6 +19,9 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/unit/attn_ref.h"
 #include "worker/ops/backend.h"
@@ -183,12 +186,78 @@ static void test_empty(void **state)
 	assert_true(x == 1.0f);
 }
 
+/* The host's backward with no memory for its batch * heads * T floats:
+ * HPU_ENOMEM (the layer says so), not "no fused kernel". In a child
+ * whose address space is capped just above what it holds; not under
+ * ASan, whose allocator reserves its memory up front. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+static long vm_bytes(void)
+{
+	long pages = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%ld", &pages) != 1)
+		pages = -1;
+	fclose(f);
+	return pages < 0 ? -1 : pages * sysconf(_SC_PAGESIZE);
+}
+
+static void test_ops_no_memory(void **state)
+{
+	(void)state;
+#ifdef UNDER_ASAN
+	skip();
+#endif
+	/* delta: 1 * 512 * 512 floats, 1 MiB; qkv 3 MiB, allocated first */
+	const int batch = 1, t = 512, heads = 512, hd = 1;
+	size_t n = (size_t)batch * t * heads * hd, nl = (size_t)batch * heads * t;
+	float *qkv = calloc(3 * n, 4), *ctx = calloc(n, 4), *lse = calloc(nl, 4);
+	float *dctx = calloc(n, 4), *dqkv = calloc(3 * n, 4);
+	assert_true(qkv && ctx && lse && dctx && dqkv);
+	assert_int_equal(hpu_attention_fused_forward(qkv, NULL, ctx, lse, batch, t, heads, hd, 1),
+			 HPU_OK);
+	fflush(stdout);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		long vm = vm_bytes();
+		struct rlimit r = {.rlim_cur = (rlim_t)vm + (256 << 10),
+				   .rlim_max = (rlim_t)vm + (256 << 10)};
+		if (vm < 0 || setrlimit(RLIMIT_AS, &r))
+			_exit(3);
+		int rc = hpu_attention_fused_backward(qkv, NULL, ctx, lse, dctx, dqkv, batch, t,
+						      heads, hd, 1);
+		printf("  backward with the address space capped: %d (HPU_ENOMEM %d)\n", rc,
+		       HPU_ENOMEM);
+		fflush(stdout);
+		_exit(rc == HPU_ENOMEM ? 0 : 1);
+	}
+	int st = 0;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	/* with memory, the same call works */
+	assert_int_equal(hpu_attention_fused_backward(qkv, NULL, ctx, lse, dctx, dqkv, batch, t,
+						      heads, hd, 1),
+			 HPU_OK);
+	free(qkv), free(ctx), free(lse), free(dctx), free(dqkv);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_rows),
 		cmocka_unit_test(test_ops),
 		cmocka_unit_test(test_empty),
+		cmocka_unit_test(test_ops_no_memory),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

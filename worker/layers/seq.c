@@ -154,10 +154,18 @@ static int mask_scores(const attention *s, float *att, const int32_t *mask, int 
 	hpu_layer_error(l, "layer %s: this device's kernel table has no kernel for its "     \
 			   "head copies or score masking", hpu_layer_name(l))
 
-#define NO_FUSED(l)                                                                          \
-	hpu_layer_error(l, "layer %s: this device's kernel table has no fused attention "    \
-			   "kernel (HPU_FUSED_ATTENTION=1 when it was declared)",           \
-			hpu_layer_name(l))
+/* What a fused op's failure rc (ops.h) says. */
+static int fused_failed(hpu_layer *l, int rc)
+{
+	if (rc == HPU_ENOMEM)
+		return hpu_layer_error(l, "layer %s: the host has no memory for fused attention's "
+					  "buffers",
+				       hpu_layer_name(l));
+	return hpu_layer_error(l,
+			       "layer %s: this device's kernel table has no fused attention "
+			       "kernel (HPU_FUSED_ATTENTION=1 when it was declared)",
+			       hpu_layer_name(l));
+}
 
 /* Fused: saved qkv [3N], ctx [N], lse [L = batch * heads * T] (4N + L);
  * scratch: forward none (with no saved memory, the saved arrays), the
@@ -170,9 +178,10 @@ static int fused_forward(hpu_layer *l, const attention *s, int batch, const int3
 	float *qkv = sv, *ctx = sv + 3 * n, *lse = sv + 4 * n;
 	hpu_linear_forward(hpu_f32(&in[0]), hpu_param(l, 0), hpu_param(l, 1), qkv, batch * s->t,
 			   s->d, 3 * s->d);
-	if (hpu_attention_fused_forward(qkv, mask, ctx, lse, batch, s->t, s->heads, s->hd,
-					s->causal))
-		return NO_FUSED(l);
+	int rc = hpu_attention_fused_forward(qkv, mask, ctx, lse, batch, s->t, s->heads, s->hd,
+					     s->causal);
+	if (rc)
+		return fused_failed(l, rc);
 	hpu_linear_forward(ctx, hpu_param(l, 2), hpu_param(l, 3), hpu_f32(&out[0]),
 			   batch * s->t, s->d, s->d);
 	return HPU_OK;
@@ -188,9 +197,10 @@ static int fused_backward(hpu_layer *l, const attention *s, int batch, const hpu
 	const int32_t *mask = s->masked ? hpu_i32(&in[1]) : NULL;
 	hpu_linear_backward(ctx, hpu_param(l, 2), hpu_f32(&dout[0]), dctx, hpu_grad(l, 2),
 			    hpu_grad(l, 3), batch * s->t, s->d, s->d);
-	if (hpu_attention_fused_backward(qkv, mask, ctx, lse, dctx, dqkv, batch, s->t, s->heads,
-					 s->hd, s->causal))
-		return NO_FUSED(l);
+	int rc = hpu_attention_fused_backward(qkv, mask, ctx, lse, dctx, dqkv, batch, s->t,
+					      s->heads, s->hd, s->causal);
+	if (rc)
+		return fused_failed(l, rc);
 	hpu_linear_backward(hpu_f32(&in[0]), hpu_param(l, 0), dqkv, hpu_f32(&din[0]),
 			    hpu_grad(l, 0), hpu_grad(l, 1), batch * s->t, s->d, 3 * s->d);
 	return HPU_OK;

@@ -90,22 +90,30 @@ int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
 	return HPU_BE_OK;
 }
 
+/* A kernel's answer as the ops': the host's loops fail only for want of
+ * memory for their buffers (HPU_ENOMEM); a device's table without the
+ * kernel is HPU_ERROR. */
+static int answer(int rc, int in_table)
+{
+	if (rc == HPU_BE_OK)
+		return HPU_OK;
+	return !in_table && hpu__be_on_host() ? HPU_ENOMEM : HPU_ERROR;
+}
+
 static int fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch, int t,
 	       int heads, int hd, int causal)
 {
-	return HPU__BE_RUN(flash_fwd, hpu__host_flash_fwd, qkv, mask, ctx, lse, batch, t, heads,
-			   hd, causal) == HPU_BE_OK
-		       ? HPU_OK
-		       : HPU_ERROR;
+	return answer(HPU__BE_RUN(flash_fwd, hpu__host_flash_fwd, qkv, mask, ctx, lse, batch, t,
+				  heads, hd, causal),
+		      hpu__be()->flash_fwd != NULL);
 }
 
 static int bwd(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
 	       const float *dctx, float *dqkv, int batch, int t, int heads, int hd, int causal)
 {
-	return HPU__BE_RUN(flash_bwd, hpu__host_flash_bwd, qkv, mask, ctx, lse, dctx, dqkv, batch,
-			   t, heads, hd, causal) == HPU_BE_OK
-		       ? HPU_OK
-		       : HPU_ERROR;
+	return answer(HPU__BE_RUN(flash_bwd, hpu__host_flash_bwd, qkv, mask, ctx, lse, dctx, dqkv,
+				  batch, t, heads, hd, causal),
+		      hpu__be()->flash_bwd != NULL);
 }
 
 /* Lowered as hpu_attention_forward: qkv (and dctx) rounded; the scores,
