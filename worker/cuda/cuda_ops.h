@@ -29,6 +29,19 @@ const hpu__backend *hpu__cuda_backend(void);
  * return a value to the host (softmax_xent's loss) wait for this stream. */
 void hpu__cuda_ops_set_stream(void *cuda_stream);
 
+/* Recording (a CUDA graph's capture of the stream, on this thread): while
+ * on, a CUDA, cuBLASLt or cuDNN call that fails inside an op (a wait or a
+ * read back to the host, an allocation, which a capture refuses) does not
+ * end the process as it does otherwise: the op returns
+ * HPU_BE_UNSUPPORTED, and the first such call's sentence ("WHAT: <CUDA's
+ * error>") is kept, "" when none; turning it on clears the sentence. The
+ * recording is then to be abandoned (cudaStreamEndCapture) and the work
+ * run eagerly: nothing the failed op should have written can be
+ * trusted. Errors outside CUDA's calls (no algorithm for a shape, no host
+ * memory) stay fatal. */
+void hpu__cuda_ops_recording(int on);
+const char *hpu__cuda_ops_recording_error(void);
+
 /* Waits for the stream, then frees every GPU's handles, workspace,
  * scratch and cached plans (the device's close); the table makes them
  * again on its next call. Not while other threads call the table. */

@@ -89,7 +89,9 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes);
  * process (exit status 1). */
 void hpu__cuops_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
-/* 0 when e is success; else hpu__cuops_fatal("WHAT: <error>"). */
+/* 0 when e is success; else hpu__cuops_fatal("WHAT: <error>"), or,
+ * while this thread records (hpu__cuda_ops_recording), -1 with the
+ * sentence kept for hpu__cuda_ops_recording_error(). */
 int hpu__cuops_cuda(cudaError_t e, const char *what);
 int hpu__cuops_blas(cublasStatus_t e, const char *what);
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what);

@@ -75,25 +75,50 @@ void hpu__cuops_fatal(const char *fmt, ...)
 	_exit(1);
 }
 
+/* Recording on this thread (hpu__cuda_ops_recording), and the first
+ * failed call's sentence while it is. */
+static __thread int recording;
+static __thread char recording_error[256];
+
+void hpu__cuda_ops_recording(int on)
+{
+	recording = on != 0;
+	if (recording)
+		recording_error[0] = 0;
+}
+
+const char *hpu__cuda_ops_recording_error(void)
+{
+	return recording_error;
+}
+
+/* A failed call: while recording, kept (the first) and -1; else fatal. */
+static int failed(const char *what, const char *why)
+{
+	if (!recording)
+		hpu__cuops_fatal("%s: %s", what, why);
+	if (!recording_error[0])
+		snprintf(recording_error, sizeof recording_error, "%s: %s", what, why);
+	return -1;
+}
+
 int hpu__cuops_cuda(cudaError_t e, const char *what)
 {
-	if (e != cudaSuccess)
-		hpu__cuops_fatal("%s: %s", what, cudaGetErrorString(e));
-	return 0;
+	return e == cudaSuccess ? 0 : failed(what, cudaGetErrorString(e));
 }
 
 int hpu__cuops_blas(cublasStatus_t e, const char *what)
 {
-	if (e != CUBLAS_STATUS_SUCCESS)
-		hpu__cuops_fatal("%s: cuBLASLt status %d", what, (int)e);
-	return 0;
+	if (e == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	char why[40];
+	snprintf(why, sizeof why, "cuBLASLt status %d", (int)e);
+	return failed(what, why);
 }
 
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what)
 {
-	if (e != CUDNN_STATUS_SUCCESS)
-		hpu__cuops_fatal("%s: %s", what, cudnnGetErrorString(e));
-	return 0;
+	return e == CUDNN_STATUS_SUCCESS ? 0 : failed(what, cudnnGetErrorString(e));
 }
 
 /* ---- contexts ---- */
