@@ -39,7 +39,7 @@
 #define TOL 1e-5
 #define FLASH_TOL 1e-4
 
-int hpu_cuda_capture_tests(const hpu__backend *gpu_); /* test_cuda_capture.c */
+int hpu_cuda_capture_tests(const hpu__backend *gpu_, cudaStream_t caller); /* test_cuda_capture.c */
 
 static const hpu__backend *gpu, *cpu;
 static cudaStream_t stream;
@@ -626,7 +626,7 @@ int main(void)
 		cmocka_unit_test(test_flash_attention),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	rc += hpu_cuda_capture_tests(gpu); /* on a stream of its own */
+	rc += hpu_cuda_capture_tests(gpu, stream); /* on a stream of its own */
 	hpu__cuda_ops_release();
 	cudaStreamDestroy(stream);
 	return rc;

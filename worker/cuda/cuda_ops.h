@@ -35,10 +35,13 @@ void hpu__cuda_ops_set_stream(void *cuda_stream);
  * end the process as it does otherwise: the op returns
  * HPU_BE_UNSUPPORTED, and the first such call's sentence ("WHAT: <CUDA's
  * error>") is kept, "" when none; turning it on clears the sentence. The
- * recording is then to be abandoned (cudaStreamEndCapture) and the work
- * run eagerly: nothing the failed op should have written can be
- * trusted. Errors outside CUDA's calls (no algorithm for a shape, no host
- * memory) stay fatal. */
+ * recording is then to be abandoned (cudaStreamEndCapture, then
+ * cudaGetLastError() to clear the refused call's error, which the next
+ * kernel launch would report otherwise) and the work run eagerly: nothing
+ * the failed op should have written can be trusted. Errors outside
+ * CUDA's calls (no host memory) stay fatal. Call the table directly while
+ * recording: the runtime's ops (worker/ops) take HPU_BE_UNSUPPORTED as
+ * "run the C loops", which over device memory would fault. */
 void hpu__cuda_ops_recording(int on);
 const char *hpu__cuda_ops_recording_error(void);
 

@@ -11,7 +11,9 @@
  * products, a shape a primitive refuses).
  *
  * Conventions: row-major, NCHW; every function returns HPU_BE_OK or
- * HPU_BE_UNSUPPORTED (then nothing was written). Outputs are fp32 (but
+ * HPU_BE_UNSUPPORTED (then nothing was written), or, for the host's
+ * loops that need buffers of their own (the fused attention's),
+ * HPU_BE_NOMEM when the host had no memory for them. Outputs are fp32 (but
  * a product's bf16 output, gemm_c16); inputs are fp32 or bf16 (uint16_t,
  * the top half of an fp32) as the dtype says. A backend keeps its
  * primitives per shape (a small cache) and may be called from any thread.
@@ -24,7 +26,7 @@
 
 #include "hpu/ops.h"
 
-enum { HPU_BE_OK = 0, HPU_BE_UNSUPPORTED = -1 };
+enum { HPU_BE_OK = 0, HPU_BE_UNSUPPORTED = -1, HPU_BE_NOMEM = -2 };
 
 typedef enum hpu__dtype {
 	HPU_DT_F32 = 0,

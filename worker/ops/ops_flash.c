@@ -30,8 +30,8 @@ static int empty(int batch, int t, int heads, int hd)
 }
 
 /* Each query row; the running output in the ctx row itself, the query
- * row kept in a buffer as the CUDA kernels keep it (HPU_BE_UNSUPPORTED
- * without memory for it). */
+ * row kept in a buffer as the CUDA kernels keep it (HPU_BE_NOMEM without
+ * memory for it). */
 int hpu__host_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch,
 			int t, int heads, int hd, int causal)
 {
@@ -40,7 +40,7 @@ int hpu__host_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float
 	hpu__flash_dims a = dims_of(batch, t, heads, hd, causal);
 	float *qbuf = malloc((size_t)hd * sizeof *qbuf);
 	if (!qbuf)
-		return HPU_BE_UNSUPPORTED;
+		return HPU_BE_NOMEM;
 	for (int b = 0; b < batch; b++)
 		for (int h = 0; h < heads; h++)
 			for (int i = 0; i < t; i++)
@@ -52,7 +52,7 @@ int hpu__host_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, float
 }
 
 /* D of every query row (batch * heads * t floats of the heap: the table
- * has no scratch; HPU_BE_UNSUPPORTED without them), then each query's dq
+ * has no scratch; HPU_BE_NOMEM without them), then each query's dq
  * and each key's dk, dv (with their own rows kept in buffers). */
 int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
 			const float *dctx, float *dqkv, int batch, int t, int heads, int hd,
@@ -66,7 +66,7 @@ int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
 	if (!delta || !buf) {
 		free(delta);
 		free(buf);
-		return HPU_BE_UNSUPPORTED;
+		return HPU_BE_NOMEM;
 	}
 	for (int b = 0; b < batch; b++)
 		for (int h = 0; h < heads; h++)
@@ -90,30 +90,27 @@ int hpu__host_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
 	return HPU_BE_OK;
 }
 
-/* A kernel's answer as the ops': the host's loops fail only for want of
- * memory for their buffers (HPU_ENOMEM); a device's table without the
- * kernel is HPU_ERROR. */
-static int answer(int rc, int in_table)
+/* A kernel's answer as the ops': the host's loops (the CPU tables', or
+ * wrapped by cpu-strict's kernels-only table) without memory for their
+ * buffers are HPU_ENOMEM; a device's table without the kernel, or its
+ * kernel's refusal, HPU_ERROR. */
+static int answer(int rc)
 {
-	if (rc == HPU_BE_OK)
-		return HPU_OK;
-	return !in_table && hpu__be_on_host() ? HPU_ENOMEM : HPU_ERROR;
+	return rc == HPU_BE_OK ? HPU_OK : rc == HPU_BE_NOMEM ? HPU_ENOMEM : HPU_ERROR;
 }
 
 static int fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch, int t,
 	       int heads, int hd, int causal)
 {
 	return answer(HPU__BE_RUN(flash_fwd, hpu__host_flash_fwd, qkv, mask, ctx, lse, batch, t,
-				  heads, hd, causal),
-		      hpu__be()->flash_fwd != NULL);
+				  heads, hd, causal));
 }
 
 static int bwd(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
 	       const float *dctx, float *dqkv, int batch, int t, int heads, int hd, int causal)
 {
 	return answer(HPU__BE_RUN(flash_bwd, hpu__host_flash_bwd, qkv, mask, ctx, lse, dctx, dqkv,
-				  batch, t, heads, hd, causal),
-		      hpu__be()->flash_bwd != NULL);
+				  batch, t, heads, hd, causal));
 }
 
 /* Lowered as hpu_attention_forward: qkv (and dctx) rounded; the scores,

@@ -3,10 +3,11 @@
  * The products run on cuBLASLt (cuops_gemm.c), the convolutions on cuDNN
  * (cuops_conv.c), the rest on kernels of our own (cuops_kernels.cu); each
  * GPU's context, the stream and the error helpers are the base
- * (cuops_core.c); this file holds the table and the release. A failing CUDA call ends the worker with a line
- * naming it (hpu__cuops_fatal): backend.h's only refusal,
- * HPU_BE_UNSUPPORTED, would send the ops to their C loops over device
- * memory.
+ * (cuops_core.c); this file holds the table and the release. A failing
+ * CUDA call ends the worker with a line naming it (hpu__cuops_fatal):
+ * backend.h's only refusal, HPU_BE_UNSUPPORTED, would send the ops to
+ * their C loops over device memory (while a thread records, it is the
+ * op's refusal instead: cuda_ops.h).
  */
 #include <math.h>
 #include <pthread.h>

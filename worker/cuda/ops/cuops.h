@@ -89,6 +89,11 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes);
  * process (exit status 1). */
 void hpu__cuops_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
+/* 1 while this thread records and a call failed (hpu__cuops_cuda): what
+ * would be fatal otherwise (no algorithm for a shape) is then the op's
+ * refusal. */
+int hpu__cuops_refused(void);
+
 /* 0 when e is success; else hpu__cuops_fatal("WHAT: <error>"), or,
  * while this thread records (hpu__cuda_ops_recording), -1 with the
  * sentence kept for hpu__cuda_ops_recording_error(). */
@@ -105,7 +110,7 @@ int hpu__cuops_dnn(cudnnStatus_t e, const char *what);
  * checks their launch's result, copies the slot into out, waits for the
  * stream and gives the context back. Both return HPU_BE_OK or
  * HPU_BE_UNSUPPORTED; begin holds nothing when it fails (a CUDA error is
- * fatal, hpu__cuops_fatal). */
+ * fatal, hpu__cuops_fatal, except while recording). */
 typedef struct hpu__cuops_slot {
 	hpu__cuops_ctx *c;
 	cudaStream_t st;

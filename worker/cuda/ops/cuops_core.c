@@ -1,10 +1,11 @@
 /* cuops_core: the base of the CUDA kernel table (cuops.h): each GPU's
  * context (handles, workspace, scratch), the stream, the tf32 switch, the
- * error helpers and the readback of one value (the slot). Calls no other file of the table; cuops_gemm.c,
- * cuops_conv.c and the table (cuops.c) stand on it. A failing CUDA call
- * ends the worker with a line naming it (hpu__cuops_fatal): backend.h's
- * only refusal, HPU_BE_UNSUPPORTED, would send the ops to their C loops
- * over device memory. */
+ * error helpers and the readback of one value (the slot). Calls no other
+ * file of the table; cuops_gemm.c, cuops_conv.c and the table (cuops.c)
+ * stand on it. A failing CUDA call ends the worker with a line naming it
+ * (hpu__cuops_fatal): backend.h's only refusal, HPU_BE_UNSUPPORTED, would
+ * send the ops to their C loops over device memory. While a thread
+ * records (hpu__cuda_ops_recording), it is the op's refusal instead. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -90,6 +91,11 @@ void hpu__cuda_ops_recording(int on)
 const char *hpu__cuda_ops_recording_error(void)
 {
 	return recording_error;
+}
+
+int hpu__cuops_refused(void)
+{
+	return recording && recording_error[0];
 }
 
 /* A failed call: while recording, kept (the first) and -1; else fatal. */
@@ -213,8 +219,9 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
 		return c->scratch;
 	/* calls queued before may still read the old buffer: it is freed
 	 * once the stream is done with them */
-	if (c->scratch) {
-		hpu__cuops_cuda(cudaStreamSynchronize(hpu__cuops_stream()), "scratch");
+	if (c->scratch) { /* (a refused wait, recording: the old buffer kept) */
+		if (hpu__cuops_cuda(cudaStreamSynchronize(hpu__cuops_stream()), "scratch"))
+			return NULL;
 		cudaFree(c->scratch);
 	}
 	c->scratch = NULL;

@@ -250,6 +250,8 @@ static int run_any(hpu__cuops_ctx *c, const hpu__gemm *g, int tf32, int *none)
 
 static int no_algorithm(const hpu__gemm *g)
 {
+	if (hpu__cuops_refused()) /* a refused call made the plan, not the shape */
+		return -1;
 	hpu__cuops_fatal("cuBLASLt has no algorithm for a %dx%dx%d %s product", g->m, g->n, g->k,
 			 g->dt == HPU_DT_BF16 ? "bf16" : "fp32");
 }
