@@ -14,7 +14,9 @@
  *   the steps; a NaN at one step only (on one rank) is skipped and
  *   training goes on; a negative or any finite loss trains (a loss value
  *   is no error channel); the step's line names the rank, micro-step,
- *   layer and tensor of the first non-finite value;
+ *   layer and tensor of the first non-finite value, and (the fixture
+ *   bad_linear.so: a linear layer's weight turns +Inf, a ReLU after it)
+ *   the last tensor before it that was freed after forward, not checked;
  * - blame (bad_loss.so's --hang-* and --exit-*, a 2 s collective timeout):
  *   a rank that freezes in its third forward, or in its setup, is the
  *   rank hpulaunch's error names, with where it was, not the rank that
@@ -38,6 +40,7 @@
 #include "tests/integration/runlib.h"
 
 #define BAD_LOSS h_build("lib/bad_loss.so")
+#define BAD_LINEAR h_build("lib/bad_linear.so")
 #define NOSPACE "No space left on device"
 
 static char T[256]; /* the test's temporary directory */
@@ -321,6 +324,33 @@ static void test_nonfinite_first_named(void **state)
 	free(out);
 }
 
+/* A linear layer's weight turns +Inf (the fixture bad_linear): its output
+ * "h", which only the ReLU after it reads and no backward does, was freed
+ * after forward, so the first value found is the ReLU's output "r"; the
+ * sentence says that "h", before it, was not checked, naming it, and how
+ * many more were not. */
+static void test_nonfinite_unchecked_named(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 1);
+	args(&r, "--log-every", "1", "--batch-size", "16", "--max-steps", "3", NULL);
+	char *out = finish_with(&r, 0, BAD_LINEAR, "--value inf --at 3");
+	has(out, "step 3: non-finite loss or gradients: step skipped on every rank (1 in a row); "
+		 "first non-finite value: rank 0, micro-step 1 of 1, output \"r\" of layer "
+		 "\"relu\" (16 of 128 values); not checked: output \"h\" of layer \"fc\", "
+		 "which was not kept after forward\n");
+	free(out);
+	/* two linear layers and sigmoids before fc: their outputs "p1", "p2" were
+	 * not kept either, and are counted */
+	start(&r, 1);
+	args(&r, "--log-every", "1", "--batch-size", "16", "--max-steps", "3", NULL);
+	out = finish_with(&r, 0, BAD_LINEAR, "--at 3 --pre 2");
+	has(out, "(16 of 128 values); not checked: output \"h\" of layer \"fc\" and 2 earlier "
+		 "tensors, which were not kept after forward\n");
+	free(out);
+}
+
 /* 3 ranks with a 2 s collective timeout, one of which misbehaves as
  * bad_loss's margs say; returns the output (exit `want`). */
 static char *misbehave(int want, const char *margs)
@@ -410,6 +440,7 @@ int main(void)
 	    cmocka_unit_test(test_nonfinite_loss_one_step),
 	    cmocka_unit_test(test_finite_losses_train),
 	    cmocka_unit_test(test_nonfinite_first_named),
+	    cmocka_unit_test(test_nonfinite_unchecked_named),
 	    cmocka_unit_test(test_frozen_rank_blamed),
 	    cmocka_unit_test(test_exit_step_named),
 	};

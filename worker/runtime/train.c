@@ -913,17 +913,37 @@ static double rate_final(const rate *R, long step, double t, int batch)
 						: 0;
 }
 
+/* "; not checked: output \"h\" of layer \"fc\", which was not kept after
+ * forward": the n tensors before a finding that were not there to look
+ * at, `tensor` the last of them (the closest to where the value may have
+ * come from); "" when there were none. */
+static void unchecked_note(loop *L, int tensor, double n, char *out, size_t outlen)
+{
+	char what[300];
+	out[0] = 0;
+	if (tensor < 0 || n < 1)
+		return;
+	hpu__strat_nonfinite_name(L->st, tensor, -1, what, sizeof what);
+	if (n < 2)
+		snprintf(out, outlen, "; not checked: %s, which was not kept after forward", what);
+	else
+		snprintf(out, outlen, "; not checked: %s and %.0f earlier tensor%s, which were not "
+				      "kept after forward",
+			 what, n - 1, n >= 3 ? "s" : "");
+}
+
 /* Where the skipped step's first non-finite value came from, as every
  * rank found it (hpu_nonfinite, gathered): the lowest rank whose loss
  * went non-finite, else the first unit whose gradients did; "" when no
  * rank found one. Every rank calls it (a collective). */
 static int first_nonfinite(loop *L, char *out, size_t outlen)
 {
-	enum { F_FOUND, F_MICRO, F_LAYER, F_TENSOR, F_COUNT, F_NUMEL, F_UNIT, F_N };
+	enum { F_FOUND, F_MICRO, F_TENSOR, F_COUNT, F_NUMEL, F_UNIT, F_UNCHECKED, F_NUNCHECKED,
+	       F_N };
 	hpu_nonfinite nf;
 	hpu__strat_first_nonfinite(L->st, &nf);
-	double mine[F_N] = {nf.found, nf.micro, nf.layer, nf.tensor, (double)nf.count,
-			    (double)nf.numel, nf.unit};
+	double mine[F_N] = {nf.found, nf.micro, nf.tensor, (double)nf.count, (double)nf.numel,
+			    nf.unit, nf.unchecked, (double)nf.nunchecked};
 	double *all = malloc((size_t)L->world * F_N * sizeof *all);
 	if (!all)
 		return fail(L, "out of memory");
@@ -937,17 +957,17 @@ static int first_nonfinite(loop *L, char *out, size_t outlen)
 		for (int r = 0; r < L->world && !v; r++)
 			if ((int)all[(size_t)r * F_N + F_FOUND] == want)
 				v = all + (size_t)r * F_N;
-	char what[300];
+	char what[300], note[400];
 	out[0] = 0;
 	if (v && (int)v[F_FOUND] == 1) {
-		hpu__strat_nonfinite_name(L->st, (int)v[F_LAYER], (int)v[F_TENSOR], -1, what,
-					  sizeof what);
+		hpu__strat_nonfinite_name(L->st, (int)v[F_TENSOR], -1, what, sizeof what);
+		unchecked_note(L, (int)v[F_UNCHECKED], v[F_NUNCHECKED], note, sizeof note);
 		snprintf(out, outlen, "first non-finite value: rank %d, micro-step %d of %d, %s "
-				      "(%.0f of %.0f values)",
+				      "(%.0f of %.0f values)%s",
 			 (int)((v - all) / F_N), (int)v[F_MICRO] + 1, L->accum, what, v[F_COUNT],
-			 v[F_NUMEL]);
+			 v[F_NUMEL], note);
 	} else if (v) {
-		hpu__strat_nonfinite_name(L->st, -1, -1, (int)v[F_UNIT], what, sizeof what);
+		hpu__strat_nonfinite_name(L->st, -1, (int)v[F_UNIT], what, sizeof what);
 		snprintf(out, outlen, "first non-finite value: %s (every rank's loss was finite)",
 			 what);
 	}
@@ -961,7 +981,7 @@ static int skipped_check(loop *L, long step)
 {
 	int run = hpu__strat_bad_run(L->st);
 	long seen = L->bad_seen;
-	char first[400], sep[3] = "";
+	char first[1000], sep[3] = "";
 	L->bad_seen = hpu__strat_bad_total(L->st);
 	if (L->bad_seen == seen)
 		return 0;

@@ -332,8 +332,8 @@ static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
 	if (bad && !s->steps.first_bad.found) /* the losses were finite: name the unit */
 		for (int k = 0; k < s->nunits && !s->steps.first_bad.found; k++)
 			if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
-				s->steps.first_bad = (hpu_nonfinite){.found = 2, .unit = k, .layer = -1,
-							       .tensor = -1};
+				s->steps.first_bad = (hpu_nonfinite){.found = 2, .unit = k, .tensor = -1,
+							       .unchecked = -1};
 	*grad_norm = 0;
 	*skipped = bad > 0;
 	if (!*skipped) {

@@ -82,24 +82,29 @@ long hpu__strat_bad_total(const hpu_strat *s);
 /* Where a step's first non-finite value on this rank came from. A
  * micro-step whose loss is not finite looks, before its backward, through
  * the tensors its forward left (dataset fields, then each layer's outputs
- * in order; those activation checkpointing dropped are not there): the
- * first that holds an Inf or NaN. A step skipped with finite losses
- * names the first unit whose reduced gradients were not finite (fp32). */
+ * in order): the first that holds an Inf or NaN. Those not there to look
+ * at (freed after forward because no backward reads them, dropped by
+ * activation checkpointing) are counted, and the last of them before the
+ * one found is named: the value may have come from it. A step skipped
+ * with finite losses names the first unit whose reduced gradients were
+ * not finite (fp32). */
 typedef struct hpu_nonfinite {
 	int found;        /* 1: a tensor (below); 2: only a unit's gradients */
 	int micro;        /* the micro-step (from 0) */
-	int layer;        /* the producer, or -1: a dataset field */
-	int tensor;
+	int tensor;       /* a dataset field or a layer's output */
 	long count, numel; /* non-finite values of it, of (its rows) */
 	int unit;         /* found 2: the unit */
+	int unchecked;    /* found 1: the last tensor before it not there to
+			   * look at, or -1 */
+	long nunchecked;  /* found 1: how many such tensors before it */
 } hpu_nonfinite;
 
 /* This step's first non-finite value (found 0: none), and forgets it. */
 void hpu__strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out);
 
-/* "output \"y\" of layer \"fc\"", "dataset field \"x\"", "the gradients of
- * fc" for a finding's tensor or unit. */
-void hpu__strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
+/* "output \"y\" of layer \"fc\"", "dataset field \"x\"" for a tensor (by
+ * its producer), "the gradients of fc" for a unit (tensor -1). */
+void hpu__strat_nonfinite_name(const hpu_strat *s, int tensor, int unit, char *out,
 			       size_t outlen);
 
 /* Every parameter consolidated, fp32, on every rank, into dst[psi] in

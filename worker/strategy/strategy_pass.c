@@ -532,51 +532,62 @@ static void after_backward(hpu_strat *s, int i)
 
 /* ---- the first non-finite value (hpu_nonfinite) ---- */
 
-/* Tensor t after this micro-step's forward: its non-finite values, or 0
- * when it is not there (dropped, or not f32). */
+/* Tensor t after this micro-step's forward: its non-finite values (an
+ * i32 tensor holds none), or -1 when it is not there to look at (freed
+ * after forward because no backward reads it, or dropped by activation
+ * checkpointing). Its fp32 form, else its bf16 one (bf16-mixed, fp8). */
 static long tensor_nonfinite(const hpu_strat *s, int t, size_t *numel)
 {
 	const hpu_tinfo *ti = &s->b->tensors[t];
 	*numel = (size_t)s->ctx.batch * ti->sample_numel;
 	if (ti->dtype != HPU_F32)
 		return 0;
-	long k = 0;
 	if (s->t_data[t])
-		k = hpu__dev_count_nonfinite(s->t_data[t], *numel);
-	else if (s->a16 && s->a16[t])
-		k = hpu__dev_count_nonfinite16(s->a16[t], *numel);
-	return k;
+		return hpu__dev_count_nonfinite(s->t_data[t], *numel);
+	if (s->a16 && s->a16[t])
+		return hpu__dev_count_nonfinite16(s->a16[t], *numel);
+	return -1;
 }
 
-static int note_nonfinite(hpu_strat *s, int layer, int t)
+/* Looks at tensor t: 1 when it holds a non-finite value (the finding
+ * made, with the tensors before it that could not be looked at), else 0
+ * (one more of those when it was not there). */
+static int note_nonfinite(hpu_strat *s, int t, int *unchecked, long *nunchecked)
 {
 	size_t numel;
 	long bad = tensor_nonfinite(s, t, &numel);
-	if (!bad)
+	if (bad < 0) {
+		*unchecked = t;
+		++*nunchecked;
+	}
+	if (bad <= 0)
 		return 0;
-	s->steps.first_bad = (hpu_nonfinite){.found = 1, .micro = s->ctx.micro, .layer = layer,
-				       .tensor = t, .count = bad, .numel = (long)numel,
-				       .unit = -1};
+	s->steps.first_bad = (hpu_nonfinite){.found = 1, .micro = s->ctx.micro, .tensor = t,
+				       .count = bad, .numel = (long)numel, .unit = -1,
+				       .unchecked = *unchecked, .nunchecked = *nunchecked};
 	return 1;
 }
 
 /* A non-finite loss: the first tensor of the forward that holds an Inf or
- * NaN (the dataset's fields, then each layer's outputs in order). Runs
- * only then, so it costs nothing otherwise. */
+ * NaN (the dataset's fields, then each layer's outputs in order), and the
+ * last one before it that was not there to look at. Runs only then, so
+ * it costs nothing otherwise. */
 static void find_nonfinite(hpu_strat *s)
 {
 	hpu_builder *b = s->b;
+	int unchecked = -1;
+	long nunchecked = 0;
 	if (s->steps.first_bad.found == 1)
 		return; /* an earlier micro-step's came first */
 	for (int t = 0; t < b->ntensors; t++)
-		if (b->tensors[t].producer < 0 && note_nonfinite(s, -1, t))
+		if (b->tensors[t].producer < 0 && note_nonfinite(s, t, &unchecked, &nunchecked))
 			return;
 	for (int i = 0; i < b->nlayers; i++) {
 		const hpu_layer *l = b->layers[i];
 		if (!l->for_loss)
 			continue;
 		for (int k = 0; k < l->nout; k++)
-			if (note_nonfinite(s, i, l->out[k]))
+			if (note_nonfinite(s, l->out[k], &unchecked, &nunchecked))
 				return;
 	}
 }
@@ -584,13 +595,14 @@ static void find_nonfinite(hpu_strat *s)
 void hpu__strat_first_nonfinite(hpu_strat *s, hpu_nonfinite *out)
 {
 	*out = s->steps.first_bad;
-	s->steps.first_bad = (hpu_nonfinite){.unit = -1};
+	s->steps.first_bad = (hpu_nonfinite){.unit = -1, .unchecked = -1};
 }
 
-void hpu__strat_nonfinite_name(const hpu_strat *s, int layer, int tensor, int unit, char *out,
+void hpu__strat_nonfinite_name(const hpu_strat *s, int tensor, int unit, char *out,
 			       size_t outlen)
 {
 	const hpu_builder *b = s->b;
+	int layer = tensor >= 0 && tensor < b->ntensors ? b->tensors[tensor].producer : -1;
 	if (unit >= 0 && unit < s->nunits)
 		snprintf(out, outlen, "the gradients of %s", hpu__strat_unit_name(s, unit));
 	else if (tensor < 0 || tensor >= b->ntensors)
@@ -609,7 +621,7 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 	s->micro = s->ctx.micro;
 	double loss = hpu__strat_loss(s);
 	if (s->ctx.micro == 0)
-		s->steps.first_bad = (hpu_nonfinite){.unit = -1};
+		s->steps.first_bad = (hpu_nonfinite){.unit = -1, .unchecked = -1};
 	if (!isfinite(loss))
 		find_nonfinite(s);
 	scale = (float)(scale * s->steps.scale); /* the loss scale: 1 unless 16-mixed */
