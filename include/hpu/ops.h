@@ -30,7 +30,8 @@ HPU_API void hpu_linear_backward(const float *x, const float *w, const float *dy
 			 float *dx, float *dw, float *db, int batch, int in,
 			 int out);
 
-/* y[n] = max(x, 0); y may alias x. */
+/* y[n] = max(x, 0), as x > 0 ? x : 0: a NaN gives 0 (torch.relu keeps
+ * it), on every device; y may alias x. */
 HPU_API void hpu_relu_forward(const float *x, float *y, size_t n);
 
 /* dx[n] = dy * (y > 0), where y is the forward output; dx may alias dy. */
