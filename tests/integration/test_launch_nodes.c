@@ -20,6 +20,35 @@
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")
 
+/* Starts a two-node job's node 0 into n0 and node 1 into n1 (two
+ * hpulaunch with a shared job token on a free loopback port): each
+ * `hpulaunch --nodes 2 --devices 1 --node-rank R --master-port PORT
+ * OPTS... fmnist_mlp.so -- --hidden HIDDEN`, OPTS NULL-ended (at most 8),
+ * the same on both nodes. */
+static void start_mlp_pair(proc *n0, proc *n1, const char *const *opts, const char *hidden)
+{
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc *n[2] = {n0, n1};
+	for (int r = 0; r < 2; r++) {
+		char *a[24];
+		int k = 0;
+		char *head[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+				r ? "1" : "0", "--master-port", port};
+		for (size_t i = 0; i < sizeof head / sizeof *head; i++)
+			a[k++] = head[i];
+		for (int i = 0; opts[i]; i++) {
+			assert_true(i < 8);
+			a[k++] = (char *)opts[i];
+		}
+		char *tail[] = {(char *)MODEL, "--", "--hidden", (char *)hidden, NULL};
+		for (size_t i = 0; i < sizeof tail / sizeof *tail; i++)
+			a[k++] = tail[i];
+		assert_int_equal(h_start(n[r], a, env), 0);
+	}
+}
+
 /* A worker with the wrong job token is refused by the coordinator; a rank
  * that never joins ends the job with an error naming it. */
 static void test_wrong_token_and_missing_rank(void **state)
@@ -65,18 +94,9 @@ static void test_wrong_token_and_missing_rank(void **state)
 static void test_node_killed_blamed(void **state)
 {
 	(void)state;
-	char port[16];
-	snprintf(port, sizeof port, "%d", h_free_port());
-	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
 	proc n0, n1;
-	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
-		      "--master-port", port, "--max-steps", "100000", "--log-every", "1",
-		      "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
-	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
-		      "--master-port", port, "--max-steps", "100000", "--log-every", "1",
-		      "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
-	assert_int_equal(h_start(&n0, a0, env), 0);
-	assert_int_equal(h_start(&n1, a1, env), 0);
+	const char *opts[] = {"--max-steps", "100000", "--log-every", "1", "--no-eval", NULL};
+	start_mlp_pair(&n0, &n1, opts, "16");
 	assert_int_equal(h_wait_for(&n0, "step 3/", 120000), 0);
 	kill(n1.pid, SIGKILL);
 	int e0 = h_wait(&n0, 60000);
@@ -99,18 +119,9 @@ static void test_node_killed_blamed(void **state)
 static void test_two_nodes(void **state)
 {
 	(void)state;
-	char port[16];
-	snprintf(port, sizeof port, "%d", h_free_port());
-	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
 	proc n0, n1;
-	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
-		      "--master-port", port, "--max-steps", "5", "--log-every", "1",
-		      (char *)MODEL, "--", "--hidden", "64", NULL};
-	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
-		      "--master-port", port, "--max-steps", "5", "--log-every", "1",
-		      (char *)MODEL, "--", "--hidden", "64", NULL};
-	assert_int_equal(h_start(&n0, a0, env), 0);
-	assert_int_equal(h_start(&n1, a1, env), 0);
+	const char *opts[] = {"--max-steps", "5", "--log-every", "1", NULL};
+	start_mlp_pair(&n0, &n1, opts, "64");
 	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
 	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
 	if (e0)
@@ -131,18 +142,9 @@ static void test_two_nodes(void **state)
 static void test_two_nodes_remote_failure(void **state)
 {
 	(void)state;
-	char port[16];
-	snprintf(port, sizeof port, "%d", h_free_port());
-	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
 	proc n0, n1;
-	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
-		      "--master-port", port, "--epochs", "20", "--log-every", "2",
-		      (char *)MODEL, "--", "--hidden", "64", NULL};
-	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
-		      "--master-port", port, "--epochs", "20", "--log-every", "2",
-		      (char *)MODEL, "--", "--hidden", "64", NULL};
-	assert_int_equal(h_start(&n0, a0, env), 0);
-	assert_int_equal(h_start(&n1, a1, env), 0);
+	const char *opts[] = {"--epochs", "20", "--log-every", "2", NULL};
+	start_mlp_pair(&n0, &n1, opts, "64");
 	int seen = h_wait_for(&n0, "step 4/", 60000);
 	pid_t k1[4], k0[4];
 	int c1 = h_children(n1.pid, k1, 4), c0 = h_children(n0.pid, k0, 4);
