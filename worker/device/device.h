@@ -47,8 +47,48 @@ typedef enum hpu__dev_optkind {
 	HPU__DEV_ADAMW, /* torch.optim.AdamW: decoupled, p *= 1 - lr*wd */
 } hpu__dev_optkind;
 
+/* A training step's own scalars, in device memory (one block per
+ * strategy): what a step decides from its results (skip a step whose
+ * gradients hold Inf or NaN, clip by the global norm, 16-mixed's loss
+ * scale) is decided on the device from these, so that no value comes
+ * back to the host inside a step and a recorded step (--graphs) replays
+ * the decisions too. The host writes lr before a step (a copy from
+ * pinned memory) and reads the block back after it; nothing else of it
+ * is written by the host but at set-up and when a checkpoint resumes. */
+typedef struct hpu__dev_stepvars {
+	/* written by the host before each step */
+	double lr;
+	/* this step's: the checks and the norm add into bad and sumsq
+	 * (step_end clears them); step_begin sets skip, norm and gscale */
+	double sumsq;  /* sum of squares of the gradients (all ranks' once reduced) */
+	double norm;   /* the global norm, unscaled (0 without clipping) */
+	float bad;     /* > 0: some gradient held Inf or NaN (on some rank) */
+	float gscale;  /* the update's gradient scale: 1/loss_scale x the clip factor */
+	int skip;      /* 1: this step's update is skipped */
+	/* kept across steps (and in checkpoints, through the host's copy) */
+	long t;              /* updates done; step_begin counts this one */
+	double loss_scale;   /* 16-mixed's (1 otherwise) */
+	long step_no;        /* mixed precision's steps ended, skipped or not */
+	long last_overflow;  /* DynamicLossScaler's: step_no of the last overflow */
+	int hyst_left;       /* and the overflows it still forgives */
+	long skipped;        /* mixed precision's steps skipped */
+} hpu__dev_stepvars;
+
+/* What step_begin and step_end apply (host memory, the same every step). */
+typedef struct hpu__dev_stepcfg {
+	double clip_norm;   /* > 0: clip by the global norm (hpu__clip_factor) */
+	int mixed;          /* bf16-mixed or 16-mixed: step_end counts */
+	int fp16;           /* 16-mixed: gradients carry loss_scale */
+	int dynamic;        /* 16-mixed's dynamic scaler (--loss-scale 0) */
+	int hysteresis;     /* DeepSpeed's DynamicLossScaler: overflows forgiven */
+	long window;        /* loss_scale_window: steps without overflow to double */
+	double min_scale;   /* min_loss_scale */
+} hpu__dev_stepcfg;
+
 /* One optimizer step's scalars: the gradients are gscale * g, `t` the
- * step counted from 1, `lr` the learning rate. */
+ * step counted from 1, `lr` the learning rate. With sv set (device
+ * memory), lr, t and gscale are read from it on the device instead,
+ * and the update does nothing where sv->skip is set. */
 typedef struct hpu__dev_optim {
 	hpu__dev_optkind kind;
 	double momentum, weight_decay, beta1, beta2, eps;
@@ -56,6 +96,7 @@ typedef struct hpu__dev_optim {
 	long t;
 	double lr;
 	float gscale;
+	const hpu__dev_stepvars *sv;
 } hpu__dev_optim;
 
 /* The runtime's own ops: what the runtime does to device memory itself,
@@ -100,6 +141,35 @@ typedef struct hpu__dev_rtops {
 		      size_t n);
 	void (*optim16)(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
 			uint16_t *p16, float *m, float *v, size_t n, float *scratch, size_t chunk);
+
+	/* The step's decisions on the device (hpu__dev_stepvars, device
+	 * memory; c is host memory). Nothing comes back to the host. */
+	/* *flag = 1 where g[n] holds an Inf or NaN (else left as it is) */
+	void (*flag_nonfinite)(float *flag, const float *g, size_t n);
+	void (*flag_nonfinite16)(float *flag, int fp16, const uint16_t *g, size_t n);
+	/* *acc += sumsq(g, n); *acc = sumsq16(*acc, ...): the same sums */
+	void (*sumsq_add)(double *acc, const float *g, size_t n);
+	void (*sumsq16_add)(double *acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			    size_t chunk);
+	/* A loss term's seed: g[n] += weight * s / (float)batch in fp32,
+	 * s = (float)(base * sv->loss_scale); NaN instead where one of the
+	 * micro-step's loss sums sums[nsums] (device memory) is not finite,
+	 * so that every rank's gradients are and the step is skipped. */
+	void (*loss_seed)(float *g, size_t n, const double *sums, int nsums, float weight,
+			  float base, int batch, const hpu__dev_stepvars *sv);
+	/* Before the update, after bad and sumsq are complete (reduced
+	 * across ranks): skip = bad > 0; unless skipped, t += 1, norm =
+	 * sqrt(sumsq) (divided by loss_scale in 16-mixed; only where
+	 * clip_norm > 0, else 0) and gscale = (16-mixed: (float)(1 /
+	 * loss_scale), else 1) x hpu__clip_factor(norm, clip_norm) (x 1
+	 * without clipping), exactly the host's arithmetic. */
+	void (*step_begin)(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
+	/* After the update: the dynamic scaler's update (halve on overflow
+	 * after `hysteresis` of them, not below min_scale; double every
+	 * `window` steps since the last), then under mixed precision
+	 * skipped += skip and step_no += 1 (strategy_mp.c's update_scale);
+	 * bad and sumsq cleared for the next step. */
+	void (*step_end)(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 } hpu__dev_rtops;
 
 /* The CPU devices' runtime ops (device_ops.c): today's host loops. */
@@ -370,6 +440,18 @@ void hpu__dev_optim_update(const hpu__dev_optim *k, float *p, const float *g, fl
 void hpu__dev_optim_update16(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
 			     uint16_t *p16, float *m, float *v, size_t n, float *scratch,
 			     size_t chunk);
+
+/* The step's decisions on the device (hpu__dev_rtops' flag_nonfinite
+ * to step_end), each a device call on the default queue. */
+void hpu__dev_flag_nonfinite(float *flag, const float *g, size_t n);
+void hpu__dev_flag_nonfinite16(float *flag, int fp16, const uint16_t *g, size_t n);
+void hpu__dev_sumsq_add(double *acc, const float *g, size_t n);
+void hpu__dev_sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			  size_t chunk);
+void hpu__dev_loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
+			float base, int batch, const hpu__dev_stepvars *sv);
+void hpu__dev_step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
+void hpu__dev_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 
 /* The device's collectives (hpu__dev_coll), each a device call: where
  * the device has none, group_open answers 1 with the sentence in why. */
