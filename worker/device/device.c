@@ -674,6 +674,52 @@ long hpu__dev_count_nonfinite16(const uint16_t *v, size_t n)
 	RT_VALUE(long, count_nonfinite16(v, n));
 }
 
+void hpu__dev_flag_nonfinite(float *flag, const float *g, size_t n)
+{
+	ON_DEVICE2("flag_nonfinite", flag, g);
+	RT_CALL(flag_nonfinite(flag, g, n));
+}
+
+void hpu__dev_flag_nonfinite16(float *flag, int fp16, const uint16_t *g, size_t n)
+{
+	ON_DEVICE2("flag_nonfinite16", flag, g);
+	RT_CALL(flag_nonfinite16(flag, fp16, g, n));
+}
+
+void hpu__dev_sumsq_add(double *acc, const float *g, size_t n)
+{
+	ON_DEVICE2("sumsq_add", acc, g);
+	RT_CALL(sumsq_add(acc, g, n));
+}
+
+void hpu__dev_sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			  size_t chunk)
+{
+	ON_DEVICE2("sumsq16_add", acc, g);
+	on_device("sumsq16_add", scratch);
+	RT_CALL(sumsq16_add(acc, fp16, g, n, scratch, chunk));
+}
+
+void hpu__dev_loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
+			float base, int batch, const hpu__dev_stepvars *sv)
+{
+	ON_DEVICE2("loss_seed", g, sums);
+	on_device("loss_seed", sv);
+	RT_CALL(loss_seed(g, n, sums, nsums, weight, base, batch, sv));
+}
+
+void hpu__dev_step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	on_device("step_begin", sv);
+	RT_CALL(step_begin(sv, c));
+}
+
+void hpu__dev_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	on_device("step_end", sv);
+	RT_CALL(step_end(sv, c));
+}
+
 void hpu__dev_optim_update(const hpu__dev_optim *k, float *p, const float *g, float *m,
 			   float *v, size_t n)
 {

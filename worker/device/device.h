@@ -172,6 +172,16 @@ typedef struct hpu__dev_rtops {
 	void (*step_end)(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 } hpu__dev_rtops;
 
+/* torch.nn.utils.clip_grad_norm_'s factor for a global norm, in fp32 as
+ * torch computes it: max_norm / (norm + 1e-6), at most 1 (the host's
+ * and every device's step_begin). */
+static inline float hpu__dev_clip_factor(double norm, double max_norm)
+{
+	float denom = (float)norm + (float)1e-6;
+	float coef = (1.0f / denom) * (float)max_norm;
+	return coef > 1.0f ? 1.0f : coef;
+}
+
 /* The CPU devices' runtime ops (device_ops.c): today's host loops. */
 extern const hpu__dev_rtops hpu__dev_cpu_rtops;
 

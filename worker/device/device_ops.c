@@ -300,9 +300,29 @@ static void adam_step(const hpu__dev_optim *o, float *p, const float *g, float *
 		adam_decoupled(&k, p, g, m, v, n, o->gscale);
 }
 
-static void optim(const hpu__dev_optim *k, float *p, const float *g, float *m, float *v,
+/* k with sv's lr, t and gscale (device memory, read inside the device
+ * call); 0 where sv says the step is skipped. */
+static int with_vars(const hpu__dev_optim *k, hpu__dev_optim *out)
+{
+	*out = *k;
+	if (!k->sv)
+		return 1;
+	if (k->sv->skip)
+		return 0;
+	out->lr = k->sv->lr;
+	out->t = k->sv->t;
+	out->gscale = k->sv->gscale;
+	out->sv = NULL;
+	return 1;
+}
+
+static void optim(const hpu__dev_optim *o, float *p, const float *g, float *m, float *v,
 		  size_t n)
 {
+	hpu__dev_optim kv;
+	if (!with_vars(o, &kv))
+		return;
+	const hpu__dev_optim *k = &kv;
 	if (k->kind == HPU__DEV_SGD)
 		sgd_step(k, p, g, m, n);
 	else
@@ -347,9 +367,13 @@ HPU_CLONES static void adam_decoupled_bf16(const adam_k *k, float *restrict p,
 	adam_pass_bf16(k, 0, p, g16, p16, m, v, n, gscale);
 }
 
-static void optim16(const hpu__dev_optim *k, int fp16, float *p, const uint16_t *g16,
+static void optim16(const hpu__dev_optim *o, int fp16, float *p, const uint16_t *g16,
 		    uint16_t *p16, float *m, float *v, size_t n, float *scratch, size_t chunk)
 {
+	hpu__dev_optim kv;
+	if (!with_vars(o, &kv))
+		return;
+	const hpu__dev_optim *k = &kv;
 	if (!fp16 && k->kind != HPU__DEV_SGD) {
 		const adam_k a = adam_scalars(k);
 		if (k->kind == HPU__DEV_ADAM)
@@ -364,6 +388,82 @@ static void optim16(const hpu__dev_optim *k, int fp16, float *p, const uint16_t 
 		optim(k, p + i, scratch, m ? m + i : NULL, v ? v + i : NULL, c);
 		to16(fp16, p16 + i, p + i, c);
 	}
+}
+
+/* ---- the step's decisions (hpu__dev_stepvars) ---- */
+
+static void flag_nonfinite(float *flag, const float *g, size_t n)
+{
+	if (nonfinite(g, n))
+		*flag = 1;
+}
+
+static void flag_nonfinite16(float *flag, int fp16, const uint16_t *g, size_t n)
+{
+	if (nonfinite16(fp16, g, n))
+		*flag = 1;
+}
+
+static void sumsq_add(double *acc, const float *g, size_t n)
+{
+	*acc += sumsq(g, n);
+}
+
+static void sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			size_t chunk)
+{
+	*acc = sumsq16(*acc, fp16, g, n, scratch, chunk);
+}
+
+static void loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
+		      float base, int batch, const hpu__dev_stepvars *sv)
+{
+	int finite = 1;
+	for (int k = 0; k < nsums; k++)
+		finite &= isfinite(sums[k]) != 0;
+	float scale = (float)(base * sv->loss_scale);
+	add_scalar(g, finite ? weight * scale / (float)batch : NAN, n);
+}
+
+static void step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	sv->skip = sv->bad > 0;
+	sv->norm = 0;
+	if (sv->skip)
+		return;
+	sv->t++;
+	float gscale = c->fp16 ? (float)(1.0 / sv->loss_scale) : 1.0f;
+	if (c->clip_norm > 0) {
+		double norm = sqrt(sv->sumsq);
+		if (c->fp16)
+			norm /= sv->loss_scale;
+		sv->norm = norm;
+		gscale *= hpu__dev_clip_factor(norm, c->clip_norm);
+	}
+	sv->gscale = gscale;
+}
+
+/* DeepSpeed's DynamicLossScaler (strategy_mp.c said it first). */
+static void step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	if (c->mixed) {
+		if (c->fp16 && c->dynamic) {
+			if (sv->skip) {
+				if (c->hysteresis == 1 || sv->hyst_left == 1)
+					sv->loss_scale = fmax(sv->loss_scale / 2, c->min_scale);
+				else
+					sv->hyst_left--;
+				sv->last_overflow = sv->step_no;
+			} else if ((sv->step_no - sv->last_overflow) % c->window == 0) {
+				sv->hyst_left = c->hysteresis;
+				sv->loss_scale *= 2;
+			}
+		}
+		sv->step_no++;
+		sv->skipped += sv->skip;
+	}
+	sv->bad = 0;
+	sv->sumsq = 0;
 }
 
 const hpu__dev_rtops hpu__dev_cpu_rtops = {
@@ -383,4 +483,11 @@ const hpu__dev_rtops hpu__dev_cpu_rtops = {
     .count_nonfinite16 = count_nonfinite16,
     .optim = optim,
     .optim16 = optim16,
+    .flag_nonfinite = flag_nonfinite,
+    .flag_nonfinite16 = flag_nonfinite16,
+    .sumsq_add = sumsq_add,
+    .sumsq16_add = sumsq16_add,
+    .loss_seed = loss_seed,
+    .step_begin = step_begin,
+    .step_end = step_end,
 };

@@ -126,7 +126,5 @@ double hpu__sumsq(const float *g, size_t n)
  * keeps NaN (a NaN norm gives a NaN factor, as in torch). */
 float hpu__clip_factor(double norm, double max_norm)
 {
-	float denom = (float)norm + (float)1e-6;
-	float coef = (1.0f / denom) * (float)max_norm;
-	return coef > 1.0f ? 1.0f : coef;
+	return hpu__dev_clip_factor(norm, max_norm);
 }
