@@ -59,6 +59,13 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "1: under --device cpu-strict, device memory opens only inside the "
 	    "kernel table and the runtime's ops, not for a whole layer (tests: "
 	    "host loops in the ops fault as they would on a GPU)"),
+	VAR(HPU_STRICT_STEP, "0", "hpu-worker",
+	    "1: under --device cpu-strict, a device operation that brings a "
+	    "value or bytes back to the host (a device-to-host copy, a check or "
+	    "norm returned as a value, a wait on the host) inside a training "
+	    "step ends the worker naming it, as a recorded step (--graphs) "
+	    "could not do it on a GPU (tests; meant for 1 worker: between "
+	    "workers cpu-strict stages the collectives through host memory)"),
 	VAR(HPU_CUDA_MODULE, "", "hpu-worker, test_cuda_device",
 	    "the CUDA device's module to load for --device cuda or auto "
 	    "(default: hpudev_cuda.so in ../lib or ../LIBDIR/hputrain beside "

@@ -43,6 +43,15 @@
 #include <unistd.h>
 
 #include "tests/integration/runlib.h"
+#include "worker/device/device.h" /* sizeof(hpu__dev_stepvars) */
+
+/* The step's scalars per step (worker/strategy/strategy_vars.c): the
+ * learning rate in; the block out after the step and, the step being
+ * eager (not recordable), once inside it; the loss's sums read after
+ * each micro-step's backward and after the step. */
+#define STEP_IN 8ull
+#define STEP_OUT (2ull * sizeof(hpu__dev_stepvars))
+#define LOSS_OUT(micro) (2ull * 8 * (micro))
 
 #define PEEK h_build("lib/peek_param.so")
 #define BUFMODEL h_build("lib/buffer_model.so")
@@ -497,16 +506,17 @@ static void test_copied_bytes(void **state)
 				&h2d, &d2h),
 			 2);
 	/* per rank: 32 samples of 784 pixels and a label in; the loss's sum
-	 * out (one double, summed on the device);
+	 * out (one double, summed on the device), the step's scalars in and
+	 * out (with the non-finite flag's all-reduce staged: 4 bytes);
 	 * the gradients (one bucket, padded to 16 floats) out to the
 	 * all-reduce's staging and back */
-	unsigned long long batch = 32ull * (784 + 1) * 4, loss = 8,
+	unsigned long long batch = 32ull * (784 + 1) * 4, loss = LOSS_OUT(1),
 			   grads = (mlp_params() + 15) / 16 * 16 * 4;
-	printf("  one ddp step: %llu bytes in (batch %llu + gradients %llu), %llu out (loss %llu + "
-	       "gradients %llu)\n",
-	       h2d, batch, grads, d2h, loss, grads);
-	assert_int_equal(h2d, batch + grads);
-	assert_int_equal(d2h, loss + grads);
+	printf("  one ddp step: %llu bytes in (batch %llu + gradients %llu + step %llu), %llu out "
+	       "(loss %llu + gradients %llu + step %llu)\n",
+	       h2d, batch, grads, STEP_IN + 4, d2h, loss, grads, STEP_OUT + 4);
+	assert_int_equal(h2d, batch + grads + STEP_IN + 4);
+	assert_int_equal(d2h, loss + grads + STEP_OUT + 4);
 	free(out);
 }
 
@@ -639,13 +649,14 @@ static void test_copies_as_planned(void **state)
 	bad += 2 != copies_case("cpu-strict", 2, MODEL, SMALL_MLP, ckpt3, &h, &d);
 	const char *ckpt2[] = {"--strategy", "zero2", "--activation-checkpointing", NULL};
 	bad += 1 != copies_case("cpu-strict", 2, MODEL, SMALL_MLP, ckpt2, &h, &d);
-	/* one worker: no collective, only the batch in and the loss out */
+	/* one worker: no collective, only the batch in and the loss and the
+	 * step's scalars out */
 	const char *one[][5] = {{"--strategy", "ddp"},
 				{"--strategy", "zero3", "--precision", "bf16-mixed"}};
 	for (size_t k = 0; k < sizeof one / sizeof *one; k++) {
 		bad += 1 != copies_case("cpu-strict", 1, MODEL, SMALL_MLP, one[k], &h, &d);
-		assert_int_equal(h, 32ull * (784 + 1) * 4);
-		assert_int_equal(d, 8); /* the loss's sum, one double */
+		assert_int_equal(h, 32ull * (784 + 1) * 4 + STEP_IN);
+		assert_int_equal(d, LOSS_OUT(1) + STEP_OUT); /* the loss's sum, one double */
 	}
 	/* a model with buffers: synchronized after the step, out and back */
 	const char *bufs[] = {"--strategy", "zero2", NULL};
@@ -667,18 +678,19 @@ static void test_copies_as_planned(void **state)
 	assert_int_equal(d, 2 * 26528 / 2 * 4);
 	/* zero1 by hand: units 25,120 + 1,056 + 330 floats, each padded to
 	 * 32: 25,120 + 1,056 + 352 = 26,528, pieces half. Gradients out
-	 * whole and the piece back; the piece out and the others' back. */
+	 * whole and the piece back; the piece out and the others' back. The
+	 * step's scalars, with the non-finite flag's all-reduce staged. */
 	unsigned long long len = 26528, piece = len / 2, batch = 16ull * (784 + 1) * 4,
-			   loss = 8;
-	assert_int_equal(zero1_h, batch + piece * 4 + (len - piece) * 4);
-	assert_int_equal(zero1_d, loss + len * 4 + piece * 4);
+			   loss = LOSS_OUT(1), step_in = STEP_IN + 4, step_out = STEP_OUT + 4;
+	assert_int_equal(zero1_h, batch + piece * 4 + (len - piece) * 4 + step_in);
+	assert_int_equal(zero1_d, loss + len * 4 + piece * 4 + step_out);
 	/* zero3 by hand: the units' pieces 12,560, 528 and 176 (the last
 	 * persistent) back from the reduce-scatters; the first layer
 	 * gathered for its forward and its backward, the second once (kept
 	 * from its forward into its backward, which comes next), the
 	 * persistent one after the step: the others' pieces in */
 	assert_int_equal(zero3_h, batch + (12560 + 528 + 176) * 4 +
-					  (2 * 12560 + 528 + 176) * 4);
+					  (2 * 12560 + 528 + 176) * 4 + step_in);
 	assert_int_equal(bad, 0);
 }
 

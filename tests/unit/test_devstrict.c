@@ -329,6 +329,144 @@ static void test_strict_fault(void **state)
 	free(text);
 }
 
+/* ---- the step guard (HPU_STRICT_STEP=1) ---- */
+
+static float *guard_g; /* GRADS block 'gradients', 16 values */
+static float guard_h[16];
+
+/* cpu-strict (or `device`) for rank 1 with HPU_STRICT_STEP as `knob`
+ * (NULL: unset), a block of gradients, the guard on; what a step may
+ * do passes: h2d, memset, device-to-device copies, the ops that leave
+ * their results on the device. */
+static void guard_setup(const char *device, const char *knob)
+{
+	if (knob)
+		setenv("HPU_STRICT_STEP", knob, 1);
+	else
+		unsetenv("HPU_STRICT_STEP");
+	if (open_dev(device, 1) < 0)
+		_exit(9);
+	guard_g = hpu__dev_alloc(HPU_MEM_GRADS, sizeof guard_h, "gradients");
+	float *d = hpu__dev_alloc(HPU_MEM_ACTS, sizeof guard_h, "acts");
+	if (!guard_g || !d)
+		_exit(9);
+	hpu__dev_step_guard(1);
+	hpu__dev_h2d(NULL, guard_g, guard_h, sizeof guard_h);
+	hpu__dev_memset(NULL, d, 0, sizeof guard_h);
+	hpu__dev_d2d(NULL, d, guard_g, sizeof guard_h);
+	hpu__dev_copy(guard_g, d, sizeof guard_h);
+	hpu__dev_copy(d, guard_h, sizeof guard_h); /* host to device */
+	hpu__dev_add(d, guard_g, 16);
+	hpu__dev_event ev;
+	hpu__dev_event_record(NULL, &ev);
+}
+
+/* Everything a step may not do, in turn: with the guard on the first
+ * ends the child with its line; off, none does. */
+static void readbacks(void)
+{
+	float back[16];
+	hpu__dev_d2h(NULL, back, guard_g, 64);
+	(void)hpu__dev_nonfinite(guard_g, 16);
+	hpu__dev_copy(back, guard_g, 64);
+	hpu__dev_d2d(NULL, back, guard_g, 64);
+	(void)hpu__dev_sumsq(guard_g, 16);
+	hpu__dev_queue_sync(NULL);
+}
+
+static void guard_d2h(void)
+{
+	guard_setup("cpu-strict", "1");
+	readbacks();
+	_exit(0); /* not reached */
+}
+
+static void guard_nonfinite(void)
+{
+	guard_setup("cpu-strict", "1");
+	(void)hpu__dev_nonfinite(guard_g, 16);
+	_exit(0);
+}
+
+static void guard_copy(void)
+{
+	float back[16];
+	guard_setup("cpu-strict", "1");
+	hpu__dev_copy(back, guard_g, 8);
+	_exit(0);
+}
+
+static void guard_sync(void)
+{
+	guard_setup("cpu-strict", "1");
+	hpu__dev_queue_sync(NULL);
+	_exit(0);
+}
+
+/* The guard turned off again: the readbacks pass. */
+static void guard_off(void)
+{
+	guard_setup("cpu-strict", "1");
+	hpu__dev_step_guard(0);
+	readbacks();
+	close_dev();
+	_exit(0);
+}
+
+/* The guard on, HPU_STRICT_STEP unset or 0, or on cpu: nothing. */
+static void guard_no_knob(void)
+{
+	guard_setup("cpu-strict", NULL);
+	readbacks();
+	close_dev();
+	guard_setup("cpu-strict", "0");
+	readbacks();
+	close_dev();
+	guard_setup("cpu", "1");
+	readbacks();
+	close_dev();
+	_exit(0);
+}
+
+/* The child's exit status 1 and its one line: `op` then `what`, then
+ * the guard's words. */
+static void caught(void (*fn)(void), const char *op, const char *what)
+{
+	char *text, want[512];
+	int st = in_child(fn, &text);
+	snprintf(want, sizeof want,
+		 "hpu-worker: rank 1: cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): "
+		 "a recorded step (--graphs) cannot do that\n",
+		 op, what);
+	printf("  %s", text);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_string_equal(text, want);
+	free(text);
+}
+
+static void test_step_guard(void **state)
+{
+	(void)state;
+	caught(guard_d2h, "hpu__dev_d2h",
+	       "brought 64 bytes of GRADS block 'gradients' back to the host");
+	caught(guard_nonfinite, "hpu__dev_nonfinite",
+	       "returned a value to the host (read from GRADS block 'gradients')");
+	caught(guard_copy, "hpu__dev_copy",
+	       "brought 8 bytes of GRADS block 'gradients' back to the host");
+	caught(guard_sync, "hpu__dev_queue_sync", "waited on the host for the device's queue");
+	/* the same with the guard off, or not armed: exit 0, nothing said */
+	void (*quiet[])(void) = {guard_off, guard_no_knob};
+	for (int k = 0; k < 2; k++) {
+		char *text;
+		int st = in_child(quiet[k], &text);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 0);
+		assert_string_equal(text, "");
+		free(text);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -338,6 +476,7 @@ int main(void)
 	    cmocka_unit_test(test_strict_copies),
 	    cmocka_unit_test(test_strict_fault),
 	    cmocka_unit_test(test_strict_host_memory),
+	    cmocka_unit_test(test_step_guard),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

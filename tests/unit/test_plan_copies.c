@@ -54,9 +54,47 @@ static void test_all_reduce_staged_or_direct(void **state)
 			assert_int_equal(direct.h2d[HPU_COPY_GRADS], 0);
 			assert_int_equal(direct.h2d[HPU_COPY_BATCH], 8 * 16);
 			assert_int_equal(direct.d2h[HPU_COPY_LOSS], 2 * 8);
-			assert_int_equal(direct.h2d_total, staged.h2d_total - 1024 * esz);
-			assert_int_equal(direct.d2h_total, staged.d2h_total - 1024 * esz);
+			/* and the non-finite flag's all-reduce: 4 bytes staged */
+			assert_int_equal(staged.h2d[HPU_COPY_STEP], 8 + 4);
+			assert_int_equal(direct.h2d[HPU_COPY_STEP], 8);
+			assert_int_equal(direct.h2d_total, staged.h2d_total - 1024 * esz - 4);
+			assert_int_equal(direct.d2h_total, staged.d2h_total - 1024 * esz - 4);
 		}
+}
+
+/* The step's scalars (strategy_vars.c): the learning rate in; the block
+ * out after the step, and inside it where the host decides; the loss read
+ * after each micro-step too when eager; the flag's all-reduce staged (and
+ * the norm's, sharded with clipping); nothing of it at world 1. */
+static void test_step_scalars(void **state)
+{
+	(void)state;
+	hpu_plan p;
+	plan(&p, HPU_STRATEGY_ZERO2, HPU_COMM_FP32);
+	hpu_plan_step st = step(0);
+	st.vars_bytes = 88;
+	hpu_plan_copies c;
+	hpu__plan_copies(&p, &st, &c); /* recordable, not clipping */
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 8 + 4);
+	assert_int_equal(c.d2h[HPU_COPY_STEP], 88 + 4);
+	assert_int_equal(c.d2h[HPU_COPY_LOSS], 2 * 8);
+	st.eager = st.host_decides = 1;
+	st.clip = st.sharded = 1;
+	hpu__plan_copies(&p, &st, &c);
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 8 + 4 + 8);
+	assert_int_equal(c.d2h[HPU_COPY_STEP], 2 * 88 + 4 + 8);
+	assert_int_equal(c.d2h[HPU_COPY_LOSS], 2 * 2 * 8);
+	st.grads_host = 1; /* the norm summed by the host, copied over */
+	hpu__plan_copies(&p, &st, &c);
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 8 + 8 + 4 + 8);
+	hpu_train_opts o;
+	hpu__opts_defaults(&o);
+	o.strategy = HPU_STRATEGY_ZERO2;
+	hpu__plan_make(&p, &o, 1, 2); /* one rank: the all-reduces are the identity */
+	st.grads_host = 0;
+	hpu__plan_copies(&p, &st, &c);
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 8);
+	assert_int_equal(c.d2h[HPU_COPY_STEP], 2 * 88);
 }
 
 /* Where the host reads device memory (cpu) nothing is staged either way. */
@@ -77,6 +115,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_all_reduce_staged_or_direct),
+		cmocka_unit_test(test_step_scalars),
 		cmocka_unit_test(test_host_can_read),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

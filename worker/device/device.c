@@ -25,6 +25,11 @@ static int cur_rank;
 static int kernels_set; /* the ops use hpu__dev_kernels_table */
 static int table_set;   /* the ops use a device's own table (cuda) */
 static atomic_uint_fast64_t copied_h2d, copied_d2h;
+/* The step guard (hpu__dev_step_guard): step_strict is HPU_STRICT_STEP=1
+ * on cpu-strict, read when the device opens; step_on is the guard, set
+ * by the main thread and read by any thread that calls the device. */
+static int step_strict;
+static atomic_int step_on;
 
 /* ---- the cpu device: host memory, work done when issued ---- */
 
@@ -236,6 +241,9 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	cur = d;
 	cur_rank = rank;
 	caps_known = 0;
+	const char *e = hpu__env_str(HPU_ENV_HPU_STRICT_STEP);
+	step_strict = d == &hpu__dev_cpu_strict && e && !strcmp(e, "1");
+	atomic_store(&step_on, 0);
 	atomic_store(&copied_h2d, 0);
 	atomic_store(&copied_d2h, 0);
 	return 0;
@@ -301,6 +309,8 @@ void hpu__dev_close(void)
 	kernels_set = table_set = 0;
 	cur = &hpu__dev_cpu;
 	caps_known = 0;
+	step_strict = 0;
+	atomic_store(&step_on, 0);
 }
 
 const hpu__device *hpu__dev(void)
@@ -374,6 +384,59 @@ void hpu__dev_hbuf_free(void *p)
 		cur->host_free(p);
 }
 
+/* ---- the step guard ---- */
+
+void hpu__dev_step_guard(int on)
+{
+	if (step_strict)
+		atomic_store_explicit(&step_on, on != 0, memory_order_relaxed);
+}
+
+int hpu__dev_step_guard_armed(void)
+{
+	return step_strict;
+}
+
+static int guarded(void)
+{
+	return atomic_load_explicit(&step_on, memory_order_relaxed);
+}
+
+/* The guard caught `op` doing `what` (a phrase: "returned a value to
+ * the host (...)"): one line, and the worker ends. */
+static void step_caught(const char *op, const char *what)
+{
+	fprintf(stderr,
+		"hpu-worker: rank %d: cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): a recorded step (--graphs) cannot do that\n",
+		cur_rank, op, what);
+	fflush(stderr);
+	_exit(1);
+}
+
+/* A copy from device memory into host memory under the guard. */
+static void step_copy(const char *op, const void *dst, const void *src, size_t n)
+{
+	if (!guarded() || !n || !cur->owns || cur->owns(dst) || !cur->owns(src))
+		return;
+	char block[160] = "device memory", what[256];
+	if (cur->describe)
+		cur->describe(src, block, sizeof block);
+	snprintf(what, sizeof what, "brought %zu bytes of %s back to the host", n, block);
+	step_caught(op, what);
+}
+
+/* An op that returns a value computed from device memory at src. */
+static void step_value(const char *op, const void *src)
+{
+	if (!guarded())
+		return;
+	char block[160] = "device memory", what[256];
+	if (cur->describe)
+		cur->describe(src, block, sizeof block);
+	snprintf(what, sizeof what, "returned a value to the host (read from %s)", block);
+	step_caught(op, what);
+}
+
 /* ---- device calls, copies ---- */
 
 void hpu__dev_enter(void)
@@ -415,6 +478,7 @@ void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 
 void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
+	step_copy("hpu__dev_d2h", dst, src, n);
 	atomic_fetch_add(&copied_d2h, n);
 	copy(q, dst, src, n);
 }
@@ -423,6 +487,7 @@ void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
  * bytes cross the bus: counted as the h2d or d2h copy they are. */
 void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
+	step_copy("hpu__dev_d2d", dst, src, n);
 	if (cur->owns && !cur->owns(dst) && n)
 		atomic_fetch_add(&copied_d2h, n);
 	else if (cur->owns && !cur->owns(src) && n)
@@ -452,6 +517,7 @@ void hpu__dev_copy(void *dst, const void *src, size_t n)
 			memmove(dst, src, n);
 		return;
 	}
+	step_copy("hpu__dev_copy", dst, src, n);
 	int d = cur->owns(dst), s = cur->owns(src);
 	if (d && s)
 		hpu__dev_d2d(NULL, dst, src, n);
@@ -531,14 +597,21 @@ void hpu__dev_event_record(hpu__dev_queue *q, hpu__dev_event *ev)
 	cur->record(q, ev);
 }
 
+/* A wait on the host inside a step: a CUDA graph cannot record one (a
+ * stream or event synchronisation inside capture is refused and ends
+ * the capture), and a step waits only to read something. */
 void hpu__dev_event_wait(const hpu__dev_event *ev)
 {
+	if (guarded())
+		step_caught("hpu__dev_event_wait", "waited on the host for the device's queue");
 	cur->wait(ev);
 }
 
 void hpu__dev_queue_sync(hpu__dev_queue *q)
 {
 	hpu__dev_event ev;
+	if (guarded())
+		step_caught("hpu__dev_queue_sync", "waited on the host for the device's queue");
 	cur->record(q, &ev);
 	cur->wait(&ev);
 }
@@ -609,6 +682,7 @@ void hpu__dev_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
 
 int hpu__dev_bf16_exact(uint16_t *dst, const float *x, size_t n)
 {
+	step_value("hpu__dev_bf16_exact", x);
 	ON_DEVICE2("bf16_exact", dst, x);
 	RT_VALUE(int, bf16_exact(dst, x, n));
 }
@@ -633,6 +707,7 @@ void hpu__dev_add_scalar(float *dst, float v, size_t n)
 
 double hpu__dev_sumsq(const float *g, size_t n)
 {
+	step_value("hpu__dev_sumsq", g);
 	on_device("sumsq", g);
 	RT_VALUE(double, sumsq(g, n));
 }
@@ -640,6 +715,7 @@ double hpu__dev_sumsq(const float *g, size_t n)
 double hpu__dev_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			size_t chunk)
 {
+	step_value("hpu__dev_sumsq16", g);
 	ON_DEVICE2("sumsq16", g, scratch);
 	RT_VALUE(double, sumsq16(acc, fp16, g, n, scratch, chunk));
 }
@@ -652,24 +728,28 @@ void hpu__dev_sum(double *out, const float *v, size_t n)
 
 int hpu__dev_nonfinite(const float *g, size_t n)
 {
+	step_value("hpu__dev_nonfinite", g);
 	on_device("nonfinite", g);
 	RT_VALUE(int, nonfinite(g, n));
 }
 
 int hpu__dev_nonfinite16(int fp16, const uint16_t *g, size_t n)
 {
+	step_value("hpu__dev_nonfinite16", g);
 	on_device("nonfinite16", g);
 	RT_VALUE(int, nonfinite16(fp16, g, n));
 }
 
 long hpu__dev_count_nonfinite(const float *v, size_t n)
 {
+	step_value("hpu__dev_count_nonfinite", v);
 	on_device("count_nonfinite", v);
 	RT_VALUE(long, count_nonfinite(v, n));
 }
 
 long hpu__dev_count_nonfinite16(const uint16_t *v, size_t n)
 {
+	step_value("hpu__dev_count_nonfinite16", v);
 	on_device("count_nonfinite16", v);
 	RT_VALUE(long, count_nonfinite16(v, n));
 }

@@ -298,6 +298,11 @@ typedef struct hpu__device {
 	/* Collectives on device memory between the ranks of one node
 	 * (NULL: none; the strategy stages through host memory). */
 	const hpu__dev_coll *coll;
+
+	/* What p is, for a message: "GRADS block 'gradients'" (devmem's
+	 * kind and what), "host memory" (NULL: the device keeps no labels;
+	 * cpu-strict's). */
+	void (*describe)(const void *p, char *out, size_t len);
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so
@@ -400,6 +405,27 @@ void hpu__dev_leave(void);
  * runtime's ops open device memory, as on a GPU. */
 void hpu__dev_layer_enter(void);
 void hpu__dev_layer_leave(void);
+
+/* The step guard: the runtime turns it on while a training step runs
+ * (train.c's train_step: from the first micro-step's forward to the end
+ * of the strategy's step) and off again. A recorded step (--graphs, a
+ * CUDA graph) cannot bring anything back to the host in its middle: no
+ * copy into host memory, no value returned by an op, no wait on the
+ * host. Under --device cpu-strict with HPU_STRICT_STEP=1 (read when the
+ * device opens), while the guard is on, every device call that does so
+ * ends the worker at once with one line naming the call and what it
+ * read: hpu__dev_d2h, hpu__dev_d2d and hpu__dev_copy into host memory,
+ * the ops that return a value (sumsq, sumsq16, nonfinite, nonfinite16,
+ * count_nonfinite, count_nonfinite16, bf16_exact), hpu__dev_event_wait
+ * and hpu__dev_queue_sync. The collectives' staging through pinned host
+ * memory (between workers, on devices without collectives of their own)
+ * is such a copy too: at more than one worker on cpu-strict the guard
+ * stops at it. Elsewhere (other devices, the knob unset) this costs a
+ * branch and does nothing. */
+void hpu__dev_step_guard(int on);
+/* 1 where the guard is armed (cpu-strict, HPU_STRICT_STEP=1): the
+ * strategy is then recordable (hpu__strat_set_recordable). */
+int hpu__dev_step_guard_armed(void);
 
 /* Copies and memset on queue q (NULL: the default), each a device call;
  * h2d and d2h count their bytes, and so does d2d where one side is host

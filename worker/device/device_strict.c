@@ -213,6 +213,35 @@ static const char *const kind_upper[HPU_MEM_NKINDS] = {
 
 static struct sigaction old_segv;
 
+/* The labelled block at a (an address in the arena) as "KIND block
+ * 'what'", else none. It takes no lock (the faulting thread may
+ * hold it): its other caller locks. */
+static void block_at(const char *a, const char *none, char *out, size_t len)
+{
+	size_t at = (size_t)(a - A.base);
+	const label *hit = NULL;
+	for (size_t i = 0; i < A.nlive; i++)
+		if (at >= A.live[i].off && at < A.live[i].off + A.live[i].len)
+			hit = &A.live[i];
+	if (hit && hit->kind >= 0 && hit->kind < HPU_MEM_NKINDS)
+		snprintf(out, len, "%s block '%s'", kind_upper[hit->kind], hit->what);
+	else
+		snprintf(out, len, "%s", none);
+}
+
+/* The device's describe: the block at p, "device memory" where no
+ * labelled block holds p. */
+static void strict_describe(const void *p, char *out, size_t len)
+{
+	if (!strict_owns(p)) {
+		snprintf(out, len, "host memory");
+		return;
+	}
+	pthread_mutex_lock(&A.mu);
+	block_at(p, "device memory", out, len);
+	pthread_mutex_unlock(&A.mu);
+}
+
 /* A fault in the arena is host code touching device memory: say where and
  * exit. Any other fault goes to the handler that was there before. (The
  * lookup takes no lock: the faulting thread may hold it.) */
@@ -225,16 +254,8 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
 		raise(sig);
 		return;
 	}
-	size_t at = (size_t)(a - A.base);
-	const label *hit = NULL;
-	for (size_t i = 0; i < A.nlive; i++)
-		if (at >= A.live[i].off && at < A.live[i].off + A.live[i].len)
-			hit = &A.live[i];
 	char block[160];
-	if (hit && hit->kind >= 0 && hit->kind < HPU_MEM_NKINDS)
-		snprintf(block, sizeof block, "%s block '%s'", kind_upper[hit->kind], hit->what);
-	else
-		snprintf(block, sizeof block, "no block in use");
+	block_at(a, "no block in use", block, sizeof block);
 	char line[384];
 	int n = snprintf(line, sizeof line,
 			 "hpu-worker: rank %d: host code touched device memory at %p (%s) outside a device call under --device cpu-strict\n",
@@ -303,4 +324,5 @@ const hpu__device hpu__dev_cpu_strict = {
     HPU__DEV_CPU_SHARED,
     .owns = strict_owns,
     .backing = &backing,
+    .describe = strict_describe,
 };

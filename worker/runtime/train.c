@@ -411,6 +411,7 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 			prefetch(L, s, k + 1);
 		else if (more)
 			prefetch(L, s + 1, 0);
+		hpu__dev_step_guard(1); /* nothing back to the host: device.h */
 		t0 = hpu__prof_t0();
 		if (hpu__strat_forward(L->st, bt, k, L->accum, -1) < 0)
 			return -1;
@@ -419,9 +420,13 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 		if (hpu__strat_backward(L->st, scale) < 0)
 			return -1;
 		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
+		hpu__dev_step_guard(0); /* the loader's wait is outside */
 	}
 	int64_t t0 = hpu__prof_t0();
-	if (hpu__strat_step(L->st, hpu__sched_lr(&L->pos.sched, gstep)) < 0)
+	hpu__dev_step_guard(1);
+	int rc = hpu__strat_step(L->st, hpu__sched_lr(&L->pos.sched, gstep));
+	hpu__dev_step_guard(0);
+	if (rc < 0)
 		return -1;
 	hpu__strat_step_result(L->st, loss_out, norm_out);
 	if (fp8_roll(L) < 0)
@@ -1042,8 +1047,9 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			L->epoch = e;
 			uint64_t h2d0, d2h0;
 			hpu__dev_copied(&h2d0, &d2h0);
-			if (train_step(L, s, step, s + 1 < end, &loss, &norm) < 0 ||
-			    skipped_check(L, step) < 0)
+			int rc = train_step(L, s, step, s + 1 < end, &loss, &norm);
+			hpu__dev_step_guard(0); /* where the step failed too */
+			if (rc < 0 || skipped_check(L, step) < 0)
 				return -1;
 			if (o->verbose)
 				copied_log(L, step + 1, h2d0, d2h0);
@@ -1180,6 +1186,8 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 					 errlen) < 0))
 		goto out;
 	early_resume(&L);
+	/* under the step guard, a step as a recorded one would run */
+	hpu__strat_set_recordable(L.st, hpu__dev_step_guard_armed());
 	if (o->verbose && L.rank == 0)
 		hpu__strat_plan_print(L.st, stdout);
 	if (ck)

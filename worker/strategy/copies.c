@@ -100,7 +100,15 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 	}
 	uint64_t samples = (uint64_t)st->micro * (uint64_t)st->accum;
 	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
-	c->d2h[HPU_COPY_LOSS] = (uint64_t)st->accum * 8 * (uint64_t)st->nloss;
+	c->d2h[HPU_COPY_LOSS] = (uint64_t)(st->eager ? 2 : 1) * (uint64_t)st->accum * 8 *
+				(uint64_t)st->nloss;
+	c->h2d[HPU_COPY_STEP] = 8 + (st->clip && st->grads_host ? 8 : 0);
+	c->d2h[HPU_COPY_STEP] = (uint64_t)(st->host_decides ? 2 : 1) * st->vars_bytes;
+	if (p->world > 1) { /* the flag's all-reduce, the norm's (F64: always staged) */
+		uint64_t b = (st->grads_direct ? 0 : 4) + (st->sharded && st->clip ? 8 : 0);
+		c->h2d[HPU_COPY_STEP] += b;
+		c->d2h[HPU_COPY_STEP] += b;
+	}
 	c->h2d[HPU_COPY_HOSTLAYERS] = (uint64_t)st->accum * st->staged_h2d;
 	c->d2h[HPU_COPY_HOSTLAYERS] = (uint64_t)st->accum * st->staged_d2h;
 	if (p->world > 1) { /* at 1 the collectives are the identity */
@@ -116,7 +124,7 @@ const char *hpu__plan_copy_name(hpu_plan_copy c)
 {
 	static const char *const n[] = {"batch", "loss", "gradients", "parameters", "buffers",
 					"offload",
-					"host-only layers"};
+					"host-only layers", "step's scalars"};
 	return (unsigned)c < HPU_COPY_N ? n[c] : "?";
 }
 

@@ -8,7 +8,14 @@
  *   - the batch in: every dataset field of every micro-batch, 4 bytes a
  *     value (strategy_pass.c's batch_in);
  *   - the loss out: each loss term's sum over the micro-batch, one
- *     double, summed on the device (hpu__strat_loss);
+ *     double, summed on the device, read after the step (and after each
+ *     micro-step's backward too where the step is eager: to name the
+ *     first non-finite tensor);
+ *   - the step's scalars (strategy_vars.c): the learning rate in; the
+ *     block out after the step, and once inside it where the host takes
+ *     part (an eager step, the offload tier); the non-finite flag's
+ *     all-reduce (and the norm's, sharded, where clipping) staged out and
+ *     back like the gradients';
  *   - the gradients' collectives, staged through pinned host buffers
  *     (strategy_dcoll.c): an all-reduce copies its buffer out and back; a
  *     reduce-scatter the whole unit out and the rank's piece back; none
@@ -72,6 +79,10 @@ typedef struct hpu_plan_step {
 				 * counted (recomputation, shared parameters) */
 	uint64_t staged_h2d, staged_d2h; /* per micro-step: the host-only
 				 * layers' staging (strategy_host.c) */
+	size_t vars_bytes;      /* the step's scalars (hpu__dev_stepvars) */
+	int host_decides;       /* 1: read inside the step too */
+	int eager;              /* 1: each micro-step's loss read at once too */
+	int sharded, clip, grads_host; /* ZeRO; clipping; gradients in host memory */
 } hpu_plan_step;
 
 /* What the bytes are for. */
@@ -83,6 +94,7 @@ typedef enum hpu_plan_copy {
 	HPU_COPY_BUFFERS, /* the buffers' synchronization */
 	HPU_COPY_OFFLOAD, /* the offload tier's gradients and parameters */
 	HPU_COPY_HOSTLAYERS, /* host-only layers' tensors staged around their calls */
+	HPU_COPY_STEP,    /* the step's scalars, their all-reduces' staging */
 	HPU_COPY_N,
 } hpu_plan_copy;
 

@@ -156,8 +156,12 @@ int hpu__act_kept(const hpu_strat *s, int t)
 int hpu__act_compress(hpu_strat *s, int t, int n)
 {
 	const hpu_tinfo *ti = &s->b->tensors[t];
+	/* Recordable: whether a tensor's values are all bf16 is the data's
+	 * to say, and the host may not read it inside the step; kept in
+	 * fp32 (the same values: only exact ones are compressed), at the
+	 * cost of the memory compression saves. */
 	if (!s->act16 || !owned(s, t) || ti->dtype != HPU_F32 || ti->loss || ti->metric ||
-	    !s->t_data[t])
+	    !s->t_data[t] || s->vars.recordable)
 		return 0;
 	if (!s->a16[t]) {
 		char what[128];

@@ -396,6 +396,10 @@ double hpu__vars_micro_loss(hpu_strat *s, int m);
  * the norm where clipping, step_begin; read back into vars.svh (known
  * set) where the host takes part in the update or the step is eager. */
 int hpu__vars_decide(hpu_strat *s);
+/* 1 where the host reads the step's decisions inside the step: an eager
+ * (not recordable) step, or the host taking part in the update
+ * (offloaded optimizer or gradients, the NVMe tier). */
+int hpu__vars_host_decides(const hpu_strat *s);
 /* After the update: step_end (the scaler). */
 void hpu__vars_end(hpu_strat *s);
 /* After the step: the block and the loss sums read back; the step's mean
@@ -509,7 +513,8 @@ void hpu__act_drop(hpu_strat *s, int t);
 /* Tensor t is kept (fp32 or bf16). */
 int hpu__act_kept(const hpu_strat *s, int t);
 /* act16: keeps tensor t (n rows) in bf16 where it is exact, freeing the
- * fp32 one. 0, or -1 (s->err). */
+ * fp32 one (not where the strategy is recordable: it stays fp32). 0, or
+ * -1 (s->err). */
 int hpu__act_compress(hpu_strat *s, int t, int n);
 /* act16: tensor t as fp32 again (for backward). 0, or -1. */
 int hpu__act_expand(hpu_strat *s, int t, int n);

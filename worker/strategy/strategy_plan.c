@@ -73,7 +73,13 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 			    .accum = s->o->grad_accum, .nloss = b->nloss,
 			    .host_can_read = hpu__dev_host_can_read(),
 			    .grads_direct = hpu__dc_direct(s),
-			    .regathers = s->o->activation_checkpointing};
+			    .regathers = s->o->activation_checkpointing,
+			    .vars_bytes = sizeof(hpu__dev_stepvars),
+			    .host_decides = hpu__vars_host_decides(s),
+			    .eager = !s->vars.recordable,
+			    .sharded = s->sharded,
+			    .clip = s->o->clip_norm > 0,
+			    .grads_host = hpu__strat_grads_host(s)};
 	for (int k = 0; k < s->nunits; k++)
 		pu[k] = (hpu_plan_unit){.len = s->u[k].len, .piece = s->u[k].piece,
 					.persistent = s->u[k].persistent};

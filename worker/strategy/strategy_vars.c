@@ -22,10 +22,11 @@
 #include "worker/device/device.h"
 #include "worker/strategy/strategy_impl.h"
 
-/* Reads the device's block into the host's copy. */
+/* Reads the device's block into the host's copy (hpu__dev_copy: a d2h copy
+ * where the host may not read device memory, else memcpy, not counted). */
 static void read_vars(hpu_strat *s)
 {
-	hpu__dev_d2h(NULL, s->vars.svh, s->vars.sv, sizeof *s->vars.sv);
+	hpu__dev_copy(s->vars.svh, s->vars.sv, sizeof *s->vars.sv);
 }
 
 int hpu__vars_open(hpu_strat *s)
@@ -56,7 +57,7 @@ int hpu__vars_open(hpu_strat *s)
 		.hyst_left = s->steps.hyst_left,
 		.skipped = s->steps.skipped,
 	};
-	hpu__dev_h2d(NULL, s->vars.sv, s->vars.svh, sizeof *s->vars.sv);
+	hpu__dev_copy(s->vars.sv, s->vars.svh, sizeof *s->vars.sv);
 	for (int k = 0; k < s->nunits; k++)
 		s->u[k].opt.sv = s->vars.sv;
 	return 0;
@@ -77,7 +78,7 @@ void hpu__vars_close(hpu_strat *s)
 void hpu__vars_lr(hpu_strat *s, double lr)
 {
 	s->vars.lr_host[0] = lr;
-	hpu__dev_h2d(NULL, &s->vars.sv->lr, s->vars.lr_host, sizeof lr);
+	hpu__dev_copy(&s->vars.sv->lr, s->vars.lr_host, sizeof lr);
 }
 
 /* Room for m micro-steps' loss sums. */
@@ -139,7 +140,7 @@ double hpu__vars_micro_loss(hpu_strat *s, int m)
 {
 	size_t n = (size_t)s->b->nloss;
 	double *h = s->vars.msum_host + (size_t)m * n;
-	hpu__dev_d2h(NULL, h, s->vars.msum + (size_t)m * n, n * sizeof *h);
+	hpu__dev_copy(h, s->vars.msum + (size_t)m * n, n * sizeof *h);
 	return loss_of(s, h, s->vars.mbatch[m]);
 }
 
@@ -153,7 +154,7 @@ static void flag(hpu_strat *s, const void *g, size_t n)
 		if (!hpu__strat_nonfinite(s, g, n))
 			return;
 		*s->vars.flag_host = 1;
-		hpu__dev_h2d(NULL, bad, s->vars.flag_host, sizeof *bad);
+		hpu__dev_copy(bad, s->vars.flag_host, sizeof *bad);
 	} else if (s->plan.mixed) {
 		hpu__dev_flag_nonfinite16(bad, s->plan.fp16, g, n);
 	} else {
@@ -197,7 +198,7 @@ static int norm(hpu_strat *s)
 			if (hpu__strat_sumsq(s, &ss, s->u[k].opt_g, s->u[k].opt.n) < 0)
 				return -1;
 		s->vars.lr_host[1] = ss;
-		hpu__dev_h2d(NULL, acc, &s->vars.lr_host[1], sizeof ss);
+		hpu__dev_copy(acc, &s->vars.lr_host[1], sizeof ss);
 	} else {
 		/* mixed: a device scratch of its own where s->chunk is the
 		 * host's (zero1 with the update on the host) */
@@ -226,8 +227,7 @@ static int norm(hpu_strat *s)
 	return rc ? hpu__strat_coll_fail(s, "gradient-norm all-reduce", rc) : 0;
 }
 
-/* The host takes part in this step's update. */
-static int host_decides(const hpu_strat *s)
+int hpu__vars_host_decides(const hpu_strat *s)
 {
 	return !s->vars.recordable || hpu__strat_update_host(s) || hpu__strat_grads_host(s) ||
 	       s->nv || s->nvp;
@@ -238,7 +238,7 @@ int hpu__vars_decide(hpu_strat *s)
 	if (flags(s) < 0 || (s->o->clip_norm > 0 && norm(s) < 0))
 		return -1;
 	hpu__dev_step_begin(s->vars.sv, &s->vars.cfg);
-	s->vars.known = host_decides(s);
+	s->vars.known = hpu__vars_host_decides(s);
 	if (!s->vars.known)
 		return 0;
 	read_vars(s);
@@ -260,7 +260,7 @@ void hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped
 	double before = s->steps.scale;
 	read_vars(s);
 	if (s->vars.micros)
-		hpu__dev_d2h(NULL, s->vars.msum_host, s->vars.msum,
+		hpu__dev_copy(s->vars.msum_host, s->vars.msum,
 			     (size_t)s->vars.micros * n * sizeof *s->vars.msum_host);
 	float sum = 0;
 	for (int m = 0; m < s->vars.micros; m++)
