@@ -396,14 +396,12 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 {
 	const float scale = 1.0f / (float)(L->world * L->accum);
 	uint64_t sent0 = bytes_sent(L);
-	float sum = 0;
 	where.step = gstep; /* done; this one is under way */
 	where.phase = HPU_PHASE_TRAIN;
 	where_report(0);
 	hpu__strat_set_pos(L->st, 1, gstep, L->epoch);
 	for (int k = 0; k < L->accum; k++) {
 		size_t m = s * (size_t)L->accum + (size_t)k, bad;
-		float loss;
 		const hpu_batch *bt;
 		int64_t t0 = hpu__prof_t0();
 		if (hpu__loader_wait(L->loader, (int)(m & 1), &bt, &bad) < 0)
@@ -418,18 +416,18 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 			return -1;
 		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
 		t0 = hpu__prof_t0();
-		if (hpu__strat_backward(L->st, scale, &loss) < 0)
+		if (hpu__strat_backward(L->st, scale) < 0)
 			return -1;
 		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
-		sum += loss;
 	}
 	int64_t t0 = hpu__prof_t0();
-	if (hpu__strat_step(L->st, hpu__sched_lr(&L->pos.sched, gstep), norm_out) < 0 ||
-	    fp8_roll(L) < 0)
+	if (hpu__strat_step(L->st, hpu__sched_lr(&L->pos.sched, gstep)) < 0)
+		return -1;
+	hpu__strat_step_result(L->st, loss_out, norm_out);
+	if (fp8_roll(L) < 0)
 		return -1;
 	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
 	L->comm_bytes += bytes_sent(L) - sent0;
-	*loss_out = sum / (float)L->accum;
 	return 0;
 }
 

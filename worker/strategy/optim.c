@@ -68,6 +68,7 @@ static hpu__dev_optim scalars(const hpu_optim *o, float gscale, double lr)
 		.t = o->t,
 		.lr = lr,
 		.gscale = gscale,
+		.sv = o->sv,
 	};
 }
 
@@ -103,6 +104,7 @@ void hpu__optim_range_host(hpu_optim *o, size_t from, size_t n, float *p, const 
 			   float gscale, double lr)
 {
 	hpu__dev_optim k = scalars(o, gscale, lr);
+	k.sv = NULL;
 	hpu__dev_host_rt()->optim(&k, p, g, o->m ? o->m + from : NULL, o->v ? o->v + from : NULL,
 				  n);
 }
@@ -112,6 +114,7 @@ void hpu__optim_range16_host(hpu_optim *o, size_t from, size_t n, float *p,
 			     size_t chunk, float gscale, double lr)
 {
 	hpu__dev_optim k = scalars(o, gscale, lr);
+	k.sv = NULL;
 	hpu__dev_host_rt()->optim16(&k, fp16, p, g16, p16, o->m ? o->m + from : NULL,
 				    o->v ? o->v + from : NULL, n, scratch, chunk);
 }

@@ -19,6 +19,12 @@ typedef struct hpu_optim {
 	long t;     /* steps taken */
 	float *m;   /* SGD momentum buffer / Adam first moment (or NULL) */
 	float *v;   /* Adam second moment (or NULL) */
+	/* NULL, or the step's scalars in device memory: the device's update
+	 * (hpu__optim_range, hpu__optim_range16) then reads lr, t and
+	 * gscale there, not from t and its arguments, and does nothing on
+	 * a skipped step (device.h, hpu__dev_optim.sv). The host's update
+	 * never reads them. */
+	const struct hpu__dev_stepvars *sv;
 } hpu_optim;
 
 /* Floats of state per parameter the optimizer in `opts` needs: 2 for Adam

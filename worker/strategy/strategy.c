@@ -323,44 +323,39 @@ static void fp32_grads_done(hpu_strat *s, int o, int final)
 }
 
 /* fp32: an Inf or NaN gradient anywhere (a non-finite loss makes them
- * NaN) skips the step everywhere; else clip and step. */
-static int fp32_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
+ * NaN) skips the step everywhere; else clip and step. Decided on the
+ * device (strategy_vars.c): the host knows the outcome here only where
+ * it takes part (vars.known). */
+static int fp32_step(hpu_strat *s)
 {
-	float bad;
-	if (hpu__strat_grads_bad(s, &bad) < 0)
+	if (hpu__vars_decide(s) < 0)
 		return -1;
-	if (bad && !s->steps.first_bad.found) /* the losses were finite: name the unit */
+	const hpu__dev_stepvars *h = s->vars.svh;
+	int known = s->vars.known, skip = known && h->skip;
+	if (known && h->bad > 0 && !s->steps.first_bad.found) /* the losses were finite: name the unit */
 		for (int k = 0; k < s->nunits && !s->steps.first_bad.found; k++)
 			if (hpu__strat_nonfinite(s, s->u[k].opt_g, s->u[k].opt.n))
 				s->steps.first_bad = (hpu_nonfinite){.found = 2, .unit = k, .tensor = -1,
 							       .unchecked = -1};
-	*grad_norm = 0;
-	*skipped = bad > 0;
-	if (!*skipped) {
-		float gscale = 1.0f;
-		if (s->o->clip_norm > 0) { /* by the global norm */
-			if (hpu__strat_grad_norm(s, grad_norm) < 0)
-				return -1;
-			gscale = hpu__clip_factor(*grad_norm, s->o->clip_norm);
-		}
+	if (!skip) { /* unknown: the device's update skips itself */
 		if (s->nv) {
-			if (hpu__nv_step(s, gscale, lr) < 0)
+			if (hpu__nv_step(s, h->gscale, h->lr) < 0)
 				return -1;
 		} else {
 			for (int k = 0; k < s->nunits; k++) {
 				if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 					return -1;
-				hpu__optim_begin(&s->u[k].opt);
 				hpu__strat_update(s, &s->u[k].opt, 0, s->u[k].opt.n,
-						  s->u[k].opt_p, s->u[k].opt_g, NULL, gscale, lr);
+						  s->u[k].opt_p, s->u[k].opt_g, NULL, h->gscale, h->lr);
 			}
 			if (s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 				return -1;
 		}
 	}
+	hpu__vars_end(s);
 	if (s->G)
 		zero_grads(s);
-	return *skipped ? 0 : hpu__zero_gather_params(s);
+	return skip ? 0 : hpu__zero_gather_params(s);
 }
 
 /* The buffers in step across ranks, as each declares: rank 0's, or the
@@ -400,13 +395,20 @@ static int sync_buffers(hpu_strat *s)
 	return 0;
 }
 
-int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
+int hpu__strat_step(hpu_strat *s, double lr)
 {
-	int skipped;
 	if (s->G && !s->plan.mixed) /* owed zeros nobody claimed (zero_grads) */
 		hpu__ac_fresh_flush(s->G, s->total);
-	if (s->hooks.reduce(s) < 0 || s->hooks.step(s, lr, grad_norm, &skipped) < 0)
+	hpu__vars_lr(s, lr);
+	if (s->hooks.reduce(s) < 0 || s->hooks.step(s) < 0)
 		return -1;
+	return sync_buffers(s);
+}
+
+void hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm)
+{
+	int skipped;
+	hpu__vars_result(s, loss, grad_norm, &skipped);
 	/* The fp16 scaler's overflows are how it finds its scale: they count
 	 * only once it cannot lower the scale any more. */
 	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->steps.scale > s->o->min_loss_scale;
@@ -416,7 +418,11 @@ int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm)
 	} else if (!skipped) {
 		s->steps.bad_run = 0;
 	}
-	return sync_buffers(s);
+}
+
+void hpu__strat_set_recordable(hpu_strat *s, int on)
+{
+	s->vars.recordable = on;
 }
 
 int hpu__strat_bad_run(const hpu_strat *s)
@@ -666,7 +672,8 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	if (s->load_fd >= 0)
 		close(s->load_fd);
 	s->load_fd = -1;
-	if (rc || (resume && hpu__strat_resume_state(s) < 0) || alloc_scratch_buffers(s) < 0)
+	if (rc || (resume && hpu__strat_resume_state(s) < 0) || alloc_scratch_buffers(s) < 0 ||
+	    hpu__vars_open(s) < 0)
 		return -1;
 	return hpu__dc_open(s); /* every rank at once */
 }
@@ -728,6 +735,7 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__dfree(s->chunk);
 	hpu__nv_close(s);
 	hpu__nvp_close(s);
+	hpu__vars_close(s);
 	free(s->lcp);
 	free(s->lgs);
 	free(s->z3.own16);

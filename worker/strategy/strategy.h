@@ -63,15 +63,31 @@ const void *hpu__strat_tensor(hpu_strat *s, int t);
 double hpu__strat_loss(hpu_strat *s);
 
 /* Backward pass after hpu__strat_forward() of the same batch: the loss
- * gradient multiplied by `scale` (a non-finite loss gives NaN gradients:
- * the step is then skipped on every rank). Sets *loss to the local loss. */
-int hpu__strat_backward(hpu_strat *s, float scale, float *loss);
+ * gradient multiplied by `scale`, seeded on the device from the loss's
+ * sums (a non-finite loss gives NaN gradients: the step is then skipped
+ * on every rank). The loss comes out after the step
+ * (hpu__strat_step_result). */
+int hpu__strat_backward(hpu_strat *s, float scale);
 
-/* After the last micro-step: finishes the gradient communication, clips
- * (the global norm before clipping goes to *grad_norm when clipping is on,
- * else 0), steps the optimizer with `lr` and brings the parameters back
- * where the next forward wants them. */
-int hpu__strat_step(hpu_strat *s, double lr, double *grad_norm);
+/* After the last micro-step: finishes the gradient communication, clips,
+ * steps the optimizer with `lr` and brings the parameters back where the
+ * next forward wants them. Whether the step is skipped, the clip factor
+ * and the loss scale are decided on the device: unless the strategy is
+ * recordable (hpu__strat_set_recordable), the host still reads some of
+ * it inside the step, for diagnostics. */
+int hpu__strat_step(hpu_strat *s, double lr);
+
+/* After hpu__strat_step: reads the step's results back. *loss the mean of
+ * its micro-steps' local losses; *grad_norm the global norm before
+ * clipping where clipping is on and the step was not skipped, else 0. */
+void hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm);
+
+/* on: a training step brings nothing back to the host between the
+ * first forward and the end of hpu__strat_step, as a recorded step
+ * cannot (the eager step's readbacks that name the first non-finite
+ * tensor or unit are left out; where the host takes part in the update,
+ * the offloaded optimizer or the NVMe tier, it still reads). */
+void hpu__strat_set_recordable(hpu_strat *s, int on);
 
 /* Steps skipped for non-finite losses or gradients: in a row now, and in
  * all (the fp16 loss scaler's overflows excluded while it can still

@@ -203,29 +203,6 @@ int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n)
 	return s->plan.mixed ? hpu__dev_nonfinite16(s->plan.fp16, g, n) : hpu__dev_nonfinite(g, n);
 }
 
-/* Where every rank holds the same gradients (an all-reduce made them:
- * ddp, fast_ddp), each checks 1/world of every unit, and the MAX below
- * tells the others; sharded, each checks its shard. */
-int hpu__strat_grads_bad(hpu_strat *s, float *bad)
-{
-	int split = !s->sharded && s->world > 1;
-	*bad = 0;
-	for (int k = 0; k < s->nunits && !*bad; k++) {
-		size_t n = s->u[k].opt.n, at = 0, end = n;
-		if (split) {
-			at = n / (size_t)s->world * (size_t)s->rank;
-			end = s->rank == s->world - 1 ? n : at + n / (size_t)s->world;
-		}
-		if (end > at) /* a unit smaller than the world leaves some ranks none */
-			*bad = (float)hpu__strat_nonfinite(
-				s, hpu__strat_at(s, HPU_PLAN_GRADS, s->u[k].opt_g, at), end - at);
-	}
-	if (!s->sharded && !split)
-		return 0;
-	int rc = hpucoll_all_reduce(s->comm, bad, bad, 1, HPUCOLL_F32, HPUCOLL_MAX);
-	return rc ? hpu__strat_coll_fail(s, "non-finite check all-reduce", rc) : 0;
-}
-
 int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n)
 {
 	const hpu__dev_rtops *rt = hpu__dev_host_rt();

@@ -1,6 +1,6 @@
 /* strategy_impl: the strategy's state and the internals its files share:
  *   strategy.c       making it, the layout, the optimizer step
- *   strategy_state.c the states' values: initial parameters, gradient norm
+ *   strategy_state.c the states' values: initial parameters
  *   strategy_base.c  errors, allocations, unit names (calls no other file)
  *   strategy_plan.c  the placement plan shown (worker/strategy/plan.c)
  *   strategy_pass.c  the forward and backward passes with their hooks
@@ -11,9 +11,11 @@
  *   strategy_ckpt.c  checkpoints and --save-params
  *   strategy_nvme.c  the NVMe tier
  *   strategy_dcoll.c collectives on device buffers (staged where needed)
+ *   strategy_vars.c  the step's scalars on the device (skip, clip, scale)
  * They call one way (tests/check_circles.sh): strategy.c on strategy_mp,
  * _sync, _zero, _act, _state; _pass on _sync, _zero, _act; _mp on _zero,
- * _state; _state on _ckpt; _sync and _zero on _dcoll; _mp, _zero and
+ * _state; _state on _ckpt; _sync, _zero and _vars on _dcoll; strategy.c,
+ * _pass and _mp on _vars; _mp, _zero and
  * _ckpt on _nvme; everything on _base; under them plan.c, optim.c,
  * params_file.c and swap.c, which call no file of the folder. Their
  * work on tensors (casts, sums, non-finite checks, updates) is the device's
@@ -28,6 +30,7 @@
 #include <stdint.h>
 
 #include "ckpt/ckpt.h"
+#include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/model.h"
 #include "worker/strategy/optim.h"
@@ -94,7 +97,7 @@ typedef struct hpu__strat_hooks {
 	int (*unit_done)(hpu_strat *s, int k, int final);
 	/* at the step: the gradients' collectives finished; the update */
 	int (*reduce)(hpu_strat *s);
-	int (*step)(hpu_strat *s, double lr, double *grad_norm, int *skipped);
+	int (*step)(hpu_strat *s);
 } hpu__strat_hooks;
 
 struct hpu_strat {
@@ -184,6 +187,27 @@ struct hpu_strat {
 				  * while used) */
 	double *lsum, *lsum_host; /* the loss terms' sums on the device, and
 				   * the host's copy (hpu__strat_loss) */
+	/* strategy_vars.c: the step's scalars on the device, so that a
+	 * training step brings nothing back to the host (issue 36's
+	 * recorded steps). sv in device memory; svh the host's copy as last
+	 * read (after each step; inside it too where the host decides
+	 * something from it: vars.known); lr_host the pinned slot the
+	 * step's learning rate is copied from; msum the micro-steps' loss
+	 * sums [accum][nloss] on the device (msum_host: their copy),
+	 * mbatch their batch sizes. */
+	struct {
+		hpu__dev_stepvars *sv, *svh;
+		double *lr_host;
+		hpu__dev_stepcfg cfg;
+		double *msum, *msum_host;
+		int *mbatch;
+		int cap;        /* micro-steps msum holds */
+		int micros;     /* this step's so far */
+		int known;      /* svh holds this step's decisions */
+		int recordable; /* no readback inside a step (the diagnostics
+				 * that need one are left out) */
+		float *flag_host; /* pinned: a host-side check's finding */
+	} vars;
 	/* strategy_dcoll.c: the gradients' all-reduce on the device itself,
 	 * between the ranks of one node (the device's collectives, CUDA
 	 * IPC), where hpu__dc_open made the group; else staged. */
@@ -320,7 +344,7 @@ int hpu__strat_grads_host(const hpu_strat *s);
 /* s->stg.update, where something crosses to the update; freed by _close. */
 int hpu__strat_ustage_open(hpu_strat *s);
 void hpu__strat_ustage_close(hpu_strat *s);
-/* One optimizer update (hpu__optim_begin done) over floats [from, from
+/* One optimizer update (o->t counting this step) over floats [from, from
  * + n) of o's range: p the fp32 parameters (mixed precision: the master
  * weights), g their gradients, w the working parameters (all in the
  * plan's dtypes; where the plan keeps master weights the update is
@@ -335,7 +359,6 @@ int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n);
 /* *bad = 1 on every rank when any rank's gradients of any unit hold an
  * Inf or NaN (a MAX all-reduce where there are ranks to tell); -1 when
  * that collective failed. */
-int hpu__strat_grads_bad(hpu_strat *s, float *bad);
 int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n);
 /* Gradients src[n] added into dst[n], both in the plan's gradient dtype,
  * by the host (host: memory the host reads) or the device. */
@@ -354,9 +377,32 @@ void hpu__strat_optim_init(hpu_strat *s, int j);
  * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
  * unit not kept whole reads only this rank's piece of the checkpoint. */
 int hpu__strat_fill_unit(hpu_strat *s, int j, float *full);
-/* The global norm of the gradients the optimizer is to use (mixed
- * precision: of the 16-bit ones, still loss-scaled), all ranks alike. */
-int hpu__strat_grad_norm(hpu_strat *s, double *norm);
+/* ---- strategy_vars.c: the step's scalars on the device ---- */
+
+/* Makes s->vars once the strategy's state is set (after a resume): the
+ * device's block from the host's copy of the scaler and the units'
+ * step count; every unit's update then reads it (hpu_optim.sv). */
+int hpu__vars_open(hpu_strat *s);
+void hpu__vars_close(hpu_strat *s);
+/* Before a step: its learning rate into the block. */
+void hpu__vars_lr(hpu_strat *s, double lr);
+/* Backward of micro-step s->ctx.micro: the loss terms' sums on the
+ * device (hpu__vars_sums: where, for loss_seed). */
+int hpu__vars_loss(hpu_strat *s);
+const double *hpu__vars_sums(const hpu_strat *s, int micro);
+/* Micro-step m's loss read back now (the eager step's diagnostics). */
+double hpu__vars_micro_loss(hpu_strat *s, int m);
+/* The step's decisions on the device: the non-finite flag (all ranks'),
+ * the norm where clipping, step_begin; read back into vars.svh (known
+ * set) where the host takes part in the update or the step is eager. */
+int hpu__vars_decide(hpu_strat *s);
+/* After the update: step_end (the scaler). */
+void hpu__vars_end(hpu_strat *s);
+/* After the step: the block and the loss sums read back; the step's mean
+ * loss over its micro-steps, its norm (0 without clipping or when
+ * skipped) and whether it was skipped; the host's copies of the scaler
+ * and the units' step counts updated. */
+void hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped);
 
 /* ---- strategy_sync.c: the gradients' collectives ---- */
 
@@ -435,8 +481,8 @@ void hpu__mp_release_layer(hpu_strat *s, int i);
 int hpu__mp_grads_for(hpu_strat *s, int i);
 void hpu__mp_grads_done(hpu_strat *s, int i, int final);
 /* The optimizer step on the master weights, skipped on every rank after
- * an overflow on any (*skipped); the loss scale updated. */
-int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped);
+ * an overflow on any; the loss scale updated (on the device). */
+int hpu__mp_step(hpu_strat *s);
 
 /* ---- strategy_act.c: tensors, their gradients, saved memory ---- */
 

@@ -244,69 +244,32 @@ void hpu__mp_grads_done(hpu_strat *s, int i, int final)
 
 /* ---- the optimizer step and the loss scale ---- */
 
-/* DeepSpeed's DynamicLossScaler: an overflow halves the scale once
- * `hysteresis` overflows have come (not below min_loss_scale); every
- * loss_scale_window steps after the last overflow it doubles. */
-static void update_scale(hpu_strat *s, int overflow)
-{
-	const hpu_train_opts *o = s->o;
-	if (s->plan.fp16 && o->loss_scale <= 0) {
-		if (overflow) {
-			if (o->hysteresis == 1 || s->steps.hyst_left == 1)
-				s->steps.scale = fmax(s->steps.scale / 2, o->min_loss_scale);
-			else
-				s->steps.hyst_left--;
-			s->steps.last_overflow = s->steps.step_no;
-		} else if ((s->steps.step_no - s->steps.last_overflow) % o->loss_scale_window == 0) {
-			s->steps.hyst_left = o->hysteresis;
-			s->steps.scale *= 2;
-		}
-	}
-	s->steps.step_no++;
-	s->steps.injected = 0;
-}
-
 /* The optimizer runs on the master weights, HPU__STRAT_CHUNK floats at a
  * time: the 16-bit gradients converted (and unscaled), the result rounded
  * into the 16-bit working copy. */
-int hpu__mp_step(hpu_strat *s, double lr, double *grad_norm, int *skipped)
+int hpu__mp_step(hpu_strat *s)
 {
-	/* An overflow anywhere skips the step everywhere. */
-	float bad;
-	if (hpu__strat_grads_bad(s, &bad) < 0)
+	/* An overflow anywhere skips the step everywhere; the loss scale
+	 * (DeepSpeed's DynamicLossScaler) moves on the device
+	 * (strategy_vars.c), which also says the step was skipped. */
+	if (hpu__vars_decide(s) < 0)
 		return -1;
-	*grad_norm = 0;
-	*skipped = bad > 0;
-	if (!*skipped) {
-		float gscale = (float)(1.0 / s->steps.scale);
-		if (s->o->clip_norm > 0) {
-			if (hpu__strat_grad_norm(s, grad_norm) < 0)
-				return -1;
-			*grad_norm /= s->steps.scale;
-			gscale *= hpu__clip_factor(*grad_norm, s->o->clip_norm);
-		}
+	const hpu__dev_stepvars *h = s->vars.svh;
+	int skip = s->vars.known && h->skip; /* unknown: the update skips itself */
+	if (!skip) {
 		for (int k = 0; k < s->nunits && !s->nv; k++) {
 			unit *u = &s->u[k];
 			if (s->nvp && hpu__nvp_step_at(s, k) < 0)
 				return -1;
-			hpu__optim_begin(&u->opt);
 			hpu__strat_update(s, &u->opt, 0, u->opt.n, u->opt_p, u->opt_g, u->opt_w,
-					  gscale, lr);
+					  h->gscale, h->lr);
 		}
-		if (s->nv && hpu__nv_step(s, gscale, lr) < 0)
+		if (s->nv && hpu__nv_step(s, h->gscale, h->lr) < 0)
 			return -1;
 		if (!s->nv && s->nvp && hpu__nvp_step_at(s, s->nunits) < 0)
 			return -1;
 	}
 	/* 16-bit G needs no zeroing: each step's first micro-step overwrites it */
-	double before = s->steps.scale;
-	update_scale(s, *skipped);
-	if (*skipped) {
-		s->steps.skipped++;
-		if (s->rank == 0)
-			printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
-			       s->steps.step_no, before, s->steps.scale);
-		return 0;
-	}
-	return hpu__zero_gather_params(s);
+	hpu__vars_end(s);
+	return skip ? 0 : hpu__zero_gather_params(s);
 }

@@ -315,9 +315,7 @@ static int start_read(hpu_strat *s, int i)
 
 int hpu__nv_step(hpu_strat *s, float gscale, double lr)
 {
-	hpu_nv *nv = s->nv;
-	for (int k = 0; k < s->nunits; k++)
-		hpu__optim_begin(&s->u[k].opt);
+	hpu_nv *nv = s->nv; /* the units' opt.t counts this step (hpu__vars_decide) */
 	/* With B buffers, B - 1 sub-groups are read ahead: sub-group i + B - 1
 	 * goes into the buffer sub-group i - 1 is being written from. One
 	 * buffer: one sub-group at a time, nothing overlapped. */

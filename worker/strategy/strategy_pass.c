@@ -401,17 +401,19 @@ static int grads_done(hpu_strat *s, int o, int final)
 
 /* The loss tensors' gradients: weight * scale / batch per sample (NaN for
  * a non-finite loss, so that every rank sees non-finite gradients and
- * skips the step). */
-static int seed(hpu_strat *s, float scale, float loss)
+ * skips the step), from the loss's sums on the device; scale times the
+ * loss scale there. */
+static int seed(hpu_strat *s, float scale)
 {
 	hpu_builder *b = s->b;
 	int n = s->ctx.batch;
+	const double *sums = hpu__vars_sums(s, s->ctx.micro);
 	for (int k = 0; k < b->nloss; k++) {
 		float *g = hpu__act_grad(s, b->loss[k].tensor, 1);
 		if (!g)
 			return -1;
-		float v = isfinite(loss) ? b->loss[k].weight * scale / (float)n : NAN;
-		hpu__dev_add_scalar(g, v, (size_t)n);
+		hpu__dev_loss_seed(g, (size_t)n, sums, b->nloss, b->loss[k].weight, scale, n,
+				   s->vars.sv);
 	}
 	return 0;
 }
@@ -614,18 +616,19 @@ void hpu__strat_nonfinite_name(const hpu_strat *s, int tensor, int unit, char *o
 			 b->layers[layer]->name);
 }
 
-int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
+int hpu__strat_backward(hpu_strat *s, float scale)
 {
 	hpu_builder *b = s->b;
 	int final = s->ctx.micro == s->ctx.accum - 1;
 	s->micro = s->ctx.micro;
-	double loss = hpu__strat_loss(s);
 	if (s->ctx.micro == 0)
 		s->steps.first_bad = (hpu_nonfinite){.unit = -1, .unchecked = -1};
-	if (!isfinite(loss))
+	if (hpu__vars_loss(s) < 0)
+		return -1;
+	/* eager: the loss read now, to name the first non-finite tensor */
+	if (!s->vars.recordable && !isfinite(hpu__vars_micro_loss(s, s->ctx.micro)))
 		find_nonfinite(s);
-	scale = (float)(scale * s->steps.scale); /* the loss scale: 1 unless 16-mixed */
-	if (seed(s, scale, (float)loss) < 0)
+	if (seed(s, scale) < 0)
 		return -1;
 	for (int k = 0; k < s->nunits; k++)
 		s->u[k].pending = s->u[k].nparam_layers;
@@ -639,7 +642,6 @@ int hpu__strat_backward(hpu_strat *s, float scale, float *loss_out)
 	}
 	for (int t = 0; t < b->ntensors; t++) /* dataset fields' (none wanted) */
 		hpu__act_grad_drop(s, t);
-	*loss_out = (float)loss;
 	/* zero2/3 land every micro-step's gradients in the shard. */
 	if (hpu__strat_grads_sharded(s) && hpu__sync_drain(s) < 0)
 		return -1;

@@ -46,24 +46,3 @@ int hpu__strat_fill_unit(hpu_strat *s, int j, float *full)
 	return 0;
 }
 
-/* Each rank sums the squares of the gradients it updates (its shard under
- * ZeRO, everything otherwise, where every rank holds the same sums), then
- * the shards' sums add. */
-int hpu__strat_grad_norm(hpu_strat *s, double *norm)
-{
-	double ss = 0;
-	for (int k = 0; k < s->nunits; k++) {
-		const unit *u = &s->u[k];
-		if (hpu__strat_sumsq(s, &ss, u->opt_g,
-				     u->opt.n) < 0)
-			return -1;
-	}
-	if (s->sharded) {
-		int rc = hpucoll_all_reduce(s->comm, &ss, &ss, 1, HPUCOLL_F64, HPUCOLL_SUM);
-		if (rc)
-			return hpu__strat_coll_fail(s, "gradient-norm all-reduce", rc);
-	}
-	*norm = sqrt(ss);
-	return 0;
-}
-

@@ -1,0 +1,283 @@
+/* strategy_vars.c: the step's scalars on the device (device.h,
+ * hpu__dev_stepvars). A training step decides on the device whether it
+ * is skipped (a gradient holding Inf or NaN on some rank), by how much
+ * the gradients are clipped and how 16-mixed's loss scale moves; the
+ * losses' gradients are seeded there from the losses' sums. Nothing of
+ * it comes back to the host inside the step, so that a step can be
+ * recorded and replayed (issue 36) with its decisions in it; the host
+ * reads the block and the micro-steps' loss sums once the step is done
+ * (hpu__vars_result), and keeps its copy of the scaler's state for logs
+ * and checkpoints.
+ *
+ * Where the host itself takes part in the step (the update or the
+ * gradients on the host, the NVMe tier) it reads the decisions inside
+ * the step (vars.known); so does an eager step, for the diagnostics
+ * that name the first non-finite tensor, unless the strategy is marked
+ * recordable. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/device/device.h"
+#include "worker/strategy/strategy_impl.h"
+
+/* Reads the device's block into the host's copy. */
+static void read_vars(hpu_strat *s)
+{
+	hpu__dev_d2h(NULL, s->vars.svh, s->vars.sv, sizeof *s->vars.sv);
+}
+
+int hpu__vars_open(hpu_strat *s)
+{
+	const hpu_train_opts *o = s->o;
+	if (!(s->vars.sv = hpu__strat_dalloc(s, HPU_MEM_OTHER, sizeof *s->vars.sv, "step's scalars")))
+		return -1;
+	s->vars.svh = hpu__dev_host_alloc(sizeof *s->vars.svh);
+	s->vars.lr_host = hpu__dev_host_alloc(2 * sizeof *s->vars.lr_host);
+	s->vars.flag_host = hpu__dev_host_alloc(sizeof *s->vars.flag_host);
+	if (!s->vars.svh || !s->vars.lr_host || !s->vars.flag_host)
+		return hpu__strat_fail(s, "out of host memory for the step's scalars");
+	s->vars.cfg = (hpu__dev_stepcfg){
+		.clip_norm = o->clip_norm,
+		.mixed = s->plan.mixed,
+		.fp16 = s->plan.fp16,
+		.dynamic = s->plan.fp16 && o->loss_scale <= 0,
+		.hysteresis = o->hysteresis,
+		.window = o->loss_scale_window,
+		.min_scale = o->min_loss_scale,
+	};
+	*s->vars.svh = (hpu__dev_stepvars){
+		.t = s->nunits ? s->u[0].opt.t : 0,
+		.gscale = 1.0f,
+		.loss_scale = s->steps.scale,
+		.step_no = s->steps.step_no,
+		.last_overflow = s->steps.last_overflow,
+		.hyst_left = s->steps.hyst_left,
+		.skipped = s->steps.skipped,
+	};
+	hpu__dev_h2d(NULL, s->vars.sv, s->vars.svh, sizeof *s->vars.sv);
+	for (int k = 0; k < s->nunits; k++)
+		s->u[k].opt.sv = s->vars.sv;
+	return 0;
+}
+
+void hpu__vars_close(hpu_strat *s)
+{
+	hpu__dfree(s->vars.sv);
+	hpu__dfree(s->vars.msum);
+	hpu__dev_host_free(s->vars.svh);
+	hpu__dev_host_free(s->vars.lr_host);
+	hpu__dev_host_free(s->vars.flag_host);
+	hpu__dev_host_free(s->vars.msum_host);
+	free(s->vars.mbatch);
+	memset(&s->vars, 0, sizeof s->vars);
+}
+
+void hpu__vars_lr(hpu_strat *s, double lr)
+{
+	s->vars.lr_host[0] = lr;
+	hpu__dev_h2d(NULL, &s->vars.sv->lr, s->vars.lr_host, sizeof lr);
+}
+
+/* Room for m micro-steps' loss sums. */
+static int grow(hpu_strat *s, int m)
+{
+	size_t per = (size_t)s->b->nloss * sizeof(double);
+	int cap = s->vars.cap ? s->vars.cap : 1;
+	while (cap < m)
+		cap *= 2;
+	double *d = hpu__strat_dalloc(s, HPU_MEM_OTHER, (size_t)cap * per, "micro-steps' loss sums");
+	double *h = hpu__dev_host_alloc((size_t)cap * per);
+	int *mb = calloc((size_t)cap, sizeof *mb);
+	if (!d || !h || !mb) {
+		hpu__dfree(d);
+		hpu__dev_host_free(h);
+		free(mb);
+		return d ? hpu__strat_fail(s, "out of host memory for the loss sums") : -1;
+	}
+	hpu__dfree(s->vars.msum);
+	hpu__dev_host_free(s->vars.msum_host);
+	free(s->vars.mbatch);
+	s->vars.msum = d;
+	s->vars.msum_host = h;
+	s->vars.mbatch = mb;
+	s->vars.cap = cap;
+	return 0;
+}
+
+const double *hpu__vars_sums(const hpu_strat *s, int micro)
+{
+	return s->vars.msum + (size_t)micro * (size_t)s->b->nloss;
+}
+
+int hpu__vars_loss(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	int m = s->ctx.micro;
+	if (m >= s->vars.cap && grow(s, m + 1) < 0)
+		return -1;
+	double *sums = s->vars.msum + (size_t)m * (size_t)b->nloss;
+	for (int k = 0; k < b->nloss; k++)
+		hpu__dev_sum(sums + k, s->t_data[b->loss[k].tensor], (size_t)s->ctx.batch);
+	s->vars.mbatch[m] = s->ctx.batch;
+	s->vars.micros = m + 1;
+	return 0;
+}
+
+/* Micro-step m's loss from its sums in host memory: the terms' weighted
+ * means, in double (hpu__strat_loss's arithmetic). */
+static double loss_of(const hpu_strat *s, const double *sums, int batch)
+{
+	double sum = 0;
+	for (int k = 0; k < s->b->nloss; k++)
+		sum += s->b->loss[k].weight * (sums[k] / batch);
+	return sum;
+}
+
+double hpu__vars_micro_loss(hpu_strat *s, int m)
+{
+	size_t n = (size_t)s->b->nloss;
+	double *h = s->vars.msum_host + (size_t)m * n;
+	hpu__dev_d2h(NULL, h, s->vars.msum + (size_t)m * n, n * sizeof *h);
+	return loss_of(s, h, s->vars.mbatch[m]);
+}
+
+/* The gradients g[n] of a unit (the plan's dtype) into the non-finite
+ * flag: on the device, or checked by the host where they are in host
+ * memory and the finding copied over. */
+static void flag(hpu_strat *s, const void *g, size_t n)
+{
+	float *bad = &s->vars.sv->bad;
+	if (hpu__strat_grads_host(s)) {
+		if (!hpu__strat_nonfinite(s, g, n))
+			return;
+		*s->vars.flag_host = 1;
+		hpu__dev_h2d(NULL, bad, s->vars.flag_host, sizeof *bad);
+	} else if (s->plan.mixed) {
+		hpu__dev_flag_nonfinite16(bad, s->plan.fp16, g, n);
+	} else {
+		hpu__dev_flag_nonfinite(bad, g, n);
+	}
+}
+
+/* Where every rank holds the same gradients (an all-reduce made them:
+ * ddp, fast_ddp), each checks 1/world of every unit and the sum of the
+ * flags tells the others; sharded, each checks its shard. */
+static int flags(hpu_strat *s)
+{
+	int split = !s->sharded && s->world > 1;
+	for (int k = 0; k < s->nunits; k++) {
+		size_t n = s->u[k].opt.n, at = 0, end = n;
+		if (split) {
+			at = n / (size_t)s->world * (size_t)s->rank;
+			end = s->rank == s->world - 1 ? n : at + n / (size_t)s->world;
+		}
+		if (end > at) /* a unit smaller than the world leaves some ranks none */
+			flag(s, hpu__strat_at(s, HPU_PLAN_GRADS, s->u[k].opt_g, at), end - at);
+	}
+	if (!s->sharded && !split)
+		return 0;
+	hpucoll_req *req = NULL;
+	float *bad = &s->vars.sv->bad;
+	int rc = hpu__dc_iall_reduce(s, bad, bad, 1, HPUCOLL_F32, HPUCOLL_SUM, &req);
+	if (rc == HPUCOLL_OK)
+		rc = hpu__dc_wait(&req);
+	return rc ? hpu__strat_coll_fail(s, "non-finite check all-reduce", rc) : 0;
+}
+
+/* The gradients' sum of squares into sv->sumsq (every unit, then every
+ * rank's where sharded). */
+static int norm(hpu_strat *s)
+{
+	double *acc = &s->vars.sv->sumsq;
+	if (hpu__strat_grads_host(s)) { /* summed by the host, copied over */
+		double ss = 0;
+		for (int k = 0; k < s->nunits; k++)
+			if (hpu__strat_sumsq(s, &ss, s->u[k].opt_g, s->u[k].opt.n) < 0)
+				return -1;
+		s->vars.lr_host[1] = ss;
+		hpu__dev_h2d(NULL, acc, &s->vars.lr_host[1], sizeof ss);
+	} else {
+		/* mixed: a device scratch of its own where s->chunk is the
+		 * host's (zero1 with the update on the host) */
+		float *scratch = s->chunk;
+		if (s->plan.mixed && hpu__strat_update_host(s) &&
+		    !(scratch = hpu__strat_dalloc(s, HPU_MEM_OTHER, HPU__STRAT_CHUNK * 4,
+						  "gradient norm's scratch")))
+			return -1;
+		for (int k = 0; k < s->nunits; k++) {
+			const unit *u = &s->u[k];
+			if (s->plan.mixed)
+				hpu__dev_sumsq16_add(acc, s->plan.fp16, u->opt_g, u->opt.n, scratch,
+						     HPU__STRAT_CHUNK);
+			else
+				hpu__dev_sumsq_add(acc, u->opt_g, u->opt.n);
+		}
+		if (scratch != s->chunk)
+			hpu__dfree(scratch);
+	}
+	if (!s->sharded)
+		return 0;
+	hpucoll_req *req = NULL;
+	int rc = hpu__dc_iall_reduce(s, acc, acc, 1, HPUCOLL_F64, HPUCOLL_SUM, &req);
+	if (rc == HPUCOLL_OK)
+		rc = hpu__dc_wait(&req);
+	return rc ? hpu__strat_coll_fail(s, "gradient-norm all-reduce", rc) : 0;
+}
+
+/* The host takes part in this step's update. */
+static int host_decides(const hpu_strat *s)
+{
+	return !s->vars.recordable || hpu__strat_update_host(s) || hpu__strat_grads_host(s) ||
+	       s->nv || s->nvp;
+}
+
+int hpu__vars_decide(hpu_strat *s)
+{
+	if (flags(s) < 0 || (s->o->clip_norm > 0 && norm(s) < 0))
+		return -1;
+	hpu__dev_step_begin(s->vars.sv, &s->vars.cfg);
+	s->vars.known = host_decides(s);
+	if (!s->vars.known)
+		return 0;
+	read_vars(s);
+	for (int k = 0; k < s->nunits; k++) /* the host's update counts from these */
+		s->u[k].opt.t = s->vars.svh->t;
+	return 0;
+}
+
+void hpu__vars_end(hpu_strat *s)
+{
+	hpu__dev_step_end(s->vars.sv, &s->vars.cfg);
+	s->steps.injected = 0;
+}
+
+void hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
+{
+	const hpu__dev_stepvars *h = s->vars.svh;
+	size_t n = (size_t)s->b->nloss;
+	double before = s->steps.scale;
+	read_vars(s);
+	if (s->vars.micros)
+		hpu__dev_d2h(NULL, s->vars.msum_host, s->vars.msum,
+			     (size_t)s->vars.micros * n * sizeof *s->vars.msum_host);
+	float sum = 0;
+	for (int m = 0; m < s->vars.micros; m++)
+		sum += (float)loss_of(s, s->vars.msum_host + (size_t)m * n, s->vars.mbatch[m]);
+	*loss = s->vars.micros ? sum / (float)s->vars.micros : 0;
+	s->vars.micros = 0;
+	s->vars.known = 0;
+	*grad_norm = h->norm;
+	*skipped = h->skip;
+	for (int k = 0; k < s->nunits; k++)
+		s->u[k].opt.t = h->t;
+	s->steps.scale = h->loss_scale;
+	s->steps.step_no = h->step_no;
+	s->steps.last_overflow = h->last_overflow;
+	s->steps.hyst_left = h->hyst_left;
+	s->steps.skipped = h->skipped;
+	if (s->vars.cfg.mixed && h->skip && s->rank == 0)
+		printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
+		       h->step_no, before, h->loss_scale);
+}
