@@ -8,11 +8,29 @@
 const hpu__dev_stepcfg step_cfgs[STEP_NCFG] = {
     {.window = 1000, .hysteresis = 2, .min_scale = 1},
     {.clip_norm = 1.0, .window = 1000, .hysteresis = 2, .min_scale = 1},
-    {.clip_norm = 1.0, .mixed = 1, .window = 1000, .hysteresis = 2, .min_scale = 1},
-    {.clip_norm = 1.0, .mixed = 1, .fp16 = 1, .dynamic = 1, .hysteresis = 2, .window = 3,
+    {.clip_norm = 1.0,
+     .mixed = 1,
+     .window = 1000,
+     .hysteresis = 2,
      .min_scale = 1},
-    {.mixed = 1, .fp16 = 1, .dynamic = 1, .hysteresis = 1, .window = 2, .min_scale = 16384},
-    {.clip_norm = 0.5, .mixed = 1, .fp16 = 1, .hysteresis = 2, .window = 1000,
+    {.clip_norm = 1.0,
+     .mixed = 1,
+     .fp16 = 1,
+     .dynamic = 1,
+     .hysteresis = 2,
+     .window = 3,
+     .min_scale = 1},
+    {.mixed = 1,
+     .fp16 = 1,
+     .dynamic = 1,
+     .hysteresis = 1,
+     .window = 2,
+     .min_scale = 16384},
+    {.clip_norm = 0.5,
+     .mixed = 1,
+     .fp16 = 1,
+     .hysteresis = 2,
+     .window = 1000,
      .min_scale = 1},
 };
 
@@ -93,12 +111,16 @@ void step_ref_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
 			if (overflow) {
 				if (c->hysteresis == 1 || sv->hyst_left == 1) {
 					double half = sv->loss_scale / 2;
-					sv->loss_scale = half > c->min_scale ? half : c->min_scale;
+					sv->loss_scale = half > c->min_scale
+					                     ? half
+					                     : c->min_scale;
 				} else {
 					sv->hyst_left -= 1;
 				}
 				sv->last_overflow = sv->step_no;
-			} else if ((sv->step_no - sv->last_overflow) % c->window == 0) {
+			} else if ((sv->step_no - sv->last_overflow) %
+			               c->window ==
+			           0) {
 				sv->hyst_left = c->hysteresis;
 				sv->loss_scale *= 2;
 			}
@@ -111,15 +133,17 @@ void step_ref_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
 	sv->sumsq = 0;
 }
 
-#define FIELD(f, fmt)                                                                              \
-	do {                                                                                       \
-		if (memcmp(&a->f, &b->f, sizeof a->f)) {                                           \
-			snprintf(what, len, "%s: " fmt " and " fmt, #f, a->f, b->f);               \
-			return 1;                                                                  \
-		}                                                                                  \
+#define FIELD(f, fmt)                                                          \
+	do {                                                                   \
+		if (memcmp(&a->f, &b->f, sizeof a->f)) {                       \
+			snprintf(what, len, "%s: " fmt " and " fmt, #f, a->f,  \
+			         b->f);                                        \
+			return 1;                                              \
+		}                                                              \
 	} while (0)
 
-int step_diff(const hpu__dev_stepvars *a, const hpu__dev_stepvars *b, char *what, size_t len)
+int step_diff(const hpu__dev_stepvars *a, const hpu__dev_stepvars *b,
+              char *what, size_t len)
 {
 	FIELD(lr, "%.17g");
 	FIELD(sumsq, "%.17g");

@@ -14,7 +14,7 @@
 
 #include "worker/device/device.h"
 
-#define STEP_NCFG 6   /* configurations */
+#define STEP_NCFG 6    /* configurations */
 #define STEP_NSTEPS 24 /* steps of the script */
 
 extern const hpu__dev_stepcfg step_cfgs[STEP_NCFG];
@@ -38,6 +38,7 @@ void step_ref_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 
 /* 0 where every field of a and b holds the same bits; else 1 and the
  * first field that differs, with both values, in what. */
-int step_diff(const hpu__dev_stepvars *a, const hpu__dev_stepvars *b, char *what, size_t len);
+int step_diff(const hpu__dev_stepvars *a, const hpu__dev_stepvars *b,
+              char *what, size_t len);
 
 #endif
