@@ -26,9 +26,19 @@
  * again after its recording with new values: a replay that gives the old
  * values' result is listed as replaying stale host values.
  *
+ * The CUDA device's runtime ops that decide a step on the device
+ * (worker/cuda/cuda_device.c: flag_nonfinite(16), sumsq_add, sumsq16_add,
+ * loss_seed, step_begin, step_end, the optimizers reading
+ * hpu__dev_stepvars) are the ops a recorded step runs after the
+ * backward: each must record and replay (the module's device sources are
+ * built into this program; the device set up without its kernel table,
+ * its ops on its own compute stream, which is the one recorded), and so
+ * must the sequence of them a step runs.
+ *
  * test_cuda_ops_more runs this group after its own
  * (hpu_cuda_capture_tests), on a stream of the group's own, and gets its
  * stream back after. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -44,10 +54,14 @@
 #include "tests/unit/num_testlib.h"
 
 #include "common/lowp.h"
+#include "worker/cuda/cuda_device.h"
 #include "worker/cuda/cuda_ops.h"
+#include "worker/device/device.h"
 #include "worker/ops/backend.h"
 
 int hpu_cuda_capture_tests(const hpu__backend *gpu_, cudaStream_t caller);
+/* cuda_device.c's entry for the device without its kernel table */
+const hpu__device *hpu_cuda_device_core_v1(int *ngpus, char *err, size_t errlen);
 
 enum {
 	NF = 1 << 18,   /* floats in each input and output area */
@@ -297,7 +311,7 @@ static void reset_outputs(void)
 
 static void fetch_outputs(float *h)
 {
-	assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+	assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* (either stream) */
 	assert_int_equal(cudaMemcpy(h, out, (size_t)NOUT * NF * 4, cudaMemcpyDeviceToHost),
 			 cudaSuccess);
 }
@@ -334,7 +348,7 @@ static void run_eagerly(const probe *p, float *into)
  * what the recording's values give, not the new ones; REFUSED when it
  * could not be recorded (why in `why`). Fails the test on any other
  * replay. */
-static int record_one(const probe *p, runs *r, char *why, size_t whylen)
+static int record_one(const probe *p, int on_device, runs *r, char *why, size_t whylen)
 {
 	const size_t bytes = (size_t)NOUT * NF * 4;
 	run_eagerly(p, r->eager);
@@ -343,12 +357,14 @@ static int record_one(const probe *p, runs *r, char *why, size_t whylen)
 
 	reset_outputs();
 	cudaGraph_t graph = NULL;
-	cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+	/* the stream p runs on: the device's compute stream for its runtime ops */
+	cudaStream_t rec = on_device ? hpu__cuda_stream() : stream;
+	cudaError_t e = cudaStreamBeginCapture(rec, cudaStreamCaptureModeThreadLocal);
 	assert_int_equal(e, cudaSuccess);
 	hpu__cuda_ops_recording(1); /* a refused call is the op's refusal, not the end */
 	int rc = p->run();
 	hpu__cuda_ops_recording(0);
-	cudaError_t end = cudaStreamEndCapture(stream, &graph);
+	cudaError_t end = cudaStreamEndCapture(rec, &graph);
 	const char *op_why = hpu__cuda_ops_recording_error();
 	if (rc != HPU_BE_OK || *op_why || end != cudaSuccess || !graph) {
 		cudaError_t last = cudaGetLastError();
@@ -379,7 +395,7 @@ static int record_one(const probe *p, runs *r, char *why, size_t whylen)
 	char what[160];
 	for (int k = 0; k < 2; k++) {
 		reset_outputs();
-		assert_int_equal(cudaGraphLaunch(exec, stream), cudaSuccess);
+		assert_int_equal(cudaGraphLaunch(exec, rec), cudaSuccess);
 		fetch_outputs(r->replay);
 		snprintf(what, sizeof what, "%s: replay %d", p->name, k + 1);
 		if (p->vary && memcmp(r->replay, r->eager, bytes) &&
@@ -395,36 +411,191 @@ static int record_one(const probe *p, runs *r, char *why, size_t whylen)
 	return stale ? STALE : RECORDED;
 }
 
-static void test_record_replay(void **state)
+/* Records each of ps[n] (on_device: the device's runtime ops), prints
+ * what it came to, and fails where one that must record did not. */
+static void record_all(const probe *ps, size_t n, int on_device)
 {
-	(void)state;
-	size_t n = sizeof probes / sizeof *probes, each = (size_t)NOUT * NF;
+	size_t each = (size_t)NOUT * NF;
 	runs r = {xcalloc(each, 4), xcalloc(each, 4), xcalloc(each, 4), xcalloc(each, 4)};
 	int recorded = 0;
 	char refused[2048] = "";
 	size_t at = 0;
 	for (size_t i = 0; i < n; i++) {
 		char why[256] = "";
-		printf("  %-56s ", probes[i].name);
+		printf("  %-56s ", ps[i].name);
 		fflush(stdout);
-		int got = record_one(&probes[i], &r, why, sizeof why);
+		int got = record_one(&ps[i], on_device, &r, why, sizeof why);
 		printf("%s%s\n",
 		       got == RECORDED ? "recorded, replays as it runs"
 		       : got == STALE	? "recorded, but replays the host values it was recorded "
 					  "with"
 					: "not recorded: ",
 		       got == REFUSED ? why : "");
-		if (got == REFUSED && probes[i].must_record)
-			fail_msg("%s: a plain kernel could not be recorded (%s)", probes[i].name,
-				 why);
+		if (got == REFUSED && ps[i].must_record)
+			fail_msg("%s: a plain kernel could not be recorded (%s)", ps[i].name, why);
+		if (got == STALE && on_device)
+			fail_msg("%s: replays the values it was recorded with", ps[i].name);
 		recorded += got == RECORDED;
 		if (got != RECORDED && at < sizeof refused)
 			at += (size_t)snprintf(refused + at, sizeof refused - at, "%s%s",
-					       at ? ", " : "", probes[i].name);
+					       at ? ", " : "", ps[i].name);
 	}
 	printf("recorded %d of %zu ops; not recorded or stale: %s\n", recorded, n,
 	       *refused ? refused : "none");
 	free(r.eager), free(r.again), free(r.old), free(r.replay);
+}
+
+static void test_record_replay(void **state)
+{
+	(void)state;
+	record_all(probes, sizeof probes / sizeof *probes, 0);
+}
+
+/* ---- the device's runtime ops that decide a step ---- */
+
+static const hpu__device *D;
+static float *bad_f;              /* in_f with a NaN last */
+static uint16_t *bad_h;           /* in_h with a bf16 Inf in the middle */
+static double *sums;              /* a micro-step's loss sums, finite */
+static hpu__dev_stepvars *sv_ok;  /* a step's block: no overflow */
+static hpu__dev_stepvars *sv_bad; /* an overflow: bad 1, skip 1 */
+/* 16-mixed, the dynamic scaler, clipping: every branch's inputs there */
+static const hpu__dev_stepcfg cfg = {.clip_norm = 1.0, .mixed = 1, .fp16 = 1, .dynamic = 1,
+				     .hysteresis = 2, .window = 3, .min_scale = 1};
+static const hpu__dev_optim adamw_sv = {.kind = HPU__DEV_ADAMW, .weight_decay = 0.1,
+					.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+
+/* OUT(k) as a step's block, copied from `from` on the device's stream
+ * (recorded with the op: each replay starts from it). */
+static hpu__dev_stepvars *sv_in(int k, const hpu__dev_stepvars *from)
+{
+	hpu__dev_stepvars *sv = (hpu__dev_stepvars *)OUT(k);
+	assert_int_equal(cudaMemcpyAsync(sv, from, sizeof *sv, cudaMemcpyDeviceToDevice,
+					 hpu__cuda_stream()),
+			 cudaSuccess);
+	return sv;
+}
+
+static int r_flag(void)
+{
+	D->rt->flag_nonfinite(OUT(0), bad_f, NF);
+	return HPU_BE_OK;
+}
+static int r_flag16(void)
+{
+	D->rt->flag_nonfinite16(OUT(0), 0, bad_h, NF);
+	return HPU_BE_OK;
+}
+static int r_sumsq_add(void)
+{
+	D->rt->sumsq_add((double *)OUT(0), in_f, NF);
+	return HPU_BE_OK;
+}
+static int r_sumsq16_add(void)
+{
+	D->rt->sumsq16_add((double *)OUT(0), 0, in_h, NF, OUT(1), 100000);
+	return HPU_BE_OK;
+}
+static int r_loss_seed(void)
+{
+	D->rt->loss_seed(OUT(0), NF, sums, 3, 0.3f, 0.37f, 33, sv_ok);
+	return HPU_BE_OK;
+}
+static int r_step_begin(void)
+{
+	D->rt->step_begin(sv_in(1, sv_ok), &cfg);
+	return HPU_BE_OK;
+}
+static int r_step_end(void)
+{
+	D->rt->step_end(sv_in(1, sv_bad), &cfg);
+	return HPU_BE_OK;
+}
+static int r_optim_sv(void)
+{
+	hpu__dev_optim o = adamw_sv;
+	o.sv = sv_ok;
+	D->rt->optim(&o, OUT(0), in_f, OUT(1), OUT(2), NF);
+	return HPU_BE_OK;
+}
+static int r_optim16_sv(void)
+{
+	hpu__dev_optim o = adamw_sv;
+	o.sv = sv_ok;
+	D->rt->optim16(&o, 0, OUT(0), in_h, (uint16_t *)(OUT(0) + NF / 2), OUT(1), OUT(2),
+		       NF / 2, OUT(1) + NF / 2, 1000);
+	return HPU_BE_OK;
+}
+
+/* What a recorded step runs after its backward: the check and the norm
+ * into the block, the decision, the update reading it, the scaler. */
+static int r_step(void)
+{
+	hpu__dev_stepvars *sv = sv_in(2, sv_ok);
+	hpu__dev_optim o = adamw_sv;
+	o.sv = sv;
+	D->rt->flag_nonfinite(&sv->bad, in_f, NF / 2);
+	D->rt->sumsq_add(&sv->sumsq, in_f, NF / 2);
+	D->rt->step_begin(sv, &cfg);
+	D->rt->optim(&o, OUT(0), in_f, OUT(1), OUT(1) + NF / 2, NF / 2);
+	D->rt->step_end(sv, &cfg);
+	return HPU_BE_OK;
+}
+
+static const probe rt_probes[] = {
+	{"flag_nonfinite (a NaN last)", r_flag, 1, NULL},
+	{"flag_nonfinite16 (a bf16 Inf)", r_flag16, 1, NULL},
+	{"sumsq_add", r_sumsq_add, 1, NULL},
+	{"sumsq16_add (chunks of 100000)", r_sumsq16_add, 1, NULL},
+	{"loss_seed", r_loss_seed, 1, NULL},
+	{"step_begin (16-mixed, clipping)", r_step_begin, 1, NULL},
+	{"step_end (an overflow)", r_step_end, 1, NULL},
+	{"optim with sv (AdamW)", r_optim_sv, 1, NULL},
+	{"optim16 with sv (AdamW, bf16 gradients)", r_optim16_sv, 1, NULL},
+	{"a step's decisions and update, in sequence", r_step, 1, NULL},
+};
+
+static void *dput_sv(const hpu__dev_stepvars *h)
+{
+	return dput(h, sizeof *h);
+}
+
+static void test_record_replay_rt(void **state)
+{
+	(void)state;
+	char err[512] = "";
+	int ngpus = 0;
+	D = hpu_cuda_device_core_v1(&ngpus, err, sizeof err);
+	if (ngpus <= 0 || D->setup(0, err, sizeof err) < 0)
+		fail_msg("the CUDA device (cuda_device.c) did not set up: %s", err);
+	/* inputs: the group's, with a NaN and an Inf planted */
+	float nan_f = NAN;
+	uint16_t inf_h = 0x7f80;
+	const double s3[3] = {1.5, -2.25, 3.0};
+	bad_f = dnan((size_t)NF * 4);
+	bad_h = dnan((size_t)NF * 2);
+	assert_int_equal(cudaMemcpy(bad_f, in_f, (size_t)NF * 4, cudaMemcpyDeviceToDevice),
+			 cudaSuccess);
+	assert_int_equal(cudaMemcpy(bad_f + NF - 1, &nan_f, 4, cudaMemcpyHostToDevice),
+			 cudaSuccess);
+	assert_int_equal(cudaMemcpy(bad_h, in_h, (size_t)NF * 2, cudaMemcpyDeviceToDevice),
+			 cudaSuccess);
+	assert_int_equal(cudaMemcpy(bad_h + NF / 2, &inf_h, 2, cudaMemcpyHostToDevice),
+			 cudaSuccess);
+	sums = dput(s3, sizeof s3);
+	hpu__dev_stepvars ok = {.lr = 1e-3, .sumsq = 3.5e9, .gscale = 0.5f, .t = 5,
+				.loss_scale = 65536, .step_no = 7, .last_overflow = 4,
+				.hyst_left = 2};
+	hpu__dev_stepvars bad = ok;
+	bad.bad = 1;
+	bad.skip = 1;
+	bad.hyst_left = 1;
+	sv_ok = dput_sv(&ok);
+	sv_bad = dput_sv(&bad);
+	assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+	record_all(rt_probes, sizeof rt_probes / sizeof *rt_probes, 1);
+	dfree(bad_f), dfree(bad_h), dfree(sums), dfree(sv_ok), dfree(sv_bad);
+	D->teardown();
 }
 
 /* ---- set-up ---- */
@@ -499,6 +670,7 @@ int hpu_cuda_capture_tests(const hpu__backend *gpu_, cudaStream_t caller)
 	cu_test_set_stream(stream);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_record_replay, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_record_replay_rt, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests_name("cuda capture", tests, NULL, NULL);
 	(void)cudaStreamSynchronize(stream);

@@ -6,14 +6,20 @@
  * copies every way on the default queue and on a queue of its own, fills,
  * events, pinned host memory, and every runtime op (hpu__dev_rtops)
  * against the CPU's (device_ops.c) bit for bit at n = 1, 255, 257 and
- * 1e6+3. Where the module is not built, or no GPU is visible, it says so
+ * 1e6+3; the step's decisions (flag_nonfinite(16), sumsq_add,
+ * sumsq16_add, loss_seed at n = 0, 1, 255, 257, 100003 with NaN and Inf
+ * planted first, in the middle and last; step_begin and step_end over
+ * step_testlib.c's script; the optimizers reading hpu__dev_stepvars, a
+ * skipped step among them) against the CPU's too. Where the module is not built, or no GPU is visible, it says so
  * and exits 77 (ctest: skipped). Plain C, not cmocka: the skip needs its
  * own exit status. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tests/unit/cuda_modlib.h"
+#include "tests/unit/step_testlib.h"
 #include "worker/device/device.h"
 
 static int failures;
@@ -347,6 +353,345 @@ static void check_optimizers(size_t n)
 	check_optim(n, mom, "sgd momentum", 1, 0);
 }
 
+/* ---- the step's decisions (hpu__dev_stepvars) against device_ops.c ----
+ * Each buffer at least one element (n = 0 among the sizes). */
+
+#define AT_LEAST1(n) ((n) ? (n) : 1)
+
+static float flag_of(const float *dflag)
+{
+	float f;
+	D->copy(NULL, &f, dflag, 4);
+	return f;
+}
+
+/* flag_nonfinite(16) from 0 and from 1, against the CPU's, on g[n]
+ * (fp32, then its fp16 and bf16 roundings). */
+static void flag_case(size_t n, const float *g, const char *where)
+{
+	const float zero = 0.0f, one = 1.0f;
+	float cflag, *dflag = dev(4), *dg = up(g, AT_LEAST1(n) * 4);
+	uint16_t *h = malloc(AT_LEAST1(n) * 2);
+	for (int start = 0; start < 2; start++) {
+		cflag = start ? one : zero;
+		D->copy(NULL, dflag, start ? &one : &zero, 4);
+		cpu->flag_nonfinite(&cflag, g, n);
+		D->rt->flag_nonfinite(dflag, dg, n);
+		float got = flag_of(dflag);
+		CHECK(got == cflag, "flag_nonfinite n=%zu (%s, flag %d before): %g, the CPU's %g", n,
+		      where, start, got, cflag);
+	}
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		cpu->to16(fp16, h, g, n);
+		uint16_t *dh = up(h, AT_LEAST1(n) * 2);
+		for (int start = 0; start < 2; start++) {
+			cflag = start ? one : zero;
+			D->copy(NULL, dflag, start ? &one : &zero, 4);
+			cpu->flag_nonfinite16(&cflag, fp16, h, n);
+			D->rt->flag_nonfinite16(dflag, fp16, dh, n);
+			float got = flag_of(dflag);
+			CHECK(got == cflag,
+			      "flag_nonfinite16 %s n=%zu (%s, flag %d before): %g, the CPU's %g",
+			      fp16 ? "fp16" : "bf16", n, where, start, got, cflag);
+		}
+		hpu__dfree(dh);
+	}
+	hpu__dfree(dflag);
+	hpu__dfree(dg);
+	free(h);
+}
+
+/* *acc (device) against want: the same double, or both NaN. */
+static void same_double(const char *what, size_t n, const double *dacc, double want)
+{
+	double got;
+	D->copy(NULL, &got, dacc, 8);
+	CHECK(!memcmp(&got, &want, 8) || (got != got && want != want),
+	      "%s n=%zu: %.17g, the CPU's %.17g", what, n, got, want);
+}
+
+static void sumsq_case(size_t n, const float *g, int with16, const char *where)
+{
+	char what[96];
+	const double acc0 = 0.3;
+	double cacc = acc0, *dacc = up(&acc0, 8);
+	float *dg = up(g, AT_LEAST1(n) * 4);
+	cpu->sumsq_add(&cacc, g, n);
+	D->rt->sumsq_add(dacc, dg, n);
+	snprintf(what, sizeof what, "sumsq_add (%s)", where);
+	same_double(what, n, dacc, cacc);
+	/* twice onto the same sum: the second adds onto the first */
+	cpu->sumsq_add(&cacc, g, n);
+	D->rt->sumsq_add(dacc, dg, n);
+	snprintf(what, sizeof what, "sumsq_add twice (%s)", where);
+	same_double(what, n, dacc, cacc);
+	const size_t chunk = 300;
+	float *scr = malloc(chunk * 4), *dscr = dev(chunk * 4);
+	uint16_t *h = malloc(AT_LEAST1(n) * 2);
+	for (int fp16 = 0; fp16 < 2 && with16; fp16++) {
+		cpu->to16(fp16, h, g, n);
+		uint16_t *dh = up(h, AT_LEAST1(n) * 2);
+		cacc = acc0;
+		D->copy(NULL, dacc, &acc0, 8);
+		cpu->sumsq16_add(&cacc, fp16, h, n, scr, chunk);
+		D->rt->sumsq16_add(dacc, fp16, dh, n, dscr, chunk);
+		snprintf(what, sizeof what, "sumsq16_add %s (%s)", fp16 ? "fp16" : "bf16", where);
+		same_double(what, n, dacc, cacc);
+		hpu__dfree(dh);
+	}
+	hpu__dfree(dacc);
+	hpu__dfree(dg);
+	hpu__dfree(dscr);
+	free(scr);
+	free(h);
+}
+
+/* loss_seed on g[n]: the CPU's bits, NaN where the CPU's is (a GPU's NaN
+ * may carry other bits). bad: which sum is not finite (-1 none). */
+static void seed_case(size_t n, const float *g, int bad)
+{
+	double sums[5] = {1.5, -2.25, 1e300, 0.0, 3.0};
+	if (bad >= 0)
+		sums[bad] = bad == 2 ? (double)NAN : bad ? (double)INFINITY : -(double)INFINITY;
+	hpu__dev_stepvars sv = {.loss_scale = 24576.0};
+	float *want = malloc(AT_LEAST1(n) * 4);
+	memcpy(want, g, n * 4);
+	/* w * (s / batch) would round otherwise with these */
+	const float w = 0.3f, base = 0.37f;
+	const int batch = 33;
+	cpu->loss_seed(want, n, sums, 5, w, base, batch, &sv);
+	float *dg = up(g, AT_LEAST1(n) * 4);
+	double *dsums = up(sums, sizeof sums);
+	hpu__dev_stepvars *dsv = up(&sv, sizeof sv);
+	D->rt->loss_seed(dg, n, dsums, 5, w, base, batch, dsv);
+	float *got = down(dg, AT_LEAST1(n) * 4);
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&got[i], &want[i], 4) && !(got[i] != got[i] && want[i] != want[i])) {
+			CHECK(0, "loss_seed n=%zu (%s %d) at %zu: %.9g, the CPU's %.9g", n,
+			      bad < 0 ? "every sum finite" : "not finite: sum", bad, i, got[i],
+			      want[i]);
+			break;
+		}
+	hpu__dfree(dg);
+	hpu__dfree(dsums);
+	hpu__dfree(dsv);
+	free(want);
+	free(got);
+}
+
+/* Every op of the step at n, NaN and Inf at the first, a middle and the
+ * last element in turn. */
+static void check_step_ops(size_t n)
+{
+	float *g = randf(n, 0);
+	flag_case(n, g, "finite");
+	sumsq_case(n, g, 1, "finite");
+	const int bad_sum[] = {-1, 0, 2, 4}; /* none, the first, the middle, the last */
+	for (int j = 0; j < 4; j++)
+		seed_case(n, g, bad_sum[j]);
+	const size_t at[3] = {0, n / 2, n ? n - 1 : 0};
+	const float v[3] = {NAN, INFINITY, -INFINITY};
+	for (int j = 0; j < 3 && n; j++) {
+		char where[64];
+		float keep = g[at[j]];
+		g[at[j]] = v[j];
+		snprintf(where, sizeof where, "%g at %zu", v[j], at[j]);
+		flag_case(n, g, where);
+		sumsq_case(n, g, 1, where);
+		g[at[j]] = keep;
+	}
+	free(g);
+}
+
+/* sumsq_add over more parts than the module sums at once (65536 blocks
+ * of 256): the batches' totals carried in order. */
+static void check_sumsq_batches(void)
+{
+	const size_t n = (size_t)65536 * 256 * 2 + 12345;
+	float *g = randf(n, 0);
+	sumsq_case(n, g, 0, "three batches of parts");
+	free(g);
+	printf("sumsq_add over %zu values (three batches of parts): checked\n", n);
+}
+
+/* step_begin and step_end over the script, the GPU's block against the
+ * CPU's after each op, field by field. */
+static void check_step_script(void)
+{
+	char what[160];
+	for (int c = 0; c < STEP_NCFG; c++) {
+		const hpu__dev_stepcfg *cfg = &step_cfgs[c];
+		hpu__dev_stepvars ref, got;
+		step_init(&ref, cfg);
+		hpu__dev_stepvars *dsv = up(&ref, sizeof ref);
+		for (int i = 0; i < STEP_NSTEPS; i++) {
+			step_inputs(&ref, cfg, i);
+			D->copy(NULL, &dsv->bad, &ref.bad, sizeof ref.bad);
+			D->copy(NULL, &dsv->sumsq, &ref.sumsq, sizeof ref.sumsq);
+			cpu->step_begin(&ref, cfg);
+			D->rt->step_begin(dsv, cfg);
+			D->copy(NULL, &got, dsv, sizeof got);
+			if (step_diff(&got, &ref, what, sizeof what)) {
+				CHECK(0, "%s, step %d, step_begin: %s (the GPU's, the CPU's)",
+				      step_cfg_names[c], i, what);
+				break;
+			}
+			cpu->step_end(&ref, cfg);
+			D->rt->step_end(dsv, cfg);
+			D->copy(NULL, &got, dsv, sizeof got);
+			if (step_diff(&got, &ref, what, sizeof what)) {
+				CHECK(0, "%s, step %d, step_end: %s (the GPU's, the CPU's)",
+				      step_cfg_names[c], i, what);
+				break;
+			}
+		}
+		hpu__dfree(dsv);
+	}
+	printf("step_begin, step_end: %d configurations of %d steps checked\n", STEP_NCFG,
+	       STEP_NSTEPS);
+}
+
+/* d[n] floats against want: the same bits; where not, within rel
+ * (relative to max(|want|, 1e-6)) and a NOTE saying so, else a failure. */
+static void near(const char *what, size_t n, const float *d, const float *want, double rel)
+{
+	float *got = down(d, AT_LEAST1(n) * 4);
+	size_t diff = 0, worst_i = 0;
+	double worst = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!memcmp(&got[i], &want[i], 4))
+			continue;
+		diff++;
+		double den = fabs(want[i]) > 1e-6 ? fabs(want[i]) : 1e-6;
+		double r = got[i] != got[i] ? INFINITY : fabs((double)got[i] - want[i]) / den;
+		if (r >= worst)
+			worst = r, worst_i = i;
+	}
+	if (diff)
+		printf("NOTE %s n=%zu: %zu elements not bit for bit, the largest relative "
+		       "difference %.3g at %zu (%.9g, %.9g)\n",
+		       what, n, diff, worst, worst_i, got[worst_i], want[worst_i]);
+	CHECK(worst <= rel, "%s n=%zu: element %zu is %.9g, %.9g wanted (%.3g relative)", what,
+	      n, worst_i, got[worst_i], want[worst_i], worst);
+	free(got);
+}
+
+/* One optimizer over four steps, the third skipped (sv->skip): on the GPU
+ * with sv (lr, t, gscale from device memory; the by-value ones beside it
+ * wrong on purpose), on the GPU by value, and on the CPU with sv. With
+ * betas whose powers are exact (0.5, 0.25) the three agree bit for bit;
+ * with torch's (0.9, 0.999) Adam's step scalar comes from CUDA's pow
+ * there, which may round to the neighbouring float: m and v still bit for
+ * bit, p within 1e-6. The skipped step leaves the GPU's p, m, v and p16
+ * as they were, bit for bit. */
+static void optim_sv_case(size_t n, hpu__dev_optim k, const char *name, int g16, int fp16)
+{
+	const size_t n1 = AT_LEAST1(n), chunk = 1000;
+	float *p = randf(n, 0), *g = randf(n, 0), *m = calloc(n1, 4), *v = calloc(n1, 4);
+	uint16_t *gh = malloc(n1 * 2), *p16 = calloc(n1, 2);
+	float *scr = malloc(chunk * 4), *dscr = dev(chunk * 4);
+	cpu->to16(fp16, gh, g, n);
+	float *dg = up(g, n1 * 4), *dp[2], *dm[2], *dv[2];
+	uint16_t *dgh = up(gh, n1 * 2), *dp16[2];
+	for (int j = 0; j < 2; j++) { /* 0: with sv, 1: by value */
+		dp[j] = up(p, n1 * 4);
+		dm[j] = dev(n1 * 4);
+		dv[j] = dev(n1 * 4);
+		dp16[j] = dev(n1 * 2);
+	}
+	hpu__dev_stepvars sv = {0};
+	hpu__dev_stepvars *dsv = up(&sv, sizeof sv);
+	char what[128];
+	for (int step = 1; step <= 4; step++) {
+		sv.skip = step == 3;
+		sv.t = step < 3 ? step : step - 1;
+		sv.lr = 0.01 / step;
+		sv.gscale = 0.5f + 0.125f * (float)step;
+		D->copy(NULL, dsv, &sv, sizeof sv);
+		hpu__dev_optim kc = k, kg = k, kv = k;
+		kc.sv = &sv; /* the CPU's reads host memory */
+		kg.sv = dsv;
+		kg.t = 99, kg.lr = 5.0, kg.gscale = 3.0f;
+		kv.t = sv.t, kv.lr = sv.lr, kv.gscale = sv.gscale;
+		float *before = down(dp[0], n1 * 4), *mb = down(dm[0], n1 * 4);
+		float *vb = down(dv[0], n1 * 4);
+		uint16_t *p16b = down(dp16[0], n1 * 2);
+		if (g16) {
+			cpu->optim16(&kc, fp16, p, gh, p16, m, v, n, scr, chunk);
+			D->rt->optim16(&kg, fp16, dp[0], dgh, dp16[0], dm[0], dv[0], n, dscr, chunk);
+			if (!sv.skip)
+				D->rt->optim16(&kv, fp16, dp[1], dgh, dp16[1], dm[1], dv[1], n, dscr,
+					       chunk);
+		} else {
+			cpu->optim(&kc, p, g, m, v, n);
+			D->rt->optim(&kg, dp[0], dg, dm[0], dv[0], n);
+			if (!sv.skip)
+				D->rt->optim(&kv, dp[1], dg, dm[1], dv[1], n);
+		}
+		if (sv.skip) {
+			snprintf(what, sizeof what, "%s with sv, a skipped step: p", name);
+			same(what, n, dp[0], before, 4);
+			same("a skipped step: m", n, dm[0], mb, 4);
+			same("a skipped step: v", n, dv[0], vb, 4);
+			same("a skipped step: p16", n, dp16[0], p16b, 2);
+		}
+		free(before);
+		free(mb);
+		free(vb);
+		free(p16b);
+	}
+	const int exact = k.kind == HPU__DEV_SGD || (k.beta1 == 0.5 && k.beta2 == 0.25);
+	const char *kind = g16 ? (fp16 ? " fp16" : " bf16") : "";
+	float *bv = down(dp[1], n1 * 4);
+	snprintf(what, sizeof what, "%s%s with sv against the CPU's: p", name, kind);
+	near(what, n, dp[0], p, exact ? 0 : 1e-6);
+	snprintf(what, sizeof what, "%s%s with sv against by value: p", name, kind);
+	near(what, n, dp[0], bv, exact ? 0 : 1e-6);
+	snprintf(what, sizeof what, "%s%s with sv: m", name, kind);
+	same(what, n, dm[0], m, 4);
+	snprintf(what, sizeof what, "%s%s with sv: v", name, kind);
+	if (k.kind != HPU__DEV_SGD)
+		same(what, n, dv[0], v, 4);
+	snprintf(what, sizeof what, "%s%s with sv: p16", name, kind);
+	if (g16 && exact)
+		same(what, n, dp16[0], p16, 2);
+	for (int j = 0; j < 2; j++) {
+		hpu__dfree(dp[j]);
+		hpu__dfree(dm[j]);
+		hpu__dfree(dv[j]);
+		hpu__dfree(dp16[j]);
+	}
+	void *bufs[] = {dg, dgh, dsv, dscr};
+	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+		hpu__dfree(bufs[i]);
+	free(bv);
+	free(p);
+	free(g);
+	free(m);
+	free(v);
+	free(gh);
+	free(p16);
+	free(scr);
+}
+
+static void check_optim_sv(size_t n)
+{
+	const hpu__dev_optim mom = {.kind = HPU__DEV_SGD, .momentum = 0.9, .weight_decay = 1e-4};
+	const hpu__dev_optim adam = {.kind = HPU__DEV_ADAM, .weight_decay = 1e-2, .beta1 = 0.5,
+				     .beta2 = 0.25, .eps = 1e-8};
+	hpu__dev_optim adamw = adam, torch = adam;
+	adamw.kind = HPU__DEV_ADAMW;
+	torch.kind = HPU__DEV_ADAMW;
+	torch.beta1 = 0.9;
+	torch.beta2 = 0.999;
+	optim_sv_case(n, mom, "sgd momentum", 0, 0);
+	optim_sv_case(n, adam, "adam (exact betas)", 0, 0);
+	optim_sv_case(n, adamw, "adamw (exact betas)", 1, 0);
+	optim_sv_case(n, adam, "adam (exact betas)", 1, 1);
+	optim_sv_case(n, torch, "adamw (torch's betas)", 0, 0);
+	optim_sv_case(n, torch, "adamw (torch's betas)", 1, 0);
+}
+
 /* ---- the options ---- */
 
 /* --device-memory above the GPU's memory is refused, naming both; at
@@ -441,6 +786,14 @@ int main(void)
 		check_optimizers(ns[i]);
 		printf("runtime ops at n = %zu: checked against the CPU's\n", ns[i]);
 	}
+	static const size_t step_ns[] = {0, 1, 255, 257, 100003};
+	for (size_t i = 0; i < sizeof step_ns / sizeof step_ns[0]; i++) {
+		check_step_ops(step_ns[i]);
+		check_optim_sv(step_ns[i]);
+		printf("the step's ops at n = %zu: checked against the CPU's\n", step_ns[i]);
+	}
+	check_sumsq_batches();
+	check_step_script();
 	hpu_device_stats s;
 	hpu__devmem_stats(&s);
 	CHECK(s.in_use == 0, "%llu bytes of device memory still in use",

@@ -6,7 +6,9 @@
  * on the floats around each rounding boundary, acc16, the sums of
  * squares part by part (blocks, the rest, a block redone in double), and
  * SGD (plain, momentum, Nesterov), Adam and AdamW over three steps, from
- * fp32 and 16-bit gradients; accuracy's arg-max over rows with NaNs, as
+ * fp32 and 16-bit gradients; the step's decisions (the clip factor,
+ * step_begin and step_end over a script of steps, a loss's seed, the
+ * optimizer's scalars made from hpu__dev_stepvars); accuracy's arg-max over rows with NaNs, as
  * the kernels split a row among threads, against the host's scan. What
  * it cannot check is a GPU running them:
  * test_cuda_device does that where one is visible. */
@@ -21,6 +23,7 @@
 #include <string.h>
 
 #include "common/lowp.h"
+#include "tests/unit/step_testlib.h"
 #include "worker/cuda/cuda_elem.h"
 #include "worker/device/device.h"
 #include "worker/ops/backend_host.h"
@@ -186,6 +189,109 @@ static void test_optimizers(void **state)
 	}
 }
 
+/* ---- the step's decisions (hpu__dev_stepvars) ---- */
+
+/* The clip factor over norms of every magnitude, NaN and Inf among them. */
+static void test_clip_factor(void **state)
+{
+	(void)state;
+	const double maxes[] = {0.5, 1.0, 3.7, 1e-3};
+	for (size_t j = 0; j < sizeof maxes / sizeof *maxes; j++)
+		for (int i = -2000; i <= 2000; i++) {
+			double norm = i == 0 ? 0.0 : ldexp(1.0 + 0.000731 * (i + 2000), i / 40);
+			if (i == 2000)
+				norm = NAN;
+			if (i == -2000)
+				norm = INFINITY;
+			float a = hpu__elem_clip_factor(norm, maxes[j]);
+			float b = hpu__dev_clip_factor(norm, maxes[j]);
+			if (memcmp(&a, &b, 4))
+				fail_msg("clip factor of %.17g by %g: %.9g, device.h's %.9g", norm,
+					 maxes[j], a, b);
+		}
+}
+
+/* step_begin and step_end over the script (step_testlib.c): the kernels'
+ * arithmetic against device_ops.c's, field by field after each. */
+static void test_step_decisions(void **state)
+{
+	(void)state;
+	char what[160];
+	for (int c = 0; c < STEP_NCFG; c++) {
+		const hpu__dev_stepcfg *cfg = &step_cfgs[c];
+		hpu__dev_stepvars a, b;
+		step_init(&a, cfg);
+		step_init(&b, cfg);
+		for (int i = 0; i < STEP_NSTEPS; i++) {
+			step_inputs(&a, cfg, i);
+			step_inputs(&b, cfg, i);
+			hpu__elem_step_begin(&a, cfg);
+			cpu->step_begin(&b, cfg);
+			if (step_diff(&a, &b, what, sizeof what))
+				fail_msg("%s, step %d, step_begin: %s (device_ops.c's last)",
+					 step_cfg_names[c], i, what);
+			hpu__elem_step_end(&a, cfg);
+			cpu->step_end(&b, cfg);
+			if (step_diff(&a, &b, what, sizeof what))
+				fail_msg("%s, step %d, step_end: %s (device_ops.c's last)",
+					 step_cfg_names[c], i, what);
+		}
+	}
+}
+
+/* A loss term's seed against device_ops.c's loss_seed on one element. */
+static void test_loss_seed(void **state)
+{
+	(void)state;
+	const double scales[] = {1.0, 65536.0, 24576.0, 3.0};
+	const int batches[] = {1, 7, 33, 96, 100};
+	for (size_t s = 0; s < sizeof scales / sizeof *scales; s++)
+		for (size_t b = 0; b < sizeof batches / sizeof *batches; b++)
+			for (int k = 0; k < 200; k++) {
+				hpu__dev_stepvars sv = {.loss_scale = scales[s]};
+				double sums[3] = {1.0, 2.0, 3.0};
+				if (k % 50 == 49)
+					sums[k % 3] = k % 2 ? NAN : -INFINITY;
+				float w = frand(2.0f), base = frand(1.0f);
+				float g = frand(1.0f), want = g;
+				float v = hpu__elem_loss_seed(sums, 3, w, base, batches[b], sv.loss_scale);
+				float got = g + v;
+				cpu->loss_seed(&want, 1, sums, 3, w, base, batches[b], &sv);
+				if (memcmp(&got, &want, 4) && !(got != got && want != want))
+					fail_msg("loss seed w %.9g base %.9g scale %g batch %d: %.9g, "
+						 "device_ops.c's %.9g",
+						 w, base, scales[s], batches[b], got, want);
+			}
+}
+
+/* The scalars the kernels make from hpu__dev_stepvars (hpu__elem_optk)
+ * against the host's (hpu__cuda_optk_of), the same operations in C, over
+ * t = 1 .. 20000 and learning rates of a schedule. */
+static void test_optk(void **state)
+{
+	(void)state;
+	const hpu__dev_optim kinds[] = {
+	    {.kind = HPU__DEV_SGD, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = 1},
+	    {.kind = HPU__DEV_ADAM, .weight_decay = 1e-2, .beta1 = 0.9, .beta2 = 0.999,
+	     .eps = 1e-8},
+	    {.kind = HPU__DEV_ADAMW, .weight_decay = 0.1, .beta1 = 0.8, .beta2 = 0.95,
+	     .eps = 1e-6},
+	};
+	for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+		for (long t = 1; t <= 20000; t++) {
+			hpu__dev_optim o = kinds[i];
+			o.t = t;
+			o.lr = 3e-4 * (1.0 + cos((double)t * 0.001));
+			o.gscale = 1.0f / (float)(t % 7 + 1);
+			hpu__cuda_optk a = hpu__elem_optk(&o, o.lr, o.t, o.gscale);
+			hpu__cuda_optk b = hpu__cuda_optk_of(&o);
+			if (memcmp(&a, &b, sizeof a))
+				fail_msg("optimizer %d at t %ld: the kernels' scalars differ from the "
+					 "host's (step %.9g and %.9g, inv_sqrt_bc2 %.9g and %.9g)",
+					 (int)o.kind, t, a.step, b.step, a.inv_sqrt_bc2, b.inv_sqrt_bc2);
+		}
+}
+
 /* ---- accuracy's arg-max ---- */
 
 /* A row's arg-max as the kernels find it with `threads` threads
@@ -298,6 +404,10 @@ int main(void)
 	    cmocka_unit_test(test_acc16),
 	    cmocka_unit_test(test_sumsq),
 	    cmocka_unit_test(test_optimizers),
+	    cmocka_unit_test(test_clip_factor),
+	    cmocka_unit_test(test_step_decisions),
+	    cmocka_unit_test(test_loss_seed),
+	    cmocka_unit_test(test_optk),
 	    cmocka_unit_test(test_argmax_nan),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "hpu/ops.h"
+#include "tests/unit/step_testlib.h"
 #include "worker/device/device.h"
 #include "worker/strategy/optim.h"
 #include "common/lowp.h"
@@ -268,6 +269,202 @@ static void test_nonfinite(void **state)
 	}
 }
 
+/* ---- the step's decisions on the device (hpu__dev_stepvars) ---- */
+
+static const size_t step_ns[] = {0, 1, 255, 257, 100003};
+
+/* flag_nonfinite(16) against nonfinite(16): with the flag at 0, it is 1
+ * exactly where the check answers 1; at 1 it stays 1 (never cleared).
+ * An Inf or NaN at the first, a middle and the last element in turn. */
+static void flag_case(size_t n, const float *g, int planted, const char *what)
+{
+	float *dg = dev_in(g, (n ? n : 1) * 4), *dflag = dev_in(NULL, 4), flag;
+	const float zero = 0.0f, one = 1.0f;
+	uint16_t *h = malloc((n ? n : 1) * 2);
+	int want = hpu__dev_nonfinite(dg, n);
+	assert_int_equal(want, planted);
+	hpu__dev_flag_nonfinite(dflag, dg, n);
+	hpu__dev_d2h(NULL, &flag, dflag, 4);
+	if (flag != (float)want)
+		fail_msg("flag_nonfinite n=%zu (%s): %g, nonfinite says %d", n, what, flag, want);
+	hpu__dev_h2d(NULL, dflag, &one, 4);
+	hpu__dev_flag_nonfinite(dflag, dg, n);
+	hpu__dev_d2h(NULL, &flag, dflag, 4);
+	if (flag != 1.0f)
+		fail_msg("flag_nonfinite n=%zu (%s) cleared a set flag: %g", n, what, flag);
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		for (size_t i = 0; i < n; i++)
+			h[i] = ref_to16(fp16, g[i]);
+		uint16_t *dh = dev_in(h, (n ? n : 1) * 2);
+		hpu__dev_h2d(NULL, dflag, &zero, 4);
+		want = hpu__dev_nonfinite16(fp16, dh, n);
+		hpu__dev_flag_nonfinite16(dflag, fp16, dh, n);
+		hpu__dev_d2h(NULL, &flag, dflag, 4);
+		if (flag != (float)want)
+			fail_msg("flag_nonfinite16 fp16=%d n=%zu (%s): %g, nonfinite16 says %d", fp16,
+				 n, what, flag, want);
+		hpu__dev_h2d(NULL, dflag, &one, 4);
+		hpu__dev_flag_nonfinite16(dflag, fp16, dh, n);
+		hpu__dev_d2h(NULL, &flag, dflag, 4);
+		if (flag != 1.0f)
+			fail_msg("flag_nonfinite16 fp16=%d n=%zu (%s) cleared a set flag", fp16, n,
+				 what);
+		hpu__dev_free(dh);
+	}
+	hpu__dev_free(dg);
+	hpu__dev_free(dflag);
+	free(h);
+}
+
+static void test_step_flags(void **state)
+{
+	(void)state;
+	const float bad[] = {NAN, INFINITY, -INFINITY};
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		for (size_t k = 0; k < sizeof step_ns / sizeof *step_ns; k++) {
+			size_t n = step_ns[k];
+			float *g = malloc((n ? n : 1) * 4);
+			values(g, n, 17, 1.0f);
+			flag_case(n, g, 0, "finite");
+			const size_t at[] = {0, n / 2, n ? n - 1 : 0};
+			for (int j = 0; j < 3 && n; j++) {
+				float keep = g[at[j]];
+				g[at[j]] = bad[j];
+				char what[64];
+				snprintf(what, sizeof what, "%g at %zu", bad[j], at[j]);
+				flag_case(n, g, 1, what);
+				g[at[j]] = keep;
+			}
+			free(g);
+		}
+		close_dev();
+	}
+}
+
+/* sumsq_add: acc + sumsq(g), the same double; sumsq16_add: sumsq16(acc). */
+static void test_sumsq_add(void **state)
+{
+	(void)state;
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		for (size_t k = 0; k < sizeof step_ns / sizeof *step_ns; k++) {
+			size_t n = step_ns[k];
+			float *g = malloc((n ? n : 1) * 4);
+			uint16_t *h = malloc((n ? n : 1) * 2);
+			values(g, n, 23, 5.0f);
+			float *dg = dev_in(g, (n ? n : 1) * 4), *scratch = dev_in(NULL, CHUNK * 4);
+			double acc = 0.3, want = acc + hpu__dev_sumsq(dg, n), got;
+			double *dacc = dev_in(&acc, 8);
+			hpu__dev_sumsq_add(dacc, dg, n);
+			dev_out(&got, dacc, 8);
+			if (memcmp(&got, &want, 8))
+				fail_msg("sumsq_add n=%zu: %.17g, acc + sumsq %.17g", n, got, want);
+			for (int fp16 = 0; fp16 < 2; fp16++) {
+				for (size_t i = 0; i < n; i++)
+					h[i] = ref_to16(fp16, g[i]);
+				uint16_t *dh = dev_in(h, (n ? n : 1) * 2);
+				want = hpu__dev_sumsq16(acc, fp16, dh, n, scratch, CHUNK);
+				dacc = dev_in(&acc, 8);
+				hpu__dev_sumsq16_add(dacc, fp16, dh, n, scratch, CHUNK);
+				dev_out(&got, dacc, 8);
+				if (memcmp(&got, &want, 8))
+					fail_msg("sumsq16_add fp16=%d n=%zu: %.17g, sumsq16 %.17g", fp16,
+						 n, got, want);
+				hpu__dev_free(dh);
+			}
+			hpu__dev_free(dg);
+			hpu__dev_free(scratch);
+			free(g);
+			free(h);
+		}
+		close_dev();
+	}
+}
+
+/* loss_seed: g[i] + weight * (float)(base * loss_scale) / (float)batch
+ * in fp32; NaN everywhere where a sum is Inf or NaN (first, middle, last). */
+static void test_loss_seed(void **state)
+{
+	(void)state;
+	const double sums_ok[5] = {1.5, -2.25, 1e300, 0.0, 3.0};
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		for (size_t k = 0; k < sizeof step_ns / sizeof *step_ns; k++) {
+			size_t n = step_ns[k];
+			float *g = malloc((n ? n : 1) * 4), *got = malloc((n ? n : 1) * 4);
+			values(g, n, 31, 2.0f);
+			hpu__dev_stepvars sv = {.loss_scale = 24576.0};
+			hpu__dev_stepvars *dsv = dev_in(&sv, sizeof sv);
+			for (int bad = -1; bad < 3; bad++) {
+				double sums[5];
+				memcpy(sums, sums_ok, sizeof sums);
+				if (bad >= 0)
+					sums[bad == 0 ? 0 : bad == 1 ? 2 : 4] = bad == 1 ? NAN : -INFINITY;
+				double *dsums = dev_in(sums, sizeof sums);
+				float *dg = dev_in(g, (n ? n : 1) * 4);
+				/* values where w * (s / batch) would round otherwise */
+				const float w = 0.3f, base = 0.37f;
+				const int batch = 33;
+				hpu__dev_loss_seed(dg, n, dsums, 5, w, base, batch, dsv);
+				dev_out(got, dg, (n ? n : 1) * 4); /* (frees dg) */
+				float s = (float)((double)base * sv.loss_scale);
+				float v = bad >= 0 ? NAN : w * s / (float)batch;
+				for (size_t i = 0; i < n; i++) {
+					float want = g[i] + v;
+					if (bad >= 0 ? !isnan(got[i]) : memcmp(&got[i], &want, 4))
+						fail_msg("loss_seed n=%zu (bad sum %d) at %zu: %.9g, not %.9g",
+							 n, bad, i, got[i], want);
+				}
+				hpu__dev_free(dsums);
+			}
+			hpu__dev_free(dsv);
+			free(g);
+			free(got);
+		}
+		close_dev();
+	}
+}
+
+/* step_begin and step_end over the script against the host's arithmetic
+ * (step_testlib.c), the block in device memory, after each op. */
+static void test_step_script(void **state)
+{
+	(void)state;
+	char what[160];
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		for (int c = 0; c < STEP_NCFG; c++) {
+			const hpu__dev_stepcfg *cfg = &step_cfgs[c];
+			hpu__dev_stepvars ref, got;
+			step_init(&ref, cfg);
+			hpu__dev_stepvars *dsv = dev_in(&ref, sizeof ref);
+			for (int i = 0; i < STEP_NSTEPS; i++) {
+				step_inputs(&ref, cfg, i); /* as the flags and sumsq_add leave them */
+				hpu__dev_h2d(NULL, &dsv->bad, &ref.bad, sizeof ref.bad);
+				hpu__dev_h2d(NULL, &dsv->sumsq, &ref.sumsq, sizeof ref.sumsq);
+				step_ref_begin(&ref, cfg);
+				hpu__dev_step_begin(dsv, cfg);
+				hpu__dev_d2h(NULL, &got, dsv, sizeof got);
+				if (step_diff(&got, &ref, what, sizeof what))
+					fail_msg("%s, step %d, step_begin: %s (the host's last)",
+						 step_cfg_names[c], i, what);
+				step_ref_end(&ref, cfg);
+				hpu__dev_step_end(dsv, cfg);
+				hpu__dev_d2h(NULL, &got, dsv, sizeof got);
+				if (step_diff(&got, &ref, what, sizeof what))
+					fail_msg("%s, step %d, step_end: %s (the host's last)",
+						 step_cfg_names[c], i, what);
+			}
+			/* the script did what it is for */
+			if (cfg->fp16 && cfg->dynamic)
+				assert_true(ref.skipped == 6 && ref.t == STEP_NSTEPS - 6);
+			hpu__dev_free(dsv);
+		}
+		close_dev();
+	}
+}
+
 /* ---- the optimizers: torch's formulas, in fp32, scalars in double ---- */
 
 static void ref_step(const hpu_train_opts *o, long t, float *p, const float *g, float *m,
@@ -393,6 +590,93 @@ static void test_optim(void **state)
 			assert_memory_equal(p16, ref_p16, sizeof p16);
 			close_dev();
 		}
+}
+
+/* The optimizer with sv (hpu__dev_stepvars in device memory): lr, t and
+ * gscale read from it give what the same values given by value give, bit
+ * for bit (the values by value beside sv are wrong on purpose: they must
+ * not be read); a step sv skips leaves p, m, v and p16 as they were. */
+static void optim_sv_case(hpu__dev_optkind kind, double momentum, int g16, int fp16)
+{
+	enum { M = 257 };
+	float p0[M], g[M], p[2][M], st[2][2 * M];
+	uint16_t gh[M], p16[2][M];
+	values(p0, M, 41, 1.0f);
+	values(g, M, 42, 0.2f);
+	for (size_t i = 0; i < M; i++)
+		gh[i] = ref_to16(fp16, g[i]);
+	float *dp[2], *dst[2], *dg = dev_in(g, sizeof g), *scratch = dev_in(NULL, 100 * 4);
+	uint16_t *dp16[2], *dgh = dev_in(gh, sizeof gh);
+	for (int k = 0; k < 2; k++) {
+		dp[k] = dev_in(p0, sizeof p0);
+		dst[k] = dev_in(NULL, sizeof st[0]);
+		dp16[k] = dev_in(NULL, sizeof p16[0]);
+	}
+	hpu__dev_stepvars sv = {0};
+	hpu__dev_stepvars *dsv = dev_in(&sv, sizeof sv);
+	const hpu__dev_optim base = {.kind = kind, .momentum = momentum, .weight_decay = 0.01,
+				     .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+	for (int step = 1; step <= 4; step++) {
+		hpu__dev_optim val = base, vars = base;
+		sv.skip = step == 3;
+		sv.t = step < 3 ? step : step - 1;
+		sv.lr = 0.01 / step;
+		sv.gscale = 0.5f + 0.125f * (float)step;
+		hpu__dev_h2d(NULL, dsv, &sv, sizeof sv);
+		val.t = sv.t, val.lr = sv.lr, val.gscale = sv.gscale;
+		vars.t = 99, vars.lr = 5.0, vars.gscale = 3.0f, vars.sv = dsv;
+		float before[2 * M + M];
+		hpu__dev_d2h(NULL, before, dp[1], sizeof p0);
+		hpu__dev_d2h(NULL, before + M, dst[1], sizeof st[0]);
+		for (int k = 0; k < 2; k++) {
+			const hpu__dev_optim *o = k ? &vars : &val;
+			if (k == 0 && sv.skip)
+				continue;
+			if (g16)
+				hpu__dev_optim_update16(o, fp16, dp[k], dgh, dp16[k], dst[k],
+							dst[k] + M, M, scratch, 100);
+			else
+				hpu__dev_optim_update(o, dp[k], dg, dst[k], dst[k] + M, M);
+		}
+		for (int k = 0; k < 2; k++) {
+			hpu__dev_d2h(NULL, p[k], dp[k], sizeof p[k]);
+			hpu__dev_d2h(NULL, st[k], dst[k], sizeof st[k]);
+			hpu__dev_d2h(NULL, p16[k], dp16[k], sizeof p16[k]);
+		}
+		if (sv.skip && (memcmp(p[1], before, sizeof p[1]) ||
+				memcmp(st[1], before + M, sizeof st[1])))
+			fail_msg("optim kind %d g16 %d: a skipped step changed p, m or v", kind, g16);
+		if (memcmp(p[0], p[1], sizeof p[0]) || memcmp(st[0], st[1], sizeof st[0]) ||
+		    (g16 && memcmp(p16[0], p16[1], sizeof p16[0])))
+			fail_msg("optim kind %d g16 %d fp16 %d, step %d: with sv, not by value's "
+				 "(p[0] %.9g and %.9g)",
+				 kind, g16, fp16, step, p[1][0], p[0][0]);
+	}
+	for (int k = 0; k < 2; k++) {
+		hpu__dev_free(dp[k]);
+		hpu__dev_free(dst[k]);
+		hpu__dev_free(dp16[k]);
+	}
+	hpu__dev_free(dg);
+	hpu__dev_free(dgh);
+	hpu__dev_free(scratch);
+	hpu__dev_free(dsv);
+}
+
+static void test_optim_sv(void **state)
+{
+	(void)state;
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		for (int g16 = 0; g16 < 2; g16++)
+			for (int fp16 = 0; fp16 <= g16; fp16++) {
+				optim_sv_case(HPU__DEV_SGD, 0.0, g16, fp16);
+				optim_sv_case(HPU__DEV_SGD, 0.9, g16, fp16);
+				optim_sv_case(HPU__DEV_ADAM, 0.0, g16, fp16);
+				optim_sv_case(HPU__DEV_ADAMW, 0.0, g16, fp16);
+			}
+		close_dev();
+	}
 }
 
 /* The optimizer's public step on strict device memory, no device call
@@ -551,6 +835,11 @@ int main(void)
 		cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_nonfinite),
 		cmocka_unit_test(test_optim),
+		cmocka_unit_test(test_step_flags),
+		cmocka_unit_test(test_sumsq_add),
+		cmocka_unit_test(test_loss_seed),
+		cmocka_unit_test(test_step_script),
+		cmocka_unit_test(test_optim_sv),
 		cmocka_unit_test(test_dropout_embedding_xent),
 		cmocka_unit_test(test_caps),
 	};

@@ -26,7 +26,10 @@
  * later point of the same stream: longer, never too short.
  *
  * The runtime ops run on the compute stream as kernels of cuda_rt.cu;
- * those that answer a value (sums, checks) copy it back and wait.
+ * those that answer a value (sums, checks) copy it back and wait. The
+ * step's decisions (flag_nonfinite to step_end, the optimizer with
+ * hpu__dev_stepvars) never do: they only queue kernels, so that a
+ * recorded step holds them.
  *
  * Collectives between the workers of one node on device memory, over
  * CUDA IPC: cuda_coll.c. */
@@ -49,6 +52,9 @@
 #endif
 
 #define RING 16 /* events per queue */
+/* sumsq_add's parts summed per batch (doubles; 512 KiB, made at set-up:
+ * nothing is allocated inside a step) */
+#define SQ_PARTS 65536
 
 struct hpu__dev_queue {
 	cudaStream_t s;
@@ -66,6 +72,7 @@ static struct {
 	void *dres;         /* device: flags, counts, partial sums */
 	void *hres;         /* pinned host: their copy */
 	size_t rescap;      /* bytes of each */
+	double *sq;         /* device: sumsq_add's parts (SQ_PARTS) and running total */
 	cudaEvent_t zeroed; /* after the last zeroing on the compute stream */
 	uint64_t zero_seq;  /* zeroings so far */
 	int gen;            /* set-ups so far */
@@ -365,6 +372,13 @@ static int setup_core(int rank, char *err, size_t errlen)
 		cudaStreamDestroy(s);
 		return fail(err, errlen, "creating events", e);
 	}
+	if ((e = cudaMalloc((void **)&C.sq, (SQ_PARTS + 1) * sizeof(double))) != cudaSuccess) {
+		C.sq = NULL;
+		cudaEventDestroy(C.zeroed);
+		queue_fini(&C.compute);
+		cudaStreamDestroy(s);
+		return fail(err, errlen, "allocating the sums' scratch", e);
+	}
 	C.zero_seq = 0;
 	C.gen++;
 	C.up = 1;
@@ -405,7 +419,10 @@ static void cuda_teardown(void)
 		cudaFree(C.dres);
 	if (C.hres)
 		cudaFreeHost(C.hres);
+	if (C.sq)
+		cudaFree(C.sq);
 	C.dres = C.hres = NULL;
+	C.sq = NULL;
 	C.rescap = 0;
 	C.up = 0;
 }
@@ -642,6 +659,10 @@ static long rt_count_nonfinite16(const uint16_t *v, size_t n)
 static void rt_optim(const hpu__dev_optim *o, float *p, const float *g, float *m, float *v,
 		     size_t n)
 {
+	if (n && o->sv) {
+		K(hpu__cuda_k_optim_sv(S, o, p, g, NULL, 0, NULL, m, v, n), "optim");
+		return;
+	}
 	hpu__cuda_optk k = hpu__cuda_optk_of(o);
 	if (n)
 		K(hpu__cuda_k_optim(S, &k, p, g, NULL, 0, NULL, m, v, n), "optim");
@@ -654,9 +675,77 @@ static void rt_optim16(const hpu__dev_optim *o, int fp16, float *p, const uint16
 {
 	(void)scratch;
 	(void)chunk;
+	if (n && o->sv) {
+		K(hpu__cuda_k_optim_sv(S, o, p, NULL, g16, fp16, p16, m, v, n), "optim16");
+		return;
+	}
 	hpu__cuda_optk k = hpu__cuda_optk_of(o);
 	if (n)
 		K(hpu__cuda_k_optim(S, &k, p, NULL, g16, fp16, p16, m, v, n), "optim16");
+}
+
+/* ---- the step's decisions: kernels only, nothing comes back ----
+ * No wait, no copy to the host, no allocation: a CUDA graph records
+ * them (a failed call is fatal, as K's everywhere here). */
+
+static void rt_flag_nonfinite(float *flag, const float *g, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_flag_nonfinite(S, flag, g, n), "flag_nonfinite");
+}
+
+static void rt_flag_nonfinite16(float *flag, int fp16, const uint16_t *g, size_t n)
+{
+	if (n)
+		K(hpu__cuda_k_flag_nonfinite16(S, flag, fp16, g, n), "flag_nonfinite16");
+}
+
+/* *acc += rt_sumsq(g, n), the same double: the parts SQ_PARTS at a time
+ * into C.sq, each batch added in order onto the last's total (kept in
+ * C.sq[SQ_PARTS]), the last batch's onto *acc. C.mu keeps another
+ * thread's batches out of C.sq until the last fold is queued. */
+static void rt_sumsq_add(double *acc, const float *g, size_t n)
+{
+	const size_t parts = n / HPU_SUMSQ_BLOCK + 1;
+	pthread_mutex_lock(&C.mu);
+	for (size_t b0 = 0; b0 < parts; b0 += SQ_PARTS) {
+		size_t count = parts - b0 < SQ_PARTS ? parts - b0 : SQ_PARTS;
+		int last = b0 + count == parts;
+		K(hpu__cuda_k_sumsq_parts_at(S, g, n, b0, count, C.sq), "sumsq_add");
+		K(hpu__cuda_k_sumsq_fold(S, C.sq, count, C.sq + SQ_PARTS, b0 == 0,
+					 last ? acc : NULL),
+		  "sumsq_add");
+	}
+	pthread_mutex_unlock(&C.mu);
+}
+
+/* rt_sumsq16's chunks, each added onto *acc as it goes. */
+static void rt_sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, float *scratch,
+			   size_t chunk)
+{
+	for (size_t i = 0; i < n; i += chunk) {
+		size_t c = n - i < chunk ? n - i : chunk;
+		rt_from16(fp16, scratch, g + i, c);
+		rt_sumsq_add(acc, scratch, c);
+	}
+}
+
+static void rt_loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
+			 float base, int batch, const hpu__dev_stepvars *sv)
+{
+	if (n)
+		K(hpu__cuda_k_loss_seed(S, g, n, sums, nsums, weight, base, batch, sv),
+		  "loss_seed");
+}
+
+static void rt_step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	K(hpu__cuda_k_step_begin(S, sv, c), "step_begin");
+}
+
+static void rt_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	K(hpu__cuda_k_step_end(S, sv, c), "step_end");
 }
 
 static const hpu__dev_rtops rtops = {
@@ -676,6 +765,13 @@ static const hpu__dev_rtops rtops = {
     .count_nonfinite16 = rt_count_nonfinite16,
     .optim = rt_optim,
     .optim16 = rt_optim16,
+    .flag_nonfinite = rt_flag_nonfinite,
+    .flag_nonfinite16 = rt_flag_nonfinite16,
+    .sumsq_add = rt_sumsq_add,
+    .sumsq16_add = rt_sumsq16_add,
+    .loss_seed = rt_loss_seed,
+    .step_begin = rt_step_begin,
+    .step_end = rt_step_end,
 };
 
 /* ---- the tables and the entries ---- */

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "worker/device/device.h"
+
 #ifdef __CUDACC__
 #define HPU_ELEM __device__ static inline
 #define E_ADD(a, b) __fadd_rn(a, b)
@@ -21,7 +23,12 @@
 #define E_DIV(a, b) __fdiv_rn(a, b)
 #define E_SQRT(a) __fsqrt_rn(a)
 #define E_DADD(a, b) __dadd_rn(a, b)
+#define E_DSUB(a, b) __dsub_rn(a, b)
 #define E_DMUL(a, b) __dmul_rn(a, b)
+#define E_DDIV(a, b) __ddiv_rn(a, b)
+#define E_DSQRT(a) __dsqrt_rn(a)
+#define E_POW(a, b) pow(a, b) /* CUDA's: within 2 ulp, not glibc's */
+#define E_DFINITE(a) isfinite(a)
 #define E_BITS(f) __float_as_uint(f)
 #define E_FLOAT(u) __uint_as_float(u)
 #else
@@ -34,7 +41,12 @@
 #define E_DIV(a, b) ((a) / (b))
 #define E_SQRT(a) sqrtf(a)
 #define E_DADD(a, b) ((a) + (b))
+#define E_DSUB(a, b) ((a) - (b))
 #define E_DMUL(a, b) ((a) * (b))
+#define E_DDIV(a, b) ((a) / (b))
+#define E_DSQRT(a) sqrt(a)
+#define E_POW(a, b) pow(a, b)
+#define E_DFINITE(a) isfinite(a)
 #define E_BITS(f) hpu__elem_bits(f)
 #define E_FLOAT(u) hpu__elem_float(u)
 static inline uint32_t hpu__elem_bits(float f)
@@ -217,9 +229,110 @@ HPU_ELEM int hpu__elem_argmax_takes(float v, float best, int have)
 {
 	return v == v && (!have || v > best);
 }
-#ifndef __CUDACC__
-#include "worker/device/device.h"
+/* ---- the step's decisions (device.h's hpu__dev_stepvars) ----
+ * device_ops.c's step_begin, step_end and loss_seed, operation for
+ * operation, on the block in place (one thread on the GPU). Only IEEE
+ * operations (sqrt, division, fmax): the GPU's match the CPU's bit for
+ * bit. */
 
+/* device.h's hpu__dev_clip_factor. */
+HPU_ELEM float hpu__elem_clip_factor(double norm, double max_norm)
+{
+	float denom = E_ADD((float)norm, (float)1e-6);
+	float coef = E_MUL(E_DIV(1.0f, denom), (float)max_norm);
+	return coef > 1.0f ? 1.0f : coef;
+}
+
+HPU_ELEM void hpu__elem_step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	sv->skip = sv->bad > 0;
+	sv->norm = 0;
+	if (sv->skip)
+		return;
+	sv->t++;
+	float gscale = c->fp16 ? (float)E_DDIV(1.0, sv->loss_scale) : 1.0f;
+	if (c->clip_norm > 0) {
+		double norm = E_DSQRT(sv->sumsq);
+		if (c->fp16)
+			norm = E_DDIV(norm, sv->loss_scale);
+		sv->norm = norm;
+		gscale = E_MUL(gscale, hpu__elem_clip_factor(norm, c->clip_norm));
+	}
+	sv->gscale = gscale;
+}
+
+/* DeepSpeed's DynamicLossScaler (strategy_mp.c's update_scale). */
+HPU_ELEM void hpu__elem_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	if (c->mixed) {
+		if (c->fp16 && c->dynamic) {
+			if (sv->skip) {
+				if (c->hysteresis == 1 || sv->hyst_left == 1)
+					sv->loss_scale = fmax(E_DDIV(sv->loss_scale, 2.0), c->min_scale);
+				else
+					sv->hyst_left--;
+				sv->last_overflow = sv->step_no;
+			} else if ((sv->step_no - sv->last_overflow) % c->window == 0) {
+				sv->hyst_left = c->hysteresis;
+				sv->loss_scale = E_DMUL(sv->loss_scale, 2.0);
+			}
+		}
+		sv->step_no++;
+		sv->skipped += sv->skip;
+	}
+	sv->bad = 0;
+	sv->sumsq = 0;
+}
+
+/* A loss term's seed (device_ops.c's loss_seed): weight * s / batch in
+ * fp32, s = (float)(base * loss_scale); NaN where a sum is not finite. */
+HPU_ELEM float hpu__elem_loss_seed(const double *sums, int nsums, float weight, float base,
+				   int batch, double loss_scale)
+{
+	int finite = 1;
+	for (int k = 0; k < nsums; k++)
+		finite &= E_DFINITE(sums[k]) != 0;
+	float s = (float)E_DMUL((double)base, loss_scale);
+	return finite ? E_DIV(E_MUL(weight, s), (float)batch) : E_FLOAT(0x7fc00000u);
+}
+
+/* The scalars of one pass (hpu__cuda_optk_of's arithmetic) from o's
+ * constants and the step's lr, t and gscale: on the GPU where they are
+ * device memory (o->sv). pow is the one operation not IEEE-exact: CUDA's
+ * is within 2 ulp in double, so Adam's step and inv_sqrt_bc2 may, in
+ * rare cases, round to a neighbouring float there. */
+HPU_ELEM hpu__cuda_optk hpu__elem_optk(const hpu__dev_optim *o, double lr, long t_, float gscale)
+{
+	hpu__cuda_optk k;
+	k.adam = k.l2 = k.first = k.nesterov = 0;
+	k.lr = k.mu = k.wd = 0.0f;
+	k.b1 = k.b2 = k.c1 = k.c2 = k.decay = k.step = k.inv_sqrt_bc2 = k.eps = 0.0f;
+	k.gscale = gscale;
+	if (o->kind == HPU__DEV_SGD) {
+		k.lr = (float)lr;
+		k.mu = (float)o->momentum;
+		k.wd = (float)o->weight_decay;
+		k.first = t_ == 1;
+		k.nesterov = o->nesterov;
+		return k;
+	}
+	const int l2 = o->kind == HPU__DEV_ADAM;
+	const double t = (double)t_;
+	k.adam = 1;
+	k.l2 = l2;
+	k.b1 = (float)o->beta1;
+	k.b2 = (float)o->beta2;
+	k.c1 = (float)E_DSUB(1.0, o->beta1);
+	k.c2 = (float)E_DSUB(1.0, o->beta2);
+	k.decay = l2 ? 1.0f : (float)E_DSUB(1.0, E_DMUL(lr, o->weight_decay));
+	k.wd = l2 ? (float)o->weight_decay : 0.0f;
+	k.step = (float)E_DDIV(lr, E_DSUB(1.0, E_POW(o->beta1, t)));
+	k.inv_sqrt_bc2 = (float)E_DDIV(1.0, E_DSQRT(E_DSUB(1.0, E_POW(o->beta2, t))));
+	k.eps = (float)o->eps;
+	return k;
+}
+
+#ifndef __CUDACC__
 /* device_ops.c's scalars of one step, computed the same way (host). */
 static inline hpu__cuda_optk hpu__cuda_optk_of(const hpu__dev_optim *o)
 {

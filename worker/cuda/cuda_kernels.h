@@ -50,6 +50,35 @@ cudaError_t hpu__cuda_k_count_nonfinite16(cudaStream_t s, const uint16_t *v, siz
 cudaError_t hpu__cuda_k_optim(cudaStream_t s, const hpu__cuda_optk *k, float *p, const float *g,
 			      const uint16_t *g16, int fp16, uint16_t *p16, float *m, float *v,
 			      size_t n);
+/* The same pass with lr, t and gscale read from o->sv (device memory) on
+ * the device, the other scalars o's; none where sv->skip is set. */
+cudaError_t hpu__cuda_k_optim_sv(cudaStream_t s, const hpu__dev_optim *o, float *p,
+				 const float *g, const uint16_t *g16, int fp16, uint16_t *p16,
+				 float *m, float *v, size_t n);
+
+/* The step's decisions (device.h's hpu__dev_rtops, flag_nonfinite to
+ * step_end): kernels only, nothing read back. */
+/* flag[0] = 1.0f where g[n] holds an Inf or NaN (else left as it is) */
+cudaError_t hpu__cuda_k_flag_nonfinite(cudaStream_t s, float *flag, const float *g, size_t n);
+cudaError_t hpu__cuda_k_flag_nonfinite16(cudaStream_t s, float *flag, int fp16,
+					 const uint16_t *g, size_t n);
+/* part[0, count) = parts b0 .. b0 + count - 1 of g[n]'s sum of squares
+ * (hpu__elem_sumsq_part; n / 256 + 1 parts in all) */
+cudaError_t hpu__cuda_k_sumsq_parts_at(cudaStream_t s, const float *g, size_t n, size_t b0,
+				       size_t count, double *part);
+/* One thread adds part[count] in order onto 0 (first) or *total; then
+ * *acc += that where acc != NULL, else it is kept in *total. */
+cudaError_t hpu__cuda_k_sumsq_fold(cudaStream_t s, const double *part, size_t count,
+				   double *total, int first, double *acc);
+/* g[n] += hpu__elem_loss_seed(sums, ..., sv->loss_scale) */
+cudaError_t hpu__cuda_k_loss_seed(cudaStream_t s, float *g, size_t n, const double *sums,
+				  int nsums, float weight, float base, int batch,
+				  const hpu__dev_stepvars *sv);
+/* One thread each: hpu__elem_step_begin, hpu__elem_step_end on sv (*c
+ * passed by value). */
+cudaError_t hpu__cuda_k_step_begin(cudaStream_t s, hpu__dev_stepvars *sv,
+				   const hpu__dev_stepcfg *c);
+cudaError_t hpu__cuda_k_step_end(cudaStream_t s, hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 
 #ifdef __cplusplus
 }

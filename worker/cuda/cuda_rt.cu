@@ -123,17 +123,107 @@ __global__ static void k_count_nonfinite16(const uint16_t *v, size_t n, unsigned
 
 /* ---- the optimizers ---- */
 
-__global__ static void k_optim(hpu__cuda_optk k, float *p, const float *g, const uint16_t *g16,
-			       int fp16, uint16_t *p16, float *m, float *v, size_t n)
+__device__ static void optim_pass(const hpu__cuda_optk *k, float *p, const float *g,
+				  const uint16_t *g16, int fp16, uint16_t *p16, float *m, float *v,
+				  size_t n)
 {
 	FOR_EACH(i, n)
 	{
 		float gr = g16 ? hpu__elem_from16(fp16, g16[i]) : g[i];
-		float r = hpu__elem_optim(&k, p[i], gr, m ? m + i : nullptr, v ? v + i : nullptr);
+		float r = hpu__elem_optim(k, p[i], gr, m ? m + i : nullptr, v ? v + i : nullptr);
 		p[i] = r;
 		if (p16)
 			p16[i] = hpu__elem_to16(fp16, r);
 	}
+}
+
+__global__ static void k_optim(hpu__cuda_optk k, float *p, const float *g, const uint16_t *g16,
+			       int fp16, uint16_t *p16, float *m, float *v, size_t n)
+{
+	optim_pass(&k, p, g, g16, fp16, p16, m, v, n);
+}
+
+/* The same pass with lr, t and gscale read from o.sv (device memory):
+ * each block's first thread makes the scalars once, in shared memory;
+ * nothing at all where sv says the step is skipped. */
+__global__ static void k_optim_sv(hpu__dev_optim o, float *p, const float *g,
+				  const uint16_t *g16, int fp16, uint16_t *p16, float *m, float *v,
+				  size_t n)
+{
+	__shared__ hpu__cuda_optk k;
+	__shared__ int skip;
+	if (threadIdx.x == 0) {
+		skip = o.sv->skip;
+		if (!skip)
+			k = hpu__elem_optk(&o, o.sv->lr, o.sv->t, o.sv->gscale);
+	}
+	__syncthreads();
+	if (!skip)
+		optim_pass(&k, p, g, g16, fp16, p16, m, v, n);
+}
+
+/* ---- the step's decisions (hpu__dev_stepvars) ---- */
+
+/* *flag = 1 where g[n] holds an Inf or NaN: only ever 1 is written. */
+__global__ static void k_flag_nonfinite(float *flag, const float *g, size_t n)
+{
+	unsigned bad = 0;
+	FOR_EACH(i, n)
+	bad |= hpu__elem_nonfinite(g[i]);
+	if (bad)
+		*flag = 1.0f;
+}
+
+__global__ static void k_flag_nonfinite16(float *flag, int fp16, const uint16_t *h, size_t n)
+{
+	const uint16_t mask = fp16 ? 0x7c00 : 0x7f80;
+	unsigned bad = 0;
+	FOR_EACH(i, n)
+	bad |= (h[i] & mask) == mask;
+	if (bad)
+		*flag = 1.0f;
+}
+
+/* part[b - b0] = part b of g[n]'s sum of squares, b in [b0, b0 + count). */
+__global__ static void k_sumsq_parts_at(const float *g, size_t n, size_t b0, size_t count,
+					double *part)
+{
+	FOR_EACH(b, count)
+	part[b] = hpu__elem_sumsq_part(g, n, b0 + b);
+}
+
+/* One thread: t = (first ? 0 : *total) + part[0] + part[1] + ... in
+ * order (rt_sumsq's host loop); then *acc += t where acc is given (the
+ * last batch), else *total = t. */
+__global__ static void k_sumsq_fold(const double *part, size_t count, double *total, int first,
+				    double *acc)
+{
+	double t = first ? 0.0 : *total;
+	for (size_t b = 0; b < count; b++)
+		t = E_DADD(t, part[b]);
+	if (acc)
+		*acc = E_DADD(*acc, t);
+	else
+		*total = t;
+}
+
+__global__ static void k_loss_seed(float *g, size_t n, const double *sums, int nsums,
+				   float weight, float base, int batch,
+				   const hpu__dev_stepvars *sv)
+{
+	const float v = hpu__elem_loss_seed(sums, nsums, weight, base, batch, sv->loss_scale);
+	FOR_EACH(i, n)
+	g[i] = E_ADD(g[i], v);
+}
+
+__global__ static void k_step_begin(hpu__dev_stepvars *sv, hpu__dev_stepcfg c)
+{
+	hpu__elem_step_begin(sv, &c);
+}
+
+__global__ static void k_step_end(hpu__dev_stepvars *sv, hpu__dev_stepcfg c)
+{
+	hpu__elem_step_end(sv, &c);
 }
 
 /* ---- launches ---- */
@@ -222,5 +312,56 @@ cudaError_t hpu__cuda_k_optim(cudaStream_t s, const hpu__cuda_optk *k, float *p,
 			      size_t n)
 {
 	LAUNCH(k_optim, n, s, *k, p, g, g16, fp16, p16, m, v, n);
+}
+
+cudaError_t hpu__cuda_k_optim_sv(cudaStream_t s, const hpu__dev_optim *o, float *p,
+				 const float *g, const uint16_t *g16, int fp16, uint16_t *p16,
+				 float *m, float *v, size_t n)
+{
+	LAUNCH(k_optim_sv, n, s, *o, p, g, g16, fp16, p16, m, v, n);
+}
+
+cudaError_t hpu__cuda_k_flag_nonfinite(cudaStream_t s, float *flag, const float *g, size_t n)
+{
+	LAUNCH(k_flag_nonfinite, n, s, flag, g, n);
+}
+
+cudaError_t hpu__cuda_k_flag_nonfinite16(cudaStream_t s, float *flag, int fp16,
+					 const uint16_t *g, size_t n)
+{
+	LAUNCH(k_flag_nonfinite16, n, s, flag, fp16, g, n);
+}
+
+cudaError_t hpu__cuda_k_sumsq_parts_at(cudaStream_t s, const float *g, size_t n, size_t b0,
+				       size_t count, double *part)
+{
+	LAUNCH(k_sumsq_parts_at, count, s, g, n, b0, count, part);
+}
+
+cudaError_t hpu__cuda_k_sumsq_fold(cudaStream_t s, const double *part, size_t count,
+				   double *total, int first, double *acc)
+{
+	k_sumsq_fold<<<1, 1, 0, s>>>(part, count, total, first, acc);
+	return cudaGetLastError();
+}
+
+cudaError_t hpu__cuda_k_loss_seed(cudaStream_t s, float *g, size_t n, const double *sums,
+				  int nsums, float weight, float base, int batch,
+				  const hpu__dev_stepvars *sv)
+{
+	LAUNCH(k_loss_seed, n, s, g, n, sums, nsums, weight, base, batch, sv);
+}
+
+cudaError_t hpu__cuda_k_step_begin(cudaStream_t s, hpu__dev_stepvars *sv,
+				   const hpu__dev_stepcfg *c)
+{
+	k_step_begin<<<1, 1, 0, s>>>(sv, *c);
+	return cudaGetLastError();
+}
+
+cudaError_t hpu__cuda_k_step_end(cudaStream_t s, hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
+{
+	k_step_end<<<1, 1, 0, s>>>(sv, *c);
+	return cudaGetLastError();
 }
 }
