@@ -209,6 +209,10 @@ typedef struct hpu__dev_config {
 	uint64_t memory_limit; /* --device-memory where given; 0: not given */
 	int allow_tf32;        /* --allow-tf32: fp32 GEMMs and convolutions may
 				* run on TF32 tensor cores */
+	int graphs;            /* --graphs: steps will be recorded
+				* (hpu__dev_capture_begin); on cpu-strict the
+				* ops then run on its kernels-only table, as
+				* HPU_STRICT_KERNELS=1 */
 } hpu__dev_config;
 
 /* Collectives between the ranks of one node on device memory (the CUDA
@@ -497,6 +501,70 @@ int hpu__dev_group_all_reduce(hpu__dev_group *g, const void *send, void *recv, s
 			      hpu__dev_dtype dt);
 /* Closes *g (NULL is fine) and sets it to NULL. */
 void hpu__dev_group_close(hpu__dev_group **g);
+
+/* ---- recording a step and replaying it (--graphs, issue 36) ----
+ *
+ * Between hpu__dev_capture_begin and hpu__dev_capture_end the calling
+ * thread's device work is recorded, not run, as CUDA's stream capture
+ * records a stream: every kernel-table call, runtime op (hpu__dev_rtops),
+ * copy and fill, and the device's own collectives, with its arguments as
+ * they are at the call: device pointers, scalars, and the contents of
+ * host structs and arrays passed by pointer (an hpu__gemm, a
+ * convolution's shape), copied; a copy from host memory reads that
+ * memory when the graph runs (the pinned block the runtime rewrites
+ * before each launch: the learning rate, the batch). A launch then runs
+ * the recorded work in order. The CUDA device records with CUDA's
+ * stream capture into a CUDA graph; the CPU's twin (cpu-strict, on its
+ * kernels-only table: every access to device memory is a table call)
+ * keeps the calls in a list.
+ *
+ * What cannot be recorded makes the recording fail, not the worker:
+ * anything that brings a value back to the host (a copy into host
+ * memory, an op that returns a value, a wait), a table call that writes
+ * host memory or whose kernels take host values that change every step
+ * (dropout's keys), the libhpucoll collectives the strategy runs through
+ * the host (hpu__dev_capture_refuse), a failed CUDA call. The call does
+ * nothing (a value-returning op returns 0), the first reason is kept,
+ * and hpu__dev_capture_end answers it: nothing of the step ran, and the
+ * caller runs the step again eagerly.
+ *
+ * Memory: device memory allocated while recording, and device memory
+ * freed while recording, stays reserved for the graph (devmem does not
+ * hand it out again) until hpu__dev_graph_free, even where its owner
+ * frees it later: the graph's kernels keep the addresses they recorded.
+ *
+ * One recording at a time, on the thread that runs the step. */
+typedef struct hpu__dev_graph hpu__dev_graph;
+
+/* Starts recording. 0, or -1 with a sentence in err (the device cannot
+ * record: caps.can_capture 0, cpu-strict without --graphs' kernels-only
+ * table; or a recording is under way). */
+int hpu__dev_capture_begin(char *err, size_t errlen);
+
+/* 1 while this thread records. */
+int hpu__dev_capturing(void);
+
+/* The caller (the strategy, the runtime) met something the recording
+ * cannot hold: the recording fails with this reason (the first one
+ * given is kept). Nothing happens when not recording. */
+void hpu__dev_capture_refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Ends the recording: 0 and *out the graph (its nodes counted), or 1,
+ * *out NULL and the first reason in why, one sentence naming the call
+ * ("hpu__dev_d2h: a copy into host memory"); nothing was run either way.
+ * -1 with why where the device failed otherwise. */
+int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen);
+
+/* Runs g's recorded work once, in order (issued on the default queue).
+ * 0, or -1 with a sentence in err. */
+int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen);
+
+/* The calls g holds (kernels, ops, copies, fills). */
+size_t hpu__dev_graph_nodes(const hpu__dev_graph *g);
+
+/* Frees *g (NULL is fine) and gives devmem back the memory kept for it;
+ * sets *g to NULL. */
+void hpu__dev_graph_free(hpu__dev_graph **g);
 
 /* Bytes copied host->device and device->host since the device opened. */
 void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h);
