@@ -386,6 +386,23 @@ static uint64_t bytes_sent(loop *L)
 	return st.bytes_sent;
 }
 
+/* HPU_STRICT_STEP=1: the training steps are recordable (nothing comes
+ * back to the host inside one; the ops' checks deferred to its end).
+ * PLACEHOLDER (issue 36, branch i36-d36): this getenv stands for the
+ * knob another change adds (common/env.c, hpu__dev_step_guard); the
+ * merge replaces it with that knob. */
+static void strict_step(loop *L)
+{
+	const char *e = getenv("HPU_STRICT_STEP");
+	if (!e || strcmp(e, "1"))
+		return;
+	hpu__strat_set_recordable(L->st, 1);
+	if (L->o->verbose && L->rank == 0)
+		printf("recordable training steps (HPU_STRICT_STEP=1): nothing comes back to the "
+		       "host inside a step; the ops' checks of labels, ids and probabilities are "
+		       "read after it\n");
+}
+
 /* One optimizer step on global batch `s` (step number `gstep` of the run,
  * from 0): accum micro-steps of forward and backward on this rank's share,
  * then the strategy's step. Asks for the next micro-batch (of batch s + 1
@@ -423,7 +440,8 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	int64_t t0 = hpu__prof_t0();
 	if (hpu__strat_step(L->st, hpu__sched_lr(&L->pos.sched, gstep)) < 0)
 		return -1;
-	hpu__strat_step_result(L->st, loss_out, norm_out);
+	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
+		return -1; /* a deferred check found bad input: the error says it */
 	if (fp8_roll(L) < 0)
 		return -1;
 	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
@@ -1182,6 +1200,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	early_resume(&L);
 	if (o->verbose && L.rank == 0)
 		hpu__strat_plan_print(L.st, stdout);
+	strict_step(&L);
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
 	where.step = L.pos.step;
