@@ -59,6 +59,11 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "1: under --device cpu-strict, device memory opens only inside the "
 	    "kernel table and the runtime's ops, not for a whole layer (tests: "
 	    "host loops in the ops fault as they would on a GPU)"),
+	VAR(HPU_STRICT_STEP, "0", "hpu-worker",
+	    "1: training steps are recordable: nothing comes back to the host "
+	    "inside a step, and the ops' checks of labels, ids and "
+	    "probabilities are read after it (the step then fails, naming the "
+	    "value)"),
 	VAR(HPU_CUDA_MODULE, "", "hpu-worker, test_cuda_device",
 	    "the CUDA device's module to load for --device cuda or auto "
 	    "(default: hpudev_cuda.so in ../lib or ../LIBDIR/hputrain beside "
