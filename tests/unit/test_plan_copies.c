@@ -19,7 +19,8 @@ static const hpu_plan_unit units[] = {{.len = 1000}, {.len = 24}};
 static hpu_plan_step step(int direct)
 {
 	return (hpu_plan_step){.units = units, .nunits = 2, .micro = 4, .accum = 2,
-			       .sample_bytes = 16, .nloss = 1, .grads_direct = direct};
+			       .sample_bytes = 16, .nloss = 1, .grads_direct = direct,
+			       .eager = 1};
 }
 
 static void plan(hpu_plan *p, hpu_strategy k, hpu_comm_dtype comm)
@@ -53,7 +54,8 @@ static void test_all_reduce_staged_or_direct(void **state)
 			assert_int_equal(direct.d2h[HPU_COPY_GRADS], 0);
 			assert_int_equal(direct.h2d[HPU_COPY_GRADS], 0);
 			assert_int_equal(direct.h2d[HPU_COPY_BATCH], 8 * 16);
-			assert_int_equal(direct.d2h[HPU_COPY_LOSS], 2 * 8);
+			/* after each micro-step (eager) and after the step */
+			assert_int_equal(direct.d2h[HPU_COPY_LOSS], 2 * 2 * 8);
 			/* and the non-finite flag's all-reduce: 4 bytes staged */
 			assert_int_equal(staged.h2d[HPU_COPY_STEP], 8 + 4);
 			assert_int_equal(direct.h2d[HPU_COPY_STEP], 8);
@@ -73,8 +75,10 @@ static void test_step_scalars(void **state)
 	plan(&p, HPU_STRATEGY_ZERO2, HPU_COMM_FP32);
 	hpu_plan_step st = step(0);
 	st.vars_bytes = 88;
+	st.eager = 0;
 	hpu_plan_copies c;
 	hpu__plan_copies(&p, &st, &c); /* recordable, not clipping */
+	assert_false(c.exact); /* the ops' deferred checks: as many as taken */
 	assert_int_equal(c.h2d[HPU_COPY_STEP], 8 + 4);
 	assert_int_equal(c.d2h[HPU_COPY_STEP], 88 + 4);
 	assert_int_equal(c.d2h[HPU_COPY_LOSS], 2 * 8);

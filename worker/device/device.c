@@ -392,11 +392,6 @@ void hpu__dev_step_guard(int on)
 		atomic_store_explicit(&step_on, on != 0, memory_order_relaxed);
 }
 
-int hpu__dev_step_guard_armed(void)
-{
-	return step_strict;
-}
-
 static int guarded(void)
 {
 	return atomic_load_explicit(&step_on, memory_order_relaxed);

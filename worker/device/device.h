@@ -427,9 +427,6 @@ void hpu__dev_layer_leave(void);
  * stops at it. Elsewhere (other devices, the knob unset) this costs a
  * branch and does nothing. */
 void hpu__dev_step_guard(int on);
-/* 1 where the guard is armed (cpu-strict, HPU_STRICT_STEP=1): the
- * strategy is then recordable (hpu__strat_set_recordable). */
-int hpu__dev_step_guard_armed(void);
 
 /* Copies and memset on queue q (NULL: the default), each a device call;
  * h2d and d2h count their bytes, and so does d2d where one side is host

@@ -238,6 +238,11 @@ void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
 	memset(S.calls, 0, sizeof S.calls);
 }
 
+const char *hpu__op_layer_name(void)
+{
+	return S.layer >= 0 ? S.lname : "";
+}
+
 void hpu__fp8_measuring(int on)
 {
 	S.measuring = on;

@@ -68,6 +68,9 @@ const hpu_fp8_recipe *hpu__fp8_recipe(void);
 void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
 		   int backward);
 
+/* The name of the layer running now ("" for none). */
+const char *hpu__op_layer_name(void);
+
 /* MEASURE: records only while on (calibration batches). */
 void hpu__fp8_measuring(int on);
 

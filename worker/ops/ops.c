@@ -20,6 +20,7 @@
 #include "common/lowp.h"
 #include "worker/ops/ops_ref.h"
 #include "worker/ops/backend_host.h"
+#include "worker/ops/checks.h"
 #include "worker/ops/fp8.h"
 #include "common/simd.h"
 
@@ -128,10 +129,16 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 	assert(logits != NULL && labels != NULL);
 	if (batch <= 0 || classes <= 0)
 		return -1.0f;
-	/* Labels come from a data file: check them all before writing. */
+	/* Labels come from a data file: check them all before writing (or,
+	 * deferred, with the kernel: checks.h). */
 	const hpu__backend *be = hpu__be();
-	int ok;
-	if (!be->ids_in_range || be->ids_in_range(labels, batch, classes, &ok) != HPU_BE_OK)
+	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_XENT, labels, classes, batch, 1);
+	int ok = 1;
+	if (k && HPU__BE_RUN(ids_first_bad, hpu__host_ids_first_bad, labels, (size_t)batch,
+			     classes, &k->bad, &k->bad_id) != HPU_BE_OK)
+		return -1.0f;
+	if (!k && (!be->ids_in_range ||
+		   be->ids_in_range(labels, batch, classes, &ok) != HPU_BE_OK))
 		hpu__host_ids_in_range(labels, batch, classes, &ok);
 	if (!ok)
 		return -1.0f;
@@ -162,6 +169,12 @@ int hpu__host_softmax_xent(const float *logits, const int32_t *labels, float *dl
 	float inv_batch = 1.0f / (float)batch;
 	for (int i = 0; i < batch; i++) {
 		const float *z = logits + (size_t)i * classes;
+		if (labels[i] < 0 || labels[i] >= classes) {
+			/* its check deferred (checks.h): no loss, no gradient */
+			if (dlogits)
+				memset(dlogits + (size_t)i * classes, 0, (size_t)classes * sizeof *z);
+			continue;
+		}
 		/* log-sum-exp with the row max subtracted, so exp() <= 1 */
 		float zlab = z[labels[i]];
 		float maxz = z[0];

@@ -7,6 +7,7 @@
 
 #include "worker/ops/backend.h"
 #include "worker/ops/backend_host.h"
+#include "worker/ops/checks.h"
 
 #include "hpu/hpu.h"
 #include "hpu/ops.h"
@@ -37,14 +38,15 @@ int hpu__host_xent_pos_fwd(const float *logits, const int32_t *labels, float *ls
 			size_t at = (size_t)r * positions + p;
 			const float *x = logits + at * (size_t)classes;
 			int32_t y = labels[at];
-			if (y == IGNORE_INDEX) {
-				lse[at] = 0;
-				continue;
-			}
-			if (y < 0 || y >= classes) {
+			/* a bad label counts as ignored (its check deferred,
+			 * checks.h, the step runs on) */
+			if (y != IGNORE_INDEX && (y < 0 || y >= classes) && *bad < 0) {
 				*bad = (long)at;
 				*bad_label = y;
-				return HPU_BE_OK;
+			}
+			if (y < 0 || y >= classes) {
+				lse[at] = 0;
+				continue;
 			}
 			double z = logsumexp(x, classes);
 			lse[at] = (float)z;
@@ -64,13 +66,13 @@ int hpu__host_xent_pos_bwd(const float *logits, const int32_t *labels, const flo
 		const int32_t *yr = labels + (size_t)r * positions;
 		size_t n = 0;
 		for (size_t p = 0; p < positions; p++)
-			n += yr[p] != IGNORE_INDEX;
+			n += yr[p] >= 0 && yr[p] < classes;
 		float g = n ? dloss[r] / (float)n : 0.0f;
 		for (size_t p = 0; p < positions; p++) {
 			size_t at = (size_t)r * positions + p;
 			const float *x = logits + at * C;
 			float *d = dx + at * C;
-			if (yr[p] == IGNORE_INDEX) {
+			if (yr[p] < 0 || yr[p] >= classes) { /* ignored, or bad (deferred) */
 				memset(d, 0, C * sizeof *d);
 				continue;
 			}
@@ -118,14 +120,26 @@ int hpu__host_accuracy_pos(const float *logits, const int32_t *labels, float *ac
 	 : hpu__be_on_host() ? host(__VA_ARGS__)                                               \
 			     : HPU_BE_UNSUPPORTED)
 
+/* The op's answer after its check: where deferred (k, checks.h), as if
+ * the input were good; else HPU_ERANGE where *bad names a bad value. */
+static int deferred(const hpu__check_slot *k, long *bad)
+{
+	if (k) {
+		*bad = -1;
+		return HPU_OK;
+	}
+	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
+}
+
 int hpu_cross_entropy_positions_forward(const float *logits, const int32_t *labels, float *lse,
 					float *loss, int rows, size_t positions, int classes,
 					long *bad, int32_t *bad_label)
 {
+	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_XENT_POS, labels, classes, rows, positions);
 	if (RUN(xent_pos_fwd, hpu__host_xent_pos_fwd, logits, labels, lse, loss, rows, positions,
-		classes, bad, bad_label) != HPU_BE_OK)
+		classes, k ? &k->bad : bad, k ? &k->bad_id : bad_label) != HPU_BE_OK)
 		return HPU_ERROR;
-	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
+	return deferred(k, bad);
 }
 
 int hpu_cross_entropy_positions_backward(const float *logits, const int32_t *labels,
@@ -217,10 +231,9 @@ int hpu__host_bce_fwd(int logits, const float *x, const float *t, float *loss, i
 	for (int r = 0; r < rows; r++) {
 		size_t off = (size_t)r * n, at = n;
 		double v = bce_row(logits, x + off, t + off, n, &at);
-		if (at < n) {
+		if (at < n && *bad < 0) { /* the row's loss 0; the rest run on (checks.h) */
 			*bad = (long)(off + at);
 			*bad_value = x[off + at];
-			return HPU_BE_OK;
 		}
 		loss[r] = (float)v;
 	}
@@ -297,10 +310,12 @@ int hpu_mse_backward(const float *p, const float *t, const float *dloss, float *
 int hpu_bce_forward(int logits, const float *p, const float *t, float *loss, int rows,
 		    size_t n, long *bad, float *bad_value)
 {
-	if (RUN(bce_fwd, hpu__host_bce_fwd, logits, p, t, loss, rows, n, bad, bad_value) !=
-	    HPU_BE_OK)
+	/* with logits, every value is good: nothing to defer */
+	hpu__check_slot *k = logits ? NULL : hpu__checks_take(HPU__CHECK_BCE, p, 1, rows, n);
+	if (RUN(bce_fwd, hpu__host_bce_fwd, logits, p, t, loss, rows, n, k ? &k->bad : bad,
+		k ? &k->bad_value : bad_value) != HPU_BE_OK)
 		return HPU_ERROR;
-	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
+	return deferred(k, bad);
 }
 
 int hpu_bce_backward(int logits, const float *p, const float *t, const float *dloss, float *dp,
@@ -315,8 +330,9 @@ int hpu_bce_backward(int logits, const float *p, const float *t, const float *dl
 int hpu_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
 		      int32_t *bad_value)
 {
-	if (RUN(ids_first_bad, hpu__host_ids_first_bad, ids, n, limit, bad, bad_value) !=
-	    HPU_BE_OK)
+	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_IDS, ids, limit, 0, n);
+	if (RUN(ids_first_bad, hpu__host_ids_first_bad, ids, n, limit, k ? &k->bad : bad,
+		k ? &k->bad_id : bad_value) != HPU_BE_OK)
 		return HPU_ERROR;
-	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
+	return deferred(k, bad);
 }

@@ -19,6 +19,7 @@
 #include "worker/ops/backend.h"
 #include "worker/ops/ops_ref.h"
 #include "worker/ops/backend_host.h"
+#include "worker/ops/checks.h"
 #include "worker/ops/fp8.h"
 #include "common/simd.h"
 
@@ -267,28 +268,56 @@ void hpu__ref_layernorm_backward(const float *x, const float *gamma, const float
 
 /* ---- embedding ---- */
 
+/* The vocabulary of the embedding whose ids the host's kernels below
+ * read now where the op's check is deferred (checks.h): they may not
+ * have been checked, and an id outside [0, emb_limit) is skipped (a row
+ * of zeros forward, nothing added backward). -1: checked by the op. The
+ * table's entries have no vocabulary; this thread's op sets it around
+ * the kernel, which runs on the thread (cpu-strict's kernels too). */
+static _Thread_local long emb_limit = -1;
+
+/* An id the host's kernels may not read: never one the op checked. */
+static inline int emb_skip(int32_t id)
+{
+	return id < 0 || (emb_limit >= 0 && id >= emb_limit);
+}
+
 static int embedding_forward(const float *table, const int32_t *ids, float *y,
 			     int n, int vocab, int dim)
 {
 	assert(table != NULL && ids != NULL && y != NULL);
-	/* ids come from data: check them all before writing anything */
+	/* ids come from data: check them all before writing anything (or,
+	 * deferred, with the kernel: checks.h) */
 	const hpu__backend *be = hpu__be();
-	int ok;
-	if (n > 0 && (!be->ids_in_range || be->ids_in_range(ids, n, vocab, &ok) != HPU_BE_OK))
+	hpu__check_slot *k = n > 0 ? hpu__checks_take(HPU__CHECK_EMBEDDING, ids, vocab, 0,
+						       (size_t)n)
+				   : NULL;
+	int ok = 1;
+	if (k && HPU__BE_RUN(ids_first_bad, hpu__host_ids_first_bad, ids, (size_t)n, vocab,
+			     &k->bad, &k->bad_id) != HPU_BE_OK)
+		return HPU_ERROR;
+	if (!k && n > 0 &&
+	    (!be->ids_in_range || be->ids_in_range(ids, n, vocab, &ok) != HPU_BE_OK))
 		hpu__host_ids_in_range(ids, n, vocab, &ok);
-	if (n > 0 && !ok)
+	if (!ok)
 		return HPU_ERANGE;
+	emb_limit = k ? vocab : -1;
 	if (!be->embedding_fwd || be->embedding_fwd(table, ids, y, n, dim) != HPU_BE_OK)
 		hpu__host_embedding_fwd(table, ids, y, n, dim);
+	emb_limit = -1;
 	return HPU_OK;
 }
 
 /* The CPU's embedding_fwd (hpu__be_host). */
 int hpu__host_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim)
 {
-	for (int i = 0; i < n; i++)
-		memcpy(y + (size_t)i * dim, table + (size_t)ids[i] * dim,
-		       (size_t)dim * sizeof *y);
+	for (int i = 0; i < n; i++) {
+		float *yr = y + (size_t)i * dim;
+		if (emb_skip(ids[i]))
+			memset(yr, 0, (size_t)dim * sizeof *y);
+		else
+			memcpy(yr, table + (size_t)ids[i] * dim, (size_t)dim * sizeof *y);
+	}
 	return HPU_BE_OK;
 }
 
@@ -297,16 +326,18 @@ static void embedding_backward(const int32_t *ids, const float *dy, float *dtabl
 {
 	assert(ids != NULL && dy != NULL && dtable != NULL);
 	const hpu__backend *be = hpu__be();
-	if (be->embedding_bwd && be->embedding_bwd(ids, dy, dtable, n, dim) == HPU_BE_OK)
-		return;
-	hpu__host_embedding_bwd(ids, dy, dtable, n, dim);
+	emb_limit = hpu__checks_limit(ids); /* the forward's check deferred: -1 if not */
+	if (!be->embedding_bwd || be->embedding_bwd(ids, dy, dtable, n, dim) != HPU_BE_OK)
+		hpu__host_embedding_bwd(ids, dy, dtable, n, dim);
+	emb_limit = -1;
 }
 
 /* The CPU's embedding_bwd (hpu__be_host). */
 int hpu__host_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n, int dim)
 {
 	for (int i = 0; i < n; i++) {
-		assert(ids[i] >= 0); /* the forward checked the upper bound */
+		if (emb_skip(ids[i])) /* the forward checked them, or deferred */
+			continue;
 		float *row = dtable + (size_t)ids[i] * dim;
 		const float *d = dy + (size_t)i * dim;
 		for (int c = 0; c < dim; c++)

@@ -386,6 +386,21 @@ static uint64_t bytes_sent(loop *L)
 	return st.bytes_sent;
 }
 
+/* HPU_STRICT_STEP=1: the training steps are recordable (nothing comes
+ * back to the host inside one; the ops' checks deferred to its end), on
+ * every device; on cpu-strict the step guard proves it (device.h). */
+static void strict_step(loop *L)
+{
+	const char *e = hpu__env_str(HPU_ENV_HPU_STRICT_STEP);
+	if (!e || strcmp(e, "1"))
+		return;
+	hpu__strat_set_recordable(L->st, 1);
+	if (L->o->verbose && L->rank == 0)
+		printf("recordable training steps (HPU_STRICT_STEP=1): nothing comes back to the "
+		       "host inside a step; the ops' checks of labels, ids and probabilities are "
+		       "read after it\n");
+}
+
 /* One optimizer step on global batch `s` (step number `gstep` of the run,
  * from 0): accum micro-steps of forward and backward on this rank's share,
  * then the strategy's step. Asks for the next micro-batch (of batch s + 1
@@ -428,7 +443,8 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	hpu__dev_step_guard(0);
 	if (rc < 0)
 		return -1;
-	hpu__strat_step_result(L->st, loss_out, norm_out);
+	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
+		return -1; /* a deferred check found bad input: the error says it */
 	if (fp8_roll(L) < 0)
 		return -1;
 	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
@@ -1186,10 +1202,9 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 					 errlen) < 0))
 		goto out;
 	early_resume(&L);
-	/* under the step guard, a step as a recorded one would run */
-	hpu__strat_set_recordable(L.st, hpu__dev_step_guard_armed());
 	if (o->verbose && L.rank == 0)
 		hpu__strat_plan_print(L.st, stdout);
+	strict_step(&L);
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
 	where.step = L.pos.step;

@@ -99,6 +99,8 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 		return;
 	}
 	uint64_t samples = (uint64_t)st->micro * (uint64_t)st->accum;
+	if (!st->eager) /* the ops' deferred checks come back too: as many as they took */
+		c->exact = 0;
 	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
 	c->d2h[HPU_COPY_LOSS] = (uint64_t)(st->eager ? 2 : 1) * (uint64_t)st->accum * 8 *
 				(uint64_t)st->nloss;

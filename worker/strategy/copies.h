@@ -15,7 +15,9 @@
  *     block out after the step, and once inside it where the host takes
  *     part (an eager step, the offload tier); the non-finite flag's
  *     all-reduce (and the norm's, sharded, where clipping) staged out and
- *     back like the gradients';
+ *     back like the gradients'; where the step is recordable, the ops'
+ *     deferred checks' slots out after it, as many as the step took
+ *     (worker/ops/checks.h): the plan is then a floor;
  *   - the gradients' collectives, staged through pinned host buffers
  *     (strategy_dcoll.c): an all-reduce copies its buffer out and back; a
  *     reduce-scatter the whole unit out and the rank's piece back; none

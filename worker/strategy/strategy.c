@@ -400,15 +400,15 @@ int hpu__strat_step(hpu_strat *s, double lr)
 	if (s->G && !s->plan.mixed) /* owed zeros nobody claimed (zero_grads) */
 		hpu__ac_fresh_flush(s->G, s->total);
 	hpu__vars_lr(s, lr);
-	if (s->hooks.reduce(s) < 0 || s->hooks.step(s) < 0)
-		return -1;
-	return sync_buffers(s);
+	int rc = s->hooks.reduce(s) < 0 || s->hooks.step(s) < 0 ? -1 : sync_buffers(s);
+	hpu__vars_checks_end(s);
+	return rc;
 }
 
-void hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm)
+int hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm)
 {
 	int skipped;
-	hpu__vars_result(s, loss, grad_norm, &skipped);
+	int rc = hpu__vars_result(s, loss, grad_norm, &skipped);
 	/* The fp16 scaler's overflows are how it finds its scale: they count
 	 * only once it cannot lower the scale any more. */
 	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->steps.scale > s->o->min_loss_scale;
@@ -418,6 +418,7 @@ void hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm)
 	} else if (!skipped) {
 		s->steps.bad_run = 0;
 	}
+	return rc;
 }
 
 void hpu__strat_set_recordable(hpu_strat *s, int on)

@@ -79,14 +79,22 @@ int hpu__strat_step(hpu_strat *s, double lr);
 
 /* After hpu__strat_step: reads the step's results back. *loss the mean of
  * its micro-steps' local losses; *grad_norm the global norm before
- * clipping where clipping is on and the step was not skipped, else 0. */
-void hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm);
+ * clipping where clipping is on and the step was not skipped, else 0.
+ * Returns 0, or -1 with the error set where a check the ops deferred in
+ * a recordable step found bad input (a label, an id, a probability:
+ * worker/ops/checks.h); the run must end then, as it does when a
+ * layer fails. */
+int hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm);
 
 /* on: a training step brings nothing back to the host between the
  * first forward and the end of hpu__strat_step, as a recorded step
  * cannot (the eager step's readbacks that name the first non-finite
  * tensor or unit are left out; where the host takes part in the update,
- * the offloaded optimizer or the NVMe tier, it still reads). */
+ * the offloaded optimizer or the NVMe tier, it still reads). The ops'
+ * checks of labels, ids and probabilities are deferred to the step's
+ * end (worker/ops/checks.h: hpu__strat_step_result reports them) where
+ * the kernel table writes host-readable memory; evaluation and eager
+ * steps check as before. */
 void hpu__strat_set_recordable(hpu_strat *s, int on);
 
 /* Steps skipped for non-finite losses or gradients: in a row now, and in

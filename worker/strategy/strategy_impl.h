@@ -207,6 +207,11 @@ struct hpu_strat {
 		int recordable; /* no readback inside a step (the diagnostics
 				 * that need one are left out) */
 		float *flag_host; /* pinned: a host-side check's finding */
+		/* recordable: the ops' checks' findings (worker/ops/checks.h)
+		 * on the device, read after the step (checks_host) */
+		void *checks, *checks_host;
+		int checks_armed; /* this step's forwards take slots */
+		int checks_used;  /* slots the step used, for the result */
 	} vars;
 	/* strategy_dcoll.c: the gradients' all-reduce on the device itself,
 	 * between the ranks of one node (the device's collectives, CUDA
@@ -405,8 +410,16 @@ void hpu__vars_end(hpu_strat *s);
 /* After the step: the block and the loss sums read back; the step's mean
  * loss over its micro-steps, its norm (0 without clipping or when
  * skipped) and whether it was skipped; the host's copies of the scaler
- * and the units' step counts updated. */
-void hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped);
+ * and the units' step counts updated. Then the ops' deferred checks:
+ * 0, or -1 with the first finding as the strategy's error. */
+int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped);
+/* A recordable training step's first forward: the ops' checks write
+ * their findings into the device's slots from now on (checks.h); 0, or
+ * -1 with the error set. */
+int hpu__vars_checks_arm(hpu_strat *s);
+/* The step's end (hpu__strat_step): the ops check eagerly again; the
+ * slots the step used are kept for hpu__vars_result. */
+void hpu__vars_checks_end(hpu_strat *s);
 
 /* ---- strategy_sync.c: the gradients' collectives ---- */
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "worker/device/device.h"
+#include "worker/ops/checks.h"
 #include "worker/ops/fp8.h"
 #include "worker/hpu/prof.h"
 #include "worker/strategy/strategy_impl.h"
@@ -252,6 +253,11 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 	s->ctx.micro = micro;
 	s->ctx.accum = accum;
 	s->ctx.samples = bt->idx;
+	hpu__checks_batch(bt->idx, bt->n); /* the rows a deferred check names */
+	if (!s->ctx.train)
+		hpu__checks_disarm(); /* evaluation checks as before */
+	else if (s->vars.recordable && micro == 0 && want < 0 && hpu__vars_checks_arm(s) < 0)
+		return -1;
 	for (int t = 0; t < b->ntensors; t++)
 		if (b->tensors[t].producer < 0 && batch_in(s, t, bt->data[b->tensors[t].field], bt->n) < 0)
 			return -1;

@@ -20,7 +20,13 @@
 #include <string.h>
 
 #include "worker/device/device.h"
+#include "worker/ops/checks.h"
 #include "worker/strategy/strategy_impl.h"
+
+/* The ops' checks one step may defer (a micro-step's forward takes one
+ * or a few: its losses', embeddings' and key masks'); past them, the ops
+ * check eagerly. */
+#define CHECK_SLOTS 256
 
 /* Reads the device's block into the host's copy (hpu__dev_copy: a d2h copy
  * where the host may not read device memory, else memcpy, not counted). */
@@ -65,6 +71,12 @@ int hpu__vars_open(hpu_strat *s)
 
 void hpu__vars_close(hpu_strat *s)
 {
+	if (s->vars.checks) {
+		hpu__checks_disarm();
+		hpu__checks_free();
+	}
+	hpu__dfree(s->vars.checks);
+	hpu__dev_host_free(s->vars.checks_host);
 	hpu__dfree(s->vars.sv);
 	hpu__dfree(s->vars.msum);
 	hpu__dev_host_free(s->vars.svh);
@@ -253,7 +265,45 @@ void hpu__vars_end(hpu_strat *s)
 	s->steps.injected = 0;
 }
 
-void hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
+int hpu__vars_checks_arm(hpu_strat *s)
+{
+	size_t bytes = CHECK_SLOTS * sizeof(hpu__check_slot);
+	if (!s->vars.checks &&
+	    !(s->vars.checks = hpu__strat_dalloc(s, HPU_MEM_OTHER, bytes, "the ops' deferred checks")))
+		return -1;
+	if (!s->vars.checks_host && !(s->vars.checks_host = hpu__dev_host_alloc(bytes)))
+		return hpu__strat_fail(s, "out of host memory for the ops' deferred checks");
+	hpu__checks_arm(s->vars.checks, CHECK_SLOTS);
+	s->vars.checks_armed = 1;
+	s->vars.checks_used = 0;
+	return 0;
+}
+
+void hpu__vars_checks_end(hpu_strat *s)
+{
+	if (!s->vars.checks_armed)
+		return;
+	s->vars.checks_used = hpu__checks_used();
+	s->vars.checks_armed = 0;
+	hpu__checks_disarm();
+}
+
+/* The step's deferred checks, read back: 0, or -1 with the first
+ * finding as the error. */
+static int checks_result(hpu_strat *s)
+{
+	int n = s->vars.checks_used;
+	char msg[512];
+	s->vars.checks_used = 0;
+	if (n <= 0)
+		return 0;
+	hpu__dev_copy(s->vars.checks_host, s->vars.checks, (size_t)n * sizeof(hpu__check_slot));
+	if (!hpu__checks_report(s->vars.checks_host, msg, sizeof msg))
+		return 0;
+	return hpu__strat_fail(s, "step %ld: %s", s->ctx.step + 1, msg);
+}
+
+int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 {
 	const hpu__dev_stepvars *h = s->vars.svh;
 	size_t n = (size_t)s->b->nloss;
@@ -280,4 +330,5 @@ void hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped
 	if (s->vars.cfg.mixed && h->skip && s->rank == 0)
 		printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
 		       h->step_no, before, h->loss_scale);
+	return checks_result(s);
 }
