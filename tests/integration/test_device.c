@@ -46,10 +46,10 @@
 #include "worker/device/device.h" /* sizeof(hpu__dev_stepvars) */
 
 /* The step's scalars per step (worker/strategy/strategy_vars.c): the
- * learning rate in; the block out after the step and, the step being
+ * learning rate and Adam's beta powers in; the block out after the step and, the step being
  * eager (not recordable), once inside it; the loss's sums read after
  * each micro-step's backward and after the step. */
-#define STEP_IN 8ull
+#define STEP_IN 24ull
 #define STEP_OUT (2ull * sizeof(hpu__dev_stepvars))
 #define LOSS_OUT(micro) (2ull * 8 * (micro))
 

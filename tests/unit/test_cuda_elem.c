@@ -283,7 +283,7 @@ static void test_optk(void **state)
 			o.t = t;
 			o.lr = 3e-4 * (1.0 + cos((double)t * 0.001));
 			o.gscale = 1.0f / (float)(t % 7 + 1);
-			hpu__cuda_optk a = hpu__elem_optk(&o, o.lr, o.t, o.gscale);
+			hpu__cuda_optk a = hpu__elem_optk(&o, o.lr, o.t, o.gscale, NULL);
 			hpu__cuda_optk b = hpu__cuda_optk_of(&o);
 			if (memcmp(&a, &b, sizeof a))
 				fail_msg("optimizer %d at t %ld: the kernels' scalars differ from the "

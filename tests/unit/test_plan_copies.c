@@ -57,14 +57,15 @@ static void test_all_reduce_staged_or_direct(void **state)
 			/* after each micro-step (eager) and after the step */
 			assert_int_equal(direct.d2h[HPU_COPY_LOSS], 2 * 2 * 8);
 			/* and the non-finite flag's all-reduce: 4 bytes staged */
-			assert_int_equal(staged.h2d[HPU_COPY_STEP], 8 + 4);
-			assert_int_equal(direct.h2d[HPU_COPY_STEP], 8);
+			assert_int_equal(staged.h2d[HPU_COPY_STEP], 24 + 4);
+			assert_int_equal(direct.h2d[HPU_COPY_STEP], 24);
 			assert_int_equal(direct.h2d_total, staged.h2d_total - 1024 * esz - 4);
 			assert_int_equal(direct.d2h_total, staged.d2h_total - 1024 * esz - 4);
 		}
 }
 
-/* The step's scalars (strategy_vars.c): the learning rate in; the block
+/* The step's scalars (strategy_vars.c): the learning rate and beta
+ * powers in (24 bytes); the block
  * out after the step, and inside it where the host decides; the loss read
  * after each micro-step too when eager; the flag's all-reduce staged (and
  * the norm's, sharded with clipping); nothing of it at world 1. */
@@ -79,25 +80,25 @@ static void test_step_scalars(void **state)
 	hpu_plan_copies c;
 	hpu__plan_copies(&p, &st, &c); /* recordable, not clipping */
 	assert_false(c.exact); /* the ops' deferred checks: as many as taken */
-	assert_int_equal(c.h2d[HPU_COPY_STEP], 8 + 4);
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 24 + 4);
 	assert_int_equal(c.d2h[HPU_COPY_STEP], 88 + 4);
 	assert_int_equal(c.d2h[HPU_COPY_LOSS], 2 * 8);
 	st.eager = st.host_decides = 1;
 	st.clip = st.sharded = 1;
 	hpu__plan_copies(&p, &st, &c);
-	assert_int_equal(c.h2d[HPU_COPY_STEP], 8 + 4 + 8);
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 24 + 4 + 8);
 	assert_int_equal(c.d2h[HPU_COPY_STEP], 2 * 88 + 4 + 8);
 	assert_int_equal(c.d2h[HPU_COPY_LOSS], 2 * 2 * 8);
 	st.grads_host = 1; /* the norm summed by the host, copied over */
 	hpu__plan_copies(&p, &st, &c);
-	assert_int_equal(c.h2d[HPU_COPY_STEP], 8 + 8 + 4 + 8);
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 24 + 8 + 4 + 8);
 	hpu_train_opts o;
 	hpu__opts_defaults(&o);
 	o.strategy = HPU_STRATEGY_ZERO2;
 	hpu__plan_make(&p, &o, 1, 2); /* one rank: the all-reduces are the identity */
 	st.grads_host = 0;
 	hpu__plan_copies(&p, &st, &c);
-	assert_int_equal(c.h2d[HPU_COPY_STEP], 8);
+	assert_int_equal(c.h2d[HPU_COPY_STEP], 24);
 	assert_int_equal(c.d2h[HPU_COPY_STEP], 2 * 88);
 }
 

@@ -301,7 +301,8 @@ HPU_ELEM float hpu__elem_loss_seed(const double *sums, int nsums, float weight, 
  * device memory (o->sv). pow is the one operation not IEEE-exact: CUDA's
  * is within 2 ulp in double, so Adam's step and inv_sqrt_bc2 may, in
  * rare cases, round to a neighbouring float there. */
-HPU_ELEM hpu__cuda_optk hpu__elem_optk(const hpu__dev_optim *o, double lr, long t_, float gscale)
+HPU_ELEM hpu__cuda_optk hpu__elem_optk(const hpu__dev_optim *o, double lr, long t_, float gscale,
+				      const double *bp)
 {
 	hpu__cuda_optk k;
 	k.adam = k.l2 = k.first = k.nesterov = 0;
@@ -326,8 +327,11 @@ HPU_ELEM hpu__cuda_optk hpu__elem_optk(const hpu__dev_optim *o, double lr, long 
 	k.c2 = (float)E_DSUB(1.0, o->beta2);
 	k.decay = l2 ? 1.0f : (float)E_DSUB(1.0, E_DMUL(lr, o->weight_decay));
 	k.wd = l2 ? (float)o->weight_decay : 0.0f;
-	k.step = (float)E_DDIV(lr, E_DSUB(1.0, E_POW(o->beta1, t)));
-	k.inv_sqrt_bc2 = (float)E_DDIV(1.0, E_DSQRT(E_DSUB(1.0, E_POW(o->beta2, t))));
+	/* bp: beta1^t and beta2^t from the host (hpu__dev_stepvars), whose pow
+	 * the CPU's update uses; NULL: this device's pow (within 2 ulp) */
+	double p1 = bp ? bp[0] : E_POW(o->beta1, t), p2 = bp ? bp[1] : E_POW(o->beta2, t);
+	k.step = (float)E_DDIV(lr, E_DSUB(1.0, p1));
+	k.inv_sqrt_bc2 = (float)E_DDIV(1.0, E_DSQRT(E_DSUB(1.0, p2)));
 	k.eps = (float)o->eps;
 	return k;
 }

@@ -155,7 +155,7 @@ __global__ static void k_optim_sv(hpu__dev_optim o, float *p, const float *g,
 	if (threadIdx.x == 0) {
 		skip = o.sv->skip;
 		if (!skip)
-			k = hpu__elem_optk(&o, o.sv->lr, o.sv->t, o.sv->gscale);
+			k = hpu__elem_optk(&o, o.sv->lr, o.sv->t, o.sv->gscale, &o.sv->bp1);
 	}
 	__syncthreads();
 	if (!skip)

@@ -56,8 +56,11 @@ typedef enum hpu__dev_optkind {
  * pinned memory) and reads the block back after it; nothing else of it
  * is written by the host but at set-up and when a checkpoint resumes. */
 typedef struct hpu__dev_stepvars {
-	/* written by the host before each step */
-	double lr;
+	/* written by the host before each step, together: the learning
+	 * rate, and beta1^t and beta2^t for the t this step's update would
+	 * have (Adam's bias corrections, glibc's pow on the host, so that a
+	 * GPU's update uses the CPU's values) */
+	double lr, bp1, bp2;
 	/* this step's: the checks and the norm add into bad and sumsq
 	 * (step_end clears them); step_begin sets skip, norm and gscale */
 	double sumsq;  /* sum of squares of the gradients (all ranks' once reduced) */

@@ -1202,9 +1202,9 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 					 errlen) < 0))
 		goto out;
 	early_resume(&L);
+	strict_step(&L); /* before the plan's copies are printed: they depend on it */
 	if (o->verbose && L.rank == 0)
 		hpu__strat_plan_print(L.st, stdout);
-	strict_step(&L);
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
 	where.step = L.pos.step;

@@ -104,7 +104,7 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 	c->h2d[HPU_COPY_BATCH] = samples * st->sample_bytes;
 	c->d2h[HPU_COPY_LOSS] = (uint64_t)(st->eager ? 2 : 1) * (uint64_t)st->accum * 8 *
 				(uint64_t)st->nloss;
-	c->h2d[HPU_COPY_STEP] = 8 + (st->clip && st->grads_host ? 8 : 0);
+	c->h2d[HPU_COPY_STEP] = 24 + (st->clip && st->grads_host ? 8 : 0);
 	c->d2h[HPU_COPY_STEP] = (uint64_t)(st->host_decides ? 2 : 1) * st->vars_bytes;
 	if (p->world > 1) { /* the flag's all-reduce, the norm's (F64: always staged) */
 		uint64_t b = (st->grads_direct ? 0 : 4) + (st->sharded && st->clip ? 8 : 0);

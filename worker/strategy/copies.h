@@ -11,7 +11,8 @@
  *     double, summed on the device, read after the step (and after each
  *     micro-step's backward too where the step is eager: to name the
  *     first non-finite tensor);
- *   - the step's scalars (strategy_vars.c): the learning rate in; the
+ *   - the step's scalars (strategy_vars.c): the learning rate and
+ *     Adam's beta powers in (24 bytes); the
  *     block out after the step, and once inside it where the host takes
  *     part (an eager step, the offload tier); the non-finite flag's
  *     all-reduce (and the norm's, sharded, where clipping) staged out and

@@ -115,6 +115,11 @@ int hpu__strat_grads_host(const hpu_strat *s)
 	return state_host(s, HPU_PLAN_GRADS);
 }
 
+int hpu__strat_params_host(const hpu_strat *s)
+{
+	return state_host(s, HPU_PLAN_PARAMS);
+}
+
 /* s->stg.update: a chunk of gradients, of fp32 parameters and of 16-bit ones. */
 #define USTAGE_BYTES ((size_t)HPU__STRAT_CHUNK * (4 + 4 + 2))
 

@@ -191,8 +191,9 @@ struct hpu_strat {
 	 * training step brings nothing back to the host (issue 36's
 	 * recorded steps). sv in device memory; svh the host's copy as last
 	 * read (after each step; inside it too where the host decides
-	 * something from it: vars.known); lr_host the pinned slot the
-	 * step's learning rate is copied from; msum the micro-steps' loss
+	 * something from it: vars.known); lr_host the pinned block the
+	 * step's learning rate and beta powers are copied from (sv->lr,
+	 * bp1, bp2; [3]: the host's norm, copied over); msum the micro-steps' loss
 	 * sums [accum][nloss] on the device (msum_host: their copy),
 	 * mbatch their batch sizes. */
 	struct {
@@ -346,6 +347,7 @@ void hpu__strat_point(hpu_strat *s, int k, float *p, float *g);
  * host memory. */
 int hpu__strat_update_host(const hpu_strat *s);
 int hpu__strat_grads_host(const hpu_strat *s);
+int hpu__strat_params_host(const hpu_strat *s);
 /* s->stg.update, where something crosses to the update; freed by _close. */
 int hpu__strat_ustage_open(hpu_strat *s);
 void hpu__strat_ustage_close(hpu_strat *s);
@@ -403,7 +405,7 @@ double hpu__vars_micro_loss(hpu_strat *s, int m);
 int hpu__vars_decide(hpu_strat *s);
 /* 1 where the host reads the step's decisions inside the step: an eager
  * (not recordable) step, or the host taking part in the update
- * (offloaded optimizer or gradients, the NVMe tier). */
+ * (offloaded optimizer, gradients or parameters, the NVMe tier). */
 int hpu__vars_host_decides(const hpu_strat *s);
 /* After the update: step_end (the scaler). */
 void hpu__vars_end(hpu_strat *s);

@@ -35,13 +35,43 @@ static void read_vars(hpu_strat *s)
 	hpu__dev_copy(s->vars.svh, s->vars.sv, sizeof *s->vars.sv);
 }
 
+/* Room for m micro-steps' loss sums. */
+static int grow(hpu_strat *s, int m)
+{
+	size_t per = (size_t)s->b->nloss * sizeof(double);
+	int cap = s->vars.cap ? s->vars.cap : 1;
+	while (cap < m)
+		cap *= 2;
+	double *d = hpu__strat_dalloc(s, HPU_MEM_OTHER, (size_t)cap * per, "micro-steps' loss sums");
+	double *h = hpu__dev_host_alloc((size_t)cap * per);
+	int *mb = calloc((size_t)cap, sizeof *mb);
+	if (!d || !h || !mb) {
+		hpu__dfree(d);
+		hpu__dev_host_free(h);
+		free(mb);
+		return d ? hpu__strat_fail(s, "out of host memory for the loss sums") : -1;
+	}
+	if (s->vars.cap) { /* the micro-steps already summed stay */
+		hpu__dev_copy(d, s->vars.msum, (size_t)s->vars.cap * per);
+		memcpy(mb, s->vars.mbatch, (size_t)s->vars.cap * sizeof *mb);
+	}
+	hpu__dfree(s->vars.msum);
+	hpu__dev_host_free(s->vars.msum_host);
+	free(s->vars.mbatch);
+	s->vars.msum = d;
+	s->vars.msum_host = h;
+	s->vars.mbatch = mb;
+	s->vars.cap = cap;
+	return 0;
+}
+
 int hpu__vars_open(hpu_strat *s)
 {
 	const hpu_train_opts *o = s->o;
 	if (!(s->vars.sv = hpu__strat_dalloc(s, HPU_MEM_OTHER, sizeof *s->vars.sv, "step's scalars")))
 		return -1;
 	s->vars.svh = hpu__dev_host_alloc(sizeof *s->vars.svh);
-	s->vars.lr_host = hpu__dev_host_alloc(2 * sizeof *s->vars.lr_host);
+	s->vars.lr_host = hpu__dev_host_alloc(4 * sizeof *s->vars.lr_host);
 	s->vars.flag_host = hpu__dev_host_alloc(sizeof *s->vars.flag_host);
 	if (!s->vars.svh || !s->vars.lr_host || !s->vars.flag_host)
 		return hpu__strat_fail(s, "out of host memory for the step's scalars");
@@ -66,7 +96,8 @@ int hpu__vars_open(hpu_strat *s)
 	hpu__dev_copy(s->vars.sv, s->vars.svh, sizeof *s->vars.sv);
 	for (int k = 0; k < s->nunits; k++)
 		s->u[k].opt.sv = s->vars.sv;
-	return 0;
+	/* the micro-steps' loss sums: made now, not inside a step */
+	return grow(s, o->grad_accum > 0 ? o->grad_accum : 1);
 }
 
 void hpu__vars_close(hpu_strat *s)
@@ -87,36 +118,21 @@ void hpu__vars_close(hpu_strat *s)
 	memset(&s->vars, 0, sizeof s->vars);
 }
 
-void hpu__vars_lr(hpu_strat *s, double lr)
+/* The step's learning rate and beta1^t, beta2^t for the t its update
+ * would have (the last step's, as read after it, plus one) into the
+ * pinned block copied to sv->lr, bp1, bp2. */
+static void put_lr(hpu_strat *s, double lr)
 {
+	double t = (double)(s->vars.svh->t + 1);
 	s->vars.lr_host[0] = lr;
-	hpu__dev_copy(&s->vars.sv->lr, s->vars.lr_host, sizeof lr);
+	s->vars.lr_host[1] = pow(s->o->beta1, t);
+	s->vars.lr_host[2] = pow(s->o->beta2, t);
 }
 
-/* Room for m micro-steps' loss sums. */
-static int grow(hpu_strat *s, int m)
+void hpu__vars_lr(hpu_strat *s, double lr)
 {
-	size_t per = (size_t)s->b->nloss * sizeof(double);
-	int cap = s->vars.cap ? s->vars.cap : 1;
-	while (cap < m)
-		cap *= 2;
-	double *d = hpu__strat_dalloc(s, HPU_MEM_OTHER, (size_t)cap * per, "micro-steps' loss sums");
-	double *h = hpu__dev_host_alloc((size_t)cap * per);
-	int *mb = calloc((size_t)cap, sizeof *mb);
-	if (!d || !h || !mb) {
-		hpu__dfree(d);
-		hpu__dev_host_free(h);
-		free(mb);
-		return d ? hpu__strat_fail(s, "out of host memory for the loss sums") : -1;
-	}
-	hpu__dfree(s->vars.msum);
-	hpu__dev_host_free(s->vars.msum_host);
-	free(s->vars.mbatch);
-	s->vars.msum = d;
-	s->vars.msum_host = h;
-	s->vars.mbatch = mb;
-	s->vars.cap = cap;
-	return 0;
+	put_lr(s, lr);
+	hpu__dev_copy(&s->vars.sv->lr, s->vars.lr_host, 3 * sizeof lr);
 }
 
 const double *hpu__vars_sums(const hpu_strat *s, int micro)
@@ -209,8 +225,8 @@ static int norm(hpu_strat *s)
 		for (int k = 0; k < s->nunits; k++)
 			if (hpu__strat_sumsq(s, &ss, s->u[k].opt_g, s->u[k].opt.n) < 0)
 				return -1;
-		s->vars.lr_host[1] = ss;
-		hpu__dev_copy(acc, &s->vars.lr_host[1], sizeof ss);
+		s->vars.lr_host[3] = ss;
+		hpu__dev_copy(acc, &s->vars.lr_host[3], sizeof ss);
 	} else {
 		/* mixed: a device scratch of its own where s->chunk is the
 		 * host's (zero1 with the update on the host) */
@@ -241,8 +257,10 @@ static int norm(hpu_strat *s)
 
 int hpu__vars_host_decides(const hpu_strat *s)
 {
+	/* and the parameters in host memory: the update's staging copies
+	 * them back after it (hpu__strat_update), skipped or not */
 	return !s->vars.recordable || hpu__strat_update_host(s) || hpu__strat_grads_host(s) ||
-	       s->nv || s->nvp;
+	       hpu__strat_params_host(s) || s->nv || s->nvp;
 }
 
 int hpu__vars_decide(hpu_strat *s)
