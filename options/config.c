@@ -86,6 +86,7 @@ void hpu__opts_defaults(hpu_train_opts *o)
 	o->initial_scale_power = 16;
 	o->loss_scale_window = 1000;
 	o->hysteresis = 2;
+	o->graphs_warmup = 3;
 	o->min_loss_scale = 1;
 	o->max_skipped_steps = 5;
 	o->offload_buffer_count = 4;
@@ -276,6 +277,8 @@ static const struct hpu__opt opts[] = {
 	NUM("max-live-parameters", K_LONG, max_live_params, 0, 1e15, "zero3: gathered elements alive at once; 0: none ahead of use (1000000000)"),
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
+	OTHER("graphs", K_FLAG, graphs, "HPU graphs: record a training step once per batch shape, after --graphs-warmup eager steps, and replay it (a CUDA graph; on --device cpu-strict its twin); what cannot be recorded runs eagerly, --verbose says why [use_hpu_graphs_for_training]"),
+	NUM("graphs-warmup", K_INT, graphs_warmup, 0, 1e6, "--graphs: eager steps before the first recording (3)"),
 	CHOICE("device", device, device_names, "cpu | cpu-strict | cuda | auto: the device workers compute on; cpu-strict (tests) faults when host code touches device memory; cuda: an NVIDIA GPU (the worker says why where it has none); auto: cuda where its module loads and a GPU is visible, else cpu (cpu) [HPU_DEVICE]"),
 	OTHER_("device-memory", K_SIZE, device_memory, LOCAL, "memory per device, e.g. 2GiB (node memory / local devices; on a GPU its memory / the node's workers on it; more than a GPU has is an error)"),
 	OTHER("allow-tf32", K_FLAG, allow_tf32, "fp32 GEMMs and convolutions may run on TF32 tensor cores (--device cuda), as PyTorch's allow_tf32; accepted with no effect on cpu and cpu-strict (off)"),

@@ -138,6 +138,10 @@ typedef struct hpu_train_opts {
 	int fp8_margin;           /* scales divided by 2^margin (0) */
 	hpu_fp8_algo fp8_amax_algo; /* max | most_recent (max) */
 	int activation_checkpointing; /* recompute every layer's forward */
+	/* HPU graphs (issue 36): record a training step once per batch
+	 * shape, after graphs_warmup eager steps, and replay it */
+	int graphs;
+	int graphs_warmup; /* (3) */
 	/* ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer,
 	 * .offload_param and aio in DeepSpeed's config). */
 	hpu_offload offload_optimizer; /* zero1-3: optimizer state, master

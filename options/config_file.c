@@ -948,6 +948,8 @@ static const struct fkey hputrain_keys[] = {
 	KEY("allow_tf32", "allow-tf32", 0),
 	KEY("host_memory", "host-memory", 0),
 	KEY("activation_checkpointing", "activation-checkpointing", 0),
+	KEY("graphs", "graphs", 0),
+	KEY("graphs_warmup", "graphs-warmup", 0),
 	KEY("grad_comm_dtype", "grad-comm-dtype", 0),
 	KEY("log_every", "log-every", 0),
 	KEY("metrics", "metrics", 0),
@@ -1002,6 +1004,7 @@ static const struct fkey top_keys[] = {
 	KEY("train_micro_batch_size_per_gpu", "micro-batch-size", 0),
 	KEY("gradient_accumulation_steps", "grad-accum", 0),
 	KEY("gradient_clipping", "clip-grad-norm", 0),
+	KEY("use_hpu_graphs_for_training", "graphs", 0), /* Optimum Habana's */
 	KEY("steps_per_print", "log-every", 0),
 	KEY("communication_data_type", "grad-comm-dtype", 0),
 	FN("zero_optimization", f_zero, 0),

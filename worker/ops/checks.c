@@ -21,6 +21,8 @@ typedef struct record {
 	uint32_t *samples; /* [rows] the rows' dataset samples, or NULL */
 	int cap;           /* samples allocated */
 	int has_samples;
+	const uint32_t *src; /* where they were copied from (the batch's) */
+	int live;          /* restored (hpu__checks_restore): read src instead */
 } record;
 
 static _Thread_local struct {
@@ -85,6 +87,7 @@ static void keep_samples(record *r)
 	}
 	memcpy(r->samples, T.samples, (size_t)r->rows * sizeof *r->samples);
 	r->has_samples = 1;
+	r->src = T.samples;
 }
 
 hpu__check_slot *hpu__checks_take(hpu__check_op op, const void *key, long limit, int rows,
@@ -99,6 +102,8 @@ hpu__check_slot *hpu__checks_take(hpu__check_op op, const void *key, long limit,
 		per = rows ? per / (size_t)rows : 0;
 	}
 	record *r = &T.rec[T.used];
+	r->live = 0;
+	r->has_samples = 0;
 	r->op = op;
 	snprintf(r->layer, sizeof r->layer, "%s", hpu__op_layer_name());
 	r->key = key;
@@ -159,7 +164,8 @@ static void explain(const record *r, const hpu__check_slot *k, char *msg, size_t
 		return;
 	}
 	size_t row = (size_t)k->bad / r->per, p = (size_t)k->bad % r->per;
-	unsigned long sample = r->has_samples && row < (size_t)r->rows ? r->samples[row] : row;
+	const uint32_t *sm = r->live ? r->src : r->samples;
+	unsigned long sample = r->has_samples && sm && row < (size_t)r->rows ? sm[row] : row;
 	switch (r->op) {
 	case HPU__CHECK_XENT_POS:
 	case HPU__CHECK_XENT:
@@ -190,6 +196,53 @@ static void explain(const record *r, const hpu__check_slot *k, char *msg, size_t
 			 layer, (int)k->bad_id, p, row, sample, r->limit);
 		break;
 	}
+}
+
+/* A saved arming: its records (without their sample copies). */
+struct hpu__checks_snap {
+	int used;
+	record rec[];
+};
+
+hpu__checks_snap *hpu__checks_save(void)
+{
+	hpu__checks_snap *s = malloc(sizeof *s + (size_t)T.used * sizeof(record));
+	if (!s)
+		return NULL;
+	s->used = T.used;
+	for (int i = 0; i < T.used; i++) {
+		s->rec[i] = T.rec[i];
+		s->rec[i].samples = NULL; /* T.rec keeps its own */
+		s->rec[i].cap = 0;
+	}
+	return s;
+}
+
+int hpu__checks_restore(const hpu__checks_snap *s)
+{
+	if (s->used > T.nrec) {
+		record *r = realloc(T.rec, (size_t)s->used * sizeof *r);
+		if (!r)
+			return -1;
+		memset(r + T.nrec, 0, (size_t)(s->used - T.nrec) * sizeof *r);
+		T.rec = r;
+		T.nrec = s->used;
+	}
+	for (int i = 0; i < s->used; i++) {
+		uint32_t *own = T.rec[i].samples;
+		int cap = T.rec[i].cap;
+		T.rec[i] = s->rec[i];
+		T.rec[i].samples = own;
+		T.rec[i].cap = cap;
+		T.rec[i].live = 1;
+	}
+	T.used = s->used;
+	return 0;
+}
+
+void hpu__checks_snap_free(hpu__checks_snap *s)
+{
+	free(s);
 }
 
 int hpu__checks_report(const void *host_copy, char *msg, size_t len)

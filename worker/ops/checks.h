@@ -67,6 +67,18 @@ hpu__check_slot *hpu__checks_take(hpu__check_op op, const void *key, long limit,
  * embedding's backward reads the ids its forward checked), or -1. */
 long hpu__checks_limit(const void *key);
 
+/* A recorded step (--graphs) replays the checks its recording armed,
+ * with no op taking a slot again: hpu__checks_save keeps the last
+ * arming's records (NULL when out of memory), hpu__checks_restore makes
+ * them the current ones before a replay's report (used as saved; each
+ * record's dataset samples read at report time from where they were
+ * copied at the recording, the batch's host memory, which the caller
+ * keeps in place and refilled: the replayed batch's), 0 or -1. */
+typedef struct hpu__checks_snap hpu__checks_snap;
+hpu__checks_snap *hpu__checks_save(void);
+int hpu__checks_restore(const hpu__checks_snap *s);
+void hpu__checks_snap_free(hpu__checks_snap *s);
+
 /* The slots the last arming used (they are slots[0 .. used)). */
 int hpu__checks_used(void);
 /* host_copy: the used slots copied to host memory. 1 with the first

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "worker/runtime/save_resume.h"
+#include "worker/runtime/graphs.h"
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/env.h"
@@ -58,6 +59,7 @@ typedef struct loop {
 	long bad_seen;           /* skipped steps already said */
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
+	hpu__graphs *graphs;     /* --graphs, or NULL */
 	char *err;
 	size_t errlen;
 } loop;
@@ -146,6 +148,7 @@ static int alloc_buffers(loop *L)
 
 static void free_buffers(loop *L)
 {
+	hpu__graphs_free(&L->graphs); /* before the strategy: its memory kept */
 	hpu__loader_destroy(&L->loader);
 	hpu__batch_free(&L->eval_bt);
 	hpu__dev_hbuf_free(L->eval_idx);
@@ -401,6 +404,31 @@ static void strict_step(loop *L)
 		       "read after it\n");
 }
 
+/* --graphs: the steps recordable from the first one (so that the eager
+ * ones compute what the replays do), and the recordings' input buffers. */
+static int graphs_setup(loop *L)
+{
+	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
+	size_t bytes[HPU_MAX_IO];
+	for (int f = 0; f < d->nfields; f++)
+		bytes[f] = hpu__field_numel(&d->fields[f]) * 4;
+	hpu__strat_set_recordable(L->st, 1);
+	return hpu__graphs_new(&L->graphs, L->o->graphs_warmup, L->accum, L->micro, d->nfields,
+			       bytes, L->rank, L->o->verbose, L->err, L->errlen);
+}
+
+/* --graphs under --verbose: how the steps ran. */
+static void graphs_said(loop *L)
+{
+	if (!L->graphs || !L->o->verbose || L->rank != 0)
+		return;
+	long replayed, eager;
+	int recorded;
+	hpu__graphs_counts(L->graphs, &replayed, &eager, &recorded);
+	printf("graphs: %ld steps replayed from %d recording%s, %ld run eagerly\n", replayed,
+	       recorded, recorded == 1 ? "" : "s", eager);
+}
+
 /* One optimizer step on global batch `s` (step number `gstep` of the run,
  * from 0): accum micro-steps of forward and backward on this rank's share,
  * then the strategy's step. Asks for the next micro-batch (of batch s + 1
@@ -443,6 +471,104 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	hpu__dev_step_guard(0);
 	if (rc < 0)
 		return -1;
+	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
+		return -1; /* a deferred check found bad input: the error says it */
+	if (fp8_roll(L) < 0)
+		return -1;
+	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
+	L->comm_bytes += bytes_sent(L) - sent0;
+	return 0;
+}
+
+/* --graphs: every rank keeps a recording only where every rank's was
+ * (the recorded steps hold the device's collectives between them). */
+static int graphs_agree(void *arg, int *ok)
+{
+	loop *L = arg;
+	if (L->world == 1)
+		return 0;
+	int32_t v = *ok;
+	int rc = hpucoll_all_reduce(L->comm, &v, &v, 1, HPUCOLL_I32, HPUCOLL_MIN);
+	if (rc)
+		return coll_fail(L, "--graphs' agreement", rc);
+	*ok = v;
+	return 0;
+}
+
+/* The device work of one step on the micro-batches bt[0 .. accum): their
+ * forwards and backwards, then the strategy's step (the step guard on:
+ * device.h). Under a recording it runs on the host and records. */
+static int step_work(loop *L, const hpu_batch *const *bt, double lr)
+{
+	const float scale = 1.0f / (float)(L->world * L->accum);
+	int rc = 0;
+	for (int k = 0; k < L->accum && rc == 0; k++) {
+		hpu__dev_step_guard(1);
+		int64_t t0 = hpu__prof_t0();
+		rc = hpu__strat_forward(L->st, bt[k], k, L->accum, -1);
+		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
+		t0 = hpu__prof_t0();
+		if (rc == 0)
+			rc = hpu__strat_backward(L->st, scale);
+		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
+		hpu__dev_step_guard(0);
+	}
+	if (rc < 0)
+		return -1;
+	hpu__dev_step_guard(1);
+	rc = hpu__strat_step(L->st, lr);
+	hpu__dev_step_guard(0);
+	return rc;
+}
+
+/* train_step under --graphs: the micro-batches copied into the
+ * recording's input buffers as they come, then the step recorded,
+ * replayed or run eagerly (graphs.h). */
+static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
+		      double *norm_out)
+{
+	const hpu_batch *in[64];
+	uint64_t sent0 = bytes_sent(L);
+	where.step = gstep;
+	where.phase = HPU_PHASE_TRAIN;
+	where_report(0);
+	hpu__strat_set_pos(L->st, 1, gstep, L->epoch);
+	for (int k = 0; k < L->accum; k++) {
+		size_t m = s * (size_t)L->accum + (size_t)k, bad;
+		const hpu_batch *bt;
+		int64_t t0 = hpu__prof_t0();
+		if (hpu__loader_wait(L->loader, (int)(m & 1), &bt, &bad) < 0)
+			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		in[k] = hpu__graphs_input(L->graphs, k, bt);
+		hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
+		if (k + 1 < L->accum)
+			prefetch(L, s, k + 1);
+		else if (more)
+			prefetch(L, s + 1, 0);
+	}
+	double lr = hpu__sched_lr(&L->pos.sched, gstep);
+	/* --inject-overflow-step's step is its own: never recorded or replayed */
+	int own = L->o->inject_overflow_step > 0 && L->o->inject_overflow_step == gstep + 1;
+	hpu__graph_mode mode = hpu__graphs_mode(L->graphs, gstep, own);
+	int64_t t0 = hpu__prof_t0();
+	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs) < 0)
+		mode = HPU__GRAPH_EAGER;
+	if (mode == HPU__GRAPH_RECORD) {
+		int rc = step_work(L, in, lr);
+		int kept = hpu__graphs_record_end(L->graphs, L->st, gstep, graphs_agree, L, L->err,
+						  L->errlen);
+		if (rc < 0 || kept < 0)
+			return -1;
+		mode = kept ? HPU__GRAPH_REPLAY : HPU__GRAPH_EAGER; /* nothing ran yet */
+	}
+	if (mode == HPU__GRAPH_EAGER && step_work(L, in, lr) < 0)
+		return -1;
+	if (mode == HPU__GRAPH_REPLAY) {
+		int64_t tr = hpu__prof_t0();
+		if (hpu__graphs_launch(L->graphs, L->st, lr, L->err, L->errlen) < 0)
+			return -1;
+		hpu__prof_span("graph", "graph_replay", NULL, tr, "\"step\":%ld", gstep + 1);
+	}
 	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
 		return -1; /* a deferred check found bad input: the error says it */
 	if (fp8_roll(L) < 0)
@@ -1063,7 +1189,8 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			L->epoch = e;
 			uint64_t h2d0, d2h0;
 			hpu__dev_copied(&h2d0, &d2h0);
-			int rc = train_step(L, s, step, s + 1 < end, &loss, &norm);
+			int rc = L->graphs ? graph_step(L, s, step, s + 1 < end, &loss, &norm)
+					   : train_step(L, s, step, s + 1 < end, &loss, &norm);
 			hpu__dev_step_guard(0); /* where the step failed too */
 			if (rc < 0 || skipped_check(L, step) < 0)
 				return -1;
@@ -1203,6 +1330,8 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	early_resume(&L);
 	strict_step(&L); /* before the plan's copies are printed: they depend on it */
+	if (o->graphs && !o->eval_only && graphs_setup(&L) < 0)
+		goto out;
 	if (o->verbose && L.rank == 0)
 		hpu__strat_plan_print(L.st, stdout);
 	if (ck)
@@ -1222,6 +1351,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	evalres ev = {0};
 	if (!o->eval_only && run_epochs(&L, total, per_epoch, &steps, &loss, &sps) < 0)
 		goto out;
+	graphs_said(&L);
 	long done = steps > L.pos.step ? steps : L.pos.step; /* steps trained, resumed ones too */
 	if (hpu__hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
 			   L.micro, NULL, err, errlen) < 0)

@@ -365,6 +365,12 @@ static int sync_buffers(hpu_strat *s)
 	hpu_builder *b = s->b;
 	if (s->world == 1 || !b->nbuffers)
 		return 0;
+	if (hpu__dev_capturing()) { /* libhpucoll on host staging */
+		hpu__dev_capture_refuse("the buffers' synchronization between the %d workers runs "
+					"on the host (libhpucoll)",
+					s->world);
+		return 0;
+	}
 	for (int kind = HPU_BUFFER_BROADCAST; kind <= HPU_BUFFER_MEAN; kind++) {
 		size_t n = 0;
 		for (int i = 0; i < b->nbuffers; i++)

@@ -97,6 +97,21 @@ int hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm);
  * steps check as before. */
 void hpu__strat_set_recordable(hpu_strat *s, int on);
 
+/* --graphs (issue 36). After a training step whose device work was
+ * recorded (hpu__dev_capture_begin .. _end around its forwards,
+ * backwards and hpu__strat_step: the host code ran, the device ran
+ * nothing), what its replays need the strategy to hold again: the
+ * micro-steps' batch sizes, the ops' deferred checks it armed. NULL when
+ * out of memory. */
+typedef struct hpu__strat_snap hpu__strat_snap;
+hpu__strat_snap *hpu__strat_snap_take(hpu_strat *s);
+/* Before launching that recording: restores them and puts `lr` into
+ * the pinned block the recorded step copies its learning rate from;
+ * then hpu__strat_step_result reads the replayed step's results as an
+ * eager step's. 0, or -1 when out of memory. */
+int hpu__strat_snap_replay(hpu_strat *s, const hpu__strat_snap *snap, double lr);
+void hpu__strat_snap_free(hpu__strat_snap **snap);
+
 /* Steps skipped for non-finite losses or gradients: in a row now, and in
  * all (the fp16 loss scaler's overflows excluded while it can still
  * lower the scale). */

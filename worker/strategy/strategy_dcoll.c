@@ -163,6 +163,20 @@ static int one_rank(void *recv, const void *send, size_t n)
 	return HPUCOLL_OK;
 }
 
+/* Recording a step (--graphs): a collective between ranks through
+ * libhpucoll runs on the host, which a recording cannot hold; it
+ * refuses (the step then runs eagerly) and the call is skipped, on every
+ * rank alike. 1 when so. (The device's own collectives record.) */
+static int host_coll(hpu_strat *s, const char *what)
+{
+	if (s->world == 1 || !hpu__dev_capturing())
+		return 0;
+	hpu__dev_capture_refuse("%s between the %d workers runs on the host (libhpucoll, staged "
+				"through host memory)",
+				what, s->world);
+	return 1;
+}
+
 int hpu__dc_wait(hpucoll_req **req)
 {
 	return *req ? hpucoll_wait(req) : HPUCOLL_OK;
@@ -180,6 +194,8 @@ int hpu__dc_iall_reduce(hpu_strat *s, const void *send, void *recv, size_t count
 			return HPUCOLL_OK;
 		return s->dc.rc != HPUCOLL_OK ? s->dc.rc : HPUCOLL_ETRANSPORT;
 	}
+	if (host_coll(s, "an all-reduce"))
+		return HPUCOLL_OK;
 	size_t esz = hpucoll_dtype_size(dt), per = STAGE_CHUNK / esz;
 	if (s->world == 1) /* the identity: nothing to stage */
 		return one_rank(recv, send, count * esz);
@@ -206,6 +222,8 @@ int hpu__dc_ireduce_scatter(hpu_strat *s, const void *send, void *recv, size_t r
 	size_t esz = hpucoll_dtype_size(dt), all = (size_t)s->world * recvcount * esz;
 	if (s->world == 1)
 		return one_rank(recv, send, all);
+	if (host_coll(s, "a reduce-scatter"))
+		return HPUCOLL_OK;
 	char *h = stage(s, all);
 	if (!h && all)
 		return HPUCOLL_ENOMEM;
@@ -227,7 +245,7 @@ int hpu__dc_iall_gather(hpu_strat *s, const void *send, void *recv, size_t sendc
 	       all = (size_t)s->world * n;
 	/* the own piece goes into place directly (in place: it is there) */
 	int rc = one_rank((char *)recv + at, send, n);
-	if (s->world == 1)
+	if (s->world == 1 || host_coll(s, "an all-gather"))
 		return rc;
 	char *h = stage(s, all);
 	if (!h && all)

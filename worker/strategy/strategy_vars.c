@@ -350,3 +350,53 @@ int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 		       h->step_no, before, h->loss_scale);
 	return checks_result(s);
 }
+
+/* ---- --graphs: what a recorded step's replays restore ---- */
+
+struct hpu__strat_snap {
+	int micros, checks_used;
+	hpu__checks_snap *checks;
+	int mbatch[];
+};
+
+hpu__strat_snap *hpu__strat_snap_take(hpu_strat *s)
+{
+	int n = s->vars.micros;
+	hpu__strat_snap *p = calloc(1, sizeof *p + (size_t)n * sizeof *p->mbatch);
+	if (!p)
+		return NULL;
+	p->micros = n;
+	p->checks_used = s->vars.checks_used;
+	if (n)
+		memcpy(p->mbatch, s->vars.mbatch, (size_t)n * sizeof *p->mbatch);
+	if (p->checks_used && !(p->checks = hpu__checks_save())) {
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+int hpu__strat_snap_replay(hpu_strat *s, const hpu__strat_snap *p, double lr)
+{
+	if (p->micros > s->vars.cap)
+		return hpu__strat_fail(s, "a recorded step of %d micro-steps replayed with room for %d",
+				       p->micros, s->vars.cap);
+	s->vars.micros = p->micros;
+	if (p->micros)
+		memcpy(s->vars.mbatch, p->mbatch, (size_t)p->micros * sizeof *p->mbatch);
+	s->vars.checks_used = p->checks_used;
+	if (p->checks && hpu__checks_restore(p->checks) < 0)
+		return hpu__strat_fail(s, "out of host memory for the recorded step's checks");
+	s->vars.lr_host[0] = lr;
+	s->vars.known = 0;
+	return 0;
+}
+
+void hpu__strat_snap_free(hpu__strat_snap **p)
+{
+	if (!*p)
+		return;
+	hpu__checks_snap_free((*p)->checks);
+	free(*p);
+	*p = NULL;
+}

@@ -1,0 +1,256 @@
+/* graphs: --graphs; see graphs.h. */
+#include "worker/runtime/graphs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/device/device.h"
+
+/* Recordings kept at once: a run has one shape, and one more where an
+ * epoch's last step is partial (and per accumulation pattern). Past
+ * them, a new shape runs eagerly. */
+#define GRAPHS_MAX 8
+
+typedef struct entry {
+	int *n;                 /* [accum] the micro-batches' sizes: the key */
+	hpu__dev_graph *graph;  /* the recording; NULL: none (yet, or refused) */
+	hpu__strat_snap *snap;  /* what its replays restore */
+	int refused;            /* 1: this shape runs eagerly */
+	size_t nodes;
+} entry;
+
+struct hpu__graphs {
+	int warmup, accum, micro, fields, rank, verbose;
+	size_t field_bytes[HPU_MAX_IO];
+	hpu_batch in[64];   /* the input buffers, per micro-step (accum <= 64) */
+	uint32_t *idx[64];
+	int *key;           /* this step's sizes */
+	entry e[GRAPHS_MAX];
+	int ne;
+	entry *cur;         /* this step's, where recorded or replayed */
+	int off;            /* the device records nothing: all eager */
+	int full_said;
+	long seen, replayed, eager;
+};
+
+int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fields,
+		    const size_t *field_bytes, int rank, int verbose, char *err, size_t errlen)
+{
+	*out = NULL;
+	if (accum < 1 || accum > 64 || fields > HPU_MAX_IO) {
+		snprintf(err, errlen, "--graphs: %d micro-steps per step; at most 64 are recorded",
+			 accum);
+		return -1;
+	}
+	hpu__graphs *g = calloc(1, sizeof *g);
+	if (!g || !(g->key = calloc((size_t)accum, sizeof *g->key)))
+		goto oom;
+	*g = (hpu__graphs){.warmup = warmup, .accum = accum, .micro = micro, .fields = fields,
+			   .rank = rank, .verbose = verbose, .key = g->key};
+	memcpy(g->field_bytes, field_bytes, (size_t)fields * sizeof *field_bytes);
+	*out = g;
+	for (int k = 0; k < accum; k++) {
+		for (int f = 0; f < fields; f++)
+			if (!(g->in[k].data[f] = hpu__dev_hbuf_alloc(
+				      HPU_MEM_OTHER, (size_t)micro * field_bytes[f],
+				      "--graphs' input buffers")))
+				goto oom;
+		if (!(g->idx[k] = calloc((size_t)micro, sizeof *g->idx[k])))
+			goto oom;
+		g->in[k].idx = g->idx[k];
+	}
+	return 0;
+oom:
+	snprintf(err, errlen, "--graphs: out of memory for the recording's input buffers (%d x %d samples)",
+		 accum, micro);
+	if (!*out)
+		free(g);
+	hpu__graphs_free(out);
+	return -1;
+}
+
+void hpu__graphs_free(hpu__graphs **pg)
+{
+	hpu__graphs *g = *pg;
+	if (!g)
+		return;
+	for (int i = 0; i < g->ne; i++) {
+		hpu__dev_graph_free(&g->e[i].graph);
+		hpu__strat_snap_free(&g->e[i].snap);
+		free(g->e[i].n);
+	}
+	for (int k = 0; k < g->accum; k++) {
+		for (int f = 0; f < g->fields; f++)
+			hpu__dev_hbuf_free(g->in[k].data[f]);
+		free(g->idx[k]);
+	}
+	free(g->key);
+	free(g);
+	*pg = NULL;
+}
+
+const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt)
+{
+	hpu_batch *in = &g->in[k];
+	int n = bt->n > g->micro ? g->micro : bt->n;
+	for (int f = 0; f < g->fields; f++)
+		memcpy(in->data[f], bt->data[f], (size_t)n * g->field_bytes[f]);
+	memcpy(g->idx[k], bt->idx, (size_t)n * sizeof *g->idx[k]);
+	in->n = n;
+	g->key[k] = n;
+	return in;
+}
+
+/* "64", "64 x 2 micro-steps" or "64, 64, 17": the shape, for messages. */
+static void shape(const hpu__graphs *g, const int *n, char *out, size_t len)
+{
+	int same = 1;
+	for (int k = 1; k < g->accum; k++)
+		same &= n[k] == n[0];
+	size_t at = 0;
+	if (same) {
+		snprintf(out, len, g->accum > 1 ? "%d samples x %d micro-steps" : "%d samples", n[0],
+			 g->accum);
+		return;
+	}
+	for (int k = 0; k < g->accum && at < len; k++)
+		at += (size_t)snprintf(out + at, len - at, "%s%d", k ? ", " : "", n[k]);
+	if (at < len)
+		snprintf(out + at, len - at, " samples");
+}
+
+static entry *find(hpu__graphs *g)
+{
+	for (int i = 0; i < g->ne; i++)
+		if (!memcmp(g->e[i].n, g->key, (size_t)g->accum * sizeof *g->key))
+			return &g->e[i];
+	return NULL;
+}
+
+hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only)
+{
+	g->cur = NULL;
+	if (g->off || eager_only || g->seen++ < g->warmup)
+		goto eager;
+	entry *e = find(g);
+	if (e && e->graph) {
+		g->cur = e;
+		g->replayed++;
+		return HPU__GRAPH_REPLAY;
+	}
+	if (e) /* refused */
+		goto eager;
+	if (g->ne == GRAPHS_MAX) {
+		if (!g->full_said && g->verbose && g->rank == 0) {
+			char sh[128];
+			shape(g, g->key, sh, sizeof sh);
+			printf("graphs: step %ld: %d recordings kept already: the step of %s runs "
+			       "eagerly, as every new shape from now on\n",
+			       step + 1, GRAPHS_MAX, sh);
+		}
+		g->full_said = 1;
+		goto eager;
+	}
+	e = &g->e[g->ne];
+	if (!(e->n = malloc((size_t)g->accum * sizeof *e->n)))
+		goto eager; /* out of memory: eager, as refused */
+	memcpy(e->n, g->key, (size_t)g->accum * sizeof *e->n);
+	g->ne++;
+	g->cur = e;
+	return HPU__GRAPH_RECORD;
+eager:
+	g->eager++;
+	return HPU__GRAPH_EAGER;
+}
+
+int hpu__graphs_record_begin(hpu__graphs *g)
+{
+	char err[512];
+	if (hpu__dev_capture_begin(err, sizeof err) == 0)
+		return 0;
+	/* the device records nothing: every step eager, said once */
+	g->off = 1;
+	if (g->cur) {
+		free(g->cur->n);
+		g->ne--;
+		g->cur = NULL;
+	}
+	g->eager++;
+	if (g->rank == 0)
+		hpu__log(HPU_LOG_WARNING, "--graphs: %s; the training steps run eagerly", err);
+	return -1;
+}
+
+int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
+			   hpu__graphs_agree_fn *agree, void *arg, char *err, size_t errlen)
+{
+	entry *e = g->cur;
+	hpu__dev_graph *gr = NULL;
+	char why[512] = "";
+	int rc = hpu__dev_capture_end(&gr, why, sizeof why);
+	if (rc < 0) {
+		snprintf(err, errlen, "--graphs: recording step %ld failed: %s", step + 1, why);
+		return -1;
+	}
+	int ok = rc == 0, mine = ok;
+	if (agree && agree(arg, &ok) < 0) {
+		hpu__dev_graph_free(&gr);
+		snprintf(err, errlen, "--graphs: the ranks could not agree on step %ld's recording",
+			 step + 1);
+		return -1;
+	}
+	char sh[128];
+	shape(g, e->n, sh, sizeof sh);
+	if (ok) {
+		e->graph = gr;
+		e->nodes = hpu__dev_graph_nodes(gr);
+		if (!(e->snap = hpu__strat_snap_take(s))) {
+			snprintf(err, errlen, "--graphs: out of host memory for a recording's state");
+			return -1;
+		}
+		if (g->verbose && g->rank == 0)
+			printf("graphs: step %ld: recorded the step of %s: %zu device calls, replayed "
+			       "from now on\n",
+			       step + 1, sh, e->nodes);
+		g->replayed++; /* launched now */
+		return 1;
+	}
+	hpu__dev_graph_free(&gr);
+	e->refused = 1;
+	g->cur = NULL;
+	g->eager++;
+	if (g->verbose && g->rank == 0)
+		printf("graphs: step %ld: the step of %s is not recorded: %s; it runs eagerly\n",
+		       step + 1, sh,
+		       mine ? "another rank's recording was refused" : why);
+	return 0;
+}
+
+int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_t errlen)
+{
+	entry *e = g->cur;
+	if (!e || !e->graph) {
+		snprintf(err, errlen, "--graphs: no recording to launch");
+		return -1;
+	}
+	if (hpu__strat_snap_replay(s, e->snap, lr) < 0)
+		return -1;
+	char why[512];
+	if (hpu__dev_graph_launch(e->graph, why, sizeof why) < 0) {
+		snprintf(err, errlen, "--graphs: replaying the recorded step failed: %s", why);
+		return -1;
+	}
+	return 0;
+}
+
+void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded)
+{
+	*replayed = g->replayed;
+	*eager = g->eager;
+	int n = 0;
+	for (int i = 0; i < g->ne; i++)
+		n += g->e[i].graph != NULL;
+	*recorded = n;
+}

@@ -1,0 +1,69 @@
+/* graphs: --graphs (issue 36), HPU graphs for training. After
+ * --graphs-warmup eager steps, a training step is recorded once per
+ * batch shape (the micro-batches' sizes) with the device's recording
+ * (device.h: hpu__dev_capture_begin .. _end; a CUDA graph, or the CPU's
+ * twin on cpu-strict) and replayed every later step of that shape: the
+ * host copies the micro-batches into the recording's input buffers,
+ * puts the step's learning rate into the pinned block it reads, launches
+ * it and reads the step's results after it (hpu__strat_step_result).
+ * A shape whose step cannot be recorded (the device's reason, or the
+ * runtime's: collectives through the host, a host-only layer, dropout's
+ * host keys, fp8) runs eagerly, said once under --verbose; a device
+ * that records nothing makes every step eager, said once as a warning.
+ *
+ * The steps are recordable (hpu__strat_set_recordable) from the first
+ * one, so that the eager steps compute what the replays compute, bit for
+ * bit. */
+#ifndef HPU_GRAPHS_H
+#define HPU_GRAPHS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/strategy/strategy.h"
+
+typedef struct hpu__graphs hpu__graphs;
+
+/* How one step is to run. */
+typedef enum hpu__graph_mode {
+	HPU__GRAPH_EAGER = 0, /* the host code runs the step on the device */
+	HPU__GRAPH_RECORD,    /* record it now (then launch, or run it eagerly) */
+	HPU__GRAPH_REPLAY,    /* launch the shape's recording */
+} hpu__graph_mode;
+
+/* For `accum` micro-steps of up to `micro` samples of the training
+ * set's fields (fields, field_bytes[f] bytes a sample). 0, or -1 with a
+ * sentence in err. */
+int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fields,
+		    const size_t *field_bytes, int rank, int verbose, char *err, size_t errlen);
+void hpu__graphs_free(hpu__graphs **g);
+
+/* Micro-step k's batch, copied into the input buffers: the batch the
+ * step's forward reads (the same addresses every step). */
+const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt);
+
+/* Once every micro-batch is in: how this step runs (`eager_only`: it
+ * must run eagerly, e.g. --inject-overflow-step's step). */
+hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only);
+
+/* HPU__GRAPH_RECORD: start before the step's host code (0; -1 where the
+ * device records nothing: the mode falls to eager for good, with a
+ * warning on rank 0); end after hpu__strat_step, keeping the recording
+ * (1: launch it now, as a replay) or its refusal (0: run the step
+ * eagerly now; the shape stays eager). `agree` makes every rank's answer
+ * the same (a MIN over the ranks: NULL at one rank); -1 with err on a
+ * failure. */
+int hpu__graphs_record_begin(hpu__graphs *g);
+typedef int hpu__graphs_agree_fn(void *arg, int *ok);
+int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
+			   hpu__graphs_agree_fn *agree, void *arg, char *err, size_t errlen);
+
+/* HPU__GRAPH_REPLAY (and after a kept recording): the strategy's state
+ * restored, `lr` put in place, the recording launched. 0, or -1 with
+ * err. */
+int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_t errlen);
+
+/* Steps replayed and run eagerly so far; recordings kept. */
+void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded);
+
+#endif
