@@ -1,0 +1,265 @@
+/* test_graphs: --graphs (issue 36), a training step recorded once per
+ * batch shape and replayed, on the CPU's twin of a CUDA graph
+ * (--device cpu-strict, whose kernels-only table makes every access to
+ * device memory a kernel call the recording holds).
+ *
+ * The real launcher and workers train the example MLP with and without
+ * --graphs; the parameters they save must be the same bytes:
+ *   - every strategy at 1 worker, fp32 and bf16-mixed, through a cosine
+ *     schedule with clipping and 2 micro-steps a step;
+ *   - 16-mixed with an overflow injected after the recording (a skipped
+ *     step, the loss scale halved on the device, the replays after it);
+ *   - a checkpoint written under --graphs and resumed under --graphs;
+ *   - an epoch whose last batch is smaller: a second recording, both
+ *     kept and replayed.
+ * And what cannot be recorded runs eagerly with its reason under
+ * --verbose, and still trains to the same parameters: 2 workers (their
+ * collectives run through the host), dropout (its keys are the host's,
+ * per step), --device cpu (no recording: a warning). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/integration/runlib.h"
+
+#define MLP_ARGS "--hidden 32 --depth 2"
+
+static char dir[] = "/tmp/hpu-graphs-XXXXXX";
+
+/* One run: `workers` on `device`, --graphs where graphs, the parameters
+ * saved to dir/name.bin; extra options NULL-terminated. Its output
+ * (caller frees); exit `want`. */
+static char *train(const char *name, int workers, const char *device, int graphs,
+		   const char *model, const char *margs, ...)
+{
+	run r;
+	char path[512];
+	snprintf(path, sizeof path, "%s/%s.bin", dir, name);
+	start(&r, workers);
+	args(&r, "--device", device, "--batch-size", "32", "--save-params", path, "--verbose",
+	     NULL);
+	if (graphs)
+		args(&r, "--graphs", "--graphs-warmup", "2", NULL);
+	va_list ap;
+	va_start(ap, margs);
+	for (const char *a; (a = va_arg(ap, const char *));)
+		arg(&r, a);
+	va_end(ap);
+	return finish_with(&r, 0, model ? model : MODEL, margs ? margs : MLP_ARGS);
+}
+
+static int same_file(const char *a, const char *b)
+{
+	char pa[512], pb[512];
+	snprintf(pa, sizeof pa, "%s/%s.bin", dir, a);
+	snprintf(pb, sizeof pb, "%s/%s.bin", dir, b);
+	size_t na = 0, nb = 0;
+	char *x = h_slurp_n(pa, &na), *y = h_slurp_n(pb, &nb);
+	int same = x && y && na == nb && na > 1000 && memcmp(x, y, na) == 0;
+	free(x);
+	free(y);
+	return same;
+}
+
+/* The number after `key` in out (the first one), or -1. */
+static long number_after(const char *out, const char *key)
+{
+	const char *p = strstr(out, key);
+	return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* "graphs: R steps replayed from N recording(s), E run eagerly" */
+static void replays(const char *out, long *replayed, long *recorded, long *eager)
+{
+	const char *p = strstr(out, "graphs: ");
+	*replayed = *recorded = *eager = -1;
+	for (; p; p = strstr(p + 1, "graphs: ")) {
+		long a, b, c;
+		if (sscanf(p, "graphs: %ld steps replayed from %ld recording%*[s], %ld run eagerly", &a,
+			   &b, &c) == 3 ||
+		    sscanf(p, "graphs: %ld steps replayed from %ld recording, %ld run eagerly", &a, &b,
+			   &c) == 3) {
+			*replayed = a;
+			*recorded = b;
+			*eager = c;
+		}
+	}
+}
+
+/* Eager and --graphs give the same parameters; the recording was kept and
+ * replayed (steps - warmup - extra_eager of them). */
+static void same_with_graphs(const char *name, int steps, int extra_eager, const char *strategy,
+			     const char *precision, const char *inject)
+{
+	char a[96], b[96], st[16];
+	snprintf(a, sizeof a, "%s-eager", name);
+	snprintf(b, sizeof b, "%s-graphs", name);
+	snprintf(st, sizeof st, "%d", steps);
+	const char *inj = inject ? "--inject-overflow-step" : NULL;
+	char *oa = train(a, 1, "cpu-strict", 0, NULL, NULL, "--strategy", strategy, "--precision",
+			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
+			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
+	char *ob = train(b, 1, "cpu-strict", 1, NULL, NULL, "--strategy", strategy, "--precision",
+			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
+			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	int same = same_file(a, b);
+	printf("  %-8s %-10s %s: %ld replayed from %ld recording(s), %ld eager: parameters %s\n",
+	       strategy, precision, inject ? "overflow injected" : "", replayed, recorded, eager,
+	       same ? "the same" : "DIFFERENT");
+	if (recorded != 1 || !same)
+		fprintf(stderr, "--graphs output:\n%s\n", ob);
+	assert_int_equal(recorded, 1);
+	assert_int_equal(replayed, steps - 2 - extra_eager);
+	assert_int_equal(eager, 2 + extra_eager);
+	assert_non_null(strstr(ob, "graphs: step 3: recorded the step of 16 samples x 2 "
+				   "micro-steps: "));
+	assert_true(same);
+	free(oa);
+	free(ob);
+}
+
+static void test_strategies_fp32(void **state)
+{
+	(void)state;
+	static const char *const st[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
+	for (size_t k = 0; k < 5; k++)
+		same_with_graphs("fp32", 6, 0, st[k], "fp32", NULL);
+}
+
+static void test_strategies_bf16(void **state)
+{
+	(void)state;
+	static const char *const st[] = {"fast_ddp", "zero1", "zero3"};
+	for (size_t k = 0; k < 3; k++)
+		same_with_graphs("bf16", 6, 0, st[k], "bf16-mixed", NULL);
+}
+
+/* 16-mixed: step 5 overflows (run eagerly, on its own), is skipped on
+ * the device, and the replays after it read the halved scale there */
+static void test_overflow_skipped(void **state)
+{
+	(void)state;
+	same_with_graphs("fp16", 7, 1, "fast_ddp", "16-mixed", "5");
+}
+
+/* A checkpoint at step 4 of a --graphs run, resumed under --graphs to
+ * step 8: the same parameters as 8 steps straight, eagerly. */
+static void test_resume(void **state)
+{
+	(void)state;
+	char ck[600];
+	snprintf(ck, sizeof ck, "%s/ck", dir);
+	free(train("straight", 1, "cpu-strict", 0, NULL, NULL, "--max-steps", "8", "--precision",
+		   "bf16-mixed", NULL));
+	free(train("first", 1, "cpu-strict", 1, NULL, NULL, "--max-steps", "4", "--precision",
+		   "bf16-mixed", "--checkpoint-dir", ck, "--checkpoint-every", "4", NULL));
+	char *o = train("resumed", 1, "cpu-strict", 1, NULL, NULL, "--max-steps", "8",
+			"--precision", "bf16-mixed", "--checkpoint-dir", ck, "--resume", "auto",
+			NULL);
+	long replayed, recorded, eager;
+	replays(o, &replayed, &recorded, &eager);
+	printf("  resumed at step 4 under --graphs: %ld replayed, %ld eager; parameters %s\n",
+	       replayed, eager, same_file("straight", "resumed") ? "the same" : "DIFFERENT");
+	assert_non_null(strstr(o, "resumed from"));
+	assert_int_equal(recorded, 1);
+	assert_int_equal(replayed, 2);
+	assert_true(same_file("straight", "resumed"));
+	free(o);
+}
+
+/* 60 training samples (--val-fraction keeps 0.1% of 60,000) in batches
+ * of 16: 16, 16, 16 and 12 an epoch. Two shapes, two recordings. */
+static void test_shapes(void **state)
+{
+	(void)state;
+	char *oa = train("shapes-eager", 1, "cpu-strict", 0, NULL, NULL, "--batch-size", "16",
+			 "--val-fraction", "0.999", "--max-steps", "12", NULL);
+	char *ob = train("shapes-graphs", 1, "cpu-strict", 1, NULL, NULL, "--batch-size", "16",
+			 "--val-fraction", "0.999", "--max-steps", "12", NULL);
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	int same = same_file("shapes-eager", "shapes-graphs");
+	printf("  batches of 16 and 12: %ld recordings, %ld replayed, %ld eager; parameters %s\n",
+	       recorded, replayed, eager, same ? "the same" : "DIFFERENT");
+	if (recorded != 2)
+		fprintf(stderr, "%s\n", ob);
+	assert_int_equal(recorded, 2);
+	assert_non_null(strstr(ob, "recorded the step of 16 samples: "));
+	assert_non_null(strstr(ob, "recorded the step of 12 samples: "));
+	assert_int_equal(replayed + eager, 12);
+	assert_true(same);
+	free(oa);
+	free(ob);
+}
+
+/* What cannot be recorded runs eagerly, said once with its reason, and
+ * trains as without --graphs. */
+static void test_refusals(void **state)
+{
+	(void)state;
+	/* two workers: the gradients' all-reduce is libhpucoll's */
+	char *oa = train("two-eager", 2, "cpu-strict", 0, NULL, NULL, "--max-steps", "4", NULL);
+	char *ob = train("two-graphs", 2, "cpu-strict", 1, NULL, NULL, "--max-steps", "4", NULL);
+	const char *why = strstr(ob, "graphs: step 3: the step of 16 samples is not recorded: ");
+	printf("  2 workers: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "between the 2 workers runs on the host (libhpucoll"));
+	assert_true(same_file("two-eager", "two-graphs"));
+	free(oa);
+	free(ob);
+	/* dropout: gpt_lm's keys are drawn on the host every step */
+	const char *gpt = h_build("lib/gpt_lm.so"), *gargs = "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0";
+	oa = train("gpt-eager", 1, "cpu-strict", 0, gpt, gargs, "--max-steps", "4", NULL);
+	ob = train("gpt-graphs", 1, "cpu-strict", 1, gpt, gargs, "--max-steps", "4", NULL);
+	why = strstr(ob, "is not recorded: ");
+	printf("  gpt_lm: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "dropout"));
+	assert_true(same_file("gpt-eager", "gpt-graphs"));
+	free(oa);
+	free(ob);
+	/* --device cpu records nothing: a warning, every step eager */
+	ob = train("cpu-graphs", 1, "cpu", 1, NULL, NULL, "--max-steps", "4", NULL);
+	const char *w = strstr(ob, "--graphs: ");
+	printf("  cpu: %.*s\n", w ? (int)strcspn(w, "\n") : 4, w ? w : "none");
+	assert_non_null(w);
+	assert_non_null(strstr(w, "the training steps run eagerly"));
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	assert_int_equal(replayed, 0);
+	assert_int_equal(eager, 4);
+	assert_int_equal(number_after(ob, "trained "), 4);
+	free(ob);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	h_rmtree(dir);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
+	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
+	    cmocka_unit_test(test_shapes),           cmocka_unit_test(test_refusals),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
