@@ -165,6 +165,27 @@ eager:
 	return HPU__GRAPH_EAGER;
 }
 
+void hpu__graphs_mismatch(hpu__graphs *g, long step)
+{
+	entry *e = g->cur;
+	g->cur = NULL;
+	if (e && e->graph) /* was to replay */
+		g->replayed--;
+	else if (!e) /* was eager: counted already */
+		return;
+	g->eager++;
+	if (e->graph)
+		return;
+	e->refused = 1; /* was to record */
+	if (g->verbose && g->rank == 0) {
+		char sh[128];
+		shape(g, e->n, sh, sizeof sh);
+		printf("graphs: step %ld: the step of %s is not recorded: the ranks' micro-batches "
+		       "differ in size at this step; it runs eagerly\n",
+		       step + 1, sh);
+	}
+}
+
 int hpu__graphs_record_begin(hpu__graphs *g)
 {
 	char err[512];

@@ -46,6 +46,12 @@ const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt);
  * must run eagerly, e.g. --inject-overflow-step's step). */
 hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only);
 
+/* The ranks did not all choose the same mode for this step (their
+ * micro-batches' sizes differ): it runs eagerly; a recording it was to
+ * make is given up for good (the shape stays eager), said under
+ * --verbose. */
+void hpu__graphs_mismatch(hpu__graphs *g, long step);
+
 /* HPU__GRAPH_RECORD: start before the step's host code (0; -1 where the
  * device records nothing: the mode falls to eager for good, with a
  * warning on rank 0); end after hpu__strat_step, keeping the recording

@@ -550,6 +550,16 @@ static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	/* --inject-overflow-step's step is its own: never recorded or replayed */
 	int own = L->o->inject_overflow_step > 0 && L->o->inject_overflow_step == gstep + 1;
 	hpu__graph_mode mode = hpu__graphs_mode(L->graphs, gstep, own);
+	if (L->world > 1) { /* every rank the same way, or all eagerly */
+		int32_t v[2] = {(int32_t)mode, -(int32_t)mode};
+		int rc = hpucoll_all_reduce(L->comm, v, v, 2, HPUCOLL_I32, HPUCOLL_MIN);
+		if (rc)
+			return coll_fail(L, "--graphs' agreement", rc);
+		if (v[0] != -v[1]) {
+			hpu__graphs_mismatch(L->graphs, gstep);
+			mode = HPU__GRAPH_EAGER;
+		}
+	}
 	int64_t t0 = hpu__prof_t0();
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs) < 0)
 		mode = HPU__GRAPH_EAGER;
