@@ -225,6 +225,19 @@ PY
       row "$m $p samples/s" "$o" "$(tcell "$t" "$out/torch-$m.log")" "$note"
       [ -n "${got[$p-find]:-}" ] && row "$m $p samples/s, HPU_CUDNN_FIND=1" "${got[$p-find]}" "$(tcell "$t" "$out/torch-$m.log")" "ratio $(ratio "${got[$p-find]}" "$t")"
     done
+    # --graphs (issue 36): the step recorded as a CUDA graph and replayed;
+    # the log's "graphs:" lines say what was recorded, or why not
+    for p in fp32 bf16; do
+      prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
+      ours "ours-$m-$p-graphs" "$prec" 256 "${STEPS:-200}" 90 --graphs --verbose \
+        "$build/lib/fmnist_$m.so" -- --data "$data"
+      g=$(cell "${sps%.*}")
+      t=$(theirs "$m" "$p" samples_per_s "torch-$m")
+      said=$(grep -a -o -E 'graphs: [^[]*(recorded the step|not recorded|steps replayed)[^[]*' "$out/ours-$m-$p-graphs.log" | tr '\n' ';' | cut -c1-200)
+      case $g in FAILED|"not run"|"timed out") said="ours: $(why "$out/ours-$m-$p-graphs.log")";; esac
+      row "$m $p samples/s --graphs" "$g" "$(tcell "$t" "$out/torch-$m.log")" \
+        "ratio $(ratio "$g" "$t"); ours eager ${got[$p]}: $(ratio "$g" "${got[$p]}"); $said"
+    done
     unset got
   done
 
