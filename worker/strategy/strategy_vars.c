@@ -387,7 +387,7 @@ int hpu__strat_snap_replay(hpu_strat *s, const hpu__strat_snap *p, double lr)
 	s->vars.checks_used = p->checks_used;
 	if (p->checks && hpu__checks_restore(p->checks) < 0)
 		return hpu__strat_fail(s, "out of host memory for the recorded step's checks");
-	s->vars.lr_host[0] = lr;
+	put_lr(s, lr);
 	s->vars.known = 0;
 	return 0;
 }
