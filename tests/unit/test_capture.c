@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <pthread.h>
 
 #include <cmocka.h>
 
@@ -326,6 +327,26 @@ static void refuse_dropout(void)
 	hpu_dropout_forward(rsrc, rbuf, (uint8_t *)rbuf + 64, 4, 0.5f, 1, 2);
 }
 
+static void *other_thread(void *arg)
+{
+	(void)arg;
+	hpu__dev_memset(NULL, rbuf, 0, 64 * 4); /* runs now, unrecorded */
+	return NULL;
+}
+
+static void refuse_other_thread(void)
+{
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, other_thread, NULL), 0);
+	pthread_join(t, NULL);
+}
+
+static void refuse_enter(void)
+{
+	hpu__dev_enter();
+	hpu__dev_leave();
+}
+
 static void refuse_stack_h2d(void)
 {
 	float h[4] = {1, 2, 3, 4};
@@ -354,6 +375,13 @@ static void test_refusals(void **state)
 	     "the kernel dropout_fwd takes dropout's keys, which the host "
 	     "draws "
 	     "each step: a replay would repeat the recorded step's mask"},
+	    {refuse_other_thread,
+	     "hpu__dev_memset ran on another thread while a step was recorded "
+	     "(only the "
+	     "recording thread's device work is recorded)"},
+	    {refuse_enter, "hpu__dev_enter: host code opened device memory "
+	                   "while a step was recorded (its "
+	                   "work runs now, not at each launch)"},
 	    {refuse_stack_h2d,
 	     "hpu__dev_h2d: a copy from host memory that is not pinned memory "
 	     "(hpu__dev_host_alloc): a replay reads its source when it runs"},
@@ -604,7 +632,7 @@ static const struct {
 static void test_every_entry(void **state)
 {
 	(void)state;
-	close_dev(); /* (what a failed test left) */
+	close_dev();       /* (what a failed test left) */
 	hpu__be_set(&spy); /* the kernels-only table wraps the spy */
 	open_dev("cpu-strict", 1);
 	const hpu__backend *t = hpu__be();
@@ -721,7 +749,8 @@ static void test_kernel_details(void **state)
 	/* an embedding whose ids' check is deferred: the replay skips the
 	 * id past the vocabulary as the eager call did */
 	const int vocab = 4, dim = 3;
-	float table[40], ye[18], yr[18]; /* rows past the vocabulary: not zero */
+	float table[40], ye[18],
+	    yr[18]; /* rows past the vocabulary: not zero */
 	fill(table, 40, 9);
 	float *dt = dev_in(table, sizeof table), *dye = dev_in(NULL, sizeof ye);
 	hpu__checks_arm(slots, 4);

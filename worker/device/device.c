@@ -33,13 +33,15 @@ static atomic_uint_fast64_t copied_h2d, copied_d2h;
  * by the main thread and read by any thread that calls the device. */
 static int step_strict;
 static atomic_int step_on;
-/* Recording (hpu__dev_capture_begin): the calling thread's graph, the
- * first reason it was refused (refused set), and whether any thread
- * records (one at a time). */
+/* Recording (hpu__dev_capture_begin): the calling thread's graph,
+ * whether any thread records (one at a time), and the first reason the
+ * recording was refused (refused set; from any thread: work another
+ * thread gives the device meanwhile is not recorded). */
 static _Thread_local hpu__dev_graph *rec;
-static _Thread_local int refused;
-static _Thread_local char refused_why[512];
 static atomic_int rec_busy;
+static pthread_mutex_t refused_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int refused;
+static char refused_why[512];
 
 /* ---- the cpu device: host memory, work done when issued ---- */
 
@@ -523,16 +525,37 @@ static void step_value(const char *op, const void *src)
 
 /* ---- device calls, copies ---- */
 
-void hpu__dev_enter(void)
+/* device.c's own device calls (copies, fills, the runtime's ops, a
+ * launch) */
+static void dev_open(void)
 {
 	if (cur->enter)
 		cur->enter();
 }
 
-void hpu__dev_leave(void)
+static void dev_close(void)
 {
 	if (cur->leave)
 		cur->leave();
+}
+
+static int listing(void);
+
+/* Host code that opens device memory while a step is recorded into the
+ * CPU's list would do its work now, not at each launch: refused (it still
+ * opens, so the code runs rather than faults). */
+void hpu__dev_enter(void)
+{
+	hpu__dev_rec_foreign("hpu__dev_enter");
+	if (listing())
+		hpu__dev_capture_refuse("hpu__dev_enter: host code opened device memory while a "
+					"step was recorded (its work runs now, not at each launch)");
+	dev_open();
+}
+
+void hpu__dev_leave(void)
+{
+	dev_close();
 }
 
 void hpu__dev_layer_enter(void)
@@ -549,9 +572,9 @@ void hpu__dev_layer_leave(void)
 
 static void copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
-	hpu__dev_enter();
+	dev_open();
 	cur->copy(q, dst, src, n);
-	hpu__dev_leave();
+	dev_close();
 }
 
 /* ---- recording: the copies' and fills' nodes ---- */
@@ -588,9 +611,9 @@ static int run_d2d(const void *p)
 static int run_fill(const void *p)
 {
 	const copy_args *a = p;
-	hpu__dev_enter();
+	dev_open();
 	cur->fill(NULL, a->dst, a->byte, a->n);
-	hpu__dev_leave();
+	dev_close();
 	return 0;
 }
 
@@ -623,6 +646,7 @@ static void d2h_refused(const char *op)
 
 void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
+	hpu__dev_rec_foreign("hpu__dev_h2d");
 	if (rec && h2d_refused("hpu__dev_h2d", src, n))
 		return;
 	if (listing()) {
@@ -635,6 +659,7 @@ void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 
 void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
+	hpu__dev_rec_foreign("hpu__dev_d2h");
 	if (rec) {
 		d2h_refused("hpu__dev_d2h");
 		return;
@@ -648,6 +673,7 @@ void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
  * bytes cross the bus: counted as the h2d or d2h copy they are. */
 void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
+	hpu__dev_rec_foreign("hpu__dev_d2d");
 	if (rec && n && cur->owns && !cur->owns(dst)) {
 		d2h_refused("hpu__dev_d2d");
 		return;
@@ -672,13 +698,14 @@ static void on_device(const char *op, const void *p);
 void hpu__dev_memset(hpu__dev_queue *q, void *dst, int byte, size_t n)
 {
 	on_device("memset", dst);
+	hpu__dev_rec_foreign("hpu__dev_memset");
 	if (listing()) {
 		rec_copy("hpu__dev_memset", run_fill, dst, NULL, n, byte);
 		return;
 	}
-	hpu__dev_enter();
+	dev_open();
 	cur->fill(q, dst, byte, n);
-	hpu__dev_leave();
+	dev_close();
 }
 
 int hpu__dev_owns(const void *p)
@@ -730,9 +757,9 @@ int hpu__dev_group_open(hpu__dev_group **out, int rank, int world, size_t bytes,
 		snprintf(why, whylen, "a group cannot be set up while a step is recorded");
 		return -1;
 	}
-	hpu__dev_enter();
+	dev_open();
 	int rc = cur->coll->open(out, rank, world, bytes, xchg, arg, why, whylen);
-	hpu__dev_leave();
+	dev_close();
 	return rc;
 }
 
@@ -747,9 +774,9 @@ int hpu__dev_group_all_reduce(hpu__dev_group *g, const void *send, void *recv, s
 					cur->name);
 		return 0;
 	}
-	hpu__dev_enter();
+	dev_open();
 	int rc = cur->coll->all_reduce(g, send, recv, count, dt);
-	hpu__dev_leave();
+	dev_close();
 	return rc;
 }
 
@@ -759,9 +786,9 @@ void hpu__dev_group_close(hpu__dev_group **g)
 		return;
 	if (rec) /* a last exchange through the host */
 		hpu__dev_capture_refuse("hpu__dev_group_close: a group is closed through the host");
-	hpu__dev_enter();
+	dev_open();
 	cur->coll->close(*g);
-	hpu__dev_leave();
+	dev_close();
 	*g = NULL;
 }
 
@@ -795,6 +822,7 @@ void hpu__dev_event_record(hpu__dev_queue *q, hpu__dev_event *ev)
  * the capture), and a step waits only to read something. */
 void hpu__dev_event_wait(const hpu__dev_event *ev)
 {
+	hpu__dev_rec_foreign("hpu__dev_event_wait");
 	if (rec) {
 		hpu__dev_capture_refuse("hpu__dev_event_wait: a wait on the host");
 		return;
@@ -807,6 +835,7 @@ void hpu__dev_event_wait(const hpu__dev_event *ev)
 void hpu__dev_queue_sync(hpu__dev_queue *q)
 {
 	hpu__dev_event ev;
+	hpu__dev_rec_foreign("hpu__dev_queue_sync");
 	if (rec) {
 		hpu__dev_capture_refuse("hpu__dev_queue_sync: a wait on the host");
 		return;
@@ -862,9 +891,9 @@ static void on_device(const char *op, const void *p)
 	static int rr_##name(const void *p)                                            \
 	{                                                                              \
 		const struct rt_##name *node_ = p;                                         \
-		hpu__dev_enter();                                                      \
+		dev_open();                                                      \
 		cur->rt->name(KL_FC(RT_ARG, KL_UNPAREN args));                         \
-		hpu__dev_leave();                                                      \
+		dev_close();                                                      \
 		return 0;                                                              \
 	}                                                                              \
 	static void rec_##name params                                                  \
@@ -926,25 +955,27 @@ RT_DEF(optim16,
 
 #define RT_CALL(name, args)                                                            \
 	do {                                                                           \
+		hpu__dev_rec_foreign("hpu__dev_" #name);                               \
 		if (listing()) {                                                       \
 			rec_##name args;                                               \
 			break;                                                         \
 		}                                                                      \
-		hpu__dev_enter();                                                      \
+		dev_open();                                                      \
 		cur->rt->name args;                                                    \
-		hpu__dev_leave();                                                      \
+		dev_close();                                                      \
 	} while (0)
 /* A value back to the host: no recording can hold one (refused, 0). */
 #define RT_VALUE(type, name, args)                                                     \
 	do {                                                                           \
+		hpu__dev_rec_foreign("hpu__dev_" #name);                               \
 		if (rec) {                                                             \
 			hpu__dev_capture_refuse("hpu__dev_" #name                      \
 						": an op that returns a value to the host"); \
 			return 0;                                                      \
 		}                                                                      \
-		hpu__dev_enter();                                                      \
+		dev_open();                                                      \
 		type r_ = cur->rt->name args;                                          \
-		hpu__dev_leave();                                                      \
+		dev_close();                                                      \
 		return r_;                                                             \
 	} while (0)
 
@@ -1159,7 +1190,7 @@ static void *graph_bytes(hpu__dev_graph *g, size_t bytes)
 void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes)
 {
 	hpu__dev_graph *g = rec;
-	if (!g || refused) /* refused already: nothing more is kept */
+	if (!g || atomic_load_explicit(&refused, memory_order_relaxed)) /* nothing more kept */
 		return NULL;
 	if (g->n == g->cap) {
 		size_t cap = g->cap ? g->cap * 2 : 256;
@@ -1178,7 +1209,7 @@ void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes)
 
 const void *hpu__dev_rec_keep(const void *src, size_t bytes)
 {
-	if (!rec || refused || !src)
+	if (!rec || atomic_load_explicit(&refused, memory_order_relaxed) || !src)
 		return NULL;
 	void *p = graph_bytes(rec, bytes ? bytes : 1);
 	if (p && bytes)
@@ -1202,7 +1233,11 @@ static void graph_drop(hpu__dev_graph *g)
 
 int hpu__dev_capture_begin(char *err, size_t errlen)
 {
-	if (!hpu__dev_caps_get()->can_capture) {
+	/* the CPU's list records cpu-strict's kernels-only table; any other
+	 * device records itself */
+	int can = hpu__dev_caps_get()->can_capture &&
+		  (cur->recorder || (cur == &hpu__dev_cpu_strict && kernels_set));
+	if (!can) {
 		if (cur == &hpu__dev_cpu)
 			snprintf(err, errlen,
 				 "--graphs records under --device cpu-strict (its kernels-only table: "
@@ -1234,8 +1269,10 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
 		atomic_store(&rec_busy, 0);
 		return -1;
 	}
-	refused = 0;
+	pthread_mutex_lock(&refused_mu);
+	atomic_store(&refused, 0);
 	refused_why[0] = '\0';
+	pthread_mutex_unlock(&refused_mu);
 	rec = g;
 	return 0;
 }
@@ -1245,15 +1282,41 @@ int hpu__dev_capturing(void)
 	return rec != NULL;
 }
 
+static void refuse_v(const char *fmt, va_list ap)
+{
+	pthread_mutex_lock(&refused_mu);
+	if (!atomic_load(&refused)) {
+		vsnprintf(refused_why, sizeof refused_why, fmt, ap);
+		atomic_store(&refused, 1);
+	}
+	pthread_mutex_unlock(&refused_mu);
+}
+
 void hpu__dev_capture_refuse(const char *fmt, ...)
 {
-	if (!rec || refused)
+	if (!rec || atomic_load_explicit(&refused, memory_order_relaxed))
 		return;
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(refused_why, sizeof refused_why, fmt, ap);
+	refuse_v(fmt, ap);
 	va_end(ap);
-	refused = 1;
+}
+
+static void refuse_other(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	refuse_v(fmt, ap);
+	va_end(ap);
+}
+
+void hpu__dev_rec_foreign(const char *what)
+{
+	if (rec || !atomic_load_explicit(&rec_busy, memory_order_relaxed) || cur->recorder)
+		return;
+	refuse_other("%s ran on another thread while a step was recorded (only the recording "
+		     "thread's device work is recorded)",
+		     what);
 }
 
 int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
@@ -1269,10 +1332,12 @@ int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
 	int rc = 0;
 	if (cur->recorder)
 		rc = cur->recorder->end(&g->dev, why, whylen);
-	if (refused) { /* the first reason, whatever the device said after it */
+	pthread_mutex_lock(&refused_mu);
+	if (atomic_load(&refused)) { /* the first reason, whatever the device said after it */
 		snprintf(why, whylen, "%s", refused_why);
 		rc = 1;
 	}
+	pthread_mutex_unlock(&refused_mu);
 	if (rc != 0)
 		graph_drop(g);
 	else
@@ -1291,7 +1356,7 @@ int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen)
 	if (g->dev)
 		return cur->recorder->launch(g->dev, err, errlen);
 	int rc = 0;
-	hpu__dev_enter(); /* one device call: the nodes' own nest inside it */
+	dev_open(); /* one device call: the nodes' own nest inside it */
 	for (size_t i = 0; i < g->n && !rc; i++) {
 		int r = g->nodes[i].run(g->nodes[i].args);
 		if (r != 0) {
@@ -1301,7 +1366,7 @@ int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen)
 			rc = -1;
 		}
 	}
-	hpu__dev_leave();
+	dev_close();
 	return rc;
 }
 

@@ -45,6 +45,11 @@ void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes);
  * struct the call points at); NULL (refused) where it could not grow. */
 const void *hpu__dev_rec_keep(const void *src, size_t bytes);
 
+/* Device work (`what`) given on a thread that does not record while
+ * another records into the CPU's list: the recording is refused (the
+ * work runs, unrecorded). Nothing otherwise. */
+void hpu__dev_rec_foreign(const char *what);
+
 /* 1 when the ops run on the kernels-only table (device_kernels.c). */
 int hpu__dev_kernels_on(void);
 

@@ -217,8 +217,10 @@ static kctx ctx_now(void)
 	}                                                                                    \
 	static int k_##name params                                                           \
 	{                                                                                    \
-		if (!hpu__dev_capturing())                                                   \
+		if (!hpu__dev_capturing()) {                                                 \
+			hpu__dev_rec_foreign("the kernel " #name);                           \
 			return e_##name args;                                                \
+		}                                                                            \
 		if (host_keyed(#name)) {                                                     \
 			hpu__dev_capture_refuse(                                             \
 			    "the kernel " #name " takes dropout's keys, which the host "     \
