@@ -544,7 +544,12 @@ void hpu__dev_group_close(hpu__dev_group **g);
  * memory, an op that returns a value, a wait), a table call that writes
  * host memory or whose kernels take host values that change every step
  * (dropout's keys), the libhpucoll collectives the strategy runs through
- * the host (hpu__dev_capture_refuse), a failed CUDA call. The call does
+ * the host (hpu__dev_capture_refuse), a failed CUDA call; and, so that
+ * nothing escapes a recording silently, a copy from host memory that is
+ * not pinned memory of hpu__dev_host_alloc or hbuf's (a stack value: a
+ * replay reads the source when it runs), and on the CPU's list host code
+ * that opens device memory (hpu__dev_enter) or device work from another
+ * thread meanwhile (that work runs, unrecorded). The call does
  * nothing (a value-returning op returns 0), the first reason is kept,
  * and hpu__dev_capture_end answers it: nothing of the step ran, and the
  * caller runs the step again eagerly.
@@ -558,8 +563,8 @@ void hpu__dev_group_close(hpu__dev_group **g);
 typedef struct hpu__dev_graph hpu__dev_graph;
 
 /* Starts recording. 0, or -1 with a sentence in err (the device cannot
- * record: caps.can_capture 0, cpu-strict without --graphs' kernels-only
- * table; or a recording is under way). */
+ * record: caps.can_capture 0, cpu-strict without its kernels-only table
+ * (--graphs, or HPU_STRICT_KERNELS=1), cpu; or a recording is under way). */
 int hpu__dev_capture_begin(char *err, size_t errlen);
 
 /* 1 while this thread records. */
