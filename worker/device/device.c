@@ -6,9 +6,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,15 +31,6 @@ static atomic_uint_fast64_t copied_h2d, copied_d2h;
  * by the main thread and read by any thread that calls the device. */
 static int step_strict;
 static atomic_int step_on;
-/* Recording (hpu__dev_capture_begin): the calling thread's graph,
- * whether any thread records (one at a time), and the first reason the
- * recording was refused (refused set; from any thread: work another
- * thread gives the device meanwhile is not recorded). */
-static _Thread_local hpu__dev_graph *rec;
-static atomic_int rec_busy;
-static pthread_mutex_t refused_mu = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int refused;
-static char refused_why[512];
 
 /* ---- the cpu device: host memory, work done when issued ---- */
 
@@ -485,7 +474,7 @@ void hpu__dev_step_guard(int on)
  * recording fails, not the worker.) */
 static int guarded(void)
 {
-	return !rec && atomic_load_explicit(&step_on, memory_order_relaxed);
+	return atomic_load_explicit(&step_on, memory_order_relaxed) && !hpu__dev_capturing();
 }
 
 /* The guard caught `op` doing `what` (a phrase: "returned a value to
@@ -583,7 +572,7 @@ static void copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
  * recorder records its own calls). */
 static int listing(void)
 {
-	return rec && !cur->recorder;
+	return hpu__dev_rec_listing();
 }
 
 typedef struct copy_args {
@@ -647,7 +636,7 @@ static void d2h_refused(const char *op)
 void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
 	hpu__dev_rec_foreign("hpu__dev_h2d");
-	if (rec && h2d_refused("hpu__dev_h2d", src, n))
+	if (hpu__dev_capturing() && h2d_refused("hpu__dev_h2d", src, n))
 		return;
 	if (listing()) {
 		rec_copy("hpu__dev_h2d", run_h2d, dst, src, n, 0);
@@ -660,7 +649,7 @@ void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
 	hpu__dev_rec_foreign("hpu__dev_d2h");
-	if (rec) {
+	if (hpu__dev_capturing()) {
 		d2h_refused("hpu__dev_d2h");
 		return;
 	}
@@ -674,11 +663,11 @@ void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
 	hpu__dev_rec_foreign("hpu__dev_d2d");
-	if (rec && n && cur->owns && !cur->owns(dst)) {
+	if (hpu__dev_capturing() && n && cur->owns && !cur->owns(dst)) {
 		d2h_refused("hpu__dev_d2d");
 		return;
 	}
-	if (rec && n && cur->owns && !cur->owns(src) && h2d_refused("hpu__dev_d2d", src, n))
+	if (hpu__dev_capturing() && n && cur->owns && !cur->owns(src) && h2d_refused("hpu__dev_d2d", src, n))
 		return;
 	if (listing()) {
 		int from_host = n && cur->owns && !cur->owns(src);
@@ -721,7 +710,7 @@ void hpu__dev_copy(void *dst, const void *src, size_t n)
 		return;
 	}
 	int d = cur->owns(dst), s = cur->owns(src);
-	if (rec && s && !d && n) {
+	if (hpu__dev_capturing() && s && !d && n) {
 		d2h_refused("hpu__dev_copy");
 		return;
 	}
@@ -752,7 +741,7 @@ int hpu__dev_group_open(hpu__dev_group **out, int rank, int world, size_t bytes,
 		snprintf(why, whylen, "device %s has no collectives of its own", cur->name);
 		return 1;
 	}
-	if (rec) { /* a set-up: exchanges through the host */
+	if (hpu__dev_capturing()) { /* a set-up: exchanges through the host */
 		hpu__dev_capture_refuse("hpu__dev_group_open: a group is set up through the host");
 		snprintf(why, whylen, "a group cannot be set up while a step is recorded");
 		return -1;
@@ -784,7 +773,7 @@ void hpu__dev_group_close(hpu__dev_group **g)
 {
 	if (!*g)
 		return;
-	if (rec) /* a last exchange through the host */
+	if (hpu__dev_capturing()) /* a last exchange through the host */
 		hpu__dev_capture_refuse("hpu__dev_group_close: a group is closed through the host");
 	dev_open();
 	cur->coll->close(*g);
@@ -823,7 +812,7 @@ void hpu__dev_event_record(hpu__dev_queue *q, hpu__dev_event *ev)
 void hpu__dev_event_wait(const hpu__dev_event *ev)
 {
 	hpu__dev_rec_foreign("hpu__dev_event_wait");
-	if (rec) {
+	if (hpu__dev_capturing()) {
 		hpu__dev_capture_refuse("hpu__dev_event_wait: a wait on the host");
 		return;
 	}
@@ -836,7 +825,7 @@ void hpu__dev_queue_sync(hpu__dev_queue *q)
 {
 	hpu__dev_event ev;
 	hpu__dev_rec_foreign("hpu__dev_queue_sync");
-	if (rec) {
+	if (hpu__dev_capturing()) {
 		hpu__dev_capture_refuse("hpu__dev_queue_sync: a wait on the host");
 		return;
 	}
@@ -968,7 +957,7 @@ RT_DEF(optim16,
 #define RT_VALUE(type, name, args)                                                     \
 	do {                                                                           \
 		hpu__dev_rec_foreign("hpu__dev_" #name);                               \
-		if (rec) {                                                             \
+		if (hpu__dev_capturing()) {                                                             \
 			hpu__dev_capture_refuse("hpu__dev_" #name                      \
 						": an op that returns a value to the host"); \
 			return 0;                                                      \
@@ -1135,98 +1124,14 @@ void hpu__dev_optim_update16(const hpu__dev_optim *k, int fp16, float *p, const 
 	RT_CALL(optim16, (k, fp16, p, g16, p16, m, v, n, scratch, chunk));
 }
 
-/* ---- recording a step and replaying it (device.h) ---- */
-
-typedef struct gnode {
-	hpu__dev_node_fn *run;
-	const void *args;
-	const char *what;
-} gnode;
-
-/* The graph's storage for the nodes' arguments: chunks that never move. */
-typedef struct gchunk {
-	struct gchunk *next;
-	size_t used, cap;
-	max_align_t data[];
-} gchunk;
-
-struct hpu__dev_graph {
-	gnode *nodes; /* the CPU's list */
-	size_t n, cap;
-	gchunk *mem;
-	void *dev;     /* the device's own graph (a recorder's) */
-	uint32_t held; /* devmem's blocks kept for the graph */
-};
-
-#define CHUNK_BYTES ((size_t)64 << 10)
-
-/* Out of host memory while recording: refused. */
-static void *rec_oom(void)
-{
-	hpu__dev_capture_refuse("the recording ran out of host memory");
-	return NULL;
-}
-
-static void *graph_bytes(hpu__dev_graph *g, size_t bytes)
-{
-	size_t a = sizeof(max_align_t);
-	bytes = (bytes + a - 1) / a * a;
-	if (!g->mem || g->mem->cap - g->mem->used < bytes) {
-		size_t cap = bytes > CHUNK_BYTES ? bytes : CHUNK_BYTES;
-		gchunk *c = malloc(sizeof *c + cap);
-		if (!c)
-			return rec_oom();
-		c->next = g->mem;
-		c->used = 0;
-		c->cap = cap;
-		g->mem = c;
-	}
-	void *p = (char *)g->mem->data + g->mem->used;
-	g->mem->used += bytes;
-	memset(p, 0, bytes);
-	return p;
-}
-
-void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes)
-{
-	hpu__dev_graph *g = rec;
-	if (!g || atomic_load_explicit(&refused, memory_order_relaxed)) /* nothing more kept */
-		return NULL;
-	if (g->n == g->cap) {
-		size_t cap = g->cap ? g->cap * 2 : 256;
-		gnode *v = realloc(g->nodes, cap * sizeof *v);
-		if (!v)
-			return rec_oom();
-		g->nodes = v;
-		g->cap = cap;
-	}
-	void *args = graph_bytes(g, bytes);
-	if (!args)
-		return NULL;
-	g->nodes[g->n++] = (gnode){run, args, what};
-	return args;
-}
-
-const void *hpu__dev_rec_keep(const void *src, size_t bytes)
-{
-	if (!rec || atomic_load_explicit(&refused, memory_order_relaxed) || !src)
-		return NULL;
-	void *p = graph_bytes(rec, bytes ? bytes : 1);
-	if (p && bytes)
-		memcpy(p, src, bytes);
-	return p;
-}
+/* ---- recording a step and replaying it (device.h; the recording's
+ * state and the CPU's list: device_rec.c) ---- */
 
 static void graph_drop(hpu__dev_graph *g)
 {
 	if (g->dev)
 		cur->recorder->free(g->dev);
-	while (g->mem) {
-		gchunk *next = g->mem->next;
-		free(g->mem);
-		g->mem = next;
-	}
-	free(g->nodes);
+	hpu__dev_rec_drop_list(g);
 	hpu__devmem_graph_release(g->held);
 	free(g);
 }
@@ -1251,121 +1156,60 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
 			snprintf(err, errlen, "--device %s cannot record a step", cur->name);
 		return -1;
 	}
-	int idle = 0;
-	if (!atomic_compare_exchange_strong(&rec_busy, &idle, 1)) {
+	if (hpu__dev_rec_claim() < 0) {
 		snprintf(err, errlen, "a step is being recorded already (one recording at a time)");
 		return -1;
 	}
 	hpu__dev_graph *g = calloc(1, sizeof *g);
 	if (!g) {
 		snprintf(err, errlen, "out of host memory for a recording");
-		atomic_store(&rec_busy, 0);
+		hpu__dev_rec_unclaim();
 		return -1;
 	}
 	g->held = hpu__devmem_capture_begin();
 	if (cur->recorder && cur->recorder->begin(err, errlen) < 0) {
 		hpu__devmem_capture_end();
 		graph_drop(g);
-		atomic_store(&rec_busy, 0);
+		hpu__dev_rec_unclaim();
 		return -1;
 	}
-	pthread_mutex_lock(&refused_mu);
-	atomic_store(&refused, 0);
-	refused_why[0] = '\0';
-	pthread_mutex_unlock(&refused_mu);
-	rec = g;
+	hpu__dev_rec_start(g, !cur->recorder);
 	return 0;
-}
-
-int hpu__dev_capturing(void)
-{
-	return rec != NULL;
-}
-
-static void refuse_v(const char *fmt, va_list ap)
-{
-	pthread_mutex_lock(&refused_mu);
-	if (!atomic_load(&refused)) {
-		vsnprintf(refused_why, sizeof refused_why, fmt, ap);
-		atomic_store(&refused, 1);
-	}
-	pthread_mutex_unlock(&refused_mu);
-}
-
-void hpu__dev_capture_refuse(const char *fmt, ...)
-{
-	if (!rec || atomic_load_explicit(&refused, memory_order_relaxed))
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	refuse_v(fmt, ap);
-	va_end(ap);
-}
-
-static void refuse_other(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	refuse_v(fmt, ap);
-	va_end(ap);
-}
-
-void hpu__dev_rec_foreign(const char *what)
-{
-	if (rec || !atomic_load_explicit(&rec_busy, memory_order_relaxed) || cur->recorder)
-		return;
-	refuse_other("%s ran on another thread while a step was recorded (only the recording "
-		     "thread's device work is recorded)",
-		     what);
 }
 
 int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
 {
-	hpu__dev_graph *g = rec;
 	*out = NULL;
+	hpu__dev_graph *g = hpu__dev_rec_stop();
 	if (!g) {
 		snprintf(why, whylen, "hpu__dev_capture_end: this thread records nothing");
 		return -1;
 	}
-	rec = NULL;
 	hpu__devmem_capture_end();
 	int rc = 0;
 	if (cur->recorder)
 		rc = cur->recorder->end(&g->dev, why, whylen);
-	pthread_mutex_lock(&refused_mu);
-	if (atomic_load(&refused)) { /* the first reason, whatever the device said after it */
-		snprintf(why, whylen, "%s", refused_why);
+	if (hpu__dev_rec_refused(why, whylen)) /* the first reason, whatever the device said */
 		rc = 1;
-	}
-	pthread_mutex_unlock(&refused_mu);
 	if (rc != 0)
 		graph_drop(g);
 	else
 		*out = g;
-	atomic_store(&rec_busy, 0);
+	hpu__dev_rec_unclaim();
 	return rc;
 }
 
 int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen)
 {
-	if (rec) {
+	if (hpu__dev_capturing()) {
 		hpu__dev_capture_refuse("hpu__dev_graph_launch: a graph launched while recording");
 		snprintf(err, errlen, "a graph cannot be launched while a step is recorded");
 		return -1;
 	}
 	if (g->dev)
 		return cur->recorder->launch(g->dev, err, errlen);
-	int rc = 0;
 	dev_open(); /* one device call: the nodes' own nest inside it */
-	for (size_t i = 0; i < g->n && !rc; i++) {
-		int r = g->nodes[i].run(g->nodes[i].args);
-		if (r != 0) {
-			snprintf(err, errlen,
-				 "a recorded step's node %zu of %zu, %s, answered %d when replayed",
-				 i + 1, g->n, g->nodes[i].what, r);
-			rc = -1;
-		}
-	}
+	int rc = hpu__dev_rec_run(g, err, errlen);
 	dev_close();
 	return rc;
 }

@@ -31,9 +31,48 @@ void hpu__dev_kernels_scratch(void);
 
 /* ---- recording (device.h's hpu__dev_capture_begin), the CPU's list ---- */
 
+
 /* A node's work at a launch, on its arguments (the graph's copy): 0, or
  * what a kernel answered other than HPU_BE_OK. */
 typedef int hpu__dev_node_fn(const void *args);
+
+/* The CPU's list (device_rec.c): each node's work and its arguments. */
+typedef struct gnode {
+	hpu__dev_node_fn *run;
+	const void *args;
+	const char *what;
+} gnode;
+
+/* The graph's storage for the nodes' arguments: chunks that never move. */
+typedef struct gchunk {
+	struct gchunk *next;
+	size_t used, cap;
+	max_align_t data[];
+} gchunk;
+
+struct hpu__dev_graph {
+	gnode *nodes; /* the CPU's list */
+	size_t n, cap;
+	gchunk *mem;
+	void *dev;     /* the device's own graph (a recorder's) */
+	uint32_t held; /* devmem's blocks kept for the graph */
+};
+
+/* The recording's state (device_rec.c), for device.c: claim (0, or -1
+ * where one is under way) and unclaim the one recording; start this
+ * thread's into g (lists: into the CPU's list; 0: the device records
+ * itself), stop it (the graph, NULL where the thread recorded nothing);
+ * refused: 1 and the first reason in why; listing: 1 while this thread
+ * records into the list; run: a launch of the list (0, or -1 with the
+ * sentence); drop_list: frees the list's nodes and storage. */
+int hpu__dev_rec_claim(void);
+void hpu__dev_rec_unclaim(void);
+void hpu__dev_rec_start(hpu__dev_graph *g, int lists);
+hpu__dev_graph *hpu__dev_rec_stop(void);
+int hpu__dev_rec_refused(char *why, size_t whylen);
+int hpu__dev_rec_listing(void);
+int hpu__dev_rec_run(hpu__dev_graph *g, char *err, size_t errlen);
+void hpu__dev_rec_drop_list(hpu__dev_graph *g);
 
 /* Appends a node to the calling thread's recording: `what` names it
  * ("the kernel gemm", "hpu__dev_h2d": a string that lives), run does

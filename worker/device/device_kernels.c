@@ -71,13 +71,13 @@ static void pin_int(pin *c, const char *arg, const int *v)
 /* A pointer the kernel reads (in) or writes (out): device memory or NULL. */
 static void check_in(pin *c, const char *arg, const void *p)
 {
-	if (p && !hpu__dev_owns(p))
+	if (p && !hpu__dev_cpu_strict.owns(p))
 		refuse(c, "reads host memory when it runs", arg);
 }
 
 static void check_out(pin *c, const char *arg, const void *p)
 {
-	if (p && !hpu__dev_owns(p))
+	if (p && !hpu__dev_cpu_strict.owns(p))
 		refuse(c, "writes host memory", arg);
 }
 
@@ -130,7 +130,7 @@ static void pin_rect(pin *c, const char *arg, const hpu_conv2d_rect_shape **s)
  * most 8) copied; host memory elsewhere is refused. */
 static const void *host_array(pin *c, const char *arg, const void *p, size_t elem)
 {
-	if (!p || hpu__dev_owns(p))
+	if (!p || hpu__dev_cpu_strict.owns(p))
 		return p;
 	if (strcmp(c->entry, "permute")) {
 		check_in(c, arg, p);
