@@ -501,6 +501,7 @@ static void test_memory(void **state)
 /* What the spy saw last: the entry and a hash of its arguments (the
  * contents of the host structs it points at). */
 static int spy_entry = -1;
+static int spy_answer = HPU_BE_OK;
 static uint64_t spy_hash;
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -601,7 +602,7 @@ enum {
 		KL_FE(SPY_HASH, KL_UNPAREN args)                               \
 		spy_entry = W_##name;                                          \
 		spy_hash = hash_;                                              \
-		return HPU_BE_OK;                                              \
+		return spy_answer;                                             \
 	}                                                                      \
 	static int call_##name(const hpu__backend *table_)                     \
 	{                                                                      \
@@ -691,6 +692,20 @@ static void test_every_entry(void **state)
 	       refused);
 	assert_int_equal(recorded + refused, W_N);
 	assert_int_equal(W_N, 57);
+	/* a kernel that fails when replayed: the launch says which */
+	assert_int_equal(begin(), 0);
+	assert_int_equal(walk[W_eltwise_fwd].call(t), HPU_BE_OK);
+	assert_int_equal(walk[W_gemm].call(t), HPU_BE_OK);
+	hpu__dev_graph *g;
+	char why[512], err[512] = "";
+	assert_int_equal(end(&g, why, sizeof why), 0);
+	spy_answer = HPU_BE_NOMEM;
+	assert_int_equal(hpu__dev_graph_launch(g, err, sizeof err), -1);
+	spy_answer = HPU_BE_OK;
+	assert_string_equal(err, "a recorded step's node 1 of 2, the kernel "
+	                         "eltwise_fwd, answered -2 "
+	                         "when replayed");
+	hpu__dev_graph_free(&g);
 	hpu__dev_free(walk_base);
 	close_dev();
 	hpu__be_set(NULL);
