@@ -257,6 +257,23 @@ typedef struct hpu__dev_coll {
 	void (*close)(hpu__dev_group *g);
 } hpu__dev_coll;
 
+/* A device that records a step itself (CUDA: stream capture into a CUDA
+ * graph), behind device.c's hpu__dev_capture_begin ... hpu__dev_graph_free,
+ * which keep the refusals, the reasons, the memory held for a graph
+ * (devmem) and the one-at-a-time rule for every device. begin: start
+ * recording the calling thread's work on the default queue (0, or -1 with
+ * a sentence); end: stop, *graph the device's graph (0), or 1 / -1 with a
+ * sentence in why (the device refused, or failed), *graph NULL; launch:
+ * run it once (0, or -1 with a sentence); nodes: the calls it holds;
+ * free: frees it (NULL is fine). */
+typedef struct hpu__dev_recorder {
+	int (*begin)(char *err, size_t errlen);
+	int (*end)(void **graph, char *why, size_t whylen);
+	int (*launch)(void *graph, char *err, size_t errlen);
+	size_t (*nodes)(const void *graph);
+	void (*free)(void *graph);
+} hpu__dev_recorder;
+
 /* One device's table. */
 typedef struct hpu__device {
 	const char *name; /* "cpu", "cpu-strict", "cuda" */
@@ -310,6 +327,13 @@ typedef struct hpu__device {
 	 * kind and what), "host memory" (NULL: the device keeps no labels;
 	 * cpu-strict's). */
 	void (*describe)(const void *p, char *out, size_t len);
+
+	/* Recording a step (NULL: the CPU's list in device.c, where
+	 * caps.can_capture says it records: cpu-strict on its kernels-only
+	 * table). While a device with a recorder records, device.c still
+	 * refuses what no recording can hold (copies into host memory,
+	 * values, waits) and hands it the rest as when eager. */
+	const hpu__dev_recorder *recorder;
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so
@@ -523,7 +547,12 @@ void hpu__dev_group_close(hpu__dev_group **g);
  * memory, an op that returns a value, a wait), a table call that writes
  * host memory or whose kernels take host values that change every step
  * (dropout's keys), the libhpucoll collectives the strategy runs through
- * the host (hpu__dev_capture_refuse), a failed CUDA call. The call does
+ * the host (hpu__dev_capture_refuse), a failed CUDA call; and, so that
+ * nothing escapes a recording silently, a copy from host memory that is
+ * not pinned memory of hpu__dev_host_alloc or hbuf's (a stack value: a
+ * replay reads the source when it runs), and on the CPU's list host code
+ * that opens device memory (hpu__dev_enter) or device work from another
+ * thread meanwhile (that work runs, unrecorded). The call does
  * nothing (a value-returning op returns 0), the first reason is kept,
  * and hpu__dev_capture_end answers it: nothing of the step ran, and the
  * caller runs the step again eagerly.
@@ -537,8 +566,8 @@ void hpu__dev_group_close(hpu__dev_group **g);
 typedef struct hpu__dev_graph hpu__dev_graph;
 
 /* Starts recording. 0, or -1 with a sentence in err (the device cannot
- * record: caps.can_capture 0, cpu-strict without --graphs' kernels-only
- * table; or a recording is under way). */
+ * record: caps.can_capture 0, cpu-strict without its kernels-only table
+ * (--graphs, or HPU_STRICT_KERNELS=1), cpu; or a recording is under way). */
 int hpu__dev_capture_begin(char *err, size_t errlen);
 
 /* 1 while this thread records. */

@@ -29,4 +29,114 @@ const hpu__backend *hpu__dev_kernels_table(void);
  * for the process's life (the worker's). */
 void hpu__dev_kernels_scratch(void);
 
+/* ---- recording (device.h's hpu__dev_capture_begin), the CPU's list ---- */
+
+
+/* A node's work at a launch, on its arguments (the graph's copy): 0, or
+ * what a kernel answered other than HPU_BE_OK. */
+typedef int hpu__dev_node_fn(const void *args);
+
+/* The CPU's list (device_rec.c): each node's work and its arguments. */
+typedef struct gnode {
+	hpu__dev_node_fn *run;
+	const void *args;
+	const char *what;
+} gnode;
+
+/* The graph's storage for the nodes' arguments: chunks that never move. */
+typedef struct gchunk {
+	struct gchunk *next;
+	size_t used, cap;
+	max_align_t data[];
+} gchunk;
+
+struct hpu__dev_graph {
+	gnode *nodes; /* the CPU's list */
+	size_t n, cap;
+	gchunk *mem;
+	void *dev;     /* the device's own graph (a recorder's) */
+	uint32_t held; /* devmem's blocks kept for the graph */
+};
+
+/* The recording's state (device_rec.c), for device.c: claim (0, or -1
+ * where one is under way) and unclaim the one recording; start this
+ * thread's into g (lists: into the CPU's list; 0: the device records
+ * itself), stop it (the graph, NULL where the thread recorded nothing);
+ * refused: 1 and the first reason in why; listing: 1 while this thread
+ * records into the list; run: a launch of the list (0, or -1 with the
+ * sentence); drop_list: frees the list's nodes and storage. */
+int hpu__dev_rec_claim(void);
+void hpu__dev_rec_unclaim(void);
+void hpu__dev_rec_start(hpu__dev_graph *g, int lists);
+hpu__dev_graph *hpu__dev_rec_stop(void);
+int hpu__dev_rec_refused(char *why, size_t whylen);
+int hpu__dev_rec_listing(void);
+int hpu__dev_rec_run(hpu__dev_graph *g, char *err, size_t errlen);
+void hpu__dev_rec_drop_list(hpu__dev_graph *g);
+
+/* Appends a node to the calling thread's recording: `what` names it
+ * ("the kernel gemm", "hpu__dev_h2d": a string that lives), run does
+ * its work at a launch on the node's `bytes` of arguments, returned here
+ * zeroed (the graph's, for the caller to fill). NULL where the graph
+ * could not grow: the recording is refused. */
+void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes);
+/* A copy of `bytes` of host memory at src kept with the recording (a
+ * struct the call points at); NULL (refused) where it could not grow. */
+const void *hpu__dev_rec_keep(const void *src, size_t bytes);
+
+/* Device work (`what`) given on a thread that does not record while
+ * another records into the CPU's list: the recording is refused (the
+ * work runs, unrecorded). Nothing otherwise. */
+void hpu__dev_rec_foreign(const char *what);
+
+/* 1 when the ops run on the kernels-only table (device_kernels.c). */
+int hpu__dev_kernels_on(void);
+
+/* A node's arguments as a struct, from a parameter list: KL_FE(m, a, b)
+ * is m(a) m(b), KL_FC(m, a, b) is m(a), m(b) (up to 16). */
+#define KL_UNPAREN(...) __VA_ARGS__
+#define KL_NARGS_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, N, \
+		  ...)                                                                       \
+	N
+#define KL_NARGS(...)                                                                        \
+	KL_NARGS_(__VA_ARGS__, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define KL_CAT_(a, b) a##b
+#define KL_CAT(a, b) KL_CAT_(a, b)
+/* m(x) for each x, joined by nothing (FE) or by commas (FC) */
+#define KL_FE_1(m, x) m(x)
+#define KL_FE_2(m, x, ...) m(x) KL_FE_1(m, __VA_ARGS__)
+#define KL_FE_3(m, x, ...) m(x) KL_FE_2(m, __VA_ARGS__)
+#define KL_FE_4(m, x, ...) m(x) KL_FE_3(m, __VA_ARGS__)
+#define KL_FE_5(m, x, ...) m(x) KL_FE_4(m, __VA_ARGS__)
+#define KL_FE_6(m, x, ...) m(x) KL_FE_5(m, __VA_ARGS__)
+#define KL_FE_7(m, x, ...) m(x) KL_FE_6(m, __VA_ARGS__)
+#define KL_FE_8(m, x, ...) m(x) KL_FE_7(m, __VA_ARGS__)
+#define KL_FE_9(m, x, ...) m(x) KL_FE_8(m, __VA_ARGS__)
+#define KL_FE_10(m, x, ...) m(x) KL_FE_9(m, __VA_ARGS__)
+#define KL_FE_11(m, x, ...) m(x) KL_FE_10(m, __VA_ARGS__)
+#define KL_FE_12(m, x, ...) m(x) KL_FE_11(m, __VA_ARGS__)
+#define KL_FE_13(m, x, ...) m(x) KL_FE_12(m, __VA_ARGS__)
+#define KL_FE_14(m, x, ...) m(x) KL_FE_13(m, __VA_ARGS__)
+#define KL_FE_15(m, x, ...) m(x) KL_FE_14(m, __VA_ARGS__)
+#define KL_FE_16(m, x, ...) m(x) KL_FE_15(m, __VA_ARGS__)
+#define KL_FC_1(m, x) m(x)
+#define KL_FC_2(m, x, ...) m(x), KL_FC_1(m, __VA_ARGS__)
+#define KL_FC_3(m, x, ...) m(x), KL_FC_2(m, __VA_ARGS__)
+#define KL_FC_4(m, x, ...) m(x), KL_FC_3(m, __VA_ARGS__)
+#define KL_FC_5(m, x, ...) m(x), KL_FC_4(m, __VA_ARGS__)
+#define KL_FC_6(m, x, ...) m(x), KL_FC_5(m, __VA_ARGS__)
+#define KL_FC_7(m, x, ...) m(x), KL_FC_6(m, __VA_ARGS__)
+#define KL_FC_8(m, x, ...) m(x), KL_FC_7(m, __VA_ARGS__)
+#define KL_FC_9(m, x, ...) m(x), KL_FC_8(m, __VA_ARGS__)
+#define KL_FC_10(m, x, ...) m(x), KL_FC_9(m, __VA_ARGS__)
+#define KL_FC_11(m, x, ...) m(x), KL_FC_10(m, __VA_ARGS__)
+#define KL_FC_12(m, x, ...) m(x), KL_FC_11(m, __VA_ARGS__)
+#define KL_FC_13(m, x, ...) m(x), KL_FC_12(m, __VA_ARGS__)
+#define KL_FC_14(m, x, ...) m(x), KL_FC_13(m, __VA_ARGS__)
+#define KL_FC_15(m, x, ...) m(x), KL_FC_14(m, __VA_ARGS__)
+#define KL_FC_16(m, x, ...) m(x), KL_FC_15(m, __VA_ARGS__)
+#define KL_FE(m, ...) KL_CAT(KL_FE_, KL_NARGS(__VA_ARGS__))(m, __VA_ARGS__)
+#define KL_FIELD(decl) decl;
+#define KL_FC(m, ...) KL_CAT(KL_FC_, KL_NARGS(__VA_ARGS__))(m, __VA_ARGS__)
+
 #endif

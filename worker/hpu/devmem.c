@@ -83,12 +83,24 @@ typedef struct blk {
 	uint64_t rounded;       /* capacity of the user part: the class key */
 	struct blk *next;       /* next cached block of the same class */
 	struct blk *next_class; /* class heads only: next class in the bucket */
-	uint32_t kind;
-	uint32_t gen; /* generation it was taken in */
+	uint16_t kind;
+	uint16_t flags; /* HELD, OWNER_FREED: kept for recorded steps */
+	uint32_t gen;   /* generation it was taken in */
 	void *user;   /* remote blocks: the user pointer (else NULL) */
 	const hpu__devmem_backing *bk; /* remote blocks: their backing */
 } blk;
 _Static_assert(sizeof(blk) == HDR, "the header must be 64 bytes");
+
+/* A block some recorded step holds (its nodes keep the address): freed
+ * for real only once its owner has freed it and no graph holds it. */
+#define HELD 1u
+#define OWNER_FREED 2u
+
+/* Who holds what: one pair per graph and block (under dev.mu). */
+typedef struct hold {
+	blk *b;
+	uint32_t graph;
+} hold;
 
 /* What DeviceStats count of a pool, and the peaks per kind. */
 typedef struct tally {
@@ -110,7 +122,13 @@ static struct {
 	blk *buckets[NBUCKETS]; /* chains of class heads */
 	blk **tab;              /* remote blocks' headers by user pointer */
 	size_t tabcap, tabn;    /* slots (a power of two or 0), entries */
+	hold *holds;            /* the graphs' blocks */
+	size_t nholds, capholds;
+	uint32_t last_graph;    /* the last graph's handle */
 } dev = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The graph this thread records for (hpu__devmem_capture_begin), or 0. */
+static _Thread_local uint32_t recording;
 
 /* The strict device's arena, or NULL: the system's memory. */
 static const hpu__devmem_backing *backing;
@@ -526,6 +544,44 @@ static void tally_free(tally *t, hpu_mem_kind kind, size_t bytes)
 	t->num_frees++;
 }
 
+/* ---- blocks held for recorded steps (under dev.mu) ---- */
+
+/* Room for one pair more; -1 where the host has no memory. */
+static int hold_room(void)
+{
+	if (dev.nholds < dev.capholds)
+		return 0;
+	size_t cap = dev.capholds ? dev.capholds * 2 : 256;
+	hold *v = realloc(dev.holds, cap * sizeof *v);
+	if (!v)
+		return -1;
+	dev.holds = v;
+	dev.capholds = cap;
+	return 0;
+}
+
+static bool held_by(const blk *b, uint32_t graph)
+{
+	for (size_t i = 0; i < dev.nholds; i++)
+		if (dev.holds[i].b == b && dev.holds[i].graph == graph)
+			return true;
+	return false;
+}
+
+/* The recording graph holds b from now on (b HELD). Without room for the
+ * pair, b is held for good: kept, never reused under a graph's nodes. */
+static void hold_add(blk *b, uint32_t graph)
+{
+	b->flags |= HELD;
+	if (held_by(b, graph))
+		return;
+	if (hold_room() < 0) {
+		b->flags |= OWNER_FREED; /* never released: the pages stay */
+		return;
+	}
+	dev.holds[dev.nholds++] = (hold){b, graph};
+}
+
 static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS) {
@@ -537,6 +593,11 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	pthread_mutex_lock(&dev.mu);
 	if (dev.limit && bytes > dev.limit - dev.t.in_use) {
 		set_alloc_error(bytes, what, 0);
+		pthread_mutex_unlock(&dev.mu);
+		return NULL;
+	}
+	if (recording && hold_room() < 0) {
+		set_alloc_error(bytes, what, ENOMEM);
 		pthread_mutex_unlock(&dev.mu);
 		return NULL;
 	}
@@ -555,8 +616,11 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	}
 	b->magic = MAGIC_LIVE;
 	b->bytes = bytes;
-	b->kind = kind;
+	b->kind = (uint16_t)kind;
+	b->flags = 0;
 	b->next = b->next_class = NULL;
+	if (recording) /* the graph's nodes keep its address */
+		hold_add(b, recording);
 	if (!b->user)
 		poison((char *)user_of(b) + bytes, b->rounded - bytes);
 	tally_alloc(&dev.t, kind, bytes);
@@ -586,14 +650,12 @@ void *hpu__dalloc_uninit(hpu_mem_kind kind, size_t bytes, const char *what)
 
 static void host_free(blk *b);
 
-/* Frees b, the header of p, under dev.mu and the backing open. */
-static void free_locked(blk *b, void *p)
+/* Gives b back: to the cache, or to the system (its owner and every
+ * graph done with it). */
+static void release_block(blk *b, void *p)
 {
 	bk_label(p, 0, HPU_MEM_OTHER, NULL);
-	if (b->magic == MAGIC_FREE)
-		bad_pointer(p, "double free");
-	if (b->magic != MAGIC_LIVE)
-		bad_pointer(p, "not a pointer from hpu__dalloc (or freed twice)");
+	b->flags = 0;
 	if (b->gen != dev.gen) {
 		/* From before the last shutdown: not this device's. */
 		sys_give(b, false);
@@ -604,6 +666,25 @@ static void free_locked(blk *b, void *p)
 		cache_put(b);
 	else
 		sys_give(b, true);
+}
+
+/* Frees b, the header of p, under dev.mu and the backing open: a block
+ * that a recorded step holds, or freed while this thread records, stays
+ * in use (counted in InUse) for the graphs until the last of them is
+ * freed (hpu__devmem_graph_release). */
+static void free_locked(blk *b, void *p)
+{
+	if (b->magic == MAGIC_FREE)
+		bad_pointer(p, "double free");
+	if (b->magic != MAGIC_LIVE || (b->flags & OWNER_FREED))
+		bad_pointer(p, "not a pointer from hpu__dalloc (or freed twice)");
+	if (recording)
+		hold_add(b, recording);
+	if (b->flags & HELD) {
+		b->flags |= OWNER_FREED;
+		return;
+	}
+	release_block(b, p);
 }
 
 void hpu__dfree(void *p)
@@ -754,6 +835,72 @@ uint64_t hpu__devmem_states_max(void)
 	return locked_read(&dev.t.states_max);
 }
 
+/* ---- recorded steps (hpu__devmem_capture_begin) ---- */
+
+uint32_t hpu__devmem_capture_begin(void)
+{
+	pthread_mutex_lock(&dev.mu);
+	if (++dev.last_graph == 0) /* 0 names none */
+		dev.last_graph = 1;
+	uint32_t g = dev.last_graph;
+	pthread_mutex_unlock(&dev.mu);
+	recording = g;
+	return g;
+}
+
+void hpu__devmem_capture_end(void)
+{
+	recording = 0;
+}
+
+void hpu__devmem_graph_release(uint32_t graph)
+{
+	if (!graph)
+		return;
+	pthread_mutex_lock(&dev.mu);
+	bk_open();
+	size_t keep = 0;
+	for (size_t i = 0; i < dev.nholds; i++) {
+		hold h = dev.holds[i];
+		if (h.graph != graph) {
+			dev.holds[keep++] = h;
+			continue;
+		}
+		/* the last pair of its block: other graphs' are before keep
+		 * or after i */
+		bool other = false;
+		for (size_t j = 0; j < dev.nholds && !other; j++)
+			other = j != i && dev.holds[j].b == h.b && dev.holds[j].graph != graph;
+		if (other)
+			continue;
+		h.b->flags &= (uint16_t)~HELD;
+		if (h.b->flags & OWNER_FREED)
+			release_block(h.b, user_of(h.b));
+	}
+	dev.nholds = keep;
+	bk_close();
+	pthread_mutex_unlock(&dev.mu);
+}
+
+void hpu__devmem_held(uint64_t *blocks, uint64_t *bytes)
+{
+	*blocks = *bytes = 0;
+	pthread_mutex_lock(&dev.mu);
+	bk_open(); /* the headers */
+	for (size_t i = 0; i < dev.nholds; i++) {
+		const blk *b = dev.holds[i].b;
+		bool first = true;
+		for (size_t j = 0; j < i && first; j++)
+			first = dev.holds[j].b != b;
+		if (first && (b->flags & OWNER_FREED)) {
+			(*blocks)++;
+			*bytes += b->bytes;
+		}
+	}
+	bk_close();
+	pthread_mutex_unlock(&dev.mu);
+}
+
 const char *hpu__mem_kind_name(hpu_mem_kind kind)
 {
 	if ((unsigned)kind >= HPU_MEM_NKINDS)
@@ -840,7 +987,7 @@ void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)
 	b->magic = MAGIC_HOST;
 	b->bytes = bytes;
 	b->rounded = rounded;
-	b->kind = kind;
+	b->kind = (uint16_t)kind;
 	tally_alloc(&host.t, kind, bytes);
 	pthread_mutex_unlock(&host.mu);
 	return user_of(b);

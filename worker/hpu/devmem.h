@@ -85,6 +85,25 @@ uint64_t hpu__devmem_states_max(void);
 
 const char *hpu__mem_kind_name(hpu_mem_kind kind);
 
+/* Recorded steps (worker/device's hpu__dev_capture_begin, every device):
+ * a graph's kernels keep the addresses they recorded, so the blocks the
+ * calling thread allocates or frees between hpu__devmem_capture_begin and
+ * _end are held for that graph, named by the handle begin returns (never
+ * 0). A held block is not handed out again, even once its owner frees it
+ * (before or after _end), until every graph holding it is released
+ * (hpu__devmem_graph_release; a block may be held by several, as by a
+ * cache of graphs per batch shape); until then it counts as in use in
+ * DeviceStats and its kind, and its free is counted when it is really
+ * given back. Allocations of other threads are not held. */
+uint32_t hpu__devmem_capture_begin(void);
+void hpu__devmem_capture_end(void);
+/* The graph is gone: its blocks whose owners freed them and that no other
+ * graph holds go back to the pool. 0 is fine (nothing). */
+void hpu__devmem_graph_release(uint32_t graph);
+/* Blocks, and their requested bytes, that owners freed and graphs still
+ * hold. */
+void hpu__devmem_held(uint64_t *blocks, uint64_t *bytes);
+
 /* The host tier: memory the offloading strategies keep outside the device
  * (ZeRO-Offload's CPU tier), bounded by `limit` bytes (0: none,
  * --host-memory) and counted apart, with the device's statistics.

@@ -78,6 +78,13 @@ typedef struct hpu__backend {
 	 * (autocast.h, hpu__ac_fresh_claim16). 0 where a table leaves it out
 	 * (the reference table, CUDA's): c16 is never set for it. */
 	int gemm_c16;
+	/* 1 when the table's check entries (xent_pos_fwd, bce_fwd,
+	 * ids_first_bad) write their findings (bad, bad_label, bad_value)
+	 * into device memory with no wait: the ops' data checks may then be
+	 * deferred to a recorded step's end on this table as on the CPU's
+	 * (checks.h). cpu-strict's kernels-only table sets it; 0 elsewhere
+	 * (CUDA's, whose entries copy their findings to the host today). */
+	int findings_dev;
 
 	/* Convolution, square kernel, padding and stride of s. x, w and dy
 	 * are of type dt; y, dx, dw and db are fp32.

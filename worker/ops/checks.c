@@ -94,8 +94,9 @@ hpu__check_slot *hpu__checks_take(hpu__check_op op, const void *key, long limit,
 				  size_t per)
 {
 	/* a table whose memory the host cannot read writes host memory
-	 * and waits (CUDA's today): eager there */
-	if (!T.armed || T.used >= T.nslots || !hpu__be_on_host())
+	 * and waits (CUDA's today): eager there, unless it says its
+	 * kernels write the findings into device memory (findings_dev) */
+	if (!T.armed || T.used >= T.nslots || !(hpu__be_on_host() || hpu__be()->findings_dev))
 		return NULL;
 	if (rows == 0) { /* per values in all, the batch's rows' where they divide */
 		rows = T.batch_rows > 0 && per % (size_t)T.batch_rows == 0 ? T.batch_rows : 0;

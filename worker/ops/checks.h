@@ -18,7 +18,8 @@
  * the step the caller copies the used slots to host memory and asks
  * hpu__checks_report. Where the slots run out, or where the kernel table
  * cannot write device memory without a wait (a table whose memory the
- * host cannot read: CUDA's today), an op checks eagerly, as disarmed.
+ * host cannot read and that does not set findings_dev, backend.h: CUDA's
+ * today), an op checks eagerly, as disarmed.
  *
  * The state is per thread, as the layer running is (hpu__op_layer). */
 #ifndef HPU_OPS_CHECKS_H

@@ -276,6 +276,16 @@ void hpu__ref_layernorm_backward(const float *x, const float *gamma, const float
  * the kernel, which runs on the thread (cpu-strict's kernels too). */
 static _Thread_local long emb_limit = -1;
 
+long hpu__host_emb_limit(void)
+{
+	return emb_limit;
+}
+
+void hpu__host_emb_limit_set(long limit)
+{
+	emb_limit = limit;
+}
+
 /* An id the host's kernels may not read: never one the op checked. */
 static inline int emb_skip(int32_t id)
 {

@@ -1,0 +1,198 @@
+/* device_rec: the recording of a step (device.h's hpu__dev_capture_begin,
+ * device.c) as this thread's state, and the CPU's list: the nodes that
+ * device.c (copies, fills, the runtime's ops) and device_kernels.c (the
+ * kernel table's entries) append while the thread records, their
+ * arguments kept in chunks that never move, and a launch's walk over
+ * them. Calls no other file of the folder (device.c and device_kernels.c
+ * call it). */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/device/device.h"
+#include "worker/device/device_impl.h"
+
+/* The calling thread's graph; whether any thread records (one at a
+ * time) and into the CPU's list; the first reason the recording was
+ * refused (refused set; from any thread: work another thread gives the
+ * device meanwhile is not recorded). */
+static _Thread_local hpu__dev_graph *rec;
+static atomic_int rec_busy, rec_lists;
+static pthread_mutex_t refused_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int refused;
+static char refused_why[512];
+
+#define CHUNK_BYTES ((size_t)64 << 10)
+
+/* Out of host memory while recording: refused. */
+static void *rec_oom(void)
+{
+	hpu__dev_capture_refuse("the recording ran out of host memory");
+	return NULL;
+}
+
+static void *graph_bytes(hpu__dev_graph *g, size_t bytes)
+{
+	size_t a = sizeof(max_align_t);
+	bytes = (bytes + a - 1) / a * a;
+	if (!g->mem || g->mem->cap - g->mem->used < bytes) {
+		size_t cap = bytes > CHUNK_BYTES ? bytes : CHUNK_BYTES;
+		gchunk *c = malloc(sizeof *c + cap);
+		if (!c)
+			return rec_oom();
+		c->next = g->mem;
+		c->used = 0;
+		c->cap = cap;
+		g->mem = c;
+	}
+	void *p = (char *)g->mem->data + g->mem->used;
+	g->mem->used += bytes;
+	memset(p, 0, bytes);
+	return p;
+}
+
+void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes)
+{
+	hpu__dev_graph *g = rec;
+	if (!g || atomic_load_explicit(&refused, memory_order_relaxed)) /* nothing more kept */
+		return NULL;
+	if (g->n == g->cap) {
+		size_t cap = g->cap ? g->cap * 2 : 256;
+		gnode *v = realloc(g->nodes, cap * sizeof *v);
+		if (!v)
+			return rec_oom();
+		g->nodes = v;
+		g->cap = cap;
+	}
+	void *args = graph_bytes(g, bytes);
+	if (!args)
+		return NULL;
+	g->nodes[g->n++] = (gnode){run, args, what};
+	return args;
+}
+
+const void *hpu__dev_rec_keep(const void *src, size_t bytes)
+{
+	if (!rec || atomic_load_explicit(&refused, memory_order_relaxed) || !src)
+		return NULL;
+	void *p = graph_bytes(rec, bytes ? bytes : 1);
+	if (p && bytes)
+		memcpy(p, src, bytes);
+	return p;
+}
+
+void hpu__dev_rec_drop_list(hpu__dev_graph *g)
+{
+	while (g->mem) {
+		gchunk *next = g->mem->next;
+		free(g->mem);
+		g->mem = next;
+	}
+	free(g->nodes);
+	g->nodes = NULL;
+	g->n = g->cap = 0;
+}
+
+int hpu__dev_rec_claim(void)
+{
+	int idle = 0;
+	return atomic_compare_exchange_strong(&rec_busy, &idle, 1) ? 0 : -1;
+}
+
+void hpu__dev_rec_unclaim(void)
+{
+	atomic_store(&rec_busy, 0);
+}
+
+void hpu__dev_rec_start(hpu__dev_graph *g, int lists)
+{
+	pthread_mutex_lock(&refused_mu);
+	atomic_store(&refused, 0);
+	refused_why[0] = '\0';
+	pthread_mutex_unlock(&refused_mu);
+	atomic_store(&rec_lists, lists);
+	rec = g;
+}
+
+hpu__dev_graph *hpu__dev_rec_stop(void)
+{
+	hpu__dev_graph *g = rec;
+	rec = NULL;
+	return g;
+}
+
+int hpu__dev_rec_refused(char *why, size_t whylen)
+{
+	pthread_mutex_lock(&refused_mu);
+	int r = atomic_load(&refused);
+	if (r)
+		snprintf(why, whylen, "%s", refused_why);
+	pthread_mutex_unlock(&refused_mu);
+	return r;
+}
+
+int hpu__dev_capturing(void)
+{
+	return rec != NULL;
+}
+
+int hpu__dev_rec_listing(void)
+{
+	return rec && atomic_load_explicit(&rec_lists, memory_order_relaxed);
+}
+
+static void refuse_v(const char *fmt, va_list ap)
+{
+	pthread_mutex_lock(&refused_mu);
+	if (!atomic_load(&refused)) {
+		vsnprintf(refused_why, sizeof refused_why, fmt, ap);
+		atomic_store(&refused, 1);
+	}
+	pthread_mutex_unlock(&refused_mu);
+}
+
+void hpu__dev_capture_refuse(const char *fmt, ...)
+{
+	if (!rec || atomic_load_explicit(&refused, memory_order_relaxed))
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	refuse_v(fmt, ap);
+	va_end(ap);
+}
+
+static void refuse_other(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	refuse_v(fmt, ap);
+	va_end(ap);
+}
+
+void hpu__dev_rec_foreign(const char *what)
+{
+	if (rec || !atomic_load_explicit(&rec_busy, memory_order_relaxed) ||
+	    !atomic_load_explicit(&rec_lists, memory_order_relaxed))
+		return;
+	refuse_other("%s ran on another thread while a step was recorded (only the recording "
+		     "thread's device work is recorded)",
+		     what);
+}
+
+int hpu__dev_rec_run(hpu__dev_graph *g, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < g->n; i++) {
+		int r = g->nodes[i].run(g->nodes[i].args);
+		if (r != 0) {
+			snprintf(err, errlen,
+				 "a recorded step's node %zu of %zu, %s, answered %d when replayed",
+				 i + 1, g->n, g->nodes[i].what, r);
+			return -1;
+		}
+	}
+	return 0;
+}
