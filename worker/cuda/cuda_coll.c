@@ -287,6 +287,13 @@ static int cc_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t
 			 hpu__dev_dtype dt)
 {
 	size_t esz = dt == HPU__DEV_BF16 ? 2 : 4, per = g->cap / esz;
+	/* waits for the stream and meets the peers at host barriers between
+	 * its stages: not recordable; every rank records the same step, so
+	 * every rank refuses here and none waits at a barrier */
+	if (hpu__cuda_capture_refuse("the all-reduce over CUDA IPC",
+				     "it waits for the GPU and for its peers on the host between "
+				     "its stages, which a recorded step cannot hold"))
+		return 0;
 	cudaStream_t s = hpu__cuda_stream();
 	for (size_t i = 0; i < count; i += per) {
 		size_t n = count - i < per ? count - i : per, at, len;

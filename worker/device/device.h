@@ -307,6 +307,24 @@ typedef struct hpu__device {
 	 * kind and what), "host memory" (NULL: the device keeps no labels;
 	 * cpu-strict's). */
 	void (*describe)(const void *p, char *out, size_t len);
+
+	/* Recording a step (--graphs, issue 36) on a device that records
+	 * itself (a GPU's stream capture; NULL: the device has none, and
+	 * device.c's own list serves the CPU's twin). The generic functions
+	 * at the end of this file call it. begin: the calling thread's work
+	 * on the default queue is recorded from now on; 0, or -1 with a
+	 * sentence in err. end: ends the recording; 0 and *graph, *nodes
+	 * the calls it holds; 1, *graph NULL and the first refusal (or
+	 * CUDA's reason) as one sentence in why, nothing kept; -1 with why
+	 * where nothing was being recorded. launch: runs the graph once on
+	 * the default queue, no wait; 0, or -1 with a sentence in err.
+	 * destroy: frees it (NULL is fine). */
+	const struct hpu__dev_capture_ops {
+		int (*begin)(char *err, size_t len);
+		int (*end)(void **graph, size_t *nodes, char *why, size_t len);
+		int (*launch)(void *graph, char *err, size_t len);
+		void (*destroy)(void *graph);
+	} *capture;
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so
