@@ -1,5 +1,5 @@
 /* The CUDA device's recording of a step (worker/device/device.h's
- * hpu__device.capture, worker/cuda/cuda_device.c: CUDA's stream capture
+ * hpu__device.recorder, worker/cuda/cuda_device.c: CUDA's stream capture
  * into a CUDA graph, --graphs of issue 36), on a GPU:
  *
  *   - a step's kinds of work recorded (a product through the kernel
@@ -74,6 +74,14 @@ static float frand(uint64_t *s)
 {
 	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
 	return (float)((*s >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+/* The recorder's end, and the graph's nodes (0 without one). */
+static int end_rec(void **g, size_t *nodes, char *why, size_t len)
+{
+	int rc = D->recorder->end(g, why, len);
+	*nodes = *g ? D->recorder->nodes(*g) : 0;
+	return rc;
 }
 
 /* ---- a step's work, recorded and replayed ---- */
@@ -189,11 +197,11 @@ static void test_record_replay(void **state)
 	reset_outputs();
 	fetch(&before);
 
-	assert_int_equal(D->capture->begin(err, sizeof err), 0);
+	assert_int_equal(D->recorder->begin(err, sizeof err), 0);
 	step_work();
 	void *g = NULL;
 	size_t nodes = 0;
-	int rc = D->capture->end(&g, &nodes, err, sizeof err);
+	int rc = end_rec(&g, &nodes, err, sizeof err);
 	printf("  recorded: end %d, %zu nodes%s%s\n", rc, nodes, rc ? ": " : "", rc ? err : "");
 	assert_int_equal(rc, 0);
 	assert_non_null(g);
@@ -205,7 +213,7 @@ static void test_record_replay(void **state)
 	check_bits("nothing ran while recording (m)", got.m, before.m, sizeof got.m);
 	printf("  nothing ran while recording\n");
 
-	assert_int_equal(D->capture->launch(g, err, sizeof err), 0);
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
 	fetch(&got);
 	same("launch 1", &got, &eager);
 
@@ -213,13 +221,13 @@ static void test_record_replay(void **state)
 	for (int i = 0; i < NB; i++)
 		B.pinned[i] = (float)i * -0.25f + 3.0f;
 	reset_outputs();
-	assert_int_equal(D->capture->launch(g, err, sizeof err), 0);
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
 	fetch(&got);
 	check_bits("h after the pinned block changed", got.h, B.pinned, sizeof got.h);
 	check_bits("c again", got.c, eager.c, sizeof got.c);
 	check_bits("g again (loss_seed adds onto the reset g)", got.g, eager.g, sizeof got.g);
 	printf("  launch 2 after the pinned block changed: the new values copied\n");
-	D->capture->destroy(g);
+	D->recorder->free(g);
 }
 
 /* ---- refusals ---- */
@@ -301,12 +309,12 @@ static void test_refusals(void **state)
 		char err[512] = "";
 		printf("  %-52s ", r->name);
 		fflush(stdout);
-		assert_int_equal(D->capture->begin(err, sizeof err), 0);
+		assert_int_equal(D->recorder->begin(err, sizeof err), 0);
 		assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, rx, ry, NE), HPU_BE_OK);
 		r->run();
 		void *g = (void *)1;
 		size_t nodes = 99;
-		int rc = D->capture->end(&g, &nodes, err, sizeof err);
+		int rc = end_rec(&g, &nodes, err, sizeof err);
 		printf("end %d: %s\n", rc, err);
 		if (rc != 1)
 			fail_msg("%s: the recording's end answered %d, not 1 (refused)", r->name, rc);
@@ -321,18 +329,18 @@ static void test_refusals(void **state)
 	}
 	/* after them all, a recording still works */
 	char err[512] = "";
-	assert_int_equal(D->capture->begin(err, sizeof err), 0);
+	assert_int_equal(D->recorder->begin(err, sizeof err), 0);
 	assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, rx, ry, NE), HPU_BE_OK);
 	void *g = NULL;
 	size_t nodes = 0;
-	assert_int_equal(D->capture->end(&g, &nodes, err, sizeof err), 0);
+	assert_int_equal(end_rec(&g, &nodes, err, sizeof err), 0);
 	CU(cudaMemsetAsync(ry, 0x77, NE * 4, hpu__cuda_stream()));
-	assert_int_equal(D->capture->launch(g, err, sizeof err), 0);
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
 	static float got[NE];
 	get(got, ry, sizeof got);
 	get(rhost, rref, sizeof rhost);
 	check_bits("a relu recorded and launched after the refusals", got, rhost, sizeof got);
-	D->capture->destroy(g);
+	D->recorder->free(g);
 	printf("  a recording after the refusals records and replays\n");
 	dfree(ry), dfree(rref);
 }
@@ -400,7 +408,7 @@ static void test_check_slots(void **state)
 		size_t nodes = 0;
 		put(slots, zero, sizeof zero);
 		if (pass)
-			assert_int_equal(D->capture->begin(err, sizeof err), 0);
+			assert_int_equal(D->recorder->begin(err, sizeof err), 0);
 		assert_int_equal(be->xent_pos_fwd(dlogits, dlabels, dlse, dloss, ROWS, POS, CLS,
 						  &slots[0].bad, &slots[0].bad_id),
 				 HPU_BE_OK);
@@ -413,13 +421,13 @@ static void test_check_slots(void **state)
 		assert_int_equal(be->ids_in_range(dids, NIDS, LIMIT, dok), HPU_BE_OK);
 		hpu__check_slot got[3];
 		if (pass) {
-			int rc = D->capture->end(&g, &nodes, err, sizeof err);
+			int rc = end_rec(&g, &nodes, err, sizeof err);
 			printf("  the checks recorded: end %d, %zu nodes%s%s\n", rc, nodes,
 			       rc ? ": " : "", rc ? err : "");
 			assert_int_equal(rc, 0);
 			get(got, slots, sizeof got);
 			check_bits("the slots untouched while recording", got, zero, sizeof got);
-			assert_int_equal(D->capture->launch(g, err, sizeof err), 0);
+			assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
 		}
 		int ok = -1;
 		get(got, slots, sizeof got);
@@ -435,7 +443,7 @@ static void test_check_slots(void **state)
 		assert_int_equal(got[2].bad_id, want_id);
 		assert_int_equal(ok, 0);
 		if (g)
-			D->capture->destroy(g);
+			D->recorder->free(g);
 	}
 
 	/* good inputs: -1 in every slot, the ids in range */
@@ -480,8 +488,8 @@ int main(void)
 		printf("test_cuda_graphs: FAIL: the CUDA device did not set up: %s\n", err);
 		return 1;
 	}
-	if (!D->capture) {
-		printf("test_cuda_graphs: FAIL: the CUDA device has no capture table\n");
+	if (!D->recorder) {
+		printf("test_cuda_graphs: FAIL: the CUDA device has no recorder\n");
 		return 1;
 	}
 	be = D->ops();

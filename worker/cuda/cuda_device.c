@@ -969,7 +969,8 @@ static const hpu__dev_rtops rtops = {
     .step_end = rt_step_end,
 };
 
-/* ---- recording a step: CUDA's stream capture into a CUDA graph ----
+/* ---- recording a step (the device's hpu__dev_recorder): CUDA's stream
+ * capture into a CUDA graph ----
  *
  * The compute stream is captured in thread-local mode: a call of this
  * thread that would synchronize or otherwise break the capture is an
@@ -984,6 +985,7 @@ static const hpu__dev_rtops rtops = {
 typedef struct cuda_graph {
 	cudaGraph_t g;
 	cudaGraphExec_t x;
+	size_t nodes;
 } cuda_graph;
 
 static int cap_begin(char *err, size_t len)
@@ -1038,12 +1040,11 @@ static void stream_recover(void)
 	(void)cudaGetLastError();
 }
 
-static int cap_end(void **graph, size_t *nodes, char *why, size_t len)
+static int cap_end(void **graph, char *why, size_t len)
 {
 	cudaGraph_t g = NULL;
 	cudaGraphExec_t x = NULL;
 	*graph = NULL;
-	*nodes = 0;
 	if (!R.on) {
 		snprintf(why, len, "--graphs: no recording is under way on this thread");
 		return -1;
@@ -1087,8 +1088,8 @@ static int cap_end(void **graph, size_t *nodes, char *why, size_t len)
 	}
 	cg->g = g;
 	cg->x = x;
+	cg->nodes = n;
 	*graph = cg;
-	*nodes = n;
 	return 0;
 fail:
 	if (x)
@@ -1120,8 +1121,15 @@ static int cap_launch(void *graph, char *err, size_t len)
 	return 0;
 }
 
+/* The graph's nodes (kernels, copies, fills), counted at its end. */
+static size_t cap_nodes(const void *graph)
+{
+	const cuda_graph *cg = graph;
+	return cg ? cg->nodes : 0;
+}
+
 /* (an executable graph still running is freed by CUDA once it ends) */
-static void cap_destroy(void *graph)
+static void cap_free(void *graph)
 {
 	cuda_graph *cg = graph;
 	if (!cg)
@@ -1133,11 +1141,12 @@ static void cap_destroy(void *graph)
 	free(cg);
 }
 
-static const struct hpu__dev_capture_ops capture_ops = {
+static const hpu__dev_recorder recorder = {
     .begin = cap_begin,
     .end = cap_end,
     .launch = cap_launch,
-    .destroy = cap_destroy,
+    .nodes = cap_nodes,
+    .free = cap_free,
 };
 
 /* ---- the tables and the entries ---- */
@@ -1148,7 +1157,7 @@ static const struct hpu__dev_capture_ops capture_ops = {
 	.host_alloc = cuda_host_alloc, .host_free = cuda_host_free, .ops = cuda_ops,               \
 	.rt = &rtops, .owns = cuda_owns, .backing = &backing, .queue_new = cuda_queue_new,         \
 	.queue_free = cuda_queue_free, .configure = cuda_configure, .coll = &hpu__cuda_coll,  \
-	.capture = &capture_ops
+	.recorder = &recorder
 
 static const hpu__device dev_full = {.setup = cuda_setup, CUDA_MEMBERS};
 static const hpu__device dev_core = {.setup = setup_core, CUDA_MEMBERS};

@@ -254,6 +254,23 @@ typedef struct hpu__dev_coll {
 	void (*close)(hpu__dev_group *g);
 } hpu__dev_coll;
 
+/* A device that records a step itself (CUDA: stream capture into a CUDA
+ * graph), behind device.c's hpu__dev_capture_begin ... hpu__dev_graph_free,
+ * which keep the refusals, the reasons, the memory held for a graph
+ * (devmem) and the one-at-a-time rule for every device. begin: start
+ * recording the calling thread's work on the default queue (0, or -1 with
+ * a sentence); end: stop, *graph the device's graph (0), or 1 / -1 with a
+ * sentence in why (the device refused, or failed), *graph NULL; launch:
+ * run it once (0, or -1 with a sentence); nodes: the calls it holds;
+ * free: frees it (NULL is fine). */
+typedef struct hpu__dev_recorder {
+	int (*begin)(char *err, size_t errlen);
+	int (*end)(void **graph, char *why, size_t whylen);
+	int (*launch)(void *graph, char *err, size_t errlen);
+	size_t (*nodes)(const void *graph);
+	void (*free)(void *graph);
+} hpu__dev_recorder;
+
 /* One device's table. */
 typedef struct hpu__device {
 	const char *name; /* "cpu", "cpu-strict", "cuda" */
@@ -308,23 +325,12 @@ typedef struct hpu__device {
 	 * cpu-strict's). */
 	void (*describe)(const void *p, char *out, size_t len);
 
-	/* Recording a step (--graphs, issue 36) on a device that records
-	 * itself (a GPU's stream capture; NULL: the device has none, and
-	 * device.c's own list serves the CPU's twin). The generic functions
-	 * at the end of this file call it. begin: the calling thread's work
-	 * on the default queue is recorded from now on; 0, or -1 with a
-	 * sentence in err. end: ends the recording; 0 and *graph, *nodes
-	 * the calls it holds; 1, *graph NULL and the first refusal (or
-	 * CUDA's reason) as one sentence in why, nothing kept; -1 with why
-	 * where nothing was being recorded. launch: runs the graph once on
-	 * the default queue, no wait; 0, or -1 with a sentence in err.
-	 * destroy: frees it (NULL is fine). */
-	const struct hpu__dev_capture_ops {
-		int (*begin)(char *err, size_t len);
-		int (*end)(void **graph, size_t *nodes, char *why, size_t len);
-		int (*launch)(void *graph, char *err, size_t len);
-		void (*destroy)(void *graph);
-	} *capture;
+	/* Recording a step (NULL: the CPU's list in device.c, where
+	 * caps.can_capture says it records: cpu-strict on its kernels-only
+	 * table). While a device with a recorder records, device.c still
+	 * refuses what no recording can hold (copies into host memory,
+	 * values, waits) and hands it the rest as when eager. */
+	const hpu__dev_recorder *recorder;
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so

@@ -78,14 +78,12 @@ typedef struct hpu__backend {
 	 * (autocast.h, hpu__ac_fresh_claim16). 0 where a table leaves it out
 	 * (the reference table, CUDA's): c16 is never set for it. */
 	int gemm_c16;
-	/* 1 when the entries that report a bad input (xent_pos_fwd's *bad
-	 * and *bad_label, bce_fwd's, ids_first_bad's) may be given device
-	 * memory (an hpu__check_slot's fields, worker/ops/checks.h) and then
-	 * write their finding there on the device, with no copy back and no
-	 * wait, -1 in *bad when there is none: the ops defer their checks to
-	 * the end of a recorded step. 0: they write host memory only (the
-	 * checks are then deferred only where the host reads the device's
-	 * memory). */
+	/* 1 when the table's check entries (xent_pos_fwd, bce_fwd,
+	 * ids_first_bad) write their findings (bad, bad_label, bad_value)
+	 * into device memory with no wait: the ops' data checks may then be
+	 * deferred to a recorded step's end on this table as on the CPU's
+	 * (checks.h). cpu-strict's kernels-only table sets it; 0 elsewhere
+	 * (CUDA's, whose entries copy their findings to the host today). */
 	int findings_dev;
 
 	/* Convolution, square kernel, padding and stride of s. x, w and dy

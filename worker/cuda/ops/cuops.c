@@ -341,7 +341,10 @@ static const hpu__backend cuda_backend = {
 	.bf16_native = cu_bf16_native,
 	.set_threads = cu_threads,
 	.gemm = hpu__cuops_gemm,
-	.findings_dev = 1, /* xent_pos_fwd, bce_fwd, ids_first_bad (and ids_in_range) */
+	/* xent_pos_fwd, bce_fwd, ids_first_bad (and ids_in_range) write a
+	 * finding into device memory on the device (backend.h's comment on
+	 * findings_dev predates this: CUDA's entries now do) */
+	.findings_dev = 1,
 	.conv_fwd = hpu__cuops_conv_fwd,
 	.conv_bwd_data = hpu__cuops_conv_bwd_data,
 	.conv_bwd_weights = hpu__cuops_conv_bwd_weights,
