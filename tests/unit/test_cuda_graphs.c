@@ -8,8 +8,9 @@
  *     gives the eager run's bytes, and a launch after the pinned block
  *     changed copies the new values;
  *   - each refusal (a copy into host memory, an op returning a value, a
- *     wait, dropout, an op reading its result back, a sync the module
- *     does not guard) makes the end answer 1 with its sentence, and eager
+ *     wait, dropout, an op reading its result back, a copy from pageable
+ *     memory, the all-reduce over CUDA IPC, the kernels' scratch growing,
+ *     a sync the module does not guard) makes the end answer 1 with its sentence, and eager
  *     work on the device's stream runs right after it;
  *   - the data checks writing their findings into device slots
  *     (findings_dev: xent_pos_fwd, bce_fwd, ids_first_bad, ids_in_range)
@@ -256,6 +257,18 @@ static void r_readback(void)
 	assert_int_equal(be->softmax_xent(B.a, (const int32_t *)B.b, NULL, 8, 10, &loss),
 			 HPU_BE_UNSUPPORTED);
 }
+/* (refused before the group is touched: no group is needed) */
+static void r_allreduce(void)
+{
+	assert_int_equal(D->coll->all_reduce(NULL, B.a, B.c, 64, HPU__DEV_F32), 0);
+}
+/* attention's backward wants 16 MiB of scratch (t 2048): more than any
+ * op before needed; refused at the growth, its kernel never recorded */
+static void r_scratch(void)
+{
+	assert_int_equal(be->attention_bwd(B.a, B.c, B.e, B.g, 1, 2048, 1, 16),
+			 HPU_BE_UNSUPPORTED);
+}
 static void r_pageable(void) { D->copy(NULL, B.h, rhost, 64); }
 static void r_unguarded(void) { (void)cudaStreamSynchronize(hpu__cuda_stream()); }
 
@@ -273,6 +286,8 @@ static const refusal refusals[] = {
 	{"an op reading its result back (softmax_xent)", r_readback,
 	 "its result comes back to the host"},
 	{"a copy from pageable host memory", r_pageable, "pageable"},
+	{"the all-reduce over CUDA IPC", r_allreduce, "all-reduce over CUDA IPC"},
+	{"the kernels' scratch growing", r_scratch, "the kernels' scratch"},
 	{"a sync the module does not guard (the test's own)", r_unguarded, NULL},
 };
 

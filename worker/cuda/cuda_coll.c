@@ -286,7 +286,6 @@ static void slice(size_t n, int world, int r, size_t *at, size_t *len)
 static int cc_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t count,
 			 hpu__dev_dtype dt)
 {
-	size_t esz = dt == HPU__DEV_BF16 ? 2 : 4, per = g->cap / esz;
 	/* waits for the stream and meets the peers at host barriers between
 	 * its stages: not recordable; every rank records the same step, so
 	 * every rank refuses here and none waits at a barrier */
@@ -294,6 +293,7 @@ static int cc_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t
 				     "it waits for the GPU and for its peers on the host between "
 				     "its stages, which a recorded step cannot hold"))
 		return 0;
+	size_t esz = dt == HPU__DEV_BF16 ? 2 : 4, per = g->cap / esz;
 	cudaStream_t s = hpu__cuda_stream();
 	for (size_t i = 0; i < count; i += per) {
 		size_t n = count - i < per ? count - i : per, at, len;
