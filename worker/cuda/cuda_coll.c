@@ -286,6 +286,13 @@ static void slice(size_t n, int world, int r, size_t *at, size_t *len)
 static int cc_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t count,
 			 hpu__dev_dtype dt)
 {
+	/* waits for the stream and meets the peers at host barriers between
+	 * its stages: not recordable; every rank records the same step, so
+	 * every rank refuses here and none waits at a barrier */
+	if (hpu__cuda_capture_refuse("the all-reduce over CUDA IPC",
+				     "it waits for the GPU and for its peers on the host between "
+				     "its stages, which a recorded step cannot hold"))
+		return 0;
 	size_t esz = dt == HPU__DEV_BF16 ? 2 : 4, per = g->cap / esz;
 	cudaStream_t s = hpu__cuda_stream();
 	for (size_t i = 0; i < count; i += per) {

@@ -80,12 +80,67 @@ static struct {
 
 static _Thread_local int bound_gen; /* the set-up this thread is bound for */
 
+/* Recording (the capture table below): on this thread, the first
+ * refusal's sentence (kept in the kernel table's recording error where
+ * the module has it, so that one sentence is the first of both). */
+static _Thread_local struct {
+	int on;
+	char why[256];
+} R;
+
+/* Blocks freed while recording (devmem's, by cudaFree, and pinned host
+ * memory, by cudaFreeHost: both wait for the device, which a capture
+ * cannot hold): freed once it ends. Under C.mu. */
+/* Some thread records the compute stream now. */
+static volatile int capturing_any;
+
+static struct late_free {
+	void *p;
+	int host;
+} *late;
+static size_t nlate, late_cap;
+
+/* A wait on the host: what a recording refuses first. */
+#define NO_WAIT "waits for the GPU on the host, which a recorded step cannot hold"
+
+int hpu__cuda_capturing(void)
+{
+	return R.on;
+}
+
+int hpu__cuda_capture_refuse(const char *what, const char *why)
+{
+	if (!R.on)
+		return 0;
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_refuse(what, why);
+#else
+	if (!R.why[0])
+		snprintf(R.why, sizeof R.why, "%s: %s", what, why);
+#endif
+	return 1;
+}
+
+static const char *capture_refusal(void)
+{
+#ifdef HPU_CUDA_HAVE_OPS
+	return hpu__cuda_ops_recording_error();
+#else
+	return R.why;
+#endif
+}
+
 /* ---- errors ---- */
 
 void hpu__cuda_check(cudaError_t e, const char *what)
 {
 	if (e == cudaSuccess)
 		return;
+	if (R.on) { /* the recording fails, not the worker */
+		(void)cudaGetLastError();
+		hpu__cuda_capture_refuse(what, cudaGetErrorString(e));
+		return;
+	}
 	char line[512];
 	int n = snprintf(line, sizeof line, "hpu-worker: rank %d: CUDA error in %s on GPU %d: %s\n",
 			 C.rank, what, C.dev, cudaGetErrorString(e));
@@ -200,6 +255,8 @@ static void cuda_wait(const hpu__dev_event *ev)
 {
 	if (!ev->seq)
 		return;
+	if (hpu__cuda_capture_refuse("hpu__dev_event_wait", "a wait: it " NO_WAIT))
+		return;
 	hpu__dev_queue *x = Q(ev->q);
 	hpu__cuda_bind();
 	pthread_mutex_lock(&x->mu);
@@ -213,12 +270,35 @@ static void cuda_wait(const hpu__dev_event *ev)
 static int is_device(const void *p)
 {
 	struct cudaPointerAttributes a;
+	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
 	hpu__cuda_bind();
-	if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+	if (!p)
+		return 0;
+	/* (a query, no stream work; relaxed, to be sure it ends no capture) */
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	cudaError_t e = cudaPointerGetAttributes(&a, p);
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	if (e != cudaSuccess) {
 		cudaGetLastError(); /* not sticky: forget it */
 		return 0;
 	}
 	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* 1 when p is page-locked host memory (cudaHostAlloc's): what a recorded
+ * copy may read when the graph runs. */
+static int is_pinned(const void *p)
+{
+	struct cudaPointerAttributes a;
+	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	cudaError_t e = cudaPointerGetAttributes(&a, p);
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	return a.type == cudaMemoryTypeHost;
 }
 
 static int cuda_owns(const void *p)
@@ -229,8 +309,16 @@ static int cuda_owns(const void *p)
 static void *bk_map(size_t bytes)
 {
 	void *p = NULL;
+	/* devmem's pool may grow while a step records: cudaMalloc is not
+	 * stream work (the graph keeps the address, devmem keeps the block
+	 * for it), so the thread's mode is relaxed around it, as PyTorch's
+	 * allocator does */
+	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
 	hpu__cuda_bind();
-	if (cudaMalloc(&p, bytes) != cudaSuccess) {
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	cudaError_t e = cudaMalloc(&p, bytes);
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	if (e != cudaSuccess) {
 		cudaGetLastError(); /* out of memory is not sticky */
 		errno = ENOMEM;
 		return NULL;
@@ -238,20 +326,68 @@ static void *bk_map(size_t bytes)
 	return p;
 }
 
+/* Puts p's free off until the recording ends (free_late); 0 when not
+ * recording (the caller frees it now). */
+static int free_later(void *p, int host)
+{
+	if (!R.on)
+		return 0;
+	pthread_mutex_lock(&C.mu);
+	if (nlate == late_cap) {
+		size_t cap = late_cap ? late_cap * 2 : 16;
+		struct late_free *m = realloc(late, cap * sizeof *m);
+		if (!m) {
+			pthread_mutex_unlock(&C.mu);
+			return 1; /* leaked: no host memory to note it */
+		}
+		late = m;
+		late_cap = cap;
+	}
+	late[nlate].p = p;
+	late[nlate++].host = host;
+	pthread_mutex_unlock(&C.mu);
+	return 1;
+}
+
 static void bk_unmap(void *p, size_t bytes)
 {
 	(void)bytes;
 	hpu__cuda_bind();
-	hpu__cuda_check(cudaFree(p), "cudaFree");
+	if (!free_later(p, 0))
+		hpu__cuda_check(cudaFree(p), "cudaFree");
 }
 
+/* The frees put off while recording (after cudaStreamEndCapture). */
+static void free_late(void)
+{
+	pthread_mutex_lock(&C.mu);
+	for (size_t i = 0; i < nlate; i++)
+		hpu__cuda_check(late[i].host ? cudaFreeHost(late[i].p) : cudaFree(late[i].p),
+				late[i].host ? "cudaFreeHost" : "cudaFree");
+	nlate = 0;
+	pthread_mutex_unlock(&C.mu);
+}
+
+/* While recording, the zeroing is recorded with the step (a block the
+ * step allocates is zeroed by each replay, as each eager step's fresh
+ * block is), and no event: other queues' work is refused then. */
 static void bk_zero(void *p, size_t bytes)
 {
 	hpu__cuda_bind();
+	if (capturing_any && !R.on) {
+		/* another thread records the compute stream: zeroed on the
+		 * legacy stream (which the non-blocking compute stream does not
+		 * wait for) and waited for here, outside the graph */
+		hpu__cuda_check(cudaMemsetAsync(p, 0, bytes, 0), "cudaMemsetAsync");
+		hpu__cuda_check(cudaStreamSynchronize(0), "cudaStreamSynchronize");
+		return;
+	}
 	pthread_mutex_lock(&C.mu);
 	hpu__cuda_check(cudaMemsetAsync(p, 0, bytes, C.compute.s), "cudaMemsetAsync");
-	hpu__cuda_check(cudaEventRecord(C.zeroed, C.compute.s), "cudaEventRecord");
-	C.zero_seq++;
+	if (!R.on) {
+		hpu__cuda_check(cudaEventRecord(C.zeroed, C.compute.s), "cudaEventRecord");
+		C.zero_seq++;
+	}
 	pthread_mutex_unlock(&C.mu);
 }
 
@@ -266,8 +402,12 @@ static void *cuda_host_alloc(size_t bytes)
 {
 	size_t n = (bytes + 63) / 64 * 64;
 	void *p = NULL;
+	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
 	hpu__cuda_bind();
-	if (cudaHostAlloc(&p, n ? n : 64, cudaHostAllocPortable) != cudaSuccess) {
+	cudaThreadExchangeStreamCaptureMode(&mode); /* not stream work (bk_map's) */
+	cudaError_t e = cudaHostAlloc(&p, n ? n : 64, cudaHostAllocPortable);
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	if (e != cudaSuccess) {
 		cudaGetLastError();
 		return NULL;
 	}
@@ -278,15 +418,48 @@ static void *cuda_host_alloc(size_t bytes)
 static void cuda_host_free(void *p)
 {
 	hpu__cuda_bind();
+	if (free_later(p, 1)) /* cudaFreeHost waits for the device */
+		return;
 	hpu__cuda_check(cudaFreeHost(p), "cudaFreeHost");
 }
 
 /* ---- copies ---- */
 
+static cudaStream_t S0(void)
+{
+	hpu__cuda_bind();
+	return C.compute.s;
+}
+
+/* While recording: only the compute stream is recorded, nothing comes
+ * back to the host, and a copy from the host reads pinned memory (the
+ * graph reads it when it runs); 1 where the copy is refused. */
+static int copy_refused(hpu__dev_queue *q, void *dst, const void *src)
+{
+	if (!R.on)
+		return 0;
+	if (q && q != &C.compute)
+		return hpu__cuda_capture_refuse("a copy on a queue of its own",
+						"only the default queue is recorded");
+	if (!is_device(dst))
+		return hpu__cuda_capture_refuse("hpu__dev_d2h",
+						"a copy into host memory: it " NO_WAIT);
+	if (!is_device(src) && !is_pinned(src))
+		return hpu__cuda_capture_refuse(
+			"hpu__dev_h2d", "a copy from pageable host memory: a recorded copy reads "
+					"pinned memory only (hpu__dev_host_alloc)");
+	return 0;
+}
+
 static void cuda_copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 {
-	if (!n)
+	if (!n || copy_refused(q, dst, src))
 		return;
+	if (R.on) { /* from device or pinned memory: queued, read when the graph runs */
+		hpu__cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, S0()),
+				"cudaMemcpyAsync");
+		return;
+	}
 	cudaStream_t s = stream_of(q);
 	hpu__cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), "cudaMemcpyAsync");
 	if (!is_device(dst) || !is_device(src))
@@ -295,6 +468,10 @@ static void cuda_copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 
 static void cuda_fill(hpu__dev_queue *q, void *dst, int byte, size_t n)
 {
+	if (n && R.on && q && q != &C.compute &&
+	    hpu__cuda_capture_refuse("a fill on a queue of its own",
+				     "only the default queue is recorded"))
+		return;
 	if (n)
 		hpu__cuda_check(cudaMemsetAsync(dst, byte, n, stream_of(q)), "cudaMemsetAsync");
 }
@@ -411,6 +588,12 @@ static void cuda_teardown(void)
 	hpu__cuda_ops_release(); /* waits for the stream, frees handles and plans */
 	hpu__cuda_ops_set_stream(NULL);
 #endif
+	R.on = 0;
+	capturing_any = 0;
+	free_late();
+	free(late);
+	late = NULL;
+	late_cap = 0;
 	cudaStream_t s = C.compute.s;
 	queue_fini(&C.compute);
 	cudaStreamDestroy(s);
@@ -493,6 +676,8 @@ static const hpu__backend *cuda_ops(void)
 
 #define S (hpu__cuda_bind(), C.compute.s)
 #define K(call, what) hpu__cuda_check(call, what)
+/* The ops that answer a value refuse to be recorded (returning 0). */
+#define VALUE "its value comes back to the host, which " NO_WAIT
 
 /* The results' buffers, at least `bytes` each, zeroed on the device;
  * under C.mu. */
@@ -541,6 +726,8 @@ static void rt_acc16(int fp16, uint16_t *dst, const float *src, size_t n)
 
 static int rt_bf16_exact(uint16_t *dst, const float *x, size_t n)
 {
+	if (hpu__cuda_capture_refuse("bf16_exact", VALUE))
+		return 0;
 	if (!n)
 		return 1;
 	pthread_mutex_lock(&C.mu);
@@ -579,6 +766,8 @@ static void rt_sum(double *out, const float *v, size_t n)
  * their order, then the rest's. */
 static double rt_sumsq(const float *g, size_t n)
 {
+	if (hpu__cuda_capture_refuse("sumsq", VALUE))
+		return 0;
 	size_t nb = n / 256;
 	pthread_mutex_lock(&C.mu);
 	res_need((nb + 1) * sizeof(double));
@@ -596,6 +785,8 @@ static double rt_sumsq(const float *g, size_t n)
 static double rt_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			 size_t chunk)
 {
+	if (hpu__cuda_capture_refuse("sumsq16", VALUE))
+		return 0;
 	for (size_t i = 0; i < n; i += chunk) {
 		size_t c = n - i < chunk ? n - i : chunk;
 		rt_from16(fp16, scratch, g + i, c);
@@ -606,6 +797,8 @@ static double rt_sumsq16(double acc, int fp16, const uint16_t *g, size_t n, floa
 
 static int flag_op(int which, int fp16, const void *g, size_t n)
 {
+	if (hpu__cuda_capture_refuse(which ? "nonfinite16" : "nonfinite", VALUE))
+		return 0;
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&C.mu);
@@ -632,6 +825,8 @@ static int rt_nonfinite16(int fp16, const uint16_t *g, size_t n)
 
 static long count_op(int is16, const void *v, size_t n)
 {
+	if (hpu__cuda_capture_refuse(is16 ? "count_nonfinite16" : "count_nonfinite", VALUE))
+		return 0;
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&C.mu);
@@ -774,6 +969,186 @@ static const hpu__dev_rtops rtops = {
     .step_end = rt_step_end,
 };
 
+/* ---- recording a step (the device's hpu__dev_recorder): CUDA's stream
+ * capture into a CUDA graph ----
+ *
+ * The compute stream is captured in thread-local mode: a call of this
+ * thread that would synchronize or otherwise break the capture is an
+ * error of that call. The module refuses such calls before making them
+ * (copies to the host, waits, value-returning ops, the kernel table's
+ * readbacks, scratch growth, dropout, the IPC all-reduce): the call does
+ * nothing and the first refusal's sentence is kept; a CUDA error while
+ * recording is kept the same way instead of ending the worker. devmem
+ * may still allocate (bk_map: cudaMalloc in relaxed mode); its frees wait
+ * for the end (bk_unmap). */
+
+typedef struct cuda_graph {
+	cudaGraph_t g;
+	cudaGraphExec_t x;
+	size_t nodes;
+} cuda_graph;
+
+static int cap_begin(char *err, size_t len)
+{
+	if (!C.up) {
+		snprintf(err, len, "--graphs: the CUDA device is not set up");
+		return -1;
+	}
+	if (R.on) {
+		snprintf(err, len, "--graphs: a recording is already under way on this thread");
+		return -1;
+	}
+	hpu__cuda_bind();
+	(void)cudaGetLastError(); /* an old, non-sticky error is not this recording's */
+	cudaError_t e = cudaStreamBeginCapture(C.compute.s, cudaStreamCaptureModeThreadLocal);
+	if (e != cudaSuccess) {
+		snprintf(err, len, "--graphs: cudaStreamBeginCapture on GPU %d: %s", C.dev,
+			 cudaGetErrorString(e));
+		(void)cudaGetLastError();
+		return -1;
+	}
+	R.on = 1;
+	R.why[0] = '\0';
+	capturing_any = 1;
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_recording(1); /* the table's failed calls: refusals */
+#endif
+	return 0;
+}
+
+/* After a failed recording the stream must be usable again: where CUDA
+ * still reports it capturing (or cannot say), a new compute stream
+ * replaces it (the old one destroyed: its work, if any, completes). */
+static void stream_recover(void)
+{
+	enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+	cudaError_t e = cudaStreamIsCapturing(C.compute.s, &st);
+	(void)cudaGetLastError();
+	if (e == cudaSuccess && st == cudaStreamCaptureStatusNone)
+		return;
+	cudaStream_t fresh;
+	if (cudaStreamCreateWithFlags(&fresh, cudaStreamNonBlocking) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return; /* the next call's error names it */
+	}
+	cudaStream_t old = C.compute.s;
+	C.compute.s = fresh;
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_set_stream(fresh);
+#endif
+	(void)cudaStreamDestroy(old);
+	(void)cudaGetLastError();
+}
+
+static int cap_end(void **graph, char *why, size_t len)
+{
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	*graph = NULL;
+	if (!R.on) {
+		snprintf(why, len, "--graphs: no recording is under way on this thread");
+		return -1;
+	}
+	hpu__cuda_bind();
+	cudaError_t e = cudaStreamEndCapture(C.compute.s, &g);
+	char first[256];
+	snprintf(first, sizeof first, "%s", capture_refusal());
+	R.on = 0;
+	capturing_any = 0;
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_recording(0);
+#endif
+	(void)cudaGetLastError(); /* a refused call's error is not the next kernel's */
+	free_late();
+	if (first[0] || e != cudaSuccess || !g) {
+		if (first[0])
+			snprintf(why, len, "%s", first);
+		else
+			snprintf(why, len,
+				 "a call the recording cannot hold invalidated it "
+				 "(cudaStreamEndCapture: %s)",
+				 e != cudaSuccess ? cudaGetErrorString(e) : "no graph");
+		goto fail;
+	}
+	size_t n = 0;
+	if ((e = cudaGraphGetNodes(g, NULL, &n)) != cudaSuccess) {
+		snprintf(why, len, "cudaGraphGetNodes: %s", cudaGetErrorString(e));
+		goto fail;
+	}
+	if ((e = cudaGraphInstantiate(&x, g, 0)) != cudaSuccess) {
+		snprintf(why, len, "recorded %zu calls, but cudaGraphInstantiate refused them: %s",
+			 n, cudaGetErrorString(e));
+		x = NULL;
+		goto fail;
+	}
+	cuda_graph *cg = malloc(sizeof *cg);
+	if (!cg) {
+		snprintf(why, len, "no host memory for the graph");
+		goto fail;
+	}
+	cg->g = g;
+	cg->x = x;
+	cg->nodes = n;
+	*graph = cg;
+	return 0;
+fail:
+	if (x)
+		cudaGraphExecDestroy(x);
+	if (g)
+		cudaGraphDestroy(g);
+	(void)cudaGetLastError();
+	stream_recover();
+	return 1;
+}
+
+/* One replay on the compute stream; nothing waits (the readback after
+ * the step does). */
+static int cap_launch(void *graph, char *err, size_t len)
+{
+	cuda_graph *cg = graph;
+	if (!cg) {
+		snprintf(err, len, "--graphs: no graph to launch");
+		return -1;
+	}
+	hpu__cuda_bind();
+	cudaError_t e = cudaGraphLaunch(cg->x, C.compute.s);
+	if (e != cudaSuccess) {
+		snprintf(err, len, "--graphs: cudaGraphLaunch on GPU %d: %s", C.dev,
+			 cudaGetErrorString(e));
+		(void)cudaGetLastError();
+		return -1;
+	}
+	return 0;
+}
+
+/* The graph's nodes (kernels, copies, fills), counted at its end. */
+static size_t cap_nodes(const void *graph)
+{
+	const cuda_graph *cg = graph;
+	return cg ? cg->nodes : 0;
+}
+
+/* (an executable graph still running is freed by CUDA once it ends) */
+static void cap_free(void *graph)
+{
+	cuda_graph *cg = graph;
+	if (!cg)
+		return;
+	hpu__cuda_bind();
+	cudaGraphExecDestroy(cg->x);
+	cudaGraphDestroy(cg->g);
+	(void)cudaGetLastError();
+	free(cg);
+}
+
+static const hpu__dev_recorder recorder = {
+    .begin = cap_begin,
+    .end = cap_end,
+    .launch = cap_launch,
+    .nodes = cap_nodes,
+    .free = cap_free,
+};
+
 /* ---- the tables and the entries ---- */
 
 #define CUDA_MEMBERS                                                                               \
@@ -781,7 +1156,8 @@ static const hpu__dev_rtops rtops = {
 	.fill = cuda_fill, .record = cuda_record, .wait = cuda_wait,                               \
 	.host_alloc = cuda_host_alloc, .host_free = cuda_host_free, .ops = cuda_ops,               \
 	.rt = &rtops, .owns = cuda_owns, .backing = &backing, .queue_new = cuda_queue_new,         \
-	.queue_free = cuda_queue_free, .configure = cuda_configure, .coll = &hpu__cuda_coll
+	.queue_free = cuda_queue_free, .configure = cuda_configure, .coll = &hpu__cuda_coll,  \
+	.recorder = &recorder
 
 static const hpu__device dev_full = {.setup = cuda_setup, CUDA_MEMBERS};
 static const hpu__device dev_core = {.setup = setup_core, CUDA_MEMBERS};

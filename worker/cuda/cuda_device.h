@@ -23,4 +23,14 @@ int hpu__cuda_device_index(void);
  * context unusable: the launcher reports the rank's failure). */
 void hpu__cuda_check(cudaError_t e, const char *what);
 
+/* 1 while this thread records the compute stream (the device's capture
+ * table: --graphs); hpu__cuda_check then keeps its first error as the
+ * recording's refusal instead of ending the worker. */
+int hpu__cuda_capturing(void);
+
+/* While this thread records: keeps "WHAT: WHY" as the recording's
+ * refusal (the first one kept) and returns 1, so that the caller skips a
+ * call the capture cannot hold before making it; 0 otherwise. */
+int hpu__cuda_capture_refuse(const char *what, const char *why);
+
 #endif

@@ -44,6 +44,11 @@ void hpu__cuda_ops_set_stream(void *cuda_stream);
  * "run the C loops", which over device memory would fault. */
 void hpu__cuda_ops_recording(int on);
 const char *hpu__cuda_ops_recording_error(void);
+/* While this thread records: keeps "WHAT: WHY" as the recording's
+ * refusal (unless one is kept already) and returns -1, so that the
+ * caller skips a call the capture cannot hold (a wait, a copy to the
+ * host) before making it; 0 when not recording. */
+int hpu__cuda_ops_refuse(const char *what, const char *why);
 
 /* Waits for the stream, then frees every GPU's handles, workspace,
  * scratch and cached plans (the device's close); the table makes them

@@ -172,7 +172,7 @@ static uint64_t mix64(uint64_t z)
 static int cu_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t n, float p,
 			  uint64_t seed, uint64_t stream)
 {
-	if (!(p >= 0.0f && p <= 1.0f))
+	if (!(p >= 0.0f && p <= 1.0f) || hpu__cuda_ops_refuse("dropout", HPU_CUOPS_DROPOUT_WHY))
 		return HPU_BE_UNSUPPORTED;
 	int drop_all = p >= 1.0f;
 	uint64_t key = mix64(seed ^ mix64(stream ^ 0x6a09e667f3bcc909ull));
@@ -287,6 +287,13 @@ static int ids_check(const int32_t *ids, int n, int limit, int *bad)
 static int cu_ids_in_range(const int32_t *ids, int n, int limit, int *ok)
 {
 	int bad = 0;
+	if (hpu__cuops_on_device(ok)) /* the count of bad ids into *ok, then the verdict */
+		CU_KERNEL("id check",
+			  cudaMemsetAsync(ok, 0, sizeof *ok, st) == cudaSuccess &&
+					  (n <= 0 || hpu__cuk_ids_check(ids, n, limit, ok, st) ==
+							     cudaSuccess)
+				  ? hpu__cukm_none_of(ok, st)
+				  : cudaGetLastError());
 	if (n <= 0) {
 		*ok = 1;
 		return HPU_BE_OK;
@@ -334,6 +341,10 @@ static const hpu__backend cuda_backend = {
 	.bf16_native = cu_bf16_native,
 	.set_threads = cu_threads,
 	.gemm = hpu__cuops_gemm,
+	/* xent_pos_fwd, bce_fwd, ids_first_bad (and ids_in_range) write a
+	 * finding into device memory on the device (backend.h's comment on
+	 * findings_dev predates this: CUDA's entries now do) */
+	.findings_dev = 1,
 	.conv_fwd = hpu__cuops_conv_fwd,
 	.conv_bwd_data = hpu__cuops_conv_bwd_data,
 	.conv_bwd_weights = hpu__cuops_conv_bwd_weights,

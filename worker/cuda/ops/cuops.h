@@ -94,12 +94,23 @@ void hpu__cuops_fatal(const char *fmt, ...) __attribute__((noreturn, format(prin
  * refusal. */
 int hpu__cuops_refused(void);
 
+/* 1 when p is device memory (cudaPointerGetAttributes): where an entry
+ * that reports a bad input is given device memory (findings_dev,
+ * worker/ops/backend.h), it writes its finding there on the device. */
+int hpu__cuops_on_device(const void *p);
+
 /* 0 when e is success; else hpu__cuops_fatal("WHAT: <error>"), or,
  * while this thread records (hpu__cuda_ops_recording), -1 with the
  * sentence kept for hpu__cuda_ops_recording_error(). */
 int hpu__cuops_cuda(cudaError_t e, const char *what);
 int hpu__cuops_blas(cublasStatus_t e, const char *what);
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what);
+
+/* Dropout's refusal while recording: its keys are the host's, kernel
+ * arguments a replay would repeat. */
+#define HPU_CUOPS_DROPOUT_WHY                                                          \
+	"dropout draws its keys on the host each step: a replay would repeat the "     \
+	"recorded step's mask"
 
 /* A pass whose result is one value in device scratch (a count, an
  * amax, a loss, the first bad index), read back on the host:

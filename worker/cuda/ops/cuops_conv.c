@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include "worker/cuda/cuda_ops.h"
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_kernels.h"
 
@@ -158,6 +159,11 @@ static int algorithms(hpu__cuops_ctx *c, hpu__cuops_conv_plan *p)
 	cudnnConvolutionBwdDataAlgoPerf_t dr[NALGO];
 	cudnnConvolutionBwdFilterAlgoPerf_t wr[NALGO];
 	int nf = 0, nd = 0, nw = 0;
+	if (find_algorithms() &&
+	    hpu__cuda_ops_refuse("timing convolution algorithms (HPU_CUDNN_FIND=1)",
+				 "cuDNN runs its candidates and waits for them, which a "
+				 "recording cannot hold (run a step eagerly first)"))
+		return -1;
 	if (find_algorithms()) { /* timed by cuDNN, fastest first */
 		if (hpu__cuops_dnn(cudnnFindConvolutionForwardAlgorithm(c->dnn, p->x, p->w, p->conv[0],
 									 p->y, NALGO, &nf, fr),

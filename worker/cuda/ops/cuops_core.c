@@ -108,6 +108,38 @@ static int failed(const char *what, const char *why)
 	return -1;
 }
 
+int hpu__cuda_ops_refuse(const char *what, const char *why)
+{
+	if (!recording)
+		return 0;
+	if (!recording_error[0])
+		snprintf(recording_error, sizeof recording_error, "%s: %s", what, why);
+	return -1;
+}
+
+/* What a recording refuses before the call that would end it: a wait on
+ * the host (CUDA's capture would be invalidated, the stream left in
+ * error). */
+#define NO_WAIT "waits for the GPU on the host, which a recorded step cannot hold"
+
+int hpu__cuops_on_device(const void *p)
+{
+	struct cudaPointerAttributes a;
+	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+	if (!p)
+		return 0;
+	/* (a query, no stream work: allowed while recording, relaxed to be
+	 * sure it does not end a capture) */
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	cudaError_t e = cudaPointerGetAttributes(&a, p);
+	cudaThreadExchangeStreamCaptureMode(&mode);
+	if (e != cudaSuccess) {
+		cudaGetLastError(); /* not sticky */
+		return 0;
+	}
+	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 int hpu__cuops_cuda(cudaError_t e, const char *what)
 {
 	return e == cudaSuccess ? 0 : failed(what, cudaGetErrorString(e));
@@ -194,6 +226,13 @@ hpu__cuops_ctx *hpu__cuops_enter(void)
 		return NULL;
 	}
 	pthread_mutex_lock(&ctx_mu);
+	if (!ctxs[dev] && recording) { /* handles and workspace: allocations, waits */
+		pthread_mutex_unlock(&ctx_mu);
+		hpu__cuda_ops_refuse("the CUDA kernels' first call on this GPU",
+				     "it makes their handles and workspace, which a recording cannot "
+				     "hold (run a step eagerly first)");
+		return NULL;
+	}
 	if (!ctxs[dev])
 		ctxs[dev] = ctx_new(dev);
 	hpu__cuops_ctx *c = ctxs[dev];
@@ -217,6 +256,13 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
 {
 	if (bytes <= c->scratch_size)
 		return c->scratch;
+	char why[160];
+	snprintf(why, sizeof why,
+		 "it must grow to %zu bytes, which frees and allocates and " NO_WAIT
+		 " (run a step eagerly first)",
+		 bytes);
+	if (hpu__cuda_ops_refuse("the kernels' scratch", why))
+		return NULL;
 	/* calls queued before may still read the old buffer: it is freed
 	 * once the stream is done with them */
 	if (c->scratch) { /* (a refused wait, recording: the old buffer kept) */
@@ -239,6 +285,8 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
 /* The copy into host memory and the wait: every readback's end. */
 static int read_back(void *out, const void *p, size_t bytes, cudaStream_t st, const char *what)
 {
+	if (hpu__cuda_ops_refuse(what, "its result comes back to the host, which " NO_WAIT))
+		return HPU_BE_UNSUPPORTED;
 	if (hpu__cuops_cuda(cudaMemcpyAsync(out, p, bytes, cudaMemcpyDeviceToHost, st), what) ||
 	    hpu__cuops_cuda(cudaStreamSynchronize(st), what))
 		return HPU_BE_UNSUPPORTED;

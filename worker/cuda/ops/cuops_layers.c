@@ -1,15 +1,19 @@
 /* cuops_layers: the CUDA table's entries for the layers' own passes
  * (backend.h's xent_pos_fwd .. batchnorm_bwd), over the kernels of
  * cuops_layers.cu. The two that report a bad label to the host wait for
- * the stream (cuops.h's slot); the rest only queue work. */
+ * the stream (cuops.h's slot), or, given device memory for it (an
+ * hpu__check_slot's, findings_dev), write it on the device; the rest
+ * only queue work. */
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
 
+#include "worker/cuda/cuda_ops.h"
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_layers.h"
+#include "worker/cuda/ops/cuops_more.h"
 
 /* The scratch a pass over positions needs after its slot (the bad
  * position): `each` bytes a position. Nonzero when the sizes overflow. */
@@ -49,13 +53,45 @@ typedef struct pos_pass {
 	const char *what;
 } pos_pass;
 
+/* pos_run where bad and bad_label are device memory (findings_dev,
+ * worker/ops/backend.h: an hpu__check_slot's fields): *bad set to all
+ * ones (-1) on the stream and lowered by the kernels as an unsigned long
+ * long, then labels[*bad] into *bad_label on the device. No copy back,
+ * no wait: a recorded step holds it. */
+_Static_assert(sizeof(long) == sizeof(unsigned long long), "a slot's bad is 64 bits");
+static int pos_run_dev(const pos_pass *p, long *bad, int32_t *bad_label)
+{
+	size_t extra = 0;
+	int empty = p->rows <= 0 || p->positions == 0;
+	if (!empty && (p->classes <= 0 || pos_extra(p->rows, p->positions, p->each, &extra)))
+		return HPU_BE_UNSUPPORTED;
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	cudaStream_t st = hpu__cuops_stream();
+	unsigned long long *b = (unsigned long long *)(void *)bad;
+	void *scratch = empty ? NULL : hpu__cuops_scratch(c, extra);
+	int rc = HPU_BE_UNSUPPORTED;
+	if ((empty || scratch) && !hpu__cuops_cuda(cudaMemsetAsync(b, 0xff, sizeof *b, st), p->what) &&
+	    (empty || (!hpu__cuops_cuda(p->launch(p, scratch, b, st), p->what) &&
+		       !hpu__cuops_cuda(hpu__cukm_finding_i32(p->labels, (const long long *)(void *)b,
+							      bad_label, st),
+					p->what))))
+		rc = HPU_BE_OK;
+	hpu__cuops_leave(c);
+	return rc;
+}
+
 /* The frame of both: the checks, the slot and scratch, the launch, the
- * bad position and its label back on the host (waits). */
+ * bad position and its label back on the host (waits), or, given device
+ * memory, on the device (pos_run_dev). */
 static int pos_run(const pos_pass *p, long *bad, int32_t *bad_label)
 {
 	hpu__cuops_slot s;
 	unsigned long long b = ULLONG_MAX;
 	size_t extra;
+	if (hpu__cuops_on_device(bad))
+		return pos_run_dev(p, bad, bad_label);
 	*bad = -1;
 	if (p->rows <= 0 || p->positions == 0)
 		return HPU_BE_OK;
@@ -146,6 +182,8 @@ int hpu__cuops_dropout_rows(const float *x, float *y, const uint64_t *keys, int 
 {
 	if (rows <= 0 || n == 0)
 		return HPU_BE_OK;
+	if (hpu__cuda_ops_refuse("dropout", HPU_CUOPS_DROPOUT_WHY))
+		return HPU_BE_UNSUPPORTED;
 	hpu__cuops_ctx *c = hpu__cuops_enter();
 	if (!c)
 		return HPU_BE_UNSUPPORTED;

@@ -216,6 +216,29 @@ int hpu__cuops_conv_rect_bwd(const hpu_conv2d_rect_shape *s, const float *x, con
 		*(out) = h_ == ~0ull ? -1 : (long)h_;                                  \
 	} while (0)
 
+/* The same on the device (findings_dev, worker/ops/backend.h): `bad`
+ * (a long in device memory: an hpu__check_slot's) set to all ones, -1,
+ * on the stream, lowered by `call` as an unsigned long long (d), then
+ * `finding` (given b_, the index as a long long) writes the bad value
+ * beside it. No copy back, no wait: a recorded step holds it. */
+_Static_assert(sizeof(long) == sizeof(unsigned long long), "a slot's bad is 64 bits");
+#define FIRST_BAD_DEV(what, bad, call, finding)                                        \
+	do {                                                                           \
+		hpu__cuops_ctx *c_ = hpu__cuops_enter();                               \
+		if (!c_)                                                               \
+			return HPU_BE_UNSUPPORTED;                                     \
+		cudaStream_t st = hpu__cuops_stream();                                 \
+		unsigned long long *d = (unsigned long long *)(void *)(bad);           \
+		const long long *b_ = (const long long *)(const void *)(bad);          \
+		int rc_ = hpu__cuops_cuda(cudaMemsetAsync(d, 0xff, sizeof *d, st), what) || \
+				  hpu__cuops_cuda((call), what) ||                     \
+				  hpu__cuops_cuda((finding), what)                     \
+			  ? HPU_BE_UNSUPPORTED                                         \
+			  : HPU_BE_OK;                                                 \
+		hpu__cuops_leave(c_);                                                  \
+		return rc_;                                                            \
+	} while (0)
+
 int hpu__cuops_mse_fwd(const float *p, const float *t, float *loss, int rows, size_t n)
 {
 	CU_KERNEL("mean squared error", hpu__cukm_loss_fwd(0, p, t, loss, rows, n, NULL, st));
@@ -231,6 +254,15 @@ int hpu__cuops_mse_bwd(const float *p, const float *t, const float *dloss, float
 int hpu__cuops_bce_fwd(int logits, const float *x, const float *t, float *loss, int rows,
 		       size_t n, long *bad, float *bad_value)
 {
+	if (!logits && hpu__cuops_on_device(bad))
+		FIRST_BAD_DEV("binary cross-entropy", bad,
+			      hpu__cukm_loss_fwd(2, x, t, loss, rows, n, d, st),
+			      hpu__cukm_finding_f32(x, b_, bad_value, st));
+	if (logits && hpu__cuops_on_device(bad)) /* nothing to find: -1 */
+		CU_KERNEL("binary cross-entropy",
+			  cudaMemsetAsync(bad, 0xff, sizeof *bad, st) == cudaSuccess
+				  ? hpu__cukm_loss_fwd(1, x, t, loss, rows, n, NULL, st)
+				  : cudaGetLastError());
 	*bad = -1;
 	if (logits)
 		CU_KERNEL("binary cross-entropy",
@@ -252,6 +284,9 @@ int hpu__cuops_bce_bwd(int logits, const float *x, const float *t, const float *
 int hpu__cuops_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
 			     int32_t *bad_value)
 {
+	if (hpu__cuops_on_device(bad))
+		FIRST_BAD_DEV("id check", bad, hpu__cukm_ids_first_bad(ids, n, limit, d, st),
+			      hpu__cukm_finding_i32(ids, b_, bad_value, st));
 	FIRST_BAD("id check", bad, hpu__cukm_ids_first_bad(ids, n, limit, d, st));
 	if (*bad >= 0)
 		return hpu__cuops_fetch(bad_value, ids + *bad, sizeof *bad_value, "id check");

@@ -462,6 +462,41 @@ extern "C" cudaError_t hpu__cukm_ids_first_bad(const int32_t *ids, size_t n, int
 	return cudaGetLastError();
 }
 
+/* ---- a check's finding, written on the device ---- */
+
+template <typename T>
+static __global__ void k_finding(const T *vals, const long long *bad, T *out)
+{
+	long long b = *bad;
+	if (b >= 0)
+		*out = vals[b];
+}
+
+extern "C" cudaError_t hpu__cukm_finding_i32(const int32_t *vals, const long long *bad,
+					      int32_t *out, cudaStream_t st)
+{
+	k_finding<int32_t><<<1, 1, 0, st>>>(vals, bad, out);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cukm_finding_f32(const float *vals, const long long *bad, float *out,
+					      cudaStream_t st)
+{
+	k_finding<float><<<1, 1, 0, st>>>(vals, bad, out);
+	return cudaGetLastError();
+}
+
+static __global__ void k_none_of(int *v)
+{
+	*v = *v == 0;
+}
+
+extern "C" cudaError_t hpu__cukm_none_of(int *v, cudaStream_t st)
+{
+	k_none_of<<<1, 1, 0, st>>>(v);
+	return cudaGetLastError();
+}
+
 /* ---- causal attention over qkv[B, T, 3D] ----
  *
  * Blocks of ROW_THREADS; grid (B * heads, T): block (bh, i) is query

@@ -72,6 +72,17 @@ cudaError_t hpu__cukm_loss_bwd(int kind, const float *x, const float *t, const f
 cudaError_t hpu__cukm_ids_first_bad(const int32_t *ids, size_t n, int32_t limit,
 				    unsigned long long *bad, cudaStream_t st);
 
+/* A check's finding on the device (an hpu__check_slot's fields,
+ * worker/ops/checks.h): where *bad (the first bad index, ~0, i.e. -1 as
+ * a long, when none) is >= 0, *out = vals[*bad]; else *out is left as
+ * it is. One thread; no wait. */
+cudaError_t hpu__cukm_finding_i32(const int32_t *vals, const long long *bad, int32_t *out,
+				  cudaStream_t st);
+cudaError_t hpu__cukm_finding_f32(const float *vals, const long long *bad, float *out,
+				  cudaStream_t st);
+/* *v = (*v == 0): a count of bad values into a verdict, on the device. */
+cudaError_t hpu__cukm_none_of(int *v, cudaStream_t st);
+
 /* Causal attention; the backward's ds is batch * heads * t * t floats of
  * scratch. cudaErrorInvalidConfiguration where t or batch * heads is
  * beyond the kernels' grid and shared memory. */

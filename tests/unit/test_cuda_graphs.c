@@ -1,0 +1,520 @@
+/* The CUDA device's recording of a step (worker/device/device.h's
+ * hpu__device.recorder, worker/cuda/cuda_device.c: CUDA's stream capture
+ * into a CUDA graph, --graphs of issue 36), on a GPU:
+ *
+ *   - a step's kinds of work recorded (a product through the kernel
+ *     table, an eltwise op, loss_seed, a copy from a pinned block, a
+ *     fill): nothing runs while recording, the graph holds nodes, a launch
+ *     gives the eager run's bytes, and a launch after the pinned block
+ *     changed copies the new values;
+ *   - each refusal (a copy into host memory, an op returning a value, a
+ *     wait, dropout, an op reading its result back, a copy from pageable
+ *     memory, the all-reduce over CUDA IPC, the kernels' scratch growing,
+ *     a sync the module does not guard) makes the end answer 1 with its sentence, and eager
+ *     work on the device's stream runs right after it;
+ *   - the data checks writing their findings into device slots
+ *     (findings_dev: xent_pos_fwd, bce_fwd, ids_first_bad, ids_in_range)
+ *     inside a recording, found after the launch with no host copy inside
+ *     the step, the same as the CPU's table finds.
+ *
+ * Skipped (77, with the reason) where no GPU is visible. Every step
+ * prints a line, so that a failure can be read from the log alone. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "tests/unit/cuda_testlib.h"
+
+#include "worker/cuda/cuda_device.h"
+#include "worker/device/device.h"
+#include "worker/ops/backend.h"
+#include "worker/ops/checks.h"
+
+/* cuda_device.c's entry (built into this program) */
+const hpu__device *hpu_cuda_device_v1(int *ngpus, char *err, size_t errlen);
+
+enum { M = 64, N = 64, KD = 64, NE = M * N, NB = 4096 };
+
+static const hpu__device *D;
+static const hpu__backend *be;
+
+#define CU(call) cu_ok((call), cudaSuccess, #call)
+
+static void cu_ok(int got, int want, const char *what)
+{
+	if (got != want)
+		fail_msg("%s: %d (%s)", what, got, cudaGetErrorString((cudaError_t)got));
+}
+
+static void sync_dev(void)
+{
+	CU(cudaStreamSynchronize(hpu__cuda_stream()));
+}
+
+static void get(void *h, const void *d, size_t bytes)
+{
+	sync_dev();
+	CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void put(void *d, const void *h, size_t bytes)
+{
+	CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+	CU(cudaDeviceSynchronize());
+}
+
+static float frand(uint64_t *s)
+{
+	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+	return (float)((*s >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+/* The recorder's end, and the graph's nodes (0 without one). */
+static int end_rec(void **g, size_t *nodes, char *why, size_t len)
+{
+	int rc = D->recorder->end(g, why, len);
+	*nodes = *g ? D->recorder->nodes(*g) : 0;
+	return rc;
+}
+
+/* ---- a step's work, recorded and replayed ---- */
+
+typedef struct stepbufs {
+	float *a, *b, *c, *e, *g, *h, *m; /* device */
+	double *sums;
+	hpu__dev_stepvars *sv;
+	float *pinned; /* NB floats, pinned host memory */
+} stepbufs;
+
+static stepbufs B;
+
+/* The outputs c, e, g, h, m to a pattern, on the device's stream. */
+static void reset_outputs(void)
+{
+	cudaStream_t s = hpu__cuda_stream();
+	CU(cudaMemsetAsync(B.c, 0x11, NE * 4, s));
+	CU(cudaMemsetAsync(B.e, 0x22, NE * 4, s));
+	CU(cudaMemsetAsync(B.g, 0, NE * 4, s));
+	CU(cudaMemsetAsync(B.h, 0x33, NB * 4, s));
+	CU(cudaMemsetAsync(B.m, 0x44, NB * 4, s));
+	sync_dev();
+}
+
+/* c = a b, e = relu(c), g += loss_seed, h = pinned, m = 0x5a bytes. */
+static void step_work(void)
+{
+	hpu__gemm gm = {.dt = HPU_DT_F32, .count = 1, .m = M, .n = N, .k = KD, .a = B.a,
+			.b = B.b, .c = B.c, .stride_a = M * KD, .stride_b = KD * N,
+			.stride_c = M * N};
+	assert_int_equal(be->gemm(&gm), HPU_BE_OK);
+	assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, B.c, B.e, NE), HPU_BE_OK);
+	D->rt->loss_seed(B.g, NE, B.sums, 2, 0.5f, 0.75f, 32, B.sv);
+	D->copy(NULL, B.h, B.pinned, NB * 4);
+	D->fill(NULL, B.m, 0x5a, NB * 4);
+}
+
+typedef struct outs {
+	float c[NE], e[NE], g[NE], h[NB], m[NB];
+} outs;
+
+static void fetch(outs *o)
+{
+	get(o->c, B.c, sizeof o->c);
+	get(o->e, B.e, sizeof o->e);
+	get(o->g, B.g, sizeof o->g);
+	get(o->h, B.h, sizeof o->h);
+	get(o->m, B.m, sizeof o->m);
+}
+
+static void same(const char *what, const outs *got, const outs *want)
+{
+	check_bits("c = a b (gemm)", got->c, want->c, sizeof got->c);
+	check_bits("e = relu(c)", got->e, want->e, sizeof got->e);
+	check_bits("g (loss_seed)", got->g, want->g, sizeof got->g);
+	check_bits("h (copy from pinned memory)", got->h, want->h, sizeof got->h);
+	check_bits("m (fill)", got->m, want->m, sizeof got->m);
+	printf("  %s: the same bytes as the eager run\n", what);
+}
+
+static int setup_step(void **state)
+{
+	(void)state;
+	uint64_t rng = 36;
+	float *ha = malloc(NE * 4), *hb = malloc(NE * 4);
+	assert_non_null(ha);
+	assert_non_null(hb);
+	for (int i = 0; i < NE; i++) {
+		ha[i] = frand(&rng);
+		hb[i] = frand(&rng);
+	}
+	B.a = dput(ha, NE * 4);
+	B.b = dput(hb, NE * 4);
+	B.c = dnan(NE * 4);
+	B.e = dnan(NE * 4);
+	B.g = dnan(NE * 4);
+	B.h = dnan(NB * 4);
+	B.m = dnan(NB * 4);
+	const double s2[2] = {1.25, 2.5};
+	B.sums = dput(s2, sizeof s2);
+	hpu__dev_stepvars sv = {.lr = 1e-3, .loss_scale = 1.0, .gscale = 1.0f};
+	B.sv = dput(&sv, sizeof sv);
+	B.pinned = D->host_alloc(NB * 4);
+	assert_non_null(B.pinned);
+	for (int i = 0; i < NB; i++)
+		B.pinned[i] = (float)i * 0.5f;
+	CU(cudaDeviceSynchronize());
+	free(ha);
+	free(hb);
+	return 0;
+}
+
+static int teardown_step(void **state)
+{
+	(void)state;
+	sync_dev();
+	dfree(B.a), dfree(B.b), dfree(B.c), dfree(B.e), dfree(B.g), dfree(B.h), dfree(B.m);
+	dfree(B.sums), dfree(B.sv);
+	D->host_free(B.pinned);
+	return 0;
+}
+
+static void test_record_replay(void **state)
+{
+	(void)state;
+	static outs eager, before, got;
+	char err[512] = "";
+	/* eager: the first call also makes the kernels' plans and scratch */
+	reset_outputs();
+	step_work();
+	fetch(&eager);
+	reset_outputs();
+	fetch(&before);
+
+	assert_int_equal(D->recorder->begin(err, sizeof err), 0);
+	step_work();
+	void *g = NULL;
+	size_t nodes = 0;
+	int rc = end_rec(&g, &nodes, err, sizeof err);
+	printf("  recorded: end %d, %zu nodes%s%s\n", rc, nodes, rc ? ": " : "", rc ? err : "");
+	assert_int_equal(rc, 0);
+	assert_non_null(g);
+	assert_true(nodes >= 5);
+	fetch(&got);
+	check_bits("nothing ran while recording (c)", got.c, before.c, sizeof got.c);
+	check_bits("nothing ran while recording (g)", got.g, before.g, sizeof got.g);
+	check_bits("nothing ran while recording (h)", got.h, before.h, sizeof got.h);
+	check_bits("nothing ran while recording (m)", got.m, before.m, sizeof got.m);
+	printf("  nothing ran while recording\n");
+
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	fetch(&got);
+	same("launch 1", &got, &eager);
+
+	/* the batch changes between steps: the graph reads the pinned block */
+	for (int i = 0; i < NB; i++)
+		B.pinned[i] = (float)i * -0.25f + 3.0f;
+	reset_outputs();
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	fetch(&got);
+	check_bits("h after the pinned block changed", got.h, B.pinned, sizeof got.h);
+	check_bits("c again", got.c, eager.c, sizeof got.c);
+	check_bits("g again (loss_seed adds onto the reset g)", got.g, eager.g, sizeof got.g);
+	printf("  launch 2 after the pinned block changed: the new values copied\n");
+	D->recorder->free(g);
+}
+
+/* ---- refusals ---- */
+
+static float *rx, *ry, *rref; /* an eager relu's input, output, and its right answer */
+static float rhost[NE];
+
+static int refused_dropout(void)
+{
+	return be->dropout_fwd(B.a, B.c, (uint8_t *)B.e, NE, 0.1f, 42, 7);
+}
+
+static void r_d2h(void) { D->copy(NULL, rhost, B.a, 64); }
+static void r_value(void) { assert_true(D->rt->sumsq(B.a, NE) == 0.0); }
+static void r_wait(void)
+{
+	hpu__dev_event ev;
+	D->record(NULL, &ev);
+	D->wait(&ev);
+}
+static void r_dropout(void) { assert_int_equal(refused_dropout(), HPU_BE_UNSUPPORTED); }
+static void r_readback(void)
+{
+	float loss = 0;
+	/* labels: b's bits (the kernel is recorded, never run) */
+	assert_int_equal(be->softmax_xent(B.a, (const int32_t *)B.b, NULL, 8, 10, &loss),
+			 HPU_BE_UNSUPPORTED);
+}
+/* (refused before the group is touched: no group is needed) */
+static void r_allreduce(void)
+{
+	assert_int_equal(D->coll->all_reduce(NULL, B.a, B.c, 64, HPU__DEV_F32), 0);
+}
+/* attention's backward wants 16 MiB of scratch (t 2048): more than any
+ * op before needed; refused at the growth, its kernel never recorded */
+static void r_scratch(void)
+{
+	assert_int_equal(be->attention_bwd(B.a, B.c, B.e, B.g, 1, 2048, 1, 16),
+			 HPU_BE_UNSUPPORTED);
+}
+static void r_pageable(void) { D->copy(NULL, B.h, rhost, 64); }
+static void r_unguarded(void) { (void)cudaStreamSynchronize(hpu__cuda_stream()); }
+
+typedef struct refusal {
+	const char *name;
+	void (*run)(void);
+	const char *says; /* in the sentence; NULL: any sentence */
+} refusal;
+
+static const refusal refusals[] = {
+	{"a copy into host memory", r_d2h, "hpu__dev_d2h"},
+	{"an op returning a value (sumsq)", r_value, "sumsq"},
+	{"a wait for an event", r_wait, "hpu__dev_event_wait"},
+	{"dropout", r_dropout, "dropout draws its keys on the host"},
+	{"an op reading its result back (softmax_xent)", r_readback,
+	 "its result comes back to the host"},
+	{"a copy from pageable host memory", r_pageable, "pageable"},
+	{"the all-reduce over CUDA IPC", r_allreduce, "all-reduce over CUDA IPC"},
+	{"the kernels' scratch growing", r_scratch, "the kernels' scratch"},
+	{"a sync the module does not guard (the test's own)", r_unguarded, NULL},
+};
+
+static void eager_relu_ok(const char *after)
+{
+	static float got[NE];
+	CU(cudaMemsetAsync(ry, 0x77, NE * 4, hpu__cuda_stream()));
+	assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, rx, ry, NE), HPU_BE_OK);
+	get(got, ry, sizeof got);
+	get(rhost, rref, sizeof rhost);
+	check_bits(after, got, rhost, sizeof got);
+}
+
+static void test_refusals(void **state)
+{
+	(void)state;
+	rx = B.a;
+	ry = dnan(NE * 4);
+	rref = dnan(NE * 4);
+	CU(cudaDeviceSynchronize()); /* (dnan's memset is on the legacy stream) */
+	assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, rx, rref, NE), HPU_BE_OK);
+	/* softmax_xent once eagerly: its slot's scratch is there before the
+	 * recording (else the refusal would be the scratch's growth) */
+	int32_t lab[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+	int32_t *dlab = dput(lab, sizeof lab);
+	CU(cudaDeviceSynchronize());
+	float loss = -1;
+	assert_int_equal(be->softmax_xent(B.a, dlab, NULL, 8, 10, &loss), HPU_BE_OK);
+	printf("  an eager softmax_xent's loss: %g\n", (double)loss);
+	dfree(dlab);
+	sync_dev();
+	for (size_t i = 0; i < sizeof refusals / sizeof *refusals; i++) {
+		const refusal *r = &refusals[i];
+		char err[512] = "";
+		printf("  %-52s ", r->name);
+		fflush(stdout);
+		assert_int_equal(D->recorder->begin(err, sizeof err), 0);
+		assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, rx, ry, NE), HPU_BE_OK);
+		r->run();
+		void *g = (void *)1;
+		size_t nodes = 99;
+		int rc = end_rec(&g, &nodes, err, sizeof err);
+		printf("end %d: %s\n", rc, err);
+		if (rc != 1)
+			fail_msg("%s: the recording's end answered %d, not 1 (refused)", r->name, rc);
+		assert_null(g);
+		assert_int_equal(nodes, 0);
+		assert_true(err[0] != '\0');
+		if (r->says && !strstr(err, r->says))
+			fail_msg("%s: the sentence \"%s\" does not say \"%s\"", r->name, err, r->says);
+		char after[160];
+		snprintf(after, sizeof after, "an eager relu after refusing %s", r->name);
+		eager_relu_ok(after);
+	}
+	/* after them all, a recording still works */
+	char err[512] = "";
+	assert_int_equal(D->recorder->begin(err, sizeof err), 0);
+	assert_int_equal(be->eltwise_fwd(HPU_ELT_RELU, rx, ry, NE), HPU_BE_OK);
+	void *g = NULL;
+	size_t nodes = 0;
+	assert_int_equal(end_rec(&g, &nodes, err, sizeof err), 0);
+	CU(cudaMemsetAsync(ry, 0x77, NE * 4, hpu__cuda_stream()));
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	static float got[NE];
+	get(got, ry, sizeof got);
+	get(rhost, rref, sizeof rhost);
+	check_bits("a relu recorded and launched after the refusals", got, rhost, sizeof got);
+	D->recorder->free(g);
+	printf("  a recording after the refusals records and replays\n");
+	dfree(ry), dfree(rref);
+}
+
+/* ---- the checks' findings in device slots ---- */
+
+enum { ROWS = 2, POS = 8, CLS = 5, NIDS = 40, LIMIT = 7, NP = 16 };
+
+static void test_check_slots(void **state)
+{
+	(void)state;
+	const hpu__backend *cpu = hpu__be_host();
+	assert_int_equal(be->findings_dev, 1);
+	uint64_t rng = 7;
+	static float logits[ROWS * POS * CLS], p[ROWS * NP], t[ROWS * NP];
+	int32_t labels[ROWS * POS], ids[NIDS];
+	for (size_t i = 0; i < sizeof logits / 4; i++)
+		logits[i] = frand(&rng);
+	for (int i = 0; i < ROWS * POS; i++)
+		labels[i] = i % CLS;
+	labels[3] = -100;  /* ignored */
+	labels[11] = 7;    /* the first bad label */
+	labels[13] = -3;
+	for (int i = 0; i < NIDS; i++)
+		ids[i] = i % LIMIT;
+	ids[17] = LIMIT + 3; /* the first bad id */
+	ids[25] = -1;
+	for (int i = 0; i < ROWS * NP; i++) {
+		p[i] = (frand(&rng) + 1.0f) * 0.5f;
+		t[i] = i % 2 ? 1.0f : 0.0f;
+	}
+	p[20] = 1.5f; /* the first bad probability */
+	p[27] = -0.25f;
+
+	/* the CPU's findings */
+	static float lse_h[ROWS * POS], loss_h[ROWS];
+	long want_x = 0, want_b = 0, want_i = 0;
+	int32_t want_label = 0, want_id = 0;
+	float want_p = 0;
+	assert_int_equal(cpu->xent_pos_fwd(logits, labels, lse_h, loss_h, ROWS, POS, CLS, &want_x,
+					   &want_label),
+			 HPU_BE_OK);
+	assert_int_equal(cpu->bce_fwd(0, p, t, loss_h, ROWS, NP, &want_b, &want_p), HPU_BE_OK);
+	assert_int_equal(cpu->ids_first_bad(ids, NIDS, LIMIT, &want_i, &want_id), HPU_BE_OK);
+	printf("  the CPU finds: label %d at %ld, probability %g at %ld, id %d at %ld\n",
+	       want_label, want_x, (double)want_p, want_b, want_id, want_i);
+	assert_int_equal(want_x, 11);
+	assert_int_equal(want_b, 20);
+	assert_int_equal(want_i, 17);
+
+	float *dlogits = dput(logits, sizeof logits), *dp = dput(p, sizeof p),
+	      *dt = dput(t, sizeof t);
+	int32_t *dlabels = dput(labels, sizeof labels), *dids = dput(ids, sizeof ids);
+	float *dlse = dnan(sizeof lse_h), *dloss = dnan(sizeof loss_h);
+	int *dok = dnan(sizeof(int));
+	hpu__check_slot zero[3];
+	memset(zero, 0, sizeof zero);
+	hpu__check_slot *slots = dput(zero, sizeof zero);
+	CU(cudaDeviceSynchronize());
+
+	/* eager first (scratch), then recorded: nothing comes back inside */
+	for (int pass = 0; pass < 2; pass++) {
+		char err[512] = "";
+		void *g = NULL;
+		size_t nodes = 0;
+		put(slots, zero, sizeof zero);
+		if (pass)
+			assert_int_equal(D->recorder->begin(err, sizeof err), 0);
+		assert_int_equal(be->xent_pos_fwd(dlogits, dlabels, dlse, dloss, ROWS, POS, CLS,
+						  &slots[0].bad, &slots[0].bad_id),
+				 HPU_BE_OK);
+		assert_int_equal(be->bce_fwd(0, dp, dt, dloss, ROWS, NP, &slots[1].bad,
+					     &slots[1].bad_value),
+				 HPU_BE_OK);
+		assert_int_equal(be->ids_first_bad(dids, NIDS, LIMIT, &slots[2].bad,
+						   &slots[2].bad_id),
+				 HPU_BE_OK);
+		assert_int_equal(be->ids_in_range(dids, NIDS, LIMIT, dok), HPU_BE_OK);
+		hpu__check_slot got[3];
+		if (pass) {
+			int rc = end_rec(&g, &nodes, err, sizeof err);
+			printf("  the checks recorded: end %d, %zu nodes%s%s\n", rc, nodes,
+			       rc ? ": " : "", rc ? err : "");
+			assert_int_equal(rc, 0);
+			get(got, slots, sizeof got);
+			check_bits("the slots untouched while recording", got, zero, sizeof got);
+			assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+		}
+		int ok = -1;
+		get(got, slots, sizeof got);
+		get(&ok, dok, sizeof ok);
+		printf("  %s: label %d at %ld, probability %g at %ld, id %d at %ld, ids ok %d\n",
+		       pass ? "replayed" : "eager", got[0].bad_id, got[0].bad,
+		       (double)got[1].bad_value, got[1].bad, got[2].bad_id, got[2].bad, ok);
+		assert_int_equal(got[0].bad, want_x);
+		assert_int_equal(got[0].bad_id, want_label);
+		assert_int_equal(got[1].bad, want_b);
+		check_bits("the bad probability's bits", &got[1].bad_value, &want_p, 4);
+		assert_int_equal(got[2].bad, want_i);
+		assert_int_equal(got[2].bad_id, want_id);
+		assert_int_equal(ok, 0);
+		if (g)
+			D->recorder->free(g);
+	}
+
+	/* good inputs: -1 in every slot, the ids in range */
+	labels[11] = 1, labels[13] = 2, ids[17] = 3, ids[25] = 4, p[20] = 0.5f, p[27] = 0.25f;
+	put(dlabels, labels, sizeof labels);
+	put(dids, ids, sizeof ids);
+	put(dp, p, sizeof p);
+	put(slots, zero, sizeof zero);
+	assert_int_equal(be->xent_pos_fwd(dlogits, dlabels, dlse, dloss, ROWS, POS, CLS,
+					  &slots[0].bad, &slots[0].bad_id),
+			 HPU_BE_OK);
+	assert_int_equal(be->bce_fwd(0, dp, dt, dloss, ROWS, NP, &slots[1].bad,
+				     &slots[1].bad_value),
+			 HPU_BE_OK);
+	assert_int_equal(be->ids_first_bad(dids, NIDS, LIMIT, &slots[2].bad, &slots[2].bad_id),
+			 HPU_BE_OK);
+	assert_int_equal(be->ids_in_range(dids, NIDS, LIMIT, dok), HPU_BE_OK);
+	hpu__check_slot got[3];
+	int ok = -1;
+	get(got, slots, sizeof got);
+	get(&ok, dok, sizeof ok);
+	printf("  good inputs: bad %ld %ld %ld, ids ok %d\n", got[0].bad, got[1].bad, got[2].bad,
+	       ok);
+	assert_int_equal(got[0].bad, -1);
+	assert_int_equal(got[1].bad, -1);
+	assert_int_equal(got[2].bad, -1);
+	assert_int_equal(ok, 1);
+	dfree(dlogits), dfree(dp), dfree(dt), dfree(dlabels), dfree(dids), dfree(dlse);
+	dfree(dloss), dfree(dok), dfree(slots);
+}
+
+int main(void)
+{
+	char err[512] = "";
+	int ngpus = 0;
+	D = hpu_cuda_device_v1(&ngpus, err, sizeof err);
+	if (ngpus <= 0) {
+		printf("test_cuda_graphs: skipped: no GPU is visible (%s)\n", err);
+		return 77;
+	}
+	if (D->setup(0, err, sizeof err) < 0) {
+		printf("test_cuda_graphs: FAIL: the CUDA device did not set up: %s\n", err);
+		return 1;
+	}
+	if (!D->recorder) {
+		printf("test_cuda_graphs: FAIL: the CUDA device has no recorder\n");
+		return 1;
+	}
+	be = D->ops();
+	cu_test_set_stream(hpu__cuda_stream());
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_record_replay, setup_step, teardown_step),
+		cmocka_unit_test_setup_teardown(test_refusals, setup_step, teardown_step),
+		cmocka_unit_test(test_check_slots),
+	};
+	int rc = cmocka_run_group_tests_name("cuda graphs", tests, NULL, NULL);
+	D->teardown();
+	return rc;
+}
