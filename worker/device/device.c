@@ -1136,6 +1136,13 @@ static void graph_drop(hpu__dev_graph *g)
 	free(g);
 }
 
+/* The CPU's list: a zeroed allocation while recording is a fill node
+ * too (devmem's hpu__devmem_record_zero). */
+static void zero_node(void *p, size_t bytes)
+{
+	hpu__dev_memset(NULL, p, 0, bytes);
+}
+
 int hpu__dev_capture_begin(char *err, size_t errlen)
 {
 	/* the CPU's list records cpu-strict's kernels-only table; any other
@@ -1167,8 +1174,10 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
 		return -1;
 	}
 	g->held = hpu__devmem_capture_begin();
+	hpu__devmem_record_zero(cur->recorder ? NULL : zero_node);
 	if (cur->recorder && cur->recorder->begin(err, errlen) < 0) {
 		hpu__devmem_capture_end();
+		hpu__devmem_record_zero(NULL);
 		graph_drop(g);
 		hpu__dev_rec_unclaim();
 		return -1;
@@ -1186,6 +1195,7 @@ int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
 		return -1;
 	}
 	hpu__devmem_capture_end();
+	hpu__devmem_record_zero(NULL);
 	int rc = 0;
 	if (cur->recorder)
 		rc = cur->recorder->end(&g->dev, why, whylen);

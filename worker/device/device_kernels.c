@@ -242,8 +242,8 @@ static kctx ctx_now(void)
 
 /* Every kernel of hpu__backend is in the list: the struct holds the list's
  * entries and six members more (name, describe, bf16_native, set_threads,
- * conv_bwd, and gemm_c16 with findings_dev, two ints in a pointer's
- * room). An entry added to the struct and not to device_klist.h fails
+ * conv_bwd, and gemm_c16, findings_dev and emb_bounded, three ints in
+ * two pointers' room). An entry added to the struct and not to device_klist.h fails
  * here. */
 #define WRAP(name, params, args) KL_N_##name,
 enum {
@@ -251,7 +251,7 @@ enum {
 	KL_NENTRIES
 };
 #undef WRAP
-_Static_assert(sizeof(hpu__backend) == (KL_NENTRIES + 6) * sizeof(void *),
+_Static_assert(sizeof(hpu__backend) == (KL_NENTRIES + 7) * sizeof(void *),
 	       "an entry of hpu__backend is missing from device_klist.h");
 
 /* Each entry: the backend's where it has one, else the host table's;
@@ -271,6 +271,7 @@ static const hpu__backend *build(void)
 	tab.bf16_native = be->bf16_native;
 	tab.set_threads = be->set_threads;
 	tab.findings_dev = 1; /* the check entries' kernels write the slots in a device call */
+	tab.emb_bounded = 1;  /* the host's embedding kernels, hpu__host_emb_limit */
 	PICK(gemm);
 	PICK(conv_fwd);
 	PICK(conv_bwd_data);

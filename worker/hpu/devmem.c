@@ -129,6 +129,10 @@ static struct {
 
 /* The graph this thread records for (hpu__devmem_capture_begin), or 0. */
 static _Thread_local uint32_t recording;
+/* While recording: how a zeroed allocation's zeroing is recorded too
+ * (hpu__devmem_record_zero), so that every replay zeroes the block
+ * again, as the step it replays did. */
+static _Thread_local void (*rec_zero)(void *p, size_t bytes);
 
 /* The strict device's arena, or NULL: the system's memory. */
 static const hpu__devmem_backing *backing;
@@ -635,6 +639,8 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	else if (zero && !rb && !(fresh && is_mapped(b->rounded)))
 		memset(user, 0, bytes);
 	bk_close();
+	if (zero && !rb && bytes && recording && rec_zero)
+		rec_zero(user, bytes);
 	return user;
 }
 
@@ -836,6 +842,11 @@ uint64_t hpu__devmem_states_max(void)
 }
 
 /* ---- recorded steps (hpu__devmem_capture_begin) ---- */
+
+void hpu__devmem_record_zero(void (*fn)(void *p, size_t bytes))
+{
+	rec_zero = fn;
+}
 
 uint32_t hpu__devmem_capture_begin(void)
 {

@@ -96,6 +96,11 @@ const char *hpu__mem_kind_name(hpu_mem_kind kind);
  * DeviceStats and its kind, and its free is counted when it is really
  * given back. Allocations of other threads are not held. */
 uint32_t hpu__devmem_capture_begin(void);
+/* While this thread records: a zeroed allocation (hpu__dalloc) also
+ * calls fn(p, bytes), which records the zeroing (a replay must zero the
+ * block again, as the recorded step did); NULL: none (a remote backing's
+ * `zero` is the device's own, recorded where the device records). */
+void hpu__devmem_record_zero(void (*fn)(void *p, size_t bytes));
 void hpu__devmem_capture_end(void);
 /* The graph is gone: its blocks whose owners freed them and that no other
  * graph holds go back to the pool. 0 is fine (nothing). */

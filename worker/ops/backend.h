@@ -82,9 +82,16 @@ typedef struct hpu__backend {
 	 * ids_first_bad) write their findings (bad, bad_label, bad_value)
 	 * into device memory with no wait: the ops' data checks may then be
 	 * deferred to a recorded step's end on this table as on the CPU's
-	 * (checks.h). cpu-strict's kernels-only table sets it; 0 elsewhere
-	 * (CUDA's, whose entries copy their findings to the host today). */
+	 * (checks.h). cpu-strict's kernels-only table and CUDA's set it. */
 	int findings_dev;
+	/* 1 when its embedding kernels leave an id outside the vocabulary
+	 * alone (hpu__host_emb_limit: zeroes in forward, nothing in
+	 * backward) instead of reading or writing outside the table, so an
+	 * embedding's check may be deferred like the others (cpu-strict's
+	 * kernels-only table: the host's kernels). 0: an embedding's ids are
+	 * checked eagerly, which a recorded step refuses (CUDA's kernels are
+	 * not told the vocabulary). */
+	int emb_bounded;
 
 	/* Convolution, square kernel, padding and stride of s. x, w and dy
 	 * are of type dt; y, dx, dw and db are fp32.

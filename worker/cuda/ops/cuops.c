@@ -343,8 +343,11 @@ static const hpu__backend cuda_backend = {
 	.gemm = hpu__cuops_gemm,
 	/* xent_pos_fwd, bce_fwd, ids_first_bad (and ids_in_range) write a
 	 * finding into device memory on the device (backend.h's comment on
-	 * findings_dev predates this: CUDA's entries now do) */
+	 * findings_dev) */
 	.findings_dev = 1,
+	/* emb_bounded 0: the embedding kernels are not told the vocabulary,
+	 * so an embedding's check stays eager on CUDA (a recorded step with
+	 * an embedding is refused) */
 	.conv_fwd = hpu__cuops_conv_fwd,
 	.conv_bwd_data = hpu__cuops_conv_bwd_data,
 	.conv_bwd_weights = hpu__cuops_conv_bwd_weights,
