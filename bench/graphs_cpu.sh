@@ -2,15 +2,20 @@
 # --graphs on the CPU (issue 36): what replaying a recorded step gains or
 # costs against running it eagerly, on the CPU's twin of a CUDA graph.
 # Both on --device cpu-strict's kernels-only table (HPU_STRICT_KERNELS=1
-# for the eager runs; --graphs switches it on itself), alternating, one
-# worker pinned to core 0, one kernel thread:
+# for the eager runs; --graphs switches it on itself), and beside them
+# the default device's eager step (--device cpu, which cannot record: a
+# layer's C loops read its memory directly), alternating, one worker
+# pinned to core 0, one kernel thread. cpu-strict is a test device: each
+# kernel call of an eager step opens and closes its memory's protection
+# (mprotect), which a replay pays once a step; the user's comparison is
+# with --device cpu.
 #
 #   hpulaunch -q --devices 1 --device cpu-strict --precision P --max-steps 65
 #             --batch-size B --no-eval [--graphs] MODEL.so
 #
 # for the MLP at batch 256 and 32 (where the host's share of a step is
 # larger) and the CNN at 256, fp32 and bf16-mixed. Prints every run, then
-# per configuration the median samples/s of each and graphs / eager. The
+# per configuration the median samples/s of each, graphs / eager and graphs / cpu. The
 # first 3 steps run eagerly under --graphs too (--graphs-warmup), and
 # hpulaunch leaves the first step out of samples/s.
 #
@@ -29,10 +34,11 @@ for ((r = 1; r <= rounds; r++)); do
     set -- $cfg
     m=$1 b=$2
     for p in fp32 bf16-mixed; do
-      for mode in eager graphs; do
-        extra=() env=(HPU_STRICT_KERNELS=1)
+      for mode in eager graphs cpu; do
+        extra=() env=(HPU_STRICT_KERNELS=1) dev=cpu-strict
         [ $mode = graphs ] && extra=(--graphs) env=()
-        env "${env[@]}" "$bd/bin/hpulaunch" -q --devices 1 --device cpu-strict --precision $p \
+        [ $mode = cpu ] && env=() dev=cpu
+        env "${env[@]}" "$bd/bin/hpulaunch" -q --devices 1 --device $dev --precision $p \
           --max-steps "$steps" --batch-size "$b" --no-eval "${extra[@]}" "$bd/lib/fmnist_$m.so" \
           >"$tmp/r.log" 2>&1 || { echo "run failed: $mode $m $b $p" >&2; cat "$tmp/r.log" >&2; exit 1; }
         echo "run $r $m-$b $p $mode $(sps "$tmp/r.log")"
@@ -51,5 +57,7 @@ for line in open(sys.argv[1]):
         v[(w[2], w[3], w[4])].append(float(w[5]))
 for (m, p) in sorted({(k[0], k[1]) for k in v}):
     e = statistics.median(v[(m, p, "eager")]); g = statistics.median(v[(m, p, "graphs")])
-    print(f"  {m:8s} {p:10s} eager {e:9.1f}  graphs {g:9.1f}  {g / e:5.3f}x")
+    c = statistics.median(v[(m, p, "cpu")])
+    print(f"  {m:8s} {p:10s} cpu-strict eager {e:9.1f}  graphs {g:9.1f}  {g / e:5.2f}x;"
+          f"  --device cpu eager {c:9.1f}: graphs / cpu {g / c:5.2f}x")
 PY
