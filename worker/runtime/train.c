@@ -429,48 +429,61 @@ static void graphs_said(loop *L)
 	       recorded, recorded == 1 ? "" : "s", eager);
 }
 
-/* One optimizer step on global batch `s` (step number `gstep` of the run,
- * from 0): accum micro-steps of forward and backward on this rank's share,
- * then the strategy's step. Asks for the next micro-batch (of batch s + 1
- * after the last, if `more`) before computing each. Sets *loss_out to this
- * rank's mean loss over its micro-batches. */
-static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
-		      double *norm_out)
+/* A step under way: where it is, for the agent and the strategy. */
+static void step_begin(loop *L, long gstep)
 {
-	const float scale = 1.0f / (float)(L->world * L->accum);
-	uint64_t sent0 = bytes_sent(L);
 	where.step = gstep; /* done; this one is under way */
 	where.phase = HPU_PHASE_TRAIN;
 	where_report(0);
 	hpu__strat_set_pos(L->st, 1, gstep, L->epoch);
-	for (int k = 0; k < L->accum; k++) {
-		size_t m = s * (size_t)L->accum + (size_t)k, bad;
-		const hpu_batch *bt;
-		int64_t t0 = hpu__prof_t0();
-		if (hpu__loader_wait(L->loader, (int)(m & 1), &bt, &bad) < 0)
-			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
-		hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
-		if (k + 1 < L->accum)
-			prefetch(L, s, k + 1);
-		else if (more)
-			prefetch(L, s + 1, 0);
-		hpu__dev_step_guard(1); /* nothing back to the host: device.h */
-		t0 = hpu__prof_t0();
-		if (hpu__strat_forward(L->st, bt, k, L->accum, -1) < 0)
-			return -1;
-		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
-		t0 = hpu__prof_t0();
-		if (hpu__strat_backward(L->st, scale) < 0)
-			return -1;
-		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
-		hpu__dev_step_guard(0); /* the loader's wait is outside */
-	}
+}
+
+/* Micro-step k of global batch s: its batch once the loader has it, and
+ * the next one asked for (batch s + 1's first where `more`). */
+static int micro_batch(loop *L, size_t s, int k, int more, const hpu_batch **bt)
+{
+	size_t m = s * (size_t)L->accum + (size_t)k, bad;
 	int64_t t0 = hpu__prof_t0();
+	if (hpu__loader_wait(L->loader, (int)(m & 1), bt, &bad) < 0)
+		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+	hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
+	if (k + 1 < L->accum)
+		prefetch(L, s, k + 1);
+	else if (more)
+		prefetch(L, s + 1, 0);
+	return 0;
+}
+
+/* Micro-step k's forward and backward on bt, the step guard on (nothing
+ * back to the host: device.h; the loader's wait stays outside). */
+static int micro_work(loop *L, const hpu_batch *bt, int k)
+{
+	const float scale = 1.0f / (float)(L->world * L->accum);
 	hpu__dev_step_guard(1);
-	int rc = hpu__strat_step(L->st, hpu__sched_lr(&L->pos.sched, gstep));
+	int64_t t0 = hpu__prof_t0();
+	int rc = hpu__strat_forward(L->st, bt, k, L->accum, -1);
+	hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
+	t0 = hpu__prof_t0();
+	if (rc == 0)
+		rc = hpu__strat_backward(L->st, scale);
+	hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
 	hpu__dev_step_guard(0);
-	if (rc < 0)
-		return -1;
+	return rc;
+}
+
+/* The strategy's step with `lr`, the step guard on. */
+static int strat_step(loop *L, double lr)
+{
+	hpu__dev_step_guard(1);
+	int rc = hpu__strat_step(L->st, lr);
+	hpu__dev_step_guard(0);
+	return rc;
+}
+
+/* After the step's device work (begun at t0, the collectives' bytes at
+ * sent0): its results read back, fp8's history rolled, the span. */
+static int step_done(loop *L, int64_t t0, uint64_t sent0, float *loss_out, double *norm_out)
+{
 	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
 		return -1; /* a deferred check found bad input: the error says it */
 	if (fp8_roll(L) < 0)
@@ -478,6 +491,27 @@ static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
 	L->comm_bytes += bytes_sent(L) - sent0;
 	return 0;
+}
+
+/* One optimizer step on global batch `s` (step number `gstep` of the run,
+ * from 0): accum micro-steps of forward and backward on this rank's share,
+ * then the strategy's step. Asks for the next micro-batch (of batch s + 1
+ * when `more`) before computing each, so that loading overlaps compute.
+ * Sets the rank's mean loss over its micro-batches. */
+static int train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
+		      double *norm_out)
+{
+	uint64_t sent0 = bytes_sent(L);
+	step_begin(L, gstep);
+	for (int k = 0; k < L->accum; k++) {
+		const hpu_batch *bt;
+		if (micro_batch(L, s, k, more, &bt) < 0 || micro_work(L, bt, k) < 0)
+			return -1;
+	}
+	int64_t t0 = hpu__prof_t0();
+	if (strat_step(L, hpu__sched_lr(&L->pos.sched, gstep)) < 0)
+		return -1;
+	return step_done(L, t0, sent0, loss_out, norm_out);
 }
 
 /* --graphs: every rank keeps a recording only where every rank's was
@@ -496,29 +530,14 @@ static int graphs_agree(void *arg, int *ok)
 }
 
 /* The device work of one step on the micro-batches bt[0 .. accum): their
- * forwards and backwards, then the strategy's step (the step guard on:
- * device.h). Under a recording it runs on the host and records. */
+ * forwards and backwards, then the strategy's step. Under a recording it
+ * runs on the host and records. */
 static int step_work(loop *L, const hpu_batch *const *bt, double lr)
 {
-	const float scale = 1.0f / (float)(L->world * L->accum);
-	int rc = 0;
-	for (int k = 0; k < L->accum && rc == 0; k++) {
-		hpu__dev_step_guard(1);
-		int64_t t0 = hpu__prof_t0();
-		rc = hpu__strat_forward(L->st, bt[k], k, L->accum, -1);
-		hpu__prof_span("forward", "forward", NULL, t0, "\"micro_step\":%d", k);
-		t0 = hpu__prof_t0();
-		if (rc == 0)
-			rc = hpu__strat_backward(L->st, scale);
-		hpu__prof_span("backward", "backward", NULL, t0, "\"micro_step\":%d", k);
-		hpu__dev_step_guard(0);
-	}
-	if (rc < 0)
-		return -1;
-	hpu__dev_step_guard(1);
-	rc = hpu__strat_step(L->st, lr);
-	hpu__dev_step_guard(0);
-	return rc;
+	for (int k = 0; k < L->accum; k++)
+		if (micro_work(L, bt[k], k) < 0)
+			return -1;
+	return strat_step(L, lr);
 }
 
 /* train_step under --graphs: the micro-batches copied into the
@@ -529,22 +548,12 @@ static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 {
 	const hpu_batch *in[64];
 	uint64_t sent0 = bytes_sent(L);
-	where.step = gstep;
-	where.phase = HPU_PHASE_TRAIN;
-	where_report(0);
-	hpu__strat_set_pos(L->st, 1, gstep, L->epoch);
+	step_begin(L, gstep);
 	for (int k = 0; k < L->accum; k++) {
-		size_t m = s * (size_t)L->accum + (size_t)k, bad;
 		const hpu_batch *bt;
-		int64_t t0 = hpu__prof_t0();
-		if (hpu__loader_wait(L->loader, (int)(m & 1), &bt, &bad) < 0)
-			return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		if (micro_batch(L, s, k, more, &bt) < 0)
+			return -1;
 		in[k] = hpu__graphs_input(L->graphs, k, bt);
-		hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
-		if (k + 1 < L->accum)
-			prefetch(L, s, k + 1);
-		else if (more)
-			prefetch(L, s + 1, 0);
 	}
 	double lr = hpu__sched_lr(&L->pos.sched, gstep);
 	/* --inject-overflow-step's step is its own: never recorded or replayed */
@@ -579,13 +588,7 @@ static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 			return -1;
 		hpu__prof_span("graph", "graph_replay", NULL, tr, "\"step\":%ld", gstep + 1);
 	}
-	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
-		return -1; /* a deferred check found bad input: the error says it */
-	if (fp8_roll(L) < 0)
-		return -1;
-	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
-	L->comm_bytes += bytes_sent(L) - sent0;
-	return 0;
+	return step_done(L, t0, sent0, loss_out, norm_out);
 }
 
 /* The test loss and the metrics over all ranks' shares of the test
