@@ -14,9 +14,12 @@
 #   - nvidia-smi, and hpu-worker --count-gpus (what --devices auto counts);
 #   - the GPU test programs run directly (ctest's files hold the build
 #     machine's paths): test_cuda_elem, test_cuda_device, test_cuda_ops,
-#     test_cuda_ops_more, test_cuda_ipc, test_cuda_train where built; exit
+#     test_cuda_ops_more, test_cuda_graphs, test_cuda_ipc, test_cuda_train
+#     where built; exit
 #     77 is a skip, with the program's reason;
-#   - MLP and CNN at batch 256 in fp32 and bf16-mixed (hpulaunch --device
+#   - MLP and CNN at batch 256 in fp32 and bf16-mixed, eager and with
+#     --graphs (issue 36: the step recorded as a CUDA graph; the log's
+#     "graphs:" lines say what was recorded or why not) (hpulaunch --device
 #     cuda --devices 1, AdamW lr 1e-3, STEPS (200) steps, the first 10 left
 #     out of samples/s) on Fashion-MNIST where it is installed, else on
 #     synthetic IDX files; the CNN again with HPU_CUDNN_FIND=1; then the
@@ -113,7 +116,7 @@ else
 fi
 
 # ---- the GPU test programs ----
-for t in test_cuda_elem test_cuda_device test_cuda_ops test_cuda_ops_more test_cuda_ipc test_cuda_train; do
+for t in test_cuda_elem test_cuda_device test_cuda_ops test_cuda_ops_more test_cuda_graphs test_cuda_ipc test_cuda_train; do
   if [ ! -x "$build/bin/$t" ]; then
     row "$t" "not built" "" "not in $build/bin"
     continue
