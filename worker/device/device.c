@@ -808,29 +808,32 @@ void hpu__dev_event_record(hpu__dev_queue *q, hpu__dev_event *ev)
 
 /* A wait on the host inside a step: a CUDA graph cannot record one (a
  * stream or event synchronisation inside capture is refused and ends
- * the capture), and a step waits only to read something. */
-void hpu__dev_event_wait(const hpu__dev_event *ev)
+ * the capture), and a step waits only to read something. 1 while
+ * recording (refused: the caller waits for nothing); the step guard
+ * stops the worker. */
+static int host_wait(const char *op)
 {
-	hpu__dev_rec_foreign("hpu__dev_event_wait");
+	hpu__dev_rec_foreign(op);
 	if (hpu__dev_capturing()) {
-		hpu__dev_capture_refuse("hpu__dev_event_wait: a wait on the host");
-		return;
+		hpu__dev_capture_refuse("%s: a wait on the host", op);
+		return 1;
 	}
 	if (guarded())
-		step_caught("hpu__dev_event_wait", "waited on the host for the device's queue");
-	cur->wait(ev);
+		step_caught(op, "waited on the host for the device's queue");
+	return 0;
+}
+
+void hpu__dev_event_wait(const hpu__dev_event *ev)
+{
+	if (!host_wait("hpu__dev_event_wait"))
+		cur->wait(ev);
 }
 
 void hpu__dev_queue_sync(hpu__dev_queue *q)
 {
 	hpu__dev_event ev;
-	hpu__dev_rec_foreign("hpu__dev_queue_sync");
-	if (hpu__dev_capturing()) {
-		hpu__dev_capture_refuse("hpu__dev_queue_sync: a wait on the host");
+	if (host_wait("hpu__dev_queue_sync"))
 		return;
-	}
-	if (guarded())
-		step_caught("hpu__dev_queue_sync", "waited on the host for the device's queue");
 	cur->record(q, &ev);
 	cur->wait(&ev);
 }
