@@ -208,29 +208,13 @@ int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n)
 	return s->plan.mixed ? hpu__dev_nonfinite16(s->plan.fp16, g, n) : hpu__dev_nonfinite(g, n);
 }
 
-int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n)
+void hpu__strat_sumsq_host(hpu_strat *s, double *acc, const void *g, size_t n)
 {
 	const hpu__dev_rtops *rt = hpu__dev_host_rt();
-	int host = hpu__strat_grads_host(s);
-	if (!s->plan.mixed) {
-		*acc += host ? rt->sumsq(g, n) : hpu__dev_sumsq(g, n);
-		return 0;
-	}
-	if (host) {
+	if (s->plan.mixed)
 		*acc = rt->sumsq16(*acc, s->plan.fp16, g, n, s->chunk, HPU__STRAT_CHUNK);
-		return 0;
-	}
-	/* on the device, with a scratch of its own where s->chunk is the
-	 * host's (zero1 with the update on the host) */
-	float *scratch = s->chunk;
-	if (hpu__strat_update_host(s) &&
-	    !(scratch = hpu__strat_dalloc(s, HPU_MEM_OTHER, HPU__STRAT_CHUNK * 4,
-					  "gradient norm's scratch")))
-		return -1;
-	*acc = hpu__dev_sumsq16(*acc, s->plan.fp16, g, n, scratch, HPU__STRAT_CHUNK);
-	if (scratch != s->chunk)
-		hpu__dfree(scratch);
-	return 0;
+	else
+		*acc += rt->sumsq(g, n);
 }
 
 void hpu__strat_gacc(hpu_strat *s, int host, void *dst, const void *src, size_t n)

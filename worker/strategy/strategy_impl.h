@@ -360,13 +360,14 @@ void hpu__strat_ustage_close(hpu_strat *s);
  * (strategy_base.c). */
 void hpu__strat_update(hpu_strat *s, hpu_optim *o, size_t from, size_t n, float *p,
 		       const void *g, void *w, float gscale, double lr);
-/* 1 when gradients g[n] (mixed: 16-bit) hold an Inf or NaN; their sum
- * of squares added to *acc (0, or -1 with s->err): where they are kept. */
+/* 1 when gradients g[n] (mixed: 16-bit) hold an Inf or NaN, where they
+ * are kept (host memory or the device's). */
 int hpu__strat_nonfinite(const hpu_strat *s, const void *g, size_t n);
-/* *bad = 1 on every rank when any rank's gradients of any unit hold an
- * Inf or NaN (a MAX all-reduce where there are ranks to tell); -1 when
- * that collective failed. */
-int hpu__strat_sumsq(hpu_strat *s, double *acc, const void *g, size_t n);
+/* Gradients g[n] in host memory (hpu__strat_grads_host; mixed: 16-bit,
+ * widened chunk by chunk into s->chunk): their sum of squares added to
+ * *acc by the host. (On the device the norm adds into the step's
+ * scalars: strategy_vars.c.) */
+void hpu__strat_sumsq_host(hpu_strat *s, double *acc, const void *g, size_t n);
 /* Gradients src[n] added into dst[n], both in the plan's gradient dtype,
  * by the host (host: memory the host reads) or the device. */
 void hpu__strat_gacc(hpu_strat *s, int host, void *dst, const void *src, size_t n);
@@ -397,6 +398,9 @@ void hpu__vars_lr(hpu_strat *s, double lr);
  * device (hpu__vars_sums: where, for loss_seed). */
 int hpu__vars_loss(hpu_strat *s);
 const double *hpu__vars_sums(const hpu_strat *s, int micro);
+/* A loss from its terms' sums over `batch` samples (host memory): the
+ * terms' weighted means, in double (a micro-step's; evaluation's). */
+double hpu__vars_loss_of(const hpu_strat *s, const double *sums, int batch);
 /* Micro-step m's loss read back now (the eager step's diagnostics). */
 double hpu__vars_micro_loss(hpu_strat *s, int m);
 /* The step's decisions on the device: the non-finite flag (all ranks'),

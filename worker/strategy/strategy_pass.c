@@ -315,10 +315,7 @@ double hpu__strat_loss(hpu_strat *s)
 		hpu__dev_d2h(NULL, s->lsum_host, s->lsum, bytes);
 		m = s->lsum_host;
 	}
-	double sum = 0;
-	for (int k = 0; k < b->nloss; k++)
-		sum += b->loss[k].weight * (m[k] / s->ctx.batch);
-	return sum;
+	return hpu__vars_loss_of(s, m, s->ctx.batch);
 }
 
 /* ---- backward ---- */

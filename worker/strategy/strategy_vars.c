@@ -154,9 +154,7 @@ int hpu__vars_loss(hpu_strat *s)
 	return 0;
 }
 
-/* Micro-step m's loss from its sums in host memory: the terms' weighted
- * means, in double (hpu__strat_loss's arithmetic). */
-static double loss_of(const hpu_strat *s, const double *sums, int batch)
+double hpu__vars_loss_of(const hpu_strat *s, const double *sums, int batch)
 {
 	double sum = 0;
 	for (int k = 0; k < s->b->nloss; k++)
@@ -169,7 +167,7 @@ double hpu__vars_micro_loss(hpu_strat *s, int m)
 	size_t n = (size_t)s->b->nloss;
 	double *h = s->vars.msum_host + (size_t)m * n;
 	hpu__dev_copy(h, s->vars.msum + (size_t)m * n, n * sizeof *h);
-	return loss_of(s, h, s->vars.mbatch[m]);
+	return hpu__vars_loss_of(s, h, s->vars.mbatch[m]);
 }
 
 /* The gradients g[n] of a unit (the plan's dtype) into the non-finite
@@ -223,8 +221,7 @@ static int norm(hpu_strat *s)
 	if (hpu__strat_grads_host(s)) { /* summed by the host, copied over */
 		double ss = 0;
 		for (int k = 0; k < s->nunits; k++)
-			if (hpu__strat_sumsq(s, &ss, s->u[k].opt_g, s->u[k].opt.n) < 0)
-				return -1;
+			hpu__strat_sumsq_host(s, &ss, s->u[k].opt_g, s->u[k].opt.n);
 		s->vars.lr_host[3] = ss;
 		hpu__dev_copy(acc, &s->vars.lr_host[3], sizeof ss);
 	} else {
@@ -332,7 +329,7 @@ int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 			     (size_t)s->vars.micros * n * sizeof *s->vars.msum_host);
 	float sum = 0;
 	for (int m = 0; m < s->vars.micros; m++)
-		sum += (float)loss_of(s, s->vars.msum_host + (size_t)m * n, s->vars.mbatch[m]);
+		sum += (float)hpu__vars_loss_of(s, s->vars.msum_host + (size_t)m * n, s->vars.mbatch[m]);
 	*loss = s->vars.micros ? sum / (float)s->vars.micros : 0;
 	s->vars.micros = 0;
 	s->vars.known = 0;
