@@ -2,7 +2,8 @@
  * one Chrome trace per rank that parses, with the runtime's actions, the
  * collectives with their bytes and the model's own ranges; a trace of a
  * worker killed mid-run still parses; the ten DeviceStats of every rank
- * in the metrics file obey their invariants. */
+ * in the metrics file obey their invariants; a --graphs run on cpu-strict
+ * shows each replay's calls inside its graph_replay range. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
