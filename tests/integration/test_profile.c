@@ -2,7 +2,8 @@
  * one Chrome trace per rank that parses, with the runtime's actions, the
  * collectives with their bytes and the model's own ranges; a trace of a
  * worker killed mid-run still parses; the ten DeviceStats of every rank
- * in the metrics file obey their invariants. */
+ * in the metrics file obey their invariants; a --graphs run on cpu-strict
+ * shows each replay's calls inside its graph_replay range. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -449,6 +450,86 @@ static void test_device_stats(void **state)
 	free(out);
 }
 
+/* --graphs under --profile, on the CPU's twin (cpu-strict): every
+ * graph_replay range holds one "graph_node" span per recorded call (the
+ * recording's count, as --verbose says it), named by the call (the
+ * products' gemm, the optimizer's optim), inside the range on its row,
+ * and the range's args count the same calls by name; the eager steps
+ * before the recording hold none. */
+static void test_graph_nodes(void **state)
+{
+	(void)state;
+	char prof[300], path[400];
+	snprintf(prof, sizeof prof, "%s/graphs", dir);
+	run r;
+	start(&r, 1);
+	args(&r, "--device", "cpu-strict", "--graphs", "--graphs-warmup", "2", "--verbose",
+	     "--profile", prof, "--profile-filename", "g", "--max-steps", "5", "--batch-size",
+	     "32", NULL);
+	char *out = finish(&r, 0, "--hidden 32 --depth 2");
+	const char *rec = strstr(out, "recorded the step of ");
+	const char *calls = rec ? strstr(rec, ": ") : NULL;
+	long n = calls ? strtol(calls + 2, NULL, 10) : -1;
+	printf("  the recording: %ld device calls\n", n);
+	if (n <= 0)
+		fprintf(stderr, "no recording in:\n%s\n", out);
+	assert_true(n > 0);
+	snprintf(path, sizeof path, "%s/g-rank0.json", prof);
+	cJSON *t = parse_file(path);
+	assert_non_null(t);
+	const cJSON *ev = events_of(t), *e, *x;
+	int replays = 0;
+	long nodes_total = 0;
+	cJSON_ArrayForEach(x, ev)
+	{
+		if (!strcmp(str(x, "cat"), "graph_node"))
+			nodes_total++;
+	}
+	cJSON_ArrayForEach(e, ev)
+	{
+		if (strcmp(str(e, "name"), "graph_replay"))
+			continue;
+		replays++;
+		double a = num(e, "ts"), b = a + num(e, "dur");
+		long inside = 0, gemm = 0, optim = 0;
+		cJSON_ArrayForEach(x, ev)
+		{
+			if (strcmp(str(x, "cat"), "graph_node") || num(x, "tid") != num(e, "tid"))
+				continue;
+			double xa = num(x, "ts"), xb = xa + num(x, "dur");
+			if (xa < a - 0.001 || xb > b + 0.002) /* %.3f rounding */
+				continue;
+			inside++;
+			gemm += !strcmp(str(x, "name"), "gemm");
+			optim += !strcmp(str(x, "name"), "optim");
+		}
+		const cJSON *nodes =
+			cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "args"),
+							 "nodes");
+		long listed = 0;
+		cJSON_ArrayForEach(x, nodes)
+		{
+			listed += (long)x->valuedouble;
+		}
+		printf("  graph_replay of step %.0f: %ld node spans inside (%ld gemm, %ld optim), "
+		       "%ld calls in its args\n",
+		       num(cJSON_GetObjectItemCaseSensitive(e, "args"), "step"), inside, gemm, optim,
+		       listed);
+		assert_int_equal(inside, n);
+		assert_true(gemm > 0);
+		assert_true(optim > 0);
+		assert_true(cJSON_IsObject(nodes));
+		assert_int_equal(listed, n);
+		assert_true(num(nodes, "gemm") == (double)gemm);
+		assert_true(num(nodes, "optim") == (double)optim);
+	}
+	/* steps 3 (recorded, then launched), 4 and 5; steps 1 and 2 eager */
+	assert_int_equal(replays, 3);
+	assert_int_equal(nodes_total, 3 * n);
+	cJSON_Delete(t);
+	free(out);
+}
+
 /* --stall-warning: rank 1 of 3 sleeps 1.5 s before a collective (the
  * fault_mlp fixture's knob); after 0.3 s the others warn, naming ranks 0
  * and 2 as arrived and rank 1 as not; the job then goes on to the end. */
@@ -518,6 +599,7 @@ int main(void)
 		cmocka_unit_test(test_device_stats),
 		cmocka_unit_test(test_stall_warning),
 		cmocka_unit_test(test_throughput_warmup),
+		cmocka_unit_test(test_graph_nodes),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -247,6 +247,14 @@ static void test_record_launch(void **state)
 	char why[512];
 	assert_int_equal(end(&g, why, sizeof why), 0);
 	assert_int_equal(hpu__dev_graph_nodes(g), 6);
+	/* its calls by name, in order (the profiler's graph_replay args) */
+	static const char *const names[] = {"h2d", "gemm", "eltwise_fwd", "memset", "d2d", "optim"};
+	const hpu__dev_node_count *nc = NULL;
+	assert_int_equal(hpu__dev_graph_names(g, &nc), 6);
+	for (int i = 0; i < 6; i++) {
+		assert_string_equal(nc[i].name, names[i]);
+		assert_int_equal(nc[i].count, 1);
+	}
 	hpu__dev_copied(&h2d1, &d2h1);
 	assert_true(h2d1 == h2d0); /* no bytes crossed */
 	seq_snap(&s, &now);

@@ -4,7 +4,8 @@
  *
  *   - a step's kinds of work recorded (a product through the kernel
  *     table, an eltwise op, loss_seed, a copy from a pinned block, a
- *     fill): nothing runs while recording, the graph holds nodes, a launch
+ *     fill): nothing runs while recording, the graph holds nodes (named:
+ *     the kernels by function, the copy and fill by node type), a launch
  *     gives the eager run's bytes, and a launch after the pinned block
  *     changed copies the new values;
  *   - each refusal (a copy into host memory, an op returning a value, a
@@ -186,6 +187,40 @@ static int teardown_step(void **state)
 	return 0;
 }
 
+/* The count of names that contain `part` among c[n]. */
+static size_t named(const hpu__dev_node_count *c, size_t n, const char *part)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (strstr(c[i].name, part))
+			k += c[i].count;
+	return k;
+}
+
+/* The recorder's nodes by name (the profiler's graph_replay args): every
+ * node named, the counts adding up to the nodes; step_work's relu and
+ * loss_seed kernels by their functions' names, its copy and fill by
+ * their nodes' types. */
+static void check_names(void *g, size_t nodes)
+{
+	const hpu__dev_node_count *c = NULL;
+	assert_non_null(D->recorder->names);
+	size_t n = D->recorder->names(g, &c), sum = 0;
+	printf("  the graph's %zu nodes by name (%zu names):\n", nodes, n);
+	for (size_t i = 0; i < n; i++) {
+		printf("    %-60s %zu\n", c[i].name, c[i].count);
+		assert_true(c[i].name && c[i].name[0]);
+		sum += c[i].count;
+	}
+	assert_true(n > 0);
+	assert_int_equal(sum, nodes);
+	if (!named(c, n, "k_eltwise_fwd") || !named(c, n, "k_loss_seed") ||
+	    !named(c, n, "memcpy") || !named(c, n, "memset"))
+		fail_msg("wanted k_eltwise_fwd, k_loss_seed, memcpy and memset among the names "
+			 "above");
+	printf("  named: k_eltwise_fwd, k_loss_seed, memcpy, memset\n");
+}
+
 static void test_record_replay(void **state)
 {
 	(void)state;
@@ -207,6 +242,7 @@ static void test_record_replay(void **state)
 	assert_int_equal(rc, 0);
 	assert_non_null(g);
 	assert_true(nodes >= 5);
+	check_names(g, nodes);
 	fetch(&got);
 	check_bits("nothing ran while recording (c)", got.c, before.c, sizeof got.c);
 	check_bits("nothing ran while recording (g)", got.g, before.g, sizeof got.g);

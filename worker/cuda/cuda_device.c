@@ -986,7 +986,139 @@ typedef struct cuda_graph {
 	cudaGraph_t g;
 	cudaGraphExec_t x;
 	size_t nodes;
+	hpu__dev_node_count *names; /* the nodes by name (names: malloc'd) */
+	size_t nnames;
 } cuda_graph;
+
+/* ---- the graph's nodes by name (the recorder's names): read once at
+ * the recording's end, untimed (a kernel's GPU time needs CUPTI, which
+ * the module does not use) ---- */
+
+/* A plain function's name out of C++'s mangling ("_ZL11k_loss_seedPfm...",
+ * a static kernel: "k_loss_seed"); any other name as it is. */
+static void demangle(const char *m, char *out, size_t len)
+{
+	const char *p = m;
+	if (p[0] == '_' && p[1] == 'Z') {
+		p += 2;
+		if (*p == 'L')
+			p++;
+		if (*p >= '1' && *p <= '9') {
+			char *end;
+			unsigned long n = strtoul(p, &end, 10);
+			if (n < len && strlen(end) >= n) {
+				snprintf(out, len, "%.*s", (int)n, end);
+				return;
+			}
+		}
+	}
+	snprintf(out, len, "%s", m);
+}
+
+/* A kernel node's function name; "kernel" where CUDA cannot say (a kernel
+ * a library launched through the driver's API, whose function the
+ * runtime may not know; a toolkit before 12.3, without cudaFuncGetName). */
+static void kernel_name(cudaGraphNode_t node, char *out, size_t len)
+{
+	struct cudaKernelNodeParams kp;
+	const char *name = NULL;
+	cudaError_t e = cudaGraphKernelNodeGetParams(node, &kp);
+#if CUDART_VERSION >= 12030
+	if (e == cudaSuccess && kp.func)
+		e = cudaFuncGetName(&name, kp.func);
+#endif
+	if (e != cudaSuccess || !name || !name[0]) {
+		(void)cudaGetLastError(); /* not the next call's error */
+		snprintf(out, len, "kernel");
+		return;
+	}
+	demangle(name, out, len);
+}
+
+static const char *type_name(enum cudaGraphNodeType t)
+{
+	switch (t) {
+	case cudaGraphNodeTypeKernel: return "kernel";
+	case cudaGraphNodeTypeMemcpy: return "memcpy";
+	case cudaGraphNodeTypeMemset: return "memset";
+	case cudaGraphNodeTypeHost: return "host";
+	case cudaGraphNodeTypeGraph: return "graph";
+	case cudaGraphNodeTypeEmpty: return "empty";
+	case cudaGraphNodeTypeWaitEvent: return "wait_event";
+	case cudaGraphNodeTypeEventRecord: return "event_record";
+	case cudaGraphNodeTypeMemAlloc: return "mem_alloc";
+	case cudaGraphNodeTypeMemFree: return "mem_free";
+	default: return "other";
+	}
+}
+
+static void names_free(cuda_graph *cg)
+{
+	for (size_t i = 0; i < cg->nnames; i++)
+		free((char *)cg->names[i].name);
+	free(cg->names);
+	cg->names = NULL;
+	cg->nnames = 0;
+}
+
+/* One more node named `name` (cg->names has room for every node); 0, or
+ * -1 out of host memory. */
+static int add_name(cuda_graph *cg, const char *name)
+{
+	for (size_t i = 0; i < cg->nnames; i++)
+		if (!strcmp(cg->names[i].name, name)) {
+			cg->names[i].count++;
+			return 0;
+		}
+	char *dup = strdup(name);
+	if (!dup)
+		return -1;
+	cg->names[cg->nnames++] = (hpu__dev_node_count){dup, 1};
+	return 0;
+}
+
+/* cg->g's n nodes by name into cg->names; 0, or -1 with a sentence. */
+static int count_names(cuda_graph *cg, size_t n, char *why, size_t len)
+{
+	cudaGraphNode_t *nodes = malloc((n ? n : 1) * sizeof *nodes);
+	cg->names = calloc(n ? n : 1, sizeof *cg->names);
+	cg->nnames = 0;
+	size_t got = n;
+	cudaError_t e = cudaSuccess;
+	if (!nodes || !cg->names) {
+		snprintf(why, len, "no host memory for the graph's %zu nodes' names", n);
+		goto fail;
+	}
+	if (n && (e = cudaGraphGetNodes(cg->g, nodes, &got)) != cudaSuccess) {
+		snprintf(why, len, "cudaGraphGetNodes (the nodes' names): %s",
+			 cudaGetErrorString(e));
+		goto fail;
+	}
+	for (size_t i = 0; i < got && i < n; i++) {
+		enum cudaGraphNodeType t;
+		char name[256];
+		if ((e = cudaGraphNodeGetType(nodes[i], &t)) != cudaSuccess) {
+			snprintf(why, len, "cudaGraphNodeGetType (node %zu of %zu): %s", i + 1, n,
+				 cudaGetErrorString(e));
+			goto fail;
+		}
+		if (t == cudaGraphNodeTypeKernel)
+			kernel_name(nodes[i], name, sizeof name);
+		else
+			snprintf(name, sizeof name, "%s", type_name(t));
+		if (add_name(cg, name) < 0) {
+			snprintf(why, len, "no host memory for the graph's nodes' names");
+			goto fail;
+		}
+	}
+	free(nodes);
+	return 0;
+fail:
+	free(nodes);
+	names_free(cg);
+	(void)cudaGetLastError();
+	return -1;
+}
 
 static int cap_begin(char *err, size_t len)
 {
@@ -1089,6 +1221,10 @@ static int cap_end(void **graph, char *why, size_t len)
 	cg->g = g;
 	cg->x = x;
 	cg->nodes = n;
+	if (count_names(cg, n, why, len) < 0) {
+		free(cg);
+		goto fail;
+	}
 	*graph = cg;
 	return 0;
 fail:
@@ -1128,6 +1264,14 @@ static size_t cap_nodes(const void *graph)
 	return cg ? cg->nodes : 0;
 }
 
+/* The nodes by name, read at the graph's end. */
+static size_t cap_names(const void *graph, const hpu__dev_node_count **out)
+{
+	const cuda_graph *cg = graph;
+	*out = cg ? cg->names : NULL;
+	return cg ? cg->nnames : 0;
+}
+
 /* (an executable graph still running is freed by CUDA once it ends) */
 static void cap_free(void *graph)
 {
@@ -1138,6 +1282,7 @@ static void cap_free(void *graph)
 	cudaGraphExecDestroy(cg->x);
 	cudaGraphDestroy(cg->g);
 	(void)cudaGetLastError();
+	names_free(cg);
 	free(cg);
 }
 
@@ -1147,6 +1292,7 @@ static const hpu__dev_recorder recorder = {
     .launch = cap_launch,
     .nodes = cap_nodes,
     .free = cap_free,
+    .names = cap_names,
 };
 
 /* ---- the tables and the entries ---- */

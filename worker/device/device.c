@@ -1202,6 +1202,8 @@ int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
 	int rc = 0;
 	if (cur->recorder)
 		rc = cur->recorder->end(&g->dev, why, whylen);
+	else
+		hpu__dev_rec_count(g);
 	if (hpu__dev_rec_refused(why, whylen)) /* the first reason, whatever the device said */
 		rc = 1;
 	if (rc != 0)
@@ -1232,6 +1234,18 @@ size_t hpu__dev_graph_nodes(const hpu__dev_graph *g)
 	if (!g)
 		return 0;
 	return g->dev ? cur->recorder->nodes(g->dev) : g->n;
+}
+
+size_t hpu__dev_graph_names(const hpu__dev_graph *g, const hpu__dev_node_count **out)
+{
+	*out = NULL;
+	if (!g)
+		return 0;
+	if (!g->dev) {
+		*out = g->names;
+		return g->nnames;
+	}
+	return cur->recorder->names ? cur->recorder->names(g->dev, out) : 0;
 }
 
 void hpu__dev_graph_free(hpu__dev_graph **g)

@@ -257,6 +257,13 @@ typedef struct hpu__dev_coll {
 	void (*close)(hpu__dev_group *g);
 } hpu__dev_coll;
 
+/* One name among a recorded step's calls, and how many calls carry it
+ * (hpu__dev_graph_names). */
+typedef struct hpu__dev_node_count {
+	const char *name;
+	size_t count;
+} hpu__dev_node_count;
+
 /* A device that records a step itself (CUDA: stream capture into a CUDA
  * graph), behind device.c's hpu__dev_capture_begin ... hpu__dev_graph_free,
  * which keep the refusals, the reasons, the memory held for a graph
@@ -272,6 +279,9 @@ typedef struct hpu__dev_recorder {
 	int (*launch)(void *graph, char *err, size_t errlen);
 	size_t (*nodes)(const void *graph);
 	void (*free)(void *graph);
+	/* the calls it holds counted by name (hpu__dev_graph_names; *out
+	 * owned by the graph); NULL: the device names none */
+	size_t (*names)(const void *graph, const hpu__dev_node_count **out);
 } hpu__dev_recorder;
 
 /* One device's table. */
@@ -585,11 +595,26 @@ void hpu__dev_capture_refuse(const char *fmt, ...) __attribute__((format(printf,
 int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen);
 
 /* Runs g's recorded work once, in order (issued on the default queue).
- * 0, or -1 with a sentence in err. */
+ * 0, or -1 with a sentence in err. While the profiler records
+ * (worker/hpu/prof.h: hpu__prof_enabled), the CPU's list times each call:
+ * one complete event of category "graph_node" per call, named as
+ * hpu__dev_graph_names names it, on the calling thread's row (inside the
+ * runtime's graph_replay range); with the profiler off the walk takes
+ * no time. A device's own graph (CUDA) is one launch: its kernels run
+ * on the GPU after it returns, and no span is made for them. */
 int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen);
 
 /* The calls g holds (kernels, ops, copies, fills). */
 size_t hpu__dev_graph_nodes(const hpu__dev_graph *g);
+
+/* g's calls counted by name, in the order each name first comes: *out
+ * (owned by g, valid until hpu__dev_graph_free) and the number of names;
+ * their counts add up to hpu__dev_graph_nodes. The CPU's list names a
+ * call by its kernel-table entry ("gemm", "conv_fwd"), runtime op
+ * ("optim", "loss_seed") or copy ("h2d", "d2d", "memset"); a CUDA graph
+ * names a kernel by its function's name and other nodes by their type
+ * ("memcpy", "memset"). 0 and *out NULL where the device names none. */
+size_t hpu__dev_graph_names(const hpu__dev_graph *g, const hpu__dev_node_count **out);
 
 /* Frees *g (NULL is fine) and gives devmem back the memory kept for it;
  * sets *g to NULL. */

@@ -41,6 +41,7 @@ typedef struct gnode {
 	hpu__dev_node_fn *run;
 	const void *args;
 	const char *what;
+	const char *name; /* what's short name: "gemm", "optim", "h2d" */
 } gnode;
 
 /* The graph's storage for the nodes' arguments: chunks that never move. */
@@ -56,6 +57,8 @@ struct hpu__dev_graph {
 	gchunk *mem;
 	void *dev;     /* the device's own graph (a recorder's) */
 	uint32_t held; /* devmem's blocks kept for the graph */
+	hpu__dev_node_count *names; /* the list's calls by name (hpu__dev_rec_count) */
+	size_t nnames;
 };
 
 /* The recording's state (device_rec.c), for device.c: claim (0, or -1
@@ -73,9 +76,14 @@ int hpu__dev_rec_refused(char *why, size_t whylen);
 int hpu__dev_rec_listing(void);
 int hpu__dev_rec_run(hpu__dev_graph *g, char *err, size_t errlen);
 void hpu__dev_rec_drop_list(hpu__dev_graph *g);
+/* Counts the list's calls by name into g->names (at the recording's
+ * end); out of host memory: the recording is refused. */
+void hpu__dev_rec_count(hpu__dev_graph *g);
 
 /* Appends a node to the calling thread's recording: `what` names it
- * ("the kernel gemm", "hpu__dev_h2d": a string that lives), run does
+ * ("the kernel gemm", "hpu__dev_h2d": a string that lives; its short
+ * name, for the profiler and hpu__dev_graph_names, is what without "the
+ * kernel " or "hpu__dev_"), run does
  * its work at a launch on the node's `bytes` of arguments, returned here
  * zeroed (the graph's, for the caller to fill). NULL where the graph
  * could not grow: the recording is refused. */

@@ -3,8 +3,9 @@
  * device.c (copies, fills, the runtime's ops) and device_kernels.c (the
  * kernel table's entries) append while the thread records, their
  * arguments kept in chunks that never move, and a launch's walk over
- * them. Calls no other file of the folder (device.c and device_kernels.c
- * call it). */
+ * them, and the profiler's spans of a launch's nodes (worker/hpu/prof.h).
+ * Calls no other file of the folder (device.c and device_kernels.c call
+ * it). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -15,6 +16,7 @@
 
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
+#include "worker/hpu/prof.h"
 
 /* The calling thread's graph; whether any thread records (one at a
  * time) and into the CPU's list; the first reason the recording was
@@ -55,6 +57,19 @@ static void *graph_bytes(hpu__dev_graph *g, size_t bytes)
 	return p;
 }
 
+/* A node's name for the profiler and hpu__dev_graph_names: `what`
+ * without its prefix ("the kernel gemm": "gemm", "hpu__dev_h2d": "h2d"). */
+static const char *short_name(const char *what)
+{
+	static const char *const prefix[] = {"the kernel ", "hpu__dev_"};
+	for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++) {
+		size_t n = strlen(prefix[i]);
+		if (!strncmp(what, prefix[i], n))
+			return what + n;
+	}
+	return what;
+}
+
 void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes)
 {
 	hpu__dev_graph *g = rec;
@@ -71,7 +86,7 @@ void *hpu__dev_rec_node(const char *what, hpu__dev_node_fn *run, size_t bytes)
 	void *args = graph_bytes(g, bytes);
 	if (!args)
 		return NULL;
-	g->nodes[g->n++] = (gnode){run, args, what};
+	g->nodes[g->n++] = (gnode){run, args, what, short_name(what)};
 	return args;
 }
 
@@ -95,6 +110,42 @@ void hpu__dev_rec_drop_list(hpu__dev_graph *g)
 	free(g->nodes);
 	g->nodes = NULL;
 	g->n = g->cap = 0;
+	free(g->names);
+	g->names = NULL;
+	g->nnames = 0;
+}
+
+static void refuse_other(const char *fmt, ...);
+
+/* The index of name among g->names[0 .. g->nnames), or g->nnames. */
+static size_t name_at(const hpu__dev_graph *g, const char *name)
+{
+	size_t k = 0;
+	while (k < g->nnames && g->names[k].name != name && strcmp(g->names[k].name, name))
+		k++;
+	return k;
+}
+
+void hpu__dev_rec_count(hpu__dev_graph *g)
+{
+	size_t cap = 0;
+	for (size_t i = 0; i < g->n; i++) {
+		size_t k = name_at(g, g->nodes[i].name);
+		if (k < g->nnames) {
+			g->names[k].count++;
+			continue;
+		}
+		if (g->nnames == cap) {
+			cap = cap ? cap * 2 : 32;
+			hpu__dev_node_count *v = realloc(g->names, cap * sizeof *v);
+			if (!v) {
+				refuse_other("the recording ran out of host memory");
+				return;
+			}
+			g->names = v;
+		}
+		g->names[g->nnames++] = (hpu__dev_node_count){g->nodes[i].name, 1};
+	}
 }
 
 int hpu__dev_rec_claim(void)
@@ -183,16 +234,34 @@ void hpu__dev_rec_foreign(const char *what)
 		     what);
 }
 
-int hpu__dev_rec_run(hpu__dev_graph *g, char *err, size_t errlen)
+static int node_failed(const hpu__dev_graph *g, size_t i, int r, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "a recorded step's node %zu of %zu, %s, answered %d when replayed",
+		 i + 1, g->n, g->nodes[i].what, r);
+	return -1;
+}
+
+/* The walk with the profiler on: each node a span of its own. */
+static int run_timed(hpu__dev_graph *g, char *err, size_t errlen)
 {
 	for (size_t i = 0; i < g->n; i++) {
+		int64_t t0 = hpu__prof_now();
 		int r = g->nodes[i].run(g->nodes[i].args);
-		if (r != 0) {
-			snprintf(err, errlen,
-				 "a recorded step's node %zu of %zu, %s, answered %d when replayed",
-				 i + 1, g->n, g->nodes[i].what, r);
-			return -1;
-		}
+		hpu__prof_span("graph_node", g->nodes[i].name, NULL, t0, NULL);
+		if (r != 0)
+			return node_failed(g, i, r, err, errlen);
+	}
+	return 0;
+}
+
+int hpu__dev_rec_run(hpu__dev_graph *g, char *err, size_t errlen)
+{
+	if (hpu__prof_enabled)
+		return run_timed(g, err, errlen);
+	for (size_t i = 0; i < g->n; i++) {
+		int r = g->nodes[i].run(g->nodes[i].args);
+		if (r != 0)
+			return node_failed(g, i, r, err, errlen);
 	}
 	return 0;
 }

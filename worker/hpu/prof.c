@@ -263,7 +263,7 @@ static int own_row(void)
 static void span_v(int tid, const char *cat, const char *name, const char *sub, int64_t t0,
 		   int64_t t1, const char *args, va_list ap)
 {
-	char line[1024];
+	char line[4096]; /* the longest args: graph_replay's nodes, 2 KiB */
 	size_t n = (size_t)snprintf(line, sizeof line, "{\"name\":\"");
 	n = put_escaped(line, n, 400, name);
 	if (sub) {

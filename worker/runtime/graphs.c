@@ -13,12 +13,18 @@
  * them, a new shape runs eagerly. */
 #define GRAPHS_MAX 8
 
+/* The graph_replay range's "nodes" (the recording's calls by name): at
+ * most this many bytes, each name cut to NAME_MAX_ARGS. */
+#define NODE_ARGS 2048
+#define NAME_MAX_ARGS 96
+
 typedef struct entry {
 	int *n;                 /* [accum] the micro-batches' sizes: the key */
 	hpu__dev_graph *graph;  /* the recording; NULL: none (yet, or refused) */
 	hpu__strat_snap *snap;  /* what its replays restore */
 	int refused;            /* 1: this shape runs eagerly */
 	size_t nodes;
+	char node_args[NODE_ARGS]; /* hpu__graphs_node_args */
 } entry;
 
 struct hpu__graphs {
@@ -204,6 +210,50 @@ int hpu__graphs_record_begin(hpu__graphs *g)
 	return -1;
 }
 
+/* One "name":count, the name JSON-safe (quotes, backslashes and control
+ * characters as '_') and cut to NAME_MAX_ARGS bytes; 0, or -1 where it
+ * does not fit in out[at .. len) with room for one more. */
+static int put_count(char *out, size_t *at, size_t len, const char *name, size_t count)
+{
+	char safe[NAME_MAX_ARGS + 1];
+	size_t n = 0;
+	for (; name[n] && n < NAME_MAX_ARGS; n++) {
+		unsigned char c = (unsigned char)name[n];
+		safe[n] = c == '"' || c == '\\' || c < 0x20 ? '_' : (char)c;
+	}
+	safe[n] = '\0';
+	int k = snprintf(out + *at, len - *at, "%s\"%s\":%zu", *at ? "," : "", safe, count);
+	if (k < 0 || (size_t)k + 40 >= len - *at) { /* room left for "(others)" */
+		out[*at] = '\0';
+		return -1;
+	}
+	*at += (size_t)k;
+	return 0;
+}
+
+/* The recording's calls by name (hpu__dev_graph_names) into e->node_args:
+ * as many names as fit, then "(others)":N for the rest of the calls. */
+static void node_args(entry *e)
+{
+	const hpu__dev_node_count *c;
+	size_t n = hpu__dev_graph_names(e->graph, &c), at = 0, i = 0;
+	e->node_args[0] = '\0';
+	for (; i < n; i++)
+		if (put_count(e->node_args, &at, sizeof e->node_args, c[i].name, c[i].count) < 0)
+			break;
+	size_t rest = 0;
+	for (size_t j = i; j < n; j++)
+		rest += c[j].count;
+	if (i < n)
+		snprintf(e->node_args + at, sizeof e->node_args - at, "%s\"(others)\":%zu",
+			 at ? "," : "", rest);
+}
+
+const char *hpu__graphs_node_args(const hpu__graphs *g)
+{
+	return g->cur && g->cur->graph ? g->cur->node_args : "";
+}
+
 int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 			   hpu__graphs_agree_fn *agree, void *arg, char *err, size_t errlen)
 {
@@ -227,6 +277,7 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 	if (ok) {
 		e->graph = gr;
 		e->nodes = hpu__dev_graph_nodes(gr);
+		node_args(e);
 		if (!(e->snap = hpu__strat_snap_take(s))) {
 			snprintf(err, errlen, "--graphs: out of host memory for a recording's state");
 			return -1;

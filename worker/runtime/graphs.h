@@ -69,6 +69,13 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
  * err. */
 int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_t errlen);
 
+/* The recording this step launches, its calls counted by name
+ * (hpu__dev_graph_names) as the inside of a JSON object
+ * ("\"gemm\":6,\"optim\":4", at most 2 KiB: names past that counted
+ * together as "(others)"), for the profiler's graph_replay range; ""
+ * where the device names none or no recording is launched. */
+const char *hpu__graphs_node_args(const hpu__graphs *g);
+
 /* Steps replayed and run eagerly so far; recordings kept. */
 void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded);
 

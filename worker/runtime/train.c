@@ -586,7 +586,8 @@ static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 		int64_t tr = hpu__prof_t0();
 		if (hpu__graphs_launch(L->graphs, L->st, lr, L->err, L->errlen) < 0)
 			return -1;
-		hpu__prof_span("graph", "graph_replay", NULL, tr, "\"step\":%ld", gstep + 1);
+		hpu__prof_span("graph", "graph_replay", NULL, tr, "\"step\":%ld,\"nodes\":{%s}",
+			       gstep + 1, hpu__graphs_node_args(L->graphs));
 	}
 	return step_done(L, t0, sent0, loss_out, norm_out);
 }
