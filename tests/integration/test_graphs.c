@@ -318,9 +318,10 @@ static void test_evaluation_refused(void **state)
 	const char *why = strstr(ob, "graphs: evaluation: the batch of 5 samples is not recorded: ");
 	printf("  host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
 	assert_non_null(why);
-	assert_non_null(strstr(why, "is not recorded: hpu__dev_enter: host code opened device memory "
-				    "while a step was recorded (its work runs now, not at each "
-				    "launch); it runs eagerly\n"));
+	assert_non_null(strstr(why, "graphs: evaluation: the batch of 5 samples is not recorded: "
+				    "hpu__dev_enter: host code opened device memory while a step was "
+				    "recorded (its work runs now, not at each launch); it runs "
+				    "eagerly\n"));
 	assert_non_null(strstr(ob, "evaluation: 0 batches replayed from 0 recordings, 2 run eagerly; "
 				   "0 recordings kept\n"));
 	char *va = val_lines("host-eager"), *vb = val_lines("host-graphs");
