@@ -36,7 +36,7 @@ struct hpu__graphs {
 	int ne;
 	entry *cur;         /* this step's, where recorded or replayed */
 	int off;            /* the device records nothing: all eager */
-	int full_said, off_said;
+	int full_said;
 	long seen, replayed, eager;
 	/* evaluation: each batch size's sightings (warm-up per shape), the
 	 * batches replayed and run eagerly */
@@ -213,7 +213,8 @@ void hpu__graphs_mismatch(hpu__graphs *g, long step)
 }
 
 /* The recording of g->cur begun; -1 where the device records nothing
- * (everything eager from now on, said once; *eager counts this one). */
+ * (everything eager from now on, said once: no recording is begun again;
+ * *eager counts this one). */
 static int begin(hpu__graphs *g, long *eager)
 {
 	char err[512];
@@ -226,9 +227,8 @@ static int begin(hpu__graphs *g, long *eager)
 		g->cur = NULL;
 	}
 	(*eager)++;
-	if (g->rank == 0 && !g->off_said)
+	if (g->rank == 0)
 		hpu__log(HPU_LOG_WARNING, "--graphs: %s; the training steps run eagerly", err);
-	g->off_said = 1;
 	return -1;
 }
 

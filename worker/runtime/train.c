@@ -702,11 +702,19 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
 	if (dev && hpu__strat_eval_open(L->st) < 0)
 		return -1;
+	hpu__dev_event prev = {0};
 	for (size_t done = 0; done < mine;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
+		/* the device path reads nothing back per batch: the previous
+		 * batch's copies from the pinned buffers must be done before
+		 * they are refilled (a GPU runs them after the host goes on) */
+		if (dev && done)
+			hpu__dev_event_wait(&prev);
 		if (load_eval_batch(L, split, map, done, n) < 0 ||
 		    (dev ? eval_device(L, n) : eval_host(L, n, sums)) < 0)
 			return -1;
+		if (dev)
+			hpu__dev_event_record(NULL, &prev);
 		done += (size_t)n;
 	}
 	if (dev && hpu__strat_eval_close(L->st, sums) < 0)
