@@ -142,6 +142,9 @@ typedef struct hpu_train_opts {
 	 * shape, after graphs_warmup eager steps, and replay it */
 	int graphs;
 	int graphs_warmup; /* (3) */
+	int pad_last_batch; /* --graphs: an evaluation's last partial batch
+			     * padded to the micro-batch (its padding left
+			     * out of the sums) */
 	/* ZeRO-Offload / ZeRO-Infinity (zero_optimization.offload_optimizer,
 	 * .offload_param and aio in DeepSpeed's config). */
 	hpu_offload offload_optimizer; /* zero1-3: optimizer state, master

@@ -950,6 +950,7 @@ static const struct fkey hputrain_keys[] = {
 	KEY("activation_checkpointing", "activation-checkpointing", 0),
 	KEY("graphs", "graphs", 0),
 	KEY("graphs_warmup", "graphs-warmup", 0),
+	KEY("pad_last_batch", "pad-last-batch", 0),
 	KEY("grad_comm_dtype", "grad-comm-dtype", 0),
 	KEY("log_every", "log-every", 0),
 	KEY("metrics", "metrics", 0),

@@ -8,6 +8,9 @@
  *   fault_mlp's --bad-label-at) fails the job (exit 1) after that step
  *   with a sentence naming the layer, the label, its row and dataset
  *   sample (the same sample the eager step names), on cpu and cpu-strict;
+ * - a bad label in an evaluation batch of a recordable run (HPU_STRICT_STEP=1,
+ *   --graphs) is read after that batch and named the same way, prefixed
+ *   "evaluation: ";
  * - recordable or not, the MLP's --save-params after a few steps are the
  *   same bytes, fp32 and bf16-mixed, 2 workers; --verbose says the steps
  *   are recordable. */
@@ -76,6 +79,56 @@ static void test_bad_label_named_after_the_step(void **state)
 	free(eager);
 }
 
+#define EVAL_DEFERRED                                                                          \
+	"evaluation: layer xent: label 17 at row 0 (dataset sample %lu), position 0 is outside "  \
+	"[0, 10) and not -100 (ignored): found after the step (the cross-entropy's check, "        \
+	"deferred)"
+
+/* fault_mlp validating after 2 steps on 60 held-out samples, a label of
+ * 17 in its third evaluation batch's row 0: eager, or recordable
+ * (HPU_STRICT_STEP=1, or --graphs: the evaluation's sums stay on the
+ * device and its checks are deferred to the batch's end). Exits 1. */
+static char *bad_eval_run(const char *device, int strict, int graphs)
+{
+	run r;
+	if (strict)
+		setenv("HPU_STRICT_STEP", "1", 1);
+	start(&r, 1);
+	args(&r, "--device", device, "--max-steps", "2", "--batch-size", "16", "--eval-every",
+	     "2", "--val-fraction", "0.001", graphs ? "--graphs" : NULL, NULL);
+	char *out = finish_with(&r, 1, FAULT_MODEL,
+				"--hidden 32 --depth 1 --bad-eval-label-at 3 --bad-label 17");
+	unsetenv("HPU_STRICT_STEP");
+	return out;
+}
+
+/* A bad label in an evaluation batch: eager, the layer's error; in a
+ * recordable run, read after the batch, naming the same sample. */
+static void test_bad_label_in_evaluation(void **state)
+{
+	(void)state;
+	char *eager = bad_eval_run("cpu", 0, 0);
+	const char *key = "layer xent: forward failed: label 17 at row 0 (dataset sample ";
+	const char *at = strstr(eager, key);
+	if (!at)
+		fail_msg("the eager run does not name the label:\n%s", eager);
+	char want[512];
+	snprintf(want, sizeof want, EVAL_DEFERRED, strtoul(at + strlen(key), NULL, 10));
+	static const struct {
+		const char *device;
+		int strict, graphs;
+	} runs[] = {{"cpu", 1, 0}, {"cpu-strict", 1, 0}, {"cpu", 0, 1}};
+	for (int k = 0; k < 3; k++) {
+		char *out = bad_eval_run(runs[k].device, runs[k].strict, runs[k].graphs);
+		printf("  %s%s: %s\n", runs[k].device, runs[k].strict ? ", recordable" : ", --graphs",
+		       strstr(out, want) ? want : "(not said)");
+		has(out, want);
+		assert_null(strstr(out, "forward failed"));
+		free(out);
+	}
+	free(eager);
+}
+
 /* The MLP's parameters after 3 steps: recordable or not, the same bytes. */
 static void same_params(const char *precision)
 {
@@ -122,6 +175,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_bad_label_named_after_the_step),
+	    cmocka_unit_test(test_bad_label_in_evaluation),
 	    cmocka_unit_test(test_recordable_same_params),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

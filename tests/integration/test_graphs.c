@@ -67,8 +67,8 @@ static int same_file(const char *a, const char *b)
 }
 
 /* (The runtime's sampler drops an epoch's last partial batch: every
- * training step of a run has one shape, and the cache of recordings per
- * shape, graphs.c, is not reached by a run.) */
+ * training step of a run has one shape. Evaluation batches are recorded
+ * too, in the same cache, per size: test_evaluation.) */
 
 /* The number after `key` in out (the first one), or -1. */
 static long number_after(const char *out, const char *key)
@@ -223,6 +223,116 @@ static void test_refusals(void **state)
 	free(ob);
 }
 
+/* The validation lines of a metrics file (dir/name.jsonl): step, epoch,
+ * val_loss and val_accuracy in full precision, val_samples (caller
+ * frees). */
+static char *val_lines(const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+	size_t n = 0;
+	char *all = h_slurp_n(path, &n), *out = calloc(1, n + 1);
+	assert_non_null(all);
+	assert_non_null(out);
+	for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n"))
+		if (strstr(line, "\"val_loss\"")) {
+			strcat(out, line);
+			strcat(out, "\n");
+		}
+	free(all);
+	return out;
+}
+
+/* One run validating at steps 2, 4 and 6 on 60 held-out samples, at 32
+ * a batch: a full batch and a partial one of 28 each time; `graphs`:
+ * --graphs with one eager batch per size before its recording. */
+static char *validating(const char *name, int graphs, const char *extra)
+{
+	char m[512];
+	snprintf(m, sizeof m, "%s/%s.jsonl", dir, name);
+	return train(name, 1, "cpu-strict", 0, NULL, NULL, "--max-steps", "6", "--eval-every", "2",
+		     "--val-fraction", "0.001", "--metrics", m,
+		     graphs ? "--graphs" : extra, "--graphs-warmup", "1", extra, NULL);
+}
+
+/* Evaluation under --graphs: each batch size recorded once and replayed,
+ * in the cache beside the training step's; eager and replayed give the
+ * same figures, bit for bit, and train to the same parameters.
+ * --pad-last-batch pads the partial batch to 32, which then replays the
+ * full batch's recording: one evaluation recording, the same figures. */
+static void test_evaluation(void **state)
+{
+	(void)state;
+	char *oa = validating("val-eager", 0, NULL);
+	char *ob = validating("val-graphs", 1, NULL);
+	char *va = val_lines("val-eager"), *vb = val_lines("val-graphs");
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	const char *line = strstr(ob, "graphs: 5 steps replayed");
+	printf("  --graphs: %.*s\n", line ? (int)strcspn(line, "\n") : 4, line ? line : "none");
+	if (strcmp(va, vb))
+		fprintf(stderr, "eager:\n%s--graphs:\n%s--graphs output:\n%s\n", va, vb, ob);
+	assert_non_null(strstr(ob, "graphs: evaluation: recorded the batch of 32 samples: "));
+	assert_non_null(strstr(ob, "graphs: evaluation: recorded the batch of 28 samples: "));
+	assert_non_null(strstr(ob, "graphs: 5 steps replayed from 1 recording, 1 run eagerly; "
+				   "evaluation: 4 batches replayed from 2 recordings, 2 run "
+				   "eagerly; 3 recordings kept\n"));
+	assert_int_equal(recorded, 1);
+	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
+	assert_string_equal(va, vb);
+	assert_true(same_file("val-eager", "val-graphs"));
+	char *oc = validating("val-padded", 1, "--pad-last-batch");
+	char *vc = val_lines("val-padded");
+	line = strstr(oc, "graphs: 5 steps replayed");
+	printf("  --pad-last-batch: %.*s\n", line ? (int)strcspn(line, "\n") : 4,
+	       line ? line : "none");
+	assert_non_null(strstr(oc, "graphs: evaluation: recorded the batch of 32 samples: "));
+	assert_null(strstr(oc, "graphs: evaluation: recorded the batch of 28"));
+	assert_non_null(strstr(oc, "graphs: 5 steps replayed from 1 recording, 1 run eagerly; "
+				   "evaluation: 5 batches replayed from 1 recording, 1 run eagerly; "
+				   "2 recordings kept\n"));
+	assert_string_equal(va, vc);
+	assert_true(same_file("val-eager", "val-padded"));
+	free(oa);
+	free(ob);
+	free(oc);
+	free(va);
+	free(vb);
+	free(vc);
+}
+
+/* An evaluation batch that cannot be recorded (a host-only custom
+ * layer, staged through host memory) runs eagerly, said once with its
+ * reason, and validates as without --graphs. */
+static void test_evaluation_refused(void **state)
+{
+	(void)state;
+	const char *m = h_build("lib/host_layer_model.so");
+	char ma[512], mb[512];
+	snprintf(ma, sizeof ma, "%s/host-eager.jsonl", dir);
+	snprintf(mb, sizeof mb, "%s/host-graphs.jsonl", dir);
+	char *oa = train("host-eager", 1, "cpu-strict", 0, m, "", "--max-steps", "4", "--eval-every", "2", "--val-fraction", "0.05", "--metrics", ma, NULL);
+	char *ob = train("host-graphs", 1, "cpu-strict", 0, m, "", "--max-steps", "4",
+			 "--eval-every", "2", "--val-fraction", "0.05",
+			 "--metrics", mb, "--graphs", "--graphs-warmup", "1", NULL);
+	const char *why = strstr(ob, "graphs: evaluation: the batch of 5 samples is not recorded: ");
+	printf("  host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "graphs: evaluation: the batch of 5 samples is not recorded: "
+				    "hpu__dev_enter: host code opened device memory while a step was "
+				    "recorded (its work runs now, not at each launch); it runs "
+				    "eagerly\n"));
+	assert_non_null(strstr(ob, "evaluation: 0 batches replayed from 0 recordings, 2 run eagerly; "
+				   "0 recordings kept\n"));
+	char *va = val_lines("host-eager"), *vb = val_lines("host-graphs");
+	assert_string_equal(va, vb);
+	assert_true(same_file("host-eager", "host-graphs"));
+	free(oa);
+	free(ob);
+	free(va);
+	free(vb);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -241,7 +351,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
-	    cmocka_unit_test(test_refusals),
+	    cmocka_unit_test(test_refusals), cmocka_unit_test(test_evaluation),
+	    cmocka_unit_test(test_evaluation_refused),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

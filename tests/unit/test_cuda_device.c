@@ -10,7 +10,8 @@
  * sumsq16_add, loss_seed at n = 0, 1, 255, 257, 100003 with NaN and Inf
  * planted first, in the middle and last; step_begin and step_end over
  * step_testlib.c's script; the optimizers reading hpu__dev_stepvars, a
- * skipped step among them) against the CPU's too. Where the module is not built, or no GPU is visible, it says so
+ * skipped step among them; an evaluation's rows_add and loss_add)
+ * against the CPU's too. Where the module is not built, or no GPU is visible, it says so
  * and exits 77 (ctest: skipped). Plain C, not cmocka: the skip needs its
  * own exit status. */
 #include <math.h>
@@ -503,6 +504,48 @@ static void check_step_ops(size_t n)
 	free(g);
 }
 
+/* An evaluation's sums: rows_add over the first rows of g[n] (all, half,
+ * more than n), twice onto the same double; loss_add for a few rows. */
+static void check_eval_sums(size_t n)
+{
+	float *g = randf(n, 1);
+	float *dg = up(g, AT_LEAST1(n) * 4);
+	int *drows = dev(sizeof(int));
+	const int rows_of[3] = {(int)n, (int)(n / 2), (int)n + 3};
+	for (int j = 0; j < 3; j++) {
+		int rows = rows_of[j];
+		const double acc0 = 0.3;
+		double cacc = acc0, *dacc = up(&acc0, 8);
+		D->copy(NULL, drows, &rows, sizeof rows);
+		for (int twice = 0; twice < 2; twice++) {
+			cpu->rows_add(&cacc, g, n, &rows);
+			D->rt->rows_add(dacc, dg, n, drows);
+		}
+		char what[64];
+		snprintf(what, sizeof what, "rows_add x2 (rows %d)", rows);
+		same_double(what, n, dacc, cacc);
+		hpu__dfree(dacc);
+	}
+	const double sums[3] = {12.345678901, -0.25, 7e-3}, w[3] = {1.0, 0.30000001192092896, 2.5};
+	double *dsums = up(sums, sizeof sums), *dw = up(w, sizeof w);
+	for (int rows = 1; rows < 40; rows += 7) {
+		const double acc0 = 1.75;
+		double cacc = acc0, *dacc = up(&acc0, 8);
+		D->copy(NULL, drows, &rows, sizeof rows);
+		cpu->loss_add(&cacc, sums, w, 3, &rows);
+		D->rt->loss_add(dacc, dsums, dw, 3, drows);
+		char what[64];
+		snprintf(what, sizeof what, "loss_add (rows %d)", rows);
+		same_double(what, n, dacc, cacc);
+		hpu__dfree(dacc);
+	}
+	hpu__dfree(dsums);
+	hpu__dfree(dw);
+	hpu__dfree(drows);
+	hpu__dfree(dg);
+	free(g);
+}
+
 /* sumsq_add over more parts than the module sums at once (65536 blocks
  * of 256): the batches' totals carried in order. */
 static void check_sumsq_batches(void)
@@ -793,6 +836,7 @@ int main(void)
 	for (size_t i = 0; i < sizeof step_ns / sizeof step_ns[0]; i++) {
 		check_step_ops(step_ns[i]);
 		check_optim_sv(step_ns[i]);
+		check_eval_sums(step_ns[i]);
 		printf("the step's ops at n = %zu: checked against the CPU's\n", step_ns[i]);
 	}
 	check_sumsq_batches();

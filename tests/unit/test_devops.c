@@ -3,7 +3,8 @@
  * through the strict CPU device, its buffers device memory, against plain
  * C written here from the ops' contracts, bit for bit: the 16-bit casts,
  * accumulation, the bf16 activations, adds, sums of squares, the
- * non-finite checks and counts, and the optimizers' update through
+ * non-finite checks and counts, an evaluation's sums (rows_add,
+ * loss_add), and the optimizers' update through
  * optim.h's public functions; dropout's masks against the formula every
  * device must draw, and the ops' kernels a device table provides. On
  * cpu-strict no test opens the device
@@ -378,6 +379,60 @@ static void test_sumsq_add(void **state)
 			free(g);
 			free(h);
 		}
+		close_dev();
+	}
+}
+
+/* rows_add and loss_add (an evaluation's sums): the host's loops, in
+ * their order, bit for bit; the rows past *rows left out. */
+static void test_eval_sums(void **state)
+{
+	(void)state;
+	for (int d = 0; d < 2; d++) {
+		open_dev(devices[d]);
+		int *drows = dev_in(NULL, sizeof(int));
+		for (size_t k = 0; k < sizeof step_ns / sizeof *step_ns; k++) {
+			size_t n = step_ns[k];
+			float *v = malloc((n ? n : 1) * 4);
+			values(v, n, 31, 3.0f);
+			float *dv = dev_in(v, (n ? n : 1) * 4);
+			int rows_of[] = {(int)n, (int)(n / 2), (int)n + 5};
+			for (int j = 0; j < 3; j++) {
+				int rows = rows_of[j];
+				hpu__dev_h2d(NULL, drows, &rows, sizeof rows);
+				double acc = 0.3, want = acc, got;
+				for (size_t r = 0; r < n && r < (size_t)rows; r++)
+					want += v[r];
+				double *dacc = dev_in(&acc, 8);
+				hpu__dev_rows_add(dacc, dv, n, drows);
+				dev_out(&got, dacc, 8);
+				if (memcmp(&got, &want, 8))
+					fail_msg("%s rows_add n=%zu rows=%d: %.17g, not %.17g",
+						 devices[d], n, rows, got, want);
+			}
+			hpu__dev_free(dv);
+			free(v);
+		}
+		/* loss_add: (sum of w[k] * (sums[k] / rows)) * rows onto acc */
+		const float wf[3] = {1.0f, 0.3f, 2.5f};
+		double sums[3] = {12.345678901, -0.25, 7e-3}, w[3] = {wf[0], wf[1], wf[2]};
+		double *dsums = dev_in(sums, sizeof sums), *dw = dev_in(w, sizeof w);
+		for (int rows = 1; rows < 40; rows += 7) {
+			hpu__dev_h2d(NULL, drows, &rows, sizeof rows);
+			double acc = 1.75, sum = 0, got;
+			for (int k = 0; k < 3; k++)
+				sum += wf[k] * (sums[k] / rows);
+			double want = acc + sum * rows;
+			double *dacc = dev_in(&acc, 8);
+			hpu__dev_loss_add(dacc, dsums, dw, 3, drows);
+			dev_out(&got, dacc, 8);
+			if (memcmp(&got, &want, 8))
+				fail_msg("%s loss_add rows=%d: %.17g, not %.17g", devices[d], rows, got,
+					 want);
+		}
+		hpu__dev_free(dsums);
+		hpu__dev_free(dw);
+		hpu__dev_free(drows);
 		close_dev();
 	}
 }
@@ -838,6 +893,7 @@ int main(void)
 		cmocka_unit_test(test_step_flags),
 		cmocka_unit_test(test_sumsq_add),
 		cmocka_unit_test(test_loss_seed),
+		cmocka_unit_test(test_eval_sums),
 		cmocka_unit_test(test_step_script),
 		cmocka_unit_test(test_optim_sv),
 		cmocka_unit_test(test_dropout_embedding_xent),

@@ -943,6 +943,17 @@ static void rt_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
 	K(hpu__cuda_k_step_end(S, sv, c), "step_end");
 }
 
+static void rt_rows_add(double *acc, const float *v, size_t n, const int *rows)
+{
+	K(hpu__cuda_k_rows_add(S, acc, v, n, rows), "rows_add");
+}
+
+static void rt_loss_add(double *acc, const double *sums, const double *w, int nloss,
+			const int *rows)
+{
+	K(hpu__cuda_k_loss_add(S, acc, sums, w, nloss, rows), "loss_add");
+}
+
 static const hpu__dev_rtops rtops = {
     .to16 = rt_to16,
     .from16 = rt_from16,
@@ -967,6 +978,8 @@ static const hpu__dev_rtops rtops = {
     .loss_seed = rt_loss_seed,
     .step_begin = rt_step_begin,
     .step_end = rt_step_end,
+    .rows_add = rt_rows_add,
+    .loss_add = rt_loss_add,
 };
 
 /* ---- recording a step (the device's hpu__dev_recorder): CUDA's stream

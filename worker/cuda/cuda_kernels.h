@@ -31,6 +31,11 @@ cudaError_t hpu__cuda_k_add(cudaStream_t s, float *dst, const float *src, size_t
 cudaError_t hpu__cuda_k_add_scalar(cudaStream_t s, float *dst, float v, size_t n);
 /* out[0] = the sum of v[n] in double, in order (one thread) */
 cudaError_t hpu__cuda_k_sum(cudaStream_t s, double *out, const float *v, size_t n);
+/* An evaluation's sums (hpu__dev_rtops' rows_add, loss_add; one thread) */
+cudaError_t hpu__cuda_k_rows_add(cudaStream_t s, double *acc, const float *v, size_t n,
+				 const int *rows);
+cudaError_t hpu__cuda_k_loss_add(cudaStream_t s, double *acc, const double *sums,
+				 const double *w, int nloss, const int *rows);
 /* part[b] = block b's sum of squares (n / 256 blocks, fp32 in 16 lanes
  * summed pairwise, redone in double where not finite), part[n / 256] the
  * rest's in double: the host adds them in order. */

@@ -74,6 +74,27 @@ __global__ static void k_sum(double *out, const float *v, size_t n)
 	*out = m;
 }
 
+/* An evaluation's sums (device_ops.c's rows_add and loss_add): one
+ * thread, in order, the rounding of each step spelled out (no fused
+ * multiply-add). */
+__global__ static void k_rows_add(double *acc, const float *v, size_t n, const int *rows)
+{
+	size_t m = *rows < 0 ? 0 : (size_t)*rows;
+	double a = *acc;
+	for (size_t r = 0; r < n && r < m; r++)
+		a = __dadd_rn(a, (double)v[r]);
+	*acc = a;
+}
+
+__global__ static void k_loss_add(double *acc, const double *sums, const double *w, int nloss,
+				  const int *rows)
+{
+	double sum = 0, b = (double)*rows;
+	for (int k = 0; k < nloss; k++)
+		sum = __dadd_rn(sum, __dmul_rn(w[k], __ddiv_rn(sums[k], b)));
+	*acc = __dadd_rn(*acc, __dmul_rn(sum, b));
+}
+
 /* ---- sums of squares: device_ops.c's blocks, one thread each ---- */
 
 __global__ static void k_sumsq_parts(const float *g, size_t n, double *part)
@@ -276,6 +297,20 @@ cudaError_t hpu__cuda_k_add_scalar(cudaStream_t s, float *dst, float v, size_t n
 cudaError_t hpu__cuda_k_sum(cudaStream_t s, double *out, const float *v, size_t n)
 {
 	k_sum<<<1, 1, 0, s>>>(out, v, n);
+	return cudaGetLastError();
+}
+
+cudaError_t hpu__cuda_k_rows_add(cudaStream_t s, double *acc, const float *v, size_t n,
+				 const int *rows)
+{
+	k_rows_add<<<1, 1, 0, s>>>(acc, v, n, rows);
+	return cudaGetLastError();
+}
+
+cudaError_t hpu__cuda_k_loss_add(cudaStream_t s, double *acc, const double *sums,
+				 const double *w, int nloss, const int *rows)
+{
+	k_loss_add<<<1, 1, 0, s>>>(acc, sums, w, nloss, rows);
 	return cudaGetLastError();
 }
 

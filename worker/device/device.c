@@ -937,6 +937,9 @@ RT_DEF(loss_seed,
        (g, n, sums, nsums, weight, base, batch, sv))
 RT_DEF(step_begin, (hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c), (sv, c))
 RT_DEF(step_end, (hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c), (sv, c))
+RT_DEF(rows_add, (double *acc, const float *v, size_t n, const int *rows), (acc, v, n, rows))
+RT_DEF(loss_add, (double *acc, const double *sums, const double *w, int nloss, const int *rows),
+       (acc, sums, w, nloss, rows))
 RT_DEF(optim,
        (const hpu__dev_optim *k, float *p, const float *g, float *m, float *v, size_t n),
        (k, p, g, m, v, n))
@@ -1107,6 +1110,21 @@ void hpu__dev_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
 {
 	on_device("step_end", sv);
 	RT_CALL(step_end, (sv, c));
+}
+
+void hpu__dev_rows_add(double *acc, const float *v, size_t n, const int *rows)
+{
+	ON_DEVICE2("rows_add", acc, v);
+	on_device("rows_add", rows);
+	RT_CALL(rows_add, (acc, v, n, rows));
+}
+
+void hpu__dev_loss_add(double *acc, const double *sums, const double *w, int nloss,
+		       const int *rows)
+{
+	ON_DEVICE2("loss_add", acc, sums);
+	ON_DEVICE2("loss_add", w, rows);
+	RT_CALL(loss_add, (acc, sums, w, nloss, rows));
 }
 
 void hpu__dev_optim_update(const hpu__dev_optim *k, float *p, const float *g, float *m,

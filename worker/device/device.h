@@ -173,6 +173,19 @@ typedef struct hpu__dev_rtops {
 	 * skipped += skip and step_no += 1 (strategy_mp.c's update_scale);
 	 * bad and sumsq cleared for the next step. */
 	void (*step_end)(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
+
+	/* An evaluation's sums on the device (train.c's evaluate_on in a
+	 * recordable run: nothing read back until the evaluation ends), rows
+	 * a device int read when the op runs (a replay's batch may hold
+	 * padding past it: --pad-last-batch). rows_add: *acc += v[r] for r
+	 * < min(n, *rows), one value at a time in double, in order (the
+	 * host's loop over a metric's values). loss_add: *acc += (the sum
+	 * over k < nloss of w[k] * (sums[k] / *rows)) * *rows in double, in
+	 * that order (hpu__vars_loss_of's mean times the batch; w device
+	 * memory). */
+	void (*rows_add)(double *acc, const float *v, size_t n, const int *rows);
+	void (*loss_add)(double *acc, const double *sums, const double *w, int nloss,
+			 const int *rows);
 } hpu__dev_rtops;
 
 /* torch.nn.utils.clip_grad_norm_'s factor for a global norm, in fp32 as
@@ -526,6 +539,9 @@ void hpu__dev_loss_seed(float *g, size_t n, const double *sums, int nsums, float
 			float base, int batch, const hpu__dev_stepvars *sv);
 void hpu__dev_step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 void hpu__dev_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
+void hpu__dev_rows_add(double *acc, const float *v, size_t n, const int *rows);
+void hpu__dev_loss_add(double *acc, const double *sums, const double *w, int nloss,
+		       const int *rows);
 
 /* The device's collectives (hpu__dev_coll), each a device call: where
  * the device has none, group_open answers 1 with the sentence in why. */

@@ -466,6 +466,24 @@ static void step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)
 	sv->sumsq = 0;
 }
 
+static void rows_add(double *acc, const float *v, size_t n, const int *rows)
+{
+	size_t m = *rows < 0 ? 0 : (size_t)*rows;
+	double a = *acc;
+	for (size_t r = 0; r < n && r < m; r++)
+		a += v[r];
+	*acc = a;
+}
+
+static void loss_add(double *acc, const double *sums, const double *w, int nloss,
+		     const int *rows)
+{
+	double sum = 0;
+	for (int k = 0; k < nloss; k++)
+		sum += w[k] * (sums[k] / *rows);
+	*acc += sum * *rows;
+}
+
 const hpu__dev_rtops hpu__dev_cpu_rtops = {
     .to16 = to16,
     .from16 = from16,
@@ -490,4 +508,6 @@ const hpu__dev_rtops hpu__dev_cpu_rtops = {
     .loss_seed = loss_seed,
     .step_begin = step_begin,
     .step_end = step_end,
+    .rows_add = rows_add,
+    .loss_add = loss_add,
 };

@@ -156,10 +156,14 @@ int hpu_accuracy_positions_forward(const float *logits, const int32_t *labels, f
 				   int rows, size_t positions, int classes, long *bad,
 				   int32_t *bad_label)
 {
+	/* its labels' check defers as the cross-entropy's (a recordable
+	 * evaluation); *bad stays -1 where a recording refused the kernel */
+	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_XENT_POS, labels, classes, rows, positions);
+	*bad = -1;
 	if (RUN(accuracy_pos, hpu__host_accuracy_pos, logits, labels, acc, rows, positions,
-		classes, bad, bad_label) != HPU_BE_OK)
+		classes, k ? &k->bad : bad, k ? &k->bad_id : bad_label) != HPU_BE_OK)
 		return HPU_ERROR;
-	return *bad >= 0 ? HPU_ERANGE : HPU_OK;
+	return deferred(k, bad);
 }
 
 /* ---- mean squared error and binary cross-entropy (worker/layers) ---- */

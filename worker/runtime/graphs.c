@@ -1,6 +1,7 @@
 /* graphs: --graphs; see graphs.h. */
 #include "worker/runtime/graphs.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,9 +9,11 @@
 #include "common/log.h"
 #include "worker/device/device.h"
 
-/* Recordings kept at once: a run has one shape, and one more where an
- * epoch's last step is partial (and per accumulation pattern). Past
- * them, a new shape runs eagerly. */
+/* Recordings kept at once, training steps' and evaluation batches'
+ * together: a run's training steps have one shape (the sampler drops an
+ * epoch's last partial batch), its evaluations two (full batches and a
+ * last partial one; one with --pad-last-batch) per split evaluated.
+ * Past them, a new shape runs eagerly. */
 #define GRAPHS_MAX 8
 
 /* The graph_replay range's "nodes" (the recording's calls by name): at
@@ -19,7 +22,9 @@
 #define NAME_MAX_ARGS 96
 
 typedef struct entry {
-	int *n;                 /* [accum] the micro-batches' sizes: the key */
+	int *n;                 /* [accum] the micro-batches' sizes, or [1] an
+				 * evaluation batch's: the key, with eval */
+	int eval;               /* 1: an evaluation batch (forward only) */
 	hpu__dev_graph *graph;  /* the recording; NULL: none (yet, or refused) */
 	hpu__strat_snap *snap;  /* what its replays restore */
 	int refused;            /* 1: this shape runs eagerly */
@@ -39,6 +44,14 @@ struct hpu__graphs {
 	int off;            /* the device records nothing: all eager */
 	int full_said;
 	long seen, replayed, eager;
+	/* evaluation: each batch size's sightings (warm-up per shape), the
+	 * batches replayed and run eagerly */
+	struct {
+		int n;
+		long seen;
+	} ev_seen[GRAPHS_MAX];
+	int nev_seen;
+	long ev_replayed, ev_eager;
 };
 
 int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fields,
@@ -127,12 +140,29 @@ static void shape(const hpu__graphs *g, const int *n, char *out, size_t len)
 		snprintf(out + at, len - at, " samples");
 }
 
-static entry *find(hpu__graphs *g)
+static entry *find(hpu__graphs *g, int eval, const int *key)
 {
+	size_t len = eval ? 1 : (size_t)g->accum;
 	for (int i = 0; i < g->ne; i++)
-		if (!memcmp(g->e[i].n, g->key, (size_t)g->accum * sizeof *g->key))
+		if (g->e[i].eval == eval && !memcmp(g->e[i].n, key, len * sizeof *key))
 			return &g->e[i];
 	return NULL;
+}
+
+/* A new entry for key (len sizes), made this step's; NULL when the
+ * cache is full or out of memory. */
+static entry *add(hpu__graphs *g, int eval, const int *key, size_t len)
+{
+	if (g->ne == GRAPHS_MAX)
+		return NULL;
+	entry *e = &g->e[g->ne];
+	if (!(e->n = malloc(len * sizeof *e->n)))
+		return NULL;
+	memcpy(e->n, key, len * sizeof *e->n);
+	e->eval = eval;
+	g->ne++;
+	g->cur = e;
+	return e;
 }
 
 hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only)
@@ -140,7 +170,7 @@ hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only)
 	g->cur = NULL;
 	if (g->off || eager_only || g->seen++ < g->warmup)
 		goto eager;
-	entry *e = find(g);
+	entry *e = find(g, 0, g->key);
 	if (e && e->graph) {
 		g->cur = e;
 		g->replayed++;
@@ -159,12 +189,8 @@ hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only)
 		g->full_said = 1;
 		goto eager;
 	}
-	e = &g->e[g->ne];
-	if (!(e->n = malloc((size_t)g->accum * sizeof *e->n)))
+	if (!add(g, 0, g->key, (size_t)g->accum))
 		goto eager; /* out of memory: eager, as refused */
-	memcpy(e->n, g->key, (size_t)g->accum * sizeof *e->n);
-	g->ne++;
-	g->cur = e;
 	return HPU__GRAPH_RECORD;
 eager:
 	g->eager++;
@@ -192,19 +218,21 @@ void hpu__graphs_mismatch(hpu__graphs *g, long step)
 	}
 }
 
-int hpu__graphs_record_begin(hpu__graphs *g)
+/* The recording of g->cur begun; -1 where the device records nothing
+ * (everything eager from now on, said once: no recording is begun again;
+ * *eager counts this one). */
+static int begin(hpu__graphs *g, long *eager)
 {
 	char err[512];
 	if (hpu__dev_capture_begin(err, sizeof err) == 0)
 		return 0;
-	/* the device records nothing: every step eager, said once */
 	g->off = 1;
 	if (g->cur) {
 		free(g->cur->n);
 		g->ne--;
 		g->cur = NULL;
 	}
-	g->eager++;
+	(*eager)++;
 	if (g->rank == 0)
 		hpu__log(HPU_LOG_WARNING, "--graphs: %s; the training steps run eagerly", err);
 	return -1;
@@ -252,6 +280,11 @@ static void node_args(entry *e)
 const char *hpu__graphs_node_args(const hpu__graphs *g)
 {
 	return g->cur && g->cur->graph ? g->cur->node_args : "";
+}
+
+int hpu__graphs_record_begin(hpu__graphs *g)
+{
+	return begin(g, &g->eager);
 }
 
 int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
@@ -323,6 +356,123 @@ void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *
 	*eager = g->eager;
 	int n = 0;
 	for (int i = 0; i < g->ne; i++)
-		n += g->e[i].graph != NULL;
+		n += g->e[i].graph != NULL && !g->e[i].eval;
 	*recorded = n;
+}
+
+void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded)
+{
+	*replayed = g->ev_replayed;
+	*eager = g->ev_eager;
+	int n = 0;
+	for (int i = 0; i < g->ne; i++)
+		n += g->e[i].graph != NULL && g->e[i].eval;
+	*recorded = n;
+}
+
+/* ---- evaluation batches ---- */
+
+const hpu_batch *hpu__graphs_eval_input(hpu__graphs *g, const hpu_batch *bt, int pad_to)
+{
+	const hpu_batch *in = hpu__graphs_input(g, 0, bt);
+	int n = in->n, to = pad_to > g->micro ? g->micro : pad_to;
+	for (int r = n; n > 0 && r < to; r++) { /* the padding: the first sample again */
+		for (int f = 0; f < g->fields; f++)
+			memcpy((char *)in->data[f] + (size_t)r * g->field_bytes[f], in->data[f],
+			       g->field_bytes[f]);
+		g->idx[0][r] = g->idx[0][0];
+	}
+	if (n > 0 && to > n)
+		g->in[0].n = to;
+	return in;
+}
+
+/* How often an evaluation batch of n samples was seen before (counting
+ * this one from now on); -1 where no room is left to count it. */
+static long ev_seen(hpu__graphs *g, int n)
+{
+	for (int i = 0; i < g->nev_seen; i++)
+		if (g->ev_seen[i].n == n)
+			return g->ev_seen[i].seen++;
+	if (g->nev_seen == GRAPHS_MAX)
+		return -1;
+	g->ev_seen[g->nev_seen].n = n;
+	g->ev_seen[g->nev_seen++].seen = 1;
+	return 0;
+}
+
+hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n)
+{
+	g->cur = NULL;
+	if (g->off)
+		goto eager;
+	entry *e = find(g, 1, &n);
+	if (e && e->graph) {
+		g->cur = e;
+		g->ev_replayed++;
+		return HPU__GRAPH_REPLAY;
+	}
+	long seen = e ? -1 : ev_seen(g, n);
+	if (e || seen < 0 || seen < g->warmup) /* refused, or warming up */
+		goto eager;
+	if (g->ne == GRAPHS_MAX) {
+		if (!g->full_said && g->verbose && g->rank == 0)
+			printf("graphs: evaluation: %d recordings kept already: the batch of %d samples "
+			       "runs eagerly, as every new shape from now on\n",
+			       GRAPHS_MAX, n);
+		g->full_said = 1;
+		goto eager;
+	}
+	if (!add(g, 1, &n, 1))
+		goto eager;
+	return HPU__GRAPH_RECORD;
+eager:
+	g->ev_eager++;
+	return HPU__GRAPH_EAGER;
+}
+
+int hpu__graphs_eval_begin(hpu__graphs *g)
+{
+	return begin(g, &g->ev_eager);
+}
+
+int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
+{
+	entry *e = g->cur;
+	hpu__dev_graph *gr = NULL;
+	char why[512] = "";
+	int rc = hpu__dev_capture_end(&gr, why, sizeof why);
+	if (rc < 0) {
+		snprintf(err, errlen, "--graphs: recording an evaluation batch failed: %s", why);
+		return -1;
+	}
+	if (rc == 0) {
+		e->graph = gr;
+		e->nodes = hpu__dev_graph_nodes(gr);
+		node_args(e);
+		if (!(e->snap = hpu__strat_snap_take(s))) {
+			snprintf(err, errlen, "--graphs: out of host memory for a recording's state");
+			return -1;
+		}
+		if (g->verbose && g->rank == 0)
+			printf("graphs: evaluation: recorded the batch of %d samples: %zu device calls, "
+			       "replayed from now on\n",
+			       e->n[0], e->nodes);
+		g->ev_replayed++; /* launched now */
+		return 1;
+	}
+	hpu__dev_graph_free(&gr);
+	e->refused = 1;
+	g->cur = NULL;
+	g->ev_eager++;
+	if (g->verbose && g->rank == 0)
+		printf("graphs: evaluation: the batch of %d samples is not recorded: %s; it runs "
+		       "eagerly\n",
+		       e->n[0], why);
+	return 0;
+}
+
+int hpu__graphs_eval_launch(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
+{
+	return hpu__graphs_launch(g, s, NAN, err, errlen);
 }

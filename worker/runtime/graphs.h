@@ -76,7 +76,30 @@ int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_
  * where the device names none or no recording is launched. */
 const char *hpu__graphs_node_args(const hpu__graphs *g);
 
-/* Steps replayed and run eagerly so far; recordings kept. */
+/* Training steps replayed and run eagerly so far; their recordings
+ * kept. eval_counts: the same of evaluation batches. */
 void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded);
+void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded);
+
+/* Evaluation batches (forward only, train.c's evaluate_on), recorded
+ * and replayed in the same cache as the training steps, keyed by their
+ * size and by being an evaluation's. A size runs eagerly the first
+ * `warmup` times it is seen (counted per size, across evaluations), then
+ * the next batch of that size is recorded. Every rank decides alone (the
+ * ranks' last batches differ in size; an evaluation's forward holds no
+ * collective a recording keeps).
+ *
+ * eval_input: the batch copied into micro-step 0's input buffers, its
+ * rows from bt->n up to pad_to (at most the micro-batch) filled with
+ * copies of its first sample (--pad-last-batch; pad_to <= bt->n: none);
+ * the batch returned holds them (n = pad_to). eval_mode: how the batch
+ * of n rows runs. eval_begin, eval_end, eval_launch: as record_begin,
+ * record_end (no agreement between ranks) and launch (the learning rate
+ * left alone); said as "graphs: evaluation: ..." under --verbose. */
+const hpu_batch *hpu__graphs_eval_input(hpu__graphs *g, const hpu_batch *bt, int pad_to);
+hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n);
+int hpu__graphs_eval_begin(hpu__graphs *g);
+int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen);
+int hpu__graphs_eval_launch(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen);
 
 #endif

@@ -417,16 +417,24 @@ static int graphs_setup(loop *L)
 			       bytes, L->rank, L->o->verbose, L->err, L->errlen);
 }
 
-/* --graphs under --verbose: how the steps ran. */
+/* --graphs under --verbose: how the steps ran; then, where the run
+ * evaluated, how its evaluation batches ran and the recordings kept. */
 static void graphs_said(loop *L)
 {
 	if (!L->graphs || !L->o->verbose || L->rank != 0)
 		return;
-	long replayed, eager;
-	int recorded;
+	long replayed, eager, ev_replayed, ev_eager;
+	int recorded, ev_recorded;
 	hpu__graphs_counts(L->graphs, &replayed, &eager, &recorded);
-	printf("graphs: %ld steps replayed from %d recording%s, %ld run eagerly\n", replayed,
+	hpu__graphs_eval_counts(L->graphs, &ev_replayed, &ev_eager, &ev_recorded);
+	printf("graphs: %ld steps replayed from %d recording%s, %ld run eagerly", replayed,
 	       recorded, recorded == 1 ? "" : "s", eager);
+	if (ev_replayed + ev_eager > 0)
+		printf("; evaluation: %ld batches replayed from %d recording%s, %ld run eagerly; "
+		       "%d recording%s kept",
+		       ev_replayed, ev_recorded, ev_recorded == 1 ? "" : "s", ev_eager,
+		       recorded + ev_recorded, recorded + ev_recorded == 1 ? "" : "s");
+	printf("\n");
 }
 
 /* A step under way: where it is, for the agent and the strategy. */
@@ -616,7 +624,75 @@ static void copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0)
 	printf("\n");
 }
 
-/* Evaluates the n samples of `split` (through map when not NULL). */
+/* An evaluation batch of n samples (in L->eval_bt) added to sums by
+ * the host: the loss and each metric read back (a run that is not
+ * recordable). */
+static int eval_host(loop *L, int n, double *sums)
+{
+	hpu_builder *b = L->b;
+	if (hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0)
+		return -1;
+	if (hpu__fp8_error()) /* every rank meets it at the same op */
+		return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
+	sums[0] += hpu__strat_loss(L->st) * n;
+	for (int k = 0; k < b->nmetrics; k++) {
+		const float *v = hpu__strat_tensor(L->st, b->metrics[k].tensor);
+		for (int r = 0; r < n; r++)
+			sums[1 + k] += v[r];
+	}
+	return 0;
+}
+
+/* An evaluation batch's device work: its forward and its sums added on
+ * the device, the step guard on (nothing back to the host inside it). */
+static int eval_work(loop *L, const hpu_batch *bt)
+{
+	hpu__dev_step_guard(1);
+	int rc = hpu__strat_forward(L->st, bt, 0, 1, -1) < 0 || hpu__strat_eval_add(L->st) < 0;
+	hpu__dev_step_guard(0);
+	return rc ? -1 : 0;
+}
+
+/* An evaluation batch of n samples added to the device's sums (a
+ * recordable run): under --graphs copied into the recording's input
+ * buffers (padded to the micro-batch with --pad-last-batch) and
+ * recorded, replayed or run eagerly as its size says (graphs.h). */
+static int eval_device(loop *L, int n)
+{
+	const hpu_batch *bt = &L->eval_bt;
+	hpu__graph_mode mode = HPU__GRAPH_EAGER;
+	if (L->graphs) {
+		bt = hpu__graphs_eval_input(L->graphs, bt, L->o->pad_last_batch ? L->micro : n);
+		mode = hpu__graphs_eval_mode(L->graphs, bt->n);
+	}
+	hpu__strat_eval_rows(L->st, n);
+	if (mode == HPU__GRAPH_RECORD && hpu__graphs_eval_begin(L->graphs) < 0)
+		mode = HPU__GRAPH_EAGER;
+	if (mode == HPU__GRAPH_RECORD) {
+		int rc = eval_work(L, bt);
+		int kept = hpu__graphs_eval_end(L->graphs, L->st, L->err, L->errlen);
+		if (rc < 0 || kept < 0)
+			return -1;
+		mode = kept ? HPU__GRAPH_REPLAY : HPU__GRAPH_EAGER; /* nothing ran yet */
+	}
+	if (mode == HPU__GRAPH_EAGER && eval_work(L, bt) < 0)
+		return -1;
+	if (mode == HPU__GRAPH_REPLAY) {
+		int64_t tr = hpu__prof_t0();
+		if (hpu__graphs_eval_launch(L->graphs, L->st, L->err, L->errlen) < 0)
+			return -1;
+		hpu__prof_span("graph", "graph_replay", NULL, tr, "\"eval_samples\":%d,\"nodes\":{%s}",
+				n, hpu__graphs_node_args(L->graphs));
+	}
+	if (hpu__fp8_error())
+		return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
+	return hpu__strat_eval_checks(L->st);
+}
+
+/* Evaluates the n samples of `split` (through map when not NULL). A
+ * recordable run (--graphs, HPU_STRICT_STEP=1) sums the loss and the
+ * metrics on the device and reads them once at the end; others read
+ * each batch's back, as always: the same doubles either way. */
 static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_all, evalres *ev)
 {
 	int64_t t0 = hpu__prof_t0();
@@ -624,22 +700,27 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 	size_t mine = hpu__sampler_eval_count(n_all, L->rank, L->world);
 	int nm = b->nmetrics;
 	double sums[HPU_MAX_IO + 2] = {0}; /* loss, metrics, count */
+	int dev = hpu__strat_recordable(L->st);
 	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
+	if (dev && hpu__strat_eval_open(L->st) < 0)
+		return -1;
+	hpu__dev_event prev = {0};
 	for (size_t done = 0; done < mine;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
+		/* the device path reads nothing back per batch: the previous
+		 * batch's copies from the pinned buffers must be done before
+		 * they are refilled (a GPU runs them after the host goes on) */
+		if (dev && done)
+			hpu__dev_event_wait(&prev);
 		if (load_eval_batch(L, split, map, done, n) < 0 ||
-		    hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0)
+		    (dev ? eval_device(L, n) : eval_host(L, n, sums)) < 0)
 			return -1;
-		if (hpu__fp8_error()) /* every rank meets it at the same op */
-			return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
-		sums[0] += hpu__strat_loss(L->st) * n;
-		for (int k = 0; k < nm; k++) {
-			const float *v = hpu__strat_tensor(L->st, b->metrics[k].tensor);
-			for (int r = 0; r < n; r++)
-				sums[1 + k] += v[r];
-		}
+		if (dev)
+			hpu__dev_event_record(NULL, &prev);
 		done += (size_t)n;
 	}
+	if (dev && hpu__strat_eval_close(L->st, sums) < 0)
+		return -1;
 	sums[nm + 1] = (double)mine;
 	int rc = hpucoll_all_reduce(L->comm, sums, sums, (size_t)nm + 2, HPUCOLL_F64, HPUCOLL_SUM);
 	if (rc)
@@ -1365,7 +1446,6 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	evalres ev = {0};
 	if (!o->eval_only && run_epochs(&L, total, per_epoch, &steps, &loss, &sps) < 0)
 		goto out;
-	graphs_said(&L);
 	long done = steps > L.pos.step ? steps : L.pos.step; /* steps trained, resumed ones too */
 	if (hpu__hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
 			   L.micro, NULL, err, errlen) < 0)
@@ -1379,6 +1459,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (evaluates && evaluate(&L, &ev) < 0)
 		goto out;
 	hpu__prof_in_eval = 0;
+	graphs_said(&L); /* the final evaluation's batches counted too */
 	if (evaluates) {
 		double fig[HPU_MAX_IO + 1] = {ev.loss};
 		memcpy(fig + 1, ev.metric, sizeof ev.metric);

@@ -432,6 +432,11 @@ void hpu__strat_set_recordable(hpu_strat *s, int on)
 	s->vars.recordable = on;
 }
 
+int hpu__strat_recordable(const hpu_strat *s)
+{
+	return s->vars.recordable;
+}
+
 int hpu__strat_bad_run(const hpu_strat *s)
 {
 	return s->steps.bad_run;
@@ -724,6 +729,12 @@ void hpu__strat_free(hpu_strat **ps)
 	hpu__strat_ustage_close(s);
 	hpu__dfree(s->lsum);
 	hpu__dev_host_free(s->lsum_host);
+	hpu__dfree(s->ev.acc);
+	hpu__dfree(s->ev.lsum);
+	hpu__dfree(s->ev.w);
+	hpu__dfree(s->ev.rows);
+	hpu__dev_host_free(s->ev.acc_host);
+	hpu__dev_host_free(s->ev.rows_host);
 	for (int t = 0; s->stg.t_host && t < s->b->ntensors; t++)
 		hpu__dev_host_free(s->stg.t_host[t]);
 	free(s->stg.t_host);

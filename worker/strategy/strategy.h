@@ -96,6 +96,26 @@ int hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm);
  * the kernel table writes host-readable memory; evaluation and eager
  * steps check as before. */
 void hpu__strat_set_recordable(hpu_strat *s, int on);
+int hpu__strat_recordable(const hpu_strat *s);
+
+/* An evaluation's loss and metrics summed on the device, read back once
+ * at its end (a recordable strategy's: --graphs records evaluation
+ * batches, HPU_STRICT_STEP=1), the same doubles as the host's sums of
+ * hpu__strat_loss() x batch and of the metric tensors' values. open:
+ * the sums zeroed; from then on the evaluation's forwards defer the
+ * ops' checks as a recordable training step does. For each batch:
+ * eval_rows (the host, before the batch's device work: its valid rows,
+ * the first ones; rows past them, --pad-last-batch's padding, are left
+ * out), hpu__strat_forward, eval_add (device work only: it can be
+ * recorded), then eval_checks (after the batch's device work, replayed
+ * or not: the deferred checks' findings, "evaluation: ..."). close:
+ * sums[0] the loss's sum, sums[1 + k] metric k's. 0, or -1 with the
+ * error set. */
+int hpu__strat_eval_open(hpu_strat *s);
+void hpu__strat_eval_rows(hpu_strat *s, int rows);
+int hpu__strat_eval_add(hpu_strat *s);
+int hpu__strat_eval_checks(hpu_strat *s);
+int hpu__strat_eval_close(hpu_strat *s, double *sums);
 
 /* --graphs (issue 36). After a training step whose device work was
  * recorded (hpu__dev_capture_begin .. _end around its forwards,
@@ -106,7 +126,8 @@ void hpu__strat_set_recordable(hpu_strat *s, int on);
 typedef struct hpu__strat_snap hpu__strat_snap;
 hpu__strat_snap *hpu__strat_snap_take(hpu_strat *s);
 /* Before launching that recording: restores them and puts `lr` into
- * the pinned block the recorded step copies its learning rate from;
+ * the pinned block the recorded step copies its learning rate from
+ * (NaN: left as it is, for a recorded evaluation batch);
  * then hpu__strat_step_result reads the replayed step's results as an
  * eager step's. 0, or -1 when out of memory. */
 int hpu__strat_snap_replay(hpu_strat *s, const hpu__strat_snap *snap, double lr);

@@ -187,6 +187,17 @@ struct hpu_strat {
 				  * while used) */
 	double *lsum, *lsum_host; /* the loss terms' sums on the device, and
 				   * the host's copy (hpu__strat_loss) */
+	/* strategy_eval.c: an evaluation's sums on the device (acc: the
+	 * loss's and each metric's, read once at its end into acc_host);
+	 * its loss terms' sums for one batch, their weights (lsum, w: nloss
+	 * each); the batch's valid rows (rows, copied from rows_host, pinned,
+	 * with the batch); on: between hpu__strat_eval_open and _close (a
+	 * recordable strategy's evaluation forward defers the ops' checks) */
+	struct {
+		double *acc, *acc_host, *lsum, *w;
+		int *rows, *rows_host;
+		int on;
+	} ev;
 	/* strategy_vars.c: the step's scalars on the device, so that a
 	 * training step brings nothing back to the host (issue 36's
 	 * recorded steps). sv in device memory; svh the host's copy as last
@@ -426,6 +437,10 @@ int hpu__vars_checks_arm(hpu_strat *s);
 /* The step's end (hpu__strat_step): the ops check eagerly again; the
  * slots the step used are kept for hpu__vars_result. */
 void hpu__vars_checks_end(hpu_strat *s);
+/* The deferred checks' slots read back after a step (`what` NULL:
+ * the finding's sentence begins "step N: ") or an evaluation batch
+ * ("evaluation: "): 0, or -1 with the first finding as the error. */
+int hpu__vars_checks_result(hpu_strat *s, const char *what);
 
 /* ---- strategy_sync.c: the gradients' collectives ---- */
 

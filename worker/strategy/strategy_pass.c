@@ -254,9 +254,12 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 	s->ctx.accum = accum;
 	s->ctx.samples = bt->idx;
 	hpu__checks_batch(bt->idx, bt->n); /* the rows a deferred check names */
-	if (!s->ctx.train)
+	/* a recordable training step's first forward, and a recordable
+	 * evaluation's forwards (hpu__strat_eval_open), defer the checks */
+	int defer = s->vars.recordable && want < 0 && (s->ctx.train ? micro == 0 : s->ev.on);
+	if (!s->ctx.train && !defer)
 		hpu__checks_disarm(); /* evaluation checks as before */
-	else if (s->vars.recordable && micro == 0 && want < 0 && hpu__vars_checks_arm(s) < 0)
+	else if (defer && hpu__vars_checks_arm(s) < 0)
 		return -1;
 	for (int t = 0; t < b->ntensors; t++)
 		if (b->tensors[t].producer < 0 && batch_in(s, t, bt->data[b->tensors[t].field], bt->n) < 0)

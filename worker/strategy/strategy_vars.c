@@ -303,9 +303,7 @@ void hpu__vars_checks_end(hpu_strat *s)
 	hpu__checks_disarm();
 }
 
-/* The step's deferred checks, read back: 0, or -1 with the first
- * finding as the error. */
-static int checks_result(hpu_strat *s)
+int hpu__vars_checks_result(hpu_strat *s, const char *what)
 {
 	int n = s->vars.checks_used;
 	char msg[512];
@@ -315,6 +313,8 @@ static int checks_result(hpu_strat *s)
 	hpu__dev_copy(s->vars.checks_host, s->vars.checks, (size_t)n * sizeof(hpu__check_slot));
 	if (!hpu__checks_report(s->vars.checks_host, msg, sizeof msg))
 		return 0;
+	if (what)
+		return hpu__strat_fail(s, "%s: %s", what, msg);
 	return hpu__strat_fail(s, "step %ld: %s", s->ctx.step + 1, msg);
 }
 
@@ -345,7 +345,7 @@ int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 	if (s->vars.cfg.mixed && h->skip && s->rank == 0)
 		printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
 		       h->step_no, before, h->loss_scale);
-	return checks_result(s);
+	return hpu__vars_checks_result(s, NULL);
 }
 
 /* ---- --graphs: what a recorded step's replays restore ---- */
@@ -384,7 +384,8 @@ int hpu__strat_snap_replay(hpu_strat *s, const hpu__strat_snap *p, double lr)
 	s->vars.checks_used = p->checks_used;
 	if (p->checks && hpu__checks_restore(p->checks) < 0)
 		return hpu__strat_fail(s, "out of host memory for the recorded step's checks");
-	put_lr(s, lr);
+	if (!isnan(lr))
+		put_lr(s, lr);
 	s->vars.known = 0;
 	return 0;
 }
