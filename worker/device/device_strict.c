@@ -17,8 +17,9 @@
  * nest and may come from several threads: a count under a mutex says
  * when the arena is open.
  *
- * hpu__dev_cpu_rec is the same arena mapped readable and writable, with
- * no device call and no fault handler: `--device cpu --graphs` switches
+ * hpu__dev_cpu_rec is the same arena, its pages opened for reading and
+ * writing as they are handed out and never closed, with no device call
+ * and no fault handler: `--device cpu --graphs` switches
  * the cpu device to it (device.c's hpu__dev_configure, before devmem is
  * set up), so that a recording tells device memory from host memory
  * (owns, describe) as cpu-strict's does, while host code reads device
@@ -61,6 +62,7 @@ static struct {
 	char *base;
 	size_t top; /* bytes from base ever handed out: the part opened */
 	int depth;  /* device calls running */
+	int open;   /* hpu__dev_cpu_rec's: pages open as they are handed out */
 	int rank;
 	extent *free;
 	size_t nfree, capfree;
@@ -110,7 +112,7 @@ static void *arena_map(size_t bytes)
 			A.nfree--;
 		}
 		if (off + bytes > A.top) {
-			if (A.depth) /* inside a device call: open the new pages too */
+			if (A.depth || A.open) /* inside a device call, or always open */
 				protect(A.top, off + bytes - A.top, PROT_READ | PROT_WRITE);
 			A.top = off + bytes;
 		}
@@ -281,12 +283,13 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
 
 /* ---- the table ---- */
 
-/* Reserves the arena with `prot` (PROT_NONE: cpu-strict's, opened by
- * device calls; PROT_READ | PROT_WRITE: hpu__dev_cpu_rec's, always
- * open). `name` is the device's in the error. */
-static int arena_setup(const char *name, int prot, int rank, char *err, size_t errlen)
+/* Reserves the arena, without access: `open` 0, cpu-strict's, opened by
+ * device calls; 1, hpu__dev_cpu_rec's, its pages opened for good as
+ * they are first handed out (only those count as committed memory).
+ * `name` is the device's in the error. */
+static int arena_setup(const char *name, int open, int rank, char *err, size_t errlen)
 {
-	void *m = mmap(NULL, ARENA_BYTES, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+	void *m = mmap(NULL, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
 	if (m == MAP_FAILED) {
 		snprintf(err, errlen, "--device %s: cannot reserve its arena of %zu GiB: %s",
@@ -296,6 +299,7 @@ static int arena_setup(const char *name, int prot, int rank, char *err, size_t e
 	A.base = m;
 	A.top = 0;
 	A.depth = 0;
+	A.open = open;
 	A.rank = rank;
 	A.nfree = A.nlive = 0;
 	if (grow((void **)&A.free, &A.capfree, 1, sizeof(extent)) < 0) {
@@ -310,7 +314,7 @@ static int arena_setup(const char *name, int prot, int rank, char *err, size_t e
 
 static int strict_setup(int rank, char *err, size_t errlen)
 {
-	if (arena_setup("cpu-strict", PROT_NONE, rank, err, errlen) < 0)
+	if (arena_setup("cpu-strict", 0, rank, err, errlen) < 0)
 		return -1;
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
@@ -351,7 +355,7 @@ const hpu__device hpu__dev_cpu_strict = {
 
 static int rec_setup(int rank, char *err, size_t errlen)
 {
-	return arena_setup("cpu", PROT_READ | PROT_WRITE, rank, err, errlen);
+	return arena_setup("cpu", 1, rank, err, errlen);
 }
 
 static void rec_teardown(void)
