@@ -289,7 +289,7 @@ static int ids_check(const int32_t *ids, int n, int limit, int *bad)
 static int cu_ids_in_range(const int32_t *ids, int n, int limit, int *ok)
 {
 	int bad = 0;
-	if (hpu__cuops_on_device(ok)) /* the count of bad ids into *ok, then the verdict */
+	if (hpu__cuda_on_device(ok)) /* the count of bad ids into *ok, then the verdict */
 		CU_KERNEL("id check",
 			  cudaMemsetAsync(ok, 0, sizeof *ok, st) == cudaSuccess &&
 					  (n <= 0 || hpu__cuk_ids_check(ids, n, limit, ok, st) ==
