@@ -224,10 +224,9 @@ static int host_keyed(const char *entry)
 #undef WRAP
 
 /* Every kernel of hpu__backend is in the list: the struct holds the list's
- * entries and six members more (name, describe, bf16_native, set_threads,
- * conv_bwd, and gemm_c16 and findings_dev, two ints in one pointer's
- * room). An entry added to the struct and not to device_klist.h fails
- * here. */
+ * entries, five pointers more (name, describe, bf16_native, set_threads,
+ * conv_bwd) and two ints in one pointer's room (gemm_c16, findings_dev).
+ * An entry added to the struct and not to device_klist.h fails here. */
 #define WRAP(name, params, args) KL_N_##name,
 enum {
 #include "worker/device/device_klist.h"
