@@ -491,6 +491,36 @@ static void test_two_workers_killed(void **state)
 	       tries > 5 ? ": rank 0 found rank 1 gone at the agreement every time" : "");
 }
 
+/* A model with buffers (resnet's batch norms: their running statistics,
+ * averaged over the ranks after each step, HPU_BUFFER_MEAN): the
+ * buffers' synchronization is recorded too; evaluation reads those
+ * statistics, so the validation figures are eager's bit for bit only
+ * where every replay synchronized them. */
+static void test_two_workers_buffers(void **state)
+{
+	(void)state;
+	const char *rn = h_build("lib/resnet.so"), *rargs = "--width 4 --blocks 1";
+	char ma[512], mb[512];
+	snprintf(ma, sizeof ma, "%s/two-rn-eager.jsonl", dir);
+	snprintf(mb, sizeof mb, "%s/two-rn-graphs.jsonl", dir);
+	char *oa = train("two-rn-eager", 2, "cpu-strict", 0, rn, rargs, "--max-steps", "6",
+			 "--eval-every", "3", "--val-fraction", "0.001", "--metrics", ma, NULL);
+	char *ob = train("two-rn-graphs", 2, "cpu-strict", 1, rn, rargs, "--max-steps", "6",
+			 "--eval-every", "3", "--val-fraction", "0.001", "--metrics", mb, NULL);
+	const char *line = strstr(ob, "graphs: step 3: recorded the step of 16 samples: ");
+	printf("  2 workers, resnet: %.*s\n", line ? (int)strcspn(line, "\n") : 4,
+	       line ? line : "none");
+	assert_non_null(line);
+	char *va = val_lines("two-rn-eager"), *vb = val_lines("two-rn-graphs");
+	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
+	assert_string_equal(va, vb);
+	assert_true(same_file("two-rn-eager", "two-rn-graphs"));
+	free(oa);
+	free(ob);
+	free(va);
+	free(vb);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -514,6 +544,7 @@ int main(void)
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
 	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),
 	    cmocka_unit_test(test_two_workers_refused),
+	    cmocka_unit_test(test_two_workers_buffers),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
