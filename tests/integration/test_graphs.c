@@ -9,21 +9,24 @@
  *     schedule with clipping and 2 micro-steps a step;
  *   - 16-mixed with an overflow injected after the recording (a skipped
  *     step, the loss scale halved on the device, the replays after it);
- *   - a checkpoint written under --graphs and resumed under --graphs.
+ *   - a checkpoint written under --graphs and resumed under --graphs;
+ *   - at 2 workers, their collectives through libhpucoll recorded as
+ *     host calls: the strategy matrix, 16-mixed's overflow, resnet's
+ *     buffers; a worker killed while the other replays.
  * And what cannot be recorded runs eagerly with its reason under
- * --verbose, and still trains to the same parameters: 2 workers (their
- * collectives run through the host), dropout (its keys are the host's,
- * per step).
+ * --verbose, and still trains to the same parameters: dropout (its keys
+ * are the host's, per step; at 1 and 2 workers).
  *
  * --device cpu records too (the same kernels-only table, without
- * cpu-strict's memory protection): the same matrix there, --graphs and
- * eager the same bytes, and the same bytes as cpu-strict's. */
+ * cpu-strict's memory protection): the same matrix there at 1 worker,
+ * --graphs and eager the same bytes, and the same bytes as cpu-strict's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,38 +102,51 @@ static void replays(const char *out, long *replayed, long *recorded, long *eager
 	}
 }
 
-/* Eager and --graphs give the same parameters; the recording was kept and
- * replayed (steps - warmup - extra_eager of them). */
-static void same_with_graphs(const char *dev, const char *name, int steps, int extra_eager,
-			     const char *strategy, const char *precision, const char *inject)
+/* Eager and --graphs on `dev` at `workers` give the same parameters; the
+ * recording was kept and replayed (steps - warmup - extra_eager of them);
+ * its verbose line (caller frees), or NULL. */
+static char *same_with_graphs_at(const char *dev, int workers, const char *name, int steps,
+				 int extra_eager, const char *strategy, const char *precision,
+				 const char *inject)
 {
-	char a[96], b[96], st[16];
+	char a[96], b[96], st[16], want[128];
 	snprintf(a, sizeof a, "%s-%s-%s-eager", dev, name, strategy);
 	snprintf(b, sizeof b, "%s-%s-%s-graphs", dev, name, strategy);
 	snprintf(st, sizeof st, "%d", steps);
 	const char *inj = inject ? "--inject-overflow-step" : NULL;
-	char *oa = train(a, 1, dev, 0, NULL, NULL, "--strategy", strategy, "--precision",
+	char *oa = train(a, workers, dev, 0, NULL, NULL, "--strategy", strategy, "--precision",
 			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
 			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
-	char *ob = train(b, 1, dev, 1, NULL, NULL, "--strategy", strategy, "--precision",
+	char *ob = train(b, workers, dev, 1, NULL, NULL, "--strategy", strategy, "--precision",
 			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
 			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
 	int same = same_file(a, b);
-	printf("  %-10s %-8s %-10s %s: %ld replayed from %ld recording(s), %ld eager: parameters %s\n",
-	       dev, strategy, precision, inject ? "overflow injected" : "", replayed, recorded, eager,
-	       same ? "the same" : "DIFFERENT");
+	printf("  %-10s %d x %-8s %-10s %s: %ld replayed from %ld recording(s), %ld eager: "
+	       "parameters %s\n",
+	       dev, workers, strategy, precision, inject ? "overflow injected" : "", replayed,
+	       recorded, eager, same ? "the same" : "DIFFERENT");
 	if (recorded != 1 || !same)
 		fprintf(stderr, "--graphs output:\n%s\n", ob);
 	assert_int_equal(recorded, 1);
 	assert_int_equal(replayed, steps - 2 - extra_eager);
 	assert_int_equal(eager, 2 + extra_eager);
-	assert_non_null(strstr(ob, "graphs: step 3: recorded the step of 16 samples x 2 "
-				   "micro-steps: "));
+	snprintf(want, sizeof want, "graphs: step 3: recorded the step of %d samples x 2 "
+		 "micro-steps: ", 16 / workers);
+	const char *line = strstr(ob, want);
+	assert_non_null(line);
 	assert_true(same);
+	char *out = strndup(line, strcspn(line, "\n"));
 	free(oa);
 	free(ob);
+	return out;
+}
+
+static void same_with_graphs(const char *dev, const char *name, int steps, int extra_eager,
+			     const char *strategy, const char *precision, const char *inject)
+{
+	free(same_with_graphs_at(dev, 1, name, steps, extra_eager, strategy, precision, inject));
 }
 
 /* The strategy matrix on `dev`: every strategy fp32, three bf16-mixed. */
@@ -205,23 +221,11 @@ static void test_resume(void **state)
 static void test_refusals(void **state)
 {
 	(void)state;
-	/* two workers: the gradients' all-reduce is libhpucoll's */
-	char *oa = train("two-eager", 2, "cpu-strict", 0, NULL, NULL, "--max-steps", "4", NULL);
-	char *ob = train("two-graphs", 2, "cpu-strict", 1, NULL, NULL, "--max-steps", "4", NULL);
-	const char *why = strstr(ob, "graphs: step 3: the step of 16 samples is not recorded: ");
-	printf("  2 workers: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
-	assert_non_null(why);
-	assert_non_null(strstr(why, "graphs: step 3: the step of 16 samples is not recorded: an "
-				    "all-reduce between the 2 workers runs on the host (libhpucoll, "
-				    "staged through host memory); it runs eagerly"));
-	assert_true(same_file("two-eager", "two-graphs"));
-	free(oa);
-	free(ob);
 	/* dropout: gpt_lm's keys are drawn on the host every step */
 	const char *gpt = h_build("lib/gpt_lm.so"), *gargs = "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0";
-	oa = train("gpt-eager", 1, "cpu-strict", 0, gpt, gargs, "--max-steps", "4", NULL);
-	ob = train("gpt-graphs", 1, "cpu-strict", 1, gpt, gargs, "--max-steps", "4", NULL);
-	why = strstr(ob, "is not recorded: ");
+	char *oa = train("gpt-eager", 1, "cpu-strict", 0, gpt, gargs, "--max-steps", "4", NULL);
+	char *ob = train("gpt-graphs", 1, "cpu-strict", 1, gpt, gargs, "--max-steps", "4", NULL);
+	const char *why = strstr(ob, "is not recorded: ");
 	printf("  gpt_lm: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
 	assert_non_null(why);
 	assert_non_null(strstr(why, "dropout"));
@@ -382,6 +386,197 @@ static void test_evaluation_refused(void **state)
 	free(vb);
 }
 
+/* What still cannot be recorded at 2 workers is refused on both ranks
+ * alike: the collectives met while recording are skipped on both (none
+ * waits for the other), the step runs eagerly on both, and trains as
+ * without --graphs (gpt_lm's dropout). (On a device that records itself,
+ * CUDA, the libhpucoll collectives are refused too: a GPU's test.) */
+static void test_two_workers_refused(void **state)
+{
+	(void)state;
+	const char *gpt = h_build("lib/gpt_lm.so"), *gargs = "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0";
+	char *oa = train("two-gpt-eager", 2, "cpu-strict", 0, gpt, gargs, "--max-steps", "4", NULL);
+	char *ob = train("two-gpt-graphs", 2, "cpu-strict", 1, gpt, gargs, "--max-steps", "4", NULL);
+	const char *why = strstr(ob, "graphs: step 3: the step of 16 samples is not recorded: ");
+	printf("  2 workers, gpt_lm: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "graphs: step 3: the step of 16 samples is not recorded: the "
+				    "kernel dropout_rows takes dropout's keys, which the host draws "
+				    "each step: a replay would repeat the recorded step's mask; it "
+				    "runs eagerly\n"));
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	assert_int_equal(recorded, 0);
+	assert_int_equal(eager, 4);
+	assert_true(same_file("two-gpt-eager", "two-gpt-graphs"));
+	free(oa);
+	free(ob);
+}
+
+/* ---- 2 workers: their collectives recorded as host calls ---- */
+
+/* The matrix at 2 workers: each step's collectives (the gradients'
+ * all-reduce or reduce-scatter, ZeRO's all-gathers, the non-finite
+ * flag's and the norm's sums) are in the recording, as host calls
+ * replayed in place, and the parameters are eager's, bit for bit. */
+static void two_workers(const char *name, const char *strategy, const char *precision,
+			int steps, int extra_eager, const char *inject)
+{
+	char *line = same_with_graphs_at("cpu-strict", 2, name, steps, extra_eager, strategy,
+					 precision, inject);
+	printf("    %s\n", line);
+	const char *h = strstr(line, " device calls, ");
+	assert_non_null(h);
+	assert_true(strtol(h + 15, NULL, 10) > 0);
+	assert_non_null(strstr(h, " of them host calls (the collectives between the workers, "
+				  "through libhpucoll), replayed from now on"));
+	free(line);
+}
+
+static void test_two_workers_fp32(void **state)
+{
+	(void)state;
+	static const char *const st[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
+	for (size_t k = 0; k < 5; k++)
+		two_workers("two-fp32", st[k], "fp32", 6, 0, NULL);
+}
+
+static void test_two_workers_bf16(void **state)
+{
+	(void)state;
+	static const char *const st[] = {"fast_ddp", "zero1", "zero3"};
+	for (size_t k = 0; k < 3; k++)
+		two_workers("two-bf16", st[k], "bf16-mixed", 6, 0, NULL);
+}
+
+/* 16-mixed at 2 workers: step 5 overflows on both (its own step, eager),
+ * is skipped, and the replays after it read the halved scale */
+static void test_two_workers_overflow(void **state)
+{
+	(void)state;
+	two_workers("two-fp16", "fast_ddp", "16-mixed", 7, 1, "5");
+}
+
+/* Node `r` of a 2-node job on loopback (test_launch_nodes' pair: one
+ * worker each), training under --graphs on cpu-strict until stopped. */
+static void start_node(proc *p, int r, const char *port)
+{
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+		     r ? "1" : "0", "--master-port", (char *)port, "--no-eval", "--log-every", "0",
+		     "--device", "cpu-strict", "--batch-size", "32", "--verbose", "--graphs",
+		     "--graphs-warmup", "2", "--max-steps", "1000000", (char *)MODEL, "--",
+		     "--hidden", "32", "--depth", "2", NULL};
+	assert_int_equal(h_start(p, a, env), 0);
+}
+
+/* kill -9 of one worker (rank 1, and its node's hpulaunch, so that only
+ * rank 0 can find it gone) while rank 0 replays the recorded step: rank
+ * 0 ends with an error naming where it found rank 1 gone -- the replayed
+ * step's collective (naming it), or the ranks' agreement on the next
+ * step, whichever rank 0 was waiting in -- and the job ends (no hang)
+ * blaming rank 1, never with a bare "node N answered -1". 1 where rank 0
+ * found it in the replay. */
+static int killed_while_replaying(void)
+{
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	proc n0, n1;
+	start_node(&n0, 0, port);
+	start_node(&n1, 1, port);
+	pid_t kids[4];
+	int ok = h_wait_for(&n0, "graphs: step 3: recorded the step of 16 samples: ", 120000) == 0 &&
+		 h_wait_for(&n0, "rank 0: step 5: ", 60000) == 0 && /* replaying */
+		 h_children(n1.pid, kids, 4) == 1;
+	if (!ok) {
+		fprintf(stderr, "the step was never replayed:\n%s\n", n0.out ? n0.out : "");
+		h_kill(&n0);
+		h_kill(&n1);
+		h_free(&n0);
+		h_free(&n1);
+		fail();
+	}
+	kill(n1.pid, SIGKILL);
+	assert_int_equal(kill(kids[0], SIGKILL), 0);
+	int e0 = h_wait(&n0, 120000);
+	h_wait(&n1, 10000);
+	if (e0)
+		h_kill(&n0);
+	/* rank 0's error: where it found rank 1 gone, the replayed step's
+	 * collectives, or the ranks' agreement on the step that comes first */
+	const char *rep = n0.out ? strstr(n0.out, "hpu-worker: rank 0: ") : NULL;
+	const char *err = n0.out ? strstr(n0.out, "hpulaunch: error: ") : NULL;
+	printf("  rank 1 killed while rank 0 replays: exit %d\n  %.*s\n  %.*s\n",
+	       e0 ? -1 : h_code(&n0), rep ? (int)strcspn(rep, "\n") : 4, rep ? rep : "none",
+	       err ? (int)strcspn(err, "\n") : 4, err ? err : "none");
+	if (!rep || !err)
+		fprintf(stderr, "node 0:\n%s\n", n0.out ? n0.out : "");
+	assert_int_equal(e0, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_non_null(rep);
+	const char *replayed = "hpu-worker: rank 0: --graphs: replaying the recorded step failed: ";
+	const char *agreed = "hpu-worker: rank 0: --graphs' agreement failed: ";
+	size_t len = strcspn(rep, "\n");
+	const char *died = strstr(rep, "rank 1 died (its connection closed");
+	assert_true(died && died < rep + len);
+	if (!strncmp(rep, replayed, strlen(replayed)))
+		assert_true(strstr(rep, " between the 2 workers (a recorded step's, replayed) failed: ") <
+			    died);
+	else
+		assert_int_equal(strncmp(rep, agreed, strlen(agreed)), 0);
+	assert_null(strstr(n0.out, "answered -1"));
+	assert_non_null(err);
+	assert_int_equal(strncmp(err, "hpulaunch: error: rank 1 (node 1, pid ", 38), 0);
+	assert_non_null(strstr(err, ") died; rank 0 found it gone"));
+	int in_replay = !strncmp(rep, replayed, strlen(replayed));
+	h_free(&n0);
+	h_free(&n1);
+	return in_replay;
+}
+
+/* Where rank 0 finds the death depends on when the kill lands: a few
+ * tries, until one lands in a replayed collective (each checked as it
+ * comes; test_capture checks a failing host call's sentence itself). */
+static void test_two_workers_killed(void **state)
+{
+	(void)state;
+	int tries = 0;
+	while (tries++ < 5 && !killed_while_replaying())
+		;
+	printf("  %d run(s)%s\n", tries > 5 ? 5 : tries,
+	       tries > 5 ? ": rank 0 found rank 1 gone at the agreement every time" : "");
+}
+
+/* A model with buffers (resnet's batch norms: their running statistics,
+ * averaged over the ranks after each step, HPU_BUFFER_MEAN): the
+ * buffers' synchronization is recorded too; evaluation reads those
+ * statistics, so the validation figures are eager's bit for bit only
+ * where every replay synchronized them. */
+static void test_two_workers_buffers(void **state)
+{
+	(void)state;
+	const char *rn = h_build("lib/resnet.so"), *rargs = "--width 4 --blocks 1";
+	char ma[512], mb[512];
+	snprintf(ma, sizeof ma, "%s/two-rn-eager.jsonl", dir);
+	snprintf(mb, sizeof mb, "%s/two-rn-graphs.jsonl", dir);
+	char *oa = train("two-rn-eager", 2, "cpu-strict", 0, rn, rargs, "--max-steps", "6",
+			 "--eval-every", "3", "--val-fraction", "0.001", "--metrics", ma, NULL);
+	char *ob = train("two-rn-graphs", 2, "cpu-strict", 1, rn, rargs, "--max-steps", "6",
+			 "--eval-every", "3", "--val-fraction", "0.001", "--metrics", mb, NULL);
+	const char *line = strstr(ob, "graphs: step 3: recorded the step of 16 samples: ");
+	printf("  2 workers, resnet: %.*s\n", line ? (int)strcspn(line, "\n") : 4,
+	       line ? line : "none");
+	assert_non_null(line);
+	char *va = val_lines("two-rn-eager"), *vb = val_lines("two-rn-graphs");
+	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
+	assert_string_equal(va, vb);
+	assert_true(same_file("two-rn-eager", "two-rn-graphs"));
+	free(oa);
+	free(ob);
+	free(va);
+	free(vb);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -402,6 +597,10 @@ int main(void)
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_refusals), cmocka_unit_test(test_evaluation),
 	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
+	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
+	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),
+	    cmocka_unit_test(test_two_workers_refused),
+	    cmocka_unit_test(test_two_workers_buffers),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

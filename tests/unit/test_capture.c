@@ -952,6 +952,91 @@ static void test_training_step_cpu(void **state)
 	training_step_on("cpu");
 }
 
+/* ---- host nodes (hpu__dev_rec_host: the strategy's collectives) ---- */
+
+typedef struct hostcall {
+	float *buf;  /* device memory: the host call adds its value to buf[0] */
+	float add;
+	int fail;    /* 1: answers -1 with a sentence */
+	float *seen; /* host memory: what buf[0] held when it ran */
+} hostcall;
+
+static int host_ran;
+
+static int host_fn(const void *arg, char *err, size_t errlen)
+{
+	const hostcall *a = arg;
+	host_ran++;
+	if (a->fail) {
+		snprintf(err, errlen, "an all-reduce between the 2 workers failed: rank 1 died");
+		return -1;
+	}
+	float v;
+	hpu__dev_copy(&v, a->buf, sizeof v);
+	*a->seen = v;
+	v += a->add;
+	hpu__dev_copy(a->buf, &v, sizeof v);
+	return 0;
+}
+
+/* A host node runs at each launch in its place among the device's calls,
+ * on the recording's copy of its arguments; not while recording. A
+ * failing one ends the launch with its own sentence (not "node N
+ * answered -1") and runs nothing after it. Without a recording, none is
+ * appended. */
+static void test_host_node(void **state)
+{
+	(void)state;
+	open_dev("cpu-strict", 1);
+	float *pin = hpu__dev_host_alloc(4 * sizeof *pin), *buf = dev_in(NULL, 4 * sizeof *buf);
+	float seen = -1;
+	hostcall hc = {buf, 10.0f, 0, &seen};
+	assert_int_equal(hpu__dev_rec_host("hpucoll_test", host_fn, &hc, sizeof hc), -1);
+	pin[0] = 1.0f;
+	host_ran = 0;
+	assert_int_equal(begin(), 0);
+	hpu__dev_h2d(NULL, buf, pin, sizeof *pin);                 /* buf[0] = pin[0] */
+	assert_int_equal(hpu__dev_rec_host("hpucoll_test", host_fn, &hc, sizeof hc), 0);
+	hpu__dev_add_scalar(buf, 0.5f, 1);                          /* after it */
+	hc.add = 99.0f; /* the recording kept its own copy */
+	hpu__dev_graph *g;
+	char why[512];
+	assert_int_equal(end(&g, why, sizeof why), 0);
+	assert_int_equal(host_ran, 0);
+	assert_int_equal(hpu__dev_graph_nodes(g), 3);
+	assert_int_equal(hpu__dev_graph_host_calls(g), 1);
+	const hpu__dev_node_count *nc = NULL;
+	assert_int_equal(hpu__dev_graph_names(g, &nc), 3);
+	assert_string_equal(nc[1].name, "hpucoll_test");
+	float out;
+	for (int k = 0; k < 2; k++) {
+		pin[0] = 2.0f + (float)k;
+		launch(g);
+		hpu__dev_d2h(NULL, &out, buf, sizeof out);
+		assert_true(seen == 2.0f + (float)k); /* after the h2d */
+		assert_true(out == 2.0f + (float)k + 10.0f + 0.5f);
+	}
+	assert_int_equal(host_ran, 2);
+	hpu__dev_graph_free(&g);
+
+	/* a failing host node: its sentence, the calls after it not run */
+	hc.fail = 1;
+	assert_int_equal(begin(), 0);
+	assert_int_equal(hpu__dev_rec_host("hpucoll_test", host_fn, &hc, sizeof hc), 0);
+	hpu__dev_h2d(NULL, buf, pin, sizeof *pin);
+	assert_int_equal(end(&g, why, sizeof why), 0);
+	pin[0] = 7.0f;
+	char err[512] = "";
+	assert_int_equal(hpu__dev_graph_launch(g, err, sizeof err), -1);
+	printf("  a failing host node: %s\n", err);
+	assert_string_equal(err, "an all-reduce between the 2 workers failed: rank 1 died");
+	hpu__dev_d2h(NULL, &out, buf, sizeof out);
+	assert_true(out != 7.0f);
+	hpu__dev_graph_free(&g);
+	hpu__dev_host_free(pin);
+	close_dev();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -964,6 +1049,7 @@ int main(void)
 	    cmocka_unit_test(test_training_step),
 	    cmocka_unit_test(test_refusals_cpu),
 	    cmocka_unit_test(test_training_step_cpu),
+	    cmocka_unit_test(test_host_node),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,11 @@
  * runs on without reading outside its tables, and the slots, copied
  * after the "step", name the layer, the op, the row and its dataset
  * sample, the value; good input reports nothing; past the last slot an
- * op checks eagerly; disarmed, the ops answer as before. The slots are
- * host memory here (the strategy gives device memory). */
+ * op checks eagerly; disarmed, the ops answer as before. The same on a
+ * table other than the CPU's whose check entries write device memory
+ * (findings_dev, as CUDA's): the embedding's kernels are told the
+ * vocabulary. The slots are host memory here (the strategy gives device
+ * memory). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "worker/ops/backend.h"
 #include "worker/ops/checks.h"
 #include "worker/ops/fp8.h"
 
@@ -60,6 +64,7 @@ static int teardown(void **state)
 	hpu__checks_disarm();
 	hpu__checks_batch(NULL, 0);
 	hpu__op_layer(-1, NULL, NULL, 0, 0);
+	hpu__be_set(NULL);
 	return 0;
 }
 
@@ -138,10 +143,10 @@ static void test_slots_exhausted_check_eagerly(void **state)
 
 /* ids 9 and -3 outside a table of 4 rows (allocated to its size: under
  * ASan a read or write outside it fails the test): forward gives zero
- * rows for them and backward adds nothing for them. */
-static void test_embedding_bad_id_deferred(void **state)
+ * rows for them and backward adds nothing for them, on the table the ops
+ * use now. */
+static void embedding_bad_id_deferred(void)
 {
-	(void)state;
 	enum { VOCAB = 4, DIM = 2, N = 4 };
 	float *table = malloc(VOCAB * DIM * sizeof *table);
 	float *dtable = calloc(VOCAB * DIM, sizeof *dtable);
@@ -174,6 +179,48 @@ static void test_embedding_bad_id_deferred(void **state)
 	free(table);
 	free(dtable);
 	free(ids);
+}
+
+static void test_embedding_bad_id_deferred(void **state)
+{
+	(void)state;
+	embedding_bad_id_deferred();
+}
+
+/* The vocabulary each embedding kernel of the device-like table was
+ * told (the host's loops stand for the device's kernels). */
+static int told_fwd, told_bwd;
+
+static int spy_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int vocab,
+			     int dim)
+{
+	told_fwd = vocab;
+	return hpu__be_host()->embedding_fwd(table, ids, y, n, vocab, dim);
+}
+
+static int spy_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n,
+			     int vocab, int dim)
+{
+	told_bwd = vocab;
+	return hpu__be_host()->embedding_bwd(ids, dy, dtable, n, vocab, dim);
+}
+
+/* A table other than the CPU's whose check entries write their findings
+ * into device memory (findings_dev, as CUDA's): the embedding's check
+ * defers there too, its kernels told the vocabulary. */
+static void test_embedding_deferred_on_device_table(void **state)
+{
+	(void)state;
+	hpu__backend dev = *hpu__be_host();
+	dev.findings_dev = 1;
+	dev.embedding_fwd = spy_embedding_fwd;
+	dev.embedding_bwd = spy_embedding_bwd;
+	told_fwd = told_bwd = -1;
+	hpu__be_set(&dev);
+	embedding_bad_id_deferred();
+	hpu__be_set(NULL);
+	assert_int_equal(told_fwd, 4);
+	assert_int_equal(told_bwd, 4);
 }
 
 /* softmax cross-entropy (hpu_cross_entropy_forward), a probability, a
@@ -248,6 +295,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_good_labels_report_nothing, teardown),
 	    cmocka_unit_test_teardown(test_slots_exhausted_check_eagerly, teardown),
 	    cmocka_unit_test_teardown(test_embedding_bad_id_deferred, teardown),
+	    cmocka_unit_test_teardown(test_embedding_deferred_on_device_table, teardown),
 	    cmocka_unit_test_teardown(test_other_checks_deferred, teardown),
 	    cmocka_unit_test_teardown(test_disarmed_as_before, teardown),
 	};

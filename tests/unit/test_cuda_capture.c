@@ -187,11 +187,11 @@ static int p_add(void) { return gpu->add(in_f, OUT(0), NF); }
 
 static int p_embedding_fwd(void)
 {
-	return gpu->embedding_fwd(in_f, ids, OUT(0), COLS, COLS);
+	return gpu->embedding_fwd(in_f, ids, OUT(0), COLS, COLS, COLS);
 }
 static int p_embedding_bwd(void)
 {
-	return gpu->embedding_bwd(ids, in_f, OUT(0), COLS, COLS);
+	return gpu->embedding_bwd(ids, in_f, OUT(0), COLS, COLS, COLS);
 }
 
 static int p_dropout_fwd(void)

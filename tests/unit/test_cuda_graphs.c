@@ -16,7 +16,15 @@
  *   - the data checks writing their findings into device slots
  *     (findings_dev: xent_pos_fwd, bce_fwd, ids_first_bad, ids_in_range)
  *     inside a recording, found after the launch with no host copy inside
- *     the step, the same as the CPU's table finds.
+ *     the step, the same as the CPU's table finds;
+ *   - a gpt_lm-like step through the public ops (token and position
+ *     embeddings, add, layer norm, the tied head, cross-entropy over
+ *     positions, their backwards; no dropout) with the ops' checks armed
+ *     on device slots: an id outside the vocabulary is reported after an
+ *     eager step with the CPU's sentence (its row zero, as the CPU's);
+ *     the step records with no refusal, replays to the eager step's
+ *     bytes, and a replay after a bad id was written into the batch
+ *     reports it with the CPU's sentence.
  *
  * Skipped (77, with the reason) where no GPU is visible. Every step
  * prints a line, so that a failure can be read from the log alone. */
@@ -38,6 +46,9 @@
 #include "worker/device/device.h"
 #include "worker/ops/backend.h"
 #include "worker/ops/checks.h"
+#include "worker/ops/fp8.h"
+
+#include "hpu/ops.h"
 
 /* cuda_device.c's entry (built into this program) */
 const hpu__device *hpu_cuda_device_v1(int *ngpus, char *err, size_t errlen);
@@ -526,6 +537,307 @@ static void test_check_slots(void **state)
 	dfree(dloss), dfree(dok), dfree(slots);
 }
 
+/* ---- a gpt_lm-like step: an embedding's check deferred, recorded ---- */
+
+enum { GV = 50, GD = 32, GT = 8, GR = 2, GN = GR * GT, GSLOTS = 8, BAD_AT = 5, BAD_ID = GV + 7 };
+
+static const uint32_t gsamples[GR] = {40, 41};
+
+/* The step's tensors, all on the host or all on the device. */
+typedef struct gnet {
+	float *wte, *wpe, *gamma, *beta, *dloss; /* inputs */
+	int32_t *ids, *pos, *targets;
+	float *tok, *pe, *x, *h, *mean, *rstd, *logits, *lse, *loss, *dlogits, *dh, *dx;
+	float *dwte, *dwpe, *dgamma, *dbeta; /* gradients: zeroed before each step */
+} gnet;
+
+enum { G_IN, G_OUT, G_GRAD };
+#define GF(f, n, kind) {#f, offsetof(gnet, f), (size_t)(n) * 4, kind}
+static const struct {
+	const char *name;
+	size_t off, bytes;
+	int kind;
+} gfields[] = {
+	GF(wte, GV * GD, G_IN), GF(wpe, GT * GD, G_IN), GF(gamma, GD, G_IN), GF(beta, GD, G_IN),
+	GF(dloss, GR, G_IN), GF(ids, GN, G_IN), GF(pos, GN, G_IN), GF(targets, GN, G_IN),
+	GF(tok, GN * GD, G_OUT), GF(pe, GN * GD, G_OUT), GF(x, GN * GD, G_OUT),
+	GF(h, GN * GD, G_OUT), GF(mean, GN, G_OUT), GF(rstd, GN, G_OUT),
+	GF(logits, GN * GV, G_OUT), GF(lse, GN, G_OUT), GF(loss, GR, G_OUT),
+	GF(dlogits, GN * GV, G_OUT), GF(dh, GN * GD, G_OUT), GF(dx, GN * GD, G_OUT),
+	GF(dwte, GV * GD, G_GRAD), GF(dwpe, GT * GD, G_GRAD), GF(dgamma, GD, G_GRAD),
+	GF(dbeta, GD, G_GRAD),
+};
+#define NGF (sizeof gfields / sizeof *gfields)
+
+static void **gfield(gnet *g, size_t i)
+{
+	return (void **)((char *)g + gfields[i].off);
+}
+
+/* The inputs' values (good ids), on the host. */
+static gnet gvals;
+
+static void gvals_make(void)
+{
+	uint64_t rng = 1124;
+	for (size_t i = 0; i < NGF; i++) {
+		void **p = gfield(&gvals, i);
+		*p = calloc(1, gfields[i].bytes);
+		assert_non_null(*p);
+		if (gfields[i].kind == G_IN && gfields[i].off < offsetof(gnet, ids)) /* floats */
+			for (size_t j = 0; j < gfields[i].bytes / 4; j++)
+				((float *)*p)[j] = frand(&rng) * 0.5f;
+	}
+	for (int i = 0; i < GD; i++)
+		gvals.gamma[i] += 1.0f;
+	for (int i = 0; i < GN; i++) {
+		gvals.ids[i] = (int32_t)((i * 7 + 3) % GV);
+		gvals.pos[i] = i % GT;
+		gvals.targets[i] = (int32_t)((i * 11 + 1) % GV);
+	}
+}
+
+/* A host copy of the values (host), or a device one. */
+static void gnet_make(gnet *g, int dev)
+{
+	for (size_t i = 0; i < NGF; i++) {
+		void **p = gfield(g, i), *v = *gfield(&gvals, i);
+		size_t b = gfields[i].bytes;
+		if (!dev) {
+			*p = malloc(b);
+			assert_non_null(*p);
+			if (gfields[i].kind == G_OUT)
+				memset(*p, 0xff, b);
+			else
+				memcpy(*p, v, b);
+		} else {
+			*p = gfields[i].kind == G_OUT ? dnan(b) : dput(v, b);
+		}
+	}
+	if (dev)
+		CU(cudaDeviceSynchronize()); /* (dput and dnan: the legacy stream) */
+}
+
+static void gnet_free(gnet *g, int dev)
+{
+	for (size_t i = 0; i < NGF; i++) {
+		if (dev)
+			dfree(*gfield(g, i));
+		else
+			free(*gfield(g, i));
+	}
+}
+
+/* Before a step, on the device's stream (not recorded): the gradients
+ * zeroed, the outputs NaN (so that a replay that wrote nothing fails). */
+static void gnet_reset(gnet *g)
+{
+	for (size_t i = 0; i < NGF; i++)
+		if (gfields[i].kind != G_IN)
+			CU(cudaMemsetAsync(*gfield(g, i), gfields[i].kind == G_GRAD ? 0 : 0xff,
+					   gfields[i].bytes, hpu__cuda_stream()));
+}
+
+static void gnet_fetch(gnet *host, gnet *dev)
+{
+	for (size_t i = 0; i < NGF; i++)
+		if (gfields[i].kind != G_IN)
+			get(*gfield(host, i), *gfield(dev, i), gfields[i].bytes);
+}
+
+/* Every output and gradient of got the same bytes as want's. */
+static void gnet_same(const char *what, gnet *got, gnet *want)
+{
+	for (size_t i = 0; i < NGF; i++) {
+		if (gfields[i].kind == G_IN)
+			continue;
+		char line[160];
+		snprintf(line, sizeof line, "%s: %s", what, gfields[i].name);
+		check_bits(line, *gfield(got, i), *gfield(want, i), gfields[i].bytes);
+	}
+	printf("  %s: every output and gradient the same bytes\n", what);
+}
+
+/* While on (recording), each op of gpt_step is named before it runs:
+ * where the table refuses an op while recording, the ops run their C
+ * loops on device memory instead, which faults; the log then names it. */
+static int gtrace;
+
+static void op(int index, const char *layer, int backward, const char *what)
+{
+	hpu__op_layer(index, layer, NULL, 0, backward);
+	if (gtrace) {
+		printf("    recording %s's %s\n", layer, what);
+		fflush(stdout);
+	}
+}
+
+/* Forward and backward, each op as its layer (the names the reports
+ * give); every op answers as with good data (the checks deferred). */
+static void gpt_step(const gnet *g)
+{
+	long bad = -2;
+	int32_t bad_label = 0;
+	op(0, "wte", 0, "hpu_embedding_forward");
+	assert_int_equal(hpu_embedding_forward(g->wte, g->ids, g->tok, GN, GV, GD), HPU_OK);
+	op(1, "wpe", 0, "hpu_embedding_forward");
+	assert_int_equal(hpu_embedding_forward(g->wpe, g->pos, g->pe, GN, GT, GD), HPU_OK);
+	op(2, "add", 0, "hpu_add_forward");
+	assert_int_equal(hpu_add_forward(g->tok, g->pe, g->x, (size_t)GN * GD), HPU_OK);
+	op(3, "ln_f", 0, "hpu_layernorm_forward");
+	hpu_layernorm_forward(g->x, g->gamma, g->beta, g->h, g->mean, g->rstd, GN, GD, 1e-5f);
+	op(4, "lm_head", 0, "hpu_matmul (tied to wte)");
+	hpu_matmul(g->h, g->wte, g->logits, GN, GV, GD, 0, 1, 0);
+	op(5, "xent", 0, "hpu_cross_entropy_positions_forward");
+	assert_int_equal(hpu_cross_entropy_positions_forward(g->logits, g->targets, g->lse, g->loss,
+							     GR, GT, GV, &bad, &bad_label),
+			 HPU_OK);
+	assert_int_equal(bad, -1);
+	op(5, "xent", 1, "hpu_cross_entropy_positions_backward");
+	assert_int_equal(hpu_cross_entropy_positions_backward(g->logits, g->targets, g->lse,
+							      g->dloss, g->dlogits, GR, GT, GV),
+			 HPU_OK);
+	op(4, "lm_head", 1, "hpu_matmul (dh)");
+	hpu_matmul(g->dlogits, g->wte, g->dh, GN, GD, GV, 0, 0, 0);
+	op(4, "lm_head", 1, "hpu_matmul (dwte)");
+	hpu_matmul(g->dlogits, g->h, g->dwte, GV, GD, GN, 1, 0, 1);
+	op(3, "ln_f", 1, "hpu_layernorm_backward");
+	hpu_layernorm_backward(g->x, g->gamma, g->mean, g->rstd, g->dh, g->dx, g->dgamma, g->dbeta,
+			       GN, GD);
+	op(1, "wpe", 1, "hpu_embedding_backward");
+	hpu_embedding_backward(g->pos, g->dx, g->dwpe, GN, GD);
+	op(0, "wte", 1, "hpu_embedding_backward");
+	hpu_embedding_backward(g->ids, g->dx, g->dwte, GN, GD);
+	hpu__op_layer(-1, NULL, NULL, 0, 0);
+}
+
+static void arm_checks(hpu__check_slot *slots)
+{
+	hpu__checks_arm(slots, GSLOTS);
+	hpu__checks_batch(gsamples, GR);
+}
+
+/* After a step: disarmed, the used slots (device memory where dev)
+ * copied and reported into msg; 1 with a finding. */
+static int report_checks(const char *what, const hpu__check_slot *slots, int dev, char *msg,
+			 size_t len)
+{
+	hpu__checks_disarm();
+	hpu__check_slot copy[GSLOTS];
+	int used = hpu__checks_used();
+	assert_true(used > 0 && used <= GSLOTS);
+	if (dev)
+		get(copy, slots, (size_t)used * sizeof *copy);
+	else
+		memcpy(copy, slots, (size_t)used * sizeof *copy);
+	msg[0] = '\0';
+	int rc = hpu__checks_report(copy, msg, len);
+	printf("  %s: %d slot(s) used; report %d: %s\n", what, used, rc, rc ? msg : "(nothing)");
+	return rc;
+}
+
+static void put_bad_id(gnet *g, int dev)
+{
+	int32_t bad = BAD_ID;
+	if (dev)
+		put(g->ids + BAD_AT, &bad, sizeof bad);
+	else
+		g->ids[BAD_AT] = bad;
+}
+
+static void test_gpt_like_recorded(void **state)
+{
+	(void)state;
+	char want[512], msg[512], err[512] = "";
+	static hpu__check_slot hslots[GSLOTS];
+	gnet cpu, dev, out, eager;
+	gvals_make();
+
+	/* the CPU's step with a bad id: its sentence and its outputs */
+	hpu__be_set(NULL);
+	gnet_make(&cpu, 0);
+	put_bad_id(&cpu, 0);
+	memset(hslots, 0xa5, sizeof hslots);
+	arm_checks(hslots);
+	gpt_step(&cpu);
+	assert_int_equal(report_checks("the CPU, id out of range", hslots, 0, want, sizeof want), 1);
+	assert_non_null(strstr(want, "layer wte: id 57 at position 5 of row 0 (dataset sample 40) "
+				     "is outside the vocabulary [0, 50)"));
+
+	/* the GPU's eager step with the same bad id: the same sentence, the
+	 * bad id's row zero as the CPU's (the embedding's rows bit for bit) */
+	hpu__be_set(be);
+	gnet_make(&dev, 1);
+	gnet_make(&out, 0);
+	gnet_make(&eager, 0);
+	hpu__check_slot *slots = dnan(GSLOTS * sizeof *slots);
+	CU(cudaDeviceSynchronize());
+	put_bad_id(&dev, 1);
+	arm_checks(slots);
+	gpt_step(&dev);
+	assert_int_equal(report_checks("the GPU, eager, id out of range", slots, 1, msg, sizeof msg),
+			 1);
+	assert_string_equal(msg, want);
+	gnet_fetch(&out, &dev);
+	check_bits("the token rows (the bad id's zero) as the CPU's", out.tok, cpu.tok,
+		   (size_t)GN * GD * 4);
+	check("the loss, against the CPU's", out.loss, cpu.loss, GR, 1e-4);
+
+	/* good ids: the eager step the replays must equal, nothing reported */
+	put(dev.ids, gvals.ids, (size_t)GN * 4);
+	gnet_reset(&dev);
+	arm_checks(slots);
+	gpt_step(&dev);
+	assert_int_equal(report_checks("the GPU, eager, good ids", slots, 1, msg, sizeof msg), 0);
+	gnet_fetch(&eager, &dev);
+
+	/* recorded: no refusal (an embedding's check deferred, no dropout) */
+	gnet_reset(&dev);
+	sync_dev();
+	arm_checks(slots);
+	assert_int_equal(D->recorder->begin(err, sizeof err), 0);
+	gtrace = 1;
+	gpt_step(&dev);
+	gtrace = 0;
+	void *g = NULL;
+	size_t nodes = 0;
+	int rc = end_rec(&g, &nodes, err, sizeof err);
+	printf("  the gpt_lm-like step recorded: end %d, %zu nodes%s%s\n", rc, nodes,
+	       rc ? ": " : "", rc ? err : "");
+	if (rc != 0)
+		fail_msg("the gpt_lm-like step was refused: %s", err);
+	assert_non_null(g);
+	hpu__checks_disarm(); /* the records stay: the replays' report reads them */
+	float first = 0;
+	get(&first, dev.tok, sizeof first);
+	assert_true(isnan(first));
+	printf("  nothing ran while recording\n");
+
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	assert_int_equal(report_checks("replay 1, good ids", slots, 1, msg, sizeof msg), 0);
+	gnet_fetch(&out, &dev);
+	gnet_same("replay 1 against the eager step", &out, &eager);
+
+	/* a bad id written into the batch: the replay finds it */
+	put_bad_id(&dev, 1);
+	gnet_reset(&dev);
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	assert_int_equal(report_checks("replay 2, id out of range", slots, 1, msg, sizeof msg), 1);
+	assert_string_equal(msg, want);
+	gnet_fetch(&out, &dev);
+	check_bits("replay 2: the token rows (the bad id's zero) as the CPU's", out.tok, cpu.tok,
+		   (size_t)GN * GD * 4);
+	check("replay 2: the loss, against the CPU's", out.loss, cpu.loss, GR, 1e-4);
+	printf("  replay 2: the bad id reported with the CPU's sentence\n");
+
+	D->recorder->free(g);
+	hpu__be_set(NULL);
+	hpu__checks_free();
+	dfree(slots);
+	gnet_free(&dev, 1);
+	gnet_free(&cpu, 0), gnet_free(&out, 0), gnet_free(&eager, 0), gnet_free(&gvals, 0);
+}
+
 int main(void)
 {
 	char err[512] = "";
@@ -549,6 +861,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_record_replay, setup_step, teardown_step),
 		cmocka_unit_test_setup_teardown(test_refusals, setup_step, teardown_step),
 		cmocka_unit_test(test_check_slots),
+		cmocka_unit_test(test_gpt_like_recorded),
 	};
 	int rc = cmocka_run_group_tests_name("cuda graphs", tests, NULL, NULL);
 	D->teardown();

@@ -546,6 +546,40 @@ static void test_dropout(void **state)
 
 /* ---- embedding: the CPU's sums, bit for bit ---- */
 
+/* ids outside the vocabulary (vocab + 5, and -1 where n > 1; the kernels
+ * read ids whose check is deferred): the host's kernels' zero rows and
+ * skipped additions, bit for bit, and nothing outside the table. The
+ * device's buffers hold the host's (dt: the table's gradient so far). */
+static void emb_outside(float *dtab, int32_t *dids, float *ddy, float *ddt, const float *table,
+			int32_t *ids, const float *dy, float *dt, int vocab, int dim, int n)
+{
+	size_t nt = (size_t)vocab * dim, ny = (size_t)n * dim;
+	float *y = xcalloc(ny, 4), *got = xcalloc(nt + ny, 4);
+	float *dyo = dnan(ny * 4);
+	ids[n / 2] = vocab + 5;
+	if (n > 1)
+		ids[n - 1] = -1;
+	assert_int_equal(cudaMemcpy(dids, ids, (size_t)n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+	assert_int_equal(hpu__be_host()->embedding_fwd(table, ids, y, n, vocab, dim), HPU_BE_OK);
+	assert_int_equal(hpu__be_host()->embedding_bwd(ids, dy, dt, n, vocab, dim), HPU_BE_OK);
+	char line[128];
+	assert_int_equal(gpu->embedding_fwd(dtab, dids, dyo, n, vocab, dim), HPU_BE_OK);
+	dget(got, dyo, ny * 4);
+	snprintf(line, sizeof line, "embedding fwd vocab %d dim %d n %d, ids %d and -1 outside",
+		 vocab, dim, n, vocab + 5);
+	for (int c = 0; c < dim; c++)
+		assert_true(y[(size_t)(n / 2) * dim + c] == 0.0f);
+	check_bits(line, got, y, ny * 4);
+	assert_int_equal(gpu->embedding_bwd(dids, ddy, ddt, n, vocab, dim), HPU_BE_OK);
+	dget(got, ddt, nt * 4);
+	snprintf(line, sizeof line, "embedding bwd vocab %d dim %d n %d, ids %d and -1 outside",
+		 vocab, dim, n, vocab + 5);
+	check_bits(line, got, dt, nt * 4);
+	printf("  %s: the host's zero rows and sums\n", line);
+	dfree(dyo);
+	free(y), free(got);
+}
+
 static void test_embedding(void **state)
 {
 	(void)state;
@@ -567,14 +601,15 @@ static void test_embedding(void **state)
 		assert_int_equal(hpu_embedding_forward(table, ids, y, n, vocab, dim), HPU_OK);
 		hpu_embedding_backward(ids, dy, dt, n, dim);
 		char line[96];
-		assert_int_equal(gpu->embedding_fwd(dtab, dids, dyo, n, dim), HPU_BE_OK);
+		assert_int_equal(gpu->embedding_fwd(dtab, dids, dyo, n, vocab, dim), HPU_BE_OK);
 		dget(got, dyo, ny * 4);
 		snprintf(line, sizeof line, "embedding fwd vocab %d dim %d n %d", vocab, dim, n);
 		check_bits(line, got, y, ny * 4);
-		assert_int_equal(gpu->embedding_bwd(dids, ddy, ddt, n, dim), HPU_BE_OK);
+		assert_int_equal(gpu->embedding_bwd(dids, ddy, ddt, n, vocab, dim), HPU_BE_OK);
 		dget(got, ddt, nt * 4);
 		snprintf(line, sizeof line, "embedding bwd vocab %d dim %d n %d", vocab, dim, n);
 		check_bits(line, got, dt, nt * 4);
+		emb_outside(dtab, dids, ddy, ddt, table, ids, dy, dt, vocab, dim, n);
 		dfree(dtab), dfree(dyo), dfree(ddy), dfree(ddt), dfree(dids);
 		free(table), free(y), free(dy), free(dt), free(got), free(ids);
 	}

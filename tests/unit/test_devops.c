@@ -796,8 +796,10 @@ static int my_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t n, flo
 	return HPU_BE_OK;
 }
 
-static int my_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim)
+static int my_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int vocab,
+			    int dim)
 {
+	(void)vocab;
 	calls++;
 	for (int i = 0; i < n; i++)
 		memcpy(y + (size_t)i * dim, table + (size_t)ids[i] * dim, (size_t)dim * 4);

@@ -269,36 +269,15 @@ static void cuda_wait(const hpu__dev_event *ev)
 
 static int is_device(const void *p)
 {
-	struct cudaPointerAttributes a;
-	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
 	hpu__cuda_bind();
-	if (!p)
-		return 0;
-	/* (a query, no stream work; relaxed, to be sure it ends no capture) */
-	cudaThreadExchangeStreamCaptureMode(&mode);
-	cudaError_t e = cudaPointerGetAttributes(&a, p);
-	cudaThreadExchangeStreamCaptureMode(&mode);
-	if (e != cudaSuccess) {
-		cudaGetLastError(); /* not sticky: forget it */
-		return 0;
-	}
-	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+	return hpu__cuda_on_device(p);
 }
 
 /* 1 when p is page-locked host memory (cudaHostAlloc's): what a recorded
  * copy may read when the graph runs. */
 static int is_pinned(const void *p)
 {
-	struct cudaPointerAttributes a;
-	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-	cudaThreadExchangeStreamCaptureMode(&mode);
-	cudaError_t e = cudaPointerGetAttributes(&a, p);
-	cudaThreadExchangeStreamCaptureMode(&mode);
-	if (e != cudaSuccess) {
-		cudaGetLastError();
-		return 0;
-	}
-	return a.type == cudaMemoryTypeHost;
+	return hpu__cuda_mem_type(p) == cudaMemoryTypeHost;
 }
 
 static int cuda_owns(const void *p)

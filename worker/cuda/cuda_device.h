@@ -33,4 +33,38 @@ int hpu__cuda_capturing(void);
  * call the capture cannot hold before making it; 0 otherwise. */
 int hpu__cuda_capture_refuse(const char *what, const char *why);
 
+/* Where p points (cudaPointerGetAttributes): cudaMemoryTypeDevice,
+ * cudaMemoryTypeManaged, cudaMemoryTypeHost (pinned: cudaHostAlloc's),
+ * or cudaMemoryTypeUnregistered for NULL and memory CUDA does not know
+ * (pageable host memory), whose error is forgotten (it is not sticky).
+ * A query, no stream work, made in relaxed capture mode so that it ends
+ * no capture of the thread's stream. The module's one test of where a
+ * pointer lies: the device's copies, and the kernels' findings written
+ * into device memory (findings_dev, worker/ops/backend.h). Inline: the
+ * kernel table (worker/cuda/ops) is also built without the device's
+ * files (test_cuda_ops), and the device without the table. */
+static inline enum cudaMemoryType hpu__cuda_mem_type(const void *p)
+{
+	struct cudaPointerAttributes a;
+	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+	if (!p)
+		return cudaMemoryTypeUnregistered;
+	/* (a valid mode: the exchange cannot fail) */
+	(void)cudaThreadExchangeStreamCaptureMode(&mode);
+	cudaError_t e = cudaPointerGetAttributes(&a, p);
+	(void)cudaThreadExchangeStreamCaptureMode(&mode);
+	if (e != cudaSuccess) {
+		(void)cudaGetLastError(); /* not sticky: forget it */
+		return cudaMemoryTypeUnregistered;
+	}
+	return a.type;
+}
+
+/* 1 when p is device memory (managed memory counts), else 0. */
+static inline int hpu__cuda_on_device(const void *p)
+{
+	enum cudaMemoryType t = hpu__cuda_mem_type(p);
+	return t == cudaMemoryTypeDevice || t == cudaMemoryTypeManaged;
+}
+
 #endif

@@ -575,7 +575,9 @@ void hpu__dev_group_close(hpu__dev_group **g);
  * memory, an op that returns a value, a wait), a table call that writes
  * host memory or whose kernels take host values that change every step
  * (dropout's keys), the libhpucoll collectives the strategy runs through
- * the host (hpu__dev_capture_refuse), a failed CUDA call; and, so that
+ * the host where the device records itself (CUDA: hpu__dev_capture_refuse;
+ * the CPU's list holds them as host nodes, hpu__dev_rec_host), a failed
+ * CUDA call; and, so that
  * nothing escapes a recording silently, a copy from host memory that is
  * not pinned memory of hpu__dev_host_alloc or hbuf's (a stack value: a
  * replay reads the source when it runs), and on the CPU's list host code
@@ -607,6 +609,26 @@ int hpu__dev_capturing(void);
  * given is kept). Nothing happens when not recording. */
 void hpu__dev_capture_refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A host call a launch makes in its place among the device's calls (a
+ * host node): fn(arg, err, errlen) on the host, arg the recording's
+ * copy of the caller's bytes; 0, or -1 with one sentence in err, which
+ * the launch then answers as it is (the rest of the graph is not run). */
+typedef int hpu__dev_host_fn(const void *arg, char *err, size_t errlen);
+
+/* While this thread records into the CPU's list (cpu-strict): appends a
+ * host node, `what` its name (a string that lives: "hpucoll_all_reduce"),
+ * fn run at each launch on a copy of the `bytes` at arg, after the
+ * device's calls recorded before it and before those after it; 0 (also
+ * where the recording was refused already: nothing more is kept). The
+ * caller does not run the work now: the launch right after a kept
+ * recording does. -1 where nothing is appended: not recording, or the
+ * device records itself (CUDA's stream capture cannot hold a host call
+ * that waits, as a collective's does): the caller refuses the recording
+ * (hpu__dev_capture_refuse) itself. What fn reads must stay where it is
+ * while the graph lives (device memory the graph holds, the caller's
+ * long-lived state). */
+int hpu__dev_rec_host(const char *what, hpu__dev_host_fn *fn, const void *arg, size_t bytes);
+
 /* Ends the recording: 0 and *out the graph (its nodes counted), or 1,
  * *out NULL and the first reason in why, one sentence naming the call
  * ("hpu__dev_d2h: a copy into host memory"); nothing was run either way.
@@ -634,6 +656,10 @@ size_t hpu__dev_graph_nodes(const hpu__dev_graph *g);
  * names a kernel by its function's name and other nodes by their type
  * ("memcpy", "memset"). 0 and *out NULL where the device names none. */
 size_t hpu__dev_graph_names(const hpu__dev_graph *g, const hpu__dev_node_count **out);
+
+/* The host nodes among g's calls (hpu__dev_rec_host; 0 in a device's
+ * own graph, which holds none). */
+size_t hpu__dev_graph_host_calls(const hpu__dev_graph *g);
 
 /* Frees *g (NULL is fine) and gives devmem back the memory kept for it;
  * sets *g to NULL. */

@@ -17,9 +17,9 @@
  * answers HPU_BE_OK. A node holds the entry's arguments as a struct made
  * from its parameter list (device_klist.h): scalars and device pointers by
  * value, the host structs passed by pointer (hpu__gemm and the
- * convolutions' shapes) and permute's host arrays copied into the graph,
- * and the one value a host kernel reads besides its arguments (the
- * embedding's bound for ids whose check is deferred). Any other pointer
+ * convolutions' shapes) and permute's host arrays copied into the graph
+ * (the embedding's kernels take the vocabulary as an argument, so a node
+ * holds everything its kernel reads on the host). Any other pointer
  * to host memory is host output (or input the kernel reads when it runs):
  * the recording is refused, naming the entry; so are dropout's entries,
  * whose keys the host draws each step. A launch calls each node's kernel
@@ -31,7 +31,6 @@
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
 #include "worker/ops/autocast.h"
-#include "worker/ops/backend_host.h"
 #include "common/env.h"
 
 static hpu__backend impl; /* the CPU's kernel for each entry */
@@ -187,17 +186,6 @@ static int host_keyed(const char *entry)
 	return !strcmp(entry, "dropout_fwd") || !strcmp(entry, "dropout_rows");
 }
 
-/* The embedding's bound (hpu__host_emb_limit) as the node saw it, set
- * around its kernel at a launch. */
-typedef struct kctx {
-	long emb_limit;
-} kctx;
-
-static kctx ctx_now(void)
-{
-	return (kctx){.emb_limit = hpu__host_emb_limit()};
-}
-
 /* (The device call is the device's enter and leave directly, where it
  * has them: nothing on hpu__dev_cpu_rec but a test.) e_: impl's
  * kernel, else (HPU_BE_UNSUPPORTED) the host table's reference kernel,
@@ -217,7 +205,6 @@ static kctx ctx_now(void)
 		return r;                                                                    \
 	}                                                                                    \
 	struct n_##name {                                                                    \
-		kctx ctx;                                                                    \
 		struct {                                                                     \
 			KL_FE(KL_FIELD, KL_UNPAREN params)                                   \
 		} a;                                                                         \
@@ -225,11 +212,7 @@ static kctx ctx_now(void)
 	static int r_##name(const void *p)                                                   \
 	{                                                                                    \
 		const struct n_##name *node_ = p;                                                \
-		long was = hpu__host_emb_limit();                                            \
-		hpu__host_emb_limit_set(node_->ctx.emb_limit);                                   \
-		int r = e_##name(KL_FC(KL_ARG, KL_UNPAREN args));                            \
-		hpu__host_emb_limit_set(was);                                                \
-		return r;                                                                    \
+		return e_##name(KL_FC(KL_ARG, KL_UNPAREN args));                             \
 	}                                                                                    \
 	static int k_##name params                                                           \
 	{                                                                                    \
@@ -247,7 +230,7 @@ static kctx ctx_now(void)
 		struct n_##name *node_ = hpu__dev_rec_node("the kernel " #name, r_##name, sizeof *node_);        \
 		if (!node_)                                                                      \
 			return HPU_BE_OK;                                                    \
-		*node_ = (struct n_##name){ctx_now(), {KL_UNPAREN args}};                        \
+		*node_ = (struct n_##name){{KL_UNPAREN args}};                                   \
 		pin pin_c_ = {.entry = #name};                                                  \
 		KL_FE(KL_PIN, KL_UNPAREN args)                                               \
 		return HPU_BE_OK;                                                            \
@@ -257,17 +240,16 @@ static kctx ctx_now(void)
 #undef WRAP
 
 /* Every kernel of hpu__backend is in the list: the struct holds the list's
- * entries and six members more (name, describe, bf16_native, set_threads,
- * conv_bwd, and gemm_c16, findings_dev and emb_bounded, three ints in
- * two pointers' room). An entry added to the struct and not to device_klist.h fails
- * here. */
+ * entries, five pointers more (name, describe, bf16_native, set_threads,
+ * conv_bwd) and two ints in one pointer's room (gemm_c16, findings_dev).
+ * An entry added to the struct and not to device_klist.h fails here. */
 #define WRAP(name, params, args) KL_N_##name,
 enum {
 #include "worker/device/device_klist.h"
 	KL_NENTRIES
 };
 #undef WRAP
-_Static_assert(sizeof(hpu__backend) == (KL_NENTRIES + 7) * sizeof(void *),
+_Static_assert(sizeof(hpu__backend) == (KL_NENTRIES + 6) * sizeof(void *),
 	       "an entry of hpu__backend is missing from device_klist.h");
 
 /* Each entry: the backend's where it has one, else the host table's;
@@ -290,7 +272,6 @@ static const hpu__backend *build(const hpu__device *d)
 	tab.bf16_native = be->bf16_native;
 	tab.set_threads = be->set_threads;
 	tab.findings_dev = 1; /* the check entries' kernels write the slots in a device call */
-	tab.emb_bounded = 1;  /* the host's embedding kernels, hpu__host_emb_limit */
 	PICK(gemm);
 	PICK(conv_fwd);
 	PICK(conv_bwd_data);

@@ -51,10 +51,12 @@ WRAP(dropout_fwd,
      (x, y, mask, n, p, seed, stream))
 WRAP(dropout_bwd, (const float *dy, const uint8_t *mask, float *dx, size_t n, float p),
      (dy, mask, dx, n, p))
-WRAP(embedding_fwd, (const float *table, const int32_t *ids, float *y, int n, int dim),
-     (table, ids, y, n, dim))
-WRAP(embedding_bwd, (const int32_t *ids, const float *dy, float *dtable, int n, int dim),
-     (ids, dy, dtable, n, dim))
+WRAP(embedding_fwd,
+     (const float *table, const int32_t *ids, float *y, int n, int vocab, int dim),
+     (table, ids, y, n, vocab, dim))
+WRAP(embedding_bwd,
+     (const int32_t *ids, const float *dy, float *dtable, int n, int vocab, int dim),
+     (ids, dy, dtable, n, vocab, dim))
 WRAP(softmax_xent,
      (const float *logits, const int32_t *labels, float *dlogits, int batch, int classes,
       float *loss),

@@ -1,9 +1,10 @@
 /* device_rec: the recording of a step (device.h's hpu__dev_capture_begin,
  * device.c) as this thread's state, and the CPU's list: the nodes that
  * device.c (copies, fills, the runtime's ops) and device_kernels.c (the
- * kernel table's entries) append while the thread records, their
- * arguments kept in chunks that never move, and a launch's walk over
- * them, and the profiler's spans of a launch's nodes (worker/hpu/prof.h).
+ * kernel table's entries) append while the thread records, the host
+ * nodes a caller appends (hpu__dev_rec_host: the strategy's collectives
+ * through libhpucoll), their arguments kept in chunks that never move,
+ * and a launch's walk over them, and the profiler's spans of a launch's nodes (worker/hpu/prof.h).
  * Calls no other file of the folder (device.c and device_kernels.c call
  * it). */
 #include <pthread.h>
@@ -116,6 +117,49 @@ void hpu__dev_rec_drop_list(hpu__dev_graph *g)
 }
 
 static void refuse_other(const char *fmt, ...);
+
+/* ---- host nodes (hpu__dev_rec_host) ---- */
+
+/* A failed host node's sentence, for node_failed (the launching
+ * thread's). */
+static _Thread_local char host_err[512];
+
+typedef struct host_args {
+	hpu__dev_host_fn *fn;
+	max_align_t arg[]; /* the caller's bytes */
+} host_args;
+
+static int run_host(const void *p)
+{
+	const host_args *a = p;
+	host_err[0] = '\0';
+	if (a->fn(a->arg, host_err, sizeof host_err) == 0)
+		return 0;
+	if (!host_err[0])
+		snprintf(host_err, sizeof host_err, "a host call failed");
+	return -1;
+}
+
+int hpu__dev_rec_host(const char *what, hpu__dev_host_fn *fn, const void *arg, size_t bytes)
+{
+	if (!hpu__dev_rec_listing())
+		return -1;
+	host_args *a = hpu__dev_rec_node(what, run_host, sizeof *a + bytes);
+	if (!a) /* refused already, or now: nothing more is kept */
+		return 0;
+	a->fn = fn;
+	if (bytes)
+		memcpy(a->arg, arg, bytes);
+	return 0;
+}
+
+size_t hpu__dev_graph_host_calls(const hpu__dev_graph *g)
+{
+	size_t n = 0;
+	for (size_t i = 0; g && i < g->n; i++) /* a device's own graph: none */
+		n += g->nodes[i].run == run_host;
+	return n;
+}
 
 /* The index of name among g->names[0 .. g->nnames), or g->nnames. */
 static size_t name_at(const hpu__dev_graph *g, const char *name)
@@ -236,6 +280,10 @@ void hpu__dev_rec_foreign(const char *what)
 
 static int node_failed(const hpu__dev_graph *g, size_t i, int r, char *err, size_t errlen)
 {
+	if (g->nodes[i].run == run_host) { /* its own sentence */
+		snprintf(err, errlen, "%s", host_err);
+		return -1;
+	}
 	snprintf(err, errlen, "a recorded step's node %zu of %zu, %s, answered %d when replayed",
 		 i + 1, g->n, g->nodes[i].what, r);
 	return -1;

@@ -84,14 +84,6 @@ typedef struct hpu__backend {
 	 * deferred to a recorded step's end on this table as on the CPU's
 	 * (checks.h). cpu-strict's kernels-only table and CUDA's set it. */
 	int findings_dev;
-	/* 1 when its embedding kernels leave an id outside the vocabulary
-	 * alone (hpu__host_emb_limit: zeroes in forward, nothing in
-	 * backward) instead of reading or writing outside the table, so an
-	 * embedding's check may be deferred like the others (cpu-strict's
-	 * kernels-only table: the host's kernels). 0: an embedding's ids are
-	 * checked eagerly, which a recorded step refuses (CUDA's kernels are
-	 * not told the vocabulary). */
-	int emb_bounded;
 
 	/* Convolution, square kernel, padding and stride of s. x, w and dy
 	 * are of type dt; y, dx, dw and db are fp32.
@@ -156,13 +148,17 @@ typedef struct hpu__backend {
 			   uint64_t seed, uint64_t stream);
 	int (*dropout_bwd)(const float *dy, const uint8_t *mask, float *dx, size_t n,
 			   float p);
-	/* Embedding: y[n, dim] = the rows ids[n] of table[vocab, dim] (ids
-	 * checked by the op before), and its backward dtable[ids[i]] +=
-	 * dy[i] in order of i. */
+	/* Embedding: y[n, dim] = the rows ids[n] of table[vocab, dim], and
+	 * its backward dtable[ids[i]] += dy[i] in order of i. An id outside
+	 * [0, vocab) is left alone, never read or written outside the
+	 * table: its row of y is zeros, and backward adds nothing for it
+	 * (an embedding's check deferred to the step's end, checks.h, lets
+	 * such ids reach the kernels). Backward's vocab is INT_MAX where
+	 * the op does not know it (its forward checked the ids eagerly). */
 	int (*embedding_fwd)(const float *table, const int32_t *ids, float *y, int n,
-			     int dim);
+			     int vocab, int dim);
 	int (*embedding_bwd)(const int32_t *ids, const float *dy, float *dtable, int n,
-			     int dim);
+			     int vocab, int dim);
 	/* Mean softmax cross-entropy of logits[B, C] against labels[B]
 	 * (checked by the op before) into *loss, and, when dlogits is not
 	 * NULL, its gradient, as hpu_cross_entropy_forward (ops.h). */

@@ -22,15 +22,10 @@ int hpu__host_count_correct(const float *logits, const int32_t *labels, int batc
 			    int classes, int *correct);
 
 /* ops_nn.c */
-int hpu__host_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim);
-int hpu__host_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n, int dim);
-/* The bound the two read besides their arguments, the calling thread's:
- * where the ids' check is deferred (checks.h) the op sets it to the
- * vocabulary around the kernel, and an id outside [0, limit) is skipped;
- * -1 otherwise. A recorded call (worker/device) keeps the value it saw and
- * sets it again around the kernel at each replay. */
-long hpu__host_emb_limit(void);
-void hpu__host_emb_limit_set(long limit);
+int hpu__host_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int vocab,
+			    int dim);
+int hpu__host_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n,
+			    int vocab, int dim);
 int hpu__host_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t n, float p,
 			  uint64_t seed, uint64_t stream);
 int hpu__host_add(const float *x, float *y, size_t n);

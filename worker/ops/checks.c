@@ -98,10 +98,6 @@ hpu__check_slot *hpu__checks_take(hpu__check_op op, const void *key, long limit,
 	 * kernels write the findings into device memory (findings_dev) */
 	if (!T.armed || T.used >= T.nslots || !(hpu__be_on_host() || hpu__be()->findings_dev))
 		return NULL;
-	/* an embedding's kernels read the ids in the same step: only where
-	 * they skip one outside the vocabulary */
-	if (op == HPU__CHECK_EMBEDDING && !hpu__be_on_host() && !hpu__be()->emb_bounded)
-		return NULL;
 	if (rows == 0) { /* per values in all, the batch's rows' where they divide */
 		rows = T.batch_rows > 0 && per % (size_t)T.batch_rows == 0 ? T.batch_rows : 0;
 		per = rows ? per / (size_t)rows : 0;

@@ -7,6 +7,7 @@
  * include/hpu/ops.h says.
  */
 #include <assert.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -268,28 +269,12 @@ void hpu__ref_layernorm_backward(const float *x, const float *gamma, const float
 
 /* ---- embedding ---- */
 
-/* The vocabulary of the embedding whose ids the host's kernels below
- * read now where the op's check is deferred (checks.h): they may not
- * have been checked, and an id outside [0, emb_limit) is skipped (a row
- * of zeros forward, nothing added backward). -1: checked by the op. The
- * table's entries have no vocabulary; this thread's op sets it around
- * the kernel, which runs on the thread (cpu-strict's kernels too). */
-static _Thread_local long emb_limit = -1;
-
-long hpu__host_emb_limit(void)
+/* An id outside the table, which the kernels leave alone (backend.h):
+ * never one the op checked. Where the op's check is deferred (checks.h)
+ * the kernels read ids nothing has checked yet. */
+static inline int emb_skip(int32_t id, int vocab)
 {
-	return emb_limit;
-}
-
-void hpu__host_emb_limit_set(long limit)
-{
-	emb_limit = limit;
-}
-
-/* An id the host's kernels may not read: never one the op checked. */
-static inline int emb_skip(int32_t id)
-{
-	return id < 0 || (emb_limit >= 0 && id >= emb_limit);
+	return id < 0 || id >= vocab;
 }
 
 static int embedding_forward(const float *table, const int32_t *ids, float *y,
@@ -311,19 +296,18 @@ static int embedding_forward(const float *table, const int32_t *ids, float *y,
 		hpu__host_ids_in_range(ids, n, vocab, &ok);
 	if (!ok)
 		return HPU_ERANGE;
-	emb_limit = k ? vocab : -1;
-	if (!be->embedding_fwd || be->embedding_fwd(table, ids, y, n, dim) != HPU_BE_OK)
-		hpu__host_embedding_fwd(table, ids, y, n, dim);
-	emb_limit = -1;
+	if (!be->embedding_fwd || be->embedding_fwd(table, ids, y, n, vocab, dim) != HPU_BE_OK)
+		hpu__host_embedding_fwd(table, ids, y, n, vocab, dim);
 	return HPU_OK;
 }
 
 /* The CPU's embedding_fwd (hpu__be_host). */
-int hpu__host_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim)
+int hpu__host_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int vocab,
+			    int dim)
 {
 	for (int i = 0; i < n; i++) {
 		float *yr = y + (size_t)i * dim;
-		if (emb_skip(ids[i]))
+		if (emb_skip(ids[i], vocab))
 			memset(yr, 0, (size_t)dim * sizeof *y);
 		else
 			memcpy(yr, table + (size_t)ids[i] * dim, (size_t)dim * sizeof *y);
@@ -336,17 +320,20 @@ static void embedding_backward(const int32_t *ids, const float *dy, float *dtabl
 {
 	assert(ids != NULL && dy != NULL && dtable != NULL);
 	const hpu__backend *be = hpu__be();
-	emb_limit = hpu__checks_limit(ids); /* the forward's check deferred: -1 if not */
-	if (!be->embedding_bwd || be->embedding_bwd(ids, dy, dtable, n, dim) != HPU_BE_OK)
-		hpu__host_embedding_bwd(ids, dy, dtable, n, dim);
-	emb_limit = -1;
+	/* the vocabulary where the forward's check was deferred; else the
+	 * forward checked the ids, and only a negative one is skipped */
+	long limit = hpu__checks_limit(ids);
+	int vocab = limit >= 0 && limit <= INT_MAX ? (int)limit : INT_MAX;
+	if (!be->embedding_bwd || be->embedding_bwd(ids, dy, dtable, n, vocab, dim) != HPU_BE_OK)
+		hpu__host_embedding_bwd(ids, dy, dtable, n, vocab, dim);
 }
 
 /* The CPU's embedding_bwd (hpu__be_host). */
-int hpu__host_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n, int dim)
+int hpu__host_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n,
+			    int vocab, int dim)
 {
 	for (int i = 0; i < n; i++) {
-		if (emb_skip(ids[i])) /* the forward checked them, or deferred */
+		if (emb_skip(ids[i], vocab)) /* the forward checked them, or deferred */
 			continue;
 		float *row = dtable + (size_t)ids[i] * dim;
 		const float *d = dy + (size_t)i * dim;

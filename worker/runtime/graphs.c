@@ -287,6 +287,18 @@ int hpu__graphs_record_begin(hpu__graphs *g)
 	return begin(g, &g->eager);
 }
 
+/* ", N of them host calls (...)" where the recording holds collectives
+ * between workers (the strategy's host nodes), else "". */
+static const char *host_calls(const hpu__dev_graph *gr, char *out, size_t len)
+{
+	size_t n = hpu__dev_graph_host_calls(gr);
+	out[0] = '\0';
+	if (n)
+		snprintf(out, len, ", %zu of them host calls (the collectives between the workers, "
+			 "through libhpucoll)", n);
+	return out;
+}
+
 int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 			   hpu__graphs_agree_fn *agree, void *arg, char *err, size_t errlen)
 {
@@ -305,7 +317,7 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 			 step + 1);
 		return -1;
 	}
-	char sh[128];
+	char sh[128], hc[128];
 	shape(g, e->n, sh, sizeof sh);
 	if (ok) {
 		e->graph = gr;
@@ -316,9 +328,9 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 			return -1;
 		}
 		if (g->verbose && g->rank == 0)
-			printf("graphs: step %ld: recorded the step of %s: %zu device calls, replayed "
+			printf("graphs: step %ld: recorded the step of %s: %zu device calls%s, replayed "
 			       "from now on\n",
-			       step + 1, sh, e->nodes);
+			       step + 1, sh, e->nodes, host_calls(gr, hc, sizeof hc));
 		g->replayed++; /* launched now */
 		return 1;
 	}

@@ -359,18 +359,11 @@ static int fp32_step(hpu_strat *s)
 }
 
 /* The buffers in step across ranks, as each declares: rank 0's, or the
- * mean. One collective per kind, over the buffers packed together. */
-static int sync_buffers(hpu_strat *s)
+ * mean. One collective per kind, over the buffers packed together;
+ * libhpucoll's code. */
+static int sync_now(hpu_strat *s)
 {
 	hpu_builder *b = s->b;
-	if (s->world == 1 || !b->nbuffers)
-		return 0;
-	if (hpu__dev_capturing()) { /* libhpucoll on host staging */
-		hpu__dev_capture_refuse("the buffers' synchronization between the %d workers runs "
-					"on the host (libhpucoll)",
-					s->world);
-		return 0;
-	}
 	for (int kind = HPU_BUFFER_BROADCAST; kind <= HPU_BUFFER_MEAN; kind++) {
 		size_t n = 0;
 		for (int i = 0; i < b->nbuffers; i++)
@@ -386,7 +379,7 @@ static int sync_buffers(hpu_strat *s)
 						      HPUCOLL_SUM)
 				 : hpucoll_broadcast(s->comm, s->stg.bsync, s->stg.bsync, n, HPUCOLL_F32, 0);
 		if (rc)
-			return hpu__strat_coll_fail(s, "buffer synchronization", rc);
+			return rc;
 		if (kind == HPU_BUFFER_MEAN)
 			for (size_t j = 0; j < n; j++)
 				s->stg.bsync[j] /= (float)s->world;
@@ -398,7 +391,37 @@ static int sync_buffers(hpu_strat *s)
 				n += b->buffers[i].numel;
 			}
 	}
-	return 0;
+	return HPUCOLL_OK;
+}
+
+/* A recorded step's buffer synchronization at each launch (a host node
+ * of the CPU's list, as strategy_dcoll.c's collectives). */
+static int sync_replay(const void *arg, char *err, size_t errlen)
+{
+	hpu_strat *s = *(hpu_strat *const *)arg;
+	int rc = sync_now(s);
+	if (rc == HPUCOLL_OK)
+		return 0;
+	snprintf(err, errlen,
+		 "buffer synchronization between the %d workers (a recorded step's, replayed) "
+		 "failed: %s",
+		 s->world, hpucoll_comm_why(s->comm, rc));
+	return -1;
+}
+
+static int sync_buffers(hpu_strat *s)
+{
+	if (s->world == 1 || !s->b->nbuffers)
+		return 0;
+	if (hpu__dev_capturing()) { /* at each launch; refused where it cannot be */
+		if (hpu__dev_rec_host("hpucoll_buffer_sync", sync_replay, &s, sizeof s) < 0)
+			hpu__dev_capture_refuse("the buffers' synchronization between the %d workers "
+						"runs on the host (libhpucoll)",
+						s->world);
+		return 0;
+	}
+	int rc = sync_now(s);
+	return rc ? hpu__strat_coll_fail(s, "buffer synchronization", rc) : 0;
 }
 
 int hpu__strat_step(hpu_strat *s, double lr)

@@ -163,39 +163,14 @@ static int one_rank(void *recv, const void *send, size_t n)
 	return HPUCOLL_OK;
 }
 
-/* Recording a step (--graphs): a collective between ranks through
- * libhpucoll runs on the host, which a recording cannot hold; it
- * refuses (the step then runs eagerly) and the call is skipped, on every
- * rank alike. 1 when so. (The device's own collectives record.) */
-static int host_coll(hpu_strat *s, const char *what)
+/* The staged collectives, blocking: the eager path's, and a recorded
+ * step's host nodes' at each launch. Where the host may read device
+ * memory, libhpucoll on it in place. */
+static int all_reduce_now(hpu_strat *s, const void *send, void *recv, size_t count,
+			  hpucoll_dtype dt, hpucoll_op op)
 {
-	if (s->world == 1 || !hpu__dev_capturing())
-		return 0;
-	hpu__dev_capture_refuse("%s between the %d workers runs on the host (libhpucoll, staged "
-				"through host memory)",
-				what, s->world);
-	return 1;
-}
-
-int hpu__dc_wait(hpucoll_req **req)
-{
-	return *req ? hpucoll_wait(req) : HPUCOLL_OK;
-}
-
-int hpu__dc_iall_reduce(hpu_strat *s, const void *send, void *recv, size_t count,
-			hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req)
-{
-	hpu__dev_dtype gd;
 	if (hpu__dev_host_can_read())
-		return hpucoll_iall_reduce(s->comm, send, recv, count, dt, op, req);
-	*req = NULL;
-	if (s->dc.group && op == HPUCOLL_SUM && group_dtype(dt, &gd)) {
-		if (hpu__dev_group_all_reduce(s->dc.group, send, recv, count, gd) == 0)
-			return HPUCOLL_OK;
-		return s->dc.rc != HPUCOLL_OK ? s->dc.rc : HPUCOLL_ETRANSPORT;
-	}
-	if (host_coll(s, "an all-reduce"))
-		return HPUCOLL_OK;
+		return hpucoll_all_reduce(s->comm, send, recv, count, dt, op);
 	size_t esz = hpucoll_dtype_size(dt), per = STAGE_CHUNK / esz;
 	if (s->world == 1) /* the identity: nothing to stage */
 		return one_rank(recv, send, count * esz);
@@ -213,17 +188,14 @@ int hpu__dc_iall_reduce(hpu_strat *s, const void *send, void *recv, size_t count
 	return HPUCOLL_OK;
 }
 
-int hpu__dc_ireduce_scatter(hpu_strat *s, const void *send, void *recv, size_t recvcount,
-			    hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req)
+static int reduce_scatter_now(hpu_strat *s, const void *send, void *recv, size_t recvcount,
+			      hpucoll_dtype dt, hpucoll_op op)
 {
 	if (hpu__dev_host_can_read())
-		return hpucoll_ireduce_scatter(s->comm, send, recv, recvcount, dt, op, req);
-	*req = NULL;
+		return hpucoll_reduce_scatter(s->comm, send, recv, recvcount, dt, op);
 	size_t esz = hpucoll_dtype_size(dt), all = (size_t)s->world * recvcount * esz;
 	if (s->world == 1)
 		return one_rank(recv, send, all);
-	if (host_coll(s, "a reduce-scatter"))
-		return HPUCOLL_OK;
 	char *h = stage(s, all);
 	if (!h && all)
 		return HPUCOLL_ENOMEM;
@@ -235,17 +207,16 @@ int hpu__dc_ireduce_scatter(hpu_strat *s, const void *send, void *recv, size_t r
 	return rc;
 }
 
-int hpu__dc_iall_gather(hpu_strat *s, const void *send, void *recv, size_t sendcount,
-			hpucoll_dtype dt, hpucoll_req **req)
+static int all_gather_now(hpu_strat *s, const void *send, void *recv, size_t sendcount,
+			  hpucoll_dtype dt)
 {
 	if (hpu__dev_host_can_read())
-		return hpucoll_iall_gather(s->comm, send, recv, sendcount, dt, req);
-	*req = NULL;
+		return hpucoll_all_gather(s->comm, send, recv, sendcount, dt);
 	size_t esz = hpucoll_dtype_size(dt), n = sendcount * esz, at = (size_t)s->rank * n,
 	       all = (size_t)s->world * n;
 	/* the own piece goes into place directly (in place: it is there) */
 	int rc = one_rank((char *)recv + at, send, n);
-	if (s->world == 1 || host_coll(s, "an all-gather"))
+	if (s->world == 1)
 		return rc;
 	char *h = stage(s, all);
 	if (!h && all)
@@ -257,4 +228,112 @@ int hpu__dc_iall_gather(hpu_strat *s, const void *send, void *recv, size_t sendc
 		hpu__dev_copy((char *)recv + at + n, h + at + n, all - at - n);
 	}
 	return rc;
+}
+
+/* ---- recording a step (--graphs) ----
+ *
+ * A collective between ranks through libhpucoll runs on the host. On the
+ * CPU's list (cpu-strict) it is recorded as a host node that runs it,
+ * blocking, at each launch in its place among the step's device calls:
+ * every rank records the same calls in the same order (the same code on
+ * the same plan) and the ranks agree on recording and replaying each
+ * step (train.c), so the replays meet in the same order as the eager
+ * steps do. Its buffers are device memory the graph holds; the staging
+ * buffer is taken at the launch (stage). A device that records itself
+ * (CUDA's stream capture) cannot hold a host call that waits on the
+ * peers: there the recording is refused (the step then runs eagerly) and
+ * the call is skipped, on every rank alike. */
+
+typedef enum coll_kind { ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER } coll_kind;
+
+typedef struct coll_node {
+	hpu_strat *s;
+	coll_kind kind;
+	const void *send;
+	void *recv;
+	size_t count;
+	hpucoll_dtype dt;
+	hpucoll_op op;
+} coll_node;
+
+static const char *const coll_what[] = {"an all-reduce", "a reduce-scatter", "an all-gather"};
+static const char *const coll_node_name[] = {"hpucoll_all_reduce", "hpucoll_reduce_scatter",
+					     "hpucoll_all_gather"};
+
+/* A host node's work at a launch: the collective, blocking; a failure
+ * (a dead peer) is one sentence naming it and, through libhpucoll, the
+ * peer, as the eager path's hpu__strat_coll_fail says it. */
+static int coll_replay(const void *arg, char *err, size_t errlen)
+{
+	const coll_node *a = arg;
+	hpu_strat *s = a->s;
+	int rc = a->kind == ALL_REDUCE ? all_reduce_now(s, a->send, a->recv, a->count, a->dt, a->op)
+		 : a->kind == REDUCE_SCATTER
+		     ? reduce_scatter_now(s, a->send, a->recv, a->count, a->dt, a->op)
+		     : all_gather_now(s, a->send, a->recv, a->count, a->dt);
+	if (rc == HPUCOLL_OK)
+		return 0;
+	snprintf(err, errlen, "%s between the %d workers (a recorded step's, replayed) failed: %s",
+		 coll_what[a->kind], s->world, hpucoll_comm_why(s->comm, rc));
+	return -1;
+}
+
+/* 1 where this call is a recording's (more than one rank, this thread
+ * recording): recorded as a host node where the device's list holds one,
+ * else the recording refused; either way nothing runs now. */
+static int recorded(hpu_strat *s, coll_kind kind, const void *send, void *recv, size_t count,
+		    hpucoll_dtype dt, hpucoll_op op)
+{
+	if (s->world == 1 || !hpu__dev_capturing())
+		return 0;
+	coll_node a = {s, kind, send, recv, count, dt, op};
+	if (hpu__dev_rec_host(coll_node_name[kind], coll_replay, &a, sizeof a) < 0)
+		hpu__dev_capture_refuse("%s between the %d workers runs on the host (libhpucoll, "
+					"staged through host memory)",
+					coll_what[kind], s->world);
+	return 1;
+}
+
+int hpu__dc_wait(hpucoll_req **req)
+{
+	return *req ? hpucoll_wait(req) : HPUCOLL_OK;
+}
+
+int hpu__dc_iall_reduce(hpu_strat *s, const void *send, void *recv, size_t count,
+			hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req)
+{
+	hpu__dev_dtype gd;
+	*req = NULL;
+	if (s->dc.group && op == HPUCOLL_SUM && group_dtype(dt, &gd)) {
+		if (hpu__dev_group_all_reduce(s->dc.group, send, recv, count, gd) == 0)
+			return HPUCOLL_OK;
+		return s->dc.rc != HPUCOLL_OK ? s->dc.rc : HPUCOLL_ETRANSPORT;
+	}
+	if (recorded(s, ALL_REDUCE, send, recv, count, dt, op))
+		return HPUCOLL_OK;
+	if (hpu__dev_host_can_read())
+		return hpucoll_iall_reduce(s->comm, send, recv, count, dt, op, req);
+	return all_reduce_now(s, send, recv, count, dt, op);
+}
+
+int hpu__dc_ireduce_scatter(hpu_strat *s, const void *send, void *recv, size_t recvcount,
+			    hpucoll_dtype dt, hpucoll_op op, hpucoll_req **req)
+{
+	*req = NULL;
+	if (recorded(s, REDUCE_SCATTER, send, recv, recvcount, dt, op))
+		return HPUCOLL_OK;
+	if (hpu__dev_host_can_read())
+		return hpucoll_ireduce_scatter(s->comm, send, recv, recvcount, dt, op, req);
+	return reduce_scatter_now(s, send, recv, recvcount, dt, op);
+}
+
+int hpu__dc_iall_gather(hpu_strat *s, const void *send, void *recv, size_t sendcount,
+			hpucoll_dtype dt, hpucoll_req **req)
+{
+	*req = NULL;
+	if (recorded(s, ALL_GATHER, send, recv, sendcount, dt, HPUCOLL_SUM))
+		return HPUCOLL_OK;
+	if (hpu__dev_host_can_read())
+		return hpucoll_iall_gather(s->comm, send, recv, sendcount, dt, req);
+	return all_gather_now(s, send, recv, sendcount, dt);
 }

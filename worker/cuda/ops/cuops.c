@@ -188,15 +188,17 @@ static int cu_dropout_bwd(const float *dy, const uint8_t *mask, float *dx, size_
 	CU_KERNEL("dropout backward", hpu__cuk_dropout_bwd(dy, mask, dx, n, scale, st));
 }
 
-static int cu_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int dim)
+static int cu_embedding_fwd(const float *table, const int32_t *ids, float *y, int n, int vocab,
+			    int dim)
 {
-	CU_KERNEL("embedding", hpu__cuk_embedding_fwd(table, ids, y, n, dim, st));
+	CU_KERNEL("embedding", hpu__cuk_embedding_fwd(table, ids, y, n, vocab, dim, st));
 }
 
 static int cu_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n,
-			    int dim)
+			    int vocab, int dim)
 {
-	CU_KERNEL("embedding backward", hpu__cuk_embedding_bwd(ids, dy, dtable, n, dim, st));
+	CU_KERNEL("embedding backward",
+		  hpu__cuk_embedding_bwd(ids, dy, dtable, n, vocab, dim, st));
 }
 
 /* The mean loss comes back to the host: this waits for the stream. */
@@ -287,7 +289,7 @@ static int ids_check(const int32_t *ids, int n, int limit, int *bad)
 static int cu_ids_in_range(const int32_t *ids, int n, int limit, int *ok)
 {
 	int bad = 0;
-	if (hpu__cuops_on_device(ok)) /* the count of bad ids into *ok, then the verdict */
+	if (hpu__cuda_on_device(ok)) /* the count of bad ids into *ok, then the verdict */
 		CU_KERNEL("id check",
 			  cudaMemsetAsync(ok, 0, sizeof *ok, st) == cudaSuccess &&
 					  (n <= 0 || hpu__cuk_ids_check(ids, n, limit, ok, st) ==
@@ -343,11 +345,9 @@ static const hpu__backend cuda_backend = {
 	.gemm = hpu__cuops_gemm,
 	/* xent_pos_fwd, bce_fwd, ids_first_bad (and ids_in_range) write a
 	 * finding into device memory on the device (backend.h's comment on
-	 * findings_dev) */
+	 * findings_dev); the embedding kernels skip an id outside the
+	 * vocabulary, so an embedding's check defers too */
 	.findings_dev = 1,
-	/* emb_bounded 0: the embedding kernels are not told the vocabulary,
-	 * so an embedding's check stays eager on CUDA (a recorded step with
-	 * an embedding is refused) */
 	.conv_fwd = hpu__cuops_conv_fwd,
 	.conv_bwd_data = hpu__cuops_conv_bwd_data,
 	.conv_bwd_weights = hpu__cuops_conv_bwd_weights,

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include "worker/cuda/cuda_device.h"
 #include "worker/ops/backend.h"
 
 #define HPU_CUOPS_WORKSPACE (32u << 20) /* cuBLASLt's advice for Hopper */
@@ -93,11 +94,6 @@ void hpu__cuops_fatal(const char *fmt, ...) __attribute__((noreturn, format(prin
  * would be fatal otherwise (no algorithm for a shape) is then the op's
  * refusal. */
 int hpu__cuops_refused(void);
-
-/* 1 when p is device memory (cudaPointerGetAttributes): where an entry
- * that reports a bad input is given device memory (findings_dev,
- * worker/ops/backend.h), it writes its finding there on the device. */
-int hpu__cuops_on_device(const void *p);
 
 /* 0 when e is success; else hpu__cuops_fatal("WHAT: <error>"), or,
  * while this thread records (hpu__cuda_ops_recording), -1 with the

@@ -122,23 +122,6 @@ int hpu__cuda_ops_refuse(const char *what, const char *why)
  * error). */
 #define NO_WAIT "waits for the GPU on the host, which a recorded step cannot hold"
 
-int hpu__cuops_on_device(const void *p)
-{
-	struct cudaPointerAttributes a;
-	enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-	if (!p)
-		return 0;
-	/* (a query, no stream work: allowed while recording, relaxed to be
-	 * sure it does not end a capture) */
-	cudaThreadExchangeStreamCaptureMode(&mode);
-	cudaError_t e = cudaPointerGetAttributes(&a, p);
-	cudaThreadExchangeStreamCaptureMode(&mode);
-	if (e != cudaSuccess) {
-		cudaGetLastError(); /* not sticky */
-		return 0;
-	}
-	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
 
 int hpu__cuops_cuda(cudaError_t e, const char *what)
 {

@@ -516,14 +516,21 @@ extern "C" cudaError_t hpu__cuk_dropout_bwd(const float *dy, const uint8_t *mask
 
 /* ---- embedding ---- */
 
+/* An id outside [0, vocab) is left alone (backend.h): a row of zeros,
+ * nothing added backward, as the host's kernels (ops_nn.c). */
+static __device__ __forceinline__ bool emb_skip(int id, int vocab)
+{
+	return id < 0 || id >= vocab;
+}
+
 static __global__ void k_embedding_fwd(const float *table, const int32_t *ids, float *y, size_t total,
-				int dim)
+				int vocab, int dim)
 {
 	FOR_EACH(i, total)
 	{
 		size_t r = i / dim;
 		int c = (int)(i % dim), id = ids[r];
-		y[i] = id >= 0 ? table[(size_t)id * dim + c] : 0.0f;
+		y[i] = emb_skip(id, vocab) ? 0.0f : table[(size_t)id * dim + c];
 	}
 }
 
@@ -537,7 +544,7 @@ static __global__ void k_embedding_fwd(const float *table, const int32_t *ids, f
  * each element of dtable receives its additions from one thread, in the
  * order of i: the reference's sums bit for bit. */
 static __global__ void k_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n,
-				int dim)
+				int vocab, int dim)
 {
 	__shared__ int32_t tile[EMB_TILE];
 	const int c = blockIdx.x * EMB_COLS + threadIdx.x;
@@ -552,7 +559,7 @@ static __global__ void k_embedding_bwd(const int32_t *ids, const float *dy, floa
 			continue;
 		for (int j = 0; j < len; j++) {
 			int id = tile[j];
-			if (id < 0 || id % EMB_BUCKETS != bucket)
+			if (emb_skip(id, vocab) || id % EMB_BUCKETS != bucket)
 				continue;
 			dtable[(size_t)id * dim + c] += dy[(size_t)(t0 + j) * dim + c];
 		}
@@ -560,23 +567,25 @@ static __global__ void k_embedding_bwd(const int32_t *ids, const float *dy, floa
 }
 
 extern "C" cudaError_t hpu__cuk_embedding_fwd(const float *table, const int32_t *ids,
-					       float *y, int n, int dim, cudaStream_t st)
+					       float *y, int n, int vocab, int dim,
+					       cudaStream_t st)
 {
 	size_t total = (size_t)(n > 0 ? n : 0) * (dim > 0 ? dim : 0);
 	if (total == 0)
 		return cudaSuccess;
 	k_embedding_fwd<<<blocks_for(total, THREADS), THREADS, 0, st>>>(table, ids, y, total,
-									dim);
+									vocab, dim);
 	return cudaGetLastError();
 }
 
 extern "C" cudaError_t hpu__cuk_embedding_bwd(const int32_t *ids, const float *dy,
-					       float *dtable, int n, int dim, cudaStream_t st)
+					       float *dtable, int n, int vocab, int dim,
+					       cudaStream_t st)
 {
 	if (n <= 0 || dim <= 0)
 		return cudaSuccess;
 	dim3 grid((unsigned)((dim + EMB_COLS - 1) / EMB_COLS), EMB_BUCKETS);
-	k_embedding_bwd<<<grid, EMB_COLS, 0, st>>>(ids, dy, dtable, n, dim);
+	k_embedding_bwd<<<grid, EMB_COLS, 0, st>>>(ids, dy, dtable, n, vocab, dim);
 	return cudaGetLastError();
 }
 

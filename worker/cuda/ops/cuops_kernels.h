@@ -64,10 +64,12 @@ cudaError_t hpu__cuk_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t
 cudaError_t hpu__cuk_dropout_bwd(const float *dy, const uint8_t *mask, float *dx, size_t n,
 				 float scale, cudaStream_t st);
 
+/* An id outside [0, vocab) is left alone: a row of zeros forward,
+ * nothing added backward (backend.h). */
 cudaError_t hpu__cuk_embedding_fwd(const float *table, const int32_t *ids, float *y, int n,
-				   int dim, cudaStream_t st);
+				   int vocab, int dim, cudaStream_t st);
 cudaError_t hpu__cuk_embedding_bwd(const int32_t *ids, const float *dy, float *dtable, int n,
-				   int dim, cudaStream_t st);
+				   int vocab, int dim, cudaStream_t st);
 
 /* Writes the mean loss (fp32) to *loss_dev; row_loss: batch doubles of
  * scratch. */

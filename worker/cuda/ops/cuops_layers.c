@@ -90,7 +90,7 @@ static int pos_run(const pos_pass *p, long *bad, int32_t *bad_label)
 	hpu__cuops_slot s;
 	unsigned long long b = ULLONG_MAX;
 	size_t extra;
-	if (hpu__cuops_on_device(bad))
+	if (hpu__cuda_on_device(bad))
 		return pos_run_dev(p, bad, bad_label);
 	*bad = -1;
 	if (p->rows <= 0 || p->positions == 0)

@@ -254,11 +254,11 @@ int hpu__cuops_mse_bwd(const float *p, const float *t, const float *dloss, float
 int hpu__cuops_bce_fwd(int logits, const float *x, const float *t, float *loss, int rows,
 		       size_t n, long *bad, float *bad_value)
 {
-	if (!logits && hpu__cuops_on_device(bad))
+	if (!logits && hpu__cuda_on_device(bad))
 		FIRST_BAD_DEV("binary cross-entropy", bad,
 			      hpu__cukm_loss_fwd(2, x, t, loss, rows, n, d, st),
 			      hpu__cukm_finding_f32(x, b_, bad_value, st));
-	if (logits && hpu__cuops_on_device(bad)) /* nothing to find: -1 */
+	if (logits && hpu__cuda_on_device(bad)) /* nothing to find: -1 */
 		CU_KERNEL("binary cross-entropy",
 			  cudaMemsetAsync(bad, 0xff, sizeof *bad, st) == cudaSuccess
 				  ? hpu__cukm_loss_fwd(1, x, t, loss, rows, n, NULL, st)
@@ -284,7 +284,7 @@ int hpu__cuops_bce_bwd(int logits, const float *x, const float *t, const float *
 int hpu__cuops_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
 			     int32_t *bad_value)
 {
-	if (hpu__cuops_on_device(bad))
+	if (hpu__cuda_on_device(bad))
 		FIRST_BAD_DEV("id check", bad, hpu__cukm_ids_first_bad(ids, n, limit, d, st),
 			      hpu__cukm_finding_i32(ids, b_, bad_value, st));
 	FIRST_BAD("id check", bad, hpu__cukm_ids_first_bad(ids, n, limit, d, st));
