@@ -18,8 +18,9 @@
  * are the host's, per step; at 1 and 2 workers).
  *
  * --device cpu records too (the same kernels-only table, without
- * cpu-strict's memory protection): the same matrix there at 1 worker,
- * --graphs and eager the same bytes, and the same bytes as cpu-strict's. */
+ * cpu-strict's memory protection): the same matrix there at 1 worker and
+ * two configurations at 2, --graphs and eager the same bytes, and the
+ * same bytes as cpu-strict's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -321,39 +322,6 @@ static void test_evaluation(void **state)
 	evaluation_on("cpu-strict");
 }
 
-/* --device cpu --graphs records on the kernels-only table (--verbose says
- * so; no warning) and replays to eager's parameters across the matrix:
- * the strategies, 16-mixed's skipped step, a resume, an evaluation. Its
- * eager parameters are cpu-strict's too (the same bytes). */
-static void test_cpu_records(void **state)
-{
-	(void)state;
-	char *o = train("cpu-note", 1, "cpu", 1, NULL, NULL, "--max-steps", "4", NULL);
-	const char *w = strstr(o, "--graphs: ");
-	printf("  cpu: %.*s\n", w ? (int)strcspn(w, "\n") : 4, w ? w : "none");
-	assert_non_null(strstr(o, "rank 0: --graphs: the ops run on the kernels-only table "
-				  "(cpu-strict's without its memory protection), and a step is "
-				  "recorded once and replayed\n"));
-	assert_null(strstr(o, "the training steps run eagerly"));
-	assert_non_null(strstr(o, "graphs: step 3: recorded the step of 32 samples: "));
-	long replayed, recorded, eager;
-	replays(o, &replayed, &recorded, &eager);
-	assert_int_equal(recorded, 1);
-	assert_int_equal(replayed, 2);
-	assert_int_equal(eager, 2);
-	free(o);
-	strategies_fp32("cpu");
-	strategies_bf16("cpu");
-	same_with_graphs("cpu", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
-	resume_on("cpu");
-	evaluation_on("cpu");
-	/* where the cpu-strict matrix ran in this program: the same bytes */
-	char strict[96];
-	snprintf(strict, sizeof strict, "%s/cpu-strict-fp32-zero3-eager.bin", dir);
-	if (access(strict, R_OK) == 0)
-		assert_true(same_file("cpu-fp32-zero3-graphs", "cpu-strict-fp32-zero3-eager"));
-}
-
 /* An evaluation batch that cannot be recorded (a host-only custom
  * layer, staged through host memory) runs eagerly, said once with its
  * reason, and validates as without --graphs. */
@@ -419,11 +387,11 @@ static void test_two_workers_refused(void **state)
  * all-reduce or reduce-scatter, ZeRO's all-gathers, the non-finite
  * flag's and the norm's sums) are in the recording, as host calls
  * replayed in place, and the parameters are eager's, bit for bit. */
-static void two_workers(const char *name, const char *strategy, const char *precision,
-			int steps, int extra_eager, const char *inject)
+static void two_workers_on(const char *dev, const char *name, const char *strategy,
+			   const char *precision, int steps, int extra_eager, const char *inject)
 {
-	char *line = same_with_graphs_at("cpu-strict", 2, name, steps, extra_eager, strategy,
-					 precision, inject);
+	char *line = same_with_graphs_at(dev, 2, name, steps, extra_eager, strategy, precision,
+					 inject);
 	printf("    %s\n", line);
 	const char *h = strstr(line, " device calls, ");
 	assert_non_null(h);
@@ -431,6 +399,12 @@ static void two_workers(const char *name, const char *strategy, const char *prec
 	assert_non_null(strstr(h, " of them host calls (the collectives between the workers, "
 				  "through libhpucoll), replayed from now on"));
 	free(line);
+}
+
+static void two_workers(const char *name, const char *strategy, const char *precision,
+			int steps, int extra_eager, const char *inject)
+{
+	two_workers_on("cpu-strict", name, strategy, precision, steps, extra_eager, inject);
 }
 
 static void test_two_workers_fp32(void **state)
@@ -588,6 +562,43 @@ static int teardown(void **state)
 	(void)state;
 	h_rmtree(dir);
 	return 0;
+}
+
+/* --device cpu --graphs records on the kernels-only table (--verbose says
+ * so; no warning) and replays to eager's parameters across the matrix:
+ * the strategies, 16-mixed's skipped step, a resume, an evaluation, and at
+ * 2 workers (their collectives host calls of the list). Its eager
+ * parameters are cpu-strict's too (the same bytes). */
+static void test_cpu_records(void **state)
+{
+	(void)state;
+	char *o = train("cpu-note", 1, "cpu", 1, NULL, NULL, "--max-steps", "4", NULL);
+	const char *w = strstr(o, "--graphs: ");
+	printf("  cpu: %.*s\n", w ? (int)strcspn(w, "\n") : 4, w ? w : "none");
+	assert_non_null(strstr(o, "rank 0: --graphs: the ops run on the kernels-only table "
+				  "(cpu-strict's without its memory protection), and a step is "
+				  "recorded once and replayed\n"));
+	assert_null(strstr(o, "the training steps run eagerly"));
+	assert_non_null(strstr(o, "graphs: step 3: recorded the step of 32 samples: "));
+	long replayed, recorded, eager;
+	replays(o, &replayed, &recorded, &eager);
+	assert_int_equal(recorded, 1);
+	assert_int_equal(replayed, 2);
+	assert_int_equal(eager, 2);
+	free(o);
+	strategies_fp32("cpu");
+	strategies_bf16("cpu");
+	same_with_graphs("cpu", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
+	resume_on("cpu");
+	evaluation_on("cpu");
+	/* 2 workers: their collectives recorded as host calls there too */
+	two_workers_on("cpu", "two-fp32", "fast_ddp", "fp32", 6, 0, NULL);
+	two_workers_on("cpu", "two-bf16", "zero3", "bf16-mixed", 6, 0, NULL);
+	/* where the cpu-strict matrix ran in this program: the same bytes */
+	char strict[96];
+	snprintf(strict, sizeof strict, "%s/cpu-strict-fp32-zero3-eager.bin", dir);
+	if (access(strict, R_OK) == 0)
+		assert_true(same_file("cpu-fp32-zero3-graphs", "cpu-strict-fp32-zero3-eager"));
 }
 
 int main(void)
