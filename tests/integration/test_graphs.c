@@ -15,8 +15,12 @@
  *     buffers; a worker killed while the other replays.
  * And what cannot be recorded runs eagerly with its reason under
  * --verbose, and still trains to the same parameters: dropout (its keys
- * are the host's, per step; at 1 and 2 workers), --device cpu (no
- * recording: a warning). */
+ * are the host's, per step; at 1 and 2 workers).
+ *
+ * --device cpu records too (the same kernels-only table, without
+ * cpu-strict's memory protection): the same matrix there at 1 worker and
+ * two configurations at 2, --graphs and eager the same bytes, and the
+ * same bytes as cpu-strict's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -99,30 +103,31 @@ static void replays(const char *out, long *replayed, long *recorded, long *eager
 	}
 }
 
-/* Eager and --graphs at `workers` give the same parameters; the
+/* Eager and --graphs on `dev` at `workers` give the same parameters; the
  * recording was kept and replayed (steps - warmup - extra_eager of them);
  * its verbose line (caller frees), or NULL. */
-static char *same_with_graphs_at(int workers, const char *name, int steps, int extra_eager,
-				 const char *strategy, const char *precision, const char *inject)
+static char *same_with_graphs_at(const char *dev, int workers, const char *name, int steps,
+				 int extra_eager, const char *strategy, const char *precision,
+				 const char *inject)
 {
 	char a[96], b[96], st[16], want[128];
-	snprintf(a, sizeof a, "%s-eager", name);
-	snprintf(b, sizeof b, "%s-graphs", name);
+	snprintf(a, sizeof a, "%s-%s-%s-eager", dev, name, strategy);
+	snprintf(b, sizeof b, "%s-%s-%s-graphs", dev, name, strategy);
 	snprintf(st, sizeof st, "%d", steps);
 	const char *inj = inject ? "--inject-overflow-step" : NULL;
-	char *oa = train(a, workers, "cpu-strict", 0, NULL, NULL, "--strategy", strategy,
-			 "--precision", precision, "--max-steps", st, "--grad-accum", "2",
-			 "--clip-grad-norm", "0.5", "--scheduler", "cosine", inj, inject, NULL);
-	char *ob = train(b, workers, "cpu-strict", 1, NULL, NULL, "--strategy", strategy,
-			 "--precision", precision, "--max-steps", st, "--grad-accum", "2",
-			 "--clip-grad-norm", "0.5", "--scheduler", "cosine", inj, inject, NULL);
+	char *oa = train(a, workers, dev, 0, NULL, NULL, "--strategy", strategy, "--precision",
+			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
+			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
+	char *ob = train(b, workers, dev, 1, NULL, NULL, "--strategy", strategy, "--precision",
+			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
+			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
 	int same = same_file(a, b);
-	printf("  %d x %-8s %-10s %s: %ld replayed from %ld recording(s), %ld eager: parameters "
-	       "%s\n",
-	       workers, strategy, precision, inject ? "overflow injected" : "", replayed, recorded,
-	       eager, same ? "the same" : "DIFFERENT");
+	printf("  %-10s %d x %-8s %-10s %s: %ld replayed from %ld recording(s), %ld eager: "
+	       "parameters %s\n",
+	       dev, workers, strategy, precision, inject ? "overflow injected" : "", replayed,
+	       recorded, eager, same ? "the same" : "DIFFERENT");
 	if (recorded != 1 || !same)
 		fprintf(stderr, "--graphs output:\n%s\n", ob);
 	assert_int_equal(recorded, 1);
@@ -139,26 +144,37 @@ static char *same_with_graphs_at(int workers, const char *name, int steps, int e
 	return out;
 }
 
-static void same_with_graphs(const char *name, int steps, int extra_eager, const char *strategy,
-			     const char *precision, const char *inject)
+static void same_with_graphs(const char *dev, const char *name, int steps, int extra_eager,
+			     const char *strategy, const char *precision, const char *inject)
 {
-	free(same_with_graphs_at(1, name, steps, extra_eager, strategy, precision, inject));
+	free(same_with_graphs_at(dev, 1, name, steps, extra_eager, strategy, precision, inject));
+}
+
+/* The strategy matrix on `dev`: every strategy fp32, three bf16-mixed. */
+static void strategies_fp32(const char *dev)
+{
+	static const char *const st[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
+	for (size_t k = 0; k < 5; k++)
+		same_with_graphs(dev, "fp32", 6, 0, st[k], "fp32", NULL);
+}
+
+static void strategies_bf16(const char *dev)
+{
+	static const char *const st[] = {"fast_ddp", "zero1", "zero3"};
+	for (size_t k = 0; k < 3; k++)
+		same_with_graphs(dev, "bf16", 6, 0, st[k], "bf16-mixed", NULL);
 }
 
 static void test_strategies_fp32(void **state)
 {
 	(void)state;
-	static const char *const st[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
-	for (size_t k = 0; k < 5; k++)
-		same_with_graphs("fp32", 6, 0, st[k], "fp32", NULL);
+	strategies_fp32("cpu-strict");
 }
 
 static void test_strategies_bf16(void **state)
 {
 	(void)state;
-	static const char *const st[] = {"fast_ddp", "zero1", "zero3"};
-	for (size_t k = 0; k < 3; k++)
-		same_with_graphs("bf16", 6, 0, st[k], "bf16-mixed", NULL);
+	strategies_bf16("cpu-strict");
 }
 
 /* 16-mixed: step 5 overflows (run eagerly, on its own), is skipped on
@@ -166,32 +182,39 @@ static void test_strategies_bf16(void **state)
 static void test_overflow_skipped(void **state)
 {
 	(void)state;
-	same_with_graphs("fp16", 7, 1, "fast_ddp", "16-mixed", "5");
+	same_with_graphs("cpu-strict", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
 }
 
 /* A checkpoint at step 4 of a --graphs run, resumed under --graphs to
  * step 8: the same parameters as 8 steps straight, eagerly. */
-static void test_resume(void **state)
+static void resume_on(const char *dev)
 {
-	(void)state;
-	char ck[600];
-	snprintf(ck, sizeof ck, "%s/ck", dir);
-	free(train("straight", 1, "cpu-strict", 0, NULL, NULL, "--max-steps", "8", "--precision",
+	char ck[600], straight[64], first[64], resumed[64];
+	snprintf(ck, sizeof ck, "%s/ck-%s", dir, dev);
+	snprintf(straight, sizeof straight, "%s-straight", dev);
+	snprintf(first, sizeof first, "%s-first", dev);
+	snprintf(resumed, sizeof resumed, "%s-resumed", dev);
+	free(train(straight, 1, dev, 0, NULL, NULL, "--max-steps", "8", "--precision",
 		   "bf16-mixed", NULL));
-	free(train("first", 1, "cpu-strict", 1, NULL, NULL, "--max-steps", "4", "--precision",
+	free(train(first, 1, dev, 1, NULL, NULL, "--max-steps", "4", "--precision",
 		   "bf16-mixed", "--checkpoint-dir", ck, "--checkpoint-every", "4", NULL));
-	char *o = train("resumed", 1, "cpu-strict", 1, NULL, NULL, "--max-steps", "8",
-			"--precision", "bf16-mixed", "--checkpoint-dir", ck, "--resume", "auto",
-			NULL);
+	char *o = train(resumed, 1, dev, 1, NULL, NULL, "--max-steps", "8", "--precision",
+			"bf16-mixed", "--checkpoint-dir", ck, "--resume", "auto", NULL);
 	long replayed, recorded, eager;
 	replays(o, &replayed, &recorded, &eager);
-	printf("  resumed at step 4 under --graphs: %ld replayed, %ld eager; parameters %s\n",
-	       replayed, eager, same_file("straight", "resumed") ? "the same" : "DIFFERENT");
+	printf("  %s: resumed at step 4 under --graphs: %ld replayed, %ld eager; parameters %s\n",
+	       dev, replayed, eager, same_file(straight, resumed) ? "the same" : "DIFFERENT");
 	assert_non_null(strstr(o, "resumed from"));
 	assert_int_equal(recorded, 1);
 	assert_int_equal(replayed, 2);
-	assert_true(same_file("straight", "resumed"));
+	assert_true(same_file(straight, resumed));
 	free(o);
+}
+
+static void test_resume(void **state)
+{
+	(void)state;
+	resume_on("cpu-strict");
 }
 
 /* What cannot be recorded runs eagerly, said once with its reason, and
@@ -209,21 +232,6 @@ static void test_refusals(void **state)
 	assert_non_null(strstr(why, "dropout"));
 	assert_true(same_file("gpt-eager", "gpt-graphs"));
 	free(oa);
-	free(ob);
-	/* --device cpu records nothing: a warning, every step eager */
-	ob = train("cpu-graphs", 1, "cpu", 1, NULL, NULL, "--max-steps", "4", NULL);
-	const char *w = strstr(ob, "--graphs: ");
-	printf("  cpu: %.*s\n", w ? (int)strcspn(w, "\n") : 4, w ? w : "none");
-	assert_non_null(w);
-	assert_non_null(strstr(w, "--graphs: --graphs records under --device cpu-strict (its "
-				  "kernels-only table: every access to device memory is a kernel "
-				  "call, so nothing of a step escapes the recording); --device cpu has "
-				  "no recording; the training steps run eagerly"));
-	long replayed, recorded, eager;
-	replays(ob, &replayed, &recorded, &eager);
-	assert_int_equal(replayed, 0);
-	assert_int_equal(eager, 4);
-	assert_int_equal(number_after(ob, "trained "), 4);
 	free(ob);
 }
 
@@ -250,11 +258,11 @@ static char *val_lines(const char *name)
 /* One run validating at steps 2, 4 and 6 on 60 held-out samples, at 32
  * a batch: a full batch and a partial one of 28 each time; `graphs`:
  * --graphs with one eager batch per size before its recording. */
-static char *validating(const char *name, int graphs, const char *extra)
+static char *validating(const char *dev, const char *name, int graphs, const char *extra)
 {
 	char m[512];
 	snprintf(m, sizeof m, "%s/%s.jsonl", dir, name);
-	return train(name, 1, "cpu-strict", 0, NULL, NULL, "--max-steps", "6", "--eval-every", "2",
+	return train(name, 1, dev, 0, NULL, NULL, "--max-steps", "6", "--eval-every", "2",
 		     "--val-fraction", "0.001", "--metrics", m,
 		     graphs ? "--graphs" : extra, "--graphs-warmup", "1", extra, NULL);
 }
@@ -264,16 +272,19 @@ static char *validating(const char *name, int graphs, const char *extra)
  * same figures, bit for bit, and train to the same parameters.
  * --pad-last-batch pads the partial batch to 32, which then replays the
  * full batch's recording: one evaluation recording, the same figures. */
-static void test_evaluation(void **state)
+static void evaluation_on(const char *dev)
 {
-	(void)state;
-	char *oa = validating("val-eager", 0, NULL);
-	char *ob = validating("val-graphs", 1, NULL);
-	char *va = val_lines("val-eager"), *vb = val_lines("val-graphs");
+	char ea[64], eb[64], ec[64];
+	snprintf(ea, sizeof ea, "%s-val-eager", dev);
+	snprintf(eb, sizeof eb, "%s-val-graphs", dev);
+	snprintf(ec, sizeof ec, "%s-val-padded", dev);
+	char *oa = validating(dev, ea, 0, NULL);
+	char *ob = validating(dev, eb, 1, NULL);
+	char *va = val_lines(ea), *vb = val_lines(eb);
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
 	const char *line = strstr(ob, "graphs: 5 steps replayed");
-	printf("  --graphs: %.*s\n", line ? (int)strcspn(line, "\n") : 4, line ? line : "none");
+	printf("  %s --graphs: %.*s\n", dev, line ? (int)strcspn(line, "\n") : 4, line ? line : "none");
 	if (strcmp(va, vb))
 		fprintf(stderr, "eager:\n%s--graphs:\n%s--graphs output:\n%s\n", va, vb, ob);
 	assert_non_null(strstr(ob, "graphs: evaluation: recorded the batch of 32 samples: "));
@@ -284,11 +295,11 @@ static void test_evaluation(void **state)
 	assert_int_equal(recorded, 1);
 	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
 	assert_string_equal(va, vb);
-	assert_true(same_file("val-eager", "val-graphs"));
-	char *oc = validating("val-padded", 1, "--pad-last-batch");
-	char *vc = val_lines("val-padded");
+	assert_true(same_file(ea, eb));
+	char *oc = validating(dev, ec, 1, "--pad-last-batch");
+	char *vc = val_lines(ec);
 	line = strstr(oc, "graphs: 5 steps replayed");
-	printf("  --pad-last-batch: %.*s\n", line ? (int)strcspn(line, "\n") : 4,
+	printf("  %s --pad-last-batch: %.*s\n", dev, line ? (int)strcspn(line, "\n") : 4,
 	       line ? line : "none");
 	assert_non_null(strstr(oc, "graphs: evaluation: recorded the batch of 32 samples: "));
 	assert_null(strstr(oc, "graphs: evaluation: recorded the batch of 28"));
@@ -296,13 +307,19 @@ static void test_evaluation(void **state)
 				   "evaluation: 5 batches replayed from 1 recording, 1 run eagerly; "
 				   "2 recordings kept\n"));
 	assert_string_equal(va, vc);
-	assert_true(same_file("val-eager", "val-padded"));
+	assert_true(same_file(ea, ec));
 	free(oa);
 	free(ob);
 	free(oc);
 	free(va);
 	free(vb);
 	free(vc);
+}
+
+static void test_evaluation(void **state)
+{
+	(void)state;
+	evaluation_on("cpu-strict");
 }
 
 /* An evaluation batch that cannot be recorded (a host-only custom
@@ -370,10 +387,11 @@ static void test_two_workers_refused(void **state)
  * all-reduce or reduce-scatter, ZeRO's all-gathers, the non-finite
  * flag's and the norm's sums) are in the recording, as host calls
  * replayed in place, and the parameters are eager's, bit for bit. */
-static void two_workers(const char *name, const char *strategy, const char *precision,
-			int steps, int extra_eager, const char *inject)
+static void two_workers_on(const char *dev, const char *name, const char *strategy,
+			   const char *precision, int steps, int extra_eager, const char *inject)
 {
-	char *line = same_with_graphs_at(2, name, steps, extra_eager, strategy, precision, inject);
+	char *line = same_with_graphs_at(dev, 2, name, steps, extra_eager, strategy, precision,
+					 inject);
 	printf("    %s\n", line);
 	const char *h = strstr(line, " device calls, ");
 	assert_non_null(h);
@@ -381,6 +399,12 @@ static void two_workers(const char *name, const char *strategy, const char *prec
 	assert_non_null(strstr(h, " of them host calls (the collectives between the workers, "
 				  "through libhpucoll), replayed from now on"));
 	free(line);
+}
+
+static void two_workers(const char *name, const char *strategy, const char *precision,
+			int steps, int extra_eager, const char *inject)
+{
+	two_workers_on("cpu-strict", name, strategy, precision, steps, extra_eager, inject);
 }
 
 static void test_two_workers_fp32(void **state)
@@ -540,13 +564,50 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* --device cpu --graphs records on the kernels-only table (--verbose says
+ * so; no warning) and replays to eager's parameters across the matrix:
+ * the strategies, 16-mixed's skipped step, a resume, an evaluation, and at
+ * 2 workers (their collectives host calls of the list). Its eager
+ * parameters are cpu-strict's too (the same bytes). */
+static void test_cpu_records(void **state)
+{
+	(void)state;
+	char *o = train("cpu-note", 1, "cpu", 1, NULL, NULL, "--max-steps", "4", NULL);
+	const char *w = strstr(o, "--graphs: ");
+	printf("  cpu: %.*s\n", w ? (int)strcspn(w, "\n") : 4, w ? w : "none");
+	assert_non_null(strstr(o, "rank 0: --graphs: the ops run on the kernels-only table "
+				  "(cpu-strict's without its memory protection), and a step is "
+				  "recorded once and replayed\n"));
+	assert_null(strstr(o, "the training steps run eagerly"));
+	assert_non_null(strstr(o, "graphs: step 3: recorded the step of 32 samples: "));
+	long replayed, recorded, eager;
+	replays(o, &replayed, &recorded, &eager);
+	assert_int_equal(recorded, 1);
+	assert_int_equal(replayed, 2);
+	assert_int_equal(eager, 2);
+	free(o);
+	strategies_fp32("cpu");
+	strategies_bf16("cpu");
+	same_with_graphs("cpu", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
+	resume_on("cpu");
+	evaluation_on("cpu");
+	/* 2 workers: their collectives recorded as host calls there too */
+	two_workers_on("cpu", "two-fp32", "fast_ddp", "fp32", 6, 0, NULL);
+	two_workers_on("cpu", "two-bf16", "zero3", "bf16-mixed", 6, 0, NULL);
+	/* where the cpu-strict matrix ran in this program: the same bytes */
+	char strict[96];
+	snprintf(strict, sizeof strict, "%s/cpu-strict-fp32-zero3-eager.bin", dir);
+	if (access(strict, R_OK) == 0)
+		assert_true(same_file("cpu-fp32-zero3-graphs", "cpu-strict-fp32-zero3-eager"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_refusals), cmocka_unit_test(test_evaluation),
-	    cmocka_unit_test(test_evaluation_refused),
+	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
 	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),
 	    cmocka_unit_test(test_two_workers_refused),

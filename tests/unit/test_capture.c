@@ -7,7 +7,9 @@
  * (device_klist.h walked through a spy table); each refusal names its
  * call and nothing runs; memory freed while recording is not handed out
  * again until the graph is freed; a small training step through the
- * public ops replays bit for bit; cpu has no recording. */
+ * public ops replays bit for bit. --device cpu records under --graphs
+ * only, on the same table (its memory open, told from the host's): the
+ * refusals and the training step there too. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -98,16 +100,26 @@ static void test_where(void **state)
 {
 	(void)state;
 	char err[512] = "";
-	open_dev("cpu", 1);
+	open_dev("cpu", 0); /* eager: its own table, host_can_read */
 	assert_int_equal(hpu__dev_caps_get()->can_capture, 0);
+	assert_int_equal(hpu__dev_caps_get()->host_can_read, 1);
+	assert_int_equal(hpu__dev_kernels_on(), 0);
 	assert_int_equal(hpu__dev_capture_begin(err, sizeof err), -1);
-	assert_string_equal(
-	    err, "--graphs records under --device cpu-strict (its kernels-only "
-	         "table: "
-	         "every access to device memory is a kernel call, so nothing "
-	         "of a step "
-	         "escapes the recording); --device cpu has no recording");
+	assert_string_equal(err, "--device cpu records a step under --graphs only (its "
+				 "kernels-only table is set up with the device)");
 	assert_int_equal(hpu__dev_capturing(), 0);
+	close_dev();
+	open_dev("cpu", 1); /* --graphs: the kernels-only table, no protection */
+	assert_int_equal(hpu__dev_caps_get()->can_capture, 1);
+	assert_int_equal(hpu__dev_caps_get()->host_can_read, 0);
+	assert_string_equal(hpu__dev_name(), "cpu");
+	assert_string_equal(hpu__be()->name, "cpu kernels");
+	float *d = dev_in(NULL, 16);
+	assert_int_equal(hpu__dev_owns(d), 1);
+	assert_int_equal(hpu__dev_owns(err), 0);
+	d[0] = 1.5f; /* the host reads and writes it without a device call */
+	assert_true(d[0] == 1.5f);
+	hpu__dev_free(d);
 	close_dev();
 	open_dev("cpu-strict",
 	         0); /* no --graphs: ops run on the host's loops */
@@ -361,9 +373,8 @@ static void refuse_stack_h2d(void)
 	hpu__dev_h2d(NULL, rbuf, h, sizeof h);
 }
 
-static void test_refusals(void **state)
+static void refusals_on(const char *dev)
 {
-	(void)state;
 	static const struct {
 		void (*call)(void);
 		const char *why;
@@ -394,9 +405,10 @@ static void test_refusals(void **state)
 	     "hpu__dev_h2d: a copy from host memory that is not pinned memory "
 	     "(hpu__dev_host_alloc): a replay reads its source when it runs"},
 	};
-	/* with the step guard on: a recording refuses, the worker lives */
+	/* with the step guard on (cpu-strict): a recording refuses, the
+	 * worker lives */
 	setenv("HPU_STRICT_STEP", "1", 1);
-	open_dev("cpu-strict", 1);
+	open_dev(dev, 1);
 	unsetenv("HPU_STRICT_STEP");
 	hpu__dev_step_guard(1);
 	const float ones[64] = {1, 1, 1, 1};
@@ -427,6 +439,18 @@ static void test_refusals(void **state)
 	hpu__dev_free(rbuf);
 	hpu__dev_free(rsrc);
 	close_dev();
+}
+
+static void test_refusals(void **state)
+{
+	(void)state;
+	refusals_on("cpu-strict");
+}
+
+static void test_refusals_cpu(void **state)
+{
+	(void)state;
+	refusals_on("cpu");
 }
 
 /* ---- memory kept for a graph ---- */
@@ -871,11 +895,10 @@ static void net_read(net *n, net_snap *s)
 	hpu__dev_d2h(NULL, &s->sv, n->sv, sizeof s->sv);
 }
 
-static void test_training_step(void **state)
+static void training_step_on(const char *dev)
 {
-	(void)state;
 	static net_snap eager[3], got;
-	open_dev("cpu-strict", 1);
+	open_dev(dev, 1);
 	net n = {.cfg = {.clip_norm = 0.5}};
 	float **bufs[] = {&n.w,  &n.b,    &n.dw,    &n.db, &n.x,  &n.t, &n.h,
 	                  &n.yr, &n.loss, &n.dloss, &n.dy, &n.dh, &n.m};
@@ -915,6 +938,18 @@ static void test_training_step(void **state)
 	hpu__dev_host_free(n.pin_x);
 	hpu__dev_host_free(n.pin_t);
 	close_dev();
+}
+
+static void test_training_step(void **state)
+{
+	(void)state;
+	training_step_on("cpu-strict");
+}
+
+static void test_training_step_cpu(void **state)
+{
+	(void)state;
+	training_step_on("cpu");
 }
 
 /* ---- host nodes (hpu__dev_rec_host: the strategy's collectives) ---- */
@@ -1012,6 +1047,8 @@ int main(void)
 	    cmocka_unit_test(test_every_entry),
 	    cmocka_unit_test(test_kernel_details),
 	    cmocka_unit_test(test_training_step),
+	    cmocka_unit_test(test_refusals_cpu),
+	    cmocka_unit_test(test_training_step_cpu),
 	    cmocka_unit_test(test_host_node),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

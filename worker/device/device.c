@@ -228,7 +228,7 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	}
 	hpu__devmem_set_backing(d->backing);
 	if (d == &hpu__dev_cpu_strict && hpu__dev_strict_kernels()) {
-		hpu__be_set(hpu__dev_kernels_table());
+		hpu__be_set(hpu__dev_kernels_table(d));
 		hpu__dev_kernels_scratch();
 		kernels_set = 1;
 	} else if (d != &hpu__dev_cpu && d != &hpu__dev_cpu_strict && d->ops) {
@@ -250,24 +250,44 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	return 0;
 }
 
+/* --graphs on --device cpu: the device becomes hpu__dev_cpu_rec (its
+ * memory the arena that tells device memory from the host's, always open)
+ * on the kernels-only table; devmem is not set up yet. Eager --device cpu
+ * keeps its own table and memory. */
+static int cpu_records(char *err, size_t errlen)
+{
+	if (hpu__dev_cpu_rec.setup(cur_rank, err, errlen) < 0)
+		return -1;
+	hpu__devmem_set_backing(hpu__dev_cpu_rec.backing);
+	cur = &hpu__dev_cpu_rec;
+	return 0;
+}
+
 int hpu__dev_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
 		       size_t notelen, char *err, size_t errlen)
 {
 	*capacity = 0;
 	if (notelen)
 		note[0] = '\0';
-	if (c->graphs && cur == &hpu__dev_cpu_strict && !kernels_set) {
+	if (c->graphs && cur == &hpu__dev_cpu && cpu_records(err, errlen) < 0)
+		return -1;
+	int strict = cur == &hpu__dev_cpu_strict;
+	if (c->graphs && (strict || cur == &hpu__dev_cpu_rec) && !kernels_set) {
 		/* recording needs every access to device memory to be a call
 		 * of the device: its kernels-only table, as HPU_STRICT_KERNELS=1 */
-		hpu__be_set(hpu__dev_kernels_table());
+		hpu__be_set(hpu__dev_kernels_table(cur));
 		hpu__dev_kernels_scratch();
 		kernels_set = 1;
 		caps_known = 0;
 	}
-	if (c->graphs && cur == &hpu__dev_cpu_strict)
+	if (c->graphs && strict)
 		snprintf(note, notelen,
 			 "--graphs: the ops run on cpu-strict's kernels-only table, and a step is "
 			 "recorded once and replayed");
+	else if (c->graphs && cur == &hpu__dev_cpu_rec)
+		snprintf(note, notelen,
+			 "--graphs: the ops run on the kernels-only table (cpu-strict's without its "
+			 "memory protection), and a step is recorded once and replayed");
 	if (cur->configure)
 		return cur->configure(c, capacity, note, notelen, err, errlen);
 	if (c->allow_tf32) /* accepted, as PyTorch's flag is on a CPU */
@@ -340,8 +360,8 @@ const hpu__dev_caps *hpu__dev_caps_get(void)
 {
 	if (!caps_known) {
 		cur->caps(&cur_caps);
-		if (cur == &hpu__dev_cpu_strict) /* records on its kernels-only table */
-			cur_caps.can_capture = kernels_set;
+		if (cur == &hpu__dev_cpu_strict || cur == &hpu__dev_cpu_rec)
+			cur_caps.can_capture = kernels_set; /* on the kernels-only table */
 		caps_known = 1;
 	}
 	return &cur_caps;
@@ -1166,16 +1186,15 @@ static void zero_node(void *p, size_t bytes)
 
 int hpu__dev_capture_begin(char *err, size_t errlen)
 {
-	/* the CPU's list records cpu-strict's kernels-only table; any other
-	 * device records itself */
-	int can = hpu__dev_caps_get()->can_capture &&
-		  (cur->recorder || (cur == &hpu__dev_cpu_strict && kernels_set));
+	/* the CPU's list records the kernels-only table (cpu-strict's, or
+	 * --device cpu's under --graphs); any other device records itself */
+	int listed = (cur == &hpu__dev_cpu_strict || cur == &hpu__dev_cpu_rec) && kernels_set;
+	int can = hpu__dev_caps_get()->can_capture && (cur->recorder || listed);
 	if (!can) {
 		if (cur == &hpu__dev_cpu)
 			snprintf(err, errlen,
-				 "--graphs records under --device cpu-strict (its kernels-only table: "
-				 "every access to device memory is a kernel call, so nothing of a step "
-				 "escapes the recording); --device cpu has no recording");
+				 "--device cpu records a step under --graphs only (its kernels-only "
+				 "table is set up with the device)");
 		else if (cur == &hpu__dev_cpu_strict)
 			snprintf(err, errlen,
 				 "--device cpu-strict records a step on its kernels-only table only "

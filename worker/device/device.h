@@ -228,7 +228,9 @@ typedef struct hpu__dev_config {
 	int graphs;            /* --graphs: steps will be recorded
 				* (hpu__dev_capture_begin); on cpu-strict the
 				* ops then run on its kernels-only table, as
-				* HPU_STRICT_KERNELS=1 */
+				* HPU_STRICT_KERNELS=1; cpu becomes
+				* cpu-strict's arena without its protection,
+				* on the same table */
 } hpu__dev_config;
 
 /* Collectives between the ranks of one node on device memory (the CUDA
@@ -352,8 +354,8 @@ typedef struct hpu__device {
 	void (*describe)(const void *p, char *out, size_t len);
 
 	/* Recording a step (NULL: the CPU's list in device.c, where
-	 * caps.can_capture says it records: cpu-strict on its kernels-only
-	 * table). While a device with a recorder records, device.c still
+	 * caps.can_capture says it records: cpu-strict, and cpu under
+	 * --graphs, on the kernels-only table). While a device with a recorder records, device.c still
 	 * refuses what no recording can hold (copies into host memory,
 	 * values, waits) and hands it the rest as when eager. */
 	const hpu__dev_recorder *recorder;
@@ -564,9 +566,9 @@ void hpu__dev_group_close(hpu__dev_group **g);
  * memory when the graph runs (the pinned block the runtime rewrites
  * before each launch: the learning rate, the batch). A launch then runs
  * the recorded work in order. The CUDA device records with CUDA's
- * stream capture into a CUDA graph; the CPU's twin (cpu-strict, on its
- * kernels-only table: every access to device memory is a table call)
- * keeps the calls in a list.
+ * stream capture into a CUDA graph; the CPU's twin (cpu-strict, and cpu
+ * under --graphs, on the kernels-only table: every access to device
+ * memory is a table call) keeps the calls in a list.
  *
  * What cannot be recorded makes the recording fail, not the worker:
  * anything that brings a value back to the host (a copy into host
@@ -595,7 +597,8 @@ typedef struct hpu__dev_graph hpu__dev_graph;
 
 /* Starts recording. 0, or -1 with a sentence in err (the device cannot
  * record: caps.can_capture 0, cpu-strict without its kernels-only table
- * (--graphs, or HPU_STRICT_KERNELS=1), cpu; or a recording is under way). */
+ * (--graphs, or HPU_STRICT_KERNELS=1), cpu without --graphs; or a
+ * recording is under way). */
 int hpu__dev_capture_begin(char *err, size_t errlen);
 
 /* 1 while this thread records. */

@@ -20,11 +20,17 @@ void hpu__dev_cpu_host_free(void *p);
 	.wait = hpu__dev_cpu_wait, .host_alloc = hpu__dev_cpu_host_alloc,                          \
 	.host_free = hpu__dev_cpu_host_free, .ops = hpu__be, .rt = &hpu__dev_cpu_rtops
 
-/* cpu-strict's kernels-only mode (device_kernels.c): 1 when
- * HPU_STRICT_KERNELS=1; the table whose every function is a device call
- * around the CPU's kernel (the backend's, else hpu__be_host's). */
+/* The cpu device under --graphs (device_strict.c): cpu-strict's arena
+ * always open, no device calls; named "cpu". hpu__dev_configure switches
+ * --device cpu to it when --graphs is on. */
+extern const hpu__device hpu__dev_cpu_rec;
+
+/* The kernels-only mode (device_kernels.c): 1 when HPU_STRICT_KERNELS=1;
+ * the table whose every function is a device call of `d` (cpu-strict, or
+ * hpu__dev_cpu_rec, which has none: the bare kernel) around the CPU's
+ * kernel (the backend's, else hpu__be_host's), a node while recording. */
 int hpu__dev_strict_kernels(void);
-const hpu__backend *hpu__dev_kernels_table(void);
+const hpu__backend *hpu__dev_kernels_table(const hpu__device *d);
 /* Makes the ops' scratch (autocast, fp8) device memory, as a GPU's is;
  * for the process's life (the worker's). */
 void hpu__dev_kernels_scratch(void);

@@ -1,5 +1,7 @@
-/* device_kernels: cpu-strict's kernels-only mode (HPU_STRICT_KERNELS=1,
- * or --graphs: hpu__dev_config.graphs).
+/* device_kernels: the kernels-only mode of the CPU devices: cpu-strict's
+ * (HPU_STRICT_KERNELS=1, or --graphs: hpu__dev_config.graphs), and the
+ * cpu device's under --graphs (hpu__dev_cpu_rec: the same table, its
+ * device calls nothing, as its memory is always open).
  *
  * On a GPU only the kernel table (worker/ops/backend.h) and the runtime's
  * ops (hpu__dev_rtops) touch device memory. This mode proves the same of
@@ -36,6 +38,17 @@ static hpu__backend tab;  /* each entry: enter, impl's, leave */
 
 static hpu__backend fallback; /* where impl's answers HPU_BE_UNSUPPORTED */
 
+/* The device the table is built for: its device call (cpu-strict's
+ * enter and leave; NULL on hpu__dev_cpu_rec, whose memory is open) and
+ * what tells its memory from the host's (owns). */
+static void (*dev_enter)(void), (*dev_leave)(void);
+static int (*dev_owns)(const void *p);
+
+static int is_host(const void *p)
+{
+	return p && !dev_owns(p);
+}
+
 #define KL_ARG(x) node_->a.x
 #define KL_PIN(x) _Generic((node_->a.x), KL_PINS)(&pin_c_, #x, &node_->a.x);
 
@@ -70,13 +83,13 @@ static void pin_int(pin *c, const char *arg, const int *v)
 /* A pointer the kernel reads (in) or writes (out): device memory or NULL. */
 static void check_in(pin *c, const char *arg, const void *p)
 {
-	if (p && !hpu__dev_cpu_strict.owns(p))
+	if (is_host(p))
 		refuse(c, "reads host memory when it runs", arg);
 }
 
 static void check_out(pin *c, const char *arg, const void *p)
 {
-	if (p && !hpu__dev_cpu_strict.owns(p))
+	if (is_host(p))
 		refuse(c, "writes host memory", arg);
 }
 
@@ -129,7 +142,7 @@ static void pin_rect(pin *c, const char *arg, const hpu_conv2d_rect_shape **s)
  * most 8) copied; host memory elsewhere is refused. */
 static const void *host_array(pin *c, const char *arg, const void *p, size_t elem)
 {
-	if (!p || hpu__dev_cpu_strict.owns(p))
+	if (!is_host(p))
 		return p;
 	if (strcmp(c->entry, "permute")) {
 		check_in(c, arg, p);
@@ -173,7 +186,8 @@ static int host_keyed(const char *entry)
 	return !strcmp(entry, "dropout_fwd") || !strcmp(entry, "dropout_rows");
 }
 
-/* (The mode is cpu-strict's: its enter and leave directly.) e_: impl's
+/* (The device call is the device's enter and leave directly, where it
+ * has them: nothing on hpu__dev_cpu_rec but a test.) e_: impl's
  * kernel, else (HPU_BE_UNSUPPORTED) the host table's reference kernel,
  * which the op would have run: both inside the device call. k_: the
  * table's entry, e_ or, recording, a node whose run (r_) calls e_ with
@@ -181,11 +195,13 @@ static int host_keyed(const char *entry)
 #define WRAP(name, params, args)                                                             \
 	static int e_##name params                                                           \
 	{                                                                                    \
-		hpu__dev_cpu_strict.enter();                                                 \
+		if (dev_enter)                                                               \
+			dev_enter();                                                         \
 		int r = impl.name args;                                                      \
 		if (r == HPU_BE_UNSUPPORTED && fallback.name)                                \
 			r = fallback.name args;                                              \
-		hpu__dev_cpu_strict.leave();                                                 \
+		if (dev_leave)                                                               \
+			dev_leave();                                                         \
 		return r;                                                                    \
 	}                                                                                    \
 	struct n_##name {                                                                    \
@@ -245,10 +261,13 @@ _Static_assert(sizeof(hpu__backend) == (KL_NENTRIES + 6) * sizeof(void *),
 		tab.name = impl.name ? k_##name : NULL;                                      \
 	} while (0)
 
-static const hpu__backend *build(void)
+static const hpu__backend *build(const hpu__device *d)
 {
 	const hpu__backend *be = hpu__be(), *host = hpu__be_host();
-	tab.name = "cpu-strict kernels";
+	dev_enter = d->enter;
+	dev_leave = d->leave;
+	dev_owns = d->owns;
+	tab.name = d == &hpu__dev_cpu_strict ? "cpu-strict kernels" : "cpu kernels";
 	tab.describe = be->describe;
 	tab.bf16_native = be->bf16_native;
 	tab.set_threads = be->set_threads;
@@ -324,12 +343,12 @@ int hpu__dev_strict_kernels(void)
 	return kernels_only;
 }
 
-const hpu__backend *hpu__dev_kernels_table(void)
+const hpu__backend *hpu__dev_kernels_table(const hpu__device *d)
 {
 	/* built anew at each open, over the backend then chosen (a test's
 	 * table too); never over itself */
 	if (hpu__be() != &tab)
-		build();
+		build(d);
 	return &tab;
 }
 

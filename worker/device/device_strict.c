@@ -15,7 +15,18 @@
  * extents kept in address order; a freed extent's pages are dropped
  * (MADV_DONTNEED), so a new block is zero as devmem expects. Device calls
  * nest and may come from several threads: a count under a mutex says
- * when the arena is open. */
+ * when the arena is open.
+ *
+ * hpu__dev_cpu_rec is the same arena, its pages opened for reading and
+ * writing as they are handed out and never closed, with no device call
+ * and no fault handler: `--device cpu --graphs` switches
+ * the cpu device to it (device.c's hpu__dev_configure, before devmem is
+ * set up), so that a recording tells device memory from host memory
+ * (owns, describe) as cpu-strict's does, while host code reads device
+ * memory at no cost. Its caps say host_can_read 0 all the same: the
+ * strategy takes cpu-strict's paths, whose every access to device memory
+ * is a device call a recording holds. Only one of the two is opened in a
+ * process. */
 #include <errno.h>
 #ifdef HPU_STRICT_DEBUG
 #include <execinfo.h>
@@ -51,6 +62,7 @@ static struct {
 	char *base;
 	size_t top; /* bytes from base ever handed out: the part opened */
 	int depth;  /* device calls running */
+	int open;   /* hpu__dev_cpu_rec's: pages open as they are handed out */
 	int rank;
 	extent *free;
 	size_t nfree, capfree;
@@ -100,7 +112,7 @@ static void *arena_map(size_t bytes)
 			A.nfree--;
 		}
 		if (off + bytes > A.top) {
-			if (A.depth) /* inside a device call: open the new pages too */
+			if (A.depth || A.open) /* inside a device call, or always open */
 				protect(A.top, off + bytes - A.top, PROT_READ | PROT_WRITE);
 			A.top = off + bytes;
 		}
@@ -271,27 +283,39 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
 
 /* ---- the table ---- */
 
-static int strict_setup(int rank, char *err, size_t errlen)
+/* Reserves the arena, without access: `open` 0, cpu-strict's, opened by
+ * device calls; 1, hpu__dev_cpu_rec's, its pages opened for good as
+ * they are first handed out (only those count as committed memory).
+ * `name` is the device's in the error. */
+static int arena_setup(const char *name, int open, int rank, char *err, size_t errlen)
 {
 	void *m = mmap(NULL, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
 	if (m == MAP_FAILED) {
-		snprintf(err, errlen, "--device cpu-strict: cannot reserve its arena of %zu GiB: %s",
-			 ARENA_BYTES >> 30, strerror(errno));
+		snprintf(err, errlen, "--device %s: cannot reserve its arena of %zu GiB: %s",
+			 name, ARENA_BYTES >> 30, strerror(errno));
 		return -1;
 	}
 	A.base = m;
 	A.top = 0;
 	A.depth = 0;
+	A.open = open;
 	A.rank = rank;
 	A.nfree = A.nlive = 0;
 	if (grow((void **)&A.free, &A.capfree, 1, sizeof(extent)) < 0) {
 		munmap(m, ARENA_BYTES);
 		A.base = NULL;
-		snprintf(err, errlen, "--device cpu-strict: out of memory");
+		snprintf(err, errlen, "--device %s: out of memory", name);
 		return -1;
 	}
 	A.free[A.nfree++] = (extent){0, ARENA_BYTES};
+	return 0;
+}
+
+static int strict_setup(int rank, char *err, size_t errlen)
+{
+	if (arena_setup("cpu-strict", 0, rank, err, errlen) < 0)
+		return -1;
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_sigaction = on_segv;
@@ -324,5 +348,34 @@ const hpu__device hpu__dev_cpu_strict = {
     HPU__DEV_CPU_SHARED,
     .owns = strict_owns,
     .backing = &backing,
+    .describe = strict_describe,
+};
+
+/* ---- the cpu device under --graphs: the arena, always open ---- */
+
+static int rec_setup(int rank, char *err, size_t errlen)
+{
+	return arena_setup("cpu", 1, rank, err, errlen);
+}
+
+static void rec_teardown(void)
+{
+	A.nfree = A.nlive = 0;
+}
+
+static const hpu__devmem_backing rec_backing = {
+    .map = arena_map,
+    .unmap = arena_unmap,
+    .label = arena_label,
+};
+
+const hpu__device hpu__dev_cpu_rec = {
+    .name = "cpu",
+    .setup = rec_setup,
+    .teardown = rec_teardown,
+    .caps = strict_caps,
+    HPU__DEV_CPU_SHARED,
+    .owns = strict_owns,
+    .backing = &rec_backing,
     .describe = strict_describe,
 };

@@ -2,7 +2,7 @@
  * --graphs-warmup eager steps, a training step is recorded once per
  * batch shape (the micro-batches' sizes) with the device's recording
  * (device.h: hpu__dev_capture_begin .. _end; a CUDA graph, or the CPU's
- * twin on cpu-strict) and replayed every later step of that shape: the
+ * twin on cpu and cpu-strict) and replayed every later step of that shape: the
  * host copies the micro-batches into the recording's input buffers,
  * puts the step's learning rate into the pinned block it reads, launches
  * it and reads the step's results after it (hpu__strat_step_result).
