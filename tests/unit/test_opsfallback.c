@@ -26,6 +26,8 @@
 #include "hpu/hpu.h"
 #include "hpu/ops.h"
 #include "worker/device/device.h"
+#include "worker/ops/autocast.h"
+#include "worker/ops/fp8.h"
 
 #define MiB (1024ull * 1024)
 
@@ -201,6 +203,34 @@ static int op_copy(void)
 	return hpu_copy(F(0), F(1), 256);
 }
 
+/* mixed precision's and fp8's passes (the table has no round, to_bf16,
+ * from16, amax or fp8_fake_quant) */
+static int op_round(void)
+{
+	hpu__ac_round_inplace(F(0), 64, HPU_AUTOCAST_BF16);
+	return 0;
+}
+static int op_to_bf16(void)
+{
+	(void)hpu__ac_bf16(0, F(0), 64);
+	return 0;
+}
+static int op_from16(void)
+{
+	hpu__ac_from16(0, F(0), (const uint16_t *)F(1), 64);
+	return 0;
+}
+static int op_fake_quant(void)
+{
+	hpu__fp8_fake_quant(F(0), F(1), 64, 1.0f, HPU_FP8_E4M3);
+	return 0;
+}
+static int op_amax(void)
+{
+	(void)hpu__fp8_amax(F(0), 64);
+	return 0;
+}
+
 typedef struct op_case {
 	const char *name; /* what the refusal names */
 	int (*run)(void); /* the op's answer (0 for a void op) */
@@ -228,6 +258,11 @@ static const op_case cases[] = {
     {"hpu_conv2d_backward", op_conv_bwd},
     {"hpu_maxpool2d_forward", op_maxpool},
     {"hpu_avgpool2d_backward", op_avgpool_bwd},
+    {"autocast's rounding (hpu__ac_round_inplace)", op_round},
+    {"autocast's bf16 operand (hpu__ac_bf16)", op_to_bf16},
+    {"autocast's widening (hpu__ac_from16)", op_from16},
+    {"fp8's quantization (hpu__fp8_fake_quant)", op_fake_quant},
+    {"fp8's scaling (hpu__fp8_amax)", op_amax},
     {"mse_fwd", op_mse},
     {"copy", op_copy},
 };
