@@ -1278,6 +1278,14 @@ static void cap_free(void *graph)
 	free(cg);
 }
 
+/* 1 while this recording holds a refusal (a call refused, a CUDA error):
+ * the ops' refusal of the same call then leaves it, the more precise,
+ * for end (device.h's hpu__dev_ops_hooks). */
+static int cap_refused(void)
+{
+	return R.on && capture_refusal()[0] != 0;
+}
+
 static const hpu__dev_recorder recorder = {
     .begin = cap_begin,
     .end = cap_end,
@@ -1285,6 +1293,7 @@ static const hpu__dev_recorder recorder = {
     .nodes = cap_nodes,
     .free = cap_free,
     .names = cap_names,
+    .refused = cap_refused,
 };
 
 /* ---- the tables and the entries ---- */

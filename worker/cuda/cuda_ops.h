@@ -39,9 +39,11 @@ void hpu__cuda_ops_set_stream(void *cuda_stream);
  * cudaGetLastError() to clear the refused call's error, which the next
  * kernel launch would report otherwise) and the work run eagerly: nothing
  * the failed op should have written can be trusted. Errors outside
- * CUDA's calls (no host memory) stay fatal. Call the table directly while
- * recording: the runtime's ops (worker/ops) take HPU_BE_UNSUPPORTED as
- * "run the C loops", which over device memory would fault. */
+ * CUDA's calls (no host memory) stay fatal. The ops (worker/ops) never
+ * take this table's HPU_BE_UNSUPPORTED as "run the C loops" (which over
+ * device memory would fault): while recording the op does nothing more,
+ * the recording refused (this sentence kept, else the op's); outside a
+ * recording the worker ends naming the op (backend.h, hpu__be_refused). */
 void hpu__cuda_ops_recording(int on);
 const char *hpu__cuda_ops_recording_error(void);
 /* While this thread records: keeps "WHAT: WHY" as the recording's

@@ -297,6 +297,10 @@ typedef struct hpu__dev_recorder {
 	/* the calls it holds counted by name (hpu__dev_graph_names; *out
 	 * owned by the graph); NULL: the device names none */
 	size_t (*names)(const void *graph, const hpu__dev_node_count **out);
+	/* 1 when the recording under way on the calling thread holds a
+	 * refusal of the device's own (end will answer 1 with it); NULL: the
+	 * device keeps none but end's */
+	int (*refused)(void);
 } hpu__dev_recorder;
 
 /* One device's table. */
@@ -664,6 +668,17 @@ size_t hpu__dev_graph_host_calls(const hpu__dev_graph *g);
 /* Frees *g (NULL is fine) and gives devmem back the memory kept for it;
  * sets *g to NULL. */
 void hpu__dev_graph_free(hpu__dev_graph **g);
+
+/* Tells the ops (worker/ops/backend.h, hpu__be_set_dev_hooks) the open
+ * device's name, whether the host may touch its memory
+ * (hpu__dev_host_can_read) and whether the calling thread records, so
+ * that a kernel table that is not the host's, over memory the host cannot
+ * touch, never sends an op to its C loops: while
+ * recording, an entry's refusal refuses the recording, naming the op
+ * (unless the recording holds a reason already, device.c's or the
+ * device recorder's own); outside one the worker ends naming the op and
+ * the device (device_refuse.c). The worker calls it once at start. */
+void hpu__dev_ops_hooks(void);
 
 /* Bytes copied host->device and device->host since the device opened. */
 void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h);

@@ -492,7 +492,8 @@ static void round_fp16(const float *x, float *y, size_t n)
 static void round_to(const float *x, float *y, size_t n, int lowp)
 {
 	const hpu__backend *be = hpu__be();
-	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, y, n) == HPU_BE_OK)
+	if ((be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, y, n) == HPU_BE_OK) ||
+	    hpu__be_refused("autocast's rounding (hpu__ac_round)", "round, %zu values", n))
 		return;
 	hpu__host_round(lowp == HPU_AUTOCAST_FP16, x, y, n);
 }
@@ -632,7 +633,8 @@ const uint16_t *hpu__ac_bf16(int slot, const float *x, size_t n)
 		return h;
 	grow((void **)&scratch16[slot].p, &scratch16[slot].cap, n, sizeof(uint16_t));
 	const hpu__backend *be = hpu__be();
-	if (!be->to_bf16 || be->to_bf16(x, scratch16[slot].p, n) != HPU_BE_OK)
+	if ((!be->to_bf16 || be->to_bf16(x, scratch16[slot].p, n) != HPU_BE_OK) &&
+	    !hpu__be_refused("autocast's bf16 operand (hpu__ac_bf16)", "to_bf16, %zu values", n))
 		hpu__host_to_bf16(x, scratch16[slot].p, n);
 	return scratch16[slot].p;
 }
@@ -691,7 +693,8 @@ HPU_CLONES static void from16_plain(int fp16, float *restrict dst,
 void hpu__ac_from16(int fp16, float *dst, const uint16_t *src, size_t n)
 {
 	const hpu__backend *be = hpu__be();
-	if (be->from16 && be->from16(fp16, src, dst, n) == HPU_BE_OK)
+	if ((be->from16 && be->from16(fp16, src, dst, n) == HPU_BE_OK) ||
+	    hpu__be_refused("autocast's widening (hpu__ac_from16)", "from16, %zu values", n))
 		return;
 	hpu__host_from16(fp16, src, dst, n);
 }
@@ -762,7 +765,8 @@ const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp)
 void hpu__ac_round_inplace(float *x, size_t n, int lowp)
 {
 	const hpu__backend *be = hpu__be();
-	if (be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, x, n) == HPU_BE_OK)
+	if ((be->round && be->round(lowp == HPU_AUTOCAST_FP16, x, x, n) == HPU_BE_OK) ||
+	    hpu__be_refused("autocast's rounding (hpu__ac_round_inplace)", "round, %zu values", n))
 		return;
 	hpu__host_round(lowp == HPU_AUTOCAST_FP16, x, x, n);
 }

@@ -1,11 +1,15 @@
 /* backend: which backend the ops use, and the reference table (every case
  * unsupported, so that the ops run the kernels of ops_ref.h). */
+#include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "worker/ops/backend.h"
 #include "common/env.h"
+#include "common/log.h"
 
 const hpu__backend *hpu__dnnl_backend(void);
 
@@ -109,4 +113,57 @@ int hpu__be_on_host(void)
 {
 	const hpu__backend *be = hpu__be();
 	return be == &ref_backend || be == hpu__dnnl_backend();
+}
+
+/* ---- an entry's refusal on a table that is not the host's ---- */
+
+static const hpu__be_dev_hooks *dev_hooks;
+
+void hpu__be_set_dev_hooks(const hpu__be_dev_hooks *h)
+{
+	dev_hooks = h;
+}
+
+static const char *dev_name(void)
+{
+	const char *n = dev_hooks && dev_hooks->name ? dev_hooks->name() : NULL;
+	return n ? n : hpu__be()->name;
+}
+
+/* 1 where the calling thread records: the recording refused with
+ * "OP: ... (DETAIL)" (unless it was already). */
+static int recording_refuses(const char *op, const char *detail)
+{
+	if (!dev_hooks || !dev_hooks->refuse)
+		return 0;
+	char why[384];
+	snprintf(why, sizeof why, "%s: the kernel table of device %s refused it while recording (%s)",
+		 op, dev_name(), detail);
+	return dev_hooks->refuse(why);
+}
+
+int hpu__be_refused(const char *op, const char *fmt, ...)
+{
+	if (hpu__be_on_host() || !dev_hooks || !dev_hooks->host_can_read ||
+	    dev_hooks->host_can_read())
+		return 0;
+	char detail[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof detail, fmt, ap);
+	va_end(ap);
+	if (recording_refuses(op, detail))
+		return 1;
+	/* the op cannot go on: its C loops would touch device memory, and
+	 * most ops have no error to return */
+	hpu__log(HPU_LOG_ERROR, "the device %s has no kernel for %s (%s)", dev_name(), op, detail);
+	_exit(1);
+}
+
+int hpu__be_answer(const char *entry, int rc)
+{
+	if (rc == HPU_BE_UNSUPPORTED && !hpu__be_on_host() &&
+	    recording_refuses(entry, "its entry answered HPU_BE_UNSUPPORTED"))
+		return HPU_BE_OK;
+	return rc;
 }

@@ -331,4 +331,53 @@ const hpu__backend *hpu__be_host(void);
  * entry is NULL elsewhere, the op fails rather than run a host loop. */
 int hpu__be_on_host(void);
 
+/* ---- an entry's refusal on a table that is not the host's ----
+ *
+ * On the host's tables an entry's HPU_BE_UNSUPPORTED (or no entry) sends
+ * an op to its C loops (the reference kernels, hpu__be_host's). On a
+ * device's own table over memory the host cannot touch (CUDA's,
+ * cpu-strict's kernels-only one) those loops would fault: every op asks
+ * hpu__be_refused before it runs one, and the kernel-or-host ops
+ * (HPU__BE_RUN) pass an entry's answer through hpu__be_answer. The
+ * device the ops run on tells them its name, whether the host may touch
+ * its memory and whether the calling thread records a step, through
+ * hooks it installs (worker/device: hpu__dev_ops_hooks, which the worker
+ * calls at start). Without hooks (a program that opened no device: the
+ * unit tests' own tables) the host's memory is the device's, nothing
+ * records, and the C loops serve any table, as before. */
+typedef struct hpu__be_dev_hooks {
+	/* the device's name, for the worker's last line ("cuda") */
+	const char *(*name)(void);
+	/* 1 when host code may read and write the device's memory (the cpu
+	 * device): the C loops then serve a refusal on any table */
+	int (*host_can_read)(void);
+	/* 1 while the calling thread records a step: the recording then
+	 * fails with `why` (one sentence naming the op), unless it was
+	 * refused already (the device's own reason, naming the call it
+	 * refused, is kept); 0 when the thread does not record */
+	int (*refuse)(const char *why);
+} hpu__be_dev_hooks;
+
+/* Installs the device's hooks (NULL: none). Not thread-safe: call
+ * before ops run. */
+void hpu__be_set_dev_hooks(const hpu__be_dev_hooks *h);
+
+/* The ops' table refused `op` (its entry answered HPU_BE_UNSUPPORTED, or
+ * it has none); the rest of the line, printf's, says which entry and
+ * case. 0 where the table is the host's (hpu__be_on_host) or the host may
+ * touch the device's memory (no hooks, or their host_can_read): the op
+ * runs its C loops, as always. Else 1, and the op does nothing more: while the
+ * calling thread records, the recording is refused ("OP: the kernel
+ * table of device D refused it while recording (DETAIL)", unless
+ * refused already); otherwise the worker ends at once (exit status 1)
+ * with one line, "the device D has no kernel for OP (DETAIL)". */
+int hpu__be_refused(const char *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* An entry's answer rc for op `entry` (a kernel-or-host op, which runs
+ * no C loop after its table's refusal): HPU_BE_OK in place of
+ * HPU_BE_UNSUPPORTED where the calling thread records on a table not the
+ * host's (the recording refused naming the entry, hpu__be_refused: the
+ * step runs again eagerly, nothing of this one ran); else rc. */
+int hpu__be_answer(const char *entry, int rc);
+
 #endif

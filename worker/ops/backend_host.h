@@ -6,10 +6,12 @@
 
 #include "worker/ops/backend.h"
 
-/* The table's kernel for `entry`, else on the CPU's tables `host` (its
- * C loops); HPU_BE_UNSUPPORTED where neither may run. */
+/* The table's kernel for `entry` (its refusal while the thread records
+ * on a table not the host's: HPU_BE_OK, the recording refused,
+ * hpu__be_answer), else on the CPU's tables `host` (its C loops);
+ * HPU_BE_UNSUPPORTED where neither may run. */
 #define HPU__BE_RUN(entry, host, ...)                                                        \
-	(hpu__be()->entry ? hpu__be()->entry(__VA_ARGS__)                                     \
+	(hpu__be()->entry ? hpu__be_answer(#entry, hpu__be()->entry(__VA_ARGS__))             \
 	 : hpu__be_on_host() ? host(__VA_ARGS__)                                               \
 			     : HPU_BE_UNSUPPORTED)
 

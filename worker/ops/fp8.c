@@ -79,7 +79,9 @@ static void fake_quant_c(const float *x, float *y, size_t n, float scale, int fm
 void hpu__fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
 {
 	const hpu__backend *be = hpu__be();
-	if (be->fp8_fake_quant && be->fp8_fake_quant(x, y, n, scale, fmt) == HPU_BE_OK)
+	if ((be->fp8_fake_quant && be->fp8_fake_quant(x, y, n, scale, fmt) == HPU_BE_OK) ||
+	    hpu__be_refused("fp8's quantization (hpu__fp8_fake_quant)", "fp8_fake_quant, %zu values",
+			    n))
 		return;
 	fake_quant_c(x, y, n, scale, fmt);
 }
@@ -137,8 +139,9 @@ HPU_CLONES static float amax_c(const float *x, size_t n)
 float hpu__fp8_amax(const float *x, size_t n)
 {
 	const hpu__backend *be = hpu__be();
-	float m;
-	if (be->amax && be->amax(x, n, &m) == HPU_BE_OK)
+	float m = 0.0f;
+	if ((be->amax && be->amax(x, n, &m) == HPU_BE_OK) ||
+	    hpu__be_refused("fp8's scaling (hpu__fp8_amax)", "amax, %zu values", n))
 		return m;
 	return amax_c(x, n);
 }

@@ -59,7 +59,8 @@ void hpu__ref_linear_forward(const float *x, const float *w, const float *b,
 static void bias_grad(const float *dy, float *db, int batch, int out)
 {
 	const hpu__backend *be = hpu__be();
-	if (be->bias_grad && be->bias_grad(HPU_DT_F32, dy, db, batch, out) == HPU_BE_OK)
+	if ((be->bias_grad && be->bias_grad(HPU_DT_F32, dy, db, batch, out) == HPU_BE_OK) ||
+	    hpu__be_refused("hpu_linear_backward", "bias_grad fp32, %d x %d", batch, out))
 		return;
 	hpu__host_bias_grad(HPU_DT_F32, dy, db, batch, out);
 }
@@ -138,13 +139,17 @@ static float softmax_xent(const float *logits, const int32_t *labels,
 			     classes, &k->bad, &k->bad_id) != HPU_BE_OK)
 		return -1.0f;
 	if (!k && (!be->ids_in_range ||
-		   be->ids_in_range(labels, batch, classes, &ok) != HPU_BE_OK))
+		   be->ids_in_range(labels, batch, classes, &ok) != HPU_BE_OK)) {
+		if (hpu__be_refused("hpu_cross_entropy_forward", "ids_in_range"))
+			return 0.0f; /* (recording: refused, nothing ran) */
 		hpu__host_ids_in_range(labels, batch, classes, &ok);
+	}
 	if (!ok)
 		return -1.0f;
-	float out;
-	if (!be->softmax_xent ||
-	    be->softmax_xent(logits, labels, dlogits, batch, classes, &out) != HPU_BE_OK)
+	float out = 0.0f;
+	if ((!be->softmax_xent ||
+	     be->softmax_xent(logits, labels, dlogits, batch, classes, &out) != HPU_BE_OK) &&
+	    !hpu__be_refused("hpu_cross_entropy_forward", "softmax_xent, %d x %d", batch, classes))
 		hpu__host_softmax_xent(logits, labels, dlogits, batch, classes, &out);
 	return out;
 }
@@ -212,6 +217,8 @@ int hpu_accuracy_forward(const float *logits, const int32_t *labels, int batch,
 	if (batch > 0 && classes > 0 && be->count_correct &&
 	    be->count_correct(logits, labels, batch, classes, &correct) == HPU_BE_OK)
 		return correct;
+	if (hpu__be_refused("hpu_accuracy_forward", "count_correct, %d x %d", batch, classes))
+		return 0;
 	hpu__host_count_correct(logits, labels, batch, classes, &correct);
 	return correct;
 }
@@ -260,7 +267,8 @@ static void fwd_product(const float *x, const float *w, const uint16_t *x16,
 	g.dt = HPU_DT_F32;
 	g.a = x;
 	g.b = hpu__ac_param_f32(w, (size_t)out * in);
-	if (hpu__be()->gemm(&g) != HPU_BE_OK)
+	if (hpu__be()->gemm(&g) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_linear_forward", "gemm fp32, %dx%dx%d", batch, out, in))
 		hpu__ref_linear_forward(x, w, b, y, batch, in, out);
 }
 
@@ -277,7 +285,8 @@ static void dw_product(hpu__gemm *gw, const float *x, const float *w, const floa
 	gw->dt = HPU_DT_F32; /* dw alone: w is not read */
 	gw->a = dy;
 	gw->b = x;
-	if (be->gemm(gw) == HPU_BE_OK)
+	if (be->gemm(gw) == HPU_BE_OK ||
+	    hpu__be_refused("hpu_linear_backward", "gemm fp32 (dw), %dx%dx%d", out, in, batch))
 		return;
 	if (dw_fresh)
 		memset(dw, 0, (size_t)out * in * sizeof *dw);
@@ -303,7 +312,9 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 		float *tmp = hpu__ac_scratch(3, nw);
 		gw.c16 = NULL;
 		dw_product(&gw, x, w, dy, tmp, 1, batch, in, out);
-		hpu__host_to_bf16(tmp, dw16, nw);
+		if ((!be->to_bf16 || be->to_bf16(tmp, dw16, nw) != HPU_BE_OK) &&
+		    !hpu__be_refused("hpu_linear_backward", "to_bf16 (dw), %zu values", nw))
+			hpu__host_to_bf16(tmp, dw16, nw);
 	} else if (!dw16) {
 		dw_product(&gw, x, w, dy, dw, dw_fresh, batch, in, out);
 	}
@@ -319,7 +330,8 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 	gx.dt = HPU_DT_F32;
 	gx.a = dy;
 	gx.b = hpu__ac_param_f32(w, (size_t)out * in);
-	if (be->gemm(&gx) == HPU_BE_OK)
+	if (be->gemm(&gx) == HPU_BE_OK ||
+	    hpu__be_refused("hpu_linear_backward", "gemm fp32 (dx), %dx%dx%d", batch, in, out))
 		return;
 	/* the reference computes dw and dx together: dx alone from a zero dw */
 	float *tmp = hpu__ac_scratch(3, (size_t)out * in);
@@ -331,7 +343,8 @@ static void bwd_products(const float *x, const float *w, const float *dy,
 static void bias_grad16(const uint16_t *dy, float *db, int batch, int out)
 {
 	const hpu__backend *be = hpu__be();
-	if (be->bias_grad && be->bias_grad(HPU_DT_BF16, dy, db, batch, out) == HPU_BE_OK)
+	if ((be->bias_grad && be->bias_grad(HPU_DT_BF16, dy, db, batch, out) == HPU_BE_OK) ||
+	    hpu__be_refused("hpu_linear_backward", "bias_grad bf16, %d x %d", batch, out))
 		return;
 	hpu__host_bias_grad(HPU_DT_BF16, dy, db, batch, out);
 }
@@ -470,13 +483,15 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
  * HPU_BE_UNSUPPORTED */
 static void relu_fwd(const float *x, float *y, size_t n)
 {
-	if (hpu__be()->eltwise_fwd(HPU_ELT_RELU, x, y, n) != HPU_BE_OK)
+	if (hpu__be()->eltwise_fwd(HPU_ELT_RELU, x, y, n) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_relu_forward", "eltwise_fwd ReLU, %zu values", n))
 		hpu__ref_relu_forward(x, y, n);
 }
 
 static void relu_bwd(const float *y, const float *dy, float *dx, size_t n)
 {
-	if (hpu__be()->eltwise_bwd(HPU_ELT_RELU, y, dy, dx, n) != HPU_BE_OK)
+	if (hpu__be()->eltwise_bwd(HPU_ELT_RELU, y, dy, dx, n) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_relu_backward", "eltwise_bwd ReLU, %zu values", n))
 		hpu__ref_relu_backward(y, dy, dx, n);
 }
 

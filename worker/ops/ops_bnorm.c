@@ -111,25 +111,15 @@ int hpu_batchnorm_forward(const float *x, float *y, const float *w, const float 
 			  float *run_mean, float *run_var, float *saved, int batch, int ch,
 			  size_t spatial, float eps, float momentum, int train, int update)
 {
-	const hpu__backend *be = hpu__be();
-	int rc = be->batchnorm_fwd
-			 ? be->batchnorm_fwd(x, y, w, bias, run_mean, run_var, saved, batch, ch,
-					     spatial, eps, momentum, train, update)
-		 : hpu__be_on_host()
-			 ? hpu__host_batchnorm_fwd(x, y, w, bias, run_mean, run_var, saved, batch,
-						   ch, spatial, eps, momentum, train, update)
-			 : HPU_BE_UNSUPPORTED;
+	int rc = HPU__BE_RUN(batchnorm_fwd, hpu__host_batchnorm_fwd, x, y, w, bias, run_mean,
+			     run_var, saved, batch, ch, spatial, eps, momentum, train, update);
 	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
 }
 
 int hpu_batchnorm_backward(const float *x, const float *dy, const float *w, const float *saved,
 			   float *dw, float *dbias, float *dx, int batch, int ch, size_t spatial)
 {
-	const hpu__backend *be = hpu__be();
-	int rc = be->batchnorm_bwd
-			 ? be->batchnorm_bwd(x, dy, w, saved, dw, dbias, dx, batch, ch, spatial)
-		 : hpu__be_on_host()
-			 ? hpu__host_batchnorm_bwd(x, dy, w, saved, dw, dbias, dx, batch, ch, spatial)
-			 : HPU_BE_UNSUPPORTED;
+	int rc = HPU__BE_RUN(batchnorm_bwd, hpu__host_batchnorm_bwd, x, dy, w, saved, dw, dbias,
+			     dx, batch, ch, spatial);
 	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
 }

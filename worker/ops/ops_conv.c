@@ -450,7 +450,9 @@ static int bf16_products(int lp)
 static void conv_fwd_f32(const hpu_conv2d_shape *s, const float *x, const float *w,
 			 const float *b, float *y, float *scratch)
 {
-	if (hpu__be()->conv_fwd(s, HPU_DT_F32, x, w, b, y) != HPU_BE_OK)
+	if (hpu__be()->conv_fwd(s, HPU_DT_F32, x, w, b, y) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_conv2d_forward", "conv_fwd fp32, %d x %d x %dx%d, kernel %d",
+			     s->batch, s->in_ch, s->height, s->width, s->kernel))
 		hpu__ref_conv2d_forward(s, x, w, b, y, scratch);
 }
 
@@ -553,7 +555,10 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 			dyl = hpu__ac_round(2, dy, ny, lp);
 		}
 		conv_bwd_be(s, HPU_DT_F32, xl, wl, dyl, dx, dw, db, &weights_done, &data_done);
-		if (!weights_done || !data_done)
+		if ((!weights_done || !data_done) &&
+		    !hpu__be_refused("hpu_conv2d_backward", "%s fp32, %d x %d x %dx%d, kernel %d",
+				     weights_done ? "conv_bwd_data" : "conv_bwd_weights", s->batch,
+				     s->in_ch, s->height, s->width, s->kernel))
 			conv2d_backward(s, xl, wl, dyl, data_done ? NULL : dx,
 					weights_done ? NULL : dw, weights_done ? NULL : db,
 					scratch);
@@ -570,28 +575,32 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 static void maxpool_fwd(const float *x, float *y, int32_t *idx, int batch, int ch, int h,
 			int w, int k, int stride)
 {
-	if (hpu__be()->maxpool_fwd(x, y, idx, batch, ch, h, w, k, stride) != HPU_BE_OK)
+	if (hpu__be()->maxpool_fwd(x, y, idx, batch, ch, h, w, k, stride) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_maxpool2d_forward", "maxpool_fwd, %d x %d x %dx%d", batch, ch, h, w))
 		hpu__ref_maxpool2d_forward(x, y, idx, batch, ch, h, w, k, stride);
 }
 
 static void maxpool_bwd(const float *dy, const int32_t *idx, float *dx, int batch, int ch,
 			int h, int w, int k, int stride)
 {
-	if (hpu__be()->maxpool_bwd(dy, idx, dx, batch, ch, h, w, k, stride) != HPU_BE_OK)
+	if (hpu__be()->maxpool_bwd(dy, idx, dx, batch, ch, h, w, k, stride) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_maxpool2d_backward", "maxpool_bwd, %d x %d x %dx%d", batch, ch, h, w))
 		hpu__ref_maxpool2d_backward(dy, idx, dx, batch, ch, h, w, k, stride);
 }
 
 static void avgpool_fwd(const float *x, float *y, int batch, int ch, int h, int w, int k,
 			int stride)
 {
-	if (hpu__be()->avgpool_fwd(x, y, batch, ch, h, w, k, stride) != HPU_BE_OK)
+	if (hpu__be()->avgpool_fwd(x, y, batch, ch, h, w, k, stride) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_avgpool2d_forward", "avgpool_fwd, %d x %d x %dx%d", batch, ch, h, w))
 		hpu__ref_avgpool2d_forward(x, y, batch, ch, h, w, k, stride);
 }
 
 static void avgpool_bwd(const float *dy, float *dx, int batch, int ch, int h, int w, int k,
 			int stride)
 {
-	if (hpu__be()->avgpool_bwd(dy, dx, batch, ch, h, w, k, stride) != HPU_BE_OK)
+	if (hpu__be()->avgpool_bwd(dy, dx, batch, ch, h, w, k, stride) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_avgpool2d_backward", "avgpool_bwd, %d x %d x %dx%d", batch, ch, h, w))
 		hpu__ref_avgpool2d_backward(dy, dx, batch, ch, h, w, k, stride);
 }
 

@@ -78,10 +78,8 @@ int hpu__host_mask_scores(float *att, const int32_t *mask, int batch, int heads,
 static int heads_op(int merge, const float *src, float *dst, size_t ld, int batch, int heads,
 		    int t, int hd, float mul)
 {
-	const hpu__backend *be = hpu__be();
-	int rc = be->heads ? be->heads(merge, src, dst, ld, batch, heads, t, hd, mul)
-	       : hpu__be_on_host() ? hpu__host_heads(merge, src, dst, ld, batch, heads, t, hd, mul)
-				   : HPU_BE_UNSUPPORTED;
+	int rc = HPU__BE_RUN(heads, hpu__host_heads, merge, src, dst, ld, batch, heads, t, hd,
+			     mul);
 	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
 }
 
@@ -100,9 +98,7 @@ int hpu_merge_heads(const float *src, float *dst, size_t ld, int batch, int head
 int hpu_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t, int causal,
 		    int after)
 {
-	const hpu__backend *be = hpu__be();
-	int rc = be->mask_scores ? be->mask_scores(att, mask, batch, heads, t, causal, after)
-	       : hpu__be_on_host() ? hpu__host_mask_scores(att, mask, batch, heads, t, causal, after)
-				   : HPU_BE_UNSUPPORTED;
+	int rc = HPU__BE_RUN(mask_scores, hpu__host_mask_scores, att, mask, batch, heads, t,
+			     causal, after);
 	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
 }

@@ -114,11 +114,8 @@ int hpu__host_accuracy_pos(const float *logits, const int32_t *labels, float *ac
 }
 
 /* The table's kernel, else the host's on the CPU's tables; -1 where
- * neither may run. */
-#define RUN(entry, host, ...)                                                                \
-	(hpu__be()->entry ? hpu__be()->entry(__VA_ARGS__)                                     \
-	 : hpu__be_on_host() ? host(__VA_ARGS__)                                               \
-			     : HPU_BE_UNSUPPORTED)
+ * neither may run (backend_host.h). */
+#define RUN HPU__BE_RUN
 
 /* The op's answer after its check: where deferred (k, checks.h), as if
  * the input were good; else HPU_ERANGE where *bad names a bad value. */
@@ -136,6 +133,7 @@ int hpu_cross_entropy_positions_forward(const float *logits, const int32_t *labe
 					long *bad, int32_t *bad_label)
 {
 	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_XENT_POS, labels, classes, rows, positions);
+	*bad = -1; /* (as where a recording refused the kernel) */
 	if (RUN(xent_pos_fwd, hpu__host_xent_pos_fwd, logits, labels, lse, loss, rows, positions,
 		classes, k ? &k->bad : bad, k ? &k->bad_id : bad_label) != HPU_BE_OK)
 		return HPU_ERROR;
@@ -316,6 +314,7 @@ int hpu_bce_forward(int logits, const float *p, const float *t, float *loss, int
 {
 	/* with logits, every value is good: nothing to defer */
 	hpu__check_slot *k = logits ? NULL : hpu__checks_take(HPU__CHECK_BCE, p, 1, rows, n);
+	*bad = -1;
 	if (RUN(bce_fwd, hpu__host_bce_fwd, logits, p, t, loss, rows, n, k ? &k->bad : bad,
 		k ? &k->bad_value : bad_value) != HPU_BE_OK)
 		return HPU_ERROR;
@@ -335,6 +334,7 @@ int hpu_ids_first_bad(const int32_t *ids, size_t n, int32_t limit, long *bad,
 		      int32_t *bad_value)
 {
 	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_IDS, ids, limit, 0, n);
+	*bad = -1;
 	if (RUN(ids_first_bad, hpu__host_ids_first_bad, ids, n, limit, k ? &k->bad : bad,
 		k ? &k->bad_id : bad_value) != HPU_BE_OK)
 		return HPU_ERROR;

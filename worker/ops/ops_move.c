@@ -18,10 +18,7 @@ int hpu__host_copy(void *dst, const void *src, size_t bytes)
 
 int hpu_copy(void *dst, const void *src, size_t bytes)
 {
-	const hpu__backend *be = hpu__be();
-	int rc = be->copy ? be->copy(dst, src, bytes)
-	       : hpu__be_on_host() ? hpu__host_copy(dst, src, bytes)
-				   : HPU_BE_UNSUPPORTED;
+	int rc = HPU__BE_RUN(copy, hpu__host_copy, dst, src, bytes);
 	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
 }
 
@@ -49,10 +46,7 @@ int hpu__host_dropout_rows(const float *x, float *y, const uint64_t *keys, int r
 int hpu_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
 		     uint32_t cut, float scale)
 {
-	const hpu__backend *be = hpu__be();
-	int rc = be->dropout_rows ? be->dropout_rows(x, y, keys, rows, n, cut, scale)
-	       : hpu__be_on_host() ? hpu__host_dropout_rows(x, y, keys, rows, n, cut, scale)
-				   : HPU_BE_UNSUPPORTED;
+	int rc = HPU__BE_RUN(dropout_rows, hpu__host_dropout_rows, x, y, keys, rows, n, cut, scale);
 	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
 }
 
@@ -61,9 +55,6 @@ int hpu_add_forward(const float *a, const float *b, float *y, size_t n)
 {
 	if (hpu_copy(y, a, n * sizeof *y) != HPU_OK)
 		return HPU_ERROR;
-	const hpu__backend *be = hpu__be();
-	int rc = be->add ? be->add(b, y, n)
-	       : hpu__be_on_host() ? hpu__host_add(b, y, n)
-				   : HPU_BE_UNSUPPORTED;
+	int rc = HPU__BE_RUN(add, hpu__host_add, b, y, n);
 	return rc == HPU_BE_OK ? HPU_OK : HPU_ERROR;
 }

@@ -70,7 +70,9 @@ static void products(const float *a, const float *b, const uint16_t *a16,
 	g.dt = HPU_DT_F32;
 	g.a = a;
 	g.b = b;
-	if (hpu__be()->gemm(&g) == HPU_BE_OK)
+	if (hpu__be()->gemm(&g) == HPU_BE_OK ||
+	    hpu__be_refused("hpu_matmul/hpu_bmm", "gemm fp32, %d product(s) of %dx%dx%d",
+			    count, m, n, k))
 		return;
 	for (int i = 0; i < count; i++)
 		hpu__ref_matmul(a + i * stride_a, b + i * stride_b, c + i * stride_c, m, n, k,
@@ -292,11 +294,16 @@ static int embedding_forward(const float *table, const int32_t *ids, float *y,
 			     &k->bad, &k->bad_id) != HPU_BE_OK)
 		return HPU_ERROR;
 	if (!k && n > 0 &&
-	    (!be->ids_in_range || be->ids_in_range(ids, n, vocab, &ok) != HPU_BE_OK))
+	    (!be->ids_in_range || be->ids_in_range(ids, n, vocab, &ok) != HPU_BE_OK)) {
+		if (hpu__be_refused("hpu_embedding_forward", "ids_in_range"))
+			return HPU_OK;
 		hpu__host_ids_in_range(ids, n, vocab, &ok);
+	}
 	if (!ok)
 		return HPU_ERANGE;
-	if (!be->embedding_fwd || be->embedding_fwd(table, ids, y, n, vocab, dim) != HPU_BE_OK)
+	if ((!be->embedding_fwd ||
+	     be->embedding_fwd(table, ids, y, n, vocab, dim) != HPU_BE_OK) &&
+	    !hpu__be_refused("hpu_embedding_forward", "embedding_fwd"))
 		hpu__host_embedding_fwd(table, ids, y, n, vocab, dim);
 	return HPU_OK;
 }
@@ -324,7 +331,8 @@ static void embedding_backward(const int32_t *ids, const float *dy, float *dtabl
 	 * forward checked the ids, and only a negative one is skipped */
 	long limit = hpu__checks_limit(ids);
 	int vocab = limit >= 0 && limit <= INT_MAX ? (int)limit : INT_MAX;
-	if (!be->embedding_bwd || be->embedding_bwd(ids, dy, dtable, n, vocab, dim) != HPU_BE_OK)
+	if ((!be->embedding_bwd || be->embedding_bwd(ids, dy, dtable, n, vocab, dim) != HPU_BE_OK) &&
+	    !hpu__be_refused("hpu_embedding_backward", "embedding_bwd"))
 		hpu__host_embedding_bwd(ids, dy, dtable, n, vocab, dim);
 }
 
@@ -369,7 +377,8 @@ static void dropout_forward(const float *x, float *y, uint8_t *mask, size_t n,
 	assert(x != NULL && y != NULL && mask != NULL);
 	assert(p >= 0.0f && p <= 1.0f);
 	const hpu__backend *be = hpu__be();
-	if (be->dropout_fwd && be->dropout_fwd(x, y, mask, n, p, seed, stream) == HPU_BE_OK)
+	if ((be->dropout_fwd && be->dropout_fwd(x, y, mask, n, p, seed, stream) == HPU_BE_OK) ||
+	    hpu__be_refused("hpu_dropout_forward", "dropout_fwd"))
 		return;
 	hpu__host_dropout_fwd(x, y, mask, n, p, seed, stream);
 }
@@ -415,7 +424,8 @@ static void dropout_backward(const float *dy, const uint8_t *mask, float *dx, si
 			     float p)
 {
 	const hpu__backend *be = hpu__be();
-	if (!be->dropout_bwd || be->dropout_bwd(dy, mask, dx, n, p) != HPU_BE_OK)
+	if ((!be->dropout_bwd || be->dropout_bwd(dy, mask, dx, n, p) != HPU_BE_OK) &&
+	    !hpu__be_refused("hpu_dropout_backward", "dropout_bwd"))
 		dropout_backward_c(dy, mask, dx, n, p);
 }
 
@@ -567,7 +577,8 @@ static void products_rounded(const float *a, const float *b, const uint16_t *a16
 	for (int i = 0; i < count; i++) {
 		float *pi = p + i * stride_c, *ci = c + i * stride_c;
 		hpu__ac_round_inplace(pi, mat_n(m, n), lp);
-		if (!be->add || be->add(pi, ci, mat_n(m, n)) != HPU_BE_OK)
+		if ((!be->add || be->add(pi, ci, mat_n(m, n)) != HPU_BE_OK) &&
+		    !hpu__be_refused("hpu_matmul/hpu_bmm", "add"))
 			hpu__host_add(pi, ci, mat_n(m, n));
 	}
 }
@@ -655,37 +666,43 @@ void hpu_bmm(const float *a, const float *b, float *c, int count, int m, int n,
  * answers HPU_BE_UNSUPPORTED. */
 static void gelu_fwd(const float *x, float *y, size_t n)
 {
-	if (hpu__be()->eltwise_fwd(HPU_ELT_GELU_TANH, x, y, n) != HPU_BE_OK)
+	if (hpu__be()->eltwise_fwd(HPU_ELT_GELU_TANH, x, y, n) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_gelu_forward", "eltwise_fwd GELU, %zu values", n))
 		hpu__ref_gelu_forward(x, y, n);
 }
 
 static void gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
 {
-	if (hpu__be()->eltwise_bwd(HPU_ELT_GELU_TANH, x, dy, dx, n) != HPU_BE_OK)
+	if (hpu__be()->eltwise_bwd(HPU_ELT_GELU_TANH, x, dy, dx, n) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_gelu_backward", "eltwise_bwd GELU, %zu values", n))
 		hpu__ref_gelu_backward(x, dy, dx, n);
 }
 
 static void tanh_fwd(const float *x, float *y, size_t n)
 {
-	if (hpu__be()->eltwise_fwd(HPU_ELT_TANH, x, y, n) != HPU_BE_OK)
+	if (hpu__be()->eltwise_fwd(HPU_ELT_TANH, x, y, n) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_tanh_forward", "eltwise_fwd tanh, %zu values", n))
 		hpu__ref_tanh_forward(x, y, n);
 }
 
 static void tanh_bwd(const float *y, const float *dy, float *dx, size_t n)
 {
-	if (hpu__be()->eltwise_bwd(HPU_ELT_TANH, y, dy, dx, n) != HPU_BE_OK)
+	if (hpu__be()->eltwise_bwd(HPU_ELT_TANH, y, dy, dx, n) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_tanh_backward", "eltwise_bwd tanh, %zu values", n))
 		hpu__ref_tanh_backward(y, dy, dx, n);
 }
 
 static void softmax_fwd(const float *x, float *y, int rows, int cols)
 {
-	if (hpu__be()->softmax_fwd(x, y, rows, cols) != HPU_BE_OK)
+	if (hpu__be()->softmax_fwd(x, y, rows, cols) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_softmax_forward", "softmax_fwd, %d x %d", rows, cols))
 		hpu__ref_softmax_forward(x, y, rows, cols);
 }
 
 static void softmax_bwd(const float *y, const float *dy, float *dx, int rows, int cols)
 {
-	if (hpu__be()->softmax_bwd(y, dy, dx, rows, cols) != HPU_BE_OK)
+	if (hpu__be()->softmax_bwd(y, dy, dx, rows, cols) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_softmax_backward", "softmax_bwd, %d x %d", rows, cols))
 		hpu__ref_softmax_backward(y, dy, dx, rows, cols);
 }
 
@@ -693,7 +710,8 @@ static void layernorm_fwd(const float *x, const float *gamma, const float *beta,
 			  float *mean, float *rstd, int rows, int cols, float eps)
 {
 	if (hpu__be()->layernorm_fwd(x, gamma, beta, y, mean, rstd, rows, cols, eps) !=
-	    HPU_BE_OK)
+		    HPU_BE_OK &&
+	    !hpu__be_refused("hpu_layernorm_forward", "layernorm_fwd, %d x %d", rows, cols))
 		hpu__ref_layernorm_forward(x, gamma, beta, y, mean, rstd, rows, cols, eps);
 }
 
@@ -702,7 +720,8 @@ static void layernorm_bwd(const float *x, const float *gamma, const float *mean,
 			  float *dbeta, int rows, int cols)
 {
 	if (hpu__be()->layernorm_bwd(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows,
-				     cols) != HPU_BE_OK)
+				     cols) != HPU_BE_OK &&
+	    !hpu__be_refused("hpu_layernorm_backward", "layernorm_bwd, %d x %d", rows, cols))
 		hpu__ref_layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows,
 					    cols);
 }

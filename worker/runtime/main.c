@@ -309,6 +309,7 @@ int main(int argc, char **argv)
 
 	if (hpu__dev_open(hpu__device_name(o.device), rank, err, sizeof err) < 0)
 		goto out;
+	hpu__dev_ops_hooks(); /* a kernel's refusal on a device's table: no C loop runs */
 	if (o.verbose) /* what auto chose */
 		printf("rank %d: device %s (--device %s)\n", rank, hpu__dev_name(),
 		       hpu__device_name(o.device));

@@ -4,10 +4,11 @@
  * (cuops_conv.c), the rest on kernels of our own (cuops_kernels.cu); each
  * GPU's context, the stream and the error helpers are the base
  * (cuops_core.c); this file holds the table and the release. A failing
- * CUDA call ends the worker with a line naming it (hpu__cuops_fatal):
- * backend.h's only refusal, HPU_BE_UNSUPPORTED, would send the ops to
- * their C loops over device memory (while a thread records, it is the
- * op's refusal instead: cuda_ops.h).
+ * CUDA call ends the worker with a line naming it (hpu__cuops_fatal);
+ * backend.h's refusal, HPU_BE_UNSUPPORTED, ends it too, naming the op
+ * (hpu__be_refused: the ops never run their C loops over device memory),
+ * except while a thread records, where it is the op's refusal instead
+ * (cuda_ops.h).
  */
 #include <math.h>
 #include <pthread.h>

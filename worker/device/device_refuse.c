@@ -1,0 +1,36 @@
+/* device_refuse: the ops' hooks (worker/ops/backend.h,
+ * hpu__be_dev_hooks): the open device's name, whether the host may touch
+ * its memory, and a refusal of the kernel table while the calling thread
+ * records a step, kept as the recording's reason. Calls device.c and
+ * device_rec.c only. */
+#include "worker/device/device.h"
+
+static const char *dev_name(void)
+{
+	return hpu__dev_name();
+}
+
+static int host_can_read(void)
+{
+	return hpu__dev_host_can_read();
+}
+
+static int refuse(const char *why)
+{
+	if (!hpu__dev_capturing())
+		return 0;
+	/* a device that refused already (CUDA: the call and CUDA's error)
+	 * keeps its reason: end answers it */
+	const hpu__dev_recorder *r = hpu__dev()->recorder;
+	if (!(r && r->refused && r->refused()))
+		hpu__dev_capture_refuse("%s", why);
+	return 1;
+}
+
+void hpu__dev_ops_hooks(void)
+{
+	static const hpu__be_dev_hooks hooks = {.name = dev_name,
+						    .host_can_read = host_can_read,
+						    .refuse = refuse};
+	hpu__be_set_dev_hooks(&hooks);
+}
