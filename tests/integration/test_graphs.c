@@ -235,6 +235,26 @@ static void test_refusals(void **state)
 	free(ob);
 }
 
+/* The offloaded optimizer's update runs on the host: its step is not
+ * recorded (said with the reason), and the attempt changes nothing, so
+ * the run trains to eager's parameters (a recording that ran the host's
+ * Adam on gradients it never copied over stepped the optimizer twice). */
+static void test_offload_refused(void **state)
+{
+	(void)state;
+	char *oa = train("offload-eager", 1, "cpu", 0, NULL, NULL, "--strategy", "zero2",
+			 "--offload-optimizer", "cpu", "--max-steps", "4", NULL);
+	char *ob = train("offload-graphs", 1, "cpu", 1, NULL, NULL, "--strategy", "zero2",
+			 "--offload-optimizer", "cpu", "--max-steps", "4", NULL);
+	const char *why = strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: ");
+	printf("  offload: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_true(same_file("offload-eager", "offload-graphs"));
+	assert_non_null(why);
+	assert_non_null(strstr(why, "--offload-optimizer"));
+	free(oa);
+	free(ob);
+}
+
 /* The validation lines of a metrics file (dir/name.jsonl): step, epoch,
  * val_loss and val_accuracy in full precision, val_samples (caller
  * frees). */
@@ -606,7 +626,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
-	    cmocka_unit_test(test_refusals), cmocka_unit_test(test_evaluation),
+	    cmocka_unit_test(test_refusals), cmocka_unit_test(test_offload_refused),
+	    cmocka_unit_test(test_evaluation),
 	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
 	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),

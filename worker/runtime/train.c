@@ -581,7 +581,11 @@ static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs) < 0)
 		mode = HPU__GRAPH_EAGER;
 	if (mode == HPU__GRAPH_RECORD) {
-		int rc = step_work(L, in, lr);
+		/* host work in the step would run now, not at each launch */
+		const char *host = hpu__strat_host_part(L->st);
+		if (host)
+			hpu__dev_capture_refuse("%s", host);
+		int rc = host ? 0 : step_work(L, in, lr);
 		int kept = hpu__graphs_record_end(L->graphs, L->st, gstep, graphs_agree, L, L->err,
 						  L->errlen);
 		if (rc < 0 || kept < 0)

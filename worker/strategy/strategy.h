@@ -98,6 +98,15 @@ int hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm);
 void hpu__strat_set_recordable(hpu_strat *s, int on);
 int hpu__strat_recordable(const hpu_strat *s);
 
+/* Why a training step cannot be recorded before any of it runs: the
+ * host takes part in it (the offloaded optimizer, gradients or
+ * parameters in host memory, the NVMe tier), one sentence; NULL where
+ * it does not. A recording runs such host work at once on values the
+ * device never computed (the optimizer's state stepped, the files
+ * written): the runtime refuses the recording instead of beginning the
+ * step in it. */
+const char *hpu__strat_host_part(const hpu_strat *s);
+
 /* An evaluation's loss and metrics summed on the device, read back once
  * at its end (a recordable strategy's: --graphs records evaluation
  * batches, HPU_STRICT_STEP=1), the same doubles as the host's sums of
