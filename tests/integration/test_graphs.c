@@ -584,6 +584,36 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* zero3 at 2 workers validating on 33 samples, 16 a micro-batch: rank 0
+ * holds 17 (two batches), rank 1 16 (one). zero3's forward gathers the
+ * parameters between the ranks, so rank 1 runs a forward more whose rows
+ * are not counted: eager and --graphs validate on the 33 samples alike
+ * (the ranks met different collectives and the run failed). */
+static void test_two_workers_zero3_eval(void **state)
+{
+	(void)state;
+	char m[2][512];
+	const char *name[2] = {"two-z3-val-eager", "two-z3-val-graphs"};
+	char *o[2], *v[2];
+	for (int g = 0; g < 2; g++) {
+		snprintf(m[g], sizeof m[g], "%s/%s.jsonl", dir, name[g]);
+		o[g] = train(name[g], 2, "cpu-strict", g, NULL, NULL, "--strategy", "zero3",
+			     "--param-persistence-threshold", "0", "--max-steps", "4",
+			     "--eval-every", "2", "--val-fraction", "0.00055", "--metrics", m[g],
+			     "--graphs-warmup", "1", NULL);
+		v[g] = val_lines(name[g]);
+	}
+	printf("  zero3 2 workers, 33 held out: %.*s\n", (int)strcspn(v[1], "\n"), v[1]);
+	assert_int_equal(number_after(v[0], "\"val_samples\":"), 33);
+	assert_string_equal(v[0], v[1]);
+	assert_non_null(strstr(o[1], "graphs: evaluation: recorded the batch of 16 samples: "));
+	assert_true(same_file(name[0], name[1]));
+	for (int g = 0; g < 2; g++) {
+		free(o[g]);
+		free(v[g]);
+	}
+}
+
 /* --device cpu --graphs records on the kernels-only table (--verbose says
  * so; no warning) and replays to eager's parameters across the matrix:
  * the strategies, 16-mixed's skipped step, a resume, an evaluation, and at
@@ -633,6 +663,7 @@ int main(void)
 	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),
 	    cmocka_unit_test(test_two_workers_refused),
 	    cmocka_unit_test(test_two_workers_buffers),
+	    cmocka_unit_test(test_two_workers_zero3_eval),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -693,6 +693,24 @@ static int eval_device(loop *L, int n)
 	return hpu__strat_eval_checks(L->st);
 }
 
+/* The sampler leaves a rank one sample short of rank 0 where the
+ * ranks do not split n_all evenly; at a multiple of the micro-batch that
+ * is a batch fewer. Where a forward meets the other ranks (zero3's
+ * gathers) such a rank runs one forward more, on the split's first
+ * sample, its figures not counted, so that every rank calls the same
+ * collectives. */
+static int eval_even(loop *L, hpu_split split, const uint32_t *map, size_t n_all, size_t mine)
+{
+	size_t mb = (size_t)L->micro, most = hpu__sampler_eval_count(n_all, 0, L->world);
+	if (!hpu__strat_forward_meets(L->st) || (mine + mb - 1) / mb >= (most + mb - 1) / mb)
+		return 0;
+	L->eval_idx[0] = map ? map[0] : 0;
+	size_t bad;
+	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, 1, &L->eval_bt, &bad) < 0)
+		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+	return hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1);
+}
+
 /* Evaluates the n samples of `split` (through map when not NULL). A
  * recordable run (--graphs, HPU_STRICT_STEP=1) sums the loss and the
  * metrics on the device and reads them once at the end; others read
@@ -724,6 +742,8 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 		done += (size_t)n;
 	}
 	if (dev && hpu__strat_eval_close(L->st, sums) < 0)
+		return -1;
+	if (eval_even(L, split, map, n_all, mine) < 0)
 		return -1;
 	sums[nm + 1] = (double)mine;
 	int rc = hpucoll_all_reduce(L->comm, sums, sums, (size_t)nm + 2, HPUCOLL_F64, HPUCOLL_SUM);

@@ -460,6 +460,16 @@ int hpu__strat_recordable(const hpu_strat *s)
 	return s->vars.recordable;
 }
 
+int hpu__strat_forward_meets(const hpu_strat *s)
+{
+	if (s->world == 1 || !hpu__strat_params_sharded(s))
+		return 0;
+	for (int k = 0; k < s->nunits; k++)
+		if (!s->u[k].persistent)
+			return 1;
+	return 0;
+}
+
 const char *hpu__strat_host_part(const hpu_strat *s)
 {
 	if (s->nv || s->nvp)

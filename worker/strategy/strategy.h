@@ -121,6 +121,10 @@ const char *hpu__strat_host_part(const hpu_strat *s);
  * sums[0] the loss's sum, sums[1 + k] metric k's. 0, or -1 with the
  * error set. */
 int hpu__strat_eval_open(hpu_strat *s);
+/* 1 where a forward holds collectives between the ranks (zero3's
+ * gathers of the units that are not persistent): every rank must then
+ * run as many forwards as the others. */
+int hpu__strat_forward_meets(const hpu_strat *s);
 void hpu__strat_eval_rows(hpu_strat *s, int rows);
 int hpu__strat_eval_add(hpu_strat *s);
 int hpu__strat_eval_checks(hpu_strat *s);
