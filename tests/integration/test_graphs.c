@@ -255,6 +255,26 @@ static void test_offload_refused(void **state)
 	free(ob);
 }
 
+/* A custom layer whose forward writes its output with plain C (fault_mlp's
+ * probe copies the labels into "target"), as --device cpu allows: on
+ * --device cpu --graphs that work runs while recording, not at each
+ * launch, so the step is not recorded (said with the reason) and trains
+ * to eager's parameters (the replays read the recording's targets). */
+static void test_cpu_host_code_refused(void **state)
+{
+	(void)state;
+	const char *m = FAULT_MODEL, *ma = "--hidden 32 --depth 1";
+	char *oa = train("probe-eager", 1, "cpu", 0, m, ma, "--max-steps", "5", NULL);
+	char *ob = train("probe-graphs", 1, "cpu", 1, m, ma, "--max-steps", "5", NULL);
+	const char *why = strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: ");
+	printf("  probe: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_true(same_file("probe-eager", "probe-graphs"));
+	assert_non_null(why);
+	assert_non_null(strstr(why, "host code touched device memory"));
+	free(oa);
+	free(ob);
+}
+
 /* The validation lines of a metrics file (dir/name.jsonl): step, epoch,
  * val_loss and val_accuracy in full precision, val_samples (caller
  * frees). */
@@ -657,6 +677,7 @@ int main(void)
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_refusals), cmocka_unit_test(test_offload_refused),
+	    cmocka_unit_test(test_cpu_host_code_refused),
 	    cmocka_unit_test(test_evaluation),
 	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
