@@ -1223,8 +1223,8 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
 		return -1;
 	}
 	hpu__dev_rec_start(g, !cur->recorder);
-	if (cur == &hpu__dev_cpu_rec)
-		hpu__dev_cpu_rec_guard_on();
+	if (cur->rec_guard)
+		cur->rec_guard(1, NULL, 0);
 	return 0;
 }
 
@@ -1234,7 +1234,7 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
 static void cpu_rec_unguard(void)
 {
 	char block[160];
-	const void *a = hpu__dev_cpu_rec_guard_off(block, sizeof block);
+	const void *a = cur->rec_guard(0, block, sizeof block);
 	if (a)
 		hpu__dev_capture_refuse("host code touched device memory at %p (%s) while a step was "
 					"recorded (its work ran then, not at each launch: a custom "
@@ -1246,7 +1246,7 @@ static void cpu_rec_unguard(void)
 int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
 {
 	*out = NULL;
-	if (cur == &hpu__dev_cpu_rec && hpu__dev_capturing())
+	if (cur->rec_guard && hpu__dev_capturing())
 		cpu_rec_unguard();
 	hpu__dev_graph *g = hpu__dev_rec_stop();
 	if (!g) {

@@ -24,13 +24,6 @@ void hpu__dev_cpu_host_free(void *p);
  * always open, no device calls; named "cpu". hpu__dev_configure switches
  * --device cpu to it when --graphs is on. */
 extern const hpu__device hpu__dev_cpu_rec;
-/* hpu__dev_cpu_rec while this thread records (device.c): on, its arena
- * closed, so that host code touching device memory (not a kernel call a
- * recording holds) faults; the fault reopens it and is kept. off: open
- * again; NULL, or the first address touched meanwhile, its block said in
- * what ("ACTS block 'target'"). */
-void hpu__dev_cpu_rec_guard_on(void);
-const void *hpu__dev_cpu_rec_guard_off(char *what, size_t len);
 
 /* The kernels-only mode (device_kernels.c): 1 when HPU_STRICT_KERNELS=1;
  * the table whose every function is a device call of `d` (cpu-strict, or

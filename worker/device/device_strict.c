@@ -19,7 +19,7 @@
  *
  * hpu__dev_cpu_rec is the same arena, its pages opened for reading and
  * writing as they are handed out and closed only while a step is
- * recorded (hpu__dev_cpu_rec_guard_on: host code's own accesses then are
+ * recorded (rec_guard: host code's own accesses then are
  * caught, not fatal), with no device call: `--device cpu --graphs` switches
  * the cpu device to it (device.c's hpu__dev_configure, before devmem is
  * set up), so that a recording tells device memory from host memory
@@ -354,7 +354,7 @@ const hpu__device hpu__dev_cpu_strict = {
 
 /* ---- the cpu device under --graphs: the arena, always open ---- */
 
-/* While a step is recorded the arena is closed (hpu__dev_cpu_rec_guard):
+/* While a step is recorded the arena is closed (rec_guard):
  * a recording holds the kernels' calls, never host code's own loops over
  * device memory (a custom layer's C loops, which --device cpu allows),
  * so such an access is not part of the recording. Its fault reopens the
@@ -380,7 +380,7 @@ static void rec_on_segv(int sig, siginfo_t *si, void *uc)
 	raise(sig);
 }
 
-void hpu__dev_cpu_rec_guard_on(void)
+static void guard_on(void)
 {
 	pthread_mutex_lock(&A.mu);
 	rec_touched = NULL;
@@ -409,7 +409,7 @@ static void rec_close(void)
 	pthread_mutex_unlock(&A.mu);
 }
 
-const void *hpu__dev_cpu_rec_guard_off(char *what, size_t len)
+static const void *guard_off(char *what, size_t len)
 {
 	pthread_mutex_lock(&A.mu);
 	rec_guarded = 0;
@@ -421,6 +421,16 @@ const void *hpu__dev_cpu_rec_guard_off(char *what, size_t len)
 		block_at(a, "no block in use", what, len);
 	pthread_mutex_unlock(&A.mu);
 	return a;
+}
+
+/* The device's rec_guard (device.h). */
+static const void *rec_guard(int on, char *what, size_t len)
+{
+	if (on) {
+		guard_on();
+		return NULL;
+	}
+	return guard_off(what, len);
 }
 
 static int rec_setup(int rank, char *err, size_t errlen)
@@ -459,4 +469,5 @@ const hpu__device hpu__dev_cpu_rec = {
     .owns = strict_owns,
     .backing = &rec_backing,
     .describe = strict_describe,
+    .rec_guard = rec_guard,
 };
