@@ -31,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "tests/integration/runlib.h"
@@ -634,6 +636,43 @@ static void test_two_workers_zero3_eval(void **state)
 	}
 }
 
+/* zero3 at 2 workers with --offload-param nvme, validating: a unit's
+ * piece is read from its file for each gather, host work a recording
+ * does not repeat, so an evaluation batch is not recorded (said with the
+ * reason) and validates as eagerly (the replays gathered the pieces read
+ * when recording: the parameters of before the training steps since). */
+static void test_nvme_eval_refused(void **state)
+{
+	(void)state;
+	/* the tier refuses tmpfs (memory): then under the build tree */
+	struct statfs fs;
+	int tmpfs = statfs(dir, &fs) == 0 && fs.f_type == 0x01021994;
+	char m[2][512], nv[2][512];
+	const char *name[2] = {"two-nvme-val-eager", "two-nvme-val-graphs"};
+	char *o[2], *v[2];
+	for (int g = 0; g < 2; g++) {
+		snprintf(m[g], sizeof m[g], "%s/%s.jsonl", dir, name[g]);
+		snprintf(nv[g], sizeof nv[g], "%s/nvme-%d.XXXXXX", tmpfs ? h_build("") : dir, g);
+		assert_non_null(mkdtemp(nv[g]));
+		o[g] = train(name[g], 2, "cpu", g, NULL, NULL, "--strategy", "zero3",
+			     "--param-persistence-threshold", "0", "--offload-param", "nvme",
+			     "--nvme-path", nv[g], "--max-steps", "4", "--eval-every", "2",
+			     "--val-fraction", "0.00102", "--metrics", m[g], "--graphs-warmup", "1",
+			     NULL);
+		v[g] = val_lines(name[g]);
+		h_rmtree(nv[g]);
+	}
+	const char *why = strstr(o[1], "graphs: evaluation: the batch of 16 samples is not recorded: ");
+	printf("  nvme: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_string_equal(v[0], v[1]);
+	assert_non_null(why);
+	assert_non_null(strstr(why, "--offload-param nvme"));
+	for (int g = 0; g < 2; g++) {
+		free(o[g]);
+		free(v[g]);
+	}
+}
+
 /* --device cpu --graphs records on the kernels-only table (--verbose says
  * so; no warning) and replays to eager's parameters across the matrix:
  * the strategies, 16-mixed's skipped step, a resume, an evaluation, and at
@@ -685,6 +724,7 @@ int main(void)
 	    cmocka_unit_test(test_two_workers_refused),
 	    cmocka_unit_test(test_two_workers_buffers),
 	    cmocka_unit_test(test_two_workers_zero3_eval),
+	    cmocka_unit_test(test_nvme_eval_refused),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -673,7 +673,11 @@ static int eval_device(loop *L, int n)
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_eval_begin(L->graphs) < 0)
 		mode = HPU__GRAPH_EAGER;
 	if (mode == HPU__GRAPH_RECORD) {
-		int rc = eval_work(L, bt);
+		/* host work in the forward would run now, not at each launch */
+		const char *host = hpu__strat_forward_host_part(L->st);
+		if (host)
+			hpu__dev_capture_refuse("%s", host);
+		int rc = host ? 0 : eval_work(L, bt);
 		int kept = hpu__graphs_eval_end(L->graphs, L->st, L->err, L->errlen);
 		if (rc < 0 || kept < 0)
 			return -1;

@@ -470,6 +470,14 @@ int hpu__strat_forward_meets(const hpu_strat *s)
 	return 0;
 }
 
+const char *hpu__strat_forward_host_part(const hpu_strat *s)
+{
+	if (s->nvp)
+		return "the NVMe tier reads the parameters' pieces from their files for the "
+		       "forward's gathers (--offload-param nvme)";
+	return NULL;
+}
+
 const char *hpu__strat_host_part(const hpu_strat *s)
 {
 	if (s->nv || s->nvp)

@@ -106,6 +106,9 @@ int hpu__strat_recordable(const hpu_strat *s);
  * written): the runtime refuses the recording instead of beginning the
  * step in it. */
 const char *hpu__strat_host_part(const hpu_strat *s);
+/* The same of an evaluation's forward (the NVMe tier reading the
+ * parameters' pieces for zero3's gathers), or NULL. */
+const char *hpu__strat_forward_host_part(const hpu_strat *s);
 
 /* An evaluation's loss and metrics summed on the device, read back once
  * at its end (a recordable strategy's: --graphs records evaluation
