@@ -75,6 +75,11 @@ typedef struct hpu__dev_stepvars {
 	long last_overflow;  /* DynamicLossScaler's: step_no of the last overflow */
 	int hyst_left;       /* and the overflows it still forgives */
 	long skipped;        /* mixed precision's steps skipped */
+	/* the step being computed (hpu_ctx.step, counted from 0 over every
+	 * step, skipped or not, and resumed): the host's, copied in from
+	 * pinned memory where a recordable step's dropout makes its keys on
+	 * the device (worker/ops/dropkeys.h); a replay copies the new step's */
+	long step;
 } hpu__dev_stepvars;
 
 /* What step_begin and step_end apply (host memory, the same every step). */
