@@ -583,7 +583,7 @@ void hpu__dev_group_close(hpu__dev_group **g);
  * anything that brings a value back to the host (a copy into host
  * memory, an op that returns a value, a wait), a table call that writes
  * host memory or whose kernels take host values that change every step
- * (dropout's keys), the libhpucoll collectives the strategy runs through
+ * (dropout's keys drawn on the host), the libhpucoll collectives the strategy runs through
  * the host where the device records itself (CUDA: hpu__dev_capture_refuse;
  * the CPU's list holds them as host nodes, hpu__dev_rec_host), a failed
  * CUDA call; and, so that
