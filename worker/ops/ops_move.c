@@ -1,6 +1,7 @@
 /* ops_move: the copies and sums the layers make of whole tensors
- * (worker/layers: flatten, add), as ops on the kernel table (backend.h):
- * its kernel, else on the CPU's tables the C loops here (hpu__be_host's). */
+ * (worker/layers: flatten, add) and the dropout layer's rows and keys
+ * (dropkeys.h), as ops on the kernel table (backend.h): its kernel, else
+ * on the CPU's tables the C loops here (hpu__be_host's). */
 #include <stdlib.h>
 #include <string.h>
 
