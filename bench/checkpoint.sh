@@ -21,7 +21,7 @@ py=/usr/bin/python3
 tmp=$(mktemp -d "$where/hpu-ckpt-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(df -h "$where" | awk 'NR==2 {print $1}') under $where"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(df -h "$where" | awk 'NR==2 {print $1}') under $where"
 ceiling=$(dd if=/dev/zero of="$tmp/dd.bin" bs=4M count=256 conv=fsync 2>&1 | awk '/copied/ {print $(NF-1), $NF}')
 rm -f "$tmp/dd.bin"
 echo "dd if=/dev/zero bs=4M count=256 conv=fsync (1 GiB, one writer): $ceiling"

@@ -78,7 +78,7 @@ run_system() { # system min max iters warmup
   esac
 }
 
-echo "# coll_compare: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
+echo "# coll_compare: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores," \
   "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
 echo "# all_reduce float sum, $ranks ranks on this node; hpulaunch --transport flag: ${launch_flag:-no (HPUCOLL_TRANSPORT)}"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) (other jobs on the machine skew every figure)"

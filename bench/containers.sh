@@ -39,7 +39,7 @@ command -v podman >/dev/null || { echo "containers.sh: needs podman" >&2; exit 1
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
-echo "# machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r); podman $(podman --version | awk '{print $3}')"
+echo "# machine: $(nproc --all) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r); podman $(podman --version | awk '{print $3}')"
 
 # ---- images ----
 podman rmi -f "$HPU_IMAGE" >/dev/null 2>&1

@@ -32,7 +32,7 @@ for i in $(seq "$repeat"); do
   done
 done
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "median of $repeat runs (samples/s over the epoch after its first step; test accuracy)"
 printf '%-28s %12s %10s\n' system samples/s accuracy
 for key in ours1 ours2 torch1 torch2; do

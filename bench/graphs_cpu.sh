@@ -39,7 +39,7 @@ modes=${MODES:-cpu cpu-graphs strict strict-graphs}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d /tmp/hpu-graphs.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 sps() { sed -n 's/.*final loss [0-9.]*, \([0-9.]*\) samples\/s.*/\1/p' "$1" | tail -1; }
 for ((r = 1; r <= rounds; r++)); do
   for cfg in "mlp-256 fp32" "mlp-256 bf16-mixed" "cnn-256 fp32" "tiny-1 fp32"; do

@@ -145,7 +145,7 @@ PY
 }
 
 busy0=$(busy)
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); busy before the runs: $busy0"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); busy before the runs: $busy0"
 echo "commit: $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$here/.." diff --quiet HEAD 2>/dev/null || echo ' (modified)')"
 echo "steps: $warm warm-up + mlp $s_mlp / cnn $s_cnn / gpt_lm $s_lm timed; batch 256 (gpt_lm $lm_batch); median of $repeat"
 echo "$busy0" | awk '{ if ($2 + 0 > 10 || $4 + 0 > 10) print "warning: something else is running (" $0 "): the figures will be low" }'

@@ -50,7 +50,7 @@ mkdir -p "$swap"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; rm -f "$swap"/hpu-bench-disk' EXIT
 
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo);" \
+echo "machine: $(nproc --all) cores, $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo);" \
      "swap directory $swap on $(df --output=source,fstype "$swap" | tail -1 | tr -s ' ')"
 
 # ---- 1. the disk ----

@@ -37,7 +37,7 @@ for i in $(seq "$repeat"); do
     one fmnist_cnn "$p" --batch-size 64 --scheduler cosine >>"$tmp/cnn-$p"
   done
 done
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 printf '%-6s %-11s %10s %12s %13s %9s\n' model precision samples/s bytes/step "MaxInUse MiB" accuracy
 for m in mlp cnn; do
   for p in fp32 bf16-mixed 16-mixed fp8; do

@@ -20,7 +20,7 @@ tmp=$(mktemp -d /tmp/hpu-prof-bench.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 py=/usr/bin/python3
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 printf '%-10s %5s %14s %14s %9s %12s %12s %10s\n' strategy steps "off samples/s" "on samples/s" overhead "events/step" "bytes/step" "self cost"
 
 sps() { sed -n 's/.*final loss [0-9.]*, \([0-9.]*\) samples\/s.*/\1/p' "$1"; }

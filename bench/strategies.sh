@@ -51,7 +51,7 @@ for i in $(seq "$repeat"); do
 done
 
 col() { awk -v c="$2" '{print $c}' "$1" | median; }
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 psi=$(col "$tmp/ddp-1" 5)
 echo "MLP 784-1024-1024-10 (Ψ = $psi parameters), global batch 256, AdamW; $steps steps;"
 echo "median of $repeat runs; samples/s after the first step; memory and bytes of rank 0"

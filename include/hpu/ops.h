@@ -82,6 +82,15 @@ HPU_API int hpu_add_forward(const float *a, const float *b, float *y, size_t n);
  * HPU_ERROR where the device's kernel table has no such kernel. */
 HPU_API int hpu_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
 			     uint32_t cut, float scale);
+/* hpu_dropout_rows with the keys of the run context c: row r's key is
+ * hpu_rand_key(c, r), so u is hpu_rand_u32(c, r, i). Where the run's
+ * steps may be recorded (--graphs) the keys are made on the device, from
+ * the step and the rows' dataset indices there, so that a replayed step
+ * draws its own mask; elsewhere on the host. The same keys either way.
+ * HPU_OK, or HPU_ERROR where the device's kernel table has no such kernel
+ * (or the host no memory for the keys). */
+HPU_API int hpu_dropout_ctx(const hpu_ctx *c, const float *x, float *y, int rows, size_t n,
+			    uint32_t cut, float scale);
 
 /* The attention layer's passes (the layer hpu_attention): split:
  * dst[b, h, i, :] = src[b, i, h*hd ..] * mul, src's rows ld apart, dst

@@ -13,9 +13,12 @@
  *   - at 2 workers, their collectives through libhpucoll recorded as
  *     host calls: the strategy matrix, 16-mixed's overflow, resnet's
  *     buffers; a worker killed while the other replays.
+ * Dropout records: gpt_lm with its dropout, its keys made on the device
+ * from the device's step and the batch's sample indices (fp32 and
+ * bf16-mixed, 2 micro-steps, 1 and 2 workers, on cpu-strict and cpu).
  * And what cannot be recorded runs eagerly with its reason under
- * --verbose, and still trains to the same parameters: dropout (its keys
- * are the host's, per step; at 1 and 2 workers).
+ * --verbose, and still trains to the same parameters: a host-only custom
+ * layer (at 1 and 2 workers).
  *
  * --device cpu records too (the same kernels-only table, without
  * cpu-strict's memory protection): the same matrix there at 1 worker and
@@ -219,20 +222,76 @@ static void test_resume(void **state)
 	resume_on("cpu-strict");
 }
 
+#define GPT_ARGS "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0"
+
+/* gpt_lm with its default dropout (0.1) on `dev` at `workers`, 6 steps
+ * of 2 micro-steps, eager and --graphs: the step is recorded at step 3
+ * (the keys made on the device) and replayed, to eager's parameters,
+ * which draw each step's own mask; the recording's verbose line (caller
+ * frees). */
+static char *gpt_dropout(const char *dev, int workers, const char *precision)
+{
+	const char *gpt = h_build("lib/gpt_lm.so");
+	char a[96], b[96], want[128];
+	snprintf(a, sizeof a, "gpt-%s-%d-%s-eager", dev, workers, precision);
+	snprintf(b, sizeof b, "gpt-%s-%d-%s-graphs", dev, workers, precision);
+	char *oa = train(a, workers, dev, 0, gpt, GPT_ARGS, "--max-steps", "6", "--grad-accum",
+			 "2", "--precision", precision, NULL);
+	char *ob = train(b, workers, dev, 1, gpt, GPT_ARGS, "--max-steps", "6", "--grad-accum",
+			 "2", "--precision", precision, NULL);
+	snprintf(want, sizeof want, "graphs: step 3: recorded the step of %d samples x 2 "
+		 "micro-steps: ", 16 / workers);
+	const char *line = strstr(ob, want), *why = strstr(ob, "is not recorded: ");
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	printf("  gpt_lm, dropout 0.1, %s, %d x %s: %.*s; parameters %s\n", dev, workers,
+	       precision, line ? (int)strcspn(line, "\n") : why ? (int)strcspn(why, "\n") : 4,
+	       line ? line : why ? why : "none", same_file(a, b) ? "the same" : "DIFFERENT");
+	assert_non_null(line);
+	assert_int_equal(recorded, 1);
+	assert_int_equal(replayed, 4);
+	assert_true(same_file(a, b));
+	char *out = strndup(line, strcspn(line, "\n"));
+	free(oa);
+	free(ob);
+	return out;
+}
+
+/* Dropout records (its keys made on the device), on cpu-strict and on
+ * cpu: at 1 worker fp32 and bf16-mixed, at 2 with their collectives as
+ * host calls of the recording; cpu's parameters are cpu-strict's. */
+static void test_dropout_recorded(void **state)
+{
+	(void)state;
+	static const char *const devs[] = {"cpu-strict", "cpu"};
+	for (int d = 0; d < 2; d++) {
+		free(gpt_dropout(devs[d], 1, "fp32"));
+		free(gpt_dropout(devs[d], 1, "bf16-mixed"));
+		char *line = gpt_dropout(devs[d], 2, "fp32");
+		assert_non_null(strstr(line, " of them host calls (the collectives between the "
+					     "workers, through libhpucoll), replayed from now on"));
+		free(line);
+	}
+	assert_true(same_file("gpt-cpu-1-fp32-graphs", "gpt-cpu-strict-1-fp32-eager"));
+	assert_true(same_file("gpt-cpu-2-fp32-graphs", "gpt-cpu-strict-2-fp32-eager"));
+}
+
 /* What cannot be recorded runs eagerly, said once with its reason, and
- * trains as without --graphs. */
+ * trains as without --graphs: a host-only custom layer (its tensors
+ * staged through host memory by host code). */
 static void test_refusals(void **state)
 {
 	(void)state;
-	/* dropout: gpt_lm's keys are drawn on the host every step */
-	const char *gpt = h_build("lib/gpt_lm.so"), *gargs = "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0";
-	char *oa = train("gpt-eager", 1, "cpu-strict", 0, gpt, gargs, "--max-steps", "4", NULL);
-	char *ob = train("gpt-graphs", 1, "cpu-strict", 1, gpt, gargs, "--max-steps", "4", NULL);
+	const char *m = h_build("lib/host_layer_model.so");
+	char *oa = train("host-step-eager", 1, "cpu-strict", 0, m, "", "--max-steps", "4", NULL);
+	char *ob = train("host-step-graphs", 1, "cpu-strict", 1, m, "", "--max-steps", "4", NULL);
 	const char *why = strstr(ob, "is not recorded: ");
-	printf("  gpt_lm: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
-	assert_non_null(why);
-	assert_non_null(strstr(why, "dropout"));
-	assert_true(same_file("gpt-eager", "gpt-graphs"));
+	printf("  host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: "
+				   "hpu__dev_enter: host code opened device memory while a step was "
+				   "recorded (its work runs now, not at each launch); it runs "
+				   "eagerly\n"));
+	assert_true(same_file("host-step-eager", "host-step-graphs"));
 	free(oa);
 	free(ob);
 }
@@ -399,26 +458,28 @@ static void test_evaluation_refused(void **state)
 /* What still cannot be recorded at 2 workers is refused on both ranks
  * alike: the collectives met while recording are skipped on both (none
  * waits for the other), the step runs eagerly on both, and trains as
- * without --graphs (gpt_lm's dropout). (On a device that records itself,
- * CUDA, the libhpucoll collectives are refused too: a GPU's test.) */
+ * without --graphs (a host-only custom layer). (On a device that records
+ * itself, CUDA, the libhpucoll collectives are refused too: a GPU's
+ * test.) */
 static void test_two_workers_refused(void **state)
 {
 	(void)state;
-	const char *gpt = h_build("lib/gpt_lm.so"), *gargs = "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0";
-	char *oa = train("two-gpt-eager", 2, "cpu-strict", 0, gpt, gargs, "--max-steps", "4", NULL);
-	char *ob = train("two-gpt-graphs", 2, "cpu-strict", 1, gpt, gargs, "--max-steps", "4", NULL);
+	const char *m = h_build("lib/host_layer_model.so");
+	char *oa = train("two-host-eager", 2, "cpu-strict", 0, m, "", "--max-steps", "4", NULL);
+	char *ob = train("two-host-graphs", 2, "cpu-strict", 1, m, "", "--max-steps", "4", NULL);
 	const char *why = strstr(ob, "graphs: step 3: the step of 16 samples is not recorded: ");
-	printf("  2 workers, gpt_lm: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	printf("  2 workers, host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4,
+	       why ? why : "none");
 	assert_non_null(why);
-	assert_non_null(strstr(why, "graphs: step 3: the step of 16 samples is not recorded: the "
-				    "kernel dropout_rows takes dropout's keys, which the host draws "
-				    "each step: a replay would repeat the recorded step's mask; it "
-				    "runs eagerly\n"));
+	assert_non_null(strstr(why, "graphs: step 3: the step of 16 samples is not recorded: "
+				    "hpu__dev_enter: host code opened device memory while a step was "
+				    "recorded (its work runs now, not at each launch); it runs "
+				    "eagerly\n"));
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
 	assert_int_equal(recorded, 0);
 	assert_int_equal(eager, 4);
-	assert_true(same_file("two-gpt-eager", "two-gpt-graphs"));
+	assert_true(same_file("two-host-eager", "two-host-graphs"));
 	free(oa);
 	free(ob);
 }
@@ -715,8 +776,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
-	    cmocka_unit_test(test_refusals), cmocka_unit_test(test_offload_refused),
-	    cmocka_unit_test(test_cpu_host_code_refused),
+	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),
+	    cmocka_unit_test(test_offload_refused), cmocka_unit_test(test_cpu_host_code_refused),
 	    cmocka_unit_test(test_evaluation),
 	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),

@@ -217,7 +217,30 @@ static uint64_t keys_h[ROWS];
 
 static int p_dropout_rows(void)
 {
-	return gpu->dropout_rows(in_f, OUT(0), keys_h, ROWS, COLS, 0x20000000u, 1.0f / 0.875f);
+	return gpu->dropout_rows(in_f, OUT(0), keys_h, 0, ROWS, COLS, 0x20000000u, 1.0f / 0.875f);
+}
+
+/* The keys made on the device (a recordable step's dropout): from the
+ * step and the rows' sample indices in device memory (ids), into OUT(1),
+ * then the rows from there. A new step in device memory is a replay's
+ * new mask: must record, and not go stale. */
+static int64_t *step_d;
+static int64_t step_h = 41;
+
+static int p_dropout_keys(void)
+{
+	uint64_t *keys = (uint64_t *)OUT(1);
+	int rc = gpu->dropout_keys(keys, (const uint32_t *)ids, step_d, 1234, 3, ROWS);
+	return rc != HPU_BE_OK ? rc
+			       : gpu->dropout_rows(in_f, OUT(0), keys, 1, ROWS, COLS, 0x20000000u,
+						   1.0f / 0.875f);
+}
+
+static void vary_step(void)
+{
+	step_h += 1000003;
+	assert_int_equal(cudaMemcpy(step_d, &step_h, sizeof step_h, cudaMemcpyHostToDevice),
+			 cudaSuccess);
 }
 
 static void vary_keys(void)
@@ -286,6 +309,7 @@ static const probe probes[] = {
 	{"dropout forward", p_dropout_fwd, 0, NULL},
 	{"dropout backward", p_dropout_bwd, 0, NULL},
 	{"dropout rows (keys in host memory)", p_dropout_rows, 0, vary_keys},
+	{"dropout rows (keys made on the device)", p_dropout_keys, 1, vary_step},
 	{"attention head split", p_heads, 0, NULL},
 	{"attention score mask", p_mask_scores, 0, NULL},
 	{"position cross-entropy backward", p_xent_pos_bwd, 0, NULL},
@@ -628,6 +652,7 @@ static int setup(void **state)
 	labels = dput_i32(lab, ROWS);
 	ids = dput_i32(perm, COLS);
 	key_mask = dput_i32(km, 2 * 32);
+	step_d = dput(&step_h, sizeof step_h);
 	pattern_h = xcalloc(NF, 4);
 	for (size_t i = 0; i < NF; i++)
 		pattern_h[i] = (float)(i % 97) * 0.125f;
@@ -654,7 +679,7 @@ static int teardown(void **state)
 {
 	(void)state;
 	dfree(in_f), dfree(in_h), dfree(labels), dfree(ids), dfree(key_mask);
-	dfree(out), dfree(pool_idx), dfree(drop_mask);
+	dfree(out), dfree(pool_idx), dfree(drop_mask), dfree(step_d);
 	free(pattern_h);
 	return 0;
 }

@@ -28,6 +28,8 @@
 #include "worker/device/device.h"
 #include "worker/ops/backend_host.h"
 
+#include "hpu/hpu.h"
+
 static const hpu__dev_rtops *cpu = &hpu__dev_cpu_rtops;
 static uint64_t rng = 0x243f6a8885a308d3ull;
 
@@ -396,6 +398,49 @@ static void test_argmax_nan(void **state)
 	assert_true(ok);
 }
 
+/* Dropout's row keys made on the device (backend.h's dropout_keys:
+ * cuda_elem.h's for the GPU's kernel, the host table's for the CPU's
+ * tables) are rand.c's (hpu_rand_key), for large seeds, layers, steps
+ * and sample indices too, and the keys the runtime drew before they
+ * moved to the device (hpu_rand_key of main at a41cc4e, pinned here). */
+static void test_row_keys(void **state)
+{
+	(void)state;
+	static const struct {
+		uint64_t seed;
+		int layer;
+		int64_t step;
+		uint32_t sample;
+		uint64_t want;
+	} c[] = {
+	    {1, 0, 0, 0, 0x19cb84fec94a7311ull},
+	    {42, 3, 7, 12345, 0x16241944c5e834abull},
+	    {UINT64_MAX, 2147483647, INT64_MAX, UINT32_MAX, 0xf815ac7d60276071ull},
+	    {0x0123456789abcdefull, -1, 1000000000000000ll, 4000000000u, 0x449891e4c2532e1eull},
+	};
+	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+		hpu_ctx x = {.train = 1, .seed = c[i].seed, .layer = c[i].layer,
+			     .step = (long)c[i].step, .batch = 1, .samples = &c[i].sample};
+		uint64_t host = hpu_rand_key(&x, 0), table = 0;
+		uint64_t dev = hpu__elem_row_key(c[i].seed, c[i].layer, &c[i].step, &c[i].sample, 0);
+		assert_int_equal(hpu__host_dropout_keys(&table, &c[i].sample, &c[i].step, c[i].seed,
+							c[i].layer, 1),
+				 HPU_BE_OK);
+		printf("  seed %#llx layer %d step %lld sample %u: rand.c %#llx, device %#llx, "
+		       "host table %#llx\n",
+		       (unsigned long long)c[i].seed, c[i].layer, (long long)c[i].step,
+		       c[i].sample, (unsigned long long)host, (unsigned long long)dev,
+		       (unsigned long long)table);
+		assert_true(host == c[i].want);
+		assert_true(dev == c[i].want);
+		assert_true(table == c[i].want);
+	}
+	/* no sample indices: the row's index, as hpu_rand_key without them */
+	int64_t step = 5;
+	hpu_ctx x = {.train = 1, .seed = 9, .layer = 2, .step = 5, .batch = 4};
+	assert_true(hpu__elem_row_key(9, 2, &step, NULL, 3) == hpu_rand_key(&x, 3));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -409,6 +454,7 @@ int main(void)
 	    cmocka_unit_test(test_loss_seed),
 	    cmocka_unit_test(test_optk),
 	    cmocka_unit_test(test_argmax_nan),
+	    cmocka_unit_test(test_row_keys),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

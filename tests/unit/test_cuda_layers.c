@@ -279,15 +279,40 @@ static void test_dropout_rows(void **state)
 		for (int r = 0; r < rows; r++)
 			keys[r] = 0x1234567ull * (uint64_t)(r + 1) ^ (uint64_t)s << 40;
 		uint32_t cut = (uint32_t)(0.3 * 4294967296.0);
-		assert_int_equal(hpu__host_dropout_rows(x, want, keys, rows, n, cut, 1 / 0.7f),
+		assert_int_equal(hpu__host_dropout_rows(x, want, keys, 0, rows, n, cut, 1 / 0.7f),
 				 HPU_BE_OK);
 		float *dx = dput(x, all * 4), *dy = dput(got, all * 4);
-		assert_int_equal(gpu->dropout_rows(dx, dy, keys, rows, n, cut, 1 / 0.7f), HPU_BE_OK);
+		assert_int_equal(gpu->dropout_rows(dx, dy, keys, 0, rows, n, cut, 1 / 0.7f),
+				 HPU_BE_OK);
 		dget(got, dy, all * 4);
 		char line[96];
 		snprintf(line, sizeof line, "dropout_rows [%d,%zu]", rows, n);
 		check_bits(line, got, want, all * 4);
-		dfree(dx), dfree(dy);
+		/* the keys made on the device, then read from there: rand.c's */
+		uint32_t *samples = xcalloc((size_t)rows, 4);
+		int64_t step = 123456789012345ll * (int64_t)(s + 1);
+		for (int r = 0; r < rows; r++)
+			samples[r] = 4000000000u - (uint32_t)r * 7919u;
+		uint64_t *dk = dput(keys, (size_t)rows * 8), *hk = xcalloc((size_t)rows, 8);
+		uint32_t *ds = dput(samples, (size_t)rows * 4);
+		int64_t *dst = dput(&step, sizeof step);
+		assert_int_equal(gpu->dropout_keys(dk, ds, dst, 0xfedcba9876543210ull, 7, rows),
+				 HPU_BE_OK);
+		dget(hk, dk, (size_t)rows * 8);
+		hpu_ctx c = {.train = 1, .step = step, .layer = 7, .seed = 0xfedcba9876543210ull,
+			     .batch = rows, .samples = samples};
+		for (int r = 0; r < rows; r++)
+			keys[r] = hpu_rand_key(&c, r);
+		snprintf(line, sizeof line, "dropout_keys [%d]", rows);
+		check_bits(line, hk, keys, (size_t)rows * 8);
+		assert_int_equal(gpu->dropout_rows(dx, dy, dk, 1, rows, n, cut, 1 / 0.7f), HPU_BE_OK);
+		assert_int_equal(hpu__host_dropout_rows(x, want, keys, 0, rows, n, cut, 1 / 0.7f),
+				 HPU_BE_OK);
+		dget(got, dy, all * 4);
+		snprintf(line, sizeof line, "dropout_rows [%d,%zu], device keys", rows, n);
+		check_bits(line, got, want, all * 4);
+		dfree(dx), dfree(dy), dfree(dk), dfree(ds), dfree(dst);
+		free(samples), free(hk);
 		free(x), free(want), free(got), free(keys);
 	}
 }

@@ -22,6 +22,7 @@
 #include "tests/unit/num_testlib.h"
 
 #include "hpu/ops.h"
+#include "worker/ops/dropkeys.h"
 
 #define FD_EPS 1e-6
 #define GRAD_TOL 1e-4 /* relative: fp32 sums of a few dozen terms */
@@ -635,6 +636,60 @@ static void test_dropout_determinism(void **state)
 		assert_true(y1[i] == 0.0f);
 }
 
+/* hpu_dropout_ctx (the dropout layer's op): the host's keys
+ * (hpu_rand_key) where no recordable run told the ops otherwise; where
+ * one did (worker/ops/dropkeys.h), the keys the table's dropout_keys
+ * makes from the step and the indices it was given, into its memory:
+ * the same keys and mask; a context with other rows (a hook's) gets the
+ * host's. */
+static int64_t dk_step;
+static uint32_t dk_samples[4];
+static uint64_t dk_keys[4];
+static int dk_asked;
+
+static int dk_ready(void *arg, const int64_t **step, const uint32_t **samples, uint64_t **keys)
+{
+	(void)arg;
+	dk_asked++;
+	*step = &dk_step;
+	*samples = dk_samples;
+	*keys = dk_keys;
+	return 0;
+}
+
+static void test_dropout_ctx(void **state)
+{
+	(void)state;
+	enum { ROWS = 4, N = 50 };
+	uint32_t idx[ROWS] = {7, 4000000000u, 3, 12}, other[ROWS] = {1, 2, 3, 4};
+	hpu_ctx c = {.train = 1, .step = 123456789012l, .layer = 5, .seed = 99, .batch = ROWS,
+		     .samples = idx};
+	static float x[ROWS * N], want[ROWS * N], got[ROWS * N];
+	uint64_t keys[ROWS];
+	for (int i = 0; i < ROWS * N; i++)
+		x[i] = (float)i - 100.0f;
+	for (int r = 0; r < ROWS; r++)
+		keys[r] = hpu_rand_key(&c, r);
+	const uint32_t cut = 1u << 31;
+	assert_int_equal(hpu_dropout_rows(x, want, keys, ROWS, N, cut, 2.0f), HPU_OK);
+	assert_int_equal(hpu_dropout_ctx(&c, x, got, ROWS, N, cut, 2.0f), HPU_OK);
+	assert_memory_equal(got, want, sizeof got);
+	dk_step = c.step;
+	memcpy(dk_samples, idx, sizeof idx);
+	hpu__dropkeys_set(&(hpu__dropkeys){
+	    .host = idx, .step = c.step, .rows = ROWS, .ready = dk_ready, .arg = NULL});
+	memset(got, 0, sizeof got);
+	assert_int_equal(hpu_dropout_ctx(&c, x, got, ROWS, N, cut, 2.0f), HPU_OK);
+	assert_int_equal(dk_asked, 1);
+	assert_memory_equal(dk_keys, keys, sizeof keys);
+	assert_memory_equal(got, want, sizeof got);
+	hpu_ctx o = c;
+	o.samples = other;
+	assert_int_equal(hpu_dropout_ctx(&o, x, got, ROWS, N, cut, 2.0f), HPU_OK);
+	assert_int_equal(dk_asked, 1); /* the host's keys */
+	hpu__dropkeys_set(NULL);
+}
+
 static void test_dropout_backward(void **state)
 {
 	(void)state;
@@ -922,6 +977,7 @@ int main(void)
 	    cmocka_unit_test(test_dropout_statistics),
 	    cmocka_unit_test(test_dropout_determinism),
 	    cmocka_unit_test(test_dropout_backward),
+	    cmocka_unit_test(test_dropout_ctx),
 	    cmocka_unit_test(test_attention_forward),
 	    cmocka_unit_test(test_attention_causal),
 	    cmocka_unit_test(test_attention_backward),

@@ -968,7 +968,8 @@ static const hpu__dev_rtops rtops = {
  * thread that would synchronize or otherwise break the capture is an
  * error of that call. The module refuses such calls before making them
  * (copies to the host, waits, value-returning ops, the kernel table's
- * readbacks, scratch growth, dropout, the IPC all-reduce): the call does
+ * readbacks, scratch growth, dropout with the host's keys, the IPC
+ * all-reduce): the call does
  * nothing and the first refusal's sentence is kept; a CUDA error while
  * recording is kept the same way instead of ending the worker. devmem
  * may still allocate (bk_map: cudaMalloc in relaxed mode); its frees wait

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/rowkey.h"
 #include "worker/device/device.h"
 
 #ifdef __CUDACC__
@@ -229,6 +230,17 @@ HPU_ELEM int hpu__elem_argmax_takes(float v, float best, int have)
 {
 	return v == v && (!have || v > best);
 }
+/* ---- the run context's row keys (common/rowkey.h, rand.c's) ----
+ * Row r's key for a recordable step's dropout (backend.h's dropout_keys),
+ * from the step and the rows' sample indices in device memory (samples
+ * NULL: the row's index), as hpu_rand_key makes it on the host. */
+HPU_ELEM uint64_t hpu__elem_row_key(uint64_t seed, int layer, const int64_t *step,
+				    const uint32_t *samples, int r)
+{
+	return hpu__rk_key(seed, layer, (long)*step,
+			   samples ? (uint64_t)samples[r] : (uint64_t)r);
+}
+
 /* ---- the step's decisions (device.h's hpu__dev_stepvars) ----
  * device_ops.c's step_begin, step_end and loss_seed, operation for
  * operation, on the block in place (one thread on the GPU). Only IEEE

@@ -75,6 +75,11 @@ typedef struct hpu__dev_stepvars {
 	long last_overflow;  /* DynamicLossScaler's: step_no of the last overflow */
 	int hyst_left;       /* and the overflows it still forgives */
 	long skipped;        /* mixed precision's steps skipped */
+	/* the step being computed (hpu_ctx.step, counted from 0 over every
+	 * step, skipped or not, and resumed): the host's, copied in from
+	 * pinned memory where a recordable step's dropout makes its keys on
+	 * the device (worker/ops/dropkeys.h); a replay copies the new step's */
+	long step;
 } hpu__dev_stepvars;
 
 /* What step_begin and step_end apply (host memory, the same every step). */
@@ -586,7 +591,7 @@ void hpu__dev_group_close(hpu__dev_group **g);
  * anything that brings a value back to the host (a copy into host
  * memory, an op that returns a value, a wait), a table call that writes
  * host memory or whose kernels take host values that change every step
- * (dropout's keys), the libhpucoll collectives the strategy runs through
+ * (dropout's keys drawn on the host), the libhpucoll collectives the strategy runs through
  * the host where the device records itself (CUDA: hpu__dev_capture_refuse;
  * the CPU's list holds them as host nodes, hpu__dev_rec_host), a failed
  * CUDA call; and, so that

@@ -21,9 +21,14 @@
  * (the embedding's kernels take the vocabulary as an argument, so a node
  * holds everything its kernel reads on the host). Any other pointer
  * to host memory is host output (or input the kernel reads when it runs):
- * the recording is refused, naming the entry; so are dropout's entries,
- * whose keys the host draws each step. A launch calls each node's kernel
- * as an eager call would (impl's, else the fallback). */
+ * the recording is refused, naming the entry; so is dropout_fwd, whose
+ * seed and stream the host gives each step, and dropout_rows with keys
+ * the host drew (host memory: hpu_dropout_rows). dropout_rows with keys
+ * in device memory records: dropout_keys made them there, from the
+ * device's step and the batch's sample indices (ops.h hpu_dropout_ctx,
+ * worker/ops/dropkeys.h), values a launch reads when it runs. A launch
+ * calls each node's kernel as an eager call would (impl's, else the
+ * fallback). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +173,19 @@ static void pin_ints(pin *c, const char *arg, const int **a)
 	*a = host_array(c, arg, *a, sizeof **a);
 }
 
+/* dropout_rows' keys: device memory (dropout_keys made them), or the
+ * host's, drawn for this step only. */
+static void pin_keys(pin *c, const char *arg, const uint64_t *const *keys)
+{
+	(void)arg;
+	if (is_host(*keys) && !c->bad) {
+		hpu__dev_capture_refuse("the kernel %s takes dropout's keys, which the host draws "
+					"each step: a replay would repeat the recorded step's mask",
+					c->entry);
+		c->bad = 1;
+	}
+}
+
 /* What each argument's type asks: scalars by value (an int noted),
  * the host structs copied, const int arrays (int32_t is int) as
  * host_array says, other pointers the kernel reads checked as inputs,
@@ -178,12 +196,14 @@ static void pin_ints(pin *c, const char *arg, const int **a)
 	const hpu_conv2d_shape *: pin_conv, const hpu_conv2d_rect_shape *: pin_rect,         \
 	const int64_t *: pin_i64s, const int *: pin_ints, const void *: pin_in,              \
 	const float *: pin_in, const uint16_t *: pin_in,                                     \
-	const uint8_t *: pin_in, const uint64_t *: pin_in, default: pin_out
+	const uint8_t *: pin_in, const uint32_t *: pin_in, const uint64_t *: pin_keys,        \
+	default: pin_out
 
-/* The entries whose kernels take host values that change every step. */
+/* The entries whose kernels take host values that change every step
+ * (dropout_rows' host keys: pin_keys). */
 static int host_keyed(const char *entry)
 {
-	return !strcmp(entry, "dropout_fwd") || !strcmp(entry, "dropout_rows");
+	return !strcmp(entry, "dropout_fwd");
 }
 
 /* (The device call is the device's enter and leave directly, where it
@@ -307,6 +327,7 @@ static const hpu__backend *build(const hpu__device *d)
 	PICK(heads);
 	PICK(mask_scores);
 	PICK(dropout_rows);
+	PICK(dropout_keys);
 	PICK(batchnorm_fwd);
 	PICK(batchnorm_bwd);
 	PICK(reduce_fwd);

@@ -99,9 +99,13 @@ WRAP(mask_scores,
      (att, mask, batch, heads, t, causal, after))
 
 WRAP(dropout_rows,
-     (const float *x, float *y, const uint64_t *keys, int rows, size_t n, uint32_t cut,
-      float scale),
-     (x, y, keys, rows, n, cut, scale))
+     (const float *x, float *y, const uint64_t *keys, int keys_dev, int rows, size_t n,
+      uint32_t cut, float scale),
+     (x, y, keys, keys_dev, rows, n, cut, scale))
+WRAP(dropout_keys,
+     (uint64_t *keys, const uint32_t *samples, const int64_t *step, uint64_t seed, int layer,
+      int rows),
+     (keys, samples, step, seed, layer, rows))
 
 WRAP(batchnorm_fwd,
      (const float *x, float *y, const float *w, const float *bias, float *run_mean,

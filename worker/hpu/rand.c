@@ -4,25 +4,18 @@
  * every rank, any world size, recompute, a restarted run. */
 #include <hpu/hpu.h>
 
-static inline uint64_t mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
+#include "common/rowkey.h"
 
 /* The row's key: everything but k. */
 static uint64_t row_key(const hpu_ctx *c, int row)
 {
 	uint64_t sample = c->samples ? c->samples[row] : (uint64_t)row;
-	uint64_t h = mix64(c->seed + 0x9e3779b97f4a7c15ull * ((uint64_t)c->layer + 1));
-	h = mix64(h ^ (0xd1342543de82ef95ull * ((uint64_t)c->step + 1)));
-	return mix64(h ^ (0xc2b2ae3d27d4eb4full * (sample + 1)));
+	return hpu__rk_key(c->seed, c->layer, c->step, sample);
 }
 
 static inline uint32_t draw(uint64_t key, uint64_t k)
 {
-	return (uint32_t)(mix64(key + 0x9e3779b97f4a7c15ull * (k + 1)) >> 32);
+	return hpu__rk_draw(key, k);
 }
 
 uint64_t hpu_rand_key(const hpu_ctx *c, int row)

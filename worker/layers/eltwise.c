@@ -113,22 +113,15 @@ typedef struct dropout {
 } dropout;
 
 /* y = x * keep / (1 - p) over `batch` rows of n values (the op
- * hpu_dropout_rows, from the rows' keys); y = x where nothing drops. */
+ * hpu_dropout_ctx, from the rows' keys); y = x where nothing drops. */
 static int dropout_apply(hpu_layer *l, const dropout *d, const hpu_ctx *c, const float *x,
 			 float *y, int batch, size_t n)
 {
 	int rc;
-	if (!c->train || d->cut == 0) {
+	if (!c->train || d->cut == 0)
 		rc = hpu_copy(y, x, (size_t)batch * n * sizeof(float));
-	} else {
-		uint64_t *keys = malloc((size_t)(batch > 0 ? batch : 1) * sizeof *keys);
-		if (!keys)
-			return hpu_layer_error(l, "layer %s: out of memory", hpu_layer_name(l));
-		for (int r = 0; r < batch; r++)
-			keys[r] = hpu_rand_key(c, r);
-		rc = hpu_dropout_rows(x, y, keys, batch, n, d->cut, d->scale);
-		free(keys);
-	}
+	else /* the keys on the device where the step may be recorded */
+		rc = hpu_dropout_ctx(c, x, y, batch, n, d->cut, d->scale);
 	if (rc != HPU_OK)
 		return hpu_layer_error(l, "layer %s: this device's kernel table has no dropout",
 				       hpu_layer_name(l));

@@ -224,10 +224,20 @@ typedef struct hpu__backend {
 		     int t, int hd, float mul);
 	int (*mask_scores)(float *att, const int32_t *mask, int batch, int heads, int t,
 			   int causal, int after);
-	/* The dropout layer's (ops.h hpu_dropout_rows): keys[rows] in host
-	 * memory. */
-	int (*dropout_rows)(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
-			    uint32_t cut, float scale);
+	/* The dropout layer's (ops.h hpu_dropout_rows, hpu_dropout_ctx):
+	 * keys[rows] in host memory (keys_dev 0: the public op's), or in
+	 * device memory (keys_dev 1: made by dropout_keys, the keys of a
+	 * recordable run). */
+	int (*dropout_rows)(const float *x, float *y, const uint64_t *keys, int keys_dev,
+			    int rows, size_t n, uint32_t cut, float scale);
+	/* keys[rows] = the rows' keys of the run context (hpu_rand_key,
+	 * common/rowkey.h's hpu__rk_key) for `seed`, `layer`, the step at
+	 * *step and the rows' dataset sample indices samples[rows] (NULL:
+	 * the row's index): keys, samples and step are device memory, read
+	 * when the kernel runs, so that a recorded step's replay draws its
+	 * own step's keys (ops.h hpu_dropout_ctx, worker/ops/dropkeys.h). */
+	int (*dropout_keys)(uint64_t *keys, const uint32_t *samples, const int64_t *step,
+			    uint64_t seed, int layer, int rows);
 	/* The batch norm layer's (ops.h hpu_batchnorm_forward/backward). */
 	int (*batchnorm_fwd)(const float *x, float *y, const float *w, const float *bias,
 			     float *run_mean, float *run_var, float *saved, int batch, int ch,

@@ -115,6 +115,7 @@ static const hpu__backend host_backend = {
 	.accuracy_pos = hpu__host_accuracy_pos,
 	.copy = hpu__host_copy,
 	.dropout_rows = hpu__host_dropout_rows,
+	.dropout_keys = hpu__host_dropout_keys,
 	.batchnorm_fwd = hpu__host_batchnorm_fwd,
 	.batchnorm_bwd = hpu__host_batchnorm_bwd,
 	.heads = hpu__host_heads,

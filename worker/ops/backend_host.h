@@ -44,8 +44,10 @@ int hpu__host_fp8_fake_quant(const float *x, float *y, size_t n, float scale, in
 
 /* ops_move.c */
 int hpu__host_copy(void *dst, const void *src, size_t bytes);
-int hpu__host_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
-			   uint32_t cut, float scale);
+int hpu__host_dropout_rows(const float *x, float *y, const uint64_t *keys, int keys_dev,
+			   int rows, size_t n, uint32_t cut, float scale);
+int hpu__host_dropout_keys(uint64_t *keys, const uint32_t *samples, const int64_t *step,
+			   uint64_t seed, int layer, int rows);
 
 /* ops_heads.c */
 int hpu__host_heads(int merge, const float *src, float *dst, size_t ld, int batch, int heads,

@@ -76,7 +76,11 @@ int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fie
 				      HPU_MEM_OTHER, (size_t)micro * field_bytes[f],
 				      "--graphs' input buffers")))
 				goto oom;
-		if (!(g->idx[k] = calloc((size_t)micro, sizeof *g->idx[k])))
+		/* pinned too: a recorded step's dropout copies the rows'
+		 * indices to the device (worker/ops/dropkeys.h) */
+		if (!(g->idx[k] = hpu__dev_hbuf_alloc(HPU_MEM_OTHER,
+						      (size_t)micro * sizeof *g->idx[k],
+						      "--graphs' input buffers")))
 			goto oom;
 		g->in[k].idx = g->idx[k];
 	}
@@ -103,7 +107,7 @@ void hpu__graphs_free(hpu__graphs **pg)
 	for (int k = 0; k < g->accum; k++) {
 		for (int f = 0; f < g->fields; f++)
 			hpu__dev_hbuf_free(g->in[k].data[f]);
-		free(g->idx[k]);
+		hpu__dev_hbuf_free(g->idx[k]);
 	}
 	free(g->key);
 	free(g);

@@ -6,9 +6,11 @@
  * host copies the micro-batches into the recording's input buffers,
  * puts the step's learning rate into the pinned block it reads, launches
  * it and reads the step's results after it (hpu__strat_step_result).
+ * The micro-batches' sample indices are pinned too: a recorded step's
+ * dropout copies them to the device (worker/ops/dropkeys.h).
  * A shape whose step cannot be recorded (the device's reason, or the
- * runtime's: collectives through the host, a host-only layer, dropout's
- * host keys, fp8) runs eagerly, said once under --verbose; a device
+ * runtime's: collectives through the host, a host-only layer, dropout
+ * keys a custom layer drew on the host, fp8) runs eagerly, said once under --verbose; a device
  * that records nothing makes every step eager, said once as a warning.
  *
  * The steps are recordable (hpu__strat_set_recordable) from the first

@@ -224,6 +224,16 @@ struct hpu_strat {
 		void *checks, *checks_host;
 		int checks_armed; /* this step's forwards take slots */
 		int checks_used;  /* slots the step used, for the result */
+		/* recordable: dropout's keys made on the device
+		 * (worker/ops/dropkeys.h, keys_ready): step_host the pinned
+		 * step copied to sv->step, the micro-batch's sample indices
+		 * (dk_samples; in place where the host reads device memory)
+		 * and the keys (dk_keys, maxbatch each); dk_fresh: this
+		 * micro-batch's are on the device */
+		int64_t *step_host;
+		uint32_t *dk_samples;
+		uint64_t *dk_keys;
+		int dk_fresh;
 	} vars;
 	/* strategy_dcoll.c: the gradients' all-reduce on the device itself,
 	 * between the ranks of one node (the device's collectives, CUDA
@@ -405,6 +415,13 @@ int hpu__vars_open(hpu_strat *s);
 void hpu__vars_close(hpu_strat *s);
 /* Before a step: its learning rate into the block. */
 void hpu__vars_lr(hpu_strat *s, double lr);
+/* Dropout's keys on the device where the strategy is recordable
+ * (worker/ops/dropkeys.h): the training step's number into the pinned
+ * block (hpu__strat_set_pos: before a replay too), and, at each forward
+ * (hpu__strat_forward), the ops told where the micro-batch's keys come
+ * from. */
+void hpu__vars_step(hpu_strat *s, int train, long step);
+void hpu__vars_keys(hpu_strat *s);
 /* Backward of micro-step s->ctx.micro: the loss terms' sums on the
  * device (hpu__vars_sums: where, for loss_seed). */
 int hpu__vars_loss(hpu_strat *s);

@@ -223,6 +223,7 @@ void hpu__strat_set_pos(hpu_strat *s, int train, long step, long epoch)
 	s->ctx.train = train;
 	s->ctx.step = step;
 	s->ctx.epoch = epoch;
+	hpu__vars_step(s, train, step);
 }
 
 /* Dataset field t of the batch: read in place where the host may read
@@ -254,6 +255,7 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 	s->ctx.accum = accum;
 	s->ctx.samples = bt->idx;
 	hpu__checks_batch(bt->idx, bt->n); /* the rows a deferred check names */
+	hpu__vars_keys(s);
 	/* a recordable training step's first forward, and a recordable
 	 * evaluation's forwards (hpu__strat_eval_open), defer the checks */
 	int defer = s->vars.recordable && want < 0 && (s->ctx.train ? micro == 0 : s->ev.on);

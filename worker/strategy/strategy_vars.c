@@ -21,6 +21,7 @@
 
 #include "worker/device/device.h"
 #include "worker/ops/checks.h"
+#include "worker/ops/dropkeys.h"
 #include "worker/strategy/strategy_impl.h"
 
 /* The ops' checks one step may defer (a micro-step's forward takes one
@@ -73,7 +74,8 @@ int hpu__vars_open(hpu_strat *s)
 	s->vars.svh = hpu__dev_host_alloc(sizeof *s->vars.svh);
 	s->vars.lr_host = hpu__dev_host_alloc(4 * sizeof *s->vars.lr_host);
 	s->vars.flag_host = hpu__dev_host_alloc(sizeof *s->vars.flag_host);
-	if (!s->vars.svh || !s->vars.lr_host || !s->vars.flag_host)
+	s->vars.step_host = hpu__dev_host_alloc(sizeof *s->vars.step_host);
+	if (!s->vars.svh || !s->vars.lr_host || !s->vars.flag_host || !s->vars.step_host)
 		return hpu__strat_fail(s, "out of host memory for the step's scalars");
 	s->vars.cfg = (hpu__dev_stepcfg){
 		.clip_norm = o->clip_norm,
@@ -115,6 +117,10 @@ void hpu__vars_close(hpu_strat *s)
 	hpu__dev_host_free(s->vars.flag_host);
 	hpu__dev_host_free(s->vars.msum_host);
 	free(s->vars.mbatch);
+	hpu__dropkeys_set(NULL);
+	hpu__dev_host_free(s->vars.step_host);
+	hpu__dfree(s->vars.dk_samples);
+	hpu__dfree(s->vars.dk_keys);
 	memset(&s->vars, 0, sizeof s->vars);
 }
 
@@ -346,6 +352,60 @@ int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 		printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
 		       h->step_no, before, h->loss_scale);
 	return hpu__vars_checks_result(s, NULL);
+}
+
+/* ---- dropout's keys on the device (worker/ops/dropkeys.h) ---- */
+
+_Static_assert(sizeof(long) == sizeof(int64_t), "hpu__dev_stepvars.step is an int64_t");
+
+/* The ops' ready: the micro-batch's step and sample indices copied to
+ * the device once (from pinned memory where the step is recorded: the
+ * step's, hpu__strat_set_pos's, and --graphs' input buffers), and the
+ * device memory the key kernel reads and writes. */
+static int keys_ready(void *arg, const int64_t **step, const uint32_t **samples, uint64_t **keys)
+{
+	hpu_strat *s = arg;
+	size_t rows = (size_t)s->maxbatch;
+	int in_place = hpu__dev_host_can_read();
+	if (!s->vars.dk_keys && !(s->vars.dk_keys = hpu__strat_dalloc(s, HPU_MEM_OTHER,
+								      rows * sizeof **keys,
+								      "dropout's keys")))
+		return -1;
+	if (!in_place && !s->vars.dk_samples &&
+	    !(s->vars.dk_samples = hpu__strat_dalloc(s, HPU_MEM_OTHER, rows * sizeof **samples,
+						     "dropout's sample indices")))
+		return -1;
+	if (!s->vars.dk_fresh) {
+		hpu__dev_h2d(NULL, &s->vars.sv->step, s->vars.step_host, sizeof *s->vars.step_host);
+		if (!in_place && s->ctx.samples)
+			hpu__dev_h2d(NULL, s->vars.dk_samples, s->ctx.samples,
+				     (size_t)s->ctx.batch * sizeof *s->ctx.samples);
+		s->vars.dk_fresh = 1;
+	}
+	*step = (const int64_t *)&s->vars.sv->step;
+	*samples = !s->ctx.samples ? NULL : in_place ? s->ctx.samples : s->vars.dk_samples;
+	*keys = s->vars.dk_keys;
+	return 0;
+}
+
+void hpu__vars_step(hpu_strat *s, int train, long step)
+{
+	if (train && s->vars.step_host)
+		*s->vars.step_host = step;
+}
+
+void hpu__vars_keys(hpu_strat *s)
+{
+	s->vars.dk_fresh = 0;
+	if (!s->vars.recordable || !s->ctx.train || !s->vars.step_host) {
+		hpu__dropkeys_set(NULL); /* the host's keys, as eager */
+		return;
+	}
+	hpu__dropkeys_set(&(hpu__dropkeys){.host = s->ctx.samples,
+					   .step = s->ctx.step,
+					   .rows = s->maxbatch,
+					   .ready = keys_ready,
+					   .arg = s});
 }
 
 /* ---- --graphs: what a recorded step's replays restore ---- */

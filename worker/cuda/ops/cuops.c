@@ -383,6 +383,7 @@ static const hpu__backend cuda_backend = {
 	.heads = hpu__cuops_heads,
 	.mask_scores = hpu__cuops_mask_scores,
 	.dropout_rows = hpu__cuops_dropout_rows,
+	.dropout_keys = hpu__cuops_dropout_keys,
 	.batchnorm_fwd = hpu__cuops_batchnorm_fwd,
 	.batchnorm_bwd = hpu__cuops_batchnorm_bwd,
 	.reduce_fwd = hpu__cuops_reduce_fwd,

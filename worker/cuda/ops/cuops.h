@@ -102,8 +102,10 @@ int hpu__cuops_cuda(cudaError_t e, const char *what);
 int hpu__cuops_blas(cublasStatus_t e, const char *what);
 int hpu__cuops_dnn(cudnnStatus_t e, const char *what);
 
-/* Dropout's refusal while recording: its keys are the host's, kernel
- * arguments a replay would repeat. */
+/* Dropout's refusal while recording, where its keys are the host's
+ * (dropout_fwd's seed and stream, dropout_rows' keys in host memory):
+ * kernel arguments a replay would repeat. Keys the device made
+ * (dropout_keys) record. */
 #define HPU_CUOPS_DROPOUT_WHY                                                          \
 	"dropout draws its keys on the host each step: a replay would repeat the "     \
 	"recorded step's mask"
@@ -172,8 +174,10 @@ int hpu__cuops_heads(int merge, const float *src, float *dst, size_t ld, int bat
 		     int t, int hd, float mul);
 int hpu__cuops_mask_scores(float *att, const int32_t *mask, int batch, int heads, int t,
 			   int causal, int after);
-int hpu__cuops_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
-			    uint32_t cut, float scale);
+int hpu__cuops_dropout_rows(const float *x, float *y, const uint64_t *keys, int keys_dev,
+			    int rows, size_t n, uint32_t cut, float scale);
+int hpu__cuops_dropout_keys(uint64_t *keys, const uint32_t *samples, const int64_t *step,
+			    uint64_t seed, int layer, int rows);
 int hpu__cuops_batchnorm_fwd(const float *x, float *y, const float *w, const float *bias,
 			     float *run_mean, float *run_var, float *saved, int batch, int ch,
 			     size_t spatial, float eps, float momentum, int train, int update);

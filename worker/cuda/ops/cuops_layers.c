@@ -175,13 +175,17 @@ int hpu__cuops_mask_scores(float *att, const int32_t *mask, int batch, int heads
 		  hpu__cuk_mask_scores(att, mask, batch, heads, t, causal, after, st));
 }
 
-/* The keys are host memory: copied into scratch first (a pageable copy
- * returns once the source is read). */
-int hpu__cuops_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows, size_t n,
-			    uint32_t cut, float scale)
+/* Keys in host memory (keys_dev 0) are copied into scratch first (a
+ * pageable copy returns once the source is read), and refused while
+ * recording; keys in device memory (dropout_keys made them) are read
+ * where they are, recorded as any kernel. */
+int hpu__cuops_dropout_rows(const float *x, float *y, const uint64_t *keys, int keys_dev,
+			    int rows, size_t n, uint32_t cut, float scale)
 {
 	if (rows <= 0 || n == 0)
 		return HPU_BE_OK;
+	if (keys_dev)
+		CU_KERNEL("dropout", hpu__cuk_dropout_rows(x, y, keys, rows, n, cut, scale, st));
 	if (hpu__cuda_ops_refuse("dropout", HPU_CUOPS_DROPOUT_WHY))
 		return HPU_BE_UNSUPPORTED;
 	hpu__cuops_ctx *c = hpu__cuops_enter();
@@ -198,6 +202,15 @@ int hpu__cuops_dropout_rows(const float *x, float *y, const uint64_t *keys, int 
 		rc = HPU_BE_OK;
 	hpu__cuops_leave(c);
 	return rc;
+}
+
+int hpu__cuops_dropout_keys(uint64_t *keys, const uint32_t *samples, const int64_t *step,
+			    uint64_t seed, int layer, int rows)
+{
+	if (rows <= 0)
+		return HPU_BE_OK;
+	CU_KERNEL("dropout's keys",
+		  hpu__cuk_dropout_keys(keys, samples, step, seed, layer, rows, st));
 }
 
 int hpu__cuops_batchnorm_fwd(const float *x, float *y, const float *w, const float *bias,

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include "worker/cuda/cuda_elem.h"
 #include "worker/cuda/cuda_grid.cuh"
 #include "worker/cuda/ops/cuops_layers.h"
 
@@ -267,14 +268,7 @@ extern "C" cudaError_t hpu__cuk_mask_scores(float *att, const int32_t *mask, int
 	return cudaGetLastError();
 }
 
-/* ---- dropout by rows ---- */
-
-__device__ static uint64_t mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
+/* ---- dropout by rows: common/rowkey.h's draws ---- */
 
 static __global__ void k_dropout_rows(const float *x, float *y, const uint64_t *keys, size_t n,
 				      uint32_t cut, float scale, size_t total)
@@ -282,9 +276,30 @@ static __global__ void k_dropout_rows(const float *x, float *y, const uint64_t *
 	FOR_EACH(k, total)
 	{
 		size_t r = k / n, i = k % n;
-		uint32_t u = (uint32_t)(mix64(keys[r] + 0x9e3779b97f4a7c15ull * (i + 1)) >> 32);
+		uint32_t u = hpu__rk_draw(keys[r], i);
 		y[k] = u < cut ? 0.0f : x[k] * scale;
 	}
+}
+
+/* The rows' keys (cuda_elem.h's, rand.c's): one thread a row. */
+static __global__ void k_dropout_keys(uint64_t *keys, const uint32_t *samples,
+				      const int64_t *step, uint64_t seed, int layer, int rows)
+{
+	FOR_EACH(r, (size_t)rows)
+	{
+		keys[r] = hpu__elem_row_key(seed, layer, step, samples, (int)r);
+	}
+}
+
+extern "C" cudaError_t hpu__cuk_dropout_keys(uint64_t *keys, const uint32_t *samples,
+					      const int64_t *step, uint64_t seed, int layer,
+					      int rows, cudaStream_t st)
+{
+	if (rows <= 0)
+		return cudaSuccess;
+	k_dropout_keys<<<blocks_for((size_t)rows, 256), 256, 0, st>>>(keys, samples, step, seed,
+								       layer, rows);
+	return cudaGetLastError();
 }
 
 extern "C" cudaError_t hpu__cuk_dropout_rows(const float *x, float *y, const uint64_t *keys,

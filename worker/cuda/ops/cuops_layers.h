@@ -37,6 +37,10 @@ cudaError_t hpu__cuk_mask_scores(float *att, const int32_t *mask, int batch, int
 /* keys: rows uint64 in device memory. */
 cudaError_t hpu__cuk_dropout_rows(const float *x, float *y, const uint64_t *keys, int rows,
 				  size_t n, uint32_t cut, float scale, cudaStream_t st);
+/* keys[rows] from seed, layer, *step and samples[rows] (NULL: the row's
+ * index), device memory all (backend.h's dropout_keys). */
+cudaError_t hpu__cuk_dropout_keys(uint64_t *keys, const uint32_t *samples, const int64_t *step,
+				  uint64_t seed, int layer, int rows, cudaStream_t st);
 
 cudaError_t hpu__cuk_batchnorm_fwd(const float *x, float *y, const float *w, const float *bias,
 				   float *run_mean, float *run_var, float *saved, int batch,
