@@ -34,6 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "tests/integration/runlib.h"
@@ -290,6 +292,46 @@ static void test_refusals(void **state)
 				   "recorded (its work runs now, not at each launch); it runs "
 				   "eagerly\n"));
 	assert_true(same_file("host-step-eager", "host-step-graphs"));
+	free(oa);
+	free(ob);
+}
+
+/* The offloaded optimizer's update runs on the host: its step is not
+ * recorded (said with the reason), and the attempt changes nothing, so
+ * the run trains to eager's parameters (a recording that ran the host's
+ * Adam on gradients it never copied over stepped the optimizer twice). */
+static void test_offload_refused(void **state)
+{
+	(void)state;
+	char *oa = train("offload-eager", 1, "cpu", 0, NULL, NULL, "--strategy", "zero2",
+			 "--offload-optimizer", "cpu", "--max-steps", "4", NULL);
+	char *ob = train("offload-graphs", 1, "cpu", 1, NULL, NULL, "--strategy", "zero2",
+			 "--offload-optimizer", "cpu", "--max-steps", "4", NULL);
+	const char *why = strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: ");
+	printf("  offload: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_true(same_file("offload-eager", "offload-graphs"));
+	assert_non_null(why);
+	assert_non_null(strstr(why, "--offload-optimizer"));
+	free(oa);
+	free(ob);
+}
+
+/* A custom layer whose forward writes its output with plain C (fault_mlp's
+ * probe copies the labels into "target"), as --device cpu allows: on
+ * --device cpu --graphs that work runs while recording, not at each
+ * launch, so the step is not recorded (said with the reason) and trains
+ * to eager's parameters (the replays read the recording's targets). */
+static void test_cpu_host_code_refused(void **state)
+{
+	(void)state;
+	const char *m = FAULT_MODEL, *ma = "--hidden 32 --depth 1";
+	char *oa = train("probe-eager", 1, "cpu", 0, m, ma, "--max-steps", "5", NULL);
+	char *ob = train("probe-graphs", 1, "cpu", 1, m, ma, "--max-steps", "5", NULL);
+	const char *why = strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: ");
+	printf("  probe: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_true(same_file("probe-eager", "probe-graphs"));
+	assert_non_null(why);
+	assert_non_null(strstr(why, "host code touched device memory"));
 	free(oa);
 	free(ob);
 }
@@ -625,6 +667,73 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* zero3 at 2 workers validating on 33 samples, 16 a micro-batch: rank 0
+ * holds 17 (two batches), rank 1 16 (one). zero3's forward gathers the
+ * parameters between the ranks, so rank 1 runs a forward more whose rows
+ * are not counted: eager and --graphs validate on the 33 samples alike
+ * (the ranks met different collectives and the run failed). */
+static void test_two_workers_zero3_eval(void **state)
+{
+	(void)state;
+	char m[2][512];
+	const char *name[2] = {"two-z3-val-eager", "two-z3-val-graphs"};
+	char *o[2], *v[2];
+	for (int g = 0; g < 2; g++) {
+		snprintf(m[g], sizeof m[g], "%s/%s.jsonl", dir, name[g]);
+		o[g] = train(name[g], 2, "cpu-strict", g, NULL, NULL, "--strategy", "zero3",
+			     "--param-persistence-threshold", "0", "--max-steps", "4",
+			     "--eval-every", "2", "--val-fraction", "0.00055", "--metrics", m[g],
+			     "--graphs-warmup", "1", NULL);
+		v[g] = val_lines(name[g]);
+	}
+	printf("  zero3 2 workers, 33 held out: %.*s\n", (int)strcspn(v[1], "\n"), v[1]);
+	assert_int_equal(number_after(v[0], "\"val_samples\":"), 33);
+	assert_string_equal(v[0], v[1]);
+	assert_non_null(strstr(o[1], "graphs: evaluation: recorded the batch of 16 samples: "));
+	assert_true(same_file(name[0], name[1]));
+	for (int g = 0; g < 2; g++) {
+		free(o[g]);
+		free(v[g]);
+	}
+}
+
+/* zero3 at 2 workers with --offload-param nvme, validating: a unit's
+ * piece is read from its file for each gather, host work a recording
+ * does not repeat, so an evaluation batch is not recorded (said with the
+ * reason) and validates as eagerly (the replays gathered the pieces read
+ * when recording: the parameters of before the training steps since). */
+static void test_nvme_eval_refused(void **state)
+{
+	(void)state;
+	/* the tier refuses tmpfs (memory): then under the build tree */
+	struct statfs fs;
+	int tmpfs = statfs(dir, &fs) == 0 && fs.f_type == 0x01021994;
+	char m[2][512], nv[2][512];
+	const char *name[2] = {"two-nvme-val-eager", "two-nvme-val-graphs"};
+	char *o[2], *v[2];
+	for (int g = 0; g < 2; g++) {
+		snprintf(m[g], sizeof m[g], "%s/%s.jsonl", dir, name[g]);
+		snprintf(nv[g], sizeof nv[g], "%s/nvme-%d.XXXXXX", tmpfs ? h_build("") : dir, g);
+		assert_non_null(mkdtemp(nv[g]));
+		o[g] = train(name[g], 2, "cpu", g, NULL, NULL, "--strategy", "zero3",
+			     "--param-persistence-threshold", "0", "--offload-param", "nvme",
+			     "--nvme-path", nv[g], "--max-steps", "4", "--eval-every", "2",
+			     "--val-fraction", "0.00102", "--metrics", m[g], "--graphs-warmup", "1",
+			     NULL);
+		v[g] = val_lines(name[g]);
+		h_rmtree(nv[g]);
+	}
+	const char *why = strstr(o[1], "graphs: evaluation: the batch of 16 samples is not recorded: ");
+	printf("  nvme: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_string_equal(v[0], v[1]);
+	assert_non_null(why);
+	assert_non_null(strstr(why, "--offload-param nvme"));
+	for (int g = 0; g < 2; g++) {
+		free(o[g]);
+		free(v[g]);
+	}
+}
+
 /* --device cpu --graphs records on the kernels-only table (--verbose says
  * so; no warning) and replays to eager's parameters across the matrix:
  * the strategies, 16-mixed's skipped step, a resume, an evaluation, and at
@@ -668,12 +777,15 @@ int main(void)
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),
+	    cmocka_unit_test(test_offload_refused), cmocka_unit_test(test_cpu_host_code_refused),
 	    cmocka_unit_test(test_evaluation),
 	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
 	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),
 	    cmocka_unit_test(test_two_workers_refused),
 	    cmocka_unit_test(test_two_workers_buffers),
+	    cmocka_unit_test(test_two_workers_zero3_eval),
+	    cmocka_unit_test(test_nvme_eval_refused),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

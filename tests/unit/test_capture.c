@@ -463,6 +463,40 @@ static void test_refusals_cpu(void **state)
 	refusals_on("cpu");
 }
 
+/* --device cpu --graphs: host code's own loops over device memory (a
+ * custom layer's, which --device cpu allows) are no call a recording
+ * holds: while recording the arena is closed, such an access runs (its
+ * fault reopens the arena) and refuses the recording, naming the block;
+ * the next recording without one is kept. */
+static void test_host_touch_cpu(void **state)
+{
+	(void)state;
+	open_dev("cpu", 1);
+	float *d = hpu__dev_alloc(HPU_MEM_ACTS, 64 * 4, "touched");
+	assert_non_null(d);
+	hpu__dev_memset(NULL, d, 0, 64 * 4);
+	assert_int_equal(begin(), 0);
+	hpu__dev_memset(NULL, d, 0x7f, 64 * 4); /* recorded: never runs */
+	((volatile float *)d)[3] = 5.0f;          /* the host's own write: runs now */
+	hpu__dev_graph *g = NULL;
+	char why[512];
+	assert_int_equal(end(&g, why, sizeof why), 1);
+	assert_null(g);
+	printf("  refused: %s\n", why);
+	assert_non_null(strstr(why, "host code touched device memory at "));
+	assert_non_null(strstr(why, "(ACTS block 'touched') while a step was recorded"));
+	assert_true(((volatile float *)d)[3] == 5.0f && d[0] == 0.0f); /* open again */
+	assert_int_equal(begin(), 0);
+	hpu__dev_memset(NULL, d, 0, 64 * 4);
+	assert_int_equal(end(&g, why, sizeof why), 0);
+	assert_non_null(g);
+	launch(g);
+	assert_true(d[3] == 0.0f);
+	hpu__dev_graph_free(&g);
+	hpu__dev_free(d);
+	close_dev();
+}
+
 /* ---- memory kept for a graph ---- */
 
 static void stats(uint64_t *in_use, uint64_t *held)
@@ -1057,6 +1091,7 @@ int main(void)
 	    cmocka_unit_test(test_kernel_details),
 	    cmocka_unit_test(test_training_step),
 	    cmocka_unit_test(test_refusals_cpu),
+	    cmocka_unit_test(test_host_touch_cpu),
 	    cmocka_unit_test(test_training_step_cpu),
 	    cmocka_unit_test(test_host_node),
 	};

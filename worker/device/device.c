@@ -1223,12 +1223,31 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
 		return -1;
 	}
 	hpu__dev_rec_start(g, !cur->recorder);
+	if (cur->rec_guard)
+		cur->rec_guard(1, NULL, 0);
 	return 0;
+}
+
+/* --device cpu's arena open again after a recording; host code that
+ * touched device memory meanwhile (a custom layer's C loops) did its
+ * work then, not at each launch: the recording refused. */
+static void cpu_rec_unguard(void)
+{
+	char block[160];
+	const void *a = cur->rec_guard(0, block, sizeof block);
+	if (a)
+		hpu__dev_capture_refuse("host code touched device memory at %p (%s) while a step was "
+					"recorded (its work ran then, not at each launch: a custom "
+					"layer's own loops over its tensors, which --device cpu-strict "
+					"faults on unless the layer is HPU_LAYER_HOST_ONLY)",
+					a, block);
 }
 
 int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
 {
 	*out = NULL;
+	if (cur->rec_guard && hpu__dev_capturing())
+		cpu_rec_unguard();
 	hpu__dev_graph *g = hpu__dev_rec_stop();
 	if (!g) {
 		snprintf(why, whylen, "hpu__dev_capture_end: this thread records nothing");

@@ -368,6 +368,14 @@ typedef struct hpu__device {
 	 * refuses what no recording can hold (copies into host memory,
 	 * values, waits) and hands it the rest as when eager. */
 	const hpu__dev_recorder *recorder;
+
+	/* The CPU's list only (NULL elsewhere): on 1, as this thread begins
+	 * recording, the device's memory closed to host code (--device cpu
+	 * under --graphs, whose memory is otherwise open), so that host
+	 * code's own loops over it fault and run; on 0, as it ends, open
+	 * again: NULL, or the first address touched meanwhile, its block said
+	 * in what, and the recording is refused. */
+	const void *(*rec_guard)(int on, char *what, size_t len);
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so

@@ -18,8 +18,9 @@
  * when the arena is open.
  *
  * hpu__dev_cpu_rec is the same arena, its pages opened for reading and
- * writing as they are handed out and never closed, with no device call
- * and no fault handler: `--device cpu --graphs` switches
+ * writing as they are handed out and closed only while a step is
+ * recorded (rec_guard: host code's own accesses then are
+ * caught, not fatal), with no device call: `--device cpu --graphs` switches
  * the cpu device to it (device.c's hpu__dev_configure, before devmem is
  * set up), so that a recording tells device memory from host memory
  * (owns, describe) as cpu-strict's does, while host code reads device
@@ -353,19 +354,109 @@ const hpu__device hpu__dev_cpu_strict = {
 
 /* ---- the cpu device under --graphs: the arena, always open ---- */
 
+/* While a step is recorded the arena is closed (rec_guard):
+ * a recording holds the kernels' calls, never host code's own loops over
+ * device memory (a custom layer's C loops, which --device cpu allows),
+ * so such an access is not part of the recording. Its fault reopens the
+ * arena, lets the access run and is kept (the address) for the
+ * recording's end, which refuses the recording. */
+static volatile sig_atomic_t rec_guarded;
+static void *volatile rec_touched;
+
+static void rec_on_segv(int sig, siginfo_t *si, void *uc)
+{
+	char *a = si->si_addr;
+	(void)uc;
+	size_t top = A.top;
+	if (rec_guarded && A.base && a >= A.base && a < A.base + top) {
+		rec_guarded = 0;
+		A.open = 1;
+		if (!rec_touched)
+			rec_touched = a;
+		if (mprotect(A.base, top, PROT_READ | PROT_WRITE) == 0)
+			return; /* the access runs again, now open */
+	}
+	sigaction(SIGSEGV, &old_segv, NULL);
+	raise(sig);
+}
+
+static void guard_on(void)
+{
+	pthread_mutex_lock(&A.mu);
+	rec_touched = NULL;
+	A.open = 0; /* pages handed out meanwhile stay closed too */
+	rec_guarded = 1;
+	if (!A.depth)
+		protect(0, A.top, PROT_NONE);
+	pthread_mutex_unlock(&A.mu);
+}
+
+/* devmem's own accesses (its blocks' headers, in the arena): open while
+ * they last, as cpu-strict's device calls open it. */
+static void rec_open(void)
+{
+	pthread_mutex_lock(&A.mu);
+	if (A.depth++ == 0 && rec_guarded)
+		protect(0, A.top, PROT_READ | PROT_WRITE);
+	pthread_mutex_unlock(&A.mu);
+}
+
+static void rec_close(void)
+{
+	pthread_mutex_lock(&A.mu);
+	if (--A.depth == 0 && rec_guarded)
+		protect(0, A.top, PROT_NONE);
+	pthread_mutex_unlock(&A.mu);
+}
+
+static const void *guard_off(char *what, size_t len)
+{
+	pthread_mutex_lock(&A.mu);
+	rec_guarded = 0;
+	A.open = 1;
+	protect(0, A.top, PROT_READ | PROT_WRITE);
+	void *a = rec_touched;
+	rec_touched = NULL;
+	if (a)
+		block_at(a, "no block in use", what, len);
+	pthread_mutex_unlock(&A.mu);
+	return a;
+}
+
+/* The device's rec_guard (device.h). */
+static const void *rec_guard(int on, char *what, size_t len)
+{
+	if (on) {
+		guard_on();
+		return NULL;
+	}
+	return guard_off(what, len);
+}
+
 static int rec_setup(int rank, char *err, size_t errlen)
 {
-	return arena_setup("cpu", 1, rank, err, errlen);
+	if (arena_setup("cpu", 1, rank, err, errlen) < 0)
+		return -1;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = rec_on_segv;
+	sa.sa_flags = SA_SIGINFO;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGSEGV, &sa, &old_segv);
+	return 0;
 }
 
 static void rec_teardown(void)
 {
+	sigaction(SIGSEGV, &old_segv, NULL);
 	A.nfree = A.nlive = 0;
 }
 
 static const hpu__devmem_backing rec_backing = {
     .map = arena_map,
     .unmap = arena_unmap,
+    .open = rec_open,
+    .close = rec_close,
     .label = arena_label,
 };
 
@@ -378,4 +469,5 @@ const hpu__device hpu__dev_cpu_rec = {
     .owns = strict_owns,
     .backing = &rec_backing,
     .describe = strict_describe,
+    .rec_guard = rec_guard,
 };

@@ -88,8 +88,10 @@ void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, 
  * size and by being an evaluation's. A size runs eagerly the first
  * `warmup` times it is seen (counted per size, across evaluations), then
  * the next batch of that size is recorded. Every rank decides alone (the
- * ranks' last batches differ in size; an evaluation's forward holds no
- * collective a recording keeps).
+ * ranks' last batches differ in size): zero3's gathers in an evaluation's
+ * forward are host calls of its recording, which run at the launch right
+ * after it, so a rank replaying a batch and one running it eagerly meet
+ * the same collectives in the same order.
  *
  * eval_input: the batch copied into micro-step 0's input buffers, its
  * rows from bt->n up to pad_to (at most the micro-batch) filled with

@@ -581,7 +581,11 @@ static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs) < 0)
 		mode = HPU__GRAPH_EAGER;
 	if (mode == HPU__GRAPH_RECORD) {
-		int rc = step_work(L, in, lr);
+		/* host work in the step would run now, not at each launch */
+		const char *host = hpu__strat_host_part(L->st);
+		if (host)
+			hpu__dev_capture_refuse("%s", host);
+		int rc = host ? 0 : step_work(L, in, lr);
 		int kept = hpu__graphs_record_end(L->graphs, L->st, gstep, graphs_agree, L, L->err,
 						  L->errlen);
 		if (rc < 0 || kept < 0)
@@ -669,7 +673,11 @@ static int eval_device(loop *L, int n)
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_eval_begin(L->graphs) < 0)
 		mode = HPU__GRAPH_EAGER;
 	if (mode == HPU__GRAPH_RECORD) {
-		int rc = eval_work(L, bt);
+		/* host work in the forward would run now, not at each launch */
+		const char *host = hpu__strat_forward_host_part(L->st);
+		if (host)
+			hpu__dev_capture_refuse("%s", host);
+		int rc = host ? 0 : eval_work(L, bt);
 		int kept = hpu__graphs_eval_end(L->graphs, L->st, L->err, L->errlen);
 		if (rc < 0 || kept < 0)
 			return -1;
@@ -687,6 +695,24 @@ static int eval_device(loop *L, int n)
 	if (hpu__fp8_error())
 		return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
 	return hpu__strat_eval_checks(L->st);
+}
+
+/* The sampler leaves a rank one sample short of rank 0 where the
+ * ranks do not split n_all evenly; at a multiple of the micro-batch that
+ * is a batch fewer. Where a forward meets the other ranks (zero3's
+ * gathers) such a rank runs one forward more, on the split's first
+ * sample, its figures not counted, so that every rank calls the same
+ * collectives. */
+static int eval_even(loop *L, hpu_split split, const uint32_t *map, size_t n_all, size_t mine)
+{
+	size_t mb = (size_t)L->micro, most = hpu__sampler_eval_count(n_all, 0, L->world);
+	if (!hpu__strat_forward_meets(L->st) || (mine + mb - 1) / mb >= (most + mb - 1) / mb)
+		return 0;
+	L->eval_idx[0] = map ? map[0] : 0;
+	size_t bad;
+	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, 1, &L->eval_bt, &bad) < 0)
+		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+	return hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1);
 }
 
 /* Evaluates the n samples of `split` (through map when not NULL). A
@@ -720,6 +746,8 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 		done += (size_t)n;
 	}
 	if (dev && hpu__strat_eval_close(L->st, sums) < 0)
+		return -1;
+	if (eval_even(L, split, map, n_all, mine) < 0)
 		return -1;
 	sums[nm + 1] = (double)mine;
 	int rc = hpucoll_all_reduce(L->comm, sums, sums, (size_t)nm + 2, HPUCOLL_F64, HPUCOLL_SUM);

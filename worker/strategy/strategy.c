@@ -460,6 +460,38 @@ int hpu__strat_recordable(const hpu_strat *s)
 	return s->vars.recordable;
 }
 
+int hpu__strat_forward_meets(const hpu_strat *s)
+{
+	if (s->world == 1 || !hpu__strat_params_sharded(s))
+		return 0;
+	for (int k = 0; k < s->nunits; k++)
+		if (!s->u[k].persistent)
+			return 1;
+	return 0;
+}
+
+const char *hpu__strat_forward_host_part(const hpu_strat *s)
+{
+	if (s->nvp)
+		return "the NVMe tier reads the parameters' pieces from their files for the "
+		       "forward's gathers (--offload-param nvme)";
+	return NULL;
+}
+
+const char *hpu__strat_host_part(const hpu_strat *s)
+{
+	if (s->nv || s->nvp)
+		return "the NVMe tier (--offload-optimizer nvme or --offload-param nvme) reads and "
+		       "writes its files in the step";
+	if (hpu__strat_update_host(s))
+		return "the optimizer's update runs on the host (--offload-optimizer cpu)";
+	if (hpu__strat_params_host(s))
+		return "the parameters are kept in host memory (--offload-param cpu)";
+	if (hpu__strat_grads_host(s))
+		return "the gradients are kept in host memory";
+	return NULL;
+}
+
 int hpu__strat_bad_run(const hpu_strat *s)
 {
 	return s->steps.bad_run;

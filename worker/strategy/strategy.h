@@ -98,6 +98,18 @@ int hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm);
 void hpu__strat_set_recordable(hpu_strat *s, int on);
 int hpu__strat_recordable(const hpu_strat *s);
 
+/* Why a training step cannot be recorded before any of it runs: the
+ * host takes part in it (the offloaded optimizer, gradients or
+ * parameters in host memory, the NVMe tier), one sentence; NULL where
+ * it does not. A recording runs such host work at once on values the
+ * device never computed (the optimizer's state stepped, the files
+ * written): the runtime refuses the recording instead of beginning the
+ * step in it. */
+const char *hpu__strat_host_part(const hpu_strat *s);
+/* The same of an evaluation's forward (the NVMe tier reading the
+ * parameters' pieces for zero3's gathers), or NULL. */
+const char *hpu__strat_forward_host_part(const hpu_strat *s);
+
 /* An evaluation's loss and metrics summed on the device, read back once
  * at its end (a recordable strategy's: --graphs records evaluation
  * batches, HPU_STRICT_STEP=1), the same doubles as the host's sums of
@@ -112,6 +124,10 @@ int hpu__strat_recordable(const hpu_strat *s);
  * sums[0] the loss's sum, sums[1 + k] metric k's. 0, or -1 with the
  * error set. */
 int hpu__strat_eval_open(hpu_strat *s);
+/* 1 where a forward holds collectives between the ranks (zero3's
+ * gathers of the units that are not persistent): every rank must then
+ * run as many forwards as the others. */
+int hpu__strat_forward_meets(const hpu_strat *s);
 void hpu__strat_eval_rows(hpu_strat *s, int rows);
 int hpu__strat_eval_add(hpu_strat *s);
 int hpu__strat_eval_checks(hpu_strat *s);
