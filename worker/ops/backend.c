@@ -157,6 +157,7 @@ int hpu__be_refused(const char *op, const char *fmt, ...)
 	/* the op cannot go on: its C loops would touch device memory, and
 	 * most ops have no error to return */
 	hpu__log(HPU_LOG_ERROR, "the device %s has no kernel for %s (%s)", dev_name(), op, detail);
+	fflush(NULL); /* what the run printed before it (verbose lines, figures) */
 	_exit(1);
 }
 
