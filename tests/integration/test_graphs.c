@@ -423,6 +423,45 @@ static void test_evaluation(void **state)
 	evaluation_on("cpu-strict");
 }
 
+/* The test figures of a run with --metrics `m`: from "test_loss" up to
+ * the device's counters (caller frees). */
+static char *test_figures(const char *m)
+{
+	char *all = h_slurp(m);
+	assert_non_null(all);
+	const char *t = strstr(all, "\"test_loss\":");
+	assert_non_null(t);
+	const char *end = strstr(t, ",\"device\":");
+	assert_non_null(end);
+	char *out = strndup(t, (size_t)(end - t));
+	free(all);
+	return out;
+}
+
+/* --eval-only --graphs: the evaluation's batches are recorded (its only
+ * work) and give eager's figures, bit for bit. */
+static void test_eval_only(void **state)
+{
+	(void)state;
+	char ma[512], mb[512];
+	snprintf(ma, sizeof ma, "%s/eo-eager.jsonl", dir);
+	snprintf(mb, sizeof mb, "%s/eo-graphs.jsonl", dir);
+	char *oa = train("eo-eager", 1, "cpu", 0, NULL, NULL, "--eval-only", "--metrics", ma, NULL);
+	char *ob = train("eo-graphs", 1, "cpu", 1, NULL, NULL, "--eval-only", "--metrics", mb, NULL);
+	char *fa = test_figures(ma), *fb = test_figures(mb);
+	const char *line = strstr(ob, "graphs: 0 steps");
+	printf("  --eval-only --graphs: %.*s\n", line ? (int)strcspn(line, "\n") : 4,
+	       line ? line : "none");
+	assert_non_null(strstr(ob, "graphs: evaluation: recorded the batch of 32 samples: "));
+	assert_non_null(strstr(ob, "; evaluation: 310 batches replayed from 1 recording, 3 run "
+				   "eagerly; 1 recording kept\n"));
+	assert_string_equal(fa, fb);
+	free(fa);
+	free(fb);
+	free(oa);
+	free(ob);
+}
+
 /* An evaluation batch that cannot be recorded (a host-only custom
  * layer, staged through host memory) runs eagerly, said once with its
  * reason, and validates as without --graphs. */
@@ -778,7 +817,7 @@ int main(void)
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),
 	    cmocka_unit_test(test_offload_refused), cmocka_unit_test(test_cpu_host_code_refused),
-	    cmocka_unit_test(test_evaluation),
+	    cmocka_unit_test(test_evaluation), cmocka_unit_test(test_eval_only),
 	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
 	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),

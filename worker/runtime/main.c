@@ -79,7 +79,7 @@ static int device_configure(const hpu_train_opts *o, int rank, uint64_t *capacit
 			    size_t errlen)
 {
 	hpu__dev_config c = {.memory_limit = o->device_memory, .allow_tf32 = o->allow_tf32,
-			     .graphs = o->graphs && !o->eval_only};
+			     .graphs = o->graphs};
 	char note[512];
 	if (hpu__dev_configure(&c, capacity, note, sizeof note, err, errlen) < 0)
 		return -1;

@@ -1453,7 +1453,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	early_resume(&L);
 	strict_step(&L); /* before the plan's copies are printed: they depend on it */
-	if (o->graphs && !o->eval_only && graphs_setup(&L) < 0)
+	if (o->graphs && graphs_setup(&L) < 0)
 		goto out;
 	if (o->verbose && L.rank == 0)
 		hpu__strat_plan_print(L.st, stdout);
