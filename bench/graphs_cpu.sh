@@ -6,8 +6,9 @@
 #   cpu          --device cpu, eager (its own table: the default path)
 #   cpu-graphs   --device cpu --graphs (the kernels-only table, no memory
 #                protection; the strategy takes the copies a device that
-#                the host may not read needs; a step recorded once and
-#                replayed from a flat list)
+#                the host may not read needs where a recording needs them:
+#                the batch copied in, bf16 activations converted again;
+#                a step recorded once and replayed from a flat list)
 #   strict       --device cpu-strict eager on its kernels-only table
 #                (HPU_STRICT_KERNELS=1)
 #   strict-graphs --device cpu-strict --graphs

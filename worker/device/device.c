@@ -361,7 +361,9 @@ const hpu__dev_caps *hpu__dev_caps_get(void)
 	if (!caps_known) {
 		cur->caps(&cur_caps);
 		if (cur == &hpu__dev_cpu_strict || cur == &hpu__dev_cpu_rec)
-			cur_caps.can_capture = kernels_set; /* on the kernels-only table */
+			/* on the kernels-only table: recording, and the ops'
+			 * zeros as its calls */
+			cur_caps.can_capture = cur_caps.ops_fill = kernels_set;
 		caps_known = 1;
 	}
 	return &cur_caps;
@@ -375,6 +377,12 @@ int hpu__dev_kernels_on(void)
 int hpu__dev_host_can_read(void)
 {
 	return hpu__dev_caps_get()->host_can_read;
+}
+
+int hpu__dev_ops_fill(void)
+{
+	const hpu__dev_caps *c = hpu__dev_caps_get();
+	return c->host_can_read || c->ops_fill;
 }
 
 /* ---- memory ---- */

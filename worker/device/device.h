@@ -33,6 +33,12 @@ typedef struct hpu__dev_caps {
 	int bf16_native, fp16_native, fp8_native; /* arithmetic in that type */
 	int host_can_read;                        /* host code may touch device memory */
 	int can_capture;                          /* a step can be captured and replayed */
+	int ops_fill; /* the ops' kernel table zeroes device memory itself (its
+		       * zero entry, a device call a recording keeps), so that
+		       * the ops may take gradients owed zeros where the host
+		       * may not touch the memory (hpu__dev_ops_fill): the CPU
+		       * devices on their kernels-only table; 0 on CUDA, whose
+		       * ops never take them */
 	int gpu, gpus; /* the GPU this worker drives among the gpus visible to
 			* it (0 and 0: not a GPU) */
 	char gpu_id[32]; /* that GPU's PCI bus id (cudaDeviceGetPCIBusId),
@@ -450,6 +456,13 @@ const hpu__dev_caps *hpu__dev_caps_get(void);
 
 /* 1 when host code may read and write device memory directly. */
 int hpu__dev_host_can_read(void);
+
+/* 1 when the ops may zero gradients owed zeros themselves
+ * (worker/ops/autocast.h, hpu__ac_fresh_add; hpu__strat_fresh_ok): the
+ * host may touch device memory, or caps.ops_fill (every zero the ops
+ * and the owed zeros' flush make is a call of the kernel table, which a
+ * recording keeps: the same claims every step, replayed). */
+int hpu__dev_ops_fill(void);
 
 /* Device memory (devmem: zeroed or not; freed by hpu__dev_free). */
 void *hpu__dev_alloc(hpu_mem_kind kind, size_t bytes, const char *what);

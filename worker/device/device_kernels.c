@@ -259,6 +259,74 @@ static int host_keyed(const char *entry)
 #include "worker/device/device_klist.h"
 #undef WRAP
 
+/* ---- both backward convolutions in one call (conv_bwd) ----
+ *
+ * Not in the list: its weights_done is host output. The table has it
+ * where the backend has it (oneDNN: dy's layout change made once for
+ * both, the same bits as the two calls), and its answer is always both
+ * done: what the backend's call left (a refusal) is completed by the two
+ * entries one by one (as the op would call them), so that a recorded
+ * node, whose weights_done the host reads at the call, needs nothing
+ * from the host when it runs. */
+static int (*conv_bwd_impl)(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x,
+			    const void *w, const void *dy, float *dx, float *dw, float *db,
+			    int *weights_done);
+
+static int e_conv_bwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x, const void *w,
+		      const void *dy, float *dx, float *dw, float *db, int *weights_done)
+{
+	*weights_done = 0;
+	if (dev_enter)
+		dev_enter();
+	int r = conv_bwd_impl(s, dt, x, w, dy, dx, dw, db, weights_done);
+	if (dev_leave)
+		dev_leave();
+	if (r == HPU_BE_OK)
+		return r;
+	if (!*weights_done) {
+		if (e_conv_bwd_weights(s, dt, x, dy, dw, db) != HPU_BE_OK)
+			return HPU_BE_UNSUPPORTED;
+		*weights_done = 1;
+	}
+	return e_conv_bwd_data(s, dt, w, dy, dx);
+}
+
+struct n_conv_bwd {
+	const hpu_conv2d_shape *s;
+	hpu__dtype dt;
+	const void *x, *w, *dy;
+	float *dx, *dw, *db;
+};
+
+static int r_conv_bwd(const void *p)
+{
+	const struct n_conv_bwd *n = p;
+	int wd;
+	return e_conv_bwd(n->s, n->dt, n->x, n->w, n->dy, n->dx, n->dw, n->db, &wd);
+}
+
+static int k_conv_bwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x, const void *w,
+		      const void *dy, float *dx, float *dw, float *db, int *weights_done)
+{
+	if (!hpu__dev_capturing()) {
+		hpu__dev_rec_foreign("the kernel conv_bwd");
+		return e_conv_bwd(s, dt, x, w, dy, dx, dw, db, weights_done);
+	}
+	*weights_done = 1; /* recorded (or refused): nothing left to the op */
+	struct n_conv_bwd *n = hpu__dev_rec_node("the kernel conv_bwd", r_conv_bwd, sizeof *n);
+	if (!n)
+		return HPU_BE_OK;
+	pin c = {.entry = "conv_bwd"};
+	*n = (struct n_conv_bwd){keep(&c, "s", s, sizeof *s), dt, x, w, dy, dx, dw, db};
+	check_in(&c, "x", x);
+	check_in(&c, "w", w);
+	check_in(&c, "dy", dy);
+	check_out(&c, "dx", dx);
+	check_out(&c, "dw", dw);
+	check_out(&c, "db", db);
+	return HPU_BE_OK;
+}
+
 /* Every kernel of hpu__backend is in the list: the struct holds the list's
  * entries, five pointers more (name, describe, bf16_native, set_threads,
  * conv_bwd) and two ints in one pointer's room (gemm_c16, findings_dev).
@@ -350,6 +418,15 @@ static const hpu__backend *build(const hpu__device *d)
 	PICK(attention_bwd);
 	PICK(flash_fwd);
 	PICK(flash_bwd);
+	conv_bwd_impl = be->conv_bwd;
+	tab.conv_bwd = be->conv_bwd ? k_conv_bwd : NULL;
+	/* a weight gradient's product writes the 16-bit gradient itself
+	 * where the backend's gemm does (the ops ask for it only where
+	 * that gemm takes it: bf16 native, no bias, no accumulation); the
+	 * host table has no gemm to fall back on: a refusal there is the
+	 * op's own fallback eagerly, the launch's error in a replay, as
+	 * for any gemm */
+	tab.gemm_c16 = impl.gemm == be->gemm && be->gemm_c16;
 	return &tab;
 }
 

@@ -533,6 +533,17 @@ static const uint16_t *twin_of(const float *x, size_t n)
 	return NULL;
 }
 
+void hpu__ac_zero(void *p, size_t bytes)
+{
+	const hpu__backend *be = hpu__be();
+	if (!p || !bytes)
+		return;
+	if ((be->zero && be->zero(p, bytes) == HPU_BE_OK) ||
+	    hpu__be_refused("autocast's owed zeros (hpu__ac_zero)", "zero, %zu bytes", bytes))
+		return;
+	memset(p, 0, bytes);
+}
+
 int hpu__ac_fresh_add(float *g, size_t len)
 {
 	if (nfresh == capfresh) {
@@ -573,7 +584,7 @@ int hpu__ac_fresh_claim(float *g, size_t n)
 	if (f->taken) /* a second writer: the first's values in fp32, added to */
 		hpu__ac_from16(0, g, f->g16, f->len);
 	else
-		memset(g + n, 0, (f->len - n) * sizeof *g);
+		hpu__ac_zero(g + n, (f->len - n) * sizeof *g);
 	int owed = !f->taken;
 	*f = freshes[--nfresh];
 	return owed;
@@ -585,7 +596,7 @@ uint16_t *hpu__ac_fresh_claim16(float *g, size_t n)
 	if (i < 0 || n > freshes[i].len || !freshes[i].g16 || freshes[i].taken)
 		return NULL;
 	fresh *f = &freshes[i];
-	memset(f->g16 + n, 0, (f->len - n) * sizeof *f->g16);
+	hpu__ac_zero(f->g16 + n, (f->len - n) * sizeof *f->g16);
 	f->taken = 1;
 	return f->g16;
 }
@@ -607,7 +618,7 @@ static void fresh_drop(const float *base, size_t len, int zero)
 		if (freshes[i].g >= base && freshes[i].g < base + len &&
 		    !(zero && freshes[i].taken)) {
 			if (zero)
-				memset(freshes[i].g, 0, freshes[i].len * sizeof *base);
+				hpu__ac_zero(freshes[i].g, freshes[i].len * sizeof *base);
 			freshes[i] = freshes[--nfresh];
 		} else {
 			i++;

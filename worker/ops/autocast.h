@@ -156,8 +156,12 @@ void hpu__ac_twin_remove(const float *f);
  * claimed in base[0..len) when the layer's backward is over;
  * hpu__ac_fresh_forget drops the owed zeros in base[0..len) unzeroed
  * (memory about to be freed). Returns of _add: 0, or -1 when out of
- * memory (nothing registered: zero g as ever). Training thread only;
- * host memory only. */
+ * memory (nothing registered: zero g as ever). Training thread only.
+ * Every zero these make (and the op's, hpu__ac_zero) is the kernel
+ * table's zero entry, where it has one (else the host's memset: a table
+ * over memory the host may not touch refuses, hpu__be_refused), so that
+ * a recorded step keeps them: the runtime registers owed zeros only
+ * where such zeros reach the memory (worker/device: hpu__dev_ops_fill). */
 int hpu__ac_fresh_add(float *g, size_t len);
 int hpu__ac_fresh_claim(float *g, size_t n);
 void hpu__ac_fresh_flush(float *base, size_t len);
@@ -178,6 +182,11 @@ void hpu__ac_fresh_forget(const float *base, size_t len);
 int hpu__ac_fresh_add16(float *g, size_t len, uint16_t *g16);
 uint16_t *hpu__ac_fresh_claim16(float *g, size_t n);
 int hpu__ac_fresh_taken16(const float *g);
+
+/* p[0..bytes) = 0 through the kernel table's zero entry, else memset
+ * (hpu__be_refused where the table is not the host's): an op's zeros
+ * on gradients it claimed owed zeros (hpu__ac_fresh_claim). */
+void hpu__ac_zero(void *p, size_t bytes);
 
 /* The bf16 form of parameter data w[n] for a bf16 product: the runtime's
  * bf16 working copy when w lies in one (hpu__ac_param16_add), else a copy

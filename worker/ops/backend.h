@@ -100,7 +100,8 @@ typedef struct hpu__backend {
 	/* Both backward convolutions in one call (bwd_weights, then bwd_data
 	 * into dx, which is not NULL), where the backend can share work
 	 * between them (oneDNN: dy's reorder). NULL where a table leaves it
-	 * out (the reference, the host, cpu-strict's and CUDA's tables): the
+	 * out (the reference, the host and CUDA's tables; the CPU devices'
+	 * kernels-only table has it where their backend has it): the
 	 * ops then call the two. Answers HPU_BE_OK when both ran; otherwise
 	 * *weights_done (always set) says whether dw/db were accumulated. */
 	int (*conv_bwd)(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x, const void *w,

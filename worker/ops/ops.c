@@ -425,7 +425,7 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		dw16 = hpu__ac_fresh_claim16(dw, (size_t)out * in);
 	int dw_fresh = dw16 || (in >= 0 && out >= 0 && hpu__ac_fresh_claim(dw, (size_t)out * in));
 	if (out >= 0 && hpu__ac_fresh_claim(db, (size_t)out))
-		memset(db, 0, (size_t)out * sizeof *db);
+		hpu__ac_zero(db, (size_t)out * sizeof *db);
 	if (batch <= 0 || in < 0 || out < 0) {
 		if (dw_fresh)
 			memset(dw, 0, (size_t)out * in * sizeof *dw);

@@ -534,9 +534,9 @@ void hpu_conv2d_backward(const hpu_conv2d_shape *s, const float *x, const float 
 	const size_t nx = conv_x_n(s), nw = conv_w_n(s), ny = conv_y_n(s);
 	/* gradients owed zeros (hpu__ac_fresh_claim): zeroed, then accumulated */
 	if (hpu__ac_fresh_claim(dw, nw))
-		memset(dw, 0, nw * sizeof *dw);
+		hpu__ac_zero(dw, nw * sizeof *dw);
 	if (hpu__ac_fresh_claim(db, (size_t)s->out_ch))
-		memset(db, 0, (size_t)s->out_ch * sizeof *db);
+		hpu__ac_zero(db, (size_t)s->out_ch * sizeof *db);
 	if (lp != HPU_AUTOCAST_BF16 && dx != NULL)
 		hpu__ac_param_f32(w, nw);
 	int data_done = dx == NULL, weights_done = 0;

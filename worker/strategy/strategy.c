@@ -308,10 +308,12 @@ static void zero_grads(hpu_strat *s)
 			continue;
 		if (hpu__strat_fresh_add(s, i, l->gbase, NULL) < 0)
 			break;
-		hpu__dev_memset(NULL, G + at, 0, (l->off - at) * 4);
+		if (l->off > at) /* the gap before it */
+			hpu__dev_memset(NULL, G + at, 0, (l->off - at) * 4);
 		at = l->off + l->plen;
 	}
-	hpu__dev_memset(NULL, G + at, 0, (s->total - at) * 4);
+	if (s->total > at)
+		hpu__dev_memset(NULL, G + at, 0, (s->total - at) * 4);
 }
 
 /* fp32: layer o's gradients are complete; what no op claimed is zero. */

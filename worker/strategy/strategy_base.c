@@ -68,7 +68,7 @@ const char *hpu__strat_unit_name(const hpu_strat *s, int k)
 int hpu__strat_fresh_ok(const hpu_strat *s, int i)
 {
 	const hpu_layer *l = s->b->layers[i];
-	return l->grads_in_ops && l->plen && s->gusers[i] == 1 && hpu__dev_host_can_read();
+	return l->grads_in_ops && l->plen && s->gusers[i] == 1 && hpu__dev_ops_fill();
 }
 
 int hpu__strat_fresh_add(hpu_strat *s, int i, float *g, uint16_t *g16)

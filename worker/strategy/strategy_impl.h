@@ -352,7 +352,10 @@ const char *hpu__strat_unit_name(const hpu_strat *s, int k);
 /* Gradients owed zeros (worker/ops/autocast.h, hpu__ac_fresh_add): layer
  * i's gradients may be left unzeroed for the ops to claim when it hands
  * them only to the ops (hpu_layer_grads_in_ops), no other layer uses its
- * parameters and the host writes the memory (hpu__strat_fresh_ok). Then
+ * parameters and the ops' zeros reach the memory (hpu__strat_fresh_ok:
+ * hpu__dev_ops_fill, the host's memset where it may touch it, else the
+ * kernel table's zero entry, which a recording keeps: a recorded step
+ * makes the same claims every replay). Then
  * hpu__strat_fresh_add(s, i, g, g16) registers each parameter's range of
  * its gradients g[0 .. plen) (with its padding), with the place of their
  * bf16 rounding g16[0 .. plen) when not NULL (hpu__ac_fresh_add16); 0, or
