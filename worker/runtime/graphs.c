@@ -286,6 +286,21 @@ const char *hpu__graphs_node_args(const hpu__graphs *g)
 	return g->cur && g->cur->graph ? g->cur->node_args : "";
 }
 
+/* e keeps the recording gr, its calls by name and the strategy's state
+ * its replays restore; 0, or -1 with a sentence in err (gr is e's
+ * either way: freed with it). */
+static int keep(entry *e, hpu__dev_graph *gr, hpu_strat *s, char *err, size_t errlen)
+{
+	e->graph = gr;
+	e->nodes = hpu__dev_graph_nodes(gr);
+	node_args(e);
+	if (!(e->snap = hpu__strat_snap_take(s))) {
+		snprintf(err, errlen, "--graphs: out of host memory for a recording's state");
+		return -1;
+	}
+	return 0;
+}
+
 int hpu__graphs_record_begin(hpu__graphs *g)
 {
 	return begin(g, &g->eager);
@@ -324,13 +339,8 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 	char sh[128], hc[128];
 	shape(g, e->n, sh, sizeof sh);
 	if (ok) {
-		e->graph = gr;
-		e->nodes = hpu__dev_graph_nodes(gr);
-		node_args(e);
-		if (!(e->snap = hpu__strat_snap_take(s))) {
-			snprintf(err, errlen, "--graphs: out of host memory for a recording's state");
+		if (keep(e, gr, s, err, errlen) < 0)
 			return -1;
-		}
 		if (g->verbose && g->rank == 0)
 			printf("graphs: step %ld: recorded the step of %s: %zu device calls%s, replayed "
 			       "from now on\n",
@@ -463,13 +473,8 @@ int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
 		return -1;
 	}
 	if (rc == 0) {
-		e->graph = gr;
-		e->nodes = hpu__dev_graph_nodes(gr);
-		node_args(e);
-		if (!(e->snap = hpu__strat_snap_take(s))) {
-			snprintf(err, errlen, "--graphs: out of host memory for a recording's state");
+		if (keep(e, gr, s, err, errlen) < 0)
 			return -1;
-		}
 		if (g->verbose && g->rank == 0)
 			printf("graphs: evaluation: recorded the batch of %d samples: %zu device calls, "
 			       "replayed from now on\n",
