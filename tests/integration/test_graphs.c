@@ -787,7 +787,7 @@ static void test_cpu_records(void **state)
 	assert_non_null(strstr(o, "rank 0: --graphs: the ops run on the kernels-only table "
 				  "(cpu-strict's without its memory protection), and a step is "
 				  "recorded once and replayed\n"));
-	assert_null(strstr(o, "the training steps run eagerly"));
+	assert_null(strstr(o, "evaluation batches run eagerly"));
 	assert_non_null(strstr(o, "graphs: step 3: recorded the step of 32 samples: "));
 	long replayed, recorded, eager;
 	replays(o, &replayed, &recorded, &eager);

@@ -238,7 +238,8 @@ static int begin(hpu__graphs *g, long *eager)
 	}
 	(*eager)++;
 	if (g->rank == 0)
-		hpu__log(HPU_LOG_WARNING, "--graphs: %s; the training steps run eagerly", err);
+		hpu__log(HPU_LOG_WARNING,
+			 "--graphs: %s; the training steps and evaluation batches run eagerly", err);
 	return -1;
 }
 
