@@ -356,6 +356,20 @@ static char *val_lines(const char *name)
 	return out;
 }
 
+/* Runs a and b validated alike (their metrics files' validation lines
+ * the same, bit for bit, over `samples` held-out samples where > 0) and
+ * trained to the same parameters. */
+static void same_validation(const char *a, const char *b, long samples)
+{
+	char *va = val_lines(a), *vb = val_lines(b);
+	if (samples > 0)
+		assert_int_equal(number_after(va, "\"val_samples\":"), samples);
+	assert_string_equal(va, vb);
+	assert_true(same_file(a, b));
+	free(va);
+	free(vb);
+}
+
 /* One run validating at steps 2, 4 and 6 on 60 held-out samples, at 32
  * a batch: a full batch and a partial one of 28 each time; `graphs`:
  * --graphs with one eager batch per size before its recording. */
@@ -485,13 +499,9 @@ static void test_evaluation_refused(void **state)
 				    "eagerly\n"));
 	assert_non_null(strstr(ob, "evaluation: 0 batches replayed from 0 recordings, 2 run eagerly; "
 				   "0 recordings kept\n"));
-	char *va = val_lines("host-eager"), *vb = val_lines("host-graphs");
-	assert_string_equal(va, vb);
-	assert_true(same_file("host-eager", "host-graphs"));
+	same_validation("host-eager", "host-graphs", 0);
 	free(oa);
 	free(ob);
-	free(va);
-	free(vb);
 }
 
 /* What still cannot be recorded at 2 workers is refused on both ranks
@@ -683,14 +693,9 @@ static void test_two_workers_buffers(void **state)
 	printf("  2 workers, resnet: %.*s\n", line ? (int)strcspn(line, "\n") : 4,
 	       line ? line : "none");
 	assert_non_null(line);
-	char *va = val_lines("two-rn-eager"), *vb = val_lines("two-rn-graphs");
-	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
-	assert_string_equal(va, vb);
-	assert_true(same_file("two-rn-eager", "two-rn-graphs"));
+	same_validation("two-rn-eager", "two-rn-graphs", 60);
 	free(oa);
 	free(ob);
-	free(va);
-	free(vb);
 }
 
 static int setup(void **state)
