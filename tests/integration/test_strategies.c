@@ -475,6 +475,56 @@ static void test_fp8_strategies_agree(void **state)
 	unlink(path[1]);
 }
 
+/* fp8 MEASURE under zero3 at 3 workers over the regression model's 256
+ * samples, one a micro-batch: rank 0 calibrates on 86, ranks 1 and 2 on
+ * 85. zero3's forward gathers the parameters between the ranks, so the
+ * short ranks run one forward more, not measured: the run ends with the
+ * 256 samples counted (the ranks met different collectives and the run
+ * failed: "calibration all-reduce failed: ... do all ranks call the
+ * same collectives"), and the figures are fast_ddp's. */
+static void test_fp8_measure_uneven(void **state)
+{
+	(void)state;
+	char params[64], cfg[64], stats[2][96];
+	int pid = (int)getpid();
+	snprintf(params, sizeof params, "/tmp/hpu-qu-%d.bin", pid);
+	run r;
+	r.n = 0;
+	args(&r, LAUNCH, "-q", "--devices", "3", "--batch-size", "3", "--max-steps", "3",
+	     "--log-every", "0", "--no-eval", "--save-params", params, NULL);
+	free(finish_with(&r, 0, h_build("lib/regression.so"), NULL));
+	const char *strat[2] = {"fast_ddp", "zero3"};
+	char *js[2];
+	for (int k = 0; k < 2; k++) {
+		snprintf(cfg, sizeof cfg, "/tmp/hpu-qu-%d.json", pid);
+		snprintf(stats[k], sizeof stats[k], "/tmp/hpu-qu-%d-%d_hooks_maxabs.json", pid, k);
+		FILE *f = fopen(cfg, "w");
+		assert_non_null(f);
+		fprintf(f, "{\"method\": \"HOOKS\", \"mode\": \"MEASURE\", "
+			   "\"dump_stats_path\": \"/tmp/hpu-qu-%d-%d\"}\n", pid, k);
+		fclose(f);
+		setenv("QUANT_CONFIG", cfg, 1);
+		r.n = 0;
+		args(&r, LAUNCH, "-q", "--devices", "3", "--batch-size", "3", "--strategy", strat[k],
+		     "--param-persistence-threshold", "0", "--eval-only", "--load-params", params,
+		     "--calibration-batches", "1000", NULL);
+		char *out = finish_with(&r, 0, h_build("lib/regression.so"), NULL);
+		unsetenv("QUANT_CONFIG");
+		assert_non_null(strstr(out, "over 256 training samples"));
+		free(out);
+		js[k] = h_slurp(stats[k]);
+		assert_non_null(js[k]);
+		assert_true(field(js[k], NULL, "CalibrationSamples") == 256);
+		unlink(cfg);
+	}
+	assert_string_equal(js[0], js[1]);
+	for (int k = 0; k < 2; k++) {
+		free(js[k]);
+		unlink(stats[k]);
+	}
+	unlink(params);
+}
+
 /* fp8 inference, as two runs after training: MEASURE writes the max-abs
  * figures of the three linear layers; QUANTIZE runs them in E4M3 and the
  * test accuracy stays within 0.02 of the unquantized model's. The
@@ -1062,6 +1112,7 @@ int main(void)
 		cmocka_unit_test(test_precision_accuracy),
 		cmocka_unit_test(test_fp8_strategies_agree),
 		cmocka_unit_test(test_fp8_inference),
+		cmocka_unit_test(test_fp8_measure_uneven),
 		cmocka_unit_test(test_overflow_skips_step),
 		cmocka_unit_test(test_quant_config_names),
 		cmocka_unit_test(test_config_file_run),

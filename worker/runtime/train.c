@@ -698,14 +698,15 @@ static int eval_device(loop *L, int n)
 }
 
 /* The sampler leaves a rank one sample short of rank 0 where the
- * ranks do not split n_all evenly; at a multiple of the micro-batch that
- * is a batch fewer. Where a forward meets the other ranks (zero3's
- * gathers) such a rank runs one forward more, on the split's first
- * sample, its figures not counted, so that every rank calls the same
- * collectives. */
-static int eval_even(loop *L, hpu_split split, const uint32_t *map, size_t n_all, size_t mine)
+ * ranks do not split a split evenly; at a multiple of the micro-batch
+ * that is a batch fewer than `most`, rank 0's count. Where a forward
+ * meets the other ranks (zero3's gathers) such a rank runs one forward
+ * more, on the split's first sample, its figures not counted (and not
+ * measured: the caller's measurement is closed), so that every rank
+ * calls the same collectives. */
+static int forward_even(loop *L, hpu_split split, const uint32_t *map, size_t most, size_t mine)
 {
-	size_t mb = (size_t)L->micro, most = hpu__sampler_eval_count(n_all, 0, L->world);
+	size_t mb = (size_t)L->micro;
 	if (!hpu__strat_forward_meets(L->st) || (mine + mb - 1) / mb >= (most + mb - 1) / mb)
 		return 0;
 	L->eval_idx[0] = map ? map[0] : 0;
@@ -747,7 +748,7 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 	}
 	if (dev && hpu__strat_eval_close(L->st, sums) < 0)
 		return -1;
-	if (eval_even(L, split, map, n_all, mine) < 0)
+	if (forward_even(L, split, map, hpu__sampler_eval_count(n_all, 0, L->world), mine) < 0)
 		return -1;
 	sums[nm + 1] = (double)mine;
 	int rc = hpucoll_all_reduce(L->comm, sums, sums, (size_t)nm + 2, HPUCOLL_F64, HPUCOLL_SUM);
@@ -926,9 +927,12 @@ static int calibrate(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
 	size_t mine = hpu__sampler_eval_count(d->size, L->rank, L->world);
+	size_t most = hpu__sampler_eval_count(d->size, 0, L->world);
 	size_t want = (size_t)L->o->calib_batches * (size_t)L->micro;
 	if (mine > want)
 		mine = want;
+	if (most > want)
+		most = want;
 	hpu__fp8_measuring(1);
 	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
 	int rc = 0;
@@ -941,7 +945,7 @@ static int calibrate(loop *L)
 		done += (size_t)n;
 	}
 	hpu__fp8_measuring(0);
-	if (rc)
+	if (rc || forward_even(L, HPU_SPLIT_TRAIN, NULL, most, mine) < 0)
 		return -1;
 	float count = (float)mine;
 	int crc = hpucoll_all_reduce(L->comm, &count, &count, 1, HPUCOLL_F32, HPUCOLL_SUM);
