@@ -1,0 +1,292 @@
+/* save_checkpoint: hpu__checkpoint_save -- every rank its shard in the
+ * partial directory, rank 0 the buffers file, the manifest
+ * (save_manifest.c), the report; a signal during the save removes what
+ * it made. Calls save_manifest.c and save_resume_base.c
+ * (save_resume_impl.h). */
+#include "worker/runtime/save_resume_impl.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/fileio.h"
+
+#define say hpu__say
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int mkdir_p(const char *path, char *err, size_t errlen)
+{
+	char at[600];
+	if (hpu__make_dirs(path, at, sizeof at) < 0)
+		return say(err, errlen, "cannot make directory %s: %s", at, strerror(errno));
+	return 0;
+}
+
+/* Rank 0: every buffer's floats (rank 0's, whatever their sync), unpadded,
+ * in declaration order, to dir/buffers.bin; bf gets its name, size and
+ * digest. */
+static int write_buffers(const hpu_builder *b, hpu_strat *st, const char *dir,
+			 hpu_ckpt_file *bf, char *err, size_t errlen)
+{
+	const float *B = hpu__strat_buffers(st);
+	char path[1200 + sizeof bf->name + 2]; /* dir is at most 1200 bytes */
+	hpu_ckpt_writer w;
+	snprintf(bf->name, sizeof bf->name, "%s", HPU_CKPT_BUFFERS);
+	snprintf(path, sizeof path, "%s/%s", dir, bf->name);
+	if (hpu__ckpt_writer_open(&w, path, err, errlen) < 0)
+		return -1;
+	for (int i = 0; i < b->nbuffers; i++)
+		if (hpu__ckpt_writer_put(&w, B + b->buffers[i].offset, b->buffers[i].numel * 4, err,
+					 errlen) < 0) {
+			hpu__ckpt_writer_abort(&w);
+			return -1;
+		}
+	bf->bytes = w.bytes;
+	if (hpu__ckpt_writer_commit(&w, bf->sha256, err, errlen) < 0) {
+		hpu__ckpt_writer_abort(&w);
+		return -1;
+	}
+	return 0;
+}
+
+/* bbytes: the buffers file's size (0: none), written by rank 0 besides
+ * its shard. */
+static int save_report(const hpu_train_opts *o, const char *name, long step, const rec *all,
+		       int world, double bbytes, double secs, FILE *metrics, char *err,
+		       size_t errlen)
+{
+	double bytes = bbytes, slowest = 0;
+	for (int r = 0; r < world; r++) {
+		bytes += all[r].bytes;
+		slowest = all[r].secs > slowest ? all[r].secs : slowest;
+	}
+	printf("checkpoint: step %ld saved to %s/%s: %d shards%s, %.1f MB, %.3f s "
+	       "(slowest rank wrote %.1f MB/s)\n",
+	       step, o->checkpoint_dir, name, world, bbytes > 0 ? " and the buffers" : "",
+	       bytes / 1e6, secs, slowest > 0 ? all[0].bytes / 1e6 / slowest : 0);
+	if (!metrics)
+		return 0;
+	cJSON *j = cJSON_CreateObject(), *ranks = cJSON_CreateArray();
+	cJSON_AddStringToObject(j, "checkpoint", "saved");
+	cJSON_AddNumberToObject(j, "step", (double)step);
+	cJSON_AddStringToObject(j, "name", name);
+	cJSON_AddNumberToObject(j, "bytes", bytes);
+	if (bbytes > 0)
+		cJSON_AddNumberToObject(j, "buffer_bytes", bbytes);
+	cJSON_AddNumberToObject(j, "seconds", secs);
+	for (int r = 0; r < world; r++) {
+		cJSON *x = cJSON_CreateObject();
+		cJSON_AddNumberToObject(x, "rank", r);
+		cJSON_AddNumberToObject(x, "bytes", all[r].bytes);
+		cJSON_AddNumberToObject(x, "seconds", all[r].secs);
+		cJSON_AddItemToArray(ranks, x);
+	}
+	cJSON_AddItemToObject(j, "ranks", ranks);
+	return hpu__checkpoint_metrics_put(metrics, o->metrics, j, err, errlen);
+}
+
+/* ---- a save interrupted ---- */
+
+/* What SIGTERM, SIGINT or SIGHUP during a save removes before the process
+ * dies of it as it would have (the handler uses only unlink, rmdir and
+ * nanosleep, which are async-signal-safe): this rank's files in the
+ * partial directory, and on rank 0 the directory once the other ranks
+ * have removed theirs (waiting up to 1.8 s). What a SIGKILL leaves, the next
+ * save or start-up removes (hpu__ckpt_clean_partials). */
+static struct {
+	char files[6][1300];
+	int nfiles;
+	char dir[1200];
+	volatile sig_atomic_t made; /* rank 0 made dir: it removes it */
+	int lock; /* rank 0's lock on the partial directory, or -1 */
+	int installed[3];
+	struct sigaction old[3];
+} G = {.lock = -1};
+
+static const int guarded[3] = {SIGTERM, SIGINT, SIGHUP};
+
+static void on_stop(int sig)
+{
+	int e = errno;
+	struct timespec ts = {0, 20 * 1000 * 1000};
+	/* again each time: another thread of this process may still be
+	 * writing (the signal may have come to any thread) */
+	/* rank 0 waits for the other ranks' files up to 1.8 s: nearly the
+	 * launcher's 2 s of grace before SIGKILL (a rank descheduled on a
+	 * loaded node may take over a second to run its handler) */
+	for (int k = 0; k < 90; k++) {
+		for (int i = 0; i < G.nfiles; i++)
+			unlink(G.files[i]);
+		if (!G.made || rmdir(G.dir) == 0 || errno != ENOTEMPTY)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	errno = e;
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/* file and the temporary name hpu_outfile writes it under */
+static void guard_file(const char *dir, const char *name)
+{
+	int pid = (int)getpid();
+	snprintf(G.files[G.nfiles++], sizeof G.files[0], "%s/%s", dir, name);
+	snprintf(G.files[G.nfiles++], sizeof G.files[0], "%s/%s.tmp.%d", dir, name, pid);
+}
+
+/* Names this rank's files in dir (the partial) and takes the signals
+ * whose action is the default one: rank 0 before it makes dir (the
+ * handler removes dir once G.made says it did), the others once they
+ * know it is made. */
+static void guard_begin(int rank, const char *dir, const char *shard, int buffers)
+{
+	G.nfiles = 0;
+	G.made = 0;
+	snprintf(G.dir, sizeof G.dir, "%s", dir);
+	guard_file(dir, shard);
+	if (rank == 0) {
+		guard_file(dir, HPU_CKPT_MANIFEST);
+		if (buffers)
+			guard_file(dir, HPU_CKPT_BUFFERS);
+	}
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_stop;
+	sigemptyset(&sa.sa_mask);
+	for (int i = 0; i < 3; i++) {
+		G.installed[i] = sigaction(guarded[i], NULL, &G.old[i]) == 0 &&
+				 G.old[i].sa_handler == SIG_DFL &&
+				 sigaction(guarded[i], &sa, NULL) == 0;
+	}
+}
+
+/* The signals' actions as they were; rank 0's lock released. */
+static void guard_end(void)
+{
+	for (int i = 0; i < 3; i++) {
+		if (G.installed[i])
+			sigaction(guarded[i], &G.old[i], NULL);
+		G.installed[i] = 0;
+	}
+	if (G.lock >= 0)
+		close(G.lock);
+	G.lock = -1;
+	G.made = 0;
+}
+
+/* Rank 0: the partial directory made (a stale one of this uid removed
+ * first) and locked for the save. */
+static int make_partial(const char *root, const char *path, char *msg, size_t msglen)
+{
+	hpu__ckpt_clean_partials(root, hpu__checkpoint_said_removed, NULL);
+	if (mkdir_p(root, msg, msglen) < 0)
+		return -1;
+	if (mkdir(path, 0755) == 0)
+		G.made = 1; /* ours: a signal from now on removes it */
+	else
+		return say(msg, msglen,
+			   errno == EEXIST ? "cannot make directory %s: it exists, held by a save "
+					     "that still runs or owned by another user"
+					   : "cannot make directory %s: %s",
+			   path, strerror(errno));
+	if ((G.lock = hpu__ckpt_partial_lock(path)) < 0)
+		return say(msg, msglen, "cannot lock %s: %s", path, strerror(errno));
+	return 0;
+}
+
+int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
+			 hpu_strat *st, const hpu_run_pos *pos, FILE *metrics, char *err,
+			 size_t errlen)
+{
+	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
+	const char *root = o->checkpoint_dir;
+	char name[64], partial[80], path[1200], why[600];
+	double t0 = now_s();
+	hpu__ckpt_step_name(pos->step, name, sizeof name);
+	snprintf(partial, sizeof partial, ".%s.partial", name);
+	rec mine = {.ok = 1};
+	rec *all = calloc((size_t)world, sizeof *all);
+	hpu_ckpt_file bf = {0}; /* rank 0's buffers file */
+	if (!all)
+		return say(err, errlen, "out of memory");
+	/* rank 0 makes the partial directory; a crashed save's is dropped */
+	char shard[96];
+	hpu__ckpt_shard_name(rank, world, shard, sizeof shard);
+	snprintf(path, sizeof path, "%s/%s", root, partial);
+	/* once the partial is this save's (rank 0 holds it), a signal
+	 * removes it: rank 0 at once, the others when they know */
+	if (rank == 0)
+		guard_begin(rank, path, shard, b->nbuffers > 0);
+	if (rank == 0 && make_partial(root, path, mine.msg, sizeof mine.msg) < 0)
+		mine.ok = 0;
+	if (hpu__checkpoint_agree(comm, &mine, all, why, sizeof why))
+		goto failed;
+	if (rank != 0)
+		guard_begin(rank, path, shard, b->nbuffers > 0);
+	/* every rank its shard, at once */
+	snprintf(path, sizeof path, "%s/%s/%s", root, partial, shard);
+	double tw = now_s();
+	hpu_ckpt_writer w;
+	if (hpu__ckpt_writer_open(&w, path, mine.msg, sizeof mine.msg) < 0) {
+		mine.ok = 0;
+	} else if (hpu__strat_ckpt_write(st, &w) < 0) {
+		mine.ok = 0;
+		hpu__ckpt_writer_abort(&w);
+	} else {
+		mine.bytes = (double)w.bytes;
+		if (hpu__ckpt_writer_commit(&w, mine.sha256, mine.msg, sizeof mine.msg) < 0) {
+			mine.ok = 0;
+			hpu__ckpt_writer_abort(&w);
+		}
+	}
+	if (!mine.ok && !mine.msg[0]) /* the strategy's sentence is in err */
+		snprintf(mine.msg, sizeof mine.msg, "%s", err);
+	/* the buffers are whole on every rank: rank 0 writes them, once */
+	if (mine.ok && rank == 0 && b->nbuffers) {
+		snprintf(path, sizeof path, "%s/%s", root, partial);
+		if (write_buffers(b, st, path, &bf, mine.msg, sizeof mine.msg) < 0)
+			mine.ok = 0;
+	}
+	mine.secs = now_s() - tw;
+	if (hpu__checkpoint_agree(comm, &mine, all, why, sizeof why))
+		goto failed;
+	/* rank 0: manifest, rename, latest, pruning */
+	rec done = {.ok = 1};
+	if (rank == 0 && hpu__checkpoint_finish(comm, o, b, st, pos, all, &bf, partial, name,
+						done.msg, sizeof done.msg) < 0)
+		done.ok = 0;
+	if (hpu__checkpoint_agree(comm, &done, NULL, why, sizeof why))
+		goto failed;
+	/* its record in the metrics: every rank fails when rank 0 cannot */
+	rec rep = {.ok = 1};
+	if (rank == 0 && save_report(o, name, pos->step, all, world, (double)bf.bytes, now_s() - t0,
+				     metrics, rep.msg, sizeof rep.msg) < 0)
+		rep.ok = 0;
+	free(all);
+	guard_end();
+	if (hpu__checkpoint_agree(comm, &rep, NULL, why, sizeof why))
+		return say(err, errlen, "checkpoint of step %ld saved to %s/%s, but %s", pos->step,
+			   root, name, why);
+	return 0;
+failed:
+	if (rank == 0 && G.made) { /* only a partial of its own */
+		snprintf(path, sizeof path, "%s/%s", root, partial);
+		hpu__ckpt_rmtree(path);
+	}
+	guard_end();
+	free(all);
+	return say(err, errlen, "checkpoint of step %ld not saved (the previous checkpoints are "
+				"untouched): %s",
+		   pos->step, why);
+}
