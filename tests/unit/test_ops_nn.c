@@ -963,6 +963,110 @@ static void test_split_merge_heads(void **state)
 		}
 }
 
+/* The definition of hpu_mask_scores, one value at a time (the loops
+ * ops_heads.c had before its vector clones): what the op must write, bit
+ * for bit. */
+static void mask_def(float *att, const int32_t *mask, int B, int H, int T, int causal,
+		     int after)
+{
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < H; h++)
+			for (int i = 0; i < T; i++) {
+				float *row = att + (((size_t)b * H + h) * T + i) * T;
+				const int32_t *m = mask ? mask + (size_t)b * T : NULL;
+				int any = 0;
+				for (int j = 0; j < T; j++)
+					any |= (!causal || j <= i) && (!m || m[j]);
+				for (int j = 0; j < T; j++)
+					if (!any)
+						row[j] = 0.0f;
+					else if (!((!causal || j <= i) && (!m || m[j])))
+						row[j] = after ? 0.0f : -INFINITY;
+			}
+}
+
+/* The vector clones of the head copies and the masking at awkward shapes
+ * (T 1 and odd, 1 and 3 heads, hd 1 and past a vector's 16 lanes, rows
+ * with no key, scores holding NaNs with payloads, -0 and infinities),
+ * against one value at a time, bit for bit: the copies are products by
+ * mul alone, the masking pure stores. */
+static void test_heads_mask_shapes(void **state)
+{
+	(void)state;
+	static const int ts[] = {1, 2, 5, 17, 33}, hs[] = {1, 3}, hds[] = {1, 4, 17, 32};
+	const uint32_t odd[] = {0x7fc01234u, 0xffa00001u, 0x80000000u, 0x7f800000u};
+	int cases = 0;
+	for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++)
+		for (size_t hi = 0; hi < sizeof hs / sizeof *hs; hi++) {
+			int T = ts[ti], H = hs[hi], B = 3;
+			size_t na = (size_t)B * H * T * T;
+			float *att = malloc(na * sizeof *att), *want = malloc(na * sizeof *want);
+			int32_t *mask = malloc((size_t)B * T * sizeof *mask);
+			assert_non_null(att), assert_non_null(want), assert_non_null(mask);
+			/* sample 0 no padding, 1 every other key (and the first), 2 all */
+			for (int j = 0; j < T; j++)
+				mask[j] = 1, mask[T + j] = j % 2, mask[2 * T + j] = 0;
+			for (int causal = 0; causal < 2; causal++)
+				for (int masked = 0; masked < 2; masked++)
+					for (int after = 0; after < 2; after++) {
+						for (size_t k = 0; k < na; k++) {
+							att[k] = (float)rng_uniform(-3, 3);
+							if (k % 7 == 3)
+								memcpy(&att[k], &odd[k % 4], sizeof *att);
+						}
+						memcpy(want, att, na * sizeof *att);
+						const int32_t *m = masked ? mask : NULL;
+						mask_def(want, m, B, H, T, causal, after);
+						assert_int_equal(hpu_mask_scores(att, m, B, H, T, causal, after), HPU_OK);
+						if (memcmp(att, want, na * sizeof *att))
+							fail_msg("mask_scores T %d heads %d causal %d masked %d after %d "
+								 "differs from one value at a time", T, H, causal, masked, after);
+						cases++;
+					}
+			for (size_t di = 0; di < sizeof hds / sizeof *hds; di++) {
+				int hd = hds[di];
+				size_t ld = (size_t)3 * H * hd + 1, ns = (size_t)B * T * ld;
+				size_t nh = (size_t)B * H * T * hd;
+				float *src = malloc(ns * sizeof *src), *hm = malloc(nh * sizeof *hm);
+				float *hw = malloc(nh * sizeof *hw), *back = malloc(ns * sizeof *back);
+				float *bw = malloc(ns * sizeof *bw);
+				assert_non_null(src), assert_non_null(hm), assert_non_null(hw);
+				assert_non_null(back), assert_non_null(bw);
+				for (size_t k = 0; k < ns; k++) {
+					src[k] = (float)rng_uniform(-2, 2);
+					if (k % 5 == 2)
+						memcpy(&src[k], &odd[k % 4], sizeof *src);
+					back[k] = bw[k] = 7.0f;
+				}
+				const float mul = 0.3535534f; /* 1 / sqrt(8), rounded: inexact products */
+				for (int b = 0; b < B; b++)
+					for (int h = 0; h < H; h++)
+						for (int i = 0; i < T; i++)
+							for (int e = 0; e < hd; e++) {
+								size_t major = (((size_t)b * H + h) * T + i) * hd + e;
+								size_t str = ((size_t)b * T + i) * ld + (size_t)H * hd +
+									     (size_t)h * hd + e;
+								hw[major] = src[str] * mul;
+								bw[str] = hw[major] * 3.0f;
+							}
+				assert_int_equal(hpu_split_heads(src + H * hd, ld, hm, B, H, T, hd, mul),
+						 HPU_OK);
+				if (memcmp(hm, hw, nh * sizeof *hm))
+					fail_msg("split_heads T %d heads %d hd %d differs", T, H, hd);
+				assert_int_equal(hpu_merge_heads(hm, back + H * hd, ld, B, H, T, hd, 3.0f),
+						 HPU_OK);
+				if (memcmp(back, bw, ns * sizeof *back))
+					fail_msg("merge_heads T %d heads %d hd %d differs (or wrote outside "
+						 "its columns)", T, H, hd);
+				free(src), free(hm), free(hw), free(back), free(bw);
+				cases += 2;
+			}
+			free(att), free(want), free(mask);
+		}
+	assert_int_equal(cases, 10 * 8 + 10 * 4 * 2);
+	printf("  heads and mask_scores: %d cases at awkward shapes bit for bit\n", cases);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -984,6 +1088,7 @@ int main(void)
 	    cmocka_unit_test(test_attention_backward_fp32),
 	    cmocka_unit_test(test_mask_scores),
 	    cmocka_unit_test(test_split_merge_heads),
+	    cmocka_unit_test(test_heads_mask_shapes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
