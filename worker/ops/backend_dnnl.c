@@ -17,12 +17,13 @@
  * tanhf) and ReLU (0.94x). Backward of ReLU and tanh takes 2.4-3.6x the
  * loops' time, GELU 1.3-2x in both directions (and its 0.5 x (1 + tanh)
  * form loses relative accuracy for x < -3): those run the reference
- * (ReLU's backward backend_vec.c's loop, below).
+ * (ReLU's backward and GELU both ways backend_vec.c's loops, the
+ * reference's bits; below).
  * hpu__dnnl_eltwise_fwd/bwd do every op. */
 static int pick_eltwise_fwd(hpu__eltwise op, const float *x, float *y, size_t n)
 {
 	if (op == HPU_ELT_GELU_TANH)
-		return HPU_BE_UNSUPPORTED;
+		return hpu__vec_gelu_fwd(x, y, n);
 	return hpu__dnnl_eltwise_fwd(op, x, y, n);
 }
 
@@ -41,10 +42,12 @@ static int no_avgpool(const float *in, float *out, int batch, int ch, int h, int
 }
 
 /* ReLU backward: backend_vec.c's loop (streaming stores on large arrays:
- * 1.4x the reference loop's speed at the CNN's 25 MB). */
+ * 1.4x the reference loop's speed at the CNN's 25 MB); GELU's too. */
 static int pick_eltwise_bwd(hpu__eltwise op, const float *at, const float *dy, float *dx,
 			    size_t n)
 {
+	if (op == HPU_ELT_GELU_TANH)
+		return hpu__vec_gelu_bwd(at, dy, dx, n);
 	if (op != HPU_ELT_RELU)
 		return HPU_BE_UNSUPPORTED;
 	return hpu__vec_relu_bwd(at, dy, dx, n);

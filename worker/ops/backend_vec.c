@@ -189,6 +189,85 @@ AVX512 static void relu_bwd(const float *y, const float *dy, float *dx, size_t n
 	_mm512_mask_storeu_ps(dx + i, m, _mm512_maskz_loadu_ps(g, dy + i));
 }
 
+/* ---- GELU (tanh form), ops_nn.c's formulas one operation at a time ----
+ *
+ * GCC's vector clone of the reference loop keeps three masked copies of
+ * exp_poly's tail (one per branch of its clamp, each with its own
+ * division); here the clamp is a max and a min, whose operand order keeps
+ * a NaN x as the ternary does ((-87 > x) ? -87 : x, then (88 < x) ? 88 :
+ * x), and every product and sum is the reference's, in its order, with
+ * no FMA: the same bits for every input (checked over all 2^32 inputs
+ * once, test_backend_nn over a sample). */
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi), as ops_nn.c */
+#define GELU_A 0.044715f
+
+AVX512 static inline __m512 exp_poly16(__m512 x)
+{
+	const __m512 big = _mm512_set1_ps(12582912.0f);
+	x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), x));
+	__m512 k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), big),
+				 big);
+	__m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693145752f))),
+				 _mm512_mul_ps(k, _mm512_set1_ps(1.42860677e-6f)));
+	static const float c[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+	__m512 p = _mm512_set1_ps(1.0f / 5040);
+	for (int j = 0; j < 7; j++)
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c[j]));
+	__m512i e = _mm512_slli_epi32(
+		_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23);
+	return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* q = exp_poly(-2 u), u = c (v + a v^3), as the reference. */
+AVX512 static inline __m512 gelu_q16(__m512 v)
+{
+	__m512 a3 = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(GELU_A), v), v), v);
+	__m512 u = _mm512_mul_ps(_mm512_set1_ps(GELU_C), _mm512_add_ps(v, a3));
+	return exp_poly16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+}
+
+/* y = v / (1 + q) */
+AVX512 static inline __m512 gelu_fwd16(__m512 v)
+{
+	return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), gelu_q16(v)));
+}
+
+/* dx = dy (s (1 + 2 v (q s) du)), s = 1 / (1 + q), du = c (1 + 3a v^2) */
+AVX512 static inline __m512 gelu_bwd16(__m512 v, __m512 dy)
+{
+	const __m512 one = _mm512_set1_ps(1.0f);
+	__m512 q = gelu_q16(v);
+	__m512 s = _mm512_div_ps(one, _mm512_add_ps(one, q));
+	__m512 du = _mm512_mul_ps(
+		_mm512_set1_ps(GELU_C),
+		_mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(3.0f * GELU_A), v), v)));
+	__m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), v),
+					       _mm512_mul_ps(q, s)),
+				 du);
+	return _mm512_mul_ps(dy, _mm512_mul_ps(s, _mm512_add_ps(one, t)));
+}
+
+AVX512 static void gelu_fwd(const float *x, float *y, size_t n)
+{
+	size_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(y + i, gelu_fwd16(_mm512_loadu_ps(x + i)));
+	__mmask16 m = lanes((int)(n - i));
+	_mm512_mask_storeu_ps(y + i, m, gelu_fwd16(_mm512_maskz_loadu_ps(m, x + i)));
+}
+
+/* dx may be dy: each vector is read before it is written. */
+AVX512 static void gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+	size_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(dx + i,
+				 gelu_bwd16(_mm512_loadu_ps(x + i), _mm512_loadu_ps(dy + i)));
+	__mmask16 m = lanes((int)(n - i));
+	_mm512_mask_storeu_ps(dx + i, m, gelu_bwd16(_mm512_maskz_loadu_ps(m, x + i),
+						    _mm512_maskz_loadu_ps(m, dy + i)));
+}
+
 #else /* no intrinsics: the ops run the reference */
 
 
@@ -211,6 +290,16 @@ static void maxpool2_bwd(const float *dy, const int32_t *idx, float *dx, size_t 
 static void relu_bwd(const float *y, const float *dy, float *dx, size_t n)
 {
 	(void)y, (void)dy, (void)dx, (void)n;
+}
+
+static void gelu_fwd(const float *x, float *y, size_t n)
+{
+	(void)x, (void)y, (void)n;
+}
+
+static void gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+	(void)x, (void)dy, (void)dx, (void)n;
 }
 
 #endif
@@ -246,5 +335,21 @@ int hpu__vec_relu_bwd(const float *y, const float *dy, float *dx, size_t n)
 	if (!hpu__vec_ok())
 		return HPU_BE_UNSUPPORTED;
 	relu_bwd(y, dy, dx, n);
+	return HPU_BE_OK;
+}
+
+int hpu__vec_gelu_fwd(const float *x, float *y, size_t n)
+{
+	if (!hpu__vec_ok())
+		return HPU_BE_UNSUPPORTED;
+	gelu_fwd(x, y, n);
+	return HPU_BE_OK;
+}
+
+int hpu__vec_gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+	if (!hpu__vec_ok())
+		return HPU_BE_UNSUPPORTED;
+	gelu_bwd(x, dy, dx, n);
 	return HPU_BE_OK;
 }

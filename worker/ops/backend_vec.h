@@ -1,7 +1,7 @@
 /* backend_vec: the CPU table's own AVX-512 loops, for the passes where
  * neither oneDNN's primitives nor the compiler's vectorization of the
  * reference loops come near the memory's speed (issue 38: the CNN's
- * pooling and ReLU backward). Each gives the reference kernel's bits
+ * pooling and ReLU backward, gpt_lm's GELU). Each gives the reference kernel's bits
  * (ops_ref.h), ties, NaN and signed zeros included, and answers
  * HPU_BE_UNSUPPORTED (nothing written) where it does not apply: a CPU
  * without AVX-512F, a build without GCC's intrinsics, a window other than
@@ -38,5 +38,12 @@ int hpu__vec_maxpool_bwd(const float *dy, const int32_t *idx, float *dx, int bat
  * y gives 0). dx may be dy. Large arrays are written with streaming
  * stores (no read of dx's lines before they are written). */
 int hpu__vec_relu_bwd(const float *y, const float *dy, float *dx, size_t n);
+
+/* GELU (tanh form) forward and backward, as hpu__ref_gelu_forward and
+ * hpu__ref_gelu_backward (ops_nn.c), bit for bit for every input: the
+ * same operations in the same order, the clamp of its exp as a max and a
+ * min that keep a NaN. dx may be dy. */
+int hpu__vec_gelu_fwd(const float *x, float *y, size_t n);
+int hpu__vec_gelu_bwd(const float *x, const float *dy, float *dx, size_t n);
 
 #endif
