@@ -104,10 +104,12 @@ static inline float exp_poly(float x)
 	p = p * r + 0.5f;
 	p = p * r + 1.0f;
 	p = p * r + 1.0f;
+	/* unsigned: a NaN x gives k + 127 < 0 (its product is NaN anyway),
+	 * whose shift would be undefined in int */
 	union {
-		int32_t i;
+		uint32_t u;
 		float f;
-	} two_k = {.i = ((int32_t)k + 127) << 23};
+	} two_k = {.u = (uint32_t)((int32_t)k + 127) << 23};
 	return p * two_k.f;
 }
 
