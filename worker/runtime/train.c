@@ -1,10 +1,7 @@
 #include "worker/runtime/train.h"
 
-#include <cJSON.h>
-#include <hpu/ops.h>
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,43 +23,7 @@
 #include "worker/runtime/quant.h"
 #include "proto/status.h"
 #include "worker/strategy/strategy.h"
-
-/* Everything one worker's loop owns. */
-typedef struct loop {
-	hpu_builder *b;
-	hpucoll_comm *comm;
-	const hpu_train_opts *o;
-	int rank, world;
-	int micro, accum;        /* micro-batch per rank, micro-steps per step */
-	hpu_batch eval_bt;       /* evaluation's own batch buffers */
-	uint32_t *eval_idx;
-	hpu_loader *loader;      /* training micro-batches, one ahead */
-	uint32_t *perm;
-	size_t ntrain;           /* training samples: the training split less
-				  * the --val-fraction slice */
-	uint32_t *val_map;       /* --val-fraction: the training split's
-				  * samples, training ones first, or NULL */
-	hpu_strat *st;
-	hpu_early_stop es;       /* --early-stop, when es.patience > 0 */
-	int es_metric;           /* the watched metric's index; -1: the loss */
-	double es_best;          /* its best value so far (NAN: none yet) */
-	long es_best_step, es_wait; /* ... at which step; validations since */
-	int stop_early;          /* the rule says stop (every rank alike) */
-	long vstep;              /* the last validation's step (0: none) */
-	double vloss, vmetric[HPU_MAX_IO]; /* ... and its figures */
-	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
-				  * schedule */
-	int epochs;              /* --epochs, or as many as --max-steps takes */
-	int epoch;               /* the epoch of the last step trained (from 0),
-				  * for progress records */
-	uint64_t comm_bytes;     /* sent by the steps' collectives */
-	long bad_seen;           /* skipped steps already said */
-	FILE *metrics;
-	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
-	hpu__graphs *graphs;     /* --graphs, or NULL */
-	char *err;
-	size_t errlen;
-} loop;
+#include "worker/runtime/loop.h"
 
 static double now_s(void)
 {
@@ -71,62 +32,11 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Where this worker is, for its agent: the latest record, kept current
- * (a step under way has `step` steps done), which an exit() in the middle
- * (a model that leaves) reports on its way out, so that the agent says
- * where it left rather than where the last rate-limited record was. */
-static hpu_status_rec where = {.phase = HPU_PHASE_SETUP};
-static int where_live;        /* the run is under way: report at exit */
-static int where_said = -1;   /* the phase of the last record sent */
-
-static void where_at_exit(void)
-{
-	if (where_live)
-		hpu__status_report(&where, 1);
-}
-
-/* Sends `where`: at once when forced or when its phase changed. */
-static void where_report(int force)
-{
-	force |= where.phase != where_said;
-	where_said = where.phase;
-	hpu__status_report(&where, force);
-}
-
-void hpu__train_announce(const hpu_train_opts *o)
-{
-	where.total = o->max_steps > 0 ? o->max_steps : 0;
-	where.epochs = o->epochs;
-	where.phase = HPU_PHASE_SETUP;
-	if (!where_live)
-		atexit(where_at_exit);
-	where_live = 1;
-	where_report(1);
-}
-
-static int fail(loop *L, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static int fail(loop *L, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(L->err, L->errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
-static int coll_fail(loop *L, const char *what, int rc)
-{
-	snprintf(L->err, L->errlen, "%s failed: %s", what, hpucoll_comm_why(L->comm, rc));
-	return -1;
-}
-
 static void *dalloc(loop *L, size_t bytes, const char *what)
 {
 	void *p = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, bytes, what);
 	if (!p)
-		fail(L, "%s", hpu__devmem_error());
+		hpu__loop_fail(L, "%s", hpu__devmem_error());
 	return p;
 }
 
@@ -134,13 +44,13 @@ static int alloc_buffers(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
 	if (hpu__batch_alloc(d, L->micro, &L->eval_bt, "evaluation batch") < 0)
-		return fail(L, "%s", hpu__devmem_error());
+		return hpu__loop_fail(L, "%s", hpu__devmem_error());
 	if (!(L->eval_idx = dalloc(L, (size_t)L->micro * sizeof *L->eval_idx, "evaluation indices")) ||
 	    !(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
 		return -1;
 	if (!(L->loader = hpu__loader_new(d, L->micro))) {
 		if (!L->err[0])
-			fail(L, "cannot start the data loader: %s", hpu__devmem_error());
+			hpu__loop_fail(L, "cannot start the data loader: %s", hpu__devmem_error());
 		return -1;
 	}
 	return 0;
@@ -157,20 +67,6 @@ static void free_buffers(loop *L)
 	hpu__strat_free(&L->st);
 	if (L->metrics)
 		fclose(L->metrics);
-}
-
-/* Fetches the samples (done + i) * world + rank, i < n, of a split into
- * the evaluation batch; through map (the held-out slice) when not NULL. */
-static int load_eval_batch(loop *L, hpu_split split, const uint32_t *map, size_t done, int n)
-{
-	size_t bad;
-	for (int i = 0; i < n; i++) {
-		size_t k = (done + (size_t)i) * (size_t)L->world + (size_t)L->rank;
-		L->eval_idx[i] = map ? map[k] : (uint32_t)k;
-	}
-	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, n, &L->eval_bt, &bad) < 0)
-		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
-	return 0;
 }
 
 /* ---- per-rank statistics: device memory and traffic ---- */
@@ -224,7 +120,7 @@ static int gather_stats(loop *L, double comm_per_step, double *all)
 	mine[ST_NV0 + 3] = (double)nv.param_read;
 	mine[ST_NV0 + 4] = (double)nv.param_written;
 	int rc = hpucoll_all_gather(L->comm, mine, all, ST_N, HPUCOLL_F64);
-	return rc ? coll_fail(L, "statistics all-gather", rc) : 0;
+	return rc ? hpu__loop_coll_fail(L, "statistics all-gather", rc) : 0;
 }
 
 static cJSON *stats_json(loop *L, const double *all)
@@ -259,21 +155,6 @@ static cJSON *stats_json(loop *L, const double *all)
 	return arr;
 }
 
-/* Writes record j (freed) to the metrics file, flushed: a file that
- * cannot be written (a full disk) fails the run, naming it. */
-static int print_json(loop *L, cJSON *j)
-{
-	char *s = cJSON_PrintUnformatted(j);
-	cJSON_Delete(j);
-	if (!s)
-		return fail(L, "out of memory writing the metrics file %s", L->o->metrics);
-	int bad = fprintf(L->metrics, "%s\n", s) < 0 || fflush(L->metrics) != 0, e = errno;
-	free(s);
-	if (bad)
-		return fail(L, "cannot write the metrics file %s: %s", L->o->metrics, strerror(e));
-	return 0;
-}
-
 /* Closes the metrics file at the end of a run; its last bytes may only
  * reach the disk (or fail to) here. */
 static int close_metrics(loop *L)
@@ -281,8 +162,8 @@ static int close_metrics(loop *L)
 	FILE *f = L->metrics;
 	L->metrics = NULL;
 	if (f && fclose(f) != 0)
-		return fail(L, "cannot write the metrics file %s: %s", L->o->metrics,
-			    strerror(errno));
+		return hpu__loop_fail(L, "cannot write the metrics file %s: %s", L->o->metrics,
+				      strerror(errno));
 	return 0;
 }
 
@@ -299,12 +180,12 @@ static double *reduce_for_log(loop *L, float loss, long steps, float *mean)
 	*mean = loss / (float)L->world;
 	int rc = hpucoll_all_reduce(L->comm, mean, mean, 1, HPUCOLL_F32, HPUCOLL_SUM);
 	if (rc) {
-		coll_fail(L, "loss all-reduce", rc);
+		hpu__loop_coll_fail(L, "loss all-reduce", rc);
 		return NULL;
 	}
 	double *all = malloc((size_t)L->world * ST_N * sizeof *all);
 	if (!all) {
-		fail(L, "out of memory");
+		hpu__loop_fail(L, "out of memory");
 		return NULL;
 	}
 	/* the traffic of the steps this run trained (not those before a
@@ -345,7 +226,7 @@ static int log_step(loop *L, long step, long total, int epoch, float loss,
 				cJSON_AddNumberToObject(j, "loss_scale", hpu__strat_loss_scale(L->st));
 			cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 			cJSON_AddItemToObject(j, "device", stats_json(L, all));
-			if (print_json(L, j) < 0) {
+			if (hpu__loop_print_json(L, j) < 0) {
 				free(all);
 				return -1;
 			}
@@ -367,7 +248,7 @@ static int fp8_roll(loop *L)
 	float *amax = hpu__fp8_step_amax(&n);
 	int rc = n ? hpucoll_all_reduce(L->comm, amax, amax, n, HPUCOLL_F32, HPUCOLL_MAX) : 0;
 	if (rc)
-		return coll_fail(L, "fp8 amax all-reduce", rc);
+		return hpu__loop_coll_fail(L, "fp8 amax all-reduce", rc);
 	hpu__fp8_roll();
 	return 0;
 }
@@ -440,9 +321,9 @@ static void graphs_said(loop *L)
 /* A step under way: where it is, for the agent and the strategy. */
 static void step_begin(loop *L, long gstep)
 {
-	where.step = gstep; /* done; this one is under way */
-	where.phase = HPU_PHASE_TRAIN;
-	where_report(0);
+	hpu__where.step = gstep; /* done; this one is under way */
+	hpu__where.phase = HPU_PHASE_TRAIN;
+	hpu__where_report(0);
 	hpu__strat_set_pos(L->st, 1, gstep, L->epoch);
 }
 
@@ -453,7 +334,7 @@ static int micro_batch(loop *L, size_t s, int k, int more, const hpu_batch **bt)
 	size_t m = s * (size_t)L->accum + (size_t)k, bad;
 	int64_t t0 = hpu__prof_t0();
 	if (hpu__loader_wait(L->loader, (int)(m & 1), bt, &bad) < 0)
-		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		return hpu__loop_fail(L, "the model's dataset failed to fetch sample %zu", bad);
 	hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
 	if (k + 1 < L->accum)
 		prefetch(L, s, k + 1);
@@ -532,7 +413,7 @@ static int graphs_agree(void *arg, int *ok)
 	int32_t v = *ok;
 	int rc = hpucoll_all_reduce(L->comm, &v, &v, 1, HPUCOLL_I32, HPUCOLL_MIN);
 	if (rc)
-		return coll_fail(L, "--graphs' agreement", rc);
+		return hpu__loop_coll_fail(L, "--graphs' agreement", rc);
 	*ok = v;
 	return 0;
 }
@@ -571,7 +452,7 @@ static int graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 		int32_t v[2] = {(int32_t)mode, -(int32_t)mode};
 		int rc = hpucoll_all_reduce(L->comm, v, v, 2, HPUCOLL_I32, HPUCOLL_MIN);
 		if (rc)
-			return coll_fail(L, "--graphs' agreement", rc);
+			return hpu__loop_coll_fail(L, "--graphs' agreement", rc);
 		if (v[0] != -v[1]) {
 			hpu__graphs_mismatch(L->graphs, gstep);
 			mode = HPU__GRAPH_EAGER;
@@ -637,7 +518,7 @@ static int eval_host(loop *L, int n, double *sums)
 	if (hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0)
 		return -1;
 	if (hpu__fp8_error()) /* every rank meets it at the same op */
-		return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
+		return hpu__loop_fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
 	sums[0] += hpu__strat_loss(L->st) * n;
 	for (int k = 0; k < b->nmetrics; k++) {
 		const float *v = hpu__strat_tensor(L->st, b->metrics[k].tensor);
@@ -693,27 +574,8 @@ static int eval_device(loop *L, int n)
 				n, hpu__graphs_node_args(L->graphs));
 	}
 	if (hpu__fp8_error())
-		return fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
+		return hpu__loop_fail(L, "QUANT_CONFIG %s: %s", L->quant.config, hpu__fp8_error());
 	return hpu__strat_eval_checks(L->st);
-}
-
-/* The sampler leaves a rank one sample short of rank 0 where the
- * ranks do not split a split evenly; at a multiple of the micro-batch
- * that is a batch fewer than `most`, rank 0's count. Where a forward
- * meets the other ranks (zero3's gathers) such a rank runs one forward
- * more, on the split's first sample, its figures not counted (and not
- * measured: the caller's measurement is closed), so that every rank
- * calls the same collectives. */
-static int forward_even(loop *L, hpu_split split, const uint32_t *map, size_t most, size_t mine)
-{
-	size_t mb = (size_t)L->micro;
-	if (!hpu__strat_forward_meets(L->st) || (mine + mb - 1) / mb >= (most + mb - 1) / mb)
-		return 0;
-	L->eval_idx[0] = map ? map[0] : 0;
-	size_t bad;
-	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, 1, &L->eval_bt, &bad) < 0)
-		return fail(L, "the model's dataset failed to fetch sample %zu", bad);
-	return hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1);
 }
 
 /* Evaluates the n samples of `split` (through map when not NULL). A
@@ -739,7 +601,7 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 		 * they are refilled (a GPU runs them after the host goes on) */
 		if (dev && done)
 			hpu__dev_event_wait(&prev);
-		if (load_eval_batch(L, split, map, done, n) < 0 ||
+		if (hpu__loop_load_eval_batch(L, split, map, done, n) < 0 ||
 		    (dev ? eval_device(L, n) : eval_host(L, n, sums)) < 0)
 			return -1;
 		if (dev)
@@ -748,12 +610,12 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 	}
 	if (dev && hpu__strat_eval_close(L->st, sums) < 0)
 		return -1;
-	if (forward_even(L, split, map, hpu__sampler_eval_count(n_all, 0, L->world), mine) < 0)
+	if (hpu__loop_forward_even(L, split, map, hpu__sampler_eval_count(n_all, 0, L->world), mine) < 0)
 		return -1;
 	sums[nm + 1] = (double)mine;
 	int rc = hpucoll_all_reduce(L->comm, sums, sums, (size_t)nm + 2, HPUCOLL_F64, HPUCOLL_SUM);
 	if (rc)
-		return coll_fail(L, "evaluation all-reduce", rc);
+		return hpu__loop_coll_fail(L, "evaluation all-reduce", rc);
 	ev->count = sums[nm + 1];
 	ev->loss = ev->count > 0 ? sums[0] / ev->count : NAN;
 	for (int k = 0; k < nm; k++)
@@ -782,8 +644,8 @@ static int metric_index(loop *L, const char *opt, const char *spec, const char *
 	for (int k = 0, n = 0; k < b->nmetrics && n < (int)sizeof names; k++)
 		n += snprintf(names + n, sizeof names - (size_t)n, "%s val_%s", k ? "," : "",
 			      b->metrics[k].name);
-	fail(L, "%s %s: the model declares no metric %s (it has val_loss%s%s)", opt, spec,
-	     metric + 4, b->nmetrics ? " and" : "", names);
+	hpu__loop_fail(L, "%s %s: the model declares no metric %s (it has val_loss%s%s)", opt, spec,
+		       metric + 4, b->nmetrics ? " and" : "", names);
 	return -2;
 }
 
@@ -850,18 +712,18 @@ static int val_setup(loop *L)
 		return -1;
 	if (!(o->val_fraction > 0)) {
 		if (!L->b->has_data[HPU_SPLIT_TEST])
-			return fail(L, "%s: the model declares no test split to validate on; hold out part "
-				       "of the training split with --val-fraction F",
-				    o->eval_every ? "--eval-every" : "--eval-every-epochs");
+			return hpu__loop_fail(L, "%s: the model declares no test split to validate on; hold out part "
+						 "of the training split with --val-fraction F",
+					      o->eval_every ? "--eval-every" : "--eval-every-epochs");
 		return 0;
 	}
 	size_t nval = (size_t)((double)n * o->val_fraction + 0.5);
 	if (nval == 0 || nval >= n)
-		return fail(L, "--val-fraction %g of the training split's %zu sample%s holds out %zu: "
-			       "nothing to %s", o->val_fraction, n, hpu__plural((long long)n), nval,
-			    nval ? "train on" : "validate on");
+		return hpu__loop_fail(L, "--val-fraction %g of the training split's %zu sample%s holds out %zu: "
+					 "nothing to %s", o->val_fraction, n, hpu__plural((long long)n), nval,
+				      nval ? "train on" : "validate on");
 	if (!(L->val_map = malloc(n * sizeof *L->val_map)))
-		return fail(L, "out of memory holding out the validation samples");
+		return hpu__loop_fail(L, "out of memory holding out the validation samples");
 	hpu__sampler_permute(L->val_map, n, o->seed, UINT64_MAX);
 	L->ntrain = n - nval;
 	if (L->rank == 0)
@@ -917,7 +779,7 @@ static int validate(loop *L, long step, int e)
 		cJSON_AddNumberToObject(j, key, ev.metric[k]);
 	}
 	cJSON_AddNumberToObject(j, "val_samples", ev.count);
-	return print_json(L, j);
+	return hpu__loop_print_json(L, j);
 }
 
 /* fp8 inference, MEASURE: forward passes over --calibration-batches
@@ -938,19 +800,19 @@ static int calibrate(loop *L)
 	int rc = 0;
 	for (size_t done = 0; done < mine && rc == 0;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);
-		rc = load_eval_batch(L, HPU_SPLIT_TRAIN, NULL, done, n) < 0 ||
+		rc = hpu__loop_load_eval_batch(L, HPU_SPLIT_TRAIN, NULL, done, n) < 0 ||
 				     hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1) < 0
 			     ? -1
 			     : 0;
 		done += (size_t)n;
 	}
 	hpu__fp8_measuring(0);
-	if (rc || forward_even(L, HPU_SPLIT_TRAIN, NULL, most, mine) < 0)
+	if (rc || hpu__loop_forward_even(L, HPU_SPLIT_TRAIN, NULL, most, mine) < 0)
 		return -1;
 	float count = (float)mine;
 	int crc = hpucoll_all_reduce(L->comm, &count, &count, 1, HPUCOLL_F32, HPUCOLL_SUM);
 	if (crc)
-		return coll_fail(L, "calibration all-reduce", crc);
+		return hpu__loop_coll_fail(L, "calibration all-reduce", crc);
 	if (hpu__quant_save(&L->quant, L->comm, L->b->path, count, L->err, L->errlen) < 0)
 		return -1;
 	if (L->rank == 0)
@@ -1066,7 +928,7 @@ static int write_final(loop *L, long steps, float loss, double sps, const evalre
 		}
 		cJSON_AddItemToObject(j, "device", stats_json(L, all));
 		cJSON_AddItemToObject(j, "autocast", autocast_json());
-		if (print_json(L, j) < 0) {
+		if (hpu__loop_print_json(L, j) < 0) {
 			free(all);
 			return -1;
 		}
@@ -1082,8 +944,8 @@ static int run_total(loop *L, long *total, size_t *per_epoch)
 {
 	*per_epoch = hpu__sampler_steps(L->ntrain, (size_t)L->o->batch_size);
 	if (*per_epoch == 0)
-		return fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
-			    L->ntrain, L->o->batch_size);
+		return hpu__loop_fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
+				      L->ntrain, L->o->batch_size);
 	if (L->o->max_steps < 0) {
 		*total = (long)*per_epoch * L->o->epochs;
 		return 0;
@@ -1112,22 +974,6 @@ static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch
 	int rc = hpu__checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
 	hpu__prof_span("checkpoint", "checkpoint_save", NULL, t0, "\"step\":%ld", step);
 	return rc;
-}
-
-/* This rank's progress, for the agent's progress bar and status table
- * (rate-limited in hpu__status_report unless forced or a new phase). */
-static void report(loop *L, long step, long total, int epoch, float loss, double sps,
-		   double eta, int phase, int force)
-{
-	hpu_device_stats d;
-	hpu__devmem_stats(&d);
-	where = (hpu_status_rec){
-		.step = step, .total = total, .epoch = epoch + 1, .epochs = L->epochs,
-		.loss = loss, .samples_per_sec = sps, .eta_s = eta, .mem_in_use = d.in_use,
-		.mem_max = d.max_in_use, .mem_limit = d.limit, .phase = phase,
-	};
-	where_live = phase != HPU_PHASE_DONE;
-	where_report(force);
 }
 
 /* Throughput: the first --throughput-warmup-steps steps of this run are
@@ -1218,11 +1064,11 @@ static int first_nonfinite(loop *L, char *out, size_t outlen)
 			    nf.unit, nf.unchecked, (double)nf.nunchecked};
 	double *all = malloc((size_t)L->world * F_N * sizeof *all);
 	if (!all)
-		return fail(L, "out of memory");
+		return hpu__loop_fail(L, "out of memory");
 	int rc = hpucoll_all_gather(L->comm, mine, all, F_N, HPUCOLL_F64);
 	if (rc) {
 		free(all);
-		return coll_fail(L, "non-finite report all-gather", rc);
+		return hpu__loop_coll_fail(L, "non-finite report all-gather", rc);
 	}
 	const double *v = NULL;
 	for (int want = 1; want <= 2 && !v; want++)
@@ -1265,12 +1111,12 @@ static int skipped_check(loop *L, long step)
 		printf("step %ld: non-finite loss or gradients: step skipped on every rank (%d in a "
 		       "row)%s%s\n", step + 1, run, sep, first);
 	if (run >= L->o->max_skipped_steps)
-		return fail(L, "%d step%s in a row (steps %ld to %ld) had a non-finite loss or "
-			       "gradients (NaN or Inf) and were skipped: the run diverged "
-			       "(--max-skipped-steps %d); lower the learning rate, clip gradients "
-			       "(--clip-grad-norm) or check the model's loss%s%s",
-			    run, hpu__plural(run), step + 2 - run, step + 1, L->o->max_skipped_steps,
-			    sep, first);
+		return hpu__loop_fail(L, "%d step%s in a row (steps %ld to %ld) had a non-finite loss or "
+					 "gradients (NaN or Inf) and were skipped: the run diverged "
+					 "(--max-skipped-steps %d); lower the learning rate, clip gradients "
+					 "(--clip-grad-norm) or check the model's loss%s%s",
+				      run, hpu__plural(run), step + 2 - run, step + 1, L->o->max_skipped_steps,
+				      sep, first);
 	return 0;
 }
 
@@ -1333,11 +1179,11 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 					     rate_log(&R, step, t, o->batch_size)) < 0)
 				return -1;
 			double sps = rate_final(&R, step, t, o->batch_size);
-			report(L, step, total, e, loss, sps,
-			       rate_measuring(&R, step) && sps > 0
-				       ? (double)(total - step) * o->batch_size / sps
-				       : -1,
-			       HPU_PHASE_TRAIN, logs);
+			hpu__loop_report(L, step, total, e, loss, sps,
+					 rate_measuring(&R, step) && sps > 0
+						 ? (double)(total - step) * o->batch_size / sps
+						 : -1,
+					 HPU_PHASE_TRAIN, logs);
 			if (((o->eval_every && step % o->eval_every == 0) ||
 			     epoch_validates(o->eval_every_epochs, e, s, per_epoch)) &&
 			    validate(L, step, e) < 0)
@@ -1366,7 +1212,7 @@ done:
 	*sps_out = rate_final(&R, step, now_s(), o->batch_size);
 	*steps_out = step;
 	*loss_out = loss;
-	report(L, step, total, L->epoch, loss, *sps_out, 0, HPU_PHASE_TRAIN, 1);
+	hpu__loop_report(L, step, total, L->epoch, loss, *sps_out, 0, HPU_PHASE_TRAIN, 1);
 	return 0;
 }
 
@@ -1405,15 +1251,15 @@ static int observe_setup(loop *L)
 	};
 	long sync = 0;
 	if (hpu__env_long(HPU_ENV_HPU_PROFILE_SYNC, 0, 1, &sync) < 0)
-		return fail(L, "HPU_PROFILE_SYNC=%s: must be 0 or 1",
-			    hpu__env_str(HPU_ENV_HPU_PROFILE_SYNC));
+		return hpu__loop_fail(L, "HPU_PROFILE_SYNC=%s: must be 0 or 1",
+				      hpu__env_str(HPU_ENV_HPU_PROFILE_SYNC));
 	hpu__prof_set_sync(sync ? device_sync : NULL);
 	if (hpu__prof_open(&c, L->err, L->errlen) < 0)
 		return -1;
 	hpucoll_comm_set_trace(L->comm, hpu__prof_collective, NULL);
 	int rc = hpucoll_barrier(L->comm);
 	if (rc)
-		return coll_fail(L, "the profiler's first barrier", rc);
+		return hpu__loop_coll_fail(L, "the profiler's first barrier", rc);
 	if (L->rank == 0)
 		printf("profiling: a Chrome trace per rank in %s/%s-rank<R>.json (hpu-trace merges them)\n",
 		       o->profile, name);
@@ -1440,13 +1286,13 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
 	    hpu__checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
-	where.total = total;
-	where.epochs = L.epochs;
+	hpu__where.total = total;
+	hpu__where.epochs = L.epochs;
 	if (L.rank == 0 && L.quant.warning[0])
 		printf("warning: %s\n", L.quant.warning);
 	/* a resumed run adds to the metrics of the run it continues */
 	if (L.rank == 0 && o->metrics[0] && !(L.metrics = fopen(o->metrics, ck ? "a" : "w"))) {
-		fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
+		hpu__loop_fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
 		goto out;
 	}
 	hpu__sched_init(&L.pos.sched, o, total);
@@ -1463,7 +1309,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		hpu__strat_plan_print(L.st, stdout);
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
-	where.step = L.pos.step;
+	hpu__where.step = L.pos.step;
 	L.epoch = L.pos.epoch < L.epochs ? L.pos.epoch : L.epochs - 1;
 	if (alloc_buffers(&L) < 0)
 		goto out;
@@ -1487,7 +1333,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	int evaluates = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST];
 	if (evaluates)
-		report(&L, steps, total, L.epoch, loss, sps, -1, HPU_PHASE_EVAL, 1);
+		hpu__loop_report(&L, steps, total, L.epoch, loss, sps, -1, HPU_PHASE_EVAL, 1);
 	if (evaluates && evaluate(&L, &ev) < 0)
 		goto out;
 	hpu__prof_in_eval = 0;
@@ -1507,7 +1353,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	if (close_metrics(&L) < 0)
 		goto out;
-	report(&L, steps, total, L.epoch, loss, sps, 0, HPU_PHASE_DONE, 1);
+	hpu__loop_report(&L, steps, total, L.epoch, loss, sps, 0, HPU_PHASE_DONE, 1);
 	rc = 0;
 out:
 	hpu__prof_close();

@@ -1,0 +1,95 @@
+/* loop: the state of one worker's training loop (train.c) and what its
+ * parts share: metrics.c (log lines and metrics records), step.c (one
+ * optimizer step, eager or under --graphs), eval.c (evaluation and
+ * validation), calib.c (fp8 inference's calibration and report), loop.c
+ * (errors, the metrics file, the evaluation batch, where the worker is).
+ * The calls go one way: train.c calls the others, which call loop.c. */
+#ifndef HPU_LOOP_H
+#define HPU_LOOP_H
+
+#include <cJSON.h>
+#include <hpu/coll.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "options/config.h"
+#include "proto/status.h"
+#include "worker/hpu/model.h"
+#include "worker/runtime/graphs.h"
+#include "worker/runtime/loader.h"
+#include "worker/runtime/quant.h"
+#include "worker/runtime/save_resume.h"
+#include "worker/strategy/strategy.h"
+
+/* Everything one worker's loop owns. */
+typedef struct loop {
+	hpu_builder *b;
+	hpucoll_comm *comm;
+	const hpu_train_opts *o;
+	int rank, world;
+	int micro, accum;        /* micro-batch per rank, micro-steps per step */
+	hpu_batch eval_bt;       /* evaluation's own batch buffers */
+	uint32_t *eval_idx;
+	hpu_loader *loader;      /* training micro-batches, one ahead */
+	uint32_t *perm;
+	size_t ntrain;           /* training samples: the training split less
+				  * the --val-fraction slice */
+	uint32_t *val_map;       /* --val-fraction: the training split's
+				  * samples, training ones first, or NULL */
+	hpu_strat *st;
+	hpu_early_stop es;       /* --early-stop, when es.patience > 0 */
+	int es_metric;           /* the watched metric's index; -1: the loss */
+	double es_best;          /* its best value so far (NAN: none yet) */
+	long es_best_step, es_wait; /* ... at which step; validations since */
+	int stop_early;          /* the rule says stop (every rank alike) */
+	long vstep;              /* the last validation's step (0: none) */
+	double vloss, vmetric[HPU_MAX_IO]; /* ... and its figures */
+	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
+				  * schedule */
+	int epochs;              /* --epochs, or as many as --max-steps takes */
+	int epoch;               /* the epoch of the last step trained (from 0),
+				  * for progress records */
+	uint64_t comm_bytes;     /* sent by the steps' collectives */
+	long bad_seen;           /* skipped steps already said */
+	FILE *metrics;
+	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
+	hpu__graphs *graphs;     /* --graphs, or NULL */
+	char *err;
+	size_t errlen;
+} loop;
+
+/* ---- loop.c ---- */
+
+/* Where this worker is, for its agent (hpu__train_announce, train.h):
+ * the latest record, kept current. */
+extern hpu_status_rec hpu__where;
+
+/* Sends hpu__where: at once when forced or when its phase changed. */
+void hpu__where_report(int force);
+
+/* This rank's progress, for the agent's progress bar and status table. */
+void hpu__loop_report(loop *L, long step, long total, int epoch, float loss, double sps,
+		      double eta, int phase, int force);
+
+/* Puts the sentence in L->err; returns -1. */
+int hpu__loop_fail(loop *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "WHAT failed: " the collective's error rc in L->err; returns -1. */
+int hpu__loop_coll_fail(loop *L, const char *what, int rc);
+
+/* Fetches the samples (done + i) * world + rank, i < n, of a split into
+ * L->eval_bt; through map when not NULL. Returns 0 or -1. */
+int hpu__loop_load_eval_batch(loop *L, hpu_split split, const uint32_t *map, size_t done,
+			      int n);
+
+/* A rank with a batch fewer than rank 0's (`most` samples to its `mine`)
+ * runs one uncounted forward more where forwards meet the other ranks
+ * (zero3's gathers). Returns 0 or -1. */
+int hpu__loop_forward_even(loop *L, hpu_split split, const uint32_t *map, size_t most,
+			   size_t mine);
+
+/* Writes record j (freed) to the metrics file, flushed. Returns 0 or -1. */
+int hpu__loop_print_json(loop *L, cJSON *j);
+
+#endif
