@@ -59,6 +59,12 @@ typedef struct loop {
 	size_t errlen;
 } loop;
 
+/* The test loss and the metrics over all ranks' shares of the test
+ * split: means over the samples, into ev. */
+typedef struct evalres {
+	double loss, metric[HPU_MAX_IO], count;
+} evalres;
+
 /* ---- loop.c ---- */
 
 /* Where this worker is, for its agent (hpu__train_announce, train.h):
@@ -91,5 +97,19 @@ int hpu__loop_forward_even(loop *L, hpu_split split, const uint32_t *map, size_t
 
 /* Writes record j (freed) to the metrics file, flushed. Returns 0 or -1. */
 int hpu__loop_print_json(loop *L, cJSON *j);
+
+/* ---- eval.c ---- */
+
+/* The test split evaluated, every rank together: its figures into ev. */
+int hpu__loop_evaluate(loop *L, evalres *ev);
+
+/* --val-fraction, --early-stop and --keep-best checked and set up. */
+int hpu__loop_val_setup(loop *L);
+
+/* A resumed run's --early-stop count, from its checkpoint. */
+void hpu__loop_early_resume(loop *L);
+
+/* Validation after `step` steps of epoch e (from 0): logged and recorded. */
+int hpu__loop_validate(loop *L, long step, int e);
 
 #endif
