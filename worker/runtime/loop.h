@@ -112,4 +112,12 @@ void hpu__loop_early_resume(loop *L);
 /* Validation after `step` steps of epoch e (from 0): logged and recorded. */
 int hpu__loop_validate(loop *L, long step, int e);
 
+/* ---- calib.c ---- */
+
+/* fp8 inference, MEASURE: the calibration passes and the measurement file. */
+int hpu__loop_calibrate(loop *L);
+
+/* QUANTIZE, after the evaluation: what ran quantized (rank 0 says it). */
+void hpu__loop_quant_report(loop *L);
+
 #endif
