@@ -120,4 +120,33 @@ int hpu__loop_calibrate(loop *L);
 /* QUANTIZE, after the evaluation: what ran quantized (rank 0 says it). */
 void hpu__loop_quant_report(loop *L);
 
+/* ---- step.c ---- */
+
+/* Asks the loader for micro-batch k of global batch s. */
+void hpu__loop_prefetch(loop *L, size_t s, int k);
+
+/* HPU_STRICT_STEP=1: the training steps made recordable. */
+void hpu__loop_strict_step(loop *L);
+
+/* --graphs: the steps recordable, the recordings' input buffers. */
+int hpu__loop_graphs_setup(loop *L);
+
+/* --graphs under --verbose: how the steps and evaluation batches ran. */
+void hpu__loop_graphs_said(loop *L);
+
+/* One optimizer step on global batch s (step gstep of the run, from 0);
+ * the next micro-batch asked for (of batch s + 1 where `more`). */
+int hpu__loop_train_step(loop *L, size_t s, long gstep, int more, float *loss_out,
+			 double *norm_out);
+
+/* hpu__loop_train_step under --graphs: recorded, replayed or eager. */
+int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
+			 double *norm_out);
+
+/* --verbose: the bytes step `step` copied between host and device. */
+void hpu__loop_copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0);
+
+/* After step `step` (from 0): a skipped step said; too many in a row fail. */
+int hpu__loop_skipped_check(loop *L, long step);
+
 #endif
