@@ -149,4 +149,16 @@ void hpu__loop_copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0
 /* After step `step` (from 0): a skipped step said; too many in a row fail. */
 int hpu__loop_skipped_check(loop *L, long step);
 
+/* ---- metrics.c ---- */
+
+/* Closes the metrics file at the end of a run. Returns 0 or -1. */
+int hpu__loop_close_metrics(loop *L);
+
+/* A log line and metrics record after `step` steps (every rank calls it). */
+int hpu__loop_log_step(loop *L, long step, long total, int epoch, float loss, double lr,
+		       double norm, double sps);
+
+/* The final line and record (every rank calls it; rank 0 writes). */
+int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const evalres *ev);
+
 #endif
