@@ -10,6 +10,7 @@
  *   - 16-mixed with an overflow injected after the recording (a skipped
  *     step, the loss scale halved on the device, the replays after it);
  *   - a checkpoint written under --graphs and resumed under --graphs;
+ *   - --graphs-warmup 0: the first step recorded;
  *   - at 2 workers, their collectives through libhpucoll recorded as
  *     host calls: the strategy matrix, 16-mixed's overflow, resnet's
  *     buffers; a worker killed while the other replays.
@@ -188,6 +189,27 @@ static void test_overflow_skipped(void **state)
 {
 	(void)state;
 	same_with_graphs("cpu-strict", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
+}
+
+/* --graphs-warmup 0: the first step is recorded. Its gradients start at
+ * zero as the later steps' do, owed zeros the ops claim (hpu__ac_fresh_*):
+ * a first step that added its products to zeros recorded adds that its
+ * replays made onto the previous step's gradients (other parameters). */
+static void test_warmup_zero(void **state)
+{
+	(void)state;
+	char *oa = train("w0-eager", 1, "cpu-strict", 0, NULL, NULL, "--max-steps", "4", NULL);
+	char *ob = train("w0-graphs", 1, "cpu-strict", 1, NULL, NULL, "--max-steps", "4",
+			 "--graphs-warmup", "0", NULL);
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	printf("  --graphs-warmup 0: %ld replayed from %ld recording(s), %ld eager: parameters %s\n",
+	       replayed, recorded, eager, same_file("w0-eager", "w0-graphs") ? "the same" : "DIFFERENT");
+	assert_non_null(strstr(ob, "graphs: step 1: recorded the step of 32 samples: "));
+	assert_int_equal(replayed, 4);
+	assert_true(same_file("w0-eager", "w0-graphs"));
+	free(oa);
+	free(ob);
 }
 
 /* A checkpoint at step 4 of a --graphs run, resumed under --graphs to
@@ -819,7 +841,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
-	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
+	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_warmup_zero),
+	    cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),
 	    cmocka_unit_test(test_offload_refused), cmocka_unit_test(test_cpu_host_code_refused),
 	    cmocka_unit_test(test_evaluation), cmocka_unit_test(test_eval_only),
