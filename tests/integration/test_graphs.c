@@ -378,6 +378,32 @@ static char *val_lines(const char *name)
 	return out;
 }
 
+/* The final metrics record's "autocast" object of dir/name.jsonl: the
+ * op calls by precision (caller frees). */
+static char *autocast_of(const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+	char *all = h_slurp(path), *p = all ? strstr(all, "\"autocast\":{") : NULL;
+	assert_non_null(p);
+	char *out = strndup(p, strcspn(p, "\n"));
+	free(all);
+	return out;
+}
+
+/* Runs a and b count the same op calls by precision: a replay counts its
+ * recording's calls, as the eager step it stands for does. */
+static void same_calls(const char *a, const char *b)
+{
+	char *ca = autocast_of(a), *cb = autocast_of(b);
+	printf("  op calls: %s, %s\n", a, strcmp(ca, cb) ? "DIFFERENT" : "the same");
+	if (strcmp(ca, cb))
+		fprintf(stderr, "%s: %s\n%s: %s\n", a, ca, b, cb);
+	assert_string_equal(ca, cb);
+	free(ca);
+	free(cb);
+}
+
 /* Runs a and b validated alike (their metrics files' validation lines
  * the same, bit for bit, over `samples` held-out samples where > 0) and
  * trained to the same parameters. */
@@ -433,6 +459,7 @@ static void evaluation_on(const char *dev)
 	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
 	assert_string_equal(va, vb);
 	assert_true(same_file(ea, eb));
+	same_calls(ea, eb);
 	char *oc = validating(dev, ec, 1, "--pad-last-batch");
 	char *vc = val_lines(ec);
 	line = strstr(oc, "graphs: 5 steps replayed");
