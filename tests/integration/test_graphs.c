@@ -10,6 +10,7 @@
  *   - 16-mixed with an overflow injected after the recording (a skipped
  *     step, the loss scale halved on the device, the replays after it);
  *   - a checkpoint written under --graphs and resumed under --graphs;
+ *   - --graphs-warmup 0: the first step recorded;
  *   - at 2 workers, their collectives through libhpucoll recorded as
  *     host calls: the strategy matrix, 16-mixed's overflow, resnet's
  *     buffers; a worker killed while the other replays.
@@ -190,6 +191,53 @@ static void test_overflow_skipped(void **state)
 	same_with_graphs("cpu-strict", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
 }
 
+/* --graphs-warmup 0: the first step is recorded. Its gradients start at
+ * zero as the later steps' do, owed zeros the ops claim (hpu__ac_fresh_*):
+ * a first step that added its products to zeros recorded adds that its
+ * replays made onto the previous step's gradients (other parameters). */
+static void test_warmup_zero(void **state)
+{
+	(void)state;
+	char *oa = train("w0-eager", 1, "cpu-strict", 0, NULL, NULL, "--max-steps", "4", NULL);
+	char *ob = train("w0-graphs", 1, "cpu-strict", 1, NULL, NULL, "--max-steps", "4",
+			 "--graphs-warmup", "0", NULL);
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	printf("  --graphs-warmup 0: %ld replayed from %ld recording(s), %ld eager: parameters %s\n",
+	       replayed, recorded, eager, same_file("w0-eager", "w0-graphs") ? "the same" : "DIFFERENT");
+	assert_non_null(strstr(ob, "graphs: step 1: recorded the step of 32 samples: "));
+	assert_int_equal(replayed, 4);
+	assert_true(same_file("w0-eager", "w0-graphs"));
+	free(oa);
+	free(ob);
+}
+
+/* The sequence model's loss2, a binary cross-entropy with logits, has
+ * no value to check: its kernel wrote "none found" into host memory
+ * (refused: "the kernel bce_fwd writes host memory (its argument bad)"),
+ * so no step of the model was recorded; it writes a deferred check's
+ * slot, as the probabilities' does. */
+static void test_bce_logits_recorded(void **state)
+{
+	(void)state;
+	const char *m = h_build("lib/seq_model.so");
+	char *oa = train("seq-eager", 1, "cpu-strict", 0, m, "", "--max-steps", "5", NULL);
+	char *ob = train("seq-graphs", 1, "cpu-strict", 1, m, "", "--max-steps", "5", NULL);
+	const char *line = strstr(ob, "graphs: step 3: "), *end = line ? strchr(line, '\n') : NULL;
+	printf("  seq_model: %.*s\n", end ? (int)(end - line) : 4, line ? line : "none");
+	assert_non_null(strstr(ob, "graphs: step 3: recorded the step of 32 samples: "));
+	char pa[512], pb[512]; /* 37 parameters: below same_file's floor */
+	snprintf(pa, sizeof pa, "%s/seq-eager.bin", dir);
+	snprintf(pb, sizeof pb, "%s/seq-graphs.bin", dir);
+	size_t na = 0, nb = 0;
+	char *x = h_slurp_n(pa, &na), *y = h_slurp_n(pb, &nb);
+	assert_true(x && y && na == 148 && nb == na && !memcmp(x, y, na));
+	free(x);
+	free(y);
+	free(oa);
+	free(ob);
+}
+
 /* A checkpoint at step 4 of a --graphs run, resumed under --graphs to
  * step 8: the same parameters as 8 steps straight, eagerly. */
 static void resume_on(const char *dev)
@@ -356,6 +404,32 @@ static char *val_lines(const char *name)
 	return out;
 }
 
+/* The final metrics record's "autocast" object of dir/name.jsonl: the
+ * op calls by precision (caller frees). */
+static char *autocast_of(const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/%s.jsonl", dir, name);
+	char *all = h_slurp(path), *p = all ? strstr(all, "\"autocast\":{") : NULL;
+	assert_non_null(p);
+	char *out = strndup(p, strcspn(p, "\n"));
+	free(all);
+	return out;
+}
+
+/* Runs a and b count the same op calls by precision: a replay counts its
+ * recording's calls, as the eager step it stands for does. */
+static void same_calls(const char *a, const char *b)
+{
+	char *ca = autocast_of(a), *cb = autocast_of(b);
+	printf("  op calls: %s, %s\n", a, strcmp(ca, cb) ? "DIFFERENT" : "the same");
+	if (strcmp(ca, cb))
+		fprintf(stderr, "%s: %s\n%s: %s\n", a, ca, b, cb);
+	assert_string_equal(ca, cb);
+	free(ca);
+	free(cb);
+}
+
 /* Runs a and b validated alike (their metrics files' validation lines
  * the same, bit for bit, over `samples` held-out samples where > 0) and
  * trained to the same parameters. */
@@ -411,6 +485,7 @@ static void evaluation_on(const char *dev)
 	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
 	assert_string_equal(va, vb);
 	assert_true(same_file(ea, eb));
+	same_calls(ea, eb);
 	char *oc = validating(dev, ec, 1, "--pad-last-batch");
 	char *vc = val_lines(ec);
 	line = strstr(oc, "graphs: 5 steps replayed");
@@ -819,7 +894,9 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
-	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_resume),
+	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_warmup_zero),
+	    cmocka_unit_test(test_bce_logits_recorded),
+	    cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),
 	    cmocka_unit_test(test_offload_refused), cmocka_unit_test(test_cpu_host_code_refused),
 	    cmocka_unit_test(test_evaluation), cmocka_unit_test(test_eval_only),

@@ -410,6 +410,30 @@ void hpu__ac_recount(hpu__op op, int from, int to)
 	atomic_fetch_add_explicit(&counts[op][slot_of(to)], 1, memory_order_relaxed);
 }
 
+void hpu__ac_calls_get(hpu__ac_calls *now)
+{
+	for (int op = 0; op < HPU_OP_COUNT; op++)
+		for (int k = 0; k < 3; k++)
+			now->n[op][k] = atomic_load_explicit(&counts[op][k], memory_order_relaxed);
+}
+
+void hpu__ac_calls_take_since(const hpu__ac_calls *then, hpu__ac_calls *d)
+{
+	for (int op = 0; op < HPU_OP_COUNT; op++)
+		for (int k = 0; k < 3; k++) {
+			uint64_t now = atomic_load_explicit(&counts[op][k], memory_order_relaxed);
+			d->n[op][k] = now - then->n[op][k];
+			atomic_fetch_sub_explicit(&counts[op][k], d->n[op][k], memory_order_relaxed);
+		}
+}
+
+void hpu__ac_calls_add(const hpu__ac_calls *d)
+{
+	for (int op = 0; op < HPU_OP_COUNT; op++)
+		for (int k = 0; k < 3; k++)
+			atomic_fetch_add_explicit(&counts[op][k], d->n[op][k], memory_order_relaxed);
+}
+
 /* The scratch buffers' allocator: the C heap, or a device's
  * (hpu__ac_set_scratch_allocator). */
 static void *(*scratch_alloc)(size_t bytes);

@@ -113,6 +113,19 @@ int hpu__ac_fallback(hpu__op op);
 /* Moves one counted call of op from low type `from` to `to`. */
 void hpu__ac_recount(hpu__op op, int from, int to);
 
+/* Every op's counted calls, [op][0: fp32, 1: bf16/fp16, 2: fp8]. A
+ * recorded step (--graphs) runs no host code when it is replayed, so the
+ * recording takes back what its host code counted
+ * (hpu__ac_calls_take_since: d = the counts now - then, and the counts
+ * are then's again) and each replay counts it (hpu__ac_calls_add), as
+ * the eager step it stands for does (worker/runtime/graphs.c). */
+typedef struct hpu__ac_calls {
+	uint64_t n[HPU_OP_COUNT][3];
+} hpu__ac_calls;
+void hpu__ac_calls_get(hpu__ac_calls *now);
+void hpu__ac_calls_take_since(const hpu__ac_calls *then, hpu__ac_calls *d);
+void hpu__ac_calls_add(const hpu__ac_calls *d);
+
 /* A copy of x[n] rounded to lowp (round to nearest even; bf16 for
  * HPU_AUTOCAST_FP8), in scratch
  * buffer `slot` (0..HPU__AC_SLOTS-1; valid until the slot is used again).

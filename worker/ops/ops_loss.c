@@ -312,8 +312,10 @@ int hpu_mse_backward(const float *p, const float *t, const float *dloss, float *
 int hpu_bce_forward(int logits, const float *p, const float *t, float *loss, int rows,
 		    size_t n, long *bad, float *bad_value)
 {
-	/* with logits, every value is good: nothing to defer */
-	hpu__check_slot *k = logits ? NULL : hpu__checks_take(HPU__CHECK_BCE, p, 1, rows, n);
+	/* with logits every value is good, but the kernel still writes what
+	 * it found: into a deferred check's slot too, not host memory that a
+	 * recorded step cannot write (it refused the recording) */
+	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_BCE, p, 1, rows, n);
 	*bad = -1;
 	if (RUN(bce_fwd, hpu__host_bce_fwd, logits, p, t, loss, rows, n, k ? &k->bad : bad,
 		k ? &k->bad_value : bad_value) != HPU_BE_OK)

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "worker/device/device.h"
+#include "worker/ops/autocast.h"
 
 /* Recordings kept at once, training steps' and evaluation batches'
  * together: a run's training steps have one shape (the sampler drops an
@@ -30,6 +31,8 @@ typedef struct entry {
 	int refused;            /* 1: this shape runs eagerly */
 	size_t nodes;
 	char node_args[NODE_ARGS]; /* hpu__graphs_node_args */
+	hpu__ac_calls calls;    /* the op calls its host code counted: each
+				 * launch counts them (autocast.h) */
 } entry;
 
 struct hpu__graphs {
@@ -41,6 +44,7 @@ struct hpu__graphs {
 	entry e[GRAPHS_MAX];
 	int ne;
 	entry *cur;         /* this step's, where recorded or replayed */
+	hpu__ac_calls at_begin; /* the op calls counted when recording began */
 	int off;            /* the device records nothing: all eager */
 	int full_said;
 	long seen, replayed, eager;
@@ -228,8 +232,10 @@ void hpu__graphs_mismatch(hpu__graphs *g, long step)
 static int begin(hpu__graphs *g, long *eager)
 {
 	char err[512];
-	if (hpu__dev_capture_begin(err, sizeof err) == 0)
+	if (hpu__dev_capture_begin(err, sizeof err) == 0) {
+		hpu__ac_calls_get(&g->at_begin);
 		return 0;
+	}
 	g->off = 1;
 	if (g->cur) {
 		free(g->cur->n);
@@ -326,6 +332,9 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 	hpu__dev_graph *gr = NULL;
 	char why[512] = "";
 	int rc = hpu__dev_capture_end(&gr, why, sizeof why);
+	/* a replay counts the calls (its launch), a refused recording's step
+	 * when it runs eagerly: the recording's own are taken back */
+	hpu__ac_calls_take_since(&g->at_begin, &e->calls);
 	if (rc < 0) {
 		snprintf(err, errlen, "--graphs: recording step %ld failed: %s", step + 1, why);
 		return -1;
@@ -374,6 +383,7 @@ int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_
 		snprintf(err, errlen, "--graphs: replaying the recorded step failed: %s", why);
 		return -1;
 	}
+	hpu__ac_calls_add(&e->calls);
 	return 0;
 }
 
@@ -469,6 +479,9 @@ int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
 	hpu__dev_graph *gr = NULL;
 	char why[512] = "";
 	int rc = hpu__dev_capture_end(&gr, why, sizeof why);
+	/* a replay counts the calls (its launch), a refused recording's step
+	 * when it runs eagerly: the recording's own are taken back */
+	hpu__ac_calls_take_since(&g->at_begin, &e->calls);
 	if (rc < 0) {
 		snprintf(err, errlen, "--graphs: recording an evaluation batch failed: %s", why);
 		return -1;

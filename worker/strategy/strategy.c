@@ -744,6 +744,12 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	if (rc || (resume && hpu__strat_resume_state(s) < 0) || alloc_scratch_buffers(s) < 0 ||
 	    hpu__vars_open(s) < 0)
 		return -1;
+	/* the first step's gradients owed zeros as every later step's (fp32's
+	 * step leaves them so): a first step recorded under --graphs then
+	 * makes the claims its replays find (its products added to the zeros
+	 * of the allocation were added to the previous step's gradients) */
+	if (s->G && !s->plan.mixed)
+		zero_grads(s);
 	return hpu__dc_open(s); /* every rank at once */
 }
 
