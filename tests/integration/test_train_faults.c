@@ -376,8 +376,8 @@ static char *line_of(const char *out, const char *prefix)
 
 /* Rank 1 freezes in its third forward, then in its setup: hpulaunch's
  * error names rank 1 and where it stopped, not rank 0, which gave up
- * waiting; rank 0's own error names rank 1 (whom it did not wait for
- * directly in the ring, found by the probe before the timeout). */
+ * waiting; the other ranks' own errors name rank 1 (rank 0 did not wait
+ * for it directly in the ring: found by the probe before the timeout). */
 static void test_frozen_rank_blamed(void **state)
 {
 	(void)state;
@@ -397,10 +397,24 @@ static void test_frozen_rank_blamed(void **state)
 		    (!strstr(err, "; rank 0 gave up waiting for it") &&
 		     !strstr(err, "; rank 2 gave up waiting for it")))
 			fail_msg("the error does not blame rank 1 %s:\n%s", cases[i].where, out);
-		char *r0 = line_of(out, "[rank 0] hpu-worker: rank 0: ");
-		if (!strstr(r0, "rank 1 stopped answering") && !strstr(r0, "no data from rank 1 "))
-			fail_msg("rank 0's error does not name rank 1:\n%s", out);
-		free(r0);
+		/* every rank that says why it ended names rank 1 (rank 0 may
+		 * be ended by the launcher before its own timeout on a busy
+		 * machine, once rank 2 gave up: then it says nothing) */
+		int said = 0;
+		for (int k = 0; k <= 2; k += 2) {
+			char pre[64];
+			snprintf(pre, sizeof pre, "[rank %d] hpu-worker: rank %d: ", k, k);
+			const char *p = strstr(out, pre);
+			if (!p)
+				continue;
+			char *rk = strndup(p, strcspn(p, "\n"));
+			if (!strstr(rk, "rank 1 stopped answering") && !strstr(rk, "no data from rank 1 "))
+				fail_msg("rank %d's error does not name rank 1:\n%s", k, out);
+			free(rk);
+			said++;
+		}
+		if (!said)
+			fail_msg("neither rank 0 nor rank 2 says why it ended:\n%s", out);
 		free(err);
 		free(out);
 	}
