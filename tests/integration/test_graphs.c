@@ -384,6 +384,49 @@ static void test_cpu_host_code_refused(void **state)
 	free(ob);
 }
 
+/* --device cpu --graphs where the ops' table refuses a kernel
+ * (HPU_BACKEND=reference: every gemm answers HPU_BE_UNSUPPORTED and no
+ * host kernel stands in for it): the eager steps run the ops' C loops,
+ * as plain --device cpu does (its memory is the host's), the recording is
+ * refused naming the op (its step runs eagerly), and the run trains to
+ * plain cpu's parameters. cpu-strict, whose memory the host may not
+ * touch, still ends the worker naming the op. */
+static void test_cpu_kernel_refused(void **state)
+{
+	(void)state;
+	setenv("HPU_BACKEND", "reference", 1);
+	char *oa = train("ref-cpu-eager", 1, "cpu", 0, NULL, NULL, "--max-steps", "4", NULL);
+	char *ob = train("ref-cpu-graphs", 1, "cpu", 1, NULL, NULL, "--max-steps", "4", NULL);
+	const char *why = strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: ");
+	printf("  cpu, reference kernels: %.*s\n", why ? (int)strcspn(why, "\n") : 4,
+	       why ? why : "none");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "is not recorded: hpu_linear_forward: the kernel table of "
+				    "device cpu refused it while recording (gemm fp32, "));
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	assert_int_equal(recorded, 0);
+	assert_int_equal(eager, 4);
+	assert_true(same_file("ref-cpu-eager", "ref-cpu-graphs"));
+	run r;
+	start(&r, 1);
+	args(&r, "--device", "cpu-strict", "--batch-size", "32", "--graphs", "--max-steps", "2",
+	     NULL);
+	char *oc = finish_with(&r, 1, MODEL, MLP_ARGS);
+	assert_non_null(strstr(oc, "the device cpu-strict has no kernel for hpu_linear_forward "
+				   "(gemm fp32, "));
+	free(oa);
+	free(ob);
+	free(oc);
+}
+
+static int unset_backend(void **state)
+{
+	(void)state;
+	unsetenv("HPU_BACKEND");
+	return 0;
+}
+
 /* The validation lines of a metrics file (dir/name.jsonl): step, epoch,
  * val_loss and val_accuracy in full precision, val_samples (caller
  * frees). */
@@ -608,6 +651,44 @@ static void test_two_workers_refused(void **state)
 	free(ob);
 }
 
+/* One rank's recordings refused, the other's not (fault_mlp
+ * --refuse-rank 1: rank 1's probe copies with plain C, rank 0's through
+ * hpu_copy) on --device cpu --graphs: --verbose says which rank refused
+ * and why, once per recording: the training step's on rank 0 (rank 1's
+ * reason, carried over), each evaluation batch's on rank 1 itself (each
+ * rank records its own); and the run trains and validates as eagerly. */
+static void test_two_workers_one_refuses(void **state)
+{
+	(void)state;
+	const char *m = FAULT_MODEL, *ma = "--hidden 32 --depth 1 --refuse-rank 1";
+	char mt[2][512];
+	const char *name[2] = {"one-refuses-eager", "one-refuses-graphs"};
+	char *o[2];
+	for (int g = 0; g < 2; g++) {
+		snprintf(mt[g], sizeof mt[g], "%s/%s.jsonl", dir, name[g]);
+		o[g] = train(name[g], 2, "cpu", 0, m, ma, "--max-steps", "4", "--eval-every", "2",
+			     "--val-fraction", "0.001", "--metrics", mt[g], "--graphs-warmup", "1",
+			     g ? "--graphs" : NULL, NULL);
+	}
+	const char *why = strstr(o[1], "graphs: step 2: the step of 16 samples is not recorded: ");
+	const char *ev = strstr(o[1], "graphs: evaluation: the batch of 16 samples is not recorded");
+	printf("  rank 1 refuses: %.*s\n  %.*s\n", why ? (int)strcspn(why, "\n") : 4,
+	       why ? why : "none", ev ? (int)strcspn(ev, "\n") : 4, ev ? ev : "none");
+	assert_non_null(why);
+	assert_null(strstr(o[1], "another rank's recording was refused"));
+	assert_non_null(strstr(why, "graphs: step 2: the step of 16 samples is not recorded: rank "
+				    "1's recording was refused: host code touched device memory "));
+	assert_non_null(ev);
+	assert_non_null(strstr(ev, "graphs: evaluation: the batch of 16 samples is not recorded "
+				   "on rank 1: host code touched device memory "));
+	/* once per recording: rank 0 recorded its batches, rank 1 said its refusal once */
+	assert_null(strstr(ev + 1, "graphs: evaluation: the batch of 16 samples is not recorded"));
+	assert_non_null(strstr(o[1], "graphs: evaluation: recorded the batch of 16 samples: "));
+	same_validation(name[0], name[1], 60);
+	free(o[0]);
+	free(o[1]);
+}
+
 /* ---- 2 workers: their collectives recorded as host calls ---- */
 
 /* The matrix at 2 workers: each step's collectives (the gradients'
@@ -659,38 +740,55 @@ static void test_two_workers_overflow(void **state)
 }
 
 /* Node `r` of a 2-node job on loopback (test_launch_nodes' pair: one
- * worker each), training under --graphs on cpu-strict until stopped. */
-static void start_node(proc *p, int r, const char *port)
+ * worker each), training under --graphs on cpu-strict until stopped;
+ * `eval`: --eval-only instead, zero3 (the evaluation's forwards gather
+ * the parameters between the workers: host calls of its recording), a
+ * sample per rank a batch, so that it replays for a while. */
+static void start_node(proc *p, int r, const char *port, int eval)
 {
 	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
-	char *a[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
-		     r ? "1" : "0", "--master-port", (char *)port, "--no-eval", "--log-every", "0",
-		     "--device", "cpu-strict", "--batch-size", "32", "--verbose", "--graphs",
-		     "--graphs-warmup", "2", "--max-steps", "1000000", (char *)MODEL, "--",
-		     "--hidden", "32", "--depth", "2", NULL};
+	char *a[40] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+		       r ? "1" : "0", "--master-port", (char *)port, "--log-every", "0",
+		       "--device", "cpu-strict", "--verbose", "--graphs"};
+	int n = 15;
+	static char *const train[] = {"--no-eval", "--batch-size", "32", "--graphs-warmup", "2",
+				      "--max-steps", "1000000", NULL};
+	static char *const ev[] = {"--eval-only", "--batch-size", "2", "--graphs-warmup", "1",
+				   "--strategy", "zero3", "--param-persistence-threshold", "0",
+				   NULL};
+	for (char *const *o = eval ? ev : train; *o; o++)
+		a[n++] = *o;
+	char *const model[] = {(char *)MODEL, "--", "--hidden", "32", "--depth", "2", NULL};
+	for (char *const *o = model; *o; o++)
+		a[n++] = *o;
+	a[n] = NULL;
 	assert_int_equal(h_start(p, a, env), 0);
 }
 
 /* kill -9 of one worker (rank 1, and its node's hpulaunch, so that only
- * rank 0 can find it gone) while rank 0 replays the recorded step: rank
- * 0 ends with an error naming where it found rank 1 gone -- the replayed
- * step's collective (naming it), or the ranks' agreement on the next
- * step, whichever rank 0 was waiting in -- and the job ends (no hang)
- * blaming rank 1, never with a bare "node N answered -1". 1 where rank 0
- * found it in the replay. */
-static int killed_while_replaying(void)
+ * rank 0 can find it gone) while rank 0 replays the recorded step
+ * (`eval`: an evaluation batch's recording): rank 0 ends with an error
+ * naming where it found rank 1 gone -- the replayed recording's
+ * collective (naming it and which recording), or the ranks' agreement
+ * on the next step, whichever rank 0 was waiting in -- and the job ends
+ * (no hang) blaming rank 1, never with a bare "node N answered -1". 1
+ * where rank 0 found it in the replay. */
+static int killed_while_replaying(int eval)
 {
 	char port[16];
 	snprintf(port, sizeof port, "%d", h_free_port());
 	proc n0, n1;
-	start_node(&n0, 0, port);
-	start_node(&n1, 1, port);
+	start_node(&n0, 0, port, eval);
+	start_node(&n1, 1, port, eval);
 	pid_t kids[4];
-	int ok = h_wait_for(&n0, "graphs: step 3: recorded the step of 16 samples: ", 120000) == 0 &&
-		 h_wait_for(&n0, "rank 0: step 5: ", 60000) == 0 && /* replaying */
-		 h_children(n1.pid, kids, 4) == 1;
+	int ok = eval ? h_wait_for(&n0, "graphs: evaluation: recorded the batch of 1 samples: ",
+				   120000) == 0
+		      : h_wait_for(&n0, "graphs: step 3: recorded the step of 16 samples: ",
+				   120000) == 0 &&
+				h_wait_for(&n0, "rank 0: step 5: ", 60000) == 0; /* replaying */
+	ok = ok && h_children(n1.pid, kids, 4) == 1;
 	if (!ok) {
-		fprintf(stderr, "the step was never replayed:\n%s\n", n0.out ? n0.out : "");
+		fprintf(stderr, "the recording was never replayed:\n%s\n", n0.out ? n0.out : "");
 		h_kill(&n0);
 		h_kill(&n1);
 		h_free(&n0);
@@ -707,29 +805,34 @@ static int killed_while_replaying(void)
 	 * collectives, or the ranks' agreement on the step that comes first */
 	const char *rep = n0.out ? strstr(n0.out, "hpu-worker: rank 0: ") : NULL;
 	const char *err = n0.out ? strstr(n0.out, "hpulaunch: error: ") : NULL;
-	printf("  rank 1 killed while rank 0 replays: exit %d\n  %.*s\n  %.*s\n",
-	       e0 ? -1 : h_code(&n0), rep ? (int)strcspn(rep, "\n") : 4, rep ? rep : "none",
+	printf("  rank 1 killed while rank 0 replays%s: exit %d\n  %.*s\n  %.*s\n",
+	       eval ? " an evaluation batch" : "", e0 ? -1 : h_code(&n0),
+	       rep ? (int)strcspn(rep, "\n") : 4, rep ? rep : "none",
 	       err ? (int)strcspn(err, "\n") : 4, err ? err : "none");
 	if (!rep || !err)
 		fprintf(stderr, "node 0:\n%s\n", n0.out ? n0.out : "");
 	assert_int_equal(e0, 0);
 	assert_int_equal(h_code(&n0), 1);
 	assert_non_null(rep);
-	const char *replayed = "hpu-worker: rank 0: --graphs: replaying the recorded step failed: ";
+	const char *replayed =
+	    eval ? "hpu-worker: rank 0: --graphs: replaying an evaluation batch's recording failed: "
+		 : "hpu-worker: rank 0: --graphs: replaying the recorded step failed: ";
 	const char *agreed = "hpu-worker: rank 0: --graphs' agreement failed: ";
 	size_t len = strcspn(rep, "\n");
 	const char *died = strstr(rep, "rank 1 died (its connection closed");
 	assert_true(died && died < rep + len);
-	if (!strncmp(rep, replayed, strlen(replayed)))
-		assert_true(strstr(rep, " between the 2 workers (a recorded step's, replayed) failed: ") <
+	int in_replay = !strncmp(rep, replayed, strlen(replayed));
+	if (in_replay)
+		assert_true(strstr(rep, " between the 2 workers (a recording's, replayed) failed: ") <
 			    died);
-	else
+	else if (!eval)
 		assert_int_equal(strncmp(rep, agreed, strlen(agreed)), 0);
+	if (eval)
+		assert_null(strstr(n0.out, "replaying the recorded step failed"));
 	assert_null(strstr(n0.out, "answered -1"));
 	assert_non_null(err);
 	assert_int_equal(strncmp(err, "hpulaunch: error: rank 1 (node 1, pid ", 38), 0);
 	assert_non_null(strstr(err, ") died; rank 0 found it gone"));
-	int in_replay = !strncmp(rep, replayed, strlen(replayed));
 	h_free(&n0);
 	h_free(&n1);
 	return in_replay;
@@ -742,10 +845,24 @@ static void test_two_workers_killed(void **state)
 {
 	(void)state;
 	int tries = 0;
-	while (tries++ < 5 && !killed_while_replaying())
+	while (tries++ < 5 && !killed_while_replaying(0))
 		;
 	printf("  %d run(s)%s\n", tries > 5 ? 5 : tries,
 	       tries > 5 ? ": rank 0 found rank 1 gone at the agreement every time" : "");
+}
+
+/* The same while rank 0 replays an evaluation batch's recording (zero3's
+ * gathers in it): the error says an evaluation batch's recording, not a
+ * training step's. An evaluation has no agreement between the ranks:
+ * rank 0 finds rank 1 gone in a collective of its batches (a few tries,
+ * until one lands in a replay, not in the evaluation's final sums). */
+static void test_two_workers_killed_eval(void **state)
+{
+	(void)state;
+	int tries = 0;
+	while (tries++ < 3 && !killed_while_replaying(1))
+		;
+	assert_true(tries <= 3);
 }
 
 /* A model with buffers (resnet's batch norms: their running statistics,
@@ -899,11 +1016,14 @@ int main(void)
 	    cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),
 	    cmocka_unit_test(test_offload_refused), cmocka_unit_test(test_cpu_host_code_refused),
+	    cmocka_unit_test_teardown(test_cpu_kernel_refused, unset_backend),
 	    cmocka_unit_test(test_evaluation), cmocka_unit_test(test_eval_only),
 	    cmocka_unit_test(test_evaluation_refused), cmocka_unit_test(test_cpu_records),
 	    cmocka_unit_test(test_two_workers_fp32), cmocka_unit_test(test_two_workers_bf16),
 	    cmocka_unit_test(test_two_workers_overflow), cmocka_unit_test(test_two_workers_killed),
+	    cmocka_unit_test(test_two_workers_killed_eval),
 	    cmocka_unit_test(test_two_workers_refused),
+	    cmocka_unit_test(test_two_workers_one_refuses),
 	    cmocka_unit_test(test_two_workers_buffers),
 	    cmocka_unit_test(test_two_workers_zero3_eval),
 	    cmocka_unit_test(test_nvme_eval_refused),

@@ -32,6 +32,12 @@
 typedef struct hpu__dev_caps {
 	int bf16_native, fp16_native, fp8_native; /* arithmetic in that type */
 	int host_can_read;                        /* host code may touch device memory */
+	int host_mem; /* its memory is the host's, closed only while a step is
+		       * recorded (hpu__dev_cpu_rec: --device cpu --graphs):
+		       * host code may touch it outside a recording, though
+		       * host_can_read says 0 (the strategy's paths are those
+		       * of a device the host may not read). 0 elsewhere,
+		       * CUDA's included */
 	int can_capture;                          /* a step can be captured and replayed */
 	int ops_fill; /* the ops' kernel table zeroes device memory itself (its
 		       * zero entry, a device call a recording keeps), so that

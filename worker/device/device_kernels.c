@@ -211,8 +211,16 @@ static int host_keyed(const char *entry)
  * kernel, else (HPU_BE_UNSUPPORTED) the host table's reference kernel,
  * which the op would have run: both inside the device call. k_: the
  * table's entry, e_ or, recording, a node whose run (r_) calls e_ with
- * the node's arguments. */
+ * the node's arguments. An entry neither kernel serves (gemm and the
+ * convolutions have no host kernel: the op's own C loops stand in,
+ * eagerly, where the host may touch the memory: hpu__be_refused) is
+ * marked (unsup_) at its first refusal; recording, a marked entry answers
+ * HPU_BE_UNSUPPORTED, as it did eagerly, so that the op refuses the
+ * recording naming itself, rather than recording a node its launch could
+ * not run (per entry, not per case: a step with any call of it then runs
+ * eagerly). */
 #define WRAP(name, params, args)                                                             \
+	static int unsup_##name;                                                             \
 	static int e_##name params                                                           \
 	{                                                                                    \
 		if (dev_enter)                                                               \
@@ -222,6 +230,8 @@ static int host_keyed(const char *entry)
 			r = fallback.name args;                                              \
 		if (dev_leave)                                                               \
 			dev_leave();                                                         \
+		if (r == HPU_BE_UNSUPPORTED)                                                 \
+			unsup_##name = 1;                                                    \
 		return r;                                                                    \
 	}                                                                                    \
 	struct n_##name {                                                                    \
@@ -247,6 +257,8 @@ static int host_keyed(const char *entry)
 			    "mask");                                                         \
 			return HPU_BE_OK;                                                    \
 		}                                                                            \
+		if (unsup_##name)                                                            \
+			return HPU_BE_UNSUPPORTED;                                           \
 		struct n_##name *node_ = hpu__dev_rec_node("the kernel " #name, r_##name, sizeof *node_);        \
 		if (!node_)                                                                      \
 			return HPU_BE_OK;                                                    \
@@ -311,6 +323,10 @@ static int k_conv_bwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x, c
 	if (!hpu__dev_capturing()) {
 		hpu__dev_rec_foreign("the kernel conv_bwd");
 		return e_conv_bwd(s, dt, x, w, dy, dx, dw, db, weights_done);
+	}
+	if (unsup_conv_bwd_weights || unsup_conv_bwd_data) {
+		*weights_done = 0; /* the op's entries one by one: it refuses */
+		return HPU_BE_UNSUPPORTED;
 	}
 	*weights_done = 1; /* recorded (or refused): nothing left to the op */
 	struct n_conv_bwd *n = hpu__dev_rec_node("the kernel conv_bwd", r_conv_bwd, sizeof *n);

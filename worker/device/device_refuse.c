@@ -1,6 +1,6 @@
 /* device_refuse: the ops' hooks (worker/ops/backend.h,
  * hpu__be_dev_hooks): the open device's name, whether the host may touch
- * its memory, and a refusal of the kernel table while the calling thread
+ * its memory now, and a refusal of the kernel table while the calling thread
  * records a step, kept as the recording's reason. Calls device.c and
  * device_rec.c only. */
 #include "worker/device/device.h"
@@ -10,9 +10,15 @@ static const char *dev_name(void)
 	return hpu__dev_name();
 }
 
+/* Whether the ops' C loops may touch device memory now: where the device
+ * says so, and on a device whose memory is the host's (cpu under
+ * --graphs) outside a recording (while one is made its memory is closed,
+ * and the loops would run now, not at each launch: the op refuses the
+ * recording instead, naming itself). */
 static int host_can_read(void)
 {
-	return hpu__dev_host_can_read();
+	const hpu__dev_caps *c = hpu__dev_caps_get();
+	return c->host_can_read || (c->host_mem && !hpu__dev_capturing());
 }
 
 static int refuse(const char *why)

@@ -26,7 +26,9 @@
  * (owns, describe) as cpu-strict's does, while host code reads device
  * memory at no cost. Its caps say host_can_read 0 all the same: the
  * strategy takes cpu-strict's paths, whose every access to device memory
- * is a device call a recording holds. Only one of the two is opened in a
+ * is a device call a recording holds; and host_mem 1: outside a recording
+ * the ops may run their C loops over its memory where the kernel table
+ * refuses a case (as on plain cpu). Only one of the two is opened in a
  * process. */
 #include <errno.h>
 #ifdef HPU_STRICT_DEBUG
@@ -433,6 +435,12 @@ static const void *rec_guard(int on, char *what, size_t len)
 	return guard_off(what, len);
 }
 
+static void rec_caps(hpu__dev_caps *out)
+{
+	strict_caps(out);
+	out->host_mem = 1; /* the ops' C loops may run outside a recording */
+}
+
 static int rec_setup(int rank, char *err, size_t errlen)
 {
 	if (arena_setup("cpu", 1, rank, err, errlen) < 0)
@@ -464,7 +472,7 @@ const hpu__device hpu__dev_cpu_rec = {
     .name = "cpu",
     .setup = rec_setup,
     .teardown = rec_teardown,
-    .caps = strict_caps,
+    .caps = rec_caps,
     HPU__DEV_CPU_SHARED,
     .owns = strict_owns,
     .backing = &rec_backing,

@@ -359,8 +359,10 @@ int hpu__be_on_host(void);
 typedef struct hpu__be_dev_hooks {
 	/* the device's name, for the worker's last line ("cuda") */
 	const char *(*name)(void);
-	/* 1 when host code may read and write the device's memory (the cpu
-	 * device): the C loops then serve a refusal on any table */
+	/* 1 when host code may read and write the device's memory now, on
+	 * the calling thread (the cpu device; --device cpu --graphs' outside
+	 * a recording, its memory being the host's): the C loops then serve
+	 * a refusal on any table */
 	int (*host_can_read)(void);
 	/* 1 while the calling thread records a step: the recording then
 	 * fails with `why` (one sentence naming the op), unless it was

@@ -339,8 +339,8 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 		snprintf(err, errlen, "--graphs: recording step %ld failed: %s", step + 1, why);
 		return -1;
 	}
-	int ok = rc == 0, mine = ok;
-	if (agree && agree(arg, &ok) < 0) {
+	int who = rc == 0 ? -1 : g->rank;
+	if (agree && agree(arg, &who, why, sizeof why) < 0) {
 		hpu__dev_graph_free(&gr);
 		snprintf(err, errlen, "--graphs: the ranks could not agree on step %ld's recording",
 			 step + 1);
@@ -348,7 +348,7 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 	}
 	char sh[128], hc[128];
 	shape(g, e->n, sh, sizeof sh);
-	if (ok) {
+	if (who < 0) {
 		if (keep(e, gr, s, err, errlen) < 0)
 			return -1;
 		if (g->verbose && g->rank == 0)
@@ -362,10 +362,13 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 	e->refused = 1;
 	g->cur = NULL;
 	g->eager++;
-	if (g->verbose && g->rank == 0)
-		printf("graphs: step %ld: the step of %s is not recorded: %s; it runs eagerly\n",
-		       step + 1, sh,
-		       mine ? "another rank's recording was refused" : why);
+	if (g->verbose && g->rank == 0) {
+		char by[64] = ""; /* another rank's reason, carried over by agree */
+		if (who != g->rank)
+			snprintf(by, sizeof by, "rank %d's recording was refused: ", who);
+		printf("graphs: step %ld: the step of %s is not recorded: %s%s; it runs eagerly\n",
+		       step + 1, sh, by, why);
+	}
 	return 0;
 }
 
@@ -380,7 +383,8 @@ int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_
 		return -1;
 	char why[512];
 	if (hpu__dev_graph_launch(e->graph, why, sizeof why) < 0) {
-		snprintf(err, errlen, "--graphs: replaying the recorded step failed: %s", why);
+		snprintf(err, errlen, "--graphs: replaying %s failed: %s",
+			 e->eval ? "an evaluation batch's recording" : "the recorded step", why);
 		return -1;
 	}
 	hpu__ac_calls_add(&e->calls);
@@ -500,10 +504,14 @@ int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
 	e->refused = 1;
 	g->cur = NULL;
 	g->ev_eager++;
-	if (g->verbose && g->rank == 0)
-		printf("graphs: evaluation: the batch of %d samples is not recorded: %s; it runs "
+	/* each rank records its own batches: each says its own refusal */
+	char on[32] = "";
+	if (g->rank != 0)
+		snprintf(on, sizeof on, " on rank %d", g->rank);
+	if (g->verbose)
+		printf("graphs: evaluation: the batch of %d samples is not recorded%s: %s; it runs "
 		       "eagerly\n",
-		       e->n[0], why);
+		       e->n[0], on, why);
 	return 0;
 }
 

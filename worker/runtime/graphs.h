@@ -59,10 +59,14 @@ void hpu__graphs_mismatch(hpu__graphs *g, long step);
  * warning on rank 0); end after hpu__strat_step, keeping the recording
  * (1: launch it now, as a replay) or its refusal (0: run the step
  * eagerly now; the shape stays eager). `agree` makes every rank's answer
- * the same (a MIN over the ranks: NULL at one rank); -1 with err on a
+ * the same (NULL at one rank): given this rank's (*who: -1 where its
+ * recording was kept, else its rank; why: its reason), it answers the
+ * lowest rank whose recording was refused (-1: none) and, only where one
+ * was, that rank's reason in why (len bytes, the same on every rank), so
+ * that rank 0 says which rank refused and why. -1 with err on a
  * failure. */
 int hpu__graphs_record_begin(hpu__graphs *g);
-typedef int hpu__graphs_agree_fn(void *arg, int *ok);
+typedef int hpu__graphs_agree_fn(void *arg, int *who, char *why, size_t len);
 int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 			   hpu__graphs_agree_fn *agree, void *arg, char *err, size_t errlen);
 
@@ -98,8 +102,10 @@ void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, 
  * copies of its first sample (--pad-last-batch; pad_to <= bt->n: none);
  * the batch returned holds them (n = pad_to). eval_mode: how the batch
  * of n rows runs. eval_begin, eval_end, eval_launch: as record_begin,
- * record_end (no agreement between ranks) and launch (the learning rate
- * left alone); said as "graphs: evaluation: ..." under --verbose. */
+ * record_end (no agreement between ranks: a refusal is said by the rank
+ * that refused, naming itself where it is not rank 0) and launch (the
+ * learning rate left alone; a failure says an evaluation batch's
+ * recording); said as "graphs: evaluation: ..." under --verbose. */
 const hpu_batch *hpu__graphs_eval_input(hpu__graphs *g, const hpu_batch *bt, int pad_to);
 hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n);
 int hpu__graphs_eval_begin(hpu__graphs *g);

@@ -182,17 +182,26 @@ int hpu__loop_train_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 }
 
 /* --graphs: every rank keeps a recording only where every rank's was
- * (the recorded steps hold the device's collectives between them). */
-static int graphs_agree(void *arg, int *ok)
+ * (the recorded steps hold the device's collectives between them): a MIN
+ * over the ranks of the refusing rank (world: none). Where one refused,
+ * the lowest such rank's reason goes to every rank (a broadcast, once per
+ * refused recording: never on a replayed step), for rank 0 to say. */
+static int graphs_agree(void *arg, int *who, char *why, size_t len)
 {
 	loop *L = arg;
 	if (L->world == 1)
 		return 0;
-	int32_t v = *ok;
+	int32_t v = *who < 0 ? L->world : *who;
 	int rc = hpucoll_all_reduce(L->comm, &v, &v, 1, HPUCOLL_I32, HPUCOLL_MIN);
 	if (rc)
 		return hpu__loop_coll_fail(L, "--graphs' agreement", rc);
-	*ok = v;
+	*who = v < L->world ? (int)v : -1;
+	if (*who < 0)
+		return 0;
+	rc = hpucoll_broadcast(L->comm, why, why, len, HPUCOLL_U8, *who);
+	if (rc)
+		return hpu__loop_coll_fail(L, "--graphs' agreement", rc);
+	why[len - 1] = '\0';
 	return 0;
 }
 

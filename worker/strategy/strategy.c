@@ -405,7 +405,7 @@ static int sync_replay(const void *arg, char *err, size_t errlen)
 	if (rc == HPUCOLL_OK)
 		return 0;
 	snprintf(err, errlen,
-		 "buffer synchronization between the %d workers (a recorded step's, replayed) "
+		 "buffer synchronization between the %d workers (a recording's, replayed) "
 		 "failed: %s",
 		 s->world, hpucoll_comm_why(s->comm, rc));
 	return -1;

@@ -273,7 +273,7 @@ static int coll_replay(const void *arg, char *err, size_t errlen)
 		     : all_gather_now(s, a->send, a->recv, a->count, a->dt);
 	if (rc == HPUCOLL_OK)
 		return 0;
-	snprintf(err, errlen, "%s between the %d workers (a recorded step's, replayed) failed: %s",
+	snprintf(err, errlen, "%s between the %d workers (a recording's, replayed) failed: %s",
 		 coll_what[a->kind], s->world, hpucoll_comm_why(s->comm, rc));
 	return -1;
 }
