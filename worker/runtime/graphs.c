@@ -505,13 +505,14 @@ int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
 	g->cur = NULL;
 	g->ev_eager++;
 	/* each rank records its own batches: each says its own refusal */
-	char on[32] = "";
-	if (g->rank != 0)
-		snprintf(on, sizeof on, " on rank %d", g->rank);
-	if (g->verbose)
-		printf("graphs: evaluation: the batch of %d samples is not recorded%s: %s; it runs "
+	if (g->verbose && g->rank == 0)
+		printf("graphs: evaluation: the batch of %d samples is not recorded: %s; it runs "
 		       "eagerly\n",
-		       e->n[0], on, why);
+		       e->n[0], why);
+	else if (g->verbose)
+		printf("graphs: evaluation: the batch of %d samples is not recorded on rank %d: %s; "
+		       "it runs eagerly\n",
+		       e->n[0], g->rank, why);
 	return 0;
 }
 
