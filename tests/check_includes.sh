@@ -51,9 +51,11 @@ declare -A ALLOW=(
 # A folder whose headers are not all for others: the ones other folders
 # may read (the rest are the folder's own). The strategy engine's internals
 # (strategy_impl.h, its modules' headers) stay inside worker/strategy;
-# strategy.h brings the plan's types (plan.h, copies.h) with it.
+# strategy.h brings the plan's types (plan.h, copies.h) with it. The
+# checkpoint format's shared internals (ckpt_impl.h) stay inside ckpt/.
 declare -A OPEN=(
 	[worker/strategy]="strategy.h plan.h copies.h"
+	[ckpt]="ckpt.h safetensors.h"
 )
 
 die() {
@@ -224,14 +226,17 @@ self_test() {
 	echo "#include \"$SRC/worker/hpu/model.h\"" >"$tmp/ex/sneaky.h"
 	{ echo "#include \"$tmp/ex/sneaky.h\""; cat "$SRC/examples/fmnist_mlp/fmnist_mlp.c"; } >"$tmp/ex/mlp.c"
 	# ckpt/ (a library) -> launcher/ (a program's folder)
-	{ echo "#include \"$SRC/launcher/hostfile.h\""; cat "$SRC/ckpt/format.c"; } >"$tmp/format.c"
+	{ echo "#include \"$SRC/launcher/hostfile.h\""; cat "$SRC/ckpt/open.c"; } >"$tmp/open.c"
+	# tools/ -> the checkpoint format's own header
+	{ echo '#include "ckpt/ckpt_impl.h"'; cat "$SRC/tools/hpu_ckpt.c"; } >"$tmp/hpu_ckpt.c"
 	# worker/runtime/ -> the strategy engine's own header
 	{ echo '#include "worker/strategy/strategy_impl.h"'; cat "$SRC/worker/runtime/train.c"; } >"$tmp/train.c"
 	local -a cases=(
 		"$SRC/worker/runtime/train.c|$tmp/train.c|worker/runtime/train.c reads worker/strategy/strategy_impl.h: forbidden (worker/strategy/'s own header: other folders include only worker/strategy/strategy.h worker/strategy/plan.h worker/strategy/copies.h)"
 		"$SRC/collectives/reduce.c|$tmp/reduce.c|collectives/reduce.c reads worker/ops/fp8.h: forbidden (collectives/ includes nothing of worker/"
 		"$SRC/examples/fmnist_mlp/fmnist_mlp.c|$tmp/ex/mlp.c|examples/fmnist_mlp/fmnist_mlp.c reads worker/hpu/model.h: forbidden (examples include only include/"
-		"$SRC/ckpt/format.c|$tmp/format.c|ckpt/format.c reads launcher/hostfile.h: forbidden (a library (ckpt/) includes no program's folder (launcher/)"
+		"$SRC/ckpt/open.c|$tmp/open.c|ckpt/open.c reads launcher/hostfile.h: forbidden (a library (ckpt/) includes no program's folder (launcher/)"
+		"$SRC/tools/hpu_ckpt.c|$tmp/hpu_ckpt.c|tools/hpu_ckpt.c reads ckpt/ckpt_impl.h: forbidden (ckpt/'s own header: other folders include only ckpt/ckpt.h ckpt/safetensors.h)"
 	)
 	local c as file want
 	for c in "${cases[@]}"; do

@@ -1,4 +1,4 @@
-/* Unit tests for the checkpoint format library (ckpt/format.c), on small
+/* Unit tests for the checkpoint format library (ckpt/), on small
  * checkpoints built here with the library's own writer and a manifest
  * assembled with hpu__ckpt_file_json, in a temporary directory:
  *

@@ -1,0 +1,244 @@
+/* root: a checkpoint root's step directories: their names, `latest`,
+ * the partial directories of saves, publishing one and pruning the old. */
+#include "ckpt/ckpt_impl.h"
+#include "common/num.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int hpu__ckpt_rmtree(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return errno == ENOENT ? 0 : -1;
+	struct dirent *e;
+	char p[4400];
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+		unlink(p);
+	}
+	closedir(d);
+	return rmdir(path);
+}
+
+int hpu__ckpt_partial_lock(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+/* ".step-<digits>.partial", the name a save works under */
+static int partial_name(const char *name)
+{
+	const char *p = name + 6;
+	if (strncmp(name, ".step-", 6) != 0 || !isdigit((unsigned char)*p))
+		return 0;
+	while (isdigit((unsigned char)*p))
+		p++;
+	return strcmp(p, ".partial") == 0;
+}
+
+/* Removes partial directory path if it is one of ours that nobody holds
+ * (the lock taken on the directory lstat saw, then kept while removing).
+ * Returns 1 when removed. */
+static int clean_one(const char *path)
+{
+	struct stat st, fst;
+	if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+		return 0;
+	int fd = hpu__ckpt_partial_lock(path);
+	if (fd < 0)
+		return 0; /* held by a live save, or gone */
+	int same = fstat(fd, &fst) == 0 && fst.st_dev == st.st_dev && fst.st_ino == st.st_ino;
+	int gone = same && hpu__ckpt_rmtree(path) == 0;
+	close(fd);
+	return gone;
+}
+
+int hpu__ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
+			     void *arg)
+{
+	DIR *d = opendir(root);
+	if (!d)
+		return 0;
+	struct dirent *e;
+	char path[4400];
+	int n = 0;
+	while ((e = readdir(d))) {
+		if (!partial_name(e->d_name))
+			continue;
+		snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+		if (clean_one(path)) {
+			n++;
+			if (said)
+				said(path, arg);
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+/* ---- the root ---- */
+
+void hpu__ckpt_step_name(long step, char *buf, size_t n)
+{
+	snprintf(buf, n, "step-%08ld", step);
+}
+
+void hpu__ckpt_shard_name(int rank, int world, char *buf, size_t n)
+{
+	snprintf(buf, n, "rank-%05d-of-%05d.bin", rank, world);
+}
+
+/* The step of a name "step-N" (digits only), or -1. */
+static long step_of(const char *name)
+{
+	if (strncmp(name, "step-", 5) != 0 || !isdigit((unsigned char)name[5]))
+		return -1; /* strtol would skip spaces and take signs */
+	long v;
+	return hpu__parse_long(name + 5, 0, LONG_MAX, &v) ? -1 : v;
+}
+
+void hpu__ckpt_latest(const char *root, char *out, size_t n)
+{
+	char path[4200], *text = NULL;
+	size_t len;
+	out[0] = '\0';
+	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_LATEST);
+	if (hpu__read_file(path, &text, &len))
+		return;
+	while (len && (text[len - 1] == '\n' || text[len - 1] == ' ' || text[len - 1] == '\r'))
+		text[--len] = '\0';
+	snprintf(out, n, "%s", text);
+	free(text);
+}
+
+/* The step `latest` names, or "" when absent or not a step. */
+static void read_latest(const char *root, char *out, size_t n)
+{
+	hpu__ckpt_latest(root, out, n);
+	if (step_of(out) < 0)
+		out[0] = '\0';
+}
+
+typedef struct named {
+	long step;
+	char *name;
+} named;
+
+static int by_step_desc(const void *a, const void *b)
+{
+	const named *x = a, *y = b;
+	return x->step > y->step ? -1 : x->step < y->step;
+}
+
+void hpu__ckpt_free_names(char **names)
+{
+	if (!names)
+		return;
+	for (char **p = names; *p; p++)
+		free(*p);
+	free(names);
+}
+
+int hpu__ckpt_candidates(const char *root, char ***names, char *err, size_t errlen)
+{
+	*names = NULL;
+	char latest[256];
+	read_latest(root, latest, sizeof latest);
+	DIR *d = opendir(root);
+	if (!d && errno != ENOENT)
+		return say(err, errlen, "cannot read checkpoint directory %s: %s", root,
+			   strerror(errno));
+	named *v = NULL;
+	int n = 0, cap = 0;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		long st = step_of(e->d_name);
+		if (st < 0)
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			named *g = realloc(v, (size_t)cap * sizeof *v);
+			if (!g)
+				break;
+			v = g;
+		}
+		v[n].step = strcmp(e->d_name, latest) == 0 ? -2 : st; /* latest first */
+		if (!(v[n].name = strdup(e->d_name)))
+			break;
+		n++;
+	}
+	if (d)
+		closedir(d);
+	for (int i = 0; i < n; i++)
+		if (v[i].step == -2)
+			v[i].step = 0x7fffffffffffffffL;
+	if (n > 1) /* v is NULL when there is none */
+		qsort(v, (size_t)n, sizeof *v, by_step_desc);
+	char **out = calloc((size_t)n + 1, sizeof *out);
+	if (!out) {
+		for (int i = 0; i < n; i++)
+			free(v[i].name);
+		free(v);
+		return say(err, errlen, "out of memory");
+	}
+	for (int i = 0; i < n; i++)
+		out[i] = v[i].name;
+	free(v);
+	*names = out;
+	return n;
+}
+
+int hpu__ckpt_publish(const char *root, const char *partial, const char *name, int keep,
+		      char *err, size_t errlen)
+{
+	char from[4200], to[4200], lpath[4200], line[300];
+	snprintf(from, sizeof from, "%s/%s", root, partial);
+	snprintf(to, sizeof to, "%s/%s", root, name);
+	if (hpu__fsync_dir(from, err, errlen) < 0)
+		return -1;
+	hpu__ckpt_rmtree(to); /* a checkpoint of the same step from before */
+	if (rename(from, to) < 0)
+		return say(err, errlen, "cannot rename %s to %s: %s", from, to, strerror(errno));
+	if (hpu__fsync_dir(root, err, errlen) < 0)
+		return -1;
+	snprintf(lpath, sizeof lpath, "%s/%s", root, HPU_CKPT_LATEST);
+	int n = snprintf(line, sizeof line, "%s\n", name);
+	if (hpu__write_atomic(lpath, line, (size_t)n, err, errlen) < 0 ||
+	    hpu__fsync_dir(root, err, errlen) < 0)
+		return -1;
+	if (keep <= 0)
+		return 0;
+	char **names;
+	int k = hpu__ckpt_candidates(root, &names, err, errlen);
+	if (k < 0)
+		return -1;
+	for (int i = keep; i < k; i++) { /* names[0] is the new one */
+		struct stat st;
+		snprintf(to, sizeof to, "%s/%s", root, names[i]);
+		if (lstat(to, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
+			hpu__ckpt_rmtree(to); /* never another uid's, nor through a link */
+	}
+	hpu__ckpt_free_names(names);
+	return 0;
+}

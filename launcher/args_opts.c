@@ -1,0 +1,233 @@
+/* args_opts: hpulaunch's own options and the environment variables that
+ * stand for them, read into the launch arguments. */
+#include "launcher/args_impl.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "common/num.h"
+#include "agent/restart.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A number of seconds above 0 ("inf": no limit). */
+static int to_seconds(const char *s, double *out)
+{
+	return hpu__parse_double(s, DBL_TRUE_MIN, INFINITY, out);
+}
+
+/* "HOST[:PORT]" for --status. */
+static int status_target(hpu_launch_args *a, const char *v)
+{
+	const char *colon = strchr(v, ':');
+	size_t n = colon ? (size_t)(colon - v) : strlen(v);
+	if (n == 0 || n > 255 || (colon && strchr(colon + 1, ':')))
+		return -1;
+	if (colon && hpu__parse_int(colon + 1, 1, 65535, &a->status_port))
+		return -1;
+	free(a->status_host);
+	a->status_host = strndup(v, n);
+	return a->status_host ? 0 : -1;
+}
+
+/* --devices D|auto, and torchrun's --nproc-per-node, which also takes
+ * "cpu" (one worker per CPU core, whatever --device), "gpu" (one per GPU,
+ * on --device cuda) and its own "auto" (the GPUs where there are some,
+ * else the cores); DeepSpeed's --num_gpus takes a number, auto or cpu. auto counts the cores here; after the command line,
+ * hpu__args_auto_devices counts GPUs instead where the workers compute on them.
+ * Returns 0, or -1 with a sentence in err. */
+static int devices_opt(hpu_launch_args *a, sources *src, const char *name,
+		       const char *v, char *err, size_t errlen)
+{
+	int torchrun = strcmp(name, "devices") != 0, nproc = !strncmp(name, "nproc", 5);
+	src->flag &= ~(unsigned)(SET_DEVICES_AUTO | SET_DEVICES_CORES | SET_DEVICES_GPU |
+				 SET_DEVICES_TORCH);
+	if (torchrun && !nproc && (!strcmp(v, "gpu") || !strcmp(v, "xpu"))) {
+		snprintf(err, errlen, "--%s %s: give a number of workers (one per GPU: --devices auto --device cuda)",
+			 name, v);
+		return -1;
+	}
+	if (!strcmp(v, "auto") || (torchrun && (!strcmp(v, "cpu") || !strcmp(v, "gpu")))) {
+		a->devices = (int)sysconf(_SC_NPROCESSORS_ONLN);
+		src->flag |= SET_DEVICES | SET_DEVICES_AUTO;
+		src->flag |= !strcmp(v, "cpu")	  ? SET_DEVICES_CORES
+			     : !strcmp(v, "gpu") ? SET_DEVICES_GPU
+			     : nproc		  ? SET_DEVICES_TORCH
+						  : 0;
+		return 0;
+	}
+	if (torchrun && !strcmp(v, "xpu")) {
+		snprintf(err, errlen, "--%s xpu: hpulaunch has no XPU device; give a number, gpu (one worker per GPU), auto or cpu (one per core)",
+			 name);
+		return -1;
+	}
+	if (hpu__parse_int(v, 1, 1024, &a->devices)) {
+		snprintf(err, errlen, "--%s takes a number of workers from 1 to 1024%s, not '%s'", name,
+			 nproc ? ", gpu, auto or cpu" : torchrun ? ", auto or cpu" : " or auto", v);
+		return -1;
+	}
+	src->flag |= SET_DEVICES;
+	return 0;
+}
+
+/* torchrun's --nnodes N, or MIN:MAX with MIN = MAX (hpulaunch's jobs do
+ * not grow or shrink). */
+static int nnodes_opt(hpu_launch_args *a, sources *src, const char *v, char *err,
+		      size_t errlen)
+{
+	const char *colon = strchr(v, ':');
+	int lo, hi;
+	if (!colon) {
+		lo = hi = -1;
+		if (hpu__parse_int(v, 1, 4096, &lo) == 0)
+			hi = lo;
+	} else {
+		char first[16];
+		size_t n = (size_t)(colon - v);
+		snprintf(first, sizeof first, "%.*s", (int)(n < sizeof first ? n : sizeof first - 1), v);
+		if (n >= sizeof first || hpu__parse_int(first, 1, 4096, &lo) ||
+		    hpu__parse_int(colon + 1, 1, 4096, &hi))
+			lo = hi = -1;
+	}
+	if (lo < 0) {
+		snprintf(err, errlen, "--nnodes takes a number of nodes from 1 to 4096 (or N:N), not '%s'", v);
+		return -1;
+	}
+	if (lo != hi) {
+		snprintf(err, errlen, "--nnodes %s: hpulaunch has no elastic range of nodes; give one number (--nnodes %d)",
+			 v, hi);
+		return -1;
+	}
+	a->nodes = lo;
+	src->flag |= SET_NODES;
+	return 0;
+}
+
+/* torchrun's --rdzv-endpoint HOST:PORT: node 0's address and the
+ * coordinator's port. "[ADDR]:PORT" is read as an IPv6 address and
+ * refused: the coordinator and the workers speak IPv4. */
+static int rdzv_endpoint_opt(hpu_launch_args *a, sources *src, const char *v, char *err,
+			     size_t errlen)
+{
+	const char *host = v, *colon = strrchr(v, ':');
+	size_t n = colon ? (size_t)(colon - v) : 0;
+	if (v[0] == '[' || (colon && memchr(v, ':', n))) {
+		snprintf(err, errlen, "--rdzv-endpoint %s: an IPv6 address; hpulaunch speaks IPv4 only: give HOST:PORT with an IPv4 address or a name",
+			 v);
+		return -1;
+	}
+	if (!colon || n == 0 || n >= sizeof a->master_addr ||
+	    hpu__parse_int(colon + 1, 1, 65535, &a->master_port)) {
+		snprintf(err, errlen, "--rdzv-endpoint takes HOST:PORT (node 0's address and a port from 1 to 65535), not '%s'",
+			 v);
+		return -1;
+	}
+	snprintf(a->master_addr, sizeof a->master_addr, "%.*s", (int)n, host);
+	src->flag |= SET_ADDR | SET_PORT;
+	return 0;
+}
+
+/* Sets the launcher option p has read (id k, a value option or --quiet);
+ * returns 0, or -1 with a sentence in err. */
+int hpu__args_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int k, char *err,
+		  size_t errlen)
+{
+	static const unsigned sets[] = {SET_NODES, SET_DEVICES, SET_RANK,
+					SET_ADDR, SET_PORT, SET_JOB_ID};
+	const char *v = p->val;
+	int bad = 0;
+	switch (k) {
+	case O_QUIET: a->quiet = 1; break;
+	case O_NODES: bad = hpu__parse_int(v, 1, 4096, &a->nodes); break;
+	case O_DEVICES:
+	case O_NPROC_PER_NODE:
+		return devices_opt(a, src, p->spec->name, v, err, errlen);
+	case O_NNODES: return nnodes_opt(a, src, v, err, errlen);
+	case O_RDZV_ENDPOINT: return rdzv_endpoint_opt(a, src, v, err, errlen);
+	case O_STANDALONE: a->standalone = 1; return 0;
+	case O_NODE_RANK: bad = hpu__parse_int(v, 0, 4095, &a->node_rank); break;
+	case O_MASTER_ADDR: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
+	case O_MASTER_PORT: bad = hpu__parse_int(v, 1, 65535, &a->master_port); break;
+	case O_JOB_ID: bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v; break;
+	case O_LOG_DIR: a->log_dir = v; break;
+	case O_JOIN_TIMEOUT: bad = to_seconds(v, &a->join_timeout_s); break;
+	case O_TRANSPORT:
+		bad = strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "ipc") && strcmp(v, "shm");
+		a->transport = v;
+		break;
+	case O_HOSTFILE: bad = !*v; a->hostfile = v; break;
+	case O_INCLUDE: bad = !*v; a->include = v; break;
+	case O_EXCLUDE: bad = !*v; a->exclude = v; break;
+	case O_STATUS: bad = status_target(a, v); break;
+	case O_HPUD_PORT: bad = hpu__parse_int(v, 1, 65535, &a->hpud_port); break;
+	case O_KEY: bad = !*v; a->key_path = v; break;
+	case O_MAX_RESTARTS:
+		if (hpu__parse_int(v, 0, HPU_MAX_RESTARTS_LIMIT, &a->max_restarts)) {
+			snprintf(err, errlen, "--max-restarts takes a whole number of restarts from 0 to %d, not '%s'",
+				 HPU_MAX_RESTARTS_LIMIT, v);
+			return -1;
+		}
+		break;
+	case O_PROGRESS:
+		if (hpu__progress_mode_parse(v, &a->progress)) {
+			snprintf(err, errlen, "--progress takes auto, always or never, not '%s'", v);
+			return -1;
+		}
+		break;
+	case O_DATA_PLANE: a->data_plane = v; break;
+	case O_LOG_LEVEL: {
+		hpu_log_level lvl;
+		if (hpu__log_parse_level(v, "--log-level", &lvl, err, errlen) < 0)
+			return -1;
+		a->log_level = v;
+		break;
+	}
+	}
+	if (bad) {
+		snprintf(err, errlen, "bad value '%s' for --%s", v, p->spec->name);
+		return -1;
+	}
+	if (k <= O_JOB_ID)
+		src->flag |= sets[k - O_NODES];
+	return 0;
+}
+
+int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errlen)
+{
+	const char *v;
+	if ((v = hpu__env_str(HPU_ENV_MASTER_ADDR)) && *v) {
+		snprintf(a->master_addr, sizeof a->master_addr, "%s", v);
+		src->env |= SET_ADDR;
+	}
+	if ((v = hpu__env_str(HPU_ENV_MASTER_PORT)) && *v) {
+		if (hpu__parse_int(v, 1, 65535, &a->master_port)) {
+			snprintf(err, errlen, "MASTER_PORT='%s' is not a port number", v);
+			return -1;
+		}
+		src->env |= SET_PORT;
+	}
+	if ((v = hpu__env_str(HPU_ENV_NODE_RANK)) && *v) {
+		if (hpu__parse_int(v, 0, 4095, &a->node_rank)) {
+			snprintf(err, errlen, "NODE_RANK='%s' is not a node rank", v);
+			return -1;
+		}
+		src->env |= SET_RANK;
+	}
+	if ((v = hpu__env_str(HPU_ENV_HPU_JOB_ID)) && *v) {
+		snprintf(a->job_id, sizeof a->job_id, "%s", v);
+		src->env |= SET_JOB_ID;
+	}
+	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)
+		a->transport = v;
+	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_SECURITY)) && *v)
+		a->data_plane = v;
+	if ((v = hpu__env_str(HPU_ENV_HPU_JOB_TOKEN)) && *v) {
+		snprintf(a->token, sizeof a->token, "%s", v);
+		src->env |= SET_TOKEN;
+	}
+	if ((v = hpu__env_str(HPU_ENV_HPU_KEY_FILE)) && *v)
+		a->key_path = v;
+	return 0;
+}
