@@ -297,7 +297,7 @@ typedef struct hpu__dev_node_count {
 } hpu__dev_node_count;
 
 /* A device that records a step itself (CUDA: stream capture into a CUDA
- * graph), behind device.c's hpu__dev_capture_begin ... hpu__dev_graph_free,
+ * graph), behind device_graph.c's hpu__dev_capture_begin ... hpu__dev_graph_free,
  * which keep the refusals, the reasons, the memory held for a graph
  * (devmem) and the one-at-a-time rule for every device. begin: start
  * recording the calling thread's work on the default queue (0, or -1 with
@@ -351,7 +351,7 @@ typedef struct hpu__device {
 	 * the system); hpu__dev_open installs it after setup,
 	 * hpu__dev_close removes it before teardown. */
 	const hpu__devmem_backing *backing;
-	/* Queues of the device's own (NULL: device.c's, for devices whose
+	/* Queues of the device's own (NULL: device_call.c's, for devices whose
 	 * work is done when issued). queue_free takes a queue from
 	 * queue_new. */
 	hpu__dev_queue *(*queue_new)(void);
@@ -374,9 +374,9 @@ typedef struct hpu__device {
 	 * cpu-strict's). */
 	void (*describe)(const void *p, char *out, size_t len);
 
-	/* Recording a step (NULL: the CPU's list in device.c, where
+	/* Recording a step (NULL: the CPU's list of device_rec.c, where
 	 * caps.can_capture says it records: cpu-strict, and cpu under
-	 * --graphs, on the kernels-only table). While a device with a recorder records, device.c still
+	 * --graphs, on the kernels-only table). While a device with a recorder records, worker/device still
 	 * refuses what no recording can hold (copies into host memory,
 	 * values, waits) and hands it the rest as when eager. */
 	const hpu__dev_recorder *recorder;
@@ -707,7 +707,7 @@ void hpu__dev_graph_free(hpu__dev_graph **g);
  * that a kernel table that is not the host's, over memory the host cannot
  * touch, never sends an op to its C loops: while
  * recording, an entry's refusal refuses the recording, naming the op
- * (unless the recording holds a reason already, device.c's or the
+ * (unless the recording holds a reason already, worker/device's or the
  * device recorder's own); outside one the worker ends naming the op and
  * the device (device_refuse.c). The worker calls it once at start. */
 void hpu__dev_ops_hooks(void);

@@ -5,6 +5,8 @@
 
 #include "worker/device/device.h"
 
+#include <stdatomic.h>
+
 void hpu__dev_cpu_copy(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 void hpu__dev_cpu_fill(hpu__dev_queue *q, void *dst, int byte, size_t n);
 void hpu__dev_cpu_record(hpu__dev_queue *q, hpu__dev_event *ev);
@@ -19,6 +21,49 @@ void hpu__dev_cpu_host_free(void *p);
 	.copy = hpu__dev_cpu_copy, .fill = hpu__dev_cpu_fill, .record = hpu__dev_cpu_record,      \
 	.wait = hpu__dev_cpu_wait, .host_alloc = hpu__dev_cpu_host_alloc,                          \
 	.host_free = hpu__dev_cpu_host_free, .ops = hpu__be, .rt = &hpu__dev_cpu_rtops
+
+/* ---- the device in use (device.c), for the folder's other files ---- */
+
+/* A queue of the CPU devices (hpu__dev_queue_new without the device's
+ * own): their work is done when issued. */
+struct hpu__dev_queue {
+	atomic_uint_fast64_t seq; /* work issued so far */
+};
+
+/* Set by device.c only (hpu__dev_open, _configure, _close): the device in
+ * use, the worker's rank, and 1 when the ops use hpu__dev_kernels_table. */
+extern const hpu__device *hpu__dev_cur;
+extern int hpu__dev_cur_rank;
+extern int hpu__dev_kernels_set;
+/* The bytes hpu__dev_copied reports (device_copy.c counts them; zero
+ * from hpu__dev_open). */
+extern atomic_uint_fast64_t hpu__dev_copied_h2d, hpu__dev_copied_d2h;
+/* The step guard (hpu__dev_step_guard): hpu__dev_step_strict is
+ * HPU_STRICT_STEP=1 on cpu-strict, read when the device opens;
+ * hpu__dev_step_on is the guard, set by the main thread and read by any
+ * thread that calls the device. */
+extern int hpu__dev_step_strict;
+extern atomic_int hpu__dev_step_on;
+
+/* device_mem.c: 1 when [p, p + n) lies in one pinned block (memory from
+ * hpu__dev_host_alloc, hbuf's host blocks). */
+int hpu__dev_pinned(const void *p, size_t n);
+
+/* device_call.c: the folder's own device calls (copies, fills, the
+ * runtime's ops, a launch) open and close the device around their work;
+ * host code's go through hpu__dev_enter. */
+void hpu__dev_call_open(void);
+void hpu__dev_call_close(void);
+/* The guard: a copy from device memory into host memory (step_copy), an
+ * op that returns a value computed from device memory at src
+ * (step_value), under HPU_STRICT_STEP=1 inside a step: one line naming op,
+ * and the worker ends. */
+void hpu__dev_step_copy(const char *op, const void *dst, const void *src, size_t n);
+void hpu__dev_step_value(const char *op, const void *src);
+/* A device op's buffer must be device memory: host memory at p given to
+ * `op` on a device that tells (cpu-strict, GPUs): one line, and the
+ * worker ends. */
+void hpu__dev_on_device(const char *op, const void *p);
 
 /* The cpu device under --graphs (device_strict.c): cpu-strict's arena
  * always open, no device calls; named "cpu". hpu__dev_configure switches
@@ -67,13 +112,14 @@ struct hpu__dev_graph {
 	size_t nnames;
 };
 
-/* The recording's state (device_rec.c), for device.c: claim (0, or -1
- * where one is under way) and unclaim the one recording; start this
- * thread's into g (lists: into the CPU's list; 0: the device records
- * itself), stop it (the graph, NULL where the thread recorded nothing);
- * refused: 1 and the first reason in why; listing: 1 while this thread
- * records into the list; run: a launch of the list (0, or -1 with the
- * sentence); drop_list: frees the list's nodes and storage. */
+/* The recording's state (device_rec.c), for device_graph.c and the
+ * device's calls: claim (0, or -1 where one is under way) and unclaim
+ * the one recording; start this thread's into g (lists: into the CPU's
+ * list; 0: the device records itself), stop it (the graph, NULL where
+ * the thread recorded nothing); refused: 1 and the first reason in why;
+ * listing: 1 while this thread records into the list (a device with a
+ * recorder records its own calls); run: a launch of the list (0, or -1
+ * with the sentence); drop_list: frees the list's nodes and storage. */
 int hpu__dev_rec_claim(void);
 void hpu__dev_rec_unclaim(void);
 void hpu__dev_rec_start(hpu__dev_graph *g, int lists);

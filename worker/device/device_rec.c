@@ -1,12 +1,13 @@
 /* device_rec: the recording of a step (device.h's hpu__dev_capture_begin,
- * device.c) as this thread's state, and the CPU's list: the nodes that
- * device.c (copies, fills, the runtime's ops) and device_kernels.c (the
+ * device_graph.c) as this thread's state, and the CPU's list: the nodes
+ * that device_copy.c (copies, fills), device_rt.c (the runtime's ops)
+ * and device_kernels.c (the
  * kernel table's entries) append while the thread records, the host
  * nodes a caller appends (hpu__dev_rec_host: the strategy's collectives
  * through libhpucoll), their arguments kept in chunks that never move,
  * and a launch's walk over them, and the profiler's spans of a launch's nodes (worker/hpu/prof.h).
- * Calls no other file of the folder (device.c and device_kernels.c call
- * it). */
+ * Calls no other file of the folder (device_call.c, device_copy.c,
+ * device_rt.c, device_graph.c and device_kernels.c call it). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>

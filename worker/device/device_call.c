@@ -1,0 +1,176 @@
+/* device_call: the device calls the folder's other files make around
+ * their work (hpu__dev_call_open), host code's (hpu__dev_enter), the
+ * step guard (HPU_STRICT_STEP=1), a device op's check that its buffers
+ * are device memory, and queues and events. */
+#include "worker/device/device.h"
+#include "worker/device/device_impl.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* ---- the step guard ---- */
+
+void hpu__dev_step_guard(int on)
+{
+	if (hpu__dev_step_strict)
+		atomic_store_explicit(&hpu__dev_step_on, on != 0, memory_order_relaxed);
+}
+
+/* (A thread that records refuses what the guard would stop: its
+ * recording fails, not the worker.) */
+static int guarded(void)
+{
+	return atomic_load_explicit(&hpu__dev_step_on, memory_order_relaxed) &&
+	       !hpu__dev_capturing();
+}
+
+/* The guard caught `op` doing `what` (a phrase: "returned a value to
+ * the host (...)"): one line, and the worker ends. */
+static void step_caught(const char *op, const char *what)
+{
+	fprintf(stderr,
+		"hpu-worker: rank %d: cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): a recorded step (--graphs) cannot do that\n",
+		hpu__dev_cur_rank, op, what);
+	fflush(stderr);
+	_exit(1);
+}
+
+void hpu__dev_step_copy(const char *op, const void *dst, const void *src, size_t n)
+{
+	if (!guarded() || !n || !hpu__dev_cur->owns || hpu__dev_cur->owns(dst) ||
+	    !hpu__dev_cur->owns(src))
+		return;
+	char block[160] = "device memory", what[256];
+	if (hpu__dev_cur->describe)
+		hpu__dev_cur->describe(src, block, sizeof block);
+	snprintf(what, sizeof what, "brought %zu bytes of %s back to the host", n, block);
+	step_caught(op, what);
+}
+
+void hpu__dev_step_value(const char *op, const void *src)
+{
+	if (!guarded())
+		return;
+	char block[160] = "device memory", what[256];
+	if (hpu__dev_cur->describe)
+		hpu__dev_cur->describe(src, block, sizeof block);
+	snprintf(what, sizeof what, "returned a value to the host (read from %s)", block);
+	step_caught(op, what);
+}
+
+/* ---- device calls ---- */
+
+void hpu__dev_call_open(void)
+{
+	if (hpu__dev_cur->enter)
+		hpu__dev_cur->enter();
+}
+
+void hpu__dev_call_close(void)
+{
+	if (hpu__dev_cur->leave)
+		hpu__dev_cur->leave();
+}
+
+/* Host code that opens device memory while a step is recorded into the
+ * CPU's list would do its work now, not at each launch: refused (it still
+ * opens, so the code runs rather than faults). */
+void hpu__dev_enter(void)
+{
+	hpu__dev_rec_foreign("hpu__dev_enter");
+	if (hpu__dev_rec_listing())
+		hpu__dev_capture_refuse("hpu__dev_enter: host code opened device memory while a "
+					"step was recorded (its work runs now, not at each launch)");
+	hpu__dev_call_open();
+}
+
+void hpu__dev_leave(void)
+{
+	hpu__dev_call_close();
+}
+
+void hpu__dev_layer_enter(void)
+{
+	if (!hpu__dev_kernels_set)
+		hpu__dev_enter();
+}
+
+void hpu__dev_layer_leave(void)
+{
+	if (!hpu__dev_kernels_set)
+		hpu__dev_leave();
+}
+
+/* A device op's buffer must be device memory: on a device that tells
+ * (cpu-strict, GPUs) host memory given to one -- the host tier, a
+ * staging buffer -- is a bug in the caller, stopped here with one line
+ * (the host's loops, hpu__dev_host_rt, are for host memory). */
+void hpu__dev_on_device(const char *op, const void *p)
+{
+	if (!p || !hpu__dev_cur->owns || hpu__dev_cur->owns(p))
+		return;
+	fprintf(stderr,
+		"hpu-worker: rank %d: device op %s given host memory at %p under --device %s (host memory is the host's: copy it to the device first)\n",
+		hpu__dev_cur_rank, op, p, hpu__dev_cur->name);
+	fflush(stderr);
+	_exit(1);
+}
+
+/* ---- queues and events ---- */
+
+hpu__dev_queue *hpu__dev_queue_new(void)
+{
+	if (hpu__dev_cur->queue_new)
+		return hpu__dev_cur->queue_new();
+	return calloc(1, sizeof(hpu__dev_queue));
+}
+
+void hpu__dev_queue_free(hpu__dev_queue **q)
+{
+	if (!q || !*q)
+		return;
+	if (hpu__dev_cur->queue_free)
+		hpu__dev_cur->queue_free(*q);
+	else
+		free(*q);
+	*q = NULL;
+}
+
+void hpu__dev_event_record(hpu__dev_queue *q, hpu__dev_event *ev)
+{
+	hpu__dev_cur->record(q, ev);
+}
+
+/* A wait on the host inside a step: a CUDA graph cannot record one (a
+ * stream or event synchronisation inside capture is refused and ends
+ * the capture), and a step waits only to read something. 1 while
+ * recording (refused: the caller waits for nothing); the step guard
+ * stops the worker. */
+static int host_wait(const char *op)
+{
+	hpu__dev_rec_foreign(op);
+	if (hpu__dev_capturing()) {
+		hpu__dev_capture_refuse("%s: a wait on the host", op);
+		return 1;
+	}
+	if (guarded())
+		step_caught(op, "waited on the host for the device's queue");
+	return 0;
+}
+
+void hpu__dev_event_wait(const hpu__dev_event *ev)
+{
+	if (!host_wait("hpu__dev_event_wait"))
+		hpu__dev_cur->wait(ev);
+}
+
+void hpu__dev_queue_sync(hpu__dev_queue *q)
+{
+	hpu__dev_event ev;
+	if (host_wait("hpu__dev_queue_sync"))
+		return;
+	hpu__dev_cur->record(q, &ev);
+	hpu__dev_cur->wait(&ev);
+}
