@@ -52,10 +52,14 @@ declare -A ALLOW=(
 # may read (the rest are the folder's own). The strategy engine's internals
 # (strategy_impl.h, its modules' headers) stay inside worker/strategy;
 # strategy.h brings the plan's types (plan.h, copies.h) with it. The
-# checkpoint format's shared internals (ckpt_impl.h) stay inside ckpt/.
+# checkpoint format's shared internals (ckpt_impl.h) stay inside ckpt/,
+# the device's and devmem's (device_impl.h, devmem_impl.h) inside
+# worker/device and worker/hpu.
 declare -A OPEN=(
 	[worker/strategy]="strategy.h plan.h copies.h"
 	[ckpt]="ckpt.h safetensors.h"
+	[worker/device]="device.h"
+	[worker/hpu]="devmem.h model.h prof.h dataio.h"
 )
 
 die() {
