@@ -408,6 +408,17 @@ static void test_cpu_kernel_refused(void **state)
 	assert_int_equal(recorded, 0);
 	assert_int_equal(eager, 4);
 	assert_true(same_file("ref-cpu-eager", "ref-cpu-graphs"));
+	/* --graphs-warmup 0: the first step is not recorded before its
+	 * kernels ran eagerly once (a refusal is known only then: a gemm
+	 * node recorded first failed at its launch) */
+	char *ow = train("ref-cpu-w0", 1, "cpu", 1, NULL, NULL, "--max-steps", "4",
+			 "--graphs-warmup", "0", NULL);
+	assert_non_null(strstr(ow, "graphs: --graphs-warmup 0 counts as 1 on device cpu: a "
+				   "kernel's refusal is known only from an eager call"));
+	assert_non_null(strstr(ow, "graphs: step 2: the step of 32 samples is not recorded: "
+				   "hpu_linear_forward: the kernel table of device cpu refused it"));
+	assert_true(same_file("ref-cpu-eager", "ref-cpu-w0"));
+	free(ow);
 	run r;
 	start(&r, 1);
 	args(&r, "--device", "cpu-strict", "--batch-size", "32", "--graphs", "--max-steps", "2",

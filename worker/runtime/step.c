@@ -64,7 +64,13 @@ void hpu__loop_strict_step(loop *L)
 }
 
 /* --graphs: the steps recordable from the first one (so that the eager
- * ones compute what the replays do), and the recordings' input buffers. */
+ * ones compute what the replays do), and the recordings' input buffers.
+ * On a device whose memory is the host's (host_mem: --device cpu) a
+ * kernel's refusal is served by the ops' C loops eagerly and known to a
+ * recording only from an eager call of its entry (device_kernels.c's
+ * mark): a step (an evaluation batch) is recorded only after one ran
+ * eagerly, --graphs-warmup 0 counting as 1 (a recording made first held
+ * the refused kernel's node, whose launch failed). */
 int hpu__loop_graphs_setup(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
@@ -72,8 +78,16 @@ int hpu__loop_graphs_setup(loop *L)
 	for (int f = 0; f < d->nfields; f++)
 		bytes[f] = hpu__field_numel(&d->fields[f]) * 4;
 	hpu__strat_set_recordable(L->st, 1);
-	return hpu__graphs_new(&L->graphs, L->o->graphs_warmup, L->accum, L->micro, d->nfields,
-			       bytes, L->rank, L->o->verbose, L->err, L->errlen);
+	int warmup = L->o->graphs_warmup;
+	if (warmup < 1 && hpu__dev_caps_get()->host_mem) {
+		warmup = 1;
+		if (L->o->verbose && L->rank == 0)
+			printf("graphs: --graphs-warmup 0 counts as 1 on device %s: a kernel's "
+			       "refusal is known only from an eager call\n",
+			       hpu__dev_name());
+	}
+	return hpu__graphs_new(&L->graphs, warmup, L->accum, L->micro, d->nfields, bytes,
+			       L->rank, L->o->verbose, L->err, L->errlen);
 }
 
 /* --graphs under --verbose: how the steps ran; then, where the run
