@@ -1,6 +1,6 @@
 /* config_internal: what config.c (the option table), config_args.c (the
- * command line, --config) and config_file.c (the JSON config file)
- * share. Not installed; only their
+ * command line, --config) and config_file.c with its config_*.c (the
+ * JSON config file) share. Not installed; only their
  * unit tests include it besides.
  *
  * Every option lives in one table in config.c. The config file sets
@@ -101,5 +101,133 @@ int hpu__repeated_keys(const char *const *keys, size_t n, int dashes,
 
 /* The index of v in names[0..n-1] (case-insensitively if nocase), or -1. */
 int hpu__pick(const char *v, const char *const *names, int n, int nocase);
+
+/* The config file (--config), in five files whose calls run one way:
+ * config_file.c (reads and parses the file, reports its errors) calls
+ * config_keys.c (the top level, zero_optimization, aio), which calls
+ * config_keys_train.c (optimizer, scheduler, bf16/fp16/fp8/amp,
+ * hputrain), and all three call config_walk.c (a value checked against
+ * its option, a section's keys walked), which calls the table.
+ * config_notes.c prints what a loaded file left to flags and defaults. */
+
+struct cJSON;
+
+/* Every error of a file is reported, not only the first: each one is a
+ * line of msgs, and the walk goes on past it. */
+struct fctx {
+	hpu_train_opts *o; /* a copy, committed only if the whole file loads */
+	const char *file;
+	int adam_w_mode; /* optimizer.params.adam_w_mode */
+	int nerr;
+	char msgs[3072]; /* the errors, one per line ("\n  " between) */
+	size_t used;
+};
+
+struct fkey {
+	const char *key;
+	const char *opt; /* the option it sets, or NULL: fn */
+	int (*fn)(struct fctx *c, const char *path, const struct cJSON *it);
+	unsigned only; /* the optimizer/scheduler types it belongs to; 0: all */
+	/* A key DeepSpeed accepts that changes nothing here: why (any value
+	 * is accepted, and the key is named in one warning). */
+	const char *why;
+};
+
+/* Table entries: a key that sets an option, one with a function of its
+ * own, one that changes nothing here (why). `only`: fkey.only. */
+#define KEY(k, opt, only) {k, opt, NULL, only, NULL}
+#define FN(k, fn, only) {k, NULL, fn, only, NULL}
+#define NONE(k, why) {k, NULL, NULL, 0, why}
+
+/* hpu__cfg_walk's mode. */
+enum {
+	W_DASHES = 1,  /* the hputrain section: "max-steps" is "max_steps" */
+	W_LENIENT = 2, /* DeepSpeed's top level: an unknown key far from every
+			* known one is ignored (named in the warning), as
+			* DeepSpeed ignores it */
+};
+
+/* hpu__cfg_walk over a whole table. */
+#define WALK(c, obj, prefix, keys, type, tname, mode)                          \
+	hpu__cfg_walk(c, obj, prefix, keys, sizeof(keys) / sizeof((keys)[0]),  \
+		      type, tname, mode)
+
+/* Why DeepSpeed's keys change nothing here (fkey.why), shared by the
+ * keys they explain, so that the warning groups them. */
+static const char WHY_PROFILE[] = "timings and counters are --profile's and the metrics file's";
+static const char WHY_MONITOR[] = "monitoring is --metrics (JSON lines) and hpu-plot";
+static const char WHY_ALWAYS[] = "hputrain always does this";
+static const char WHY_REDUCE[] = "gradients are summed, then divided by the world size once";
+static const char WHY_COLL[] = "each strategy has one collective schedule";
+static const char WHY_SAVE[] = "--save-params writes consolidated fp32 parameters, checkpoints reshard to any world size";
+static const char WHY_DEVICES[] = "devices are hpulaunch's --devices";
+static const char WHY_NOTHERE[] = "not implemented in hputrain: training runs without it";
+static const char WHY_ZEROPP[] = "ZeRO++/MiCS are not implemented: ZeRO runs unquantized over all ranks";
+static const char WHY_PINNED[] = "the host tier is plain memory; buffers are aligned for O_DIRECT";
+static const char WHY_TORCH[] = "hputrain's optimizers are its own, one implementation each";
+static const char WHY_CKPT[] = "use --activation-checkpointing or mark layers (hpu_layer_checkpoint)";
+
+/* config_walk.c: the checks of one value and the walk of one section.
+ * Each error is a line of c->msgs; these return -1 after one. */
+
+/* Appends the error "FILE: path: what" (printf-style); returns -1. */
+int hpu__cfg_ferr(struct fctx *c, const char *path, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* The shortest text that reads back as x. */
+const char *hpu__cfg_num_text(double x, char *buf, size_t len);
+
+/* What a JSON value is, for "expected X, got Y". */
+const char *hpu__cfg_describe(const struct cJSON *it, char *buf, size_t len);
+
+/* "expected want, got ..." (or that "auto" is not supported). */
+int hpu__cfg_wrong_type(struct fctx *c, const char *path,
+			const struct cJSON *it, const char *want);
+
+/* *out = it, a finite number in lo..hi (an exact integer if integral). */
+int hpu__cfg_want_number(struct fctx *c, const char *path,
+			 const struct cJSON *it, double lo, double hi,
+			 int integral, double *out);
+
+/* *out = it, true or false. */
+int hpu__cfg_want_bool(struct fctx *c, const char *path,
+		       const struct cJSON *it, int *out);
+
+/* Whether it is a string without a control character. */
+int hpu__cfg_want_string(struct fctx *c, const char *path,
+			 const struct cJSON *it);
+
+/* Sets option p from text (already checked) unless a flag set it. */
+int hpu__cfg_put(struct fctx *c, const char *path, const struct hpu__opt *p,
+		 const char *text);
+
+/* A key that sets option `name`, checked by the option's kind. */
+int hpu__cfg_file_opt(struct fctx *c, const char *path,
+		      const struct cJSON *it, const char *name);
+
+/* An "auto" value: the option(s) in the given slots (slot2 -1: one) keep
+ * what flags and defaults give them, named in the one note. */
+void hpu__cfg_note_auto(struct fctx *c, const char *path, int slot, int slot2);
+
+/* Whether it is the string "auto". */
+int hpu__cfg_is_auto(const struct cJSON *it);
+
+/* Checks every key of object obj (at prefix) against keys[n], then
+ * applies them in the table's order (WALK for a whole table). */
+int hpu__cfg_walk(struct fctx *c, const struct cJSON *obj, const char *prefix,
+		  const struct fkey *keys, size_t n, unsigned type,
+		  const char *type_name, int mode);
+
+/* config_keys_train.c: the sections of the top level it holds. */
+int hpu__cfg_optimizer(struct fctx *c, const char *path, const struct cJSON *it);
+int hpu__cfg_scheduler(struct fctx *c, const char *path, const struct cJSON *it);
+int hpu__cfg_bf16(struct fctx *c, const char *path, const struct cJSON *it);
+int hpu__cfg_fp16(struct fctx *c, const char *path, const struct cJSON *it);
+int hpu__cfg_fp8(struct fctx *c, const char *path, const struct cJSON *it);
+int hpu__cfg_amp(struct fctx *c, const char *path, const struct cJSON *it);
+int hpu__cfg_hputrain(struct fctx *c, const char *path, const struct cJSON *it);
+
+/* config_keys.c: walks the top level of a parsed config file. */
+int hpu__cfg_walk_top(struct fctx *c, const struct cJSON *root);
 
 #endif
