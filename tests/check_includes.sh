@@ -54,12 +54,15 @@ declare -A ALLOW=(
 # strategy.h brings the plan's types (plan.h, copies.h) with it. The
 # checkpoint format's shared internals (ckpt_impl.h) stay inside ckpt/,
 # the device's and devmem's (device_impl.h, devmem_impl.h) inside
-# worker/device and worker/hpu.
+# worker/device and worker/hpu, the builder's (model_impl.h) inside
+# worker/hpu, and the option table's and the config file's
+# (config_internal.h) inside options/.
 declare -A OPEN=(
 	[worker/strategy]="strategy.h plan.h copies.h"
 	[ckpt]="ckpt.h safetensors.h"
 	[worker/device]="device.h"
 	[worker/hpu]="devmem.h model.h prof.h dataio.h"
+	[options]="config.h"
 )
 
 die() {
