@@ -1,0 +1,156 @@
+/* model_base: the builder's errors and phases (hpu_error, the sticky
+ * errors of setup, a call in the wrong phase), the accessors of
+ * <hpu/hpu.h>, names and the lookups of tensors, parameters, buffers. */
+#include "worker/hpu/model.h"
+#include "worker/hpu/model_impl.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Records a builder error with its code. During setup errors are sticky:
+ * the first one stays (its message and code), later ones are dropped. */
+void hpu__model_record(hpu_builder *b, hpu_err code, const char *fmt, va_list ap)
+{
+	if (b->phase == HPU__PHASE_SETUP) {
+		if (b->status != HPU_OK)
+			return;
+		b->status = code;
+	}
+	vsnprintf(b->err, sizeof b->err, fmt, ap);
+}
+
+int (hpu_error)(hpu_builder *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	hpu__model_record(b, HPU_ERROR, fmt, ap);
+	va_end(ap);
+	return HPU_ERROR;
+}
+
+int hpu_builder_status(const hpu_builder *b)
+{
+	return b->status;
+}
+
+int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(l->err, sizeof l->err, fmt, ap);
+	va_end(ap);
+	return HPU_ERROR;
+}
+
+/* Records the error as hpu_error() does (sticky during setup); returns
+ * `code`. */
+__attribute__((format(printf, 3, 4)))
+int hpu__model_refuse(hpu_builder *b, hpu_err code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	hpu__model_record(b, code, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+/* A public call made in the wrong phase: records "CALL() called PHASE:
+ * WHY" as the builder's error and, when there is one, the layer's (the
+ * message a failed forward/backward is reported with). Returns
+ * HPU_EINVAL. */
+int hpu__model_wrong_phase(hpu_builder *b, hpu_layer *l, const char *call)
+{
+	const char *why = b->phase == HPU__PHASE_SETUP
+		? "called during setup, but a layer's parameters, gradients, buffers and "
+		  "memory exist only once setup has returned (use them in its forward and backward)"
+		: "called after setup (while the model runs), but declarations belong in setup";
+	if (l)
+		snprintf(l->err, sizeof l->err, "%s() %s", call, why);
+	return hpu__model_refuse(b, HPU_EINVAL, "%s%s%s%s() %s", l ? "layer " : "", l ? l->name : "",
+				 l ? ": " : "", call, why);
+}
+
+int hpu_rank(const hpu_builder *b)
+{
+	return b->rank;
+}
+
+int hpu_world_size(const hpu_builder *b)
+{
+	return b->world;
+}
+
+void hpu_set_user(hpu_builder *b, void *user)
+{
+	b->user = user;
+}
+
+int hpu_max_batch(const hpu_builder *b)
+{
+	return b->max_batch;
+}
+
+/* ---- names and tensors ---- */
+
+/* A name for a layer, tensor, field, parameter or buffer: 1 to 63 bytes
+ * of letters, digits, '_', '-', '/' and '.' (not "," which separates
+ * inputs). */
+int hpu__model_bad_name(const char *name)
+{
+	if (!name || !*name || strlen(name) >= HPU_NAME_MAX)
+		return 1;
+	for (const char *c = name; *c; c++)
+		if (!isalnum((unsigned char)*c) && !strchr("_-/.", *c))
+			return 1;
+	return 0;
+}
+
+int hpu__model_tensor(const hpu_builder *b, const char *name)
+{
+	for (int i = 0; i < b->ntensors; i++)
+		if (!strcmp(b->tensors[i].name, name))
+			return i;
+	return -1;
+}
+
+int hpu__model_param(const hpu_builder *b, const char *name)
+{
+	for (int i = 0; i < b->nparams; i++)
+		if (!strcmp(b->params[i].name, name))
+			return i;
+	return -1;
+}
+
+int hpu__model_buffer(const hpu_builder *b, const char *name)
+{
+	for (int i = 0; i < b->nbuffers; i++)
+		if (!strcmp(b->buffers[i].name, name))
+			return i;
+	return -1;
+}
+
+/* Checks a shape (ndim dims, each > 0) and gives its element count; 0
+ * when bad. ndim 0 is one element (a scalar per sample) when `scalar`. */
+size_t hpu__model_shape_numel(int ndim, const int64_t *shape, int scalar)
+{
+	if (ndim < (scalar ? 0 : 1) || ndim > HPU_MAX_DIMS || (ndim && !shape))
+		return 0;
+	size_t n = 1;
+	for (int d = 0; d < ndim; d++) {
+		if (shape[d] <= 0 || shape[d] > (int64_t)1 << 40)
+			return 0;
+		n *= (size_t)shape[d];
+	}
+	return n;
+}
+
+/* The highest bit set in v (v != 0). */
+int hpu__model_high_bit(unsigned v)
+{
+	int k = 0;
+	while (v >>= 1)
+		k++;
+	return k;
+}
