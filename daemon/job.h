@@ -1,5 +1,5 @@
 /* job: one job's part on this node, an entry of hpud's job table
- * (hpud.c), whose messages to the submitter joboutput.h queues and
+ * (daemon/hpud.h), whose messages to the submitter joboutput.h queues and
  * sends. */
 #ifndef HPUD_JOB_H
 #define HPUD_JOB_H

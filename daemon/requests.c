@@ -1,0 +1,255 @@
+/* hpud's socket and its requests: a frame read off the ROUTER socket,
+ * verified (proto/auth.h), bound to this instance, then hello, launch
+ * (launch.c), status, cancel or ping. Calls launch.c, reply.c, jobs.c and
+ * logging.c (daemon/hpud.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "daemon/hpud.h"
+
+/* The first `max` of j's ranks on this node into rs/rsp; returns how
+ * many. */
+static size_t rank_status(const job *j, size_t max, Hpu__RankStatus *rs,
+			  Hpu__RankStatus **rsp)
+{
+	size_t n = (size_t)j->devices < max ? (size_t)j->devices : max;
+	for (size_t k = 0; k < n; k++) {
+		int rank = hpu__nodejob_rank(j->nj, (int)k);
+		hpu_status_rec st;
+		double age;
+		int have = hpu__nodejob_status(j->nj, rank, &st, &age) == 0;
+		hpu__status_to_proto(&rs[k], rank, have ? &st : NULL, age);
+		rsp[k] = &rs[k];
+	}
+	return n;
+}
+
+static void do_status(const hpu_codec_peer *peer, const char *session)
+{
+	Hpu__JobStatus st[MAX_JOBS], *stp[MAX_JOBS];
+	uint32_t ids[MAX_JOBS][64];
+	/* the jobs' ranks: at most MAX_STATUS_RANKS a job, MAX_REPLY_RANKS in
+	 * all (without memory, the reply goes without them) */
+	size_t want = 0, used = 0, n = 0;
+	for (int i = 0; i < MAX_JOBS; i++)
+		if (D.jobs[i].used && D.jobs[i].nj)
+			want += (size_t)(D.jobs[i].devices < MAX_STATUS_RANKS ? D.jobs[i].devices
+									      : MAX_STATUS_RANKS);
+	if (want > MAX_REPLY_RANKS)
+		want = MAX_REPLY_RANKS;
+	Hpu__RankStatus *rs = calloc(want ? want : 1, sizeof *rs);
+	Hpu__RankStatus **rsp = calloc(want ? want : 1, sizeof *rsp);
+	for (int i = 0; i < MAX_JOBS; i++) {
+		job *j = &D.jobs[i];
+		if (!j->used || !j->nj)
+			continue;
+		hpu__job_status__init(&st[n]);
+		st[n].job_id = j->id;
+		st[n].node_rank = (uint32_t)j->node_rank;
+		st[n].n_device_ids = (size_t)(j->devices < 64 ? j->devices : 64);
+		for (size_t k = 0; k < st[n].n_device_ids; k++)
+			ids[n][k] = (uint32_t)j->dev[k];
+		st[n].device_ids = ids[n];
+		st[n].live_workers = (uint32_t)hpu__nodejob_live(j->nj);
+		st[n].seconds = ev_now(D.loop) - j->started;
+		st[n].submitter = j->peer_addr;
+		if (rs && rsp) {
+			size_t left = want - used;
+			st[n].ranks = rsp + used;
+			st[n].n_ranks = rank_status(j, left < MAX_STATUS_RANKS ? left : MAX_STATUS_RANKS,
+						    rs + used, st[n].ranks);
+			used += st[n].n_ranks;
+		}
+		stp[n] = &st[n];
+		n++;
+	}
+	Hpu__StatusReply r = HPU__STATUS_REPLY__INIT;
+	r.n_jobs = n;
+	r.jobs = stp;
+	r.devices_total = (uint32_t)D.conf.devices;
+	r.devices_free = (uint32_t)hpud__free_devices();
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
+	env.status_reply = &r;
+	hpud__send_env(peer, session, &env);
+	free(rs);
+	free(rsp);
+}
+
+/* A cancel ends the job, also one whose launch this hpud has just taken
+ * and not yet answered: a submitter interrupted while it submits sends
+ * the cancel right after its launch request, on the same connection, so
+ * it comes after the request (do_launch starts the job before anything
+ * else is read). */
+static void do_cancel(const char *addr, const Hpu__Cancel *c)
+{
+	job *j = c->job_id ? hpud__find_job(c->job_id) : NULL;
+	if (!j || !j->nj || j->ended)
+		return;
+	char reason[200];
+	snprintf(reason, sizeof reason, "cancelled by the submitter (%s)", addr);
+	hpud__logmsg(HPUD_LOG_INFO, "job %s: %s", j->id, reason);
+	hpu__nodejob_cancel(j->nj, reason, 2);
+}
+
+static void do_ping(const hpu_codec_peer *peer, const char *session, const Hpu__Ping *p)
+{
+	job *j = p->job_id ? hpud__find_job(p->job_id) : NULL;
+	if (j)
+		j->last_ping = ev_now(D.loop);
+	Hpu__Ping pong = HPU__PING__INIT;
+	pong.job_id = p->job_id ? p->job_id : "";
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_PING;
+	env.ping = &pong;
+	hpud__send_env(peer, session, &env);
+}
+
+/* Hello: this instance's id, for the session the submitter just opened. */
+static void do_hello(const hpu_codec_peer *peer, const char *session)
+{
+	Hpu__HelloReply r = HPU__HELLO_REPLY__INIT;
+	r.instance = D.instance;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &r;
+	hpud__send_env(peer, session, &env);
+}
+
+/* Whether m may be acted on: it names a session, and this instance unless
+ * it is a Hello; otherwise NULL and the reason in why. */
+static const char *check_binding(const Hpu__Envelope *m, char *why, size_t len)
+{
+	if (!m->session || !hpud__valid_id(m->session))
+		return "no session id (1-63 letters, digits, '-', '_' or '.'): "
+		       "is the submitter an older hpulaunch?";
+	if (m->msg_case == HPU__ENVELOPE__MSG_HELLO)
+		return NULL;
+	if (!m->instance || !*m->instance)
+		return "no hpud instance id: the submitter must say hello first "
+		       "(is it an older hpulaunch?)";
+	if (strcmp(m->instance, D.instance) != 0) {
+		snprintf(why, len,
+			 "signed for another hpud or before a restart (for instance %.40s, "
+			 "this hpud is %s): a replay?",
+			 hpud__valid_id(m->instance) ? m->instance : "(not an id)", D.instance);
+		return why;
+	}
+	return NULL;
+}
+
+static void handle(const hpu_codec_peer *peer, const char *addr, const void *frame,
+		   size_t len)
+{
+	char why[256];
+	const void *body;
+	size_t blen;
+	if (hpu__auth_verify(D.auth, frame, len, hpu__auth_now_ms(), &body, &blen, why,
+			     sizeof why) < 0) {
+		hpud__log_refusal(addr, why);
+		return;
+	}
+	Hpu__Envelope *m = hpu__codec_unpack(body, blen);
+	if (!m) {
+		hpud__log_refusal(addr, "signed, but not a valid message");
+		return;
+	}
+	char bwhy[200];
+	const char *bad = check_binding(m, bwhy, sizeof bwhy);
+	if (bad) {
+		hpud__log_refusal(addr, bad);
+		hpu__codec_free(m);
+		return;
+	}
+	switch (m->msg_case) {
+	case HPU__ENVELOPE__MSG_HELLO:
+		do_hello(peer, m->session);
+		break;
+	case HPU__ENVELOPE__MSG_LAUNCH_REQUEST:
+		hpud__do_launch(peer, addr, m->session, m->launch_request);
+		break;
+	case HPU__ENVELOPE__MSG_STATUS_REQUEST:
+		do_status(peer, m->session);
+		break;
+	case HPU__ENVELOPE__MSG_CANCEL:
+		do_cancel(addr, m->cancel);
+		break;
+	case HPU__ENVELOPE__MSG_PING:
+		do_ping(peer, m->session, m->ping);
+		break;
+	default:
+		hpud__log_refusal(addr, "not a request hpud takes");
+		break;
+	}
+	hpu__codec_free(m);
+}
+
+/* ---- the socket ---- */
+
+static void on_sock(hpu_zwatch *w, void *arg)
+{
+	(void)arg;
+	zmq_msg_t id, m;
+	zmq_msg_init(&id);
+	if (zmq_msg_recv(&id, w->sock, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&id);
+		return;
+	}
+	hpu_codec_peer peer;
+	peer.len = zmq_msg_size(&id) < sizeof peer.id ? zmq_msg_size(&id) : sizeof peer.id;
+	memcpy(peer.id, zmq_msg_data(&id), peer.len);
+	int more = zmq_msg_more(&id);
+	zmq_msg_close(&id);
+	if (!more)
+		return;
+	zmq_msg_init(&m);
+	if (zmq_msg_recv(&m, w->sock, 0) < 0) {
+		zmq_msg_close(&m);
+		return;
+	}
+	char addr[64];
+	const char *pa = zmq_msg_gets(&m, "Peer-Address");
+	snprintf(addr, sizeof addr, "%s", pa ? pa : "an unknown peer");
+	if (zmq_msg_more(&m)) { /* one frame after the id, no more */
+		hpud__log_refusal(addr, "more than one frame");
+		int rest = 1;
+		while (rest) {
+			zmq_msg_t x;
+			zmq_msg_init(&x);
+			if (zmq_msg_recv(&x, w->sock, 0) < 0)
+				rest = 0;
+			else
+				rest = zmq_msg_more(&x);
+			zmq_msg_close(&x);
+		}
+	} else {
+		handle(&peer, addr, zmq_msg_data(&m), zmq_msg_size(&m));
+	}
+	zmq_msg_close(&m);
+}
+
+int hpud__open_socket(char *err, size_t errlen)
+{
+	char ep[128];
+	snprintf(ep, sizeof ep, "tcp://%s:%d", D.conf.listen, D.conf.port);
+	int64_t maxmsg = HPU_AUTH_MAX_FRAME;
+	/* A peer's queue holds a few messages, and says when it is full
+	 * (mandatory: EAGAIN rather than a silent drop): a job's output waits
+	 * in its own queue, counted in bytes (joboutput.h). */
+	int linger = 1000, hwm = PEER_QUEUE_MSGS, mandatory = 1;
+	D.ctx = zmq_ctx_new();
+	D.sock = D.ctx ? zmq_socket(D.ctx, ZMQ_ROUTER) : NULL;
+	if (!D.sock || zmq_setsockopt(D.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+	    zmq_setsockopt(D.sock, ZMQ_LINGER, &linger, sizeof linger) ||
+	    zmq_setsockopt(D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
+	    zmq_setsockopt(D.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) ||
+	    zmq_bind(D.sock, ep) ||
+	    hpu__zwatch_start(&D.zw, D.loop, D.sock, on_sock, NULL)) {
+		snprintf(err, errlen, "cannot listen on %s: %s", ep, zmq_strerror(errno));
+		return -1;
+	}
+	return 0;
+}
