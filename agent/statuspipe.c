@@ -1,0 +1,108 @@
+/* A worker's status pipe (agent.h): its records read line by line, the
+ * latest kept, its blame line and its hello noted, malformed lines
+ * counted. Calls no other file of the agent (agent/agent_impl.h). */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/agent_impl.h"
+
+static void status_line(status_pipe *sp, const char *line, size_t n)
+{
+	worker *w = sp->w;
+	hpu_agent *a = w->a;
+	hpu_status_rec r;
+	if (n == 2 && memcmp(line, "H1", 2) == 0) {
+		w->hello = 1;
+		return;
+	}
+	int culprit, world = a->cfg.world > 0 ? a->cfg.world : a->cfg.nodes * a->cfg.devices;
+	hpu_blame how;
+	if (hpu__status_parse_blame(line, n, &culprit, &how) == 0) {
+		if (w->culprit < 0 && culprit < world) {
+			w->culprit = culprit;
+			w->culprit_how = how;
+		}
+		return;
+	}
+	if (hpu__status_parse(line, n, &r) < 0) {
+		a->status_bad++;
+		return;
+	}
+	w->last = r;
+	w->last_at = ev_now(a->loop);
+	if (a->cfg.on_status)
+		a->cfg.on_status(a, w->rank, &w->last, a->cfg.arg);
+}
+
+/* Reads what the pipe holds; closes it at EOF or an error. */
+void hpu__agent_status_read(status_pipe *sp)
+{
+	hpu_agent *a = sp->w->a;
+	while (sp->fd >= 0) {
+		ssize_t k = read(sp->fd, sp->buf + sp->len, sizeof sp->buf - sp->len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && errno == EAGAIN)
+			return;
+		if (k <= 0) {
+			if (sp->len && !sp->skipping)
+				a->status_bad++; /* a record cut short */
+			ev_io_stop(a->loop, &sp->io);
+			close(sp->fd);
+			sp->fd = -1;
+			return;
+		}
+		sp->len += (size_t)k;
+		size_t start = 0;
+		for (size_t i = 0; i < sp->len; i++) {
+			if (sp->buf[i] != '\n')
+				continue;
+			if (!sp->skipping)
+				status_line(sp, sp->buf + start, i - start);
+			sp->skipping = 0;
+			start = i + 1;
+		}
+		if (start == 0 && sp->len == sizeof sp->buf) {
+			if (!sp->skipping)
+				a->status_bad++; /* no record is this long */
+			sp->skipping = 1;
+			start = sp->len;
+		}
+		memmove(sp->buf, sp->buf + start, sp->len - start);
+		sp->len -= start;
+	}
+}
+
+void hpu__agent_on_status_pipe(struct ev_loop *loop, ev_io *io, int revents)
+{
+	(void)loop;
+	(void)revents;
+	hpu__agent_status_read(io->data);
+}
+
+int hpu__agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s)
+{
+	int local = rank - a->cfg.rank_base;
+	if (local < 0 || local >= a->cfg.devices || a->w[local].last_at == 0)
+		return -1;
+	*st = a->w[local].last;
+	*age_s = ev_now(a->loop) - a->w[local].last_at;
+	if (*age_s < 0)
+		*age_s = 0;
+	return 0;
+}
+
+int hpu__agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
+{
+	int local = rank - a->cfg.rank_base;
+	if (local < 0 || local >= a->cfg.devices || a->w[local].culprit < 0)
+		return -1;
+	*how = a->w[local].culprit_how;
+	return a->w[local].culprit;
+}
+
+long hpu__agent_status_bad(const hpu_agent *a)
+{
+	return a->status_bad;
+}
