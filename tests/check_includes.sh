@@ -55,14 +55,16 @@ declare -A ALLOW=(
 # checkpoint format's shared internals (ckpt_impl.h) stay inside ckpt/,
 # the device's and devmem's (device_impl.h, devmem_impl.h) inside
 # worker/device and worker/hpu, the builder's (model_impl.h) inside
-# worker/hpu, and the option table's and the config file's
-# (config_internal.h) inside options/.
+# worker/hpu, the option table's and the config file's
+# (config_internal.h) inside options/, and the agent's state and its
+# files' internals (agent_impl.h) inside agent/.
 declare -A OPEN=(
 	[worker/strategy]="strategy.h plan.h copies.h"
 	[ckpt]="ckpt.h safetensors.h"
 	[worker/device]="device.h"
 	[worker/hpu]="devmem.h model.h prof.h dataio.h"
 	[options]="config.h"
+	[agent]="agent.h coord.h gpus.h nodejob.h output.h progress.h restart.h uidproc.h zwatch.h"
 )
 
 die() {
@@ -238,8 +240,11 @@ self_test() {
 	{ echo '#include "ckpt/ckpt_impl.h"'; cat "$SRC/tools/hpu_ckpt.c"; } >"$tmp/hpu_ckpt.c"
 	# worker/runtime/ -> the strategy engine's own header
 	{ echo '#include "worker/strategy/strategy_impl.h"'; cat "$SRC/worker/runtime/train.c"; } >"$tmp/train.c"
+	# daemon/ -> the agent's own header
+	{ echo '#include "agent/agent_impl.h"'; cat "$SRC/daemon/launch.c"; } >"$tmp/launch.c"
 	local -a cases=(
 		"$SRC/worker/runtime/train.c|$tmp/train.c|worker/runtime/train.c reads worker/strategy/strategy_impl.h: forbidden (worker/strategy/'s own header: other folders include only worker/strategy/strategy.h worker/strategy/plan.h worker/strategy/copies.h)"
+		"$SRC/daemon/launch.c|$tmp/launch.c|daemon/launch.c reads agent/agent_impl.h: forbidden (agent/'s own header: other folders include only agent/agent.h agent/coord.h agent/gpus.h agent/nodejob.h agent/output.h agent/progress.h agent/restart.h agent/uidproc.h agent/zwatch.h)"
 		"$SRC/collectives/reduce.c|$tmp/reduce.c|collectives/reduce.c reads worker/ops/fp8.h: forbidden (collectives/ includes nothing of worker/"
 		"$SRC/examples/fmnist_mlp/fmnist_mlp.c|$tmp/ex/mlp.c|examples/fmnist_mlp/fmnist_mlp.c reads worker/hpu/model.h: forbidden (examples include only include/"
 		"$SRC/ckpt/open.c|$tmp/open.c|ckpt/open.c reads launcher/hostfile.h: forbidden (a library (ckpt/) includes no program's folder (launcher/)"
