@@ -12,7 +12,7 @@
 #include "agent/restart.h"
 #include "daemon/hpud.h"
 
-/* ---- requests ---- */
+/* ---- requests: launch ---- */
 
 int hpud__valid_id(const char *s)
 {

@@ -10,6 +10,8 @@
 
 #include "daemon/hpud.h"
 
+/* ---- requests: status, cancel, ping, hello ---- */
+
 /* The first `max` of j's ranks on this node into rs/rsp; returns how
  * many. */
 static size_t rank_status(const job *j, size_t max, Hpu__RankStatus *rs,
