@@ -18,11 +18,11 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	(void)t;
 	(void)revents;
-	hpud__quarantine_check(&D.quarantine);
+	hpud__quarantine_check(&hpud__D.quarantine);
 	for (int i = 0; i < MAX_JOBS; i++) {
-		job *j = &D.jobs[i];
+		job *j = &hpud__D.jobs[i];
 		double silent = ev_now(loop) - j->last_ping;
-		if (j->used && j->ended && !j->nj && silent > D.conf.submitter_timeout_s) {
+		if (j->used && j->ended && !j->nj && silent > hpud__D.conf.submitter_timeout_s) {
 			/* retired, its last messages waiting for a silent submitter */
 			hpud__logmsg(HPUD_LOG_WARN, "job %s: the submitter (%s) went away: %ld messages to it dropped",
 				     j->id, j->peer_addr, j->out.messages);
@@ -32,8 +32,8 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 		if (!j->used || !j->nj || j->ended)
 			continue;
 		if (j->held && (j->peer_gone || ev_now(loop) - j->out_moved >= OUTPUT_STALL_S))
-			hpud__jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
-		if (silent > D.conf.submitter_timeout_s) {
+			hpud__jobout_stall(&hpud__D.out, j, ev_now(loop) - j->out_moved);
+		if (silent > hpud__D.conf.submitter_timeout_s) {
 			char reason[200];
 			snprintf(reason, sizeof reason,
 				 "the submitter (%s) went away: no ping for %.0f s", j->peer_addr,
@@ -43,7 +43,7 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 			j->last_ping = ev_now(loop) + 3600; /* say it once */
 			j->peer_gone = 1;
 			if (j->held)
-				hpud__jobout_stall(&D.out, j, ev_now(loop) - j->out_moved);
+				hpud__jobout_stall(&hpud__D.out, j, ev_now(loop) - j->out_moved);
 		}
 	}
 }
@@ -51,14 +51,14 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 int hpud__load_key(char *err, size_t errlen)
 {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
-	if (hpu__auth_load_key(D.conf.key_path, key, err, errlen) < 0)
+	if (hpu__auth_load_key(hpud__D.conf.key_path, key, err, errlen) < 0)
 		return -1;
-	if (D.auth)
-		hpu__auth_set_key(D.auth, key);
+	if (hpud__D.auth)
+		hpu__auth_set_key(hpud__D.auth, key);
 	else
-		D.auth = hpu__auth_new(key, (int64_t)(D.conf.clock_window_s * 1000), 1 << 16);
+		hpud__D.auth = hpu__auth_new(key, (int64_t)(hpud__D.conf.clock_window_s * 1000), 1 << 16);
 	memset(key, 0, sizeof key);
-	if (!D.auth) {
+	if (!hpud__D.auth) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
@@ -76,7 +76,7 @@ static int check_job_uids(const hpud_conf *c, char *err, size_t errlen)
 	while (!bad && (pw = getpwent()) != NULL)
 		if (pw->pw_uid >= c->job_uid_first && pw->pw_uid <= c->job_uid_last) {
 			snprintf(err, errlen, "%s: job_uids %u-%u holds uid %u, which belongs to user '%s': choose uids no user has",
-				 D.conf_path, c->job_uid_first, c->job_uid_last,
+				 hpud__D.conf_path, c->job_uid_first, c->job_uid_last,
 				 (unsigned)pw->pw_uid, pw->pw_name);
 			bad = 1;
 		}
@@ -87,41 +87,41 @@ static int check_job_uids(const hpud_conf *c, char *err, size_t errlen)
 /* The user workers run as. Root runs workers as root only when told so. */
 int hpud__resolve_user(const hpud_conf *c, char *err, size_t errlen)
 {
-	D.set_user = 0;
+	hpud__D.set_user = 0;
 	if (c->job_uid_first && geteuid() != 0) {
 		snprintf(err, errlen, "%s: job_uids needs hpud to run as root (it switches each job's workers to a uid of its own)",
-			 D.conf_path);
+			 hpud__D.conf_path);
 		return -1;
 	}
 	if (c->job_uid_first && !c->user[0]) {
 		snprintf(err, errlen, "%s: job_uids needs 'user = NAME': the jobs' group is that user's",
-			 D.conf_path);
+			 hpud__D.conf_path);
 		return -1;
 	}
 	if (!c->user[0]) {
 		if (geteuid() == 0) {
 			snprintf(err, errlen, "hpud runs as root: set 'user = NAME' in %s for the workers (or 'user = root' to run them as root)",
-				 D.conf_path);
+				 hpud__D.conf_path);
 			return -1;
 		}
 		return 0;
 	}
 	struct passwd *pw = getpwnam(c->user);
 	if (!pw) {
-		snprintf(err, errlen, "%s: user '%s' does not exist", D.conf_path, c->user);
+		snprintf(err, errlen, "%s: user '%s' does not exist", hpud__D.conf_path, c->user);
 		return -1;
 	}
 	if (geteuid() != 0) {
 		if (pw->pw_uid != geteuid()) {
 			snprintf(err, errlen, "%s: user '%s': hpud is not root and cannot switch workers to another user",
-				 D.conf_path, c->user);
+				 hpud__D.conf_path, c->user);
 			return -1;
 		}
 		return 0;
 	}
-	D.set_user = 1;
-	D.uid = pw->pw_uid;
-	D.gid = pw->pw_gid;
+	hpud__D.set_user = 1;
+	hpud__D.uid = pw->pw_uid;
+	hpud__D.gid = pw->pw_gid;
 	return check_job_uids(c, err, errlen);
 }
 
@@ -130,8 +130,8 @@ int hpud__resolve_user(const hpud_conf *c, char *err, size_t errlen)
 int hpud__count_devices(hpud_conf *c, char *err, size_t errlen)
 {
 	char note[1024], why[1024];
-	if (hpud__conf_count_devices(c, D.worker, note, sizeof note, why, sizeof why) < 0) {
-		snprintf(err, errlen, "%.200s: %.800s", D.conf_path, why);
+	if (hpud__conf_count_devices(c, hpud__D.worker, note, sizeof note, why, sizeof why) < 0) {
+		snprintf(err, errlen, "%.200s: %.800s", hpud__D.conf_path, why);
 		return -1;
 	}
 	if (note[0])
@@ -142,35 +142,35 @@ int hpud__count_devices(hpud_conf *c, char *err, size_t errlen)
 static void reload(void)
 {
 	char err[1024];
-	hpud_conf c = D.conf;
-	if (hpud__trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
-	    hpud__conf_load(&c, D.conf_path, err, sizeof err) < 0 ||
-	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0 ||
+	hpud_conf c = hpud__D.conf;
+	if (hpud__trust_path(hpud__D.conf_path, "the configuration", err, sizeof err) < 0 ||
+	    hpud__conf_load(&c, hpud__D.conf_path, err, sizeof err) < 0 ||
+	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0 ||
 	    hpud__count_devices(&c, err, sizeof err) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		return;
 	}
-	if (strcmp(c.listen, D.conf.listen) || c.port != D.conf.port)
+	if (strcmp(c.listen, hpud__D.conf.listen) || c.port != hpud__D.conf.port)
 		hpud__logmsg(HPUD_LOG_WARN, "reload: listen/port changes take effect after a restart");
-	if (c.devices < D.conf.devices)
-		for (int i = c.devices; i < D.conf.devices; i++)
-			if (D.busy[i])
+	if (c.devices < hpud__D.conf.devices)
+		for (int i = c.devices; i < hpud__D.conf.devices; i++)
+			if (hpud__D.busy[i])
 				hpud__logmsg(HPUD_LOG_WARN, "reload: device %d is still in use by a job", i);
-	hpud_conf old = D.conf;
-	D.conf = c;
-	snprintf(D.conf.listen, sizeof D.conf.listen, "%s", old.listen);
-	D.conf.port = old.port;
-	if (hpud__resolve_user(&D.conf, err, sizeof err) < 0 ||
-	    hpud__trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
+	hpud_conf old = hpud__D.conf;
+	hpud__D.conf = c;
+	snprintf(hpud__D.conf.listen, sizeof hpud__D.conf.listen, "%s", old.listen);
+	hpud__D.conf.port = old.port;
+	if (hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
+	    hpud__trust_path(hpud__D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    hpud__load_key(err, sizeof err) < 0 ||
-	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0) {
+	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
-		D.conf = old;
-		hpud__resolve_user(&D.conf, err, sizeof err);
+		hpud__D.conf = old;
+		hpud__resolve_user(&hpud__D.conf, err, sizeof err);
 		return;
 	}
 	hpud__apply_log_level();
-	hpud__logmsg(HPUD_LOG_INFO, "configuration reloaded from %s", D.conf_path);
+	hpud__logmsg(HPUD_LOG_INFO, "configuration reloaded from %s", hpud__D.conf_path);
 }
 
 /* SIGHUP: rereads the configuration and the key (systemd hears that hpud
@@ -188,18 +188,18 @@ void hpud__on_hup(struct ev_loop *loop, ev_signal *w, int revents)
 void hpud__on_term(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)revents;
-	if (D.stopping) {
+	if (hpud__D.stopping) {
 		ev_break(loop, EVBREAK_ALL);
 		return;
 	}
-	D.stopping = 1;
+	hpud__D.stopping = 1;
 	hpud__logmsg(HPUD_LOG_INFO, "%s: cancelling the jobs and stopping",
 		     w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
 	hpud__notify("STOPPING=1");
 	int left = 0;
 	for (int i = 0; i < MAX_JOBS; i++)
-		if (D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended) {
-			hpu__nodejob_cancel(D.jobs[i].nj, "hpud is shutting down", 2);
+		if (hpud__D.jobs[i].used && hpud__D.jobs[i].nj && !hpud__D.jobs[i].ended) {
+			hpu__nodejob_cancel(hpud__D.jobs[i].nj, "hpud is shutting down", 2);
 			left++;
 		}
 	if (!left)

@@ -36,7 +36,7 @@
 #include "daemon/trust.h"
 #include "daemon/hpud.h"
 
-hpud_state D;
+hpud_state hpud__D;
 
 /* ---- start-up ---- */
 
@@ -93,8 +93,8 @@ static int help_doc(const char *format)
 /* hpu-worker next to this program, unless the configuration names one. */
 static int find_worker(char *err, size_t errlen)
 {
-	if (D.conf.worker[0]) {
-		snprintf(D.worker, sizeof D.worker, "%s", D.conf.worker);
+	if (hpud__D.conf.worker[0]) {
+		snprintf(hpud__D.worker, sizeof hpud__D.worker, "%s", hpud__D.conf.worker);
 	} else {
 		char self[PATH_MAX];
 		ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -104,15 +104,15 @@ static int find_worker(char *err, size_t errlen)
 			return -1;
 		}
 		*slash = 0;
-		if (strlen(self) + sizeof "/hpu-worker" > sizeof D.worker) {
+		if (strlen(self) + sizeof "/hpu-worker" > sizeof hpud__D.worker) {
 			snprintf(err, errlen, "the path of hpud is too long: set 'worker = PATH'");
 			return -1;
 		}
-		memcpy(D.worker, self, strlen(self));
-		memcpy(D.worker + strlen(self), "/hpu-worker", sizeof "/hpu-worker");
+		memcpy(hpud__D.worker, self, strlen(self));
+		memcpy(hpud__D.worker + strlen(self), "/hpu-worker", sizeof "/hpu-worker");
 	}
-	if (access(D.worker, X_OK) != 0) {
-		snprintf(err, errlen, "the worker program %.600s: %s", D.worker, strerror(errno));
+	if (access(hpud__D.worker, X_OK) != 0) {
+		snprintf(err, errlen, "the worker program %.600s: %s", hpud__D.worker, strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -122,7 +122,7 @@ int main(int argc, char **argv)
 {
 	char err[1024];
 	int check = 0;
-	D.conf_path = "/etc/hpud/hpud.conf";
+	hpud__D.conf_path = "/etc/hpud/hpud.conf";
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
 	if (hpu__log_init(err, sizeof err, "hpud") < 0) {
@@ -146,7 +146,7 @@ int main(int argc, char **argv)
 			       p.val);
 			return 0;
 		} else if (r == OPT_CONFIG) {
-			D.conf_path = p.val;
+			hpud__D.conf_path = p.val;
 		} else if (r == OPT_CHECK) {
 			check = 1;
 		} else if (r == OPT_LOG_LEVEL) {
@@ -156,7 +156,7 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			hpu__log_set_level(lvl);
-			D.log_level_fixed = 1;
+			hpud__D.log_level_fixed = 1;
 		} else if (r == HPU_OPT_MISSING) {
 			hpud__logmsg(HPUD_LOG_ERROR, "%s needs a value", p.arg);
 			usage(stderr);
@@ -167,27 +167,27 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	hpud__conf_defaults(&D.conf);
-	D.quarantine.log = hpud__logmsg;
+	hpud__conf_defaults(&hpud__D.conf);
+	hpud__D.quarantine.log = hpud__logmsg;
 	/* Nothing that someone else could have written is read or run
 	 * (daemon/trust.h): the configuration, the key, the worker program. */
-	if (hpud__trust_path(D.conf_path, "the configuration", err, sizeof err) < 0 ||
-	    hpud__conf_load(&D.conf, D.conf_path, err, sizeof err) < 0 ||
-	    hpud__resolve_user(&D.conf, err, sizeof err) < 0 ||
-	    hpud__trust_path(D.conf.key_path, "the key file", err, sizeof err) < 0 ||
+	if (hpud__trust_path(hpud__D.conf_path, "the configuration", err, sizeof err) < 0 ||
+	    hpud__conf_load(&hpud__D.conf, hpud__D.conf_path, err, sizeof err) < 0 ||
+	    hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
+	    hpud__trust_path(hpud__D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    hpud__load_key(err, sizeof err) < 0 || find_worker(err, sizeof err) < 0 ||
-	    hpud__trust_path(D.worker, "the worker program", err, sizeof err) < 0 ||
-	    hpud__count_devices(&D.conf, err, sizeof err) < 0) {
+	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0 ||
+	    hpud__count_devices(&hpud__D.conf, err, sizeof err) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
 	hpud__apply_log_level();
 	if (check) {
-		printf("hpud: %s is fine\n", D.conf_path);
+		printf("hpud: %s is fine\n", hpud__D.conf_path);
 		return 0;
 	}
-	D.loop = EV_DEFAULT;
-	if (hpu__auth_random_id(D.instance) < 0) {
+	hpud__D.loop = EV_DEFAULT;
+	if (hpu__auth_random_id(hpud__D.instance) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "cannot draw an instance id: the random generator failed");
 		return 1;
 	}
@@ -195,30 +195,30 @@ int main(int argc, char **argv)
 		hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
-	ev_timer_init(&D.tick, hpud__on_tick, 1.0, 1.0);
-	ev_timer_start(D.loop, &D.tick);
-	ev_prepare_init(&D.reap, hpud__on_reap);
-	D.out = (hpud_jobout){.loop = D.loop, .conf = &D.conf, .jobs = D.jobs, .njobs = MAX_JOBS,
-			      .reap = &D.reap, .pack = hpud__pack_env, .send = hpud__send_body, .log = hpud__logmsg};
-	hpud__jobout_init(&D.out);
-	ev_signal_init(&D.sigterm, hpud__on_term, SIGTERM);
-	ev_signal_init(&D.sigint, hpud__on_term, SIGINT);
-	ev_signal_init(&D.sighup, hpud__on_hup, SIGHUP);
-	ev_signal_start(D.loop, &D.sigterm);
-	ev_signal_start(D.loop, &D.sigint);
-	ev_signal_start(D.loop, &D.sighup);
+	ev_timer_init(&hpud__D.tick, hpud__on_tick, 1.0, 1.0);
+	ev_timer_start(hpud__D.loop, &hpud__D.tick);
+	ev_prepare_init(&hpud__D.reap, hpud__on_reap);
+	hpud__D.out = (hpud_jobout){.loop = hpud__D.loop, .conf = &hpud__D.conf, .jobs = hpud__D.jobs, .njobs = MAX_JOBS,
+			      .reap = &hpud__D.reap, .pack = hpud__pack_env, .send = hpud__send_body, .log = hpud__logmsg};
+	hpud__jobout_init(&hpud__D.out);
+	ev_signal_init(&hpud__D.sigterm, hpud__on_term, SIGTERM);
+	ev_signal_init(&hpud__D.sigint, hpud__on_term, SIGINT);
+	ev_signal_init(&hpud__D.sighup, hpud__on_hup, SIGHUP);
+	ev_signal_start(hpud__D.loop, &hpud__D.sigterm);
+	ev_signal_start(hpud__D.loop, &hpud__D.sigint);
+	ev_signal_start(hpud__D.loop, &hpud__D.sighup);
 	hpud__logmsg(HPUD_LOG_INFO, "listening on tcp://%s:%d, %d device%s, workers run as %s, worker %s, instance %s",
-		     D.conf.listen, D.conf.port, D.conf.devices, hpu__plural(D.conf.devices),
-		     D.set_user ? D.conf.user : "hpud's own user", D.worker, D.instance);
+		     hpud__D.conf.listen, hpud__D.conf.port, hpud__D.conf.devices, hpu__plural(hpud__D.conf.devices),
+		     hpud__D.set_user ? hpud__D.conf.user : "hpud's own user", hpud__D.worker, hpud__D.instance);
 	hpud__notify("READY=1"); /* the socket listens: connections are taken from now on */
-	ev_run(D.loop, 0);
+	ev_run(hpud__D.loop, 0);
 	for (int i = 0; i < MAX_JOBS; i++)
-		if (D.jobs[i].used)
-			hpud__release_job(&D.jobs[i]);
-	hpu__zwatch_stop(&D.zw);
-	zmq_close(D.sock);
-	hpu__zmq_ctx_term(D.ctx);
-	hpu__auth_destroy(&D.auth);
+		if (hpud__D.jobs[i].used)
+			hpud__release_job(&hpud__D.jobs[i]);
+	hpu__zwatch_stop(&hpud__D.zw);
+	zmq_close(hpud__D.sock);
+	hpu__zmq_ctx_term(hpud__D.ctx);
+	hpu__auth_destroy(&hpud__D.auth);
 	hpud__logmsg(HPUD_LOG_INFO, "stopped");
 	return 0;
 }

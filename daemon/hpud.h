@@ -75,10 +75,8 @@ typedef struct hpud_state {
 	hpud_quarantine quarantine;
 } hpud_state;
 
-/* The daemon (hpud.c); its files call it D (a macro: they include this
- * header after every other). */
+/* The daemon (hpud.c). */
 extern hpud_state hpud__D;
-#define D hpud__D
 
 /* ---- logging.c ---- */
 void hpud__apply_log_level(void);

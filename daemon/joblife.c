@@ -12,7 +12,7 @@ void hpud__on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 {
 	(void)nj;
 	(void)is_err;
-	hpud__jobout_line(&D.out, arg, rank, line, len);
+	hpud__jobout_line(&hpud__D.out, arg, rank, line, len);
 }
 
 /* Sends rank 0's latest record to the submitter. */
@@ -32,8 +32,8 @@ static void send_progress(job *j)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_PROGRESS;
 	env.progress = &p;
-	hpud__jobout_send(&D.out, j, &env, HPUD_JOB_PROGRESS, 0);
-	j->progress_at = ev_now(D.loop);
+	hpud__jobout_send(&hpud__D.out, j, &env, HPUD_JOB_PROGRESS, 0);
+	j->progress_at = ev_now(hpud__D.loop);
 	j->progress_phase = st.phase;
 }
 
@@ -56,13 +56,13 @@ void hpud__on_status(hpu_nodejob *nj, int rank, const hpu_status_rec *st, void *
 	if (rank != 0)
 		return;
 	j->progress_pending = 1;
-	double since = ev_now(D.loop) - j->progress_at;
+	double since = ev_now(hpud__D.loop) - j->progress_at;
 	if (since >= PROGRESS_EVERY_S || st->phase != j->progress_phase) {
-		ev_timer_stop(D.loop, &j->progress_timer);
+		ev_timer_stop(hpud__D.loop, &j->progress_timer);
 		send_progress(j);
 	} else if (!ev_is_active(&j->progress_timer)) {
 		ev_timer_set(&j->progress_timer, PROGRESS_EVERY_S - since, 0);
-		ev_timer_start(D.loop, &j->progress_timer);
+		ev_timer_start(hpud__D.loop, &j->progress_timer);
 	}
 }
 
@@ -82,7 +82,7 @@ void hpud__on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void *
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;
-	hpud__jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
+	hpud__jobout_send(&hpud__D.out, j, &env, HPUD_JOB_CONTROL, 0);
 }
 
 void hpud__on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
@@ -99,16 +99,16 @@ void hpud__on_end(hpu_nodejob *nj, int failed, const char *cause, void *arg)
 	e.node_rank = (uint32_t)j->node_rank;
 	e.ok = !failed;
 	e.reason = (char *)cause;
-	ev_timer_stop(D.loop, &j->progress_timer); /* nothing after the end */
+	ev_timer_stop(hpud__D.loop, &j->progress_timer); /* nothing after the end */
 	j->progress_pending = 0;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_JOB_END;
 	env.job_end = &e;
-	hpud__jobout_ending(&D.out, j); /* its drop notices, before the end */
-	hpud__jobout_send(&D.out, j, &env, HPUD_JOB_CONTROL, 0);
+	hpud__jobout_ending(&hpud__D.out, j); /* its drop notices, before the end */
+	hpud__jobout_send(&hpud__D.out, j, &env, HPUD_JOB_CONTROL, 0);
 	j->ended = 1; /* freed by hpud__on_reap, outside the job's own callbacks */
-	ev_prepare_start(D.loop, &D.reap);
-	if (!D.stopping)
+	ev_prepare_start(hpud__D.loop, &hpud__D.reap);
+	if (!hpud__D.stopping)
 		hpud__notify("");
 }
 
@@ -120,18 +120,18 @@ void hpud__on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
 	(void)revents;
 	ev_prepare_stop(loop, w);
 	for (int i = 0; i < MAX_JOBS; i++) {
-		job *j = &D.jobs[i];
+		job *j = &hpud__D.jobs[i];
 		if (!j->used || !j->ended)
 			continue;
-		if (!hpud__outq_peek(&j->out) || j->peer_gone || D.stopping)
+		if (!hpud__outq_peek(&j->out) || j->peer_gone || hpud__D.stopping)
 			hpud__release_job(j);
 		else
 			hpud__retire_job(j);
 	}
-	if (D.stopping) {
+	if (hpud__D.stopping) {
 		int left = 0;
 		for (int i = 0; i < MAX_JOBS; i++)
-			left += D.jobs[i].used;
+			left += hpud__D.jobs[i].used;
 		if (!left)
 			ev_break(loop, EVBREAK_ALL);
 	}

@@ -11,16 +11,16 @@
 int hpud__free_devices(void)
 {
 	int n = 0;
-	for (int i = 0; i < D.conf.devices; i++)
-		n += !D.busy[i];
+	for (int i = 0; i < hpud__D.conf.devices; i++)
+		n += !hpud__D.busy[i];
 	return n;
 }
 
 job *hpud__find_job(const char *id)
 {
 	for (int i = 0; i < MAX_JOBS; i++)
-		if (D.jobs[i].used && strcmp(D.jobs[i].id, id) == 0)
-			return &D.jobs[i];
+		if (hpud__D.jobs[i].used && strcmp(hpud__D.jobs[i].id, id) == 0)
+			return &hpud__D.jobs[i];
 	return NULL;
 }
 
@@ -36,7 +36,7 @@ void hpud__free_argv(char **argv)
 /* Whether jobs run as uids of their own (job_uids). */
 int hpud__own_uids(void)
 {
-	return D.set_user && D.conf.job_uid_first;
+	return hpud__D.set_user && hpud__D.conf.job_uid_first;
 }
 
 /* After j's workers and what they left were ended (hpu__nodejob_destroy):
@@ -47,7 +47,7 @@ static void check_job_uid(const job *j)
 	if (hpud__own_uids()) {
 		char whose[128];
 		snprintf(whose, sizeof whose, "left by job %s, which has ended", j->id);
-		hpud__quarantine_if_used(&D.quarantine, j->uid, whose);
+		hpud__quarantine_if_used(&hpud__D.quarantine, j->uid, whose);
 	}
 }
 
@@ -55,14 +55,14 @@ static void check_job_uid(const job *j)
  * Its messages may still wait for the submitter (retired: ended, no nj). */
 void hpud__retire_job(job *j)
 {
-	ev_timer_stop(D.loop, &j->progress_timer);
+	ev_timer_stop(hpud__D.loop, &j->progress_timer);
 	if (j->nj) {
 		hpu__nodejob_destroy(&j->nj);
 		check_job_uid(j);
 	}
 	for (int i = 0; i < j->devices; i++)
 		if (j->dev[i] >= 0 && j->dev[i] < MAX_DEVICES)
-			D.busy[j->dev[i]] = 0;
+			hpud__D.busy[j->dev[i]] = 0;
 	j->devices = 0;
 }
 

@@ -35,8 +35,8 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		return "job_token must be 1-128 bytes";
 	if (q->nodes < 1 || q->nodes > 4096 || q->node_rank >= q->nodes)
 		return "node_rank must be below nodes, and nodes in 1..4096";
-	if (q->devices < 1 || q->devices > (uint32_t)D.conf.devices) {
-		snprintf(why, len, "devices %u: this node has %d", q->devices, D.conf.devices);
+	if (q->devices < 1 || q->devices > (uint32_t)hpud__D.conf.devices) {
+		snprintf(why, len, "devices %u: this node has %d", q->devices, hpud__D.conf.devices);
 		return why;
 	}
 	if (q->n_node_devices && q->n_node_devices != q->nodes)
@@ -96,7 +96,7 @@ static char **worker_argv(const Hpu__LaunchRequest *q)
 	char **argv = calloc(q->n_argv + 2, sizeof *argv);
 	if (!argv)
 		return NULL;
-	argv[0] = strdup(D.worker);
+	argv[0] = strdup(hpud__D.worker);
 	for (size_t i = 0; i < q->n_argv; i++)
 		argv[i + 1] = strdup(q->argv[i]);
 	for (size_t i = 0; i < q->n_argv + 1; i++)
@@ -113,16 +113,16 @@ static int book_devices(job *j, char *why, size_t len)
 	int n = hpud__free_devices();
 	if (n < j->devices) {
 		int k = snprintf(why, len, "busy: this node has %d device%s, %d free, the job asks for %d",
-				 D.conf.devices, hpu__plural(D.conf.devices), n, j->devices);
+				 hpud__D.conf.devices, hpu__plural(hpud__D.conf.devices), n, j->devices);
 		for (int i = 0; i < MAX_JOBS && k > 0 && (size_t)k < len; i++)
-			if (D.jobs[i].used && D.jobs[i].nj)
+			if (hpud__D.jobs[i].used && hpud__D.jobs[i].nj)
 				k += snprintf(why + k, len - (size_t)k, "; job %s holds %d",
-					      D.jobs[i].id, D.jobs[i].devices);
+					      hpud__D.jobs[i].id, hpud__D.jobs[i].devices);
 		return -1;
 	}
-	for (int i = 0, k = 0; i < D.conf.devices && k < j->devices; i++)
-		if (!D.busy[i]) {
-			D.busy[i] = 1;
+	for (int i = 0, k = 0; i < hpud__D.conf.devices && k < j->devices; i++)
+		if (!hpud__D.busy[i]) {
+			hpud__D.busy[i] = 1;
 			j->dev[k++] = i;
 		}
 	return 0;
@@ -133,17 +133,17 @@ static int book_devices(job *j, char *why, size_t len)
  * 0, or -1 when there is none. */
 static int pick_uid(job *j)
 {
-	if (!D.conf.job_uid_first) {
-		j->uid = D.uid;
+	if (!hpud__D.conf.job_uid_first) {
+		j->uid = hpud__D.uid;
 		return 0;
 	}
-	for (unsigned u = D.conf.job_uid_first; u <= D.conf.job_uid_last; u++) {
-		int taken = hpud__quarantine_has(&D.quarantine, u);
+	for (unsigned u = hpud__D.conf.job_uid_first; u <= hpud__D.conf.job_uid_last; u++) {
+		int taken = hpud__quarantine_has(&hpud__D.quarantine, u);
 		for (int i = 0; i < MAX_JOBS && !taken; i++)
-			taken = D.jobs + i != j && D.jobs[i].used && D.jobs[i].uid == u;
+			taken = hpud__D.jobs + i != j && hpud__D.jobs[i].used && hpud__D.jobs[i].uid == u;
 		int n = taken || !hpud__own_uids()
 				? 0
-				: hpud__quarantine_if_used(&D.quarantine, u, "which no running job holds");
+				: hpud__quarantine_if_used(&hpud__D.quarantine, u, "which no running job holds");
 		if (!taken && !n) {
 			j->uid = u;
 			return 0;
@@ -158,14 +158,14 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	char why[600], err[1024];
 	const char *bad = check_launch(q, why, sizeof why);
 	const char *id = q->job_id && hpud__valid_id(q->job_id) ? q->job_id : "";
-	if (!bad && D.stopping)
+	if (!bad && hpud__D.stopping)
 		bad = "hpud is shutting down";
 	if (!bad && hpud__find_job(q->job_id))
 		bad = "a job with this id already runs on this node";
 	job *j = NULL;
 	for (int i = 0; !bad && i < MAX_JOBS && !j; i++)
-		if (!D.jobs[i].used)
-			j = &D.jobs[i];
+		if (!hpud__D.jobs[i].used)
+			j = &hpud__D.jobs[i];
 	if (!bad && !j)
 		bad = "too many jobs on this node";
 	if (bad) {
@@ -188,12 +188,12 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	j->max_restarts = (int)q->max_restarts;
 	j->peer = *peer;
 	snprintf(j->session, sizeof j->session, "%s", session);
-	j->started = j->last_ping = ev_now(D.loop);
+	j->started = j->last_ping = ev_now(hpud__D.loop);
 	ev_timer_init(&j->progress_timer, hpud__on_progress_timer, PROGRESS_EVERY_S, 0);
 	j->progress_timer.data = j;
 	if (pick_uid(j) < 0) {
 		snprintf(why, sizeof why, "all %u uids of job_uids are taken by running jobs or kept out of the pool (%d: processes still run under them)",
-			 D.conf.job_uid_last - D.conf.job_uid_first + 1, D.quarantine.n);
+			 hpud__D.conf.job_uid_last - hpud__D.conf.job_uid_first + 1, hpud__D.quarantine.n);
 		j->devices = 0;
 		hpud__release_job(j);
 		hpud__logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, why);
@@ -241,11 +241,11 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 		.transport = j->transport[0] ? j->transport : NULL,
 		.env = j->env,
 		.device_ids = j->dev,
-		.set_user = D.set_user,
+		.set_user = hpud__D.set_user,
 		.uid = j->uid,
-		.gid = D.gid,
-		.job_uid_first = hpud__own_uids() ? D.conf.job_uid_first : 0,
-		.job_uid_last = hpud__own_uids() ? D.conf.job_uid_last : 0,
+		.gid = hpud__D.gid,
+		.job_uid_first = hpud__own_uids() ? hpud__D.conf.job_uid_first : 0,
+		.job_uid_last = hpud__own_uids() ? hpud__D.conf.job_uid_last : 0,
 		.join_timeout_s = 300,
 		.agent_timeout_s = 10,
 		.grace_s = 2,
@@ -256,7 +256,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 		.on_end = hpud__on_end,
 		.arg = j,
 	};
-	if (!(j->nj = hpu__nodejob_start(D.loop, &jc, err, sizeof err))) {
+	if (!(j->nj = hpu__nodejob_start(hpud__D.loop, &jc, err, sizeof err))) {
 		hpud__logmsg(HPUD_LOG_WARN, "job %s from %s could not start: %s", id, addr, err);
 		hpud__reply_launch(peer, session, id, NULL, err);
 		hpud__release_job(j);
@@ -270,7 +270,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 		     j->id, attempt, addr, j->node_rank, j->nodes, j->devices, hpu__plural(j->devices),
 		     j->rank_base,
 		     j->rank_base + j->devices - 1, hpu__nodejob_world(j->nj),
-		     D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
+		     hpud__D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
 		     hpu__nodejob_master_port(j->nj));
 	hpud__reply_launch(peer, session, id, j, NULL);
 	hpud__notify("");

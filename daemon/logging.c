@@ -27,8 +27,8 @@ static hpu_log_level log_level_of(hpud_log_level lvl)
  * set the level. */
 void hpud__apply_log_level(void)
 {
-	if (!D.log_level_fixed && !hpu__log_level_from_env())
-		hpu__log_set_level(log_level_of(D.conf.log_level));
+	if (!hpud__D.log_level_fixed && !hpu__log_level_from_env())
+		hpu__log_set_level(log_level_of(hpud__D.conf.log_level));
 }
 
 
@@ -55,15 +55,15 @@ void hpud__notify(const char *state)
 {
 	int jobs = 0, busy = 0;
 	for (int i = 0; i < MAX_JOBS; i++)
-		jobs += D.jobs[i].used && D.jobs[i].nj && !D.jobs[i].ended;
-	for (int i = 0; i < D.conf.devices && i < MAX_DEVICES; i++)
-		busy += D.busy[i];
-	int r = D.stopping ? sd_notifyf(0, "%s%sSTATUS=stopping: %d job%s to end", state,
+		jobs += hpud__D.jobs[i].used && hpud__D.jobs[i].nj && !hpud__D.jobs[i].ended;
+	for (int i = 0; i < hpud__D.conf.devices && i < MAX_DEVICES; i++)
+		busy += hpud__D.busy[i];
+	int r = hpud__D.stopping ? sd_notifyf(0, "%s%sSTATUS=stopping: %d job%s to end", state,
 					*state ? "\n" : "", jobs, jobs == 1 ? "" : "s")
 			   : sd_notifyf(0, "%s%sSTATUS=listening on tcp://%s:%d: %d job%s, %d of %d device%s free",
-					state, *state ? "\n" : "", D.conf.listen, D.conf.port, jobs,
-					jobs == 1 ? "" : "s", D.conf.devices - busy, D.conf.devices,
-					hpu__plural(D.conf.devices));
+					state, *state ? "\n" : "", hpud__D.conf.listen, hpud__D.conf.port, jobs,
+					jobs == 1 ? "" : "s", hpud__D.conf.devices - busy, hpud__D.conf.devices,
+					hpu__plural(hpud__D.conf.devices));
 	static int warned;
 	if (r < 0 && !warned++)
 		hpud__logmsg(HPUD_LOG_WARN, "cannot notify systemd through NOTIFY_SOCKET: %s", strerror(-r));
@@ -71,16 +71,16 @@ void hpud__notify(const char *state)
 
 void hpud__log_refusal(const char *peer, const char *why)
 {
-	ev_tstamp now = ev_now(D.loop);
-	if (now - D.refuse_window >= 1.0) {
-		if (D.refused_dropped)
+	ev_tstamp now = ev_now(hpud__D.loop);
+	if (now - hpud__D.refuse_window >= 1.0) {
+		if (hpud__D.refused_dropped)
 			hpud__logmsg(HPUD_LOG_WARN, "%d more requests refused in the last second (not logged)",
-				     D.refused_dropped);
-		D.refuse_window = now;
-		D.refused_logged = D.refused_dropped = 0;
+				     hpud__D.refused_dropped);
+		hpud__D.refuse_window = now;
+		hpud__D.refused_logged = hpud__D.refused_dropped = 0;
 	}
-	if (D.refused_logged++ < 20)
+	if (hpud__D.refused_logged++ < 20)
 		hpud__logmsg(HPUD_LOG_WARN, "refused a request from %s: %s", peer, why);
 	else
-		D.refused_dropped++;
+		hpud__D.refused_dropped++;
 }

@@ -15,7 +15,7 @@
  * without memory); returns its length. */
 size_t hpud__pack_env(const char *session, Hpu__Envelope *env, uint8_t **body)
 {
-	env->instance = D.instance;
+	env->instance = hpud__D.instance;
 	env->session = (char *)session;
 	env->seq = 0;
 	return hpu__codec_pack(env, body);
@@ -36,29 +36,29 @@ int hpud__send_body(const hpu_codec_peer *peer, const uint8_t *body, size_t blen
 {
 	/* A submitter that is gone or slow must not block the daemon: with
 	 * ZMQ_ROUTER_MANDATORY a full queue refuses the routing id. */
-	if (zmq_send(D.sock, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+	if (zmq_send(hpud__D.sock, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
 		if (errno == EAGAIN)
 			return 1;
 		hpud__logmsg(HPUD_LOG_DEBUG, "a reply was dropped: %s", zmq_strerror(errno));
 		return -1;
 	}
 	Hpu__Envelope s = HPU__ENVELOPE__INIT;
-	s.seq = ++D.seq;
+	s.seq = ++hpud__D.seq;
 	uint8_t *tail = NULL, *whole = NULL, *frame = NULL;
 	size_t tlen = hpu__codec_pack(&s, &tail), flen = 0;
 	if (tail && (whole = malloc(blen + tlen))) {
 		memcpy(whole, body, blen);
 		memcpy(whole + blen, tail, tlen);
-		flen = hpu__auth_sign(D.auth, whole, blen + tlen, hpu__auth_now_ms(), &frame);
+		flen = hpu__auth_sign(hpud__D.auth, whole, blen + tlen, hpu__auth_now_ms(), &frame);
 	}
 	free(tail);
 	free(whole);
 	if (!frame) {
 		hpud__logmsg(HPUD_LOG_ERROR, "cannot sign a reply (out of memory?)");
-		zmq_send(D.sock, "", 0, ZMQ_DONTWAIT); /* ends what the routing id began */
+		zmq_send(hpud__D.sock, "", 0, ZMQ_DONTWAIT); /* ends what the routing id began */
 		return -1;
 	}
-	int rc = zmq_send(D.sock, frame, flen, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+	int rc = zmq_send(hpud__D.sock, frame, flen, ZMQ_DONTWAIT) < 0 ? -1 : 0;
 	if (rc < 0)
 		hpud__logmsg(HPUD_LOG_DEBUG, "a reply was dropped: %s", zmq_strerror(errno));
 	free(frame);

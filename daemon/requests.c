@@ -37,15 +37,15 @@ static void do_status(const hpu_codec_peer *peer, const char *session)
 	 * all (without memory, the reply goes without them) */
 	size_t want = 0, used = 0, n = 0;
 	for (int i = 0; i < MAX_JOBS; i++)
-		if (D.jobs[i].used && D.jobs[i].nj)
-			want += (size_t)(D.jobs[i].devices < MAX_STATUS_RANKS ? D.jobs[i].devices
+		if (hpud__D.jobs[i].used && hpud__D.jobs[i].nj)
+			want += (size_t)(hpud__D.jobs[i].devices < MAX_STATUS_RANKS ? hpud__D.jobs[i].devices
 									      : MAX_STATUS_RANKS);
 	if (want > MAX_REPLY_RANKS)
 		want = MAX_REPLY_RANKS;
 	Hpu__RankStatus *rs = calloc(want ? want : 1, sizeof *rs);
 	Hpu__RankStatus **rsp = calloc(want ? want : 1, sizeof *rsp);
 	for (int i = 0; i < MAX_JOBS; i++) {
-		job *j = &D.jobs[i];
+		job *j = &hpud__D.jobs[i];
 		if (!j->used || !j->nj)
 			continue;
 		hpu__job_status__init(&st[n]);
@@ -56,7 +56,7 @@ static void do_status(const hpu_codec_peer *peer, const char *session)
 			ids[n][k] = (uint32_t)j->dev[k];
 		st[n].device_ids = ids[n];
 		st[n].live_workers = (uint32_t)hpu__nodejob_live(j->nj);
-		st[n].seconds = ev_now(D.loop) - j->started;
+		st[n].seconds = ev_now(hpud__D.loop) - j->started;
 		st[n].submitter = j->peer_addr;
 		if (rs && rsp) {
 			size_t left = want - used;
@@ -71,7 +71,7 @@ static void do_status(const hpu_codec_peer *peer, const char *session)
 	Hpu__StatusReply r = HPU__STATUS_REPLY__INIT;
 	r.n_jobs = n;
 	r.jobs = stp;
-	r.devices_total = (uint32_t)D.conf.devices;
+	r.devices_total = (uint32_t)hpud__D.conf.devices;
 	r.devices_free = (uint32_t)hpud__free_devices();
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
@@ -101,7 +101,7 @@ static void do_ping(const hpu_codec_peer *peer, const char *session, const Hpu__
 {
 	job *j = p->job_id ? hpud__find_job(p->job_id) : NULL;
 	if (j)
-		j->last_ping = ev_now(D.loop);
+		j->last_ping = ev_now(hpud__D.loop);
 	Hpu__Ping pong = HPU__PING__INIT;
 	pong.job_id = p->job_id ? p->job_id : "";
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
@@ -114,7 +114,7 @@ static void do_ping(const hpu_codec_peer *peer, const char *session, const Hpu__
 static void do_hello(const hpu_codec_peer *peer, const char *session)
 {
 	Hpu__HelloReply r = HPU__HELLO_REPLY__INIT;
-	r.instance = D.instance;
+	r.instance = hpud__D.instance;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_HELLO_REPLY;
 	env.hello_reply = &r;
@@ -133,11 +133,11 @@ static const char *check_binding(const Hpu__Envelope *m, char *why, size_t len)
 	if (!m->instance || !*m->instance)
 		return "no hpud instance id: the submitter must say hello first "
 		       "(is it an older hpulaunch?)";
-	if (strcmp(m->instance, D.instance) != 0) {
+	if (strcmp(m->instance, hpud__D.instance) != 0) {
 		snprintf(why, len,
 			 "signed for another hpud or before a restart (for instance %.40s, "
 			 "this hpud is %s): a replay?",
-			 hpud__valid_id(m->instance) ? m->instance : "(not an id)", D.instance);
+			 hpud__valid_id(m->instance) ? m->instance : "(not an id)", hpud__D.instance);
 		return why;
 	}
 	return NULL;
@@ -149,7 +149,7 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 	char why[256];
 	const void *body;
 	size_t blen;
-	if (hpu__auth_verify(D.auth, frame, len, hpu__auth_now_ms(), &body, &blen, why,
+	if (hpu__auth_verify(hpud__D.auth, frame, len, hpu__auth_now_ms(), &body, &blen, why,
 			     sizeof why) < 0) {
 		hpud__log_refusal(addr, why);
 		return;
@@ -236,20 +236,20 @@ static void on_sock(hpu_zwatch *w, void *arg)
 int hpud__open_socket(char *err, size_t errlen)
 {
 	char ep[128];
-	snprintf(ep, sizeof ep, "tcp://%s:%d", D.conf.listen, D.conf.port);
+	snprintf(ep, sizeof ep, "tcp://%s:%d", hpud__D.conf.listen, hpud__D.conf.port);
 	int64_t maxmsg = HPU_AUTH_MAX_FRAME;
 	/* A peer's queue holds a few messages, and says when it is full
 	 * (mandatory: EAGAIN rather than a silent drop): a job's output waits
 	 * in its own queue, counted in bytes (joboutput.h). */
 	int linger = 1000, hwm = PEER_QUEUE_MSGS, mandatory = 1;
-	D.ctx = zmq_ctx_new();
-	D.sock = D.ctx ? zmq_socket(D.ctx, ZMQ_ROUTER) : NULL;
-	if (!D.sock || zmq_setsockopt(D.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
-	    zmq_setsockopt(D.sock, ZMQ_LINGER, &linger, sizeof linger) ||
-	    zmq_setsockopt(D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
-	    zmq_setsockopt(D.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) ||
-	    zmq_bind(D.sock, ep) ||
-	    hpu__zwatch_start(&D.zw, D.loop, D.sock, on_sock, NULL)) {
+	hpud__D.ctx = zmq_ctx_new();
+	hpud__D.sock = hpud__D.ctx ? zmq_socket(hpud__D.ctx, ZMQ_ROUTER) : NULL;
+	if (!hpud__D.sock || zmq_setsockopt(hpud__D.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+	    zmq_setsockopt(hpud__D.sock, ZMQ_LINGER, &linger, sizeof linger) ||
+	    zmq_setsockopt(hpud__D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
+	    zmq_setsockopt(hpud__D.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) ||
+	    zmq_bind(hpud__D.sock, ep) ||
+	    hpu__zwatch_start(&hpud__D.zw, hpud__D.loop, hpud__D.sock, on_sock, NULL)) {
 		snprintf(err, errlen, "cannot listen on %s: %s", ep, zmq_strerror(errno));
 		return -1;
 	}
