@@ -6,6 +6,7 @@
 #include "ckpt/ckpt.h"
 #include "common/num.h"
 #include "common/opt.h"
+#include "common/shapetext.h"
 #include "tools/hpu_ckpt_impl.h"
 #include "tools/tool.h"
 
@@ -44,16 +45,6 @@ static void print_fields(const char *label, const cJSON *o)
 	printf("\n");
 }
 
-/* "[1024, 784]" */
-static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n)
-{
-	size_t at = (size_t)snprintf(buf, n, "[");
-	for (int d = 0; d < ndim && at < n; d++)
-		at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "",
-				       (long long)shape[d]);
-	if (at < n)
-		snprintf(buf + at, n - at, "]");
-}
 
 /* The buffers, at most SHOW_PARAMS of them: name, shape, floats, sync
  * (nothing for a model without: its lines stay as they were). */
@@ -67,7 +58,7 @@ static void print_buffers(const hpu_ckpt *c)
 	char shape[SHOW_PARAMS][160];
 	for (int i = 0; i < c->nbuffers && i < SHOW_PARAMS; i++) {
 		w = (int)strlen(c->buffers[i].name) > w ? (int)strlen(c->buffers[i].name) : w;
-		shape_text(c->buffers[i].ndim, c->buffers[i].shape, shape[i], sizeof shape[i]);
+		hpu__shape_text(shape[i], sizeof shape[i], c->buffers[i].ndim, c->buffers[i].shape);
 		ws = (int)strlen(shape[i]) > ws ? (int)strlen(shape[i]) : ws;
 	}
 	for (int i = 0; i < c->nbuffers && i < SHOW_PARAMS; i++)
@@ -182,7 +173,7 @@ static void print_details(const hpu_ckpt *c)
 	int ws = 0;
 	for (int i = 0; i < c->nparams && i < SHOW_PARAMS; i++) {
 		w = (int)strlen(c->params[i].name) > w ? (int)strlen(c->params[i].name) : w;
-		shape_text(c->params[i].ndim, c->params[i].shape, shape[i], sizeof shape[i]);
+		hpu__shape_text(shape[i], sizeof shape[i], c->params[i].ndim, c->params[i].shape);
 		ws = (int)strlen(shape[i]) > ws ? (int)strlen(shape[i]) : ws;
 	}
 	for (int i = 0; i < c->nparams && i < SHOW_PARAMS; i++)

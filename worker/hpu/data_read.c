@@ -8,6 +8,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "common/shapetext.h"
+
 /* Where bytes come from: a file through zlib (gzipped or not), or
  * memory (an .npz member). */
 typedef struct rd {
@@ -76,16 +78,6 @@ static void swap_bytes(void *data, size_t n, size_t size)
 		}
 }
 
-static const char *shape_str(char *buf, size_t len, const hpu_array *a)
-{
-	int n = snprintf(buf, len, "[");
-	for (int d = 0; d < a->ndim && n > 0 && (size_t)n < len; d++)
-		n += snprintf(buf + n, len - (size_t)n, "%s%lld", d ? ", " : "", (long long)a->shape[d]);
-	if (n > 0 && (size_t)n < len)
-		snprintf(buf + n, len - (size_t)n, "]");
-	return buf;
-}
-
 /* Reads a's data, which must end the file exactly; swaps it to the
  * host's order when the file's (big_endian) differs. */
 static int read_body(rd *r, const hpu__dfile *f, hpu_array *a, int big_endian)
@@ -96,11 +88,11 @@ static int read_body(rd *r, const hpu__dfile *f, hpu_array *a, int big_endian)
 		return hpu__data_fail(f, "corrupt gzip data");
 	if (got < want)
 		return hpu__data_fail(f, "truncated: the header says %s of %s, %zu bytes of data, but only %zu follow",
-				      shape_str(sh, sizeof sh, a), hpu_data_type_name(a->type), want, got);
+				      hpu__shape_text(sh, sizeof sh, a->ndim, a->shape), hpu_data_type_name(a->type), want, got);
 	uint8_t extra;
 	if (rd_read(r, &extra, 1) == 1)
 		return hpu__data_fail(f, "mis-shaped: more data follows than the header's %s of %s (%zu bytes) holds",
-				      shape_str(sh, sizeof sh, a), hpu_data_type_name(a->type), want);
+				      hpu__shape_text(sh, sizeof sh, a->ndim, a->shape), hpu_data_type_name(a->type), want);
 	size_t size = hpu_data_type_size(a->type);
 	if (size > 1 && big_endian == host_is_le())
 		swap_bytes(a->data, a->count * a->row_numel, size);

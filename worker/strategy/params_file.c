@@ -9,6 +9,7 @@
 
 #include "ckpt/safetensors.h"
 #include "common/fileio.h"
+#include "common/shapetext.h"
 #include "options/config.h"
 
 static int ends_with(const char *s, const char *tail)
@@ -102,15 +103,6 @@ static int same_shape(const hpu_st_tensor *t, int ndim, const int64_t *shape)
 	return 1;
 }
 
-static void shape_str(char *s, size_t n, int ndim, const int64_t *shape)
-{
-	size_t k = (size_t)snprintf(s, n, "[");
-	for (int d = 0; d < ndim && k < n; d++)
-		k += (size_t)snprintf(s + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
-	if (k < n)
-		snprintf(s + k, n - k, "]");
-}
-
 /* Every parameter of b in t (F32, its shape), every tensor of t one of b's
  * parameters or buffers: b->load_at filled. 0, or -1 with err. */
 static int match(hpu_builder *b, const hpu_st_tensor *t, int n, uint64_t data_at,
@@ -141,13 +133,13 @@ static int match(hpu_builder *b, const hpu_st_tensor *t, int n, uint64_t data_at
 		for (int k = 0; k < n && !m; k++)
 			if (!strcmp(t[k].name, p->name))
 				m = &t[k];
-		shape_str(want, sizeof want, p->ndim, p->shape);
+		hpu__shape_text(want, sizeof want, p->ndim, p->shape);
 		if (!m) {
 			snprintf(err, errlen, "--load-params %s: parameter \"%s\" (F32 %s) is missing",
 				 path, p->name, want);
 			return -1;
 		}
-		shape_str(got, sizeof got, m->ndim, m->shape);
+		hpu__shape_text(got, sizeof got, m->ndim, m->shape);
 		if (strcmp(m->dtype, "F32") || !same_shape(m, p->ndim, p->shape)) {
 			snprintf(err, errlen,
 				 "--load-params %s: parameter \"%s\" is %s %s in the file, but %s "

@@ -12,6 +12,7 @@
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
 #include "common/fileio.h"
+#include "common/shapetext.h"
 #include "worker/strategy/strategy_impl.h"
 
 /* Parameter i's first float in the canonical space. */
@@ -475,16 +476,6 @@ int hpu__strat_gather_all(hpu_strat *s, float *dst)
 	return each_full_unit(s, copy_unit, dst, "for a hook");
 }
 
-/* "[2, 3]" */
-static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n)
-{
-	size_t at = (size_t)snprintf(buf, n, "[");
-	for (int d = 0; d < ndim && at < n; d++)
-		at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "",
-				       (long long)shape[d]);
-	if (at < n)
-		snprintf(buf + at, n - at, "]");
-}
 
 /* The checkpoint's buffers, matched to the model's by name and shape, into
  * dst (host memory laid out as s->B) at each buffer's place (its padding
@@ -523,8 +514,8 @@ int hpu__strat_resume_buffers(hpu_strat *s, float *dst)
 			same = q->shape[d] == bi->shape[d];
 		if (!same) {
 			char there[160], here[160];
-			shape_text(q->ndim, q->shape, there, sizeof there);
-			shape_text(bi->ndim, bi->shape, here, sizeof here);
+			hpu__shape_text(there, sizeof there, q->ndim, q->shape);
+			hpu__shape_text(here, sizeof here, bi->ndim, bi->shape);
 			return hpu__strat_fail(s,
 					       "checkpoint %s: buffer %s is %s there, %s in "
 					       "the model %s",
