@@ -51,13 +51,13 @@ build_needs=(
 # What the tests and the demo need besides.
 testing=(
   libcmocka-dev
-  clang libclang-rt-14-dev iproute2
+  clang libclang-rt-14-dev iproute2 iptables
   gnuplot-nox
   man-db
   dataset-fashion-mnist
 )
 test_needs=(
-  file:/usr/include/cmocka.h prog:clang prog:ip prog:unshare prog:gnuplot prog:man
+  file:/usr/include/cmocka.h prog:clang prog:ip prog:iptables prog:unshare prog:gnuplot prog:man
   file:/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
   file:/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
 )

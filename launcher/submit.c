@@ -43,6 +43,8 @@ typedef struct node {
 				 * hpud may have accepted it (a cancel goes
 				 * to it all the same) */
 	int reconnect;          /* lost: a new connection before the next hello */
+	int cancelled;          /* we cancelled its part while it ran: its end,
+				 * "cancelled by the submitter", is not a cause */
 	char reason[700];
 	double last_heard;
 	char session[HPU_AUTH_ID_HEX + 1];      /* ours, new at every hello */
@@ -573,6 +575,9 @@ static void cancel_all(void)
 	env.msg_case = HPU__ENVELOPE__MSG_CANCEL;
 	env.cancel = &c;
 	send_all(&env);
+	for (int i = 0; i < S.nn; i++)
+		if (may_run(&S.n[i]))
+			S.n[i].cancelled = 1;
 }
 
 static void ping_all(void)
@@ -594,20 +599,29 @@ static int all_ended(void)
 }
 
 /* The job's outcome: 0, or 1 with the root cause in cause and printed. A
- * daemon the submitter lost is the cause (and was said when it happened);
- * otherwise node 0's reason is the coordinator's, so it is preferred. */
+ * daemon the submitter lost is the cause (and was said when it happened).
+ * Otherwise a node that reported its part failed before we cancelled it
+ * is preferred over one we cancelled (its reason is our cancel), one gone
+ * silent or one that never ended; among reporters node 0's reason is the
+ * coordinator's, so it is preferred. */
 static int outcome(char *cause, size_t len)
 {
 	if (S.lost) {
 		snprintf(cause, len, "%s", S.lost_cause);
 		return 1;
 	}
-	int bad = -1;
-	for (int i = 0; i < S.nn; i++)
-		if (S.n[i].launched && (!S.n[i].ended || !S.n[i].ok)) {
-			if (bad < 0 || (i == 0 && S.n[i].reason[0]))
-				bad = i;
+	int bad = -1, best = -1;
+	for (int i = 0; i < S.nn; i++) {
+		const node *nd = &S.n[i];
+		if (!nd->launched || (nd->ended && nd->ok))
+			continue;
+		int reported = nd->ended && !nd->reconnect && !nd->cancelled && nd->reason[0];
+		int score = reported ? 2 + (i == 0) : nd->reason[0] ? 1 : 0;
+		if (score > best) {
+			best = score;
+			bad = i;
 		}
+	}
 	if (bad < 0)
 		return 0;
 	node *nd = &S.n[bad];
@@ -744,7 +758,7 @@ static int launch_all(int restart)
 	S.lost = 0;
 	for (int i = 0; i < S.nn; i++) {
 		node *nd = &S.n[i];
-		nd->launched = nd->requested = nd->ended = nd->ok = 0;
+		nd->launched = nd->requested = nd->ended = nd->ok = nd->cancelled = 0;
 		nd->reason[0] = 0;
 		nd->last_heard = now_s();
 	}
