@@ -119,19 +119,39 @@ static void coord_where(int rank, char *out, size_t outlen, void *arg)
 	rank_where(arg, rank, out, outlen);
 }
 
+/* The node that runs rank r (node_devices, else `devices` each), or -1. */
+static int rank_node(const hpu_nodejob *j, int r)
+{
+	if (r < 0 || r >= j->world)
+		return -1;
+	if (!j->cfg.node_devices)
+		return j->cfg.devices > 0 ? r / j->cfg.devices : -1;
+	for (int n = 0; n < j->cfg.nodes; n++) {
+		if (r < j->cfg.node_devices[n])
+			return n;
+		r -= j->cfg.node_devices[n];
+	}
+	return -1;
+}
+
 /* The cause when rank `reporter` failed because of rank `culprit`: node
- * 0 names it from the rank table, the others by its rank and position. */
+ * 0 names it from the rank table, the others by its rank, its node (from
+ * the layout) and position. A node other than 0 may be the one whose
+ * report the submitter takes (node 0 cancelled before it heard). */
 static void blame(hpu_nodejob *j, int culprit, hpu_blame how, int reporter, char *out,
 		  size_t outlen)
 {
-	char where[128] = "";
+	char where[128] = "", who[32] = "";
 	if (j->coord) {
 		hpu__coord_blame(j->coord, culprit, how, reporter, out, outlen);
 		return;
 	}
 	if (how == HPU_BLAME_SILENT)
 		rank_where(j, culprit, where, sizeof where);
-	hpu__describe_blame(culprit, how, "", where, reporter, out, outlen);
+	int node = rank_node(j, culprit);
+	if (node >= 0)
+		snprintf(who, sizeof who, " (node %d)", node);
+	hpu__describe_blame(culprit, how, who, where, reporter, out, outlen);
 }
 
 static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)

@@ -115,6 +115,33 @@ static void test_node_killed_blamed(void **state)
 	h_free(&n1);
 }
 
+/* The mirror: node 0's hpulaunch is killed. Node 1's worker finds rank 0
+ * gone, and node 1's error names rank 0's node from the layout (node 1
+ * has no rank table), as its report may be the one a submitter prints. */
+static void test_node0_killed_blamed(void **state)
+{
+	(void)state;
+	proc n0, n1;
+	const char *opts[] = {"--max-steps", "100000", "--log-every", "1", "--no-eval", NULL};
+	start_mlp_pair(&n0, &n1, opts, "16");
+	assert_int_equal(h_wait_for(&n0, "step 3/", 120000), 0);
+	kill(n0.pid, SIGKILL);
+	int e1 = h_wait(&n1, 60000);
+	h_wait(&n0, 10000);
+	const char *err = n1.out ? strstr(n1.out, "hpulaunch: error: ") : NULL;
+	printf("node 1: exit %d: %.300s\n", e1 ? -1 : h_code(&n1), err ? err : "(no error)");
+	if (e1)
+		h_kill(&n1);
+	assert_int_equal(e1, 0);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(err);
+	const char *want = "hpulaunch: error: rank 0 (node 0) died; rank 1 found it gone";
+	if (strncmp(err, want, strlen(want)))
+		fail_msg("node 1's error does not blame rank 0 on node 0:\n%s", n1.out);
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* Two nodes (two hpulaunch processes) on loopback train together. */
 static void test_two_nodes(void **state)
 {
@@ -397,6 +424,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_node_killed_blamed),
+		cmocka_unit_test(test_node0_killed_blamed),
 		cmocka_unit_test(test_two_nodes_remote_failure),
 		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_two_nodes_options_differ),
