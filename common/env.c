@@ -66,6 +66,10 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "step ends the worker naming it, as a recorded step (--graphs) "
 	    "could not do it on a GPU (tests; meant for 1 worker: between "
 	    "workers cpu-strict stages the collectives through host memory)"),
+	VAR(HPU_GRAPHS_FAIL_BEGIN, "", "hpu-worker",
+	    "tests: the rank (a number) whose --graphs recordings fail to "
+	    "begin, as running out of host memory would make them; the ranks "
+	    "then agree to run that step eagerly"),
 	VAR(HPU_CUDA_MODULE, "", "hpu-worker, test_cuda_device",
 	    "the CUDA device's module to load for --device cuda or auto "
 	    "(default: hpudev_cuda.so in ../lib or ../LIBDIR/hputrain beside "

@@ -700,6 +700,42 @@ static void test_two_workers_one_refuses(void **state)
 	free(o[1]);
 }
 
+/* At 2 workers, rank 1's recording does not begin (out of host memory
+ * would do it; HPU_GRAPHS_FAIL_BEGIN=1 here) while rank 0 records: rank
+ * 1 takes part in rank 0's agreement as the refused one, both run the
+ * step eagerly, and every later step too. Before, rank 1 ran the step
+ * eagerly while rank 0 recorded: their collectives no longer matched. */
+static void test_two_workers_one_unbegun(void **state)
+{
+	(void)state;
+	const char *name[2] = {"unbegun-eager", "unbegun-graphs"};
+	char *o[2];
+	for (int g = 0; g < 2; g++) {
+		if (g)
+			setenv("HPU_GRAPHS_FAIL_BEGIN", "1", 1);
+		o[g] = train(name[g], 2, "cpu", g, NULL, NULL, "--max-steps", "6", "--no-eval", NULL);
+		unsetenv("HPU_GRAPHS_FAIL_BEGIN");
+	}
+	const char *why = strstr(o[1], "graphs: step 3: the step of 16 samples is not recorded: ");
+	printf("  %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "rank 1's recording was refused: the recording could not begin "
+				    "(HPU_GRAPHS_FAIL_BEGIN names rank 1, "));
+	assert_non_null(strstr(o[1], "[rank 1] hpu-worker: rank 1: --graphs: the recording could "
+				     "not begin (HPU_GRAPHS_FAIL_BEGIN names rank 1, as running out of "
+				     "host memory would); the training steps and evaluation batches "
+				     "run eagerly on this rank, and steps on every rank"));
+	assert_null(strstr(o[1], "[rank 0] hpu-worker: rank 0: --graphs: the recording could"));
+	long replayed, recorded, eager;
+	replays(o[1], &replayed, &recorded, &eager);
+	assert_int_equal(replayed, 0);
+	assert_int_equal(recorded, 0);
+	assert_int_equal(eager, 6);
+	assert_true(same_file(name[0], name[1]));
+	free(o[0]);
+	free(o[1]);
+}
+
 /* ---- 2 workers: their collectives recorded as host calls ---- */
 
 /* The matrix at 2 workers: each step's collectives (the gradients'
@@ -901,6 +937,53 @@ static void test_two_workers_buffers(void **state)
 	free(ob);
 }
 
+/* On --device cpu a custom layer's C loops over its buffers (the
+ * buffer_model's shift layer updates running_mean and count in each
+ * training forward) run while the step is recorded: the recording is
+ * refused and the step runs eagerly. What host code changed in device
+ * memory during the refused recording is put back first, so the step's
+ * buffer update happens once: buffers and parameters are eager's, at 1
+ * and 2 workers. (They were updated twice: count 6 after 5 steps.) */
+static void test_refused_runs_once(void **state)
+{
+	(void)state;
+	const char *bm = h_build("lib/buffer_model.so");
+	for (int w = 1; w <= 2; w++) {
+		char name[2][32], bufs[2][128], margs[2][300];
+		for (int g = 0; g < 2; g++) {
+			snprintf(name[g], sizeof name[g], "once-%d-%s", w, g ? "graphs" : "eager");
+			snprintf(bufs[g], sizeof bufs[g], "%s/%s.buffers", dir, name[g]);
+			snprintf(margs[g], sizeof margs[g], "--save-buffers %s", bufs[g]);
+		}
+		char *o[2];
+		for (int g = 0; g < 2; g++)
+			o[g] = train(name[g], w, "cpu", g, bm, margs[g], "--max-steps", "5", "--no-eval",
+				     NULL);
+		const char *why = strstr(o[1], "graphs: step 3: the step of ");
+		printf("  %d worker%s: %.*s\n", w, w > 1 ? "s" : "", why ? 110 : 4,
+		       why ? why : "none");
+		assert_non_null(why);
+		assert_non_null(strstr(why, "is not recorded: host code touched device memory"));
+		size_t na = 0, nb = 0;
+		char *a = h_slurp_n(bufs[0], &na), *b = h_slurp_n(bufs[1], &nb);
+		assert_non_null(a);
+		assert_non_null(b);
+		assert_true(na == nb && na > 0 && memcmp(a, b, na) == 0);
+		free(a);
+		free(b);
+		char pa[512], pb[512]; /* same_file's, for a file of 4 parameters */
+		snprintf(pa, sizeof pa, "%s/%s.bin", dir, name[0]);
+		snprintf(pb, sizeof pb, "%s/%s.bin", dir, name[1]);
+		a = h_slurp_n(pa, &na);
+		b = h_slurp_n(pb, &nb);
+		assert_true(a && b && na == nb && na > 0 && memcmp(a, b, na) == 0);
+		free(a);
+		free(b);
+		free(o[0]);
+		free(o[1]);
+	}
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -1035,7 +1118,9 @@ int main(void)
 	    cmocka_unit_test(test_two_workers_killed_eval),
 	    cmocka_unit_test(test_two_workers_refused),
 	    cmocka_unit_test(test_two_workers_one_refuses),
+	    cmocka_unit_test(test_two_workers_one_unbegun),
 	    cmocka_unit_test(test_two_workers_buffers),
+	    cmocka_unit_test(test_refused_runs_once),
 	    cmocka_unit_test(test_two_workers_zero3_eval),
 	    cmocka_unit_test(test_nvme_eval_refused),
 	};

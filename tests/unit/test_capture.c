@@ -466,8 +466,10 @@ static void test_refusals_cpu(void **state)
 /* --device cpu --graphs: host code's own loops over device memory (a
  * custom layer's, which --device cpu allows) are no call a recording
  * holds: while recording the arena is closed, such an access runs (its
- * fault reopens the arena) and refuses the recording, naming the block;
- * the next recording without one is kept. */
+ * fault opens the page) and refuses the recording, naming the block; the
+ * refusal puts back what it wrote in a block in use before the recording
+ * began (the step runs again eagerly: once), not in one taken while
+ * recording; the next recording without one is kept. */
 static void test_host_touch_cpu(void **state)
 {
 	(void)state;
@@ -478,6 +480,10 @@ static void test_host_touch_cpu(void **state)
 	assert_int_equal(begin(), 0);
 	hpu__dev_memset(NULL, d, 0x7f, 64 * 4); /* recorded: never runs */
 	((volatile float *)d)[3] = 5.0f;          /* the host's own write: runs now */
+	assert_true(((volatile float *)d)[3] == 5.0f);
+	float *n = hpu__dev_alloc(HPU_MEM_ACTS, 64 * 4, "taken while recording");
+	assert_non_null(n);
+	((volatile float *)n)[1] = 7.0f;
 	hpu__dev_graph *g = NULL;
 	char why[512];
 	assert_int_equal(end(&g, why, sizeof why), 1);
@@ -485,7 +491,10 @@ static void test_host_touch_cpu(void **state)
 	printf("  refused: %s\n", why);
 	assert_non_null(strstr(why, "host code touched device memory at "));
 	assert_non_null(strstr(why, "(ACTS block 'touched') while a step was recorded"));
-	assert_true(((volatile float *)d)[3] == 5.0f && d[0] == 0.0f); /* open again */
+	/* open again; the write put back, the new block's kept */
+	assert_true(((volatile float *)d)[3] == 0.0f && d[0] == 0.0f);
+	assert_true(((volatile float *)n)[1] == 7.0f);
+	hpu__dev_free(n);
 	assert_int_equal(begin(), 0);
 	hpu__dev_memset(NULL, d, 0, 64 * 4);
 	assert_int_equal(end(&g, why, sizeof why), 0);

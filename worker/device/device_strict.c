@@ -57,8 +57,12 @@ typedef struct extent {
 typedef struct label {
 	size_t off, len;
 	int kind; /* -1: pages mapped, not yet labelled */
+	size_t user;       /* where labelled: its user part's offset */
+	unsigned long seq; /* where labelled: the labelling's number */
 	char what[96];
 } label;
+
+static unsigned long label_seq; /* labellings so far (under A.mu) */
 
 static struct {
 	pthread_mutex_t mu;
@@ -181,6 +185,8 @@ static void arena_label(void *user, size_t bytes, hpu_mem_kind kind, const char 
 		label *l = &A.live[i];
 		if (at >= l->off && at < l->off + l->len) {
 			l->kind = what ? (int)kind : -1;
+			l->user = at;
+			l->seq = ++label_seq;
 			snprintf(l->what, sizeof l->what, "%s", what ? what : "");
 			break;
 		}
@@ -359,11 +365,29 @@ const hpu__device hpu__dev_cpu_strict = {
 /* While a step is recorded the arena is closed (rec_guard):
  * a recording holds the kernels' calls, never host code's own loops over
  * device memory (a custom layer's C loops, which --device cpu allows),
- * so such an access is not part of the recording. Its fault reopens the
- * arena, lets the access run and is kept (the address) for the
- * recording's end, which refuses the recording. */
+ * so such an access is not part of the recording. Its fault opens the
+ * page, lets the access run and is kept (the first address) for the
+ * recording's end, which refuses the recording; the step then runs
+ * eagerly. So that it runs once, not twice, each page is copied (R.save)
+ * before host code's first access to it, and a refused recording puts
+ * back what host code changed there in the blocks that were in use
+ * before it began (their user parts: devmem's headers stay as they are;
+ * blocks taken while recording are the recording's own, and so are
+ * pages past R.pages). Without room for the copies (R.save NULL), the
+ * first fault opens the whole arena, as it did before. */
 static volatile sig_atomic_t rec_guarded;
 static void *volatile rec_touched;
+
+static struct {
+	char *save;              /* [pages * PAGE_BYTES], MAP_NORESERVE */
+	unsigned long *claimed;  /* a page's copy is being made / is made */
+	unsigned long *saved;
+	size_t pages, bytes;
+	unsigned long seq0;      /* labels numbered before it began */
+} R;
+
+#define BIT(p) (1UL << ((p) % (8 * sizeof(unsigned long))))
+#define WORD(p) ((p) / (8 * sizeof(unsigned long)))
 
 static void rec_on_segv(int sig, siginfo_t *si, void *uc)
 {
@@ -371,21 +395,95 @@ static void rec_on_segv(int sig, siginfo_t *si, void *uc)
 	(void)uc;
 	size_t top = A.top;
 	if (rec_guarded && A.base && a >= A.base && a < A.base + top) {
-		rec_guarded = 0;
-		A.open = 1;
 		if (!rec_touched)
 			rec_touched = a;
+		size_t p = (size_t)(a - A.base) / PAGE_BYTES;
+		char *pg = A.base + p * PAGE_BYTES;
+		if (R.save) {
+			if (mprotect(pg, PAGE_BYTES, PROT_READ | PROT_WRITE) != 0)
+				goto other;
+			if (p >= R.pages)
+				return; /* taken while recording */
+			unsigned long b = BIT(p);
+			if (!(__atomic_fetch_or(&R.claimed[WORD(p)], b, __ATOMIC_ACQ_REL) & b)) {
+				memcpy(R.save + p * PAGE_BYTES, pg, PAGE_BYTES);
+				__atomic_fetch_or(&R.saved[WORD(p)], b, __ATOMIC_RELEASE);
+			}
+			while (!(__atomic_load_n(&R.saved[WORD(p)], __ATOMIC_ACQUIRE) & b))
+				;
+			return; /* the access runs again, its page open */
+		}
+		rec_guarded = 0;
+		A.open = 1;
 		if (mprotect(A.base, top, PROT_READ | PROT_WRITE) == 0)
 			return; /* the access runs again, now open */
 	}
+other:
 	sigaction(SIGSEGV, &old_segv, NULL);
 	raise(sig);
+}
+
+/* R for a recording of the arena's first `top` bytes (under A.mu); on
+ * failure R.save stays NULL. */
+static void save_begin(size_t top)
+{
+	size_t pages = top / PAGE_BYTES, words = WORD(pages) + 1;
+	R.pages = R.bytes = 0;
+	R.save = NULL;
+	R.claimed = calloc(words, sizeof *R.claimed);
+	R.saved = calloc(words, sizeof *R.saved);
+	void *m = pages ? mmap(NULL, pages * PAGE_BYTES, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+			: MAP_FAILED;
+	if (!R.claimed || !R.saved || m == MAP_FAILED) {
+		free(R.claimed);
+		free(R.saved);
+		R.claimed = R.saved = NULL;
+		if (m != MAP_FAILED)
+			munmap(m, pages * PAGE_BYTES);
+		return;
+	}
+	R.pages = pages;
+	R.bytes = pages * PAGE_BYTES;
+	R.seq0 = label_seq;
+	R.save = m;
+}
+
+/* The pages copied put back where they hold the user part of a block
+ * labelled before the recording began (under A.mu, the arena open). */
+static void save_restore(void)
+{
+	for (size_t p = 0; R.save && p < R.pages; p++) {
+		if (!(R.saved[WORD(p)] & BIT(p)))
+			continue;
+		size_t lo = p * PAGE_BYTES, hi = lo + PAGE_BYTES;
+		const label *l = NULL;
+		for (size_t i = 0; i < A.nlive && !l; i++)
+			if (lo >= A.live[i].off && lo < A.live[i].off + A.live[i].len)
+				l = &A.live[i];
+		if (!l || l->kind < 0 || l->seq > R.seq0)
+			continue;
+		size_t from = lo > l->user ? lo : l->user;
+		size_t to = hi < l->off + l->len ? hi : l->off + l->len;
+		if (from < to)
+			memcpy(A.base + from, R.save + from, to - from);
+	}
+}
+
+static void save_end(void)
+{
+	if (R.save)
+		munmap(R.save, R.bytes);
+	free(R.claimed);
+	free(R.saved);
+	memset(&R, 0, sizeof R);
 }
 
 static void guard_on(void)
 {
 	pthread_mutex_lock(&A.mu);
 	rec_touched = NULL;
+	save_begin(A.top);
 	A.open = 0; /* pages handed out meanwhile stay closed too */
 	rec_guarded = 1;
 	if (!A.depth)
@@ -419,8 +517,11 @@ static const void *guard_off(char *what, size_t len)
 	protect(0, A.top, PROT_READ | PROT_WRITE);
 	void *a = rec_touched;
 	rec_touched = NULL;
-	if (a)
+	if (a) {
 		block_at(a, "no block in use", what, len);
+		save_restore(); /* the step runs eagerly now: once */
+	}
+	save_end();
 	pthread_mutex_unlock(&A.mu);
 	return a;
 }

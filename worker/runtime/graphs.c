@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "worker/device/device.h"
 #include "worker/ops/autocast.h"
@@ -46,6 +47,8 @@ struct hpu__graphs {
 	entry *cur;         /* this step's, where recorded or replayed */
 	hpu__ac_calls at_begin; /* the op calls counted when recording began */
 	int off;            /* the device records nothing: all eager */
+	int fail_begin;     /* HPU_GRAPHS_FAIL_BEGIN names this rank */
+	char begin_err[512]; /* why the recording did not begin */
 	int full_said;
 	long seen, replayed, eager;
 	/* evaluation: each batch size's sightings (warm-up per shape), the
@@ -73,6 +76,10 @@ int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fie
 	*g = (hpu__graphs){.warmup = warmup, .accum = accum, .micro = micro, .fields = fields,
 			   .rank = rank, .verbose = verbose, .key = g->key};
 	memcpy(g->field_bytes, field_bytes, (size_t)fields * sizeof *field_bytes);
+	const char *fb = hpu__env_str(HPU_ENV_HPU_GRAPHS_FAIL_BEGIN);
+	char *end;
+	long fr = fb && *fb ? strtol(fb, &end, 10) : -1;
+	g->fail_begin = fb && *fb && !*end && fr == rank;
 	*out = g;
 	for (int k = 0; k < accum; k++) {
 		for (int f = 0; f < fields; f++)
@@ -227,12 +234,18 @@ void hpu__graphs_mismatch(hpu__graphs *g, long step)
 }
 
 /* The recording of g->cur begun; -1 where the device records nothing
- * (everything eager from now on, said once: no recording is begun again;
- * *eager counts this one). */
-static int begin(hpu__graphs *g, long *eager)
+ * (everything eager from now on: no recording is begun again; *eager
+ * counts this one), the reason in g->begin_err, said at once where
+ * `say` (else by hpu__graphs_unbegun). */
+static int begin(hpu__graphs *g, long *eager, int say)
 {
-	char err[512];
-	if (hpu__dev_capture_begin(err, sizeof err) == 0) {
+	g->begin_err[0] = '\0';
+	if (g->fail_begin)
+		snprintf(g->begin_err, sizeof g->begin_err,
+			 "the recording could not begin (HPU_GRAPHS_FAIL_BEGIN names rank %d, as "
+			 "running out of host memory would)",
+			 g->rank);
+	else if (hpu__dev_capture_begin(g->begin_err, sizeof g->begin_err) == 0) {
 		hpu__ac_calls_get(&g->at_begin);
 		return 0;
 	}
@@ -243,9 +256,10 @@ static int begin(hpu__graphs *g, long *eager)
 		g->cur = NULL;
 	}
 	(*eager)++;
-	if (g->rank == 0)
+	if (say && g->rank == 0)
 		hpu__log(HPU_LOG_WARNING,
-			 "--graphs: %s; the training steps and evaluation batches run eagerly", err);
+			 "--graphs: %s; the training steps and evaluation batches run eagerly",
+			 g->begin_err);
 	return -1;
 }
 
@@ -308,9 +322,28 @@ static int keep(entry *e, hpu__dev_graph *gr, hpu_strat *s, char *err, size_t er
 	return 0;
 }
 
-int hpu__graphs_record_begin(hpu__graphs *g)
+int hpu__graphs_record_begin(hpu__graphs *g, int agreed)
 {
-	return begin(g, &g->eager);
+	return begin(g, &g->eager, !agreed);
+}
+
+int hpu__graphs_unbegun(hpu__graphs *g, long step, hpu__graphs_agree_fn *agree, void *arg,
+			char *err, size_t errlen)
+{
+	int who = g->rank;
+	char why[512];
+	snprintf(why, sizeof why, "%s", g->begin_err);
+	if (agree(arg, &who, why, sizeof why) < 0) {
+		snprintf(err, errlen, "--graphs: the ranks could not agree on step %ld's recording",
+			 step + 1);
+		return -1;
+	}
+	/* said once, by the lowest rank whose recording did not begin */
+	if (who == g->rank)
+		hpu__log(HPU_LOG_WARNING,
+			 "--graphs: %s; the training steps and evaluation batches run eagerly%s",
+			 g->begin_err, g->rank ? " on this rank, and steps on every rank" : "");
+	return 0;
 }
 
 /* ", N of them host calls (...)" where the recording holds collectives
@@ -474,7 +507,7 @@ eager:
 
 int hpu__graphs_eval_begin(hpu__graphs *g)
 {
-	return begin(g, &g->ev_eager);
+	return begin(g, &g->ev_eager, 1);
 }
 
 int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)

@@ -65,8 +65,17 @@ void hpu__graphs_mismatch(hpu__graphs *g, long step);
  * was, that rank's reason in why (len bytes, the same on every rank), so
  * that rank 0 says which rank refused and why. -1 with err on a
  * failure. */
-int hpu__graphs_record_begin(hpu__graphs *g);
+int hpu__graphs_record_begin(hpu__graphs *g, int agreed);
 typedef int hpu__graphs_agree_fn(void *arg, int *who, char *why, size_t len);
+/* After record_begin failed with `agreed` (the run's ranks agree on each
+ * recording: world > 1): the other ranks may have begun theirs, and end
+ * them with record_end's agreement; this rank takes part in it as the
+ * one refused, with why the recording did not begin, so that every rank
+ * runs the step eagerly, and says it once (the lowest such rank). From
+ * then on this rank records nothing, and the steps' mode agreement makes
+ * every rank run eagerly. 0, or -1 with err. */
+int hpu__graphs_unbegun(hpu__graphs *g, long step, hpu__graphs_agree_fn *agree, void *arg,
+			char *err, size_t errlen);
 int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 			   hpu__graphs_agree_fn *agree, void *arg, char *err, size_t errlen);
 

@@ -260,8 +260,13 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 		}
 	}
 	int64_t t0 = hpu__prof_t0();
-	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs) < 0)
+	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs, L->world > 1) < 0) {
+		/* the others may be recording: they learn it at their end */
+		if (L->world > 1 && hpu__graphs_unbegun(L->graphs, gstep, graphs_agree, L, L->err,
+							L->errlen) < 0)
+			return -1;
 		mode = HPU__GRAPH_EAGER;
+	}
 	if (mode == HPU__GRAPH_RECORD) {
 		/* host work in the step would run now, not at each launch */
 		const char *host = hpu__strat_host_part(L->st);
