@@ -77,15 +77,17 @@
 
 /* ---- Tuning ---- */
 
-static int size_from_env(hpu_env_id id, size_t *out)
+static int size_from_env(hpucoll_comm *c, hpu_env_id id, size_t *out)
 {
 	const char *s = hpu__env_str(id);
 	uint64_t v;
 
 	if (s == NULL || *s == '\0')
 		return HPUCOLL_OK;
-	if (hpu__parse_u64(s, 0, SIZE_MAX, &v) != HPU_NUM_OK)
+	if (hpu__parse_u64(s, 0, SIZE_MAX, &v) != HPU_NUM_OK) {
+		hpucoll__set_error(c, "%s='%s' is not a number of bytes", hpu__env_name(id), s);
 		return HPUCOLL_EENV;
+	}
 	*out = (size_t)v;
 	return HPUCOLL_OK;
 }
@@ -107,14 +109,17 @@ int hpucoll__tune_from_env(hpucoll_comm *c)
 			if (names[i] != NULL && strcmp(s, names[i]) == 0)
 				t->algo = i;
 		}
-		if (t->algo < 0)
+		if (t->algo < 0) {
+			hpucoll__set_error(c, "HPUCOLL_ALGO='%s' is not one of auto, ring, rd, hier",
+					   s);
 			return HPUCOLL_EENV;
+		}
 	}
-	if (size_from_env(HPU_ENV_HPUCOLL_SMALL_BYTES, &t->small_bytes[0]) ||
-	    size_from_env(HPU_ENV_HPUCOLL_SMALL_BYTES, &t->small_bytes[1]) ||
-	    size_from_env(HPU_ENV_HPUCOLL_BCAST_SMALL_BYTES, &t->bcast_small) ||
-	    size_from_env(HPU_ENV_HPUCOLL_REDUCE_SMALL_BYTES, &t->reduce_small[0]) ||
-	    size_from_env(HPU_ENV_HPUCOLL_REDUCE_SMALL_BYTES, &t->reduce_small[1]))
+	if (size_from_env(c, HPU_ENV_HPUCOLL_SMALL_BYTES, &t->small_bytes[0]) ||
+	    size_from_env(c, HPU_ENV_HPUCOLL_SMALL_BYTES, &t->small_bytes[1]) ||
+	    size_from_env(c, HPU_ENV_HPUCOLL_BCAST_SMALL_BYTES, &t->bcast_small) ||
+	    size_from_env(c, HPU_ENV_HPUCOLL_REDUCE_SMALL_BYTES, &t->reduce_small[0]) ||
+	    size_from_env(c, HPU_ENV_HPUCOLL_REDUCE_SMALL_BYTES, &t->reduce_small[1]))
 		return HPUCOLL_EENV;
 	return HPUCOLL_OK;
 }

@@ -17,15 +17,20 @@
 #include "collectives/comm_internal.h"
 #include "common/env.h"
 
-/* Reads the integer environment variable id into *v when it is set;
- * a value that is not a whole number is an error. */
-static int int_from_env(hpu_env_id id, int *v)
+/* Reads the integer environment variable id into *v when it is set; a
+ * value that is not a whole number in [lo, hi] is an error naming the
+ * variable in c's errmsg. */
+static int int_from_env(hpucoll_comm *c, hpu_env_id id, long lo, long hi, const char *unit,
+			int *v)
 {
 	long x;
-	int r = hpu__env_long(id, INT_MIN, INT_MAX, &x);
+	int r = hpu__env_long(id, lo, hi, &x);
 
-	if (r < 0)
+	if (r < 0) {
+		hpucoll__set_error(c, "%s='%s' is not a whole number of %s from %ld to %ld",
+				   hpu__env_name(id), hpu__env_str(id), unit, lo, hi);
 		return HPUCOLL_EENV;
+	}
 	if (r > 0)
 		*v = (int)x;
 	return HPUCOLL_OK;
@@ -140,8 +145,7 @@ static int make_ctx(hpucoll_comm *c)
 {
 	int io = 1;
 
-	if (int_from_env(HPU_ENV_HPUCOLL_IO_THREADS, &io) != HPUCOLL_OK || io < 1 ||
-	    io > 64)
+	if (int_from_env(c, HPU_ENV_HPUCOLL_IO_THREADS, 1, 64, "threads", &io) != HPUCOLL_OK)
 		return HPUCOLL_EENV;
 	c->ctx = zmq_ctx_new();
 	if (c->ctx == NULL)
@@ -201,9 +205,11 @@ int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
 				 hpucoll_strerror(HPUCOLL_ENOMEM));
 		return HPUCOLL_ENOMEM;
 	}
-	rc = int_from_env(HPU_ENV_HPUCOLL_TIMEOUT_MS, &t);
-	if (rc == HPUCOLL_OK)
-		rc = int_from_env(HPU_ENV_HPUCOLL_STALL_WARN_MS, &c->stall_ms);
+	/* a wait without end would be a hang: at least 1 ms */
+	rc = int_from_env(c, HPU_ENV_HPUCOLL_TIMEOUT_MS, 1, INT_MAX, "milliseconds", &t);
+	if (rc == HPUCOLL_OK) /* 0: never */
+		rc = int_from_env(c, HPU_ENV_HPUCOLL_STALL_WARN_MS, 0, INT_MAX, "milliseconds",
+				  &c->stall_ms);
 	if (rc == HPUCOLL_OK)
 		rc = hpucoll__tune_from_env(c);
 	if (rc != HPUCOLL_OK)

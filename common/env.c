@@ -127,7 +127,8 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "socket (as --data-plane)"),
 	VAR(HPUCOLL_TIMEOUT_MS, "60000", "libhpucoll",
 	    "longest wait for a peer inside a collective; the error names "
-	    "the rank"),
+	    "the rank (at least 1: hpulaunch and libhpucoll refuse 0 or "
+	    "less, a wait without end)"),
 	VAR(HPUCOLL_STALL_WARN_MS, "30000", "libhpucoll",
 	    "warn once, naming the ranks that have and have not arrived, "
 	    "when a collective has waited this long (0: never; "

@@ -7,6 +7,7 @@
 #include "agent/restart.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,6 +219,20 @@ int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errle
 	if ((v = hpu__env_str(HPU_ENV_HPU_JOB_ID)) && *v) {
 		snprintf(a->job_id, sizeof a->job_id, "%s", v);
 		src->env |= SET_JOB_ID;
+	}
+	/* libhpucoll's own: refused here, before any worker starts (a
+	 * timeout of 0 or less would be a wait without end) */
+	static const struct {
+		hpu_env_id id;
+		int lo;
+	} ms[] = {{HPU_ENV_HPUCOLL_TIMEOUT_MS, 1}, {HPU_ENV_HPUCOLL_STALL_WARN_MS, 0}};
+	for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+		int x;
+		if ((v = hpu__env_str(ms[i].id)) && *v && hpu__parse_int(v, ms[i].lo, INT_MAX, &x)) {
+			snprintf(err, errlen, "%s='%s' is not a whole number of milliseconds from %d",
+				 hpu__env_name(ms[i].id), v, ms[i].lo);
+			return -1;
+		}
 	}
 	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)
 		a->transport = v;

@@ -988,6 +988,34 @@ static void test_bad_args(void **state)
 	assert_int_equal(hpucoll_comm_new(&c, 0, 1, "tcp://127.0.0.1:*"),
 			 HPUCOLL_EENV);
 	unsetenv("HPUCOLL_ALGO");
+	/* a bad variable is named, with what it may be; a timeout of 0 or
+	 * less (a wait without end: -1 hung on a stopped peer) is refused */
+	static const struct {
+		const char *name, *value, *says;
+	} bad[] = {
+		{"HPUCOLL_ALGO", "fastest", "HPUCOLL_ALGO='fastest' is not one of auto, ring, rd, hier"},
+		{"HPUCOLL_TIMEOUT_MS", "-1",
+		 "HPUCOLL_TIMEOUT_MS='-1' is not a whole number of milliseconds from 1 to "},
+		{"HPUCOLL_TIMEOUT_MS", "0", "HPUCOLL_TIMEOUT_MS='0' is not a whole number"},
+		{"HPUCOLL_TIMEOUT_MS", "abc", "HPUCOLL_TIMEOUT_MS='abc' is not a whole number"},
+		{"HPUCOLL_STALL_WARN_MS", "-5", "HPUCOLL_STALL_WARN_MS='-5' is not a whole number of "
+						 "milliseconds from 0 to "},
+		{"HPUCOLL_IO_THREADS", "0", "HPUCOLL_IO_THREADS='0' is not a whole number of threads "
+					    "from 1 to 64"},
+		{"HPUCOLL_SMALL_BYTES", "big", "HPUCOLL_SMALL_BYTES='big' is not a number of bytes"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char why[256] = "";
+		setenv(bad[i].name, bad[i].value, 1);
+		assert_int_equal(hpucoll__comm_new(&c, 0, 1, "tcp://127.0.0.1:*",
+						   HPUCOLL_SECURITY_NONE, NULL, 0, why, sizeof why),
+				 HPUCOLL_EENV);
+		unsetenv(bad[i].name);
+		assert_null(c);
+		printf("  %s\n", why);
+		if (!strstr(why, bad[i].says))
+			fail_msg("\"%s\" does not say \"%s\"", why, bad[i].says);
+	}
 
 	assert_int_equal(hpucoll_comm_new(&c, 1, 2, "tcp://127.0.0.1:*"),
 			 HPUCOLL_OK);

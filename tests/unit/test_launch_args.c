@@ -78,6 +78,26 @@ static void test_options_after_model(void **state)
 	hpu__args_free(&a);
 }
 
+/* libhpucoll's timeouts are checked before any worker starts: 0 or less
+ * would be a wait without end (-1 hung on a stopped peer). */
+static void test_coll_env_checked(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	setenv("HPUCOLL_TIMEOUT_MS", "-1", 1);
+	parse_fails(ARGV(model), "HPUCOLL_TIMEOUT_MS='-1' is not a whole number of milliseconds from 1");
+	setenv("HPUCOLL_TIMEOUT_MS", "soon", 1);
+	parse_fails(ARGV(model), "HPUCOLL_TIMEOUT_MS='soon' is not a whole number");
+	setenv("HPUCOLL_TIMEOUT_MS", "5000", 1);
+	setenv("HPUCOLL_STALL_WARN_MS", "-1", 1);
+	parse_fails(ARGV(model), "HPUCOLL_STALL_WARN_MS='-1' is not a whole number of milliseconds from 0");
+	setenv("HPUCOLL_STALL_WARN_MS", "0", 1);
+	parse_ok(&a, ARGV(model));
+	hpu__args_free(&a);
+	unsetenv("HPUCOLL_TIMEOUT_MS");
+	unsetenv("HPUCOLL_STALL_WARN_MS");
+}
+
 static void test_deepspeed_aliases(void **state)
 {
 	(void)state;
@@ -168,6 +188,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_options_after_model),
 		cmocka_unit_test(test_deepspeed_aliases),
+		cmocka_unit_test(test_coll_env_checked),
 		cmocka_unit_test(test_include_exclude),
 		cmocka_unit_test(test_did_you_mean),
 		cmocka_unit_test(test_resume_checked),
