@@ -265,7 +265,7 @@ static int run(int argc, char **argv)
 	else if (L.args.hostfile)
 		rc = hpu__submit_run(&L.args);
 	else if (!L.args.exec_mode &&
-		 hpu__opts_check_checkpoint_dir(&L.args.train, err, sizeof err) < 0)
+		 hpu__opts_check_outputs(&L.args.train, L.args.node_rank == 0, err, sizeof err) < 0)
 		rc = 2; /* found now, not at the first save after training */
 	else
 		rc = run_local(err, sizeof err);

@@ -903,6 +903,66 @@ int hpu__opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 	return 0;
 }
 
+/* path's directory (".", where it has no '/') into out. */
+static void dir_of(const char *path, char *out, size_t len)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(out, len, ".");
+	else if (slash == path)
+		snprintf(out, len, "/");
+	else
+		snprintf(out, len, "%.*s", (int)(slash - path), path);
+}
+
+/* Whether a and b name the same file: the same inode where both exist,
+ * else the same real directory and the same last name. */
+static int same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+	if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+		return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+	char da[PATH_MAX], db[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
+	dir_of(a, da, sizeof da);
+	dir_of(b, db, sizeof db);
+	const char *na = strrchr(a, '/') ? strrchr(a, '/') + 1 : a;
+	const char *nb = strrchr(b, '/') ? strrchr(b, '/') + 1 : b;
+	if (!realpath(da, ra) || !realpath(db, rb))
+		return strcmp(a, b) == 0;
+	return strcmp(ra, rb) == 0 && strcmp(na, nb) == 0;
+}
+
+int hpu__opts_check_outputs(const hpu_train_opts *o, int node0, char *err, size_t errlen)
+{
+	if (hpu__opts_check_checkpoint_dir(o, err, errlen) < 0)
+		return -1;
+	const char *p = o->save_params;
+	if (!p[0] || !node0)
+		return 0;
+	struct stat st;
+	if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "--save-params %s is a directory: give a file name", p);
+		return -1;
+	}
+	char dir[sizeof o->save_params], probe[sizeof o->save_params + 32];
+	dir_of(p, dir, sizeof dir);
+	snprintf(probe, sizeof probe, "%s/.hpu-write-test-XXXXXX", dir);
+	int fd = mkstemp(probe);
+	if (fd < 0) {
+		snprintf(err, errlen, "--save-params %s: cannot write in %s: %s", p, dir,
+			 strerror(errno));
+		return -1;
+	}
+	close(fd);
+	unlink(probe);
+	if (o->metrics[0] && same_file(p, o->metrics)) {
+		snprintf(err, errlen, "--save-params and --metrics name the same file (%s): the "
+				      "parameters would overwrite the metrics", p);
+		return -1;
+	}
+	return 0;
+}
+
 void hpu__opts_help(FILE *f)
 {
 	hpu__optdoc(f, hpu__opts_specs(), HPU_DOC_HELP, 27);

@@ -309,6 +309,14 @@ int hpu__opts_resolve_device(hpu_train_opts *o, char *err, size_t errlen);
 int hpu__opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 				   size_t errlen);
 
+/* What a run will write, checked at start rather than after training:
+ * the checkpoint directory (hpu__opts_check_checkpoint_dir); and on node 0
+ * (`node0`, where rank 0 writes them) --save-params names no directory, a
+ * file can be made in its directory (a probe, removed again), and it is
+ * not --metrics' file. 0, or -1 with a sentence naming the option, the
+ * path and the reason in err. */
+int hpu__opts_check_outputs(const hpu_train_opts *o, int node0, char *err, size_t errlen);
+
 /* The options every rank of a job must share, as text in buf: a line
  * "name=value" each, in the table's order, of the resolved values (the
  * batch sizes filled in). Left out are what may differ between nodes or

@@ -750,6 +750,46 @@ static void test_checkpoint_dir_check(void **state)
 	assert_int_equal(system(rm), 0);
 }
 
+/* --save-params is tried at start too (it was found unwritable only
+ * after training): no directory, a writable directory, not --metrics'
+ * file; only on node 0, where rank 0 writes it. */
+static void test_outputs_check(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char base[64] = "/tmp/hpu-test-out-XXXXXX", err[512] = "";
+	assert_non_null(mkdtemp(base));
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_check_outputs(&o, 1, err, sizeof err), 0); /* none */
+	snprintf(o.save_params, sizeof o.save_params, "%s/p.bin", base);
+	assert_int_equal(hpu__opts_check_outputs(&o, 1, err, sizeof err), 0);
+	assert_int_equal(dir_entries(base), 0); /* the probe is gone */
+	snprintf(o.metrics, sizeof o.metrics, "%s/m.jsonl", base);
+	assert_int_equal(hpu__opts_check_outputs(&o, 1, err, sizeof err), 0);
+	const struct {
+		const char *params, *metrics, *want;
+	} bad[] = {
+		{"/nonexist-hpu/p.bin", "", "--save-params /nonexist-hpu/p.bin: cannot write in "
+					    "/nonexist-hpu: No such file or directory"},
+		{"/tmp", "", "--save-params /tmp is a directory: give a file name"},
+		{"%s/same", "%s/same", "--save-params and --metrics name the same file"},
+		{"%s/./same", "%s/same", "--save-params and --metrics name the same file"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		snprintf(o.save_params, sizeof o.save_params, bad[i].params, base);
+		snprintf(o.metrics, sizeof o.metrics, bad[i].metrics, base);
+		err[0] = 0;
+		assert_int_equal(hpu__opts_check_outputs(&o, 1, err, sizeof err), -1);
+		printf("  -> \"%s\"\n", err);
+		if (!strstr(err, bad[i].want))
+			fail_msg("\"%s\" does not say \"%s\"", err, bad[i].want);
+		assert_int_equal(hpu__opts_check_outputs(&o, 0, err, sizeof err), 0); /* not node 0 */
+	}
+	char rm[160];
+	snprintf(rm, sizeof rm, "rm -rf %s", base);
+	assert_int_equal(system(rm), 0);
+}
+
 /* ---- resolving the three batch numbers ---- */
 
 static void test_resolve_batch(void **state)
@@ -1050,6 +1090,7 @@ int main(void)
 	    cmocka_unit_test(test_checkpoint_flags),
 	    cmocka_unit_test(test_profile_flags),
 	    cmocka_unit_test(test_checkpoint_dir_check),
+	    cmocka_unit_test(test_outputs_check),
 	    cmocka_unit_test(test_resolve_batch),
 	    cmocka_unit_test(test_resolve_other_checks),
 	    cmocka_unit_test(test_shared_text),
