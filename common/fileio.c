@@ -286,3 +286,16 @@ int hpu__make_dirs(const char *path, char *at, size_t atlen)
 			return 0;
 	}
 }
+
+int hpu__append_line(FILE *f, const char *s)
+{
+	struct stat st;
+	int known = fstat(fileno(f), &st) == 0;
+	if (fprintf(f, "%s\n", s) >= 0 && fflush(f) == 0)
+		return 0;
+	int e = errno;
+	if (known && ftruncate(fileno(f), st.st_size) == 0)
+		clearerr(f);
+	errno = e;
+	return -1;
+}

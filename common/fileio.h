@@ -49,6 +49,12 @@ const char *hpu__read_file(const char *path, char **buf, size_t *len);
  * with errno set. */
 int hpu__write_all(int fd, const void *p, size_t n);
 
+/* Appends one line of text (s and a '\n') to f, which must be
+ * unbuffered (setvbuf _IONBF) and written only at its end: 0, or -1 with
+ * errno, the part that went in cut off again, so that the file still
+ * ends with its last whole line (a JSON-lines file after a full disk). */
+int hpu__append_line(FILE *f, const char *s);
+
 /* How output `path` is written: in place (1) when it is a device or a
  * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
  * replace; else (0) as a temporary file renamed onto real[len]: path

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -82,6 +83,42 @@ static int teardown(void **state)
 }
 
 /* ---- --metrics ---- */
+
+/* A disk that fills while the metrics file grows (a 64 KiB tmpfs, a
+ * record every step): the run fails naming the file, and the file ends
+ * with its last whole record (it ended in the middle of one). */
+static void test_metrics_disk_fills(void **state)
+{
+	(void)state;
+	char mnt[300], file[340];
+	snprintf(mnt, sizeof mnt, "%s/small-fs", T);
+	snprintf(file, sizeof file, "%s/m.jsonl", mnt);
+	mkdir(mnt, 0755);
+	if (mount("tmpfs", mnt, "tmpfs", 0, "size=64k") != 0) {
+		if (geteuid() != 0) {
+			printf("  not root: no tmpfs can be mounted; skipped\n");
+			skip();
+		}
+		fail_msg("mount tmpfs on %s failed", mnt);
+	}
+	run r;
+	start(&r, 2);
+	args(&r, "--max-steps", "2000", "--log-every", "1", "--metrics", file, NULL);
+	char *out = finish(&r, 1, NULL);
+	size_t n = 0;
+	char *text = h_slurp_n(file, &n);
+	umount(mnt);
+	char says[400];
+	snprintf(says, sizeof says, "cannot write the metrics file %s: " NOSPACE, file);
+	has(out, says);
+	free(out);
+	assert_non_null(text);
+	printf("  the metrics file: %zu bytes, ends with \"%.20s\"\n", n,
+	       n > 20 ? text + n - 20 : text);
+	assert_true(n > 1000);
+	assert_true(text[n - 1] == '\n' && text[n - 2] == '}');
+	free(text);
+}
 
 static void test_metrics_full_disk(void **state)
 {
@@ -448,6 +485,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_metrics_full_disk),
+	    cmocka_unit_test(test_metrics_disk_fills),
 	    cmocka_unit_test(test_metrics_full_disk_checkpoints),
 	    cmocka_unit_test(test_save_params_full_disk),
 	    cmocka_unit_test(test_nonfinite_loss_stops),

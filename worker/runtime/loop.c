@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/fileio.h"
 #include "proto/status.h"
 #include "worker/hpu/devmem.h"
 #include "worker/runtime/train.h"
@@ -95,15 +97,16 @@ int hpu__loop_forward_even(loop *L, hpu_split split, const uint32_t *map, size_t
 	return hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1);
 }
 
-/* Writes record j (freed) to the metrics file, flushed: a file that
- * cannot be written (a full disk) fails the run, naming it. */
+/* Writes record j (freed) to the metrics file (unbuffered): a file that
+ * cannot be written (a full disk) fails the run, naming it, and ends with
+ * its last whole record (hpu__append_line). */
 int hpu__loop_print_json(loop *L, cJSON *j)
 {
 	char *s = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
 	if (!s)
 		return hpu__loop_fail(L, "out of memory writing the metrics file %s", L->o->metrics);
-	int bad = fprintf(L->metrics, "%s\n", s) < 0 || fflush(L->metrics) != 0, e = errno;
+	int bad = hpu__append_line(L->metrics, s) < 0, e = errno;
 	free(s);
 	if (bad)
 		return hpu__loop_fail(L, "cannot write the metrics file %s: %s", L->o->metrics, strerror(e));

@@ -52,7 +52,7 @@ int hpu__checkpoint_metrics_put(FILE *metrics, const char *path, cJSON *j, char 
 	}
 	if (!s)
 		return say(err, errlen, "out of memory writing the metrics file %s", path);
-	int bad = fprintf(metrics, "%s\n", s) < 0 || fflush(metrics) != 0, e = errno;
+	int bad = hpu__append_line(metrics, s) < 0, e = errno;
 	free(s);
 	if (bad)
 		return say(err, errlen, "cannot write the metrics file %s: %s", path, strerror(e));

@@ -338,6 +338,10 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		hpu__loop_fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
 		goto out;
 	}
+	/* unbuffered: a record that cannot be written whole is cut off again
+	 * (hpu__append_line), never left torn, nor flushed later at close */
+	if (L.metrics)
+		setvbuf(L.metrics, NULL, _IONBF, 0);
 	hpu__sched_init(&L.pos.sched, o, total);
 	int64_t tl = hpu__prof_t0();
 	if (hpu__strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
