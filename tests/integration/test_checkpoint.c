@@ -402,7 +402,7 @@ static void sh(const char *fmt, ...)
 /* An edited manifest, a shard that is a FIFO, and (as root) another
  * uid's `latest` and step directory are refused on resume, naming the
  * file; auto falls back past an altered manifest, not past a foreign
- * file. */
+ * file; a `latest` naming no checkpoint is said. */
 static void test_resume_forged(void **state)
 {
 	(void)state;
@@ -424,6 +424,14 @@ static void test_resume_forged(void **state)
 	/* a shard that is a FIFO: refused at once */
 	sh("rm %s/rank-00001-of-00002.bin && mkfifo %s/rank-00001-of-00002.bin", odd, odd);
 	resume_expect(NULL, odd, 1, "odd/rank-00001-of-00002.bin: not a regular file (a FIFO)", NULL);
+	/* a `latest` naming no checkpoint there: the newest by step, said
+	 * (it was taken without a word) */
+	sh("printf '../../etc\\n' > %s/latest", dir);
+	resume_expect(NULL, dir, 0,
+		      "forged/latest names \"../../etc\", which is not a checkpoint there; taking the "
+		      "newest by step, ",
+		      "step-00000030 at step 30", NULL);
+	sh("printf 'step-00000030\\n' > %s/latest", dir);
 	if (geteuid() != 0) {
 		printf("  not root: no file can be given to another uid; the rest is skipped\n");
 		skip();

@@ -208,6 +208,14 @@ int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 			printf("resume: no checkpoint in %s yet: starting from step 0\n", root);
 		return 0;
 	}
+	/* a `latest` that names no checkpoint there (removed, or damaged):
+	 * the newest by step stands for the root, and rank 0 says so */
+	char raw[256];
+	hpu__ckpt_latest(root, raw, sizeof raw);
+	if (raw[0] && strcmp(raw, names[0]) != 0 && rank == 0)
+		printf("warning: resume: %s/%s names \"%.100s\", which is not a checkpoint there; "
+		       "taking the newest by step, %s/%s\n",
+		       root, HPU_CKPT_LATEST, raw, root, names[0]);
 	/* auto passes damaged checkpoints by, never another uid's files */
 	for (int i = 0; i < (autom ? n : 1) && !*out && !foreign; i++) {
 		snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
