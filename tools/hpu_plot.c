@@ -51,7 +51,8 @@ static const char *const help =
 static const char *const help_tail =
 	"\n"
 	"Exit status: 0 drawn, 1 failed (unreadable file, a line that is not\n"
-	"JSON, nothing to plot, gnuplot missing or failing), 2 usage.\n";
+	"JSON or whose \"step\" is not a number, nothing to plot, gnuplot\n"
+	"missing or failing), 2 usage.\n";
 
 /* ---- arguments ---- */
 

@@ -157,6 +157,20 @@ static int add_record(table *t, const cJSON *j, long line)
 	return 0;
 }
 
+/* Whether record j has a "step" that is not a number (a string, null,
+ * ...): the writer only writes numbers, so the line is damaged or hand
+ * made. If so, its value (cut short) into why. */
+static int bad_step(const cJSON *j, char *why, size_t n)
+{
+	const cJSON *s = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
+	if (!s || cJSON_IsNumber(s))
+		return 0;
+	char *v = cJSON_PrintUnformatted(s);
+	snprintf(why, n, "%.40s%s", v ? v : "?", v && strlen(v) > 40 ? "..." : "");
+	free(v);
+	return 1;
+}
+
 /* Whether s is nothing but white space. */
 int hpu__plt_blank(const char *s)
 {
@@ -165,10 +179,11 @@ int hpu__plt_blank(const char *s)
 	return !*s;
 }
 
-/* Reads every step record of `file` (a regular file) into t. A line that is not JSON is
- * an error naming its number -- except an unterminated last line, which
- * a run still writing (or killed while writing) leaves: that one is
- * skipped with a warning. Returns OK or BAD (said). */
+/* Reads every step record of `file` (a regular file) into t. A line that
+ * is not JSON, or a record whose "step" is not a number, is an error
+ * naming its number -- except an unterminated last line, which a run
+ * still writing (or killed while writing) leaves: that one is skipped
+ * with a warning. Returns OK or BAD (said). */
 int hpu__plt_read_metrics(const char *file, table *t)
 {
 	struct stat st;
@@ -185,6 +200,7 @@ int hpu__plt_read_metrics(const char *file, table *t)
 	ssize_t len;
 	long line = 0;
 	int rc = OK;
+	char why_step[64];
 	errno = 0;
 	while (rc == OK && (len = getline(&buf, &cap, f)) >= 0) {
 		line++;
@@ -198,6 +214,8 @@ int hpu__plt_read_metrics(const char *file, table *t)
 				       file, line);
 		else if (!j)
 			rc = fail("%s:%ld: not JSON", file, line);
+		else if (bad_step(j, why_step, sizeof why_step))
+			rc = fail("%s:%ld: \"step\" is not a number (%s)", file, line, why_step);
 		else if (add_record(t, j, line) < 0)
 			rc = fail("out of memory reading %s", file);
 		t->records += j != NULL;

@@ -13,8 +13,14 @@
  * are written one at a time (cJSON_PrintUnformatted each), so only one
  * input's tree is in memory at a time besides the files' text.
  *
- * Exit status: 0 done, 1 a file unreadable, not a trace, or two files of
- * the same rank (the message names the file), 2 usage.
+ * A file holding more after the end of its JSON (a writer stopped by a
+ * full disk) is read up to that end, with a warning. An output that is
+ * one of the inputs, and an input that is already a merge
+ * (otherData.merged_by), are refused.
+ *
+ * Exit status: 0 done, 1 a file unreadable, not a trace, already a merge,
+ * the output, or two files of the same rank (the message names the
+ * file), 2 usage.
  *
  * This file is the command line (main, the options) and the run's
  * order; hpu_trace_impl.h says which file does what. */
@@ -40,7 +46,8 @@ static const char *const help =
 	"share of the step time.\n"
 	"\n"
 	"PATH is a trace file or a directory; a directory stands for every\n"
-	"*-rank<R>.json in it. Every file must be of a different rank.\n"
+	"*-rank<R>.json in it. Every file must be of a different rank, none may\n"
+	"be a merged trace, and the output may not be one of them.\n"
 	"\n"
 	"options:\n";
 
@@ -51,10 +58,13 @@ static const char *const help_tail =
 	"rank's events are shifted so that its first barrier ends when rank 0's\n"
 	"does; then all so that the earliest event is at 0. otherData says by\n"
 	"how much (offsets_us). A file torn by a killed worker is repaired: its\n"
-	"incomplete last lines are dropped, with a warning.\n"
+	"incomplete last lines are dropped, with a warning; lines after the end\n"
+	"of a file's JSON (a worker stopped by a full disk) are ignored, with a\n"
+	"warning.\n"
 	"\n"
-	"Exit status: 0 done, 1 a file could not be read or is not a trace (or\n"
-	"two files hold the same rank), 2 usage.\n";
+	"Exit status: 0 done, 1 a file could not be read, is not a trace or is\n"
+	"already a merged one, or is the output (or two files hold the same\n"
+	"rank), 2 usage.\n";
 
 /* ---- main ---- */
 
@@ -152,6 +162,19 @@ static int run(const opts *o)
 		else
 			hpu__trc_add_input(&in, o->paths[i]);
 	}
+	if (rc == OK && !o->no_merge) {
+		out = o->out ? hpu__trc_xstrdup(o->out) : hpu__trc_default_output(o->paths[0], first_is_dir, &in);
+		/* written over, it would be lost: hpu_outfile renames onto it */
+		const trace *same = hpu__trc_output_is_input(&in, out);
+		if (same && !strcmp(same->path, out))
+			rc = fail("the output %s is one of the inputs: merging into it would destroy that "
+				  "trace; name another file with -o",
+				  out);
+		else if (same)
+			rc = fail("the output %s is the input %s: merging into it would destroy that trace; "
+				  "name another file with -o",
+				  out, same->path);
+	}
 	for (int i = 0; i < in.n && rc == OK; i++) {
 		trace *t = &in.t[i];
 		if ((rc = hpu__trc_read_file(t)) != OK)
@@ -180,7 +203,6 @@ static int run(const opts *o)
 		     "the summary",
 		     in.n, in.t[0].world_size);
 	if (!o->no_merge) {
-		out = o->out ? hpu__trc_xstrdup(o->out) : hpu__trc_default_output(o->paths[0], first_is_dir, &in);
 		int aligned = hpu__trc_align(&in);
 		long written = 0;
 		if ((rc = hpu__trc_write_merged(&in, out, aligned, &written)) != OK)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tools/hpu_trace_impl.h"
 #include "tools/tool.h"
@@ -110,4 +111,18 @@ char *hpu__trc_default_output(const char *first, int first_is_dir, const inputs 
 	char *out = hpu__trc_xrealloc(NULL, len);
 	snprintf(out, len, "%s%s%s-merged.json", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", name);
 	return out;
+}
+
+/* The input that out is (the same device and inode, links followed), or
+ * NULL. An out that does not exist is none of them: every input exists
+ * (it is read before anything is written). */
+const trace *hpu__trc_output_is_input(const inputs *in, const char *out)
+{
+	struct stat o, st;
+	if (stat(out, &o) != 0)
+		return NULL;
+	for (int i = 0; i < in->n; i++)
+		if (stat(in->t[i].path, &st) == 0 && st.st_dev == o.st_dev && st.st_ino == o.st_ino)
+			return &in->t[i];
+	return NULL;
 }

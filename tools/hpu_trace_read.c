@@ -203,12 +203,42 @@ static char *repair(const char *text, size_t len, int *dropped)
 	return out;
 }
 
-/* Parses t->text, repairing a torn file (with a warning). Returns the
- * document, or NULL after saying why not. With quiet, says nothing (the
- * second pass, which parses text already checked). */
+/* Warns about what follows the end of doc's text at `end`, unless it is
+ * only white space: a short write on a full disk leaves the writer's
+ * "]}" put back before what fit of its last events, which the trace does
+ * not list (they are ignored, as cJSON leaves them). */
+static void past_end(const trace *t, const char *end, const cJSON *doc)
+{
+	const cJSON *ev = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents");
+	const char *stop = t->text + t->len;
+	int lines = 0, blank = 1;
+	if (!end || end < t->text || end > stop || !cJSON_IsArray(ev))
+		return; /* not a trace: hpu__trc_scan says so */
+	for (const char *q = end; q < stop; q++) {
+		if (*q == '\n') {
+			lines += !blank;
+			blank = 1;
+		} else if (*q != ' ' && *q != '\t' && *q != '\r') {
+			blank = 0;
+		}
+	}
+	lines += !blank;
+	if (lines > 0)
+		warn("%s: damaged: %d line%s past the end of the trace (a worker stopped by a "
+		     "full disk?) ignored; %d events kept",
+		     t->path, lines, lines == 1 ? "" : "s", cJSON_GetArraySize(ev));
+}
+
+/* Parses t->text, repairing a torn file (with a warning), and warning
+ * about data past its end. Returns the document, or NULL after saying why
+ * not. With quiet, says nothing (the second pass, which parses text
+ * already checked). */
 cJSON *hpu__trc_parse(trace *t, int quiet)
 {
-	cJSON *doc = cJSON_ParseWithLength(t->text, t->len);
+	const char *end = NULL;
+	cJSON *doc = cJSON_ParseWithLengthOpts(t->text, t->len, &end, 0);
+	if (doc && !quiet)
+		past_end(t, end, doc);
 	if (doc || quiet)
 		return doc;
 	const char *at = cJSON_GetErrorPtr();
@@ -306,6 +336,12 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 	if (!cJSON_IsArray(ev))
 		return fail("%s: not a trace: no traceEvents array", t->path);
 	cJSON *other = cJSON_GetObjectItemCaseSensitive(doc, "otherData");
+	/* a merge has no rank of its own: its events would count twice beside
+	 * the files it was merged from (or be taken for the rank in its name) */
+	if (cJSON_GetObjectItemCaseSensitive(other, "merged_by"))
+		return fail("%s: already a merged trace (otherData.merged_by), not one rank's: give "
+			    "the per-rank traces it was merged from",
+			    t->path);
 	double r = num(other, "rank", -1);
 	if (r < 0)
 		r = hpu__trc_name_rank(t->path, NULL, 0);

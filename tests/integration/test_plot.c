@@ -15,8 +15,9 @@
  * - validation records (--eval-every): their table after the steps' in
  *   --print-data, and a whole PNG with their panels;
  * - an unterminated last line is skipped with a warning;
- * - a line that is not JSON (named by number), a file without step
- *   records, a missing file: exit 1 and no output file; /dev/zero, a link
+ * - a line that is not JSON (named by number), a record whose "step" is
+ *   not a number (named by line, not "no step records"), a file without
+ *   step records, a missing file: exit 1 and no output file; /dev/zero, a link
  *   to it and a FIFO are refused at once, naming what they are;
  * - an empty file (or blank lines only): exit 1 saying it is empty, also
  *   with --print-data (no qsort(NULL, 0) for UBSan to trip on);
@@ -520,6 +521,28 @@ static void test_not_json(void **state)
 	free(o);
 }
 
+/* A record whose "step" is not a number is an error naming its line,
+ * not "no step records with a loss" (the record was there, damaged). */
+static void test_step_not_a_number(void **state)
+{
+	(void)state;
+	assert_int_equal(h_write_file(path("badstep.jsonl"),
+				      "{\"step\":2,\"loss\":1.5}\n\n{\"step\":\"x\",\"loss\":1}\n",
+				      0644),
+			 0);
+	char *o = HPU_PLOT(1, "--print-data", path("badstep.jsonl"));
+	has(o, "badstep.jsonl:3: \"step\" is not a number (\"x\")");
+	assert_null(strstr(o, "no step records"));
+	free(o);
+	/* drawing says the same, and a null step too */
+	assert_int_equal(h_write_file(path("nullstep.jsonl"), "{\"step\":null,\"loss\":1}\n", 0644),
+			 0);
+	o = HPU_PLOT(1, path("nullstep.jsonl"));
+	has(o, "nullstep.jsonl:1: \"step\" is not a number (null)");
+	assert_false(exists(path("nullstep.png")));
+	free(o);
+}
+
 static void test_no_step_records(void **state)
 {
 	(void)state;
@@ -734,6 +757,7 @@ int main(void)
 		cmocka_unit_test(test_validation_records),
 		cmocka_unit_test(test_incomplete_last_line),
 		cmocka_unit_test(test_not_json),
+		cmocka_unit_test(test_step_not_a_number),
 		cmocka_unit_test(test_no_step_records),
 		cmocka_unit_test(test_empty_input),
 		cmocka_unit_test(test_not_a_file),

@@ -7,7 +7,12 @@
  *   of a known action; --no-merge, -o, --sort, --top;
  * - a rank without a barrier: merged unshifted, with a warning naming it;
  * - torn files (cut in the middle of a line; a write torn over the old
- *   tail): a warning, the complete events merged;
+ *   tail): a warning, the complete events merged; lines after the
+ *   closing "]}" (a short write on a full disk): a warning naming the
+ *   file, the events before "]}" merged;
+ * - an output that is one of the inputs (named so, spelled otherwise, a
+ *   link to it) refused, the inputs intact; a merged trace as an input
+ *   (named, or under a rank file's name in a directory) refused;
  * - errors: not JSON, no traceEvents, the same rank twice, a missing file,
  *   an empty directory (exit 1, the file named); usage errors (exit 2);
  * - inputs that are no files: /dev/zero and a link to it are refused at
@@ -438,6 +443,115 @@ static void test_torn(void **state)
 	free(out);
 }
 
+/* Lines after the closing "]}": a short write on a full disk leaves the
+ * writer's "]}" put back over the start of its last events, the rest of
+ * them after it. Read up to "]}", with a warning naming the file. */
+static void test_past_end(void **state)
+{
+	(void)state;
+	const char *d = dir("pastend");
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank0.json"), rank0, 0644), 0);
+	size_t n = strlen(rank1);
+	const char *rest =
+		"ame\":\"forward\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":7000021000.0,\"dur\":5.0}\n"
+		",{\"name\":\"step\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":700002";
+	char *r1 = malloc(n + strlen(rest) + 1);
+	assert_non_null(r1);
+	memcpy(r1, rank1, n);
+	strcpy(r1 + n, rest);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), r1, 0644), 0);
+	free(r1);
+	char *out = TRACE(0, d);
+	has(out, "warning: ");
+	has(out, "perf-logs-rank1.json: damaged: 2 lines past the end of the trace");
+	has(out, "8 events kept");
+	lacks(out, "perf-logs-rank0.json: damaged");
+	row r = summary_row(out, "step");
+	assert_int_equal(r.count, 4);
+	cJSON *doc = load(in(d, "perf-logs-merged.json"));
+	seen s;
+	look(doc, &s);
+	assert_int_equal(s.events[1], RANK1_EVENTS + 1);
+	cJSON_Delete(doc);
+	free(out);
+	/* white space after the end is no damage */
+	assert_int_equal(remove(in(d, "perf-logs-merged.json")), 0);
+	char *r1ws = malloc(n + 8);
+	assert_non_null(r1ws);
+	memcpy(r1ws, rank1, n);
+	strcpy(r1ws + n, "\n \t\r\n\n");
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), r1ws, 0644), 0);
+	free(r1ws);
+	out = TRACE(0, d);
+	lacks(out, "warning");
+	free(out);
+}
+
+/* ---- what it must not read or write ---- */
+
+/* An output that is one of the inputs (by name, by another spelling of
+ * the path, through a link) is refused before anything is written: the
+ * input would be lost. */
+static void test_output_is_input(void **state)
+{
+	(void)state;
+	const char *d = dir("outin");
+	two_ranks(d);
+	const char *r0 = in(d, "perf-logs-rank0.json"), *r1 = in(d, "perf-logs-rank1.json");
+	char *out = TRACE(1, "-o", r0, d);
+	has(out, "the output ");
+	has(out, "perf-logs-rank0.json is one of the inputs: merging into it would destroy that trace");
+	lacks(out, "merged 2 ranks");
+	free(out);
+	char other[900];
+	snprintf(other, sizeof other, "%s/./perf-logs-rank1.json", d);
+	out = TRACE(1, r0, "-o", other, r1);
+	has(out, "/./perf-logs-rank1.json is the input ");
+	free(out);
+	assert_int_equal(symlink("perf-logs-rank0.json", in(d, "link.json")), 0);
+	out = TRACE(1, "-o", in(d, "link.json"), d);
+	has(out, "link.json is the input ");
+	has(out, "perf-logs-rank0.json: merging into it would destroy that trace");
+	free(out);
+	/* the inputs as they were, no merge written */
+	char *t0 = h_slurp(r0), *t1 = h_slurp(r1);
+	assert_non_null(t0);
+	assert_non_null(t1);
+	assert_string_equal(t0, rank0);
+	assert_string_equal(t1, rank1);
+	free(t0);
+	free(t1);
+	assert_false(exists(in(d, "perf-logs-merged.json")));
+	/* and its summary is still 2 ranks' */
+	out = TRACE(0, "--no-merge", d);
+	has(out, "2 ranks, 4 steps (2 per rank)");
+	free(out);
+}
+
+/* A merged trace is no rank's: refused as an input, named or found in a
+ * directory (its events would count twice, its rank taken from its name). */
+static void test_merged_input(void **state)
+{
+	(void)state;
+	const char *d = dir("merged-in");
+	two_ranks(d);
+	free(TRACE(0, d));
+	const char *merged = in(d, "perf-logs-merged.json");
+	char *out = TRACE(1, "--no-merge", merged);
+	has(out, "perf-logs-merged.json: already a merged trace (otherData.merged_by), not one "
+		 "rank's: give the per-rank traces it was merged from");
+	free(out);
+	/* under a rank file's name in the directory */
+	char *text = h_slurp(merged);
+	assert_non_null(text);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank2.json"), text, 0644), 0);
+	free(text);
+	out = TRACE(1, "--no-merge", d);
+	has(out, "perf-logs-rank2.json: already a merged trace");
+	lacks(out, "steps (");
+	free(out);
+}
+
 /* ---- errors ---- */
 
 static void test_errors(void **state)
@@ -645,6 +759,9 @@ int main(void)
 	    cmocka_unit_test(test_merge),
 	    cmocka_unit_test(test_no_barrier),
 	    cmocka_unit_test(test_torn),
+	    cmocka_unit_test(test_past_end),
+	    cmocka_unit_test(test_output_is_input),
+	    cmocka_unit_test(test_merged_input),
 	    cmocka_unit_test(test_errors),
 	    cmocka_unit_test(test_not_a_file),
 	    cmocka_unit_test(test_full_disk),
