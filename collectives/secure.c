@@ -250,7 +250,14 @@ static void count_refusal(hpucoll_comm *c, uint16_t ev)
 {
 	uint64_t n = atomic_fetch_add(&c->sec.refused, 1) + 1, p = 10;
 
-	if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+	/* NO_DETAIL: the handshake ran out of time or its connection
+	 * closed (a peer stopped or gone in the middle of it); PROTOCOL: it
+	 * spoke another mechanism */
+	if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+		say(c, NULL, "its handshake did not finish (it stopped answering or "
+			     "closed the connection in the middle: a stopped, dead or "
+			     "slow peer, or no peer at all)");
+	else if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 		say(c, NULL, "its handshake failed (no proof, or another "
 			     "security mode)");
 	while (p < n && p < UINT64_MAX / 10)

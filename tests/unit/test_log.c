@@ -12,16 +12,19 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
+#include <netinet/in.h>
 
 #include "hpu/coll.h"
 #include "common/log.h"
@@ -170,6 +173,36 @@ static void test_coll_message_reaches_hook(void **state)
 	printf("stderr without the hook: %s", err);
 	assert_int_equal(strncmp(err, "hpucoll: rank 0 refused a data-plane connection from ", 53), 0);
 	assert_non_null(strstr(err, "none of its frames was read\n"));
+	free(err);
+}
+
+/* A connection that opens and never speaks (a peer stopped in the
+ * middle of its start): after the handshake's 5 s it is refused as one
+ * that did not finish, not as a security mismatch. */
+static void test_silent_connection_said(void **state)
+{
+	(void)state;
+	hpucoll_comm *c = NULL;
+	assert_int_equal(hpucoll_comm_new_secure(&c, 0, 2, "tcp://127.0.0.1:*",
+						 HPUCOLL_SECURITY_AUTH, "the job token", 13),
+			 HPUCOLL_OK);
+	const char *ep = hpucoll_comm_endpoint(c);
+	const char *colon = strrchr(ep, ':');
+	assert_non_null(colon);
+	capture cap;
+	cap_start(&cap);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	wait_refused(c, 1);
+	usleep(200000);
+	char *err = cap_end(&cap);
+	close(fd);
+	hpucoll_comm_destroy(&c);
+	printf("stderr: %s", err);
+	assert_non_null(strstr(err, "refused a data-plane connection from "));
+	assert_non_null(strstr(err, ": its handshake did not finish (it stopped answering"));
 	free(err);
 }
 
@@ -366,6 +399,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_coll_message_reaches_hook),
+		cmocka_unit_test(test_silent_connection_said),
 		cmocka_unit_test(test_levels_filter),
 		cmocka_unit_test(test_env_level),
 		cmocka_unit_test(test_journal_priorities),
