@@ -37,15 +37,54 @@ static int read_file(const char *path, char **buf, size_t *len, char *err,
 	return 0;
 }
 
+/* The first comma (outside strings) that only white space parts from a
+ * '}' or ']': JSON allows none, and cJSON says where it gave up, which
+ * may be the file's end. Its offset, or len where there is none. */
+static size_t trailing_comma(const char *buf, size_t len)
+{
+	int in_str = 0;
+	for (size_t i = 0; i < len; i++) {
+		char ch = buf[i];
+		if (in_str) {
+			if (ch == '\\')
+				i++;
+			else if (ch == '"')
+				in_str = 0;
+			continue;
+		}
+		if (ch == '"') {
+			in_str = 1;
+		} else if (ch == ',') {
+			size_t j = i + 1;
+			while (j < len && (buf[j] == ' ' || buf[j] == '\t' || buf[j] == '\n' ||
+					   buf[j] == '\r'))
+				j++;
+			if (j < len && (buf[j] == '}' || buf[j] == ']'))
+				return i;
+		}
+	}
+	return len;
+}
+
 static void syntax_error(const char *path, const char *buf, size_t len,
 			 const char *at, char *err, size_t errlen)
 {
 	size_t pos = at && at >= buf && at <= buf + len ? (size_t)(at - buf) : len;
+	size_t comma = trailing_comma(buf, len);
+	int trailing = comma < pos || (comma < len && pos >= len);
+	if (trailing)
+		pos = comma;
 	int line = 1;
 	size_t col = 1;
 	for (size_t i = 0; i < pos; i++, col++)
 		if (buf[i] == '\n')
 			line++, col = 0;
+	if (trailing) {
+		snprintf(err, errlen, "%s: line %d, column %zu: JSON syntax error: a comma before "
+				      "'%c' (JSON allows no trailing comma)",
+			 path, line, col, buf[pos + 1 + strspn(buf + pos + 1, " \t\r\n")]);
+		return;
+	}
 	if (pos >= len) {
 		snprintf(err, errlen, "%s: line %d: JSON syntax error: the file ends too early",
 			 path, line);

@@ -565,6 +565,10 @@ static void test_file_syntax_and_io(void **state)
 	LOAD_ERROR("", "JSON syntax error");
 	LOAD_ERROR("{'train_batch_size': 8}\n}", "line 2", "JSON syntax error");
 	LOAD_ERROR("{'a': 1,\n\n 'b' 2}", "line 3", "JSON syntax error");
+	/* a trailing comma is named where it is (it said "the file ends too early") */
+	LOAD_ERROR("{'train_batch_size': 8,}", "line 1, column 23",
+		   "JSON syntax error: a comma before '}' (JSON allows no trailing comma)");
+	LOAD_ERROR("{'a': [1,\n 2, ], 'b': 'x,}'}", "line 2, column 3", "a comma before ']'");
 
 	err[0] = 0;
 	assert_int_equal(hpu__opts_load_file(&o, "/nonexistent/x.json", err,
