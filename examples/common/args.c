@@ -77,3 +77,17 @@ int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int
 	}
 	return 0;
 }
+
+int ex_arg_unknown(hpu_builder *b, const char *arg, const char *list)
+{
+	size_t n = strlen(arg);
+	for (const char *p = list; n && (p = strstr(p, arg)); p += n) {
+		int starts = p == list || p[-1] == ' ';
+		if (starts && p[n] == ' ') { /* "--hidden N": it takes a value */
+			const char *e = strstr(p, ", "); /* "--channels C1,C2, ..." */
+			int m = e ? (int)(e - p) : (int)strlen(p);
+			return hpu_error(b, "%s needs a value (%.*s)", arg, m, p);
+		}
+	}
+	return hpu_error(b, "unknown model argument %s (model arguments: %s)", arg, list);
+}

@@ -42,4 +42,11 @@ typedef struct ex_arg {
  * error recorded. */
 int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int n, void *base);
 
+/* The error for argument `arg` that a model's own loop did not take,
+ * given its usage list ("--data DIR, --hidden N, --checkpoint"): where
+ * the list names arg with a value (it was the last argument), "--hidden
+ * needs a value (--hidden N)"; else "unknown model argument ARG (model
+ * arguments: LIST)". Returns hpu_error's -1. */
+int ex_arg_unknown(hpu_builder *b, const char *arg, const char *list);
+
 #endif

@@ -64,8 +64,7 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 			if (ex_arg_long(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
 				return -1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --channels C1,C2, --hidden N)",
-					 argv[i]);
+			return ex_arg_unknown(b, argv[i], "--data DIR, --channels C1,C2, --hidden N");
 		}
 	}
 	return 0;

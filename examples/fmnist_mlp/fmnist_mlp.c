@@ -49,8 +49,7 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 		} else if (!strcmp(argv[i], "--checkpoint")) {
 			*ckpt = 1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --hidden N, --depth N, --checkpoint)",
-					 argv[i]);
+			return ex_arg_unknown(b, argv[i], "--data DIR, --hidden N, --depth N, --checkpoint");
 		}
 	}
 	return 0;

@@ -130,8 +130,7 @@ static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir, l
 			if (ex_arg_long(b, "--blocks", argv[++i], 1, 64, blocks) < 0)
 				return -1;
 		} else {
-			return hpu_error(b, "unknown model argument %s (model arguments: --data DIR, --width W, --blocks N)",
-					 argv[i]);
+			return ex_arg_unknown(b, argv[i], "--data DIR, --width W, --blocks N");
 		}
 	}
 	return 0;

@@ -528,6 +528,21 @@ static void test_mlp_arguments(void **state)
 			fail_msg("%s: exit %d, wanted '%s' in:\n%s", knobs[k][0], code, want, p.out);
 		h_free(&p);
 	}
+	/* an argument it takes, given last without its value, is said so (it
+	 * was "unknown"); the CNN's too */
+	static const char *const last[][3] = {
+		{"lib/fmnist_mlp.so", "--hidden", "--hidden needs a value (--hidden N)"},
+		{"lib/fmnist_cnn.so", "--channels", "--channels needs a value (--channels C1,C2)"},
+		{"lib/resnet.so", "--blocks", "--blocks needs a value (--blocks N)"}};
+	for (int k = 0; k < 3; k++) {
+		char *argv[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "1", "--no-eval",
+				(char *)h_build(last[k][0]), "--", (char *)last[k][1], NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 120000);
+		if (code != 1 || !strstr(p.out, last[k][2]))
+			fail_msg("%s: exit %d, wanted '%s' in:\n%s", last[k][1], code, last[k][2], p.out);
+		h_free(&p);
+	}
 }
 
 int main(void)
