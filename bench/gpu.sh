@@ -121,7 +121,7 @@ for t in test_cuda_elem test_cuda_device test_cuda_ops test_cuda_ops_more test_c
     row "$t" "not built" "" "not in $build/bin"
     continue
   fi
-  lim=${TEST_LIMIT:-150}; [ "$t" = test_cuda_train ] && lim=${TRAIN_LIMIT:-150}
+  lim=${TEST_LIMIT:-75}; [ "$t" = test_cuda_train ] && lim=${TRAIN_LIMIT:-150}
   step "$t" "$lim" env HPU_BUILD_DIR="$build" HPU_SOURCE_DIR="$root" "$build/bin/$t"
   case $rc in
     0) row "$t" passed "" "$(tail -1 "$out/$t.log" | head -c 90)";;
