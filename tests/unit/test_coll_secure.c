@@ -57,14 +57,14 @@ static void real_proof(const char *secret, char user[64], char pass[65])
 		snprintf(pass + 2 * i, 3, "%02x", mac[i]);
 }
 
-/* Waits until `s` has finished its handshake (1) or failed it (0). */
-static int handshake(void *ctx, void *s)
+/* watch: a monitor of s's handshake, set up before s connects (set up
+ * after, a quick handshake's event came before it and was missed: a
+ * stranger let in read as refused after 10 s); handshake: waits until s
+ * has finished its handshake (1) or failed it (0), and closes m. */
+static void *watch(void *ctx, void *s)
 {
 	char ep[64];
 	void *m = zmq_socket(ctx, ZMQ_PAIR);
-	zmq_pollitem_t it = {.socket = m, .events = ZMQ_POLLIN};
-	uint16_t ev = 0;
-	zmq_msg_t f;
 
 	snprintf(ep, sizeof(ep), "inproc://handshake-%p", s);
 	assert_int_equal(zmq_socket_monitor(s, ep,
@@ -72,6 +72,15 @@ static int handshake(void *ctx, void *s)
 						    ZMQ_EVENT_HANDSHAKE_FAILED_AUTH),
 			 0);
 	assert_int_equal(zmq_connect(m, ep), 0);
+	return m;
+}
+
+static int handshake(void *m, void *s)
+{
+	zmq_pollitem_t it = {.socket = m, .events = ZMQ_POLLIN};
+	uint16_t ev = 0;
+	zmq_msg_t f;
+
 	if (zmq_poll(&it, 1, 10000) == 1) {
 		zmq_msg_init(&f);
 		if (zmq_msg_recv(&f, m, 0) >= 2)
@@ -119,9 +128,11 @@ static void *forge(void *ctx, const char *ep, enum attack how,
 				       strlen(user));
 			zmq_setsockopt(t, ZMQ_PLAIN_PASSWORD, pass, 64);
 			if (i == 0) {
+				void *m = watch(ctx, t);
+
 				zmq_connect(t, ep);
 				/* Let in, unless PLAIN is not spoken. */
-				assert_int_equal(handshake(ctx, t),
+				assert_int_equal(handshake(m, t),
 						 sec == HPUCOLL_SECURITY_AUTH);
 				zmq_close(t);
 			}
@@ -631,8 +642,9 @@ static int from_elsewhere(hpucoll_comm *c, struct shared *sh,
 			zmq_setsockopt(t, ZMQ_PLAIN_PASSWORD, pass, 64);
 			snprintf(ep, sizeof(ep), "tcp://%s:0;%s", from[i],
 				 sh->eps.ep[1] + 6);
-			if (zmq_connect(t, ep) != 0 ||
-			    handshake(ctx, t) != i) {
+			void *m = watch(ctx, t);
+
+			if (zmq_connect(t, ep) != 0 || handshake(m, t) != i) {
 				fprintf(stderr, "a stranger from %s was %s\n",
 					from[i], i ? "refused" : "let in");
 				rc = 1;
@@ -668,9 +680,11 @@ static int ipc_stranger(const char *ep, const char *secret, uid_t uid)
 		zmq_setsockopt(t, ZMQ_LINGER, &zero, sizeof(zero));
 		zmq_setsockopt(t, ZMQ_PLAIN_USERNAME, user, strlen(user));
 		zmq_setsockopt(t, ZMQ_PLAIN_PASSWORD, pass, 64);
+		void *m = watch(ctx, t);
+
 		if (zmq_connect(t, ep) != 0)
 			_exit(3);
-		in = handshake(ctx, t);
+		in = handshake(m, t);
 		zmq_close(t);
 		zmq_ctx_term(ctx);
 		_exit(in);
