@@ -874,11 +874,25 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	return 0;
 }
 
+/* Whether a file can be made in dir: one made there and removed again;
+ * 0, or -1 with errno. */
+static int write_probe(const char *dir)
+{
+	char probe[4200];
+	snprintf(probe, sizeof probe, "%s/.hpu-write-test-XXXXXX", dir);
+	int fd = mkstemp(probe);
+	if (fd < 0)
+		return -1;
+	close(fd);
+	unlink(probe);
+	return 0;
+}
+
 int hpu__opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 				   size_t errlen)
 {
 	const char *dir = o->checkpoint_dir;
-	char at[sizeof o->checkpoint_dir], probe[sizeof o->checkpoint_dir + 32];
+	char at[sizeof o->checkpoint_dir];
 	if (!dir[0])
 		return 0;
 	if (hpu__make_dirs(dir, at, sizeof at) < 0) {
@@ -891,15 +905,11 @@ int hpu__opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 				 dir, at, strerror(e));
 		return -1;
 	}
-	snprintf(probe, sizeof probe, "%s/.hpu-write-test-XXXXXX", dir);
-	int fd = mkstemp(probe);
-	if (fd < 0) {
+	if (write_probe(dir) < 0) {
 		snprintf(err, errlen, "cannot write in the checkpoint directory %s: %s", dir,
 			 strerror(errno));
 		return -1;
 	}
-	close(fd);
-	unlink(probe);
 	return 0;
 }
 
@@ -944,17 +954,13 @@ int hpu__opts_check_outputs(const hpu_train_opts *o, int node0, char *err, size_
 		snprintf(err, errlen, "--save-params %s is a directory: give a file name", p);
 		return -1;
 	}
-	char dir[sizeof o->save_params], probe[sizeof o->save_params + 32];
+	char dir[sizeof o->save_params];
 	dir_of(p, dir, sizeof dir);
-	snprintf(probe, sizeof probe, "%s/.hpu-write-test-XXXXXX", dir);
-	int fd = mkstemp(probe);
-	if (fd < 0) {
+	if (write_probe(dir) < 0) {
 		snprintf(err, errlen, "--save-params %s: cannot write in %s: %s", p, dir,
 			 strerror(errno));
 		return -1;
 	}
-	close(fd);
-	unlink(probe);
 	if (o->metrics[0] && same_file(p, o->metrics)) {
 		snprintf(err, errlen, "--save-params and --metrics name the same file (%s): the "
 				      "parameters would overwrite the metrics", p);

@@ -71,7 +71,7 @@ static void syntax_error(const char *path, const char *buf, size_t len,
 {
 	size_t pos = at && at >= buf && at <= buf + len ? (size_t)(at - buf) : len;
 	size_t comma = trailing_comma(buf, len);
-	int trailing = comma < pos || (comma < len && pos >= len);
+	int trailing = comma < pos; /* pos is at most len */
 	if (trailing)
 		pos = comma;
 	int line = 1;

@@ -382,7 +382,7 @@ static struct {
 	char *save;              /* [pages * PAGE_BYTES], MAP_NORESERVE */
 	unsigned long *claimed;  /* a page's copy is being made / is made */
 	unsigned long *saved;
-	size_t pages, bytes;
+	size_t pages;
 	unsigned long seq0;      /* labels numbered before it began */
 } R;
 
@@ -428,8 +428,6 @@ other:
 static void save_begin(size_t top)
 {
 	size_t pages = top / PAGE_BYTES, words = WORD(pages) + 1;
-	R.pages = R.bytes = 0;
-	R.save = NULL;
 	R.claimed = calloc(words, sizeof *R.claimed);
 	R.saved = calloc(words, sizeof *R.saved);
 	void *m = pages ? mmap(NULL, pages * PAGE_BYTES, PROT_READ | PROT_WRITE,
@@ -444,7 +442,6 @@ static void save_begin(size_t top)
 		return;
 	}
 	R.pages = pages;
-	R.bytes = pages * PAGE_BYTES;
 	R.seq0 = label_seq;
 	R.save = m;
 }
@@ -473,7 +470,7 @@ static void save_restore(void)
 static void save_end(void)
 {
 	if (R.save)
-		munmap(R.save, R.bytes);
+		munmap(R.save, R.pages * PAGE_BYTES);
 	free(R.claimed);
 	free(R.saved);
 	memset(&R, 0, sizeof R);

@@ -1,6 +1,7 @@
 /* graphs: --graphs; see graphs.h. */
 #include "worker/runtime/graphs.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,10 +77,9 @@ int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fie
 	*g = (hpu__graphs){.warmup = warmup, .accum = accum, .micro = micro, .fields = fields,
 			   .rank = rank, .verbose = verbose, .key = g->key};
 	memcpy(g->field_bytes, field_bytes, (size_t)fields * sizeof *field_bytes);
-	const char *fb = hpu__env_str(HPU_ENV_HPU_GRAPHS_FAIL_BEGIN);
-	char *end;
-	long fr = fb && *fb ? strtol(fb, &end, 10) : -1;
-	g->fail_begin = fb && *fb && !*end && fr == rank;
+	long fr;
+	g->fail_begin = hpu__env_long(HPU_ENV_HPU_GRAPHS_FAIL_BEGIN, 0, INT_MAX, &fr) > 0 &&
+			fr == rank;
 	*out = g;
 	for (int k = 0; k < accum; k++) {
 		for (int f = 0; f < fields; f++)
