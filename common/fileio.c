@@ -299,3 +299,30 @@ int hpu__append_line(FILE *f, const char *s)
 	errno = e;
 	return -1;
 }
+
+/* path's directory ("." where it has no '/') into out. */
+static void dir_part(const char *path, char *out, size_t len)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(out, len, ".");
+	else if (slash == path)
+		snprintf(out, len, "/");
+	else
+		snprintf(out, len, "%.*s", (int)(slash - path), path);
+}
+
+int hpu__same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+	if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+		return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+	char da[PATH_MAX], db[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
+	dir_part(a, da, sizeof da);
+	dir_part(b, db, sizeof db);
+	const char *na = strrchr(a, '/') ? strrchr(a, '/') + 1 : a;
+	const char *nb = strrchr(b, '/') ? strrchr(b, '/') + 1 : b;
+	if (!realpath(da, ra) || !realpath(db, rb))
+		return strcmp(a, b) == 0;
+	return strcmp(ra, rb) == 0 && strcmp(na, nb) == 0;
+}

@@ -55,6 +55,11 @@ int hpu__write_all(int fd, const void *p, size_t n);
  * ends with its last whole line (a JSON-lines file after a full disk). */
 int hpu__append_line(FILE *f, const char *s);
 
+/* Whether paths a and b name the same file: the same device and inode
+ * where both exist (links followed), else the same real directory and
+ * the same last name (an output not made yet). */
+int hpu__same_file(const char *a, const char *b);
+
 /* How output `path` is written: in place (1) when it is a device or a
  * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
  * replace; else (0) as a temporary file renamed onto real[len]: path

@@ -925,23 +925,6 @@ static void dir_of(const char *path, char *out, size_t len)
 		snprintf(out, len, "%.*s", (int)(slash - path), path);
 }
 
-/* Whether a and b name the same file: the same inode where both exist,
- * else the same real directory and the same last name. */
-static int same_file(const char *a, const char *b)
-{
-	struct stat sa, sb;
-	if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
-		return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-	char da[PATH_MAX], db[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
-	dir_of(a, da, sizeof da);
-	dir_of(b, db, sizeof db);
-	const char *na = strrchr(a, '/') ? strrchr(a, '/') + 1 : a;
-	const char *nb = strrchr(b, '/') ? strrchr(b, '/') + 1 : b;
-	if (!realpath(da, ra) || !realpath(db, rb))
-		return strcmp(a, b) == 0;
-	return strcmp(ra, rb) == 0 && strcmp(na, nb) == 0;
-}
-
 int hpu__opts_check_outputs(const hpu_train_opts *o, int node0, char *err, size_t errlen)
 {
 	if (hpu__opts_check_checkpoint_dir(o, err, errlen) < 0)
@@ -961,7 +944,7 @@ int hpu__opts_check_outputs(const hpu_train_opts *o, int node0, char *err, size_
 			 strerror(errno));
 		return -1;
 	}
-	if (o->metrics[0] && same_file(p, o->metrics)) {
+	if (o->metrics[0] && hpu__same_file(p, o->metrics)) {
 		snprintf(err, errlen, "--save-params and --metrics name the same file (%s): the "
 				      "parameters would overwrite the metrics", p);
 		return -1;

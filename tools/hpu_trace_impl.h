@@ -81,7 +81,7 @@ int hpu__trc_add_dir(inputs *in, const char *dir);
 int hpu__trc_by_rank(const void *a, const void *b);
 /* DIR/NAME-merged.json (caller frees). */
 char *hpu__trc_default_output(const char *first, int first_is_dir, const inputs *in);
-/* The input that file out is (device and inode), or NULL. */
+/* The input that file out is (hpu__same_file), or NULL. */
 const trace *hpu__trc_output_is_input(const inputs *in, const char *out);
 
 /* ---- the merged trace (hpu_trace_merge.c) ---- */

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "common/fileio.h"
 #include "tools/hpu_trace_impl.h"
 #include "tools/tool.h"
 
@@ -113,16 +113,12 @@ char *hpu__trc_default_output(const char *first, int first_is_dir, const inputs 
 	return out;
 }
 
-/* The input that out is (the same device and inode, links followed), or
- * NULL. An out that does not exist is none of them: every input exists
- * (it is read before anything is written). */
+/* The input that out is (hpu__same_file: the same device and inode,
+ * links followed), or NULL. */
 const trace *hpu__trc_output_is_input(const inputs *in, const char *out)
 {
-	struct stat o, st;
-	if (stat(out, &o) != 0)
-		return NULL;
 	for (int i = 0; i < in->n; i++)
-		if (stat(in->t[i].path, &st) == 0 && st.st_dev == o.st_dev && st.st_ino == o.st_ino)
+		if (hpu__same_file(in->t[i].path, out))
 			return &in->t[i];
 	return NULL;
 }
