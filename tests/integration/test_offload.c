@@ -618,6 +618,9 @@ static void test_offload_refusals(void **state)
 		}
 		free(out);
 	}
+	char cfg[96];
+	tmp_name(cfg, sizeof cfg, "ds.json");
+	unlink(cfg);
 }
 
 int main(void)

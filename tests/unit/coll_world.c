@@ -108,6 +108,13 @@ void cw_run_world(const struct world *w, rank_fn body)
 	assert_int_equal(ct_run_ranks(w->ws, child, &a, CHILD_DEADLINE_MS, 1),
 			 0);
 	ct_shared_free(a.sh, sizeof(*a.sh));
+	/* A rank killed by a fault test leaves its ipc endpoint's file
+	 * (a live rank's goes when its communicator is destroyed). */
+	for (int r = 0; r < w->ws && !w->tcp; r++) {
+		char ep[CT_EP_MAX];
+		ct_bind_ep(ep, sizeof(ep), 0, a.prefix, r);
+		unlink(ep + strlen("ipc://"));
+	}
 	/* The job's shared memory is gone, whatever happened. */
 	snprintf(job, sizeof(job), "utest%d-%d", (int)getpid(), cw_world_id);
 	assert_int_equal(ct_shm_segments(job), 0);

@@ -88,9 +88,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	const char *names[] = {"lower.txt", "fp32.txt"};
+	const char *names[] = {"lower.txt", "fp32.txt", "nul.txt", "fifo",
+			       "ops_bf16.txt", "ops_fp32.txt"};
 	char p[128];
-	for (int i = 0; i < 2; i++) {
+	for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
 		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
 		unlink(p);
 	}
