@@ -318,6 +318,27 @@ static void test_nonfinite_loss_one_step(void **state)
 	free(out);
 }
 
+/* A NaN loss whose layer's backward does not read dout (bad_loss
+ * --no-dout): no gradient carries the loss's NaN seed, yet the step is
+ * skipped on every rank, at 1 worker and where rank 1's loss alone is
+ * NaN at 2. (It trained on with loss nan, nothing skipped, exit 0.) */
+static void test_nonfinite_loss_no_dout(void **state)
+{
+	(void)state;
+	for (int devices = 1; devices <= 2; devices++) {
+		char *out = train_bad_loss(0, devices, "5", NULL,
+					   devices == 1 ? "--loss nan --from 3 --to 3 --no-dout"
+							: "--loss nan --from 3 --to 3 --rank 1 "
+							  "--no-dout");
+		has(out, "step 3: non-finite loss or gradients: step skipped on every rank "
+			 "(1 in a row)");
+		has(out, "step 5/5 loss ");
+		if (!isfinite(final_loss(out)))
+			fail_msg("the final loss is not finite:\n%s", out);
+		free(out);
+	}
+}
+
 /* A loss is not an error channel: a negative one (-1) and any finite one
  * train on to the end, nothing skipped. */
 static void test_finite_losses_train(void **state)
@@ -490,6 +511,7 @@ int main(void)
 	    cmocka_unit_test(test_save_params_full_disk),
 	    cmocka_unit_test(test_nonfinite_loss_stops),
 	    cmocka_unit_test(test_nonfinite_loss_one_step),
+	    cmocka_unit_test(test_nonfinite_loss_no_dout),
 	    cmocka_unit_test(test_finite_losses_train),
 	    cmocka_unit_test(test_nonfinite_first_named),
 	    cmocka_unit_test(test_nonfinite_unchecked_named),

@@ -448,7 +448,8 @@ static void sumsq_case(size_t n, const float *g, int with16, const char *where)
 }
 
 /* loss_seed on g[n]: the CPU's bits, NaN where the CPU's is (a GPU's NaN
- * may carry other bits). bad: which sum is not finite (-1 none). */
+ * may carry other bits), and the CPU's sv->bad. bad: which sum is not
+ * finite (-1 none). */
 static void seed_case(size_t n, const float *g, int bad)
 {
 	double sums[5] = {1.5, -2.25, 1e300, 0.0, 3.0};
@@ -460,12 +461,17 @@ static void seed_case(size_t n, const float *g, int bad)
 	/* w * (s / batch) would round otherwise with these */
 	const float w = 0.3f, base = 0.37f;
 	const int batch = 33;
+	hpu__dev_stepvars *dsv = up(&sv, sizeof sv); /* bad 0, before the CPU's sets it */
 	cpu->loss_seed(want, n, sums, 5, w, base, batch, &sv);
 	float *dg = up(g, AT_LEAST1(n) * 4);
 	double *dsums = up(sums, sizeof sums);
-	hpu__dev_stepvars *dsv = up(&sv, sizeof sv);
 	D->rt->loss_seed(dg, n, dsums, 5, w, base, batch, dsv);
 	float *got = down(dg, AT_LEAST1(n) * 4);
+	hpu__dev_stepvars *gsv = down(dsv, sizeof sv);
+	CHECK(gsv->bad == sv.bad, "loss_seed n=%zu (%s %d): sv->bad %g, the CPU's %g", n,
+	      bad < 0 ? "every sum finite" : "not finite: sum", bad, (double)gsv->bad,
+	      (double)sv.bad);
+	free(gsv);
 	for (size_t i = 0; i < n; i++)
 		if (memcmp(&got[i], &want[i], 4) && !(got[i] != got[i] && want[i] != want[i])) {
 			CHECK(0, "loss_seed n=%zu (%s %d) at %zu: %.9g, the CPU's %.9g", n,

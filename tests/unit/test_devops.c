@@ -438,7 +438,8 @@ static void test_eval_sums(void **state)
 }
 
 /* loss_seed: g[i] + weight * (float)(base * loss_scale) / (float)batch
- * in fp32; NaN everywhere where a sum is Inf or NaN (first, middle, last). */
+ * in fp32; NaN everywhere where a sum is Inf or NaN (first, middle, last),
+ * and sv->bad 1 then (0 left as it is where every sum is finite). */
 static void test_loss_seed(void **state)
 {
 	(void)state;
@@ -461,8 +462,14 @@ static void test_loss_seed(void **state)
 				/* values where w * (s / batch) would round otherwise */
 				const float w = 0.3f, base = 0.37f;
 				const int batch = 33;
+				hpu__dev_h2d(NULL, dsv, &sv, sizeof sv); /* bad 0 */
 				hpu__dev_loss_seed(dg, n, dsums, 5, w, base, batch, dsv);
 				dev_out(got, dg, (n ? n : 1) * 4); /* (frees dg) */
+				hpu__dev_stepvars after;
+				hpu__dev_d2h(NULL, &after, dsv, sizeof after);
+				if (after.bad != (bad >= 0 ? 1.0f : 0.0f))
+					fail_msg("loss_seed n=%zu (bad sum %d): sv->bad %g", n, bad,
+						 (double)after.bad);
 				float s = (float)((double)base * sv.loss_scale);
 				float v = bad >= 0 ? NAN : w * s / (float)batch;
 				for (size_t i = 0; i < n; i++) {

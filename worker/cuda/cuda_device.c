@@ -905,11 +905,10 @@ static void rt_sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, f
 }
 
 static void rt_loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
-			 float base, int batch, const hpu__dev_stepvars *sv)
+			 float base, int batch, hpu__dev_stepvars *sv)
 {
-	if (n)
-		K(hpu__cuda_k_loss_seed(S, g, n, sums, nsums, weight, base, batch, sv),
-		  "loss_seed");
+	/* at n = 0 too: sv->bad as the host's */
+	K(hpu__cuda_k_loss_seed(S, g, n, sums, nsums, weight, base, batch, sv), "loss_seed");
 }
 
 static void rt_step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c)

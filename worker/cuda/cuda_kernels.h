@@ -75,10 +75,11 @@ cudaError_t hpu__cuda_k_sumsq_parts_at(cudaStream_t s, const float *g, size_t n,
  * *acc += that where acc != NULL, else it is kept in *total. */
 cudaError_t hpu__cuda_k_sumsq_fold(cudaStream_t s, const double *part, size_t count,
 				   double *total, int first, double *acc);
-/* g[n] += hpu__elem_loss_seed(sums, ..., sv->loss_scale) */
+/* g[n] += hpu__elem_loss_seed(sums, ..., sv->loss_scale); sv->bad = 1
+ * where that is NaN (a sum not finite) */
 cudaError_t hpu__cuda_k_loss_seed(cudaStream_t s, float *g, size_t n, const double *sums,
 				  int nsums, float weight, float base, int batch,
-				  const hpu__dev_stepvars *sv);
+				  hpu__dev_stepvars *sv);
 /* One thread each: hpu__elem_step_begin, hpu__elem_step_end on sv (*c
  * passed by value). */
 cudaError_t hpu__cuda_k_step_begin(cudaStream_t s, hpu__dev_stepvars *sv,

@@ -230,9 +230,11 @@ __global__ static void k_sumsq_fold(const double *part, size_t count, double *to
 
 __global__ static void k_loss_seed(float *g, size_t n, const double *sums, int nsums,
 				   float weight, float base, int batch,
-				   const hpu__dev_stepvars *sv)
+				   hpu__dev_stepvars *sv)
 {
 	const float v = hpu__elem_loss_seed(sums, nsums, weight, base, batch, sv->loss_scale);
+	if (blockIdx.x == 0 && threadIdx.x == 0 && v != v)
+		sv->bad = 1.0f; /* device_ops.c's loss_seed */
 	FOR_EACH(i, n)
 	g[i] = E_ADD(g[i], v);
 }
@@ -382,7 +384,7 @@ cudaError_t hpu__cuda_k_sumsq_fold(cudaStream_t s, const double *part, size_t co
 
 cudaError_t hpu__cuda_k_loss_seed(cudaStream_t s, float *g, size_t n, const double *sums,
 				  int nsums, float weight, float base, int batch,
-				  const hpu__dev_stepvars *sv)
+				  hpu__dev_stepvars *sv)
 {
 	LAUNCH(k_loss_seed, n, s, g, n, sums, nsums, weight, base, batch, sv);
 }

@@ -174,9 +174,11 @@ typedef struct hpu__dev_rtops {
 	/* A loss term's seed: g[n] += weight * s / (float)batch in fp32,
 	 * s = (float)(base * sv->loss_scale); NaN instead where one of the
 	 * micro-step's loss sums sums[nsums] (device memory) is not finite,
-	 * so that every rank's gradients are and the step is skipped. */
+	 * and sv->bad = 1 then, so that the step is skipped on every rank
+	 * even where no gradient carries the seed on (a loss layer whose
+	 * backward does not read dout). */
 	void (*loss_seed)(float *g, size_t n, const double *sums, int nsums, float weight,
-			  float base, int batch, const hpu__dev_stepvars *sv);
+			  float base, int batch, hpu__dev_stepvars *sv);
 	/* Before the update, after bad and sumsq are complete (reduced
 	 * across ranks): skip = bad > 0; unless skipped, t += 1, norm =
 	 * sqrt(sumsq) (divided by loss_scale in 16-mixed; only where
@@ -574,7 +576,7 @@ void hpu__dev_sumsq_add(double *acc, const float *g, size_t n);
 void hpu__dev_sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, float *scratch,
 			  size_t chunk);
 void hpu__dev_loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
-			float base, int batch, const hpu__dev_stepvars *sv);
+			float base, int batch, hpu__dev_stepvars *sv);
 void hpu__dev_step_begin(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 void hpu__dev_step_end(hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c);
 void hpu__dev_rows_add(double *acc, const float *v, size_t n, const int *rows);

@@ -416,11 +416,13 @@ static void sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, floa
 }
 
 static void loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
-		      float base, int batch, const hpu__dev_stepvars *sv)
+		      float base, int batch, hpu__dev_stepvars *sv)
 {
 	int finite = 1;
 	for (int k = 0; k < nsums; k++)
 		finite &= isfinite(sums[k]) != 0;
+	if (!finite)
+		sv->bad = 1;
 	float scale = (float)(base * sv->loss_scale);
 	add_scalar(g, finite ? weight * scale / (float)batch : NAN, n);
 }

@@ -83,7 +83,7 @@ RT_DEF(sumsq16_add,
        (acc, fp16, g, n, scratch, chunk))
 RT_DEF(loss_seed,
        (float *g, size_t n, const double *sums, int nsums, float weight, float base, int batch,
-	const hpu__dev_stepvars *sv),
+	hpu__dev_stepvars *sv),
        (g, n, sums, nsums, weight, base, batch, sv))
 RT_DEF(step_begin, (hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c), (sv, c))
 RT_DEF(step_end, (hpu__dev_stepvars *sv, const hpu__dev_stepcfg *c), (sv, c))
@@ -243,7 +243,7 @@ void hpu__dev_sumsq16_add(double *acc, int fp16, const uint16_t *g, size_t n, fl
 }
 
 void hpu__dev_loss_seed(float *g, size_t n, const double *sums, int nsums, float weight,
-			float base, int batch, const hpu__dev_stepvars *sv)
+			float base, int batch, hpu__dev_stepvars *sv)
 {
 	ON_DEVICE2("loss_seed", g, sums);
 	hpu__dev_on_device("loss_seed", sv);
