@@ -98,7 +98,9 @@ typedef struct hpu_data_field {
 	int ndim;
 	int64_t shape[HPU_MAX_DIMS];
 	int64_t classes;        /* HPU_I32, > 0: a value outside [0, classes)
-				 * fails the fetch */
+				 * is refused by hpu_data_declare, naming
+				 * the field and row (as is a value that is
+				 * not a whole int32 in any HPU_I32 field) */
 	size_t window, offset;  /* window > 0: array is read as one sequence
 				 * (a token file) and sample i is its
 				 * elements [i * window + offset, + window):

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -139,6 +140,21 @@ static void test_idx_refused(void **state)
 	assert_non_null(strstr(err, "No such file or directory"));
 	p = put_str("junk.idx", "hello");
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "bad magic");
+	/* a directory is said to be one (it was "truncated: 0 bytes"); a
+	 * FIFO is refused (opening one nobody writes waited for ever), by
+	 * the CSV reader too */
+	p = tmp_at("adir");
+	assert_int_equal(mkdir(p, 0700), 0);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "cannot open");
+	assert_non_null(strstr(err, "Is a directory"));
+	refused(hpu_csv_load(&a, &y, p, NULL, NULL, err, sizeof err), p, "Is a directory");
+	rmdir(p);
+	p = tmp_at("fifo");
+	assert_int_equal(mkfifo(p, 0600), 0);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"is not a regular file but a FIFO (pipe): every worker reads the file itself");
+	refused(hpu_csv_load(&a, &y, p, NULL, NULL, err, sizeof err), p, "a FIFO (pipe)");
+	unlink(p);
 }
 
 /* ---- .npy ---- */
@@ -428,6 +444,15 @@ static void test_declare(void **state)
 	s.fields[0] = (hpu_data_field){.name = "image", .array = &img, .dtype = HPU_F32,
 				       .scale = 0.5f, .shift = -1, .reshape = 1, .ndim = 1, .shape = {4}};
 	s.fields[1] = (hpu_data_field){.name = "label", .array = &lab, .dtype = HPU_I32, .classes = 3};
+	/* label 9 is no class of 3: refused when declared, naming the row
+	 * (it failed only the fetch of sample 2, saying no more) */
+	assert_int_not_equal(hpu_data_declare(b, HPU_SPLIT_TRAIN, &s), HPU_OK);
+	assert_non_null(strstr(b->err, "data field 'label' (training split): row 2 holds 9, not a "
+				       "class: its classes are 0 to 2"));
+	hpu__model_destroy(&b);
+	b = hpu__model_new(0, 1, 8);
+	assert_non_null(b);
+	s.fields[1].classes = 10;
 	assert_int_equal(hpu_data_declare(b, HPU_SPLIT_TRAIN, &s), HPU_OK);
 	const hpu_dataset *d = &b->data[HPU_SPLIT_TRAIN];
 	assert_int_equal(d->size, 3);
@@ -440,7 +465,24 @@ static void test_declare(void **state)
 	assert_int_equal(d->fetch(d->user, 1, out), 0);
 	assert_true(x[0] == 1.0f && x[3] == 2.5f); /* pixels 4 .. 7 * 0.5 - 1 */
 	assert_int_equal(c, 0);
-	assert_int_not_equal(d->fetch(d->user, 2, out), 0); /* label 9 is no class of 3 */
+	s.fields[1].classes = 3; /* changed after: the fetch checks too */
+	assert_int_not_equal(d->fetch(d->user, 2, out), 0);
+	s.fields[1].classes = 10;
+	assert_int_equal(d->fetch(d->user, 2, out), 0);
+	assert_int_equal(c, 9);
+
+	/* an f32 array as an HPU_I32 field: whole numbers only */
+	hpu__model_destroy(&b);
+	b = hpu__model_new(0, 1, 8);
+	assert_non_null(b);
+	float fl[3] = {1, 2.5f, 0};
+	hpu_array fa = {.type = HPU_DATA_F32, .ndim = 1, .shape = {3}, .count = 3,
+			.row_numel = 1, .data = fl};
+	hpu_data_split fs = {.nfields = 1};
+	fs.fields[0] = (hpu_data_field){.name = "label", .array = &fa, .dtype = HPU_I32};
+	assert_int_not_equal(hpu_data_declare(b, HPU_SPLIT_TEST, &fs), HPU_OK);
+	assert_non_null(strstr(b->err, "data field 'label' (test split): row 1 holds 2.5, not a "
+				       "whole number in int32's range"));
 
 	/* windows of a token file: inputs and next-token targets (a new
 	 * builder: a test split must have the training split's fields) */

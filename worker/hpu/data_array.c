@@ -2,10 +2,12 @@
  * types, errors naming the file, array memory. */
 #include "worker/hpu/dataio.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const struct {
 	const char *name;
@@ -46,6 +48,22 @@ int hpu__data_open_fail(const hpu__dfile *f, int errnum)
 		snprintf(f->err, f->errlen, "cannot open %s: %s", f->path,
 			 errnum ? strerror(errnum) : "out of memory");
 	return HPU_EINVAL;
+}
+
+int hpu__data_regular(const hpu__dfile *f)
+{
+	struct stat st;
+	if (stat(f->path, &st) != 0)
+		return hpu__data_open_fail(f, errno);
+	if (S_ISDIR(st.st_mode))
+		return hpu__data_open_fail(f, EISDIR);
+	if (!S_ISREG(st.st_mode))
+		return hpu__data_fail(f, "is not a regular file but a %s: every worker reads the "
+				      "file itself, whole; give a file",
+				      S_ISFIFO(st.st_mode)   ? "FIFO (pipe)"
+				      : S_ISSOCK(st.st_mode) ? "socket"
+							     : "device");
+	return HPU_OK;
 }
 
 size_t hpu__array_bytes(const hpu_array *a)

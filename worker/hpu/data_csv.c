@@ -13,6 +13,8 @@
 /* The whole file (gzipped or not), NUL-terminated, in *out. */
 static int slurp(const hpu__dfile *f, char **out)
 {
+	if (hpu__data_regular(f))
+		return HPU_EINVAL;
 	gzFile gz = gzopen(f->path, "rb");
 	if (!gz)
 		return hpu__data_open_fail(f, errno);

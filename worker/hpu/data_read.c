@@ -495,6 +495,8 @@ int hpu_array_load(hpu_array *a, const char *path, const char *member, char *err
 	memset(a, 0, sizeof *a);
 	if (!path)
 		return hpu__data_fail(&f, "no file named");
+	if (hpu__data_regular(&f))
+		return HPU_EINVAL;
 	rd r = {.gz = gzopen(path, "rb")};
 	if (!r.gz)
 		return hpu__data_open_fail(&f, errno);

@@ -71,6 +71,34 @@ static int fetch(void *user, size_t index, void *const *out)
 	return 0;
 }
 
+/* An HPU_I32 field's values, checked once when it is declared: whole
+ * numbers in int32's range, and classes where it says how many (the
+ * fetch checks again, but a failed fetch can only say which sample).
+ * Types whose every value is a whole int32 are not walked unless
+ * classes is set. */
+static int check_ints(hpu_builder *b, const char *split, const hpu_data_field *fd)
+{
+	const hpu_array *a = fd->array;
+	int small = a->type == HPU_DATA_U8 || a->type == HPU_DATA_I8 || a->type == HPU_DATA_U16 ||
+		    a->type == HPU_DATA_I16 || a->type == HPU_DATA_I32;
+	if (fd->dtype != HPU_I32 || (small && fd->classes <= 0))
+		return HPU_OK;
+	size_t total = a->count * a->row_numel;
+	for (size_t k = 0; k < total; k++) {
+		double v = value(a, k);
+		size_t row = a->row_numel ? k / a->row_numel : k;
+		if (!(v >= -2147483648.0 && v <= 2147483647.0) || v != (double)(int64_t)v)
+			return hpu_error(b, "data field '%s' (%s split): row %zu holds %.17g, not a "
+					 "whole number in int32's range (an HPU_I32 field)",
+					 fd->name, split, row, v);
+		if (fd->classes > 0 && (v < 0 || v >= (double)fd->classes))
+			return hpu_error(b, "data field '%s' (%s split): row %zu holds %.17g, not a "
+					 "class: its classes are 0 to %lld",
+					 fd->name, split, row, v, (long long)fd->classes - 1);
+	}
+	return HPU_OK;
+}
+
 /* The samples field fd gives; its sample shape into hf. */
 static int check_field(hpu_builder *b, const hpu_data_field *fd, hpu_field *hf, size_t *rows)
 {
@@ -118,12 +146,15 @@ int hpu_data_declare(hpu_builder *b, hpu_split split, hpu_data_split *s)
 	if (!s || s->nfields < 1 || s->nfields > HPU_MAX_IO)
 		return hpu_error(b, "hpu_data_declare: a split needs 1 to %d fields", HPU_MAX_IO);
 	hpu_dataset d = {.nfields = s->nfields, .fetch = fetch, .user = s};
+	const char *sname = split == HPU_SPLIT_TRAIN ? "training" : "test";
 	size_t size = 0, rows0 = 0;
 	const char *first = NULL;
 	for (int f = 0; f < s->nfields; f++) {
 		size_t rows = 0;
 		const hpu_data_field *fd = &s->fields[f];
 		int rc = check_field(b, fd, &d.fields[f], &rows);
+		if (!rc)
+			rc = check_ints(b, sname, fd);
 		if (rc)
 			return rc;
 		if (!fd->window && first && rows != rows0)
@@ -136,7 +167,8 @@ int hpu_data_declare(hpu_builder *b, hpu_split split, hpu_data_split *s)
 		size = f == 0 || rows < size ? rows : size;
 	}
 	if (!size)
-		return hpu_error(b, "data field '%s': the array gives no samples", s->fields[0].name);
+		return hpu_error(b, "data field '%s' (%s split): the array gives no samples",
+				 s->fields[0].name, sname);
 	s->size = d.size = size;
 	return hpu_dataset_set(b, split, &d);
 }

@@ -22,6 +22,12 @@ int hpu__data_fail(const hpu__dfile *f, const char *fmt, ...)
 /* Writes "cannot open PATH: <strerror(errnum)>"; returns HPU_EINVAL. */
 int hpu__data_open_fail(const hpu__dfile *f, int errnum);
 
+/* HPU_OK where f's path is a regular file (or a link to one); else
+ * HPU_EINVAL with an error naming it: missing, a directory, or a FIFO,
+ * socket or device (opening a FIFO nobody writes would wait for ever,
+ * and every worker reads the file whole itself). */
+int hpu__data_regular(const hpu__dfile *f);
+
 /* Sets a's type and shape and allocates its data (count * row_numel
  * elements, at least one byte); HPU_OK, or an error naming f (a shape
  * too large, out of memory). */
