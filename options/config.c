@@ -329,7 +329,7 @@ static const struct hpu__opt opts[] = {
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
 	NUM("eval-every", K_LONG, eval_every, 1, 1e15, "validate every N steps: loss and metrics on the test split or the --val-fraction slice (never)"),
 	NUM("eval-every-epochs", K_DOUBLE, eval_every_epochs, 0, 1e9, "validate at the end of every Nth epoch, or F below 1: at every F of an epoch, 0.25 every quarter (never)"),
-	NUM("val-fraction", K_DOUBLE, val_fraction, 0, 1, "validate on this fraction of the training split, held out of training, chosen from --seed (0: the test split)"),
+	NUM("val-fraction", K_DOUBLE, val_fraction, 0, 1, "validate on this fraction (above 0, below 1) of the training split, held out of training, chosen from --seed (not given: the test split)"),
 	OTHER("early-stop", K_STR, early_stop, "METRIC[:min|max],PATIENCE[,MIN_DELTA]: stop when PATIENCE validations in a row did not improve val_loss or val_<metric> by more than MIN_DELTA (0); min unless :max"),
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
 	OTHER_("profile-filename", K_STR, profile_name, LOCAL, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),

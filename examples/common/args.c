@@ -72,6 +72,9 @@ int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int
 			*(const char **)field = argv[++i];
 		else if (ex_arg_double(b, argv[i], argv[i + 1], args[k].lo, args[k].hi, field) < 0)
 			return -1;
+		else if (args[k].kind == EX_ARG_INT && *(double *)field != (double)(long long)*(double *)field)
+			return hpu_error(b, "%s wants a whole number in %g..%g, got %s", argv[i],
+					 args[k].lo, args[k].hi, argv[i + 1]);
 		else
 			i++;
 	}

@@ -24,10 +24,11 @@ int ex_arg_double(hpu_builder *b, const char *name, const char *v, double lo, do
 		  double *out);
 
 /* One model argument of a table for ex_args_parse: a number lo..hi
- * stored as a double, a string (a pointer into argv) or a flag (an int
- * set to 1), at byte `off` of the model's argument struct. `meta` names
- * the value in the usage list ("DIR", "N"; NULL for a flag). */
-typedef enum ex_arg_kind { EX_ARG_NUM, EX_ARG_STR, EX_ARG_FLAG } ex_arg_kind;
+ * stored as a double (EX_ARG_INT: a whole one), a string (a pointer into
+ * argv) or a flag (an int set to 1), at byte `off` of the model's
+ * argument struct. `meta` names the value in the usage list ("DIR", "N";
+ * NULL for a flag). */
+typedef enum ex_arg_kind { EX_ARG_NUM, EX_ARG_INT, EX_ARG_STR, EX_ARG_FLAG } ex_arg_kind;
 typedef struct ex_arg {
 	const char *name; /* "--ctx" */
 	ex_arg_kind kind;
@@ -38,8 +39,8 @@ typedef struct ex_arg {
 
 /* Reads argv[1..argc-1] by the table args[n] into the struct at base.
  * Returns 0, or hpu_error's -1 with "unknown model argument X (model
- * arguments: --a N, --b, ...)", "--x needs a value" or ex_arg_double's
- * error recorded. */
+ * arguments: --a N, --b, ...)", "--x needs a value", ex_arg_double's
+ * error or "--x wants a whole number in LO..HI, got V" recorded. */
 int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int n, void *base);
 
 /* The error for argument `arg` that a model's own loop did not take,

@@ -2,6 +2,7 @@
 #include "examples/common/corpus.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,7 +57,8 @@ int ex_corpus_read(ex_corpus *c, const char *dir, char *err, size_t errlen)
 	memset(c, 0, sizeof *c);
 	int n = scandir(dir, &names, visible, alphasort), rc = 0;
 	if (n < 0) {
-		snprintf(err, errlen, "cannot list the corpus directory %s", dir);
+		snprintf(err, errlen, "cannot list the corpus directory %s: %s", dir,
+			 strerror(errno));
 		return -1;
 	}
 	for (int i = 0; i < n; i++) {

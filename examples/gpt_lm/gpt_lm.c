@@ -128,20 +128,27 @@ static int report(hpu_run *run, void *user)
 }
 
 #define NUM(name, field, meta, lo, hi) {name, EX_ARG_NUM, offsetof(args, field), meta, lo, hi}
+#define INT(name, field, meta, lo, hi) {name, EX_ARG_INT, offsetof(args, field), meta, lo, hi}
 #define STR(name, field, meta) {name, EX_ARG_STR, offsetof(args, field), meta, 0, 0}
 static const ex_arg arg_table[] = {
-	STR("--data", dir, "DIR"), STR("--tokens", tokens, "FILE"), NUM("--vocab", vocab, "N", 1, 1e7),
-	NUM("--ctx", t, "T", 1, 4096), NUM("--dim", d, "D", 1, 8192), NUM("--heads", heads, "H", 1, 256),
-	NUM("--layers", layers, "N", 0, 256), NUM("--dropout", dropout, "P", 0, 0.99),
-	{"--checkpoint", EX_ARG_FLAG, offsetof(args, ckpt), NULL, 0, 0}, NUM("--gen", gen, "N", 0, 1e6),
+	STR("--data", dir, "DIR"), STR("--tokens", tokens, "FILE"), INT("--vocab", vocab, "N", 1, 1e7),
+	INT("--ctx", t, "T", 1, 4096), INT("--dim", d, "D", 1, 8192), INT("--heads", heads, "H", 1, 256),
+	INT("--layers", layers, "N", 0, 256), NUM("--dropout", dropout, "P", 0, 0.99),
+	{"--checkpoint", EX_ARG_FLAG, offsetof(args, ckpt), NULL, 0, 0}, INT("--gen", gen, "N", 0, 1e6),
 	NUM("--temperature", temp, "X", 0, 100), STR("--prompt", prompt, "TEXT"),
-	NUM("--gen-seed", seed, "N", 0, 1e15),
+	INT("--gen-seed", seed, "N", 0, 1e15),
 };
+
+/* --data's default (a pointer to tell it from a --data given). */
+static const char default_dir[] = "/usr/share/common-licenses";
 
 static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 {
 	if (ex_args_parse(b, argc, argv, arg_table, sizeof arg_table / sizeof *arg_table, a) < 0)
 		return -1;
+	if (a->tokens && a->dir != default_dir)
+		return hpu_error(b, "--data %s and --tokens %s: the text comes from one of them; "
+				 "give one", a->dir, a->tokens);
 	if ((long)a->d % (long)a->heads)
 		return hpu_error(b, "--dim %g is not a multiple of --heads %g", a->d, a->heads);
 	if (a->vocab > 0 && !a->tokens)
@@ -170,7 +177,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, m);
 	args *a = &m->a;
-	*a = (args){.dir = "/usr/share/common-licenses", .prompt = "The ", .t = 64, .d = 128,
+	*a = (args){.dir = default_dir, .prompt = "The ", .t = 64, .d = 128,
 		    .heads = 4, .layers = 2, .dropout = 0.1, .gen = -1, .temp = 0.8, .seed = 1};
 	if (parse_args(b, argc, argv, a) < 0 ||
 	    ex_lm_read(b, &m->lm, a->dir, a->tokens, (long)a->vocab) < 0)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -157,6 +158,29 @@ static void test_gpt_lm_tokens(void **state)
 		}
 		h_free(&p);
 	}
+	/* refused at setup: a fraction where a whole number goes (--ctx
+	 * 16.5 trained at 16), --data beside --tokens (it was left unread
+	 * without a word), a directory (it was "truncated: 0 bytes") and a
+	 * FIFO (opening it waited for ever) as --tokens */
+	char fifo[96];
+	snprintf(fifo, sizeof fifo, "/tmp/hpu-models-%d-fifo", (int)getpid());
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	const char *bad[][4] = {
+		{path, "--ctx", "16.5", "--ctx wants a whole number in 1..4096, got 16.5"},
+		{path, "--data", "/tmp", "--data /tmp and --tokens "},
+		{"/tmp", "--ctx", "16", "--tokens: cannot open /tmp: Is a directory"},
+		{fifo, "--ctx", "16", "is not a regular file but a FIFO (pipe)"}};
+	for (int k = 0; k < 4; k++) {
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1",
+				(char *)h_build("lib/gpt_lm.so"), "--", "--tokens",
+				(char *)bad[k][0], (char *)bad[k][1], (char *)bad[k][2], NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 120000);
+		if (code != 1 || !strstr(p.out, bad[k][3]))
+			fail_msg("exit %d (want 1), no \"%s\" in:\n%s", code, bad[k][3], p.out);
+		h_free(&p);
+	}
+	unlink(fifo);
 	unlink(path);
 }
 
