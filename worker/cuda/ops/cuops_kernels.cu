@@ -593,14 +593,22 @@ extern "C" cudaError_t hpu__cuk_embedding_bwd(const int32_t *ids, const float *d
 
 /* One block per row: row_loss[r] = log(sum) - (z[label] - max), the sum
  * in double as the reference's; dlogits = softmax / B - onehot / B. A
- * label outside [0, classes) (the op checks them before) gives a NaN
- * loss and no onehot. */
+ * label outside [0, classes) (its check deferred, the step runs on)
+ * gives no loss and no gradient, as the host's. */
 static __global__ void k_xent_rows(const float *logits, const int32_t *labels, float *dlogits,
 			    int batch, int classes, double *row_loss)
 {
 	const int r = blockIdx.x;
 	const float *z = logits + (size_t)r * classes;
 	const int lab = labels[r];
+	if (lab < 0 || lab >= classes) { /* the whole block alike */
+		if (threadIdx.x == 0)
+			row_loss[r] = 0.0;
+		if (dlogits)
+			for (int c = threadIdx.x; c < classes; c += blockDim.x)
+				dlogits[(size_t)r * classes + c] = 0.0f;
+		return;
+	}
 	float m = -INFINITY;
 	for (int c = threadIdx.x; c < classes; c += blockDim.x)
 		m = fmaxf(m, z[c]);
@@ -609,9 +617,8 @@ static __global__ void k_xent_rows(const float *logits, const int32_t *labels, f
 	for (int c = threadIdx.x; c < classes; c += blockDim.x)
 		s += (double)expf(z[c] - m);
 	s = block_reduce<double, sum_op<double> >(s);
-	int ok = lab >= 0 && lab < classes;
 	if (threadIdx.x == 0)
-		row_loss[r] = ok ? log(s) - (double)(z[lab] - m) : (double)NAN;
+		row_loss[r] = log(s) - (double)(z[lab] - m);
 	if (!dlogits)
 		return;
 	float *d = dlogits + (size_t)r * classes;

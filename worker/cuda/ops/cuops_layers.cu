@@ -66,16 +66,18 @@ static __global__ void k_xent_pos(const float *logits, const int32_t *labels, fl
 	}
 }
 
-/* One block per row: loss[r] = the mean of its counted positions' terms. */
+/* One block per row: loss[r] = the mean of its counted positions' terms
+ * (a bad label counts as ignored, as the host's: its check is deferred
+ * and the step runs on). */
 static __global__ void k_xent_pos_rows(const int32_t *labels, const double *term, float *loss,
-				       size_t positions)
+				       size_t positions, int classes)
 {
 	const size_t r = blockIdx.x;
 	double sum = 0.0;
 	unsigned long long n = 0;
 	for (size_t p = threadIdx.x; p < positions; p += blockDim.x) {
 		size_t at = r * positions + p;
-		if (labels[at] != IGNORE_INDEX) {
+		if (labels[at] >= 0 && labels[at] < classes) {
 			sum += term[at];
 			n++;
 		}
@@ -99,12 +101,13 @@ extern "C" cudaError_t hpu__cuk_xent_pos_fwd(const float *logits, const int32_t 
 	k_xent_pos<<<(unsigned)at, row_threads((size_t)classes), 0, st>>>(logits, labels, lse,
 									   term, classes, bad);
 	k_xent_pos_rows<<<(unsigned)rows, row_threads(positions), 0, st>>>(labels, term, loss,
-									    positions);
+									    positions, classes);
 	return cudaGetLastError();
 }
 
 /* One block per position: dx = g * exp(x - lse), minus g at the label;
- * g = dloss[r] / (the row's counted positions); zeros where ignored. */
+ * g = dloss[r] / (the row's counted positions); zeros where ignored or
+ * bad (a bad label's check is deferred), as the host's. */
 static __global__ void k_xent_pos_bwd(const float *logits, const int32_t *labels,
 				      const float *lse, const float *dloss, float *dx,
 				      size_t positions, int classes)
@@ -113,14 +116,14 @@ static __global__ void k_xent_pos_bwd(const float *logits, const int32_t *labels
 	const int32_t *yr = labels + r * positions;
 	const int32_t y = labels[at];
 	float *d = dx + at * (size_t)classes;
-	if (y == IGNORE_INDEX) {
+	if (y < 0 || y >= classes) {
 		for (int j = threadIdx.x; j < classes; j += blockDim.x)
 			d[j] = 0.0f;
 		return;
 	}
 	double c = 0.0;
 	for (size_t p = threadIdx.x; p < positions; p += blockDim.x)
-		c += yr[p] != IGNORE_INDEX;
+		c += yr[p] >= 0 && yr[p] < classes;
 	c = block_reduce<double, sum_op<double> >(c);
 	size_t n = (size_t)c;
 	float g = n ? dloss[r] / (float)n : 0.0f;

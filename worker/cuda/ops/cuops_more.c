@@ -34,6 +34,28 @@ int hpu__cuops_reduce_bwd(int op, const float *dy, const int32_t *idx, float *dx
 		  hpu__cukm_reduce_bwd(op, dy, idx, dx, outer, n, inner, st));
 }
 
+/* A 2-D copy's pitch CUDA takes on every GPU (cudaDevAttrMaxPitch is
+ * 2^31 - 1 bytes on current ones). */
+#define PITCH_MAX ((size_t)0x7fffffff)
+
+/* outer rows of `bytes`, the pitches apart: one 2-D copy, or a copy a
+ * row where a pitch is past what a 2-D copy takes (a row of GPT-2's
+ * logits is) or there is one row. */
+static cudaError_t copy_rows(char *y, size_t ypitch, const char *x, size_t xpitch,
+			     size_t bytes, size_t outer, cudaStream_t st)
+{
+	if (outer > 1 && xpitch <= PITCH_MAX && ypitch <= PITCH_MAX)
+		return cudaMemcpy2DAsync(y, ypitch, x, xpitch, bytes, outer,
+					 cudaMemcpyDeviceToDevice, st);
+	for (size_t o = 0; o < outer; o++) {
+		cudaError_t e = cudaMemcpyAsync(y + o * ypitch, x + o * xpitch, bytes,
+						cudaMemcpyDeviceToDevice, st);
+		if (e != cudaSuccess)
+			return e;
+	}
+	return cudaSuccess;
+}
+
 /* One strided copy: outer rows of len * inner floats, nx and ny rows apart. */
 int hpu__cuops_copy_rows(const float *x, float *y, size_t outer, size_t nx, size_t x0,
 			 size_t ny, size_t y0, size_t len, size_t inner)
@@ -42,9 +64,9 @@ int hpu__cuops_copy_rows(const float *x, float *y, size_t outer, size_t nx, size
 	if (!outer || !len || !inner)
 		return HPU_BE_OK;
 	CU_KERNEL("row copies",
-		  cudaMemcpy2DAsync(y + y0 * inner, ny * inner * f, x + x0 * inner,
-				    nx * inner * f, len * inner * f, outer,
-				    cudaMemcpyDeviceToDevice, st));
+		  copy_rows((char *)(y + y0 * inner), ny * inner * f,
+			    (const char *)(x + x0 * inner), nx * inner * f, len * inner * f,
+			    outer, st));
 }
 
 int hpu__cuops_zero(void *dst, size_t bytes)

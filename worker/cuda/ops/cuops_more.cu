@@ -374,7 +374,7 @@ static __global__ void k_loss_fwd(int kind, const float *x, const float *t, floa
 {
 	__shared__ double s[ROW_THREADS];
 	size_t off = (size_t)blockIdx.x * n;
-	double v = 0;
+	double v = 0, row_bad = 0;
 	for (size_t i = threadIdx.x; i < n; i += ROW_THREADS) {
 		double xi = x[off + i], ti = t[off + i];
 		if (kind == 0) {
@@ -384,11 +384,16 @@ static __global__ void k_loss_fwd(int kind, const float *x, const float *t, floa
 			v += (xi > 0 ? xi : 0) - xi * ti + log1p(exp(-fabs(xi)));
 		} else if (!(x[off + i] >= 0.0f && x[off + i] <= 1.0f)) {
 			atomicMin(bad, (unsigned long long)(off + i));
+			row_bad = 1;
 		} else {
 			v -= ti * clamped_log(xi) + (1.0 - ti) * clamped_log(1.0 - xi);
 		}
 	}
 	double sum = row_reduce<double>(v, s, 0);
+	/* a row holding a bad probability has loss 0, as the host's (its
+	 * check deferred, the step runs on) */
+	if (kind == 2 && row_reduce<double>(row_bad, s, 0) > 0)
+		sum = 0;
 	if (threadIdx.x == 0)
 		loss[blockIdx.x] = (float)(sum / (double)n);
 }
