@@ -251,7 +251,9 @@ void hpu__ckpt_shard_name(int rank, int world, char *buf, size_t n);
 void hpu__ckpt_latest(const char *root, char *out, size_t n);
 
 /* The checkpoints under root, newest first: the one `latest` names, then
- * every other step-* directory by step, descending. *names is a
+ * every other step-* directory by step, descending, those of a step past
+ * latest's last (a resume from an earlier checkpoint into the same root
+ * abandoned them: its run's own are newer). *names is a
  * NULL-terminated array the caller frees with hpu__ckpt_free_names().
  * Returns the count (0 when root has none or does not exist), or -1 with
  * a sentence. */
@@ -259,9 +261,11 @@ int hpu__ckpt_candidates(const char *root, char ***names, char *err, size_t errl
 void hpu__ckpt_free_names(char **names);
 
 /* Publishes a complete checkpoint: renames root/partial to root/name,
- * fsyncs root, points `latest` at it (atomically), then removes the oldest
- * step-* directories beyond `keep` (0: keep all; never the new one; never
- * one another uid owns).
+ * fsyncs root, points `latest` at it (atomically), then removes the
+ * step-* directories beyond the first `keep` in hpu__ckpt_candidates'
+ * order (the oldest, and first of all those past the new one's step: an
+ * abandoned run's; 0: keep all; never the new one; never one another uid
+ * owns).
  * Returns 0, or -1 with a sentence. */
 int hpu__ckpt_publish(const char *root, const char *partial, const char *name,
 		      int keep, char *err, size_t errlen);
@@ -278,7 +282,8 @@ typedef struct hpu_ckpt_keep {
 /* The checkpoints under root that survive publishing `name` (not yet
  * there), whose metric is `value` (NAN: not validated): *best, the best
  * first (at most k->best), and *last, the newest first (at most
- * k->last), NULL-terminated lists the caller frees with
+ * k->last; those of a step past name's count as the oldest, an abandoned
+ * run's, as in hpu__ckpt_candidates), NULL-terminated lists the caller frees with
  * hpu__ckpt_free_names. Another checkpoint's value is its manifest's
  * validation.<metric>; one without is never among the best; equal
  * values keep the older. Returns 0, or -1 with a sentence. */

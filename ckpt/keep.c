@@ -18,6 +18,7 @@ typedef struct cand {
 	long step;
 	double value; /* NAN: not validated */
 	const char *name;
+	int past; /* a step past the new one's: an abandoned run's (hpu__ckpt_candidates) */
 } cand;
 
 /* The value of validation.<metric> in root/name's manifest, or NAN. */
@@ -38,6 +39,8 @@ static double value_of(const char *root, const char *name, const char *metric)
 static int newest_first(const void *a, const void *b)
 {
 	const cand *x = a, *y = b;
+	if (x->past != y->past)
+		return x->past - y->past;
 	return x->step > y->step ? -1 : x->step < y->step;
 }
 
@@ -95,7 +98,8 @@ int hpu__ckpt_keep_plan(const char *root, const hpu_ckpt_keep *k, const char *na
 		return say(err, errlen, "out of memory");
 	}
 	long s;
-	v[nv++] = (cand){hpu__parse_long(name + 5, 0, LONG_MAX, &s) ? LONG_MAX : s, value, name};
+	v[nv++] = (cand){hpu__parse_long(name + 5, 0, LONG_MAX, &s) ? LONG_MAX : s, value, name, 0};
+	const long ns = v[0].step;
 	for (int i = 0; i < n; i++) {
 		char path[4200];
 		struct stat st;
@@ -103,7 +107,8 @@ int hpu__ckpt_keep_plan(const char *root, const hpu_ckpt_keep *k, const char *na
 		if (!strcmp(names[i], name) || lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) ||
 		    hpu__parse_long(names[i] + 5, 0, LONG_MAX, &s))
 			continue;
-		v[nv++] = (cand){s, k->best ? value_of(root, names[i], k->metric) : NAN, names[i]};
+		v[nv++] = (cand){s, k->best ? value_of(root, names[i], k->metric) : NAN, names[i],
+				 s > ns};
 	}
 	qsort(v, (size_t)nv, sizeof *v, newest_first);
 	*last = names_of(v, nv, k->last, 0);

@@ -141,13 +141,16 @@ static void read_latest(const char *root, char *out, size_t n)
 }
 
 typedef struct named {
+	int group; /* 0 latest's, 1 before it, 2 past it (an abandoned run's) */
 	long step;
 	char *name;
 } named;
 
-static int by_step_desc(const void *a, const void *b)
+static int by_group_step_desc(const void *a, const void *b)
 {
 	const named *x = a, *y = b;
+	if (x->group != y->group)
+		return x->group < y->group ? -1 : 1;
 	return x->step > y->step ? -1 : x->step < y->step;
 }
 
@@ -183,18 +186,25 @@ int hpu__ckpt_candidates(const char *root, char ***names, char *err, size_t errl
 				break;
 			v = g;
 		}
-		v[n].step = strcmp(e->d_name, latest) == 0 ? -2 : st; /* latest first */
+		v[n].step = st;
+		v[n].group = strcmp(e->d_name, latest) == 0 ? 0 : 1;
 		if (!(v[n].name = strdup(e->d_name)))
 			break;
 		n++;
 	}
 	if (d)
 		closedir(d);
+	/* where latest is there, a step past its was left by the run a
+	 * resume from an earlier checkpoint abandoned: after the others */
+	long head = -1;
 	for (int i = 0; i < n; i++)
-		if (v[i].step == -2)
-			v[i].step = 0x7fffffffffffffffL;
+		if (v[i].group == 0)
+			head = v[i].step;
+	for (int i = 0; i < n && head >= 0; i++)
+		if (v[i].group == 1 && v[i].step > head)
+			v[i].group = 2;
 	if (n > 1) /* v is NULL when there is none */
-		qsort(v, (size_t)n, sizeof *v, by_step_desc);
+		qsort(v, (size_t)n, sizeof *v, by_group_step_desc);
 	char **out = calloc((size_t)n + 1, sizeof *out);
 	if (!out) {
 		for (int i = 0; i < n; i++)

@@ -40,6 +40,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -676,10 +677,12 @@ static void test_candidates(void **state)
 	/* no latest: by step, descending */
 	assert_int_equal(candidates(r, list, sizeof list), 4);
 	assert_string_equal(list, "step-00000100 step-00000020 step-00000010 step-00000005");
-	/* latest first, the rest by step */
+	/* latest first, then the older ones by step, then those past
+	 * latest's step (a run resumed from an earlier checkpoint abandoned
+	 * them; they came second, before the resumed run's own) */
 	write_latest(r, "step-00000010\n");
 	candidates(r, list, sizeof list);
-	assert_string_equal(list, "step-00000010 step-00000100 step-00000020 step-00000005");
+	assert_string_equal(list, "step-00000010 step-00000005 step-00000100 step-00000020");
 	/* latest naming nothing there, or junk: ignored */
 	write_latest(r, "step-00000042\n");
 	candidates(r, list, sizeof list);
@@ -755,6 +758,36 @@ static void test_publish_keep(void **state)
 	assert_non_null(strstr(err, ".step-00000099.partial"));
 	listing(r, list, sizeof list);
 	assert_string_equal(list, "latest step-00000005 step-00000006 step-00000007");
+
+	/* resumed from an earlier checkpoint into the same root: its run's
+	 * new one and the one it came from stay, the abandoned run's later
+	 * ones go (step 15 went, 20 stayed, and --resume auto fell back from
+	 * a damaged 16 to the abandoned 20) */
+	r = fresh("publish-resumed");
+	publish(r, 15, 0);
+	publish(r, 18, 0);
+	publish(r, 20, 0);
+	write_latest(r, "step-00000015\n");
+	publish(r, 16, 2);
+	listing(r, list, sizeof list);
+	assert_string_equal(list, "latest step-00000015 step-00000016");
+	/* --keep-last 2 alike */
+	r = fresh("keep-resumed");
+	publish(r, 15, 0);
+	publish(r, 18, 0);
+	publish(r, 20, 0);
+	write_latest(r, "step-00000015\n");
+	hpu_ckpt_keep k = {.last = 2};
+	char **best = NULL, **last = NULL;
+	assert_int_equal(hpu__ckpt_keep_plan(r, &k, "step-00000016", NAN, &best, &last, err,
+					     sizeof err),
+			 0);
+	assert_non_null(last);
+	assert_string_equal(last[0], "step-00000016");
+	assert_string_equal(last[1], "step-00000015");
+	assert_null(last[2]);
+	hpu__ckpt_free_names(best);
+	hpu__ckpt_free_names(last);
 }
 
 /* ---- buffers ---- */

@@ -227,6 +227,11 @@ int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 	hpu__ckpt_free_names(names);
 	if (!*out && foreign)
 		return say(err, errlen, "--resume %s: %s", want, why);
+	if (!*out && !autom) /* only the newest is tried: the root may hold others */
+		return say(err, errlen,
+			   "--resume %s: its newest checkpoint, %s, is not usable: %s (--resume "
+			   "auto with --checkpoint-dir %s falls back to an older intact one)",
+			   want, dir, why, want);
 	if (!*out)
 		return say(err, errlen, "--resume %s: no intact checkpoint in %s: %s", want, root, why);
 	return 0;
