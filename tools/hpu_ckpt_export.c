@@ -3,9 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt.h"
 #include "ckpt/safetensors.h"
+#include "common/fileio.h"
 #include "common/num.h"
 #include "common/opt.h"
 #include "tools/hpu_ckpt_impl.h"
@@ -90,6 +92,29 @@ done:
 	return out;
 }
 
+/* An output in a checkpoint's directory (one holding a manifest: the
+ * exported one's or another's) or onto its root's `latest` would replace
+ * or add to a checkpoint's files: a reason into why, else 0. */
+static int clobbers(const hpu_ckpt *c, const char *out, char *why, size_t n)
+{
+	char parent[4200], probe[4400];
+	const char *slash = strrchr(out, '/');
+	if (!slash)
+		snprintf(parent, sizeof parent, ".");
+	else
+		snprintf(parent, sizeof parent, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+	snprintf(probe, sizeof probe, "%s/%s", parent, HPU_CKPT_MANIFEST);
+	if (access(probe, F_OK) == 0)
+		return snprintf(why, n, "%s is a checkpoint's directory (it holds %s): the export "
+			       "would replace or add to its files; write it elsewhere",
+			       parent, HPU_CKPT_MANIFEST);
+	snprintf(probe, sizeof probe, "%s/../%s", c->dir, HPU_CKPT_LATEST);
+	if (hpu__same_file(out, probe))
+		return snprintf(why, n, "%s is the checkpoint root's %s; write it elsewhere", out,
+				HPU_CKPT_LATEST);
+	return 0;
+}
+
 int hpu__ckt_export(int argc, char **argv)
 {
 	const char *pos[1], *vals[MAX_OPTS] = {0};
@@ -109,6 +134,10 @@ int hpu__ckt_export(int argc, char **argv)
 	if ((rc = hpu__ckt_open_verified(&c, pos[0], "export")) != OK)
 		return rc;
 	char err[1024], *header = NULL;
+	if (clobbers(&c, out, err, sizeof err)) {
+		hpu__ckpt_close(&c);
+		return usage_error("export", "-o %s: %s", out, err);
+	}
 	size_t hlen = 0;
 	float *buf = malloc((size_t)CHUNK * sizeof *buf);
 	hpu_ckpt_writer w;

@@ -292,6 +292,21 @@ static void test_export_raw(void **state)
 	out = CKPT(0, "export", CK, "--format=raw", "--output", path("raw2.bin"));
 	free(out);
 	same_bytes(path("raw2.bin"), PARAMS);
+	/* onto the checkpoint's own files, into its directory, or onto the
+	 * root's latest: refused, the checkpoint intact (a shard was
+	 * replaced by the export, exit 0) */
+	char shard[700], fresh_in[700], latest[700];
+	snprintf(shard, sizeof shard, "%s/rank-00000-of-00002.bin", LAST);
+	snprintf(fresh_in, sizeof fresh_in, "%s/model.safetensors", LAST);
+	snprintf(latest, sizeof latest, "%s/latest", CK);
+	const char *onto[3] = {shard, fresh_in, latest};
+	for (int k = 0; k < 3; k++) {
+		out = CKPT(2, "export", k ? CK : LAST, "-o", onto[k]);
+		has(out, k < 2 ? "is a checkpoint's directory (it holds manifest.json)"
+			       : "is the checkpoint root's latest");
+		free(out);
+	}
+	free(CKPT(0, "verify", CK));
 }
 
 static uint64_t le64(const unsigned char *p)
