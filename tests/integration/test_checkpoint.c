@@ -628,6 +628,33 @@ static void test_disk_full(void **state)
 	assert_true(loads);
 }
 
+/* A checkpoint published whose `latest` cannot be written (a directory
+ * in its place here, a full disk in the review's case) is said to be
+ * saved, naming it and what failed, not "not saved (the previous
+ * checkpoints are untouched)"; it is there, whole. */
+static void test_latest_unwritable(void **state)
+{
+	(void)state;
+	char dir[300], lat[340], man[400];
+	snprintf(dir, sizeof dir, "%s/latest-dir", tmp);
+	snprintf(lat, sizeof lat, "%s/latest", dir);
+	mkdir(dir, 0755);
+	assert_int_equal(mkdir(lat, 0755), 0);
+	run r;
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "10", "--checkpoint-dir", dir,
+	     "--checkpoint-every", "5", NULL);
+	char *out = finish(&r, 1, SMALL);
+	char want[600];
+	snprintf(want, sizeof want, "checkpoint of step 5 saved to %s/step-00000005, but ", dir);
+	if (!strstr(out, want) || !strstr(out, "Is a directory") || strstr(out, "not saved"))
+		fail_msg("want \"%s\" and \"Is a directory\" in:\n%s", want, out);
+	free(out);
+	snprintf(man, sizeof man, "%s/step-00000005/manifest.json", dir);
+	struct stat st;
+	assert_int_equal(stat(man, &st), 0);
+}
+
 /* ---- buffers ---- */
 
 #define BMODEL h_build("lib/buffer_model.so")
@@ -955,6 +982,7 @@ int main(void)
 		cmocka_unit_test(test_interrupted_save),
 		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_disk_full),
+		cmocka_unit_test(test_latest_unwritable),
 		cmocka_unit_test(test_buffers_resume),
 		cmocka_unit_test(test_buffers_reshard_export),
 		cmocka_unit_test(test_buffers_refused),

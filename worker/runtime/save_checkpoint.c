@@ -187,6 +187,19 @@ static void guard_end(void)
 
 /* Rank 0: the partial directory made (a stale one of this uid removed
  * first) and locked for the save. */
+/* Whether root/name was published from root/partial: the partial is gone
+ * and name holds its manifest. */
+static int published_now(const char *root, const char *partial, const char *name)
+{
+	char path[4200];
+	struct stat sb;
+	snprintf(path, sizeof path, "%s/%s", root, partial);
+	if (lstat(path, &sb) == 0 || errno != ENOENT)
+		return 0;
+	snprintf(path, sizeof path, "%s/%s/%s", root, name, HPU_CKPT_MANIFEST);
+	return stat(path, &sb) == 0;
+}
+
 static int make_partial(const char *root, const char *path, char *msg, size_t msglen)
 {
 	hpu__ckpt_clean_partials(root, hpu__checkpoint_said_removed, NULL);
@@ -216,7 +229,9 @@ int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 	hpu__ckpt_step_name(pos->step, name, sizeof name);
 	snprintf(partial, sizeof partial, ".%s.partial", name);
 	rec mine = {.ok = 1};
-	rec *all = calloc((size_t)world, sizeof *all);
+	int published = 0; /* rank 0's finish failed after publishing it */
+	/* the shards' records (save_report reads them), then the finish's */
+	rec *all = calloc(2 * (size_t)world, sizeof *all);
 	hpu_ckpt_file bf = {0}; /* rank 0's buffers file */
 	if (!all)
 		return say(err, errlen, "out of memory");
@@ -264,9 +279,13 @@ int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 	/* rank 0: manifest, rename, latest, pruning */
 	rec done = {.ok = 1};
 	if (rank == 0 && hpu__checkpoint_finish(comm, o, b, st, pos, all, &bf, partial, name,
-						done.msg, sizeof done.msg) < 0)
+						done.msg, sizeof done.msg) < 0) {
 		done.ok = 0;
-	if (hpu__checkpoint_agree(comm, &done, NULL, why, sizeof why))
+		done.published = published_now(root, partial, name); /* `latest` or pruning failed */
+	}
+	int dfailed = hpu__checkpoint_agree(comm, &done, all + world, why, sizeof why);
+	published = dfailed && all[world].published; /* rank 0's */
+	if (dfailed)
 		goto failed;
 	/* its record in the metrics: every rank fails when rank 0 cannot */
 	rec rep = {.ok = 1};
@@ -286,6 +305,9 @@ failed:
 	}
 	guard_end();
 	free(all);
+	if (published)
+		return say(err, errlen, "checkpoint of step %ld saved to %s/%s, but %s", pos->step,
+			   root, name, why);
 	return say(err, errlen, "checkpoint of step %ld not saved (the previous checkpoints are "
 				"untouched): %s",
 		   pos->step, why);

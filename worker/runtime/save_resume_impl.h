@@ -25,7 +25,7 @@ typedef struct rec {
 	char ok;
 	char sha256[65];
 	char foreign; /* failed on a file of another uid */
-	char pad;
+	char published; /* rank 0's finish: it failed after the checkpoint was published */
 	double bytes, secs;
 	char msg[424];
 } rec;
