@@ -185,8 +185,6 @@ static void guard_end(void)
 	G.made = 0;
 }
 
-/* Rank 0: the partial directory made (a stale one of this uid removed
- * first) and locked for the save. */
 /* Whether root/name was published from root/partial: the partial is gone
  * and name holds its manifest. */
 static int published_now(const char *root, const char *partial, const char *name)
@@ -200,6 +198,8 @@ static int published_now(const char *root, const char *partial, const char *name
 	return stat(path, &sb) == 0;
 }
 
+/* Rank 0: the partial directory made (a stale one of this uid removed
+ * first) and locked for the save. */
 static int make_partial(const char *root, const char *path, char *msg, size_t msglen)
 {
 	hpu__ckpt_clean_partials(root, hpu__checkpoint_said_removed, NULL);
