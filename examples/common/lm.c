@@ -57,6 +57,11 @@ int ex_lm_read(hpu_builder *b, ex_lm *m, const char *dir, const char *tokens, lo
 {
 	char err[4200];
 	m->tokens = tokens;
+	if (tokens && dir)
+		return hpu_error(b, "--data %s and --tokens %s: the text comes from one of them; "
+				 "give one", dir, tokens);
+	if (!dir)
+		dir = EX_LM_CORPUS;
 	if (tokens)
 		return read_tokens(b, m, tokens, vocab);
 	if (ex_corpus_read(&m->text, dir, err, sizeof err) < 0)

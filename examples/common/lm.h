@@ -42,8 +42,12 @@ typedef struct ex_lm {
 	unsigned long long seed;
 } ex_lm;
 
+/* The corpus directory without --data. */
+#define EX_LM_CORPUS "/usr/share/common-licenses"
+
 /* Reads the text: the token file `tokens` (every token below `vocab`;
- * vocab 0: the largest + 1) or, with tokens NULL, the corpus in dir.
+ * vocab 0: the largest + 1) or, with tokens NULL, the corpus in dir
+ * (NULL: EX_LM_CORPUS). Both given is refused (--data and --tokens).
  * Returns 0, or hpu_error's -1 naming the file. */
 int ex_lm_read(hpu_builder *b, ex_lm *m, const char *dir, const char *tokens, long vocab);
 

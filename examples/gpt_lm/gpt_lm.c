@@ -139,21 +139,14 @@ static const ex_arg arg_table[] = {
 	INT("--gen-seed", seed, "N", 0, 1e15),
 };
 
-/* --data's default (a pointer to tell it from a --data given). */
-static const char default_dir[] = "/usr/share/common-licenses";
-
 static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 {
 	if (ex_args_parse(b, argc, argv, arg_table, sizeof arg_table / sizeof *arg_table, a) < 0)
 		return -1;
-	if (a->tokens && a->dir != default_dir)
-		return hpu_error(b, "--data %s and --tokens %s: the text comes from one of them; "
-				 "give one", a->dir, a->tokens);
 	if ((long)a->d % (long)a->heads)
 		return hpu_error(b, "--dim %g is not a multiple of --heads %g", a->d, a->heads);
 	if (a->vocab > 0 && !a->tokens)
-		return hpu_error(b, "--vocab is for --tokens FILE (the corpus's vocabulary is its "
-				 "bytes)");
+		return hpu_error(b, "--vocab is for --tokens FILE (the corpus's vocabulary: its bytes)");
 	if (a->tokens && a->gen > 0)
 		return hpu_error(b, "--gen %g: a --tokens file has no tokenizer here to decode a "
 				 "sample with; leave --gen out", a->gen);
@@ -177,8 +170,8 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, m);
 	args *a = &m->a;
-	*a = (args){.dir = default_dir, .prompt = "The ", .t = 64, .d = 128,
-		    .heads = 4, .layers = 2, .dropout = 0.1, .gen = -1, .temp = 0.8, .seed = 1};
+	*a = (args){.prompt = "The ", .t = 64, .d = 128, .heads = 4, .layers = 2, .dropout = 0.1,
+		    .gen = -1, .temp = 0.8, .seed = 1};
 	if (parse_args(b, argc, argv, a) < 0 ||
 	    ex_lm_read(b, &m->lm, a->dir, a->tokens, (long)a->vocab) < 0)
 		return -1;
@@ -197,9 +190,9 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	else if (hpu_builder_status(b) == HPU_OK && hpu_rank(b) == 0)
 		printf("gpt_lm: %zu characters from %d files in %s, vocabulary %d; T %g, D %g, "
 		       "%g heads, %g blocks, dropout %g; unigram baseline %.4f nats (%.3f bits) "
-		       "per character\n", m->lm.text.n, m->lm.text.files, a->dir, m->lm.vocab,
-		       a->t, a->d, a->heads, a->layers, a->dropout, m->lm.unigram,
-		       m->lm.unigram / log(2.0));
+		       "per character\n", m->lm.text.n, m->lm.text.files,
+		       a->dir ? a->dir : EX_LM_CORPUS, m->lm.vocab, a->t, a->d, a->heads, a->layers,
+		       a->dropout, m->lm.unigram, m->lm.unigram / log(2.0));
 	return hpu_builder_status(b);
 }
 
