@@ -48,14 +48,36 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 	}
 }
 
+/* The key changed (SIGHUP): new requests need it; the jobs running
+ * under the one before may go on with theirs, the older ones may not. */
+static void key_rotated(void)
+{
+	hpud__D.key_gen++;
+	int prev = 0;
+	for (int i = 0; i < MAX_JOBS; i++) {
+		job *j = &hpud__D.jobs[i];
+		if (!j->used)
+			continue;
+		if (j->key_gen + 1 == hpud__D.key_gen) {
+			prev++;
+			continue;
+		}
+		hpud__logmsg(HPUD_LOG_WARN, "job %s: started two key rotations ago: its submitter's key is no longer accepted, so its pings are not either",
+			     j->id);
+	}
+	hpud__logmsg(HPUD_LOG_INFO, "reload: a new key: requests need it; %d job%s started under the previous key may go on with it (pings, cancels)",
+		     prev, prev == 1 ? "" : "s");
+}
+
 int hpud__load_key(char *err, size_t errlen)
 {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
 	if (hpu__auth_load_key(hpud__D.conf.key_path, key, err, errlen) < 0)
 		return -1;
-	if (hpud__D.auth)
-		hpu__auth_set_key(hpud__D.auth, key);
-	else
+	if (hpud__D.auth) {
+		if (hpu__auth_rotate(hpud__D.auth, key))
+			key_rotated();
+	} else
 		hpud__D.auth = hpu__auth_new(key, (int64_t)(hpud__D.conf.clock_window_s * 1000), 1 << 16);
 	memset(key, 0, sizeof key);
 	if (!hpud__D.auth) {
@@ -160,10 +182,11 @@ static void reload(void)
 	hpud__D.conf = c;
 	snprintf(hpud__D.conf.listen, sizeof hpud__D.conf.listen, "%s", old.listen);
 	hpud__D.conf.port = old.port;
+	/* the key last: it is rotated only when the reload takes */
 	if (hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
 	    hpud__trust_path(hpud__D.conf.key_path, "the key file", err, sizeof err) < 0 ||
-	    hpud__load_key(err, sizeof err) < 0 ||
-	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0) {
+	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0 ||
+	    hpud__load_key(err, sizeof err) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		hpud__D.conf = old;
 		hpud__resolve_user(&hpud__D.conf, err, sizeof err);

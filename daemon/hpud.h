@@ -69,6 +69,12 @@ typedef struct hpud_state {
 	/* drawn at start: every request must name it (proto/hpu.proto) */
 	char instance[HPU_AUTH_ID_HEX + 1];
 	uint64_t seq;              /* of the last frame signed */
+	/* counts the keys SIGHUP rotated in: a job launched under the key
+	 * before the current one (key_gen one less) may go on with it
+	 * (pings, cancels, its messages signed with it) */
+	unsigned key_gen;
+	int reply_prev;            /* the request being answered was signed
+				    * with the previous key: so is the reply */
 	int log_level_fixed;       /* --log-level set it: not log_level */
 	/* job_uids that no job holds but processes still run under: given to
 	 * no job until none is left */
@@ -96,6 +102,7 @@ void hpud__release_job(job *j);
 size_t hpud__pack_env(const char *session, Hpu__Envelope *env, uint8_t **body);
 int hpud__send_body(const hpu_codec_peer *peer, const uint8_t *body, size_t blen);
 void hpud__send_env(const hpu_codec_peer *peer, const char *session, Hpu__Envelope *env);
+int hpud__peer_prev_key(const hpu_codec_peer *peer);
 void hpud__reply_launch(const hpu_codec_peer *peer, const char *session, const char *job_id,
 			const job *j, const char *error);
 

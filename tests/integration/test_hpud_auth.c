@@ -367,6 +367,63 @@ static void test_launch_bound_to_instance(void **state)
 	stop_daemon();
 }
 
+/* A key rotated with SIGHUP while a job runs: the job's submitter goes on
+ * with the key it has (its pings past submitter_timeout, 3 s, taken;
+ * hpud's messages to it signed with that key), and the job ends normally;
+ * a new launch with the old key is refused, saying the key was rotated.
+ * The workers wait 6 s before they train (a script in front of
+ * hpu-worker). It had cancelled the job: the pings, signed with the old
+ * key, were refused. */
+static void test_key_rotation_keeps_jobs(void **state)
+{
+	(void)state;
+	char script[192], text[512], old_key[192];
+	snprintf(script, sizeof script, "%s/slow-worker.sh", dir);
+	snprintf(text, sizeof text, "#!/bin/sh\nsleep 6\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(text, sizeof text, "worker = %s\n", script);
+	write_conf(2, text);
+	start_daemon();
+	snprintf(old_key, sizeof old_key, "%s/old.key", dir);
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p, q;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (h_wait_for(&p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	/* the new key in key_path, the old one kept aside */
+	assert_int_equal(rename(key_path, old_key), 0);
+	char *gen[] = {(char *)HPUD, "--gen-key", key_path, NULL};
+	assert_int_equal(h_run(&q, gen, NULL, 10000), 0);
+	h_free(&q);
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	int ended = h_wait(&p, 120000) == 0;
+	const char *end = strstr(p.out, "[rank 0] trained 2 steps");
+	printf("  the job started before the rotation: exit %d: %.*s\n", ended ? h_code(&p) : -1,
+	       end ? (int)strcspn(end, "\n") : 0, end ? end : "");
+	if (!ended || h_code(&p) != 0 || !end)
+		fail_msg("the job did not end normally:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	assert_int_equal(h_wait_for(&daemon_proc, "ended successfully", 5000), 0);
+	assert_non_null(strstr(daemon_proc.out, "signs with the previous key"));
+	assert_null(strstr(daemon_proc.out, "went away"));
+	h_free(&p);
+	/* a new launch with the old key */
+	argv[4] = old_key;
+	int rc = h_run(&q, argv, NULL, 60000);
+	const char *err = strstr(q.out, "hpulaunch: error");
+	printf("  a new launch with the old key: exit %d: %.*s\n", rc,
+	       err ? (int)strcspn(err, "\n") : 0, err ? err : "");
+	assert_int_equal(rc, 1);
+	assert_non_null(strstr(q.out, "key was rotated"));
+	h_free(&q);
+	stop_daemon();
+	assert_int_equal(rename(old_key, key_path), 0);
+	write_conf(2, NULL);
+	unlink(script);
+}
+
 /* ---- the submitter's side of the binding, against a fake hpud ---- */
 
 /* hpulaunch --status against a fake hpud that answers with frames hpud
@@ -592,6 +649,7 @@ int main(void)
 		cmocka_unit_test(test_submitter_wrong_key),
 		cmocka_unit_test(test_launch_bound_to_instance),
 		cmocka_unit_test(test_launch_layout_checked),
+		cmocka_unit_test(test_key_rotation_keeps_jobs),
 		cmocka_unit_test(test_submitter_refuses_replays),
 		cmocka_unit_test(test_submitter_takes_a_flood),
 	};
