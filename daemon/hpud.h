@@ -58,7 +58,8 @@ typedef struct hpud_state {
 	hpud_jobout out;           /* the jobs' messages to their submitters */
 	job jobs[MAX_JOBS];
 	char busy[MAX_DEVICES];    /* device -> in use */
-	char worker[PATH_MAX];
+	char worker[PATH_MAX];     /* the conf's worker, or hpu-worker here */
+	double window_s;           /* the clock_window auth has */
 	int set_user;
 	uid_t uid;
 	gid_t gid;
@@ -127,7 +128,8 @@ int hpud__open_socket(char *err, size_t errlen);
 void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents);
 int hpud__load_key(char *err, size_t errlen);
 int hpud__resolve_user(const hpud_conf *c, char *err, size_t errlen);
-int hpud__count_devices(hpud_conf *c, char *err, size_t errlen);
+int hpud__find_worker(const hpud_conf *c, char *out, char *err, size_t errlen);
+int hpud__count_devices(hpud_conf *c, const char *worker, char *err, size_t errlen);
 void hpud__on_hup(struct ev_loop *loop, ev_signal *w, int revents);
 void hpud__on_term(struct ev_loop *loop, ev_signal *w, int revents);
 

@@ -483,6 +483,35 @@ int hpu__auth_rotate(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES])
 	return 1;
 }
 
+int hpu__auth_resize(hpu_auth *a, int64_t window_ms, size_t max_nonces, int64_t now_ms)
+{
+	hpu_auth *n = hpu__auth_new(a->key, window_ms, max_nonces);
+	if (!n)
+		return -1;
+	memcpy(n->prev, a->prev, sizeof(n->prev));
+	n->has_prev = a->has_prev;
+	n->horizon = a->horizon;
+	for (size_t h = 0; h <= a->hmask; h++)
+		for (uint32_t i = a->hash[h]; i != NONE; i = a->e[i].hnext) {
+			const struct nonce_entry *x = &a->e[i];
+			if (x->ts < now_ms - window_ms) { /* forgotten, as forget() does */
+				if (x->ts >= n->horizon)
+					n->horizon = x->ts + 1;
+				continue;
+			}
+			if (n->count == n->max) {
+				hpu__auth_destroy(&n);
+				return -1;
+			}
+			remember(n, x->nonce, x->ts, now_ms);
+		}
+	hpu_auth t = *a;
+	*a = *n;
+	*n = t;
+	hpu__auth_destroy(&n);
+	return 0;
+}
+
 void hpu__auth_destroy(hpu_auth **ap)
 {
 	hpu_auth *a = *ap;

@@ -62,6 +62,13 @@ void hpu__auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES]);
  * keys: a nonce accepted under either is refused under both. */
 int hpu__auth_rotate(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES]);
 
+/* A new clock window and replay cache size (SIGHUP), keeping the keys and
+ * every nonce the cache remembers that the new window at now_ms still
+ * covers; what it forgets it refuses as stale, as ever (frames stamped
+ * before the newest nonce forgotten). Returns 0, or -1 changing nothing:
+ * no memory, or the nonces to keep do not fit in max_nonces. */
+int hpu__auth_resize(hpu_auth *a, int64_t window_ms, size_t max_nonces, int64_t now_ms);
+
 void hpu__auth_destroy(hpu_auth **a);
 
 /* Signs `body` as a frame stamped `now_ms` with a fresh nonce into a

@@ -424,6 +424,72 @@ static void test_key_rotation_keeps_jobs(void **state)
 	unlink(script);
 }
 
+/* SIGHUP applies `worker` and `clock_window`: a request stamped 10 s
+ * ago, taken in a window of 30 s, is refused as stale in one of 2 s; the
+ * next job runs the new worker program (a script that says its name). Both
+ * were said to be reloaded and kept as at start. */
+static void test_reload_worker_and_window(void **state)
+{
+	(void)state;
+	char wa[192], wb[192], text[512];
+	snprintf(wa, sizeof wa, "%s/worker-a.sh", dir);
+	snprintf(wb, sizeof wb, "%s/worker-b.sh", dir);
+	snprintf(text, sizeof text, "#!/bin/sh\necho worker-a-ran\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(wa, text, 0755), 0);
+	snprintf(text, sizeof text, "#!/bin/sh\necho worker-b-ran\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(wb, text, 0755), 0);
+	snprintf(text, sizeof text, "worker = %s\nclock_window = 30\n", wa);
+	write_conf(2, text);
+	start_daemon();
+	client c;
+	client_open(&c, key);
+	size_t len;
+	uint8_t *f = status_frame(&c, -10000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	Hpu__Envelope *r = await_reply(&c, 10000);
+	assert_non_null(r); /* 10 s off, in a window of 30 s */
+	hpu__codec_free(r);
+	snprintf(text, sizeof text, "worker = %s\nclock_window = 2\n", wb);
+	write_conf(2, text);
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	f = status_frame(&c, -10000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	r = await_reply(&c, 2000);
+	int stale = h_wait_for(&daemon_proc, "stale: timestamp 10.0 s in the past (the window is 2.0 s)", 5000) == 0;
+	printf("  a request 10 s old after clock_window = 2: %s, %s\n", r ? "ANSWERED" : "refused",
+	       stale ? "logged as stale" : "not logged as stale");
+	hpu__codec_free(r);
+	assert_null(r);
+	assert_true(stale);
+	f = status_frame(&c, 0, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	r = await_reply(&c, 10000);
+	assert_non_null(r);
+	hpu__codec_free(r);
+	client_close(&c);
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "1", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	int rc = h_run(&p, argv, NULL, 120000);
+	printf("  the job after the reload ran %s\n", strstr(p.out, "worker-b-ran") ? "the new worker"
+						  : strstr(p.out, "worker-a-ran") ? "THE OLD WORKER"
+										 : "no worker script");
+	if (rc != 0)
+		fail_msg("the job failed (%d):\n%s", rc, p.out);
+	assert_non_null(strstr(p.out, "worker-b-ran"));
+	assert_null(strstr(p.out, "worker-a-ran"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(wa);
+	unlink(wb);
+}
+
 /* ---- the submitter's side of the binding, against a fake hpud ---- */
 
 /* hpulaunch --status against a fake hpud that answers with frames hpud
@@ -650,6 +716,7 @@ int main(void)
 		cmocka_unit_test(test_launch_bound_to_instance),
 		cmocka_unit_test(test_launch_layout_checked),
 		cmocka_unit_test(test_key_rotation_keeps_jobs),
+		cmocka_unit_test(test_reload_worker_and_window),
 		cmocka_unit_test(test_submitter_refuses_replays),
 		cmocka_unit_test(test_submitter_takes_a_flood),
 	};
