@@ -71,11 +71,15 @@ static void key_rotated(void)
 		     prev, prev == 1 ? "" : "s");
 }
 
-/* The replay cache's size for a clock window of window_s. */
+/* The replay cache's size for a clock window of window_s: the nonces of
+ * REPLAY_RATE requests a second over the window (twice the pings of
+ * MAX_JOBS jobs, one a second each), at least 65536. At the largest
+ * window, 3600 s, 460,800 nonces: about 17 MB. */
+#define REPLAY_RATE (2 * MAX_JOBS)
 static size_t replay_cache_size(double window_s)
 {
-	(void)window_s;
-	return 1 << 16;
+	double n = REPLAY_RATE * window_s;
+	return n > 65536 ? (size_t)n : 65536;
 }
 
 /* The key of the configuration, and its clock_window: at start, a new

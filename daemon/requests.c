@@ -177,6 +177,20 @@ static int prev_key_may(const hpu_codec_peer *peer, const char *addr, const Hpu_
 	return 1;
 }
 
+/* The replay cache is full: every request is refused, the running jobs'
+ * pings too (they are cancelled after submitter_timeout). Said as an
+ * error, at most every 10 s, whatever the refusals' own limit. */
+static void cache_full(void)
+{
+	static ev_tstamp said;
+	ev_tstamp now = ev_now(hpud__D.loop);
+	if (said && now - said < 10)
+		return;
+	said = now;
+	hpud__logmsg(HPUD_LOG_ERROR, "the replay cache is full (too many requests within clock_window, %g s): every request is refused, the running jobs' pings too, which cancels them after submitter_timeout; lower clock_window or find who floods hpud",
+		     hpud__D.window_s);
+}
+
 static void handle(const hpu_codec_peer *peer, const char *addr, const void *frame,
 		   size_t len)
 {
@@ -187,6 +201,8 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 	if (hpu__auth_verify_either(hpud__D.auth, frame, len, hpu__auth_now_ms(), &body, &blen, &prev,
 				    why, sizeof why) < 0) {
 		hpud__log_refusal(addr, why);
+		if (strstr(why, "replay cache full"))
+			cache_full();
 		return;
 	}
 	Hpu__Envelope *m = hpu__codec_unpack(body, blen);

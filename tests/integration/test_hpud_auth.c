@@ -14,6 +14,7 @@
 #include "tests/integration/hpudlib.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -490,6 +491,86 @@ static void test_reload_worker_and_window(void **state)
 	unlink(wb);
 }
 
+/* With clock_window = 3600, 70,000 requests stamped within the window (a
+ * flood of pings for no job, from another client) fit in the replay cache,
+ * sized from the window: a job running meanwhile, whose workers wait for a
+ * go file, keeps its pings taken past submitter_timeout (3 s) and ends
+ * normally. The cache held 65536 nonces whatever the window: once full it
+ * refused every request, the job's pings too, and the job was cancelled. */
+static void test_replay_cache_sized_from_window(void **state)
+{
+	(void)state;
+	char flags[128], go[160], script[192], text[1024];
+	snprintf(flags, sizeof flags, "%s/flags-cache", dir);
+	assert_int_equal(mkdir(flags, 0755), 0);
+	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	snprintf(go, sizeof go, "%s/go", flags);
+	snprintf(script, sizeof script, "%s/wait-worker.sh", dir);
+	snprintf(text, sizeof text, "#!/bin/sh\nwhile [ ! -e %s ]; do sleep 0.05; done\nexec %s \"$@\"\n", go,
+		 h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(text, sizeof text, "worker = %s\nclock_window = 3600\n", script);
+	write_conf(2, text);
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (h_wait_for(&p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	client c;
+	client_open(&c, key);
+	Hpu__Ping ping = HPU__PING__INIT;
+	ping.job_id = "no-such-job";
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_PING;
+	env.ping = &ping;
+	int sent = 0;
+	for (int i = 0; i < 70000; i++) {
+		size_t len;
+		uint8_t *f = sign_env(&c, &env, -(int64_t)(i % 1000) * 1000, &len);
+		sent += zmq_send(c.sock, f, len, 0) >= 0;
+		free(f);
+		for (Hpu__Envelope *r; (r = await_reply(&c, 0));)
+			hpu__codec_free(r);
+		if (i % 5000 == 0)
+			h_wait(&daemon_proc, 0); /* read its log: it must not block */
+	}
+	assert_int_equal(sent, 70000);
+	/* hpud has taken them all when it answers a status request after them
+	 * (asked again every second: a reply finding hpud's queue to us full
+	 * of pongs is dropped) */
+	int synced = 0;
+	for (int i = 0; i < 120 && !synced; i++) {
+		size_t len;
+		uint8_t *f = status_frame(&c, 0, &len);
+		zmq_send(c.sock, f, len, 0);
+		free(f);
+		for (int k = 0; k < 50 && !synced; k++) {
+			h_wait(&daemon_proc, 0);
+			Hpu__Envelope *r = await_reply(&c, 20);
+			synced = r && r->msg_case == HPU__ENVELOPE__MSG_STATUS_REPLY;
+			hpu__codec_free(r);
+		}
+	}
+	client_close(&c);
+	h_wait(&daemon_proc, 5000); /* past submitter_timeout */
+	assert_int_equal(h_write_file(go, "", 0644), 0);
+	int ended = h_wait(&p, 120000) == 0;
+	int full = strstr(daemon_proc.out, "replay cache full") != NULL;
+	printf("  70000 pings stamped within the window: hpud %s; the job: exit %d\n",
+	       full ? "REFUSED SOME: replay cache full" : "took them", ended ? h_code(&p) : -1);
+	if (!ended || h_code(&p) != 0)
+		fail_msg("the job did not end normally:\n%s\nhpud:\n%.2000s", p.out, daemon_proc.out);
+	assert_true(synced);
+	assert_false(full);
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(script);
+}
+
 /* ---- the submitter's side of the binding, against a fake hpud ---- */
 
 /* hpulaunch --status against a fake hpud that answers with frames hpud
@@ -717,6 +798,7 @@ int main(void)
 		cmocka_unit_test(test_launch_layout_checked),
 		cmocka_unit_test(test_key_rotation_keeps_jobs),
 		cmocka_unit_test(test_reload_worker_and_window),
+		cmocka_unit_test(test_replay_cache_sized_from_window),
 		cmocka_unit_test(test_submitter_refuses_replays),
 		cmocka_unit_test(test_submitter_takes_a_flood),
 	};
