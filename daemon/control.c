@@ -3,6 +3,8 @@
  * key, SIGTERM's stop; loading the key, the workers' user and the
  * devices, which start-up (hpud.c) shares. Calls jobs.c and logging.c
  * (daemon/hpud.h). */
+#include <errno.h>
+#include <limits.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -48,20 +50,66 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 	}
 }
 
+/* The key changed (SIGHUP): new requests need it; the jobs running
+ * under the one before may go on with theirs, the older ones may not. */
+static void key_rotated(void)
+{
+	hpud__D.key_gen++;
+	int prev = 0;
+	for (int i = 0; i < MAX_JOBS; i++) {
+		job *j = &hpud__D.jobs[i];
+		if (!j->used)
+			continue;
+		if (j->key_gen + 1 == hpud__D.key_gen) {
+			prev++;
+			continue;
+		}
+		hpud__logmsg(HPUD_LOG_WARN, "job %s: started two key rotations ago: its submitter's key is no longer accepted, so its pings are not either",
+			     j->id);
+	}
+	hpud__logmsg(HPUD_LOG_INFO, "reload: a new key: requests need it; %d job%s started under the previous key may go on with it (pings, cancels)",
+		     prev, prev == 1 ? "" : "s");
+}
+
+/* The replay cache's size for a clock window of window_s: the nonces of
+ * REPLAY_RATE requests a second over the window (twice the pings of
+ * MAX_JOBS jobs, one a second each), at least 65536. At the largest
+ * window, 3600 s, 460,800 nonces: about 17 MB. */
+#define REPLAY_RATE (2 * MAX_JOBS)
+static size_t replay_cache_size(double window_s)
+{
+	double n = REPLAY_RATE * window_s;
+	return n > 65536 ? (size_t)n : 65536;
+}
+
+/* The key of the configuration, and its clock_window: at start, a new
+ * verifier; on SIGHUP, the window applied (the nonces still in it kept)
+ * and the key rotated if it changed. */
 int hpud__load_key(char *err, size_t errlen)
 {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
+	double w = hpud__D.conf.clock_window_s;
 	if (hpu__auth_load_key(hpud__D.conf.key_path, key, err, errlen) < 0)
 		return -1;
-	if (hpud__D.auth)
-		hpu__auth_set_key(hpud__D.auth, key);
-	else
-		hpud__D.auth = hpu__auth_new(key, (int64_t)(hpud__D.conf.clock_window_s * 1000), 1 << 16);
-	memset(key, 0, sizeof key);
+	int rc = 0;
 	if (!hpud__D.auth) {
-		snprintf(err, errlen, "out of memory");
+		hpud__D.auth = hpu__auth_new(key, (int64_t)(w * 1000), replay_cache_size(w));
+		rc = hpud__D.auth ? 0 : -1;
+	} else if (w != hpud__D.window_s) {
+		rc = hpu__auth_resize(hpud__D.auth, (int64_t)(w * 1000), replay_cache_size(w),
+				      hpu__auth_now_ms());
+		if (!rc)
+			hpud__logmsg(HPUD_LOG_INFO, "reload: clock_window is now %g s (was %g s)", w,
+				     hpud__D.window_s);
+	}
+	if (!rc && hpu__auth_rotate(hpud__D.auth, key))
+		key_rotated();
+	memset(key, 0, sizeof key);
+	if (rc < 0) {
+		snprintf(err, errlen, "out of memory for the replay cache of a clock_window of %g s", w);
 		return -1;
 	}
+	hpud__D.window_s = w;
 	return 0;
 }
 
@@ -125,12 +173,41 @@ int hpud__resolve_user(const hpud_conf *c, char *err, size_t errlen)
 	return check_job_uids(c, err, errlen);
 }
 
+/* The worker program of c into out (PATH_MAX): its `worker`, or the
+ * hpu-worker next to this program; it must be executable. */
+int hpud__find_worker(const hpud_conf *c, char *out, char *err, size_t errlen)
+{
+	if (c->worker[0]) {
+		snprintf(out, PATH_MAX, "%s", c->worker);
+	} else {
+		char self[PATH_MAX];
+		ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+		char *slash = n > 0 ? (self[n] = 0, strrchr(self, '/')) : NULL;
+		if (!slash) {
+			snprintf(err, errlen, "cannot find hpu-worker: set 'worker = PATH'");
+			return -1;
+		}
+		*slash = 0;
+		if (strlen(self) + sizeof "/hpu-worker" > PATH_MAX) {
+			snprintf(err, errlen, "the path of hpud is too long: set 'worker = PATH'");
+			return -1;
+		}
+		memcpy(out, self, strlen(self));
+		memcpy(out + strlen(self), "/hpu-worker", sizeof "/hpu-worker");
+	}
+	if (access(out, X_OK) != 0) {
+		snprintf(err, errlen, "the worker program %.600s: %s", out, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 /* devices = auto: the devices counted with the worker program, as
  * hpulaunch counts them (daemon/conf.h); the count is logged. */
-int hpud__count_devices(hpud_conf *c, char *err, size_t errlen)
+int hpud__count_devices(hpud_conf *c, const char *worker, char *err, size_t errlen)
 {
 	char note[1024], why[1024];
-	if (hpud__conf_count_devices(c, hpud__D.worker, note, sizeof note, why, sizeof why) < 0) {
+	if (hpud__conf_count_devices(c, worker, note, sizeof note, why, sizeof why) < 0) {
 		snprintf(err, errlen, "%.200s: %.800s", hpud__D.conf_path, why);
 		return -1;
 	}
@@ -141,12 +218,13 @@ int hpud__count_devices(hpud_conf *c, char *err, size_t errlen)
 
 static void reload(void)
 {
-	char err[1024];
+	char err[1024], worker[PATH_MAX];
 	hpud_conf c = hpud__D.conf;
 	if (hpud__trust_path(hpud__D.conf_path, "the configuration", err, sizeof err) < 0 ||
 	    hpud__conf_load(&c, hpud__D.conf_path, err, sizeof err) < 0 ||
-	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0 ||
-	    hpud__count_devices(&c, err, sizeof err) < 0) {
+	    hpud__find_worker(&c, worker, err, sizeof err) < 0 ||
+	    hpud__trust_path(worker, "the worker program", err, sizeof err) < 0 ||
+	    hpud__count_devices(&c, worker, err, sizeof err) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		return;
 	}
@@ -160,15 +238,19 @@ static void reload(void)
 	hpud__D.conf = c;
 	snprintf(hpud__D.conf.listen, sizeof hpud__D.conf.listen, "%s", old.listen);
 	hpud__D.conf.port = old.port;
+	/* the key last: it is rotated only when the reload takes */
 	if (hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
 	    hpud__trust_path(hpud__D.conf.key_path, "the key file", err, sizeof err) < 0 ||
-	    hpud__load_key(err, sizeof err) < 0 ||
-	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0) {
+	    hpud__load_key(err, sizeof err) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		hpud__D.conf = old;
 		hpud__resolve_user(&hpud__D.conf, err, sizeof err);
 		return;
 	}
+	if (strcmp(worker, hpud__D.worker))
+		hpud__logmsg(HPUD_LOG_INFO, "reload: the worker program is now %s (was %s; running jobs keep theirs)",
+			     worker, hpud__D.worker);
+	memcpy(hpud__D.worker, worker, sizeof worker);
 	hpud__apply_log_level();
 	hpud__logmsg(HPUD_LOG_INFO, "configuration reloaded from %s", hpud__D.conf_path);
 }

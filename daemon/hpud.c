@@ -90,34 +90,6 @@ static int help_doc(const char *format)
 	return 0;
 }
 
-/* hpu-worker next to this program, unless the configuration names one. */
-static int find_worker(char *err, size_t errlen)
-{
-	if (hpud__D.conf.worker[0]) {
-		snprintf(hpud__D.worker, sizeof hpud__D.worker, "%s", hpud__D.conf.worker);
-	} else {
-		char self[PATH_MAX];
-		ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-		char *slash = n > 0 ? (self[n] = 0, strrchr(self, '/')) : NULL;
-		if (!slash) {
-			snprintf(err, errlen, "cannot find hpu-worker: set 'worker = PATH'");
-			return -1;
-		}
-		*slash = 0;
-		if (strlen(self) + sizeof "/hpu-worker" > sizeof hpud__D.worker) {
-			snprintf(err, errlen, "the path of hpud is too long: set 'worker = PATH'");
-			return -1;
-		}
-		memcpy(hpud__D.worker, self, strlen(self));
-		memcpy(hpud__D.worker + strlen(self), "/hpu-worker", sizeof "/hpu-worker");
-	}
-	if (access(hpud__D.worker, X_OK) != 0) {
-		snprintf(err, errlen, "the worker program %.600s: %s", hpud__D.worker, strerror(errno));
-		return -1;
-	}
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	char err[1024];
@@ -175,9 +147,10 @@ int main(int argc, char **argv)
 	    hpud__conf_load(&hpud__D.conf, hpud__D.conf_path, err, sizeof err) < 0 ||
 	    hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
 	    hpud__trust_path(hpud__D.conf.key_path, "the key file", err, sizeof err) < 0 ||
-	    hpud__load_key(err, sizeof err) < 0 || find_worker(err, sizeof err) < 0 ||
+	    hpud__load_key(err, sizeof err) < 0 ||
+	    hpud__find_worker(&hpud__D.conf, hpud__D.worker, err, sizeof err) < 0 ||
 	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0 ||
-	    hpud__count_devices(&hpud__D.conf, err, sizeof err) < 0) {
+	    hpud__count_devices(&hpud__D.conf, hpud__D.worker, err, sizeof err) < 0) {
 		hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}

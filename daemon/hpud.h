@@ -58,7 +58,8 @@ typedef struct hpud_state {
 	hpud_jobout out;           /* the jobs' messages to their submitters */
 	job jobs[MAX_JOBS];
 	char busy[MAX_DEVICES];    /* device -> in use */
-	char worker[PATH_MAX];
+	char worker[PATH_MAX];     /* the conf's worker, or hpu-worker here */
+	double window_s;           /* the clock_window auth has */
 	int set_user;
 	uid_t uid;
 	gid_t gid;
@@ -69,6 +70,12 @@ typedef struct hpud_state {
 	/* drawn at start: every request must name it (proto/hpu.proto) */
 	char instance[HPU_AUTH_ID_HEX + 1];
 	uint64_t seq;              /* of the last frame signed */
+	/* counts the keys SIGHUP rotated in: a job launched under the key
+	 * before the current one (key_gen one less) may go on with it
+	 * (pings, cancels, its messages signed with it) */
+	unsigned key_gen;
+	int reply_prev;            /* the request being answered was signed
+				    * with the previous key: so is the reply */
 	int log_level_fixed;       /* --log-level set it: not log_level */
 	/* job_uids that no job holds but processes still run under: given to
 	 * no job until none is left */
@@ -96,6 +103,7 @@ void hpud__release_job(job *j);
 size_t hpud__pack_env(const char *session, Hpu__Envelope *env, uint8_t **body);
 int hpud__send_body(const hpu_codec_peer *peer, const uint8_t *body, size_t blen);
 void hpud__send_env(const hpu_codec_peer *peer, const char *session, Hpu__Envelope *env);
+int hpud__peer_prev_key(const hpu_codec_peer *peer);
 void hpud__reply_launch(const hpu_codec_peer *peer, const char *session, const char *job_id,
 			const job *j, const char *error);
 
@@ -120,7 +128,8 @@ int hpud__open_socket(char *err, size_t errlen);
 void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents);
 int hpud__load_key(char *err, size_t errlen);
 int hpud__resolve_user(const hpud_conf *c, char *err, size_t errlen);
-int hpud__count_devices(hpud_conf *c, char *err, size_t errlen);
+int hpud__find_worker(const hpud_conf *c, char *out, char *err, size_t errlen);
+int hpud__count_devices(hpud_conf *c, const char *worker, char *err, size_t errlen);
 void hpud__on_hup(struct ev_loop *loop, ev_signal *w, int revents);
 void hpud__on_term(struct ev_loop *loop, ev_signal *w, int revents);
 

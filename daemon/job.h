@@ -41,6 +41,9 @@ typedef struct hpud_job {
 	double stalled_s;          /* the submitter took nothing for this long */
 	uid_t uid;                 /* its workers' uid (job_uids, else D.uid) */
 	int peer_gone;             /* its submitter went away (no pings) */
+	unsigned key_gen;          /* hpud's key when it was launched (hpud.h) */
+	int prev_key_said;         /* the log said its submitter signs with the
+				    * previous key */
 } hpud_job;
 
 #endif

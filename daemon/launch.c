@@ -175,6 +175,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	}
 	memset(j, 0, sizeof *j);
 	j->used = 1;
+	j->key_gen = hpud__D.key_gen;
 	snprintf(j->id, sizeof j->id, "%s", q->job_id);
 	snprintf(j->token, sizeof j->token, "%s", q->job_token);
 	snprintf(j->master_addr, sizeof j->master_addr, "%s", q->master_addr);

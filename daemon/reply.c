@@ -21,6 +21,19 @@ size_t hpud__pack_env(const char *session, Hpu__Envelope *env, uint8_t **body)
 	return hpu__codec_pack(env, body);
 }
 
+/* Whether frames to peer are signed with the previous key: its job was
+ * launched under it (a key rotated since; hpud.h's key_gen). */
+int hpud__peer_prev_key(const hpu_codec_peer *peer)
+{
+	for (int i = 0; i < MAX_JOBS; i++) {
+		const job *j = &hpud__D.jobs[i];
+		if (j->used && j->key_gen + 1 == hpud__D.key_gen && j->peer.len == peer->len &&
+		    memcmp(j->peer.id, peer->id, peer->len) == 0)
+			return 1;
+	}
+	return 0;
+}
+
 /* Signs a packed envelope (hpud__pack_env) with the next sequence number (the
  * submitter refuses a replay by it) and hands it to ZeroMQ for peer.
  * Frames to one submitter must leave in the order they were signed: it
@@ -49,7 +62,9 @@ int hpud__send_body(const hpu_codec_peer *peer, const uint8_t *body, size_t blen
 	if (tail && (whole = malloc(blen + tlen))) {
 		memcpy(whole, body, blen);
 		memcpy(whole + blen, tail, tlen);
-		flen = hpu__auth_sign(hpud__D.auth, whole, blen + tlen, hpu__auth_now_ms(), &frame);
+		flen = hpud__D.reply_prev || hpud__peer_prev_key(peer)
+			       ? hpu__auth_sign_prev(hpud__D.auth, whole, blen + tlen, hpu__auth_now_ms(), &frame)
+			       : hpu__auth_sign(hpud__D.auth, whole, blen + tlen, hpu__auth_now_ms(), &frame);
 	}
 	free(tail);
 	free(whole);

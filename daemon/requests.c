@@ -143,15 +143,66 @@ static const char *check_binding(const Hpu__Envelope *m, char *why, size_t len)
 	return NULL;
 }
 
+/* What a request signed with the previous key (a key rotated since:
+ * hpud.h's key_gen) may do: say hello, ping or cancel a job launched
+ * under that key. A launch is answered that the key changed; anything
+ * else is refused. Returns 1 to go on, 0 when it was answered or refused. */
+static int prev_key_may(const hpu_codec_peer *peer, const char *addr, const Hpu__Envelope *m)
+{
+	const char *id = m->msg_case == HPU__ENVELOPE__MSG_PING ? m->ping->job_id
+			 : m->msg_case == HPU__ENVELOPE__MSG_CANCEL ? m->cancel->job_id
+								    : NULL;
+	job *j = id ? hpud__find_job(id) : NULL;
+	if (m->msg_case == HPU__ENVELOPE__MSG_HELLO)
+		return 1;
+	if (m->msg_case == HPU__ENVELOPE__MSG_LAUNCH_REQUEST) {
+		hpud__log_refusal(addr, "a launch signed with the previous key (the key was rotated): refused");
+		hpud__reply_launch(peer, m->session, m->launch_request->job_id ? m->launch_request->job_id : "",
+				   NULL, "this hpud's key was rotated: the request is signed with the previous key, which only "
+					 "jobs started before the rotation may use; give hpulaunch the new key (--key)");
+		return 0;
+	}
+	if (!j || j->key_gen + 1 != hpud__D.key_gen) {
+		hpud__log_refusal(addr, "signed with the previous key, which only the pings and cancels of jobs started "
+					"before the key was rotated may use");
+		return 0;
+	}
+	if (!j->prev_key_said) {
+		hpud__logmsg(HPUD_LOG_INFO, "job %s: its submitter signs with the previous key (the job started before the key was rotated): taken for its pings and cancels",
+			     j->id);
+		j->prev_key_said = 1;
+	}
+	hpud__logmsg(HPUD_LOG_DEBUG, "job %s: a %s verified with the previous key", j->id,
+		     m->msg_case == HPU__ENVELOPE__MSG_PING ? "ping" : "cancel");
+	return 1;
+}
+
+/* The replay cache is full: every request is refused, the running jobs'
+ * pings too (they are cancelled after submitter_timeout). Said as an
+ * error, at most every 10 s, whatever the refusals' own limit. */
+static void cache_full(void)
+{
+	static ev_tstamp said;
+	ev_tstamp now = ev_now(hpud__D.loop);
+	if (said && now - said < 10)
+		return;
+	said = now;
+	hpud__logmsg(HPUD_LOG_ERROR, "the replay cache is full (too many requests within clock_window, %g s): every request is refused, the running jobs' pings too, which cancels them after submitter_timeout; lower clock_window or find who floods hpud",
+		     hpud__D.window_s);
+}
+
 static void handle(const hpu_codec_peer *peer, const char *addr, const void *frame,
 		   size_t len)
 {
 	char why[256];
 	const void *body;
 	size_t blen;
-	if (hpu__auth_verify(hpud__D.auth, frame, len, hpu__auth_now_ms(), &body, &blen, why,
-			     sizeof why) < 0) {
+	int prev = 0;
+	if (hpu__auth_verify_either(hpud__D.auth, frame, len, hpu__auth_now_ms(), &body, &blen, &prev,
+				    why, sizeof why) < 0) {
 		hpud__log_refusal(addr, why);
+		if (strstr(why, "replay cache full"))
+			cache_full();
 		return;
 	}
 	Hpu__Envelope *m = hpu__codec_unpack(body, blen);
@@ -163,6 +214,12 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 	const char *bad = check_binding(m, bwhy, sizeof bwhy);
 	if (bad) {
 		hpud__log_refusal(addr, bad);
+		hpu__codec_free(m);
+		return;
+	}
+	hpud__D.reply_prev = prev;
+	if (prev && !prev_key_may(peer, addr, m)) {
+		hpud__D.reply_prev = 0;
 		hpu__codec_free(m);
 		return;
 	}
@@ -186,6 +243,7 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 		hpud__log_refusal(addr, "not a request hpud takes");
 		break;
 	}
+	hpud__D.reply_prev = 0;
 	hpu__codec_free(m);
 }
 

@@ -220,9 +220,6 @@ int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 				snprintf(err, errlen, "out of memory");
 				return -1;
 			}
-			char cwd[PATH_MAX];
-			if (a->hostfile && getcwd(cwd, sizeof cwd) && absolute_vars(cwd, err, errlen) < 0)
-				return -1;
 			return hpu__args_finish(a, &src, 0, err, errlen);
 		}
 		if (r < HPU_OPTS_ID) {

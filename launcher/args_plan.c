@@ -290,6 +290,11 @@ int hpu__args_finish(hpu_launch_args *a, const sources *src, int extra_args, cha
 			a->status_port = a->hpud_port;
 		return 0;
 	}
+	if (a->exec_mode && a->hostfile) {
+		snprintf(err, errlen, "--exec does not go with --hostfile: each node's hpud runs the worker its "
+				      "configuration names (hpud.conf's worker), not a program of hpulaunch's command line");
+		return -1;
+	}
 	if ((a->include || a->exclude) && !a->hostfile) {
 		snprintf(err, errlen, "%s picks hosts of a --hostfile: give one (DeepSpeed's hostfile format: HOST slots=N)",
 			 a->include ? "--include" : "--exclude");

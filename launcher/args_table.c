@@ -36,7 +36,8 @@ const hpu_optspec hpu__args_specs[] = {
 		 "Not after Ctrl-C or SIGTERM to hpulaunch"},
 	{"exec", 0, HPU_OPT_FLAG, O_EXEC, "PROGRAM ...",
 	 .help = "run PROGRAM (from PATH) instead of hpu-worker, the rest of the command line its "
-		 "arguments; it initializes from the environment"},
+		 "arguments; it initializes from the environment (not with --hostfile: each node's hpud runs "
+		 "the worker its hpud.conf names)"},
 	{"progress", 0, HPU_OPT_VALUE, O_PROGRESS, "MODE",
 	 .help = "auto | always | never: a progress bar of rank 0 (epoch, step, loss, samples/s, ETA) on the "
 		 "last line of the terminal, below the workers' lines (auto: when stdout is a terminal and "

@@ -60,6 +60,8 @@ struct nonce_entry {
 
 struct hpu_auth {
 	uint8_t key[HPU_AUTH_KEY_BYTES];
+	uint8_t prev[HPU_AUTH_KEY_BYTES]; /* the key before a rotation ... */
+	int has_prev;                     /* ... if there was one */
 	EVP_MAC *mac;
 	EVP_MAC_CTX *ctx; /* HMAC-SHA256, re-keyed for every frame */
 	int64_t window_ms;
@@ -265,12 +267,12 @@ out:
 
 /* ---- HMAC ---- */
 
-/* mac = HMAC-SHA256(a->key, head[0..OFF_MAC) || body[0..len)). */
-static int compute_mac(hpu_auth *a, const uint8_t *head, const void *body,
-		       size_t len, uint8_t mac[MAC_BYTES])
+/* mac = HMAC-SHA256(key, head[0..OFF_MAC) || body[0..len)). */
+static int compute_mac(hpu_auth *a, const uint8_t *key, const uint8_t *head,
+		       const void *body, size_t len, uint8_t mac[MAC_BYTES])
 {
 	size_t outl = 0;
-	if (!EVP_MAC_init(a->ctx, a->key, sizeof(a->key), NULL) ||
+	if (!EVP_MAC_init(a->ctx, key, HPU_AUTH_KEY_BYTES, NULL) ||
 	    !EVP_MAC_update(a->ctx, head, OFF_MAC) ||
 	    (len && !EVP_MAC_update(a->ctx, body, len)) ||
 	    !EVP_MAC_final(a->ctx, mac, &outl, MAC_BYTES) || outl != MAC_BYTES)
@@ -467,6 +469,47 @@ fail:
 void hpu__auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES])
 {
 	memcpy(a->key, key, sizeof(a->key));
+	OPENSSL_cleanse(a->prev, sizeof(a->prev));
+	a->has_prev = 0;
+}
+
+int hpu__auth_rotate(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES])
+{
+	if (CRYPTO_memcmp(a->key, key, sizeof(a->key)) == 0)
+		return 0;
+	memcpy(a->prev, a->key, sizeof(a->prev));
+	a->has_prev = 1;
+	memcpy(a->key, key, sizeof(a->key));
+	return 1;
+}
+
+int hpu__auth_resize(hpu_auth *a, int64_t window_ms, size_t max_nonces, int64_t now_ms)
+{
+	hpu_auth *n = hpu__auth_new(a->key, window_ms, max_nonces);
+	if (!n)
+		return -1;
+	memcpy(n->prev, a->prev, sizeof(n->prev));
+	n->has_prev = a->has_prev;
+	n->horizon = a->horizon;
+	for (size_t h = 0; h <= a->hmask; h++)
+		for (uint32_t i = a->hash[h]; i != NONE; i = a->e[i].hnext) {
+			const struct nonce_entry *x = &a->e[i];
+			if (x->ts < now_ms - window_ms) { /* forgotten, as forget() does */
+				if (x->ts >= n->horizon)
+					n->horizon = x->ts + 1;
+				continue;
+			}
+			if (n->count == n->max) {
+				hpu__auth_destroy(&n);
+				return -1;
+			}
+			remember(n, x->nonce, x->ts, now_ms);
+		}
+	hpu_auth t = *a;
+	*a = *n;
+	*n = t;
+	hpu__auth_destroy(&n);
+	return 0;
 }
 
 void hpu__auth_destroy(hpu_auth **ap)
@@ -475,6 +518,7 @@ void hpu__auth_destroy(hpu_auth **ap)
 	if (!a)
 		return;
 	OPENSSL_cleanse(a->key, sizeof(a->key));
+	OPENSSL_cleanse(a->prev, sizeof(a->prev));
 	EVP_MAC_CTX_free(a->ctx);
 	EVP_MAC_free(a->mac);
 	free(a->e);
@@ -500,8 +544,8 @@ static uint64_t get_be64(const uint8_t *p)
 	return v;
 }
 
-size_t hpu__auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
-		      uint8_t **frame)
+static size_t sign_with(hpu_auth *a, const uint8_t *key, const void *body, size_t len,
+			int64_t now_ms, uint8_t **frame)
 {
 	assert(frame);
 	if (len > HPU_AUTH_MAX_FRAME - HPU_AUTH_HEADER)
@@ -512,7 +556,7 @@ size_t hpu__auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
 	memcpy(f, MAGIC, 4);
 	put_be64(f + OFF_TS, (uint64_t)now_ms);
 	if (RAND_bytes(f + OFF_NONCE, NONCE_BYTES) != 1 ||
-	    compute_mac(a, f, body, len, f + OFF_MAC) < 0) {
+	    compute_mac(a, key, f, body, len, f + OFF_MAC) < 0) {
 		free(f);
 		return 0;
 	}
@@ -520,6 +564,19 @@ size_t hpu__auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
 		memcpy(f + HPU_AUTH_HEADER, body, len);
 	*frame = f;
 	return HPU_AUTH_HEADER + len;
+}
+
+size_t hpu__auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
+		      uint8_t **frame)
+{
+	return sign_with(a, a->key, body, len, now_ms, frame);
+}
+
+size_t hpu__auth_sign_prev(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
+			   uint8_t **frame)
+{
+	assert(frame);
+	return a->has_prev ? sign_with(a, a->prev, body, len, now_ms, frame) : 0;
 }
 
 /* Checks the timestamp against now_ms +- window. */
@@ -546,13 +603,24 @@ static int check_clock(const hpu_auth *a, uint64_t ts_wire, int64_t now_ms,
 	return 0;
 }
 
-/* Everything hpu__auth_verify checks but the replay cache: size, magic, MAC
- * and clock. */
-static int check_frame(hpu_auth *a, const uint8_t *f, size_t len,
-		       int64_t now_ms, char *err, size_t errlen)
+/* Whether f's MAC is HMAC(key, ...) (constant time); -1 when OpenSSL
+ * fails. */
+static int mac_matches(hpu_auth *a, const uint8_t *key, const uint8_t *f, size_t len)
 {
 	uint8_t mac[MAC_BYTES];
+	if (compute_mac(a, key, f, f + HPU_AUTH_HEADER, len - HPU_AUTH_HEADER, mac) < 0)
+		return -1;
+	int bad = CRYPTO_memcmp(mac, f + OFF_MAC, MAC_BYTES);
+	OPENSSL_cleanse(mac, sizeof(mac));
+	return !bad;
+}
 
+/* Everything hpu__auth_verify checks but the replay cache: size, magic, MAC
+ * and clock. With `prev` non-NULL, a frame signed with the previous key
+ * passes too, and *prev says so. */
+static int check_frame(hpu_auth *a, const uint8_t *f, size_t len,
+		       int64_t now_ms, int *prev, char *err, size_t errlen)
+{
 	if (len < HPU_AUTH_HEADER) {
 		seterr(err, errlen, "truncated frame (%zu bytes, under the %d "
 		       "of a header)", len, HPU_AUTH_HEADER);
@@ -567,14 +635,18 @@ static int check_frame(hpu_auth *a, const uint8_t *f, size_t len,
 		seterr(err, errlen, "bad magic (not an hpud frame)");
 		return -1;
 	}
-	if (compute_mac(a, f, f + HPU_AUTH_HEADER, len - HPU_AUTH_HEADER,
-			mac) < 0) {
+	int ok = mac_matches(a, a->key, f, len);
+	if (prev)
+		*prev = 0;
+	if (ok == 0 && prev && a->has_prev) {
+		ok = mac_matches(a, a->prev, f, len);
+		*prev = ok == 1;
+	}
+	if (ok < 0) {
 		seterr(err, errlen, "cannot compute the HMAC (OpenSSL failed)");
 		return -1;
 	}
-	int bad = CRYPTO_memcmp(mac, f + OFF_MAC, MAC_BYTES);
-	OPENSSL_cleanse(mac, sizeof(mac));
-	if (bad) {
+	if (!ok) {
 		seterr(err, errlen, "bad signature (wrong key or altered)");
 		return -1;
 	}
@@ -586,7 +658,7 @@ int hpu__auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 {
 	const uint8_t *f = frame;
 	assert(now_ms > INT64_MIN / 2 && now_ms < INT64_MAX / 2);
-	if (check_frame(a, f, len, now_ms, err, errlen) < 0)
+	if (check_frame(a, f, len, now_ms, NULL, err, errlen) < 0)
 		return -1;
 	if (body)
 		*body = f + HPU_AUTH_HEADER;
@@ -595,12 +667,13 @@ int hpu__auth_check(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 	return 0;
 }
 
-int hpu__auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
-		     const void **body, size_t *bodylen, char *err, size_t errlen)
+/* hpu__auth_verify, with the previous key too when prev is non-NULL. */
+static int verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		  const void **body, size_t *bodylen, int *prev, char *err, size_t errlen)
 {
 	const uint8_t *f = frame;
 	assert(now_ms > INT64_MIN / 2 && now_ms < INT64_MAX / 2);
-	if (check_frame(a, f, len, now_ms, err, errlen) < 0)
+	if (check_frame(a, f, len, now_ms, prev, err, errlen) < 0)
 		return -1;
 	int64_t ts = (int64_t)get_be64(f + OFF_TS);
 
@@ -628,6 +701,20 @@ int hpu__auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 	if (bodylen)
 		*bodylen = len - HPU_AUTH_HEADER;
 	return 0;
+}
+
+int hpu__auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+		     const void **body, size_t *bodylen, char *err, size_t errlen)
+{
+	return verify(a, frame, len, now_ms, body, bodylen, NULL, err, errlen);
+}
+
+int hpu__auth_verify_either(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+			    const void **body, size_t *bodylen, int *prev, char *err,
+			    size_t errlen)
+{
+	assert(prev);
+	return verify(a, frame, len, now_ms, body, bodylen, prev, err, errlen);
 }
 
 int hpu__auth_random_id(char out[HPU_AUTH_ID_HEX + 1])

@@ -51,8 +51,23 @@ int hpu__auth_gen_key(const char *path, char *err, size_t errlen);
 hpu_auth *hpu__auth_new(const uint8_t key[HPU_AUTH_KEY_BYTES],
 			int64_t window_ms, size_t max_nonces);
 
-/* Replaces the key (SIGHUP); the replay cache stays. */
+/* Replaces the key outright, forgetting any previous key; the replay
+ * cache stays. */
 void hpu__auth_set_key(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES]);
+
+/* A key rotation (hpud's SIGHUP): when `key` differs from the current
+ * key, the current key becomes the previous one (the one before it is
+ * forgotten) and `key` the current; returns 1. Returns 0, changing
+ * nothing, when it is the same key. The replay cache stays, one for both
+ * keys: a nonce accepted under either is refused under both. */
+int hpu__auth_rotate(hpu_auth *a, const uint8_t key[HPU_AUTH_KEY_BYTES]);
+
+/* A new clock window and replay cache size (SIGHUP), keeping the keys and
+ * every nonce the cache remembers that the new window at now_ms still
+ * covers; what it forgets it refuses as stale, as ever (frames stamped
+ * before the newest nonce forgotten). Returns 0, or -1 changing nothing:
+ * no memory, or the nonces to keep do not fit in max_nonces. */
+int hpu__auth_resize(hpu_auth *a, int64_t window_ms, size_t max_nonces, int64_t now_ms);
 
 void hpu__auth_destroy(hpu_auth **a);
 
@@ -69,6 +84,19 @@ size_t hpu__auth_sign(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
  * nonce", ...); nothing is remembered. Never reads outside frame[0..len). */
 int hpu__auth_verify(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
 		     const void **body, size_t *bodylen, char *err, size_t errlen);
+
+/* As hpu__auth_verify, but a frame signed with the previous key
+ * (hpu__auth_rotate) is accepted too: *prev is 1 then, 0 for the current
+ * key. The caller decides what a frame signed with the previous key may
+ * ask. */
+int hpu__auth_verify_either(hpu_auth *a, const void *frame, size_t len, int64_t now_ms,
+			    const void **body, size_t *bodylen, int *prev, char *err,
+			    size_t errlen);
+
+/* As hpu__auth_sign, with the previous key (hpu__auth_rotate); 0 when
+ * there is none. */
+size_t hpu__auth_sign_prev(hpu_auth *a, const void *body, size_t len, int64_t now_ms,
+			   uint8_t **frame);
 
 /* Checks `frame` at time now_ms as hpu__auth_verify does (size, magic,
  * MAC, clock window), but neither looks up nor remembers its nonce: the

@@ -14,6 +14,7 @@
 #include "tests/integration/hpudlib.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -367,6 +368,209 @@ static void test_launch_bound_to_instance(void **state)
 	stop_daemon();
 }
 
+/* A key rotated with SIGHUP while a job runs: the job's submitter goes on
+ * with the key it has (its pings past submitter_timeout, 3 s, taken;
+ * hpud's messages to it signed with that key), and the job ends normally;
+ * a new launch with the old key is refused, saying the key was rotated.
+ * The workers wait 6 s before they train (a script in front of
+ * hpu-worker). It had cancelled the job: the pings, signed with the old
+ * key, were refused. */
+static void test_key_rotation_keeps_jobs(void **state)
+{
+	(void)state;
+	char script[192], text[512], old_key[192];
+	snprintf(script, sizeof script, "%s/slow-worker.sh", dir);
+	snprintf(text, sizeof text, "#!/bin/sh\nsleep 6\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(text, sizeof text, "worker = %s\n", script);
+	write_conf(2, text);
+	start_daemon();
+	snprintf(old_key, sizeof old_key, "%s/old.key", dir);
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p, q;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (h_wait_for(&p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	/* the new key in key_path, the old one kept aside */
+	assert_int_equal(rename(key_path, old_key), 0);
+	char *gen[] = {(char *)HPUD, "--gen-key", key_path, NULL};
+	assert_int_equal(h_run(&q, gen, NULL, 10000), 0);
+	h_free(&q);
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	int ended = h_wait(&p, 120000) == 0;
+	const char *end = strstr(p.out, "[rank 0] trained 2 steps");
+	printf("  the job started before the rotation: exit %d: %.*s\n", ended ? h_code(&p) : -1,
+	       end ? (int)strcspn(end, "\n") : 0, end ? end : "");
+	if (!ended || h_code(&p) != 0 || !end)
+		fail_msg("the job did not end normally:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	assert_int_equal(h_wait_for(&daemon_proc, "ended successfully", 5000), 0);
+	assert_non_null(strstr(daemon_proc.out, "signs with the previous key"));
+	assert_null(strstr(daemon_proc.out, "went away"));
+	h_free(&p);
+	/* a new launch with the old key */
+	argv[4] = old_key;
+	int rc = h_run(&q, argv, NULL, 60000);
+	const char *err = strstr(q.out, "hpulaunch: error");
+	printf("  a new launch with the old key: exit %d: %.*s\n", rc,
+	       err ? (int)strcspn(err, "\n") : 0, err ? err : "");
+	assert_int_equal(rc, 1);
+	assert_non_null(strstr(q.out, "key was rotated"));
+	h_free(&q);
+	stop_daemon();
+	assert_int_equal(rename(old_key, key_path), 0);
+	write_conf(2, NULL);
+	unlink(script);
+}
+
+/* SIGHUP applies `worker` and `clock_window`: a request stamped 10 s
+ * ago, taken in a window of 30 s, is refused as stale in one of 2 s; the
+ * next job runs the new worker program (a script that says its name). Both
+ * were said to be reloaded and kept as at start. */
+static void test_reload_worker_and_window(void **state)
+{
+	(void)state;
+	char wa[192], wb[192], text[512];
+	snprintf(wa, sizeof wa, "%s/worker-a.sh", dir);
+	snprintf(wb, sizeof wb, "%s/worker-b.sh", dir);
+	snprintf(text, sizeof text, "#!/bin/sh\necho worker-a-ran\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(wa, text, 0755), 0);
+	snprintf(text, sizeof text, "#!/bin/sh\necho worker-b-ran\nexec %s \"$@\"\n", h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(wb, text, 0755), 0);
+	snprintf(text, sizeof text, "worker = %s\nclock_window = 30\n", wa);
+	write_conf(2, text);
+	start_daemon();
+	client c;
+	client_open(&c, key);
+	size_t len;
+	uint8_t *f = status_frame(&c, -10000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	Hpu__Envelope *r = await_reply(&c, 10000);
+	assert_non_null(r); /* 10 s off, in a window of 30 s */
+	hpu__codec_free(r);
+	snprintf(text, sizeof text, "worker = %s\nclock_window = 2\n", wb);
+	write_conf(2, text);
+	kill(daemon_proc.pid, SIGHUP);
+	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	f = status_frame(&c, -10000, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	r = await_reply(&c, 2000);
+	int stale = h_wait_for(&daemon_proc, "stale: timestamp 10.0 s in the past (the window is 2.0 s)", 5000) == 0;
+	printf("  a request 10 s old after clock_window = 2: %s, %s\n", r ? "ANSWERED" : "refused",
+	       stale ? "logged as stale" : "not logged as stale");
+	hpu__codec_free(r);
+	assert_null(r);
+	assert_true(stale);
+	f = status_frame(&c, 0, &len);
+	zmq_send(c.sock, f, len, 0);
+	free(f);
+	r = await_reply(&c, 10000);
+	assert_non_null(r);
+	hpu__codec_free(r);
+	client_close(&c);
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "1", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	int rc = h_run(&p, argv, NULL, 120000);
+	printf("  the job after the reload ran %s\n", strstr(p.out, "worker-b-ran") ? "the new worker"
+						  : strstr(p.out, "worker-a-ran") ? "THE OLD WORKER"
+										 : "no worker script");
+	if (rc != 0)
+		fail_msg("the job failed (%d):\n%s", rc, p.out);
+	assert_non_null(strstr(p.out, "worker-b-ran"));
+	assert_null(strstr(p.out, "worker-a-ran"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(wa);
+	unlink(wb);
+}
+
+/* With clock_window = 3600, 70,000 requests stamped within the window (a
+ * flood of pings for no job, from another client) fit in the replay cache,
+ * sized from the window: a job running meanwhile, whose workers wait for a
+ * go file, keeps its pings taken past submitter_timeout (3 s) and ends
+ * normally. The cache held 65536 nonces whatever the window: once full it
+ * refused every request, the job's pings too, and the job was cancelled. */
+static void test_replay_cache_sized_from_window(void **state)
+{
+	(void)state;
+	char flags[128], go[160], script[192], text[1024];
+	snprintf(flags, sizeof flags, "%s/flags-cache", dir);
+	assert_int_equal(mkdir(flags, 0755), 0);
+	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	snprintf(go, sizeof go, "%s/go", flags);
+	snprintf(script, sizeof script, "%s/wait-worker.sh", dir);
+	snprintf(text, sizeof text, "#!/bin/sh\nwhile [ ! -e %s ]; do sleep 0.05; done\nexec %s \"$@\"\n", go,
+		 h_build("bin/hpu-worker"));
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(text, sizeof text, "worker = %s\nclock_window = 3600\n", script);
+	write_conf(2, text);
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (h_wait_for(&p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	client c;
+	client_open(&c, key);
+	Hpu__Ping ping = HPU__PING__INIT;
+	ping.job_id = "no-such-job";
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_PING;
+	env.ping = &ping;
+	int sent = 0;
+	for (int i = 0; i < 70000; i++) {
+		size_t len;
+		uint8_t *f = sign_env(&c, &env, -(int64_t)(i % 1000) * 1000, &len);
+		sent += zmq_send(c.sock, f, len, 0) >= 0;
+		free(f);
+		for (Hpu__Envelope *r; (r = await_reply(&c, 0));)
+			hpu__codec_free(r);
+		if (i % 5000 == 0)
+			h_wait(&daemon_proc, 0); /* read its log: it must not block */
+	}
+	assert_int_equal(sent, 70000);
+	/* hpud has taken them all when it answers a status request after them
+	 * (asked again every second: a reply finding hpud's queue to us full
+	 * of pongs is dropped) */
+	int synced = 0;
+	for (int i = 0; i < 120 && !synced; i++) {
+		size_t len;
+		uint8_t *f = status_frame(&c, 0, &len);
+		zmq_send(c.sock, f, len, 0);
+		free(f);
+		for (int k = 0; k < 50 && !synced; k++) {
+			h_wait(&daemon_proc, 0);
+			Hpu__Envelope *r = await_reply(&c, 20);
+			synced = r && r->msg_case == HPU__ENVELOPE__MSG_STATUS_REPLY;
+			hpu__codec_free(r);
+		}
+	}
+	client_close(&c);
+	h_wait(&daemon_proc, 5000); /* past submitter_timeout */
+	assert_int_equal(h_write_file(go, "", 0644), 0);
+	int ended = h_wait(&p, 120000) == 0;
+	int full = strstr(daemon_proc.out, "replay cache full") != NULL;
+	printf("  70000 pings stamped within the window: hpud %s; the job: exit %d\n",
+	       full ? "REFUSED SOME: replay cache full" : "took them", ended ? h_code(&p) : -1);
+	if (!ended || h_code(&p) != 0)
+		fail_msg("the job did not end normally:\n%s\nhpud:\n%.2000s", p.out, daemon_proc.out);
+	assert_true(synced);
+	assert_false(full);
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+	unlink(script);
+}
+
 /* ---- the submitter's side of the binding, against a fake hpud ---- */
 
 /* hpulaunch --status against a fake hpud that answers with frames hpud
@@ -592,6 +796,9 @@ int main(void)
 		cmocka_unit_test(test_submitter_wrong_key),
 		cmocka_unit_test(test_launch_bound_to_instance),
 		cmocka_unit_test(test_launch_layout_checked),
+		cmocka_unit_test(test_key_rotation_keeps_jobs),
+		cmocka_unit_test(test_reload_worker_and_window),
+		cmocka_unit_test(test_replay_cache_sized_from_window),
 		cmocka_unit_test(test_submitter_refuses_replays),
 		cmocka_unit_test(test_submitter_takes_a_flood),
 	};

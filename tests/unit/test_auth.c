@@ -246,6 +246,81 @@ static void test_set_key(void **state)
 	hpu__auth_destroy(&a);
 }
 
+/* A rotation keeps the previous key for hpu__auth_verify_either, which
+ * says which key verified; hpu__auth_verify takes the current one only;
+ * one replay cache serves both keys (a frame accepted before the rotation
+ * is a replay after it); a second rotation forgets the first key. */
+static void test_rotate(void **state)
+{
+	(void)state;
+	uint8_t key3[HPU_AUTH_KEY_BYTES];
+	memset(key3, 0x33, sizeof key3);
+	hpu_auth *a = new_auth(key1, W, 16);
+	uint8_t *f1, *f2, *f3, *f4;
+	const void *body;
+	size_t blen;
+	char err[256];
+	int prev = -1;
+	size_t n1 = sign(a, "one", 3, T0, &f1);
+	size_t n2 = sign(a, "two", 3, T0, &f2);
+	assert_accepted(a, f1, n1, T0);
+	assert_int_equal(hpu__auth_rotate(a, key1), 0); /* the same key: nothing */
+	assert_int_equal(hpu__auth_sign_prev(a, "x", 1, T0, &f4), 0);
+	assert_int_equal(hpu__auth_rotate(a, key2), 1);
+	assert_refused(a, f2, n2, T0, "bad signature");
+	assert_int_equal(hpu__auth_verify_either(a, f2, n2, T0, &body, &blen, &prev, err, sizeof err), 0);
+	assert_int_equal(prev, 1);
+	assert_int_equal(hpu__auth_verify_either(a, f2, n2, T0, &body, &blen, &prev, err, sizeof err), -1);
+	assert_non_null(strstr(err, "replayed nonce"));
+	assert_int_equal(hpu__auth_verify_either(a, f1, n1, T0, &body, &blen, &prev, err, sizeof err), -1);
+	assert_non_null(strstr(err, "replayed nonce"));
+	size_t n3 = sign(a, "three", 5, T0, &f3);
+	assert_int_equal(hpu__auth_verify_either(a, f3, n3, T0, &body, &blen, &prev, err, sizeof err), 0);
+	assert_int_equal(prev, 0);
+	size_t n4 = hpu__auth_sign_prev(a, "four", 4, T0, &f4);
+	assert_true(n4 > 0);
+	assert_int_equal(hpu__auth_rotate(a, key3), 1);
+	assert_int_equal(hpu__auth_verify_either(a, f4, n4, T0, &body, &blen, &prev, err, sizeof err), -1);
+	assert_non_null(strstr(err, "bad signature"));
+	free(f1);
+	free(f2);
+	free(f3);
+	free(f4);
+	hpu__auth_destroy(&a);
+}
+
+/* hpu__auth_resize (SIGHUP's clock_window): the nonces still in the new
+ * window are kept (a replay is refused), and a frame whose nonce the old
+ * window had forgotten is refused as stale in a wider window; the keys
+ * stay; a cache too small for the nonces to keep changes nothing. */
+static void test_resize(void **state)
+{
+	(void)state;
+	hpu_auth *a = new_auth(key1, W, 16);
+	uint8_t *f1, *f2, *f3, *f4;
+	size_t n1 = sign(a, "one", 3, T0, &f1);
+	size_t n2 = sign(a, "two", 3, T0 + W, &f2);
+	size_t n3 = sign(a, "three", 5, T0 + W + 2, &f3);
+	assert_accepted(a, f1, n1, T0);
+	assert_accepted(a, f2, n2, T0 + W);
+	assert_accepted(a, f3, n3, T0 + W + 2); /* f1 forgotten */
+	assert_int_equal(hpu__auth_resize(a, 1, 16, T0 + W + 2), 0); /* keeps f3 only */
+	assert_int_equal(hpu__auth_resize(a, 10 * W, 1, T0 + W + 2), 0);
+	assert_int_equal(hpu__auth_resize(a, 10 * W, 16, T0 + W + 3), 0);
+	assert_refused(a, f3, n3, T0 + W + 3, "replayed nonce");
+	assert_refused(a, f2, n2, T0 + W + 3, "stale");
+	assert_refused(a, f1, n1, T0 + W + 3, "stale");
+	size_t n4 = sign(a, "four", 4, T0 + W + 3, &f4);
+	assert_accepted(a, f4, n4, T0 + W + 3);
+	assert_int_equal(hpu__auth_resize(a, 10 * W, 1, T0 + W + 4), -1); /* f3 and f4 */
+	assert_refused(a, f4, n4, T0 + W + 4, "replayed nonce");
+	free(f1);
+	free(f2);
+	free(f3);
+	free(f4);
+	hpu__auth_destroy(&a);
+}
+
 static void test_replay(void **state)
 {
 	(void)state;
@@ -990,6 +1065,8 @@ int main(void)
 	    cmocka_unit_test(test_load_bad_content),
 	    cmocka_unit_test(test_load_not_a_key_file),
 	    cmocka_unit_test(test_gen_key),
+	    cmocka_unit_test(test_rotate),
+	    cmocka_unit_test(test_resize),
 	};
 	int failed = cmocka_run_group_tests_name("frames", frames, NULL, NULL);
 	failed += cmocka_run_group_tests_name("key files", keys, setup_dir,

@@ -145,6 +145,15 @@ static void test_include_exclude(void **state)
 	parse_fails(ARGV("--include", "alpha", model), "--include picks hosts of a --hostfile: give one");
 }
 
+/* hpud runs the worker its configuration names: a program after --exec
+ * would be dropped and its arguments handed to hpu-worker. */
+static void test_exec_hostfile(void **state)
+{
+	(void)state;
+	parse_fails(ARGV("--hostfile", hostfile, "--devices", "1", "--exec", "/bin/echo", "hi", model),
+		    "--exec does not go with --hostfile: each node's hpud runs the worker its configuration names");
+}
+
 static void test_did_you_mean(void **state)
 {
 	(void)state;
@@ -190,6 +199,7 @@ int main(void)
 		cmocka_unit_test(test_deepspeed_aliases),
 		cmocka_unit_test(test_coll_env_checked),
 		cmocka_unit_test(test_include_exclude),
+		cmocka_unit_test(test_exec_hostfile),
 		cmocka_unit_test(test_did_you_mean),
 		cmocka_unit_test(test_resume_checked),
 	};
