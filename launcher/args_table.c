@@ -120,7 +120,7 @@ void hpu__args_usage(FILE *f)
 		"HPU_JOB_TOKEN first: without it the token derives from the job id, which\n"
 		"keeps jobs apart but not users.\n"
 		"\n"
-		"Training options (passed to every worker):\n");
+		"Training options (passed to every worker; config-file keys in brackets):\n");
 	hpu__opts_help(f);
 }
 
@@ -130,7 +130,7 @@ int hpu__args_doc(FILE *f, const char *format)
 	if (how < 0)
 		return -1;
 	hpu__optdoc(f, hpu__args_specs, how, 25);
-	hpu__optdoc_heading(f, "Training options (passed to every worker)", how);
+	hpu__optdoc_heading(f, "Training options (passed to every worker; config-file keys in brackets)", how);
 	hpu__optdoc(f, hpu__opts_specs(), how, 27);
 	return 0;
 }
@@ -194,18 +194,21 @@ int hpu__args_option_error(const hpu_optparse *p, int r, char *err, size_t errle
 	return -1;
 }
 
-/* The option of either table that argument arg ("--name" or
- * "--name=VALUE") is, or NULL. */
+/* The option of either table that argument arg ("--name",
+ * "--name=VALUE" or a short one, "-q") is, or NULL. */
 static const hpu_optspec *known_option(const char *arg)
 {
-	if (strncmp(arg, "--", 2) || !arg[2])
+	int shrt = arg[0] == '-' && arg[1] && arg[1] != '-' && !arg[2];
+	if (!shrt && (strncmp(arg, "--", 2) || !arg[2]))
 		return NULL;
-	size_t len = strcspn(arg + 2, "=");
+	size_t len = shrt ? 0 : strcspn(arg + 2, "=");
 	const hpu_optspec *tables[2] = {hpu__args_specs, hpu__opts_specs()};
 	for (int t = 0; t < 2; t++)
-		for (const hpu_optspec *o = tables[t]; o->name || o->short_name; o++)
-			if (o->name && strlen(o->name) == len && !strncmp(o->name, arg + 2, len))
+		for (const hpu_optspec *o = tables[t]; o->name || o->short_name; o++) {
+			if (shrt ? o->short_name == arg[1]
+				 : o->name && strlen(o->name) == len && !strncmp(o->name, arg + 2, len))
 				return o;
+		}
 	return NULL;
 }
 
@@ -217,8 +220,13 @@ int hpu__args_options_after_model(char **argv, int argc, int model, char *err, s
 	for (int i = model + 1; i < argc && strcmp(argv[i], "--"); i++) {
 		const hpu_optspec *o = known_option(argv[i]);
 		if (o) {
-			snprintf(err, errlen, "hpulaunch's option --%s comes after the model %s, where the model would get it: put it before the model, or after -- to hand it to the model (hpulaunch ... %s -- %s)",
-				 o->name, argv[model], argv[model], argv[i]);
+			char as[80] = "";
+			if (argv[i][1] != '-') /* a short one: its long name too */
+				snprintf(as, sizeof as, "%s (--%s)", argv[i], o->name ? o->name : "");
+			else
+				snprintf(as, sizeof as, "--%s", o->name);
+			snprintf(err, errlen, "hpulaunch's option %s comes after the model %s, where the model would get it: put it before the model, or after -- to hand it to the model (hpulaunch ... %s -- %s)",
+				 as, argv[model], argv[model], argv[i]);
 			return -1;
 		}
 	}

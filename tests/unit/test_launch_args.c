@@ -67,6 +67,10 @@ static void test_options_after_model(void **state)
 	parse_fails(ARGV(model, "--lr=0.1"), "put it before the model, or after -- to hand it to the model");
 	parse_fails(ARGV(model, "--data", "d", "--devices", "2", "--", "--hidden", "8"),
 		    "option --devices comes after the model");
+	/* short ones too (-q started the job and the model failed on it) */
+	parse_fails(ARGV("--max-steps", "1", model, "-q"),
+		    "hpulaunch's option -q (--quiet) comes after the model");
+	parse_fails(ARGV(model, "-h"), "option -h (--help) comes after the model");
 	/* after --, the model's; arguments that are not hpulaunch's pass */
 	hpu_launch_args a;
 	parse_ok(&a, ARGV("--max-steps", "10", model, "--", "--lr", "0.1"));
