@@ -184,6 +184,8 @@ void hpu__opts_print_sources(const hpu_train_opts *o, FILE *f)
 		const char *v = !strcmp(p->name, "weight-decay")
 					? (snprintf(buf, sizeof buf, "%g", hpu__opts_weight_decay(o)), buf)
 					: hpu__opt_text(o, p, buf, sizeof buf);
+		if (p->kind == K_NOFLAG) /* --no-eval true: the field is eval's */
+			v = *(const int *)((const char *)o + p->off) ? "false" : "true";
 		fprintf(f, "setting --%s %s (%s)\n", p->name, v, source_of(o, p->name, o->from[i]));
 	}
 }

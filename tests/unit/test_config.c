@@ -774,6 +774,10 @@ static void test_outputs_check(void **state)
 		{"/tmp", "", "--save-params /tmp is a directory: give a file name"},
 		{"%s/same", "%s/same", "--save-params and --metrics name the same file"},
 		{"%s/./same", "%s/same", "--save-params and --metrics name the same file"},
+		/* --metrics too (a missing directory was found by the worker) */
+		{"", "/nonexist-hpu/m.jsonl", "--metrics /nonexist-hpu/m.jsonl: cannot write in "
+					      "/nonexist-hpu: No such file or directory"},
+		{"", "/tmp", "--metrics /tmp is a directory: give a file name"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		snprintf(o.save_params, sizeof o.save_params, bad[i].params, base);
@@ -985,11 +989,14 @@ static void test_model_defaults(void **state)
 	assert_non_null(strstr(err, "'cosin' is not a valid --scheduler: expected"));
 	assert_int_equal(hpu__opts_set_model(&o, "lr", "-1", err, sizeof err), -1);
 	assert_non_null(strstr(err, "'-1' is not a valid --lr"));
+	assert_int_equal(hpu__opts_set(&o, "no-eval", NULL, err, sizeof err), 0);
 	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof err), 0);
 	FILE *f = open_memstream(&text, &len);
 	assert_non_null(f);
 	hpu__opts_print_sources(&o, f);
 	fclose(f);
+	/* a negative flag given is true (it printed "--no-eval false") */
+	assert_non_null(strstr(text, "setting --no-eval true (flag)\n"));
 	assert_non_null(strstr(text, "setting --epochs 3 (model)\n"));
 	assert_non_null(strstr(text, "setting --lr 0.2 (flag)\n"));
 	assert_non_null(strstr(text, "setting --batch-size 256 (default)\n"));
