@@ -549,6 +549,7 @@ static const struct {
 } opt_args[] = {
     {"checkpoint-dir", "DIR"}, {"resume", "DIR"}, {"nvme-path", "DIR"},
     {"param-nvme-path", "DIR"}, {"profile-filename", "NAME"},
+    {"keep-best", "RULE"}, {"early-stop", "RULE"}, {"keep-last", "K"},
 };
 
 static const char *arg_of(const struct hpu__opt *p)
@@ -925,9 +926,32 @@ static void dir_of(const char *path, char *out, size_t len)
 		snprintf(out, len, "%.*s", (int)(slash - path), path);
 }
 
+/* --metrics (rank 0's file): not a directory, in a directory it can
+ * write in (a missing one was found by the worker after start-up). */
+static int check_metrics(const hpu_train_opts *o, char *err, size_t errlen)
+{
+	const char *m = o->metrics;
+	struct stat st;
+	if (!m[0])
+		return 0;
+	if (stat(m, &st) == 0 && S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "--metrics %s is a directory: give a file name", m);
+		return -1;
+	}
+	char dir[sizeof o->metrics];
+	dir_of(m, dir, sizeof dir);
+	if (write_probe(dir) < 0) {
+		snprintf(err, errlen, "--metrics %s: cannot write in %s: %s", m, dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 int hpu__opts_check_outputs(const hpu_train_opts *o, int node0, char *err, size_t errlen)
 {
 	if (hpu__opts_check_checkpoint_dir(o, err, errlen) < 0)
+		return -1;
+	if (node0 && check_metrics(o, err, errlen) < 0)
 		return -1;
 	const char *p = o->save_params;
 	if (!p[0] || !node0)

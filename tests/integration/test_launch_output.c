@@ -116,6 +116,43 @@ static void test_log_dir_full_disk(void **state)
 	assert_int_equal(rmdir(dir), 0); /* the tmpfs went with the namespace */
 }
 
+/* A --log-dir that is not there is made, parents too, as --checkpoint-dir
+ * is (each rank's log failed to open, exit 1); one that cannot be made
+ * is refused before anything starts (exit 2). */
+static void test_log_dir_made(void **state)
+{
+	(void)state;
+	char base[] = "/tmp/hpu-test-logmk-XXXXXX", dir[96], log[128], rm[128];
+	assert_non_null(mkdtemp(base));
+	snprintf(dir, sizeof dir, "%s/a/b", base);
+	char *argv[] = {(char *)LAUNCH, "--devices", "1", "--log-dir", dir, "--exec", "/bin/sh",
+			"-c", "echo hello", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	if (code != 0)
+		fail_msg("exit %d:\n%s", code, p.out);
+	h_free(&p);
+	snprintf(log, sizeof log, "%s/rank_0.log", dir);
+	char *text = h_slurp(log);
+	assert_non_null(text);
+	assert_non_null(strstr(text, "hello"));
+	free(text);
+	snprintf(log, sizeof log, "%s/file", base);
+	FILE *f = fopen(log, "w");
+	assert_non_null(f);
+	fclose(f);
+	snprintf(dir, sizeof dir, "%s/file/sub", base);
+	code = h_run(&p, argv, NULL, 60000);
+	assert_int_equal(code, 2);
+	char want[200];
+	snprintf(want, sizeof want, "error: cannot make the log directory %s", dir);
+	if (!strstr(p.out, want) || !strstr(p.out, "Not a directory"))
+		fail_msg("no \"%s\" in:\n%s", want, p.out);
+	h_free(&p);
+	snprintf(rm, sizeof rm, "rm -rf %s", base);
+	assert_int_equal(system(rm), 0);
+}
+
 /* A line longer than the agent's 64 KiB buffer goes out in pieces, each
  * but the last marked " [hpu: line continues]"; no byte is lost. */
 static void test_over_long_line_marked(void **state)
@@ -143,6 +180,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_stdout_full),
 		cmocka_unit_test(test_stdout_closed_pipe),
+		cmocka_unit_test(test_log_dir_made),
 		cmocka_unit_test(test_log_dir_full_disk),
 		cmocka_unit_test(test_over_long_line_marked),
 	};
