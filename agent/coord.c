@@ -30,6 +30,7 @@ typedef struct agent_slot {
 	int hello, done;
 	hpu_codec_peer peer;
 	ev_tstamp last_seen;
+	char refused[64]; /* why an agent saying it is this node was refused */
 } agent_slot;
 
 struct hpu_coord {
@@ -259,6 +260,10 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	if (why) {
 		hpu__log(HPU_LOG_WARNING, "coordinator: refused agent of node %u: %s",
 			 h->node_rank, why);
+		if (h->node_rank > 0 && h->node_rank < (uint32_t)c->cfg.nodes &&
+		    !c->agents[h->node_rank].hello) /* said if the node never joins */
+			snprintf(c->agents[h->node_rank].refused,
+				 sizeof c->agents[h->node_rank].refused, "%s", why);
 		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, why);
 		return;
 	}
@@ -381,12 +386,12 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)revents;
 	hpu_coord *c = t->data;
 	char ranks[256] = "", nodes[256] = "", reason[700];
-	int nr = 0, nn = 0;
+	int nr = 0, nn = 0, refused = 0;
 	for (int r = 0; r < c->world; r++)
 		if (!c->ranks[r].joined)
 			append_list(ranks, sizeof ranks, &nr, r);
 	for (int n = 1; n < c->cfg.nodes; n++)
-		if (!c->agents[n].hello)
+		if (!c->agents[n].hello && !c->agents[n].refused[0])
 			append_list(nodes, sizeof nodes, &nn, n);
 	snprintf(reason, sizeof reason, "rank%s %s did not join within %g s%s%s%s",
 		 nr > 1 ? "s" : "", ranks, c->cfg.join_timeout_s,
@@ -394,6 +399,15 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 		 nn ? nodes : "");
 	if (nn)
 		strncat(reason, ")", sizeof reason - strlen(reason) - 1);
+	/* a node whose hpulaunch came and was refused (it did connect) */
+	for (int n = 1; n < c->cfg.nodes && refused < 4; n++)
+		if (!c->agents[n].hello && c->agents[n].refused[0]) {
+			size_t at = strlen(reason);
+			snprintf(reason + at, sizeof reason - at,
+				 "; node %d's hpulaunch connected and was refused: %s", n,
+				 c->agents[n].refused);
+			refused++;
+		}
 	hpu__coord_abort(c, reason);
 }
 

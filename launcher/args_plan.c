@@ -188,8 +188,9 @@ static int model_numbers(hpu_launch_args *a, char *why, size_t whylen, char *err
 }
 
 /* The training options resolved for `world` workers, with the model's
- * declared numbers. Where the file cannot tell them and only the batch
- * size's division among the workers fails, that check is left to the
+ * declared numbers. Where the file cannot tell them and the batch is the
+ * built-in default (the model's would take its place), a failed division
+ * of the batch (among the workers, or by --grad-accum) is left to the
  * workers, which load the model, saying so. */
 static int resolve_train(hpu_launch_args *a, int world, char *err, size_t errlen)
 {
@@ -197,15 +198,22 @@ static int resolve_train(hpu_launch_args *a, int world, char *err, size_t errlen
 	int known = a->model ? model_numbers(a, why, sizeof why, err, errlen) : 0;
 	if (known == -2)
 		return -1;
+	hpu_train_opts before = a->train;
 	if (hpu__opts_resolve(&a->train, world, err, errlen) == 0)
 		return 0;
 	/* a file that is no model keeps the batch's error (hpu__model_check
-	 * says what it is after the command line) */
-	if (known >= 0 || world == 1 || hpu__model_check(a->model, other, sizeof other) < 0 ||
-	    hpu__opts_resolve(&a->train, 1, err, errlen) < 0)
+	 * says what it is after the command line), as does a batch given:
+	 * no declared default takes its place (it re-resolved at world 1
+	 * and said "world size 1" where --grad-accum did not divide) */
+	if (known >= 0 || hpu__opts_from(&a->train, "batch-size") != HPU_FROM_DEFAULT ||
+	    hpu__model_check(a->model, other, sizeof other) < 0)
 		return -1;
-	hpu__log(HPU_LOG_NOTICE, "note: the model %s may declare its own batch size, which cannot be read from the file (%s): the %d workers check the batch when they load the model",
-		 a->model, why, world);
+	a->train = before; /* the workers resolve it with the model's batch */
+	char who[48] = "the worker checks";
+	if (world > 1)
+		snprintf(who, sizeof who, "the %d workers check", world);
+	hpu__log(HPU_LOG_NOTICE, "note: the model %s may declare its own batch size, which cannot be read from the file (%s): %s the batch when they load the model",
+		 a->model, why, who);
 	err[0] = '\0';
 	return 0;
 }

@@ -186,6 +186,25 @@ static void test_launcher_defers_unreadable_batch(void **state)
 		"size 5");
 	assert_null(strstr(p.out, "--batch-size 256"));
 	h_free(&p);
+	/* --grad-accum 3 at 2 workers and at 1: 96 divides, 256 does not;
+	 * it was refused "not divisible by --grad-accum 3 x world size 1" */
+	const char *const ga3[] = {"--grad-accum", "3", "--max-steps", "2", NULL};
+	for (int w = 1; w <= 2; w++) {
+		assert_int_equal(launch_on(&p, w == 1 ? "1" : "2", h_build("lib/late96_model.so"),
+					   ga3),
+				 0);
+		has(&p, w == 1 ? "cannot be read from the file (its hpu_model_entry has no bytes in "
+				 "the file, being set when the model is loaded): the worker checks"
+			       : "the 2 workers check the batch when they load the model");
+		has(&p, "trained 2 steps");
+		h_free(&p);
+	}
+	/* a --batch-size given is the job's whatever the model declares:
+	 * refused here, naming the world size it is run at */
+	const char *const given[] = {"--batch-size", "100", NULL};
+	assert_int_equal(launch_on(&p, "3", h_build("lib/late96_model.so"), given), 2);
+	has(&p, "--batch-size 100 is not divisible by --grad-accum 1 x world size 3");
+	h_free(&p);
 }
 
 int main(void)

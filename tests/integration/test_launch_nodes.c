@@ -228,6 +228,33 @@ static void test_two_nodes_devices_differ(void **state)
 	h_free(&n1);
 }
 
+/* Node 1's hpulaunch with another HPU_JOB_TOKEN: node 0's error says it
+ * connected and was refused, and why (it said "no hpulaunch connected for
+ * node 1", sending the user to look for a node that was there). */
+static void test_two_nodes_tokens_differ(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *e0[] = {"HPU_JOB_TOKEN=node-zero-secret", NULL};
+	char *e1[] = {"HPU_JOB_TOKEN=node-one-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "4", "--exec", "sleep", "60", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "4", "--exec", "sleep", "60", NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, e0, 60000, &n1, a1, e1, 60000);
+	printf("node 0: %s", n0.out);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, "rank 1 did not join within 4 s; node 1's hpulaunch "
+					"connected and was refused: bad job id or token"));
+	assert_null(strstr(n0.out, "no hpulaunch connected for node 1"));
+	assert_non_null(strstr(n1.out, "bad job id or token"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* Two nodes whose copies of the --config file differ (lr 0.001 and 0.5,
  * and the batch size) would train together to a useless model: the ranks
  * compare their options at start-up, and every rank fails naming the
@@ -426,6 +453,7 @@ int main(void)
 		cmocka_unit_test(test_node_killed_blamed),
 		cmocka_unit_test(test_node0_killed_blamed),
 		cmocka_unit_test(test_two_nodes_remote_failure),
+		cmocka_unit_test(test_two_nodes_tokens_differ),
 		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_two_nodes_options_differ),
 		cmocka_unit_test(test_torchrun_env_two_nodes),

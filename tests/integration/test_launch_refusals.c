@@ -144,16 +144,23 @@ static void test_missing_dataset(void **state)
 static void test_worker_knob_values(void **state)
 {
 	(void)state;
-	char *env[] = {"HPU_FUSED_ATTENTION=yes", NULL};
-	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
-			(char *)MODEL, NULL};
-	proc p;
-	int code = h_run(&p, argv, env, 60000);
-	printf("%s", p.out);
-	assert_int_not_equal(code, 0);
-	assert_non_null(strstr(p.out, "HPU_FUSED_ATTENTION=yes: must be 0 or 1"));
-	assert_null(strstr(p.out, "trained "));
-	h_free(&p);
+	/* HPU_STRICT_STEP=2 and HPU_BACKEND=bogus ran as off and as oneDNN */
+	static const char *const knobs[][2] = {
+		{"HPU_FUSED_ATTENTION=yes", "HPU_FUSED_ATTENTION=yes: must be 0 or 1"},
+		{"HPU_STRICT_STEP=2", "HPU_STRICT_STEP=2: must be 0 or 1"},
+		{"HPU_BACKEND=bogus", "HPU_BACKEND=bogus: must be onednn (the default) or reference"}};
+	for (int k = 0; k < 3; k++) {
+		char *env[] = {(char *)knobs[k][0], NULL};
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1",
+				"--no-eval", (char *)MODEL, NULL};
+		proc p;
+		int code = h_run(&p, argv, env, 60000);
+		printf("%s", p.out);
+		assert_int_not_equal(code, 0);
+		assert_non_null(strstr(p.out, knobs[k][1]));
+		assert_null(strstr(p.out, "trained "));
+		h_free(&p);
+	}
 }
 
 static void expect_usage_error(char **argv, char *const env[], const char *text)

@@ -282,6 +282,20 @@ int main(int argc, char **argv)
 			 hpu__env_str(HPU_ENV_HPU_FUSED_ATTENTION));
 		return 2;
 	}
+	/* read where they act, taking one value each: another one meant the
+	 * default without a word */
+	long strict = 0;
+	if (hpu__env_long(HPU_ENV_HPU_STRICT_STEP, 0, 1, &strict) < 0) {
+		hpu__log(HPU_LOG_ERROR, "HPU_STRICT_STEP=%s: must be 0 or 1",
+			 hpu__env_str(HPU_ENV_HPU_STRICT_STEP));
+		return 2;
+	}
+	const char *be = hpu__env_str(HPU_ENV_HPU_BACKEND);
+	if (be && *be && strcmp(be, "onednn") && strcmp(be, "reference")) {
+		hpu__log(HPU_LOG_ERROR, "HPU_BACKEND=%s: must be onednn (the default) or reference",
+			 be);
+		return 2;
+	}
 	const char *path = argv[i++];
 	hpu_builder *b = NULL;
 	hpucoll_comm *comm = NULL;
