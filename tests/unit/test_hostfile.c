@@ -364,14 +364,14 @@ static void test_args_hostfile(void **state)
 	hpu__args_free(&a);
 	setup(NULL);
 
-	/* One host: a single node, free port; --exec works too. */
+	/* One host: a single node, free port (--exec is refused with a
+	 * hostfile: test_launch_args' test_exec_hostfile). */
 	write_hosts("solo\n");
-	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "2", "--exec", "/bin/true"));
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "2", model));
 	assert_int_equal(a.nodes, 1);
 	assert_int_equal(a.devices, 2);
 	assert_int_equal(a.master_port, 0);
 	assert_string_equal(a.master_addr, "solo");
-	assert_int_equal(a.exec_mode, 1);
 	hpu__args_free(&a);
 }
 
