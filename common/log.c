@@ -51,8 +51,8 @@ int hpu__log_parse_level(const char *s, const char *what, hpu_log_level *out, ch
 		*out = HPU_LOG_WARNING;
 		return 0;
 	}
-	snprintf(err, errlen, "%s: '%s' is not a log level (error, warning, notice, info or debug)",
-		 what, s ? s : "");
+	snprintf(err, errlen, "%s%s'%s' is not a log level (error, warning, notice, info or debug)",
+		 what ? what : "", what ? ": " : "", s ? s : "");
 	return -1;
 }
 

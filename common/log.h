@@ -45,7 +45,8 @@ void hpu__log_set_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 
 const char *hpu__log_prefix(void);
 
 /* "error", "warning", "notice", "info" or "debug" ("warn" is taken for
- * warning too): 0 and *out, or -1 with err naming `what` and the value. */
+ * warning too): 0 and *out, or -1 with err naming `what` (unless NULL)
+ * and the value. hpud.conf's log_level takes the same words. */
 int hpu__log_parse_level(const char *s, const char *what, hpu_log_level *out, char *err,
 			 size_t errlen);
 

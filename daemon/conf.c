@@ -5,6 +5,7 @@
 #include "daemon/conf.h"
 #include "agent/gpus.h"
 #include "common/fileio.h"
+#include "common/log.h"
 #include "common/num.h"
 #include "common/optdoc.h"
 
@@ -20,13 +21,15 @@
 #define MAX_DEVICES 1024
 #define MAX_CLOCK_WINDOW_S 3600.0
 
-static const char *const level_names[] = {"error", "warn", "info", "debug"};
+/* The word after "hpud: " in hpud's own lines ("hpud: warn: ..."); the
+ * levels log_level takes are common/log.c's. */
+static const char *const line_words[] = {"error", "warn", "info", "debug"};
 
 const char *hpud__log_level_name(hpud_log_level l)
 {
-	if ((unsigned)l >= sizeof level_names / sizeof level_names[0])
+	if ((unsigned)l >= sizeof line_words / sizeof line_words[0])
 		return "?";
-	return level_names[l];
+	return line_words[l];
 }
 
 void hpud__conf_defaults(hpud_conf *c)
@@ -39,7 +42,7 @@ void hpud__conf_defaults(hpud_conf *c)
 	c->devices_auto = 1;
 	strcpy(c->device, "cpu");
 	strcpy(c->key_path, "/etc/hpud/secret.key");
-	c->log_level = HPUD_LOG_INFO;
+	c->log_level = HPU_LOG_INFO;
 	c->clock_window_s = 30;
 	c->submitter_timeout_s = 10;
 	c->output_buffer = 4 << 20;
@@ -164,15 +167,8 @@ static int set_user(hpud_conf *c, const char *v, char *why, size_t whylen)
 static int set_log_level(hpud_conf *c, const char *v, char *why,
 			 size_t whylen)
 {
-	size_t nlevels = sizeof level_names / sizeof level_names[0];
-	for (size_t i = 0; i < nlevels; i++) {
-		if (strcmp(v, level_names[i]) == 0) {
-			c->log_level = (hpud_log_level)i;
-			return 0;
-		}
-	}
-	snprintf(why, whylen, "'%s' is not one of error, warn, info, debug", v);
-	return -1;
+	/* the levels hpud --log-level and HPU_LOG_LEVEL take, "warn" too */
+	return hpu__log_parse_level(v, NULL, &c->log_level, why, whylen);
 }
 
 static int set_clock_window(hpud_conf *c, const char *v, char *why,
@@ -255,7 +251,7 @@ static const struct conf_key {
 				 "(/etc/hpud/secret.key)"},
 	{"user", set_user, "NAME", "run the workers as this user (a-z, 0-9, '_', '-'); hpud running as root "
 				   "needs it, and runs workers as root only if it says root (hpud's own user)"},
-	{"log_level", set_log_level, "LEVEL", "error | warn | info | debug (info)"},
+	{"log_level", set_log_level, "LEVEL", "error | warning | notice | info | debug, as hpud --log-level (warn is taken for warning); HPU_LOG_LEVEL or --log-level overrides it (info)"},
 	{"clock_window", set_clock_window, "S", "seconds a signed request's clock may be off, above 0, at "
 						"most 3600 (30)"},
 	{"worker", set_worker, "PATH", "the worker program (hpu-worker next to hpud)"},

@@ -10,7 +10,7 @@
  *     key = /etc/hpud/secret.key
  *     user = hpu                # run workers as this user ("root" only if
  *                               # written so explicitly)
- *     log_level = info          # error | warn | info | debug
+ *     log_level = info          # error | warning | notice | info | debug
  *     clock_window = 30         # seconds a signed request may be off
  *     worker = /usr/lib/hputrain/hpu-worker   # the worker program
  *     submitter_timeout = 10    # seconds without a ping before a job is
@@ -31,6 +31,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "common/log.h"
+
+/* The level of one of hpud's lines (hpud__logmsg); the level logged
+ * (log_level) is common/log.h's. */
 typedef enum hpud_log_level {
 	HPUD_LOG_ERROR = 0,
 	HPUD_LOG_WARN,
@@ -48,7 +52,7 @@ typedef struct hpud_conf {
 				  * cpu-strict, cuda, auto (hpulaunch's --device) */
 	char key_path[512];      /* /etc/hpud/secret.key */
 	char user[64];           /* "" : the user hpud runs as, unless root */
-	hpud_log_level log_level; /* info */
+	hpu_log_level log_level; /* info (common/log.h's levels) */
 	double clock_window_s;   /* 30 */
 	char worker[512];        /* "" : hpu-worker next to hpud */
 	double submitter_timeout_s; /* 10 */

@@ -28,7 +28,7 @@ static hpu_log_level log_level_of(hpud_log_level lvl)
 void hpud__apply_log_level(void)
 {
 	if (!hpud__D.log_level_fixed && !hpu__log_level_from_env())
-		hpu__log_set_level(log_level_of(hpud__D.conf.log_level));
+		hpu__log_set_level(hpud__D.conf.log_level);
 }
 
 

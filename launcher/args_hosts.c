@@ -2,6 +2,11 @@
  * the workers each runs, node 0's address. */
 #include "launcher/args_impl.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Lists the hosts for which pick(a, i) holds into out, at most four, as
@@ -136,6 +141,82 @@ static int filter_hosts(hpu_launch_args *a, char *err, size_t errlen)
 	return 0;
 }
 
+/* One IPv4 address of a host at its hpud port (same_hpud). */
+typedef struct endpoint {
+	uint32_t addr; /* network order */
+	int port, host;
+} endpoint;
+
+static int endpoint_cmp(const void *x, const void *y)
+{
+	const endpoint *p = x, *q = y;
+	if (p->addr != q->addr)
+		return p->addr < q->addr ? -1 : 1;
+	if (p->port != q->port)
+		return p->port < q->port ? -1 : 1;
+	return (p->host > q->host) - (p->host < q->host);
+}
+
+/* "name" or "name:port", as the hostfile's line wrote it. */
+static void as_written(const hpu_host *h, char *out, size_t len)
+{
+	if (h->port)
+		snprintf(out, len, "%s:%d", h->name, h->port);
+	else
+		snprintf(out, len, "%s", h->name);
+}
+
+/* Refuses two hosts of the hostfile that are one hpud: the same port
+ * (default_port where a line gives none) and an IPv4 address in common
+ * (getaddrinfo: "localhost" is 127.0.0.1). A name that does not resolve
+ * is left to the submitter, which refuses it. Before the default port is
+ * set in a->hosts, so that the lines are named as written. */
+static int same_hpud(const hpu_launch_args *a, int default_port, char *err, size_t errlen)
+{
+	enum { PER_HOST = 16 };
+	endpoint *e = malloc((size_t)a->nhosts * PER_HOST * sizeof *e);
+	size_t n = 0;
+	if (!e) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	for (int i = 0; i < a->nhosts; i++) {
+		struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+		if (getaddrinfo(a->hosts[i].name, NULL, &hints, &ai) != 0)
+			continue;
+		int k = 0;
+		for (struct addrinfo *p = ai; p && k < PER_HOST; p = p->ai_next, k++) {
+			e[n].addr = ((const struct sockaddr_in *)p->ai_addr)->sin_addr.s_addr;
+			e[n].port = a->hosts[i].port ? a->hosts[i].port : default_port;
+			e[n++].host = i;
+		}
+		freeaddrinfo(ai);
+	}
+	qsort(e, n, sizeof *e, endpoint_cmp);
+	/* sorted by address, port, then host: of the pairs found, the one
+	 * whose later line comes first */
+	int first = -1, later = -1;
+	uint32_t addr = 0;
+	for (size_t k = 1; k < n; k++)
+		if (e[k].addr == e[k - 1].addr && e[k].port == e[k - 1].port &&
+		    e[k].host != e[k - 1].host && (later < 0 || e[k].host < later)) {
+			first = e[k - 1].host;
+			later = e[k].host;
+			addr = e[k].addr;
+		}
+	free(e);
+	if (later < 0)
+		return 0;
+	const hpu_host *h = &a->hosts[later], *f = &a->hosts[first];
+	char was[300], fwas[300], ip[INET_ADDRSTRLEN];
+	as_written(h, was, sizeof was);
+	as_written(f, fwas, sizeof fwas);
+	inet_ntop(AF_INET, &addr, ip, sizeof ip);
+	snprintf(err, errlen, "%s:%d: duplicate host %s: the same hpud as line %d's %s (%s:%d)",
+		 a->hostfile, h->line, was, f->line, fwas, ip, h->port ? h->port : default_port);
+	return -1;
+}
+
 /* --hostfile: the nodes, devices and master address follow from the file. */
 int hpu__args_hostfile_plan(hpu_launch_args *a, const sources *src, char *err, size_t errlen)
 {
@@ -150,7 +231,8 @@ int hpu__args_hostfile_plan(hpu_launch_args *a, const sources *src, char *err, s
 				 no[k].flag);
 			return -1;
 		}
-	if (hpu__hostfile_read(a->hostfile, &a->hosts, &a->nhosts, err, errlen) < 0)
+	if (hpu__hostfile_read(a->hostfile, &a->hosts, &a->nhosts, err, errlen) < 0 ||
+	    same_hpud(a, a->hpud_port, err, errlen) < 0)
 		return -1;
 	if (filter_hosts(a, err, errlen) < 0 || hostfile_devices(a, src, err, errlen) < 0)
 		return -1;

@@ -161,9 +161,11 @@ static int check_duplicate(reader *r, const hpu_host *hosts, int n,
 	for (int i = 0; i < n; i++)
 		if (hosts[i].port == h->port && !strcasecmp(hosts[i].name, h->name)) {
 			if (h->port)
-				return fail(r, "duplicate host %s:%d", h->name,
-					    h->port);
-			return fail(r, "duplicate host %s", h->name);
+				return fail(r, "duplicate host %s:%d: the same as line %d's %s:%d",
+					    h->name, h->port, hosts[i].line, hosts[i].name,
+					    hosts[i].port);
+			return fail(r, "duplicate host %s: the same as line %d's %s", h->name,
+				    hosts[i].line, hosts[i].name);
 		}
 	return 0;
 }
@@ -232,6 +234,7 @@ int hpu__hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
 			goto fail;
 		if (rc == 0)
 			continue;
+		h.line = r.line;
 		if (check_duplicate(&r, list, n, &h) < 0)
 			goto fail;
 		if (n == HPU_HOSTFILE_MAX_HOSTS) {

@@ -23,7 +23,9 @@
 typedef struct hpu_host {
 	char name[256]; /* host name or IPv4 address, without the port */
 	int slots;      /* workers on the node; 0: not given */
-	int port;       /* the node's hpud port from "host:port"; 0: not given */
+	int port;       /* the node's hpud port from "host:port"; 0: not given
+			 * (--hostfile's plan then sets --hpud-port's) */
+	int line;       /* the hostfile's line that named it */
 } hpu_host;
 
 /* Reads the hostfile at path into a malloc'ed array of *nhosts (>= 1)
@@ -35,7 +37,9 @@ typedef struct hpu_host {
  * file (a FIFO is refused, not waited on); then *hosts is NULL. Host
  * names are not resolved here. A host is a
  * duplicate when its name (ignoring case) and port equal an earlier
- * line's, so two daemons on one machine may be listed with two ports. */
+ * line's, so two daemons on one machine may be listed with two ports
+ * (--hostfile's plan also refuses two names of one address and port,
+ * after the default port is applied: args_hosts.c). */
 int hpu__hostfile_read(const char *path, hpu_host **hosts, int *nhosts,
 		       char *err, size_t errlen);
 

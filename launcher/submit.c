@@ -102,19 +102,30 @@ static int fail(const char *fmt, ...)
 	return -1;
 }
 
-/* Signs env for nd's hpud, naming its instance and our session. */
-static int send_env(node *nd, Hpu__Envelope *env)
+/* Signs env for nd's hpud, naming its instance and our session, and
+ * sends it. Returns 0, or -1 with S.err saying why ("cannot send to hpud
+ * at HOST:PORT`which`: ..."). */
+static int send_env(node *nd, Hpu__Envelope *env, const char *which)
 {
 	uint8_t *body = NULL, *frame = NULL;
 	env->instance = nd->instance;
 	env->session = nd->session;
 	size_t blen = hpu__codec_pack(env, &body), flen = 0;
+	if (body && blen > HPU_CODEC_MAX_MSG) {
+		free(body);
+		return fail("cannot send to hpud at %s:%d%s: the request is %zu bytes, over hpud's limit of %d",
+			    nd->host, nd->port, which, blen, HPU_CODEC_MAX_MSG);
+	}
 	if (body)
 		flen = hpu__auth_sign(S.auth, body, blen, hpu__auth_now_ms(), &frame);
 	free(body);
 	if (!frame)
-		return fail("out of memory signing a request");
+		return fail("cannot send to hpud at %s:%d%s: out of memory signing the request",
+			    nd->host, nd->port, which);
 	int rc = zmq_send(nd->sock, frame, flen, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+	if (rc < 0)
+		fail("cannot send to hpud at %s:%d%s: %s", nd->host, nd->port, which,
+		     zmq_strerror(errno));
 	free(frame);
 	return rc;
 }
@@ -469,9 +480,8 @@ static int hello(node *nd, const char *which)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_HELLO;
 	env.hello = &h;
-	if (send_env(nd, &env) < 0)
-		return fail("cannot send to hpud at %s:%d%s: %s", nd->host, nd->port, which,
-			    zmq_strerror(errno));
+	if (send_env(nd, &env, which) < 0)
+		return -1;
 	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;
 	while (!nd->instance[0] && now_s() < deadline && !S.signo)
 		pump(100, -1, NULL);
@@ -482,16 +492,19 @@ static int hello(node *nd, const char *which)
 	return 0;
 }
 
-static int launch_node(int i, int restart)
+/* Node i's launch request for attempt `restart`, and what it points to. */
+typedef struct request {
+	Hpu__LaunchRequest q;
+	Hpu__Envelope env;
+	uint32_t *slots;                      /* every node's workers */
+	char envbuf[16][1100], *envp[16];     /* hpu__job_env has fewer */
+	size_t env_bytes;                     /* of envbuf's strings */
+} request;
+
+/* Fills *r (r->slots to be freed). Returns 0, or -1 with S.err set. */
+static int request_make(request *r, int i, int restart)
 {
 	const hpu_launch_args *a = S.a;
-	node *nd = &S.n[i];
-	char which[32];
-	snprintf(which, sizeof which, " (node %d)", i);
-	if (hello(nd, which) < 0)
-		return -1;
-	if (S.signo) /* nothing sent yet: nothing to cancel here */
-		return fail("interrupted");
 	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
 	q.job_id = (char *)a->job_id;
 	q.job_token = (char *)a->token;
@@ -500,6 +513,7 @@ static int launch_node(int i, int restart)
 	q.devices = (uint32_t)a->hosts[i].slots;
 	/* every node's workers: they may differ (the hostfile's slots) */
 	uint32_t *slots = calloc((size_t)S.nn, sizeof *slots);
+	r->slots = slots;
 	if (!slots)
 		return fail("out of memory");
 	for (int k = 0; k < S.nn; k++)
@@ -513,25 +527,82 @@ static int launch_node(int i, int restart)
 	q.transport = (char *)(a->transport ? a->transport : "");
 	q.restart_count = (uint32_t)restart;
 	q.max_restarts = (uint32_t)a->max_restarts;
-	char envbuf[16][1100], *envp[16]; /* hpu__job_env has fewer */
+	r->env_bytes = 0;
 	for (int k = 0; hpu__job_env[k] != HPU_ENV_COUNT && q.n_env < 16; k++) {
 		const char *v = hpu__env_str(hpu__job_env[k]);
 		if (v && *v) {
-			snprintf(envbuf[q.n_env], sizeof envbuf[0], "%s=%s",
+			snprintf(r->envbuf[q.n_env], sizeof r->envbuf[0], "%s=%s",
 				 hpu__env_name(hpu__job_env[k]), v);
-			envp[q.n_env] = envbuf[q.n_env];
+			r->envp[q.n_env] = r->envbuf[q.n_env];
+			r->env_bytes += strlen(r->envbuf[q.n_env]);
 			q.n_env++;
 		}
 	}
-	q.env = envp;
+	q.env = r->envp;
+	r->q = q;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
-	env.launch_request = &q;
-	int sent = send_env(nd, &env);
-	free(slots);
+	r->env = env;
+	r->env.launch_request = &r->q;
+	return 0;
+}
+
+/* Whether every node's launch request, at its longest (any attempt, any
+ * coordinator port, an hpud instance id of the most characters), fits
+ * what hpud takes (HPU_CODEC_MAX_MSG): 0, or -1 with S.err saying how
+ * long it is and what to shorten. Before any node is contacted. */
+static int check_request_size(void)
+{
+	char session[sizeof S.n[0].session], instance[sizeof S.n[0].instance];
+	memset(session, 'f', sizeof session - 1);
+	session[sizeof session - 1] = 0;
+	memset(instance, 'f', sizeof instance - 1);
+	instance[sizeof instance - 1] = 0;
+	for (int i = 0; i < S.nn; i++) {
+		request *r = malloc(sizeof *r);
+		if (!r || request_make(r, i, S.a->max_restarts) < 0) {
+			if (r)
+				free(r->slots);
+			free(r);
+			return fail("out of memory");
+		}
+		r->q.master_port = 65535;
+		r->env.session = session;
+		r->env.instance = instance;
+		size_t len = hpu__envelope__get_packed_size(&r->env), args = 0;
+		for (size_t k = 0; k < r->q.n_argv; k++)
+			args += strlen(r->q.argv[k]);
+		size_t envb = r->env_bytes;
+		free(r->slots);
+		free(r);
+		if (len > HPU_CODEC_MAX_MSG)
+			return fail("the launch request is %zu bytes, over hpud's limit of %d: the model's arguments (%zu bytes) or the environment passed to the workers (%zu bytes) are too long",
+				    len, HPU_CODEC_MAX_MSG, args, envb);
+	}
+	return 0;
+}
+
+static int launch_node(int i, int restart)
+{
+	node *nd = &S.n[i];
+	char which[32];
+	snprintf(which, sizeof which, " (node %d)", i);
+	if (hello(nd, which) < 0)
+		return -1;
+	if (S.signo) /* nothing sent yet: nothing to cancel here */
+		return fail("interrupted");
+	request *rq = malloc(sizeof *rq);
+	if (!rq || request_make(rq, i, restart) < 0) {
+		if (rq)
+			free(rq->slots);
+		free(rq);
+		return fail("out of memory");
+	}
+	int sent = send_env(nd, &rq->env, which);
+	free(rq->slots);
+	free(rq);
 	if (sent < 0)
-		return fail("cannot send to hpud at %s:%d: %s", nd->host, nd->port,
-			    zmq_strerror(errno));
+		return -1;
 	/* From here on hpud may run the job: an interruption cancels it there
 	 * too, answered or not (hpud takes the cancel after the request) */
 	nd->requested = 1;
@@ -564,7 +635,7 @@ static void send_all(Hpu__Envelope *env)
 {
 	for (int i = 0; i < S.nn; i++)
 		if (may_run(&S.n[i]))
-			send_env(&S.n[i], env);
+			send_env(&S.n[i], env, "");
 }
 
 static void cancel_all(void)
@@ -835,9 +906,12 @@ int hpu__submit_run(const hpu_launch_args *a)
 		S.n[i].host = a->hosts[i].name;
 		S.n[i].port = a->hosts[i].port ? a->hosts[i].port : a->hpud_port;
 		S.n[i].last_heard = now_s();
+	}
+	if (check_request_size() < 0)
+		goto out;
+	for (int i = 0; i < a->nhosts; i++)
 		if (connect_node(&S.n[i]) < 0)
 			goto out;
-	}
 	rc = run_attempts();
 out:
 	if (rc && S.err[0])
@@ -895,10 +969,8 @@ int hpu__status_run(const hpu_launch_args *a)
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REQUEST;
 	env.status_request = &q;
-	if (send_env(&S.n[0], &env) < 0) {
-		fail("cannot send to hpud at %s:%d", host, port);
+	if (send_env(&S.n[0], &env, "") < 0)
 		goto out;
-	}
 	zmq_pollitem_t it = {.socket = S.n[0].sock, .events = ZMQ_POLLIN};
 	Hpu__Envelope *m = NULL;
 	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;

@@ -61,6 +61,45 @@ static int uid_of(pid_t pid)
 	return (int)proc_status(pid, "Uid:");
 }
 
+/* A launch request over hpud's 64 KiB limit (the model's arguments: 20
+ * of 4000 bytes) is refused before any node is contacted, saying how
+ * long it is and what made it so (it said "cannot send to hpud at ...:
+ * Resource temporarily unavailable"). */
+static void test_launch_request_too_long(void **state)
+{
+	(void)state;
+	start_daemon();
+	static char big[20][4001];
+	char *a[40];
+	int n = 0;
+	a[n++] = (char *)LAUNCH;
+	a[n++] = "--hostfile";
+	a[n++] = hostfile;
+	a[n++] = "--key";
+	a[n++] = key_path;
+	a[n++] = (char *)MODEL;
+	a[n++] = "--";
+	for (int i = 0; i < 20; i++) {
+		memset(big[i], 'x', 4000);
+		big[i][4000] = 0;
+		a[n++] = big[i];
+	}
+	a[n] = NULL;
+	proc p;
+	int code = h_run(&p, a, NULL, 30000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "the launch request is "));
+	assert_non_null(strstr(p.out, "bytes, over hpud's limit of 65536"));
+	assert_non_null(strstr(p.out, "the model's arguments ("));
+	assert_null(strstr(p.out, "Resource temporarily unavailable"));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_null(strstr(daemon_proc.out, "launch of job")); /* nor a hello */
+	assert_null(strstr(daemon_proc.out, "refused"));
+	stop_daemon();
+}
+
 static void test_job_through_hostfile(void **state)
 {
 	(void)state;
@@ -995,6 +1034,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_job_through_hostfile),
 		cmocka_unit_test(test_job_env_forwarded),
+		cmocka_unit_test(test_launch_request_too_long),
 		cmocka_unit_test(test_relative_paths_through_hostfile),
 		cmocka_unit_test(test_busy_status_and_lost_submitter),
 		cmocka_unit_test(test_cancel_term_and_reload),

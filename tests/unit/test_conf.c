@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "agent/gpus.h"
+#include "common/log.h"
 #include "daemon/conf.h"
 
 /* Writes `text` to a fresh temporary file; its name goes to path[]. */
@@ -52,7 +53,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.devices, want);
 	assert_string_equal(c.key_path, "/etc/hpud/secret.key");
 	assert_string_equal(c.user, "");
-	assert_int_equal(c.log_level, HPUD_LOG_INFO);
+	assert_int_equal(c.log_level, HPU_LOG_INFO);
 	assert_true(c.clock_window_s == 30);
 	assert_string_equal(c.worker, "");
 	assert_true(c.submitter_timeout_s == 10);
@@ -92,7 +93,7 @@ static void test_full_file(void **state)
 	assert_int_equal(c.devices, 8);
 	assert_string_equal(c.key_path, "/srv/hpud/secret.key");
 	assert_string_equal(c.user, "hpu-train_2");
-	assert_int_equal(c.log_level, HPUD_LOG_DEBUG);
+	assert_int_equal(c.log_level, HPU_LOG_DEBUG);
 	assert_true(c.clock_window_s == 12.5);
 	assert_string_equal(c.worker, "/usr/lib/hputrain/hpu-worker");
 	assert_true(c.submitter_timeout_s == 3);
@@ -138,7 +139,7 @@ static void test_comments_and_whitespace(void **state)
 	assert_string_equal(c.listen, "127.0.0.1");
 	assert_int_equal(c.port, 4242);
 	assert_int_equal(c.devices, 2);
-	assert_int_equal(c.log_level, HPUD_LOG_WARN);
+	assert_int_equal(c.log_level, HPU_LOG_WARNING);
 	assert_string_equal(c.worker, "/opt/my tools/hpu-worker");
 	assert_string_equal(c.user, "hpu");
 	assert_true(c.submitter_timeout_s == 0.5);
@@ -244,6 +245,34 @@ static const bad_case bad_cases[] = {
 	{"user = ../root\n", 1, "'user'", NULL},
 };
 
+/* log_level takes the levels hpud --log-level and HPU_LOG_LEVEL take
+ * (common/log.c): "warning" and "notice" were refused, "warn" stays a
+ * synonym of warning. */
+static void test_log_level_names(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *text;
+		hpu_log_level want;
+	} ok[] = {
+		{"log_level = error\n", HPU_LOG_ERROR},     {"log_level = warning\n", HPU_LOG_WARNING},
+		{"log_level = warn\n", HPU_LOG_WARNING},    {"log_level = notice\n", HPU_LOG_NOTICE},
+		{"log_level = info\n", HPU_LOG_INFO},       {"log_level = debug\n", HPU_LOG_DEBUG},
+	};
+	char path[256], err[256];
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		hpud_conf c;
+		hpud__conf_defaults(&c);
+		assert_int_equal(load_text(&c, ok[i].text, path, err, sizeof err), 0);
+		assert_int_equal(c.log_level, ok[i].want);
+	}
+	hpud_conf c;
+	hpud__conf_defaults(&c);
+	assert_int_equal(c.log_level, HPU_LOG_INFO);
+	assert_int_equal(load_text(&c, "log_level = loud\n", path, err, sizeof err), -1);
+	assert_non_null(strstr(err, "'loud' is not a log level (error, warning, notice, info or debug)"));
+}
+
 static void test_errors(void **state)
 {
 	(void)state;
@@ -320,7 +349,7 @@ static void test_unchanged_on_failure(void **state)
 	c.port = 1234;
 	c.devices = 3;
 	strcpy(c.user, "alice");
-	c.log_level = HPUD_LOG_ERROR;
+	c.log_level = HPU_LOG_ERROR;
 	c.clock_window_s = 5;
 	before = c;
 	int rc = load_text(&c,
@@ -440,6 +469,7 @@ int main(void)
 		cmocka_unit_test(test_comments_and_whitespace),
 		cmocka_unit_test(test_bounds_accepted),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_log_level_names),
 		cmocka_unit_test(test_too_long),
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_unchanged_on_failure),

@@ -364,14 +364,47 @@ static void test_args_hostfile(void **state)
 	hpu__args_free(&a);
 	setup(NULL);
 
-	/* One host: a single node, free port; --exec works too. */
+	/* One host: a single node, free port (--exec is refused with a
+	 * hostfile: test_launch_args' test_exec_hostfile). */
 	write_hosts("solo\n");
-	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "2", "--exec", "/bin/true"));
+	parse_ok(&a, ARGV("--hostfile", hostfile, "--devices", "2", model));
 	assert_int_equal(a.nodes, 1);
 	assert_int_equal(a.devices, 2);
 	assert_int_equal(a.master_port, 0);
 	assert_string_equal(a.master_addr, "solo");
-	assert_int_equal(a.exec_mode, 1);
+	hpu__args_free(&a);
+}
+
+/* Two lines naming one hpud are refused, with both lines as written,
+ * once the default port (--hpud-port) is applied and the names resolved:
+ * "127.0.0.1" beside "127.0.0.1:41001" with --hpud-port 41001, and
+ * "localhost:41003" beside "127.0.0.1:41003" (both passed). Two daemons
+ * on one machine, on two ports, are still fine. */
+static void test_args_hostfile_duplicate_resolved(void **state)
+{
+	(void)state;
+	char want[256];
+	write_hosts("127.0.0.1 slots=1\n127.0.0.1:41001 slots=1\n");
+	snprintf(want, sizeof want,
+		 "%s:2: duplicate host 127.0.0.1:41001: the same hpud as line 1's 127.0.0.1 "
+		 "(127.0.0.1:41001)", hostfile);
+	parse_fails(ARGV("--hostfile", hostfile, "--hpud-port", "41001", model), want);
+	write_hosts("localhost:41003 slots=1\n127.0.0.1:41003 slots=1\n");
+	snprintf(want, sizeof want,
+		 "%s:2: duplicate host 127.0.0.1:41003: the same hpud as line 1's localhost:41003 "
+		 "(127.0.0.1:41003)", hostfile);
+	parse_fails(ARGV("--hostfile", hostfile, model), want);
+	write_hosts("127.0.0.1:41002 slots=1\nlocalhost slots=1\n");
+	snprintf(want, sizeof want,
+		 "%s:2: duplicate host localhost: the same hpud as line 1's 127.0.0.1:41002 "
+		 "(127.0.0.1:41002)", hostfile);
+	parse_fails(ARGV("--hostfile", hostfile, "--hpud-port", "41002", model), want);
+	hpu_launch_args a;
+	write_hosts("127.0.0.1 slots=1\n127.0.0.1:41001 slots=1\nlocalhost:41002 slots=1\n"
+		    "127.0.0.1:41003 slots=1\n");
+	parse_ok(&a, ARGV("--hostfile", hostfile, model));
+	assert_int_equal(a.nhosts, 4);
+	assert_int_equal(a.hosts[0].port, 29400);
 	hpu__args_free(&a);
 }
 
@@ -599,6 +632,7 @@ int main(void)
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test_setup(test_args_hostfile, setup),
 		cmocka_unit_test_setup(test_args_hostfile_errors, setup),
+		cmocka_unit_test_setup(test_args_hostfile_duplicate_resolved, setup),
 		cmocka_unit_test_setup(test_args_model_path, setup),
 		cmocka_unit_test_setup(test_args_option_paths, setup),
 		cmocka_unit_test_setup(test_args_status, setup),
