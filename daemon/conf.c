@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/num.h"
 #include "common/optdoc.h"
+#include "proto/auth.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,7 +20,7 @@
 #include <unistd.h>
 
 #define MAX_DEVICES 1024
-#define MAX_CLOCK_WINDOW_S 3600.0
+#define MAX_CLOCK_WINDOW_S ((double)HPU_AUTH_WINDOW_MAX_S)
 
 /* The word after "hpud: " in hpud's own lines ("hpud: warn: ..."); the
  * levels log_level takes are common/log.c's. */

@@ -276,8 +276,11 @@ static int setup(const char *key_path, int nodes)
 	if (hpu__auth_load_key(key_path, key, err, sizeof err) < 0)
 		return fail("%s", err);
 	/* hpud's frames are checked by sequence number (recv_env): the
-	 * verifier needs no room for nonces */
-	S.auth = hpu__auth_new(key, 30000, 1);
+	 * verifier needs no room for nonces. Their clock is taken within the
+	 * widest window an hpud may have (a node whose clock_window is wider
+	 * than 30 s answered requests whose replies were then dropped: the
+	 * session and the sequence numbers refuse a replay, not the clock) */
+	S.auth = hpu__auth_new(key, (int64_t)HPU_AUTH_WINDOW_MAX_S * 1000, 1);
 	memset(key, 0, sizeof key);
 	S.ctx = zmq_ctx_new();
 	S.n = calloc((size_t)nodes, sizeof *S.n);

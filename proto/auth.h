@@ -29,6 +29,9 @@
 #define HPU_AUTH_HEADER 60
 /* Largest frame accepted (header + body). */
 #define HPU_AUTH_MAX_FRAME (HPU_AUTH_HEADER + 64 * 1024)
+/* The widest clock window hpud takes (its clock_window, seconds): the
+ * submitter checks hpud's replies within it, whatever the node's window. */
+#define HPU_AUTH_WINDOW_MAX_S 3600
 /* Hex digits in an id from hpu__auth_random_id (16 random bytes). */
 #define HPU_AUTH_ID_HEX 32
 

@@ -182,6 +182,31 @@ static void test_submitter_wrong_key(void **state)
 	stop_daemon();
 }
 
+/* A submitter whose clock is 60 s behind, against an hpud whose
+ * clock_window is 120 s: hpud answers, and hpulaunch takes the answer
+ * (it dropped it, "timestamp 60.0 s in the future (the window is 30.0
+ * s)", then said "no answer ... does it have the same key?"). */
+static void test_submitter_clock_window(void **state)
+{
+	(void)state;
+	write_conf(2, "clock_window = 120\n");
+	start_daemon();
+	char target[64], skew[64];
+	snprintf(target, sizeof target, "127.0.0.1:%d", port);
+	snprintf(skew, sizeof skew, "LD_PRELOAD=%s", h_build("lib/clock_skew.so"));
+	char *env[] = {skew, "HPU_TEST_SKEW_MS=-60000", NULL};
+	char *argv[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 30000);
+	printf("  %s", p.out);
+	assert_null(strstr(p.out, "dropped a message"));
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "2 devices"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 /* ---- a signed request is bound to one hpud instance ---- */
 
 /* A signed launch request as hpulaunch --hostfile sends it (for the
@@ -794,6 +819,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_submitter_wrong_key),
+		cmocka_unit_test(test_submitter_clock_window),
 		cmocka_unit_test(test_launch_bound_to_instance),
 		cmocka_unit_test(test_launch_layout_checked),
 		cmocka_unit_test(test_key_rotation_keeps_jobs),
