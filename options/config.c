@@ -926,22 +926,23 @@ static void dir_of(const char *path, char *out, size_t len)
 		snprintf(out, len, "%.*s", (int)(slash - path), path);
 }
 
-/* --metrics (rank 0's file): not a directory, in a directory it can
- * write in (a missing one was found by the worker after start-up). */
-static int check_metrics(const hpu_train_opts *o, char *err, size_t errlen)
+/* Output file `path` of option --opt (node 0's): not a directory, in a
+ * directory it can write in, found before the workers start (not after
+ * training, or at the worker's start-up for --metrics); "" passes. */
+static int check_out_file(const char *opt, const char *path, char *err, size_t errlen)
 {
-	const char *m = o->metrics;
 	struct stat st;
-	if (!m[0])
+	if (!path[0])
 		return 0;
-	if (stat(m, &st) == 0 && S_ISDIR(st.st_mode)) {
-		snprintf(err, errlen, "--metrics %s is a directory: give a file name", m);
+	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "--%s %s is a directory: give a file name", opt, path);
 		return -1;
 	}
-	char dir[sizeof o->metrics];
-	dir_of(m, dir, sizeof dir);
+	char dir[4096];
+	dir_of(path, dir, sizeof dir);
 	if (write_probe(dir) < 0) {
-		snprintf(err, errlen, "--metrics %s: cannot write in %s: %s", m, dir, strerror(errno));
+		snprintf(err, errlen, "--%s %s: cannot write in %s: %s", opt, path, dir,
+			 strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -951,26 +952,14 @@ int hpu__opts_check_outputs(const hpu_train_opts *o, int node0, char *err, size_
 {
 	if (hpu__opts_check_checkpoint_dir(o, err, errlen) < 0)
 		return -1;
-	if (node0 && check_metrics(o, err, errlen) < 0)
-		return -1;
-	const char *p = o->save_params;
-	if (!p[0] || !node0)
+	if (!node0)
 		return 0;
-	struct stat st;
-	if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
-		snprintf(err, errlen, "--save-params %s is a directory: give a file name", p);
+	if (check_out_file("metrics", o->metrics, err, errlen) < 0 ||
+	    check_out_file("save-params", o->save_params, err, errlen) < 0)
 		return -1;
-	}
-	char dir[sizeof o->save_params];
-	dir_of(p, dir, sizeof dir);
-	if (write_probe(dir) < 0) {
-		snprintf(err, errlen, "--save-params %s: cannot write in %s: %s", p, dir,
-			 strerror(errno));
-		return -1;
-	}
-	if (o->metrics[0] && hpu__same_file(p, o->metrics)) {
+	if (o->save_params[0] && o->metrics[0] && hpu__same_file(o->save_params, o->metrics)) {
 		snprintf(err, errlen, "--save-params and --metrics name the same file (%s): the "
-				      "parameters would overwrite the metrics", p);
+				      "parameters would overwrite the metrics", o->save_params);
 		return -1;
 	}
 	return 0;

@@ -283,3 +283,20 @@ void fake_close(fake *f)
 	zmq_ctx_term(f->ctx);
 	hpu__auth_destroy(&f->auth);
 }
+
+void flags_dir(const char *name, char *out, size_t len)
+{
+	snprintf(out, len, "%s/%s", dir, name);
+	assert_int_equal(mkdir(out, 0755), 0);
+	assert_int_equal(chown(out, 65534, (gid_t)-1), 0); /* the workers are nobody */
+}
+
+void start_small_job(proc *p)
+{
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	assert_int_equal(h_start(p, argv, NULL), 0);
+	if (h_wait_for(p, "through hpud", 60000) < 0)
+		fail_msg("the job did not start:\n%s\nhpud:\n%s", p->out, daemon_proc.out);
+}

@@ -42,6 +42,15 @@ void start_daemon(void);
 /* Ends hpud (SIGTERM, then SIGKILL after 15 s) if it still runs. */
 void stop_daemon(void);
 
+/* dir/NAME made for flag files that the workers (the user nobody) write
+ * or that a worker script waits for; its path in out. */
+void flags_dir(const char *name, char *out, size_t len);
+
+/* hpulaunch --hostfile (2 devices, 2 steps, no evaluation, the MLP at
+ * --hidden 16) started into p; returns once it says the job runs through
+ * hpud (failing the test, with hpud's log, if not within 60 s). */
+void start_small_job(proc *p);
+
 /* cmocka group setup and teardown: the directory, a key from
  * hpud --gen-key, write_conf(2, NULL), the hostfile; and all of it gone. */
 int hpud_setup(void **state);

@@ -526,9 +526,7 @@ static void test_replay_cache_sized_from_window(void **state)
 {
 	(void)state;
 	char flags[128], go[160], script[192], text[1024];
-	snprintf(flags, sizeof flags, "%s/flags-cache", dir);
-	assert_int_equal(mkdir(flags, 0755), 0);
-	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	flags_dir("flags-cache", flags, sizeof flags);
 	snprintf(go, sizeof go, "%s/go", flags);
 	snprintf(script, sizeof script, "%s/wait-worker.sh", dir);
 	snprintf(text, sizeof text, "#!/bin/sh\nwhile [ ! -e %s ]; do sleep 0.05; done\nexec %s \"$@\"\n", go,
@@ -537,13 +535,8 @@ static void test_replay_cache_sized_from_window(void **state)
 	snprintf(text, sizeof text, "worker = %s\nclock_window = 3600\n", script);
 	write_conf(2, text);
 	start_daemon();
-	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
-			"--devices", "2", "--max-steps", "2", "--log-every", "0",
-			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
 	proc p;
-	assert_int_equal(h_start(&p, argv, NULL), 0);
-	if (h_wait_for(&p, "through hpud", 60000) < 0)
-		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	start_small_job(&p);
 	client c;
 	client_open(&c, key);
 	Hpu__Ping ping = HPU__PING__INIT;

@@ -535,9 +535,7 @@ static void test_stopped_submitter_output_bounded(void **state)
 	(void)state;
 	enum { LINES = 8000 };
 	char flags[128], go[160], go2[160], done[2][160], script[192], text[1536];
-	snprintf(flags, sizeof flags, "%s/flags", dir);
-	assert_int_equal(mkdir(flags, 0755), 0);
-	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	flags_dir("flags", flags, sizeof flags);
 	snprintf(go, sizeof go, "%s/go", flags);
 	snprintf(go2, sizeof go2, "%s/go2", flags);
 	for (int r = 0; r < 2; r++)
@@ -559,13 +557,8 @@ static void test_stopped_submitter_output_bounded(void **state)
 	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
 	start_daemon();
 	long base = rss_kib(daemon_proc.pid);
-	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
-			"--devices", "2", "--max-steps", "2", "--log-every", "0",
-			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
 	proc p;
-	assert_int_equal(h_start(&p, argv, NULL), 0);
-	if (h_wait_for(&p, "through hpud", 60000) < 0)
-		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	start_small_job(&p);
 	assert_int_equal(kill(p.pid, SIGSTOP), 0);
 	assert_int_equal(h_write_file(go, "", 0644), 0);
 	int printed = 0;
@@ -627,9 +620,7 @@ static void test_stopped_submitter_gets_last_line(void **state)
 {
 	(void)state;
 	char flags[128], go[160], script[192], text[1024];
-	snprintf(flags, sizeof flags, "%s/flags-last", dir);
-	assert_int_equal(mkdir(flags, 0755), 0);
-	assert_int_equal(chown(flags, 65534, (gid_t)-1), 0); /* the workers are nobody */
+	flags_dir("flags-last", flags, sizeof flags);
 	snprintf(go, sizeof go, "%s/go", flags);
 	snprintf(script, sizeof script, "%s/last-line-worker.sh", dir);
 	snprintf(text, sizeof text,
@@ -645,13 +636,8 @@ static void test_stopped_submitter_gets_last_line(void **state)
 		 port, key_path, script);
 	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
 	start_daemon();
-	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
-			"--devices", "2", "--max-steps", "2", "--log-every", "0",
-			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
 	proc p;
-	assert_int_equal(h_start(&p, argv, NULL), 0);
-	if (h_wait_for(&p, "through hpud", 60000) < 0)
-		fail_msg("the job did not start:\n%s\nhpud:\n%s", p.out, daemon_proc.out);
+	start_small_job(&p);
 	assert_int_equal(kill(p.pid, SIGSTOP), 0);
 	assert_int_equal(h_write_file(go, "", 0644), 0);
 	int ended = h_wait_for(&daemon_proc, "ended successfully", 300000) == 0;

@@ -717,6 +717,19 @@ static void publish(const char *root, long step, int keep)
 		fail_msg("publish %s: %s", name, err);
 }
 
+/* A root a run left at step 20 (checkpoints 15, 18, 20), whose latest a
+ * resume from step 15 into it points back at, as its run's next save
+ * finds it. */
+static const char *resumed_root(const char *name)
+{
+	const char *r = fresh(name);
+	publish(r, 15, 0);
+	publish(r, 18, 0);
+	publish(r, 20, 0);
+	write_latest(r, "step-00000015\n");
+	return r;
+}
+
 static void test_publish_keep(void **state)
 {
 	(void)state;
@@ -763,20 +776,12 @@ static void test_publish_keep(void **state)
 	 * new one and the one it came from stay, the abandoned run's later
 	 * ones go (step 15 went, 20 stayed, and --resume auto fell back from
 	 * a damaged 16 to the abandoned 20) */
-	r = fresh("publish-resumed");
-	publish(r, 15, 0);
-	publish(r, 18, 0);
-	publish(r, 20, 0);
-	write_latest(r, "step-00000015\n");
+	r = resumed_root("publish-resumed");
 	publish(r, 16, 2);
 	listing(r, list, sizeof list);
 	assert_string_equal(list, "latest step-00000015 step-00000016");
 	/* --keep-last 2 alike */
-	r = fresh("keep-resumed");
-	publish(r, 15, 0);
-	publish(r, 18, 0);
-	publish(r, 20, 0);
-	write_latest(r, "step-00000015\n");
+	r = resumed_root("keep-resumed");
 	hpu_ckpt_keep k = {.last = 2};
 	char **best = NULL, **last = NULL;
 	assert_int_equal(hpu__ckpt_keep_plan(r, &k, "step-00000016", NAN, &best, &last, err,
