@@ -287,6 +287,20 @@ int hpu__make_dirs(const char *path, char *at, size_t atlen)
 	}
 }
 
+int hpu__make_dirs_said(const char *what, const char *dir, char *err, size_t errlen)
+{
+	char at[4096];
+	if (hpu__make_dirs(dir, at, sizeof at) == 0)
+		return 0;
+	int e = errno;
+	if (strcmp(at, dir) == 0)
+		snprintf(err, errlen, "cannot make the %s directory %s: %s", what, dir, strerror(e));
+	else
+		snprintf(err, errlen, "cannot make the %s directory %s: %s: %s", what, dir, at,
+			 strerror(e));
+	return -1;
+}
+
 int hpu__append_line(FILE *f, const char *s)
 {
 	struct stat st;
@@ -300,8 +314,7 @@ int hpu__append_line(FILE *f, const char *s)
 	return -1;
 }
 
-/* path's directory ("." where it has no '/') into out. */
-static void dir_part(const char *path, char *out, size_t len)
+void hpu__dir_part(const char *path, char *out, size_t len)
 {
 	const char *slash = strrchr(path, '/');
 	if (!slash)
@@ -318,8 +331,8 @@ int hpu__same_file(const char *a, const char *b)
 	if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
 		return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 	char da[PATH_MAX], db[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
-	dir_part(a, da, sizeof da);
-	dir_part(b, db, sizeof db);
+	hpu__dir_part(a, da, sizeof da);
+	hpu__dir_part(b, db, sizeof db);
 	const char *na = strrchr(a, '/') ? strrchr(a, '/') + 1 : a;
 	const char *nb = strrchr(b, '/') ? strrchr(b, '/') + 1 : b;
 	if (!realpath(da, ra) || !realpath(db, rb))

@@ -112,9 +112,18 @@ int hpu__outfile_error(const hpu_outfile *o, const char *step, char *err, size_t
 int hpu__write_atomic(const char *path, const void *data, size_t n, char *err,
 		      size_t errlen);
 
+/* path's directory into out: "." where it has no '/', "/" for a file at
+ * the root. */
+void hpu__dir_part(const char *path, char *out, size_t len);
+
 /* Makes each missing directory of path (mkdir -p). Returns 0, or -1 with
  * the one that could not be made in at[atlen] and errno set. */
 int hpu__make_dirs(const char *path, char *at, size_t atlen);
+
+/* hpu__make_dirs(dir), a failure said in err as "cannot make the WHAT
+ * directory DIR: WHY", with the part that could not be made before WHY
+ * where it is not DIR itself. Returns 0 or -1. */
+int hpu__make_dirs_said(const char *what, const char *dir, char *err, size_t errlen);
 
 /* fsyncs directory dir, so that a rename or a new file in it lasts (a
  * filesystem that cannot sync a directory is fine). Returns 0, or -1 with

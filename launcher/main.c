@@ -1,6 +1,5 @@
 /* hpulaunch: starts a job's workers on this node and supervises them;
  * on node 0 it also runs the job's coordinator. See --help. */
-#include <errno.h>
 #include <ev.h>
 #include <signal.h>
 #include <stdio.h>
@@ -112,22 +111,6 @@ static int exit_status(void)
 	if (L.signo)
 		return 128 + L.signo;
 	return L.failed ? 1 : 0;
-}
-
-/* --log-dir made where it is missing, as --checkpoint-dir and --profile
- * are (each worker's log failed to open in it). */
-static int make_log_dir(const char *dir, char *err, size_t errlen)
-{
-	char at[1024];
-	if (hpu__make_dirs(dir, at, sizeof at) == 0)
-		return 0;
-	int e = errno;
-	if (strcmp(at, dir) == 0)
-		snprintf(err, errlen, "cannot make the log directory %s: %s", dir, strerror(e));
-	else
-		snprintf(err, errlen, "cannot make the log directory %s: %s: %s", dir, at,
-			 strerror(e));
-	return -1;
 }
 
 /* Runs one attempt of the node's job to its end. Returns 0 when it ran
@@ -285,8 +268,8 @@ static int run(int argc, char **argv)
 	else if (!L.args.exec_mode &&
 		 hpu__opts_check_outputs(&L.args.train, L.args.node_rank == 0, err, sizeof err) < 0)
 		rc = 2; /* found now, not at the first save after training */
-	else if (L.args.log_dir && make_log_dir(L.args.log_dir, err, sizeof err) < 0)
-		rc = 2;
+	else if (L.args.log_dir && hpu__make_dirs_said("log", L.args.log_dir, err, sizeof err) < 0)
+		rc = 2; /* made where missing, as --checkpoint-dir (each worker's log failed to open) */
 	else
 		rc = run_local(err, sizeof err);
 	if (rc && err[0])

@@ -893,37 +893,16 @@ int hpu__opts_check_checkpoint_dir(const hpu_train_opts *o, char *err,
 				   size_t errlen)
 {
 	const char *dir = o->checkpoint_dir;
-	char at[sizeof o->checkpoint_dir];
 	if (!dir[0])
 		return 0;
-	if (hpu__make_dirs(dir, at, sizeof at) < 0) {
-		int e = errno;
-		if (strcmp(at, dir) == 0)
-			snprintf(err, errlen, "cannot make the checkpoint directory %s: %s", dir,
-				 strerror(e));
-		else
-			snprintf(err, errlen, "cannot make the checkpoint directory %s: %s: %s",
-				 dir, at, strerror(e));
+	if (hpu__make_dirs_said("checkpoint", dir, err, errlen) < 0)
 		return -1;
-	}
 	if (write_probe(dir) < 0) {
 		snprintf(err, errlen, "cannot write in the checkpoint directory %s: %s", dir,
 			 strerror(errno));
 		return -1;
 	}
 	return 0;
-}
-
-/* path's directory (".", where it has no '/') into out. */
-static void dir_of(const char *path, char *out, size_t len)
-{
-	const char *slash = strrchr(path, '/');
-	if (!slash)
-		snprintf(out, len, ".");
-	else if (slash == path)
-		snprintf(out, len, "/");
-	else
-		snprintf(out, len, "%.*s", (int)(slash - path), path);
 }
 
 /* Output file `path` of option --opt (node 0's): not a directory, in a
@@ -939,7 +918,7 @@ static int check_out_file(const char *opt, const char *path, char *err, size_t e
 		return -1;
 	}
 	char dir[4096];
-	dir_of(path, dir, sizeof dir);
+	hpu__dir_part(path, dir, sizeof dir);
 	if (write_probe(dir) < 0) {
 		snprintf(err, errlen, "--%s %s: cannot write in %s: %s", opt, path, dir,
 			 strerror(errno));

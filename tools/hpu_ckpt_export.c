@@ -98,11 +98,7 @@ done:
 static int clobbers(const hpu_ckpt *c, const char *out, char *why, size_t n)
 {
 	char parent[4200], probe[4400];
-	const char *slash = strrchr(out, '/');
-	if (!slash)
-		snprintf(parent, sizeof parent, ".");
-	else
-		snprintf(parent, sizeof parent, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+	hpu__dir_part(out, parent, sizeof parent);
 	snprintf(probe, sizeof probe, "%s/%s", parent, HPU_CKPT_MANIFEST);
 	if (access(probe, F_OK) == 0)
 		return snprintf(why, n, "%s is a checkpoint's directory (it holds %s): the export "
