@@ -694,6 +694,41 @@ static void test_device_memory_limit(void **state)
 }
 
 
+/* The evaluation batch is allocated only where something evaluates: a
+ * --no-eval run without validation leaves its bytes (micro-batch x the
+ * fields' sizes, "other" memory) for --device-memory. */
+static double max_other(const char *extra)
+{
+	char metrics[64];
+	snprintf(metrics, sizeof metrics, "/tmp/hpu-noeval-%d.jsonl", (int)getpid());
+	run r;
+	start(&r, 1);
+	args(&r, "--max-steps", "1", "--batch-size", "64", "--metrics", metrics, NULL);
+	if (extra)
+		args(&r, extra, "1000", NULL);
+	free(finish(&r, 0, "--hidden 16"));
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	const char *fin = strstr(m, "\"final\":true");
+	assert_non_null(fin);
+	const char *rec = strstr(fin, "{\"rank\":0,");
+	assert_non_null(rec);
+	double v = field(rec, NULL, "max_other");
+	free(m);
+	unlink(metrics);
+	return v;
+}
+
+static void test_no_eval_batch(void **state)
+{
+	(void)state;
+	double without = max_other(NULL), with = max_other("--eval-every");
+	double batch = 64.0 * (784 + 1) * 4; /* image and label fields, 4 bytes an element */
+	printf("max other memory: %.0f bytes under --no-eval, %.0f validating\n", without, with);
+	assert_true(with - without >= batch);
+}
+
+
 /* QUANT_CONFIG as Intel Neural Compressor and Lightning-Habana write it:
  * MEASURE makes dump_stats_path's directory, leaves the outputs' figures
  * out under measure_exclude OUTPUT, and warns that no spreadsheet is
@@ -1099,6 +1134,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_config),
 		cmocka_unit_test(test_device_memory_limit),
+		cmocka_unit_test(test_no_eval_batch),
 		cmocka_unit_test(test_equivalence_2),
 		cmocka_unit_test(test_equivalence_4),
 		cmocka_unit_test(test_equivalence_accum_2),

@@ -40,13 +40,25 @@ static void *dalloc(loop *L, size_t bytes, const char *what)
 	return p;
 }
 
+/* The evaluation batch only where something runs forward passes outside
+ * training: validation, the test-set evaluation, fp8's measurement (a
+ * --no-eval run without validation holds none: --device-memory counts
+ * it). */
+static int needs_eval_batch(const loop *L)
+{
+	const hpu_train_opts *o = L->o;
+	return o->eval_only || o->eval || o->eval_every || o->eval_every_epochs ||
+	       L->quant.mode == HPU_FP8_MEASURE;
+}
+
 static int alloc_buffers(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
-	if (hpu__batch_alloc(d, L->micro, &L->eval_bt, "evaluation batch") < 0)
-		return hpu__loop_fail(L, "%s", hpu__devmem_error());
-	if (!(L->eval_idx = dalloc(L, (size_t)L->micro * sizeof *L->eval_idx, "evaluation indices")) ||
-	    !(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
+	if (needs_eval_batch(L) &&
+	    (hpu__batch_alloc(d, L->micro, &L->eval_bt, "evaluation batch") < 0 ||
+	     !(L->eval_idx = dalloc(L, (size_t)L->micro * sizeof *L->eval_idx, "evaluation indices"))))
+		return L->err[0] ? -1 : hpu__loop_fail(L, "%s", hpu__devmem_error());
+	if (!(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
 		return -1;
 	if (!(L->loader = hpu__loader_new(d, L->micro))) {
 		if (!L->err[0])
