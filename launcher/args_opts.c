@@ -234,6 +234,23 @@ int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errle
 			return -1;
 		}
 	}
+	/* the algorithm and the small-message thresholds libhpucoll reads
+	 * (collectives/algo.c): a bad one stopped every worker at start-up,
+	 * its name inside a socket error */
+	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_ALGO)) && *v && strcmp(v, "auto") &&
+	    strcmp(v, "ring") && strcmp(v, "rd") && strcmp(v, "hier")) {
+		snprintf(err, errlen, "HPUCOLL_ALGO='%s' is not one of auto, ring, rd, hier", v);
+		return -1;
+	}
+	static const hpu_env_id sizes[] = {HPU_ENV_HPUCOLL_SMALL_BYTES, HPU_ENV_HPUCOLL_BCAST_SMALL_BYTES,
+					   HPU_ENV_HPUCOLL_REDUCE_SMALL_BYTES};
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+		uint64_t x;
+		if ((v = hpu__env_str(sizes[i])) && *v && hpu__parse_u64(v, 0, SIZE_MAX, &x) != HPU_NUM_OK) {
+			snprintf(err, errlen, "%s='%s' is not a number of bytes", hpu__env_name(sizes[i]), v);
+			return -1;
+		}
+	}
 	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)
 		a->transport = v;
 	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_SECURITY)) && *v)

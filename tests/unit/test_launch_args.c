@@ -100,6 +100,19 @@ static void test_coll_env_checked(void **state)
 	hpu__args_free(&a);
 	unsetenv("HPUCOLL_TIMEOUT_MS");
 	unsetenv("HPUCOLL_STALL_WARN_MS");
+	/* the algorithm and thresholds: named before any worker starts */
+	setenv("HPUCOLL_ALGO", "fastest", 1);
+	parse_fails(ARGV(model), "HPUCOLL_ALGO='fastest' is not one of auto, ring, rd, hier");
+	setenv("HPUCOLL_ALGO", "hier", 1);
+	setenv("HPUCOLL_SMALL_BYTES", "64k", 1);
+	parse_fails(ARGV(model), "HPUCOLL_SMALL_BYTES='64k' is not a number of bytes");
+	unsetenv("HPUCOLL_SMALL_BYTES");
+	setenv("HPUCOLL_REDUCE_SMALL_BYTES", "-1", 1);
+	parse_fails(ARGV(model), "HPUCOLL_REDUCE_SMALL_BYTES='-1' is not a number of bytes");
+	unsetenv("HPUCOLL_REDUCE_SMALL_BYTES");
+	parse_ok(&a, ARGV(model));
+	hpu__args_free(&a);
+	unsetenv("HPUCOLL_ALGO");
 }
 
 static void test_deepspeed_aliases(void **state)
