@@ -244,6 +244,9 @@ int hpu__ckpt_clean_partials(const char *root, void (*said)(const char *path, vo
 
 /* "step-00000040" */
 void hpu__ckpt_step_name(long step, char *buf, size_t n);
+
+/* The step of a name "step-N" (digits only), or -1. */
+long hpu__ckpt_step_of(const char *name);
 /* "rank-00001-of-00004.bin" */
 void hpu__ckpt_shard_name(int rank, int world, char *buf, size_t n);
 

@@ -109,8 +109,7 @@ void hpu__ckpt_shard_name(int rank, int world, char *buf, size_t n)
 	snprintf(buf, n, "rank-%05d-of-%05d.bin", rank, world);
 }
 
-/* The step of a name "step-N" (digits only), or -1. */
-static long step_of(const char *name)
+long hpu__ckpt_step_of(const char *name)
 {
 	if (strncmp(name, "step-", 5) != 0 || !isdigit((unsigned char)name[5]))
 		return -1; /* strtol would skip spaces and take signs */
@@ -136,7 +135,7 @@ void hpu__ckpt_latest(const char *root, char *out, size_t n)
 static void read_latest(const char *root, char *out, size_t n)
 {
 	hpu__ckpt_latest(root, out, n);
-	if (step_of(out) < 0)
+	if (hpu__ckpt_step_of(out) < 0)
 		out[0] = '\0';
 }
 
@@ -176,7 +175,7 @@ int hpu__ckpt_candidates(const char *root, char ***names, char *err, size_t errl
 	int n = 0, cap = 0;
 	struct dirent *e;
 	while (d && (e = readdir(d))) {
-		long st = step_of(e->d_name);
+		long st = hpu__ckpt_step_of(e->d_name);
 		if (st < 0)
 			continue;
 		if (n == cap) {

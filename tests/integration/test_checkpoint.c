@@ -432,6 +432,18 @@ static void test_resume_forged(void **state)
 		      "newest by step, ",
 		      "step-00000030 at step 30", NULL);
 	sh("printf 'step-00000030\\n' > %s/latest", dir);
+	/* a step directory that is a link to another step's (or a renamed
+	 * one) holds another step than its name says: refused, and auto
+	 * passes it by (it resumed step 10 as the newest, step 40) */
+	char link[360];
+	snprintf(link, sizeof link, "%s/step-00000040", dir);
+	assert_int_equal(symlink("step-00000010", link), 0);
+	resume_expect(NULL, link, 1, "step-00000040 is named for step 40 but holds step 10's checkpoint",
+		      NULL);
+	sh("mv %s/latest %s/latest.keep", dir, tmp);
+	resume_expect(dir, "auto", 0, "named for step 40 but holds step 10's", "falling back to",
+		      "step-00000030 at step 30", NULL);
+	sh("mv %s/latest.keep %s/latest && rm %s", tmp, dir, link);
 	if (geteuid() != 0) {
 		printf("  not root: no file can be given to another uid; the rest is skipped\n");
 		skip();
