@@ -474,7 +474,8 @@ HPU_API int hpu_loss_add(hpu_builder *b, const char *tensor, float weight);
 
 /* A metric the evaluation reports as `name`: the mean over the test
  * samples of the per-sample f32 tensor `tensor` (e.g. 1 for a correct
- * prediction). The evaluation always reports the test loss too. */
+ * prediction). The evaluation always reports the test loss too: "loss",
+ * "samples" and "test_loss" are no metric's name. */
 HPU_API int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor);
 
 /* Hooks with access to the trained model on every rank (parameters

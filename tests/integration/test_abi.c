@@ -73,7 +73,9 @@ static void test_abi2_trains_as_abi3(void **state)
 }
 
 /* One error recorder (ABI 3): hpu_error(x, ...) on a layer fails its
- * forward, on a run fails the hook, each message reported as given. */
+ * forward, on a run fails the hook, each message reported as given; a
+ * layer or hook that returns an error without one is reported with the
+ * code it returned (it said "(no reason given)"). */
 static void test_one_error_recorder(void **state)
 {
 	(void)state;
@@ -83,6 +85,11 @@ static void test_one_error_recorder(void **state)
 		{"--fail-forward", "layer scale: forward failed: scale failed on purpose at step 3"},
 		{"--fail-hook", "the model's hook after training failed: the hook failed on purpose "
 				"after step 4"},
+		{"--fail-forward --fail-quietly",
+		 "layer scale: forward failed: it returned -2 (Invalid argument.) without a message "
+		 "(hpu_error records one)"},
+		{"--fail-hook --fail-quietly",
+		 "the model's hook after training failed: it returned 7 without a message"},
 	};
 	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
 		run r;

@@ -218,6 +218,60 @@ static int record_fans(void *user, const hpu_init_info *info, float *w, hpu_init
  * (issue 37): a fan-in initializer on a 1-D parameter uses the fans of
  * the last parameter of 2 or more dimensions its layer declared before
  * it. */
+/* A shape whose element count passes 2^40, or wraps a size_t (to 0 at
+ * [2^16]x4), is refused naming the tensor or parameter, the dimension
+ * and why: it was accepted as a tensor of a few elements (or of none)
+ * and the worker crashed in the first forward or at initialisation. */
+static void test_shape_too_large(void **state)
+{
+	(void)state;
+	int64_t shape = 4, wrap[4] = {1 << 16, 1 << 16, 1 << 16, 1 << 16},
+		big[2] = {(int64_t)1 << 31, (int64_t)1 << 31}, zero[2] = {3, 0};
+	lh_harness *h = lt_harness_x(1, 1, &shape);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *l = hpu_layer_add(b, "custom", "x", &noop_ops, NULL);
+	assert_non_null(l);
+	assert_int_equal(hpu_layer_output(l, "y", HPU_F32, 4, wrap), HPU_EINVAL);
+	printf("  %s\n", lh_error(h));
+	assert_non_null(strstr(lh_error(h), "tensor y has more than 2^40 elements (dimension 2 is 65536): too large"));
+	lh_clear_error(h);
+	assert_int_equal(hpu_param_add(l, "w", 2, big, HPU_INIT(ZEROS)), HPU_EINVAL);
+	printf("  %s\n", lh_error(h));
+	assert_non_null(strstr(lh_error(h), "layer custom: parameter w has more than 2^40 elements (dimension 1 is 2147483648)"));
+	lh_clear_error(h);
+	assert_int_equal(hpu_param_add(l, "z", 2, zero, HPU_INIT(ZEROS)), HPU_EINVAL);
+	assert_non_null(strstr(lh_error(h), "parameter z has dimension 1 of size 0: each must be > 0"));
+	lh_clear_error(h);
+	assert_int_equal(hpu_param_add(l, "n", 5, wrap, HPU_INIT(ZEROS)), HPU_EINVAL);
+	assert_non_null(strstr(lh_error(h), "parameter n needs 1..4 dimensions, not 5"));
+	lh_free(&h);
+}
+
+/* A metric may not take a name the evaluation's own figures have: a
+ * metric "loss" wrote a second "test_loss" key into --metrics' final
+ * record (JSON readers kept the metric's) and printed two val_loss. */
+static void test_metric_reserved(void **state)
+{
+	(void)state;
+	int64_t shape = 4;
+	const char *names[] = {"loss", "samples", "test_loss"};
+	for (int i = 0; i < 3; i++) {
+		lh_harness *h = lt_harness_x(1, 1, &shape);
+		hpu_builder *b = lh_builder(h);
+		hpu_layer *l = hpu_layer_add(b, "custom", "x", &noop_ops, NULL);
+		assert_non_null(l);
+		assert_int_equal(hpu_layer_output(l, "s", HPU_F32, 0, NULL), 0);
+		assert_int_equal(hpu_metric_add(b, names[i], "s"), HPU_EINVAL);
+		printf("  %s\n", lh_error(h));
+		char want[64];
+		snprintf(want, sizeof want, "metric: name \"%s\" is reserved", names[i]);
+		assert_non_null(strstr(lh_error(h), want));
+		lh_clear_error(h);
+		assert_int_equal(hpu_metric_add(b, "val", "s"), HPU_OK);
+		lh_free(&h);
+	}
+}
+
 static void test_bias_fan_in(void **state)
 {
 	(void)state;
@@ -1096,6 +1150,8 @@ int main(void)
 		cmocka_unit_test(test_linear_forward),
 		cmocka_unit_test(test_linear_init),
 		cmocka_unit_test(test_wrong_phase),
+		cmocka_unit_test(test_shape_too_large),
+		cmocka_unit_test(test_metric_reserved),
 		cmocka_unit_test(test_bias_fan_in),
 		cmocka_unit_test(test_linear_gradients),
 		cmocka_unit_test(test_linear_refused),

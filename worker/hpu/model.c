@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static hpu_builder *builder_new(int rank, int world, int max_batch)
 {
@@ -193,12 +194,27 @@ static int check_declared(hpu_builder *b, char *err, size_t errlen)
 	return plan(b, err, errlen);
 }
 
+const char *hpu__model_why(const hpu_builder *b, const char *lerr, int rc, char *buf, size_t n)
+{
+	if (lerr && lerr[0])
+		return lerr;
+	if (b->err[0])
+		return b->err;
+	const char *code = hpu_strerror(rc);
+	if (!strcmp(code, "Unknown error code."))
+		snprintf(buf, n, "it returned %d without a message (hpu_error records one)", rc);
+	else
+		snprintf(buf, n, "it returned %d (%s) without a message (hpu_error records one)", rc, code);
+	return buf;
+}
+
 int hpu__model_setup_fn(hpu_builder *b, int (*setup)(hpu_builder *, int, char **), int argc,
 			char **argv, char *err, size_t errlen)
 {
-	if (setup(b, argc, argv) != 0)
-		return setup_fail(b, err, errlen, "setup failed: %s",
-				  b->err[0] ? b->err : "(no reason given)");
+	int rc = setup(b, argc, argv);
+	char why[160];
+	if (rc != 0)
+		return setup_fail(b, err, errlen, "setup failed: %s", hpu__model_why(b, NULL, rc, why, sizeof why));
 	if (b->err[0]) /* a declaration failed but setup went on */
 		return setup_fail(b, err, errlen, "%s", b->err);
 	if (check_declared(b, err, errlen) < 0)

@@ -189,6 +189,13 @@ int hpu__model_setup(hpu_builder *b, int argc, char **argv, char *err,
 int hpu__model_setup_fn(hpu_builder *b, int (*setup)(hpu_builder *, int, char **),
 			int argc, char **argv, char *err, size_t errlen);
 
+/* Why a model's function (setup, a layer's forward or backward, a hook)
+ * failed: the message it recorded (its layer's `lerr` when not NULL, else
+ * the builder's), or, where it recorded none, the code it returned
+ * ("it returned -2 (Invalid argument.) without a message (hpu_error
+ * records one)"). Returns buf or a recorded message. */
+const char *hpu__model_why(const hpu_builder *b, const char *lerr, int rc, char *buf, size_t n);
+
 /* The tensor named `name`, or -1. */
 int hpu__model_tensor(const hpu_builder *b, const char *name);
 /* The parameter / buffer named `name`, or -1. */

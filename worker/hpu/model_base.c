@@ -131,16 +131,27 @@ int hpu__model_buffer(const hpu_builder *b, const char *name)
 	return -1;
 }
 
-/* Checks a shape (ndim dims, each > 0) and gives its element count; 0
- * when bad. ndim 0 is one element (a scalar per sample) when `scalar`. */
-size_t hpu__model_shape_numel(int ndim, const int64_t *shape, int scalar)
+size_t hpu__model_shape_numel(int ndim, const int64_t *shape, int scalar, char *why, size_t whylen)
 {
-	if (ndim < (scalar ? 0 : 1) || ndim > HPU_MAX_DIMS || (ndim && !shape))
+	if (ndim < (scalar ? 0 : 1) || ndim > HPU_MAX_DIMS || (ndim && !shape)) {
+		snprintf(why, whylen, "needs %d..%d dimensions, not %d", scalar ? 0 : 1, HPU_MAX_DIMS, ndim);
 		return 0;
+	}
 	size_t n = 1;
 	for (int d = 0; d < ndim; d++) {
-		if (shape[d] <= 0 || shape[d] > (int64_t)1 << 40)
+		if (shape[d] <= 0) {
+			snprintf(why, whylen, "has dimension %d of size %lld: each must be > 0", d,
+				 (long long)shape[d]);
 			return 0;
+		}
+		/* the product past 2^40 elements (4 TiB of fp32): refused before
+		 * it can wrap (a [2^16]x4 shape made 0, a tensor of nothing
+		 * written as one of 2^64) */
+		if ((size_t)shape[d] > HPU__MAX_NUMEL || n > HPU__MAX_NUMEL / (size_t)shape[d]) {
+			snprintf(why, whylen, "has more than 2^40 elements (dimension %d is %lld): too large", d,
+				 (long long)shape[d]);
+			return 0;
+		}
 		n *= (size_t)shape[d];
 	}
 	return n;

@@ -22,10 +22,10 @@ static int add_tensor(hpu_builder *b, const char *name, hpu_dtype dt, int ndim,
 	if (dt != HPU_F32 && dt != HPU_I32)
 		return hpu__model_refuse(b, HPU_EINVAL, "%s: tensor %s has an unknown dtype %d", who, name,
 					 (int)dt);
-	size_t n = hpu__model_shape_numel(ndim, shape, 1);
+	char why[128];
+	size_t n = hpu__model_shape_numel(ndim, shape, 1, why, sizeof why);
 	if (!n)
-		return hpu__model_refuse(b, HPU_EINVAL, "%s: tensor %s needs 0..%d dimensions, each > 0", who,
-					 name, HPU_MAX_DIMS);
+		return hpu__model_refuse(b, HPU_EINVAL, "%s: tensor %s %s", who, name, why);
 	hpu_tinfo *grown = realloc(b->tensors, (size_t)(b->ntensors + 1) * sizeof *grown);
 	if (!grown)
 		return hpu__model_refuse(b, HPU_ENOMEM, "out of memory adding tensor %s", name);
@@ -269,10 +269,20 @@ int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor)
 	int t = scalar_tensor(b, tensor, "metric");
 	if (t < 0)
 		return t;
-	if (hpu__model_bad_name(name) || !strcmp(name, "test_loss"))
-		return hpu__model_refuse(b, HPU_EINVAL, "metric: name \"%s\" is empty, too long, reserved "
-					 "(test_loss) or has characters other than letters, digits and _-/.",
+	if (hpu__model_bad_name(name))
+		return hpu__model_refuse(b, HPU_EINVAL, "metric: name \"%s\" is empty, too long or has "
+					 "characters other than letters, digits and _-/.",
 					 name ? name : "(null)");
+	/* the figures the evaluation reports beside the metrics: val_loss,
+	 * val_samples, test loss, test_loss (a metric of one of these names
+	 * wrote a second key of the name into the metrics file, which JSON
+	 * readers take for the loss) */
+	static const char *const reserved[] = {"loss", "samples", "test_loss"};
+	for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
+		if (!strcmp(name, reserved[i]))
+			return hpu__model_refuse(b, HPU_EINVAL, "metric: name \"%s\" is reserved: the evaluation "
+						 "reports its own loss and samples (val_loss, val_samples, "
+						 "test_loss)", name);
 	if (b->nmetrics == HPU_MAX_IO)
 		return hpu__model_refuse(b, HPU_EINVAL, "metric: more than %d metrics", HPU_MAX_IO);
 	for (int i = 0; i < b->nmetrics; i++)

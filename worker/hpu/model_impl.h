@@ -38,9 +38,14 @@ int hpu__model_wrong_phase(hpu_builder *b, hpu_layer *l, const char *call);
  * or buffer (1 to 63 bytes of letters, digits, '_', '-', '/', '.'). */
 int hpu__model_bad_name(const char *name);
 
-/* The element count of a shape (ndim dims, each > 0); 0 when bad. ndim 0
- * is one element when `scalar`. */
-size_t hpu__model_shape_numel(int ndim, const int64_t *shape, int scalar);
+/* The most elements one tensor or parameter may have: 2^40 (4 TiB of
+ * fp32), so that its bytes and a batch of it cannot wrap a size_t. */
+#define HPU__MAX_NUMEL ((size_t)1 << 40)
+
+/* The element count of a shape (ndim dims, each > 0, at most
+ * HPU__MAX_NUMEL elements in all); 0 when bad, with why ("has ...",
+ * "needs ..."). ndim 0 is one element when `scalar`. */
+size_t hpu__model_shape_numel(int ndim, const int64_t *shape, int scalar, char *why, size_t whylen);
 
 /* The highest bit set in v (v != 0). */
 int hpu__model_high_bit(unsigned v);

@@ -50,9 +50,9 @@ static int check_decl(hpu_layer *l, const char *what, const char *name, int ndim
 	if (hpu__model_bad_name(name))
 		return hpu__model_refuse(b, HPU_EINVAL, "layer %s: %s name missing, too long or with "
 					 "characters other than letters, digits and _-/.", l->name, what);
-	if (!(*numel = hpu__model_shape_numel(ndim, shape, 0)))
-		return hpu__model_refuse(b, HPU_EINVAL, "layer %s: %s %s needs 1..%d dimensions, each > 0",
-					 l->name, what, name, HPU_MAX_DIMS);
+	char why[128];
+	if (!(*numel = hpu__model_shape_numel(ndim, shape, 0, why, sizeof why)))
+		return hpu__model_refuse(b, HPU_EINVAL, "layer %s: %s %s %s", l->name, what, name, why);
 	snprintf(full, fulllen, "%s.%s", l->name, name);
 	if (hpu__model_param(b, full) >= 0 || hpu__model_buffer(b, full) >= 0)
 		return hpu__model_refuse(b, HPU_EINVAL, "layer %s: %s is declared twice", l->name, full);

@@ -84,10 +84,12 @@ int hpu__hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, 
 	}
 	for (int i = 0; i < n; i++) {
 		run.err[0] = b->err[0] = 0;
-		if (v[i].fn(&run, v[i].user) != 0) {
+		int hrc = v[i].fn(&run, v[i].user);
+		if (hrc != 0) {
 			/* a builder call made in the hook says why in b->err */
+			char why[160];
 			snprintf(err, errlen, "the model's hook %s failed: %s", when,
-				 run.err[0] ? run.err : b->err[0] ? b->err : "(no reason given)");
+				 hpu__model_why(b, run.err, hrc, why, sizeof why));
 			goto out;
 		}
 	}

@@ -114,11 +114,12 @@ static int input_views(hpu_strat *s, int i, int backward, hpu_tensor *in)
 	return 0;
 }
 
-static int layer_failed(hpu_strat *s, hpu_layer *l, const char *what)
+static int layer_failed(hpu_strat *s, hpu_layer *l, const char *what, int lrc)
 {
 	/* the layer's own message may name it already; a builder call made
 	 * in the layer (hpu_loss_add after setup) says why in the builder's */
-	const char *why = l->err[0] ? l->err : s->b->err[0] ? s->b->err : "(no reason given)";
+	char buf[160];
+	const char *why = hpu__model_why(s->b, l->err, lrc, buf, sizeof buf);
 	size_t n = strlen(l->name);
 	if (!strncmp(why, "layer ", 6) && !strncmp(why + 6, l->name, n) && !strncmp(why + 6 + n, ": ", 2))
 		why += 8 + n;
@@ -162,7 +163,7 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 		       recompute ? "recompute" : c.train ? "forward" : "eval_forward", l->name, t0,
 		       "\"layer\":%d", i);
 	if (rc != 0)
-		return layer_failed(s, l, recompute ? "forward (recomputed)" : "forward");
+		return layer_failed(s, l, recompute ? "forward (recomputed)" : "forward", rc);
 	if (s->z3.keep_armed && i == s->z3.keep && !recompute)
 		return 0; /* its backward comes next: released after it */
 	return release(s, i);
@@ -507,7 +508,7 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	op_layer(s, -1, 0);
 	hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
 	if (rc != 0) {
-		layer_failed(s, l, "backward");
+		layer_failed(s, l, "backward", rc);
 		goto fail;
 	}
 	add_tmp(s, i, tmp);
