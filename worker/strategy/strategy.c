@@ -167,6 +167,22 @@ static void *state_alloc(hpu_strat *s, hpu_plan_state st, size_t n, hpu_mem_kind
 	return hpu__strat_salloc(s, HPU_OFFLOAD_CPU, kind, bytes, what);
 }
 
+/* The parameters' or gradients' memory refused: the message names the
+ * model's largest parameter, the one a model declared too large as a
+ * rule. Returns -1. */
+static int states_refused(hpu_strat *s)
+{
+	const hpu_param_info *top = NULL;
+	for (int i = 0; i < s->b->nparams; i++)
+		if (!top || s->b->params[i].numel > top->numel)
+			top = &s->b->params[i];
+	size_t n = strlen(s->err);
+	if (top && n + 1 < s->errlen)
+		snprintf(s->err + n, s->errlen - n, "; the model has %zu parameter elements, %zu of them "
+			 "in %s, its largest parameter", s->total, top->numel, top->name);
+	return -1;
+}
+
 /* The layout of the model states, for every precision, as the plan says:
  * working parameters (whole, or zero3's shard; in the working dtype),
  * gradients (whole, or zero2/3's shard; in the working dtype), mixed
@@ -184,18 +200,18 @@ static int alloc_states(hpu_strat *s)
 	char *P = NULL, *PS = NULL, *G = NULL, *GS = NULL;
 	snprintf(what, sizeof what, "%sparameters", w16);
 	if (!pe->sharded && !(P = state_alloc(s, HPU_PLAN_PARAMS, s->total, HPU_MEM_PARAMS, what)))
-		return -1;
+		return states_refused(s);
 	snprintf(what, sizeof what, "%sparameter shard", w16);
 	if (pe->sharded && pe->where != HPU_PLAN_NVME && /* nvme: hpu__nvp_open */
 	    !(PS = state_alloc(s, HPU_PLAN_PARAMS, s->shard_total, HPU_MEM_PARAMS, what)))
-		return -1;
+		return states_refused(s);
 	snprintf(what, sizeof what, "%s%s", w16,
 		 ge->sharded && !p->mixed ? "gradient shard" : "gradients");
 	if (!ge->sharded && !(G = state_alloc(s, HPU_PLAN_GRADS, s->total, HPU_MEM_GRADS, what)))
-		return -1;
+		return states_refused(s);
 	if (ge->sharded &&
 	    !(GS = state_alloc(s, HPU_PLAN_GRADS, s->shard_total, HPU_MEM_GRADS, what)))
-		return -1;
+		return states_refused(s);
 	size_t n = s->sharded ? s->shard_total : s->total;
 	const hpu_plan_entry *me = &p->e[HPU_PLAN_MASTER];
 	if (me->where != HPU_PLAN_NOWHERE &&
