@@ -279,6 +279,23 @@ static void test_planted_read_caught(void **state)
 	free(out);
 }
 
+/* A layer that says it runs on any device (the default) but loops over
+ * its tensors itself: cpu-strict's kernels-only mode faults in it, and
+ * the line names the layer and the pass (it named only the block). */
+static void test_any_device_loop_named(void **state)
+{
+	(void)state;
+	setenv("HPU_STRICT_KERNELS", "1", 1);
+	char *out = peek_run("cpu-strict", 0, 1);
+	unsetenv("HPU_STRICT_KERNELS");
+	const char *line = strstr(out, "host code touched device memory at 0x");
+	assert_non_null(line);
+	printf("  %.*s\n", (int)strcspn(line, "\n"), line);
+	assert_non_null(strstr(line, ") in layer fc's forward (a loop of its own, not an op: "
+				     "HPU_LAYER_HOST_ONLY?) outside a device call under --device cpu-strict\n"));
+	free(out);
+}
+
 static void test_planted_read_passes_on_cpu(void **state)
 {
 	(void)state;
@@ -702,6 +719,7 @@ int main(void)
 	    cmocka_unit_test(test_allow_tf32),
 	    cmocka_unit_test(test_devices_auto),
 	    cmocka_unit_test(test_planted_read_caught),
+	    cmocka_unit_test(test_any_device_loop_named),
 	    cmocka_unit_test(test_planted_read_passes_on_cpu),
 	    cmocka_unit_test(test_strategies_fp32),
 	    cmocka_unit_test(test_strategies_bf16),

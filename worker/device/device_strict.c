@@ -277,10 +277,14 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
 	}
 	char block[160];
 	block_at(a, "no block in use", block, sizeof block);
-	char line[384];
+	char line[512], in[160] = "";
+	const char *layer = hpu__dev_layer_running;
+	if (layer) /* a custom layer's own loop, under HPU_STRICT_KERNELS=1 */
+		snprintf(in, sizeof in, " in layer %s's %s (a loop of its own, not an op: "
+			 "HPU_LAYER_HOST_ONLY?)", layer, hpu__dev_layer_backward ? "backward" : "forward");
 	int n = snprintf(line, sizeof line,
-			 "hpu-worker: rank %d: host code touched device memory at %p (%s) outside a device call under --device cpu-strict\n",
-			 A.rank, (void *)a, block);
+			 "hpu-worker: rank %d: host code touched device memory at %p (%s)%s outside a device call under --device cpu-strict\n",
+			 A.rank, (void *)a, block, in);
 	if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
 		_exit(1);
 #ifdef HPU_STRICT_DEBUG
