@@ -151,6 +151,36 @@ static void resume_case(const char *strategy, const char *extra)
 	assert_true(same);
 }
 
+/* --max-steps 0 saves the initial model (its help says so; it saved
+ * nothing, and a later --resume of the root found no checkpoint): step
+ * 0's checkpoint, from which 40 steps end where 40 straight ones do. */
+static void test_initial_checkpoint(void **state)
+{
+	(void)state;
+	char straight[300], resumed[300], dir[300];
+	snprintf(straight, sizeof straight, "%s/init-straight.bin", tmp);
+	snprintf(resumed, sizeof resumed, "%s/init-resumed.bin", tmp);
+	snprintf(dir, sizeof dir, "%s/init-ck", tmp);
+	run r;
+	start(&r, 2);
+	knobs(&r, "zero3", NULL);
+	args(&r, "--save-params", straight, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 2);
+	knobs(&r, "zero3", "--max-steps 0");
+	args(&r, "--checkpoint-dir", dir, NULL);
+	char *out = finish(&r, 0, SMALL);
+	assert_non_null(strstr(out, "checkpoint: step 0 saved"));
+	free(out);
+	start(&r, 2);
+	knobs(&r, "zero3", NULL);
+	args(&r, "--resume", dir, "--save-params", resumed, NULL);
+	out = finish(&r, 0, SMALL);
+	assert_non_null(strstr(out, "step-00000000 at step 0 (epoch 1, batch 0)"));
+	free(out);
+	assert_true(same_file(straight, resumed));
+}
+
 static void test_resume_every_strategy(void **state)
 {
 	(void)state;
@@ -983,6 +1013,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_resume_every_strategy),
+		cmocka_unit_test(test_initial_checkpoint),
 		cmocka_unit_test(test_resume_other_precision_noted),
 		cmocka_unit_test(test_resume_precisions),
 		cmocka_unit_test(test_placement_recorded),

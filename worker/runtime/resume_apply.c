@@ -200,6 +200,8 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 	hpu_sched mine = pos->sched;
 	if (sched_from(cJSON_GetObjectItemCaseSensitive(c->m, "scheduler"), &pos->sched) < 0)
 		return say(err, errlen, "checkpoint %s: the scheduler entry is damaged", c->dir);
+	if (c->step == 0) /* the initial model (--max-steps 0): no lr of its schedule was used */
+		pos->sched = mine;
 	early_from(c, o, pos, rank);
 	if (fp8_from(c, o, rank, err, errlen) < 0 ||
 	    load_report(comm, c, secs, metrics, o->metrics, err, errlen) < 0)

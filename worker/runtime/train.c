@@ -100,14 +100,14 @@ static int run_total(loop *L, long *total, size_t *per_epoch)
 	return 0;
 }
 
-/* A checkpoint after `step` steps, the last of which was batch s of
- * epoch e. */
-static int save_checkpoint(loop *L, long step, int e, size_t s, size_t per_epoch)
+/* A checkpoint after `step` steps, the next of which is batch `batch`
+ * of epoch `epoch`. */
+static int save_checkpoint(loop *L, long step, int epoch, long batch)
 {
 	hpu_run_pos p = L->pos;
 	p.step = step;
-	p.epoch = s + 1 < per_epoch ? e : e + 1;
-	p.batch = s + 1 < per_epoch ? (long)(s + 1) : 0;
+	p.epoch = epoch;
+	p.batch = batch;
 	p.vstep = L->vstep;
 	p.vloss = L->vloss;
 	memcpy(p.vmetric, L->vmetric, sizeof p.vmetric);
@@ -247,7 +247,8 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			if (o->checkpoint_dir[0] &&
 			    ((o->checkpoint_every > 0 && step % o->checkpoint_every == 0) || stop ||
 			     step == total) &&
-			    save_checkpoint(L, step, e, s, per_epoch) < 0)
+			    save_checkpoint(L, step, s + 1 < per_epoch ? e : e + 1,
+					    s + 1 < per_epoch ? (long)(s + 1) : 0) < 0)
 				return -1;
 			hpu__prof_flush();
 			if (stop) {
@@ -372,6 +373,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	L.epoch = L.pos.epoch < L.epochs ? L.pos.epoch : L.epochs - 1;
 	if (alloc_buffers(&L) < 0)
 		goto out;
+	int resumed = ck != NULL;
 	if (ck) {
 		hpu__ckpt_close(ck);
 		free(ck);
@@ -382,6 +384,11 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	double sps = 0;
 	evalres ev = {0};
 	if (!o->eval_only && run_epochs(&L, total, per_epoch, &steps, &loss, &sps) < 0)
+		goto out;
+	/* --max-steps 0 (or --epochs 0) saves the initial model, as its help
+	 * says: step 0's checkpoint, where a run started from nothing */
+	if (!o->eval_only && total == 0 && !resumed && o->checkpoint_dir[0] &&
+	    save_checkpoint(&L, 0, 0, 0) < 0)
 		goto out;
 	long done = steps > L.pos.step ? steps : L.pos.step; /* steps trained, resumed ones too */
 	if (hpu__hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
