@@ -24,7 +24,7 @@ typedef struct launch {
 	struct ev_loop *loop;
 	hpu_launch_args args;
 	hpu_nodejob *job;
-	ev_signal sigint, sigterm;
+	ev_signal sigint, sigterm, sighup;
 	int ended, failed;
 	int signo;      /* interrupted by this signal */
 	char cause[700]; /* why the attempt failed */
@@ -99,7 +99,8 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	}
 	char reason[160];
 	snprintf(reason, sizeof reason, "interrupted by %s on node %d",
-		 w->signum == SIGINT ? "SIGINT" : "SIGTERM", L.args.node_rank);
+		 w->signum == SIGINT ? "SIGINT" : w->signum == SIGHUP ? "SIGHUP" : "SIGTERM",
+		 L.args.node_rank);
 	int live = hpu__nodejob_live(L.job);
 	hpu__log(HPU_LOG_NOTICE, "%s: stopping %d worker%s", reason, live, hpu__plural(live));
 	L.signo = w->signum;
@@ -169,8 +170,13 @@ static int run_local(char *err, size_t errlen)
 	L.loop = EV_DEFAULT;
 	ev_signal_init(&L.sigint, on_signal, SIGINT);
 	ev_signal_init(&L.sigterm, on_signal, SIGTERM);
+	/* SIGHUP (the terminal or ssh session closed) as SIGTERM: the
+	 * workers stopped with their grace, a save cleaned up (its default
+	 * action killed hpulaunch alone, and the workers with SIGKILL) */
+	ev_signal_init(&L.sighup, on_signal, SIGHUP);
 	ev_signal_start(L.loop, &L.sigint);
 	ev_signal_start(L.loop, &L.sigterm);
+	ev_signal_start(L.loop, &L.sighup);
 	/* Rank 0 runs on node 0: the bar is that node's. */
 	hpu__progress_init(&L.bar, L.args.node_rank == 0 ? L.args.progress : HPU_PROGRESS_NEVER,
 			   stdout);

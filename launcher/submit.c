@@ -727,7 +727,7 @@ static int follow(char *cause, size_t len)
 		if (S.signo && !cancelled) {
 			hpu__progress_hide(&S.bar);
 			hpu__log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d node%s",
-				 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, S.nn,
+				 S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM", S.a->job_id, S.nn,
 				 hpu__plural(S.nn));
 			cancel_all();
 			cancelled = 1;
@@ -795,10 +795,10 @@ static void interrupted_submitting(void)
 	hpu__progress_hide(&S.bar);
 	if (n)
 		hpu__log(HPU_LOG_NOTICE, "interrupted by %s while submitting: cancelling job %s on %d node%s",
-			 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id, n, n == 1 ? "" : "s");
+			 S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM", S.a->job_id, n, n == 1 ? "" : "s");
 	else
 		hpu__log(HPU_LOG_NOTICE, "interrupted by %s: job %s was not submitted",
-			 S.signo == SIGINT ? "SIGINT" : "SIGTERM", S.a->job_id);
+			 S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM", S.a->job_id);
 	S.err[0] = 0;
 	cancel_and_wait(15);
 }
@@ -902,6 +902,7 @@ int hpu__submit_run(const hpu_launch_args *a)
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
 	hpu__progress_init(&S.bar, a->progress, stdout);
 	if (resolve_hosts(a) < 0 || setup(a->key_path, a->nhosts) < 0)
 		goto out;

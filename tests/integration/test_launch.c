@@ -183,10 +183,11 @@ static void test_kill_worker(void **state)
 	h_free(&p);
 }
 
-/* SIGTERM to hpulaunch tears the job down: exit 143, no worker left. */
-static void test_sigterm_teardown(void **state)
+/* SIGTERM to hpulaunch tears the job down: exit 143, no worker left;
+ * SIGHUP (a closed terminal) alike, exit 129 (its default action killed
+ * hpulaunch alone, without a word, the workers by SIGKILL). */
+static void signal_teardown(int sig, const char *said)
 {
-	(void)state;
 	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--epochs", "20", "--log-every", "2",
 			(char *)MODEL, "--", "--hidden", "64", NULL};
 	proc p;
@@ -196,17 +197,30 @@ static void test_sigterm_teardown(void **state)
 	int n = h_children(p.pid, kids, 8);
 	assert_int_equal(seen, 0);
 	assert_int_equal(n, 2);
-	kill(p.pid, SIGTERM);
+	kill(p.pid, sig);
 	int exited = h_wait(&p, 10000);
 	int alive = h_alive(kids[0]) || h_alive(kids[1]);
 	h_kill_groups(kids, n);
 	if (exited)
 		h_kill(&p);
 	assert_int_equal(exited, 0);
-	assert_int_equal(h_code(&p), 128 + SIGTERM);
-	assert_non_null(strstr(p.out, "interrupted by SIGTERM"));
+	assert_int_equal(h_code(&p), 128 + sig);
+	assert_non_null(strstr(p.out, said));
+	assert_non_null(strstr(p.out, "stopping 2 workers"));
 	assert_false(alive);
 	h_free(&p);
+}
+
+static void test_sigterm_teardown(void **state)
+{
+	(void)state;
+	signal_teardown(SIGTERM, "interrupted by SIGTERM on node 0");
+}
+
+static void test_sighup_teardown(void **state)
+{
+	(void)state;
+	signal_teardown(SIGHUP, "interrupted by SIGHUP on node 0");
 }
 
 /* --exec: the environment every worker gets, and prefixed output. */
@@ -682,6 +696,7 @@ int main(void)
 		cmocka_unit_test(test_demo_epoch),
 		cmocka_unit_test(test_kill_worker),
 		cmocka_unit_test(test_sigterm_teardown),
+		cmocka_unit_test(test_sighup_teardown),
 		cmocka_unit_test(test_setsid_child_after_training),
 		cmocka_unit_test(test_setsid_child_sigterm),
 		cmocka_unit_test(test_data_plane_refuses_forged_frames),
