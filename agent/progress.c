@@ -82,12 +82,14 @@ static void tail_text(const hpu_status_rec *st, int drop, char *out, size_t len)
 		snprintf(loss, sizeof loss, " loss %.4f", st->loss);
 	if (drop < 1 && st->samples_per_sec > 0)
 		snprintf(rate, sizeof rate, " %.1f samples/s", st->samples_per_sec);
-	if (st->phase == 2) {
+	if (st->phase == HPU_PHASE_DONE) {
 		snprintf(eta, sizeof eta, " done");
-	} else if (st->phase == 1) {
+	} else if (st->phase == HPU_PHASE_EVAL) {
 		snprintf(eta, sizeof eta, " evaluating");
 	} else if (st->phase == HPU_PHASE_SETUP) {
 		snprintf(eta, sizeof eta, " setting up");
+	} else if (st->phase == HPU_PHASE_SAVE) {
+		snprintf(eta, sizeof eta, " saving a checkpoint");
 	} else {
 		char t[32];
 		fmt_eta(st->eta_s, t, sizeof t);

@@ -953,7 +953,11 @@ static void print_ranks(const Hpu__JobStatus *j)
 		printf("  %5u %15s %7s %10.4f %10.1f  %20.1f  %24.1f  %26.1f  %10s%s\n", r->rank, steps,
 		       epoch, r->loss, r->samples_per_sec, mib(r->mem_in_use), mib(r->mem_max),
 		       mib(r->mem_limit), age,
-		       r->phase == 2 ? "  done" : r->phase == 1 ? "  evaluating" : "");
+		       r->phase == HPU_PHASE_DONE	    ? "  done"
+		       : r->phase == HPU_PHASE_EVAL ? "  evaluating"
+		       : r->phase == HPU_PHASE_SAVE ? "  saving a checkpoint"
+		       : r->phase == HPU_PHASE_SETUP ? "  setting up"
+						     : "");
 	}
 }
 

@@ -229,7 +229,7 @@ int hpu__status_parse(const char *line, size_t len, hpu_status_rec *st)
 	    parse_double(&p, end, &r.loss) || parse_double(&p, end, &r.samples_per_sec) ||
 	    parse_double(&p, end, &r.eta_s) || parse_u64(&p, end, &r.mem_in_use) ||
 	    parse_u64(&p, end, &r.mem_max) || parse_u64(&p, end, &r.mem_limit) ||
-	    parse_long(&p, end, 0, HPU_PHASE_SETUP, &phase))
+	    parse_long(&p, end, 0, HPU_PHASE_LAST, &phase))
 		return -1;
 	while (p < end && *p == ' ')
 		p++;
@@ -303,6 +303,6 @@ void hpu__status_from_proto(const Hpu__RankStatus *rs, double eta_s, hpu_status_
 		.mem_in_use = rs->mem_in_use,
 		.mem_max = rs->mem_max,
 		.mem_limit = rs->mem_limit,
-		.phase = rs->phase > HPU_PHASE_SETUP ? 0 : (int)rs->phase,
+		.phase = rs->phase > HPU_PHASE_LAST ? 0 : (int)rs->phase,
 	};
 }

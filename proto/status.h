@@ -26,8 +26,16 @@ typedef struct hpu_status_rec {
 
 /* SETUP: from the worker's start to its first training step (loading
  * the model, its setup(), the strategy's layout, a resume); step is where
- * training will start. */
-enum { HPU_PHASE_TRAIN = 0, HPU_PHASE_EVAL = 1, HPU_PHASE_DONE = 2, HPU_PHASE_SETUP = 3 };
+ * training will start. SAVE: the checkpoint after step `step` is being
+ * written. */
+enum {
+	HPU_PHASE_TRAIN = 0,
+	HPU_PHASE_EVAL = 1,
+	HPU_PHASE_DONE = 2,
+	HPU_PHASE_SETUP = 3,
+	HPU_PHASE_SAVE = 4,
+	HPU_PHASE_LAST = HPU_PHASE_SAVE
+};
 
 /* Reports r. Records come at most every 200 ms unless `force` (a log step,
  * the end): one held back goes out when its 200 ms are over (from a

@@ -163,6 +163,19 @@ static void test_parse_and_format(void **state)
 	const char *setup = "S1 0 20 1 1 0 0 -1 0 0 0 3";
 	assert_int_equal(hpu__status_parse(setup, strlen(setup), &st), 0);
 	assert_int_equal(st.phase, HPU_PHASE_SETUP);
+	/* a checkpoint being saved after step 3: a rank that stops answering
+	 * then is said to be saving it (it was "in step 4") */
+	const char *save = "S1 3 30 1 1 0.5 0 -1 0 0 0 4";
+	assert_int_equal(hpu__status_parse(save, strlen(save), &st), 0);
+	assert_int_equal(st.phase, HPU_PHASE_SAVE);
+	char pos[96];
+	hpu__describe_position(st.step, st.total, st.phase, pos, sizeof pos);
+	assert_string_equal(pos, "saving the checkpoint of step 3 of 30");
+	char line[200];
+	hpu__progress_format(&st, 120, line, sizeof line);
+	assert_non_null(strstr(line, "saving a checkpoint"));
+	const char *past = "S1 3 30 1 1 0.5 0 -1 0 0 0 5";
+	assert_int_not_equal(hpu__status_parse(past, strlen(past), &st), 0);
 	/* a blame line: which rank this worker's failure is due to */
 	int culprit = -1;
 	hpu_blame how = HPU_BLAME_FAILED;
@@ -185,7 +198,7 @@ static void test_parse_and_format(void **state)
 			     "S1 1 2 1 1 0.5x 1 1 1 1 1 0",    /* not a number */
 			     "S1 -1 2 1 1 0.5 1 1 1 1 1 0",    /* negative step */
 			     "S1 1 2 1 1 0.5 1 1 -1 1 1 0",    /* negative memory */
-			     "S1 1 2 1 1 0.5 1 1 1 1 1 4",     /* no such phase */
+			     "S1 1 2 1 1 0.5 1 1 1 1 1 5",     /* no such phase */
 			     "S1 99999999999999999999 2 1 1 0.5 1 1 1 1 1 0"};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		st.step = 42;

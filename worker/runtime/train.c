@@ -114,6 +114,10 @@ static int save_checkpoint(loop *L, long step, int epoch, long batch)
 	p.es_best = L->es_best;
 	p.es_best_step = L->es_best_step;
 	p.es_wait = L->es_wait;
+	/* where a rank that stops answering is said to be */
+	hpu__where.step = step;
+	hpu__where.phase = HPU_PHASE_SAVE;
+	hpu__where_report(1);
 	int64_t t0 = hpu__prof_t0();
 	int rc = hpu__checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
 	hpu__prof_span("checkpoint", "checkpoint_save", NULL, t0, "\"step\":%ld", step);
