@@ -29,6 +29,7 @@ struct hpu_nodejob {
 	char master_ip[64];     /* master_addr, resolved */
 	int master_port;
 	ev_tstamp started, coord_seen;
+	ev_tstamp last_beat; /* the heartbeat timer's last run (0: none yet) */
 	int failed;             /* a worker failed, or the job was aborted */
 	int agent_idle, job_done, ended;
 	int gated;              /* the workers wait for the coordinator's answer */
@@ -314,10 +315,22 @@ static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 	int heard = j->coord_seen > j->started;
 	double limit = heard ? j->cfg.agent_timeout_s : j->cfg.join_timeout_s;
 	ev_tstamp since = heard ? j->coord_seen : j->started;
+	/* the timer runs every second: a longer gap is this process not
+	 * running (stopped, or starved), not the coordinator's silence */
+	double gap = j->last_beat > 0 ? ev_now(loop) - j->last_beat : 0;
+	j->last_beat = ev_now(loop);
 	if (ev_now(loop) - since > limit) {
-		char cause[400];
-		snprintf(cause, sizeof cause, "lost contact with the coordinator at %s:%d (node 0, silent for %g s)",
-			 j->cfg.master_addr, j->master_port, limit);
+		char cause[500], self[160] = "";
+		if (gap > 3)
+			snprintf(self, sizeof self, "; this hpulaunch itself did not run for %.0f s "
+				 "(stopped, or starved of CPU?)", gap);
+		if (heard)
+			snprintf(cause, sizeof cause, "lost contact with the coordinator at %s:%d (node 0, "
+				 "silent for %g s)%s", j->cfg.master_addr, j->master_port, limit, self);
+		else
+			snprintf(cause, sizeof cause, "the coordinator at %s:%d (node 0) did not answer "
+				 "within %g s (--join-timeout): is node 0's hpulaunch running, at that "
+				 "address and port?%s", j->cfg.master_addr, j->master_port, limit, self);
 		ev_timer_stop(loop, &j->beat);
 		fail(j, cause, j->cfg.grace_s);
 		return;

@@ -87,6 +87,30 @@ static void test_wrong_token_and_missing_rank(void **state)
 	h_free(&coord);
 }
 
+/* Node 1 whose coordinator never answers (no node 0): it gives up after
+ * --join-timeout saying node 0 did not answer (it said it "lost contact",
+ * a contact it never had). */
+static void test_node0_never_answers(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *argv[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+			"--master-addr", "127.0.0.1", "--master-port", port, "--join-timeout", "3",
+			(char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	char want[160];
+	snprintf(want, sizeof want, "the coordinator at 127.0.0.1:%s (node 0) did not answer within 3 s "
+		 "(--join-timeout)", port);
+	assert_non_null(strstr(p.out, want));
+	assert_null(strstr(p.out, "lost contact"));
+	h_free(&p);
+}
+
 /* Two nodes (two hpulaunch processes) on loopback; node 1's hpulaunch is
  * killed (SIGKILL: its workers die with it) mid-run. Rank 0 finds rank 1's
  * connection gone, and node 0's error names rank 1 on node 1 as the
@@ -449,6 +473,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
+		cmocka_unit_test(test_node0_never_answers),
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_node_killed_blamed),
 		cmocka_unit_test(test_node0_killed_blamed),
