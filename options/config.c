@@ -310,7 +310,7 @@ static const struct hpu__opt opts[] = {
 	NUM("fp8-amax-history", K_INT, fp8_amax_history, 1, 1 << 20, "fp8: steps of amax history per tensor (16)"),
 	NUM("fp8-margin", K_INT, fp8_margin, 0, 64, "fp8: scales divided by 2^N (0)"),
 	CHOICE("fp8-amax-compute-algo", fp8_amax_algo, fp8_algo_names, "fp8: max | most_recent over the history (max)"),
-	NUM("inject-overflow-step", K_LONG, inject_overflow_step, 0, 1e15, "testing: make step N's gradients overflow (16-mixed)"),
+	NUM("inject-overflow-step", K_LONG, inject_overflow_step, 0, 1e15, "testing: make step N's gradients overflow (a mixed precision: 16-mixed, bf16-mixed, fp8)"),
 	OTHER_("metrics", K_STR, metrics, PATH | LOCAL, "write JSON lines of metrics to FILE (rank 0)"),
 	OTHER_("save-params", K_STR, save_params, PATH | GIVEN, "save the trained fp32 parameters to FILE (rank 0)"),
 	CHOICE("save-params-format", save_params_format, params_format_names, "auto | safetensors | raw: auto is raw for a --save-params name ending in .bin or .raw, else safetensors (auto)"),
@@ -843,6 +843,11 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	    o->strategy != HPU_STRATEGY_FAST_DDP) {
 		snprintf(err, errlen, "--grad-comm-dtype bf16 works with --strategy ddp or fast_ddp only, not %s",
 			 hpu__strategy_name(o->strategy));
+		return -1;
+	}
+	if (o->inject_overflow_step > 0 && o->precision == HPU_PREC_FP32) {
+		snprintf(err, errlen, "--inject-overflow-step makes a mixed precision's 16-bit gradients "
+				      "overflow: it needs --precision 16-mixed, bf16-mixed or fp8, not fp32");
 		return -1;
 	}
 	if (o->sched == HPU_SCHED_WARMUP_DECAY && o->total_steps > 0 &&

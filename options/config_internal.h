@@ -118,6 +118,8 @@ struct fctx {
 	hpu_train_opts *o; /* a copy, committed only if the whole file loads */
 	const char *file;
 	int adam_w_mode; /* optimizer.params.adam_w_mode */
+	char prec_by[96]; /* the key that asked for a precision ("" none) */
+	int prec;         /* ... and which (hpu_precision) */
 	int nerr;
 	char msgs[3072]; /* the errors, one per line ("\n  " between) */
 	size_t used;

@@ -6,8 +6,11 @@
 #include "options/config_internal.h"
 
 #include <cJSON.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static int f_noop(struct fctx *c, const char *path, const cJSON *it)
 {
@@ -210,6 +213,43 @@ int hpu__cfg_scheduler(struct fctx *c, const char *path, const cJSON *it)
  * consecutive_hysteresis are accepted and ignored (our scaler resets
  * hysteresis after a good window, DeepSpeed's default). */
 
+/* Key `path` asks for precision `want`: refused where another key of the
+ * file asked for another (hputrain.precision beside bf16.enabled was
+ * taken in silence, the later key winning). */
+static int asked_precision(struct fctx *c, const char *path, hpu_precision want)
+{
+	if (c->prec_by[0] && c->prec != (int)want) {
+		size_t n = strlen(path), m = strlen(c->prec_by);
+		if (n > 8 && m > 8 && !strcmp(path + n - 8, ".enabled") &&
+		    !strcmp(c->prec_by + m - 8, ".enabled"))
+			return hpu__cfg_ferr(c, path, "only one of bf16.enabled, fp16.enabled and fp8.enabled "
+					     "can be true");
+		return hpu__cfg_ferr(c, path, "asks for %s, but %s asked for %s: the file may name one "
+				     "precision", hpu__precision_name(want), c->prec_by,
+				     hpu__precision_name((hpu_precision)c->prec));
+	}
+	snprintf(c->prec_by, sizeof c->prec_by, "%s", path);
+	c->prec = (int)want;
+	return 0;
+}
+
+/* hputrain.precision, as the option checks it (aliases too) */
+static int f_precision(struct fctx *c, const char *path, const cJSON *it)
+{
+	if (hpu__cfg_file_opt(c, path, it, "precision") < 0)
+		return -1;
+	hpu_train_opts *scratch = malloc(sizeof *scratch);
+	char e[256];
+	int rc = 0;
+	if (scratch && cJSON_IsString(it) && !hpu__cfg_is_auto(it)) {
+		*scratch = *c->o;
+		if (hpu__opts_set(scratch, "precision", it->valuestring, e, sizeof e) == 0)
+			rc = asked_precision(c, path, scratch->precision);
+	}
+	free(scratch);
+	return rc;
+}
+
 static int f_enabled_as(struct fctx *c, const char *path, const cJSON *it,
 			hpu_precision want)
 {
@@ -222,9 +262,8 @@ static int f_enabled_as(struct fctx *c, const char *path, const cJSON *it,
 		return -1;
 	if (!on)
 		return 0;
-	if (c->o->precision != want && c->o->precision != HPU_PREC_FP32 &&
-	    c->o->from[hpu__opt_slot_named("precision")] == HPU_FROM_FILE)
-		return hpu__cfg_ferr(c, path, "only one of bf16.enabled, fp16.enabled and fp8.enabled can be true");
+	if (asked_precision(c, path, want) < 0)
+		return -1;
 	return hpu__cfg_put(c, path, hpu__opt_find("precision"), hpu__precision_name(want));
 }
 
@@ -291,13 +330,19 @@ static int f_val_check_interval(struct fctx *c, const char *path, const cJSON *i
 {
 	if (cJSON_IsNumber(it) && it->valuedouble > 0 && it->valuedouble < 1)
 		return hpu__cfg_file_opt(c, path, it, "eval-every-epochs");
+	/* said as Lightning's two meanings (it named --eval-every's range,
+	 * 1..1e+15, where 0.5 is taken too) */
+	if (cJSON_IsNumber(it) &&
+	    (!(it->valuedouble > 0) || it->valuedouble != floor(it->valuedouble)))
+		return hpu__cfg_ferr(c, path, "%g is neither a fraction of an epoch (above 0, below 1) "
+				     "nor a whole number of steps (1 or more)", it->valuedouble);
 	return hpu__cfg_file_opt(c, path, it, "eval-every");
 }
 
 /* hputrain: our own keys, named as our flags (dashes or underscores). */
 static const struct fkey hputrain_keys[] = {
 	KEY("strategy", "strategy", 0),
-	KEY("precision", "precision", 0),
+	FN("precision", f_precision, 0),
 	KEY("epochs", "epochs", 0),
 	KEY("max_steps", "max-steps", 0),
 	KEY("seed", "seed", 0),

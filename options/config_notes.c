@@ -34,8 +34,75 @@ static size_t auto_text(const hpu_train_opts *o, const struct hpu_cfg_auto *a, c
 	return m < 0 ? (size_t)n : (size_t)n + (size_t)m < len ? (size_t)n + (size_t)m : len - 1;
 }
 
+/* Whether option `name` was given (a flag or a config-file key). */
+static int given(const hpu_train_opts *o, const char *name)
+{
+	int from = hpu__opts_from(o, name);
+	return from == HPU_FROM_FLAG || from == HPU_FROM_FILE;
+}
+
+/* One note for the options of `names` (NULL-ended) that were given but
+ * that the run never reads, `why` after them. */
+static void unread(const hpu_train_opts *o, FILE *f, const char *prog, const char *const *names,
+		   const char *why)
+{
+	char list[256];
+	size_t at = 0;
+	int n = 0;
+	for (int i = 0; names[i] && at + 1 < sizeof list; i++)
+		if (given(o, names[i])) {
+			at += (size_t)snprintf(list + at, sizeof list - at, "%s--%s", n ? ", " : "",
+					       names[i]);
+			n++;
+		}
+	if (n)
+		fprintf(f, "%s: note: %s %s no effect %s\n", prog, list, n == 1 ? "has" : "have", why);
+}
+
+/* The options given that this run's other choices leave unread (they
+ * were taken in silence: --loss-scale at fp32, --momentum with adamw). */
+static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
+{
+	char why[160];
+	const char *prec = hpu__precision_name(o->precision);
+	if (o->precision != HPU_PREC_FP16_MIXED) {
+		snprintf(why, sizeof why, "at --precision %s: only 16-mixed scales the loss", prec);
+		unread(o, f, prog,
+		       (const char *const[]){"loss-scale", "initial-scale-power", "loss-scale-window",
+					     "hysteresis", "min-loss-scale", NULL},
+		       why);
+	}
+	if (o->precision != HPU_PREC_FP8) {
+		snprintf(why, sizeof why, "at --precision %s: they are fp8's", prec);
+		unread(o, f, prog,
+		       (const char *const[]){"fp8-amax-history", "fp8-margin", "fp8-amax-compute-algo",
+					     NULL},
+		       why);
+	}
+	if (o->optimizer != HPU_OPTIM_SGD)
+		unread(o, f, prog, (const char *const[]){"momentum", "nesterov", NULL},
+		       "with --optimizer adamw or adam: they are SGD's");
+	if (o->sched != HPU_SCHED_WARMUP && o->sched != HPU_SCHED_WARMUP_DECAY)
+		unread(o, f, prog, (const char *const[]){"warmup-steps", "warmup-type", "warmup-min-lr", NULL},
+		       "without --scheduler warmup or warmup_decay");
+	if (o->sched != HPU_SCHED_STEP)
+		unread(o, f, prog, (const char *const[]){"step-size", "gamma", NULL},
+		       "without --scheduler step");
+	if (o->sched != HPU_SCHED_COSINE)
+		unread(o, f, prog, (const char *const[]){"min-lr", NULL}, "without --scheduler cosine");
+	if (!o->graphs)
+		unread(o, f, prog, (const char *const[]){"graphs-warmup", "pad-last-batch", NULL},
+		       "without --graphs");
+	if (o->stop_at_step > 0 && o->max_steps >= 0 && o->stop_at_step >= o->max_steps &&
+	    given(o, "stop-at-step"))
+		fprintf(f, "%s: note: --stop-at-step %ld is not before --max-steps %ld: the run ends "
+			   "there anyway (and saves at its end where --checkpoint-dir is given)\n",
+			prog, o->stop_at_step, o->max_steps);
+}
+
 void hpu__opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 {
+	unread_notes(o, f, prog);
 	char line[4096];
 	size_t at = 0;
 	for (int i = 0; i < o->ncfg_auto && at + 2 < sizeof line; i++) {

@@ -281,6 +281,19 @@ static void test_nonfinite_loss_stops(void **state)
 	free(out);
 }
 
+/* A static loss scale too large for fp16 overflows every step: the
+ * error names --loss-scale (it advised a lower learning rate only). */
+static void test_static_scale_overflows(void **state)
+{
+	(void)state;
+	char *out = train_bad_loss(1, 1, "12", "--precision 16-mixed --loss-scale 1e30 --max-skipped-steps 3",
+				   NULL);
+	has(out, "3 steps in a row (steps 1 to 3) had a non-finite loss or gradients (NaN or Inf) "
+		 "and were skipped: the run diverged (--max-skipped-steps 3); the static --loss-scale "
+		 "1e+30 may overflow fp16's gradients");
+	free(out);
+}
+
 /* A NaN loss at step 3 only, and on rank 1 only: rank 0 says the step
  * was skipped on every rank, training goes on to the end with finite
  * losses (nobody applied the NaN gradients), and the final line and
@@ -510,6 +523,7 @@ int main(void)
 	    cmocka_unit_test(test_metrics_full_disk_checkpoints),
 	    cmocka_unit_test(test_save_params_full_disk),
 	    cmocka_unit_test(test_nonfinite_loss_stops),
+	    cmocka_unit_test(test_static_scale_overflows),
 	    cmocka_unit_test(test_nonfinite_loss_one_step),
 	    cmocka_unit_test(test_nonfinite_loss_no_dout),
 	    cmocka_unit_test(test_finite_losses_train),

@@ -237,6 +237,14 @@ static void test_file_precision(void **state)
 	assert_true(o.min_loss_scale == 0.5);
 	LOAD_ERROR("{'bf16': {'enabled': true}, 'fp16': {'enabled': true}}",
 		   "only one of bf16.enabled, fp16.enabled and fp8.enabled");
+	/* hputrain.precision beside an enabled section: refused in either
+	 * order (the later key won, in silence); the same one agrees */
+	LOAD_ERROR("{'bf16': {'enabled': true}, 'hputrain': {'precision': '16-mixed'}}",
+		   "hputrain.precision: asks for 16-mixed, but bf16.enabled asked for bf16-mixed");
+	LOAD_ERROR("{'hputrain': {'precision': 'fp32'}, 'bf16': {'enabled': true}}",
+		   "hputrain.precision: asks for fp32, but bf16.enabled asked for bf16-mixed");
+	load_ok("{'hputrain': {'precision': 'bf16'}, 'bf16': {'enabled': true}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
 	load_ok("{'fp8': {'enabled': true, 'amax_history_len': 1024, 'margin': 1,"
 		" 'amax_compute_algo': 'most_recent'}}",
 		&o);
@@ -294,6 +302,17 @@ static void test_file_hputrain(void **state)
 	assert_int_equal(o.save_params_format, HPU_PARAMS_RAW);
 	LOAD_ERROR("{'hputrain': {'save_params_format': 'npz'}}",
 		   "hputrain.save_params_format", "npz");
+
+	/* val_check_interval: a fraction of an epoch or a number of steps;
+	 * anything else is said as both (it named --eval-every's range) */
+	load_ok("{'hputrain': {'val_check_interval': 0.25}}", &o);
+	assert_true(o.eval_every_epochs == 0.25);
+	load_ok("{'hputrain': {'val_check_interval': 40}}", &o);
+	assert_int_equal(o.eval_every, 40);
+	LOAD_ERROR("{'hputrain': {'val_check_interval': 0}}",
+		   "hputrain.val_check_interval: 0 is neither a fraction of an epoch (above 0, below 1) "
+		   "nor a whole number of steps (1 or more)");
+	LOAD_ERROR("{'hputrain': {'val_check_interval': 2.5}}", "2.5 is neither a fraction");
 
 	/* hputrain.strategy beats zero_optimization.stage, either order */
 	load_ok("{'hputrain': {'strategy': 'zero1'},"
@@ -772,6 +791,30 @@ static void test_file_nul(void **state)
 	assert_string_equal(o.metrics, "/tmp/a\\u0000b");
 }
 
+/* Options given that the run's other choices leave unread are noted,
+ * by flag or key alike (they were taken in silence); used ones are not. */
+static void test_unread_options_noted(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *before[] = {"optimizer", "adamw", "momentum", "0.5", "graphs-warmup", "2",
+			  "max-steps", "4", "stop-at-step", "50", NULL};
+	char *t = notes_of("{\"fp16\": {\"enabled\": false, \"loss_scale\": 128, \"hysteresis\": 3}}",
+			   before, &o);
+	assert_has(t, "hpulaunch: note: --loss-scale, --hysteresis have no effect at --precision fp32: "
+		      "only 16-mixed scales the loss\n");
+	assert_has(t, "hpulaunch: note: --momentum has no effect with --optimizer adamw or adam: "
+		      "they are SGD's\n");
+	assert_has(t, "hpulaunch: note: --graphs-warmup has no effect without --graphs\n");
+	assert_has(t, "hpulaunch: note: --stop-at-step 50 is not before --max-steps 4");
+	free(t);
+	char *used[] = {"optimizer", "sgd", "momentum", "0.5", "graphs-warmup", "2", NULL};
+	t = notes_of("{\"fp16\": {\"enabled\": true, \"loss_scale\": 128}, "
+		     "\"use_hpu_graphs_for_training\": true}", used, &o);
+	assert_null(strstr(t, "no effect"));
+	free(t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -791,6 +834,7 @@ int main(void)
 	    cmocka_unit_test(test_file_many_keys),
 	    cmocka_unit_test(test_repeated_keys),
 	    cmocka_unit_test(test_file_nul),
+	    cmocka_unit_test(test_unread_options_noted),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -388,12 +388,19 @@ int hpu__loop_skipped_check(loop *L, long step)
 	if (L->rank == 0 && L->o->precision == HPU_PREC_FP32)
 		printf("step %ld: non-finite loss or gradients: step skipped on every rank (%d in a "
 		       "row)%s%s\n", step + 1, run, sep, first);
+	/* a static loss scale that overflows every step is no divergence:
+	 * the scale is too large for fp16 (a dynamic one would halve) */
+	char hint[200] = "lower the learning rate, clip gradients (--clip-grad-norm) or check the "
+			 "model's loss";
+	if (L->o->precision == HPU_PREC_FP16_MIXED && L->o->loss_scale > 0)
+		snprintf(hint, sizeof hint, "the static --loss-scale %g may overflow fp16's gradients: "
+			 "lower it, or give 0 for the dynamic scale, or lower the learning rate",
+			 L->o->loss_scale);
 	if (run >= L->o->max_skipped_steps)
 		return hpu__loop_fail(L, "%d step%s in a row (steps %ld to %ld) had a non-finite loss or "
 					 "gradients (NaN or Inf) and were skipped: the run diverged "
-					 "(--max-skipped-steps %d); lower the learning rate, clip gradients "
-					 "(--clip-grad-norm) or check the model's loss%s%s",
+					 "(--max-skipped-steps %d); %s%s%s",
 				      run, hpu__plural(run), step + 2 - run, step + 1, L->o->max_skipped_steps,
-				      sep, first);
+				      hint, sep, first);
 	return 0;
 }

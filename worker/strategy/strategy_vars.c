@@ -348,9 +348,11 @@ int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 	s->steps.last_overflow = h->last_overflow;
 	s->steps.hyst_left = h->hyst_left;
 	s->steps.skipped = h->skipped;
-	if (s->vars.cfg.mixed && h->skip && s->rank == 0)
+	if (s->vars.cfg.mixed && h->skip && s->rank == 0 && s->vars.cfg.fp16)
 		printf("step %ld: gradient overflow: step skipped on every rank; loss scale %g -> %g\n",
 		       h->step_no, before, h->loss_scale);
+	else if (s->vars.cfg.mixed && h->skip && s->rank == 0) /* bf16, fp8: no loss scale */
+		printf("step %ld: gradient overflow: step skipped on every rank\n", h->step_no);
 	return hpu__vars_checks_result(s, NULL);
 }
 
