@@ -79,7 +79,8 @@ struct hpu_swap {
 	uint64_t nread, nwritten;
 	double wait_s;
 	char what[64];
-	char path[PATH_MAX];
+	char path[PATH_MAX]; /* once made: "DIR/(unnamed swap file)" (none has its name) */
+	int sparse;          /* sized without reserving (no fallocate) */
 	char err[PATH_MAX + 256];
 };
 
@@ -284,8 +285,10 @@ static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
 	if (errno == EOPNOTSUPP) {
 		/* No fallocate (ext2, vfat): sized only; ENOSPC would show at
 		 * a write, as a failed transfer naming the offset. */
-		if (ftruncate(s->fd, (off_t)s->size) == 0)
+		if (ftruncate(s->fd, (off_t)s->size) == 0) {
+			s->sparse = 1;
 			return 0;
+		}
 	}
 	if (errno == ENOSPC || errno == EDQUOT) {
 		const char *why = strerror(errno);
@@ -361,6 +364,10 @@ hpu_swap *hpu__swap_open(const char *dir, const char *tag, const char *what, uin
 	s->fd = create_file(s, dir, err, errlen);
 	if (s->fd < 0 || reserve(s, dir, err, errlen))
 		goto bad;
+	/* the file has no name (O_TMPFILE, or unlinked at once): the
+	 * messages name where it is, not a path that is not there */
+	if (snprintf(s->path, sizeof s->path, "%s/(unnamed swap file)", dir) >= (int)sizeof s->path)
+		snprintf(s->path, sizeof s->path, "(an unnamed swap file)");
 	return s;
 bad:
 	hpu__swap_close(s);
@@ -642,9 +649,14 @@ static int slot_result(hpu_swap *s, int i)
 	struct swap_slot *t = &s->slots[i];
 	int rc = 0;
 	if (t->err) {
-		fail(s, "swap %s of %zu bytes at offset %llu of %s for %s failed: %s",
+		fail(s, "swap %s of %zu bytes at offset %llu of %s for %s failed: %s%s",
 		     t->write ? "write" : "read", t->err_len, (unsigned long long)t->err_off,
-		     s->path, s->what, t->err > 0 ? strerror(t->err) : "end of file");
+		     s->path, s->what, t->err > 0 ? strerror(t->err) : "end of file",
+		     s->sparse && (t->err == ENOSPC || t->err == EDQUOT)
+			     ? " (the filesystem reserves no space ahead, having no fallocate: the "
+			       "free space was checked for this file alone, and every rank sharing the "
+			       "directory needs room for its own)"
+			     : "");
 		rc = -1;
 	}
 	t->ticket = -1;

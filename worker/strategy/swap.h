@@ -85,9 +85,8 @@ int hpu__swap_wait_all(hpu_swap *s);
 /* The last failure's sentence ("" when none). */
 const char *hpu__swap_error(const hpu_swap *s);
 
-/* "<dir>/hpu-swap-<pid>-<tag>.bin": the file's name while it was created,
- * for messages (an O_TMPFILE file never has a name; neither kind keeps one
- * once open). */
+/* "<dir>/(unnamed swap file)", for messages: an O_TMPFILE file never has
+ * a name, and a named one is unlinked at once, so no path names it. */
 const char *hpu__swap_path(const hpu_swap *s);
 
 /* Bytes read and written so far, and seconds spent blocked in
