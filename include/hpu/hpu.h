@@ -517,7 +517,11 @@ HPU_API const char *hpu_layer_name(const hpu_layer *layer);
 HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-/* --- in a hook --- */
+/* --- in a hook ---
+ *
+ * An hpu_run is valid only while the hook it was given to runs: these
+ * calls refuse NULL or one kept after its hook returned, saying so on
+ * stderr (NULL, HPU_EINVAL, NAN, -1 or HPU_ERROR, as each returns). */
 
 /* A parameter or buffer by its full name ("layer.name"), with its shape
  * in *info (info may be NULL): the whole tensor, fp32, valid until the

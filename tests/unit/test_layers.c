@@ -25,6 +25,7 @@
 #include <hpu/layers.h>
 
 #include "tests/unit/layer_harness.h"
+#include "worker/hpu/model.h" /* hpu_run, hpu__run_live */
 #include "tests/unit/layer_testlib.h"
 
 /* ---- helpers ---- */
@@ -270,6 +271,27 @@ static void test_metric_reserved(void **state)
 		assert_int_equal(hpu_metric_add(b, "val", "s"), HPU_OK);
 		lh_free(&h);
 	}
+}
+
+/* hpu_run_* take only the hpu_run of the hook that runs: NULL, or one a
+ * model kept after its hook returned, is refused with a line on stderr
+ * (each crashed the worker: SIGSEGV). */
+static void test_run_handles(void **state)
+{
+	(void)state;
+	lh_harness *h = lh_new(2);
+	hpu_run run = {.b = lh_builder(h), .rank = 3, .world = 4, .step = 7};
+	hpu__run_live = &run;
+	assert_ptr_equal(hpu_run_ctx(&run), &run.ctx);
+	hpu__run_live = NULL; /* its hook returned */
+	assert_null(hpu_run_ctx(&run));
+	assert_null(hpu_run_param(&run, "w", NULL));
+	assert_true(isnan(hpu_run_metric(&run, "loss")));
+	assert_int_equal(hpu_run_error(&run, "x"), HPU_ERROR);
+	assert_null(hpu_run_ctx(NULL));
+	assert_null(hpu_run_param(NULL, "w", NULL));
+	assert_int_equal(hpu_run_forward(NULL, NULL, 1, "y", NULL), HPU_EINVAL);
+	lh_free(&h);
 }
 
 static void test_bias_fan_in(void **state)
@@ -1152,6 +1174,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_phase),
 		cmocka_unit_test(test_shape_too_large),
 		cmocka_unit_test(test_metric_reserved),
+		cmocka_unit_test(test_run_handles),
 		cmocka_unit_test(test_bias_fan_in),
 		cmocka_unit_test(test_linear_gradients),
 		cmocka_unit_test(test_linear_refused),

@@ -162,6 +162,11 @@ struct hpu_run {
 	char err[512];
 };
 
+/* The hpu_run a hook runs with, set by the runtime while it runs (NULL
+ * otherwise): hpu_run_* refuse any other, saying why on stderr (a NULL
+ * one, or one a model kept after its hook returned, crashed the worker). */
+extern hpu_run *hpu__run_live;
+
 /* Loads the model at `path`: dlopen, the entry symbol, the ABI version.
  * `max_batch` is what hpu_max_batch() tells setup. On failure returns -1
  * with a sentence saying which check failed. */

@@ -23,8 +23,23 @@ static void describe(hpu_tensor *info, const char *name, int ndim, const int64_t
 	info->name = name;
 }
 
+hpu_run *hpu__run_live;
+
+/* 1 (said on stderr) when run is not the live hook's. */
+static int stale(const hpu_run *run, const char *fn)
+{
+	if (run && run == hpu__run_live)
+		return 0;
+	fprintf(stderr, "hpu-worker: %s() called with %s: an hpu_run is valid only while the hook "
+			"it was given to runs\n",
+		fn, run ? "an hpu_run whose hook has returned" : "NULL");
+	return 1;
+}
+
 const float *hpu_run_param(hpu_run *run, const char *name, hpu_tensor *info)
 {
+	if (stale(run, __func__))
+		return NULL;
 	hpu_builder *b = run->b;
 	int p = name ? hpu__model_param(b, name) : -1;
 	if (p < 0) {
@@ -41,6 +56,8 @@ const float *hpu_run_param(hpu_run *run, const char *name, hpu_tensor *info)
 
 const float *hpu_run_buffer(hpu_run *run, const char *name, hpu_tensor *info)
 {
+	if (stale(run, __func__))
+		return NULL;
 	hpu_builder *b = run->b;
 	int i = name ? hpu__model_buffer(b, name) : -1;
 	if (i < 0 || !run->buffers) {
@@ -55,6 +72,8 @@ const float *hpu_run_buffer(hpu_run *run, const char *name, hpu_tensor *info)
 int hpu_run_forward(hpu_run *run, const void *const *fields, int batch, const char *tensor,
 		    hpu_tensor *out)
 {
+	if (stale(run, __func__))
+		return HPU_EINVAL;
 	if (!fields || !tensor || !out || batch < 1 || batch > run->b->max_batch) {
 		hpu_run_error(run, "hpu_run_forward: needs fields, a tensor name, out and 1..%d "
 				   "samples (the micro-batch), got %d",
@@ -70,26 +89,36 @@ int hpu_run_forward(hpu_run *run, const void *const *fields, int batch, const ch
 
 const hpu_ctx *hpu_run_ctx(const hpu_run *run)
 {
+	if (stale(run, __func__))
+		return NULL;
 	return &run->ctx;
 }
 
 int hpu_run_rank(const hpu_run *run)
 {
+	if (stale(run, __func__))
+		return -1;
 	return run->rank;
 }
 
 int hpu_run_world_size(const hpu_run *run)
 {
+	if (stale(run, __func__))
+		return -1;
 	return run->world;
 }
 
 long hpu_run_step(const hpu_run *run)
 {
+	if (stale(run, __func__))
+		return -1;
 	return run->step;
 }
 
 double hpu_run_metric(const hpu_run *run, const char *name)
 {
+	if (stale(run, __func__))
+		return NAN;
 	if (!run->evaluated || !name)
 		return NAN;
 	if (!strcmp(name, "test_loss") || !strcmp(name, "loss"))
@@ -102,6 +131,8 @@ double hpu_run_metric(const hpu_run *run, const char *name)
 
 int hpu_run_error(hpu_run *run, const char *fmt, ...)
 {
+	if (stale(run, __func__))
+		return HPU_ERROR;
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(run->err, sizeof run->err, fmt, ap);
