@@ -490,7 +490,7 @@ static int hello(node *nd, const char *which)
 		pump(100, -1, NULL);
 	if (!nd->instance[0])
 		return fail(S.signo ? "interrupted" :
-			    "no answer from hpud at %s:%d%s within %d s: is it running, and does it have the same key?",
+			    "no answer from hpud at %s:%d%s within %d s: is it running, does it have the same key, and is its clock within its clock_window of this one's?",
 			    nd->host, nd->port, which, REPLY_TIMEOUT_MS / 1000);
 	return 0;
 }
@@ -615,7 +615,7 @@ static int launch_node(int i, int restart)
 		pump(100, i, &r);
 	if (!r)
 		return fail(S.signo ? "interrupted" :
-			    "no answer from hpud at %s:%d (node %d) within %d s: is it running, and does it have the same key?",
+			    "no answer from hpud at %s:%d (node %d) within %d s: is it running, does it have the same key, and is its clock within its clock_window of this one's?",
 			    nd->host, nd->port, i, REPLY_TIMEOUT_MS / 1000);
 	int ok = r->launch_reply->ok;
 	if (!ok)
@@ -991,7 +991,7 @@ int hpu__status_run(const hpu_launch_args *a)
 		}
 	}
 	if (!m) {
-		fail("no answer from hpud at %s:%d within %d s: is it running, and does it have the same key?",
+		fail("no answer from hpud at %s:%d within %d s: is it running, does it have the same key, and is its clock within its clock_window of this one's?",
 		     host, port, REPLY_TIMEOUT_MS / 1000);
 		goto out;
 	}

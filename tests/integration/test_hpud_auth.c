@@ -172,7 +172,7 @@ static void test_submitter_wrong_key(void **state)
 	printf("  %s", p.out);
 	assert_int_equal(code, 1);
 	snprintf(want, sizeof want,
-		 "no answer from hpud at 127.0.0.1:%d within 10 s: is it running, and does it have the same key?",
+		 "no answer from hpud at 127.0.0.1:%d within 10 s: is it running, does it have the same key, and is its clock within its clock_window of this one's?",
 		 port);
 	assert_non_null(strstr(p.out, want));
 	h_free(&p);
