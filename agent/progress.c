@@ -1,5 +1,6 @@
 #include "agent/progress.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -78,7 +79,9 @@ static void tail_text(const hpu_status_rec *st, int drop, char *out, size_t len)
 	} else {
 		snprintf(steps, sizeof steps, "step %ld", st->step);
 	}
-	if (drop < 2)
+	/* NaN before a step is measured: no loss yet (a diverged step's NaN
+	 * comes with a rate) */
+	if (drop < 2 && !(isnan(st->loss) && st->samples_per_sec <= 0))
 		snprintf(loss, sizeof loss, " loss %.4f", st->loss);
 	if (drop < 1 && st->samples_per_sec > 0)
 		snprintf(rate, sizeof rate, " %.1f samples/s", st->samples_per_sec);

@@ -725,6 +725,7 @@ static int follow(char *cause, size_t len)
 		double t = now_s();
 		hpu__progress_tick(&S.bar);
 		if (S.signo && !cancelled) {
+			S.following = 0; /* no bar drawn again under the line below */
 			hpu__progress_hide(&S.bar);
 			hpu__log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d node%s",
 				 S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM", S.a->job_id, S.nn,

@@ -231,6 +231,18 @@ static void test_parse_and_format(void **state)
 	printf("  %s\n", out);
 	assert_true(n <= 30);
 	assert_non_null(strstr(out, "step 220/600"));
+	/* before a step is measured: no loss yet (NaN, no rate) and no ETA;
+	 * a NaN loss with a rate is a diverged step, shown */
+	const char *first = "S1 0 60 1 1 nan 0 -1 0 0 0 0";
+	hpu_status_rec f0;
+	assert_int_equal(hpu__status_parse(first, strlen(first), &f0), 0);
+	hpu__progress_format(&f0, 120, out, sizeof out);
+	printf("  %s\n", out);
+	assert_null(strstr(out, "loss"));
+	assert_non_null(strstr(out, "ETA ?"));
+	f0.samples_per_sec = 100;
+	hpu__progress_format(&f0, 120, out, sizeof out);
+	assert_non_null(strstr(out, "loss nan"));
 	/* unknown ETA, evaluation, the end */
 	r.eta_s = -1;
 	hpu__progress_format(&r, 120, out, sizeof out);
@@ -272,6 +284,16 @@ static void test_bar_on_terminal(void **state)
 	assert_non_null(strstr(p.out, "epoch 1/1 ["));
 	assert_non_null(strstr(last, "epoch 1/1"));
 	assert_null(strstr(p.out, "epoch 1/3"));
+	/* before the first step ends: epoch 1, no loss, no ETA made up (it
+	 * drew "epoch 0/1 ... loss 0.0000 ETA 0:00:00") */
+	assert_null(strstr(p.out, "epoch 0/"));
+	for (const char *f = p.out; (f = strstr(f, "step 0/60")); f++) {
+		size_t n = strcspn(f, "\r\n");
+		char frame[256];
+		snprintf(frame, sizeof frame, "%.*s", (int)(n < 255 ? n : 255), f);
+		if (strstr(frame, "loss") || strstr(frame, "ETA 0:"))
+			fail_msg("a frame before the first step's end: %s", frame);
+	}
 	/* the log lines stay, the bar is gone at the end */
 	assert_non_null(strstr(p.out, "[rank 0] epoch 1/1 step 60/60 loss"));
 	const char *fin = strstr(p.out, "[rank 0] trained 60 steps on 2 workers");

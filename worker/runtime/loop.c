@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,9 @@
  * (a step under way has `step` steps done), which an exit() in the middle
  * (a model that leaves) reports on its way out, so that the agent says
  * where it left rather than where the last rate-limited record was. */
-hpu_status_rec hpu__where = {.phase = HPU_PHASE_SETUP};
+hpu_status_rec hpu__where = {.phase = HPU_PHASE_SETUP, .epoch = 1, .loss = NAN, .eta_s = -1};
+/* (no loss yet, ETA unknown: the bar showed "epoch 0/1 ... loss 0.0000
+ * ETA 0:00:00" through the whole first step) */
 static int where_live;        /* the run is under way: report at exit */
 static int where_said = -1;   /* the phase of the last record sent */
 
@@ -41,7 +44,9 @@ void hpu__where_report(int force)
 void hpu__train_announce(const hpu_train_opts *o)
 {
 	hpu__where.total = o->max_steps > 0 ? o->max_steps : 0;
-	hpu__where.epochs = o->epochs;
+	/* --max-steps decides the epochs once the data's size is known: none
+	 * said until then (not --epochs') */
+	hpu__where.epochs = o->max_steps >= 0 ? 0 : o->epochs;
 	hpu__where.phase = HPU_PHASE_SETUP;
 	if (!where_live)
 		atexit(where_at_exit);

@@ -375,6 +375,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
 	hpu__where.step = L.pos.step;
 	L.epoch = L.pos.epoch < L.epochs ? L.pos.epoch : L.epochs - 1;
+	hpu__where.epoch = L.epoch + 1; /* the resumed one (it said 0 until a step ended) */
 	if (alloc_buffers(&L) < 0)
 		goto out;
 	int resumed = ck != NULL;
