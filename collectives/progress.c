@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "collectives/comm_internal.h"
+#include "common/thread.h"
 
 static void *worker(void *arg)
 {
@@ -52,7 +53,7 @@ static void *worker(void *arg)
 static int enqueue(hpucoll_comm *c, struct hpucoll_req *r)
 {
 	if (!c->thread_started) {
-		if (pthread_create(&c->thread, NULL, worker, c) != 0) {
+		if (hpu__thread_start(&c->thread, worker, c) != 0) {
 			hpucoll__set_error(c, "cannot start the progress "
 					      "thread.");
 			return HPUCOLL_ENOMEM;

@@ -54,6 +54,7 @@
 #include "collectives/comm_internal.h"
 #include "common/hex.h"
 #include "common/num.h"
+#include "common/thread.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define NONCE_BYTES 16
@@ -428,7 +429,7 @@ int hpucoll__sec_run(hpucoll_comm *c)
 	if (zmq_setsockopt(s->mon, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
 	    zmq_connect(s->mon, ep) != 0)
 		return hpucoll__zmq_error(c, "zmq_connect");
-	if (pthread_create(&s->thread, NULL, zap_main, c) != 0) {
+	if (hpu__thread_start(&s->thread, zap_main, c) != 0) {
 		hpucoll__set_error(c, "comm_new: cannot start the "
 				      "authentication thread.");
 		return HPUCOLL_ENOMEM;

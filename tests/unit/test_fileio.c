@@ -1,6 +1,7 @@
-/* common/fileio.c, hex.c and shmname.c: input files refused or read
- * whole, output files written whole or not at all, hex digits both ways,
- * shared-memory segment names recognized. (The callers' sentences are
+/* common/fileio.c, hex.c, shmname.c and thread.c: input files refused or
+ * read whole, output files written whole or not at all, hex digits both
+ * ways, shared-memory segment names recognized, helper threads started
+ * with the stop signals blocked. (The callers' sentences are
  * tested with them: test_config, test_ckpt, test_auth, test_shm.) */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +21,10 @@
 #include "common/fileio.h"
 #include "common/hex.h"
 #include "common/shmname.h"
+#include "common/thread.h"
+
+#include <pthread.h>
+#include <signal.h>
 #include "tests/unit/tmp_testlib.h"
 
 
@@ -259,12 +264,36 @@ static void test_shm_names(void **state)
 	assert_int_equal(hpu__shm_seg_node(name, "job7", NULL), -1);
 }
 
+/* The mask a helper thread started with (its SIGTERM, SIGINT, SIGHUP
+ * blocked: the stop signals go to the main thread, where a checkpoint
+ * save's cleanup handler runs in the thread it cleans up after). */
+static void *mask_of(void *arg)
+{
+	pthread_sigmask(SIG_BLOCK, NULL, (sigset_t *)arg);
+	return NULL;
+}
+
+static void test_thread_quiet(void **state)
+{
+	(void)state;
+	sigset_t in, mine;
+	pthread_t t;
+	assert_int_equal(hpu__thread_start(&t, mask_of, &in), 0);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_true(sigismember(&in, SIGTERM) && sigismember(&in, SIGINT) &&
+		    sigismember(&in, SIGHUP));
+	assert_false(sigismember(&in, SIGSEGV));
+	pthread_sigmask(SIG_BLOCK, NULL, &mine); /* the caller's is kept */
+	assert_false(sigismember(&mine, SIGTERM));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_open_input), cmocka_unit_test(test_read),
 		cmocka_unit_test(test_write_atomic), cmocka_unit_test(test_outfile),
 		cmocka_unit_test(test_hex), cmocka_unit_test(test_shm_names),
+		cmocka_unit_test(test_thread_quiet),
 	};
 	return cmocka_run_group_tests(tests, tmp_setup, tmp_teardown);
 }

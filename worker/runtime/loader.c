@@ -3,6 +3,7 @@
 
 #include "worker/device/device.h"
 #include "worker/hpu/devmem.h"
+#include "common/thread.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -119,7 +120,7 @@ hpu_loader *hpu__loader_new(const hpu_dataset *ds, int batch)
 	for (int k = 0; k < 2; k++)
 		if (hpu__batch_alloc(ds, batch, &ld->s[k].bt, "data loader batch") < 0)
 			goto fail;
-	if (pthread_create(&ld->thread, NULL, run, ld) != 0)
+	if (hpu__thread_start(&ld->thread, run, ld) != 0)
 		goto fail;
 	ld->started = 1;
 	return ld;
