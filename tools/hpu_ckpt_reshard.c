@@ -24,7 +24,7 @@ static const char *const help_reshard =
 	"written as DST.partial and renamed when complete. The manifest is SRC's\n"
 	"with world_size M (and strategy S, one of fast_ddp, ddp, zero1, zero2,\n"
 	"zero3, if given). SRC's files are verified first. Resume from it with\n"
-	"hpu-worker --resume DST (any world size and strategy reads it).\n";
+	"hpulaunch --resume DST (any world size and strategy reads it).\n";
 
 const hpu_optspec hpu__ckt_reshard_specs[] = {
 	{"world", 0, HPU_OPT_VALUE, OPT_VAL, "M", .help = "the number of shards to write (required; 1..99999)"},

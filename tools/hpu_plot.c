@@ -12,7 +12,7 @@
  * than once: the last record of each step is kept, and the steps are drawn
  * in ascending order. The data and the script go to a temporary directory
  * (removed afterwards); gnuplot writes the PNG to its standard output,
- * which is OUT.tmp, renamed to OUT once gnuplot has succeeded -- so the
+ * which is OUT.tmp.PID, renamed to OUT once gnuplot has succeeded -- so the
  * output path never appears in the script, and a failed run leaves no
  * half-written file (an OUT that is a device or a pipe gets a copy of a
  * PNG drawn in the temporary directory). Exit status: 0 drawn, 1 failed,
@@ -62,7 +62,7 @@ enum { OPT_HELP = 1, OPT_PRINT_DATA, OPT_OUTPUT, OPT_TITLE, OPT_WIDTH, OPT_HEIGH
  * docs/reference/hpu-plot.md). */
 static const hpu_optspec specs[] = {
 	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT, "OUT",
-	 .help = "the PNG (default: METRICS with its extension replaced by .png); written as OUT.tmp, "
+	 .help = "the PNG (default: METRICS with its extension replaced by .png); written as OUT.tmp.PID, "
 		 "then renamed (a device or a pipe: written in place)"},
 	{"width", 0, HPU_OPT_VALUE, OPT_WIDTH, "PX", .help = "image width in pixels (default 1200, 200..16384)"},
 	{"height", 0, HPU_OPT_VALUE, OPT_HEIGHT, "PX", .help = "image height in pixels (default 900, 200..16384)"},
