@@ -9,7 +9,6 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static int f_noop(struct fctx *c, const char *path, const cJSON *it)
@@ -233,21 +232,16 @@ static int asked_precision(struct fctx *c, const char *path, hpu_precision want)
 	return 0;
 }
 
-/* hputrain.precision, as the option checks it (aliases too) */
+/* hputrain.precision, as the option checks it (aliases too); compared
+ * with an enabled section where the file's value is the one in force (a
+ * --precision flag wins over both) */
 static int f_precision(struct fctx *c, const char *path, const cJSON *it)
 {
 	if (hpu__cfg_file_opt(c, path, it, "precision") < 0)
 		return -1;
-	hpu_train_opts *scratch = malloc(sizeof *scratch);
-	char e[256];
-	int rc = 0;
-	if (scratch && cJSON_IsString(it) && !hpu__cfg_is_auto(it)) {
-		*scratch = *c->o;
-		if (hpu__opts_set(scratch, "precision", it->valuestring, e, sizeof e) == 0)
-			rc = asked_precision(c, path, scratch->precision);
-	}
-	free(scratch);
-	return rc;
+	if (hpu__cfg_is_auto(it) || c->o->from[hpu__opt_slot_named("precision")] != HPU_FROM_FILE)
+		return 0;
+	return asked_precision(c, path, c->o->precision);
 }
 
 static int f_enabled_as(struct fctx *c, const char *path, const cJSON *it,
