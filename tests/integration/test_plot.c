@@ -28,6 +28,9 @@
  *   PNG is caught;
  * - no gnuplot on PATH: the install hint; a gnuplot that fails: its
  *   stderr passed on, an existing OUT left as it was;
+ * - a null loss and a rank missing from a record are NaN in the table
+ *   gnuplot reads (a gap; '?' would be joined across), as --print-data
+ *   prints them;
  * - usage errors exit 2, --help 0.
  */
 #include <setjmp.h>
@@ -719,6 +722,53 @@ static void test_gnuplot_fails(void **state)
 	free(o);
 }
 
+/* A loss that was not finite ("loss":null) and a rank missing from a
+ * record's "device" are NaN in the table gnuplot reads, and the script
+ * declares no other "missing" marker: gnuplot breaks a line at a NaN,
+ * where a point it skips as missing ('?') is joined across (5.4). A
+ * stand-in gnuplot keeps the files it was given; --print-data prints the
+ * same rows. */
+static void test_missing_is_gap(void **state)
+{
+	(void)state;
+	char env_path[700], script[1600], gm[600];
+	snprintf(gm, sizeof gm, "%s", path("gap.jsonl"));
+	assert_int_equal(
+		h_write_file(gm,
+			     "{\"step\":1,\"loss\":2.5,\"lr\":0.1,\"samples_per_sec\":100,\"device\":"
+			     "[{\"rank\":0,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152},"
+			     "{\"rank\":1,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152}]}\n"
+			     "{\"step\":2,\"loss\":null,\"lr\":0.1,\"samples_per_sec\":100,\"device\":"
+			     "[{\"rank\":0,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152}]}\n"
+			     "{\"step\":3,\"loss\":1.5,\"lr\":0.1,\"samples_per_sec\":100,\"device\":"
+			     "[{\"rank\":0,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152},"
+			     "{\"rank\":1,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152}]}\n",
+			     0644),
+		0);
+	assert_int_equal(mkdir(path("gapbin"), 0755), 0);
+	assert_int_equal(mkdir(path("gapseen"), 0755), 0);
+	snprintf(script, sizeof script, "#!/bin/sh\ncp data.txt plot.gp '%s'\nexit 5\n",
+		 path("gapseen"));
+	assert_int_equal(h_write_file(path("gapbin/gnuplot"), script, 0755), 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s:/usr/bin:/bin", path("gapbin"));
+	free(PLOT_ENV(1, ((const char *[]){env_path, TMPENV, NULL}), "-o", path("gap.png"), gm));
+	empty_dir(path("tmp"));
+	char *data = h_slurp(path("gapseen/data.txt")), *gp = h_slurp(path("gapseen/plot.gp"));
+	assert_non_null(data);
+	assert_non_null(gp);
+	if (strchr(data, '?'))
+		fail_msg("the table marks a missing value with '?', which gnuplot joins across:\n%s",
+			 data);
+	has(data, "\n2 NaN 0.1 100 8 1 2 NaN NaN\n");
+	if (strstr(gp, "datafile missing"))
+		fail_msg("the script sets a missing marker:\n%s", gp);
+	char *o = HPU_PLOT(0, "--print-data", gm);
+	assert_string_equal(o, data);
+	free(o);
+	free(data);
+	free(gp);
+}
+
 static void test_usage(void **state)
 {
 	(void)state;
@@ -766,6 +816,7 @@ int main(void)
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_no_gnuplot),
 		cmocka_unit_test(test_gnuplot_fails),
+		cmocka_unit_test(test_missing_is_gap),
 		cmocka_unit_test(test_usage),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
