@@ -33,6 +33,13 @@ void hpu__tool_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * returns HPU_TOOL_USAGE. cmd may be NULL. */
 int hpu__tool_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Whether output file `path` is standard output's file (the same device
+ * and inode: /dev/stdout, /proc/self/fd/1, or the file stdout is
+ * redirected to, named directly): a tool writing it reports on stderr,
+ * not after (or, renamed over, into a replaced copy of) its data. Ask
+ * before writing: a renamed output is another inode. */
+int hpu__tool_out_is_stdout(const char *path);
+
 /* --help-doc FORMAT: prints specs (opt.h) in the format named (help,
  * scdoc, markdown; col as optdoc.h's) and returns HPU_TOOL_OK, or says
  * the format is unknown and returns HPU_TOOL_USAGE. */

@@ -31,6 +31,9 @@
  * - export to a full disk (a link to /dev/full) and info into a full
  *   standard output fail naming the file and the error; export through a
  *   link to a regular file writes the file and leaves the link;
+ * - export -o standard output (/dev/stdout or /proc/self/fd/1 into a pipe
+ *   or a file, or the file stdout is redirected to): the weights alone
+ *   there, the report on stderr;
  * - an edit of the manifest that stays in range (step, lr, seed, ...) is
  *   caught by its own digest; one without a digest is verified with a
  *   warning; a step directory, `latest` or shard of another uid is
@@ -1040,6 +1043,32 @@ static void test_full_disk(void **state)
 	free(out);
 }
 
+/* -o naming standard output (/dev/stdout, /proc/self/fd/1, the file
+ * stdout is redirected to): the weights alone on stdout, into a pipe or
+ * a file, and "exported ..." on stderr; before, it followed the weights
+ * on stdout (into a pipe) or was lost (a file renamed over). */
+static void test_export_stdout(void **state)
+{
+	(void)state;
+	static const char *const scripts[] = {
+		"exec \"$0\" export --format raw \"$1\" -o /dev/stdout 2>\"$2.err\" | cat >\"$2\"",
+		"exec \"$0\" export --format raw \"$1\" -o /proc/self/fd/1 2>\"$2.err\" | cat >\"$2\"",
+		"exec \"$0\" export --format raw \"$1\" -o /dev/stdout 2>\"$2.err\" >\"$2\"",
+		"exec \"$0\" export --format raw \"$1\" -o \"$2\" 2>\"$2.err\" >\"$2\"",
+	};
+	for (size_t k = 0; k < sizeof scripts / sizeof scripts[0]; k++) {
+		char got[700], err[720];
+		snprintf(got, sizeof got, "%s/stdout%zu.raw", T, k);
+		snprintf(err, sizeof err, "%s.err", got);
+		free(RUN(0, "/bin/sh", "-c", scripts[k], TOOL, LAST, got));
+		same_bytes(got, PARAMS);
+		char *said = h_slurp(err);
+		assert_non_null(said);
+		has(said, "exported ");
+		free(said);
+	}
+}
+
 /* ---- usage ---- */
 
 static void test_usage(void **state)
@@ -1097,6 +1126,7 @@ int main(void)
 	    cmocka_unit_test(test_foreign_owner),
 	    cmocka_unit_test(test_not_regular),
 	    cmocka_unit_test(test_full_disk),
+	    cmocka_unit_test(test_export_stdout),
 	    cmocka_unit_test(test_usage),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
