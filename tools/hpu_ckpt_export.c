@@ -136,6 +136,7 @@ int hpu__ckt_export(int argc, char **argv)
 		return usage_error("export", "-o %s: %s", out, err);
 	}
 	size_t hlen = 0;
+	int guard = -1;
 	float *buf = malloc((size_t)CHUNK * sizeof *buf);
 	hpu_ckpt_writer w;
 	int section = hpu__ckpt_section(&c, "params");
@@ -149,10 +150,15 @@ int hpu__ckt_export(int argc, char **argv)
 	/* the export on standard output: the report after it would corrupt
 	 * it (or, stdout a file renamed over, be lost) */
 	FILE *report = hpu__tool_out_is_stdout(out) ? stderr : stdout;
+	hpu__tool_guard_hold(1); /* a signal removes OUT.tmp.PID */
 	if (hpu__ckpt_writer_open(&w, out, err, sizeof err) < 0) {
+		hpu__tool_guard_hold(0);
 		fail("%s", err);
 		goto done;
 	}
+	if (!w.out.direct)
+		guard = hpu__tool_guard_add(HPU_GUARD_FILE, w.out.tmp, 0);
+	hpu__tool_guard_hold(0);
 	/* raw is --save-params' format: the parameters alone */
 	uint64_t nbuf = st ? c.buffer_numel : 0;
 	if ((header && hpu__ckpt_writer_put(&w, header, hlen, err, sizeof err) < 0) ||
@@ -178,6 +184,7 @@ int hpu__ckt_export(int argc, char **argv)
 			       c.nbuffers, out, c.dir, c.buffer_file.name);
 	rc = OK;
 done:
+	hpu__tool_guard_drop(&guard); /* renamed, or removed by the abort */
 	free(header);
 	free(buf);
 	hpu__ckpt_close(&c);

@@ -186,7 +186,7 @@ int hpu__ckt_reshard(int argc, char **argv)
 	hpu_ckpt_file *files = calloc((size_t)m, sizeof *files);
 	hpu_ckpt_seg *segs = calloc((size_t)m, sizeof *segs);
 	char *text = NULL, mpath[4400];
-	int made = 0;
+	int made = 0, guard = -1;
 	if (!buf || !files || !segs) {
 		fail("out of memory");
 		goto done;
@@ -196,11 +196,15 @@ int hpu__ckt_reshard(int argc, char **argv)
 		     (unsigned long long)c.numel, m);
 		goto done;
 	}
+	hpu__tool_guard_hold(1); /* a signal removes DST.partial and its files */
 	if (mkdir(partial, 0755) < 0) {
+		hpu__tool_guard_hold(0);
 		fail("cannot make directory %s: %s", partial, strerror(errno));
 		goto done;
 	}
 	made = 1;
+	guard = hpu__tool_guard_add(HPU_GUARD_TREE, partial, 0);
+	hpu__tool_guard_hold(0);
 	for (int r = 0; r < m; r++)
 		if (write_shard(&c, partial, r, m, buf, &files[r], &segs[r], err, sizeof err) < 0) {
 			fail("resharding %s: %s", c.dir, err);
@@ -220,11 +224,15 @@ int hpu__ckt_reshard(int argc, char **argv)
 		fail("%s", err);
 		goto done;
 	}
+	hpu__tool_guard_hold(1);
 	if (rename(partial, dst) < 0) {
+		hpu__tool_guard_hold(0);
 		fail("cannot rename %s to %s: %s", partial, dst, strerror(errno));
 		goto done;
 	}
 	made = 0;
+	hpu__tool_guard_drop(&guard); /* DST now: no longer the handler's */
+	hpu__tool_guard_hold(0);
 	if (hpu__fsync_dir(parent, err, sizeof err) < 0) {
 		fail("%s", err);
 		goto done;
@@ -239,6 +247,7 @@ int hpu__ckt_reshard(int argc, char **argv)
 done:
 	if (made)
 		hpu__ckpt_rmtree(partial);
+	hpu__tool_guard_drop(&guard);
 	free(text);
 	free(segs);
 	free(files);

@@ -31,6 +31,9 @@
  * - a null loss and a rank missing from a record are NaN in the table
  *   gnuplot reads (a gap; '?' would be joined across), as --print-data
  *   prints them;
+ * - SIGTERM while gnuplot runs (a stand-in that sleeps), and a closed
+ *   output pipe (SIGPIPE): gnuplot killed, no OUT.tmp.PID, the temporary
+ *   directory removed, hpu-plot dead of the signal;
  * - usage errors exit 2, --help 0.
  */
 #include <setjmp.h>
@@ -43,6 +46,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -769,6 +773,80 @@ static void test_missing_is_gap(void **state)
 	free(gp);
 }
 
+/* SIGTERM while gnuplot draws (a stand-in that sleeps): hpu-plot kills
+ * gnuplot, removes OUT.tmp.PID and its temporary directory, and dies of
+ * the signal; before, all three were left. */
+static void test_signal_cleans_up(void **state)
+{
+	(void)state;
+	char env_path[700], script[2200], out[600], pidfile[600];
+	snprintf(out, sizeof out, "%s", path("sig.png"));
+	snprintf(pidfile, sizeof pidfile, "%s", path("sigbin.pid"));
+	assert_int_equal(mkdir(path("sigbin"), 0755), 0);
+	snprintf(script, sizeof script, "#!/bin/sh\necho $$ >'%s.new'\nmv '%s.new' '%s'\nexec sleep 60\n",
+		 pidfile, pidfile, pidfile);
+	assert_int_equal(h_write_file(path("sigbin/gnuplot"), script, 0755), 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s:/usr/bin:/bin", path("sigbin"));
+	const char *argv[] = {PLOT, "-o", out, M, NULL};
+	const char *env[] = {env_path, TMPENV, NULL};
+	proc p;
+	assert_int_equal(h_start(&p, (char *const *)argv, (char *const *)env), 0);
+	char *pid_text = NULL;
+	for (int k = 0; k < 1000 && !(pid_text = h_slurp(pidfile)); k++)
+		usleep(10000);
+	if (!pid_text) {
+		h_kill(&p);
+		fail_msg("the stand-in gnuplot did not start");
+	}
+	pid_t gp = (pid_t)atoi(pid_text);
+	free(pid_text);
+	assert_true(gp > 0 && h_alive(gp));
+	assert_true(tmp_left(out));
+	assert_int_equal(kill(p.pid, SIGTERM), 0);
+	if (h_wait(&p, 20000) != 0) {
+		h_kill(&p);
+		fail_msg("hpu-plot did not end after SIGTERM");
+	}
+	assert_int_equal(h_code(&p), 128 + SIGTERM);
+	h_free(&p);
+	for (int k = 0; k < 200 && h_alive(gp); k++)
+		usleep(10000);
+	if (h_alive(gp)) {
+		kill(gp, SIGKILL);
+		fail_msg("gnuplot (pid %d) still runs after hpu-plot's SIGTERM", (int)gp);
+	}
+	assert_false(tmp_left(out));
+	assert_false(exists(out));
+	empty_dir(path("tmp"));
+}
+
+/* -o /dev/stdout into a pipe closed early: hpu-plot dies of SIGPIPE (as
+ * before) and leaves no temporary directory. */
+static void test_closed_pipe_cleans_up(void **state)
+{
+	(void)state;
+	char env_path[700];
+	assert_int_equal(mkdir(path("pipebin"), 0755), 0);
+	/* a whole (if empty) PNG after a pause: the reader has gone by then */
+	assert_int_equal(h_write_file(path("pipebin/gnuplot"),
+				      "#!/bin/sh\n"
+				      "sleep 0.5\n"
+				      "printf '\\211PNG\\r\\n\\032\\n'\n"
+				      "head -c 100000 /dev/zero\n"
+				      "printf '\\0\\0\\0\\0IEND\\256B`\\202'\n",
+				      0755),
+			 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s:/usr/bin:/bin", path("pipebin"));
+	const char *argv[] = {"/bin/sh", "-c",
+			      "\"$0\" -o /dev/stdout \"$1\"; echo \"exit $?\" >&2", PLOT, M, NULL};
+	const char *wrap[] = {"/bin/sh", "-c", "\"$@\" | true", "sh", argv[0], argv[1], argv[2],
+			      argv[3], argv[4], NULL};
+	char *o = run_v(0, ((const char *[]){env_path, TMPENV, NULL}), wrap);
+	has(o, "exit 141");
+	free(o);
+	empty_dir(path("tmp"));
+}
+
 static void test_usage(void **state)
 {
 	(void)state;
@@ -817,6 +895,8 @@ int main(void)
 		cmocka_unit_test(test_no_gnuplot),
 		cmocka_unit_test(test_gnuplot_fails),
 		cmocka_unit_test(test_missing_is_gap),
+		cmocka_unit_test(test_signal_cleans_up),
+		cmocka_unit_test(test_closed_pipe_cleans_up),
 		cmocka_unit_test(test_usage),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
