@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt.h"
 #include "options/config.h"
@@ -20,8 +21,10 @@ static const char *const help_reshard =
 	"Writes checkpoint SRC again as DST with M shard files, each an equal\n"
 	"contiguous slice of the parameters and their optimizer state, so that\n"
 	"M workers each read one file; the buffers file, whole on every rank\n"
-	"whatever the world size, is copied as it is. DST must not exist; it is\n"
-	"written as DST.partial and renamed when complete. The manifest is SRC's\n"
+	"whatever the world size, is copied as it is. DST must not exist, nor be\n"
+	"named step-N for another step than SRC's, nor lie in a checkpoint's\n"
+	"directory; it is written as DST.partial and renamed when complete (a\n"
+	"signal removes DST.partial). The manifest is SRC's\n"
 	"with world_size M (and strategy S, one of fast_ddp, ddp, zero1, zero2,\n"
 	"zero3, if given). SRC's files are verified first. Resume from it with\n"
 	"hpu-worker --resume DST (any world size and strategy reads it).\n";
@@ -165,7 +168,7 @@ int hpu__ckt_reshard(int argc, char **argv)
 		return usage_error("reshard",
 				   "--strategy is fast_ddp, ddp, zero1, zero2 or zero3, not '%s'",
 				   strategy);
-	char dst[4096], partial[4200], parent[4200], err[1024];
+	char dst[4096], partial[4200], parent[4200], err[1024], mpath[4400];
 	struct stat sb;
 	snprintf(dst, sizeof dst, "%s", pos[1]);
 	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
@@ -178,14 +181,26 @@ int hpu__ckt_reshard(int argc, char **argv)
 		return fail("%s exists (left by an interrupted reshard?); remove it first", partial);
 	if (!is_dir(parent))
 		return fail("cannot write %s: directory %s does not exist", dst, parent);
+	snprintf(mpath, sizeof mpath, "%s/%s", parent, HPU_CKPT_MANIFEST);
+	if (access(mpath, F_OK) == 0)
+		return usage_error("reshard", "%s: %s is a checkpoint's directory (it holds %s): a "
+				   "checkpoint inside it would be no checkpoint of its root; write "
+				   "it elsewhere",
+				   dst, parent, HPU_CKPT_MANIFEST);
 	hpu_ckpt c;
 	if ((rc = hpu__ckt_open_verified(&c, pos[0], "reshard")) != OK)
 		return rc;
+	/* resume refuses a step-N directory holding another step */
+	if (hpu__ckt_named_step(&c, dst, err, sizeof err) < 0) {
+		hpu__ckpt_close(&c);
+		return usage_error("reshard", "%s; name DST for step %ld (or not step-N)", err,
+				   c.step);
+	}
 	rc = BAD;
 	float *buf = malloc((size_t)CHUNK * sizeof *buf);
 	hpu_ckpt_file *files = calloc((size_t)m, sizeof *files);
 	hpu_ckpt_seg *segs = calloc((size_t)m, sizeof *segs);
-	char *text = NULL, mpath[4400];
+	char *text = NULL;
 	int made = 0, guard = -1;
 	if (!buf || !files || !segs) {
 		fail("out of memory");

@@ -40,6 +40,9 @@
  *   reported naming the owner (as root: the files are given to 65534);
  * - a shard that is a FIFO, a link to /dev/zero or an 8 GiB sparse file
  *   is refused at once, naming what it is;
+ * - reshard refuses a DST named step-N for another step, or inside a
+ *   checkpoint's directory; verify and info report a step-N directory
+ *   (a link) holding another step as damaged;
  * - usage errors exit 2.
  */
 #include <setjmp.h>
@@ -1069,6 +1072,48 @@ static void test_export_stdout(void **state)
 	}
 }
 
+/* A step-N directory holding another step's checkpoint, which resume
+ * refuses: reshard will not write one (nor a DST inside a checkpoint's
+ * directory), and verify (one, a root, --all) and info on a root report
+ * one (a link step-30 -> step-4) as damaged, with resume's sentence;
+ * before, reshard wrote both and verify said "all intact". */
+static void test_misnamed_step(void **state)
+{
+	(void)state;
+	char root[600], wrong[700], inside[700], right[700], link[700];
+	snprintf(root, sizeof root, "%s", path("named"));
+	assert_int_equal(mkdir(root, 0755), 0);
+	snprintf(wrong, sizeof wrong, "%s/step-00000009", root);
+	snprintf(inside, sizeof inside, "%s/sub", LAST);
+	snprintf(right, sizeof right, "%s/step-%08d", root, STEPS);
+	snprintf(link, sizeof link, "%s/step-00000030", root);
+	char *out = CKPT(2, "reshard", LAST, wrong, "--world", "1");
+	has(out, "is named for step 9 but holds step 4's checkpoint (its manifest): renamed, or "
+		 "a link to another step's directory?");
+	free(out);
+	assert_false(exists(wrong));
+	out = CKPT(2, "reshard", LAST, inside, "--world", "1");
+	has(out, "is a checkpoint's directory (it holds manifest.json)");
+	free(out);
+	assert_false(exists(inside));
+	free(CKPT(0, "reshard", LAST, right, "--world", "1"));
+	free(CKPT(0, "verify", "--all", root));
+	assert_int_equal(symlink("step-00000004", link), 0);
+	const char *said = "is named for step 30 but holds step 4's checkpoint (its manifest)";
+	out = CKPT(1, "verify", "--all", root);
+	has(out, "step-00000030: DAMAGED: ");
+	has(out, said);
+	has(out, "DAMAGE FOUND");
+	free(out);
+	out = CKPT(1, "verify", link);
+	has(out, said);
+	free(out);
+	out = CKPT(0, "info", root);
+	has(out, "step-00000030  DAMAGED: ");
+	has(out, said);
+	free(out);
+}
+
 /* ---- usage ---- */
 
 static void test_usage(void **state)
@@ -1127,6 +1172,7 @@ int main(void)
 	    cmocka_unit_test(test_not_regular),
 	    cmocka_unit_test(test_full_disk),
 	    cmocka_unit_test(test_export_stdout),
+	    cmocka_unit_test(test_misnamed_step),
 	    cmocka_unit_test(test_usage),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
