@@ -24,10 +24,10 @@ static const char *const help_reshard =
 	"whatever the world size, is copied as it is. DST must not exist, nor be\n"
 	"named step-N for another step than SRC's, nor lie in a checkpoint's\n"
 	"directory; it is written as DST.partial and renamed when complete (a\n"
-	"signal removes DST.partial). The manifest is SRC's\n"
-	"with world_size M (and strategy S, one of fast_ddp, ddp, zero1, zero2,\n"
-	"zero3, if given). SRC's files are verified first. Resume from it with\n"
-	"hpu-worker --resume DST (any world size and strategy reads it).\n";
+	"signal removes DST.partial). The manifest is SRC's with world_size M\n"
+	"(and strategy S, one of fast_ddp, ddp, zero1, zero2, zero3, if given).\n"
+	"SRC's files are verified first. Resume from it with hpu-worker\n"
+	"--resume DST (any world size and strategy reads it).\n";
 
 const hpu_optspec hpu__ckt_reshard_specs[] = {
 	{"world", 0, HPU_OPT_VALUE, OPT_VAL, "M", .help = "the number of shards to write (required; 1..99999)"},
