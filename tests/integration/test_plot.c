@@ -19,6 +19,7 @@
  *   not a number (named by line, not "no step records"), a file without
  *   step records, a missing file: exit 1 and no output file; /dev/zero, a link
  *   to it and a FIFO are refused at once, naming what they are;
+ * - a --profile trace given instead: said to be a trace, for hpu-trace;
  * - an empty file (or blank lines only): exit 1 saying it is empty, also
  *   with --print-data (no qsort(NULL, 0) for UBSan to trip on);
  * - a full disk: -o a link to /dev/full (written through, not renamed
@@ -530,6 +531,32 @@ static void test_not_json(void **state)
 
 /* A record whose "step" is not a number is an error naming its line,
  * not "no step records with a loss" (the record was there, damaged). */
+/* A --profile trace given for a metrics file: said to be a trace, for
+ * hpu-trace (it said only "not JSON"). */
+static void test_trace_given(void **state)
+{
+	(void)state;
+	char tr[600];
+	snprintf(tr, sizeof tr, "%s", path("perf-logs-rank0.json"));
+	assert_int_equal(
+		h_write_file(tr,
+			     "{\"otherData\":{\"tool\":\"hputrain\",\"version\":1,\"rank\":0},"
+			     "\"traceEvents\":[\n"
+			     "{\"name\":\"step\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":1,\"dur\":2}\n"
+			     "\n]}\n",
+			     0644),
+		0);
+	char *o = HPU_PLOT(1, tr);
+	has(o, "perf-logs-rank0.json:1: this looks like a trace (hpulaunch --profile writes "
+	       "them; hpu-trace reads them), not a metrics file");
+	free(o);
+	/* all on one line (it parses): the same */
+	assert_int_equal(h_write_file(tr, "{\"otherData\":{},\"traceEvents\":[]}\n", 0644), 0);
+	o = HPU_PLOT(1, tr);
+	has(o, "this looks like a trace");
+	free(o);
+}
+
 static void test_step_not_a_number(void **state)
 {
 	(void)state;
@@ -885,6 +912,7 @@ int main(void)
 		cmocka_unit_test(test_validation_records),
 		cmocka_unit_test(test_incomplete_last_line),
 		cmocka_unit_test(test_not_json),
+		cmocka_unit_test(test_trace_given),
 		cmocka_unit_test(test_step_not_a_number),
 		cmocka_unit_test(test_no_step_records),
 		cmocka_unit_test(test_empty_input),
