@@ -949,17 +949,18 @@ static void test_foreign_owner(void **state)
 		printf("  not root: no file can be given to another uid; skipped\n");
 		skip();
 	}
-	const char *root = path("forged"), *step = path("forged/step-00000009");
+	/* the foreign one is step 2's (a step-N directory holds step N) */
+	const char *root = path("forged"), *step = path("forged/step-00000002");
 	char latest[700], cmd[2000];
 	assert_int_equal(mkdir(root, 0777), 0);
-	snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/step-00000004' && cp -r '%s' '%s' && "
-		 "printf 'step-00000009\\n' > '%s/latest' && chown -R 65534 '%s' '%s/latest'",
-		 LAST, root, LAST, step, root, step, root);
+	snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/step-00000004' && cp -r '%s/step-00000002' '%s' && "
+		 "printf 'step-00000002\\n' > '%s/latest' && chown -R 65534 '%s' '%s/latest'",
+		 LAST, root, CK, step, root, step, root);
 	assert_int_equal(system(cmd), 0);
 	snprintf(latest, sizeof latest, "%s/latest", root);
 	char *out = CKPT(1, "verify", "--all", root);
 	has(out, "forged/latest is owned by uid 65534, not by uid 0");
-	has(out, "forged/step-00000009 is owned by uid 65534, not by uid 0");
+	has(out, "forged/step-00000002 is owned by uid 65534, not by uid 0");
 	has(out, "DAMAGE FOUND");
 	free(out);
 	/* root naming a checkpoint trusts its owner: all of it is 65534's */
