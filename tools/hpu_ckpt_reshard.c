@@ -113,7 +113,8 @@ static int copy_buffers_file(hpu_ckpt *c, const char *dir, float *buf, char *err
 }
 
 /* SRC's manifest with world_size, strategy and files replaced (its
- * "buffers" kept: the file is copied as it is). */
+ * "buffers" kept: the file is copied as it is; "placement" dropped with
+ * another strategy). */
 static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 			      const hpu_ckpt_file *files)
 {
@@ -124,8 +125,13 @@ static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 		return NULL;
 	}
 	cJSON_ReplaceItemInObjectCaseSensitive(j, "world_size", cJSON_CreateNumber(m));
-	if (strategy)
+	/* "placement" is the saving run's plan, for its strategy: another
+	 * strategy's cannot be made here (the strategy engine's, with the
+	 * run's options); resume does not read it, the next save writes it */
+	if (strategy && strcmp(strategy, c->strategy) != 0) {
 		cJSON_ReplaceItemInObjectCaseSensitive(j, "strategy", cJSON_CreateString(strategy));
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "placement");
+	}
 	for (int r = 0; r < m; r++)
 		cJSON_AddItemToArray(arr, hpu__ckpt_file_json(&files[r]));
 	cJSON_ReplaceItemInObjectCaseSensitive(j, "files", arr);

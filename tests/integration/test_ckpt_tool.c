@@ -24,7 +24,8 @@
  * - reshard --world 3 writes a checkpoint that verifies, whose manifest is
  *   the source's but for world_size and files, whose export is
  *   bit-identical to the source's, and that 3 workers resume from and
- *   train one more step; also --world 1 --strategy ddp;
+ *   train one more step; also --world 1 --strategy ddp, whose manifest
+ *   drops zero3's placement plan;
  * - a manifest with a field out of range or a name not known (world_size
  *   2^31, strategy zero9, dtype F128, ...) is refused by info, verify and
  *   reshard with a sentence naming the field and its value;
@@ -784,6 +785,16 @@ static void test_reshard_resume(void **state)
 	has(out, "world size    1\n");
 	has(out, "strategy      ddp\n");
 	free(out);
+	/* zero3's placement plan is not ddp's: dropped, the rest kept (the
+	 * same strategy kept it above) */
+	a = manifest_rest(LAST);
+	b = manifest_rest(r1);
+	assert_non_null(cJSON_GetObjectItemCaseSensitive(a, "placement"));
+	assert_null(cJSON_GetObjectItemCaseSensitive(b, "placement"));
+	cJSON_DeleteItemFromObjectCaseSensitive(a, "placement");
+	assert_true(cJSON_Compare(a, b, 1));
+	cJSON_Delete(a);
+	cJSON_Delete(b);
 	out = CKPT(0, "export", r1, "--format", "raw", "-o", path("r1.raw"));
 	free(out);
 	same_bytes(path("r1.raw"), PARAMS);
