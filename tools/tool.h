@@ -1,6 +1,7 @@
 /* tool: what the offline commands (hpu-ckpt, hpu-trace, hpu-plot) say on
- * stderr (through common/log.h), and their exit codes. Each calls
- * hpu__tool_start first thing in main. */
+ * stderr (through common/log.h), and their exit codes; whether an output
+ * is standard output's file; what a signal removes (tool_guard.c). Each
+ * calls hpu__tool_start first thing in main. */
 #ifndef HPU_TOOL_H
 #define HPU_TOOL_H
 
