@@ -18,7 +18,8 @@ static const char *const help_export =
 	"\n"
 	"Writes the checkpoint's fp32 weights (the \"params\" section) to FILE,\n"
 	"atomically (a device or a pipe, such as /dev/stdout, in place), after\n"
-	"checking every file's SHA-256:\n"
+	"checking every file's SHA-256 (FILE standard output: the report goes\n"
+	"to stderr):\n"
 	"  safetensors  (default) one F32 tensor per parameter, then one per\n"
 	"               buffer (batch norm's running statistics, ...), named as\n"
 	"               in the model, as a state_dict has them; loads with\n"
@@ -135,6 +136,7 @@ int hpu__ckt_export(int argc, char **argv)
 		return usage_error("export", "-o %s: %s", out, err);
 	}
 	size_t hlen = 0;
+	int guard = -1;
 	float *buf = malloc((size_t)CHUNK * sizeof *buf);
 	hpu_ckpt_writer w;
 	int section = hpu__ckpt_section(&c, "params");
@@ -145,10 +147,18 @@ int hpu__ckt_export(int argc, char **argv)
 	}
 	if (st && !(header = safetensors_header(&c, &hlen)))
 		goto done;
+	/* the export on standard output: the report after it would corrupt
+	 * it (or, stdout a file renamed over, be lost) */
+	FILE *report = hpu__tool_out_is_stdout(out) ? stderr : stdout;
+	hpu__tool_guard_hold(1); /* a signal removes OUT.tmp.PID */
 	if (hpu__ckpt_writer_open(&w, out, err, sizeof err) < 0) {
+		hpu__tool_guard_hold(0);
 		fail("%s", err);
 		goto done;
 	}
+	if (!w.out.direct)
+		guard = hpu__tool_guard_add(HPU_GUARD_FILE, w.out.tmp, 0);
+	hpu__tool_guard_hold(0);
 	/* raw is --save-params' format: the parameters alone */
 	uint64_t nbuf = st ? c.buffer_numel : 0;
 	if ((header && hpu__ckpt_writer_put(&w, header, hlen, err, sizeof err) < 0) ||
@@ -164,7 +174,7 @@ int hpu__ckt_export(int argc, char **argv)
 		snprintf(extra, sizeof extra, " and %d buffer%s, %llu floats,", c.nbuffers,
 			 hpu__plural(c.nbuffers),
 			 (unsigned long long)c.buffer_numel);
-	printf("exported %s (step %ld): %d parameter%s, %llu floats,%s to %s (%s, %llu bytes)\n",
+	fprintf(report, "exported %s (step %ld): %d parameter%s, %llu floats,%s to %s (%s, %llu bytes)\n",
 	       c.dir, c.step, c.nparams, hpu__plural(c.nparams), (unsigned long long)c.numel, extra, out, format,
 	       (unsigned long long)((c.numel + nbuf) * 4 + hlen));
 	if (c.nbuffers && !st)
@@ -174,6 +184,7 @@ int hpu__ckt_export(int argc, char **argv)
 			       c.nbuffers, out, c.dir, c.buffer_file.name);
 	rc = OK;
 done:
+	hpu__tool_guard_drop(&guard); /* renamed, or removed by the abort */
 	free(header);
 	free(buf);
 	hpu__ckpt_close(&c);

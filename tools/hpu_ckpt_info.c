@@ -215,6 +215,8 @@ static void print_root(const root *r, const char *path)
 		snprintf(dir, sizeof dir, "%s/%s", path, r->names[i]);
 		if (hpu__ckpt_open(&c, dir, err, sizeof err) < 0)
 			printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
+		else if (hpu__ckt_named_step(&c, dir, err, sizeof err) < 0)
+			printf("%c %s  DAMAGED: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else
 			printf("%c %s  step %ld, %d x %s, %s, %d file%s, %.1f MB\n", mark ? '*' : ' ',
 			       r->names[i], c.step, c.world, c.strategy, c.precision,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt.h"
 #include "options/config.h"
@@ -20,11 +21,13 @@ static const char *const help_reshard =
 	"Writes checkpoint SRC again as DST with M shard files, each an equal\n"
 	"contiguous slice of the parameters and their optimizer state, so that\n"
 	"M workers each read one file; the buffers file, whole on every rank\n"
-	"whatever the world size, is copied as it is. DST must not exist; it is\n"
-	"written as DST.partial and renamed when complete. The manifest is SRC's\n"
-	"with world_size M (and strategy S, one of fast_ddp, ddp, zero1, zero2,\n"
-	"zero3, if given). SRC's files are verified first. Resume from it with\n"
-	"hpulaunch --resume DST (any world size and strategy reads it).\n";
+	"whatever the world size, is copied as it is. DST must not exist, nor be\n"
+	"named step-N for another step than SRC's, nor lie in a checkpoint's\n"
+	"directory; it is written as DST.partial and renamed when complete (a\n"
+	"signal removes DST.partial). The manifest is SRC's with world_size M\n"
+	"(and strategy S, one of fast_ddp, ddp, zero1, zero2, zero3, if given).\n"
+	"SRC's files are verified first. Resume from it with hpulaunch\n"
+	"--resume DST (any world size and strategy reads it).\n";
 
 const hpu_optspec hpu__ckt_reshard_specs[] = {
 	{"world", 0, HPU_OPT_VALUE, OPT_VAL, "M", .help = "the number of shards to write (required; 1..99999)"},
@@ -110,7 +113,8 @@ static int copy_buffers_file(hpu_ckpt *c, const char *dir, float *buf, char *err
 }
 
 /* SRC's manifest with world_size, strategy and files replaced (its
- * "buffers" kept: the file is copied as it is). */
+ * "buffers" kept: the file is copied as it is; "placement" dropped with
+ * another strategy). */
 static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 			      const hpu_ckpt_file *files)
 {
@@ -121,8 +125,13 @@ static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 		return NULL;
 	}
 	cJSON_ReplaceItemInObjectCaseSensitive(j, "world_size", cJSON_CreateNumber(m));
-	if (strategy)
+	/* "placement" is the saving run's plan, for its strategy: another
+	 * strategy's cannot be made here (the strategy engine's, with the
+	 * run's options); resume does not read it, the next save writes it */
+	if (strategy && strcmp(strategy, c->strategy) != 0) {
 		cJSON_ReplaceItemInObjectCaseSensitive(j, "strategy", cJSON_CreateString(strategy));
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "placement");
+	}
 	for (int r = 0; r < m; r++)
 		cJSON_AddItemToArray(arr, hpu__ckpt_file_json(&files[r]));
 	cJSON_ReplaceItemInObjectCaseSensitive(j, "files", arr);
@@ -165,7 +174,7 @@ int hpu__ckt_reshard(int argc, char **argv)
 		return usage_error("reshard",
 				   "--strategy is fast_ddp, ddp, zero1, zero2 or zero3, not '%s'",
 				   strategy);
-	char dst[4096], partial[4200], parent[4200], err[1024];
+	char dst[4096], partial[4200], parent[4200], err[1024], mpath[4400];
 	struct stat sb;
 	snprintf(dst, sizeof dst, "%s", pos[1]);
 	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
@@ -178,15 +187,27 @@ int hpu__ckt_reshard(int argc, char **argv)
 		return fail("%s exists (left by an interrupted reshard?); remove it first", partial);
 	if (!is_dir(parent))
 		return fail("cannot write %s: directory %s does not exist", dst, parent);
+	snprintf(mpath, sizeof mpath, "%s/%s", parent, HPU_CKPT_MANIFEST);
+	if (access(mpath, F_OK) == 0)
+		return usage_error("reshard", "%s: %s is a checkpoint's directory (it holds %s): a "
+				   "checkpoint inside it would be no checkpoint of its root; write "
+				   "it elsewhere",
+				   dst, parent, HPU_CKPT_MANIFEST);
 	hpu_ckpt c;
 	if ((rc = hpu__ckt_open_verified(&c, pos[0], "reshard")) != OK)
 		return rc;
+	/* resume refuses a step-N directory holding another step */
+	if (hpu__ckt_named_step(&c, dst, err, sizeof err) < 0) {
+		hpu__ckpt_close(&c);
+		return usage_error("reshard", "%s; name DST for step %ld (or not step-N)", err,
+				   c.step);
+	}
 	rc = BAD;
 	float *buf = malloc((size_t)CHUNK * sizeof *buf);
 	hpu_ckpt_file *files = calloc((size_t)m, sizeof *files);
 	hpu_ckpt_seg *segs = calloc((size_t)m, sizeof *segs);
-	char *text = NULL, mpath[4400];
-	int made = 0;
+	char *text = NULL;
+	int made = 0, guard = -1;
 	if (!buf || !files || !segs) {
 		fail("out of memory");
 		goto done;
@@ -196,11 +217,15 @@ int hpu__ckt_reshard(int argc, char **argv)
 		     (unsigned long long)c.numel, m);
 		goto done;
 	}
+	hpu__tool_guard_hold(1); /* a signal removes DST.partial and its files */
 	if (mkdir(partial, 0755) < 0) {
+		hpu__tool_guard_hold(0);
 		fail("cannot make directory %s: %s", partial, strerror(errno));
 		goto done;
 	}
 	made = 1;
+	guard = hpu__tool_guard_add(HPU_GUARD_TREE, partial, 0);
+	hpu__tool_guard_hold(0);
 	for (int r = 0; r < m; r++)
 		if (write_shard(&c, partial, r, m, buf, &files[r], &segs[r], err, sizeof err) < 0) {
 			fail("resharding %s: %s", c.dir, err);
@@ -220,11 +245,15 @@ int hpu__ckt_reshard(int argc, char **argv)
 		fail("%s", err);
 		goto done;
 	}
+	hpu__tool_guard_hold(1);
 	if (rename(partial, dst) < 0) {
+		hpu__tool_guard_hold(0);
 		fail("cannot rename %s to %s: %s", partial, dst, strerror(errno));
 		goto done;
 	}
 	made = 0;
+	hpu__tool_guard_drop(&guard); /* DST now: no longer the handler's */
+	hpu__tool_guard_hold(0);
 	if (hpu__fsync_dir(parent, err, sizeof err) < 0) {
 		fail("%s", err);
 		goto done;
@@ -239,6 +268,7 @@ int hpu__ckt_reshard(int argc, char **argv)
 done:
 	if (made)
 		hpu__ckpt_rmtree(partial);
+	hpu__tool_guard_drop(&guard);
 	free(text);
 	free(segs);
 	free(files);

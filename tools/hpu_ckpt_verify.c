@@ -13,7 +13,8 @@ static const char *const help_verify =
 	"is found), then every file of the checkpoint (the shards and, when the\n"
 	"model has buffers, the buffers file) against it: present, a regular\n"
 	"file (a FIFO, a device or a link is refused unread), yours (run as\n"
-	"root: DIR's owner's), the size, the SHA-256. One line per file, then a\n"
+	"root: DIR's owner's), the size, the SHA-256; a step-N directory whose\n"
+	"manifest holds another step is damaged. One line per file, then a\n"
 	"total. For a root, checks that `latest` is yours and the checkpoint it\n"
 	"names; with --all, every checkpoint under it. Exits 1 if any file (or\n"
 	"manifest) is damaged, missing or another user's.\n";
@@ -29,6 +30,11 @@ static int verify_one(const char *dir)
 	hpu_ckpt c;
 	char err[1024];
 	if (hpu__ckpt_open_owned(&c, dir, &hpu__ckt_trust, err, sizeof err) < 0) {
+		printf("%s: DAMAGED: %s\n", dir, err);
+		hpu__ckpt_close(&c);
+		return BAD;
+	}
+	if (hpu__ckt_named_step(&c, dir, err, sizeof err) < 0) {
 		printf("%s: DAMAGED: %s\n", dir, err);
 		hpu__ckpt_close(&c);
 		return BAD;

@@ -68,7 +68,7 @@ static const hpu_optspec specs[] = {
 	{"height", 0, HPU_OPT_VALUE, OPT_HEIGHT, "PX", .help = "image height in pixels (default 900, 200..16384)"},
 	{"title", 0, HPU_OPT_VALUE, OPT_TITLE, "T", .help = "the title above the panels (default: METRICS's name)"},
 	{"print-data", 0, HPU_OPT_FLAG, OPT_PRINT_DATA, NULL,
-	 .help = "print the table that would be drawn (MiB for memory, '?' where a value is missing), "
+	 .help = "print the table that would be drawn (MiB for memory, NaN where a value is missing: a gap in the plot), "
 		 "then, after a blank line, the validations' (step, val_loss, the metrics), "
 		 "instead of drawing; gnuplot is not needed for it"},
 	{"log-level", 0, HPU_OPT_VALUE, OPT_LOG_LEVEL, "LEVEL", .help = HPU_TOOL_LOG_LEVEL_HELP,

@@ -111,8 +111,10 @@ static int run_gnuplot(const char *gp, const char *dir, int out_fd)
 		return fail("cannot create %s: %s", err, strerror(errno));
 	}
 	fflush(NULL);
+	hpu__tool_guard_hold(1); /* a signal kills gnuplot */
 	pid_t pid = fork();
 	if (pid == 0) {
+		hpu__tool_guard_hold(0);
 		if (chdir(dir) < 0 || dup2(null_fd, 0) < 0 || dup2(out_fd, 1) < 0 ||
 		    dup2(err_fd, 2) < 0)
 			_exit(127);
@@ -121,11 +123,14 @@ static int run_gnuplot(const char *gp, const char *dir, int out_fd)
 		_exit(127);
 	}
 	int fork_errno = errno;
+	int guard = pid > 0 ? hpu__tool_guard_add(HPU_GUARD_PID, NULL, pid) : -1;
+	hpu__tool_guard_hold(0);
 	close(err_fd);
 	close(null_fd);
 	if (pid < 0)
 		return fail("cannot start gnuplot: %s", strerror(fork_errno));
 	int status = wait_bounded(pid), rc;
+	hpu__tool_guard_drop(&guard); /* reaped: its pid may be another's now */
 	if (status == -1)
 		rc = fail("gnuplot (%s) did not finish within %d s and was killed", gp,
 			  GNUPLOT_TIMEOUT_S);
@@ -234,7 +239,11 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 	hpu_outfile o;
 	const char *step;
 	int rc = OK;
-	if (hpu__outfile_open(&o, A->out, 0666) < 0) {
+	hpu__tool_guard_hold(1); /* a signal removes OUT.tmp.PID */
+	int opened = hpu__outfile_open(&o, A->out, 0666) == 0;
+	int guard = opened && !o.direct ? hpu__tool_guard_add(HPU_GUARD_FILE, o.tmp, 0) : -1;
+	hpu__tool_guard_hold(0);
+	if (!opened) {
 		rc = fail("cannot write %s: %s", o.direct ? A->out : o.tmp, strerror(errno));
 	} else if (!o.direct) {
 		rc = render(gp, dir, o.fd, o.tmp);
@@ -256,6 +265,7 @@ static int draw(const args *A, const table *t, const layout *L, const char *gp,
 				  strerror(errno));
 	}
 	hpu__outfile_abort(&o); /* what is left after a failure */
+	hpu__tool_guard_drop(&guard);
 	return rc;
 }
 
@@ -265,14 +275,20 @@ int hpu__plt_draw_in_tmpdir(const args *A, const table *t, const layout *L, cons
 	const char *base = hpu__env_str(HPU_ENV_TMPDIR);
 	char dir[4096], p[4200];
 	snprintf(dir, sizeof dir, "%s/hpu-plot.XXXXXX", base && *base ? base : "/tmp");
-	if (!mkdtemp(dir))
+	hpu__tool_guard_hold(1); /* a signal removes the directory and its files */
+	if (!mkdtemp(dir)) {
+		hpu__tool_guard_hold(0);
 		return fail("cannot make a temporary directory in %s: %s",
 			    base && *base ? base : "/tmp", strerror(errno));
+	}
+	int guard = hpu__tool_guard_add(HPU_GUARD_TREE, dir, 0);
+	hpu__tool_guard_hold(0);
 	int rc = draw(A, t, L, gp, dir);
 	static const char *const files[] = {"data.txt", "val.txt", "plot.gp", "gnuplot.err",
 					    "plot.png"};
 	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
 		unlink(in_dir(p, sizeof p, dir, files[i]));
 	rmdir(dir);
+	hpu__tool_guard_drop(&guard);
 	return rc;
 }

@@ -179,6 +179,16 @@ int hpu__plt_blank(const char *s)
 	return !*s;
 }
 
+/* Whether a line starts a Chrome trace (--profile's perf-logs-rankN.json,
+ * hpu-trace's merged file): its object opens with "otherData" or holds
+ * "traceEvents". */
+static int looks_like_trace(const char *line)
+{
+	while (*line == ' ' || *line == '\t')
+		line++;
+	return !strncmp(line, "{\"otherData\"", 12) || strstr(line, "\"traceEvents\"");
+}
+
 /* Reads every step record of `file` (a regular file) into t. A line that
  * is not JSON, or a record whose "step" is not a number, is an error
  * naming its number -- except an unterminated last line, which a run
@@ -212,6 +222,12 @@ int hpu__plt_read_metrics(const char *file, table *t)
 			hpu__tool_warn("%s:%ld: the last line is incomplete (a run still writing it?): "
 				       "skipped",
 				       file, line);
+		else if ((!j || cJSON_GetObjectItemCaseSensitive(j, "traceEvents")) &&
+			 looks_like_trace(buf))
+			rc = fail("%s:%ld: this looks like a trace (hpulaunch --profile writes them; "
+				  "hpu-trace reads them), not a metrics file (hpulaunch --metrics "
+				  "FILE)",
+				  file, line);
 		else if (!j)
 			rc = fail("%s:%ld: not JSON", file, line);
 		else if (bad_step(j, why_step, sizeof why_step))

@@ -112,7 +112,6 @@ int hpu__plt_write_script(FILE *f, const args *A, const table *t, const layout *
 		   "  set terminal png noenhanced size %d,%d\n"
 		   "}\n"
 		   "set output\n"
-		   "set datafile missing '?'\n"
 		   "set grid\nunset key\nset xlabel 'step'\n",
 		A->width, A->height, A->width, A->height);
 	if (t->n == 1 || t->p[0].step == t->p[t->n - 1].step)

@@ -8,10 +8,13 @@
 
 /* ---- the table gnuplot reads ---- */
 
+/* v, or NaN where it is missing (or not drawable on a log axis): gnuplot
+ * breaks a line at a NaN, where a point it skips as "missing" ('?') would
+ * be joined across. */
 static void put(FILE *f, double v, int positive_only)
 {
 	if (isnan(v) || (positive_only && v <= 0))
-		fputs(" ?", f);
+		fputs(" NaN", f);
 	else
 		fprintf(f, " %.10g", v);
 }

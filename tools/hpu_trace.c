@@ -202,18 +202,23 @@ static int run(const opts *o)
 		warn("%d of the job's %d ranks given: the others are missing from the merge and "
 		     "the summary",
 		     in.n, in.t[0].world_size);
+	/* the merged trace on standard output: the report after it would
+	 * corrupt it (or, stdout a file renamed over, be lost) */
+	FILE *report = stdout;
+	if (!o->no_merge && hpu__tool_out_is_stdout(out))
+		report = stderr;
 	if (!o->no_merge) {
 		int aligned = hpu__trc_align(&in);
 		long written = 0;
 		if ((rc = hpu__trc_write_merged(&in, out, aligned, &written)) != OK)
 			goto done;
-		printf("merged %d rank%s (%ld events) into %s", in.n, in.n == 1 ? "" : "s", written,
-		       out);
+		fprintf(report, "merged %d rank%s (%ld events) into %s", in.n, in.n == 1 ? "" : "s",
+			written, out);
 		if (aligned > 1)
-			printf("; clocks aligned at the first barrier");
-		printf("\n");
+			fprintf(report, "; clocks aligned at the first barrier");
+		fprintf(report, "\n");
 	}
-	hpu__trc_summary(&s, &in, o->top);
+	hpu__trc_summary(report, &s, &in, o->top);
 done:
 	for (int i = 0; i < in.n; i++)
 		hpu__trc_trace_free(&in.t[i]);

@@ -9,6 +9,7 @@
 #define HPU_TOOLS_HPU_TRACE_IMPL_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include <cJSON.h>
 
@@ -96,7 +97,7 @@ int hpu__trc_write_merged(inputs *in, const char *out, int aligned, long *writte
 enum sort_key { BY_TOTAL, BY_COUNT, BY_MEAN, BY_MAX, BY_NAME };
 /* --sort (hpu_trace.c sets it). */
 extern enum sort_key hpu__trc_sort_key;
-/* The table of actions printed, the first `top` (0: all). */
-void hpu__trc_summary(actions *s, const inputs *in, int top);
+/* The table of actions printed into f, the first `top` (0: all). */
+void hpu__trc_summary(FILE *f, actions *s, const inputs *in, int top);
 
 #endif

@@ -184,8 +184,13 @@ int hpu__trc_write_merged(inputs *in, const char *out, int aligned, long *writte
 {
 	hpu_outfile of;
 	FILE *f = NULL;
-	if (hpu__outfile_open(&of, out, 0666) < 0 || !(f = hpu__outfile_stream(&of))) {
+	hpu__tool_guard_hold(1); /* a signal removes out.tmp.PID */
+	int opened = hpu__outfile_open(&of, out, 0666) == 0;
+	int guard = opened && !of.direct ? hpu__tool_guard_add(HPU_GUARD_FILE, of.tmp, 0) : -1;
+	hpu__tool_guard_hold(0);
+	if (!opened || !(f = hpu__outfile_stream(&of))) {
 		hpu__outfile_abort(&of); /* errno stays */
+		hpu__tool_guard_drop(&guard);
 		return fail("%s: cannot write: %s", out, strerror(errno));
 	}
 	cJSON *o = other_data(in, aligned);
@@ -203,6 +208,7 @@ int hpu__trc_write_merged(inputs *in, const char *out, int aligned, long *writte
 	if (rc == OK && (fputs("\n]}\n", f) < 0 || hpu__outfile_commit(&of, NULL) != 0))
 		rc = -1, err = errno;
 	hpu__outfile_abort(&of); /* what is left of it after a failure */
+	hpu__tool_guard_drop(&guard);
 	if (rc < 0) /* a write failed (BAD: put_rank said why) */
 		return fail("%s: cannot write: %s", out, strerror(err ? err : EIO));
 	return rc;

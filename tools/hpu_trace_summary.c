@@ -40,7 +40,7 @@ static int digits(double v, int decimals)
 	return snprintf(b, sizeof b, "%.*f", decimals, v);
 }
 
-void hpu__trc_summary(actions *s, const inputs *in, int top)
+void hpu__trc_summary(FILE *f, actions *s, const inputs *in, int top)
 {
 	action *a = hpu__trc_xrealloc(NULL, (s->n ? s->n : 1) * sizeof *a);
 	size_t n = 0;
@@ -66,19 +66,19 @@ void hpu__trc_summary(actions *s, const inputs *in, int top)
 			wp = l > wp ? l : wp;
 		}
 	}
-	printf("%-*s  %*s  %*s  %*s  %*s  %*s\n", wn, "action", wc, "count", wt, "total_ms", wm,
+	fprintf(f, "%-*s  %*s  %*s  %*s  %*s  %*s\n", wn, "action", wc, "count", wt, "total_ms", wm,
 	       "mean_ms", wx, "max_ms", wp, "%step");
 	for (size_t i = 0; i < rows; i++) {
-		printf("%-*s  %*ld  %*.3f  %*.3f  %*.3f  ", wn, a[i].name, wc, a[i].count, wt,
+		fprintf(f, "%-*s  %*ld  %*.3f  %*.3f  %*.3f  ", wn, a[i].name, wc, a[i].count, wt,
 		       a[i].total / 1e3, wm, a[i].total / 1e3 / (double)a[i].count, wx,
 		       a[i].max / 1e3);
 		if (s->step_total > 0)
-			printf("%*.1f\n", wp, 100.0 * a[i].total / s->step_total);
+			fprintf(f, "%*.1f\n", wp, 100.0 * a[i].total / s->step_total);
 		else
-			printf("%*s\n", wp, "-");
+			fprintf(f, "%*s\n", wp, "-");
 	}
 	if (rows < n)
-		printf("(%zu more action%s; --top %d shows the first %d)\n", n - rows,
+		fprintf(f, "(%zu more action%s; --top %d shows the first %d)\n", n - rows,
 		       n - rows == 1 ? "" : "s", top, top);
 	long lo = -1, hi = -1;
 	for (int i = 0; i < in->n; i++) {
@@ -93,11 +93,11 @@ void hpu__trc_summary(actions *s, const inputs *in, int top)
 	else
 		snprintf(per, sizeof per, "%ld to %ld per rank", lo, hi);
 	if (s->steps == 0) {
-		printf("%d rank%s, no step events: no %%step.\n", in->n, in->n == 1 ? "" : "s");
+		fprintf(f, "%d rank%s, no step events: no %%step.\n", in->n, in->n == 1 ? "" : "s");
 		free(a);
 		return;
 	}
-	printf("%d rank%s, %ld step%s (%s), step time %.3f ms (all ranks). Nested actions "
+	fprintf(f, "%d rank%s, %ld step%s (%s), step time %.3f ms (all ranks). Nested actions "
 	       "(forward:<layer> inside forward) and the collectives thread overlap, and actions "
 	       "outside the steps (evaluate) count too, so %%step does not add up to 100%%.\n",
 	       in->n, in->n == 1 ? "" : "s", s->steps, s->steps == 1 ? "" : "s", per,

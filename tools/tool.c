@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 const char *hpu__tool_name = "hputrain";
 
@@ -73,6 +74,13 @@ int hpu__tool_usage(const char *cmd, const char *fmt, ...)
 	hpu__log_plain(HPU_LOG_ERROR, "(%s %s%s--help for the usage)", hpu__tool_name, cmd ? cmd : "",
 		       cmd ? " " : "");
 	return HPU_TOOL_USAGE;
+}
+
+int hpu__tool_out_is_stdout(const char *path)
+{
+	struct stat o, p;
+	return fstat(1, &o) == 0 && stat(path, &p) == 0 && o.st_dev == p.st_dev &&
+	       o.st_ino == p.st_ino;
 }
 
 int hpu__tool_doc(const struct hpu_optspec *specs, const char *format, int col)

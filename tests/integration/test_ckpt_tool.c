@@ -24,19 +24,26 @@
  * - reshard --world 3 writes a checkpoint that verifies, whose manifest is
  *   the source's but for world_size and files, whose export is
  *   bit-identical to the source's, and that 3 workers resume from and
- *   train one more step; also --world 1 --strategy ddp;
+ *   train one more step; also --world 1 --strategy ddp, whose manifest
+ *   drops zero3's placement plan;
  * - a manifest with a field out of range or a name not known (world_size
  *   2^31, strategy zero9, dtype F128, ...) is refused by info, verify and
  *   reshard with a sentence naming the field and its value;
  * - export to a full disk (a link to /dev/full) and info into a full
  *   standard output fail naming the file and the error; export through a
  *   link to a regular file writes the file and leaves the link;
+ * - export -o standard output (/dev/stdout or /proc/self/fd/1 into a pipe
+ *   or a file, or the file stdout is redirected to): the weights alone
+ *   there, the report on stderr;
  * - an edit of the manifest that stays in range (step, lr, seed, ...) is
  *   caught by its own digest; one without a digest is verified with a
  *   warning; a step directory, `latest` or shard of another uid is
  *   reported naming the owner (as root: the files are given to 65534);
  * - a shard that is a FIFO, a link to /dev/zero or an 8 GiB sparse file
  *   is refused at once, naming what it is;
+ * - reshard refuses a DST named step-N for another step, or inside a
+ *   checkpoint's directory; verify and info report a step-N directory
+ *   (a link) holding another step as damaged;
  * - usage errors exit 2.
  */
 #include <setjmp.h>
@@ -778,6 +785,16 @@ static void test_reshard_resume(void **state)
 	has(out, "world size    1\n");
 	has(out, "strategy      ddp\n");
 	free(out);
+	/* zero3's placement plan is not ddp's: dropped, the rest kept (the
+	 * same strategy kept it above) */
+	a = manifest_rest(LAST);
+	b = manifest_rest(r1);
+	assert_non_null(cJSON_GetObjectItemCaseSensitive(a, "placement"));
+	assert_null(cJSON_GetObjectItemCaseSensitive(b, "placement"));
+	cJSON_DeleteItemFromObjectCaseSensitive(a, "placement");
+	assert_true(cJSON_Compare(a, b, 1));
+	cJSON_Delete(a);
+	cJSON_Delete(b);
 	out = CKPT(0, "export", r1, "--format", "raw", "-o", path("r1.raw"));
 	free(out);
 	same_bytes(path("r1.raw"), PARAMS);
@@ -943,17 +960,18 @@ static void test_foreign_owner(void **state)
 		printf("  not root: no file can be given to another uid; skipped\n");
 		skip();
 	}
-	const char *root = path("forged"), *step = path("forged/step-00000009");
+	/* the foreign one is step 2's (a step-N directory holds step N) */
+	const char *root = path("forged"), *step = path("forged/step-00000002");
 	char latest[700], cmd[2000];
 	assert_int_equal(mkdir(root, 0777), 0);
-	snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/step-00000004' && cp -r '%s' '%s' && "
-		 "printf 'step-00000009\\n' > '%s/latest' && chown -R 65534 '%s' '%s/latest'",
-		 LAST, root, LAST, step, root, step, root);
+	snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/step-00000004' && cp -r '%s/step-00000002' '%s' && "
+		 "printf 'step-00000002\\n' > '%s/latest' && chown -R 65534 '%s' '%s/latest'",
+		 LAST, root, CK, step, root, step, root);
 	assert_int_equal(system(cmd), 0);
 	snprintf(latest, sizeof latest, "%s/latest", root);
 	char *out = CKPT(1, "verify", "--all", root);
 	has(out, "forged/latest is owned by uid 65534, not by uid 0");
-	has(out, "forged/step-00000009 is owned by uid 65534, not by uid 0");
+	has(out, "forged/step-00000002 is owned by uid 65534, not by uid 0");
 	has(out, "DAMAGE FOUND");
 	free(out);
 	/* root naming a checkpoint trusts its owner: all of it is 65534's */
@@ -1040,6 +1058,74 @@ static void test_full_disk(void **state)
 	free(out);
 }
 
+/* -o naming standard output (/dev/stdout, /proc/self/fd/1, the file
+ * stdout is redirected to): the weights alone on stdout, into a pipe or
+ * a file, and "exported ..." on stderr; before, it followed the weights
+ * on stdout (into a pipe) or was lost (a file renamed over). */
+static void test_export_stdout(void **state)
+{
+	(void)state;
+	static const char *const scripts[] = {
+		"exec \"$0\" export --format raw \"$1\" -o /dev/stdout 2>\"$2.err\" | cat >\"$2\"",
+		"exec \"$0\" export --format raw \"$1\" -o /proc/self/fd/1 2>\"$2.err\" | cat >\"$2\"",
+		"exec \"$0\" export --format raw \"$1\" -o /dev/stdout 2>\"$2.err\" >\"$2\"",
+		"exec \"$0\" export --format raw \"$1\" -o \"$2\" 2>\"$2.err\" >\"$2\"",
+	};
+	for (size_t k = 0; k < sizeof scripts / sizeof scripts[0]; k++) {
+		char got[700], err[720];
+		snprintf(got, sizeof got, "%s/stdout%zu.raw", T, k);
+		snprintf(err, sizeof err, "%s.err", got);
+		free(RUN(0, "/bin/sh", "-c", scripts[k], TOOL, LAST, got));
+		same_bytes(got, PARAMS);
+		char *said = h_slurp(err);
+		assert_non_null(said);
+		has(said, "exported ");
+		free(said);
+	}
+}
+
+/* A step-N directory holding another step's checkpoint, which resume
+ * refuses: reshard will not write one (nor a DST inside a checkpoint's
+ * directory), and verify (one, a root, --all) and info on a root report
+ * one (a link step-30 -> step-4) as damaged, with resume's sentence;
+ * before, reshard wrote both and verify said "all intact". */
+static void test_misnamed_step(void **state)
+{
+	(void)state;
+	char root[600], wrong[700], inside[700], right[700], link[700];
+	snprintf(root, sizeof root, "%s", path("named"));
+	assert_int_equal(mkdir(root, 0755), 0);
+	snprintf(wrong, sizeof wrong, "%s/step-00000009", root);
+	snprintf(inside, sizeof inside, "%s/sub", LAST);
+	snprintf(right, sizeof right, "%s/step-%08d", root, STEPS);
+	snprintf(link, sizeof link, "%s/step-00000030", root);
+	char *out = CKPT(2, "reshard", LAST, wrong, "--world", "1");
+	has(out, "is named for step 9 but holds step 4's checkpoint (its manifest): renamed, or "
+		 "a link to another step's directory?");
+	free(out);
+	assert_false(exists(wrong));
+	out = CKPT(2, "reshard", LAST, inside, "--world", "1");
+	has(out, "is a checkpoint's directory (it holds manifest.json)");
+	free(out);
+	assert_false(exists(inside));
+	free(CKPT(0, "reshard", LAST, right, "--world", "1"));
+	free(CKPT(0, "verify", "--all", root));
+	assert_int_equal(symlink("step-00000004", link), 0);
+	const char *said = "is named for step 30 but holds step 4's checkpoint (its manifest)";
+	out = CKPT(1, "verify", "--all", root);
+	has(out, "step-00000030: DAMAGED: ");
+	has(out, said);
+	has(out, "DAMAGE FOUND");
+	free(out);
+	out = CKPT(1, "verify", link);
+	has(out, said);
+	free(out);
+	out = CKPT(0, "info", root);
+	has(out, "step-00000030  DAMAGED: ");
+	has(out, said);
+	free(out);
+}
+
 /* ---- usage ---- */
 
 static void test_usage(void **state)
@@ -1097,6 +1183,8 @@ int main(void)
 	    cmocka_unit_test(test_foreign_owner),
 	    cmocka_unit_test(test_not_regular),
 	    cmocka_unit_test(test_full_disk),
+	    cmocka_unit_test(test_export_stdout),
+	    cmocka_unit_test(test_misnamed_step),
 	    cmocka_unit_test(test_usage),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

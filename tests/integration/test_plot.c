@@ -19,6 +19,7 @@
  *   not a number (named by line, not "no step records"), a file without
  *   step records, a missing file: exit 1 and no output file; /dev/zero, a link
  *   to it and a FIFO are refused at once, naming what they are;
+ * - a --profile trace given instead: said to be a trace, for hpu-trace;
  * - an empty file (or blank lines only): exit 1 saying it is empty, also
  *   with --print-data (no qsort(NULL, 0) for UBSan to trip on);
  * - a full disk: -o a link to /dev/full (written through, not renamed
@@ -28,6 +29,12 @@
  *   PNG is caught;
  * - no gnuplot on PATH: the install hint; a gnuplot that fails: its
  *   stderr passed on, an existing OUT left as it was;
+ * - a null loss and a rank missing from a record are NaN in the table
+ *   gnuplot reads (a gap; '?' would be joined across), as --print-data
+ *   prints them;
+ * - SIGTERM while gnuplot runs (a stand-in that sleeps), and a closed
+ *   output pipe (SIGPIPE): gnuplot killed, no OUT.tmp.PID, the temporary
+ *   directory removed, hpu-plot dead of the signal;
  * - usage errors exit 2, --help 0.
  */
 #include <setjmp.h>
@@ -40,6 +47,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -523,6 +531,32 @@ static void test_not_json(void **state)
 
 /* A record whose "step" is not a number is an error naming its line,
  * not "no step records with a loss" (the record was there, damaged). */
+/* A --profile trace given for a metrics file: said to be a trace, for
+ * hpu-trace (it said only "not JSON"). */
+static void test_trace_given(void **state)
+{
+	(void)state;
+	char tr[600];
+	snprintf(tr, sizeof tr, "%s", path("perf-logs-rank0.json"));
+	assert_int_equal(
+		h_write_file(tr,
+			     "{\"otherData\":{\"tool\":\"hputrain\",\"version\":1,\"rank\":0},"
+			     "\"traceEvents\":[\n"
+			     "{\"name\":\"step\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":1,\"dur\":2}\n"
+			     "\n]}\n",
+			     0644),
+		0);
+	char *o = HPU_PLOT(1, tr);
+	has(o, "perf-logs-rank0.json:1: this looks like a trace (hpulaunch --profile writes "
+	       "them; hpu-trace reads them), not a metrics file");
+	free(o);
+	/* all on one line (it parses): the same */
+	assert_int_equal(h_write_file(tr, "{\"otherData\":{},\"traceEvents\":[]}\n", 0644), 0);
+	o = HPU_PLOT(1, tr);
+	has(o, "this looks like a trace");
+	free(o);
+}
+
 static void test_step_not_a_number(void **state)
 {
 	(void)state;
@@ -719,6 +753,127 @@ static void test_gnuplot_fails(void **state)
 	free(o);
 }
 
+/* A loss that was not finite ("loss":null) and a rank missing from a
+ * record's "device" are NaN in the table gnuplot reads, and the script
+ * declares no other "missing" marker: gnuplot breaks a line at a NaN,
+ * where a point it skips as missing ('?') is joined across (5.4). A
+ * stand-in gnuplot keeps the files it was given; --print-data prints the
+ * same rows. */
+static void test_missing_is_gap(void **state)
+{
+	(void)state;
+	char env_path[700], script[1600], gm[600];
+	snprintf(gm, sizeof gm, "%s", path("gap.jsonl"));
+	assert_int_equal(
+		h_write_file(gm,
+			     "{\"step\":1,\"loss\":2.5,\"lr\":0.1,\"samples_per_sec\":100,\"device\":"
+			     "[{\"rank\":0,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152},"
+			     "{\"rank\":1,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152}]}\n"
+			     "{\"step\":2,\"loss\":null,\"lr\":0.1,\"samples_per_sec\":100,\"device\":"
+			     "[{\"rank\":0,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152}]}\n"
+			     "{\"step\":3,\"loss\":1.5,\"lr\":0.1,\"samples_per_sec\":100,\"device\":"
+			     "[{\"rank\":0,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152},"
+			     "{\"rank\":1,\"Limit\":8388608,\"InUse\":1048576,\"MaxInUse\":2097152}]}\n",
+			     0644),
+		0);
+	assert_int_equal(mkdir(path("gapbin"), 0755), 0);
+	assert_int_equal(mkdir(path("gapseen"), 0755), 0);
+	snprintf(script, sizeof script, "#!/bin/sh\ncp data.txt plot.gp '%s'\nexit 5\n",
+		 path("gapseen"));
+	assert_int_equal(h_write_file(path("gapbin/gnuplot"), script, 0755), 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s:/usr/bin:/bin", path("gapbin"));
+	free(PLOT_ENV(1, ((const char *[]){env_path, TMPENV, NULL}), "-o", path("gap.png"), gm));
+	empty_dir(path("tmp"));
+	char *data = h_slurp(path("gapseen/data.txt")), *gp = h_slurp(path("gapseen/plot.gp"));
+	assert_non_null(data);
+	assert_non_null(gp);
+	if (strchr(data, '?'))
+		fail_msg("the table marks a missing value with '?', which gnuplot joins across:\n%s",
+			 data);
+	has(data, "\n2 NaN 0.1 100 8 1 2 NaN NaN\n");
+	if (strstr(gp, "datafile missing"))
+		fail_msg("the script sets a missing marker:\n%s", gp);
+	char *o = HPU_PLOT(0, "--print-data", gm);
+	assert_string_equal(o, data);
+	free(o);
+	free(data);
+	free(gp);
+}
+
+/* SIGTERM while gnuplot draws (a stand-in that sleeps): hpu-plot kills
+ * gnuplot, removes OUT.tmp.PID and its temporary directory, and dies of
+ * the signal; before, all three were left. */
+static void test_signal_cleans_up(void **state)
+{
+	(void)state;
+	char env_path[700], script[2200], out[600], pidfile[600];
+	snprintf(out, sizeof out, "%s", path("sig.png"));
+	snprintf(pidfile, sizeof pidfile, "%s", path("sigbin.pid"));
+	assert_int_equal(mkdir(path("sigbin"), 0755), 0);
+	snprintf(script, sizeof script, "#!/bin/sh\necho $$ >'%s.new'\nmv '%s.new' '%s'\nexec sleep 60\n",
+		 pidfile, pidfile, pidfile);
+	assert_int_equal(h_write_file(path("sigbin/gnuplot"), script, 0755), 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s:/usr/bin:/bin", path("sigbin"));
+	const char *argv[] = {PLOT, "-o", out, M, NULL};
+	const char *env[] = {env_path, TMPENV, NULL};
+	proc p;
+	assert_int_equal(h_start(&p, (char *const *)argv, (char *const *)env), 0);
+	char *pid_text = NULL;
+	for (int k = 0; k < 1000 && !(pid_text = h_slurp(pidfile)); k++)
+		usleep(10000);
+	if (!pid_text) {
+		h_kill(&p);
+		fail_msg("the stand-in gnuplot did not start");
+	}
+	pid_t gp = (pid_t)atoi(pid_text);
+	free(pid_text);
+	assert_true(gp > 0 && h_alive(gp));
+	assert_true(tmp_left(out));
+	assert_int_equal(kill(p.pid, SIGTERM), 0);
+	if (h_wait(&p, 20000) != 0) {
+		h_kill(&p);
+		fail_msg("hpu-plot did not end after SIGTERM");
+	}
+	assert_int_equal(h_code(&p), 128 + SIGTERM);
+	h_free(&p);
+	for (int k = 0; k < 200 && h_alive(gp); k++)
+		usleep(10000);
+	if (h_alive(gp)) {
+		kill(gp, SIGKILL);
+		fail_msg("gnuplot (pid %d) still runs after hpu-plot's SIGTERM", (int)gp);
+	}
+	assert_false(tmp_left(out));
+	assert_false(exists(out));
+	empty_dir(path("tmp"));
+}
+
+/* -o /dev/stdout into a pipe closed early: hpu-plot dies of SIGPIPE (as
+ * before) and leaves no temporary directory. */
+static void test_closed_pipe_cleans_up(void **state)
+{
+	(void)state;
+	char env_path[700];
+	assert_int_equal(mkdir(path("pipebin"), 0755), 0);
+	/* a whole (if empty) PNG after a pause: the reader has gone by then */
+	assert_int_equal(h_write_file(path("pipebin/gnuplot"),
+				      "#!/bin/sh\n"
+				      "sleep 0.5\n"
+				      "printf '\\211PNG\\r\\n\\032\\n'\n"
+				      "head -c 100000 /dev/zero\n"
+				      "printf '\\0\\0\\0\\0IEND\\256B`\\202'\n",
+				      0755),
+			 0);
+	snprintf(env_path, sizeof env_path, "PATH=%s:/usr/bin:/bin", path("pipebin"));
+	const char *argv[] = {"/bin/sh", "-c",
+			      "\"$0\" -o /dev/stdout \"$1\"; echo \"exit $?\" >&2", PLOT, M, NULL};
+	const char *wrap[] = {"/bin/sh", "-c", "\"$@\" | true", "sh", argv[0], argv[1], argv[2],
+			      argv[3], argv[4], NULL};
+	char *o = run_v(0, ((const char *[]){env_path, TMPENV, NULL}), wrap);
+	has(o, "exit 141");
+	free(o);
+	empty_dir(path("tmp"));
+}
+
 static void test_usage(void **state)
 {
 	(void)state;
@@ -757,6 +912,7 @@ int main(void)
 		cmocka_unit_test(test_validation_records),
 		cmocka_unit_test(test_incomplete_last_line),
 		cmocka_unit_test(test_not_json),
+		cmocka_unit_test(test_trace_given),
 		cmocka_unit_test(test_step_not_a_number),
 		cmocka_unit_test(test_no_step_records),
 		cmocka_unit_test(test_empty_input),
@@ -766,6 +922,9 @@ int main(void)
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_no_gnuplot),
 		cmocka_unit_test(test_gnuplot_fails),
+		cmocka_unit_test(test_missing_is_gap),
+		cmocka_unit_test(test_signal_cleans_up),
+		cmocka_unit_test(test_closed_pipe_cleans_up),
 		cmocka_unit_test(test_usage),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -21,6 +21,9 @@
  *   standard output, exit 1 naming the file and the error (the link is
  *   written through, not renamed over); -o a link to a regular file
  *   writes the file and leaves the link;
+ * - -o standard output (/dev/stdout or /proc/self/fd/1 into a pipe or a
+ *   file, or the file stdout is redirected to): the trace alone there,
+ *   the report on stderr;
  * - the traces of a real 2-worker run of the MLP with --profile: both ranks
  *   merged with every event, aligned at their first barrier; the summary
  *   has step, forward, backward, optimizer_step and all_reduce with the
@@ -670,6 +673,49 @@ static void test_full_disk(void **state)
 	h_free(&p);
 }
 
+/* -o naming standard output (/dev/stdout, /proc/self/fd/1, the file
+ * stdout is redirected to): the merged trace alone on stdout, into a
+ * pipe or a file, and the report ("merged 2 ranks", the summary) on
+ * stderr; before, it followed the trace on stdout (into a pipe) or was
+ * lost (a file renamed over). */
+static void test_output_stdout(void **state)
+{
+	(void)state;
+	const char *d = dir("stdout");
+	two_ranks(d);
+	static const char *const scripts[] = {
+		"exec \"$0\" -o /dev/stdout \"$1\" 2>\"$2.err\" | cat >\"$2\"",
+		"exec \"$0\" -o /proc/self/fd/1 \"$1\" 2>\"$2.err\" | cat >\"$2\"",
+		"exec \"$0\" -o /dev/stdout \"$1\" 2>\"$2.err\" >\"$2\"",
+		"exec \"$0\" -o \"$2\" \"$1\" 2>\"$2.err\" >\"$2\"",
+	};
+	for (size_t k = 0; k < sizeof scripts / sizeof scripts[0]; k++) {
+		char got[700], err[720];
+		snprintf(got, sizeof got, "%s/got%zu.json", d, k);
+		snprintf(err, sizeof err, "%s.err", got);
+		const char *argv[] = {"/bin/sh", "-c", scripts[k], TOOL, d, got, NULL};
+		proc p;
+		int rc = h_run(&p, (char *const *)argv, NULL, 60000);
+		if (rc != 0)
+			fail_msg("%s: exit %d:\n%s", scripts[k], rc, p.out);
+		h_free(&p);
+		char *text = h_slurp(got);
+		assert_non_null(text);
+		lacks(text, "merged 2 ranks"); /* the trace alone */
+		free(text);
+		cJSON *doc = load(got);
+		assert_int_equal(
+			cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "traceEvents")),
+			RANK0_EVENTS + RANK1_EVENTS + 2);
+		cJSON_Delete(doc);
+		char *said = h_slurp(err);
+		assert_non_null(said);
+		has(said, "merged 2 ranks");
+		has(said, "my_custom_action");
+		free(said);
+	}
+}
+
 /* ---- real traces ---- */
 
 /* Events in a trace file of the run, and its host name. */
@@ -765,6 +811,7 @@ int main(void)
 	    cmocka_unit_test(test_errors),
 	    cmocka_unit_test(test_not_a_file),
 	    cmocka_unit_test(test_full_disk),
+	    cmocka_unit_test(test_output_stdout),
 	    cmocka_unit_test(test_real),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
