@@ -260,8 +260,8 @@ int hpu__opts_apply(hpu_train_opts *o, hpu_optparse *p, char *err,
 int hpu__opts_load_file(hpu_train_opts *o, const char *path, char *err,
 			size_t errlen);
 
-/* After hpu__opts_resolve: a note for the options given (flags or keys)
- * that the run's other choices leave unread (--loss-scale at fp32,
+/* After hpu__opts_resolve: a note for the flags given that the run's
+ * other choices leave unread (--loss-scale at fp32,
  * --momentum with adamw, --graphs-warmup without --graphs), one note
  * naming the config file's "auto" values and what they were resolved to,
  * and one warning naming its keys that change nothing here and why;

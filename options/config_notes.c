@@ -34,11 +34,13 @@ static size_t auto_text(const hpu_train_opts *o, const struct hpu_cfg_auto *a, c
 	return m < 0 ? (size_t)n : (size_t)n + (size_t)m < len ? (size_t)n + (size_t)m : len - 1;
 }
 
-/* Whether option `name` was given (a flag or a config-file key). */
+/* Whether option `name` was given on the command line. (A config file's
+ * keys are left out: DeepSpeed's templates carry an fp16 section beside
+ * bf16's, a scheduler's warm-up for every type, which the user did not
+ * choose one by one.) */
 static int given(const hpu_train_opts *o, const char *name)
 {
-	int from = hpu__opts_from(o, name);
-	return from == HPU_FROM_FLAG || from == HPU_FROM_FILE;
+	return hpu__opts_from(o, name) == HPU_FROM_FLAG;
 }
 
 /* One note for the options of `names` (NULL-ended) that were given but
@@ -59,8 +61,8 @@ static void unread(const hpu_train_opts *o, FILE *f, const char *prog, const cha
 		fprintf(f, "%s: note: %s %s no effect %s\n", prog, list, n == 1 ? "has" : "have", why);
 }
 
-/* The options given that this run's other choices leave unread (they
- * were taken in silence: --loss-scale at fp32, --momentum with adamw). */
+/* The flags given that this run's other choices leave unread (they were
+ * taken in silence: --loss-scale at fp32, --momentum with adamw). */
 static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 {
 	char why[160];
