@@ -458,6 +458,19 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 	}
 }
 
+static void ping_all(void);
+
+/* While a submission waits for one node (its hello or launch reply): the
+ * nodes whose part runs already are pinged every PING_EVERY_S, so that a
+ * slow node does not get them cancelled for silence (submitter_timeout). */
+static void ping_started(double *last)
+{
+	if (now_s() - *last >= PING_EVERY_S) {
+		ping_all();
+		*last = now_s();
+	}
+}
+
 /* Opens a new session with nd's hpud: a Hello under a fresh session id,
  * then waits (taking the other nodes' messages meanwhile) for the answer
  * that names hpud's instance. Returns 0, or -1 with S.err set. which
@@ -485,9 +498,11 @@ static int hello(node *nd, const char *which)
 	env.hello = &h;
 	if (send_env(nd, &env, which) < 0)
 		return -1;
-	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;
-	while (!nd->instance[0] && now_s() < deadline && !S.signo)
+	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0, pinged = now_s();
+	while (!nd->instance[0] && now_s() < deadline && !S.signo) {
 		pump(100, -1, NULL);
+		ping_started(&pinged);
+	}
 	if (!nd->instance[0])
 		return fail(S.signo ? "interrupted" :
 			    "no answer from hpud at %s:%d%s within %d s: is it running, does it have the same key, and is its clock within its clock_window of this one's?",
@@ -610,9 +625,11 @@ static int launch_node(int i, int restart)
 	 * too, answered or not (hpud takes the cancel after the request) */
 	nd->requested = 1;
 	Hpu__Envelope *r = NULL;
-	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0;
-	while (!r && now_s() < deadline && !S.signo)
+	double deadline = now_s() + REPLY_TIMEOUT_MS / 1000.0, pinged = now_s();
+	while (!r && now_s() < deadline && !S.signo) {
 		pump(100, i, &r);
+		ping_started(&pinged);
+	}
 	if (!r)
 		return fail(S.signo ? "interrupted" :
 			    "no answer from hpud at %s:%d (node %d) within %d s: is it running, does it have the same key, and is its clock within its clock_window of this one's?",

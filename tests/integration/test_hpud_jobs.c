@@ -126,6 +126,55 @@ static void test_job_through_hostfile(void **state)
 	stop_daemon();
 }
 
+/* Two nodes, the second's hpud stopped for 5 s while the job is
+ * submitted: node 0's part, launched first, keeps being pinged while
+ * hpulaunch waits for node 1's answer (no ping was sent then, and node
+ * 0's hpud cancelled its part after submitter_timeout, 3 s), and the job
+ * runs once node 1 answers. */
+static void test_slow_node_submission(void **state)
+{
+	(void)state;
+	write_conf(1, NULL);
+	start_daemon();
+	char conf2[160], hf2[160], text[1024];
+	int port2 = h_free_port();
+	snprintf(conf2, sizeof conf2, "%s/hpud2.conf", dir);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 1\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 3\n",
+		 port2, key_path);
+	assert_int_equal(h_write_file(conf2, text, 0644), 0);
+	snprintf(hf2, sizeof hf2, "%s/hostfile2", dir);
+	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n127.0.0.1:%d slots=1\n", port, port2);
+	assert_int_equal(h_write_file(hf2, text, 0644), 0);
+	proc d2;
+	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
+	char *env2[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
+	assert_int_equal(h_start(&d2, argv2, env2), 0);
+	assert_int_equal(h_wait_for(&d2, "listening on", 10000), 0);
+	kill(d2.pid, SIGSTOP);
+	char *a[] = {(char *)LAUNCH, "--hostfile", hf2, "--key", key_path, "--max-steps", "3",
+		     "--batch-size", "32", "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, a, NULL), 0);
+	sleep(5);
+	kill(d2.pid, SIGCONT);
+	int exited = h_wait(&p, 120000);
+	if (exited)
+		h_kill(&p);
+	printf("%s", p.out);
+	kill(d2.pid, SIGTERM);
+	if (h_wait(&d2, 15000) < 0)
+		h_kill(&d2);
+	h_free(&d2);
+	assert_int_equal(exited, 0);
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "[rank 0] trained 3 steps on 2 workers"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 /* The variables the workers read (the autocast lists, QUANT_CONFIG)
  * travel with the request: hpud's own environment has none, and the
  * workers read the submitter's files (here with a name each that means no
@@ -1023,6 +1072,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_job_through_hostfile),
+		cmocka_unit_test(test_slow_node_submission),
 		cmocka_unit_test(test_job_env_forwarded),
 		cmocka_unit_test(test_launch_request_too_long),
 		cmocka_unit_test(test_relative_paths_through_hostfile),
