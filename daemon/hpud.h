@@ -67,6 +67,7 @@ typedef struct hpud_state {
 	/* refusals are logged at most 20 per second */
 	ev_tstamp refuse_window;
 	int refused_logged, refused_dropped;
+	ev_timer refuse_timer; /* says the dropped count at the window's end */
 	/* drawn at start: every request must name it (proto/hpu.proto) */
 	char instance[HPU_AUTH_ID_HEX + 1];
 	uint64_t seq;              /* of the last frame signed */

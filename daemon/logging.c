@@ -69,18 +69,36 @@ void hpud__notify(const char *state)
 		hpud__logmsg(HPUD_LOG_WARN, "cannot notify systemd through NOTIFY_SOCKET: %s", strerror(-r));
 }
 
+/* The refusals past the 20 logged in a second, said once the second is
+ * over (it waited for the next refusal, which may never come). */
+static void say_dropped(void)
+{
+	if (hpud__D.refused_dropped)
+		hpud__logmsg(HPUD_LOG_WARN, "%d more requests refused in the last second (not logged)",
+			     hpud__D.refused_dropped);
+	hpud__D.refused_dropped = 0;
+}
+
+static void on_refuse_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop, (void)t, (void)revents;
+	say_dropped();
+}
+
 void hpud__log_refusal(const char *peer, const char *why)
 {
 	ev_tstamp now = ev_now(hpud__D.loop);
 	if (now - hpud__D.refuse_window >= 1.0) {
-		if (hpud__D.refused_dropped)
-			hpud__logmsg(HPUD_LOG_WARN, "%d more requests refused in the last second (not logged)",
-				     hpud__D.refused_dropped);
+		ev_timer_stop(hpud__D.loop, &hpud__D.refuse_timer);
+		say_dropped();
 		hpud__D.refuse_window = now;
-		hpud__D.refused_logged = hpud__D.refused_dropped = 0;
+		hpud__D.refused_logged = 0;
 	}
-	if (hpud__D.refused_logged++ < 20)
+	if (hpud__D.refused_logged++ < 20) {
 		hpud__logmsg(HPUD_LOG_WARN, "refused a request from %s: %s", peer, why);
-	else
-		hpud__D.refused_dropped++;
+	} else if (hpud__D.refused_dropped++ == 0) {
+		ev_timer_init(&hpud__D.refuse_timer, on_refuse_timer,
+			      hpud__D.refuse_window + 1.0 - now, 0.);
+		ev_timer_start(hpud__D.loop, &hpud__D.refuse_timer);
+	}
 }

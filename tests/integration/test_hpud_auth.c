@@ -153,6 +153,29 @@ static void test_bad_requests(void **state)
 	stop_daemon();
 }
 
+/* A burst of refused requests: 20 are logged, and the count of the rest
+ * is said once the second is over (it waited for the next refusal, which
+ * may never come: the last burst's count was never said). */
+static void test_refusal_burst_counted(void **state)
+{
+	(void)state;
+	start_daemon();
+	client c;
+	client_open(&c, key);
+	for (int i = 0; i < 30; i++) {
+		size_t len;
+		uint8_t *f = status_frame(&c, -120000, &len); /* stale: refused */
+		zmq_send(c.sock, f, len, 0);
+		free(f);
+	}
+	int said = h_wait_for(&daemon_proc, "more requests refused in the last second (not logged)",
+			      5000);
+	if (said)
+		fail_msg("no count of the unlogged refusals:\n%s", daemon_proc.out);
+	client_close(&c);
+	stop_daemon();
+}
+
 /* hpulaunch with another cluster key: hpud drops its frames unanswered
  * (a stranger learns nothing), so the submitter cannot tell a wrong key
  * from a hpud that is not there and names both; hpud's log says which. */
@@ -811,6 +834,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_requests),
+		cmocka_unit_test(test_refusal_burst_counted),
 		cmocka_unit_test(test_submitter_wrong_key),
 		cmocka_unit_test(test_submitter_clock_window),
 		cmocka_unit_test(test_launch_bound_to_instance),
