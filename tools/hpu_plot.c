@@ -8,9 +8,10 @@
  *
  * The metrics file is JSON lines: step records ("step" and "loss") and
  * validation records ("step" and "val_loss") are plotted, every other
- * record (checkpoint reports, the "final" record) is skipped. A resumed run appends to the file, so a step may appear more
- * than once: the last record of each step is kept, and the steps are drawn
- * in ascending order. The data and the script go to a temporary directory
+ * record (checkpoint reports, the "final" record) is skipped. A resumed run appends to the file: at its
+ * "checkpoint": "loaded" record the records past the resumed step are
+ * dropped (the abandoned run's), the last record of each step is kept,
+ * and the steps are drawn in ascending order. The data and the script go to a temporary directory
  * (removed afterwards); gnuplot writes the PNG to its standard output,
  * which is OUT.tmp.PID, renamed to OUT once gnuplot has succeeded -- so the
  * output path never appears in the script, and a failed run leaves no
@@ -42,9 +43,9 @@ static const char *const help =
 	"smallest and largest over the ranks instead of one line per rank).\n"
 	"Validation records (--eval-every) add val_loss to the loss panel and\n"
 	"a panel of the validation metrics (val_accuracy, ...).\n"
-	"Step records are drawn, other records skipped; where a resumed run\n"
-	"repeated steps, the last record of each step counts. Needs gnuplot\n"
-	"(Debian: gnuplot-nox).\n"
+	"Step records are drawn, other records skipped; where a run resumed\n"
+	"(appending to the file), what the abandoned run logged past the\n"
+	"resumed step is dropped. Needs gnuplot (Debian: gnuplot-nox).\n"
 	"\n"
 	"options:\n";
 

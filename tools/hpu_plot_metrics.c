@@ -126,11 +126,38 @@ static int add_validation(table *t, const cJSON *j, long line)
 	return 0;
 }
 
+/* A resume from step `from` (its "checkpoint": "loaded" record): the
+ * records read so far past that step were the abandoned run's, which the
+ * resumed one replaces whether or not it logs the same steps. */
+static void resumed_at(table *t, double from)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < t->n; i++) {
+		if (t->p[i].step > from) {
+			free(t->p[i].in_use);
+			free(t->p[i].max_in_use);
+			continue;
+		}
+		t->p[k++] = t->p[i];
+	}
+	t->n = k;
+	k = 0;
+	for (size_t i = 0; i < t->vn; i++)
+		if (!(t->vp[i].step > from))
+			t->vp[k++] = t->vp[i];
+	t->vn = k;
+}
+
 /* Adds record j (from line `line`) to t if it is a step record: an
  * object with a numeric "step" and a "loss" (a number, or null where the
  * loss was not finite). 0, or -1 when out of memory. */
 static int add_record(table *t, const cJSON *j, long line)
 {
+	const cJSON *ck = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "checkpoint") : NULL;
+	if (cJSON_IsString(ck) && !strcmp(ck->valuestring, "loaded") && !isnan(num(j, "step"))) {
+		resumed_at(t, num(j, "step"));
+		return 0;
+	}
 	if (cJSON_IsObject(j) && !isnan(num(j, "step")) &&
 	    cJSON_GetObjectItemCaseSensitive(j, "val_loss"))
 		return add_validation(t, j, line);

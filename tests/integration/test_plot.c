@@ -484,6 +484,37 @@ static void test_validation_records(void **state)
 	empty_dir(path("tmp"));
 }
 
+/* A run resumed from step 4 that logs other steps than the abandoned
+ * run did: what that run logged past step 4 (steps 6 and 8, its
+ * validation at 6) is dropped at the "checkpoint": "loaded" record (they
+ * were kept beside the resumed run's 5 and 7, two runs in one line). */
+static void test_resumed_other_steps(void **state)
+{
+	(void)state;
+	const char *f = path("resumed.jsonl");
+	const char *text =
+		"{\"step\":2,\"epoch\":1,\"loss\":2.0,\"lr\":0.001,\"samples_per_sec\":10}\n"
+		"{\"step\":4,\"epoch\":1,\"loss\":1.5,\"lr\":0.001,\"samples_per_sec\":10}\n"
+		"{\"step\":6,\"epoch\":1,\"loss\":1.2,\"lr\":0.001,\"samples_per_sec\":10}\n"
+		"{\"step\":6,\"val_loss\":1.3,\"val_samples\":100}\n"
+		"{\"step\":8,\"epoch\":1,\"loss\":1.0,\"lr\":0.001,\"samples_per_sec\":10}\n"
+		"{\"checkpoint\":\"loaded\",\"step\":4,\"seconds\":0.1}\n"
+		"{\"step\":5,\"epoch\":1,\"loss\":1.4,\"lr\":0.001,\"samples_per_sec\":11}\n"
+		"{\"step\":7,\"epoch\":1,\"loss\":1.1,\"lr\":0.001,\"samples_per_sec\":11}\n";
+	assert_int_equal(h_write_file(f, text, 0644), 0);
+	char *o = HPU_PLOT(0, "--print-data", f);
+	printf("%s", o);
+	const char *rows = strchr(o, '\n') + 1;
+	assert_int_equal(strncmp(rows, "2 2 ", 4), 0);
+	has(o, "\n4 1.5 ");
+	has(o, "\n5 1.4 ");
+	has(o, "\n7 1.1 ");
+	assert_null(strstr(o, "\n6 "));
+	assert_null(strstr(o, "\n8 "));
+	assert_null(strstr(o, "# validation"));
+	free(o);
+}
+
 /* A run still writing (or killed mid-line) leaves an unterminated line. */
 static void test_incomplete_last_line(void **state)
 {
@@ -910,6 +941,7 @@ int main(void)
 		cmocka_unit_test(test_default_output),
 		cmocka_unit_test(test_table),
 		cmocka_unit_test(test_validation_records),
+		cmocka_unit_test(test_resumed_other_steps),
 		cmocka_unit_test(test_incomplete_last_line),
 		cmocka_unit_test(test_not_json),
 		cmocka_unit_test(test_trace_given),
