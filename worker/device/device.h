@@ -497,13 +497,8 @@ void hpu__dev_leave(void);
  * call, except under cpu-strict's kernels-only mode (HPU_STRICT_KERNELS=1,
  * device_kernels.c), where only the kernel table's functions and the
  * runtime's ops open device memory, as on a GPU. */
-void hpu__dev_layer_enter(const char *layer, int backward);
+void hpu__dev_layer_enter(void);
 void hpu__dev_layer_leave(void);
-
-/* The layer whose forward or backward runs (between the two above), or
- * NULL: cpu-strict's fault names it. */
-extern const char *volatile hpu__dev_layer_running;
-extern volatile int hpu__dev_layer_backward;
 
 /* The step guard: the runtime turns it on while a training step runs
  * (train.c's train_step: from the first micro-step's forward to the end

@@ -91,13 +91,8 @@ void hpu__dev_leave(void)
 	hpu__dev_call_close();
 }
 
-const char *volatile hpu__dev_layer_running;
-volatile int hpu__dev_layer_backward;
-
-void hpu__dev_layer_enter(const char *layer, int backward)
+void hpu__dev_layer_enter(void)
 {
-	hpu__dev_layer_backward = backward;
-	hpu__dev_layer_running = layer;
 	if (!hpu__dev_kernels_set)
 		hpu__dev_enter();
 }
@@ -106,7 +101,6 @@ void hpu__dev_layer_leave(void)
 {
 	if (!hpu__dev_kernels_set)
 		hpu__dev_leave();
-	hpu__dev_layer_running = NULL;
 }
 
 /* A device op's buffer must be device memory: on a device that tells

@@ -45,6 +45,7 @@
 
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
+#include "worker/ops/fp8.h" /* hpu__op_layer_name: the layer running */
 
 #define ARENA_BYTES ((size_t)64 << 30) /* address space, not memory */
 #define PAGE_BYTES ((size_t)4096)
@@ -278,10 +279,10 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
 	char block[160];
 	block_at(a, "no block in use", block, sizeof block);
 	char line[512], in[160] = "";
-	const char *layer = hpu__dev_layer_running;
-	if (layer) /* a custom layer's own loop, under HPU_STRICT_KERNELS=1 */
+	const char *layer = hpu__op_layer_name(); /* the strategy's hpu__op_layer */
+	if (layer[0]) /* a custom layer's own loop, under HPU_STRICT_KERNELS=1 */
 		snprintf(in, sizeof in, " in layer %s's %s (a loop of its own, not an op: "
-			 "HPU_LAYER_HOST_ONLY?)", layer, hpu__dev_layer_backward ? "backward" : "forward");
+			 "HPU_LAYER_HOST_ONLY?)", layer, hpu__op_layer_backward() ? "backward" : "forward");
 	int n = snprintf(line, sizeof line,
 			 "hpu-worker: rank %d: host code touched device memory at %p (%s)%s outside a device call under --device cpu-strict\n",
 			 A.rank, (void *)a, block, in);

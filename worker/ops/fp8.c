@@ -246,6 +246,11 @@ const char *hpu__op_layer_name(void)
 	return S.layer >= 0 ? S.lname : "";
 }
 
+int hpu__op_layer_backward(void)
+{
+	return S.layer >= 0 && S.backward;
+}
+
 void hpu__fp8_measuring(int on)
 {
 	S.measuring = on;

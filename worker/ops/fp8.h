@@ -68,8 +68,10 @@ const hpu_fp8_recipe *hpu__fp8_recipe(void);
 void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
 		   int backward);
 
-/* The name of the layer running now ("" for none). */
+/* The name of the layer running now ("" for none), and whether it runs
+ * its backward (cpu-strict's fault names them). */
 const char *hpu__op_layer_name(void);
+int hpu__op_layer_backward(void);
 
 /* MEASURE: records only while on (calibration batches). */
 void hpu__fp8_measuring(int on);

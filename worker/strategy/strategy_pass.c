@@ -153,7 +153,7 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	int staged = hpu__host_staged(s, i);
 	if (staged && hpu__host_stage_in(s, i, 0, in, out, NULL, NULL) < 0)
 		return -1;
-	hpu__dev_layer_enter(l->name, 0); /* the layer's forward: one device call */
+	hpu__dev_layer_enter(); /* the layer's forward: one device call */
 	int rc = l->ops.forward(l, &c, in, out);
 	hpu__dev_layer_leave();
 	if (staged)
@@ -500,7 +500,7 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	int staged = hpu__host_staged(s, i);
 	if (staged && hpu__host_stage_in(s, i, 1, in, out, dout, din) < 0)
 		goto fail;
-	hpu__dev_layer_enter(l->name, 1); /* the layer's backward: one device call */
+	hpu__dev_layer_enter(); /* the layer's backward: one device call */
 	int rc = l->ops.backward(l, &c, in, out, dout, din);
 	hpu__dev_layer_leave();
 	if (staged)
