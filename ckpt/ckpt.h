@@ -247,6 +247,13 @@ void hpu__ckpt_step_name(long step, char *buf, size_t n);
 
 /* The step of a name "step-N" (digits only), or -1. */
 long hpu__ckpt_step_of(const char *name);
+
+/* Whether dir's name (trailing slashes aside) says another step than c's
+ * manifest ("step-N", N not c's step: renamed, or a link to another
+ * step's directory, which would be ordered, resumed and pruned as the
+ * step its name says): -1 with one sentence in err, else 0. Resume and
+ * hpu-ckpt both refuse such a directory. */
+int hpu__ckpt_check_named_step(const hpu_ckpt *c, const char *dir, char *err, size_t n);
 /* "rank-00001-of-00004.bin" */
 void hpu__ckpt_shard_name(int rank, int world, char *buf, size_t n);
 

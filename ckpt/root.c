@@ -117,6 +117,23 @@ long hpu__ckpt_step_of(const char *name)
 	return hpu__parse_long(name + 5, 0, LONG_MAX, &v) ? -1 : v;
 }
 
+int hpu__ckpt_check_named_step(const hpu_ckpt *c, const char *dir, char *err, size_t n)
+{
+	char name[4200];
+	snprintf(name, sizeof name, "%s", dir);
+	for (size_t len = strlen(name); len > 1 && name[len - 1] == '/'; len--)
+		name[len - 1] = '\0';
+	const char *base = strrchr(name, '/');
+	long st = hpu__ckpt_step_of(base ? base + 1 : name);
+	if (st < 0 || st == c->step)
+		return 0;
+	snprintf(err, n,
+		 "%s is named for step %ld but holds step %ld's checkpoint (its manifest): "
+		 "renamed, or a link to another step's directory?",
+		 dir, st, c->step);
+	return -1;
+}
+
 void hpu__ckpt_latest(const char *root, char *out, size_t n)
 {
 	char path[4200], *text = NULL;

@@ -79,10 +79,6 @@ void hpu__ckt_trust_for(const char *arg);
 /* Opens the checkpoint at dir; BAD (said) if its manifest is unusable. */
 int hpu__ckt_open(hpu_ckpt *c, const char *dir);
 /* The shards and the buffers file: bytes, count. */
-/* Whether dir's name says another step than c's manifest ("step-N", N
- * not c's step: renamed, or a link to another step's directory; resume
- * refuses it): -1 with resume's sentence in err, else 0. */
-int hpu__ckt_named_step(const hpu_ckpt *c, const char *dir, char *err, size_t n);
 uint64_t hpu__ckt_total_bytes(const hpu_ckpt *c);
 int hpu__ckt_total_files(const hpu_ckpt *c);
 /* Every file checked (printed with `print`); how many are bad. */

@@ -215,7 +215,7 @@ static void print_root(const root *r, const char *path)
 		snprintf(dir, sizeof dir, "%s/%s", path, r->names[i]);
 		if (hpu__ckpt_open(&c, dir, err, sizeof err) < 0)
 			printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
-		else if (hpu__ckt_named_step(&c, dir, err, sizeof err) < 0)
+		else if (hpu__ckpt_check_named_step(&c, dir, err, sizeof err) < 0)
 			printf("%c %s  DAMAGED: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else
 			printf("%c %s  step %ld, %d x %s, %s, %d file%s, %.1f MB\n", mark ? '*' : ' ',

@@ -123,23 +123,6 @@ int hpu__ckt_open(hpu_ckpt *c, const char *dir)
 	return OK;
 }
 
-int hpu__ckt_named_step(const hpu_ckpt *c, const char *dir, char *err, size_t n)
-{
-	char name[4200];
-	snprintf(name, sizeof name, "%s", dir);
-	for (size_t len = strlen(name); len > 1 && name[len - 1] == '/'; len--)
-		name[len - 1] = '\0';
-	const char *base = strrchr(name, '/');
-	long st = hpu__ckpt_step_of(base ? base + 1 : name);
-	if (st < 0 || st == c->step)
-		return 0;
-	snprintf(err, n,
-		 "%s is named for step %ld but holds step %ld's checkpoint (its manifest): "
-		 "renamed, or a link to another step's directory?",
-		 dir, st, c->step);
-	return -1;
-}
-
 /* The shards and the buffers file. */
 uint64_t hpu__ckt_total_bytes(const hpu_ckpt *c)
 {

@@ -197,7 +197,7 @@ int hpu__ckt_reshard(int argc, char **argv)
 	if ((rc = hpu__ckt_open_verified(&c, pos[0], "reshard")) != OK)
 		return rc;
 	/* resume refuses a step-N directory holding another step */
-	if (hpu__ckt_named_step(&c, dst, err, sizeof err) < 0) {
+	if (hpu__ckpt_check_named_step(&c, dst, err, sizeof err) < 0) {
 		hpu__ckpt_close(&c);
 		return usage_error("reshard", "%s; name DST for step %ld (or not step-N)", err,
 				   c.step);

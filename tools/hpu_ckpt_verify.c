@@ -34,7 +34,7 @@ static int verify_one(const char *dir)
 		hpu__ckpt_close(&c);
 		return BAD;
 	}
-	if (hpu__ckt_named_step(&c, dir, err, sizeof err) < 0) {
+	if (hpu__ckpt_check_named_step(&c, dir, err, sizeof err) < 0) {
 		printf("%s: DAMAGED: %s\n", dir, err);
 		hpu__ckpt_close(&c);
 		return BAD;

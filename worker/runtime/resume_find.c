@@ -52,22 +52,6 @@ static int same_model(const hpu_ckpt *c, const hpu_builder *b, char *err, size_t
 	return 0;
 }
 
-/* A directory named step-N holds step N's checkpoint: one renamed, or a
- * link to another step's directory, would be ordered, resumed and pruned
- * as the step its name says while it holds another. */
-static int named_step(const hpu_ckpt *c, const char *dir, char *err, size_t errlen)
-{
-	const char *base = strrchr(dir, '/');
-	base = base ? base + 1 : dir;
-	long st = hpu__ckpt_step_of(base);
-	if (st < 0 || st == c->step)
-		return 0;
-	return say(err, errlen,
-		   "%s is named for step %ld but holds step %ld's checkpoint (its manifest): "
-		   "renamed, or a link to another step's directory?",
-		   dir, st, c->step);
-}
-
 /* Opens and verifies one checkpoint, every rank checking its share of the
  * files, trusting only the files of *who. Returns it, or NULL with the
  * first failure in err and *foreign set when a rank found a file of
@@ -85,7 +69,7 @@ static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *d
 		snprintf(mine.msg, sizeof mine.msg, "out of memory");
 	} else if (hpu__ckpt_open_owned(c, dir, who, mine.msg, sizeof mine.msg) < 0 ||
 		   same_model(c, b, mine.msg, sizeof mine.msg) < 0 ||
-		   named_step(c, dir, mine.msg, sizeof mine.msg) < 0) {
+		   hpu__ckpt_check_named_step(c, dir, mine.msg, sizeof mine.msg) < 0) {
 		mine.ok = 0;
 	} else {
 		for (int i = rank; i < c->nfiles && mine.ok; i += world) {
