@@ -458,6 +458,12 @@ static void pump(int timeout_ms, int want_reply_from, Hpu__Envelope **reply)
 	}
 }
 
+/* The signal that interrupted the submission, as its lines name it. */
+static const char *signo_name(void)
+{
+	return S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM";
+}
+
 static void ping_all(void);
 
 /* While a submission waits for one node (its hello or launch reply): the
@@ -745,7 +751,7 @@ static int follow(char *cause, size_t len)
 			S.following = 0; /* no bar drawn again under the line below */
 			hpu__progress_hide(&S.bar);
 			hpu__log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d node%s",
-				 S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM", S.a->job_id, S.nn,
+				 signo_name(), S.a->job_id, S.nn,
 				 hpu__plural(S.nn));
 			cancel_all();
 			cancelled = 1;
@@ -813,10 +819,10 @@ static void interrupted_submitting(void)
 	hpu__progress_hide(&S.bar);
 	if (n)
 		hpu__log(HPU_LOG_NOTICE, "interrupted by %s while submitting: cancelling job %s on %d node%s",
-			 S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM", S.a->job_id, n, n == 1 ? "" : "s");
+			 signo_name(), S.a->job_id, n, n == 1 ? "" : "s");
 	else
 		hpu__log(HPU_LOG_NOTICE, "interrupted by %s: job %s was not submitted",
-			 S.signo == SIGINT ? "SIGINT" : S.signo == SIGHUP ? "SIGHUP" : "SIGTERM", S.a->job_id);
+			 signo_name(), S.a->job_id);
 	S.err[0] = 0;
 	cancel_and_wait(15);
 }
