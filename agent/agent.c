@@ -4,17 +4,22 @@
  * which): spawn.c starts a worker, streams.c reads its output and sees
  * it end, sweep.c ends what it left, statuspipe.c reads its records. */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent/output.h"
+#include "common/log.h"
 #include "common/shmname.h"
 #include "agent/agent_impl.h"
 
@@ -100,10 +105,16 @@ void hpu__describe_position(long step, long total, int phase, char *out, size_t 
 
 int hpu__agent_start(hpu_agent *a, char *err, size_t errlen)
 {
+	char names[256];
+	int swept;
+
 	/* What a worker leaves behind becomes our child, not init's, and can
 	 * be found and ended (setsid or not). */
 	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 	a->started = 1;
+	if ((swept = hpu__agent_sweep_ipc(a, names, sizeof names)) > 0)
+		hpu__log(HPU_LOG_NOTICE, "removed %d ZeroMQ ipc file%s left in /tmp by jobs that ended without cleaning up (%s)",
+			 swept, swept == 1 ? "" : "s", names);
 	for (int i = 0; i < a->cfg.devices; i++) {
 		worker *w = &a->w[i];
 		w->a = a;
@@ -201,6 +212,93 @@ int hpu__agent_cleanup(const hpu_agent *a)
 			 hpu__agent_rank(a, i));
 		n += unlink_if_workers(a, AT_FDCWD, path);
 	}
+	return n;
+}
+
+/* Whether a socket of this network namespace is bound at path:
+ * /proc/net/unix lists each bound one, listening or not, with its path
+ * last on its line. Unreadable: taken as bound. */
+static int unix_path_bound(const char *path)
+{
+	char line[4352];
+	size_t n = strlen(path);
+	int bound = 0;
+	FILE *f = fopen("/proc/net/unix", "re");
+
+	if (f == NULL)
+		return 1;
+	while (!bound && fgets(line, sizeof line, f) != NULL) {
+		size_t k = strcspn(line, "\n");
+		line[k] = '\0';
+		bound = k > n && line[k - n - 1] == ' ' && strcmp(line + k - n, path) == 0;
+	}
+	fclose(f);
+	return bound;
+}
+
+/* Whether connecting to the unix socket at path is refused: nothing
+ * listens there (a bound socket of another network namespace listening
+ * accepts; a full backlog answers EAGAIN, not this). */
+static int connect_refused(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd, refused;
+
+	if (strlen(path) >= sizeof sa.sun_path)
+		return 0;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return 0;
+	refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno == ECONNREFUSED;
+	close(fd);
+	return refused;
+}
+
+/* Whether name is "hpucoll-<something>-r<rank>", a worker's ipc file. */
+static int is_ipc_name(const char *name)
+{
+	const char *r = strrchr(name, '-');
+	size_t digits;
+
+	if (strncmp(name, "hpucoll-", 8) != 0 || r == NULL || r < name + 9 || r[1] != 'r')
+		return 0;
+	digits = strspn(r + 2, "0123456789");
+	return digits > 0 && digits < 10 && r[2 + digits] == '\0';
+}
+
+int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len)
+{
+	char path[512];
+	size_t used = 0;
+	int n = 0;
+	time_t now = time(NULL);
+	DIR *dir = opendir("/tmp");
+	struct dirent *e;
+	struct stat st;
+
+	if (len > 0)
+		names[0] = '\0';
+	while (dir && (e = readdir(dir)) != NULL) {
+		if (!is_ipc_name(e->d_name) ||
+		    fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISSOCK(st.st_mode) || st.st_uid != workers_uid(a) ||
+		    now - st.st_mtime < HPU_AGENT_IPC_STALE_S)
+			continue;
+		snprintf(path, sizeof path, "/tmp/%s", e->d_name);
+		if (unix_path_bound(path) || !connect_refused(path) ||
+		    unlinkat(dirfd(dir), e->d_name, 0) != 0)
+			continue;
+		n++;
+		if (used < len) {
+			int k = snprintf(names + used, len - used, "%s%s", n > 1 ? ", " : "", e->d_name);
+			used += k > 0 ? (size_t)k : 0;
+			if (used >= len && len > 4)
+				memcpy(names + len - 4, "...", 4);
+		}
+	}
+	if (dir)
+		closedir(dir);
 	return n;
 }
 

@@ -154,6 +154,16 @@ long hpu__agent_status_bad(const hpu_agent *a);
  * never followed). Returns how many. */
 int hpu__agent_cleanup(const hpu_agent *a);
 
+/* Removes the ZeroMQ ipc files /tmp/hpucoll-<job>-r<rank> that jobs which
+ * ended without cleaning up left (their hpulaunch or hpud killed with
+ * SIGKILL, the workers then too): sockets of the workers' user, older than
+ * HPU_AGENT_IPC_STALE_S seconds, that no socket of this network namespace
+ * is bound to (/proc/net/unix) and where connecting is refused (nothing
+ * listens: not a job of another namespace). hpu__agent_start calls it.
+ * Lists the names removed in names (cut with "..."); returns how many. */
+#define HPU_AGENT_IPC_STALE_S 60
+int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len);
+
 /* Kills what is left (SIGKILL), workers and what they left behind, reaps
  * it, cleans up after it (hpu__agent_cleanup), frees; *a = NULL; safe
  * twice. */

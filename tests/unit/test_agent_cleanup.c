@@ -1,7 +1,9 @@
 /* What the node agent removes after a job (hpu__agent_cleanup): the ZeroMQ
  * ipc files /tmp/hpucoll-<job>-r<rank> of its workers, and nothing that
  * another user made at those names (hpud runs as root: it used to remove
- * any file there). A link is judged by its own owner and never followed. */
+ * any file there). A link is judged by its own owner and never followed.
+ * And what it removes before one (hpu__agent_sweep_ipc): the ipc files of
+ * jobs that ended by kill -9, with nobody left to remove them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +13,11 @@
 #include <ev.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent/agent.h"
@@ -75,10 +81,84 @@ static void test_ipc_files_of_the_workers_only(void **state)
 	unlink(target);
 }
 
+/* A unix socket bound at path, listening or not, its file dated
+ * age_s seconds back; returns its descriptor, or closes it (-1): the file
+ * stays with nothing bound, as after kill -9. */
+static int make_socket(const char *path, int listening, int keep, int age_s)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct timespec t[2];
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+	assert_true(fd >= 0);
+	unlink(path);
+	strcpy(sa.sun_path, path);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	if (listening)
+		assert_int_equal(listen(fd, 4), 0);
+	t[0].tv_sec = t[1].tv_sec = time(NULL) - age_s;
+	t[0].tv_nsec = t[1].tv_nsec = 0;
+	assert_int_equal(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW), 0);
+	if (!keep) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* What jobs killed with kill -9 leave (their hpulaunch, then the workers,
+ * by SIGKILL): ipc files nobody listens at. The next job's agent removes
+ * those, and only those: not a socket bound or listening, not one just
+ * made (a job starting), not a file that is no socket, not another
+ * user's. */
+static void test_stale_ipc_swept_at_start(void **state)
+{
+	char p[7][128], names[256];
+	struct stat st;
+	hpu_agent_cfg cfg = {.devices = 1, .nodes = 1, .job_id = "sweeper"};
+	hpu_agent *a;
+	int live, bound;
+
+	(void)state;
+	for (int i = 0; i < 7; i++)
+		snprintf(p[i], sizeof p[i], "/tmp/hpucoll-sweep%d-%d-r%d", (int)getpid(), i, i);
+	make_socket(p[0], 1, 0, 120);            /* dead: removed */
+	make_socket(p[1], 0, 0, 3600);           /* dead, never listened: removed */
+	live = make_socket(p[2], 1, 1, 120);     /* listening: stays */
+	bound = make_socket(p[3], 0, 1, 120);    /* bound, not yet listening: stays */
+	make_socket(p[4], 1, 0, 5);              /* dead but just made: stays */
+	make_file(p[5], geteuid());              /* no socket: stays */
+	make_socket(p[6], 1, 0, 120);            /* dead, another user's: stays */
+	if (geteuid() == 0)
+		assert_int_equal(lchown(p[6], 65534, 65534), 0);
+
+	a = hpu__agent_new(ev_default_loop(0), &cfg);
+	assert_non_null(a);
+	/* other jobs' leftovers in /tmp may go too: at least ours */
+	assert_true(hpu__agent_sweep_ipc(a, names, sizeof names) >= (geteuid() == 0 ? 2 : 3));
+	assert_non_null(strstr(names, p[0] + 5));
+	assert_non_null(strstr(names, p[1] + 5));
+	assert_int_equal(lstat(p[0], &st), -1);
+	assert_int_equal(lstat(p[1], &st), -1);
+	for (int i = 2; i < 6; i++)
+		assert_int_equal(lstat(p[i], &st), 0);
+	if (geteuid() == 0)
+		assert_int_equal(lstat(p[6], &st), 0);
+	/* nothing left to remove: a second sweep finds none */
+	assert_int_equal(hpu__agent_sweep_ipc(a, names, sizeof names), 0);
+	assert_string_equal(names, "");
+	hpu__agent_destroy(&a);
+	close(live);
+	close(bound);
+	for (int i = 0; i < 7; i++)
+		unlink(p[i]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ipc_files_of_the_workers_only),
+		cmocka_unit_test(test_stale_ipc_swept_at_start),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
