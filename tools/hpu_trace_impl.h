@@ -21,6 +21,13 @@ enum { OK = HPU_TOOL_OK, BAD = HPU_TOOL_BAD, USAGE = HPU_TOOL_USAGE };
 
 /* ---- one input (hpu_trace_read.c) ---- */
 
+/* A complete event's bounds, µs: dur at most 10^13 (115 days), ts at most
+ * 10^17 from 0 (a clock since 1970 is 1.8e15 now). Outside them an edited
+ * or damaged event is left out of the summary (with a warning) rather
+ * than summed into inf. */
+#define HPU__TRC_MAX_DUR 1e13
+#define HPU__TRC_MAX_TS 1e17
+
 typedef struct trace {
 	char *path;        /* as given or found in a directory */
 	char *text;        /* the file's text, repaired if it was torn */

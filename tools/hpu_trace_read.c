@@ -358,6 +358,7 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 	t->other = cJSON_IsObject(other) ? cJSON_Duplicate(other, 1) : NULL;
 	t->min_ts = INFINITY;
 	double first_barrier = INFINITY;
+	long out_of_range = 0;
 	cJSON *e;
 	cJSON_ArrayForEach(e, ev)
 	{
@@ -365,11 +366,15 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 		if (!cJSON_IsObject(e))
 			continue;
 		double ts = num(e, "ts", NAN), dur = num(e, "dur", NAN);
-		if (!isnan(ts) && ts < t->min_ts)
+		if (fabs(ts) <= HPU__TRC_MAX_TS && ts < t->min_ts)
 			t->min_ts = ts;
 		const char *ph = hpu__trc_str(e, "ph"), *name = hpu__trc_str(e, "name"), *cat = hpu__trc_str(e, "cat");
 		if (!ph || strcmp(ph, "X") != 0 || !name || isnan(ts) || isnan(dur))
 			continue;
+		if (!(dur >= 0 && dur <= HPU__TRC_MAX_DUR && fabs(ts) <= HPU__TRC_MAX_TS)) {
+			out_of_range++;
+			continue;
+		}
 		add(s, name, dur);
 		if (!strcmp(name, "step")) {
 			s->step_total += dur;
@@ -383,5 +388,10 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 			t->barrier_end = ts + dur;
 		}
 	}
+	if (out_of_range > 0)
+		warn("%s: %ld complete event%s with a dur below 0 or over %.0e µs, or a ts beyond "
+		     "%.0e µs, left out of the summary",
+		     t->path, out_of_range, out_of_range == 1 ? "" : "s", HPU__TRC_MAX_DUR,
+		     HPU__TRC_MAX_TS);
 	return OK;
 }

@@ -555,6 +555,49 @@ static void test_merged_input(void **state)
 	free(out);
 }
 
+/* Overwrites the first `was` in text with `now`, of the same length. */
+static void overwrite(char *text, const char *was, const char *now)
+{
+	char *p = strstr(text, was);
+
+	assert_non_null(p);
+	assert_int_equal(strlen(was), strlen(now));
+	memcpy(p, now, strlen(now));
+}
+
+/* Events edited or damaged into a dur of 1e308 or below 0, a ts of
+ * -1e308: left out of the summary with a warning naming the file, not
+ * summed into inf (the table read "inf"), and the merge's shift still
+ * taken from the sane events. */
+static void test_out_of_range(void **state)
+{
+	(void)state;
+	const char *d = dir("range");
+	char *r1 = strdup(rank1);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank0.json"), rank0, 0644), 0);
+	overwrite(r1, "\"dur\":4000.000", "\"dur\":1e308   ");
+	overwrite(r1, "\"ts\":7000011000.000,\"dur\":10000.000",
+		  "\"ts\":-1e308        ,\"dur\":-1.000000");
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), r1, 0644), 0);
+	free(r1);
+	char *out = TRACE(0, d);
+	has(out, "warning: ");
+	has(out, "perf-logs-rank1.json: 2 complete events with a dur below 0 or over 1e+13 µs, or a "
+		 "ts beyond 1e+17 µs, left out of the summary");
+	lacks(out, "inf");
+	row r = summary_row(out, "my_custom_action");
+	assert_int_equal(r.count, 2);
+	assert_true(fabs(r.total - 4.0) < 1e-9);
+	r = summary_row(out, "step");
+	assert_int_equal(r.count, 3);
+	cJSON *doc = load(in(d, "perf-logs-merged.json"));
+	seen s;
+	look(doc, &s);
+	assert_true(fabs(s.first_barrier_end[1] - s.first_barrier_end[0]) < 0.001);
+	cJSON_Delete(doc);
+	free(out);
+}
+
 /* ---- errors ---- */
 
 static void test_errors(void **state)
@@ -808,6 +851,7 @@ int main(void)
 	    cmocka_unit_test(test_past_end),
 	    cmocka_unit_test(test_output_is_input),
 	    cmocka_unit_test(test_merged_input),
+	    cmocka_unit_test(test_out_of_range),
 	    cmocka_unit_test(test_errors),
 	    cmocka_unit_test(test_not_a_file),
 	    cmocka_unit_test(test_full_disk),
