@@ -18,6 +18,17 @@ static inline unsigned hpu__cu_blocks(size_t n, unsigned threads, unsigned cap)
 	return b == 0 ? 1u : b > cap ? cap : (unsigned)b;
 }
 
+/* A grid's y (and z) dimension is at most 65535 (x: 2^31 - 1): a kernel
+ * with one block row per item of a count that data sets takes
+ * hpu__cu_grid_y(count) rows and walks the rest (y, y + gridDim.y, ...). */
+#define HPU_CU_GRID_Y 65535u
+
+/* Block rows for n items, at least 1, at most HPU_CU_GRID_Y. */
+static inline unsigned hpu__cu_grid_y(size_t n)
+{
+	return n == 0 ? 1u : n > HPU_CU_GRID_Y ? HPU_CU_GRID_Y : (unsigned)n;
+}
+
 /* Threads for a block that walks a row of `cols`. */
 static inline unsigned hpu__cu_row_threads(size_t cols)
 {

@@ -389,24 +389,28 @@ static __global__ void k_layernorm_bwd_dx(const float *x, const float *gamma, co
 #define LN_CHUNK 32 /* rows per partial sum of dgamma, dbeta */
 
 /* partial[chunk][c] = sum over the chunk's rows of dy xhat, and at
- * partial[chunks + chunk][c] of dy; grid (column blocks, chunks). */
+ * partial[chunks + chunk][c] of dy; grid (column blocks, up to
+ * HPU_CU_GRID_Y chunks): block row y takes chunks y, y + gridDim.y, ...,
+ * each written to its own slot, as with one block row per chunk. */
 static __global__ void k_layernorm_bwd_partial(const float *x, const float *mean, const float *rstd,
 					const float *dy, float *partial, int rows, int cols,
 					int chunks)
 {
-	int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+	int c = blockIdx.x * blockDim.x + threadIdx.x;
 	if (c >= cols)
 		return;
-	float g = 0.0f, b = 0.0f;
-	int r1 = (ch + 1) * LN_CHUNK < rows ? (ch + 1) * LN_CHUNK : rows;
-	for (int r = ch * LN_CHUNK; r < r1; r++) {
-		size_t o = (size_t)r * cols + c;
-		float xhat = (x[o] - mean[r]) * rstd[r];
-		g += dy[o] * xhat;
-		b += dy[o];
+	for (int ch = blockIdx.y; ch < chunks; ch += gridDim.y) {
+		float g = 0.0f, b = 0.0f;
+		int r0 = ch * LN_CHUNK, r1 = rows - r0 < LN_CHUNK ? rows : r0 + LN_CHUNK;
+		for (int r = r0; r < r1; r++) {
+			size_t o = (size_t)r * cols + c;
+			float xhat = (x[o] - mean[r]) * rstd[r];
+			g += dy[o] * xhat;
+			b += dy[o];
+		}
+		partial[(size_t)ch * cols + c] = g;
+		partial[(size_t)(chunks + ch) * cols + c] = b;
 	}
-	partial[(size_t)ch * cols + c] = g;
-	partial[(size_t)(chunks + ch) * cols + c] = b;
 }
 
 /* dgamma[c] += the partials in chunk order (deterministic). */
@@ -455,7 +459,7 @@ extern "C" cudaError_t hpu__cuk_layernorm_bwd(const float *x, const float *gamma
 	int chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
 	unsigned cb = (unsigned)((cols + 127) / 128);
 	/* the column sums read dy before dx (which may alias it) is written */
-	k_layernorm_bwd_partial<<<dim3(cb, (unsigned)chunks), 128, 0, st>>>(
+	k_layernorm_bwd_partial<<<dim3(cb, hpu__cu_grid_y(chunks)), 128, 0, st>>>(
 		x, mean, rstd, dy, partial, rows, cols, chunks);
 	k_layernorm_bwd_sum<<<cb, 128, 0, st>>>(partial, dgamma, dbeta, cols, chunks);
 	k_layernorm_bwd_dx<<<rows, row_threads(cols), 0, st>>>(x, gamma, mean, rstd, dy, dx,
@@ -687,19 +691,24 @@ static __global__ void k_add(const float *x, float *y, size_t n)
 
 #define BG_CHUNK 64 /* rows per partial column sum */
 
+/* partial[chunk][c] = the chunk's rows' sum of dy; grid (column blocks,
+ * up to HPU_CU_GRID_Y chunks), block row y taking chunks y, y +
+ * gridDim.y, ... (k_layernorm_bwd_partial's walk). */
 static __global__ void k_bias_grad_partial(int bf16, const void *dy, float *partial, int rows,
-					   int cols)
+					   int cols, int chunks)
 {
-	int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+	int c = blockIdx.x * blockDim.x + threadIdx.x;
 	if (c >= cols)
 		return;
-	int r1 = (ch + 1) * BG_CHUNK < rows ? (ch + 1) * BG_CHUNK : rows;
-	float s = 0.0f;
-	for (int r = ch * BG_CHUNK; r < r1; r++) {
-		size_t o = (size_t)r * cols + c;
-		s += bf16 ? from_bf16(((const uint16_t *)dy)[o]) : ((const float *)dy)[o];
+	for (int ch = blockIdx.y; ch < chunks; ch += gridDim.y) {
+		int r0 = ch * BG_CHUNK, r1 = rows - r0 < BG_CHUNK ? rows : r0 + BG_CHUNK;
+		float s = 0.0f;
+		for (int r = r0; r < r1; r++) {
+			size_t o = (size_t)r * cols + c;
+			s += bf16 ? from_bf16(((const uint16_t *)dy)[o]) : ((const float *)dy)[o];
+		}
+		partial[(size_t)ch * cols + c] = s;
 	}
-	partial[(size_t)ch * cols + c] = s;
 }
 
 /* db[c] += the chunks' sums, in chunk order */
@@ -728,8 +737,8 @@ extern "C" cudaError_t hpu__cuk_bias_grad(int bf16, const void *dy, float *db, i
 		return cudaSuccess;
 	int chunks = (rows + BG_CHUNK - 1) / BG_CHUNK;
 	unsigned cb = (unsigned)((cols + 127) / 128);
-	k_bias_grad_partial<<<dim3(cb, (unsigned)chunks), 128, 0, st>>>(bf16, dy, partial, rows,
-									 cols);
+	k_bias_grad_partial<<<dim3(cb, hpu__cu_grid_y(chunks)), 128, 0, st>>>(bf16, dy, partial,
+										rows, cols, chunks);
 	k_bias_grad_sum<<<cb, 128, 0, st>>>(partial, db, cols, chunks);
 	return cudaGetLastError();
 }
