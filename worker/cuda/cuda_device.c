@@ -564,6 +564,8 @@ static void cuda_teardown(void)
 		return;
 	hpu__cuda_bind();
 #ifdef HPU_CUDA_HAVE_OPS
+	if (R.on) /* a recording left under way: no graph will come of it */
+		hpu__cuda_ops_graph_drop();
 	hpu__cuda_ops_release(); /* waits for the stream, frees handles and plans */
 	hpu__cuda_ops_set_stream(NULL);
 #endif
@@ -1136,6 +1138,7 @@ static int cap_begin(char *err, size_t len)
 	capturing_any = 1;
 #ifdef HPU_CUDA_HAVE_OPS
 	hpu__cuda_ops_recording(1); /* the table's failed calls: refusals */
+	hpu__cuda_ops_graph_hold(); /* the graph keeps the scratch it is given */
 #endif
 	return 0;
 }
@@ -1226,6 +1229,9 @@ fail:
 		cudaGraphDestroy(g);
 	(void)cudaGetLastError();
 	stream_recover();
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_graph_drop(); /* no graph: cap_begin's hold goes */
+#endif
 	return 1;
 }
 
@@ -1276,6 +1282,9 @@ static void cap_free(void *graph)
 	(void)cudaGetLastError();
 	names_free(cg);
 	free(cg);
+#ifdef HPU_CUDA_HAVE_OPS
+	hpu__cuda_ops_graph_drop(); /* the hold cap_begin took for it */
+#endif
 }
 
 /* 1 while this recording holds a refusal (a call refused, a CUDA error):

@@ -52,9 +52,22 @@ const char *hpu__cuda_ops_recording_error(void);
  * host) before making it; 0 when not recording. */
 int hpu__cuda_ops_refuse(const char *what, const char *why);
 
+/* A CUDA graph keeps the address of the kernels' scratch its ops were
+ * given, which a later eager call may outgrow: hpu__cuda_ops_graph_hold()
+ * when a recording begins (the graph made of it keeps the hold),
+ * hpu__cuda_ops_graph_drop() when the recording fails or its graph is
+ * freed. While any hold remains, a scratch buffer a recording was given
+ * is not freed when the scratch grows but kept (outside --device-memory,
+ * as the scratch is) until the last hold goes, or the release; the last
+ * drop waits for the table's stream (a graph freed may still run) and
+ * frees them. Never while this thread records. */
+void hpu__cuda_ops_graph_hold(void);
+void hpu__cuda_ops_graph_drop(void);
+
 /* Waits for the stream, then frees every GPU's handles, workspace,
- * scratch and cached plans (the device's close); the table makes them
- * again on its next call. Not while other threads call the table. */
+ * scratch (with the old buffers kept for graphs) and cached plans (the
+ * device's close); the table makes them again on its next call. Not while
+ * other threads call the table; graphs left then are not to be launched. */
 void hpu__cuda_ops_release(void);
 
 /* 1: fp32 products may run on TF32 tensor cores (cuBLASLt's

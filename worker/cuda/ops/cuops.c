@@ -45,6 +45,7 @@ void hpu__cuda_ops_release(void)
 		if (dev >= 0)
 			cudaSetDevice(dev);
 	}
+	hpu__cuops_retired_free(); /* any graph left holds none of it usable now */
 }
 
 /* ---- the table's own entries ---- */

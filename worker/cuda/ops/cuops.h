@@ -62,6 +62,7 @@ typedef struct hpu__cuops_ctx {
 	void *ws; /* HPU_CUOPS_WORKSPACE bytes */
 	void *scratch;
 	size_t scratch_size;
+	int scratch_recorded; /* a recording was given this scratch (cuops_core.c) */
 	uint64_t clock; /* plan stamps */
 	hpu__cuops_gemm_plan gemm[HPU_CUOPS_GEMM_CACHE];
 	hpu__cuops_conv_plan conv[HPU_CUOPS_CONV_CACHE];
@@ -83,8 +84,13 @@ cudaStream_t hpu__cuops_stream(void);
 int hpu__cuops_tf32(void);
 
 /* At least `bytes` of device scratch (grown as needed; the old buffer is
- * freed once the stream is done with it); out of memory is fatal. */
+ * freed once the stream is done with it, or, where a recording was given
+ * it and a graph may hold it, once no graph does:
+ * hpu__cuda_ops_graph_hold); out of memory is fatal. */
 void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes);
+/* Frees the old scratch buffers kept for graphs (the release's, with
+ * every context's own). */
+void hpu__cuops_retired_free(void);
 
 /* Writes "hpu-worker: cuda ops: <message>" to stderr and ends the
  * process (exit status 1). */

@@ -235,10 +235,105 @@ void hpu__cuops_leave(hpu__cuops_ctx *c)
 	pthread_mutex_unlock(&c->mu);
 }
 
+/* ---- scratch, and the graphs that hold its address ----
+ *
+ * A recorded graph keeps the address of the scratch its ops were given
+ * (the scratch cannot grow while recording, so that is the buffer of the
+ * time). When an eager call later needs more, the buffer a recording was
+ * given (c->scratch_recorded) is not freed while any hold remains (a
+ * recording under way or a graph made of one: hpu__cuda_ops_graph_hold)
+ * but kept on `retired`, to be freed when the last hold goes or at the
+ * release. What is held then, beyond the current scratch, is the buffers
+ * graphs were given and later outgrown: each smaller than the one after
+ * it, all of it outside --device-memory as the scratch is. */
+
+typedef struct retired_buf {
+	int dev;
+	void *p;
+} retired_buf;
+
+/* Under held_mu (taken inside a context's mu, never around it). */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static long graphs_held;
+static retired_buf *retired;
+static size_t nretired, retired_cap;
+
+/* Keeps c's scratch for the graphs that may hold it; 1 when kept, 0 when
+ * no hold remains (the caller frees it). */
+static int retire(hpu__cuops_ctx *c)
+{
+	int kept = 0;
+	pthread_mutex_lock(&held_mu);
+	if (graphs_held > 0 && c->scratch_recorded) {
+		if (nretired == retired_cap) {
+			size_t cap = retired_cap ? retired_cap * 2 : 8;
+			retired_buf *m = realloc(retired, cap * sizeof *m);
+			if (!m)
+				hpu__cuops_fatal("out of host memory to keep GPU %d's old scratch "
+						 "for its graphs",
+						 c->dev);
+			retired = m;
+			retired_cap = cap;
+		}
+		retired[nretired++] = (retired_buf){c->dev, c->scratch};
+		kept = 1;
+	}
+	pthread_mutex_unlock(&held_mu);
+	return kept;
+}
+
+/* Frees the kept buffers once the table's stream is done with them (a
+ * graph freed may still be running on it). Not while recording. */
+static void free_retired(void)
+{
+	pthread_mutex_lock(&held_mu);
+	retired_buf *all = retired;
+	size_t n = nretired;
+	retired = NULL;
+	nretired = retired_cap = 0;
+	pthread_mutex_unlock(&held_mu);
+	int dev = -1;
+	if (n)
+		cudaGetDevice(&dev);
+	for (size_t i = 0; i < n; i++) {
+		cudaSetDevice(all[i].dev);
+		cudaStreamSynchronize(hpu__cuops_stream());
+		cudaFree(all[i].p);
+	}
+	if (dev >= 0)
+		cudaSetDevice(dev);
+	(void)cudaGetLastError();
+	free(all);
+}
+
+void hpu__cuda_ops_graph_hold(void)
+{
+	pthread_mutex_lock(&held_mu);
+	graphs_held++;
+	pthread_mutex_unlock(&held_mu);
+}
+
+void hpu__cuda_ops_graph_drop(void)
+{
+	pthread_mutex_lock(&held_mu);
+	int last = graphs_held > 0 && --graphs_held == 0;
+	pthread_mutex_unlock(&held_mu);
+	if (last)
+		free_retired();
+}
+
+void hpu__cuops_retired_free(void)
+{
+	free_retired();
+}
+
 void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
 {
-	if (bytes <= c->scratch_size)
+	if (bytes <= c->scratch_size) {
+		if (recording) /* its address goes into the graph */
+			c->scratch_recorded = 1;
 		return c->scratch;
+	}
 	char why[160];
 	snprintf(why, sizeof why,
 		 "it must grow to %zu bytes, which frees and allocates and " NO_WAIT
@@ -247,14 +342,15 @@ void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
 	if (hpu__cuda_ops_refuse("the kernels' scratch", why))
 		return NULL;
 	/* calls queued before may still read the old buffer: it is freed
-	 * once the stream is done with them */
-	if (c->scratch) { /* (a refused wait, recording: the old buffer kept) */
+	 * once the stream is done with them; graphs that hold it keep it */
+	if (c->scratch && !retire(c)) { /* (a refused wait, recording: the old buffer kept) */
 		if (hpu__cuops_cuda(cudaStreamSynchronize(hpu__cuops_stream()), "scratch"))
 			return NULL;
 		cudaFree(c->scratch);
 	}
 	c->scratch = NULL;
 	c->scratch_size = 0;
+	c->scratch_recorded = 0;
 	size_t want = bytes + bytes / 4;
 	if (hpu__cuops_cuda(cudaMalloc(&c->scratch, want), "scratch"))
 		return NULL;
