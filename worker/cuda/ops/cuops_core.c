@@ -282,16 +282,20 @@ static int retire(hpu__cuops_ctx *c)
 	return kept;
 }
 
-/* Frees the kept buffers once the table's stream is done with them (a
- * graph freed may still be running on it). Not while recording. */
-static void free_retired(void)
+/* Takes the kept buffers off the list; under held_mu. */
+static retired_buf *take_retired(size_t *n)
 {
-	pthread_mutex_lock(&held_mu);
 	retired_buf *all = retired;
-	size_t n = nretired;
+	*n = nretired;
 	retired = NULL;
 	nretired = retired_cap = 0;
-	pthread_mutex_unlock(&held_mu);
+	return all;
+}
+
+/* Frees all[n], taken off the list, once the table's stream is done with
+ * them (a graph freed may still be running on it). Not while recording. */
+static void free_retired(retired_buf *all, size_t n)
+{
 	int dev = -1;
 	if (n)
 		cudaGetDevice(&dev);
@@ -300,9 +304,10 @@ static void free_retired(void)
 		cudaStreamSynchronize(hpu__cuops_stream());
 		cudaFree(all[i].p);
 	}
-	if (dev >= 0)
+	if (dev >= 0) {
 		cudaSetDevice(dev);
-	(void)cudaGetLastError();
+		(void)cudaGetLastError();
+	}
 	free(all);
 }
 
@@ -315,16 +320,24 @@ void hpu__cuda_ops_graph_hold(void)
 
 void hpu__cuda_ops_graph_drop(void)
 {
+	retired_buf *all = NULL;
+	size_t n = 0;
 	pthread_mutex_lock(&held_mu);
-	int last = graphs_held > 0 && --graphs_held == 0;
+	/* taken with the last hold: a buffer kept for a graph recorded after
+	 * it stays on the list */
+	if (graphs_held > 0 && --graphs_held == 0)
+		all = take_retired(&n);
 	pthread_mutex_unlock(&held_mu);
-	if (last)
-		free_retired();
+	free_retired(all, n);
 }
 
 void hpu__cuops_retired_free(void)
 {
-	free_retired();
+	size_t n;
+	pthread_mutex_lock(&held_mu);
+	retired_buf *all = take_retired(&n);
+	pthread_mutex_unlock(&held_mu);
+	free_retired(all, n);
 }
 
 void *hpu__cuops_scratch(hpu__cuops_ctx *c, size_t bytes)
