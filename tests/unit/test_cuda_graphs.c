@@ -24,7 +24,11 @@
  *     eager step with the CPU's sentence (its row zero, as the CPU's);
  *     the step records with no refusal, replays to the eager step's
  *     bytes, and a replay after a bad id was written into the batch
- *     reports it with the CPU's sentence.
+ *     reports it with the CPU's sentence;
+ *   - a graph whose ops took the kernels' scratch, replayed after an
+ *     eager call outgrew it: the old buffer is kept for the graph (no
+ *     block allocated after the growth is written) and the replay gives
+ *     the eager sums.
  *
  * Skipped (77, with the reason) where no GPU is visible. Every step
  * prints a line, so that a failure can be read from the log alone. */
@@ -838,6 +842,117 @@ static void test_gpt_like_recorded(void **state)
 	gnet_free(&cpu, 0), gnet_free(&out, 0), gnet_free(&eager, 0), gnet_free(&gvals, 0);
 }
 
+/* ---- a graph's scratch outgrown by a later eager call ---- */
+
+enum { SG_ROWS = 1000, SG_COLS = 64, SG_N = SG_ROWS * SG_COLS, AT_T = 2048, AT_H = 8, AT_HD = 16 };
+
+/* db = the column sums of dy (bias_grad, its partials in the kernels'
+ * scratch), from zero, on the device's stream. */
+static void sg_step(const float *dy, float *db)
+{
+	CU(cudaMemsetAsync(db, 0, SG_COLS * 4, hpu__cuda_stream()));
+	assert_int_equal(be->bias_grad(HPU_DT_F32, dy, db, SG_ROWS, SG_COLS), HPU_BE_OK);
+}
+
+/* An eager attention backward whose dS (AT_H * AT_T^2 floats, 128 MiB)
+ * is more scratch than any op before asked for: the scratch grows. */
+static void sg_outgrow(void)
+{
+	size_t nq = (size_t)AT_T * 3 * AT_H * AT_HD, na = (size_t)AT_H * AT_T * AT_T;
+	size_t nd = (size_t)AT_T * AT_H * AT_HD;
+	float *qkv, *att, *dout, *dqkv;
+	CU(cudaMalloc((void **)&qkv, nq * 4));
+	CU(cudaMalloc((void **)&att, na * 4));
+	CU(cudaMalloc((void **)&dout, nd * 4));
+	CU(cudaMalloc((void **)&dqkv, nq * 4));
+	CU(cudaMemset(qkv, 0, nq * 4));
+	CU(cudaMemset(att, 0, na * 4));
+	CU(cudaMemset(dout, 0, nd * 4));
+	CU(cudaDeviceSynchronize());
+	assert_int_equal(be->attention_bwd(qkv, att, dout, dqkv, 1, AT_T, AT_H, AT_HD), HPU_BE_OK);
+	sync_dev();
+	CU(cudaFree(qkv));
+	CU(cudaFree(att));
+	CU(cudaFree(dout));
+	CU(cudaFree(dqkv));
+}
+
+/* A graph recorded with the scratch of its time (bias_grad's partials),
+ * then an eager call that outgrows the scratch: the old buffer must stay
+ * the graph's (cuops_core.c keeps it while a graph holds it), so that a
+ * replay writes no freed memory. Blocks allocated after the growth (of
+ * 4 KiB to 32 MiB, where freed memory would be reused first) are filled
+ * with a pattern that the replay must leave alone, and the replay must
+ * give the eager sums. Last of the tests: the scratch is large after it. */
+static void test_scratch_outgrown(void **state)
+{
+	(void)state;
+	enum { NV = 14 };
+	uint64_t rng = 77;
+	static float hdy[SG_N];
+	float eager[SG_COLS], got[SG_COLS];
+	char err[512] = "";
+	for (int i = 0; i < SG_N; i++)
+		hdy[i] = frand(&rng);
+	float *dy = dput(hdy, sizeof hdy), *db = dnan(SG_COLS * 4);
+	CU(cudaDeviceSynchronize());
+	sg_step(dy, db); /* eager: the scratch is there before recording */
+	get(eager, db, sizeof eager);
+
+	assert_int_equal(D->recorder->begin(err, sizeof err), 0);
+	sg_step(dy, db);
+	void *g = NULL;
+	size_t nodes = 0;
+	int rc = end_rec(&g, &nodes, err, sizeof err);
+	printf("  bias_grad recorded: end %d, %zu nodes%s%s\n", rc, nodes, rc ? ": " : "",
+	       rc ? err : "");
+	assert_int_equal(rc, 0);
+	CU(cudaMemsetAsync(db, 0xff, SG_COLS * 4, hpu__cuda_stream()));
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	get(got, db, sizeof got);
+	check_bits("a replay before the scratch grew", got, eager, sizeof got);
+
+	sg_outgrow();
+	printf("  an eager attention backward grew the scratch to %zu MiB\n",
+	       ((size_t)AT_H * AT_T * AT_T * 4) >> 20);
+	unsigned char *victim[NV];
+	size_t vbytes[NV];
+	for (int i = 0; i < NV; i++) {
+		vbytes[i] = (size_t)4096 << i;
+		CU(cudaMalloc((void **)&victim[i], vbytes[i]));
+		CU(cudaMemset(victim[i], 0xa5, vbytes[i]));
+	}
+	CU(cudaDeviceSynchronize());
+	CU(cudaMemsetAsync(db, 0xff, SG_COLS * 4, hpu__cuda_stream()));
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	CU(cudaStreamSynchronize(hpu__cuda_stream()));
+	CU(cudaGetLastError());
+	get(got, db, sizeof got);
+	check_bits("a replay after an eager call outgrew the graph's scratch", got, eager,
+		   sizeof got);
+	unsigned char *h = malloc(vbytes[NV - 1]);
+	assert_non_null(h);
+	for (int i = 0; i < NV; i++) {
+		CU(cudaMemcpy(h, victim[i], vbytes[i], cudaMemcpyDeviceToHost));
+		for (size_t k = 0; k < vbytes[i]; k++)
+			if (h[k] != 0xa5)
+				fail_msg("a block of %zu bytes allocated after the growth: byte %zu is "
+					 "0x%02x, not 0xa5 (the replay wrote freed scratch)",
+					 vbytes[i], k, h[k]);
+		CU(cudaFree(victim[i]));
+	}
+	free(h);
+	printf("  the replay after the growth: the eager sums, and no block allocated "
+	       "after it written\n");
+
+	D->recorder->free(g); /* the last graph: the old scratch freed */
+	sg_step(dy, db);
+	get(got, db, sizeof got);
+	check_bits("an eager bias_grad after the graph was freed", got, eager, sizeof got);
+	printf("  the graph freed (and the old scratch with it): eager sums the same\n");
+	dfree(dy), dfree(db);
+}
+
 int main(void)
 {
 	char err[512] = "";
@@ -862,6 +977,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_refusals, setup_step, teardown_step),
 		cmocka_unit_test(test_check_slots),
 		cmocka_unit_test(test_gpt_like_recorded),
+		cmocka_unit_test(test_scratch_outgrown),
 	};
 	int rc = cmocka_run_group_tests_name("cuda graphs", tests, NULL, NULL);
 	D->teardown();

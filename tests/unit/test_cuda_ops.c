@@ -502,6 +502,57 @@ static void test_layernorm(void **state)
 	}
 }
 
+/* Small integers in [-k, k], uniform: sums of them stay exact in fp32 in
+ * any order while below 2^24. */
+static void fill_ints(float *a, size_t n, int k)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v = floorf(rng_uniform((float)-k, (float)k + 1.0f));
+		a[i] = v > (float)k ? (float)k : v;
+	}
+}
+
+/* More rows than 65535 block rows of 32 hold (a grid's y limit): the
+ * partial sums walk their chunks. mean 0 and rstd 1 make xhat = x, and x,
+ * dy, gamma small integers over 4 columns: every sum is exact, so the
+ * GPU's dgamma and dbeta equal the CPU's bit for bit. */
+static void test_layernorm_many_rows(void **state)
+{
+	(void)state;
+	const int rows = 65535 * 32 + 1000, cols = 4;
+	size_t n = (size_t)rows * cols, r = (size_t)rows, c = (size_t)cols;
+	rng_seed(16);
+	float *x = xcalloc(n, 4), *dy = xcalloc(n, 4), *dx = xcalloc(n, 4), *got = xcalloc(n, 4);
+	float *mean = xcalloc(r, 4), *rstd = xcalloc(r, 4);
+	float g[4] = {1, 2, -1, 2}, dg[4] = {1, -1, 0, 2}, dbe[4] = {-2, 0, 1, 1};
+	float dg0[4], dbe0[4];
+	memcpy(dg0, dg, sizeof dg);
+	memcpy(dbe0, dbe, sizeof dbe);
+	fill_ints(x, n, 2), fill_ints(dy, n, 2);
+	for (size_t i = 0; i < r; i++)
+		rstd[i] = 1.0f;
+	hpu__ref_layernorm_backward(x, g, mean, rstd, dy, dx, dg, dbe, rows, cols);
+	float *dxx = dput(x, n * 4), *dgm = dput(g, c * 4), *dmean = dput(mean, r * 4);
+	float *drstd = dput(rstd, r * 4), *ddy = dput(dy, n * 4), *ddx = dnan(n * 4);
+	float *ddg = dput(dg0, c * 4), *ddbe = dput(dbe0, c * 4);
+	char line[96];
+	assert_int_equal(gpu->layernorm_bwd(dxx, dgm, dmean, drstd, ddy, ddx, ddg, ddbe, rows,
+					    cols),
+			 HPU_BE_OK);
+	dget(got, ddx, n * 4);
+	snprintf(line, sizeof line, "layernorm bwd [%d,%d] dx", rows, cols);
+	check(line, got, dx, n, 1e-5);
+	dget(got, ddg, c * 4);
+	snprintf(line, sizeof line, "layernorm bwd [%d,%d] dgamma +=", rows, cols);
+	check_floats_bits(line, got, dg, c);
+	dget(got, ddbe, c * 4);
+	snprintf(line, sizeof line, "layernorm bwd [%d,%d] dbeta +=", rows, cols);
+	check_floats_bits(line, got, dbe, c);
+	dfree(dxx), dfree(dgm), dfree(dmean), dfree(drstd), dfree(ddy), dfree(ddx);
+	dfree(ddg), dfree(ddbe);
+	free(x), free(dy), free(dx), free(got), free(mean), free(rstd);
+}
+
 /* ---- dropout: the CPU's masks, bit for bit ---- */
 
 static void test_dropout(void **state)
@@ -689,6 +740,37 @@ static void test_bias_grad(void **state)
 		}
 }
 
+/* More rows than 65535 block rows of 64 hold: the partial sums walk
+ * their chunks; small integers make every sum exact (bits compared). */
+static void test_bias_grad_many_rows(void **state)
+{
+	(void)state;
+	const int rows = 65535 * 64 + 1000, cols = 3;
+	size_t n = (size_t)rows * cols, c = (size_t)cols;
+	rng_seed(17);
+	float *dy = xcalloc(n, 4), db[3] = {1, -2, 0}, db0[3], got[3];
+	uint16_t *dy16 = xcalloc(n, 2);
+	memcpy(db0, db, sizeof db);
+	fill_ints(dy, n, 2);
+	round_bf16(dy, dy16, n); /* (exact: the values are small integers) */
+	for (int r = 0; r < rows; r++)
+		for (int j = 0; j < cols; j++)
+			db[j] += dy[(size_t)r * cols + j];
+	for (int bf = 0; bf < 2; bf++) {
+		void *ddy = dput(bf ? (void *)dy16 : dy, n * (bf ? 2 : 4));
+		float *ddb = dput(db0, c * 4);
+		assert_int_equal(gpu->bias_grad(bf ? HPU_DT_BF16 : HPU_DT_F32, ddy, ddb, rows, cols),
+				 HPU_BE_OK);
+		dget(got, ddb, c * 4);
+		char line[96];
+		snprintf(line, sizeof line, "bias_grad %s [%d,%d] (db +=)", bf ? "bf16" : "f32", rows,
+			 cols);
+		check_floats_bits(line, got, db, c);
+		dfree(ddy), dfree(ddb);
+	}
+	free(dy), free(dy16);
+}
+
 /* Rounding and conversions against common/lowp.h, bit for bit: every
  * 16-bit pattern widened, and rounding at the edges (ties, subnormals,
  * overflow, infinities, NaNs) and at random. */
@@ -872,9 +954,11 @@ int main(void)
 		cmocka_unit_test(test_table),	  cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_conv),	  cmocka_unit_test(test_pool),
 		cmocka_unit_test(test_eltwise),	  cmocka_unit_test(test_softmax),
-		cmocka_unit_test(test_layernorm), cmocka_unit_test(test_dropout),
+		cmocka_unit_test(test_layernorm), cmocka_unit_test(test_layernorm_many_rows),
+		cmocka_unit_test(test_dropout),
 		cmocka_unit_test(test_embedding), cmocka_unit_test(test_xent),
-		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_convert),
+		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_bias_grad_many_rows),
+		cmocka_unit_test(test_convert),
 		cmocka_unit_test(test_fp8),	  cmocka_unit_test(test_ops_on_gpu),
 		cmocka_unit_test(test_checks),	  cmocka_unit_test(test_release),
 	};
