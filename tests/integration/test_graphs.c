@@ -336,10 +336,70 @@ static void test_refusals(void **state)
 	const char *why = strstr(ob, "is not recorded: ");
 	printf("  host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
 	assert_non_null(strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: "
-				   "hpu__dev_enter: host code opened device memory while a step was "
-				   "recorded (its work runs now, not at each launch); it runs "
-				   "eagerly\n"));
+				   "layer hscale's forward: host code opened device memory while a step "
+				   "was recorded (a host-only layer, HPU_LAYER_HOST_ONLY, whose "
+				   "tensors are staged through host memory, or host code of the "
+				   "layer; its work runs now, not at each launch); it runs eagerly\n"));
 	assert_true(same_file("host-step-eager", "host-step-graphs"));
+	free(oa);
+	free(ob);
+}
+
+/* A custom layer that gives an op a value its host code computes from
+ * the step (anneal_model's temperature, through hpu_split_heads' scale):
+ * a replay would repeat the recorded step's value (the parameters
+ * differed from eager's from step 5 on, without a word). The recording is
+ * made again at the next step; its values differ, so the step runs
+ * eagerly, naming the layer, its pass and the kernel; the evaluation
+ * batches likewise at the next evaluation. The same layer with a fixed
+ * temperature records twice, the same, and is replayed. */
+static void test_step_values_refused(void **state)
+{
+	(void)state;
+	const char *m = h_build("lib/anneal_model.so");
+	char *oa = train("anneal-eager", 1, "cpu", 0, m, "--say-eval-step", "--max-steps", "12",
+			 "--batch-size", "16", "--eval-every", "4", NULL);
+	/* an evaluation's ctx->step is the steps done (hpu.h); it was the
+	 * step the run started from, 0 */
+	const char *at = strstr(oa, "eval step 4\n");
+	assert_non_null(at);
+	assert_non_null(at = strstr(at, "eval step 8\n"));
+	assert_non_null(strstr(at, "eval step 12\n"));
+	assert_null(strstr(oa, "eval step 0\n"));
+	char *ob = train("anneal-graphs", 1, "cpu", 1, m, "", "--max-steps", "12", "--batch-size",
+			 "16", "--eval-every", "4", NULL);
+	const char *why = strstr(ob, "graphs: step 4: the step of 16 samples is not recorded: ");
+	printf("  annealed: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(strstr(ob, "graphs: step 3: recorded the step of 16 samples: "));
+	assert_non_null(why);
+	assert_non_null(strstr(why, "is not recorded: layer temp's forward gave the kernel heads "
+				    "(call 3) other values than in the recording before: a value the "
+				    "host computes each step (from the step or the epoch, or drawn "
+				    "from the host's random numbers) would be replayed as recorded; "
+				    "it runs eagerly\n"));
+	/* the evaluation after step 8 records again: its ctx->step is 8 */
+	assert_non_null(strstr(ob, "graphs: evaluation: the batch of 16 samples is not recorded: "
+				   "layer temp's forward gave the kernel heads (call 3) other values "
+				   "than in the recording before"));
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	assert_int_equal(recorded, 0);
+	assert_int_equal(replayed, 1); /* step 3's recording, launched at once */
+	assert_true(same_file("anneal-eager", "anneal-graphs"));
+	free(oa);
+	free(ob);
+
+	oa = train("fixed-eager", 1, "cpu-strict", 0, m, "--fixed", "--max-steps", "12",
+		   "--batch-size", "16", "--eval-every", "4", NULL);
+	ob = train("fixed-graphs", 1, "cpu-strict", 1, m, "--fixed", "--max-steps", "12",
+		   "--batch-size", "16", "--eval-every", "4", NULL);
+	assert_non_null(strstr(ob, "graphs: step 4: recorded the step of 16 samples again: the "
+				   "same kernel calls with the same values as step 3's\n"));
+	assert_null(strstr(ob, "is not recorded"));
+	replays(ob, &replayed, &recorded, &eager);
+	assert_int_equal(recorded, 1);
+	assert_int_equal(replayed, 10);
+	assert_true(same_file("fixed-eager", "fixed-graphs"));
 	free(oa);
 	free(ob);
 }
@@ -380,6 +440,7 @@ static void test_cpu_host_code_refused(void **state)
 	assert_true(same_file("probe-eager", "probe-graphs"));
 	assert_non_null(why);
 	assert_non_null(strstr(why, "host code touched device memory"));
+	assert_non_null(strstr(why, "', in layer probe's forward) while a step was recorded"));
 	free(oa);
 	free(ob);
 }
@@ -623,9 +684,10 @@ static void test_evaluation_refused(void **state)
 	printf("  host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
 	assert_non_null(why);
 	assert_non_null(strstr(why, "graphs: evaluation: the batch of 5 samples is not recorded: "
-				    "hpu__dev_enter: host code opened device memory while a step was "
-				    "recorded (its work runs now, not at each launch); it runs "
-				    "eagerly\n"));
+				    "layer hscale's forward: host code opened device memory while a step "
+				    "was recorded (a host-only layer, HPU_LAYER_HOST_ONLY, whose "
+				    "tensors are staged through host memory, or host code of the "
+				    "layer; its work runs now, not at each launch); it runs eagerly\n"));
 	assert_non_null(strstr(ob, "evaluation: 0 batches replayed from 0 recordings, 2 run eagerly; "
 				   "0 recordings kept\n"));
 	same_validation("host-eager", "host-graphs", 0);
@@ -650,9 +712,10 @@ static void test_two_workers_refused(void **state)
 	       why ? why : "none");
 	assert_non_null(why);
 	assert_non_null(strstr(why, "graphs: step 3: the step of 16 samples is not recorded: "
-				    "hpu__dev_enter: host code opened device memory while a step was "
-				    "recorded (its work runs now, not at each launch); it runs "
-				    "eagerly\n"));
+				    "layer hscale's forward: host code opened device memory while a step "
+				    "was recorded (a host-only layer, HPU_LAYER_HOST_ONLY, whose "
+				    "tensors are staged through host memory, or host code of the "
+				    "layer; its work runs now, not at each launch); it runs eagerly\n"));
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
 	assert_int_equal(recorded, 0);
@@ -828,7 +891,7 @@ static int killed_while_replaying(int eval)
 	start_node(&n0, 0, port, eval);
 	start_node(&n1, 1, port, eval);
 	pid_t kids[4];
-	int ok = eval ? h_wait_for(&n0, "graphs: evaluation: recorded the batch of 1 samples: ",
+	int ok = eval ? h_wait_for(&n0, "graphs: evaluation: recorded the batch of 1 sample: ",
 				   120000) == 0
 		      : h_wait_for(&n0, "graphs: step 3: recorded the step of 16 samples: ",
 				   120000) == 0 &&
@@ -1109,6 +1172,7 @@ int main(void)
 	    cmocka_unit_test(test_bce_logits_recorded),
 	    cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),
+	    cmocka_unit_test(test_step_values_refused),
 	    cmocka_unit_test(test_offload_refused), cmocka_unit_test(test_cpu_host_code_refused),
 	    cmocka_unit_test_teardown(test_cpu_kernel_refused, unset_backend),
 	    cmocka_unit_test(test_evaluation), cmocka_unit_test(test_eval_only),

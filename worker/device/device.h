@@ -703,6 +703,20 @@ size_t hpu__dev_graph_host_calls(const hpu__dev_graph *g);
  * sets *g to NULL. */
 void hpu__dev_graph_free(hpu__dev_graph **g);
 
+/* What a recording's host code gave the ops' kernels, call by call: the
+ * entry, the layer and pass running, and the values passed (scalars,
+ * shapes, whether each pointer is NULL; never device memory). A launch
+ * repeats the recorded values; a value the host computes each step (from
+ * ctx->step, the host's random numbers) would be replayed as recorded.
+ * take_calls: g's, taken from it (the caller frees them; NULL for none);
+ * same_calls: 1 when g's calls are before's, else 0 with a sentence
+ * naming the first call that differs (layer, kernel, call number). */
+typedef struct hpu__dev_calls hpu__dev_calls;
+hpu__dev_calls *hpu__dev_graph_take_calls(hpu__dev_graph *g);
+int hpu__dev_graph_same_calls(const hpu__dev_calls *before, const hpu__dev_graph *g,
+			      char *why, size_t len);
+void hpu__dev_calls_free(hpu__dev_calls **c);
+
 /* Tells the ops (worker/ops/backend.h, hpu__be_set_dev_hooks) the open
  * device's name, whether the host may touch its memory
  * (hpu__dev_host_can_read) and whether the calling thread records, so

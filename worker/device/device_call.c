@@ -4,6 +4,7 @@
  * are device memory, and queues and events. */
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
+#include "worker/ops/fp8.h" /* hpu__op_layer_name: the layer running */
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -80,7 +81,14 @@ void hpu__dev_call_close(void)
 void hpu__dev_enter(void)
 {
 	hpu__dev_rec_foreign("hpu__dev_enter");
-	if (hpu__dev_rec_listing())
+	if (hpu__dev_rec_listing() && hpu__op_layer_name()[0])
+		hpu__dev_capture_refuse("layer %s's %s: host code opened device memory while a "
+					"step was recorded (a host-only layer, HPU_LAYER_HOST_ONLY, "
+					"whose tensors are staged through host memory, or host code "
+					"of the layer; its work runs now, not at each launch)",
+					hpu__op_layer_name(),
+					hpu__op_layer_backward() ? "backward" : "forward");
+	else if (hpu__dev_rec_listing())
 		hpu__dev_capture_refuse("hpu__dev_enter: host code opened device memory while a "
 					"step was recorded (its work runs now, not at each launch)");
 	hpu__dev_call_open();

@@ -14,6 +14,7 @@ static void graph_drop(hpu__dev_graph *g)
 {
 	if (g->dev)
 		hpu__dev_cur->recorder->free(g->dev);
+	hpu__dev_calls_free(&g->calls);
 	hpu__dev_rec_drop_list(g);
 	hpu__devmem_graph_release(g->held);
 	free(g);
@@ -68,6 +69,7 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
 	hpu__dev_rec_start(g, !hpu__dev_cur->recorder);
 	if (hpu__dev_cur->rec_guard)
 		hpu__dev_cur->rec_guard(1, NULL, 0);
+	hpu__dev_fp_begin(g);
 	return 0;
 }
 
@@ -76,7 +78,7 @@ int hpu__dev_capture_begin(char *err, size_t errlen)
  * work then, not at each launch: the recording refused. */
 static void cpu_rec_unguard(void)
 {
-	char block[160];
+	char block[256];
 	const void *a = hpu__dev_cur->rec_guard(0, block, sizeof block);
 	if (a)
 		hpu__dev_capture_refuse("host code touched device memory at %p (%s) while a step was "
@@ -89,6 +91,7 @@ static void cpu_rec_unguard(void)
 int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen)
 {
 	*out = NULL;
+	hpu__dev_fp_end();
 	if (hpu__dev_cur->rec_guard && hpu__dev_capturing())
 		cpu_rec_unguard();
 	hpu__dev_graph *g = hpu__dev_rec_stop();

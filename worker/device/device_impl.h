@@ -110,7 +110,14 @@ struct hpu__dev_graph {
 	uint32_t held; /* devmem's blocks kept for the graph */
 	hpu__dev_node_count *names; /* the list's calls by name (hpu__dev_rec_count) */
 	size_t nnames;
+	hpu__dev_calls *calls; /* the host's calls of the ops' table (device_fp.c) */
 };
+
+/* device_fp.c: while g records, the ops' table wrapped so that each call
+ * of an entry notes its values in g->calls (begin), and the device's
+ * table back (end; safe when not begun). */
+void hpu__dev_fp_begin(hpu__dev_graph *g);
+void hpu__dev_fp_end(void);
 
 /* The recording's state (device_rec.c), for device_graph.c and the
  * device's calls: claim (0, or -1 where one is under way) and unclaim

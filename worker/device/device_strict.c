@@ -382,6 +382,9 @@ const hpu__device hpu__dev_cpu_strict = {
  * first fault opens the whole arena, as it did before. */
 static volatile sig_atomic_t rec_guarded;
 static void *volatile rec_touched;
+/* the layer and pass running at that first access ("" for none) */
+static char rec_layer[64];
+static int rec_layer_bwd;
 
 static struct {
 	char *save;              /* [pages * PAGE_BYTES], MAP_NORESERVE */
@@ -400,8 +403,15 @@ static void rec_on_segv(int sig, siginfo_t *si, void *uc)
 	(void)uc;
 	size_t top = A.top;
 	if (rec_guarded && A.base && a >= A.base && a < A.base + top) {
-		if (!rec_touched)
+		if (!rec_touched) {
+			const char *ln = hpu__op_layer_name(); /* a plain copy: signal-safe */
+			size_t k = 0;
+			for (; ln[k] && k < sizeof rec_layer - 1; k++)
+				rec_layer[k] = ln[k];
+			rec_layer[k] = '\0';
+			rec_layer_bwd = hpu__op_layer_backward();
 			rec_touched = a;
+		}
 		size_t p = (size_t)(a - A.base) / PAGE_BYTES;
 		char *pg = A.base + p * PAGE_BYTES;
 		if (R.save) {
@@ -521,6 +531,10 @@ static const void *guard_off(char *what, size_t len)
 	rec_touched = NULL;
 	if (a) {
 		block_at(a, "no block in use", what, len);
+		size_t k = strlen(what);
+		if (rec_layer[0] && k < len)
+			snprintf(what + k, len - k, ", in layer %s's %s", rec_layer,
+				 rec_layer_bwd ? "backward" : "forward");
 		save_restore(); /* the step runs eagerly now: once */
 	}
 	save_end();

@@ -54,7 +54,7 @@ static int eval_device(loop *L, int n)
 	hpu__graph_mode mode = HPU__GRAPH_EAGER;
 	if (L->graphs) {
 		bt = hpu__graphs_eval_input(L->graphs, bt, L->o->pad_last_batch ? L->micro : n);
-		mode = hpu__graphs_eval_mode(L->graphs, bt->n);
+		mode = hpu__graphs_eval_mode(L->graphs, bt->n, L->eval_step);
 	}
 	hpu__strat_eval_rows(L->st, n);
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_eval_begin(L->graphs) < 0)
@@ -96,7 +96,7 @@ static int evaluate_on(loop *L, hpu_split split, const uint32_t *map, size_t n_a
 	int nm = b->nmetrics;
 	double sums[HPU_MAX_IO + 2] = {0}; /* loss, metrics, count */
 	int dev = hpu__strat_recordable(L->st);
-	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
+	hpu__strat_set_pos(L->st, 0, L->eval_step, L->epoch);
 	if (dev && hpu__strat_eval_open(L->st) < 0)
 		return -1;
 	hpu__dev_event prev = {0};
@@ -255,6 +255,7 @@ int hpu__loop_validate(loop *L, long step, int e)
 		(void)hpu__loader_wait(L->loader, k, &bt, &bad);
 	}
 	hpu__prof_in_eval = 1;
+	L->eval_step = step;
 	if (L->val_map)
 		rc = evaluate_on(L, HPU_SPLIT_TRAIN, L->val_map + L->ntrain,
 				 b->data[HPU_SPLIT_TRAIN].size - L->ntrain, &ev);

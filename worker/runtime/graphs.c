@@ -35,6 +35,13 @@ typedef struct entry {
 	char node_args[NODE_ARGS]; /* hpu__graphs_node_args */
 	hpu__ac_calls calls;    /* the op calls its host code counted: each
 				 * launch counts them (autocast.h) */
+	/* A recording is made twice: at its first step (or evaluation), then
+	 * at the next, and kept only where both made the same kernel calls
+	 * with the same values (hpu__dev_graph_same_calls): a value its host
+	 * code computes each step would be replayed as recorded. */
+	int confirmed;          /* 1: recorded twice, the same: replayed */
+	hpu__dev_calls *check;  /* while recorded again: the first's calls */
+	long rec_step;          /* the step of the first recording */
 } entry;
 
 struct hpu__graphs {
@@ -46,6 +53,7 @@ struct hpu__graphs {
 	entry e[GRAPHS_MAX];
 	int ne;
 	entry *cur;         /* this step's, where recorded or replayed */
+	long ev_step;       /* the step an evaluation batch comes after */
 	hpu__ac_calls at_begin; /* the op calls counted when recording began */
 	int off;            /* the device records nothing: all eager */
 	int fail_begin;     /* HPU_GRAPHS_FAIL_BEGIN names this rank */
@@ -111,6 +119,7 @@ void hpu__graphs_free(hpu__graphs **pg)
 	if (!g)
 		return;
 	for (int i = 0; i < g->ne; i++) {
+		hpu__dev_calls_free(&g->e[i].check);
 		hpu__dev_graph_free(&g->e[i].graph);
 		hpu__strat_snap_free(&g->e[i].snap);
 		free(g->e[i].n);
@@ -145,7 +154,8 @@ static void shape(const hpu__graphs *g, const int *n, char *out, size_t len)
 		same &= n[k] == n[0];
 	size_t at = 0;
 	if (same) {
-		snprintf(out, len, g->accum > 1 ? "%d samples x %d micro-steps" : "%d samples", n[0],
+		snprintf(out, len, g->accum > 1 ? "%d sample%s x %d micro-steps" : "%d sample%s", n[0],
+			 n[0] == 1 ? "" : "s",
 			 g->accum);
 		return;
 	}
@@ -180,12 +190,25 @@ static entry *add(hpu__graphs *g, int eval, const int *key, size_t len)
 	return e;
 }
 
+/* e's recording dropped to be made again (its calls kept in e->check):
+ * its second recording, at another step than its first. */
+static hpu__graph_mode again(hpu__graphs *g, entry *e)
+{
+	e->check = hpu__dev_graph_take_calls(e->graph);
+	hpu__dev_graph_free(&e->graph);
+	hpu__strat_snap_free(&e->snap);
+	g->cur = e;
+	return HPU__GRAPH_RECORD;
+}
+
 hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only)
 {
 	g->cur = NULL;
 	if (g->off || eager_only || g->seen++ < g->warmup)
 		goto eager;
 	entry *e = find(g, 0, g->key);
+	if (e && e->graph && !e->confirmed)
+		return again(g, e);
 	if (e && e->graph) {
 		g->cur = e;
 		g->replayed++;
@@ -206,6 +229,7 @@ hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only)
 	}
 	if (!add(g, 0, g->key, (size_t)g->accum))
 		goto eager; /* out of memory: eager, as refused */
+	g->cur->rec_step = step;
 	return HPU__GRAPH_RECORD;
 eager:
 	g->eager++;
@@ -224,6 +248,7 @@ void hpu__graphs_mismatch(hpu__graphs *g, long step)
 	if (e->graph)
 		return;
 	e->refused = 1; /* was to record */
+	hpu__dev_calls_free(&e->check);
 	if (g->verbose && g->rank == 0) {
 		char sh[128];
 		shape(g, e->n, sh, sizeof sh);
@@ -250,7 +275,11 @@ static int begin(hpu__graphs *g, long *eager, int say)
 		return 0;
 	}
 	g->off = 1;
-	if (g->cur) {
+	if (g->cur && g->cur->check) { /* its second recording: the entry stays, refused */
+		g->cur->refused = 1;
+		hpu__dev_calls_free(&g->cur->check);
+		g->cur = NULL;
+	} else if (g->cur) {
 		free(g->cur->n);
 		g->ne--;
 		g->cur = NULL;
@@ -307,11 +336,21 @@ const char *hpu__graphs_node_args(const hpu__graphs *g)
 	return g->cur && g->cur->graph ? g->cur->node_args : "";
 }
 
+/* 1 when gr is e's second recording and its calls differ from the
+ * first's (the reason in why), else 0. */
+static int differs(entry *e, const hpu__dev_graph *gr, char *why, size_t len)
+{
+	return e->check && !hpu__dev_graph_same_calls(e->check, gr, why, len);
+}
+
 /* e keeps the recording gr, its calls by name and the strategy's state
  * its replays restore; 0, or -1 with a sentence in err (gr is e's
- * either way: freed with it). */
+ * either way: freed with it). A second recording, the same as the
+ * first, confirms it: replayed from now on. */
 static int keep(entry *e, hpu__dev_graph *gr, hpu_strat *s, char *err, size_t errlen)
 {
+	e->confirmed = e->check != NULL;
+	hpu__dev_calls_free(&e->check);
 	e->graph = gr;
 	e->nodes = hpu__dev_graph_nodes(gr);
 	node_args(e);
@@ -372,6 +411,8 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 		snprintf(err, errlen, "--graphs: recording step %ld failed: %s", step + 1, why);
 		return -1;
 	}
+	if (rc == 0 && differs(e, gr, why, sizeof why))
+		rc = 1;
 	int who = rc == 0 ? -1 : g->rank;
 	if (agree && agree(arg, &who, why, sizeof why) < 0) {
 		hpu__dev_graph_free(&gr);
@@ -384,14 +425,19 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 	if (who < 0) {
 		if (keep(e, gr, s, err, errlen) < 0)
 			return -1;
-		if (g->verbose && g->rank == 0)
+		if (g->verbose && g->rank == 0 && !e->confirmed)
 			printf("graphs: step %ld: recorded the step of %s: %zu device calls%s, replayed "
-			       "from now on\n",
-			       step + 1, sh, e->nodes, host_calls(gr, hc, sizeof hc));
+			       "from now on once step %ld's recording makes the same calls\n",
+			       step + 1, sh, e->nodes, host_calls(gr, hc, sizeof hc), step + 2);
+		else if (g->verbose && g->rank == 0)
+			printf("graphs: step %ld: recorded the step of %s again: the same kernel calls "
+			       "with the same values as step %ld's\n",
+			       step + 1, sh, e->rec_step + 1);
 		g->replayed++; /* launched now */
 		return 1;
 	}
 	hpu__dev_graph_free(&gr);
+	hpu__dev_calls_free(&e->check);
 	e->refused = 1;
 	g->cur = NULL;
 	g->eager++;
@@ -475,12 +521,17 @@ static long ev_seen(hpu__graphs *g, int n)
 	return 0;
 }
 
-hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n)
+hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n, long step)
 {
 	g->cur = NULL;
+	g->ev_step = step;
 	if (g->off)
 		goto eager;
 	entry *e = find(g, 1, &n);
+	/* made again at the next evaluation, after another step: within one
+	 * the step is the same */
+	if (e && e->graph && !e->confirmed && step != e->rec_step)
+		return again(g, e);
 	if (e && e->graph) {
 		g->cur = e;
 		g->ev_replayed++;
@@ -491,14 +542,15 @@ hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n)
 		goto eager;
 	if (g->ne == GRAPHS_MAX) {
 		if (!g->full_said && g->verbose && g->rank == 0)
-			printf("graphs: evaluation: %d recordings kept already: the batch of %d samples "
+			printf("graphs: evaluation: %d recordings kept already: the batch of %d sample%s "
 			       "runs eagerly, as every new shape from now on\n",
-			       GRAPHS_MAX, n);
+			       GRAPHS_MAX, n, n == 1 ? "" : "s");
 		g->full_said = 1;
 		goto eager;
 	}
 	if (!add(g, 1, &n, 1))
 		goto eager;
+	g->cur->rec_step = step;
 	return HPU__GRAPH_RECORD;
 eager:
 	g->ev_eager++;
@@ -523,29 +575,38 @@ int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
 		snprintf(err, errlen, "--graphs: recording an evaluation batch failed: %s", why);
 		return -1;
 	}
+	if (rc == 0 && differs(e, gr, why, sizeof why))
+		rc = 1;
 	if (rc == 0) {
 		if (keep(e, gr, s, err, errlen) < 0)
 			return -1;
-		if (g->verbose && g->rank == 0)
-			printf("graphs: evaluation: recorded the batch of %d samples: %zu device calls, "
-			       "replayed from now on\n",
-			       e->n[0], e->nodes);
+		if (g->verbose && g->rank == 0 && !e->confirmed)
+			printf("graphs: evaluation: recorded the batch of %d sample%s: %zu device calls, "
+			       "replayed from now on until the next evaluation's recording, which "
+			       "must make the same calls\n",
+			       e->n[0], e->n[0] == 1 ? "" : "s", e->nodes);
+		else if (g->verbose && g->rank == 0)
+			printf("graphs: evaluation: recorded the batch of %d sample%s again after "
+			       "step %ld: the same kernel calls with the same values as after step "
+			       "%ld\n",
+			       e->n[0], e->n[0] == 1 ? "" : "s", g->ev_step, e->rec_step);
 		g->ev_replayed++; /* launched now */
 		return 1;
 	}
 	hpu__dev_graph_free(&gr);
+	hpu__dev_calls_free(&e->check);
 	e->refused = 1;
 	g->cur = NULL;
 	g->ev_eager++;
 	/* each rank records its own batches: each says its own refusal */
 	if (g->verbose && g->rank == 0)
-		printf("graphs: evaluation: the batch of %d samples is not recorded: %s; it runs "
+		printf("graphs: evaluation: the batch of %d sample%s is not recorded: %s; it runs "
 		       "eagerly\n",
-		       e->n[0], why);
+		       e->n[0], e->n[0] == 1 ? "" : "s", why);
 	else if (g->verbose)
-		printf("graphs: evaluation: the batch of %d samples is not recorded on rank %d: %s; "
-		       "it runs eagerly\n",
-		       e->n[0], g->rank, why);
+		printf("graphs: evaluation: the batch of %d sample%s is not recorded on rank "
+		       "%d: %s; it runs eagerly\n",
+		       e->n[0], e->n[0] == 1 ? "" : "s", g->rank, why);
 	return 0;
 }
 

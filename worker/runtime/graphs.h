@@ -116,7 +116,7 @@ void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, 
  * learning rate left alone; a failure says an evaluation batch's
  * recording); said as "graphs: evaluation: ..." under --verbose. */
 const hpu_batch *hpu__graphs_eval_input(hpu__graphs *g, const hpu_batch *bt, int pad_to);
-hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n);
+hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n, long step);
 int hpu__graphs_eval_begin(hpu__graphs *g);
 int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen);
 int hpu__graphs_eval_launch(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen);

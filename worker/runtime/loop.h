@@ -44,6 +44,8 @@ typedef struct loop {
 	long es_best_step, es_wait; /* ... at which step; validations since */
 	int stop_early;          /* the rule says stop (every rank alike) */
 	long vstep;              /* the last validation's step (0: none) */
+	long eval_step;          /* an evaluation's ctx->step: the steps
+				  * done (hpu.h), from the resumed one */
 	double vloss, vmetric[HPU_MAX_IO]; /* ... and its figures */
 	hpu_run_pos pos;         /* where the run starts (resumed or 0); its
 				  * schedule */

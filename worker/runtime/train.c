@@ -374,6 +374,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (ck)
 		hpu__prof_span("checkpoint", "checkpoint_load", NULL, tl, "\"step\":%ld", L.pos.step);
 	hpu__where.step = L.pos.step;
+	L.eval_step = L.pos.step;
 	L.epoch = L.pos.epoch < L.epochs ? L.pos.epoch : L.epochs - 1;
 	hpu__where.epoch = L.epoch + 1; /* the resumed one (it said 0 until a step ended) */
 	if (alloc_buffers(&L) < 0)
@@ -405,6 +406,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	int evaluates = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST];
 	if (evaluates)
 		hpu__loop_report(&L, steps, total, L.epoch, loss, sps, -1, HPU_PHASE_EVAL, 1);
+	L.eval_step = done;
 	if (evaluates && hpu__loop_evaluate(&L, &ev) < 0)
 		goto out;
 	hpu__prof_in_eval = 0;
