@@ -587,6 +587,37 @@ static void test_declare(void **state)
 	hpu_array_free(&tok);
 }
 
+static int no_fetch(void *user, size_t i, void *const *out)
+{
+	(void)user, (void)i, (void)out;
+	return -1;
+}
+
+/* A dataset of more samples than 32 bits number is refused, naming it
+ * and the limit: the sampler's permutation is of uint32_t, and one of
+ * 2^32 + 5 samples trained on samples 0 to 4 only. The size alone is
+ * declared: nothing is fetched or allocated. */
+static void test_dataset_limit(void **state)
+{
+	(void)state;
+	hpu_builder *b = hpu__model_new(0, 1, 64);
+	assert_non_null(b);
+	hpu_dataset ds = {.size = (size_t)UINT32_MAX + 5, .nfields = 1, .fetch = no_fetch,
+			  .fields = {{"x", HPU_F32, 1, {4}}}};
+	assert_int_not_equal(hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds), HPU_OK);
+	if (!strstr(b->err, "training dataset: 4294967300 samples; at most 4294967295 are supported"))
+		fail_msg("error \"%s\"", b->err);
+	hpu__model_destroy(&b);
+	b = hpu__model_new(0, 1, 64);
+	ds.size = UINT32_MAX;
+	assert_int_equal(hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds), HPU_OK);
+	ds.size = (size_t)UINT32_MAX + 1;
+	assert_int_not_equal(hpu_dataset_set(b, HPU_SPLIT_TEST, &ds), HPU_OK);
+	if (!strstr(b->err, "test dataset: 4294967296 samples; at most 4294967295"))
+		fail_msg("error \"%s\"", b->err);
+	hpu__model_destroy(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -602,6 +633,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_csv_good, reset),
 		cmocka_unit_test_teardown(test_csv_refused, reset),
 		cmocka_unit_test_teardown(test_declare, reset),
+		cmocka_unit_test(test_dataset_limit),
 	};
 	return cmocka_run_group_tests(tests, tmp_setup, tmp_teardown);
 }
