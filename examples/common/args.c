@@ -8,11 +8,17 @@
 
 int ex_long_prefix(const char *s, const char **end, long *out)
 {
+	/* strtol alone would also take leading spaces and a '+': a
+	 * number is an optional '-' and decimal digits, nothing else */
+	const char *d = s + (*s == '-');
+	*end = s;
+	if (*d < '0' || *d > '9')
+		return -1;
 	char *e;
 	errno = 0;
 	long v = strtol(s, &e, 10);
 	*end = e;
-	if (e == s || errno == ERANGE)
+	if (errno == ERANGE)
 		return -1;
 	*out = v;
 	return 0;
@@ -23,7 +29,7 @@ int ex_arg_long(hpu_builder *b, const char *name, const char *v, long lo, long h
 	const char *end;
 	long x;
 	if (ex_long_prefix(v, &end, &x) < 0 || *end || x < lo || x > hi)
-		return hpu_error(b, "%s wants a number in %ld..%ld, got %s", name, lo, hi, v);
+		return hpu_error(b, "%s wants a whole number in %ld..%ld, got %s", name, lo, hi, v);
 	*out = x;
 	return 0;
 }
@@ -50,13 +56,20 @@ static const char *usage(const ex_arg *args, int n, char *buf, size_t len)
 	return buf;
 }
 
+/* The index of the table's argument named s, or n. */
+static int arg_index(const ex_arg *args, int n, const char *s)
+{
+	int k = 0;
+	while (k < n && strcmp(s, args[k].name))
+		k++;
+	return k;
+}
+
 int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int n, void *base)
 {
 	char list[1024];
 	for (int i = 1; i < argc; i++) {
-		int k = 0;
-		while (k < n && strcmp(argv[i], args[k].name))
-			k++;
+		int k = arg_index(args, n, argv[i]);
 		if (k == n)
 			return hpu_error(b, "unknown model argument %s (model arguments: %s)", argv[i],
 					 usage(args, n, list, sizeof list));
@@ -68,29 +81,59 @@ int ex_args_parse(hpu_builder *b, int argc, char **argv, const ex_arg *args, int
 		if (i + 1 >= argc)
 			return hpu_error(b, "%s needs a value (%s %s)", argv[i], args[k].name,
 					 args[k].meta);
+		/* "--tokens --ctx 16" took "--ctx" as the file, then "16" was
+		 * an unknown argument */
+		if (arg_index(args, n, argv[i + 1]) < n)
+			return hpu_error(b, "%s needs a value (the next argument, %s, is one of the model's "
+					 "arguments)", argv[i], argv[i + 1]);
+		long whole;
 		if (args[k].kind == EX_ARG_STR)
-			*(const char **)field = argv[++i];
+			*(const char **)field = argv[i + 1];
+		else if (args[k].kind == EX_ARG_INT &&
+			 ex_arg_long(b, argv[i], argv[i + 1], (long)args[k].lo, (long)args[k].hi, &whole) < 0)
+			return -1;
+		else if (args[k].kind == EX_ARG_INT)
+			*(double *)field = (double)whole;
 		else if (ex_arg_double(b, argv[i], argv[i + 1], args[k].lo, args[k].hi, field) < 0)
 			return -1;
-		else if (args[k].kind == EX_ARG_INT && *(double *)field != (double)(long long)*(double *)field)
-			return hpu_error(b, "%s wants a whole number in %g..%g, got %s", argv[i],
-					 args[k].lo, args[k].hi, argv[i + 1]);
-		else
-			i++;
+		i++;
 	}
 	return 0;
 }
 
-int ex_arg_unknown(hpu_builder *b, const char *arg, const char *list)
+/* The entry of usage list `list` ("--data DIR, --channels C1,C2,
+ * --checkpoint") that names arg, and its length in *len; NULL where none
+ * does. */
+static const char *list_entry(const char *list, const char *arg, int *len)
 {
 	size_t n = strlen(arg);
 	for (const char *p = list; n && (p = strstr(p, arg)); p += n) {
-		int starts = p == list || p[-1] == ' ';
-		if (starts && p[n] == ' ') { /* "--hidden N": it takes a value */
-			const char *e = strstr(p, ", "); /* "--channels C1,C2, ..." */
-			int m = e ? (int)(e - p) : (int)strlen(p);
-			return hpu_error(b, "%s needs a value (%.*s)", arg, m, p);
+		int starts = p == list || (p >= list + 2 && !strncmp(p - 2, ", ", 2));
+		if (starts && (p[n] == ' ' || p[n] == ',' || !p[n])) {
+			const char *e = strstr(p, ", ");
+			*len = e ? (int)(e - p) : (int)strlen(p);
+			return p;
 		}
+	}
+	return NULL;
+}
+
+int ex_arg_has_value(int argc, char **argv, int i, const char *list)
+{
+	int len;
+	return i + 1 < argc && !list_entry(list, argv[i + 1], &len);
+}
+
+int ex_arg_unknown(hpu_builder *b, int argc, char **argv, int i, const char *list)
+{
+	const char *arg = argv[i];
+	int len;
+	const char *p = list_entry(list, arg, &len);
+	if (p && p[strlen(arg)] == ' ') { /* "--hidden N": it takes a value */
+		if (i + 1 < argc)
+			return hpu_error(b, "%s needs a value (the next argument, %s, is one of the "
+					 "model's arguments)", arg, argv[i + 1]);
+		return hpu_error(b, "%s needs a value (%.*s)", arg, len, p);
 	}
 	return hpu_error(b, "unknown model argument %s (model arguments: %s)", arg, list);
 }

@@ -25,6 +25,21 @@ static int load_split(fmnist_split *s, const char *dir, const char *prefix, char
 	return 0;
 }
 
+/* Every label a class, 0 .. FMNIST_CLASSES - 1: checked here to name
+ * the file (hpu_data_declare checks again, but knows only the field and
+ * the row). */
+static int check_labels(hpu_builder *b, const fmnist_split *s, const char *dir,
+			const char *prefix)
+{
+	const uint8_t *l = s->labels.data;
+	for (size_t k = 0; k < s->labels.count; k++)
+		if (l[k] >= FMNIST_CLASSES)
+			return hpu_error(b, "%s/%s-labels-idx1-ubyte.gz: row %zu holds %u, not a "
+					 "class: Fashion-MNIST's are 0 to %d",
+					 dir, prefix, k, l[k], FMNIST_CLASSES - 1);
+	return 0;
+}
+
 int fmnist_declare(hpu_builder *b, fmnist *f, const char *dir, int ndim, const int64_t *shape,
 		   float mean, float std)
 {
@@ -33,6 +48,8 @@ int fmnist_declare(hpu_builder *b, fmnist *f, const char *dir, int ndim, const i
 	    load_split(&f->test, dir, "t10k", err, sizeof err) < 0)
 		return hpu_error(b, "%s (on Debian: apt-get install dataset-fashion-mnist, or pass -- --data DIR)",
 				 err);
+	if (check_labels(b, &f->train, dir, "train") < 0 || check_labels(b, &f->test, dir, "t10k") < 0)
+		return -1;
 	fmnist_split *split[2] = {&f->train, &f->test};
 	for (int k = 0; k < 2; k++) {
 		hpu_data_split *s = &split[k]->split;

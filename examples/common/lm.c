@@ -62,6 +62,7 @@ int ex_lm_read(hpu_builder *b, ex_lm *m, const char *dir, const char *tokens, lo
 				 "give one", dir, tokens);
 	if (!dir)
 		dir = EX_LM_CORPUS;
+	m->dir = dir;
 	if (tokens)
 		return read_tokens(b, m, tokens, vocab);
 	if (ex_corpus_read(&m->text, dir, err, sizeof err) < 0)
@@ -74,10 +75,14 @@ int ex_lm_datasets(hpu_builder *b, ex_lm *m, int t)
 {
 	size_t n = m->tokens ? m->tok.count : m->text.n;
 	size_t ut = (size_t)t, nval = n / 10, ntrain = n - nval;
+	/* n / 10 > t needs n >= 10 (t + 1), and then n - n / 10 > t too */
 	if (ntrain <= ut || nval <= ut)
-		return hpu_error(b, "the %s (%zu %s) is too small for --ctx %zu",
-				 m->tokens ? "token file" : "corpus", n,
-				 m->tokens ? "tokens" : "characters", ut);
+		return hpu_error(b, "the %s %s (%zu %s) is too small for --ctx %zu: it needs at least "
+				 "%zu %s (the last tenth is held out for validation, and it and the "
+				 "rest must each be longer than --ctx)",
+				 m->tokens ? "token file" : "corpus in", m->tokens ? m->tokens : m->dir,
+				 n, m->tokens ? "tokens" : "characters", ut, 10 * (ut + 1),
+				 m->tokens ? "tokens" : "characters");
 	const uint8_t *ids = m->tokens ? NULL : m->text.ids;
 	m->train = (ex_windows){ids, &m->tok, 0, 1, t};
 	m->val = (ex_windows){ids, &m->tok, ntrain, ut, t};
@@ -124,6 +129,18 @@ static int pick(const float *z, int v, double temp, unsigned long long *rng)
 	return best;
 }
 
+/* Byte c as a C string literal writes it, into buf[8]. */
+static const char *shown(uint8_t c, char *buf)
+{
+	if (c == '\n' || c == '\t' || c == '"' || c == '\\')
+		snprintf(buf, 8, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : c);
+	else if (c < 0x20 || c >= 0x7f)
+		snprintf(buf, 8, "\\x%02x", c);
+	else
+		snprintf(buf, 8, "%c", c);
+	return buf;
+}
+
 /* Each step feeds the last (up to) T characters, padded after them (a
  * causal model does not look ahead), and draws from the logits at the
  * last one. */
@@ -143,7 +160,11 @@ int ex_lm_generate(hpu_run *run, void *user)
 	for (const char *p = m->prompt; *p; p++) /* bytes not in the text: skipped */
 		if (m->text.id_of[(uint8_t)*p] >= 0)
 			ids[len++] = (uint8_t)m->text.id_of[(uint8_t)*p];
-	if (len == 0)
+	size_t skipped = strlen(m->prompt) - len;
+	/* nothing of the prompt to start from: the text's first character
+	 * (id 0), said to be that and not the prompt */
+	int none = len == 0;
+	if (none)
 		ids[len++] = 0;
 	size_t start = len;
 	int32_t *tokens = fields, *pos = fields + 2 * t; /* targets: unused zeros */
@@ -161,9 +182,18 @@ int ex_lm_generate(hpu_run *run, void *user)
 	}
 	for (size_t i = 0; i < len; i++)
 		text[i] = (char)m->text.chars[ids[i]];
-	if (hpu_run_ctx(run)->rank == 0)
-		printf("sample (%ld characters after the prompt \"%.*s\", temperature %g):\n%.*s\n",
-		       gen, (int)start, text, m->temp, (int)len, text);
+	char c[8];
+	if (hpu_run_ctx(run)->rank == 0 && none)
+		printf("sample (%ld characters after \"%s\", the text's first character, as the "
+		       "prompt %s; temperature %g):\n%.*s\n",
+		       gen, shown((uint8_t)text[0], c),
+		       *m->prompt ? "has no character of the text" : "is empty", m->temp, (int)len,
+		       text);
+	else if (hpu_run_ctx(run)->rank == 0)
+		printf("sample (%ld characters after the prompt \"%.*s\"%s, temperature %g):\n%.*s\n",
+		       gen, (int)start, text,
+		       skipped ? " (its characters not in the text left out)" : "", m->temp,
+		       (int)len, text);
 	rc = HPU_OK;
 out:
 	if (rc == HPU_ENOMEM)

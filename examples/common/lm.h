@@ -29,6 +29,7 @@ typedef struct ex_windows {
 
 typedef struct ex_lm {
 	const char *tokens; /* the token file, or NULL: the corpus */
+	const char *dir;    /* the corpus's directory (ex_lm_read) */
 	ex_corpus text;
 	hpu_array tok;
 	int vocab;          /* ids are 0 .. vocab-1 */

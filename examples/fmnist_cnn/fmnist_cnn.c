@@ -51,20 +51,23 @@ static int channels_arg(hpu_builder *b, const char *v, long ch[2])
 	return hpu_error(b, "--channels wants two numbers in 1..1024 as C1,C2 (e.g. 32,64), got %s", v);
 }
 
+/* The arguments, as the errors list them. */
+#define USAGE "--data DIR, --channels C1,C2, --hidden N"
+
 static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 		      long ch[2], long *hidden)
 {
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--data") && i + 1 < argc) {
+		if (!strcmp(argv[i], "--data") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			*dir = argv[++i];
-		} else if (!strcmp(argv[i], "--channels") && i + 1 < argc) {
+		} else if (!strcmp(argv[i], "--channels") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			if (channels_arg(b, argv[++i], ch) < 0)
 				return -1;
-		} else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) {
+		} else if (!strcmp(argv[i], "--hidden") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			if (ex_arg_long(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
 				return -1;
 		} else {
-			return ex_arg_unknown(b, argv[i], "--data DIR, --channels C1,C2, --hidden N");
+			return ex_arg_unknown(b, argc, argv, i, USAGE);
 		}
 	}
 	return 0;

@@ -34,22 +34,25 @@ static void teardown(void *user)
 	free(data);
 }
 
+/* The arguments, as the errors list them. */
+#define USAGE "--data DIR, --hidden N, --depth N, --checkpoint"
+
 static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir,
 		      long *hidden, long *depth, int *ckpt)
 {
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--data") && i + 1 < argc) {
+		if (!strcmp(argv[i], "--data") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			*dir = argv[++i];
-		} else if (!strcmp(argv[i], "--hidden") && i + 1 < argc) {
+		} else if (!strcmp(argv[i], "--hidden") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			if (ex_arg_long(b, "--hidden", argv[++i], 1, 65536, hidden) < 0)
 				return -1;
-		} else if (!strcmp(argv[i], "--depth") && i + 1 < argc) {
+		} else if (!strcmp(argv[i], "--depth") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			if (ex_arg_long(b, "--depth", argv[++i], 1, MAX_DEPTH, depth) < 0)
 				return -1;
 		} else if (!strcmp(argv[i], "--checkpoint")) {
 			*ckpt = 1;
 		} else {
-			return ex_arg_unknown(b, argv[i], "--data DIR, --hidden N, --depth N, --checkpoint");
+			return ex_arg_unknown(b, argc, argv, i, USAGE);
 		}
 	}
 	return 0;

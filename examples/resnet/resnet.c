@@ -117,20 +117,23 @@ static int declare(hpu_builder *b, int width, int blocks)
 
 /* ---- arguments and setup ---- */
 
+/* The arguments, as the errors list them. */
+#define USAGE "--data DIR, --width W, --blocks N"
+
 static int parse_args(hpu_builder *b, int argc, char **argv, const char **dir, long *width,
 		      long *blocks)
 {
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--data") && i + 1 < argc) {
+		if (!strcmp(argv[i], "--data") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			*dir = argv[++i];
-		} else if (!strcmp(argv[i], "--width") && i + 1 < argc) {
+		} else if (!strcmp(argv[i], "--width") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			if (ex_arg_long(b, "--width", argv[++i], 1, 1024, width) < 0)
 				return -1;
-		} else if (!strcmp(argv[i], "--blocks") && i + 1 < argc) {
+		} else if (!strcmp(argv[i], "--blocks") && ex_arg_has_value(argc, argv, i, USAGE)) {
 			if (ex_arg_long(b, "--blocks", argv[++i], 1, 64, blocks) < 0)
 				return -1;
 		} else {
-			return ex_arg_unknown(b, argv[i], "--data DIR, --width W, --blocks N");
+			return ex_arg_unknown(b, argc, argv, i, USAGE);
 		}
 	}
 	return 0;

@@ -230,7 +230,7 @@ typedef struct hpu_field {
 } hpu_field;
 
 typedef struct hpu_dataset {
-	size_t size; /* samples */
+	size_t size; /* samples: 1 to UINT32_MAX (the sampler numbers them with 32 bits) */
 	int nfields;
 	hpu_field fields[HPU_MAX_IO];
 	/* Writes sample `index` (< size): field f into out[f] (its

@@ -165,12 +165,24 @@ static void test_gpt_lm_tokens(void **state)
 	char fifo[96];
 	snprintf(fifo, sizeof fifo, "/tmp/hpu-models-%d-fifo", (int)getpid());
 	assert_int_equal(mkfifo(fifo, 0600), 0);
+	/* and: --ctx 0x10 (strtod took it for 16), --tokens followed by
+	 * another argument (it took "--ctx" as the file, then "16" was
+	 * unknown), a file too short for --ctx named with the tokens it needs */
+	char few[96], want_few[200];
+	snprintf(few, sizeof few, "/tmp/hpu-models-%d-few.bin", (int)getpid());
+	token_file(few, 50, 0);
+	snprintf(want_few, sizeof want_few, "the token file %s (50 tokens) is too small for --ctx "
+		 "16: it needs at least 170 tokens", few);
 	const char *bad[][4] = {
 		{path, "--ctx", "16.5", "--ctx wants a whole number in 1..4096, got 16.5"},
 		{path, "--data", "/tmp", "--data /tmp and --tokens "},
 		{"/tmp", "--ctx", "16", "--tokens: cannot open /tmp: Is a directory"},
-		{fifo, "--ctx", "16", "is not a regular file but a FIFO (pipe)"}};
-	for (int k = 0; k < 4; k++) {
+		{fifo, "--ctx", "16", "is not a regular file but a FIFO (pipe)"},
+		{path, "--ctx", "0x10", "--ctx wants a whole number in 1..4096, got 0x10"},
+		{"--ctx", "16", "--layers",
+		 "--tokens needs a value (the next argument, --ctx, is one of the model's arguments)"},
+		{few, "--ctx", "16", want_few}};
+	for (int k = 0; k < 7; k++) {
 		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1",
 				(char *)h_build("lib/gpt_lm.so"), "--", "--tokens",
 				(char *)bad[k][0], (char *)bad[k][1], (char *)bad[k][2], NULL};
@@ -181,6 +193,7 @@ static void test_gpt_lm_tokens(void **state)
 		h_free(&p);
 	}
 	unlink(fifo);
+	unlink(few);
 	unlink(path);
 }
 
@@ -553,20 +566,88 @@ static void test_mlp_arguments(void **state)
 		h_free(&p);
 	}
 	/* an argument it takes, given last without its value, is said so (it
-	 * was "unknown"); the CNN's too */
-	static const char *const last[][3] = {
-		{"lib/fmnist_mlp.so", "--hidden", "--hidden needs a value (--hidden N)"},
-		{"lib/fmnist_cnn.so", "--channels", "--channels needs a value (--channels C1,C2)"},
-		{"lib/resnet.so", "--blocks", "--blocks needs a value (--blocks N)"}};
-	for (int k = 0; k < 3; k++) {
+	 * was "unknown"); the CNN's too; and given before another of its
+	 * arguments (that was taken as its value: "--data --hidden 16" read
+	 * the directory "--hidden", then "16" was unknown) */
+	static const char *const last[][4] = {
+		{"lib/fmnist_mlp.so", "--hidden", NULL, "--hidden needs a value (--hidden N)"},
+		{"lib/fmnist_cnn.so", "--channels", NULL, "--channels needs a value (--channels C1,C2)"},
+		{"lib/resnet.so", "--blocks", NULL, "--blocks needs a value (--blocks N)"},
+		{"lib/fmnist_mlp.so", "--data", "--hidden",
+		 "--data needs a value (the next argument, --hidden, is one of the model's arguments)"}};
+	for (int k = 0; k < 4; k++) {
 		char *argv[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "1", "--no-eval",
-				(char *)h_build(last[k][0]), "--", (char *)last[k][1], NULL};
+				(char *)h_build(last[k][0]), "--", (char *)last[k][1],
+				(char *)last[k][2], last[k][2] ? "16" : NULL, NULL};
 		proc p;
 		int code = h_run(&p, argv, NULL, 120000);
-		if (code != 1 || !strstr(p.out, last[k][2]))
-			fail_msg("%s: exit %d, wanted '%s' in:\n%s", last[k][1], code, last[k][2], p.out);
+		if (code != 1 || !strstr(p.out, last[k][3]))
+			fail_msg("%s: exit %d, wanted '%s' in:\n%s", last[k][1], code, last[k][3], p.out);
 		h_free(&p);
 	}
+}
+
+/* gpt_lm --prompt "" (or a prompt of no character of the text): the
+ * sample starts from the text's first character, and says so (it was
+ * printed as the prompt, "\t"). */
+static void test_gpt_lm_prompt(void **state)
+{
+	(void)state;
+	static const char *const prompt[2][2] = {{"", "as the prompt is empty"},
+						 {"\x01\x02", "as the prompt has no character of the text"}};
+	for (int k = 0; k < 2; k++) {
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+				(char *)h_build("lib/gpt_lm.so"), "--", "--gen", "5", "--prompt",
+				(char *)prompt[k][0], NULL};
+		char *out = run_ok(argv);
+		const char *line = strstr(out, "sample (5 characters after \"");
+		if (!line || !strstr(line, prompt[k][1]))
+			fail_msg("no \"sample (5 characters after ... %s\" in:\n%s", prompt[k][1], out);
+		free(out);
+	}
+}
+
+/* A Fashion-MNIST label outside 0..9 is refused naming its file (it
+ * named the field, split and row only). */
+static void test_mlp_bad_label(void **state)
+{
+	(void)state;
+	char dir[96], path[160];
+	snprintf(dir, sizeof dir, "/tmp/hpu-models-%d-fm", (int)getpid());
+	assert_int_equal(mkdir(dir, 0700), 0);
+	static const char *const linked[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+					     "t10k-images-idx3-ubyte.gz"};
+	for (int k = 0; k < 3; k++) {
+		char from[160];
+		snprintf(from, sizeof from, "/usr/share/datasets/fashion-mnist/%s", linked[k]);
+		snprintf(path, sizeof path, "%s/%s", dir, linked[k]);
+		assert_int_equal(symlink(from, path), 0);
+	}
+	/* IDX u8 [10000], not gzipped (the loader reads both), row 123 a 10 */
+	uint8_t head[8] = {0, 0, 0x08, 1, 0, 0, 0x27, 0x10}, labels[10000] = {0};
+	labels[123] = 10;
+	snprintf(path, sizeof path, "%s/t10k-labels-idx1-ubyte.gz", dir);
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(head, 1, 8, f), 8);
+	assert_int_equal(fwrite(labels, 1, sizeof labels, f), sizeof labels);
+	assert_int_equal(fclose(f), 0);
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+			(char *)h_build("lib/fmnist_mlp.so"), "--", "--data", dir, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	char want[300];
+	snprintf(want, sizeof want, "%s: row 123 holds 10, not a class: Fashion-MNIST's are 0 to 9",
+		 path);
+	if (code != 1 || !strstr(p.out, want))
+		fail_msg("exit %d (want 1), no \"%s\" in:\n%s", code, want, p.out);
+	h_free(&p);
+	unlink(path);
+	for (int k = 0; k < 3; k++) {
+		snprintf(path, sizeof path, "%s/%s", dir, linked[k]);
+		unlink(path);
+	}
+	rmdir(dir);
 }
 
 int main(void)
@@ -582,6 +663,8 @@ int main(void)
 		cmocka_unit_test(test_reference_bf16_note),
 		cmocka_unit_test(test_kernel_threads),
 		cmocka_unit_test(test_mlp_arguments),
+		cmocka_unit_test(test_gpt_lm_prompt),
+		cmocka_unit_test(test_mlp_bad_label),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

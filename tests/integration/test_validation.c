@@ -72,6 +72,8 @@ static void test_eval_every_matches_eval_only(void **state)
 	assert_true(vl == field(tmp[1], NULL, "test_loss"));
 	assert_true(va == field(tmp[1], NULL, "test_accuracy"));
 	assert_true(vs == 10000);
+	/* the final record counts its samples too */
+	assert_true(field(tmp[1], NULL, "test_samples") == vs);
 	/* the step-2 validation is another model's */
 	assert_true(field(tmp[0], "\"step\":2,", "val_loss") != vl);
 	for (int k = 0; k < 3; k++)

@@ -157,6 +157,81 @@ static void test_idx_refused(void **state)
 	unlink(p);
 }
 
+/* ---- gzip ---- */
+
+/* Writes data to name gzipped, as `members` gzip members (split evenly),
+ * each one stored deflate block (at most 65535 bytes), the first with
+ * its CRC-32 spoilt, as a bit flipped on disk leaves it; returns the
+ * path. Stored blocks put every byte where the test needs it. */
+static const char *put_gz_badcrc(const char *name, const uint8_t *data, size_t n, int members)
+{
+	const char *path = tmp_at(name);
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	for (int m = 0; m < members; m++) {
+		size_t from = n * (size_t)m / (size_t)members, len = n * (size_t)(m + 1) / (size_t)members - from;
+		assert_true(len <= 65535);
+		uint8_t h[15] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 1}, t[8];
+		le16(h + 11, (uint16_t)len), le16(h + 13, (uint16_t)~len);
+		le32(t, (uint32_t)crc32(0, data + from, (uInt)len) ^ (m == 0));
+		le32(t + 4, (uint32_t)len);
+		assert_int_equal(fwrite(h, 1, sizeof h, f), sizeof h);
+		assert_int_equal(fwrite(data + from, 1, len, f), len);
+		assert_int_equal(fwrite(t, 1, sizeof t, f), sizeof t);
+	}
+	fclose(f);
+	return path;
+}
+
+/* A gzipped file whose CRC-32 does not match is refused as corrupt
+ * wherever zlib finds it: in the first four bytes' read (a small file
+ * is inflated whole by it; it was "truncated: 0 bytes"), in the header's
+ * read, or in the read after the data that checks nothing follows (the
+ * data loaded and training ran on it). */
+static void test_gz_corrupt(void **state)
+{
+	(void)state;
+	uint8_t buf[64];
+	size_t n = idx_u8(buf);
+	const char *p = put_gz_badcrc("small.idx.gz", buf, n, 1);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "corrupt gzip data");
+
+	/* IDX u8 [65513] in a file of 8 * 8192 + 8 bytes: zlib reads 8 KiB at
+	 * a time, so the data is inflated by the time the eighth read is used
+	 * up, and the ninth, the trailer alone, is read only by the read
+	 * after the data */
+	size_t big = 8 * 8192 - 15;
+	uint8_t *d = malloc(big);
+	assert_non_null(d);
+	memcpy(d, (uint8_t[]){0, 0, 0x08, 1}, 4);
+	be32(d + 4, (uint32_t)(big - 8));
+	for (size_t i = 8; i < big; i++)
+		d[i] = (uint8_t)(i * 7);
+	p = put_gz_badcrc("big.idx.gz", d, big, 1);
+	struct stat st;
+	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(st.st_size, 8 * 8192 + 8);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "corrupt gzip data");
+	free(d);
+
+	/* a .npy of a 40000-byte header in two gzip members, the first's CRC
+	 * spoilt: the first read inflates 16 KiB of it, the header's read
+	 * reaches the first member's end */
+	size_t hn = 40000;
+	uint8_t *h = malloc(hn + 4);
+	assert_non_null(h);
+	const char *dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }";
+	memcpy(h, "\x93NUMPY\x02\x00", 8);
+	le32(h + 8, (uint32_t)(hn - 12));
+	memset(h + 12, ' ', hn - 12);
+	memcpy(h + 12, dict, strlen(dict));
+	h[hn - 1] = '\n';
+	memset(h + hn, 7, 4);
+	p = put_gz_badcrc("hdr.npy.gz", h, hn + 4, 2);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "corrupt gzip data");
+	free(h);
+}
+
 /* ---- .npy ---- */
 
 /* A .npy file (format `major`) with the header dict and data. */
@@ -512,11 +587,43 @@ static void test_declare(void **state)
 	hpu_array_free(&tok);
 }
 
+static int no_fetch(void *user, size_t i, void *const *out)
+{
+	(void)user, (void)i, (void)out;
+	return -1;
+}
+
+/* A dataset of more samples than 32 bits number is refused, naming it
+ * and the limit: the sampler's permutation is of uint32_t, and one of
+ * 2^32 + 5 samples trained on samples 0 to 4 only. The size alone is
+ * declared: nothing is fetched or allocated. */
+static void test_dataset_limit(void **state)
+{
+	(void)state;
+	hpu_builder *b = hpu__model_new(0, 1, 64);
+	assert_non_null(b);
+	hpu_dataset ds = {.size = (size_t)UINT32_MAX + 5, .nfields = 1, .fetch = no_fetch,
+			  .fields = {{"x", HPU_F32, 1, {4}}}};
+	assert_int_not_equal(hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds), HPU_OK);
+	if (!strstr(b->err, "training dataset: 4294967300 samples; at most 4294967295 are supported"))
+		fail_msg("error \"%s\"", b->err);
+	hpu__model_destroy(&b);
+	b = hpu__model_new(0, 1, 64);
+	ds.size = UINT32_MAX;
+	assert_int_equal(hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds), HPU_OK);
+	ds.size = (size_t)UINT32_MAX + 1;
+	assert_int_not_equal(hpu_dataset_set(b, HPU_SPLIT_TEST, &ds), HPU_OK);
+	if (!strstr(b->err, "test dataset: 4294967296 samples; at most 4294967295"))
+		fail_msg("error \"%s\"", b->err);
+	hpu__model_destroy(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_idx_good, reset),
 		cmocka_unit_test_teardown(test_idx_refused, reset),
+		cmocka_unit_test_teardown(test_gz_corrupt, reset),
 		cmocka_unit_test_teardown(test_npy_good, reset),
 		cmocka_unit_test_teardown(test_npy_refused, reset),
 		cmocka_unit_test_teardown(test_npz_good, reset),
@@ -526,6 +633,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_csv_good, reset),
 		cmocka_unit_test_teardown(test_csv_refused, reset),
 		cmocka_unit_test_teardown(test_declare, reset),
+		cmocka_unit_test(test_dataset_limit),
 	};
 	return cmocka_run_group_tests(tests, tmp_setup, tmp_teardown);
 }

@@ -3,6 +3,7 @@
 #include "worker/hpu/dataio.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,25 @@ static size_t rd_read(rd *r, void *buf, size_t n)
 		got += (size_t)k;
 	}
 	return got;
+}
+
+/* Refuses a read that came up short: as corrupt gzip data when zlib
+ * could not inflate (a CRC-32 that does not match is found at the end of
+ * whatever read inflates it, the first one for a small file), else with
+ * the caller's sentence of what was cut off. */
+static int rd_short(const rd *r, const hpu__dfile *f, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int rd_short(const rd *r, const hpu__dfile *f, const char *fmt, ...)
+{
+	if (r->corrupt)
+		return hpu__data_fail(f, "corrupt gzip data");
+	char what[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof what, fmt, ap);
+	va_end(ap);
+	return hpu__data_fail(f, "%s", what);
 }
 
 static int host_is_le(void)
@@ -84,13 +104,16 @@ static int read_body(rd *r, const hpu__dfile *f, hpu_array *a, int big_endian)
 {
 	char sh[160];
 	size_t want = hpu__array_bytes(a), got = rd_read(r, a->data, want);
+	if (got < want)
+		return rd_short(r, f, "truncated: the header says %s of %s, %zu bytes of data, but only %zu follow",
+				hpu__shape_text(sh, sizeof sh, a->ndim, a->shape), hpu_data_type_name(a->type), want, got);
+	/* The read past the data is where zlib checks the CRC-32 of a file
+	 * whose data was inflated straight into a->data. */
+	uint8_t extra;
+	size_t more = rd_read(r, &extra, 1);
 	if (r->corrupt)
 		return hpu__data_fail(f, "corrupt gzip data");
-	if (got < want)
-		return hpu__data_fail(f, "truncated: the header says %s of %s, %zu bytes of data, but only %zu follow",
-				      hpu__shape_text(sh, sizeof sh, a->ndim, a->shape), hpu_data_type_name(a->type), want, got);
-	uint8_t extra;
-	if (rd_read(r, &extra, 1) == 1)
+	if (more == 1)
 		return hpu__data_fail(f, "mis-shaped: more data follows than the header's %s of %s (%zu bytes) holds",
 				      hpu__shape_text(sh, sizeof sh, a->ndim, a->shape), hpu_data_type_name(a->type), want);
 	size_t size = hpu_data_type_size(a->type);
@@ -126,7 +149,7 @@ static int load_idx(hpu_array *a, rd *r, const hpu__dfile *f, const uint8_t *mag
 				      HPU_ARRAY_MAX_DIMS);
 	uint8_t dims[4 * HPU_ARRAY_MAX_DIMS];
 	if (rd_read(r, dims, 4u * (unsigned)ndim) < 4u * (unsigned)ndim)
-		return hpu__data_fail(f, "truncated: the IDX header ends before its %d dimensions", ndim);
+		return rd_short(r, f, "truncated: the IDX header ends before its %d dimensions", ndim);
 	int64_t shape[HPU_ARRAY_MAX_DIMS];
 	for (int d = 0; d < ndim; d++)
 		shape[d] = be32(dims + 4 * d);
@@ -144,7 +167,7 @@ static int load_tokens(hpu_array *a, rd *r, const hpu__dfile *f, const uint8_t *
 	uint8_t h[1024];
 	memcpy(h, magic, 4);
 	if (rd_read(r, h + 4, sizeof h - 4) < sizeof h - 4)
-		return hpu__data_fail(f, "truncated: an llm.c token file starts with a 1024-byte header");
+		return rd_short(r, f, "truncated: an llm.c token file starts with a 1024-byte header");
 	uint32_t m = le32(h), version = le32(h + 4);
 	int32_t ntok = (int32_t)le32(h + 8);
 	hpu_data_type t = m == LLMC_GPT2_MAGIC ? HPU_DATA_U16 : HPU_DATA_U32;
@@ -255,14 +278,14 @@ static int load_npy(hpu_array *a, rd *r, const hpu__dfile *f, const uint8_t *mag
 	uint8_t pre[12];
 	memcpy(pre, magic, 4);
 	if (rd_read(r, pre + 4, 4) < 4 || memcmp(pre, "\x93NUMPY", 6))
-		return hpu__data_fail(f, "truncated or bad magic: not a .npy file");
+		return rd_short(r, f, "truncated or bad magic: not a .npy file");
 	int major = pre[6];
 	size_t lenlen = major == 1 ? 2 : 4, hlen;
 	if (major < 1 || major > 3)
 		return hpu__data_fail(f, ".npy format version %d.%d is not supported (1 to 3 are)", major,
 				      pre[7]);
 	if (rd_read(r, pre + 8, lenlen) < lenlen)
-		return hpu__data_fail(f, "truncated: the .npy header ends before its length");
+		return rd_short(r, f, "truncated: the .npy header ends before its length");
 	hlen = major == 1 ? le16(pre + 8) : le32(pre + 8);
 	if (hlen > (1u << 20))
 		return hpu__data_fail(f, "bad .npy header: %zu bytes long", hlen);
@@ -271,7 +294,7 @@ static int load_npy(hpu_array *a, rd *r, const hpu__dfile *f, const uint8_t *mag
 		return hpu__data_fail(f, "out of memory");
 	int rc;
 	if (rd_read(r, hdr, hlen) < hlen) {
-		rc = hpu__data_fail(f, "truncated: the .npy header is %zu bytes, the file ends before", hlen);
+		rc = rd_short(r, f, "truncated: the .npy header is %zu bytes, the file ends before", hlen);
 		goto out;
 	}
 	hdr[hlen] = 0;
@@ -504,7 +527,7 @@ int hpu_array_load(hpu_array *a, const char *path, const char *member, char *err
 	size_t got = rd_read(&r, m, 4);
 	int rc, npz = got == 4 && (!memcmp(m, "PK\3\4", 4) || !memcmp(m, "PK\5\6", 4));
 	if (got < 4)
-		rc = hpu__data_fail(&f, "truncated: %zu bytes, too short for any format", got);
+		rc = rd_short(&r, &f, "truncated: %zu bytes, too short for any format", got);
 	else if (npz)
 		rc = HPU_OK;
 	else if (member)

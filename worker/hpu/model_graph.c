@@ -3,6 +3,7 @@
 #include "worker/hpu/model.h"
 #include "worker/hpu/model_impl.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,6 +70,12 @@ int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
 	const char *which = split == HPU_SPLIT_TRAIN ? "training dataset" : "test dataset";
 	if (!ds || !ds->fetch || !ds->size)
 		return hpu__model_refuse(b, HPU_EINVAL, "%s: needs fetch and a non-zero size", which);
+	/* The sampler's permutation and the evaluation's indices number
+	 * samples with 32 bits (worker/runtime/sampler.h). */
+	if (ds->size > UINT32_MAX)
+		return hpu__model_refuse(b, HPU_EINVAL, "%s: %zu samples; at most %" PRIu32
+					 " are supported (samples are numbered with 32 bits)",
+					 which, ds->size, UINT32_MAX);
 	if (ds->nfields < 1 || ds->nfields > HPU_MAX_IO)
 		return hpu__model_refuse(b, HPU_EINVAL, "%s: needs 1..%d fields, has %d", which, HPU_MAX_IO,
 					 ds->nfields);

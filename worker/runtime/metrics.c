@@ -257,6 +257,8 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 					(double)hpu__strat_bad_total(L->st));
 		if (ev) {
 			cJSON_AddNumberToObject(j, "test_loss", ev->loss);
+			/* the samples evaluated, as a validation's val_samples */
+			cJSON_AddNumberToObject(j, "test_samples", ev->count);
 			for (int k = 0; k < b->nmetrics; k++) {
 				char key[96];
 				snprintf(key, sizeof key, "test_%s", b->metrics[k].name);
