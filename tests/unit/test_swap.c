@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -451,6 +452,61 @@ static void test_refused_not_writable(void **state)
 	assert_has(err, "parameters");
 }
 
+/* err names the swap directory as "DIR/(unnamed swap file)", never the
+ * "hpu-swap-PID-TAG.bin" name the file has at most for an instant. */
+static void assert_unnamed(const char *dir)
+{
+	char where[PATH_MAX + 64];
+	snprintf(where, sizeof where, "%s/(unnamed swap file)", dir);
+	assert_has(err, where);
+	if (strstr(err, "hpu-swap-"))
+		fail_msg("the message names a file that is not there: %s", err);
+}
+
+/* A failure after the file's name is gone (fallocate refused past the
+ * file size limit, as `ulimit -f` sets it) or before it was made
+ * (io_uring set up with no file descriptor left) names the directory. */
+static void test_refused_names_directory(void **state)
+{
+	(void)state;
+	const char *d = fresh_dir("named");
+	struct rlimit was, lim;
+	for (int named = 0; named < 2; named++) {
+		hpu__swap_no_tmpfile = named;
+		getrlimit(RLIMIT_FSIZE, &was);
+		lim = was;
+		lim.rlim_cur = 100 * 1024;
+		signal(SIGXFSZ, SIG_IGN);
+		setrlimit(RLIMIT_FSIZE, &lim);
+		err[0] = 0;
+		hpu_swap *s = hpu__swap_open(d, "r0", "optimizer state", MiB, NULL, err,
+					     sizeof err);
+		setrlimit(RLIMIT_FSIZE, &was);
+		signal(SIGXFSZ, SIG_DFL);
+		hpu__swap_no_tmpfile = 0;
+		hpu__swap_close(s);
+		assert_null(s);
+		assert_has(err, "File too large");
+		assert_unnamed(d);
+	}
+	/* No descriptor free for the ring: the lowest free one is the limit. */
+	int fd = dup(0);
+	assert_true(fd >= 0);
+	close(fd);
+	getrlimit(RLIMIT_NOFILE, &was);
+	lim = was;
+	lim.rlim_cur = (rlim_t)fd;
+	setrlimit(RLIMIT_NOFILE, &lim);
+	err[0] = 0;
+	hpu_swap *s = hpu__swap_open(d, "r0", "optimizer state", MiB, NULL, err, sizeof err);
+	setrlimit(RLIMIT_NOFILE, &was);
+	hpu__swap_close(s);
+	assert_null(s);
+	assert_has(err, "io_uring");
+	assert_unnamed(d);
+	assert_int_equal(entries(d), 0);
+}
+
 /* Transfers outside the store or misaligned are refused, nothing started;
  * space reserved and never written reads as zeros. */
 static void test_refused_transfer(void **state)
@@ -707,6 +763,7 @@ int main(void)
 		cmocka_unit_test(test_refused_tmpfs),
 		cmocka_unit_test(test_refused_no_odirect),
 		cmocka_unit_test(test_refused_not_writable),
+		cmocka_unit_test(test_refused_names_directory),
 		cmocka_unit_test(test_refused_transfer),
 		cmocka_unit_test(test_no_files_tmpfile),
 		cmocka_unit_test(test_no_files_named),

@@ -79,7 +79,7 @@ struct hpu_swap {
 	uint64_t nread, nwritten;
 	double wait_s;
 	char what[64];
-	char path[PATH_MAX]; /* once made: "DIR/(unnamed swap file)" (none has its name) */
+	char path[PATH_MAX]; /* "DIR/(unnamed swap file)": the file never has a name to give */
 	int sparse;          /* sized without reserving (no fallocate) */
 	char err[PATH_MAX + 256];
 };
@@ -220,9 +220,10 @@ static void remove_stale(const char *dir)
 	closedir(d);
 }
 
-/* An unnamed file in s->path's directory: O_TMPFILE, else a named one
- * unlinked at once. */
-static int create_file(hpu_swap *s, const char *dir, char *err, size_t errlen)
+/* An unnamed file in dir: O_TMPFILE, else one named `name` unlinked at
+ * once. */
+static int create_file(hpu_swap *s, const char *dir, const char *name, char *err,
+		       size_t errlen)
 {
 	int fd = -1;
 	if (!hpu__swap_no_tmpfile) {
@@ -235,15 +236,15 @@ static int create_file(hpu_swap *s, const char *dir, char *err, size_t errlen)
 		}
 	}
 	if (fd < 0) {
-		fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (fd < 0) {
-			say(err, errlen, "cannot create the swap file %s for %s: %s", s->path,
+			say(err, errlen, "cannot create the swap file %s for %s: %s", name,
 			    s->what, strerror(errno));
 			return -1;
 		}
-		if (unlink(s->path)) {
+		if (unlink(name)) {
 			say(err, errlen, "cannot unlink the swap file %s for %s after creating "
-			    "it: %s", s->path, s->what, strerror(errno));
+			    "it: %s", name, s->what, strerror(errno));
 			close(fd);
 			return -1;
 		}
@@ -353,21 +354,24 @@ hpu_swap *hpu__swap_open(const char *dir, const char *tag, const char *what, uin
 	s->o = *o;
 	s->size = size;
 	snprintf(s->what, sizeof s->what, "%s", what);
-	if (snprintf(s->path, sizeof s->path, "%s/hpu-swap-%d-%s.bin", dir, (int)getpid(), tag) >=
-	    (int)sizeof s->path) {
+	/* The file has no name once made (O_TMPFILE, or unlinked at once), and
+	 * none before: the messages name where it is, "DIR/(unnamed swap
+	 * file)", not a path that is not there. `name` is only for a
+	 * filesystem without O_TMPFILE, for the instant before the unlink. */
+	char name[PATH_MAX];
+	if (snprintf(name, sizeof name, "%s/hpu-swap-%d-%s.bin", dir, (int)getpid(), tag) >=
+	    (int)sizeof name) {
 		say(err, errlen, "the swap directory %s for %s: path too long", dir, what);
 		goto bad;
 	}
+	if (snprintf(s->path, sizeof s->path, "%s/(unnamed swap file)", dir) >= (int)sizeof s->path)
+		snprintf(s->path, sizeof s->path, "(an unnamed swap file)");
 	if (init_ring(s, err, errlen))
 		goto bad;
 	remove_stale(dir);
-	s->fd = create_file(s, dir, err, errlen);
+	s->fd = create_file(s, dir, name, err, errlen);
 	if (s->fd < 0 || reserve(s, dir, err, errlen))
 		goto bad;
-	/* the file has no name (O_TMPFILE, or unlinked at once): the
-	 * messages name where it is, not a path that is not there */
-	if (snprintf(s->path, sizeof s->path, "%s/(unnamed swap file)", dir) >= (int)sizeof s->path)
-		snprintf(s->path, sizeof s->path, "(an unnamed swap file)");
 	return s;
 bad:
 	hpu__swap_close(s);
