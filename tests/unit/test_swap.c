@@ -361,8 +361,8 @@ static void test_refused_dir(void **state)
 	refused(at("plain"), MiB, NULL, "r0", "is not a directory");
 	refused(at("plain"), MiB, NULL, "r0", at("plain"));
 	const char *d = fresh_dir("free");
-	refused(d, 1ull << 50, NULL, "r0", "GiB free");
-	refused(d, 1ull << 50, NULL, "r0", "needs 1048576 GiB");
+	refused(d, 1ull << 50, NULL, "r0", "GiB is free");
+	refused(d, 1ull << 50, NULL, "r0", "needs 1048576.0 GiB; ");
 	refused(d, 1ull << 50, NULL, "r0", d);
 	assert_int_equal(entries(d), 0);
 }
@@ -486,6 +486,7 @@ static void test_refused_names_directory(void **state)
 		hpu__swap_no_tmpfile = 0;
 		hpu__swap_close(s);
 		assert_null(s);
+		assert_has(err, "cannot reserve 1.0 MiB for the swap file");
 		assert_has(err, "File too large");
 		assert_unnamed(d);
 	}
@@ -706,13 +707,17 @@ static void test_enospc_at_open(void **state)
 	hpu__swap_close(big);
 	loop_fs_gone(d);
 	assert_null(big);
-	assert_has(e1, "needs 0.031 GiB");
-	assert_has(e1, "GiB free");
+	assert_has(e1, "needs 32.0 MiB; ");
+	assert_has(e1, " MiB is free, after the files already there (the swap files of ranks "
+		       "sharing the directory among them)");
 	assert_has(e1, d);
 	if (!fits)
 		fail_msg("a 9 MiB store on 16 MiB: %s", e2);
 	assert_null(more);
-	assert_has(err, "GiB free");
+	assert_has(err, "needs 9.0 MiB; ");
+	assert_has(err, " MiB is free, after the files already there");
+	if (strstr(err, "0.00"))
+		fail_msg("a size reads as nothing: %s", err);
 	assert_int_equal(left, 1);  /* lost+found */
 }
 

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/num.h"
+
 #ifndef TMPFS_MAGIC
 #define TMPFS_MAGIC 0x01021994
 #endif
@@ -102,16 +104,6 @@ static void say(char *err, size_t errlen, const char *fmt, ...)
 }
 
 #define fail(s, ...) say((s)->err, sizeof (s)->err, __VA_ARGS__)
-
-/* Bytes in GiB with three significant digits, so that a small
- * filesystem's figures do not all read 0.0. */
-static const char *gib(char *b, size_t n, uint64_t bytes)
-{
-	double g = (double)bytes / (1024.0 * 1024 * 1024);
-	int dec = g >= 100 ? 0 : g >= 10 ? 1 : g >= 1 ? 2 : 3;
-	snprintf(b, n, "%.*f", dec, g);
-	return b;
-}
 
 static uint64_t free_bytes(const struct statvfs *v)
 {
@@ -265,6 +257,11 @@ static int create_file(hpu_swap *s, const char *dir, const char *name, char *err
 	return fd;
 }
 
+/* What the free space figure is: each rank reserves its own file when it
+ * opens it, so the space is what the others that came first left. */
+#define LEFT_FREE "after the files already there (the swap files of ranks sharing the " \
+		  "directory among them)"
+
 /* Checks that s->size bytes are free and reserves them, so that writes
  * cannot run out of space. */
 static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
@@ -277,8 +274,9 @@ static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
 		return -1;
 	}
 	if (free_bytes(&v) < s->size) {
-		say(err, errlen, "the swap file for %s in %s needs %s GiB, %s GiB free", s->what,
-		    dir, gib(a, sizeof a, s->size), gib(b, sizeof b, free_bytes(&v)));
+		say(err, errlen, "the swap file for %s in %s needs %s; %s is free, %s", s->what,
+		    dir, hpu__human_size(a, sizeof a, (double)s->size),
+		    hpu__human_size(b, sizeof b, (double)free_bytes(&v)), LEFT_FREE);
 		return -1;
 	}
 	if (s->size == 0 || fallocate(s->fd, 0, 0, (off_t)s->size) == 0)
@@ -293,13 +291,14 @@ static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
 	}
 	if (errno == ENOSPC || errno == EDQUOT) {
 		const char *why = strerror(errno);
-		say(err, errlen, "the swap file for %s in %s needs %s GiB, %s GiB free (%s)",
-		    s->what, dir, gib(a, sizeof a, s->size),
-		    fstatvfs(s->fd, &v) ? "?" : gib(b, sizeof b, free_bytes(&v)), why);
+		say(err, errlen, "the swap file for %s in %s needs %s; %s is free, %s (%s)",
+		    s->what, dir, hpu__human_size(a, sizeof a, (double)s->size),
+		    fstatvfs(s->fd, &v) ? "?" : hpu__human_size(b, sizeof b, (double)free_bytes(&v)),
+		    LEFT_FREE, why);
 		return -1;
 	}
-	say(err, errlen, "cannot reserve %s GiB for the swap file %s for %s: %s",
-	    gib(a, sizeof a, s->size), s->path, s->what, strerror(errno));
+	say(err, errlen, "cannot reserve %s for the swap file %s for %s: %s",
+	    hpu__human_size(a, sizeof a, (double)s->size), s->path, s->what, strerror(errno));
 	return -1;
 }
 
