@@ -791,6 +791,34 @@ static void test_file_nul(void **state)
 	assert_string_equal(o.metrics, "/tmp/a\\u0000b");
 }
 
+/* DeepSpeed's older cpu_offload / cpu_offload_params beside the
+ * offload_optimizer / offload_param they stand for: refused when they ask
+ * for different places (cpu_offload won, in silence), taken when they
+ * agree or the older one is false. */
+static void test_file_cpu_offload_beside(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	LOAD_ERROR("{'zero_optimization': {'stage': 2, 'cpu_offload': true, "
+		   "'offload_optimizer': {'device': 'nvme', 'nvme_path': '/tmp'}}}",
+		   "zero_optimization.cpu_offload: asks for cpu, but "
+		   "zero_optimization.offload_optimizer.device asked for nvme",
+		   "cpu_offload is DeepSpeed's older name for offload_optimizer");
+	LOAD_ERROR("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'none'}, "
+		   "'cpu_offload_params': true}}",
+		   "zero_optimization.cpu_offload_params: asks for cpu, but "
+		   "zero_optimization.offload_param.device asked for none");
+	LOAD_ERROR("{'zero_optimization': {'stage': 3, 'cpu_offload_param': true, "
+		   "'offload_param': {'device': 'nvme', 'nvme_path': '/tmp'}}}",
+		   "zero_optimization.cpu_offload_param: asks for cpu, but");
+	load_ok("{'zero_optimization': {'stage': 2, 'cpu_offload': true, "
+		"'offload_optimizer': {'device': 'cpu'}}}", &o);
+	assert_int_equal(o.offload_optimizer, HPU_OFFLOAD_CPU);
+	load_ok("{'zero_optimization': {'stage': 2, 'cpu_offload': false, "
+		"'offload_optimizer': {'device': 'nvme', 'nvme_path': '/tmp'}}}", &o);
+	assert_int_equal(o.offload_optimizer, HPU_OFFLOAD_NVME);
+}
+
 /* Flags given that the run's other choices leave unread are noted (they
  * were taken in silence); used ones are not, nor a config file's keys
  * (DeepSpeed's templates carry sections a run does not use). */
@@ -824,6 +852,7 @@ int main(void)
 	    cmocka_unit_test(test_file_optimizer),
 	    cmocka_unit_test(test_file_scheduler),
 	    cmocka_unit_test(test_file_precision),
+	    cmocka_unit_test(test_file_cpu_offload_beside),
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_auto),
 	    cmocka_unit_test(test_file_no_effect),
