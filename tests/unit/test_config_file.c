@@ -819,6 +819,58 @@ static void test_file_cpu_offload_beside(void **state)
 	assert_int_equal(o.offload_optimizer, HPU_OFFLOAD_NVME);
 }
 
+/* --config (after the flags in `before`) loads but hpu__opts_resolve
+ * refuses it; returns the error, which names the file. */
+static const char *resolve_error(const char *json, char **before)
+{
+	static char err[2048];
+	char path[64];
+	hpu_train_opts o;
+	write_temp(json, path);
+	hpu__opts_defaults(&o);
+	err[0] = 0;
+	for (int k = 0; before && before[k]; k += 2)
+		assert_int_equal(hpu__opts_set(&o, before[k], before[k + 1], err, sizeof err), 0);
+	int rc = hpu__opts_set(&o, "config", path, err, sizeof err);
+	if (rc != 0)
+		fail_msg("%s did not load: %s", json, err);
+	rc = hpu__opts_resolve(&o, 1, err, sizeof err);
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_int_equal(rc, -1);
+	assert_has(err, path);
+	return err;
+}
+
+/* Offload a config file asked for and its strategy cannot take: the
+ * error names the file's keys, not flags that were never given. */
+static void test_file_offload_refusals_name_keys(void **state)
+{
+	(void)state;
+	const char *e = resolve_error("{'zero_optimization': {'stage': 2, 'offload_param': "
+				      "{'device': 'cpu'}}}", NULL);
+	assert_has(e, "zero_optimization.offload_param.device cpu works with zero3 only "
+		      "(DeepSpeed's stage 3), not zero_optimization.stage 2 (config file ");
+	assert_null(strstr(e, "--"));
+	e = resolve_error("{'zero_optimization': {'stage': 0, 'cpu_offload': true}}", NULL);
+	assert_has(e, "zero_optimization.cpu_offload true needs a ZeRO strategy (zero1, zero2 or "
+		      "zero3), not zero_optimization.stage 0 (config file ");
+	assert_null(strstr(e, "--"));
+	e = resolve_error("{'hputrain': {'strategy': 'fast_ddp'}, 'zero_optimization': "
+			  "{'offload_optimizer': {'device': 'cpu'}}}", NULL);
+	assert_has(e, "zero_optimization.offload_optimizer.device cpu needs a ZeRO strategy "
+		      "(zero1, zero2 or zero3), not hputrain.strategy fast_ddp (config file ");
+	e = resolve_error("{'zero_optimization': {'stage': 2, 'offload_optimizer': "
+			  "{'device': 'nvme'}}}", NULL);
+	assert_has(e, "zero_optimization.offload_optimizer.device nvme needs "
+		      "zero_optimization.offload_optimizer.nvme_path (or --nvme-path DIR) (config file ");
+	/* a flag beside a key: each named as it was given */
+	char *flag[] = {"offload-param", "cpu", NULL};
+	e = resolve_error("{'zero_optimization': {'stage': 1}}", flag);
+	assert_has(e, "--offload-param cpu works with zero3 only (DeepSpeed's stage 3), not "
+		      "zero_optimization.stage 1 (config file ");
+}
+
 /* Flags given that the run's other choices leave unread are noted (they
  * were taken in silence); used ones are not, nor a config file's keys
  * (DeepSpeed's templates carry sections a run does not use). */
@@ -853,6 +905,7 @@ int main(void)
 	    cmocka_unit_test(test_file_scheduler),
 	    cmocka_unit_test(test_file_precision),
 	    cmocka_unit_test(test_file_cpu_offload_beside),
+	    cmocka_unit_test(test_file_offload_refusals_name_keys),
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_auto),
 	    cmocka_unit_test(test_file_no_effect),
