@@ -897,6 +897,44 @@ static void test_unread_options_noted(void **state)
 	free(t);
 }
 
+/* The offload tier's flags with nothing to tune: the nvme ones without
+ * nvme offload, the optimizer's beside parameters-only nvme, --nvme-path
+ * beside --param-nvme-path when only the parameters go to nvme. */
+static void test_unread_offload_noted(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *none[] = {"strategy", "zero2", "nvme-path", "/tmp", "sub-group-size", "1000",
+			"offload-buffer-count", "2", "aio-queue-depth", "4", NULL};
+	char *t = notes_of("{}", none, &o);
+	assert_has(t, "hpulaunch: note: --nvme-path, --sub-group-size, --offload-buffer-count, "
+		      "--aio-queue-depth have no effect without --offload-optimizer nvme or "
+		      "--offload-param nvme\n");
+	free(t);
+	char *param[] = {"strategy", "zero3", "offload-param", "nvme", "nvme-path", "/tmp",
+			 "param-nvme-path", "/var/tmp", "sub-group-size", "1000", NULL};
+	t = notes_of("{}", param, &o);
+	assert_has(t, "hpulaunch: note: --sub-group-size has no effect without "
+		      "--offload-optimizer nvme\n");
+	assert_has(t, "hpulaunch: note: --nvme-path has no effect beside --param-nvme-path "
+		      "when only the parameters go to nvme\n");
+	free(t);
+	char *optim[] = {"strategy", "zero3", "offload-optimizer", "nvme", "nvme-path", "/tmp",
+			 "param-buffer-count", "3", "aio-queue-depth", "4", NULL};
+	t = notes_of("{}", optim, &o);
+	assert_has(t, "hpulaunch: note: --param-buffer-count has no effect without "
+		      "--offload-param nvme\n");
+	assert_null(strstr(t, "--aio-queue-depth"));
+	assert_null(strstr(t, "--nvme-path"));
+	free(t);
+	/* a config file's keys are not noted */
+	t = notes_of("{'zero_optimization': {'stage': 2, 'sub_group_size': 1e9, "
+		     "'offload_optimizer': {'device': 'cpu', 'nvme_path': '/tmp', "
+		     "'buffer_count': 4}}, 'aio': {'block_size': 1048576}}", NULL, &o);
+	assert_null(strstr(t, "no effect"));
+	free(t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -919,6 +957,7 @@ int main(void)
 	    cmocka_unit_test(test_repeated_keys),
 	    cmocka_unit_test(test_file_nul),
 	    cmocka_unit_test(test_unread_options_noted),
+	    cmocka_unit_test(test_unread_offload_noted),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
