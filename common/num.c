@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,4 +129,17 @@ size_t hpu__edit_distance(const char *a, const char *b)
 		}
 	}
 	return row[lb];
+}
+
+const char *hpu__human_size(char *buf, size_t len, double n)
+{
+	if (n < 1024)
+		snprintf(buf, len, "%.0f bytes", n);
+	else if (n < 1024.0 * 1024)
+		snprintf(buf, len, "%.1f KiB", n / 1024);
+	else if (n < 1024.0 * 1024 * 1024)
+		snprintf(buf, len, "%.1f MiB", n / (1024.0 * 1024));
+	else
+		snprintf(buf, len, "%.1f GiB", n / (1024.0 * 1024 * 1024));
+	return buf;
 }

@@ -6,7 +6,8 @@
  * wants digits only checks the first character itself), checks the value
  * against its range and stores it in *out. On failure *out is untouched,
  * errno is kept, and the caller words the message: the codes say only
- * what was wrong. A NULL s is not a number. */
+ * what was wrong. A NULL s is not a number. hpu__human_size writes a
+ * size the other way. */
 #ifndef HPU_COMMON_NUM_H
 #define HPU_COMMON_NUM_H
 
@@ -48,6 +49,10 @@ int hpu__parse_real(const char *s, double *out);
 /* The edit distance (Levenshtein, ignoring case) between a and b, for
  * "did you mean"; 99 when either is 64 bytes or longer. */
 size_t hpu__edit_distance(const char *a, const char *b);
+
+/* n bytes for a person, in buf: "812 bytes", "7.9 KiB", "58.1 MiB",
+ * "1.5 GiB" (the largest unit that keeps the figure at 1 or more). */
+const char *hpu__human_size(char *buf, size_t len, double n);
 
 /* The plural ending for a count in a message, "" for one and "s" for any
  * other: printf("%d worker%s", n, hpu__plural(n)) says "1 worker" and

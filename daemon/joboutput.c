@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/num.h"
 #include "daemon/outq.h"
 
 #define DRAIN_MIN_S 0.001        /* a full queue to a peer is tried again after
@@ -12,20 +13,6 @@
 #define DRAIN_MAX_S 0.05         /* ... up to this (a stalled submitter) */
 #define LINE_PIECE (32 * 1024)   /* of a line's text per LogLine: a frame
 				  * stays under HPU_AUTH_MAX_FRAME */
-
-/* n bytes for a person: "812 bytes", "7.9 KiB", "58.1 MiB". */
-static const char *human_size(char *buf, size_t len, double n)
-{
-	if (n < 1024)
-		snprintf(buf, len, "%.0f bytes", n);
-	else if (n < 1024.0 * 1024)
-		snprintf(buf, len, "%.1f KiB", n / 1024);
-	else if (n < 1024.0 * 1024 * 1024)
-		snprintf(buf, len, "%.1f MiB", n / (1024.0 * 1024));
-	else
-		snprintf(buf, len, "%.1f GiB", n / (1024.0 * 1024 * 1024));
-	return buf;
-}
 
 /* Stops (hold 1) or resumes reading j's workers' output: back-pressure
  * while its queue to the submitter is past output_buffer. */
@@ -112,7 +99,7 @@ static void queue_drop_notices(hpud_jobout *o, hpud_job *j)
 		if (d.lines) {
 			snprintf(text, sizeof text,
 				 "[hpud: %lld lines (%s) of this rank's output dropped: the submitter took none of it for %.0f s]",
-				 d.lines, human_size(sz, sizeof sz, (double)d.bytes), j->stalled_s);
+				 d.lines, hpu__human_size(sz, sizeof sz, (double)d.bytes), j->stalled_s);
 			Hpu__LogLine l = HPU__LOG_LINE__INIT;
 			l.job_id = j->id;
 			l.rank = (uint32_t)rank;
@@ -136,7 +123,7 @@ void hpud__jobout_stall(hpud_jobout *o, hpud_job *j, double silent)
 	hold_output(o, j, 0);
 	o->log(HPUD_LOG_WARN, "job %s: the submitter (%s) took none of its output for %.0f s with output_buffer (%s) full: its output is dropped and counted until it reads again",
 	       j->id, j->peer_addr, silent,
-	       human_size(sz, sizeof sz, (double)o->conf->output_buffer));
+	       hpu__human_size(sz, sizeof sz, (double)o->conf->output_buffer));
 }
 
 /* Hands j's queued messages to ZeroMQ, oldest first, while its queue to
@@ -223,7 +210,7 @@ void hpud__jobout_ending(hpud_jobout *o, hpud_job *j)
 		char sz[32];
 		o->log(HPUD_LOG_WARN, "job %s: %lld lines (%s) of its output were dropped in all: the submitter (%s) took none of it for %.0f s",
 		       j->id, j->out.total.lines,
-		       human_size(sz, sizeof sz, (double)j->out.total.bytes), j->peer_addr,
+		       hpu__human_size(sz, sizeof sz, (double)j->out.total.bytes), j->peer_addr,
 		       j->stalled_s);
 	}
 }

@@ -411,6 +411,12 @@ int hpu__opts_from(const hpu_train_opts *o, const char *name)
 	return o->from[hpu__opt_slot_named(name)];
 }
 
+const char *hpu__opts_file_key(const hpu_train_opts *o, const char *name)
+{
+	int s = hpu__opt_slot_named(name);
+	return o->from[s] == HPU_FROM_FILE ? o->file_key[s] : "";
+}
+
 int hpu__opts_takes_value(const char *name)
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
@@ -645,29 +651,84 @@ static int resolve_batch(hpu_train_opts *o, int world, char *err,
 	return 0;
 }
 
+/* Option `flag` with value `v` as a message names it: the config
+ * file's key where the file set it ("zero_optimization.stage 2",
+ * "zero_optimization.cpu_offload true"), else the flag ("--strategy
+ * zero2"). */
+static const char *said(const hpu_train_opts *o, const char *flag, const char *v, char *buf,
+			size_t len)
+{
+	const char *k = hpu__opts_file_key(o, flag);
+	const char *last = strrchr(k, '.');
+	last = last ? last + 1 : k;
+	if (!k[0])
+		snprintf(buf, len, "--%s %s", flag, v);
+	else if (!strcmp(last, "stage"))
+		snprintf(buf, len, "%s %d", k, (int)o->strategy - 1); /* f_stage: stage + 1 */
+	else if (!strncmp(last, "cpu_offload", 11))
+		snprintf(buf, len, "%s true", k);
+	else
+		snprintf(buf, len, "%s %s", k, v);
+	return buf;
+}
+
+/* " (config file FILE)" where option a or b came from the file, else "". */
+static const char *in_file(const hpu_train_opts *o, const char *a, const char *b, char *buf,
+			   size_t len)
+{
+	if (hpu__opts_from(o, a) == HPU_FROM_FILE || (b && hpu__opts_from(o, b) == HPU_FROM_FILE))
+		snprintf(buf, len, " (config file %s)", o->config);
+	else
+		buf[0] = 0;
+	return buf;
+}
+
 /* ZeRO-Offload as DeepSpeed allows it: the optimizer's state with
- * stages 1-3, parameters with stage 3; nvme needs a path. */
+ * stages 1-3, parameters with stage 3; nvme needs a path. Values from
+ * the config file are named by its keys. */
 static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 {
 	hpu_strategy s = o->strategy;
+	const char *so = hpu__strategy_name(s);
+	char a[128], b[128], f[600];
 	if (o->offload_optimizer && (s == HPU_STRATEGY_DDP || s == HPU_STRATEGY_FAST_DDP)) {
-		snprintf(err, errlen, "--offload-optimizer %s needs a ZeRO strategy (zero1, zero2 or zero3), not %s",
-			 hpu__offload_name(o->offload_optimizer), hpu__strategy_name(s));
+		const char *v = hpu__offload_name(o->offload_optimizer);
+		if (in_file(o, "offload-optimizer", "strategy", f, sizeof f)[0])
+			snprintf(err, errlen, "%s needs a ZeRO strategy (zero1, zero2 or zero3), not %s%s",
+				 said(o, "offload-optimizer", v, a, sizeof a),
+				 said(o, "strategy", so, b, sizeof b), f);
+		else
+			snprintf(err, errlen, "--offload-optimizer %s needs a ZeRO strategy (zero1, zero2 or zero3), not %s",
+				 v, so);
 		return -1;
 	}
 	if (o->offload_param && s != HPU_STRATEGY_ZERO3) {
-		snprintf(err, errlen, "--offload-param %s works with --strategy zero3 only (DeepSpeed's stage 3), not %s",
-			 hpu__offload_name(o->offload_param), hpu__strategy_name(s));
+		const char *v = hpu__offload_name(o->offload_param);
+		if (in_file(o, "offload-param", "strategy", f, sizeof f)[0])
+			snprintf(err, errlen, "%s works with zero3 only (DeepSpeed's stage 3), not %s%s",
+				 said(o, "offload-param", v, a, sizeof a),
+				 said(o, "strategy", so, b, sizeof b), f);
+		else
+			snprintf(err, errlen, "--offload-param %s works with --strategy zero3 only (DeepSpeed's stage 3), not %s",
+				 v, so);
 		return -1;
 	}
 	if (!o->param_nvme_path[0])
 		snprintf(o->param_nvme_path, sizeof o->param_nvme_path, "%s", o->nvme_path);
 	if (o->offload_optimizer == HPU_OFFLOAD_NVME && !o->nvme_path[0]) {
-		snprintf(err, errlen, "--offload-optimizer nvme needs --nvme-path DIR (offload_optimizer.nvme_path)");
+		if (in_file(o, "offload-optimizer", NULL, f, sizeof f)[0])
+			snprintf(err, errlen, "%s needs zero_optimization.offload_optimizer.nvme_path "
+				 "(or --nvme-path DIR)%s", said(o, "offload-optimizer", "nvme", a, sizeof a), f);
+		else
+			snprintf(err, errlen, "--offload-optimizer nvme needs --nvme-path DIR (offload_optimizer.nvme_path)");
 		return -1;
 	}
 	if (o->offload_param == HPU_OFFLOAD_NVME && !o->param_nvme_path[0]) {
-		snprintf(err, errlen, "--offload-param nvme needs --nvme-path DIR (offload_param.nvme_path)");
+		if (in_file(o, "offload-param", NULL, f, sizeof f)[0])
+			snprintf(err, errlen, "%s needs zero_optimization.offload_param.nvme_path "
+				 "(or --param-nvme-path DIR)%s", said(o, "offload-param", "nvme", a, sizeof a), f);
+		else
+			snprintf(err, errlen, "--offload-param nvme needs --nvme-path DIR (offload_param.nvme_path)");
 		return -1;
 	}
 	if (o->aio_block_size % 4096) {

@@ -200,6 +200,8 @@ typedef struct hpu_train_opts {
 				 * validate on (0: the test split) */
 	char early_stop[512];   /* --early-stop METRIC[:min|max],PATIENCE[,MIN_DELTA] or "" */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
+	char file_key[HPU_OPTS_MAX][64]; /* the --config key that set each
+					  * option ("" none), for messages */
 	/* What --config left to flags and defaults ("auto" values) and the
 	 * keys it accepted that change nothing here ("key\twhy\n" lines):
 	 * hpu__opts_config_notes says them. */
@@ -359,6 +361,10 @@ double hpu__opts_weight_decay(const hpu_train_opts *o);
 
 /* Where option `name` (which must exist) got its value: HPU_FROM_*. */
 int hpu__opts_from(const hpu_train_opts *o, const char *name);
+
+/* The config file's key that set option `name` ("zero_optimization.stage"),
+ * or "" where its value did not come from the file. */
+const char *hpu__opts_file_key(const hpu_train_opts *o, const char *name);
 
 /* "default", "model", "config" or "flag": a HPU_FROM_* value in words. */
 const char *hpu__opts_from_name(int from);

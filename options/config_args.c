@@ -50,9 +50,12 @@ int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
 	if (p->kind == K_CONFIG)
 		return set_config(o, p, value, err, errlen);
 	if (hpu__opt_set_value(o, p, value) < 0) {
+		/* at most 200 bytes of the value: a path of thousands must not
+		 * push the reason out of the message */
 		char buf[160];
-		snprintf(err, errlen, "bad value '%s' for --%s: expected %s",
-			 value, name, hpu__opt_expected(p, buf, sizeof buf));
+		int n = (int)strlen(value);
+		snprintf(err, errlen, "bad value '%.*s%s' for --%s: expected %s", n > 200 ? 200 : n,
+			 value, n > 200 ? "..." : "", name, hpu__opt_expected(p, buf, sizeof buf));
 		return -1;
 	}
 	o->from[hpu__opt_slot(p)] = HPU_FROM_FLAG;

@@ -120,6 +120,9 @@ struct fctx {
 	int adam_w_mode; /* optimizer.params.adam_w_mode */
 	char prec_by[96]; /* the key that asked for a precision ("" none) */
 	int prec;         /* ... and which (hpu_precision) */
+	char offload_by[2][96]; /* the keys that asked where the optimizer's state
+				 * [0] and the parameters [1] go ("" none) */
+	int offload_at[2];      /* ... and where (hpu_offload) */
 	int nerr;
 	char msgs[3072]; /* the errors, one per line ("\n  " between) */
 	size_t used;

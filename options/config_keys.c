@@ -9,6 +9,8 @@
 
 #include <cJSON.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 
 /* zero_optimization */
 
@@ -97,8 +99,54 @@ static int f_offload_ratio(struct fctx *c, const char *path, const cJSON *it)
 	return 0;
 }
 
+/* Key `path` asks for the optimizer's state (which 0) or the parameters
+ * (1) to go to `at`: refused where the other name of the same choice
+ * asked for another place (cpu_offload beside offload_optimizer was taken
+ * in silence, cpu_offload winning). */
+static int asked_offload(struct fctx *c, const char *path, int which, int at)
+{
+	static const char *const newer[] = {"offload_optimizer", "offload_param"};
+	const struct hpu__opt *p = hpu__opt_find(which ? "offload-param" : "offload-optimizer");
+	if (c->offload_by[which][0] && c->offload_at[which] != at) {
+		/* the older key is the one not ending in ".device" */
+		const char *old = strstr(path, ".device") ? c->offload_by[which] : path;
+		const char *dot = strrchr(old, '.');
+		return hpu__cfg_ferr(c, path, "asks for %s, but %s asked for %s: %s is DeepSpeed's "
+				     "older name for %s {\"device\": \"cpu\"}; give one of them",
+				     p->names[at], c->offload_by[which],
+				     p->names[c->offload_at[which]], dot ? dot + 1 : old,
+				     newer[which]);
+	}
+	snprintf(c->offload_by[which], sizeof c->offload_by[which], "%s", path);
+	c->offload_at[which] = at;
+	return 0;
+}
+
+/* offload_optimizer.device / offload_param.device: set as the option
+ * checks them, then compared with cpu_offload / cpu_offload_params. */
+static int f_device_as(struct fctx *c, const char *path, const cJSON *it, int which)
+{
+	const char *name = which ? "offload-param" : "offload-optimizer";
+	if (hpu__cfg_file_opt(c, path, it, name) < 0)
+		return -1;
+	if (hpu__cfg_is_auto(it) || !cJSON_IsString(it))
+		return 0;
+	int at = hpu__choice(hpu__opt_find(name), it->valuestring, 1);
+	return at < 0 ? 0 : asked_offload(c, path, which, at);
+}
+
+static int f_optimizer_device(struct fctx *c, const char *path, const cJSON *it)
+{
+	return f_device_as(c, path, it, 0);
+}
+
+static int f_param_device(struct fctx *c, const char *path, const cJSON *it)
+{
+	return f_device_as(c, path, it, 1);
+}
+
 static const struct fkey offload_optimizer_keys[] = {
-	KEY("device", "offload-optimizer", 0),
+	FN("device", f_optimizer_device, 0),
 	KEY("nvme_path", "nvme-path", 0),
 	KEY("buffer_count", "offload-buffer-count", 0),
 	FN("ratio", f_offload_ratio, 0),
@@ -112,7 +160,7 @@ static const struct fkey offload_optimizer_keys[] = {
 };
 
 static const struct fkey offload_param_keys[] = {
-	KEY("device", "offload-param", 0),
+	FN("device", f_param_device, 0),
 	KEY("nvme_path", "param-nvme-path", 0),
 	KEY("buffer_count", "param-buffer-count", 0),
 	KEY("buffer_size", "param-buffer-size", 0),
@@ -132,23 +180,27 @@ static int f_offload_param(struct fctx *c, const char *path, const cJSON *it)
 
 /* cpu_offload / cpu_offload_params: DeepSpeed's older booleans for
  * offload_optimizer / offload_param {"device": "cpu"}. */
-static int f_cpu_offload_as(struct fctx *c, const char *path, const cJSON *it,
-			    const char *opt)
+static int f_cpu_offload_as(struct fctx *c, const char *path, const cJSON *it, int which)
 {
 	int on = 0;
 	if (hpu__cfg_want_bool(c, path, it, &on))
 		return -1;
-	return on ? hpu__cfg_put(c, path, hpu__opt_find(opt), "cpu") : 0;
+	if (!on)
+		return 0;
+	if (asked_offload(c, path, which, HPU_OFFLOAD_CPU) < 0)
+		return -1;
+	return hpu__cfg_put(c, path, hpu__opt_find(which ? "offload-param" : "offload-optimizer"),
+			    "cpu");
 }
 
 static int f_cpu_offload(struct fctx *c, const char *path, const cJSON *it)
 {
-	return f_cpu_offload_as(c, path, it, "offload-optimizer");
+	return f_cpu_offload_as(c, path, it, 0);
 }
 
 static int f_cpu_offload_params(struct fctx *c, const char *path, const cJSON *it)
 {
-	return f_cpu_offload_as(c, path, it, "offload-param");
+	return f_cpu_offload_as(c, path, it, 1);
 }
 
 static const struct fkey aio_keys[] = {

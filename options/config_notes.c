@@ -61,6 +61,33 @@ static void unread(const hpu_train_opts *o, FILE *f, const char *prog, const cha
 		fprintf(f, "%s: note: %s %s no effect %s\n", prog, list, n == 1 ? "has" : "have", why);
 }
 
+/* The offload tier's flags with nothing to tune: the nvme tier's without
+ * nvme offload, one side's beside the other side's nvme alone. */
+static void unread_offload(const hpu_train_opts *o, FILE *f, const char *prog)
+{
+	int on = o->offload_optimizer == HPU_OFFLOAD_NVME, pn = o->offload_param == HPU_OFFLOAD_NVME;
+	if (!on && !pn) {
+		unread(o, f, prog,
+		       (const char *const[]){"nvme-path", "param-nvme-path", "sub-group-size",
+					     "offload-buffer-count", "param-buffer-count",
+					     "param-buffer-size", "max-in-cpu", "aio-block-size",
+					     "aio-queue-depth", "aio-thread-count", "aio-single-submit",
+					     "no-aio-overlap-events", NULL},
+		       "without --offload-optimizer nvme or --offload-param nvme");
+		return;
+	}
+	if (!on)
+		unread(o, f, prog, (const char *const[]){"sub-group-size", "offload-buffer-count", NULL},
+		       "without --offload-optimizer nvme");
+	if (!on && hpu__opts_from(o, "param-nvme-path") != HPU_FROM_DEFAULT)
+		unread(o, f, prog, (const char *const[]){"nvme-path", NULL},
+		       "beside --param-nvme-path when only the parameters go to nvme");
+	if (!pn)
+		unread(o, f, prog, (const char *const[]){"param-nvme-path", "param-buffer-count",
+							 "param-buffer-size", "max-in-cpu", NULL},
+		       "without --offload-param nvme");
+}
+
 /* The flags given that this run's other choices leave unread (they were
  * taken in silence: --loss-scale at fp32, --momentum with adamw). */
 static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
@@ -95,6 +122,7 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 	if (!o->graphs)
 		unread(o, f, prog, (const char *const[]){"graphs-warmup", "pad-last-batch", NULL},
 		       "without --graphs");
+	unread_offload(o, f, prog);
 	if (o->stop_at_step > 0 && o->max_steps >= 0 && o->stop_at_step >= o->max_steps &&
 	    given(o, "stop-at-step"))
 		fprintf(f, "%s: note: --stop-at-step %ld is not before --max-steps %ld: the run ends "

@@ -156,6 +156,7 @@ int hpu__cfg_put(struct fctx *c, const char *path, const struct hpu__opt *p,
 				     hpu__opt_expected(p, buf, sizeof buf));
 	}
 	c->o->from[s] = HPU_FROM_FILE;
+	snprintf(c->o->file_key[s], sizeof c->o->file_key[s], "%s", path);
 	return 0;
 }
 

@@ -1072,6 +1072,23 @@ static void test_placeholders_match_help(void **state)
 			assert_string_equal(s->arg, "DIR");
 }
 
+/* A very long value is quoted in part, so that the reason after it is
+ * not cut off with the message. */
+static void test_long_value_cut(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char v[5000], err[1024];
+	memset(v, 'd', sizeof v - 1);
+	v[0] = '/';
+	v[sizeof v - 1] = 0;
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "nvme-path", v, err, sizeof err), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "dddd...' for --nvme-path: expected "));
+	assert_true(strlen(err) < 400);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1103,6 +1120,7 @@ int main(void)
 	    cmocka_unit_test(test_shared_text),
 	    cmocka_unit_test(test_model_defaults),
 	    cmocka_unit_test(test_abs_path),
+	    cmocka_unit_test(test_long_value_cut),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)

@@ -791,6 +791,86 @@ static void test_file_nul(void **state)
 	assert_string_equal(o.metrics, "/tmp/a\\u0000b");
 }
 
+/* DeepSpeed's older cpu_offload / cpu_offload_params beside the
+ * offload_optimizer / offload_param they stand for: refused when they ask
+ * for different places (cpu_offload won, in silence), taken when they
+ * agree or the older one is false. */
+static void test_file_cpu_offload_beside(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	LOAD_ERROR("{'zero_optimization': {'stage': 2, 'cpu_offload': true, "
+		   "'offload_optimizer': {'device': 'nvme', 'nvme_path': '/tmp'}}}",
+		   "zero_optimization.cpu_offload: asks for cpu, but "
+		   "zero_optimization.offload_optimizer.device asked for nvme",
+		   "cpu_offload is DeepSpeed's older name for offload_optimizer");
+	LOAD_ERROR("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'none'}, "
+		   "'cpu_offload_params': true}}",
+		   "zero_optimization.cpu_offload_params: asks for cpu, but "
+		   "zero_optimization.offload_param.device asked for none");
+	LOAD_ERROR("{'zero_optimization': {'stage': 3, 'cpu_offload_param': true, "
+		   "'offload_param': {'device': 'nvme', 'nvme_path': '/tmp'}}}",
+		   "zero_optimization.cpu_offload_param: asks for cpu, but");
+	load_ok("{'zero_optimization': {'stage': 2, 'cpu_offload': true, "
+		"'offload_optimizer': {'device': 'cpu'}}}", &o);
+	assert_int_equal(o.offload_optimizer, HPU_OFFLOAD_CPU);
+	load_ok("{'zero_optimization': {'stage': 2, 'cpu_offload': false, "
+		"'offload_optimizer': {'device': 'nvme', 'nvme_path': '/tmp'}}}", &o);
+	assert_int_equal(o.offload_optimizer, HPU_OFFLOAD_NVME);
+}
+
+/* --config (after the flags in `before`) loads but hpu__opts_resolve
+ * refuses it; returns the error, which names the file. */
+static const char *resolve_error(const char *json, char **before)
+{
+	static char err[2048];
+	char path[64];
+	hpu_train_opts o;
+	write_temp(json, path);
+	hpu__opts_defaults(&o);
+	err[0] = 0;
+	for (int k = 0; before && before[k]; k += 2)
+		assert_int_equal(hpu__opts_set(&o, before[k], before[k + 1], err, sizeof err), 0);
+	int rc = hpu__opts_set(&o, "config", path, err, sizeof err);
+	if (rc != 0)
+		fail_msg("%s did not load: %s", json, err);
+	rc = hpu__opts_resolve(&o, 1, err, sizeof err);
+	unlink(path);
+	printf("  -> \"%s\"\n", err);
+	assert_int_equal(rc, -1);
+	assert_has(err, path);
+	return err;
+}
+
+/* Offload a config file asked for and its strategy cannot take: the
+ * error names the file's keys, not flags that were never given. */
+static void test_file_offload_refusals_name_keys(void **state)
+{
+	(void)state;
+	const char *e = resolve_error("{'zero_optimization': {'stage': 2, 'offload_param': "
+				      "{'device': 'cpu'}}}", NULL);
+	assert_has(e, "zero_optimization.offload_param.device cpu works with zero3 only "
+		      "(DeepSpeed's stage 3), not zero_optimization.stage 2 (config file ");
+	assert_null(strstr(e, "--"));
+	e = resolve_error("{'zero_optimization': {'stage': 0, 'cpu_offload': true}}", NULL);
+	assert_has(e, "zero_optimization.cpu_offload true needs a ZeRO strategy (zero1, zero2 or "
+		      "zero3), not zero_optimization.stage 0 (config file ");
+	assert_null(strstr(e, "--"));
+	e = resolve_error("{'hputrain': {'strategy': 'fast_ddp'}, 'zero_optimization': "
+			  "{'offload_optimizer': {'device': 'cpu'}}}", NULL);
+	assert_has(e, "zero_optimization.offload_optimizer.device cpu needs a ZeRO strategy "
+		      "(zero1, zero2 or zero3), not hputrain.strategy fast_ddp (config file ");
+	e = resolve_error("{'zero_optimization': {'stage': 2, 'offload_optimizer': "
+			  "{'device': 'nvme'}}}", NULL);
+	assert_has(e, "zero_optimization.offload_optimizer.device nvme needs "
+		      "zero_optimization.offload_optimizer.nvme_path (or --nvme-path DIR) (config file ");
+	/* a flag beside a key: each named as it was given */
+	char *flag[] = {"offload-param", "cpu", NULL};
+	e = resolve_error("{'zero_optimization': {'stage': 1}}", flag);
+	assert_has(e, "--offload-param cpu works with zero3 only (DeepSpeed's stage 3), not "
+		      "zero_optimization.stage 1 (config file ");
+}
+
 /* Flags given that the run's other choices leave unread are noted (they
  * were taken in silence); used ones are not, nor a config file's keys
  * (DeepSpeed's templates carry sections a run does not use). */
@@ -817,6 +897,44 @@ static void test_unread_options_noted(void **state)
 	free(t);
 }
 
+/* The offload tier's flags with nothing to tune: the nvme ones without
+ * nvme offload, the optimizer's beside parameters-only nvme, --nvme-path
+ * beside --param-nvme-path when only the parameters go to nvme. */
+static void test_unread_offload_noted(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *none[] = {"strategy", "zero2", "nvme-path", "/tmp", "sub-group-size", "1000",
+			"offload-buffer-count", "2", "aio-queue-depth", "4", NULL};
+	char *t = notes_of("{}", none, &o);
+	assert_has(t, "hpulaunch: note: --nvme-path, --sub-group-size, --offload-buffer-count, "
+		      "--aio-queue-depth have no effect without --offload-optimizer nvme or "
+		      "--offload-param nvme\n");
+	free(t);
+	char *param[] = {"strategy", "zero3", "offload-param", "nvme", "nvme-path", "/tmp",
+			 "param-nvme-path", "/var/tmp", "sub-group-size", "1000", NULL};
+	t = notes_of("{}", param, &o);
+	assert_has(t, "hpulaunch: note: --sub-group-size has no effect without "
+		      "--offload-optimizer nvme\n");
+	assert_has(t, "hpulaunch: note: --nvme-path has no effect beside --param-nvme-path "
+		      "when only the parameters go to nvme\n");
+	free(t);
+	char *optim[] = {"strategy", "zero3", "offload-optimizer", "nvme", "nvme-path", "/tmp",
+			 "param-buffer-count", "3", "aio-queue-depth", "4", NULL};
+	t = notes_of("{}", optim, &o);
+	assert_has(t, "hpulaunch: note: --param-buffer-count has no effect without "
+		      "--offload-param nvme\n");
+	assert_null(strstr(t, "--aio-queue-depth"));
+	assert_null(strstr(t, "--nvme-path"));
+	free(t);
+	/* a config file's keys are not noted */
+	t = notes_of("{'zero_optimization': {'stage': 2, 'sub_group_size': 1e9, "
+		     "'offload_optimizer': {'device': 'cpu', 'nvme_path': '/tmp', "
+		     "'buffer_count': 4}}, 'aio': {'block_size': 1048576}}", NULL, &o);
+	assert_null(strstr(t, "no effect"));
+	free(t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -824,6 +942,8 @@ int main(void)
 	    cmocka_unit_test(test_file_optimizer),
 	    cmocka_unit_test(test_file_scheduler),
 	    cmocka_unit_test(test_file_precision),
+	    cmocka_unit_test(test_file_cpu_offload_beside),
+	    cmocka_unit_test(test_file_offload_refusals_name_keys),
 	    cmocka_unit_test(test_file_hputrain),
 	    cmocka_unit_test(test_file_auto),
 	    cmocka_unit_test(test_file_no_effect),
@@ -837,6 +957,7 @@ int main(void)
 	    cmocka_unit_test(test_repeated_keys),
 	    cmocka_unit_test(test_file_nul),
 	    cmocka_unit_test(test_unread_options_noted),
+	    cmocka_unit_test(test_unread_offload_noted),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

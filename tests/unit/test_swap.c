@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -360,8 +361,8 @@ static void test_refused_dir(void **state)
 	refused(at("plain"), MiB, NULL, "r0", "is not a directory");
 	refused(at("plain"), MiB, NULL, "r0", at("plain"));
 	const char *d = fresh_dir("free");
-	refused(d, 1ull << 50, NULL, "r0", "GiB free");
-	refused(d, 1ull << 50, NULL, "r0", "needs 1048576 GiB");
+	refused(d, 1ull << 50, NULL, "r0", "GiB is free");
+	refused(d, 1ull << 50, NULL, "r0", "needs 1048576.0 GiB; ");
 	refused(d, 1ull << 50, NULL, "r0", d);
 	assert_int_equal(entries(d), 0);
 }
@@ -449,6 +450,62 @@ static void test_refused_not_writable(void **state)
 	assert_has(err, "is not writable");
 	assert_has(err, d);
 	assert_has(err, "parameters");
+}
+
+/* err names the swap directory as "DIR/(unnamed swap file)", never the
+ * "hpu-swap-PID-TAG.bin" name the file has at most for an instant. */
+static void assert_unnamed(const char *dir)
+{
+	char where[PATH_MAX + 64];
+	snprintf(where, sizeof where, "%s/(unnamed swap file)", dir);
+	assert_has(err, where);
+	if (strstr(err, "hpu-swap-"))
+		fail_msg("the message names a file that is not there: %s", err);
+}
+
+/* A failure after the file's name is gone (fallocate refused past the
+ * file size limit, as `ulimit -f` sets it) or before it was made
+ * (io_uring set up with no file descriptor left) names the directory. */
+static void test_refused_names_directory(void **state)
+{
+	(void)state;
+	const char *d = fresh_dir("named");
+	struct rlimit was, lim;
+	for (int named = 0; named < 2; named++) {
+		hpu__swap_no_tmpfile = named;
+		getrlimit(RLIMIT_FSIZE, &was);
+		lim = was;
+		lim.rlim_cur = 100 * 1024;
+		signal(SIGXFSZ, SIG_IGN);
+		setrlimit(RLIMIT_FSIZE, &lim);
+		err[0] = 0;
+		hpu_swap *s = hpu__swap_open(d, "r0", "optimizer state", MiB, NULL, err,
+					     sizeof err);
+		setrlimit(RLIMIT_FSIZE, &was);
+		signal(SIGXFSZ, SIG_DFL);
+		hpu__swap_no_tmpfile = 0;
+		hpu__swap_close(s);
+		assert_null(s);
+		assert_has(err, "cannot reserve 1.0 MiB for the swap file");
+		assert_has(err, "File too large");
+		assert_unnamed(d);
+	}
+	/* No descriptor free for the ring: the lowest free one is the limit. */
+	int fd = dup(0);
+	assert_true(fd >= 0);
+	close(fd);
+	getrlimit(RLIMIT_NOFILE, &was);
+	lim = was;
+	lim.rlim_cur = (rlim_t)fd;
+	setrlimit(RLIMIT_NOFILE, &lim);
+	err[0] = 0;
+	hpu_swap *s = hpu__swap_open(d, "r0", "optimizer state", MiB, NULL, err, sizeof err);
+	setrlimit(RLIMIT_NOFILE, &was);
+	hpu__swap_close(s);
+	assert_null(s);
+	assert_has(err, "io_uring");
+	assert_unnamed(d);
+	assert_int_equal(entries(d), 0);
 }
 
 /* Transfers outside the store or misaligned are refused, nothing started;
@@ -650,13 +707,17 @@ static void test_enospc_at_open(void **state)
 	hpu__swap_close(big);
 	loop_fs_gone(d);
 	assert_null(big);
-	assert_has(e1, "needs 0.031 GiB");
-	assert_has(e1, "GiB free");
+	assert_has(e1, "needs 32.0 MiB; ");
+	assert_has(e1, " MiB is free, after the files already there (the swap files of ranks "
+		       "sharing the directory among them)");
 	assert_has(e1, d);
 	if (!fits)
 		fail_msg("a 9 MiB store on 16 MiB: %s", e2);
 	assert_null(more);
-	assert_has(err, "GiB free");
+	assert_has(err, "needs 9.0 MiB; ");
+	assert_has(err, " MiB is free, after the files already there");
+	if (strstr(err, "0.00"))
+		fail_msg("a size reads as nothing: %s", err);
 	assert_int_equal(left, 1);  /* lost+found */
 }
 
@@ -707,6 +768,7 @@ int main(void)
 		cmocka_unit_test(test_refused_tmpfs),
 		cmocka_unit_test(test_refused_no_odirect),
 		cmocka_unit_test(test_refused_not_writable),
+		cmocka_unit_test(test_refused_names_directory),
 		cmocka_unit_test(test_refused_transfer),
 		cmocka_unit_test(test_no_files_tmpfile),
 		cmocka_unit_test(test_no_files_named),

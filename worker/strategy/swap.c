@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/num.h"
+
 #ifndef TMPFS_MAGIC
 #define TMPFS_MAGIC 0x01021994
 #endif
@@ -79,7 +81,7 @@ struct hpu_swap {
 	uint64_t nread, nwritten;
 	double wait_s;
 	char what[64];
-	char path[PATH_MAX]; /* once made: "DIR/(unnamed swap file)" (none has its name) */
+	char path[PATH_MAX]; /* "DIR/(unnamed swap file)": the file never has a name to give */
 	int sparse;          /* sized without reserving (no fallocate) */
 	char err[PATH_MAX + 256];
 };
@@ -102,16 +104,6 @@ static void say(char *err, size_t errlen, const char *fmt, ...)
 }
 
 #define fail(s, ...) say((s)->err, sizeof (s)->err, __VA_ARGS__)
-
-/* Bytes in GiB with three significant digits, so that a small
- * filesystem's figures do not all read 0.0. */
-static const char *gib(char *b, size_t n, uint64_t bytes)
-{
-	double g = (double)bytes / (1024.0 * 1024 * 1024);
-	int dec = g >= 100 ? 0 : g >= 10 ? 1 : g >= 1 ? 2 : 3;
-	snprintf(b, n, "%.*f", dec, g);
-	return b;
-}
 
 static uint64_t free_bytes(const struct statvfs *v)
 {
@@ -220,9 +212,10 @@ static void remove_stale(const char *dir)
 	closedir(d);
 }
 
-/* An unnamed file in s->path's directory: O_TMPFILE, else a named one
- * unlinked at once. */
-static int create_file(hpu_swap *s, const char *dir, char *err, size_t errlen)
+/* An unnamed file in dir: O_TMPFILE, else one named `name` unlinked at
+ * once. */
+static int create_file(hpu_swap *s, const char *dir, const char *name, char *err,
+		       size_t errlen)
 {
 	int fd = -1;
 	if (!hpu__swap_no_tmpfile) {
@@ -235,15 +228,15 @@ static int create_file(hpu_swap *s, const char *dir, char *err, size_t errlen)
 		}
 	}
 	if (fd < 0) {
-		fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 		if (fd < 0) {
-			say(err, errlen, "cannot create the swap file %s for %s: %s", s->path,
+			say(err, errlen, "cannot create the swap file %s for %s: %s", name,
 			    s->what, strerror(errno));
 			return -1;
 		}
-		if (unlink(s->path)) {
+		if (unlink(name)) {
 			say(err, errlen, "cannot unlink the swap file %s for %s after creating "
-			    "it: %s", s->path, s->what, strerror(errno));
+			    "it: %s", name, s->what, strerror(errno));
 			close(fd);
 			return -1;
 		}
@@ -264,6 +257,11 @@ static int create_file(hpu_swap *s, const char *dir, char *err, size_t errlen)
 	return fd;
 }
 
+/* What the free space figure is: each rank reserves its own file when it
+ * opens it, so the space is what the others that came first left. */
+#define LEFT_FREE "after the files already there (the swap files of ranks sharing the " \
+		  "directory among them)"
+
 /* Checks that s->size bytes are free and reserves them, so that writes
  * cannot run out of space. */
 static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
@@ -276,8 +274,9 @@ static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
 		return -1;
 	}
 	if (free_bytes(&v) < s->size) {
-		say(err, errlen, "the swap file for %s in %s needs %s GiB, %s GiB free", s->what,
-		    dir, gib(a, sizeof a, s->size), gib(b, sizeof b, free_bytes(&v)));
+		say(err, errlen, "the swap file for %s in %s needs %s; %s is free, %s", s->what,
+		    dir, hpu__human_size(a, sizeof a, (double)s->size),
+		    hpu__human_size(b, sizeof b, (double)free_bytes(&v)), LEFT_FREE);
 		return -1;
 	}
 	if (s->size == 0 || fallocate(s->fd, 0, 0, (off_t)s->size) == 0)
@@ -292,13 +291,14 @@ static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
 	}
 	if (errno == ENOSPC || errno == EDQUOT) {
 		const char *why = strerror(errno);
-		say(err, errlen, "the swap file for %s in %s needs %s GiB, %s GiB free (%s)",
-		    s->what, dir, gib(a, sizeof a, s->size),
-		    fstatvfs(s->fd, &v) ? "?" : gib(b, sizeof b, free_bytes(&v)), why);
+		say(err, errlen, "the swap file for %s in %s needs %s; %s is free, %s (%s)",
+		    s->what, dir, hpu__human_size(a, sizeof a, (double)s->size),
+		    fstatvfs(s->fd, &v) ? "?" : hpu__human_size(b, sizeof b, (double)free_bytes(&v)),
+		    LEFT_FREE, why);
 		return -1;
 	}
-	say(err, errlen, "cannot reserve %s GiB for the swap file %s for %s: %s",
-	    gib(a, sizeof a, s->size), s->path, s->what, strerror(errno));
+	say(err, errlen, "cannot reserve %s for the swap file %s for %s: %s",
+	    hpu__human_size(a, sizeof a, (double)s->size), s->path, s->what, strerror(errno));
 	return -1;
 }
 
@@ -353,21 +353,24 @@ hpu_swap *hpu__swap_open(const char *dir, const char *tag, const char *what, uin
 	s->o = *o;
 	s->size = size;
 	snprintf(s->what, sizeof s->what, "%s", what);
-	if (snprintf(s->path, sizeof s->path, "%s/hpu-swap-%d-%s.bin", dir, (int)getpid(), tag) >=
-	    (int)sizeof s->path) {
+	/* The file has no name once made (O_TMPFILE, or unlinked at once), and
+	 * none before: the messages name where it is, "DIR/(unnamed swap
+	 * file)", not a path that is not there. `name` is only for a
+	 * filesystem without O_TMPFILE, for the instant before the unlink. */
+	char name[PATH_MAX];
+	if (snprintf(name, sizeof name, "%s/hpu-swap-%d-%s.bin", dir, (int)getpid(), tag) >=
+	    (int)sizeof name) {
 		say(err, errlen, "the swap directory %s for %s: path too long", dir, what);
 		goto bad;
 	}
+	if (snprintf(s->path, sizeof s->path, "%s/(unnamed swap file)", dir) >= (int)sizeof s->path)
+		snprintf(s->path, sizeof s->path, "(an unnamed swap file)");
 	if (init_ring(s, err, errlen))
 		goto bad;
 	remove_stale(dir);
-	s->fd = create_file(s, dir, err, errlen);
+	s->fd = create_file(s, dir, name, err, errlen);
 	if (s->fd < 0 || reserve(s, dir, err, errlen))
 		goto bad;
-	/* the file has no name (O_TMPFILE, or unlinked at once): the
-	 * messages name where it is, not a path that is not there */
-	if (snprintf(s->path, sizeof s->path, "%s/(unnamed swap file)", dir) >= (int)sizeof s->path)
-		snprintf(s->path, sizeof s->path, "(an unnamed swap file)");
 	return s;
 bad:
 	hpu__swap_close(s);
