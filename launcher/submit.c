@@ -748,8 +748,12 @@ static int follow(char *cause, size_t len)
 		double t = now_s();
 		hpu__progress_tick(&S.bar);
 		if (S.signo && !cancelled) {
-			S.following = 0; /* no bar drawn again under the line below */
-			hpu__progress_hide(&S.bar);
+			/* no bar drawn again under the line below: no record
+			 * taken (following), none left to draw by the ticks
+			 * or a rank's line (reset: hide alone marks it to be
+			 * drawn again) */
+			S.following = 0;
+			hpu__progress_reset(&S.bar);
 			hpu__log(HPU_LOG_NOTICE, "interrupted by %s: cancelling job %s on %d node%s",
 				 signo_name(), S.a->job_id, S.nn,
 				 hpu__plural(S.nn));
