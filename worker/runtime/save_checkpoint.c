@@ -102,13 +102,15 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
  * dies of it as it would have (the handler uses only unlink, rmdir and
  * nanosleep, which are async-signal-safe): this rank's files in the
  * partial directory, and on rank 0 the directory once the other ranks
- * have removed theirs (waiting up to 1.8 s). What a SIGKILL leaves, the next
+ * have removed theirs (waiting up to 1.8 s; a rank slower than that
+ * removes it, empty, itself). What a SIGKILL leaves, the next
  * save or start-up removes (hpu__ckpt_clean_partials). */
 static struct {
 	char files[6][1300];
 	int nfiles;
 	char dir[1200];
 	volatile sig_atomic_t made; /* rank 0 made dir: it removes it */
+	volatile sig_atomic_t other; /* a rank but 0: rank 0 made dir */
 	int lock; /* rank 0's lock on the partial directory, or -1 */
 	int installed[3];
 	struct sigaction old[3];
@@ -132,6 +134,11 @@ static void on_stop(int sig)
 			break;
 		nanosleep(&ts, NULL);
 	}
+	/* another rank's handler that ran after rank 0 stopped waiting (a
+	 * loaded node) left the directory empty: the last one out removes
+	 * it (an rmdir that fails while any file is there) */
+	if (!G.made && G.dir[0] && G.other)
+		rmdir(G.dir);
 	errno = e;
 	signal(sig, SIG_DFL);
 	raise(sig);
@@ -153,6 +160,7 @@ static void guard_begin(int rank, const char *dir, const char *shard, int buffer
 {
 	G.nfiles = 0;
 	G.made = 0;
+	G.other = rank != 0;
 	snprintf(G.dir, sizeof G.dir, "%s", dir);
 	guard_file(dir, shard);
 	if (rank == 0) {
@@ -183,6 +191,7 @@ static void guard_end(void)
 		close(G.lock);
 	G.lock = -1;
 	G.made = 0;
+	G.other = 0;
 }
 
 /* Whether root/name was published from root/partial: the partial is gone
