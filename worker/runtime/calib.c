@@ -21,7 +21,7 @@ int hpu__loop_calibrate(loop *L)
 	if (most > want)
 		most = want;
 	hpu__fp8_measuring(1);
-	hpu__strat_set_pos(L->st, 0, L->pos.step, L->epoch);
+	hpu__strat_set_pos(L->st, 0, L->eval_step, L->epoch);
 	int rc = 0;
 	for (size_t done = 0; done < mine && rc == 0;) {
 		int n = (int)(mine - done < (size_t)L->micro ? mine - done : (size_t)L->micro);

@@ -400,13 +400,13 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (hpu__hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
 			   L.micro, NULL, err, errlen) < 0)
 		goto out;
+	L.eval_step = done; /* the calibration's and the test's ctx->step */
 	hpu__prof_in_eval = 1; /* calibration: forward passes too */
 	if (L.quant.mode == HPU_FP8_MEASURE && hpu__loop_calibrate(&L) < 0)
 		goto out;
 	int evaluates = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST];
 	if (evaluates)
 		hpu__loop_report(&L, steps, total, L.epoch, loss, sps, -1, HPU_PHASE_EVAL, 1);
-	L.eval_step = done;
 	if (evaluates && hpu__loop_evaluate(&L, &ev) < 0)
 		goto out;
 	hpu__prof_in_eval = 0;
