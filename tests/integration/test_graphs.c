@@ -402,6 +402,25 @@ static void test_step_values_refused(void **state)
 	assert_true(same_file("fixed-eager", "fixed-graphs"));
 	free(oa);
 	free(ob);
+
+	/* a value from the batch's sample indices, in the one evaluation of
+	 * --eval-only: the recording is checked against the next batch of
+	 * its size in the same evaluation (it was replayed unchecked there:
+	 * another test loss) */
+	oa = train("samples-eager", 1, "cpu", 0, m, "--from-samples", "--eval-only",
+		   "--batch-size", "16", NULL);
+	ob = train("samples-graphs", 1, "cpu", 1, m, "--from-samples", "--eval-only",
+		   "--batch-size", "16", NULL);
+	assert_non_null(strstr(ob, "graphs: evaluation: the batch of 16 samples is not recorded: "
+				   "layer temp's forward gave the kernel heads (call 3) other values "
+				   "than in the recording before"));
+	const char *ta = strstr(oa, "test loss "), *tb = strstr(ob, "test loss ");
+	assert_non_null(ta);
+	assert_non_null(tb);
+	assert_int_equal(strcspn(ta, "\n"), strcspn(tb, "\n"));
+	assert_memory_equal(ta, tb, strcspn(ta, "\n"));
+	free(oa);
+	free(ob);
 }
 
 /* The offloaded optimizer's update runs on the host: its step is not

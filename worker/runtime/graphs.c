@@ -41,7 +41,12 @@ typedef struct entry {
 	 * code computes each step would be replayed as recorded. */
 	int confirmed;          /* 1: recorded twice, the same: replayed */
 	hpu__dev_calls *check;  /* while recorded again: the first's calls */
-	long rec_step;          /* the step of the first recording */
+	long rec_step;          /* the step of the (last) recording */
+	/* an evaluation batch's: recorded twice, the same, within the
+	 * evaluation after step ok_step (within; replayed in it), before
+	 * recordings after two steps agree (confirmed) */
+	int within;
+	long ok_step;
 } entry;
 
 struct hpu__graphs {
@@ -427,8 +432,8 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 			return -1;
 		if (g->verbose && g->rank == 0 && !e->confirmed)
 			printf("graphs: step %ld: recorded the step of %s: %zu device calls%s, replayed "
-			       "from now on once step %ld's recording makes the same calls\n",
-			       step + 1, sh, e->nodes, host_calls(gr, hc, sizeof hc), step + 2);
+			       "from now on once the next step's recording makes the same calls\n",
+			       step + 1, sh, e->nodes, host_calls(gr, hc, sizeof hc));
 		else if (g->verbose && g->rank == 0)
 			printf("graphs: step %ld: recorded the step of %s again: the same kernel calls "
 			       "with the same values as step %ld's\n",
@@ -528,9 +533,12 @@ hpu__graph_mode hpu__graphs_eval_mode(hpu__graphs *g, int n, long step)
 	if (g->off)
 		goto eager;
 	entry *e = find(g, 1, &n);
-	/* made again at the next evaluation, after another step: within one
-	 * the step is the same */
-	if (e && e->graph && !e->confirmed && step != e->rec_step)
+	/* made again at the next batch of its size, until two recordings
+	 * agree: within this evaluation (the rows' sample indices, and what
+	 * host code draws from them, change from batch to batch), then after
+	 * another step (ctx->step, the same within one evaluation): replayed
+	 * within this evaluation after the first, anywhere after the second */
+	if (e && e->graph && !e->confirmed && !(e->within && e->ok_step == step))
 		return again(g, e);
 	if (e && e->graph) {
 		g->cur = e;
@@ -578,18 +586,30 @@ int hpu__graphs_eval_end(hpu__graphs *g, hpu_strat *s, char *err, size_t errlen)
 	if (rc == 0 && differs(e, gr, why, sizeof why))
 		rc = 1;
 	if (rc == 0) {
+		long prev = e->rec_step;
+		e->rec_step = g->ev_step;
 		if (keep(e, gr, s, err, errlen) < 0)
 			return -1;
-		if (g->verbose && g->rank == 0 && !e->confirmed)
+		if (e->confirmed && prev == g->ev_step) { /* the same step: within only */
+			e->confirmed = 0;
+			e->within = 1;
+			e->ok_step = g->ev_step;
+		}
+		if (g->verbose && g->rank == 0 && !e->confirmed && e->within)
+			printf("graphs: evaluation: recorded the batch of %d sample%s again: the same "
+			       "kernel calls with the same values as the batch before; replayed in "
+			       "this evaluation, and from now on once a recording after another "
+			       "step makes the same calls\n",
+			       e->n[0], e->n[0] == 1 ? "" : "s");
+		else if (g->verbose && g->rank == 0 && !e->confirmed)
 			printf("graphs: evaluation: recorded the batch of %d sample%s: %zu device calls, "
-			       "replayed from now on until the next evaluation's recording, which "
-			       "must make the same calls\n",
+			       "replayed from now on once the next such batch's recording makes the "
+			       "same calls\n",
 			       e->n[0], e->n[0] == 1 ? "" : "s", e->nodes);
 		else if (g->verbose && g->rank == 0)
 			printf("graphs: evaluation: recorded the batch of %d sample%s again after "
-			       "step %ld: the same kernel calls with the same values as after step "
-			       "%ld\n",
-			       e->n[0], e->n[0] == 1 ? "" : "s", g->ev_step, e->rec_step);
+			       "step %ld: the same kernel calls with the same values as before\n",
+			       e->n[0], e->n[0] == 1 ? "" : "s", g->ev_step);
 		g->ev_replayed++; /* launched now */
 		return 1;
 	}
