@@ -30,7 +30,7 @@ typedef struct agent_slot {
 	int hello, done;
 	hpu_codec_peer peer;
 	ev_tstamp last_seen;
-	char refused[64]; /* why an agent saying it is this node was refused */
+	char refused[200]; /* why an agent saying it is this node was refused */
 } agent_slot;
 
 struct hpu_coord {
@@ -248,13 +248,21 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		return;
 	}
 	const char *why = NULL;
+	char differ[200];
 	if (!ours)
 		why = "bad job id or token";
 	else if (h->node_rank == 0 || h->node_rank >= (uint32_t)c->cfg.nodes)
 		why = "node rank out of range";
 	else if ((int)h->nodes != c->cfg.nodes || (int)h->devices != node_devices(c, (int)h->node_rank) ||
-		 (h->world_size && (int)h->world_size != c->world))
-		why = "its --nodes/--devices differ from node 0's";
+		 (h->world_size && (int)h->world_size != c->world)) {
+		snprintf(differ, sizeof differ,
+			 "its --nodes/--devices differ from node 0's: node %u runs --nodes %u "
+			 "--devices %u, node 0 --nodes %d with %d device%s on node %u",
+			 h->node_rank, h->nodes, h->devices, c->cfg.nodes,
+			 node_devices(c, (int)h->node_rank),
+			 node_devices(c, (int)h->node_rank) == 1 ? "" : "s", h->node_rank);
+		why = differ;
+	}
 	else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
 	if (why) {

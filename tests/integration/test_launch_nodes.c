@@ -246,8 +246,10 @@ static void test_two_nodes_devices_differ(void **state)
 	h_two_nodes(&n0, a0, env, 60000, &n1, a1, env, 60000);
 	assert_int_equal(h_code(&n0), 1);
 	assert_int_equal(h_code(&n1), 1);
-	assert_non_null(strstr(n0.out, "refused agent of node 1: its --nodes/--devices differ from node 0's"));
-	assert_non_null(strstr(n1.out, "its --nodes/--devices differ from node 0's"));
+	assert_non_null(strstr(n0.out, "refused agent of node 1: its --nodes/--devices differ from node 0's: "
+				       "node 1 runs --nodes 2 --devices 2, node 0 --nodes 2 with 1 device on node 1"));
+	assert_non_null(strstr(n1.out, "its --nodes/--devices differ from node 0's: node 1 runs --nodes 2 "
+				       "--devices 2, node 0 --nodes 2 with 1 device on node 1"));
 	h_free(&n0);
 	h_free(&n1);
 }
