@@ -248,7 +248,8 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		return;
 	}
 	const char *why = NULL;
-	char differ[200];
+	char differ[200], reason[300];
+	int fatal = 0; /* a node of this job set up otherwise: it never joins */
 	if (!ours)
 		why = "bad job id or token";
 	else if (h->node_rank == 0 || h->node_rank >= (uint32_t)c->cfg.nodes)
@@ -262,6 +263,7 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 			 node_devices(c, (int)h->node_rank),
 			 node_devices(c, (int)h->node_rank) == 1 ? "" : "s", h->node_rank);
 		why = differ;
+		fatal = !c->agents[h->node_rank].hello; /* never a joined node's job */
 	}
 	else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
@@ -273,6 +275,11 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 			snprintf(c->agents[h->node_rank].refused,
 				 sizeof c->agents[h->node_rank].refused, "%s", why);
 		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, why);
+		if (fatal) { /* not after --join-timeout: the node will not come otherwise */
+			snprintf(reason, sizeof reason, "node %u's hpulaunch connected and was refused: %s",
+				 h->node_rank, why);
+			hpu__coord_abort(c, reason);
+		}
 		return;
 	}
 	agent_slot *a = &c->agents[h->node_rank];

@@ -230,8 +230,9 @@ static void test_two_nodes_remote_failure(void **state)
 }
 
 /* torchrun style, every node runs the same --devices: node 1's hpulaunch
- * with another count is refused by node 0's coordinator, which names why,
- * and both fail. */
+ * with another count is refused by node 0's coordinator, which names why
+ * and the values, and both fail, node 0 at once (it waited out
+ * --join-timeout for a node that would not come). */
 static void test_two_nodes_devices_differ(void **state)
 {
 	(void)state;
@@ -250,6 +251,9 @@ static void test_two_nodes_devices_differ(void **state)
 				       "node 1 runs --nodes 2 --devices 2, node 0 --nodes 2 with 1 device on node 1"));
 	assert_non_null(strstr(n1.out, "its --nodes/--devices differ from node 0's: node 1 runs --nodes 2 "
 				       "--devices 2, node 0 --nodes 2 with 1 device on node 1"));
+	assert_non_null(strstr(n0.out, "node 1's hpulaunch connected and was refused: its --nodes/--devices "
+				       "differ from node 0's"));
+	assert_null(strstr(n0.out, "did not join within"));
 	h_free(&n0);
 	h_free(&n1);
 }
