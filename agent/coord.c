@@ -43,6 +43,7 @@ struct hpu_coord {
 	rank_slot *ranks;
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;
+	int set_up_apart; /* aborted: a node's hpulaunch set up otherwise */
 	char abort_reason[512];
 	char join_token[129]; /* this attempt's (restart.h) */
 	char session[33];     /* JoinReply.session: random hex */
@@ -265,7 +266,14 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		why = differ;
 		fatal = !c->agents[h->node_rank].hello; /* never a joined node's job */
 	}
-	else if (c->agents[h->node_rank].hello)
+	else if (h->max_restarts_1 && (int)h->max_restarts_1 - 1 != c->cfg.max_restarts) {
+		snprintf(differ, sizeof differ,
+			 "its --max-restarts %u differs from node 0's %d (every node restarts the job "
+			 "together: give each the same)",
+			 h->max_restarts_1 - 1, c->cfg.max_restarts);
+		why = differ;
+		fatal = !c->agents[h->node_rank].hello;
+	} else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
 	if (why) {
 		hpu__log(HPU_LOG_WARNING, "coordinator: refused agent of node %u: %s",
@@ -278,6 +286,7 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		if (fatal) { /* not after --join-timeout: the node will not come otherwise */
 			snprintf(reason, sizeof reason, "node %u's hpulaunch connected and was refused: %s",
 				 h->node_rank, why);
+			c->set_up_apart = !c->aborted;
 			hpu__coord_abort(c, reason);
 		}
 		return;
@@ -517,6 +526,11 @@ hpu_coord *hpu__coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 fail:
 	hpu__coord_destroy(&c);
 	return NULL;
+}
+
+int hpu__coord_set_up_apart(const hpu_coord *c)
+{
+	return c->set_up_apart;
 }
 
 int hpu__coord_port(const hpu_coord *c)

@@ -25,6 +25,8 @@ typedef struct hpu_coord_cfg {
 	 * hpu__attempt_token(token, restart_count), agents the token and this
 	 * restart_count; those of other attempts are refused or ignored. */
 	int restart_count;
+	/* hpulaunch --max-restarts: an agent saying another is refused */
+	int max_restarts;
 	int nodes, devices;
 	/* The workers of every node (nodes entries), when they differ; NULL:
 	 * `devices` on each. An agent must run its node's number. */
@@ -48,6 +50,11 @@ hpu_coord *hpu__coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 
 /* The port it is bound to. */
 int hpu__coord_port(const hpu_coord *c);
+
+/* 1 when it aborted the job because a node's hpulaunch was set up
+ * otherwise than node 0's (--nodes, --devices, --max-restarts): a restart
+ * would meet the same refusal. */
+int hpu__coord_set_up_apart(const hpu_coord *c);
 
 /* Aborts the job for `reason`: tells every agent and waiting worker, then
  * calls on_abort. Only the first abort counts. */

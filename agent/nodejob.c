@@ -264,6 +264,7 @@ static void send_hello(hpu_nodejob *j)
 	h.devices = (uint32_t)j->cfg.devices;
 	h.restart_count = (uint32_t)j->cfg.restart_count;
 	h.world_size = (uint32_t)j->world;
+	h.max_restarts_1 = (uint32_t)j->cfg.max_restarts + 1;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_AGENT_HELLO;
 	env.agent_hello = &h;
@@ -388,6 +389,7 @@ static int start_coord(hpu_nodejob *j, char *err, size_t errlen)
 		.job_id = j->cfg.job_id,
 		.token = j->cfg.token,
 		.restart_count = j->cfg.restart_count,
+		.max_restarts = j->cfg.max_restarts,
 		.nodes = j->cfg.nodes,
 		.devices = j->cfg.devices,
 		.node_devices = j->cfg.node_devices,
@@ -515,6 +517,11 @@ int hpu__nodejob_rank(const hpu_nodejob *j, int local)
 int hpu__nodejob_world(const hpu_nodejob *j)
 {
 	return j->world;
+}
+
+int hpu__nodejob_set_up_apart(const hpu_nodejob *j)
+{
+	return j->coord && hpu__coord_set_up_apart(j->coord);
 }
 
 void hpu__nodejob_destroy(hpu_nodejob **pj)

@@ -84,6 +84,11 @@ int hpu__nodejob_rank(const hpu_nodejob *j, int local);
 /* The ranks in the job, all nodes together. */
 int hpu__nodejob_world(const hpu_nodejob *j);
 
+/* Node 0: 1 when its coordinator ended the job because another node's
+ * hpulaunch was set up otherwise (hpu__coord_set_up_apart): not to be
+ * restarted. */
+int hpu__nodejob_set_up_apart(const hpu_nodejob *j);
+
 /* The latest status record of global rank `rank` and its age
  * (hpu__agent_status); -1 when the rank is not on this node, has sent none
  * or its workers have not started. */

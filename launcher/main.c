@@ -26,6 +26,7 @@ typedef struct launch {
 	hpu_nodejob *job;
 	ev_signal sigint, sigterm, sighup;
 	int ended, failed;
+	int apart;      /* the nodes are set up otherwise: no restart */
 	int signo;      /* interrupted by this signal */
 	char cause[700]; /* why the attempt failed */
 	hpu_restarts restarts;
@@ -143,7 +144,7 @@ static int run_attempt(char *err, size_t errlen)
 		jc.on_status = on_status;
 		jc.on_exit = on_exit_worker;
 	}
-	L.ended = L.failed = 0;
+	L.ended = L.failed = L.apart = 0;
 	L.cause[0] = 0;
 	if (!(L.job = hpu__nodejob_start(L.loop, &jc, err, errlen)))
 		return -1;
@@ -159,6 +160,7 @@ static int run_attempt(char *err, size_t errlen)
 	if (bad)
 		hpu__log(HPU_LOG_WARNING, "warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)",
 			 bad);
+	L.apart = hpu__nodejob_set_up_apart(L.job);
 	hpu__nodejob_destroy(&L.job); /* every worker is reaped by now */
 	return 0;
 }
@@ -198,6 +200,13 @@ static int run_local(char *err, size_t errlen)
 			L.failed = 1;
 		}
 		if (!L.failed || L.signo) {
+			rc = exit_status();
+			break;
+		}
+		if (L.apart && L.args.max_restarts > L.restarts.attempt) {
+			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): a node's hpulaunch "
+						 "is set up otherwise than this one, which a restart does "
+						 "not change");
 			rc = exit_status();
 			break;
 		}

@@ -258,6 +258,34 @@ static void test_two_nodes_devices_differ(void **state)
 	h_free(&n1);
 }
 
+/* --max-restarts differs between the nodes: node 1's hpulaunch is refused
+ * at once, naming both values (node 0 used to take it, then wait out
+ * --join-timeout at its first restart for a node that had given up). */
+static void test_two_nodes_restarts_differ(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "30", "--max-restarts", "1",
+		      "--exec", "sleep", "60", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "30", "--exec", "sleep", "60", NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, env, 60000, &n1, a1, env, 60000);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, "node 1's hpulaunch connected and was refused: its "
+				       "--max-restarts 0 differs from node 0's 1"));
+	assert_non_null(strstr(n1.out, "its --max-restarts 0 differs from node 0's 1"));
+	assert_non_null(strstr(n0.out, "not restarted (--max-restarts): a node's hpulaunch is set "
+				       "up otherwise than this one"));
+	assert_null(strstr(n0.out, "did not join within"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* Node 1's hpulaunch with another HPU_JOB_TOKEN: node 0's error says it
  * connected and was refused, and why (it said "no hpulaunch connected for
  * node 1", sending the user to look for a node that was there). */
@@ -486,6 +514,7 @@ int main(void)
 		cmocka_unit_test(test_two_nodes_remote_failure),
 		cmocka_unit_test(test_two_nodes_tokens_differ),
 		cmocka_unit_test(test_two_nodes_devices_differ),
+		cmocka_unit_test(test_two_nodes_restarts_differ),
 		cmocka_unit_test(test_two_nodes_options_differ),
 		cmocka_unit_test(test_torchrun_env_two_nodes),
 		cmocka_unit_test(test_torchrun_standalone_trains),
