@@ -57,12 +57,14 @@ static void finish_if_ready(hpu_nodejob *j)
 }
 
 /* Stops the local workers; the first cause is the one reported (and
- * printed, when `print`). */
+ * printed, when `print` and no restart remains: where one does, the
+ * caller's "attempt A of N failed: CAUSE; restarting" says it, and a job
+ * that then succeeds shows no error line). */
 static void fail_as(hpu_nodejob *j, const char *cause, double grace_s, int print)
 {
 	if (!j->failed) {
 		snprintf(j->root_cause, sizeof j->root_cause, "%s", cause);
-		if (print && !j->cfg.quiet)
+		if (print && !j->cfg.quiet && j->cfg.restart_count >= j->cfg.max_restarts)
 			hpu__log(HPU_LOG_ERROR, "error: %s", cause);
 	}
 	j->failed = 1;

@@ -204,6 +204,8 @@ static int run_local(char *err, size_t errlen)
 			break;
 		}
 		if (L.apart && L.args.max_restarts > L.restarts.attempt) {
+			/* the node job left the cause unsaid: a restart remained */
+			hpu__log(HPU_LOG_ERROR, "error: %s", L.cause);
 			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): a node's hpulaunch "
 						 "is set up otherwise than this one, which a restart does "
 						 "not change");

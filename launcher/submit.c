@@ -701,7 +701,7 @@ static int all_ended(void)
  * is preferred over one we cancelled (its reason is our cancel), one gone
  * silent or one that never ended; among reporters node 0's reason is the
  * coordinator's, so it is preferred. */
-static int outcome(char *cause, size_t len)
+static int outcome(char *cause, size_t len, int say)
 {
 	if (S.lost) {
 		snprintf(cause, len, "%s", S.lost_cause);
@@ -723,7 +723,8 @@ static int outcome(char *cause, size_t len)
 		return 0;
 	node *nd = &S.n[bad];
 	snprintf(cause, len, "%s", nd->reason[0] ? nd->reason : "a node's part did not end");
-	hpu__log(HPU_LOG_ERROR, "error: %s", cause);
+	if (say)
+		hpu__log(HPU_LOG_ERROR, "error: %s", cause);
 	return 1;
 }
 
@@ -737,8 +738,9 @@ static int failure_reported(void)
 }
 
 /* Follows the job until every node's part has ended; returns its exit
- * status, with the root cause in cause when it is 1. */
-static int follow(char *cause, size_t len)
+ * status, with the root cause in cause when it is 1 (printed as an error
+ * when `say`: where a restart follows, its line says the cause). */
+static int follow(char *cause, size_t len, int say)
 {
 	const double silent_limit = S.a->agent_timeout_s;
 	double last_ping = 0, cancel_at = 0;
@@ -801,7 +803,7 @@ static int follow(char *cause, size_t len)
 	hpu__progress_reset(&S.bar);
 	if (S.signo)
 		return 128 + S.signo;
-	return outcome(cause, len);
+	return outcome(cause, len, say);
 }
 
 /* Cancels the nodes' parts that run (or may: their requests unanswered)
@@ -909,7 +911,7 @@ static int run_attempts(void)
 			snprintf(cause, sizeof cause, "%s", S.err);
 			S.err[0] = 0;
 		} else {
-			rc = follow(cause, sizeof cause);
+			rc = follow(cause, sizeof cause, r.attempt >= r.max);
 			S.err[0] = 0;
 			if (rc != 1)
 				break;

@@ -516,6 +516,8 @@ static void test_restart_through_hostfile(void **state)
 	assert_non_null(strstr(p.out, "[rank 1] restart count 1 of 1"));
 	assert_non_null(strstr(p.out, "[rank 0] trained 3 steps on 2 workers"));
 	assert_null(strstr(p.out, "job failed after"));
+	/* the restart line says the cause; the job then succeeds: no error */
+	assert_null(strstr(p.out, "hpulaunch: error:"));
 	h_free(&p);
 	h_wait(&daemon_proc, 500);
 	assert_non_null(strstr(daemon_proc.out, "(restart 1 of 1)"));

@@ -77,6 +77,8 @@ static void test_restart_after_failure(void **state)
 	assert_non_null(strstr(p.out, "[rank 0] resumed at restart 1"));
 	assert_non_null(strstr(p.out, "[rank 1] resumed at restart 1"));
 	assert_null(strstr(p.out, "job failed after"));
+	/* the restart says the cause; a job that then succeeds shows no error */
+	assert_null(strstr(p.out, "hpulaunch: error:"));
 	assert_true(h_file_has(dir, "r0.0", "count=0 max=1"));
 	assert_true(h_file_has(dir, "r1.0", "count=0 max=1"));
 	assert_true(h_file_has(dir, "r0.1", "count=1 max=1"));
