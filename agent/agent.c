@@ -72,10 +72,12 @@ void hpu__describe_status(int status, char *out, size_t outlen)
 }
 
 void hpu__describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
-			 int reporter, char *out, size_t outlen)
+			 int reporter, int apart, char *out, size_t outlen)
 {
+	/* across nodes a lost connection is also what a partition looks like */
 	if (how == HPU_BLAME_DIED)
-		snprintf(out, outlen, "rank %d%s died%s%s; rank %d found it gone", culprit, who,
+		snprintf(out, outlen, "rank %d%s %s%s%s; rank %d found it gone", culprit, who,
+			 apart ? "died or its node became unreachable" : "died",
 			 *where ? " " : "", where, reporter);
 	else if (how == HPU_BLAME_FAILED)
 		snprintf(out, outlen, "rank %d%s failed first%s%s (its own error says why); rank %d "

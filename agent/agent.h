@@ -181,11 +181,12 @@ void hpu__describe_position(long step, long total, int phase, char *out, size_t 
 
 /* The failure of rank `reporter` because of rank `culprit`, as
  * hpu__status_blame said: "rank 3 (node 1, pid 7) died; rank 0 found it
- * gone", "rank 1 (node 0, pid 7) stopped answering during setup, before
+ * gone" ("died or its node became unreachable" when `apart`: the two
+ * ranks run on different nodes, where a network partition reads the same), "rank 1 (node 0, pid 7) stopped answering during setup, before
  * step 1 of 20; rank 0 gave up waiting for it", "rank 2 (...) failed first
  * (its own error says why); rank 0 stopped because of it". who: " (node 1, pid 7)"
  * or ""; where: a position (hpu__describe_position) or "". */
 void hpu__describe_blame(int culprit, hpu_blame how, const char *who, const char *where,
-			 int reporter, char *out, size_t outlen);
+			 int reporter, int apart, char *out, size_t outlen);
 
 #endif

@@ -333,7 +333,10 @@ void hpu__coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int report
 	}
 	if (how == HPU_BLAME_SILENT && c->cfg.where)
 		c->cfg.where(culprit, where, sizeof where, c->cfg.arg);
-	hpu__describe_blame(culprit, how, who, where, reporter, out, outlen);
+	int apart = culprit >= 0 && culprit < c->world && reporter >= 0 && reporter < c->world &&
+		    c->ranks[culprit].joined && c->ranks[reporter].joined &&
+		    c->ranks[culprit].node != c->ranks[reporter].node;
+	hpu__describe_blame(culprit, how, who, where, reporter, apart, out, outlen);
 }
 
 static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)

@@ -154,7 +154,9 @@ static void blame(hpu_nodejob *j, int culprit, hpu_blame how, int reporter, char
 	int node = rank_node(j, culprit);
 	if (node >= 0)
 		snprintf(who, sizeof who, " (node %d)", node);
-	hpu__describe_blame(culprit, how, who, where, reporter, out, outlen);
+	/* the reporter is one of this node's ranks */
+	hpu__describe_blame(culprit, how, who, where, reporter,
+			    node >= 0 && node != j->cfg.node_rank, out, outlen);
 }
 
 static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)

@@ -293,8 +293,9 @@ static long soonest(long a, long b)
 
 static int lost_peer(hpucoll_comm *c, int src)
 {
-	hpucoll__set_error(c, "%s: rank %d died (its connection closed and "
-			      "did not come back).",
+	/* a partition between nodes reads the same as a death */
+	hpucoll__set_error(c, "%s: rank %d died or cannot be reached (its "
+			      "connection closed and did not come back).",
 			   c->what, src);
 	hpucoll__blame(c, src, HPUCOLL_EPEER);
 	return HPUCOLL_EPEER;

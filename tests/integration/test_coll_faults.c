@@ -212,7 +212,7 @@ static void launch_and_kill(const char *transport, int victim)
 	 * the dead pid of a rank sharing the node's memory */
 	char died[128];
 	if (transport)
-		snprintf(died, sizeof died, "rank %d died (its connection closed and did not come back)",
+		snprintf(died, sizeof died, "rank %d died or cannot be reached (its connection closed and did not come back)",
 		         victim);
 	else
 		snprintf(died, sizeof died, "rank %d died (local rank %d (pid %d) died)", victim, victim,

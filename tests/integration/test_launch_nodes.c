@@ -133,7 +133,7 @@ static void test_node_killed_blamed(void **state)
 	assert_int_equal(h_code(&n0), 1);
 	assert_non_null(err);
 	if (strncmp(err, "hpulaunch: error: rank 1 (node 1, pid ", 38) ||
-	    !strstr(err, ") died; rank 0 found it gone"))
+	    !strstr(err, ") died or its node became unreachable; rank 0 found it gone"))
 		fail_msg("node 0's error does not blame rank 1 on node 1:\n%s", n0.out);
 	h_free(&n0);
 	h_free(&n1);
@@ -159,7 +159,8 @@ static void test_node0_killed_blamed(void **state)
 	assert_int_equal(e1, 0);
 	assert_int_equal(h_code(&n1), 1);
 	assert_non_null(err);
-	const char *want = "hpulaunch: error: rank 0 (node 0) died; rank 1 found it gone";
+	const char *want = "hpulaunch: error: rank 0 (node 0) died or its node became "
+			   "unreachable; rank 1 found it gone";
 	if (strncmp(err, want, strlen(want)))
 		fail_msg("node 1's error does not blame rank 0 on node 0:\n%s", n1.out);
 	h_free(&n0);
