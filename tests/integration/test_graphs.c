@@ -331,15 +331,21 @@ static void test_refusals(void **state)
 {
 	(void)state;
 	const char *m = h_build("lib/host_layer_model.so");
-	char *oa = train("host-step-eager", 1, "cpu-strict", 0, m, "", "--max-steps", "4", NULL);
-	char *ob = train("host-step-graphs", 1, "cpu-strict", 1, m, "", "--max-steps", "4", NULL);
+	char *oa = train("host-step-eager", 1, "cpu-strict", 0, m, "--count", "--max-steps", "4",
+			 NULL);
+	char *ob = train("host-step-graphs", 1, "cpu-strict", 1, m, "--count", "--max-steps", "4",
+			 NULL);
+	/* refused before the step began: the layer's host code never ran on
+	 * a recording (on the staging buffers' old contents), once a step */
+	assert_non_null(strstr(oa, "hscale: 4 training forwards\n"));
+	assert_non_null(strstr(ob, "hscale: 4 training forwards\n"));
 	const char *why = strstr(ob, "is not recorded: ");
 	printf("  host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
 	assert_non_null(strstr(ob, "graphs: step 3: the step of 32 samples is not recorded: "
-				   "layer hscale's forward: host code opened device memory while a step "
-				   "was recorded (a host-only layer, HPU_LAYER_HOST_ONLY, whose "
-				   "tensors are staged through host memory, or host code of the "
-				   "layer; its work runs now, not at each launch); it runs eagerly\n"));
+				   "layer hscale is host-only (HPU_LAYER_HOST_ONLY): its tensors are "
+				   "staged through host memory by host code, which would run now, on "
+				   "the staging buffers' old contents, and not at each launch; it runs "
+				   "eagerly\n"));
 	assert_true(same_file("host-step-eager", "host-step-graphs"));
 	free(oa);
 	free(ob);
@@ -703,10 +709,10 @@ static void test_evaluation_refused(void **state)
 	printf("  host-only layer: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
 	assert_non_null(why);
 	assert_non_null(strstr(why, "graphs: evaluation: the batch of 5 samples is not recorded: "
-				    "layer hscale's forward: host code opened device memory while a step "
-				    "was recorded (a host-only layer, HPU_LAYER_HOST_ONLY, whose "
-				    "tensors are staged through host memory, or host code of the "
-				    "layer; its work runs now, not at each launch); it runs eagerly\n"));
+				    "layer hscale is host-only (HPU_LAYER_HOST_ONLY): its tensors are "
+				    "staged through host memory by host code, which would run now, on "
+				    "the staging buffers' old contents, and not at each launch; it runs "
+				    "eagerly\n"));
 	assert_non_null(strstr(ob, "evaluation: 0 batches replayed from 0 recordings, 2 run eagerly; "
 				   "0 recordings kept\n"));
 	same_validation("host-eager", "host-graphs", 0);
@@ -731,10 +737,10 @@ static void test_two_workers_refused(void **state)
 	       why ? why : "none");
 	assert_non_null(why);
 	assert_non_null(strstr(why, "graphs: step 3: the step of 16 samples is not recorded: "
-				    "layer hscale's forward: host code opened device memory while a step "
-				    "was recorded (a host-only layer, HPU_LAYER_HOST_ONLY, whose "
-				    "tensors are staged through host memory, or host code of the "
-				    "layer; its work runs now, not at each launch); it runs eagerly\n"));
+				    "layer hscale is host-only (HPU_LAYER_HOST_ONLY): its tensors are "
+				    "staged through host memory by host code, which would run now, on "
+				    "the staging buffers' old contents, and not at each launch; it runs "
+				    "eagerly\n"));
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
 	assert_int_equal(recorded, 0);

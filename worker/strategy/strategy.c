@@ -490,6 +490,9 @@ int hpu__strat_forward_meets(const hpu_strat *s)
 
 const char *hpu__strat_forward_host_part(const hpu_strat *s)
 {
+	const char *staged = hpu__host_stage_unrecordable(s, 1);
+	if (staged)
+		return staged;
 	if (s->nvp)
 		return "the NVMe tier reads the parameters' pieces from their files for the "
 		       "forward's gathers (--offload-param nvme)";
@@ -498,6 +501,9 @@ const char *hpu__strat_forward_host_part(const hpu_strat *s)
 
 const char *hpu__strat_host_part(const hpu_strat *s)
 {
+	const char *staged = hpu__host_stage_unrecordable(s, 0);
+	if (staged)
+		return staged;
 	if (s->nv || s->nvp)
 		return "the NVMe tier (--offload-optimizer nvme or --offload-param nvme) reads and "
 		       "writes its files in the step";

@@ -100,14 +100,16 @@ int hpu__strat_recordable(const hpu_strat *s);
 
 /* Why a training step cannot be recorded before any of it runs: the
  * host takes part in it (the offloaded optimizer, gradients or
- * parameters in host memory, the NVMe tier), one sentence; NULL where
+ * parameters in host memory, the NVMe tier, a host-only layer staged
+ * through host memory), one sentence; NULL where
  * it does not. A recording runs such host work at once on values the
  * device never computed (the optimizer's state stepped, the files
  * written): the runtime refuses the recording instead of beginning the
  * step in it. */
 const char *hpu__strat_host_part(const hpu_strat *s);
-/* The same of an evaluation's forward (the NVMe tier reading the
- * parameters' pieces for zero3's gathers), or NULL. */
+/* The same of an evaluation's forward (a staged host-only layer, the
+ * NVMe tier reading the parameters' pieces for zero3's gathers), or
+ * NULL. */
 const char *hpu__strat_forward_host_part(const hpu_strat *s);
 
 /* An evaluation's loss and metrics summed on the device, read back once

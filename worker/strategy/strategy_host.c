@@ -251,6 +251,23 @@ static void layer_plan(const hpu_strat *s, int i, int micro, uint64_t *h2d, uint
 	*h2d += dins + params + state;
 }
 
+const char *hpu__host_stage_unrecordable(const hpu_strat *s, int eval)
+{
+	static char why[HPU_NAME_MAX + 256];
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = s->b->layers[i];
+		if (!hpu__host_staged(s, i) || !(eval ? l->for_eval : l->for_loss))
+			continue;
+		snprintf(why, sizeof why,
+			 "layer %s is host-only (HPU_LAYER_HOST_ONLY): its tensors are staged "
+			 "through host memory by host code, which would run now, on the staging "
+			 "buffers' old contents, and not at each launch",
+			 l->name);
+		return why;
+	}
+	return NULL;
+}
+
 int hpu__host_stage_plan(const hpu_strat *s, int micro, uint64_t *h2d, uint64_t *d2h)
 {
 	int floor = 0;

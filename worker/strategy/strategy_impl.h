@@ -273,6 +273,12 @@ int hpu__host_stage_in(hpu_strat *s, int i, int backward, hpu_tensor *in, hpu_te
 		       hpu_tensor *dout, hpu_tensor *din);
 void hpu__host_stage_out(hpu_strat *s, int i, int backward, int rc);
 void hpu__host_stage_free(hpu_strat *s);
+/* Why a recording of a training step (eval 0) or an evaluation batch
+ * (eval 1) cannot hold its host-only layers: the first staged layer that
+ * runs there, named (a sentence in a static buffer), or NULL. Its host
+ * code would run while recording, on whatever the staging buffers last
+ * held, and not at the replays. */
+const char *hpu__host_stage_unrecordable(const hpu_strat *s, int eval);
 /* The bytes one training micro-step of `micro` samples stages (0 where
  * nothing is staged); 1 where they are a floor (a staged layer under
  * activation checkpointing runs its forward again), else 0. */
