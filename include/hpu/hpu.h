@@ -416,7 +416,9 @@ HPU_API int hpu_buffer_add(hpu_layer *layer, const char *name, int ndim,
  * (hpu_saved: what backward needs besides the inputs and outputs, e.g.
  * statistics or a mask; dropped and recomputed with the outputs under
  * activation checkpointing), `scratch` for the duration of one call
- * (hpu_scratch). Counted in device memory. Returns HPU_OK. */
+ * (hpu_scratch). Counted in device memory. Returns HPU_OK; sizes whose
+ * bytes at the largest batch pass what a size_t holds fail the run at
+ * setup, naming the layer. */
 HPU_API int hpu_layer_memory(hpu_layer *layer, size_t saved_per_sample,
 			     size_t saved_fixed, size_t scratch_per_sample,
 			     size_t scratch_fixed);

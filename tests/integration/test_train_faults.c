@@ -248,6 +248,28 @@ static double final_loss(const char *out)
 	return l ? strtod(l + 11, NULL) : NAN;
 }
 
+/* A layer's hpu_layer_memory sizes whose bytes wrap a size_t at the
+ * batch (or that come near it) are refused at setup, naming the layer
+ * and what it asked: they wrapped to a 0-byte block and the job trained,
+ * the layer's saved or scratch memory then nothing it could write. */
+static void test_layer_memory_too_large(void **state)
+{
+	(void)state;
+	char *out = train_bad_loss(1, 1, "2", NULL, "--to 0 --saved-per 0x1000000000000000");
+	assert_non_null(strstr(out, "layer loss: its saved memory (hpu_layer_memory: "
+				    "1152921504606846976 floats a sample at a batch of up to 16, "
+				    "and 0 more) is more than a size can hold"));
+	free(out);
+	out = train_bad_loss(1, 1, "2", NULL, "--to 0 --scratch-fixed 0x4000000000000000");
+	assert_non_null(strstr(out, "layer loss: its scratch memory (hpu_layer_memory: 0 floats "
+				    "a sample at a batch of up to 16, and 4611686018427387904 "
+				    "more) is more than a size can hold"));
+	free(out);
+	out = train_bad_loss(0, 1, "2", NULL, "--to 0 --saved-per 100");
+	assert_non_null(strstr(out, "trained 2 steps"));
+	free(out);
+}
+
 /* A non-finite loss (NaN, +Inf, -Inf) from step 3 on: steps 3 and 4 are
  * skipped, each said, and --max-skipped-steps 2 stops the job there,
  * naming the steps and the option; step 5 never comes. */
@@ -522,6 +544,7 @@ int main(void)
 	    cmocka_unit_test(test_metrics_disk_fills),
 	    cmocka_unit_test(test_metrics_full_disk_checkpoints),
 	    cmocka_unit_test(test_save_params_full_disk),
+	    cmocka_unit_test(test_layer_memory_too_large),
 	    cmocka_unit_test(test_nonfinite_loss_stops),
 	    cmocka_unit_test(test_static_scale_overflows),
 	    cmocka_unit_test(test_nonfinite_loss_one_step),

@@ -600,6 +600,22 @@ static int keep_layer(const hpu_strat *s)
 	return -1;
 }
 
+/* maxbatch * per + fixed floats, where their bytes (and the staging's
+ * rounding up) fit a size; else the layer is refused, naming what
+ * hpu_layer_memory was given (the sums wrapped: a 0-byte block). */
+static int memory_floats(hpu_strat *s, const hpu_layer *l, const char *what, size_t per,
+			 size_t fixed, size_t *out)
+{
+	size_t n;
+	if (__builtin_mul_overflow((size_t)s->maxbatch, per, &n) ||
+	    __builtin_add_overflow(n, fixed, &n) || n > SIZE_MAX / 8)
+		return fail(s, "layer %s: its %s memory (hpu_layer_memory: %zu floats a sample "
+			       "at a batch of up to %d, and %zu more) is more than a size can hold",
+			    l->name, what, per, s->maxbatch, fixed);
+	*out = n;
+	return 0;
+}
+
 /* The layers' shared scratch, and the buffers (initialized, or from the
  * checkpoint being resumed, and in step across ranks from the start). */
 static int alloc_scratch_buffers(hpu_strat *s)
@@ -608,7 +624,10 @@ static int alloc_scratch_buffers(hpu_strat *s)
 	size_t scratch = 0;
 	for (int i = 0; i < b->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
-		size_t n = (size_t)s->maxbatch * l->scratch_ps + l->scratch_fixed;
+		size_t n = 0, saved = 0;
+		if (memory_floats(s, l, "saved", l->saved_ps, l->saved_fixed, &saved) < 0 ||
+		    memory_floats(s, l, "scratch", l->scratch_ps, l->scratch_fixed, &n) < 0)
+			return -1;
 		if (n > scratch)
 			scratch = n;
 	}
