@@ -469,7 +469,8 @@ HPU_API int hpu_layer_grads_in_ops(hpu_layer *layer);
 HPU_API int hpu_layer_backward_reads(hpu_layer *layer, unsigned inputs, unsigned outputs);
 
 /* The loss the optimizer minimizes: the mean over samples of the
- * per-sample f32 tensor `tensor` (ndim 0, as loss layers output), times
+ * per-sample f32 tensor `tensor` (one value a sample: ndim 0, as loss
+ * layers output, or a shape of one element), times
  * `weight`. Call it again to add auxiliary losses. Returns HPU_OK or an
  * error code. */
 HPU_API int hpu_loss_add(hpu_builder *b, const char *tensor, float weight);

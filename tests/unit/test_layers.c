@@ -436,7 +436,8 @@ static void test_linear_tied(void **state)
 	assert_non_null(enc);
 	lt_refused(h, hpu_linear_tied(b, "bad", "z", "d", (hpu_linear_tied_opts){.weight = "enc.weight", .bias = true}), "bad", "enc.weight");
 	lt_refused(h, hpu_linear_tied(b, "bad2", "x", "d", (hpu_linear_tied_opts){.weight = "enc.nope", .bias = true}), "bad2", "enc.nope");
-	lt_refused(h, hpu_linear_tied(b, "bad3", "x", "d", (hpu_linear_tied_opts){.weight = NULL, .bias = true}), "bad3", NULL);
+	lt_refused(h, hpu_linear_tied(b, "bad3", "x", "d", (hpu_linear_tied_opts){.weight = NULL, .bias = true}), "bad3",
+		   "needs the tied weight's name (opts.weight");
 	hpu_layer *dec = hpu_linear_tied(b, "dec", "x", "d", (hpu_linear_tied_opts){.weight = "enc.weight", .bias = true});
 	assert_non_null(dec);
 	hpu_tensor d = lh_tensor(h, "d", 0, NULL);

@@ -248,7 +248,8 @@ static int scalar_tensor(hpu_builder *b, const char *tensor, const char *what)
 	const hpu_tinfo *ti = &b->tensors[t];
 	if (ti->dtype != HPU_F32 || ti->sample_numel != 1 || ti->producer < 0)
 		return hpu__model_refuse(b, HPU_EINVAL, "%s: tensor %s must be a layer's f32 output with one "
-					 "value per sample (ndim 0), as loss layers write", what, tensor);
+					 "value per sample (ndim 0, or a shape of one element), as loss "
+					 "layers write", what, tensor);
 	return t;
 }
 

@@ -112,6 +112,12 @@ static hpu_layer *linear_tied_impl(hpu_builder *b, const char *name, const char 
 {
 	int wdim;
 	int64_t wshape[HPU_MAX_DIMS];
+	if (!weight || !*weight) {
+		hpu_error(b, "layer %s: hpu_linear_tied needs the tied weight's name "
+			     "(opts.weight, \"layer.param\" of an earlier layer)",
+			  ld_str(name));
+		return NULL;
+	}
 	if (hpu_param_shape(b, weight, &wdim, wshape) != HPU_OK) {
 		hpu_error(b, "layer %s: tied weight %s is not a parameter of an earlier layer",
 			  ld_str(name), ld_str(weight));
