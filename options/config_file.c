@@ -172,7 +172,7 @@ int hpu__opts_load_file(hpu_train_opts *o, const char *path, char *err,
 		one_line(err);
 		goto out;
 	}
-	if (hpu__cfg_walk_top(c, root) < 0) {
+	if (hpu__cfg_walk_top(c, root) < 0 || hpu__cfg_deepspeed_defaults(c) < 0) {
 		report(c, err, errlen);
 		goto out;
 	}

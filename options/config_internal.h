@@ -118,6 +118,12 @@ struct fctx {
 	hpu_train_opts *o; /* a copy, committed only if the whole file loads */
 	const char *file;
 	int adam_w_mode; /* optimizer.params.adam_w_mode */
+	/* DeepSpeed's defaults for what its sections leave out
+	 * (hpu__cfg_deepspeed_defaults, after the walk): the optimizer's
+	 * type (1 + its index: SGD, AdamW, Adam; 0 none) and its params'
+	 * weight_decay and momentum given; a WarmupLR or WarmupDecayLR
+	 * without warmup_max_lr */
+	int ds_optim, ds_wd_given, ds_momentum_given, ds_no_max_lr;
 	char prec_by[96]; /* the key that asked for a precision ("" none) */
 	int prec;         /* ... and which (hpu_precision) */
 	char offload_by[2][96]; /* the keys that asked where the optimizer's state
@@ -209,6 +215,13 @@ int hpu__cfg_put(struct fctx *c, const char *path, const struct hpu__opt *p,
 /* A key that sets option `name`, checked by the option's kind. */
 int hpu__cfg_file_opt(struct fctx *c, const char *path,
 		      const struct cJSON *it, const char *name);
+
+/* After the whole file is walked: the values DeepSpeed's optimizer and
+ * scheduler constructors take for keys their sections leave out, where
+ * they differ from hputrain's defaults (SGD's momentum 0, Adam's and
+ * AdamW's weight_decay 0, WarmupLR's warmup_max_lr 0.001, which sets the
+ * lr), unless a flag or another key gave the option. */
+int hpu__cfg_deepspeed_defaults(struct fctx *c);
 
 /* An "auto" value: the option(s) in the given slots (slot2 -1: one) keep
  * what flags and defaults give them, named in the one note. */

@@ -17,8 +17,10 @@ static int f_noop(struct fctx *c, const char *path, const cJSON *it)
 	return 0;
 }
 
-/* optimizer: type and params. Keys not given keep hputrain's defaults
- * (e.g. SGD momentum 0.9), as flags not given do. */
+/* optimizer: type and params. Keys not given take the defaults of the
+ * constructor DeepSpeed calls (torch.optim.SGD's momentum 0, FusedAdam's
+ * weight_decay 0: hpu__cfg_deepspeed_defaults), where no flag gives them;
+ * the rest are hputrain's, which are the same. */
 
 enum { O_SGD = 1, O_ADAMW = 2, O_ADAM = 4 };
 
@@ -147,6 +149,9 @@ int hpu__cfg_optimizer(struct fctx *c, const char *path, const cJSON *it)
 	snprintf(p, sizeof p, "%s.params", path);
 	if (params && WALK(c, params, p, optim_param_keys, masks[k], types[k], 0))
 		return -1;
+	c->ds_optim = k + 1;
+	c->ds_wd_given = params && cJSON_GetObjectItemCaseSensitive(params, "weight_decay");
+	c->ds_momentum_given = params && cJSON_GetObjectItemCaseSensitive(params, "momentum");
 	/* DeepSpeed's "Adam" is AdamW unless adam_w_mode is false. */
 	hpu_optim_kind kind = k == 0 ? HPU_OPTIM_SGD
 			      : k == 1 || c->adam_w_mode ? HPU_OPTIM_ADAMW
@@ -197,12 +202,46 @@ int hpu__cfg_scheduler(struct fctx *c, const char *path, const cJSON *it)
 	snprintf(p, sizeof p, "%s.params", path);
 	if (params && WALK(c, params, p, sched_param_keys, 1u << k, types[k], 0))
 		return -1;
+	c->ds_no_max_lr = (k == HPU_SCHED_WARMUP || k == HPU_SCHED_WARMUP_DECAY) &&
+			  !(params && cJSON_GetObjectItemCaseSensitive(params, "warmup_max_lr"));
 	if (k == HPU_SCHED_WARMUP_DECAY &&
 	    !(params && cJSON_GetObjectItemCaseSensitive(params, "total_num_steps")) &&
 	    c->o->from[hpu__opt_slot_named("total-steps")] != HPU_FROM_FLAG) {
 		snprintf(p, sizeof p, "%s.params.total_num_steps", path);
 		return hpu__cfg_ferr(c, p, "missing: WarmupDecayLR needs it");
 	}
+	return 0;
+}
+
+/* Option `name` takes `text` for a key its section left out, where
+ * neither a flag nor a key of the file gave it (a key under the prefix
+ * `over`, where not NULL, is overridden: DeepSpeed's scheduler sets the
+ * lr its optimizer section gave). */
+static int ds_default(struct fctx *c, const char *path, const char *name, const char *text,
+		      const char *over)
+{
+	int s = hpu__opt_slot_named(name);
+	int from = c->o->from[s];
+	if (from == HPU_FROM_FLAG ||
+	    (from == HPU_FROM_FILE && (!over || strncmp(c->o->file_key[s], over, strlen(over)))))
+		return 0;
+	return hpu__cfg_put(c, path, hpu__opt_find(name), text);
+}
+
+int hpu__cfg_deepspeed_defaults(struct fctx *c)
+{
+	/* the optimizer's own keys are walked already: only another section
+	 * (hputrain's) may have given these */
+	if (c->ds_optim == 1 && !c->ds_momentum_given &&
+	    ds_default(c, "optimizer.params.momentum", "momentum", "0", NULL) < 0)
+		return -1;
+	if (c->ds_optim > 1 && !c->ds_wd_given &&
+	    ds_default(c, "optimizer.params.weight_decay", "weight-decay", "0", NULL) < 0)
+		return -1;
+	/* WarmupLR's max_lr replaces the optimizer's lr at every step */
+	if (c->ds_no_max_lr &&
+	    ds_default(c, "scheduler.params.warmup_max_lr", "lr", "0.001", "optimizer.") < 0)
+		return -1;
 	return 0;
 }
 

@@ -133,6 +133,24 @@ static void test_file_optimizer(void **state)
 		&o);
 	assert_int_equal(o.nesterov, 0);
 
+	/* keys left out take DeepSpeed's defaults where hputrain's differ:
+	 * FusedAdam's weight_decay 0 (not AdamW's 0.01), torch.optim.SGD's
+	 * momentum 0 (not 0.9); a flag still wins */
+	load_ok("{'optimizer': {'type': 'AdamW', 'params': {'lr': 0.01}}}", &o);
+	assert_true(hpu__opts_weight_decay(&o) == 0);
+	assert_int_equal(o.from[hpu__opt_slot_named("weight-decay")], HPU_FROM_FILE);
+	load_ok("{'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}}", &o);
+	assert_true(o.momentum == 0);
+	char path[64], err[512] = "";
+	write_temp("{'optimizer': {'type': 'SGD'}}", path);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "momentum", "0.8", err, sizeof err), 0);
+	assert_int_equal(hpu__opts_load_file(&o, path, err, sizeof err), 0);
+	assert_true(o.momentum == 0.8);
+	unlink(path);
+	load_ok("{'optimizer': {'type': 'Adam', 'params': {'adam_w_mode': false}}}", &o);
+	assert_true(hpu__opts_weight_decay(&o) == 0);
+
 	LOAD_ERROR("{'optimizer': {'type': 'Lamb'}}", "optimizer.type", "Lamb");
 	LOAD_ERROR("{'optimizer': {'params': {'lr': 1}}}", "optimizer.type",
 		   "missing");
@@ -193,6 +211,30 @@ static void test_file_scheduler(void **state)
 
 	load_ok("{'scheduler': {'type': 'constant'}}", &o);
 	assert_int_equal(o.sched, HPU_SCHED_CONSTANT);
+
+	/* without warmup_max_lr, DeepSpeed's 0.001: the scheduler sets the lr
+	 * at every step, whatever the optimizer's params gave (a flag wins) */
+	load_ok("{'optimizer': {'type': 'AdamW', 'params': {'lr': 0.01}},"
+		" 'scheduler': {'type': 'WarmupLR', 'params': {"
+		" 'warmup_num_steps': 4}}}",
+		&o);
+	assert_true(o.lr == 0.001);
+	load_ok("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
+		" 'total_num_steps': 40}},"
+		" 'optimizer': {'type': 'SGD', 'params': {'lr': 0.3}}}",
+		&o);
+	assert_true(o.lr == 0.001);
+	load_ok("{'optimizer': {'type': 'SGD', 'params': {'lr': 0.3}},"
+		" 'scheduler': {'type': 'StepLR'}}",
+		&o);
+	assert_true(o.lr == 0.3);
+	char path[64], err[512] = "";
+	write_temp("{'scheduler': {'type': 'WarmupLR'}}", path);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "lr", "0.2", err, sizeof err), 0);
+	assert_int_equal(hpu__opts_load_file(&o, path, err, sizeof err), 0);
+	assert_true(o.lr == 0.2);
+	unlink(path);
 
 	/* warmup_max_lr is the lr, whatever the order of the sections */
 	load_ok("{'scheduler': {'type': 'WarmupLR', 'params': {"
