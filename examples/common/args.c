@@ -37,8 +37,15 @@ int ex_arg_long(hpu_builder *b, const char *name, const char *v, long lo, long h
 int ex_arg_double(hpu_builder *b, const char *name, const char *v, double lo, double hi,
 		  double *out)
 {
-	char *end;
-	double x = strtod(v, &end);
+	/* strtod alone would also take leading spaces, a '+', hex ("0x1p-2"),
+	 * "inf" and "nan": a number is an optional '-', decimal digits with
+	 * an optional '.', and an optional exponent */
+	const char *d = v + (*v == '-');
+	char *end = (char *)v;
+	double x = 0;
+	if (((*d >= '0' && *d <= '9') || (*d == '.' && d[1] >= '0' && d[1] <= '9')) &&
+	    !strpbrk(v, "xXpP"))
+		x = strtod(v, &end);
 	if (end == v || *end || !(x >= lo && x <= hi)) /* NaN is in no range */
 		return hpu_error(b, "%s wants a number in %g..%g, got %s", name, lo, hi, v);
 	*out = x;

@@ -20,7 +20,9 @@ int ex_long_prefix(const char *s, const char **end, long *out);
  * "NAME wants a whole number in LO..HI, got V" recorded. */
 int ex_arg_long(hpu_builder *b, const char *name, const char *v, long lo, long hi, long *out);
 
-/* The same for a real number lo..hi ("%g" bounds in the message). */
+/* The same for a real number lo..hi ("%g" bounds in the message): an
+ * optional '-', decimal digits with an optional '.' and exponent; no
+ * spaces, '+', hex, inf or nan. */
 int ex_arg_double(hpu_builder *b, const char *name, const char *v, double lo, double hi,
 		  double *out);
 

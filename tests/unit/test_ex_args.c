@@ -72,6 +72,19 @@ static void test_table_values(void **state)
 	parse(3, ARGV("--ctx", "99999999999999999999"), "got 99999999999999999999", &a);
 	parse(3, ARGV("--ctx", "4096"), NULL, &a);
 	assert_true(a.ctx == 4096);
+	/* a real number is decimal too: strtod took hex, spaces and '+' */
+	static const char *const badnum[] = {"0x1p-2", " 0.5", "+0.5", "0.5 ", "", "-", ".",
+					     "e1", "inf", "nan", "0.5x"};
+	for (size_t k = 0; k < sizeof badnum / sizeof *badnum; k++) {
+		char want[80];
+		snprintf(want, sizeof want, "--temp wants a number in 0..100, got %s", badnum[k]);
+		parse(3, ARGV("--temp", (char *)badnum[k]), want, &a);
+	}
+	static const char *const goodnum[] = {"0.5", ".5", "5.", "5e-1", "0.05E1", "-0"};
+	for (size_t k = 0; k < sizeof goodnum / sizeof *goodnum; k++) {
+		parse(3, ARGV("--temp", (char *)goodnum[k]), NULL, &a);
+		assert_true(a.temp == 0.5 || (k == 2 && a.temp == 5) || (k == 5 && a.temp == 0));
+	}
 }
 
 static void test_whole_numbers(void **state)
