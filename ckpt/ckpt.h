@@ -224,8 +224,16 @@ int hpu__ckpt_writer_commit(hpu_ckpt_writer *w, char *sha256, char *err,
 /* Closes and removes the temporary file; safe after commit or a failure. */
 void hpu__ckpt_writer_abort(hpu_ckpt_writer *w);
 
-/* Removes a directory and its files (one level, as checkpoints are). */
+/* Removes a directory and its files (one level, as checkpoints are),
+ * its manifest first: a removal cut short leaves no directory that still
+ * reads as a checkpoint. */
 int hpu__ckpt_rmtree(const char *path);
+
+/* Removes checkpoint directory root/name (step-N): renamed first to the
+ * stale partial name `.step-N.partial`, which the next save or start
+ * removes (hpu__ckpt_clean_partials) if this removal is cut short (a
+ * signal while pruning); where that rename fails, removed in place. */
+int hpu__ckpt_discard(const char *root, const char *name);
 
 /* Locks partial directory path (flock, exclusive, not waiting) for as
  * long as the returned descriptor is open: a saver holds it while it
@@ -235,8 +243,11 @@ int hpu__ckpt_partial_lock(const char *path);
 
 /* Removes the stale partial checkpoints of root: the `.step-N.partial`
  * directories (not links) owned by this process's uid that no live
- * process holds (hpu__ckpt_partial_lock). Calls said(path, arg) for each
- * one removed; leaves every other entry alone. Returns how many. */
+ * process holds (hpu__ckpt_partial_lock), and the temporary files of a
+ * `latest` whose writing was cut short (`latest.tmp.PID`, this uid's,
+ * regular, over a minute old: writing one takes milliseconds). Calls
+ * said(path, arg) for each one removed; leaves every other entry alone.
+ * Returns how many. */
 int hpu__ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),
 			     void *arg);
 

@@ -146,7 +146,8 @@ int hpu__ckpt_prune(const char *root, char **best, char **last, char *err, size_
 			continue;
 		snprintf(path, sizeof path, "%s/%s", root, names[i]);
 		if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
-			hpu__ckpt_rmtree(path); /* never another uid's, nor through a link */
+			hpu__ckpt_discard(root, names[i]); /* never another uid's, nor
+							    * through a link */
 	}
 	hpu__ckpt_free_names(names);
 	return 0;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 int hpu__ckpt_rmtree(const char *path)
@@ -22,6 +23,8 @@ int hpu__ckpt_rmtree(const char *path)
 		return errno == ENOENT ? 0 : -1;
 	struct dirent *e;
 	char p[4400];
+	snprintf(p, sizeof p, "%s/%s", path, HPU_CKPT_MANIFEST);
+	unlink(p);
 	while ((e = readdir(d))) {
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
@@ -57,6 +60,50 @@ static int partial_name(const char *name)
 	return strcmp(p, ".partial") == 0;
 }
 
+int hpu__ckpt_discard(const char *root, const char *name)
+{
+	char from[4400], to[4400];
+	long step = hpu__ckpt_step_of(name);
+	snprintf(from, sizeof from, "%s/%s", root, name);
+	if (step >= 0) {
+		snprintf(to, sizeof to, "%s/.step-%08ld.partial", root, step);
+		int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		/* not over a partial that exists (a save's, live or stale) */
+		if (fd >= 0 && renameat2(fd, strrchr(from, '/') + 1, fd, strrchr(to, '/') + 1,
+					 RENAME_NOREPLACE) == 0) {
+			close(fd);
+			return hpu__ckpt_rmtree(to);
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	return hpu__ckpt_rmtree(from);
+}
+
+/* "latest.tmp.<digits>": a `latest` written by hpu__write_atomic */
+static int latest_tmp_name(const char *name)
+{
+	size_t n = strlen(HPU_CKPT_LATEST);
+	const char *p = name + n + 5;
+	if (strncmp(name, HPU_CKPT_LATEST, n) || strncmp(name + n, ".tmp.", 5) ||
+	    !isdigit((unsigned char)*p))
+		return 0;
+	while (isdigit((unsigned char)*p))
+		p++;
+	return *p == 0;
+}
+
+/* Removes a cut-short `latest`'s temporary file: this uid's, regular,
+ * a minute old. Returns 1 when removed. */
+static int clean_latest_tmp(const char *path)
+{
+	struct stat st;
+	if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    time(NULL) - st.st_mtime < 60)
+		return 0;
+	return unlink(path) == 0;
+}
+
 /* Removes partial directory path if it is one of ours that nobody holds
  * (the lock taken on the directory lstat saw, then kept while removing).
  * Returns 1 when removed. */
@@ -84,10 +131,11 @@ int hpu__ckpt_clean_partials(const char *root, void (*said)(const char *path, vo
 	char path[4400];
 	int n = 0;
 	while ((e = readdir(d))) {
-		if (!partial_name(e->d_name))
+		int tmp = latest_tmp_name(e->d_name);
+		if (!tmp && !partial_name(e->d_name))
 			continue;
 		snprintf(path, sizeof path, "%s/%s", root, e->d_name);
-		if (clean_one(path)) {
+		if (tmp ? clean_latest_tmp(path) : clean_one(path)) {
 			n++;
 			if (said)
 				said(path, arg);
@@ -243,7 +291,7 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 	snprintf(to, sizeof to, "%s/%s", root, name);
 	if (hpu__fsync_dir(from, err, errlen) < 0)
 		return -1;
-	hpu__ckpt_rmtree(to); /* a checkpoint of the same step from before */
+	hpu__ckpt_discard(root, name); /* a checkpoint of the same step from before */
 	if (rename(from, to) < 0)
 		return say(err, errlen, "cannot rename %s to %s: %s", from, to, strerror(errno));
 	if (hpu__fsync_dir(root, err, errlen) < 0)
@@ -263,7 +311,8 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 		struct stat st;
 		snprintf(to, sizeof to, "%s/%s", root, names[i]);
 		if (lstat(to, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
-			hpu__ckpt_rmtree(to); /* never another uid's, nor through a link */
+			hpu__ckpt_discard(root, names[i]); /* never another uid's, nor
+							    * through a link */
 	}
 	hpu__ckpt_free_names(names);
 	return 0;

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
@@ -1274,6 +1275,59 @@ static void test_clean_partials(void **state)
 	assert_int_equal(hpu__ckpt_clean_partials(path, NULL, NULL), 0);
 }
 
+/* A prune cut short (here: a directory inside the old checkpoint, which
+ * the one-level removal cannot take, as a signal would stop it) leaves
+ * no step-N directory that still reads as a checkpoint (it kept its
+ * manifest, with shards gone, and counted against --keep): the victim
+ * is renamed to a stale partial first, which the next save removes; a
+ * `latest` whose writing was cut short leaves latest.tmp.PID, which the
+ * next save removes once it is a minute old. */
+static void test_prune_cut_short(void **state)
+{
+	(void)state;
+	char list[1024] = "", path[1024], **names = NULL, err[256];
+	const char *r = fresh("prune-cut");
+	publish(r, 1, 0);
+	snprintf(path, sizeof path, "%s/step-00000001/stuck", r);
+	assert_int_equal(mkdir(path, 0755), 0);
+	publish(r, 2, 1); /* step 1's removal stops at "stuck" */
+	assert_int_equal(hpu__ckpt_candidates(r, &names, err, sizeof err), 1);
+	assert_string_equal(names[0], "step-00000002");
+	hpu__ckpt_free_names(names);
+	listing(r, list, sizeof list);
+	assert_string_equal(list, ".step-00000001.partial latest step-00000002");
+	snprintf(path, sizeof path, "%s/.step-00000001.partial/%s", r, HPU_CKPT_MANIFEST);
+	assert_int_equal(access(path, F_OK), -1);
+	/* the same step published again over one cut short */
+	publish(r, 3, 0);
+	snprintf(path, sizeof path, "%s/step-00000003/stuck", r);
+	assert_int_equal(mkdir(path, 0755), 0);
+	char part[80] = ".step-00000003.partial";
+	partial(r, 3);
+	assert_int_equal(hpu__ckpt_publish(r, part, "step-00000003", 0, err, sizeof err), -1);
+	snprintf(path, sizeof path, "%s/step-00000003/%s", r, HPU_CKPT_MANIFEST);
+	assert_int_equal(access(path, F_OK), -1); /* what is left is no checkpoint */
+
+	/* latest.tmp.PID: a minute old goes, a fresh one (a write under way)
+	 * and other names stay */
+	r = fresh("latest-tmp");
+	const char *names_[] = {"latest.tmp.4242", "latest.tmp.77", "latest.tmp.", "latest.tmpx.5",
+				"other.tmp.5"};
+	for (int i = 0; i < 5; i++) {
+		snprintf(path, sizeof path, "%s/%s", r, names_[i]);
+		assert_int_equal(hpu__write_atomic(path, "x", 1, err, sizeof err), 0);
+		if (i != 1) {
+			struct timespec old[2] = {{.tv_sec = time(NULL) - 120}, {.tv_sec = time(NULL) - 120}};
+			assert_int_equal(utimensat(AT_FDCWD, path, old, 0), 0);
+		}
+	}
+	list[0] = 0;
+	assert_int_equal(hpu__ckpt_clean_partials(r, said, list), 1);
+	assert_string_equal(list, "latest.tmp.4242 ");
+	listing(r, list, sizeof list);
+	assert_string_equal(list, "latest.tmp. latest.tmp.77 latest.tmpx.5 other.tmp.5");
+}
+
 /* ---- set-up ---- */
 
 static int setup(void **state)
@@ -1315,6 +1369,7 @@ int main(void)
 	    cmocka_unit_test(test_owners),
 	    cmocka_unit_test(test_not_regular),
 	    cmocka_unit_test(test_clean_partials),
+	    cmocka_unit_test(test_prune_cut_short),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

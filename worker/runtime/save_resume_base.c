@@ -62,7 +62,14 @@ int hpu__checkpoint_metrics_put(FILE *metrics, const char *path, cJSON *j, char 
 void hpu__checkpoint_said_removed(const char *path, void *arg)
 {
 	(void)arg;
-	printf("checkpoint: removed the stale partial checkpoint %s (left by an interrupted "
-	       "save)\n",
-	       path);
+	const char *base = strrchr(path, '/');
+	base = base ? base + 1 : path;
+	if (base[0] != '.') /* latest.tmp.PID */
+		printf("checkpoint: removed %s (the temporary file of a 'latest' whose writing "
+		       "was interrupted)\n",
+		       path);
+	else
+		printf("checkpoint: removed the stale partial checkpoint %s (left by an "
+		       "interrupted save or removal)\n",
+		       path);
 }
