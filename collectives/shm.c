@@ -755,8 +755,18 @@ static int open_seg(hpucoll__shm *s, const char *name, int64_t deadline,
 		if (fd >= 0) {
 			rc = create_seg(s, fd, err, errlen);
 			close(fd);
-			if (rc != HPUCOLL_OK)
+			if (rc != HPUCOLL_OK) {
 				shm_unlink(name);
+				return rc;
+			}
+			char swept[256];
+			int n = hpucoll__shm_sweep_stale(swept, sizeof swept);
+			if (n > 0)
+				hpucoll__log(HPUCOLL_LOG_NOTICE,
+					     "hpucoll: removed %d shared-memory segment%s left in "
+					     "/dev/shm by jobs killed while their ranks attached "
+					     "(%s)",
+					     n, n == 1 ? "" : "s", swept);
 			return rc;
 		}
 		if (errno != EEXIST)
@@ -1024,6 +1034,111 @@ void hpucoll__shm_close(hpucoll__shm **sp)
 }
 
 /* ---- Cleanup after a crash ---- */
+
+/* Whether name is "hpucoll-<something>-n<digits>". */
+static int seg_name(const char *name)
+{
+	const char *n = strrchr(name, '-');
+	size_t digits;
+
+	if (strncmp(name, "hpucoll-", 8) != 0 || n == NULL || n < name + 9 ||
+	    n[1] != 'n')
+		return 0;
+	digits = strspn(n + 2, "0123456789");
+	return digits > 0 && digits < 10 && n[2 + digits] == '\0';
+}
+
+/* Whether the segment open at fd (its size `size`), a minute old, is dead:
+ * never initialised (empty, or zero-filled with no magic yet: its creator
+ * died while sizing it), or ours with every rank that attached dead in
+ * this pid namespace. */
+static int seg_dead(int fd, off_t size)
+{
+	uint64_t mine = pid_ns();
+	size_t len;
+	int attached = 0, dead = 1;
+	void *p;
+
+	if (size == 0)
+		return 1;
+	if (size < (off_t)SEG_PAGE || mine == 0)
+		return 0;
+	p = mmap(NULL, SEG_PAGE, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return 0;
+	const struct seg_hdr *h = p;
+	uint32_t nlocal = h->nlocal;
+	if (atomic_load(&h->magic) == 0 && nlocal == 0 && h->total_size == 0) {
+		munmap(p, SEG_PAGE);
+		return 1; /* its creator died before writing the header */
+	}
+	if (atomic_load(&h->magic) != SEG_MAGIC || h->version != SEG_VERSION ||
+	    nlocal == 0 || nlocal > MAX_LOCAL ||
+	    h->total_size != (uint64_t)size) {
+		munmap(p, SEG_PAGE);
+		return 0;
+	}
+	munmap(p, SEG_PAGE);
+	len = (size_t)RANKS_OFF + nlocal * sizeof(struct seg_rank);
+	p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return 0;
+	const struct seg_rank *r = (const struct seg_rank *)((char *)p + RANKS_OFF);
+	for (uint32_t i = 0; i < nlocal && dead; i++) {
+		int32_t pid = atomic_load(&r[i].pid);
+		if (atomic_load(&r[i].state) == RANK_FREE && pid == 0)
+			continue;
+		attached = 1;
+		if (r[i].pidns != mine || pid <= 0 ||
+		    kill(pid, 0) == 0 || errno != ESRCH)
+			dead = 0;
+	}
+	munmap(p, len);
+	return attached && dead;
+}
+
+int hpucoll__shm_sweep_stale(char *names, size_t len)
+{
+	char name[320];
+	size_t used = 0;
+	struct dirent *e;
+	struct stat st, fst;
+	time_t now = time(NULL);
+	DIR *dir;
+	int n = 0;
+
+	if (len > 0)
+		names[0] = '\0';
+	dir = opendir("/dev/shm");
+	if (dir == NULL)
+		return 0;
+	while ((e = readdir(dir)) != NULL) {
+		if (!seg_name(e->d_name) ||
+		    fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+		    now - st.st_mtime < 60)
+			continue;
+		snprintf(name, sizeof name, "/%s", e->d_name);
+		int fd = shm_open(name, O_RDONLY | O_NOFOLLOW, 0);
+		if (fd < 0)
+			continue;
+		int dead = fstat(fd, &fst) == 0 && fst.st_ino == st.st_ino &&
+			   fst.st_uid == geteuid() && seg_dead(fd, fst.st_size);
+		close(fd);
+		if (!dead || shm_unlink(name) != 0)
+			continue;
+		n++;
+		if (used < len) {
+			int k = snprintf(names + used, len - used, "%s%s",
+					 n > 1 ? ", " : "", e->d_name);
+			used += k > 0 ? (size_t)k : 0;
+			if (used >= len && len > 4)
+				memcpy(names + len - 4, "...", 4);
+		}
+	}
+	closedir(dir);
+	return n;
+}
 
 int hpucoll__shm_unlink_job(const char *job)
 {

@@ -67,4 +67,16 @@ void hpucoll__shm_close(hpucoll__shm **s);
 /* Unlinks every segment of job `job` (after a crash). Returns how many. */
 int hpucoll__shm_unlink_job(const char *job);
 
+/* Unlinks this user's segments of any job ("hpucoll-...-n<node>") that a
+ * job killed while its ranks attached left in /dev/shm (a segment's last
+ * rank to attach unlinks its name, and its launcher removes the job's
+ * after a crash, unless the launcher itself was killed): a minute old,
+ * and never initialised (its creator died while sizing it) or every
+ * rank that attached has died in this pid namespace (one in another, or
+ * not known, keeps it; so does a file that is not of this library's
+ * layout). Their names, comma-separated, go into names
+ * (cut with "..."). Returns how many. hpucoll__shm_open calls it when it
+ * creates a segment and says so at HPUCOLL_LOG_NOTICE. */
+int hpucoll__shm_sweep_stale(char *names, size_t len);
+
 #endif

@@ -18,6 +18,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -605,6 +606,73 @@ static void test_unlink_job(void **state)
 	assert_int_equal(hpucoll__shm_unlink_job(job), 0);
 }
 
+/* Sets the modification time of /dev/shm/name back two minutes. */
+static void age(const char *name)
+{
+	char path[256];
+	struct timespec t[2] = {{.tv_sec = time(NULL) - 120}, {.tv_sec = time(NULL) - 120}};
+
+	snprintf(path, sizeof path, "/dev/shm%s", name);
+	assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+/* A job killed while its ranks attached (hpulaunch killed with -9, so
+ * nobody ran hpucoll__shm_unlink_job for it) left its segment, 4 MiB to
+ * 112 MiB, for good: a minute old with every attached rank dead, or
+ * never initialised, it goes; a live rank's, a young one, another
+ * layout's file stay. */
+static void test_sweep_stale(void **state)
+{
+	char dead[64], live[80], young[80], nm[5][160], names[256];
+	pid_t pid[3];
+	int status;
+
+	(void)state;
+	unique_job(dead, sizeof dead);
+	snprintf(live, sizeof live, "%s-live", dead);
+	snprintf(young, sizeof young, "%s-young", dead);
+	const char *jobs[3] = {dead, live, young};
+	for (int k = 0; k < 3; k++)
+		pid[k] = fork_rank(wait_rank, 0, 2, jobs[k], (void *)(intptr_t)0);
+	for (int i = 0; i < 500 && ct_shm_segments(dead) < 3; i++)
+		usleep(10000);
+	usleep(50000);
+	for (int k = 0; k < 3; k += 2) {
+		kill(pid[k], SIGKILL);
+		assert_int_equal(waitpid(pid[k], &status, 0), pid[k]);
+	}
+	snprintf(nm[0], sizeof nm[0], "/hpucoll-%s-n0", dead);
+	snprintf(nm[1], sizeof nm[1], "/hpucoll-%s-n0", live);
+	snprintf(nm[2], sizeof nm[2], "/hpucoll-%s-n0", young);
+	snprintf(nm[3], sizeof nm[3], "/hpucoll-%s-empty-n3", dead);
+	snprintf(nm[4], sizeof nm[4], "/hpucoll-%s-other-n4", dead);
+	make_file(nm[3], 0, 0);
+	make_file(nm[4], 8192, 0xab);
+	age(nm[0]);
+	age(nm[1]);
+	age(nm[3]);
+	age(nm[4]);
+	int n = hpucoll__shm_sweep_stale(names, sizeof names);
+	printf("swept %d: %s\n", n, names);
+	assert_true(n >= 2); /* others' leftovers of this uid may go too */
+	assert_non_null(strstr(names, nm[0] + 1));
+	assert_non_null(strstr(names, nm[3] + 1));
+	char path[256];
+	const int stays[3] = {1, 2, 4};
+	for (int k = 0; k < 3; k++) {
+		snprintf(path, sizeof path, "/dev/shm%s", nm[stays[k]]);
+		assert_int_equal(access(path, F_OK), 0);
+	}
+	snprintf(path, sizeof path, "/dev/shm%s", nm[0]);
+	assert_int_equal(access(path, F_OK), -1);
+	kill(pid[1], SIGKILL);
+	assert_int_equal(waitpid(pid[1], &status, 0), pid[1]);
+	for (int k = 1; k < 5; k++)
+		if (k != 3)
+			shm_unlink(nm[k]);
+	assert_int_equal(ct_shm_segments(dead), 0);
+}
+
 static int try_open(const char *job, int local, int nlocal, int timeout_ms)
 {
 	hpucoll__shm *s = NULL;
@@ -869,6 +937,7 @@ int main(void)
 		cmocka_unit_test(test_dead_peer_send),
 		cmocka_unit_test(test_silent_peer),
 		cmocka_unit_test(test_unlink_job),
+		cmocka_unit_test(test_sweep_stale),
 		cmocka_unit_test(test_squatted_segment),
 		cmocka_unit_test(test_foreign_segment),
 		cmocka_unit_test(test_mismatch),
