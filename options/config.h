@@ -192,6 +192,9 @@ typedef struct hpu_train_opts {
 	long throughput_warmup; /* steps left out of samples/s (1) */
 	double stall_warning;   /* seconds a collective waits before the
 				 * stall warning (30; 0: never) */
+	double hang_warning;    /* seconds a step, an evaluation or a save
+				 * runs before one warning says where the
+				 * rank is (600; 0: never) */
 	int eval;               /* evaluate on the test split at the end */
 	long eval_every;        /* validate every N steps (0: never) */
 	double eval_every_epochs; /* validate every N epochs, or below 1: at

@@ -467,6 +467,41 @@ static char *line_of(const char *out, const char *prefix)
 	return NULL;
 }
 
+/* A forward that never returns hangs the job with no collective left
+ * waiting for a missing peer long enough to say so: --hang-warning X
+ * says, once a piece of work, that the step has run X s and where each
+ * rank is (rank 0 in its loss layer's forward, rank 1 waiting for it);
+ * nothing was said before. The job is then ended by the test. */
+static void test_hang_warning(void **state)
+{
+	(void)state;
+	proc p;
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--batch-size", "16", "--max-steps",
+			"5", "--no-eval", "--hang-warning", "1", (char *)BAD_LOSS, "--", "--to",
+			"0", "--hang-rank", "0", "--hang-at", "2", NULL};
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	int seen0 = h_wait_for(&p, "[rank 0] hpu-worker: rank 0: warning: step 2 has run for ",
+			       120000);
+	int seen1 = h_wait_for(&p, "[rank 1] hpu-worker: rank 1: warning: step 2 has run for ",
+			       60000);
+	printf("%s", p.out ? p.out : "");
+	const char *w0 = p.out ? strstr(p.out, "[rank 0] hpu-worker: rank 0: warning: ") : NULL;
+	char *line = w0 ? strndup(w0, strcspn(w0, "\n")) : NULL;
+	h_kill(&p);
+	assert_int_equal(seen0, 0);
+	assert_int_equal(seen1, 0);
+	assert_non_null(line);
+	const char *ran = strstr(line, "has run for ");
+	assert_non_null(ran);
+	char want[200];
+	snprintf(want, sizeof want,
+		 "has run for %ld s (--hang-warning 1), in layer loss's forward: a piece of work "
+		 "that long, or a hang; `gdb -p ",
+		 strtol(ran + 12, NULL, 10));
+	assert_non_null(strstr(line, want));
+	free(line);
+}
+
 /* Rank 1 freezes in its third forward, then in its setup: hpulaunch's
  * error names rank 1 and where it stopped, not rank 0, which gave up
  * waiting; the other ranks' own errors name rank 1 (rank 0 did not wait
@@ -553,6 +588,7 @@ int main(void)
 	    cmocka_unit_test(test_nonfinite_first_named),
 	    cmocka_unit_test(test_nonfinite_unchecked_named),
 	    cmocka_unit_test(test_frozen_rank_blamed),
+	    cmocka_unit_test(test_hang_warning),
 	    cmocka_unit_test(test_exit_step_named),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

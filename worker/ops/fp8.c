@@ -5,6 +5,7 @@
  * by the one training thread that runs the ops.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,15 +231,28 @@ const hpu_fp8_recipe *hpu__fp8_recipe(void)
 	return hpu__ac_fp8_recipe();
 }
 
+/* hpu__op_layer_now's copy of S.layer and S.backward, which another
+ * thread reads */
+static _Atomic int now_layer = -1, now_backward;
+
 void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
 		   int backward)
 {
+	atomic_store_explicit(&now_backward, backward, memory_order_relaxed);
+	atomic_store_explicit(&now_layer, index, memory_order_release);
 	S.layer = index;
 	snprintf(S.lname, sizeof S.lname, "%s", name ? name : "");
 	S.pbase = pbase;
 	S.plen = plen;
 	S.backward = backward;
 	memset(S.calls, 0, sizeof S.calls);
+}
+
+int hpu__op_layer_now(int *backward)
+{
+	int l = atomic_load_explicit(&now_layer, memory_order_acquire);
+	*backward = atomic_load_explicit(&now_backward, memory_order_relaxed);
+	return l;
 }
 
 const char *hpu__op_layer_name(void)

@@ -72,6 +72,9 @@ void hpu__op_layer(int index, const char *name, const float *pbase, size_t plen,
  * its backward (cpu-strict's fault names them). */
 const char *hpu__op_layer_name(void);
 int hpu__op_layer_backward(void);
+/* The layer the ops run for now (its index, -1: none) and whether in its
+ * backward, read from any thread (--hang-warning's watch). */
+int hpu__op_layer_now(int *backward);
 
 /* MEASURE: records only while on (calibration batches). */
 void hpu__fp8_measuring(int on);

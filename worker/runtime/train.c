@@ -24,6 +24,7 @@
 #include "proto/status.h"
 #include "worker/strategy/strategy.h"
 #include "worker/runtime/loop.h"
+#include "worker/runtime/watch.h"
 
 static double now_s(void)
 {
@@ -119,7 +120,9 @@ static int save_checkpoint(loop *L, long step, int epoch, long batch)
 	hpu__where.phase = HPU_PHASE_SAVE;
 	hpu__where_report(1);
 	int64_t t0 = hpu__prof_t0();
+	hpu__watch_begin(HPU_WATCH_SAVE, step);
 	int rc = hpu__checkpoint_save(L->comm, L->o, L->b, L->st, &p, L->metrics, L->err, L->errlen);
+	hpu__watch_end();
 	hpu__prof_span("checkpoint", "checkpoint_save", NULL, t0, "\"step\":%ld", step);
 	return rc;
 }
@@ -221,8 +224,10 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			L->epoch = e;
 			uint64_t h2d0, d2h0;
 			hpu__dev_copied(&h2d0, &d2h0);
+			hpu__watch_begin(HPU_WATCH_STEP, step + 1);
 			int rc = L->graphs ? hpu__loop_graph_step(L, s, step, s + 1 < end, &loss, &norm)
 						     : hpu__loop_train_step(L, s, step, s + 1 < end, &loss, &norm);
+			hpu__watch_end();
 			hpu__dev_step_guard(0); /* where the step failed too */
 			if (rc < 0 || hpu__loop_skipped_check(L, step) < 0)
 				return -1;
@@ -243,10 +248,14 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 						 ? (double)(total - step) * o->batch_size / sps
 						 : -1,
 					 HPU_PHASE_TRAIN, logs);
-			if (((o->eval_every && step % o->eval_every == 0) ||
-			     epoch_validates(o->eval_every_epochs, e, s, per_epoch)) &&
-			    hpu__loop_validate(L, step, e) < 0)
-				return -1;
+			if ((o->eval_every && step % o->eval_every == 0) ||
+			    epoch_validates(o->eval_every_epochs, e, s, per_epoch)) {
+				hpu__watch_begin(HPU_WATCH_VALIDATE, step);
+				int vrc = hpu__loop_validate(L, step, e);
+				hpu__watch_end();
+				if (vrc < 0)
+					return -1;
+			}
 			int stop = (o->stop_at_step > 0 && step == o->stop_at_step) || (L->stop_early && step < total);
 			if (o->checkpoint_dir[0] &&
 			    ((o->checkpoint_every > 0 && step % o->checkpoint_every == 0) || stop ||
@@ -379,6 +388,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	hpu__where.epoch = L.epoch + 1; /* the resumed one (it said 0 until a step ended) */
 	if (alloc_buffers(&L) < 0)
 		goto out;
+	hpu__watch_start(o->hang_warning, L.rank, b);
 	int resumed = ck != NULL;
 	if (ck) {
 		hpu__ckpt_close(ck);
@@ -407,8 +417,13 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	int evaluates = (o->eval || o->eval_only) && b->has_data[HPU_SPLIT_TEST];
 	if (evaluates)
 		hpu__loop_report(&L, steps, total, L.epoch, loss, sps, -1, HPU_PHASE_EVAL, 1);
-	if (evaluates && hpu__loop_evaluate(&L, &ev) < 0)
-		goto out;
+	if (evaluates) {
+		hpu__watch_begin(HPU_WATCH_EVALUATE, done);
+		int erc = hpu__loop_evaluate(&L, &ev);
+		hpu__watch_end();
+		if (erc < 0)
+			goto out;
+	}
 	hpu__prof_in_eval = 0;
 	hpu__loop_graphs_said(&L); /* the final evaluation's batches counted too */
 	if (evaluates) {
@@ -429,6 +444,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	hpu__loop_report(&L, steps, total, L.epoch, loss, sps, 0, HPU_PHASE_DONE, 1);
 	rc = 0;
 out:
+	hpu__watch_stop();
 	hpu__prof_close();
 	if (ck) {
 		hpu__ckpt_close(ck);
