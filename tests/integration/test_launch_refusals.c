@@ -66,7 +66,9 @@ static void test_model_wrong_abi(void **state)
 	/* a model of the chain contract is told what changed */
 	expect_model_error(h_build("lib/bad_abi1.so"),
 			   "was built for hputrain ABI version 1, but this runtime has ABI version 3 "
-			   "(and loads 2): ABI 1 (a chain of layers with float inputs) is gone");
+			   "(and loads 2): ABI 1 (a chain of layers with float inputs) is gone; "
+			   "declare the model as a graph (see <hpu/hpu.h>, <hpu/layers.h> and "
+			   "docs/writing-a-model.md) and rebuild it");
 }
 
 /* A call in the wrong phase fails the run naming the call and the phase

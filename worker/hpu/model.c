@@ -76,7 +76,7 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 			 path, m->abi_version, HPU_ABI_VERSION, HPU_ABI_VERSION_MIN,
 			 m->abi_version == 1 ? "ABI 1 (a chain of layers with float inputs) is gone; "
 					       "declare the model as a graph (see <hpu/hpu.h>, <hpu/layers.h> "
-					       "and README's model author guide) and rebuild it"
+					       "and docs/writing-a-model.md) and rebuild it"
 					     : "rebuild it against this <hpu/hpu.h>");
 		goto fail;
 	}

@@ -161,15 +161,18 @@ static int strat_step(loop *L, double lr)
 	return rc;
 }
 
-/* After the step's device work (begun at t0, the collectives' bytes at
- * sent0): its results read back, fp8's history rolled, the span. */
-static int step_done(loop *L, int64_t t0, uint64_t sent0, float *loss_out, double *norm_out)
+/* After the step's device work (the collectives' bytes at sent0): its
+ * results read back, fp8's history rolled, and where `span`, the
+ * optimizer_step span from t0 (the update's start). */
+static int step_done(loop *L, int span, int64_t t0, uint64_t sent0, float *loss_out,
+		     double *norm_out)
 {
 	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
 		return -1; /* a deferred check found bad input: the error says it */
 	if (fp8_roll(L) < 0)
 		return -1;
-	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
+	if (span)
+		hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
 	L->comm_bytes += bytes_sent(L) - sent0;
 	return 0;
 }
@@ -192,7 +195,7 @@ int hpu__loop_train_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 	int64_t t0 = hpu__prof_t0();
 	if (strat_step(L, hpu__sched_lr(&L->pos.sched, gstep)) < 0)
 		return -1;
-	return step_done(L, t0, sent0, loss_out, norm_out);
+	return step_done(L, 1, t0, sent0, loss_out, norm_out);
 }
 
 /* --graphs: every rank keeps a recording only where every rank's was
@@ -227,7 +230,12 @@ static int step_work(loop *L, const hpu_batch *const *bt, double lr)
 	for (int k = 0; k < L->accum; k++)
 		if (micro_work(L, bt[k], k) < 0)
 			return -1;
-	return strat_step(L, lr);
+	/* the update's span alone, after forward and backward, as an eager
+	 * step's (a replay has graph_replay instead) */
+	int64_t t0 = hpu__prof_t0();
+	int rc = strat_step(L, lr);
+	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
+	return rc;
 }
 
 /* train_step under --graphs: the micro-batches copied into the
@@ -259,7 +267,6 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 			mode = HPU__GRAPH_EAGER;
 		}
 	}
-	int64_t t0 = hpu__prof_t0();
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs, L->world > 1) < 0) {
 		/* the others may be recording: they learn it at their end */
 		if (L->world > 1 && hpu__graphs_unbegun(L->graphs, gstep, graphs_agree, L, L->err,
@@ -288,7 +295,7 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 		hpu__prof_span("graph", "graph_replay", NULL, tr, "\"step\":%ld,\"nodes\":{%s}",
 			       gstep + 1, hpu__graphs_node_args(L->graphs));
 	}
-	return step_done(L, t0, sent0, loss_out, norm_out);
+	return step_done(L, 0, 0, sent0, loss_out, norm_out); /* step_work's span */
 }
 
 /* --verbose: the bytes the step copied between host and device (the
