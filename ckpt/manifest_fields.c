@@ -239,6 +239,8 @@ int hpu__ckpt_check_run(const cJSON *m, const char *mpath, char *err, size_t err
 				err, errlen) < 0 ||
 	    hpu__ckpt_check_num(m, mpath, "global_batch", OPTIONAL, WHOLE, 1, 1 << 24, NULL, err,
 				errlen) < 0 ||
+	    hpu__ckpt_check_num(m, mpath, "train_samples", OPTIONAL, WHOLE, 1, 4294967295.0, NULL,
+				err, errlen) < 0 ||
 	    hpu__ckpt_check_num(m, mpath, "optimizer_steps", OPTIONAL, WHOLE, 0, MAX_STEPS, NULL,
 				err, errlen) < 0)
 		return -1;

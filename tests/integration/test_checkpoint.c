@@ -1003,6 +1003,20 @@ static void test_resume_refused(void **state)
 		 "(--batch-size 64), not 32", ck10);
 	expect_in(out, want);
 	free(out);
+	/* another training split (--val-fraction holds samples out): the
+	 * epochs' batches are not the saved run's (it resumed at batch 10
+	 * of an epoch of other batches, skipping the rest of it, and held
+	 * out samples it had trained on) */
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "30", "--val-fraction", "0.5",
+	     "--eval-every", "10", "--resume", ck10, NULL);
+	out = finish(&r, 1, SMALL);
+	snprintf(want, sizeof want, "checkpoint %s was saved by a run that trained on ", ck10);
+	expect_in(out, want);
+	expect_in(out, " samples; this run's training split has ");
+	expect_in(out, " (another --val-fraction, or another dataset): its epochs' batches would "
+		       "not be the saved run's, so batches would be skipped or trained twice");
+	free(out);
 	/* the MLP's 8 parameters (4 layers of weights and biases) are not
 	 * buffer_model's one; the model is named by its absolute path */
 	snprintf(want, sizeof want, "--max-steps 12 --batch-size 64 --resume %s", ck10);

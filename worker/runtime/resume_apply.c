@@ -190,6 +190,14 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 			   "checkpoint %s was saved with a global batch of %ld; resuming needs the "
 			   "same (--batch-size %ld), not %d",
 			   c->dir, gb, gb, o->batch_size);
+	long ns = (long)hpu__ckpt_num(c->m, "train_samples", -1);
+	if (!o->eval_only && ns > 0 && pos->train_samples > 0 && ns != pos->train_samples)
+		return say(err, errlen,
+			   "checkpoint %s was saved by a run that trained on %ld samples; this run's "
+			   "training split has %ld (another --val-fraction, or another dataset): "
+			   "its epochs' batches would not be the saved run's, so batches would be "
+			   "skipped or trained twice",
+			   c->dir, ns, pos->train_samples);
 	pos->step = c->step;
 	pos->epoch = (int)hpu__ckpt_num(c->m, "epoch", 0);
 	pos->batch = (long)hpu__ckpt_num(c->m, "batch_in_epoch", 0);

@@ -36,6 +36,11 @@ typedef struct hpu_run_pos {
 	double es_best;
 	long es_best_step, es_wait;
 	int es_restored; /* hpu__checkpoint_apply restored the three */
+	/* The training split's samples less the held-out validation ones
+	 * (--val-fraction), saved in "train_samples": a resume whose split
+	 * differs is refused (its epochs' batches would not be the saved
+	 * run's). 0: not known (--eval-only). */
+	long train_samples;
 } hpu_run_pos;
 
 /* Saves a checkpoint of the run at `pos` under o->checkpoint_dir: each

@@ -369,6 +369,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (L.metrics)
 		setvbuf(L.metrics, NULL, _IONBF, 0);
 	hpu__sched_init(&L.pos.sched, o, total);
+	L.pos.train_samples = o->eval_only ? 0 : (long)L.ntrain;
 	int64_t tl = hpu__prof_t0();
 	if (hpu__strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
 	    (ck && hpu__checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
