@@ -128,6 +128,10 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 		fprintf(f, "%s: note: --stop-at-step %ld is not before --max-steps %ld: the run ends "
 			   "there anyway (and saves at its end where --checkpoint-dir is given)\n",
 			prog, o->stop_at_step, o->max_steps);
+	else if (o->stop_at_step > 0 && !o->checkpoint_dir[0] && given(o, "stop-at-step"))
+		fprintf(f, "%s: warning: --stop-at-step %ld without --checkpoint-dir: the run stops "
+			   "after step %ld and saves no checkpoint to resume from\n",
+			prog, o->stop_at_step, o->stop_at_step);
 }
 
 void hpu__opts_config_notes(const hpu_train_opts *o, FILE *f, const char *prog)

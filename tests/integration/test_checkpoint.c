@@ -138,9 +138,13 @@ static void resume_case(const char *strategy, const char *extra)
 
 	start(&r, 2);
 	knobs(&r, strategy, extra);
-	args(&r, "--checkpoint-dir", dir, "--resume", "auto", "--save-params", resumed, NULL);
+	/* a --stop-at-step the resumed run is past is said, and trains on */
+	args(&r, "--checkpoint-dir", dir, "--resume", "auto", "--save-params", resumed,
+	     "--stop-at-step", "10", NULL);
 	out = finish(&r, 0, SMALL);
 	assert_non_null(strstr(out, "at step 20 (epoch 1, batch 20)"));
+	assert_non_null(strstr(out, "note: --stop-at-step 10: the run resumed at step 20, past it: "
+				    "it trains on to step 40"));
 	double resumed_sent = bytes_per_step(out);
 	free(out);
 	printf("  %-8s bytes sent per step: straight %.0f, resumed %.0f\n", strategy, sent,

@@ -932,6 +932,17 @@ static void test_unread_options_noted(void **state)
 	assert_has(t, "hpulaunch: note: --graphs-warmup has no effect without --graphs\n");
 	assert_has(t, "hpulaunch: note: --stop-at-step 50 is not before --max-steps 4");
 	free(t);
+	/* before --max-steps, but with nowhere to save: it stopped and
+	 * saved nothing, silently */
+	char *nowhere[] = {"max-steps", "10", "stop-at-step", "3", NULL};
+	t = notes_of("{}", nowhere, &o);
+	assert_has(t, "hpulaunch: warning: --stop-at-step 3 without --checkpoint-dir: the run stops "
+		      "after step 3 and saves no checkpoint to resume from\n");
+	free(t);
+	char *somewhere[] = {"max-steps", "10", "stop-at-step", "3", "checkpoint-dir", "ck", NULL};
+	t = notes_of("{}", somewhere, &o);
+	assert_null(strstr(t, "--stop-at-step"));
+	free(t);
 	char *used[] = {"optimizer", "sgd", "momentum", "0.5", "graphs-warmup", "2", NULL};
 	t = notes_of("{\"fp16\": {\"enabled\": true, \"loss_scale\": 128}, "
 		     "\"use_hpu_graphs_for_training\": true}", used, &o);

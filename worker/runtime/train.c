@@ -375,6 +375,10 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (ck && hpu__checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
 					 errlen) < 0))
 		goto out;
+	if (ck && o->stop_at_step > 0 && L.pos.step >= o->stop_at_step && L.rank == 0)
+		printf("note: --stop-at-step %ld: the run resumed at step %ld, past it: it trains on "
+		       "to step %ld\n",
+		       o->stop_at_step, L.pos.step, total);
 	hpu__loop_early_resume(&L);
 	hpu__loop_strict_step(&L); /* before the plan's copies are printed: they depend on it */
 	if (o->graphs && hpu__loop_graphs_setup(&L) < 0)
