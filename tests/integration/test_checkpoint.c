@@ -989,6 +989,30 @@ static void test_buffers_refused(void **state)
 			 "manifest says 36", NULL);
 }
 
+/* A run resumed at its last step trains nothing: it says so, and its
+ * final metrics record has a null loss (it wrote 0, which a reader of
+ * the file took for the run's final loss, after the first run's real
+ * one). */
+static void test_resume_at_end(void **state)
+{
+	(void)state;
+	char dir[300], metrics[340];
+	snprintf(dir, sizeof dir, "%s/at-end", tmp);
+	snprintf(metrics, sizeof metrics, "%s/at-end.jsonl", tmp);
+	train_into(dir, "10", 0, "checkpoint: step 10 saved");
+	run r;
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "10", "--checkpoint-dir", dir, "--resume",
+	     "auto", "--metrics", metrics, NULL);
+	char *out = finish(&r, 0, SMALL);
+	expect_in(out, "resumed at step 10 on 2 workers (fast_ddp): no steps left to train");
+	free(out);
+	char *text = h_slurp(metrics);
+	assert_non_null(text);
+	expect_in(text, "{\"final\":true,\"steps\":10,\"loss\":null,");
+	free(text);
+}
+
 /* A checkpoint resumed with another global batch, or by another model,
  * is refused, saying so, before any step. */
 static void test_resume_refused(void **state)
@@ -1039,6 +1063,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_resume_every_strategy),
 		cmocka_unit_test(test_initial_checkpoint),
+		cmocka_unit_test(test_resume_at_end),
 		cmocka_unit_test(test_resume_other_precision_noted),
 		cmocka_unit_test(test_resume_precisions),
 		cmocka_unit_test(test_placement_recorded),

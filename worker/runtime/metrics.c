@@ -229,6 +229,10 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
 		       steps, hpu__plural(steps), L->world, hpu__plural(L->world), hpu__strategy_name(L->o->strategy), l, sps,
 		       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
+	/* no step of this run (--eval-only, --max-steps 0, resumed at the
+	 * end): no loss of its own, null in the record (it wrote 0, which a
+	 * reader of a resumed run's file took for its final loss) */
+	int trained = !L->o->eval_only && steps > L->pos.step;
 	long bad = hpu__strat_bad_total(L->st);
 	if (bad)
 		printf("%ld step%s skipped for a non-finite loss or gradients\n", bad,
@@ -243,7 +247,10 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 		cJSON *j = cJSON_CreateObject();
 		cJSON_AddBoolToObject(j, "final", 1);
 		cJSON_AddNumberToObject(j, "steps", (double)steps);
-		cJSON_AddNumberToObject(j, "loss", l);
+		if (trained)
+			cJSON_AddNumberToObject(j, "loss", l);
+		else
+			cJSON_AddNullToObject(j, "loss");
 		cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 		cJSON_AddNumberToObject(j, "world_size", L->world);
 		cJSON_AddStringToObject(j, "strategy", hpu__strategy_name(L->o->strategy));
