@@ -517,7 +517,8 @@ const char *hpu__opt_expected(const struct hpu__opt *p, char *buf,
 		snprintf(buf, len, "a number from %g to %g", p->lo, p->hi);
 		return buf;
 	case K_MB:
-		snprintf(buf, len, "a number of MiB above 0, at most %g", p->hi);
+		snprintf(buf, len, "a number of MiB from 4 bytes (one fp32 element, 0.0000039) to %g",
+			 p->hi);
 		return buf;
 	case K_CHOICE:
 		n = (size_t)snprintf(buf, len, "one of");

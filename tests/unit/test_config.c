@@ -498,6 +498,9 @@ static void test_errors_new_flags(void **state)
 	EXPECT_ERROR(ARGS("--step-size", "0"), "--step-size");
 	EXPECT_ERROR(ARGS("--reduce-bucket-size", "-1"), "--reduce-bucket-size");
 	EXPECT_ERROR(ARGS("--bucket-cap-mb", "0"), "--bucket-cap-mb");
+	/* below one fp32 element: "above 0" was said of a value above 0 */
+	EXPECT_ERROR(ARGS("--bucket-cap-mb", "0.0000038"), "--bucket-cap-mb",
+		     "from 4 bytes (one fp32 element, 0.0000039)");
 	EXPECT_ERROR(ARGS("--grad-comm-dtype", "fp16"), "--grad-comm-dtype",
 		     "fp16");
 	EXPECT_ERROR(ARGS("--device-memory", "0"), "--device-memory");
