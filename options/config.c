@@ -336,7 +336,7 @@ static const struct hpu__opt opts[] = {
 	OTHER_("profile-filename", K_STR, profile_name, LOCAL, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
 	NUM_("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, LOCAL, "leave the first N steps out of samples/s (1)"),
 	NUM_("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, LOCAL, "warn when a collective waits X seconds, naming the ranks not arrived (30; 0: never)"),
-	NUM_("hang-warning", K_DOUBLE, hang_warning, 0, 1e6, LOCAL, "warn when a step, an evaluation or a checkpoint save has run X seconds, naming where the rank is: its layer, or the model's own code (600; 0: never)"),
+	NUM_("hang-warning", K_DOUBLE, hang_warning, 0, 1e6, LOCAL, "warn when a step, an evaluation, a checkpoint save or a hook has run X seconds, naming where the rank is: its layer, or the model's own code (600; 0: never)"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 _Static_assert(NOPTS <= HPU_OPTS_MAX, "from[] is too small for the table");

@@ -205,6 +205,10 @@ typedef struct hpu_train_opts {
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
 	char file_key[HPU_OPTS_MAX][64]; /* the --config key that set each
 					  * option ("" none), for messages */
+	unsigned char implied[HPU_OPTS_MAX]; /* set from the file for a key its
+					      * section left out (DeepSpeed's
+					      * default): a model's declared
+					      * default wins over it */
 	/* What --config left to flags and defaults ("auto" values) and the
 	 * keys it accepted that change nothing here ("key\twhy\n" lines):
 	 * hpu__opts_config_notes says them. */

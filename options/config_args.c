@@ -114,7 +114,10 @@ int hpu__opts_set_model(hpu_train_opts *o, const char *name, const char *value,
 {
 	const struct hpu__opt *p = hpu__opt_find(name);
 	assert(p && hpu__opts_takes_value(name) == 1);
-	int slot = hpu__opt_slot(p), kept = o->from[slot] != HPU_FROM_DEFAULT;
+	/* a flag or a file's key wins; a default the file implied does not */
+	int slot = hpu__opt_slot(p),
+	    kept = o->from[slot] != HPU_FROM_DEFAULT &&
+		   !(o->from[slot] == HPU_FROM_FILE && o->implied[slot]);
 	/* checked whether or not a file or flag overrides it */
 	hpu_train_opts *into = kept ? malloc(sizeof *into) : o;
 	if (!into) {
@@ -135,6 +138,7 @@ int hpu__opts_set_model(hpu_train_opts *o, const char *name, const char *value,
 	if (kept)
 		return 0;
 	o->from[slot] = HPU_FROM_MODEL;
+	o->implied[slot] = 0;
 	return 1;
 }
 

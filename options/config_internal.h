@@ -124,6 +124,8 @@ struct fctx {
 	 * weight_decay and momentum given; a WarmupLR or WarmupDecayLR
 	 * without warmup_max_lr */
 	int ds_optim, ds_wd_given, ds_momentum_given, ds_no_max_lr;
+	int ds_torch_adam; /* optimizer.params.torch_adam true: torch's AdamW,
+			    * whose weight_decay default is 0.01 */
 	char prec_by[96]; /* the key that asked for a precision ("" none) */
 	int prec;         /* ... and which (hpu_precision) */
 	char offload_by[2][96]; /* the keys that asked where the optimizer's state
@@ -222,6 +224,10 @@ int hpu__cfg_file_opt(struct fctx *c, const char *path,
  * AdamW's weight_decay 0, WarmupLR's warmup_max_lr 0.001, which sets the
  * lr), unless a flag or another key gave the option. */
 int hpu__cfg_deepspeed_defaults(struct fctx *c);
+
+/* Key `path` was accepted and changes nothing here (`why`), named in the
+ * config file's one warning. */
+void hpu__cfg_note_ignored(struct fctx *c, const char *path, const char *why);
 
 /* An "auto" value: the option(s) in the given slots (slot2 -1: one) keep
  * what flags and defaults give them, named in the one note. */

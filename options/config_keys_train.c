@@ -152,6 +152,17 @@ int hpu__cfg_optimizer(struct fctx *c, const char *path, const cJSON *it)
 	c->ds_optim = k + 1;
 	c->ds_wd_given = params && cJSON_GetObjectItemCaseSensitive(params, "weight_decay");
 	c->ds_momentum_given = params && cJSON_GetObjectItemCaseSensitive(params, "momentum");
+	c->ds_torch_adam =
+		params && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(params, "torch_adam"));
+	/* torch.optim.SGD refuses Nesterov without momentum, which the
+	 * section leaving it out gives (DeepSpeed's SGD is torch's) */
+	const cJSON *nest = params ? cJSON_GetObjectItemCaseSensitive(params, "nesterov") : NULL;
+	if (k == 0 && cJSON_IsTrue(nest) && !c->ds_momentum_given) {
+		snprintf(p, sizeof p, "%s.params.nesterov", path);
+		return hpu__cfg_ferr(c, p, "true needs optimizer.params.momentum: SGD's momentum "
+				     "is 0 where the section leaves it out, and Nesterov momentum "
+				     "needs one (torch.optim.SGD refuses it)");
+	}
 	/* DeepSpeed's "Adam" is AdamW unless adam_w_mode is false. */
 	hpu_optim_kind kind = k == 0 ? HPU_OPTIM_SGD
 			      : k == 1 || c->adam_w_mode ? HPU_OPTIM_ADAMW
@@ -225,7 +236,10 @@ static int ds_default(struct fctx *c, const char *path, const char *name, const 
 	if (from == HPU_FROM_FLAG ||
 	    (from == HPU_FROM_FILE && (!over || strncmp(c->o->file_key[s], over, strlen(over)))))
 		return 0;
-	return hpu__cfg_put(c, path, hpu__opt_find(name), text);
+	if (hpu__cfg_put(c, path, hpu__opt_find(name), text) < 0)
+		return -1;
+	c->o->implied[s] = 1;
+	return 0;
 }
 
 int hpu__cfg_deepspeed_defaults(struct fctx *c)
@@ -235,13 +249,24 @@ int hpu__cfg_deepspeed_defaults(struct fctx *c)
 	if (c->ds_optim == 1 && !c->ds_momentum_given &&
 	    ds_default(c, "optimizer.params.momentum", "momentum", "0", NULL) < 0)
 		return -1;
-	if (c->ds_optim > 1 && !c->ds_wd_given &&
+	/* FusedAdam's 0; with torch_adam, torch's AdamW (0.01, ours) or Adam
+	 * (0, ours) */
+	if (c->ds_optim > 1 && !c->ds_wd_given && !c->ds_torch_adam &&
 	    ds_default(c, "optimizer.params.weight_decay", "weight-decay", "0", NULL) < 0)
 		return -1;
-	/* WarmupLR's max_lr replaces the optimizer's lr at every step */
+	/* WarmupLR's max_lr replaces the optimizer's lr at every step: a
+	 * given optimizer.params.lr then changes nothing, said */
+	int lr = hpu__opt_slot_named("lr");
+	int had_lr = c->o->from[lr] == HPU_FROM_FILE &&
+		     !strncmp(c->o->file_key[lr], "optimizer.", 10);
 	if (c->ds_no_max_lr &&
 	    ds_default(c, "scheduler.params.warmup_max_lr", "lr", "0.001", "optimizer.") < 0)
 		return -1;
+	if (had_lr && c->o->from[lr] == HPU_FROM_FILE &&
+	    strncmp(c->o->file_key[lr], "optimizer.", 10))
+		hpu__cfg_note_ignored(c, "optimizer.params.lr",
+				      "WarmupLR and WarmupDecayLR without warmup_max_lr set the lr "
+				      "to DeepSpeed's 0.001 at every step");
 	return 0;
 }
 

@@ -156,6 +156,7 @@ int hpu__cfg_put(struct fctx *c, const char *path, const struct hpu__opt *p,
 				     hpu__opt_expected(p, buf, sizeof buf));
 	}
 	c->o->from[s] = HPU_FROM_FILE;
+	c->o->implied[s] = 0; /* a key of the file (ds_default marks its own) */
 	snprintf(c->o->file_key[s], sizeof c->o->file_key[s], "%s", path);
 	return 0;
 }
@@ -336,7 +337,7 @@ static int unknown_key(struct fctx *c, const char *path, const char *best)
 }
 
 /* A key that changes nothing here, for the one warning. */
-static void note_ignored(struct fctx *c, const char *path, const char *why)
+void hpu__cfg_note_ignored(struct fctx *c, const char *path, const char *why)
 {
 	char *l = c->o->cfg_ignored;
 	size_t at = strlen(l), room = sizeof c->o->cfg_ignored - at;
@@ -401,7 +402,7 @@ int hpu__cfg_walk(struct fctx *c, const cJSON *obj, const char *prefix,
 		const struct fkey *k = lookup(keys, n, it->string, dashes);
 		const char *best = k ? NULL : closest(it->string, keys, n);
 		if (!k && !best && (mode & W_LENIENT))
-			note_ignored(c, path, "not a key hputrain knows");
+			hpu__cfg_note_ignored(c, path, "not a key hputrain knows");
 		else if (!k)
 			unknown_key(c, path, best);
 		else if (k->only && !(k->only & type))
@@ -419,7 +420,7 @@ int hpu__cfg_walk(struct fctx *c, const cJSON *obj, const char *prefix,
 			 it->string);
 		const struct hpu__opt *o = k->opt ? hpu__opt_find(k->opt) : NULL;
 		if (k->why)
-			note_ignored(c, path, k->why);
+			hpu__cfg_note_ignored(c, path, k->why);
 		else if (o && hpu__cfg_is_auto(it) && takes_auto(o))
 			hpu__cfg_note_auto(c, path, hpu__opt_slot(o), -1);
 		else if (o)

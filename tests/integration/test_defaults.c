@@ -104,6 +104,18 @@ static void test_config_beats_model(void **state)
 	has(&p, "epoch 1/2 step 1/16 ");
 	has(&p, "lr 0.3 ");
 	h_free(&p);
+	/* a value the file only implies (DeepSpeed's default for a key its
+	 * section left out: WarmupLR's warmup_max_lr 0.001, the lr) gives
+	 * way to the model's declared one */
+	assert_int_equal(h_write_file(cfg, "{\"scheduler\": {\"type\": \"WarmupLR\", "
+					   "\"params\": {\"warmup_num_steps\": 2}}}",
+				      0644),
+			 0);
+	const char *implied[] = {"--config", cfg, NULL};
+	assert_int_equal(launch(&p, MODEL, implied), 0);
+	has(&p, "setting --lr 0.05 (model)");
+	has(&p, "setting --scheduler warmup (config)");
+	h_free(&p);
 	h_rmtree(dir);
 }
 

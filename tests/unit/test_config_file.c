@@ -150,6 +150,12 @@ static void test_file_optimizer(void **state)
 	unlink(path);
 	load_ok("{'optimizer': {'type': 'Adam', 'params': {'adam_w_mode': false}}}", &o);
 	assert_true(hpu__opts_weight_decay(&o) == 0);
+	/* torch_adam: DeepSpeed builds torch's AdamW, whose default is 0.01 */
+	load_ok("{'optimizer': {'type': 'AdamW', 'params': {'torch_adam': true}}}", &o);
+	assert_true(hpu__opts_weight_decay(&o) == 0.01);
+	/* Nesterov with the momentum left out (0): torch.optim.SGD refuses it */
+	LOAD_ERROR("{'optimizer': {'type': 'SGD', 'params': {'nesterov': true}}}",
+		   "optimizer.params.nesterov", "needs optimizer.params.momentum");
 
 	LOAD_ERROR("{'optimizer': {'type': 'Lamb'}}", "optimizer.type", "Lamb");
 	LOAD_ERROR("{'optimizer': {'params': {'lr': 1}}}", "optimizer.type",
@@ -219,6 +225,11 @@ static void test_file_scheduler(void **state)
 		" 'warmup_num_steps': 4}}}",
 		&o);
 	assert_true(o.lr == 0.001);
+	/* ... and the lr the optimizer's section gave is said to change
+	 * nothing */
+	assert_non_null(strstr(o.cfg_ignored, "optimizer.params.lr\tWarmupLR and WarmupDecayLR "
+						"without warmup_max_lr set the lr to DeepSpeed's "
+						"0.001 at every step\n"));
 	load_ok("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
 		" 'total_num_steps': 40}},"
 		" 'optimizer': {'type': 'SGD', 'params': {'lr': 0.3}}}",
