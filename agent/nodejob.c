@@ -31,6 +31,8 @@ struct hpu_nodejob {
 	ev_tstamp started, coord_seen;
 	ev_tstamp last_beat; /* the heartbeat timer's last run (0: none yet) */
 	int failed;             /* a worker failed, or the job was aborted */
+	int unsaid;             /* its root cause was not printed: a restart
+				 * remained to say it */
 	int agent_idle, job_done, ended;
 	int gated;              /* the workers wait for the coordinator's answer */
 	int rank_base, world;   /* this node's first rank; ranks in the job */
@@ -66,6 +68,8 @@ static void fail_as(hpu_nodejob *j, const char *cause, double grace_s, int print
 		snprintf(j->root_cause, sizeof j->root_cause, "%s", cause);
 		if (print && !j->cfg.quiet && j->cfg.restart_count >= j->cfg.max_restarts)
 			hpu__log(HPU_LOG_ERROR, "error: %s", cause);
+		else if (print && !j->cfg.quiet)
+			j->unsaid = 1;
 	}
 	j->failed = 1;
 	if (j->agent)
@@ -521,6 +525,11 @@ int hpu__nodejob_rank(const hpu_nodejob *j, int local)
 int hpu__nodejob_world(const hpu_nodejob *j)
 {
 	return j->world;
+}
+
+int hpu__nodejob_cause_unsaid(const hpu_nodejob *j)
+{
+	return j->failed && j->unsaid;
 }
 
 int hpu__nodejob_set_up_apart(const hpu_nodejob *j)

@@ -89,6 +89,11 @@ int hpu__nodejob_world(const hpu_nodejob *j);
  * restarted. */
 int hpu__nodejob_set_up_apart(const hpu_nodejob *j);
 
+/* 1 where the job failed and its root cause was left unprinted, as a
+ * restart remained to say it: the caller prints it where none follows
+ * (an interrupt, a node set up apart). */
+int hpu__nodejob_cause_unsaid(const hpu_nodejob *j);
+
 /* The latest status record of global rank `rank` and its age
  * (hpu__agent_status); -1 when the rank is not on this node, has sent none
  * or its workers have not started. */

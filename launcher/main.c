@@ -27,6 +27,7 @@ typedef struct launch {
 	ev_signal sigint, sigterm, sighup;
 	int ended, failed;
 	int apart;      /* the nodes are set up otherwise: no restart */
+	int unsaid;     /* the attempt's failure cause is not printed yet */
 	int signo;      /* interrupted by this signal */
 	char cause[700]; /* why the attempt failed */
 	hpu_restarts restarts;
@@ -144,7 +145,7 @@ static int run_attempt(char *err, size_t errlen)
 		jc.on_status = on_status;
 		jc.on_exit = on_exit_worker;
 	}
-	L.ended = L.failed = L.apart = 0;
+	L.ended = L.failed = L.apart = L.unsaid = 0;
 	L.cause[0] = 0;
 	if (!(L.job = hpu__nodejob_start(L.loop, &jc, err, errlen)))
 		return -1;
@@ -161,6 +162,7 @@ static int run_attempt(char *err, size_t errlen)
 		hpu__log(HPU_LOG_WARNING, "warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)",
 			 bad);
 	L.apart = hpu__nodejob_set_up_apart(L.job);
+	L.unsaid = hpu__nodejob_cause_unsaid(L.job);
 	hpu__nodejob_destroy(&L.job); /* every worker is reaped by now */
 	return 0;
 }
@@ -200,12 +202,17 @@ static int run_local(char *err, size_t errlen)
 			L.failed = 1;
 		}
 		if (!L.failed || L.signo) {
+			/* a failure, then Ctrl-C in its workers' grace: no
+			 * restart follows to say the failure's cause */
+			if (L.unsaid)
+				hpu__log(HPU_LOG_ERROR, "error: %s", L.cause);
 			rc = exit_status();
 			break;
 		}
 		if (L.apart && L.args.max_restarts > L.restarts.attempt) {
 			/* the node job left the cause unsaid: a restart remained */
-			hpu__log(HPU_LOG_ERROR, "error: %s", L.cause);
+			if (L.unsaid)
+				hpu__log(HPU_LOG_ERROR, "error: %s", L.cause);
 			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): a node's hpulaunch "
 						 "is set up otherwise than this one, which a restart does "
 						 "not change");

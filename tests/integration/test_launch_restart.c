@@ -201,6 +201,55 @@ static void test_restart_not_after_sigterm(void **state)
 	assert_int_equal(h_rmtree(dir), 0);
 }
 
+/* Rank 1 fails while a restart remains, and Ctrl-C comes while rank 0
+ * (which ignores SIGTERM) is still being stopped: no restart follows to
+ * say the failure, so hpulaunch prints its cause before exiting 130 (the
+ * error line is kept back while a restart remains; the cause was lost). */
+static void test_failure_then_interrupt_said(void **state)
+{
+	(void)state;
+	/* the workers' grace is 2 s: a try whose Ctrl-C came after it (the
+	 * restart under way, on a loaded machine) is tried again */
+	for (int t = 0; t < 3; t++) {
+		char dir[64], script[1024], body[512];
+		h_scratch_dir(dir, sizeof dir);
+		snprintf(body, sizeof body,
+			 "if [ \"$HPU_RESTART_COUNT\" != 0 ]; then exec sleep 60; fi; "
+			 "if [ \"$RANK\" = 1 ]; then while [ ! -e %s/up0 ]; do sleep 0.05; done; "
+			 "touch %s/failed1; exit 3; fi; "
+			 "trap '' TERM; touch %s/up0; sleep 60",
+			 dir, dir, dir);
+		restart_script(script, sizeof script, dir, body);
+		char *argv[] = {(char *)LAUNCH, "--devices", "2", "--max-restarts", "2", "--exec",
+				"/bin/sh", "-c", script, NULL};
+		proc p;
+		assert_int_equal(h_start(&p, argv, NULL), 0);
+		for (int i = 0; i < 1200 && !h_file_exists(dir, "failed1"); i++)
+			usleep(50000);
+		usleep(500000); /* rank 1's exit seen, rank 0 in its grace */
+		pid_t kids[8];
+		int n = h_children(p.pid, kids, 8);
+		kill(p.pid, SIGINT);
+		int exited = h_wait(&p, 60000);
+		h_kill_groups(kids, n);
+		if (exited)
+			h_kill(&p);
+		printf("%s", p.out);
+		assert_int_equal(exited, 0);
+		assert_int_equal(h_code(&p), 128 + SIGINT);
+		int late = strstr(p.out, "restarting") != NULL;
+		if (!late || t == 2) {
+			assert_false(late);
+			assert_non_null(strstr(p.out, "hpulaunch: error: rank 1 (node 0, pid "));
+			assert_non_null(strstr(p.out, ") exited with code 3"));
+		}
+		h_free(&p);
+		assert_int_equal(h_rmtree(dir), 0);
+		if (!late)
+			break;
+	}
+}
+
 /* Two nodes (two hpulaunch, one fixed coordinator port): rank 1 fails on
  * the first attempt while node 0's worker ignores SIGTERM, so node 0 is
  * still stopping (its coordinator still bound) when node 1 restarts. Node
@@ -291,6 +340,7 @@ int main(void)
 		cmocka_unit_test(test_restart_gives_up),
 		cmocka_unit_test(test_restart_zero_as_before),
 		cmocka_unit_test(test_restart_not_after_sigterm),
+		cmocka_unit_test(test_failure_then_interrupt_said),
 		cmocka_unit_test(test_restart_two_nodes),
 		cmocka_unit_test(test_restart_refuses_other_attempt),
 	};
