@@ -245,7 +245,8 @@ int hpu__ckpt_partial_lock(const char *path);
  * directories (not links) owned by this process's uid that no live
  * process holds (hpu__ckpt_partial_lock), and the temporary files of a
  * `latest` whose writing was cut short (`latest.tmp.PID`, this uid's,
- * regular, over a minute old: writing one takes milliseconds). Calls
+ * regular, over a minute old: writing one takes milliseconds; PID no
+ * live process here). Calls
  * said(path, arg) for each one removed; leaves every other entry alone.
  * Returns how many. */
 int hpu__ckpt_clean_partials(const char *root, void (*said)(const char *path, void *arg),

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,14 @@ int hpu__ckpt_discard(const char *root, const char *name)
 		if (fd >= 0 && renameat2(fd, strrchr(from, '/') + 1, fd, strrchr(to, '/') + 1,
 					 RENAME_NOREPLACE) == 0) {
 			close(fd);
-			return hpu__ckpt_rmtree(to);
+			/* held while removed, as a stale partial is: another
+			 * job's cleaner and a save of that step keep off */
+			int lk = hpu__ckpt_partial_lock(to);
+			if (lk < 0)
+				return 0; /* another cleaner holds it: it removes it */
+			int rc = hpu__ckpt_rmtree(to);
+			close(lk);
+			return rc;
 		}
 		if (fd >= 0)
 			close(fd);
@@ -98,8 +106,12 @@ static int latest_tmp_name(const char *name)
 static int clean_latest_tmp(const char *path)
 {
 	struct stat st;
+	long pid = strtol(strrchr(path, '.') + 1, NULL, 10);
 	if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
 	    time(NULL) - st.st_mtime < 60)
+		return 0;
+	/* its writer, where it is a live process here, may still be at it */
+	if (pid > 0 && pid <= INT_MAX && (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
 		return 0;
 	return unlink(path) == 0;
 }
