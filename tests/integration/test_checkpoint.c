@@ -1042,8 +1042,9 @@ static void test_resume_refused(void **state)
 	snprintf(want, sizeof want, "checkpoint %s was saved by a run that trained on ", ck10);
 	expect_in(out, want);
 	expect_in(out, " samples; this run's training split has ");
-	expect_in(out, " (another --val-fraction, or another dataset): its epochs' batches would "
-		       "not be the saved run's, so batches would be skipped or trained twice");
+	expect_in(out, " (another --val-fraction, which holds samples out only with --eval-every or "
+		       "--eval-every-epochs, or another dataset): its epochs' batches would not be "
+		       "the saved run's, so batches would be skipped or trained twice");
 	free(out);
 	/* the MLP's 8 parameters (4 layers of weights and biases) are not
 	 * buffer_model's one; the model is named by its absolute path */

@@ -194,7 +194,8 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 	if (!o->eval_only && ns > 0 && pos->train_samples > 0 && ns != pos->train_samples)
 		return say(err, errlen,
 			   "checkpoint %s was saved by a run that trained on %ld samples; this run's "
-			   "training split has %ld (another --val-fraction, or another dataset): "
+			   "training split has %ld (another --val-fraction, which holds samples out "
+			   "only with --eval-every or --eval-every-epochs, or another dataset): "
 			   "its epochs' batches would not be the saved run's, so batches would be "
 			   "skipped or trained twice",
 			   c->dir, ns, pos->train_samples);

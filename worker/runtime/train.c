@@ -375,7 +375,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (ck && hpu__checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
 					 errlen) < 0))
 		goto out;
-	if (ck && o->stop_at_step > 0 && L.pos.step >= o->stop_at_step && L.rank == 0)
+	if (ck && o->stop_at_step > 0 && L.pos.step > o->stop_at_step && L.rank == 0)
 		printf("note: --stop-at-step %ld: the run resumed at step %ld, past it: it trains on "
 		       "to step %ld\n",
 		       o->stop_at_step, L.pos.step, total);
@@ -412,8 +412,11 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	    save_checkpoint(&L, 0, 0, 0) < 0)
 		goto out;
 	long done = steps > L.pos.step ? steps : L.pos.step; /* steps trained, resumed ones too */
-	if (hpu__hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
-			   L.micro, NULL, err, errlen) < 0)
+	hpu__watch_begin(HPU_WATCH_HOOK, done);
+	int hrc = hpu__hooks_run(L.st, b, b->after_train, b->nafter_train, "after training", done,
+				 L.micro, NULL, err, errlen);
+	hpu__watch_end();
+	if (hrc < 0)
 		goto out;
 	L.eval_step = done; /* the calibration's and the test's ctx->step */
 	hpu__prof_in_eval = 1; /* calibration: forward passes too */
@@ -434,8 +437,11 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (evaluates) {
 		double fig[HPU_MAX_IO + 1] = {ev.loss};
 		memcpy(fig + 1, ev.metric, sizeof ev.metric);
-		if (hpu__hooks_run(L.st, b, b->after_eval, b->nafter_eval, "after evaluation",
-				   done, L.micro, fig, err, errlen) < 0)
+		hpu__watch_begin(HPU_WATCH_EVAL_HOOK, done);
+		hrc = hpu__hooks_run(L.st, b, b->after_eval, b->nafter_eval, "after evaluation", done,
+				     L.micro, fig, err, errlen);
+		hpu__watch_end();
+		if (hrc < 0)
 			goto out;
 	}
 	if (L.quant.mode == HPU_FP8_QUANTIZE)

@@ -64,6 +64,10 @@ static void describe(int what, long step, char *out, size_t len)
 		snprintf(out, len, "the validation after step %ld", step);
 	else if (what == HPU_WATCH_EVALUATE)
 		snprintf(out, len, "the evaluation on the test split");
+	else if (what == HPU_WATCH_HOOK)
+		snprintf(out, len, "the model's hook after training");
+	else if (what == HPU_WATCH_EVAL_HOOK)
+		snprintf(out, len, "the model's hook after the evaluation");
 	else
 		snprintf(out, len, "the checkpoint save of step %ld", step);
 }
@@ -93,10 +97,12 @@ static void *watch_main(void *arg)
 	(void)arg;
 	uint64_t warned = 0;
 	double tick = W.secs / 4 < 1 ? W.secs / 4 : 1;
+	if (tick < 0.01)
+		tick = 0.01; /* a tiny --hang-warning: not a busy thread */
 	pthread_mutex_lock(&W.mu);
 	while (!W.stop) {
 		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
+		clock_gettime(CLOCK_MONOTONIC, &until); /* the condition's clock */
 		int64_t ns = until.tv_nsec + (int64_t)(tick * 1e9);
 		until.tv_sec += ns / 1000000000;
 		until.tv_nsec = ns % 1000000000;
@@ -128,6 +134,14 @@ int hpu__watch_start(double secs, int rank, const hpu_builder *b)
 	W.b = b;
 	W.stop = 0;
 	atomic_store(&W.active, 0);
+	/* waits timed on the monotonic clock: a wall-clock step changes
+	 * nothing */
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_destroy(&W.cv);
+	pthread_cond_init(&W.cv, &ca);
+	pthread_condattr_destroy(&ca);
 	int rc = pthread_create(&W.thread, NULL, watch_main, NULL);
 	if (rc) {
 		fprintf(stderr, "hpu-worker: rank %d: warning: --hang-warning is off: no thread: %s\n",

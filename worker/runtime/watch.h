@@ -1,5 +1,6 @@
 /* watch: --hang-warning. A thread that warns once, on stderr, when a
- * training step, an evaluation or a checkpoint save has run longer than
+ * training step, an evaluation, a checkpoint save or the model's hooks
+ * have run longer than
  * the limit, saying where the rank is: the layer and pass its ops run
  * for, or none (the model's own code, a hook, a collective's wait). A
  * forward that loops for ever on every rank used to hang with nothing
@@ -15,6 +16,8 @@ typedef enum hpu_watch_what {
 	HPU_WATCH_VALIDATE,  /* the validation after step `step` */
 	HPU_WATCH_EVALUATE,  /* the evaluation on the test split */
 	HPU_WATCH_SAVE,      /* the checkpoint of step `step` */
+	HPU_WATCH_HOOK,      /* the model's hooks after training */
+	HPU_WATCH_EVAL_HOOK, /* the model's hooks after the evaluation */
 } hpu_watch_what;
 
 /* Starts the thread for rank `rank` of model b (its layers' names),
