@@ -74,6 +74,16 @@ static void test_eval_every_matches_eval_only(void **state)
 	assert_true(vs == 10000);
 	/* the final record counts its samples too */
 	assert_true(field(tmp[1], NULL, "test_samples") == vs);
+	/* a batch past the data: the evaluation's buffers hold what a rank
+	 * evaluates (5 000 samples), not the 50 000-sample micro-batch (157
+	 * MB, which failed under --device-memory 64MiB), and nothing of
+	 * training's is allocated; the same figures */
+	start(&r, 2);
+	args(&r, "--eval-only", "--load-params", tmp[2], "--metrics", tmp[1], "--batch-size",
+	     "100000", "--device-memory", "64MiB", NULL);
+	free(finish(&r, 0, SMALL));
+	assert_true(vl == field(tmp[1], NULL, "test_loss"));
+	assert_true(va == field(tmp[1], NULL, "test_accuracy"));
 	/* the step-2 validation is another model's */
 	assert_true(field(tmp[0], "\"step\":2,", "val_loss") != vl);
 	for (int k = 0; k < 3; k++)

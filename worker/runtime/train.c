@@ -52,13 +52,45 @@ static int needs_eval_batch(const loop *L)
 	       L->quant.mode == HPU_FP8_MEASURE;
 }
 
+/* The rows an evaluation batch can hold: a micro-batch, or fewer where
+ * no evaluation of the run gives one rank that many (the test split, the
+ * --val-fraction slice, fp8's calibration): a --batch-size past the data
+ * asked for the whole micro-batch (29 GiB for a 10 000-sample test split
+ * at --eval-only --batch-size 1e7). */
+static int eval_rows(const loop *L)
+{
+	const hpu_builder *b = L->b;
+	size_t most = 1;
+	size_t n = b->has_data[HPU_SPLIT_TEST]
+			   ? hpu__sampler_eval_count(b->data[HPU_SPLIT_TEST].size, 0, L->world)
+			   : 0;
+	if (n > most)
+		most = n;
+	if (L->val_map) {
+		n = hpu__sampler_eval_count(b->data[HPU_SPLIT_TRAIN].size - L->ntrain, 0, L->world);
+		if (n > most)
+			most = n;
+	}
+	if (L->quant.mode == HPU_FP8_MEASURE) {
+		n = hpu__sampler_eval_count(b->data[HPU_SPLIT_TRAIN].size, 0, L->world);
+		size_t want = (size_t)L->o->calib_batches * (size_t)L->micro;
+		n = n < want ? n : want;
+		if (n > most)
+			most = n;
+	}
+	return most < (size_t)L->micro ? (int)most : L->micro;
+}
+
 static int alloc_buffers(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
+	int rows = eval_rows(L);
 	if (needs_eval_batch(L) &&
-	    (hpu__batch_alloc(d, L->micro, &L->eval_bt, "evaluation batch") < 0 ||
-	     !(L->eval_idx = dalloc(L, (size_t)L->micro * sizeof *L->eval_idx, "evaluation indices"))))
+	    (hpu__batch_alloc(d, rows, &L->eval_bt, "evaluation batch") < 0 ||
+	     !(L->eval_idx = dalloc(L, (size_t)rows * sizeof *L->eval_idx, "evaluation indices"))))
 		return L->err[0] ? -1 : hpu__loop_fail(L, "%s", hpu__devmem_error());
+	if (L->o->eval_only)
+		return 0; /* nothing trains: no sampler, no loader (a micro-batch each) */
 	if (!(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
 		return -1;
 	if (!(L->loader = hpu__loader_new(d, L->micro))) {
