@@ -292,12 +292,7 @@ int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len)
 		    unlinkat(dirfd(dir), e->d_name, 0) != 0)
 			continue;
 		n++;
-		if (used < len) {
-			int k = snprintf(names + used, len - used, "%s%s", n > 1 ? ", " : "", e->d_name);
-			used += k > 0 ? (size_t)k : 0;
-			if (used >= len && len > 4)
-				memcpy(names + len - 4, "...", 4);
-		}
+		hpu__log_list_add(names, len, &used, e->d_name);
 	}
 	if (dir)
 		closedir(dir);

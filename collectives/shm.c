@@ -66,6 +66,7 @@
 #include <unistd.h>
 
 #include "collectives/shm.h"
+#include "common/log.h"
 #include "common/shmname.h"
 
 #define SEG_MAGIC 0x4d485348u /* "HSHM" */
@@ -1128,13 +1129,7 @@ int hpucoll__shm_sweep_stale(char *names, size_t len)
 		if (!dead || shm_unlink(name) != 0)
 			continue;
 		n++;
-		if (used < len) {
-			int k = snprintf(names + used, len - used, "%s%s",
-					 n > 1 ? ", " : "", e->d_name);
-			used += k > 0 ? (size_t)k : 0;
-			if (used >= len && len > 4)
-				memcpy(names + len - 4, "...", 4);
-		}
+		hpu__log_list_add(names, len, &used, e->d_name);
 	}
 	closedir(dir);
 	return n;

@@ -250,3 +250,13 @@ void hpu__log_sigsafe(hpu_log_level lvl, const char *text)
 	buf[n++] = '\n';
 	put(buf, n);
 }
+
+void hpu__log_list_add(char *names, size_t len, size_t *used, const char *item)
+{
+	if (*used >= len)
+		return;
+	int k = snprintf(names + *used, len - *used, "%s%s", *used > 0 ? ", " : "", item);
+	*used += k > 0 ? (size_t)k : 0;
+	if (*used >= len && len > 4)
+		memcpy(names + len - 4, "...", 4);
+}

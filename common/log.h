@@ -83,4 +83,9 @@ void hpu__log_plain(hpu_log_level lvl, const char *fmt, ...)
  * for a child between fork and exec. */
 void hpu__log_sigsafe(hpu_log_level lvl, const char *text);
 
+/* Appends item to the comma-separated list in names[len] (which *used
+ * bytes hold; "" when 0), for a message naming what was removed or
+ * found; a list that no longer fits ends in "...". */
+void hpu__log_list_add(char *names, size_t len, size_t *used, const char *item);
+
 #endif
