@@ -143,8 +143,8 @@ int hpu__out_in_place(const char *path, char *real, size_t len)
 {
 	struct stat st, lst;
 	snprintf(real, len, "%s", path);
-	if (stat(path, &st) != 0)
-		return 0; /* a new file */
+	if (stat(path, &st) != 0) /* a new file, or a link to nothing, which */
+		return lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode); /* stays */
 	if (!S_ISREG(st.st_mode))
 		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
 	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
@@ -233,6 +233,14 @@ int hpu__say(char *err, size_t errlen, const char *fmt, ...)
 int hpu__outfile_error(const hpu_outfile *o, const char *step, char *err, size_t errlen)
 {
 	const char *e = strerror(errno);
+	char to[256];
+	ssize_t n;
+	if (!strcmp(step, "open") && o->direct && errno == ENOENT &&
+	    (n = readlink(o->path, to, sizeof to - 1)) > 0) {
+		to[n] = '\0';
+		return hpu__say(err, errlen, "cannot open %s: a symbolic link to %s, which does not exist%s",
+				o->path, to, !strncmp(to, "/proc/self/fd/", 14) ? " (that descriptor is closed)" : "");
+	}
 	if (!strcmp(step, "open") && o->direct)
 		return hpu__say(err, errlen, "cannot open %s: %s", o->path, e);
 	if (!strcmp(step, "open"))

@@ -200,6 +200,33 @@ static void test_outfile(void **state)
 	hpu__outfile_abort(&o);
 }
 
+/* A symbolic link to nothing (as /dev/stdout is with descriptor 1 closed)
+ * is opened in place, which fails naming the link and its target, and
+ * stays: renamed over, it became a regular file (as root, /dev/stdout
+ * itself). */
+static void test_outfile_dangling_link(void **state)
+{
+	(void)state;
+	char link[600], err[512];
+	struct stat st;
+	snprintf(link, sizeof link, "%s", tmp_at("stdout-link"));
+	assert_int_equal(symlink("/proc/self/fd/987", link), 0);
+	assert_int_equal(hpu__write_atomic(link, "data", 4, err, sizeof err), -1);
+	assert_non_null(strstr(err, "stdout-link: a symbolic link to /proc/self/fd/987, which does not "
+				    "exist (that descriptor is closed)"));
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	assert_int_equal(count_prefix("stdout-link.tmp."), 0);
+	assert_int_equal(unlink(link), 0);
+	assert_int_equal(symlink(tmp_at("no-such-dir/out"), link), 0);
+	assert_int_equal(hpu__write_atomic(link, "data", 4, err, sizeof err), -1);
+	assert_non_null(strstr(err, "no-such-dir/out, which does not exist"));
+	assert_null(strstr(err, "descriptor"));
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	assert_int_equal(unlink(link), 0);
+}
+
 /* ---- hex ---- */
 
 static void test_hex(void **state)
@@ -292,6 +319,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_open_input), cmocka_unit_test(test_read),
 		cmocka_unit_test(test_write_atomic), cmocka_unit_test(test_outfile),
+		cmocka_unit_test(test_outfile_dangling_link),
 		cmocka_unit_test(test_hex), cmocka_unit_test(test_shm_names),
 		cmocka_unit_test(test_thread_quiet),
 	};
