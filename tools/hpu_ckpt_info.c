@@ -19,7 +19,8 @@ static const char *const help_info =
 	"fp8 state, the last validation (--eval-every), what --keep-last and\n"
 	"--keep-best kept, and --early-stop's count. For a checkpoint root,\n"
 	"first lists every checkpoint in it, newest first, marking the one\n"
-	"`latest` names with '*', then shows that one.\n";
+	"`latest` names with '*', then shows that one; exits 1 when one it lists\n"
+	"is unreadable or damaged.\n";
 
 const hpu_optspec hpu__ckt_info_specs[] = {COMMON_OPTS, {0}};
 
@@ -203,9 +204,11 @@ static void print_details(const hpu_ckpt *c)
 	print_early_stop(cJSON_GetObjectItemCaseSensitive(m, "early_stop"));
 }
 
-/* One line per checkpoint of a root, newest first. */
-static void print_root(const root *r, const char *path)
+/* One line per checkpoint of a root, newest first; returns how many are
+ * unreadable or damaged. */
+static int print_root(const root *r, const char *path)
 {
+	int bad = 0;
 	printf("checkpoint root %s: %d checkpoint%s, newest first (* = `latest`)\n", path, r->n,
 	       r->n == 1 ? "" : "s");
 	for (int i = 0; i < r->n; i++) {
@@ -214,9 +217,9 @@ static void print_root(const root *r, const char *path)
 		int mark = r->latest[0] && !strcmp(r->latest, r->names[i]);
 		snprintf(dir, sizeof dir, "%s/%s", path, r->names[i]);
 		if (hpu__ckpt_open(&c, dir, err, sizeof err) < 0)
-			printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
+			bad++, printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else if (hpu__ckpt_check_named_step(&c, dir, err, sizeof err) < 0)
-			printf("%c %s  DAMAGED: %s\n", mark ? '*' : ' ', r->names[i], err);
+			bad++, printf("%c %s  DAMAGED: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else
 			printf("%c %s  step %ld, %d x %s, %s, %d file%s, %.1f MB\n", mark ? '*' : ' ',
 			       r->names[i], c.step, c.world, c.strategy, c.precision,
@@ -229,6 +232,7 @@ static void print_root(const root *r, const char *path)
 		printf("warning: `%s` names \"%s\", which is not there\n", HPU_CKPT_LATEST,
 		       r->latest);
 	printf("\n");
+	return bad;
 }
 
 int hpu__ckt_info(int argc, char **argv)
@@ -242,11 +246,12 @@ int hpu__ckt_info(int argc, char **argv)
 	if (npos != 1)
 		return usage_error("info", "which checkpoint? (hpu-ckpt info DIR)");
 	char dir[4400];
+	int bad = 0;
 	if (!hpu__ckt_has_manifest(pos[0])) {
 		root r;
 		if ((rc = hpu__ckt_root_open(&r, pos[0])) != OK)
 			return rc;
-		print_root(&r, pos[0]);
+		bad = print_root(&r, pos[0]);
 		rc = hpu__ckt_root_pick(&r, pos[0]);
 		snprintf(dir, sizeof dir, "%s/%s", pos[0], r.names[0]);
 		hpu__ckt_root_close(&r);
@@ -260,5 +265,11 @@ int hpu__ckt_info(int argc, char **argv)
 		return rc;
 	print_details(&c);
 	hpu__ckpt_close(&c);
+	if (bad) {
+		fprintf(stderr, "hpu-ckpt info: %d checkpoint%s of %s %s unreadable or damaged (listed above); "
+				"`hpu-ckpt verify --all %s` checks every one\n",
+			bad, hpu__plural(bad), pos[0], bad == 1 ? "is" : "are", pos[0]);
+		return BAD;
+	}
 	return OK;
 }

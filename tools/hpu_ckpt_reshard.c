@@ -198,9 +198,9 @@ int hpu__ckt_reshard(int argc, char **argv)
 		return rc;
 	/* resume refuses a step-N directory holding another step */
 	if (hpu__ckpt_check_named_step(&c, dst, err, sizeof err) < 0) {
+		long step = c.step; /* the close clears c */
 		hpu__ckpt_close(&c);
-		return usage_error("reshard", "%s; name DST for step %ld (or not step-N)", err,
-				   c.step);
+		return usage_error("reshard", "%s; name DST for step %ld (or not step-N)", err, step);
 	}
 	rc = BAD;
 	float *buf = malloc((size_t)CHUNK * sizeof *buf);

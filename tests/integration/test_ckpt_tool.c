@@ -1120,9 +1120,25 @@ static void test_misnamed_step(void **state)
 	out = CKPT(1, "verify", link);
 	has(out, said);
 	free(out);
-	out = CKPT(0, "info", root);
+	/* info lists it, shows `latest`'s details and exits 1 */
+	out = CKPT(1, "info", root);
 	has(out, "step-00000030  DAMAGED: ");
 	has(out, said);
+	has(out, "strategy      zero3\n");
+	has(out, "1 checkpoint of ");
+	has(out, " is unreadable or damaged (listed above)");
+	free(out);
+	/* DST named for another step: the refusal names the step it holds
+	 * (it said "step 0": the checkpoint was closed before) */
+	out = CKPT(2, "reshard", root, wrong, "--world", "1");
+	has(out, "name DST for step 4 (or not step-N)");
+	free(out);
+	assert_int_equal(unlink(link), 0);
+	char empty[720];
+	snprintf(empty, sizeof empty, "%s/step-00000099", root);
+	assert_int_equal(mkdir(empty, 0755), 0);
+	out = CKPT(1, "info", root);
+	has(out, "step-00000099  unreadable: cannot read the checkpoint manifest");
 	free(out);
 }
 
