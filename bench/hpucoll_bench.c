@@ -505,6 +505,7 @@ static void print_title(const struct bench *b)
 	       hcb_average_names[b->a.average]);
 	printf("# Collective test starting: %s\n", b->a.prog);
 	bench_print_heads(stdout, &b->a.o, 2);
+	fflush(stdout); /* seen when the ranks have joined, not at the first row */
 }
 
 /* The closing lines, as nccl-tests prints them. */

@@ -28,6 +28,7 @@
 
 #include <cJSON.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -472,19 +473,35 @@ static void test_blocking_modes(void **state)
 }
 
 /* -T 1: rank 1 stops (SIGSTOP) while rank 0 runs all-reduces; rank 0
- * gives up after 1000 ms (HPUCOLL_TIMEOUT_MS would be 60000). */
+ * gives up after 1000 ms (HPUCOLL_TIMEOUT_MS would be 60000). Rank 1 is
+ * stopped once rank 0 has printed its title, after joining: stopped
+ * earlier (a fixed second after its start, on a loaded machine), it held
+ * rank 0 in the join, which -T does not bound. */
 static void test_timeout(void **state)
 {
 	(void)state;
 	char script[1400];
+	const char *pidfile = path("rank1.pid");
 	snprintf(script, sizeof script,
-	         "if [ \"$RANK\" = 1 ]; then (sleep 1; kill -STOP $$) & fi; "
+	         "if [ \"$RANK\" = 1 ]; then echo $$ >'%s.tmp' && mv '%s.tmp' '%s'; fi; "
 	         "exec '%s' -T 1 -b 8 -e 8 -n 100000000 -w 0 -c 0",
-	         BENCH);
-	char *out = launch(1, "/bin/sh", "-c", script, "sh", NULL);
-	assert_has(out, "[rank 0] hpucoll-bench: rank 0: ");
-	assert_has(out, "1000 ms");
-	free(out);
+	         pidfile, pidfile, pidfile, BENCH);
+	const char *argv[] = {h_build("bin/hpulaunch"), "-q", "--devices", "2", "--exec",
+			      "/bin/sh", "-c", script, "sh", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, (char *const *)argv, NULL), 0);
+	if (h_wait_for(&p, "# Collective test starting", 60000) != 0)
+		fail_msg("rank 0 did not print its title:\n%s", p.out);
+	char *pid = h_slurp(pidfile);
+	assert_non_null(pid);
+	assert_int_equal(kill((pid_t)atol(pid), SIGSTOP), 0);
+	free(pid);
+	if (h_wait(&p, 60000) != 0)
+		fail_msg("the job did not end within 60 s of rank 1's stop:\n%s", p.out);
+	assert_int_equal(h_code(&p), 1);
+	assert_has(p.out, "[rank 0] hpucoll-bench: rank 0: ");
+	assert_has(p.out, "1000 ms");
+	h_free(&p);
 }
 
 static void test_program_name(void **state)
