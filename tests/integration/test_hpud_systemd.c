@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -74,8 +75,13 @@ static int has_line(const char *text, const char *line)
  * timeout_ms; it is left in buf. 0, or -1. */
 static int notify_wait(const char *want, char *buf, size_t len, int timeout_ms)
 {
-	for (int waited = 0; waited < timeout_ms; waited += 100) {
-		if (notify_next(buf, len, 100) < 0)
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (long waited = 0; waited < timeout_ms;) {
+		int got = notify_next(buf, len, 100);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		waited = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+		if (got < 0)
 			continue;
 		printf("  notify: %s\n", buf);
 		if (has_line(buf, want))
@@ -159,7 +165,7 @@ static void test_notify_lifecycle(void **state)
 	/* the launch's STATUS= is waiting by now */
 	snprintf(want, sizeof want, "STATUS=listening on tcp://127.0.0.1:%d: 1 job, 0 of 2 devices free",
 		 port);
-	assert_int_equal(notify_wait(want, buf, sizeof buf, 2000), 0);
+	assert_int_equal(notify_wait(want, buf, sizeof buf, 10000), 0);
 	for (int i = 0; i < n; i++) {
 		char *e = environ_of(kids[i]);
 		assert_non_null(e);

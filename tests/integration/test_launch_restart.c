@@ -226,9 +226,15 @@ static void test_failure_then_interrupt_said(void **state)
 		assert_int_equal(h_start(&p, argv, NULL), 0);
 		for (int i = 0; i < 1200 && !h_file_exists(dir, "failed1"); i++)
 			usleep(50000);
-		usleep(500000); /* rank 1's exit seen, rank 0 in its grace */
+		/* rank 1's exit seen (reaped: only rank 0 is left of
+		 * hpulaunch's children), rank 0 in its grace */
 		pid_t kids[8];
 		int n = h_children(p.pid, kids, 8);
+		for (int i = 0; i < 3000 && n > 1; i++) {
+			usleep(10000);
+			n = h_children(p.pid, kids, 8);
+		}
+		assert_int_equal(n, 1);
 		kill(p.pid, SIGINT);
 		int exited = h_wait(&p, 60000);
 		h_kill_groups(kids, n);

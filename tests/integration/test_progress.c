@@ -556,7 +556,7 @@ static void test_status_and_bar_through_hpud(void **state)
 	memset(&sub, 0, sizeof sub);
 	pid_t kids[4];
 	int gone = 0;
-	for (int i = 0; i < 100 && !gone; i++) {
+	for (int i = 0; i < 600 && !gone; i++) { /* a minute at most */
 		h_wait(&daemon_proc, 100);
 		gone = h_children(daemon_proc.pid, kids, 4) == 0;
 	}

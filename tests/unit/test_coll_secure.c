@@ -247,17 +247,22 @@ static int forged_abort_wins(hpucoll_comm *c, struct shared *sh,
 	(void)w;
 	if (hpucoll_comm_rank(c) == 0) {
 		/* Rank 0 stays out of the collective: only the forged frame
-		 * can end rank 1's wait. */
+		 * can end rank 1's wait. It stays (its socket open) until rank
+		 * 1's barrier has returned: gone earlier, rank 1 could see it
+		 * gone before the forged frame arrived. */
 		void *ctx = zmq_ctx_new(), *s = forge(ctx, sh->eps.ep[1], BARE,
 						 HPUCOLL_SECURITY_NONE, NULL);
 
-		sleep(3);
+		for (int64_t end = ct_now_ms() + 30000;
+		     atomic_load(&sh->counter) == 0 && ct_now_ms() < end;)
+			usleep(10000);
 		zmq_close(s);
 		zmq_ctx_term(ctx);
 		return 0;
 	}
 	hpucoll_comm_set_timeout(c, 20000);
 	rc = hpucoll_barrier(c);
+	atomic_store(&sh->counter, 1);
 	if (rc == HPUCOLL_ENOMEM && strstr(hpucoll_comm_errmsg(c), "(forged)"))
 		return 0;
 	fprintf(stderr, "rank 1: barrier gave %d \"%s\", want the forgery\n",

@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,11 @@
 
 typedef struct capture {
 	int rfd, saved;
+	char *buf; /* what was read so far (cap_wait), NUL-terminated */
+	size_t n;
 } capture;
+
+enum { CAP_MAX = 1 << 16 };
 
 static void cap_start(capture *c)
 {
@@ -45,6 +50,33 @@ static void cap_start(capture *c)
 	assert_int_equal(dup2(p[1], 2), 2);
 	close(p[1]);
 	c->rfd = p[0];
+	c->buf = malloc(CAP_MAX + 1);
+	assert_non_null(c->buf);
+	c->buf[0] = 0;
+	c->n = 0;
+}
+
+/* Reads what is there, waiting up to timeout_ms for more. */
+static void cap_read(capture *c, int timeout_ms)
+{
+	struct pollfd pf = {.fd = c->rfd, .events = POLLIN};
+	if (c->n == CAP_MAX || poll(&pf, 1, timeout_ms) <= 0)
+		return;
+	ssize_t r = read(c->rfd, c->buf + c->n, CAP_MAX - c->n);
+	if (r > 0)
+		c->n += (size_t)r;
+	c->buf[c->n] = 0;
+}
+
+static int64_t now_ms(void);
+
+/* Waits up to 10 s for `text` on the captured fd 2 (a line written by
+ * another thread, after it counted what it says). */
+static void cap_wait(capture *c, const char *text)
+{
+	fflush(stderr);
+	for (int64_t end = now_ms() + 10000; !strstr(c->buf, text) && now_ms() < end;)
+		cap_read(c, 50);
 }
 
 /* Gives fd 2 back; returns what was written to it (caller frees). */
@@ -53,18 +85,12 @@ static char *cap_end(capture *c)
 	fflush(stderr);
 	dup2(c->saved, 2);
 	close(c->saved);
-	size_t cap = 1 << 16, n = 0;
-	char *buf = malloc(cap + 1);
-	assert_non_null(buf);
-	for (ssize_t r; (r = read(c->rfd, buf + n, cap - n)) != 0;) {
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0 || (n += (size_t)r) == cap)
-			break;
+	for (size_t before = (size_t)-1; c->n != before && c->n < CAP_MAX;) {
+		before = c->n;
+		cap_read(c, -1); /* to the end: every writer closed */
 	}
-	buf[n] = 0;
 	close(c->rfd);
-	return buf;
+	return c->buf;
 }
 
 static int64_t now_ms(void)
@@ -123,8 +149,8 @@ static void wait_refused(hpucoll_comm *c, uint64_t want)
 }
 
 /* One stranger refused by a new communicator (rank 0 of 2, auth); waits
- * until the hook has it (h) or a moment passed (no hook). */
-static void refuse_one(struct hooked *h)
+ * until the hook has it (h) or its line is on the captured stderr (cap). */
+static void refuse_one(struct hooked *h, capture *cap)
 {
 	hpucoll_comm *c = NULL;
 	assert_int_equal(hpucoll_comm_new_secure(&c, 0, 2, "tcp://127.0.0.1:*",
@@ -140,8 +166,8 @@ static void refuse_one(struct hooked *h)
 		if (calls)
 			break;
 	}
-	if (!h)
-		usleep(200000);
+	if (!h && cap)
+		cap_wait(cap, "none of its frames was read\n");
 	zmq_close(s);
 	hpucoll_comm_destroy(&c);
 	zmq_ctx_term(ctx);
@@ -154,7 +180,7 @@ static void test_coll_message_reaches_hook(void **state)
 	capture cap;
 	cap_start(&cap);
 	hpucoll_set_log(hook, &h);
-	refuse_one(&h);
+	refuse_one(&h, NULL);
 	char *err = cap_end(&cap);
 	printf("hook: %d call(s), level %d: %s\nstderr: \"%s\"\n", h.calls, (int)h.level, h.line,
 	       err);
@@ -168,7 +194,7 @@ static void test_coll_message_reaches_hook(void **state)
 	/* Without a hook: on stderr, as before. */
 	hpucoll_set_log(NULL, NULL);
 	cap_start(&cap);
-	refuse_one(NULL);
+	refuse_one(NULL, &cap);
 	err = cap_end(&cap);
 	printf("stderr without the hook: %s", err);
 	assert_int_equal(strncmp(err, "hpucoll: rank 0 refused a data-plane connection from ", 53), 0);
@@ -196,7 +222,7 @@ static void test_silent_connection_said(void **state)
 	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
 	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
 	wait_refused(c, 1);
-	usleep(200000);
+	cap_wait(&cap, ": its handshake did not finish (it stopped answering");
 	char *err = cap_end(&cap);
 	close(fd);
 	hpucoll_comm_destroy(&c);

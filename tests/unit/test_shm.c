@@ -513,8 +513,9 @@ static void test_dead_peer_send(void **state)
 	run_ranks(2, dead_send_rank, NULL);
 }
 
-/* Rank 1 stays silent for 600 ms, then closes. Rank 0 times out after
- * 200 ms, then sees the close as HPUCOLL_EPEER. */
+/* Rank 1 stays silent for 3 s, then closes. Rank 0 times out after
+ * 200 ms, then sees the close as HPUCOLL_EPEER (the silence is long
+ * enough for a loaded machine to start rank 0's wait within it). */
 static void silent_rank(int me, int n, const char *job, void *arg)
 {
 	hpucoll__shm *s = open_rank(job, 0, me, n);
@@ -525,7 +526,7 @@ static void silent_rank(int me, int n, const char *job, void *arg)
 
 	(void)arg;
 	if (me == 1) {
-		usleep(600000);
+		usleep(3000000);
 		hpucoll__shm_close(&s);
 		return;
 	}
@@ -785,12 +786,12 @@ static void mismatch_rank(int me, int n, const char *job, void *arg)
 
 	(void)arg;
 	(void)n;
-	if (me == 0) {
-		rc = hpucoll__shm_open(&s, job, 0, 0, 2, 1500, err, sizeof err);
+	if (me == 0) { /* waits long enough for rank 1 on a loaded machine */
+		rc = hpucoll__shm_open(&s, job, 0, 0, 2, 5000, err, sizeof err);
 		CHECK(rc == HPUCOLL_ETIMEDOUT);
 		return;
 	}
-	usleep(200000);
+	usleep(500000); /* rank 0 attached first */
 	rc = hpucoll__shm_open(&s, job, 0, 1, 3, 1000, err, sizeof err);
 	printf("open with another nlocal: rc %d: %s\n", rc, err);
 	CHECK(rc == HPUCOLL_EPROTO);
