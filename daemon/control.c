@@ -228,12 +228,7 @@ static void reload(void)
 		hpud__logmsg(HPUD_LOG_ERROR, "reload refused, keeping the old configuration: %s", err);
 		return;
 	}
-	if (strcmp(c.listen, hpud__D.conf.listen) || c.port != hpud__D.conf.port)
-		hpud__logmsg(HPUD_LOG_WARN, "reload: listen/port changes take effect after a restart");
-	if (c.devices < hpud__D.conf.devices)
-		for (int i = c.devices; i < hpud__D.conf.devices; i++)
-			if (hpud__D.busy[i])
-				hpud__logmsg(HPUD_LOG_WARN, "reload: device %d is still in use by a job", i);
+	int moved = strcmp(c.listen, hpud__D.conf.listen) || c.port != hpud__D.conf.port;
 	hpud_conf old = hpud__D.conf;
 	hpud__D.conf = c;
 	snprintf(hpud__D.conf.listen, sizeof hpud__D.conf.listen, "%s", old.listen);
@@ -247,6 +242,12 @@ static void reload(void)
 		hpud__resolve_user(&hpud__D.conf, err, sizeof err);
 		return;
 	}
+	/* said once the reload takes (a refused one changes nothing) */
+	if (moved)
+		hpud__logmsg(HPUD_LOG_WARN, "reload: listen/port changes take effect after a restart");
+	for (int i = hpud__D.conf.devices; i < old.devices; i++)
+		if (hpud__D.busy[i])
+			hpud__logmsg(HPUD_LOG_WARN, "reload: device %d is still in use by a job", i);
 	if (strcmp(worker, hpud__D.worker))
 		hpud__logmsg(HPUD_LOG_INFO, "reload: the worker program is now %s (was %s; running jobs keep theirs)",
 			     worker, hpud__D.worker);

@@ -196,6 +196,22 @@ static void test_untrusted_files(void **state)
 	assert_non_null(strstr(strstr(daemon_proc.out, "reload refused"), conf_path));
 	kill(daemon_proc.pid, SIGHUP);
 	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
+	/* a reload refused for its key file says nothing of the port it
+	 * would have changed (it warned that the change would take effect
+	 * after a restart, then refused it) */
+	int was = port;
+	port = was + 1;
+	write_conf(2, NULL);
+	port = was;
+	assert_int_equal(chmod(key_path, 0644), 0);
+	size_t before = strlen(daemon_proc.out);
+	kill(daemon_proc.pid, SIGHUP);
+	refused = h_wait_for(&daemon_proc, "reload refused, keeping the old configuration: key file", 5000);
+	assert_int_equal(chmod(key_path, 0600), 0);
+	write_conf(2, NULL);
+	printf("  %s", daemon_proc.out + before);
+	assert_int_equal(refused, 0);
+	assert_null(strstr(daemon_proc.out + before, "listen/port changes"));
 	stop_daemon();
 }
 
