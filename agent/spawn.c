@@ -158,6 +158,35 @@ static void close_fds_from(int from)
 		close((int)fd);
 }
 
+/* Says that exec of prog failed with errno e (async-signal-safe: no
+ * stdio, no strerror). */
+static void exec_failed(const char *prog, int e)
+{
+	static const struct {
+		int e;
+		const char *text;
+	} why[] = {
+		{ENOENT, "no such file"}, {EACCES, "permission denied"},
+		{ENOEXEC, "not a program this machine runs (exec format error)"},
+		{ENOTDIR, "a part of the path is not a directory"}, {ELOOP, "too many symbolic links"},
+		{ENAMETOOLONG, "the name is too long"}, {ETXTBSY, "the file is open for writing"},
+		{E2BIG, "the arguments and environment are too long"}, {ENOMEM, "out of memory"},
+		{EPERM, "not permitted"}, {EISDIR, "a directory"},
+	};
+	const char *reason = "exec failed";
+	for (size_t i = 0; i < sizeof why / sizeof why[0]; i++)
+		if (why[i].e == e)
+			reason = why[i].text;
+	char text[480];
+	size_t n = 0;
+	const char *parts[] = {"cannot execute the worker program ", prog, ": ", reason};
+	for (size_t i = 0; i < 4; i++)
+		for (const char *c = parts[i]; *c && n < sizeof text - 1; c++)
+			text[n++] = *c;
+	text[n] = '\0';
+	hpu__log_sigsafe(HPU_LOG_ERROR, text);
+}
+
 /* In the child, between fork and exec: only async-signal-safe calls. */
 static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		       int status, char **env, pid_t parent)
@@ -211,7 +240,7 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 		execvpe(a->cfg.argv[0], a->cfg.argv, env);
 	else
 		execve(a->cfg.argv[0], a->cfg.argv, env);
-	hpu__log_sigsafe(HPU_LOG_ERROR, "cannot execute the worker program");
+	exec_failed(a->cfg.argv[0], errno);
 	_exit(127);
 }
 

@@ -4,6 +4,7 @@
  * logging.c (daemon/hpud.h). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -57,6 +58,8 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		return "master_port must be 1..65535 (0 only on node 0: pick one)";
 	if (q->max_restarts > HPU_MAX_RESTARTS_LIMIT || q->restart_count > q->max_restarts)
 		return "restart_count must not exceed max_restarts, nor max_restarts 1000";
+	if (!(q->join_timeout_s >= 0)) /* NaN too; infinity: wait for ever */
+		return "join_timeout_s must be a number of seconds above 0 (0: 300)";
 	if (q->transport && *q->transport && strcmp(q->transport, "auto") &&
 	    strcmp(q->transport, "tcp") && strcmp(q->transport, "ipc") &&
 	    strcmp(q->transport, "shm"))
@@ -168,6 +171,12 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 			j = &hpud__D.jobs[i];
 	if (!bad && !j)
 		bad = "too many jobs on this node";
+	char wwhy[900];
+	if (!bad && access(hpud__D.worker, X_OK) != 0) { /* removed since the start or reload */
+		snprintf(wwhy, sizeof wwhy, "the worker program %.600s cannot be run: %s", hpud__D.worker,
+			 strerror(errno));
+		bad = wwhy;
+	}
 	if (bad) {
 		hpud__logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, bad);
 		hpud__reply_launch(peer, session, id, NULL, bad);
@@ -187,6 +196,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	j->rank_base = j->node_rank * j->devices;
 	j->restart_count = (int)q->restart_count;
 	j->max_restarts = (int)q->max_restarts;
+	j->join_timeout_s = q->join_timeout_s > 0 ? q->join_timeout_s : 300;
 	j->peer = *peer;
 	snprintf(j->session, sizeof j->session, "%s", session);
 	j->started = j->last_ping = ev_now(hpud__D.loop);
@@ -247,7 +257,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 		.gid = hpud__D.gid,
 		.job_uid_first = hpud__own_uids() ? hpud__D.conf.job_uid_first : 0,
 		.job_uid_last = hpud__own_uids() ? hpud__D.conf.job_uid_last : 0,
-		.join_timeout_s = 300,
+		.join_timeout_s = j->join_timeout_s,
 		.agent_timeout_s = 10,
 		.grace_s = 2,
 		.quiet = 1,

@@ -21,7 +21,7 @@ const hpu_optspec hpu__args_specs[] = {
 	 .env = "MASTER_PORT"},
 	{"job-id", 0, HPU_OPT_VALUE, O_JOB_ID, "ID", .help = "job id; the job token comes from HPU_JOB_TOKEN (required with --nodes > 1)",
 	 .env = "HPU_JOB_ID"},
-	{"log-dir", 0, HPU_OPT_VALUE, O_LOG_DIR, "DIR", .help = "also write each rank's output to DIR/rank_N.log"},
+	{"log-dir", 0, HPU_OPT_VALUE, O_LOG_DIR, "DIR", .help = "also write each rank's output to DIR/rank_N.log (with --hostfile: on this machine)"},
 	{"transport", 0, HPU_OPT_VALUE, O_TRANSPORT, "T",
 	 .help = "auto | tcp | ipc | shm: how ranks reach each other (auto: shared memory within a node, TCP between)",
 	 .env = "HPUCOLL_TRANSPORT"},

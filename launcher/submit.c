@@ -1,6 +1,7 @@
 #include "launcher/submit.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
@@ -75,6 +76,12 @@ typedef struct submit {
 		size_t len;
 	} *pieces;
 	int npieces;
+	struct rank_log {       /* per rank: its --log-dir file, here */
+		int fd;         /* -1: not open yet (or failed: then said) */
+		int failed;
+		char path[4200];
+	} *logs;
+	int nlogs;
 } submit;
 
 static submit S;
@@ -302,13 +309,58 @@ static void teardown(void)
 	for (int i = 0; i < S.npieces; i++)
 		free(S.pieces[i].buf);
 	free(S.pieces);
+	for (int i = 0; i < S.nlogs; i++)
+		if (S.logs[i].fd >= 0)
+			hpu__output_file_close(S.logs[i].fd, S.logs[i].path);
+	free(S.logs);
 	hpu__auth_destroy(&S.auth);
 }
 
 /* ---- the job ---- */
 
+/* --log-dir with --hostfile: each rank's lines, as printed, also go to
+ * DIR/rank_N.log here, on the submitter's machine (the workers run under
+ * hpud on other machines); the file is made at the rank's first line and
+ * keeps every attempt's output, as a local job's does. */
+static void log_text(uint32_t rank, const char *text)
+{
+	if (!S.a->log_dir || S.a->world <= 0 || rank >= (uint32_t)S.a->world)
+		return;
+	if (!S.logs && (S.logs = calloc((size_t)S.a->world, sizeof *S.logs))) {
+		S.nlogs = S.a->world;
+		for (int i = 0; i < S.nlogs; i++)
+			S.logs[i].fd = -1;
+	}
+	if (!S.logs)
+		return;
+	struct rank_log *l = &S.logs[rank];
+	if (l->failed)
+		return;
+	if (l->fd < 0) {
+		snprintf(l->path, sizeof l->path, "%s/rank_%u.log", S.a->log_dir, rank);
+		l->fd = open(l->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (l->fd < 0) {
+			char what[4300];
+			snprintf(what, sizeof what, "the log file %s", l->path);
+			l->failed = 1;
+			hpu__output_fail(what, errno);
+			return;
+		}
+	}
+	char prefix[32];
+	int k = snprintf(prefix, sizeof prefix, "[rank %u] ", rank);
+	if (hpu__output_file(l->fd, l->path, prefix, (size_t)k) < 0 ||
+	    hpu__output_file(l->fd, l->path, text, strlen(text)) < 0 ||
+	    hpu__output_file(l->fd, l->path, "\n", 1) < 0) {
+		close(l->fd);
+		l->fd = -1;
+		l->failed = 1;
+	}
+}
+
 static void print_text(uint32_t rank, const char *text)
 {
+	log_text(rank, text);
 	if (!hpu__output_std_ok(1))
 		return; /* said once: the rest is lost */
 	hpu__progress_hide(&S.bar);
@@ -551,6 +603,7 @@ static int request_make(request *r, int i, int restart)
 	q.transport = (char *)(a->transport ? a->transport : "");
 	q.restart_count = (uint32_t)restart;
 	q.max_restarts = (uint32_t)a->max_restarts;
+	q.join_timeout_s = a->join_timeout_s;
 	r->env_bytes = 0;
 	for (int k = 0; hpu__job_env[k] != HPU_ENV_COUNT && q.n_env < 16; k++) {
 		const char *v = hpu__env_str(hpu__job_env[k]);
@@ -975,14 +1028,21 @@ static void print_ranks(const Hpu__JobStatus *j)
 			       "-", "-", "-", "-", "-");
 			continue;
 		}
-		char steps[48], epoch[32], age[32];
+		char steps[48], epoch[32], age[32], loss[32], sps[32], mem[3][40];
+		/* a rank setting up has no reading yet where it reports 0 (or
+		 * no loss): '-', not figures that look measured */
+		int none = r->phase == HPU_PHASE_SETUP && r->step == 0;
 		snprintf(steps, sizeof steps, "%llu/%llu", (unsigned long long)r->step,
 			 (unsigned long long)r->total);
-		snprintf(epoch, sizeof epoch, "%u/%u", r->epoch, r->epochs);
+		snprintf(epoch, sizeof epoch, r->epochs ? "%u/%u" : "-", r->epoch, r->epochs);
 		snprintf(age, sizeof age, "%.1f s", r->age_s);
-		printf("  %5u %15s %7s %10.4f %10.1f  %20.1f  %24.1f  %26.1f  %10s%s\n", r->rank, steps,
-		       epoch, r->loss, r->samples_per_sec, mib(r->mem_in_use), mib(r->mem_max),
-		       mib(r->mem_limit), age,
+		snprintf(loss, sizeof loss, none ? "-" : "%.4f", r->loss);
+		snprintf(sps, sizeof sps, none ? "-" : "%.1f", r->samples_per_sec);
+		double m[3] = {mib(r->mem_in_use), mib(r->mem_max), mib(r->mem_limit)};
+		for (int i = 0; i < 3; i++)
+			snprintf(mem[i], sizeof mem[i], none && m[i] == 0 ? "-" : "%.1f", m[i]);
+		printf("  %5u %15s %7s %10s %10s  %20s  %24s  %26s  %10s%s\n", r->rank, steps, epoch,
+		       loss, sps, mem[0], mem[1], mem[2], age,
 		       r->phase == HPU_PHASE_DONE	    ? "  done"
 		       : r->phase == HPU_PHASE_EVAL ? "  evaluating"
 		       : r->phase == HPU_PHASE_SAVE ? "  saving a checkpoint"

@@ -13,6 +13,7 @@
  * Needs root (the workers switch to the user 'nobody'). */
 #include "tests/integration/hpudlib.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <signal.h>
@@ -685,6 +686,20 @@ static void test_submitter_refuses_replays(void **state)
 	Hpu__StatusReply sr = HPU__STATUS_REPLY__INIT;
 	sr.devices_total = 7;
 	sr.devices_free = 7;
+	/* a job of two ranks: rank 0 setting up (its record has no figures
+	 * yet), rank 1 training */
+	Hpu__RankStatus r0 = HPU__RANK_STATUS__INIT, r1 = HPU__RANK_STATUS__INIT;
+	r0.rank = 0, r0.reported = 1, r0.total = 20, r0.epoch = 1, r0.loss = NAN, r0.phase = 3,
+	r0.age_s = 0.5;
+	r1.rank = 1, r1.reported = 1, r1.step = 5, r1.total = 20, r1.epoch = 1, r1.epochs = 2,
+	r1.loss = 0.25, r1.samples_per_sec = 1000, r1.mem_in_use = 1 << 20, r1.mem_max = 2 << 20,
+	r1.mem_limit = 64 << 20, r1.age_s = 0.5;
+	Hpu__RankStatus *ranks[2] = {&r0, &r1};
+	uint32_t devs[2] = {0, 1};
+	Hpu__JobStatus js = HPU__JOB_STATUS__INIT, *jobs[1] = {&js};
+	js.job_id = "job-x", js.n_device_ids = 2, js.device_ids = devs, js.live_workers = 2;
+	js.submitter = "127.0.0.1", js.n_ranks = 2, js.ranks = ranks;
+	sr.n_jobs = 1, sr.jobs = jobs;
 	env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
 	env.status_reply = &sr;
 	fr = fake_sign(&f, &env, other, session, 20, &len); /* another instance */
@@ -710,6 +725,23 @@ static void test_submitter_refuses_replays(void **state)
 	printf("  %d warnings shown for 3003 frames dropped\n", warned);
 	assert_int_equal(h_code(&p), 0);
 	assert_non_null(strstr(p.out, "7 devices, 7 free"));
+	/* the rank setting up shows '-' where it has no figure yet (it
+	 * showed epoch 1/0, loss nan and 0.0 MiB, as if measured) */
+	const char *want[2][11] = {{"0", "0/20", "-", "-", "-", "-", "-", "-", "0.5", "s", "setting"},
+				   {"1", "5/20", "1/2", "0.2500", "1000.0", "1.0", "2.0", "64.0", "0.5", "s", NULL}};
+	for (int k = 0; k < 2; k++) {
+		char key[16];
+		snprintf(key, sizeof key, "\n  %5d ", k);
+		const char *row = strstr(p.out, key);
+		assert_non_null(row);
+		char line[400];
+		snprintf(line, sizeof line, "%.*s", (int)strcspn(row + 1, "\n"), row + 1);
+		char *save = NULL, *tok = strtok_r(line, " ", &save);
+		for (int t = 0; t < 11 && want[k][t]; t++, tok = strtok_r(NULL, " ", &save))
+			if (!tok || strcmp(tok, want[k][t]))
+				fail_msg("rank %d's row, column %d: '%s', want '%s'", k, t, tok ? tok : "(none)",
+					 want[k][t]);
+	}
 	assert_non_null(strstr(p.out, "not for this session"));
 	assert_non_null(strstr(p.out, "replayed or out of order (seq 10, the last was 10)"));
 	assert_non_null(strstr(p.out, "from another hpud instance"));

@@ -502,14 +502,29 @@ static void test_restart_through_hostfile(void **state)
 	snprintf(extra, sizeof extra, "worker = %s\n", script);
 	write_conf(2, extra);
 	start_daemon();
+	char logs[192];
+	snprintf(logs, sizeof logs, "%s/rank logs", dir);
 	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
 			"--devices", "2", "--max-restarts", "1", "--max-steps", "3",
-			"--no-eval", (char *)MODEL, "--", "--hidden", "64", NULL};
+			"--log-dir", logs, "--no-eval", (char *)MODEL, "--", "--hidden", "64", NULL};
 	proc p;
 	int code = h_run(&p, argv, NULL, 180000);
 	printf("%s", p.out);
 	write_conf(2, NULL);
 	assert_int_equal(code, 0);
+	/* --log-dir through hpud: each rank's lines, every attempt's, in
+	 * DIR/rank_N.log here (it was ignored: no file, nothing said) */
+	char path[256], *log;
+	snprintf(path, sizeof path, "%s/rank_1.log", logs);
+	assert_non_null(log = h_slurp(path));
+	assert_non_null(strstr(log, "[rank 1] restart count 0 of 1\n"));
+	assert_non_null(strstr(log, "[rank 1] restart count 1 of 1\n"));
+	free(log);
+	snprintf(path, sizeof path, "%s/rank_0.log", logs);
+	assert_non_null(log = h_slurp(path));
+	assert_non_null(strstr(log, "[rank 0] trained 3 steps on 2 workers"));
+	assert_null(strstr(log, "[rank 1]"));
+	free(log);
 	assert_non_null(strstr(p.out, "[rank 1] restart count 0 of 1"));
 	assert_non_null(strstr(p.out, "hpulaunch: attempt 1 of 2 failed: rank 1 (node 0, pid "));
 	assert_non_null(strstr(p.out, "exited with code 3; restarting (restart 1 of 1)"));
@@ -526,6 +541,57 @@ static void test_restart_through_hostfile(void **state)
 	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 0);
 	stop_daemon();
 	unlink(script);
+}
+
+/* The worker program as the submitter meets it: --join-timeout reaches
+ * hpud (it waited its own 300 s: a worker that never joins failed the
+ * job after 2 s only locally); a worker program that is no program says
+ * so, naming it and why (it said "cannot execute the worker program");
+ * one removed since hpud started is refused at the launch, named. */
+static void test_worker_program_said(void **state)
+{
+	(void)state;
+	char script[192], text[512], extra[256];
+	snprintf(script, sizeof script, "%s/never-joins.sh", dir);
+	snprintf(text, sizeof text, "#!/bin/sh\nexec sleep 600\n");
+	assert_int_equal(h_write_file(script, text, 0755), 0);
+	snprintf(extra, sizeof extra, "worker = %s\n", script);
+	write_conf(2, extra);
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "2", "--join-timeout", "2", "--max-steps", "3",
+			"--no-eval", (char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "did not join within 2 s"));
+	h_free(&p);
+
+	assert_int_equal(h_write_file(script, "not a program\n", 0755), 0);
+	code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	snprintf(text, sizeof text,
+		 "hpud: cannot execute the worker program %s: not a program this machine runs "
+		 "(exec format error)", script);
+	assert_non_null(strstr(p.out, text));
+	h_free(&p);
+
+	assert_int_equal(unlink(script), 0);
+	code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 1);
+	snprintf(text, sizeof text, "refused the job: the worker program %s cannot be run: No such file or directory",
+		 script);
+	assert_non_null(strstr(p.out, text));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_non_null(strstr(daemon_proc.out, text + strlen("refused the job: ")));
+	pid_t kids[4];
+	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 0);
+	stop_daemon();
+	write_conf(2, NULL);
 }
 
 /* ---- a chatty model ---- */
@@ -1087,6 +1153,7 @@ int main(void)
 		cmocka_unit_test(test_workers_die_with_hpud),
 		cmocka_unit_test(test_concurrent_jobs_leave_nothing),
 		cmocka_unit_test(test_restart_through_hostfile),
+		cmocka_unit_test(test_worker_program_said),
 		cmocka_unit_test(test_chatty_job),
 		cmocka_unit_test(test_stopped_submitter_output_bounded),
 		cmocka_unit_test(test_stopped_submitter_gets_last_line),

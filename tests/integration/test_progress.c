@@ -410,7 +410,7 @@ static void test_malformed_records(void **state)
 /* ---- through hpud ---- */
 
 typedef struct rank_row {
-	int seen, reported;
+	int seen, reported, setup;
 	long step, total;
 	int epoch, epochs;
 	double loss, sps, mem, max, limit, age;
@@ -441,6 +441,12 @@ static void status_rows(const char *target, const char *key, rank_row rows[2], c
 			continue;
 		}
 		r->reported = 1;
+		if (strstr(line, "setting up")) { /* '-' for the figures it has not */
+			r->setup = 1;
+			if (sscanf(steps, "%ld/%ld", &r->step, &r->total) != 2)
+				fail_msg("a rank's row does not parse: %s", line);
+			continue;
+		}
 		if (sscanf(steps, "%ld/%ld", &r->step, &r->total) != 2 ||
 		    sscanf(line + used, " %d/%d %lf %lf %lf %lf %lf %lf", &r->epoch, &r->epochs,
 			   &r->loss, &r->sps, &r->mem, &r->max, &r->limit, &r->age) != 8)
