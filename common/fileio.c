@@ -139,12 +139,65 @@ int hpu__write_all(int fd, const void *p, size_t n)
 	return 0;
 }
 
+/* Where a symbolic link `path` to nothing leads: the name its chain of
+ * links ends at, into real[len]; 0 when that name can be made (its
+ * directory is there), 1 when not: a descriptor's link in /proc (fd 1
+ * closed, for /dev/stdout), a missing directory, a loop. */
+static int dangling_target(const char *path, char *real, size_t len)
+{
+	char cur[PATH_MAX], to[PATH_MAX];
+	snprintf(cur, sizeof cur, "%s", path);
+	for (int hops = 0; hops < 40; hops++) {
+		ssize_t n = readlink(cur, to, sizeof to - 1);
+		if (n < 0) { /* not a link: the name to make */
+			char dir[PATH_MAX];
+			struct stat ds;
+			const char *slash = strrchr(cur, '/');
+			if (!slash)
+				snprintf(dir, sizeof dir, ".");
+			else if (slash == cur)
+				snprintf(dir, sizeof dir, "/");
+			else
+				snprintf(dir, sizeof dir, "%.*s", (int)(slash - cur), cur);
+			if ((errno != ENOENT && errno != EINVAL) || stat(dir, &ds) != 0 || !S_ISDIR(ds.st_mode) ||
+			    strlen(cur) >= len)
+				return 1;
+			snprintf(real, len, "%s", cur);
+			return 0;
+		}
+		to[n] = '\0';
+		if (!strncmp(to, "/proc/", 6))
+			return 1;
+		const char *slash = strrchr(cur, '/');
+		char next[PATH_MAX];
+		if (to[0] == '/' || !slash)
+			snprintf(next, sizeof next, "%s", to);
+		else {
+			size_t d = (size_t)(slash - cur) + 1, t = strlen(to); /* "DIR/" + to */
+			if (d + t >= sizeof next)
+				return 1;
+			memcpy(next, cur, d);
+			memcpy(next + d, to, t + 1);
+		}
+		memcpy(cur, next, sizeof cur);
+	}
+	return 1;
+}
+
 int hpu__out_in_place(const char *path, char *real, size_t len)
 {
 	struct stat st, lst;
 	snprintf(real, len, "%s", path);
-	if (stat(path, &st) != 0) /* a new file, or a link to nothing, which */
-		return lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode); /* stays */
+	if (stat(path, &st) != 0) { /* a new file, or a link to nothing */
+		if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))
+			return 0;
+		/* the file it names is made (the link stays), where it can
+		 * be; else opened in place, which fails naming the link */
+		int in_place = dangling_target(path, real, len);
+		if (in_place)
+			snprintf(real, len, "%s", path);
+		return in_place;
+	}
 	if (!S_ISREG(st.st_mode))
 		return !S_ISDIR(st.st_mode); /* a directory: the rename says so */
 	if (lstat(path, &lst) != 0 || !S_ISLNK(lst.st_mode))

@@ -62,10 +62,11 @@ int hpu__same_file(const char *a, const char *b);
 
 /* How output `path` is written: in place (1) when it is a device or a
  * pipe (/dev/full, /dev/stdout into a pipe), which renaming over would
- * replace, or a symbolic link to nothing (/dev/stdout with descriptor 1
- * closed: opening it fails, the link stays); else (0) as a temporary file
- * renamed onto real[len]: path itself, or the regular file a symbolic
- * link at path leads to (the link stays). */
+ * replace, or a symbolic link to nothing that cannot be made (/dev/stdout
+ * with descriptor 1 closed, a link into a missing directory: opening it
+ * fails, the link stays); else (0) as a temporary file renamed onto
+ * real[len]: path itself, or the file a symbolic link at path leads to,
+ * made if it is not there yet (the link stays). */
 int hpu__out_in_place(const char *path, char *real, size_t len);
 
 /* An output file written under a temporary name ("REAL.tmp.PID", next to

@@ -225,6 +225,29 @@ static void test_outfile_dangling_link(void **state)
 	assert_int_equal(lstat(link, &st), 0);
 	assert_true(S_ISLNK(st.st_mode));
 	assert_int_equal(unlink(link), 0);
+	/* a link to a file not made yet, in a directory that is there (by a
+	 * relative name, through a second link): the file is written, the
+	 * links stay */
+	char made[600], mid[600];
+	snprintf(made, sizeof made, "%s", tmp_at("made-later"));
+	snprintf(mid, sizeof mid, "%s", tmp_at("mid-link"));
+	assert_int_equal(symlink("made-later", mid), 0);
+	assert_int_equal(symlink(mid, link), 0);
+	assert_int_equal(hpu__write_atomic(link, "data", 4, err, sizeof err), 0);
+	char *buf;
+	size_t n;
+	assert_null(hpu__read_file(made, &buf, &n));
+	assert_int_equal(n, 4);
+	assert_memory_equal(buf, "data", 4);
+	free(buf);
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	assert_int_equal(lstat(mid, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+	assert_int_equal(count_prefix("made-later.tmp."), 0);
+	assert_int_equal(unlink(link), 0);
+	assert_int_equal(unlink(mid), 0);
+	assert_int_equal(unlink(made), 0);
 }
 
 /* ---- hex ---- */

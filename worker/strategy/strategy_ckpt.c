@@ -440,7 +440,11 @@ int hpu__strat_save_params(hpu_strat *s, const char *path)
 	if (s->rank == 0) {
 		if (hpu__outfile_open(&o, path, 0644) < 0 || !(f = hpu__outfile_stream(&o))) {
 			e = errno;
-			hpu__strat_fail(s, "cannot write %s: %s", o.tmp[0] ? o.tmp : path, strerror(e));
+			char why[1200];
+			if (o.direct && f == NULL && e == ENOENT) /* a link to nothing: named */
+				hpu__strat_fail(s, "%s", (hpu__outfile_error(&o, "open", why, sizeof why), why));
+			else
+				hpu__strat_fail(s, "cannot write %s: %s", o.tmp[0] ? o.tmp : path, strerror(e));
 			hpu__outfile_abort(&o);
 		}
 	}
