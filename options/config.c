@@ -739,6 +739,11 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 			 (unsigned long long)o->aio_block_size);
 		return -1;
 	}
+	if (o->aio_block_size > (1u << 30)) { /* an io_uring request's length is 32 bits */
+		snprintf(err, errlen, "--aio-block-size %llu is above 1 GiB, the most one I/O request takes",
+			 (unsigned long long)o->aio_block_size);
+		return -1;
+	}
 	return 0;
 }
 

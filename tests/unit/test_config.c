@@ -922,6 +922,17 @@ static void test_resolve_other_checks(void **state)
 	printf("  -> \"%s\"\n", err);
 	assert_non_null(strstr(err, "--total-steps 99"));
 	assert_non_null(strstr(err, "--warmup-steps 100"));
+	/* --aio-block-size: whole 4 KiB blocks, 1 GiB at most (above, it got
+	 * past hpulaunch and each worker refused it, as "not a multiple") */
+	const char *sizes[] = {"1GiB", "2GiB", "1000"};
+	const char *said[] = {NULL, "--aio-block-size 2147483648 is above 1 GiB", "is not a multiple of 4096"};
+	for (int k = 0; k < 3; k++) {
+		hpu__opts_defaults(&o);
+		set_ok(&o, "aio-block-size", sizes[k]);
+		assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), said[k] ? -1 : 0);
+		if (said[k])
+			assert_non_null(strstr(err, said[k]));
+	}
 }
 
 /* What the ranks compare (hpu__opts_shared_text): resolved values, not

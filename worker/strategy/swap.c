@@ -123,7 +123,7 @@ static int check_opts(const hpu_swap_opts *o, char *err, size_t errlen)
 {
 	/* At most 1 GiB: an io_uring request's length is 32 bits. */
 	if (o->block_size == 0 || o->block_size % HPU_SWAP_ALIGN || o->block_size > (1u << 30)) {
-		say(err, errlen, "aio.block_size %zu is not a multiple of %d between %d and 1 GiB",
+		say(err, errlen, "aio.block_size %zu must be a multiple of %d from %d to 1 GiB",
 		    o->block_size, HPU_SWAP_ALIGN, HPU_SWAP_ALIGN);
 		return -1;
 	}
