@@ -171,16 +171,23 @@ static void exec_failed(const char *prog, int e)
 		{ENOTDIR, "a part of the path is not a directory"}, {ELOOP, "too many symbolic links"},
 		{ENAMETOOLONG, "the name is too long"}, {ETXTBSY, "the file is open for writing"},
 		{E2BIG, "the arguments and environment are too long"}, {ENOMEM, "out of memory"},
-		{EPERM, "not permitted"}, {EISDIR, "a directory"},
+		{EPERM, "not permitted"},
 	};
 	const char *reason = "exec failed";
 	for (size_t i = 0; i < sizeof why / sizeof why[0]; i++)
 		if (why[i].e == e)
 			reason = why[i].text;
+	/* hpu__log_sigsafe takes 512 bytes: a long path keeps its end */
+	static const char head[] = "cannot execute the worker program ";
 	char text[480];
-	size_t n = 0;
-	const char *parts[] = {"cannot execute the worker program ", prog, ": ", reason};
-	for (size_t i = 0; i < 4; i++)
+	size_t n = 0, plen = strlen(prog), room = sizeof text - 1 - (sizeof head - 1) - 2 - strlen(reason);
+	const char *p = prog;
+	if (plen > room) {
+		p = prog + plen - (room - 3);
+		plen = room - 3;
+	}
+	const char *parts[] = {head, plen < strlen(prog) ? "..." : "", p, ": ", reason};
+	for (size_t i = 0; i < 5; i++)
 		for (const char *c = parts[i]; *c && n < sizeof text - 1; c++)
 			text[n++] = *c;
 	text[n] = '\0';

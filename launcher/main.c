@@ -287,13 +287,15 @@ static int run(int argc, char **argv)
 	int rc;
 	if (L.args.status_host)
 		rc = hpu__status_run(&L.args);
-	else if (L.args.log_dir && hpu__make_dirs_said("log", L.args.log_dir, err, sizeof err) < 0)
-		rc = 2; /* made where missing, as --checkpoint-dir (each worker's log failed to open) */
 	else if (L.args.hostfile)
-		rc = hpu__submit_run(&L.args);
+		rc = L.args.log_dir && hpu__make_dirs_said("log", L.args.log_dir, err, sizeof err) < 0
+			     ? 2
+			     : hpu__submit_run(&L.args);
 	else if (!L.args.exec_mode &&
 		 hpu__opts_check_outputs(&L.args.train, L.args.node_rank == 0, err, sizeof err) < 0)
 		rc = 2; /* found now, not at the first save after training */
+	else if (L.args.log_dir && hpu__make_dirs_said("log", L.args.log_dir, err, sizeof err) < 0)
+		rc = 2; /* made where missing, as --checkpoint-dir (each worker's log failed to open) */
 	else
 		rc = run_local(err, sizeof err);
 	if (rc && err[0])

@@ -77,8 +77,7 @@ typedef struct submit {
 	} *pieces;
 	int npieces;
 	struct rank_log {       /* per rank: its --log-dir file, here */
-		int fd;         /* -1: not open yet (or failed: then said) */
-		int failed;
+		int fd;         /* -1: closed after a failed write (said) */
 		char path[4200];
 	} *logs;
 	int nlogs;
@@ -320,33 +319,33 @@ static void teardown(void)
 
 /* --log-dir with --hostfile: each rank's lines, as printed, also go to
  * DIR/rank_N.log here, on the submitter's machine (the workers run under
- * hpud on other machines); the file is made at the rank's first line and
- * keeps every attempt's output, as a local job's does. */
+ * hpud on other machines). Every rank's file is made (emptied) before the
+ * job is submitted, as a local job's are at its start, and keeps every
+ * attempt's output. Returns 0, or -1 with S.err naming the file. */
+static int open_logs(void)
+{
+	if (!S.a->log_dir || S.a->world <= 0)
+		return 0;
+	if (!(S.logs = calloc((size_t)S.a->world, sizeof *S.logs)))
+		return fail("out of memory");
+	S.nlogs = S.a->world;
+	for (int i = 0; i < S.nlogs; i++)
+		S.logs[i].fd = -1;
+	for (int i = 0; i < S.nlogs; i++) {
+		struct rank_log *l = &S.logs[i];
+		snprintf(l->path, sizeof l->path, "%s/rank_%d.log", S.a->log_dir, i);
+		l->fd = open(l->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (l->fd < 0)
+			return fail("cannot write the log file %s: %s", l->path, strerror(errno));
+	}
+	return 0;
+}
+
 static void log_text(uint32_t rank, const char *text)
 {
-	if (!S.a->log_dir || S.a->world <= 0 || rank >= (uint32_t)S.a->world)
-		return;
-	if (!S.logs && (S.logs = calloc((size_t)S.a->world, sizeof *S.logs))) {
-		S.nlogs = S.a->world;
-		for (int i = 0; i < S.nlogs; i++)
-			S.logs[i].fd = -1;
-	}
-	if (!S.logs)
+	if (rank >= (uint32_t)S.nlogs || S.logs[rank].fd < 0)
 		return;
 	struct rank_log *l = &S.logs[rank];
-	if (l->failed)
-		return;
-	if (l->fd < 0) {
-		snprintf(l->path, sizeof l->path, "%s/rank_%u.log", S.a->log_dir, rank);
-		l->fd = open(l->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (l->fd < 0) {
-			char what[4300];
-			snprintf(what, sizeof what, "the log file %s", l->path);
-			l->failed = 1;
-			hpu__output_fail(what, errno);
-			return;
-		}
-	}
 	char prefix[32];
 	int k = snprintf(prefix, sizeof prefix, "[rank %u] ", rank);
 	if (hpu__output_file(l->fd, l->path, prefix, (size_t)k) < 0 ||
@@ -354,7 +353,6 @@ static void log_text(uint32_t rank, const char *text)
 	    hpu__output_file(l->fd, l->path, "\n", 1) < 0) {
 		close(l->fd);
 		l->fd = -1;
-		l->failed = 1;
 	}
 }
 
@@ -987,6 +985,10 @@ int hpu__submit_run(const hpu_launch_args *a)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
 	hpu__progress_init(&S.bar, a->progress, stdout);
+	if (open_logs() < 0) {
+		rc = 2; /* before anything is submitted, as a --log-dir not made */
+		goto out;
+	}
 	if (resolve_hosts(a) < 0 || setup(a->key_path, a->nhosts) < 0)
 		goto out;
 	for (int i = 0; i < a->nhosts; i++) {

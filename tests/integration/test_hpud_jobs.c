@@ -558,15 +558,41 @@ static void test_worker_program_said(void **state)
 	snprintf(extra, sizeof extra, "worker = %s\n", script);
 	write_conf(2, extra);
 	start_daemon();
+	/* --log-dir: every rank's file is emptied before the job, whether
+	 * the rank prints or not (an older job's rank_1.log stayed) */
+	char logs[192], stale[256];
+	snprintf(logs, sizeof logs, "%s/logs", dir);
+	assert_int_equal(mkdir(logs, 0755), 0);
+	snprintf(stale, sizeof stale, "%s/rank_1.log", logs);
+	assert_int_equal(h_write_file(stale, "OLD JOB LINE\n", 0644), 0);
 	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
 			"--devices", "2", "--join-timeout", "2", "--max-steps", "3",
-			"--no-eval", (char *)MODEL, NULL};
+			"--no-eval", "--log-dir", logs, (char *)MODEL, NULL};
 	proc p;
 	int code = h_run(&p, argv, NULL, 120000);
 	printf("%s", p.out);
 	assert_int_equal(code, 1);
 	assert_non_null(strstr(p.out, "did not join within 2 s"));
 	h_free(&p);
+	struct stat st;
+	assert_int_equal(stat(stale, &st), 0);
+	assert_int_equal(st.st_size, 0);
+	/* a log file that cannot be written: said once, before the job */
+	assert_int_equal(unlink(stale), 0);
+	assert_int_equal(mkdir(stale, 0755), 0);
+	size_t before = strlen(daemon_proc.out);
+	code = h_run(&p, argv, NULL, 120000);
+	printf("%s", p.out);
+	assert_int_equal(code, 2);
+	snprintf(text, sizeof text, "hpulaunch: error: cannot write the log file %s: Is a directory\n", stale);
+	assert_non_null(strstr(p.out, text));
+	assert_null(strstr(p.out, "job job-"));
+	h_free(&p);
+	h_wait(&daemon_proc, 500);
+	assert_null(strstr(daemon_proc.out + before, "launch of job"));
+	assert_int_equal(rmdir(stale), 0);
+	argv[12] = argv[14]; /* no --log-dir from here */
+	argv[13] = NULL;
 
 	assert_int_equal(h_write_file(script, "not a program\n", 0755), 0);
 	code = h_run(&p, argv, NULL, 120000);

@@ -149,6 +149,17 @@ static void test_log_dir_made(void **state)
 	if (!strstr(p.out, want) || !strstr(p.out, "Not a directory"))
 		fail_msg("no \"%s\" in:\n%s", want, p.out);
 	h_free(&p);
+	/* a command refused for another output makes no log directory */
+	snprintf(dir, sizeof dir, "%s/new/logs", base);
+	char *refused[] = {(char *)LAUNCH, "-q", "--devices", "1", "--log-dir", dir, "--save-params",
+			   "/nonexistent/x.bin", (char *)h_build("lib/fmnist_mlp.so"), NULL};
+	code = h_run(&p, refused, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 2);
+	assert_non_null(strstr(p.out, "--save-params"));
+	snprintf(log, sizeof log, "%s/new", base);
+	assert_int_equal(access(log, F_OK), -1);
+	h_free(&p);
 	snprintf(rm, sizeof rm, "rm -rf %s", base);
 	assert_int_equal(system(rm), 0);
 }

@@ -423,6 +423,33 @@ static void test_checkpoint_dir_unwritable(void **state)
 	h_free(&p);
 }
 
+/* A program that cannot be executed is named with the reason; a path
+ * too long for the line keeps its end and the reason (the line was cut
+ * in the middle of the path, without the reason). */
+static void test_exec_failure_said(void **state)
+{
+	(void)state;
+	char longp[700];
+	int n = snprintf(longp, sizeof longp, "/nonexistent/");
+	while (n < 600)
+		n += snprintf(longp + n, sizeof longp - (size_t)n, "%s", "dddddddddd/");
+	snprintf(longp + n, sizeof longp - (size_t)n, "prog-at-the-end");
+	const char *progs[] = {"/nonexistent/prog", longp};
+	for (int k = 0; k < 2; k++) {
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--exec", (char *)progs[k], NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 60000);
+		printf("%s", p.out);
+		assert_int_equal(code, 1);
+		assert_non_null(strstr(p.out, "exited with code 127"));
+		assert_non_null(strstr(p.out, k ? "cannot execute the worker program ..."
+						: "cannot execute the worker program /nonexistent/prog: no such file\n"));
+		if (k)
+			assert_non_null(strstr(p.out, "dddddddddd/prog-at-the-end: no such file\n"));
+		h_free(&p);
+	}
+}
+
 /* Bad values of torchrun's options are errors that say what was wrong. */
 static void test_torchrun_alias_errors(void **state)
 {
@@ -487,6 +514,7 @@ int main(void)
 		cmocka_unit_test(test_missing_dataset),
 		cmocka_unit_test(test_worker_knob_values),
 		cmocka_unit_test(test_torchrun_alias_errors),
+		cmocka_unit_test(test_exec_failure_said),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)
