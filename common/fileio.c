@@ -152,13 +152,7 @@ static int dangling_target(const char *path, char *real, size_t len)
 		if (n < 0) { /* not a link: the name to make */
 			char dir[PATH_MAX];
 			struct stat ds;
-			const char *slash = strrchr(cur, '/');
-			if (!slash)
-				snprintf(dir, sizeof dir, ".");
-			else if (slash == cur)
-				snprintf(dir, sizeof dir, "/");
-			else
-				snprintf(dir, sizeof dir, "%.*s", (int)(slash - cur), cur);
+			hpu__dir_part(cur, dir, sizeof dir);
 			if ((errno != ENOENT && errno != EINVAL) || stat(dir, &ds) != 0 || !S_ISDIR(ds.st_mode) ||
 			    strlen(cur) >= len)
 				return 1;

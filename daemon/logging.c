@@ -69,14 +69,40 @@ void hpud__notify(const char *state)
 		hpud__logmsg(HPUD_LOG_WARN, "cannot notify systemd through NOTIFY_SOCKET: %s", strerror(-r));
 }
 
+/* The peers of the refusals not logged this second: the first few. */
+enum { DROPPED_PEERS = 4 };
+static char dropped_from[DROPPED_PEERS][64];
+static int ndropped_from, dropped_more;
+
+static void note_dropped_peer(const char *peer)
+{
+	for (int i = 0; i < ndropped_from; i++)
+		if (!strcmp(dropped_from[i], peer))
+			return;
+	if (ndropped_from < DROPPED_PEERS)
+		snprintf(dropped_from[ndropped_from++], sizeof dropped_from[0], "%s", peer);
+	else
+		dropped_more = 1;
+}
+
 /* The refusals past the 20 logged in a second, said once the second is
- * over (it waited for the next refusal, which may never come). */
+ * over (it waited for the next refusal, which may never come), with whom
+ * they came from. */
 static void say_dropped(void)
 {
-	if (hpud__D.refused_dropped)
-		hpud__logmsg(HPUD_LOG_WARN, "%d more requests refused in the last second (not logged)",
-			     hpud__D.refused_dropped);
+	if (hpud__D.refused_dropped) {
+		char from[DROPPED_PEERS * 66 + 32] = "";
+		size_t used = 0;
+		for (int i = 0; i < ndropped_from; i++)
+			hpu__log_list_add(from, sizeof from, &used, dropped_from[i]);
+		if (dropped_more)
+			hpu__log_list_add(from, sizeof from, &used, "others");
+		hpud__logmsg(HPUD_LOG_WARN, "%d more requests refused in the last second (not logged), from %s",
+			     hpud__D.refused_dropped, from);
+	}
 	hpud__D.refused_dropped = 0;
+	ndropped_from = 0;
+	dropped_more = 0;
 }
 
 static void on_refuse_timer(struct ev_loop *loop, ev_timer *t, int revents)
@@ -96,9 +122,12 @@ void hpud__log_refusal(const char *peer, const char *why)
 	}
 	if (hpud__D.refused_logged++ < 20) {
 		hpud__logmsg(HPUD_LOG_WARN, "refused a request from %s: %s", peer, why);
-	} else if (hpud__D.refused_dropped++ == 0) {
-		ev_timer_init(&hpud__D.refuse_timer, on_refuse_timer,
-			      hpud__D.refuse_window + 1.0 - now, 0.);
-		ev_timer_start(hpud__D.loop, &hpud__D.refuse_timer);
+	} else {
+		note_dropped_peer(peer);
+		if (hpud__D.refused_dropped++ == 0) {
+			ev_timer_init(&hpud__D.refuse_timer, on_refuse_timer,
+				      hpud__D.refuse_window + 1.0 - now, 0.);
+			ev_timer_start(hpud__D.loop, &hpud__D.refuse_timer);
+		}
 	}
 }

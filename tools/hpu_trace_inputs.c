@@ -99,13 +99,7 @@ char *hpu__trc_default_output(const char *first, int first_is_dir, const inputs 
 	if (first_is_dir) {
 		snprintf(dir, sizeof dir, "%s", first);
 	} else {
-		const char *slash = strrchr(first, '/');
-		if (!slash)
-			snprintf(dir, sizeof dir, ".");
-		else if (slash == first)
-			snprintf(dir, sizeof dir, "/");
-		else
-			snprintf(dir, sizeof dir, "%.*s", (int)(slash - first), first);
+		hpu__dir_part(first, dir, sizeof dir);
 	}
 	size_t len = strlen(dir) + strlen(name) + 16;
 	char *out = hpu__trc_xrealloc(NULL, len);

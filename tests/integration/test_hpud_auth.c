@@ -173,6 +173,9 @@ static void test_refusal_burst_counted(void **state)
 			      5000);
 	if (said)
 		fail_msg("no count of the unlogged refusals:\n%s", daemon_proc.out);
+	/* ... and whom they came from */
+	if (h_wait_for(&daemon_proc, "(not logged), from 127.0.0.1\n", 5000))
+		fail_msg("the count does not name the peer:\n%s", daemon_proc.out);
 	client_close(&c);
 	stop_daemon();
 }
