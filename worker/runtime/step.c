@@ -162,17 +162,13 @@ static int strat_step(loop *L, double lr)
 }
 
 /* After the step's device work (the collectives' bytes at sent0): its
- * results read back, fp8's history rolled, and where `span`, the
- * optimizer_step span from t0 (the update's start). */
-static int step_done(loop *L, int span, int64_t t0, uint64_t sent0, float *loss_out,
-		     double *norm_out)
+ * results read back and fp8's history rolled. */
+static int step_done(loop *L, uint64_t sent0, float *loss_out, double *norm_out)
 {
 	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
 		return -1; /* a deferred check found bad input: the error says it */
 	if (fp8_roll(L) < 0)
 		return -1;
-	if (span)
-		hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL);
 	L->comm_bytes += bytes_sent(L) - sent0;
 	return 0;
 }
@@ -193,9 +189,11 @@ int hpu__loop_train_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 			return -1;
 	}
 	int64_t t0 = hpu__prof_t0();
-	if (strat_step(L, hpu__sched_lr(&L->pos.sched, gstep)) < 0)
+	if (strat_step(L, hpu__sched_lr(&L->pos.sched, gstep)) < 0 ||
+	    step_done(L, sent0, loss_out, norm_out) < 0)
 		return -1;
-	return step_done(L, 1, t0, sent0, loss_out, norm_out);
+	hpu__prof_span("optimizer", "optimizer_step", NULL, t0, NULL); /* the update's */
+	return 0;
 }
 
 /* --graphs: every rank keeps a recording only where every rank's was
@@ -295,7 +293,7 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 		hpu__prof_span("graph", "graph_replay", NULL, tr, "\"step\":%ld,\"nodes\":{%s}",
 			       gstep + 1, hpu__graphs_node_args(L->graphs));
 	}
-	return step_done(L, 0, 0, sent0, loss_out, norm_out); /* step_work's span */
+	return step_done(L, sent0, loss_out, norm_out); /* the update's span: step_work's */
 }
 
 /* --verbose: the bytes the step copied between host and device (the
