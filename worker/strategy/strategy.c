@@ -600,11 +600,11 @@ static int keep_layer(const hpu_strat *s)
 	return -1;
 }
 
-/* maxbatch * per + fixed floats, where their bytes (and the staging's
- * rounding up) fit a size; else the layer is refused, naming what
- * hpu_layer_memory was given (the sums wrapped: a 0-byte block). */
-static int memory_floats(hpu_strat *s, const hpu_layer *l, const char *what, size_t per,
-			 size_t fixed, size_t *out)
+/* Whether maxbatch * per + fixed floats, their bytes and the staging's
+ * rounding up fit a size (hpu__strat_saved_floats and _scratch_floats
+ * count them unchecked after this); else the layer is refused, naming
+ * what hpu_layer_memory was given (the sums wrapped: a 0-byte block). */
+static int memory_fits(hpu_strat *s, const hpu_layer *l, const char *what, size_t per, size_t fixed)
 {
 	size_t n;
 	if (__builtin_mul_overflow((size_t)s->maxbatch, per, &n) ||
@@ -612,7 +612,6 @@ static int memory_floats(hpu_strat *s, const hpu_layer *l, const char *what, siz
 		return fail(s, "layer %s: its %s memory (hpu_layer_memory: %zu floats a sample "
 			       "at a batch of up to %d, and %zu more) is more than a size can hold",
 			    l->name, what, per, s->maxbatch, fixed);
-	*out = n;
 	return 0;
 }
 
@@ -624,12 +623,11 @@ static int alloc_scratch_buffers(hpu_strat *s)
 	size_t scratch = 0;
 	for (int i = 0; i < b->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
-		size_t n = 0, saved = 0;
-		if (memory_floats(s, l, "saved", l->saved_ps, l->saved_fixed, &saved) < 0 ||
-		    memory_floats(s, l, "scratch", l->scratch_ps, l->scratch_fixed, &n) < 0)
+		if (memory_fits(s, l, "saved", l->saved_ps, l->saved_fixed) < 0 ||
+		    memory_fits(s, l, "scratch", l->scratch_ps, l->scratch_fixed) < 0)
 			return -1;
-		if (n > scratch)
-			scratch = n;
+		if (hpu__strat_scratch_floats(s, l) > scratch)
+			scratch = hpu__strat_scratch_floats(s, l);
 	}
 	if (scratch && !(s->scratch = dalloc(s, HPU_MEM_ACTS, scratch * 4, "layers' scratch")))
 		return -1;

@@ -209,7 +209,7 @@ void hpu__act_release(hpu_strat *s, int t)
 int hpu__act_saved(hpu_strat *s, int i)
 {
 	hpu_layer *l = s->b->layers[i];
-	size_t n = (size_t)s->maxbatch * l->saved_ps + l->saved_fixed;
+	size_t n = hpu__strat_saved_floats(s, l);
 	if (!n || s->saved[i])
 		return 0;
 	char what[128];

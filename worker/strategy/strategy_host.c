@@ -108,9 +108,9 @@ static hpu__lstage *stage_make(hpu_strat *s, int i)
 	}
 	g->bbytes = buffer_floats(l) * 4;
 	g->boff = at, at += al64(g->bbytes);
-	g->sbytes = ((size_t)s->maxbatch * l->saved_ps + l->saved_fixed) * 4;
+	g->sbytes = hpu__strat_saved_floats(s, l) * 4;
 	g->soff = at, at += al64(g->sbytes);
-	g->xoff = at, at += al64(((size_t)s->maxbatch * l->scratch_ps + l->scratch_fixed) * 4);
+	g->xoff = at, at += al64(hpu__strat_scratch_floats(s, l) * 4);
 	if (!(g->host = hpu__dev_host_alloc(at ? at : 64)))
 		goto fail;
 	return g;
@@ -242,7 +242,7 @@ static void layer_plan(const hpu_strat *s, int i, int micro, uint64_t *h2d, uint
 	for (int j = 0; j < 1 + l->nuses; j++)
 		params += owner(s, l, j)->plen * 4;
 	uint64_t state = buffer_floats(l) * 4 +
-			 ((size_t)s->maxbatch * l->saved_ps + l->saved_fixed) * 4;
+			 hpu__strat_saved_floats(s, l) * 4;
 	*d2h += ins + params + state;
 	*h2d += outs + state;
 	if (!l->backward)

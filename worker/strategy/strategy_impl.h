@@ -336,6 +336,19 @@ static inline hpucoll_dtype hpu__strat_cdt(const hpu_strat *s, hpu_plan_state st
 	}
 }
 
+/* A layer's saved and scratch floats (hpu_layer_memory) at the largest
+ * batch: checked against overflow once, at setup (strategy.c's
+ * memory_floats refuses the layer), so not again here. */
+static inline size_t hpu__strat_saved_floats(const hpu_strat *s, const hpu_layer *l)
+{
+	return (size_t)s->maxbatch * l->saved_ps + l->saved_fixed;
+}
+
+static inline size_t hpu__strat_scratch_floats(const hpu_strat *s, const hpu_layer *l)
+{
+	return (size_t)s->maxbatch * l->scratch_ps + l->scratch_fixed;
+}
+
 /* Floats converted at a time for the optimizer (s->chunk). */
 #define HPU__STRAT_CHUNK 16384
 
