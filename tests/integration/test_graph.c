@@ -255,7 +255,16 @@ static void test_max_steps_wins(void **state)
 	args(&r, "--strategy", "ddp", "--batch-size", "256", "--max-steps", "0", "--save-params",
 	     tmp("zero.bin"), NULL);
 	out = finish_with(&r, 0, REGRESSION, NULL);
-	assert_non_null(strstr(out, "trained 0 steps"));
+	assert_non_null(strstr(out, "trained 0 steps on 2 workers (ddp): --max-steps 0, the initial model;"));
+	assert_null(strstr(out, "final loss")); /* it said 0.0000, as if measured */
+	free(out);
+	/* --max-steps 0 needs no training batch: a global batch larger than
+	 * the training split (256) is fine (it was refused as "smaller than
+	 * one global batch") */
+	start(&r, 2);
+	args(&r, "--strategy", "ddp", "--batch-size", "512", "--max-steps", "0", NULL);
+	out = finish_with(&r, 0, REGRESSION, NULL);
+	assert_non_null(strstr(out, "trained 0 steps on 2 workers"));
 	free(out);
 	start(&r, 2);
 	args(&r, "--strategy", "ddp", "--batch-size", "256", "--max-steps", "1", "--optimizer", "sgd",

@@ -224,6 +224,11 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 		       "max_memory_allocated %.1f MiB\n",
 		       L->world, hpu__plural(L->world), hpu__strategy_name(L->o->strategy),
 		       hpu__precision_name(L->o->precision), mib(all[ST_MAX_IN_USE]));
+	else if (steps == L->pos.step) /* --max-steps 0: no loss, no rate to say */
+		printf("trained 0 steps on %d worker%s (%s): --max-steps 0, the initial model; "
+		       "max_memory_allocated %.1f MiB\n",
+		       L->world, hpu__plural(L->world), hpu__strategy_name(L->o->strategy),
+		       mib(all[ST_MAX_IN_USE]));
 	else
 		printf("trained %ld step%s on %d worker%s (%s): final loss %.4f, %.1f samples/s, "
 		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",

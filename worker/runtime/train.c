@@ -17,6 +17,7 @@
 #include "worker/runtime/hooks.h"
 #include "common/num.h"
 #include "worker/runtime/loader.h"
+#include "worker/runtime/rate.h"
 #include "worker/runtime/sampler.h"
 #include "worker/runtime/lrsched.h"
 #include "worker/hpu/prof.h"
@@ -120,6 +121,11 @@ static void free_buffers(loop *L)
 static int run_total(loop *L, long *total, size_t *per_epoch)
 {
 	*per_epoch = hpu__sampler_steps(L->ntrain, (size_t)L->o->batch_size);
+	if (L->o->max_steps == 0) { /* no batch: the initial model is saved and evaluated */
+		*total = 0;
+		L->epochs = 1;
+		return 0;
+	}
 	if (*per_epoch == 0)
 		return hpu__loop_fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
 				      L->ntrain, L->o->batch_size);
@@ -159,61 +165,6 @@ static int save_checkpoint(loop *L, long step, int epoch, long batch)
 	return rc;
 }
 
-/* Throughput: the first --throughput-warmup-steps steps of this run are
- * left out (they pay for allocation and first touches). */
-typedef struct rate {
-	long warm;        /* steps left out */
-	long step0;       /* the step the measurement starts after */
-	double t0;        /* ... and when */
-	long steplog;     /* the last log line's step and time (or step0) */
-	double tlog;
-	double start;     /* the run's start, for a run shorter than warm */
-	long first;       /* the run's first step - 1 */
-} rate;
-
-static void rate_start(rate *R, long warm, long step)
-{
-	*R = (rate){.warm = warm, .step0 = step, .steplog = step, .first = step};
-	R->t0 = R->tlog = R->start = now_s();
-}
-
-/* After `step` steps at time t: starts the measurement when warm-up ends. */
-static void rate_tick(rate *R, long step, double t)
-{
-	if (R->warm > 0 && step == R->first + R->warm) {
-		R->step0 = R->steplog = step;
-		R->t0 = R->tlog = t;
-	}
-}
-
-static int rate_measuring(const rate *R, long step)
-{
-	return step > R->first + R->warm;
-}
-
-/* samples/s since the last log line (and after warm-up); 0 before. */
-static double rate_log(rate *R, long step, double t, int batch)
-{
-	double sps = rate_measuring(R, step) && t > R->tlog
-			     ? (double)(step - R->steplog) * batch / (t - R->tlog)
-			     : 0;
-	if (rate_measuring(R, step) || R->warm == 0) {
-		R->tlog = t;
-		R->steplog = step;
-	}
-	return sps;
-}
-
-/* The run's samples/s after warm-up; a run no longer than the warm-up is
- * measured whole. */
-static double rate_final(const rate *R, long step, double t, int batch)
-{
-	if (rate_measuring(R, step) && t > R->t0)
-		return (double)(step - R->step0) * batch / (t - R->t0);
-	return step > R->first && t > R->start ? (double)(step - R->first) * batch / (t - R->start)
-						: 0;
-}
-
 /* --eval-every-epochs after batch s (from 0) of epoch e: N, after the last
  * batch of every Nth epoch; F below 1 (Lightning's val_check_interval=F),
  * after the batch that reaches each F of the epoch (rounded up) and after
@@ -239,8 +190,8 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 	long step = L->pos.step;
 	float loss = 0;
 	int e = L->pos.epoch;
-	rate R;
-	rate_start(&R, o->throughput_warmup, step);
+	hpu_rate R;
+	hpu__rate_start(&R, o->throughput_warmup, step, now_s());
 	for (; e < L->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
 		hpu__sampler_permute(L->perm, L->ntrain, L->pos.seed, (uint64_t)e);
@@ -269,17 +220,19 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			L->epoch = e;
 			hpu__prof_span("step", "step", NULL, ts, "\"step\":%ld,\"epoch\":%d", step, e + 1);
 			double t = now_s();
-			rate_tick(&R, step, t);
+			hpu__rate_tick(&R, step, t);
 			int logs = o->log_every && step % o->log_every == 0;
 			if (logs && hpu__loop_log_step(L, step, total, e, loss, lr, norm,
-						       rate_log(&R, step, t, o->batch_size)) < 0)
+						       hpu__rate_log(&R, step, t, o->batch_size)) < 0)
 				return -1;
-			double sps = rate_final(&R, step, t, o->batch_size);
+			double sps = hpu__rate_final(&R, step, t, o->batch_size);
 			hpu__loop_report(L, step, total, e, loss, sps,
-					 rate_measuring(&R, step) && sps > 0
+					 hpu__rate_measuring(&R, step) && sps > 0
 						 ? (double)(total - step) * o->batch_size / sps
 						 : -1,
 					 HPU_PHASE_TRAIN, logs);
+			/* validation and saves are not training: out of samples/s */
+			double tp = now_s();
 			if ((o->eval_every && step % o->eval_every == 0) ||
 			    epoch_validates(o->eval_every_epochs, e, s, per_epoch)) {
 				hpu__watch_begin(HPU_WATCH_VALIDATE, step);
@@ -295,6 +248,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			    save_checkpoint(L, step, s + 1 < per_epoch ? e : e + 1,
 					    s + 1 < per_epoch ? (long)(s + 1) : 0) < 0)
 				return -1;
+			hpu__rate_pause(&R, now_s() - tp);
 			hpu__prof_flush();
 			if (stop) {
 				if (L->rank == 0 && L->stop_early)
@@ -310,7 +264,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		}
 	}
 done:
-	*sps_out = rate_final(&R, step, now_s(), o->batch_size);
+	*sps_out = hpu__rate_final(&R, step, now_s(), o->batch_size);
 	*steps_out = step;
 	*loss_out = loss;
 	hpu__loop_report(L, step, total, L->epoch, loss, *sps_out, 0, HPU_PHASE_TRAIN, 1);
