@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static int load_split(fmnist_split *s, const char *dir, const char *prefix, char *err,
 		      size_t errlen)
@@ -14,6 +15,16 @@ static int load_split(fmnist_split *s, const char *dir, const char *prefix, char
 	snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
 	if (hpu_array_load(&s->labels, path, NULL, err, errlen) != HPU_OK)
 		return -1;
+	if (s->labels.ndim != 1) { /* one class a sample: [n] */
+		char shape[96];
+		size_t n = 0;
+		for (int d = 0; d < s->labels.ndim && n < sizeof shape; d++)
+			n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", d ? ", " : "",
+					      (long long)s->labels.shape[d]);
+		snprintf(err, errlen, "%s: labels of shape [%s]: Fashion-MNIST's are one class a sample, [n]",
+			 path, shape);
+		return -1;
+	}
 	if (s->images.type != HPU_DATA_U8 || s->labels.type != HPU_DATA_U8 ||
 	    s->images.count != s->labels.count || s->images.row_numel != FMNIST_PIXELS) {
 		snprintf(err, errlen, "%s/%s: %zu images of %zu %s but %zu labels of %s (expected u8 images of %d pixels)",
@@ -45,9 +56,20 @@ int fmnist_declare(hpu_builder *b, fmnist *f, const char *dir, int ndim, const i
 {
 	char err[1200];
 	if (load_split(&f->train, dir, "train", err, sizeof err) < 0 ||
-	    load_split(&f->test, dir, "t10k", err, sizeof err) < 0)
-		return hpu_error(b, "%s (on Debian: apt-get install dataset-fashion-mnist, or pass -- --data DIR)",
-				 err);
+	    load_split(&f->test, dir, "t10k", err, sizeof err) < 0) {
+		/* where to get the files, where one is missing, not where it is damaged */
+		static const char *const files[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+						     "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
+		int missing = 0;
+		for (int k = 0; k < 4; k++) {
+			char probe[1100];
+			snprintf(probe, sizeof probe, "%s/%s", dir, files[k]);
+			missing |= access(probe, F_OK) != 0;
+		}
+		return hpu_error(b, "%s%s", err,
+				 missing ? " (on Debian: apt-get install dataset-fashion-mnist, or pass -- --data DIR)"
+					 : "");
+	}
 	if (check_labels(b, &f->train, dir, "train") < 0 || check_labels(b, &f->test, dir, "t10k") < 0)
 		return -1;
 	fmnist_split *split[2] = {&f->train, &f->test};

@@ -641,6 +641,23 @@ static void test_mlp_bad_label(void **state)
 		 path);
 	if (code != 1 || !strstr(p.out, want))
 		fail_msg("exit %d (want 1), no \"%s\" in:\n%s", code, want, p.out);
+	assert_null(strstr(p.out, "apt-get")); /* the files are there: no hint where to get them */
+	h_free(&p);
+	/* labels of shape [10000, 1], not one class a sample: refused naming
+	 * the file and the shape (it was accepted, and a later error named
+	 * neither) */
+	uint8_t head2[12] = {0, 0, 0x08, 2, 0, 0, 0x27, 0x10, 0, 0, 0, 1};
+	labels[123] = 0;
+	f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(head2, 1, 12, f), 12);
+	assert_int_equal(fwrite(labels, 1, sizeof labels, f), sizeof labels);
+	assert_int_equal(fclose(f), 0);
+	code = h_run(&p, argv, NULL, 120000);
+	snprintf(want, sizeof want, "%s: labels of shape [10000, 1]: Fashion-MNIST's are one class a sample, [n]",
+		 path);
+	if (code != 1 || !strstr(p.out, want))
+		fail_msg("exit %d (want 1), no \"%s\" in:\n%s", code, want, p.out);
 	h_free(&p);
 	unlink(path);
 	for (int k = 0; k < 3; k++) {
