@@ -347,6 +347,10 @@ int hpu__opts_shared_text(const hpu_train_opts *o, char *buf, size_t len);
  * "none" for an option one text lacks). Returns how many differ. */
 int hpu__opts_shared_diff(const char *mine, const char *ref, char *out, size_t len);
 
+/* The same for any two texts of "name=value" lines, each name shown after
+ * `prefix` ("--" for the options). */
+int hpu__lines_diff(const char *mine, const char *ref, const char *prefix, char *out, size_t len);
+
 /* Whether training option `name` (without dashes) names a file or a
  * directory: --config, --metrics, --checkpoint-dir, --resume, ... */
 int hpu__opts_is_path(const char *name);

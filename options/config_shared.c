@@ -73,19 +73,24 @@ static const char *value_in(const char *text, const char *name, size_t nlen, siz
 	return NULL;
 }
 
-/* Appends "--name (a vs b)" to out, after ", " unless it is the first. */
-static void add_diff(char *out, size_t len, size_t *at, const char *name, size_t nlen,
-		     const char *a, size_t alen, const char *b, size_t blen)
+/* Appends "PREFIXname (a vs b)" to out, after ", " unless it is the first. */
+static void add_diff(char *out, size_t len, size_t *at, const char *prefix, const char *name,
+		     size_t nlen, const char *a, size_t alen, const char *b, size_t blen)
 {
 	if (*at >= len)
 		return;
-	int n = snprintf(out + *at, len - *at, "%s--%.*s (%.*s vs %.*s)", *at ? ", " : "",
+	int n = snprintf(out + *at, len - *at, "%s%s%.*s (%.*s vs %.*s)", *at ? ", " : "", prefix,
 			 (int)nlen, name, (int)alen, a, (int)blen, b);
 	if (n > 0)
 		*at = *at + (size_t)n < len ? *at + (size_t)n : len;
 }
 
 int hpu__opts_shared_diff(const char *mine, const char *ref, char *out, size_t len)
+{
+	return hpu__lines_diff(mine, ref, "--", out, len);
+}
+
+int hpu__lines_diff(const char *mine, const char *ref, const char *prefix, char *out, size_t len)
 {
 	size_t at = 0;
 	int count = 0;
@@ -103,9 +108,9 @@ int hpu__opts_shared_diff(const char *mine, const char *ref, char *out, size_t l
 			if (ov && olen == vlen && !strncmp(v, ov, vlen))
 				continue;
 			if (pass == 0)
-				add_diff(out, len, &at, l, nlen, v, vlen, ov ? ov : "none", ov ? olen : 4);
+				add_diff(out, len, &at, prefix, l, nlen, v, vlen, ov ? ov : "none", ov ? olen : 4);
 			else if (!ov)
-				add_diff(out, len, &at, l, nlen, "none", 4, v, vlen);
+				add_diff(out, len, &at, prefix, l, nlen, "none", 4, v, vlen);
 			else
 				continue;
 			count++;

@@ -353,6 +353,78 @@ static void test_two_nodes_options_differ(void **state)
 	h_free(&n1);
 }
 
+/* Writes n tokens (i * mul % 50) in llm.c's format to path. */
+static void write_tokens(const char *path, int n, int mul)
+{
+	int32_t head[256] = {20240520, 1, n};
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(head, sizeof head, 1, f), 1);
+	for (int i = 0; i < n; i++) {
+		uint16_t t = (uint16_t)(i * mul % 50);
+		assert_int_equal(fwrite(&t, 2, 1, f), 1);
+	}
+	assert_int_equal(fclose(f), 0);
+}
+
+/* Two nodes whose models (other arguments) or data (other files of the
+ * same size) differ are refused at start-up, naming what differs: they
+ * trained together on overlapping shards of different datasets, or
+ * failed later at an unrelated collective (found by review). */
+static void test_two_nodes_models_differ(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/hpu-test-datadiff-XXXXXX", t0[64], t1[64], port[16];
+	assert_non_null(mkdtemp(dir));
+	snprintf(t0, sizeof t0, "%s/t0.bin", dir);
+	snprintf(t1, sizeof t1, "%s/t1.bin", dir);
+	write_tokens(t0, 2000, 1);
+	write_tokens(t1, 2000, 7);
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	const char *model[2][2] = {{"--hidden", "64"}, {"--hidden", "32"}};
+	const char *want[2] = {"the ranks' models or data differ: rank 1 differs from rank 0 in parameters "
+			       "(6, 26506 floats vs 6, 55050 floats), parameter names and shapes (",
+			       "the ranks' models or data differ: rank 1 differs from rank 0 in training "
+			       "samples' bytes ("};
+	for (int k = 0; k < 2; k++) {
+		snprintf(port, sizeof port, "%d", h_free_port());
+		char *lm = (char *)h_build("lib/gpt_lm.so");
+		char *a[2][32];
+		for (int r = 0; r < 2; r++) {
+			char *head[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+					r ? "1" : "0", "--master-port", port, "--max-steps", "3"};
+			int n = 0;
+			for (size_t i = 0; i < sizeof head / sizeof *head; i++)
+				a[r][n++] = head[i];
+			if (k == 0) {
+				a[r][n++] = (char *)MODEL;
+				a[r][n++] = "--";
+				a[r][n++] = (char *)model[r][0];
+				a[r][n++] = (char *)model[r][1];
+			} else {
+				char *tail[] = {lm, "--", "--tokens", r ? t1 : t0, "--vocab", "64", "--ctx", "16",
+						"--dim", "16", "--heads", "2", "--layers", "1"};
+				for (size_t i = 0; i < sizeof tail / sizeof *tail; i++)
+					a[r][n++] = tail[i];
+			}
+			a[r][n] = NULL;
+		}
+		proc n0, n1;
+		h_two_nodes(&n0, a[0], env, 120000, &n1, a[1], env, 30000);
+		printf("%s%s", n0.out, n1.out);
+		assert_int_equal(h_code(&n0), 1);
+		assert_int_equal(h_code(&n1), 1);
+		assert_non_null(strstr(n0.out, want[k]));
+		assert_non_null(strstr(n1.out, want[k]));
+		assert_null(strstr(n0.out, "trained"));
+		h_free(&n0);
+		h_free(&n1);
+	}
+	unlink(t0);
+	unlink(t1);
+	rmdir(dir);
+}
+
 /* The launch environment in torchrun's and DeepSpeed's names, on two
  * nodes of two workers each (two hpulaunch, loopback), before and after a
  * restart: each rank writes what it sees to DIR/rRANK.COUNT; on the first
@@ -517,6 +589,7 @@ int main(void)
 		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_two_nodes_restarts_differ),
 		cmocka_unit_test(test_two_nodes_options_differ),
+		cmocka_unit_test(test_two_nodes_models_differ),
 		cmocka_unit_test(test_torchrun_env_two_nodes),
 		cmocka_unit_test(test_torchrun_standalone_trains),
 		cmocka_unit_test(test_torchrun_standalone_env),

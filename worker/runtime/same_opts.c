@@ -9,6 +9,7 @@
 
 #include "common/fileio.h"
 #include "common/num.h"
+#include "worker/hpu/model.h"
 
 enum {
 	TEXT_MAX = 4096, /* the shared text (about 2 KB) fits with room */
@@ -17,9 +18,15 @@ enum {
 	RANKS_SHOWN = 8, /* ranks named per group */
 };
 
-static int coll_error(hpucoll_comm *comm, int rc, char *err, size_t errlen)
+/* What is compared: its name in messages, the line's end naming what
+ * must be the same, and how a name is shown ("--" for an option). */
+typedef struct subject {
+	const char *what, *lead, *hint, *prefix;
+} subject;
+
+static int coll_error(const subject *sj, hpucoll_comm *comm, int rc, char *err, size_t errlen)
 {
-	return hpu__say(err, errlen, "comparing the ranks' training options failed: %s",
+	return hpu__say(err, errlen, "comparing the ranks' %s failed: %s", sj->what,
 			hpucoll_comm_why(comm, rc));
 }
 
@@ -58,13 +65,13 @@ static void group_ranks(const unsigned char *dig, int world, int r, char *err, s
 
 /* err: every group of ranks (equal digests) that differs from rank 0,
  * with the options and values. */
-static void describe(const unsigned char *dig, const char *texts, int world, char *err,
-		     size_t errlen)
+static void describe(const subject *sj, const unsigned char *dig, const char *texts, int world,
+		     char *err, size_t errlen)
 {
 	size_t at = 0;
 	int groups = 0, more = 0;
 	char diff[1024];
-	put(err, errlen, &at, "the ranks' training options differ: ");
+	put(err, errlen, &at, "%s", sj->lead);
 	for (int r = 1; r < world; r++) {
 		const unsigned char *d = dig + (size_t)r * DIGEST;
 		int first = !memcmp(d, dig, DIGEST) ? 0 : 1; /* differs from rank 0 */
@@ -76,7 +83,7 @@ static void describe(const unsigned char *dig, const char *texts, int world, cha
 			more++;
 			continue;
 		}
-		hpu__opts_shared_diff(texts + (size_t)r * TEXT_MAX, texts, diff, sizeof diff);
+		hpu__lines_diff(texts + (size_t)r * TEXT_MAX, texts, sj->prefix, diff, sizeof diff);
 		if (groups++)
 			put(err, errlen, &at, "; ");
 		group_ranks(dig, world, r, err, errlen, &at);
@@ -84,28 +91,29 @@ static void describe(const unsigned char *dig, const char *texts, int world, cha
 	}
 	if (more)
 		put(err, errlen, &at, "; and %d more group%s of ranks", more, hpu__plural(more));
-	put(err, errlen, &at, " (every node must run with the same training options and --config values)");
+	put(err, errlen, &at, " (%s)", sj->hint);
 }
 
-int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
-			 size_t errlen)
+/* Compares `mine` (len bytes of "name=value" lines, in a TEXT_MAX
+ * buffer) with every other rank's: hpu__same_opts_check's steps. */
+static int same_text(const subject *sj, hpucoll_comm *comm, char *mine, int len, char *err,
+		     size_t errlen)
 {
 	int world = hpucoll_comm_size(comm), rc = -1, c;
-	char *mine = calloc(1, TEXT_MAX), *texts = NULL;
+	char *texts = NULL;
 	unsigned char md[EVP_MAX_MD_SIZE], *dig = malloc((size_t)world * DIGEST);
 	unsigned int mdlen = 0;
-	if (!mine || !dig) {
+	if (!dig) {
 		hpu__say(err, errlen, "out of memory");
 		goto out;
 	}
-	int len = hpu__opts_shared_text(o, mine, TEXT_MAX);
 	if (len < 0 || EVP_Digest(mine, (size_t)len, md, &mdlen, EVP_sha256(), NULL) != 1 ||
 	    mdlen != DIGEST) {
-		hpu__say(err, errlen, "cannot make the digest of the training options");
+		hpu__say(err, errlen, "cannot make the digest of the %s", sj->what);
 		goto out;
 	}
 	if ((c = hpucoll_all_gather(comm, md, dig, DIGEST, HPUCOLL_U8))) {
-		coll_error(comm, c, err, errlen);
+		coll_error(sj, comm, c, err, errlen);
 		goto out;
 	}
 	int same = 1;
@@ -117,11 +125,11 @@ int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 	}
 	/* every rank saw the same digests: every rank comes here */
 	if (!(texts = malloc((size_t)world * TEXT_MAX))) {
-		hpu__say(err, errlen, "the ranks' training options differ (out of memory naming them)");
+		hpu__say(err, errlen, "the ranks' %s differ (out of memory naming them)", sj->what);
 		goto out;
 	}
 	if ((c = hpucoll_all_gather(comm, mine, texts, TEXT_MAX, HPUCOLL_U8))) {
-		coll_error(comm, c, err, errlen);
+		coll_error(sj, comm, c, err, errlen);
 		goto out;
 	}
 	/* a peer's text ends in its buffer and prints as one line a name */
@@ -131,10 +139,115 @@ int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 		else if (texts[k] && ((unsigned char)texts[k] < 0x20 || texts[k] == 0x7f) &&
 			 texts[k] != '\n')
 			texts[k] = '?';
-	describe(dig, texts, world, err, errlen);
+	describe(sj, dig, texts, world, err, errlen);
 out:
-	free(mine);
 	free(dig);
 	free(texts);
+	return rc;
+}
+
+int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
+			 size_t errlen)
+{
+	static const subject sj = {"training options", "the ranks' training options differ: ",
+				   "every node must run with the same training options and --config values",
+				   "--"};
+	char *mine = calloc(1, TEXT_MAX);
+	if (!mine)
+		return hpu__say(err, errlen, "out of memory");
+	int rc = same_text(&sj, comm, mine, hpu__opts_shared_text(o, mine, TEXT_MAX), err, errlen);
+	free(mine);
+	return rc;
+}
+
+/* ---- the model and its data ---- */
+
+static const char *const split_name[2] = {"training", "test"};
+
+/* A digest of a few of split's samples (the first, the middle, the last),
+ * as 16 hex digits; "unreadable" where a fetch fails. */
+static void rows_digest(const hpu_dataset *d, char *out, size_t len)
+{
+	size_t bytes = 0, at[HPU_MAX_IO];
+	for (int f = 0; f < d->nfields; f++) {
+		size_t n = 4; /* f32 or i32 */
+		for (int k = 0; k < d->fields[f].ndim; k++)
+			n *= (size_t)d->fields[f].shape[k];
+		at[f] = bytes;
+		bytes += n;
+	}
+	unsigned char *buf = malloc(bytes ? bytes : 1), md[EVP_MAX_MD_SIZE];
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	unsigned int mdlen = 0;
+	int ok = buf && ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+	size_t rows[3] = {0, d->size / 2, d->size - 1};
+	for (int r = 0; ok && r < 3; r++) {
+		void *out[HPU_MAX_IO];
+		for (int f = 0; f < d->nfields; f++)
+			out[f] = buf + at[f];
+		ok = d->fetch(d->user, rows[r], out) == 0 && EVP_DigestUpdate(ctx, buf, bytes) == 1;
+	}
+	ok = ok && EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen >= 8;
+	if (ok)
+		snprintf(out, len, "%02x%02x%02x%02x%02x%02x%02x%02x", md[0], md[1], md[2], md[3], md[4],
+			 md[5], md[6], md[7]);
+	else
+		snprintf(out, len, "unreadable");
+	EVP_MD_CTX_free(ctx);
+	free(buf);
+}
+
+/* "name=value" lines of what every rank must have alike: the model's
+ * parameters (count, floats, a digest of names and shapes), each split's
+ * samples, fields and a few samples' bytes. */
+static int model_text(const hpu_builder *b, char *t, size_t len)
+{
+	size_t at = 0;
+	char shapes[64], e[40];
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned int mdlen = 0;
+	int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+	for (int i = 0; ok && i < b->nparams; i++) {
+		const hpu_param_info *p = &b->params[i];
+		ok = EVP_DigestUpdate(ctx, p->name, strlen(p->name) + 1) == 1 &&
+		     EVP_DigestUpdate(ctx, p->shape, sizeof p->shape[0] * (size_t)p->ndim) == 1;
+	}
+	ok = ok && EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen >= 4;
+	EVP_MD_CTX_free(ctx);
+	if (!ok)
+		return -1;
+	snprintf(shapes, sizeof shapes, "%02x%02x%02x%02x", md[0], md[1], md[2], md[3]);
+	put(t, len, &at, "parameters=%d, %zu floats\nparameter names and shapes=%s\n", b->nparams, b->psi,
+	    shapes);
+	for (int s = 0; s < 2; s++) {
+		const hpu_dataset *d = &b->data[s];
+		if (!b->has_data[s])
+			continue;
+		put(t, len, &at, "%s split=%zu samples\n%s fields=", split_name[s], d->size, split_name[s]);
+		for (int f = 0; f < d->nfields; f++) {
+			put(t, len, &at, "%s%s %s [", f ? "; " : "", d->fields[f].name,
+			    d->fields[f].dtype == HPU_I32 ? "i32" : "f32");
+			for (int k = 0; k < d->fields[f].ndim; k++)
+				put(t, len, &at, "%s%lld", k ? ", " : "", (long long)d->fields[f].shape[k]);
+			put(t, len, &at, "]");
+		}
+		rows_digest(d, e, sizeof e);
+		put(t, len, &at, "\n%s samples' bytes=%s\n", split_name[s], e);
+	}
+	return at < len - 1 ? (int)at : -1;
+}
+
+int hpu__same_model_check(hpucoll_comm *comm, const hpu_builder *b, char *err, size_t errlen)
+{
+	static const subject sj = {"models or data", "the ranks' models or data differ: ",
+				   "every node must load the same model with the same arguments and the "
+				   "same data files",
+				   ""};
+	char *mine = calloc(1, TEXT_MAX);
+	if (!mine)
+		return hpu__say(err, errlen, "out of memory");
+	int rc = same_text(&sj, comm, mine, model_text(b, mine, TEXT_MAX), err, errlen);
+	free(mine);
 	return rc;
 }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "options/config.h"
+#include "worker/hpu/model.h"
 
 /* Compares a digest of the options every rank must share with every
  * other rank's (one all-gather of 32 bytes each); where any differs, a
@@ -20,5 +21,14 @@
  * err. */
 int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 			 size_t errlen);
+
+/* The same for the model and its data, after the model's setup: the
+ * parameters (how many, their floats, their names and shapes), each
+ * split's samples and fields, and a few samples' bytes (the first, the
+ * middle, the last). Two nodes with other data files trained together on
+ * overlapping shards of different datasets, or failed later at an
+ * unrelated collective ("the ranks' models or data differ: rank 1
+ * differs from rank 0 in training split (128 samples vs 64 samples)"). */
+int hpu__same_model_check(hpucoll_comm *comm, const hpu_builder *b, char *err, size_t errlen);
 
 #endif
