@@ -23,7 +23,6 @@ typedef struct hpud_job {
 	int *node_devices;         /* every node's workers, or NULL: devices */
 	int rank_base;             /* the rank of its first worker here */
 	int restart_count, max_restarts; /* hpulaunch --max-restarts */
-	double join_timeout_s;           /* hpulaunch --join-timeout */
 	int dev[HPUD_MAX_DEVICES];
 	char **argv;               /* worker program + the request's argv */
 	char **env;                /* the request's env (NULL-terminated) */

@@ -196,7 +196,6 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	j->rank_base = j->node_rank * j->devices;
 	j->restart_count = (int)q->restart_count;
 	j->max_restarts = (int)q->max_restarts;
-	j->join_timeout_s = q->join_timeout_s > 0 ? q->join_timeout_s : 300;
 	j->peer = *peer;
 	snprintf(j->session, sizeof j->session, "%s", session);
 	j->started = j->last_ping = ev_now(hpud__D.loop);
@@ -257,7 +256,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 		.gid = hpud__D.gid,
 		.job_uid_first = hpud__own_uids() ? hpud__D.conf.job_uid_first : 0,
 		.job_uid_last = hpud__own_uids() ? hpud__D.conf.job_uid_last : 0,
-		.join_timeout_s = j->join_timeout_s,
+		.join_timeout_s = q->join_timeout_s > 0 ? q->join_timeout_s : 300, /* 0: an older hpulaunch */
 		.agent_timeout_s = 10,
 		.grace_s = 2,
 		.quiet = 1,

@@ -8,8 +8,10 @@
 #include <string.h>
 
 #include "common/fileio.h"
+#include "common/hex.h"
 #include "common/num.h"
 #include "worker/hpu/model.h"
+#include "worker/runtime/loader.h"
 
 enum {
 	TEXT_MAX = 4096, /* the shared text (about 2 KB) fits with room */
@@ -170,11 +172,8 @@ static void rows_digest(const hpu_dataset *d, char *out, size_t len)
 {
 	size_t bytes = 0, at[HPU_MAX_IO];
 	for (int f = 0; f < d->nfields; f++) {
-		size_t n = 4; /* f32 or i32 */
-		for (int k = 0; k < d->fields[f].ndim; k++)
-			n *= (size_t)d->fields[f].shape[k];
 		at[f] = bytes;
-		bytes += n;
+		bytes += hpu__field_numel(&d->fields[f]) * 4; /* f32 or i32 */
 	}
 	unsigned char *buf = malloc(bytes ? bytes : 1), md[EVP_MAX_MD_SIZE];
 	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
@@ -188,9 +187,8 @@ static void rows_digest(const hpu_dataset *d, char *out, size_t len)
 		ok = d->fetch(d->user, rows[r], out) == 0 && EVP_DigestUpdate(ctx, buf, bytes) == 1;
 	}
 	ok = ok && EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen >= 8;
-	if (ok)
-		snprintf(out, len, "%02x%02x%02x%02x%02x%02x%02x%02x", md[0], md[1], md[2], md[3], md[4],
-			 md[5], md[6], md[7]);
+	if (ok && len > 16)
+		hpu__hex(out, md, 8);
 	else
 		snprintf(out, len, "unreadable");
 	EVP_MD_CTX_free(ctx);
@@ -217,7 +215,7 @@ static int model_text(const hpu_builder *b, char *t, size_t len)
 	EVP_MD_CTX_free(ctx);
 	if (!ok)
 		return -1;
-	snprintf(shapes, sizeof shapes, "%02x%02x%02x%02x", md[0], md[1], md[2], md[3]);
+	hpu__hex(shapes, md, 4);
 	put(t, len, &at, "parameters=%d, %zu floats\nparameter names and shapes=%s\n", b->nparams, b->psi,
 	    shapes);
 	for (int s = 0; s < 2; s++) {
