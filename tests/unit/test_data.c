@@ -157,6 +157,51 @@ static void test_idx_refused(void **state)
 	unlink(p);
 }
 
+/* A damaged header's counts: a shape past 1 TiB is blamed whole (it was
+ * "dimension 2 is 1000", where the product passed the bound, and not
+ * the dimension that was wrong); a shape the file cannot hold is
+ * "truncated" before any memory is reserved for it (a header claiming
+ * 10^12 bytes was "out of memory for 1000000000000 elements", or, where
+ * memory is overcommitted, reserved it first), gzipped or not. */
+static void test_idx_counts(void **state)
+{
+	(void)state;
+	uint8_t buf[64];
+	size_t n = idx_u8(buf);
+	be32(buf + 4, 100000), be32(buf + 8, 100000), be32(buf + 12, 1000);
+	const char *p = put("huge.idx", buf, n);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"a shape of [100000, 100000, 1000] of u8 is past 1 TiB: implausible");
+	be32(buf + 4, 1000000), be32(buf + 8, 1000), be32(buf + 12, 1000);
+	p = put("tera.idx", buf, n);
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"truncated: the header says [1000000, 1000, 1000] of u8, 1000000000000 bytes of data, but only 12 follow");
+	gzFile gz = gzopen(tmp_at("tera.idx.gz"), "wb");
+	assert_int_equal(gzwrite(gz, buf, (unsigned)n), (int)n);
+	gzclose(gz);
+	p = tmp_at("tera.idx.gz");
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"truncated: the header says [1000000, 1000, 1000] of u8, 1000000000000 bytes of data, but the file's ");
+	assert_non_null(strstr(err, "gzipped bytes cannot inflate to that many"));
+	/* a gzipped file may hold far more than its size: 4 MB of zeros */
+	size_t big = (size_t)4 << 20;
+	uint8_t *zeros = calloc(1, big + 16);
+	assert_non_null(zeros);
+	uint8_t h[16] = {0, 0, 0x08, 3};
+	memcpy(zeros, h, 4);
+	be32(zeros + 4, 1024), be32(zeros + 8, 64), be32(zeros + 12, 64);
+	gz = gzopen(tmp_at("zeros.idx.gz"), "wb9");
+	assert_int_equal(gzwrite(gz, zeros, (unsigned)(big + 16)), (int)(big + 16));
+	gzclose(gz);
+	free(zeros);
+	struct stat st;
+	assert_int_equal(stat(tmp_at("zeros.idx.gz"), &st), 0);
+	assert_true((size_t)st.st_size * 100 < big);
+	assert_int_equal(hpu_array_load(&a, tmp_at("zeros.idx.gz"), NULL, err, sizeof err), HPU_OK);
+	assert_int_equal(a.count, 1024);
+	assert_int_equal(a.row_numel, 64 * 64);
+}
+
 /* ---- gzip ---- */
 
 /* Writes data to name gzipped, as `members` gzip members (split evenly),
@@ -451,6 +496,11 @@ static void test_tokens_refused(void **state)
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "of version 2");
 	p = put("long.bin", buf, tokens(buf, 20240520, 1, 8, 9));
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "mis-shaped");
+	/* LLaMA-3's u32 tokens, 2^31 - 1 of them claimed: 8 GiB were reserved
+	 * before the read found 16 bytes */
+	p = put("llama.bin", buf, tokens(buf, 20240801, 7, 0x7fffffff, 8));
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"truncated: the header says [2147483647] of u32, 8589934588 bytes of data, but only 16 follow");
 }
 
 /* ---- CSV ---- */
@@ -623,6 +673,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_idx_good, reset),
 		cmocka_unit_test_teardown(test_idx_refused, reset),
+		cmocka_unit_test_teardown(test_idx_counts, reset),
 		cmocka_unit_test_teardown(test_gz_corrupt, reset),
 		cmocka_unit_test_teardown(test_npy_good, reset),
 		cmocka_unit_test_teardown(test_npy_refused, reset),

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/shapetext.h"
+
 static const struct {
 	const char *name;
 	size_t size;
@@ -71,18 +73,27 @@ size_t hpu__array_bytes(const hpu_array *a)
 	return a->count * a->row_numel * hpu_data_type_size(a->type);
 }
 
-int hpu__array_alloc(hpu_array *a, const hpu__dfile *f, hpu_data_type type, int ndim,
+int hpu__array_shape(hpu_array *a, const hpu__dfile *f, hpu_data_type type, int ndim,
 		     const int64_t *shape)
 {
 	memset(a, 0, sizeof *a);
 	if (ndim < 0 || ndim > HPU_ARRAY_MAX_DIMS)
 		return hpu__data_fail(f, "%d dimensions; at most %d are supported", ndim,
 				      HPU_ARRAY_MAX_DIMS);
+	for (int d = 0; d < ndim; d++)
+		if (shape[d] < 0)
+			return hpu__data_fail(f, "dimension %d is %lld: a size cannot be negative", d,
+					      (long long)shape[d]);
+	/* The whole shape is blamed: the dimension where the product first
+	 * passes the bound is often not the one that is wrong. */
 	size_t numel = 1, limit = ((size_t)1 << 40) / hpu_data_type_size(type);
 	for (int d = 0; d < ndim; d++) {
-		if (shape[d] < 0 || (shape[d] && numel > limit / (size_t)shape[d]))
-			return hpu__data_fail(f, "dimension %d is %lld: the shape is implausible",
-					      d, (long long)shape[d]);
+		if (shape[d] && numel > limit / (size_t)shape[d]) {
+			char sh[160];
+			return hpu__data_fail(f, "a shape of %s of %s is past 1 TiB: implausible",
+					      hpu__shape_text(sh, sizeof sh, ndim, shape),
+					      hpu_data_type_name(type));
+		}
 		numel *= (size_t)shape[d];
 		a->shape[d] = shape[d];
 	}
@@ -92,10 +103,22 @@ int hpu__array_alloc(hpu_array *a, const hpu__dfile *f, hpu_data_type type, int 
 	a->row_numel = 1;
 	for (int d = 1; d < ndim; d++)
 		a->row_numel *= (size_t)shape[d];
-	a->data = malloc(numel * hpu_data_type_size(type) + 1);
-	if (!a->data)
-		return hpu__data_fail(f, "out of memory for %zu elements", numel);
 	return HPU_OK;
+}
+
+int hpu__array_data(hpu_array *a, const hpu__dfile *f)
+{
+	a->data = malloc(hpu__array_bytes(a) + 1);
+	if (!a->data)
+		return hpu__data_fail(f, "out of memory for %zu elements", a->count * a->row_numel);
+	return HPU_OK;
+}
+
+int hpu__array_alloc(hpu_array *a, const hpu__dfile *f, hpu_data_type type, int ndim,
+		     const int64_t *shape)
+{
+	int rc = hpu__array_shape(a, f, type, ndim, shape);
+	return rc ? rc : hpu__array_data(a, f);
 }
 
 void hpu_array_free(hpu_array *a)

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "common/shapetext.h"
@@ -18,7 +19,25 @@ typedef struct rd {
 	const uint8_t *mem;
 	size_t len, pos;
 	int corrupt; /* zlib could not inflate the file */
+	uint64_t fsize; /* the file's size (gz) */
+	int direct;	/* the file is not gzipped (gz) */
 } rd;
+
+/* Deflate's largest ratio: a gzip file's inflated size is not told
+ * reliably (its ISIZE is modulo 4 GiB), but cannot pass this times its
+ * size. */
+#define DEFLATE_MOST_RATIO 1032
+
+/* The most bytes r can still give. */
+static uint64_t rd_most(const rd *r)
+{
+	if (!r->gz)
+		return r->len - r->pos;
+	if (!r->direct)
+		return r->fsize * DEFLATE_MOST_RATIO;
+	z_off_t at = gztell(r->gz);
+	return at >= 0 && (uint64_t)at < r->fsize ? r->fsize - (uint64_t)at : 0;
+}
 
 static size_t rd_read(rd *r, void *buf, size_t n)
 {
@@ -122,6 +141,31 @@ static int read_body(rd *r, const hpu__dfile *f, hpu_array *a, int big_endian)
 	return HPU_OK;
 }
 
+/* Shapes a and allocates its data, once the file is known to hold that
+ * much: a damaged header's count (2^31 tokens, a 4 GiB image) said
+ * "truncated" only after the memory was reserved, and "out of memory"
+ * where it could not be. */
+static int alloc_body(rd *r, const hpu__dfile *f, hpu_array *a, hpu_data_type t, int ndim,
+		      const int64_t *shape)
+{
+	int rc = hpu__array_shape(a, f, t, ndim, shape);
+	if (rc)
+		return rc;
+	char sh[160];
+	uint64_t want = hpu__array_bytes(a), most = rd_most(r);
+	if (want > most) {
+		hpu__shape_text(sh, sizeof sh, a->ndim, a->shape);
+		if (r->gz && !r->direct)
+			return hpu__data_fail(f, "truncated: the header says %s of %s, %llu bytes of data, but the file's %llu gzipped bytes cannot inflate to that many",
+					      sh, hpu_data_type_name(t), (unsigned long long)want,
+					      (unsigned long long)r->fsize);
+		return hpu__data_fail(f, "truncated: the header says %s of %s, %llu bytes of data, but only %llu follow",
+				      sh, hpu_data_type_name(t), (unsigned long long)want,
+				      (unsigned long long)most);
+	}
+	return hpu__array_data(a, f);
+}
+
 /* ---- IDX: 0, 0, type, ndim; ndim big-endian uint32 dims; data ---- */
 
 static int idx_type(uint8_t code, hpu_data_type *t)
@@ -153,7 +197,7 @@ static int load_idx(hpu_array *a, rd *r, const hpu__dfile *f, const uint8_t *mag
 	int64_t shape[HPU_ARRAY_MAX_DIMS];
 	for (int d = 0; d < ndim; d++)
 		shape[d] = be32(dims + 4 * d);
-	int rc = hpu__array_alloc(a, f, t, ndim, shape);
+	int rc = alloc_body(r, f, a, t, ndim, shape);
 	return rc ? rc : read_body(r, f, a, 1);
 }
 
@@ -178,7 +222,7 @@ static int load_tokens(hpu_array *a, rd *r, const hpu__dfile *f, const uint8_t *
 	if (ntok < 0)
 		return hpu__data_fail(f, "mis-shaped: the header says %d tokens", ntok);
 	int64_t shape[1] = {ntok};
-	int rc = hpu__array_alloc(a, f, t, 1, shape);
+	int rc = alloc_body(r, f, a, t, 1, shape);
 	return rc ? rc : read_body(r, f, a, 0);
 }
 
@@ -303,7 +347,7 @@ static int load_npy(hpu_array *a, rd *r, const hpu__dfile *f, const uint8_t *mag
 	int64_t shape[HPU_ARRAY_MAX_DIMS];
 	rc = npy_header(hdr, f, &t, &big_endian, &ndim, shape);
 	if (!rc)
-		rc = hpu__array_alloc(a, f, t, ndim, shape);
+		rc = alloc_body(r, f, a, t, ndim, shape);
 	if (!rc)
 		rc = read_body(r, f, a, big_endian);
 out:
@@ -525,6 +569,9 @@ int hpu_array_load(hpu_array *a, const char *path, const char *member, char *err
 		return hpu__data_open_fail(&f, errno);
 	uint8_t m[4];
 	size_t got = rd_read(&r, m, 4);
+	struct stat st;
+	r.direct = gzdirect(r.gz);
+	r.fsize = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
 	int rc, npz = got == 4 && (!memcmp(m, "PK\3\4", 4) || !memcmp(m, "PK\5\6", 4));
 	if (got < 4)
 		rc = rd_short(&r, &f, "truncated: %zu bytes, too short for any format", got);

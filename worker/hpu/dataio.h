@@ -28,7 +28,16 @@ int hpu__data_open_fail(const hpu__dfile *f, int errnum);
  * and every worker reads the file whole itself). */
 int hpu__data_regular(const hpu__dfile *f);
 
-/* Sets a's type and shape and allocates its data (count * row_numel
+/* Sets a's type and shape, data NULL; HPU_OK, or an error naming f (a
+ * negative dimension, a shape past 1 TiB). */
+int hpu__array_shape(hpu_array *a, const hpu__dfile *f, hpu_data_type type, int ndim,
+		     const int64_t *shape);
+
+/* Allocates the data of a shaped a (at least one byte); HPU_OK, or an
+ * error naming f. */
+int hpu__array_data(hpu_array *a, const hpu__dfile *f);
+
+/* hpu__array_shape, then hpu__array_data. Sets a's type and shape and allocates its data (count * row_numel
  * elements, at least one byte); HPU_OK, or an error naming f (a shape
  * too large, out of memory). */
 int hpu__array_alloc(hpu_array *a, const hpu__dfile *f, hpu_data_type type, int ndim,
