@@ -25,6 +25,11 @@ static int load_split(fmnist_split *s, const char *dir, const char *prefix, char
 			 path, shape);
 		return -1;
 	}
+	if (!s->images.count) { /* the split's error knew no file */
+		snprintf(err, errlen, "%s/%s-images-idx3-ubyte.gz: holds no image (its shape's first dimension is 0)",
+			 dir, prefix);
+		return -1;
+	}
 	if (s->images.type != HPU_DATA_U8 || s->labels.type != HPU_DATA_U8 ||
 	    s->images.count != s->labels.count || s->images.row_numel != FMNIST_PIXELS) {
 		snprintf(err, errlen, "%s/%s: %zu images of %zu %s but %zu labels of %s (expected u8 images of %d pixels)",

@@ -659,6 +659,26 @@ static void test_mlp_bad_label(void **state)
 	if (code != 1 || !strstr(p.out, want))
 		fail_msg("exit %d (want 1), no \"%s\" in:\n%s", code, want, p.out);
 	h_free(&p);
+	/* a test split of no sample: refused naming the images' file (it was
+	 * "data field 'image' (test split): the array gives no samples") */
+	f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(head, 1, 4, f), 4);
+	assert_int_equal(fwrite((uint8_t[4]){0}, 1, 4, f), 4);
+	assert_int_equal(fclose(f), 0);
+	char images[160];
+	snprintf(images, sizeof images, "%s/t10k-images-idx3-ubyte.gz", dir);
+	assert_int_equal(unlink(images), 0);
+	uint8_t none[16] = {0, 0, 0x08, 3, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+	f = fopen(images, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(none, 1, sizeof none, f), sizeof none);
+	assert_int_equal(fclose(f), 0);
+	code = h_run(&p, argv, NULL, 120000);
+	snprintf(want, sizeof want, "%s: holds no image (its shape's first dimension is 0)", images);
+	if (code != 1 || !strstr(p.out, want))
+		fail_msg("exit %d (want 1), no \"%s\" in:\n%s", code, want, p.out);
+	h_free(&p);
 	unlink(path);
 	for (int k = 0; k < 3; k++) {
 		snprintf(path, sizeof path, "%s/%s", dir, linked[k]);

@@ -631,6 +631,17 @@ static void test_declare(void **state)
 	bad.fields[1] = (hpu_data_field){.name = "t", .array = &tok, .dtype = HPU_I32};
 	assert_int_not_equal(hpu_data_declare(b, HPU_SPLIT_TEST, &bad), HPU_OK);
 	assert_non_null(strstr(b->err, "data fields 'image' (3 rows) and 't' (9 rows) differ"));
+	/* a split of no sample names the field that gives none (it named
+	 * the first field, which gave 3) */
+	hpu__model_destroy(&b);
+	b = hpu__model_new(0, 1, 8);
+	assert_non_null(b);
+	hpu_data_split none = {.nfields = 2};
+	none.fields[0] = (hpu_data_field){.name = "image", .array = &img, .dtype = HPU_F32};
+	none.fields[1] = (hpu_data_field){.name = "t", .array = &tok, .dtype = HPU_I32, .window = 10};
+	assert_int_not_equal(hpu_data_declare(b, HPU_SPLIT_TRAIN, &none), HPU_OK);
+	if (!strstr(b->err, "data field 't' (training split): the array gives no samples"))
+		fail_msg("%s", b->err);
 	hpu__model_destroy(&b);
 	hpu_array_free(&img);
 	hpu_array_free(&lab);

@@ -148,7 +148,7 @@ int hpu_data_declare(hpu_builder *b, hpu_split split, hpu_data_split *s)
 	hpu_dataset d = {.nfields = s->nfields, .fetch = fetch, .user = s};
 	const char *sname = split == HPU_SPLIT_TRAIN ? "training" : "test";
 	size_t size = 0, rows0 = 0;
-	const char *first = NULL;
+	const char *first = NULL, *fewest = NULL;
 	for (int f = 0; f < s->nfields; f++) {
 		size_t rows = 0;
 		const hpu_data_field *fd = &s->fields[f];
@@ -164,11 +164,14 @@ int hpu_data_declare(hpu_builder *b, hpu_split split, hpu_data_split *s)
 			first = fd->name;
 			rows0 = rows;
 		}
-		size = f == 0 || rows < size ? rows : size;
+		if (f == 0 || rows < size) {
+			size = rows;
+			fewest = fd->name;
+		}
 	}
-	if (!size)
+	if (!size) /* the field that gives none, not the first */
 		return hpu_error(b, "data field '%s' (%s split): the array gives no samples",
-				 s->fields[0].name, sname);
+				 fewest, sname);
 	s->size = d.size = size;
 	return hpu_dataset_set(b, split, &d);
 }
