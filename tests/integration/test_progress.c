@@ -493,7 +493,7 @@ static void test_status_and_bar_through_hpud(void **state)
 	assert_int_equal(h_wait_for(&daemon_proc, "listening on", 10000), 0);
 
 	char *sargv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key, "--log-every", "50",
-			 "--epochs", "10", "--max-steps", "5000", "--batch-size", "64", "--no-eval",
+			 "--epochs", "100", "--max-steps", "50000", "--batch-size", "64", "--no-eval",
 			 (char *)MODEL, NULL};
 	pty_start(&sub, sargv, NULL);
 	assert_int_equal(h_wait_for(&sub, "through hpud", 30000), 0);
@@ -526,10 +526,12 @@ static void test_status_and_bar_through_hpud(void **state)
 	assert_true(ok);
 	for (int k = 0; k < 2; k++) {
 		rank_row *r = &rows[k];
-		assert_true(r->step > 0 && r->step < 5000);
-		assert_int_equal(r->total, 5000);
-		assert_int_equal(r->epoch, 1);
+		/* any epoch: a fast machine is past the first (468 steps) by
+		 * the time both ranks have been seen reporting */
+		assert_true(r->step > 0 && r->step < 50000);
+		assert_int_equal(r->total, 50000);
 		assert_true(r->epochs >= 1);
+		assert_true(r->epoch >= 1 && r->epoch <= r->epochs);
 		assert_true(isfinite(r->loss) && r->loss > 0 && r->loss < 10);
 		assert_true(r->sps >= 0);
 		assert_true(r->mem > 0);
@@ -547,7 +549,7 @@ static void test_status_and_bar_through_hpud(void **state)
 	}
 	printf("  submitter: %d bar frames; the last: %s\n", frames, last);
 	assert_true(frames >= 3);
-	assert_non_null(strstr(last, "/5000 loss "));
+	assert_non_null(strstr(last, "/50000 loss "));
 	assert_non_null(strstr(last, "ETA "));
 
 	/* Ctrl-C ends it cleanly: the bar is cleared, the workers gone */
