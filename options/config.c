@@ -869,18 +869,26 @@ static int check_keep(const hpu_train_opts *o, char *err, size_t errlen)
 /* --eval-every, --eval-every-epochs and --val-fraction agree. */
 static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
 {
+	/* named as given: a config file's key (hputrain.check_val_every_n_epoch
+	 * 0 was "--eval-every-epochs 0", a flag the user never passed) */
+	char v[40], a[128], in[600];
 	int given = hpu__opts_from(o, "val-fraction") != HPU_FROM_DEFAULT;
 	if (given && !(o->val_fraction > 0 && o->val_fraction < 1)) {
-		snprintf(err, errlen, "--val-fraction %g: give a fraction above 0 and below 1 of the "
-				      "training split to hold out for validation", o->val_fraction);
+		snprintf(v, sizeof v, "%g", o->val_fraction);
+		snprintf(err, errlen, "%s: give a fraction above 0 and below 1 of the training split to "
+				      "hold out for validation%s",
+			 said(o, "val-fraction", v, a, sizeof a),
+			 in_file(o, "val-fraction", NULL, in, sizeof in));
 		return -1;
 	}
 	double f = o->eval_every_epochs;
 	if (hpu__opts_from(o, "eval-every-epochs") != HPU_FROM_DEFAULT &&
 	    !(f > 0 && (f < 1 || f == floor(f)))) {
-		snprintf(err, errlen, "--eval-every-epochs %g: give a whole number of epochs from 1, "
-				      "or a fraction of one above 0 and below 1 (0.25: every quarter of "
-				      "an epoch)", f);
+		snprintf(v, sizeof v, "%g", f);
+		snprintf(err, errlen, "%s: give a whole number of epochs from 1, or a fraction of one "
+				      "above 0 and below 1 (0.25: every quarter of an epoch)%s",
+			 said(o, "eval-every-epochs", v, a, sizeof a),
+			 in_file(o, "eval-every-epochs", NULL, in, sizeof in));
 		return -1;
 	}
 	if (o->early_stop[0]) {

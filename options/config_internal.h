@@ -131,6 +131,11 @@ struct fctx {
 	char offload_by[2][96]; /* the keys that asked where the optimizer's state
 				 * [0] and the parameters [1] go ("" none) */
 	int offload_at[2];      /* ... and where (hpu_offload) */
+	/* the options a key of this file set (another key setting one to
+	 * another value is refused), unless `over` (a DeepSpeed default that
+	 * overrides a key: WarmupLR's lr) */
+	unsigned char put[HPU_OPTS_MAX];
+	int over;
 	int nerr;
 	char msgs[3072]; /* the errors, one per line ("\n  " between) */
 	size_t used;

@@ -236,7 +236,10 @@ static int ds_default(struct fctx *c, const char *path, const char *name, const 
 	if (from == HPU_FROM_FLAG ||
 	    (from == HPU_FROM_FILE && (!over || strncmp(c->o->file_key[s], over, strlen(over)))))
 		return 0;
-	if (hpu__cfg_put(c, path, hpu__opt_find(name), text) < 0)
+	c->over = 1;
+	int rc = hpu__cfg_put(c, path, hpu__opt_find(name), text);
+	c->over = 0;
+	if (rc < 0)
 		return -1;
 	c->o->implied[s] = 1;
 	return 0;

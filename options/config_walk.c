@@ -140,6 +140,14 @@ int hpu__cfg_want_string(struct fctx *c, const char *path, const cJSON *it)
 	return 0;
 }
 
+/* Whether keys a and b ("hputrain.eval_every") are in one section. */
+static int same_section(const char *a, const char *b)
+{
+	const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
+	size_t na = da ? (size_t)(da - a) : 0, nb = db ? (size_t)(db - b) : 0;
+	return na == nb && !strncmp(a, b, na);
+}
+
 /* Sets option p from text (already checked) unless a flag set it. */
 int hpu__cfg_put(struct fctx *c, const char *path, const struct hpu__opt *p,
 		 const char *text)
@@ -147,6 +155,15 @@ int hpu__cfg_put(struct fctx *c, const char *path, const struct hpu__opt *p,
 	int s = hpu__opt_slot(p);
 	if (c->o->from[s] == HPU_FROM_FLAG)
 		return 0;
+	/* another key of the same section named it too: two names of one
+	 * option. (Across sections, one key's precedence over another is
+	 * DeepSpeed's or ours, and documented: hputrain.strategy over
+	 * zero_optimization.stage, a scheduler's warmup_max_lr over the
+	 * optimizer's lr; two precisions have their own check.) */
+	char was[160], now[160];
+	int again = c->put[s] && !c->over && same_section(c->o->file_key[s], path);
+	if (again)
+		hpu__opt_text(c->o, p, was, sizeof was);
 	if (p->kind == K_FLAG || p->kind == K_NOFLAG) {
 		/* JSON keys say the positive: "overlap_comm", "eval" */
 		*(int *)((char *)c->o + p->off) = text[0] == '1';
@@ -155,6 +172,14 @@ int hpu__cfg_put(struct fctx *c, const char *path, const struct hpu__opt *p,
 		return hpu__cfg_ferr(c, path, "bad value \"%.60s\": expected %s", text,
 				     hpu__opt_expected(p, buf, sizeof buf));
 	}
+	/* two names of one option (hputrain.eval_every and Lightning's
+	 * val_check_interval, stage3_prefetch_bucket_size and
+	 * prefetch_bucket_size) with two values: the later key's was taken
+	 * in silence */
+	if (again && strcmp(was, hpu__opt_text(c->o, p, now, sizeof now)))
+		return hpu__cfg_ferr(c, path, "%s for --%s, but %s gave %s: both keys set --%s; give one",
+				     now, p->name, c->o->file_key[s], was, p->name);
+	c->put[s] = 1;
 	c->o->from[s] = HPU_FROM_FILE;
 	c->o->implied[s] = 0; /* a key of the file (ds_default marks its own) */
 	snprintf(c->o->file_key[s], sizeof c->o->file_key[s], "%s", path);

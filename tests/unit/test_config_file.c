@@ -313,6 +313,8 @@ static void test_file_precision(void **state)
 		   "fp16.loss_scail", "did you mean 'loss_scale'");
 }
 
+static const char *resolve_error(const char *json, char **before);
+
 static void test_file_hputrain(void **state)
 {
 	(void)state;
@@ -366,6 +368,32 @@ static void test_file_hputrain(void **state)
 		   "hputrain.val_check_interval: 0 is neither a fraction of an epoch (above 0, below 1) "
 		   "nor a whole number of steps (1 or more)");
 	LOAD_ERROR("{'hputrain': {'val_check_interval': 2.5}}", "2.5 is neither a fraction");
+
+	/* two names of one option with two values are refused, naming both
+	 * (the later in the table, Lightning's, was taken in silence); the
+	 * same value under both is taken */
+	LOAD_ERROR("{'hputrain': {'eval_every': 3, 'val_check_interval': 4}}",
+		   "hputrain.val_check_interval: 4 for --eval-every, but hputrain.eval_every gave 3: "
+		   "both keys set --eval-every; give one");
+	LOAD_ERROR("{'hputrain': {'eval_every_epochs': 1, 'check_val_every_n_epoch': 2}}",
+		   "hputrain.check_val_every_n_epoch: 2 for --eval-every-epochs, but "
+		   "hputrain.eval_every_epochs gave 1");
+	LOAD_ERROR("{'hputrain': {'val_check_interval': 0.5, 'eval_every_epochs': 0.25}}",
+		   "but hputrain.eval_every_epochs gave 0.25");
+	LOAD_ERROR("{'zero_optimization': {'stage3_prefetch_bucket_size': 1000, "
+		   "'prefetch_bucket_size': 2000}}",
+		   "zero_optimization.prefetch_bucket_size: 2000 for --prefetch-bucket-size, but "
+		   "zero_optimization.stage3_prefetch_bucket_size gave 1000");
+	load_ok("{'hputrain': {'eval_every': 4, 'val_check_interval': 4}}", &o);
+	assert_int_equal(o.eval_every, 4);
+	load_ok("{'zero_optimization': {'stage3_max_live_parameters': 1e9, "
+		"'max_live_parameters': 1e9}}", &o);
+	/* a value the resolve refuses is named by its key, not by a flag the
+	 * user did not pass ("--eval-every-epochs 0") */
+	const char *e = resolve_error("{'hputrain': {'check_val_every_n_epoch': 0}}", NULL);
+	assert_has(e, "hputrain.check_val_every_n_epoch 0: give a whole number of epochs from 1");
+	assert_has(e, "(config file ");
+	assert_null(strstr(e, "--eval-every-epochs"));
 
 	/* hputrain.strategy beats zero_optimization.stage, either order */
 	load_ok("{'hputrain': {'strategy': 'zero1'},"
