@@ -230,10 +230,16 @@ void hpu__ckpt_writer_abort(hpu_ckpt_writer *w);
 int hpu__ckpt_rmtree(const char *path);
 
 /* Removes checkpoint directory root/name (step-N): renamed first to the
- * stale partial name `.step-N.partial`, which the next save or start
+ * stale partial name `.step-N.partial` (`.step-N.old.partial` where a
+ * save of step N works under the first), which the next save or start
  * removes (hpu__ckpt_clean_partials) if this removal is cut short (a
- * signal while pruning); where that rename fails, removed in place. */
+ * signal while pruning); where both renames fail, removed in place. */
 int hpu__ckpt_discard(const char *root, const char *name);
+
+/* For a signal handler (async-signal-safe): finishes removing the
+ * directory a hpu__ckpt_discard of this process is removing, if any, so
+ * that a signal while pruning leaves none of it. */
+void hpu__ckpt_discard_finish(void);
 
 /* Locks partial directory path (flock, exclusive, not waiting) for as
  * long as the returned descriptor is open: a saver holds it while it

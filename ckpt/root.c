@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,9 @@ int hpu__ckpt_partial_lock(const char *path)
 	return fd;
 }
 
-/* ".step-<digits>.partial", the name a save works under */
+/* ".step-<digits>.partial", the name a save works under, or
+ * ".step-<digits>.old.partial", an old checkpoint's being removed while
+ * a save of its step holds the first */
 static int partial_name(const char *name)
 {
 	const char *p = name + 6;
@@ -58,7 +61,65 @@ static int partial_name(const char *name)
 		return 0;
 	while (isdigit((unsigned char)*p))
 		p++;
-	return strcmp(p, ".partial") == 0;
+	return strcmp(p, ".partial") == 0 || strcmp(p, ".old.partial") == 0;
+}
+
+/* The directory a discard is removing, for hpu__ckpt_discard_finish (a
+ * signal handler): set while it is removed. */
+static char discarding[4400];
+static volatile sig_atomic_t discarding_set;
+
+void hpu__ckpt_discard_finish(void)
+{
+	if (!discarding_set)
+		return;
+	int fd = open(discarding, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	/* getdents64 and unlinkat: system calls, safe in a handler, where
+	 * opendir (malloc) is not */
+	char buf[4096] __attribute__((aligned(8)));
+	long n;
+	while ((n = getdents64(fd, buf, sizeof buf)) > 0)
+		for (long off = 0; off < n;) {
+			struct dirent64 *e = (struct dirent64 *)(buf + off);
+			if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+				unlinkat(fd, e->d_name, 0);
+			off += e->d_reclen;
+		}
+	close(fd);
+	rmdir(discarding);
+}
+
+static void name_discarding(const char *dir)
+{
+	snprintf(discarding, sizeof discarding, "%s", dir);
+	discarding_set = 1;
+}
+
+/* Removes dir, named for hpu__ckpt_discard_finish meanwhile. */
+static int discard_tree(const char *dir)
+{
+	name_discarding(dir);
+	int rc = hpu__ckpt_rmtree(dir);
+	discarding_set = 0;
+	return rc;
+}
+
+/* The signals a save's handler takes, held off this thread between a
+ * rename and the naming of its result (a signal there left the renamed
+ * directory whole) */
+static void hold_signals(int on, sigset_t *old)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	if (on)
+		pthread_sigmask(SIG_BLOCK, &set, old);
+	else
+		pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
 int hpu__ckpt_discard(const char *root, const char *name)
@@ -66,26 +127,37 @@ int hpu__ckpt_discard(const char *root, const char *name)
 	char from[4400], to[4400];
 	long step = hpu__ckpt_step_of(name);
 	snprintf(from, sizeof from, "%s/%s", root, name);
-	if (step >= 0) {
-		snprintf(to, sizeof to, "%s/.step-%08ld.partial", root, step);
-		int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		/* not over a partial that exists (a save's, live or stale) */
-		if (fd >= 0 && renameat2(fd, strrchr(from, '/') + 1, fd, strrchr(to, '/') + 1,
-					 RENAME_NOREPLACE) == 0) {
-			close(fd);
-			/* held while removed, as a stale partial is: another
-			 * job's cleaner and a save of that step keep off */
-			int lk = hpu__ckpt_partial_lock(to);
-			if (lk < 0)
-				return 0; /* another cleaner holds it: it removes it */
-			int rc = hpu__ckpt_rmtree(to);
-			close(lk);
-			return rc;
+	int fd = step >= 0 ? open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	/* not over a partial that exists (a save's, live or stale): the
+	 * second name where the first is the save of this step's own (a save
+	 * replacing a checkpoint of its step removed that one in place, and
+	 * a signal meanwhile left a step-N without its manifest) */
+	for (int k = 0; fd >= 0 && k < 2; k++) {
+		snprintf(to, sizeof to, "%s/.step-%08ld.%spartial", root, step, k ? "old." : "");
+		sigset_t old;
+		hold_signals(1, &old);
+		int moved = renameat2(fd, strrchr(from, '/') + 1, fd, strrchr(to, '/') + 1,
+				      RENAME_NOREPLACE) == 0;
+		if (moved)
+			name_discarding(to);
+		hold_signals(0, &old);
+		if (!moved)
+			continue;
+		close(fd);
+		/* held while removed, as a stale partial is: another job's
+		 * cleaner and a save of that step keep off */
+		int lk = hpu__ckpt_partial_lock(to);
+		if (lk < 0) {
+			discarding_set = 0;
+			return 0; /* another cleaner holds it: it removes it */
 		}
-		if (fd >= 0)
-			close(fd);
+		int rc = discard_tree(to);
+		close(lk);
+		return rc;
 	}
-	return hpu__ckpt_rmtree(from);
+	if (fd >= 0)
+		close(fd);
+	return discard_tree(from);
 }
 
 /* "latest.tmp.<digits>": a `latest` written by hpu__write_atomic */

@@ -44,7 +44,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1275,6 +1277,63 @@ static void test_clean_partials(void **state)
 	assert_int_equal(hpu__ckpt_clean_partials(path, NULL, NULL), 0);
 }
 
+static void finish_and_exit(int sig)
+{
+	(void)sig;
+	hpu__ckpt_discard_finish();
+	_exit(3);
+}
+
+/* SIGTERM while a prune removes an old checkpoint: the worker's handler
+ * finishes the removal (it left .step-N.partial with the shards not yet
+ * unlinked, which only the next start removed). A child discards a
+ * checkpoint of many files and is signalled once the rename is seen;
+ * tried again where the removal ended before the signal came. */
+static void test_prune_signalled(void **state)
+{
+	(void)state;
+	char path[1024], gone[1024];
+	int mid = 0;
+	for (int attempt = 0; attempt < 6 && !mid; attempt++) {
+		const char *r = fresh("prune-signal");
+		publish(r, 1, 0);
+		for (int i = 0; i < 30000; i++) {
+			snprintf(path, sizeof path, "%s/step-00000001/shard-%05d", r, i);
+			int fd = open(path, O_CREAT | O_WRONLY, 0644);
+			assert_true(fd >= 0);
+			close(fd);
+		}
+		snprintf(gone, sizeof gone, "%s/.step-00000001.partial", r);
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			signal(SIGTERM, finish_and_exit);
+			hpu__ckpt_discard(r, "step-00000001");
+			_exit(0); /* done before the signal: inconclusive */
+		}
+		struct stat st;
+		while (stat(gone, &st) != 0) {
+			int ws;
+			if (waitpid(pid, &ws, WNOHANG) == pid)
+				break;
+		}
+		kill(pid, SIGTERM);
+		int ws = 0;
+		assert_int_equal(waitpid(pid, &ws, 0), pid);
+		assert_true(WIFEXITED(ws));
+		mid = WEXITSTATUS(ws) == 3;
+		printf("  attempt %d: the signal came %s the removal ended\n", attempt,
+		       mid ? "before" : "after");
+		assert_int_equal(stat(gone, &st), -1);
+		assert_int_equal(errno, ENOENT);
+		snprintf(path, sizeof path, "%s/step-00000001", r);
+		assert_int_equal(stat(path, &st), -1);
+	}
+	if (!mid)
+		printf("  every removal ended before its signal: the handler's part was not "
+		       "exercised\n");
+}
+
 /* A prune cut short (here: a directory inside the old checkpoint, which
  * the one-level removal cannot take, as a signal would stop it) leaves
  * no step-N directory that still reads as a checkpoint (it kept its
@@ -1298,15 +1357,29 @@ static void test_prune_cut_short(void **state)
 	assert_string_equal(list, ".step-00000001.partial latest step-00000002");
 	snprintf(path, sizeof path, "%s/.step-00000001.partial/%s", r, HPU_CKPT_MANIFEST);
 	assert_int_equal(access(path, F_OK), -1);
-	/* the same step published again over one cut short */
+	/* the same step published again over one whose removal is cut
+	 * short: the old one is renamed aside to .step-N.old.partial (the
+	 * save works under .step-N.partial), and the new one published; it
+	 * was removed in place, and a signal meanwhile left a step-N
+	 * without its manifest, which nothing removed */
 	publish(r, 3, 0);
 	snprintf(path, sizeof path, "%s/step-00000003/stuck", r);
 	assert_int_equal(mkdir(path, 0755), 0);
 	char part[80] = ".step-00000003.partial";
 	partial(r, 3);
-	assert_int_equal(hpu__ckpt_publish(r, part, "step-00000003", 0, err, sizeof err), -1);
+	if (hpu__ckpt_publish(r, part, "step-00000003", 0, err, sizeof err) < 0)
+		fail_msg("publish over a removal cut short: %s", err);
 	snprintf(path, sizeof path, "%s/step-00000003/%s", r, HPU_CKPT_MANIFEST);
-	assert_int_equal(access(path, F_OK), -1); /* what is left is no checkpoint */
+	assert_int_equal(access(path, F_OK), 0); /* the new one */
+	snprintf(path, sizeof path, "%s/.step-00000003.old.partial/%s", r, HPU_CKPT_MANIFEST);
+	assert_int_equal(access(path, F_OK), -1); /* the old one reads as no checkpoint */
+	snprintf(path, sizeof path, "%s/.step-00000003.old.partial/stuck", r);
+	assert_int_equal(rmdir(path), 0);
+	list[0] = 0;
+	assert_int_equal(hpu__ckpt_clean_partials(r, said, list), 1); /* (step 1's is stuck) */
+	assert_string_equal(list, ".step-00000003.old.partial ");
+	listing(r, list, sizeof list);
+	assert_string_equal(list, ".step-00000001.partial latest step-00000002 step-00000003");
 
 	/* latest.tmp.PID: a minute old goes, a fresh one (a write under way),
 	 * a live writer's and other names stay */
@@ -1376,6 +1449,7 @@ int main(void)
 	    cmocka_unit_test(test_not_regular),
 	    cmocka_unit_test(test_clean_partials),
 	    cmocka_unit_test(test_prune_cut_short),
+	    cmocka_unit_test(test_prune_signalled),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

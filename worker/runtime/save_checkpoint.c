@@ -139,6 +139,9 @@ static void on_stop(int sig)
 	 * it (an rmdir that fails while any file is there) */
 	if (!G.made && G.dir[0] && G.other)
 		rmdir(G.dir);
+	/* rank 0 past the publish, pruning an old checkpoint (--keep): its
+	 * rest goes too (it was left as a .step-M.partial of some shards) */
+	hpu__ckpt_discard_finish();
 	errno = e;
 	signal(sig, SIG_DFL);
 	raise(sig);
