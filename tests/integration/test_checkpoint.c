@@ -702,6 +702,11 @@ static void test_latest_unwritable(void **state)
 	snprintf(want, sizeof want, "checkpoint of step 5 saved to %s/step-00000005, but ", dir);
 	if (!strstr(out, want) || !strstr(out, "Is a directory") || strstr(out, "not saved"))
 		fail_msg("want \"%s\" and \"Is a directory\" in:\n%s", want, out);
+	/* hpulaunch's summary names rank 0, whose write failed, whichever
+	 * rank exits first (it named rank 1 where rank 1 did) */
+	const char *sum = strstr(out, "hpulaunch: error: ");
+	if (!sum || strncmp(sum + 18, "rank 0 ", 7))
+		fail_msg("the summary does not name rank 0 first:\n%s", out);
 	free(out);
 	snprintf(man, sizeof man, "%s/step-00000005/manifest.json", dir);
 	struct stat st;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/fileio.h"
+#include "proto/status.h"
 
 #define say hpu__say
 
@@ -34,6 +35,15 @@ int hpu__checkpoint_agree(hpucoll_comm *comm, const rec *mine, rec *all, char *e
 				failed++;
 			}
 	}
+	/* this rank fails because another did (rank 0 could not write
+	 * `latest`): the agent is told, to name that rank in its summary,
+	 * not whichever exited first */
+	int first = -1;
+	for (int r = 0; !rc && failed && r < world && first < 0; r++)
+		if (!v[r].ok)
+			first = r;
+	if (first >= 0 && mine->ok)
+		hpu__status_blame(first, HPU_BLAME_FAILED);
 	if (!all)
 		free(v);
 	return failed;
