@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -210,9 +211,22 @@ int hpu__agent_cleanup(const hpu_agent *a)
 	if (dir)
 		closedir(dir);
 	for (int i = 0; i < a->cfg.devices; i++) {
+		char lock[520];
 		snprintf(path, sizeof path, "/tmp/hpucoll-%s-r%d", a->cfg.job_id,
 			 hpu__agent_rank(a, i));
+		/* not while its lock (collectives/comm.c) is held: another
+		 * running job of this job id has that path (this one's worker
+		 * was refused it) */
+		snprintf(lock, sizeof lock, "%s.lock", path);
+		int fd = open(lock, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+			close(fd);
+			continue;
+		}
 		n += unlink_if_workers(a, AT_FDCWD, path);
+		unlink_if_workers(a, AT_FDCWD, lock);
+		if (fd >= 0)
+			close(fd);
 	}
 	return n;
 }

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,6 +74,44 @@ static int ipc_not_ours(hpucoll_comm *c, const char *endpoint)
 	return 1;
 }
 
+/* An ipc path is this rank's while it holds PATH.lock (flock): a running
+ * job of the same job id on this machine holds it, and ZeroMQ would
+ * remove the path and bind over it (the two jobs' ranks then joined each
+ * other's collectives, failing both after a minute, blaming the wrong
+ * thing). Two such jobs started at once may both be refused: neither
+ * runs with the other's ranks. Says so and returns 1. A dead job's lock
+ * is free. */
+static int ipc_lock(hpucoll_comm *c, const char *endpoint)
+{
+	const char *path = ipc_file(endpoint);
+	struct stat st;
+
+	if (path == NULL)
+		return 0;
+	snprintf(c->ipc_lock_path, sizeof(c->ipc_lock_path), "%s.lock", path);
+	int fd = open(c->ipc_lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid()) {
+		hpucoll__set_error(c, "comm_new: cannot bind %s: cannot take its lock %s: %s.",
+				   endpoint, c->ipc_lock_path,
+				   fd < 0 ? strerror(errno) : "another user's file");
+		if (fd >= 0)
+			close(fd);
+		c->ipc_lock_path[0] = '\0';
+		return 1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		hpucoll__set_error(c, "comm_new: cannot bind %s: a running job's rank holds it "
+				      "(another job with the same job id on this machine); give each "
+				      "job its own --job-id.",
+				   endpoint);
+		close(fd);
+		c->ipc_lock_path[0] = '\0';
+		return 1;
+	}
+	c->ipc_lock = fd;
+	return 0;
+}
+
 /* zmq_bind failed with err: names the endpoint and the reason. */
 static int bind_failed(hpucoll_comm *c, const char *endpoint, int err)
 {
@@ -102,7 +142,7 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 			   sizeof(maxmsg)) != 0 ||
 	    hpucoll__sec_server(c, c->pull) != 0)
 		return hpucoll__zmq_error(c, "zmq_setsockopt");
-	if (ipc_not_ours(c, endpoint))
+	if (ipc_not_ours(c, endpoint) || ipc_lock(c, endpoint))
 		return HPUCOLL_ETRANSPORT;
 	if (zmq_bind(c->pull, endpoint) != 0)
 		return bind_failed(c, endpoint, zmq_errno());
@@ -168,6 +208,7 @@ static hpucoll_comm *comm_alloc(int rank, int size)
 	c->timeout_ms = HPUCOLL__DEFAULT_TIMEOUT_MS;
 	c->stall_ms = HPUCOLL__DEFAULT_STALL_MS;
 	c->culprit = -1;
+	c->ipc_lock = -1;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	pthread_mutex_init(&c->errlock, NULL);
@@ -385,6 +426,10 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 	}
 	hpucoll__sec_join(c);
 	unlink_ipc(c->endpoint);
+	if (c->ipc_lock >= 0) { /* removed while held: nobody else's */
+		unlink(c->ipc_lock_path);
+		close(c->ipc_lock);
+	}
 	free(c->node_ids);
 	free(c->tmp);
 	pthread_mutex_destroy(&c->mu);

@@ -227,6 +227,8 @@ struct hpucoll_comm {
 	hpucoll_trace_fn trace; /* hpucoll_comm_set_trace */
 	void *trace_arg;
 	char endpoint[HPUCOLL__ENDPOINT_MAX];
+	int ipc_lock; /* the flock on an ipc endpoint's PATH.lock, or -1 */
+	char ipc_lock_path[HPUCOLL__ENDPOINT_MAX + 8];
 	/* Topology, from hpucoll_comm_set_topology(). */
 	int *node_ids; /* NULL: every rank is its own node */
 	char job[HPUCOLL__JOB_MAX];

@@ -383,6 +383,8 @@ static void direct_kill(hpucoll_transport tr, int victim)
 	for (int r = 0; r < WS; r++) {
 		snprintf(path, sizeof path, "/tmp/hpucoll-%s-r%d", djob, r);
 		unlink(path);
+		strcat(path, ".lock"); /* and its lock, free now */
+		unlink(path);
 	}
 	munmap(sh, sizeof *sh);
 	assert_true(ok);

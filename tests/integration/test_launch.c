@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -372,6 +373,44 @@ static void test_ipc_squatted_path(void **state)
 	unlink(path);
 }
 
+/* Two jobs of one job id under --transport ipc on one machine: a rank's
+ * ipc path is its while it holds PATH.lock, so the second job's rank is
+ * refused naming the path and what to do (ZeroMQ removed the running
+ * job's path and bound over it: two jobs started at once joined each
+ * other's collectives and both failed after a minute, blaming a rank's
+ * exit). The running job's lock is held here by the test; the refused
+ * job's cleanup leaves it; a lock nobody holds (a killed job's) is taken
+ * and removed after. */
+static void test_ipc_same_job_id(void **state)
+{
+	(void)state;
+	const char *lock = "/tmp/hpucoll-hpu-test-ipcsame-r1.lock";
+	unlink(lock);
+	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--job-id", "hpu-test-ipcsame",
+			"--transport", "ipc", "--exec", (char *)h_build("bin/coll_env_check"),
+			NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("job of a running job's id: exit %d\n", code);
+	if (code <= 0 || !strstr(p.out, "cannot bind ipc:///tmp/hpucoll-hpu-test-ipcsame-r1: a "
+					 "running job's rank holds it (another job with the same "
+					 "job id on this machine); give each job its own --job-id"))
+		fail_msg("exit %d:\n%s", code, p.out);
+	h_free(&p);
+	struct stat st;
+	assert_int_equal(lstat(lock, &st), 0); /* the running job's */
+	close(fd);
+	code = h_run(&p, argv, NULL, 120000);
+	if (code != 0)
+		fail_msg("a lock nobody holds: exit %d:\n%s", code, p.out);
+	h_free(&p);
+	assert_int_equal(lstat(lock, &st), -1);
+	assert_int_equal(lstat("/tmp/hpucoll-hpu-test-ipcsame-r0.lock", &st), -1);
+}
+
 /* A model that calls exit(0) in the middle of training: the job fails,
  * naming the rank that left, with one rank and with two (where the
  * survivor must not be blamed), and without --max-restarts hiding it. */
@@ -689,6 +728,7 @@ int main(void)
 		cmocka_unit_test(test_exec_transports),
 		cmocka_unit_test(test_shm_squatted_name),
 		cmocka_unit_test(test_ipc_squatted_path),
+		cmocka_unit_test(test_ipc_same_job_id),
 		cmocka_unit_test(test_worker_leaves_early),
 		cmocka_unit_test(test_worker_crash_reported),
 		cmocka_unit_test(test_two_workers_match_one_sgd),

@@ -114,6 +114,8 @@ void cw_run_world(const struct world *w, rank_fn body)
 		char ep[CT_EP_MAX];
 		ct_bind_ep(ep, sizeof(ep), 0, a.prefix, r);
 		unlink(ep + strlen("ipc://"));
+		strcat(ep, ".lock"); /* and its lock, free now */
+		unlink(ep + strlen("ipc://"));
 	}
 	/* The job's shared memory is gone, whatever happened. */
 	snprintf(job, sizeof(job), "utest%d-%d", (int)getpid(), cw_world_id);
