@@ -334,6 +334,7 @@ static int wait_writable(hpucoll_comm *c, int dst, struct hpucoll__wait *w)
 					      "%d ms (its connection is not "
 					      "up).",
 					   c->what, dst, w->timeout_ms);
+			hpucoll__blame(c, dst, HPUCOLL_ETIMEDOUT); /* as the shm send does */
 			return HPUCOLL_ETIMEDOUT;
 		}
 		if (p->lost && now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)

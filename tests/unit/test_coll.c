@@ -18,12 +18,15 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -798,6 +801,48 @@ static void test_stall_warning(void **state)
 	unsetenv("HPUCOLL_STALL_WARN_MS");
 }
 
+/* A peer whose connection never comes up (a firewall that lets the
+ * coordinator through but not the data ports; here a TCP port that
+ * listens and never speaks ZeroMQ, under --data-plane auth): the send
+ * times out naming it ("its connection is not up"), and the
+ * communicator blames it, as the shared-memory send does (it blamed
+ * nobody, and hpulaunch's summary named whichever rank exited first). */
+static void test_connection_never_up(void **state)
+{
+	(void)state;
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+	assert_true(lfd >= 0);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 4), 0);
+	assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	char silent[64];
+	snprintf(silent, sizeof(silent), "tcp://127.0.0.1:%d", ntohs(sa.sin_port));
+	setenv("HPUCOLL_TIMEOUT_MS", "1500", 1);
+	hpucoll_comm *c = NULL;
+	/* under auth (the launcher's default) a connection takes no message
+	 * before its handshake */
+	static const char secret[] = "0123456789abcdef0123456789abcdef";
+	assert_int_equal(hpucoll_comm_new_secure(&c, 0, 2, "tcp://127.0.0.1:*",
+						 HPUCOLL_SECURITY_AUTH, secret, sizeof(secret) - 1),
+			 HPUCOLL_OK);
+	unsetenv("HPUCOLL_TIMEOUT_MS");
+	const char *eps[2] = {hpucoll_comm_endpoint(c), silent};
+	int rc = hpucoll_comm_connect(c, eps);
+	float x[2] = {1, 2}, y[4];
+	if (rc == HPUCOLL_OK)
+		rc = hpucoll_all_gather(c, x, y, 2, HPUCOLL_F32);
+	int code = 0, culprit = hpucoll_comm_culprit(c, &code);
+	printf("  rc %s, culprit %d (%s): %s\n", hpucoll_strerror(rc), culprit,
+	       hpucoll_strerror(code), hpucoll_comm_why(c, rc));
+	assert_int_equal(rc, HPUCOLL_ETIMEDOUT);
+	assert_int_equal(culprit, 1);
+	assert_int_equal(code, HPUCOLL_ETIMEDOUT);
+	hpucoll_comm_destroy(&c);
+	close(lfd);
+}
+
 /* ---- the kernels ---- */
 
 static uint16_t rand16(unsigned *seed)
@@ -1426,6 +1471,7 @@ int main(void)
 		cmocka_unit_test(test_async),
 		cmocka_unit_test(test_dead_peer),
 		cmocka_unit_test(test_stall_warning),
+		cmocka_unit_test(test_connection_never_up),
 	};
 
 	/* HPUCOLL_TEST=test_async (a glob) runs only the tests it names. */
