@@ -91,21 +91,34 @@ static long number_after(const char *out, const char *key)
 	return p ? strtol(p + strlen(key), NULL, 10) : -1;
 }
 
-/* "graphs: R steps replayed from N recording(s), E run eagerly" */
+/* "graphs: R step(s) replayed from N recording(s)[, D from a recording
+ * its check refused], E run eagerly": replayed is R + D, the steps
+ * launched from a recording */
 static void replays(const char *out, long *replayed, long *recorded, long *eager)
 {
 	const char *p = strstr(out, "graphs: ");
 	*replayed = *recorded = *eager = -1;
 	for (; p; p = strstr(p + 1, "graphs: ")) {
-		long a, b, c;
-		if (sscanf(p, "graphs: %ld steps replayed from %ld recording%*[s], %ld run eagerly", &a,
-			   &b, &c) == 3 ||
-		    sscanf(p, "graphs: %ld steps replayed from %ld recording, %ld run eagerly", &a, &b,
-			   &c) == 3) {
-			*replayed = a;
-			*recorded = b;
-			*eager = c;
+		long a, b, c, d = 0;
+		const char *from = strstr(p, " replayed from "), *nl = strchr(p, '\n');
+		const char *run = strstr(p, " run eagerly");
+		if (sscanf(p, "graphs: %ld step", &a) != 1 || !from || !run || (nl && run > nl) ||
+		    from > run || sscanf(from, " replayed from %ld recording", &b) != 1)
+			continue;
+		const char *r = strstr(from, " from a recording its check refused");
+		if (r && r < run) {
+			const char *k = r;
+			while (k > from && k[-1] != ',')
+				k--;
+			d = strtol(k, NULL, 10);
 		}
+		const char *k = run;
+		while (k > from && k[-1] != ',')
+			k--;
+		c = strtol(k, NULL, 10);
+		*replayed = a + d;
+		*recorded = b;
+		*eager = c;
 	}
 }
 
@@ -391,6 +404,9 @@ static void test_step_values_refused(void **state)
 	replays(ob, &replayed, &recorded, &eager);
 	assert_int_equal(recorded, 0);
 	assert_int_equal(replayed, 1); /* step 3's recording, launched at once */
+	/* said as such (it was "1 steps replayed from 0 recordings") */
+	assert_non_null(strstr(ob, "graphs: 0 steps replayed from 0 recordings, 1 from a "
+				   "recording its check refused, 11 run eagerly"));
 	assert_true(same_file("anneal-eager", "anneal-graphs"));
 	free(oa);
 	free(ob);

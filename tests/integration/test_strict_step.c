@@ -25,7 +25,7 @@
 #include "tests/integration/runlib.h"
 
 #define GUARD_WORDS \
-	"inside a training step (HPU_STRICT_STEP=1): a recorded step (--graphs) cannot do that"
+	"inside a training step (HPU_STRICT_STEP=1): a CUDA recording (--graphs on --device cuda) cannot do that"
 
 /* The line of `out` that holds `needle`, into line (empty: none). */
 static void line_of(const char *out, const char *needle, char *line, size_t len)
@@ -136,7 +136,7 @@ static void test_guard_armed(void **state)
 	       &bytes, &end);
 	assert_true(end > 0 && bytes > 0);
 	assert_non_null(strstr(line, " back to the host inside a training step (HPU_STRICT_STEP=1): "
-				     "a recorded step (--graphs) cannot do that"));
+				     "a CUDA recording (--graphs on --device cuda) cannot do that"));
 	assert_null(strstr(out, "trained 3 steps"));
 	free(out);
 }

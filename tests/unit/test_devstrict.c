@@ -436,7 +436,7 @@ static void caught(void (*fn)(void), const char *op, const char *what)
 	int st = in_child(fn, &text);
 	snprintf(want, sizeof want,
 		 "hpu-worker: rank 1: cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): "
-		 "a recorded step (--graphs) cannot do that\n",
+		 "a CUDA recording (--graphs on --device cuda) cannot do that\n",
 		 op, what);
 	printf("  %s", text);
 	assert_true(WIFEXITED(st));

@@ -32,7 +32,7 @@ static int guarded(void)
 static void step_caught(const char *op, const char *what)
 {
 	fprintf(stderr,
-		"hpu-worker: rank %d: cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): a recorded step (--graphs) cannot do that\n",
+		"hpu-worker: rank %d: cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): a CUDA recording (--graphs on --device cuda) cannot do that\n",
 		hpu__dev_cur_rank, op, what);
 	fflush(stderr);
 	_exit(1);

@@ -65,6 +65,8 @@ struct hpu__graphs {
 	char begin_err[512]; /* why the recording did not begin */
 	int full_said;
 	long seen, replayed, eager;
+	long dropped; /* of replayed: steps launched from a recording whose check
+		       * then refused it (it is not kept) */
 	/* evaluation: each batch size's sightings (warm-up per shape), the
 	 * batches replayed and run eagerly */
 	struct {
@@ -442,6 +444,8 @@ int hpu__graphs_record_end(hpu__graphs *g, hpu_strat *s, long step,
 		return 1;
 	}
 	hpu__dev_graph_free(&gr);
+	if (e->check) /* the first recording's step was launched */
+		g->dropped++;
 	hpu__dev_calls_free(&e->check);
 	e->refused = 1;
 	g->cur = NULL;
@@ -483,6 +487,11 @@ void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *
 	for (int i = 0; i < g->ne; i++)
 		n += g->e[i].graph != NULL && !g->e[i].eval;
 	*recorded = n;
+}
+
+long hpu__graphs_dropped(const hpu__graphs *g)
+{
+	return g->dropped;
 }
 
 void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded)

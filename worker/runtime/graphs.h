@@ -94,6 +94,9 @@ const char *hpu__graphs_node_args(const hpu__graphs *g);
 /* Training steps replayed and run eagerly so far; their recordings
  * kept. eval_counts: the same of evaluation batches. */
 void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded);
+/* Of the steps hpu__graphs_counts says were replayed, those launched
+ * from a recording that its check then refused (not among those kept). */
+long hpu__graphs_dropped(const hpu__graphs *g);
 void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded);
 
 /* Evaluation batches (forward only, train.c's evaluate_on), recorded
