@@ -52,6 +52,7 @@
 #define HPU_CKPT_VERSION 1
 #define HPU_CKPT_MANIFEST "manifest.json"
 #define HPU_CKPT_LATEST "latest"
+#define HPU_CKPT_ROOT_LOCK ".lock" /* hpu__ckpt_root_lock's file in a root */
 #define HPU_CKPT_BUFFERS "buffers.bin" /* the name the worker writes */
 #define HPU_CKPT_MAX_SECTIONS 3
 #define HPU_CKPT_MAX_DIMS 8
@@ -235,6 +236,13 @@ int hpu__ckpt_rmtree(const char *path);
  * removes (hpu__ckpt_clean_partials) if this removal is cut short (a
  * signal while pruning); where both renames fail, removed in place. */
 int hpu__ckpt_discard(const char *root, const char *name);
+
+/* Locks checkpoint root `root` for this process (flock on root/.lock,
+ * which says its pid and host): one job saves there at a time. Returns
+ * the descriptor, held open for the run, or -1 with err: "--checkpoint-dir
+ * DIR is in use: another running job saves its checkpoints there (its
+ * rank 0, pid N on HOST holds DIR/.lock); ..." */
+int hpu__ckpt_root_lock(const char *root, char *err, size_t errlen);
 
 /* For a signal handler (async-signal-safe): finishes removing the
  * directory a hpu__ckpt_discard of this process is removing, if any, so

@@ -160,6 +160,37 @@ int hpu__ckpt_discard(const char *root, const char *name)
 	return discard_tree(from);
 }
 
+int hpu__ckpt_root_lock(const char *root, char *err, size_t errlen)
+{
+	char path[4400], who[128] = "";
+	snprintf(path, sizeof path, "%s/%s", root, HPU_CKPT_ROOT_LOCK);
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (fd < 0 && errno == EACCES) /* another uid's: a read-only lock still holds */
+		fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return say(err, errlen, "cannot open the checkpoint directory's lock %s: %s", path,
+			   strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		int e = errno;
+		ssize_t n = e == EWOULDBLOCK ? pread(fd, who, sizeof who - 1, 0) : -1;
+		close(fd);
+		if (e != EWOULDBLOCK)
+			return say(err, errlen, "cannot lock %s: %s", path, strerror(e));
+		who[n > 0 ? n : 0] = '\0';
+		who[strcspn(who, "\n")] = '\0';
+		return say(err, errlen, "--checkpoint-dir %s is in use: another running job saves its "
+					"checkpoints there (its rank 0%s%s holds %s); give each job its "
+					"own --checkpoint-dir",
+			   root, who[0] ? ", " : "", who, path);
+	}
+	char host[64] = "", line[128];
+	gethostname(host, sizeof host - 1);
+	int n = snprintf(line, sizeof line, "pid %d on %s\n", (int)getpid(), host);
+	if (ftruncate(fd, 0) == 0 && pwrite(fd, line, (size_t)n, 0) < 0)
+		(void)0; /* the pid is for the message only */
+	return fd;
+}
+
 /* "latest.tmp.<digits>": a `latest` written by hpu__write_atomic */
 static int latest_tmp_name(const char *name)
 {

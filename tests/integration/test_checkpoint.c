@@ -713,6 +713,37 @@ static void test_latest_unwritable(void **state)
 	assert_int_equal(stat(man, &st), 0);
 }
 
+/* Two jobs saving in one --checkpoint-dir overwrote and pruned each
+ * other's checkpoints, each saying its own were saved (a resume then took
+ * the other job's state), or one died when both saved a step at once:
+ * rank 0 holds DIR/.lock for its run, and a second job is refused at
+ * start naming the directory and the holder. The running job is played
+ * by this test, holding the lock; once it lets go, a job runs there. */
+static void test_root_in_use(void **state)
+{
+	(void)state;
+	char dir[300], lock[340];
+	snprintf(dir, sizeof dir, "%s/in-use", tmp);
+	snprintf(lock, sizeof lock, "%s/.lock", dir);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+	assert_int_equal(write(fd, "pid 4242 on othernode\n", 22), 22);
+	char want[1000];
+	snprintf(want, sizeof want,
+		 "--checkpoint-dir %s is in use: another running job saves its checkpoints there "
+		 "(its rank 0, pid 4242 on othernode holds %s)",
+		 dir, lock);
+	train_into(dir, "10", 1, want);
+	struct stat st;
+	char step[340];
+	snprintf(step, sizeof step, "%s/step-00000010", dir);
+	assert_int_equal(stat(step, &st), -1); /* nothing saved over the other job's */
+	close(fd);
+	train_into(dir, "10", 0, "checkpoint: step 10 saved");
+}
+
 /* ---- buffers ---- */
 
 #define BMODEL h_build("lib/buffer_model.so")
@@ -1082,6 +1113,7 @@ int main(void)
 		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_latest_unwritable),
+		cmocka_unit_test(test_root_in_use),
 		cmocka_unit_test(test_buffers_resume),
 		cmocka_unit_test(test_buffers_reshard_export),
 		cmocka_unit_test(test_buffers_refused),

@@ -161,6 +161,15 @@ int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 {
 	*out = NULL;
 	int rank = hpucoll_comm_rank(comm);
+	/* one job saves in a root at a time (two overwrote and pruned each
+	 * other's checkpoints, said as saved, or one died when both saved a
+	 * step at once): rank 0 holds its lock for the run */
+	static int root_lock = -1;
+	if (rank == 0 && o->checkpoint_dir[0] && root_lock < 0) {
+		if (hpu__make_dirs_said("checkpoint", o->checkpoint_dir, err, errlen) < 0 ||
+		    (root_lock = hpu__ckpt_root_lock(o->checkpoint_dir, err, errlen)) < 0)
+			return -1;
+	}
 	/* what an interrupted save of this checkpoint root left (rank 0 alone
 	 * writes there until the first save) */
 	if (rank == 0 && o->checkpoint_dir[0])
