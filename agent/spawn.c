@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "agent/agent_impl.h"
+#include "common/fileio.h"
 
 extern char **environ;
 
@@ -273,11 +274,11 @@ static int open_log(hpu_agent *a, worker *w, char *err, size_t errlen)
 	char *path = w->log_path;
 	snprintf(path, sizeof w->log_path, "%s/rank_%d.log", a->cfg.log_dir, w->rank);
 	/* A restart adds to the log: the failed attempt's output stays. */
-	int keep = a->cfg.restart_count > 0 ? O_APPEND : O_TRUNC;
-	w->log_fd = open(path, O_WRONLY | O_CREAT | keep | O_CLOEXEC, 0644);
+	const char *why = NULL;
+	w->log_fd = hpu__open_unshared(path, a->cfg.restart_count > 0, 0644, &why);
 	if (w->log_fd < 0) {
-		snprintf(err, errlen, "cannot write the log file %s: %s", path,
-			 strerror(errno));
+		snprintf(err, errlen, "cannot write the log file %s: %s%s", path, why,
+			 why == hpu__in_use_why ? " --log-dir" : "");
 		return -1;
 	}
 	return 0;

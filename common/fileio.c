@@ -8,6 +8,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- reading ---- */
@@ -123,6 +125,33 @@ const char *hpu__read_file(const char *path, char **buf, size_t *len)
 }
 
 /* ---- writing ---- */
+
+const char *const hpu__in_use_why =
+	"another running job writes it (it holds a lock on it): give each job its own";
+
+int hpu__open_unshared(const char *path, int append, mode_t mode, const char **why)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0), mode);
+	struct stat st;
+	if (fd < 0) {
+		*why = strerror(errno);
+		return -1;
+	}
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+		/* a lock the file system cannot take (ENOLCK) is done without */
+		if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+			close(fd);
+			*why = hpu__in_use_why;
+			return -1;
+		}
+		if (!append && ftruncate(fd, 0) != 0) {
+			*why = strerror(errno);
+			close(fd);
+			return -1;
+		}
+	}
+	return fd;
+}
 
 int hpu__write_all(int fd, const void *p, size_t n)
 {

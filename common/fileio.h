@@ -45,6 +45,16 @@ const char *hpu__read_file(const char *path, char **buf, size_t *len);
 
 /* ---- writing ---- */
 
+/* Opens the output file path for writing (made with mode; emptied
+ * unless append) that this process alone writes while it runs: a regular
+ * file is locked (flock, exclusive) until the descriptor is closed, and
+ * one another process holds is refused, *why hpu__in_use_why (two jobs
+ * given one --metrics file, --profile directory or --log-dir tore each
+ * other's lines). Returns the descriptor, or -1 with *why (strerror's, or
+ * that). A device (/dev/null, a terminal) is not locked. */
+int hpu__open_unshared(const char *path, int append, mode_t mode, const char **why);
+extern const char *const hpu__in_use_why;
+
 /* Writes all n bytes to fd, again after EINTR and short writes; 0, or -1
  * with errno set. */
 int hpu__write_all(int fd, const void *p, size_t n);

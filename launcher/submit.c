@@ -24,6 +24,7 @@
 #include "agent/output.h"
 #include "agent/progress.h"
 #include "agent/restart.h"
+#include "common/fileio.h"
 
 #define REPLY_TIMEOUT_MS 10000
 #define PING_EVERY_S 1.0
@@ -334,9 +335,11 @@ static int open_logs(void)
 	for (int i = 0; i < S.nlogs; i++) {
 		struct rank_log *l = &S.logs[i];
 		snprintf(l->path, sizeof l->path, "%s/rank_%d.log", S.a->log_dir, i);
-		l->fd = open(l->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		const char *why = NULL;
+		l->fd = hpu__open_unshared(l->path, 0, 0644, &why);
 		if (l->fd < 0)
-			return fail("cannot write the log file %s: %s", l->path, strerror(errno));
+			return fail("cannot write the log file %s: %s%s", l->path, why,
+				    why == hpu__in_use_why ? " --log-dir" : "");
 	}
 	return 0;
 }

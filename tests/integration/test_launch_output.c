@@ -7,9 +7,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -164,6 +167,84 @@ static void test_log_dir_made(void **state)
 	assert_int_equal(system(rm), 0);
 }
 
+/* Holds an exclusive flock on path (made with `text`), as a running job
+ * writing it does; returns the descriptor. */
+static int held(const char *path, const char *text)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+	return fd;
+}
+
+/* Two jobs given one --metrics file, --log-dir or --profile directory
+ * tore each other's lines (a metrics file hpu-plot then refused as not
+ * JSON, a trace that was no JSON, one job's log lost), without a word: a
+ * file another running job writes (holds locked; played here by the
+ * test) is refused naming it, and left as it was (it was emptied). */
+static void test_outputs_of_a_running_job(void **state)
+{
+	(void)state;
+	char base[] = "/tmp/hpu-test-inuse-XXXXXX", path[128], want[300];
+	assert_non_null(mkdtemp(base));
+	const char *model = h_build("lib/fmnist_mlp.so");
+	proc p;
+	/* --metrics */
+	snprintf(path, sizeof path, "%s/m.jsonl", base);
+	int fd = held(path, "{\"other\":1}\n");
+	char *m[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "2", "--no-eval",
+		     "--metrics", path, (char *)model, "--", "--hidden", "8", NULL};
+	int code = h_run(&p, m, NULL, 120000);
+	snprintf(want, sizeof want, "cannot open the metrics file %s: another running job writes "
+		 "it (it holds a lock on it): give each job its own --metrics file", path);
+	if (code != 1 || !strstr(p.out, want))
+		fail_msg("exit %d, no \"%s\" in:\n%s", code, want, p.out);
+	h_free(&p);
+	char *text = h_slurp(path);
+	assert_string_equal(text, "{\"other\":1}\n");
+	free(text);
+	close(fd);
+	/* --profile */
+	snprintf(path, sizeof path, "%s/prof/perf-logs-rank0.json", base);
+	char pdir[96];
+	snprintf(pdir, sizeof pdir, "%s/prof", base);
+	assert_int_equal(mkdir(pdir, 0755), 0);
+	fd = held(path, "{}");
+	char *pr[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "2", "--no-eval",
+		      "--profile", pdir, (char *)model, "--", "--hidden", "8", NULL};
+	code = h_run(&p, pr, NULL, 120000);
+	snprintf(want, sizeof want, "--profile: cannot write %s: another running job writes it "
+		 "(it holds a lock on it): give each job its own --profile directory", path);
+	if (code != 1 || !strstr(p.out, want))
+		fail_msg("exit %d, no \"%s\" in:\n%s", code, want, p.out);
+	h_free(&p);
+	close(fd);
+	/* --log-dir */
+	snprintf(path, sizeof path, "%s/rank_0.log", base);
+	fd = held(path, "the other job's\n");
+	char *lg[] = {(char *)LAUNCH, "--devices", "1", "--log-dir", base, "--exec", "/bin/sh",
+		      "-c", "echo hello", NULL};
+	code = h_run(&p, lg, NULL, 60000);
+	snprintf(want, sizeof want, "cannot write the log file %s: another running job writes it "
+		 "(it holds a lock on it): give each job its own --log-dir", path);
+	if (code == 0 || !strstr(p.out, want))
+		fail_msg("exit %d, no \"%s\" in:\n%s", code, want, p.out);
+	h_free(&p);
+	text = h_slurp(path);
+	assert_string_equal(text, "the other job's\n");
+	free(text);
+	close(fd);
+	/* nobody holds them now: taken */
+	code = h_run(&p, lg, NULL, 60000);
+	if (code != 0)
+		fail_msg("exit %d:\n%s", code, p.out);
+	h_free(&p);
+	char rm[128];
+	snprintf(rm, sizeof rm, "rm -rf %s", base);
+	assert_int_equal(system(rm), 0);
+}
+
 /* A line longer than the agent's 64 KiB buffer goes out in pieces, each
  * but the last marked " [hpu: line continues]"; no byte is lost. */
 static void test_over_long_line_marked(void **state)
@@ -194,6 +275,7 @@ int main(void)
 		cmocka_unit_test(test_log_dir_made),
 		cmocka_unit_test(test_log_dir_full_disk),
 		cmocka_unit_test(test_over_long_line_marked),
+		cmocka_unit_test(test_outputs_of_a_running_job),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/fileio.h"
 
 #define TAIL "\n]}\n"
 #define FLUSH_AT (256u * 1024u) /* buffered bytes that force a flush */
@@ -199,12 +200,15 @@ int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen)
 	}
 	snprintf(P.path, sizeof P.path, "%s/%s-rank%d.json", c->dir, c->name, c->rank);
 	char *h = header(c);
-	int fd = h ? open(P.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
+	const char *why = h ? NULL : "out of memory";
+	int fd = h ? hpu__open_unshared(P.path, 0, 0644, &why) : -1; /* not another job's */
 	size_t hn = h ? strlen(h) : 0;
-	if (fd < 0 || pwrite(fd, h, hn, 0) != (ssize_t)hn ||
-	    pwrite(fd, TAIL + 1, sizeof TAIL - 2, (off_t)hn) != (ssize_t)(sizeof TAIL - 2)) {
-		snprintf(err, errlen, "--profile: cannot write %s: %s", P.path,
-			 h ? strerror(errno) : "out of memory");
+	if (fd >= 0 && (pwrite(fd, h, hn, 0) != (ssize_t)hn ||
+			pwrite(fd, TAIL + 1, sizeof TAIL - 2, (off_t)hn) != (ssize_t)(sizeof TAIL - 2)))
+		why = strerror(errno);
+	if (fd < 0 || why != NULL) {
+		snprintf(err, errlen, "--profile: cannot write %s: %s%s", P.path, why,
+			 why == hpu__in_use_why ? " --profile directory or --profile-filename" : "");
 		if (fd >= 0)
 			close(fd);
 		free(h);

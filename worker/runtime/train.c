@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "worker/runtime/save_resume.h"
@@ -26,6 +27,7 @@
 #include "worker/strategy/strategy.h"
 #include "worker/runtime/loop.h"
 #include "worker/runtime/watch.h"
+#include "common/fileio.h"
 
 static double now_s(void)
 {
@@ -346,9 +348,20 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (L.rank == 0 && L.quant.warning[0])
 		printf("warning: %s\n", L.quant.warning);
 	/* a resumed run adds to the metrics of the run it continues */
-	if (L.rank == 0 && o->metrics[0] && !(L.metrics = fopen(o->metrics, ck ? "a" : "w"))) {
-		hpu__loop_fail(&L, "cannot open the metrics file %s: %s", o->metrics, strerror(errno));
-		goto out;
+	if (L.rank == 0 && o->metrics[0]) {
+		/* another running job's file is refused: two tore each
+		 * other's lines */
+		const char *why = NULL;
+		int fd = hpu__open_unshared(o->metrics, ck != NULL, 0644, &why);
+		if (fd >= 0 && !(L.metrics = fdopen(fd, ck ? "a" : "w"))) {
+			why = strerror(errno);
+			close(fd);
+		}
+		if (!L.metrics) {
+			hpu__loop_fail(&L, "cannot open the metrics file %s: %s%s", o->metrics, why,
+				       why == hpu__in_use_why ? " --metrics file" : "");
+			goto out;
+		}
 	}
 	/* unbuffered: a record that cannot be written whole is cut off again
 	 * (hpu__append_line), never left torn, nor flushed later at close */
