@@ -437,9 +437,13 @@ hpu_nodejob *hpu__nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg
 		}
 	}
 	hpu__attempt_token(cfg->token, cfg->restart_count, j->token, sizeof j->token);
-	/* A restart on a node other than 0 might otherwise start workers that
-	 * reach the previous attempt's coordinator, still shutting down. */
-	j->gated = cfg->node_rank != 0 && cfg->restart_count > 0;
+	/* A node other than 0 starts its workers once the coordinator has
+	 * taken this agent: a restart's might otherwise reach the previous
+	 * attempt's coordinator, still shutting down; and of two hpulaunch
+	 * started for one node before node 0 was up, the refused one's worker
+	 * took the rank's place first and the job failed, blaming a worker's
+	 * exit or a dead node 0. */
+	j->gated = cfg->node_rank != 0;
 	j->agent_idle = j->gated;
 	ev_idle_init(&j->end, on_end_idle);
 	j->end.data = j;

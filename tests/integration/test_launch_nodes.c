@@ -190,6 +190,49 @@ static void test_two_nodes(void **state)
 	h_free(&n1);
 }
 
+/* Two hpulaunch for node 1, both started before node 0: the coordinator
+ * takes one agent and refuses the other ("that node has already
+ * joined"), and the job runs. Node 1's workers started before their
+ * agent was taken, so the refused one's worker could take rank 1's place
+ * first: the job failed on every node, blaming a worker's exit or a dead
+ * node 0 (3 tries in 3 in a review's network namespaces; it did not
+ * happen here, on loopback or in namespaces, before the change). */
+static void test_node_started_twice_early(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	proc n[3]; /* node 1, node 1 again, node 0 */
+	for (int k = 0; k < 3; k++) {
+		char *a[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+			     k < 2 ? "1" : "0", "--master-port", port, "--max-steps", "5",
+			     "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+		assert_int_equal(h_start(&n[k], a, env), 0);
+		usleep(k == 0 ? 200000 : 0);
+		if (k == 1)
+			sleep(1);
+	}
+	int ended[3], codes[3];
+	for (int k = 2; k >= 0; k--) {
+		ended[k] = h_wait(&n[k], 120000) == 0;
+		if (!ended[k])
+			h_kill(&n[k]);
+		codes[k] = h_code(&n[k]);
+		printf("node %d%s: exit %d\n%s\n", k < 2 ? 1 : 0, k == 1 ? " (again)" : "", codes[k],
+		       n[k].out);
+	}
+	assert_true(ended[0] && ended[1] && ended[2]);
+	assert_int_equal(codes[2], 0); /* node 0: the job ran */
+	assert_non_null(strstr(n[2].out, "trained 5 steps on 2 workers"));
+	int ok = codes[0] == 0 ? 0 : 1, refused = 1 - ok; /* one node 1 ran, one was refused */
+	assert_int_equal(codes[ok], 0);
+	assert_int_not_equal(codes[refused], 0);
+	assert_non_null(strstr(n[refused].out, "that node has already joined"));
+	for (int k = 0; k < 3; k++)
+		h_free(&n[k]);
+}
+
 /* A worker killed on node 1 fails the job on node 0 too, naming it. */
 static void test_two_nodes_remote_failure(void **state)
 {
@@ -582,6 +625,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_node0_never_answers),
 		cmocka_unit_test(test_two_nodes),
+		cmocka_unit_test(test_node_started_twice_early),
 		cmocka_unit_test(test_node_killed_blamed),
 		cmocka_unit_test(test_node0_killed_blamed),
 		cmocka_unit_test(test_two_nodes_remote_failure),
