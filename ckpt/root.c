@@ -68,12 +68,22 @@ static int partial_name(const char *name)
  * signal handler): set while it is removed. */
 static char discarding[4400];
 static volatile sig_atomic_t discarding_set;
+/* ... and a rename to that name under way (from, to): a signal taken by
+ * another thread (one that does not hold the signals off) finds the
+ * directory under `to` once `from` is gone */
+static char renaming_from[4400], renaming_to[4400];
+static volatile sig_atomic_t renaming_set;
 
 void hpu__ckpt_discard_finish(void)
 {
-	if (!discarding_set)
-		return;
-	int fd = open(discarding, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	const char *dir = discarding;
+	struct stat st;
+	if (!discarding_set) {
+		if (!renaming_set || lstat(renaming_from, &st) == 0 || lstat(renaming_to, &st) != 0)
+			return; /* not renamed (yet, or ever: `to` is then another's) */
+		dir = renaming_to;
+	}
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return;
 	/* getdents64 and unlinkat: system calls, safe in a handler, where
@@ -88,7 +98,7 @@ void hpu__ckpt_discard_finish(void)
 			off += e->d_reclen;
 		}
 	close(fd);
-	rmdir(discarding);
+	rmdir(dir);
 }
 
 static void name_discarding(const char *dir)
@@ -136,10 +146,14 @@ int hpu__ckpt_discard(const char *root, const char *name)
 		snprintf(to, sizeof to, "%s/.step-%08ld.%spartial", root, step, k ? "old." : "");
 		sigset_t old;
 		hold_signals(1, &old);
+		snprintf(renaming_from, sizeof renaming_from, "%s", from);
+		snprintf(renaming_to, sizeof renaming_to, "%s", to);
+		renaming_set = 1;
 		int moved = renameat2(fd, strrchr(from, '/') + 1, fd, strrchr(to, '/') + 1,
 				      RENAME_NOREPLACE) == 0;
 		if (moved)
 			name_discarding(to);
+		renaming_set = 0;
 		hold_signals(0, &old);
 		if (!moved)
 			continue;

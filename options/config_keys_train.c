@@ -387,10 +387,37 @@ int hpu__cfg_fp16(struct fctx *c, const char *path, const cJSON *it)
 
 /* hputrain.val_check_interval, Lightning's: a fraction below 1 is a part
  * of an epoch (--eval-every-epochs F), else steps (--eval-every N). */
+/* Whether --eval-every-epochs was set by this file's key `key` (its
+ * last name) with value 1 (want_one) or with a fraction of an epoch. */
+static int epochs_set_by(const struct fctx *c, const char *key, int want_one)
+{
+	int s = hpu__opt_slot_named("eval-every-epochs");
+	const char *k = c->o->file_key[s], *last = strrchr(k, '.');
+	double v = c->o->eval_every_epochs;
+	return c->put[s] && !strcmp(last ? last + 1 : k, key) &&
+	       (want_one ? v == 1 : v > 0 && v < 1);
+}
+
+/* Lightning's val_check_interval=0.25 beside its default
+ * check_val_every_n_epoch=1, written out: a quarter of every epoch, the
+ * fraction (it was refused as two values of --eval-every-epochs). */
+static int f_check_val_every_n_epoch(struct fctx *c, const char *path, const cJSON *it)
+{
+	if (cJSON_IsNumber(it) && it->valuedouble == 1 &&
+	    epochs_set_by(c, "val_check_interval", 0))
+		return 0;
+	return hpu__cfg_file_opt(c, path, it, "eval-every-epochs");
+}
+
 static int f_val_check_interval(struct fctx *c, const char *path, const cJSON *it)
 {
-	if (cJSON_IsNumber(it) && it->valuedouble > 0 && it->valuedouble < 1)
-		return hpu__cfg_file_opt(c, path, it, "eval-every-epochs");
+	if (cJSON_IsNumber(it) && it->valuedouble > 0 && it->valuedouble < 1) {
+		/* over check_val_every_n_epoch's 1, given before it */
+		c->over = epochs_set_by(c, "check_val_every_n_epoch", 1);
+		int rc = hpu__cfg_file_opt(c, path, it, "eval-every-epochs");
+		c->over = 0;
+		return rc;
+	}
 	/* said as Lightning's two meanings (it named --eval-every's range,
 	 * 1..1e+15, where 0.5 is taken too) */
 	if (cJSON_IsNumber(it) &&
@@ -435,7 +462,7 @@ static const struct fkey hputrain_keys[] = {
 	KEY("val_fraction", "val-fraction", 0),
 	KEY("early_stop", "early-stop", 0),
 	FN("val_check_interval", f_val_check_interval, 0), /* Lightning's: steps, or a fraction */
-	KEY("check_val_every_n_epoch", "eval-every-epochs", 0), /* Lightning's */
+	FN("check_val_every_n_epoch", f_check_val_every_n_epoch, 0), /* Lightning's */
 };
 
 int hpu__cfg_hputrain(struct fctx *c, const char *path, const cJSON *it)

@@ -386,6 +386,15 @@ static void test_file_hputrain(void **state)
 		   "zero_optimization.stage3_prefetch_bucket_size gave 1000");
 	load_ok("{'hputrain': {'eval_every': 4, 'val_check_interval': 4}}", &o);
 	assert_int_equal(o.eval_every, 4);
+	/* Lightning's fraction beside its default check_val_every_n_epoch 1,
+	 * written out, either order: the fraction (a review found the pair
+	 * refused) */
+	load_ok("{'hputrain': {'val_check_interval': 0.25, 'check_val_every_n_epoch': 1}}", &o);
+	assert_true(o.eval_every_epochs == 0.25);
+	load_ok("{'hputrain': {'check_val_every_n_epoch': 1, 'val_check_interval': 0.25}}", &o);
+	assert_true(o.eval_every_epochs == 0.25);
+	LOAD_ERROR("{'hputrain': {'val_check_interval': 0.25, 'check_val_every_n_epoch': 2}}",
+		   "both keys set --eval-every-epochs; give one");
 	load_ok("{'zero_optimization': {'stage3_max_live_parameters': 1e9, "
 		"'max_live_parameters': 1e9}}", &o);
 	/* a value the resolve refuses is named by its key, not by a flag the
