@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,9 +67,9 @@ static int partial_name(const char *name)
  * signal handler): set while it is removed. */
 static char discarding[4400];
 static volatile sig_atomic_t discarding_set;
-/* ... and a rename to that name under way (from, to): a signal taken by
- * another thread (one that does not hold the signals off) finds the
- * directory under `to` once `from` is gone */
+/* ... and a rename to that name under way (from, to): a signal then, in
+ * any thread, finds the directory under `to` once `from` is gone (before,
+ * it is still whole under its step-N name) */
 static char renaming_from[4400], renaming_to[4400];
 static volatile sig_atomic_t renaming_set;
 
@@ -116,22 +115,6 @@ static int discard_tree(const char *dir)
 	return rc;
 }
 
-/* The signals a save's handler takes, held off this thread between a
- * rename and the naming of its result (a signal there left the renamed
- * directory whole) */
-static void hold_signals(int on, sigset_t *old)
-{
-	sigset_t set;
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
-	if (on)
-		pthread_sigmask(SIG_BLOCK, &set, old);
-	else
-		pthread_sigmask(SIG_SETMASK, old, NULL);
-}
-
 int hpu__ckpt_discard(const char *root, const char *name)
 {
 	char from[4400], to[4400];
@@ -144,8 +127,6 @@ int hpu__ckpt_discard(const char *root, const char *name)
 	 * a signal meanwhile left a step-N without its manifest) */
 	for (int k = 0; fd >= 0 && k < 2; k++) {
 		snprintf(to, sizeof to, "%s/.step-%08ld.%spartial", root, step, k ? "old." : "");
-		sigset_t old;
-		hold_signals(1, &old);
 		snprintf(renaming_from, sizeof renaming_from, "%s", from);
 		snprintf(renaming_to, sizeof renaming_to, "%s", to);
 		renaming_set = 1;
@@ -154,7 +135,6 @@ int hpu__ckpt_discard(const char *root, const char *name)
 		if (moved)
 			name_discarding(to);
 		renaming_set = 0;
-		hold_signals(0, &old);
 		if (!moved)
 			continue;
 		close(fd);

@@ -19,7 +19,7 @@
 int hpu__checkpoint_agree(hpucoll_comm *comm, const rec *mine, rec *all, char *err,
 			  size_t errlen)
 {
-	int world = hpucoll_comm_size(comm), failed = 0;
+	int world = hpucoll_comm_size(comm), failed = 0, first = -1;
 	rec *v = all ? all : calloc((size_t)world, sizeof *v);
 	if (!v)
 		return say(err, errlen, "out of memory"), world;
@@ -33,15 +33,12 @@ int hpu__checkpoint_agree(hpucoll_comm *comm, const rec *mine, rec *all, char *e
 				v[r].msg[sizeof v[r].msg - 1] = '\0';
 				say(err, errlen, "rank %d: %s", r, v[r].msg);
 				failed++;
+				first = r; /* the lowest, whose message err keeps */
 			}
 	}
 	/* this rank fails because another did (rank 0 could not write
 	 * `latest`): the agent is told, to name that rank in its summary,
 	 * not whichever exited first */
-	int first = -1;
-	for (int r = 0; !rc && failed && r < world && first < 0; r++)
-		if (!v[r].ok)
-			first = r;
 	if (first >= 0 && mine->ok)
 		hpu__status_blame(first, HPU_BLAME_FAILED);
 	if (!all)
