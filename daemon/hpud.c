@@ -90,6 +90,17 @@ static int help_doc(const char *format)
 	return 0;
 }
 
+/* What --help, --help-doc or --gen-key printed must have reached standard
+ * output (a full disk, a closed pipe would leave it short): rc, or 1 after
+ * saying so. */
+static int stdout_checked(int rc)
+{
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return rc;
+	hpud__logmsg(HPUD_LOG_ERROR, "cannot write the standard output: %s", strerror(errno));
+	return rc ? rc : 1;
+}
+
 int main(int argc, char **argv)
 {
 	char err[1024];
@@ -106,9 +117,9 @@ int main(int argc, char **argv)
 	for (int r; (r = hpu__optparse_next(&p)) != HPU_OPT_END;) {
 		if (r == OPT_HELP) {
 			usage(stdout);
-			return 0;
+			return stdout_checked(0);
 		} else if (r == OPT_HELP_DOC) {
-			return help_doc(p.val);
+			return stdout_checked(help_doc(p.val));
 		} else if (r == OPT_GEN_KEY) {
 			if (hpu__auth_gen_key(p.val, err, sizeof err) < 0) {
 				hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
@@ -116,7 +127,7 @@ int main(int argc, char **argv)
 			}
 			printf("hpud: wrote a new cluster secret to %s (mode 0600); copy it to every node and to the submitters\n",
 			       p.val);
-			return 0;
+			return stdout_checked(0);
 		} else if (r == OPT_CONFIG) {
 			hpud__D.conf_path = p.val;
 		} else if (r == OPT_CHECK) {

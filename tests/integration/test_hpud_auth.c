@@ -180,6 +180,27 @@ static void test_refusal_burst_counted(void **state)
 	stop_daemon();
 }
 
+/* What hpud prints and exits (--help, --help-doc, --gen-key) into a full
+ * standard output is an error (it said nothing and exited 0). */
+static void test_output_into_full_stdout(void **state)
+{
+	(void)state;
+	char key[160];
+	snprintf(key, sizeof key, "%s/full.key", dir);
+	const char *cmds[] = {"exec \"$0\" --help >/dev/full", "exec \"$0\" --help-doc scdoc >/dev/full",
+			      "exec \"$0\" --gen-key \"$1\" >/dev/full"};
+	for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+		char *argv[] = {"/bin/sh", "-c", (char *)cmds[i], (char *)HPUD, key, NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 10000);
+		printf("  %s: %d %s", cmds[i], code, p.out);
+		assert_int_equal(code, 1);
+		assert_non_null(strstr(p.out, "cannot write the standard output: No space left on device"));
+		h_free(&p);
+	}
+	unlink(key);
+}
+
 /* hpulaunch with another cluster key: hpud drops its frames unanswered
  * (a stranger learns nothing), so the submitter cannot tell a wrong key
  * from a hpud that is not there and names both; hpud's log says which. */
@@ -896,6 +917,7 @@ int main(void)
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_refusal_burst_counted),
 		cmocka_unit_test(test_submitter_wrong_key),
+		cmocka_unit_test(test_output_into_full_stdout),
 		cmocka_unit_test(test_submitter_clock_window),
 		cmocka_unit_test(test_launch_bound_to_instance),
 		cmocka_unit_test(test_launch_layout_checked),
