@@ -83,12 +83,18 @@ static void test_default_memory(void **state)
 	char me[64] = "x";
 	hpu__dev_gpu_ident(me, sizeof me);
 	assert_string_equal(me, "");
-	/* 2 workers on one GPU: half of it each, whatever the host has */
-	assert_true(hpu__dev_default_memory(gpu, 2, host, 2) == gpu / 2);
-	assert_true(hpu__dev_default_memory(gpu, 2, 1ull << 40, 2) == gpu / 2);
+	/* 2 workers on one GPU: half of it each, less what each has outside
+	 * the limit, whatever the host has */
+	const uint64_t res = HPU_DEV_GPU_RESERVE;
+	assert_true(hpu__dev_default_memory(gpu, 2, host, 2) == gpu / 2 - res);
+	assert_true(hpu__dev_default_memory(gpu, 2, 1ull << 40, 2) == gpu / 2 - res);
 	/* 8 workers on 8 GPUs: a GPU each, not an eighth of the host */
-	assert_true(hpu__dev_default_memory(gpu, 1, host, 8) == gpu);
-	assert_true(hpu__dev_default_memory(gpu, 3, 0, 5) == gpu / 3);
+	assert_true(hpu__dev_default_memory(gpu, 1, host, 8) == gpu - res);
+	assert_true(hpu__dev_default_memory(gpu, 3, 0, 5) == gpu / 3 - res);
+	/* a share under twice the reserve: half of it */
+	assert_true(hpu__dev_default_memory(3 * res, 2, host, 2) == 3 * res / 4);
+	assert_true(hpu__dev_default_memory(2 * res, 1, host, 2) == res);
+	assert_true(hpu__dev_default_memory(2 * res + 1, 1, host, 2) == res + 1);
 	/* host memory: the node's shared by its workers; unknown: no limit */
 	assert_true(hpu__dev_default_memory(0, 1, host, 4) == host / 4);
 	assert_true(hpu__dev_default_memory(0, 1, host, 0) == host);

@@ -242,6 +242,17 @@ static cudaStream_t stream_of(hpu__dev_queue *q)
 static void cuda_record(hpu__dev_queue *q, hpu__dev_event *ev)
 {
 	hpu__dev_queue *x = Q(q);
+	/* an event recorded into the recording stream is a captured one: a
+	 * host wait on it (or on an older event of its ring slot) after the
+	 * recording would fail with cudaErrorCapturedEvent */
+	if (x == &C.compute &&
+	    hpu__cuda_capture_refuse("hpu__dev_event_record",
+				     "an event on the recording stream: the host could not wait for "
+				     "it after the recording")) {
+		ev->q = q;
+		ev->seq = 0;
+		return;
+	}
 	hpu__cuda_bind();
 	pthread_mutex_lock(&x->mu);
 	uint64_t seq = ++x->issued;

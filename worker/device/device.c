@@ -325,8 +325,14 @@ void hpu__dev_gpu_ident(char *out, size_t outlen)
 uint64_t hpu__dev_default_memory(uint64_t capacity, int sharers, uint64_t host_bytes,
 				 int local_workers)
 {
-	if (capacity)
-		return capacity / (uint64_t)(sharers > 0 ? sharers : 1);
+	if (capacity) {
+		/* less what each worker has on the GPU outside the limit (its
+		 * context, workspace, scratch): a limit of the whole share could
+		 * never be met, and a run growing to it would fail in cudaMalloc
+		 * rather than at devmem's limit */
+		uint64_t share = capacity / (uint64_t)(sharers > 0 ? sharers : 1);
+		return share > 2 * HPU_DEV_GPU_RESERVE ? share - HPU_DEV_GPU_RESERVE : share / 2;
+	}
 	return host_bytes / (uint64_t)(local_workers > 0 ? local_workers : 1);
 }
 

@@ -435,9 +435,16 @@ int hpu__dev_gpu_sharers(const char *ids, size_t idlen, int world, int rank);
  * open device's GPU, or "" where it drives none. */
 void hpu__dev_gpu_ident(char *out, size_t outlen);
 
+/* What a worker on a GPU uses there outside devmem's limit (CUDA's
+ * context, the libraries' handles, the kernel table's workspace and
+ * scratch), kept out of the default limit. */
+#define HPU_DEV_GPU_RESERVE (1ull << 30)
+
 /* The device-memory limit of a worker without --device-memory: the
  * device's own memory (capacity bytes, a GPU's) divided among the
- * `sharers` workers that drive it; on host memory (capacity 0) the node's
+ * `sharers` workers that drive it, less HPU_DEV_GPU_RESERVE each (half
+ * the share where that is under twice the reserve); on host memory
+ * (capacity 0) the node's
  * memory (host_bytes; 0: unknown, no limit) divided among its
  * local_workers workers. */
 uint64_t hpu__dev_default_memory(uint64_t capacity, int sharers, uint64_t host_bytes,

@@ -345,9 +345,11 @@ int main(int argc, char **argv)
 	}
 	if (o.verbose && capacity && !o.device_memory)
 		printf("rank %d: device memory limit %.1f GiB: the device's %.1f GiB shared by "
-		       "the %d worker%s on it (--device-memory sets another)\n",
+		       "the %d worker%s on it, less %.1f GiB each for what is outside the limit "
+		       "(--device-memory sets another)\n",
 		       rank, (double)limit / (1 << 30), (double)capacity / (1 << 30), sharers,
-		       sharers == 1 ? "" : "s");
+		       sharers == 1 ? "" : "s",
+		       (double)(capacity / (uint64_t)sharers - limit) / (1 << 30));
 	hpu__hostmem_init(o.host_memory);
 	if (hpu__autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
 		goto out;

@@ -94,10 +94,14 @@ static int descriptors(hpu__cuops_conv_plan *p, const hpu_conv2d_shape *s)
 }
 
 /* Whether a heuristic's answer may be used: it ran, fits the workspace,
- * and keeps fp32 off tensor cores unless TF32 is allowed. */
+ * keeps fp32 off tensor cores unless TF32 is allowed, and never lets cuDNN
+ * convert the operands down to fp16 (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+ * fp16's range would overflow above 65504 and flush small gradients, where
+ * bf16 widened to fp32 and TF32 hold the values exactly). */
 static int usable(cudnnStatus_t st, size_t mem, cudnnMathType_t math, int tf32)
 {
 	return st == CUDNN_STATUS_SUCCESS && mem <= HPU_CUOPS_WORKSPACE &&
+	       math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
 	       (tf32 || math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH);
 }
 

@@ -613,6 +613,9 @@ static __global__ void k_xent_rows(const float *logits, const int32_t *labels, f
 				dlogits[(size_t)r * classes + c] = 0.0f;
 		return;
 	}
+	/* read before the reductions' barriers: dlogits may be logits (as
+	 * the host's kernel allows), and column lab is overwritten below */
+	const float zlab = z[lab];
 	float m = -INFINITY;
 	for (int c = threadIdx.x; c < classes; c += blockDim.x)
 		m = fmaxf(m, z[c]);
@@ -622,7 +625,7 @@ static __global__ void k_xent_rows(const float *logits, const int32_t *labels, f
 		s += (double)expf(z[c] - m);
 	s = block_reduce<double, sum_op<double> >(s);
 	if (threadIdx.x == 0)
-		row_loss[r] = log(s) - (double)(z[lab] - m);
+		row_loss[r] = log(s) - (double)(zlab - m);
 	if (!dlogits)
 		return;
 	float *d = dlogits + (size_t)r * classes;
