@@ -301,7 +301,8 @@ void hpu__ckpt_free_names(char **names);
  * step-* directories beyond the first `keep` in hpu__ckpt_candidates'
  * order (the oldest, and first of all those past the new one's step: an
  * abandoned run's; 0: keep all; never the new one; never one another uid
- * owns).
+ * owns). Where `latest` cannot be written, root/name is renamed back to
+ * root/partial (a resume would pass it over) and -1 returned.
  * Returns 0, or -1 with a sentence. */
 int hpu__ckpt_publish(const char *root, const char *partial, const char *name,
 		      int keep, char *err, size_t errlen);

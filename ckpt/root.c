@@ -407,8 +407,16 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 		return -1;
 	snprintf(lpath, sizeof lpath, "%s/%s", root, HPU_CKPT_LATEST);
 	int n = snprintf(line, sizeof line, "%s\n", name);
-	if (hpu__write_atomic(lpath, line, (size_t)n, err, errlen) < 0 ||
-	    hpu__fsync_dir(root, err, errlen) < 0)
+	if (hpu__write_atomic(lpath, line, (size_t)n, err, errlen) < 0) {
+		/* not named by `latest`, a resume would pass it over as an
+		 * abandoned run's step past it (and the run resumed would
+		 * replace it): taken back to its partial name, for the caller
+		 * to remove as a save that failed */
+		if (rename(to, from) == 0)
+			(void)hpu__fsync_dir(root, NULL, 0);
+		return -1;
+	}
+	if (hpu__fsync_dir(root, err, errlen) < 0)
 		return -1;
 	if (keep <= 0)
 		return 0;

@@ -681,14 +681,17 @@ static void test_disk_full(void **state)
 	assert_true(loads);
 }
 
-/* A checkpoint published whose `latest` cannot be written (a directory
- * in its place here, a full disk in the review's case) is said to be
- * saved, naming it and what failed, not "not saved (the previous
- * checkpoints are untouched)"; it is there, whole. */
+/* A checkpoint whose `latest` cannot be written (a directory in its
+ * place here, a full disk in the reviews' cases) is not saved: a resume
+ * would pass it over as an abandoned run's step past `latest` (and the
+ * run resumed would replace it), so it is taken back and removed, and the
+ * message says "not saved" naming what failed (it said "saved ..., but",
+ * while `--resume auto` took the step before in silence). A step past
+ * the one `latest` names is passed over with a line naming it. */
 static void test_latest_unwritable(void **state)
 {
 	(void)state;
-	char dir[300], lat[340], man[400];
+	char dir[300], lat[340], path[400];
 	snprintf(dir, sizeof dir, "%s/latest-dir", tmp);
 	snprintf(lat, sizeof lat, "%s/latest", dir);
 	mkdir(dir, 0755);
@@ -698,19 +701,46 @@ static void test_latest_unwritable(void **state)
 	args(&r, "--batch-size", "64", "--max-steps", "10", "--checkpoint-dir", dir,
 	     "--checkpoint-every", "5", NULL);
 	char *out = finish(&r, 1, SMALL);
-	char want[600];
-	snprintf(want, sizeof want, "checkpoint of step 5 saved to %s/step-00000005, but ", dir);
-	if (!strstr(out, want) || !strstr(out, "Is a directory") || strstr(out, "not saved"))
-		fail_msg("want \"%s\" and \"Is a directory\" in:\n%s", want, out);
+	if (!strstr(out, "checkpoint of step 5 not saved") || !strstr(out, "Is a directory") ||
+	    strstr(out, "saved to"))
+		fail_msg("want \"checkpoint of step 5 not saved\" and \"Is a directory\" in:\n%s", out);
 	/* hpulaunch's summary names rank 0, whose write failed, whichever
 	 * rank exits first (it named rank 1 where rank 1 did) */
 	const char *sum = strstr(out, "hpulaunch: error: ");
 	if (!sum || strncmp(sum + 18, "rank 0 ", 7))
 		fail_msg("the summary does not name rank 0 first:\n%s", out);
 	free(out);
-	snprintf(man, sizeof man, "%s/step-00000005/manifest.json", dir);
 	struct stat st;
-	assert_int_equal(stat(man, &st), 0);
+	snprintf(path, sizeof path, "%s/step-00000005", dir);
+	assert_int_equal(stat(path, &st), -1);
+	snprintf(path, sizeof path, "%s/.step-00000005.partial", dir);
+	assert_int_equal(stat(path, &st), -1);
+
+	/* steps 5 and 10 saved, `latest` naming step 5 (as a run resumed from
+	 * it leaves them): auto takes step 5 and says that step 10 is passed
+	 * over */
+	assert_int_equal(rmdir(lat), 0);
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "10", "--checkpoint-dir", dir,
+	     "--checkpoint-every", "5", NULL);
+	free(finish(&r, 0, SMALL));
+	FILE *f = fopen(lat, "w");
+	assert_non_null(f);
+	fputs("step-00000005\n", f);
+	assert_int_equal(fclose(f), 0);
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "10", "--checkpoint-dir", dir, "--resume",
+	     "auto", NULL);
+	out = finish(&r, 0, SMALL);
+	char want[1200];
+	snprintf(want, sizeof want,
+		 "resume: %s/step-00000010 is past the checkpoint %s/latest names: left by a run "
+		 "that resumed from an earlier one, it is passed over (--resume %s/step-00000010 "
+		 "takes it)",
+		 dir, dir, dir);
+	if (!strstr(out, want) || !strstr(out, "step-00000005 at step 5"))
+		fail_msg("want \"%s\" and a resume from step 5 in:\n%s", want, out);
+	free(out);
 }
 
 /* Two jobs saving in one --checkpoint-dir overwrote and pruned each

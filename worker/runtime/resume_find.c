@@ -226,6 +226,20 @@ int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 		printf("warning: resume: %s/%s names \"%.100s\", which is not a checkpoint there; "
 		       "taking the newest by step, %s/%s\n",
 		       root, HPU_CKPT_LATEST, raw, root, names[0]);
+	/* steps past the one `latest` names come last (an abandoned run's):
+	 * rank 0 says that they are passed over */
+	long head = -1, past = -1, st;
+	int pi = -1;
+	if (raw[0] && strcmp(raw, names[0]) == 0 && sscanf(names[0], "step-%ld", &head) == 1)
+		for (int i = 1; i < n; i++)
+			if (sscanf(names[i], "step-%ld", &st) == 1 && st > head && st > past) {
+				past = st;
+				pi = i;
+			}
+	if (pi >= 0 && autom && rank == 0)
+		printf("resume: %s/%s is past the checkpoint %s/%s names: left by a run that "
+		       "resumed from an earlier one, it is passed over (--resume %s/%s takes it)\n",
+		       root, names[pi], root, HPU_CKPT_LATEST, root, names[pi]);
 	/* auto passes damaged checkpoints by, never another uid's files */
 	for (int i = 0; i < (autom ? n : 1) && !*out && !foreign; i++) {
 		snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
