@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -368,6 +369,45 @@ static void test_bad_profile_dir(void **state)
 	free(out);
 }
 
+/* A disk that fills while the traces are written (a 40 KiB tmpfs): the
+ * run goes on, each trace stops where it was and still parses, and the
+ * line says why (it said "short write", and the trace held the events
+ * that fit after its end: no longer JSON). */
+static void test_disk_full(void **state)
+{
+	(void)state;
+	char mnt[300], prof[340], path[400];
+	snprintf(mnt, sizeof mnt, "%s/small-fs", dir);
+	snprintf(prof, sizeof prof, "%s/prof", mnt);
+	assert_int_equal(mkdir(mnt, 0755), 0);
+	if (mount("tmpfs", mnt, "tmpfs", 0, "size=40k") != 0) {
+		if (geteuid() != 0) {
+			printf("  not root: no tmpfs can be mounted; the full-disk case is skipped\n");
+			skip();
+		}
+		fail_msg("mount tmpfs on %s failed", mnt);
+	}
+	run r;
+	start(&r, 2);
+	args(&r, "--profile", prof, "--max-steps", "30", "--batch-size", "64", "--no-eval", NULL);
+	char *out = finish(&r, 0, NULL);
+	int said = strstr(out, "profiling stopped: writing ") &&
+		   strstr(out, "No space left on device") && !strstr(out, "short write");
+	if (!said)
+		fprintf(stderr, "no \"profiling stopped ... No space left on device\" in:\n%s\n", out);
+	free(out);
+	int parsed = 0;
+	for (int rank = 0; rank < 2; rank++) {
+		snprintf(path, sizeof path, "%s/perf-logs-rank%d.json", prof, rank);
+		cJSON *t = parse_file(path);
+		parsed += t != NULL;
+		cJSON_Delete(t);
+	}
+	umount(mnt);
+	assert_true(said);
+	assert_int_equal(parsed, 2);
+}
+
 /* Reads the metrics file's records with a "device" array. */
 static void check_device_stats(const cJSON *rec, int world, double *prev_allocs,
 			       double *prev_max)
@@ -673,6 +713,7 @@ int main(void)
 		cmocka_unit_test(test_checkpoint_events),
 		cmocka_unit_test(test_killed_worker),
 		cmocka_unit_test(test_bad_profile_dir),
+		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_device_stats),
 		cmocka_unit_test(test_stall_warning),
 		cmocka_unit_test(test_throughput_warmup),

@@ -96,13 +96,22 @@ static void flush_locked(void)
 	memcpy(P.buf + P.len, TAIL, sizeof TAIL - 1);
 	size_t n = P.len + sizeof TAIL - 1;
 	ssize_t w = pwrite(P.fd, P.buf, n, P.end);
+	int e = errno;
+	if (w >= 0 && (size_t)w < n) { /* the rest, whose error says why (a full disk) */
+		ssize_t more = pwrite(P.fd, P.buf + w, n - (size_t)w, P.end + (off_t)w);
+		e = more < 0 ? errno : 0;
+		if (more == (ssize_t)(n - (size_t)w))
+			w = (ssize_t)n;
+	}
 	if (w != (ssize_t)n) {
-		/* a short write may have overwritten the tail: put it back, so
-		 * that the file still parses (what fit stays unlisted) */
+		/* a short write may have overwritten the tail: put it back and
+		 * cut what fit of the events after it, so that the file still
+		 * parses (what fit stays unlisted) */
 		(void)!pwrite(P.fd, TAIL + 1, sizeof TAIL - 2, P.end);
+		(void)!ftruncate(P.fd, P.end + (off_t)(sizeof TAIL - 2));
 		if (!P.failed)
 			hpu__log(HPU_LOG_WARNING, "profiling stopped: writing %s: %s", P.path,
-				 w < 0 ? strerror(errno) : "short write");
+				 w < 0 || e ? strerror(e) : "short write");
 		P.failed = 1;
 		hpu__prof_enabled = 0;
 		P.len = 0;
