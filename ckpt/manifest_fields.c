@@ -5,6 +5,7 @@
 #include "common/num.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -173,6 +174,19 @@ static int check_scaler(const cJSON *j, const char *mpath, char *err, size_t err
 	return 0;
 }
 
+/* optimizer_settings: an object of finite numbers and booleans. */
+static int check_optim(const cJSON *j, const char *mpath, char *err, size_t errlen)
+{
+	if (!cJSON_IsObject(j))
+		return say(err, errlen, "%s: optimizer_settings is not an object", mpath);
+	for (const cJSON *x = j->child; x; x = x->next)
+		if (!cJSON_IsBool(x) && !(cJSON_IsNumber(x) && isfinite(x->valuedouble)))
+			return say(err, errlen,
+				   "%s: optimizer_settings: %.40s is not a finite number or a boolean",
+				   mpath, x->string ? x->string : "?");
+	return 0;
+}
+
 /* n finite numbers of at least `lo` (a scale, an amax history). */
 static int check_floats(const cJSON *a, const char *ctx, const char *key, int n, double lo,
 			char *err, size_t errlen)
@@ -258,6 +272,9 @@ int hpu__ckpt_check_run(const cJSON *m, const char *mpath, char *err, size_t err
 		return -1;
 	if ((x = cJSON_GetObjectItemCaseSensitive(m, "loss_scaler")) &&
 	    check_scaler(x, mpath, err, errlen) < 0)
+		return -1;
+	if ((x = cJSON_GetObjectItemCaseSensitive(m, "optimizer_settings")) &&
+	    check_optim(x, mpath, err, errlen) < 0)
 		return -1;
 	if ((x = cJSON_GetObjectItemCaseSensitive(m, "fp8")) && check_fp8(x, mpath, err, errlen) < 0)
 		return -1;

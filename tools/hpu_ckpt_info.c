@@ -39,6 +39,8 @@ static void print_fields(const char *label, const cJSON *o)
 			printf("%s%s %g", first ? "" : ", ", f->string, f->valuedouble);
 		else if (cJSON_IsString(f))
 			printf("%s%s %s", first ? "" : ", ", f->string, f->valuestring);
+		else if (cJSON_IsBool(f))
+			printf("%s%s %s", first ? "" : ", ", f->string, cJSON_IsTrue(f) ? "true" : "false");
 		else
 			continue;
 		first = 0;
@@ -164,6 +166,9 @@ static void print_details(const hpu_ckpt *c)
 	printf("%-14s%s\n", "precision", c->precision);
 	printf("%-14s%s (%.0f optimizer steps)\n", "optimizer", c->optimizer,
 	       hpu__ckpt_num(m, "optimizer_steps", 0));
+	const cJSON *os = cJSON_GetObjectItemCaseSensitive(m, "optimizer_settings");
+	if (cJSON_IsObject(os)) /* the line under it (not recorded before) */
+		print_fields("", os);
 	printf("%-14s", "sections");
 	for (int s = 0; s < c->nsections; s++)
 		printf("%s%s", s ? ", " : "", c->sections[s]);

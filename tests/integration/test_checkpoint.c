@@ -239,6 +239,108 @@ static void test_resume_other_precision_noted(void **state)
 	free(out);
 }
 
+/* The optimizer, its settings and a fixed --loss-scale are the resumed
+ * run's, and a line says where the checkpoint's differ (a fixed
+ * --loss-scale was replaced by the checkpoint's scale in silence; adamw
+ * to adam, --beta1, --weight-decay went on without a word). A checkpoint
+ * of sgd --momentum 0 under --momentum 0.9 is refused naming the momentum
+ * (it said "saved with optimizer sgd, this run uses sgd"); the initial
+ * model (--max-steps 0) resumes under any optimizer. */
+static void test_resume_optimizer_changed(void **state)
+{
+	(void)state;
+	char dir[300], metrics[340], want[900];
+	snprintf(dir, sizeof dir, "%s/optim-ck", tmp);
+	snprintf(metrics, sizeof metrics, "%s/optim.jsonl", tmp);
+	run r;
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--stop-at-step", "2", "--checkpoint-dir",
+	     dir, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--resume", dir, "--beta1", "0.5",
+	     "--weight-decay", "0.5", NULL);
+	char *out = finish(&r, 0, SMALL);
+	snprintf(want, sizeof want,
+		 "resume: this run's optimizer settings are used where checkpoint %s/step-00000002's "
+		 "differ: --beta1 0.5 (saved: 0.9), --weight-decay 0.5 (saved: 0.01)",
+		 dir);
+	if (!strstr(out, want))
+		fail_msg("want \"%s\" in:\n%s", want, out);
+	free(out);
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--resume", dir, "--optimizer", "adam",
+	     NULL);
+	out = finish(&r, 0, SMALL);
+	snprintf(want, sizeof want,
+		 "note: checkpoint %s/step-00000002 was saved with --optimizer adamw; this run goes "
+		 "on with --optimizer adam, its state taken as that one's",
+		 dir);
+	if (!strstr(out, want))
+		fail_msg("want \"%s\" in:\n%s", want, out);
+	free(out);
+	/* nothing changed: no line */
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--resume", dir, NULL);
+	out = finish(&r, 0, SMALL);
+	assert_null(strstr(out, "optimizer settings"));
+	assert_null(strstr(out, "--optimizer"));
+	free(out);
+
+	/* 16-mixed with a dynamic scale, resumed with a fixed one */
+	h_rmtree(dir);
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--stop-at-step", "2", "--precision",
+	     "16-mixed", "--checkpoint-dir", dir, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--precision", "16-mixed", "--loss-scale",
+	     "1024", "--resume", dir, "--metrics", metrics, "--log-every", "1", NULL);
+	out = finish(&r, 0, SMALL);
+	snprintf(want, sizeof want,
+		 "resume: --loss-scale 1024 is used; checkpoint %s/step-00000002's loss scale was 65536",
+		 dir);
+	if (!strstr(out, want))
+		fail_msg("want \"%s\" in:\n%s", want, out);
+	free(out);
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	int fixed = strstr(m, "\"loss_scale\":1024") && !strstr(m, "\"loss_scale\":65536");
+	if (!fixed)
+		fail_msg("want loss_scale 1024 (not 65536) in:\n%s", m);
+	free(m);
+
+	/* sgd without momentum: no momentum buffer */
+	h_rmtree(dir);
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--stop-at-step", "2", "--optimizer",
+	     "sgd", "--momentum", "0", "--checkpoint-dir", dir, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--optimizer", "sgd", "--resume", dir,
+	     NULL);
+	out = finish(&r, 1, SMALL);
+	snprintf(want, sizeof want,
+		 "checkpoint %s/step-00000002 was saved with --optimizer sgd --momentum 0, which "
+		 "keeps no momentum buffer; this run's --momentum 0.9 needs one",
+		 dir);
+	if (!strstr(out, want))
+		fail_msg("want \"%s\" in:\n%s", want, out);
+	free(out);
+
+	/* the initial model, saved under adamw, resumed under sgd */
+	h_rmtree(dir);
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "0", "--checkpoint-dir", dir, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "2", "--optimizer", "sgd", "--resume", dir,
+	     NULL);
+	out = finish(&r, 0, SMALL);
+	assert_non_null(strstr(out, "this run goes on with --optimizer sgd"));
+	free(out);
+}
+
 /* Saved by 4 workers under zero3; loaded by 2 under ddp and by 3 under
  * zero1 (a global batch of 96 divides among 2, 3 and 4). */
 static void test_reshard(void **state)
@@ -1133,6 +1235,7 @@ int main(void)
 		cmocka_unit_test(test_resume_at_end),
 		cmocka_unit_test(test_resume_other_precision_noted),
 		cmocka_unit_test(test_resume_precisions),
+		cmocka_unit_test(test_resume_optimizer_changed),
 		cmocka_unit_test(test_placement_recorded),
 		cmocka_unit_test(test_reshard),
 		cmocka_unit_test(test_crash_restart),

@@ -180,6 +180,57 @@ static int load_report(hpucoll_comm *comm, const hpu_ckpt *c, double secs, FILE 
 	return 0;
 }
 
+/* Rank 0: the optimizer, its settings and a fixed --loss-scale are this
+ * run's; where the checkpoint's differ, a line says so (they went on in
+ * silence). */
+static void optim_notes(const hpu_ckpt *c, const hpu_train_opts *o)
+{
+	const char *mine = hpu__optim_name(o->optimizer);
+	if (strcmp(c->optimizer, mine) != 0)
+		printf("note: checkpoint %s was saved with --optimizer %s; this run goes on with "
+		       "--optimizer %s, its state taken as that one's\n",
+		       c->dir, c->optimizer, mine);
+	const cJSON *os = cJSON_GetObjectItemCaseSensitive(c->m, "optimizer_settings");
+	if (cJSON_IsObject(os) && strcmp(c->optimizer, mine) == 0) {
+		const struct {
+			const char *key, *flag;
+			double now;
+		} v[] = {{"momentum", "--momentum", o->momentum},
+			 {"nesterov", "--nesterov", o->nesterov},
+			 {"beta1", "--beta1", o->beta1},
+			 {"beta2", "--beta2", o->beta2},
+			 {"eps", "--eps", o->eps},
+			 {"weight_decay", "--weight-decay", hpu__opts_weight_decay(o)}};
+		char line[800] = "";
+		size_t len = 0;
+		for (size_t i = 0; i < sizeof v / sizeof *v && len < sizeof line; i++) {
+			const cJSON *x = cJSON_GetObjectItemCaseSensitive(os, v[i].key);
+			if (!cJSON_IsNumber(x) && !cJSON_IsBool(x))
+				continue;
+			double was = cJSON_IsBool(x) ? (double)cJSON_IsTrue(x) : x->valuedouble;
+			if (was == v[i].now)
+				continue;
+			int n = cJSON_IsBool(x)
+					? snprintf(line + len, sizeof line - len, "%s%s %s (saved: %s)",
+						   len ? ", " : "", v[i].flag, v[i].now ? "on" : "off",
+						   was ? "on" : "off")
+					: snprintf(line + len, sizeof line - len, "%s%s %g (saved: %g)",
+						   len ? ", " : "", v[i].flag, v[i].now, was);
+			len += n > 0 ? (size_t)n : 0;
+		}
+		if (len)
+			printf("resume: this run's optimizer settings are used where checkpoint %s's "
+			       "differ: %s\n",
+			       c->dir, line);
+	}
+	const cJSON *ls = cJSON_GetObjectItemCaseSensitive(c->m, "loss_scaler");
+	double saved = hpu__ckpt_num(ls, "scale", 0);
+	if (o->precision == HPU_PREC_FP16_MIXED && o->loss_scale > 0 &&
+	    strcmp(c->precision, "16-mixed") == 0 && saved > 0 && saved != o->loss_scale)
+		printf("resume: --loss-scale %g is used; checkpoint %s's loss scale was %g\n",
+		       o->loss_scale, c->dir, saved);
+}
+
 int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
 			  hpu_run_pos *pos, double secs, FILE *metrics, char *err, size_t errlen)
 {
@@ -227,6 +278,7 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 	if (strcmp(c->precision, hpu__precision_name(o->precision)) != 0)
 		printf("note: checkpoint %s was saved at --precision %s; this run goes on at "
 		       "--precision %s\n", c->dir, c->precision, hpu__precision_name(o->precision));
+	optim_notes(c, o);
 	if (memcmp(&mine, &pos->sched, sizeof mine) != 0)
 		printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld "
 		       "total steps); this run's options differ\n",

@@ -22,6 +22,23 @@ static cJSON *seed_json(uint64_t seed)
 	return cJSON_CreateString(buf);
 }
 
+/* The optimizer's settings, for a resume to say which differ (its
+ * state goes on under this run's). */
+static cJSON *optim_json(const hpu_train_opts *o)
+{
+	cJSON *j = cJSON_CreateObject();
+	if (o->optimizer == HPU_OPTIM_SGD) {
+		cJSON_AddNumberToObject(j, "momentum", o->momentum);
+		cJSON_AddBoolToObject(j, "nesterov", o->nesterov);
+	} else {
+		cJSON_AddNumberToObject(j, "beta1", o->beta1);
+		cJSON_AddNumberToObject(j, "beta2", o->beta2);
+		cJSON_AddNumberToObject(j, "eps", o->eps);
+	}
+	cJSON_AddNumberToObject(j, "weight_decay", hpu__opts_weight_decay(o));
+	return j;
+}
+
 static cJSON *sched_json(const hpu_sched *s)
 {
 	cJSON *j = cJSON_CreateObject();
@@ -170,6 +187,7 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 	cJSON_AddStringToObject(m, "strategy", hpu__strategy_name(o->strategy));
 	cJSON_AddStringToObject(m, "precision", hpu__precision_name(o->precision));
 	cJSON_AddStringToObject(m, "optimizer", hpu__optim_name(o->optimizer));
+	cJSON_AddItemToObject(m, "optimizer_settings", optim_json(o));
 	cJSON_AddItemToObject(m, "placement", hpu__strat_plan_json(st));
 	cJSON_AddNumberToObject(m, "step", (double)pos->step);
 	cJSON_AddNumberToObject(m, "epoch", pos->epoch);

@@ -293,6 +293,15 @@ int hpu__strat_resume_state(hpu_strat *s)
 	int ns = hpu__strat_ckpt_sections(s, names);
 	for (int k = 1; k < ns; k++) {
 		int sec = hpu__ckpt_section(c, names[k]);
+		if (sec < 0 && hpu__ckpt_num(c->m, "optimizer_steps", 0) == 0)
+			continue; /* the initial model (--max-steps 0): the state is zero */
+		if (sec < 0 && s->o->optimizer == HPU_OPTIM_SGD && !strcmp(c->optimizer, "sgd"))
+			return hpu__strat_fail(s, "checkpoint %s was saved with --optimizer sgd "
+						  "--momentum 0, which keeps no momentum buffer; this "
+						  "run's --momentum %g needs one (resume with --momentum "
+						  "0, or start from its weights: hpu-ckpt export, then "
+						  "--load-params)",
+					       c->dir, s->o->momentum);
 		if (sec < 0)
 			return hpu__strat_fail(s, "checkpoint %s has no optimizer state \"%s\" "
 						  "(saved with optimizer %s, this run uses %s)",
@@ -326,7 +335,10 @@ int hpu__strat_resume_state(hpu_strat *s)
 		s->steps.last_overflow = same ? (long)hpu__ckpt_num(ls, "last_overflow", -1) : -1;
 		s->steps.skipped = same ? (long)hpu__ckpt_num(ls, "skipped", 0) : 0;
 	}
-	if (s->plan.fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0) {
+	/* a fixed --loss-scale is this run's (resume_apply.c says when the
+	 * checkpoint's differs) */
+	if (s->plan.fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0 &&
+	    !(s->o->loss_scale > 0)) {
 		s->steps.scale = hpu__ckpt_num(ls, "scale", s->steps.scale);
 		s->steps.hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->steps.hyst_left);
 	}
