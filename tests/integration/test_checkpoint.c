@@ -1214,6 +1214,16 @@ static void test_resume_refused(void **state)
 		       "--eval-every-epochs, or another dataset): its epochs' batches would not be "
 		       "the saved run's, so batches would be skipped or trained twice");
 	free(out);
+	/* the same model with another --hidden: the parameter's two shapes
+	 * (it gave their counts of floats, which a reshape keeps) */
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "30", "--resume", ck10, NULL);
+	out = finish(&r, 1, "--hidden 32 --depth 3");
+	snprintf(want, sizeof want, "checkpoint %s: parameter 0 is fc1.weight [64, 784] there, "
+				    "fc1.weight [32, 784] in ", ck10);
+	expect_in(out, want);
+	expect_in(out, " (other model arguments, or another model?)");
+	free(out);
 	/* the MLP's 8 parameters (4 layers of weights and biases) are not
 	 * buffer_model's one; the model is named by its absolute path */
 	snprintf(want, sizeof want, "--max-steps 12 --batch-size 64 --resume %s", ck10);

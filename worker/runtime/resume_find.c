@@ -14,6 +14,7 @@
 #include "common/env.h"
 #include "common/fileio.h"
 #include "common/num.h"
+#include "common/shapetext.h"
 
 #define say hpu__say
 
@@ -32,12 +33,14 @@ static int same_model(const hpu_ckpt *c, const hpu_builder *b, char *err, size_t
 		int same = strcmp(p->name, q->name) == 0 && p->ndim == q->ndim;
 		for (int d = 0; same && d < p->ndim; d++)
 			same = p->shape[d] == q->shape[d];
-		if (!same)
+		if (!same) {
+			char was[160], now[160];
 			return say(err, errlen,
-				   "checkpoint %s: parameter %d is %s (%llu floats) there, %s (%zu "
-				   "floats) in %s (another model?)",
-				   c->dir, i, q->name, (unsigned long long)q->numel, p->name, p->numel,
-				   b->path);
+				   "checkpoint %s: parameter %d is %s %s there, %s %s in %s (other "
+				   "model arguments, or another model?)",
+				   c->dir, i, q->name, hpu__shape_text(was, sizeof was, q->ndim, q->shape),
+				   p->name, hpu__shape_text(now, sizeof now, p->ndim, p->shape), b->path);
+		}
 	}
 	if (c->nbuffers && !b->nbuffers)
 		return say(err, errlen,
