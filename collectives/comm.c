@@ -178,6 +178,26 @@ static void raise_nofile(void)
 	setrlimit(RLIMIT_NOFILE, &r);
 }
 
+/* The descriptors a rank of `size` needs, with room to spare: about 10
+ * of its own and 5 for each rank (measured: 20 at 2 ranks, 30 at 4),
+ * more while connections are accepted. ZeroMQ aborts the process where
+ * an accept finds none left (an assertion in its ipc listener), so a
+ * limit below this is refused at start, naming it. */
+static int nofile_enough(hpucoll_comm *c, int size)
+{
+	struct rlimit r;
+	unsigned long long need = 24 + 6ull * (unsigned long long)size;
+	if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY ||
+	    (unsigned long long)r.rlim_cur >= need)
+		return HPUCOLL_OK;
+	hpucoll__set_error(c,
+			   "the limit on open files (ulimit -n) is %llu, and a rank of %d needs "
+			   "about %llu (its ZeroMQ sockets and connections to the other ranks): "
+			   "raise it (ulimit -n, LimitNOFILE= in a systemd unit)",
+			   (unsigned long long)r.rlim_cur, size, need);
+	return HPUCOLL_EENV;
+}
+
 /* One ZeroMQ I/O thread moves everything of a rank (HPUCOLL_IO_THREADS
  * overrides): the zero-copy sends leave it little to do, and more threads
  * than cores only steal time from the ranks. */
@@ -257,7 +277,9 @@ int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
 		goto fail;
 	c->timeout_ms = t;
 	raise_nofile();
-	rc = make_ctx(c);
+	rc = nofile_enough(c, size);
+	if (rc == HPUCOLL_OK)
+		rc = make_ctx(c);
 	if (rc == HPUCOLL_OK && (unsigned)security > HPUCOLL_SECURITY_ENCRYPT)
 		rc = HPUCOLL_EINVAL;
 	if (rc == HPUCOLL_OK)

@@ -411,6 +411,28 @@ static void test_ipc_same_job_id(void **state)
 	assert_int_equal(lstat("/tmp/hpucoll-hpu-test-ipcsame-r0.lock", &st), -1);
 }
 
+/* A limit on open files too low for the ranks' sockets (ulimit -n 26,
+ * hard and soft, for 2 ranks on ipc): each rank is refused at start
+ * naming the limit and what it needs (ZeroMQ's ipc listener aborted the
+ * process, SIGABRT, once in five here, or a rank blamed its peer's
+ * security handshake). */
+static void test_open_file_limit(void **state)
+{
+	(void)state;
+	char *argv[] = {"/bin/sh", "-c", "ulimit -n 26 && exec \"$@\"", "sh", (char *)LAUNCH,
+			"--devices", "2", "--transport", "ipc", "--data-plane", "encrypt", "--exec",
+			(char *)h_build("bin/coll_env_check"), NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("ulimit -n 26: exit %d\n", code);
+	if (code != 1 ||
+	    !strstr(p.out, "the limit on open files (ulimit -n) is 26, and a rank of 2 needs about "
+			   "36 (its ZeroMQ sockets and connections to the other ranks): raise it") ||
+	    strstr(p.out, "signal"))
+		fail_msg("exit %d:\n%s", code, p.out);
+	h_free(&p);
+}
+
 /* A model that calls exit(0) in the middle of training: the job fails,
  * naming the rank that left, with one rank and with two (where the
  * survivor must not be blamed), and without --max-restarts hiding it. */
@@ -729,6 +751,7 @@ int main(void)
 		cmocka_unit_test(test_shm_squatted_name),
 		cmocka_unit_test(test_ipc_squatted_path),
 		cmocka_unit_test(test_ipc_same_job_id),
+		cmocka_unit_test(test_open_file_limit),
 		cmocka_unit_test(test_worker_leaves_early),
 		cmocka_unit_test(test_worker_crash_reported),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
