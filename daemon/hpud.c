@@ -199,8 +199,7 @@ int main(int argc, char **argv)
 	for (int i = 0; i < MAX_JOBS; i++)
 		if (hpud__D.jobs[i].used)
 			hpud__release_job(&hpud__D.jobs[i]);
-	hpu__zwatch_stop(&hpud__D.zw);
-	zmq_close(hpud__D.sock);
+	hpud__close_socket();
 	hpu__zmq_ctx_term(hpud__D.ctx);
 	hpu__auth_destroy(&hpud__D.auth);
 	hpud__logmsg(HPUD_LOG_INFO, "stopped");

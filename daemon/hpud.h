@@ -52,6 +52,16 @@ typedef struct hpud_state {
 	hpu_auth *auth;
 	void *ctx, *sock;
 	hpu_zwatch zw;
+	/* the socket's monitor: connections it could not accept (no
+	 * descriptor left), logged at most once in ACCEPT_LOG_S */
+	void *mon;
+	hpu_zwatch mzw;
+	ev_tstamp accept_logged;
+	long accept_failed;
+	/* listening paused after a failed accept (ZeroMQ would retry the
+	 * accept at once, spinning a core until a descriptor is free) */
+	ev_timer relisten;
+	char endpoint[128];
 	ev_timer tick;
 	ev_signal sigterm, sigint, sighup;
 	ev_prepare reap;
@@ -124,6 +134,8 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 
 /* ---- requests.c ---- */
 int hpud__open_socket(char *err, size_t errlen);
+/* Stops the socket's watchers and closes it and its monitor. */
+void hpud__close_socket(void);
 
 /* ---- control.c ---- */
 void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents);

@@ -72,7 +72,7 @@ static const char *check_launch(const Hpu__LaunchRequest *q, char *why, size_t l
 		if (!known || strlen(e) > MAX_ARG_BYTES)
 			return "env may only set the autocast lists (LOWER_LIST, FP32_LIST, "
 			       "PT_HPU_AUTOCAST_*_OPS_LIST), QUANT_CONFIG, HPUCOLL_SECURITY, "
-			       "OMP_NUM_THREADS and OPENBLAS_NUM_THREADS";
+			       "OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and HPU_LOG_LEVEL";
 	}
 	if (q->n_argv < 1 || q->n_argv > MAX_ARGS)
 		return "argv must hold 1-256 arguments (the model at least)";

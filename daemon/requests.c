@@ -102,6 +102,15 @@ static void do_ping(const hpu_codec_peer *peer, const char *session, const Hpu__
 	job *j = p->job_id ? hpud__find_job(p->job_id) : NULL;
 	if (j)
 		j->last_ping = ev_now(hpud__D.loop);
+	/* its submitter's session from another connection (ZeroMQ's
+	 * reconnection after a reset gives it another routing id): the job's
+	 * output and its end go there now, not to the connection gone */
+	if (j && !strcmp(j->session, session) &&
+	    (j->peer.len != peer->len || memcmp(j->peer.id, peer->id, peer->len))) {
+		j->peer = *peer;
+		hpud__logmsg(HPUD_LOG_INFO, "job %s: its submitter is back on another connection",
+			     j->id);
+	}
 	Hpu__Ping pong = HPU__PING__INIT;
 	pong.job_id = p->job_id ? p->job_id : "";
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
@@ -291,6 +300,92 @@ static void on_sock(hpu_zwatch *w, void *arg)
 	zmq_msg_close(&m);
 }
 
+#define ACCEPT_LOG_S 10.0
+#define ACCEPT_PAUSE_S 1.0
+
+/* Listens again after a pause (accepted connections stayed). */
+static void on_relisten(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)t;
+	(void)revents;
+	if (zmq_bind(hpud__D.sock, hpud__D.endpoint) == 0)
+		return;
+	hpud__logmsg(HPUD_LOG_ERROR, "cannot listen on %s again: %s; trying again in %.0f s",
+		     hpud__D.endpoint, zmq_strerror(errno), ACCEPT_PAUSE_S);
+	ev_timer_set(&hpud__D.relisten, ACCEPT_PAUSE_S, 0);
+	ev_timer_start(hpud__D.loop, &hpud__D.relisten);
+}
+
+/* The monitor's events: a connection the socket could not accept (no
+ * descriptor left: clients holding connections open, or too many jobs)
+ * is logged, at most once in ACCEPT_LOG_S with the count since; ZeroMQ
+ * said nothing of it, and a submitter only saw no answer. */
+static void on_monitor(hpu_zwatch *w, void *arg)
+{
+	(void)arg;
+	zmq_msg_t ev, addr;
+	zmq_msg_init(&ev);
+	if (zmq_msg_recv(&ev, w->sock, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&ev);
+		return;
+	}
+	uint16_t id = 0;
+	int32_t value = 0;
+	if (zmq_msg_size(&ev) >= 6) {
+		memcpy(&id, zmq_msg_data(&ev), 2);
+		memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
+	}
+	int more = zmq_msg_more(&ev);
+	zmq_msg_close(&ev);
+	while (more) { /* the endpoint */
+		zmq_msg_init(&addr);
+		if (zmq_msg_recv(&addr, w->sock, 0) < 0) {
+			zmq_msg_close(&addr);
+			break;
+		}
+		more = zmq_msg_more(&addr);
+		zmq_msg_close(&addr);
+	}
+	if (id != ZMQ_EVENT_ACCEPT_FAILED)
+		return;
+	hpud__D.accept_failed++;
+	/* no descriptor: ZeroMQ would retry the accept at once, spinning a
+	 * core until one is free; a pause of ACCEPT_PAUSE_S instead (a new
+	 * connection is refused meanwhile, as it could not be taken) */
+	if (!ev_is_active(&hpud__D.relisten) &&
+	    zmq_unbind(hpud__D.sock, hpud__D.endpoint) == 0) {
+		ev_timer_set(&hpud__D.relisten, ACCEPT_PAUSE_S, 0);
+		ev_timer_start(hpud__D.loop, &hpud__D.relisten);
+	}
+	ev_tstamp now = ev_now(hpud__D.loop);
+	if (hpud__D.accept_logged > 0 && now - hpud__D.accept_logged < ACCEPT_LOG_S)
+		return;
+	hpud__D.accept_logged = now;
+	hpud__logmsg(HPUD_LOG_WARN,
+		     "cannot accept connections on tcp://%s:%d: %s (%ld refused since the last "
+		     "such line; listening paused for %.0f s each time): clients holding "
+		     "connections open, or the limit on open files (LimitNOFILE) too low for "
+		     "the jobs",
+		     hpud__D.conf.listen, hpud__D.conf.port, zmq_strerror(value),
+		     hpud__D.accept_failed, ACCEPT_PAUSE_S);
+	hpud__D.accept_failed = 0;
+}
+
+void hpud__close_socket(void)
+{
+	ev_timer_stop(hpud__D.loop, &hpud__D.relisten);
+	hpu__zwatch_stop(&hpud__D.mzw);
+	hpu__zwatch_stop(&hpud__D.zw);
+	if (hpud__D.sock)
+		zmq_socket_monitor(hpud__D.sock, NULL, 0);
+	if (hpud__D.mon)
+		zmq_close(hpud__D.mon);
+	if (hpud__D.sock)
+		zmq_close(hpud__D.sock);
+	hpud__D.mon = hpud__D.sock = NULL;
+}
+
 int hpud__open_socket(char *err, size_t errlen)
 {
 	char ep[128];
@@ -300,16 +395,29 @@ int hpud__open_socket(char *err, size_t errlen)
 	 * (mandatory: EAGAIN rather than a silent drop): a job's output waits
 	 * in its own queue, counted in bytes (joboutput.h). */
 	int linger = 1000, hwm = PEER_QUEUE_MSGS, mandatory = 1;
+	/* a peer that stops answering ZeroMQ's heartbeats (gone without a
+	 * FIN: a node's power, a cut network) is closed, not held */
+	int hb_ivl = 10000, hb_timeout = 30000;
+	const char *mon_ep = "inproc://hpud-monitor";
 	hpud__D.ctx = zmq_ctx_new();
 	hpud__D.sock = hpud__D.ctx ? zmq_socket(hpud__D.ctx, ZMQ_ROUTER) : NULL;
 	if (!hpud__D.sock || zmq_setsockopt(hpud__D.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
 	    zmq_setsockopt(hpud__D.sock, ZMQ_LINGER, &linger, sizeof linger) ||
 	    zmq_setsockopt(hpud__D.sock, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
 	    zmq_setsockopt(hpud__D.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory) ||
+	    zmq_setsockopt(hpud__D.sock, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl) ||
+	    zmq_setsockopt(hpud__D.sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout) ||
+	    zmq_socket_monitor(hpud__D.sock, mon_ep, ZMQ_EVENT_ACCEPT_FAILED) ||
+	    !(hpud__D.mon = zmq_socket(hpud__D.ctx, ZMQ_PAIR)) || zmq_connect(hpud__D.mon, mon_ep) ||
+	    hpu__zwatch_start(&hpud__D.mzw, hpud__D.loop, hpud__D.mon, on_monitor, NULL) ||
 	    zmq_bind(hpud__D.sock, ep) ||
 	    hpu__zwatch_start(&hpud__D.zw, hpud__D.loop, hpud__D.sock, on_sock, NULL)) {
 		snprintf(err, errlen, "cannot listen on %s: %s", ep, zmq_strerror(errno));
 		return -1;
 	}
+	size_t eplen = sizeof hpud__D.endpoint; /* the address bound, for a pause */
+	if (zmq_getsockopt(hpud__D.sock, ZMQ_LAST_ENDPOINT, hpud__D.endpoint, &eplen))
+		snprintf(hpud__D.endpoint, sizeof hpud__D.endpoint, "%s", ep);
+	ev_init(&hpud__D.relisten, on_relisten);
 	return 0;
 }

@@ -13,8 +13,11 @@
  * Needs root (the workers switch to the user 'nobody'). */
 #include "tests/integration/hpudlib.h"
 
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <signal.h>
 #include <stdio.h>
@@ -201,6 +204,54 @@ static void test_output_into_full_stdout(void **state)
 	unlink(key);
 }
 
+/* Connections held open by a client that sends nothing, past hpud's
+ * limit on open files (ulimit -n 40 here, LimitNOFILE in its unit): hpud
+ * logs that it cannot accept and pauses listening (ZeroMQ retried the
+ * accept at once, spinning a core, and nothing was logged); once they
+ * close, a submitter is answered. */
+static void test_connections_past_the_fd_limit(void **state)
+{
+	(void)state;
+	stop_daemon();
+	char *argv[] = {"/bin/sh", "-c", "ulimit -n 40 && exec \"$0\" -c \"$1\"", (char *)HPUD,
+			conf_path, NULL};
+	char *env[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
+	assert_int_equal(h_start(&daemon_proc, argv, env), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, "listening on", 10000), 0);
+	int fds[60], n = 0;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (; n < 60; n++) {
+		fds[n] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		assert_true(fds[n] >= 0);
+		if (connect(fds[n], (struct sockaddr *)&a, sizeof a) < 0) {
+			close(fds[n]);
+			break;
+		}
+	}
+	int logged = h_wait_for(&daemon_proc, "cannot accept connections on tcp://", 10000);
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	printf("  %d connections; hpud's log:\n%s", n, daemon_proc.out);
+	assert_int_equal(logged, 0);
+	assert_non_null(strstr(daemon_proc.out, "Too many open files"));
+	char target[64];
+	snprintf(target, sizeof target, "127.0.0.1:%d", port);
+	char *st[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
+	proc p;
+	int code = -1;
+	for (int i = 0; i < 5 && code != 0; i++) { /* the closed ones go within a second or two */
+		if (i)
+			h_free(&p);
+		code = h_run(&p, st, NULL, 30000);
+	}
+	printf("  --status: exit %d: %s", code, p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "2 devices"));
+	h_free(&p);
+	stop_daemon();
+}
+
 /* hpulaunch with another cluster key: hpud drops its frames unanswered
  * (a stranger learns nothing), so the submitter cannot tell a wrong key
  * from a hpud that is not there and names both; hpud's log says which. */
@@ -332,6 +383,78 @@ static void launch_layout(int rank, int nodes, int devices, const uint32_t *nd, 
 	}
 	hpu__codec_free(r);
 	client_close(&c);
+}
+
+/* A submitter whose connection is replaced (ZeroMQ reconnects after a
+ * reset, under another routing id) pings from the new one: the job's
+ * end goes there (it went to the old one, dropped, while the pings kept
+ * the job alive). Played by a second socket with the first's session. */
+static void test_submitter_reconnected(void **state)
+{
+	(void)state;
+	write_conf(2, NULL);
+	start_daemon();
+	char *argv[] = {"--max-steps", "100000", "--log-every", "0", "--no-eval", (char *)MODEL,
+			"--", "--hidden", "16"};
+	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
+	q.job_id = "moved-job";
+	q.job_token = "moved-token";
+	q.nodes = 1;
+	q.devices = 1;
+	q.master_addr = "127.0.0.1";
+	q.n_argv = sizeof argv / sizeof *argv;
+	q.argv = argv;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
+	env.launch_request = &q;
+	client a, b;
+	client_open(&a, key);
+	size_t len;
+	uint8_t *f = sign_env(&a, &env, 0, &len);
+	zmq_send(a.sock, f, len, 0);
+	free(f);
+	Hpu__Envelope *r = await_reply(&a, 10000);
+	assert_non_null(r);
+	assert_int_equal(r->msg_case, HPU__ENVELOPE__MSG_LAUNCH_REPLY);
+	assert_true(r->launch_reply->ok);
+	hpu__codec_free(r);
+	/* the same session on another connection: a ping, then a cancel */
+	client_open(&b, key);
+	snprintf(b.session, sizeof b.session, "%s", a.session);
+	Hpu__Ping ping = HPU__PING__INIT;
+	ping.job_id = "moved-job";
+	Hpu__Envelope pe = HPU__ENVELOPE__INIT;
+	pe.msg_case = HPU__ENVELOPE__MSG_PING;
+	pe.ping = &ping;
+	f = sign_env(&b, &pe, 0, &len);
+	zmq_send(b.sock, f, len, 0);
+	free(f);
+	Hpu__Cancel cn = HPU__CANCEL__INIT;
+	cn.job_id = "moved-job";
+	Hpu__Envelope ce = HPU__ENVELOPE__INIT;
+	ce.msg_case = HPU__ENVELOPE__MSG_CANCEL;
+	ce.cancel = &cn;
+	f = sign_env(&b, &ce, 0, &len);
+	zmq_send(b.sock, f, len, 0);
+	free(f);
+	int ended = 0;
+	for (int i = 0; i < 300 && !ended; i++) { /* pongs and output first */
+		h_wait(&daemon_proc, 0);
+		Hpu__Envelope *m = await_reply(&b, 100);
+		ended = m && m->msg_case == HPU__ENVELOPE__MSG_JOB_END;
+		hpu__codec_free(m);
+	}
+	for (int i = 0; i < 100 && jobs_running(); i++)
+		usleep(100000);
+	h_wait_for(&daemon_proc, "its submitter is back", 5000);
+	printf("  the job's end %s the new connection; hpud's log:\n%s",
+	       ended ? "reached" : "did not reach", daemon_proc.out);
+	client_close(&b);
+	client_close(&a);
+	assert_true(ended);
+	assert_non_null(strstr(daemon_proc.out, "job moved-job: its submitter is back on another connection"));
+	assert_int_equal(jobs_running(), 0);
+	stop_daemon();
 }
 
 /* node_devices (hosts with different slots) is checked field by field
@@ -918,9 +1041,11 @@ int main(void)
 		cmocka_unit_test(test_refusal_burst_counted),
 		cmocka_unit_test(test_submitter_wrong_key),
 		cmocka_unit_test(test_output_into_full_stdout),
+		cmocka_unit_test(test_connections_past_the_fd_limit),
 		cmocka_unit_test(test_submitter_clock_window),
 		cmocka_unit_test(test_launch_bound_to_instance),
 		cmocka_unit_test(test_launch_layout_checked),
+		cmocka_unit_test(test_submitter_reconnected),
 		cmocka_unit_test(test_key_rotation_keeps_jobs),
 		cmocka_unit_test(test_reload_worker_and_window),
 		cmocka_unit_test(test_replay_cache_sized_from_window),
