@@ -14,6 +14,7 @@
  * it is signalled only when someone waits.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "collectives/comm_internal.h"
 #include "common/thread.h"
@@ -53,9 +54,11 @@ static void *worker(void *arg)
 static int enqueue(hpucoll_comm *c, struct hpucoll_req *r)
 {
 	if (!c->thread_started) {
-		if (hpu__thread_start(&c->thread, worker, c) != 0) {
-			hpucoll__set_error(c, "cannot start the progress "
-					      "thread.");
+		int e = hpu__thread_start(&c->thread, worker, c);
+		if (e != 0) { /* EAGAIN: no memory for its stack, or a limit */
+			hpucoll__set_error(c, "cannot start the progress thread: %s (its stack: "
+					      "ulimit -v, ulimit -u)",
+					   strerror(e));
 			return HPUCOLL_ENOMEM;
 		}
 		c->thread_started = 1;

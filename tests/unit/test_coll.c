@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -700,6 +701,49 @@ static void test_async(void **state)
 	cw_run_world(&tcp3, check_overlap);
 	cw_run_world(&shm2, check_order);
 	cw_run_world(&tcp3, check_order);
+}
+
+/* A progress thread that cannot start (no room for its stack under
+ * ulimit -v): the error says why and what limits it (it said "cannot
+ * start the progress thread." without the cause). */
+static int no_thread(hpucoll_comm *c, struct shared *sh, const struct world *w)
+{
+	(void)sh;
+	(void)w;
+	struct rlimit old, low;
+	unsigned long pages = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (!f || fscanf(f, "%lu", &pages) != 1) {
+		if (f)
+			fclose(f);
+		return 1;
+	}
+	fclose(f);
+	float x[4] = {1, 2, 3, 4};
+	hpucoll_req *req = NULL;
+	getrlimit(RLIMIT_AS, &old);
+	low = old;
+	low.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (1 << 20);
+	setrlimit(RLIMIT_AS, &low);
+	int rc = hpucoll_iall_reduce(c, x, x, 4, HPUCOLL_F32, HPUCOLL_SUM, &req);
+	setrlimit(RLIMIT_AS, &old);
+	const char *want = "cannot start the progress thread: Resource temporarily unavailable";
+	if (rc != HPUCOLL_ENOMEM || !strstr(hpucoll_comm_errmsg(c), want)) {
+		fprintf(stderr, "rank %d: %s: %s\n", hpucoll_comm_rank(c), hpucoll_strerror(rc),
+			hpucoll_comm_errmsg(c));
+		if (rc == HPUCOLL_OK)
+			hpucoll_wait(&req);
+		return 1;
+	}
+	return 0;
+}
+
+static void test_progress_thread_refused(void **state)
+{
+	struct world shm2 = {.ws = 2, .shm = 1};
+
+	(void)state;
+	cw_run_world(&shm2, no_thread);
 }
 
 /* ---- dead and stalled peers ---- */
@@ -1469,6 +1513,7 @@ int main(void)
 		cmocka_unit_test(test_tcp_worlds),
 		cmocka_unit_test(test_forced_algorithms),
 		cmocka_unit_test(test_async),
+		cmocka_unit_test(test_progress_thread_refused),
 		cmocka_unit_test(test_dead_peer),
 		cmocka_unit_test(test_stall_warning),
 		cmocka_unit_test(test_connection_never_up),
