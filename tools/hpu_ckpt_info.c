@@ -163,6 +163,11 @@ static void print_details(const hpu_ckpt *c)
 	       hpu__ckpt_num(m, "global_batch", 0));
 	printf("%-14s%d\n", "world size", c->world);
 	printf("%-14s%s\n", "strategy", c->strategy);
+	const cJSON *rf = cJSON_GetObjectItemCaseSensitive(m, "resharded_from");
+	const cJSON *rfs = cJSON_GetObjectItemCaseSensitive(rf, "strategy");
+	if (cJSON_IsObject(rf) && cJSON_IsString(rfs))
+		printf("%-14sby hpu-ckpt reshard, from %.0f workers under %s\n", "resharded",
+		       hpu__ckpt_num(rf, "world_size", 0), rfs->valuestring);
 	printf("%-14s%s\n", "precision", c->precision);
 	printf("%-14s%s (%.0f optimizer steps)\n", "optimizer", c->optimizer,
 	       hpu__ckpt_num(m, "optimizer_steps", 0));

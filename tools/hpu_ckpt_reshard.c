@@ -25,7 +25,8 @@ static const char *const help_reshard =
 	"named step-N for another step than SRC's, nor lie in a checkpoint's\n"
 	"directory; it is written as DST.partial and renamed when complete (a\n"
 	"signal removes DST.partial). The manifest is SRC's with world_size M\n"
-	"(and strategy S, one of fast_ddp, ddp, zero1, zero2, zero3, if given).\n"
+	"(and strategy S, one of fast_ddp, ddp, zero1, zero2, zero3, if given),\n"
+	"and resharded_from: the world size and strategy that saved it.\n"
 	"SRC's files are verified first. Resume from it with hpulaunch\n"
 	"--resume DST (any world size and strategy reads it).\n";
 
@@ -123,6 +124,14 @@ static char *reshard_manifest(const hpu_ckpt *c, int m, const char *strategy,
 		cJSON_Delete(j);
 		cJSON_Delete(arr);
 		return NULL;
+	}
+	/* where it came from, for a resume to say (the first reshard's
+	 * source, where SRC is a reshard itself) */
+	if (!cJSON_GetObjectItemCaseSensitive(j, "resharded_from")) {
+		cJSON *from = cJSON_CreateObject();
+		cJSON_AddNumberToObject(from, "world_size", c->world);
+		cJSON_AddStringToObject(from, "strategy", c->strategy);
+		cJSON_AddItemToObject(j, "resharded_from", from);
 	}
 	cJSON_ReplaceItemInObjectCaseSensitive(j, "world_size", cJSON_CreateNumber(m));
 	/* "placement" is the saving run's plan, for its strategy: another

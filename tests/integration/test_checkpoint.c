@@ -1028,6 +1028,7 @@ static void test_buffers_reshard_export(void **state)
 	out = tool(0, "info", dst, NULL);
 	expect_in(out, "buffers       3 (9 floats) in buffers.bin");
 	expect_in(out, "shift.last          [2, 2]  4  sync broadcast");
+	expect_in(out, "resharded     by hpu-ckpt reshard, from 2 workers under zero2");
 	free(out);
 	const char *from[] = {dst, ck};
 	for (int k = 0; k < 2; k++) {
@@ -1036,8 +1037,11 @@ static void test_buffers_reshard_export(void **state)
 			 "--strategy zero1 --max-steps 20 --resume %s --save-params %s", from[k],
 			 pl);
 		out = bm_run(3, o, bl, NULL, 0);
-		expect_in(out, k ? "saved by 2 workers under zero2"
-				 : "saved by 3 workers under zero1");
+		/* the reshard's origin is said (it said "saved by 3 workers
+		 * under zero1") */
+		expect_in(out, k ? "saved by 2 workers under zero2 (fp32)"
+				 : "saved by 2 workers under zero2, resharded by hpu-ckpt for 3 "
+				   "under zero1 (fp32)");
 		free(out);
 		int same_p = same_file(p20, pl), same_b = same_file(b20, bl);
 		printf("  buffers: 2 x zero2 -> 3 x zero1 (%s): parameters %s, buffers %s\n",

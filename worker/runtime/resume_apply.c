@@ -269,10 +269,20 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 	if (rank != 0)
 		return 0;
 	int reshard = c->world != world || strcmp(c->strategy, hpu__strategy_name(o->strategy));
-	printf("resumed from %s at step %ld (epoch %d, batch %ld): saved by %d worker%s under %s "
-	       "(%s)%s%s%s\n",
-	       c->dir, c->step, pos->epoch + 1, pos->batch, c->world, hpu__plural(c->world),
-	       c->strategy, c->precision,
+	/* a copy hpu-ckpt reshard wrote: who saved it first */
+	const cJSON *rf = cJSON_GetObjectItemCaseSensitive(c->m, "resharded_from");
+	const cJSON *rfs = cJSON_GetObjectItemCaseSensitive(rf, "strategy");
+	int rfw = (int)hpu__ckpt_num(rf, "world_size", 0);
+	char origin[160] = "";
+	if (rfw > 0 && cJSON_IsString(rfs))
+		snprintf(origin, sizeof origin, "saved by %d worker%s under %.20s, resharded by "
+				   "hpu-ckpt for %d under %s",
+			 rfw, hpu__plural(rfw), rfs->valuestring, c->world, c->strategy);
+	else
+		snprintf(origin, sizeof origin, "saved by %d worker%s under %s", c->world,
+			 hpu__plural(c->world), c->strategy);
+	printf("resumed from %s at step %ld (epoch %d, batch %ld): %s (%s)%s%s%s\n", c->dir,
+	       c->step, pos->epoch + 1, pos->batch, origin, c->precision,
 	       reshard ? ", resharded for " : "", reshard ? hpu__strategy_name(o->strategy) : "",
 	       reshard ? " here" : "");
 	if (strcmp(c->precision, hpu__precision_name(o->precision)) != 0)
