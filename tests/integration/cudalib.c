@@ -15,7 +15,11 @@
 static const char *dev_under_test;
 
 /* hpu-worker --count-gpus: exit 0 with the count, else exit 1 with the
- * reason on stdout. Exits 77 where there is no GPU. */
+ * reason on stdout. Exits 77 where there is no GPU: exit 1 with the
+ * worker's "--device cuda: ..." sentence on a machine without NVIDIA's
+ * driver. A hang, a signal (a module that crashes as it loads), another
+ * answer, or no GPU counted where the driver is loaded fails the test:
+ * skipped, they would hide a broken module on the machine with a GPU. */
 static void need_gpu(void)
 {
 	const char *worker = h_build("bin/hpu-worker");
@@ -29,8 +33,20 @@ static void need_gpu(void)
 	const char *out = p.out ? p.out : "";
 	int len = (int)strcspn(out, "\n");
 	if (code != 0) {
-		printf("skipped: %.*s\n", len, code < 0 ? "hpu-worker --count-gpus hung" : out);
-		exit(77);
+		int driver = access("/proc/driver/nvidia/version", F_OK) == 0;
+		if (code == 1 && !strncmp(out, "--device cuda: ", 15) && !driver) {
+			printf("skipped: %.*s\n", len, out);
+			exit(77);
+		}
+		if (code < 0)
+			printf("FAIL: hpu-worker --count-gpus hung\n");
+		else if (code >= 128)
+			printf("FAIL: hpu-worker --count-gpus was killed by signal %d: %s\n",
+			       code - 128, out);
+		else
+			printf("FAIL: hpu-worker --count-gpus exited %d%s: %s\n", code,
+			       driver ? " where NVIDIA's driver is loaded" : "", out);
+		exit(1);
 	}
 	printf("hpu-worker --count-gpus: %.*s GPU(s); device under test cuda, against cpu\n", len,
 	       out);

@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/nodeid.h"
+
 #include "worker/device/device.h"
 
 #define MiB (1024ull * 1024)
@@ -79,6 +81,19 @@ static void test_default_memory(void **state)
 	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 2, 1), 1);
 	assert_int_equal(hpu__dev_gpu_sharers(NULL, 0, 2, 1), 1);
 	assert_int_equal(hpu__dev_gpu_sharers(ids[0], sizeof ids[0], 2, 5), 1);
+	/* a GPU's entry names the machine by host name and boot id (two
+	 * machines of one host name, GPUs at one bus id, are two GPUs) */
+	char node[320], hn[256] = "", boot[64] = "", want[400];
+	hpu__node_ident(node, sizeof node);
+	gethostname(hn, sizeof hn - 1);
+	FILE *bf = fopen("/proc/sys/kernel/random/boot_id", "r");
+	assert_non_null(bf);
+	assert_non_null(fgets(boot, sizeof boot, bf));
+	fclose(bf);
+	boot[strcspn(boot, "\n")] = 0;
+	assert_int_equal(strlen(boot), 36);
+	snprintf(want, sizeof want, "%s/%s", hn, boot);
+	assert_string_equal(node, want);
 	/* the CPU devices drive no GPU: their entry is "" */
 	char me[64] = "x";
 	hpu__dev_gpu_ident(me, sizeof me);

@@ -38,6 +38,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/nodeid.h"
 #include "worker/cuda/cuda_coll.h"
 #include "worker/cuda/cuda_device.h"
 
@@ -70,20 +71,10 @@ struct ack {
 	char why[WHY];
 };
 
-/* This machine: its host name and the kernel's boot id (workers of one
- * node share both; IPC handles mean nothing elsewhere). */
+/* This machine (IPC handles mean nothing elsewhere): common/nodeid.h. */
 static void node_name(char *out, size_t len)
 {
-	char host[64] = "", boot[40] = "";
-	gethostname(host, sizeof host - 1);
-	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-	if (f) {
-		if (!fgets(boot, sizeof boot, f))
-			boot[0] = 0;
-		fclose(f);
-	}
-	boot[strcspn(boot, "\n")] = 0;
-	snprintf(out, len, "%s/%s", host, boot);
+	hpu__node_ident(out, len);
 }
 
 static int barrier(hpu__dev_group *g)

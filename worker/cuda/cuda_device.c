@@ -347,6 +347,30 @@ static void bk_unmap(void *p, size_t bytes)
 		hpu__cuda_check(cudaFree(p), "cudaFree");
 }
 
+/* The blocks zeroed while recording (bk_zero: a cudaMemsetAsync in the
+ * graph, which nothing runs until a replay): zeroed again once the
+ * recording ends, before the frees put off. A refused recording leaves
+ * no graph, and its step runs eagerly with the blocks it allocated and
+ * keeps (their zeroing never ran: cpu-strict, whose zeroing is done
+ * when asked, could not show it); after a recording taken, its replay
+ * zeroes them again. Under C.mu. */
+static struct late_zero {
+	void *p;
+	size_t bytes;
+} *lz;
+static size_t nlz, lz_cap;
+
+static void zero_late(void)
+{
+	pthread_mutex_lock(&C.mu);
+	for (size_t i = 0; i < nlz; i++) /* the legacy stream: the compute one may still capture */
+		hpu__cuda_check(cudaMemsetAsync(lz[i].p, 0, lz[i].bytes, 0), "cudaMemsetAsync");
+	if (nlz)
+		hpu__cuda_check(cudaStreamSynchronize(0), "cudaStreamSynchronize");
+	nlz = 0;
+	pthread_mutex_unlock(&C.mu);
+}
+
 /* The frees put off while recording (after cudaStreamEndCapture). */
 static void free_late(void)
 {
@@ -377,6 +401,21 @@ static void bk_zero(void *p, size_t bytes)
 	if (!R.on) {
 		hpu__cuda_check(cudaEventRecord(C.zeroed, C.compute.s), "cudaEventRecord");
 		C.zero_seq++;
+	} else {
+		if (nlz == lz_cap) {
+			size_t cap = lz_cap ? 2 * lz_cap : 64;
+			struct late_zero *g = realloc(lz, cap * sizeof *g);
+			if (g) {
+				lz = g;
+				lz_cap = cap;
+			}
+		}
+		if (nlz < lz_cap) { /* zeroed again when the recording ends: zero_late */
+			lz[nlz].p = p;
+			lz[nlz++].bytes = bytes;
+		} else {
+			hpu__cuda_capture_refuse("a zeroed block", "no host memory to note it");
+		}
 	}
 	pthread_mutex_unlock(&C.mu);
 }
@@ -1197,6 +1236,7 @@ static int cap_end(void **graph, char *why, size_t len)
 	hpu__cuda_ops_recording(0);
 #endif
 	(void)cudaGetLastError(); /* a refused call's error is not the next kernel's */
+	zero_late();
 	free_late();
 	if (first[0] || e != cudaSuccess || !g) {
 		if (first[0])

@@ -17,6 +17,7 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "common/nodeid.h"
 
 const hpu__device *hpu__dev_cur = &hpu__dev_cpu;
 static hpu__dev_caps cur_caps;
@@ -312,13 +313,16 @@ int hpu__dev_gpu_sharers(const char *ids, size_t idlen, int world, int rank)
 void hpu__dev_gpu_ident(char *out, size_t outlen)
 {
 	const hpu__dev_caps *k = hpu__dev_caps_get();
-	char host[256] = "";
+	char node[320] = "";
 	if (!outlen)
 		return;
 	out[0] = 0;
-	if (!k->gpu_id[0] || gethostname(host, sizeof host - 1) < 0)
+	if (!k->gpu_id[0])
 		return;
-	if (snprintf(out, outlen, "%s %s", host, k->gpu_id) >= (int)outlen)
+	/* the machine by host name and boot id: two machines of one host
+	 * name with GPUs at the same bus id are not one GPU */
+	hpu__node_ident(node, sizeof node);
+	if (snprintf(out, outlen, "%s %s", node, k->gpu_id) >= (int)outlen)
 		out[0] = 0; /* too long to compare whole: counted alone */
 }
 
