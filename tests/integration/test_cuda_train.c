@@ -13,6 +13,9 @@
  *   bounds (TOL below: the largest difference and the relative L2
  *   distance); each configuration's margins are printed, then the test
  *   fails if any was out of bounds;
+ * - test_options_as_cpu: --graphs (also with --graphs-warmup 0),
+ *   16-mixed with --clip-grad-norm, --grad-accum 2 with clipping under
+ *   zero3: each against cpu with the same options, within the bounds;
  * - test_resume_across: a checkpoint written after 10 of 20 steps on the
  *   GPU resumes on the cpu, and one written on the cpu resumes on the
  *   GPU; each resumed run ends within the bounds of the uninterrupted run
@@ -68,7 +71,8 @@ typedef struct tol {
 	const char *precision;
 	double max, l2;
 } tol;
-static const tol TOL[] = {{"fp32", 2e-4, 1e-4}, {"bf16-mixed", 4e-2, 0.05}};
+static const tol TOL[] = {{"fp32", 2e-4, 1e-4}, {"bf16-mixed", 4e-2, 0.05},
+			  {"16-mixed", 4e-2, 0.05}}; /* fp16's 10 bits: bf16's bounds hold */
 
 static const char *const STRATEGIES[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
 
@@ -156,6 +160,54 @@ static void test_same_bf16(void **state)
 {
 	(void)state;
 	same_as_cpu("bf16-mixed");
+}
+
+/* The paths a plain run leaves out, each against cpu with the same
+ * options (on cpu --graphs gives the eager run's bytes): a recorded and
+ * replayed step (--graphs, also recorded first with --graphs-warmup 0:
+ * a refused recording's blocks), 16-mixed's loss scaling with gradient
+ * clipping (the norm's all-reduce, the non-finite check and the scale on
+ * the device), and gradient accumulation. All printed, then the test
+ * fails if any was out of bounds. */
+static void test_options_as_cpu(void **state)
+{
+	(void)state;
+	const char *dev = gpu_device();
+	static const struct {
+		const char *strategy, *precision;
+		int workers;
+		const char *extra[6];
+	} C[] = {
+		{"fast_ddp", "fp32", 1, {"--graphs", NULL}},
+		{"fast_ddp", "fp32", 1, {"--graphs", "--graphs-warmup", "0", NULL}},
+		{"ddp", "fp32", 2, {"--graphs", NULL}},
+		{"zero2", "bf16-mixed", 2, {"--graphs", NULL}},
+		{"zero2", "16-mixed", 2, {"--clip-grad-norm", "1", NULL}},
+		{"zero3", "fp32", 2, {"--grad-accum", "2", "--clip-grad-norm", "0.5", NULL}},
+	};
+	char a[96], b[96], what[160];
+	scratch(a, sizeof a, "cpu.bin");
+	scratch(b, sizeof b, "dev.bin");
+	int bad = 0, n = (int)(sizeof C / sizeof C[0]);
+	for (int i = 0; i < n; i++) {
+		const char *opts[8] = {"--max-steps", STEPS};
+		size_t k = 2;
+		char line[96] = "";
+		for (const char *const *e = C[i].extra; *e && k < 7; e++) {
+			opts[k++] = *e;
+			snprintf(line + strlen(line), sizeof line - strlen(line), " %s", *e);
+		}
+		opts[k] = NULL;
+		train("cpu", C[i].workers, C[i].strategy, C[i].precision, a, opts);
+		train(dev, C[i].workers, C[i].strategy, C[i].precision, b, opts);
+		snprintf(what, sizeof what, "%s %s %dw%s, %s against cpu:", C[i].strategy,
+			 C[i].precision, C[i].workers, line, dev);
+		bad += !report(what, C[i].precision, a, b);
+	}
+	unlink(a);
+	unlink(b);
+	if (bad)
+		fail_msg("%d of %d configurations out of bounds (above)", bad, n);
 }
 
 /* 10 steps on `from` with a checkpoint, resumed on `to` to 20; against
@@ -349,6 +401,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_same_fp32),
 	    cmocka_unit_test(test_same_bf16),
+	    cmocka_unit_test(test_options_as_cpu),
 	    cmocka_unit_test(test_resume_across),
 	    cmocka_unit_test(test_kill_gpu_worker),
 	    cmocka_unit_test(test_device_memory_over_gpu),
