@@ -283,6 +283,35 @@ static int is_ipc_name(const char *name)
 	return digits > 0 && digits < 10 && r[2 + digits] == '\0';
 }
 
+/* Whether name is "<ipc file>.lock", the lock a rank holds beside its
+ * ipc file (collectives/comm.c). */
+static int is_ipc_lock_name(const char *name)
+{
+	char base[256];
+	size_t n = strlen(name);
+	if (n <= 5 || n - 5 >= sizeof base || strcmp(name + n - 5, ".lock") != 0)
+		return 0;
+	memcpy(base, name, n - 5);
+	base[n - 5] = '\0';
+	return is_ipc_name(base);
+}
+
+/* Removes a dead rank's lock file: a regular file of the workers' user
+ * that no process holds, removed while this holds it (a rank that opened
+ * it meanwhile finds its path gone and takes a new one: comm.c's
+ * ipc_lock). 1 if removed. */
+static int unlink_free_lock(const hpu_agent *a, int dfd, const char *name)
+{
+	struct stat st;
+	int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	int gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == workers_uid(a) &&
+		   flock(fd, LOCK_EX | LOCK_NB) == 0 && unlinkat(dfd, name, 0) == 0;
+	close(fd);
+	return gone;
+}
+
 int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len)
 {
 	char path[512];
@@ -296,6 +325,21 @@ int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len)
 	if (len > 0)
 		names[0] = '\0';
 	while (dir && (e = readdir(dir)) != NULL) {
+		/* a lock whose ipc file is gone (its own removed below, with
+		 * its file): a dead rank's, once no process holds it */
+		if (is_ipc_lock_name(e->d_name)) {
+			char sock[256];
+			size_t k = strlen(e->d_name) - 5;
+			snprintf(sock, sizeof sock, "%.*s", (int)k, e->d_name);
+			if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+			    now - st.st_mtime >= HPU_AGENT_IPC_STALE_S &&
+			    fstatat(dirfd(dir), sock, &st, AT_SYMLINK_NOFOLLOW) < 0 &&
+			    errno == ENOENT && unlink_free_lock(a, dirfd(dir), e->d_name)) {
+				n++;
+				hpu__log_list_add(names, len, &used, e->d_name);
+			}
+			continue;
+		}
 		if (!is_ipc_name(e->d_name) ||
 		    fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
 		    !S_ISSOCK(st.st_mode) || st.st_uid != workers_uid(a) ||
@@ -307,6 +351,10 @@ int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len)
 			continue;
 		n++;
 		hpu__log_list_add(names, len, &used, e->d_name);
+		char lock[300];
+		snprintf(lock, sizeof lock, "%s.lock", e->d_name);
+		if (unlink_free_lock(a, dirfd(dir), lock)) /* the dead rank's, beside it */
+			hpu__log_list_add(names, len, &used, lock);
 	}
 	if (dir)
 		closedir(dir);

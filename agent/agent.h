@@ -159,7 +159,9 @@ int hpu__agent_cleanup(const hpu_agent *a);
  * SIGKILL, the workers then too): sockets of the workers' user, older than
  * HPU_AGENT_IPC_STALE_S seconds, that no socket of this network namespace
  * is bound to (/proc/net/unix) and where connecting is refused (nothing
- * listens: not a job of another namespace). hpu__agent_start calls it.
+ * listens: not a job of another namespace), with the lock file beside
+ * each (PATH.lock), and lock files whose ipc file is gone, older than
+ * that, that no process holds. hpu__agent_start calls it.
  * Lists the names removed in names (cut with "..."); returns how many. */
 #define HPU_AGENT_IPC_STALE_S 60
 int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len);

@@ -89,7 +89,27 @@ static int ipc_lock(hpucoll_comm *c, const char *endpoint)
 	if (path == NULL)
 		return 0;
 	snprintf(c->ipc_lock_path, sizeof(c->ipc_lock_path), "%s.lock", path);
-	int fd = open(c->ipc_lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	int fd = -1;
+	/* the lock held must be the one at the path: an agent's sweep
+	 * removes a dead job's lock while holding it, and a rank that had
+	 * opened it before takes the new one (a few tries: each removal
+	 * needs a dead job's lock) */
+	for (int tries = 0; tries < 8; tries++) {
+		struct stat at;
+		fd = open(c->ipc_lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid() ||
+		    flock(fd, LOCK_EX | LOCK_NB) != 0)
+			break;
+		if (lstat(c->ipc_lock_path, &at) == 0 && at.st_ino == st.st_ino &&
+		    at.st_dev == st.st_dev) {
+			c->ipc_lock = fd;
+			return 0;
+		}
+		close(fd);
+		fd = -1;
+	}
+	if (fd < 0 && errno == 0)
+		errno = EAGAIN;
 	if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid()) {
 		hpucoll__set_error(c, "comm_new: cannot bind %s: cannot take its lock %s: %s.",
 				   endpoint, c->ipc_lock_path,

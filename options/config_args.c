@@ -23,6 +23,14 @@ static int set_config(hpu_train_opts *o, const struct hpu__opt *p,
 			 path, sizeof o->config);
 		return -1;
 	}
+	/* one file: a second's keys mixed with the first's (an error in one
+	 * named the other, a batch check failed on neither, the first's notes
+	 * were lost) */
+	if (o->config[0]) {
+		snprintf(err, errlen, "--config given twice (%.200s, then %.200s): give one file",
+			 o->config, path);
+		return -1;
+	}
 	if (hpu__opts_load_file(o, path, err, errlen) < 0)
 		return -1;
 	strcpy(o->config, path);

@@ -119,16 +119,59 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 		       "without --scheduler step");
 	if (o->sched != HPU_SCHED_COSINE)
 		unread(o, f, prog, (const char *const[]){"min-lr", NULL}, "without --scheduler cosine");
+	if (o->sched != HPU_SCHED_WARMUP_DECAY && o->sched != HPU_SCHED_COSINE)
+		unread(o, f, prog, (const char *const[]){"total-steps", NULL},
+		       "without --scheduler warmup_decay or cosine");
+	if (o->optimizer == HPU_OPTIM_SGD)
+		unread(o, f, prog, (const char *const[]){"beta1", "beta2", "eps", NULL},
+		       "with --optimizer sgd: they are Adam's and AdamW's");
 	if (!o->graphs)
 		unread(o, f, prog, (const char *const[]){"graphs-warmup", "pad-last-batch", NULL},
 		       "without --graphs");
+	const char *strat = hpu__strategy_name(o->strategy);
+	if (o->strategy != HPU_STRATEGY_ZERO3) {
+		snprintf(why, sizeof why, "under --strategy %s: they are zero3's", strat);
+		unread(o, f, prog,
+		       (const char *const[]){"param-persistence-threshold", "prefetch-bucket-size",
+					     "max-live-parameters", NULL},
+		       why);
+	}
+	if (o->strategy != HPU_STRATEGY_ZERO1) {
+		snprintf(why, sizeof why, "under --strategy %s: it is zero1's", strat);
+		unread(o, f, prog, (const char *const[]){"allgather-bucket-size", NULL}, why);
+	}
+	if (o->strategy != HPU_STRATEGY_DDP && o->strategy != HPU_STRATEGY_ZERO2) {
+		/* one option under two names (one slot): named once */
+		snprintf(why, sizeof why,
+			 "under --strategy %s: it (or --bucket-cap-mb) is ddp's and zero2's", strat);
+		unread(o, f, prog, (const char *const[]){"reduce-bucket-size", NULL}, why);
+	}
+	if (o->offload_optimizer == HPU_OFFLOAD_NONE && o->offload_param == HPU_OFFLOAD_NONE)
+		unread(o, f, prog, (const char *const[]){"host-memory", NULL},
+		       "without --offload-optimizer or --offload-param: it bounds their host tier");
+	if (!o->save_params[0])
+		unread(o, f, prog, (const char *const[]){"save-params-format", NULL},
+		       "without --save-params");
+	if (!o->profile[0])
+		unread(o, f, prog, (const char *const[]){"profile-filename", NULL}, "without --profile");
+	if (o->eval_only)
+		unread(o, f, prog,
+		       (const char *const[]){"max-steps", "epochs", "lr", "optimizer", "scheduler",
+					     "grad-accum", "clip-grad-norm", "early-stop",
+					     "eval-every", "eval-every-epochs", "stop-at-step",
+					     NULL},
+		       "with --eval-only: it trains nothing");
+	if (o->eval_only)
+		unread(o, f, prog, (const char *const[]){"val-fraction", NULL},
+		       "with --eval-only: it evaluates the test split");
 	unread_offload(o, f, prog);
 	if (o->stop_at_step > 0 && o->max_steps >= 0 && o->stop_at_step >= o->max_steps &&
 	    given(o, "stop-at-step"))
 		fprintf(f, "%s: note: --stop-at-step %ld is not before --max-steps %ld: the run ends "
 			   "there anyway (and saves at its end where --checkpoint-dir is given)\n",
 			prog, o->stop_at_step, o->max_steps);
-	else if (o->stop_at_step > 0 && !o->checkpoint_dir[0] && given(o, "stop-at-step"))
+	else if (o->stop_at_step > 0 && !o->checkpoint_dir[0] && given(o, "stop-at-step") &&
+		 !o->eval_only)
 		fprintf(f, "%s: warning: --stop-at-step %ld without --checkpoint-dir: the run stops "
 			   "after step %ld and saves no checkpoint to resume from\n",
 			prog, o->stop_at_step, o->stop_at_step);

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -154,11 +155,64 @@ static void test_stale_ipc_swept_at_start(void **state)
 		unlink(p[i]);
 }
 
+/* A lock file dated age_s seconds back, of this user. */
+static void make_lock(const char *path, int age_s)
+{
+	struct timespec t[2];
+	unlink(path);
+	make_file(path, geteuid());
+	t[0].tv_sec = t[1].tv_sec = time(NULL) - age_s;
+	t[0].tv_nsec = t[1].tv_nsec = 0;
+	assert_int_equal(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+/* The lock files beside ipc files (collectives/comm.c holds PATH.lock):
+ * kill -9 left them, and nothing removed them (one per rank of every such
+ * job, for ever). Removed with a dead socket beside them, or alone when
+ * old and held by no process; a held one and a new one stay. */
+static void test_stale_locks_swept(void **state)
+{
+	char sock[128], l[4][140], names[512];
+	struct stat st;
+	hpu_agent_cfg cfg = {.devices = 1, .nodes = 1, .job_id = "sweeper"};
+
+	(void)state;
+	snprintf(sock, sizeof sock, "/tmp/hpucoll-locks%d-0-r0", (int)getpid());
+	make_socket(sock, 1, 0, 120);                    /* dead */
+	snprintf(l[0], sizeof l[0], "%s.lock", sock);   /* beside it: removed */
+	make_lock(l[0], 120);
+	snprintf(l[1], sizeof l[1], "/tmp/hpucoll-locks%d-1-r1.lock", (int)getpid());
+	make_lock(l[1], 120);                            /* alone, old, free: removed */
+	snprintf(l[2], sizeof l[2], "/tmp/hpucoll-locks%d-2-r2.lock", (int)getpid());
+	make_lock(l[2], 120);                            /* alone, old, held: stays */
+	snprintf(l[3], sizeof l[3], "/tmp/hpucoll-locks%d-3-r3.lock", (int)getpid());
+	make_lock(l[3], 5);                              /* alone, new: stays */
+	int held = open(l[2], O_RDWR | O_CLOEXEC);
+	assert_true(held >= 0);
+	assert_int_equal(flock(held, LOCK_EX | LOCK_NB), 0);
+
+	hpu_agent *a = hpu__agent_new(ev_default_loop(0), &cfg);
+	assert_non_null(a);
+	assert_true(hpu__agent_sweep_ipc(a, names, sizeof names) >= 2);
+	printf("  swept: %s\n", names);
+	assert_int_equal(lstat(sock, &st), -1);
+	assert_int_equal(lstat(l[0], &st), -1);
+	assert_int_equal(lstat(l[1], &st), -1);
+	assert_int_equal(lstat(l[2], &st), 0);
+	assert_int_equal(lstat(l[3], &st), 0);
+	assert_non_null(strstr(names, l[1] + 5));
+	hpu__agent_destroy(&a);
+	close(held);
+	for (int i = 0; i < 4; i++)
+		unlink(l[i]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ipc_files_of_the_workers_only),
 		cmocka_unit_test(test_stale_ipc_swept_at_start),
+		cmocka_unit_test(test_stale_locks_swept),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -998,6 +998,89 @@ static void test_unread_options_noted(void **state)
 	free(t);
 }
 
+/* More flags the run never reads (each was taken in silence, found by
+ * the options review): another strategy's tuning, the host tier's bound
+ * without offload, Adam's betas under sgd, --total-steps beside a
+ * schedule without a length, --save-params-format and --profile-filename
+ * alone, what --eval-only never trains with. One option of two names is
+ * named once. */
+static void test_unread_more_noted(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *before[] = {"strategy", "zero1", "prefetch-bucket-size", "10", "bucket-cap-mb", "2",
+			  "host-memory", "1GiB", "optimizer", "sgd", "beta1", "0.5",
+			  "total-steps", "5", "save-params-format", "raw", "profile-filename", "x",
+			  NULL};
+	char *t = notes_of("{}", before, &o);
+	assert_has(t, "hpulaunch: note: --prefetch-bucket-size has no effect under --strategy "
+		      "zero1: they are zero3's\n");
+	assert_has(t, "hpulaunch: note: --reduce-bucket-size has no effect under --strategy zero1: "
+		      "it (or --bucket-cap-mb) is ddp's and zero2's\n");
+	assert_has(t, "hpulaunch: note: --host-memory has no effect without --offload-optimizer or "
+		      "--offload-param: it bounds their host tier\n");
+	assert_has(t, "hpulaunch: note: --beta1 has no effect with --optimizer sgd: they are "
+		      "Adam's and AdamW's\n");
+	assert_has(t, "hpulaunch: note: --total-steps has no effect without --scheduler "
+		      "warmup_decay or cosine\n");
+	assert_has(t, "hpulaunch: note: --save-params-format has no effect without --save-params\n");
+	assert_has(t, "hpulaunch: note: --profile-filename has no effect without --profile\n");
+	free(t);
+	char *eval[] = {"eval-only", NULL, "lr", "5", "max-steps", "3", "stop-at-step", "2",
+			"val-fraction", "0.5", "eval-every", "2", NULL};
+	t = notes_of("{}", eval, &o);
+	assert_has(t, "hpulaunch: note: --max-steps, --lr, --eval-every, --stop-at-step have no "
+		      "effect with --eval-only: it trains nothing\n");
+	assert_has(t, "hpulaunch: note: --val-fraction has no effect with --eval-only: it "
+		      "evaluates the test split\n");
+	assert_null(strstr(t, "saves no checkpoint"));
+	free(t);
+	/* used where they are read: no note */
+	char *used[] = {"strategy", "zero3", "prefetch-bucket-size", "10", "offload-optimizer",
+			"cpu", "host-memory", "1GiB", NULL};
+	t = notes_of("{}", used, &o);
+	assert_null(strstr(t, "no effect"));
+	free(t);
+}
+
+/* Refused at resolve: Nesterov without momentum however spelled (only a
+ * file leaving momentum out was refused), --eval-only beside --no-eval
+ * (it evaluated anyway), a second --config (its keys were mixed with the
+ * first's). */
+static void test_contradictions_refused(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[1024] = "";
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "optimizer", "sgd", err, sizeof err), 0);
+	assert_int_equal(hpu__opts_set(&o, "momentum", "0", err, sizeof err), 0);
+	assert_int_equal(hpu__opts_set(&o, "nesterov", NULL, err, sizeof err), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof err), -1);
+	assert_has(err, "--nesterov true needs momentum, not --momentum 0: Nesterov momentum "
+			"without one is plain SGD (torch.optim.SGD refuses it)");
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "eval-only", NULL, err, sizeof err), 0);
+	assert_int_equal(hpu__opts_set(&o, "no-eval", NULL, err, sizeof err), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof err), -1);
+	assert_has(err, "--eval-only evaluates the test split, and --no-eval asks for no "
+			"evaluation: give one");
+	char path[64];
+	write_temp("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.05, "
+		   "\"momentum\": 0, \"nesterov\": true}}}",
+		   path);
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "config", path, err, sizeof err), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof err), -1);
+	assert_has(err, "optimizer.params.nesterov true needs momentum, not "
+			"optimizer.params.momentum 0 (config file ");
+	assert_int_equal(hpu__opts_set(&o, "config", path, err, sizeof err), -1);
+	char want[300];
+	snprintf(want, sizeof want, "--config given twice (%s, then %s): give one file", path, path);
+	assert_has(err, want);
+	unlink(path);
+}
+
 /* The offload tier's flags with nothing to tune: the nvme ones without
  * nvme offload, the optimizer's beside parameters-only nvme, --nvme-path
  * beside --param-nvme-path when only the parameters go to nvme. */
@@ -1058,6 +1141,8 @@ int main(void)
 	    cmocka_unit_test(test_repeated_keys),
 	    cmocka_unit_test(test_file_nul),
 	    cmocka_unit_test(test_unread_options_noted),
+	    cmocka_unit_test(test_unread_more_noted),
+	    cmocka_unit_test(test_contradictions_refused),
 	    cmocka_unit_test(test_unread_offload_noted),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
