@@ -859,8 +859,11 @@ static int check_keep(const hpu_train_opts *o, char *err, size_t errlen)
 	if (hpu__keep_best_parse(o->keep_best, &k, err, errlen) < 0)
 		return -1;
 	if (!o->eval_every && !o->eval_every_epochs) {
-		snprintf(err, errlen, "--keep-best %s ranks the checkpoints by the validation: add "
-				      "--eval-every N or --eval-every-epochs N", o->keep_best);
+		char a[400], in[600];
+		snprintf(err, errlen, "%s ranks the checkpoints by the validation: add "
+				      "--eval-every N or --eval-every-epochs N%s",
+			 said(o, "keep-best", o->keep_best, a, sizeof a),
+			 in_file(o, "keep-best", NULL, in, sizeof in));
 		return -1;
 	}
 	return 0;
@@ -896,14 +899,20 @@ static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
 		if (hpu__early_stop_parse(o->early_stop, &e, err, errlen) < 0)
 			return -1;
 		if (!o->eval_every && !o->eval_every_epochs) {
-			snprintf(err, errlen, "--early-stop %s watches the validation: add --eval-every N "
-					      "or --eval-every-epochs N", o->early_stop);
+			char e[400];
+			snprintf(err, errlen, "%s watches the validation: add --eval-every N "
+					      "or --eval-every-epochs N%s",
+				 said(o, "early-stop", o->early_stop, e, sizeof e),
+				 in_file(o, "early-stop", NULL, in, sizeof in));
 			return -1;
 		}
 	}
 	if (given && !o->eval_every && !o->eval_every_epochs) {
-		snprintf(err, errlen, "--val-fraction %g holds out samples that nothing validates on: "
-				      "add --eval-every N or --eval-every-epochs N", o->val_fraction);
+		snprintf(v, sizeof v, "%g", o->val_fraction);
+		snprintf(err, errlen, "%s holds out samples that nothing validates on: "
+				      "add --eval-every N or --eval-every-epochs N%s",
+			 said(o, "val-fraction", v, a, sizeof a),
+			 in_file(o, "val-fraction", NULL, in, sizeof in));
 		return -1;
 	}
 	return 0;
@@ -912,6 +921,7 @@ static int check_validation(const hpu_train_opts *o, char *err, size_t errlen)
 int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 		      size_t errlen)
 {
+	char in[600];
 	assert(world_size >= 1);
 	if (resolve_batch(o, world_size, err, errlen) < 0)
 		return -1;
@@ -935,15 +945,20 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	}
 	if (!o->checkpoint_dir[0] && (o->checkpoint_every || o->keep || o->keep_last ||
 				      o->keep_best[0] || !strcmp(o->resume, "auto"))) {
-		snprintf(err, errlen, "%s needs --checkpoint-dir DIR",
-			 o->checkpoint_every ? "--checkpoint-every" : o->keep ? "--keep"
-				 : o->keep_last ? "--keep-last" : o->keep_best[0] ? "--keep-best"
-				 : "--resume auto");
+		/* named as given: hputrain.checkpoint_every in a file was
+		 * "--checkpoint-every" */
+		const char *opt = o->checkpoint_every ? "checkpoint-every" : o->keep ? "keep"
+				  : o->keep_last ? "keep-last" : o->keep_best[0] ? "keep-best"
+				  : "resume";
+		const char *key = hpu__opts_file_key(o, opt);
+		snprintf(err, errlen, "%s%s needs --checkpoint-dir DIR%s", key[0] ? "" : "--",
+			 key[0] ? key : !strcmp(opt, "resume") ? "resume auto" : opt,
+			 in_file(o, opt, NULL, in, sizeof in));
 		return -1;
 	}
 	if (check_validation(o, err, errlen) < 0 || check_keep(o, err, errlen) < 0)
 		return -1;
-	char a[160], b[160], in[600];
+	char a[160], b[160];
 	if (o->eval_only && !o->eval) {
 		snprintf(err, errlen, "--eval-only evaluates the test split, and %s%s asks for no "
 				      "evaluation: give one",

@@ -165,6 +165,22 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 		unread(o, f, prog, (const char *const[]){"val-fraction", NULL},
 		       "with --eval-only: it evaluates the test split");
 	unread_offload(o, f, prog);
+	/* --keep-best ranks the checkpoints saved at a validation's step */
+	if (o->keep_best[0] && o->eval_every > 0 && o->checkpoint_every > 0 &&
+	    o->checkpoint_every % o->eval_every != 0) {
+		long a = o->checkpoint_every, b = o->eval_every;
+		while (b) {
+			long t = a % b;
+			a = b;
+			b = t;
+		}
+		fprintf(f, "%s: note: --keep-best ranks the checkpoints saved where the run "
+			   "validates: with --eval-every %ld and --checkpoint-every %ld, every "
+			   "%ld steps' (and the last's if it validates); make --eval-every a divisor "
+			   "of --checkpoint-every\n",
+			prog, o->eval_every, o->checkpoint_every,
+			o->checkpoint_every / a * o->eval_every);
+	}
 	if (o->stop_at_step > 0 && o->max_steps >= 0 && o->stop_at_step >= o->max_steps &&
 	    given(o, "stop-at-step"))
 		fprintf(f, "%s: note: --stop-at-step %ld is not before --max-steps %ld: the run ends "

@@ -1035,6 +1035,20 @@ static void test_unread_more_noted(void **state)
 		      "evaluates the test split\n");
 	assert_null(strstr(t, "saves no checkpoint"));
 	free(t);
+	/* --keep-best where checkpoints and validations seldom meet */
+	char *keep[] = {"keep-best", "val_loss,1", "eval-every", "4", "checkpoint-every", "6",
+			"checkpoint-dir", "ck", NULL};
+	t = notes_of("{}", keep, &o);
+	assert_has(t, "hpulaunch: note: --keep-best ranks the checkpoints saved where the run "
+		      "validates: with --eval-every 4 and --checkpoint-every 6, every 12 steps' (and "
+		      "the last's if it validates); make --eval-every a divisor of "
+		      "--checkpoint-every\n");
+	free(t);
+	char *keep_ok[] = {"keep-best", "val_loss,1", "eval-every", "3", "checkpoint-every", "6",
+			   "checkpoint-dir", "ck", NULL};
+	t = notes_of("{}", keep_ok, &o);
+	assert_null(strstr(t, "--keep-best"));
+	free(t);
 	/* used where they are read: no note */
 	char *used[] = {"strategy", "zero3", "prefetch-bucket-size", "10", "offload-optimizer",
 			"cpu", "host-memory", "1GiB", NULL};
@@ -1079,6 +1093,42 @@ static void test_contradictions_refused(void **state)
 	snprintf(want, sizeof want, "--config given twice (%s, then %s): give one file", path, path);
 	assert_has(err, want);
 	unlink(path);
+}
+
+/* A refusal of a value from the file names its key and the file (they
+ * said "--checkpoint-every needs --checkpoint-dir", "--early-stop ...",
+ * flags the user never passed). */
+static void test_file_refusals_name_keys(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *json, *want;
+	} C[] = {
+		{"{\"hputrain\": {\"checkpoint_every\": 2}}",
+		 "hputrain.checkpoint_every needs --checkpoint-dir DIR (config file "},
+		{"{\"hputrain\": {\"early_stop\": \"val_loss,2\"}}",
+		 "hputrain.early_stop val_loss,2 watches the validation: add --eval-every N or "
+		 "--eval-every-epochs N (config file "},
+		{"{\"hputrain\": {\"keep_best\": \"val_loss,2\", \"checkpoint_dir\": \"ck\"}}",
+		 "hputrain.keep_best val_loss,2 ranks the checkpoints by the validation: add "
+		 "--eval-every N or --eval-every-epochs N (config file "},
+		{"{\"hputrain\": {\"val_fraction\": 0.25}}",
+		 "hputrain.val_fraction 0.25 holds out samples that nothing validates on: add "
+		 "--eval-every N or --eval-every-epochs N (config file "},
+	};
+	for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+		hpu_train_opts o;
+		char path[64], err[1024] = "";
+		write_temp(C[i].json, path);
+		hpu__opts_defaults(&o);
+		int rc = hpu__opts_set(&o, "config", path, err, sizeof err);
+		if (rc == 0)
+			rc = hpu__opts_resolve(&o, 1, err, sizeof err);
+		unlink(path);
+		printf("  %s -> %s\n", C[i].json, err);
+		assert_int_equal(rc, -1);
+		assert_has(err, C[i].want);
+	}
 }
 
 /* The offload tier's flags with nothing to tune: the nvme ones without
@@ -1143,6 +1193,7 @@ int main(void)
 	    cmocka_unit_test(test_unread_options_noted),
 	    cmocka_unit_test(test_unread_more_noted),
 	    cmocka_unit_test(test_contradictions_refused),
+	    cmocka_unit_test(test_file_refusals_name_keys),
 	    cmocka_unit_test(test_unread_offload_noted),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
