@@ -731,7 +731,8 @@ static int check_offload(hpu_train_opts *o, char *err, size_t errlen)
 			snprintf(err, errlen, "%s needs zero_optimization.offload_param.nvme_path "
 				 "(or --param-nvme-path DIR)%s", said(o, "offload-param", "nvme", a, sizeof a), f);
 		else
-			snprintf(err, errlen, "--offload-param nvme needs --nvme-path DIR (offload_param.nvme_path)");
+			snprintf(err, errlen, "--offload-param nvme needs --param-nvme-path DIR, or "
+					      "--nvme-path DIR for both tiers (offload_param.nvme_path)");
 		return -1;
 	}
 	if (o->aio_block_size % 4096) {

@@ -283,6 +283,15 @@ static void test_no_test_split(void **state)
 	assert_non_null(strstr(out, "--val-fraction 0.001 of the training split's 256 samples "
 				    "holds out 0: nothing to validate on"));
 	free(out);
+	/* a fraction just below 1 is said as given (it said "--val-fraction
+	 * 1", a value hpulaunch refuses) */
+	start(&r, 2);
+	args(&r, "--max-steps", "2", "--batch-size", "32", "--eval-every", "1", "--val-fraction",
+	     "0.99999999", NULL);
+	out = finish_with(&r, 1, model, margs);
+	assert_non_null(strstr(out, "--val-fraction 0.99999999 of the training split's 256 samples "
+				    "holds out 256: nothing to train on"));
+	free(out);
 	start(&r, 2);
 	args(&r, "--max-steps", "2", "--batch-size", "32", "--eval-every", "1", "--val-fraction",
 	     "0.25", NULL);

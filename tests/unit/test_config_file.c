@@ -1093,6 +1093,14 @@ static void test_contradictions_refused(void **state)
 	snprintf(want, sizeof want, "--config given twice (%s, then %s): give one file", path, path);
 	assert_has(err, want);
 	unlink(path);
+	/* parameters to nvme without a path: the parameters' own flag named
+	 * (it named only --nvme-path) */
+	hpu__opts_defaults(&o);
+	assert_int_equal(hpu__opts_set(&o, "strategy", "zero3", err, sizeof err), 0);
+	assert_int_equal(hpu__opts_set(&o, "offload-param", "nvme", err, sizeof err), 0);
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof err), -1);
+	assert_has(err, "--offload-param nvme needs --param-nvme-path DIR, or --nvme-path DIR for "
+			"both tiers (offload_param.nvme_path)");
 }
 
 /* A refusal of a value from the file names its key and the file (they

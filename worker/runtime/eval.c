@@ -225,8 +225,9 @@ int hpu__loop_val_setup(loop *L)
 	}
 	size_t nval = (size_t)((double)n * o->val_fraction + 0.5);
 	if (nval == 0 || nval >= n)
-		return hpu__loop_fail(L, "--val-fraction %g of the training split's %zu sample%s holds out %zu: "
-					 "nothing to %s", o->val_fraction, n, hpu__plural((long long)n), nval,
+		return hpu__loop_fail(L, "--val-fraction %.15g of the training split's %zu sample%s holds "
+					 "out %zu: nothing to %s", o->val_fraction, n,
+				      hpu__plural((long long)n), nval,
 				      nval ? "train on" : "validate on");
 	if (!(L->val_map = malloc(n * sizeof *L->val_map)))
 		return hpu__loop_fail(L, "out of memory holding out the validation samples");
