@@ -203,6 +203,9 @@ typedef struct hpu_train_opts {
 				 * validate on (0: the test split) */
 	char early_stop[512];   /* --early-stop METRIC[:min|max],PATIENCE[,MIN_DELTA] or "" */
 	unsigned char from[HPU_OPTS_MAX]; /* HPU_FROM_* per option */
+	char flag_name[HPU_OPTS_MAX][32]; /* the flag that set each option
+					   * (aliases share one), for two
+					   * names with two values */
 	char file_key[HPU_OPTS_MAX][64]; /* the --config key that set each
 					  * option ("" none), for messages */
 	unsigned char implied[HPU_OPTS_MAX]; /* set from the file for a key its

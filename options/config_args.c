@@ -57,7 +57,25 @@ int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
 	}
 	if (p->kind == K_CONFIG)
 		return set_config(o, p, value, err, errlen);
+	/* two names of one option with two values (--bucket-cap-mb 2
+	 * --reduce-bucket-size 10): refused, as in a config file's section;
+	 * one name given twice takes its last value */
+	int slot = hpu__opt_slot(p);
+	const struct hpu__opt *whole = hpu__opt_at(slot);
+	char was[128] = "", now[128] = "";
+	int other = o->from[slot] == HPU_FROM_FLAG && o->flag_name[slot][0] &&
+		    strcmp(o->flag_name[slot], name) != 0 && whole;
+	hpu_train_opts *keep = other ? malloc(sizeof *keep) : NULL;
+	if (other && !keep) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (other) {
+		hpu__opt_text(o, whole, was, sizeof was);
+		*keep = *o; /* put back where refused */
+	}
 	if (hpu__opt_set_value(o, p, value) < 0) {
+		free(keep);
 		/* at most 200 bytes of the value: a path of thousands must not
 		 * push the reason out of the message */
 		char buf[160];
@@ -66,7 +84,17 @@ int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
 			 value, n > 200 ? "..." : "", name, hpu__opt_expected(p, buf, sizeof buf));
 		return -1;
 	}
-	o->from[hpu__opt_slot(p)] = HPU_FROM_FLAG;
+	if (other && strcmp(hpu__opt_text(o, whole, now, sizeof now), was) != 0) {
+		snprintf(err, errlen, "--%s and --%s%s%s name one option and give it two values "
+				      "(%s, then %s): give one",
+			 o->flag_name[slot], name, value ? " " : "", value ? value : "", was, now);
+		*o = *keep;
+		free(keep);
+		return -1;
+	}
+	free(keep);
+	o->from[slot] = HPU_FROM_FLAG;
+	snprintf(o->flag_name[slot], sizeof o->flag_name[slot], "%s", name);
 	return 0;
 }
 
