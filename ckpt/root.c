@@ -400,8 +400,19 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 	snprintf(to, sizeof to, "%s/%s", root, name);
 	if (hpu__fsync_dir(from, err, errlen) < 0)
 		return -1;
-	hpu__ckpt_discard(root, name); /* a checkpoint of the same step from before */
-	if (rename(from, to) < 0)
+	/* a checkpoint of the same step from before (an abandoned run's, or
+	 * the one a resume came from): swapped with the new one, so that it
+	 * can come back where `latest` cannot be written, and removed under
+	 * the partial's name once it is; a filesystem without the swap
+	 * removes it first, as before */
+	struct stat sb;
+	int had = lstat(to, &sb) == 0, swapped = 0;
+	if (had) {
+		swapped = renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE) == 0;
+		if (!swapped)
+			hpu__ckpt_discard(root, name);
+	}
+	if (!swapped && rename(from, to) < 0)
 		return say(err, errlen, "cannot rename %s to %s: %s", from, to, strerror(errno));
 	if (hpu__fsync_dir(root, err, errlen) < 0)
 		return -1;
@@ -411,13 +422,19 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 		/* not named by `latest`, a resume would pass it over as an
 		 * abandoned run's step past it (and the run resumed would
 		 * replace it): taken back to its partial name, for the caller
-		 * to remove as a save that failed */
-		if (rename(to, from) == 0)
+		 * to remove as a save that failed, and the one it replaced put
+		 * back (where it was removed first, the new one stays) */
+		int back = swapped ? renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE) == 0
+			   : !had   ? rename(to, from) == 0
+				    : 0;
+		if (back)
 			(void)hpu__fsync_dir(root, NULL, 0);
 		return -1;
 	}
 	if (hpu__fsync_dir(root, err, errlen) < 0)
 		return -1;
+	if (swapped) /* the old one, now under the partial's name */
+		discard_tree(from);
 	if (keep <= 0)
 		return 0;
 	char **names;

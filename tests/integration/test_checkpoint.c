@@ -843,6 +843,33 @@ static void test_latest_unwritable(void **state)
 	if (!strstr(out, want) || !strstr(out, "step-00000005 at step 5"))
 		fail_msg("want \"%s\" and a resume from step 5 in:\n%s", want, out);
 	free(out);
+
+	/* a save replacing a checkpoint of its step (a run resumed from step
+	 * 5 reaches step 10 again) whose `latest` cannot be written: the one
+	 * it replaced is put back, whole (it was removed first, the message
+	 * saying the previous checkpoints were untouched) */
+	char man10[400], before[4096], *after;
+	snprintf(man10, sizeof man10, "%s/step-00000010/manifest.json", dir);
+	char *m = h_slurp(man10);
+	assert_non_null(m);
+	snprintf(before, sizeof before, "%s", m);
+	free(m);
+	assert_int_equal(unlink(lat), 0);
+	assert_int_equal(mkdir(lat, 0755), 0);
+	snprintf(path, sizeof path, "%s/step-00000005", dir);
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "10", "--checkpoint-dir", dir,
+	     "--checkpoint-every", "5", "--resume", path, NULL);
+	out = finish(&r, 1, SMALL);
+	if (!strstr(out, "checkpoint of step 10 not saved (the previous checkpoints are untouched)"))
+		fail_msg("want \"checkpoint of step 10 not saved\" in:\n%s", out);
+	free(out);
+	after = h_slurp(man10);
+	if (!after || strcmp(after, before) != 0)
+		fail_msg("step-00000010's manifest is %s after the failed save", after ? "another" : "gone");
+	free(after);
+	snprintf(path, sizeof path, "%s/.step-00000010.partial", dir);
+	assert_int_equal(stat(path, &st), -1);
 }
 
 /* Two jobs saving in one --checkpoint-dir overwrote and pruned each
