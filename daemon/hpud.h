@@ -58,10 +58,6 @@ typedef struct hpud_state {
 	hpu_zwatch mzw;
 	ev_tstamp accept_logged;
 	long accept_failed;
-	/* listening paused after a failed accept (ZeroMQ would retry the
-	 * accept at once, spinning a core until a descriptor is free) */
-	ev_timer relisten;
-	char endpoint[128];
 	ev_timer tick;
 	ev_signal sigterm, sigint, sighup;
 	ev_prepare reap;

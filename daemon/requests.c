@@ -301,22 +301,6 @@ static void on_sock(hpu_zwatch *w, void *arg)
 }
 
 #define ACCEPT_LOG_S 10.0
-#define ACCEPT_PAUSE_S 1.0
-
-/* Listens again after a pause (accepted connections stayed). */
-static void on_relisten(struct ev_loop *loop, ev_timer *t, int revents)
-{
-	(void)loop;
-	(void)t;
-	(void)revents;
-	if (zmq_bind(hpud__D.sock, hpud__D.endpoint) == 0)
-		return;
-	hpud__logmsg(HPUD_LOG_ERROR, "cannot listen on %s again: %s; trying again in %.0f s",
-		     hpud__D.endpoint, zmq_strerror(errno), ACCEPT_PAUSE_S);
-	ev_timer_set(&hpud__D.relisten, ACCEPT_PAUSE_S, 0);
-	ev_timer_start(hpud__D.loop, &hpud__D.relisten);
-}
-
 /* The monitor's events: a connection the socket could not accept (no
  * descriptor left: clients holding connections open, or too many jobs)
  * is logged, at most once in ACCEPT_LOG_S with the count since; ZeroMQ
@@ -349,32 +333,24 @@ static void on_monitor(hpu_zwatch *w, void *arg)
 	}
 	if (id != ZMQ_EVENT_ACCEPT_FAILED)
 		return;
+	/* (not paused by unbinding: ZeroMQ closes the accepted connections
+	 * with their listener, every submitter's) */
 	hpud__D.accept_failed++;
-	/* no descriptor: ZeroMQ would retry the accept at once, spinning a
-	 * core until one is free; a pause of ACCEPT_PAUSE_S instead (a new
-	 * connection is refused meanwhile, as it could not be taken) */
-	if (!ev_is_active(&hpud__D.relisten) &&
-	    zmq_unbind(hpud__D.sock, hpud__D.endpoint) == 0) {
-		ev_timer_set(&hpud__D.relisten, ACCEPT_PAUSE_S, 0);
-		ev_timer_start(hpud__D.loop, &hpud__D.relisten);
-	}
 	ev_tstamp now = ev_now(hpud__D.loop);
 	if (hpud__D.accept_logged > 0 && now - hpud__D.accept_logged < ACCEPT_LOG_S)
 		return;
 	hpud__D.accept_logged = now;
 	hpud__logmsg(HPUD_LOG_WARN,
 		     "cannot accept connections on tcp://%s:%d: %s (%ld refused since the last "
-		     "such line; listening paused for %.0f s each time): clients holding "
-		     "connections open, or the limit on open files (LimitNOFILE) too low for "
-		     "the jobs",
+		     "such line): clients holding connections open, or the limit on open files "
+		     "(LimitNOFILE) too low for the jobs",
 		     hpud__D.conf.listen, hpud__D.conf.port, zmq_strerror(value),
-		     hpud__D.accept_failed, ACCEPT_PAUSE_S);
+		     hpud__D.accept_failed);
 	hpud__D.accept_failed = 0;
 }
 
 void hpud__close_socket(void)
 {
-	ev_timer_stop(hpud__D.loop, &hpud__D.relisten);
 	hpu__zwatch_stop(&hpud__D.mzw);
 	hpu__zwatch_stop(&hpud__D.zw);
 	if (hpud__D.sock)
@@ -415,9 +391,5 @@ int hpud__open_socket(char *err, size_t errlen)
 		snprintf(err, errlen, "cannot listen on %s: %s", ep, zmq_strerror(errno));
 		return -1;
 	}
-	size_t eplen = sizeof hpud__D.endpoint; /* the address bound, for a pause */
-	if (zmq_getsockopt(hpud__D.sock, ZMQ_LAST_ENDPOINT, hpud__D.endpoint, &eplen))
-		snprintf(hpud__D.endpoint, sizeof hpud__D.endpoint, "%s", ep);
-	ev_init(&hpud__D.relisten, on_relisten);
 	return 0;
 }

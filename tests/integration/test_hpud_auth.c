@@ -206,9 +206,10 @@ static void test_output_into_full_stdout(void **state)
 
 /* Connections held open by a client that sends nothing, past hpud's
  * limit on open files (ulimit -n 40 here, LimitNOFILE in its unit): hpud
- * logs that it cannot accept and pauses listening (ZeroMQ retried the
- * accept at once, spinning a core, and nothing was logged); once they
- * close, a submitter is answered. */
+ * logs that it cannot accept (nothing was logged); a submitter connected
+ * before keeps its connection and is answered on it (a first version
+ * paused the listener, which closed every accepted connection with it);
+ * once they close, a new submitter is answered. */
 static void test_connections_past_the_fd_limit(void **state)
 {
 	(void)state;
@@ -218,6 +219,8 @@ static void test_connections_past_the_fd_limit(void **state)
 	char *env[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
 	assert_int_equal(h_start(&daemon_proc, argv, env), 0);
 	assert_int_equal(h_wait_for(&daemon_proc, "listening on", 10000), 0);
+	client before;
+	client_open(&before, key); /* its Hello answered: connected */
 	int fds[60], n = 0;
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -230,11 +233,25 @@ static void test_connections_past_the_fd_limit(void **state)
 		}
 	}
 	int logged = h_wait_for(&daemon_proc, "cannot accept connections on tcp://", 10000);
+	/* the connection from before: a status request answered on it */
+	size_t flen;
+	uint8_t *f = status_frame(&before, 0, &flen);
+	zmq_send(before.sock, f, flen, 0);
+	free(f);
+	Hpu__Envelope *r = NULL;
+	for (int i = 0; i < 100 && !r; i++) {
+		h_wait(&daemon_proc, 10);
+		r = await_reply(&before, 50);
+	}
+	int answered = r && r->msg_case == HPU__ENVELOPE__MSG_STATUS_REPLY;
+	hpu__codec_free(r);
+	client_close(&before);
 	for (int i = 0; i < n; i++)
 		close(fds[i]);
 	printf("  %d connections; hpud's log:\n%s", n, daemon_proc.out);
 	assert_int_equal(logged, 0);
 	assert_non_null(strstr(daemon_proc.out, "Too many open files"));
+	assert_true(answered);
 	char target[64];
 	snprintf(target, sizeof target, "127.0.0.1:%d", port);
 	char *st[] = {(char *)LAUNCH, "--status", target, "--key", key_path, NULL};
