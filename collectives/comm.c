@@ -97,19 +97,28 @@ static int ipc_lock(hpucoll_comm *c, const char *endpoint)
 	for (int tries = 0; tries < 8; tries++) {
 		struct stat at;
 		fd = open(c->ipc_lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-		if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid() ||
-		    flock(fd, LOCK_EX | LOCK_NB) != 0)
+		if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid())
 			break;
-		if (lstat(c->ipc_lock_path, &at) == 0 && at.st_ino == st.st_ino &&
+		/* held: a running job's rank, or a sweep removing a dead one's
+		 * lock (it holds it for a moment, then the path is gone) */
+		int held = flock(fd, LOCK_EX | LOCK_NB) != 0, same = 1;
+		for (int w = 0; held && same && w < 10; w++) {
+			usleep(10 * 1000);
+			same = lstat(c->ipc_lock_path, &at) == 0 && at.st_ino == st.st_ino &&
+			       at.st_dev == st.st_dev;
+			held = same && flock(fd, LOCK_EX | LOCK_NB) != 0;
+		}
+		if (held && same)
+			break; /* a running job's: refused below */
+		if (!held && lstat(c->ipc_lock_path, &at) == 0 && at.st_ino == st.st_ino &&
 		    at.st_dev == st.st_dev) {
 			c->ipc_lock = fd;
 			return 0;
 		}
-		close(fd);
+		close(fd); /* removed under us: the new one at the path */
 		fd = -1;
+		errno = ESTALE;
 	}
-	if (fd < 0 && errno == 0)
-		errno = EAGAIN;
 	if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid()) {
 		hpucoll__set_error(c, "comm_new: cannot bind %s: cannot take its lock %s: %s.",
 				   endpoint, c->ipc_lock_path,
