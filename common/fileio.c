@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +249,49 @@ int hpu__outfile_open(hpu_outfile *o, const char *path, mode_t mode)
 	o->fd = open(o->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
 	o->made = o->fd >= 0; /* else o->tmp is for the message: not ours */
 	return o->fd < 0 ? -1 : 0;
+}
+
+static struct {
+	char tmp[4160];
+	volatile sig_atomic_t on;
+	int installed[3];
+	struct sigaction old[3];
+} OG;
+static const int og_sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+
+static void on_outfile_stop(int sig)
+{
+	int e = errno;
+	if (OG.on)
+		unlink(OG.tmp);
+	errno = e;
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+void hpu__outfile_guard(const hpu_outfile *o)
+{
+	if (OG.on || !o->made || !o->tmp[0])
+		return;
+	snprintf(OG.tmp, sizeof OG.tmp, "%s", o->tmp);
+	OG.on = 1;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_outfile_stop;
+	sigemptyset(&sa.sa_mask);
+	for (int i = 0; i < 3; i++)
+		OG.installed[i] = sigaction(og_sigs[i], NULL, &OG.old[i]) == 0 &&
+				  OG.old[i].sa_handler == SIG_DFL &&
+				  sigaction(og_sigs[i], &sa, NULL) == 0;
+}
+
+void hpu__outfile_unguard(void)
+{
+	for (int i = 0; i < 3; i++)
+		if (OG.installed[i])
+			sigaction(og_sigs[i], &OG.old[i], NULL);
+	memset(OG.installed, 0, sizeof OG.installed);
+	OG.on = 0;
 }
 
 FILE *hpu__outfile_stream(hpu_outfile *o)

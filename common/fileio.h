@@ -113,6 +113,15 @@ int hpu__outfile_commit(hpu_outfile *o, const char **step);
  * failed open, and twice. errno stays as it was. */
 void hpu__outfile_abort(hpu_outfile *o);
 
+/* While o is written, SIGTERM, SIGINT and SIGHUP whose action is the
+ * default one first remove o's temporary file, then end the process as
+ * they would have (a --save-params file of hundreds of MB was left as
+ * PATH.tmp.PID). Handlers already set (a checkpoint save's, which names
+ * its own files) are left alone. One file at a time; hpu__outfile_unguard
+ * puts the actions back. */
+void hpu__outfile_guard(const hpu_outfile *o);
+void hpu__outfile_unguard(void);
+
 /* One sentence into err for o's failed step ("open", or commit's), from
  * errno: "cannot create TMP: ...", "cannot open PATH: ..." (in place),
  * "writing PATH: ...", "writing PATH: fsync: ...", "cannot rename TMP to

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -200,6 +201,56 @@ static void test_outfile(void **state)
 	hpu__outfile_abort(&o);
 }
 
+static void exit_seven(int sig)
+{
+	(void)sig;
+	_exit(7);
+}
+
+/* A signal while an outfile is written under hpu__outfile_guard removes
+ * its temporary file, then ends the process as it would have (--save-
+ * params left PATH.tmp.PID of hundreds of MB); a handler already set is
+ * left alone (a checkpoint save's names its own files); unguarded, the
+ * actions are the default ones again. */
+static void test_outfile_guard(void **state)
+{
+	(void)state;
+	for (int own = 0; own < 2; own++) {
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			hpu_outfile o;
+			if (own)
+				signal(SIGTERM, exit_seven);
+			if (hpu__outfile_open(&o, tmp_at("guarded"), 0644) < 0 ||
+			    hpu__write_all(o.fd, "half", 4) < 0)
+				_exit(3);
+			hpu__outfile_guard(&o);
+			raise(SIGTERM);
+			_exit(4);
+		}
+		int st = 0;
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+		if (own) {
+			assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+			assert_int_equal(count_prefix("guarded.tmp."), 1);
+		} else {
+			assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+			assert_int_equal(count_prefix("guarded.tmp."), 0);
+		}
+		assert_int_equal(access(tmp_at("guarded"), F_OK), -1);
+	}
+	/* unguarded: the default action is back */
+	hpu_outfile o;
+	assert_int_equal(hpu__outfile_open(&o, tmp_at("plain"), 0644), 0);
+	hpu__outfile_guard(&o);
+	hpu__outfile_unguard();
+	struct sigaction now;
+	assert_int_equal(sigaction(SIGTERM, NULL, &now), 0);
+	assert_true(now.sa_handler == SIG_DFL);
+	hpu__outfile_abort(&o);
+}
+
 /* A symbolic link to nothing (as /dev/stdout is with descriptor 1 closed)
  * is opened in place, which fails naming the link and its target, and
  * stays: renamed over, it became a regular file (as root, /dev/stdout
@@ -343,6 +394,7 @@ int main(void)
 		cmocka_unit_test(test_open_input), cmocka_unit_test(test_read),
 		cmocka_unit_test(test_write_atomic), cmocka_unit_test(test_outfile),
 		cmocka_unit_test(test_outfile_dangling_link),
+		cmocka_unit_test(test_outfile_guard),
 		cmocka_unit_test(test_hex), cmocka_unit_test(test_shm_names),
 		cmocka_unit_test(test_thread_quiet),
 	};

@@ -459,6 +459,8 @@ int hpu__strat_save_params(hpu_strat *s, const char *path)
 				hpu__strat_fail(s, "cannot write %s: %s", o.tmp[0] ? o.tmp : path, strerror(e));
 			hpu__outfile_abort(&o);
 		}
+		if (f) /* a signal meanwhile removes the temporary file */
+			hpu__outfile_guard(&o);
 	}
 	int bad = s->rank == 0 && (!f || hpu__params_write_header(s->b, f, s->o->save_params_format, path) < 0);
 	if (each_full_unit(s, write_unit, bad ? NULL : f, "for --save-params") < 0) {
@@ -473,6 +475,7 @@ int hpu__strat_save_params(hpu_strat *s, const char *path)
 		if (bad && !s->err[0])
 			hpu__strat_fail(s, "cannot write %s: %s", path, strerror(e ? e : EIO));
 		hpu__outfile_abort(&o);
+		hpu__outfile_unguard();
 	}
 	return bad ? -1 : 0;
 }
