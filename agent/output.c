@@ -37,6 +37,13 @@ void hpu__output_fail(const char *what, int err)
 	if (err == EPIPE || said_before(what) || O.std_err[2])
 		return; /* stderr itself failed: nowhere left to say it */
 	fflush(stderr);
+	if (err == EAGAIN && hpu__write_interrupted) { /* a reader that stopped reading */
+		hpu__log(HPU_LOG_ERROR, "error: %s takes nothing after the interrupt: the rest of "
+					"its output is dropped", what + (strncmp(what, "to ", 3) ? 0 : 3));
+		if (hpu__log_write_errno())
+			O.std_err[2] = hpu__log_write_errno();
+		return;
+	}
 	hpu__log(HPU_LOG_ERROR,
 		 "error: cannot write %s: %s; the rest of it is not written (exit status %d at the end)",
 		 what, strerror(err), HPU_OUTPUT_EXIT);

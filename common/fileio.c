@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdarg.h>
@@ -155,11 +156,36 @@ int hpu__open_unshared(const char *path, int append, mode_t mode, const char **w
 	return fd;
 }
 
+volatile sig_atomic_t hpu__write_interrupted;
+int hpu__write_watch;
+
+int hpu__write_wait(int fd)
+{
+	if (!hpu__write_watch || (fd != 1 && fd != 2))
+		return 0;
+	for (;;) {
+		struct pollfd pf = {.fd = fd, .events = POLLOUT};
+		int r = poll(&pf, 1, hpu__write_interrupted ? 0 : 100);
+		if (r > 0 || (r < 0 && errno != EINTR))
+			return 0; /* room, or an error the write will name */
+		if (hpu__write_interrupted) {
+			errno = EAGAIN;
+			return -1;
+		}
+	}
+}
+
 int hpu__write_all(int fd, const void *p, size_t n)
 {
 	const char *s = p;
+	int watched = hpu__write_watch && (fd == 1 || fd == 2);
 	while (n) {
-		ssize_t k = write(fd, s, n);
+		if (hpu__write_wait(fd) < 0)
+			return -1;
+		/* a pipe's page at a time: a pipe that polls writable takes it
+		 * without waiting */
+		size_t chunk = watched && n > 4096 ? 4096 : n;
+		ssize_t k = write(fd, s, chunk);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)

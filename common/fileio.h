@@ -6,6 +6,7 @@
 #ifndef HPU_FILEIO_H
 #define HPU_FILEIO_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -56,8 +57,20 @@ int hpu__open_unshared(const char *path, int append, mode_t mode, const char **w
 extern const char *const hpu__in_use_why;
 
 /* Writes all n bytes to fd, again after EINTR and short writes; 0, or -1
- * with errno set. */
+ * with errno set. In a process that sets hpu__write_watch (hpulaunch),
+ * writes to descriptors 1 and 2 wait for room in slices of 100 ms, a
+ * pipe's page at a time, and once hpu__write_interrupted is set (its
+ * signal handler: the user asked it to stop) one that would wait fails at
+ * once with EAGAIN: the process gets to the signal instead of waiting on
+ * its output (Ctrl-C did nothing while a pager held it). */
+extern volatile sig_atomic_t hpu__write_interrupted;
+extern int hpu__write_watch;
 int hpu__write_all(int fd, const void *p, size_t n);
+
+/* hpu__write_all's wait for room on fd: 0 to write, or -1 (EAGAIN) where
+ * interrupted and fd takes nothing. At once for other descriptors, or
+ * without hpu__write_watch. */
+int hpu__write_wait(int fd);
 
 /* Appends one line of text (s and a '\n') to f, which must be
  * unbuffered (setvbuf _IONBF) and written only at its end: 0, or -1 with

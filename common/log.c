@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/env.h"
+#include "common/fileio.h"
 
 #define PREFIX_MAX 128
 #define LINE_MAX_ 4096 /* a longer line is cut, and still ends in "\n" */
@@ -175,7 +176,11 @@ int hpu__log_journal(void)
 static void put(const char *buf, size_t n)
 {
 	while (n > 0) {
-		ssize_t w = write(STDERR_FILENO, buf, n);
+		/* interrupted by the user: not held by a stderr nobody reads
+		 * (common/fileio.h) */
+		if (hpu__write_wait(STDERR_FILENO) < 0)
+			return;
+		ssize_t w = write(STDERR_FILENO, buf, hpu__write_watch && n > 4096 ? 4096 : n);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) { /* stderr itself failed: nowhere left to say it */

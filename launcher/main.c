@@ -90,6 +90,28 @@ static void on_bar_tick(struct ev_loop *loop, ev_timer *t, int revents)
 	hpu__progress_tick(&L.bar);
 }
 
+/* The signals' own handler, over libev's: it also marks the interrupt,
+ * so that a write to stdout or stderr that waits (a pipe nobody reads, a
+ * pager scrolled back) gives up and the loop gets to the signal
+ * (hpu__write_all; Ctrl-C and SIGTERM did nothing while output waited). */
+static void on_raw_signal(int sig)
+{
+	hpu__write_interrupted = 1;
+	ev_feed_signal(sig);
+}
+
+static void take_signals(void)
+{
+	static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_raw_signal;
+	sigfillset(&sa.sa_mask);
+	sa.sa_flags = SA_RESTART;
+	for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)
+		sigaction(sigs[i], &sa, NULL);
+}
+
 static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)loop;
@@ -181,6 +203,7 @@ static int run_local(char *err, size_t errlen)
 	ev_signal_start(L.loop, &L.sigint);
 	ev_signal_start(L.loop, &L.sigterm);
 	ev_signal_start(L.loop, &L.sighup);
+	take_signals();
 	/* Rank 0 runs on node 0: the bar is that node's. */
 	hpu__progress_init(&L.bar, L.args.node_rank == 0 ? L.args.progress : HPU_PROGRESS_NEVER,
 			   stdout);
@@ -308,6 +331,7 @@ static int run(int argc, char **argv)
  * not all be written exits HPU_OUTPUT_EXIT (output.h), after saying so. */
 int main(int argc, char **argv)
 {
+	hpu__write_watch = 1; /* stdout and stderr: not held past a Ctrl-C */
 	hpu__output_init();
 	int rc = run(argc, argv);
 	if (hpu__output_finish() && rc == 0)

@@ -96,6 +96,7 @@ static double now_s(void)
 static void on_signal(int sig)
 {
 	S.signo = sig;
+	hpu__write_interrupted = 1; /* output that waits gives up (common/fileio.h) */
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -8,11 +8,14 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -56,6 +59,78 @@ static void test_stdout_full(void **state)
 	assert_int_equal(access(done, F_OK), 0);      /* the job ran to its end */
 	unlink(done);
 	h_free(&p);
+}
+
+/* Ctrl-C while hpulaunch's output waits for a reader that stopped
+ * reading (a pager scrolled back; here a pipe of 4 KiB nobody reads): it
+ * stops the workers and exits 130 (it sat in write(2), the signals did
+ * nothing, the job ran to its end). */
+static void test_interrupt_while_output_waits(void **state)
+{
+	(void)state;
+	char pidfile[64], script[256];
+	snprintf(pidfile, sizeof pidfile, "/tmp/hpu-test-waits-%d", (int)getpid());
+	unlink(pidfile);
+	snprintf(script, sizeof script,
+		 "echo $$ > %s; i=0; while [ $i -lt 4000 ]; do echo line $i of a job; "
+		 "i=$((i+1)); done; exec sleep 120",
+		 pidfile);
+	int fds[2];
+	assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
+	assert_true(fcntl(fds[1], F_SETPIPE_SZ, 4096) >= 4096);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		dup2(fds[1], 1);
+		dup2(fds[1], 2);
+		execl(LAUNCH, LAUNCH, "--devices", "1", "--exec", "/bin/sh", "-c", script,
+		      (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	/* the job's lines fill the pipe: hpulaunch waits to write (the
+	 * bytes queued stop growing for a second) */
+	int full = 0, last = -1, same = 0;
+	for (int i = 0; i < 600 && !full; i++) {
+		int queued = 0;
+		usleep(100 * 1000);
+		if (ioctl(fds[0], FIONREAD, &queued) != 0)
+			break;
+		same = queued > 0 && queued == last ? same + 1 : 0;
+		last = queued;
+		full = same >= 10;
+	}
+	assert_true(full);
+	kill(pid, SIGINT);
+	int st = 0, done = 0;
+	for (int i = 0; i < 400 && !done; i++) { /* a hang guard, not a timing */
+		done = waitpid(pid, &st, WNOHANG) == pid;
+		if (!done)
+			usleep(50 * 1000);
+	}
+	if (!done) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+	}
+	FILE *f = fopen(pidfile, "r");
+	int child = 0;
+	if (f) {
+		if (fscanf(f, "%d", &child) != 1)
+			child = 0;
+		fclose(f);
+	}
+	int child_left = child > 0 && kill(child, 0) == 0;
+	if (child_left)
+		kill(child, SIGKILL);
+	close(fds[0]);
+	unlink(pidfile);
+	printf("  SIGINT with output waiting: %s, status %d; the job's process %s\n",
+	       done ? "exited" : "DID NOT EXIT in 20 s", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+	       child_left ? "LEFT" : "gone");
+	assert_true(done);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 130);
+	assert_true(child > 0);
+	assert_false(child_left);
 }
 
 /* hpulaunch | head -n 1: the reader goes away; hpulaunch's later writes
@@ -271,6 +346,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_stdout_full),
+		cmocka_unit_test(test_interrupt_while_output_waits),
 		cmocka_unit_test(test_stdout_closed_pipe),
 		cmocka_unit_test(test_log_dir_made),
 		cmocka_unit_test(test_log_dir_full_disk),
