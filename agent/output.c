@@ -58,6 +58,12 @@ static void std_fail(int fd, int err)
 	hpu__output_fail(fd == 1 ? "to stdout" : "to stderr", O.std_err[fd]);
 }
 
+void hpu__output_std_closed(int fd)
+{
+	if (fd == 1 || fd == 2)
+		std_fail(fd, EBADF);
+}
+
 int hpu__output_std_ok(int fd)
 {
 	return (fd == 1 || fd == 2) && !O.std_err[fd];

@@ -35,6 +35,11 @@ int hpu__output_stream(FILE *f);
 /* Whether writes to fd 1 or 2 are still made (no failure yet). */
 int hpu__output_std_ok(int fd);
 
+/* Descriptor fd (1 or 2) was closed when the program started (>&-; it
+ * holds /dev/null now): its output is not written, said once on stderr
+ * where stderr is open, and the exit status is HPU_OUTPUT_EXIT. */
+void hpu__output_std_closed(int fd);
+
 /* Writes n bytes to the file fd that is `path` (a --log-dir file):
  * returns 0, or -1 with the failure said ("cannot write the log file
  * PATH: ..."); the caller then stops writing to it. */

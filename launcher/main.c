@@ -1,6 +1,8 @@
 /* hpulaunch: starts a job's workers on this node and supervises them;
  * on node 0 it also runs the job's coordinator. See --help. */
+#include <errno.h>
 #include <ev.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,8 +333,20 @@ static int run(int argc, char **argv)
  * not all be written exits HPU_OUTPUT_EXIT (output.h), after saying so. */
 int main(int argc, char **argv)
 {
+	/* descriptors 0-2 closed (>&-): /dev/null in their place, or the
+	 * loop's epoll and eventfd took them and the lines went there */
+	int closed[3] = {0, 0, 0};
+	for (int fd = 0; fd < 3; fd++)
+		if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+			if (open("/dev/null", fd ? O_WRONLY : O_RDONLY) != fd)
+				return 2;
+			closed[fd] = 1;
+		}
 	hpu__write_watch = 1; /* stdout and stderr: not held past a Ctrl-C */
 	hpu__output_init();
+	for (int fd = 2; fd >= 1; fd--) /* stderr's first: stdout's is said there */
+		if (closed[fd])
+			hpu__output_std_closed(fd);
 	int rc = run(argc, argv);
 	if (hpu__output_finish() && rc == 0)
 		rc = HPU_OUTPUT_EXIT;

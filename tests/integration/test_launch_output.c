@@ -133,6 +133,26 @@ static void test_interrupt_while_output_waits(void **state)
 	assert_false(child_left);
 }
 
+/* hpulaunch >&-: stdout closed from the start. Said once naming it, the
+ * job runs, exit 3 (it said "Invalid argument": libev's epoll and
+ * eventfd had taken descriptors 1 and 2, and the lines went there). */
+static void test_stdout_closed_at_start(void **state)
+{
+	(void)state;
+	char *argv[] = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >&-", (char *)LAUNCH, "--devices",
+			"1", "--exec", "/bin/sh", "-c", "echo to stdout; echo to stderr >&2", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 3);
+	assert_int_equal(occurrences(p.out, "hpulaunch: error: cannot write to stdout: Bad file "
+					    "descriptor; the rest of it is not written (exit status "
+					    "3 at the end)\n"),
+			 1);
+	assert_non_null(strstr(p.out, "] to stderr"));
+	h_free(&p);
+}
+
 /* hpulaunch | head -n 1: the reader goes away; hpulaunch's later writes
  * get EPIPE. As with SIGPIPE nothing is said about it, the job runs to its
  * end, and the exit status is 3: output was lost. */
@@ -347,6 +367,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_stdout_full),
 		cmocka_unit_test(test_interrupt_while_output_waits),
+		cmocka_unit_test(test_stdout_closed_at_start),
 		cmocka_unit_test(test_stdout_closed_pipe),
 		cmocka_unit_test(test_log_dir_made),
 		cmocka_unit_test(test_log_dir_full_disk),
