@@ -960,14 +960,6 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	if (check_validation(o, err, errlen) < 0 || check_keep(o, err, errlen) < 0)
 		return -1;
 	char a[160], b[160];
-	if (o->eval_only && !o->eval) {
-		snprintf(err, errlen, "--eval-only evaluates the test split, and %s%s asks for no "
-				      "evaluation: give one",
-			 hpu__opts_file_key(o, "no-eval")[0] ? hpu__opts_file_key(o, "no-eval")
-							     : "--no-eval",
-			 in_file(o, "no-eval", NULL, in, sizeof in));
-		return -1;
-	}
 	if (o->optimizer == HPU_OPTIM_SGD && o->nesterov && !(o->momentum > 0)) {
 		snprintf(err, errlen, "%s needs momentum, not %s%s: Nesterov momentum without one "
 				      "is plain SGD (torch.optim.SGD refuses it)",

@@ -162,7 +162,7 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 					     NULL},
 		       "with --eval-only: it trains nothing");
 	if (o->eval_only)
-		unread(o, f, prog, (const char *const[]){"val-fraction", NULL},
+		unread(o, f, prog, (const char *const[]){"no-eval", "val-fraction", NULL},
 		       "with --eval-only: it evaluates the test split");
 	unread_offload(o, f, prog);
 	/* --keep-best ranks the checkpoints saved at a validation's step */

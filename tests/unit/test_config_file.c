@@ -1027,12 +1027,12 @@ static void test_unread_more_noted(void **state)
 	assert_has(t, "hpulaunch: note: --profile-filename has no effect without --profile\n");
 	free(t);
 	char *eval[] = {"eval-only", NULL, "lr", "5", "max-steps", "3", "stop-at-step", "2",
-			"val-fraction", "0.5", "eval-every", "2", NULL};
+			"val-fraction", "0.5", "eval-every", "2", "no-eval", NULL, NULL};
 	t = notes_of("{}", eval, &o);
 	assert_has(t, "hpulaunch: note: --max-steps, --lr, --eval-every, --stop-at-step have no "
 		      "effect with --eval-only: it trains nothing\n");
-	assert_has(t, "hpulaunch: note: --val-fraction has no effect with --eval-only: it "
-		      "evaluates the test split\n");
+	assert_has(t, "hpulaunch: note: --no-eval, --val-fraction have no effect with --eval-only: "
+		      "it evaluates the test split\n");
 	assert_null(strstr(t, "saves no checkpoint"));
 	free(t);
 	/* --keep-best where checkpoints and validations seldom meet */
@@ -1058,9 +1058,8 @@ static void test_unread_more_noted(void **state)
 }
 
 /* Refused at resolve: Nesterov without momentum however spelled (only a
- * file leaving momentum out was refused), --eval-only beside --no-eval
- * (it evaluated anyway), a second --config (its keys were mixed with the
- * first's). */
+ * file leaving momentum out was refused), a second --config (its keys
+ * were mixed with the first's). */
 static void test_contradictions_refused(void **state)
 {
 	(void)state;
@@ -1073,12 +1072,6 @@ static void test_contradictions_refused(void **state)
 	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof err), -1);
 	assert_has(err, "--nesterov true needs momentum, not --momentum 0: Nesterov momentum "
 			"without one is plain SGD (torch.optim.SGD refuses it)");
-	hpu__opts_defaults(&o);
-	assert_int_equal(hpu__opts_set(&o, "eval-only", NULL, err, sizeof err), 0);
-	assert_int_equal(hpu__opts_set(&o, "no-eval", NULL, err, sizeof err), 0);
-	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof err), -1);
-	assert_has(err, "--eval-only evaluates the test split, and --no-eval asks for no "
-			"evaluation: give one");
 	char path[64];
 	write_temp("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.05, "
 		   "\"momentum\": 0, \"nesterov\": true}}}",
