@@ -738,6 +738,9 @@ static int no_thread(hpucoll_comm *c, struct shared *sh, const struct world *w)
 	return 0;
 }
 
+/* First of the group: glibc keeps the stacks of threads that ended for
+ * the next thread, and a cached stack needs no new memory, so after the
+ * tests that run threads in this process the thread would start. */
 static void test_progress_thread_refused(void **state)
 {
 	struct world shm2 = {.ws = 2, .shm = 1};
@@ -1502,6 +1505,8 @@ static void test_forged(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_progress_thread_refused), /* first: no thread's stack
+								 * cached yet */
 		cmocka_unit_test(test_strerror),
 		cmocka_unit_test(test_kernels),
 		cmocka_unit_test(test_kernels_two_outputs),
@@ -1513,7 +1518,6 @@ int main(void)
 		cmocka_unit_test(test_tcp_worlds),
 		cmocka_unit_test(test_forced_algorithms),
 		cmocka_unit_test(test_async),
-		cmocka_unit_test(test_progress_thread_refused),
 		cmocka_unit_test(test_dead_peer),
 		cmocka_unit_test(test_stall_warning),
 		cmocka_unit_test(test_connection_never_up),
