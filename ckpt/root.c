@@ -433,8 +433,16 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 	}
 	if (hpu__fsync_dir(root, err, errlen) < 0)
 		return -1;
-	if (swapped) /* the old one, now under the partial's name */
-		discard_tree(from);
+	if (swapped) { /* the old one, now under the partial's name: named
+			* .step-N.old.partial while removed, as a replaced
+			* one is (the cleaner's name for it) */
+		char old[4400];
+		long step = hpu__ckpt_step_of(name);
+		snprintf(old, sizeof old, "%s/.step-%08ld.old.partial", root, step);
+		int moved = step >= 0 &&
+			    renameat2(AT_FDCWD, from, AT_FDCWD, old, RENAME_NOREPLACE) == 0;
+		discard_tree(moved ? old : from);
+	}
 	if (keep <= 0)
 		return 0;
 	char **names;
