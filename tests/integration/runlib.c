@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 void arg(run *r, const char *a)
 {
@@ -93,4 +96,18 @@ float *load_params(const char *path, size_t *n)
 	fclose(f);
 	*n = (size_t)bytes / 4;
 	return v;
+}
+
+void mount_small_fs(const char *mnt, const char *size)
+{
+	char opts[64];
+	snprintf(opts, sizeof opts, "size=%s", size);
+	mkdir(mnt, 0755);
+	if (mount("tmpfs", mnt, "tmpfs", 0, opts) == 0)
+		return;
+	if (geteuid() != 0) {
+		printf("  not root: no tmpfs can be mounted; the full-disk case is skipped\n");
+		skip();
+	}
+	fail_msg("mount tmpfs on %s failed", mnt);
 }

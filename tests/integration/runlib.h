@@ -36,4 +36,9 @@ char *finish_with(run *r, int want, const char *model, const char *model_args);
  * (caller frees). */
 float *load_params(const char *path, size_t *n);
 
+/* A tmpfs of `size` (mount's size=, e.g. "40k") mounted at mnt, made
+ * first: the full-disk cases. Skips the test where this is not root;
+ * fails where the mount does. The caller unmounts it. */
+void mount_small_fs(const char *mnt, const char *size);
+
 #endif

@@ -749,14 +749,7 @@ static void test_disk_full(void **state)
 	char mnt[300], dir[340], ck[400];
 	snprintf(mnt, sizeof mnt, "%s/small-fs", tmp);
 	snprintf(dir, sizeof dir, "%s/ck", mnt);
-	mkdir(mnt, 0755);
-	if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m") != 0) {
-		if (geteuid() != 0) {
-			printf("  not root: no tmpfs can be mounted; the full-disk case is skipped\n");
-			skip();
-		}
-		fail_msg("mount tmpfs on %s failed", mnt);
-	}
+	mount_small_fs(mnt, "1m");
 	run r;
 	start(&r, 2);
 	args(&r, "--batch-size", "64", "--max-steps", "20", "--checkpoint-dir", dir,

@@ -411,23 +411,10 @@ static void test_submitter_reconnected(void **state)
 	(void)state;
 	write_conf(2, NULL);
 	start_daemon();
-	char *argv[] = {"--max-steps", "100000", "--log-every", "0", "--no-eval", (char *)MODEL,
-			"--", "--hidden", "16"};
-	Hpu__LaunchRequest q = HPU__LAUNCH_REQUEST__INIT;
-	q.job_id = "moved-job";
-	q.job_token = "moved-token";
-	q.nodes = 1;
-	q.devices = 1;
-	q.master_addr = "127.0.0.1";
-	q.n_argv = sizeof argv / sizeof *argv;
-	q.argv = argv;
-	Hpu__Envelope env = HPU__ENVELOPE__INIT;
-	env.msg_case = HPU__ENVELOPE__MSG_LAUNCH_REQUEST;
-	env.launch_request = &q;
 	client a, b;
 	client_open(&a, key);
 	size_t len;
-	uint8_t *f = sign_env(&a, &env, 0, &len);
+	uint8_t *f = launch_frame(&a, "moved-job", &len);
 	zmq_send(a.sock, f, len, 0);
 	free(f);
 	Hpu__Envelope *r = await_reply(&a, 10000);

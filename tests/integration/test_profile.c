@@ -379,14 +379,7 @@ static void test_disk_full(void **state)
 	char mnt[300], prof[340], path[400];
 	snprintf(mnt, sizeof mnt, "%s/small-fs", dir);
 	snprintf(prof, sizeof prof, "%s/prof", mnt);
-	assert_int_equal(mkdir(mnt, 0755), 0);
-	if (mount("tmpfs", mnt, "tmpfs", 0, "size=40k") != 0) {
-		if (geteuid() != 0) {
-			printf("  not root: no tmpfs can be mounted; the full-disk case is skipped\n");
-			skip();
-		}
-		fail_msg("mount tmpfs on %s failed", mnt);
-	}
+	mount_small_fs(mnt, "40k");
 	run r;
 	start(&r, 2);
 	args(&r, "--profile", prof, "--max-steps", "30", "--batch-size", "64", "--no-eval", NULL);
