@@ -58,10 +58,23 @@ static void std_fail(int fd, int err)
 	hpu__output_fail(fd == 1 ? "to stdout" : "to stderr", O.std_err[fd]);
 }
 
+/* stdout closed at start: failed at its first write (nothing written,
+ * nothing lost: a closed stderr or stdout of a quiet run exits 0) */
+static int closed_out;
+
 void hpu__output_std_closed(int fd)
 {
-	if (fd == 1 || fd == 2)
-		std_fail(fd, EBADF);
+	if (fd == 1)
+		closed_out = 1;
+}
+
+/* A write to a stdout that was closed at start: said, and failed. */
+static int closed_write(int fd)
+{
+	if (fd != 1 || !closed_out)
+		return 0;
+	std_fail(1, EBADF);
+	return 1;
 }
 
 int hpu__output_std_ok(int fd)
@@ -71,7 +84,7 @@ int hpu__output_std_ok(int fd)
 
 int hpu__output_std(int fd, const void *p, size_t n)
 {
-	if (!hpu__output_std_ok(fd))
+	if (!hpu__output_std_ok(fd) || closed_write(fd))
 		return -1;
 	if (hpu__write_all(fd, p, n) == 0)
 		return 0;
@@ -118,6 +131,10 @@ int hpu__output_file_close(int fd, const char *path)
 static ssize_t stdout_write(void *cookie, const char *buf, size_t n)
 {
 	(void)cookie;
+	if (closed_out) {
+		O.stdout_errno = EBADF;
+		return -1;
+	}
 	if (hpu__write_all(1, buf, n) == 0)
 		return (ssize_t)n;
 	O.stdout_errno = errno ? errno : EIO;

@@ -35,9 +35,11 @@ int hpu__output_stream(FILE *f);
 /* Whether writes to fd 1 or 2 are still made (no failure yet). */
 int hpu__output_std_ok(int fd);
 
-/* Descriptor fd (1 or 2) was closed when the program started (>&-; it
- * holds /dev/null now): its output is not written, said once on stderr
- * where stderr is open, and the exit status is HPU_OUTPUT_EXIT. */
+/* Descriptor 1 was closed when the program started (>&-; it holds
+ * /dev/null now): a write to it fails as EBADF would, said once on stderr
+ * where stderr is open, and the exit status is HPU_OUTPUT_EXIT; a run
+ * that writes nothing there exits as it would. (A closed stderr holds
+ * /dev/full: a line written there counts as lost.) */
 void hpu__output_std_closed(int fd);
 
 /* Writes n bytes to the file fd that is `path` (a --log-dir file):

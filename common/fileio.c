@@ -159,16 +159,24 @@ int hpu__open_unshared(const char *path, int append, mode_t mode, const char **w
 volatile sig_atomic_t hpu__write_interrupted;
 int hpu__write_watch;
 
+/* After the interrupt, output waits this long in all for a reader that
+ * is slow but alive (it drains a full pipe), then gives up. */
+#define WRITE_GRACE_MS 1000
+
 int hpu__write_wait(int fd)
 {
+	static int grace_ms = WRITE_GRACE_MS;
 	if (!hpu__write_watch || (fd != 1 && fd != 2))
 		return 0;
 	for (;;) {
 		struct pollfd pf = {.fd = fd, .events = POLLOUT};
-		int r = poll(&pf, 1, hpu__write_interrupted ? 0 : 100);
+		int slice = hpu__write_interrupted ? (grace_ms < 100 ? grace_ms : 100) : 100;
+		int r = poll(&pf, 1, slice);
 		if (r > 0 || (r < 0 && errno != EINTR))
 			return 0; /* room, or an error the write will name */
-		if (hpu__write_interrupted) {
+		if (hpu__write_interrupted && r == 0)
+			grace_ms -= slice;
+		if (hpu__write_interrupted && grace_ms <= 0) {
 			errno = EAGAIN;
 			return -1;
 		}

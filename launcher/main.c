@@ -335,18 +335,20 @@ int main(int argc, char **argv)
 {
 	/* descriptors 0-2 closed (>&-): /dev/null in their place, or the
 	 * loop's epoll and eventfd took them and the lines went there */
+	/* (stderr: /dev/full, whose writes fail, so that a line lost there
+	 * counts at the end; nowhere to say it) */
+	static const char *const hold[3] = {"/dev/null", "/dev/null", "/dev/full"};
 	int closed[3] = {0, 0, 0};
 	for (int fd = 0; fd < 3; fd++)
 		if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
-			if (open("/dev/null", fd ? O_WRONLY : O_RDONLY) != fd)
+			if (open(hold[fd], fd ? O_WRONLY : O_RDONLY) != fd)
 				return 2;
 			closed[fd] = 1;
 		}
 	hpu__write_watch = 1; /* stdout and stderr: not held past a Ctrl-C */
 	hpu__output_init();
-	for (int fd = 2; fd >= 1; fd--) /* stderr's first: stdout's is said there */
-		if (closed[fd])
-			hpu__output_std_closed(fd);
+	if (closed[1])
+		hpu__output_std_closed(1);
 	int rc = run(argc, argv);
 	if (hpu__output_finish() && rc == 0)
 		rc = HPU_OUTPUT_EXIT;

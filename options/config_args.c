@@ -61,17 +61,19 @@ int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
 	 * --reduce-bucket-size 10): refused, as in a config file's section;
 	 * one name given twice takes its last value */
 	int slot = hpu__opt_slot(p);
-	const struct hpu__opt *whole = hpu__opt_at(slot);
+	const struct hpu__opt *prev = o->flag_name[slot][0] ? hpu__opt_find(o->flag_name[slot]) : NULL;
 	char was[128] = "", now[128] = "";
-	int other = o->from[slot] == HPU_FROM_FLAG && o->flag_name[slot][0] &&
-		    strcmp(o->flag_name[slot], name) != 0 && whole;
+	/* (a flag and its --no- form: the later wins, as a wrapper's default
+	 * overridden by the user) */
+	int other = o->from[slot] == HPU_FROM_FLAG && prev && strcmp(o->flag_name[slot], name) != 0 &&
+		    wants && hpu__opts_takes_value(o->flag_name[slot]);
 	hpu_train_opts *keep = other ? malloc(sizeof *keep) : NULL;
 	if (other && !keep) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
 	if (other) {
-		hpu__opt_text(o, whole, was, sizeof was);
+		hpu__opt_text(o, prev, was, sizeof was); /* in the first name's units */
 		*keep = *o; /* put back where refused */
 	}
 	if (hpu__opt_set_value(o, p, value) < 0) {
@@ -84,10 +86,12 @@ int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
 			 value, n > 200 ? "..." : "", name, hpu__opt_expected(p, buf, sizeof buf));
 		return -1;
 	}
-	if (other && strcmp(hpu__opt_text(o, whole, now, sizeof now), was) != 0) {
-		snprintf(err, errlen, "--%s and --%s%s%s name one option and give it two values "
-				      "(%s, then %s): give one",
-			 o->flag_name[slot], name, value ? " " : "", value ? value : "", was, now);
+	char again[128] = "";
+	if (other && strcmp(hpu__opt_text(o, prev, again, sizeof again), was) != 0) {
+		hpu__opt_text(o, p, now, sizeof now);
+		snprintf(err, errlen, "--%s %s and --%s %s name one option with two values: give "
+				      "one",
+			 o->flag_name[slot], was, name, now);
 		*o = *keep;
 		free(keep);
 		return -1;

@@ -135,7 +135,8 @@ static void test_interrupt_while_output_waits(void **state)
 
 /* hpulaunch >&-: stdout closed from the start. Said once naming it, the
  * job runs, exit 3 (it said "Invalid argument": libev's epoll and
- * eventfd had taken descriptors 1 and 2, and the lines went there). */
+ * eventfd had taken descriptors 1 and 2, and the lines went there); a run
+ * that writes nothing to the closed one exits 0. */
 static void test_stdout_closed_at_start(void **state)
 {
 	(void)state;
@@ -150,6 +151,21 @@ static void test_stdout_closed_at_start(void **state)
 					    "3 at the end)\n"),
 			 1);
 	assert_non_null(strstr(p.out, "] to stderr"));
+	h_free(&p);
+	/* nothing written to the closed one, nothing lost: exit 0 (a first
+	 * version failed every run with stderr closed) */
+	char *quiet[] = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&-", (char *)LAUNCH, "-q",
+			 "--devices", "1", "--exec", "/bin/sh", "-c", "echo to stdout", NULL};
+	code = h_run(&p, quiet, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	assert_non_null(strstr(p.out, "] to stdout"));
+	h_free(&p);
+	char *silent[] = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >&-", (char *)LAUNCH, "-q",
+			  "--devices", "1", "--exec", "/bin/true", NULL};
+	code = h_run(&p, silent, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
 	h_free(&p);
 }
 
