@@ -271,19 +271,6 @@ int hpu__out_in_place(const char *path, char *real, size_t len)
 	return 0;
 }
 
-int hpu__outfile_open(hpu_outfile *o, const char *path, mode_t mode)
-{
-	memset(o, 0, sizeof *o);
-	o->direct = hpu__out_in_place(path, o->path, sizeof o->path);
-	if (o->direct) {
-		o->fd = open(path, O_WRONLY | O_CLOEXEC);
-		return o->fd < 0 ? -1 : 0;
-	}
-	snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%d", o->path, (int)getpid());
-	o->fd = open(o->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-	o->made = o->fd >= 0; /* else o->tmp is for the message: not ours */
-	return o->fd < 0 ? -1 : 0;
-}
 
 static struct {
 	char tmp[4160];
@@ -303,11 +290,12 @@ static void on_outfile_stop(int sig)
 	raise(sig);
 }
 
-void hpu__outfile_guard(const hpu_outfile *o)
+/* The guard on tmp (a name of this process: PATH.tmp.PID) */
+static void outfile_guard(const char *tmp)
 {
-	if (OG.on || !o->made || !o->tmp[0])
+	if (OG.on)
 		return;
-	snprintf(OG.tmp, sizeof OG.tmp, "%s", o->tmp);
+	snprintf(OG.tmp, sizeof OG.tmp, "%s", tmp);
 	OG.on = 1;
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
@@ -319,13 +307,44 @@ void hpu__outfile_guard(const hpu_outfile *o)
 				  sigaction(og_sigs[i], &sa, NULL) == 0;
 }
 
+static int outfile_open(hpu_outfile *o, const char *path, mode_t mode, int guard)
+{
+	memset(o, 0, sizeof *o);
+	o->direct = hpu__out_in_place(path, o->path, sizeof o->path);
+	if (o->direct) {
+		o->fd = open(path, O_WRONLY | O_CLOEXEC);
+		return o->fd < 0 ? -1 : 0;
+	}
+	snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%d", o->path, (int)getpid());
+	/* before the open: a signal as it returns finds the file named */
+	if (guard)
+		outfile_guard(o->tmp);
+	o->fd = open(o->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	o->made = o->fd >= 0; /* else o->tmp is for the message: not ours */
+	if (!o->made && guard)
+		hpu__outfile_unguard();
+	return o->fd < 0 ? -1 : 0;
+}
+
+int hpu__outfile_open(hpu_outfile *o, const char *path, mode_t mode)
+{
+	return outfile_open(o, path, mode, 0);
+}
+
+int hpu__outfile_open_guarded(hpu_outfile *o, const char *path, mode_t mode)
+{
+	return outfile_open(o, path, mode, 1);
+}
+
 void hpu__outfile_unguard(void)
 {
+	int e = errno;
 	for (int i = 0; i < 3; i++)
 		if (OG.installed[i])
 			sigaction(og_sigs[i], &OG.old[i], NULL);
 	memset(OG.installed, 0, sizeof OG.installed);
 	OG.on = 0;
+	errno = e;
 }
 
 FILE *hpu__outfile_stream(hpu_outfile *o)

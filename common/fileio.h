@@ -126,13 +126,14 @@ int hpu__outfile_commit(hpu_outfile *o, const char **step);
  * failed open, and twice. errno stays as it was. */
 void hpu__outfile_abort(hpu_outfile *o);
 
-/* While o is written, SIGTERM, SIGINT and SIGHUP whose action is the
- * default one first remove o's temporary file, then end the process as
- * they would have (a --save-params file of hundreds of MB was left as
- * PATH.tmp.PID). Handlers already set (a checkpoint save's, which names
- * its own files) are left alone. One file at a time; hpu__outfile_unguard
- * puts the actions back. */
-void hpu__outfile_guard(const hpu_outfile *o);
+/* hpu__outfile_open, and from before its temporary file is made until
+ * hpu__outfile_unguard, SIGTERM, SIGINT and SIGHUP whose action is the
+ * default one first remove that file, then end the process as they would
+ * have (a --save-params file of hundreds of MB was left as PATH.tmp.PID;
+ * so was an empty one when the signal came as the open returned).
+ * Handlers already set (a checkpoint save's, which names its own files)
+ * are left alone. One file at a time; a failed open unguards. */
+int hpu__outfile_open_guarded(hpu_outfile *o, const char *path, mode_t mode);
 void hpu__outfile_unguard(void);
 
 /* One sentence into err for o's failed step ("open", or commit's), from

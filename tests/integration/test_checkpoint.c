@@ -19,7 +19,8 @@
  *   `latest` or step directory are refused naming the file; stale
  *   .step-N.partial directories of this uid that no live job holds are
  *   removed at start-up, saying so; SIGTERM to hpulaunch during a save
- *   leaves no partial directory;
+ *   leaves no partial directory, nor does SIGTERM as rank 0's mkdir of
+ *   it returns, nor as --save-params' temporary file is opened;
  * - buffers (the fixture buffer_model: MEAN and BROADCAST buffers updated
  *   by its training forward): 40 steps straight against 20, stop, resume,
  *   20 more: parameters and buffers bit-identical (ddp; zero3 with
@@ -702,6 +703,69 @@ static void test_interrupted_save(void **state)
 	assert_false(left);
 }
 
+/* A run with SIGTERM to the worker that makes `made` as the mkdir or open
+ * of it returns (tests/fixtures/signal_after.c): the job ends naming rank
+ * 0 and its signal. Returns its output (caller frees). */
+static char *signalled_as_made(const char *made, const char *dir, const char *extra)
+{
+	char env1[400], env2[400];
+	snprintf(env1, sizeof env1, "LD_PRELOAD=%s", h_build("lib/signal_after.so"));
+	snprintf(env2, sizeof env2, "HPU_TEST_SIGNAL_AFTER=%s", made);
+	char *env[] = {env1, env2, NULL};
+	run r;
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "5", "--checkpoint-dir", dir,
+	     "--checkpoint-every", "1", NULL);
+	if (extra)
+		args(&r, "--save-params", extra, NULL);
+	args(&r, MODEL, "--", "--hidden", "64", "--depth", "3", NULL);
+	proc p;
+	int code = h_run(&p, (char *const *)r.argv, env, 120000);
+	if (code != 1)
+		fail_msg("exit %d, not 1:\n%s", code, p.out ? p.out : "");
+	if (!strstr(p.out, "rank 0 (node 0") || !strstr(p.out, "killed by signal 15"))
+		fail_msg("the job's end does not name rank 0 and its signal:\n%s", p.out);
+	printf("  SIGTERM to rank 0 as it made %s\n", made);
+	char *out = p.out;
+	p.out = NULL;
+	h_free(&p);
+	return out;
+}
+
+/* The signal at the worst moment: SIGTERM to rank 0 as its mkdir of the
+ * partial returns, before it has noted the directory as its own (a loaded
+ * CI machine once delivered hpulaunch's SIGTERM there and the empty
+ * partial stayed); as --save-params' temporary file is opened, before
+ * the guard that removes it was set. Nothing is left. */
+static void test_signal_as_made(void **state)
+{
+	(void)state;
+	char dir[300], name[300], params[400];
+	snprintf(dir, sizeof dir, "%s/at-mkdir", tmp);
+	char *out = signalled_as_made(".step-00000001.partial", dir, NULL);
+	int left = partial_in(dir, name, sizeof name);
+	if (left)
+		fprintf(stderr, "%s/%s is left; output:\n%s\n", dir, name, out);
+	free(out);
+	assert_false(left);
+
+	snprintf(dir, sizeof dir, "%s/at-open", tmp);
+	snprintf(params, sizeof params, "%s/params.bin", dir);
+	mkdir(dir, 0755);
+	/* the save of step 5 (the last) is before --save-params' file */
+	out = signalled_as_made("params.bin.tmp.", dir, params);
+	char cmd[500];
+	snprintf(cmd, sizeof cmd, "ls -a %s | grep -q 'params.bin'", dir);
+	left = system(cmd) == 0;
+	if (left) {
+		fprintf(stderr, "a file of %s is left; output:\n%s\n", params, out);
+		snprintf(cmd, sizeof cmd, "ls -la %s >&2", dir);
+		(void)system(cmd);
+	}
+	free(out);
+	assert_false(left);
+}
+
 /* A save interrupted (killed) leaves .step-N.partial; the next run with
  * that --checkpoint-dir removes those it owns that no live job holds,
  * saying so, and leaves other names, a held one and (as root) another
@@ -1277,6 +1341,7 @@ int main(void)
 		cmocka_unit_test(test_resume_forged),
 		cmocka_unit_test(test_stale_partials),
 		cmocka_unit_test(test_interrupted_save),
+		cmocka_unit_test(test_signal_as_made),
 		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_latest_unwritable),

@@ -207,11 +207,12 @@ static void exit_seven(int sig)
 	_exit(7);
 }
 
-/* A signal while an outfile is written under hpu__outfile_guard removes
- * its temporary file, then ends the process as it would have (--save-
- * params left PATH.tmp.PID of hundreds of MB); a handler already set is
- * left alone (a checkpoint save's names its own files); unguarded, the
- * actions are the default ones again. */
+/* A signal while an outfile opened by hpu__outfile_open_guarded is
+ * written removes its temporary file, then ends the process as it would
+ * have (--save-params left PATH.tmp.PID of hundreds of MB); a handler
+ * already set is left alone (a checkpoint save's names its own files);
+ * unguarded, or after an open that failed, the actions are the default
+ * ones again. */
 static void test_outfile_guard(void **state)
 {
 	(void)state;
@@ -222,10 +223,9 @@ static void test_outfile_guard(void **state)
 			hpu_outfile o;
 			if (own)
 				signal(SIGTERM, exit_seven);
-			if (hpu__outfile_open(&o, tmp_at("guarded"), 0644) < 0 ||
+			if (hpu__outfile_open_guarded(&o, tmp_at("guarded"), 0644) < 0 ||
 			    hpu__write_all(o.fd, "half", 4) < 0)
 				_exit(3);
-			hpu__outfile_guard(&o);
 			raise(SIGTERM);
 			_exit(4);
 		}
@@ -242,13 +242,17 @@ static void test_outfile_guard(void **state)
 	}
 	/* unguarded: the default action is back */
 	hpu_outfile o;
-	assert_int_equal(hpu__outfile_open(&o, tmp_at("plain"), 0644), 0);
-	hpu__outfile_guard(&o);
+	assert_int_equal(hpu__outfile_open_guarded(&o, tmp_at("plain"), 0644), 0);
 	hpu__outfile_unguard();
 	struct sigaction now;
 	assert_int_equal(sigaction(SIGTERM, NULL, &now), 0);
 	assert_true(now.sa_handler == SIG_DFL);
 	hpu__outfile_abort(&o);
+	assert_int_equal(hpu__outfile_open_guarded(&o, tmp_at("no-such-dir/x"), 0644), -1);
+	assert_int_equal(errno, ENOENT);
+	hpu__outfile_abort(&o);
+	assert_int_equal(sigaction(SIGTERM, NULL, &now), 0);
+	assert_true(now.sa_handler == SIG_DFL);
 }
 
 /* A symbolic link to nothing (as /dev/stdout is with descriptor 1 closed)

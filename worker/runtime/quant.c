@@ -347,10 +347,12 @@ int hpu__quant_save(const hpu_quant *q, hpucoll_comm *comm, const char *model,
 	char *text = cJSON_Print(j);
 	cJSON_Delete(j);
 	hpu_outfile o = {.fd = -1};
-	int bad_write = !text || hpu__outfile_open(&o, q->stats, 0666) < 0 ||
+	/* a signal meanwhile removes the temporary file */
+	int bad_write = !text || hpu__outfile_open_guarded(&o, q->stats, 0666) < 0 ||
 			hpu__write_all(o.fd, text, strlen(text)) < 0 ||
 			hpu__write_all(o.fd, "\n", 1) < 0 || hpu__outfile_commit(&o, NULL) < 0;
 	hpu__outfile_abort(&o); /* errno stays */
+	hpu__outfile_unguard();
 	free(text);
 	if (bad_write) {
 		snprintf(err, errlen, "cannot write the measurement file %s: %s", q->stats,

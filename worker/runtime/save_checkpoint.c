@@ -217,14 +217,21 @@ static int make_partial(const char *root, const char *path, char *msg, size_t ms
 	hpu__ckpt_clean_partials(root, hpu__checkpoint_said_removed, NULL);
 	if (mkdir_p(root, msg, msglen) < 0)
 		return -1;
-	if (mkdir(path, 0755) == 0)
-		G.made = 1; /* ours: a signal from now on removes it */
-	else
+	/* ours before the mkdir: a signal that comes as it returns (before
+	 * the next statement) removes it too. Only this job saves in root
+	 * (rank 0 holds its lock) and this uid's stale partials are gone, so
+	 * a directory of this name the handler finds is this one, or none
+	 * (or another uid's that fails the mkdir, removed only if empty and
+	 * the signal lands in that instant). */
+	G.made = 1;
+	if (mkdir(path, 0755) < 0) {
+		G.made = 0;
 		return say(msg, msglen,
 			   errno == EEXIST ? "cannot make directory %s: it exists, held by a save "
 					     "that still runs or owned by another user"
 					   : "cannot make directory %s: %s",
 			   path, strerror(errno));
+	}
 	if ((G.lock = hpu__ckpt_partial_lock(path)) < 0)
 		return say(msg, msglen, "cannot lock %s: %s", path, strerror(errno));
 	return 0;

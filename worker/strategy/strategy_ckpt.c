@@ -450,7 +450,9 @@ int hpu__strat_save_params(hpu_strat *s, const char *path)
 	FILE *f = NULL;
 	int e = 0;
 	if (s->rank == 0) {
-		if (hpu__outfile_open(&o, path, 0644) < 0 || !(f = hpu__outfile_stream(&o))) {
+		/* a signal from the open on removes the temporary file */
+		if (hpu__outfile_open_guarded(&o, path, 0644) < 0 ||
+		    !(f = hpu__outfile_stream(&o))) {
 			e = errno;
 			char why[1200];
 			if (o.direct && f == NULL && e == ENOENT) /* a link to nothing: named */
@@ -458,9 +460,8 @@ int hpu__strat_save_params(hpu_strat *s, const char *path)
 			else
 				hpu__strat_fail(s, "cannot write %s: %s", o.tmp[0] ? o.tmp : path, strerror(e));
 			hpu__outfile_abort(&o);
+			hpu__outfile_unguard();
 		}
-		if (f) /* a signal meanwhile removes the temporary file */
-			hpu__outfile_guard(&o);
 	}
 	int bad = s->rank == 0 && (!f || hpu__params_write_header(s->b, f, s->o->save_params_format, path) < 0);
 	if (each_full_unit(s, write_unit, bad ? NULL : f, "for --save-params") < 0) {
