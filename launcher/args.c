@@ -171,7 +171,7 @@ out:
 int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		    size_t errlen)
 {
-	sources src = {0, 0};
+	sources src = {0};
 	memset(a, 0, sizeof *a);
 	a->nodes = 1;
 	a->devices = 1;

@@ -25,8 +25,15 @@ enum {
 	SET_DEVICES_TORCH = 1 << 10, /* torchrun's auto: the GPUs where there are some */
 };
 
+/* The settings that several options give (--devices, --nproc-per-node
+ * and --num_gpus; --nodes, --nnodes and --num_nodes; --master-addr,
+ * --master-port and --rdzv-endpoint; ...). */
+enum { A_NODES, A_DEVICES, A_RANK, A_ADDR, A_PORT, A_JOB, A_RESTARTS, A_COUNT };
+
 typedef struct sources {
 	unsigned flag, env;
+	/* the last flag that gave each setting of A_*: its name and value */
+	const char *by[A_COUNT], *as[A_COUNT];
 } sources;
 
 /* hpulaunch's own options; the training options follow them

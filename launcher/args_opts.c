@@ -132,8 +132,8 @@ static int rdzv_endpoint_opt(hpu_launch_args *a, sources *src, const char *v, ch
 
 /* Sets the launcher option p has read (id k, a value option or --quiet);
  * returns 0, or -1 with a sentence in err. */
-int hpu__args_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int k, char *err,
-		  size_t errlen)
+static int set_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int k, char *err,
+		   size_t errlen)
 {
 	static const unsigned sets[] = {SET_NODES, SET_DEVICES, SET_RANK,
 					SET_ADDR, SET_PORT, SET_JOB_ID};
@@ -261,5 +261,78 @@ int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errle
 	}
 	if ((v = hpu__env_str(HPU_ENV_HPU_KEY_FILE)) && *v)
 		a->key_path = v;
+	return 0;
+}
+
+/* The settings of A_* option k gives, as a mask of 1 << A_*. */
+static unsigned settings_of(int k)
+{
+	switch (k) {
+	case O_NODES:
+	case O_NNODES: return 1u << A_NODES;
+	case O_DEVICES:
+	case O_NPROC_PER_NODE: return 1u << A_DEVICES;
+	case O_NODE_RANK: return 1u << A_RANK;
+	case O_MASTER_ADDR: return 1u << A_ADDR;
+	case O_MASTER_PORT: return 1u << A_PORT;
+	case O_RDZV_ENDPOINT: return 1u << A_ADDR | 1u << A_PORT;
+	case O_JOB_ID: return 1u << A_JOB;
+	case O_MAX_RESTARTS: return 1u << A_RESTARTS;
+	}
+	return 0;
+}
+
+/* Setting g as it stands, as text to compare. */
+static void setting_text(const hpu_launch_args *a, const sources *src, int g, char *t, size_t n)
+{
+	unsigned how = src->flag & (SET_DEVICES_AUTO | SET_DEVICES_CORES | SET_DEVICES_GPU |
+				    SET_DEVICES_TORCH);
+	switch (g) {
+	case A_NODES: snprintf(t, n, "%d", a->nodes); break;
+	case A_DEVICES: snprintf(t, n, "%d/%x", a->devices, how); break;
+	case A_RANK: snprintf(t, n, "%d", a->node_rank); break;
+	case A_ADDR: snprintf(t, n, "%s", a->master_addr); break;
+	case A_PORT: snprintf(t, n, "%d", a->master_port); break;
+	case A_JOB: snprintf(t, n, "%s", a->job_id); break;
+	default: snprintf(t, n, "%d", a->max_restarts); break;
+	}
+}
+
+/* Whether a and b are one name, '-' and '_' alike (torchrun's
+ * --nproc_per_node is its --nproc-per-node). */
+static int same_name(const char *a, const char *b)
+{
+	for (; *a && *b; a++, b++)
+		if (*a != *b && !((*a == '-' || *a == '_') && (*b == '-' || *b == '_')))
+			return 0;
+	return *a == *b;
+}
+
+/* Sets option k, refusing two names of one setting with two values
+ * (--devices 2 --nproc-per-node 4 took the last, whichever a wrapper or
+ * the user wrote last); one name given twice takes its last value. */
+int hpu__args_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int k, char *err,
+		  size_t errlen)
+{
+	unsigned gs = settings_of(k);
+	char was[A_COUNT][300], now[300];
+	for (int g = 0; g < A_COUNT; g++)
+		if (gs >> g & 1)
+			setting_text(a, src, g, was[g], sizeof was[g]);
+	if (set_opt(a, src, p, k, err, errlen) < 0)
+		return -1;
+	const char *name = p->spec->name;
+	for (int g = 0; g < A_COUNT; g++) {
+		if (!(gs >> g & 1))
+			continue;
+		setting_text(a, src, g, now, sizeof now);
+		if (src->by[g] && !same_name(src->by[g], name) && strcmp(was[g], now) != 0) {
+			snprintf(err, errlen, "--%s %s and --%s %s give one setting two values: give one",
+				 src->by[g], src->as[g], name, p->val);
+			return -1;
+		}
+		src->by[g] = name;
+		src->as[g] = p->val;
+	}
 	return 0;
 }

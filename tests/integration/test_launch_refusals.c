@@ -497,6 +497,39 @@ static void test_torchrun_alias_errors(void **state)
 	expect_usage_error(s5, NULL, "it does not go with a --node-rank above 0");
 }
 
+/* Two names of one setting with two values are refused naming both (the
+ * last one won, whichever a wrapper or the user wrote last); one value
+ * under two names, or one name twice (its last value), runs. */
+static void test_alias_two_values(void **state)
+{
+	(void)state;
+	static const char *cases[][5] = {
+		{"--devices", "2", "--nproc-per-node", "4", "--devices 2 and --nproc-per-node 4 give one setting two values: give one"},
+		{"--num_gpus", "1", "--devices", "auto", "--num_gpus 1 and --devices auto give one"},
+		{"--nodes", "2", "--nnodes", "1", "--nodes 2 and --nnodes 1 give one"},
+		{"--master-addr", "10.0.0.1", "--rdzv-endpoint", "10.0.0.2:29500", "--master-addr 10.0.0.1 and --rdzv-endpoint 10.0.0.2:29500 give one"},
+		{"--rdzv_endpoint", "127.0.0.1:29500", "--master-port", "29501", "--rdzv_endpoint 127.0.0.1:29500 and --master-port 29501 give one"},
+		{"--job-id", "a", "--rdzv-id", "b", "--job-id a and --rdzv-id b give one"},
+		{"--node-rank", "0", "--node_rank", "0", NULL}, /* one name */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		if (!cases[i][4])
+			continue;
+		char *argv[] = {(char *)LAUNCH, (char *)cases[i][0], (char *)cases[i][1],
+				(char *)cases[i][2], (char *)cases[i][3], (char *)MODEL, NULL};
+		expect_usage_error(argv, NULL, cases[i][4]);
+	}
+	char *same[] = {(char *)LAUNCH, "-q", "--devices", "1", "--nproc_per_node", "1",
+			"--max-restarts", "1", "--max_restarts", "0", "--num_gpus", "1", "--no-eval",
+			"--max-steps", "1", "--log-every", "0", (char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, same, NULL, 120000);
+	if (code != 0)
+		fail_msg("exit %d:\n%s", code, p.out ? p.out : "");
+	assert_non_null(strstr(p.out, "on 1 worker"));
+	h_free(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -514,6 +547,7 @@ int main(void)
 		cmocka_unit_test(test_missing_dataset),
 		cmocka_unit_test(test_worker_knob_values),
 		cmocka_unit_test(test_torchrun_alias_errors),
+		cmocka_unit_test(test_alias_two_values),
 		cmocka_unit_test(test_exec_failure_said),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
