@@ -334,6 +334,8 @@ static const struct hpu__opt opts[] = {
 	OTHER("early-stop", K_STR, early_stop, "METRIC[:min|max],PATIENCE[,MIN_DELTA]: stop when PATIENCE validations in a row did not improve val_loss or val_<metric> by more than MIN_DELTA (0); min unless :max"),
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
 	OTHER_("profile-filename", K_STR, profile_name, LOCAL, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
+	NUM("profile-warmup-steps", K_LONG, profile_warmup, 0, 1e15, "--profile traces nothing during the first N steps of the run (0; Optimum Habana's profiling_warmup_steps)"),
+	NUM("profile-steps", K_LONG, profile_steps, 0, 1e15, "--profile traces N steps after those, with what runs between them (validations, saves), then nothing (0: to the end; Optimum Habana's profiling_steps)"),
 	NUM_("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, LOCAL, "leave the first N steps out of samples/s (1)"),
 	NUM_("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, LOCAL, "warn when a collective waits X seconds, naming the ranks not arrived (30; 0: never)"),
 	NUM_("hang-warning", K_DOUBLE, hang_warning, 0, 1e6, LOCAL, "warn when a step, an evaluation, a checkpoint save or a hook has run X seconds, naming where the rank is: its layer, or the model's own code (600; 0: never)"),

@@ -83,7 +83,7 @@ typedef enum hpu_fp8_algo {
  * the built-in default, the model's declared default (HPU_MODEL's
  * .defaults, hpu__opts_set_model), the --config file, a flag. */
 enum { HPU_FROM_DEFAULT = 0, HPU_FROM_FILE = 1, HPU_FROM_FLAG = 2, HPU_FROM_MODEL = 3 };
-#define HPU_OPTS_MAX 96
+#define HPU_OPTS_MAX 112
 #define HPU_CFG_AUTOS 48
 
 typedef struct hpu_train_opts {
@@ -189,6 +189,8 @@ typedef struct hpu_train_opts {
 	/* Observing a run. */
 	char profile[512];      /* --profile: trace directory, or "" (off) */
 	char profile_name[512]; /* trace file prefix ("perf-logs") */
+	long profile_warmup;    /* steps of the run not traced first (0) */
+	long profile_steps;     /* steps traced after those (0: to the end) */
 	long throughput_warmup; /* steps left out of samples/s (1) */
 	double stall_warning;   /* seconds a collective waits before the
 				 * stall warning (30; 0: never) */

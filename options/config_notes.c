@@ -153,7 +153,10 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 		unread(o, f, prog, (const char *const[]){"save-params-format", NULL},
 		       "without --save-params");
 	if (!o->profile[0])
-		unread(o, f, prog, (const char *const[]){"profile-filename", NULL}, "without --profile");
+		unread(o, f, prog,
+		       (const char *const[]){"profile-filename", "profile-warmup-steps", "profile-steps",
+					     NULL},
+		       "without --profile");
 	if (o->eval_only)
 		unread(o, f, prog,
 		       (const char *const[]){"max-steps", "epochs", "lr", "optimizer", "scheduler",

@@ -291,6 +291,93 @@ static void test_checkpoint_events(void **state)
 	cJSON_Delete(t);
 }
 
+/* The steps of a run's trace, in order, into out (at most n); returns
+ * how many. */
+static int traced_steps(const cJSON *ev, int *out, int n)
+{
+	int k = 0;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, ev)
+	{
+		if (!strcmp(str(e, "name"), "step") && k < n)
+			out[k++] = (int)num(cJSON_GetObjectItemCaseSensitive(e, "args"), "step");
+	}
+	return k;
+}
+
+/* --profile-warmup-steps 2 --profile-steps 3: each rank's trace holds
+ * steps 3 to 5 alone, with their data, layers and the model's ranges,
+ * the validation and the save after step 4 (not those after 2, 6 and 8),
+ * and the cost event; a resumed run counts from its own first step (its
+ * checkpoint's load is before the window). The model's ranges are
+ * matched as before (no "without hpu_profile_start" warning). */
+static void test_step_window(void **state)
+{
+	(void)state;
+	char prof[300], ck[300], path[400];
+	snprintf(prof, sizeof prof, "%s/window", dir);
+	snprintf(ck, sizeof ck, "%s/window-ck", dir);
+	run r;
+	start(&r, 2);
+	args(&r, "--profile", prof, "--profile-warmup-steps", "2", "--profile-steps", "3",
+	     "--max-steps", "8", "--batch-size", "64", "--eval-every", "2", "--checkpoint-dir", ck,
+	     "--checkpoint-every", "2", NULL);
+	char *out = finish_with(&r, 0, FAULT_MODEL, NULL);
+	assert_null(strstr(out, "without hpu_profile_start"));
+	free(out);
+	for (int rank = 0; rank < 2; rank++) {
+		snprintf(path, sizeof path, "%s/perf-logs-rank%d.json", prof, rank);
+		cJSON *t = parse_file(path);
+		assert_non_null(t);
+		const cJSON *ev = events_of(t);
+		int st[16];
+		assert_int_equal(traced_steps(ev, st, 16), 3);
+		assert_int_equal(st[0], 3);
+		assert_int_equal(st[2], 5);
+		assert_int_equal(count_named(ev, "forward", "forward"), 3);
+		assert_int_equal(count_named(ev, "loss", "user"), 3);
+		assert_int_equal(inside_steps(ev), 3 * (3 + 7 + 6 + 1));
+		assert_int_equal(count_named(ev, "checkpoint_save", "checkpoint"), 1);
+		/* the validation after step 4: between steps 3 and 5, and some */
+		double lo = -1, hi = -1;
+		int evals = 0;
+		const cJSON *e;
+		cJSON_ArrayForEach(e, ev)
+		{
+			if (!strcmp(str(e, "name"), "step") && lo < 0)
+				lo = num(e, "ts");
+			if (!strcmp(str(e, "name"), "step"))
+				hi = num(e, "ts");
+		}
+		cJSON_ArrayForEach(e, ev)
+		{
+			if (strcmp(str(e, "cat"), "eval") != 0)
+				continue;
+			evals++;
+			assert_true(num(e, "ts") > lo && num(e, "ts") < hi);
+		}
+		assert_true(evals > 0);
+		assert_int_equal(count_named(ev, "profiler", "profiler"), 1);
+		assert_int_equal(count_named(ev, "barrier", "collective"), 0);
+		cJSON_Delete(t);
+	}
+	start(&r, 2);
+	args(&r, "--profile", prof, "--profile-filename", "resumed", "--profile-warmup-steps", "1",
+	     "--max-steps", "12", "--batch-size", "64", "--checkpoint-dir", ck, "--resume", "auto",
+	     NULL);
+	free(finish_with(&r, 0, FAULT_MODEL, NULL));
+	snprintf(path, sizeof path, "%s/resumed-rank0.json", prof);
+	cJSON *t = parse_file(path);
+	assert_non_null(t);
+	int st[16];
+	assert_int_equal(traced_steps(events_of(t), st, 16), 3);
+	assert_int_equal(st[0], 10);
+	assert_int_equal(st[2], 12);
+	assert_int_equal(count_named(events_of(t), "checkpoint_load", "checkpoint"), 0);
+	assert_int_equal(count_named(events_of(t), "checkpoint_save", "checkpoint"), 1);
+	cJSON_Delete(t);
+}
+
 /* kill -9 a worker mid-run: every trace in the directory still parses as
  * JSON and holds the steps done before the kill. */
 static void test_killed_worker(void **state)
@@ -704,6 +791,7 @@ int main(void)
 		cmocka_unit_test(test_traces),
 		cmocka_unit_test(test_zero3_events),
 		cmocka_unit_test(test_checkpoint_events),
+		cmocka_unit_test(test_step_window),
 		cmocka_unit_test(test_killed_worker),
 		cmocka_unit_test(test_bad_profile_dir),
 		cmocka_unit_test(test_disk_full),

@@ -36,11 +36,19 @@ static struct {
 	size_t len, cap;
 	long events;  /* written or buffered: the first has no comma */
 	int failed;   /* a write failed: profiling stopped, said once */
+	int paused;   /* outside --profile-warmup-steps/--profile-steps' window */
 	/* What profiling cost this process: time inside the recording and
 	 * flushing calls (written at close as the "profiler" instant event). */
 	int64_t record_ns, flush_ns;
 	long flushes;
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
+
+/* Whether a trace is open (recording or paused): the model's ranges are
+ * kept while paused too, so that a stop matches its start. */
+static int trace_open(void)
+{
+	return P.fd >= 0 && !P.failed;
+}
 
 /* The calling thread's row; 0: not named yet (then the collectives' row:
  * the only unnamed thread that records is the progress thread). */
@@ -230,6 +238,7 @@ int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen)
 	P.end = (off_t)hn;
 	P.events = 0;
 	P.failed = 0;
+	P.paused = 0;
 	char pname[64];
 	snprintf(pname, sizeof pname, "rank %d", c->rank);
 	meta(0, "process_name", pname);
@@ -242,6 +251,14 @@ int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen)
 	flush_locked();
 	pthread_mutex_unlock(&P.mu);
 	return 0;
+}
+
+void hpu__prof_pause(int paused)
+{
+	pthread_mutex_lock(&P.mu);
+	P.paused = paused;
+	hpu__prof_enabled = P.fd >= 0 && !P.failed && !paused;
+	pthread_mutex_unlock(&P.mu);
 }
 
 void hpu__prof_thread(int tid)
@@ -305,7 +322,7 @@ static void span_v(int tid, const char *cat, const char *name, const char *sub, 
 void hpu__prof_span(const char *cat, const char *name, const char *sub, int64_t t0,
 		    const char *args, ...)
 {
-	if (!hpu__prof_enabled)
+	if (!hpu__prof_enabled || t0 == 0) /* 0: begun while paused */
 		return;
 	hpu__prof_sync();
 	va_list ap;
@@ -355,7 +372,7 @@ void hpu__prof_collective(void *arg, const hpucoll_event *ev)
 
 void hpu__prof_flush(void)
 {
-	if (!hpu__prof_enabled)
+	if (!trace_open()) /* paused too: what the window recorded */
 		return;
 	int64_t t0 = hpu__prof_now();
 	pthread_mutex_lock(&P.mu);
@@ -391,7 +408,7 @@ void hpu__prof_close(void)
 		hpu__prof_span("user", open_ranges[nopen].name, NULL, open_ranges[nopen].t0,
 			       "\"unclosed\":1");
 	}
-	if (hpu__prof_enabled)
+	if (!P.failed)
 		cost_event();
 	pthread_mutex_lock(&P.mu);
 	flush_locked();
@@ -408,7 +425,7 @@ void hpu__prof_close(void)
 
 void hpu_profile_start(const char *action)
 {
-	if (!hpu__prof_enabled || !action)
+	if (!trace_open() || !action)
 		return;
 	if (nopen == MAX_OPEN) {
 		static atomic_int said;
@@ -418,12 +435,12 @@ void hpu_profile_start(const char *action)
 		return;
 	}
 	snprintf(open_ranges[nopen].name, sizeof open_ranges[nopen].name, "%s", action);
-	open_ranges[nopen++].t0 = hpu__prof_now();
+	open_ranges[nopen++].t0 = hpu__prof_enabled ? hpu__prof_now() : 0; /* 0: not recorded */
 }
 
 void hpu_profile_stop(const char *action)
 {
-	if (!hpu__prof_enabled || !action)
+	if (!trace_open() || !action)
 		return;
 	for (int i = nopen - 1; i >= 0; i--) {
 		if (strncmp(open_ranges[i].name, action, sizeof open_ranges[i].name - 1) != 0)

@@ -73,6 +73,11 @@ static inline int64_t hpu__prof_t0(void)
  * the main thread. Returns 0, or -1 with a sentence in err. */
 int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen);
 
+/* Stops (paused) or resumes recording, the trace staying open: steps
+ * outside --profile-warmup-steps and --profile-steps' window. A range
+ * begun while paused is not recorded when it ends. */
+void hpu__prof_pause(int paused);
+
 /* Puts the calling thread's events on row `tid` (HPU_PROF_LOADER). Other
  * threads that record ranges (a model's own) get rows of their own, 4
  * and up; a thread that runs collectives without recording anything else

@@ -182,6 +182,15 @@ static int epoch_validates(double f, int e, size_t s, size_t per_epoch)
 	       floor((double)(s + 1) / part + 1e-9) > floor((double)s / part + 1e-9);
 }
 
+/* --profile records the run's steps k (from 0) in --profile-warmup-steps'
+ * and --profile-steps' window, with what runs after each of them. */
+static void profile_window(const hpu_train_opts *o, long k)
+{
+	if (o->profile[0] && (o->profile_warmup > 0 || o->profile_steps > 0))
+		hpu__prof_pause(k < o->profile_warmup ||
+				(o->profile_steps > 0 && k >= o->profile_warmup + o->profile_steps));
+}
+
 /* Trains from L->pos to step `total`: checkpoints every
  * --checkpoint-every steps and at the end; stops early at --stop-at-step. */
 static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, float *loss_out,
@@ -194,6 +203,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 	int e = L->pos.epoch;
 	hpu_rate R;
 	hpu__rate_start(&R, o->throughput_warmup, step, now_s());
+	long first = step; /* this run's first step, for --profile's window */
 	for (; e < L->epochs && step < total; e++) {
 		/* The loader is idle here: the permutation may change. */
 		hpu__sampler_permute(L->perm, L->ntrain, L->pos.seed, (uint64_t)e);
@@ -205,6 +215,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		hpu__loop_prefetch(L, s0, 0);
 		for (size_t s = s0; s < end; s++) {
 			double lr = hpu__sched_lr(&L->pos.sched, step);
+			profile_window(o, step - first);
 			int64_t ts = hpu__prof_t0();
 			L->epoch = e;
 			uint64_t h2d0, d2h0;
@@ -313,13 +324,24 @@ static int observe_setup(loop *L)
 	hpu__prof_set_sync(sync ? device_sync : NULL);
 	if (hpu__prof_open(&c, L->err, L->errlen) < 0)
 		return -1;
+	/* before the window: nothing from here (the first barrier, a
+	 * checkpoint's load) */
+	profile_window(o, 0);
 	hpucoll_comm_set_trace(L->comm, hpu__prof_collective, NULL);
 	int rc = hpucoll_barrier(L->comm);
 	if (rc)
 		return hpu__loop_coll_fail(L, "the profiler's first barrier", rc);
-	if (L->rank == 0)
+	if (L->rank == 0 && (o->profile_warmup > 0 || o->profile_steps > 0)) {
+		char last[40] = "the end";
+		if (o->profile_steps > 0)
+			snprintf(last, sizeof last, "%ld", o->profile_warmup + o->profile_steps);
+		printf("profiling: a Chrome trace per rank in %s/%s-rank<R>.json (hpu-trace merges "
+		       "them), of this run's steps %ld to %s\n",
+		       o->profile, name, o->profile_warmup + 1, last);
+	} else if (L->rank == 0) {
 		printf("profiling: a Chrome trace per rank in %s/%s-rank<R>.json (hpu-trace merges them)\n",
 		       o->profile, name);
+	}
 	return 0;
 }
 
