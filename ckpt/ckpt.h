@@ -249,6 +249,12 @@ int hpu__ckpt_root_lock(const char *root, char *err, size_t errlen);
  * that a signal while pruning leaves none of it. */
 void hpu__ckpt_discard_finish(void);
 
+/* For a signal handler (async-signal-safe): where a hpu__ckpt_publish of
+ * this process has renamed the new checkpoint into place, points
+ * `latest` at it and returns 1 (the partial's name is no longer the
+ * save's: the caller leaves it, for the next start to remove); else 0. */
+int hpu__ckpt_publish_finish(void);
+
 /* Locks partial directory path (flock, exclusive, not waiting) for as
  * long as the returned descriptor is open: a saver holds it while it
  * writes, so that nobody takes its partial for a stale one. -1 with errno

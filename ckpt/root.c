@@ -100,6 +100,39 @@ void hpu__ckpt_discard_finish(void)
 	rmdir(dir);
 }
 
+/* A publish under way (hpu__ckpt_publish), for hpu__ckpt_publish_finish:
+ * the new checkpoint's directory (its device and inode) and `latest`'s
+ * path, temporary name and line, set before the rename and cleared once
+ * `latest` names it. */
+static struct {
+	char to[4200], latest[4200], tmp[4300], root[4200], line[300];
+	size_t n;
+	dev_t dev;
+	ino_t ino;
+} pub;
+static volatile sig_atomic_t publishing;
+
+int hpu__ckpt_publish_finish(void)
+{
+	struct stat st;
+	if (!publishing || stat(pub.to, &st) != 0 || st.st_dev != pub.dev || st.st_ino != pub.ino)
+		return 0; /* not renamed yet: the caller removes the partial */
+	/* open, write, fsync, rename: all safe in a handler */
+	int fd = open(pub.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int ok = fd >= 0 && write(fd, pub.line, pub.n) == (ssize_t)pub.n && fsync(fd) == 0;
+	if (fd >= 0)
+		close(fd);
+	if (!ok || rename(pub.tmp, pub.latest) != 0) {
+		unlink(pub.tmp);
+		return 1;
+	}
+	if ((fd = open(pub.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+		(void)fsync(fd);
+		close(fd);
+	}
+	return 1;
+}
+
 static void name_discarding(const char *dir)
 {
 	snprintf(discarding, sizeof discarding, "%s", dir);
@@ -406,19 +439,35 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 	 * the partial's name once it is; a filesystem without the swap
 	 * removes it first, as before */
 	struct stat sb;
+	snprintf(lpath, sizeof lpath, "%s/%s", root, HPU_CKPT_LATEST);
+	int n = snprintf(line, sizeof line, "%s\n", name);
+	/* from here a signal that finds the new one renamed finishes the
+	 * publish (it was left as a step past `latest`, which a resume
+	 * passes over as an abandoned run's, and latest.tmp.PID) */
+	if (stat(from, &sb) == 0) {
+		snprintf(pub.to, sizeof pub.to, "%s", to);
+		snprintf(pub.latest, sizeof pub.latest, "%s", lpath);
+		snprintf(pub.tmp, sizeof pub.tmp, "%s.tmp.%d", lpath, (int)getpid());
+		snprintf(pub.root, sizeof pub.root, "%s", root);
+		memcpy(pub.line, line, (size_t)n);
+		pub.n = (size_t)n;
+		pub.dev = sb.st_dev;
+		pub.ino = sb.st_ino;
+		publishing = 1;
+	}
 	int had = lstat(to, &sb) == 0, swapped = 0;
 	if (had) {
 		swapped = renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE) == 0;
 		if (!swapped)
 			hpu__ckpt_discard(root, name);
 	}
-	if (!swapped && rename(from, to) < 0)
+	if (!swapped && rename(from, to) < 0) {
+		publishing = 0;
 		return say(err, errlen, "cannot rename %s to %s: %s", from, to, strerror(errno));
-	if (hpu__fsync_dir(root, err, errlen) < 0)
-		return -1;
-	snprintf(lpath, sizeof lpath, "%s/%s", root, HPU_CKPT_LATEST);
-	int n = snprintf(line, sizeof line, "%s\n", name);
-	if (hpu__write_atomic(lpath, line, (size_t)n, err, errlen) < 0) {
+	}
+	if (hpu__fsync_dir(root, err, errlen) < 0 ||
+	    hpu__write_atomic(lpath, line, (size_t)n, err, errlen) < 0) {
+		publishing = 0;
 		/* not named by `latest`, a resume would pass it over as an
 		 * abandoned run's step past it (and the run resumed would
 		 * replace it): taken back to its partial name, for the caller
@@ -431,7 +480,9 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 			(void)hpu__fsync_dir(root, NULL, 0);
 		return -1;
 	}
-	if (hpu__fsync_dir(root, err, errlen) < 0)
+	int synced = hpu__fsync_dir(root, err, errlen);
+	publishing = 0;
+	if (synced < 0)
 		return -1;
 	if (swapped) { /* the old one, now under the partial's name: named
 			* .step-N.old.partial while removed, as a replaced

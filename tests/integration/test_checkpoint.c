@@ -706,12 +706,13 @@ static void test_interrupted_save(void **state)
 /* A run with SIGTERM to the worker that makes `made` as the mkdir or open
  * of it returns (tests/fixtures/signal_after.c): the job ends naming rank
  * 0 and its signal. Returns its output (caller frees). */
-static char *signalled_as_made(const char *made, const char *dir, const char *extra)
+static char *signalled_as_made(const char *made, int nth, const char *dir, const char *extra)
 {
-	char env1[400], env2[400];
+	char env1[400], env2[400], env3[64];
 	snprintf(env1, sizeof env1, "LD_PRELOAD=%s", h_build("lib/signal_after.so"));
 	snprintf(env2, sizeof env2, "HPU_TEST_SIGNAL_AFTER=%s", made);
-	char *env[] = {env1, env2, NULL};
+	snprintf(env3, sizeof env3, "HPU_TEST_SIGNAL_NTH=%d", nth);
+	char *env[] = {env1, env2, env3, NULL};
 	run r;
 	start(&r, 2);
 	args(&r, "--batch-size", "64", "--max-steps", "5", "--checkpoint-dir", dir,
@@ -736,13 +737,16 @@ static char *signalled_as_made(const char *made, const char *dir, const char *ex
  * partial returns, before it has noted the directory as its own (a loaded
  * CI machine once delivered hpulaunch's SIGTERM there and the empty
  * partial stayed); as --save-params' temporary file is opened, before
- * the guard that removes it was set. Nothing is left. */
+ * the guard that removes it was set. Nothing is left. As the second
+ * save's `latest` is written, after its step-2 is in place: `latest`
+ * names step 2 and no latest.tmp.PID is left (`latest` named step 1,
+ * and a resume took step 2 for an abandoned run's step past it). */
 static void test_signal_as_made(void **state)
 {
 	(void)state;
 	char dir[300], name[300], params[400];
 	snprintf(dir, sizeof dir, "%s/at-mkdir", tmp);
-	char *out = signalled_as_made(".step-00000001.partial", dir, NULL);
+	char *out = signalled_as_made(".step-00000001.partial", 1, dir, NULL);
 	int left = partial_in(dir, name, sizeof name);
 	if (left)
 		fprintf(stderr, "%s/%s is left; output:\n%s\n", dir, name, out);
@@ -753,7 +757,7 @@ static void test_signal_as_made(void **state)
 	snprintf(params, sizeof params, "%s/params.bin", dir);
 	mkdir(dir, 0755);
 	/* the save of step 5 (the last) is before --save-params' file */
-	out = signalled_as_made("params.bin.tmp.", dir, params);
+	out = signalled_as_made("params.bin.tmp.", 1, dir, params);
 	char cmd[500];
 	snprintf(cmd, sizeof cmd, "ls -a %s | grep -q 'params.bin'", dir);
 	left = system(cmd) == 0;
@@ -764,6 +768,24 @@ static void test_signal_as_made(void **state)
 	}
 	free(out);
 	assert_false(left);
+
+	snprintf(dir, sizeof dir, "%s/at-latest", tmp);
+	free(signalled_as_made("latest.tmp.", 2, dir, NULL));
+	char latest[400];
+	snprintf(latest, sizeof latest, "%s/latest", dir);
+	char *l = h_slurp(latest);
+	assert_non_null(l);
+	assert_string_equal(l, "step-00000002\n");
+	free(l);
+	snprintf(cmd, sizeof cmd, "ls -a %s | grep -q 'latest.tmp'", dir);
+	assert_int_not_equal(system(cmd), 0);
+	run r;
+	start(&r, 2);
+	args(&r, "--batch-size", "64", "--max-steps", "5", "--checkpoint-dir", dir, "--resume",
+	     "auto", NULL);
+	out = finish(&r, 0, "--hidden 64 --depth 3");
+	assert_non_null(strstr(out, "at step 2 (epoch"));
+	free(out);
 }
 
 /* A save interrupted (killed) leaves .step-N.partial; the next run with

@@ -6,10 +6,12 @@
 #include "worker/runtime/save_resume_impl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -103,8 +105,10 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
  * nanosleep, which are async-signal-safe): this rank's files in the
  * partial directory, and on rank 0 the directory once the other ranks
  * have removed theirs (waiting up to 1.8 s; a rank slower than that
- * removes it, empty, itself). What a SIGKILL leaves, the next
- * save or start-up removes (hpu__ckpt_clean_partials). */
+ * removes it, empty, itself). Once rank 0 has renamed the partial into
+ * place, the save is finished instead: `latest` made to name it
+ * (hpu__ckpt_publish_finish). What a SIGKILL leaves, the next save or
+ * start-up removes (hpu__ckpt_clean_partials). */
 static struct {
 	char files[6][1300];
 	int nfiles;
@@ -118,6 +122,28 @@ static struct {
 
 static const int guarded[3] = {SIGTERM, SIGINT, SIGHUP};
 
+/* dir removed where it is empty once rank 0 no longer holds its lock,
+ * waiting up to 0.2 s for rank 0 to die of the same signal: a rank
+ * signalled alone, rank 0 alive, removed rank 0's directory under its
+ * save, whose error then blamed the directory (rank 0 removes it as
+ * the save fails); flock is a system call, safe here */
+static void rmdir_unheld(const char *dir)
+{
+	struct timespec ts = {0, 20 * 1000 * 1000};
+	for (int k = 0; k < 10; k++) {
+		int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			return; /* gone: rank 0 removed it */
+		int free = flock(fd, LOCK_EX | LOCK_NB) == 0;
+		if (free)
+			rmdir(dir);
+		close(fd);
+		if (free)
+			return;
+		nanosleep(&ts, NULL);
+	}
+}
+
 static void on_stop(int sig)
 {
 	int e = errno;
@@ -127,7 +153,11 @@ static void on_stop(int sig)
 	/* rank 0 waits for the other ranks' files up to 1.8 s: nearly the
 	 * launcher's 2 s of grace before SIGKILL (a rank descheduled on a
 	 * loaded node may take over a second to run its handler) */
-	for (int k = 0; k < 90; k++) {
+	/* rank 0 past the rename of its publish: `latest` finished, the
+	 * partial's name (nothing, or the checkpoint of this step it
+	 * replaced) left for the next start */
+	int published = G.made && hpu__ckpt_publish_finish();
+	for (int k = 0; k < 90 && !published; k++) {
 		for (int i = 0; i < G.nfiles; i++)
 			unlink(G.files[i]);
 		if (!G.made || rmdir(G.dir) == 0 || errno != ENOTEMPTY)
@@ -138,7 +168,7 @@ static void on_stop(int sig)
 	 * loaded node) left the directory empty: the last one out removes
 	 * it (an rmdir that fails while any file is there) */
 	if (!G.made && G.dir[0] && G.other)
-		rmdir(G.dir);
+		rmdir_unheld(G.dir);
 	/* rank 0 past the publish, pruning an old checkpoint (--keep): its
 	 * rest goes too (it was left as a .step-M.partial of some shards) */
 	hpu__ckpt_discard_finish();
