@@ -203,12 +203,16 @@ static void child_exec(const hpu_agent *a, const worker *w, int out, int err,
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(127);
+	/* the parent's handlers (hpulaunch's, hpud's) are copies here: the
+	 * default actions first, then the signals let in, so that a SIGTERM
+	 * that came since the fork (held off there) stops this child rather
+	 * than a handler that swallows it */
+	static const int reset[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD};
+	for (size_t i = 0; i < sizeof reset / sizeof reset[0]; i++)
+		signal(reset[i], SIG_DFL);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	signal(SIGINT, SIG_DFL);
-	signal(SIGTERM, SIG_DFL);
-	signal(SIGPIPE, SIG_DFL);
 	int devnull = open("/dev/null", O_RDONLY);
 	if (devnull >= 0)
 		dup2(devnull, 0);
@@ -322,9 +326,15 @@ int hpu__agent_spawn(hpu_agent *a, worker *w, char *err, size_t errlen)
 		close_pipes(pp, 3);
 		return -1;
 	}
+	/* every signal held off across the fork: the child takes them once
+	 * its actions are the default ones */
+	sigset_t all, was;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &was);
 	pid_t parent = getpid(), pid = fork();
 	if (pid == 0)
 		child_exec(a, w, po[1], pe[1], ps[1], env, parent);
+	pthread_sigmask(SIG_SETMASK, &was, NULL);
 	free_env(env);
 	close(po[1]);
 	close(pe[1]);

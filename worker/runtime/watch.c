@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/thread.h"
+
 static struct {
 	pthread_t thread;
 	pthread_mutex_t mu;
@@ -142,7 +144,9 @@ int hpu__watch_start(double secs, int rank, const hpu_builder *b)
 	pthread_cond_destroy(&W.cv);
 	pthread_cond_init(&W.cv, &ca);
 	pthread_condattr_destroy(&ca);
-	int rc = pthread_create(&W.thread, NULL, watch_main, NULL);
+	/* the stop signals held off in it: they reach the main thread, whose
+	 * handlers clean up after the code they interrupt (a save's) */
+	int rc = hpu__thread_start(&W.thread, watch_main, NULL);
 	if (rc) {
 		fprintf(stderr, "hpu-worker: rank %d: warning: --hang-warning is off: no thread: %s\n",
 			rank, strerror(rc));
