@@ -20,7 +20,9 @@
  *   .step-N.partial directories of this uid that no live job holds are
  *   removed at start-up, saying so; SIGTERM to hpulaunch during a save
  *   leaves no partial directory, nor does SIGTERM as rank 0's mkdir of
- *   it returns, nor as --save-params' temporary file is opened;
+ *   it returns, nor as --save-params' temporary file is opened; SIGTERM
+ *   as `latest` is written finishes the save; a worker's helper threads
+ *   hold the stop signals off (its main thread's handler cleans up);
  * - buffers (the fixture buffer_model: MEAN and BROADCAST buffers updated
  *   by its training forward): 40 steps straight against 20, stop, resume,
  *   20 more: parameters and buffers bit-identical (ddp; zero3 with
@@ -788,6 +790,69 @@ static void test_signal_as_made(void **state)
 	free(out);
 }
 
+/* SigBlk of /proc/pid/task/tid/status, or -1. */
+static long long blocked_of(pid_t pid, const char *tid)
+{
+	char path[400], line[256];
+	snprintf(path, sizeof path, "/proc/%d/task/%.256s/status", (int)pid, tid);
+	FILE *f = fopen(path, "r"); /* a /proc file's size is 0: read by line */
+	long long v = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (!strncmp(line, "SigBlk:", 7))
+			v = strtoll(line + 7, NULL, 16);
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/* A save's signal handler cleans up after the code it interrupts, in the
+ * thread that runs it: in a running worker every thread but the main one
+ * holds SIGTERM, SIGINT and SIGHUP off (the --hang-warning thread did
+ * not, and a signal the kernel gave it ran the handler beside the save),
+ * and the main thread takes them. */
+static void test_threads_hold_stop_signals(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 1);
+	args(&r, "--batch-size", "64", "--max-steps", "100000", "--log-every", "1", MODEL, NULL);
+	proc p;
+	assert_int_equal(h_start(&p, (char *const *)r.argv, NULL), 0);
+	if (h_wait_for(&p, " step 3/", 120000) < 0) {
+		fprintf(stderr, "no step 3:\n%s\n", p.out);
+		h_kill(&p);
+		fail();
+	}
+	pid_t kids[4];
+	assert_int_equal(h_children(p.pid, kids, 4), 1);
+	const long long stop = 1LL << (SIGTERM - 1) | 1LL << (SIGINT - 1) | 1LL << (SIGHUP - 1);
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/task", (int)kids[0]);
+	DIR *d = opendir(path);
+	assert_non_null(d);
+	struct dirent *e;
+	int threads = 0, bad = 0;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		long long m = blocked_of(kids[0], e->d_name);
+		if (m < 0)
+			continue; /* ended meanwhile */
+		int main_thread = atoi(e->d_name) == (int)kids[0];
+		threads++;
+		if (main_thread ? (m & stop) != 0 : (m & stop) != stop) {
+			fprintf(stderr, "thread %s of worker %d: SigBlk %llx\n", e->d_name,
+				(int)kids[0], m);
+			bad++;
+		}
+	}
+	closedir(d);
+	h_kill(&p);
+	printf("  %d threads of the worker: the stop signals reach the main one only\n", threads);
+	assert_true(threads >= 3); /* main, the collectives', the data loader's at least */
+	assert_int_equal(bad, 0);
+}
+
 /* A save interrupted (killed) leaves .step-N.partial; the next run with
  * that --checkpoint-dir removes those it owns that no live job holds,
  * saying so, and leaves other names, a held one and (as root) another
@@ -1364,6 +1429,7 @@ int main(void)
 		cmocka_unit_test(test_stale_partials),
 		cmocka_unit_test(test_interrupted_save),
 		cmocka_unit_test(test_signal_as_made),
+		cmocka_unit_test(test_threads_hold_stop_signals),
 		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_latest_unwritable),
