@@ -122,16 +122,26 @@ static char *run(const char *mode, const char *transport, int api)
 	return out;
 }
 
-/* Rank 2, which came late to everything, never waited that long. */
+/* Rank 2, which came late to everything from collective #2 on, never
+ * waited that long there (collective #1, before the sleep, may wait for
+ * a rank descheduled on a loaded machine: not counted). */
 static int quiet(const char *out, int r)
 {
-	char prefix[64], line[1024];
+	char prefix[64];
+	int ok = 1;
 
 	snprintf(prefix, sizeof prefix, "[rank %d] hpucoll: ", r);
-	if (lines_with(out, prefix, line, sizeof line) == 0)
-		return 1;
-	fprintf(stderr, "rank %d warned: %s\n", r, line);
-	return 0;
+	for (const char *p = out; (p = strstr(p, prefix)) != NULL; p += strlen(prefix)) {
+		if (p != out && p[-1] != '\n')
+			continue;
+		int len = (int)strcspn(p, "\n");
+		const char *one = strstr(p, "(collective #1)");
+		if (one && one < p + len)
+			continue;
+		fprintf(stderr, "rank %d warned: %.*s\n", r, len, p);
+		ok = 0;
+	}
+	return ok;
 }
 
 static void late(const char *transport, int api)
@@ -155,10 +165,15 @@ static void behind(const char *transport, int api)
 	char *out = run("behind", transport, api);
 	int ok = 1;
 
+	/* rank 3 answers the probe within its reply window, saying where
+	 * it waits; on a loaded machine it may answer too late: no answer */
 	for (int r = 0; r < 2; r++)
 		ok &= warned(out, r, "all_reduce (collective #3) has waited ",
 		             "arrived: ranks 0, 1; not arrived: rank 2 (no "
-		             "answer), rank 3 (at collective #2 broadcast)");
+		             "answer), rank 3 (at collective #2 broadcast)") ||
+		      warned(out, r, "all_reduce (collective #3) has waited ",
+		             "arrived: ranks 0, 1; not arrived: rank 2 (no "
+		             "answer), rank 3 (no answer)");
 	ok &= warned(out, 3, "broadcast (collective #2) has waited ",
 	             "arrived: ranks 0, 1, 3; not arrived: rank 2 (no answer)");
 	ok &= quiet(out, 2);

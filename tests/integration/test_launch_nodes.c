@@ -50,7 +50,9 @@ static void start_mlp_pair(proc *n0, proc *n1, const char *const *opts, const ch
 }
 
 /* A worker with the wrong job token is refused by the coordinator; a rank
- * that never joins ends the job with an error naming it. */
+ * that never joins ends the job with an error naming it. (The join
+ * timeout leaves the impostor's start-up room on a loaded machine: it
+ * must reach the coordinator before it gives up.) */
 static void test_wrong_token_and_missing_rank(void **state)
 {
 	(void)state;
@@ -59,7 +61,7 @@ static void test_wrong_token_and_missing_rank(void **state)
 	snprintf(master_port, sizeof master_port, "MASTER_PORT=%s", port);
 	char *env0[] = {"HPU_JOB_TOKEN=the-right-secret", NULL};
 	char *argv0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
-			 "--master-port", port, "--join-timeout", "4", (char *)MODEL,
+			 "--master-port", port, "--join-timeout", "12", (char *)MODEL,
 			 "--", "--hidden", "64", NULL};
 	proc coord;
 	assert_int_equal(h_start(&coord, argv0, env0), 0);
@@ -82,7 +84,7 @@ static void test_wrong_token_and_missing_rank(void **state)
 	assert_int_equal(exited, 0);
 	assert_int_equal(h_code(&coord), 1);
 	assert_non_null(strstr(coord.out, "refused a join from rank 1"));
-	assert_non_null(strstr(coord.out, "rank 1 did not join within 4 s"));
+	assert_non_null(strstr(coord.out, "rank 1 did not join within 12 s"));
 	assert_non_null(strstr(coord.out, "no hpulaunch connected for node 1"));
 	h_free(&coord);
 }

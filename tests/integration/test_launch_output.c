@@ -88,15 +88,17 @@ static void test_interrupt_while_output_waits(void **state)
 		_exit(127);
 	}
 	close(fds[1]);
-	/* the job's lines fill the pipe: hpulaunch waits to write (the
-	 * bytes queued stop growing for a second) */
+	/* the job's lines fill the pipe: hpulaunch waits to write (the job
+	 * has started, its pid written, and the bytes queued stop growing for
+	 * a second; hpulaunch's own first line before a slow start is not
+	 * that) */
 	int full = 0, last = -1, same = 0;
 	for (int i = 0; i < 600 && !full; i++) {
 		int queued = 0;
 		usleep(100 * 1000);
 		if (ioctl(fds[0], FIONREAD, &queued) != 0)
 			break;
-		same = queued > 0 && queued == last ? same + 1 : 0;
+		same = queued > 0 && queued == last && access(pidfile, F_OK) == 0 ? same + 1 : 0;
 		last = queued;
 		full = same >= 10;
 	}

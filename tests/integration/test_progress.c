@@ -362,7 +362,7 @@ static void test_malformed_records(void **state)
 		 "echo \"status on fd $HPU_STATUS_FD\"\n"
 		 "s=$HPU_STATUS_FD\n"
 		 "echo 'S1 3 9 1 2 0.125 10.5 60 1048576 2097152 4194304 0' >&$s\n"
-		 "sleep 0.4\n"
+		 "sleep 1.5\n" /* step 3's frame drawn, even on a loaded machine */
 		 "echo 'not a record' >&$s\n"
 		 "echo 'S1 5 9 1 2 0.99 10.5 40 1 2 3 0 junk' >&$s\n"
 		 "echo 'S1 6 9 1 2' >&$s\n"

@@ -752,7 +752,8 @@ static void test_progress_thread_refused(void **state)
 /* ---- dead and stalled peers ---- */
 
 /* The last rank dies after a barrier; the others' next all_reduce fails
- * within a few seconds, naming it, though the timeout is 30 s. */
+ * naming it as dead (HPUCOLL_EPEER: found by the liveness check, not by
+ * the 30 s timeout's HPUCOLL_ETIMEDOUT). */
 static int dead_peer(hpucoll_comm *c, struct shared *sh,
 		     const struct world *w)
 {
@@ -775,7 +776,7 @@ static int dead_peer(hpucoll_comm *c, struct shared *sh,
 	rc = hpucoll_all_reduce(c, buf, buf, n, HPUCOLL_F32, HPUCOLL_SUM);
 	free(buf);
 	snprintf(name, sizeof(name), "rank %d", dead);
-	if (rc == HPUCOLL_OK || ct_now_ms() - t0 > 10000 ||
+	if (rc == HPUCOLL_OK || rc == HPUCOLL_ETIMEDOUT ||
 	    strstr(hpucoll_comm_errmsg(c), name) == NULL) {
 		fprintf(stderr, "rank %d: after %d ms: %s %s\n", me,
 			(int)(ct_now_ms() - t0), hpucoll_strerror(rc),
@@ -1231,7 +1232,7 @@ static void test_timeout(void **state)
 					    HPUCOLL_SUM),
 			 HPUCOLL_ETIMEDOUT);
 	dt = ct_now_ms() - t0;
-	assert_true(dt >= 990 && dt < 10000);
+	assert_true(dt >= 990); /* not before its timeout */
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "rank "));
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "1000 ms"));
 	/* ... and blames the silent rank it waited for (no rank answered
@@ -1240,10 +1241,11 @@ static void test_timeout(void **state)
 	assert_true(culprit >= 1 && culprit <= 3);
 	assert_int_equal(code, HPUCOLL_ETIMEDOUT);
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "no data from rank "));
-	/* The communicator stays failed, at once. */
-	t0 = ct_now_ms();
+	/* The communicator stays failed, at once: with a timeout of 10
+	 * minutes now, the barrier returns its error without waiting (a wait
+	 * would be a hang the test's own time limit ends). */
+	hpucoll_comm_set_timeout(c, 600000);
 	assert_int_equal(hpucoll_barrier(c), HPUCOLL_ETIMEDOUT);
-	assert_true(ct_now_ms() - t0 < 500);
 	hpucoll_comm_destroy(&c);
 }
 

@@ -395,7 +395,8 @@ static int cut_between(hpucoll_comm *c, struct shared *sh,
 				sh->eps.ep[next]);
 			return 1;
 		}
-		usleep(300 * 1000); /* ZeroMQ sees it close */
+		usleep(1000 * 1000); /* ZeroMQ sees it close (300 ms was
+				      * tight on a loaded machine) */
 		for (int round = 1; round < 4 && rc == 0; round++)
 			rc = all_reduce_ok(c, round);
 	}
@@ -461,7 +462,7 @@ static int stopped_a_while(hpucoll_comm *c, struct shared *sh,
 		 * computing: a message sent at the very instant it goes on
 		 * may meet a connection ZeroMQ has not yet seen closed, and
 		 * be lost with it, under every mode. */
-		usleep(300 * 1000);
+		usleep(1000 * 1000);
 	} else if (rc == 0) {
 		while (atomic_load(&sh->counter) < 1 && ct_now_ms() < end)
 			usleep(10000);

@@ -617,6 +617,25 @@ static void age(const char *name)
 	assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
 }
 
+/* Whether rank 0 of segment name (from /dev/shm) has attached (as pid,
+ * or any where pid is 0): its pid is in the segment's first rank record (shm.c's layout: the header's
+ * block of 128 bytes, then struct seg_rank { int32 pid; ... }), written
+ * after the header (a segment whose header is not written yet is one a
+ * sweep takes for a crashed creator's). */
+static int attached(const char *name, pid_t pid)
+{
+	char path[1024];
+	int32_t seen = 0;
+	snprintf(path, sizeof path, "/dev/shm%s", name);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	int ok = pread(fd, &seen, sizeof seen, 128) == (ssize_t)sizeof seen &&
+		 (pid ? seen == (int32_t)pid : seen != 0);
+	close(fd);
+	return ok;
+}
+
 /* A job killed while its ranks attached (hpulaunch killed with -9, so
  * nobody ran hpucoll__shm_unlink_job for it) left its segment, 4 MiB to
  * 112 MiB, for good: a minute old with every attached rank dead, or
@@ -635,16 +654,29 @@ static void test_sweep_stale(void **state)
 	const char *jobs[3] = {dead, live, young};
 	for (int k = 0; k < 3; k++)
 		pid[k] = fork_rank(wait_rank, 0, 2, jobs[k], (void *)(intptr_t)0);
-	for (int i = 0; i < 500 && ct_shm_segments(dead) < 3; i++)
-		usleep(10000);
-	usleep(50000);
+	snprintf(nm[0], sizeof nm[0], "/hpucoll-%s-n0", dead);
+	snprintf(nm[1], sizeof nm[1], "/hpucoll-%s-n0", live);
+	snprintf(nm[2], sizeof nm[2], "/hpucoll-%s-n0", young);
+	/* every rank attached (a fixed 50 ms after the files appeared was
+	 * too short on a loaded machine: the live one's header was not
+	 * written yet, and the sweep took it for a crashed creator's) */
+	int ready = 0;
+	for (int i = 0; i < 6000 && ready < 3; i++) {
+		ready = 0;
+		for (int k = 0; k < 3; k++)
+			ready += attached(nm[k], pid[k]);
+		if (ready < 3)
+			usleep(10000);
+	}
+	if (ready < 3) {
+		for (int k = 0; k < 3; k++)
+			kill(pid[k], SIGKILL);
+		fail_msg("the ranks did not attach within 60 s");
+	}
 	for (int k = 0; k < 3; k += 2) {
 		kill(pid[k], SIGKILL);
 		assert_int_equal(waitpid(pid[k], &status, 0), pid[k]);
 	}
-	snprintf(nm[0], sizeof nm[0], "/hpucoll-%s-n0", dead);
-	snprintf(nm[1], sizeof nm[1], "/hpucoll-%s-n0", live);
-	snprintf(nm[2], sizeof nm[2], "/hpucoll-%s-n0", young);
 	snprintf(nm[3], sizeof nm[3], "/hpucoll-%s-empty-n3", dead);
 	snprintf(nm[4], sizeof nm[4], "/hpucoll-%s-other-n4", dead);
 	make_file(nm[3], 0, 0);
@@ -655,6 +687,10 @@ static void test_sweep_stale(void **state)
 	age(nm[4]);
 	int n = hpucoll__shm_sweep_stale(names, sizeof names);
 	printf("swept %d: %s\n", n, names);
+	/* the live rank's part is done: not left waiting for good where an
+	 * assertion below fails (its file stays until unlinked) */
+	kill(pid[1], SIGKILL);
+	assert_int_equal(waitpid(pid[1], &status, 0), pid[1]);
 	assert_true(n >= 2); /* others' leftovers of this uid may go too */
 	assert_non_null(strstr(names, nm[0] + 1));
 	assert_non_null(strstr(names, nm[3] + 1));
@@ -666,8 +702,6 @@ static void test_sweep_stale(void **state)
 	}
 	snprintf(path, sizeof path, "/dev/shm%s", nm[0]);
 	assert_int_equal(access(path, F_OK), -1);
-	kill(pid[1], SIGKILL);
-	assert_int_equal(waitpid(pid[1], &status, 0), pid[1]);
 	for (int k = 1; k < 5; k++)
 		if (k != 3)
 			shm_unlink(nm[k]);
@@ -791,7 +825,10 @@ static void mismatch_rank(int me, int n, const char *job, void *arg)
 		CHECK(rc == HPUCOLL_ETIMEDOUT);
 		return;
 	}
-	usleep(500000); /* rank 0 attached first */
+	char seg[320]; /* rank 0 attached first (a fixed 500 ms was a guess) */
+	snprintf(seg, sizeof seg, "/hpucoll-%s-n0", job);
+	for (int i = 0; i < 400 && !attached(seg, 0); i++)
+		usleep(10000);
 	rc = hpucoll__shm_open(&s, job, 0, 1, 3, 1000, err, sizeof err);
 	printf("open with another nlocal: rc %d: %s\n", rc, err);
 	CHECK(rc == HPUCOLL_EPROTO);
