@@ -18,9 +18,21 @@
 
 void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
-	(void)t;
 	(void)revents;
 	hpud__quarantine_check(&hpud__D.quarantine);
+	/* a time hpud itself did not run (stopped, a stalled machine) is
+	 * not the submitters' silence: their pings of it wait in the socket,
+	 * read after this tick; it counts from when hpud runs again */
+	ev_tstamp gap = ev_now(loop) - hpud__D.last_tick;
+	hpud__D.last_tick = ev_now(loop);
+	if (gap > 2 * t->repeat) {
+		hpud__logmsg(HPUD_LOG_INFO, "hpud did not run for %.1f s (stopped, or the machine "
+			     "stalled): the submitters' silence counts from now", gap);
+		for (int i = 0; i < MAX_JOBS; i++) { /* nor the reader's of output */
+			hpud__D.jobs[i].last_ping += gap - t->repeat;
+			hpud__D.jobs[i].out_moved += gap - t->repeat;
+		}
+	}
 	for (int i = 0; i < MAX_JOBS; i++) {
 		job *j = &hpud__D.jobs[i];
 		double silent = ev_now(loop) - j->last_ping;

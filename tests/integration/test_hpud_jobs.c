@@ -126,6 +126,36 @@ static void test_job_through_hostfile(void **state)
 	stop_daemon();
 }
 
+/* hpud itself stopped for 5 s (SIGSTOP: a machine that stalls, a
+ * debugger) while a job runs, past submitter_timeout (3 s): the pings
+ * that came meanwhile wait in its socket, and the time it did not run is
+ * not the submitter's silence; the job is not cancelled as "the
+ * submitter went away", and ends well. */
+static void test_hpud_stalled(void **state)
+{
+	(void)state;
+	start_daemon();
+	proc p;
+	launch_start(&p, "3");
+	assert_int_equal(h_wait_for(&p, "step 5/", 120000), 0);
+	assert_int_equal(kill(daemon_proc.pid, SIGSTOP), 0);
+	sleep(5);
+	assert_int_equal(kill(daemon_proc.pid, SIGCONT), 0);
+	int exited = h_wait(&p, 300000);
+	if (exited)
+		h_kill(&p);
+	h_wait(&daemon_proc, 500);
+	printf("%s", p.out);
+	if (exited != 0 || strstr(daemon_proc.out, "went away"))
+		fprintf(stderr, "hpud's log:\n%s\n", daemon_proc.out);
+	assert_int_equal(exited, 0);
+	assert_null(strstr(daemon_proc.out, "went away"));
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "[rank 0] test accuracy"));
+	h_free(&p);
+	stop_daemon();
+}
+
 /* Two nodes, the second's hpud stopped for 5 s while the job is
  * submitted: node 0's part, launched first, keeps being pinged while
  * hpulaunch waits for node 1's answer (no ping was sent then, and node
@@ -1167,6 +1197,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_job_through_hostfile),
+		cmocka_unit_test(test_hpud_stalled),
 		cmocka_unit_test(test_slow_node_submission),
 		cmocka_unit_test(test_job_env_forwarded),
 		cmocka_unit_test(test_launch_request_too_long),
