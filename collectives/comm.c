@@ -164,8 +164,7 @@ static int bind_pull(hpucoll_comm *c, const char *endpoint)
 	    set_int(c->pull, ZMQ_LINGER, 0) != 0 ||
 	    set_int(c->pull, ZMQ_HEARTBEAT_IVL,
 		    HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
-	    set_int(c->pull, ZMQ_HEARTBEAT_TIMEOUT,
-		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
+	    set_int(c->pull, ZMQ_HEARTBEAT_TIMEOUT, c->heartbeat_ms) != 0 ||
 	    set_int(c->pull, ZMQ_HANDSHAKE_IVL, HPUCOLL__HANDSHAKE_IVL_MS) != 0 ||
 	    zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &maxmsg,
 			   sizeof(maxmsg)) != 0 ||
@@ -256,6 +255,7 @@ static hpucoll_comm *comm_alloc(int rank, int size)
 	c->what = "comm_new";
 	c->timeout_ms = HPUCOLL__DEFAULT_TIMEOUT_MS;
 	c->stall_ms = HPUCOLL__DEFAULT_STALL_MS;
+	c->heartbeat_ms = HPUCOLL__HEARTBEAT_TIMEOUT_MS;
 	c->culprit = -1;
 	c->ipc_lock = -1;
 	pthread_mutex_init(&c->mu, NULL);
@@ -300,6 +300,9 @@ int hpucoll__comm_new(hpucoll_comm **out, int rank, int size,
 	if (rc == HPUCOLL_OK) /* 0: never */
 		rc = int_from_env(c, HPU_ENV_HPUCOLL_STALL_WARN_MS, 0, INT_MAX, "milliseconds",
 				  &c->stall_ms);
+	if (rc == HPUCOLL_OK) /* above the heartbeats' interval */
+		rc = int_from_env(c, HPU_ENV_HPUCOLL_HEARTBEAT_MS, 2000, INT_MAX, "milliseconds",
+				  &c->heartbeat_ms);
 	if (rc == HPUCOLL_OK)
 		rc = hpucoll__tune_from_env(c);
 	if (rc != HPUCOLL_OK)

@@ -82,10 +82,15 @@
 #define HPUCOLL__DEFAULT_STALL_MS 30000
 /* How long closing a send socket may wait to flush queued messages. */
 #define HPUCOLL__LINGER_MS 1000
-/* ZeroMQ heartbeats: a connection silent for HEARTBEAT_TIMEOUT is closed,
- * which is how a dead or unreachable remote peer is noticed. */
+/* ZeroMQ heartbeats: a connection silent for the heartbeat timeout
+ * (HPUCOLL_HEARTBEAT_MS, this by default) is closed, which is how a dead
+ * or unreachable remote peer is noticed. What was in flight on it is
+ * lost, so a peer stopped that long (SIGSTOP, a debugger, a paused VM)
+ * fails the job: 5 s made a worker paused for 6 s end the job as a
+ * collective mismatch or a hang; a vanished node is noticed sooner by
+ * its launcher's heartbeat (10 s). */
 #define HPUCOLL__HEARTBEAT_IVL_MS 1000
-#define HPUCOLL__HEARTBEAT_TIMEOUT_MS 5000
+#define HPUCOLL__HEARTBEAT_TIMEOUT_MS 30000
 /* A peer whose connection closed is declared dead if the awaited message
  * has not arrived this long afterwards (what it sent before dying may
  * still be on its way over another connection). */
@@ -224,6 +229,7 @@ struct hpucoll_comm {
 	int size;
 	atomic_int timeout_ms; /* each wait for a peer; negative: forever */
 	int stall_ms;          /* warn after waiting this long; 0: never */
+	int heartbeat_ms;      /* a silent connection is closed after this */
 	hpucoll_trace_fn trace; /* hpucoll_comm_set_trace */
 	void *trace_arg;
 	char endpoint[HPUCOLL__ENDPOINT_MAX];

@@ -105,8 +105,7 @@ static int open_push(hpucoll_comm *c, int dst)
 	    set_int(s, ZMQ_IMMEDIATE, own) != 0 ||
 	    (own && set_int(s, ZMQ_RECONNECT_IVL, -1) != 0) ||
 	    set_int(s, ZMQ_HEARTBEAT_IVL, HPUCOLL__HEARTBEAT_IVL_MS) != 0 ||
-	    set_int(s, ZMQ_HEARTBEAT_TIMEOUT,
-		    HPUCOLL__HEARTBEAT_TIMEOUT_MS) != 0 ||
+	    set_int(s, ZMQ_HEARTBEAT_TIMEOUT, c->heartbeat_ms) != 0 ||
 	    hpucoll__sec_client(c, s, dst) != 0)
 		return hpucoll__zmq_error(c, "zmq_setsockopt");
 	rc = monitor(c, dst, s, &p->mon);

@@ -129,6 +129,11 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "longest wait for a peer inside a collective; the error names "
 	    "the rank (at least 1: hpulaunch and libhpucoll refuse 0 or "
 	    "less, a wait without end)"),
+	VAR(HPUCOLL_HEARTBEAT_MS, "30000", "libhpucoll",
+	    "a data connection silent this long is closed and its peer "
+	    "taken for lost (what was in flight on it is lost: a worker "
+	    "stopped longer, by SIGSTOP, a debugger or a paused VM, fails "
+	    "the job); at least 2000"),
 	VAR(HPUCOLL_STALL_WARN_MS, "30000", "libhpucoll",
 	    "warn once, naming the ranks that have and have not arrived, "
 	    "when a collective has waited this long (0: never; "

@@ -225,7 +225,9 @@ int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errle
 	static const struct {
 		hpu_env_id id;
 		int lo;
-	} ms[] = {{HPU_ENV_HPUCOLL_TIMEOUT_MS, 1}, {HPU_ENV_HPUCOLL_STALL_WARN_MS, 0}};
+	} ms[] = {{HPU_ENV_HPUCOLL_TIMEOUT_MS, 1},
+		  {HPU_ENV_HPUCOLL_STALL_WARN_MS, 0},
+		  {HPU_ENV_HPUCOLL_HEARTBEAT_MS, 2000}};
 	for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
 		int x;
 		if ((v = hpu__env_str(ms[i].id)) && *v && hpu__parse_int(v, ms[i].lo, INT_MAX, &x)) {

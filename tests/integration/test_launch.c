@@ -185,6 +185,66 @@ static void test_kill_worker(void **state)
 	h_free(&p);
 }
 
+/* A run of 4 workers on `transport` (zero3, 300 steps) saving its
+ * parameters to `params`; where pause_ms > 0, worker 2 is stopped
+ * (SIGSTOP) that long once step 20 is logged. */
+static void paused_run(const char *transport, const char *params, int pause_ms)
+{
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "4", "--transport", (char *)transport,
+			"--strategy", "zero3", "--max-steps", "300", "--batch-size", "48",
+			"--log-every", "20", "--no-eval", "--save-params", (char *)params,
+			(char *)MODEL, "--", "--hidden", "64", "--depth", "3", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, argv, NULL), 0);
+	if (pause_ms > 0) {
+		pid_t kids[8];
+		int seen = h_wait_for(&p, " step 20/", 120000), n = h_children(p.pid, kids, 8);
+		if (seen != 0 || n != 4) {
+			fprintf(stderr, "training did not start (%d workers):\n%s\n", n, p.out);
+			h_kill_groups(kids, n);
+			h_kill(&p);
+			fail();
+		}
+		kill(kids[2], SIGSTOP);
+		usleep((useconds_t)pause_ms * 1000);
+		kill(kids[2], SIGCONT);
+	}
+	int exited = h_wait(&p, 240000);
+	if (exited != 0)
+		h_kill(&p);
+	if (exited != 0 || h_code(&p) != 0)
+		fprintf(stderr, "%s run (pause %d ms):\n%s\n", transport, pause_ms, p.out);
+	assert_int_equal(exited, 0);
+	assert_int_equal(h_code(&p), 0);
+	h_free(&p);
+}
+
+/* A worker stopped for 7 s (SIGSTOP, as a debugger, a frozen cgroup or a
+ * paused VM may) on tcp and ipc: the job goes on once it goes on, with
+ * the parameters of a run never stopped. ZeroMQ's heartbeats closed its
+ * connections after 5 s and what was in flight on them was lost: the job
+ * ended as a collective mismatch or a hang (HPUCOLL_HEARTBEAT_MS, 30 s
+ * now). */
+static void test_worker_paused(void **state)
+{
+	(void)state;
+	static const char *const transports[] = {"tcp", "ipc"};
+	for (int t = 0; t < 2; t++) {
+		char a[96], b[96], cmd[256];
+		snprintf(a, sizeof a, "/tmp/hpu-test-paused-%d-%s.bin", (int)getpid(), transports[t]);
+		snprintf(b, sizeof b, "/tmp/hpu-test-straight-%d-%s.bin", (int)getpid(), transports[t]);
+		paused_run(transports[t], b, 0);
+		paused_run(transports[t], a, 7000);
+		snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+		int same = system(cmd) == 0;
+		printf("  %s: a worker stopped 7 s: parameters %s\n", transports[t],
+		       same ? "bit-identical" : "DIFFER");
+		unlink(a);
+		unlink(b);
+		assert_true(same);
+	}
+}
+
 /* SIGTERM to hpulaunch tears the job down: exit 143, no worker left;
  * SIGHUP (a closed terminal) alike, exit 129 (its default action killed
  * hpulaunch alone, without a word, the workers by SIGKILL). */
@@ -753,6 +813,7 @@ int main(void)
 		cmocka_unit_test(test_ipc_same_job_id),
 		cmocka_unit_test(test_open_file_limit),
 		cmocka_unit_test(test_worker_leaves_early),
+		cmocka_unit_test(test_worker_paused),
 		cmocka_unit_test(test_worker_crash_reported),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
 		cmocka_unit_test(test_two_workers_match_one_adamw),

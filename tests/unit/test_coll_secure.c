@@ -422,6 +422,9 @@ static void test_connections_cut(void **state)
 	}
 }
 
+/* test_rank_stopped's heartbeat timeout (HPUCOLL_HEARTBEAT_MS). */
+#define HEARTBEAT_MS 3000
+
 /* Whether process pid is stopped (its /proc stat says "... (name) T"). */
 static int is_stopped(int pid)
 {
@@ -473,7 +476,7 @@ static int stopped_a_while(hpucoll_comm *c, struct shared *sh,
 			fprintf(stderr, "rank 1 did not stop\n");
 			rc = 1;
 		}
-		usleep((HPUCOLL__HEARTBEAT_TIMEOUT_MS + 1500) * 1000);
+		usleep((HEARTBEAT_MS + 1500) * 1000);
 		kill(pid, SIGCONT);
 		atomic_store(&sh->counter, 2);
 	}
@@ -486,9 +489,14 @@ static void test_rank_stopped(void **state)
 {
 	struct world w = {.ws = 2, .tcp = 1, .sec = HPUCOLL_SECURITY_AUTH,
 			  .secret = "the job token"};
+	char hb[32];
 
 	(void)state;
+	/* a short heartbeat timeout, that the stop outlasts */
+	snprintf(hb, sizeof(hb), "%d", HEARTBEAT_MS);
+	setenv("HPUCOLL_HEARTBEAT_MS", hb, 1);
 	cw_run_world(&w, stopped_a_while);
+	unsetenv("HPUCOLL_HEARTBEAT_MS");
 }
 
 /* ---- Connections from strangers that never speak, or from elsewhere ---- */
