@@ -249,6 +249,10 @@ int hpu__ckpt_root_lock(const char *root, char *err, size_t errlen);
  * that a signal while pruning leaves none of it. */
 void hpu__ckpt_discard_finish(void);
 
+/* For a signal handler (async-signal-safe): removes directory dir and the
+ * files in it (getdents64, unlinkat, rmdir), not following a link. */
+void hpu__ckpt_remove_sigsafe(const char *dir);
+
 /* For a signal handler (async-signal-safe): where a hpu__ckpt_publish of
  * this process has renamed the new checkpoint into place, points
  * `latest` at it and returns 1 (the partial's name is no longer the

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,11 @@ void hpu__ckpt_discard_finish(void)
 			return; /* not renamed (yet, or ever: `to` is then another's) */
 		dir = renaming_to;
 	}
+	hpu__ckpt_remove_sigsafe(dir);
+}
+
+void hpu__ckpt_remove_sigsafe(const char *dir)
+{
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return;
@@ -453,6 +459,7 @@ int hpu__ckpt_publish(const char *root, const char *partial, const char *name, i
 		pub.n = (size_t)n;
 		pub.dev = sb.st_dev;
 		pub.ino = sb.st_ino;
+		atomic_signal_fence(memory_order_seq_cst); /* pub written first */
 		publishing = 1;
 	}
 	int had = lstat(to, &sb) == 0, swapped = 0;

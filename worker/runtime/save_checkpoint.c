@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,21 +102,21 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
 /* ---- a save interrupted ---- */
 
 /* What SIGTERM, SIGINT or SIGHUP during a save removes before the process
- * dies of it as it would have (the handler uses only unlink, rmdir and
- * nanosleep, which are async-signal-safe): this rank's files in the
- * partial directory, and on rank 0 the directory once the other ranks
- * have removed theirs (waiting up to 1.8 s; a rank slower than that
- * removes it, empty, itself). Once rank 0 has renamed the partial into
- * place, the save is finished instead: `latest` made to name it
- * (hpu__ckpt_publish_finish). What a SIGKILL leaves, the next save or
- * start-up removes (hpu__ckpt_clean_partials). */
+ * dies of it as it would have (the handler uses only system calls that
+ * are async-signal-safe): on rank 0, the partial directory whole; on the
+ * other ranks, their files until their shard is committed (then it is
+ * rank 0's), and the directory where it is left empty once rank 0 is
+ * gone. Once rank 0 has renamed the partial into place, the save is
+ * finished instead: `latest` made to name it (hpu__ckpt_publish_finish).
+ * What a SIGKILL leaves, the next save or start-up removes
+ * (hpu__ckpt_clean_partials). */
 static struct {
 	char files[6][1300];
 	int nfiles;
 	char dir[1200];
 	volatile sig_atomic_t made; /* rank 0 made dir: it removes it */
 	volatile sig_atomic_t other; /* a rank but 0: rank 0 made dir */
-	int lock; /* rank 0's lock on the partial directory, or -1 */
+	volatile int lock; /* rank 0's lock on the partial directory, or -1 */
 	int installed[3];
 	struct sigaction old[3];
 } G = {.lock = -1};
@@ -148,27 +149,31 @@ static void on_stop(int sig)
 {
 	int e = errno;
 	struct timespec ts = {0, 20 * 1000 * 1000};
-	/* again each time: another thread of this process may still be
-	 * writing (the signal may have come to any thread) */
-	/* rank 0 waits for the other ranks' files up to 1.8 s: nearly the
-	 * launcher's 2 s of grace before SIGKILL (a rank descheduled on a
-	 * loaded node may take over a second to run its handler) */
 	/* rank 0 past the rename of its publish: `latest` finished, the
 	 * partial's name (nothing, or the checkpoint of this step it
 	 * replaced) left for the next start */
 	int published = G.made && hpu__ckpt_publish_finish();
-	for (int k = 0; k < 90 && !published; k++) {
-		for (int i = 0; i < G.nfiles; i++)
-			unlink(G.files[i]);
-		if (!G.made || rmdir(G.dir) == 0 || errno != ENOTEMPTY)
+	/* rank 0 owns the partial, locked: it removes it whole, again until
+	 * it is gone, up to 1.8 s (nearly the launcher's 2 s of grace before
+	 * SIGKILL): a rank still writing, or another thread of this process,
+	 * may make a file in it meanwhile. Not locked yet, it is empty (or
+	 * another uid's that the mkdir found): an rmdir */
+	for (int k = 0; k < 90 && G.made && !published && G.lock >= 0; k++) {
+		struct stat st;
+		hpu__ckpt_remove_sigsafe(G.dir);
+		if (lstat(G.dir, &st) != 0 && errno == ENOENT)
 			break;
 		nanosleep(&ts, NULL);
 	}
-	/* another rank's handler that ran after rank 0 stopped waiting (a
-	 * loaded node) left the directory empty: the last one out removes
-	 * it (an rmdir that fails while any file is there) */
-	if (!G.made && G.dir[0] && G.other)
+	if (G.made && !published && G.lock < 0)
+		rmdir(G.dir);
+	/* a rank but 0 whose shard is not committed yet: its files, and the
+	 * directory where that leaves it empty and rank 0 is gone */
+	if (!G.made && G.other) {
+		for (int i = 0; i < G.nfiles; i++)
+			unlink(G.files[i]);
 		rmdir_unheld(G.dir);
+	}
 	/* rank 0 past the publish, pruning an old checkpoint (--keep): its
 	 * rest goes too (it was left as a .step-M.partial of some shards) */
 	hpu__ckpt_discard_finish();
@@ -212,6 +217,17 @@ static void guard_begin(int rank, const char *dir, const char *shard, int buffer
 	}
 }
 
+/* A rank but 0 has committed its shard: from here a signal leaves it to
+ * rank 0, which removes the partial whole or publishes it (its handler
+ * removing the shard left a checkpoint without it that rank 0, not yet
+ * signalled on another node, could still publish). */
+static void guard_committed(void)
+{
+	G.nfiles = 0;
+	atomic_signal_fence(memory_order_seq_cst);
+	G.other = 0;
+}
+
 /* The signals' actions as they were; rank 0's lock released. */
 static void guard_end(void)
 {
@@ -220,11 +236,12 @@ static void guard_end(void)
 			sigaction(guarded[i], &G.old[i], NULL);
 		G.installed[i] = 0;
 	}
+	G.made = 0; /* first: the handler then leaves the partial alone */
+	G.other = 0;
+	atomic_signal_fence(memory_order_seq_cst);
 	if (G.lock >= 0)
 		close(G.lock);
 	G.lock = -1;
-	G.made = 0;
-	G.other = 0;
 }
 
 /* Whether root/name was published from root/partial: the partial is gone
@@ -251,9 +268,10 @@ static int make_partial(const char *root, const char *path, char *msg, size_t ms
 	 * the next statement) removes it too. Only this job saves in root
 	 * (rank 0 holds its lock) and this uid's stale partials are gone, so
 	 * a directory of this name the handler finds is this one, or none
-	 * (or another uid's that fails the mkdir, removed only if empty and
-	 * the signal lands in that instant). */
+	 * (or another uid's that fails the mkdir: until the lock is taken
+	 * the handler only tries an rmdir, which removes it only if empty). */
 	G.made = 1;
+	atomic_signal_fence(memory_order_seq_cst);
 	if (mkdir(path, 0755) < 0) {
 		G.made = 0;
 		return say(msg, msglen,
@@ -312,6 +330,8 @@ int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 		if (hpu__ckpt_writer_commit(&w, mine.sha256, mine.msg, sizeof mine.msg) < 0) {
 			mine.ok = 0;
 			hpu__ckpt_writer_abort(&w);
+		} else if (rank != 0) {
+			guard_committed();
 		}
 	}
 	if (!mine.ok && !mine.msg[0]) /* the strategy's sentence is in err */
