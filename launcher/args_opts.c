@@ -329,7 +329,13 @@ int hpu__args_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int k
 			continue;
 		setting_text(a, src, g, now, sizeof now);
 		if (src->by[g] && !same_name(src->by[g], name) && strcmp(was[g], now) != 0) {
-			snprintf(err, errlen, "--%s %s and --%s %s give one setting two values: give one",
+			/* one word that the two names read two ways (hpulaunch's
+			 * auto and torchrun's) */
+			snprintf(err, errlen,
+				 strcmp(src->as[g], p->val)
+					 ? "--%s %s and --%s %s give one setting two values: give one"
+					 : "--%s %s and --%s %s do not mean the same here (see --help): "
+					   "give one",
 				 src->by[g], src->as[g], name, p->val);
 			return -1;
 		}

@@ -162,7 +162,7 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 		       (const char *const[]){"max-steps", "epochs", "lr", "optimizer", "scheduler",
 					     "grad-accum", "clip-grad-norm", "early-stop",
 					     "eval-every", "eval-every-epochs", "stop-at-step",
-					     NULL},
+					     "profile-warmup-steps", "profile-steps", NULL},
 		       "with --eval-only: it trains nothing");
 	if (o->eval_only)
 		unread(o, f, prog, (const char *const[]){"no-eval", "val-fraction", NULL},

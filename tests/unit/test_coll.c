@@ -1241,11 +1241,12 @@ static void test_timeout(void **state)
 	assert_true(culprit >= 1 && culprit <= 3);
 	assert_int_equal(code, HPUCOLL_ETIMEDOUT);
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "no data from rank "));
-	/* The communicator stays failed, at once: with a timeout of 10
-	 * minutes now, the barrier returns its error without waiting (a wait
-	 * would be a hang the test's own time limit ends). */
-	hpucoll_comm_set_timeout(c, 600000);
+	/* The communicator stays failed, at once: with a timeout of 60 s
+	 * now, the barrier returns the first failure without waiting (one
+	 * that waited would say 60000 ms, a minute later) */
+	hpucoll_comm_set_timeout(c, 60000);
 	assert_int_equal(hpucoll_barrier(c), HPUCOLL_ETIMEDOUT);
+	assert_non_null(strstr(hpucoll_comm_errmsg(c), "1000 ms"));
 	hpucoll_comm_destroy(&c);
 }
 

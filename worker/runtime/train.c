@@ -186,7 +186,8 @@ static int epoch_validates(double f, int e, size_t s, size_t per_epoch)
  * and --profile-steps' window, with what runs after each of them. */
 static void profile_window(const hpu_train_opts *o, long k)
 {
-	if (o->profile[0] && (o->profile_warmup > 0 || o->profile_steps > 0))
+	/* (--eval-only trains no step: its evaluation is recorded) */
+	if (o->profile[0] && !o->eval_only && (o->profile_warmup > 0 || o->profile_steps > 0))
 		hpu__prof_pause(k < o->profile_warmup ||
 				(o->profile_steps > 0 && k >= o->profile_warmup + o->profile_steps));
 }
@@ -277,6 +278,10 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		}
 	}
 done:
+	if (L->rank == 0 && o->profile[0] && o->profile_warmup > 0 && step - first <= o->profile_warmup)
+		printf("profiling: this run's %ld step%s ended within --profile-warmup-steps %ld: "
+		       "the traces hold no step\n",
+		       step - first, hpu__plural(step - first), o->profile_warmup);
 	*sps_out = hpu__rate_final(&R, step, now_s(), o->batch_size);
 	*steps_out = step;
 	*loss_out = loss;
@@ -324,14 +329,15 @@ static int observe_setup(loop *L)
 	hpu__prof_set_sync(sync ? device_sync : NULL);
 	if (hpu__prof_open(&c, L->err, L->errlen) < 0)
 		return -1;
-	/* before the window: nothing from here (the first barrier, a
-	 * checkpoint's load) */
-	profile_window(o, 0);
 	hpucoll_comm_set_trace(L->comm, hpu__prof_collective, NULL);
 	int rc = hpucoll_barrier(L->comm);
 	if (rc)
 		return hpu__loop_coll_fail(L, "the profiler's first barrier", rc);
-	if (L->rank == 0 && (o->profile_warmup > 0 || o->profile_steps > 0)) {
+	/* before the window: nothing from here (a checkpoint's load); the
+	 * first barrier is recorded, as hpu-trace aligns the ranks' clocks
+	 * at it */
+	profile_window(o, 0);
+	if (L->rank == 0 && !o->eval_only && (o->profile_warmup > 0 || o->profile_steps > 0)) {
 		char last[40] = "the end";
 		if (o->profile_steps > 0)
 			snprintf(last, sizeof last, "%ld", o->profile_warmup + o->profile_steps);
