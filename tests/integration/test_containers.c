@@ -35,7 +35,10 @@
 #define IMAGE "localhost/hputrain:test"
 #define MODEL "/opt/hputrain/lib/hputrain/fmnist_mlp.so"
 #define MODEL_ARGS "--", "--hidden", "64", "--depth", "3"
-#define BOUND_S 15.0
+/* the job's end after a node is lost, a bound against a hang: the
+ * collectives' 10 s timeout, the agents' 10 s heartbeat, the 2 s grace
+ * and the way back to the submitter, with room for a loaded machine */
+#define BOUND_S 40.0
 
 static char script[512], volume[512];
 

@@ -206,8 +206,16 @@ static void paused_run(const char *transport, const char *params, int pause_ms)
 			fail();
 		}
 		kill(kids[2], SIGSTOP);
+		/* the stop landed while the job trained (a fast machine may
+		 * have ended it since step 20 was said: nothing then tested) */
+		h_wait(&p, 0);
+		int stopped_in_time = !strstr(p.out, "trained 300 steps");
 		usleep((useconds_t)pause_ms * 1000);
 		kill(kids[2], SIGCONT);
+		if (!stopped_in_time) {
+			h_kill(&p);
+			fail_msg("the run ended before the stop: lengthen it");
+		}
 	}
 	int exited = h_wait(&p, 240000);
 	if (exited != 0)

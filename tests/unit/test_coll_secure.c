@@ -494,9 +494,15 @@ static void test_rank_stopped(void **state)
 	(void)state;
 	/* a short heartbeat timeout, that the stop outlasts */
 	snprintf(hb, sizeof(hb), "%d", HEARTBEAT_MS);
-	setenv("HPUCOLL_HEARTBEAT_MS", hb, 1);
+	setenv("HPUCOLL_HEARTBEAT_MS", hb, 1); /* the teardown unsets it */
 	cw_run_world(&w, stopped_a_while);
+}
+
+static int heartbeat_unset(void **state)
+{
+	(void)state;
 	unsetenv("HPUCOLL_HEARTBEAT_MS");
+	return 0;
 }
 
 /* ---- Connections from strangers that never speak, or from elsewhere ---- */
@@ -856,7 +862,7 @@ int main(void)
 
 		cmocka_unit_test(test_different_secrets),
 		cmocka_unit_test(test_connections_cut),
-		cmocka_unit_test(test_rank_stopped),
+		cmocka_unit_test_teardown(test_rank_stopped, heartbeat_unset),
 		cmocka_unit_test(test_flood_of_silent_connections),
 		cmocka_unit_test(test_only_the_jobs_addresses),
 		cmocka_unit_test(test_bad_args),
