@@ -40,6 +40,7 @@ struct hpu_coord {
 	int port;
 	hpu_zwatch zw;
 	ev_timer join_timer, beat_timer;
+	ev_tstamp beat_at; /* the loop time of the beat before (or its start) */
 	rank_slot *ranks;
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;
@@ -442,6 +443,13 @@ static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	(void)revents;
 	hpu_coord *c = t->data;
+	/* a time this process did not run (stopped; under hpud, hpud
+	 * stalled) is not the agents' silence: their heartbeats of it wait
+	 * in the socket, read after this beat */
+	ev_tstamp gap = ev_now(loop) - c->beat_at;
+	c->beat_at = ev_now(loop);
+	for (int n = 1; n < c->cfg.nodes && gap > 2 * t->repeat; n++)
+		c->agents[n].last_seen += gap - t->repeat;
 	for (int n = 1; n < c->cfg.nodes; n++) {
 		agent_slot *a = &c->agents[n];
 		if (!a->hello || a->done)
@@ -523,6 +531,7 @@ hpu_coord *hpu__coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 	ev_timer_start(loop, &c->join_timer);
 	ev_timer_init(&c->beat_timer, on_beat, 1.0, 1.0);
 	c->beat_timer.data = c;
+	c->beat_at = ev_now(loop);
 	if (cfg->nodes > 1)
 		ev_timer_start(loop, &c->beat_timer);
 	return c;
