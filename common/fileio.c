@@ -1,6 +1,7 @@
 /* fileio: input files opened without hanging on a FIFO, output files
  * written through a temporary file, an fsync and a rename. */
 #include "common/fileio.h"
+#include "common/thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -275,10 +276,8 @@ int hpu__out_in_place(const char *path, char *real, size_t len)
 static struct {
 	char tmp[4160];
 	volatile sig_atomic_t on;
-	int installed[3];
-	struct sigaction old[3];
+	hpu_stop_handlers saved;
 } OG;
-static const int og_sigs[3] = {SIGTERM, SIGINT, SIGHUP};
 
 static void on_outfile_stop(int sig)
 {
@@ -297,14 +296,7 @@ static void outfile_guard(const char *tmp)
 		return;
 	snprintf(OG.tmp, sizeof OG.tmp, "%s", tmp);
 	OG.on = 1;
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_outfile_stop;
-	sigemptyset(&sa.sa_mask);
-	for (int i = 0; i < 3; i++)
-		OG.installed[i] = sigaction(og_sigs[i], NULL, &OG.old[i]) == 0 &&
-				  OG.old[i].sa_handler == SIG_DFL &&
-				  sigaction(og_sigs[i], &sa, NULL) == 0;
+	hpu__stop_signals_take(&OG.saved, on_outfile_stop);
 }
 
 static int outfile_open(hpu_outfile *o, const char *path, mode_t mode, int guard)
@@ -339,10 +331,7 @@ int hpu__outfile_open_guarded(hpu_outfile *o, const char *path, mode_t mode)
 void hpu__outfile_unguard(void)
 {
 	int e = errno;
-	for (int i = 0; i < 3; i++)
-		if (OG.installed[i])
-			sigaction(og_sigs[i], &OG.old[i], NULL);
-	memset(OG.installed, 0, sizeof OG.installed);
+	hpu__stop_signals_restore(&OG.saved);
 	OG.on = 0;
 	errno = e;
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"
+#include "common/thread.h"
 
 #define say hpu__say
 
@@ -117,11 +118,8 @@ static struct {
 	volatile sig_atomic_t made; /* rank 0 made dir: it removes it */
 	volatile sig_atomic_t other; /* a rank but 0: rank 0 made dir */
 	volatile int lock; /* rank 0's lock on the partial directory, or -1 */
-	int installed[3];
-	struct sigaction old[3];
+	hpu_stop_handlers saved;
 } G = {.lock = -1};
-
-static const int guarded[3] = {SIGTERM, SIGINT, SIGHUP};
 
 /* dir removed where it is empty once rank 0 no longer holds its lock,
  * waiting up to 0.2 s for rank 0 to die of the same signal: a rank
@@ -206,15 +204,7 @@ static void guard_begin(int rank, const char *dir, const char *shard, int buffer
 		if (buffers)
 			guard_file(dir, HPU_CKPT_BUFFERS);
 	}
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_stop;
-	sigemptyset(&sa.sa_mask);
-	for (int i = 0; i < 3; i++) {
-		G.installed[i] = sigaction(guarded[i], NULL, &G.old[i]) == 0 &&
-				 G.old[i].sa_handler == SIG_DFL &&
-				 sigaction(guarded[i], &sa, NULL) == 0;
-	}
+	hpu__stop_signals_take(&G.saved, on_stop);
 }
 
 /* A rank but 0 has committed its shard: from here a signal leaves it to
@@ -231,11 +221,7 @@ static void guard_committed(void)
 /* The signals' actions as they were; rank 0's lock released. */
 static void guard_end(void)
 {
-	for (int i = 0; i < 3; i++) {
-		if (G.installed[i])
-			sigaction(guarded[i], &G.old[i], NULL);
-		G.installed[i] = 0;
-	}
+	hpu__stop_signals_restore(&G.saved);
 	G.made = 0; /* first: the handler then leaves the partial alone */
 	G.other = 0;
 	atomic_signal_fence(memory_order_seq_cst);
