@@ -210,7 +210,8 @@ int hpu__pick(const char *v, const char *const *names, int n, int nocase)
 }
 
 /* Other spellings of a choice: Lightning's precision names ("32-true",
- * "bf16") and its older ones ("32", "16"). */
+ * "bf16") and its older ones ("32", "16"); Lightning's strategy names
+ * (HPUParallelStrategy's "hpu_parallel" is DDP; DeepSpeed's stages). */
 static const struct {
 	const char *opt, *alias;
 	int value;
@@ -219,6 +220,10 @@ static const struct {
 	{"precision", "32-true", HPU_PREC_FP32},
 	{"precision", "bf16", HPU_PREC_BF16_MIXED},
 	{"precision", "16", HPU_PREC_FP16_MIXED},
+	{"strategy", "hpu_parallel", HPU_STRATEGY_DDP},
+	{"strategy", "deepspeed_stage_1", HPU_STRATEGY_ZERO1},
+	{"strategy", "deepspeed_stage_2", HPU_STRATEGY_ZERO2},
+	{"strategy", "deepspeed_stage_3", HPU_STRATEGY_ZERO3},
 };
 
 int hpu__choice(const struct hpu__opt *p, const char *v, int nocase)
@@ -267,7 +272,7 @@ static const struct hpu__opt opts[] = {
 	NUM("gamma", K_DOUBLE, gamma, 0, 1e6, "step: the factor (0.1)"),
 	NUM("min-lr", K_DOUBLE, min_lr, 0, 1e6, "cosine: the final lr (0)"),
 	NUM("seed", K_U64, seed, 0, 9e18, "seed for parameter init and shuffling (42)"),
-	CHOICE("strategy", strategy, strategy_names, "fast_ddp | ddp | zero1 | zero2 | zero3 (fast_ddp)"),
+	CHOICE("strategy", strategy, strategy_names, "fast_ddp | ddp | zero1 | zero2 | zero3 (fast_ddp), or Lightning's hpu_parallel (ddp) and deepspeed_stage_1, _2, _3 (zero1-3)"),
 	NUM("reduce-bucket-size", K_LONG, reduce_bucket, 0, 1e15, "ddp/zero2 gradient bucket, elements; 0: a bucket per layer, as DeepSpeed (6553600)"),
 	NUM("bucket-cap-mb", K_MB, reduce_bucket, 0, 1e6, "the same in MiB of fp32, as torch DDP (25)"),
 	NUM("allgather-bucket-size", K_LONG, allgather_bucket, 0, 1e15, "zero1 all-gather unit, elements; 0: one for all (500000000)"),
@@ -335,7 +340,7 @@ static const struct hpu__opt opts[] = {
 	{"profile", K_OPTSTR, OFF(profile), 0, 0, NULL, 0, "write a Chrome trace per rank into DIR (default .)", ".", PATH | GIVEN},
 	OTHER_("profile-filename", K_STR, profile_name, LOCAL, "trace files are DIR/NAME-rank<R>.json (perf-logs)"),
 	NUM("profile-warmup-steps", K_LONG, profile_warmup, 0, 1e15, "--profile traces nothing during the first N steps of the run (0; Optimum Habana's profiling_warmup_steps)"),
-	NUM("profile-steps", K_LONG, profile_steps, 0, 1e15, "--profile traces N steps after those, with what runs between them (validations, saves), then nothing (0: to the end; Optimum Habana's profiling_steps)"),
+	NUM("profile-steps", K_LONG, profile_steps, 0, 1e15, "--profile traces N steps after those, with what runs between them (validations, saves), then nothing (0: to the end, where Optimum Habana's profiling_steps 0 profiles nothing)"),
 	NUM_("throughput-warmup-steps", K_LONG, throughput_warmup, 0, 1e15, LOCAL, "leave the first N steps out of samples/s (1)"),
 	NUM_("stall-warning", K_DOUBLE, stall_warning, 0, 1e6, LOCAL, "warn when a collective waits X seconds, naming the ranks not arrived (30; 0: never)"),
 	NUM_("hang-warning", K_DOUBLE, hang_warning, 0, 1e6, LOCAL, "warn when a step, an evaluation, a checkpoint save or a hook has run X seconds, naming where the rank is: its layer, or the model's own code (600; 0: never)"),

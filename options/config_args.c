@@ -207,15 +207,20 @@ static int is_core(const char *name)
 	return 0;
 }
 
+int hpu__opts_resolved(const hpu_train_opts *o, const char *name)
+{
+	int gb = hpu__opts_from(o, "batch-size") != HPU_FROM_DEFAULT;
+	int gm = hpu__opts_from(o, "micro-batch-size") != HPU_FROM_DEFAULT;
+	return hpu__opts_from(o, name) == HPU_FROM_DEFAULT &&
+	       (!strcmp(name, "micro-batch-size") || (!strcmp(name, "batch-size") && gm) ||
+		(!strcmp(name, "grad-accum") && gb && gm));
+}
+
 /* Where a batch number left to hpu__opts_resolve came from: "resolved"
  * for the one the other two determined. */
 static const char *source_of(const hpu_train_opts *o, const char *name, int from)
 {
-	int gb = hpu__opts_from(o, "batch-size") != HPU_FROM_DEFAULT;
-	int gm = hpu__opts_from(o, "micro-batch-size") != HPU_FROM_DEFAULT;
-	if (from == HPU_FROM_DEFAULT &&
-	    (!strcmp(name, "micro-batch-size") || (!strcmp(name, "batch-size") && gm) ||
-	     (!strcmp(name, "grad-accum") && gb && gm)))
+	if (from == HPU_FROM_DEFAULT && hpu__opts_resolved(o, name))
 		return "resolved";
 	return hpu__opts_from_name(from);
 }

@@ -117,6 +117,9 @@ struct cJSON;
 struct fctx {
 	hpu_train_opts *o; /* a copy, committed only if the whole file loads */
 	const char *file;
+	/* why a W_LENIENT walk's unknown key changes nothing (NULL: "not a
+	 * key hputrain knows"): hpu__cfg_top_hint at the top level */
+	const char *(*hint)(const char *key, char *buf, size_t len);
 	int adam_w_mode; /* optimizer.params.adam_w_mode */
 	/* DeepSpeed's defaults for what its sections leave out
 	 * (hpu__cfg_deepspeed_defaults, after the walk): the optimizer's
@@ -255,6 +258,15 @@ int hpu__cfg_fp16(struct fctx *c, const char *path, const struct cJSON *it);
 int hpu__cfg_fp8(struct fctx *c, const char *path, const struct cJSON *it);
 int hpu__cfg_amp(struct fctx *c, const char *path, const struct cJSON *it);
 int hpu__cfg_hputrain(struct fctx *c, const char *path, const struct cJSON *it);
+
+/* Why an unknown top-level key changes nothing, and what would set it
+ * where it names one of our options (as hputrain.KEY or a flag, or a
+ * Hugging Face TrainingArguments name of one): text in buf or static. */
+const char *hpu__cfg_top_hint(const char *key, char *buf, size_t len);
+
+/* config_args.c: whether batch number `name` (batch-size, micro-batch-size,
+ * grad-accum) was not given and the two others determine it. */
+int hpu__opts_resolved(const hpu_train_opts *o, const char *name);
 
 /* config_keys.c: walks the top level of a parsed config file. */
 int hpu__cfg_walk_top(struct fctx *c, const struct cJSON *root);

@@ -258,7 +258,7 @@ static const struct fkey top_keys[] = {
 	NONE("sparse_gradients", "gradients are dense here"),
 	NONE("disable_allgather", WHY_COLL),
 	NONE("dump_state", "--verbose prints the configuration in force"),
-	NONE("dataloader_drop_last", "the runtime's sampler makes the batches"),
+	NONE("dataloader_drop_last", "the runtime's sampler makes the batches, and drops an epoch's last partial training batch either way"),
 	NONE("activation_checkpointing", WHY_CKPT),
 	NONE("checkpoint", "checkpoints are hputrain's own (--checkpoint-dir)"),
 	NONE("load_universal_checkpoint", WHY_SAVE),
@@ -284,5 +284,8 @@ static const struct fkey top_keys[] = {
 
 int hpu__cfg_walk_top(struct fctx *c, const cJSON *root)
 {
-	return WALK(c, root, "", top_keys, 0, "", W_LENIENT);
+	c->hint = hpu__cfg_top_hint;
+	int rc = WALK(c, root, "", top_keys, 0, "", W_LENIENT);
+	c->hint = NULL;
+	return rc;
 }

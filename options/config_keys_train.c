@@ -470,6 +470,54 @@ int hpu__cfg_hputrain(struct fctx *c, const char *path, const cJSON *it)
 	return WALK(c, it, path, hputrain_keys, 0, "", W_DASHES);
 }
 
+/* The names the Hugging Face and Optimum Habana TrainingArguments give
+ * options of ours, which users put at a config file's top level. */
+static const struct {
+	const char *name, *opt;
+} hf_names[] = {
+	{"distribution_strategy", "strategy"},
+	{"logging_steps", "log-every"},
+	{"num_train_epochs", "epochs"},
+	{"learning_rate", "lr"},
+	{"per_device_train_batch_size", "micro-batch-size"},
+	{"max_grad_norm", "clip-grad-norm"},
+	{"lr_scheduler_type", "scheduler"},
+	{"adam_beta1", "beta1"},
+	{"adam_beta2", "beta2"},
+	{"adam_epsilon", "eps"},
+	{"save_steps", "checkpoint-every"},
+	{"save_total_limit", "keep-last"},
+	{"eval_steps", "eval-every"},
+	{"resume_from_checkpoint", "resume"},
+};
+
+const char *hpu__cfg_top_hint(const char *key, char *buf, size_t len)
+{
+	char flag[64];
+	const char *opt = NULL;
+	size_t i;
+	for (i = 0; i < sizeof hf_names / sizeof hf_names[0]; i++)
+		if (strcmp(key, hf_names[i].name) == 0)
+			opt = hf_names[i].opt;
+	if (!opt && strlen(key) < sizeof flag) {
+		for (i = 0; key[i]; i++)
+			flag[i] = key[i] == '_' ? '-' : key[i];
+		flag[i] = '\0';
+		opt = flag;
+	}
+	if (!opt || !hpu__opt_find(opt))
+		return "not a key hputrain knows";
+	for (i = 0; i < sizeof hputrain_keys / sizeof hputrain_keys[0]; i++)
+		if (hputrain_keys[i].opt && strcmp(hputrain_keys[i].opt, opt) == 0)
+			break;
+	if (i < sizeof hputrain_keys / sizeof hputrain_keys[0])
+		snprintf(buf, len, "not a top-level key: this file's hputrain.%s, or the flag --%s, sets it",
+			 hputrain_keys[i].key, opt);
+	else
+		snprintf(buf, len, "not a key of this file: the flag --%s sets it", opt);
+	return buf;
+}
+
 /* amp: apex's mixed precision, which is fp16 with loss scaling here. */
 static int f_amp_enabled(struct fctx *c, const char *path, const cJSON *it)
 {

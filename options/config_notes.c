@@ -30,7 +30,10 @@ static size_t auto_text(const hpu_train_opts *o, const struct hpu_cfg_auto *a, c
 	if (n < 0 || (size_t)n >= len)
 		return n < 0 ? 0 : len - 1;
 	int m = snprintf(buf + n, len - (size_t)n, "%s)",
-			 from == HPU_FROM_FLAG ? "" : from == HPU_FROM_FILE ? ", another key" : ", default");
+			 from == HPU_FROM_FLAG			? ""
+			 : from == HPU_FROM_FILE		? ", another key"
+			 : hpu__opts_resolved(o, p[0]->name)	? ", from the other two batch sizes"
+								: ", default");
 	return m < 0 ? (size_t)n : (size_t)n + (size_t)m < len ? (size_t)n + (size_t)m : len - 1;
 }
 

@@ -405,7 +405,7 @@ int hpu__cfg_walk(struct fctx *c, const cJSON *obj, const char *prefix,
 		  const struct fkey *keys, size_t n, unsigned type,
 		  const char *type_name, int mode)
 {
-	char path[256];
+	char path[256], hint[160];
 	int dashes = mode & W_DASHES, nerr = c->nerr;
 	if (!cJSON_IsObject(obj))
 		return hpu__cfg_wrong_type(c, prefix, obj, "an object");
@@ -427,7 +427,9 @@ int hpu__cfg_walk(struct fctx *c, const cJSON *obj, const char *prefix,
 		const struct fkey *k = lookup(keys, n, it->string, dashes);
 		const char *best = k ? NULL : closest(it->string, keys, n);
 		if (!k && !best && (mode & W_LENIENT))
-			hpu__cfg_note_ignored(c, path, "not a key hputrain knows");
+			hpu__cfg_note_ignored(c, path,
+					      c->hint ? c->hint(it->string, hint, sizeof hint)
+						      : "not a key hputrain knows");
 		else if (!k)
 			unknown_key(c, path, best);
 		else if (k->only && !(k->only & type))

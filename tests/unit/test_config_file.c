@@ -456,7 +456,7 @@ static void test_file_auto(void **state)
 	assert_has(t, "hpulaunch: note: ");
 	assert_has(t, "\"auto\" values take hputrain's flags and defaults: ");
 	assert_has(t, "train_batch_size=256 (--batch-size, default)");
-	assert_has(t, "train_micro_batch_size_per_gpu=128 (--micro-batch-size, default)");
+	assert_has(t, "train_micro_batch_size_per_gpu=128 (--micro-batch-size, from the other two batch sizes)");
 	assert_has(t, "gradient_accumulation_steps=1 (--grad-accum, default)");
 	assert_has(t, "fp16.enabled=bf16-mixed (--precision)");
 	assert_has(t, "optimizer.params.lr=0.02 (--lr)");
@@ -465,6 +465,12 @@ static void test_file_auto(void **state)
 	assert_has(t, "scheduler.params.total_num_steps=the run's steps (--total-steps, default)");
 	assert_has(t, "optimizer.params.weight_decay=0.01 (--weight-decay, default)");
 	assert_has(t, "zero_optimization.reduce_bucket_size=6553600 (--reduce-bucket-size, default)");
+	free(t);
+	/* the global batch the two flags determine is not a default */
+	t = notes_of("{'train_batch_size': 'auto'}",
+		     (char *[]){"micro-batch-size", "8", "grad-accum", "2", NULL}, &o);
+	assert_int_equal(o.batch_size, 32);
+	assert_has(t, "train_batch_size=32 (--batch-size, from the other two batch sizes)");
 	free(t);
 	/* a key without "auto" is not in the note; no note without any */
 	t = notes_of("{'train_batch_size': 64}", NULL, &o);
@@ -507,6 +513,15 @@ static void test_file_no_effect(void **state)
 	assert_has(t, "optimizer.params.torch_adam (");
 	assert_null(strstr(t, "sub_group_size")); /* honoured */
 	assert_null(strstr(t, "steps_per_print"));
+	free(t);
+	/* the names of our options (and the Hugging Face ones for them) at
+	 * the top level say where they go, and set nothing */
+	t = notes_of("{'seed': 7, 'logging_steps': 10, 'throughput_warmup_steps': 2}",
+		     NULL, &o);
+	assert_int_equal(o.seed, 42);
+	assert_has(t, "seed (not a top-level key: this file's hputrain.seed, or the flag --seed, sets it)");
+	assert_has(t, "logging_steps (not a top-level key: this file's hputrain.log_every, or the flag --log-every, sets it)");
+	assert_has(t, "throughput_warmup_steps (not a key of this file: the flag --throughput-warmup-steps sets it)");
 	free(t);
 	/* a misspelt top-level key is still an error */
 	LOAD_ERROR("{'wall_clock_breakdwn': false}", "unknown key 'wall_clock_breakdwn'",
@@ -556,7 +571,7 @@ static void test_file_all_errors(void **state)
 	assert_int_equal(lines, 7);
 }
 
-/* Lightning's precision names; DeepSpeed's communication_data_type, amp,
+/* Lightning's precision and strategy names; DeepSpeed's communication_data_type, amp,
  * and the sizes whose 0 means something in DeepSpeed. */
 static void test_precision_names_and_zero_sizes(void **state)
 {
@@ -581,6 +596,24 @@ static void test_precision_names_and_zero_sizes(void **state)
 		     "bf16-mixed", "32-true");
 	load_ok("{'hputrain': {'precision': '32-true'}}", &o);
 	assert_int_equal(o.precision, HPU_PREC_FP32);
+	/* and its strategy names */
+	static const struct {
+		const char *name;
+		hpu_strategy s;
+	} strategies[] = {{"hpu_parallel", HPU_STRATEGY_DDP},
+			  {"deepspeed_stage_1", HPU_STRATEGY_ZERO1},
+			  {"deepspeed_stage_2", HPU_STRATEGY_ZERO2},
+			  {"deepspeed_stage_3", HPU_STRATEGY_ZERO3}};
+	for (size_t k = 0; k < sizeof strategies / sizeof *strategies; k++) {
+		hpu__opts_defaults(&o);
+		assert_int_equal(parse(&o, ARGS("--strategy", (char *)strategies[k].name, "m.so"),
+				       &stop, err, sizeof err), 0);
+		assert_int_equal(o.strategy, strategies[k].s);
+	}
+	EXPECT_ERROR(ARGS("--strategy", "deepspeed_stage_2_offload"), "--strategy",
+		     "deepspeed_stage_2_offload", "zero3", "hpu_parallel, deepspeed_stage_1");
+	load_ok("{'hputrain': {'strategy': 'deepspeed_stage_3'}}", &o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO3);
 	load_ok("{'hputrain': {'precision': 'bf16'}}", &o);
 	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
 	load_ok("{'amp': {'enabled': true, 'opt_level': 'O1'}}", &o);
