@@ -227,6 +227,7 @@ static void test_torch_names(void **state)
 	printf("error: %s\n", err);
 	assert_non_null(strstr(err, "op 'linear' is in both the PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file"));
 	assert_non_null(strstr(err, "and the FP32_LIST file"));
+	assert_non_null(strstr(err, "(line 1, as 'mm')"));
 	unsetenv("FP32_LIST");
 	unsetenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST");
 	unsetenv("PT_HPU_AUTOCAST_FP32_OPS_LIST");
@@ -304,11 +305,22 @@ static void test_list_not_text(void **state)
 static void test_both_lists(void **state)
 {
 	(void)state;
-	char err[512] = "", want[256];
+	char err[512] = "", want[512];
 	assert_int_equal(policy(HPU_AUTOCAST_BF16, "gelu\nrelu\n", "relu\n", err, sizeof err), -1);
 	printf("error: %s\n", err);
 	snprintf(want, sizeof want,
-		 "op 'relu' is in both the LOWER_LIST file %s/lower.txt and the FP32_LIST file %s/fp32.txt",
+		 "op 'relu' is in both the LOWER_LIST file %s/lower.txt (line 2) and the FP32_LIST "
+		 "file %s/fp32.txt (line 1): an op runs in one precision; take it out of one list",
+		 dir, dir);
+	assert_string_equal(err, want);
+	/* two PyTorch names of one op here: each file's own spelling */
+	assert_int_equal(policy(HPU_AUTOCAST_BF16, "# ours\n\nmm\n", "gelu\nlinear\n", err,
+				sizeof err), -1);
+	printf("error: %s\n", err);
+	snprintf(want, sizeof want,
+		 "op 'linear' is in both the LOWER_LIST file %s/lower.txt (line 3, as 'mm') and the "
+		 "FP32_LIST file %s/fp32.txt (line 2): 'mm' is op 'linear' here, and an op runs in "
+		 "one precision; take it out of one list",
 		 dir, dir);
 	assert_string_equal(err, want);
 }

@@ -195,10 +195,17 @@ static void all_names(char *buf, size_t len)
 		at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? ", " : "", op_names[i]);
 }
 
+/* Where a list file names an op: its first line naming it (0: none) and
+ * the name as the file spells it (PyTorch's names map onto ours). */
+struct list_hit {
+	int line;
+	char name[65];
+};
+
 /* Reads the list file named by environment variable id (unset or empty:
- * none) into in[] (1 for each op it names); names that mean no op here
- * are named in one line of warnings[]. */
-static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
+ * none) into in[] (for each op it names, where); names that mean no op
+ * here are named in one line of warnings[]. */
+static int read_list(hpu_env_id id, struct list_hit *in, char *err, size_t errlen)
 {
 	char unknown[1024] = "";
 	size_t nu = 0;
@@ -245,7 +252,10 @@ static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 			nunknown++;
 			continue;
 		}
-		in[op] = 1;
+		if (in[op].line == 0) {
+			in[op].line = no;
+			snprintf(in[op].name, sizeof in[op].name, "%.64s", s);
+		}
 	}
 	if (rc == 0 && ferror(f)) {
 		snprintf(err, errlen, "%s file %s: cannot read it: %s", var, path,
@@ -267,6 +277,28 @@ static int read_list(hpu_env_id id, unsigned char *in, char *err, size_t errlen)
 	return rc;
 }
 
+/* The error for op i in a lower-precision list and an fp32 list, naming
+ * each file's line and, where it differs, its spelling: "mm" and "linear"
+ * are two ops in PyTorch and one here. */
+static void both_lists(int i, hpu_env_id lv, const struct list_hit *l, hpu_env_id fv,
+		       const struct list_hit *f, char *err, size_t errlen)
+{
+	int l_as = strcmp(l->name, op_names[i]) != 0, f_as = strcmp(f->name, op_names[i]) != 0;
+	char as[160] = "";
+	if (l_as && f_as && strcmp(l->name, f->name) != 0)
+		snprintf(as, sizeof as, "'%s' and '%s' are op '%s' here, and ", l->name, f->name,
+			 op_names[i]);
+	else if (l_as || f_as)
+		snprintf(as, sizeof as, "'%s' is op '%s' here, and ", l_as ? l->name : f->name,
+			 op_names[i]);
+	snprintf(err, errlen,
+		 "op '%s' is in both the %s file %s (line %d%s%s%s) and the %s file %s (line "
+		 "%d%s%s%s): %san op runs in one precision; take it out of one list",
+		 op_names[i], hpu__env_name(lv), hpu__env_str(lv), l->line, l_as ? ", as '" : "",
+		 l_as ? l->name : "", l_as ? "'" : "", hpu__env_name(fv), hpu__env_str(fv), f->line,
+		 f_as ? ", as '" : "", f_as ? f->name : "", f_as ? "'" : "", as);
+}
+
 int hpu__autocast_init(int lowp, char *err, size_t errlen)
 {
 	if (lowp < HPU_AUTOCAST_NONE || lowp > HPU_AUTOCAST_FP8) {
@@ -279,7 +311,9 @@ int hpu__autocast_init(int lowp, char *err, size_t errlen)
 					      HPU_ENV_PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST};
 	static const hpu_env_id fp32_vars[] = {HPU_ENV_FP32_LIST,
 					       HPU_ENV_PT_HPU_AUTOCAST_FP32_OPS_LIST};
-	unsigned char to_low[2][HPU_OP_COUNT] = {{0}}, to_fp32[2][HPU_OP_COUNT] = {{0}};
+	static struct list_hit to_low[2][HPU_OP_COUNT], to_fp32[2][HPU_OP_COUNT];
+	memset(to_low, 0, sizeof to_low);
+	memset(to_fp32, 0, sizeof to_fp32);
 	warnings[0] = '\0';
 	for (int v = 0; v < 2; v++)
 		if (read_list(low_vars[v], to_low[v], err, errlen) < 0 ||
@@ -288,21 +322,18 @@ int hpu__autocast_init(int lowp, char *err, size_t errlen)
 	for (int i = 0; i < HPU_OP_COUNT; i++)
 		for (int a = 0; a < 2; a++)
 			for (int b = 0; b < 2; b++)
-				if (to_low[a][i] && to_fp32[b][i]) {
-					snprintf(err, errlen,
-						 "op '%s' is in both the %s file %s and the %s file %s",
-						 op_names[i], hpu__env_name(low_vars[a]),
-						 hpu__env_str(low_vars[a]), hpu__env_name(fp32_vars[b]),
-						 hpu__env_str(fp32_vars[b]));
+				if (to_low[a][i].line && to_fp32[b][i].line) {
+					both_lists(i, low_vars[a], &to_low[a][i], fp32_vars[b],
+						   &to_fp32[b][i], err, errlen);
 					return HPU_ERROR;
 				}
 	memset(lower, 0, sizeof lower);
 	for (size_t i = 0; i < sizeof default_lower / sizeof *default_lower; i++)
 		lower[default_lower[i]] = 1;
 	for (int i = 0; i < HPU_OP_COUNT; i++) {
-		if (to_low[0][i] || to_low[1][i])
+		if (to_low[0][i].line || to_low[1][i].line)
 			lower[i] = 1;
-		if (to_fp32[0][i] || to_fp32[1][i])
+		if (to_fp32[0][i].line || to_fp32[1][i].line)
 			lower[i] = 0;
 	}
 	lowp_in_force = lowp;
