@@ -762,18 +762,49 @@ static double logged_sps(const char *out, int step)
 }
 
 /* --throughput-warmup-steps N: the log lines of the first N steps have
- * no throughput yet (0), the later ones do; with 0 the first has one. */
+ * no throughput yet ("-", null in the metrics), the later ones do; with 0
+ * the first has one. */
 static void test_throughput_warmup(void **state)
 {
 	(void)state;
+	char metrics[300];
+	snprintf(metrics, sizeof metrics, "%s/warm.jsonl", dir);
 	run r;
 	start(&r, 2);
 	r.n -= 2; /* drop "--log-every 0" */
 	args(&r, "--log-every", "1", "--max-steps", "6", "--batch-size", "64",
-	     "--throughput-warmup-steps", "3", NULL);
+	     "--throughput-warmup-steps", "3", "--metrics", metrics, NULL);
 	char *out = finish(&r, 0, NULL);
-	for (int step = 1; step <= 3; step++)
-		assert_true(logged_sps(out, step) == 0);
+	char *text = h_slurp(metrics);
+	assert_non_null(text);
+	int nulls = 0, numbers = 0;
+	for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+		cJSON *rec = cJSON_Parse(line);
+		assert_non_null(rec);
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, "samples_per_sec");
+		const cJSON *step = cJSON_GetObjectItemCaseSensitive(rec, "step");
+		if (cJSON_IsNumber(step) && !cJSON_GetObjectItemCaseSensitive(rec, "final")) {
+			if (step->valuedouble <= 3) {
+				assert_true(cJSON_IsNull(v));
+				nulls++;
+			} else {
+				assert_true(cJSON_IsNumber(v) && v->valuedouble > 0);
+				numbers++;
+			}
+		}
+		cJSON_Delete(rec);
+	}
+	free(text);
+	assert_int_equal(nulls, 3);
+	assert_int_equal(numbers, 3);
+	for (int step = 1; step <= 3; step++) {
+		char want[64];
+		snprintf(want, sizeof want, "step %d/6 loss ", step);
+		const char *l = strstr(out, want);
+		assert_non_null(l);
+		assert_non_null(strstr(l, "samples/s - memory_allocated"));
+		assert_true(strstr(l, "samples/s - ") < strchr(l, '\n'));
+	}
 	for (int step = 4; step <= 6; step++)
 		assert_true(logged_sps(out, step) > 0);
 	free(out);

@@ -5,6 +5,7 @@
 
 #include <cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,10 +155,14 @@ int hpu__loop_log_step(loop *L, long step, long total, int epoch, float loss,
 	if (!all)
 		return -1;
 	if (L->rank == 0) {
-		printf("epoch %d/%d step %ld/%ld loss %.4f lr %.3g samples/s %.1f "
+		/* sps NAN: a step of the throughput warm-up, not measured */
+		char rate[32] = "-";
+		if (!isnan(sps))
+			snprintf(rate, sizeof rate, "%.1f", sps);
+		printf("epoch %d/%d step %ld/%ld loss %.4f lr %.3g samples/s %s "
 		       "memory_allocated %.1f MiB max_memory_allocated %.1f MiB "
 		       "total_memory_available %.1f MiB\n",
-		       epoch + 1, L->epochs, step, total, l, lr, sps,
+		       epoch + 1, L->epochs, step, total, l, lr, rate,
 		       mib(all[ST_IN_USE]), mib(all[ST_MAX_IN_USE]), mib(all[ST_LIMIT]));
 		if (L->metrics) {
 			cJSON *j = cJSON_CreateObject();
@@ -169,7 +174,10 @@ int hpu__loop_log_step(loop *L, long step, long total, int epoch, float loss,
 				cJSON_AddNumberToObject(j, "grad_norm", norm);
 			if (L->o->precision != HPU_PREC_FP32)
 				cJSON_AddNumberToObject(j, "loss_scale", hpu__strat_loss_scale(L->st));
-			cJSON_AddNumberToObject(j, "samples_per_sec", sps);
+			if (isnan(sps))
+				cJSON_AddNullToObject(j, "samples_per_sec");
+			else
+				cJSON_AddNumberToObject(j, "samples_per_sec", sps);
 			cJSON_AddItemToObject(j, "device", stats_json(L, all));
 			if (hpu__loop_print_json(L, j) < 0) {
 				free(all);

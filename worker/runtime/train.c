@@ -236,9 +236,13 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			double t = now_s();
 			hpu__rate_tick(&R, step, t);
 			int logs = o->log_every && step % o->log_every == 0;
-			if (logs && hpu__loop_log_step(L, step, total, e, loss, lr, norm,
-						       hpu__rate_log(&R, step, t, o->batch_size)) < 0)
-				return -1;
+			if (logs) {
+				/* within --throughput-warmup-steps: not measured (NAN) */
+				double lsps = hpu__rate_log(&R, step, t, o->batch_size);
+				if (hpu__loop_log_step(L, step, total, e, loss, lr, norm,
+						       hpu__rate_measuring(&R, step) ? lsps : NAN) < 0)
+					return -1;
+			}
 			double sps = hpu__rate_final(&R, step, t, o->batch_size);
 			hpu__loop_report(L, step, total, e, loss, sps,
 					 hpu__rate_measuring(&R, step) && sps > 0
