@@ -470,7 +470,11 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 	*comm = NULL;
 	hpucoll__progress_stop(c);
 	hpucoll__groups_free(c);
-	hpucoll__transport_close(c);
+	/* The sockets first, the peers table after zmq_ctx_term: a
+	 * zero-copy send ZeroMQ still held after a failure
+	 * (hpucoll__zmq_fail gives up waiting) is released by the term, and
+	 * its free callback counts down the peer's zc in that table. */
+	hpucoll__zmq_close(c);
 	hpucoll__sec_unwatch(c);
 	if (c->pull != NULL)
 		zmq_close(c->pull);
@@ -478,6 +482,7 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 		while (zmq_ctx_term(c->ctx) != 0 && zmq_errno() == EINTR)
 			;
 	}
+	hpucoll__transport_close(c);
 	hpucoll__sec_join(c);
 	unlink_ipc(c->endpoint);
 	if (c->ipc_lock >= 0) { /* removed while held: nobody else's */

@@ -208,9 +208,17 @@ void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out)
 	out->refused_connections = atomic_load(&comm->sec.refused);
 }
 
+/* A copy taken under errlock: the progress thread may be writing the
+ * sentence (an asynchronous collective failing) while the caller reads. */
 const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)
 {
-	return comm->errmsg;
+	static _Thread_local char copy[HPUCOLL__ERRMSG_MAX];
+	hpucoll_comm *c = (hpucoll_comm *)comm; /* the lock, not the sentence */
+
+	pthread_mutex_lock(&c->errlock);
+	memcpy(copy, c->errmsg, sizeof(copy));
+	pthread_mutex_unlock(&c->errlock);
+	return copy;
 }
 
 const char *hpucoll_comm_why(const hpucoll_comm *comm, int rc)

@@ -253,7 +253,8 @@ struct hpucoll_comm {
 	struct hpucoll_req *qhead, *qtail;
 
 	/* Errors: written by whoever runs a collective, and by the caller's
-	 * thread for bad arguments; errlock keeps the sentence whole. */
+	 * thread for bad arguments; errlock keeps the sentence whole (readers
+	 * copy it under the lock: hpucoll_comm_errmsg). */
 	pthread_mutex_t errlock;
 	char errmsg[HPUCOLL__ERRMSG_MAX];
 
@@ -468,7 +469,8 @@ extern const struct hpucoll__transport hpucoll__zmq_transport;
 /* Opens the send socket to every peer, with its monitor. */
 int hpucoll__zmq_open(hpucoll_comm *c);
 
-/* Closes them, dropping the messages queued and the payloads held. */
+/* Closes them, dropping the messages queued and the payloads held; a
+ * second call closes nothing. */
 void hpucoll__zmq_close(hpucoll_comm *c);
 
 /* Reads what ZeroMQ has without waiting, queueing data by sender and

@@ -205,6 +205,7 @@ void hpucoll__zmq_close(hpucoll_comm *c)
 		}
 		if (p->holding)
 			zmq_msg_close(&p->held);
+		p->holding = 0;
 		if (c->failed) {
 			close_push(p);
 			continue;
@@ -215,6 +216,7 @@ void hpucoll__zmq_close(hpucoll_comm *c)
 			zmq_close(p->mon);
 		if (p->push != NULL)
 			zmq_close(p->push);
+		p->push = p->mon = NULL; /* a second call closes nothing */
 	}
 }
 

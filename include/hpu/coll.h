@@ -157,7 +157,9 @@ HPU_API void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms);
 HPU_API int hpucoll_comm_rank(const hpucoll_comm *comm);
 HPU_API int hpucoll_comm_size(const hpucoll_comm *comm);
 
-/* One sentence about the last error on this communicator ("" if none). */
+/* One sentence about the last error on this communicator ("" if none): a
+ * copy, valid in this thread until its next call of hpucoll_comm_errmsg()
+ * or hpucoll_comm_why(). */
 HPU_API const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
 
 /* What to say of a collective that returned rc on comm: the
