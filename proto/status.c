@@ -17,27 +17,32 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-static int status_fd = -2; /* -2: not looked up yet; -1: none */
+/* -2: not looked up yet; -1: none. Atomic: the flusher thread sets -1
+ * when the agent closed the pipe while the worker's thread reads it. */
+static atomic_int status_fd = -2;
 static double last_s = -1;
 
 static int fd(void)
 {
-	if (status_fd == -2) {
+	int f = atomic_load(&status_fd);
+	if (f == -2) { /* the first record, before the flusher starts */
 		const char *v = hpu__env_str(HPU_ENV_HPU_STATUS_FD);
 		int n;
-		status_fd = !hpu__parse_int(v, 0, (1 << 20) - 1, &n) && fcntl(n, F_GETFD) >= 0 ? n : -1;
-		if (status_fd >= 0) { /* a full pipe drops a record, never waits */
-			fcntl(status_fd, F_SETFL, fcntl(status_fd, F_GETFL) | O_NONBLOCK);
-			fcntl(status_fd, F_SETFD, FD_CLOEXEC); /* not for what the model starts */
+		f = !hpu__parse_int(v, 0, (1 << 20) - 1, &n) && fcntl(n, F_GETFD) >= 0 ? n : -1;
+		if (f >= 0) { /* a full pipe drops a record, never waits */
+			fcntl(f, F_SETFL, fcntl(f, F_GETFL) | O_NONBLOCK);
+			fcntl(f, F_SETFD, FD_CLOEXEC); /* not for what the model starts */
 		}
+		atomic_store(&status_fd, f);
 	}
-	return status_fd;
+	return f;
 }
 
 /* Writes record r; the HPU_PHASE_DONE one waits for room. */
