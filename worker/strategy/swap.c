@@ -745,6 +745,29 @@ void hpu__swap_stats(const hpu_swap *s, uint64_t *read, uint64_t *written, doubl
 		*wait_s = s->wait_s;
 }
 
+/* A broken ring's requests that the kernel took still read into or
+ * write from buffers the callers free after hpu__swap_close, and
+ * io_uring_queue_exit does not wait for them: their completions are
+ * waited for here, a second at a time, for at most 10 s in all, and
+ * until the ring fails to give one. */
+static void drain_dead(hpu_swap *s)
+{
+	int in_kernel = s->in_ring - s->unsubmitted, idle = 0;
+	while (in_kernel > 0 && idle < 10) {
+		struct __kernel_timespec ts = {.tv_sec = 1};
+		struct io_uring_cqe *cqe;
+		int r = io_uring_wait_cqe_timeout(&s->ring, &cqe, &ts);
+		if (r == -ETIME) {
+			idle++;
+		} else if (r == 0) {
+			io_uring_cqe_seen(&s->ring, cqe);
+			in_kernel--;
+		} else if (r != -EINTR) {
+			return;
+		}
+	}
+}
+
 void hpu__swap_close(hpu_swap *s)
 {
 	if (!s)
@@ -752,6 +775,8 @@ void hpu__swap_close(hpu_swap *s)
 	if (s->ring_ok) {
 		if (!s->dead)
 			hpu__swap_wait_all(s);
+		else
+			drain_dead(s);
 		io_uring_queue_exit(&s->ring);
 	}
 	if (s->fd >= 0)
