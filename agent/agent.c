@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "agent/output.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/shmname.h"
 #include "agent/agent_impl.h"
@@ -155,7 +156,7 @@ void hpu__agent_stop(hpu_agent *a, double grace_s)
 		a->impatient = 1;
 	if (a->stopping && grace_s <= 0) { /* again, impatient: no more grace */
 		signal_all(a, SIGKILL);
-		a->kill_at = ev_time();
+		a->kill_at = hpu__mono_s();
 	} else if (!a->stopping && grace_s <= 0) {
 		signal_all(a, SIGKILL);
 	} else if (!a->stopping) {

@@ -1,4 +1,5 @@
 #include "agent/coord.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>
@@ -295,7 +296,7 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	agent_slot *a = &c->agents[h->node_rank];
 	a->hello = 1;
 	a->peer = *peer;
-	a->last_seen = ev_now(c->loop);
+	a->last_seen = hpu__mono_s();
 	if (c->aborted)
 		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, c->abort_reason);
 	else /* answer at once: the agent may be waiting for it to start */
@@ -343,7 +344,7 @@ void hpu__coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int report
 static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 {
 	char reason[600];
-	a->last_seen = ev_now(c->loop);
+	a->last_seen = hpu__mono_s();
 	switch (m->msg_case) {
 	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
 		const Hpu__WorkerExit *w = m->worker_exit;
@@ -441,20 +442,21 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 
 static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 {
+	(void)loop;
 	(void)revents;
 	hpu_coord *c = t->data;
 	/* a time this process did not run (stopped; under hpud, hpud
 	 * stalled) is not the agents' silence: their heartbeats of it wait
 	 * in the socket, read after this beat */
-	ev_tstamp gap = ev_now(loop) - c->beat_at;
-	c->beat_at = ev_now(loop);
+	ev_tstamp now = hpu__mono_s(), gap = now - c->beat_at;
+	c->beat_at = now;
 	for (int n = 1; n < c->cfg.nodes && gap > 2 * t->repeat; n++)
 		c->agents[n].last_seen += gap - t->repeat;
 	for (int n = 1; n < c->cfg.nodes; n++) {
 		agent_slot *a = &c->agents[n];
 		if (!a->hello || a->done)
 			continue;
-		if (ev_now(loop) - a->last_seen > c->cfg.agent_timeout_s) {
+		if (now - a->last_seen > c->cfg.agent_timeout_s) {
 			char reason[200];
 			snprintf(reason, sizeof reason, "lost contact with node %d's hpulaunch (silent for %g s)",
 				 n, c->cfg.agent_timeout_s);
@@ -531,7 +533,7 @@ hpu_coord *hpu__coord_new(struct ev_loop *loop, const hpu_coord_cfg *cfg,
 	ev_timer_start(loop, &c->join_timer);
 	ev_timer_init(&c->beat_timer, on_beat, 1.0, 1.0);
 	c->beat_timer.data = c;
-	c->beat_at = ev_now(loop);
+	c->beat_at = hpu__mono_s();
 	if (cfg->nodes > 1)
 		ev_timer_start(loop, &c->beat_timer);
 	return c;

@@ -1,4 +1,5 @@
 #include "agent/nodejob.h"
+#include "common/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -301,7 +302,7 @@ static void on_coord_msg(hpu_zwatch *w, void *arg)
 	Hpu__Envelope *m = hpu__codec_recv(w->sock, NULL, ZMQ_DONTWAIT);
 	if (!m)
 		return;
-	j->coord_seen = ev_now(j->loop);
+	j->coord_seen = hpu__mono_s();
 	if (m->msg_case == HPU__ENVELOPE__MSG_ABORT) {
 		char cause[700];
 		snprintf(cause, sizeof cause, "job aborted by the coordinator: %s",
@@ -326,9 +327,10 @@ static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 	ev_tstamp since = heard ? j->coord_seen : j->started;
 	/* the timer runs every second: a longer gap is this process not
 	 * running (stopped, or starved), not the coordinator's silence */
-	double gap = j->last_beat > 0 ? ev_now(loop) - j->last_beat : 0;
-	j->last_beat = ev_now(loop);
-	if (ev_now(loop) - since > limit) {
+	double now = hpu__mono_s();
+	double gap = j->last_beat > 0 ? now - j->last_beat : 0;
+	j->last_beat = now;
+	if (now - since > limit) {
 		char cause[500], self[160] = "";
 		if (gap > 3)
 			snprintf(self, sizeof self, "; this hpulaunch itself did not run for %.0f s "
@@ -382,7 +384,7 @@ static int connect_coord(hpu_nodejob *j, char *err, size_t errlen)
 		return -1;
 	}
 	send_hello(j);
-	j->started = ev_now(j->loop);
+	j->started = hpu__mono_s();
 	ev_timer_init(&j->beat, on_beat, 1.0, 1.0);
 	j->beat.data = j;
 	ev_timer_start(j->loop, &j->beat);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "agent/agent_impl.h"
+#include "common/clock.h"
 
 static void status_line(status_pipe *sp, const char *line, size_t n)
 {
@@ -30,7 +31,7 @@ static void status_line(status_pipe *sp, const char *line, size_t n)
 		return;
 	}
 	w->last = r;
-	w->last_at = ev_now(a->loop);
+	w->last_at = hpu__mono_s();
 	if (a->cfg.on_status)
 		a->cfg.on_status(a, w->rank, &w->last, a->cfg.arg);
 }
@@ -87,7 +88,7 @@ int hpu__agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *
 	if (local < 0 || local >= a->cfg.devices || a->w[local].last_at == 0)
 		return -1;
 	*st = a->w[local].last;
-	*age_s = ev_now(a->loop) - a->w[local].last_at;
+	*age_s = hpu__mono_s() - a->w[local].last_at;
 	if (*age_s < 0)
 		*age_s = 0;
 	return 0;

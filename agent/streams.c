@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "agent/output.h"
+#include "common/clock.h"
 #include "agent/agent_impl.h"
 
 static void maybe_idle(hpu_agent *a)
@@ -147,7 +148,7 @@ static void finish_leftovers(hpu_agent *a, int left)
 
 static void sweep_once(hpu_agent *a)
 {
-	ev_tstamp now = ev_time();
+	ev_tstamp now = hpu__mono_s();
 	int left = hpu__agent_sweep(a, now >= a->kill_at ? SIGKILL : SIGTERM);
 	if (left == 0 || now >= a->give_up_at)
 		finish_leftovers(a, left);
@@ -176,7 +177,7 @@ void hpu__agent_end_leftovers(hpu_agent *a)
 				close_stream(a, ss[k]);
 		}
 	}
-	a->kill_at = ev_time() + (a->impatient ? 0 : LEFTOVER_GRACE_S);
+	a->kill_at = hpu__mono_s() + (a->impatient ? 0 : LEFTOVER_GRACE_S);
 	a->give_up_at = a->kill_at + GIVE_UP_S;
 	ev_timer_init(&a->sweep_timer, on_sweep_timer, SWEEP_S, SWEEP_S);
 	a->sweep_timer.data = a;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/trust.h"
+#include "common/clock.h"
 #include "daemon/hpud.h"
 
 /* ---- timers and signals ---- */
@@ -19,12 +20,14 @@
 void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	(void)revents;
+	(void)loop;
+	double now = hpu__mono_s();
 	hpud__quarantine_check(&hpud__D.quarantine);
 	/* a time hpud itself did not run (stopped, a stalled machine) is
 	 * not the submitters' silence: their pings of it wait in the socket,
 	 * read after this tick; it counts from when hpud runs again */
-	ev_tstamp gap = ev_now(loop) - hpud__D.last_tick;
-	hpud__D.last_tick = ev_now(loop);
+	ev_tstamp gap = now - hpud__D.last_tick;
+	hpud__D.last_tick = now;
 	if (gap > 2 * t->repeat) {
 		hpud__logmsg(HPUD_LOG_INFO, "hpud did not run for %.1f s (stopped, or the machine "
 			     "stalled): the submitters' silence counts from now", gap);
@@ -35,7 +38,7 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 	}
 	for (int i = 0; i < MAX_JOBS; i++) {
 		job *j = &hpud__D.jobs[i];
-		double silent = ev_now(loop) - j->last_ping;
+		double silent = now - j->last_ping;
 		if (j->used && j->ended && !j->nj && silent > hpud__D.conf.submitter_timeout_s) {
 			/* retired, its last messages waiting for a silent submitter */
 			hpud__logmsg(HPUD_LOG_WARN, "job %s: the submitter (%s) went away: %ld messages to it dropped",
@@ -45,8 +48,8 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 		}
 		if (!j->used || !j->nj || j->ended)
 			continue;
-		if (j->held && (j->peer_gone || ev_now(loop) - j->out_moved >= OUTPUT_STALL_S))
-			hpud__jobout_stall(&hpud__D.out, j, ev_now(loop) - j->out_moved);
+		if (j->held && (j->peer_gone || now - j->out_moved >= OUTPUT_STALL_S))
+			hpud__jobout_stall(&hpud__D.out, j, now - j->out_moved);
 		if (silent > hpud__D.conf.submitter_timeout_s) {
 			char reason[200];
 			snprintf(reason, sizeof reason,
@@ -54,10 +57,10 @@ void hpud__on_tick(struct ev_loop *loop, ev_timer *t, int revents)
 				 silent);
 			hpud__logmsg(HPUD_LOG_WARN, "job %s: %s", j->id, reason);
 			hpu__nodejob_cancel(j->nj, reason, 2);
-			j->last_ping = ev_now(loop) + 3600; /* say it once */
+			j->last_ping = now + 3600; /* say it once */
 			j->peer_gone = 1;
 			if (j->held)
-				hpud__jobout_stall(&hpud__D.out, j, ev_now(loop) - j->out_moved);
+				hpud__jobout_stall(&hpud__D.out, j, now - j->out_moved);
 		}
 	}
 }

@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "proto/auth.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/num.h"
 #include "common/opt.h"
@@ -181,7 +182,7 @@ int main(int argc, char **argv)
 	}
 	ev_timer_init(&hpud__D.tick, hpud__on_tick, 1.0, 1.0);
 	ev_timer_start(hpud__D.loop, &hpud__D.tick);
-	hpud__D.last_tick = ev_now(hpud__D.loop);
+	hpud__D.last_tick = hpu__mono_s();
 	ev_prepare_init(&hpud__D.reap, hpud__on_reap);
 	hpud__D.out = (hpud_jobout){.loop = hpud__D.loop, .conf = &hpud__D.conf, .jobs = hpud__D.jobs, .njobs = MAX_JOBS,
 			      .reap = &hpud__D.reap, .pack = hpud__pack_env, .send = hpud__send_body, .log = hpud__logmsg};

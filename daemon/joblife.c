@@ -4,6 +4,7 @@
  * ended jobs released once their last message has left. Calls jobs.c and
  * logging.c (daemon/hpud.h). */
 #include "daemon/hpud.h"
+#include "common/clock.h"
 
 /* ---- a job's life ---- */
 
@@ -33,7 +34,7 @@ static void send_progress(job *j)
 	env.msg_case = HPU__ENVELOPE__MSG_PROGRESS;
 	env.progress = &p;
 	hpud__jobout_send(&hpud__D.out, j, &env, HPUD_JOB_PROGRESS, 0);
-	j->progress_at = ev_now(hpud__D.loop);
+	j->progress_at = hpu__mono_s();
 	j->progress_phase = st.phase;
 }
 
@@ -56,7 +57,7 @@ void hpud__on_status(hpu_nodejob *nj, int rank, const hpu_status_rec *st, void *
 	if (rank != 0)
 		return;
 	j->progress_pending = 1;
-	double since = ev_now(hpud__D.loop) - j->progress_at;
+	double since = hpu__mono_s() - j->progress_at;
 	if (since >= PROGRESS_EVERY_S || st->phase != j->progress_phase) {
 		ev_timer_stop(hpud__D.loop, &j->progress_timer);
 		send_progress(j);

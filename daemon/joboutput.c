@@ -1,5 +1,6 @@
 /* joboutput: the way of a job's messages to its submitter (joboutput.h). */
 #include "daemon/joboutput.h"
+#include "common/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,11 +19,12 @@
  * while its queue to the submitter is past output_buffer. */
 static void hold_output(hpud_jobout *o, hpud_job *j, int hold)
 {
+	(void)o;
 	if (j->held == hold)
 		return;
 	j->held = hold;
 	if (hold)
-		j->out_moved = ev_now(o->loop); /* the wait for the submitter starts */
+		j->out_moved = hpu__mono_s(); /* the wait for the submitter starts */
 	if (j->nj)
 		hpu__nodejob_hold_output(j->nj, hold);
 }
@@ -139,7 +141,7 @@ static int flush_job(hpud_jobout *o, hpud_job *j)
 			return 1;
 		hpud__outq_pop(&j->out);
 		o->drained++;
-		j->out_moved = ev_now(o->loop);
+		j->out_moved = hpu__mono_s();
 		if (hpud__outq_caught_up(&j->out, o->conf->output_buffer))
 			queue_drop_notices(o, j);
 		if (j->held && hpud__outq_room(&j->out, o->conf->output_buffer))

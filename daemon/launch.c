@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/env.h"
+#include "common/clock.h"
 #include "common/num.h"
 #include "agent/restart.h"
 #include "daemon/hpud.h"
@@ -198,7 +199,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	j->max_restarts = (int)q->max_restarts;
 	j->peer = *peer;
 	snprintf(j->session, sizeof j->session, "%s", session);
-	j->started = j->last_ping = ev_now(hpud__D.loop);
+	j->started = j->last_ping = hpu__mono_s();
 	ev_timer_init(&j->progress_timer, hpud__on_progress_timer, PROGRESS_EVERY_S, 0);
 	j->progress_timer.data = j;
 	if (pick_uid(j) < 0) {

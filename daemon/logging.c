@@ -8,6 +8,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "common/log.h"
+#include "common/clock.h"
 #include "common/num.h"
 #include "daemon/hpud.h"
 
@@ -113,7 +114,7 @@ static void on_refuse_timer(struct ev_loop *loop, ev_timer *t, int revents)
 
 void hpud__log_refusal(const char *peer, const char *why)
 {
-	ev_tstamp now = ev_now(hpud__D.loop);
+	ev_tstamp now = hpu__mono_s();
 	if (now - hpud__D.refuse_window >= 1.0) {
 		ev_timer_stop(hpud__D.loop, &hpud__D.refuse_timer);
 		say_dropped();

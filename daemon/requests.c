@@ -9,6 +9,7 @@
 #include <zmq.h>
 
 #include "daemon/hpud.h"
+#include "common/clock.h"
 
 /* ---- requests: status, cancel, ping, hello ---- */
 
@@ -56,7 +57,7 @@ static void do_status(const hpu_codec_peer *peer, const char *session)
 			ids[n][k] = (uint32_t)j->dev[k];
 		st[n].device_ids = ids[n];
 		st[n].live_workers = (uint32_t)hpu__nodejob_live(j->nj);
-		st[n].seconds = ev_now(hpud__D.loop) - j->started;
+		st[n].seconds = hpu__mono_s() - j->started;
 		st[n].submitter = j->peer_addr;
 		if (rs && rsp) {
 			size_t left = want - used;
@@ -101,7 +102,7 @@ static void do_ping(const hpu_codec_peer *peer, const char *session, const Hpu__
 {
 	job *j = p->job_id ? hpud__find_job(p->job_id) : NULL;
 	if (j)
-		j->last_ping = ev_now(hpud__D.loop);
+		j->last_ping = hpu__mono_s();
 	/* its submitter's session from another connection (ZeroMQ's
 	 * reconnection after a reset gives it another routing id): the job's
 	 * output and its end go there now, not to the connection gone */
@@ -192,7 +193,7 @@ static int prev_key_may(const hpu_codec_peer *peer, const char *addr, const Hpu_
 static void cache_full(void)
 {
 	static ev_tstamp said;
-	ev_tstamp now = ev_now(hpud__D.loop);
+	ev_tstamp now = hpu__mono_s();
 	if (said && now - said < 10)
 		return;
 	said = now;
@@ -336,7 +337,7 @@ static void on_monitor(hpu_zwatch *w, void *arg)
 	/* (not paused by unbinding: ZeroMQ closes the accepted connections
 	 * with their listener, every submitter's) */
 	hpud__D.accept_failed++;
-	ev_tstamp now = ev_now(hpud__D.loop);
+	ev_tstamp now = hpu__mono_s();
 	if (hpud__D.accept_logged > 0 && now - hpud__D.accept_logged < ACCEPT_LOG_S)
 		return;
 	hpud__D.accept_logged = now;

@@ -25,15 +25,16 @@
  * `hpulaunch --nodes 2 --devices 1 --node-rank R --master-port PORT
  * OPTS... fmnist_mlp.so -- --hidden HIDDEN`, OPTS NULL-ended (at most 8),
  * the same on both nodes. */
-static void start_mlp_pair(proc *n0, proc *n1, const char *const *opts, const char *hidden)
+static void start_pair(proc *n0, proc *n1, const char *const *opts, const char *model,
+		       const char *const *model_args, char *const *env1)
 {
 	char port[16];
 	snprintf(port, sizeof port, "%d", h_free_port());
-	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *env[8] = {"HPU_JOB_TOKEN=shared-secret", NULL};
 	proc *n[2] = {n0, n1};
 	for (int r = 0; r < 2; r++) {
-		char *a[24];
-		int k = 0;
+		char *a[32];
+		int k = 0, e = 1;
 		char *head[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
 				r ? "1" : "0", "--master-port", port};
 		for (size_t i = 0; i < sizeof head / sizeof *head; i++)
@@ -42,11 +43,26 @@ static void start_mlp_pair(proc *n0, proc *n1, const char *const *opts, const ch
 			assert_true(i < 8);
 			a[k++] = (char *)opts[i];
 		}
-		char *tail[] = {(char *)MODEL, "--", "--hidden", (char *)hidden, NULL};
-		for (size_t i = 0; i < sizeof tail / sizeof *tail; i++)
-			a[k++] = tail[i];
+		a[k++] = (char *)model;
+		a[k++] = "--";
+		for (int i = 0; model_args[i]; i++) {
+			assert_true(i < 12);
+			a[k++] = (char *)model_args[i];
+		}
+		a[k] = NULL;
+		for (int i = 0; r == 1 && env1 && env1[i]; i++) {
+			assert_true(e < 7);
+			env[e++] = env1[i];
+		}
+		env[e] = NULL;
 		assert_int_equal(h_start(n[r], a, env), 0);
 	}
+}
+
+static void start_mlp_pair(proc *n0, proc *n1, const char *const *opts, const char *hidden)
+{
+	const char *margs[] = {"--hidden", hidden, NULL};
+	start_pair(n0, n1, opts, MODEL, margs, NULL);
 }
 
 /* A worker with the wrong job token is refused by the coordinator; a rank
@@ -188,6 +204,43 @@ static void test_two_nodes(void **state)
 	assert_int_equal(h_code(&n1), 0);
 	assert_non_null(strstr(n0.out, "[rank 0] trained 5 steps on 2 workers"));
 	assert_non_null(strstr(n0.out, "[rank 0] test accuracy"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
+/* Node 1's wall clock steps an hour ahead every 1.3 s while the job runs
+ * (NTP, `date -s`, a VM resumed: LD_PRELOAD clock_skew, node 1's
+ * hpulaunch alone): the job trains on. Its heartbeat check measured the
+ * coordinator's silence on libev's ev_now(), the wall clock, so a step
+ * read as an hour of silence ("lost contact with the coordinator ...
+ * silent for 10 s; this hpulaunch itself did not run for 3601 s")
+ * whenever its check ran before the next heartbeat came (a review: 4 runs
+ * in 4 at some start offsets); now every duration is on the monotonic
+ * clock. Rank 0 sleeps 8 s in its 10th step, so that node 1 sees about
+ * six steps. */
+static void test_clock_steps(void **state)
+{
+	(void)state;
+	proc n0, n1;
+	char preload[600];
+	snprintf(preload, sizeof preload, "LD_PRELOAD=%s", h_build("lib/clock_skew.so"));
+	char *env1[] = {preload, "HPU_TEST_SKEW_MS=3600000", "HPU_TEST_SKEW_STEP_EVERY_MS=1300",
+			NULL};
+	const char *opts[] = {"--max-steps", "20", "--batch-size", "16", "--no-eval", NULL};
+	const char *margs[] = {"--hidden", "16", "--sleep-rank", "0", "--sleep-ms", "8000", NULL};
+	start_pair(&n0, &n1, opts, h_build("lib/fault_mlp.so"), margs, env1);
+	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+	assert_null(strstr(n1.out, "lost contact"));
+	assert_int_equal(h_code(&n1), 0);
+	assert_int_equal(h_code(&n0), 0);
+	assert_non_null(strstr(n0.out, "[rank 0] trained 20 steps on 2 workers"));
 	h_free(&n0);
 	h_free(&n1);
 }
@@ -627,6 +680,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_node0_never_answers),
 		cmocka_unit_test(test_two_nodes),
+		cmocka_unit_test(test_clock_steps),
 		cmocka_unit_test(test_node_started_twice_early),
 		cmocka_unit_test(test_node_killed_blamed),
 		cmocka_unit_test(test_node0_killed_blamed),

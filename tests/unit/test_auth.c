@@ -321,6 +321,28 @@ static void test_resize(void **state)
 	hpu__auth_destroy(&a);
 }
 
+/* The clock stepped back by more than the window (docs/troubleshooting.md):
+ * a new frame is older than the nonces the cache has forgotten, so it
+ * could be a replay the cache no longer knows, and is refused. */
+static void test_clock_stepped_back(void **state)
+{
+	(void)state;
+	hpu_auth *a = new_auth(key1, W, 16);
+	uint8_t *f1, *f2, *f3;
+	size_t n1 = sign(a, "one", 3, T0, &f1);
+	size_t n2 = sign(a, "two", 3, T0 + W + 1, &f2);
+	assert_accepted(a, f1, n1, T0);
+	assert_accepted(a, f2, n2, T0 + W + 1); /* f1 forgotten */
+	size_t n3 = sign(a, "three", 5, T0 - W, &f3); /* the clock 2W back */
+	assert_refused(a, f3, n3, T0 - W,
+		       "stale: timestamp older than nonces the replay cache has forgotten (did the "
+		       "clock step back?)");
+	free(f1);
+	free(f2);
+	free(f3);
+	hpu__auth_destroy(&a);
+}
+
 static void test_replay(void **state)
 {
 	(void)state;
@@ -1068,7 +1090,7 @@ int main(void)
 	    cmocka_unit_test(test_load_not_a_key_file),
 	    cmocka_unit_test(test_gen_key),
 	    cmocka_unit_test(test_rotate),
-	    cmocka_unit_test(test_resize),
+	    cmocka_unit_test(test_resize), cmocka_unit_test(test_clock_stepped_back),
 	};
 	int failed = cmocka_run_group_tests_name("frames", frames, NULL, NULL);
 	failed += cmocka_run_group_tests_name("key files", keys, setup_dir,
