@@ -222,7 +222,7 @@ typedef struct hpu_train_opts {
 		short slot[2]; /* the options' from[] slots; -1: none */
 	} cfg_auto[HPU_CFG_AUTOS];
 	int ncfg_auto;
-	char cfg_ignored[2048];
+	char cfg_ignored[4096];
 } hpu_train_opts;
 
 /* Fills o with the defaults (1 epoch, batch 256, AdamW lr 1e-3, ...). */

@@ -962,7 +962,7 @@ static const struct real_cfg {
 	 " \"zero_optimization\": {\"stage\": 2, \"overlap_comm\": false, \"reduce_scatter\": false,"
 	 "  \"contiguous_gradients\": false}}\n",
 	 "zero2", "bf16-mixed", 32,
-	 {"train_micro_batch_size_per_gpu=32 (--micro-batch-size, default)",
+	 {"train_micro_batch_size_per_gpu=32 (--micro-batch-size, from the other two batch sizes)",
 	  "gradient_accumulation_steps=1 (--grad-accum, default)", NULL},
 	 {"zero_optimization.contiguous_gradients (", "zero_optimization.reduce_scatter (", NULL},
 	 1},

@@ -516,12 +516,21 @@ static void test_file_no_effect(void **state)
 	free(t);
 	/* the names of our options (and the Hugging Face ones for them) at
 	 * the top level say where they go, and set nothing */
-	t = notes_of("{'seed': 7, 'logging_steps': 10, 'throughput_warmup_steps': 2}",
+	t = notes_of("{'seed': 7, 'logging_steps': 10, 'throughput_warmup_steps': 2,"
+		     " 'precision': 'bf16', 'learning_rate': 0.1, 'val_check_interval': 2,"
+		     " 'no_eval': true, 'per_device_train_batch_size': 8}",
 		     NULL, &o);
 	assert_int_equal(o.seed, 42);
+	assert_int_equal(o.precision, HPU_PREC_FP32);
+	assert_true(o.lr == 1e-3);
 	assert_has(t, "seed (not a top-level key: this file's hputrain.seed, or the flag --seed, sets it)");
 	assert_has(t, "logging_steps (not a top-level key: this file's hputrain.log_every, or the flag --log-every, sets it)");
 	assert_has(t, "throughput_warmup_steps (not a key of this file: the flag --throughput-warmup-steps sets it)");
+	assert_has(t, "precision (not a top-level key: this file's hputrain.precision sets it)");
+	assert_has(t, "learning_rate (not a top-level key: this file's optimizer.params.lr, or the flag --lr, sets it)");
+	assert_has(t, "val_check_interval (not a top-level key: this file's hputrain.val_check_interval sets it)");
+	assert_has(t, "no_eval (not a top-level key: this file's hputrain.eval (false), or the flag --no-eval, sets it)");
+	assert_has(t, "per_device_train_batch_size (not a top-level key: this file's train_micro_batch_size_per_gpu, or the flag --micro-batch-size, sets it)");
 	free(t);
 	/* a misspelt top-level key is still an error */
 	LOAD_ERROR("{'wall_clock_breakdwn': false}", "unknown key 'wall_clock_breakdwn'",

@@ -199,7 +199,7 @@ static void all_names(char *buf, size_t len)
  * the name as the file spells it (PyTorch's names map onto ours). */
 struct list_hit {
 	int line;
-	char name[65];
+	char name[129];
 };
 
 /* Reads the list file named by environment variable id (unset or empty:
@@ -254,7 +254,7 @@ static int read_list(hpu_env_id id, struct list_hit *in, char *err, size_t errle
 		}
 		if (in[op].line == 0) {
 			in[op].line = no;
-			snprintf(in[op].name, sizeof in[op].name, "%.64s", s);
+			snprintf(in[op].name, sizeof in[op].name, "%.128s", s);
 		}
 	}
 	if (rc == 0 && ferror(f)) {
@@ -284,7 +284,7 @@ static void both_lists(int i, hpu_env_id lv, const struct list_hit *l, hpu_env_i
 		       const struct list_hit *f, char *err, size_t errlen)
 {
 	int l_as = strcmp(l->name, op_names[i]) != 0, f_as = strcmp(f->name, op_names[i]) != 0;
-	char as[160] = "";
+	char as[2 * sizeof l->name + 64] = "";
 	if (l_as && f_as && strcmp(l->name, f->name) != 0)
 		snprintf(as, sizeof as, "'%s' and '%s' are op '%s' here, and ", l->name, f->name,
 			 op_names[i]);

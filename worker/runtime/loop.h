@@ -156,7 +156,9 @@ int hpu__loop_skipped_check(loop *L, long step);
 /* Closes the metrics file at the end of a run. Returns 0 or -1. */
 int hpu__loop_close_metrics(loop *L);
 
-/* A log line and metrics record after `step` steps (every rank calls it). */
+/* A log line and metrics record after `step` steps (every rank calls it);
+ * sps NAN: within --throughput-warmup-steps, not measured ("samples/s -",
+ * "samples_per_sec": null). */
 int hpu__loop_log_step(loop *L, long step, long total, int epoch, float loss, double lr,
 		       double norm, double sps);
 

@@ -748,11 +748,15 @@ void hpu__swap_stats(const hpu_swap *s, uint64_t *read, uint64_t *written, doubl
 /* A broken ring's requests that the kernel took still read into or
  * write from buffers the callers free after hpu__swap_close, and
  * io_uring_queue_exit does not wait for them: their completions are
- * waited for here, a second at a time, for at most 10 s in all, and
- * until the ring fails to give one. */
+ * waited for here, a second at a time, until 10 s pass with none or the
+ * ring fails to give one. Without IORING_FEAT_EXT_ARG (before Linux
+ * 5.11) the timed wait submits what was not yet submitted, so those
+ * count too. */
 static void drain_dead(hpu_swap *s)
 {
-	int in_kernel = s->in_ring - s->unsubmitted, idle = 0;
+	int in_kernel = s->ring.features & IORING_FEAT_EXT_ARG ? s->in_ring - s->unsubmitted
+							       : s->in_ring;
+	int idle = 0;
 	while (in_kernel > 0 && idle < 10) {
 		struct __kernel_timespec ts = {.tv_sec = 1};
 		struct io_uring_cqe *cqe;
@@ -775,7 +779,7 @@ void hpu__swap_close(hpu_swap *s)
 	if (s->ring_ok) {
 		if (!s->dead)
 			hpu__swap_wait_all(s);
-		else
+		if (s->dead) /* before, or as the waits failed */
 			drain_dead(s);
 		io_uring_queue_exit(&s->ring);
 	}
