@@ -59,6 +59,20 @@ static void start_pair(proc *n0, proc *n1, const char *const *opts, const char *
 	}
 }
 
+/* Waits for both nodes of a pair to end (node 0 within 120 s, node 1 30 s
+ * after), prints their output, and asserts that both ended. */
+static void wait_pair(proc *n0, proc *n1)
+{
+	int e0 = h_wait(n0, 120000), e1 = h_wait(n1, 30000);
+	printf("node 0:\n%s\nnode 1:\n%s\n", n0->out, n1->out);
+	if (e0)
+		h_kill(n0);
+	if (e1)
+		h_kill(n1);
+	assert_int_equal(e0, 0);
+	assert_int_equal(e1, 0);
+}
+
 static void start_mlp_pair(proc *n0, proc *n1, const char *const *opts, const char *hidden)
 {
 	const char *margs[] = {"--hidden", hidden, NULL};
@@ -192,14 +206,7 @@ static void test_two_nodes(void **state)
 	proc n0, n1;
 	const char *opts[] = {"--max-steps", "5", "--log-every", "1", NULL};
 	start_mlp_pair(&n0, &n1, opts, "64");
-	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
-	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
-	if (e0)
-		h_kill(&n0);
-	if (e1)
-		h_kill(&n1);
-	assert_int_equal(e0, 0);
-	assert_int_equal(e1, 0);
+	wait_pair(&n0, &n1);
 	assert_int_equal(h_code(&n0), 0);
 	assert_int_equal(h_code(&n1), 0);
 	assert_non_null(strstr(n0.out, "[rank 0] trained 5 steps on 2 workers"));
@@ -229,14 +236,7 @@ static void test_clock_steps(void **state)
 	const char *opts[] = {"--max-steps", "20", "--batch-size", "16", "--no-eval", NULL};
 	const char *margs[] = {"--hidden", "16", "--sleep-rank", "0", "--sleep-ms", "8000", NULL};
 	start_pair(&n0, &n1, opts, h_build("lib/fault_mlp.so"), margs, env1);
-	int e0 = h_wait(&n0, 120000), e1 = h_wait(&n1, 30000);
-	printf("node 0:\n%s\nnode 1:\n%s\n", n0.out, n1.out);
-	if (e0)
-		h_kill(&n0);
-	if (e1)
-		h_kill(&n1);
-	assert_int_equal(e0, 0);
-	assert_int_equal(e1, 0);
+	wait_pair(&n0, &n1);
 	assert_null(strstr(n1.out, "lost contact"));
 	assert_int_equal(h_code(&n1), 0);
 	assert_int_equal(h_code(&n0), 0);
