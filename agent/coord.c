@@ -41,7 +41,7 @@ struct hpu_coord {
 	int port;
 	hpu_zwatch zw;
 	ev_timer join_timer, beat_timer;
-	ev_tstamp beat_at; /* the loop time of the beat before (or its start) */
+	ev_tstamp beat_at; /* hpu__mono_s() at the beat before (or at its start) */
 	rank_slot *ranks;
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;

@@ -59,7 +59,7 @@ typedef struct hpud_state {
 	ev_tstamp accept_logged;
 	long accept_failed;
 	ev_timer tick;
-	ev_tstamp last_tick; /* the loop time of the tick before (or its start) */
+	ev_tstamp last_tick; /* hpu__mono_s() at the tick before (or at its start) */
 	ev_signal sigterm, sigint, sighup;
 	ev_prepare reap;
 	hpud_jobout out;           /* the jobs' messages to their submitters */

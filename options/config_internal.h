@@ -117,8 +117,10 @@ struct cJSON;
 struct fctx {
 	hpu_train_opts *o; /* a copy, committed only if the whole file loads */
 	const char *file;
-	/* why a W_LENIENT walk's unknown key changes nothing (NULL: "not a
-	 * key hputrain knows"): hpu__cfg_top_hint at the top level */
+	/* what sets a W_LENIENT walk's unknown key that names one of our
+	 * options, for the warning (text in buf; NULL: nothing does), which
+	 * then stands for a "did you mean" error: config_keys.c's top_hint
+	 * at the top level */
 	const char *(*hint)(const char *key, char *buf, size_t len);
 	int adam_w_mode; /* optimizer.params.adam_w_mode */
 	/* DeepSpeed's defaults for what its sections leave out
@@ -259,10 +261,10 @@ int hpu__cfg_fp8(struct fctx *c, const char *path, const struct cJSON *it);
 int hpu__cfg_amp(struct fctx *c, const char *path, const struct cJSON *it);
 int hpu__cfg_hputrain(struct fctx *c, const char *path, const struct cJSON *it);
 
-/* Why an unknown top-level key changes nothing, and what would set it
- * where it names one of our options (as hputrain.KEY or a flag, or a
- * Hugging Face TrainingArguments name of one): text in buf or static. */
-const char *hpu__cfg_top_hint(const char *key, char *buf, size_t len);
+/* The i-th section table of config_keys_train.c with its path
+ * ("optimizer.params"), for config_keys.c's top-level hints; NULL past
+ * the last. */
+const struct fkey *hpu__cfg_train_section(int i, const char **path, size_t *n);
 
 /* config_args.c: whether batch number `name` (batch-size, micro-batch-size,
  * grad-accum) was not given and the two others determine it. */

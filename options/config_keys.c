@@ -282,9 +282,146 @@ static const struct fkey top_keys[] = {
 	NONE("use_data_before_expert_parallelism", WHY_NOTHERE),
 };
 
+/* ---- what sets a key misplaced at the top level ---- */
+
+/* Names users put at a config file's top level for options of ours (the
+ * Hugging Face and Optimum Habana TrainingArguments' names), as the
+ * option they name; a section's key of the same name, or our flag's name
+ * with underscores, needs no entry. */
+static const struct {
+	const char *name, *opt;
+} hf_names[] = {
+	{"distribution_strategy", "strategy"},
+	{"logging_steps", "log-every"},
+	{"num_train_epochs", "epochs"},
+	{"learning_rate", "lr"},
+	{"adam_beta1", "beta1"},
+	{"adam_beta2", "beta2"},
+	{"adam_epsilon", "eps"},
+	{"lr_scheduler_type", "scheduler"},
+	{"per_device_train_batch_size", "micro-batch-size"},
+	{"max_grad_norm", "clip-grad-norm"},
+	{"save_steps", "checkpoint-every"},
+	{"save_total_limit", "keep-last"},
+	{"eval_steps", "eval-every"},
+	{"resume_from_checkpoint", "resume"},
+};
+
+/* A section table to search, with its path. */
+struct hint_sec {
+	const char *path;
+	const struct fkey *keys;
+	size_t n;
+};
+
+/* The sections in the order a hint prefers them: ours, the top level,
+ * then DeepSpeed's. */
+static int hint_sections(struct hint_sec *s, int max)
+{
+	int k = 0;
+	const char *path;
+	size_t n;
+	const struct fkey *t = hpu__cfg_train_section(0, &path, &n); /* hputrain */
+	s[k++] = (struct hint_sec){path, t, n};
+	s[k++] = (struct hint_sec){"", top_keys, sizeof top_keys / sizeof top_keys[0]};
+	for (int i = 1; k < max && (t = hpu__cfg_train_section(i, &path, &n)); i++)
+		s[k++] = (struct hint_sec){path, t, n};
+	const struct hint_sec own[] = {
+		{"zero_optimization", zero_keys, sizeof zero_keys / sizeof zero_keys[0]},
+		{"zero_optimization.offload_optimizer", offload_optimizer_keys,
+		 sizeof offload_optimizer_keys / sizeof offload_optimizer_keys[0]},
+		{"zero_optimization.offload_param", offload_param_keys,
+		 sizeof offload_param_keys / sizeof offload_param_keys[0]},
+		{"aio", aio_keys, sizeof aio_keys / sizeof aio_keys[0]},
+	};
+	for (size_t i = 0; k < max && i < sizeof own / sizeof own[0]; i++)
+		s[k++] = own[i];
+	return k;
+}
+
+/* The flag of table entry e: its option, or for a key with a function
+ * of its own the option of the key's name (hputrain.precision); NULL
+ * where none. */
+static const char *entry_flag(const struct fkey *e, char *buf, size_t len)
+{
+	if (e->opt)
+		return e->opt;
+	size_t i;
+	for (i = 0; e->key[i] && i + 1 < len; i++)
+		buf[i] = e->key[i] == '_' ? '-' : e->key[i];
+	buf[i] = '\0';
+	return hpu__opt_find(buf) ? buf : NULL;
+}
+
+/* What sets top-level key `key`, which names one of our options
+ * misplaced: a section's key of that name, else the key that sets the
+ * option it names (hf_names, or the flag of its name). NULL: nothing. */
+static const char *top_hint(const char *key, char *buf, size_t len)
+{
+	struct hint_sec s[16];
+	int ns = hint_sections(s, 16);
+	char fb[64], name[64];
+	const char *opt = NULL;
+	/* 1: a section's key of that name */
+	for (int i = 0; i < ns; i++) {
+		if (!*s[i].path)
+			continue; /* the top level itself: not this key */
+		for (size_t j = 0; j < s[i].n; j++) {
+			const struct fkey *e = &s[i].keys[j];
+			if (e->why || strcmp(e->key, key) != 0)
+				continue;
+			const char *f = entry_flag(e, fb, sizeof fb);
+			if (f && !strncmp(f, "no-", 3)) /* hputrain.eval */
+				snprintf(buf, len, "not a top-level key: this file's %s.%s, or the "
+						   "flag --%s for false, sets it",
+					 s[i].path, key, f);
+			else if (f)
+				snprintf(buf, len, "not a top-level key: this file's %s.%s, or the "
+						   "flag --%s, sets it",
+					 s[i].path, key, f);
+			else
+				snprintf(buf, len, "not a top-level key: this file's %s.%s sets it",
+					 s[i].path, key);
+			return buf;
+		}
+	}
+	/* 2: the option it names */
+	for (size_t i = 0; i < sizeof hf_names / sizeof hf_names[0]; i++)
+		if (strcmp(key, hf_names[i].name) == 0)
+			opt = hf_names[i].opt;
+	if (!opt && strlen(key) < sizeof name) {
+		size_t i;
+		for (i = 0; key[i]; i++)
+			name[i] = key[i] == '_' ? '-' : key[i];
+		name[i] = '\0';
+		opt = name;
+	}
+	if (!opt || !hpu__opt_find(opt))
+		return NULL;
+	for (int i = 0; i < ns; i++)
+		for (size_t j = 0; j < s[i].n; j++) {
+			const struct fkey *e = &s[i].keys[j];
+			if (e->why || !e->opt || strcmp(e->opt, opt) != 0)
+				continue;
+			snprintf(buf, len, "not a top-level key: this file's %s%s%s%s, or the flag "
+					   "--%s, sets it",
+				 s[i].path, *s[i].path ? "." : "", e->key,
+				 strncmp(opt, "no-", 3) ? "" : " (false)", opt);
+			return buf;
+		}
+	/* the typed sections' type */
+	if (!strcmp(opt, "optimizer") || !strcmp(opt, "scheduler"))
+		snprintf(buf, len, "not a top-level key: this file's %s.type, or the flag --%s, "
+				   "sets it",
+			 opt, opt);
+	else
+		snprintf(buf, len, "not a key of this file: the flag --%s sets it", opt);
+	return buf;
+}
+
 int hpu__cfg_walk_top(struct fctx *c, const cJSON *root)
 {
-	c->hint = hpu__cfg_top_hint;
+	c->hint = top_hint;
 	int rc = WALK(c, root, "", top_keys, 0, "", W_LENIENT);
 	c->hint = NULL;
 	return rc;

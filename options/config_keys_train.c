@@ -470,86 +470,26 @@ int hpu__cfg_hputrain(struct fctx *c, const char *path, const cJSON *it)
 	return WALK(c, it, path, hputrain_keys, 0, "", W_DASHES);
 }
 
-/* Names users put at a config file's top level for options of ours: the
- * Hugging Face and Optimum Habana TrainingArguments' names and our flags'
- * own, with the key of this file that sets the option where DeepSpeed's
- * sections have one (NULL: the hputrain section's key for the flag, if
- * any). */
-static const struct {
-	const char *name, *opt, *ds_key;
-} top_names[] = {
-	{"distribution_strategy", "strategy", NULL},
-	{"logging_steps", "log-every", NULL},
-	{"num_train_epochs", "epochs", NULL},
-	{"learning_rate", "lr", "optimizer.params.lr"},
-	{"lr", "lr", "optimizer.params.lr"},
-	{"weight_decay", "weight-decay", "optimizer.params.weight_decay"},
-	{"adam_beta1", "beta1", "optimizer.params.betas"},
-	{"adam_beta2", "beta2", "optimizer.params.betas"},
-	{"beta1", "beta1", "optimizer.params.betas"},
-	{"beta2", "beta2", "optimizer.params.betas"},
-	{"adam_epsilon", "eps", "optimizer.params.eps"},
-	{"eps", "eps", "optimizer.params.eps"},
-	{"momentum", "momentum", "optimizer.params.momentum"},
-	{"warmup_steps", "warmup-steps", "scheduler.params.warmup_num_steps"},
-	{"lr_scheduler_type", "scheduler", "scheduler.type"},
-	{"per_device_train_batch_size", "micro-batch-size", "train_micro_batch_size_per_gpu"},
-	{"micro_batch_size", "micro-batch-size", "train_micro_batch_size_per_gpu"},
-	{"batch_size", "batch-size", "train_batch_size"},
-	{"grad_accum", "grad-accum", "gradient_accumulation_steps"},
-	{"max_grad_norm", "clip-grad-norm", "gradient_clipping"},
-	{"clip_grad_norm", "clip-grad-norm", "gradient_clipping"},
-	{"save_steps", "checkpoint-every", NULL},
-	{"save_total_limit", "keep-last", NULL},
-	{"eval_steps", "eval-every", NULL},
-	{"resume_from_checkpoint", "resume", NULL},
-	{"no_eval", "no-eval", "hputrain.eval (false)"},
-};
+#define NKEYS(t) (sizeof(t) / sizeof((t)[0]))
 
-const char *hpu__cfg_top_hint(const char *key, char *buf, size_t len)
+const struct fkey *hpu__cfg_train_section(int i, const char **path, size_t *n)
 {
-	const size_t nh = sizeof hputrain_keys / sizeof hputrain_keys[0];
-	char flag[64];
-	const char *opt = NULL, *ds_key = NULL;
-	size_t i;
-	/* a key of the hputrain section, at the top level */
-	for (i = 0; i < nh; i++)
-		if (strcmp(key, hputrain_keys[i].key) == 0) {
-			if (hputrain_keys[i].opt && hpu__opt_find(hputrain_keys[i].opt))
-				snprintf(buf, len, "not a top-level key: this file's hputrain.%s, or "
-						   "the flag --%s, sets it",
-					 key, hputrain_keys[i].opt);
-			else
-				snprintf(buf, len, "not a top-level key: this file's hputrain.%s sets it",
-					 key);
-			return buf;
-		}
-	for (i = 0; i < sizeof top_names / sizeof top_names[0]; i++)
-		if (strcmp(key, top_names[i].name) == 0) {
-			opt = top_names[i].opt;
-			ds_key = top_names[i].ds_key;
-		}
-	if (!opt && strlen(key) < sizeof flag) {
-		for (i = 0; key[i]; i++)
-			flag[i] = key[i] == '_' ? '-' : key[i];
-		flag[i] = '\0';
-		opt = flag;
-	}
-	if (!opt || !hpu__opt_find(opt))
-		return "not a key hputrain knows";
-	for (i = 0; !ds_key && i < nh; i++)
-		if (hputrain_keys[i].opt && strcmp(hputrain_keys[i].opt, opt) == 0)
-			break;
-	if (ds_key)
-		snprintf(buf, len, "not a top-level key: this file's %s, or the flag --%s, sets it",
-			 ds_key, opt);
-	else if (i < nh)
-		snprintf(buf, len, "not a top-level key: this file's hputrain.%s, or the flag --%s, "
-				   "sets it",
-			 hputrain_keys[i].key, opt);
-	else
-		snprintf(buf, len, "not a key of this file: the flag --%s sets it", opt);
-	return buf;
+	static const struct {
+		const char *path;
+		const struct fkey *keys;
+		size_t n;
+	} s[] = {
+		{"hputrain", hputrain_keys, NKEYS(hputrain_keys)},
+		{"optimizer.params", optim_param_keys, NKEYS(optim_param_keys)},
+		{"scheduler.params", sched_param_keys, NKEYS(sched_param_keys)},
+		{"fp16", fp16_keys, NKEYS(fp16_keys)},
+		{"fp8", fp8_keys, NKEYS(fp8_keys)},
+	};
+	if (i < 0 || (size_t)i >= NKEYS(s))
+		return NULL;
+	*path = s[i].path;
+	*n = s[i].n;
+	return s[i].keys;
 }
 
 /* amp: apex's mixed precision, which is fp16 with loss scaling here. */

@@ -425,11 +425,16 @@ int hpu__cfg_walk(struct fctx *c, const cJSON *obj, const char *prefix,
 			continue;
 		}
 		const struct fkey *k = lookup(keys, n, it->string, dashes);
-		const char *best = k ? NULL : closest(it->string, keys, n);
-		if (!k && !best && (mode & W_LENIENT))
-			hpu__cfg_note_ignored(c, path,
-					      c->hint ? c->hint(it->string, hint, sizeof hint)
-						      : "not a key hputrain knows");
+		/* one of our options, misplaced, before a near key's "did
+		 * you mean" (eps is two edits from fp8) */
+		const char *sets = !k && (mode & W_LENIENT) && c->hint
+					   ? c->hint(it->string, hint, sizeof hint)
+					   : NULL;
+		const char *best = k || sets ? NULL : closest(it->string, keys, n);
+		if (sets)
+			hpu__cfg_note_ignored(c, path, sets);
+		else if (!k && !best && (mode & W_LENIENT))
+			hpu__cfg_note_ignored(c, path, "not a key hputrain knows");
 		else if (!k)
 			unknown_key(c, path, best);
 		else if (k->only && !(k->only & type))

@@ -526,11 +526,26 @@ static void test_file_no_effect(void **state)
 	assert_has(t, "seed (not a top-level key: this file's hputrain.seed, or the flag --seed, sets it)");
 	assert_has(t, "logging_steps (not a top-level key: this file's hputrain.log_every, or the flag --log-every, sets it)");
 	assert_has(t, "throughput_warmup_steps (not a key of this file: the flag --throughput-warmup-steps sets it)");
-	assert_has(t, "precision (not a top-level key: this file's hputrain.precision sets it)");
+	assert_has(t, "precision (not a top-level key: this file's hputrain.precision, or the flag --precision, sets it)");
 	assert_has(t, "learning_rate (not a top-level key: this file's optimizer.params.lr, or the flag --lr, sets it)");
 	assert_has(t, "val_check_interval (not a top-level key: this file's hputrain.val_check_interval sets it)");
 	assert_has(t, "no_eval (not a top-level key: this file's hputrain.eval (false), or the flag --no-eval, sets it)");
 	assert_has(t, "per_device_train_batch_size (not a top-level key: this file's train_micro_batch_size_per_gpu, or the flag --micro-batch-size, sets it)");
+	free(t);
+	/* DeepSpeed's section keys at the top level name their section; eps
+	 * is not taken for a misspelt fp8 */
+	t = notes_of("{'eps': 1e-6, 'nesterov': true, 'T_max': 9, 'stage': 2, 'eval': false,"
+		     " 'warmup_steps': 5, 'batch_size': 8, 'fp8_margin': 1}",
+		     NULL, &o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_FAST_DDP);
+	assert_has(t, "eps (not a top-level key: this file's optimizer.params.eps, or the flag --eps, sets it)");
+	assert_has(t, "nesterov (not a top-level key: this file's optimizer.params.nesterov, or the flag --nesterov, sets it)");
+	assert_has(t, "T_max (not a top-level key: this file's scheduler.params.T_max, or the flag --total-steps, sets it)");
+	assert_has(t, "stage (not a top-level key: this file's zero_optimization.stage sets it)");
+	assert_has(t, "eval (not a top-level key: this file's hputrain.eval, or the flag --no-eval for false, sets it)");
+	assert_has(t, "warmup_steps (not a top-level key: this file's scheduler.params.warmup_num_steps, or the flag --warmup-steps, sets it)");
+	assert_has(t, "batch_size (not a top-level key: this file's train_batch_size, or the flag --batch-size, sets it)");
+	assert_has(t, "fp8_margin (not a top-level key: this file's fp8.margin, or the flag --fp8-margin, sets it)");
 	free(t);
 	/* a misspelt top-level key is still an error */
 	LOAD_ERROR("{'wall_clock_breakdwn': false}", "unknown key 'wall_clock_breakdwn'",
