@@ -332,7 +332,9 @@ typedef struct refusal {
 static const refusal refusals[] = {
 	{"a copy into host memory", r_d2h, "hpu__dev_d2h"},
 	{"an op returning a value (sumsq)", r_value, "sumsq"},
-	{"a wait for an event", r_wait, "hpu__dev_event_wait"},
+	/* refused at the record already: a host wait on an event captured
+	 * into the graph would fail after the recording */
+	{"an event recorded, then waited for", r_wait, "hpu__dev_event_record"},
 	{"dropout", r_dropout, "dropout draws its keys on the host"},
 	{"an op reading its result back (softmax_xent)", r_readback,
 	 "its result comes back to the host"},

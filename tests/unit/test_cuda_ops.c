@@ -922,14 +922,24 @@ static void test_ops_on_gpu(void **state)
 }
 
 /* Every table entry is filled (the ops would run C loops on device
- * memory where one is NULL), and it describes itself. */
+ * memory where one is NULL), and it describes itself; but for conv_bwd,
+ * which a table may leave out (backend.h: the ops then call the two
+ * backward convolutions), and the flags gemm_c16 and findings_dev. */
 static void test_table(void **state)
 {
 	(void)state;
 	const void *const *f = (const void *const *)&gpu->describe;
-	size_t nf = (sizeof *gpu - offsetof(hpu__backend, describe)) / sizeof(void *);
-	for (size_t i = 0; i < nf; i++)
-		assert_non_null(f[i]);
+	size_t at = offsetof(hpu__backend, describe);
+	size_t nf = (sizeof *gpu - at) / sizeof(void *);
+	for (size_t i = 0; i < nf; i++) {
+		size_t off = at + i * sizeof(void *);
+		if (off == offsetof(hpu__backend, conv_bwd) ||
+		    (off + sizeof(void *) > offsetof(hpu__backend, gemm_c16) &&
+		     off < offsetof(hpu__backend, findings_dev) + sizeof(int)))
+			continue;
+		if (!f[i])
+			fail_msg("the CUDA table's entry at byte %zu is NULL", off);
+	}
 	printf("  %s: %s\n", gpu->name, gpu->describe());
 	assert_int_equal(gpu->bf16_native(), 1);
 }
