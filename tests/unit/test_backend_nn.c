@@ -773,6 +773,46 @@ static void test_passes_on_table(void **state)
 	free(want), free(got);
 }
 
+/* A working copy's fp32 values are made with one widening per run of
+ * chunks not made yet, not one per chunk: chunk by chunk, GPT-2's token
+ * table was 37,728 kernel launches a step on a GPU. The values are the
+ * 16-bit ones either way. */
+static void test_param16_runs(void **state)
+{
+	(void)state;
+	enum { C = HPU__AC_P16_CHUNK, LEN = 10 * C + 300 }; /* 11 chunks, the last short */
+	uint16_t *p16 = xcalloc(LEN, sizeof *p16);
+	float *base = xcalloc(LEN, sizeof *base);
+	rng_seed(5);
+	for (int fp16 = 0; fp16 < 2; fp16++) {
+		for (size_t i = 0; i < LEN; i++) {
+			float v = rng_uniform(-10.0f, 10.0f);
+			p16[i] = fp16 ? hpu_to_fp16(v) : hpu_to_bf16(v);
+			base[i] = NAN;
+		}
+		hooked = *hpu__be_reference();
+		hooked.name = "hooked";
+		hooked.from16 = h_from16;
+		hpu__be_set(&hooked);
+		memset(hook_calls, 0, sizeof hook_calls);
+		assert_int_equal(hpu__ac_param16_add(base, p16, LEN, fp16, 0), 0);
+		hpu__ac_param_f32(base + 2 * C + 5, C); /* chunks 2 and 3: one call */
+		assert_int_equal(hook_calls[H_FROM16], 1);
+		assert_true(isnan(base[2 * C + 4]) == 0 && isnan(base[C]) && isnan(base[4 * C]));
+		hpu__ac_param_f32(base + 5 * C, 1); /* chunk 5 */
+		assert_int_equal(hook_calls[H_FROM16], 2);
+		hpu__ac_param_f32(base, LEN); /* the runs 0-1, 4 and 6-10 */
+		assert_int_equal(hook_calls[H_FROM16], 5);
+		hpu__ac_param_f32(base, LEN); /* all made: none */
+		assert_int_equal(hook_calls[H_FROM16], 5);
+		hpu__ac_param16_remove(base);
+		hpu__be_set(NULL);
+		for (size_t i = 0; i < LEN; i++)
+			assert_true(base[i] == (fp16 ? hpu_from_fp16(p16[i]) : hpu_from_bf16(p16[i])));
+	}
+	free(p16), free(base);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -780,7 +820,7 @@ int main(void)
 		cmocka_unit_test(test_relu_bits), cmocka_unit_test(test_gelu_bits),
 		cmocka_unit_test(test_softmax),   cmocka_unit_test(test_layernorm),
 		cmocka_unit_test(test_public_fp32), cmocka_unit_test(test_public_bf16),
-		cmocka_unit_test(test_passes_on_table),
+		cmocka_unit_test(test_passes_on_table), cmocka_unit_test(test_param16_runs),
 	};
 	printf("backend: %s\n", hpu__be()->describe());
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -59,7 +59,7 @@ static struct {
 /* The runtime's 16-bit working copies of parameters and the fp32 copies
  * made from them on demand (hpu__ac_param16_add): a few live at a time
  * (the running layer's, a tied owner's, ZeRO-3's prefetched ones). */
-#define P16_CHUNK 1024 /* fp32 values are made this many at a time */
+#define P16_CHUNK HPU__AC_P16_CHUNK
 typedef struct param16 {
 	float *base;
 	const uint16_t *p16;
@@ -775,17 +775,29 @@ int hpu__host_from16(int fp16, const uint16_t *src, float *dst, size_t n)
 	return HPU_BE_OK;
 }
 
-/* Makes the fp32 values of w[0..n), which lies in p, where not made yet. */
+/* Makes the fp32 values of w[0..n), which lies in p, where not made yet:
+ * one widening (one kernel on a GPU) per run of chunks not made. Chunk by
+ * chunk, GPT-2's token table (38.6M values) was 37,728 launches a step,
+ * 0.2 s on an H200. */
 static void make_f32(param16 *p, const float *w, size_t n)
 {
 	size_t off = (size_t)(w - p->base);
-	for (size_t c = off / P16_CHUNK; c <= (off + n - 1) / P16_CHUNK; c++)
-		if (!p->made[c]) {
-			size_t a = c * P16_CHUNK;
-			hpu__ac_from16(p->fp16, p->base + a, p->p16 + a,
-				       p->len - a < P16_CHUNK ? p->len - a : P16_CHUNK);
-			p->made[c] = 1;
+	size_t c = off / P16_CHUNK, last = (off + n - 1) / P16_CHUNK;
+	while (c <= last) {
+		if (p->made[c]) {
+			c++;
+			continue;
 		}
+		size_t c1 = c;
+		while (c1 + 1 <= last && !p->made[c1 + 1])
+			c1++;
+		size_t a = c * P16_CHUNK, b = (c1 + 1) * P16_CHUNK;
+		if (b > p->len)
+			b = p->len;
+		hpu__ac_from16(p->fp16, p->base + a, p->p16 + a, b - a);
+		memset(p->made + c, 1, c1 + 1 - c);
+		c = c1 + 1;
+	}
 }
 
 const float *hpu__ac_param_f32(const float *w, size_t n)

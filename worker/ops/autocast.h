@@ -219,6 +219,9 @@ const float *hpu__ac_weight_round(int slot, const float *w, size_t n, int lowp);
  * copy of its weight is ever made. Until hpu__ac_param16_remove(base).
  * Returns 0, or -1 when out of memory. Training thread only. */
 int hpu__ac_param16_add(float *base, const uint16_t *p16, size_t len, int fp16, int ready);
+/* The fp32 values are made (and known made) in chunks of this many; a
+ * call makes each run of chunks not made yet with one widening. */
+#define HPU__AC_P16_CHUNK 1024
 void hpu__ac_param16_remove(const float *base);
 
 /* Makes the fp32 values of w[0..n) where it lies in a registered working
