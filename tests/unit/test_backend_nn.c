@@ -813,6 +813,51 @@ static void test_param16_runs(void **state)
 	free(p16), free(base);
 }
 
+/* A batched product under bf16 autocast rounds (and, accumulating, adds)
+ * products that follow each other in one call each: a call per product
+ * was 192 kernel launches for each of GPT-2's attention products at batch
+ * 16. Strided apart, one call per product, the gaps left alone. The
+ * values are the reference table's either way. */
+static void test_bmm_rounds_once(void **state)
+{
+	(void)state;
+	enum { CNT = 6, M = 5, N = 7, K = 9, GAP = 3 };
+	char err[256];
+	float a[CNT * M * K], b[CNT * K * N];
+	rng_seed(9);
+	fill(a, CNT * M * K, -1, 1), fill(b, CNT * K * N, -1, 1);
+	for (int strided = 0; strided < 2; strided++)
+		for (int acc = 0; acc < 2; acc++) {
+			size_t sc = (size_t)M * N + (strided ? GAP : 0), nc = CNT * sc;
+			float want[CNT * (M * N + GAP)], got[CNT * (M * N + GAP)];
+			for (size_t i = 0; i < nc; i++)
+				want[i] = got[i] = 1.2345678f; /* not bf16: a rounding shows */
+			assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), 0);
+			/* bf16_native: the operands' bf16 forms made by to_bf16, so
+			 * that every round call is a product's */
+			hpu__backend ref = *hpu__be_reference();
+			ref.bf16_native = one;
+			hpu__be_set(&ref);
+			hpu_bmm(a, b, want, CNT, M, N, K, 0, 0, acc, M * K, K * N, sc);
+			hooked = ref;
+			hooked.name = "hooked";
+			hooked.round = h_round;
+			hooked.add = h_add;
+			hpu__be_set(&hooked);
+			memset(hook_calls, 0, sizeof hook_calls);
+			hpu_bmm(a, b, got, CNT, M, N, K, 0, 0, acc, M * K, K * N, sc);
+			hpu__be_set(NULL);
+			assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+			assert_int_equal(hook_calls[H_ROUND], strided ? CNT : 1);
+			assert_int_equal(hook_calls[H_ADD], acc ? (strided ? CNT : 1) : 0);
+			assert_memory_equal(got, want, nc * sizeof *got);
+			if (strided)
+				for (int i = 0; i < CNT; i++)
+					for (int g = 0; g < GAP; g++)
+						assert_true(got[i * sc + M * N + g] == 1.2345678f);
+		}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -821,6 +866,7 @@ int main(void)
 		cmocka_unit_test(test_softmax),   cmocka_unit_test(test_layernorm),
 		cmocka_unit_test(test_public_fp32), cmocka_unit_test(test_public_bf16),
 		cmocka_unit_test(test_passes_on_table), cmocka_unit_test(test_param16_runs),
+		cmocka_unit_test(test_bmm_rounds_once),
 	};
 	printf("backend: %s\n", hpu__be()->describe());
 	return cmocka_run_group_tests(tests, NULL, NULL);
