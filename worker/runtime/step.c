@@ -171,7 +171,11 @@ static int strat_step(loop *L, double lr)
  * results read back and fp8's history rolled. */
 static int step_done(loop *L, uint64_t sent0, float *loss_out, double *norm_out)
 {
-	if (hpu__strat_step_result(L->st, loss_out, norm_out) < 0)
+	/* its own range: on a GPU the wait for the step's queued work */
+	int64_t t0 = hpu__prof_t0();
+	int rc = hpu__strat_step_result(L->st, loss_out, norm_out);
+	hpu__prof_span("step", "step_result", NULL, t0, NULL);
+	if (rc < 0)
 		return -1; /* a deferred check found bad input: the error says it */
 	if (fp8_roll(L) < 0)
 		return -1;
@@ -255,7 +259,9 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 		const hpu_batch *bt;
 		if (micro_batch(L, s, k, more, &bt) < 0)
 			return -1;
+		int64_t t0 = hpu__prof_t0();
 		in[k] = hpu__graphs_input(L->graphs, k, bt);
+		hpu__prof_span("data", "graph_input", NULL, t0, "\"micro_step\":%d", k);
 	}
 	double lr = hpu__sched_lr(&L->pos.sched, gstep);
 	/* --inject-overflow-step's step is its own: never recorded or replayed */
