@@ -34,9 +34,11 @@
 #     synthetic tokens (an llm.c token file), bf16-mixed again with the
 #     fused attention (HPU_FUSED_ATTENTION=1, GPT_FUSED_LIMIT), then the
 #     peer (torch_gpu.py gpt2);
-#   - profiler traces (--profile) of the MLP, the CNN and GPT-2 on the GPU
-#     (GPT-2's with HPU_PROFILE_SYNC=1: a layer's range is the GPU's time
-#     for it), summarised by hpu-trace;
+#   - profiler traces (--profile) of the MLP (eager and --graphs), the
+#     CNN and GPT-2 on the GPU (GPT-2's with HPU_PROFILE_SYNC=1: a layer's
+#     range is the GPU's time for it), summarised by hpu-trace, each with
+#     the GPU's time by kernel (HPU_PROFILE_KERNELS: CUPTI, found in the
+#     toolkit or a Python package unless HPU_CUPTI_LIB names it);
 #   - last, test_cuda_accuracy (the examples' accuracy on the GPU).
 # Without a GPU (nvidia-smi lists none) the figures are not taken and the
 # table says why (DEVICE=cpu with a stand-in nvidia-smi in PATH runs our
@@ -114,6 +116,17 @@ if [ "$rc" = 0 ]; then
 else
   row "GPUs: hpu-worker --count-gpus" none "" "nvidia-smi -L: $ngpu; $(why "$out/count-gpus.log")"
 fi
+
+# CUPTI for HPU_PROFILE_KERNELS (test_cuda_ops_more's test_kernel_times,
+# the traces' kernel tables): the toolkit's, else a Python package's.
+if [ -z "${HPU_CUPTI_LIB:-}" ]; then
+  site=$("$py" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
+  for c in /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13 \
+    $(find /usr/local/cuda* /opt ${site:+"$site"} -name 'libcupti.so.13*' 2>/dev/null | head -3); do
+    [ -f "$c" ] && { export HPU_CUPTI_LIB=$c; break; }
+  done
+fi
+echo "CUPTI: ${HPU_CUPTI_LIB:-none found, libcupti.so.13 is looked for on the library path}"
 
 # ---- the GPU test programs ----
 for t in test_cuda_elem test_cuda_device test_cuda_ops test_cuda_ops_more test_cuda_graphs test_cuda_ipc test_cuda_train; do
@@ -349,7 +362,8 @@ PY
   trace() { # NAME PRECISION BATCH STEPS MODEL.so [model args]
     local name=$1 prec=$2 batch=$3 steps=$4
     shift 4
-    WARM=1 ours "trace-$name" "$prec" "$batch" "$steps" 90 --profile "$out/trace-$name" "$@"
+    HPU_PROFILE_KERNELS="$out/kernels-$name" WARM=1 ours "trace-$name" "$prec" "$batch" "$steps" 90 \
+      --profile "$out/trace-$name" "$@"
     if [ "$rc" = 0 ]; then
       step "summary-$name" 30 "$build/bin/hpu-trace" --top 18 "$out/trace-$name"
       row "trace: $name $prec, $steps steps" written "" "hpu-trace's summary below the table"
@@ -358,6 +372,7 @@ PY
     fi
   }
   trace mlp fp32 256 20 "$build/lib/fmnist_mlp.so" -- --data "$data"
+  trace mlp-graphs fp32 256 60 --graphs "$build/lib/fmnist_mlp.so" -- --data "$data"
   trace cnn fp32 256 20 "$build/lib/fmnist_cnn.so" -- --data "$data"
   # GPT-2 with HPU_PROFILE_SYNC=1: each range waits for the GPU, so a
   # layer's range is its kernels' time (GPU-bound: the host runs ahead)
@@ -376,11 +391,18 @@ fi
   echo
   printf '%-30s %-16s %-16s %s\n' step ours PyTorch note
   awk -F'\t' '{ printf "%-30s %-16s %-16s %s\n", $1, $2, $3, $4 }' "$table"
-  for n in mlp cnn gpt2; do
+  for n in mlp mlp-graphs cnn gpt2; do
     [ -s "$out/summary-$n.log" ] || continue
     echo
     echo "where a step of $n goes on the GPU (hpu-trace of trace-$n):"
     sed 's/^/  /' "$out/summary-$n.log"
+    k=$out/kernels-$n/kernels-rank0.txt
+    if [ -s "$k" ]; then
+      echo "the GPU's time by kernel in that run (HPU_PROFILE_KERNELS, CUPTI; the first ${KTOP:-16}):"
+      head -$((${KTOP:-16} + 2)) "$k" | cut -c1-200 | sed 's/^/  /'
+    else
+      echo "no kernel times (HPU_PROFILE_KERNELS): $(grep -ah 'HPU_PROFILE_KERNELS' "$out/trace-$n.log" | head -1 | cut -c1-150)"
+    fi
   done
   echo "(${SECONDS}s in all; logs in $out)"
 } | tee "$out/table.txt"

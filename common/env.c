@@ -97,6 +97,15 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "range is the device's time for it, not the host's time to issue "
 	    "its kernels (slower: no overlap); the CPU devices finish work as "
 	    "it is issued and are not changed"),
+	VAR(HPU_PROFILE_KERNELS, "", "hpu-worker",
+	    "a directory: on --device cuda, every kernel, copy and memset the "
+	    "GPU runs is timed by CUPTI and summed by name, eager or in a "
+	    "replayed graph, into DIR/kernels-rank<R>.txt at the worker's end, "
+	    "the costliest first, with each kernel's grid and block (made if "
+	    "missing; no --profile needed)"),
+	VAR(HPU_CUPTI_LIB, "", "hpu-worker",
+	    "the CUPTI library HPU_PROFILE_KERNELS opens (default: "
+	    "libcupti.so.13 on the loader's path, then /usr/local/cuda's)"),
 	VAR(OPENBLAS_NUM_THREADS, "1", "OpenBLAS; set by the agent unless set",
 	    "BLAS threads per worker for the reference kernels"),
 	VAR(OMP_NUM_THREADS, "1", "OpenMP; set by the agent unless set",

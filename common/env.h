@@ -39,6 +39,8 @@ typedef enum hpu_env_id {
 	HPU_ENV_HPU_MAX_RESTARTS,
 	HPU_ENV_HPU_STATUS_FD,
 	HPU_ENV_HPU_PROFILE_SYNC,
+	HPU_ENV_HPU_PROFILE_KERNELS,
+	HPU_ENV_HPU_CUPTI_LIB,
 	HPU_ENV_OPENBLAS_NUM_THREADS,
 	HPU_ENV_OMP_NUM_THREADS,
 	/* The same launch, in torchrun's names (torch.distributed.elastic,

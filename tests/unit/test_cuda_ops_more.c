@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
@@ -31,6 +32,7 @@
 #include "tests/unit/cuda_testlib.h"
 #include "tests/unit/num_testlib.h"
 
+#include "worker/cuda/cuda_device.h"
 #include "worker/cuda/cuda_ops.h"
 #include "worker/ops/backend.h"
 
@@ -579,6 +581,58 @@ static void test_flash_attention(void **state)
 }
 
 /* Every entry of this file's is in the table. */
+/* ---- HPU_PROFILE_KERNELS: each kernel's GPU time by name ---- */
+
+/* The count column of `name`'s row in a kernels-rank<R>.txt table, or -1. */
+static long table_count(const char *table, const char *name)
+{
+	for (const char *l = table; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		size_t len = strcspn(l, "\n"), nl = strlen(name);
+		double ms, pct;
+		unsigned long long count;
+		if (l[0] != '#' && len > nl && !strncmp(l + len - nl, name, nl) &&
+		    l[len - nl - 1] == ' ' && sscanf(l, "%lf %lf %llu", &ms, &pct, &count) == 3)
+			return (long)count;
+	}
+	return -1;
+}
+
+/* Five sigmoid launches and a copy in, timed by CUPTI: the table names
+ * k_sigmoid_fwd with 5 launches (its grid and block), and the copy. */
+static void test_kernel_times(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/hpu-kprof-XXXXXX", path[64];
+	assert_non_null(mkdtemp(dir));
+	setenv("HPU_PROFILE_KERNELS", dir, 1);
+	hpu__cuda_kprof_begin(7);
+	size_t n = 100000;
+	float *x = xcalloc(n, 4);
+	fill(x, n, -1, 1);
+	float *gx = dput(x, n * 4), *gy = dnan(n * 4);
+	for (int i = 0; i < 5; i++)
+		OK(gpu->sigmoid_fwd(gx, gy, n));
+	assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+	hpu__cuda_kprof_end();
+	unsetenv("HPU_PROFILE_KERNELS");
+	snprintf(path, sizeof path, "%s/kernels-rank7.txt", dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		fail_msg("HPU_PROFILE_KERNELS wrote no %s (CUPTI not opened? the line above says "
+			 "why; HPU_CUPTI_LIB names the library)", path);
+	char table[16384];
+	size_t got = fread(table, 1, sizeof table - 1, f);
+	table[got] = '\0';
+	fclose(f);
+	printf("%s", table);
+	assert_int_equal(table_count(table, "k_sigmoid_fwd"), 5);
+	assert_true(table_count(table, "memcpy host to device") >= 1);
+	unlink(path);
+	rmdir(dir);
+	dfree(gx), dfree(gy);
+	free(x);
+}
+
 static void test_entries(void **state)
 {
 	(void)state;
@@ -623,7 +677,7 @@ int main(void)
 		cmocka_unit_test(test_sigmoid),	  cmocka_unit_test(test_pool1d),
 		cmocka_unit_test(test_conv_rect), cmocka_unit_test(test_losses),
 		cmocka_unit_test(test_first_bad), cmocka_unit_test(test_attention),
-		cmocka_unit_test(test_flash_attention),
+		cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_kernel_times),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rc += hpu_cuda_capture_tests(gpu, stream); /* on a stream of its own */

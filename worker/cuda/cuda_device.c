@@ -541,6 +541,7 @@ static int fail(char *err, size_t errlen, const char *what, cudaError_t e)
 static int setup_core(int rank, char *err, size_t errlen)
 {
 	int count = 0, major = 0, minor = 0;
+	hpu__cuda_kprof_begin(rank); /* HPU_PROFILE_KERNELS: before any work */
 	cudaError_t e = cudaGetDeviceCount(&count);
 	if (e != cudaSuccess || count <= 0) {
 		snprintf(err, errlen, "--device cuda: no GPU is visible (%s)",
@@ -621,6 +622,7 @@ static void cuda_teardown(void)
 #endif
 	R.on = 0;
 	capturing_any = 0;
+	hpu__cuda_kprof_end(); /* the stream idle: every record is in */
 	free_late();
 	free(late);
 	late = NULL;
@@ -1035,12 +1037,10 @@ typedef struct cuda_graph {
 } cuda_graph;
 
 /* ---- the graph's nodes by name (the recorder's names): read once at
- * the recording's end, untimed (a kernel's GPU time needs CUPTI, which
- * the module does not use) ---- */
+ * the recording's end, untimed (their GPU times: HPU_PROFILE_KERNELS,
+ * cuda_kprof.c) ---- */
 
-/* A plain function's name out of C++'s mangling ("_ZL11k_loss_seedPfm...",
- * a static kernel: "k_loss_seed"); any other name as it is. */
-static void demangle(const char *m, char *out, size_t len)
+void hpu__cuda_demangle(const char *m, char *out, size_t len)
 {
 	const char *p = m;
 	if (p[0] == '_' && p[1] == 'Z') {
@@ -1076,7 +1076,7 @@ static void kernel_name(cudaGraphNode_t node, char *out, size_t len)
 		snprintf(out, len, "kernel");
 		return;
 	}
-	demangle(name, out, len);
+	hpu__cuda_demangle(name, out, len);
 }
 
 static const char *type_name(enum cudaGraphNodeType t)

@@ -6,6 +6,7 @@
 #define HPU_CUDA_DEVICE_H
 
 #include <cuda_runtime_api.h>
+#include <stddef.h>
 
 /* Makes the worker's GPU the calling thread's current device (CUDA's is
  * per thread), once per thread; every entry of the module calls it. */
@@ -17,6 +18,17 @@ cudaStream_t hpu__cuda_stream(void);
 
 /* The CUDA device index the worker drives; -1 before setup. */
 int hpu__cuda_device_index(void);
+
+/* A plain function's name out of C++'s mangling ("_ZL11k_loss_seedPfm...",
+ * a static kernel: "k_loss_seed"); any other name as it is. */
+void hpu__cuda_demangle(const char *mangled, char *out, size_t len);
+
+/* HPU_PROFILE_KERNELS=DIR (cuda_kprof.c): CUPTI's records of every
+ * kernel, copy and memset timed from the device's setup (begin) to its
+ * teardown (end), which writes DIR/kernels-rank<R>.txt. Nothing where the
+ * variable is unset; one line on stderr where CUPTI cannot be had. */
+void hpu__cuda_kprof_begin(int rank);
+void hpu__cuda_kprof_end(void);
 
 /* Where `e` is an error: prints one line naming the rank, `what` and
  * CUDA's text on stderr and exits with status 1 (a CUDA error leaves the
