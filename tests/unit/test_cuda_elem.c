@@ -115,6 +115,79 @@ static double sumsq_parts(const float *g, size_t n)
 	return total + hpu__elem_sumsq_part(g, n, nb);
 }
 
+/* cuda_device.c's rt_sumsq16_add as its kernels compute it
+ * (k_sumsq16_parts, k_sumsq16_chunks, k_sumsq_onto: the same loops),
+ * batches of chunks in `cap` doubles. */
+static void sumsq16_batches(double *acc, int fp16, const uint16_t *h, size_t n, size_t chunk,
+			    size_t cap)
+{
+	size_t pc, per = hpu__elem_sumsq16_batch(chunk, cap, &pc);
+	assert_true(per > 0);
+	size_t chunks = (n + chunk - 1) / chunk;
+	double *scr = malloc(cap * sizeof *scr);
+	for (size_t j0 = 0; j0 < chunks; j0 += per) {
+		size_t nj = chunks - j0 < per ? chunks - j0 : per;
+		double *part = scr, *tot = scr + nj * pc;
+		assert_true(nj * pc + nj <= cap);
+		for (size_t t = 0; t < nj * pc; t++) {
+			size_t j = t / pc, b = t % pc, c = hpu__elem_chunk_len(n, chunk, j0 + j);
+			if (b <= c / HPU_SUMSQ_BLOCK)
+				part[t] = hpu__elem_sumsq16_part(fp16, h + (j0 + j) * chunk, c, b);
+		}
+		for (size_t j = 0; j < nj; j++)
+			tot[j] = hpu__elem_parts_sum(part + j * pc,
+						     hpu__elem_chunk_len(n, chunk, j0 + j) /
+								 HPU_SUMSQ_BLOCK +
+							 1);
+		for (size_t j = 0; j < nj; j++)
+			*acc = E_DADD(*acc, tot[j]);
+	}
+	free(scr);
+}
+
+/* The 16-bit gradients' sum of squares in batches of chunks (three
+ * launches a batch on a GPU, not three a chunk): device_ops.c's sumsq16
+ * bit for bit, chunks of 300 (not a multiple of 256) and of the
+ * strategies' 16384, batches of a few chunks and of many, a block whose
+ * fp32 sum overflows and an Inf planted. */
+static void test_sumsq16_batches(void **state)
+{
+	(void)state;
+	static const size_t ns[] = {0, 1, 255, 299, 300, 301, 16385, 1000003};
+	static const size_t chunks[] = {300, 16384};
+	static const size_t caps[] = {7, 70, 65536};
+	for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+		size_t n = ns[k];
+		float *g = malloc((n ? n : 1) * sizeof *g), *scratch = malloc(16384 * sizeof *scratch);
+		uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+		for (int plant = 0; plant < 3; plant++)
+			for (int fp16 = 0; fp16 < 2; fp16++) {
+				for (size_t i = 0; i < n; i++)
+					g[i] = frand(3.0f);
+				if (plant == 1 && n) /* bf16: a block's fp32 sum overflows */
+					g[n / 3] = fp16 ? 60000.0f : 3e19f;
+				if (plant == 2 && n)
+					g[n - 1] = 1.0f / 0.0f;
+				cpu->to16(fp16, h, g, n);
+				for (size_t c = 0; c < 2; c++)
+					for (size_t q = 0; q < 3; q++) {
+						size_t pc;
+						if (!hpu__elem_sumsq16_batch(chunks[c], caps[q], &pc))
+							continue; /* (rt_sumsq16_add: chunk by chunk) */
+						double want = 0.3, got = 0.3;
+						cpu->sumsq16_add(&want, fp16, h, n, scratch, chunks[c]);
+						sumsq16_batches(&got, fp16, h, n, chunks[c], caps[q]);
+						if (memcmp(&want, &got, sizeof got))
+							fail_msg("sumsq16 %s n=%zu chunk %zu cap %zu (case %d): "
+								 "%.17g, the CPU's %.17g",
+								 fp16 ? "fp16" : "bf16", n, chunks[c], caps[q],
+								 plant, got, want);
+					}
+			}
+		free(g), free(scratch), free(h);
+	}
+}
+
 static void test_sumsq(void **state)
 {
 	(void)state;
@@ -448,6 +521,7 @@ int main(void)
 	    cmocka_unit_test(test_narrow_boundaries),
 	    cmocka_unit_test(test_acc16),
 	    cmocka_unit_test(test_sumsq),
+	    cmocka_unit_test(test_sumsq16_batches),
 	    cmocka_unit_test(test_optimizers),
 	    cmocka_unit_test(test_clip_factor),
 	    cmocka_unit_test(test_step_decisions),

@@ -18,6 +18,7 @@
 
 #ifdef __CUDACC__
 #define HPU_ELEM __device__ static inline
+#define HPU_ELEM_HD __host__ __device__ static inline /* the launches' too */
 #define E_ADD(a, b) __fadd_rn(a, b)
 #define E_SUB(a, b) __fsub_rn(a, b)
 #define E_MUL(a, b) __fmul_rn(a, b)
@@ -36,6 +37,7 @@
 #include <math.h>
 #include <string.h>
 #define HPU_ELEM static inline
+#define HPU_ELEM_HD static inline
 #define E_ADD(a, b) ((a) + (b))
 #define E_SUB(a, b) ((a) - (b))
 #define E_MUL(a, b) ((a) * (b))
@@ -161,17 +163,69 @@ HPU_ELEM float hpu__elem_sumsq_block(const float *g)
 	return acc[0];
 }
 
-/* Part b of g[n]'s sum of squares: block b's (b < n / 256; redone in
- * double where its fp32 sum is not finite), or the rest's (b = n / 256).
- * The sum is the parts added in order, the rest's last. */
+/* A part's sum of squares over x: the rest's (len < 256 values, in
+ * double), else a block's of 256 (redone in double where its fp32 sum is
+ * not finite). */
+HPU_ELEM double hpu__elem_sumsq_of(const float *x, size_t len, int rest)
+{
+	if (rest)
+		return hpu__elem_sumsq_double(x, len);
+	float s = hpu__elem_sumsq_block(x);
+	return !hpu__elem_nonfinite(s) ? (double)s : hpu__elem_sumsq_double(x, HPU_SUMSQ_BLOCK);
+}
+
+/* Part b of g[n]'s sum of squares: block b's (b < n / 256), or the
+ * rest's (b = n / 256). The sum is the parts added in order, the rest's
+ * last. */
 HPU_ELEM double hpu__elem_sumsq_part(const float *g, size_t n, size_t b)
 {
 	size_t nb = n / HPU_SUMSQ_BLOCK;
-	const float *x = g + b * HPU_SUMSQ_BLOCK;
-	if (b == nb)
-		return hpu__elem_sumsq_double(x, n - nb * HPU_SUMSQ_BLOCK);
-	float s = hpu__elem_sumsq_block(x);
-	return !hpu__elem_nonfinite(s) ? (double)s : hpu__elem_sumsq_double(x, HPU_SUMSQ_BLOCK);
+	return hpu__elem_sumsq_of(g + b * HPU_SUMSQ_BLOCK,
+				  b == nb ? n - nb * HPU_SUMSQ_BLOCK : HPU_SUMSQ_BLOCK, b == nb);
+}
+
+/* ---- the sum of squares of 16-bit values, chunk by chunk ----
+ * device_ops.c's sumsq16: the values widened a chunk (c of them) at a
+ * time, each chunk's sum of squares (its c / 256 + 1 parts added in order
+ * onto 0) added onto the sum. On a GPU: every part of a batch of chunks
+ * at once, then each chunk's parts added in order, then the chunks'
+ * totals added in order onto the sum -- the same additions, three
+ * launches a batch instead of three a chunk. */
+
+/* Part b of the chunk h[c] of 16-bit values, widened (exactly). */
+HPU_ELEM double hpu__elem_sumsq16_part(int fp16, const uint16_t *h, size_t c, size_t b)
+{
+	float x[HPU_SUMSQ_BLOCK];
+	size_t nb = c / HPU_SUMSQ_BLOCK, len = b == nb ? c - nb * HPU_SUMSQ_BLOCK : HPU_SUMSQ_BLOCK;
+	const uint16_t *y = h + b * HPU_SUMSQ_BLOCK;
+	for (size_t i = 0; i < len; i++)
+		x[i] = hpu__elem_from16(fp16, y[i]);
+	return hpu__elem_sumsq_of(x, len, b == nb);
+}
+
+/* part[0] + ... + part[count - 1], added in order onto 0. */
+HPU_ELEM double hpu__elem_parts_sum(const double *part, size_t count)
+{
+	double t = 0.0;
+	for (size_t i = 0; i < count; i++)
+		t = E_DADD(t, part[i]);
+	return t;
+}
+
+/* The values chunk j of n in chunks of `chunk` holds. */
+HPU_ELEM_HD size_t hpu__elem_chunk_len(size_t n, size_t chunk, size_t j)
+{
+	size_t i = j * chunk;
+	return n - i < chunk ? n - i : chunk;
+}
+
+/* A batch's layout in `cap` doubles: *pc parts a chunk (a full one's;
+ * chunk j's parts from j * pc), the totals after nj * pc of them; the
+ * chunks a batch takes (0: a chunk's parts do not fit). */
+HPU_ELEM_HD size_t hpu__elem_sumsq16_batch(size_t chunk, size_t cap, size_t *pc)
+{
+	*pc = chunk / HPU_SUMSQ_BLOCK + 1;
+	return cap / (*pc + 1);
 }
 
 /* ---- the optimizers: one element ---- */

@@ -71,6 +71,13 @@ cudaError_t hpu__cuda_k_flag_nonfinite16(cudaStream_t s, float *flag, int fp16,
  * (hpu__elem_sumsq_part; n / 256 + 1 parts in all) */
 cudaError_t hpu__cuda_k_sumsq_parts_at(cudaStream_t s, const float *g, size_t n, size_t b0,
 				       size_t count, double *part);
+/* *acc += the sums of squares of chunks j0 .. j0 + nj - 1 of the 16-bit
+ * h[n] in chunks of `chunk`, each chunk's added in order as
+ * device_ops.c's sumsq16 adds them; scratch: nj * (chunk / 256 + 2)
+ * doubles (hpu__elem_sumsq16_batch). Three launches. */
+cudaError_t hpu__cuda_k_sumsq16_batch(cudaStream_t s, int fp16, const uint16_t *h, size_t n,
+				     size_t chunk, size_t j0, size_t nj, double *acc,
+				     double *scratch);
 /* One thread adds part[count] in order onto 0 (first) or *total; then
  * *acc += that where acc != NULL, else it is kept in *total. */
 cudaError_t hpu__cuda_k_sumsq_fold(cudaStream_t s, const double *part, size_t count,

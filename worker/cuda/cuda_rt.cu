@@ -103,6 +103,37 @@ __global__ static void k_sumsq_parts(const float *g, size_t n, double *part)
 	part[b] = hpu__elem_sumsq_part(g, n, b);
 }
 
+/* rt_sumsq16_add's batch: chunks j0 .. j0 + nj - 1 of h[n]. Their parts
+ * (chunk j0 + j's part b at part[j * pc + b]), then each chunk's total
+ * (tot[j]), then the totals onto *acc in order (one thread). */
+__global__ static void k_sumsq16_parts(int fp16, const uint16_t *h, size_t n, size_t chunk,
+				       size_t j0, size_t nj, size_t pc, double *part)
+{
+	FOR_EACH(t, nj * pc)
+	{
+		size_t j = t / pc, b = t % pc;
+		size_t c = hpu__elem_chunk_len(n, chunk, j0 + j);
+		if (b <= c / HPU_SUMSQ_BLOCK)
+			part[t] = hpu__elem_sumsq16_part(fp16, h + (j0 + j) * chunk, c, b);
+	}
+}
+
+__global__ static void k_sumsq16_chunks(const double *part, size_t n, size_t chunk, size_t j0,
+					size_t nj, size_t pc, double *tot)
+{
+	FOR_EACH(j, nj)
+	tot[j] = hpu__elem_parts_sum(part + j * pc,
+				     hpu__elem_chunk_len(n, chunk, j0 + j) / HPU_SUMSQ_BLOCK + 1);
+}
+
+__global__ static void k_sumsq_onto(double *acc, const double *tot, size_t nj)
+{
+	double a = *acc;
+	for (size_t j = 0; j < nj; j++)
+		a = E_DADD(a, tot[j]);
+	*acc = a;
+}
+
 /* ---- checks ---- */
 
 __global__ static void k_nonfinite(const float *g, size_t n, unsigned *flag)
@@ -373,6 +404,24 @@ cudaError_t hpu__cuda_k_sumsq_parts_at(cudaStream_t s, const float *g, size_t n,
 				       size_t count, double *part)
 {
 	LAUNCH(k_sumsq_parts_at, count, s, g, n, b0, count, part);
+}
+
+cudaError_t hpu__cuda_k_sumsq16_batch(cudaStream_t s, int fp16, const uint16_t *h, size_t n,
+				     size_t chunk, size_t j0, size_t nj, double *acc, double *scratch)
+{
+	size_t pc;
+	hpu__elem_sumsq16_batch(chunk, 0, &pc);
+	double *tot = scratch + nj * pc;
+	k_sumsq16_parts<<<blocks_for(nj * pc), THREADS, 0, s>>>(fp16, h, n, chunk, j0, nj, pc,
+								 scratch);
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess)
+		return e;
+	k_sumsq16_chunks<<<blocks_for(nj), THREADS, 0, s>>>(scratch, n, chunk, j0, nj, pc, tot);
+	if ((e = cudaGetLastError()) != cudaSuccess)
+		return e;
+	k_sumsq_onto<<<1, 1, 0, s>>>(acc, tot, nj);
+	return cudaGetLastError();
 }
 
 cudaError_t hpu__cuda_k_sumsq_fold(cudaStream_t s, const double *part, size_t count,
