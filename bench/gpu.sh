@@ -32,8 +32,8 @@
 #   - GPT-2 124M (gpt_lm --dim 768 --heads 12 --layers 12 --ctx 1024
 #     --vocab 50304, B=16, 15 steps, 5 left out) in bf16-mixed and fp8 on
 #     synthetic tokens (an llm.c token file), bf16-mixed again with the
-#     fused attention (HPU_FUSED_ATTENTION=1, GPT_FUSED_LIMIT), then the
-#     peer (torch_gpu.py gpt2);
+#     fused attention (HPU_FUSED_ATTENTION=1, GPT_FUSED_LIMIT) and with
+#     --clip-grad-norm 1, then the peer (torch_gpu.py gpt2);
 #   - profiler traces (--profile) of the MLP (eager and --graphs), the
 #     CNN and GPT-2 on the GPU (GPT-2's with HPU_PROFILE_SYNC=1: a layer's
 #     range is the GPU's time for it), summarised by hpu-trace, each with
@@ -340,6 +340,12 @@ PY
     "$build/lib/gpt_lm.so" -- "${gpt[@]}"
   g[fused]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[fused-c]=$(cell "${g[fused]}")
   g[fused-mem]=$mem; g[fused-why]=$(why "$out/ours-gpt2-bf16-fused.log")
+  # With the gradient norm clipped (its sum of squares in batches of
+  # chunks, 41923d5), beside the run above.
+  WARM=5 ours ours-gpt2-bf16-clip bf16-mixed 16 15 "${GPT_LIMIT:-150}" --clip-grad-norm 1.0 \
+    "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+  g[clip]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[clip-c]=$(cell "${g[clip]}")
+  g[clip-why]=$(why "$out/ours-gpt2-bf16-clip.log")
   if [ -n "$peers" ]; then
     step torch-gpt2 150 "$py" "$peers/torch_gpu.py" gpt2
   else
@@ -353,6 +359,9 @@ PY
   note="fused/unfused $(ratio "${g[fused]}" "${g[bf16]}"); TFLOP/s $(tflops "${g[fused]}" $gflop); memory ${g[fused-mem]:-?} MiB (unfused ${g[bf16-mem]:-?} MiB) theirs ${tmem:-?} GiB"
   [ -z "${g[fused]}" ] && note="ours: ${g[fused-why]}"
   row "gpt2 bf16 tokens/s, HPU_FUSED_ATTENTION=1" "${g[fused-c]}" "$(tcell "$t" "$out/torch-gpt2.log")" "$note"
+  note="clipped/unclipped $(ratio "${g[clip]}" "${g[bf16]}")"
+  [ -z "${g[clip]}" ] && note="ours: ${g[clip-why]}"
+  row "gpt2 bf16 tokens/s, --clip-grad-norm 1" "${g[clip-c]}" "" "$note"
   note="fp8/bf16 ours $(ratio "${g[fp8]}" "${g[bf16]}") (the issue: >= 1.3x); TFLOP/s $(tflops "${g[fp8]}" $gflop)"
   [ -z "${g[fp8]}" ] && note="ours: ${g[fp8-why]}"
   row "gpt2 fp8 tokens/s" "${g[fp8-c]}" "" "$note"
