@@ -38,7 +38,9 @@
 #     CNN and GPT-2 on the GPU (GPT-2's with HPU_PROFILE_SYNC=1: a layer's
 #     range is the GPU's time for it), summarised by hpu-trace, each with
 #     the GPU's time by kernel (HPU_PROFILE_KERNELS: CUPTI, found in the
-#     toolkit or a Python package unless HPU_CUPTI_LIB names it);
+#     toolkit or a Python package unless HPU_CUPTI_LIB names it; the
+#     traces' host ranges then carry CUPTI's small cost a launch, unlike
+#     traces taken before 11-30's second session);
 #   - last, test_cuda_accuracy (the examples' accuracy on the GPU).
 # Without a GPU (nvidia-smi lists none) the figures are not taken and the
 # table says why (DEVICE=cpu with a stand-in nvidia-smi in PATH runs our

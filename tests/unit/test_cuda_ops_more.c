@@ -602,6 +602,10 @@ static long table_count(const char *table, const char *name)
 static void test_kernel_times(void **state)
 {
 	(void)state;
+#if !__has_include(<cupti.h>)
+	printf("  skipped: this build's CUDA toolkit had no CUPTI headers\n");
+	return;
+#endif
 	char dir[] = "/tmp/hpu-kprof-XXXXXX", path[64];
 	assert_non_null(mkdtemp(dir));
 	setenv("HPU_PROFILE_KERNELS", dir, 1);

@@ -17,6 +17,25 @@
  * the worker says so in one line and runs on untimed. */
 #include "worker/cuda/cuda_device.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+
+#if !__has_include(<cupti.h>)
+/* A toolkit without CUPTI's headers (a minimal one: nvcc and the
+ * runtime): the module builds, and the variable says why it does nothing. */
+void hpu__cuda_kprof_begin(int rank)
+{
+	const char *dir = getenv("HPU_PROFILE_KERNELS");
+	if (dir && *dir)
+		fprintf(stderr, "hpu-worker: rank %d: HPU_PROFILE_KERNELS: this build's CUDA "
+				"toolkit had no CUPTI headers (cupti.h); the kernels are not timed\n",
+			rank);
+}
+
+void hpu__cuda_kprof_end(void)
+{
+}
+#else
 #include <cupti.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -191,9 +210,10 @@ static void *sym(const char *name, int *ok)
 static void *open_cupti(char *why, size_t len)
 {
 	const char *env = getenv("HPU_CUPTI_LIB");
-	const char *const tries[] = {env && *env ? env : NULL, "libcupti.so.13", "libcupti.so",
+	const char *const tries[] = {env && *env ? env : NULL, "libcupti.so.13",
 				     "/usr/local/cuda/lib64/libcupti.so.13",
-				     "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13"};
+				     "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
+				     "libcupti.so"};
 	why[0] = '\0';
 	for (size_t i = 0; i < sizeof tries / sizeof *tries; i++) {
 		if (!tries[i])
@@ -216,7 +236,15 @@ void hpu__cuda_kprof_begin(int rank)
 		return;
 	char why[300];
 	K.rank = rank;
+	K.records = K.dropped = K.first = K.last = 0;
+	K.full = 0;
 	snprintf(K.dir, sizeof K.dir, "%s", dir);
+	/* made if missing, with its parents */
+	for (char *p = strchr(K.dir + 1, '/'); p; p = strchr(p + 1, '/')) {
+		*p = '\0';
+		mkdir(K.dir, 0755);
+		*p = '/';
+	}
 	if (mkdir(K.dir, 0755) < 0 && errno != EEXIST) {
 		fprintf(stderr, "hpu-worker: rank %d: HPU_PROFILE_KERNELS: cannot make %s: %s; the "
 				"kernels are not timed\n", rank, K.dir, strerror(errno));
@@ -239,10 +267,13 @@ void hpu__cuda_kprof_begin(int rank)
 	*(void **)&K.dropped_n = dlsym(K.lib, "cuptiActivityGetNumDroppedRecords");
 	CUptiResult e = CUPTI_SUCCESS;
 	const char *what = "a function of its API is missing";
+	int registered = 0;
+	size_t enabled = 0;
 	if (ok && (e = K.reg(buf_request, buf_complete)) != CUPTI_SUCCESS)
 		what = "cuptiActivityRegisterCallbacks";
-	for (size_t i = 0; ok && e == CUPTI_SUCCESS && i < sizeof kinds / sizeof *kinds; i++)
-		if ((e = K.enable(kinds[i])) != CUPTI_SUCCESS)
+	registered = ok && e == CUPTI_SUCCESS;
+	for (; registered && e == CUPTI_SUCCESS && enabled < sizeof kinds / sizeof *kinds; enabled++)
+		if ((e = K.enable(kinds[enabled])) != CUPTI_SUCCESS)
 			what = "cuptiActivityEnable";
 	if (!ok || e != CUPTI_SUCCESS) {
 		const char *s = "";
@@ -250,8 +281,14 @@ void hpu__cuda_kprof_begin(int rank)
 			K.result(e, &s);
 		fprintf(stderr, "hpu-worker: rank %d: HPU_PROFILE_KERNELS: CUPTI refused: %s%s%s; the "
 				"kernels are not timed\n", rank, what, s && *s ? ": " : "", s ? s : "");
-		dlclose(K.lib);
-		K.lib = NULL;
+		/* what was enabled is turned off; once CUPTI has its callbacks
+		 * the library stays loaded (its threads may run) */
+		for (size_t i = 0; i + 1 < enabled; i++)
+			K.disable(kinds[i]);
+		if (!registered) {
+			dlclose(K.lib);
+			K.lib = NULL;
+		}
 		return;
 	}
 	K.on = 1;
@@ -275,7 +312,7 @@ static void write_table(void)
 	}
 	kp_row **v = malloc((size_t)(K.nrows ? K.nrows : 1) * sizeof *v);
 	int n = 0;
-	uint64_t busy = 0, graphed = 0;
+	uint64_t busy = 0;
 	for (int i = 0; v && i < KP_SLOTS; i++)
 		if (K.rows[i].name) {
 			v[n++] = &K.rows[i];
@@ -301,7 +338,6 @@ static void write_table(void)
 		else
 			snprintf(shape, sizeof shape, "%.1f MB a call",
 				 r->count ? (double)r->bytes / (double)r->count / 1e6 : 0.0);
-		graphed += r->graphed;
 		fprintf(f, "  %-10.3f %5.1f %9llu %10.2f %10.2f %9llu  %-24s %s\n", (double)r->ns / 1e6,
 			busy ? 100.0 * (double)r->ns / (double)busy : 0.0, (unsigned long long)r->count,
 			r->count ? (double)r->ns / (double)r->count / 1e3 : 0.0,
@@ -309,7 +345,6 @@ static void write_table(void)
 	}
 	free(v);
 	fclose(f);
-	(void)graphed;
 }
 
 void hpu__cuda_kprof_end(void)
@@ -331,3 +366,4 @@ void hpu__cuda_kprof_end(void)
 	pthread_mutex_unlock(&K.mu);
 	K.on = 0; /* the library stays open: CUPTI's threads may still run */
 }
+#endif
