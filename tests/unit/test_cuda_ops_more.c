@@ -577,6 +577,10 @@ static void test_flash_attention(void **state)
 	flash_one(2, 300, 2, 64, 1, m300); /* rows across blocks */
 	flash_one(1, 130, 3, 24, 0, NULL);
 	flash_one(1, 37, 2, 160, 1, NULL); /* hd above the local accumulators' 128 */
+	/* hd 32 and 64 have kernels of their own (registers, dk and dv apart at 64) */
+	flash_one(2, 300, 2, 32, 1, m300);
+	flash_one(3, 13, 2, 32, 0, m13);
+	flash_one(1, 200, 4, 64, 0, NULL);
 	free(m300);
 }
 

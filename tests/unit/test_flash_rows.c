@@ -25,6 +25,7 @@
 
 #include "tests/unit/attn_ref.h"
 #include "worker/ops/backend.h"
+#include "worker/ops/flash_rows.h"
 
 #include "hpu/ops.h"
 
@@ -166,6 +167,53 @@ static void test_rows(void **state)
 		one(&shapes[k], 0);
 }
 
+/* dk and dv of each key computed apart (hpu__flash_kv_rows want 1, then
+ * 2: what the CUDA kernels for hd 64 run, two kernels) are the bits of
+ * both at once (want 3: the host's and the other kernels'). */
+static void test_kv_apart(void **state)
+{
+	(void)state;
+	for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+		const shape *s = &shapes[k];
+		const size_t d = (size_t)s->heads * s->hd, bt = (size_t)s->batch * s->t;
+		const size_t nq = bt * 3 * d, no = bt * d, nl = (size_t)s->batch * s->heads * s->t;
+		float *qkv = xcalloc(nq, 4), *ctx = xcalloc(no, 4), *lse = xcalloc(nl, 4);
+		float *dctx = xcalloc(no, 4), *delta = xcalloc(nl, 4);
+		float *both = xcalloc(nq, 4), *apart = xcalloc(nq, 4);
+		float *acck = xcalloc((size_t)s->hd, 4), *accv = xcalloc((size_t)s->hd, 4);
+		for (size_t i = 0; i < nq; i++)
+			qkv[i] = 2.0f * frand();
+		for (size_t i = 0; i < no; i++)
+			dctx[i] = frand();
+		assert_int_equal(hpu__be_host()->flash_fwd(qkv, s->mask, ctx, lse, s->batch, s->t,
+							   s->heads, s->hd, s->causal),
+				 HPU_BE_OK);
+		hpu__flash_dims a = {s->batch, s->t, s->heads, s->hd, s->causal,
+				     1.0f / sqrtf((float)s->hd)};
+		for (int b = 0; b < s->batch; b++)
+			for (int h = 0; h < s->heads; h++)
+				for (int i = 0; i < s->t; i++)
+					delta[hpu__flash_row_at(&a, b, h, i)] =
+						hpu__flash_delta_row(&a, ctx, dctx, b, h, i);
+		for (int b = 0; b < s->batch; b++)
+			for (int h = 0; h < s->heads; h++)
+				for (int j = 0; j < s->t; j++) {
+					hpu__flash_kv_rows(&a, qkv, s->mask, lse, dctx, delta, both,
+							   acck, accv, NULL, NULL, b, h, j, 3);
+					hpu__flash_kv_rows(&a, qkv, s->mask, lse, dctx, delta, apart,
+							   acck, NULL, NULL, NULL, b, h, j, 1);
+					hpu__flash_kv_rows(&a, qkv, s->mask, lse, dctx, delta, apart,
+							   NULL, accv, NULL, NULL, b, h, j, 2);
+				}
+		for (size_t r = 0; r < bt; r++) /* the k and v parts of each row */
+			assert_memory_equal(both + r * 3 * d + d, apart + r * 3 * d + d, 2 * d * 4);
+		printf("  dk, dv apart B%d T%d h%d hd%d c%d m%d: the same bits\n", s->batch, s->t,
+		       s->heads, s->hd, s->causal, s->mask != NULL);
+		free(qkv), free(ctx), free(lse), free(dctx), free(delta), free(both), free(apart);
+		free(acck), free(accv);
+	}
+}
+
 /* The public ops on the CPU's table (no flash entries: the host's). */
 static void test_ops(void **state)
 {
@@ -259,6 +307,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_rows),
+		cmocka_unit_test(test_kv_apart),
 		cmocka_unit_test(test_ops),
 		cmocka_unit_test(test_empty),
 		cmocka_unit_test(test_ops_no_memory),

@@ -27,9 +27,18 @@
 
 #ifdef __CUDACC__
 #define HPU_FLASH __host__ __device__ static inline
+/* a loop over a row's hd values: unrolled where hd is known when the
+ * kernel is compiled (cuops_flash.cu's kernels for hd 32 and 64), so that
+ * the row's arrays are registers, not local memory */
+#ifdef __CUDA_ARCH__ /* the device pass (the host compiler knows no such pragma) */
+#define HPU_FLASH_UNROLL _Pragma("unroll")
+#else
+#define HPU_FLASH_UNROLL
+#endif
 #else
 #include <math.h>
 #define HPU_FLASH static inline
+#define HPU_FLASH_UNROLL
 #endif
 
 typedef struct hpu__flash_dims {
@@ -61,6 +70,7 @@ HPU_FLASH size_t hpu__flash_row_at(const hpu__flash_dims *a, int b, int h, int i
 HPU_FLASH float hpu__flash_dot(const float *x, const float *y, int n)
 {
 	float s = 0.0f;
+	HPU_FLASH_UNROLL
 	for (int e = 0; e < n; e++)
 		s += x[e] * y[e];
 	return s;
@@ -72,6 +82,7 @@ HPU_FLASH const float *hpu__flash_keep(const float *src, float *buf, int n)
 {
 	if (!buf)
 		return src;
+	HPU_FLASH_UNROLL
 	for (int e = 0; e < n; e++)
 		buf[e] = src[e];
 	return buf;
@@ -102,22 +113,26 @@ HPU_FLASH void hpu__flash_fwd_row(const hpu__flash_dims *a, const float *qkv,
 		float s = hpu__flash_dot(q, k, hd) * a->scale;
 		if (!any) {
 			mx = s;
+			HPU_FLASH_UNROLL
 			for (int e = 0; e < hd; e++)
 				acc[e] = 0.0f;
 			any = 1;
 		} else if (s > mx) {
 			float c = expf(mx - s);
 			l *= c;
+			HPU_FLASH_UNROLL
 			for (int e = 0; e < hd; e++)
 				acc[e] *= c;
 			mx = s;
 		}
 		float p = expf(s - mx);
 		l += p;
+		HPU_FLASH_UNROLL
 		for (int e = 0; e < hd; e++)
 			acc[e] += p * v[e];
 	}
 	float *o = ctx + hpu__flash_ctx_at(a, b, h, i);
+	HPU_FLASH_UNROLL
 	for (int e = 0; e < hd; e++)
 		o[e] = any ? acc[e] / l : 0.0f;
 	lse[hpu__flash_row_at(a, b, h, i)] = any ? mx + logf(l) : 0.0f;
@@ -143,6 +158,7 @@ HPU_FLASH void hpu__flash_dq_row(const hpu__flash_dims *a, const float *qkv,
 	const float *q = hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, i, 0), qbuf, hd);
 	const float *dO = hpu__flash_keep(dctx + hpu__flash_ctx_at(a, b, h, i), dobuf, hd);
 	const float lse_i = lse[hpu__flash_row_at(a, b, h, i)];
+	HPU_FLASH_UNROLL
 	for (int e = 0; e < hd; e++)
 		acc[e] = 0.0f;
 	for (int j = 0; j < end; j++) {
@@ -152,31 +168,42 @@ HPU_FLASH void hpu__flash_dq_row(const hpu__flash_dims *a, const float *qkv,
 		const float *v = qkv + hpu__flash_qkv_at(a, b, h, j, 2);
 		float p = expf(hpu__flash_dot(q, k, hd) * a->scale - lse_i);
 		float ds = p * (hpu__flash_dot(dO, v, hd) - delta);
+		HPU_FLASH_UNROLL
 		for (int e = 0; e < hd; e++)
 			acc[e] += ds * k[e];
 	}
 	float *dq = dqkv + hpu__flash_qkv_at(a, b, h, i, 0);
+	HPU_FLASH_UNROLL
 	for (int e = 0; e < hd; e++)
 		dq[e] = acc[e] * a->scale;
 }
 
-/* dk and dv of key j (dqkv's k and v parts of its row; every element
- * written, zeros at a padding key), given delta[B, heads, T] (the D_i).
- * acck, accv: hd floats each of the caller's (may be the rows
- * themselves); kbuf, vbuf: NULL, or hd floats each to keep the k and v
- * rows in. The queries are walked from the last one down, so that the
- * threads of consecutive keys read the same query row together. */
-HPU_FLASH void hpu__flash_dkv_row(const hpu__flash_dims *a, const float *qkv,
+/* dk and/or dv of key j (want: 1 dk, 2 dv, 3 both; dqkv's k and v parts
+ * of its row; every element of what is wanted written, zeros at a padding
+ * key), given delta[B, heads, T] (the D_i). acck, accv: hd floats each of
+ * the caller's (may be the rows themselves; the one not wanted may be
+ * NULL); kbuf, vbuf: NULL, or hd floats each to keep the k and v rows in
+ * (vbuf unused without dk). The queries are walked from the last one
+ * down, so that the threads of consecutive keys read the same query row
+ * together. dk and dv apart compute the same P and dS with the same
+ * operations, and each accumulator's additions come in the same order:
+ * the same bits as both at once (a GPU thread then holds fewer rows:
+ * cuops_flash.cu's kernels for hd 64). */
+HPU_FLASH void hpu__flash_kv_rows(const hpu__flash_dims *a, const float *qkv,
 				  const int32_t *mask, const float *lse, const float *dctx,
 				  const float *delta, float *dqkv, float *acck, float *accv,
-				  float *kbuf, float *vbuf, int b, int h, int j)
+				  float *kbuf, float *vbuf, int b, int h, int j, int want)
 {
-	const int hd = a->hd;
+	const int hd = a->hd, wk = (want & 1) != 0, wv = (want & 2) != 0;
 	const float *k = hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, j, 1), kbuf, hd);
-	const float *v = hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, j, 2), vbuf, hd);
+	const float *v = wk ? hpu__flash_keep(qkv + hpu__flash_qkv_at(a, b, h, j, 2), vbuf, hd)
+			    : NULL;
+	HPU_FLASH_UNROLL
 	for (int e = 0; e < hd; e++) {
-		acck[e] = 0.0f;
-		accv[e] = 0.0f;
+		if (wk)
+			acck[e] = 0.0f;
+		if (wv)
+			accv[e] = 0.0f;
 	}
 	/* every query at or after j (all, not causal) may attend to a real
 	 * key j, so its lse is set */
@@ -186,18 +213,36 @@ HPU_FLASH void hpu__flash_dkv_row(const hpu__flash_dims *a, const float *qkv,
 		const float *q = qkv + hpu__flash_qkv_at(a, b, h, i, 0);
 		const float *dO = dctx + hpu__flash_ctx_at(a, b, h, i);
 		float p = expf(hpu__flash_dot(q, k, hd) * a->scale - lse[r]);
-		float ds = p * (hpu__flash_dot(dO, v, hd) - delta[r]);
-		for (int e = 0; e < hd; e++) {
-			accv[e] += p * dO[e];
-			acck[e] += ds * q[e];
+		if (wv) {
+			HPU_FLASH_UNROLL
+			for (int e = 0; e < hd; e++)
+				accv[e] += p * dO[e];
+		}
+		if (wk) {
+			float ds = p * (hpu__flash_dot(dO, v, hd) - delta[r]);
+			HPU_FLASH_UNROLL
+			for (int e = 0; e < hd; e++)
+				acck[e] += ds * q[e];
 		}
 	}
 	float *dk = dqkv + hpu__flash_qkv_at(a, b, h, j, 1);
 	float *dv = dqkv + hpu__flash_qkv_at(a, b, h, j, 2);
+	HPU_FLASH_UNROLL
 	for (int e = 0; e < hd; e++) {
-		dk[e] = acck[e] * a->scale;
-		dv[e] = accv[e];
+		if (wk)
+			dk[e] = acck[e] * a->scale;
+		if (wv)
+			dv[e] = accv[e];
 	}
+}
+
+/* dk and dv of key j at once (hpu__flash_kv_rows, want 3). */
+HPU_FLASH void hpu__flash_dkv_row(const hpu__flash_dims *a, const float *qkv,
+				  const int32_t *mask, const float *lse, const float *dctx,
+				  const float *delta, float *dqkv, float *acck, float *accv,
+				  float *kbuf, float *vbuf, int b, int h, int j)
+{
+	hpu__flash_kv_rows(a, qkv, mask, lse, dctx, delta, dqkv, acck, accv, kbuf, vbuf, b, h, j, 3);
 }
 
 #endif

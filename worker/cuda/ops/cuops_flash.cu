@@ -89,6 +89,63 @@ static __global__ void k_flash_dkv(const float *qkv, const int32_t *mask, const 
 	}
 }
 
+/* The same kernels for a head size known when they are compiled (32 and
+ * 64: GPT-2's): flash_rows.h's loops over hd unroll, and the row arrays
+ * above are registers instead of local memory, which every key's step
+ * read and wrote (the kernels for any hd had 1-2 KB stack frames and ran
+ * 5x slower than the unfused attention on an H200). The same calls in the
+ * same order: the same results. */
+template <int HD>
+static __global__ void __launch_bounds__(FLASH_THREADS)
+	k_flash_fwd_hd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+		       hpu__flash_dims a, size_t rows)
+{
+	float acc[HD], qb[HD];
+	a.hd = HD;
+	FOR_EACH(r, rows)
+	{
+		int b, h, i;
+		flash_split(&a, r, &b, &h, &i);
+		hpu__flash_fwd_row(&a, qkv, mask, ctx, lse, acc, qb, b, h, i);
+	}
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(FLASH_THREADS)
+	k_flash_dq_hd(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
+		      const float *dctx, float *delta, float *dqkv, hpu__flash_dims a, size_t rows)
+{
+	float acc[HD], qb[HD], dob[HD];
+	a.hd = HD;
+	FOR_EACH(r, rows)
+	{
+		int b, h, i;
+		flash_split(&a, r, &b, &h, &i);
+		float dl = hpu__flash_delta_row(&a, ctx, dctx, b, h, i);
+		delta[r] = dl;
+		hpu__flash_dq_row(&a, qkv, mask, lse, dctx, dl, dqkv, acc, qb, dob, b, h, i);
+	}
+}
+
+/* dk and dv (WANT 3), or one of them (1 dk, 2 dv: at hd 64 both at once
+ * would hold four rows a thread, more than its 255 registers) */
+template <int HD, int WANT>
+static __global__ void __launch_bounds__(FLASH_THREADS)
+	k_flash_kv_hd(const float *qkv, const int32_t *mask, const float *lse, const float *dctx,
+		      const float *delta, float *dqkv, hpu__flash_dims a, size_t rows)
+{
+	float acck[(WANT & 1) ? HD : 1], accv[(WANT & 2) ? HD : 1], kb[HD],
+		vb[(WANT & 1) ? HD : 1];
+	a.hd = HD;
+	FOR_EACH(r, rows)
+	{
+		int b, h, j;
+		flash_split(&a, r, &b, &h, &j);
+		hpu__flash_kv_rows(&a, qkv, mask, lse, dctx, delta, dqkv, acck, accv, kb, vb, b, h, j,
+				   WANT);
+	}
+}
+
 static hpu__flash_dims flash_dims(int batch, int t, int heads, int hd, int causal)
 {
 	hpu__flash_dims a = {batch, t, heads, hd, causal != 0, 1.0f / sqrtf((float)hd)};
@@ -114,8 +171,15 @@ extern "C" cudaError_t hpu__cukm_flash_fwd(const float *qkv, const int32_t *mask
 	size_t rows = hpu__cukm_flash_rows(batch, t, heads, hd);
 	if (!rows)
 		return cudaSuccess;
-	k_flash_fwd<<<flash_blocks(rows), FLASH_THREADS, 0, st>>>(
-		qkv, mask, ctx, lse, flash_dims(batch, t, heads, hd, causal), rows);
+	hpu__flash_dims a = flash_dims(batch, t, heads, hd, causal);
+	if (hd == 64)
+		k_flash_fwd_hd<64><<<flash_blocks(rows), FLASH_THREADS, 0, st>>>(qkv, mask, ctx, lse, a,
+										 rows);
+	else if (hd == 32)
+		k_flash_fwd_hd<32><<<flash_blocks(rows), FLASH_THREADS, 0, st>>>(qkv, mask, ctx, lse, a,
+										 rows);
+	else
+		k_flash_fwd<<<flash_blocks(rows), FLASH_THREADS, 0, st>>>(qkv, mask, ctx, lse, a, rows);
 	return cudaGetLastError();
 }
 
@@ -128,12 +192,30 @@ extern "C" cudaError_t hpu__cukm_flash_bwd(const float *qkv, const int32_t *mask
 	if (!rows)
 		return cudaSuccess;
 	hpu__flash_dims a = flash_dims(batch, t, heads, hd, causal);
-	k_flash_dq<<<flash_blocks(rows), FLASH_THREADS, 0, st>>>(qkv, mask, ctx, lse, dctx, delta,
-								   dqkv, a, rows);
+	unsigned nb = flash_blocks(rows);
+	if (hd == 64)
+		k_flash_dq_hd<64><<<nb, FLASH_THREADS, 0, st>>>(qkv, mask, ctx, lse, dctx, delta, dqkv,
+								a, rows);
+	else if (hd == 32)
+		k_flash_dq_hd<32><<<nb, FLASH_THREADS, 0, st>>>(qkv, mask, ctx, lse, dctx, delta, dqkv,
+								a, rows);
+	else
+		k_flash_dq<<<nb, FLASH_THREADS, 0, st>>>(qkv, mask, ctx, lse, dctx, delta, dqkv, a,
+							 rows);
 	cudaError_t e = cudaGetLastError();
 	if (e != cudaSuccess)
 		return e;
-	k_flash_dkv<<<flash_blocks(rows), FLASH_THREADS, 0, st>>>(qkv, mask, lse, dctx, delta,
-								    dqkv, a, rows);
+	if (hd == 64) {
+		k_flash_kv_hd<64, 1><<<nb, FLASH_THREADS, 0, st>>>(qkv, mask, lse, dctx, delta, dqkv,
+								   a, rows);
+		if ((e = cudaGetLastError()) != cudaSuccess)
+			return e;
+		k_flash_kv_hd<64, 2><<<nb, FLASH_THREADS, 0, st>>>(qkv, mask, lse, dctx, delta, dqkv,
+								   a, rows);
+	} else if (hd == 32) {
+		k_flash_kv_hd<32, 3><<<nb, FLASH_THREADS, 0, st>>>(qkv, mask, lse, dctx, delta, dqkv,
+								   a, rows);
+	} else
+		k_flash_dkv<<<nb, FLASH_THREADS, 0, st>>>(qkv, mask, lse, dctx, delta, dqkv, a, rows);
 	return cudaGetLastError();
 }
