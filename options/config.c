@@ -226,6 +226,15 @@ static const struct {
 	{"strategy", "deepspeed_stage_3", HPU_STRATEGY_ZERO3},
 };
 
+int hpu__strategy_of(const char *s)
+{
+	int k = s ? hpu__pick(s, strategy_names, (int)COUNT(strategy_names), 0) : -1;
+	for (size_t i = 0; s && k < 0 && i < sizeof choice_aliases / sizeof *choice_aliases; i++)
+		if (!strcmp(choice_aliases[i].opt, "strategy") && !strcmp(s, choice_aliases[i].alias))
+			k = choice_aliases[i].value;
+	return k;
+}
+
 int hpu__choice(const struct hpu__opt *p, const char *v, int nocase)
 {
 	int k = hpu__pick(v, p->names, p->nnames, nocase);

@@ -406,6 +406,9 @@ void hpu__opts_print_sources(const hpu_train_opts *o, FILE *f);
 int hpu__parse_size(const char *s, uint64_t *out);
 
 const char *hpu__strategy_name(hpu_strategy s);
+/* The strategy named s (fast_ddp .. zero3, or Lightning's names for them:
+ * hpu_parallel, deepspeed_stage_1 .. 3, as --strategy takes them); -1. */
+int hpu__strategy_of(const char *s);
 const char *hpu__optim_name(hpu_optim_kind k);
 const char *hpu__sched_name(hpu_sched_kind k);
 const char *hpu__precision_name(hpu_precision p);

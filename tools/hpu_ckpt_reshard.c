@@ -33,21 +33,14 @@ static const char *const help_reshard =
 const hpu_optspec hpu__ckt_reshard_specs[] = {
 	{"world", 0, HPU_OPT_VALUE, OPT_VAL, "M", .help = "the number of shards to write (required; 1..99999)"},
 	{"strategy", 0, HPU_OPT_VALUE, OPT_VAL + 1, "S",
-	 .help = "the strategy the manifest names: fast_ddp, ddp, zero1, zero2 or zero3 (SRC's)"},
+	 .help = "the strategy the manifest names: fast_ddp, ddp, zero1, zero2 or zero3, or "
+		 "Lightning's hpu_parallel (ddp), deepspeed_stage_1, _2, _3 (SRC's)"},
 	COMMON_OPTS, {0}};
 
 static int is_dir(const char *path)
 {
 	struct stat st;
 	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int known_strategy(const char *s)
-{
-	for (int k = HPU_STRATEGY_FAST_DDP; k <= HPU_STRATEGY_ZERO3; k++)
-		if (!strcmp(s, hpu__strategy_name((hpu_strategy)k)))
-			return 1;
-	return 0;
 }
 
 /* Shard r of M: canonical floats [lo, hi), floor(numel * r / M) on. */
@@ -179,10 +172,13 @@ int hpu__ckt_reshard(int argc, char **argv)
 		return usage_error("reshard", "how many shards? (--world M)");
 	if (hpu__parse_int(world_s, 1, MAX_WORLD, &m))
 		return usage_error("reshard", "--world must be 1 to %d, not '%s'", MAX_WORLD, world_s);
-	if (strategy && !known_strategy(strategy))
+	if (strategy && hpu__strategy_of(strategy) < 0)
 		return usage_error("reshard",
-				   "--strategy is fast_ddp, ddp, zero1, zero2 or zero3, not '%s'",
+				   "--strategy is fast_ddp, ddp, zero1, zero2 or zero3 (or Lightning's "
+				   "hpu_parallel, deepspeed_stage_1, _2, _3), not '%s'",
 				   strategy);
+	if (strategy) /* the manifest names it as hpulaunch does */
+		strategy = hpu__strategy_name((hpu_strategy)hpu__strategy_of(strategy));
 	char dst[4096], partial[4200], parent[4200], err[1024], mpath[4400];
 	struct stat sb;
 	snprintf(dst, sizeof dst, "%s", pos[1]);

@@ -788,6 +788,13 @@ static void test_reshard_resume(void **state)
 	has(out, "world size    1\n");
 	has(out, "strategy      ddp\n");
 	free(out);
+	/* Lightning's name for a strategy, as --strategy takes it: the
+	 * manifest names the strategy as hpulaunch does */
+	out = CKPT(0, "reshard", CK, path("r1-ds"), "--world=1", "--strategy", "deepspeed_stage_2");
+	free(out);
+	out = CKPT(0, "info", path("r1-ds"));
+	has(out, "strategy      zero2\n");
+	free(out);
 	/* zero3's placement plan is not ddp's: dropped, the rest kept (the
 	 * same strategy kept it above) */
 	a = manifest_rest(LAST);
