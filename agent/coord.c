@@ -46,7 +46,7 @@ struct hpu_coord {
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;
 	int set_up_apart; /* aborted: a node's hpulaunch set up otherwise */
-	char abort_reason[512];
+	char abort_reason[1024];
 	char join_token[129]; /* this attempt's (restart.h) */
 	char session[33];     /* JoinReply.session: random hex */
 	char why[160];        /* a refusal that needs words of its own */
@@ -362,9 +362,10 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 			snprintf(reason, sizeof reason,
 				 "rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)",
 				 w->rank, w->node_rank, w->pid, pos);
-		else
-			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d",
-				 w->rank, w->node_rank, w->pid, w->exit_code);
+		else /* with its reason where its node relayed one */
+			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d%s%s",
+				 w->rank, w->node_rank, w->pid, w->exit_code,
+				 w->why && *w->why ? ": " : "", w->why ? w->why : "");
 		hpu__coord_abort(c, reason);
 		break;
 	}

@@ -166,7 +166,6 @@ static void blame(hpu_nodejob *j, int culprit, hpu_blame how, int reporter, char
 
 static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)
 {
-	(void)a;
 	hpu_nodejob *j = arg;
 	if (j->cfg.on_exit)
 		j->cfg.on_exit(j, rank, (int)pid, status, j->cfg.arg);
@@ -195,8 +194,15 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s", rank,
 			 j->cfg.node_rank, (int)pid, how);
 	fail(j, cause, j->cfg.grace_s);
+	/* its reason, said on this node just before, goes to the others with
+	 * the exit (a worker that failed on its own, with a sentence) */
+	const char *why = culprit < 0 && WIFEXITED(status) && status != HPU_AGENT_LEFT_EARLY
+				  ? hpu__agent_why(a, rank)
+				  : "";
 	if (j->coord) {
-		hpu__coord_abort(j->coord, cause);
+		char relayed[1200];
+		snprintf(relayed, sizeof relayed, "%s%s%s", cause, *why ? ": " : "", why);
+		hpu__coord_abort(j->coord, relayed);
 		return;
 	}
 	Hpu__WorkerExit we;
@@ -206,6 +212,7 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	we.phase = have ? (uint32_t)st.phase : HPU_PHASE_SETUP;
 	we.culprit = (uint32_t)(culprit + 1);
 	we.culprit_how = (uint32_t)bhow;
+	we.why = (char *)why;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;

@@ -94,6 +94,12 @@ int hpu__agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *
 	return 0;
 }
 
+const char *hpu__agent_why(const hpu_agent *a, int rank)
+{
+	int local = rank - a->cfg.rank_base;
+	return local < 0 || local >= a->cfg.devices ? "" : a->w[local].why;
+}
+
 int hpu__agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
 {
 	int local = rank - a->cfg.rank_base;

@@ -530,6 +530,45 @@ static void test_two_nodes_models_differ(void **state)
 	rmdir(dir);
 }
 
+/* A rank that fails with a sentence ("hpu-worker: rank R: WHY") on one
+ * node: the other node's closing error says WHY too, both ways round (the
+ * failing rank on node 1, then on node 0, the coordinator's). Before, the
+ * other node said only "rank 1 (node 1, pid P) exited with code 1". */
+static void test_two_nodes_error_relayed(void **state)
+{
+	(void)state;
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	for (int bad = 1; bad >= 0; bad--) {
+		char port[16], *a[2][24];
+		snprintf(port, sizeof port, "%d", h_free_port());
+		for (int r = 0; r < 2; r++) {
+			char *args[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+					r ? "1" : "0", "--master-port", port, "--max-steps", "3",
+					(char *)MODEL, "--", r == bad ? "--bogus" : "--hidden",
+					r == bad ? NULL : "16", NULL};
+			int n = 0;
+			for (; args[n]; n++)
+				a[r][n] = args[n];
+			a[r][n] = NULL;
+		}
+		proc n0, n1;
+		h_two_nodes(&n0, a[0], env, 120000, &n1, a[1], env, 30000);
+		printf("%s%s", n0.out, n1.out);
+		assert_int_equal(h_code(&n0), 1);
+		assert_int_equal(h_code(&n1), 1);
+		const char *other = bad ? n0.out : n1.out;
+		char want[96];
+		snprintf(want, sizeof want, "rank %d (node %d, pid ", bad, bad);
+		const char *line = strstr(other, want);
+		assert_non_null(line);
+		line = strstr(line, "exited with code 1: model ");
+		assert_non_null(line);
+		assert_non_null(strstr(line, "setup failed: unknown model argument --bogus"));
+		h_free(&n0);
+		h_free(&n1);
+	}
+}
+
 /* The launch environment in torchrun's and DeepSpeed's names, on two
  * nodes of two workers each (two hpulaunch, loopback), before and after a
  * restart: each rank writes what it sees to DIR/rRANK.COUNT; on the first
@@ -697,6 +736,7 @@ int main(void)
 		cmocka_unit_test(test_two_nodes_restarts_differ),
 		cmocka_unit_test(test_two_nodes_options_differ),
 		cmocka_unit_test(test_two_nodes_models_differ),
+		cmocka_unit_test(test_two_nodes_error_relayed),
 		cmocka_unit_test(test_torchrun_env_two_nodes),
 		cmocka_unit_test(test_torchrun_standalone_trains),
 		cmocka_unit_test(test_torchrun_standalone_env),
