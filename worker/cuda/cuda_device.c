@@ -1054,26 +1054,7 @@ typedef struct cuda_graph {
 
 /* ---- the graph's nodes by name (the recorder's names): read once at
  * the recording's end, untimed (their GPU times: HPU_PROFILE_KERNELS,
- * cuda_kprof.c) ---- */
-
-void hpu__cuda_demangle(const char *m, char *out, size_t len)
-{
-	const char *p = m;
-	if (p[0] == '_' && p[1] == 'Z') {
-		p += 2;
-		if (*p == 'L')
-			p++;
-		if (*p >= '1' && *p <= '9') {
-			char *end;
-			unsigned long n = strtoul(p, &end, 10);
-			if (n < len && strlen(end) >= n) {
-				snprintf(out, len, "%.*s", (int)n, end);
-				return;
-			}
-		}
-	}
-	snprintf(out, len, "%s", m);
-}
+ * cuda_kprof.c; names without C++'s mangling: cuda_names.c) ---- */
 
 /* A kernel node's function name; "kernel" where CUDA cannot say (a kernel
  * a library launched through the driver's API, whose function the
