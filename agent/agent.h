@@ -140,10 +140,9 @@ int hpu__agent_rank(const hpu_agent *a, int local);
  * rank is not on this node or has sent none yet. */
 int hpu__agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *age_s);
 
-/* The last error sentence rank `rank` (one of this node's) wrote on
- * stderr: WHY of its last "hpu-worker: rank R: WHY" line (a worker's
- * error, which the other nodes' closing error repeats); "" for none or a
- * rank not on this node. */
+/* The sentence rank `rank` (one of this node's) said its error exit was
+ * for (hpu__status_error, on its status pipe), which the other nodes'
+ * closing error repeats; "" for none or a rank not on this node. */
 const char *hpu__agent_why(const hpu_agent *a, int rank);
 
 /* The rank that rank `rank` (one of this node's) blamed for its failure

@@ -74,7 +74,7 @@ typedef struct worker {
 	char log_path[1024];     /* log_fd's (--log-dir) */
 	char prefix[32];
 	size_t prefix_len;
-	char why[400]; /* its last "hpu-worker: rank R: WHY" on stderr: WHY */
+	char why[HPU_STATUS_WHY_MAX + 1]; /* its error sentence ("E1 WHY") */
 } worker;
 
 struct hpu_agent {

@@ -520,6 +520,11 @@ int hpu__nodejob_live(const hpu_nodejob *j)
 	return j->agent ? hpu__agent_live(j->agent) : 0;
 }
 
+const char *hpu__nodejob_why(const hpu_nodejob *j, int rank)
+{
+	return j->agent ? hpu__agent_why(j->agent, rank) : "";
+}
+
 int hpu__nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s)
 {
 	return j->agent ? hpu__agent_status(j->agent, rank, st, age_s) : -1;

@@ -99,6 +99,10 @@ int hpu__nodejob_cause_unsaid(const hpu_nodejob *j);
  * or its workers have not started. */
 int hpu__nodejob_status(const hpu_nodejob *j, int rank, hpu_status_rec *st, double *age_s);
 
+/* The sentence rank `rank` (one of this node's) said its error exit was
+ * for (hpu__agent_why); "" for none. */
+const char *hpu__nodejob_why(const hpu_nodejob *j, int rank);
+
 /* Malformed status lines the workers wrote, ignored (agent.h). */
 long hpu__nodejob_status_bad(const hpu_nodejob *j);
 

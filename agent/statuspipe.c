@@ -26,6 +26,8 @@ static void status_line(status_pipe *sp, const char *line, size_t n)
 		}
 		return;
 	}
+	if (hpu__status_parse_error(line, n, w->why, sizeof w->why) == 0)
+		return;
 	if (hpu__status_parse(line, n, &r) < 0) {
 		a->status_bad++;
 		return;

@@ -29,22 +29,6 @@ static void maybe_idle(hpu_agent *a)
  * line goes on in the next one (nothing of it is dropped). */
 #define CONTINUES " [hpu: line continues]"
 
-/* WHY of a stderr line "hpu-worker: rank R: WHY" into w->why: the
- * worker's error sentence (hpu__agent_why). */
-static void keep_why(worker *w, const char *line, size_t len)
-{
-	static const char head[] = "hpu-worker: rank ";
-	size_t i = sizeof head - 1;
-	if (len <= i || strncmp(line, head, i))
-		return;
-	while (i < len && line[i] >= '0' && line[i] <= '9')
-		i++;
-	if (i + 2 > len || line[i] != ':' || line[i + 1] != ' ')
-		return;
-	i += 2;
-	snprintf(w->why, sizeof w->why, "%.*s", (int)(len - i), line + i);
-}
-
 /* A worker's line (or, `more`, a piece of an over-long one) to its
  * destination (on_line, else our stdout or stderr) and to its log file. A
  * log file that cannot be written is said once (output.h) and closed. */
@@ -53,8 +37,6 @@ static void emit(stream *s, const char *line, size_t n, int more)
 	worker *w = s->w;
 	const hpu_agent_cfg *c = &w->a->cfg;
 	char out[LINE_MAX_BYTES + 128];
-	if (s->out_fd == 2)
-		keep_why(w, line, n);
 	size_t len = w->prefix_len;
 	memcpy(out, w->prefix, len);
 	memcpy(out + len, line, n);
@@ -252,8 +234,8 @@ void hpu__agent_on_child(struct ev_loop *loop, ev_child *c, int revents)
 	 * (a model that called exit()), which fails the job like any exit */
 	if (status == 0 && w->hello && !(w->last_at > 0 && w->last.phase == HPU_PHASE_DONE))
 		status = HPU_AGENT_LEFT_EARLY;
-	/* what it wrote before its end, first: on_exit may say its last
-	 * error sentence (nodejob.c relays it to the other nodes) */
+	/* what it wrote before its end, first: its last lines come out
+	 * before on_exit's error about it */
 	read_stream(a, &w->out, 64);
 	read_stream(a, &w->err, 64);
 	if (a->cfg.on_exit)

@@ -3,6 +3,8 @@
  * turned into messages to the submitter (daemon/joboutput.h), and the
  * ended jobs released once their last message has left. Calls jobs.c and
  * logging.c (daemon/hpud.h). */
+#include <sys/wait.h>
+
 #include "daemon/hpud.h"
 #include "common/clock.h"
 
@@ -80,6 +82,8 @@ void hpud__on_exit_worker(hpu_nodejob *nj, int rank, int pid, int status, void *
 		we.total = st.total;
 		we.phase = (uint32_t)st.phase;
 	}
+	if (status != 0 && WIFEXITED(status))
+		we.why = (char *)hpu__nodejob_why(nj, rank);
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_WORKER_EXIT;
 	env.worker_exit = &we;

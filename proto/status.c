@@ -176,6 +176,27 @@ void hpu__status_blame(int rank, hpu_blame how)
 	}
 }
 
+void hpu__status_error(const char *why)
+{
+	char line[HPU_STATUS_WHY_MAX + 8];
+	int f = fd();
+	if (f < 0 || !why || !*why)
+		return;
+	size_t n = (size_t)snprintf(line, sizeof line, "E1 %.*s", HPU_STATUS_WHY_MAX, why);
+	if (n > sizeof line - 2)
+		n = sizeof line - 2;
+	for (size_t i = 3; i < n; i++)
+		if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+			line[i] = ' ';
+	line[n++] = '\n';
+	for (int tries = 0; tries < 20; tries++) { /* it must get there: wait for room */
+		if (write(f, line, n) >= 0 || errno != EAGAIN)
+			return;
+		struct pollfd p = {.fd = f, .events = POLLOUT};
+		poll(&p, 1, 100);
+	}
+}
+
 /* ---- reading records (the agent) ---- */
 
 /* The next space-separated token of [*p, end) into tmp (NUL-terminated),
@@ -270,6 +291,14 @@ int hpu__status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *
 		return -1;
 	*rank = (int)r;
 	*how = (hpu_blame)k;
+	return 0;
+}
+
+int hpu__status_parse_error(const char *line, size_t len, char *out, size_t outlen)
+{
+	if (len < 4 || memcmp(line, "E1 ", 3) != 0 || !outlen)
+		return -1;
+	snprintf(out, outlen, "%.*s", (int)(len - 3), line + 3);
 	return 0;
 }
 

@@ -65,6 +65,17 @@ void hpu__status_blame(int rank, hpu_blame how);
  * -1 when the line is not one. */
 int hpu__status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *how);
 
+/* Tells the agent, before the worker exits with an error, the sentence
+ * it is for (the one it prints): one line "E1 WHY", control characters
+ * as spaces, cut to HPU_STATUS_WHY_MAX bytes. The agent relays it with
+ * the exit to the other nodes, whose closing error repeats it. */
+#define HPU_STATUS_WHY_MAX 400
+void hpu__status_error(const char *why);
+
+/* The agent's side: parses an error line (hpu__status_error) into
+ * out[outlen]. Returns 0, or -1 when the line is not one. */
+int hpu__status_parse_error(const char *line, size_t len, char *out, size_t outlen);
+
 /* The agent's side: parses one record line (without its newline).
  * Returns 0, or -1 when it is not a well-formed record (st is then
  * unchanged). */

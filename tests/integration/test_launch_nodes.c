@@ -19,6 +19,7 @@
 
 #define LAUNCH h_build("bin/hpulaunch")
 #define MODEL h_build("lib/fmnist_mlp.so")
+#define FAULT_MODEL h_build("lib/fault_mlp.so") /* tests/fixtures/fault_mlp.c */
 
 /* Starts a two-node job's node 0 into n0 and node 1 into n1 (two
  * hpulaunch with a shared job token on a free loopback port): each
@@ -533,7 +534,8 @@ static void test_two_nodes_models_differ(void **state)
 /* A rank that fails with a sentence ("hpu-worker: rank R: WHY") on one
  * node: the other node's closing error says WHY too, both ways round (the
  * failing rank on node 1, then on node 0, the coordinator's). Before, the
- * other node said only "rank 1 (node 1, pid P) exited with code 1". */
+ * other node said only "rank 1 (node 1, pid P) exited with code 1". A
+ * rank whose error exit has no sentence gets none. */
 static void test_two_nodes_error_relayed(void **state)
 {
 	(void)state;
@@ -567,6 +569,34 @@ static void test_two_nodes_error_relayed(void **state)
 		h_free(&n0);
 		h_free(&n1);
 	}
+	/* an error exit without a sentence of the runtime's (the model's
+	 * exit(3)) after a warning: no reason, not the warning (a review
+	 * reproduced the warning relayed as the reason when stderr's last
+	 * "hpu-worker: rank R: " line was taken for it) */
+	char port[16], *a[2][40];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	for (int r = 0; r < 2; r++) {
+		char *args[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+				r ? "1" : "0", "--master-port", port, "--max-steps", "20",
+				"--hang-warning", "1", (char *)FAULT_MODEL, "--", "--hidden", "16",
+				"--sleep-rank", "1", "--sleep-ms", "2500", "--exit-rank", "1",
+				"--exit-at", "12", "--exit-code", "3", NULL};
+		int n = 0;
+		for (; args[n]; n++)
+			a[r][n] = args[n];
+		a[r][n] = NULL;
+	}
+	proc n0, n1;
+	h_two_nodes(&n0, a[0], env, 120000, &n1, a[1], env, 60000);
+	printf("%s%s", n0.out, n1.out);
+	assert_non_null(strstr(n1.out, "warning: step 10 has run for"));
+	const char *line = strstr(n0.out, "rank 1 (node 1, pid ");
+	assert_non_null(line);
+	line = strstr(line, "exited with code 3");
+	assert_non_null(line);
+	assert_true(line[strlen("exited with code 3")] == '\n');
+	h_free(&n0);
+	h_free(&n1);
 }
 
 /* The launch environment in torchrun's and DeepSpeed's names, on two

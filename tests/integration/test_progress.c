@@ -190,6 +190,16 @@ static void test_parse_and_format(void **state)
 	for (size_t i = 0; i < sizeof bad_blame / sizeof *bad_blame; i++)
 		if (hpu__status_parse_blame(bad_blame[i], strlen(bad_blame[i]), &culprit, &how) == 0)
 			fail_msg("malformed blame line accepted: \"%s\"", bad_blame[i]);
+	/* an error line: the sentence the worker's error exit is for */
+	char why[16];
+	assert_int_equal(hpu__status_parse_error("E1 no such file", 15, why, sizeof why), 0);
+	assert_string_equal(why, "no such file");
+	assert_int_equal(hpu__status_parse_error("E1 a long sentence cut", 22, why, 8), 0);
+	assert_string_equal(why, "a long ");
+	const char *bad_error[] = {"E1", "E1 ", "E2 why", "B1 3 died"};
+	for (size_t i = 0; i < sizeof bad_error / sizeof *bad_error; i++)
+		if (hpu__status_parse_error(bad_error[i], strlen(bad_error[i]), why, sizeof why) == 0)
+			fail_msg("malformed error line accepted: \"%s\"", bad_error[i]);
 	const char *bad[] = {"",
 			     "S1",
 			     "S2 1 2 1 1 0.5 1 1 1 1 1 0",

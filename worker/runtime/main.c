@@ -376,6 +376,8 @@ int main(int argc, char **argv)
 	rc = 0;
 out:
 	blame_peer(rc ? comm : NULL);
+	if (rc) /* the agent relays it to the other nodes with the exit */
+		hpu__status_error(err);
 	if (rc && strncmp(err, "rank ", 5) == 0) /* it names the rank itself */
 		hpu__log_plain(HPU_LOG_ERROR, "hpu-worker: %s", err);
 	else if (rc)
