@@ -155,7 +155,7 @@ static void test_sumsq16_batches(void **state)
 	(void)state;
 	static const size_t ns[] = {0, 1, 255, 299, 300, 301, 16385, 1000003};
 	static const size_t chunks[] = {300, 16384};
-	static const size_t caps[] = {7, 70, 65536};
+	static const size_t caps[] = {7, 70, 200, 65536}; /* 200: 3 chunks of 16384 a batch */
 	for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
 		size_t n = ns[k];
 		float *g = malloc((n ? n : 1) * sizeof *g), *scratch = malloc(16384 * sizeof *scratch);
@@ -170,7 +170,7 @@ static void test_sumsq16_batches(void **state)
 					g[n - 1] = 1.0f / 0.0f;
 				cpu->to16(fp16, h, g, n);
 				for (size_t c = 0; c < 2; c++)
-					for (size_t q = 0; q < 3; q++) {
+					for (size_t q = 0; q < sizeof caps / sizeof *caps; q++) {
 						size_t pc;
 						if (!hpu__elem_sumsq16_batch(chunks[c], caps[q], &pc))
 							continue; /* (rt_sumsq16_add: chunk by chunk) */
