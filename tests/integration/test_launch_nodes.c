@@ -531,6 +531,23 @@ static void test_two_nodes_models_differ(void **state)
 	rmdir(dir);
 }
 
+/* The two nodes' command lines (a[R], NULL-terminated): hpulaunch
+ * --nodes 2 --devices 1 --node-rank R --master-port PORT, then tail[R]
+ * (NULL-terminated). */
+static void pair_args(char *a[2][40], const char *port, char *const *tail0, char *const *tail1)
+{
+	for (int r = 0; r < 2; r++) {
+		char *head[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
+				r ? "1" : "0", "--master-port", (char *)port};
+		int n = 0;
+		for (size_t i = 0; i < sizeof head / sizeof *head; i++)
+			a[r][n++] = head[i];
+		for (char *const *t = r ? tail1 : tail0; *t && n < 39; t++)
+			a[r][n++] = *t;
+		a[r][n] = NULL;
+	}
+}
+
 /* A rank that fails with a sentence ("hpu-worker: rank R: WHY") on one
  * node: the other node's closing error says WHY too, both ways round (the
  * failing rank on node 1, then on node 0, the coordinator's). Before, the
@@ -539,20 +556,12 @@ static void test_two_nodes_models_differ(void **state)
 static void test_two_nodes_error_relayed(void **state)
 {
 	(void)state;
-	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL}, port[16], *a[2][40];
+	char *good[] = {"--max-steps", "3", (char *)MODEL, "--", "--hidden", "16", NULL};
+	char *bogus[] = {"--max-steps", "3", (char *)MODEL, "--", "--bogus", NULL};
 	for (int bad = 1; bad >= 0; bad--) {
-		char port[16], *a[2][24];
 		snprintf(port, sizeof port, "%d", h_free_port());
-		for (int r = 0; r < 2; r++) {
-			char *args[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
-					r ? "1" : "0", "--master-port", port, "--max-steps", "3",
-					(char *)MODEL, "--", r == bad ? "--bogus" : "--hidden",
-					r == bad ? NULL : "16", NULL};
-			int n = 0;
-			for (; args[n]; n++)
-				a[r][n] = args[n];
-			a[r][n] = NULL;
-		}
+		pair_args(a, port, bad ? good : bogus, bad ? bogus : good);
 		proc n0, n1;
 		h_two_nodes(&n0, a[0], env, 120000, &n1, a[1], env, 30000);
 		printf("%s%s", n0.out, n1.out);
@@ -573,19 +582,11 @@ static void test_two_nodes_error_relayed(void **state)
 	 * exit(3)) after a warning: no reason, not the warning (a review
 	 * reproduced the warning relayed as the reason when stderr's last
 	 * "hpu-worker: rank R: " line was taken for it) */
-	char port[16], *a[2][40];
+	char *exits[] = {"--max-steps", "20", "--hang-warning", "1", (char *)FAULT_MODEL, "--",
+			 "--hidden", "16", "--sleep-rank", "1", "--sleep-ms", "2500", "--exit-rank",
+			 "1", "--exit-at", "12", "--exit-code", "3", NULL};
 	snprintf(port, sizeof port, "%d", h_free_port());
-	for (int r = 0; r < 2; r++) {
-		char *args[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
-				r ? "1" : "0", "--master-port", port, "--max-steps", "20",
-				"--hang-warning", "1", (char *)FAULT_MODEL, "--", "--hidden", "16",
-				"--sleep-rank", "1", "--sleep-ms", "2500", "--exit-rank", "1",
-				"--exit-at", "12", "--exit-code", "3", NULL};
-		int n = 0;
-		for (; args[n]; n++)
-			a[r][n] = args[n];
-		a[r][n] = NULL;
-	}
+	pair_args(a, port, exits, exits);
 	proc n0, n1;
 	h_two_nodes(&n0, a[0], env, 120000, &n1, a[1], env, 60000);
 	printf("%s%s", n0.out, n1.out);
