@@ -226,23 +226,26 @@ static const struct {
 	{"strategy", "deepspeed_stage_3", HPU_STRATEGY_ZERO3},
 };
 
-int hpu__strategy_of(const char *s)
+/* The value of option opt's choice v: one of names[n], else an alias. */
+static int choice_of(const char *opt, const char *const *names, int n, const char *v,
+		     int nocase)
 {
-	int k = s ? hpu__pick(s, strategy_names, (int)COUNT(strategy_names), 0) : -1;
-	for (size_t i = 0; s && k < 0 && i < sizeof choice_aliases / sizeof *choice_aliases; i++)
-		if (!strcmp(choice_aliases[i].opt, "strategy") && !strcmp(s, choice_aliases[i].alias))
+	int k = hpu__pick(v, names, n, nocase);
+	for (size_t i = 0; k < 0 && i < sizeof choice_aliases / sizeof *choice_aliases; i++)
+		if (!strcmp(opt, choice_aliases[i].opt) &&
+		    !(nocase ? strcasecmp : strcmp)(v, choice_aliases[i].alias))
 			k = choice_aliases[i].value;
 	return k;
 }
 
+int hpu__strategy_of(const char *s)
+{
+	return s ? choice_of("strategy", strategy_names, (int)COUNT(strategy_names), s, 0) : -1;
+}
+
 int hpu__choice(const struct hpu__opt *p, const char *v, int nocase)
 {
-	int k = hpu__pick(v, p->names, p->nnames, nocase);
-	for (size_t i = 0; k < 0 && i < sizeof choice_aliases / sizeof *choice_aliases; i++)
-		if (!strcmp(p->name, choice_aliases[i].opt) &&
-		    !(nocase ? strcasecmp : strcmp)(v, choice_aliases[i].alias))
-			k = choice_aliases[i].value;
-	return k;
+	return choice_of(p->name, p->names, p->nnames, v, nocase);
 }
 
 #define OFF(f) offsetof(hpu_train_opts, f)

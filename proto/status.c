@@ -162,18 +162,25 @@ void hpu__status_hello(void)
 
 static const char *const blame_words[] = {"silent", "died", "failed"};
 
+/* A line that must get there (the worker exits next): waits for room, up
+ * to 2 s. */
+static void write_must(int f, const char *line, size_t n)
+{
+	for (int tries = 0; tries < 20; tries++) {
+		if (write(f, line, n) >= 0 || errno != EAGAIN)
+			return;
+		struct pollfd p = {.fd = f, .events = POLLOUT};
+		poll(&p, 1, 100);
+	}
+}
+
 void hpu__status_blame(int rank, hpu_blame how)
 {
 	char line[64];
 	int f = fd(), n = snprintf(line, sizeof line, "B1 %d %s\n", rank, blame_words[how]);
 	if (f < 0 || rank < 0)
 		return;
-	for (int tries = 0; tries < 20; tries++) { /* it must get there: wait for room */
-		if (write(f, line, (size_t)n) >= 0 || errno != EAGAIN)
-			return;
-		struct pollfd p = {.fd = f, .events = POLLOUT};
-		poll(&p, 1, 100);
-	}
+	write_must(f, line, (size_t)n);
 }
 
 void hpu__status_error(const char *why)
@@ -189,12 +196,7 @@ void hpu__status_error(const char *why)
 		if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
 			line[i] = ' ';
 	line[n++] = '\n';
-	for (int tries = 0; tries < 20; tries++) { /* it must get there: wait for room */
-		if (write(f, line, n) >= 0 || errno != EAGAIN)
-			return;
-		struct pollfd p = {.fd = f, .events = POLLOUT};
-		poll(&p, 1, 100);
-	}
+	write_must(f, line, n);
 }
 
 /* ---- reading records (the agent) ---- */
