@@ -103,6 +103,13 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "replayed graph, into DIR/kernels-rank<R>.txt at the worker's end, "
 	    "the costliest first, with each kernel's grid and block (made if "
 	    "missing; no --profile needed)"),
+	VAR(HPU_MEMORY_PEAK, "", "hpu-worker",
+	    "a directory: the worker writes DIR/memory-peak-rank<R>.txt at its "
+	    "end, the device memory live at its peak (InUse's maximum) by "
+	    "allocation, largest first, summed by name (layer indices folded: one "
+	    "line for all the blocks' \"activations h#.fc1\") and by kind, and "
+	    "the refusal where an allocation was refused (made if missing; "
+	    "any device)"),
 	VAR(HPU_CUPTI_LIB, "", "hpu-worker",
 	    "the CUPTI library HPU_PROFILE_KERNELS opens (default: "
 	    "libcupti.so.13 on the loader's path, then /usr/local/cuda's)"),

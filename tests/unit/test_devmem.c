@@ -840,6 +840,58 @@ static void test_remote_backing(void **state)
 	hpu__devmem_shutdown();
 }
 
+/* HPU_MEMORY_PEAK=DIR: at shutdown DIR/memory-peak-rank<R>.txt lists
+ * the blocks live when InUse was at its maximum (not those freed before
+ * it or made after it), summed by name with the layers' indices folded
+ * (h1 and h12 as h#; fp32, fc2 as they are), by kind, and
+ * the first refused allocation's sentence. */
+static void test_peak_report(void **state)
+{
+	(void)state;
+	char dir[64], path[128];
+	snprintf(dir, sizeof dir, "/tmp/hpu-devmem-peak-%d", (int)getpid());
+	snprintf(path, sizeof path, "%s/memory-peak-rank3.txt", dir);
+	setenv("HPU_MEMORY_PEAK", dir, 1);
+	assert_int_equal(hpu__devmem_init(4 * MiB, 3), 0);
+	unsetenv("HPU_MEMORY_PEAK");
+	void *early = hpu__dalloc(HPU_MEM_OTHER, 1 * MiB, "early scratch");
+	hpu__dfree(early); /* freed before the peak */
+	void *w = hpu__dalloc(HPU_MEM_PARAMS, 512 * KiB, "weights");
+	void *a1 = hpu__dalloc(HPU_MEM_ACTS, 256 * KiB, "activations h1.fc2");
+	void *a2 = hpu__dalloc(HPU_MEM_ACTS, 256 * KiB, "activations h12.fc2");
+	void *g = hpu__dalloc(HPU_MEM_ACTS, 1 * MiB, "gradient of logits");
+	hpu__dfree(g); /* the peak was 2 MiB, with it */
+	void *late = hpu__dalloc(HPU_MEM_OTHER, 512 * KiB, "late scratch");
+	assert_null(hpu__dalloc(HPU_MEM_ACTS, 8 * MiB, "too much"));
+	hpu__dfree(w), hpu__dfree(a1), hpu__dfree(a2), hpu__dfree(late);
+	hpu__devmem_shutdown();
+	char *rep = NULL;
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	size_t cap = 0;
+	ssize_t n = getdelim(&rep, &cap, '\0', f);
+	fclose(f);
+	assert_true(n > 0);
+	printf("%s", rep);
+	assert_non_null(strstr(rep, "# rank 3: device memory at its peak, InUse 2.0 MiB (2097152 "
+				    "bytes) in 4 allocations\n"));
+	assert_non_null(strstr(rep, "# then refused: rank 3: out of device memory allocating too "
+				    "much: 8.0 MiB requested"));
+	assert_non_null(strstr(rep, "        524288        0.5      2  acts   activations h#.fc2\n"));
+	assert_non_null(strstr(rep, "       1048576        1.0      1  acts   gradient of logits\n"));
+	assert_non_null(strstr(rep, "       1572864        1.5  acts\n"));
+	assert_non_null(strstr(rep, "        262144        0.2  acts   activations h12.fc2\n"));
+	assert_null(strstr(rep, "scratch"));
+	free(rep);
+	unlink(path);
+	rmdir(dir);
+	/* off: no file */
+	assert_int_equal(hpu__devmem_init(0, 3), 0);
+	hpu__dfree(hpu__dalloc(HPU_MEM_ACTS, 4 * KiB, "x"));
+	hpu__devmem_shutdown();
+	assert_int_equal(access(path, F_OK), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -863,6 +915,7 @@ int main(void)
 	    cmocka_unit_test(test_shutdown_and_again),
 	    cmocka_unit_test(test_threads),
 	    cmocka_unit_test(test_remote_backing),
+	    cmocka_unit_test(test_peak_report),
 	    cmocka_unit_test_setup_teardown(test_bad_pointers_abort,
 					    setup_unlimited, teardown),
 	};

@@ -80,10 +80,6 @@ _Thread_local char hpu__devmem_err[512];
 
 /* ---- the sentences ---- */
 
-static const char *const kind_names[HPU_MEM_NKINDS] = {
-    "params", "grads", "optim", "acts", "comm", "other",
-};
-
 static void fmt_limit(char *buf, size_t len)
 {
 	if (hpu__devmem.limit)
@@ -121,6 +117,7 @@ static void set_alloc_error(size_t bytes, const char *what, int e)
 		snprintf(hpu__devmem_err, sizeof hpu__devmem_err,
 			 "%sout of host memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s",
 			 who, what, req, strerror(e), used, lim);
+	hpu__devmem_peak_refused(hpu__devmem_err);
 }
 
 static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
@@ -165,6 +162,7 @@ static void *dalloc(hpu_mem_kind kind, size_t bytes, const char *what, int zero)
 	if (!b->user)
 		poison((char *)user_of(b) + bytes, b->rounded - bytes);
 	hpu__devmem_tally_alloc(&hpu__devmem.t, kind, bytes);
+	hpu__devmem_peak_alloc(user_of(b), bytes, kind, what);
 	bk_label(user_of(b), bytes, kind, what);
 	void *user = user_of(b);
 	const hpu__devmem_backing *rb = b->user ? b->bk : NULL;
@@ -262,6 +260,7 @@ int hpu__devmem_init(uint64_t limit, int rank)
 		hpu__devmem.initialized = true;
 		hpu__devmem.rank = rank;
 		hpu__devmem.limit = limit;
+		hpu__devmem_peak_begin();
 		if (hpu__devmem.cached > cache_cap())
 			hpu__devmem_cache_drop();
 	}
@@ -272,6 +271,7 @@ int hpu__devmem_init(uint64_t limit, int rank)
 void hpu__devmem_shutdown(void)
 {
 	pthread_mutex_lock(&hpu__devmem.mu);
+	hpu__devmem_peak_end();
 	bk_open();
 	hpu__devmem_cache_drop();
 	bk_close();
@@ -312,11 +312,4 @@ uint32_t hpu__devmem_capture_begin(void)
 void hpu__devmem_capture_end(void)
 {
 	recording = 0;
-}
-
-const char *hpu__mem_kind_name(hpu_mem_kind kind)
-{
-	if ((unsigned)kind >= HPU_MEM_NKINDS)
-		return "?";
-	return kind_names[kind];
 }

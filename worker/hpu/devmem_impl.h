@@ -186,6 +186,20 @@ void hpu__devmem_fmt_bytes(char *buf, size_t len, uint64_t n);
  * hpu__devmem.mu). */
 void hpu__devmem_fmt_who(char *buf, size_t len);
 
+/* ---- devmem_peak.c: HPU_MEMORY_PEAK, the live blocks at the peak
+ * (under hpu__devmem.mu; each does nothing while the report is off) ---- */
+
+/* At hpu__devmem_init: on where HPU_MEMORY_PEAK names a directory. */
+void hpu__devmem_peak_begin(void);
+/* After a block's tally: p is live; a new InUse maximum copies the list. */
+void hpu__devmem_peak_alloc(void *p, uint64_t bytes, int kind, const char *what);
+/* Before a block's tally goes down: p is no longer live. */
+void hpu__devmem_peak_free(void *p);
+/* A refused allocation's sentence (the first is reported). */
+void hpu__devmem_peak_refused(const char *sentence);
+/* At shutdown: writes DIR/memory-peak-rank<R>.txt, and stops. */
+void hpu__devmem_peak_end(void);
+
 /* ---- devmem_pool.c: the system's blocks and the cache (under
  * hpu__devmem.mu) ---- */
 

@@ -259,6 +259,7 @@ void hpu__devmem_release_block(blk *b, void *p)
 		sys_give(b, false);
 		return;
 	}
+	hpu__devmem_peak_free(p);
 	hpu__devmem_tally_free(&hpu__devmem.t, b->kind, b->bytes);
 	if (hpu__devmem.cached + b->rounded <= cache_cap())
 		cache_put(b);

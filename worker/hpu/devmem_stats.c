@@ -35,6 +35,17 @@ void hpu__devmem_tally_free(tally *t, hpu_mem_kind kind, size_t bytes)
 
 /* ---- the sentences' pieces ---- */
 
+static const char *const kind_names[HPU_MEM_NKINDS] = {
+    "params", "grads", "optim", "acts", "comm", "other",
+};
+
+const char *hpu__mem_kind_name(hpu_mem_kind kind)
+{
+	if ((unsigned)kind >= HPU_MEM_NKINDS)
+		return "?";
+	return kind_names[kind];
+}
+
 void hpu__devmem_fmt_bytes(char *buf, size_t len, uint64_t n)
 {
 	static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
