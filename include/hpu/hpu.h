@@ -468,6 +468,20 @@ HPU_API int hpu_layer_grads_in_ops(hpu_layer *layer);
  * declared). */
 HPU_API int hpu_layer_backward_reads(hpu_layer *layer, unsigned inputs, unsigned outputs);
 
+/* Says that `layer`'s backward may write the gradient din[k] over the
+ * forward input in[k] (bit k of `inputs`): it reads each value of in[k]
+ * only before writing the same value of din[k], as an elementwise
+ * gradient does (the cross-entropy's softmax minus one-hot). Where
+ * nothing reads in[k] after this backward (no earlier layer's backward
+ * reads it, nor the backward of the layer that made it; it is neither a
+ * loss nor a metric, nor another input of this layer, nor dropped by
+ * activation checkpointing) and this backward is the first to write its
+ * gradient, the runtime passes din[k].data == in[k].data: one buffer of
+ * that size fewer while backward runs. Elsewhere they are apart, as
+ * without this call. Returns HPU_OK, or HPU_EINVAL for a bit past the
+ * layer's inputs. */
+HPU_API int hpu_layer_backward_in_place(hpu_layer *layer, unsigned inputs);
+
 /* The loss the optimizer minimizes: the mean over samples of the
  * per-sample f32 tensor `tensor` (one value a sample: ndim 0, as loss
  * layers output, or a shape of one element), times

@@ -402,7 +402,10 @@ static char *mlp_run(const char *prec, const char *batch, const char *model_args
  *  - the outputs a backward reads: the ReLUs' (relu's and the next
  *    linear's backward read them), the logits (the cross-entropy's) and
  *    the loss (read after forward), kept from forward to the next step
- *    (no checkpointing): DEPTH H + 10 + 1 values; each linear's hidden
+ *    (no checkpointing), but for the logits: the cross-entropy's backward
+ *    writes their gradient over them (hpu_layer_backward_in_place), which
+ *    goes after the head's backward, before the peak below. So DEPTH H + 1
+ *    values at the peak; each linear's hidden
  *    output is freed once its ReLU ran (only one at a time, while the
  *    ReLUs' outputs are not all there yet, or in backward's place); the
  *    dataset fields "image" and "label" are the batch's, not activations;
@@ -414,7 +417,8 @@ static char *mlp_run(const char *prec, const char *batch, const char *model_args
  *    input's, freed once the producer's backward ran, so at most two
  *    [H] gradients at a time, 2 H floats ("image" needs no gradient).
  * Under bf16-mixed a kept output is stored in bf16 once its last reader
- * ran (the ReLUs' outputs and the logits, all on the bf16 grid); the loss
+ * ran (the ReLUs' outputs, on the bf16 grid; the logits stay fp32, read
+ * by the first backward only, and are gone as above); the loss
  * tensor and the saved log-sum-exp stay 4 bytes; backward expands a ReLU's
  * output back to fp32 for the linear above it and the ReLU's backward (up
  * to H floats live; the linear outputs are not expanded: no backward
@@ -432,8 +436,8 @@ static void test_bf16_activation_memory(void **state)
 	double dgrad = 2.0 * B * H * 4;
 	double a32 = metric(m32, "\"max_acts\":") - dgrad;
 	double a16 = metric(m16, "\"max_acts\":") - dgrad;
-	double want32 = (double)DEPTH * B * H * 4 + (double)B * 10 * 4 + (double)B * 2 * 4;
-	double half = (double)DEPTH * B * H * 2 + (double)B * 10 * 2 + (double)B * 2 * 4;
+	double want32 = (double)DEPTH * B * H * 4 + (double)B * 2 * 4;
+	double half = (double)DEPTH * B * H * 2 + (double)B * 2 * 4;
 	double live = (double)B * H * 4;
 	double in32 = metric(m32, "\"MaxInUse\":"), in16 = metric(m16, "\"MaxInUse\":");
 	printf("  kept activations: fp32 %.1f MiB, bf16-mixed %.1f MiB (ratio %.3f); "
@@ -448,6 +452,116 @@ static void test_bf16_activation_memory(void **state)
 	 * bf16-mixed's other states (its 16-bit weights and gradients) */
 	assert_true(in16 < in32 - 0.75 * (a32 - a16));
 	free(m32), free(m16), free(out);
+}
+
+/* A language model's logits are its largest activation: [B, T, V] fp32.
+ * The cross-entropy writes their gradient over them
+ * (hpu_layer_backward_in_place; nothing reads them after its backward),
+ * and under bf16-mixed they stay fp32 between forward and the loss's
+ * backward (no layer with a backward runs in between: a bf16 copy would
+ * be expanded again at once). So the activations' peak holds the logits'
+ * bytes once, not twice (fp32: logits and their gradient) or two and a
+ * half times (bf16-mixed: and their bf16 copy), on gpt_lm with a vocabulary
+ * so wide that everything else is small beside the logits. HPU_MEMORY_PEAK
+ * names what was live at the peak: the logits, not their gradient; its
+ * InUse is DeviceStats' MaxInUse. */
+static void test_logits_memory(void **state)
+{
+	(void)state;
+	enum { B = 16, T = 32, V = 8192 };
+	char tok[96], dir[96], mpath[96], file[160];
+	snprintf(tok, sizeof tok, "/tmp/hpu-models-%d-ltok.bin", (int)getpid());
+	snprintf(dir, sizeof dir, "/tmp/hpu-models-%d-peak", (int)getpid());
+	snprintf(mpath, sizeof mpath, "/tmp/hpu-models-%d-lmem.jsonl", (int)getpid());
+	snprintf(file, sizeof file, "%s/memory-peak-rank0.txt", dir);
+	token_file(tok, 3000, 0);
+	const double logits = (double)B * T * V * 4;
+	const char *precs[2] = {"fp32", "bf16-mixed"};
+	for (int k = 0; k < 2; k++) {
+		unlink(mpath), unlink(file), rmdir(dir);
+		char env0[128];
+		snprintf(env0, sizeof env0, "HPU_MEMORY_PEAK=%s", dir);
+		char *env[] = {env0, NULL};
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--batch-size", "16",
+				"--max-steps", "2", "--no-eval", "--precision", (char *)precs[k],
+				"--metrics", mpath, (char *)h_build("lib/gpt_lm.so"), "--",
+				"--tokens", tok, "--vocab", "8192", "--ctx", "32", "--dim", "16",
+				"--heads", "1", "--layers", "1", "--dropout", "0", NULL};
+		proc p;
+		int code = h_run(&p, argv, env, 300000);
+		if (code != 0)
+			fail_msg("exit %d:\n%s", code, p.out);
+		h_free(&p);
+		char *m = h_slurp(mpath), *rep = h_slurp(file);
+		assert_non_null(m);
+		if (!rep)
+			fail_msg("no %s", file);
+		double acts = metric(m, "\"max_acts\":"), in_use = metric(m, "\"MaxInUse\":");
+		printf("  %s: activations' peak %.2f MiB, the logits %.2f MiB (%.3fx)\n", precs[k],
+		       acts / 1048576, logits / 1048576, acts / logits);
+		assert_true(acts >= logits && acts < 1.25 * logits);
+		const char *at = strstr(rep, "device memory at its peak, InUse ");
+		assert_non_null(at);
+		at = strchr(at, '(');
+		assert_non_null(at);
+		assert_true(strtod(at + 1, NULL) == in_use);
+		if (!strstr(rep, " acts   activations logits\n") || strstr(rep, "gradient of logits") ||
+		    strstr(rep, "bf16 activations logits"))
+			fail_msg("the peak's blocks, want the logits alone:\n%s", rep);
+		free(m), free(rep);
+	}
+	unlink(mpath), unlink(file), rmdir(dir), unlink(tok);
+}
+
+/* inplace_model (tests/fixtures/inplace_model.c) for 3 steps at batch 16
+ * (2 micro-steps each) in `prec` with `margs` (at most 2), its
+ * parameters saved to `path`; the output. */
+static char *inplace_run(const char *prec, const char *a1, const char *a2, const char *path)
+{
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--batch-size", "16",
+			"--grad-accum", "2", "--max-steps", "3", "--no-eval",
+			"--precision", (char *)prec, "--save-params", (char *)path,
+			(char *)h_build("lib/inplace_model.so"), "--", (char *)a1, (char *)a2, NULL};
+	return run_ok(argv);
+}
+
+/* hpu_layer_backward_in_place: the runtime hands a custom loss the same
+ * memory for its input and that input's gradient where nothing reads the
+ * input after its backward (fp32 and bf16-mixed, every micro-step), and
+ * the parameters come out as those of the same loss not declaring it, bit
+ * for bit. Not where the input's producer reads its output in backward,
+ * nor where a second loss reads the input too (its backward runs first;
+ * the first reads the input after it). */
+static void test_backward_in_place(void **state)
+{
+	(void)state;
+	char pa[96], pb[96];
+	snprintf(pa, sizeof pa, "/tmp/hpu-models-%d-inplace-a.bin", (int)getpid());
+	snprintf(pb, sizeof pb, "/tmp/hpu-models-%d-inplace-b.bin", (int)getpid());
+	static const struct {
+		const char *prec, *arg, *want;
+	} cases[] = {
+		{"fp32", NULL, "sq: in place 6 of 6 backwards\n"},
+		{"bf16-mixed", NULL, "sq: in place 6 of 6 backwards\n"},
+		{"fp32", "--producer-reads", "sq: in place 0 of 6 backwards\n"},
+		{"fp32", "--second", "sq: in place 0 of 6 backwards\n[rank 0] sq2: in place 0 of 6 backwards\n"},
+	};
+	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+		char *with = inplace_run(cases[k].prec, cases[k].arg, NULL, pa);
+		char *apart = inplace_run(cases[k].prec, cases[k].arg ? cases[k].arg : "--apart",
+					  cases[k].arg ? "--apart" : NULL, pb);
+		printf("  %s %s: %s", cases[k].prec, cases[k].arg ? cases[k].arg : "", with);
+		if (!strstr(with, cases[k].want))
+			fail_msg("want \"%s\" in:\n%s", cases[k].want, with);
+		assert_non_null(strstr(apart, "sq: in place 0 of 6 backwards\n"));
+		size_t na, nb;
+		char *a = h_slurp_n(pa, &na), *b = h_slurp_n(pb, &nb);
+		assert_non_null(a);
+		assert_non_null(b);
+		assert_true(na == nb && na > 0 && memcmp(a, b, na) == 0);
+		free(a), free(b), free(with), free(apart);
+	}
+	unlink(pa), unlink(pb);
 }
 
 /* A CPU without bf16 instructions (oneDNN held to avx512_core) still runs
@@ -696,6 +810,8 @@ int main(void)
 		cmocka_unit_test(test_resnet),
 		cmocka_unit_test(test_autocast_lists),
 		cmocka_unit_test(test_bf16_activation_memory),
+		cmocka_unit_test(test_logits_memory),
+		cmocka_unit_test(test_backward_in_place),
 		cmocka_unit_test(test_no_bf16_isa),
 		cmocka_unit_test(test_reference_bf16_note),
 		cmocka_unit_test(test_kernel_threads),

@@ -101,6 +101,13 @@ static void xent_one(int rows, size_t pos, int classes, int ignore_every, int ba
 	dget(got, dacc, rows * 4UL);
 	snprintf(line, sizeof line, "accuracy_pos [%d,%zu,%d]", rows, pos, classes);
 	check_bits(line, got, acc, rows * 4UL);
+	/* over the logits (the cross-entropy's backward in place, last: the
+	 * logits are gone after it): the same bits as into dg above */
+	dget(g, dg, n * 4);
+	assert_int_equal(gpu->xent_pos_bwd(dx_, dl, dlse, ddl, dx_, rows, pos, classes), HPU_BE_OK);
+	dget(got, dx_, n * 4);
+	snprintf(line, sizeof line, "xent_pos_bwd [%d,%zu,%d] dx over x", rows, pos, classes);
+	check_bits(line, got, g, n * 4);
 	dfree(ddl), dfree(dg), dfree(dacc);
 done:
 	dfree(dx_), dfree(dlse), dfree(dlo), dfree(dl);

@@ -699,7 +699,7 @@ static int reads_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *in, h
 }
 
 /* hpu_layer_backward_reads: a custom layer reads everything until it
- * says otherwise; a bit past its inputs, or past HPU_MAX_IO outputs, is
+ * says otherwise (and writes over no input: hpu_layer_backward_in_place); a bit past its inputs, or past HPU_MAX_IO outputs, is
  * refused naming it. The library's relu reads its output, linear its
  * input (lh_backward hands backward NULL for the rest, as the runtime
  * does: every gradient check in these tests checks the declarations). */
@@ -730,6 +730,16 @@ static void test_backward_reads(void **state)
 	assert_int_equal(hpu_layer_backward_reads(l, 1u, 0), HPU_OK);
 	assert_true(l->reads_in == 1u && l->reads_out == 0u);
 	assert_int_equal(hpu_layer_backward_reads(NULL, 0, 0), HPU_EINVAL);
+	/* hpu_layer_backward_in_place: none until said; a bit past the
+	 * inputs refused naming it */
+	assert_true(l->in_place == 0u && fc->in_place == 0u && act->in_place == 0u);
+	assert_int_equal(hpu_layer_backward_in_place(l, 1u << 2), HPU_EINVAL);
+	assert_string_equal(lh_error(h), "layer custom: hpu_layer_backward_in_place names input 2; "
+					 "the layer has 1");
+	lh_clear_error(h);
+	assert_int_equal(hpu_layer_backward_in_place(l, 1u), HPU_OK);
+	assert_true(l->in_place == 1u);
+	assert_int_equal(hpu_layer_backward_in_place(NULL, 1u), HPU_EINVAL);
 	lh_free(&h);
 }
 
@@ -937,6 +947,15 @@ static void test_xent_forward(void **state)
 	/* row 2: no gradient at all */
 	for (int j = 24; j < 36; j++)
 		assert_float_equal(dx[j], 0, 0);
+	/* its backward may write over the logits (hpu_layer_backward_in_place,
+	 * where the runtime finds nothing reads them after it): the same
+	 * bits as apart */
+	assert_true(l->in_place == 1u);
+	float xd[36];
+	memcpy(xd, x, sizeof x);
+	void *in2[2] = {xd, y}, *din2[2] = {xd, NULL};
+	assert_int_equal(lh_backward(h, l, &c, in2, out, dout, din2), 0);
+	assert_memory_equal(xd, dx, sizeof dx);
 	lh_free(&h);
 }
 

@@ -69,6 +69,8 @@ struct hpu_layer {
 	unsigned reads_in, reads_out; /* what its backward reads, bit k for
 				       * in[k] / out[k] (hpu_layer_backward_reads;
 				       * every bit set until it is called) */
+	unsigned in_place;    /* bit k: its backward may write din[k] over
+			       * in[k] (hpu_layer_backward_in_place) */
 	hpu_layer_device device; /* ops.device (ABI 3; ABI 2: any device) */
 	int backward;         /* its backward must run (parameters, or an
 			       * input that needs a gradient) */

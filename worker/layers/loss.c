@@ -120,6 +120,10 @@ hpu_layer *hpu_cross_entropy(hpu_builder *b, const char *name, const char *in, c
 	if (l) {
 		const xent *s = hpu_layer_user(l);
 		hpu_layer_memory(l, s->positions, 0, 0, 0);
+		/* its gradient is elementwise: written over the logits where
+		 * nothing reads them after it (a language model's head: one
+		 * [batch, positions, classes] buffer fewer) */
+		hpu_layer_backward_in_place(l, 1u);
 	}
 	return l;
 }

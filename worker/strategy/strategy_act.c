@@ -64,6 +64,75 @@ static void plan_reads(hpu_strat *s)
 	}
 }
 
+/* Whether layer i's backward may write the gradient of its input k over
+ * the input (hpu_layer_backward_in_place): the input is an fp32 tensor a
+ * layer made, needs a gradient, is neither a loss nor a metric nor
+ * dropped by checkpointing, is no other input of i, i's backward reads it
+ * and is the first to write its gradient (no later layer's backward
+ * takes it), and no backward that runs after i's reads it: neither an
+ * earlier reader's nor its producer's (its output). */
+static int in_place_ok(const hpu_strat *s, int i, int k)
+{
+	hpu_builder *b = s->b;
+	const hpu_layer *l = b->layers[i];
+	int t = l->in[k];
+	const hpu_tinfo *ti = &b->tensors[t];
+	if (!l->backward || !(l->in_place >> k & 1u) || !hpu__act_reads_in(l, k) || !ti->grad ||
+	    ti->dtype != HPU_F32 || ti->producer < 0 || ti->loss || ti->metric || s->transient[t])
+		return 0;
+	for (int q = 0; q < l->nin; q++)
+		if (q != k && l->in[q] == t)
+			return 0;
+	for (int j = 0; j < s->nlayers; j++) {
+		const hpu_layer *o = b->layers[j];
+		if (j == i || !o->backward)
+			continue;
+		for (int q = 0; q < o->nin; q++)
+			if (o->in[q] == t && (j > i || hpu__act_reads_in(o, q)))
+				return 0;
+		for (int q = 0; q < o->nout; q++)
+			if (o->out[q] == t && hpu__act_reads_out(o, q))
+				return 0;
+	}
+	return 1;
+}
+
+/* Per layer the inputs its backward overwrites with their gradients;
+ * per tensor whether it stays fp32 after forward under bf16-mixed: when
+ * the only backward that reads it is the first to run, putting it into
+ * bf16 after forward only to expand it again at once would cost both
+ * forms together (a language model's logits: their fp32 form is there
+ * at the loss's backward either way). */
+static void plan_in_place(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	int last_bwd = -1;
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		s->inplace[i] = 0;
+		for (int k = 0; k < l->nin; k++)
+			if (in_place_ok(s, i, k))
+				s->inplace[i] |= 1u << k;
+		if (l->backward)
+			last_bwd = i;
+	}
+	/* 1: read by the first backward only; 0: by no backward, or another */
+	memset(s->keep32, 0, (size_t)b->ntensors);
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		if (!l->backward)
+			continue;
+		for (int k = 0; k < l->nin + l->nout; k++) {
+			int in = k < l->nin, t = in ? l->in[k] : l->out[k - l->nin];
+			if (in ? !hpu__act_reads_in(l, k) : !hpu__act_reads_out(l, k - l->nin))
+				continue;
+			s->keep32[t] = (char)(i == last_bwd && s->keep32[t] != 2 ? 1 : 2);
+		}
+	}
+	for (int t = 0; t < b->ntensors; t++)
+		s->keep32[t] = (char)(s->keep32[t] == 1);
+}
+
 /* Activation checkpointing. In a run of consecutive marked layers, a
  * tensor whose readers all come after its producer within the same
  * segment of the run need not be kept: backward recomputes the segment
@@ -107,6 +176,7 @@ void hpu__act_plan(hpu_strat *s)
 		a = z + 1;
 	}
 	plan_reads(s);
+	plan_in_place(s);
 }
 
 static int owned(const hpu_strat *s, int t)
@@ -161,7 +231,7 @@ int hpu__act_compress(hpu_strat *s, int t, int n)
 	 * fp32 (the same values: only exact ones are compressed), at the
 	 * cost of the memory compression saves. */
 	if (!s->act16 || !owned(s, t) || ti->dtype != HPU_F32 || ti->loss || ti->metric ||
-	    !s->t_data[t] || s->vars.recordable)
+	    !s->t_data[t] || s->vars.recordable || s->keep32[t])
 		return 0;
 	if (!s->a16[t]) {
 		char what[128];
@@ -202,6 +272,20 @@ void hpu__act_release(hpu_strat *s, int t)
 		hpu__dfree(s->t_data[t]);
 		s->t_data[t] = NULL;
 	}
+}
+
+/* Tensor t's memory becomes its gradient (layer i's in-place backward):
+ * its bf16 form and twin go, its values are no longer kept. */
+float *hpu__act_grad_in_place(hpu_strat *s, int t)
+{
+	hpu__ac_twin_remove(s->t_data[t]);
+	if (s->a16) {
+		hpu__dfree(s->a16[t]);
+		s->a16[t] = NULL;
+	}
+	s->t_grad[t] = s->t_data[t];
+	s->t_data[t] = NULL;
+	return s->t_grad[t];
 }
 
 /* ---- the layers' saved memory ---- */

@@ -127,6 +127,10 @@ struct hpu_strat {
 	char *unread;         /* per tensor: dropped after forward, no backward
 			       * or recomputation reading it */
 	char *nobwd;          /* per tensor: no backward reads it */
+	char *keep32;         /* per tensor: not put into bf16 after forward
+			       * (only the first backward to run reads it) */
+	unsigned *inplace;    /* per layer: bit k, its backward writes din[k]
+			       * over in[k] (hpu_layer_backward_in_place) */
 	void **saved;
 	char *saved_transient; /* per layer: its saved memory goes with them */
 	int *seg_start;       /* per layer: its checkpointing segment's first */
@@ -602,6 +606,10 @@ void hpu__act_saved_drop(hpu_strat *s, int i);
  * there), or NULL (s->err). */
 float *hpu__act_grad(hpu_strat *s, int t, int zero);
 void hpu__act_grad_drop(hpu_strat *s, int t);
+/* Tensor t's memory (fp32, there) as its gradient buffer, for a backward
+ * that writes the gradient over it (s->inplace); its values and bf16 form
+ * go. */
+float *hpu__act_grad_in_place(hpu_strat *s, int t);
 
 /* ---- strategy_nvme.c: the optimizer's space on NVMe ---- */
 

@@ -428,8 +428,9 @@ static int seed(hpu_strat *s, float scale)
 }
 
 /* din views of layer i: a tensor that needs a gradient gets its gradient
- * buffer when it is the first to write it, else a temporary one (tmp[k])
- * that is added after the call. */
+ * buffer when it is the first to write it (the tensor's own memory where
+ * i writes it in place: hpu__act_grad_in_place), else a temporary one
+ * (tmp[k]) that is added after the call. */
 static int din_views(hpu_strat *s, int i, hpu_tensor *din, float **tmp)
 {
 	hpu_layer *l = s->b->layers[i];
@@ -442,6 +443,10 @@ static int din_views(hpu_strat *s, int i, hpu_tensor *din, float **tmp)
 		int taken = s->t_grad[t] != NULL;
 		for (int q = 0; q < k && !taken; q++)
 			taken = l->in[q] == t;
+		if (!taken && s->inplace[i] >> k & 1u && s->t_data[t]) {
+			din[k].data = hpu__act_grad_in_place(s, t); /* over in[k] */
+			continue;
+		}
 		if (!taken) {
 			if (!(din[k].data = hpu__act_grad(s, t, 0)))
 				return -1;
