@@ -33,7 +33,9 @@
 #     --vocab 50304, B=16, 15 steps, 5 left out) in bf16-mixed and fp8 on
 #     synthetic tokens (an llm.c token file), bf16-mixed again with the
 #     fused attention (HPU_FUSED_ATTENTION=1, GPT_FUSED_LIMIT) and with
-#     --clip-grad-norm 1, then the peer (torch_gpu.py gpt2);
+#     --clip-grad-norm 1, then the peer (torch_gpu.py gpt2); what held the
+#     device memory at the peak of the bf16 and fused runs
+#     (HPU_MEMORY_PEAK), printed under the table;
 #   - profiler traces (--profile) of the MLP (eager and --graphs), the
 #     CNN and GPT-2 on the GPU (GPT-2's with HPU_PROFILE_SYNC=1: a layer's
 #     range is the GPU's time for it), summarised by hpu-trace, each with
@@ -332,13 +334,14 @@ PY
   declare -A g=()
   for p in bf16 fp8; do
     prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
-    WARM=5 ours "ours-gpt2-$p" "$prec" 16 15 "${GPT_LIMIT:-150}" "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+    HPU_MEMORY_PEAK="$out/mempeak-gpt2-$p" WARM=5 ours "ours-gpt2-$p" "$prec" 16 15 "${GPT_LIMIT:-150}" \
+      "$build/lib/gpt_lm.so" -- "${gpt[@]}"
     g[$p]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[$p-c]=$(cell "${g[$p]}")
     g[$p-mem]=$mem; g[$p-why]=$(why "$out/ours-gpt2-$p.log")
   done
   # The attention layer fused (HPU_FUSED_ATTENTION=1: cuops_flash.cu, lse
   # instead of the [B, heads, T, T] probabilities), beside the run above.
-  HPU_FUSED_ATTENTION=1 WARM=5 ours ours-gpt2-bf16-fused bf16-mixed 16 15 "${GPT_FUSED_LIMIT:-150}" \
+  HPU_MEMORY_PEAK="$out/mempeak-gpt2-fused" HPU_FUSED_ATTENTION=1 WARM=5 ours ours-gpt2-bf16-fused bf16-mixed 16 15 "${GPT_FUSED_LIMIT:-150}" \
     "$build/lib/gpt_lm.so" -- "${gpt[@]}"
   g[fused]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[fused-c]=$(cell "${g[fused]}")
   g[fused-mem]=$mem; g[fused-why]=$(why "$out/ours-gpt2-bf16-fused.log")
@@ -414,6 +417,13 @@ fi
     else
       echo "no kernel times (HPU_PROFILE_KERNELS): $(grep -ah 'HPU_PROFILE_KERNELS' "$out/trace-$n.log" | head -1 | cut -c1-150)"
     fi
+  done
+  for n in bf16 fused; do
+    k=$out/mempeak-gpt2-$n/memory-peak-rank0.txt
+    [ -s "$k" ] || continue
+    echo
+    echo "what held GPT-2's ($n) device memory at its peak (HPU_MEMORY_PEAK; the first ${MTOP:-20} names):"
+    sed -n "1,$((${MTOP:-20} + 4))p" "$k" | cut -c1-160 | sed 's/^/  /'
   done
   echo "(${SECONDS}s in all; logs in $out)"
 } | tee "$out/table.txt"

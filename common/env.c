@@ -105,11 +105,12 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "missing; no --profile needed)"),
 	VAR(HPU_MEMORY_PEAK, "", "hpu-worker",
 	    "a directory: the worker writes DIR/memory-peak-rank<R>.txt at its "
-	    "end, the device memory live at its peak (InUse's maximum) by "
-	    "allocation, largest first, summed by name (layer indices folded: one "
-	    "line for all the blocks' \"activations h#.fc1\") and by kind, and "
-	    "the refusal where an allocation was refused (made if missing; "
-	    "any device)"),
+	    "end (and at its first refused allocation), the device memory live "
+	    "at its peak (InUse's maximum) summed by name (layer indices "
+	    "folded: one line for every block's \"activations h#.fc1\"), by "
+	    "kind and by allocation, largest first, and the refusal if one was "
+	    "refused (made with its parents when the device is set up; any "
+	    "device)"),
 	VAR(HPU_CUPTI_LIB, "", "hpu-worker",
 	    "the CUPTI library HPU_PROFILE_KERNELS opens (default: "
 	    "libcupti.so.13 on the loader's path, then /usr/local/cuda's)"),

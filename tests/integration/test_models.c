@@ -531,7 +531,8 @@ static char *inplace_run(const char *prec, const char *a1, const char *a2, const
  * the parameters come out as those of the same loss not declaring it, bit
  * for bit. Not where the input's producer reads its output in backward,
  * nor where a second loss reads the input too (its backward runs first;
- * the first reads the input after it). */
+ * the first reads the input after it), nor where a checkpointed layer
+ * reads it in forward (run again after; its backward reads nothing). */
 static void test_backward_in_place(void **state)
 {
 	(void)state;
@@ -545,6 +546,7 @@ static void test_backward_in_place(void **state)
 		{"bf16-mixed", NULL, "sq: in place 6 of 6 backwards\n"},
 		{"fp32", "--producer-reads", "sq: in place 0 of 6 backwards\n"},
 		{"fp32", "--second", "sq: in place 0 of 6 backwards\n[rank 0] sq2: in place 0 of 6 backwards\n"},
+		{"fp32", "--recomputed", "sq: in place 0 of 6 backwards\n"},
 	};
 	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
 		char *with = inplace_run(cases[k].prec, cases[k].arg, NULL, pa);

@@ -859,11 +859,14 @@ static void test_peak_report(void **state)
 	void *w = hpu__dalloc(HPU_MEM_PARAMS, 512 * KiB, "weights");
 	void *a1 = hpu__dalloc(HPU_MEM_ACTS, 256 * KiB, "activations h1.fc2");
 	void *a2 = hpu__dalloc(HPU_MEM_ACTS, 256 * KiB, "activations h12.fc2");
+	void *w1 = hpu__dalloc(HPU_MEM_PARAMS, 128 * KiB, "h0.mlp.w1");
+	void *w2 = hpu__dalloc(HPU_MEM_PARAMS, 128 * KiB, "h0.mlp.w2");
 	void *g = hpu__dalloc(HPU_MEM_ACTS, 1 * MiB, "gradient of logits");
-	hpu__dfree(g); /* the peak was 2 MiB, with it */
+	hpu__dfree(g); /* the peak was 2.25 MiB, with it */
 	void *late = hpu__dalloc(HPU_MEM_OTHER, 512 * KiB, "late scratch");
 	assert_null(hpu__dalloc(HPU_MEM_ACTS, 8 * MiB, "too much"));
-	hpu__dfree(w), hpu__dfree(a1), hpu__dfree(a2), hpu__dfree(late);
+	hpu__dfree(w), hpu__dfree(a1), hpu__dfree(a2), hpu__dfree(late), hpu__dfree(w1),
+		hpu__dfree(w2);
 	hpu__devmem_shutdown();
 	char *rep = NULL;
 	FILE *f = fopen(path, "r");
@@ -873,8 +876,8 @@ static void test_peak_report(void **state)
 	fclose(f);
 	assert_true(n > 0);
 	printf("%s", rep);
-	assert_non_null(strstr(rep, "# rank 3: device memory at its peak, InUse 2.0 MiB (2097152 "
-				    "bytes) in 4 allocations\n"));
+	assert_non_null(strstr(rep, "# rank 3: device memory at its peak, InUse 2.2 MiB (2359296 "
+				    "bytes) in 6 allocations\n"));
 	assert_non_null(strstr(rep, "# then refused: rank 3: out of device memory allocating too "
 				    "much: 8.0 MiB requested"));
 	assert_non_null(strstr(rep, "        524288        0.5      2  acts   activations h#.fc2\n"));
@@ -882,9 +885,18 @@ static void test_peak_report(void **state)
 	assert_non_null(strstr(rep, "       1572864        1.5  acts\n"));
 	assert_non_null(strstr(rep, "        262144        0.2  acts   activations h12.fc2\n"));
 	assert_null(strstr(rep, "scratch"));
+	/* an index folds (h0 -> h#), a weight's number stays (w1, w2) */
+	assert_non_null(strstr(rep, "        131072        0.1      1  params h#.mlp.w1\n"));
+	assert_non_null(strstr(rep, "        131072        0.1      1  params h#.mlp.w2\n"));
 	free(rep);
 	unlink(path);
 	rmdir(dir);
+	/* a directory that cannot be made: said at set-up, no report */
+	setenv("HPU_MEMORY_PEAK", "/proc/hpu-no-such/peak", 1);
+	assert_int_equal(hpu__devmem_init(0, 3), 0);
+	unsetenv("HPU_MEMORY_PEAK");
+	hpu__dfree(hpu__dalloc(HPU_MEM_ACTS, 4 * KiB, "x"));
+	hpu__devmem_shutdown();
 	/* off: no file */
 	assert_int_equal(hpu__devmem_init(0, 3), 0);
 	hpu__dfree(hpu__dalloc(HPU_MEM_ACTS, 4 * KiB, "x"));

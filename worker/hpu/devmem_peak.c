@@ -1,12 +1,15 @@
 /* devmem_peak: HPU_MEMORY_PEAK=DIR, what was in device memory at its
  * peak. While on, devmem keeps the list of its live blocks (pointer,
- * bytes, kind, the allocation's name) and copies it whenever InUse
- * reaches a new maximum; at shutdown DIR/memory-peak-rank<R>.txt lists
- * that copy summed by name with the layers' indices folded
- * ("activations h#.fc1": one line for that tensor of every block), then
- * by kind, then one by one, largest first. A refused allocation is written there too: the peak is then the
- * memory the refusal met. Off (the default), devmem does none of it.
- * Every function runs under hpu__devmem.mu. */
+ * bytes, kind, the allocation's name); when InUse has reached a new
+ * maximum and then goes down (a free), the list as it stood is copied:
+ * one copy per new maximum left, none while memory only grows. At
+ * shutdown, and at the first refused allocation (a worker out of memory
+ * may be stopped before its end), DIR/memory-peak-rank<R>.txt lists that
+ * copy summed by name with the layers' indices folded ("activations
+ * h#.fc1": one line for that tensor of every block), then by kind, then
+ * one by one, largest first. DIR is made (with its parents) when the
+ * device is set up, where a failure is said at once. Off (the default),
+ * devmem does none of it. Every function runs under hpu__devmem.mu. */
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/devmem_impl.h"
 
@@ -15,11 +18,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/env.h"
+#include "common/fileio.h"
 
-#define WHAT_LEN 56
+#define WHAT_LEN 136 /* the runtime's names: up to 128 */
 
 typedef struct live {
 	void *p;
@@ -38,6 +41,7 @@ static struct {
 	char dir[512];
 	list cur, peak;
 	uint64_t peak_bytes;
+	bool at_peak; /* cur is the peak's list, not copied yet */
 	char refused[320]; /* the first refusal's sentence, or "" */
 	bool broken;       /* a list could not grow: the report says so */
 } pk;
@@ -63,14 +67,31 @@ void hpu__devmem_peak_begin(void)
 	const char *dir = hpu__env_str(HPU_ENV_HPU_MEMORY_PEAK);
 	pk.cur.n = pk.peak.n = 0;
 	pk.peak_bytes = 0;
+	pk.at_peak = false;
 	pk.refused[0] = '\0';
 	pk.broken = false;
-	pk.on = dir && *dir && strlen(dir) < sizeof pk.dir;
-	if (pk.on)
-		snprintf(pk.dir, sizeof pk.dir, "%s", dir);
-	else if (dir && *dir)
-		fprintf(stderr, "hpu-worker: HPU_MEMORY_PEAK: a directory name of at most %zu "
-			"bytes; no report\n", sizeof pk.dir - 1);
+	pk.on = false;
+	if (!dir || !*dir)
+		return;
+	char at[512];
+	if (strlen(dir) >= sizeof pk.dir)
+		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: a directory name of at most "
+			"%zu bytes; no report\n", hpu__devmem.rank, sizeof pk.dir - 1);
+	else if (hpu__make_dirs(dir, at, sizeof at) < 0)
+		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: cannot make %s: %s; no "
+			"report\n", hpu__devmem.rank, at, strerror(errno));
+	else
+		pk.on = true, snprintf(pk.dir, sizeof pk.dir, "%s", dir);
+}
+
+/* The live list is the peak's: keep it. */
+static void keep_peak(void)
+{
+	if (!pk.at_peak || grow(&pk.peak, pk.cur.n) < 0)
+		return;
+	memcpy(pk.peak.v, pk.cur.v, pk.cur.n * sizeof *pk.cur.v);
+	pk.peak.n = pk.cur.n;
+	pk.at_peak = false;
 }
 
 void hpu__devmem_peak_alloc(void *p, uint64_t bytes, int kind, const char *what)
@@ -80,17 +101,17 @@ void hpu__devmem_peak_alloc(void *p, uint64_t bytes, int kind, const char *what)
 	live *e = &pk.cur.v[pk.cur.n++];
 	e->p = p, e->bytes = bytes, e->kind = (uint16_t)kind;
 	snprintf(e->what, sizeof e->what, "%s", what);
-	if (hpu__devmem.t.in_use <= pk.peak_bytes || grow(&pk.peak, pk.cur.n) < 0)
-		return;
-	memcpy(pk.peak.v, pk.cur.v, pk.cur.n * sizeof *pk.cur.v);
-	pk.peak.n = pk.cur.n;
-	pk.peak_bytes = hpu__devmem.t.in_use;
+	if (hpu__devmem.t.in_use > pk.peak_bytes) {
+		pk.peak_bytes = hpu__devmem.t.in_use;
+		pk.at_peak = true;
+	}
 }
 
 void hpu__devmem_peak_free(void *p)
 {
 	if (!pk.on)
 		return;
+	keep_peak();
 	for (size_t i = pk.cur.n; i-- > 0;)
 		if (pk.cur.v[i].p == p) {
 			pk.cur.v[i] = pk.cur.v[--pk.cur.n];
@@ -98,10 +119,14 @@ void hpu__devmem_peak_free(void *p)
 		}
 }
 
+static void write_file(void);
+
 void hpu__devmem_peak_refused(const char *sentence)
 {
-	if (pk.on && !pk.refused[0])
-		snprintf(pk.refused, sizeof pk.refused, "%s", sentence);
+	if (!pk.on || pk.refused[0])
+		return;
+	snprintf(pk.refused, sizeof pk.refused, "%s", sentence);
+	write_file(); /* now: the worker may be stopped before its end */
 }
 
 static int by_bytes(const void *a, const void *b)
@@ -112,9 +137,9 @@ static int by_bytes(const void *a, const void *b)
 	return strcmp(x->what, y->what);
 }
 
-/* The name with the index of each word that is one (digits, at most one
- * letter with them: "h12", "3") as '#': "activations h#.fc2",
- * "fp32 master weights" as it is. */
+/* The name with each layer index as '#': a word of digits, or of one
+ * letter and digits, that a '.' follows ("h12.fc2" and "blocks.3.attn"
+ * fold, "fc2", "w1", "fp32" and "layer12.fc" do not). */
 static void fold(char *out, size_t len, const char *what)
 {
 	size_t o = 0;
@@ -126,8 +151,9 @@ static void fold(char *out, size_t len, const char *what)
 			out[o++] = *c++;
 			continue;
 		}
+		int index = letters <= 1 && w > letters && c[w] == '.';
 		for (size_t i = 0; i < w && o + 1 < len; i++)
-			if (letters > 1 || !isdigit((unsigned char)c[i]))
+			if (!index || !isdigit((unsigned char)c[i]))
 				out[o++] = c[i];
 			else if (!o || out[o - 1] != '#')
 				out[o++] = '#';
@@ -191,26 +217,30 @@ static void write_report(FILE *f)
 			hpu__mem_kind_name((hpu_mem_kind)pk.peak.v[i].kind), pk.peak.v[i].what);
 }
 
+/* DIR/memory-peak-rank<R>.txt of the peak so far. */
+static void write_file(void)
+{
+	keep_peak();
+	char path[640];
+	snprintf(path, sizeof path, "%s/memory-peak-rank%d.txt", pk.dir, hpu__devmem.rank);
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: cannot write %s: %s\n",
+			hpu__devmem.rank, path, strerror(errno));
+		return;
+	}
+	write_report(f);
+	if (fclose(f) != 0)
+		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: writing %s: %s\n",
+			hpu__devmem.rank, path, strerror(errno));
+}
+
 void hpu__devmem_peak_end(void)
 {
 	if (!pk.on)
 		return;
+	write_file();
 	pk.on = false;
-	char path[640];
-	snprintf(path, sizeof path, "%s/memory-peak-rank%d.txt", pk.dir, hpu__devmem.rank);
-	FILE *f = NULL;
-	if (mkdir(pk.dir, 0777) < 0 && errno != EEXIST)
-		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: cannot make %s: %s; no "
-			"report\n", hpu__devmem.rank, pk.dir, strerror(errno));
-	else if (!(f = fopen(path, "w")))
-		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: cannot write %s: %s\n",
-			hpu__devmem.rank, path, strerror(errno));
-	if (f) {
-		write_report(f);
-		if (fclose(f) != 0)
-			fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: writing %s: %s\n",
-				hpu__devmem.rank, path, strerror(errno));
-	}
 	free(pk.cur.v);
 	free(pk.peak.v);
 	pk.cur = pk.peak = (list){0};

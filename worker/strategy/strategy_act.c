@@ -69,8 +69,10 @@ static void plan_reads(hpu_strat *s)
  * layer made, needs a gradient, is neither a loss nor a metric nor
  * dropped by checkpointing, is no other input of i, i's backward reads it
  * and is the first to write its gradient (no later layer's backward
- * takes it), and no backward that runs after i's reads it: neither an
- * earlier reader's nor its producer's (its output). */
+ * takes it), and nothing that runs after i's backward reads it: neither
+ * an earlier reader's backward nor its producer's (its output), nor the
+ * forward of a reader that checkpointing runs again (plan_reads keeps
+ * those inputs too). */
 static int in_place_ok(const hpu_strat *s, int i, int k)
 {
 	hpu_builder *b = s->b;
@@ -85,7 +87,12 @@ static int in_place_ok(const hpu_strat *s, int i, int k)
 			return 0;
 	for (int j = 0; j < s->nlayers; j++) {
 		const hpu_layer *o = b->layers[j];
-		if (j == i || !o->backward)
+		if (j == i)
+			continue;
+		for (int q = 0; q < o->nin; q++) /* recomputed in backward */
+			if (o->in[q] == t && (s->saved_transient[j] || s->seg_start[j] != j))
+				return 0;
+		if (!o->backward)
 			continue;
 		for (int q = 0; q < o->nin; q++)
 			if (o->in[q] == t && (j > i || hpu__act_reads_in(o, q)))
