@@ -482,6 +482,18 @@ HPU_API int hpu_layer_backward_reads(hpu_layer *layer, unsigned inputs, unsigned
  * layer's inputs. */
 HPU_API int hpu_layer_backward_in_place(hpu_layer *layer, unsigned inputs);
 
+/* Says that `layer`'s backward reads the values of in[k] (bit k of
+ * `inputs`) only as the input x of hpu_linear_backward, whose products
+ * under bf16-mixed round x to bf16 before they use it. Under bf16-mixed,
+ * where the linear op runs in bf16 (autocast's lists) and every backward
+ * that reads the tensor says this of it (and no layer that activation
+ * checkpointing runs again reads it), the runtime keeps the tensor from
+ * forward to backward as its bf16 rounding, half the bytes, and backward
+ * reads those values widened: the products see the same bf16 values.
+ * The library's linear layers and attention say it of their input.
+ * Returns HPU_OK, or HPU_EINVAL for a bit past the layer's inputs. */
+HPU_API int hpu_layer_backward_reads_linear(hpu_layer *layer, unsigned inputs);
+
 /* The loss the optimizer minimizes: the mean over samples of the
  * per-sample f32 tensor `tensor` (one value a sample: ndim 0, as loss
  * layers output, or a shape of one element), times

@@ -566,6 +566,63 @@ static void test_backward_in_place(void **state)
 	unlink(pa), unlink(pb);
 }
 
+/* hpu_layer_backward_reads_linear: under bf16-mixed a tensor whose only
+ * backward reader reads it as the linear op's x (inplace_model --linear: a
+ * GELU's output, off the bf16 grid, read by a custom linear layer) is kept
+ * as its bf16 rounding ("bf16 activations g" at the memory's peak), and
+ * the parameters come out as where the layer does not say it (the
+ * tensor kept in fp32, "activations g"), bit for bit: the products round
+ * it to bf16 either way. In fp32 it stays fp32. */
+static void test_backward_reads_linear(void **state)
+{
+	(void)state;
+	char pa[96], pb[96], dir[96], file[160], env0[128];
+	snprintf(pa, sizeof pa, "/tmp/hpu-models-%d-lin-a.bin", (int)getpid());
+	snprintf(pb, sizeof pb, "/tmp/hpu-models-%d-lin-b.bin", (int)getpid());
+	snprintf(dir, sizeof dir, "/tmp/hpu-models-%d-linpeak", (int)getpid());
+	snprintf(file, sizeof file, "%s/memory-peak-rank0.txt", dir);
+	snprintf(env0, sizeof env0, "HPU_MEMORY_PEAK=%s", dir);
+	char *env[] = {env0, NULL};
+	static const struct {
+		const char *prec, *apart, *want;
+	} runs[] = {
+		{"bf16-mixed", NULL, "  acts   bf16 activations g\n"},
+		{"bf16-mixed", "--apart", "  acts   activations g\n"},
+		{"fp32", NULL, "  acts   activations g\n"},
+	};
+	for (int k = 0; k < 3; k++) {
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--batch-size", "16",
+				"--max-steps", "3", "--no-eval", "--precision", (char *)runs[k].prec,
+				"--save-params", k == 1 ? pb : pa,
+				(char *)h_build("lib/inplace_model.so"), "--", "--linear",
+				(char *)runs[k].apart, NULL};
+		proc p;
+		int code = h_run(&p, argv, env, 300000);
+		if (code != 0)
+			fail_msg("exit %d:\n%s", code, p.out);
+		h_free(&p);
+		char *rep = h_slurp(file);
+		if (!rep || !strstr(rep, runs[k].want) ||
+		    (k != 0 && strstr(rep, "bf16 activations g\n")))
+			fail_msg("%s %s: want \"%s\" at the peak:\n%s", runs[k].prec,
+				 runs[k].apart ? runs[k].apart : "", runs[k].want, rep ? rep : "(none)");
+		printf("  %s %s: the GELU's output kept as \"%s\"\n", runs[k].prec,
+		       runs[k].apart ? runs[k].apart : "(declared)",
+		       strstr(runs[k].want, "bf16") ? "bf16 activations g" : "activations g");
+		free(rep);
+		unlink(file);
+		if (k != 1)
+			continue;
+		size_t na, nb;
+		char *a = h_slurp_n(pa, &na), *b = h_slurp_n(pb, &nb);
+		assert_non_null(a);
+		assert_non_null(b);
+		assert_true(na == nb && na > 0 && memcmp(a, b, na) == 0);
+		free(a), free(b);
+	}
+	rmdir(dir), unlink(pa), unlink(pb);
+}
+
 /* A CPU without bf16 instructions (oneDNN held to avx512_core) still runs
  * bf16-mixed, says so, and trains to the same losses up to the fp32
  * summation order. */
@@ -814,6 +871,7 @@ int main(void)
 		cmocka_unit_test(test_bf16_activation_memory),
 		cmocka_unit_test(test_logits_memory),
 		cmocka_unit_test(test_backward_in_place),
+		cmocka_unit_test(test_backward_reads_linear),
 		cmocka_unit_test(test_no_bf16_isa),
 		cmocka_unit_test(test_reference_bf16_note),
 		cmocka_unit_test(test_kernel_threads),

@@ -740,6 +740,15 @@ static void test_backward_reads(void **state)
 	assert_int_equal(hpu_layer_backward_in_place(l, 1u), HPU_OK);
 	assert_true(l->in_place == 1u);
 	assert_int_equal(hpu_layer_backward_in_place(NULL, 1u), HPU_EINVAL);
+	/* hpu_layer_backward_reads_linear: the library's linear says it of
+	 * its input, relu and a custom layer nothing until told */
+	assert_true(fc->linear_in == 1u && act->linear_in == 0u && l->linear_in == 0u);
+	assert_int_equal(hpu_layer_backward_reads_linear(l, 1u << 3), HPU_EINVAL);
+	assert_string_equal(lh_error(h), "layer custom: hpu_layer_backward_reads_linear names "
+					 "input 3; the layer has 1");
+	lh_clear_error(h);
+	assert_int_equal(hpu_layer_backward_reads_linear(l, 1u), HPU_OK);
+	assert_true(l->linear_in == 1u);
 	lh_free(&h);
 }
 

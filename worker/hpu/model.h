@@ -71,6 +71,8 @@ struct hpu_layer {
 				       * every bit set until it is called) */
 	unsigned in_place;    /* bit k: its backward may write din[k] over
 			       * in[k] (hpu_layer_backward_in_place) */
+	unsigned linear_in;   /* bit k: its backward reads in[k] only as
+			       * hpu_linear_backward's x (..._reads_linear) */
 	hpu_layer_device device; /* ops.device (ABI 3; ABI 2: any device) */
 	int backward;         /* its backward must run (parameters, or an
 			       * input that needs a gradient) */

@@ -240,6 +240,17 @@ int hpu_layer_backward_in_place(hpu_layer *l, unsigned inputs)
 	return HPU_OK;
 }
 
+int hpu_layer_backward_reads_linear(hpu_layer *l, unsigned inputs)
+{
+	HPU__LAYER_DECL(l, "hpu_layer_backward_reads_linear");
+	if (inputs >> l->nin)
+		return hpu__model_refuse(l->b, HPU_EINVAL, "layer %s: hpu_layer_backward_reads_linear "
+					 "names input %d; the layer has %d", l->name,
+					 hpu__model_high_bit(inputs), l->nin);
+	l->linear_in = inputs;
+	return HPU_OK;
+}
+
 /* ---- inside forward/backward ---- */
 
 /* Parameters, gradients, buffers, memory: refused during setup. */

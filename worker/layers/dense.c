@@ -80,6 +80,7 @@ static hpu_layer *declare(hpu_builder *b, const char *name, const char *in, cons
 	if (l) {
 		hpu_layer_params_in_ops(l);
 		hpu_layer_grads_in_ops(l); /* hpu_linear_backward's dw and db */
+		hpu_layer_backward_reads_linear(l, 1u); /* its x, nothing else */
 	}
 	return l;
 }

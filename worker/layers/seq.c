@@ -378,6 +378,7 @@ static hpu_layer *attention_impl(hpu_builder *b, const char *name, const char *i
 		return NULL;
 	hpu_layer_params_in_ops(l); /* its projections are linear ops */
 	hpu_layer_grads_in_ops(l);  /* and their gradients the ops' dw, db */
+	hpu_layer_backward_reads_linear(l, 1u); /* x: the input projection's */
 	/* torch.nn.MultiheadAttention's names and initialization; its
 	 * out_proj keeps Linear's default, kaiming_uniform(a = sqrt(5)),
 	 * which is U(+-1/sqrt(fan_in)) */

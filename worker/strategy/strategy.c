@@ -740,6 +740,8 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	s->nobwd = calloc((size_t)T, 1);
 	s->keep32 = calloc((size_t)T, 1);
 	s->inplace = calloc((size_t)L, sizeof *s->inplace);
+	s->round16 = calloc((size_t)T, 1);
+	s->round_ok = o->precision == HPU_PREC_BF16_MIXED;
 	s->last_train = calloc((size_t)T, sizeof *s->last_train);
 	s->last_eval = calloc((size_t)T, sizeof *s->last_eval);
 	s->saved = calloc((size_t)L, sizeof *s->saved);
@@ -755,7 +757,7 @@ int hpu__strat_new(hpu_strat **out, hpu_builder *b, hpucoll_comm *comm,
 	if (s->act16 && !(s->a16 = calloc((size_t)T, sizeof *s->a16)))
 		return fail(s, "out of memory");
 	if (!s->u || !s->q || !s->t_data || !s->t_grad || !s->transient || !s->unread || !s->nobwd ||
-	    !s->keep32 || !s->inplace ||
+	    !s->keep32 || !s->inplace || !s->round16 ||
 	    !s->last_train ||
 	    !s->last_eval || !s->saved || !s->saved_transient || !s->seg_start || !s->run_mask ||
 	    !s->gusers || !s->gpend || !s->lcp || !s->lgs || !s->z3.own16)
@@ -872,6 +874,7 @@ void hpu__strat_free(hpu_strat **ps)
 	free(s->nobwd);
 	free(s->keep32);
 	free(s->inplace);
+	free(s->round16);
 	free(s->last_train);
 	free(s->last_eval);
 	free(s->saved);

@@ -10,10 +10,15 @@
  * last reader's forward, neither kept nor compressed; issue 38). Under
  * bf16-mixed and fp8 (s->act16) an f32 output kept for backward is stored
  * in bf16 when every value of it is a bf16 value (the lowered ops round
- * their outputs; ReLU and pooling keep them so): a16[t] at half the bytes,
- * made once its last reader has run in forward, the fp32 one then freed;
- * backward expands it again while it is needed. Loss and metric tensors,
- * i32 tensors and outputs with any value off the bf16 grid stay fp32.
+ * their outputs; ReLU and pooling keep them so), or under bf16-mixed
+ * rounded to bf16 when its backwards read it only as the linear op's x,
+ * which rounds it so itself (s->round16, hpu_layer_backward_reads_linear:
+ * a GELU's output before the next linear layer): a16[t] at half the
+ * bytes, made once its last reader has run in forward, the fp32 one then
+ * freed; backward expands it again while it is needed. Loss and metric
+ * tensors, i32 tensors and other outputs with any value off the bf16 grid
+ * stay fp32, and so does a tensor only the first backward reads
+ * (s->keep32).
  * While both forms are there after an expansion, the fp32 one lends the
  * ops its bf16 twin (hpu__ac_twin_add): their bf16 products read a16
  * instead of converting the activations again (issue 38). */
@@ -104,6 +109,39 @@ static int in_place_ok(const hpu_strat *s, int i, int k)
 	return 1;
 }
 
+/* Per tensor whether it is kept as its bf16 rounding after forward
+ * (s->round16): under bf16-mixed, with the linear op in bf16, when every
+ * backward that reads it reads it only as hpu_linear_backward's x
+ * (hpu_layer_backward_reads_linear), which rounds it to bf16 itself, its
+ * producer's backward does not read it (its output), and no layer that
+ * checkpointing runs again reads it (a forward of fp32 values). A GELU's
+ * output read by the next linear layer: half the bytes, and the products
+ * see the same bf16 values. */
+static void plan_rounded(hpu_strat *s)
+{
+	hpu_builder *b = s->b;
+	memset(s->round16, 0, (size_t)b->ntensors);
+	if (!s->round_ok || hpu__ac_fallback(HPU_OP_LINEAR) != HPU_AUTOCAST_BF16)
+		return;
+	/* 1: read by backwards, all as linear x; 2: some other way */
+	for (int i = 0; i < s->nlayers; i++) {
+		const hpu_layer *l = b->layers[i];
+		int again = s->saved_transient[i] || s->seg_start[i] != i;
+		for (int k = 0; k < l->nin; k++) {
+			int t = l->in[k];
+			if (again)
+				s->round16[t] = 2;
+			else if (l->backward && hpu__act_reads_in(l, k))
+				s->round16[t] = (char)(l->linear_in >> k & 1u && s->round16[t] != 2 ? 1 : 2);
+		}
+		for (int k = 0; k < l->nout && l->backward; k++)
+			if (hpu__act_reads_out(l, k))
+				s->round16[l->out[k]] = 2;
+	}
+	for (int t = 0; t < b->ntensors; t++)
+		s->round16[t] = (char)(s->round16[t] == 1);
+}
+
 /* Per layer the inputs its backward overwrites with their gradients;
  * per tensor whether it stays fp32 after forward under bf16-mixed: when
  * the only backward that reads it is the first to run, putting it into
@@ -138,6 +176,7 @@ static void plan_in_place(hpu_strat *s)
 	}
 	for (int t = 0; t < b->ntensors; t++)
 		s->keep32[t] = (char)(s->keep32[t] == 1);
+	plan_rounded(s);
 }
 
 /* Activation checkpointing. In a run of consecutive marked layers, a
@@ -246,7 +285,11 @@ int hpu__act_compress(hpu_strat *s, int t, int n)
 		if (!(s->a16[t] = hpu__dalloc(HPU_MEM_ACTS, tensor_bytes(s, t, s->maxbatch, 2), what)))
 			return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	}
-	int exact = hpu__dev_bf16_exact(s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1));
+	int exact = 1;
+	if (s->round16[t]) /* its readers round it so themselves */
+		hpu__dev_to16(0, s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1));
+	else
+		exact = hpu__dev_bf16_exact(s->a16[t], s->t_data[t], tensor_bytes(s, t, n, 1));
 	if (!exact) {
 		hpu__dfree(s->a16[t]); /* an fp32 op's output: keep fp32 */
 		s->a16[t] = NULL;

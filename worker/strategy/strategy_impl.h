@@ -131,6 +131,10 @@ struct hpu_strat {
 			       * (only the first backward to run reads it) */
 	unsigned *inplace;    /* per layer: bit k, its backward writes din[k]
 			       * over in[k] (hpu_layer_backward_in_place) */
+	char *round16;        /* per tensor: kept as its bf16 rounding after
+			       * forward (bf16-mixed; its backwards read it
+			       * only as linear products' x) */
+	int round_ok;         /* bf16-mixed: round16 may be set */
 	void **saved;
 	char *saved_transient; /* per layer: its saved memory goes with them */
 	int *seg_start;       /* per layer: its checkpointing segment's first */
