@@ -625,9 +625,14 @@ static void test_fp16_variants(void **state)
 static void *sa_live[SA_MAX];
 static int sa_allocs, sa_releases;
 
+static size_t sa_bytes[SA_MAX * 4];
+static int sa_nbytes;
+
 static void *sa_alloc(size_t bytes)
 {
 	void *p = malloc(bytes);
+	if (sa_nbytes < SA_MAX * 4)
+		sa_bytes[sa_nbytes++] = bytes;
 	for (int i = 0; p && i < SA_MAX; i++)
 		if (!sa_live[i]) {
 			sa_live[i] = p;
@@ -679,10 +684,20 @@ static void test_scratch_allocator(void **state)
 		k = 0;
 		lowered_linear(want, &k);
 		hpu__ac_set_scratch_allocator(sa_alloc, sa_release);
-		sa_allocs = sa_releases = 0;
+		sa_allocs = sa_releases = sa_nbytes = 0;
 		k = 0;
 		lowered_linear(got, &k);
 		int allocs = sa_allocs;
+		/* each exactly an operand's size (x, w, dy; 1024 values at
+		 * least), in fp32 or 16 bits: not half as much again */
+		for (int i = 0; i < sa_nbytes; i++) {
+			size_t b = sa_bytes[i], ok = 0;
+			const size_t sizes[] = {1024, 7 * 2000, 3 * 2000};
+			for (int j = 0; j < 3; j++)
+				ok |= b == sizes[j] * 4 || b == sizes[j] * 2;
+			if (!ok)
+				fail_msg("a scratch buffer of %zu bytes: not an operand's size", b);
+		}
 		hpu__ac_set_scratch_allocator(NULL, NULL);
 		printf("  %s: %d scratch buffers from the allocator, %d released\n",
 		       lowp == HPU_AUTOCAST_BF16 ? "bf16" : "fp16", allocs, sa_releases);

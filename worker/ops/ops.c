@@ -273,7 +273,10 @@ static void fwd_product(const float *x, const float *w, const uint16_t *x16,
 }
 
 /* dw[out,in] += dy^T x (dw_fresh: dw = dy^T x), the product gw on the
- * backend, else in fp32, else the reference */
+ * backend, else in fp32 (of the bf16 operands' values where gw was a bf16
+ * product: so that a runtime keeping x only as its bf16 rounding,
+ * hpu_layer_backward_reads_linear, gets the same sums), else the
+ * reference */
 static void dw_product(hpu__gemm *gw, const float *x, const float *w, const float *dy,
 		       float *dw, int dw_fresh, int batch, int in, int out)
 {
@@ -282,6 +285,10 @@ static void dw_product(hpu__gemm *gw, const float *x, const float *w, const floa
 	gw->accumulate = !dw_fresh;
 	if (be->gemm(gw) == HPU_BE_OK)
 		return;
+	if (gw->dt == HPU_DT_BF16) {
+		x = hpu__ac_round(0, x, (size_t)batch * in, HPU_AUTOCAST_BF16);
+		dy = hpu__ac_round(2, dy, (size_t)batch * out, HPU_AUTOCAST_BF16);
+	}
 	gw->dt = HPU_DT_F32; /* dw alone: w is not read */
 	gw->a = dy;
 	gw->b = x;
