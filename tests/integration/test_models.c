@@ -591,15 +591,21 @@ static void test_backward_reads_linear(void **state)
 		{"fp32", NULL, "  acts   activations g\n"},
 	};
 	for (int k = 0; k < 3; k++) {
-		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--batch-size", "16",
-				"--max-steps", "3", "--no-eval", "--precision", (char *)runs[k].prec,
-				"--save-params", k == 1 ? pb : pa,
+		char *argv[] = {(char *)LAUNCH, k ? "-q" : "--verbose", "--devices", "1",
+				"--batch-size", "16", "--max-steps", "3", "--no-eval", "--precision",
+				(char *)runs[k].prec, "--save-params", k == 1 ? pb : pa,
 				(char *)h_build("lib/inplace_model.so"), "--", "--linear",
 				(char *)runs[k].apart, NULL};
 		proc p;
 		int code = h_run(&p, argv, env, 300000);
 		if (code != 0)
 			fail_msg("exit %d:\n%s", code, p.out);
+		/* --verbose says how the activations are kept: g and the
+		 * flattened image (fc1's x) rounded */
+		if (k == 0 && (!strstr(p.out, "; 2 as their bf16 rounding (read as linear products' "
+					      "x); ") ||
+			       !strstr(p.out, "  sq's backward writes the gradient of y over it\n")))
+			fail_msg("--verbose does not say how the activations are kept:\n%s", p.out);
 		h_free(&p);
 		char *rep = h_slurp(file);
 		if (!rep || !strstr(rep, runs[k].want) ||

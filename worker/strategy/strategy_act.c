@@ -179,6 +179,53 @@ static void plan_in_place(hpu_strat *s)
 	plan_rounded(s);
 }
 
+void hpu__act_describe(const hpu_strat *s, FILE *f)
+{
+	hpu_builder *b = s->b;
+	int kept = 0, exact = 0, rounded = 0, fp32 = 0, freed = 0, again = 0;
+	int packed = s->act16 && !s->vars.recordable; /* compressed after forward */
+	for (int t = 0; t < b->ntensors; t++) {
+		const hpu_tinfo *ti = &b->tensors[t];
+		if (ti->producer < 0 || !b->layers[ti->producer]->for_loss)
+			continue;
+		if (s->transient[t]) {
+			again++;
+			continue;
+		}
+		if (s->unread[t]) {
+			freed++;
+			continue;
+		}
+		if (s->nobwd[t] || ti->loss || ti->metric)
+			continue; /* read after forward, not by backward */
+		kept++;
+		if (!packed || ti->dtype != HPU_F32)
+			continue;
+		if (s->keep32[t])
+			fp32++;
+		else if (s->round16[t])
+			rounded++;
+		else
+			exact++;
+	}
+	fprintf(f, "  activations kept for backward: %d tensor%s", kept, kept == 1 ? "" : "s");
+	if (packed)
+		fprintf(f, " (after forward: %d in bf16 if every value is a bf16 value, else fp32; "
+			   "%d as their bf16 rounding (read as linear products' x); %d in fp32 (read "
+			   "by the first backward only))",
+			exact, rounded, fp32);
+	else if (s->act16)
+		fprintf(f, " (in fp32: a recordable step keeps them so)");
+	fprintf(f, "; %d freed after forward (no backward reads them), %d recomputed "
+		   "(activation checkpointing)\n",
+		freed, again);
+	for (int i = 0; i < s->nlayers; i++)
+		for (int k = 0; k < b->layers[i]->nin; k++)
+			if (s->inplace[i] >> k & 1u)
+				fprintf(f, "  %s's backward writes the gradient of %s over it\n",
+					b->layers[i]->name, b->tensors[b->layers[i]->in[k]].name);
+}
+
 /* Activation checkpointing. In a run of consecutive marked layers, a
  * tensor whose readers all come after its producer within the same
  * segment of the run need not be kept: backward recomputes the segment

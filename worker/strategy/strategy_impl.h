@@ -610,6 +610,9 @@ void hpu__act_saved_drop(hpu_strat *s, int i);
  * there), or NULL (s->err). */
 float *hpu__act_grad(hpu_strat *s, int t, int zero);
 void hpu__act_grad_drop(hpu_strat *s, int t);
+/* --verbose: how the activations are kept between forward and backward
+ * (the placement plan's lines). */
+void hpu__act_describe(const hpu_strat *s, FILE *f);
 /* Tensor t's memory (fp32, there) as its gradient buffer, for a backward
  * that writes the gradient over it (s->inplace); its values and bf16 form
  * go. */

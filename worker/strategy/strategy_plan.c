@@ -31,6 +31,7 @@ void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
 		hpu__plan_describe(p, (hpu_plan_state)k, line, sizeof line);
 		fprintf(f, "  %s\n", line);
 	}
+	hpu__act_describe(s, f);
 	double psi = s->b->psi ? (double)s->b->psi : 1.0;
 	uint64_t kept = hpu__strat_plan_states(s);
 	int exact;
