@@ -215,12 +215,20 @@ int hpu_layer_grads_in_ops(hpu_layer *l)
 }
 
 
+/* HPU_OK, or the refusal of `call` naming an input bit past the layer's. */
+static int input_bits(hpu_layer *l, const char *call, unsigned inputs)
+{
+	if (inputs >> l->nin)
+		return hpu__model_refuse(l->b, HPU_EINVAL, "layer %s: %s names input %d; the layer "
+					 "has %d", l->name, call, hpu__model_high_bit(inputs), l->nin);
+	return HPU_OK;
+}
+
 int hpu_layer_backward_reads(hpu_layer *l, unsigned inputs, unsigned outputs)
 {
 	HPU__LAYER_DECL(l, "hpu_layer_backward_reads");
-	if (inputs >> l->nin)
-		return hpu__model_refuse(l->b, HPU_EINVAL, "layer %s: hpu_layer_backward_reads names input %d; "
-					 "the layer has %d", l->name, hpu__model_high_bit(inputs), l->nin);
+	if (input_bits(l, "hpu_layer_backward_reads", inputs) != HPU_OK)
+		return HPU_EINVAL;
 	if (outputs >> HPU_MAX_IO)
 		return hpu__model_refuse(l->b, HPU_EINVAL, "layer %s: hpu_layer_backward_reads names output %d; "
 					 "a layer has at most %d", l->name, hpu__model_high_bit(outputs), HPU_MAX_IO);
@@ -232,10 +240,8 @@ int hpu_layer_backward_reads(hpu_layer *l, unsigned inputs, unsigned outputs)
 int hpu_layer_backward_in_place(hpu_layer *l, unsigned inputs)
 {
 	HPU__LAYER_DECL(l, "hpu_layer_backward_in_place");
-	if (inputs >> l->nin)
-		return hpu__model_refuse(l->b, HPU_EINVAL, "layer %s: hpu_layer_backward_in_place names "
-					 "input %d; the layer has %d", l->name,
-					 hpu__model_high_bit(inputs), l->nin);
+	if (input_bits(l, "hpu_layer_backward_in_place", inputs) != HPU_OK)
+		return HPU_EINVAL;
 	l->in_place = inputs;
 	return HPU_OK;
 }
@@ -243,10 +249,8 @@ int hpu_layer_backward_in_place(hpu_layer *l, unsigned inputs)
 int hpu_layer_backward_reads_linear(hpu_layer *l, unsigned inputs)
 {
 	HPU__LAYER_DECL(l, "hpu_layer_backward_reads_linear");
-	if (inputs >> l->nin)
-		return hpu__model_refuse(l->b, HPU_EINVAL, "layer %s: hpu_layer_backward_reads_linear "
-					 "names input %d; the layer has %d", l->name,
-					 hpu__model_high_bit(inputs), l->nin);
+	if (input_bits(l, "hpu_layer_backward_reads_linear", inputs) != HPU_OK)
+		return HPU_EINVAL;
 	l->linear_in = inputs;
 	return HPU_OK;
 }
