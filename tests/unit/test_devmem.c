@@ -28,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
 #include "worker/hpu/devmem.h"
 
 #define KiB (1024ull)
@@ -869,11 +870,8 @@ static void test_peak_report(void **state)
 		hpu__dfree(w2);
 	hpu__devmem_shutdown();
 	char *rep = NULL;
-	FILE *f = fopen(path, "r");
-	assert_non_null(f);
-	size_t cap = 0;
-	ssize_t n = getdelim(&rep, &cap, '\0', f);
-	fclose(f);
+	size_t n = 0;
+	assert_null(hpu__read_file(path, &rep, &n));
 	assert_true(n > 0);
 	printf("%s", rep);
 	assert_non_null(strstr(rep, "# rank 3: device memory at its peak, InUse 2.2 MiB (2359296 "

@@ -73,13 +73,12 @@ void hpu__devmem_peak_begin(void)
 	pk.on = false;
 	if (!dir || !*dir)
 		return;
-	char at[512];
+	char err[1200];
 	if (strlen(dir) >= sizeof pk.dir)
 		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: a directory name of at most "
 			"%zu bytes; no report\n", hpu__devmem.rank, sizeof pk.dir - 1);
-	else if (hpu__make_dirs(dir, at, sizeof at) < 0)
-		fprintf(stderr, "hpu-worker: rank %d: HPU_MEMORY_PEAK: cannot make %s: %s; no "
-			"report\n", hpu__devmem.rank, at, strerror(errno));
+	else if (hpu__make_dirs_said("HPU_MEMORY_PEAK", dir, err, sizeof err) < 0)
+		fprintf(stderr, "hpu-worker: rank %d: %s; no report\n", hpu__devmem.rank, err);
 	else
 		pk.on = true, snprintf(pk.dir, sizeof pk.dir, "%s", dir);
 }
