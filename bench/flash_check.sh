@@ -2,8 +2,10 @@
 # The fused attention's first check on a GPU (HPU_FUSED_ATTENTION=1,
 # worker/cuda/ops/cuops_flash.cu), in under a minute:
 #   1. test_cuda_ops_more (its test_flash_attention: the kernels against
-#      the unfused math in double and the host's rows, every difference
-#      printed);
+#      the unfused math in double and the host's rows; test_flash16 and
+#      test_flash16_ops: the bf16 tensor-core tiles against the same tiles
+#      on the CPU and the double math, and the ops running them; every
+#      difference printed);
 #   2. GPT-2 124M bf16-mixed, B=16, T=1024, STEPS (6) steps on synthetic
 #      llm.c tokens, fused then unfused: tokens/s (the first 2 steps left
 #      out) and MaxInUse of each, and the final losses (which should agree
@@ -29,7 +31,7 @@ echo "== test_cuda_ops_more"
 timeout -k 3 "$limit" env HPU_BUILD_DIR="$build" HPU_SOURCE_DIR="$root" "$build/bin/test_cuda_ops_more" \
   >"$out/test_cuda_ops_more.log" 2>&1
 echo "rc=$? (0 passed, 77 skipped, 124 timed out)"
-sed -n '/test_flash_attention/,/test_entries\|PASSED\|FAILED/p' "$out/test_cuda_ops_more.log" | head -80
+sed -n '/test_flash_attention/,/test_kernel_times\|PASSED\|FAILED/p' "$out/test_cuda_ops_more.log" | head -140
 grep -a -E '^\[  (PASSED|FAILED)' "$out/test_cuda_ops_more.log"
 
 tok=$out/tokens.bin

@@ -12,7 +12,8 @@
  * bit for bit; the rest within 1e-5 relative to a tenth of the array's
  * largest value (as test_cuda_ops). Fused attention (cuops_flash.cu)
  * is held within 1e-4 against the layer's unfused math in double and
- * the host's rows. Without a visible GPU the program says why and exits
+ * the host's rows; its tensor-core tiles (cuops_flash16.cu) against the
+ * same tiles run on the CPU. Without a visible GPU the program says why and exits
  * 77 (ctest: skipped).
  */
 #include <math.h>
@@ -34,7 +35,9 @@
 
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/cuda_ops.h"
+#include "worker/ops/autocast.h"
 #include "worker/ops/backend.h"
+#include "worker/ops/flash_tiles.h"
 
 #include "hpu/ops.h"
 
@@ -584,6 +587,208 @@ static void test_flash_attention(void **state)
 	free(m300);
 }
 
+/* ---- fused attention on tensor cores (cuops_flash16.cu) ----
+ *
+ * The table's flash16 entries against flash_tiles.h's blocks run on the
+ * CPU (hpu__ft_run_c: the same steps, the products in fp32 loops; what
+ * test_flash_tiles holds against the layer's math on every machine)
+ * within 5e-3 of the array's largest value, and against that math in
+ * double within 1e-2 (P and dS rounded to bf16); exact zeros for a query
+ * with no key and a padding key's dk and dv; a head size the tiles do not
+ * take is refused having written nothing. */
+
+static void flash16_check(const char *what, const float *d, const float *tiles,
+			  const double *want, size_t n)
+{
+	float *got = xcalloc(n, 4);
+	dget(got, d, n * 4);
+	double top = 1e-6, worst_t = 0, worst_d = 0;
+	for (size_t i = 0; i < n; i++)
+		top = fmax(top, fabs(want[i]));
+	for (size_t i = 0; i < n; i++) {
+		double et = isnan(got[i]) ? INFINITY : fabs((double)got[i] - tiles[i]);
+		double ed = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]);
+		worst_t = et > worst_t ? et : worst_t;
+		worst_d = ed > worst_d ? ed : worst_d;
+	}
+	printf("  %-52s vs CPU tiles %.3g, vs double %.3g (of %.3g)\n", what, worst_t / top,
+	       worst_d / top, top);
+	assert_true(worst_t <= 5e-3 * top);
+	assert_true(worst_d <= 1e-2 * top);
+	free(got);
+}
+
+static void flash16_one(int batch, int t, int heads, int hd, int causal, const int32_t *mask)
+{
+	size_t d = (size_t)heads * hd, bt = (size_t)batch * t;
+	size_t nq = bt * 3 * d, no = bt * d, nl = (size_t)batch * heads * t;
+	float *qkv = xcalloc(nq, 4), *ctx = xcalloc(no, 4), *lse = xcalloc(nl, 4);
+	float *dctx = xcalloc(no, 4), *dqkv = xcalloc(nq, 4), *delta = xcalloc(nl, 4);
+	double *rctx = xcalloc(no, 8), *rlse = xcalloc(nl, 8), *rdqkv = xcalloc(nq, 8);
+	char what[128];
+	fill(qkv, nq, -2, 2);
+	fill(dctx, no, -1, 1);
+	for (size_t i = 0; i < nq; i++) /* bf16 values, as autocast hands them over */
+		qkv[i] = hpu__ft_f32(hpu__ft_bf16(qkv[i]));
+	for (size_t i = 0; i < no; i++)
+		dctx[i] = hpu__ft_f32(hpu__ft_bf16(dctx[i]));
+	attn_ref(qkv, mask, dctx, batch, t, heads, hd, causal, rctx, rlse, rdqkv);
+	hpu__flash_dims a = {batch, t, heads, hd, causal, 1.0f / sqrtf((float)hd)};
+	assert_int_equal(hpu__ft_run_c(&a, qkv, mask, ctx, lse, dctx, delta, dqkv), 0);
+	float *gq = dput(qkv, nq * 4), *gc = dnan(no * 4), *gl = dnan(nl * 4);
+	float *gdc = dput(dctx, no * 4), *gdq = dnan(nq * 4);
+	int32_t *gm = mask ? dput(mask, bt * 4) : NULL;
+	OK(gpu->flash16_fwd(gq, gm, gc, gl, batch, t, heads, hd, causal));
+	snprintf(what, sizeof what, "bf16 tiles ctx B%d T%d heads %d hd %d causal %d mask %d",
+		 batch, t, heads, hd, causal, mask != NULL);
+	flash16_check(what, gc, ctx, rctx, no);
+	snprintf(what, sizeof what, "bf16 tiles lse B%d T%d heads %d hd %d causal %d mask %d",
+		 batch, t, heads, hd, causal, mask != NULL);
+	flash16_check(what, gl, lse, rlse, nl);
+	/* the backward from the CPU tiles' ctx and lse */
+	assert_int_equal(cudaMemcpy(gc, ctx, no * 4, cudaMemcpyHostToDevice), cudaSuccess);
+	assert_int_equal(cudaMemcpy(gl, lse, nl * 4, cudaMemcpyHostToDevice), cudaSuccess);
+	OK(gpu->flash16_bwd(gq, gm, gc, gl, gdc, gdq, batch, t, heads, hd, causal));
+	snprintf(what, sizeof what, "bf16 tiles dqkv B%d T%d heads %d hd %d causal %d mask %d",
+		 batch, t, heads, hd, causal, mask != NULL);
+	flash16_check(what, gdq, dqkv, rdqkv, nq);
+	float *got = xcalloc(nq, 4), *gotc = xcalloc(no, 4);
+	dget(got, gdq, nq * 4);
+	OK(gpu->flash16_fwd(gq, gm, gc, gl, batch, t, heads, hd, causal));
+	dget(gotc, gc, no * 4);
+	for (int b = 0; b < batch; b++)
+		for (int i = 0; i < t; i++) {
+			const float *row = got + ((size_t)b * t + i) * 3 * d;
+			int any = 0, pad = mask && !mask[(size_t)b * t + i];
+			for (int j = 0; j < t; j++)
+				any |= (!causal || j <= i) && (!mask || mask[(size_t)b * t + j]);
+			for (size_t e = 0; !any && e < d; e++) {
+				assert_true(gotc[((size_t)b * t + i) * d + e] == 0.0f);
+				assert_true(row[e] == 0.0f);
+			}
+			for (size_t e = d; pad && e < 3 * d; e++)
+				assert_true(row[e] == 0.0f);
+		}
+	dfree(gq), dfree(gc), dfree(gl), dfree(gdc), dfree(gdq);
+	if (gm)
+		dfree(gm);
+	free(got), free(gotc), free(delta);
+	free(qkv), free(ctx), free(lse), free(dctx), free(dqkv);
+	free(rctx), free(rlse), free(rdqkv);
+}
+
+static void test_flash16(void **state)
+{
+	(void)state;
+	static const int32_t m13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
+					    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+					    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+	static const int32_t m7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
+	int32_t *m300 = xcalloc(2 * 300, 4);
+	for (int i = 0; i < 2 * 300; i++)
+		m300[i] = i % 300 < 280 && i % 17 != 5;
+	flash16_one(1, 9, 2, 16, 1, NULL);
+	flash16_one(2, 7, 3, 64, 1, m7);
+	flash16_one(2, 7, 3, 64, 0, m7);
+	flash16_one(3, 13, 2, 48, 0, m13);
+	flash16_one(1, 65, 1, 64, 1, NULL);
+	flash16_one(2, 300, 2, 64, 1, m300);
+	flash16_one(1, 200, 4, 32, 0, NULL);
+	flash16_one(1, 150, 1, 128, 1, NULL);
+	flash16_one(2, 1024, 2, 64, 1, NULL); /* GPT-2's T and hd */
+	free(m300);
+	/* hd 24: not the tiles' (a multiple of 16); nothing written */
+	float *gq = dnan(3 * 24 * 4 * 9), *gc = dnan(24 * 4 * 9), *gl = dnan(4 * 9);
+	float *c = xcalloc(24 * 9, 4);
+	assert_int_equal(gpu->flash16_fwd(gq, NULL, gc, gl, 1, 9, 1, 24, 1), HPU_BE_UNSUPPORTED);
+	dget(c, gc, 24 * 9 * 4);
+	for (int i = 0; i < 24 * 9; i++)
+		assert_true(isnan(c[i]));
+	printf("  hd 24: refused, nothing written\n");
+	dfree(gq), dfree(gc), dfree(gl);
+	free(c);
+}
+
+static void *dev_alloc(size_t bytes)
+{
+	void *p = NULL;
+	return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+
+static void dev_release(void *p)
+{
+	assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+	cudaFree(p);
+}
+
+/* bits of n floats rounded to bf16 values on the host */
+static void host_round16(float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = hpu__ft_f32(hpu__ft_bf16(x[i]));
+}
+
+/* The public ops under bf16 autocast on the GPU's table run the tiles:
+ * their ctx, lse and dqkv are the bits of flash16_fwd/bwd on the inputs
+ * rounded (ctx and dqkv then rounded, as the ops round their outputs),
+ * and not those of the fp32 kernel (flash_fwd). */
+static void test_flash16_ops(void **state)
+{
+	(void)state;
+	const int batch = 2, t = 65, heads = 2, hd = 64, causal = 1;
+	size_t d = (size_t)heads * hd, bt = (size_t)batch * t;
+	size_t nq = bt * 3 * d, no = bt * d, nl = (size_t)batch * heads * t;
+	float *qkv = xcalloc(nq, 4), *dctx = xcalloc(no, 4), *ctx = xcalloc(no, 4);
+	float *lse = xcalloc(nl, 4), *dqkv = xcalloc(nq, 4), *c32 = xcalloc(no, 4);
+	fill(qkv, nq, -2, 2);
+	fill(dctx, no, -1, 1);
+	char err[256];
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_BF16, err, sizeof err), HPU_OK);
+	hpu__ac_set_scratch_allocator(dev_alloc, dev_release);
+	float *gq = dput(qkv, nq * 4), *gc = dnan(no * 4), *gl = dnan(nl * 4);
+	float *gdc = dput(dctx, no * 4), *gdq = dnan(nq * 4);
+	hpu__be_set(gpu);
+	assert_int_equal(hpu_attention_fused_forward(gq, NULL, gc, gl, batch, t, heads, hd, causal),
+			 HPU_OK);
+	assert_int_equal(hpu_attention_fused_backward(gq, NULL, gc, gl, gdc, gdq, batch, t, heads,
+						      hd, causal),
+			 HPU_OK);
+	hpu__be_set(NULL);
+	dget(ctx, gc, no * 4);
+	dget(lse, gl, nl * 4);
+	dget(dqkv, gdq, nq * 4);
+	/* the entries themselves on the rounded inputs */
+	host_round16(qkv, nq);
+	host_round16(dctx, no);
+	float *rq = dput(qkv, nq * 4), *rc = dnan(no * 4), *rl = dnan(nl * 4);
+	float *rdc = dput(dctx, no * 4), *rdq = dnan(nq * 4);
+	float *want = xcalloc(nq, 4);
+	OK(gpu->flash16_fwd(rq, NULL, rc, rl, batch, t, heads, hd, causal));
+	dget(want, rc, no * 4);
+	host_round16(want, no);
+	check_bits("hpu_attention_fused_forward bf16: ctx of the tiles", ctx, want, no * 4);
+	check_dev_bits("hpu_attention_fused_forward bf16: lse of the tiles", rl, lse, nl * 4);
+	assert_int_equal(cudaMemcpy(rc, ctx, no * 4, cudaMemcpyHostToDevice), cudaSuccess);
+	OK(gpu->flash16_bwd(rq, NULL, rc, rl, rdc, rdq, batch, t, heads, hd, causal));
+	dget(want, rdq, nq * 4);
+	host_round16(want, nq);
+	check_bits("hpu_attention_fused_backward bf16: dqkv of the tiles", dqkv, want, nq * 4);
+	/* the fp32 kernel's P is not rounded: other bits */
+	OK(gpu->flash_fwd(rq, NULL, rc, rl, batch, t, heads, hd, causal));
+	dget(c32, rc, no * 4);
+	host_round16(c32, no);
+	size_t differ = 0;
+	for (size_t i = 0; i < no; i++)
+		differ += c32[i] != ctx[i];
+	printf("  the fp32 kernel differs from the tiles at %zu of %zu ctx values\n", differ, no);
+	assert_true(differ > 0);
+	hpu__ac_set_scratch_allocator(NULL, NULL);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), HPU_OK);
+	dfree(gq), dfree(gc), dfree(gl), dfree(gdc), dfree(gdq);
+	dfree(rq), dfree(rc), dfree(rl), dfree(rdc), dfree(rdq);
+	free(qkv), free(dctx), free(ctx), free(lse), free(dqkv), free(c32), free(want);
+}
+
 /* Every entry of this file's is in the table. */
 /* ---- HPU_PROFILE_KERNELS: each kernel's GPU time by name ---- */
 
@@ -655,6 +860,7 @@ static void test_entries(void **state)
 		(const void *)gpu->bce_bwd,	  (const void *)gpu->ids_first_bad,
 		(const void *)gpu->attention_fwd, (const void *)gpu->attention_bwd,
 		(const void *)gpu->flash_fwd,	  (const void *)gpu->flash_bwd,
+		(const void *)gpu->flash16_fwd,	  (const void *)gpu->flash16_bwd,
 	};
 	for (size_t i = 0; i < sizeof f / sizeof *f; i++)
 		assert_non_null(f[i]);
@@ -685,7 +891,9 @@ int main(void)
 		cmocka_unit_test(test_sigmoid),	  cmocka_unit_test(test_pool1d),
 		cmocka_unit_test(test_conv_rect), cmocka_unit_test(test_losses),
 		cmocka_unit_test(test_first_bad), cmocka_unit_test(test_attention),
-		cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_kernel_times),
+		cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_flash16),
+		cmocka_unit_test(test_flash16_ops),
+		cmocka_unit_test(test_kernel_times),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rc += hpu_cuda_capture_tests(gpu, stream); /* on a stream of its own */

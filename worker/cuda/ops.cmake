@@ -13,6 +13,7 @@ set(HPU_CUDA_OPS_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_more.c    # the shape, sequence and loss layers' entries
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_more.cu   # their kernels
   ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_flash.cu  # fused attention: worker/ops/flash_rows.h's rows, a thread each
+  ${CMAKE_CURRENT_LIST_DIR}/ops/cuops_flash16.cu # ... under bf16 autocast: flash_tiles.h's tiles on tensor cores
 )
 # The target compiles CUDA with --fmad=false (no multiply-add contraction,
 # as the CPU's sources are built with -ffp-contract=off) and links a cudart

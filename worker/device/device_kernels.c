@@ -344,16 +344,18 @@ static int k_conv_bwd(const hpu_conv2d_shape *s, hpu__dtype dt, const void *x, c
 }
 
 /* Every kernel of hpu__backend is in the list: the struct holds the list's
- * entries, five pointers more (name, describe, bf16_native, set_threads,
- * conv_bwd) and two ints in one pointer's room (gemm_c16, findings_dev).
- * An entry added to the struct and not to device_klist.h fails here. */
+ * entries, seven pointers more (name, describe, bf16_native, set_threads,
+ * conv_bwd, and a GPU's flash16_fwd and flash16_bwd, which no CPU table
+ * has: NULL here) and two ints in one pointer's room (gemm_c16,
+ * findings_dev). An entry added to the struct and not to device_klist.h
+ * fails here. */
 #define WRAP(name, params, args) KL_N_##name,
 enum {
 #include "worker/device/device_klist.h"
 	KL_NENTRIES
 };
 #undef WRAP
-_Static_assert(sizeof(hpu__backend) == (KL_NENTRIES + 6) * sizeof(void *),
+_Static_assert(sizeof(hpu__backend) == (KL_NENTRIES + 8) * sizeof(void *),
 	       "an entry of hpu__backend is missing from device_klist.h");
 
 /* Each entry: the backend's where it has one, else the host table's;

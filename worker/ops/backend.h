@@ -318,6 +318,17 @@ typedef struct hpu__backend {
 	int (*flash_bwd)(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
 			 const float *dctx, float *dqkv, int batch, int t, int heads, int hd,
 			 int causal);
+	/* The same under bf16 autocast on tensor cores (flash_tiles.h), where
+	 * a table has them (CUDA's; NULL elsewhere): qkv and dctx hold bf16
+	 * values; P and dS are rounded to bf16 for their products, summed in
+	 * fp32. HPU_BE_UNSUPPORTED, having done nothing, where the tiles do
+	 * not take hd or the GPU cannot run them: the ops then call
+	 * flash_fwd/flash_bwd. */
+	int (*flash16_fwd)(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+			   int batch, int t, int heads, int hd, int causal);
+	int (*flash16_bwd)(const float *qkv, const int32_t *mask, const float *ctx,
+			   const float *lse, const float *dctx, float *dqkv, int batch, int t,
+			   int heads, int hd, int causal);
 } hpu__backend;
 
 /* The backend the ops use (oneDNN's unless hpu__be_set said otherwise). */

@@ -113,8 +113,18 @@ static int bwd(const float *qkv, const int32_t *mask, const float *ctx, const fl
 				  batch, t, heads, hd, causal));
 }
 
+/* Under bf16 autocast, the table's tensor-core kernel where it has one
+ * that takes this call (flash16_*: the GPU's tiles), else the fp32
+ * kernel. */
+static int tiles16(int lp)
+{
+	return lp == HPU_AUTOCAST_BF16 && hpu__be()->flash16_fwd && hpu__be()->flash16_bwd;
+}
+
 /* Lowered as hpu_attention_forward: qkv (and dctx) rounded; the scores,
- * probabilities, lse and sums inside stay fp32; ctx and dqkv rounded. */
+ * probabilities, lse and sums inside stay fp32 (on a GPU's bf16 tiles P
+ * and dS are rounded for their products, as FlashAttention's); ctx and
+ * dqkv rounded. */
 int hpu_attention_fused_forward(const float *qkv, const int32_t *mask, float *ctx, float *lse,
 				int batch, int t, int heads, int head_dim, int causal)
 {
@@ -122,8 +132,11 @@ int hpu_attention_fused_forward(const float *qkv, const int32_t *mask, float *ct
 	if (!lp || empty(batch, t, heads, head_dim))
 		return fwd(qkv, mask, ctx, lse, batch, t, heads, head_dim, causal);
 	size_t bt = (size_t)batch * t, d = (size_t)heads * head_dim;
-	int rc = fwd(hpu__ac_round(0, qkv, bt * 3 * d, lp), mask, ctx, lse, batch, t, heads,
-		     head_dim, causal);
+	const float *q16 = hpu__ac_round(0, qkv, bt * 3 * d, lp);
+	int rc = tiles16(lp) && hpu__be()->flash16_fwd(q16, mask, ctx, lse, batch, t, heads,
+							head_dim, causal) == HPU_BE_OK
+			 ? HPU_OK
+			 : fwd(q16, mask, ctx, lse, batch, t, heads, head_dim, causal);
 	if (rc == HPU_OK)
 		hpu__ac_round_inplace(ctx, bt * d, lp);
 	return rc;
@@ -137,8 +150,12 @@ int hpu_attention_fused_backward(const float *qkv, const int32_t *mask, const fl
 	if (!lp || empty(batch, t, heads, head_dim))
 		return bwd(qkv, mask, ctx, lse, dctx, dqkv, batch, t, heads, head_dim, causal);
 	size_t bt = (size_t)batch * t, d = (size_t)heads * head_dim;
-	int rc = bwd(hpu__ac_round(0, qkv, bt * 3 * d, lp), mask, ctx, lse,
-		     hpu__ac_round(1, dctx, bt * d, lp), dqkv, batch, t, heads, head_dim, causal);
+	const float *q16 = hpu__ac_round(0, qkv, bt * 3 * d, lp);
+	const float *dc16 = hpu__ac_round(1, dctx, bt * d, lp);
+	int rc = tiles16(lp) && hpu__be()->flash16_bwd(q16, mask, ctx, lse, dc16, dqkv, batch, t,
+							heads, head_dim, causal) == HPU_BE_OK
+			 ? HPU_OK
+			 : bwd(q16, mask, ctx, lse, dc16, dqkv, batch, t, heads, head_dim, causal);
 	if (rc == HPU_OK)
 		hpu__ac_round_inplace(dqkv, bt * 3 * d, lp);
 	return rc;

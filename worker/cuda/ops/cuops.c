@@ -407,6 +407,8 @@ static const hpu__backend cuda_backend = {
 	.attention_bwd = hpu__cuops_attention_bwd,
 	.flash_fwd = hpu__cuops_flash_fwd,
 	.flash_bwd = hpu__cuops_flash_bwd,
+	.flash16_fwd = hpu__cuops_flash16_fwd,
+	.flash16_bwd = hpu__cuops_flash16_bwd,
 };
 
 const hpu__backend *hpu__cuda_backend(void)

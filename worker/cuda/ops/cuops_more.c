@@ -386,3 +386,49 @@ int hpu__cuops_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx
 	hpu__cuops_leave(c);
 	return rc;
 }
+
+/* ---- fused attention on tensor cores (cuops_flash16.cu) ----
+ * HPU_BE_UNSUPPORTED, with nothing said and nothing run, where the tiles
+ * do not take hd or this GPU's blocks cannot have their shared memory:
+ * the ops then call flash_fwd/flash_bwd. */
+
+int hpu__cuops_flash16_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+			   int batch, int t, int heads, int hd, int causal)
+{
+	if (!hpu__cukm_flash16_ok(hd))
+		return HPU_BE_UNSUPPORTED;
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	cudaError_t e = hpu__cukm_flash16_fwd(qkv, mask, ctx, lse, batch, t, heads, hd, causal,
+					      hpu__cuops_stream());
+	int rc = e == cudaErrorNotSupported || hpu__cuops_cuda(e, "fused attention (bf16 tiles)")
+			 ? HPU_BE_UNSUPPORTED
+			 : HPU_BE_OK;
+	hpu__cuops_leave(c);
+	return rc;
+}
+
+int hpu__cuops_flash16_bwd(const float *qkv, const int32_t *mask, const float *ctx,
+			   const float *lse, const float *dctx, float *dqkv, int batch, int t,
+			   int heads, int hd, int causal)
+{
+	size_t rows = hpu__cukm_flash_rows(batch, t, heads, hd);
+	if (!hpu__cukm_flash16_ok(hd))
+		return HPU_BE_UNSUPPORTED;
+	if (!rows)
+		return HPU_BE_OK;
+	hpu__cuops_ctx *c = hpu__cuops_enter();
+	if (!c)
+		return HPU_BE_UNSUPPORTED;
+	float *delta = hpu__cuops_scratch(c, rows * sizeof(float));
+	cudaError_t e = delta ? hpu__cukm_flash16_bwd(qkv, mask, ctx, lse, dctx, dqkv, delta, batch,
+						      t, heads, hd, causal, hpu__cuops_stream())
+			      : cudaErrorMemoryAllocation;
+	int rc = !delta || e == cudaErrorNotSupported ||
+			 hpu__cuops_cuda(e, "fused attention backward (bf16 tiles)")
+		 ? HPU_BE_UNSUPPORTED
+		 : HPU_BE_OK;
+	hpu__cuops_leave(c);
+	return rc;
+}

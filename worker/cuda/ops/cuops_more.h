@@ -102,6 +102,18 @@ cudaError_t hpu__cukm_flash_bwd(const float *qkv, const int32_t *mask, const flo
 				const float *lse, const float *dctx, float *dqkv, float *delta,
 				int batch, int t, int heads, int hd, int causal, cudaStream_t st);
 
+/* The same on tensor cores (cuops_flash16.cu, worker/ops/flash_tiles.h):
+ * qkv and dctx holding bf16 values, P and dS rounded to bf16 for their
+ * products. cudaErrorNotSupported where hd is not one the tiles take
+ * (hpu__cukm_flash16_ok) or this GPU's blocks cannot have the tiles'
+ * shared memory. */
+int hpu__cukm_flash16_ok(int hd);
+cudaError_t hpu__cukm_flash16_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+				  int batch, int t, int heads, int hd, int causal, cudaStream_t st);
+cudaError_t hpu__cukm_flash16_bwd(const float *qkv, const int32_t *mask, const float *ctx,
+				  const float *lse, const float *dctx, float *dqkv, float *delta,
+				  int batch, int t, int heads, int hd, int causal, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif
@@ -147,6 +159,11 @@ int hpu__cuops_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, floa
 int hpu__cuops_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
 			 const float *lse, const float *dctx, float *dqkv, int batch, int t,
 			 int heads, int hd, int causal);
+int hpu__cuops_flash16_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
+			   int batch, int t, int heads, int hd, int causal);
+int hpu__cuops_flash16_bwd(const float *qkv, const int32_t *mask, const float *ctx,
+			   const float *lse, const float *dctx, float *dqkv, int batch, int t,
+			   int heads, int hd, int causal);
 #endif
 
 #endif

@@ -1,0 +1,495 @@
+/* flash_tiles: fused attention on tensor cores, in tiles of 64 query rows
+ * by 64 keys, written once for the CUDA kernels (worker/cuda/ops/
+ * cuops_flash16.cu: the table's flash16_fwd and flash16_bwd, nvcc's
+ * device pass, the products on WMMA's bf16 fragments) and for plain C
+ * (tests/unit/test_flash_tiles.c runs every block on the CPU, the
+ * products in fp32 loops, against the layer's unfused math in double).
+ * A kernel only decides which block runs which tile; the arithmetic
+ * between two products, the tiles' bounds, masks and the order of the
+ * steps are this file's.
+ *
+ * What it computes is flash_rows.h's (the layout, the key rule, lse,
+ * zeros for a query with no key and for a padding key's dk and dv), with
+ * the products of FlashAttention-2 on bf16 operands: S = Q K^T and dP =
+ * dO V^T from bf16 q, k, v and dO (under bf16 autocast they hold bf16
+ * values already), O += P V, dq += dS K, dv += P^T dO and dk += dS^T Q
+ * from P and dS rounded to bf16 (to nearest even), every product summed
+ * in fp32; the running max, sums, exponentials and D in fp32.
+ *
+ * A block is HPU_FT_THREADS threads (HPU_FT_WARPS warps of 32; warp w
+ * owns rows 16w to 16w + 15 of every product's result). Its shared
+ * memory (hpu__ft_layout) holds the tiles: bf16 ones with rows hd + 8
+ * apart, fp32 ones with rows n + 4 apart (row strides WMMA takes, every
+ * 16-row fragment 32-byte aligned). Each step below runs on every
+ * thread and ends at a barrier (HPU_FT_ALL), or runs the products of each
+ * warp (HPU_FT_WARPS); in C a step runs its threads (or warps) one after
+ * another, which is what the barrier between steps allows.
+ *
+ * Three blocks: the forward of a query tile (hpu__ft_fwd_block), dq and
+ * D of a query tile (hpu__ft_dq_block, first), dk and dv of a key tile
+ * (hpu__ft_dkv_block, reading the D the first wrote). Causal: a query
+ * tile visits the key tiles up to its last row, a key tile the query
+ * tiles from its first. Internal to worker/ops and worker/cuda. */
+#ifndef HPU_FLASH_TILES_H
+#define HPU_FLASH_TILES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "worker/ops/flash_rows.h"
+
+#define HPU_FT_ROWS 64   /* a tile's query rows, and its keys */
+#define HPU_FT_WARPS 4   /* HPU_FT_ROWS / 16 */
+#define HPU_FT_THREADS 128
+#define HPU_FT_MAX_HD 128
+#define HPU_FT_LDS (HPU_FT_ROWS + 4) /* an fp32 score tile's row stride */
+#define HPU_FT_LDP (HPU_FT_ROWS + 8) /* a bf16 probability tile's */
+
+#ifdef __CUDA_ARCH__
+#define HPU_FT_BLOCK __device__ static inline
+#define HPU_FT_ALL(...)                                                                       \
+	do {                                                                                  \
+		{                                                                             \
+			const int ft_tid = (int)threadIdx.x, ft_nth = (int)blockDim.x;        \
+			__VA_ARGS__;                                                          \
+		}                                                                             \
+		__syncthreads();                                                              \
+	} while (0)
+#define HPU_FT_WARPS_DO(...)                                                                  \
+	do {                                                                                  \
+		{                                                                             \
+			const int ft_w = (int)(threadIdx.x >> 5);                             \
+			__VA_ARGS__;                                                          \
+		}                                                                             \
+		__syncthreads();                                                              \
+	} while (0)
+#else
+#ifdef __CUDACC__
+#define HPU_FT_BLOCK __device__ static inline
+#else
+#define HPU_FT_BLOCK static inline
+#endif
+#define HPU_FT_ALL(...)                                                                       \
+	do {                                                                                  \
+		for (int ft_tid = 0; ft_tid < HPU_FT_THREADS; ft_tid++) {                     \
+			const int ft_nth = HPU_FT_THREADS;                                    \
+			__VA_ARGS__;                                                          \
+		}                                                                             \
+	} while (0)
+#define HPU_FT_WARPS_DO(...)                                                                  \
+	do {                                                                                  \
+		for (int ft_w = 0; ft_w < HPU_FT_WARPS; ft_w++) {                             \
+			__VA_ARGS__;                                                          \
+		}                                                                             \
+	} while (0)
+#endif
+
+/* The products (the CUDA file defines both as WMMA's before including
+ * this file): for the 16 rows of warp w,
+ *   HPU_FT_MMA_ABT: c[r][j] = sum_k a[r][k] b[j][k]   (A B^T, n columns)
+ *   HPU_FT_MMA_AB:  c[r][j] += sum_k a[r][k] b[k][j]  (A B, n columns)
+ * a and b bf16 (lda, ldb elements a row), c fp32 (ldc). */
+#ifndef HPU_FT_MMA_ABT
+#define HPU_FT_MMA_ABT hpu__ft_mma_abt_c
+#define HPU_FT_MMA_AB hpu__ft_mma_ab_c
+#endif
+
+/* A head size the tiles take: a multiple of 16 (a fragment's k) up to
+ * HPU_FT_MAX_HD. */
+HPU_FLASH int hpu__ft_hd_ok(int hd)
+{
+	return hd > 0 && hd % 16 == 0 && hd <= HPU_FT_MAX_HD;
+}
+
+/* f rounded to bf16's nearest (ties to even); NaN stays NaN. */
+HPU_FLASH uint16_t hpu__ft_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+HPU_FLASH float hpu__ft_f32(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, sizeof f);
+	return f;
+}
+
+HPU_FLASH int hpu__ft_min(int x, int y)
+{
+	return x < y ? x : y;
+}
+
+HPU_FLASH void hpu__ft_mma_abt_c(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b,
+				 int ldb, int n, int k, int w)
+{
+	for (int r = 16 * w; r < 16 * w + 16; r++)
+		for (int j = 0; j < n; j++) {
+			float s = 0.0f;
+			for (int e = 0; e < k; e++)
+				s += hpu__ft_f32(a[r * lda + e]) * hpu__ft_f32(b[j * ldb + e]);
+			c[r * ldc + j] = s;
+		}
+}
+
+HPU_FLASH void hpu__ft_mma_ab_c(float *c, int ldc, const uint16_t *a, int lda, const uint16_t *b,
+				int ldb, int n, int k, int w)
+{
+	for (int r = 16 * w; r < 16 * w + 16; r++)
+		for (int j = 0; j < n; j++) {
+			float s = c[r * ldc + j];
+			for (int e = 0; e < k; e++)
+				s += hpu__ft_f32(a[r * lda + e]) * hpu__ft_f32(b[e * ldb + j]);
+			c[r * ldc + j] = s;
+		}
+}
+
+/* A block's shared memory. By block (fwd, dq, dkv):
+ *   t16[0..3]  [64][hd + 8] bf16: Q K V -, Q dO K V, K V Q dO
+ *   s, u       [64][LDS] fp32:    S -, S dP, S^T dP^T
+ *   p16, q16   [64][LDP] bf16:    P -, dS -, P^T dS^T
+ *   acc0, acc1 [64][hd + 4] fp32: O -, dq -, dk dv
+ *   r0, r1, r2 [64] fp32:         max sum factor, lse D -, lse D - */
+typedef struct hpu__ft_smem {
+	uint16_t *t16[4];
+	float *s, *u;
+	uint16_t *p16, *q16;
+	float *acc0, *acc1;
+	float *r0, *r1, *r2;
+} hpu__ft_smem;
+
+enum { HPU_FT_FWD, HPU_FT_DQ, HPU_FT_DKV };
+
+/* The bytes of `block`'s shared memory for head size hd; where base is
+ * not NULL, m's pointers into it (each array 128-byte aligned; those a
+ * block does not use NULL). */
+HPU_FLASH size_t hpu__ft_layout(int block, int hd, void *base, hpu__ft_smem *m)
+{
+	const size_t n16 = (size_t)HPU_FT_ROWS * (hd + 8) * 2, ns = (size_t)HPU_FT_ROWS * HPU_FT_LDS * 4;
+	const size_t np = (size_t)HPU_FT_ROWS * HPU_FT_LDP * 2, na = (size_t)HPU_FT_ROWS * (hd + 4) * 4;
+	const size_t nr = (size_t)HPU_FT_ROWS * 4;
+	const int n_t16 = block == HPU_FT_FWD ? 3 : 4, two = block != HPU_FT_FWD;
+	size_t sizes[14], at = 0;
+	int k = 0;
+	for (int i = 0; i < 4; i++)
+		sizes[k++] = i < n_t16 ? n16 : 0;
+	sizes[k++] = ns;
+	sizes[k++] = two ? ns : 0;
+	sizes[k++] = np;
+	sizes[k++] = block == HPU_FT_DKV ? np : 0;
+	sizes[k++] = na;
+	sizes[k++] = block == HPU_FT_DKV ? na : 0;
+	sizes[k++] = nr;
+	sizes[k++] = nr;
+	sizes[k++] = block == HPU_FT_FWD ? nr : 0;
+	void *ptr[14];
+	for (int i = 0; i < k; i++) {
+		ptr[i] = base && sizes[i] ? (char *)base + at : NULL;
+		at += (sizes[i] + 127) / 128 * 128;
+	}
+	if (m) {
+		for (int i = 0; i < 4; i++)
+			m->t16[i] = (uint16_t *)ptr[i];
+		m->s = (float *)ptr[4], m->u = (float *)ptr[5];
+		m->p16 = (uint16_t *)ptr[6], m->q16 = (uint16_t *)ptr[7];
+		m->acc0 = (float *)ptr[8], m->acc1 = (float *)ptr[9];
+		m->r0 = (float *)ptr[10], m->r1 = (float *)ptr[11], m->r2 = (float *)ptr[12];
+	}
+	return at;
+}
+
+/* Query i may attend to key j (both inside the sequence): flash_rows.h's
+ * rule. */
+HPU_FLASH int hpu__ft_allowed(const hpu__flash_dims *a, const int32_t *mask, int b, int i, int j)
+{
+	return i < a->t && j < a->t && (!a->causal || j <= i) && hpu__flash_key(a, mask, b, j);
+}
+
+/* Rows r0 to r0 + 63 of part (0 q, 1 k, 2 v) of head h of sample b, or
+ * of dctx (part -1), as bf16 into dst; rows past the sequence zero. */
+HPU_FLASH void hpu__ft_load(const hpu__flash_dims *a, const float *src, int part, int b, int h,
+			    int r0, uint16_t *dst, int tid, int nth)
+{
+	const int hd = a->hd, n = hpu__ft_min(HPU_FT_ROWS, a->t - r0);
+	for (int x = tid; x < HPU_FT_ROWS * hd; x += nth) {
+		int r = x / hd, e = x % hd;
+		float v = 0.0f;
+		if (r < n)
+			v = src[(part < 0 ? hpu__flash_ctx_at(a, b, h, r0 + r)
+					  : hpu__flash_qkv_at(a, b, h, r0 + r, part)) +
+				e];
+		dst[r * (hd + 8) + e] = hpu__ft_bf16(v);
+	}
+}
+
+/* n * hd floats of acc (rows hd + 4 apart) to zero. */
+HPU_FLASH void hpu__ft_zero(float *acc, int hd, int tid, int nth)
+{
+	for (int x = tid; x < HPU_FT_ROWS * hd; x += nth)
+		acc[(x / hd) * (hd + 4) + x % hd] = 0.0f;
+}
+
+/* ---- the forward of query rows q0 to q0 + 63 ---- */
+
+HPU_FLASH void hpu__ft_fwd_init(const hpu__flash_dims *a, const hpu__ft_smem *m, int tid, int nth)
+{
+	hpu__ft_zero(m->acc0, a->hd, tid, nth);
+	for (int r = tid; r < HPU_FT_ROWS; r += nth) {
+		m->r0[r] = -INFINITY;
+		m->r1[r] = 0.0f;
+	}
+}
+
+/* Row r: the tile's scaled scores (-INF where not allowed), the running
+ * max r0 and the factor r2 the row's sum and output are rescaled by. */
+HPU_FLASH void hpu__ft_fwd_max(const hpu__flash_dims *a, const int32_t *mask, int b, int q0,
+			       int k0, const hpu__ft_smem *m, int tid, int nth)
+{
+	for (int r = tid; r < HPU_FT_ROWS; r += nth) {
+		float *s = m->s + r * HPU_FT_LDS, mx = -INFINITY;
+		for (int c = 0; c < HPU_FT_ROWS; c++) {
+			float v = hpu__ft_allowed(a, mask, b, q0 + r, k0 + c) ? s[c] * a->scale
+									      : -INFINITY;
+			s[c] = v;
+			mx = v > mx ? v : mx;
+		}
+		float old = m->r0[r], mn = mx > old ? mx : old;
+		m->r2[r] = mn == -INFINITY ? 1.0f : expf(old - mn);
+		m->r0[r] = mn;
+	}
+}
+
+/* P = exp(s - max) (fp32 in s, bf16 in p16), the output rescaled. */
+HPU_FLASH void hpu__ft_fwd_exp(const hpu__flash_dims *a, const hpu__ft_smem *m, int tid, int nth)
+{
+	for (int x = tid; x < HPU_FT_ROWS * HPU_FT_ROWS; x += nth) {
+		int r = x / HPU_FT_ROWS, c = x % HPU_FT_ROWS;
+		float v = m->s[r * HPU_FT_LDS + c];
+		float p = v == -INFINITY ? 0.0f : expf(v - m->r0[r]);
+		m->s[r * HPU_FT_LDS + c] = p;
+		m->p16[r * HPU_FT_LDP + c] = hpu__ft_bf16(p);
+	}
+	const int hd = a->hd;
+	for (int x = tid; x < HPU_FT_ROWS * hd; x += nth)
+		m->acc0[(x / hd) * (hd + 4) + x % hd] *= m->r2[x / hd];
+}
+
+HPU_FLASH void hpu__ft_fwd_sum(const hpu__ft_smem *m, int tid, int nth)
+{
+	for (int r = tid; r < HPU_FT_ROWS; r += nth) {
+		float l = m->r1[r] * m->r2[r];
+		for (int c = 0; c < HPU_FT_ROWS; c++)
+			l += m->s[r * HPU_FT_LDS + c];
+		m->r1[r] = l;
+	}
+}
+
+HPU_FLASH void hpu__ft_fwd_out(const hpu__flash_dims *a, float *ctx, float *lse, int b, int h,
+			       int q0, const hpu__ft_smem *m, int tid, int nth)
+{
+	const int hd = a->hd, n = hpu__ft_min(HPU_FT_ROWS, a->t - q0);
+	for (int x = tid; x < n * hd; x += nth) {
+		int r = x / hd, e = x % hd;
+		float l = m->r1[r];
+		ctx[hpu__flash_ctx_at(a, b, h, q0 + r) + e] = l > 0.0f ? m->acc0[r * (hd + 4) + e] / l
+								       : 0.0f;
+	}
+	for (int r = tid; r < n; r += nth) {
+		float l = m->r1[r];
+		lse[hpu__flash_row_at(a, b, h, q0 + r)] = l > 0.0f ? m->r0[r] + logf(l) : 0.0f;
+	}
+}
+
+/* The keys a query tile from q0 visits: those before this. */
+HPU_FLASH int hpu__ft_keys_end(const hpu__flash_dims *a, int q0)
+{
+	return a->causal ? hpu__ft_min(a->t, q0 + HPU_FT_ROWS) : a->t;
+}
+
+HPU_FT_BLOCK void hpu__ft_fwd_block(const hpu__flash_dims *a, const float *qkv,
+				    const int32_t *mask, float *ctx, float *lse,
+				    const hpu__ft_smem *m, int b, int h, int qt)
+{
+	const int q0 = qt * HPU_FT_ROWS, hd = a->hd, end = hpu__ft_keys_end(a, q0);
+	HPU_FT_ALL(hpu__ft_load(a, qkv, 0, b, h, q0, m->t16[0], ft_tid, ft_nth);
+		   hpu__ft_fwd_init(a, m, ft_tid, ft_nth));
+	for (int k0 = 0; k0 < end; k0 += HPU_FT_ROWS) {
+		HPU_FT_ALL(hpu__ft_load(a, qkv, 1, b, h, k0, m->t16[1], ft_tid, ft_nth);
+			   hpu__ft_load(a, qkv, 2, b, h, k0, m->t16[2], ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_ABT(m->s, HPU_FT_LDS, m->t16[0], hd + 8, m->t16[1],
+					       hd + 8, HPU_FT_ROWS, hd, ft_w));
+		HPU_FT_ALL(hpu__ft_fwd_max(a, mask, b, q0, k0, m, ft_tid, ft_nth));
+		HPU_FT_ALL(hpu__ft_fwd_exp(a, m, ft_tid, ft_nth));
+		HPU_FT_ALL(hpu__ft_fwd_sum(m, ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_AB(m->acc0, hd + 4, m->p16, HPU_FT_LDP, m->t16[2], hd + 8,
+					      hd, HPU_FT_ROWS, ft_w));
+	}
+	HPU_FT_ALL(hpu__ft_fwd_out(a, ctx, lse, b, h, q0, m, ft_tid, ft_nth));
+}
+
+/* ---- the backward: dq (and D) of query rows q0 to q0 + 63 ---- */
+
+/* lse into r0 and D = dO . O into r1 (and delta[]) for each row. */
+HPU_FLASH void hpu__ft_rows_in(const hpu__flash_dims *a, const float *lse, const float *ctx,
+			       const float *dctx, float *delta, int b, int h, int q0,
+			       const hpu__ft_smem *m, int tid, int nth)
+{
+	const int n = hpu__ft_min(HPU_FT_ROWS, a->t - q0);
+	for (int r = tid; r < HPU_FT_ROWS; r += nth) {
+		size_t row = hpu__flash_row_at(a, b, h, q0 + r);
+		m->r0[r] = r < n ? lse[row] : 0.0f;
+		if (ctx) {
+			m->r1[r] = r < n ? hpu__flash_delta_row(a, ctx, dctx, b, h, q0 + r) : 0.0f;
+			if (r < n)
+				delta[row] = m->r1[r];
+		} else
+			m->r1[r] = r < n ? delta[row] : 0.0f;
+	}
+}
+
+/* dS = P (dP - D), P = exp(scale s - lse), into q-rows-by-keys p16 (or,
+ * transposed, keys-by-queries: P^T into p16 and dS^T into q16, the
+ * scores' tiles s and u keys by queries too). */
+HPU_FLASH void hpu__ft_ds(const hpu__flash_dims *a, const int32_t *mask, int b, int q0, int k0,
+			  int transposed, const hpu__ft_smem *m, int tid, int nth)
+{
+	for (int x = tid; x < HPU_FT_ROWS * HPU_FT_ROWS; x += nth) {
+		int y = x / HPU_FT_ROWS, z = x % HPU_FT_ROWS;
+		int r = transposed ? z : y, c = transposed ? y : z; /* query r, key c */
+		float p = 0.0f, ds = 0.0f;
+		if (hpu__ft_allowed(a, mask, b, q0 + r, k0 + c)) {
+			p = expf(m->s[y * HPU_FT_LDS + z] * a->scale - m->r0[r]);
+			ds = p * (m->u[y * HPU_FT_LDS + z] - m->r1[r]);
+		}
+		if (transposed) {
+			m->p16[y * HPU_FT_LDP + z] = hpu__ft_bf16(p);
+			m->q16[y * HPU_FT_LDP + z] = hpu__ft_bf16(ds);
+		} else
+			m->p16[y * HPU_FT_LDP + z] = hpu__ft_bf16(ds);
+	}
+}
+
+/* n rows of acc (times mul) into part (0 q, 1 k, 2 v) of dqkv's rows
+ * from r0. */
+HPU_FLASH void hpu__ft_out(const hpu__flash_dims *a, const float *acc, float mul, float *dqkv,
+			   int part, int b, int h, int r0, int tid, int nth)
+{
+	const int hd = a->hd, n = hpu__ft_min(HPU_FT_ROWS, a->t - r0);
+	for (int x = tid; x < n * hd; x += nth) {
+		int r = x / hd, e = x % hd;
+		dqkv[hpu__flash_qkv_at(a, b, h, r0 + r, part) + e] = acc[r * (hd + 4) + e] * mul;
+	}
+}
+
+HPU_FT_BLOCK void hpu__ft_dq_block(const hpu__flash_dims *a, const float *qkv,
+				   const int32_t *mask, const float *ctx, const float *lse,
+				   const float *dctx, float *delta, float *dqkv,
+				   const hpu__ft_smem *m, int b, int h, int qt)
+{
+	const int q0 = qt * HPU_FT_ROWS, hd = a->hd, end = hpu__ft_keys_end(a, q0);
+	HPU_FT_ALL(hpu__ft_load(a, qkv, 0, b, h, q0, m->t16[0], ft_tid, ft_nth);
+		   hpu__ft_load(a, dctx, -1, b, h, q0, m->t16[1], ft_tid, ft_nth);
+		   hpu__ft_zero(m->acc0, hd, ft_tid, ft_nth);
+		   hpu__ft_rows_in(a, lse, ctx, dctx, delta, b, h, q0, m, ft_tid, ft_nth));
+	for (int k0 = 0; k0 < end; k0 += HPU_FT_ROWS) {
+		HPU_FT_ALL(hpu__ft_load(a, qkv, 1, b, h, k0, m->t16[2], ft_tid, ft_nth);
+			   hpu__ft_load(a, qkv, 2, b, h, k0, m->t16[3], ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_ABT(m->s, HPU_FT_LDS, m->t16[0], hd + 8, m->t16[2],
+					       hd + 8, HPU_FT_ROWS, hd, ft_w);
+				HPU_FT_MMA_ABT(m->u, HPU_FT_LDS, m->t16[1], hd + 8, m->t16[3],
+					       hd + 8, HPU_FT_ROWS, hd, ft_w));
+		HPU_FT_ALL(hpu__ft_ds(a, mask, b, q0, k0, 0, m, ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_AB(m->acc0, hd + 4, m->p16, HPU_FT_LDP, m->t16[2], hd + 8,
+					      hd, HPU_FT_ROWS, ft_w));
+	}
+	HPU_FT_ALL(hpu__ft_out(a, m->acc0, a->scale, dqkv, 0, b, h, q0, ft_tid, ft_nth));
+}
+
+/* ---- dk and dv of keys k0 to k0 + 63 (after every dq block: D) ---- */
+
+HPU_FT_BLOCK void hpu__ft_dkv_block(const hpu__flash_dims *a, const float *qkv,
+				    const int32_t *mask, const float *lse, const float *dctx,
+				    float *delta, float *dqkv, const hpu__ft_smem *m, int b, int h,
+				    int kt)
+{
+	const int k0 = kt * HPU_FT_ROWS, hd = a->hd;
+	HPU_FT_ALL(hpu__ft_load(a, qkv, 1, b, h, k0, m->t16[0], ft_tid, ft_nth);
+		   hpu__ft_load(a, qkv, 2, b, h, k0, m->t16[1], ft_tid, ft_nth);
+		   hpu__ft_zero(m->acc0, hd, ft_tid, ft_nth);
+		   hpu__ft_zero(m->acc1, hd, ft_tid, ft_nth));
+	for (int q0 = a->causal ? k0 : 0; q0 < a->t; q0 += HPU_FT_ROWS) {
+		HPU_FT_ALL(hpu__ft_load(a, qkv, 0, b, h, q0, m->t16[2], ft_tid, ft_nth);
+			   hpu__ft_load(a, dctx, -1, b, h, q0, m->t16[3], ft_tid, ft_nth);
+			   hpu__ft_rows_in(a, lse, NULL, NULL, delta, b, h, q0, m, ft_tid,
+					   ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_ABT(m->s, HPU_FT_LDS, m->t16[0], hd + 8, m->t16[2],
+					       hd + 8, HPU_FT_ROWS, hd, ft_w);
+				HPU_FT_MMA_ABT(m->u, HPU_FT_LDS, m->t16[1], hd + 8, m->t16[3],
+					       hd + 8, HPU_FT_ROWS, hd, ft_w));
+		HPU_FT_ALL(hpu__ft_ds(a, mask, b, q0, k0, 1, m, ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_AB(m->acc1, hd + 4, m->p16, HPU_FT_LDP, m->t16[3], hd + 8,
+					      hd, HPU_FT_ROWS, ft_w);
+				HPU_FT_MMA_AB(m->acc0, hd + 4, m->q16, HPU_FT_LDP, m->t16[2], hd + 8,
+					      hd, HPU_FT_ROWS, ft_w));
+	}
+	HPU_FT_ALL(hpu__ft_out(a, m->acc0, a->scale, dqkv, 1, b, h, k0, ft_tid, ft_nth);
+		   hpu__ft_out(a, m->acc1, 1.0f, dqkv, 2, b, h, k0, ft_tid, ft_nth));
+}
+
+/* The tiles of a sequence of t. */
+HPU_FLASH int hpu__ft_tiles(int t)
+{
+	return (t + HPU_FT_ROWS - 1) / HPU_FT_ROWS;
+}
+
+#ifndef __CUDACC__
+#include <stdlib.h>
+
+/* The kernels' grids in C (the tests'): every forward block, then every
+ * dq block (D into delta[batch * heads * t]), then every dk/dv block;
+ * with dqkv NULL the forward alone. -1 without memory for the tiles. */
+static inline int hpu__ft_run_c(const hpu__flash_dims *a, const float *qkv, const int32_t *mask,
+				float *ctx, float *lse, const float *dctx, float *delta,
+				float *dqkv)
+{
+	const int nt = hpu__ft_tiles(a->t), blocks = dqkv ? 3 : 1;
+	void *mem[3] = {NULL, NULL, NULL};
+	hpu__ft_smem m[3];
+	int rc = 0;
+	for (int k = 0; k < blocks && !rc; k++) {
+		size_t bytes = hpu__ft_layout(k, a->hd, NULL, NULL);
+		mem[k] = aligned_alloc(128, bytes);
+		if (!mem[k]) {
+			rc = -1;
+			break;
+		}
+		memset(mem[k], 0xff, bytes); /* NaN where a step reads what none wrote */
+		hpu__ft_layout(k, a->hd, mem[k], &m[k]);
+	}
+	for (int b = 0; !rc && b < a->batch; b++)
+		for (int h = 0; h < a->heads; h++)
+			for (int x = nt - 1; x >= 0; x--)
+				hpu__ft_fwd_block(a, qkv, mask, ctx, lse, &m[0], b, h, x);
+	for (int b = 0; !rc && dqkv && b < a->batch; b++)
+		for (int h = 0; h < a->heads; h++)
+			for (int x = nt - 1; x >= 0; x--)
+				hpu__ft_dq_block(a, qkv, mask, ctx, lse, dctx, delta, dqkv, &m[1],
+						 b, h, x);
+	for (int b = 0; !rc && dqkv && b < a->batch; b++)
+		for (int h = 0; h < a->heads; h++)
+			for (int x = 0; x < nt; x++)
+				hpu__ft_dkv_block(a, qkv, mask, lse, dctx, delta, dqkv, &m[2], b, h,
+						  x);
+	for (int k = 0; k < 3; k++)
+		free(mem[k]);
+	return rc;
+}
+#endif
+
+#endif
