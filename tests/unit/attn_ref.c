@@ -87,3 +87,35 @@ void attn_ref(const float *qkv, const int32_t *mask, const float *dctx, int batc
 			     causal, ctx, lse, dqkv, p);
 	free(p);
 }
+
+const int32_t attn_mask13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
+				     1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+				     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+const int32_t attn_mask7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
+
+size_t attn_zeros_wrong(const float *ctx, const float *dqkv, const int32_t *mask, int batch,
+			int t, size_t d, int causal, int *empties, int *pads)
+{
+	size_t wrong = 0;
+	*empties = 0;
+	if (pads)
+		*pads = 0;
+	for (int b = 0; b < batch; b++) {
+		const int32_t *m = mask ? mask + (size_t)b * t : NULL;
+		for (int i = 0; i < t; i++) {
+			const float *row = dqkv + ((size_t)b * t + i) * 3 * d;
+			int any = 0;
+			for (int j = 0; j < t; j++)
+				any |= allowed(m, causal, i, j);
+			for (size_t e = 0; !any && e < d; e++)
+				wrong += ctx[((size_t)b * t + i) * d + e] != 0.0f || row[e] != 0.0f;
+			*empties += !any;
+			if (pads && m && !m[i]) {
+				for (size_t e = d; e < 3 * d; e++)
+					wrong += row[e] != 0.0f;
+				++*pads;
+			}
+		}
+	}
+	return wrong;
+}

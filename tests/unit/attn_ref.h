@@ -13,4 +13,16 @@
 void attn_ref(const float *qkv, const int32_t *mask, const float *dctx, int batch, int t,
 	      int heads, int hd, int causal, double *ctx, double *lse, double *dqkv);
 
+/* The tests' key masks: attn_mask13 [3 x 13], padding in the middle and at
+ * the end and sample 2 all padding; attn_mask7 [2 x 7], key 0 padding (a
+ * causal query 0 has no key). */
+extern const int32_t attn_mask13[3 * 13], attn_mask7[2 * 7];
+
+/* The values that must be exact zeros and are not: ctx and dq (dqkv's q
+ * part) of a query with no key to attend to and, where pads is not NULL,
+ * dk and dv of a padding key (D = heads * hd). *empties and *pads count
+ * those rows. */
+size_t attn_zeros_wrong(const float *ctx, const float *dqkv, const int32_t *mask, int batch,
+			int t, size_t d, int causal, int *empties, int *pads);
+
 #endif

@@ -525,31 +525,15 @@ static void flash_one(int batch, int t, int heads, int hd, int causal, const int
 	snprintf(what, sizeof what, "fused attention dqkv B%d T%d heads %d hd %d causal %d mask %d",
 		 batch, t, heads, hd, causal, mask != NULL);
 	flash_ref_check(what, gdq, rdqkv, nq, dqkv);
-	/* a query with no key: zeros in ctx and dq */
-	float *got = xcalloc(nq, 4);
+	/* a query with no key: zeros in ctx and dq; a padding key: in dk and dv */
+	float *got = xcalloc(nq, 4), *gotc = xcalloc(no, 4);
 	dget(got, gdq, nq * 4);
-	float *gotc = xcalloc(no, 4);
 	OK(gpu->flash_fwd(gq, gm, gc, gl, batch, t, heads, hd, causal));
 	dget(gotc, gc, no * 4);
-	int empties = 0;
-	for (int b = 0; b < batch; b++)
-		for (int i = 0; i < t; i++) {
-			int any = 0;
-			for (int j = 0; j < t; j++)
-				any |= (!causal || j <= i) && (!mask || mask[(size_t)b * t + j]);
-			for (size_t e = 0; !any && e < d; e++) {
-				if (gotc[((size_t)b * t + i) * d + e] != 0.0f ||
-				    got[((size_t)b * t + i) * 3 * d + e] != 0.0f)
-					printf("  query %d of sample %d has no key but ctx %g, dq %g "
-					       "at %zu\n", i, b, gotc[((size_t)b * t + i) * d + e],
-					       got[((size_t)b * t + i) * 3 * d + e], e);
-				assert_true(gotc[((size_t)b * t + i) * d + e] == 0.0f);
-				assert_true(got[((size_t)b * t + i) * 3 * d + e] == 0.0f);
-			}
-			empties += !any;
-		}
-	if (empties)
-		printf("  %d query rows with no key: zeros\n", empties);
+	int empties, pads;
+	assert_int_equal(attn_zeros_wrong(gotc, got, mask, batch, t, d, causal, &empties, &pads), 0);
+	if (empties || pads)
+		printf("  %d query rows with no key, %d padding keys: zeros\n", empties, pads);
 	dfree(gq), dfree(gc), dfree(gl), dfree(gdc), dfree(gdq);
 	if (gm)
 		dfree(gm);
@@ -561,28 +545,22 @@ static void flash_one(int batch, int t, int heads, int hd, int causal, const int
 static void test_flash_attention(void **state)
 {
 	(void)state;
-	/* padding in the middle and at the end; sample 2 all padding */
-	static const int32_t m13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
-					    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-					    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-	/* key 0 padding: causal query 0 has no key */
-	static const int32_t m7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
 	int32_t *m300 = xcalloc(2 * 300, 4);
 	for (int i = 0; i < 2 * 300; i++)
 		m300[i] = i % 300 < 280 && i % 17 != 5;
 	flash_one(1, 9, 2, 24, 1, NULL);
 	flash_one(1, 9, 2, 24, 0, NULL);
-	flash_one(2, 7, 3, 64, 1, m7);
-	flash_one(2, 7, 3, 64, 0, m7);
-	flash_one(3, 13, 2, 24, 0, m13);
-	flash_one(3, 13, 1, 64, 1, m13);
+	flash_one(2, 7, 3, 64, 1, attn_mask7);
+	flash_one(2, 7, 3, 64, 0, attn_mask7);
+	flash_one(3, 13, 2, 24, 0, attn_mask13);
+	flash_one(3, 13, 1, 64, 1, attn_mask13);
 	flash_one(2, 1, 1, 1, 1, NULL);
 	flash_one(2, 300, 2, 64, 1, m300); /* rows across blocks */
 	flash_one(1, 130, 3, 24, 0, NULL);
 	flash_one(1, 37, 2, 160, 1, NULL); /* hd above the local accumulators' 128 */
 	/* hd 32 and 64 have kernels of their own (registers, dk and dv apart at 64) */
 	flash_one(2, 300, 2, 32, 1, m300);
-	flash_one(3, 13, 2, 32, 0, m13);
+	flash_one(3, 13, 2, 32, 0, attn_mask13);
 	flash_one(1, 200, 4, 64, 0, NULL);
 	free(m300);
 }
@@ -656,19 +634,8 @@ static void flash16_one(int batch, int t, int heads, int hd, int causal, const i
 	dget(got, gdq, nq * 4);
 	OK(gpu->flash16_fwd(gq, gm, gc, gl, batch, t, heads, hd, causal));
 	dget(gotc, gc, no * 4);
-	for (int b = 0; b < batch; b++)
-		for (int i = 0; i < t; i++) {
-			const float *row = got + ((size_t)b * t + i) * 3 * d;
-			int any = 0, pad = mask && !mask[(size_t)b * t + i];
-			for (int j = 0; j < t; j++)
-				any |= (!causal || j <= i) && (!mask || mask[(size_t)b * t + j]);
-			for (size_t e = 0; !any && e < d; e++) {
-				assert_true(gotc[((size_t)b * t + i) * d + e] == 0.0f);
-				assert_true(row[e] == 0.0f);
-			}
-			for (size_t e = d; pad && e < 3 * d; e++)
-				assert_true(row[e] == 0.0f);
-		}
+	int empties, pads;
+	assert_int_equal(attn_zeros_wrong(gotc, got, mask, batch, t, d, causal, &empties, &pads), 0);
 	dfree(gq), dfree(gc), dfree(gl), dfree(gdc), dfree(gdq);
 	if (gm)
 		dfree(gm);
@@ -680,17 +647,13 @@ static void flash16_one(int batch, int t, int heads, int hd, int causal, const i
 static void test_flash16(void **state)
 {
 	(void)state;
-	static const int32_t m13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
-					    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-					    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-	static const int32_t m7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
 	int32_t *m300 = xcalloc(2 * 300, 4);
 	for (int i = 0; i < 2 * 300; i++)
 		m300[i] = i % 300 < 280 && i % 17 != 5;
 	flash16_one(1, 9, 2, 16, 1, NULL);
-	flash16_one(2, 7, 3, 64, 1, m7);
-	flash16_one(2, 7, 3, 64, 0, m7);
-	flash16_one(3, 13, 2, 48, 0, m13);
+	flash16_one(2, 7, 3, 64, 1, attn_mask7);
+	flash16_one(2, 7, 3, 64, 0, attn_mask7);
+	flash16_one(3, 13, 2, 48, 0, attn_mask13);
 	flash16_one(1, 65, 1, 64, 1, NULL);
 	flash16_one(2, 300, 2, 64, 1, m300);
 	flash16_one(1, 200, 4, 32, 0, NULL);

@@ -120,42 +120,26 @@ static void one(const shape *s, int ops)
 	snprintf(what, sizeof what, "%s dqkv B%d T%d h%d hd%d c%d m%d", how, s->batch, s->t,
 		 s->heads, s->hd, s->causal, s->mask != NULL);
 	check(what, dqkv, rdqkv, nq);
-	/* a query with no key: exact zeros in ctx and dq, as the layer's */
-	int empties = 0;
-	for (int b = 0; b < s->batch; b++)
-		for (int i = 0; i < s->t; i++) {
-			int any = 0;
-			for (int j = 0; j < s->t; j++)
-				any |= (!s->causal || j <= i) &&
-				       (!s->mask || s->mask[(size_t)b * s->t + j]);
-			if (any)
-				continue;
-			empties++;
-			for (size_t e = 0; e < d; e++) {
-				assert_true(ctx[((size_t)b * s->t + i) * d + e] == 0.0f);
-				assert_true(dqkv[((size_t)b * s->t + i) * 3 * d + e] == 0.0f);
-			}
-		}
-	if (empties)
-		printf("  %d query rows with no key: exact zeros\n", empties);
+	/* a query with no key: exact zeros in ctx and dq, as the layer's; a
+	 * padding key: in dk and dv */
+	int empties, pads;
+	assert_int_equal(attn_zeros_wrong(ctx, dqkv, s->mask, s->batch, s->t, d, s->causal,
+					  &empties, &pads),
+			 0);
+	if (empties || pads)
+		printf("  %d query rows with no key, %d padding keys: exact zeros\n", empties,
+		       pads);
 	free(qkv), free(ctx), free(lse), free(dctx), free(dqkv);
 	free(rctx), free(rlse), free(rdqkv);
 }
 
-/* Padding in the middle and at the end; sample 2 all padding. */
-static const int32_t mask13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
-				       1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-				       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-/* Key 0 padding: causal query 0 has no key. */
-static const int32_t mask7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
-
 static const shape shapes[] = {
 	{1, 9, 2, 24, 1, NULL},   /* causal, odd T, odd hd, batch 1 */
 	{1, 9, 2, 24, 0, NULL},   /* not causal */
-	{2, 7, 3, 64, 1, mask7},  /* causal with a key mask: query 0 of sample 0 empty */
-	{2, 7, 3, 64, 0, mask7},  /* key mask alone */
-	{3, 13, 2, 24, 0, mask13}, /* a sample all padding */
-	{3, 13, 1, 64, 1, mask13},
+	{2, 7, 3, 64, 1, attn_mask7},  /* causal with a key mask: query 0 of sample 0 empty */
+	{2, 7, 3, 64, 0, attn_mask7},  /* key mask alone */
+	{3, 13, 2, 24, 0, attn_mask13}, /* a sample all padding */
+	{3, 13, 1, 64, 1, attn_mask13},
 	{2, 1, 1, 1, 1, NULL},    /* T 1, hd 1 */
 	{1, 33, 1, 8, 1, NULL},   /* more keys than a warp */
 };

@@ -107,26 +107,11 @@ static void one(const shape *s)
 	snprintf(what, sizeof what, "dqkv B%d T%d h%d hd%d c%d m%d", s->batch, s->t, s->heads,
 		 s->hd, s->causal, s->mask != NULL);
 	check(what, dqkv, rdqkv, nq);
-	/* a query with no key: zeros in ctx and dq; a padding key: zeros in
-	 * dk and dv */
-	int empties = 0, pads = 0;
-	for (int b = 0; b < s->batch; b++)
-		for (int i = 0; i < s->t; i++) {
-			const float *row = dqkv + ((size_t)b * s->t + i) * 3 * d;
-			int any = 0;
-			for (int j = 0; j < s->t; j++)
-				any |= (!s->causal || j <= i) &&
-				       (!s->mask || s->mask[(size_t)b * s->t + j]);
-			for (size_t e = 0; !any && e < d; e++) {
-				assert_true(ctx[((size_t)b * s->t + i) * d + e] == 0.0f);
-				assert_true(row[e] == 0.0f);
-			}
-			empties += !any;
-			int pad = s->mask && !s->mask[(size_t)b * s->t + i];
-			for (size_t e = d; pad && e < 3 * d; e++)
-				assert_true(row[e] == 0.0f);
-			pads += pad;
-		}
+	/* a query with no key: zeros in ctx and dq; a padding key: in dk and dv */
+	int empties, pads;
+	assert_int_equal(attn_zeros_wrong(ctx, dqkv, s->mask, s->batch, s->t, d, s->causal,
+					  &empties, &pads),
+			 0);
 	if (empties || pads)
 		printf("  %d query rows with no key, %d padding keys: exact zeros\n", empties, pads);
 	free(qkv), free(ctx), free(lse), free(dctx), free(dqkv);
@@ -136,20 +121,16 @@ static void one(const shape *s)
 static void test_tiles(void **state)
 {
 	(void)state;
-	static const int32_t mask13[3 * 13] = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0,
-					       1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-					       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-	static const int32_t mask7[2 * 7] = {0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1};
 	int32_t *m200 = xcalloc(2 * 200, 4);
 	for (int i = 0; i < 2 * 200; i++)
 		m200[i] = i % 200 < 180 && i % 17 != 5;
 	const shape shapes[] = {
 		{1, 9, 2, 16, 1, NULL},   /* one partial tile */
 		{1, 9, 2, 32, 0, NULL},
-		{2, 7, 3, 64, 1, mask7},  /* query 0 of sample 0 has no key */
-		{2, 7, 3, 64, 0, mask7},
-		{3, 13, 2, 48, 0, mask13}, /* a sample all padding */
-		{3, 13, 1, 64, 1, mask13},
+		{2, 7, 3, 64, 1, attn_mask7},  /* query 0 of sample 0 has no key */
+		{2, 7, 3, 64, 0, attn_mask7},
+		{3, 13, 2, 48, 0, attn_mask13}, /* a sample all padding */
+		{3, 13, 1, 64, 1, attn_mask13},
 		{2, 1, 1, 16, 1, NULL},   /* T 1 */
 		{1, 64, 2, 64, 1, NULL},  /* one whole tile */
 		{1, 65, 1, 64, 1, NULL},  /* one row into the second */

@@ -365,26 +365,43 @@ int hpu__cuops_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, floa
 		  hpu__cukm_flash_fwd(qkv, mask, ctx, lse, batch, t, heads, hd, causal, st));
 }
 
-/* D of every query row in scratch: batch * heads * t floats. */
-int hpu__cuops_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
-			 const float *lse, const float *dctx, float *dqkv, int batch, int t,
-			 int heads, int hd, int causal)
+/* The backward's kernels (tiles: cuops_flash16.cu's, else
+ * cuops_flash.cu's), D of every query row in scratch: batch * heads * t
+ * floats. The tiles' refusal (cudaErrorNotSupported) is said by nothing:
+ * the ops then call flash_bwd. */
+static int flash_bwd_with(int tiles, const float *qkv, const int32_t *mask, const float *ctx,
+			  const float *lse, const float *dctx, float *dqkv, int batch, int t,
+			  int heads, int hd, int causal)
 {
 	size_t rows = hpu__cukm_flash_rows(batch, t, heads, hd);
+	if (tiles && !hpu__cukm_flash16_ok(hd))
+		return HPU_BE_UNSUPPORTED;
 	if (!rows)
 		return HPU_BE_OK;
 	hpu__cuops_ctx *c = hpu__cuops_enter();
 	if (!c)
 		return HPU_BE_UNSUPPORTED;
 	float *delta = hpu__cuops_scratch(c, rows * sizeof(float));
-	int rc = delta && !hpu__cuops_cuda(hpu__cukm_flash_bwd(qkv, mask, ctx, lse, dctx, dqkv,
-							       delta, batch, t, heads, hd, causal,
-							       hpu__cuops_stream()),
-					   "fused attention backward")
-			 ? HPU_BE_OK
-			 : HPU_BE_UNSUPPORTED;
+	cudaStream_t st = hpu__cuops_stream();
+	cudaError_t e = !delta ? cudaErrorMemoryAllocation
+			: tiles ? hpu__cukm_flash16_bwd(qkv, mask, ctx, lse, dctx, dqkv, delta,
+							batch, t, heads, hd, causal, st)
+				: hpu__cukm_flash_bwd(qkv, mask, ctx, lse, dctx, dqkv, delta, batch,
+						      t, heads, hd, causal, st);
+	int rc = !delta || (tiles && e == cudaErrorNotSupported) ||
+			 hpu__cuops_cuda(e, tiles ? "fused attention backward (bf16 tiles)"
+						  : "fused attention backward")
+		 ? HPU_BE_UNSUPPORTED
+		 : HPU_BE_OK;
 	hpu__cuops_leave(c);
 	return rc;
+}
+
+int hpu__cuops_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx,
+			 const float *lse, const float *dctx, float *dqkv, int batch, int t,
+			 int heads, int hd, int causal)
+{
+	return flash_bwd_with(0, qkv, mask, ctx, lse, dctx, dqkv, batch, t, heads, hd, causal);
 }
 
 /* ---- fused attention on tensor cores (cuops_flash16.cu) ----
@@ -413,22 +430,5 @@ int hpu__cuops_flash16_bwd(const float *qkv, const int32_t *mask, const float *c
 			   const float *lse, const float *dctx, float *dqkv, int batch, int t,
 			   int heads, int hd, int causal)
 {
-	size_t rows = hpu__cukm_flash_rows(batch, t, heads, hd);
-	if (!hpu__cukm_flash16_ok(hd))
-		return HPU_BE_UNSUPPORTED;
-	if (!rows)
-		return HPU_BE_OK;
-	hpu__cuops_ctx *c = hpu__cuops_enter();
-	if (!c)
-		return HPU_BE_UNSUPPORTED;
-	float *delta = hpu__cuops_scratch(c, rows * sizeof(float));
-	cudaError_t e = delta ? hpu__cukm_flash16_bwd(qkv, mask, ctx, lse, dctx, dqkv, delta, batch,
-						      t, heads, hd, causal, hpu__cuops_stream())
-			      : cudaErrorMemoryAllocation;
-	int rc = !delta || e == cudaErrorNotSupported ||
-			 hpu__cuops_cuda(e, "fused attention backward (bf16 tiles)")
-		 ? HPU_BE_UNSUPPORTED
-		 : HPU_BE_OK;
-	hpu__cuops_leave(c);
-	return rc;
+	return flash_bwd_with(1, qkv, mask, ctx, lse, dctx, dqkv, batch, t, heads, hd, causal);
 }
