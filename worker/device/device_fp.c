@@ -172,6 +172,16 @@ static void note(const char *entry, uint64_t h)
 		return dev_table->name args;                                                     \
 	}
 #include "worker/device/device_klist.h"
+/* A GPU's bf16 attention tiles (backend.h), not in the list (no CPU table
+ * has them): as the list's. */
+WRAP(flash16_fwd,
+     (const float *qkv, const int32_t *mask, float *ctx, float *lse, int batch, int t, int heads,
+      int hd, int causal),
+     (qkv, mask, ctx, lse, batch, t, heads, hd, causal))
+WRAP(flash16_bwd,
+     (const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
+      const float *dctx, float *dqkv, int batch, int t, int heads, int hd, int causal),
+     (qkv, mask, ctx, lse, dctx, dqkv, batch, t, heads, hd, causal))
 #undef WRAP
 
 /* Not in the list (its weights_done is host output): as the list's. */
@@ -198,6 +208,8 @@ void hpu__dev_fp_begin(hpu__dev_graph *g)
 #include "worker/device/device_klist.h"
 #undef WRAP
 	wrap.conv_bwd = dev_table->conv_bwd ? w_conv_bwd : NULL;
+	wrap.flash16_fwd = dev_table->flash16_fwd ? w_flash16_fwd : NULL;
+	wrap.flash16_bwd = dev_table->flash16_bwd ? w_flash16_bwd : NULL;
 	into = g->calls;
 	hpu__be_set(&wrap);
 }

@@ -9,8 +9,9 @@
  *
  * The tiles live in dynamic shared memory (hpu__ft_layout: at hd 64 the
  * forward's 72 KB, dq's 98 KB, dk/dv's 125 KB), above the 48 KB a block
- * gets without asking: each kernel is allowed its bytes once, at its
- * first launch (an eager step: --graphs records after warm-up steps).
+ * gets without asking: each kernel is allowed its bytes once a GPU, at
+ * its first launch there (an eager step: --graphs records after warm-up
+ * steps).
  * A GPU whose blocks cannot have that much, or a head size the tiles do
  * not take (hpu__ft_hd_ok), answers cudaErrorNotSupported: the ops then
  * run the fp32 kernels of cuops_flash.cu. Not yet run on a GPU:
@@ -130,24 +131,31 @@ static __global__ void __launch_bounds__(HPU_FT_THREADS)
 	}
 }
 
-/* The bytes kernel k may have (its attribute raised once to the most
- * asked so far); cudaErrorNotSupported past what this GPU's blocks can
- * have. */
+/* The GPUs whose attribute is kept: as many as cuops.h's contexts
+ * (HPU_CUOPS_MAX_GPUS). */
+#define FT_DEVICES 64
+
+/* The bytes kernel k may have on the current GPU (its attribute, which is
+ * the GPU's, raised once to the most asked so far: allowed[FT_DEVICES]);
+ * cudaErrorNotSupported past what this GPU's blocks can have. */
 static cudaError_t allow(const void *k, size_t bytes, size_t *allowed)
 {
-	if (bytes <= *allowed)
-		return cudaSuccess;
 	int dev = 0, most = 0;
 	cudaError_t e = cudaGetDevice(&dev);
-	if (e == cudaSuccess)
-		e = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+	if (e != cudaSuccess)
+		return e;
+	if (dev < 0 || dev >= FT_DEVICES)
+		return cudaErrorNotSupported;
+	if (bytes <= allowed[dev])
+		return cudaSuccess;
+	e = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
 	if (e != cudaSuccess)
 		return e;
 	if (bytes > (size_t)most)
 		return cudaErrorNotSupported;
 	e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 	if (e == cudaSuccess)
-		*allowed = bytes;
+		allowed[dev] = bytes;
 	return e;
 }
 
@@ -177,13 +185,13 @@ extern "C" cudaError_t hpu__cukm_flash16_fwd(const float *qkv, const int32_t *ma
 					     float *lse, int batch, int t, int heads, int hd,
 					     int causal, cudaStream_t st)
 {
-	static size_t allowed;
+	static size_t allowed[FT_DEVICES];
 	if (!hpu__ft_hd_ok(hd))
 		return cudaErrorNotSupported;
 	if (batch <= 0 || t <= 0 || heads <= 0)
 		return cudaSuccess;
 	size_t bytes = hpu__ft_layout(HPU_FT_FWD, hd, NULL, NULL), blocks = ft_blocks(batch, t, heads);
-	cudaError_t e = allow((const void *)k_ft_fwd, bytes, &allowed);
+	cudaError_t e = allow((const void *)k_ft_fwd, bytes, allowed);
 	if (e != cudaSuccess)
 		return e;
 	k_ft_fwd<<<ft_grid(blocks), HPU_FT_THREADS, bytes, st>>>(
@@ -196,7 +204,7 @@ extern "C" cudaError_t hpu__cukm_flash16_bwd(const float *qkv, const int32_t *ma
 					     float *dqkv, float *delta, int batch, int t, int heads,
 					     int hd, int causal, cudaStream_t st)
 {
-	static size_t allowed_dq, allowed_dkv;
+	static size_t allowed_dq[FT_DEVICES], allowed_dkv[FT_DEVICES];
 	if (!hpu__ft_hd_ok(hd))
 		return cudaErrorNotSupported;
 	if (batch <= 0 || t <= 0 || heads <= 0)
@@ -204,9 +212,9 @@ extern "C" cudaError_t hpu__cukm_flash16_bwd(const float *qkv, const int32_t *ma
 	hpu__flash_dims a = ft_dims(batch, t, heads, hd, causal);
 	size_t bq = hpu__ft_layout(HPU_FT_DQ, hd, NULL, NULL);
 	size_t bkv = hpu__ft_layout(HPU_FT_DKV, hd, NULL, NULL), blocks = ft_blocks(batch, t, heads);
-	cudaError_t e = allow((const void *)k_ft_dq, bq, &allowed_dq);
+	cudaError_t e = allow((const void *)k_ft_dq, bq, allowed_dq);
 	if (e == cudaSuccess)
-		e = allow((const void *)k_ft_dkv, bkv, &allowed_dkv);
+		e = allow((const void *)k_ft_dkv, bkv, allowed_dkv);
 	if (e != cudaSuccess)
 		return e;
 	k_ft_dq<<<ft_grid(blocks), HPU_FT_THREADS, bq, st>>>(qkv, mask, ctx, lse, dctx, delta, dqkv,
