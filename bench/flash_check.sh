@@ -34,6 +34,9 @@ echo "rc=$? (0 passed, 77 skipped, 124 timed out)"
 sed -n '/test_flash_attention/,/test_kernel_times\|PASSED\|FAILED/p' "$out/test_cuda_ops_more.log" | head -140
 grep -a -E '^\[  (PASSED|FAILED)' "$out/test_cuda_ops_more.log"
 
+echo "== the kernels at a GPT-2 layer's shape (test_cuda_ops_more --bench)"
+timeout -k 3 "$limit" env HPU_BUILD_DIR="$build" "$build/bin/test_cuda_ops_more" --bench 2>&1 | grep -a '^bench:'
+
 tok=$out/tokens.bin
 "$py" - "$tok" <<'PY'
 import array, os, struct, sys

@@ -27,6 +27,8 @@
 #   - the all_reduce of 64 MiB between 2 workers sharing the GPU on device
 #     memory (test_cuda_ipc --bench, beside the device-to-device copy rate
 #     in the same run) and PyTorch's device-to-device copy of 1 GiB;
+#   - fused attention's kernels at a GPT-2 layer's shape, the bf16 tiles
+#     and the fp32 rows (test_cuda_ops_more --bench: ms and TFLOP/s);
 #   - the device's refusal of more memory than the GPU has, --nproc-per-node
 #     gpu with --allow-tf32, hpud's GPU count, 2 workers' gradient path;
 #   - GPT-2 124M (gpt_lm --dim 768 --heads 12 --layers 12 --ctx 1024
@@ -283,6 +285,19 @@ PY
       row "all_reduce 64MiB $dt busbw GB/s" "$bus" "" "2 workers sharing the GPU (test_cuda_ipc --bench)$([ -n "$cp" ] && printf '; d2d copy of 64 MiB in the same run %s GB/s, busbw/copy %s' "$cp" "$(awk -v a="$bus" -v b="$cp" 'BEGIN { printf "%.2f", a / b }')")$(printf '%s' "$l" | grep -q STAGED && printf '; STAGED: no CUDA IPC')"
     else
       row "all_reduce 64MiB $dt busbw GB/s" "$(cell "")" "" "$(why "$out/allreduce-ipc.log")"
+    fi
+  done
+
+  # Fused attention's kernels at one GPT-2 layer's shape (B 16, T 1024, 12
+  # heads of 64, causal): the bf16 tiles against the fp32 rows.
+  step attention-kernels 60 env HPU_BUILD_DIR="$build" "$build/bin/test_cuda_ops_more" --bench
+  for k in "bf16 tiles" "fp32 rows"; do
+    l=$(grep -a "^bench: attention .*, $k" "$out/attention-kernels.log" | head -1)
+    if [ -n "$l" ]; then
+      row "attention kernels, $k: fwd / bwd ms" "$(printf '%s' "$l" | sed -n 's/.*forward \([0-9.]*\) ms.*backward \([0-9.]*\) ms.*/\1 \/ \2/p')" "" \
+        "GPT-2 layer (B16 T1024 12x64 causal): $(printf '%s' "$l" | grep -o '([0-9.]* TFLOP/s)' | tr '\n' ' ')"
+    else
+      row "attention kernels, $k: fwd / bwd ms" "$(cell "")" "" "$(why "$out/attention-kernels.log")"
     fi
   done
 

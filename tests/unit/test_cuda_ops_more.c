@@ -13,7 +13,8 @@
  * largest value (as test_cuda_ops). Fused attention (cuops_flash.cu)
  * is held within 1e-4 against the layer's unfused math in double and
  * the host's rows; its tensor-core tiles (cuops_flash16.cu) against the
- * same tiles run on the CPU. Without a visible GPU the program says why and exits
+ * same tiles run on the CPU. `test_cuda_ops_more --bench` times both
+ * fused kernels at a GPT-2 124M layer's shape instead (a figure). Without a visible GPU the program says why and exits
  * 77 (ctest: skipped).
  */
 #include <math.h>
@@ -830,7 +831,67 @@ static void test_entries(void **state)
 	printf("  %zu entries present\n", sizeof f / sizeof *f);
 }
 
-int main(void)
+/* --bench: fused attention's kernels at one GPT-2 124M layer's shape
+ * (B 16, T 1024, 12 heads of 64, causal), each forward and backward timed
+ * with events over REPS calls after one warm-up: the bf16 tiles
+ * (flash16_*) against the fp32 rows (flash_*), in ms a call and TFLOP/s
+ * (the causal half of 4 B heads T^2 hd a forward, 10 a backward: FA2's
+ * count). A figure, not a test: bench/flash_check.sh and bench/gpu.sh. */
+static int bench_attention(void)
+{
+	const int batch = 16, t = 1024, heads = 12, hd = 64, causal = 1, reps = 5;
+	size_t d = (size_t)heads * hd, bt = (size_t)batch * t;
+	size_t nq = bt * 3 * d, no = bt * d, nl = (size_t)batch * heads * t;
+	float *qkv = xcalloc(nq, 4), *dctx = xcalloc(no, 4);
+	fill(qkv, nq, -2, 2);
+	fill(dctx, no, -1, 1);
+	for (size_t i = 0; i < nq; i++)
+		qkv[i] = hpu__ft_f32(hpu__ft_bf16(qkv[i]));
+	for (size_t i = 0; i < no; i++)
+		dctx[i] = hpu__ft_f32(hpu__ft_bf16(dctx[i]));
+	float *gq = dput(qkv, nq * 4), *gc = dnan(no * 4), *gl = dnan(nl * 4);
+	float *gdc = dput(dctx, no * 4), *gdq = dnan(nq * 4);
+	const double fwd_flop = 4.0 * batch * heads * (double)t * t * hd / 2;
+	cudaEvent_t ev[3];
+	for (int i = 0; i < 3; i++)
+		if (cudaEventCreate(&ev[i]) != cudaSuccess)
+			return 1;
+	for (int tiles = 1; tiles >= 0; tiles--) {
+		const char *name = tiles ? "bf16 tiles (flash16)" : "fp32 rows (flash)";
+		int (*fw)(const float *, const int32_t *, float *, float *, int, int, int, int, int) =
+			tiles ? gpu->flash16_fwd : gpu->flash_fwd;
+		int (*bw)(const float *, const int32_t *, const float *, const float *, const float *,
+			  float *, int, int, int, int, int) = tiles ? gpu->flash16_bwd : gpu->flash_bwd;
+		int rc = fw(gq, NULL, gc, gl, batch, t, heads, hd, causal) |
+			 bw(gq, NULL, gc, gl, gdc, gdq, batch, t, heads, hd, causal);
+		cudaEventRecord(ev[0], stream);
+		for (int r = 0; r < reps; r++)
+			rc |= fw(gq, NULL, gc, gl, batch, t, heads, hd, causal);
+		cudaEventRecord(ev[1], stream);
+		for (int r = 0; r < reps; r++)
+			rc |= bw(gq, NULL, gc, gl, gdc, gdq, batch, t, heads, hd, causal);
+		cudaEventRecord(ev[2], stream);
+		if (rc != HPU_BE_OK || cudaEventSynchronize(ev[2]) != cudaSuccess) {
+			printf("bench: attention %s failed (%d)\n", name, rc);
+			return 1;
+		}
+		float f = 0, b = 0;
+		cudaEventElapsedTime(&f, ev[0], ev[1]);
+		cudaEventElapsedTime(&b, ev[1], ev[2]);
+		f /= reps, b /= reps;
+		printf("bench: attention B%d T%d heads %d hd %d causal, %s: forward %.3f ms "
+		       "(%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s)\n",
+		       batch, t, heads, hd, name, f, fwd_flop / f / 1e9, b,
+		       2.5 * fwd_flop / b / 1e9);
+	}
+	for (int i = 0; i < 3; i++)
+		cudaEventDestroy(ev[i]);
+	dfree(gq), dfree(gc), dfree(gl), dfree(gdc), dfree(gdq);
+	free(qkv), free(dctx);
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	int n = 0;
 	cudaError_t e = cudaGetDeviceCount(&n);
@@ -848,6 +909,12 @@ int main(void)
 	gpu = hpu__cuda_backend();
 	cpu = hpu__be_host();
 	rng_seed(35);
+	if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+		int rc = bench_attention();
+		hpu__cuda_ops_release();
+		cudaStreamDestroy(stream);
+		return rc;
+	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_entries),	  cmocka_unit_test(test_reduce),
 		cmocka_unit_test(test_rows),	  cmocka_unit_test(test_permute),
