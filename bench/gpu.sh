@@ -125,14 +125,23 @@ fi
 
 # CUPTI for HPU_PROFILE_KERNELS (test_cuda_ops_more's test_kernel_times,
 # the traces' kernel tables): the toolkit's, else a Python package's.
+site=$("$py" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
 if [ -z "${HPU_CUPTI_LIB:-}" ]; then
-  site=$("$py" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
   for c in /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13 \
     $(find /usr/local/cuda* /opt ${site:+"$site"} -name 'libcupti.so.13*' 2>/dev/null | head -3); do
     [ -f "$c" ] && { export HPU_CUPTI_LIB=$c; break; }
   done
 fi
 echo "CUPTI: ${HPU_CUPTI_LIB:-none found, libcupti.so.13 is looked for on the library path}"
+# NCCL for --collectives nccl (test_cuda_ipc's NCCL checks): the toolkit's,
+# else a Python package's (nvidia-nccl-cu13).
+if [ -z "${HPU_NCCL_LIB:-}" ]; then
+  for c in /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/lib/libnccl.so.2 \
+    $(find /usr/local/cuda* /opt ${site:+"$site"} -name 'libnccl.so.2*' 2>/dev/null | head -3); do
+    [ -f "$c" ] && { export HPU_NCCL_LIB=$c; break; }
+  done
+fi
+echo "NCCL: ${HPU_NCCL_LIB:-none found, libnccl.so.2 is looked for on the library path}"
 
 # ---- the GPU test programs ----
 for t in test_cuda_elem test_cuda_device test_cuda_ops test_cuda_ops_more test_cuda_graphs test_cuda_ipc test_cuda_train; do

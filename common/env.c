@@ -114,6 +114,9 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	VAR(HPU_CUPTI_LIB, "", "hpu-worker",
 	    "the CUPTI library HPU_PROFILE_KERNELS opens (default: "
 	    "libcupti.so.13 on the loader's path, then /usr/local/cuda's)"),
+	VAR(HPU_NCCL_LIB, "", "hpu-worker",
+	    "the NCCL library --collectives nccl opens (default: libnccl.so.2 "
+	    "on the loader's path, then /usr/local/cuda's)"),
 	VAR(OPENBLAS_NUM_THREADS, "1", "OpenBLAS; set by the agent unless set",
 	    "BLAS threads per worker for the reference kernels"),
 	VAR(OMP_NUM_THREADS, "1", "OpenMP; set by the agent unless set",

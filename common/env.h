@@ -42,6 +42,7 @@ typedef enum hpu_env_id {
 	HPU_ENV_HPU_PROFILE_KERNELS,
 	HPU_ENV_HPU_MEMORY_PEAK,
 	HPU_ENV_HPU_CUPTI_LIB,
+	HPU_ENV_HPU_NCCL_LIB,
 	HPU_ENV_OPENBLAS_NUM_THREADS,
 	HPU_ENV_OMP_NUM_THREADS,
 	/* The same launch, in torchrun's names (torch.distributed.elastic,

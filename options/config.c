@@ -39,6 +39,7 @@ static const char *const fp8_algo_names[] = {"max", "most_recent"};
 static const char *const offload_names[] = {"none", "cpu", "nvme"};
 static const char *const params_format_names[] = {"auto", "safetensors", "raw"};
 static const char *const device_names[] = {"cpu", "cpu-strict", "cuda", "auto"};
+static const char *const collectives_names[] = {"device", "nccl"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -300,6 +301,7 @@ static const struct hpu__opt opts[] = {
 	OTHER("pad-last-batch", K_FLAG, pad_last_batch, "--graphs: an evaluation's last partial batch is padded to the full micro-batch (copies of its first sample, left out of the loss and metrics) and replays the full batch's recording instead of recording its own; training drops an epoch's partial batch already; without --graphs nothing is padded, the figures are the same (off)"),
 	CHOICE("device", device, device_names, "cpu | cpu-strict | cuda | auto: the device workers compute on; cpu-strict (tests) faults when host code touches device memory; cuda: an NVIDIA GPU (the worker says why where it has none); auto: cuda where its module loads and a GPU is visible, else cpu (cpu) [HPU_DEVICE]"),
 	OTHER_("device-memory", K_SIZE, device_memory, LOCAL, "memory per device, e.g. 2GiB (node memory / local devices; on a GPU its memory / the node's workers on it, less 1 GiB each; more than a GPU has is an error)"),
+	CHOICE("collectives", collectives, collectives_names, "device | nccl: what carries ddp's and fast_ddp's gradient all-reduce between GPU workers; device: the device's own (cuda: CUDA IPC between the workers of one node), else libhpucoll through host memory; nccl: NCCL (--device cuda, libnccl.so.2 where installed, a GPU of its own for every rank, nodes apart too); ZeRO's collectives run through libhpucoll either way (device)"),
 	OTHER("allow-tf32", K_FLAG, allow_tf32, "fp32 GEMMs and convolutions may run on TF32 tensor cores (--device cuda), as PyTorch's allow_tf32; accepted with no effect on cpu and cpu-strict (off)"),
 	CHOICE("offload-optimizer", offload_optimizer, offload_names, "zero1-3: optimizer state, fp32 master weights and gradient shard in none | cpu (host memory) | nvme (--nvme-path) (none)"),
 	CHOICE("offload-param", offload_param, offload_names, "zero3: the parameter shard in none | cpu | nvme (none)"),
@@ -950,6 +952,12 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	    o->strategy != HPU_STRATEGY_FAST_DDP) {
 		snprintf(err, errlen, "--grad-comm-dtype bf16 works with --strategy ddp or fast_ddp only, not %s",
 			 hpu__strategy_name(o->strategy));
+		return -1;
+	}
+	if (o->collectives == HPU_COLL_NCCL &&
+	    (o->device == HPU_DEVICE_CPU || o->device == HPU_DEVICE_CPU_STRICT)) {
+		snprintf(err, errlen, "--collectives nccl runs NCCL between GPUs: it needs --device cuda "
+				      "(or auto), not %s", hpu__device_name(o->device));
 		return -1;
 	}
 	if (o->inject_overflow_step > 0 && o->precision == HPU_PREC_FP32) {

@@ -60,6 +60,15 @@ typedef enum hpu_device_kind {
 	HPU_DEVICE_AUTO,       /* cuda where built and visible, else cpu */
 } hpu_device_kind;
 
+/* What carries the gradients' all-reduce between GPU workers
+ * (--collectives; worker/strategy/strategy_dcoll.c). */
+typedef enum hpu_collectives {
+	HPU_COLL_DEVICE = 0, /* the device's own (CUDA IPC on one node), else
+			      * libhpucoll through host memory: the default */
+	HPU_COLL_NCCL,       /* NCCL (cuda; libnccl.so.2 where installed; a
+			      * GPU per rank) */
+} hpu_collectives;
+
 /* Where ZeRO-Offload keeps a model state (DeepSpeed's "device"). */
 typedef enum hpu_offload {
 	HPU_OFFLOAD_NONE = 0, /* on the device (--device-memory) */
@@ -166,6 +175,7 @@ typedef struct hpu_train_opts {
 	uint64_t device_memory; /* bytes; 0: node memory / local devices */
 	hpu_device_kind device; /* --device (cpu) */
 	int allow_tf32;         /* --allow-tf32: fp32 products may use TF32 (cuda) */
+	hpu_collectives collectives; /* --collectives (device) */
 	int log_every;          /* log every N steps (0: never) */
 	int verbose;            /* rank 0 prints the autocast policy at start-up,
 				 * every worker its kernels (library, ISA) */

@@ -437,6 +437,7 @@ static const struct fkey hputrain_keys[] = {
 	KEY("device", "device", 0),
 	KEY("device_memory", "device-memory", 0),
 	KEY("allow_tf32", "allow-tf32", 0),
+	KEY("collectives", "collectives", 0),
 	KEY("host_memory", "host-memory", 0),
 	KEY("activation_checkpointing", "activation-checkpointing", 0),
 	KEY("graphs", "graphs", 0),

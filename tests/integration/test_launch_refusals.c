@@ -165,6 +165,38 @@ static void test_worker_knob_values(void **state)
 	}
 }
 
+/* --collectives nccl is NCCL between GPUs: with --device cpu (or
+ * cpu-strict) hpulaunch refuses it at once; with --device auto on a node
+ * without a GPU each worker refuses it naming its device (where auto
+ * finds a GPU the one worker trains: nothing to reduce). */
+static void test_collectives_nccl_needs_cuda(void **state)
+{
+	(void)state;
+	static const char *const devs[] = {"cpu", "cpu-strict"};
+	for (int k = 0; k < 2; k++) {
+		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--device", (char *)devs[k],
+				"--collectives", "nccl", (char *)MODEL, NULL};
+		char want[128];
+		snprintf(want, sizeof want, "--collectives nccl runs NCCL between GPUs: it needs "
+					    "--device cuda (or auto), not %s", devs[k]);
+		expect_usage_error(argv, NULL, want);
+	}
+	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--device", "auto", "--collectives",
+			"nccl", "--max-steps", "1", "--no-eval", (char *)MODEL, NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 60000);
+	printf("%s", p.out);
+	if (strstr(p.out, "trained ")) {
+		printf("  --device auto found a GPU here: the worker trained\n");
+		assert_int_equal(code, 0);
+	} else {
+		assert_int_equal(code, 1);
+		assert_non_null(strstr(p.out, "--collectives nccl runs NCCL between GPUs: this "
+					      "worker's device is cpu, not cuda"));
+	}
+	h_free(&p);
+}
+
 static void expect_usage_error(char **argv, char *const env[], const char *text)
 {
 	proc p;
@@ -549,6 +581,7 @@ int main(void)
 		cmocka_unit_test(test_torchrun_alias_errors),
 		cmocka_unit_test(test_alias_two_values),
 		cmocka_unit_test(test_exec_failure_said),
+		cmocka_unit_test(test_collectives_nccl_needs_cuda),
 	};
 	/* HPU_TEST=test_name (a glob) runs only the tests it names. */
 	if (getenv("HPU_TEST") != NULL)

@@ -352,6 +352,12 @@ static void test_file_hputrain(void **state)
 	load_ok("{'hputrain': {'allow-tf32': false}}", &o);
 	assert_int_equal(o.allow_tf32, 0);
 
+	/* --collectives has its key, device by default */
+	assert_int_equal(o.collectives, HPU_COLL_DEVICE);
+	load_ok("{'hputrain': {'collectives': 'nccl'}}", &o);
+	assert_int_equal(o.collectives, HPU_COLL_NCCL);
+	LOAD_ERROR("{'hputrain': {'collectives': 'mpi'}}", "hputrain.collectives", "mpi");
+
 	/* --save-params-format has its key too */
 	load_ok("{'hputrain': {'save_params': 'p.st', 'save_params_format': 'raw'}}", &o);
 	assert_int_equal(o.save_params_format, HPU_PARAMS_RAW);

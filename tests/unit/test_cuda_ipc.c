@@ -11,7 +11,8 @@
  * staged path computes). Exit 77 (ctest: skipped), with the reason,
  * where the module is not built, no GPU is visible, or the device refuses
  * CUDA IPC (the strategy then stages through host memory: the warning
- * says so); the parent kills ranks that outlive 120 s.
+ * says so); the parent kills ranks that outlive 120 s. Then the same
+ * group over NCCL (--collectives nccl: nccl_phase), where NCCL loads.
  *
  *   test_cuda_ipc           the test
  *   test_cuda_ipc --bench   also the figure: an all-reduce of 64 MiB fp32
@@ -199,6 +200,77 @@ static void check_case(hpu__dev_group *g, hpu__dev_dtype dt, size_t n, int inpla
 	free(got);
 }
 
+/* A group of one rank's exchange: its own record. */
+static int xchg_self(void *arg, const void *mine, void *all, size_t bytes)
+{
+	(void)arg;
+	memcpy(all, mine, bytes);
+	return 0;
+}
+
+/* --collectives nccl (worker/cuda/cuda_nccl.c), after the CUDA IPC
+ * group: the two ranks on one GPU are refused on both, with the sentence
+ * naming them (open answers -2: the job would fail); on a GPU each
+ * (HPU_DEVICE_ID) the CUDA IPC group's checks (at two ranks NCCL's sum is
+ * a + b: libhpucoll's bits); then each rank alone, a group of one whose
+ * all-reduce gives its own values. Where NCCL cannot be loaded the
+ * device's configure refuses the option: said, not failed (NCCL is
+ * optional; HPU_NCCL_LIB names it). */
+static void nccl_phase(int rank)
+{
+	hpu__dev_config c = {.nccl = 1};
+	uint64_t cap = 0;
+	char note[512], err[512];
+	if (D->configure(&c, &cap, note, sizeof note, err, sizeof err) < 0) {
+		say("NCCL: not tried: %s", err);
+		return;
+	}
+	const char *v = strstr(note, "all-reduce: ");
+	say("NCCL loaded: %s", v ? v + strlen("all-reduce: ") : note);
+	const char *ids = getenv("HPU_DEVICE_ID");
+	int shared = !(ids && *ids);
+	hpu__dev_group *g = NULL;
+	int rc = D->coll->open(&g, rank, WORLD, (size_t)1 << 20, xchg, NULL, err, sizeof err);
+	if (shared) {
+		CHECK(rc == -2 && strstr(err, "share GPU"),
+		      "NCCL, 2 ranks on one GPU: open answered %d (%s), not -2 naming the shared GPU",
+		      rc, err);
+		if (rc == -2)
+			say("NCCL, 2 ranks on one GPU: refused: %s", err);
+	} else {
+		CHECK(rc == 0, "NCCL, a GPU per rank: open answered %d: %s", rc, err);
+		if (rc == 0) {
+			check_case(g, HPU__DEV_F32, 1000003, 1);
+			check_case(g, HPU__DEV_BF16, 1000003, 1);
+			check_case(g, HPU__DEV_F32, 4099, 0);
+		}
+	}
+	if (rc == 0)
+		D->coll->close(g);
+	g = NULL;
+	rc = D->coll->open(&g, 0, 1, (size_t)1 << 20, xchg_self, NULL, err, sizeof err);
+	CHECK(rc == 0, "NCCL, a group of one: open answered %d: %s", rc, err);
+	if (rc == 0) {
+		const size_t n = 4099;
+		float *h = values(HPU__DEV_F32, n), *got = malloc(n * 4);
+		void *d = dev(n * 4), *out = dev(n * 4);
+		D->copy(NULL, d, h, n * 4);
+		CHECK(D->coll->all_reduce(g, d, out, n, HPU__DEV_F32) == 0,
+		      "NCCL, a group of one: the all-reduce failed");
+		D->copy(NULL, got, out, n * 4);
+		CHECK(!memcmp(got, h, n * 4), "NCCL, a group of one: the sum of one is not its values");
+		say("NCCL, a group of one: its all-reduce of %zu fp32 gives its values", n);
+		D->coll->close(g);
+		hpu__dfree(out);
+		hpu__dfree(d);
+		free(h);
+		free(got);
+	}
+	c.nccl = 0;
+	if (D->configure(&c, &cap, note, sizeof note, err, sizeof err) < 0)
+		CHECK(0, "configure without NCCL: %s", err);
+}
+
 /* The figure: 64 MiB all-reduced 20 times after 3, and the GPU's
  * device-to-device copy of 64 MiB (rank 0, the other waiting). */
 static void bench(hpu__dev_group *g, hpu__dev_dtype dt)
@@ -325,6 +397,8 @@ static int rank_main(int rank, const char *job, int do_bench)
 		bench(g, HPU__DEV_BF16);
 	}
 	D->coll->close(g);
+	if (!do_bench)
+		nccl_phase(rank);
 	hpu_device_stats s;
 	hpu__devmem_stats(&s);
 	CHECK(s.in_use == 0, "%llu bytes of device memory still in use",

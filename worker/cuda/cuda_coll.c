@@ -46,6 +46,7 @@
 #define WHY 160
 
 struct hpu__dev_group {
+	hpu__cuda_nccl *nccl;              /* --collectives nccl: the rest unused */
 	int rank, world;
 	size_t cap;                        /* bytes of each half */
 	char *mine;                        /* this rank's two halves */
@@ -90,6 +91,7 @@ static void group_free(hpu__dev_group *g)
 	if (!g)
 		return;
 	hpu__cuda_bind();
+	hpu__cuda_nccl_close(g->nccl, hpu__cuda_stream());
 	for (int r = 0; r < g->world; r++)
 		if (r != g->rank && g->peer[r] && cudaIpcCloseMemHandle(g->peer[r]) != cudaSuccess)
 			cudaGetLastError();
@@ -190,10 +192,34 @@ static int other_node(const struct rec *all, int world, char *why, size_t whylen
 	return 0;
 }
 
+/* --collectives nccl: the group is NCCL's (cuda_nccl.c), on any nodes. */
+static int nccl_open(hpu__dev_group **out, int rank, int world, hpu__dev_xchg_fn *xchg,
+		     void *arg, char *why, size_t whylen)
+{
+	hpu__cuda_bind();
+	hpu__dev_group *g = calloc(1, sizeof *g);
+	if (!g) {
+		fprintf(stderr, "hpu-worker: rank %d: out of memory setting up NCCL\n", rank);
+		exit(1);
+	}
+	int rc = hpu__cuda_nccl_open(&g->nccl, rank, world, hpu__cuda_device_index(), xchg, arg,
+				     why, whylen);
+	if (rc < 0) {
+		free(g);
+		return rc;
+	}
+	g->rank = rank;
+	g->world = world;
+	*out = g;
+	return 0;
+}
+
 static int cc_open(hpu__dev_group **out, int rank, int world, size_t bytes,
 		   hpu__dev_xchg_fn *xchg, void *arg, char *why, size_t whylen)
 {
 	*out = NULL;
+	if (hpu__cuda_nccl_asked())
+		return nccl_open(out, rank, world, xchg, arg, why, whylen);
 	if (world < 2 || world > HPU_CUDA_GROUP_MAX || rank < 0 || rank >= world) {
 		snprintf(why, whylen, "CUDA IPC groups have 2 to %d ranks, not %d",
 			 HPU_CUDA_GROUP_MAX, world);
@@ -277,6 +303,8 @@ static void slice(size_t n, int world, int r, size_t *at, size_t *len)
 static int cc_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t count,
 			 hpu__dev_dtype dt)
 {
+	if (g->nccl) /* one NCCL call on the stream: recordable */
+		return hpu__cuda_nccl_all_reduce(g->nccl, send, recv, count, dt, hpu__cuda_stream());
 	/* waits for the stream and meets the peers at host barriers between
 	 * its stages: not recordable; every rank records the same step, so
 	 * every rank refuses here and none waits at a barrier */

@@ -645,11 +645,20 @@ static void cuda_teardown(void)
 
 /* ---- the options ---- */
 
+static int nccl_asked; /* --collectives nccl */
+
+int hpu__cuda_nccl_asked(void)
+{
+	return nccl_asked;
+}
+
 #define GIB(n) ((double)(n) / (1024.0 * 1024.0 * 1024.0))
 
 /* --device-memory against the GPU's memory (cudaMemGetInfo's total: a
  * larger limit could never be met, and would end in an out-of-memory
- * error in the middle of training), --allow-tf32 to the kernels. */
+ * error in the middle of training), --allow-tf32 to the kernels,
+ * --collectives nccl to the group (libnccl.so.2 opened now: where it
+ * cannot be, the worker fails here, saying why). */
 static int cuda_configure(const hpu__dev_config *c, uint64_t *capacity, char *note,
 			  size_t notelen, char *err, size_t errlen)
 {
@@ -671,6 +680,16 @@ static int cuda_configure(const hpu__dev_config *c, uint64_t *capacity, char *no
 			 (unsigned long long)total, GIB(total));
 		return -1;
 	}
+	char nccl[48] = "";
+	if (c->nccl) {
+		char why[200];
+		if (hpu__cuda_nccl_load(why, sizeof why) < 0) {
+			snprintf(err, errlen, "--collectives nccl: %s", why);
+			return -1;
+		}
+		hpu__cuda_nccl_version(nccl, sizeof nccl);
+	}
+	nccl_asked = c->nccl;
 	size_t ws = 0;
 #ifdef HPU_CUDA_HAVE_OPS
 	hpu__cuda_ops_allow_tf32(c->allow_tf32);
@@ -679,9 +698,10 @@ static int cuda_configure(const hpu__dev_config *c, uint64_t *capacity, char *no
 	snprintf(note, notelen,
 		 "device cuda: GPU %d (%s), %.1f GiB in all, %.1f GiB free; outside the "
 		 "--device-memory limit: CUDA's context, the kernels' workspace (%zu MiB) and "
-		 "scratch; TF32 for fp32 GEMMs and convolutions %s",
+		 "scratch; TF32 for fp32 GEMMs and convolutions %s%s%s",
 		 C.dev, p.name, GIB(total), GIB(free_b), ws >> 20,
-		 c->allow_tf32 ? "allowed (--allow-tf32)" : "off");
+		 c->allow_tf32 ? "allowed (--allow-tf32)" : "off",
+		 c->nccl ? "; gradients' all-reduce: " : "", nccl);
 	return 0;
 }
 

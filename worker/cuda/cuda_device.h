@@ -23,6 +23,17 @@ int hpu__cuda_device_index(void);
  * a static kernel: "k_loss_seed"); any other name as it is. */
 void hpu__cuda_demangle(const char *mangled, char *out, size_t len);
 
+/* An optional library (cuda_names.c): `named` where it is set and not
+ * empty (the user's variable: that one or none), else the first of
+ * tries[n] that dlopen opens (RTLD_NOW | RTLD_LOCAL); NULL with the first
+ * failure's dlerror() in why. */
+void *hpu__cuda_dlopen_first(const char *named, const char *const *tries, size_t n, char *why,
+			     size_t len);
+
+/* --collectives nccl, as configured (cuda_device.c): 1 where the group
+ * runs NCCL (cuda_coll.c). */
+int hpu__cuda_nccl_asked(void);
+
 /* HPU_PROFILE_KERNELS=DIR (cuda_kprof.c): CUPTI's records of every
  * kernel, copy and memset timed from the device's setup (begin) to its
  * teardown (end), which writes DIR/kernels-rank<R>.txt. Nothing where the

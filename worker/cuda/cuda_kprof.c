@@ -209,24 +209,11 @@ static void *sym(const char *name, int *ok)
 
 static void *open_cupti(char *why, size_t len)
 {
-	const char *env = getenv("HPU_CUPTI_LIB");
-	const char *const tries[] = {env && *env ? env : NULL, "libcupti.so.13",
-				     "/usr/local/cuda/lib64/libcupti.so.13",
-				     "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
-				     "libcupti.so"};
-	why[0] = '\0';
-	for (size_t i = 0; i < sizeof tries / sizeof *tries; i++) {
-		if (!tries[i])
-			continue;
-		void *h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL);
-		if (h)
-			return h;
-		if (!why[0] || (env && *env && i == 0))
-			snprintf(why, len, "%s", dlerror());
-		if (env && *env)
-			return NULL; /* the one asked for, or none */
-	}
-	return NULL;
+	static const char *const tries[] = {"libcupti.so.13", "/usr/local/cuda/lib64/libcupti.so.13",
+					    "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
+					    "libcupti.so"};
+	return hpu__cuda_dlopen_first(getenv("HPU_CUPTI_LIB"), tries, sizeof tries / sizeof *tries, why,
+				      len);
 }
 
 void hpu__cuda_kprof_begin(int rank)

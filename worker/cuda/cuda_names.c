@@ -1,7 +1,9 @@
 /* cuda_names: a kernel's name as people read it, for the graph's nodes by
- * name (cuda_device.c) and the kernels' GPU times (cuda_kprof.c). */
+ * name (cuda_device.c) and the kernels' GPU times (cuda_kprof.c); and the
+ * optional libraries the module opens by name (CUPTI, NCCL). */
 #include "worker/cuda/cuda_device.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,4 +25,24 @@ void hpu__cuda_demangle(const char *m, char *out, size_t len)
 		}
 	}
 	snprintf(out, len, "%s", m);
+}
+
+void *hpu__cuda_dlopen_first(const char *named, const char *const *tries, size_t n, char *why,
+			     size_t len)
+{
+	why[0] = '\0';
+	if (named && *named) { /* the one asked for, or none */
+		void *h = dlopen(named, RTLD_NOW | RTLD_LOCAL);
+		if (!h)
+			snprintf(why, len, "%s", dlerror());
+		return h;
+	}
+	for (size_t i = 0; i < n; i++) {
+		void *h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL);
+		if (h)
+			return h;
+		if (!why[0])
+			snprintf(why, len, "%s", dlerror());
+	}
+	return NULL;
 }

@@ -244,6 +244,8 @@ typedef struct hpu__dev_config {
 	uint64_t memory_limit; /* --device-memory where given; 0: not given */
 	int allow_tf32;        /* --allow-tf32: fp32 GEMMs and convolutions may
 				* run on TF32 tensor cores */
+	int nccl;              /* --collectives nccl: the device's group runs
+				* NCCL (cuda; others refuse it) */
 	int graphs;            /* --graphs: steps will be recorded
 				* (hpu__dev_capture_begin); on cpu-strict the
 				* ops then run on its kernels-only table, as
@@ -273,9 +275,12 @@ typedef struct hpu__dev_coll {
 	 * buffer of twice `bytes` in its device memory that the others map.
 	 * 0 and *out; 1 where the group cannot be and nothing failed (ranks
 	 * on more than one node, too many ranks); -1 where the device
-	 * refused it (CUDA IPC unsupported, no peer access) or xchg failed.
-	 * Every rank gets the same answer (the ranks agree through xchg,
-	 * unless xchg itself failed); on 1 and -1, one sentence in why. */
+	 * refused it (CUDA IPC unsupported, no peer access) or xchg failed;
+	 * -2 where the collectives the user asked for (--collectives nccl)
+	 * cannot run (ranks sharing a GPU, NCCL missing on a rank): the job
+	 * ends with why. Every rank gets the same answer (the ranks agree
+	 * through xchg, unless xchg itself failed); on 1, -1 and -2, one
+	 * sentence in why. */
 	int (*open)(hpu__dev_group **out, int rank, int world, size_t bytes,
 		    hpu__dev_xchg_fn *xchg, void *arg, char *why, size_t whylen);
 	/* recv[count] = the sum of every rank's send[count] (device

@@ -73,14 +73,20 @@ static uint64_t device_memory(const hpu_train_opts *o, uint64_t capacity, int sh
 	return hpu__dev_default_memory(capacity, sharers, host, local);
 }
 
-/* The options the device takes (--device-memory, --allow-tf32), after it
+/* The options the device takes (--device-memory, --allow-tf32,
+ * --collectives nccl), after it
  * is open; --verbose says what they do there. Its memory in *capacity. */
 static int device_configure(const hpu_train_opts *o, int rank, uint64_t *capacity, char *err,
 			    size_t errlen)
 {
 	hpu__dev_config c = {.memory_limit = o->device_memory, .allow_tf32 = o->allow_tf32,
-			     .graphs = o->graphs};
+			     .graphs = o->graphs, .nccl = o->collectives == HPU_COLL_NCCL};
 	char note[512];
+	if (c.nccl && strcmp(hpu__dev_name(), "cuda") != 0) { /* --device auto found no GPU */
+		snprintf(err, errlen, "--collectives nccl runs NCCL between GPUs: this worker's "
+				      "device is %s, not cuda", hpu__dev_name());
+		return -1;
+	}
 	if (hpu__dev_configure(&c, capacity, note, sizeof note, err, errlen) < 0)
 		return -1;
 	if (o->verbose && note[0])

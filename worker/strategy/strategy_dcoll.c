@@ -8,8 +8,9 @@
  *
  * The gradients' all-reduce of ddp and fast_ddp skips the host where the
  * device has collectives of its own (cuda: CUDA IPC between the ranks of
- * one node): hpu__dc_open makes the group, and the all-reduces of fp32
- * and bf16 sums run in it, device memory to device memory, in rank order.
+ * one node, or NCCL with --collectives nccl): hpu__dc_open makes the
+ * group, and the all-reduces of fp32 and bf16 sums run in it, device
+ * memory to device memory (CUDA IPC: in rank order; NCCL: its own order).
  * libhpucoll carries only the group's small exchanges (its all-gather). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,12 +109,21 @@ static int all_can_join(hpu_strat *s, const char *here)
 	return rc;
 }
 
+/* --collectives nccl where NCCL carries nothing: rank 0 says why once. */
+static void nccl_unused(const hpu_strat *s, const char *why)
+{
+	if (s->o->collectives == HPU_COLL_NCCL && s->rank == 0)
+		hpu__log(HPU_LOG_WARNING, "--collectives nccl: NCCL carries nothing in this run: %s",
+			 why);
+}
+
 int hpu__dc_open(hpu_strat *s)
 {
 	hpucoll_dtype dt = s->plan.grad_comm16 ? HPUCOLL_BF16 : hpu__strat_cdt(s, HPU_PLAN_GRADS);
 	const char *no = no_group_job(s);
 	if (no) {
 		snprintf(s->dc.why, sizeof s->dc.why, "%s", no);
+		nccl_unused(s, no);
 		return 0;
 	}
 	s->dc.rc = HPUCOLL_OK;
@@ -121,8 +131,10 @@ int hpu__dc_open(hpu_strat *s)
 	if (can < 0)
 		return hpu__strat_coll_fail(s, "agreeing on the gradients' all-reduce path",
 					    s->dc.rc);
-	if (!can)
+	if (!can) {
+		nccl_unused(s, s->dc.why);
 		return 0;
+	}
 	size_t most = 0, esz = hpucoll_dtype_size(dt);
 	for (int k = 0; k < s->nunits; k++)
 		most = s->u[k].len > most ? s->u[k].len : most;
@@ -133,6 +145,8 @@ int hpu__dc_open(hpu_strat *s)
 	if (rc < 0 && s->dc.rc != HPUCOLL_OK)
 		return hpu__strat_coll_fail(s, "setting up the gradients' all-reduce on the device",
 					    s->dc.rc);
+	if (rc == -2)
+		return hpu__strat_fail(s, "%s", s->dc.why);
 	if (rc < 0 && s->rank == 0)
 		hpu__log(HPU_LOG_WARNING,
 			 "the gradients' all-reduce is staged through host memory: %s cannot "
