@@ -74,6 +74,16 @@ __device__ static inline void ft_wmma_ab(float *c, int ldc, const uint16_t *a, i
 #define HPU_FT_MMA_AB ft_wmma_ab
 #include "worker/ops/flash_tiles.h"
 
+/* The block's dynamic shared memory from its first 128-byte boundary
+ * (CUDA promises 16 bytes; WMMA's pointers want 32): each launch asks for
+ * FT_SLACK bytes more than the layout. */
+#define FT_SLACK 128
+__device__ static inline void *ft_base(void)
+{
+	extern __shared__ unsigned char ft_sm[];
+	return ft_sm + ((FT_SLACK - ((uintptr_t)ft_sm & (FT_SLACK - 1))) & (FT_SLACK - 1));
+}
+
 /* Block x of a grid over batch * heads * tiles: (b, h, tile), tiles
  * from the last down where `down`. */
 __device__ static void ft_split(const hpu__flash_dims *a, size_t x, int nt, int down, int *b,
@@ -90,9 +100,8 @@ static __global__ void __launch_bounds__(HPU_FT_THREADS)
 	k_ft_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse, hpu__flash_dims a,
 		 size_t blocks)
 {
-	extern __shared__ __align__(128) unsigned char sm[];
 	hpu__ft_smem m;
-	hpu__ft_layout(HPU_FT_FWD, a.hd, sm, &m);
+	hpu__ft_layout(HPU_FT_FWD, a.hd, ft_base(), &m);
 	const int nt = hpu__ft_tiles(a.t);
 	for (size_t x = blockIdx.x; x < blocks; x += gridDim.x) {
 		int b, h, qt;
@@ -105,9 +114,8 @@ static __global__ void __launch_bounds__(HPU_FT_THREADS)
 	k_ft_dq(const float *qkv, const int32_t *mask, const float *ctx, const float *lse,
 		const float *dctx, float *delta, float *dqkv, hpu__flash_dims a, size_t blocks)
 {
-	extern __shared__ __align__(128) unsigned char sm[];
 	hpu__ft_smem m;
-	hpu__ft_layout(HPU_FT_DQ, a.hd, sm, &m);
+	hpu__ft_layout(HPU_FT_DQ, a.hd, ft_base(), &m);
 	const int nt = hpu__ft_tiles(a.t);
 	for (size_t x = blockIdx.x; x < blocks; x += gridDim.x) {
 		int b, h, qt;
@@ -120,9 +128,8 @@ static __global__ void __launch_bounds__(HPU_FT_THREADS)
 	k_ft_dkv(const float *qkv, const int32_t *mask, const float *lse, const float *dctx,
 		 float *delta, float *dqkv, hpu__flash_dims a, size_t blocks)
 {
-	extern __shared__ __align__(128) unsigned char sm[];
 	hpu__ft_smem m;
-	hpu__ft_layout(HPU_FT_DKV, a.hd, sm, &m);
+	hpu__ft_layout(HPU_FT_DKV, a.hd, ft_base(), &m);
 	const int nt = hpu__ft_tiles(a.t);
 	for (size_t x = blockIdx.x; x < blocks; x += gridDim.x) {
 		int b, h, kt;
@@ -190,7 +197,8 @@ extern "C" cudaError_t hpu__cukm_flash16_fwd(const float *qkv, const int32_t *ma
 		return cudaErrorNotSupported;
 	if (batch <= 0 || t <= 0 || heads <= 0)
 		return cudaSuccess;
-	size_t bytes = hpu__ft_layout(HPU_FT_FWD, hd, NULL, NULL), blocks = ft_blocks(batch, t, heads);
+	size_t bytes = hpu__ft_layout(HPU_FT_FWD, hd, NULL, NULL) + FT_SLACK;
+	size_t blocks = ft_blocks(batch, t, heads);
 	cudaError_t e = allow((const void *)k_ft_fwd, bytes, allowed);
 	if (e != cudaSuccess)
 		return e;
@@ -210,8 +218,9 @@ extern "C" cudaError_t hpu__cukm_flash16_bwd(const float *qkv, const int32_t *ma
 	if (batch <= 0 || t <= 0 || heads <= 0)
 		return cudaSuccess;
 	hpu__flash_dims a = ft_dims(batch, t, heads, hd, causal);
-	size_t bq = hpu__ft_layout(HPU_FT_DQ, hd, NULL, NULL);
-	size_t bkv = hpu__ft_layout(HPU_FT_DKV, hd, NULL, NULL), blocks = ft_blocks(batch, t, heads);
+	size_t bq = hpu__ft_layout(HPU_FT_DQ, hd, NULL, NULL) + FT_SLACK;
+	size_t bkv = hpu__ft_layout(HPU_FT_DKV, hd, NULL, NULL) + FT_SLACK;
+	size_t blocks = ft_blocks(batch, t, heads);
 	cudaError_t e = allow((const void *)k_ft_dq, bq, allowed_dq);
 	if (e == cudaSuccess)
 		e = allow((const void *)k_ft_dkv, bkv, allowed_dkv);
