@@ -954,12 +954,6 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 			 hpu__strategy_name(o->strategy));
 		return -1;
 	}
-	if (o->collectives == HPU_COLL_NCCL &&
-	    (o->device == HPU_DEVICE_CPU || o->device == HPU_DEVICE_CPU_STRICT)) {
-		snprintf(err, errlen, "--collectives nccl runs NCCL between GPUs: it needs --device cuda "
-				      "(or auto), not %s", hpu__device_name(o->device));
-		return -1;
-	}
 	if (o->inject_overflow_step > 0 && o->precision == HPU_PREC_FP32) {
 		snprintf(err, errlen, "--inject-overflow-step makes a mixed precision's 16-bit gradients "
 				      "overflow: it needs --precision 16-mixed, bf16-mixed or fp8, not fp32");
@@ -1001,6 +995,13 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	}
 	if (check_offload(o, err, errlen) < 0 || hpu__opts_resolve_device(o, err, errlen) < 0)
 		return -1;
+	/* after the device is resolved (HPU_DEVICE may set it) */
+	if (o->collectives == HPU_COLL_NCCL &&
+	    (o->device == HPU_DEVICE_CPU || o->device == HPU_DEVICE_CPU_STRICT)) {
+		snprintf(err, errlen, "--collectives nccl runs NCCL between GPUs: it needs --device cuda "
+				      "(or auto), not %s", hpu__device_name(o->device));
+		return -1;
+	}
 	if (o->resume[0] && o->load_params[0]) {
 		snprintf(err, errlen, "--resume and --load-params both say where the parameters come from: give one");
 		return -1;

@@ -166,9 +166,10 @@ static void test_worker_knob_values(void **state)
 }
 
 /* --collectives nccl is NCCL between GPUs: with --device cpu (or
- * cpu-strict) hpulaunch refuses it at once; with --device auto on a node
- * without a GPU each worker refuses it naming its device (where auto
- * finds a GPU the one worker trains: nothing to reduce). */
+ * cpu-strict, or HPU_DEVICE=cpu) hpulaunch refuses it at once, and not
+ * with HPU_DEVICE=cuda; with --device auto on a node without a GPU each
+ * worker refuses it naming its device (where auto finds a GPU the one
+ * worker trains, nothing to reduce, or says NCCL cannot be loaded). */
 static void test_collectives_nccl_needs_cuda(void **state)
 {
 	(void)state;
@@ -181,6 +182,16 @@ static void test_collectives_nccl_needs_cuda(void **state)
 					    "--device cuda (or auto), not %s", devs[k]);
 		expect_usage_error(argv, NULL, want);
 	}
+	/* the device from the environment: resolved before the check */
+	char *env_cpu[] = {"HPU_DEVICE=cpu", NULL}, *env_cuda[] = {"HPU_DEVICE=cuda", NULL};
+	char *plain[] = {(char *)LAUNCH, "-q", "--devices", "1", "--collectives", "nccl",
+			 "--max-steps", "1", "--no-eval", (char *)MODEL, NULL};
+	expect_usage_error(plain, env_cpu, "it needs --device cuda (or auto), not cpu");
+	proc q;
+	h_run(&q, plain, env_cuda, 60000);
+	printf("%s", q.out);
+	assert_null(strstr(q.out, "it needs --device cuda (or auto)"));
+	h_free(&q);
 	char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--device", "auto", "--collectives",
 			"nccl", "--max-steps", "1", "--no-eval", (char *)MODEL, NULL};
 	proc p;
@@ -189,6 +200,10 @@ static void test_collectives_nccl_needs_cuda(void **state)
 	if (strstr(p.out, "trained ")) {
 		printf("  --device auto found a GPU here: the worker trained\n");
 		assert_int_equal(code, 0);
+	} else if (strstr(p.out, "--collectives nccl: NCCL cannot be loaded") ||
+		   strstr(p.out, "--collectives nccl: this build of the CUDA module has no NCCL")) {
+		printf("  --device auto found a GPU here, without NCCL: refused, said\n");
+		assert_int_equal(code, 1);
 	} else {
 		assert_int_equal(code, 1);
 		assert_non_null(strstr(p.out, "--collectives nccl runs NCCL between GPUs: this "

@@ -680,14 +680,16 @@ static int cuda_configure(const hpu__dev_config *c, uint64_t *capacity, char *no
 			 (unsigned long long)total, GIB(total));
 		return -1;
 	}
-	char nccl[48] = "";
+	char nccl[96] = "";
 	if (c->nccl) {
 		char why[200];
 		if (hpu__cuda_nccl_load(why, sizeof why) < 0) {
 			snprintf(err, errlen, "--collectives nccl: %s", why);
 			return -1;
 		}
-		hpu__cuda_nccl_version(nccl, sizeof nccl);
+		char v[48];
+		snprintf(nccl, sizeof nccl, "%s (its buffers outside the limit too)",
+			 hpu__cuda_nccl_version(v, sizeof v));
 	}
 	nccl_asked = c->nccl;
 	size_t ws = 0;

@@ -15,7 +15,9 @@
  * ends the set-up on every rank with the same sentence (-2: the job
  * fails). Then ncclCommInitRank, collective: a rank that fails there
  * ends its worker (its peers wait in NCCL, and the launcher ends them
- * naming the rank). Ranks on several nodes are one group: NCCL carries
+ * naming the rank). Closing aborts the communicator (ncclCommAbort: this
+ * rank's alone), so that a rank leaving on an error of its own never
+ * waits for peers that wait for it. Ranks on several nodes are one group: NCCL carries
  * the bytes between them (its own sockets or InfiniBand).
  *
  * The all-reduce is one ncclAllReduce (sum, fp32 or bf16) on the compute
@@ -50,7 +52,7 @@ static struct {
 	ncclResult_t (*init_rank)(ncclComm_t *, int, ncclUniqueId, int);
 	ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
 				   ncclComm_t, cudaStream_t);
-	ncclResult_t (*destroy)(ncclComm_t);
+	ncclResult_t (*abort_comm)(ncclComm_t);
 	const char *(*error_string)(ncclResult_t);
 } N;
 
@@ -87,13 +89,13 @@ int hpu__cuda_nccl_load(char *why, size_t whylen)
 			*(void **)&N.get_unique_id = dlsym(h, "ncclGetUniqueId");
 			*(void **)&N.init_rank = dlsym(h, "ncclCommInitRank");
 			*(void **)&N.all_reduce = dlsym(h, "ncclAllReduce");
-			*(void **)&N.destroy = dlsym(h, "ncclCommDestroy");
+			*(void **)&N.abort_comm = dlsym(h, "ncclCommAbort");
 			*(void **)&N.error_string = dlsym(h, "ncclGetErrorString");
 			if (!N.get_version || !N.get_unique_id || !N.init_rank || !N.all_reduce ||
-			    !N.destroy || !N.error_string)
+			    !N.abort_comm || !N.error_string)
 				snprintf(N.why, sizeof N.why,
 					 "libnccl.so.2 lacks one of ncclGetVersion, ncclGetUniqueId, "
-					 "ncclCommInitRank, ncclAllReduce, ncclCommDestroy, "
+					 "ncclCommInitRank, ncclAllReduce, ncclCommAbort, "
 					 "ncclGetErrorString");
 			else if (N.get_version(&N.version) != ncclSuccess || N.version < 21000)
 				snprintf(N.why, sizeof N.why,
@@ -163,10 +165,9 @@ static int records_ok(const struct nrec *all, int world, char *why, size_t whyle
 	}
 	for (int r = 1; r < world; r++)
 		for (int q = 0; q < r; q++)
-			if (!strcmp(all[q].node, all[r].node) &&
-			    !memcmp(all[q].uuid, all[r].uuid, sizeof all[r].uuid)) {
+			if (!memcmp(all[q].uuid, all[r].uuid, sizeof all[r].uuid)) { /* unique */
 				snprintf(why, whylen,
-					 "--collectives nccl: ranks %d and %d share GPU %d on %.60s; "
+					 "--collectives nccl: ranks %d and %d share GPU %d (node %.60s); "
 					 "NCCL needs a GPU of its own for every rank (fewer --devices, "
 					 "or --collectives device)",
 					 q, r, all[r].dev, all[r].node);
@@ -239,7 +240,11 @@ void hpu__cuda_nccl_close(hpu__cuda_nccl *n, cudaStream_t s)
 	 * down under it) */
 	if (cudaStreamSynchronize(s) != cudaSuccess)
 		cudaGetLastError();
-	N.destroy(n->comm);
+	/* ncclCommAbort, not ncclCommDestroy: Destroy is collective between
+	 * the node's ranks, and a rank leaving on an error of its own while
+	 * its peers wait in an all-reduce would wait there for good; Abort
+	 * is this rank's alone (the launcher ends the peers when it exits) */
+	N.abort_comm(n->comm);
 	free(n);
 }
 

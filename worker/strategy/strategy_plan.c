@@ -41,7 +41,11 @@ void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
 	fprintf(f, "  model states passing: %s %llu bytes (%.2f per parameter), peak %llu\n",
 		exact ? "exactly" : "at most", (unsigned long long)passing,
 		(double)passing / psi, (unsigned long long)(kept + passing));
-	if (hpu__dc_direct(s))
+	if (hpu__dc_direct(s) && s->o->collectives == HPU_COLL_NCCL)
+		fprintf(f, "  gradients' all-reduce: on device %s, over NCCL between the %d ranks "
+			   "(nothing staged)\n",
+			hpu__dev_name(), p->world);
+	else if (hpu__dc_direct(s))
 		fprintf(f, "  gradients' all-reduce: on device %s, device to device between the %d "
 			   "ranks of this node (nothing staged)\n",
 			hpu__dev_name(), p->world);
