@@ -249,7 +249,11 @@ static int attention_forward(hpu_layer *l, const hpu_ctx *c, const hpu_tensor *i
 	if ((s->causal || mask) && mask_scores(s, att, mask, batch, 0) < 0)
 		return NO_KERNEL(l);
 	hpu_softmax_forward(att, att, bh * t, t);
-	if ((s->causal || mask) && mask_scores(s, att, mask, batch, 1) < 0)
+	/* zeros where a query may not attend: the softmax's exp(-inf) gave
+	 * them already, but for a row with no key at all, which only a key
+	 * mask makes (under a causal mask alone each query has itself): a
+	 * pass over [B, heads, T, T] saved for GPT's causal attention */
+	if (mask && mask_scores(s, att, mask, batch, 1) < 0)
 		return NO_KERNEL(l);
 	hpu_bmm(att, hv, ho, bh, t, hd, t, 0, 0, 0, tt, th, th);
 	if (merge_heads(s, ho, ctx, (size_t)d, batch, 1.0f) < 0)
