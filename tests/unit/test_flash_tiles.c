@@ -175,11 +175,18 @@ static void test_head_sizes(void **state)
 		assert_true(hpu__ft_hd_ok(yes[k]));
 	for (size_t k = 0; k < sizeof no / sizeof *no; k++)
 		assert_false(hpu__ft_hd_ok(no[k]));
-	printf("  shared memory at hd 64: forward %zu, dq %zu, dk/dv %zu bytes\n",
+	printf("  shared memory at hd 64: forward %zu, dq %zu, dk %zu, dv %zu bytes\n",
 	       hpu__ft_layout(HPU_FT_FWD, 64, NULL, NULL), hpu__ft_layout(HPU_FT_DQ, 64, NULL, NULL),
-	       hpu__ft_layout(HPU_FT_DKV, 64, NULL, NULL));
-	/* within an H100's 227 KB a block at every head size the tiles take */
-	assert_true(hpu__ft_layout(HPU_FT_DKV, HPU_FT_MAX_HD, NULL, NULL) <= 227 * 1024);
+	       hpu__ft_layout(HPU_FT_DK, 64, NULL, NULL), hpu__ft_layout(HPU_FT_DV, 64, NULL, NULL));
+	/* at hd 64 (GPT-2's) two dq or dk blocks and three forward or dv
+	 * blocks fit an H100's SM (228 KB, 1 KB of it each block's); every
+	 * block within its 227 KB at every head size the tiles take */
+	assert_true(2 * (hpu__ft_layout(HPU_FT_DK, 64, NULL, NULL) + 128 + 1024) <= 228 * 1024);
+	assert_true(2 * (hpu__ft_layout(HPU_FT_DQ, 64, NULL, NULL) + 128 + 1024) <= 228 * 1024);
+	assert_true(3 * (hpu__ft_layout(HPU_FT_DV, 64, NULL, NULL) + 128 + 1024) <= 228 * 1024);
+	assert_true(3 * (hpu__ft_layout(HPU_FT_FWD, 64, NULL, NULL) + 128 + 1024) <= 228 * 1024);
+	for (int blk = HPU_FT_FWD; blk <= HPU_FT_DV; blk++)
+		assert_true(hpu__ft_layout(blk, HPU_FT_MAX_HD, NULL, NULL) + 128 <= 227 * 1024);
 }
 
 int main(void)

@@ -25,11 +25,14 @@
  * warp (HPU_FT_WARPS); in C a step runs its threads (or warps) one after
  * another, which is what the barrier between steps allows.
  *
- * Three blocks: the forward of a query tile (hpu__ft_fwd_block), dq and
- * D of a query tile (hpu__ft_dq_block, first), dk and dv of a key tile
- * (hpu__ft_dkv_block, reading the D the first wrote). Causal: a query
- * tile visits the key tiles up to its last row, a key tile the query
- * tiles from its first. Internal to worker/ops and worker/cuda. */
+ * Four blocks: the forward of a query tile (hpu__ft_fwd_block), dq and
+ * D of a query tile (hpu__ft_dq_block, first), then dk and, apart, dv of
+ * a key tile (hpu__ft_dk_block, reading the D the first wrote;
+ * hpu__ft_dv_block): apart, each block's shared memory is small enough
+ * for two (dk) and three (dv) blocks on an SM of 228 KB at hd 64, where
+ * one block doing both held 125 KB, one an SM. Causal: a query tile
+ * visits the key tiles up to its last row, a key tile the query tiles
+ * from its first. Internal to worker/ops and worker/cuda. */
 #ifndef HPU_FLASH_TILES_H
 #define HPU_FLASH_TILES_H
 
@@ -150,21 +153,21 @@ HPU_FLASH void hpu__ft_mma_ab_c(float *c, int ldc, const uint16_t *a, int lda, c
 		}
 }
 
-/* A block's shared memory. By block (fwd, dq, dkv):
- *   t16[0..3]  [64][hd + 8] bf16: Q K V -, Q dO K V, K V Q dO
- *   s, u       [64][LDS] fp32:    S -, S dP, S^T dP^T
- *   p16, q16   [64][LDP] bf16:    P -, dS -, P^T dS^T
- *   acc0, acc1 [64][hd + 4] fp32: O -, dq -, dk dv
- *   r0, r1, r2 [64] fp32:         max sum factor, lse D -, lse D - */
+/* A block's shared memory. By block (fwd, dq, dk, dv):
+ *   t16[0..3]  [64][hd + 8] bf16: Q K V -, Q dO K V, K V Q dO, K Q dO -
+ *   s, u       [64][LDS] fp32:    S -, S dP, S^T dP^T, S^T -
+ *   p16        [64][LDP] bf16:    P, dS, dS^T, P^T
+ *   acc0       [64][hd + 4] fp32: O, dq, dk, dv
+ *   r0, r1, r2 [64] fp32:         max sum factor, lse D -, lse D -, lse - - */
 typedef struct hpu__ft_smem {
 	uint16_t *t16[4];
 	float *s, *u;
-	uint16_t *p16, *q16;
-	float *acc0, *acc1;
+	uint16_t *p16;
+	float *acc0;
 	float *r0, *r1, *r2;
 } hpu__ft_smem;
 
-enum { HPU_FT_FWD, HPU_FT_DQ, HPU_FT_DKV };
+enum { HPU_FT_FWD, HPU_FT_DQ, HPU_FT_DK, HPU_FT_DV };
 
 /* The bytes of `block`'s shared memory for head size hd; where base is
  * not NULL, m's pointers into it (each array 128-byte aligned; those a
@@ -174,21 +177,20 @@ HPU_FLASH size_t hpu__ft_layout(int block, int hd, void *base, hpu__ft_smem *m)
 	const size_t n16 = (size_t)HPU_FT_ROWS * (hd + 8) * 2, ns = (size_t)HPU_FT_ROWS * HPU_FT_LDS * 4;
 	const size_t np = (size_t)HPU_FT_ROWS * HPU_FT_LDP * 2, na = (size_t)HPU_FT_ROWS * (hd + 4) * 4;
 	const size_t nr = (size_t)HPU_FT_ROWS * 4;
-	const int n_t16 = block == HPU_FT_FWD ? 3 : 4, two = block != HPU_FT_FWD;
-	size_t sizes[14], at = 0;
+	const int n_t16 = block == HPU_FT_FWD || block == HPU_FT_DV ? 3 : 4;
+	const int two = block == HPU_FT_DQ || block == HPU_FT_DK;
+	size_t sizes[12], at = 0;
 	int k = 0;
 	for (int i = 0; i < 4; i++)
 		sizes[k++] = i < n_t16 ? n16 : 0;
 	sizes[k++] = ns;
 	sizes[k++] = two ? ns : 0;
 	sizes[k++] = np;
-	sizes[k++] = block == HPU_FT_DKV ? np : 0;
 	sizes[k++] = na;
-	sizes[k++] = block == HPU_FT_DKV ? na : 0;
 	sizes[k++] = nr;
-	sizes[k++] = nr;
+	sizes[k++] = block == HPU_FT_DV ? 0 : nr;
 	sizes[k++] = block == HPU_FT_FWD ? nr : 0;
-	void *ptr[14];
+	void *ptr[12];
 	for (int i = 0; i < k; i++) {
 		ptr[i] = base && sizes[i] ? (char *)base + at : NULL;
 		at += (sizes[i] + 127) / 128 * 128;
@@ -197,9 +199,9 @@ HPU_FLASH size_t hpu__ft_layout(int block, int hd, void *base, hpu__ft_smem *m)
 		for (int i = 0; i < 4; i++)
 			m->t16[i] = (uint16_t *)ptr[i];
 		m->s = (float *)ptr[4], m->u = (float *)ptr[5];
-		m->p16 = (uint16_t *)ptr[6], m->q16 = (uint16_t *)ptr[7];
-		m->acc0 = (float *)ptr[8], m->acc1 = (float *)ptr[9];
-		m->r0 = (float *)ptr[10], m->r1 = (float *)ptr[11], m->r2 = (float *)ptr[12];
+		m->p16 = (uint16_t *)ptr[6];
+		m->acc0 = (float *)ptr[7];
+		m->r0 = (float *)ptr[8], m->r1 = (float *)ptr[9], m->r2 = (float *)ptr[10];
 	}
 	return at;
 }
@@ -335,7 +337,8 @@ HPU_FT_BLOCK void hpu__ft_fwd_block(const hpu__flash_dims *a, const float *qkv,
 
 /* ---- the backward: dq (and D) of query rows q0 to q0 + 63 ---- */
 
-/* lse into r0 and D = dO . O into r1 (and delta[]) for each row. */
+/* lse into r0 and, where r1 is there, D into it: made as dO . O (and
+ * written to delta[]) where ctx is not NULL, else read from delta[]. */
 HPU_FLASH void hpu__ft_rows_in(const hpu__flash_dims *a, const float *lse, const float *ctx,
 			       const float *dctx, float *delta, int b, int h, int q0,
 			       const hpu__ft_smem *m, int tid, int nth)
@@ -344,6 +347,8 @@ HPU_FLASH void hpu__ft_rows_in(const hpu__flash_dims *a, const float *lse, const
 	for (int r = tid; r < HPU_FT_ROWS; r += nth) {
 		size_t row = hpu__flash_row_at(a, b, h, q0 + r);
 		m->r0[r] = r < n ? lse[row] : 0.0f;
+		if (!m->r1)
+			continue;
 		if (ctx) {
 			m->r1[r] = r < n ? hpu__flash_delta_row(a, ctx, dctx, b, h, q0 + r) : 0.0f;
 			if (r < n)
@@ -353,25 +358,26 @@ HPU_FLASH void hpu__ft_rows_in(const hpu__flash_dims *a, const float *lse, const
 	}
 }
 
-/* dS = P (dP - D), P = exp(scale s - lse), into q-rows-by-keys p16 (or,
- * transposed, keys-by-queries: P^T into p16 and dS^T into q16, the
- * scores' tiles s and u keys by queries too). */
+enum { HPU_FT_DS, HPU_FT_DS_T, HPU_FT_P_T };
+
+/* Into p16, for query rows q0.. and keys k0.. (allowed pairs; 0
+ * elsewhere), with P = exp(scale s - lse) and dS = P (dP - D):
+ *   HPU_FT_DS    dS, queries by keys (s, u queries by keys: dq's);
+ *   HPU_FT_DS_T  dS^T, keys by queries (s, u keys by queries: dk's);
+ *   HPU_FT_P_T   P^T, keys by queries (s keys by queries: dv's). */
 HPU_FLASH void hpu__ft_ds(const hpu__flash_dims *a, const int32_t *mask, int b, int q0, int k0,
-			  int transposed, const hpu__ft_smem *m, int tid, int nth)
+			  int what, const hpu__ft_smem *m, int tid, int nth)
 {
+	const int tr = what != HPU_FT_DS;
 	for (int x = tid; x < HPU_FT_ROWS * HPU_FT_ROWS; x += nth) {
 		int y = x / HPU_FT_ROWS, z = x % HPU_FT_ROWS;
-		int r = transposed ? z : y, c = transposed ? y : z; /* query r, key c */
-		float p = 0.0f, ds = 0.0f;
+		int r = tr ? z : y, c = tr ? y : z; /* query r, key c */
+		float v = 0.0f;
 		if (hpu__ft_allowed(a, mask, b, q0 + r, k0 + c)) {
-			p = expf(m->s[y * HPU_FT_LDS + z] * a->scale - m->r0[r]);
-			ds = p * (m->u[y * HPU_FT_LDS + z] - m->r1[r]);
+			float p = expf(m->s[y * HPU_FT_LDS + z] * a->scale - m->r0[r]);
+			v = what == HPU_FT_P_T ? p : p * (m->u[y * HPU_FT_LDS + z] - m->r1[r]);
 		}
-		if (transposed) {
-			m->p16[y * HPU_FT_LDP + z] = hpu__ft_bf16(p);
-			m->q16[y * HPU_FT_LDP + z] = hpu__ft_bf16(ds);
-		} else
-			m->p16[y * HPU_FT_LDP + z] = hpu__ft_bf16(ds);
+		m->p16[y * HPU_FT_LDP + z] = hpu__ft_bf16(v);
 	}
 }
 
@@ -404,25 +410,24 @@ HPU_FT_BLOCK void hpu__ft_dq_block(const hpu__flash_dims *a, const float *qkv,
 					       hd + 8, HPU_FT_ROWS, hd, ft_w);
 				HPU_FT_MMA_ABT(m->u, HPU_FT_LDS, m->t16[1], hd + 8, m->t16[3],
 					       hd + 8, HPU_FT_ROWS, hd, ft_w));
-		HPU_FT_ALL(hpu__ft_ds(a, mask, b, q0, k0, 0, m, ft_tid, ft_nth));
+		HPU_FT_ALL(hpu__ft_ds(a, mask, b, q0, k0, HPU_FT_DS, m, ft_tid, ft_nth));
 		HPU_FT_WARPS_DO(HPU_FT_MMA_AB(m->acc0, hd + 4, m->p16, HPU_FT_LDP, m->t16[2], hd + 8,
 					      hd, HPU_FT_ROWS, ft_w));
 	}
 	HPU_FT_ALL(hpu__ft_out(a, m->acc0, a->scale, dqkv, 0, b, h, q0, ft_tid, ft_nth));
 }
 
-/* ---- dk and dv of keys k0 to k0 + 63 (after every dq block: D) ---- */
+/* ---- dk of keys k0 to k0 + 63 (after every dq block: D), and dv ---- */
 
-HPU_FT_BLOCK void hpu__ft_dkv_block(const hpu__flash_dims *a, const float *qkv,
-				    const int32_t *mask, const float *lse, const float *dctx,
-				    float *delta, float *dqkv, const hpu__ft_smem *m, int b, int h,
-				    int kt)
+HPU_FT_BLOCK void hpu__ft_dk_block(const hpu__flash_dims *a, const float *qkv,
+				   const int32_t *mask, const float *lse, const float *dctx,
+				   float *delta, float *dqkv, const hpu__ft_smem *m, int b, int h,
+				   int kt)
 {
 	const int k0 = kt * HPU_FT_ROWS, hd = a->hd;
 	HPU_FT_ALL(hpu__ft_load(a, qkv, 1, b, h, k0, m->t16[0], ft_tid, ft_nth);
 		   hpu__ft_load(a, qkv, 2, b, h, k0, m->t16[1], ft_tid, ft_nth);
-		   hpu__ft_zero(m->acc0, hd, ft_tid, ft_nth);
-		   hpu__ft_zero(m->acc1, hd, ft_tid, ft_nth));
+		   hpu__ft_zero(m->acc0, hd, ft_tid, ft_nth));
 	for (int q0 = a->causal ? k0 : 0; q0 < a->t; q0 += HPU_FT_ROWS) {
 		HPU_FT_ALL(hpu__ft_load(a, qkv, 0, b, h, q0, m->t16[2], ft_tid, ft_nth);
 			   hpu__ft_load(a, dctx, -1, b, h, q0, m->t16[3], ft_tid, ft_nth);
@@ -432,14 +437,31 @@ HPU_FT_BLOCK void hpu__ft_dkv_block(const hpu__flash_dims *a, const float *qkv,
 					       hd + 8, HPU_FT_ROWS, hd, ft_w);
 				HPU_FT_MMA_ABT(m->u, HPU_FT_LDS, m->t16[1], hd + 8, m->t16[3],
 					       hd + 8, HPU_FT_ROWS, hd, ft_w));
-		HPU_FT_ALL(hpu__ft_ds(a, mask, b, q0, k0, 1, m, ft_tid, ft_nth));
-		HPU_FT_WARPS_DO(HPU_FT_MMA_AB(m->acc1, hd + 4, m->p16, HPU_FT_LDP, m->t16[3], hd + 8,
-					      hd, HPU_FT_ROWS, ft_w);
-				HPU_FT_MMA_AB(m->acc0, hd + 4, m->q16, HPU_FT_LDP, m->t16[2], hd + 8,
+		HPU_FT_ALL(hpu__ft_ds(a, mask, b, q0, k0, HPU_FT_DS_T, m, ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_AB(m->acc0, hd + 4, m->p16, HPU_FT_LDP, m->t16[2], hd + 8,
 					      hd, HPU_FT_ROWS, ft_w));
 	}
-	HPU_FT_ALL(hpu__ft_out(a, m->acc0, a->scale, dqkv, 1, b, h, k0, ft_tid, ft_nth);
-		   hpu__ft_out(a, m->acc1, 1.0f, dqkv, 2, b, h, k0, ft_tid, ft_nth));
+	HPU_FT_ALL(hpu__ft_out(a, m->acc0, a->scale, dqkv, 1, b, h, k0, ft_tid, ft_nth));
+}
+
+HPU_FT_BLOCK void hpu__ft_dv_block(const hpu__flash_dims *a, const float *qkv,
+				   const int32_t *mask, const float *lse, const float *dctx,
+				   float *dqkv, const hpu__ft_smem *m, int b, int h, int kt)
+{
+	const int k0 = kt * HPU_FT_ROWS, hd = a->hd;
+	HPU_FT_ALL(hpu__ft_load(a, qkv, 1, b, h, k0, m->t16[0], ft_tid, ft_nth);
+		   hpu__ft_zero(m->acc0, hd, ft_tid, ft_nth));
+	for (int q0 = a->causal ? k0 : 0; q0 < a->t; q0 += HPU_FT_ROWS) {
+		HPU_FT_ALL(hpu__ft_load(a, qkv, 0, b, h, q0, m->t16[1], ft_tid, ft_nth);
+			   hpu__ft_load(a, dctx, -1, b, h, q0, m->t16[2], ft_tid, ft_nth);
+			   hpu__ft_rows_in(a, lse, NULL, NULL, NULL, b, h, q0, m, ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_ABT(m->s, HPU_FT_LDS, m->t16[0], hd + 8, m->t16[1],
+					       hd + 8, HPU_FT_ROWS, hd, ft_w));
+		HPU_FT_ALL(hpu__ft_ds(a, mask, b, q0, k0, HPU_FT_P_T, m, ft_tid, ft_nth));
+		HPU_FT_WARPS_DO(HPU_FT_MMA_AB(m->acc0, hd + 4, m->p16, HPU_FT_LDP, m->t16[2], hd + 8,
+					      hd, HPU_FT_ROWS, ft_w));
+	}
+	HPU_FT_ALL(hpu__ft_out(a, m->acc0, 1.0f, dqkv, 2, b, h, k0, ft_tid, ft_nth));
 }
 
 /* The tiles of a sequence of t. */
@@ -452,17 +474,18 @@ HPU_FLASH int hpu__ft_tiles(int t)
 #include <stdlib.h>
 
 /* The kernels' grids in C (the tests'): every forward block, then every
- * dq block (D into delta[batch * heads * t]), then every dk/dv block;
- * with dqkv NULL the forward alone. -1 without memory for the tiles. */
+ * dq block (D into delta[batch * heads * t]), then every dk block and
+ * every dv block; with dqkv NULL the forward alone. -1 without memory for
+ * the tiles. */
 static inline int hpu__ft_run_c(const hpu__flash_dims *a, const float *qkv, const int32_t *mask,
 				float *ctx, float *lse, const float *dctx, float *delta,
 				float *dqkv)
 {
-	const int nt = hpu__ft_tiles(a->t), blocks = dqkv ? 3 : 1;
-	void *mem[3] = {NULL, NULL, NULL};
-	hpu__ft_smem m[3];
+	const int nt = hpu__ft_tiles(a->t), blocks = dqkv ? 4 : 1;
+	void *mem[4] = {NULL, NULL, NULL, NULL};
+	hpu__ft_smem m[4];
 	int rc = 0;
-	for (int k = 0; k < blocks && !rc; k++) {
+	for (int k = 0; k < blocks; k++) {
 		size_t bytes = hpu__ft_layout(k, a->hd, NULL, NULL);
 		mem[k] = aligned_alloc(128, bytes);
 		if (!mem[k]) {
@@ -475,18 +498,21 @@ static inline int hpu__ft_run_c(const hpu__flash_dims *a, const float *qkv, cons
 	for (int b = 0; !rc && b < a->batch; b++)
 		for (int h = 0; h < a->heads; h++)
 			for (int x = nt - 1; x >= 0; x--)
-				hpu__ft_fwd_block(a, qkv, mask, ctx, lse, &m[0], b, h, x);
+				hpu__ft_fwd_block(a, qkv, mask, ctx, lse, &m[HPU_FT_FWD], b, h, x);
 	for (int b = 0; !rc && dqkv && b < a->batch; b++)
 		for (int h = 0; h < a->heads; h++)
 			for (int x = nt - 1; x >= 0; x--)
-				hpu__ft_dq_block(a, qkv, mask, ctx, lse, dctx, delta, dqkv, &m[1],
-						 b, h, x);
+				hpu__ft_dq_block(a, qkv, mask, ctx, lse, dctx, delta, dqkv,
+						 &m[HPU_FT_DQ], b, h, x);
 	for (int b = 0; !rc && dqkv && b < a->batch; b++)
 		for (int h = 0; h < a->heads; h++)
-			for (int x = 0; x < nt; x++)
-				hpu__ft_dkv_block(a, qkv, mask, lse, dctx, delta, dqkv, &m[2], b, h,
-						  x);
-	for (int k = 0; k < 3; k++)
+			for (int x = 0; x < nt; x++) {
+				hpu__ft_dk_block(a, qkv, mask, lse, dctx, delta, dqkv, &m[HPU_FT_DK],
+						 b, h, x);
+				hpu__ft_dv_block(a, qkv, mask, lse, dctx, dqkv, &m[HPU_FT_DV], b, h,
+						 x);
+			}
+	for (int k = 0; k < 4; k++)
 		free(mem[k]);
 	return rc;
 }

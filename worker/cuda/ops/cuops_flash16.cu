@@ -5,10 +5,11 @@
  * fragments with fp32 sums here (test_flash_tiles runs the same blocks on
  * the CPU with the products in fp32 loops). The forward's blocks take
  * the query tiles from the last (the longest under a causal mask) down;
- * the backward runs the dq blocks (which write D), then the dk/dv blocks.
+ * the backward runs the dq blocks (which write D), then the dk blocks,
+ * then the dv blocks.
  *
  * The tiles live in dynamic shared memory (hpu__ft_layout: at hd 64 the
- * forward's 72 KB, dq's 98 KB, dk/dv's 125 KB), above the 48 KB a block
+ * forward's and dv's 72 KB, dq's and dk's 99 KB), above the 48 KB a block
  * gets without asking: each kernel is allowed its bytes once a GPU, at
  * its first launch there (an eager step: --graphs records after warm-up
  * steps).
@@ -125,16 +126,30 @@ static __global__ void __launch_bounds__(HPU_FT_THREADS)
 }
 
 static __global__ void __launch_bounds__(HPU_FT_THREADS)
-	k_ft_dkv(const float *qkv, const int32_t *mask, const float *lse, const float *dctx,
-		 float *delta, float *dqkv, hpu__flash_dims a, size_t blocks)
+	k_ft_dk(const float *qkv, const int32_t *mask, const float *lse, const float *dctx,
+		float *delta, float *dqkv, hpu__flash_dims a, size_t blocks)
 {
 	hpu__ft_smem m;
-	hpu__ft_layout(HPU_FT_DKV, a.hd, ft_base(), &m);
+	hpu__ft_layout(HPU_FT_DK, a.hd, ft_base(), &m);
 	const int nt = hpu__ft_tiles(a.t);
 	for (size_t x = blockIdx.x; x < blocks; x += gridDim.x) {
 		int b, h, kt;
 		ft_split(&a, x, nt, 0, &b, &h, &kt);
-		hpu__ft_dkv_block(&a, qkv, mask, lse, dctx, delta, dqkv, &m, b, h, kt);
+		hpu__ft_dk_block(&a, qkv, mask, lse, dctx, delta, dqkv, &m, b, h, kt);
+	}
+}
+
+static __global__ void __launch_bounds__(HPU_FT_THREADS)
+	k_ft_dv(const float *qkv, const int32_t *mask, const float *lse, const float *dctx,
+		float *dqkv, hpu__flash_dims a, size_t blocks)
+{
+	hpu__ft_smem m;
+	hpu__ft_layout(HPU_FT_DV, a.hd, ft_base(), &m);
+	const int nt = hpu__ft_tiles(a.t);
+	for (size_t x = blockIdx.x; x < blocks; x += gridDim.x) {
+		int b, h, kt;
+		ft_split(&a, x, nt, 0, &b, &h, &kt);
+		hpu__ft_dv_block(&a, qkv, mask, lse, dctx, dqkv, &m, b, h, kt);
 	}
 }
 
@@ -212,25 +227,31 @@ extern "C" cudaError_t hpu__cukm_flash16_bwd(const float *qkv, const int32_t *ma
 					     float *dqkv, float *delta, int batch, int t, int heads,
 					     int hd, int causal, cudaStream_t st)
 {
-	static size_t allowed_dq[FT_DEVICES], allowed_dkv[FT_DEVICES];
+	static size_t allowed_dq[FT_DEVICES], allowed_dk[FT_DEVICES], allowed_dv[FT_DEVICES];
 	if (!hpu__ft_hd_ok(hd))
 		return cudaErrorNotSupported;
 	if (batch <= 0 || t <= 0 || heads <= 0)
 		return cudaSuccess;
 	hpu__flash_dims a = ft_dims(batch, t, heads, hd, causal);
 	size_t bq = hpu__ft_layout(HPU_FT_DQ, hd, NULL, NULL) + FT_SLACK;
-	size_t bkv = hpu__ft_layout(HPU_FT_DKV, hd, NULL, NULL) + FT_SLACK;
+	size_t bk = hpu__ft_layout(HPU_FT_DK, hd, NULL, NULL) + FT_SLACK;
+	size_t bv = hpu__ft_layout(HPU_FT_DV, hd, NULL, NULL) + FT_SLACK;
 	size_t blocks = ft_blocks(batch, t, heads);
 	cudaError_t e = allow((const void *)k_ft_dq, bq, allowed_dq);
 	if (e == cudaSuccess)
-		e = allow((const void *)k_ft_dkv, bkv, allowed_dkv);
+		e = allow((const void *)k_ft_dk, bk, allowed_dk);
+	if (e == cudaSuccess)
+		e = allow((const void *)k_ft_dv, bv, allowed_dv);
 	if (e != cudaSuccess)
 		return e;
 	k_ft_dq<<<ft_grid(blocks), HPU_FT_THREADS, bq, st>>>(qkv, mask, ctx, lse, dctx, delta, dqkv,
 							    a, blocks);
 	if ((e = cudaGetLastError()) != cudaSuccess)
 		return e;
-	k_ft_dkv<<<ft_grid(blocks), HPU_FT_THREADS, bkv, st>>>(qkv, mask, lse, dctx, delta, dqkv, a,
-							      blocks);
+	k_ft_dk<<<ft_grid(blocks), HPU_FT_THREADS, bk, st>>>(qkv, mask, lse, dctx, delta, dqkv, a,
+							    blocks);
+	if ((e = cudaGetLastError()) != cudaSuccess)
+		return e;
+	k_ft_dv<<<ft_grid(blocks), HPU_FT_THREADS, bv, st>>>(qkv, mask, lse, dctx, dqkv, a, blocks);
 	return cudaGetLastError();
 }
