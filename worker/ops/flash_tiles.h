@@ -158,13 +158,14 @@ HPU_FLASH void hpu__ft_mma_ab_c(float *c, int ldc, const uint16_t *a, int lda, c
  *   s, u       [64][LDS] fp32:    S -, S dP, S^T dP^T, S^T -
  *   p16        [64][LDP] bf16:    P, dS, dS^T, P^T
  *   acc0       [64][hd + 4] fp32: O, dq, dk, dv
- *   r0, r1, r2 [64] fp32:         max sum factor, lse D -, lse D -, lse - - */
+ *   r0, r1     [64] fp32:         max sum, lse D, lse D, lse -
+ *   r2, r3     [128] fp32:        the half rows' maxima and sums (fwd) */
 typedef struct hpu__ft_smem {
 	uint16_t *t16[4];
 	float *s, *u;
 	uint16_t *p16;
 	float *acc0;
-	float *r0, *r1, *r2;
+	float *r0, *r1, *r2, *r3;
 } hpu__ft_smem;
 
 enum { HPU_FT_FWD, HPU_FT_DQ, HPU_FT_DK, HPU_FT_DV };
@@ -179,7 +180,7 @@ HPU_FLASH size_t hpu__ft_layout(int block, int hd, void *base, hpu__ft_smem *m)
 	const size_t nr = (size_t)HPU_FT_ROWS * 4;
 	const int n_t16 = block == HPU_FT_FWD || block == HPU_FT_DV ? 3 : 4;
 	const int two = block == HPU_FT_DQ || block == HPU_FT_DK;
-	size_t sizes[12], at = 0;
+	size_t sizes[13], at = 0;
 	int k = 0;
 	for (int i = 0; i < 4; i++)
 		sizes[k++] = i < n_t16 ? n16 : 0;
@@ -189,8 +190,9 @@ HPU_FLASH size_t hpu__ft_layout(int block, int hd, void *base, hpu__ft_smem *m)
 	sizes[k++] = na;
 	sizes[k++] = nr;
 	sizes[k++] = block == HPU_FT_DV ? 0 : nr;
-	sizes[k++] = block == HPU_FT_FWD ? nr : 0;
-	void *ptr[12];
+	sizes[k++] = block == HPU_FT_FWD ? 2 * nr : 0;
+	sizes[k++] = block == HPU_FT_FWD ? 2 * nr : 0;
+	void *ptr[13];
 	for (int i = 0; i < k; i++) {
 		ptr[i] = base && sizes[i] ? (char *)base + at : NULL;
 		at += (sizes[i] + 127) / 128 * 128;
@@ -202,6 +204,7 @@ HPU_FLASH size_t hpu__ft_layout(int block, int hd, void *base, hpu__ft_smem *m)
 		m->p16 = (uint16_t *)ptr[6];
 		m->acc0 = (float *)ptr[7];
 		m->r0 = (float *)ptr[8], m->r1 = (float *)ptr[9], m->r2 = (float *)ptr[10];
+		m->r3 = (float *)ptr[11];
 	}
 	return at;
 }
@@ -248,47 +251,64 @@ HPU_FLASH void hpu__ft_fwd_init(const hpu__flash_dims *a, const hpu__ft_smem *m,
 	}
 }
 
-/* Row r: the tile's scaled scores (-INF where not allowed), the running
- * max r0 and the factor r2 the row's sum and output are rescaled by. */
+/* The online softmax of a key tile, two threads a row (x = 2 r + half:
+ * row r's columns half * 32 to half * 32 + 31). The half row's scaled
+ * scores (-INF where not allowed) in place, their maximum into r2[x]. */
 HPU_FLASH void hpu__ft_fwd_max(const hpu__flash_dims *a, const int32_t *mask, int b, int q0,
 			       int k0, const hpu__ft_smem *m, int tid, int nth)
 {
-	for (int r = tid; r < HPU_FT_ROWS; r += nth) {
+	for (int x = tid; x < 2 * HPU_FT_ROWS; x += nth) {
+		const int r = x >> 1, c0 = (x & 1) * (HPU_FT_ROWS / 2);
 		float *s = m->s + r * HPU_FT_LDS, mx = -INFINITY;
-		for (int c = 0; c < HPU_FT_ROWS; c++) {
+		for (int c = c0; c < c0 + HPU_FT_ROWS / 2; c++) {
 			float v = hpu__ft_allowed(a, mask, b, q0 + r, k0 + c) ? s[c] * a->scale
 									      : -INFINITY;
 			s[c] = v;
 			mx = v > mx ? v : mx;
 		}
-		float old = m->r0[r], mn = mx > old ? mx : old;
-		m->r2[r] = mn == -INFINITY ? 1.0f : expf(old - mn);
-		m->r0[r] = mn;
+		m->r2[x] = mx;
 	}
 }
 
-/* P = exp(s - max) (fp32 in s, bf16 in p16), the output rescaled. */
+/* Row r's new maximum (the running one r0 and its halves') and the factor
+ * its sum and output are rescaled by. */
+HPU_FLASH float hpu__ft_fwd_new_max(const hpu__ft_smem *m, int r, float *factor)
+{
+	float old = m->r0[r], mn = old;
+	mn = m->r2[2 * r] > mn ? m->r2[2 * r] : mn;
+	mn = m->r2[2 * r + 1] > mn ? m->r2[2 * r + 1] : mn;
+	*factor = mn == -INFINITY ? 1.0f : expf(old - mn);
+	return mn;
+}
+
+/* Half row x: P = exp(s - the new max) (fp32 in s, bf16 in p16), its sum
+ * into r3[x]; its half of the row's output rescaled. */
 HPU_FLASH void hpu__ft_fwd_exp(const hpu__flash_dims *a, const hpu__ft_smem *m, int tid, int nth)
 {
-	for (int x = tid; x < HPU_FT_ROWS * HPU_FT_ROWS; x += nth) {
-		int r = x / HPU_FT_ROWS, c = x % HPU_FT_ROWS;
-		float v = m->s[r * HPU_FT_LDS + c];
-		float p = v == -INFINITY ? 0.0f : expf(v - m->r0[r]);
-		m->s[r * HPU_FT_LDS + c] = p;
-		m->p16[r * HPU_FT_LDP + c] = hpu__ft_bf16(p);
-	}
 	const int hd = a->hd;
-	for (int x = tid; x < HPU_FT_ROWS * hd; x += nth)
-		m->acc0[(x / hd) * (hd + 4) + x % hd] *= m->r2[x / hd];
+	for (int x = tid; x < 2 * HPU_FT_ROWS; x += nth) {
+		const int r = x >> 1, c0 = (x & 1) * (HPU_FT_ROWS / 2), e0 = (x & 1) * (hd / 2);
+		float f, mn = hpu__ft_fwd_new_max(m, r, &f), sum = 0.0f;
+		float *s = m->s + r * HPU_FT_LDS;
+		for (int c = c0; c < c0 + HPU_FT_ROWS / 2; c++) {
+			float p = s[c] == -INFINITY ? 0.0f : expf(s[c] - mn);
+			s[c] = p;
+			m->p16[r * HPU_FT_LDP + c] = hpu__ft_bf16(p);
+			sum += p;
+		}
+		m->r3[x] = sum;
+		for (int e = e0; e < e0 + hd / 2; e++)
+			m->acc0[r * (hd + 4) + e] *= f;
+	}
 }
 
+/* Row r's running maximum and sum, from its halves'. */
 HPU_FLASH void hpu__ft_fwd_sum(const hpu__ft_smem *m, int tid, int nth)
 {
 	for (int r = tid; r < HPU_FT_ROWS; r += nth) {
-		float l = m->r1[r] * m->r2[r];
-		for (int c = 0; c < HPU_FT_ROWS; c++)
-			l += m->s[r * HPU_FT_LDS + c];
-		m->r1[r] = l;
+		float f, mn = hpu__ft_fwd_new_max(m, r, &f);
+		m->r1[r] = m->r1[r] * f + (m->r3[2 * r] + m->r3[2 * r + 1]);
+		m->r0[r] = mn;
 	}
 }
 
