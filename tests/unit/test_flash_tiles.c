@@ -124,6 +124,13 @@ static void test_tiles(void **state)
 	int32_t *m200 = xcalloc(2 * 200, 4);
 	for (int i = 0; i < 2 * 200; i++)
 		m200[i] = i % 200 < 180 && i % 17 != 5;
+	/* a key tile's first or second half all padding (a row's half maximum
+	 * -inf while the other half's is not), sample 1 only keys 32..63 */
+	int32_t *half = xcalloc(2 * 128, 4);
+	for (int i = 0; i < 128; i++) {
+		half[i] = (i / 32) % 2;
+		half[128 + i] = i >= 32 && i < 64;
+	}
 	const shape shapes[] = {
 		{1, 9, 2, 16, 1, NULL},   /* one partial tile */
 		{1, 9, 2, 32, 0, NULL},
@@ -138,10 +145,22 @@ static void test_tiles(void **state)
 		{1, 150, 1, 128, 1, NULL},
 		{2, 200, 2, 64, 1, m200}, /* masks across tiles */
 		{2, 200, 1, 80, 0, m200},
+		{2, 128, 1, 64, 0, half}, /* half tiles padding */
+		{2, 128, 2, 32, 1, half},
 	};
 	for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
 		one(&shapes[k]);
+	/* again with each step's threads, and warps, run in the other orders
+	 * (new inputs, the same bound): a step reading what another thread of
+	 * it writes, which a GPU runs at once, would go wrong in one */
+	for (hpu__ft_c_order = 1; hpu__ft_c_order <= 2; hpu__ft_c_order++) {
+		printf("  threads %s:\n", hpu__ft_c_order == 1 ? "descending" : "shuffled");
+		for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+			one(&shapes[k]);
+	}
+	hpu__ft_c_order = 0;
 	free(m200);
+	free(half);
 }
 
 /* The tiles round as common/lowp.h (ties to even, NaN kept quiet): the

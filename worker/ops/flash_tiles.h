@@ -30,7 +30,7 @@
  * a key tile (hpu__ft_dk_block, reading the D the first wrote;
  * hpu__ft_dv_block): apart, each block's shared memory is small enough
  * for two (dk) and three (dv) blocks on an SM of 228 KB at hd 64, where
- * one block doing both held 125 KB, one an SM. Causal: a query tile
+ * one block doing both took 122.6 KiB, one an SM. Causal: a query tile
  * visits the key tiles up to its last row, a key tile the query tiles
  * from its first. Internal to worker/ops and worker/cuda. */
 #ifndef HPU_FLASH_TILES_H
@@ -73,16 +73,30 @@
 #else
 #define HPU_FT_BLOCK static inline
 #endif
+/* The order a step's threads (and warps) run in C: 0 ascending, 1
+ * descending, 2 shuffled ((37 i + 11) mod 128). A step's threads must
+ * not read what another writes in the same step (on a GPU they run at
+ * once): where one did, the orders would give other results
+ * (test_flash_tiles runs all three). */
+static int hpu__ft_c_order;
+
+static inline int hpu__ft_c_index(int i, int n)
+{
+	return hpu__ft_c_order == 0 ? i : hpu__ft_c_order == 1 ? n - 1 - i : (37 * i + 11) % n;
+}
+
 #define HPU_FT_ALL(...)                                                                       \
 	do {                                                                                  \
-		for (int ft_tid = 0; ft_tid < HPU_FT_THREADS; ft_tid++) {                     \
+		for (int ft_i = 0; ft_i < HPU_FT_THREADS; ft_i++) {                           \
+			const int ft_tid = hpu__ft_c_index(ft_i, HPU_FT_THREADS);             \
 			const int ft_nth = HPU_FT_THREADS;                                    \
 			__VA_ARGS__;                                                          \
 		}                                                                             \
 	} while (0)
 #define HPU_FT_WARPS_DO(...)                                                                  \
 	do {                                                                                  \
-		for (int ft_w = 0; ft_w < HPU_FT_WARPS; ft_w++) {                             \
+		for (int ft_i = 0; ft_i < HPU_FT_WARPS; ft_i++) {                             \
+			const int ft_w = hpu__ft_c_order ? HPU_FT_WARPS - 1 - ft_i : ft_i;    \
 			__VA_ARGS__;                                                          \
 		}                                                                             \
 	} while (0)

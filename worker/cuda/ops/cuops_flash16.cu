@@ -9,7 +9,8 @@
  * then the dv blocks.
  *
  * The tiles live in dynamic shared memory (hpu__ft_layout: at hd 64 the
- * forward's and dv's 72 KB, dq's and dk's 99 KB), above the 48 KB a block
+ * forward's 71.6 KiB, dv's 70.4, dq's and dk's 96.6, FT_SLACK included),
+ * above the 48 KiB a block
  * gets without asking: each kernel is allowed its bytes once a GPU, at
  * its first launch there (an eager step: --graphs records after warm-up
  * steps).
