@@ -576,6 +576,13 @@ static void test_flash_attention(void **state)
  * with no key and a padding key's dk and dv; a head size the tiles do not
  * take is refused having written nothing. */
 
+/* bits of n floats rounded to bf16 values on the host */
+static void host_round16(float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = hpu__ft_f32(hpu__ft_bf16(x[i]));
+}
+
 static void flash16_check(const char *what, const float *d, const float *tiles,
 			  const double *want, size_t n)
 {
@@ -607,10 +614,8 @@ static void flash16_one(int batch, int t, int heads, int hd, int causal, const i
 	char what[128];
 	fill(qkv, nq, -2, 2);
 	fill(dctx, no, -1, 1);
-	for (size_t i = 0; i < nq; i++) /* bf16 values, as autocast hands them over */
-		qkv[i] = hpu__ft_f32(hpu__ft_bf16(qkv[i]));
-	for (size_t i = 0; i < no; i++)
-		dctx[i] = hpu__ft_f32(hpu__ft_bf16(dctx[i]));
+	host_round16(qkv, nq); /* bf16 values, as autocast hands them over */
+	host_round16(dctx, no);
 	attn_ref(qkv, mask, dctx, batch, t, heads, hd, causal, rctx, rlse, rdqkv);
 	hpu__flash_dims a = {batch, t, heads, hd, causal, 1.0f / sqrtf((float)hd)};
 	assert_int_equal(hpu__ft_run_c(&a, qkv, mask, ctx, lse, dctx, delta, dqkv), 0);
@@ -683,13 +688,6 @@ static void dev_release(void *p)
 {
 	assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
 	cudaFree(p);
-}
-
-/* bits of n floats rounded to bf16 values on the host */
-static void host_round16(float *x, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		x[i] = hpu__ft_f32(hpu__ft_bf16(x[i]));
 }
 
 /* The public ops under bf16 autocast on the GPU's table run the tiles:
@@ -845,10 +843,8 @@ static int bench_attention(void)
 	float *qkv = xcalloc(nq, 4), *dctx = xcalloc(no, 4);
 	fill(qkv, nq, -2, 2);
 	fill(dctx, no, -1, 1);
-	for (size_t i = 0; i < nq; i++)
-		qkv[i] = hpu__ft_f32(hpu__ft_bf16(qkv[i]));
-	for (size_t i = 0; i < no; i++)
-		dctx[i] = hpu__ft_f32(hpu__ft_bf16(dctx[i]));
+	host_round16(qkv, nq);
+	host_round16(dctx, no);
 	float *gq = dput(qkv, nq * 4), *gc = dnan(no * 4), *gl = dnan(nl * 4);
 	float *gdc = dput(dctx, no * 4), *gdq = dnan(nq * 4);
 	const double fwd_flop = 4.0 * batch * heads * (double)t * t * hd / 2;
