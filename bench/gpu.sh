@@ -22,8 +22,9 @@
 #     "graphs:" lines say what was recorded or why not) (hpulaunch --device
 #     cuda --devices 1, AdamW lr 1e-3, STEPS (200) steps, the first 10 left
 #     out of samples/s) on Fashion-MNIST where it is installed, else on
-#     synthetic IDX files; the CNN again with HPU_CUDNN_FIND=1; then the
-#     peer (torch_gpu.py mlp / cnn);
+#     synthetic IDX files; the CNN again with HPU_CUDNN_FIND=1; the MLP in
+#     fp8, eager and with --graphs (its scaling state on the device); then
+#     the peer (torch_gpu.py mlp / cnn);
 #   - the all_reduce of 64 MiB between 2 workers sharing the GPU on device
 #     memory (test_cuda_ipc --bench, beside the device-to-device copy rate
 #     in the same run) and PyTorch's device-to-device copy of 1 GiB;
@@ -269,6 +270,17 @@ PY
       row "$m $p samples/s --graphs" "$g" "$(tcell "$t" "$out/torch-$m.log")" \
         "ratio $(ratio "$g" "$t"); ours eager ${got[$p]}: $(ratio "$g" "${got[$p]}"); $said"
     done
+    if [ "$m" = mlp ]; then # fp8 (its scaling state on the device: the step records)
+      ours ours-mlp-fp8 fp8 256 "${STEPS:-200}" 90 "$build/lib/fmnist_mlp.so" -- --data "$data"
+      e8=$(cell "${sps%.*}"); w8=$(why "$out/ours-mlp-fp8.log")
+      ours ours-mlp-fp8-graphs fp8 256 "${STEPS:-200}" 90 --graphs --verbose \
+        "$build/lib/fmnist_mlp.so" -- --data "$data"
+      g=$(cell "${sps%.*}")
+      said=$(grep -a -o -E 'graphs: [^[]*(recorded the step|not recorded|steps replayed)[^[]*' "$out/ours-mlp-fp8-graphs.log" | tr '\n' ';' | cut -c1-200)
+      case $g in FAILED|"not run"|"timed out") said="ours: $(why "$out/ours-mlp-fp8-graphs.log")";; esac
+      case $e8 in FAILED|"not run"|"timed out") e8="$e8 ($w8)";; esac
+      row "mlp fp8 samples/s --graphs" "$g" "" "ours eager fp8 $e8: $(ratio "$g" "${e8%% *}"); bf16 eager ${got[bf16]}; $said"
+    fi
     unset got
   done
 

@@ -28,7 +28,9 @@
 # samples/s of each and the ratios. The first 3 steps run eagerly under
 # --graphs too (--graphs-warmup), and hpulaunch leaves the first step out
 # of samples/s. MODES (space-separated) picks the columns; by default all
-# four.
+# four. CONFIGS picks the rows, MODEL-BATCH:PRECISION each (by default
+# "mlp-256:fp32 mlp-256:bf16-mixed cnn-256:fp32 tiny-1:fp32"; fp8 too:
+# "mlp-256:fp8 tiny-1:fp8").
 #
 #   bash bench/graphs_cpu.sh BUILD [ROUNDS]
 set -euo pipefail
@@ -43,8 +45,8 @@ trap 'rm -rf "$tmp"' EXIT
 echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 sps() { sed -n 's/.*final loss [0-9.]*, \([0-9.]*\) samples\/s.*/\1/p' "$1" | tail -1; }
 for ((r = 1; r <= rounds; r++)); do
-  for cfg in "mlp-256 fp32" "mlp-256 bf16-mixed" "cnn-256 fp32" "tiny-1 fp32"; do
-    set -- $cfg
+  for cfg in ${CONFIGS:-mlp-256:fp32 mlp-256:bf16-mixed cnn-256:fp32 tiny-1:fp32}; do
+    set -- ${cfg/:/ }
     name=$1 p=$2 b=${1#*-} m=${1%-*} n=$steps margs=()
     [ $m = tiny ] && m=mlp n=$tiny_steps margs=(-- --hidden 8 --depth 2)
     for mode in $modes; do

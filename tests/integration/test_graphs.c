@@ -251,25 +251,26 @@ static void test_bce_logits_recorded(void **state)
 	free(ob);
 }
 
-/* A checkpoint at step 4 of a --graphs run, resumed under --graphs to
- * step 8: the same parameters as 8 steps straight, eagerly. */
-static void resume_on(const char *dev)
+/* A checkpoint at step 4 of a --graphs run in `prec`, resumed under
+ * --graphs to step 8: the same parameters as 8 steps straight, eagerly. */
+static void resume_on(const char *dev, const char *prec)
 {
 	char ck[600], straight[64], first[64], resumed[64];
-	snprintf(ck, sizeof ck, "%s/ck-%s", dir, dev);
-	snprintf(straight, sizeof straight, "%s-straight", dev);
-	snprintf(first, sizeof first, "%s-first", dev);
-	snprintf(resumed, sizeof resumed, "%s-resumed", dev);
-	free(train(straight, 1, dev, 0, NULL, NULL, "--max-steps", "8", "--precision",
-		   "bf16-mixed", NULL));
-	free(train(first, 1, dev, 1, NULL, NULL, "--max-steps", "4", "--precision",
-		   "bf16-mixed", "--checkpoint-dir", ck, "--checkpoint-every", "4", NULL));
-	char *o = train(resumed, 1, dev, 1, NULL, NULL, "--max-steps", "8", "--precision",
-			"bf16-mixed", "--checkpoint-dir", ck, "--resume", "auto", NULL);
+	snprintf(ck, sizeof ck, "%s/ck-%s-%s", dir, dev, prec);
+	snprintf(straight, sizeof straight, "%s-%s-straight", dev, prec);
+	snprintf(first, sizeof first, "%s-%s-first", dev, prec);
+	snprintf(resumed, sizeof resumed, "%s-%s-resumed", dev, prec);
+	free(train(straight, 1, dev, 0, NULL, NULL, "--max-steps", "8", "--precision", prec,
+		   NULL));
+	free(train(first, 1, dev, 1, NULL, NULL, "--max-steps", "4", "--precision", prec,
+		   "--checkpoint-dir", ck, "--checkpoint-every", "4", NULL));
+	char *o = train(resumed, 1, dev, 1, NULL, NULL, "--max-steps", "8", "--precision", prec,
+			"--checkpoint-dir", ck, "--resume", "auto", NULL);
 	long replayed, recorded, eager;
 	replays(o, &replayed, &recorded, &eager);
-	printf("  %s: resumed at step 4 under --graphs: %ld replayed, %ld eager; parameters %s\n",
-	       dev, replayed, eager, same_file(straight, resumed) ? "the same" : "DIFFERENT");
+	printf("  %s, %s: resumed at step 4 under --graphs: %ld replayed, %ld eager; "
+	       "parameters %s\n",
+	       dev, prec, replayed, eager, same_file(straight, resumed) ? "the same" : "DIFFERENT");
 	assert_non_null(strstr(o, "resumed from"));
 	assert_int_equal(recorded, 1);
 	assert_int_equal(replayed, 2);
@@ -280,7 +281,7 @@ static void resume_on(const char *dev)
 static void test_resume(void **state)
 {
 	(void)state;
-	resume_on("cpu-strict");
+	resume_on("cpu-strict", "bf16-mixed");
 }
 
 #define GPT_ARGS "--dim 32 --heads 2 --layers 1 --ctx 16 --gen 0"
@@ -1193,7 +1194,7 @@ static void test_cpu_records(void **state)
 	strategies_fp32("cpu");
 	strategies_bf16("cpu");
 	same_with_graphs("cpu", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
-	resume_on("cpu");
+	resume_on("cpu", "bf16-mixed");
 	evaluation_on("cpu");
 	/* 2 workers: their collectives recorded as host calls there too */
 	two_workers_on("cpu", "two-fp32", "fast_ddp", "fp32", 6, 0, NULL);
@@ -1258,6 +1259,24 @@ static void test_calls_independent_of_size(void **state)
 	free(gpt), free(cnn), free(mlp);
 }
 
+/* fp8 training records: its scaling state lives on the device (a
+ * tensor's amax and a new call site's first scale taken by a kernel, the
+ * quantization reading the scale when it runs, the roll after the step),
+ * so nothing comes back to the host inside a step. Before, no fp8 step
+ * was recorded ("the kernel amax writes host memory (its argument
+ * amax)"). At 1 worker (2 micro-steps, clipping, a schedule) and at 2
+ * (the step's amax reduced over the ranks between the replays), gpt_lm
+ * with its dropout (fp8 linears, bf16 attention), and a checkpoint
+ * resumed under --graphs: eager's parameters, bit for bit. */
+static void test_fp8_recorded(void **state)
+{
+	(void)state;
+	same_with_graphs("cpu-strict", "fp8", 6, 0, "fast_ddp", "fp8", NULL);
+	two_workers("two-fp8", "zero1", "fp8", 6, 0, NULL);
+	free(gpt_dropout("cpu-strict", 1, "fp8"));
+	resume_on("cpu-strict", "fp8");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1282,6 +1301,7 @@ int main(void)
 	    cmocka_unit_test(test_refused_runs_once),
 	    cmocka_unit_test(test_two_workers_zero3_eval),
 	    cmocka_unit_test(test_nvme_eval_refused),
+	    cmocka_unit_test(test_fp8_recorded),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "worker/ops/backend.h"
+#include "worker/ops/backend_host.h"
 #include "worker/ops/autocast.h"
 #include "worker/ops/backend_dnnl.h"
 #include "worker/ops/backend_vec.h"
@@ -586,10 +587,11 @@ static void test_public_bf16(void **state)
  * on the reference table: the same bits, and every entry called. */
 
 enum { H_BIAS, H_BIAS16, H_ROUND, H_TO_BF16, H_FROM16, H_ADD, H_AMAX, H_QUANT, H_IDS,
-       H_CORRECT, H_N };
-static const char *const hook_names[H_N] = {"bias_grad f32", "bias_grad bf16", "round",
-					    "to_bf16", "from16", "add", "amax",
-					    "fp8_fake_quant", "ids_in_range", "count_correct"};
+       H_CORRECT, H_AMAX_SCALE, H_QUANT_AT, H_ROLL, H_STATE_COPY, H_N };
+static const char *const hook_names[H_N] = {
+	"bias_grad f32", "bias_grad bf16", "round",	     "to_bf16",	     "from16",
+	"add",		 "amax",	   "fp8_fake_quant", "ids_in_range", "count_correct",
+	"fp8_amax_scale", "fp8_quant_at",  "fp8_roll",	     "fp8_state_copy"};
 static int hook_calls[H_N];
 static hpu__backend hooked;
 
@@ -662,6 +664,31 @@ static int h_quant(const float *x, float *y, size_t n, float scale, int fmt)
 	return HPU_BE_OK;
 }
 
+/* fp8 training's state entries: the host's kernels, counted */
+static int h_amax_scale(const float *x, size_t n, float *step, float *sc, int fmt, int margin)
+{
+	hook_calls[H_AMAX_SCALE]++;
+	return hpu__host_fp8_amax_scale(x, n, step, sc, fmt, margin);
+}
+
+static int h_quant_at(const float *x, float *y, size_t n, const float *scale, int fmt)
+{
+	hook_calls[H_QUANT_AT]++;
+	return hpu__host_fp8_quant_at(x, y, n, scale, fmt);
+}
+
+static int h_roll(float *chunk, int count, int cap, int history, int algo, int margin)
+{
+	hook_calls[H_ROLL]++;
+	return hpu__host_fp8_roll(chunk, count, cap, history, algo, margin);
+}
+
+static int h_state_copy(void *dst, const void *src, size_t bytes)
+{
+	hook_calls[H_STATE_COPY]++;
+	return hpu__host_fp8_state_copy(dst, src, bytes);
+}
+
 static int h_ids(const int32_t *ids, int n, int limit, int *ok)
 {
 	hook_calls[H_IDS]++;
@@ -732,6 +759,37 @@ static void run_passes(const hpu__backend *be, float *out)
 	/* fp8 */
 	out[k++] = hpu__fp8_amax(x, HB * HI);
 	hpu__fp8_fake_quant(x, out + k, HB * HI, 8.0f, HPU_FP8_E4M3), k += HB * HI;
+	/* fp8 training: a layer's linear forward and backward, two steps
+	 * (the step's amax brought back, as for a reduction over ranks, and
+	 * the roll), then its state as a checkpoint takes it */
+	float p8[HO * HI + HO], y8[HB * HO];
+	memcpy(p8, w, sizeof w), memcpy(p8 + HO * HI, b, sizeof b);
+	hpu_fp8_recipe r8 = {4, 0, HPU_FP8_AMAX_MAX};
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_FP8, err, sizeof err), 0);
+	hpu__fp8_set_mode(HPU_FP8_TRAIN, &r8);
+	for (int step = 0; step < 2; step++) {
+		hpu__op_layer(0, "fc", p8, HO * HI + HO, 0);
+		hpu_linear_forward(x, p8, p8 + HO * HI, y8, HB, HI, HO);
+		hpu__op_layer(0, "fc", p8, HO * HI + HO, 1);
+		memset(dw, 0, sizeof dw), memset(db, 0, sizeof db);
+		hpu_linear_backward(x, p8, dy, dx, dw, db, HB, HI, HO);
+		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		memcpy(out + k, y8, sizeof y8), k += HB * HO;
+		memcpy(out + k, dx, sizeof dx), k += HB * HI;
+		memcpy(out + k, dw, sizeof dw), k += HO * HI;
+		size_t n8;
+		const float *a8 = hpu__fp8_step_amax(&n8);
+		assert_int_equal(n8, 3);
+		memcpy(out + k, a8, 3 * sizeof *a8), k += 3;
+		hpu__fp8_roll();
+	}
+	hpu_fp8_saved sv;
+	assert_int_equal(hpu__fp8_saved_get(0, &sv), 0);
+	memcpy(out + k, sv.scale, sizeof sv.scale), k += 3;
+	memcpy(out + k, sv.hist, 3 * 4 * sizeof *sv.hist), k += 3 * 4;
+	out[k++] = (float)sv.nhist, out[k++] = (float)sv.pos;
+	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
 	/* labels and ids checked, accuracy counted */
 	out[k++] = hpu_cross_entropy_forward(dy, lab, NULL, HB, HO);
 	out[k++] = (float)hpu_accuracy_forward(dy, lab, HB, HO);
@@ -759,6 +817,10 @@ static void test_passes_on_table(void **state)
 	hooked.fp8_fake_quant = h_quant;
 	hooked.ids_in_range = h_ids;
 	hooked.count_correct = h_correct;
+	hooked.fp8_amax_scale = h_amax_scale;
+	hooked.fp8_quant_at = h_quant_at;
+	hooked.fp8_roll = h_roll;
+	hooked.fp8_state_copy = h_state_copy;
 	float *want = xcalloc(HOUT, sizeof *want), *got = xcalloc(HOUT, sizeof *got);
 	run_passes(&ref, want);
 	memset(hook_calls, 0, sizeof hook_calls);

@@ -26,6 +26,7 @@
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
 #include "worker/ops/checks.h"
+#include "worker/ops/fp8.h"
 
 #define MiB (1024ull * 1024)
 
@@ -775,7 +776,7 @@ static void test_every_entry(void **state)
 	printf("  %d entries recorded and replayed, %d refused\n", recorded,
 	       refused);
 	assert_int_equal(recorded + refused, W_N);
-	assert_int_equal(W_N, 58);
+	assert_int_equal(W_N, 62);
 	/* a kernel that fails when replayed: the launch says which */
 	assert_int_equal(begin(), 0);
 	assert_int_equal(walk[W_eltwise_fwd].call(t), HPU_BE_OK);
@@ -1089,6 +1090,57 @@ static void test_host_node(void **state)
 	close_dev();
 }
 
+/* fp8 training's scaling state lives on the device in blocks of
+ * HPU_FP8_CHUNK call sites, made eagerly: the first when fp8 training
+ * is set up, the next at the first call site past a block. Past one while
+ * recording, the recording is refused, naming fp8 (its zeros would be
+ * made again at each launch), and nothing of that call site is kept;
+ * eagerly the block is made, and the same calls then record. */
+static void test_fp8_state_made_eagerly(void **state)
+{
+	(void)state;
+	enum { F_B = 2, F_IN = 4, F_OUT = 3, F_SITES = HPU_FP8_CHUNK + 1 };
+	char err[256], why[512];
+	open_dev("cpu-strict", 1);
+	hpu__dev_ops_hooks();
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_FP8, err, sizeof err), 0);
+	hpu_fp8_recipe r = {2, 0, HPU_FP8_AMAX_MAX};
+	hpu__fp8_set_mode(HPU_FP8_TRAIN, &r);
+	static float hx[F_B * F_IN], hw[F_OUT * F_IN];
+	fill(hx, F_B * F_IN, 41);
+	fill(hw, F_OUT * F_IN, 42);
+	float *x = dev_in(hx, sizeof hx), *w = dev_in(hw, sizeof hw);
+	float *y = dev_in(NULL, F_B * F_OUT * 4);
+	hpu__dev_graph *g;
+	for (int pass = 0; pass < 3; pass++) { /* recorded, eager, recorded */
+		if (pass != 1)
+			assert_int_equal(begin(), 0);
+		for (int i = 0; i < F_SITES; i++) {
+			hpu__op_layer(i, "fc", w, F_OUT * F_IN, 0);
+			hpu_linear_forward(x, w, NULL, y, F_B, F_IN, F_OUT);
+		}
+		hpu__op_layer(-1, NULL, NULL, 0, 0);
+		if (pass == 1) {
+			assert_int_equal(hpu__fp8_count(), F_SITES);
+			continue;
+		}
+		int rc = end(&g, why, sizeof why);
+		printf("  %d call sites, recorded: %s\n", F_SITES, rc ? why : "kept");
+		assert_int_equal(rc, pass == 0 ? 1 : 0);
+		if (pass == 0) {
+			assert_non_null(strstr(why, "fp8: call site 257 is the first of a new block "
+						    "of fp8's scaling state (256 call sites a block)"));
+			assert_int_equal(hpu__fp8_count(), HPU_FP8_CHUNK);
+		}
+		hpu__dev_graph_free(&g);
+	}
+	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
+	assert_int_equal(hpu__autocast_init(HPU_AUTOCAST_NONE, err, sizeof err), 0);
+	hpu__be_set_dev_hooks(NULL);
+	hpu__dev_free(x), hpu__dev_free(w), hpu__dev_free(y);
+	close_dev();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1103,6 +1155,7 @@ int main(void)
 	    cmocka_unit_test(test_host_touch_cpu),
 	    cmocka_unit_test(test_training_step_cpu),
 	    cmocka_unit_test(test_host_node),
+	    cmocka_unit_test(test_fp8_state_made_eagerly),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,6 +31,7 @@
 
 #include "worker/cuda/cuda_ops.h"
 #include "worker/ops/backend.h"
+#include "worker/ops/backend_host.h"
 #include "worker/ops/fp8.h"
 #include "worker/ops/ops_ref.h"
 #include "common/lowp.h"
@@ -885,6 +886,68 @@ static void test_fp8(void **state)
 	free(x), free(y), free(got);
 }
 
+/* fp8 training's state on the device (fp8.h's chunk): the amax and first
+ * scale, quantization at the scale the kernel reads, and the roll, against
+ * the C kernels on a host copy of the same chunk, bit for bit, over
+ * several steps; the state's copies both ways. Instances seen and not,
+ * scales set and not, an amax of 0 and of inf (which keep the scale),
+ * histories half full and wrapping; MAX and the latest amax. */
+static void test_fp8_state(void **state)
+{
+	(void)state;
+	enum { H = 4, CAP = HPU_FP8_CHUNK, COUNT = HPU_FP8_CHUNK - 3, NX = 777 };
+	size_t floats = hpu__fp8_chunk_floats(CAP, H), bytes = floats * 4;
+	float *host = xcalloc(floats, 4), *got = xcalloc(floats, 4);
+	float *x = xcalloc(NX, 4), *yh = xcalloc(NX, 4), *yg = xcalloc(NX, 4);
+	rng_seed(17);
+	for (int i = 0; i < COUNT; i++) { /* some instances set up as if from earlier steps */
+		float *z = host + hpu__fp8_off_hist(CAP, H, i);
+		z[0] = (float)(i % (H + 1));
+		z[1] = (float)(i % H);
+		for (int k = 0; k < 3 * H; k++)
+			z[2 + k] = i % 5 ? ldexpf(rng_uniform(0, 1), (int)rng_uniform(-8, 9)) : 0.0f;
+		for (int t = 0; t < 3; t++)
+			host[hpu__fp8_off_scale(CAP, i, t)] = i % 3 ? ldexpf(1.0f, i % 7) : 0.0f;
+	}
+	float *dev = dnan(bytes), *dx = dnan(NX * 4), *dy = dnan(NX * 4);
+	assert_int_equal(gpu->fp8_state_copy(dev, host, bytes), HPU_BE_OK);
+	for (int step = 0; step < 6; step++) {
+		for (int i = step % 3; i < COUNT; i += 3)
+			for (int t = 0; t < 3; t++) {
+				if ((i + t + step) % 4 == 0)
+					continue; /* not seen this step */
+				int fmt = t == 2 ? HPU_FP8_E5M2 : HPU_FP8_E4M3;
+				fill(x, NX, -1, 1);
+				float big = (i + step) % 11 == 0   ? 0.0f
+					    : (i + step) % 13 == 0 ? INFINITY
+								   : ldexpf(1.5f, i % 20 - 10);
+				for (int k = 0; k < NX; k++)
+					x[k] = (i + step) % 11 == 0 ? 0.0f : x[k] * big;
+				cudaMemcpy(dx, x, NX * 4, cudaMemcpyHostToDevice);
+				size_t st = hpu__fp8_off_step(i, t), sc = hpu__fp8_off_scale(CAP, i, t);
+				hpu__host_fp8_amax_scale(x, NX, host + st, host + sc, fmt, step % 2);
+				assert_int_equal(gpu->fp8_amax_scale(dx, NX, dev + st, dev + sc, fmt,
+								     step % 2),
+						 HPU_BE_OK);
+				hpu__host_fp8_quant_at(x, yh, NX, host + sc, fmt);
+				assert_int_equal(gpu->fp8_quant_at(dx, dy, NX, dev + sc, fmt), HPU_BE_OK);
+				dget(yg, dy, NX * 4);
+				check_floats_bits("fp8 quantization at the device's scale", yg, yh, NX);
+			}
+		int algo = step < 3 ? HPU_FP8_AMAX_MAX : HPU_FP8_AMAX_MOST_RECENT;
+		assert_int_equal(hpu__host_fp8_roll(host, COUNT, CAP, H, algo, step % 2), HPU_BE_OK);
+		assert_int_equal(gpu->fp8_roll(dev, COUNT, CAP, H, algo, step % 2), HPU_BE_OK);
+		assert_int_equal(gpu->fp8_state_copy(got, dev, bytes), HPU_BE_OK);
+		for (size_t k = 0; k < floats; k++) /* the step pairs' scratch aside */
+			if (k >= hpu__fp8_off_scale(CAP, 0, 0) && k < hpu__fp8_off_hist(CAP, H, 0) &&
+			    (k - hpu__fp8_off_scale(CAP, 0, 0)) % 2)
+				got[k] = host[k];
+		check_floats_bits("fp8 state after the roll", got, host, floats);
+	}
+	dfree(dev), dfree(dx), dfree(dy);
+	free(host), free(got), free(x), free(yh), free(yg);
+}
+
 /* The public ops on device memory with the CUDA table in force (fp32):
  * linear forward and backward (products, bias epilogue, bias_grad) and
  * layer norm, against the same ops on the CPU. */
@@ -969,7 +1032,7 @@ int main(void)
 		cmocka_unit_test(test_embedding), cmocka_unit_test(test_xent),
 		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_bias_grad_many_rows),
 		cmocka_unit_test(test_convert),
-		cmocka_unit_test(test_fp8),	  cmocka_unit_test(test_ops_on_gpu),
+		cmocka_unit_test(test_fp8),	  cmocka_unit_test(test_fp8_state),	  cmocka_unit_test(test_ops_on_gpu),
 		cmocka_unit_test(test_checks),	  cmocka_unit_test(test_release),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -404,6 +404,10 @@ static const hpu__backend *build(const hpu__device *d)
 	PICK(add);
 	PICK(amax);
 	PICK(fp8_fake_quant);
+	PICK(fp8_amax_scale);
+	PICK(fp8_quant_at);
+	PICK(fp8_roll);
+	PICK(fp8_state_copy);
 	PICK(ids_in_range);
 	PICK(count_correct);
 	PICK(xent_pos_fwd);

@@ -70,6 +70,14 @@ WRAP(add, (const float *x, float *y, size_t n), (x, y, n))
 WRAP(amax, (const float *x, size_t n, float *amax), (x, n, amax))
 WRAP(fp8_fake_quant, (const float *x, float *y, size_t n, float scale, int fmt),
      (x, y, n, scale, fmt))
+WRAP(fp8_amax_scale,
+     (const float *x, size_t n, float *step, float *sc, int fmt, int margin),
+     (x, n, step, sc, fmt, margin))
+WRAP(fp8_quant_at, (const float *x, float *y, size_t n, const float *scale, int fmt),
+     (x, y, n, scale, fmt))
+WRAP(fp8_roll, (float *chunk, int count, int cap, int history, int algo, int margin),
+     (chunk, count, cap, history, algo, margin))
+WRAP(fp8_state_copy, (void *dst, const void *src, size_t bytes), (dst, src, bytes))
 WRAP(ids_in_range, (const int32_t *ids, int n, int limit, int *ok), (ids, n, limit, ok))
 WRAP(count_correct,
      (const float *logits, const int32_t *labels, int batch, int classes, int *correct),

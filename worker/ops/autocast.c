@@ -511,6 +511,12 @@ void hpu__ac_set_scratch_allocator(void *(*alloc)(size_t bytes), void (*release)
 	scratch_release = alloc && release ? release : NULL;
 }
 
+void *hpu__ac_alloc(size_t bytes, void (**release)(void *p))
+{
+	*release = scratch_alloc ? scratch_release : free;
+	return scratch_alloc ? scratch_alloc(bytes) : malloc(bytes);
+}
+
 float *hpu__ac_scratch(int slot, size_t n)
 {
 	grow((void **)&scratch[slot].p, &scratch[slot].cap, n, sizeof(float));

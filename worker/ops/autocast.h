@@ -144,6 +144,12 @@ float *hpu__ac_scratch(int slot, size_t n);
  * after them on its stream. Not thread-safe. */
 void hpu__ac_set_scratch_allocator(void *(*alloc)(size_t bytes), void (*release)(void *p));
 
+/* `bytes` of memory from that allocator (the device's where one is set,
+ * else the C heap), uninitialized, for state the ops keep across calls
+ * (fp8's scaling): NULL when out of memory. *release is set to what gives
+ * it back (the allocator may change later: keep it with the memory). */
+void *hpu__ac_alloc(size_t bytes, void (**release)(void *p));
+
 /* A bf16 copy of x[n] (round to nearest even) in uint16 scratch buffer
  * `slot` (0..HPU__AC_SLOTS-1, separate from the float slots; valid until
  * the slot is used again). NULL when x is NULL. Aborts when out of memory. */

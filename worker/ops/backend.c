@@ -161,6 +161,11 @@ int hpu__be_refused(const char *op, const char *fmt, ...)
 	_exit(1);
 }
 
+int hpu__be_recording_refuse(const char *why)
+{
+	return dev_hooks && dev_hooks->refuse ? dev_hooks->refuse(why) : 0;
+}
+
 int hpu__be_answer(const char *entry, int rc)
 {
 	if (rc == HPU_BE_UNSUPPORTED && !hpu__be_on_host() &&

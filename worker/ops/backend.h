@@ -187,6 +187,28 @@ typedef struct hpu__backend {
 	/* y[n] = fp8(x[n] * scale) / scale in format fmt (HPU_FP8_E4M3 or
 	 * _E5M2), as hpu__fp8_fake_quant, bit for bit (y may be x). */
 	int (*fp8_fake_quant)(const float *x, float *y, size_t n, float scale, int fmt);
+	/* fp8 training's scaling state on the device (fp8.h: a chunk's
+	 * step and scale pairs, its histories), which these read and write
+	 * when they run, so that a recorded step replays them. amax_scale:
+	 * a = max |x[n]| (NaN ignored; 0 for n == 0); step[0] = a where
+	 * larger, step[1] = 1; where sc[0] is 0, sc[0] =
+	 * hpu__fp8_scale_for(a, fmt, margin) (sc[1] is the kernel's
+	 * scratch). */
+	int (*fp8_amax_scale)(const float *x, size_t n, float *step, float *sc, int fmt,
+			      int margin);
+	/* y[n] = fp8(x[n] * s) / s as fp8_fake_quant, s = *scale (device
+	 * memory), or 1 where *scale is 0. */
+	int (*fp8_quant_at)(const float *x, float *y, size_t n, const float *scale, int fmt);
+	/* The delayed-scaling roll (fp8.c's hpu__fp8_roll) of instances
+	 * [0, count) of a chunk of `cap` (fp8.h): each tensor's step amax
+	 * into its history and the step pair cleared, the scale from the
+	 * history (algo HPU_FP8_AMAX_MAX or _MOST_RECENT; an amax of 0, inf or NaN keeps
+	 * it), the history's next slot. */
+	int (*fp8_roll)(float *chunk, int count, int cap, int history, int algo, int margin);
+	/* dst[bytes] = src[bytes], one of them host memory and the other the
+	 * device's: fp8's state for a checkpoint, the figures and the amax
+	 * reduction over ranks (the call waits for the copy). */
+	int (*fp8_state_copy)(void *dst, const void *src, size_t bytes);
 	/* *ok = 1 when every ids[n] lies in [0, limit), else 0 (labels and
 	 * token ids come from data files: the ops check them before a
 	 * kernel reads them; ok is host memory, the call waits for it). */
@@ -396,6 +418,13 @@ void hpu__be_set_dev_hooks(const hpu__be_dev_hooks *h);
  * refused already); otherwise the worker ends at once (exit status 1)
  * with one line, "the device D has no kernel for OP (DETAIL)". */
 int hpu__be_refused(const char *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* 1 while the calling thread records a step (the device's hooks): the
+ * recording is then refused with `why`, one sentence (unless it was
+ * refused already); else 0. For state an op makes once and keeps (fp8's
+ * scaling), which must be made eagerly: made in a recording, a replay
+ * would make it again. */
+int hpu__be_recording_refuse(const char *why);
 
 /* An entry's answer rc for op `entry` (a kernel-or-host op, which runs
  * no C loop after its table's refusal): HPU_BE_OK in place of

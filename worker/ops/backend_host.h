@@ -41,6 +41,11 @@ int hpu__host_from16(int fp16, const uint16_t *x, float *y, size_t n);
 /* fp8.c */
 int hpu__host_amax(const float *x, size_t n, float *amax);
 int hpu__host_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt);
+int hpu__host_fp8_amax_scale(const float *x, size_t n, float *step, float *sc, int fmt,
+			     int margin);
+int hpu__host_fp8_quant_at(const float *x, float *y, size_t n, const float *scale, int fmt);
+int hpu__host_fp8_roll(float *chunk, int count, int cap, int history, int algo, int margin);
+int hpu__host_fp8_state_copy(void *dst, const void *src, size_t bytes);
 
 /* ops_move.c */
 int hpu__host_copy(void *dst, const void *src, size_t bytes);

@@ -165,6 +165,73 @@ float hpu__fp8_scale_for(float amax, int fmt, int margin)
 	return ldexpf(1.0f, e);
 }
 
+/* ---- TRAIN's scaling state on the device (fp8.h): the CPU's kernels ---- */
+
+int hpu__host_fp8_amax_scale(const float *x, size_t n, float *step, float *sc, int fmt,
+			     int margin)
+{
+	float a = amax_c(x, n);
+	if (a > step[0])
+		step[0] = a;
+	step[1] = 1.0f;
+	if (sc[0] == 0.0f) /* a new instance: this tensor sets it */
+		sc[0] = hpu__fp8_scale_for(a, fmt, margin);
+	return HPU_BE_OK;
+}
+
+int hpu__host_fp8_quant_at(const float *x, float *y, size_t n, const float *scale, int fmt)
+{
+	fake_quant_c(x, y, n, *scale != 0.0f ? *scale : 1.0f, fmt);
+	return HPU_BE_OK;
+}
+
+int hpu__host_fp8_roll(float *chunk, int count, int cap, int history, int algo, int margin)
+{
+	int H = history;
+	for (int i = 0; i < count; i++) {
+		float *z = chunk + hpu__fp8_off_hist(cap, H, i);
+		int nhist = (int)z[0], pos = (int)z[1];
+		for (int t = 0; t < 3; t++) {
+			float *st = chunk + hpu__fp8_off_step(i, t), *h = z + 2 + (size_t)t * H;
+			if (st[1] == 0.0f) { /* not seen this step on any rank */
+				h[pos] = 0.0f;
+				continue;
+			}
+			h[pos] = st[0];
+			st[0] = st[1] = 0.0f;
+			int filled = nhist + 1 < H ? nhist + 1 : H;
+			float a = h[pos];
+			if (algo == HPU_FP8_AMAX_MAX)
+				for (int j = 0; j < filled; j++)
+					a = h[j] > a ? h[j] : a;
+			float s = hpu__fp8_scale_for(a, t == 2 ? HPU_FP8_E5M2 : HPU_FP8_E4M3, margin);
+			if (s != 0.0f) /* an amax of 0, inf or NaN keeps the scale */
+				chunk[hpu__fp8_off_scale(cap, i, t)] = s;
+		}
+		/* one history slot per step for all three tensors */
+		z[0] = (float)(nhist < H ? nhist + 1 : H);
+		z[1] = (float)((pos + 1) % H);
+	}
+	return HPU_BE_OK;
+}
+
+int hpu__host_fp8_state_copy(void *dst, const void *src, size_t bytes)
+{
+	memcpy(dst, src, bytes);
+	return HPU_BE_OK;
+}
+
+/* The table's entry where it has one, else the C loop above (as
+ * hpu__fp8_fake_quant). */
+#define FP8_RUN(entry, what, ...)                                                            \
+	do {                                                                                 \
+		const hpu__backend *be_ = hpu__be();                                         \
+		if ((be_->entry && be_->entry(__VA_ARGS__) == HPU_BE_OK) ||                  \
+		    hpu__be_refused(what, "%s", #entry))                                     \
+			break;                                                               \
+		hpu__host_##entry(__VA_ARGS__);                                              \
+	} while (0)
+
 /* ---- instances ---- */
 
 enum { T_X = 0, T_W = 1, T_DY = 2 }; /* TRAIN's tensors; MEASURE: a, b, out */
@@ -176,18 +243,28 @@ typedef struct inst {
 	int resolved;     /* QUANTIZE: matched to a call site */
 	int quantize;     /* QUANTIZE: 0 when blocklisted */
 	float maxabs[3];
-	float scale[3];   /* 0: none yet */
-	float fwd[2];     /* TRAIN: the scales the last forward used for x, w */
-	float *hist;      /* TRAIN: [3][history] */
+	float scale[3];   /* QUANTIZE; TRAIN: the device's, as last brought back */
+	int fwd;          /* TRAIN: a forward ran in fp8 */
+	float *hist;      /* TRAIN: [3][history], as last brought back */
 	int nhist, pos;
 	int used;
 } inst;
+
+/* TRAIN's state on the device: chunks of HPU_FP8_CHUNK instances (fp8.h) */
+typedef struct chunk {
+	float *d;
+	void (*release)(void *p);
+} chunk;
 
 static struct {
 	int measuring;
 	inst *v;
 	int n, cap;
-	float *amax; /* TRAIN: [3 * cap], this step's */
+	float *amax; /* TRAIN: [3 * cap], this step's, as brought back */
+	int amax_out; /* hpu__fp8_step_amax handed it out: the roll puts it back */
+	chunk *ch;
+	int nch;
+	float *host; /* one chunk's worth of host memory, for the copies */
 	/* the layer running now */
 	int layer;
 	char lname[64];
@@ -202,12 +279,78 @@ static void forget(void)
 {
 	for (int i = 0; i < S.n; i++)
 		free(S.v[i].hist);
+	for (int c = 0; c < S.nch; c++)
+		S.ch[c].release(S.ch[c].d);
 	free(S.v);
 	free(S.amax);
+	free(S.ch);
+	free(S.host);
 	S.v = NULL;
 	S.amax = NULL;
-	S.n = S.cap = 0;
+	S.ch = NULL;
+	S.host = NULL;
+	S.n = S.cap = S.nch = S.amax_out = 0;
 	S.err[0] = '\0';
+}
+
+/* ---- TRAIN's state on the device ---- */
+
+static int history(void)
+{
+	return hpu__fp8_recipe()->history;
+}
+
+static float *dev_chunk(int i)
+{
+	return S.ch[i / HPU_FP8_CHUNK].d;
+}
+
+static float *dev_step(int i, int t)
+{
+	return dev_chunk(i) + hpu__fp8_off_step(i % HPU_FP8_CHUNK, t);
+}
+
+static float *dev_scale(int i, int t)
+{
+	return dev_chunk(i) + hpu__fp8_off_scale(HPU_FP8_CHUNK, i % HPU_FP8_CHUNK, t);
+}
+
+static float *dev_hist(int i)
+{
+	return dev_chunk(i) + hpu__fp8_off_hist(HPU_FP8_CHUNK, history(), i % HPU_FP8_CHUNK);
+}
+
+static void state_copy(void *dst, const void *src, size_t bytes)
+{
+	FP8_RUN(fp8_state_copy, "fp8's scaling state", dst, src, bytes);
+}
+
+/* A chunk more, all zeros: made eagerly (in a recording its zeros would
+ * be replayed: the recording is refused, and the call runs without
+ * fp8). 0, or -1. */
+static int chunk_add(void)
+{
+	char why[192];
+	snprintf(why, sizeof why,
+		 "fp8: call site %d is the first of a new block of fp8's scaling state (%d call "
+		 "sites a block), which is made on the device eagerly, not while recording",
+		 S.n + 1, HPU_FP8_CHUNK);
+	if (hpu__be_recording_refuse(why))
+		return -1;
+	size_t floats = hpu__fp8_chunk_floats(HPU_FP8_CHUNK, history());
+	if (!S.host && !(S.host = calloc(floats, sizeof *S.host)))
+		return -1;
+	chunk *ch = realloc(S.ch, (size_t)(S.nch + 1) * sizeof *ch);
+	if (!ch)
+		return -1;
+	S.ch = ch;
+	chunk *c = &S.ch[S.nch];
+	if (!(c->d = hpu__ac_alloc(floats * sizeof *c->d, &c->release)))
+		return -1;
+	memset(S.host, 0, floats * sizeof *S.host);
+	state_copy(c->d, S.host, floats * sizeof *c->d);
+	S.nch++;
+	return 0;
 }
 
 void hpu__fp8_set_mode(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe)
@@ -219,6 +362,8 @@ void hpu__fp8_set_mode(hpu_fp8_mode mode, const hpu_fp8_recipe *recipe)
 		r.history = 1;
 	hpu__ac_set_fp8(mode, &r);
 	S.measuring = 0;
+	if (mode == HPU_FP8_TRAIN) /* the first chunk before any step: none is recorded yet */
+		(void)chunk_add(); /* (out of memory: again at the first instance) */
 }
 
 hpu_fp8_mode hpu__fp8_mode(void)
@@ -277,6 +422,8 @@ const char *hpu__fp8_error(void)
 
 static inst *add(const char *name)
 {
+	if (hpu__fp8_mode() == HPU_FP8_TRAIN && S.n == S.nch * HPU_FP8_CHUNK && chunk_add() < 0)
+		return NULL;
 	if (S.n == S.cap) {
 		int cap = S.cap ? 2 * S.cap : 16;
 		inst *v = realloc(S.v, (size_t)cap * sizeof *v);
@@ -316,10 +463,29 @@ int hpu__fp8_preload(const char *name, const float maxabs[3], int quantize)
 	return 0;
 }
 
+/* TRAIN: instance i's scales (and with hist its history) brought back
+ * from the device into *p. */
+static void pull(int i, int hist)
+{
+	inst *p = &S.v[i];
+	float sc[6];
+	state_copy(sc, dev_scale(i, 0), sizeof sc);
+	for (int t = 0; t < 3; t++)
+		p->scale[t] = sc[2 * t];
+	if (!hist)
+		return;
+	size_t len = 2 + 3 * (size_t)history();
+	state_copy(S.host, dev_hist(i), len * sizeof *S.host);
+	p->nhist = (int)S.host[0];
+	p->pos = (int)S.host[1];
+	memcpy(p->hist, S.host + 2, (len - 2) * sizeof *p->hist);
+}
+
 int hpu__fp8_saved_get(int i, hpu_fp8_saved *out)
 {
 	if (i < 0 || i >= S.n || !S.v[i].hist)
 		return -1;
+	pull(i, 1);
 	const inst *p = &S.v[i];
 	*out = (hpu_fp8_saved){p->name, p->layer, p->op, p->k, {p->scale[0], p->scale[1], p->scale[2]},
 			       p->hist, p->nhist, p->pos};
@@ -340,6 +506,18 @@ int hpu__fp8_saved_put(const hpu_fp8_saved *in)
 		memcpy(p->hist, in->hist, (size_t)3 * hpu__fp8_recipe()->history * sizeof *p->hist);
 	p->nhist = in->nhist;
 	p->pos = in->pos;
+	if (p->hist) { /* TRAIN: onto the device */
+		int i = (int)(p - S.v);
+		float sc[6] = {0};
+		for (int t = 0; t < 3; t++)
+			sc[2 * t] = p->scale[t];
+		state_copy(dev_scale(i, 0), sc, sizeof sc);
+		size_t len = 2 + 3 * (size_t)history();
+		S.host[0] = (float)p->nhist;
+		S.host[1] = (float)p->pos;
+		memcpy(S.host + 2, p->hist, (len - 2) * sizeof *S.host);
+		state_copy(dev_hist(i), S.host, len * sizeof *S.host);
+	}
 	return 0;
 }
 
@@ -352,6 +530,8 @@ int hpu__fp8_info_get(int i, hpu_fp8_info *out)
 {
 	if (i < 0 || i >= S.n)
 		return -1;
+	if (S.v[i].hist)
+		pull(i, 0);
 	const inst *p = &S.v[i];
 	out->name = p->name;
 	out->op = p->op;
@@ -405,16 +585,21 @@ static inst *site(int op)
 	return p;
 }
 
-/* TRAIN: records amax for tensor t of p and returns the scale to use. */
-static float train_scale(inst *p, int t, float amax)
+/* TRAIN, on the device: tensor t of p, x[n]: its amax into the step's,
+ * and a new instance's first scale from it (fp8_amax_scale) */
+static void train_amax(const inst *p, int t, const float *x, size_t n)
 {
-	float *cur = &S.amax[3 * (p - S.v) + t];
-	if (amax > *cur)
-		*cur = amax;
-	int fmt = t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3;
-	if (p->scale[t] == 0.0f) /* a new instance: this tensor sets it */
-		p->scale[t] = hpu__fp8_scale_for(amax, fmt, hpu__fp8_recipe()->margin);
-	return p->scale[t] != 0.0f ? p->scale[t] : 1.0f;
+	int i = (int)(p - S.v);
+	FP8_RUN(fp8_amax_scale, "fp8's scaling (amax)", x, n, dev_step(i, t), dev_scale(i, t),
+		t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3, hpu__fp8_recipe()->margin);
+}
+
+/* y[n] = x[n] quantized at tensor t's scale, read when the kernel runs */
+static void train_quant(const inst *p, int t, const float *x, float *y, size_t n)
+{
+	int i = (int)(p - S.v);
+	FP8_RUN(fp8_quant_at, "fp8's quantization", x, y, n, dev_scale(i, t),
+		t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3);
 }
 
 int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
@@ -447,18 +632,20 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 		hpu__ac_recount(op, HPU_AUTOCAST_FP8, hpu__ac_fallback(op));
 		return hpu__ac_fallback(op);
 	}
-	float sa, sb;
+	float *qa = hpu__ac_scratch(0, na), *qb = hpu__ac_scratch(1, nb);
 	if (hpu__fp8_mode() == HPU_FP8_TRAIN) {
 		p->wrel = (size_t)(b - S.pbase);
-		sa = p->fwd[0] = train_scale(p, T_X, hpu__fp8_amax(a, na));
-		sb = p->fwd[1] = train_scale(p, T_W, hpu__fp8_amax(b, nb));
+		p->fwd = 1;
+		train_amax(p, T_X, a, na);
+		train_amax(p, T_W, b, nb);
+		train_quant(p, T_X, a, qa, na);
+		train_quant(p, T_W, b, qb, nb);
 	} else {
-		sa = p->scale[0] != 0.0f ? p->scale[0] : 1.0f;
-		sb = p->scale[1] != 0.0f ? p->scale[1] : 1.0f;
+		float sa = p->scale[0] != 0.0f ? p->scale[0] : 1.0f;
+		float sb = p->scale[1] != 0.0f ? p->scale[1] : 1.0f;
+		hpu__fp8_fake_quant(a, qa, na, sa, HPU_FP8_E4M3);
+		hpu__fp8_fake_quant(b, qb, nb, sb, HPU_FP8_E4M3);
 	}
-	float *qa = hpu__ac_scratch(0, na), *qb = hpu__ac_scratch(1, nb);
-	hpu__fp8_fake_quant(a, qa, na, sa, HPU_FP8_E4M3);
-	hpu__fp8_fake_quant(b, qb, nb, sb, HPU_FP8_E4M3);
 	p->used++;
 	c->on = 1;
 	c->a = qa;
@@ -488,16 +675,18 @@ int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t n
 			    S.v[i].wrel == rel)
 				p = &S.v[i];
 	}
-	if (hpu__fp8_mode() != HPU_FP8_TRAIN || !p || p->fwd[0] == 0.0f) {
+	if (hpu__fp8_mode() != HPU_FP8_TRAIN || !p || !p->fwd) {
 		hpu__ac_recount(HPU_OP_LINEAR, HPU_AUTOCAST_FP8, hpu__ac_fallback(HPU_OP_LINEAR));
 		return 0;
 	}
-	float sdy = train_scale(p, T_DY, hpu__fp8_amax(dy, ndy));
+	train_amax(p, T_DY, dy, ndy);
 	float *qx = hpu__ac_scratch(0, nx), *qw = hpu__ac_scratch(1, nw);
 	float *qd = hpu__ac_scratch(2, ndy);
-	hpu__fp8_fake_quant(x, qx, nx, p->fwd[0], HPU_FP8_E4M3);
-	hpu__fp8_fake_quant(w, qw, nw, p->fwd[1], HPU_FP8_E4M3);
-	hpu__fp8_fake_quant(dy, qd, ndy, sdy, HPU_FP8_E5M2);
+	/* x and w at the forward's scales: only a roll changes a scale once
+	 * set, and it comes after the step */
+	train_quant(p, T_X, x, qx, nx);
+	train_quant(p, T_W, w, qw, nw);
+	train_quant(p, T_DY, dy, qd, ndy);
 	p->used++;
 	*xq = qx;
 	*wq = qw;
@@ -508,35 +697,38 @@ int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t n
 float *hpu__fp8_step_amax(size_t *n)
 {
 	*n = (size_t)S.n * 3;
+	for (int c = 0; c < S.nch && c * HPU_FP8_CHUNK < S.n; c++) {
+		state_copy(S.host, S.ch[c].d, (size_t)HPU_FP8_CHUNK * 6 * sizeof *S.host);
+		for (int j = 0; j < HPU_FP8_CHUNK && c * HPU_FP8_CHUNK + j < S.n; j++)
+			for (int t = 0; t < 3; t++) {
+				const float *st = S.host + hpu__fp8_off_step(j, t);
+				S.amax[3 * (c * HPU_FP8_CHUNK + j) + t] = st[1] != 0.0f ? st[0] : -1.0f;
+			}
+	}
+	S.amax_out = 1;
 	return S.amax;
 }
 
 void hpu__fp8_roll(void)
 {
-	int H = hpu__fp8_recipe()->history;
-	for (int i = 0; i < S.n; i++) {
-		inst *p = &S.v[i];
-		for (int t = 0; t < 3; t++) {
-			float *cur = &S.amax[3 * i + t], *h = p->hist + (size_t)t * H;
-			if (*cur < 0.0f) { /* not seen this step on any rank */
-				h[p->pos] = 0.0f;
-				continue;
+	for (int c = 0; S.amax_out && c < S.nch && c * HPU_FP8_CHUNK < S.n; c++) {
+		/* the values handed out (reduced over the ranks) back */
+		memset(S.host, 0, (size_t)HPU_FP8_CHUNK * 6 * sizeof *S.host);
+		for (int j = 0; j < HPU_FP8_CHUNK && c * HPU_FP8_CHUNK + j < S.n; j++)
+			for (int t = 0; t < 3; t++) {
+				float v = S.amax[3 * (c * HPU_FP8_CHUNK + j) + t], *st;
+				st = S.host + hpu__fp8_off_step(j, t);
+				st[0] = v < 0.0f ? 0.0f : v;
+				st[1] = v < 0.0f ? 0.0f : 1.0f;
 			}
-			h[p->pos] = *cur;
-			*cur = -1.0f;
-			int filled = p->nhist + 1 < H ? p->nhist + 1 : H;
-			float a = h[p->pos];
-			if (hpu__fp8_recipe()->algo == HPU_FP8_AMAX_MAX)
-				for (int j = 0; j < filled; j++)
-					a = h[j] > a ? h[j] : a;
-			float s = hpu__fp8_scale_for(a, t == T_DY ? HPU_FP8_E5M2 : HPU_FP8_E4M3,
-						    hpu__fp8_recipe()->margin);
-			if (s != 0.0f) /* an amax of 0, inf or NaN keeps the scale */
-				p->scale[t] = s;
-		}
-		/* one history slot per step for all three tensors */
-		if (p->nhist < H)
-			p->nhist++;
-		p->pos = (p->pos + 1) % H;
+		state_copy(S.ch[c].d, S.host, (size_t)HPU_FP8_CHUNK * 6 * sizeof *S.host);
+	}
+	S.amax_out = 0;
+	const hpu_fp8_recipe *r = hpu__fp8_recipe();
+	for (int c = 0; c < S.nch && c * HPU_FP8_CHUNK < S.n; c++) {
+		int count = S.n - c * HPU_FP8_CHUNK;
+		count = count < HPU_FP8_CHUNK ? count : HPU_FP8_CHUNK;
+		FP8_RUN(fp8_roll, "fp8's delayed scaling (the roll)", S.ch[c].d, count,
+			HPU_FP8_CHUNK, r->history, r->algo, r->margin);
 	}
 }

@@ -104,11 +104,45 @@ int hpu__fp8_info_get(int i, hpu_fp8_info *out);
 void hpu__fp8_set_maxabs(int i, const float maxabs[3]);
 
 /* TRAIN: this step's amax of x, w, dy for every instance, 3 floats each
- * (-1 where not seen), to be reduced with MAX over ranks in place; then
- * hpu__fp8_roll() pushes them into the histories and sets the scales for
- * the next step. */
+ * (-1 where not seen), brought back from the device into host memory, to
+ * be reduced with MAX over ranks in place (more than one rank); then
+ * hpu__fp8_roll() (which first puts values so taken back on the device)
+ * pushes them into the histories and sets the scales for the next step,
+ * on the device. One rank needs only the roll: nothing comes back. */
 float *hpu__fp8_step_amax(size_t *n);
 void hpu__fp8_roll(void);
+
+/* TRAIN's scaling state lives on the device (in the ops' scratch memory,
+ * hpu__ac_alloc), in chunks of HPU_FP8_CHUNK instances that never move
+ * once made (a recorded step holds their addresses), and only the
+ * table's kernels touch it (backend.h: fp8_amax_scale, fp8_quant_at,
+ * fp8_roll; fp8_state_copy for the host's reads): nothing comes back to
+ * the host inside a step, so a step in fp8 records (--graphs). A chunk of
+ * `cap` instances and `history` steps, in floats, made all zeros:
+ *   step  [cap][3][2]  per tensor (x, w, dy): this step's amax so far,
+ *                      and 1 once the tensor was seen this step
+ *   scale [cap][3][2]  per tensor: the scale (0: none yet), and a
+ *                      kernel's scratch
+ *   hist  [cap][2 + 3 * history]  per instance: the history's slots
+ *                      filled and its next slot, then the amax histories
+ *                      of x, w and dy */
+enum { HPU_FP8_CHUNK = 256 };
+static inline size_t hpu__fp8_off_step(int i, int t)
+{
+	return ((size_t)i * 3 + (size_t)t) * 2;
+}
+static inline size_t hpu__fp8_off_scale(int cap, int i, int t)
+{
+	return (size_t)cap * 6 + ((size_t)i * 3 + (size_t)t) * 2;
+}
+static inline size_t hpu__fp8_off_hist(int cap, int history, int i)
+{
+	return (size_t)cap * 12 + (size_t)i * (2 + 3 * (size_t)history);
+}
+static inline size_t hpu__fp8_chunk_floats(int cap, int history)
+{
+	return hpu__fp8_off_hist(cap, history, cap);
+}
 
 /* TRAIN, checkpoints: an instance's delayed-scaling state. hist holds
  * 3 x history floats (x, w, dy), pos the next slot, nhist those filled. */

@@ -326,17 +326,72 @@ static const struct {
 	int emin, mbits;
 } fp8_fmts[2] = {{448.0f, -6, 3}, {57344.0f, -14, 2}};
 
+/* fake_quant's constants of format fmt (fp8.c's) */
+typedef struct fq_consts {
+	float max, tiny, magic;
+	uint32_t keep;
+	int shift;
+} fq_consts;
+
+static fq_consts fq_of(int fmt)
+{
+	int m = fp8_fmts[fmt].mbits, shift = 23 - m;
+	return (fq_consts){fp8_fmts[fmt].max, ldexpf(1.0f, fp8_fmts[fmt].emin),
+			   1.5f * ldexpf(1.0f, 23 + fp8_fmts[fmt].emin - m), (1u << shift) - 1,
+			   shift};
+}
+
 static int cu_fp8_fake_quant(const float *x, float *y, size_t n, float scale, int fmt)
 {
 	if (fmt != HPU_FP8_E4M3 && fmt != HPU_FP8_E5M2)
 		return HPU_BE_UNSUPPORTED;
-	int m = fp8_fmts[fmt].mbits, shift = 23 - m;
-	float tiny = ldexpf(1.0f, fp8_fmts[fmt].emin);
-	float magic = 1.5f * ldexpf(1.0f, 23 + fp8_fmts[fmt].emin - m);
+	fq_consts k = fq_of(fmt);
 	CU_KERNEL("fp8 quantization",
-		  hpu__cuk_fp8_fake_quant(x, y, n, scale, 1.0f / scale, fp8_fmts[fmt].max, tiny,
-					  magic, (1u << shift) - 1, shift, fmt == HPU_FP8_E5M2,
-					  st));
+		  hpu__cuk_fp8_fake_quant(x, y, n, scale, 1.0f / scale, k.max, k.tiny, k.magic,
+					  k.keep, k.shift, fmt == HPU_FP8_E5M2, st));
+}
+
+static int cu_fp8_amax_scale(const float *x, size_t n, float *step, float *sc, int fmt,
+			     int margin)
+{
+	if (fmt != HPU_FP8_E4M3 && fmt != HPU_FP8_E5M2)
+		return HPU_BE_UNSUPPORTED;
+	CU_KERNEL("fp8 scaling",
+		  hpu__cuk_fp8_amax_scale(x, n, step, sc, fp8_fmts[fmt].max, margin, st));
+}
+
+static int cu_fp8_quant_at(const float *x, float *y, size_t n, const float *scale, int fmt)
+{
+	if (fmt != HPU_FP8_E4M3 && fmt != HPU_FP8_E5M2)
+		return HPU_BE_UNSUPPORTED;
+	fq_consts k = fq_of(fmt);
+	CU_KERNEL("fp8 quantization", hpu__cuk_fp8_quant_at(x, y, n, scale, k.max, k.tiny,
+							     k.magic, k.keep, k.shift,
+							     fmt == HPU_FP8_E5M2, st));
+}
+
+static int cu_fp8_roll(float *chunk, int count, int cap, int history, int algo, int margin)
+{
+	CU_KERNEL("fp8 delayed scaling",
+		  hpu__cuk_fp8_roll(chunk, chunk + hpu__fp8_off_scale(cap, 0, 0),
+				    chunk + hpu__fp8_off_hist(cap, history, 0),
+				    2 + 3 * (size_t)history, count, history,
+				    algo == HPU_FP8_AMAX_MAX, margin, fp8_fmts[HPU_FP8_E4M3].max,
+				    fp8_fmts[HPU_FP8_E5M2].max, st));
+}
+
+/* a copy between host and device memory, waited for */
+static cudaError_t copy_wait(void *dst, const void *src, size_t bytes, cudaStream_t st)
+{
+	cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st);
+	return e == cudaSuccess ? cudaStreamSynchronize(st) : e;
+}
+
+static int cu_fp8_state_copy(void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return HPU_BE_OK;
+	CU_KERNEL("fp8 state copy", copy_wait(dst, src, bytes, st));
 }
 
 static const hpu__backend cuda_backend = {
@@ -375,6 +430,10 @@ static const hpu__backend cuda_backend = {
 	.add = cu_add,
 	.amax = cu_amax,
 	.fp8_fake_quant = cu_fp8_fake_quant,
+	.fp8_amax_scale = cu_fp8_amax_scale,
+	.fp8_quant_at = cu_fp8_quant_at,
+	.fp8_roll = cu_fp8_roll,
+	.fp8_state_copy = cu_fp8_state_copy,
 	.ids_in_range = cu_ids_in_range,
 	.count_correct = cu_count_correct,
 	.copy = cu_copy,

@@ -795,25 +795,95 @@ static __global__ void k_amax(const float *x, size_t n, uint32_t *out)
 }
 
 /* fp8.c's grid() and fake_quant, operation for operation. */
+static __device__ __forceinline__ float fake_quant1(float x, float scale, float inv, float max,
+						     float tiny, float magic, uint32_t keep,
+						     int shift, int has_inf)
+{
+	float v = x * scale;
+	float a = fabsf(v);
+	float c = a < max ? a : max;
+	uint32_t u = __float_as_uint(c);
+	uint32_t r = (u + (keep >> 1) + ((u >> shift) & 1)) & ~keep;
+	float sub = __fsub_rn(__fadd_rn(c, magic), magic);
+	float q = c < tiny ? sub : __uint_as_float(r);
+	q = copysignf(q, v) * inv;
+	if (!(a <= INFINITY)) /* NaN */
+		q = v;
+	else if (a == INFINITY)
+		q = has_inf ? v : NAN;
+	return q;
+}
+
 static __global__ void k_fp8_fake_quant(const float *x, float *y, size_t n, float scale,
 					float inv, float max, float tiny, float magic,
 					uint32_t keep, int shift, int has_inf)
 {
 	FOR_EACH(i, n)
+	y[i] = fake_quant1(x[i], scale, inv, max, tiny, magic, keep, shift, has_inf);
+}
+
+/* the scale read when the kernel runs (fp8's training state) */
+static __global__ void k_fp8_quant_at(const float *x, float *y, size_t n, const float *scale,
+				      float max, float tiny, float magic, uint32_t keep,
+				      int shift, int has_inf)
+{
+	float s = *scale != 0.0f ? *scale : 1.0f;
+	float inv = __fdiv_rn(1.0f, s);
+	FOR_EACH(i, n)
+	y[i] = fake_quant1(x[i], s, inv, max, tiny, magic, keep, shift, has_inf);
+}
+
+/* fp8.c's hpu__fp8_scale_for: 2^(floor(log2(max / amax)) - margin), 0
+ * where amax is not > 0 or not finite */
+static __device__ float fp8_scale_for(float amax, float max, int margin)
+{
+	if (!(amax > 0.0f) || !isfinite(amax))
+		return 0.0f;
+	int e;
+	frexpf(__fdiv_rn(max, amax), &e);
+	e = e - 1 - margin;
+	e = e < -100 ? -100 : e > 100 ? 100 : e;
+	return ldexpf(1.0f, e);
+}
+
+static __global__ void k_fp8_scale_set(float *step, float *sc, float max, int margin)
+{
+	float a = sc[1];
+	if (a > step[0])
+		step[0] = a;
+	step[1] = 1.0f;
+	if (sc[0] == 0.0f)
+		sc[0] = fp8_scale_for(a, max, margin);
+}
+
+/* fp8.c's hpu__host_fp8_roll, one thread an instance */
+static __global__ void k_fp8_roll(float *step, float *scale, float *hist, size_t stride,
+				  int count, int H, int use_max, int margin, float max4,
+				  float max5)
+{
+	FOR_EACH(i, (size_t)count)
 	{
-		float v = x[i] * scale;
-		float a = fabsf(v);
-		float c = a < max ? a : max;
-		uint32_t u = __float_as_uint(c);
-		uint32_t r = (u + (keep >> 1) + ((u >> shift) & 1)) & ~keep;
-		float sub = __fsub_rn(__fadd_rn(c, magic), magic);
-		float q = c < tiny ? sub : __uint_as_float(r);
-		q = copysignf(q, v) * inv;
-		if (!(a <= INFINITY)) /* NaN */
-			q = v;
-		else if (a == INFINITY)
-			q = has_inf ? v : NAN;
-		y[i] = q;
+		float *z = hist + i * stride;
+		int nhist = (int)z[0], pos = (int)z[1];
+		for (int t = 0; t < 3; t++) {
+			float *st = step + (i * 3 + t) * 2, *h = z + 2 + (size_t)t * H;
+			if (st[1] == 0.0f) {
+				h[pos] = 0.0f;
+				continue;
+			}
+			h[pos] = st[0];
+			st[0] = st[1] = 0.0f;
+			int filled = nhist + 1 < H ? nhist + 1 : H;
+			float a = h[pos];
+			if (use_max)
+				for (int j = 0; j < filled; j++)
+					a = h[j] > a ? h[j] : a;
+			float s = fp8_scale_for(a, t == 2 ? max5 : max4, margin);
+			if (s != 0.0f)
+				scale[(i * 3 + t) * 2] = s;
+		}
+		z[0] = (float)(nhist < H ? nhist + 1 : H);
+		z[1] = (float)((pos + 1) % H);
 	}
 }
 
@@ -836,6 +906,42 @@ extern "C" cudaError_t hpu__cuk_fp8_fake_quant(const float *x, float *y, size_t 
 		return cudaSuccess;
 	k_fp8_fake_quant<<<blocks_for(n, THREADS), THREADS, 0, st>>>(
 		x, y, n, scale, inv, max, tiny, magic, keep, shift, has_inf);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_fp8_amax_scale(const float *x, size_t n, float *step,
+						float *sc, float max, int margin,
+						cudaStream_t st)
+{
+	cudaError_t e = cudaMemsetAsync(sc + 1, 0, sizeof *sc, st);
+	if (e == cudaSuccess && n > 0)
+		e = hpu__cuk_amax(x, n, (uint32_t *)(sc + 1), st);
+	if (e != cudaSuccess)
+		return e;
+	k_fp8_scale_set<<<1, 1, 0, st>>>(step, sc, max, margin);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_fp8_quant_at(const float *x, float *y, size_t n,
+					      const float *scale, float max, float tiny,
+					      float magic, uint32_t keep, int shift, int has_inf,
+					      cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	k_fp8_quant_at<<<blocks_for(n, THREADS), THREADS, 0, st>>>(x, y, n, scale, max, tiny,
+								     magic, keep, shift, has_inf);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_fp8_roll(float *step, float *scale, float *hist, size_t stride,
+					  int count, int history, int use_max, int margin,
+					  float max_e4m3, float max_e5m2, cudaStream_t st)
+{
+	if (count <= 0)
+		return cudaSuccess;
+	k_fp8_roll<<<blocks_for((size_t)count, THREADS), THREADS, 0, st>>>(
+		step, scale, hist, stride, count, history, use_max, margin, max_e4m3, max_e5m2);
 	return cudaGetLastError();
 }
 

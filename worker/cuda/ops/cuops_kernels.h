@@ -101,6 +101,23 @@ cudaError_t hpu__cuk_amax(const float *x, size_t n, uint32_t *out, cudaStream_t 
 cudaError_t hpu__cuk_fp8_fake_quant(const float *x, float *y, size_t n, float scale,
 				    float inv, float max, float tiny, float magic, uint32_t keep,
 				    int shift, int has_inf, cudaStream_t st);
+/* fp8 training's state on the device (worker/ops/fp8.h, backend.h's
+ * fp8_amax_scale, fp8_quant_at, fp8_roll), `max` the format's largest
+ * value: amax_scale takes x's amax into sc[1] (scratch), then step[0] =
+ * it where larger, step[1] = 1, and sc[0] = its scale where sc[0] is 0.
+ * quant_at: fake_quant at s = *scale (1 where 0), inv = 1 / s. roll: the
+ * chunk's instances [0, count), their step pairs at step[(i * 3 + t) *
+ * 2], scale pairs at scale[(i * 3 + t) * 2], histories at hist[i *
+ * stride] (slots filled, next slot, then history floats per tensor);
+ * use_max: the history's largest amax, else the latest. */
+cudaError_t hpu__cuk_fp8_amax_scale(const float *x, size_t n, float *step, float *sc,
+				    float max, int margin, cudaStream_t st);
+cudaError_t hpu__cuk_fp8_quant_at(const float *x, float *y, size_t n, const float *scale,
+				  float max, float tiny, float magic, uint32_t keep, int shift,
+				  int has_inf, cudaStream_t st);
+cudaError_t hpu__cuk_fp8_roll(float *step, float *scale, float *hist, size_t stride,
+			      int count, int history, int use_max, int margin, float max_e4m3,
+			      float max_e5m2, cudaStream_t st);
 
 /* *bad (device int, zeroed first) = 1 when some ids[n] is outside
  * [0, limit). */
