@@ -142,6 +142,12 @@ static void test_scales(void **state)
 	assert_true(hpu__fp8_scale_for(0.0f, HPU_FP8_E4M3, 0) == 0.0f);
 	assert_true(hpu__fp8_scale_for(INFINITY, HPU_FP8_E4M3, 0) == 0.0f);
 	assert_true(hpu__fp8_scale_for(NAN, HPU_FP8_E4M3, 0) == 0.0f);
+	/* an amax so small that max / amax overflows: the clamp's 2^100, not
+	 * frexpf's exponent of infinity (it gave 2^-1) */
+	assert_true(hpu__fp8_scale_for(1e-37f, HPU_FP8_E4M3, 0) == 0x1p100f);
+	assert_true(hpu__fp8_scale_for(0x1p-149f, HPU_FP8_E5M2, 3) == 0x1p100f);
+	assert_true(hpu__fp8_scale_for(0x1p-120f, HPU_FP8_E4M3, 0) == 0x1p100f);
+	assert_true(hpu__fp8_scale_for(0x1p-90f, HPU_FP8_E4M3, 0) == 0x1p98f); /* 448 = 1.75 2^8 */
 	/* scaled: x * s fits under max, the read-back is within 2^-4 relative */
 	float x[64], q[64];
 	rng_seed(5);
@@ -311,6 +317,46 @@ static void test_delayed_scaling_history(void **state)
 	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
 }
 
+/* More than one rank: the step's amax comes back to the host, is reduced
+ * over the ranks there, and the roll puts the reduced values back on the
+ * device before it rolls them in: another rank's larger amax of x, and a
+ * dy this rank never saw (-1) that another did, set the next scales. */
+static void test_reduced_amax_put_back(void **state)
+{
+	(void)state;
+	float x[B * IN], y[B * OUT];
+	fill(params, OUT * IN + OUT, -0.2f, 0.2f);
+	for (int i = 0; i < B * IN; i++)
+		x[i] = 0.01f * (float)((i % 7) - 3);
+	x[5] = 3.0f;
+	hpu_fp8_recipe r = {.history = 4, .margin = 0, .algo = HPU_FP8_AMAX_MAX};
+	fp8_policy(HPU_FP8_TRAIN, &r, HPU_AUTOCAST_FP8);
+	hpu__op_layer(0, "fc", params, OUT * IN + OUT, 0);
+	hpu_linear_forward(x, W, BIAS, y, B, IN, OUT);
+	hpu__op_layer(-1, NULL, NULL, 0, 0);
+	size_t n;
+	float *amax = hpu__fp8_step_amax(&n);
+	assert_int_equal(n, 3);
+	assert_true(amax[0] == 3.0f && amax[2] == -1.0f);
+	amax[0] = 100.0f; /* the MAX over the ranks */
+	amax[2] = 0.5f;
+	hpu__fp8_roll();
+	hpu_fp8_info in;
+	hpu__fp8_info_get(0, &in);
+	assert_true(in.scale[0] == 4.0f);      /* 448 / 100 = 4.48, not 448 / 3's 128 */
+	assert_true(in.scale[2] == 65536.0f); /* 57344 / 0.5: dy's first scale */
+	hpu_fp8_saved sv;
+	assert_int_equal(hpu__fp8_saved_get(0, &sv), 0);
+	assert_true(sv.hist[0] == 100.0f && sv.hist[2 * 4] == 0.5f);
+	assert_int_equal(sv.nhist, 1);
+	assert_int_equal(sv.pos, 1);
+	/* and the step's pairs were cleared: a step with nothing seen rolls 0s */
+	amax = hpu__fp8_step_amax(&n);
+	assert_true(amax[0] == -1.0f && amax[1] == -1.0f && amax[2] == -1.0f);
+	hpu__fp8_roll();
+	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
+}
+
 /* MEASURE records max |x| of both inputs and the output while on;
  * QUANTIZE with those figures gives the fake-quantized product; a call
  * site without figures is an error naming it. */
@@ -396,6 +442,7 @@ int main(void)
 		cmocka_unit_test(test_scales),
 		cmocka_unit_test(test_linear_fp8_vs_fp32),
 		cmocka_unit_test(test_delayed_scaling_history),
+		cmocka_unit_test(test_reduced_amax_put_back),
 		cmocka_unit_test(test_measure_then_quantize),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -419,9 +419,9 @@ void hpu__be_set_dev_hooks(const hpu__be_dev_hooks *h);
  * with one line, "the device D has no kernel for OP (DETAIL)". */
 int hpu__be_refused(const char *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* 1 while the calling thread records a step (the device's hooks): the
- * recording is then refused with `why`, one sentence (unless it was
- * refused already); else 0. For state an op makes once and keeps (fp8's
+/* 1 while a step is being recorded (the device's hooks; the ops run on
+ * the recording thread): the recording is then refused with `why`, one
+ * sentence (unless it was refused already); else 0. For state an op makes once and keeps (fp8's
  * scaling), which must be made eagerly: made in a recording, a replay
  * would make it again. */
 int hpu__be_recording_refuse(const char *why);

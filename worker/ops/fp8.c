@@ -13,6 +13,7 @@
 #include "worker/ops/backend.h"
 #include "worker/ops/backend_host.h"
 #include "worker/ops/fp8.h"
+#include "worker/ops/fp8_roll.h"
 #include "common/lowp.h"
 #include "common/simd.h"
 
@@ -156,13 +157,7 @@ int hpu__host_amax(const float *x, size_t n, float *amax)
 
 float hpu__fp8_scale_for(float amax, int fmt, int margin)
 {
-	if (!(amax > 0.0f) || !isfinite(amax))
-		return 0.0f;
-	int e;
-	frexpf(fmts[fmt].max / amax, &e); /* max / amax = f * 2^e, f in [0.5, 1) */
-	e = e - 1 - margin;
-	e = e < -100 ? -100 : e > 100 ? 100 : e;
-	return ldexpf(1.0f, e);
+	return hpu__fp8_scale_of(amax, fmts[fmt].max, margin);
 }
 
 /* ---- TRAIN's scaling state on the device (fp8.h): the CPU's kernels ---- */
@@ -187,31 +182,12 @@ int hpu__host_fp8_quant_at(const float *x, float *y, size_t n, const float *scal
 
 int hpu__host_fp8_roll(float *chunk, int count, int cap, int history, int algo, int margin)
 {
-	int H = history;
-	for (int i = 0; i < count; i++) {
-		float *z = chunk + hpu__fp8_off_hist(cap, H, i);
-		int nhist = (int)z[0], pos = (int)z[1];
-		for (int t = 0; t < 3; t++) {
-			float *st = chunk + hpu__fp8_off_step(i, t), *h = z + 2 + (size_t)t * H;
-			if (st[1] == 0.0f) { /* not seen this step on any rank */
-				h[pos] = 0.0f;
-				continue;
-			}
-			h[pos] = st[0];
-			st[0] = st[1] = 0.0f;
-			int filled = nhist + 1 < H ? nhist + 1 : H;
-			float a = h[pos];
-			if (algo == HPU_FP8_AMAX_MAX)
-				for (int j = 0; j < filled; j++)
-					a = h[j] > a ? h[j] : a;
-			float s = hpu__fp8_scale_for(a, t == 2 ? HPU_FP8_E5M2 : HPU_FP8_E4M3, margin);
-			if (s != 0.0f) /* an amax of 0, inf or NaN keeps the scale */
-				chunk[hpu__fp8_off_scale(cap, i, t)] = s;
-		}
-		/* one history slot per step for all three tensors */
-		z[0] = (float)(nhist < H ? nhist + 1 : H);
-		z[1] = (float)((pos + 1) % H);
-	}
+	for (int i = 0; i < count; i++)
+		hpu__fp8_roll_one(chunk + hpu__fp8_off_step(i, 0),
+				  chunk + hpu__fp8_off_scale(cap, i, 0),
+				  chunk + hpu__fp8_off_hist(cap, history, i), history,
+				  algo == HPU_FP8_AMAX_MAX, margin, fmts[HPU_FP8_E4M3].max,
+				  fmts[HPU_FP8_E5M2].max);
 	return HPU_BE_OK;
 }
 

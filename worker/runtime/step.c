@@ -17,16 +17,20 @@
 
 /* fp8 training: the step's amax of every fp8 tensor, reduced with MAX
  * over the ranks (Transformer Engine's reduce_amax), goes into the
- * histories; every rank then uses the same scales. */
+ * histories; every rank then uses the same scales. The state lives on
+ * the device: one rank brings nothing back, the roll is a kernel. */
 static int fp8_roll(loop *L)
 {
 	if (L->o->precision != HPU_PREC_FP8)
 		return 0;
-	size_t n;
-	float *amax = hpu__fp8_step_amax(&n);
-	int rc = n ? hpucoll_all_reduce(L->comm, amax, amax, n, HPUCOLL_F32, HPUCOLL_MAX) : 0;
-	if (rc)
-		return hpu__loop_coll_fail(L, "fp8 amax all-reduce", rc);
+	if (L->world > 1) {
+		size_t n;
+		float *amax = hpu__fp8_step_amax(&n);
+		int rc = n ? hpucoll_all_reduce(L->comm, amax, amax, n, HPUCOLL_F32, HPUCOLL_MAX)
+			   : 0;
+		if (rc)
+			return hpu__loop_coll_fail(L, "fp8 amax all-reduce", rc);
+	}
 	hpu__fp8_roll();
 	return 0;
 }

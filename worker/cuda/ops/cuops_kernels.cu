@@ -15,6 +15,7 @@
 #include "worker/cuda/cuda_elem.h"
 #include "worker/cuda/cuda_grid.cuh"
 #include "worker/cuda/ops/cuops_kernels.h"
+#include "worker/ops/fp8_roll.h"
 
 #define THREADS 256
 
@@ -833,19 +834,6 @@ static __global__ void k_fp8_quant_at(const float *x, float *y, size_t n, const 
 	y[i] = fake_quant1(x[i], s, inv, max, tiny, magic, keep, shift, has_inf);
 }
 
-/* fp8.c's hpu__fp8_scale_for: 2^(floor(log2(max / amax)) - margin), 0
- * where amax is not > 0 or not finite */
-static __device__ float fp8_scale_for(float amax, float max, int margin)
-{
-	if (!(amax > 0.0f) || !isfinite(amax))
-		return 0.0f;
-	int e;
-	frexpf(__fdiv_rn(max, amax), &e);
-	e = e - 1 - margin;
-	e = e < -100 ? -100 : e > 100 ? 100 : e;
-	return ldexpf(1.0f, e);
-}
-
 static __global__ void k_fp8_scale_set(float *step, float *sc, float max, int margin)
 {
 	float a = sc[1];
@@ -853,7 +841,7 @@ static __global__ void k_fp8_scale_set(float *step, float *sc, float max, int ma
 		step[0] = a;
 	step[1] = 1.0f;
 	if (sc[0] == 0.0f)
-		sc[0] = fp8_scale_for(a, max, margin);
+		sc[0] = hpu__fp8_scale_of(a, max, margin);
 }
 
 /* fp8.c's hpu__host_fp8_roll, one thread an instance */
@@ -862,29 +850,8 @@ static __global__ void k_fp8_roll(float *step, float *scale, float *hist, size_t
 				  float max5)
 {
 	FOR_EACH(i, (size_t)count)
-	{
-		float *z = hist + i * stride;
-		int nhist = (int)z[0], pos = (int)z[1];
-		for (int t = 0; t < 3; t++) {
-			float *st = step + (i * 3 + t) * 2, *h = z + 2 + (size_t)t * H;
-			if (st[1] == 0.0f) {
-				h[pos] = 0.0f;
-				continue;
-			}
-			h[pos] = st[0];
-			st[0] = st[1] = 0.0f;
-			int filled = nhist + 1 < H ? nhist + 1 : H;
-			float a = h[pos];
-			if (use_max)
-				for (int j = 0; j < filled; j++)
-					a = h[j] > a ? h[j] : a;
-			float s = fp8_scale_for(a, t == 2 ? max5 : max4, margin);
-			if (s != 0.0f)
-				scale[(i * 3 + t) * 2] = s;
-		}
-		z[0] = (float)(nhist < H ? nhist + 1 : H);
-		z[1] = (float)((pos + 1) % H);
-	}
+	hpu__fp8_roll_one(step + i * 6, scale + i * 6, hist + i * stride, H, use_max, margin, max4,
+			  max5);
 }
 
 extern "C" cudaError_t hpu__cuk_amax(const float *x, size_t n, uint32_t *out,
