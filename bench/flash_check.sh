@@ -6,7 +6,9 @@
 #      test_flash16_ops: the bf16 tensor-core tiles against the same tiles
 #      on the CPU and the double math, and the ops running them; every
 #      difference printed);
-#   2. GPT-2 124M bf16-mixed, B=16, T=1024, STEPS (6) steps on synthetic
+#   2. test_cuda_ops' fp8 tests (the scaling state's kernels, the fp8
+#      bytes and cuBLASLt's fp8 products against the CPU);
+#   3. GPT-2 124M bf16-mixed, B=16, T=1024, STEPS (6) steps on synthetic
 #      llm.c tokens, fused then unfused: tokens/s (the first 2 steps left
 #      out) and MaxInUse of each, and the final losses (which should agree
 #      to about 1e-2).
@@ -33,6 +35,12 @@ timeout -k 3 "$limit" env HPU_BUILD_DIR="$build" HPU_SOURCE_DIR="$root" "$build/
 echo "rc=$? (0 passed, 77 skipped, 124 timed out)"
 sed -n '/test_flash_attention/,/test_kernel_times\|PASSED\|FAILED/p' "$out/test_cuda_ops_more.log" | head -140
 grep -a -E '^\[  (PASSED|FAILED)' "$out/test_cuda_ops_more.log"
+
+echo "== test_cuda_ops test_fp8* (fp8's state on the device, its bytes and cuBLASLt's fp8 products)"
+timeout -k 3 "$limit" env HPU_BUILD_DIR="$build" HPU_SOURCE_DIR="$root" HPU_TEST_FILTER='test_fp8*' \
+  "$build/bin/test_cuda_ops" >"$out/test_cuda_ops_fp8.log" 2>&1
+echo "rc=$? (0 passed, 77 skipped, 124 timed out)"
+grep -a -E 'fp8|RUN|OK|FAIL|ERROR|LINE|PASSED' "$out/test_cuda_ops_fp8.log" | head -40
 
 echo "== the kernels at a GPT-2 layer's shape (test_cuda_ops_more --bench)"
 timeout -k 3 "$limit" env HPU_BUILD_DIR="$build" "$build/bin/test_cuda_ops_more" --bench 2>&1 | grep -a '^bench:'

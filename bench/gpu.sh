@@ -34,7 +34,8 @@
 #     gpu with --allow-tf32, hpud's GPU count, 2 workers' gradient path;
 #   - GPT-2 124M (gpt_lm --dim 768 --heads 12 --layers 12 --ctx 1024
 #     --vocab 50304, B=16, 15 steps, 5 left out) in bf16-mixed and fp8 on
-#     synthetic tokens (an llm.c token file), bf16-mixed again with the
+#     synthetic tokens (an llm.c token file), fp8 again on the bf16 kernels
+#     (HPU_FP8_NATIVE=0), bf16-mixed again with the
 #     fused attention (HPU_FUSED_ATTENTION=1, GPT_FUSED_LIMIT) and with
 #     --clip-grad-norm 1, then the peer (torch_gpu.py gpt2); what held the
 #     device memory at the peak of the bf16 and fused runs
@@ -375,6 +376,12 @@ PY
     g[$p]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[$p-c]=$(cell "${g[$p]}")
     g[$p-mem]=$mem; g[$p-why]=$(why "$out/ours-gpt2-$p.log")
   done
+  # fp8 on the bf16 kernels (HPU_FP8_NATIVE=0: the emulation the CPU
+  # runs), beside the fp8 run above (its linear products on fp8 tensor cores)
+  HPU_FP8_NATIVE=0 WARM=5 ours ours-gpt2-fp8-emul fp8 16 15 "${GPT_LIMIT:-150}" \
+    "$build/lib/gpt_lm.so" -- "${gpt[@]}"
+  g[fp8e]=$([ -n "$sps" ] && awk -v s="$sps" 'BEGIN { printf "%.0f", s * 1024 }'); g[fp8e-c]=$(cell "${g[fp8e]}")
+  g[fp8e-why]=$(why "$out/ours-gpt2-fp8-emul.log")
   # The attention layer fused (HPU_FUSED_ATTENTION=1: cuops_flash.cu, lse
   # instead of the [B, heads, T, T] probabilities), beside the run above.
   HPU_MEMORY_PEAK="$out/mempeak-gpt2-fused" HPU_FUSED_ATTENTION=1 WARM=5 ours ours-gpt2-bf16-fused bf16-mixed 16 15 "${GPT_FUSED_LIMIT:-150}" \
@@ -406,6 +413,9 @@ PY
   note="fp8/bf16 ours $(ratio "${g[fp8]}" "${g[bf16]}") (the issue: >= 1.3x); TFLOP/s $(tflops "${g[fp8]}" $gflop)"
   [ -z "${g[fp8]}" ] && note="ours: ${g[fp8-why]}"
   row "gpt2 fp8 tokens/s" "${g[fp8-c]}" "" "$note"
+  note="fp8 tensor cores/bf16 kernels $(ratio "${g[fp8]}" "${g[fp8e]}"); against our bf16 $(ratio "${g[fp8e]}" "${g[bf16]}")"
+  [ -z "${g[fp8e]}" ] && note="ours: ${g[fp8e-why]}"
+  row "gpt2 fp8 tokens/s, HPU_FP8_NATIVE=0" "${g[fp8e-c]}" "" "$note"
 
   # Where a step's time goes: the profiler's traces of the MLP (20 steps),
   # the CNN (20) and GPT-2 (6), fp32 and bf16-mixed, on the GPU.

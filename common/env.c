@@ -83,6 +83,11 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "each query's log-sum-exp instead of the [B, heads, T, T] "
 	    "probabilities (on the CPU: the host's row loops); not yet verified "
 	    "on a GPU; 0: linear, bmm, softmax, bmm"),
+	VAR(HPU_FP8_NATIVE, "1", "hpu-worker",
+	    "1: --precision fp8's linear products run on the GPU's fp8 tensor "
+	    "cores where it has them (cuBLASLt, sm_89 and later; shapes whose "
+	    "sizes are multiples of 16); 0: on the bf16 kernels, exactly, as "
+	    "on the CPU (the quantized values are bf16 values)"),
 	VAR(HPU_RESTART_COUNT, "0", "hpu-worker; set by the agent",
 	    "which attempt of the job this is (0, then 1, 2, ... after "
 	    "restarts): resume, trace names"),

@@ -20,6 +20,10 @@
  * - test_fused_attention_bf16: gpt_lm with its attention fused
  *   (HPU_FUSED_ATTENTION=1) in bf16-mixed, where the GPU runs the
  *   tensor-core tiles, against the cpu's fused rows, within the bounds;
+ * - test_fp8_as_cpu: gpt_lm in fp8 (its linear products on fp8 tensor
+ *   cores where the GPU has them), with HPU_FP8_NATIVE=0 (on the bf16
+ *   kernels) and under --graphs (recorded at step 4), against the cpu's
+ *   fp8, within fp8's bounds;
  * - test_resume_across: a checkpoint written after 10 of 20 steps on the
  *   GPU resumes on the cpu, and one written on the cpu resumes on the
  *   GPU; each resumed run ends within the bounds of the uninterrupted run
@@ -76,7 +80,11 @@ typedef struct tol {
 	double max, l2;
 } tol;
 static const tol TOL[] = {{"fp32", 2e-4, 1e-4}, {"bf16-mixed", 4e-2, 0.05},
-			  {"16-mixed", 4e-2, 0.05}}; /* fp16's 10 bits: bf16's bounds hold */
+			  {"16-mixed", 4e-2, 0.05}, /* fp16's 10 bits: bf16's bounds hold */
+			  /* fp8: gpt_lm below, oneDNN against the reference kernels on the
+			   * CPU 0.017 and 0.0047, fp8 against bf16-mixed 0.018 and 0.015:
+			   * the L2 bound (2.5 times) tells fp8 from a product that is not */
+			  {"fp8", 4e-2, 0.012}};
 
 static const char *const STRATEGIES[] = {"fast_ddp", "ddp", "zero1", "zero2", "zero3"};
 
@@ -242,6 +250,56 @@ static void test_fused_attention_bf16(void **state)
 	unlink(file[0]);
 	unlink(file[1]);
 	assert_true(ok);
+}
+
+/* gpt_lm (dim 128, 2 heads, 2 blocks, T 128, batch 8: every linear's
+ * sizes multiples of 16) in fp8, 1 worker, 20 steps, against the cpu's
+ * fp8 (its quantized values multiplied by the bf16 kernels): on cuda the
+ * linear products on fp8 tensor cores (cuBLASLt, sm 8.9 and later; the
+ * bf16 kernels before), then with HPU_FP8_NATIVE=0 (the bf16 kernels,
+ * as the cpu), then recorded (--graphs: the scaling state on the device).
+ * All printed, then the test fails if any was out of bounds. */
+static void test_fp8_as_cpu(void **state)
+{
+	(void)state;
+	const char *dev = gpu_device();
+	static const struct {
+		const char *native, *graphs, *what;
+	} C[] = {{NULL, NULL, "fp8 products"},
+		 {"0", NULL, "HPU_FP8_NATIVE=0"},
+		 {NULL, "--graphs", "--graphs"}};
+	char ref[96], got[96], what[160];
+	scratch(ref, sizeof ref, "gpt8-cpu.bin");
+	scratch(got, sizeof got, "gpt8-dev.bin");
+	int bad = 0, n = (int)(sizeof C / sizeof C[0]);
+	for (int i = -1; i < n; i++) {
+		if (i >= 0 && C[i].native)
+			assert_int_equal(setenv("HPU_FP8_NATIVE", C[i].native, 1), 0);
+		run r;
+		start(&r, 1);
+		args(&r, "--precision", "fp8", "--batch-size", "8", "--optimizer", "adamw", "--lr",
+		     "1e-3", "--max-steps", STEPS, "--save-params", i < 0 ? ref : got, "--verbose",
+		     NULL);
+		if (i >= 0 && C[i].graphs)
+			arg(&r, C[i].graphs);
+		gpu_args(&r, i < 0 ? "cpu" : dev);
+		char *out = finish_with(&r, 0, h_build("lib/gpt_lm.so"),
+					"--dim 128 --heads 2 --layers 2 --ctx 128 --gen 0 --dropout 0");
+		const char *g = i >= 0 && C[i].graphs ? strstr(out, "graphs: step 4: recorded") : NULL;
+		if (i >= 0 && C[i].graphs)
+			printf("  --graphs: %s\n", g ? "recorded at step 4" : "NOT recorded");
+		bad += i >= 0 && C[i].graphs && !g;
+		free(out);
+		assert_int_equal(unsetenv("HPU_FP8_NATIVE"), 0);
+		if (i < 0)
+			continue;
+		snprintf(what, sizeof what, "gpt_lm fp8 1w, %s, %s against cpu:", C[i].what, dev);
+		bad += !report(what, "fp8", ref, got);
+	}
+	unlink(ref);
+	unlink(got);
+	if (bad)
+		fail_msg("%d of %d configurations out of bounds or not recorded (above)", bad, n);
 }
 
 /* 10 steps on `from` with a checkpoint, resumed on `to` to 20; against
@@ -437,6 +495,7 @@ int main(void)
 	    cmocka_unit_test(test_same_bf16),
 	    cmocka_unit_test(test_options_as_cpu),
 	    cmocka_unit_test(test_fused_attention_bf16),
+	    cmocka_unit_test(test_fp8_as_cpu),
 	    cmocka_unit_test(test_resume_across),
 	    cmocka_unit_test(test_kill_gpu_worker),
 	    cmocka_unit_test(test_device_memory_over_gpu),

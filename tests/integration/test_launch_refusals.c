@@ -150,8 +150,9 @@ static void test_worker_knob_values(void **state)
 	static const char *const knobs[][2] = {
 		{"HPU_FUSED_ATTENTION=yes", "HPU_FUSED_ATTENTION=yes: must be 0 or 1"},
 		{"HPU_STRICT_STEP=2", "HPU_STRICT_STEP=2: must be 0 or 1"},
-		{"HPU_BACKEND=bogus", "HPU_BACKEND=bogus: must be onednn (the default) or reference"}};
-	for (int k = 0; k < 3; k++) {
+		{"HPU_BACKEND=bogus", "HPU_BACKEND=bogus: must be onednn (the default) or reference"},
+		{"HPU_FP8_NATIVE=on", "HPU_FP8_NATIVE=on: must be 0 or 1"}};
+	for (int k = 0; k < 4; k++) {
 		char *env[] = {(char *)knobs[k][0], NULL};
 		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1",
 				"--no-eval", (char *)MODEL, NULL};

@@ -776,7 +776,7 @@ static void test_every_entry(void **state)
 	printf("  %d entries recorded and replayed, %d refused\n", recorded,
 	       refused);
 	assert_int_equal(recorded + refused, W_N);
-	assert_int_equal(W_N, 62);
+	assert_int_equal(W_N, 64);
 	/* a kernel that fails when replayed: the launch says which */
 	assert_int_equal(begin(), 0);
 	assert_int_equal(walk[W_eltwise_fwd].call(t), HPU_BE_OK);

@@ -948,6 +948,94 @@ static void test_fp8_state(void **state)
 	free(host), free(got), free(x), free(yh), free(yg);
 }
 
+/* fp8 training's products on fp8 arithmetic: the bytes (plain and
+ * transposed) against the host's quant8, bit for bit, with the inverse
+ * scale written; cuBLASLt's fp8 product (E4M3 x E4M3, E5M2 x E4M3, with
+ * a bias, accumulating) against the bytes decoded and summed in double,
+ * within fp32 sums' rounding; a shape it does not take (a size not a
+ * multiple of 16) declined with nothing written. A GPU before sm 8.9
+ * declines every product. */
+static void test_fp8_products(void **state)
+{
+	(void)state;
+	static const int shapes[][3] = {{48, 32, 64}, {16, 16, 16}, {128, 80, 272}};
+	int dev = 0, major = 0, minor = 0;
+	cudaGetDevice(&dev);
+	cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+	cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+	int has_fp8 = major * 10 + minor >= 89;
+	rng_seed(29);
+	for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+		int m = shapes[t][0], n = shapes[t][1], k = shapes[t][2];
+		int fa = t == 1 ? HPU_FP8_E5M2 : HPU_FP8_E4M3;
+		size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
+		float *a = xcalloc(na, 4), *b = xcalloc(nb, 4), *bias = xcalloc(n, 4);
+		float *c = xcalloc(nc, 4), *got = xcalloc(nc, 4);
+		uint8_t *ha = xcalloc(na, 1), *hb = xcalloc(nb, 1), *g8 = xcalloc(na, 1);
+		fill(a, na, -3, 3), fill(b, nb, -0.5f, 0.5f), fill(bias, n, -1, 1);
+		float sa[2] = {16.0f, 0}, sb[2] = {256.0f, 0}, hs[2];
+		float *da = dput(a, na * 4), *db_ = dput(b, nb * 4), *dbias = dput(bias, n * 4);
+		float *dsa = dput(sa, 8), *dsb = dput(sb, 8), *dc = dnan(nc * 4);
+		uint8_t *da8 = dnan(na), *db8 = dnan(nb);
+		for (int trans = 0; trans < 2; trans++) { /* the bytes */
+			memcpy(hs, sa, sizeof hs);
+			hpu__host_fp8_quant8(a, ha, m, k, trans, hs, fa);
+			assert_int_equal(gpu->fp8_quant8(da, da8, m, k, trans, dsa, fa), HPU_BE_OK);
+			dget(g8, da8, na);
+			check_bits(trans ? "fp8 bytes, transposed" : "fp8 bytes", g8, ha, na);
+			float inv[2];
+			dget(inv, dsa, 8);
+			assert_true(inv[1] == 1.0f / 16.0f);
+		}
+		hpu__host_fp8_quant8(a, ha, m, k, 0, sa, fa);
+		hpu__host_fp8_quant8(b, hb, n, k, 0, sb, HPU_FP8_E4M3);
+		assert_int_equal(gpu->fp8_quant8(da, da8, m, k, 0, dsa, fa), HPU_BE_OK);
+		assert_int_equal(gpu->fp8_quant8(db_, db8, n, k, 0, dsb, HPU_FP8_E4M3), HPU_BE_OK);
+		for (int acc = 0; acc < 2; acc++) {
+			double big = 0, err = 0;
+			for (int i = 0; i < m; i++)
+				for (int j = 0; j < n; j++) {
+					double s = 0;
+					for (int l = 0; l < k; l++)
+						s += (double)hpu__fp8_decode(ha[(size_t)i * k + l], fa) *
+						     hpu__fp8_decode(hb[(size_t)j * k + l], HPU_FP8_E4M3);
+					float v = (float)(s / 16.0 / 256.0) + bias[j];
+					c[(size_t)i * n + j] = acc ? c[(size_t)i * n + j] + v : v;
+				}
+			int rc = gpu->gemm_fp8(m, n, k, da8, fa, db8, HPU_FP8_E4M3, dsa + 1, dsb + 1,
+					       dbias, dc, acc);
+			if (!has_fp8) {
+				assert_int_equal(rc, HPU_BE_UNSUPPORTED);
+				printf("  sm %d.%d: no fp8 products, declined\n", major, minor);
+				break;
+			}
+			assert_int_equal(rc, HPU_BE_OK);
+			dget(got, dc, nc * 4);
+			for (size_t i = 0; i < nc; i++) {
+				double d = fabs((double)got[i] - c[i]);
+				big = fmax(big, fabs(c[i]));
+				err = d <= err ? err : d;
+			}
+			printf("  fp8 product %dx%dx%d %s%s: max |diff| %.3g of %.3g\n", m, n, k,
+			       fa == HPU_FP8_E5M2 ? "E5M2 x E4M3" : "E4M3 x E4M3",
+			       acc ? ", accumulating" : "", err, big);
+			assert_true(err <= 1e-5 * big * sqrt((double)k));
+		}
+		/* a size not a multiple of 16: declined, nothing written */
+		float *dnot = dnan(nc * 4);
+		assert_int_equal(gpu->gemm_fp8(m - 1, n, k, da8, fa, db8, HPU_FP8_E4M3, dsa + 1,
+					       dsb + 1, NULL, dnot, 0),
+				 HPU_BE_UNSUPPORTED);
+		dget(got, dnot, (size_t)(m - 1) * n * 4);
+		for (size_t i = 0; i < (size_t)(m - 1) * n; i++)
+			assert_true(isnan(got[i]));
+		dfree(dnot);
+		dfree(da), dfree(db_), dfree(dbias), dfree(dsa), dfree(dsb), dfree(dc), dfree(da8),
+			dfree(db8);
+		free(a), free(b), free(bias), free(c), free(got), free(ha), free(hb), free(g8);
+	}
+}
+
 /* The public ops on device memory with the CUDA table in force (fp32):
  * linear forward and backward (products, bias epilogue, bias_grad) and
  * layer norm, against the same ops on the CPU. */
@@ -1032,7 +1120,8 @@ int main(void)
 		cmocka_unit_test(test_embedding), cmocka_unit_test(test_xent),
 		cmocka_unit_test(test_bias_grad), cmocka_unit_test(test_bias_grad_many_rows),
 		cmocka_unit_test(test_convert),
-		cmocka_unit_test(test_fp8),	  cmocka_unit_test(test_fp8_state),	  cmocka_unit_test(test_ops_on_gpu),
+		cmocka_unit_test(test_fp8),	  cmocka_unit_test(test_fp8_state),
+		cmocka_unit_test(test_fp8_products),	  cmocka_unit_test(test_ops_on_gpu),
 		cmocka_unit_test(test_checks),	  cmocka_unit_test(test_release),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);

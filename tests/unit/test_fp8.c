@@ -16,6 +16,8 @@
 
 #include "tests/unit/num_testlib.h"
 
+#include "worker/ops/backend.h"
+#include "worker/ops/backend_host.h"
 #include "worker/ops/fp8.h"
 #include "common/lowp.h"
 #include "hpu/ops.h"
@@ -357,6 +359,137 @@ static void test_reduced_amax_put_back(void **state)
 	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
 }
 
+/* ---- fp8 products on fp8 arithmetic (a GPU's gemm_fp8), on the CPU ----
+ *
+ * A table with gemm_fp8 and fp8_quant8 makes linear's forward and backward
+ * quantize to fp8 bytes (transposed where the product needs K innermost)
+ * and multiply those. Here the reference table gets the host's quant8 and
+ * a gemm_fp8 in plain C (the bytes decoded, products exact, sums in
+ * double, times the two inverse scales): each product must give what the
+ * bf16 kernels give on the quantized values (the emulation), within the
+ * sums' rounding, over two steps and a roll; wrong operands, transposes,
+ * formats or scales would be off by far more. The table declining dw's
+ * product, or every product, leaves it to the emulation. */
+static int n_quant8, n_gemm8, decline_k = -1, decline_all;
+
+static int t_quant8(const float *x, uint8_t *q, int rows, int cols, int trans, float *sc,
+		    int fmt)
+{
+	n_quant8++;
+	return hpu__host_fp8_quant8(x, q, rows, cols, trans, sc, fmt);
+}
+
+static int t_gemm8(int m, int n, int k, const uint8_t *a, int fa, const uint8_t *b, int fb,
+		   const float *ia, const float *ib, const float *bias, float *c, int accumulate)
+{
+	if (decline_all || k == decline_k)
+		return HPU_BE_UNSUPPORTED;
+	assert_false(fa == HPU_FP8_E5M2 && fb == HPU_FP8_E5M2);
+	n_gemm8++;
+	for (int i = 0; i < m; i++)
+		for (int j = 0; j < n; j++) {
+			double s = 0;
+			for (int l = 0; l < k; l++)
+				s += (double)hpu__fp8_decode(a[(size_t)i * k + l], fa) *
+				     hpu__fp8_decode(b[(size_t)j * k + l], fb);
+			float v = (float)(s * *ia * *ib) + (bias ? bias[j] : 0.0f);
+			c[(size_t)i * n + j] = accumulate ? c[(size_t)i * n + j] + v : v;
+		}
+	return HPU_BE_OK;
+}
+
+static int bf16_yes(void)
+{
+	return 1;
+}
+
+/* Two steps of fc's forward and backward (dw accumulated over two
+ * micro-steps in the second) on table t: y, dx, dw, db of the last into
+ * out, in order. */
+enum { NOUT = B * OUT + B * IN + OUT * IN + OUT };
+static void fc_steps(const hpu__backend *t, float *out)
+{
+	float x[B * IN], y[B * OUT], dy[B * OUT], dx[B * IN];
+	static float dw[OUT * IN], db[OUT];
+	rng_seed(23);
+	fill(params, OUT * IN + OUT, -0.3f, 0.3f);
+	hpu__be_set(t);
+	hpu_fp8_recipe r = {.history = 2, .margin = 0, .algo = HPU_FP8_AMAX_MAX};
+	fp8_policy(HPU_FP8_TRAIN, &r, HPU_AUTOCAST_FP8);
+	for (int step = 0; step < 2; step++) {
+		memset(dw, 0, sizeof dw), memset(db, 0, sizeof db);
+		for (int micro = 0; micro <= step; micro++) {
+			fill(x, B * IN, -2.0f, 2.0f);
+			fill(dy, B * OUT, -0.01f, 0.01f);
+			hpu__op_layer(0, "fc", params, OUT * IN + OUT, 0);
+			hpu_linear_forward(x, W, BIAS, y, B, IN, OUT);
+			hpu__op_layer(0, "fc", params, OUT * IN + OUT, 1);
+			hpu_linear_backward(x, W, dy, dx, dw, db, B, IN, OUT);
+			hpu__op_layer(-1, NULL, NULL, 0, 0);
+		}
+		hpu__fp8_roll();
+	}
+	memcpy(out, y, sizeof y), out += B * OUT;
+	memcpy(out, dx, sizeof dx), out += B * IN;
+	memcpy(out, dw, sizeof dw), out += OUT * IN;
+	memcpy(out, db, sizeof db);
+	hpu__fp8_set_mode(HPU_FP8_OFF, NULL);
+	hpu__be_set(NULL);
+}
+
+/* got within the sums' rounding of want: relative to the largest |want|
+ * of each part */
+static void close_parts(const float *got, const float *want)
+{
+	static const int len[4] = {B * OUT, B * IN, OUT * IN, OUT};
+	static const char *const name[4] = {"y", "dx", "dw", "db"};
+	for (int p = 0, o = 0; p < 4; o += len[p++]) {
+		double big = 0, err = 0;
+		for (int i = 0; i < len[p]; i++) {
+			double d = fabs((double)got[o + i] - want[o + i]);
+			big = fmax(big, fabs(want[o + i]));
+			err = d <= err ? err : d; /* a NaN stays */
+		}
+		print_message("  %-2s max |diff| %.3g of max |value| %.3g\n", name[p], err, big);
+		assert_true(big > 0);
+		/* y and dx: rounded to bf16 (2^-8 relative), a sum's last bit
+		 * can flip one rounding */
+		assert_true(err <= (p < 2 ? 0x1p-7 : 1e-5) * big);
+	}
+}
+
+static void test_native_products(void **state)
+{
+	(void)state;
+	hpu__backend ref = *hpu__be_reference();
+	ref.bf16_native = bf16_yes;
+	hpu__backend fp8 = ref;
+	fp8.name = "fp8 products";
+	fp8.fp8_quant8 = t_quant8;
+	fp8.gemm_fp8 = t_gemm8;
+	static float want[NOUT], got[NOUT];
+	fc_steps(&ref, want);
+	n_quant8 = n_gemm8 = 0;
+	fc_steps(&fp8, got);
+	/* per micro-step: forward x, w; backward dy, w^T, dy^T, x^T */
+	print_message("  fp8 products: %d quantizations, %d products\n", n_quant8, n_gemm8);
+	assert_int_equal(n_quant8, 3 * 6);
+	assert_int_equal(n_gemm8, 3 * 3);
+	close_parts(got, want);
+	/* dw's product declined (k = B): dx on fp8, dw emulated */
+	decline_k = B;
+	n_gemm8 = 0;
+	fc_steps(&fp8, got);
+	assert_int_equal(n_gemm8, 3 * 2);
+	close_parts(got, want);
+	decline_k = -1;
+	/* every product declined: the emulation's bits */
+	decline_all = 1;
+	fc_steps(&fp8, got);
+	decline_all = 0;
+	assert_memory_equal(got, want, sizeof got);
+}
+
 /* MEASURE records max |x| of both inputs and the output while on;
  * QUANTIZE with those figures gives the fake-quantized product; a call
  * site without figures is an error naming it. */
@@ -443,6 +576,7 @@ int main(void)
 		cmocka_unit_test(test_linear_fp8_vs_fp32),
 		cmocka_unit_test(test_delayed_scaling_history),
 		cmocka_unit_test(test_reduced_amax_put_back),
+		cmocka_unit_test(test_native_products),
 		cmocka_unit_test(test_measure_then_quantize),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

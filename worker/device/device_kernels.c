@@ -408,6 +408,8 @@ static const hpu__backend *build(const hpu__device *d)
 	PICK(fp8_quant_at);
 	PICK(fp8_roll);
 	PICK(fp8_state_copy);
+	PICK(fp8_quant8);
+	PICK(gemm_fp8);
 	PICK(ids_in_range);
 	PICK(count_correct);
 	PICK(xent_pos_fwd);

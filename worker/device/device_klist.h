@@ -78,6 +78,13 @@ WRAP(fp8_quant_at, (const float *x, float *y, size_t n, const float *scale, int 
 WRAP(fp8_roll, (float *chunk, int count, int cap, int history, int algo, int margin),
      (chunk, count, cap, history, algo, margin))
 WRAP(fp8_state_copy, (void *dst, const void *src, size_t bytes), (dst, src, bytes))
+WRAP(fp8_quant8,
+     (const float *x, uint8_t *q, int rows, int cols, int trans, float *sc, int fmt),
+     (x, q, rows, cols, trans, sc, fmt))
+WRAP(gemm_fp8,
+     (int m, int n, int k, const uint8_t *a, int fa, const uint8_t *b, int fb, const float *ia,
+      const float *ib, const float *bias, float *c, int accumulate),
+     (m, n, k, a, fa, b, fb, ia, ib, bias, c, accumulate))
 WRAP(ids_in_range, (const int32_t *ids, int n, int limit, int *ok), (ids, n, limit, ok))
 WRAP(count_correct,
      (const float *logits, const int32_t *labels, int batch, int classes, int *correct),

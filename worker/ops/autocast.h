@@ -130,7 +130,7 @@ void hpu__ac_calls_add(const hpu__ac_calls *d);
  * HPU_AUTOCAST_FP8), in scratch
  * buffer `slot` (0..HPU__AC_SLOTS-1; valid until the slot is used again).
  * NULL when x is NULL. Aborts when out of memory (ops cannot fail). */
-#define HPU__AC_SLOTS 4
+#define HPU__AC_SLOTS 8
 const float *hpu__ac_round(int slot, const float *x, size_t n, int lowp);
 
 /* Scratch buffer `slot` of at least n floats, uninitialized. */

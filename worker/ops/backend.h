@@ -209,6 +209,23 @@ typedef struct hpu__backend {
 	 * device's: fp8's state for a checkpoint, the figures and the amax
 	 * reduction over ranks (the call waits for the copy). */
 	int (*fp8_state_copy)(void *dst, const void *src, size_t bytes);
+	/* fp8 training's products on fp8 arithmetic (a GPU with fp8 tensor
+	 * cores; NULL on the CPU's tables, where the quantized values are
+	 * multiplied by the bf16 kernels, exactly). quant8: q = the fp8
+	 * bytes (format fmt) of x[rows, cols] * s, s = sc[0] (1 where 0):
+	 * fake_quant's value times s, encoded (hpu__fp8_encode); trans: q is
+	 * [cols, rows], x transposed; sc[1] = 1 / s, what gemm_fp8 multiplies
+	 * the product by. gemm_fp8: c[M,N] = a[M,K] b[N,K]^T * *ia * *ib
+	 * (+ bias[N] on every row; + c when accumulate), a and b fp8 bytes of
+	 * formats fa and fb (not both E5M2), both stored with K innermost, ia
+	 * and ib device memory read when it runs; products summed in fp32.
+	 * HPU_BE_UNSUPPORTED, nothing written, where the GPU has no fp8
+	 * product for the case (its architecture, the shape's alignment). */
+	int (*fp8_quant8)(const float *x, uint8_t *q, int rows, int cols, int trans, float *sc,
+			  int fmt);
+	int (*gemm_fp8)(int m, int n, int k, const uint8_t *a, int fa, const uint8_t *b, int fb,
+			const float *ia, const float *ib, const float *bias, float *c,
+			int accumulate);
 	/* *ok = 1 when every ids[n] lies in [0, limit), else 0 (labels and
 	 * token ids come from data files: the ops check them before a
 	 * kernel reads them; ok is host memory, the call waits for it). */

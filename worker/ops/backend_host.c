@@ -114,6 +114,7 @@ static const hpu__backend host_backend = {
 	.fp8_quant_at = hpu__host_fp8_quant_at,
 	.fp8_roll = hpu__host_fp8_roll,
 	.fp8_state_copy = hpu__host_fp8_state_copy,
+	.fp8_quant8 = hpu__host_fp8_quant8,
 	.xent_pos_fwd = hpu__host_xent_pos_fwd,
 	.xent_pos_bwd = hpu__host_xent_pos_bwd,
 	.accuracy_pos = hpu__host_accuracy_pos,

@@ -46,6 +46,8 @@ int hpu__host_fp8_amax_scale(const float *x, size_t n, float *step, float *sc, i
 int hpu__host_fp8_quant_at(const float *x, float *y, size_t n, const float *scale, int fmt);
 int hpu__host_fp8_roll(float *chunk, int count, int cap, int history, int algo, int margin);
 int hpu__host_fp8_state_copy(void *dst, const void *src, size_t bytes);
+int hpu__host_fp8_quant8(const float *x, uint8_t *q, int rows, int cols, int trans, float *sc,
+			 int fmt);
 
 /* ops_move.c */
 int hpu__host_copy(void *dst, const void *src, size_t bytes);

@@ -13,7 +13,8 @@
 #include "worker/ops/backend.h"
 #include "worker/ops/backend_host.h"
 #include "worker/ops/fp8.h"
-#include "worker/ops/fp8_roll.h"
+#include "worker/ops/fp8_arith.h"
+#include "common/env.h"
 #include "common/lowp.h"
 #include "common/simd.h"
 
@@ -99,19 +100,7 @@ uint8_t hpu__fp8_encode(float v, int fmt)
 {
 	float r;
 	fake_quant_c(&v, &r, 1, 1.0f, fmt);
-	uint8_t sign = signbit(r) ? 0x80 : 0;
-	if (isnan(r))
-		return (uint8_t)(sign | 0x7f);
-	if (isinf(r)) /* E5M2 only */
-		return (uint8_t)(sign | 0x7c);
-	float a = fabsf(r);
-	int m = fmts[fmt].mbits, emin = fmts[fmt].emin;
-	if (a < ldexpf(1.0f, emin)) /* subnormal: a multiple of 2^(emin - m) */
-		return (uint8_t)(sign | (uint8_t)ldexpf(a, m - emin));
-	uint32_t u = hpu__f32_bits(a);
-	int e = (int)(u >> 23) - 127 + fmts[fmt].bias;
-	uint32_t man = (u >> (23 - m)) & ((1u << m) - 1);
-	return (uint8_t)(sign | (uint32_t)e << m | man);
+	return hpu__fp8_byte(r, fmts[fmt].mbits, fmts[fmt].emin, fmts[fmt].bias);
 }
 
 float hpu__fp8_decode(uint8_t b, int fmt)
@@ -194,6 +183,29 @@ int hpu__host_fp8_roll(float *chunk, int count, int cap, int history, int algo, 
 int hpu__host_fp8_state_copy(void *dst, const void *src, size_t bytes)
 {
 	memcpy(dst, src, bytes);
+	return HPU_BE_OK;
+}
+
+int hpu__host_fp8_quant8(const float *x, uint8_t *q, int rows, int cols, int trans, float *sc,
+			 int fmt)
+{
+	float s = sc[0] != 0.0f ? sc[0] : 1.0f;
+	float *v = malloc((size_t)(cols > 0 ? cols : 1) * sizeof *v);
+	if (!v)
+		return HPU_BE_NOMEM;
+	for (int r = 0; r < rows; r++) {
+		const float *xr = x + (size_t)r * cols;
+		for (int c = 0; c < cols; c++) /* fake_quant's x * s, then its grid */
+			v[c] = xr[c] * s;
+		fake_quant_c(v, v, (size_t)cols, 1.0f, fmt);
+		for (int c = 0; c < cols; c++) {
+			uint8_t b = hpu__fp8_byte(v[c], fmts[fmt].mbits, fmts[fmt].emin,
+						  fmts[fmt].bias);
+			q[trans ? (size_t)c * rows + r : (size_t)r * cols + c] = b;
+		}
+	}
+	free(v);
+	sc[1] = 1.0f / s;
 	return HPU_BE_OK;
 }
 
@@ -608,26 +620,74 @@ int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t 
 		hpu__ac_recount(op, HPU_AUTOCAST_FP8, hpu__ac_fallback(op));
 		return hpu__ac_fallback(op);
 	}
-	float *qa = hpu__ac_scratch(0, na), *qb = hpu__ac_scratch(1, nb);
-	if (hpu__fp8_mode() == HPU_FP8_TRAIN) {
+	p->used++;
+	c->on = 1;
+	c->inst = p;
+	if (hpu__fp8_mode() == HPU_FP8_TRAIN) { /* quantized when the product is chosen */
 		p->wrel = (size_t)(b - S.pbase);
 		p->fwd = 1;
 		train_amax(p, T_X, a, na);
 		train_amax(p, T_W, b, nb);
-		train_quant(p, T_X, a, qa, na);
-		train_quant(p, T_W, b, qb, nb);
-	} else {
-		float sa = p->scale[0] != 0.0f ? p->scale[0] : 1.0f;
-		float sb = p->scale[1] != 0.0f ? p->scale[1] : 1.0f;
-		hpu__fp8_fake_quant(a, qa, na, sa, HPU_FP8_E4M3);
-		hpu__fp8_fake_quant(b, qb, nb, sb, HPU_FP8_E4M3);
+		c->x = a;
+		c->w = b;
+		c->nx = na;
+		c->nw = nb;
+		return lp;
 	}
-	p->used++;
-	c->on = 1;
+	float *qa = hpu__ac_scratch(0, na), *qb = hpu__ac_scratch(1, nb);
+	float sa = p->scale[0] != 0.0f ? p->scale[0] : 1.0f;
+	float sb = p->scale[1] != 0.0f ? p->scale[1] : 1.0f;
+	hpu__fp8_fake_quant(a, qa, na, sa, HPU_FP8_E4M3);
+	hpu__fp8_fake_quant(b, qb, nb, sb, HPU_FP8_E4M3);
 	c->a = qa;
 	c->b = qb;
-	c->inst = p;
 	return lp;
+}
+
+void hpu__fp8_operands(hpu__fp8_call *c)
+{
+	if (!c->on || c->a)
+		return;
+	float *qa = hpu__ac_scratch(0, c->nx), *qb = hpu__ac_scratch(1, c->nw);
+	train_quant(c->inst, T_X, c->x, qa, c->nx);
+	train_quant(c->inst, T_W, c->w, qb, c->nw);
+	c->a = qa;
+	c->b = qb;
+}
+
+/* The table's fp8 products, where it has them and HPU_FP8_NATIVE is not
+ * 0 (hpu-worker refuses another value than 0 or 1) */
+static const hpu__backend *native(void)
+{
+	static int off = -1;
+	if (off < 0) {
+		long v = 1;
+		off = hpu__env_long(HPU_ENV_HPU_FP8_NATIVE, 0, 1, &v) == 1 && v == 0;
+	}
+	const hpu__backend *be = hpu__be();
+	return !off && hpu__fp8_mode() == HPU_FP8_TRAIN && be->gemm_fp8 && be->fp8_quant8 ? be
+											 : NULL;
+}
+
+/* Scratch slot `slot` as n bytes */
+static uint8_t *bytes8(int slot, size_t n)
+{
+	return (uint8_t *)hpu__ac_scratch(slot, (n + 3) / 4);
+}
+
+int hpu__fp8_forward_native(hpu__fp8_call *c, const float *bias, float *y, int batch, int in,
+			    int out)
+{
+	const hpu__backend *be = native();
+	if (!be || !c->on || c->a)
+		return 0;
+	int i = (int)((inst *)c->inst - S.v);
+	float *sx = dev_scale(i, T_X), *sw = dev_scale(i, T_W);
+	uint8_t *x8 = bytes8(4, c->nx), *w8 = bytes8(5, c->nw);
+	return be->fp8_quant8(c->x, x8, batch, in, 0, sx, HPU_FP8_E4M3) == HPU_BE_OK &&
+	       be->fp8_quant8(c->w, w8, out, in, 0, sw, HPU_FP8_E4M3) == HPU_BE_OK &&
+	       be->gemm_fp8(batch, out, in, x8, HPU_FP8_E4M3, w8, HPU_FP8_E4M3, sx + 1, sw + 1,
+			    bias, y, 0) == HPU_BE_OK;
 }
 
 void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny)
@@ -639,9 +699,7 @@ void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny)
 	p->maxabs[2] = m > p->maxabs[2] ? m : p->maxabs[2];
 }
 
-int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t nw,
-			     const float *dy, size_t ndy, const float **xq,
-			     const float **wq, const float **dyq)
+int hpu__fp8_bwd_begin(hpu__fp8_bwd *h, const float *w, const float *dy, size_t ndy)
 {
 	inst *p = NULL;
 	if (S.layer >= 0 && S.pbase && w >= S.pbase && w < S.pbase + S.plen) {
@@ -651,11 +709,49 @@ int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t n
 			    S.v[i].wrel == rel)
 				p = &S.v[i];
 	}
+	h->inst = NULL;
 	if (hpu__fp8_mode() != HPU_FP8_TRAIN || !p || !p->fwd) {
 		hpu__ac_recount(HPU_OP_LINEAR, HPU_AUTOCAST_FP8, hpu__ac_fallback(HPU_OP_LINEAR));
 		return 0;
 	}
 	train_amax(p, T_DY, dy, ndy);
+	p->used++;
+	h->inst = p;
+	return 1;
+}
+
+int hpu__fp8_bwd_native(const hpu__fp8_bwd *h, const float *x, const float *w, const float *dy,
+			float *dx, float *dw, int dw_fresh, int batch, int in, int out)
+{
+	const hpu__backend *be = native();
+	if (!be || !h->inst)
+		return 0;
+	int i = (int)((inst *)h->inst - S.v);
+	size_t nx = (size_t)batch * in, nw = (size_t)out * in, ny = (size_t)batch * out;
+	float *sx = dev_scale(i, T_X), *sw = dev_scale(i, T_W), *sd = dev_scale(i, T_DY);
+	if (dx) { /* dx[B, in] = dy[B, out] (w^T)[in, out]^T */
+		uint8_t *dy8 = bytes8(4, ny), *wt8 = bytes8(5, nw);
+		if (be->fp8_quant8(dy, dy8, batch, out, 0, sd, HPU_FP8_E5M2) != HPU_BE_OK ||
+		    be->fp8_quant8(w, wt8, out, in, 1, sw, HPU_FP8_E4M3) != HPU_BE_OK ||
+		    be->gemm_fp8(batch, in, out, dy8, HPU_FP8_E5M2, wt8, HPU_FP8_E4M3, sd + 1, sw + 1,
+				 NULL, dx, 0) != HPU_BE_OK)
+			return 0;
+	}
+	/* dw[out, in] = (dy^T)[out, B] (x^T)[in, B]^T */
+	uint8_t *dyt8 = bytes8(6, ny), *xt8 = bytes8(7, nx);
+	if (be->fp8_quant8(dy, dyt8, batch, out, 1, sd, HPU_FP8_E5M2) != HPU_BE_OK ||
+	    be->fp8_quant8(x, xt8, batch, in, 1, sx, HPU_FP8_E4M3) != HPU_BE_OK ||
+	    be->gemm_fp8(out, in, batch, dyt8, HPU_FP8_E5M2, xt8, HPU_FP8_E4M3, sd + 1, sx + 1, NULL,
+			 dw, !dw_fresh) != HPU_BE_OK)
+		return dx ? 1 : 0;
+	return 2;
+}
+
+void hpu__fp8_bwd_operands(const hpu__fp8_bwd *h, const float *x, size_t nx, const float *w,
+			   size_t nw, const float *dy, size_t ndy, const float **xq,
+			   const float **wq, const float **dyq)
+{
+	const inst *p = h->inst;
 	float *qx = hpu__ac_scratch(0, nx), *qw = hpu__ac_scratch(1, nw);
 	float *qd = hpu__ac_scratch(2, ndy);
 	/* x and w at the forward's scales: only a roll changes a scale once
@@ -663,11 +759,9 @@ int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t n
 	train_quant(p, T_X, x, qx, nx);
 	train_quant(p, T_W, w, qw, nw);
 	train_quant(p, T_DY, dy, qd, ndy);
-	p->used++;
 	*xq = qx;
 	*wq = qw;
 	*dyq = qd;
-	return 1;
 }
 
 float *hpu__fp8_step_amax(size_t *n)

@@ -167,26 +167,57 @@ typedef struct hpu__fp8_call {
 	int on;            /* run in fp8: a and b are the read-back inputs */
 	const float *a, *b;
 	void *inst;
+	const float *x, *w; /* TRAIN: the inputs, quantized when asked */
+	size_t nx, nw;
 } hpu__fp8_call;
 
 /* The forward of linear/conv2d/matmul/bmm: a[na], b[nb] its two inputs
  * (x and the weight). TRAIN (linear) and QUANTIZE: when the call runs in
- * fp8, c->on = 1 and c->a, c->b are the quantized inputs in scratch slots
- * 0 and 1, the op's autocast count moved to fp8. MEASURE: the inputs are
- * recorded. `lp` is what hpu__ac_enter returned; returns the type the call
- * runs in: HPU_AUTOCAST_FP8 when c->on, else lp, or hpu__ac_fallback(op)
- * where fp8 did not apply. */
+ * fp8, c->on = 1 and the op's autocast count moves to fp8; QUANTIZE's
+ * c->a, c->b are then the quantized inputs in scratch slots 0 and 1,
+ * TRAIN's are made by hpu__fp8_operands (or the product runs on fp8
+ * arithmetic, hpu__fp8_forward_native). MEASURE: the inputs are
+ * recorded. `lp` is what hpu__ac_enter returned; returns the type the
+ * call runs in: HPU_AUTOCAST_FP8 when c->on, else lp, or
+ * hpu__ac_fallback(op) where fp8 did not apply. */
 int hpu__fp8_begin(hpu__fp8_call *c, hpu__op op, int lp, const float *a, size_t na,
 		    const float *b, size_t nb);
 /* After the forward: MEASURE records the output's max |y|. */
 void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny);
 
-/* The backward of linear under TRAIN: finds the forward's instance by w
- * and returns 1 with x, w (E4M3, the forward's scales) and dy (E5M2) read
- * back into scratch slots 0, 1, 2; 0 when the call cannot run in fp8
- * (no forward instance), its count then moved to bf16. */
-int hpu__fp8_linear_backward(const float *x, size_t nx, const float *w, size_t nw,
-			     const float *dy, size_t ndy, const float **xq,
-			     const float **wq, const float **dyq);
+/* TRAIN: c->a, c->b = the inputs quantized at their scales (E4M3, read
+ * back: fp32 values exact in bf16) in scratch slots 0 and 1, for the
+ * bf16 kernels; nothing where they are made already (QUANTIZE). */
+void hpu__fp8_operands(hpu__fp8_call *c);
+
+/* TRAIN, linear, on a table with fp8 products (backend.h gemm_fp8;
+ * HPU_FP8_NATIVE not 0): y[batch, out] = x w^T (+ bias[out]) with x and
+ * w as E4M3 bytes at their scales (scratch slots 4 and 5), summed in
+ * fp32. 1 when done; 0, y untouched, where the table has none or declined
+ * the case (the caller then takes hpu__fp8_operands). */
+int hpu__fp8_forward_native(hpu__fp8_call *c, const float *bias, float *y, int batch, int in,
+			    int out);
+
+/* The backward of linear under TRAIN. */
+typedef struct hpu__fp8_bwd {
+	void *inst;
+} hpu__fp8_bwd;
+/* Finds the forward's call site by w and records dy[ndy]'s amax: 1; 0
+ * when the call cannot run in fp8 (no forward in fp8), its count then
+ * moved to bf16. */
+int hpu__fp8_bwd_begin(hpu__fp8_bwd *h, const float *w, const float *dy, size_t ndy);
+/* On a table with fp8 products (as hpu__fp8_forward_native): dx[batch,
+ * in] = dy w (unless dx is NULL) and dw[out, in] = dy^T x (+ dw unless
+ * dw_fresh), dy E5M2, x and w E4M3 at the forward's scales (scratch slots
+ * 4 to 7: dy, w transposed, dy transposed, x transposed). 2 when both
+ * (or dw, dx being NULL) are done; 1 when dx alone (the table declined
+ * dw: the caller makes it); 0 when neither. */
+int hpu__fp8_bwd_native(const hpu__fp8_bwd *h, const float *x, const float *w, const float *dy,
+			float *dx, float *dw, int dw_fresh, int batch, int in, int out);
+/* x, w (E4M3, the forward's scales) and dy (E5M2) read back into scratch
+ * slots 0, 1, 2, for the bf16 kernels. */
+void hpu__fp8_bwd_operands(const hpu__fp8_bwd *h, const float *x, size_t nx, const float *w,
+			   size_t nw, const float *dy, size_t ndy, const float **xq,
+			   const float **wq, const float **dyq);
 
 #endif

@@ -392,10 +392,13 @@ void hpu_linear_forward(const float *x, const float *w, const float *b,
 		return;
 	}
 	if (c.on) { /* x and w in E4M3; the bias and y in bf16 */
-		int bf = bf16_ok(lp);
-		fwd_product(c.a, c.b, bf ? hpu__ac_bf16(0, c.a, nx) : NULL,
-			    bf ? hpu__ac_bf16(1, c.b, nw) : NULL,
-			    hpu__ac_round(2, b, (size_t)out, lp), y, batch, in, out);
+		const float *bias = hpu__ac_round(2, b, (size_t)out, lp);
+		if (!hpu__fp8_forward_native(&c, bias, y, batch, in, out)) {
+			int bf = bf16_ok(lp);
+			hpu__fp8_operands(&c);
+			fwd_product(c.a, c.b, bf ? hpu__ac_bf16(0, c.a, nx) : NULL,
+				    bf ? hpu__ac_bf16(1, c.b, nw) : NULL, bias, y, batch, in, out);
+		}
 		hpu__ac_round_inplace(y, ny, lp);
 		return;
 	}
@@ -448,13 +451,20 @@ void hpu_linear_backward(const float *x, const float *w, const float *dy,
 		return;
 	}
 	if (lp == HPU_AUTOCAST_FP8) {
-		const float *xq, *wq, *dyq;
-		if (hpu__fp8_linear_backward(x, nx, w, nw, dy, ny, &xq, &wq, &dyq)) {
-			int bf = bf16_ok(lp);
-			bwd_products(xq, wq, dyq, bf ? hpu__ac_bf16(0, xq, nx) : NULL,
-				     bf ? hpu__ac_bf16(1, wq, nw) : NULL,
-				     bf ? hpu__ac_bf16(2, dyq, ny) : NULL, dx, dw, NULL, dw_fresh, batch,
-				     in, out);
+		hpu__fp8_bwd h;
+		if (hpu__fp8_bwd_begin(&h, w, dy, ny)) {
+			/* on fp8 arithmetic where the table has it, else (what it
+			 * declined) on the bf16 kernels */
+			int done = hpu__fp8_bwd_native(&h, x, w, dy, dx, dw, dw_fresh, batch, in, out);
+			if (done < 2) {
+				const float *xq, *wq, *dyq;
+				int bf = bf16_ok(lp);
+				hpu__fp8_bwd_operands(&h, x, nx, w, nw, dy, ny, &xq, &wq, &dyq);
+				bwd_products(xq, wq, dyq, bf ? hpu__ac_bf16(0, xq, nx) : NULL,
+					     bf ? hpu__ac_bf16(1, wq, nw) : NULL,
+					     bf ? hpu__ac_bf16(2, dyq, ny) : NULL, done ? NULL : dx, dw,
+					     NULL, dw_fresh, batch, in, out);
+			}
 			if (db)
 				bias_grad(dy, db, batch, out);
 			if (dx != NULL)

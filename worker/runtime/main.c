@@ -288,6 +288,12 @@ int main(int argc, char **argv)
 			 hpu__env_str(HPU_ENV_HPU_FUSED_ATTENTION));
 		return 2;
 	}
+	long native = 1; /* read by fp8's linear (worker/ops/fp8.c) */
+	if (hpu__env_long(HPU_ENV_HPU_FP8_NATIVE, 0, 1, &native) < 0) {
+		hpu__log(HPU_LOG_ERROR, "HPU_FP8_NATIVE=%s: must be 0 or 1",
+			 hpu__env_str(HPU_ENV_HPU_FP8_NATIVE));
+		return 2;
+	}
 	/* read where they act, taking one value each: another one meant the
 	 * default without a word */
 	long strict = 0;

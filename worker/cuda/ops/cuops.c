@@ -320,11 +320,11 @@ static int cu_count_correct(const float *logits, const int32_t *labels, int batc
 }
 
 /* The formats of worker/ops/fp8.h: largest value, smallest normal's
- * exponent, mantissa bits. */
+ * exponent, mantissa bits, exponent bias. */
 static const struct {
 	float max;
-	int emin, mbits;
-} fp8_fmts[2] = {{448.0f, -6, 3}, {57344.0f, -14, 2}};
+	int emin, mbits, bias;
+} fp8_fmts[2] = {{448.0f, -6, 3, 7}, {57344.0f, -14, 2, 15}};
 
 /* fake_quant's constants of format fmt (fp8.c's) */
 typedef struct fq_consts {
@@ -378,6 +378,19 @@ static int cu_fp8_roll(float *chunk, int count, int cap, int history, int algo, 
 				    2 + 3 * (size_t)history, count, history,
 				    algo == HPU_FP8_AMAX_MAX, margin, fp8_fmts[HPU_FP8_E4M3].max,
 				    fp8_fmts[HPU_FP8_E5M2].max, st));
+}
+
+static int cu_fp8_quant8(const float *x, uint8_t *q, int rows, int cols, int trans, float *sc,
+			 int fmt)
+{
+	if ((fmt != HPU_FP8_E4M3 && fmt != HPU_FP8_E5M2) || rows < 0 || cols < 0 ||
+	    (trans && (rows + 31) / 32 > 65535))
+		return HPU_BE_UNSUPPORTED;
+	fq_consts k = fq_of(fmt);
+	CU_KERNEL("fp8 quantization to bytes",
+		  hpu__cuk_fp8_quant8(x, q, rows, cols, trans, sc, k.max, k.tiny, k.magic, k.keep,
+				      k.shift, fmt == HPU_FP8_E5M2, fp8_fmts[fmt].mbits,
+				      fp8_fmts[fmt].emin, fp8_fmts[fmt].bias, st));
 }
 
 /* a copy between host and device memory, waited for */
@@ -434,6 +447,8 @@ static const hpu__backend cuda_backend = {
 	.fp8_quant_at = cu_fp8_quant_at,
 	.fp8_roll = cu_fp8_roll,
 	.fp8_state_copy = cu_fp8_state_copy,
+	.fp8_quant8 = cu_fp8_quant8,
+	.gemm_fp8 = hpu__cuops_gemm_fp8,
 	.ids_in_range = cu_ids_in_range,
 	.count_correct = cu_count_correct,
 	.copy = cu_copy,

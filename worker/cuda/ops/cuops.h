@@ -155,6 +155,9 @@ int hpu__cuops_fetch(void *out, const void *p, size_t bytes, const char *what);
 
 /* The table's entries, by file. */
 int hpu__cuops_gemm(const hpu__gemm *g);          /* cuops_gemm.c */
+int hpu__cuops_gemm_fp8(int m, int n, int k, const uint8_t *a, int fa, const uint8_t *b, int fb,
+			const float *ia, const float *ib, const float *bias, float *c,
+			int accumulate);
 const char *hpu__cuops_blas_version(void);
 void hpu__cuops_gemm_free(hpu__cuops_ctx *c);
 

@@ -17,6 +17,16 @@
  * operands are widened to fp32 in scratch and multiplied on TF32 tensor
  * cores, which is exact for bf16 values (8 significant bits fit TF32's
  * 11; the products are accumulated in fp32).
+ *
+ * fp8 (gemm_fp8, fp8 training's linear): A and B fp8 bytes (E4M3, or
+ * E5M2 for one of them), both with K innermost, which is the one layout
+ * cuBLASLt takes for fp8 ("TN": its A, our b, transposed); C and D fp32,
+ * fp32 compute, the operands' inverse scales as A_SCALE_POINTER and
+ * B_SCALE_POINTER (device memory, read when the product runs: a recorded
+ * step replays with the step's scales); the bias added apart (with fp32
+ * output cuBLASLt's fp8 epilogue takes a bf16 bias only). Sm 8.9 and
+ * later; sizes multiples of 16. A failure of the product is said once and
+ * fp8 then runs on the bf16 kernels.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +37,7 @@
 
 #include "worker/cuda/ops/cuops.h"
 #include "worker/cuda/ops/cuops_kernels.h"
+#include "worker/ops/fp8.h"
 
 const char *hpu__cuops_blas_version(void)
 {
@@ -48,6 +59,9 @@ static uint32_t alignment(const void *p, size_t stride_bytes, int count)
 
 enum { K_DT, K_COUNT, K_M, K_N, K_K, K_TA, K_TB, K_SA, K_SB, K_SC, K_BIAS, K_TF32,
        K_ALA, K_ALB, K_ALC, K_NKEY };
+
+/* K_DT of an fp8 product: FP8_DT + (our a E5M2) * 2 + (our b E5M2) */
+enum { FP8_DT = 8 };
 
 /* The plan's key: everything its descriptors and algorithm depend on. */
 static void gemm_key(const hpu__gemm *g, int tf32, int64_t *key)
@@ -125,6 +139,12 @@ static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *
 	int bf = key[K_DT] == HPU_DT_BF16, count = (int)key[K_COUNT];
 	uint64_t m = (uint64_t)key[K_M], n = (uint64_t)key[K_N], k = (uint64_t)key[K_K];
 	cudaDataType_t it = bf ? CUDA_R_16BF : CUDA_R_32F;
+	cudaDataType_t ta = it, tb = it; /* cuBLASLt's A (our b) and B (our a) */
+	if (key[K_DT] >= FP8_DT) {
+		int e = (int)(key[K_DT] - FP8_DT);
+		ta = e & 1 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+		tb = e & 2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+	}
 	cublasComputeType_t ct = !bf && key[K_TF32] ? CUBLAS_COMPUTE_32F_FAST_TF32
 						    : CUBLAS_COMPUTE_32F;
 	int32_t op_a = key[K_TB] ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A: our b */
@@ -145,8 +165,8 @@ static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *
 			goto fail;
 	}
 	/* our b: [K,N] row-major = [N,K] column-major; transposed [K,N] */
-	if (layout(&p->la, it, key[K_TB] ? k : n, key[K_TB] ? n : k, count, key[K_SB]) ||
-	    layout(&p->lb, it, key[K_TA] ? m : k, key[K_TA] ? k : m, count, key[K_SA]) ||
+	if (layout(&p->la, ta, key[K_TB] ? k : n, key[K_TB] ? n : k, count, key[K_SB]) ||
+	    layout(&p->lb, tb, key[K_TA] ? m : k, key[K_TA] ? k : m, count, key[K_SA]) ||
 	    layout(&p->lc, CUDA_R_32F, n, m, count, key[K_SC]))
 		goto fail;
 	uint64_t ws = HPU_CUOPS_WORKSPACE;
@@ -298,5 +318,57 @@ int hpu__cuops_gemm(const hpu__gemm *g)
 			rc = g->dt == HPU_DT_BF16 ? run_widened(c, g) : no_algorithm(g);
 	}
 	hpu__cuops_leave(c);
+	return rc ? HPU_BE_UNSUPPORTED : HPU_BE_OK;
+}
+
+/* fp8's product failed once (said): the bf16 kernels from then on */
+static int fp8_broken;
+
+int hpu__cuops_gemm_fp8(int m, int n, int k, const uint8_t *a, int fa, const uint8_t *b, int fb,
+			const float *ia, const float *ib, const float *bias, float *c,
+			int accumulate)
+{
+	if (fp8_broken || m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 16 ||
+	    (fa != HPU_FP8_E4M3 && fa != HPU_FP8_E5M2) || (fb != HPU_FP8_E4M3 && fb != HPU_FP8_E5M2) ||
+	    (fa == HPU_FP8_E5M2 && fb == HPU_FP8_E5M2))
+		return HPU_BE_UNSUPPORTED;
+	hpu__cuops_ctx *cx = hpu__cuops_enter();
+	if (!cx)
+		return HPU_BE_UNSUPPORTED;
+	int rc = -1;
+	if (cx->cc_major * 10 + cx->cc_minor >= 89) {
+		int64_t key[16];
+		memset(key, 0, sizeof key);
+		key[K_DT] = FP8_DT + (fa == HPU_FP8_E5M2) * 2 + (fb == HPU_FP8_E5M2);
+		key[K_COUNT] = 1;
+		key[K_M] = m;
+		key[K_N] = n;
+		key[K_K] = k;
+		key[K_TB] = 1;
+		key[K_ALA] = alignment(a, 0, 1);
+		key[K_ALB] = alignment(b, 0, 1);
+		key[K_ALC] = alignment(c, 0, 1);
+		hpu__cuops_gemm_plan *p = plan_get(cx, key);
+		float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+		cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+		if (p && !desc_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ib, sizeof ib) &&
+		    !desc_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ia, sizeof ia))
+			st = cublasLtMatmul(cx->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc,
+					    c, p->lc, &p->algo, cx->ws, HPU_CUOPS_WORKSPACE,
+					    hpu__cuops_stream());
+		if (p && st != CUBLAS_STATUS_SUCCESS) {
+			fp8_broken = 1;
+			fprintf(stderr,
+				"hpu-worker: warning: cuBLASLt's fp8 product (%dx%dx%d) failed (%s): fp8 "
+				"training's linear runs on the bf16 kernels from now on\n",
+				m, n, k, cublasLtGetStatusString(st));
+		} else if (p) {
+			rc = bias ? hpu__cuops_cuda(hpu__cuk_gemm_k0(c, bias, 1, m, n, 0, 1,
+								     hpu__cuops_stream()),
+						    "bias")
+				  : 0;
+		}
+	}
+	hpu__cuops_leave(cx);
 	return rc ? HPU_BE_UNSUPPORTED : HPU_BE_OK;
 }

@@ -15,7 +15,7 @@
 #include "worker/cuda/cuda_elem.h"
 #include "worker/cuda/cuda_grid.cuh"
 #include "worker/cuda/ops/cuops_kernels.h"
-#include "worker/ops/fp8_roll.h"
+#include "worker/ops/fp8_arith.h"
 
 #define THREADS 256
 
@@ -844,6 +844,47 @@ static __global__ void k_fp8_scale_set(float *step, float *sc, float max, int ma
 		sc[0] = hpu__fp8_scale_of(a, max, margin);
 }
 
+/* fp8.c's hpu__host_fp8_quant8: a value's byte on the grid of x * s */
+#define Q8(v) hpu__fp8_byte(fake_quant1((v), s, 1.0f, max, tiny, magic, keep, shift, has_inf), \
+			    mbits, emin, bias)
+
+static __global__ void k_fp8_quant8(const float *x, uint8_t *q, size_t n, float *sc, float max,
+				    float tiny, float magic, uint32_t keep, int shift,
+				    int has_inf, int mbits, int emin, int bias)
+{
+	float s = sc[0] != 0.0f ? sc[0] : 1.0f;
+	FOR_EACH(i, n)
+	q[i] = Q8(x[i]);
+	if (blockIdx.x == 0 && threadIdx.x == 0)
+		sc[1] = __fdiv_rn(1.0f, s);
+}
+
+/* transposed: 32 x 32 tiles through shared memory, read and written
+ * along rows */
+static __global__ void k_fp8_quant8_t(const float *x, uint8_t *q, int rows, int cols,
+				      float *sc, float max, float tiny, float magic,
+				      uint32_t keep, int shift, int has_inf, int mbits, int emin,
+				      int bias)
+{
+	__shared__ uint8_t tile[32][33];
+	float s = sc[0] != 0.0f ? sc[0] : 1.0f;
+	int c0 = (int)blockIdx.x * 32, r0 = (int)blockIdx.y * 32;
+	for (int j = (int)threadIdx.y; j < 32; j += (int)blockDim.y) {
+		int r = r0 + j, c = c0 + (int)threadIdx.x;
+		if (r < rows && c < cols)
+			tile[j][threadIdx.x] = Q8(x[(size_t)r * cols + c]);
+	}
+	__syncthreads();
+	for (int j = (int)threadIdx.y; j < 32; j += (int)blockDim.y) {
+		int c = c0 + j, r = r0 + (int)threadIdx.x;
+		if (c < cols && r < rows)
+			q[(size_t)c * rows + r] = tile[threadIdx.x][j];
+	}
+	if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+		sc[1] = __fdiv_rn(1.0f, s);
+}
+#undef Q8
+
 /* fp8.c's hpu__host_fp8_roll, one thread an instance */
 static __global__ void k_fp8_roll(float *step, float *scale, float *hist, size_t stride,
 				  int count, int H, int use_max, int margin, float max4,
@@ -898,6 +939,27 @@ extern "C" cudaError_t hpu__cuk_fp8_quant_at(const float *x, float *y, size_t n,
 		return cudaSuccess;
 	k_fp8_quant_at<<<blocks_for(n, THREADS), THREADS, 0, st>>>(x, y, n, scale, max, tiny,
 								     magic, keep, shift, has_inf);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t hpu__cuk_fp8_quant8(const float *x, uint8_t *q, int rows, int cols,
+					    int trans, float *sc, float max, float tiny,
+					    float magic, uint32_t keep, int shift, int has_inf,
+					    int mbits, int emin, int bias, cudaStream_t st)
+{
+	if (rows <= 0 || cols <= 0)
+		return cudaSuccess;
+	if (!trans) {
+		size_t n = (size_t)rows * cols;
+		k_fp8_quant8<<<blocks_for(n, THREADS), THREADS, 0, st>>>(
+			x, q, n, sc, max, tiny, magic, keep, shift, has_inf, mbits, emin, bias);
+	} else {
+		dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32)), block(32, 8);
+		if (grid.y > 65535u)
+			return cudaErrorInvalidConfiguration;
+		k_fp8_quant8_t<<<grid, block, 0, st>>>(x, q, rows, cols, sc, max, tiny, magic, keep,
+						       shift, has_inf, mbits, emin, bias);
+	}
 	return cudaGetLastError();
 }
 

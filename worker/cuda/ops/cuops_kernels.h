@@ -115,6 +115,13 @@ cudaError_t hpu__cuk_fp8_amax_scale(const float *x, size_t n, float *step, float
 cudaError_t hpu__cuk_fp8_quant_at(const float *x, float *y, size_t n, const float *scale,
 				  float max, float tiny, float magic, uint32_t keep, int shift,
 				  int has_inf, cudaStream_t st);
+/* fp8_quant8 (backend.h): q = the fp8 bytes of x[rows, cols] * s (s =
+ * sc[0], 1 where 0), [cols, rows] when trans, the format as fake_quant's
+ * constants say and its bits (mbits, emin, bias); sc[1] = 1 / s. */
+cudaError_t hpu__cuk_fp8_quant8(const float *x, uint8_t *q, int rows, int cols, int trans,
+				float *sc, float max, float tiny, float magic, uint32_t keep,
+				int shift, int has_inf, int mbits, int emin, int bias,
+				cudaStream_t st);
 cudaError_t hpu__cuk_fp8_roll(float *step, float *scale, float *hist, size_t stride,
 			      int count, int history, int use_max, int margin, float max_e4m3,
 			      float max_e5m2, cudaStream_t st);

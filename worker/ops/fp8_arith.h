@@ -1,11 +1,12 @@
-/* fp8_roll: delayed scaling's arithmetic, written once for the host's
- * kernels (fp8.c) and a GPU's (worker/cuda/ops/cuops_kernels.cu, where
- * nvcc compiles it for the device too): a tensor's scale from its amax,
- * and one call site's roll of this step's amax into its histories (fp8.h
- * lays out the state). Plain IEEE single-precision arithmetic (a division,
- * frexpf, ldexpf), so both give the same bits. */
-#ifndef HPU_FP8_ROLL_H
-#define HPU_FP8_ROLL_H
+/* fp8_arith: fp8's arithmetic written once for the host's kernels
+ * (fp8.c) and a GPU's (worker/cuda/ops/cuops_kernels.cu, where nvcc
+ * compiles it for the device too): a tensor's scale from its amax, one
+ * call site's roll of this step's amax into its histories (fp8.h lays out
+ * the state), and the byte of a value on a format's grid. Plain IEEE
+ * single-precision arithmetic (a division, frexpf, ldexpf), so both give
+ * the same bits. */
+#ifndef HPU_FP8_ARITH_H
+#define HPU_FP8_ARITH_H
 
 #include <math.h>
 #include <stddef.h>
@@ -64,6 +65,26 @@ HPU_FP8_FN void hpu__fp8_roll_one(float *st, float *sc, float *z, int history, i
 	/* one history slot per step for all three tensors */
 	z[0] = (float)(nhist < H ? nhist + 1 : H);
 	z[1] = (float)((pos + 1) % H);
+}
+
+/* The fp8 byte of r, a value of the format with mbits mantissa bits, its
+ * smallest normal 2^emin and exponent bias `bias` (on its grid and within
+ * its range, as fake_quant at scale 1 leaves it; NaN; E5M2's
+ * infinities): sign, exponent field, mantissa. */
+HPU_FP8_FN unsigned char hpu__fp8_byte(float r, int mbits, int emin, int bias)
+{
+	unsigned sign = signbit(r) ? 0x80u : 0u;
+	if (isnan(r))
+		return (unsigned char)(sign | 0x7fu);
+	if (isinf(r)) /* E5M2 only */
+		return (unsigned char)(sign | 0x7cu);
+	float a = fabsf(r);
+	if (a < ldexpf(1.0f, emin)) /* subnormal: a multiple of 2^(emin - mbits) */
+		return (unsigned char)(sign | (unsigned)ldexpf(a, mbits - emin));
+	int e;
+	float f = frexpf(a, &e); /* a = f 2^e, f in [0.5, 1): 1.m 2^(e - 1) */
+	unsigned man = (unsigned)((2.0f * f - 1.0f) * (float)(1 << mbits));
+	return (unsigned char)(sign | (unsigned)(e - 1 + bias) << mbits | man);
 }
 
 #endif
