@@ -252,13 +252,30 @@ static void test_fused_attention_bf16(void **state)
 	assert_true(ok);
 }
 
+/* The GPU's compute capability times 10 from nvidia-smi (89: sm 8.9), or
+ * 0 where it cannot say. */
+static int gpu_cc(void)
+{
+	FILE *f = popen("nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null",
+			"r");
+	int major = 0, minor = 0;
+	if (f && fscanf(f, "%d.%d", &major, &minor) != 2)
+		major = minor = 0;
+	if (f)
+		pclose(f);
+	return major * 10 + minor;
+}
+
 /* gpt_lm (dim 128, 2 heads, 2 blocks, T 128, batch 8: every linear's
  * sizes multiples of 16) in fp8, 1 worker, 20 steps, against the cpu's
  * fp8 (its quantized values multiplied by the bf16 kernels): on cuda the
  * linear products on fp8 tensor cores (cuBLASLt, sm 8.9 and later; the
  * bf16 kernels before), then with HPU_FP8_NATIVE=0 (the bf16 kernels,
  * as the cpu), then recorded (--graphs: the scaling state on the device).
- * All printed, then the test fails if any was out of bounds. */
+ * --verbose's count of the products says which ran: on cuda at sm 8.9 or
+ * later the first run must have run some on fp8 (and said no cuBLASLt
+ * failure), HPU_FP8_NATIVE=0 none. All printed, then the test fails if
+ * any was out of bounds or ran elsewhere. */
 static void test_fp8_as_cpu(void **state)
 {
 	(void)state;
@@ -289,6 +306,17 @@ static void test_fp8_as_cpu(void **state)
 		if (i >= 0 && C[i].graphs)
 			printf("  --graphs: %s\n", g ? "recorded at step 4" : "NOT recorded");
 		bad += i >= 0 && C[i].graphs && !g;
+		const char *pl = strstr(out, "fp8: rank 0's linear products: ");
+		long f8 = -1, b16 = -1;
+		if (!pl || sscanf(pl, "fp8: rank 0's linear products: %ld on fp8 arithmetic, %ld", &f8,
+				  &b16) != 2)
+			f8 = b16 = -1;
+		int want_fp8 = i == 0 && !strcmp(dev, "cuda") && gpu_cc() >= 89;
+		int ran_ok = f8 >= 0 && (!want_fp8 || f8 > 0) && !(i == 1 && f8 != 0) &&
+			     !strstr(out, "cuBLASLt's fp8 product");
+		printf("  %s: %ld linear products on fp8 arithmetic, %ld on the bf16 kernels%s\n",
+		       i < 0 ? "cpu" : C[i].what, f8, b16, ran_ok ? "" : ": NOT AS EXPECTED");
+		bad += !ran_ok;
 		free(out);
 		assert_int_equal(unsetenv("HPU_FP8_NATIVE"), 0);
 		if (i < 0)

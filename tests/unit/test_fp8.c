@@ -369,8 +369,9 @@ static void test_reduced_amax_put_back(void **state)
  * bf16 kernels give on the quantized values (the emulation), within the
  * sums' rounding, over two steps and a roll; wrong operands, transposes,
  * formats or scales would be off by far more. The table declining dw's
- * product, or every product, leaves it to the emulation. */
-static int n_quant8, n_gemm8, decline_k = -1, decline_all;
+ * product, or every product, leaves it to the emulation, and a declined
+ * case is not asked again at that call site and batch size. */
+static int n_quant8, n_gemm8, n_tried, decline_k = -1, decline_all;
 
 static int t_quant8(const float *x, uint8_t *q, int rows, int cols, int trans, float *sc,
 		    int fmt)
@@ -382,6 +383,7 @@ static int t_quant8(const float *x, uint8_t *q, int rows, int cols, int trans, f
 static int t_gemm8(int m, int n, int k, const uint8_t *a, int fa, const uint8_t *b, int fb,
 		   const float *ia, const float *ib, const float *bias, float *c, int accumulate)
 {
+	n_tried++;
 	if (decline_all || k == decline_k)
 		return HPU_BE_UNSUPPORTED;
 	assert_false(fa == HPU_FP8_E5M2 && fb == HPU_FP8_E5M2);
@@ -478,15 +480,18 @@ static void test_native_products(void **state)
 	close_parts(got, want);
 	/* dw's product declined (k = B): dx on fp8, dw emulated */
 	decline_k = B;
-	n_gemm8 = 0;
+	n_gemm8 = n_tried = 0;
 	fc_steps(&fp8, got);
 	assert_int_equal(n_gemm8, 3 * 2);
+	assert_int_equal(n_tried, 3 * 2 + 1);
 	close_parts(got, want);
 	decline_k = -1;
 	/* every product declined: the emulation's bits */
 	decline_all = 1;
+	n_tried = 0;
 	fc_steps(&fp8, got);
 	decline_all = 0;
+	assert_int_equal(n_tried, 2); /* the forward's, dx's: once each */
 	assert_memory_equal(got, want, sizeof got);
 }
 

@@ -210,15 +210,17 @@ typedef struct hpu__backend {
 	 * reduction over ranks (the call waits for the copy). */
 	int (*fp8_state_copy)(void *dst, const void *src, size_t bytes);
 	/* fp8 training's products on fp8 arithmetic (a GPU with fp8 tensor
-	 * cores; NULL on the CPU's tables, where the quantized values are
-	 * multiplied by the bf16 kernels, exactly). quant8: q = the fp8
+	 * cores; gemm_fp8 is NULL on the CPU's tables, where the quantized
+	 * values are multiplied by the bf16 kernels, exactly; the host's
+	 * quant8 is the GPU tests' reference). quant8: q = the fp8
 	 * bytes (format fmt) of x[rows, cols] * s, s = sc[0] (1 where 0):
 	 * fake_quant's value times s, encoded (hpu__fp8_encode); trans: q is
 	 * [cols, rows], x transposed; sc[1] = 1 / s, what gemm_fp8 multiplies
 	 * the product by. gemm_fp8: c[M,N] = a[M,K] b[N,K]^T * *ia * *ib
 	 * (+ bias[N] on every row; + c when accumulate), a and b fp8 bytes of
 	 * formats fa and fb (not both E5M2), both stored with K innermost, ia
-	 * and ib device memory read when it runs; products summed in fp32.
+	 * and ib device memory read when it runs; products summed in fp32 (a
+	 * GPU's tensor cores: with fewer bits within a chunk of K).
 	 * HPU_BE_UNSUPPORTED, nothing written, where the GPU has no fp8
 	 * product for the case (its architecture, the shape's alignment). */
 	int (*fp8_quant8)(const float *x, uint8_t *q, int rows, int cols, int trans, float *sc,

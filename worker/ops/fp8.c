@@ -233,6 +233,8 @@ typedef struct inst {
 	float maxabs[3];
 	float scale[3];   /* QUANTIZE; TRAIN: the device's, as last brought back */
 	int fwd;          /* TRAIN: a forward ran in fp8 */
+	int decl[3];      /* TRAIN: the rows (batch) at which the table declined
+			   * the fp8 product of the forward, dx, dw (0: none) */
 	float *hist;      /* TRAIN: [3][history], as last brought back */
 	int nhist, pos;
 	int used;
@@ -250,6 +252,7 @@ static struct {
 	int n, cap;
 	float *amax; /* TRAIN: [3 * cap], this step's, as brought back */
 	int amax_out; /* hpu__fp8_step_amax handed it out: the roll puts it back */
+	uint64_t n_fp8, n_bf16; /* linear products on fp8 arithmetic, on bf16 */
 	chunk *ch;
 	int nch;
 	float *host; /* one chunk's worth of host memory, for the copies */
@@ -278,6 +281,7 @@ static void forget(void)
 	S.ch = NULL;
 	S.host = NULL;
 	S.n = S.cap = S.nch = S.amax_out = 0;
+	S.n_fp8 = S.n_bf16 = 0;
 	S.err[0] = '\0';
 }
 
@@ -649,6 +653,7 @@ void hpu__fp8_operands(hpu__fp8_call *c)
 	if (!c->on || c->a)
 		return;
 	float *qa = hpu__ac_scratch(0, c->nx), *qb = hpu__ac_scratch(1, c->nw);
+	S.n_bf16++;
 	train_quant(c->inst, T_X, c->x, qa, c->nx);
 	train_quant(c->inst, T_W, c->w, qb, c->nw);
 	c->a = qa;
@@ -679,15 +684,21 @@ int hpu__fp8_forward_native(hpu__fp8_call *c, const float *bias, float *y, int b
 			    int out)
 {
 	const hpu__backend *be = native();
-	if (!be || !c->on || c->a)
+	inst *p = c->inst;
+	if (!be || !c->on || c->a || p->decl[0] == batch)
 		return 0;
-	int i = (int)((inst *)c->inst - S.v);
+	int i = (int)(p - S.v);
 	float *sx = dev_scale(i, T_X), *sw = dev_scale(i, T_W);
 	uint8_t *x8 = bytes8(4, c->nx), *w8 = bytes8(5, c->nw);
-	return be->fp8_quant8(c->x, x8, batch, in, 0, sx, HPU_FP8_E4M3) == HPU_BE_OK &&
-	       be->fp8_quant8(c->w, w8, out, in, 0, sw, HPU_FP8_E4M3) == HPU_BE_OK &&
-	       be->gemm_fp8(batch, out, in, x8, HPU_FP8_E4M3, w8, HPU_FP8_E4M3, sx + 1, sw + 1,
-			    bias, y, 0) == HPU_BE_OK;
+	if (be->fp8_quant8(c->x, x8, batch, in, 0, sx, HPU_FP8_E4M3) != HPU_BE_OK ||
+	    be->fp8_quant8(c->w, w8, out, in, 0, sw, HPU_FP8_E4M3) != HPU_BE_OK ||
+	    be->gemm_fp8(batch, out, in, x8, HPU_FP8_E4M3, w8, HPU_FP8_E4M3, sx + 1, sw + 1, bias,
+			 y, 0) != HPU_BE_OK) {
+		p->decl[0] = batch; /* not tried again at these rows */
+		return 0;
+	}
+	S.n_fp8++;
+	return 1;
 }
 
 void hpu__fp8_end(hpu__fp8_call *c, const float *y, size_t ny)
@@ -710,6 +721,7 @@ int hpu__fp8_bwd_begin(hpu__fp8_bwd *h, const float *w, const float *dy, size_t 
 				p = &S.v[i];
 	}
 	h->inst = NULL;
+	h->done = h->dx = 0;
 	if (hpu__fp8_mode() != HPU_FP8_TRAIN || !p || !p->fwd) {
 		hpu__ac_recount(HPU_OP_LINEAR, HPU_AUTOCAST_FP8, hpu__ac_fallback(HPU_OP_LINEAR));
 		return 0;
@@ -720,13 +732,23 @@ int hpu__fp8_bwd_begin(hpu__fp8_bwd *h, const float *w, const float *dy, size_t 
 	return 1;
 }
 
-int hpu__fp8_bwd_native(const hpu__fp8_bwd *h, const float *x, const float *w, const float *dy,
+/* bwd_native's answer, noted in h */
+static int bwd_done(hpu__fp8_bwd *h, int done)
+{
+	h->done = done;
+	S.n_fp8 += (uint64_t)(done == 2 ? 1 + h->dx : done);
+	return done;
+}
+
+int hpu__fp8_bwd_native(hpu__fp8_bwd *h, const float *x, const float *w, const float *dy,
 			float *dx, float *dw, int dw_fresh, int batch, int in, int out)
 {
 	const hpu__backend *be = native();
-	if (!be || !h->inst)
-		return 0;
-	int i = (int)((inst *)h->inst - S.v);
+	inst *p = h->inst;
+	h->dx = dx != NULL;
+	if (!be || !p || (dx && p->decl[1] == batch))
+		return bwd_done(h, 0);
+	int i = (int)(p - S.v);
 	size_t nx = (size_t)batch * in, nw = (size_t)out * in, ny = (size_t)batch * out;
 	float *sx = dev_scale(i, T_X), *sw = dev_scale(i, T_W), *sd = dev_scale(i, T_DY);
 	if (dx) { /* dx[B, in] = dy[B, out] (w^T)[in, out]^T */
@@ -734,17 +756,23 @@ int hpu__fp8_bwd_native(const hpu__fp8_bwd *h, const float *x, const float *w, c
 		if (be->fp8_quant8(dy, dy8, batch, out, 0, sd, HPU_FP8_E5M2) != HPU_BE_OK ||
 		    be->fp8_quant8(w, wt8, out, in, 1, sw, HPU_FP8_E4M3) != HPU_BE_OK ||
 		    be->gemm_fp8(batch, in, out, dy8, HPU_FP8_E5M2, wt8, HPU_FP8_E4M3, sd + 1, sw + 1,
-				 NULL, dx, 0) != HPU_BE_OK)
-			return 0;
+				 NULL, dx, 0) != HPU_BE_OK) {
+			p->decl[1] = batch; /* not tried again at these rows */
+			return bwd_done(h, 0);
+		}
 	}
+	if (p->decl[2] == batch)
+		return bwd_done(h, dx ? 1 : 0);
 	/* dw[out, in] = (dy^T)[out, B] (x^T)[in, B]^T */
 	uint8_t *dyt8 = bytes8(6, ny), *xt8 = bytes8(7, nx);
 	if (be->fp8_quant8(dy, dyt8, batch, out, 1, sd, HPU_FP8_E5M2) != HPU_BE_OK ||
 	    be->fp8_quant8(x, xt8, batch, in, 1, sx, HPU_FP8_E4M3) != HPU_BE_OK ||
 	    be->gemm_fp8(out, in, batch, dyt8, HPU_FP8_E5M2, xt8, HPU_FP8_E4M3, sd + 1, sx + 1, NULL,
-			 dw, !dw_fresh) != HPU_BE_OK)
-		return dx ? 1 : 0;
-	return 2;
+			 dw, !dw_fresh) != HPU_BE_OK) {
+		p->decl[2] = batch;
+		return bwd_done(h, dx ? 1 : 0);
+	}
+	return bwd_done(h, 2);
 }
 
 void hpu__fp8_bwd_operands(const hpu__fp8_bwd *h, const float *x, size_t nx, const float *w,
@@ -754,6 +782,7 @@ void hpu__fp8_bwd_operands(const hpu__fp8_bwd *h, const float *x, size_t nx, con
 	const inst *p = h->inst;
 	float *qx = hpu__ac_scratch(0, nx), *qw = hpu__ac_scratch(1, nw);
 	float *qd = hpu__ac_scratch(2, ndy);
+	S.n_bf16 += (uint64_t)((h->dx && h->done == 0) + (h->done < 2));
 	/* x and w at the forward's scales: only a roll changes a scale once
 	 * set, and it comes after the step */
 	train_quant(p, T_X, x, qx, nx);
@@ -801,4 +830,10 @@ void hpu__fp8_roll(void)
 		FP8_RUN(fp8_roll, "fp8's delayed scaling (the roll)", S.ch[c].d, count,
 			HPU_FP8_CHUNK, r->history, r->algo, r->margin);
 	}
+}
+
+void hpu__fp8_products(uint64_t *fp8, uint64_t *bf16)
+{
+	*fp8 = S.n_fp8;
+	*bf16 = S.n_bf16;
 }

@@ -201,6 +201,7 @@ int hpu__fp8_forward_native(hpu__fp8_call *c, const float *bias, float *y, int b
 /* The backward of linear under TRAIN. */
 typedef struct hpu__fp8_bwd {
 	void *inst;
+	int done, dx; /* hpu__fp8_bwd_native's answer; whether it had a dx */
 } hpu__fp8_bwd;
 /* Finds the forward's call site by w and records dy[ndy]'s amax: 1; 0
  * when the call cannot run in fp8 (no forward in fp8), its count then
@@ -212,12 +213,19 @@ int hpu__fp8_bwd_begin(hpu__fp8_bwd *h, const float *w, const float *dy, size_t 
  * 4 to 7: dy, w transposed, dy transposed, x transposed). 2 when both
  * (or dw, dx being NULL) are done; 1 when dx alone (the table declined
  * dw: the caller makes it); 0 when neither. */
-int hpu__fp8_bwd_native(const hpu__fp8_bwd *h, const float *x, const float *w, const float *dy,
+int hpu__fp8_bwd_native(hpu__fp8_bwd *h, const float *x, const float *w, const float *dy,
 			float *dx, float *dw, int dw_fresh, int batch, int in, int out);
 /* x, w (E4M3, the forward's scales) and dy (E5M2) read back into scratch
- * slots 0, 1, 2, for the bf16 kernels. */
+ * slots 0, 1, 2, for the bf16 kernels (the products hpu__fp8_bwd_native
+ * left). */
 void hpu__fp8_bwd_operands(const hpu__fp8_bwd *h, const float *x, size_t nx, const float *w,
 			   size_t nw, const float *dy, size_t ndy, const float **xq,
 			   const float **wq, const float **dyq);
+
+/* TRAIN: the linear products this process ran on the table's fp8
+ * arithmetic and on the bf16 kernels (forward 1, backward 2 or 1 each
+ * call), as the ops ran: eager steps and recordings, not replays. A case
+ * the table declined is not tried again at the same call site and rows. */
+void hpu__fp8_products(uint64_t *fp8, uint64_t *bf16);
 
 #endif

@@ -14,6 +14,7 @@
 #include "worker/hpu/devmem.h"
 #include "worker/hpu/prof.h"
 #include "worker/ops/autocast.h"
+#include "worker/ops/fp8.h"
 
 /* ---- per-rank statistics: device memory and traffic ---- */
 
@@ -250,6 +251,13 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 	if (bad)
 		printf("%ld step%s skipped for a non-finite loss or gradients\n", bad,
 		       bad == 1 ? " was" : "s were");
+	if (L->o->verbose && L->o->precision == HPU_PREC_FP8 && trained) {
+		uint64_t f8, b16;
+		hpu__fp8_products(&f8, &b16);
+		printf("fp8: rank 0's linear products: %llu on fp8 arithmetic, %llu on the bf16 "
+		       "kernels (eager steps and recordings; a replay is not counted)\n",
+		       (unsigned long long)f8, (unsigned long long)b16);
+	}
 	if (ev) {
 		printf("test loss %.4f (%.0f samples)\n", ev->loss, ev->count);
 		for (int k = 0; k < b->nmetrics; k++)

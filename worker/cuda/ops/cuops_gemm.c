@@ -21,12 +21,15 @@
  * fp8 (gemm_fp8, fp8 training's linear): A and B fp8 bytes (E4M3, or
  * E5M2 for one of them), both with K innermost, which is the one layout
  * cuBLASLt takes for fp8 ("TN": its A, our b, transposed); C and D fp32,
- * fp32 compute, the operands' inverse scales as A_SCALE_POINTER and
- * B_SCALE_POINTER (device memory, read when the product runs: a recorded
- * step replays with the step's scales); the bias added apart (with fp32
- * output cuBLASLt's fp8 epilogue takes a bf16 bias only). Sm 8.9 and
- * later; sizes multiples of 16. A failure of the product is said once and
- * fp8 then runs on the bf16 kernels.
+ * fp32 compute (the tensor cores' partial sums, promoted to fp32 between
+ * chunks of K: cuBLASLt's default, not its fast accumulation), the
+ * operands' inverse scales as A_SCALE_POINTER and B_SCALE_POINTER (device
+ * memory, read when the product runs: a recorded step replays with the
+ * step's scales; set before the algorithm is chosen, as NVIDIA's
+ * LtFp8Matmul sample does); the bias added apart (with fp32 output
+ * cuBLASLt's fp8 epilogue takes a bf16 bias only). Sm 8.9 and later;
+ * sizes multiples of 16. A failure of the product is said once and fp8
+ * then runs on the bf16 kernels.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -62,6 +65,11 @@ enum { K_DT, K_COUNT, K_M, K_N, K_K, K_TA, K_TB, K_SA, K_SB, K_SC, K_BIAS, K_TF3
 
 /* K_DT of an fp8 product: FP8_DT + (our a E5M2) * 2 + (our b E5M2) */
 enum { FP8_DT = 8 };
+
+/* The inverse scales of the fp8 product being planned (cuBLASLt's A: our
+ * b's; B: our a's), set on its descriptor before the algorithm is chosen
+ * (and again at each call: the pointers are the call's) */
+static const float *fp8_scale_a, *fp8_scale_b;
 
 /* The plan's key: everything its descriptors and algorithm depend on. */
 static void gemm_key(const hpu__gemm *g, int tf32, int64_t *key)
@@ -154,6 +162,12 @@ static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *
 	if (hpu__cuops_blas(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F), "matmul desc") ||
 	    desc_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a) ||
 	    desc_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b))
+		goto fail;
+	if (key[K_DT] >= FP8_DT &&
+	    (desc_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8_scale_a,
+		       sizeof fp8_scale_a) ||
+	     desc_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8_scale_b,
+		       sizeof fp8_scale_b)))
 		goto fail;
 	if (key[K_BIAS]) {
 		int32_t epi = CUBLASLT_EPILOGUE_BIAS, bt = CUDA_R_32F;
@@ -348,6 +362,8 @@ int hpu__cuops_gemm_fp8(int m, int n, int k, const uint8_t *a, int fa, const uin
 		key[K_ALA] = alignment(a, 0, 1);
 		key[K_ALB] = alignment(b, 0, 1);
 		key[K_ALC] = alignment(c, 0, 1);
+		fp8_scale_a = ib;
+		fp8_scale_b = ia;
 		hpu__cuops_gemm_plan *p = plan_get(cx, key);
 		float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
 		cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
