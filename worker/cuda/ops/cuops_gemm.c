@@ -66,10 +66,6 @@ enum { K_DT, K_COUNT, K_M, K_N, K_K, K_TA, K_TB, K_SA, K_SB, K_SC, K_BIAS, K_TF3
 /* K_DT of an fp8 product: FP8_DT + (our a E5M2) * 2 + (our b E5M2) */
 enum { FP8_DT = 8 };
 
-/* The inverse scales of the fp8 product being planned (cuBLASLt's A: our
- * b's; B: our a's), set on its descriptor before the algorithm is chosen
- * (and again at each call: the pointers are the call's) */
-static const float *fp8_scale_a, *fp8_scale_b;
 
 /* The plan's key: everything its descriptors and algorithm depend on. */
 static void gemm_key(const hpu__gemm *g, int tf32, int64_t *key)
@@ -141,8 +137,12 @@ static int desc_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, c
 }
 
 /* Makes p's descriptors and picks its algorithm; 0, or -1 when cuBLASLt
- * has none for the case (the caller may add the bias apart or widen bf16). */
-static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *key)
+ * has none for the case (the caller may add the bias apart or widen bf16).
+ * scales: an fp8 product's inverse scales (cuBLASLt's A's and B's: our
+ * b's and a's), set on the descriptor before the algorithm is chosen (a
+ * call sets its own again); NULL for the others. */
+static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *key,
+		     const float *const *scales)
 {
 	int bf = key[K_DT] == HPU_DT_BF16, count = (int)key[K_COUNT];
 	uint64_t m = (uint64_t)key[K_M], n = (uint64_t)key[K_N], k = (uint64_t)key[K_K];
@@ -163,11 +163,11 @@ static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *
 	    desc_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a) ||
 	    desc_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b))
 		goto fail;
-	if (key[K_DT] >= FP8_DT &&
-	    (desc_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &fp8_scale_a,
-		       sizeof fp8_scale_a) ||
-	     desc_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &fp8_scale_b,
-		       sizeof fp8_scale_b)))
+	if (scales &&
+	    (desc_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales[0],
+		       sizeof scales[0]) ||
+	     desc_attr(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales[1],
+		       sizeof scales[1])))
 		goto fail;
 	if (key[K_BIAS]) {
 		int32_t epi = CUBLASLT_EPILOGUE_BIAS, bt = CUDA_R_32F;
@@ -218,7 +218,8 @@ fail:
 
 /* The cached plan for key, or a new one in the least recently used
  * slot; NULL when cuBLASLt has no algorithm for it. */
-static hpu__cuops_gemm_plan *plan_get(hpu__cuops_ctx *c, const int64_t *key)
+static hpu__cuops_gemm_plan *plan_get(hpu__cuops_ctx *c, const int64_t *key,
+				       const float *const *scales)
 {
 	hpu__cuops_gemm_plan *victim = &c->gemm[0];
 	for (int i = 0; i < HPU_CUOPS_GEMM_CACHE; i++) {
@@ -232,7 +233,7 @@ static hpu__cuops_gemm_plan *plan_get(hpu__cuops_ctx *c, const int64_t *key)
 	}
 	if (victim->used)
 		plan_free(victim);
-	if (plan_make(c, victim, key))
+	if (plan_make(c, victim, key, scales))
 		return NULL;
 	victim->stamp = ++c->clock;
 	return victim;
@@ -264,13 +265,13 @@ static int run_any(hpu__cuops_ctx *c, const hpu__gemm *g, int tf32, int *none)
 	int64_t key[16];
 	*none = 0;
 	gemm_key(g, tf32, key);
-	hpu__cuops_gemm_plan *p = plan_get(c, key);
+	hpu__cuops_gemm_plan *p = plan_get(c, key, NULL);
 	if (p)
 		return run(c, p, g);
 	hpu__gemm f = *g;
 	f.bias = NULL;
 	gemm_key(&f, tf32, key);
-	p = g->bias ? plan_get(c, key) : NULL;
+	p = g->bias ? plan_get(c, key, NULL) : NULL;
 	if (!p) {
 		*none = 1;
 		return -1;
@@ -351,20 +352,14 @@ int hpu__cuops_gemm_fp8(int m, int n, int k, const uint8_t *a, int fa, const uin
 		return HPU_BE_UNSUPPORTED;
 	int rc = -1;
 	if (cx->cc_major * 10 + cx->cc_minor >= 89) {
+		/* our b stored [N,K] (trans_b), a [M,K]: the TN product */
+		hpu__gemm g = {.count = 1, .m = m, .n = n, .k = k, .trans_b = 1, .a = a, .b = b,
+			       .c = c};
 		int64_t key[16];
-		memset(key, 0, sizeof key);
+		const float *scales[2] = {ib, ia};
+		gemm_key(&g, 0, key);
 		key[K_DT] = FP8_DT + (fa == HPU_FP8_E5M2) * 2 + (fb == HPU_FP8_E5M2);
-		key[K_COUNT] = 1;
-		key[K_M] = m;
-		key[K_N] = n;
-		key[K_K] = k;
-		key[K_TB] = 1;
-		key[K_ALA] = alignment(a, 0, 1);
-		key[K_ALB] = alignment(b, 0, 1);
-		key[K_ALC] = alignment(c, 0, 1);
-		fp8_scale_a = ib;
-		fp8_scale_b = ia;
-		hpu__cuops_gemm_plan *p = plan_get(cx, key);
+		hpu__cuops_gemm_plan *p = plan_get(cx, key, scales);
 		float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
 		cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
 		if (p && !desc_attr(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ib, sizeof ib) &&
