@@ -19,6 +19,7 @@
 #include <hpu/data.h>
 
 #include "tests/unit/tmp_testlib.h"
+#include "worker/hpu/dataio.h" /* hpu__data_prefetch */
 #include "worker/hpu/model.h" /* worker/hpu: a builder without the runtime */
 
 static char err[1024];
@@ -595,6 +596,36 @@ static void test_declare(void **state)
 	s.fields[1].classes = 10;
 	assert_int_equal(d->fetch(d->user, 2, out), 0);
 	assert_int_equal(c, 9);
+
+	/* a long row (the vectorized conversion, and its tail past a
+	 * multiple of 16): each value the scalar product then sum */
+	hpu__model_destroy(&b);
+	b = hpu__model_new(0, 1, 8);
+	assert_non_null(b);
+	enum { ROW = 1001 };
+	static uint8_t px[3 * ROW];
+	for (size_t k = 0; k < sizeof px; k++)
+		px[k] = (uint8_t)(k * 37 + 11);
+	hpu_array pa = {.type = HPU_DATA_U8, .ndim = 2, .shape = {3, ROW}, .count = 3,
+			.row_numel = ROW, .data = px};
+	hpu_data_split ps = {.nfields = 1};
+	const float sc = 1.0f / (255.0f * 0.3530f), sh = -0.2860f / 0.3530f;
+	ps.fields[0] = (hpu_data_field){.name = "image", .array = &pa, .dtype = HPU_F32,
+					.scale = sc, .shift = sh};
+	assert_int_equal(hpu_data_declare(b, HPU_SPLIT_TRAIN, &ps), HPU_OK);
+	d = &b->data[HPU_SPLIT_TRAIN];
+	static float row[ROW];
+	void *pout[1] = {row};
+	hpu__data_prefetch(d, 2);
+	hpu__data_prefetch(d, 3); /* past the end: nothing */
+	assert_int_equal(d->fetch(d->user, 2, pout), 0);
+	for (size_t k = 0; k < ROW; k++) {
+		volatile float prod = (float)px[2 * ROW + k] * sc; /* rounded, then the sum */
+		assert_true(row[k] == prod + sh);
+	}
+	/* a model's own fetch: its layout unknown, nothing read (user NULL) */
+	hpu_dataset own = {.size = 1, .nfields = 1, .fetch = NULL, .user = NULL};
+	hpu__data_prefetch(&own, 0);
 
 	/* an f32 array as an HPU_I32 field: whole numbers only */
 	hpu__model_destroy(&b);

@@ -27,6 +27,17 @@ static size_t field_numel(const hpu_data_field *fd)
 	return fd->window ? fd->window : fd->array->row_numel;
 }
 
+/* x[k] = px[k] * scale + shift: an image's pixels, the loader's hot loop
+ * (restrict and -O3: vectorized, 8 to 16 pixels an instruction, without
+ * the alias check a char pointer would need; the same roundings, a
+ * product then a sum: -ffp-contract=off). */
+static void u8_affine(float *restrict x, const uint8_t *restrict px, size_t n, float scale,
+		      float shift)
+{
+	for (size_t k = 0; k < n; k++)
+		x[k] = (float)px[k] * scale + shift;
+}
+
 /* Writes field fd of sample i into out. */
 static int fetch_field(const hpu_data_field *fd, size_t i, void *out)
 {
@@ -45,9 +56,7 @@ static int fetch_field(const hpu_data_field *fd, size_t i, void *out)
 	}
 	float *x = out;
 	if (a->type == HPU_DATA_U8 && (fd->scale != 0 || fd->shift != 0)) {
-		const uint8_t *px = (const uint8_t *)a->data + first;
-		for (size_t k = 0; k < n; k++)
-			x[k] = px[k] * fd->scale + fd->shift;
+		u8_affine(x, (const uint8_t *)a->data + first, n, fd->scale, fd->shift);
 	} else if (fd->scale != 0 || fd->shift != 0) {
 		for (size_t k = 0; k < n; k++)
 			x[k] = (float)value(a, first + k) * fd->scale + fd->shift;
@@ -69,6 +78,26 @@ static int fetch(void *user, size_t index, void *const *out)
 		if (fetch_field(&s->fields[f], index, out[f]) < 0)
 			return -1;
 	return 0;
+}
+
+void hpu__data_prefetch(const hpu_dataset *ds, size_t index)
+{
+	if (ds->fetch != fetch)
+		return; /* the model's own fetch: its layout is its own */
+	const hpu_data_split *s = ds->user;
+	if (index >= s->size)
+		return;
+	for (int f = 0; f < s->nfields; f++) {
+		const hpu_data_field *fd = &s->fields[f];
+		size_t n = field_numel(fd), first = fd->window ? index * fd->window + fd->offset
+							   : index * n;
+		size_t es = hpu_data_type_size(fd->array->type);
+		const char *p = (const char *)fd->array->data + first * es;
+		for (size_t at = 0; at < n * es; at += 64)
+			__builtin_prefetch(p + at);
+		if (n * es > 0)
+			__builtin_prefetch(p + n * es - 1);
+	}
 }
 
 /* An HPU_I32 field's values, checked once when it is declared: whole

@@ -15,6 +15,12 @@ typedef struct hpu__dfile {
 	size_t errlen;
 } hpu__dfile;
 
+/* Asks the CPU to bring sample `index`'s values of every field into its
+ * caches (the loader, a few samples ahead: a sample's first line of a
+ * large dataset is a miss to memory, most of the conversion's time).
+ * Nothing where ds is not hpu_data_declare's, or index is past its end. */
+void hpu__data_prefetch(const hpu_dataset *ds, size_t index);
+
 /* Writes "PATH: <message>" into f's err; returns HPU_EINVAL. */
 int hpu__data_fail(const hpu__dfile *f, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

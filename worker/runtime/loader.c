@@ -2,6 +2,7 @@
 #include "worker/hpu/prof.h"
 
 #include "worker/device/device.h"
+#include "worker/hpu/dataio.h"
 #include "worker/hpu/devmem.h"
 #include "common/thread.h"
 
@@ -36,6 +37,9 @@ size_t hpu__field_numel(const hpu_field *f)
 	return n;
 }
 
+/* Samples a fetch asks the caches for before it converts them. */
+#define PREFETCH_AHEAD 8
+
 int hpu__batch_fetch(const hpu_dataset *ds, const uint32_t *idx, int n, hpu_batch *bt,
 		     size_t *bad)
 {
@@ -45,7 +49,11 @@ int hpu__batch_fetch(const hpu_dataset *ds, const uint32_t *idx, int n, hpu_batc
 		numel[f] = hpu__field_numel(&ds->fields[f]);
 	bt->n = n;
 	bt->idx = idx;
+	for (int i = 0; i < n && i < PREFETCH_AHEAD; i++)
+		hpu__data_prefetch(ds, idx[i]);
 	for (int i = 0; i < n; i++) {
+		if (i + PREFETCH_AHEAD < n)
+			hpu__data_prefetch(ds, idx[i + PREFETCH_AHEAD]);
 		for (int f = 0; f < ds->nfields; f++)
 			out[f] = (char *)bt->data[f] + (size_t)i * numel[f] * 4;
 		if (ds->fetch(ds->user, idx[i], out) != 0) {
