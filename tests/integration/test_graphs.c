@@ -122,23 +122,25 @@ static void replays(const char *out, long *replayed, long *recorded, long *eager
 	}
 }
 
-/* Eager and --graphs on `dev` at `workers` give the same parameters; the
- * recording was kept and replayed (steps - warmup - extra_eager of them);
- * its verbose line (caller frees), or NULL. */
-static char *same_with_graphs_at(const char *dev, int workers, const char *name, int steps,
-				 int extra_eager, const char *strategy, const char *precision,
-				 const char *inject)
+/* Eager and --graphs on `dev` at `workers` with `accum` micro-steps give
+ * the same parameters; the recording was kept and replayed (steps -
+ * warmup - extra_eager of them); its verbose line (caller frees), or
+ * NULL. */
+static char *same_with_graphs_accum(const char *dev, int workers, int accum, const char *name,
+				    int steps, int extra_eager, const char *strategy,
+				    const char *precision, const char *inject)
 {
-	char a[96], b[96], st[16], want[128];
-	snprintf(a, sizeof a, "%s-%s-%s-eager", dev, name, strategy);
-	snprintf(b, sizeof b, "%s-%s-%s-graphs", dev, name, strategy);
+	char a[96], b[96], st[16], ac[16], want[128];
+	snprintf(a, sizeof a, "%s-%s-%s-%d-eager", dev, name, strategy, accum);
+	snprintf(b, sizeof b, "%s-%s-%s-%d-graphs", dev, name, strategy, accum);
 	snprintf(st, sizeof st, "%d", steps);
+	snprintf(ac, sizeof ac, "%d", accum);
 	const char *inj = inject ? "--inject-overflow-step" : NULL;
 	char *oa = train(a, workers, dev, 0, NULL, NULL, "--strategy", strategy, "--precision",
-			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
+			 precision, "--max-steps", st, "--grad-accum", ac, "--clip-grad-norm",
 			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
 	char *ob = train(b, workers, dev, 1, NULL, NULL, "--strategy", strategy, "--precision",
-			 precision, "--max-steps", st, "--grad-accum", "2", "--clip-grad-norm",
+			 precision, "--max-steps", st, "--grad-accum", ac, "--clip-grad-norm",
 			 "0.5", "--scheduler", "cosine", inj, inject, NULL);
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
@@ -152,8 +154,12 @@ static char *same_with_graphs_at(const char *dev, int workers, const char *name,
 	assert_int_equal(recorded, 1);
 	assert_int_equal(replayed, steps - 2 - extra_eager);
 	assert_int_equal(eager, 2 + extra_eager);
-	snprintf(want, sizeof want, "graphs: step 3: recorded the step of %d samples x 2 "
-		 "micro-steps: ", 16 / workers);
+	if (accum > 1)
+		snprintf(want, sizeof want, "graphs: step 3: recorded the step of %d samples x %d "
+			 "micro-steps: ", 32 / workers / accum, accum);
+	else
+		snprintf(want, sizeof want, "graphs: step 3: recorded the step of %d samples: ",
+			 32 / workers);
 	const char *line = strstr(ob, want);
 	assert_non_null(line);
 	assert_true(same);
@@ -161,6 +167,14 @@ static char *same_with_graphs_at(const char *dev, int workers, const char *name,
 	free(oa);
 	free(ob);
 	return out;
+}
+
+static char *same_with_graphs_at(const char *dev, int workers, const char *name, int steps,
+				 int extra_eager, const char *strategy, const char *precision,
+				 const char *inject)
+{
+	return same_with_graphs_accum(dev, workers, 2, name, steps, extra_eager, strategy,
+				      precision, inject);
 }
 
 static void same_with_graphs(const char *dev, const char *name, int steps, int extra_eager,
@@ -202,6 +216,18 @@ static void test_overflow_skipped(void **state)
 {
 	(void)state;
 	same_with_graphs("cpu-strict", "fp16", 7, 1, "fast_ddp", "16-mixed", "5");
+}
+
+/* One micro-step a step: a replay's copies of the batch read the
+ * loader's two buffers in turn where it put them (hpu__dev_graph_rebind),
+ * not the input buffers; 1 and 2 workers, fp32 and bf16-mixed, over 6
+ * replays (each buffer three times). */
+static void test_one_micro_step(void **state)
+{
+	(void)state;
+	free(same_with_graphs_accum("cpu-strict", 1, 1, "one", 9, 0, "fast_ddp", "fp32", NULL));
+	free(same_with_graphs_accum("cpu-strict", 2, 1, "one", 9, 0, "zero3", "bf16-mixed", NULL));
+	free(same_with_graphs_accum("cpu", 1, 1, "one", 9, 0, "ddp", "bf16-mixed", NULL));
 }
 
 /* --graphs-warmup 0: the first step is recorded. Its gradients start at
@@ -1282,6 +1308,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_warmup_zero),
+	    cmocka_unit_test(test_one_micro_step),
 	    cmocka_unit_test(test_bce_logits_recorded),
 	    cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),

@@ -285,7 +285,33 @@ static void test_record_launch(void **state)
 	assert_true(h2d1 - h2d0 == K * NN * 4);
 	seq_snap(&s, &now);
 	assert_memory_equal(&now, &eager2, sizeof now);
+
+	/* rebound (a replay reading the loader's buffer): the copy reads the
+	 * other pinned block, its old source no more */
+	float *pin2 = hpu__dev_host_alloc(K * NN * 4);
+	assert_non_null(pin2);
+	fill(pin2, K * NN, 12);
+	fill(s.pin, K * NN, 11);
+	char err[512] = "";
+	static float pageable[K * NN];
+	assert_int_equal(hpu__dev_graph_rebind(g, s.pin, pageable, sizeof pageable, err, sizeof err),
+			 0); /* not pinned: nothing changes */
+	assert_int_equal(hpu__dev_graph_rebind(g, s.pin, pin2, K * NN * 4 - 4, err, sizeof err),
+			 0); /* smaller than the copy */
+	assert_int_equal(hpu__dev_graph_rebind(g, pin2, s.pin, K * NN * 4, err, sizeof err),
+			 0); /* no copy reads pin2 yet */
+	assert_int_equal(hpu__dev_graph_rebind(g, s.pin, pin2, K * NN * 4, err, sizeof err), 1);
+	seq_reset(&s);
+	launch(g);
+	seq_snap(&s, &now);
+	assert_memory_equal(&now, &eager2, sizeof now); /* pin2's values, not s.pin's */
+	assert_int_equal(hpu__dev_graph_rebind(g, pin2, s.pin, K * NN * 4, err, sizeof err), 1);
+	seq_reset(&s);
+	launch(g);
+	seq_snap(&s, &now);
+	assert_memory_equal(&now, &eager1, sizeof now);
 	hpu__dev_graph_free(&g);
+	hpu__dev_host_free(pin2);
 	hpu__dev_host_free(s.pin);
 	close_dev();
 }

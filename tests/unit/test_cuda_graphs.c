@@ -279,6 +279,32 @@ static void test_record_replay(void **state)
 	check_bits("c again", got.c, eager.c, sizeof got.c);
 	check_bits("g again (loss_seed adds onto the reset g)", got.g, eager.g, sizeof got.g);
 	printf("  launch 2 after the pinned block changed: the new values copied\n");
+
+	/* rebound (a replay reading the loader's buffer, hpu__dev_graph_rebind):
+	 * the copy reads another pinned block from the next launch on */
+	assert_non_null(D->recorder->rebind);
+	float *other = D->host_alloc(NB * 4);
+	assert_non_null(other);
+	for (int i = 0; i < NB; i++)
+		other[i] = (float)i * 0.125f - 1.0f;
+	assert_int_equal(D->recorder->rebind(g, B.pinned, other, NB * 4 - 4, err, sizeof err), 0);
+	assert_int_equal(D->recorder->rebind(g, other, B.pinned, NB * 4, err, sizeof err), 0);
+	int r = D->recorder->rebind(g, B.pinned, other, NB * 4, err, sizeof err);
+	if (r != 1)
+		fail_msg("rebind answered %d (%s), not the one copy", r, err);
+	reset_outputs();
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	fetch(&got);
+	check_bits("h after the copy was pointed at another block", got.h, other, sizeof got.h);
+	check_bits("c with the copy pointed elsewhere", got.c, eager.c, sizeof got.c);
+	assert_int_equal(D->recorder->rebind(g, other, B.pinned, NB * 4, err, sizeof err), 1);
+	reset_outputs();
+	assert_int_equal(D->recorder->launch(g, err, sizeof err), 0);
+	fetch(&got);
+	check_bits("h pointed back", got.h, B.pinned, sizeof got.h);
+	printf("  launch 3 and 4: the copy pointed at another pinned block, then back\n");
+	sync_dev();
+	D->host_free(other);
 	D->recorder->free(g);
 }
 

@@ -1066,12 +1066,24 @@ static const hpu__dev_rtops rtops = {
  * may still allocate (bk_map: cudaMalloc in relaxed mode); its frees wait
  * for the end (bk_unmap). */
 
+/* A one-dimensional copy node of a graph: what hpu__dev_graph_rebind
+ * may point elsewhere (cap_rebind). */
+typedef struct graph_copy {
+	cudaGraphNode_t node;
+	const void *src; /* what the executable graph reads now */
+	void *dst;
+	size_t bytes;
+	enum cudaMemcpyKind kind;
+} graph_copy;
+
 typedef struct cuda_graph {
 	cudaGraph_t g;
 	cudaGraphExec_t x;
 	size_t nodes;
 	hpu__dev_node_count *names; /* the nodes by name (names: malloc'd) */
 	size_t nnames;
+	graph_copy *copies; /* its one-dimensional copies (malloc'd) */
+	size_t ncopies;
 } cuda_graph;
 
 /* ---- the graph's nodes by name (the recorder's names): read once at
@@ -1183,6 +1195,46 @@ fail:
 	return -1;
 }
 
+/* cg->g's one-dimensional copies (a captured cudaMemcpyAsync: linear
+ * memory, one row, no offsets) into cg->copies. Where they cannot be
+ * read, none: hpu__dev_graph_rebind then changes nothing, and the
+ * runtime copies the batch into the input buffers instead. */
+static void find_copies(cuda_graph *cg, size_t n)
+{
+	cudaGraphNode_t *nodes = malloc((n ? n : 1) * sizeof *nodes);
+	cg->copies = malloc((n ? n : 1) * sizeof *cg->copies);
+	cg->ncopies = 0;
+	size_t got = n;
+	if (!nodes || !cg->copies)
+		goto fail;
+	if (n && cudaGraphGetNodes(cg->g, nodes, &got) != cudaSuccess)
+		goto fail;
+	for (size_t i = 0; i < got && i < n; i++) {
+		enum cudaGraphNodeType t;
+		struct cudaMemcpy3DParms p;
+		if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess)
+			goto fail;
+		if (t != cudaGraphNodeTypeMemcpy)
+			continue;
+		if (cudaGraphMemcpyNodeGetParams(nodes[i], &p) != cudaSuccess)
+			goto fail;
+		if (p.srcArray || p.dstArray || p.srcPos.x || p.srcPos.y || p.srcPos.z ||
+		    p.dstPos.x || p.dstPos.y || p.dstPos.z || p.extent.height > 1 ||
+		    p.extent.depth > 1)
+			continue; /* not a copy the runtime made: left as it is */
+		cg->copies[cg->ncopies++] = (graph_copy){nodes[i], p.srcPtr.ptr, p.dstPtr.ptr,
+							 p.extent.width, p.kind};
+	}
+	free(nodes);
+	return;
+fail:
+	free(nodes);
+	free(cg->copies);
+	cg->copies = NULL;
+	cg->ncopies = 0;
+	(void)cudaGetLastError();
+}
+
 static int cap_begin(char *err, size_t len)
 {
 	if (!C.up) {
@@ -1290,6 +1342,7 @@ static int cap_end(void **graph, char *why, size_t len)
 		free(cg);
 		goto fail;
 	}
+	find_copies(cg, n);
 	*graph = cg;
 	return 0;
 fail:
@@ -1351,10 +1404,41 @@ static void cap_free(void *graph)
 	cudaGraphDestroy(cg->g);
 	(void)cudaGetLastError();
 	names_free(cg);
+	free(cg->copies);
 	free(cg);
 #ifdef HPU_CUDA_HAVE_OPS
 	hpu__cuda_ops_graph_drop(); /* the hold cap_begin took for it */
 #endif
+}
+
+/* hpu__dev_graph_rebind: each copy reading `from` reads `to` from the
+ * next launch on (cudaGraphExecMemcpyNodeSetParams1D: a launch under
+ * way is not changed). */
+static int cap_rebind(void *graph, const void *from, const void *to, size_t bytes, char *err,
+		      size_t len)
+{
+	cuda_graph *cg = graph;
+	int changed = 0;
+	if (!cg)
+		return 0;
+	hpu__cuda_bind();
+	for (size_t i = 0; i < cg->ncopies; i++) {
+		graph_copy *c = &cg->copies[i];
+		if (c->src != from || c->bytes > bytes)
+			continue;
+		cudaError_t e =
+			cudaGraphExecMemcpyNodeSetParams1D(cg->x, c->node, c->dst, to, c->bytes, c->kind);
+		if (e != cudaSuccess) {
+			snprintf(err, len, "--graphs: pointing a recorded copy at the new batch "
+					   "(cudaGraphExecMemcpyNodeSetParams1D) on GPU %d: %s",
+				 C.dev, cudaGetErrorString(e));
+			(void)cudaGetLastError();
+			return -1;
+		}
+		c->src = to;
+		changed++;
+	}
+	return changed;
 }
 
 /* 1 while this recording holds a refusal (a call refused, a CUDA error):
@@ -1373,6 +1457,7 @@ static const hpu__dev_recorder recorder = {
     .free = cap_free,
     .names = cap_names,
     .refused = cap_refused,
+    .rebind = cap_rebind,
 };
 
 /* ---- the tables and the entries ---- */

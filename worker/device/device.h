@@ -325,6 +325,10 @@ typedef struct hpu__dev_recorder {
 	 * refusal of the device's own (end will answer 1 with it); NULL: the
 	 * device keeps none but end's */
 	int (*refused)(void);
+	/* hpu__dev_graph_rebind on its graph (`to` checked pinned already);
+	 * NULL: its copies keep their sources */
+	int (*rebind)(void *graph, const void *from, const void *to, size_t bytes, char *err,
+		      size_t errlen);
 } hpu__dev_recorder;
 
 /* One device's table. */
@@ -694,6 +698,19 @@ int hpu__dev_capture_end(hpu__dev_graph **out, char *why, size_t whylen);
  * no time. A device's own graph (CUDA) is one launch: its kernels run
  * on the GPU after it returns, and no span is made for them. */
 int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen);
+
+/* g's copies from the host that read `from` (the whole copy starting
+ * there) read `to` from the next launch on: a replay's batch read where
+ * the loader put it rather than copied into the recording's input
+ * buffers first. `to` must be pinned (hpu__dev_host_alloc's) and hold
+ * `bytes`, at least each such copy's size; where it is not, or the
+ * device's graph cannot change a copy, nothing changes. A launch already
+ * under way reads what it read. Returns the copies changed (0: none,
+ * the caller copies into `from` as before), or -1 with a sentence in err
+ * where the device failed part way (g then reads from both: not to be
+ * launched again before a call that succeeds). */
+int hpu__dev_graph_rebind(hpu__dev_graph *g, const void *from, const void *to, size_t bytes,
+			  char *err, size_t errlen);
 
 /* The calls g holds (kernels, ops, copies, fills). */
 size_t hpu__dev_graph_nodes(const hpu__dev_graph *g);

@@ -58,6 +58,19 @@ static void rec_copy(const char *what, hpu__dev_node_fn *run, void *dst, const v
 		*a = (copy_args){dst, src, n, byte};
 }
 
+size_t hpu__dev_rec_rebind(hpu__dev_graph *g, const void *from, const void *to, size_t bytes)
+{
+	size_t changed = 0;
+	for (size_t i = 0; i < g->n; i++) {
+		copy_args *a = (copy_args *)g->nodes[i].args; /* the graph's own chunk */
+		if (g->nodes[i].run == run_h2d && a->src == from && a->n <= bytes) {
+			a->src = to;
+			changed++;
+		}
+	}
+	return changed;
+}
+
 /* A copy from host memory while recording: its source is read at each
  * launch (the pinned block the runtime rewrites before it), so it must
  * stay: pinned memory of the device's. 1 where refused. */

@@ -131,6 +131,19 @@ int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen)
 	return rc;
 }
 
+int hpu__dev_graph_rebind(hpu__dev_graph *g, const void *from, const void *to, size_t bytes,
+			  char *err, size_t errlen)
+{
+	if (!g || !from || !to || !bytes || !hpu__dev_pinned(to, bytes))
+		return 0;
+	if (from == to)
+		return 0;
+	if (!g->dev)
+		return (int)hpu__dev_rec_rebind(g, from, to, bytes);
+	const hpu__dev_recorder *r = hpu__dev_cur->recorder;
+	return r->rebind ? r->rebind(g->dev, from, to, bytes, err, errlen) : 0;
+}
+
 size_t hpu__dev_graph_nodes(const hpu__dev_graph *g)
 {
 	if (!g)

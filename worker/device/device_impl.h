@@ -135,6 +135,9 @@ int hpu__dev_rec_refused(char *why, size_t whylen);
 int hpu__dev_rec_listing(void);
 int hpu__dev_rec_run(hpu__dev_graph *g, char *err, size_t errlen);
 void hpu__dev_rec_drop_list(hpu__dev_graph *g);
+
+/* The CPU list's hpu__dev_graph_rebind (device_copy.c: its copies' nodes). */
+size_t hpu__dev_rec_rebind(hpu__dev_graph *g, const void *from, const void *to, size_t bytes);
 /* Counts the list's calls by name into g->names (at the recording's
  * end); out of host memory: the recording is refused. */
 void hpu__dev_rec_count(hpu__dev_graph *g);

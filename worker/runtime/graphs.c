@@ -47,6 +47,12 @@ typedef struct entry {
 	 * recordings after two steps agree (confirmed) */
 	int within;
 	long ok_step;
+	/* a training step's recording at one micro-step: where its copies
+	 * of the batch's fields read now (NULL: the input buffers), and the
+	 * fields copied into the input buffers instead (no copy of theirs
+	 * could be pointed elsewhere) */
+	const void *src[HPU_MAX_IO];
+	int copied[HPU_MAX_IO];
 } entry;
 
 struct hpu__graphs {
@@ -54,6 +60,8 @@ struct hpu__graphs {
 	size_t field_bytes[HPU_MAX_IO];
 	hpu_batch in[64];   /* the input buffers, per micro-step (accum <= 64) */
 	uint32_t *idx[64];
+	const hpu_batch *pend[64]; /* this step's micro-batches, as the loader has them */
+	int filled;         /* 1: their fields are in the input buffers */
 	int *key;           /* this step's sizes */
 	entry e[GRAPHS_MAX];
 	int ne;
@@ -145,12 +153,73 @@ const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt)
 {
 	hpu_batch *in = &g->in[k];
 	int n = bt->n > g->micro ? g->micro : bt->n;
-	for (int f = 0; f < g->fields; f++)
-		memcpy(in->data[f], bt->data[f], (size_t)n * g->field_bytes[f]);
 	memcpy(g->idx[k], bt->idx, (size_t)n * sizeof *g->idx[k]);
 	in->n = n;
 	g->key[k] = n;
+	g->pend[k] = bt;
+	g->filled = 0;
+	if (g->accum > 1) { /* the loader writes its buffer again two micro-steps on */
+		for (int f = 0; f < g->fields; f++)
+			memcpy(in->data[f], bt->data[f], (size_t)n * g->field_bytes[f]);
+		g->filled = k + 1 == g->accum;
+	}
 	return in;
+}
+
+void hpu__graphs_input_fill(hpu__graphs *g)
+{
+	if (g->filled || !g->pend[0])
+		return;
+	for (int f = 0; f < g->fields; f++)
+		memcpy(g->in[0].data[f], g->pend[0]->data[f], (size_t)g->in[0].n * g->field_bytes[f]);
+	g->filled = 1;
+}
+
+/* Before e's replay: its copies of the batch's fields pointed at the
+ * loader's buffers (hpu__dev_graph_rebind), where one micro-step's batch
+ * is all the step reads; else, or for a field no copy of which could be
+ * pointed there, the field copied into the input buffers. The loader
+ * writes a buffer again only once the step that read it has ended (its
+ * result read back: step.c), so the replay's copy has read it by then.
+ * 0, or -1 with a sentence in err. */
+static int bind_inputs(hpu__graphs *g, entry *e, char *err, size_t errlen)
+{
+	if (g->filled)
+		return 0; /* the input buffers hold the batch: e was recorded now */
+	if (e->eval || !g->pend[0]) {
+		hpu__graphs_input_fill(g);
+		return 0;
+	}
+	const hpu_batch *bt = g->pend[0];
+	size_t n = (size_t)g->in[0].n;
+	for (int f = 0; f < g->fields; f++) {
+		const void *at = e->src[f] ? e->src[f] : g->in[0].data[f];
+		if (e->copied[f] || at == bt->data[f]) {
+			if (e->copied[f])
+				memcpy(g->in[0].data[f], bt->data[f], n * g->field_bytes[f]);
+			continue;
+		}
+		char why[512] = "";
+		int r = hpu__dev_graph_rebind(e->graph, at, bt->data[f], n * g->field_bytes[f], why,
+					      sizeof why);
+		if (r < 0) {
+			snprintf(err, errlen, "%s", why);
+			return -1;
+		}
+		if (r > 0) {
+			e->src[f] = bt->data[f];
+		} else if (!e->src[f]) { /* nothing reads the input buffer but the copy */
+			e->copied[f] = 1;
+			memcpy(g->in[0].data[f], bt->data[f], n * g->field_bytes[f]);
+		} else { /* it was pointed at the loader's other buffer: this one refused */
+			snprintf(err, errlen,
+				 "--graphs: the recorded step's copy of the batch's field %d could "
+				 "not be pointed at the loader's buffer %p",
+				 f, bt->data[f]);
+			return -1;
+		}
+	}
+	return 0;
 }
 
 /* "64", "64 x 2 micro-steps" or "64, 64, 17": the shape, for messages. */
@@ -359,6 +428,8 @@ static int keep(entry *e, hpu__dev_graph *gr, hpu_strat *s, char *err, size_t er
 	e->confirmed = e->check != NULL;
 	hpu__dev_calls_free(&e->check);
 	e->graph = gr;
+	memset(e->src, 0, sizeof e->src); /* it reads the input buffers */
+	memset(e->copied, 0, sizeof e->copied);
 	e->nodes = hpu__dev_graph_nodes(gr);
 	node_args(e);
 	if (!(e->snap = hpu__strat_snap_take(s))) {
@@ -467,6 +538,8 @@ int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_
 		snprintf(err, errlen, "--graphs: no recording to launch");
 		return -1;
 	}
+	if (bind_inputs(g, e, err, errlen) < 0)
+		return -1;
 	if (hpu__strat_snap_replay(s, e->snap, lr) < 0)
 		return -1;
 	char why[512];
@@ -509,6 +582,7 @@ void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, 
 const hpu_batch *hpu__graphs_eval_input(hpu__graphs *g, const hpu_batch *bt, int pad_to)
 {
 	const hpu_batch *in = hpu__graphs_input(g, 0, bt);
+	hpu__graphs_input_fill(g); /* the padding goes after it */
 	int n = in->n, to = pad_to > g->micro ? g->micro : pad_to;
 	for (int r = n; n > 0 && r < to; r++) { /* the padding: the first sample again */
 		for (int f = 0; f < g->fields; f++)

@@ -40,9 +40,20 @@ int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fie
 		    const size_t *field_bytes, int rank, int verbose, char *err, size_t errlen);
 void hpu__graphs_free(hpu__graphs **g);
 
-/* Micro-step k's batch, copied into the input buffers: the batch the
- * step's forward reads (the same addresses every step). */
+/* Micro-step k's batch bt (the loader's) for the step: its sample
+ * indices copied into the input buffers, and its fields too where the
+ * step has several micro-steps (the loader writes bt's buffer again
+ * before the step's end). With one micro-step bt stays the loader's
+ * until the step's end: its fields follow by hpu__graphs_input_fill
+ * where the step records or runs eagerly, or a replay reads them where
+ * the loader put them (hpu__graphs_launch). Returns the batch the
+ * step's forward reads (the input buffers: the same addresses every
+ * step). */
 const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt);
+
+/* This step's fields copied into the input buffers, where
+ * hpu__graphs_input left them out (once a step). */
+void hpu__graphs_input_fill(hpu__graphs *g);
 
 /* Once every micro-batch is in: how this step runs (`eager_only`: it
  * must run eagerly, e.g. --inject-overflow-step's step). */

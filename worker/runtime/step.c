@@ -281,6 +281,11 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 			mode = HPU__GRAPH_EAGER;
 		}
 	}
+	if (mode != HPU__GRAPH_REPLAY) { /* a replay reads the loader's buffers where it can */
+		int64_t t0 = hpu__prof_t0();
+		hpu__graphs_input_fill(L->graphs);
+		hpu__prof_span("data", "graph_input", NULL, t0, NULL);
+	}
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs, L->world > 1) < 0) {
 		/* the others may be recording: they learn it at their end */
 		if (L->world > 1 && hpu__graphs_unbegun(L->graphs, gstep, graphs_agree, L, L->err,
