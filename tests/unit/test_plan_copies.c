@@ -116,12 +116,48 @@ static void test_host_can_read(void **state)
 	assert_int_equal(c.d2h_total, 0);
 }
 
+/* --device cpu --graphs (colls_in_place): the gradients' all-reduce and
+ * ZeRO's all-gathers work on the device's memory in place; the batch,
+ * the loss and the step's scalars are copied as on cpu-strict, less the
+ * flag's staging. */
+static void test_colls_in_place(void **state)
+{
+	(void)state;
+	hpu_plan p;
+	plan(&p, HPU_STRATEGY_DDP, HPU_COMM_FP32);
+	hpu_plan_step st = step(0);
+	hpu_plan_copies staged, inplace;
+	hpu__plan_copies(&p, &st, &staged);
+	st.colls_in_place = 1;
+	hpu__plan_copies(&p, &st, &inplace);
+	assert_int_equal(inplace.d2h[HPU_COPY_GRADS], 0);
+	assert_int_equal(inplace.h2d[HPU_COPY_GRADS], 0);
+	assert_int_equal(inplace.h2d[HPU_COPY_BATCH], staged.h2d[HPU_COPY_BATCH]);
+	assert_int_equal(inplace.d2h[HPU_COPY_LOSS], staged.d2h[HPU_COPY_LOSS]);
+	assert_int_equal(inplace.h2d[HPU_COPY_STEP], 24);
+	assert_int_equal(inplace.h2d_total, staged.h2d_total - 1024 * 4 - 4);
+	/* zero3: the all-gathers' pieces neither out nor back */
+	plan(&p, HPU_STRATEGY_ZERO3, HPU_COMM_FP32);
+	static const hpu_plan_unit z3[] = {{.len = 1000, .piece = 500, .gathers = 2},
+					   {.len = 24, .piece = 12, .persistent = 1}};
+	st = step(0);
+	st.units = z3;
+	hpu__plan_copies(&p, &st, &staged);
+	assert_true(staged.h2d[HPU_COPY_PARAMS] > 0 && staged.d2h[HPU_COPY_PARAMS] > 0);
+	st.colls_in_place = 1;
+	hpu__plan_copies(&p, &st, &inplace);
+	assert_int_equal(inplace.h2d[HPU_COPY_PARAMS], 0);
+	assert_int_equal(inplace.d2h[HPU_COPY_PARAMS], 0);
+	assert_int_equal(inplace.h2d[HPU_COPY_GRADS], 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_all_reduce_staged_or_direct),
 		cmocka_unit_test(test_step_scalars),
 		cmocka_unit_test(test_host_can_read),
+		cmocka_unit_test(test_colls_in_place),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,8 +48,8 @@ static void params(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *
 			times = u->persistent ? 1 : (uint64_t)st->accum * (uint64_t)u->gathers;
 		else
 			return;
-		uint64_t out = p->world > 1 && ondev ? u->piece : 0;
-		uint64_t back = (u->len - u->piece) + (ondev ? 0 : u->piece);
+		uint64_t out = p->world > 1 && ondev && !st->colls_in_place ? u->piece : 0;
+		uint64_t back = (st->colls_in_place ? 0 : u->len - u->piece) + (ondev ? 0 : u->piece);
 		c->d2h[HPU_COPY_PARAMS] += times * out * esz;
 		c->h2d[HPU_COPY_PARAMS] += times * back * esz;
 	}
@@ -107,14 +107,15 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 	c->h2d[HPU_COPY_STEP] = 24 + (st->clip && st->grads_host ? 8 : 0);
 	c->d2h[HPU_COPY_STEP] = (uint64_t)(st->host_decides ? 2 : 1) * st->vars_bytes;
 	if (p->world > 1) { /* the flag's all-reduce, the norm's (F64: always staged) */
-		uint64_t b = (st->grads_direct ? 0 : 4) + (st->sharded && st->clip ? 8 : 0);
+		uint64_t b = (st->grads_direct || st->colls_in_place ? 0 : 4) +
+			     (st->sharded && st->clip ? 8 : 0);
 		c->h2d[HPU_COPY_STEP] += b;
 		c->d2h[HPU_COPY_STEP] += b;
 	}
 	c->h2d[HPU_COPY_HOSTLAYERS] = (uint64_t)st->accum * st->staged_h2d;
 	c->d2h[HPU_COPY_HOSTLAYERS] = (uint64_t)st->accum * st->staged_d2h;
 	if (p->world > 1) { /* at 1 the collectives are the identity */
-		if (!st->grads_direct) /* else device to device */
+		if (!st->grads_direct && !st->colls_in_place) /* else device to device, or in place */
 			grads(p, st, c);
 		c->h2d[HPU_COPY_BUFFERS] = c->d2h[HPU_COPY_BUFFERS] = (uint64_t)st->synced_buffers * 4;
 	}

@@ -78,6 +78,11 @@ typedef struct hpu_plan_step {
 	int grads_direct;       /* 1: the gradients' all-reduce runs on the
 				 * device between the ranks of one node
 				 * (CUDA IPC): nothing of it is staged */
+	int colls_in_place;     /* 1: libhpucoll works on the device's memory
+				 * in place, which is the host's (--device cpu
+				 * --graphs): the gradients' collectives and
+				 * ZeRO's all-gathers are not staged (the step's
+				 * scalars and the buffers still are) */
 	int regathers;          /* 1: zero3 may gather layers more often than
 				 * counted (recomputation, shared parameters) */
 	uint64_t staged_h2d, staged_d2h; /* per micro-step: the host-only

@@ -177,13 +177,22 @@ static int one_rank(void *recv, const void *send, size_t n)
 	return HPUCOLL_OK;
 }
 
+/* 1 where libhpucoll may work on device memory in place now: the host
+ * may read it, or it is host memory open outside a recording (--device
+ * cpu --graphs: an eager step's collectives, and a replay's host nodes,
+ * which run while the step is launched, not while it is recorded). */
+static int in_place(void)
+{
+	return hpu__dev_host_can_read() || (hpu__dev_caps_get()->host_mem && !hpu__dev_capturing());
+}
+
 /* The staged collectives, blocking: the eager path's, and a recorded
  * step's host nodes' at each launch. Where the host may read device
- * memory, libhpucoll on it in place. */
+ * memory (in_place), libhpucoll on it in place. */
 static int all_reduce_now(hpu_strat *s, const void *send, void *recv, size_t count,
 			  hpucoll_dtype dt, hpucoll_op op)
 {
-	if (hpu__dev_host_can_read())
+	if (in_place())
 		return hpucoll_all_reduce(s->comm, send, recv, count, dt, op);
 	size_t esz = hpucoll_dtype_size(dt), per = STAGE_CHUNK / esz;
 	if (s->world == 1) /* the identity: nothing to stage */
@@ -205,7 +214,7 @@ static int all_reduce_now(hpu_strat *s, const void *send, void *recv, size_t cou
 static int reduce_scatter_now(hpu_strat *s, const void *send, void *recv, size_t recvcount,
 			      hpucoll_dtype dt, hpucoll_op op)
 {
-	if (hpu__dev_host_can_read())
+	if (in_place())
 		return hpucoll_reduce_scatter(s->comm, send, recv, recvcount, dt, op);
 	size_t esz = hpucoll_dtype_size(dt), all = (size_t)s->world * recvcount * esz;
 	if (s->world == 1)
@@ -224,7 +233,7 @@ static int reduce_scatter_now(hpu_strat *s, const void *send, void *recv, size_t
 static int all_gather_now(hpu_strat *s, const void *send, void *recv, size_t sendcount,
 			  hpucoll_dtype dt)
 {
-	if (hpu__dev_host_can_read())
+	if (in_place())
 		return hpucoll_all_gather(s->comm, send, recv, sendcount, dt);
 	size_t esz = hpucoll_dtype_size(dt), n = sendcount * esz, at = (size_t)s->rank * n,
 	       all = (size_t)s->world * n;

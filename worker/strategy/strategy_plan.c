@@ -49,7 +49,7 @@ void hpu__strat_plan_print(const hpu_strat *s, FILE *f)
 		fprintf(f, "  gradients' all-reduce: on device %s, device to device between the %d "
 			   "ranks of this node (nothing staged)\n",
 			hpu__dev_name(), p->world);
-	else if (!hpu__dev_host_can_read() && p->world > 1 &&
+	else if (!hpu__dev_host_can_read() && !hpu__dev_caps_get()->host_mem && p->world > 1 &&
 		 (p->e[HPU_PLAN_GRADS].coll == HPU_PLAN_ALL_REDUCE ||
 		  p->e[HPU_PLAN_GRADS].coll == HPU_PLAN_ALL_REDUCE_FLAT))
 		fprintf(f, "  gradients' all-reduce: libhpucoll, staged through host memory (%s)\n",
@@ -78,6 +78,7 @@ int hpu__strat_plan_copies(const hpu_strat *s, hpu_plan_copies *c)
 			    .accum = s->o->grad_accum, .nloss = b->nloss,
 			    .host_can_read = hpu__dev_host_can_read(),
 			    .grads_direct = hpu__dc_direct(s),
+			    .colls_in_place = hpu__dev_caps_get()->host_mem,
 			    .regathers = s->o->activation_checkpointing,
 			    .vars_bytes = sizeof(hpu__dev_stepvars),
 			    .host_decides = hpu__vars_host_decides(s),
