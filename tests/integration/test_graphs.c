@@ -163,6 +163,18 @@ static char *same_with_graphs_accum(const char *dev, int workers, int accum, con
 	const char *line = strstr(ob, want);
 	assert_non_null(line);
 	assert_true(same);
+	/* one micro-step: every replay but the recordings' own launches read
+	 * the batch where the loader put it (hpu__dev_graph_rebind) */
+	const char *bound = strstr(ob, " read the batch where the loader put it)");
+	if (accum == 1) {
+		char wb[96];
+		snprintf(wb, sizeof wb, "run eagerly (%ld replays read the batch where the loader",
+			 replayed - 2);
+		if (!strstr(ob, wb))
+			fail_msg("wanted \"%s\" in the --graphs run's output", wb);
+	} else {
+		assert_null(bound);
+	}
 	char *out = strndup(line, strcspn(line, "\n"));
 	free(oa);
 	free(ob);
@@ -220,8 +232,9 @@ static void test_overflow_skipped(void **state)
 
 /* One micro-step a step: a replay's copies of the batch read the
  * loader's two buffers in turn where it put them (hpu__dev_graph_rebind),
- * not the input buffers; 1 and 2 workers, fp32 and bf16-mixed, over 6
- * replays (each buffer three times). */
+ * not the input buffers; 1 and 2 workers, fp32 and bf16-mixed: 9 steps,
+ * the recordings' two launches reading the input buffers, then 5 replays
+ * rebound (slot 0 three times, slot 1 twice), said under --verbose. */
 static void test_one_micro_step(void **state)
 {
 	(void)state;

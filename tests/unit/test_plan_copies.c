@@ -149,6 +149,28 @@ static void test_colls_in_place(void **state)
 	assert_int_equal(inplace.h2d[HPU_COPY_PARAMS], 0);
 	assert_int_equal(inplace.d2h[HPU_COPY_PARAMS], 0);
 	assert_int_equal(inplace.h2d[HPU_COPY_GRADS], 0);
+	/* clipping sharded gradients: the norm's all-reduce in place too */
+	st.clip = st.sharded = 1;
+	hpu__plan_copies(&p, &st, &inplace);
+	assert_int_equal(inplace.h2d[HPU_COPY_STEP], 24);
+	st.colls_in_place = 0;
+	hpu__plan_copies(&p, &st, &staged);
+	assert_int_equal(staged.h2d[HPU_COPY_STEP], 24 + 4 + 8);
+	/* the parameters' shard in the host tier (--offload-param cpu): its
+	 * own piece moved by libhpucoll's all-gather, not copied in */
+	hpu_train_opts o;
+	hpu__opts_defaults(&o);
+	o.strategy = HPU_STRATEGY_ZERO3;
+	o.offload_param = HPU_OFFLOAD_CPU;
+	o.offload_optimizer = HPU_OFFLOAD_CPU;
+	hpu__plan_make(&p, &o, 2, 2);
+	st.clip = st.sharded = 0;
+	hpu__plan_copies(&p, &st, &staged);
+	assert_true(staged.h2d[HPU_COPY_PARAMS] > 0);
+	st.colls_in_place = 1;
+	hpu__plan_copies(&p, &st, &inplace);
+	assert_int_equal(inplace.h2d[HPU_COPY_PARAMS], 0);
+	assert_int_equal(inplace.d2h[HPU_COPY_PARAMS], 0);
 }
 
 int main(void)

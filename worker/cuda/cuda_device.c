@@ -1411,9 +1411,23 @@ static void cap_free(void *graph)
 #endif
 }
 
+/* c's executable node reading `src` from the next launch on. */
+static cudaError_t point_copy(cuda_graph *cg, graph_copy *c, const void *src)
+{
+	cudaError_t e = cudaGraphExecMemcpyNodeSetParams1D(cg->x, c->node, c->dst, src, c->bytes,
+							   c->kind);
+	if (e == cudaSuccess)
+		c->src = src;
+	else
+		(void)cudaGetLastError();
+	return e;
+}
+
 /* hpu__dev_graph_rebind: each copy reading `from` reads `to` from the
  * next launch on (cudaGraphExecMemcpyNodeSetParams1D: a launch under
- * way is not changed). */
+ * way is not changed). Where CUDA refuses one, the ones this call
+ * changed are pointed back: 0 and the refusal in err; -1 where that
+ * failed too. */
 static int cap_rebind(void *graph, const void *from, const void *to, size_t bytes, char *err,
 		      size_t len)
 {
@@ -1426,17 +1440,19 @@ static int cap_rebind(void *graph, const void *from, const void *to, size_t byte
 		graph_copy *c = &cg->copies[i];
 		if (c->src != from || c->bytes > bytes)
 			continue;
-		cudaError_t e =
-			cudaGraphExecMemcpyNodeSetParams1D(cg->x, c->node, c->dst, to, c->bytes, c->kind);
-		if (e != cudaSuccess) {
-			snprintf(err, len, "--graphs: pointing a recorded copy at the new batch "
-					   "(cudaGraphExecMemcpyNodeSetParams1D) on GPU %d: %s",
-				 C.dev, cudaGetErrorString(e));
-			(void)cudaGetLastError();
-			return -1;
+		cudaError_t e = point_copy(cg, c, to);
+		if (e == cudaSuccess) {
+			changed++;
+			continue;
 		}
-		c->src = to;
-		changed++;
+		snprintf(err, len, "--graphs: CUDA would not point a recorded copy at the loader's "
+				   "buffer (cudaGraphExecMemcpyNodeSetParams1D on GPU %d: %s)",
+			 C.dev, cudaGetErrorString(e));
+		for (size_t j = 0; j < i; j++) /* the ones changed now, back */
+			if (cg->copies[j].src == to && cg->copies[j].bytes <= bytes &&
+			    point_copy(cg, &cg->copies[j], from) != cudaSuccess)
+				return -1;
+		return 0;
 	}
 	return changed;
 }

@@ -705,10 +705,11 @@ int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen);
  * buffers first. `to` must be pinned (hpu__dev_host_alloc's) and hold
  * `bytes`, at least each such copy's size; where it is not, or the
  * device's graph cannot change a copy, nothing changes. A launch already
- * under way reads what it read. Returns the copies changed (0: none,
- * the caller copies into `from` as before), or -1 with a sentence in err
- * where the device failed part way (g then reads from both: not to be
- * launched again before a call that succeeds). */
+ * under way reads what it read. Returns the copies changed; 0 where none
+ * was (the caller copies into `from` as before; where the device refused
+ * a change, err says why); or -1 with a sentence in err where the device
+ * failed part way and could not undo it (g then reads from both: not to
+ * be launched again before a call that succeeds). */
 int hpu__dev_graph_rebind(hpu__dev_graph *g, const void *from, const void *to, size_t bytes,
 			  char *err, size_t errlen);
 

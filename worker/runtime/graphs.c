@@ -61,7 +61,11 @@ struct hpu__graphs {
 	hpu_batch in[64];   /* the input buffers, per micro-step (accum <= 64) */
 	uint32_t *idx[64];
 	const hpu_batch *pend[64]; /* this step's micro-batches, as the loader has them */
-	int filled;         /* 1: their fields are in the input buffers */
+	int filled;         /* 1: what this step reads is in place (its fields in
+			     * the input buffers, or its replay's copies pointed
+			     * at the loader's buffer) */
+	long bound;         /* replays that read the loader's buffer, nothing copied */
+	int bind_said;      /* a device's refusal to point a copy elsewhere, said */
 	int *key;           /* this step's sizes */
 	entry e[GRAPHS_MAX];
 	int ne;
@@ -175,16 +179,42 @@ void hpu__graphs_input_fill(hpu__graphs *g)
 	g->filled = 1;
 }
 
-/* Before e's replay: its copies of the batch's fields pointed at the
- * loader's buffers (hpu__dev_graph_rebind), where one micro-step's batch
- * is all the step reads; else, or for a field no copy of which could be
- * pointed there, the field copied into the input buffers. The loader
- * writes a buffer again only once the step that read it has ended (its
- * result read back: step.c), so the replay's copy has read it by then.
- * 0, or -1 with a sentence in err. */
-static int bind_inputs(hpu__graphs *g, entry *e, char *err, size_t errlen)
+/* Field f of e's replays copied into the input buffers from now on (no
+ * copy of its could be pointed at the loader's buffer): where its copies
+ * read a loader's buffer, pointed back at the input buffer first; 0, or
+ * -1 with a sentence in err where that failed too. */
+static int copy_from_now(hpu__graphs *g, entry *e, int f, const char *why, char *err,
+			 size_t errlen)
 {
-	if (g->filled)
+	size_t n = (size_t)g->in[0].n;
+	if (e->src[f]) {
+		char back[512] = "";
+		if (hpu__dev_graph_rebind(e->graph, e->src[f], g->in[0].data[f],
+					  n * g->field_bytes[f], back, sizeof back) <= 0) {
+			snprintf(err, errlen,
+				 "--graphs: the recorded step's copy of the batch's field %d reads the "
+				 "loader's buffer %p and could not be pointed at another: %s%s%s",
+				 f, e->src[f], why[0] ? why : "", why[0] ? "; back: " : "",
+				 back[0] ? back : "nothing changed");
+			return -1;
+		}
+		e->src[f] = NULL;
+	}
+	if (why[0] && !g->bind_said) {
+		hpu__log(HPU_LOG_WARNING, "%s; the batch is copied into the recording's input "
+					  "buffers instead",
+			 why);
+		g->bind_said = 1;
+	}
+	e->copied[f] = 1;
+	memcpy(g->in[0].data[f], g->pend[0]->data[f], n * g->field_bytes[f]);
+	return 0;
+}
+
+int hpu__graphs_bind(hpu__graphs *g, char *err, size_t errlen)
+{
+	entry *e = g->cur;
+	if (g->filled || !e || !e->graph)
 		return 0; /* the input buffers hold the batch: e was recorded now */
 	if (e->eval || !g->pend[0]) {
 		hpu__graphs_input_fill(g);
@@ -192,13 +222,16 @@ static int bind_inputs(hpu__graphs *g, entry *e, char *err, size_t errlen)
 	}
 	const hpu_batch *bt = g->pend[0];
 	size_t n = (size_t)g->in[0].n;
+	int copied = 0;
 	for (int f = 0; f < g->fields; f++) {
 		const void *at = e->src[f] ? e->src[f] : g->in[0].data[f];
-		if (e->copied[f] || at == bt->data[f]) {
-			if (e->copied[f])
-				memcpy(g->in[0].data[f], bt->data[f], n * g->field_bytes[f]);
+		if (e->copied[f]) {
+			memcpy(g->in[0].data[f], bt->data[f], n * g->field_bytes[f]);
+			copied = 1;
 			continue;
 		}
+		if (at == bt->data[f])
+			continue;
 		char why[512] = "";
 		int r = hpu__dev_graph_rebind(e->graph, at, bt->data[f], n * g->field_bytes[f], why,
 					      sizeof why);
@@ -208,17 +241,14 @@ static int bind_inputs(hpu__graphs *g, entry *e, char *err, size_t errlen)
 		}
 		if (r > 0) {
 			e->src[f] = bt->data[f];
-		} else if (!e->src[f]) { /* nothing reads the input buffer but the copy */
-			e->copied[f] = 1;
-			memcpy(g->in[0].data[f], bt->data[f], n * g->field_bytes[f]);
-		} else { /* it was pointed at the loader's other buffer: this one refused */
-			snprintf(err, errlen,
-				 "--graphs: the recorded step's copy of the batch's field %d could "
-				 "not be pointed at the loader's buffer %p",
-				 f, bt->data[f]);
-			return -1;
+			continue;
 		}
+		if (copy_from_now(g, e, f, why, err, errlen) < 0)
+			return -1;
+		copied = 1;
 	}
+	g->filled = 1; /* what the replay reads is in place: bound once a step */
+	g->bound += !copied;
 	return 0;
 }
 
@@ -538,7 +568,7 @@ int hpu__graphs_launch(hpu__graphs *g, hpu_strat *s, double lr, char *err, size_
 		snprintf(err, errlen, "--graphs: no recording to launch");
 		return -1;
 	}
-	if (bind_inputs(g, e, err, errlen) < 0)
+	if (hpu__graphs_bind(g, err, errlen) < 0)
 		return -1;
 	if (hpu__strat_snap_replay(s, e->snap, lr) < 0)
 		return -1;
@@ -565,6 +595,11 @@ void hpu__graphs_counts(const hpu__graphs *g, long *replayed, long *eager, int *
 long hpu__graphs_dropped(const hpu__graphs *g)
 {
 	return g->dropped;
+}
+
+long hpu__graphs_bound(const hpu__graphs *g)
+{
+	return g->bound;
 }
 
 void hpu__graphs_eval_counts(const hpu__graphs *g, long *replayed, long *eager, int *recorded)

@@ -55,6 +55,20 @@ const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt);
  * hpu__graphs_input left them out (once a step). */
 void hpu__graphs_input_fill(hpu__graphs *g);
 
+/* Before a replay (hpu__graphs_launch calls it too; once a step): the
+ * step's batch where the replay reads it. With one micro-step the
+ * recording's copies are pointed at the loader's buffer
+ * (hpu__dev_graph_rebind), which the loader writes again only after the
+ * step's result is read (step.c); a field none of whose copies can be
+ * pointed there is copied into the input buffers, from then on (a
+ * device's refusal said once, as a warning). 0, or -1 with a sentence in
+ * err. */
+int hpu__graphs_bind(hpu__graphs *g, char *err, size_t errlen);
+
+/* Replays that read their batch where the loader put it (nothing copied
+ * on the host). */
+long hpu__graphs_bound(const hpu__graphs *g);
+
 /* Once every micro-batch is in: how this step runs (`eager_only`: it
  * must run eagerly, e.g. --inject-overflow-step's step). */
 hpu__graph_mode hpu__graphs_mode(hpu__graphs *g, long step, int eager_only);

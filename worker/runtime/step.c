@@ -111,6 +111,10 @@ void hpu__loop_graphs_said(loop *L)
 	if (dropped)
 		printf(", %ld from a recording its check refused", dropped);
 	printf(", %ld run eagerly", eager);
+	long bound = hpu__graphs_bound(L->graphs);
+	if (bound)
+		printf(" (%ld replay%s read the batch where the loader put it)", bound,
+		       bound == 1 ? "" : "s");
 	if (ev_replayed + ev_eager > 0)
 		printf("; evaluation: %ld batch%s replayed from %d recording%s, %ld run eagerly; "
 		       "%d recording%s kept",
@@ -308,6 +312,10 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 	if (mode == HPU__GRAPH_EAGER && step_work(L, in, lr) < 0)
 		return -1;
 	if (mode == HPU__GRAPH_REPLAY) {
+		int64_t tb = hpu__prof_t0();
+		if (hpu__graphs_bind(L->graphs, L->err, L->errlen) < 0)
+			return -1;
+		hpu__prof_span("data", "graph_input", NULL, tb, NULL);
 		int64_t tr = hpu__prof_t0();
 		if (hpu__graphs_launch(L->graphs, L->st, lr, L->err, L->errlen) < 0)
 			return -1;

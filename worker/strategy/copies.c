@@ -48,8 +48,10 @@ static void params(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copies *
 			times = u->persistent ? 1 : (uint64_t)st->accum * (uint64_t)u->gathers;
 		else
 			return;
+		/* in place (colls_in_place): libhpucoll moves every piece itself,
+		 * the own one from the host tier too */
 		uint64_t out = p->world > 1 && ondev && !st->colls_in_place ? u->piece : 0;
-		uint64_t back = (st->colls_in_place ? 0 : u->len - u->piece) + (ondev ? 0 : u->piece);
+		uint64_t back = st->colls_in_place ? 0 : (u->len - u->piece) + (ondev ? 0 : u->piece);
 		c->d2h[HPU_COPY_PARAMS] += times * out * esz;
 		c->h2d[HPU_COPY_PARAMS] += times * back * esz;
 	}
@@ -106,9 +108,9 @@ void hpu__plan_copies(const hpu_plan *p, const hpu_plan_step *st, hpu_plan_copie
 				(uint64_t)st->nloss;
 	c->h2d[HPU_COPY_STEP] = 24 + (st->clip && st->grads_host ? 8 : 0);
 	c->d2h[HPU_COPY_STEP] = (uint64_t)(st->host_decides ? 2 : 1) * st->vars_bytes;
-	if (p->world > 1) { /* the flag's all-reduce, the norm's (F64: always staged) */
-		uint64_t b = (st->grads_direct || st->colls_in_place ? 0 : 4) +
-			     (st->sharded && st->clip ? 8 : 0);
+	if (p->world > 1 && !st->colls_in_place) { /* the flag's all-reduce, the norm's
+						     * (F64: staged but in place) */
+		uint64_t b = (st->grads_direct ? 0 : 4) + (st->sharded && st->clip ? 8 : 0);
 		c->h2d[HPU_COPY_STEP] += b;
 		c->d2h[HPU_COPY_STEP] += b;
 	}

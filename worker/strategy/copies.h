@@ -80,9 +80,10 @@ typedef struct hpu_plan_step {
 				 * (CUDA IPC): nothing of it is staged */
 	int colls_in_place;     /* 1: libhpucoll works on the device's memory
 				 * in place, which is the host's (--device cpu
-				 * --graphs): the gradients' collectives and
-				 * ZeRO's all-gathers are not staged (the step's
-				 * scalars and the buffers still are) */
+				 * --graphs): the gradients' collectives, ZeRO's
+				 * all-gathers and the step's flag and norm
+				 * all-reduces are not staged (the buffers still
+				 * are) */
 	int regathers;          /* 1: zero3 may gather layers more often than
 				 * counted (recomputation, shared parameters) */
 	uint64_t staged_h2d, staged_d2h; /* per micro-step: the host-only
