@@ -165,10 +165,10 @@ static char *same_with_graphs_accum(const char *dev, int workers, int accum, con
 	assert_true(same);
 	/* one micro-step: every replay but the recordings' own launches read
 	 * the batch where the loader put it (hpu__dev_graph_rebind) */
-	const char *bound = strstr(ob, " read the batch where the loader put it)");
+	const char *bound = strstr(ob, " read the batch where the loader put it (nothing copied");
 	if (accum == 1) {
 		char wb[96];
-		snprintf(wb, sizeof wb, "run eagerly (%ld replays read the batch where the loader",
+		snprintf(wb, sizeof wb, "graphs: %ld replays read the batch where the loader put it",
 			 replayed - 2);
 		if (!strstr(ob, wb))
 			fail_msg("wanted \"%s\" in the --graphs run's output", wb);

@@ -111,10 +111,6 @@ void hpu__loop_graphs_said(loop *L)
 	if (dropped)
 		printf(", %ld from a recording its check refused", dropped);
 	printf(", %ld run eagerly", eager);
-	long bound = hpu__graphs_bound(L->graphs);
-	if (bound)
-		printf(" (%ld replay%s read the batch where the loader put it)", bound,
-		       bound == 1 ? "" : "s");
 	if (ev_replayed + ev_eager > 0)
 		printf("; evaluation: %ld batch%s replayed from %d recording%s, %ld run eagerly; "
 		       "%d recording%s kept",
@@ -122,6 +118,11 @@ void hpu__loop_graphs_said(loop *L)
 		       ev_recorded == 1 ? "" : "s", ev_eager, recorded + ev_recorded,
 		       recorded + ev_recorded == 1 ? "" : "s");
 	printf("\n");
+	long bound = hpu__graphs_bound(L->graphs);
+	if (bound)
+		printf("graphs: %ld replay%s read the batch where the loader put it (nothing copied "
+		       "on the host)\n",
+		       bound, bound == 1 ? "" : "s");
 }
 
 /* A step under way: where it is, for the agent and the strategy. */
