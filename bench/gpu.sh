@@ -267,6 +267,9 @@ PY
       g=$(cell "${sps%.*}")
       t=$(theirs "$m" "$p" samples_per_s "torch-$m")
       said=$(grep -a -o -E 'graphs: [^[]*(recorded the step|not recorded|steps replayed)[^[]*' "$out/ours-$m-$p-graphs.log" | tr '\n' ';' | cut -c1-200)
+      # the replays whose copies read the loader's buffer (hpu__dev_graph_rebind)
+      nb=$(grep -a -o -E 'graphs: [0-9]+ replays? read the batch where the loader put it' "$out/ours-$m-$p-graphs.log" | grep -o -E '[0-9]+' | head -1)
+      said="${nb:-0} replays read the loader's buffer; $said"
       case $g in FAILED|"not run"|"timed out") said="ours: $(why "$out/ours-$m-$p-graphs.log")";; esac
       row "$m $p samples/s --graphs" "$g" "$(tcell "$t" "$out/torch-$m.log")" \
         "ratio $(ratio "$g" "$t"); ours eager ${got[$p]}: $(ratio "$g" "${got[$p]}"); $said"
