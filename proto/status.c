@@ -141,9 +141,13 @@ void hpu__status_report(const hpu_status_rec *r, int force)
 	if (!force && last_s >= 0 && now - last_s < 0.2) {
 		if (!flusher)
 			start_flusher();
+		/* a record held already: the flusher waits for its due time,
+		 * and sends whichever is held then (no wake-up every step) */
+		int waiting = held_set;
 		held = *r;
 		held_set = flusher > 0;
-		pthread_cond_signal(&cv);
+		if (!waiting)
+			pthread_cond_signal(&cv);
 		pthread_mutex_unlock(&mu);
 		return;
 	}

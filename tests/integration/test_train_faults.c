@@ -248,6 +248,25 @@ static double final_loss(const char *out)
 	return l ? strtod(l + 11, NULL) : NAN;
 }
 
+/* ---- the dataset ---- */
+
+/* A sample whose fetch fails (on the loader's thread, a batch ahead of
+ * the step): the job ends with an error naming the sample, eagerly and
+ * under --graphs (whose replays read the loader's buffer), at 1 and 2
+ * workers; nothing trains past it. */
+static void test_fetch_fails(void **state)
+{
+	(void)state;
+	static const char *const opts[] = {NULL, "--graphs --graphs-warmup 1"};
+	for (int devices = 1; devices <= 2; devices++)
+		for (size_t k = 0; k < sizeof opts / sizeof *opts; k++) {
+			char *out = train_bad_loss(1, devices, "40", opts[k], "--loss 0.5 --fail-fetch 100");
+			has(out, "the model's dataset failed to fetch sample 100");
+			lacks(out, "trained 40 steps");
+			free(out);
+		}
+}
+
 /* A layer's hpu_layer_memory sizes whose bytes wrap a size_t at the
  * batch (or that come near it) are refused at setup, naming the layer
  * and what it asked: they wrapped to a 0-byte block and the job trained,
@@ -581,6 +600,7 @@ int main(void)
 	    cmocka_unit_test(test_metrics_full_disk_checkpoints),
 	    cmocka_unit_test(test_save_params_full_disk),
 	    cmocka_unit_test(test_layer_memory_too_large),
+	    cmocka_unit_test(test_fetch_fails),
 	    cmocka_unit_test(test_nonfinite_loss_stops),
 	    cmocka_unit_test(test_static_scale_overflows),
 	    cmocka_unit_test(test_nonfinite_loss_one_step),

@@ -7,6 +7,7 @@
 #include "common/thread.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -14,7 +15,10 @@ typedef struct slot {
 	hpu_batch bt;
 	const uint32_t *idx;
 	int n;
-	int pending; /* requested, not yet fetched */
+	/* requested, not yet fetched: changed under mu; 0 stored with
+	 * release after the batch, failed and bad are written, so that a
+	 * waiter that reads 0 (acquire) needs no lock */
+	atomic_int pending;
 	int failed;
 	size_t bad;
 } slot;
@@ -110,8 +114,12 @@ static void *run(void *arg)
 		fetch_slot(&ld->ds, s);
 		hpu__prof_span("data", "fetch_batch", NULL, t0, "\"samples\":%d", s->n);
 		pthread_mutex_lock(&ld->mu);
-		s->pending = 0;
+		atomic_store_explicit(&s->pending, 0, memory_order_release);
+		/* woken after the unlock: the waiter does not wake into a held
+		 * lock (a futex wait and wake more, every batch) */
+		pthread_mutex_unlock(&ld->mu);
 		pthread_cond_broadcast(&ld->cv);
+		pthread_mutex_lock(&ld->mu);
 	}
 	pthread_mutex_unlock(&ld->mu);
 	return NULL;
@@ -144,19 +152,24 @@ void hpu__loader_request(hpu_loader *ld, int k, const uint32_t *idx, int n)
 	s->idx = idx;
 	s->n = n;
 	s->failed = 0;
-	s->pending = 1;
-	pthread_cond_broadcast(&ld->cv);
+	atomic_store_explicit(&s->pending, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&ld->mu);
+	pthread_cond_broadcast(&ld->cv); /* after the unlock, as run's */
 }
 
 int hpu__loader_wait(hpu_loader *ld, int k, const hpu_batch **bt, size_t *bad)
 {
 	slot *s = &ld->s[k];
-	pthread_mutex_lock(&ld->mu);
-	while (s->pending)
-		pthread_cond_wait(&ld->cv, &ld->mu);
-	int failed = s->failed;
-	pthread_mutex_unlock(&ld->mu);
+	int failed;
+	if (!atomic_load_explicit(&s->pending, memory_order_acquire)) {
+		failed = s->failed; /* fetched already: no lock */
+	} else {
+		pthread_mutex_lock(&ld->mu);
+		while (atomic_load_explicit(&s->pending, memory_order_relaxed))
+			pthread_cond_wait(&ld->cv, &ld->mu);
+		failed = s->failed;
+		pthread_mutex_unlock(&ld->mu);
+	}
 	*bt = &s->bt;
 	*bad = s->bad;
 	return failed ? -1 : 0;
