@@ -45,6 +45,7 @@
 
 #include "worker/cuda/cuda_coll.h"
 #include "worker/cuda/cuda_device.h"
+#include "worker/cuda/cuda_graph.h"
 #include "worker/cuda/cuda_kernels.h"
 #include "worker/device/device.h"
 #ifdef HPU_CUDA_HAVE_OPS
@@ -1066,175 +1067,6 @@ static const hpu__dev_rtops rtops = {
  * may still allocate (bk_map: cudaMalloc in relaxed mode); its frees wait
  * for the end (bk_unmap). */
 
-/* A one-dimensional copy node of a graph: what hpu__dev_graph_rebind
- * may point elsewhere (cap_rebind). */
-typedef struct graph_copy {
-	cudaGraphNode_t node;
-	const void *src; /* what the executable graph reads now */
-	void *dst;
-	size_t bytes;
-	enum cudaMemcpyKind kind;
-} graph_copy;
-
-typedef struct cuda_graph {
-	cudaGraph_t g;
-	cudaGraphExec_t x;
-	size_t nodes;
-	hpu__dev_node_count *names; /* the nodes by name (names: malloc'd) */
-	size_t nnames;
-	graph_copy *copies; /* its one-dimensional copies (malloc'd) */
-	size_t ncopies;
-} cuda_graph;
-
-/* ---- the graph's nodes by name (the recorder's names): read once at
- * the recording's end, untimed (their GPU times: HPU_PROFILE_KERNELS,
- * cuda_kprof.c; names without C++'s mangling: cuda_names.c) ---- */
-
-/* A kernel node's function name; "kernel" where CUDA cannot say (a kernel
- * a library launched through the driver's API, whose function the
- * runtime may not know; a toolkit before 12.3, without cudaFuncGetName). */
-static void kernel_name(cudaGraphNode_t node, char *out, size_t len)
-{
-	struct cudaKernelNodeParams kp;
-	const char *name = NULL;
-	cudaError_t e = cudaGraphKernelNodeGetParams(node, &kp);
-#if CUDART_VERSION >= 12030
-	if (e == cudaSuccess && kp.func)
-		e = cudaFuncGetName(&name, kp.func);
-#endif
-	if (e != cudaSuccess || !name || !name[0]) {
-		(void)cudaGetLastError(); /* not the next call's error */
-		snprintf(out, len, "kernel");
-		return;
-	}
-	hpu__cuda_demangle(name, out, len);
-}
-
-static const char *type_name(enum cudaGraphNodeType t)
-{
-	switch (t) {
-	case cudaGraphNodeTypeKernel: return "kernel";
-	case cudaGraphNodeTypeMemcpy: return "memcpy";
-	case cudaGraphNodeTypeMemset: return "memset";
-	case cudaGraphNodeTypeHost: return "host";
-	case cudaGraphNodeTypeGraph: return "graph";
-	case cudaGraphNodeTypeEmpty: return "empty";
-	case cudaGraphNodeTypeWaitEvent: return "wait_event";
-	case cudaGraphNodeTypeEventRecord: return "event_record";
-	case cudaGraphNodeTypeMemAlloc: return "mem_alloc";
-	case cudaGraphNodeTypeMemFree: return "mem_free";
-	default: return "other";
-	}
-}
-
-static void names_free(cuda_graph *cg)
-{
-	for (size_t i = 0; i < cg->nnames; i++)
-		free((char *)cg->names[i].name);
-	free(cg->names);
-	cg->names = NULL;
-	cg->nnames = 0;
-}
-
-/* One more node named `name` (cg->names has room for every node); 0, or
- * -1 out of host memory. */
-static int add_name(cuda_graph *cg, const char *name)
-{
-	for (size_t i = 0; i < cg->nnames; i++)
-		if (!strcmp(cg->names[i].name, name)) {
-			cg->names[i].count++;
-			return 0;
-		}
-	char *dup = strdup(name);
-	if (!dup)
-		return -1;
-	cg->names[cg->nnames++] = (hpu__dev_node_count){dup, 1};
-	return 0;
-}
-
-/* cg->g's n nodes by name into cg->names; 0, or -1 with a sentence. */
-static int count_names(cuda_graph *cg, size_t n, char *why, size_t len)
-{
-	cudaGraphNode_t *nodes = malloc((n ? n : 1) * sizeof *nodes);
-	cg->names = calloc(n ? n : 1, sizeof *cg->names);
-	cg->nnames = 0;
-	size_t got = n;
-	cudaError_t e = cudaSuccess;
-	if (!nodes || !cg->names) {
-		snprintf(why, len, "no host memory for the graph's %zu nodes' names", n);
-		goto fail;
-	}
-	if (n && (e = cudaGraphGetNodes(cg->g, nodes, &got)) != cudaSuccess) {
-		snprintf(why, len, "cudaGraphGetNodes (the nodes' names): %s",
-			 cudaGetErrorString(e));
-		goto fail;
-	}
-	for (size_t i = 0; i < got && i < n; i++) {
-		enum cudaGraphNodeType t;
-		char name[256];
-		if ((e = cudaGraphNodeGetType(nodes[i], &t)) != cudaSuccess) {
-			snprintf(why, len, "cudaGraphNodeGetType (node %zu of %zu): %s", i + 1, n,
-				 cudaGetErrorString(e));
-			goto fail;
-		}
-		if (t == cudaGraphNodeTypeKernel)
-			kernel_name(nodes[i], name, sizeof name);
-		else
-			snprintf(name, sizeof name, "%s", type_name(t));
-		if (add_name(cg, name) < 0) {
-			snprintf(why, len, "no host memory for the graph's nodes' names");
-			goto fail;
-		}
-	}
-	free(nodes);
-	return 0;
-fail:
-	free(nodes);
-	names_free(cg);
-	(void)cudaGetLastError();
-	return -1;
-}
-
-/* cg->g's one-dimensional copies (a captured cudaMemcpyAsync: linear
- * memory, one row, no offsets) into cg->copies. Where they cannot be
- * read, none: hpu__dev_graph_rebind then changes nothing, and the
- * runtime copies the batch into the input buffers instead. */
-static void find_copies(cuda_graph *cg, size_t n)
-{
-	cudaGraphNode_t *nodes = malloc((n ? n : 1) * sizeof *nodes);
-	cg->copies = malloc((n ? n : 1) * sizeof *cg->copies);
-	cg->ncopies = 0;
-	size_t got = n;
-	if (!nodes || !cg->copies)
-		goto fail;
-	if (n && cudaGraphGetNodes(cg->g, nodes, &got) != cudaSuccess)
-		goto fail;
-	for (size_t i = 0; i < got && i < n; i++) {
-		enum cudaGraphNodeType t;
-		struct cudaMemcpy3DParms p;
-		if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess)
-			goto fail;
-		if (t != cudaGraphNodeTypeMemcpy)
-			continue;
-		if (cudaGraphMemcpyNodeGetParams(nodes[i], &p) != cudaSuccess)
-			goto fail;
-		if (p.srcArray || p.dstArray || p.srcPos.x || p.srcPos.y || p.srcPos.z ||
-		    p.dstPos.x || p.dstPos.y || p.dstPos.z || p.extent.height > 1 ||
-		    p.extent.depth > 1)
-			continue; /* not a copy the runtime made: left as it is */
-		cg->copies[cg->ncopies++] = (graph_copy){nodes[i], p.srcPtr.ptr, p.dstPtr.ptr,
-							 p.extent.width, p.kind};
-	}
-	free(nodes);
-	return;
-fail:
-	free(nodes);
-	free(cg->copies);
-	cg->copies = NULL;
-	cg->ncopies = 0;
-	(void)cudaGetLastError();
-}
-
 static int cap_begin(char *err, size_t len)
 {
 	if (!C.up) {
@@ -1330,19 +1162,9 @@ static int cap_end(void **graph, char *why, size_t len)
 		x = NULL;
 		goto fail;
 	}
-	cuda_graph *cg = malloc(sizeof *cg);
-	if (!cg) {
-		snprintf(why, len, "no host memory for the graph");
+	hpu__cuda_graph *cg = hpu__cuda_graph_make(g, x, n, why, len);
+	if (!cg)
 		goto fail;
-	}
-	cg->g = g;
-	cg->x = x;
-	cg->nodes = n;
-	if (count_names(cg, n, why, len) < 0) {
-		free(cg);
-		goto fail;
-	}
-	find_copies(cg, n);
 	*graph = cg;
 	return 0;
 fail:
@@ -1362,13 +1184,13 @@ fail:
  * the step does). */
 static int cap_launch(void *graph, char *err, size_t len)
 {
-	cuda_graph *cg = graph;
+	hpu__cuda_graph *cg = graph;
 	if (!cg) {
 		snprintf(err, len, "--graphs: no graph to launch");
 		return -1;
 	}
 	hpu__cuda_bind();
-	cudaError_t e = cudaGraphLaunch(cg->x, C.compute.s);
+	cudaError_t e = cudaGraphLaunch(hpu__cuda_graph_exec(cg), C.compute.s);
 	if (e != cudaSuccess) {
 		snprintf(err, len, "--graphs: cudaGraphLaunch on GPU %d: %s", C.dev,
 			 cudaGetErrorString(e));
@@ -1381,80 +1203,33 @@ static int cap_launch(void *graph, char *err, size_t len)
 /* The graph's nodes (kernels, copies, fills), counted at its end. */
 static size_t cap_nodes(const void *graph)
 {
-	const cuda_graph *cg = graph;
-	return cg ? cg->nodes : 0;
+	return hpu__cuda_graph_nodes(graph);
 }
 
 /* The nodes by name, read at the graph's end. */
 static size_t cap_names(const void *graph, const hpu__dev_node_count **out)
 {
-	const cuda_graph *cg = graph;
-	*out = cg ? cg->names : NULL;
-	return cg ? cg->nnames : 0;
+	return hpu__cuda_graph_names(graph, out);
 }
 
 /* (an executable graph still running is freed by CUDA once it ends) */
 static void cap_free(void *graph)
 {
-	cuda_graph *cg = graph;
-	if (!cg)
+	if (!graph)
 		return;
 	hpu__cuda_bind();
-	cudaGraphExecDestroy(cg->x);
-	cudaGraphDestroy(cg->g);
-	(void)cudaGetLastError();
-	names_free(cg);
-	free(cg->copies);
-	free(cg);
+	hpu__cuda_graph_free(graph);
 #ifdef HPU_CUDA_HAVE_OPS
 	hpu__cuda_ops_graph_drop(); /* the hold cap_begin took for it */
 #endif
 }
 
-/* c's executable node reading `src` from the next launch on. */
-static cudaError_t point_copy(cuda_graph *cg, graph_copy *c, const void *src)
-{
-	cudaError_t e = cudaGraphExecMemcpyNodeSetParams1D(cg->x, c->node, c->dst, src, c->bytes,
-							   c->kind);
-	if (e == cudaSuccess)
-		c->src = src;
-	else
-		(void)cudaGetLastError();
-	return e;
-}
-
-/* hpu__dev_graph_rebind: each copy reading `from` reads `to` from the
- * next launch on (cudaGraphExecMemcpyNodeSetParams1D: a launch under
- * way is not changed). Where CUDA refuses one, the ones this call
- * changed are pointed back: 0 and the refusal in err; -1 where that
- * failed too. */
+/* hpu__dev_graph_rebind (cuda_graph.c). */
 static int cap_rebind(void *graph, const void *from, const void *to, size_t bytes, char *err,
 		      size_t len)
 {
-	cuda_graph *cg = graph;
-	int changed = 0;
-	if (!cg)
-		return 0;
 	hpu__cuda_bind();
-	for (size_t i = 0; i < cg->ncopies; i++) {
-		graph_copy *c = &cg->copies[i];
-		if (c->src != from || c->bytes > bytes)
-			continue;
-		cudaError_t e = point_copy(cg, c, to);
-		if (e == cudaSuccess) {
-			changed++;
-			continue;
-		}
-		snprintf(err, len, "--graphs: CUDA would not point a recorded copy at the loader's "
-				   "buffer (cudaGraphExecMemcpyNodeSetParams1D on GPU %d: %s)",
-			 C.dev, cudaGetErrorString(e));
-		for (size_t j = 0; j < i; j++) /* the ones changed now, back */
-			if (cg->copies[j].src == to && cg->copies[j].bytes <= bytes &&
-			    point_copy(cg, &cg->copies[j], from) != cudaSuccess)
-				return -1;
-		return 0;
-	}
-	return changed;
+	return hpu__cuda_graph_rebind(graph, from, to, bytes, C.dev, err, len);
 }
 
 /* 1 while this recording holds a refusal (a call refused, a CUDA error):
