@@ -134,9 +134,7 @@ int hpu__dev_graph_launch(hpu__dev_graph *g, char *err, size_t errlen)
 int hpu__dev_graph_rebind(hpu__dev_graph *g, const void *from, const void *to, size_t bytes,
 			  char *err, size_t errlen)
 {
-	if (!g || !from || !to || !bytes || !hpu__dev_pinned(to, bytes))
-		return 0;
-	if (from == to)
+	if (!g || !from || !to || from == to || !bytes || !hpu__dev_pinned(to, bytes))
 		return 0;
 	if (!g->dev)
 		return (int)hpu__dev_rec_rebind(g, from, to, bytes);

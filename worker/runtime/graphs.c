@@ -153,6 +153,12 @@ void hpu__graphs_free(hpu__graphs **pg)
 	*pg = NULL;
 }
 
+/* Field f of bt into micro-step k's input buffer (its in[k].n rows). */
+static void copy_field(hpu__graphs *g, int k, int f, const hpu_batch *bt)
+{
+	memcpy(g->in[k].data[f], bt->data[f], (size_t)g->in[k].n * g->field_bytes[f]);
+}
+
 const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt)
 {
 	hpu_batch *in = &g->in[k];
@@ -164,7 +170,7 @@ const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt)
 	g->filled = 0;
 	if (g->accum > 1) { /* the loader writes its buffer again two micro-steps on */
 		for (int f = 0; f < g->fields; f++)
-			memcpy(in->data[f], bt->data[f], (size_t)n * g->field_bytes[f]);
+			copy_field(g, k, f, bt);
 		g->filled = k + 1 == g->accum;
 	}
 	return in;
@@ -175,7 +181,7 @@ void hpu__graphs_input_fill(hpu__graphs *g)
 	if (g->filled || !g->pend[0])
 		return;
 	for (int f = 0; f < g->fields; f++)
-		memcpy(g->in[0].data[f], g->pend[0]->data[f], (size_t)g->in[0].n * g->field_bytes[f]);
+		copy_field(g, 0, f, g->pend[0]);
 	g->filled = 1;
 }
 
@@ -207,7 +213,7 @@ static int copy_from_now(hpu__graphs *g, entry *e, int f, const char *why, char 
 		g->bind_said = 1;
 	}
 	e->copied[f] = 1;
-	memcpy(g->in[0].data[f], g->pend[0]->data[f], n * g->field_bytes[f]);
+	copy_field(g, 0, f, g->pend[0]);
 	return 0;
 }
 
@@ -226,7 +232,7 @@ int hpu__graphs_bind(hpu__graphs *g, char *err, size_t errlen)
 	for (int f = 0; f < g->fields; f++) {
 		const void *at = e->src[f] ? e->src[f] : g->in[0].data[f];
 		if (e->copied[f]) {
-			memcpy(g->in[0].data[f], bt->data[f], n * g->field_bytes[f]);
+			copy_field(g, 0, f, bt);
 			copied = 1;
 			continue;
 		}
