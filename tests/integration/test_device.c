@@ -19,6 +19,8 @@
  *   bit for bit, as on cpu;
  * - one DDP step on cpu-strict copies the batch in, the loss out and the
  *   gradients through the collectives' staging, and nothing else;
+ * - the host waits for the device three times in an eager step, once in
+ *   a recordable or replayed one (--verbose's count);
  * - every strategy in fp32 and bf16-mixed (zero3 with gathered layers,
  *   the host tier, gradient accumulation, a model's buffers, 1 and 2
  *   workers) copies per step exactly the bytes the placement plan says
@@ -537,6 +539,55 @@ static void test_copied_bytes(void **state)
 	free(out);
 }
 
+/* ---- the host's waits for the device in a step ---- */
+
+/* Runs the MLP on cpu-strict, 1 worker, 6 steps of 32 under --verbose
+ * with `extra` (NULL-ended): how many times the host waited for the
+ * device in step `step` (its line's "waited for the device N times"). */
+static long step_waits(int step, const char *const *extra)
+{
+	run r;
+	start(&r, 1);
+	args(&r, "--device", "cpu-strict", "--max-steps", "6", "--batch-size", "32", "--verbose",
+	     "--no-eval", NULL);
+	for (; extra && *extra; extra++)
+		arg(&r, *extra);
+	char *out = finish(&r, 0, MLP_ARGS);
+	char head[64];
+	snprintf(head, sizeof head, "rank 0: step %d: device cpu-strict copied ", step);
+	const char *line = strstr(out, head);
+	assert_non_null(line);
+	const char *w = strstr(line, "; the host waited for the device ");
+	assert_non_null(w);
+	assert_true(w < strchr(line, '\n'));
+	long n = strtol(w + strlen("; the host waited for the device "), NULL, 10);
+	free(out);
+	return n;
+}
+
+/* On a GPU each wait is a round trip that stops the host from running
+ * ahead. An eager step of one micro-step waits three times: for its loss
+ * (read inside the step to name a non-finite tensor), for the step's
+ * decisions before the update (read for the same diagnostics) and for
+ * its result at the end, where the scalars, the loss sums and the ops'
+ * deferred checks come back together (hpu__dev_d2h_n). The batch and the
+ * learning rate go in without a wait (hpu__dev_copy_queued). A
+ * recordable step (HPU_STRICT_STEP=1) and a replayed one (--graphs: steps
+ * 4 to 6 after 3 eager ones) wait once, for their result. */
+static void test_waits(void **state)
+{
+	(void)state;
+	assert_int_equal(step_waits(2, NULL), 3);
+	assert_int_equal(step_waits(6, (const char *const[]){"--graphs", NULL}), 1);
+	assert_int_equal(setenv("HPU_STRICT_STEP", "1", 1), 0);
+	long strict = step_waits(2, NULL);
+	assert_int_equal(unsetenv("HPU_STRICT_STEP"), 0);
+	assert_int_equal(strict, 1);
+	/* two micro-steps: each one's batch waits (the loader reuses its
+	 * buffers inside the step), as does each one's loss */
+	assert_int_equal(step_waits(2, (const char *const[]){"--grad-accum", "2", NULL}), 8);
+}
+
 /* ---- the bytes a step copies, as the placement plan says ---- */
 
 #define SMALL_MLP "--hidden 32 --depth 2" /* 784-32-32-10: 25,120, 1,056, 330 */
@@ -728,6 +779,7 @@ int main(void)
 	    cmocka_unit_test(test_buffers),
 	    cmocka_unit_test(test_own_layer_in_ops),
 	    cmocka_unit_test(test_copied_bytes),
+	    cmocka_unit_test(test_waits),
 	    cmocka_unit_test(test_copies_as_planned),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -496,6 +496,16 @@ static void cuda_copy(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 		hpu__cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
+/* hpu__device.copy_queued: the copy without the wait (the caller waits
+ * later, or leaves the pinned source alone until it does). */
+static void cuda_copy_queued(hpu__dev_queue *q, void *dst, const void *src, size_t n)
+{
+	if (!n || copy_refused(q, dst, src))
+		return;
+	hpu__cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, R.on ? S0() : stream_of(q)),
+			"cudaMemcpyAsync");
+}
+
 static void cuda_fill(hpu__dev_queue *q, void *dst, int byte, size_t n)
 {
 	if (n && R.on && q && q != &C.compute &&
@@ -1259,7 +1269,7 @@ static const hpu__dev_recorder recorder = {
 	.host_alloc = cuda_host_alloc, .host_free = cuda_host_free, .ops = cuda_ops,               \
 	.rt = &rtops, .owns = cuda_owns, .backing = &backing, .queue_new = cuda_queue_new,         \
 	.queue_free = cuda_queue_free, .configure = cuda_configure, .coll = &hpu__cuda_coll,  \
-	.recorder = &recorder
+	.recorder = &recorder, .copy_queued = cuda_copy_queued
 
 static const hpu__device dev_full = {.setup = cuda_setup, CUDA_MEMBERS};
 static const hpu__device dev_core = {.setup = setup_core, CUDA_MEMBERS};

@@ -25,7 +25,7 @@ static int caps_known;
 int hpu__dev_cur_rank;
 int hpu__dev_kernels_set; /* the ops use hpu__dev_kernels_table */
 static int table_set;   /* the ops use a device's own table (cuda) */
-atomic_uint_fast64_t hpu__dev_copied_h2d, hpu__dev_copied_d2h;
+atomic_uint_fast64_t hpu__dev_copied_h2d, hpu__dev_copied_d2h, hpu__dev_wait_count;
 /* The step guard (hpu__dev_step_guard, device_impl.h) */
 int hpu__dev_step_strict;
 atomic_int hpu__dev_step_on;
@@ -245,6 +245,7 @@ int hpu__dev_open(const char *name, int rank, char *err, size_t errlen)
 	atomic_store(&hpu__dev_step_on, 0);
 	atomic_store(&hpu__dev_copied_h2d, 0);
 	atomic_store(&hpu__dev_copied_d2h, 0);
+	atomic_store(&hpu__dev_wait_count, 0);
 	return 0;
 }
 

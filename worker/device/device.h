@@ -399,6 +399,12 @@ typedef struct hpu__device {
 	 * again: NULL, or the first address touched meanwhile, its block said
 	 * in what, and the recording is refused. */
 	const void *(*rec_guard)(int on, char *what, size_t len);
+
+	/* A copy issued on q and not waited for (NULL: copy, whose work is
+	 * done when issued, as on the CPU devices): a GPU's copy from pinned
+	 * host memory, or into it, that the caller waits for later
+	 * (hpu__dev_copy_queued, hpu__dev_d2h_n). */
+	void (*copy_queued)(hpu__dev_queue *q, void *dst, const void *src, size_t n);
 } hpu__device;
 
 /* The CUDA device lives in a program module, hpudev_cuda.so
@@ -546,6 +552,34 @@ void hpu__dev_memset(hpu__dev_queue *q, void *dst, int byte, size_t n);
  * memory (the host tier, a staging buffer): an h2d, d2h or d2d copy as
  * the pointers say, or memcpy between host buffers; on cpu, memcpy. */
 void hpu__dev_copy(void *dst, const void *src, size_t n);
+
+/* As hpu__dev_copy, except that a copy from pinned host memory
+ * (hpu__dev_host_alloc) into device memory is queued and not waited for:
+ * the caller leaves the source unchanged until its next wait on the
+ * device (a copy into host memory, a value, a sync: hpu__dev_waits). An
+ * eager step's learning rate and its batch go in so, the step's result
+ * read at its end being that wait. */
+void hpu__dev_copy_queued(void *dst, const void *src, size_t n);
+
+/* Copies from device memory into host memory, each as hpu__dev_copy's
+ * (counted as hpu__dev_d2h's), all queued before one wait for them: one
+ * round trip on a GPU where n copies would make n. A span whose source is
+ * not device memory, or whose destination is, is copied as
+ * hpu__dev_copy does. */
+typedef struct hpu__dev_span {
+	void *dst;
+	const void *src;
+	size_t n;
+} hpu__dev_span;
+void hpu__dev_d2h_n(const hpu__dev_span *c, int n);
+
+/* How many times since the device opened the host has waited for it: a
+ * copy into host memory or from host memory not queued (one for all of
+ * an hpu__dev_d2h_n), an op that returns a value, hpu__dev_event_wait and
+ * hpu__dev_queue_sync. Counted on devices whose memory is their own
+ * (cpu-strict, cuda: where a GPU waits), as the calls ask, not as the
+ * device does them (cpu-strict copies at once either way); 0 on cpu. */
+uint64_t hpu__dev_waits(void);
 
 /* 1 when p lies in this device's memory (0 on cpu: host code may read it
  * anyway). */

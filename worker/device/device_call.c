@@ -61,6 +61,19 @@ void hpu__dev_step_value(const char *op, const void *src)
 	step_caught(op, what);
 }
 
+/* ---- the host's waits for the device ---- */
+
+void hpu__dev_waited(void)
+{
+	if (hpu__dev_cur->owns)
+		atomic_fetch_add(&hpu__dev_wait_count, 1);
+}
+
+uint64_t hpu__dev_waits(void)
+{
+	return atomic_load(&hpu__dev_wait_count);
+}
+
 /* ---- device calls ---- */
 
 void hpu__dev_call_open(void)
@@ -165,6 +178,7 @@ static int host_wait(const char *op)
 	}
 	if (guarded())
 		step_caught(op, "waited on the host for the device's queue");
+	hpu__dev_waited();
 	return 0;
 }
 

@@ -100,6 +100,8 @@ void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 		return;
 	}
 	atomic_fetch_add(&hpu__dev_copied_h2d, n);
+	if (!hpu__dev_capturing()) /* the source may change once it returns */
+		hpu__dev_waited();
 	copy(q, dst, src, n);
 }
 
@@ -112,6 +114,7 @@ void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 	}
 	hpu__dev_step_copy("hpu__dev_d2h", dst, src, n);
 	atomic_fetch_add(&hpu__dev_copied_d2h, n);
+	hpu__dev_waited();
 	copy(q, dst, src, n);
 }
 
@@ -132,10 +135,13 @@ void hpu__dev_d2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 		return;
 	}
 	hpu__dev_step_copy("hpu__dev_d2d", dst, src, n);
+	int host = 0;
 	if (hpu__dev_cur->owns && !hpu__dev_cur->owns(dst) && n)
-		atomic_fetch_add(&hpu__dev_copied_d2h, n);
+		atomic_fetch_add(&hpu__dev_copied_d2h, n), host = 1;
 	else if (hpu__dev_cur->owns && !hpu__dev_cur->owns(src) && n)
-		atomic_fetch_add(&hpu__dev_copied_h2d, n);
+		atomic_fetch_add(&hpu__dev_copied_h2d, n), host = !hpu__dev_capturing();
+	if (host)
+		hpu__dev_waited();
 	copy(q, dst, src, n);
 }
 
@@ -178,6 +184,64 @@ void hpu__dev_copy(void *dst, const void *src, size_t n)
 		hpu__dev_d2h(NULL, dst, src, n);
 	else if (n) /* host to host: the host's own, done now */
 		memmove(dst, src, n);
+}
+
+void hpu__dev_copy_queued(void *dst, const void *src, size_t n)
+{
+	if (!hpu__dev_cur->owns || !n || hpu__dev_capturing() || hpu__dev_rec_listing() ||
+	    !hpu__dev_cur->owns(dst) || hpu__dev_cur->owns(src) || !hpu__dev_pinned(src, n)) {
+		hpu__dev_copy(dst, src, n);
+		return;
+	}
+	hpu__dev_rec_foreign("hpu__dev_copy_queued");
+	atomic_fetch_add(&hpu__dev_copied_h2d, n);
+	hpu__dev_call_open();
+	if (hpu__dev_cur->copy_queued)
+		hpu__dev_cur->copy_queued(NULL, dst, src, n);
+	else
+		hpu__dev_cur->copy(NULL, dst, src, n);
+	hpu__dev_call_close();
+}
+
+/* A span hpu__dev_d2h_n queues: from device memory into host memory. */
+static int queues(const hpu__dev_span *c)
+{
+	return c->n && hpu__dev_cur->owns(c->src) && !hpu__dev_cur->owns(c->dst);
+}
+
+void hpu__dev_d2h_n(const hpu__dev_span *c, int n)
+{
+	int queued = 0;
+	for (int i = 0; i < n; i++) {
+		if (!hpu__dev_cur->owns || !queues(&c[i])) {
+			hpu__dev_copy(c[i].dst, c[i].src, c[i].n);
+			continue;
+		}
+		hpu__dev_rec_foreign("hpu__dev_d2h_n");
+		if (hpu__dev_capturing()) {
+			d2h_refused("hpu__dev_d2h_n");
+			return;
+		}
+		hpu__dev_step_copy("hpu__dev_d2h_n", c[i].dst, c[i].src, c[i].n);
+		atomic_fetch_add(&hpu__dev_copied_d2h, c[i].n);
+		hpu__dev_call_open();
+		if (hpu__dev_cur->copy_queued)
+			hpu__dev_cur->copy_queued(NULL, c[i].dst, c[i].src, c[i].n);
+		else
+			hpu__dev_cur->copy(NULL, c[i].dst, c[i].src, c[i].n);
+		hpu__dev_call_close();
+		queued++;
+	}
+	if (!queued)
+		return;
+	hpu__dev_waited();
+	if (hpu__dev_cur->copy_queued) { /* the one wait: the default queue's */
+		hpu__dev_event ev;
+		hpu__dev_call_open();
+		hpu__dev_cur->record(NULL, &ev);
+		hpu__dev_cur->wait(&ev);
+		hpu__dev_call_close();
+	}
 }
 
 void hpu__dev_copied(uint64_t *h2d, uint64_t *d2h)

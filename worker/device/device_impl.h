@@ -38,6 +38,10 @@ extern int hpu__dev_kernels_set;
 /* The bytes hpu__dev_copied reports (device_copy.c counts them; zero
  * from hpu__dev_open). */
 extern atomic_uint_fast64_t hpu__dev_copied_h2d, hpu__dev_copied_d2h;
+/* hpu__dev_waits' count (zero from hpu__dev_open); hpu__dev_waited adds
+ * one where the device's memory is its own. */
+extern atomic_uint_fast64_t hpu__dev_wait_count;
+void hpu__dev_waited(void);
 /* The step guard (hpu__dev_step_guard): hpu__dev_step_strict is
  * HPU_STRICT_STEP=1 on cpu-strict, read when the device opens;
  * hpu__dev_step_on is the guard, set by the main thread and read by any

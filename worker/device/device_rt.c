@@ -118,6 +118,7 @@ RT_DEF(optim16,
 						": an op that returns a value to the host"); \
 			return 0;                                                      \
 		}                                                                      \
+		hpu__dev_waited();                                                     \
 		hpu__dev_call_open();                                                  \
 		type r_ = hpu__dev_cur->rt->name args;                                 \
 		hpu__dev_call_close();                                                 \

@@ -146,7 +146,7 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 			 double *norm_out);
 
 /* --verbose: the bytes step `step` copied between host and device. */
-void hpu__loop_copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0);
+void hpu__loop_copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0, uint64_t waits0);
 
 /* After step `step` (from 0): a skipped step said; too many in a row fail. */
 int hpu__loop_skipped_check(loop *L, long step);

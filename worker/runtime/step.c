@@ -328,9 +328,10 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 
 /* --verbose: the bytes the step copied between host and device (the
  * batch in, the loss out, the collectives' staging; none where the host
- * may read device memory), and what the placement plan says they must
- * be, for tests and figures. */
-void hpu__loop_copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0)
+ * may read device memory), what the placement plan says they must be,
+ * and how many times the host waited for the device (hpu__dev_waits: on
+ * a GPU each is a round trip), for tests and figures. */
+void hpu__loop_copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0, uint64_t waits0)
 {
 	uint64_t h2d, d2h;
 	hpu_plan_copies c;
@@ -341,7 +342,9 @@ void hpu__loop_copied_log(const loop *L, long step, uint64_t h2d0, uint64_t d2h0
 	if (hpu__strat_plan_copies(L->st, &c) == 0)
 		printf("; the plan: %s%llu and %llu", c.exact ? "" : "at least ",
 		       (unsigned long long)c.h2d_total, (unsigned long long)c.d2h_total);
-	printf("\n");
+	uint64_t w = hpu__dev_waits() - waits0;
+	printf("; the host waited for the device %llu time%s\n", (unsigned long long)w,
+	       w == 1 ? "" : "s");
 }
 
 /* "; not checked: output \"h\" of layer \"fc\", which was not kept after

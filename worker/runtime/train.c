@@ -219,7 +219,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			profile_window(o, step - first);
 			int64_t ts = hpu__prof_t0();
 			L->epoch = e;
-			uint64_t h2d0, d2h0;
+			uint64_t h2d0, d2h0, waits0 = hpu__dev_waits();
 			hpu__dev_copied(&h2d0, &d2h0);
 			hpu__watch_begin(HPU_WATCH_STEP, step + 1);
 			int rc = L->graphs ? hpu__loop_graph_step(L, s, step, s + 1 < end, &loss, &norm)
@@ -229,7 +229,7 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 			if (rc < 0 || hpu__loop_skipped_check(L, step) < 0)
 				return -1;
 			if (o->verbose)
-				hpu__loop_copied_log(L, step + 1, h2d0, d2h0);
+				hpu__loop_copied_log(L, step + 1, h2d0, d2h0, waits0);
 			step++;
 			L->epoch = e;
 			hpu__prof_span("step", "step", NULL, ts, "\"step\":%ld,\"epoch\":%d", step, e + 1);

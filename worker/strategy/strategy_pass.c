@@ -230,7 +230,11 @@ void hpu__strat_set_pos(hpu_strat *s, int train, long step, long epoch)
 /* Dataset field t of the batch: read in place where the host may read
  * device memory, else copied into the device's buffer for it (the batch
  * in). */
-static int batch_in(hpu_strat *s, int t, void *host, int n)
+/* Dataset field t of the batch (n samples at host) onto the device. A
+ * training step of one micro-step queues the copy without waiting for it:
+ * the loader fills that buffer again only for the step after next, asked
+ * for once this step's result was read (a wait). */
+static int batch_in(hpu_strat *s, int t, void *host, int n, int queued)
 {
 	size_t numel = s->b->tensors[t].sample_numel;
 	if (hpu__dev_host_can_read()) {
@@ -244,7 +248,10 @@ static int batch_in(hpu_strat *s, int t, void *host, int n)
 		if (!s->t_data[t])
 			return hpu__strat_fail(s, "%s", hpu__devmem_error());
 	}
-	hpu__dev_h2d(NULL, s->t_data[t], host, (size_t)n * numel * 4);
+	if (queued)
+		hpu__dev_copy_queued(s->t_data[t], host, (size_t)n * numel * 4);
+	else
+		hpu__dev_h2d(NULL, s->t_data[t], host, (size_t)n * numel * 4);
 	return 0;
 }
 
@@ -264,8 +271,10 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 		hpu__checks_disarm(); /* evaluation checks as before */
 	else if (defer && hpu__vars_checks_arm(s) < 0)
 		return -1;
+	int queued = s->ctx.train && want < 0 && accum == 1;
 	for (int t = 0; t < b->ntensors; t++)
-		if (b->tensors[t].producer < 0 && batch_in(s, t, bt->data[b->tensors[t].field], bt->n) < 0)
+		if (b->tensors[t].producer < 0 &&
+		    batch_in(s, t, bt->data[b->tensors[t].field], bt->n, queued) < 0)
 			return -1;
 	const int *last = s->ctx.train ? s->last_train : s->last_eval;
 	if (want >= 0)

@@ -138,7 +138,9 @@ static void put_lr(hpu_strat *s, double lr)
 void hpu__vars_lr(hpu_strat *s, double lr)
 {
 	put_lr(s, lr);
-	hpu__dev_copy(&s->vars.sv->lr, s->vars.lr_host, 3 * sizeof lr);
+	/* not waited for: the block is written again only by the next step,
+	 * after this one's result was read (hpu__vars_result: a wait) */
+	hpu__dev_copy_queued(&s->vars.sv->lr, s->vars.lr_host, 3 * sizeof lr);
 }
 
 const double *hpu__vars_sums(const hpu_strat *s, int micro)
@@ -309,19 +311,33 @@ void hpu__vars_checks_end(hpu_strat *s)
 	hpu__checks_disarm();
 }
 
-int hpu__vars_checks_result(hpu_strat *s, const char *what)
+/* The used slots of the ops' deferred checks, as a span for
+ * hpu__dev_d2h_n (0 bytes where none were used). */
+static hpu__dev_span checks_span(const hpu_strat *s)
 {
-	int n = s->vars.checks_used;
+	int n = s->vars.checks_used > 0 ? s->vars.checks_used : 0;
+	return (hpu__dev_span){s->vars.checks_host, s->vars.checks,
+			       (size_t)n * sizeof(hpu__check_slot)};
+}
+
+/* What the checks found, once their slots are in checks_host. */
+static int checks_said(hpu_strat *s, const char *what)
+{
 	char msg[512];
+	int n = s->vars.checks_used;
 	s->vars.checks_used = 0;
-	if (n <= 0)
-		return 0;
-	hpu__dev_copy(s->vars.checks_host, s->vars.checks, (size_t)n * sizeof(hpu__check_slot));
-	if (!hpu__checks_report(s->vars.checks_host, msg, sizeof msg))
+	if (n <= 0 || !hpu__checks_report(s->vars.checks_host, msg, sizeof msg))
 		return 0;
 	if (what)
 		return hpu__strat_fail(s, "%s: %s", what, msg);
 	return hpu__strat_fail(s, "step %ld: %s", s->ctx.step + 1, msg);
+}
+
+int hpu__vars_checks_result(hpu_strat *s, const char *what)
+{
+	hpu__dev_span c = checks_span(s);
+	hpu__dev_d2h_n(&c, 1);
+	return checks_said(s, what);
 }
 
 int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
@@ -329,10 +345,13 @@ int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 	const hpu__dev_stepvars *h = s->vars.svh;
 	size_t n = (size_t)s->b->nloss;
 	double before = s->steps.scale;
-	read_vars(s);
-	if (s->vars.micros)
-		hpu__dev_copy(s->vars.msum_host, s->vars.msum,
-			     (size_t)s->vars.micros * n * sizeof *s->vars.msum_host);
+	/* the step's scalars, its loss sums and its checks: one wait */
+	hpu__dev_span c[3] = {
+		{s->vars.svh, s->vars.sv, sizeof *s->vars.sv},
+		{s->vars.msum_host, s->vars.msum, (size_t)s->vars.micros * n * sizeof *s->vars.msum_host},
+		checks_span(s),
+	};
+	hpu__dev_d2h_n(c, 3);
 	float sum = 0;
 	for (int m = 0; m < s->vars.micros; m++)
 		sum += (float)hpu__vars_loss_of(s, s->vars.msum_host + (size_t)m * n, s->vars.mbatch[m]);
@@ -353,7 +372,7 @@ int hpu__vars_result(hpu_strat *s, float *loss, double *grad_norm, int *skipped)
 		       h->step_no, before, h->loss_scale);
 	else if (s->vars.cfg.mixed && h->skip && s->rank == 0) /* bf16, fp8: no loss scale */
 		printf("step %ld: gradient overflow: step skipped on every rank\n", h->step_no);
-	return hpu__vars_checks_result(s, NULL);
+	return checks_said(s, NULL);
 }
 
 /* ---- dropout's keys on the device (worker/ops/dropkeys.h) ---- */
