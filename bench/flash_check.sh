@@ -14,7 +14,7 @@
 #      to about 1e-2).
 #
 #   bash bench/flash_check.sh BUILD     (from the repository root)
-# Each step has its own timeout (LIMIT, 25 s); logs in OUT (./flash-out).
+# Each step has its own timeout (LIMIT, 40 s); logs in OUT (./flash-out).
 # DEVICE (cuda) and GPT (the model's size arguments) are for trying the
 # script on a CPU at a small size: DEVICE=cpu GPT='--dim 32 --heads 4
 # --layers 2 --ctx 32' BATCH=4.
@@ -25,7 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-./flash-out}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 py=${PYTHON:-python3}
-limit=${LIMIT:-25}
+limit=${LIMIT:-40}
 device=${DEVICE:-cuda}
 read -r -a gpt <<<"${GPT:---dim 768 --heads 12 --layers 12 --ctx 1024}"
 

@@ -337,6 +337,7 @@ PY
   row "--nproc-per-node gpu --allow-tf32" "rc=$rc" "" "$(grep -a -o 'TF32[^]]*' "$out/nproc-gpu.log" | head -1 | cut -c1-100)"
   step ipc-train 60 "$build/bin/hpulaunch" --devices 2 --device cuda --strategy ddp --max-steps 5 \
     --batch-size 64 --verbose --no-eval "$build/lib/fmnist_mlp.so" -- --data "$data"
+  ipc_rc=$rc
   # A custom layer written for the host (HPU_LAYER_HOST_ONLY) on the GPU:
   # staged through host memory, one warning a layer, the CPU's parameters.
   for d in cpu cuda; do
@@ -350,13 +351,14 @@ a.frombytes(open(sys.argv[1], "rb").read()); b.frombytes(open(sys.argv[2], "rb")
 print(f"max|diff| against cpu {max(abs(x - y) for x, y in zip(a, b)):.3g} of {len(a)} parameters" if len(a) == len(b) and a else "sizes differ")
 PY
   )
+  hl=$(printf '%s\n' "$hl" | tail -1) # a traceback's last line: one row
   row "host-only layers on cuda" "rc=$rc" "" "$(grep -a -c 'is host-only' "$out/host-layer-cuda.log") warnings; ${hl:0:80}"
   hd=$(mktemp -d)
   "$build/bin/hpud" --gen-key "$hd/k" >/dev/null 2>&1
   printf 'devices = auto\ndevice = cuda\nkey = %s/k\nuser = root\n' "$hd" >"$hd/c"
   step hpud-check 30 "$build/bin/hpud" --check -c "$hd/c"
   row "hpud devices = auto, device = cuda" "rc=$rc" "" "$(grep -a -o 'devices = auto, device = cuda: .*' "$out/hpud-check.log" | head -1 | cut -c1-100)"
-  row "ddp 2 workers: gradients' path" "rc=$rc" "" "$(grep -a -o "gradients' all-reduce: .*" "$out/ipc-train.log" | head -1 | cut -c1-100)"
+  row "ddp 2 workers: gradients' path" "rc=$ipc_rc" "" "$(grep -a -o "gradients' all-reduce: .*" "$out/ipc-train.log" | head -1 | cut -c1-100)"
 
   # GPT-2 124M: synthetic tokens in llm.c's format (header of 256 int32:
   # magic, version, count; then uint16 tokens).

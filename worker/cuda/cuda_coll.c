@@ -92,7 +92,8 @@ static void group_free(hpu__dev_group *g)
 		return;
 	hpu__cuda_bind();
 	hpu__cuda_nccl_close(g->nccl, hpu__cuda_stream());
-	for (int r = 0; r < g->world; r++)
+	/* an NCCL group maps nothing (its world may pass HPU_CUDA_GROUP_MAX) */
+	for (int r = 0; !g->nccl && r < g->world && r < HPU_CUDA_GROUP_MAX; r++)
 		if (r != g->rank && g->peer[r] && cudaIpcCloseMemHandle(g->peer[r]) != cudaSuccess)
 			cudaGetLastError();
 	if (g->mine && cudaFree(g->mine) != cudaSuccess)

@@ -212,11 +212,18 @@ size_t hpu__cuda_graph_names(const hpu__cuda_graph *cg, const hpu__dev_node_coun
 	return cg ? cg->nnames : 0;
 }
 
-/* c's executable node reading `src` from the next launch on. */
+/* c's executable node reading `src` from the next launch on: with the
+ * copy kind the node reports, else (where that is refused) with
+ * cudaMemcpyDefault, the kind the runtime's copies were recorded with. */
 static cudaError_t point_copy(hpu__cuda_graph *cg, graph_copy *c, const void *src)
 {
 	cudaError_t e = cudaGraphExecMemcpyNodeSetParams1D(cg->x, c->node, c->dst, src, c->bytes,
 							   c->kind);
+	if (e != cudaSuccess && c->kind != cudaMemcpyDefault) {
+		(void)cudaGetLastError();
+		e = cudaGraphExecMemcpyNodeSetParams1D(cg->x, c->node, c->dst, src, c->bytes,
+						       cudaMemcpyDefault);
+	}
 	if (e == cudaSuccess)
 		c->src = src;
 	else
@@ -243,8 +250,9 @@ int hpu__cuda_graph_rebind(hpu__cuda_graph *cg, const void *from, const void *to
 			continue;
 		}
 		snprintf(err, len, "--graphs: CUDA would not point a recorded copy at the loader's "
-				   "buffer (cudaGraphExecMemcpyNodeSetParams1D on GPU %d: %s)",
-			 dev, cudaGetErrorString(e));
+				   "buffer (cudaGraphExecMemcpyNodeSetParams1D on GPU %d, %zu bytes, "
+				   "copy kind %d: %s)",
+			 dev, c->bytes, (int)c->kind, cudaGetErrorString(e));
 		for (size_t j = 0; j < i; j++) /* the ones changed now, back */
 			if (cg->copies[j].moved && point_copy(cg, &cg->copies[j], from) != cudaSuccess)
 				return -1;

@@ -64,6 +64,9 @@ typedef struct hpu__cuops_ctx {
 	size_t scratch_size;
 	int scratch_recorded; /* a recording was given this scratch (cuops_core.c) */
 	uint64_t clock; /* plan stamps */
+	/* the last new GEMM plan's heuristic: its cublasStatus_t, or -1
+	 * where the plan failed before asking it (the reason said then) */
+	int gemm_heuristic;
 	hpu__cuops_gemm_plan gemm[HPU_CUOPS_GEMM_CACHE];
 	hpu__cuops_conv_plan conv[HPU_CUOPS_CONV_CACHE];
 } hpu__cuops_ctx;

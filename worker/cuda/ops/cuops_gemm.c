@@ -159,6 +159,7 @@ static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *
 	int32_t op_b = key[K_TA] ? CUBLAS_OP_T : CUBLAS_OP_N; /* its B: our a */
 	cublasLtMatmulPreference_t pref = NULL;
 	memcpy(p->key, key, sizeof p->key);
+	c->gemm_heuristic = -1;
 	if (hpu__cuops_blas(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F), "matmul desc") ||
 	    desc_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a) ||
 	    desc_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b))
@@ -201,9 +202,12 @@ static int plan_make(hpu__cuops_ctx *c, hpu__cuops_gemm_plan *p, const int64_t *
 	cublasLtMatmulHeuristicResult_t res;
 	int got = 0;
 	memset(&res, 0, sizeof res);
-	if (cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
-					   &res, &got) != CUBLAS_STATUS_SUCCESS ||
-	    got < 1 || res.state != CUBLAS_STATUS_SUCCESS)
+	cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc,
+							   p->lc, pref, 1, &res, &got);
+	c->gemm_heuristic = (int)(hs != CUBLAS_STATUS_SUCCESS ? hs
+				  : got < 1		      ? CUBLAS_STATUS_NOT_SUPPORTED
+							      : res.state);
+	if (c->gemm_heuristic != (int)CUBLAS_STATUS_SUCCESS)
 		goto fail;
 	p->algo = res.algo;
 	cublasLtMatmulPreferenceDestroy(pref);
@@ -367,13 +371,24 @@ int hpu__cuops_gemm_fp8(int m, int n, int k, const uint8_t *a, int fa, const uin
 			st = cublasLtMatmul(cx->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc,
 					    c, p->lc, &p->algo, cx->ws, HPU_CUOPS_WORKSPACE,
 					    hpu__cuops_stream());
-		if (p && st != CUBLAS_STATUS_SUCCESS) {
+		if (!p) { /* said once: the heuristic is not asked again */
+			fp8_broken = 1;
+			fprintf(stderr,
+				"hpu-worker: warning: cuBLASLt has no fp8 algorithm for %dx%dx%d (%s x "
+				"%s, fp32 out; its heuristic: %s): fp8 training's linear runs on the "
+				"bf16 kernels from now on\n",
+				m, n, k, fa == HPU_FP8_E5M2 ? "E5M2" : "E4M3",
+				fb == HPU_FP8_E5M2 ? "E5M2" : "E4M3",
+				cx->gemm_heuristic < 0
+					? "not asked, the descriptors failed (said above)"
+					: cublasLtGetStatusString((cublasStatus_t)cx->gemm_heuristic));
+		} else if (st != CUBLAS_STATUS_SUCCESS) {
 			fp8_broken = 1;
 			fprintf(stderr,
 				"hpu-worker: warning: cuBLASLt's fp8 product (%dx%dx%d) failed (%s): fp8 "
 				"training's linear runs on the bf16 kernels from now on\n",
 				m, n, k, cublasLtGetStatusString(st));
-		} else if (p) {
+		} else {
 			rc = bias ? hpu__cuops_cuda(hpu__cuk_gemm_k0(c, bias, 1, m, n, 0, 1,
 								     hpu__cuops_stream()),
 						    "bias")

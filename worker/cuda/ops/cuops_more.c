@@ -6,8 +6,10 @@
  * with a line naming it (hpu__cuops_fatal). Results a caller reads on
  * the host (the first bad index) wait for the stream.
  */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -369,6 +371,20 @@ int hpu__cuops_flash_fwd(const float *qkv, const int32_t *mask, float *ctx, floa
  * cuops_flash.cu's), D of every query row in scratch: batch * heads * t
  * floats. The tiles' refusal (cudaErrorNotSupported) is said by nothing:
  * the ops then call flash_bwd. */
+/* The tiles refused for this GPU's shared memory (cudaErrorNotSupported):
+ * one warning a process, naming the call. */
+static void tiles_refused(const char *which, int hd)
+{
+	static atomic_int said;
+	if (atomic_exchange(&said, 1))
+		return;
+	fprintf(stderr,
+		"hpu-worker: warning: fused attention's bf16 tiles (%s, head dim %d) need more "
+		"shared memory a block than this GPU lets a kernel have: the fp32 kernel runs "
+		"instead\n",
+		which, hd);
+}
+
 static int flash_bwd_with(int tiles, const float *qkv, const int32_t *mask, const float *ctx,
 			  const float *lse, const float *dctx, float *dqkv, int batch, int t,
 			  int heads, int hd, int causal)
@@ -388,6 +404,8 @@ static int flash_bwd_with(int tiles, const float *qkv, const int32_t *mask, cons
 							batch, t, heads, hd, causal, st)
 				: hpu__cukm_flash_bwd(qkv, mask, ctx, lse, dctx, dqkv, delta, batch,
 						      t, heads, hd, causal, st);
+	if (tiles && e == cudaErrorNotSupported)
+		tiles_refused("backward", hd);
 	int rc = !delta || (tiles && e == cudaErrorNotSupported) ||
 			 hpu__cuops_cuda(e, tiles ? "fused attention backward (bf16 tiles)"
 						  : "fused attention backward")
@@ -405,8 +423,9 @@ int hpu__cuops_flash_bwd(const float *qkv, const int32_t *mask, const float *ctx
 }
 
 /* ---- fused attention on tensor cores (cuops_flash16.cu) ----
- * HPU_BE_UNSUPPORTED, with nothing said and nothing run, where the tiles
- * do not take hd or this GPU's blocks cannot have their shared memory:
+ * HPU_BE_UNSUPPORTED, nothing run, where the tiles do not take hd (said
+ * nowhere: the documented shapes) or this GPU's blocks cannot have their
+ * shared memory (said once: the run is then slower than it should be):
  * the ops then call flash_fwd/flash_bwd. */
 
 int hpu__cuops_flash16_fwd(const float *qkv, const int32_t *mask, float *ctx, float *lse,
@@ -419,6 +438,8 @@ int hpu__cuops_flash16_fwd(const float *qkv, const int32_t *mask, float *ctx, fl
 		return HPU_BE_UNSUPPORTED;
 	cudaError_t e = hpu__cukm_flash16_fwd(qkv, mask, ctx, lse, batch, t, heads, hd, causal,
 					      hpu__cuops_stream());
+	if (e == cudaErrorNotSupported)
+		tiles_refused("forward", hd);
 	int rc = e == cudaErrorNotSupported || hpu__cuops_cuda(e, "fused attention (bf16 tiles)")
 			 ? HPU_BE_UNSUPPORTED
 			 : HPU_BE_OK;
