@@ -139,39 +139,54 @@ HPU_ELEM int hpu__elem_nonfinite(float f)
 	return (E_BITS(f) & 0x7f800000u) == 0x7f800000u;
 }
 
-/* ---- sums of squares: device_ops.c's sumsq, block by block ---- */
+/* ---- sums of squares: device_ops.c's sumsq, block by block ----
+ * Over fp32 values g, or (g NULL) 16-bit values h widened as they are
+ * read (exactly: the same sums as over their fp32 copies, without a
+ * thread's copy of its block in local memory). */
 
-HPU_ELEM double hpu__elem_sumsq_double(const float *g, size_t n)
+/* Value i: g's, else h's widened. */
+HPU_ELEM float hpu__elem_sq_at(const float *g, int fp16, const uint16_t *h, size_t i)
+{
+	return g ? g[i] : hpu__elem_from16(fp16, h[i]);
+}
+
+HPU_ELEM double hpu__elem_sumsq_double(const float *g, int fp16, const uint16_t *h, size_t n)
 {
 	double s = 0.0;
-	for (size_t i = 0; i < n; i++)
-		s = E_DADD(s, E_DMUL((double)g[i], (double)g[i]));
+	for (size_t i = 0; i < n; i++) {
+		double v = (double)hpu__elem_sq_at(g, fp16, h, i);
+		s = E_DADD(s, E_DMUL(v, v));
+	}
 	return s;
 }
 
-HPU_ELEM float hpu__elem_sumsq_block(const float *g)
+HPU_ELEM float hpu__elem_sumsq_block(const float *g, int fp16, const uint16_t *h)
 {
 	float acc[HPU_SUMSQ_LANES];
 	for (int l = 0; l < HPU_SUMSQ_LANES; l++)
 		acc[l] = 0.0f;
 	for (int j = 0; j < HPU_SUMSQ_BLOCK; j += HPU_SUMSQ_LANES)
-		for (int l = 0; l < HPU_SUMSQ_LANES; l++)
-			acc[l] = E_ADD(acc[l], E_MUL(g[j + l], g[j + l]));
+		for (int l = 0; l < HPU_SUMSQ_LANES; l++) {
+			float v = hpu__elem_sq_at(g, fp16, h, (size_t)(j + l));
+			acc[l] = E_ADD(acc[l], E_MUL(v, v));
+		}
 	for (int w = HPU_SUMSQ_LANES / 2; w > 0; w /= 2)
 		for (int l = 0; l < w; l++)
 			acc[l] = E_ADD(acc[l], acc[l + w]);
 	return acc[0];
 }
 
-/* A part's sum of squares over x: the rest's (len < 256 values, in
- * double), else a block's of 256 (redone in double where its fp32 sum is
- * not finite). */
-HPU_ELEM double hpu__elem_sumsq_of(const float *x, size_t len, int rest)
+/* A part's sum of squares over len values: the rest's (len < 256 values,
+ * in double), else a block's of 256 (redone in double where its fp32 sum
+ * is not finite). */
+HPU_ELEM double hpu__elem_sumsq_of(const float *g, int fp16, const uint16_t *h, size_t len,
+				   int rest)
 {
 	if (rest)
-		return hpu__elem_sumsq_double(x, len);
-	float s = hpu__elem_sumsq_block(x);
-	return !hpu__elem_nonfinite(s) ? (double)s : hpu__elem_sumsq_double(x, HPU_SUMSQ_BLOCK);
+		return hpu__elem_sumsq_double(g, fp16, h, len);
+	float s = hpu__elem_sumsq_block(g, fp16, h);
+	return !hpu__elem_nonfinite(s) ? (double)s
+				       : hpu__elem_sumsq_double(g, fp16, h, HPU_SUMSQ_BLOCK);
 }
 
 /* Part b of g[n]'s sum of squares: block b's (b < n / 256), or the
@@ -180,7 +195,7 @@ HPU_ELEM double hpu__elem_sumsq_of(const float *x, size_t len, int rest)
 HPU_ELEM double hpu__elem_sumsq_part(const float *g, size_t n, size_t b)
 {
 	size_t nb = n / HPU_SUMSQ_BLOCK;
-	return hpu__elem_sumsq_of(g + b * HPU_SUMSQ_BLOCK,
+	return hpu__elem_sumsq_of(g + b * HPU_SUMSQ_BLOCK, 0, NULL,
 				  b == nb ? n - nb * HPU_SUMSQ_BLOCK : HPU_SUMSQ_BLOCK, b == nb);
 }
 
@@ -195,12 +210,8 @@ HPU_ELEM double hpu__elem_sumsq_part(const float *g, size_t n, size_t b)
 /* Part b of the chunk h[c] of 16-bit values, widened (exactly). */
 HPU_ELEM double hpu__elem_sumsq16_part(int fp16, const uint16_t *h, size_t c, size_t b)
 {
-	float x[HPU_SUMSQ_BLOCK];
 	size_t nb = c / HPU_SUMSQ_BLOCK, len = b == nb ? c - nb * HPU_SUMSQ_BLOCK : HPU_SUMSQ_BLOCK;
-	const uint16_t *y = h + b * HPU_SUMSQ_BLOCK;
-	for (size_t i = 0; i < len; i++)
-		x[i] = hpu__elem_from16(fp16, y[i]);
-	return hpu__elem_sumsq_of(x, len, b == nb);
+	return hpu__elem_sumsq_of(NULL, fp16, h + b * HPU_SUMSQ_BLOCK, len, b == nb);
 }
 
 /* part[0] + ... + part[count - 1], added in order onto 0. */
