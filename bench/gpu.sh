@@ -22,7 +22,8 @@
 #     "graphs:" lines say what was recorded or why not) (hpulaunch --device
 #     cuda --devices 1, AdamW lr 1e-3, STEPS (200) steps, the first 10 left
 #     out of samples/s) on Fashion-MNIST where it is installed, else on
-#     synthetic IDX files; the CNN again with HPU_CUDNN_FIND=1; the MLP in
+#     synthetic IDX files; the CNN again with HPU_CUDNN_FIND=1 (cuDNN's
+#     candidates and choices printed under the table: HPU_CUDNN_LOG); the MLP in
 #     fp8, eager and with --graphs (its scaling state on the device); then
 #     the peer (torch_gpu.py mlp / cnn);
 #   - the all_reduce of 64 MiB between 2 workers sharing the GPU on device
@@ -237,13 +238,13 @@ PY
     declare -A got=()
     for p in fp32 bf16; do
       prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
-      ours "ours-$m-$p" "$prec" 256 "${STEPS:-200}" 90 "$build/lib/fmnist_$m.so" -- --data "$data"
+      HPU_CUDNN_LOG=1 ours "ours-$m-$p" "$prec" 256 "${STEPS:-200}" 90 "$build/lib/fmnist_$m.so" -- --data "$data"
       got[$p]=$(cell "${sps%.*}"); got[$p-mem]=$mem; got[$p-why]=$(why "$out/ours-$m-$p.log")
     done
     if [ "$m" = cnn ]; then # the convolutions' algorithms timed by cuDNN (HPU_CUDNN_FIND=1)
       for p in fp32 bf16; do
         prec=$p; [ "$p" = bf16 ] && prec=bf16-mixed
-        HPU_CUDNN_FIND=1 ours "ours-cnn-$p-find" "$prec" 256 "${STEPS:-200}" 90 "$build/lib/fmnist_cnn.so" -- --data "$data"
+        HPU_CUDNN_FIND=1 HPU_CUDNN_LOG=1 ours "ours-cnn-$p-find" "$prec" 256 "${STEPS:-200}" 90 "$build/lib/fmnist_cnn.so" -- --data "$data"
         got[$p-find]=$(cell "${sps%.*}")
       done
     fi
@@ -470,6 +471,12 @@ fi
     else
       echo "no kernel times (HPU_PROFILE_KERNELS): $(grep -ah 'HPU_PROFILE_KERNELS' "$out/trace-$n.log" | head -1 | cut -c1-150)"
     fi
+  done
+  for f in "$out"/ours-cnn-*.log; do
+    grep -q 'cudnn: ' "$f" 2>/dev/null || continue
+    echo
+    echo "cuDNN's candidates in $(basename "$f" .log) (HPU_CUDNN_LOG: algorithm:ms, d/n deterministic, f/t math, MiB; x: not taken by the exact rule, *: chosen):"
+    grep -a -o 'cudnn: .*' "$f" | sort -u | cut -c8-300 | sed 's/^/  /'
   done
   for n in bf16 fused; do
     k=$out/mempeak-gpt2-$n/memory-peak-rank0.txt

@@ -78,6 +78,14 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "1: on --device cuda, each convolution shape's algorithms are timed "
 	    "by cuDNN once (its Find) and the fastest exact, deterministic one "
 	    "kept; 0: cuDNN's heuristics choose"),
+	VAR(HPU_CUDNN_LOG, "0", "hpu-worker",
+	    "1: on --device cuda, each new convolution shape's algorithm "
+	    "candidates (cuDNN's heuristics', or Find's with their times under "
+	    "`HPU_CUDNN_FIND=1`) and the ones chosen, one line a direction on "
+	    "stderr (`hpu-worker: cudnn: ...`: algorithm:ms, d or n "
+	    "deterministic, f or t the math, MiB of workspace, x where the exact "
+	    "rule takes none such, * the choice); bench/gpu.sh prints them for "
+	    "the CNN"),
 	VAR(HPU_FUSED_ATTENTION, "0", "hpu-worker",
 	    "1: the attention layer runs fused (flash-style) kernels, keeping "
 	    "each query's log-sum-exp instead of the [B, heads, T, T] "

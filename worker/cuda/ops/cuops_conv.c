@@ -5,7 +5,8 @@
  * filter and convolution descriptors and the three algorithms, picked by
  * cuDNN's heuristics (no benchmarking) among the GEMM-like ones that fit
  * the workspace, deterministic ones first (HPU_CUDNN_FIND=1: timed by
- * cuDNN's Find rather than guessed). fp32: CUDNN_FMA_MATH (no TF32) unless
+ * cuDNN's Find rather than guessed; HPU_CUDNN_LOG=1 prints each plan's
+ * candidates and choices). fp32: CUDNN_FMA_MATH (no TF32) unless
  * hpu__cuda_ops_allow_tf32 said so. bf16 inputs: cuDNN's legacy API
  * writes bf16 outputs only, while the table's outputs (and dw's
  * accumulation) are fp32, so the bf16 operands are widened to fp32 in
@@ -157,6 +158,42 @@ static int find_algorithms(void)
 	return e && !strcmp(e, "1");
 }
 
+/* HPU_CUDNN_LOG=1: each new plan's candidates and choices on stderr, one
+ * line a direction (for bench/gpu.sh: which algorithms the exact,
+ * deterministic-first rule left out, and at what time where Find timed
+ * them). */
+static int log_algorithms(void)
+{
+	const char *e = getenv("HPU_CUDNN_LOG");
+	return e && !strcmp(e, "1");
+}
+
+/* One direction's line: each candidate as algo:ms (-1: not timed, the
+ * heuristics'), d (deterministic) or n, MiB of workspace, x where our
+ * rule takes no such algorithm (transform-based) or it failed, * on the
+ * one chosen. */
+#define LOG_DIR(dir, res, got, exact, chosen)                                                \
+	do {                                                                           \
+		char line_[1024];                                                      \
+		size_t at_ = 0;                                                        \
+		for (int i_ = 0; i_ < (got) && at_ < sizeof line_ - 64; i_++)          \
+			at_ += (size_t)snprintf(                                       \
+				line_ + at_, sizeof line_ - at_, " %d:%.3f%s%s%.0f%s",  \
+				(int)(res)[i_].algo, (double)(res)[i_].time,          \
+				(res)[i_].determinism == CUDNN_DETERMINISTIC ? "d" : "n", \
+				(res)[i_].mathType == CUDNN_FMA_MATH ? "f" : "t",     \
+				(double)(res)[i_].memory / 1048576.0,                   \
+				(res)[i_].status != CUDNN_STATUS_SUCCESS ||            \
+						!exact((res)[i_].algo)                 \
+					? "x"                                          \
+				: (res)[i_].algo == (chosen) ? "*" : "");              \
+		fprintf(stderr, "hpu-worker: cudnn: %dx%dx%dx%d, %d filters %dx%d, stride %d, pad " \
+				"%d, %s, %s:%s\n",                                      \
+			p->s.batch, p->s.in_ch, p->s.height, p->s.width, p->s.out_ch,  \
+			p->s.kernel, p->s.kernel, p->s.stride, p->s.pad,               \
+			p->tf32 ? "tensor ops" : "fp32 FMA", dir, line_);              \
+	} while (0)
+
 static int algorithms(hpu__cuops_ctx *c, hpu__cuops_conv_plan *p)
 {
 	cudnnConvolutionFwdAlgoPerf_t fr[NALGO];
@@ -194,6 +231,11 @@ static int algorithms(hpu__cuops_ctx *c, hpu__cuops_conv_plan *p)
 	PICK(fr, nf, p->tf32, exact_fwd, p->fwd, p->ws_fwd, math[0]);
 	PICK(dr, nd, p->tf32, exact_data, p->bwd_data, p->ws_data, math[1]);
 	PICK(wr, nw, p->tf32, exact_filter, p->bwd_filter, p->ws_filter, math[2]);
+	if (log_algorithms()) {
+		LOG_DIR(find_algorithms() ? "forward (timed)" : "forward", fr, nf, exact_fwd, p->fwd);
+		LOG_DIR("backward data", dr, nd, exact_data, p->bwd_data);
+		LOG_DIR("backward filter", wr, nw, exact_filter, p->bwd_filter);
+	}
 	/* each direction runs with its algorithm's math (fp32 without TF32
 	 * keeps FMA math whatever the heuristic said) */
 	for (int i = 0; p->tf32 && i < 3; i++)
