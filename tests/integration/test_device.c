@@ -573,19 +573,27 @@ static long step_waits(int step, const char *const *extra)
  * deferred checks come back together (hpu__dev_d2h_n). The batch and the
  * learning rate go in without a wait (hpu__dev_copy_queued). A
  * recordable step (HPU_STRICT_STEP=1) and a replayed one (--graphs: steps
- * 4 to 6 after 3 eager ones) wait once, for their result. */
+ * 4 to 6 after 3 eager ones) wait once, for their result; so does an
+ * eager step under --graphs with two micro-steps (its batches in the
+ * recordings' input buffers). Every run here also passes cpu-strict's
+ * check that no queued copy's source is rewritten before the next wait
+ * (the job would fail): with two micro-steps the loader reuses its
+ * buffers inside the step, so there each batch's copy waits. */
 static void test_waits(void **state)
 {
 	(void)state;
 	assert_int_equal(step_waits(2, NULL), 3);
 	assert_int_equal(step_waits(6, (const char *const[]){"--graphs", NULL}), 1);
+	assert_int_equal(step_waits(2, (const char *const[]){"--graphs", "--grad-accum", "2", NULL}),
+			 1);
+	/* two micro-steps: each one's batch waits, as does each one's loss */
+	assert_int_equal(step_waits(2, (const char *const[]){"--grad-accum", "2", NULL}), 8);
 	assert_int_equal(setenv("HPU_STRICT_STEP", "1", 1), 0);
 	long strict = step_waits(2, NULL);
+	long strict2 = step_waits(2, (const char *const[]){"--grad-accum", "2", NULL});
 	assert_int_equal(unsetenv("HPU_STRICT_STEP"), 0);
 	assert_int_equal(strict, 1);
-	/* two micro-steps: each one's batch waits (the loader reuses its
-	 * buffers inside the step), as does each one's loss */
-	assert_int_equal(step_waits(2, (const char *const[]){"--grad-accum", "2", NULL}), 8);
+	assert_int_equal(strict2, 5);
 }
 
 /* ---- the bytes a step copies, as the placement plan says ---- */

@@ -4,7 +4,9 @@
  * accounting on its arena, fresh blocks zeroed after reuse, nested device
  * calls, and the fault -- host code touching device memory outside a
  * device call exits with one line naming the rank and the block; the
- * default device-memory limit's division among the workers. */
+ * default device-memory limit's division among the workers; a copy
+ * queued without a wait whose source the host rewrites before its next
+ * wait ends the worker naming it, and the waits are counted. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -488,6 +490,69 @@ static void test_step_guard(void **state)
 	}
 }
 
+/* ---- a queued copy's source, and the waits ---- */
+
+/* Queues a copy from pinned memory, then (rewrite_early) rewrites the
+ * source before the host's next wait, or after it: the race a GPU would
+ * have, caught by cpu-strict at the wait; and the waits counted. */
+static void queued(int rewrite_early)
+{
+	if (open_dev("cpu-strict", 2) < 0)
+		_exit(9);
+	float *pin = hpu__dev_host_alloc(64 * 4), *d = hpu__dev_alloc(HPU_MEM_OTHER, 64 * 4, "lr");
+	float back[64];
+	for (int i = 0; i < 64; i++)
+		pin[i] = (float)i;
+	uint64_t w0 = hpu__dev_waits();
+	hpu__dev_copy_queued(d, pin, 64 * 4); /* no wait */
+	if (hpu__dev_waits() != w0)
+		_exit(7);
+	if (rewrite_early)
+		pin[5] = -1.0f; /* the host's next step, too early */
+	hpu__dev_span sp[2] = {{back, d, 64 * 4}, {back, d, 0}};
+	hpu__dev_d2h_n(sp, 2); /* one wait for both */
+	if (hpu__dev_waits() != w0 + 1 || back[63] != 63.0f)
+		_exit(6);
+	pin[5] = -2.0f; /* after the wait: the copy has read it */
+	hpu__dev_copy(d, pin, 64 * 4); /* an h2d that waits */
+	hpu__dev_d2h(NULL, back, d, 64 * 4);
+	if (hpu__dev_waits() != w0 + 3 || back[5] != -2.0f)
+		_exit(5);
+	close_dev();
+	_exit(0);
+}
+
+static void queued_early(void)
+{
+	queued(1);
+}
+
+static void queued_late(void)
+{
+	queued(0);
+}
+
+static void test_queued_copy(void **state)
+{
+	(void)state;
+	char *text;
+	int st = in_child(queued_late, &text);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_string_equal(text, "");
+	free(text);
+	st = in_child(queued_early, &text);
+	printf("  %s", text);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_non_null(strstr(text, "hpu-worker: rank 2: cpu-strict: the host rewrote the source of "
+				     "a queued copy (hpu__dev_copy_queued, 256 bytes of pinned "
+				     "memory at "));
+	assert_non_null(strstr(text, ") before its next wait on the device: on a GPU the copy could "
+				     "read the new bytes\n"));
+	free(text);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -498,6 +563,7 @@ int main(void)
 	    cmocka_unit_test(test_strict_fault),
 	    cmocka_unit_test(test_strict_host_memory),
 	    cmocka_unit_test(test_step_guard),
+	    cmocka_unit_test(test_queued_copy),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -343,6 +343,7 @@ uint64_t hpu__dev_default_memory(uint64_t capacity, int sharers, uint64_t host_b
 
 void hpu__dev_close(void)
 {
+	hpu__dev_queued_clear(0);
 	hpu__devmem_set_backing(NULL);
 	hpu__dev_cur->teardown();
 	if (hpu__dev_kernels_set || table_set)

@@ -558,7 +558,10 @@ void hpu__dev_copy(void *dst, const void *src, size_t n);
  * the caller leaves the source unchanged until its next wait on the
  * device (a copy into host memory, a value, a sync: hpu__dev_waits). An
  * eager step's learning rate and its batch go in so, the step's result
- * read at its end being that wait. */
+ * read at its end being that wait. cpu-strict, which copies at once,
+ * keeps the source's bytes and compares them at the next wait: a source
+ * rewritten before it ends the worker with one line naming the copy (on
+ * a GPU the copy could have read the new bytes). */
 void hpu__dev_copy_queued(void *dst, const void *src, size_t n);
 
 /* Copies from device memory into host memory, each as hpu__dev_copy's

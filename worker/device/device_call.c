@@ -6,9 +6,11 @@
 #include "worker/device/device_impl.h"
 #include "worker/ops/fp8.h" /* hpu__op_layer_name: the layer running */
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* ---- the step guard ---- */
@@ -61,12 +63,74 @@ void hpu__dev_step_value(const char *op, const void *src)
 	step_caught(op, what);
 }
 
-/* ---- the host's waits for the device ---- */
+/* ---- the host's waits for the device ----
+ * and, on cpu-strict, the sources of the copies queued since the last
+ * wait (hpu__dev_copy_queued): each kept as it was when queued and
+ * compared at the next wait. cpu-strict copies at once, so a source the
+ * host rewrote before that wait would pass there; on a GPU the queued
+ * copy may read it only later: the worker ends naming it. */
+
+typedef struct queued {
+	const char *op;
+	const void *src;
+	size_t n;
+	void *was; /* the bytes when queued */
+} queued;
+
+static pthread_mutex_t queued_mu = PTHREAD_MUTEX_INITIALIZER;
+static queued *queued_v;
+static size_t queued_n, queued_cap;
+
+void hpu__dev_queued_note(const char *op, const void *src, size_t n)
+{
+	if (hpu__dev_cur != &hpu__dev_cpu_strict || !n)
+		return;
+	void *was = malloc(n);
+	if (!was)
+		return; /* unchecked, not wrong */
+	memcpy(was, src, n);
+	pthread_mutex_lock(&queued_mu);
+	if (queued_n == queued_cap) {
+		size_t cap = queued_cap ? 2 * queued_cap : 8;
+		queued *v = realloc(queued_v, cap * sizeof *v);
+		if (!v) {
+			pthread_mutex_unlock(&queued_mu);
+			free(was);
+			return;
+		}
+		queued_v = v;
+		queued_cap = cap;
+	}
+	queued_v[queued_n++] = (queued){op, src, n, was};
+	pthread_mutex_unlock(&queued_mu);
+}
+
+void hpu__dev_queued_clear(int check)
+{
+	pthread_mutex_lock(&queued_mu);
+	for (size_t i = 0; i < queued_n; i++) {
+		queued *q = &queued_v[i];
+		if (check && memcmp(q->src, q->was, q->n)) {
+			fprintf(stderr,
+				"hpu-worker: rank %d: cpu-strict: the host rewrote the source of a "
+				"queued copy (%s, %zu bytes of pinned memory at %p) before its next "
+				"wait on the device: on a GPU the copy could read the new bytes\n",
+				hpu__dev_cur_rank, q->op, q->n, q->src);
+			fflush(stderr);
+			_exit(1);
+		}
+		free(q->was);
+	}
+	queued_n = 0;
+	pthread_mutex_unlock(&queued_mu);
+}
 
 void hpu__dev_waited(void)
 {
 	if (hpu__dev_cur->owns)
 		atomic_fetch_add(&hpu__dev_wait_count, 1);
+	if (hpu__dev_cur == &hpu__dev_cpu_strict)
+		hpu__dev_queued_clear(1);
 }
 
 uint64_t hpu__dev_waits(void)

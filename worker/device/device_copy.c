@@ -100,7 +100,7 @@ void hpu__dev_h2d(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 		return;
 	}
 	atomic_fetch_add(&hpu__dev_copied_h2d, n);
-	if (!hpu__dev_capturing()) /* the source may change once it returns */
+	if (n && !hpu__dev_capturing()) /* the source may change once it returns */
 		hpu__dev_waited();
 	copy(q, dst, src, n);
 }
@@ -114,7 +114,8 @@ void hpu__dev_d2h(hpu__dev_queue *q, void *dst, const void *src, size_t n)
 	}
 	hpu__dev_step_copy("hpu__dev_d2h", dst, src, n);
 	atomic_fetch_add(&hpu__dev_copied_d2h, n);
-	hpu__dev_waited();
+	if (n)
+		hpu__dev_waited();
 	copy(q, dst, src, n);
 }
 
@@ -195,6 +196,7 @@ void hpu__dev_copy_queued(void *dst, const void *src, size_t n)
 	}
 	hpu__dev_rec_foreign("hpu__dev_copy_queued");
 	atomic_fetch_add(&hpu__dev_copied_h2d, n);
+	hpu__dev_queued_note("hpu__dev_copy_queued", src, n);
 	hpu__dev_call_open();
 	if (hpu__dev_cur->copy_queued)
 		hpu__dev_cur->copy_queued(NULL, dst, src, n);
@@ -213,6 +215,8 @@ void hpu__dev_d2h_n(const hpu__dev_span *c, int n)
 {
 	int queued = 0;
 	for (int i = 0; i < n; i++) {
+		if (!c[i].n)
+			continue;
 		if (!hpu__dev_cur->owns || !queues(&c[i])) {
 			hpu__dev_copy(c[i].dst, c[i].src, c[i].n);
 			continue;

@@ -42,6 +42,12 @@ extern atomic_uint_fast64_t hpu__dev_copied_h2d, hpu__dev_copied_d2h;
  * one where the device's memory is its own. */
 extern atomic_uint_fast64_t hpu__dev_wait_count;
 void hpu__dev_waited(void);
+/* cpu-strict's check of hpu__dev_copy_queued (device_call.c): the
+ * source's n bytes at src kept now, compared at the next wait
+ * (hpu__dev_waited), where a difference ends the worker naming op;
+ * hpu__dev_queued_clear(0) forgets them (the device closing). */
+void hpu__dev_queued_note(const char *op, const void *src, size_t n);
+void hpu__dev_queued_clear(int check);
 /* The step guard (hpu__dev_step_guard): hpu__dev_step_strict is
  * HPU_STRICT_STEP=1 on cpu-strict, read when the device opens;
  * hpu__dev_step_on is the guard, set by the main thread and read by any

@@ -151,10 +151,13 @@ static int micro_batch(loop *L, size_t s, int k, int more, const hpu_batch **bt)
 }
 
 /* Micro-step k's forward and backward on bt, the step guard on (nothing
- * back to the host: device.h; the loader's wait stays outside). */
-static int micro_work(loop *L, const hpu_batch *bt, int k)
+ * back to the host: device.h; the loader's wait stays outside). `held`:
+ * bt's buffers stay as they are until the step's result is read
+ * (hpu__strat_batch_held). */
+static int micro_work(loop *L, const hpu_batch *bt, int k, int held)
 {
 	const float scale = 1.0f / (float)(L->world * L->accum);
+	hpu__strat_batch_held(L->st, held);
 	hpu__dev_step_guard(1);
 	int64_t t0 = hpu__prof_t0();
 	int rc = hpu__strat_forward(L->st, bt, k, L->accum, -1);
@@ -204,7 +207,9 @@ int hpu__loop_train_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 	step_begin(L, gstep);
 	for (int k = 0; k < L->accum; k++) {
 		const hpu_batch *bt;
-		if (micro_batch(L, s, k, more, &bt) < 0 || micro_work(L, bt, k) < 0)
+		/* the loader's buffer: held at one micro-step (with more, it
+		 * fills this one again for micro-step k + 2 of the step) */
+		if (micro_batch(L, s, k, more, &bt) < 0 || micro_work(L, bt, k, L->accum == 1) < 0)
 			return -1;
 	}
 	int64_t t0 = hpu__prof_t0();
@@ -245,7 +250,7 @@ static int graphs_agree(void *arg, int *who, char *why, size_t len)
 static int step_work(loop *L, const hpu_batch *const *bt, double lr)
 {
 	for (int k = 0; k < L->accum; k++)
-		if (micro_work(L, bt[k], k) < 0)
+		if (micro_work(L, bt[k], k, 1) < 0) /* --graphs' input buffers: held */
 			return -1;
 	/* the update's span alone, after forward and backward, as an eager
 	 * step's (a replay has graph_replay instead) */

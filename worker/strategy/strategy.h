@@ -54,6 +54,15 @@ const hpu_ctx *hpu__strat_ctx(const hpu_strat *s);
  * those tensor `want` depends on. */
 int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want);
 
+/* For the next hpu__strat_forward only: 1 when its batch is held, the
+ * host leaving bt's buffers as they are until this training step's
+ * result has been read (hpu__strat_step_result waits for the device):
+ * the batch then goes in without a wait (hpu__dev_copy_queued). The
+ * loop says so for the loader's buffer at one micro-step (the loader
+ * fills it again for the step after next, asked for after that read)
+ * and for --graphs' input buffers (filled again at the next step). */
+void hpu__strat_batch_held(hpu_strat *s, int held);
+
 /* Tensor t after a forward (its rows of the batch) where the host may
  * read it (a copy where it may not read device memory), or NULL. */
 const void *hpu__strat_tensor(hpu_strat *s, int t);

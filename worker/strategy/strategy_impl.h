@@ -148,6 +148,7 @@ struct hpu_strat {
 	flight *q;         /* FIFO of gradient collectives */
 	int qhead, qn;
 	int micro;         /* the micro-step in backward */
+	int batch_held;    /* hpu__strat_batch_held, for the next forward */
 	float **lcp, **lgs; /* mixed: per layer, fp32 parameters (their values
 			     * made as read: hpu__ac_param16_add) / gradients */
 	float *B;          /* buffers, whole on every rank */

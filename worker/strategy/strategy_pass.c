@@ -230,10 +230,9 @@ void hpu__strat_set_pos(hpu_strat *s, int train, long step, long epoch)
 /* Dataset field t of the batch: read in place where the host may read
  * device memory, else copied into the device's buffer for it (the batch
  * in). */
-/* Dataset field t of the batch (n samples at host) onto the device. A
- * training step of one micro-step queues the copy without waiting for it:
- * the loader fills that buffer again only for the step after next, asked
- * for once this step's result was read (a wait). */
+/* Dataset field t of the batch (n samples at host) onto the device;
+ * queued without a wait where the loop said the batch is held
+ * (hpu__strat_batch_held). */
 static int batch_in(hpu_strat *s, int t, void *host, int n, int queued)
 {
 	size_t numel = s->b->tensors[t].sample_numel;
@@ -255,6 +254,11 @@ static int batch_in(hpu_strat *s, int t, void *host, int n, int queued)
 	return 0;
 }
 
+void hpu__strat_batch_held(hpu_strat *s, int held)
+{
+	s->batch_held = held != 0;
+}
+
 int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, int want)
 {
 	hpu_builder *b = s->b;
@@ -271,7 +275,8 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 		hpu__checks_disarm(); /* evaluation checks as before */
 	else if (defer && hpu__vars_checks_arm(s) < 0)
 		return -1;
-	int queued = s->ctx.train && want < 0 && accum == 1;
+	int queued = s->batch_held && s->ctx.train && want < 0;
+	s->batch_held = 0; /* the next forward's own */
 	for (int t = 0; t < b->ntensors; t++)
 		if (b->tensors[t].producer < 0 &&
 		    batch_in(s, t, bt->data[b->tensors[t].field], bt->n, queued) < 0)
