@@ -187,6 +187,18 @@ void hpu__dev_copy(void *dst, const void *src, size_t n)
 		memmove(dst, src, n);
 }
 
+/* A copy on the default queue, not waited for where the device can
+ * leave it queued (copy_queued), else done now. */
+static void issue_queued(void *dst, const void *src, size_t n)
+{
+	hpu__dev_call_open();
+	if (hpu__dev_cur->copy_queued)
+		hpu__dev_cur->copy_queued(NULL, dst, src, n);
+	else
+		hpu__dev_cur->copy(NULL, dst, src, n);
+	hpu__dev_call_close();
+}
+
 void hpu__dev_copy_queued(void *dst, const void *src, size_t n)
 {
 	if (!hpu__dev_cur->owns || !n || hpu__dev_capturing() || hpu__dev_rec_listing() ||
@@ -197,12 +209,7 @@ void hpu__dev_copy_queued(void *dst, const void *src, size_t n)
 	hpu__dev_rec_foreign("hpu__dev_copy_queued");
 	atomic_fetch_add(&hpu__dev_copied_h2d, n);
 	hpu__dev_queued_note("hpu__dev_copy_queued", src, n);
-	hpu__dev_call_open();
-	if (hpu__dev_cur->copy_queued)
-		hpu__dev_cur->copy_queued(NULL, dst, src, n);
-	else
-		hpu__dev_cur->copy(NULL, dst, src, n);
-	hpu__dev_call_close();
+	issue_queued(dst, src, n);
 }
 
 /* A span hpu__dev_d2h_n queues: from device memory into host memory. */
@@ -228,12 +235,7 @@ void hpu__dev_d2h_n(const hpu__dev_span *c, int n)
 		}
 		hpu__dev_step_copy("hpu__dev_d2h_n", c[i].dst, c[i].src, c[i].n);
 		atomic_fetch_add(&hpu__dev_copied_d2h, c[i].n);
-		hpu__dev_call_open();
-		if (hpu__dev_cur->copy_queued)
-			hpu__dev_cur->copy_queued(NULL, c[i].dst, c[i].src, c[i].n);
-		else
-			hpu__dev_cur->copy(NULL, c[i].dst, c[i].src, c[i].n);
-		hpu__dev_call_close();
+		issue_queued(c[i].dst, c[i].src, c[i].n);
 		queued++;
 	}
 	if (!queued)
