@@ -151,8 +151,12 @@ static void test_worker_knob_values(void **state)
 		{"HPU_FUSED_ATTENTION=yes", "HPU_FUSED_ATTENTION=yes: must be 0 or 1"},
 		{"HPU_STRICT_STEP=2", "HPU_STRICT_STEP=2: must be 0 or 1"},
 		{"HPU_BACKEND=bogus", "HPU_BACKEND=bogus: must be onednn (the default) or reference"},
-		{"HPU_FP8_NATIVE=on", "HPU_FP8_NATIVE=on: must be 0 or 1"}};
-	for (int k = 0; k < 4; k++) {
+		{"HPU_FP8_NATIVE=on", "HPU_FP8_NATIVE=on: must be 0 or 1"},
+		/* these three ran as off */
+		{"HPU_STRICT_KERNELS=true", "HPU_STRICT_KERNELS=true: must be 0 or 1"},
+		{"HPU_CUDNN_FIND=yes", "HPU_CUDNN_FIND=yes: must be 0 or 1"},
+		{"HPU_CUDNN_LOG=2", "HPU_CUDNN_LOG=2: must be 0 or 1"}};
+	for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++) {
 		char *env[] = {(char *)knobs[k][0], NULL};
 		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1",
 				"--no-eval", (char *)MODEL, NULL};

@@ -282,25 +282,21 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	long fused = 0; /* read by the attention layer when it is declared */
-	if (hpu__env_long(HPU_ENV_HPU_FUSED_ATTENTION, 0, 1, &fused) < 0) {
-		hpu__log(HPU_LOG_ERROR, "HPU_FUSED_ATTENTION=%s: must be 0 or 1",
-			 hpu__env_str(HPU_ENV_HPU_FUSED_ATTENTION));
-		return 2;
-	}
-	long native = 1; /* read by fp8's linear (worker/ops/fp8.c) */
-	if (hpu__env_long(HPU_ENV_HPU_FP8_NATIVE, 0, 1, &native) < 0) {
-		hpu__log(HPU_LOG_ERROR, "HPU_FP8_NATIVE=%s: must be 0 or 1",
-			 hpu__env_str(HPU_ENV_HPU_FP8_NATIVE));
-		return 2;
-	}
-	/* read where they act, taking one value each: another one meant the
-	 * default without a word */
-	long strict = 0;
-	if (hpu__env_long(HPU_ENV_HPU_STRICT_STEP, 0, 1, &strict) < 0) {
-		hpu__log(HPU_LOG_ERROR, "HPU_STRICT_STEP=%s: must be 0 or 1",
-			 hpu__env_str(HPU_ENV_HPU_STRICT_STEP));
-		return 2;
+	/* The switches read where they act, each taking 0 or 1: another
+	 * value (true, yes, 2) meant the default there without a word. */
+	static const hpu_env_id flags[] = {
+		HPU_ENV_HPU_FUSED_ATTENTION, /* by the attention layer when declared */
+		HPU_ENV_HPU_FP8_NATIVE,	     /* by fp8's linear (worker/ops/fp8.c) */
+		HPU_ENV_HPU_STRICT_STEP,     HPU_ENV_HPU_STRICT_KERNELS,
+		HPU_ENV_HPU_CUDNN_FIND,	     HPU_ENV_HPU_CUDNN_LOG,
+	};
+	for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
+		long v;
+		if (hpu__env_long(flags[k], 0, 1, &v) < 0) {
+			hpu__log(HPU_LOG_ERROR, "%s=%s: must be 0 or 1", hpu__env_name(flags[k]),
+				 hpu__env_str(flags[k]));
+			return 2;
+		}
 	}
 	const char *be = hpu__env_str(HPU_ENV_HPU_BACKEND);
 	if (be && *be && strcmp(be, "onednn") && strcmp(be, "reference")) {
