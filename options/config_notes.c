@@ -131,6 +131,11 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 	if (!o->graphs)
 		unread(o, f, prog, (const char *const[]){"graphs-warmup", "pad-last-batch", NULL},
 		       "without --graphs");
+	if (o->device == HPU_DEVICE_CPU || o->device == HPU_DEVICE_CPU_STRICT) {
+		snprintf(why, sizeof why, "on --device %s: its fp32 products stay fp32",
+			 hpu__device_name(o->device));
+		unread(o, f, prog, (const char *const[]){"allow-tf32", NULL}, why);
+	}
 	const char *strat = hpu__strategy_name(o->strategy);
 	if (o->strategy != HPU_STRATEGY_ZERO3) {
 		snprintf(why, sizeof why, "under --strategy %s: they are zero3's", strat);

@@ -1054,6 +1054,17 @@ static void test_unread_options_noted(void **state)
 	t = notes_of("{}", somewhere, &o);
 	assert_null(strstr(t, "--stop-at-step"));
 	free(t);
+	/* --allow-tf32 on a CPU device (accepted, as PyTorch's flag is on a
+	 * CPU, and said only under the worker's --verbose) */
+	char *tf32[] = {"allow-tf32", NULL, "device", "cpu-strict", NULL};
+	t = notes_of("{}", tf32, &o);
+	assert_has(t, "hpulaunch: note: --allow-tf32 has no effect on --device cpu-strict: its fp32 "
+		      "products stay fp32\n");
+	free(t);
+	char *tf32_cuda[] = {"allow-tf32", NULL, "device", "cuda", NULL};
+	t = notes_of("{}", tf32_cuda, &o);
+	assert_null(strstr(t, "no effect"));
+	free(t);
 	char *used[] = {"optimizer", "sgd", "momentum", "0.5", "graphs-warmup", "2", NULL};
 	t = notes_of("{\"fp16\": {\"enabled\": true, \"loss_scale\": 128}, "
 		     "\"use_hpu_graphs_for_training\": true}", used, &o);
