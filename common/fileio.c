@@ -450,8 +450,17 @@ int hpu__make_dirs(const char *path, char *at, size_t atlen)
 			continue;
 		char c = *s;
 		*s = '\0';
-		if (mkdir(at, 0755) < 0 && errno != EEXIST)
-			return -1;
+		if (mkdir(at, 0755) < 0) {
+			struct stat st;
+			if (errno != EEXIST)
+				return -1;
+			/* a file by that name is no directory (a later
+			 * component says so itself: ENOTDIR) */
+			if (stat(at, &st) == 0 && !S_ISDIR(st.st_mode)) {
+				errno = ENOTDIR;
+				return -1;
+			}
+		}
 		*s = c;
 		if (!c)
 			return 0;

@@ -161,6 +161,26 @@ static void test_write_atomic(void **state)
 	assert_non_null(strstr(err, "cannot open directory "));
 }
 
+/* Directories made with their parents; a file in the way of the last
+ * component is no directory (it was taken as one: HPU_MEMORY_PEAK=FILE
+ * found out only when it wrote its report). */
+static void test_make_dirs(void **state)
+{
+	(void)state;
+	char err[512];
+	struct stat st;
+	assert_int_equal(hpu__make_dirs_said("test", tmp_at("a/b/c"), err, sizeof err), 0);
+	assert_int_equal(stat(tmp_at("a/b/c"), &st), 0);
+	assert_true(S_ISDIR(st.st_mode));
+	assert_int_equal(hpu__make_dirs_said("test", tmp_at("a/b/c/"), err, sizeof err), 0);
+	put(tmp_at("f"), "x", 1);
+	assert_int_equal(hpu__make_dirs_said("test", tmp_at("f"), err, sizeof err), -1);
+	assert_non_null(strstr(err, "cannot make the test directory "));
+	assert_non_null(strstr(err, "/f: Not a directory"));
+	assert_int_equal(hpu__make_dirs_said("test", tmp_at("f/sub"), err, sizeof err), -1);
+	assert_non_null(strstr(err, "Not a directory"));
+}
+
 /* An abandoned outfile leaves the old file and no temporary one; a
  * committed stream replaces it whole. */
 static void test_outfile(void **state)
@@ -396,7 +416,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_open_input), cmocka_unit_test(test_read),
-		cmocka_unit_test(test_write_atomic), cmocka_unit_test(test_outfile),
+		cmocka_unit_test(test_write_atomic), cmocka_unit_test(test_make_dirs),
+		cmocka_unit_test(test_outfile),
 		cmocka_unit_test(test_outfile_dangling_link),
 		cmocka_unit_test(test_outfile_guard),
 		cmocka_unit_test(test_hex), cmocka_unit_test(test_shm_names),
