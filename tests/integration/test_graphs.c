@@ -91,7 +91,7 @@ static long number_after(const char *out, const char *key)
 	return p ? strtol(p + strlen(key), NULL, 10) : -1;
 }
 
-/* "graphs: R step(s) replayed from N recording(s)[, D from a recording
+/* "graphs: R step(s) launched from N recording(s)[, D from a recording
  * its check refused], E run eagerly": replayed is R + D, the steps
  * launched from a recording */
 static void replays(const char *out, long *replayed, long *recorded, long *eager)
@@ -100,10 +100,10 @@ static void replays(const char *out, long *replayed, long *recorded, long *eager
 	*replayed = *recorded = *eager = -1;
 	for (; p; p = strstr(p + 1, "graphs: ")) {
 		long a, b, c, d = 0;
-		const char *from = strstr(p, " replayed from "), *nl = strchr(p, '\n');
+		const char *from = strstr(p, " launched from "), *nl = strchr(p, '\n');
 		const char *run = strstr(p, " run eagerly");
 		if (sscanf(p, "graphs: %ld step", &a) != 1 || !from || !run || (nl && run > nl) ||
-		    from > run || sscanf(from, " replayed from %ld recording", &b) != 1)
+		    from > run || sscanf(from, " launched from %ld recording", &b) != 1)
 			continue;
 		const char *r = strstr(from, " from a recording its check refused");
 		if (r && r < run) {
@@ -445,7 +445,7 @@ static void test_step_values_refused(void **state)
 	assert_int_equal(recorded, 0);
 	assert_int_equal(replayed, 1); /* step 3's recording, launched at once */
 	/* said as such (it was "1 steps replayed from 0 recordings") */
-	assert_non_null(strstr(ob, "graphs: 0 steps replayed from 0 recordings, 1 from a "
+	assert_non_null(strstr(ob, "graphs: 0 steps launched from 0 recordings, 1 from a "
 				   "recording its check refused, 11 run eagerly"));
 	assert_true(same_file("anneal-eager", "anneal-graphs"));
 	free(oa);
@@ -568,6 +568,10 @@ static void test_cpu_kernel_refused(void **state)
 	char *oc = finish_with(&r, 1, MODEL, MLP_ARGS);
 	assert_non_null(strstr(oc, "the device cpu-strict has no kernel for hpu_linear_forward "
 				   "(gemm fp32, "));
+	/* and says why the same run trains without --graphs */
+	assert_non_null(strstr(oc, "): HPU_BACKEND=reference has C loops, not kernels, for it, and "
+				   "only kernels may touch this device's memory here (--graphs or "
+				   "HPU_STRICT_KERNELS=1)"));
 	free(oa);
 	free(ob);
 	free(oc);
@@ -674,8 +678,8 @@ static void evaluation_on(const char *dev)
 		fprintf(stderr, "eager:\n%s--graphs:\n%s--graphs output:\n%s\n", va, vb, ob);
 	assert_non_null(strstr(ob, "graphs: evaluation: recorded the batch of 32 samples: "));
 	assert_non_null(strstr(ob, "graphs: evaluation: recorded the batch of 28 samples: "));
-	assert_non_null(strstr(ob, "graphs: 5 steps replayed from 1 recording, 1 run eagerly; "
-				   "evaluation: 4 batches replayed from 2 recordings, 2 run "
+	assert_non_null(strstr(ob, "graphs: 5 steps launched from 1 recording, 1 run eagerly; "
+				   "evaluation: 4 batches launched from 2 recordings, 2 run "
 				   "eagerly; 3 recordings kept\n"));
 	assert_int_equal(recorded, 1);
 	assert_int_equal(number_after(va, "\"val_samples\":"), 60);
@@ -689,8 +693,8 @@ static void evaluation_on(const char *dev)
 	       line ? line : "none");
 	assert_non_null(strstr(oc, "graphs: evaluation: recorded the batch of 32 samples: "));
 	assert_null(strstr(oc, "graphs: evaluation: recorded the batch of 28"));
-	assert_non_null(strstr(oc, "graphs: 5 steps replayed from 1 recording, 1 run eagerly; "
-				   "evaluation: 5 batches replayed from 1 recording, 1 run eagerly; "
+	assert_non_null(strstr(oc, "graphs: 5 steps launched from 1 recording, 1 run eagerly; "
+				   "evaluation: 5 batches launched from 1 recording, 1 run eagerly; "
 				   "2 recordings kept\n"));
 	assert_string_equal(va, vc);
 	assert_true(same_file(ea, ec));
@@ -738,7 +742,7 @@ static void test_eval_only(void **state)
 	printf("  --eval-only --graphs: %.*s\n", line ? (int)strcspn(line, "\n") : 4,
 	       line ? line : "none");
 	assert_non_null(strstr(ob, "graphs: evaluation: recorded the batch of 32 samples: "));
-	assert_non_null(strstr(ob, "; evaluation: 310 batches replayed from 1 recording, 3 run "
+	assert_non_null(strstr(ob, "; evaluation: 310 batches launched from 1 recording, 3 run "
 				   "eagerly; 1 recording kept\n"));
 	assert_string_equal(fa, fb);
 	free(fa);
@@ -769,7 +773,7 @@ static void test_evaluation_refused(void **state)
 				    "staged through host memory by host code, which would run now, on "
 				    "the staging buffers' old contents, and not at each launch; it runs "
 				    "eagerly\n"));
-	assert_non_null(strstr(ob, "evaluation: 0 batches replayed from 0 recordings, 2 run eagerly; "
+	assert_non_null(strstr(ob, "evaluation: 0 batches launched from 0 recordings, 2 run eagerly; "
 				   "0 recordings kept\n"));
 	same_validation("host-eager", "host-graphs", 0);
 	free(oa);

@@ -156,7 +156,16 @@ int hpu__be_refused(const char *op, const char *fmt, ...)
 		return 1;
 	/* the op cannot go on: its C loops would touch device memory, and
 	 * most ops have no error to return */
-	hpu__log(HPU_LOG_ERROR, "the device %s has no kernel for %s (%s)", dev_name(), op, detail);
+	/* the reference backend's products are C loops: no kernel on a
+	 * device whose memory only kernels may touch (cpu-strict under
+	 * --graphs or HPU_STRICT_KERNELS=1, where it trains without them) */
+	const char *be = hpu__env_str(HPU_ENV_HPU_BACKEND);
+	hpu__log(HPU_LOG_ERROR, "the device %s has no kernel for %s (%s)%s", dev_name(), op, detail,
+		 be && !strcmp(be, "reference")
+			 ? ": HPU_BACKEND=reference has C loops, not kernels, for it, and only "
+			   "kernels may touch this device's memory here (--graphs or "
+			   "HPU_STRICT_KERNELS=1); leave HPU_BACKEND unset for onednn's"
+			 : "");
 	fflush(NULL); /* what the run printed before it (verbose lines, figures) */
 	_exit(1);
 }

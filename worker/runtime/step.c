@@ -105,14 +105,15 @@ void hpu__loop_graphs_said(loop *L)
 	hpu__graphs_counts(L->graphs, &replayed, &eager, &recorded);
 	hpu__graphs_eval_counts(L->graphs, &ev_replayed, &ev_eager, &ev_recorded);
 	long dropped = hpu__graphs_dropped(L->graphs);
-	printf("graphs: %ld step%s replayed from %d recording%s", replayed - dropped,
+	/* launched: a recording's own step is its first launch */
+	printf("graphs: %ld step%s launched from %d recording%s", replayed - dropped,
 	       replayed - dropped == 1 ? "" : "s", recorded, recorded == 1 ? "" : "s");
 	/* (it said "1 steps replayed from 0 recordings") */
 	if (dropped)
 		printf(", %ld from a recording its check refused", dropped);
 	printf(", %ld run eagerly", eager);
 	if (ev_replayed + ev_eager > 0)
-		printf("; evaluation: %ld batch%s replayed from %d recording%s, %ld run eagerly; "
+		printf("; evaluation: %ld batch%s launched from %d recording%s, %ld run eagerly; "
 		       "%d recording%s kept",
 		       ev_replayed, ev_replayed == 1 ? "" : "es", ev_recorded,
 		       ev_recorded == 1 ? "" : "s", ev_eager, recorded + ev_recorded,
