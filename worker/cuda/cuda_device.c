@@ -33,6 +33,7 @@
  *
  * Collectives between the workers of one node on device memory, over
  * CUDA IPC: cuda_coll.c. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -549,15 +550,17 @@ static int fail(char *err, size_t errlen, const char *what, cudaError_t e)
 	return -1;
 }
 
+/* The GPUs CUDA sees; none: why, in err. */
+static int visible(char *err, size_t errlen);
+
 static int setup_core(int rank, char *err, size_t errlen)
 {
 	int count = 0, major = 0, minor = 0;
 	hpu__cuda_kprof_begin(rank); /* HPU_PROFILE_KERNELS: before any work */
-	cudaError_t e = cudaGetDeviceCount(&count);
-	if (e != cudaSuccess || count <= 0) {
-		snprintf(err, errlen, "--device cuda: no GPU is visible (%s)",
-			 e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
-		cudaGetLastError();
+	char why[160];
+	count = visible(why, sizeof why);
+	if (count <= 0) {
+		snprintf(err, errlen, "--device cuda: no GPU is visible (%s)", why);
 		return -1;
 	}
 	C.rank = rank;
@@ -577,6 +580,7 @@ static int setup_core(int rank, char *err, size_t errlen)
 		return -1;
 	}
 	cudaStream_t s;
+	cudaError_t e;
 	if ((e = cudaSetDevice(C.dev)) != cudaSuccess)
 		return fail(err, errlen, "cudaSetDevice", e);
 	if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
@@ -1279,7 +1283,15 @@ static int visible(char *err, size_t errlen)
 	int count = 0;
 	cudaError_t e = cudaGetDeviceCount(&count);
 	if (e != cudaSuccess) {
-		snprintf(err, errlen, "%s", cudaGetErrorString(e));
+		/* CUDA's words for no driver at all are "driver version is
+		 * insufficient": they sent users to upgrade one */
+		void *drv = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY) : NULL;
+		if (e == cudaErrorInsufficientDriver && !drv)
+			snprintf(err, errlen, "no NVIDIA driver: libcuda.so.1 cannot be loaded");
+		else
+			snprintf(err, errlen, "%s", cudaGetErrorString(e));
+		if (drv)
+			dlclose(drv);
 		cudaGetLastError();
 		return 0;
 	}
