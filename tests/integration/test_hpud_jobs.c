@@ -329,7 +329,10 @@ static void test_busy_status_and_lost_submitter(void **state)
 		gone = h_children(daemon_proc.pid, kids, 4) == 0;
 	}
 	assert_true(gone);
-	assert_int_equal(h_wait_for(&daemon_proc, "went away", 5000), 0);
+	/* the workers may end first on their own (their coordinator gone):
+	 * hpud then says it once the submitter's silence passes the timeout,
+	 * which a loaded machine's stalled ticks push later (control.c) */
+	assert_int_equal(h_wait_for(&daemon_proc, "went away", 60000), 0);
 	assert_int_equal(jobs_running(), 0);
 	stop_daemon();
 }
