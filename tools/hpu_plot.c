@@ -157,7 +157,7 @@ static int plot(args *A)
 		rc = fail("out of memory");
 		goto done;
 	}
-	if (!L.have[0]) {
+	if (!t.n || !L.have[0]) { /* (validations' losses count in have[0]) */
 		rc = fail("%s has no step records with a loss: nothing to plot", A->metrics);
 		goto done;
 	}

@@ -218,9 +218,10 @@ static int looks_like_trace(const char *line)
 
 /* Reads every step record of `file` (a regular file) into t. A line that
  * is not JSON, or a record whose "step" is not a number, is an error
- * naming its number -- except an unterminated last line, which a run
- * still writing (or killed while writing) leaves: that one is skipped
- * with a warning. Returns OK or BAD (said). */
+ * naming its number -- except an unterminated last line that does not
+ * parse, which a run still writing (or killed while writing) leaves: that
+ * one is skipped with a warning (a whole record without its newline is
+ * read). Returns OK or BAD (said). */
 int hpu__plt_read_metrics(const char *file, table *t)
 {
 	struct stat st;

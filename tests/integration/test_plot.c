@@ -635,6 +635,21 @@ static void test_no_step_records(void **state)
 	o = HPU_PLOT(1, "--print-data", path("nosteps.jsonl"));
 	has(o, "no step records with a loss: nothing to plot");
 	free(o);
+	/* validations but no step (--log-every 0 writes none): the
+	 * validations' loss counted as the steps' and the script read an
+	 * empty table (SIGSEGV) */
+	assert_int_equal(h_write_file(path("valonly.jsonl"),
+				      "{\"step\":10,\"epoch\":1,\"val_loss\":2.1,\"val_samples\":10}\n",
+				      0644),
+			 0);
+	o = HPU_PLOT(1, path("valonly.jsonl"));
+	has(o, "valonly.jsonl has no step records with a loss: nothing to plot");
+	assert_false(exists(path("valonly.png")));
+	assert_false(tmp_left(path("valonly.png")));
+	free(o);
+	o = HPU_PLOT(1, "--print-data", path("valonly.jsonl"));
+	has(o, "valonly.jsonl has no step records with a loss: nothing to plot");
+	free(o);
 }
 
 /* Nothing at all in the file: said so, with and without --print-data. */
