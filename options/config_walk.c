@@ -390,9 +390,13 @@ int hpu__cfg_is_auto(const cJSON *it)
 }
 
 /* Whether option p can take "auto" (a number, size, choice or switch:
- * a string option may mean "auto" itself, as resume does). */
+ * a string option may mean "auto" itself, as resume does, and so may a
+ * choice that has it: save_params_format). */
 static int takes_auto(const struct hpu__opt *p)
 {
+	for (int i = 0; p->kind == K_CHOICE && i < p->nnames; i++)
+		if (!strcmp(p->names[i], "auto"))
+			return 0;
 	return p->kind != K_STR && p->kind != K_OPTSTR;
 }
 

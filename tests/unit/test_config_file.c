@@ -482,6 +482,13 @@ static void test_file_auto(void **state)
 	t = notes_of("{'train_batch_size': 64}", NULL, &o);
 	assert_string_equal(t, "");
 	free(t);
+	/* a choice whose own value is auto takes it as that value (it was
+	 * named in the note as DeepSpeed's placeholder) */
+	t = notes_of("{'hputrain': {'save_params_format': 'auto'}}",
+		     (char *[]){"save-params", "p.bin", NULL}, &o);
+	assert_string_equal(t, "");
+	assert_int_equal(o.ncfg_auto, 0);
+	free(t);
 }
 
 /* Keys DeepSpeed accepts that change nothing here: accepted, named in
