@@ -1399,6 +1399,27 @@ static void test_resume_refused(void **state)
 	expect_in(out, want);
 	expect_in(out, " (other model arguments, or another model?)");
 	free(out);
+	/* auto takes it for no damage: it does not fall back to an older
+	 * checkpoint of the root (the same mistake, or worse, one that fits
+	 * taken in silence), nor does a root's refusal send the user to auto */
+	char two[300];
+	snprintf(two, sizeof two, "%s/refused-two", tmp);
+	train_into(two, "20", 0, "checkpoint: step 20 saved");
+	const char *from[] = {"auto", two};
+	for (int k = 0; k < 2; k++) {
+		start(&r, 2);
+		args(&r, "--batch-size", "64", "--max-steps", "30", "--checkpoint-dir", two,
+		     "--resume", from[k], NULL);
+		out = finish(&r, 1, "--hidden 32 --depth 3");
+		snprintf(want, sizeof want, "--resume %s: ", from[k]);
+		expect_in(out, want);
+		snprintf(want, sizeof want, "checkpoint %s/step-00000020: parameter 0 is fc1.weight "
+					    "[64, 784] there", two);
+		expect_in(out, want);
+		assert_null(strstr(out, "falling back"));
+		assert_null(strstr(out, "falls back"));
+		free(out);
+	}
 	/* the MLP's 8 parameters (4 layers of weights and biases) are not
 	 * buffer_model's one; the model is named by its absolute path */
 	snprintf(want, sizeof want, "--max-steps 12 --batch-size 64 --resume %s", ck10);

@@ -57,22 +57,27 @@ static int same_model(const hpu_ckpt *c, const hpu_builder *b, char *err, size_t
 
 /* Opens and verifies one checkpoint, every rank checking its share of the
  * files, trusting only the files of *who. Returns it, or NULL with the
- * first failure in err and *foreign set when a rank found a file of
- * another uid. */
+ * first failure in err, *foreign set when a rank found a file of
+ * another uid and *mismatch when the checkpoint is of another model (or
+ * other model arguments): not damage, which an older one would mend. */
 static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *dir,
-			 const hpu_ckpt_owners *who, int *foreign, char *err, size_t errlen)
+			 const hpu_ckpt_owners *who, int *foreign, int *mismatch, char *err,
+			 size_t errlen)
 {
 	int rank = hpucoll_comm_rank(comm), world = hpucoll_comm_size(comm);
 	rec mine = {.ok = 1};
 	rec *all = calloc((size_t)world, sizeof *all);
 	hpu_ckpt *c = calloc(1, sizeof *c);
-	*foreign = 0;
+	*foreign = *mismatch = 0;
 	if (!c || !all) {
 		mine.ok = 0;
 		snprintf(mine.msg, sizeof mine.msg, "out of memory");
-	} else if (hpu__ckpt_open_owned(c, dir, who, mine.msg, sizeof mine.msg) < 0 ||
-		   same_model(c, b, mine.msg, sizeof mine.msg) < 0 ||
-		   hpu__ckpt_check_named_step(c, dir, mine.msg, sizeof mine.msg) < 0) {
+	} else if (hpu__ckpt_open_owned(c, dir, who, mine.msg, sizeof mine.msg) < 0) {
+		mine.ok = 0;
+	} else if (same_model(c, b, mine.msg, sizeof mine.msg) < 0) {
+		mine.ok = 0;
+		mine.mismatch = 1;
+	} else if (hpu__ckpt_check_named_step(c, dir, mine.msg, sizeof mine.msg) < 0) {
 		mine.ok = 0;
 	} else {
 		for (int i = rank; i < c->nfiles && mine.ok; i += world) {
@@ -90,8 +95,10 @@ static hpu_ckpt *try_one(hpucoll_comm *comm, const hpu_builder *b, const char *d
 	mine.foreign = c && c->foreign;
 	int failed = all ? hpu__checkpoint_agree(comm, &mine, all, err, errlen)
 			 : hpu__checkpoint_agree(comm, &mine, NULL, err, errlen);
-	for (int r = 0; failed && all && r < world; r++)
+	for (int r = 0; failed && all && r < world; r++) {
 		*foreign |= all[r].foreign;
+		*mismatch |= all[r].mismatch;
+	}
 	free(all);
 	if (failed) {
 		if (c)
@@ -197,13 +204,13 @@ int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 		       restarts, o->checkpoint_dir);
 	if (!*want)
 		return 0;
-	int autom = strcmp(want, "auto") == 0, foreign = 0;
+	int autom = strcmp(want, "auto") == 0, foreign = 0, mismatch = 0;
 	const char *root = autom ? o->checkpoint_dir : want;
 	hpu_ckpt_owners who;
 	if (job_owners(comm, &who, err, errlen) < 0)
 		return -1;
 	if (!autom && exists(want, HPU_CKPT_MANIFEST)) {
-		*out = try_one(comm, b, want, &who, &foreign, why, sizeof why);
+		*out = try_one(comm, b, want, &who, &foreign, &mismatch, why, sizeof why);
 		return *out ? 0 : say(err, errlen, "--resume %s: %s", want, why);
 	}
 	if (latest_trusted(comm, root, &who, why, sizeof why) < 0)
@@ -243,16 +250,19 @@ int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 		printf("resume: %s/%s is past the checkpoint %s/%s names: left by a run that "
 		       "resumed from an earlier one, it is passed over (--resume %s/%s takes it)\n",
 		       root, names[pi], root, HPU_CKPT_LATEST, root, names[pi]);
-	/* auto passes damaged checkpoints by, never another uid's files */
-	for (int i = 0; i < (autom ? n : 1) && !*out && !foreign; i++) {
+	/* auto passes damaged checkpoints by, never another uid's files,
+	 * nor one of another model (or model arguments): that is the run's
+	 * mistake, which an older checkpoint of the root shares or, where it
+	 * does not, would be taken in silence */
+	for (int i = 0; i < (autom ? n : 1) && !*out && !foreign && !mismatch; i++) {
 		snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-		*out = try_one(comm, b, dir, &who, &foreign, why, sizeof why);
-		if (!*out && rank == 0 && autom && i + 1 < n && !foreign)
+		*out = try_one(comm, b, dir, &who, &foreign, &mismatch, why, sizeof why);
+		if (!*out && rank == 0 && autom && i + 1 < n && !foreign && !mismatch)
 			printf("warning: resume: checkpoint %s is unusable: %s; falling back to %s/%s\n",
 			       dir, why, root, names[i + 1]);
 	}
 	hpu__ckpt_free_names(names);
-	if (!*out && foreign)
+	if (!*out && (foreign || mismatch))
 		return say(err, errlen, "--resume %s: %s", want, why);
 	if (!*out && !autom) /* only the newest is tried: the root may hold others */
 		return say(err, errlen,

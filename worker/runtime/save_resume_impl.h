@@ -25,6 +25,7 @@ typedef struct rec {
 	char ok;
 	char sha256[65];
 	char foreign; /* failed on a file of another uid */
+	char mismatch; /* resume: an intact checkpoint of another model or its arguments */
 	char published; /* rank 0's finish: it failed after the checkpoint was published */
 	double bytes, secs;
 	char msg[424];
