@@ -227,7 +227,12 @@ int hpu__ckt_open_verified(hpu_ckpt *c, const char *arg, const char *what)
 	if (rc != OK)
 		return rc;
 	note_unsealed(c);
-	if (hpu__ckt_verify_files(c, 0, first, sizeof first)) {
+	/* a step-N directory holding another step's checkpoint: verify's
+	 * DAMAGED, and what resume refuses */
+	if (hpu__ckpt_check_named_step(c, dir, first, sizeof first) < 0) {
+		rc = fail("%s (refusing to %s it)", first, what);
+		hpu__ckpt_close(c);
+	} else if (hpu__ckt_verify_files(c, 0, first, sizeof first)) {
 		rc = fail("%s (refusing to %s a damaged checkpoint; hpu-ckpt verify %s lists every "
 			  "file)",
 			  first, what, c->dir);

@@ -1130,6 +1130,20 @@ static void test_misnamed_step(void **state)
 	out = CKPT(1, "verify", link);
 	has(out, said);
 	free(out);
+	/* export and reshard read no checkpoint verify calls damaged (export
+	 * wrote it, "exported ... (step 4)") */
+	char exp[720];
+	snprintf(exp, sizeof exp, "%s/misnamed.safetensors", root);
+	out = CKPT(1, "export", link, "-o", exp);
+	has(out, said);
+	has(out, "(refusing to export it)");
+	free(out);
+	assert_false(exists(exp));
+	snprintf(exp, sizeof exp, "%s", path("resharded-misnamed"));
+	out = CKPT(1, "reshard", link, exp, "--world", "1");
+	has(out, "(refusing to reshard it)");
+	free(out);
+	assert_false(exists(exp));
 	/* info lists it, shows `latest`'s details and exits 1 */
 	out = CKPT(1, "info", root);
 	has(out, "step-00000030  DAMAGED: ");
@@ -1140,7 +1154,7 @@ static void test_misnamed_step(void **state)
 	free(out);
 	/* DST named for another step: the refusal names the step it holds
 	 * (it said "step 0": the checkpoint was closed before) */
-	out = CKPT(2, "reshard", root, wrong, "--world", "1");
+	out = CKPT(2, "reshard", LAST, wrong, "--world", "1");
 	has(out, "name DST for step 4 (or not step-N)");
 	free(out);
 	assert_int_equal(unlink(link), 0);
