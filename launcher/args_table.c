@@ -29,7 +29,7 @@ const hpu_optspec hpu__args_specs[] = {
 	 .help = "auth | encrypt | none: who may connect to a worker's data socket (auth: only the job's ranks, "
 		 "proven at connect; encrypt: also encrypted, CURVE; none: anyone) (auth)",
 	 .env = "HPUCOLL_SECURITY"},
-	{"join-timeout", 0, HPU_OPT_VALUE, O_JOIN_TIMEOUT, "S", .help = "seconds for every rank to join (300)"},
+	{"join-timeout", 0, HPU_OPT_VALUE, O_JOIN_TIMEOUT, "S", .help = "seconds for every rank to join; on a node other than 0, also how long it waits for node 0's coordinator to answer (300)"},
 	{"max-restarts", 0, HPU_OPT_VALUE, O_MAX_RESTARTS, "K",
 	 .help = "when a worker or a node fails, stop the job and start it again, up to K times (0..1000; 0); "
 		 "the workers get HPU_RESTART_COUNT (0 first, then 1, 2, ...) and HPU_MAX_RESTARTS. "

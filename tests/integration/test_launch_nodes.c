@@ -9,10 +9,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -141,6 +144,37 @@ static void test_node0_never_answers(void **state)
 		 "(--join-timeout)", port);
 	assert_non_null(strstr(p.out, want));
 	assert_null(strstr(p.out, "lost contact"));
+	h_free(&p);
+}
+
+/* Node 0's port held by another process (another job's coordinator, or
+ * a second "node 0": two nodes both given --node-rank 0): one line naming
+ * the endpoint and the system's reason, exit 1, no wait. */
+static void test_node0_port_taken(void **state)
+{
+	(void)state;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(fd >= 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof a;
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+	assert_int_equal(listen(fd, 1), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	char port[16];
+	snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *argv[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+			"--master-addr", "127.0.0.1", "--master-port", port, "--join-timeout", "60",
+			(char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 30000);
+	printf("%s", p.out);
+	close(fd);
+	assert_int_equal(code, 1);
+	char want[160];
+	snprintf(want, sizeof want, "cannot bind the coordinator at tcp://127.0.0.1:%s: Address "
+		 "already in use", port);
+	assert_non_null(strstr(p.out, want));
 	h_free(&p);
 }
 
@@ -756,6 +790,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
 		cmocka_unit_test(test_node0_never_answers),
+		cmocka_unit_test(test_node0_port_taken),
 		cmocka_unit_test(test_two_nodes),
 		cmocka_unit_test(test_clock_steps),
 		cmocka_unit_test(test_node_started_twice_early),
