@@ -1227,6 +1227,8 @@ static void test_buffers_reshard_export(void **state)
 		 metrics);
 	out = bm_run(3, o, bl, NULL, 0);
 	expect_in(out, "trained 40 steps");
+	/* 40 is the model's count: the run says how many it trained itself */
+	expect_in(out, "resumed at step 20: 20 of those steps trained in this run");
 	free(out);
 	assert_true(bm_count(bl) == 40.0f);
 

@@ -243,6 +243,10 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 		       "%.0f bytes sent per step, max_memory_allocated %.1f MiB\n",
 		       steps, hpu__plural(steps), L->world, hpu__plural(L->world), hpu__strategy_name(L->o->strategy), l, sps,
 		       all[ST_COMM_BYTES], mib(all[ST_MAX_IN_USE]));
+	/* the count is the model's; a resumed run trained fewer itself */
+	if (!L->o->eval_only && L->pos.step > 0 && steps > L->pos.step)
+		printf("resumed at step %ld: %ld of those steps trained in this run\n", L->pos.step,
+		       steps - L->pos.step);
 	/* no step of this run (--eval-only, --max-steps 0, resumed at the
 	 * end): no loss of its own, null in the record (it wrote 0, which a
 	 * reader of a resumed run's file took for its final loss) */
