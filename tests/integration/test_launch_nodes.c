@@ -486,6 +486,40 @@ static void test_two_nodes_options_differ(void **state)
 	h_free(&n1);
 }
 
+/* Each node's own disk at --checkpoint-dir (a node may keep it at a path
+ * of its own, but it must be one filesystem): rank 1 cannot write into
+ * the partial directory rank 0 made, and says why (it said only "No such
+ * file or directory" of a path it was never meant to make). */
+static void test_two_nodes_checkpoint_not_shared(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/hpu-test-ckshare-XXXXXX", d0[64], d1[64], port[16];
+	assert_non_null(mkdtemp(dir));
+	snprintf(d0, sizeof d0, "%s/node0", dir);
+	snprintf(d1, sizeof d1, "%s/node1", dir);
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--max-steps", "2", "--checkpoint-dir", d0,
+		      (char *)MODEL, "--", "--hidden", "16", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--max-steps", "2", "--checkpoint-dir", d1,
+		      (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, env, 120000, &n1, a1, env, 30000);
+	printf("%s", n0.out);
+	h_rmtree(dir);
+	assert_int_equal(h_code(&n0), 1);
+	char want[300];
+	snprintf(want, sizeof want, "rank 1: cannot create %s/.step-00000002.partial/", d1);
+	assert_non_null(strstr(n0.out, want));
+	assert_non_null(strstr(n0.out, ": No such file or directory (rank 0 makes the partial "
+				       "directory; it is not there on this node: --checkpoint-dir "
+				       "must be one directory every node shares)"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* Writes n tokens (i * mul % 50) in llm.c's format to path. */
 static void write_tokens(const char *path, int n, int mul)
 {
@@ -801,6 +835,7 @@ int main(void)
 		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_two_nodes_restarts_differ),
 		cmocka_unit_test(test_two_nodes_options_differ),
+		cmocka_unit_test(test_two_nodes_checkpoint_not_shared),
 		cmocka_unit_test(test_two_nodes_models_differ),
 		cmocka_unit_test(test_two_nodes_error_relayed),
 		cmocka_unit_test(test_torchrun_env_two_nodes),

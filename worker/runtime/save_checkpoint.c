@@ -308,6 +308,17 @@ int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 	hpu_ckpt_writer w;
 	if (hpu__ckpt_writer_open(&w, path, mine.msg, sizeof mine.msg) < 0) {
 		mine.ok = 0;
+		/* rank 0 made the partial, and this rank does not see it: another
+		 * directory than rank 0's (each node's own disk at that path) */
+		char here[1200];
+		struct stat pst;
+		snprintf(here, sizeof here, "%s/%s", root, partial);
+		if (rank != 0 && stat(here, &pst) < 0 && errno == ENOENT) {
+			size_t at = strlen(mine.msg);
+			snprintf(mine.msg + at, sizeof mine.msg - at,
+				 " (rank 0 makes the partial directory; it is not there on this "
+				 "node: --checkpoint-dir must be one directory every node shares)");
+		}
 	} else if (hpu__strat_ckpt_write(st, &w) < 0) {
 		mine.ok = 0;
 		hpu__ckpt_writer_abort(&w);
