@@ -245,6 +245,27 @@ static void test_shape_too_large(void **state)
 	lh_clear_error(h);
 	assert_int_equal(hpu_param_add(l, "n", 5, wrap, HPU_INIT(ZEROS)), HPU_EINVAL);
 	assert_non_null(strstr(lh_error(h), "parameter n needs 1..4 dimensions, not 5"));
+	lh_clear_error(h);
+	/* a NULL shape is said as one (it said "needs 1..4 dimensions, not 1") */
+	assert_int_equal(hpu_param_add(l, "s", 1, NULL, HPU_INIT(ZEROS)), HPU_EINVAL);
+	assert_non_null(strstr(lh_error(h), "parameter s has 1 dimension and a NULL shape"));
+	lh_free(&h);
+}
+
+/* A callback that failed without hpu_error: its code, and no claim of a
+ * message (HPU_ERROR's text, "the recorded message says why", was
+ * printed beside "without a message"). */
+static void test_failure_without_message(void **state)
+{
+	(void)state;
+	int64_t shape = 4;
+	lh_harness *h = lt_harness_x(1, 1, &shape);
+	char buf[200];
+	const char *why = hpu__model_why(lh_builder(h), NULL, HPU_ERROR, buf, sizeof buf);
+	assert_string_equal(why, "it returned -1 without a message (hpu_error records one)");
+	why = hpu__model_why(lh_builder(h), NULL, HPU_ENOMEM, buf, sizeof buf);
+	assert_non_null(strstr(why, "it returned -3 ("));
+	assert_non_null(strstr(why, ") without a message (hpu_error records one)"));
 	lh_free(&h);
 }
 
@@ -1202,6 +1223,7 @@ int main(void)
 		cmocka_unit_test(test_linear_init),
 		cmocka_unit_test(test_wrong_phase),
 		cmocka_unit_test(test_shape_too_large),
+		cmocka_unit_test(test_failure_without_message),
 		cmocka_unit_test(test_metric_reserved),
 		cmocka_unit_test(test_run_handles),
 		cmocka_unit_test(test_bias_fan_in),

@@ -201,7 +201,8 @@ const char *hpu__model_why(const hpu_builder *b, const char *lerr, int rc, char 
 	if (b->err[0])
 		return b->err;
 	const char *code = hpu_strerror(rc);
-	if (!strcmp(code, "Unknown error code."))
+	/* HPU_ERROR's text promises the message that is missing here */
+	if (!strcmp(code, "Unknown error code.") || rc == HPU_ERROR)
 		snprintf(buf, n, "it returned %d without a message (hpu_error records one)", rc);
 	else
 		snprintf(buf, n, "it returned %d (%s) without a message (hpu_error records one)", rc, code);

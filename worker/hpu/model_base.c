@@ -133,8 +133,12 @@ int hpu__model_buffer(const hpu_builder *b, const char *name)
 
 size_t hpu__model_shape_numel(int ndim, const int64_t *shape, int scalar, char *why, size_t whylen)
 {
-	if (ndim < (scalar ? 0 : 1) || ndim > HPU_MAX_DIMS || (ndim && !shape)) {
+	if (ndim < (scalar ? 0 : 1) || ndim > HPU_MAX_DIMS) {
 		snprintf(why, whylen, "needs %d..%d dimensions, not %d", scalar ? 0 : 1, HPU_MAX_DIMS, ndim);
+		return 0;
+	}
+	if (ndim && !shape) { /* it said "needs 1..4 dimensions, not 1" */
+		snprintf(why, whylen, "has %d dimension%s and a NULL shape", ndim, ndim == 1 ? "" : "s");
 		return 0;
 	}
 	size_t n = 1;
