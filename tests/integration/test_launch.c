@@ -545,6 +545,21 @@ static void test_worker_crash_reported(void **state)
 	printf("rank 1 crashes at step 3: exit %d\n%s", code, p.out);
 	assert_int_equal(code, 1);
 	assert_non_null(strstr(p.out, "rank 1: crashed: signal 11 (Segmentation fault) at 0x10"));
+	/* in which layer's call (it gave only the address and frames) */
+	assert_non_null(strstr(p.out, "rank 1: in layer probe's forward"));
+	h_free(&p);
+	/* a NULL the runtime gave back, used: the error it recorded is said
+	 * (the documented "returns NULL with the layer's error" was lost) */
+	char *argv2[] = {(char *)LAUNCH, "--devices", "2", "--max-steps", "20", "--log-every", "0",
+			 "--no-eval", (char *)FAULT_MODEL, "--", "--hidden", "16", "--crash-rank", "1",
+			 "--null-param-at", "3", NULL};
+	code = h_run(&p, argv2, NULL, 120000);
+	printf("rank 1 uses hpu_param's NULL at step 3: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "rank 1: crashed: signal 11 (Segmentation fault) at 0x0"));
+	assert_non_null(strstr(p.out, "rank 1: in layer probe's forward"));
+	assert_non_null(strstr(p.out, "rank 1: layer probe's last recorded error: hpu_param(): layer "
+				      "probe has 0 parameters, asked for index 99"));
 	const char *bt = strstr(p.out, "rank 1: backtrace:");
 	assert_non_null(bt);
 	assert_non_null(strstr(bt, "fault_mlp.so("));

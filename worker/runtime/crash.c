@@ -10,7 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "worker/hpu/model.h"
+#include "worker/ops/fp8.h"
+
 static int crash_rank;
+static const hpu_builder *crash_model;
 static char altstack[64 * 1024]; /* the main thread's stack overflow still reports (other
 				  * threads' run the handler on their own stack) */
 
@@ -85,6 +89,16 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 	tail[t++] = ')', tail[t++] = ' ', tail[t++] = 'a', tail[t++] = 't', tail[t++] = ' ';
 	tail[t] = 0;
 	say(who, ": crashed: signal ", num_s, " (", tail, addr);
+	/* in a layer (hpu__op_layer_now: an atomic the ops set around each
+	 * layer's call): which, and what it recorded */
+	int backward = 0, l = hpu__op_layer_now(&backward);
+	const hpu_builder *b = crash_model;
+	if (b && l >= 0 && l < b->nlayers && b->layers[l]) {
+		const struct hpu_layer *ly = b->layers[l];
+		say(who, ": in layer ", ly->name, backward ? "'s backward" : "'s forward", NULL, NULL);
+		if (ly->err[0])
+			say(who, ": layer ", ly->name, "'s last recorded error: ", ly->err, NULL);
+	}
 	say(who, ": backtrace:", NULL, NULL, NULL, NULL);
 	void *bt[48];
 	backtrace_symbols_fd(bt, backtrace(bt, 48), 2);
@@ -92,6 +106,11 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 	 * ends the process with the signal (raise for one sent by kill) */
 	if (si->si_code <= 0)
 		raise(sig);
+}
+
+void hpu__crash_report_model(const hpu_builder *b)
+{
+	crash_model = b;
 }
 
 void hpu__crash_report_install(int rank)

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <time.h>
 
+#include "worker/runtime/crash.h"
 #include "worker/runtime/save_resume.h"
 #include "worker/runtime/graphs.h"
 #include "worker/device/device.h"
@@ -425,6 +426,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	if (alloc_buffers(&L) < 0)
 		goto out;
 	hpu__watch_start(o->hang_warning, L.rank, b);
+	hpu__crash_report_model(b);
 	int resumed = ck != NULL;
 	if (ck) {
 		hpu__ckpt_close(ck);
