@@ -508,7 +508,8 @@ HPU_API int hpu_loss_add(hpu_builder *b, const char *tensor, float weight);
 HPU_API int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor);
 
 /* Hooks with access to the trained model on every rank (parameters
- * gathered under ZeRO-3): after each evaluation and after training. The
+ * gathered under ZeRO-3): after the final evaluation (the test split's,
+ * not each --eval-every validation) and after training. The
  * hook returns 0, or non-zero to fail the job (message by
  * hpu_error(run, ...)); hpu_run_ctx(run) is its context. */
 typedef int (*hpu_hook)(hpu_run *run, void *user);

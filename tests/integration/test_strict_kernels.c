@@ -188,6 +188,8 @@ static void test_host_only_layers(void **state)
 	char *out = finish_with(&r, 0, m, NULL);
 	unsetenv("HPU_STRICT_KERNELS");
 	assert_non_null(strstr(out, "host-only layers "));
+	assert_non_null(strstr(out, "model: layer hscale runs on the host only (HPU_LAYER_HOST_ONLY: "
+				    "the runtime stages its tensors in host memory)"));
 	int steps = 0;
 	for (const char *p = out; (p = strstr(p, "device cpu-strict copied ")); p++) {
 		unsigned long long h, d, ph, pd;
@@ -199,6 +201,14 @@ static void test_host_only_layers(void **state)
 		steps++;
 	}
 	assert_int_equal(steps, 4); /* 2 steps, 2 ranks */
+	free(out);
+	/* on cpu nothing is staged, and --verbose says so (it said "stages") */
+	start(&r, 1);
+	args(&r, "--device", "cpu", "--max-steps", "1", "--batch-size", "16", "--verbose", NULL);
+	out = finish_with(&r, 0, m, NULL);
+	assert_non_null(strstr(out, "model: layer hscale runs on the host only (HPU_LAYER_HOST_ONLY: "
+				    "device cpu's memory is the host's, so nothing is staged)"));
+	assert_null(strstr(out, "stages its tensors"));
 	free(out);
 }
 

@@ -710,9 +710,30 @@ static void test_dataset_limit(void **state)
 	hpu__model_destroy(&b);
 }
 
+/* A test split whose field differs from training's names both sides'
+ * dtype and shape (it named the fields only: "field 0 (x) differs from
+ * the training dataset's (x)"). */
+static void test_test_split_differs(void **state)
+{
+	(void)state;
+	hpu_builder *b = hpu__model_new(0, 1, 64);
+	assert_non_null(b);
+	hpu_dataset tr = {.size = 8, .nfields = 1, .fetch = no_fetch,
+			  .fields = {{"x", HPU_F32, 1, {3}}}};
+	hpu_dataset te = {.size = 4, .nfields = 1, .fetch = no_fetch,
+			  .fields = {{"x", HPU_F32, 1, {2}}}};
+	assert_int_equal(hpu_dataset_set(b, HPU_SPLIT_TRAIN, &tr), HPU_OK);
+	assert_int_not_equal(hpu_dataset_set(b, HPU_SPLIT_TEST, &te), HPU_OK);
+	if (!strstr(b->err, "test dataset: field 0 (x f32 [2]) differs from the training dataset's "
+			    "(x f32 [3]): the splits need the same fields, dtypes and shapes"))
+		fail_msg("error \"%s\"", b->err);
+	hpu__model_destroy(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_test_split_differs),
 		cmocka_unit_test_teardown(test_idx_good, reset),
 		cmocka_unit_test_teardown(test_idx_refused, reset),
 		cmocka_unit_test_teardown(test_idx_counts, reset),

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/shapetext.h"
+
 static int add_tensor(hpu_builder *b, const char *name, hpu_dtype dt, int ndim,
 		      const int64_t *shape, int producer, int field, const char *who)
 {
@@ -91,12 +93,22 @@ int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
 			const hpu_tinfo *t = &b->tensors[f];
 			if (f >= b->data[0].nfields || !fi->name || strcmp(fi->name, t->name) ||
 			    fi->dtype != t->dtype || fi->ndim != t->ndim ||
-			    (fi->ndim && memcmp(fi->shape, t->shape, (size_t)fi->ndim * 8)))
+			    (fi->ndim && memcmp(fi->shape, t->shape, (size_t)fi->ndim * 8))) {
+				/* each side's dtype and shape (it named the fields only) */
+				char mine[96] = "", theirs[96] = "none", ms[64], ts[64];
+				snprintf(mine, sizeof mine, "%s %s", fi->name ? fi->name : "(null)",
+					 fi->dtype == HPU_F32 ? "f32" : "i32");
+				snprintf(mine + strlen(mine), sizeof mine - strlen(mine), " %s",
+					 hpu__shape_text(ms, sizeof ms, fi->ndim, fi->shape));
+				if (f < b->data[0].nfields)
+					snprintf(theirs, sizeof theirs, "%s %s %s", t->name,
+						 t->dtype == HPU_F32 ? "f32" : "i32",
+						 hpu__shape_text(ts, sizeof ts, t->ndim, t->shape));
 				return hpu__model_refuse(b, HPU_EINVAL,
 							 "test dataset: field %d (%s) differs from the training dataset's (%s): "
 							 "the splits need the same fields, dtypes and shapes",
-							 f, fi->name ? fi->name : "(null)",
-							 f < b->data[0].nfields ? t->name : "none");
+							 f, mine, theirs);
+			}
 			continue;
 		}
 		int rc = add_tensor(b, fi->name, fi->dtype, fi->ndim, fi->shape, -1, f, which);

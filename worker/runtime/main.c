@@ -185,8 +185,15 @@ static void note_model(const hpu_builder *b)
 	if (b->abi < HPU_ABI_VERSION)
 		printf("model %s uses ABI %u's deprecated forms: it loads, but rebuild it against "
 		       "this <hpu/hpu.h> (ABI %u) before they go\n", b->path, b->abi, HPU_ABI_VERSION);
+	/* staged only where the device's memory is not the host's (on cpu
+	 * it said "stages" too, which nothing did) */
+	int host_mem = hpu__dev_host_can_read();
 	for (int i = 0; i < b->nlayers; i++)
-		if (b->layers[i]->device == HPU_LAYER_HOST_ONLY)
+		if (b->layers[i]->device == HPU_LAYER_HOST_ONLY && host_mem)
+			printf("model: layer %s runs on the host only (HPU_LAYER_HOST_ONLY: device "
+			       "%s's memory is the host's, so nothing is staged)\n",
+			       b->layers[i]->name, hpu__dev_name());
+		else if (b->layers[i]->device == HPU_LAYER_HOST_ONLY)
 			printf("model: layer %s runs on the host only (HPU_LAYER_HOST_ONLY: the runtime "
 			       "stages its tensors in host memory)\n", b->layers[i]->name);
 }
