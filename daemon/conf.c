@@ -64,19 +64,20 @@ static int parse_int(const char *v, int lo, int hi, int *out, char *why,
 }
 
 /* A number of seconds in (0, hi]; hi may be HUGE_VAL (no bound). */
-static int parse_seconds(const char *v, double hi, double *out, char *why,
+static int parse_seconds(const char *v, double lo, double hi, double *out, char *why,
 			 size_t whylen)
 {
-	/* above 0, and finite */
-	if (hpu__parse_double(v, DBL_TRUE_MIN, hi < HUGE_VAL ? hi : DBL_MAX, out)) {
-		if (hi < HUGE_VAL)
-			snprintf(why, whylen,
-				 "'%s' is not a number of seconds > 0 "
-				 "and <= %g",
-				 v, hi);
+	/* at least lo (above 0 where lo is 0), and finite */
+	if (hpu__parse_double(v, lo > 0 ? lo : DBL_TRUE_MIN, hi < HUGE_VAL ? hi : DBL_MAX, out)) {
+		char low[48];
+		if (lo > 0)
+			snprintf(low, sizeof low, ">= %g", lo);
 		else
-			snprintf(why, whylen,
-				 "'%s' is not a number of seconds > 0", v);
+			snprintf(low, sizeof low, "> 0");
+		if (hi < HUGE_VAL)
+			snprintf(why, whylen, "'%s' is not a number of seconds %s and <= %g", v, low, hi);
+		else
+			snprintf(why, whylen, "'%s' is not a number of seconds %s", v, low);
 		return -1;
 	}
 	return 0;
@@ -142,6 +143,13 @@ static int set_device(hpud_conf *c, const char *v, char *why, size_t whylen)
 
 static int set_key(hpud_conf *c, const char *v, char *why, size_t whylen)
 {
+	/* a relative one was hpud's working directory's (/ under systemd),
+	 * not the file's: as the worker's, only an absolute path */
+	if (v[0] != '/') {
+		snprintf(why, whylen, "'%s' is not an absolute path (hpud would look for it in its "
+			 "working directory, / under systemd)", v);
+		return -1;
+	}
 	return parse_string(v, c->key_path, sizeof c->key_path, why, whylen);
 }
 
@@ -175,8 +183,10 @@ static int set_log_level(hpud_conf *c, const char *v, char *why,
 static int set_clock_window(hpud_conf *c, const char *v, char *why,
 			    size_t whylen)
 {
-	return parse_seconds(v, MAX_CLOCK_WINDOW_S, &c->clock_window_s, why,
-			     whylen);
+	/* a request's stamp is in whole milliseconds, and clocks differ:
+	 * below a second every request was stale ("0.0 s in the past (the
+	 * window is 0.0 s)") */
+	return parse_seconds(v, 1, MAX_CLOCK_WINDOW_S, &c->clock_window_s, why, whylen);
 }
 
 static int set_worker(hpud_conf *c, const char *v, char *why, size_t whylen)
@@ -187,7 +197,9 @@ static int set_worker(hpud_conf *c, const char *v, char *why, size_t whylen)
 static int set_submitter_timeout(hpud_conf *c, const char *v, char *why,
 				 size_t whylen)
 {
-	return parse_seconds(v, HUGE_VAL, &c->submitter_timeout_s, why, whylen);
+	/* the submitter pings every second (launcher/submit.c): a timeout
+	 * below three pings cancelled healthy jobs, "went away" */
+	return parse_seconds(v, 3, HUGE_VAL, &c->submitter_timeout_s, why, whylen);
 }
 
 /* A size in bytes: digits, then K, M or G (KiB, MiB, GiB) or nothing;
@@ -247,17 +259,18 @@ static const struct conf_key {
 				       "--count-gpus sees (none: hpud does not start, naming why), auto "
 				       "those or else the cores; the jobs' workers compute on their own "
 				       "--device (cpu)"},
-	{"key", set_key, "FILE", "the cluster secret, made by hpud --gen-key; it and the directories "
-				 "above it must belong to root or hpud's user, writable by no one else "
-				 "(/etc/hpud/secret.key)"},
+	{"key", set_key, "FILE", "the cluster secret, made by hpud --gen-key, an absolute path; it and "
+				 "the directories above it must belong to root or hpud's user, writable "
+				 "by no one else (/etc/hpud/secret.key)"},
 	{"user", set_user, "NAME", "run the workers as this user (a-z, 0-9, '_', '-'); hpud running as root "
 				   "needs it, and runs workers as root only if it says root (hpud's own user)"},
 	{"log_level", set_log_level, "LEVEL", "error | warning | notice | info | debug, as hpud --log-level (warn is taken for warning); HPU_LOG_LEVEL or --log-level overrides it (info)"},
-	{"clock_window", set_clock_window, "S", "seconds a signed request's clock may be off, above 0, at "
-						"most 3600 (30)"},
+	{"clock_window", set_clock_window, "S", "seconds a signed request's clock may be off, 1 to 3600 "
+						"(30)"},
 	{"worker", set_worker, "PATH", "the worker program (hpu-worker next to hpud)"},
 	{"submitter_timeout", set_submitter_timeout, "S", "seconds without a ping from the submitting "
-							  "hpulaunch before its job is cancelled (10)"},
+							  "hpulaunch before its job is cancelled, at least 3 "
+							  "(it pings every second) (10)"},
 	{"output_buffer", set_output_buffer, "SIZE", "a job's output waiting for its submitter, at most: "
 						     "bytes, or a number and K, M or G (KiB, MiB, GiB), "
 						     "64K..1G; past it hpud stops reading the workers' "

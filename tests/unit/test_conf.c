@@ -133,7 +133,7 @@ static void test_comments_and_whitespace(void **state)
 			   "worker = /opt/my tools/hpu-worker   \n"
 			   "user = hpu\r\n"
 			   "#port = 1\n"
-			   "submitter_timeout = 0.5", /* no final newline */
+			   "submitter_timeout = 3.5", /* no final newline */
 			   path, err, sizeof err);
 	assert_int_equal(rc, 0);
 	assert_string_equal(c.listen, "127.0.0.1");
@@ -142,7 +142,7 @@ static void test_comments_and_whitespace(void **state)
 	assert_int_equal(c.log_level, HPU_LOG_WARNING);
 	assert_string_equal(c.worker, "/opt/my tools/hpu-worker");
 	assert_string_equal(c.user, "hpu");
-	assert_true(c.submitter_timeout_s == 0.5);
+	assert_true(c.submitter_timeout_s == 3.5);
 }
 
 static void test_bounds_accepted(void **state)
@@ -220,7 +220,13 @@ static const bad_case bad_cases[] = {
 	{"clock_window = -1\n", 1, "'clock_window'", NULL},
 	{"clock_window = nan\n", 1, "'clock_window'", NULL},
 	{"clock_window = 10s\n", 1, "'clock_window'", "'10s'"},
-	{"submitter_timeout = 0\n", 1, "'submitter_timeout'", "> 0"},
+	{"submitter_timeout = 0\n", 1, "'submitter_timeout'", ">= 3"},
+	/* below three of the submitter's 1 s pings: healthy jobs cancelled */
+	{"submitter_timeout = 2.9\n", 1, "'submitter_timeout'", "'2.9' is not a number of seconds >= 3"},
+	/* below a second: every request refused as stale */
+	{"clock_window = 0.5\n", 1, "'clock_window'", "'0.5' is not a number of seconds >= 1 and <= 3600"},
+	/* hpud's working directory's, / under systemd */
+	{"key = k1.key\n", 1, "'key'", "'k1.key' is not an absolute path"},
 	{"submitter_timeout = -2\n", 1, "'submitter_timeout'", NULL},
 	{"submitter_timeout = inf\n", 1, "'submitter_timeout'", NULL},
 	{"output_buffer = 65535\n", 1, "'output_buffer'", "64K to 1G"},
