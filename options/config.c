@@ -344,7 +344,7 @@ static const struct hpu__opt opts[] = {
 	OTHER("keep-best", K_STR, keep_best, "METRIC[:min|max],K: keep the K checkpoints with the best val_loss or val_<metric> at their save, besides the newest (min unless :max)"),
 	OTHER_("resume", K_STR, resume, PATH | GIVEN | HPU__OPT_AUTO, "resume from DIR (a checkpoint or a --checkpoint-dir), or auto: the newest intact one"),
 	NUM("stop-at-step", K_LONG, stop_at_step, 1, 1e15, "checkpoint and stop after step N, schedule unchanged (to resume later)"),
-	NUM("max-skipped-steps", K_INT, max_skipped_steps, 1, 1e9, "stop after N steps in a row skipped for a non-finite loss or gradients (5)"),
+	NUM("max-skipped-steps", K_INT, max_skipped_steps, 1, 1e9, "stop after N steps in a row skipped for a non-finite loss or gradients; under 16-mixed's dynamic loss scale, counted once the scale is at --min-loss-scale, as DeepSpeed does (5)"),
 	OTHER_("config", K_CONFIG, config, PATH | LOCAL, "DeepSpeed-style JSON config; flags win over it"),
 	OTHER("no-eval", K_NOFLAG, eval, "skip the test-set evaluation at the end"),
 	NUM("eval-every", K_LONG, eval_every, 1, 1e15, "validate every N steps: loss and metrics on the test split or the --val-fraction slice (never)"),

@@ -654,6 +654,12 @@ static void test_overflow_skips_step(void **state)
 		     "--max-steps", "8", "--log-every", "1", "--metrics", metrics, NULL);
 		char *out = finish(&r, 0, EQ_MODEL);
 		assert_non_null(strstr(out, "step 5: gradient overflow: step skipped on every rank"));
+		/* the final lines count it (they said nothing: it is the
+		 * scaler's, not a non-finite step's) */
+		assert_non_null(strstr(out, "1 step was skipped for gradient overflows while the loss "
+					    "scale came down (--max-skipped-steps counts them once it "
+					    "is at --min-loss-scale)"));
+		assert_null(strstr(out, "skipped for a non-finite loss"));
 		free(out);
 		char *m = h_slurp(metrics);
 		assert_non_null(m);
