@@ -106,6 +106,13 @@ static void abort_job(hpu_nodejob *j, const char *reason)
 
 void hpu__nodejob_cancel(hpu_nodejob *j, const char *reason, double grace_s)
 {
+	/* the other nodes' reasons reach the job as "node N: ..." (coord.c);
+	 * node 0's own, where the coordinator is, said no node */
+	char said[600];
+	if (j->coord && j->cfg.nodes > 1) {
+		snprintf(said, sizeof said, "node %d: %s", j->cfg.node_rank, reason);
+		reason = said;
+	}
 	fail_as(j, reason, grace_s, 0); /* the caller says why */
 	abort_job(j, reason);
 	if (j->agent && grace_s <= 0)

@@ -205,6 +205,53 @@ static void test_slow_node_submission(void **state)
 	write_conf(2, NULL);
 }
 
+/* Node 0's hpud stopped in a 2-node job: the submitter's error names the
+ * node, as node 1's does (it said only "hpud is shutting down"). */
+static void test_node0_hpud_stops(void **state)
+{
+	(void)state;
+	write_conf(1, NULL);
+	start_daemon();
+	char conf2[160], hf2[160], text[1024];
+	int port2 = h_free_port();
+	snprintf(conf2, sizeof conf2, "%s/hpud2.conf", dir);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 1\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 3\n",
+		 port2, key_path);
+	assert_int_equal(h_write_file(conf2, text, 0644), 0);
+	snprintf(hf2, sizeof hf2, "%s/hostfile2", dir);
+	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n127.0.0.1:%d slots=1\n", port, port2);
+	assert_int_equal(h_write_file(hf2, text, 0644), 0);
+	proc d2;
+	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
+	char *env2[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
+	assert_int_equal(h_start(&d2, argv2, env2), 0);
+	assert_int_equal(h_wait_for(&d2, "listening on", 10000), 0);
+	char *a[] = {(char *)LAUNCH, "--hostfile", hf2, "--key", key_path, "--max-steps", "100000",
+		     "--log-every", "5", "--batch-size", "32", "--no-eval", (char *)MODEL, "--",
+		     "--hidden", "16", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, a, NULL), 0);
+	int running = h_wait_for(&p, "step 5/", 120000); /* asserted after the clean-up */
+	kill(daemon_proc.pid, SIGTERM);
+	int exited = h_wait(&p, 60000);
+	if (exited)
+		h_kill(&p);
+	printf("%s", strstr(p.out, "hpulaunch: error") ? strstr(p.out, "hpulaunch: error") : p.out);
+	kill(d2.pid, SIGTERM);
+	if (h_wait(&d2, 15000) < 0)
+		h_kill(&d2);
+	h_free(&d2);
+	assert_int_equal(running, 0);
+	assert_int_equal(exited, 0);
+	assert_int_equal(h_code(&p), 1);
+	assert_non_null(strstr(p.out, "node 0: hpud is shutting down"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 /* The variables the workers read (the autocast lists, QUANT_CONFIG)
  * travel with the request: hpud's own environment has none, and the
  * workers read the submitter's files (here with a name each that means no
@@ -1202,6 +1249,7 @@ int main(void)
 		cmocka_unit_test(test_job_through_hostfile),
 		cmocka_unit_test(test_hpud_stalled),
 		cmocka_unit_test(test_slow_node_submission),
+		cmocka_unit_test(test_node0_hpud_stops),
 		cmocka_unit_test(test_job_env_forwarded),
 		cmocka_unit_test(test_launch_request_too_long),
 		cmocka_unit_test(test_relative_paths_through_hostfile),
