@@ -267,7 +267,7 @@ PY
         "$build/lib/fmnist_$m.so" -- --data "$data"
       g=$(cell "${sps%.*}")
       t=$(theirs "$m" "$p" samples_per_s "torch-$m")
-      said=$(grep -a -o -E 'graphs: [^[]*(recorded the step|not recorded|steps replayed)[^[]*' "$out/ours-$m-$p-graphs.log" | tr '\n' ';' | cut -c1-200)
+      said=$(grep -a -o -E 'graphs: [^[]*(recorded the step|not recorded|steps? launched from)[^[]*' "$out/ours-$m-$p-graphs.log" | tr '\n' ';' | cut -c1-200)
       # the replays whose copies read the loader's buffer (hpu__dev_graph_rebind)
       nb=$(grep -a -o -E 'graphs: [0-9]+ replays? read the batch where the loader put it' "$out/ours-$m-$p-graphs.log" | grep -o -E '[0-9]+' | head -1)
       said="${nb:-0} replays read the loader's buffer; $said"
@@ -281,7 +281,7 @@ PY
       ours ours-mlp-fp8-graphs fp8 256 "${STEPS:-200}" 90 --graphs --verbose \
         "$build/lib/fmnist_mlp.so" -- --data "$data"
       g=$(cell "${sps%.*}")
-      said=$(grep -a -o -E 'graphs: [^[]*(recorded the step|not recorded|steps replayed)[^[]*' "$out/ours-mlp-fp8-graphs.log" | tr '\n' ';' | cut -c1-200)
+      said=$(grep -a -o -E 'graphs: [^[]*(recorded the step|not recorded|steps? launched from)[^[]*' "$out/ours-mlp-fp8-graphs.log" | tr '\n' ';' | cut -c1-200)
       case $g in FAILED|"not run"|"timed out") said="ours: $(why "$out/ours-mlp-fp8-graphs.log")";; esac
       case $e8 in FAILED|"not run"|"timed out") e8="$e8 ($w8)";; esac
       row "mlp fp8 samples/s --graphs" "$g" "" "ours eager fp8 $e8: $(ratio "$g" "${e8%% *}"); bf16 eager ${got[bf16]}; $said"
