@@ -672,7 +672,7 @@ static void evaluation_on(const char *dev)
 	char *va = val_lines(ea), *vb = val_lines(eb);
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
-	const char *line = strstr(ob, "graphs: 5 steps replayed");
+	const char *line = strstr(ob, "graphs: 5 steps launched");
 	printf("  %s --graphs: %.*s\n", dev, line ? (int)strcspn(line, "\n") : 4, line ? line : "none");
 	if (strcmp(va, vb))
 		fprintf(stderr, "eager:\n%s--graphs:\n%s--graphs output:\n%s\n", va, vb, ob);
@@ -688,7 +688,7 @@ static void evaluation_on(const char *dev)
 	same_calls(ea, eb);
 	char *oc = validating(dev, ec, 1, "--pad-last-batch");
 	char *vc = val_lines(ec);
-	line = strstr(oc, "graphs: 5 steps replayed");
+	line = strstr(oc, "graphs: 5 steps launched");
 	printf("  %s --pad-last-batch: %.*s\n", dev, line ? (int)strcspn(line, "\n") : 4,
 	       line ? line : "none");
 	assert_non_null(strstr(oc, "graphs: evaluation: recorded the batch of 32 samples: "));

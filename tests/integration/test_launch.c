@@ -547,6 +547,9 @@ static void test_worker_crash_reported(void **state)
 	assert_non_null(strstr(p.out, "rank 1: crashed: signal 11 (Segmentation fault) at 0x10"));
 	/* in which layer's call (it gave only the address and frames) */
 	assert_non_null(strstr(p.out, "rank 1: in layer probe's forward"));
+	const char *bt1 = strstr(p.out, "rank 1: backtrace:");
+	assert_non_null(bt1);
+	assert_non_null(strstr(bt1, "fault_mlp.so("));
 	h_free(&p);
 	/* a NULL the runtime gave back, used: the error it recorded is said
 	 * (the documented "returns NULL with the layer's error" was lost) */

@@ -155,7 +155,9 @@ static void test_worker_knob_values(void **state)
 		/* these three ran as off */
 		{"HPU_STRICT_KERNELS=true", "HPU_STRICT_KERNELS=true: must be 0 or 1"},
 		{"HPU_CUDNN_FIND=yes", "HPU_CUDNN_FIND=yes: must be 0 or 1"},
-		{"HPU_CUDNN_LOG=2", "HPU_CUDNN_LOG=2: must be 0 or 1"}};
+		{"HPU_CUDNN_LOG=2", "HPU_CUDNN_LOG=2: must be 0 or 1"},
+		/* a number, but read as strcmp(v, "1") where it acts: off */
+		{"HPU_STRICT_KERNELS=+1", "HPU_STRICT_KERNELS=+1: must be 0 or 1"}};
 	for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++) {
 		char *env[] = {(char *)knobs[k][0], NULL};
 		char *argv[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1",

@@ -657,8 +657,8 @@ static void test_overflow_skips_step(void **state)
 		/* the final lines count it (they said nothing: it is the
 		 * scaler's, not a non-finite step's) */
 		assert_non_null(strstr(out, "1 step was skipped for gradient overflows while the loss "
-					    "scale came down (--max-skipped-steps counts them once it "
-					    "is at --min-loss-scale)"));
+					    "scale was above --min-loss-scale (--max-skipped-steps "
+					    "counts them only at it)"));
 		assert_null(strstr(out, "skipped for a non-finite loss"));
 		free(out);
 		char *m = h_slurp(metrics);

@@ -316,12 +316,15 @@ static void test_too_long(void **state)
 		int n = snprintf(text, sizeof text, "# long\n%s = ",
 				 cases[i].key);
 		memset(text + n, '1', cases[i].len);
+		if (!strcmp(cases[i].key, "key") || !strcmp(cases[i].key, "worker"))
+			text[n] = '/'; /* a path, so that the length is what is refused */
 		strcpy(text + n + cases[i].len, "\n");
 		hpud_conf c;
 		hpud__conf_defaults(&c);
 		int rc = load_text(&c, text, path, err, sizeof err);
 		printf("  %s\n", err);
 		assert_int_equal(rc, -1);
+		assert_null(strstr(err, "absolute"));
 		snprintf(where, sizeof where, "%s:2: ", path);
 		assert_int_equal(strncmp(err, where, strlen(where)), 0);
 		char quoted[32];

@@ -95,11 +95,15 @@ int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
 			    fi->dtype != t->dtype || fi->ndim != t->ndim ||
 			    (fi->ndim && memcmp(fi->shape, t->shape, (size_t)fi->ndim * 8))) {
 				/* each side's dtype and shape (it named the fields only) */
-				char mine[96] = "", theirs[96] = "none", ms[64], ts[64];
-				snprintf(mine, sizeof mine, "%s %s", fi->name ? fi->name : "(null)",
-					 fi->dtype == HPU_F32 ? "f32" : "i32");
-				snprintf(mine + strlen(mine), sizeof mine - strlen(mine), " %s",
-					 hpu__shape_text(ms, sizeof ms, fi->ndim, fi->shape));
+				char mine[96] = "", theirs[96] = "none", ms[64], ts[64], dt[16];
+				int nd = fi->ndim < 0 ? 0 : fi->ndim > HPU_MAX_DIMS ? HPU_MAX_DIMS : fi->ndim;
+				if (fi->dtype == HPU_F32 || fi->dtype == HPU_I32)
+					snprintf(dt, sizeof dt, "%s", fi->dtype == HPU_F32 ? "f32" : "i32");
+				else
+					snprintf(dt, sizeof dt, "dtype %d", (int)fi->dtype);
+				snprintf(mine, sizeof mine, "%s %s %s", fi->name ? fi->name : "(null)", dt,
+					 fi->ndim == nd ? hpu__shape_text(ms, sizeof ms, nd, fi->shape)
+							: "(a bad ndim)");
 				if (f < b->data[0].nfields)
 					snprintf(theirs, sizeof theirs, "%s %s %s", t->name,
 						 t->dtype == HPU_F32 ? "f32" : "i32",

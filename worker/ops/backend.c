@@ -161,7 +161,7 @@ int hpu__be_refused(const char *op, const char *fmt, ...)
 	 * --graphs or HPU_STRICT_KERNELS=1, where it trains without them) */
 	const char *be = hpu__env_str(HPU_ENV_HPU_BACKEND);
 	hpu__log(HPU_LOG_ERROR, "the device %s has no kernel for %s (%s)%s", dev_name(), op, detail,
-		 be && !strcmp(be, "reference")
+		 be && !strcmp(be, "reference") && !strcmp(dev_name(), "cpu-strict")
 			 ? ": HPU_BACKEND=reference has C loops, not kernels, for it, and only "
 			   "kernels may touch this device's memory here (--graphs or "
 			   "HPU_STRICT_KERNELS=1); leave HPU_BACKEND unset for onednn's"

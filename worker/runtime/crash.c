@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "worker/hpu/model.h"
@@ -15,6 +17,7 @@
 
 static int crash_rank;
 static const hpu_builder *crash_model;
+static volatile pid_t model_tid; /* the thread that runs the layers */
 static char altstack[64 * 1024]; /* the main thread's stack overflow still reports (other
 				  * threads' run the handler on their own stack) */
 
@@ -93,7 +96,10 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 	 * layer's call): which, and what it recorded */
 	int backward = 0, l = hpu__op_layer_now(&backward);
 	const hpu_builder *b = crash_model;
-	if (b && l >= 0 && l < b->nlayers && b->layers[l]) {
+	/* that thread's fault only (the loader's thread runs the model's
+	 * fetch while the layers run) */
+	int here = (pid_t)syscall(SYS_gettid) == model_tid;
+	if (b && here && l >= 0 && l < b->nlayers && b->layers[l]) {
 		const struct hpu_layer *ly = b->layers[l];
 		say(who, ": in layer ", ly->name, backward ? "'s backward" : "'s forward", NULL, NULL);
 		if (ly->err[0])
@@ -110,6 +116,7 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 
 void hpu__crash_report_model(const hpu_builder *b)
 {
+	model_tid = (pid_t)syscall(SYS_gettid);
 	crash_model = b;
 }
 

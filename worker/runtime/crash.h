@@ -15,7 +15,8 @@ void hpu__crash_report_install(int rank);
 struct hpu_builder;
 /* The model whose layers the report names: a crash inside a layer's
  * forward or backward says which, and the error the layer recorded
- * (a call that returned NULL, whose result was then used). */
+ * (a call that returned NULL, whose result was then used), where the
+ * calling thread (the one that runs the layers) faults; NULL: none. */
 void hpu__crash_report_model(const struct hpu_builder *b);
 
 #endif

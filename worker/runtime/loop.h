@@ -54,6 +54,7 @@ typedef struct loop {
 				  * for progress records */
 	uint64_t comm_bytes;     /* sent by the steps' collectives */
 	long bad_seen;           /* skipped steps already said */
+	long skipped0;           /* the strategy's skipped steps when this run began */
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
 	hpu__graphs *graphs;     /* --graphs, or NULL */

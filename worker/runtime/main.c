@@ -298,8 +298,9 @@ int main(int argc, char **argv)
 		HPU_ENV_HPU_CUDNN_FIND,	     HPU_ENV_HPU_CUDNN_LOG,
 	};
 	for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
-		long v;
-		if (hpu__env_long(flags[k], 0, 1, &v) < 0) {
+		/* exactly: some are read as strcmp(v, "1"), where +1 or 01 was off */
+		const char *v = hpu__env_str(flags[k]);
+		if (v && *v && strcmp(v, "0") && strcmp(v, "1")) {
 			hpu__log(HPU_LOG_ERROR, "%s=%s: must be 0 or 1", hpu__env_name(flags[k]),
 				 hpu__env_str(flags[k]));
 			return 2;

@@ -255,13 +255,15 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 	if (bad)
 		printf("%ld step%s skipped for a non-finite loss or gradients\n", bad,
 		       bad == 1 ? " was" : "s were");
-	/* 16-mixed's overflows while the dynamic scale still came down are
+	/* 16-mixed's overflows while the dynamic scale is above its minimum are
 	 * its search, not counted above (nor by --max-skipped-steps): a run
 	 * that skipped 19 steps said 3 */
-	long scaler = L->o->precision == HPU_PREC_FP16_MIXED ? hpu__strat_skipped(L->st) - bad : 0;
+	long scaler = L->o->precision == HPU_PREC_FP16_MIXED && L->o->loss_scale <= 0 && trained
+			      ? hpu__strat_skipped(L->st) - L->skipped0 - bad
+			      : 0;
 	if (scaler > 0)
-		printf("%ld %sstep%s skipped for gradient overflows while the loss scale came "
-		       "down (--max-skipped-steps counts them once it is at --min-loss-scale)\n",
+		printf("%ld %sstep%s skipped for gradient overflows while the loss scale was "
+		       "above --min-loss-scale (--max-skipped-steps counts them only at it)\n",
 		       scaler, bad ? "more " : "", scaler == 1 ? " was" : "s were");
 	if (L->o->verbose && L->o->precision == HPU_PREC_FP8 && trained) {
 		uint64_t f8, b16;

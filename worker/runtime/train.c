@@ -427,6 +427,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		goto out;
 	hpu__watch_start(o->hang_warning, L.rank, b);
 	hpu__crash_report_model(b);
+	L.skipped0 = hpu__strat_skipped(L.st); /* the checkpoint's: this run's are past it */
 	int resumed = ck != NULL;
 	if (ck) {
 		hpu__ckpt_close(ck);
@@ -489,6 +490,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	rc = 0;
 out:
 	hpu__watch_stop();
+	hpu__crash_report_model(NULL); /* its builder goes after this */
 	hpu__prof_close();
 	if (ck) {
 		hpu__ckpt_close(ck);
