@@ -379,7 +379,10 @@ static void test_busy_status_and_lost_submitter(void **state)
 	/* the workers may end first on their own (their coordinator gone):
 	 * hpud then says it once the submitter's silence passes the timeout,
 	 * which a loaded machine's stalled ticks push later (control.c) */
-	assert_int_equal(h_wait_for(&daemon_proc, "went away", 60000), 0);
+	int said = h_wait_for(&daemon_proc, "went away", 60000);
+	if (said)
+		printf("hpud's output:\n%s\n", daemon_proc.out); /* what it said instead */
+	assert_int_equal(said, 0);
 	assert_int_equal(jobs_running(), 0);
 	stop_daemon();
 }
