@@ -33,6 +33,12 @@
 static char *launch_argv_str[32];
 
 /* hpulaunch --hostfile ... MODEL with `extra` training options. */
+/* Epochs of a job that must still run when the test stops it (a
+ * submitter killed, SIGINT, SIGTERM): 50 were 11,700 steps, about 5 s at
+ * the MLP's pace, and on a loaded machine the job ended before the
+ * submitter was missed (no "went away"). */
+#define LONG_JOB "2000"
+
 static void launch_start(proc *p, const char *epochs)
 {
 	char **a = launch_argv_str;
@@ -351,7 +357,7 @@ static void test_busy_status_and_lost_submitter(void **state)
 	(void)state;
 	start_daemon();
 	proc a, b, s;
-	launch_start(&a, "50");
+	launch_start(&a, LONG_JOB);
 	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
 	char target[64];
 	snprintf(target, sizeof target, "127.0.0.1:%d", port);
@@ -426,7 +432,7 @@ static void test_workers_die_with_hpud(void **state)
 	close(fd);
 	assert_true(has_fd_on(daemon_proc.pid, marker));
 	proc a;
-	launch_start(&a, "50");
+	launch_start(&a, LONG_JOB);
 	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
 	pid_t kids[4];
 	assert_int_equal(h_children(daemon_proc.pid, kids, 4), 2);
@@ -531,7 +537,7 @@ static void test_cancel_term_and_reload(void **state)
 	start_daemon();
 	proc a;
 	pid_t kids[4];
-	launch_start(&a, "50");
+	launch_start(&a, LONG_JOB);
 	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
 	kill(a.pid, SIGINT);
 	assert_int_equal(h_wait(&a, 20000), 0);
@@ -553,7 +559,7 @@ static void test_cancel_term_and_reload(void **state)
 	kill(daemon_proc.pid, SIGHUP);
 	assert_int_equal(h_wait_for(&daemon_proc, "configuration reloaded", 5000), 0);
 	/* SIGTERM: the job is cancelled with a reason, hpud exits 0 */
-	launch_start(&a, "50");
+	launch_start(&a, LONG_JOB);
 	assert_int_equal(h_wait_for(&a, "step 5/", 120000), 0);
 	kill(daemon_proc.pid, SIGTERM);
 	assert_int_equal(h_wait(&daemon_proc, 20000), 0);
