@@ -162,6 +162,30 @@ static void test_hpud_stalled(void **state)
 	stop_daemon();
 }
 
+/* Two nodes of one device each: this test's hpud as node 0 (started
+ * again with one device) and a second hpud, d2, as node 1, on the same
+ * key; their hostfile's path into hf2. */
+static void two_nodes_one_device(proc *d2, char *hf2, size_t hf2len)
+{
+	write_conf(1, NULL);
+	start_daemon();
+	char conf2[160], text[1024];
+	int port2 = h_free_port();
+	snprintf(conf2, sizeof conf2, "%s/hpud2.conf", dir);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 1\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 3\n",
+		 port2, key_path);
+	assert_int_equal(h_write_file(conf2, text, 0644), 0);
+	snprintf(hf2, hf2len, "%s/hostfile2", dir);
+	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n127.0.0.1:%d slots=1\n", port, port2);
+	assert_int_equal(h_write_file(hf2, text, 0644), 0);
+	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
+	char *env2[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
+	assert_int_equal(h_start(d2, argv2, env2), 0);
+	assert_int_equal(h_wait_for(d2, "listening on", 10000), 0);
+}
+
 /* Two nodes, the second's hpud stopped for 5 s while the job is
  * submitted: node 0's part, launched first, keeps being pinged while
  * hpulaunch waits for node 1's answer (no ping was sent then, and node
@@ -170,24 +194,9 @@ static void test_hpud_stalled(void **state)
 static void test_slow_node_submission(void **state)
 {
 	(void)state;
-	write_conf(1, NULL);
-	start_daemon();
-	char conf2[160], hf2[160], text[1024];
-	int port2 = h_free_port();
-	snprintf(conf2, sizeof conf2, "%s/hpud2.conf", dir);
-	snprintf(text, sizeof text,
-		 "listen = 127.0.0.1\nport = %d\ndevices = 1\nkey = %s\nuser = nobody\n"
-		 "log_level = info\nsubmitter_timeout = 3\n",
-		 port2, key_path);
-	assert_int_equal(h_write_file(conf2, text, 0644), 0);
-	snprintf(hf2, sizeof hf2, "%s/hostfile2", dir);
-	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n127.0.0.1:%d slots=1\n", port, port2);
-	assert_int_equal(h_write_file(hf2, text, 0644), 0);
+	char hf2[160];
 	proc d2;
-	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
-	char *env2[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
-	assert_int_equal(h_start(&d2, argv2, env2), 0);
-	assert_int_equal(h_wait_for(&d2, "listening on", 10000), 0);
+	two_nodes_one_device(&d2, hf2, sizeof hf2);
 	kill(d2.pid, SIGSTOP);
 	char *a[] = {(char *)LAUNCH, "--hostfile", hf2, "--key", key_path, "--max-steps", "3",
 		     "--batch-size", "32", "--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
@@ -216,24 +225,9 @@ static void test_slow_node_submission(void **state)
 static void test_node0_hpud_stops(void **state)
 {
 	(void)state;
-	write_conf(1, NULL);
-	start_daemon();
-	char conf2[160], hf2[160], text[1024];
-	int port2 = h_free_port();
-	snprintf(conf2, sizeof conf2, "%s/hpud2.conf", dir);
-	snprintf(text, sizeof text,
-		 "listen = 127.0.0.1\nport = %d\ndevices = 1\nkey = %s\nuser = nobody\n"
-		 "log_level = info\nsubmitter_timeout = 3\n",
-		 port2, key_path);
-	assert_int_equal(h_write_file(conf2, text, 0644), 0);
-	snprintf(hf2, sizeof hf2, "%s/hostfile2", dir);
-	snprintf(text, sizeof text, "127.0.0.1:%d slots=1\n127.0.0.1:%d slots=1\n", port, port2);
-	assert_int_equal(h_write_file(hf2, text, 0644), 0);
+	char hf2[160];
 	proc d2;
-	char *argv2[] = {(char *)HPUD, "-c", conf2, NULL};
-	char *env2[] = {"HPUCOLL_TIMEOUT_MS=10000", NULL};
-	assert_int_equal(h_start(&d2, argv2, env2), 0);
-	assert_int_equal(h_wait_for(&d2, "listening on", 10000), 0);
+	two_nodes_one_device(&d2, hf2, sizeof hf2);
 	char *a[] = {(char *)LAUNCH, "--hostfile", hf2, "--key", key_path, "--max-steps", "100000",
 		     "--log-every", "5", "--batch-size", "32", "--no-eval", (char *)MODEL, "--",
 		     "--hidden", "16", NULL};
