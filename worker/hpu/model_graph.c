@@ -64,6 +64,15 @@ int hpu_tensor_info(const hpu_builder *b, const char *name, hpu_tensor *out)
 
 /* ---- datasets ---- */
 
+/* "f32", "i32", or "dtype N" for a value that is neither. */
+static const char *dtype_text(hpu_dtype d, char *buf, size_t len)
+{
+	if (d == HPU_F32 || d == HPU_I32)
+		return d == HPU_F32 ? "f32" : "i32";
+	snprintf(buf, len, "dtype %d", (int)d);
+	return buf;
+}
+
 int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
 {
 	HPU__SETUP_ONLY(b, NULL, "hpu_dataset_set", HPU_EINVAL);
@@ -95,18 +104,15 @@ int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds)
 			    fi->dtype != t->dtype || fi->ndim != t->ndim ||
 			    (fi->ndim && memcmp(fi->shape, t->shape, (size_t)fi->ndim * 8))) {
 				/* each side's dtype and shape (it named the fields only) */
-				char mine[96] = "", theirs[96] = "none", ms[64], ts[64], dt[16];
+				char mine[96] = "", theirs[96] = "none", ms[64], ts[64], d0[16], d1[16];
 				int nd = fi->ndim < 0 ? 0 : fi->ndim > HPU_MAX_DIMS ? HPU_MAX_DIMS : fi->ndim;
-				if (fi->dtype == HPU_F32 || fi->dtype == HPU_I32)
-					snprintf(dt, sizeof dt, "%s", fi->dtype == HPU_F32 ? "f32" : "i32");
-				else
-					snprintf(dt, sizeof dt, "dtype %d", (int)fi->dtype);
-				snprintf(mine, sizeof mine, "%s %s %s", fi->name ? fi->name : "(null)", dt,
+				snprintf(mine, sizeof mine, "%s %s %s", fi->name ? fi->name : "(null)",
+					 dtype_text(fi->dtype, d0, sizeof d0),
 					 fi->ndim == nd ? hpu__shape_text(ms, sizeof ms, nd, fi->shape)
 							: "(a bad ndim)");
 				if (f < b->data[0].nfields)
 					snprintf(theirs, sizeof theirs, "%s %s %s", t->name,
-						 t->dtype == HPU_F32 ? "f32" : "i32",
+						 dtype_text(t->dtype, d1, sizeof d1),
 						 hpu__shape_text(ts, sizeof ts, t->ndim, t->shape));
 				return hpu__model_refuse(b, HPU_EINVAL,
 							 "test dataset: field %d (%s) differs from the training dataset's (%s): "

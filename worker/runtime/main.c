@@ -188,14 +188,17 @@ static void note_model(const hpu_builder *b)
 	/* staged only where the device's memory is not the host's (on cpu
 	 * it said "stages" too, which nothing did) */
 	int host_mem = hpu__dev_host_can_read();
-	for (int i = 0; i < b->nlayers; i++)
-		if (b->layers[i]->device == HPU_LAYER_HOST_ONLY && host_mem)
+	for (int i = 0; i < b->nlayers; i++) {
+		if (b->layers[i]->device != HPU_LAYER_HOST_ONLY)
+			continue;
+		if (host_mem)
 			printf("model: layer %s runs on the host only (HPU_LAYER_HOST_ONLY: device "
 			       "%s's memory is the host's, so nothing is staged)\n",
 			       b->layers[i]->name, hpu__dev_name());
-		else if (b->layers[i]->device == HPU_LAYER_HOST_ONLY)
+		else
 			printf("model: layer %s runs on the host only (HPU_LAYER_HOST_ONLY: the runtime "
 			       "stages its tensors in host memory)\n", b->layers[i]->name);
+	}
 }
 
 /* hpu-worker --count-gpus: the GPUs the CUDA device sees, for
@@ -301,8 +304,7 @@ int main(int argc, char **argv)
 		/* exactly: some are read as strcmp(v, "1"), where +1 or 01 was off */
 		const char *v = hpu__env_str(flags[k]);
 		if (v && *v && strcmp(v, "0") && strcmp(v, "1")) {
-			hpu__log(HPU_LOG_ERROR, "%s=%s: must be 0 or 1", hpu__env_name(flags[k]),
-				 hpu__env_str(flags[k]));
+			hpu__log(HPU_LOG_ERROR, "%s=%s: must be 0 or 1", hpu__env_name(flags[k]), v);
 			return 2;
 		}
 	}

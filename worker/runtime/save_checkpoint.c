@@ -312,7 +312,7 @@ int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 		 * directory than rank 0's (each node's own disk at that path) */
 		char here[1200];
 		struct stat pst;
-		snprintf(here, sizeof here, "%s/%s", root, partial);
+		hpu__dir_part(path, here, sizeof here); /* the shard's: the partial */
 		if (rank != 0 && stat(here, &pst) < 0 && errno == ENOENT) {
 			size_t at = strlen(mine.msg);
 			snprintf(mine.msg + at, sizeof mine.msg - at,
