@@ -72,6 +72,10 @@ typedef struct hpu_agent_cfg {
 	const char *token;
 	char *const *argv; /* the program to run and its arguments */
 	int search_path;   /* look argv[0] up in PATH */
+	/* The workers speak the status protocol (hpu-worker): exit(0) from
+	 * one that never said hello is HPU_AGENT_LEFT_EARLY too. 0: a worker
+	 * that never said hello is judged by its exit status alone. */
+	int hpu_workers;
 	const char *log_dir; /* also write rank_N.log here (appended to on a
 			      * restart), or NULL */
 	const char *transport; /* HPUCOLL_TRANSPORT for the workers, or NULL */
@@ -144,6 +148,10 @@ int hpu__agent_status(const hpu_agent *a, int rank, hpu_status_rec *st, double *
  * for (hpu__status_error, on its status pipe), which the other nodes'
  * closing error repeats; "" for none or a rank not on this node. */
 const char *hpu__agent_why(const hpu_agent *a, int rank);
+
+/* 1 when rank `rank` (one of this node's) said hello on its status pipe
+ * (it is an hpu-worker), else 0. */
+int hpu__agent_said_hello(const hpu_agent *a, int rank);
 
 /* The rank that rank `rank` (one of this node's) blamed for its failure
  * (hpu__status_blame) and *how; -1 when it blamed none. */

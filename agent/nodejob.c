@@ -188,7 +188,10 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		char pos[128];
 		hpu__describe_position(have ? st.step : 0, have ? st.total : 0,
 				       have ? st.phase : HPU_PHASE_SETUP, pos, sizeof pos);
-		snprintf(how + n, sizeof how - n, " (%s)", pos);
+		snprintf(how + n, sizeof how - n, " (%s%s)", pos,
+			 hpu__agent_said_hello(a, rank) ? ""
+							: "; it never spoke to its agent: is the "
+							  "worker program hpu-worker?");
 	}
 	/* a worker that failed because of another rank: that rank is the
 	 * cause, not the one that exited first */
@@ -482,6 +485,7 @@ hpu_nodejob *hpu__nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg
 		.token = j->token,
 		.argv = cfg->argv,
 		.search_path = cfg->search_path,
+		.hpu_workers = cfg->hpu_workers,
 		.log_dir = cfg->log_dir,
 		.transport = cfg->transport,
 		.restart_count = cfg->restart_count,

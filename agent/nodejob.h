@@ -32,6 +32,10 @@ typedef struct hpu_nodejob_cfg {
 	int restart_count, max_restarts;
 	char *const *argv;        /* the worker program and its arguments */
 	int search_path;          /* look argv[0] up in PATH */
+	/* The workers are hpu-workers (not hpulaunch --exec's program): one
+	 * that exits 0 without ever saying hello on its status pipe left
+	 * early (hpud's `worker =` naming another program, say). */
+	int hpu_workers;
 	const char *log_dir;      /* or NULL */
 	const char *transport;    /* or NULL */
 	char *const *env;         /* "NAME=VALUE" for the workers, or NULL */

@@ -102,6 +102,12 @@ const char *hpu__agent_why(const hpu_agent *a, int rank)
 	return local < 0 || local >= a->cfg.devices ? "" : a->w[local].why;
 }
 
+int hpu__agent_said_hello(const hpu_agent *a, int rank)
+{
+	int local = rank - a->cfg.rank_base;
+	return local >= 0 && local < a->cfg.devices && a->w[local].hello;
+}
+
 int hpu__agent_culprit(const hpu_agent *a, int rank, hpu_blame *how)
 {
 	int local = rank - a->cfg.rank_base;

@@ -231,8 +231,10 @@ void hpu__agent_on_child(struct ev_loop *loop, ev_child *c, int revents)
 	a->live--;
 	int status = c->rstatus;
 	/* exit(0) from a worker that never said it was done: it left early
-	 * (a model that called exit()), which fails the job like any exit */
-	if (status == 0 && w->hello && !(w->last_at > 0 && w->last.phase == HPU_PHASE_DONE))
+	 * (a model that called exit(), or a program that is not hpu-worker),
+	 * which fails the job like any exit */
+	if (status == 0 && (w->hello || a->cfg.hpu_workers) &&
+	    !(w->last_at > 0 && w->last.phase == HPU_PHASE_DONE))
 		status = HPU_AGENT_LEFT_EARLY;
 	/* what it wrote before its end, first: its last lines come out
 	 * before on_exit's error about it */

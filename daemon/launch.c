@@ -249,6 +249,7 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 		.restart_count = j->restart_count,
 		.max_restarts = j->max_restarts,
 		.argv = j->argv,
+		.hpu_workers = 1,
 		.transport = j->transport[0] ? j->transport : NULL,
 		.env = j->env,
 		.device_ids = j->dev,

@@ -157,6 +157,7 @@ static int run_attempt(char *err, size_t errlen)
 		.max_restarts = L.args.max_restarts,
 		.argv = L.args.worker_argv,
 		.search_path = L.args.exec_mode,
+		.hpu_workers = !L.args.exec_mode,
 		.log_dir = L.args.log_dir,
 		.transport = L.args.transport,
 		.join_timeout_s = L.args.join_timeout_s,

@@ -691,6 +691,29 @@ static void test_reload_worker_and_window(void **state)
 	unlink(wb);
 }
 
+/* hpud's `worker =` naming a program that is not hpu-worker (/bin/true):
+ * its workers exit 0 without ever saying hello, and the job fails saying
+ * so. hpulaunch reported such a job as a success (exit 0, nothing
+ * trained). */
+static void test_worker_not_hpu_worker(void **state)
+{
+	(void)state;
+	write_conf(2, "worker = /bin/true\n");
+	start_daemon();
+	char *argv[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path,
+			"--devices", "1", "--max-steps", "2", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	proc p;
+	int rc = h_run(&p, argv, NULL, 120000);
+	printf("  worker = /bin/true: exit %d\n%s", rc, p.out);
+	assert_int_equal(rc, 1);
+	assert_non_null(strstr(p.out, "exited with code 0 before the job ended"));
+	assert_non_null(strstr(p.out, "is the worker program hpu-worker?"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 /* Receives and drops what hpud sent c without verifying it: pongs in
  * their thousands would fill c's own replay cache (65536 nonces over
  * its 30 s window), after which it would refuse hpud's genuine replies. */
@@ -1052,6 +1075,7 @@ int main(void)
 		cmocka_unit_test(test_submitter_reconnected),
 		cmocka_unit_test(test_key_rotation_keeps_jobs),
 		cmocka_unit_test(test_reload_worker_and_window),
+		cmocka_unit_test(test_worker_not_hpu_worker),
 		cmocka_unit_test(test_replay_cache_sized_from_window),
 		cmocka_unit_test(test_submitter_refuses_replays),
 		cmocka_unit_test(test_submitter_takes_a_flood),

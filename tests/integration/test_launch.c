@@ -530,6 +530,32 @@ static void test_worker_leaves_early(void **state)
 	}
 }
 
+/* A worker program that is not hpu-worker (HPU_WORKER, or hpud's
+ * `worker =`, naming /bin/true): it exits 0 without ever saying hello on
+ * its status pipe. The job failed as it should but hpulaunch said it
+ * succeeded (exit 0, nothing trained). hpulaunch --exec's programs, which
+ * never say hello, are still judged by their exit status. */
+static void test_worker_not_hpu_worker(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--max-steps", "20", "--log-every", "0",
+			"--no-eval", (char *)MODEL, "--", "--hidden", "16", NULL};
+	char *env[] = {"HPU_WORKER=/bin/true", NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 120000);
+	printf("HPU_WORKER=/bin/true: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "exited with code 0 before the job ended (during setup, "
+				      "before step 1; it never spoke to its agent: is the "
+				      "worker program hpu-worker?)"));
+	h_free(&p);
+	char *ex[] = {(char *)LAUNCH, "--devices", "2", "--exec", "true", NULL};
+	code = h_run(&p, ex, NULL, 60000);
+	printf("--exec true: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 0);
+	h_free(&p);
+}
+
 /* A worker that crashes (a model writing through a bad pointer) says so
  * before it dies: the signal, the address and a backtrace whose frames
  * name the model's library, so that a crash on a machine without a
@@ -839,6 +865,7 @@ int main(void)
 		cmocka_unit_test(test_ipc_same_job_id),
 		cmocka_unit_test(test_open_file_limit),
 		cmocka_unit_test(test_worker_leaves_early),
+		cmocka_unit_test(test_worker_not_hpu_worker),
 		cmocka_unit_test(test_worker_paused),
 		cmocka_unit_test(test_worker_crash_reported),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
