@@ -329,10 +329,19 @@ typedef struct hpu_model {
  * hpu_model hpu_model_entry = {...}`; it goes in the version after. */
 #define HPU_EXPORT HPU_API
 
-/* Defines the model's entry symbol: HPU_MODEL(.name = "mlp", .setup = f). */
+/* Defines the model's entry symbol: HPU_MODEL(.name = "mlp", .setup = f).
+ * In C++ (20, for the designated fields, given in the struct's order) the
+ * symbol is extern "C": a namespace-scope const would have internal
+ * linkage, and no entry symbol would be exported. */
+#ifdef __cplusplus
+#define HPU_MODEL(...)                                                      \
+	extern "C" HPU_API const hpu_model hpu_model_entry = {              \
+		.abi_version = HPU_ABI_VERSION, __VA_ARGS__}
+#else
 #define HPU_MODEL(...)                                                      \
 	HPU_API const hpu_model hpu_model_entry = {                         \
 		.abi_version = HPU_ABI_VERSION, __VA_ARGS__}
+#endif
 
 /* --- during setup ---
  *

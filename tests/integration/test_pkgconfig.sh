@@ -76,4 +76,47 @@ rc=$?
 cat out.log
 [ $rc = 0 ] || fail "hpulaunch exited $rc on the pkg-config-built model"
 grep -q 'trained 1 steps\|trained 1 step' out.log || fail "no 'trained 1 step' line"
+
+# The same model in C++ (20: designated fields in the structs' order):
+# HPU_MODEL's symbol must be extern "C" there, or the namespace-scope
+# const has internal linkage and nothing is exported ("has no entry
+# symbol 'hpu_model_entry'", though the model used HPU_MODEL).
+cat >my.cpp <<'EOF'
+#include <hpu/hpu.h>
+#include <hpu/layers.h>
+
+static int fetch(void *user, size_t i, void *const *out)
+{
+	float *x = static_cast<float *>(out[0]), *y = static_cast<float *>(out[1]);
+	(void)user;
+	x[0] = (float)(i % 7) / 7.0f;
+	x[1] = (float)(i % 5) / 5.0f;
+	y[0] = 2 * x[0] - 3 * x[1] + 1;
+	return 0;
+}
+
+static int setup(hpu_builder *b, int, char **)
+{
+	hpu_dataset train = {.size = 64, .nfields = 2,
+			     .fields = {{"x", HPU_F32, 1, {2}}, {"y", HPU_F32, 1, {1}}},
+			     .fetch = fetch};
+	const hpu_linear_opts fc = {.out = 1, .bias = true}; /* C++ names the _v3 form */
+	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) != HPU_OK ||
+	    !hpu_linear_v3(b, "fc", "x", "pred", fc) || !hpu_mse(b, "mse", "pred,y", "err") ||
+	    hpu_loss_add(b, "err", 1.0f) != HPU_OK)
+		return HPU_ERROR;
+	return HPU_OK;
+}
+
+HPU_MODEL(.name = "pcmodel_cxx", .setup = setup);
+EOF
+c++ -std=c++20 -Werror -shared -fPIC my.cpp $flags -o mycxx.so || fail "the C++ model did not build with: $flags"
+nm -D --defined-only mycxx.so | grep -q ' hpu_model_entry$' ||
+	fail "the C++ model exports no hpu_model_entry (HPU_MODEL must make it extern \"C\")"
+timeout 120 "$build/bin/hpulaunch" -q --devices 1 --max-steps 1 --log-every 1 --batch-size 16 \
+	--optimizer sgd --lr 0.1 ./mycxx.so >outcxx.log 2>&1
+rc=$?
+cat outcxx.log
+[ $rc = 0 ] || fail "hpulaunch exited $rc on the C++ model"
+grep -q 'trained 1 steps\|trained 1 step' outcxx.log || fail "no 'trained 1 step' line from the C++ model"
 echo "test_pkgconfig: PASS"
