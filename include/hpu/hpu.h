@@ -195,7 +195,10 @@ typedef struct hpu_init {
 	hpu_init_kind kind;
 	float a, b; /* as the kind says */
 	/* HPU_INIT_CUSTOM: writes w[0 .. info->numel). Returns 0, or
-	 * non-zero after hpu_error() (setup then fails). */
+	 * non-zero (setup then fails, "the initializer of L.P failed"). It
+	 * runs after setup() has returned; to say why, call hpu_error() on
+	 * the builder setup() got (user can carry it) before returning: its
+	 * message follows. */
 	int (*fn)(void *user, const hpu_init_info *info, float *w,
 		  hpu_init_rng *rng);
 	void *user;

@@ -345,6 +345,36 @@ static void test_bias_fan_in(void **state)
 	lh_free(&h);
 }
 
+/* A custom initializer that refuses, saying why with hpu_error on the
+ * builder it carries: the failure names the parameter and gives the
+ * message (only "the initializer of lin.weight failed" was said; the
+ * header promised hpu_error() but the message was dropped). */
+static int refuse_init(void *user, const hpu_init_info *info, float *w, hpu_init_rng *rng)
+{
+	(void)w;
+	(void)rng;
+	return hpu_error((hpu_builder *)user, "no values for %s of %zu", info->name, info->numel);
+}
+
+static void test_custom_init_error(void **state)
+{
+	(void)state;
+	int64_t shape = 4, wshape[2] = {3, 4}, out = 3;
+	lh_harness *h = lt_harness_x(1, 1, &shape);
+	hpu_builder *b = lh_builder(h);
+	hpu_layer *l = hpu_layer_add(b, "lin", "x", &noop_ops, NULL);
+	assert_non_null(l);
+	assert_int_equal(hpu_layer_output(l, "y", HPU_F32, 1, &out), 0);
+	hpu_init custom = {.kind = HPU_INIT_CUSTOM, .fn = refuse_init, .user = b};
+	assert_int_equal(hpu_param_add(l, "weight", 2, wshape, custom), 0);
+	float w[12];
+	char err[512];
+	assert_int_equal(hpu__model_init_layer(b, 0, 1, w, err, sizeof err), -1);
+	printf("  %s\n", err);
+	assert_string_equal(err, "the initializer of lin.weight failed: no values for lin.weight of 12");
+	lh_free(&h);
+}
+
 static void test_linear_init(void **state)
 {
 	(void)state;
@@ -1221,6 +1251,7 @@ int main(void)
 		cmocka_unit_test(test_harness_dataset),
 		cmocka_unit_test(test_linear_forward),
 		cmocka_unit_test(test_linear_init),
+		cmocka_unit_test(test_custom_init_error),
 		cmocka_unit_test(test_wrong_phase),
 		cmocka_unit_test(test_shape_too_large),
 		cmocka_unit_test(test_failure_without_message),

@@ -115,11 +115,32 @@ int hpu__model_init_values(const hpu_init *init, const char *name, int ndim,
 	return 0;
 }
 
+/* A custom initializer that failed after hpu_error() on the builder (its
+ * user pointer can carry it): its message after err's "the initializer of
+ * X failed". Setup has succeeded by now: the builder's message, cleared
+ * before the initializers run (unless setup failed), is theirs. */
+static int init_begin(hpu_builder *b)
+{
+	if (b->status != HPU_OK)
+		return 0;
+	b->err[0] = '\0';
+	return 1;
+}
+
+static int init_failed(hpu_builder *b, int ours, char *err, size_t errlen)
+{
+	size_t n = strlen(err);
+	if (ours && b->err[0] && n + 3 < errlen)
+		snprintf(err + n, errlen - n, ": %s", b->err);
+	return -1;
+}
+
 int hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst, char *err,
 			  size_t errlen)
 {
 	hpu_layer *l = b->layers[li];
 	memset(dst, 0, l->plen * sizeof *dst);
+	int ours = init_begin(b);
 	const hpu_param_info *weight = NULL; /* the last of 2+ dims so far */
 	for (int i = l->first_param; i < l->first_param + l->nparams; i++) {
 		hpu_param_info *p = &b->params[i];
@@ -128,7 +149,7 @@ int hpu__model_init_layer(hpu_builder *b, int li, uint64_t seed, float *dst, cha
 		const hpu_param_info *fans_of = p->ndim == 1 ? weight : NULL;
 		if (hpu__model_init_values(&p->init, p->name, p->ndim, p->shape, p->numel, seed,
 					   (uint64_t)i + 1, fans_of, dst + p->rel, err, errlen) < 0)
-			return -1;
+			return init_failed(b, ours, err, errlen);
 		if (p->ndim >= 2)
 			weight = p;
 	}
@@ -139,13 +160,14 @@ int hpu__model_init_buffers(hpu_builder *b, uint64_t seed, float *dst, char *err
 			    size_t errlen)
 {
 	memset(dst, 0, b->buffer_numel * sizeof *dst);
+	int ours = init_begin(b);
 	for (int i = 0; i < b->nbuffers; i++) {
 		hpu_buffer_info *bi = &b->buffers[i];
 		/* streams after the parameters' */
 		if (hpu__model_init_values(&bi->init, bi->name, bi->ndim, bi->shape, bi->numel, seed,
 					   (uint64_t)(b->nparams + i) + 1, NULL, dst + bi->offset,
 					   err, errlen) < 0)
-			return -1;
+			return init_failed(b, ours, err, errlen);
 	}
 	return 0;
 }
