@@ -85,6 +85,9 @@ static const char *elf_kind(int type)
 	       : type == ET_CORE ? "core dump" : "file of an unknown type";
 }
 
+/* The smallest hpu_model of any ABI: abi_version, name, setup, teardown. */
+#define MODEL_MIN_SIZE (offsetof(hpu_model, teardown) + sizeof(void (*)(void *)))
+
 int hpu__model_check(const char *path, char *err, size_t errlen)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -118,6 +121,15 @@ int hpu__model_check(const char *path, char *err, size_t errlen)
 	else if (rc == 0)
 		snprintf(err, errlen, "the model %s has no entry symbol '%s': not an hputrain model (define it with HPU_MODEL() from <hpu/hpu.h>)",
 			 path, HPU_MODEL_ENTRY_SYMBOL);
+	else if (sym.st_size && sym.st_size < MODEL_MIN_SIZE) {
+		/* every ABI's hpu_model holds abi_version, name, setup and
+		 * teardown: the worker would read past a smaller symbol and
+		 * call what lies there */
+		snprintf(err, errlen, "the model %s: its '%s' is %llu bytes, not an hpu_model (at least %zu): define it with HPU_MODEL() from <hpu/hpu.h>",
+			 path, HPU_MODEL_ENTRY_SYMBOL, (unsigned long long)sym.st_size,
+			 (size_t)MODEL_MIN_SIZE);
+		rc = -1;
+	}
 	close(fd);
 	return rc == 1 ? 0 : -1;
 }

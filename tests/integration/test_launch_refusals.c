@@ -55,6 +55,12 @@ static void test_model_without_entry(void **state)
 	char *a2[] = {(char *)LAUNCH, "-q", (char *)text, NULL};
 	expect_usage_error(a2, NULL, want);
 	unlink(text);
+	/* an int named hpu_model_entry (3, a valid ABI version): the worker
+	 * read a setup past its end and crashed at 0x0 */
+	snprintf(want, sizeof want, "the model %s: its 'hpu_model_entry' is 4 bytes, not an hpu_model (at least 32)",
+		 h_build("lib/bad_tiny.so"));
+	char *a3[] = {(char *)LAUNCH, "-q", "--devices", "1", (char *)h_build("lib/bad_tiny.so"), NULL};
+	expect_usage_error(a3, NULL, want);
 }
 
 static void test_model_wrong_abi(void **state)

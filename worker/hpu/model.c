@@ -69,6 +69,18 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 			 path, HPU_MODEL_ENTRY_SYMBOL);
 		goto fail;
 	}
+	/* every ABI's hpu_model holds abi_version, name, setup and teardown:
+	 * a smaller symbol (an int named hpu_model_entry) was read past its
+	 * end and its "setup" called */
+	size_t have = entry_size(m);
+	if (have && have < offsetof(hpu_model, teardown) + sizeof m->teardown) {
+		snprintf(err, errlen,
+			 "model %s: its '%s' is %zu bytes, not an hpu_model (at least %zu): define it "
+			 "with HPU_MODEL() from <hpu/hpu.h>",
+			 path, HPU_MODEL_ENTRY_SYMBOL, have,
+			 offsetof(hpu_model, teardown) + sizeof m->teardown);
+		goto fail;
+	}
 	if (m->abi_version < HPU_ABI_VERSION_MIN || m->abi_version > HPU_ABI_VERSION) {
 		snprintf(err, errlen,
 			 "model %s was built for hputrain ABI version %u, but this runtime has ABI version %u "
@@ -92,7 +104,7 @@ int hpu__model_load(hpu_builder **out, const char *path, int rank, int world,
 	b->dl = dl;
 	b->model = m;
 	b->abi = m->abi_version;
-	b->model_size = entry_size(m);
+	b->model_size = have;
 	snprintf(b->path, sizeof b->path, "%s", path);
 	*out = b;
 	return 0;
