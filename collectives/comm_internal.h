@@ -277,6 +277,12 @@ struct hpucoll_comm {
 		void *zap;             /* REP at inproc://zeromq.zap.01 */
 		void *mon;             /* PAIR: the pull socket's monitor */
 		int logged;            /* refusals said on stderr */
+		/* A handshake that did not finish, said only once this
+		 * comm has lived HPUCOLL__SEC_UNFINISHED_MS past it: a peer
+		 * that died in the middle of its start ends the job by
+		 * itself, its rank named, and the line only distracted
+		 * from that error. 0: none waiting. */
+		int64_t unfinished_at;
 		pthread_t thread;
 		int running;
 		uint8_t (*nonces)[16]; /* PLAIN proofs accepted so far */

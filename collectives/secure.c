@@ -60,6 +60,9 @@
 #define NONCE_BYTES 16
 /* Refusals logged in full; after that one line at 10, 100, 1000, ... */
 #define LOG_FIRST 3
+/* An unfinished handshake's refusal is said this long after it, if the
+ * comm still lives (comm_internal.h, sec.unfinished_at). */
+#define UNFINISHED_MS 3000
 
 static const char LABEL[] = "hpucoll data plane v1";
 /* Why a proof accepted once before is refused (ZAP status
@@ -254,11 +257,10 @@ static void count_refusal(hpucoll_comm *c, uint16_t ev)
 	/* NO_DETAIL: the handshake ran out of time or its connection
 	 * closed (a peer stopped or gone in the middle of it); PROTOCOL: it
 	 * spoke another mechanism */
-	if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-		say(c, NULL, "its handshake did not finish (it stopped answering or "
-			     "closed the connection in the middle: a stopped, dead or "
-			     "slow peer, or no peer at all)");
-	else if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+	if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+		if (!c->sec.unfinished_at)
+			c->sec.unfinished_at = hpucoll__now_ms() + UNFINISHED_MS;
+	} else if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 		say(c, NULL, "its handshake failed (no proof, or another "
 			     "security mode)");
 	while (p < n && p < UINT64_MAX / 10)
@@ -268,6 +270,24 @@ static void count_refusal(hpucoll_comm *c, uint16_t ev)
 			     "hpucoll: rank %d has refused %" PRIu64
 			     " data-plane connections so far",
 			     c->rank, n);
+}
+
+/* A refusal of an unfinished handshake, waited for long enough: said. */
+static void say_unfinished(hpucoll_comm *c)
+{
+	c->sec.unfinished_at = 0;
+	say(c, NULL, "its handshake did not finish (it stopped answering or "
+		     "closed the connection in the middle: a stopped, dead or "
+		     "slow peer, or no peer at all)");
+}
+
+/* zmq_poll's timeout: until an unfinished handshake's refusal is due. */
+static long unfinished_wait(const hpucoll_comm *c)
+{
+	if (!c->sec.unfinished_at)
+		return -1;
+	int64_t left = c->sec.unfinished_at - hpucoll__now_ms();
+	return left > 0 ? (long)left : 0;
 }
 
 static void read_monitor(hpucoll_comm *c, void *mon)
@@ -347,11 +367,13 @@ static void *zap_main(void *arg)
 	};
 
 	for (;;) {
-		if (zmq_poll(it, 2, -1) < 0) {
+		if (zmq_poll(it, 2, unfinished_wait(c)) < 0) {
 			if (zmq_errno() == EINTR)
 				continue;
 			break;
 		}
+		if (c->sec.unfinished_at && hpucoll__now_ms() >= c->sec.unfinished_at)
+			say_unfinished(c);
 		if (it[0].revents & ZMQ_POLLIN)
 			answer(c, c->sec.zap);
 		if (it[1].revents & ZMQ_POLLIN)
