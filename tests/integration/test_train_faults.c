@@ -322,6 +322,24 @@ static void test_nonfinite_loss_stops(void **state)
 	free(out);
 }
 
+/* 16-mixed's dynamic scale, every step's loss NaN, hysteresis 1, the
+ * minimum a quarter of the first scale: steps 1 and 2 are the scaler's
+ * (they ran at 65536 and 32768), steps 3 to 5 ran at the minimum and
+ * count. Step 2, which brought the scale down to the minimum, counted
+ * too ("steps 2 to 4"), which DeepSpeed's raise_error_at_min_scale does
+ * not. */
+static void test_min_scale_counts_from_it(void **state)
+{
+	(void)state;
+	char *out = train_bad_loss(1, 1, "12",
+				   "--precision 16-mixed --hysteresis 1 --min-loss-scale 16384 "
+				   "--max-skipped-steps 3",
+				   "--loss nan --from 1 --to 99");
+	has(out, "loss scale 32768 -> 16384");
+	has(out, "3 steps in a row (steps 3 to 5) had a non-finite loss or gradients");
+	free(out);
+}
+
 /* A static loss scale too large for fp16 overflows every step: the
  * error names --loss-scale (it advised a lower learning rate only). */
 static void test_static_scale_overflows(void **state)
@@ -603,6 +621,7 @@ int main(void)
 	    cmocka_unit_test(test_fetch_fails),
 	    cmocka_unit_test(test_nonfinite_loss_stops),
 	    cmocka_unit_test(test_static_scale_overflows),
+	    cmocka_unit_test(test_min_scale_counts_from_it),
 	    cmocka_unit_test(test_nonfinite_loss_one_step),
 	    cmocka_unit_test(test_nonfinite_loss_no_dout),
 	    cmocka_unit_test(test_finite_losses_train),

@@ -455,10 +455,14 @@ int hpu__strat_step(hpu_strat *s, double lr)
 int hpu__strat_step_result(hpu_strat *s, float *loss, double *grad_norm)
 {
 	int skipped;
+	/* the scale the step ran at (the result brings the next one) */
+	double ran_at = s->steps.scale;
 	int rc = hpu__vars_result(s, loss, grad_norm, &skipped);
 	/* The fp16 scaler's overflows are how it finds its scale: they count
-	 * only once it cannot lower the scale any more. */
-	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && s->steps.scale > s->o->min_loss_scale;
+	 * only once it cannot lower the scale any more, by the scale the
+	 * step ran at (DeepSpeed's raise_error_at_min_scale). The overflow
+	 * that brought the scale down to --min-loss-scale counted too. */
+	int scaler = s->plan.fp16 && s->o->loss_scale <= 0 && ran_at > s->o->min_loss_scale;
 	if (skipped && !scaler) {
 		s->steps.bad_run++;
 		s->steps.bad_total++;
