@@ -959,6 +959,22 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 				      "overflow: it needs --precision 16-mixed, bf16-mixed or fp8, not fp32");
 		return -1;
 	}
+	/* the dynamic scale starts above its floor: an overflow lowers it
+	 * to max(scale / 2, min), which from below the floor raised it */
+	if (o->precision == HPU_PREC_FP16_MIXED && !(o->loss_scale > 0) &&
+	    o->min_loss_scale > ldexp(1.0, o->initial_scale_power)) {
+		char a[160], b[160], va[40], vb[16];
+		snprintf(va, sizeof va, "%g", o->min_loss_scale);
+		snprintf(vb, sizeof vb, "%d", o->initial_scale_power);
+		snprintf(err, errlen, "%s is above the first loss scale, 2^%d = %g (%s): the first "
+				      "overflow would raise the scale to it; lower it or raise "
+				      "the first scale%s",
+			 said(o, "min-loss-scale", va, a, sizeof a), o->initial_scale_power,
+			 ldexp(1.0, o->initial_scale_power),
+			 said(o, "initial-scale-power", vb, b, sizeof b),
+			 in_file(o, "min-loss-scale", "initial-scale-power", in, sizeof in));
+		return -1;
+	}
 	if (o->sched == HPU_SCHED_WARMUP_DECAY && o->total_steps > 0 &&
 	    o->total_steps < o->warmup_steps) {
 		snprintf(err, errlen, "--scheduler warmup_decay: --total-steps %ld is less than --warmup-steps %ld",

@@ -103,6 +103,16 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 		       (const char *const[]){"loss-scale", "initial-scale-power", "loss-scale-window",
 					     "hysteresis", "min-loss-scale", NULL},
 		       why);
+	} else if (o->loss_scale > 0) {
+		unread(o, f, prog,
+		       (const char *const[]){"initial-scale-power", "loss-scale-window", "hysteresis",
+					     "min-loss-scale", NULL},
+		       "with a static --loss-scale (only the dynamic scale has them)");
+	}
+	if (o->precision != HPU_PREC_FP32) {
+		snprintf(why, sizeof why, "at --precision %s: the gradients are %s already and travel so",
+			 prec, o->precision == HPU_PREC_FP16_MIXED ? "fp16" : "bf16");
+		unread(o, f, prog, (const char *const[]){"grad-comm-dtype", NULL}, why);
 	}
 	if (o->precision != HPU_PREC_FP8) {
 		snprintf(why, sizeof why, "at --precision %s: they are fp8's", prec);

@@ -1029,6 +1029,11 @@ static void test_file_offload_refusals_name_keys(void **state)
 	e = resolve_error("{'zero_optimization': {'stage': 1}}", flag);
 	assert_has(e, "--offload-param cpu works with zero3 only (DeepSpeed's stage 3), not "
 		      "zero_optimization.stage 1 (config file ");
+	/* a floor above the first dynamic scale: an overflow raised the
+	 * scale to it (65536 -> 1e6), accepted in silence */
+	e = resolve_error("{'fp16': {'enabled': true, 'min_loss_scale': 1000000}}", NULL);
+	assert_has(e, "fp16.min_loss_scale 1e+06 is above the first loss scale, 2^16 = 65536 "
+		      "(--initial-scale-power 16): the first overflow would raise the scale to it");
 }
 
 /* Flags given that the run's other choices leave unread are noted (they
@@ -1049,6 +1054,16 @@ static void test_unread_options_noted(void **state)
 		      "they are SGD's\n");
 	assert_has(t, "hpulaunch: note: --graphs-warmup has no effect without --graphs\n");
 	assert_has(t, "hpulaunch: note: --stop-at-step 50 is not before --max-steps 4");
+	free(t);
+	/* a static scale leaves the dynamic scale's options unread, and a
+	 * mixed precision --grad-comm-dtype (both were taken in silence) */
+	char *fixed[] = {"precision", "16-mixed", "loss-scale", "128", "hysteresis", "3",
+			 "min-loss-scale", "4", "grad-comm-dtype", "bf16", NULL};
+	t = notes_of("{}", fixed, &o);
+	assert_has(t, "hpulaunch: note: --hysteresis, --min-loss-scale have no effect with a static "
+		      "--loss-scale (only the dynamic scale has them)\n");
+	assert_has(t, "hpulaunch: note: --grad-comm-dtype has no effect at --precision 16-mixed: the "
+		      "gradients are fp16 already and travel so\n");
 	free(t);
 	/* before --max-steps, but with nowhere to save: it stopped and
 	 * saved nothing, silently */
