@@ -338,6 +338,21 @@ static void test_min_scale_counts_from_it(void **state)
 	has(out, "loss scale 32768 -> 16384");
 	has(out, "3 steps in a row (steps 3 to 5) had a non-finite loss or gradients");
 	free(out);
+	/* the metrics file ends with the stop and its counts, also where no
+	 * step was logged (it was empty: no final record for a failed run) */
+	const char *metrics = path("diverged.jsonl");
+	char opts[700];
+	snprintf(opts, sizeof opts, "--precision 16-mixed --hysteresis 1 --min-loss-scale 16384 "
+				    "--max-skipped-steps 3 --log-every 0 --metrics %s", metrics);
+	out = train_bad_loss(1, 1, "12", opts, "--loss nan --from 1 --to 99");
+	free(out);
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	printf("  %s", m);
+	assert_non_null(strstr(m, "{\"step\":5,\"stopped\":\"diverged\",\"nonfinite_steps_in_a_row\":3,"
+				  "\"nonfinite_steps_skipped\":3,\"skipped_steps\":5}\n"));
+	free(m);
+	unlink(metrics);
 }
 
 /* A static loss scale too large for fp16 overflows every step: the

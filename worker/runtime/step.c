@@ -440,6 +440,19 @@ int hpu__loop_skipped_check(loop *L, long step)
 		snprintf(hint, sizeof hint, "the static --loss-scale %g may overflow fp16's gradients: "
 			 "lower it, or give 0 for the dynamic scale, or lower the learning rate",
 			 L->o->loss_scale);
+	/* the metrics file ends with the run's counts (no final record is
+	 * written for a run that fails; the file said nothing of the skips) */
+	if (run >= L->o->max_skipped_steps && L->metrics) {
+		cJSON *j = cJSON_CreateObject();
+		cJSON_AddNumberToObject(j, "step", (double)step + 1);
+		cJSON_AddStringToObject(j, "stopped", "diverged");
+		cJSON_AddNumberToObject(j, "nonfinite_steps_in_a_row", run);
+		cJSON_AddNumberToObject(j, "nonfinite_steps_skipped",
+					(double)hpu__strat_bad_total(L->st));
+		cJSON_AddNumberToObject(j, "skipped_steps", (double)hpu__strat_skipped(L->st));
+		if (hpu__loop_print_json(L, j) < 0)
+			return -1;
+	}
 	if (run >= L->o->max_skipped_steps)
 		return hpu__loop_fail(L, "%d step%s in a row (steps %ld to %ld) had a non-finite loss or "
 					 "gradients (NaN or Inf) and were skipped: the run diverged "
