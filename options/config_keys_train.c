@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static int f_noop(struct fctx *c, const char *path, const cJSON *it)
 {
@@ -343,8 +344,29 @@ static int f_fp8_enabled(struct fctx *c, const char *path, const cJSON *it)
 	return f_enabled_as(c, path, it, HPU_PREC_FP8);
 }
 
+/* Transformer Engine's recipe format: HYBRID (E4M3 forward, E5M2
+ * backward) is the one fp8 here runs; E4M3 everywhere is not. */
+static int f_fp8_format(struct fctx *c, const char *path, const cJSON *it)
+{
+	if (hpu__cfg_want_string(c, path, it) < 0)
+		return -1;
+	if (!strcasecmp(it->valuestring, "HYBRID"))
+		return 0;
+	return hpu__cfg_ferr(c, path, "\"%.40s\" is not supported: fp8 here is Transformer Engine's "
+				      "HYBRID recipe (E4M3 forward, E5M2 for the backward's gradients)",
+			     it->valuestring);
+}
+
+static int f_consecutive_hysteresis(struct fctx *c, const char *path, const cJSON *it)
+{
+	return must_be(c, path, it, 0, "the scaler restores its hysteresis only after a good "
+				       "window, as DeepSpeed's default (false) does, not after every "
+				       "good step");
+}
+
 static const struct fkey fp8_keys[] = {
 	FN("enabled", f_fp8_enabled, 0),
+	FN("fp8_format", f_fp8_format, 0),
 	KEY("amax_history_len", "fp8-amax-history", 0),
 	KEY("margin", "fp8-margin", 0),
 	KEY("amax_compute_algo", "fp8-amax-compute-algo", 0),
@@ -371,7 +393,7 @@ static const struct fkey fp16_keys[] = {
 	KEY("hysteresis", "hysteresis", 0),
 	KEY("min_loss_scale", "min-loss-scale", 0),
 	NONE("auto_cast", "autocast decides per op what runs in 16 bits"),
-	NONE("consecutive_hysteresis", "the scaler restores its hysteresis after a good window (DeepSpeed's default)"),
+	FN("consecutive_hysteresis", f_consecutive_hysteresis, 0),
 	NONE("fp16_master_weights_and_grads", "master weights are always fp32"),
 };
 

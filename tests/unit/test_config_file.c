@@ -309,6 +309,16 @@ static void test_file_precision(void **state)
 		   "bf16.enabled", "only one of");
 	LOAD_ERROR("{'fp8': {'amax_compute_algo': 'mean'}}", "fp8.amax_compute_algo", "mean");
 	LOAD_ERROR("{'fp8': {'amax_history_len': 0}}", "fp8.amax_history_len");
+	/* TE's recipe format: HYBRID is ours, E4M3 is not (HYBRID was an
+	 * unknown key); DeepSpeed's consecutive_hysteresis true changes the
+	 * scaler (it was listed as a key with no effect) */
+	load_ok("{'fp8': {'enabled': true, 'fp8_format': 'HYBRID'}}", &o);
+	assert_int_equal(o.precision, HPU_PREC_FP8);
+	LOAD_ERROR("{'fp8': {'enabled': true, 'fp8_format': 'E4M3'}}", "fp8.fp8_format",
+		   "\"E4M3\" is not supported: fp8 here is Transformer Engine's HYBRID recipe");
+	load_ok("{'fp16': {'enabled': true, 'consecutive_hysteresis': false}}", &o);
+	LOAD_ERROR("{'fp16': {'enabled': true, 'consecutive_hysteresis': true}}",
+		   "fp16.consecutive_hysteresis", "true is not supported: the scaler restores");
 	LOAD_ERROR("{'fp16': {'enabled': false, 'loss_scail': 0}}",
 		   "fp16.loss_scail", "did you mean 'loss_scale'");
 }
