@@ -94,6 +94,8 @@ int ex_lm_datasets(hpu_builder *b, ex_lm *m, int t)
 				     {"targets", HPU_I32, 1, {t}},
 				     {"pos", HPU_I32, 1, {t}}}};
 	hpu_dataset_set(b, HPU_SPLIT_TRAIN, &ds);
+	/* a window at every token: windows up to t apart share tokens */
+	hpu_dataset_overlap(b, HPU_SPLIT_TRAIN, ut + 1);
 	ds.size = (nval - 1) / ut; /* the last window's targets end the text */
 	ds.user = &m->val;
 	hpu_dataset_set(b, HPU_SPLIT_TEST, &ds);

@@ -247,6 +247,47 @@ static void check_eval(size_t n, int world)
 	free(count);
 }
 
+/* --val-fraction over overlapping samples (sliding windows, span 9): one
+ * run of held-out samples, every training sample at least span away from
+ * each of them (a sample 8 away shares data), no sample in both, the same
+ * run for the same seed and another for another seed. Drawn at random,
+ * each held-out window sat between trained ones that held its text. */
+static void test_holdout_run(void **state)
+{
+	(void)state;
+	enum { N = 1000, NVAL = 100, SPAN = 9 };
+	static uint32_t map[N], again[N];
+	size_t starts[2];
+	for (uint64_t seed = 1; seed <= 2; seed++) {
+		size_t ntrain = hpu__sampler_holdout_run(map, N, NVAL, SPAN, seed);
+		assert_true(ntrain >= N - NVAL - 2 * (SPAN - 1) && ntrain <= N - NVAL);
+		uint32_t first = map[ntrain];
+		for (size_t i = 0; i < NVAL; i++)
+			assert_int_equal(map[ntrain + i], first + i); /* one run */
+		for (size_t k = 0; k < ntrain; k++) {
+			uint32_t t = map[k];
+			int near = t + SPAN > first && t < first + NVAL + SPAN - 1;
+			if (near)
+				fail_msg("seed %llu: training sample %u is within %d of the held-out run "
+					 "%u..%u", (unsigned long long)seed, t, SPAN - 1, first,
+					 first + NVAL - 1);
+			assert_true(k == 0 || map[k] > map[k - 1]);
+		}
+		/* exactly the samples apart from the run's guard are trained */
+		size_t lo = first > SPAN - 1 ? first - (SPAN - 1) : 0;
+		size_t hi = first + NVAL + SPAN - 1 < N ? first + NVAL + SPAN - 1 : N;
+		assert_int_equal(ntrain, N - (hi - lo));
+		assert_int_equal(hpu__sampler_holdout_run(again, N, NVAL, SPAN, seed), ntrain);
+		assert_memory_equal(map, again, (ntrain + NVAL) * sizeof *map);
+		starts[seed - 1] = first;
+	}
+	assert_true(starts[0] != starts[1]);
+	/* span 1: no guard; all but the run train */
+	assert_int_equal(hpu__sampler_holdout_run(map, N, NVAL, 1, 3), N - NVAL);
+	/* the run with its guard covers everything: nothing to train on */
+	assert_int_equal(hpu__sampler_holdout_run(map, 20, 10, 11, 3), 0);
+}
+
 static void test_eval_striding(void **state)
 {
 	(void)state;
@@ -274,6 +315,7 @@ int main(void)
 	    cmocka_unit_test(test_shards_partition),
 	    cmocka_unit_test(test_world_size_invariant),
 	    cmocka_unit_test(test_eval_striding),
+	    cmocka_unit_test(test_holdout_run),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

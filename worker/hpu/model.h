@@ -136,6 +136,7 @@ struct hpu_builder {
 	hpu_dataset data[2];
 	char field_names[HPU_MAX_IO][HPU_NAME_MAX];
 	int has_data[2];
+	size_t overlap[2];    /* hpu_dataset_overlap's span (0: none said) */
 	hpu_loss_ent loss[HPU_MAX_IO];
 	int nloss;
 	hpu_metric_ent metrics[HPU_MAX_IO];

@@ -231,6 +231,27 @@ int hpu__loop_val_setup(loop *L)
 				      nval ? "train on" : "validate on");
 	if (!(L->val_map = malloc(n * sizeof *L->val_map)))
 		return hpu__loop_fail(L, "out of memory holding out the validation samples");
+	L->nval = nval;
+	size_t span = L->b->overlap[HPU_SPLIT_TRAIN];
+	if (span > 1) {
+		/* samples that share data (sliding windows): held-out ones at
+		 * random would each sit between trained neighbours, and the
+		 * validation would read text it trained on */
+		L->ntrain = hpu__sampler_holdout_run(L->val_map, n, nval, span, o->seed);
+		if (L->ntrain == 0)
+			return hpu__loop_fail(L, "--val-fraction %.15g holds out %zu of the training split's "
+						 "%zu samples, and its samples overlap (the model says: by "
+						 "%zu): none is left to train on that shares nothing with "
+						 "them",
+					      o->val_fraction, nval, n, span - 1);
+		if (L->rank == 0)
+			printf("validation: %zu sample%s of the training split held out (--val-fraction "
+			       "%g) in one run, and the %zu within %zu of it, whose data overlaps "
+			       "it, used for neither; %zu left to train on\n",
+			       nval, hpu__plural((long long)nval), o->val_fraction,
+			       n - nval - L->ntrain, span - 1, L->ntrain);
+		return 0;
+	}
 	hpu__sampler_permute(L->val_map, n, o->seed, UINT64_MAX);
 	L->ntrain = n - nval;
 	if (L->rank == 0)
@@ -258,8 +279,7 @@ int hpu__loop_validate(loop *L, long step, int e)
 	hpu__prof_in_eval = 1;
 	L->eval_step = step;
 	if (L->val_map)
-		rc = evaluate_on(L, HPU_SPLIT_TRAIN, L->val_map + L->ntrain,
-				 b->data[HPU_SPLIT_TRAIN].size - L->ntrain, &ev);
+		rc = evaluate_on(L, HPU_SPLIT_TRAIN, L->val_map + L->ntrain, L->nval, &ev);
 	else
 		rc = hpu__loop_evaluate(L, &ev);
 	hpu__prof_in_eval = 0;

@@ -37,6 +37,9 @@ typedef struct loop {
 				  * the --val-fraction slice */
 	uint32_t *val_map;       /* --val-fraction: the training split's
 				  * samples, training ones first, or NULL */
+	size_t nval;             /* --val-fraction: held out, after the
+				  * ntrain in val_map (samples between
+				  * them, where they overlap, are neither) */
 	hpu_strat *st;
 	hpu_early_stop es;       /* --early-stop, when es.patience > 0 */
 	int es_metric;           /* the watched metric's index; -1: the loss */

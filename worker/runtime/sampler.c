@@ -18,6 +18,23 @@ void hpu__sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
 	}
 }
 
+size_t hpu__sampler_holdout_run(uint32_t *map, size_t n, size_t nval, size_t span,
+				uint64_t seed)
+{
+	hpu_rng r;
+	hpu_rng_seed(&r, seed, 0x484f4c44ull); /* "HOLD" */
+	size_t start = (size_t)hpu_rng_below(&r, (uint64_t)(n - nval + 1)), gap = span ? span - 1 : 0;
+	size_t lo = start > gap ? start - gap : 0, hi = start + nval + gap < n ? start + nval + gap : n;
+	size_t k = 0;
+	for (size_t i = 0; i < lo; i++)
+		map[k++] = (uint32_t)i;
+	for (size_t i = hi; i < n; i++)
+		map[k++] = (uint32_t)i;
+	for (size_t i = 0; i < nval; i++)
+		map[k + i] = (uint32_t)(start + i);
+	return k;
+}
+
 size_t hpu__sampler_steps(size_t n, size_t global_batch)
 {
 	return global_batch ? n / global_batch : 0;

@@ -13,6 +13,15 @@
 void hpu__sampler_permute(uint32_t *perm, size_t n, uint64_t seed,
 			  uint64_t epoch);
 
+/* --val-fraction over samples that overlap (hpu_dataset_overlap: sample
+ * i shares data with those less than `span` away, span >= 1): one run of
+ * nval samples held out, starting where `seed` says, and no sample within
+ * span - 1 of it trained on. map[0..ntrain) gets the training samples in
+ * order, map[ntrain..ntrain + nval) the held-out ones; returns ntrain
+ * (0 when nothing is left to train on). nval in 1..n-1. */
+size_t hpu__sampler_holdout_run(uint32_t *map, size_t n, size_t nval, size_t span,
+				uint64_t seed);
+
 /* Number of full global batches of `global_batch` in n samples. */
 size_t hpu__sampler_steps(size_t n, size_t global_batch);
 

@@ -71,7 +71,7 @@ static int eval_rows(const loop *L)
 	if (n > most)
 		most = n;
 	if (L->val_map) {
-		n = hpu__sampler_eval_count(b->data[HPU_SPLIT_TRAIN].size - L->ntrain, 0, L->world);
+		n = hpu__sampler_eval_count(L->nval, 0, L->world);
 		if (n > most)
 			most = n;
 	}
@@ -130,8 +130,10 @@ static int run_total(loop *L, long *total, size_t *per_epoch)
 		return 0;
 	}
 	if (*per_epoch == 0)
-		return hpu__loop_fail(L, "the training set (%zu samples) is smaller than one global batch (--batch-size %d)",
-				      L->ntrain, L->o->batch_size);
+		return hpu__loop_fail(L, "the training set (%zu sample%s%s) is smaller than one global "
+					 "batch (--batch-size %d)",
+				      L->ntrain, hpu__plural((long long)L->ntrain),
+				      L->val_map ? ", after --val-fraction's" : "", L->o->batch_size);
 	if (L->o->max_steps < 0) {
 		*total = (long)*per_epoch * L->o->epochs;
 		return 0;
