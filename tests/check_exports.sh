@@ -22,7 +22,8 @@ fail=0
 # The names declared `HPU_API ... name(` in the given headers. A
 # declaration starts its line with "HPU_API " (as worker/runtime's export
 # list reads them); any other line naming HPU_API, but the deprecated
-# HPU_EXPORT alias and the entry symbol HPU_MODEL defines, is refused
+# HPU_EXPORT alias and the entry symbol HPU_MODEL defines (extern "C" in
+# C++), is refused
 # rather than skipped.
 declared()
 {
@@ -30,7 +31,7 @@ declared()
 	for h in "$@"; do
 		odd=$(grep -n 'HPU_API' "$h" | grep -v ':HPU_API ' |
 		      grep -v ':#define HPU_EXPORT HPU_API' |
-		      grep -Ev ':[[:space:]]+HPU_API const hpu_model hpu_model_entry = \{')
+		      grep -Ev ':[[:space:]]+(extern "C" )?HPU_API const hpu_model hpu_model_entry = \{')
 		if [ -n "$odd" ]; then
 			echo "check_exports: $h: HPU_API not at a declaration's start:" >&2
 			echo "$odd" >&2
