@@ -210,6 +210,26 @@ static void test_host_only_layers(void **state)
 				    "device cpu's memory is the host's, so nothing is staged)"));
 	assert_null(strstr(out, "stages its tensors"));
 	free(out);
+	/* a host-only layer that hands its tensors to ops (hrelu: relu's
+	 * forward and backward on its staged host copies): the kernel stops
+	 * the worker naming the layer. It trained as on cpu, the mistake
+	 * cpu-strict is for unseen until a GPU */
+	char *model = strdup(h_build("lib/host_layer_model.so")); /* h_build's buffers rotate */
+	setenv("HPU_STRICT_KERNELS", "1", 1);
+	start(&r, 1);
+	args(&r, "--device", "cpu-strict", "--max-steps", "2", "--batch-size", "16", NULL);
+	out = finish_with(&r, 1, model, "--ops");
+	unsetenv("HPU_STRICT_KERNELS");
+	assert_non_null(strstr(out, "layer hrelu is host-only (HPU_LAYER_HOST_ONLY) and gave its "
+				    "staged host copies to an op (the kernel eltwise_fwd, its argument x: "
+				    "host memory at "));
+	assert_non_null(strstr(out, "a host-only layer computes with its own loops"));
+	free(out);
+	/* on cpu the same model trains: nothing is staged there */
+	start(&r, 1);
+	args(&r, "--device", "cpu", "--max-steps", "2", "--batch-size", "16", NULL);
+	free(finish_with(&r, 0, model, "--ops"));
+	free(model);
 }
 
 int main(void)

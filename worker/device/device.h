@@ -522,6 +522,13 @@ void hpu__dev_leave(void);
 void hpu__dev_layer_enter(void);
 void hpu__dev_layer_leave(void);
 
+/* The host-only layer (HPU_LAYER_HOST_ONLY) whose call runs now on its
+ * staged host copies (strategy_host.c), or NULL after it. Under the
+ * kernels-only mode a kernel given host memory meanwhile stops the
+ * worker naming the layer: the layer handed its host tensors to ops,
+ * which run on device memory (on a GPU too). */
+void hpu__dev_staged_layer(const char *name);
+
 /* The step guard: the runtime turns it on while a training step runs
  * (train.c's train_step: from the first micro-step's forward to the end
  * of the strategy's step) and off again. A recorded step (--graphs, a

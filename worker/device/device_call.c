@@ -188,6 +188,13 @@ void hpu__dev_layer_leave(void)
 		hpu__dev_leave();
 }
 
+const char *hpu__dev_staged_name;
+
+void hpu__dev_staged_layer(const char *name)
+{
+	hpu__dev_staged_name = name;
+}
+
 /* A device op's buffer must be device memory: on a device that tells
  * (cpu-strict, GPUs) host memory given to one -- the host tier, a
  * staging buffer -- is a bug in the caller, stopped here with one line

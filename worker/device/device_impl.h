@@ -35,6 +35,7 @@ struct hpu__dev_queue {
 extern const hpu__device *hpu__dev_cur;
 extern int hpu__dev_cur_rank;
 extern int hpu__dev_kernels_set;
+extern const char *hpu__dev_staged_name; /* hpu__dev_staged_layer's */
 /* The bytes hpu__dev_copied reports (device_copy.c counts them; zero
  * from hpu__dev_open). */
 extern atomic_uint_fast64_t hpu__dev_copied_h2d, hpu__dev_copied_d2h;

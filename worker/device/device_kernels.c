@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
@@ -199,6 +200,69 @@ static void pin_keys(pin *c, const char *arg, const uint64_t *const *keys)
 	const uint8_t *: pin_in, const uint32_t *: pin_in, const uint64_t *: pin_keys,        \
 	default: pin_out
 
+/* ---- a host-only layer's staged call handing its tensors to a kernel ----
+ *
+ * Eager, while hpu__dev_staged_name is set: every pointer a kernel reads
+ * or writes must be device memory (the host structs and permute's arrays
+ * are the host's, and dropout's keys may be). A host-only layer's tensors
+ * are staged host copies, which ops run on device memory cannot take. */
+typedef struct chk {
+	const char *entry;
+} chk;
+
+static void staged_fault(const chk *c, const char *arg, const void *p)
+{
+	fprintf(stderr,
+		"hpu-worker: rank %d: layer %s is host-only (HPU_LAYER_HOST_ONLY) and gave its staged "
+		"host copies to an op (the kernel %s, its argument %s: host memory at %p) under "
+		"--device %s: ops run on device memory, as on a GPU. A layer that only calls ops is "
+		"HPU_LAYER_ANY_DEVICE (the default); a host-only layer computes with its own loops\n",
+		hpu__dev_cur_rank, hpu__dev_staged_name, c->entry, arg, p, hpu__dev_cur->name);
+	fflush(stderr);
+	_exit(1);
+}
+
+static void chk_none(const chk *c, const char *arg, const void *v)
+{
+	(void)c;
+	(void)arg;
+	(void)v;
+}
+
+static void chk_ptr(const chk *c, const char *arg, const void *field)
+{
+	const void *p = *(const void *const *)field;
+	if (is_host(p))
+		staged_fault(c, arg, p);
+}
+
+static void chk_gemm(const chk *c, const char *arg, const hpu__gemm *const *g)
+{
+	(void)arg;
+	if (!*g)
+		return;
+	const void *p[5] = {(*g)->a, (*g)->b, (*g)->bias, (*g)->c, (*g)->c16};
+	static const char *const name[5] = {"gemm's a", "gemm's b", "gemm's bias", "gemm's c",
+					    "gemm's c16"};
+	for (int i = 0; i < 5; i++)
+		if (is_host(p[i]))
+			staged_fault(c, name[i], p[i]);
+}
+
+static void chk_array(const chk *c, const char *arg, const void *field)
+{
+	if (strcmp(c->entry, "permute")) /* permute's shape and order are the host's */
+		chk_ptr(c, arg, field);
+}
+
+#define KL_CHKS                                                                              \
+	int: chk_none, unsigned: chk_none, long: chk_none, unsigned long: chk_none,          \
+	float: chk_none, double: chk_none, const hpu__gemm *: chk_gemm,                      \
+	const hpu_conv2d_shape *: chk_none, const hpu_conv2d_rect_shape *: chk_none,         \
+	const int64_t *: chk_array, const int *: chk_array, const uint64_t *: chk_none,      \
+	default: chk_ptr
+#define KL_CHK(x) _Generic((x), KL_CHKS)(&chk_c_, #x, &(x));
+
 /* The entries whose kernels take host values that change every step
  * (dropout_rows' host keys: pin_keys). */
 static int host_keyed(const char *entry)
@@ -248,6 +312,10 @@ static int host_keyed(const char *entry)
 	{                                                                                    \
 		if (!hpu__dev_capturing()) {                                                 \
 			hpu__dev_rec_foreign("the kernel " #name);                           \
+			if (hpu__dev_staged_name && dev_owns) {                              \
+				chk chk_c_ = {.entry = #name};                               \
+				KL_FE(KL_CHK, KL_UNPAREN args)                               \
+			}                                                                    \
 			return e_##name args;                                                \
 		}                                                                            \
 		if (host_keyed(#name)) {                                                     \

@@ -153,9 +153,11 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	int staged = hpu__host_staged(s, i);
 	if (staged && hpu__host_stage_in(s, i, 0, in, out, NULL, NULL) < 0)
 		return -1;
+	hpu__dev_staged_layer(staged ? l->name : NULL);
 	hpu__dev_layer_enter(); /* the layer's forward: one device call */
 	int rc = l->ops.forward(l, &c, in, out);
 	hpu__dev_layer_leave();
+	hpu__dev_staged_layer(NULL);
 	if (staged)
 		hpu__host_stage_out(s, i, 0, rc);
 	op_layer(s, -1, 0);
@@ -519,9 +521,11 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	int staged = hpu__host_staged(s, i);
 	if (staged && hpu__host_stage_in(s, i, 1, in, out, dout, din) < 0)
 		goto fail;
+	hpu__dev_staged_layer(staged ? l->name : NULL);
 	hpu__dev_layer_enter(); /* the layer's backward: one device call */
 	int rc = l->ops.backward(l, &c, in, out, dout, din);
 	hpu__dev_layer_leave();
+	hpu__dev_staged_layer(NULL);
 	if (staged)
 		hpu__host_stage_out(s, i, 1, rc);
 	op_layer(s, -1, 0);
