@@ -582,7 +582,8 @@ HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
  * the job reports if the hook then returns non-zero. */
 HPU_API const float *hpu_run_param(hpu_run *run, const char *name, hpu_tensor *info);
 HPU_API const float *hpu_run_buffer(hpu_run *run, const char *name, hpu_tensor *info);
-/* Runs the model's forward in evaluation mode on `batch` samples given
+/* Runs the model's forward in evaluation mode on `batch` samples (1 to
+ * the micro-batch, hpu_max_batch(); more in several calls) given
  * as one pointer per dataset field (in the dataset's field order), and
  * points *out at tensor `tensor` of the result (valid until the next
  * call or the hook's return). For generation: feed, read logits, feed

@@ -69,6 +69,16 @@ static void test_abi2_trains_as_abi3(void **state)
 	assert_non_null(strstr(o2, "hook: rank 0 of 2, step 12\n"));
 	assert_non_null(strstr(o3, "hook: rank 0 of 2, step 12\n"));
 	assert_non_null(strstr(o3, "hook: seed 7, layer -1\n"));
+	/* a metric with no test split to report it on is said (it was
+	 * dropped in silence); not under --no-eval, which asked for none */
+	assert_null(strstr(o3, "no evaluation reports it"));
+	run r;
+	r.n = 0;
+	args(&r, LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--batch-size", "16", NULL);
+	char *o = finish_with(&r, 0, h_build("lib/abi3_model.so"), NULL);
+	assert_non_null(strstr(o, "note: the model declares 1 metric (accuracy) but no test split: "
+				  "no evaluation reports it"));
+	free(o);
 	free(init), free(p2), free(p3), free(o0), free(o2), free(o3);
 }
 

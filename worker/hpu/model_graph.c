@@ -327,8 +327,9 @@ int hpu_metric_add(hpu_builder *b, const char *name, const char *tensor)
 	for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
 		if (!strcmp(name, reserved[i]))
 			return hpu__model_refuse(b, HPU_EINVAL, "metric: name \"%s\" is reserved: the evaluation "
-						 "reports its own loss and samples (val_loss, val_samples, "
-						 "test_loss)", name);
+						 "reports its own loss and sample count, and a metric "
+						 "NAME is reported as test_NAME and val_NAME (test_loss, "
+						 "val_samples, ...)", name);
 	if (b->nmetrics == HPU_MAX_IO)
 		return hpu__model_refuse(b, HPU_EINVAL, "metric: more than %d metrics", HPU_MAX_IO);
 	for (int i = 0; i < b->nmetrics; i++)

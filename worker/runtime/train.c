@@ -378,6 +378,20 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
 	    hpu__checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
+	/* what only an evaluation reads, where none will run (it was
+	 * dropped in silence): the metrics without a test split or a
+	 * validation, the after-evaluation hook without a test split */
+	if (L.rank == 0 && !b->has_data[HPU_SPLIT_TEST] && (o->eval || o->eval_only)) {
+		if (b->nmetrics && !L.val_map)
+			printf("note: the model declares %d metric%s (%s%s) but no test split: no "
+			       "evaluation reports %s (hold out part of the training split with "
+			       "--val-fraction F and --eval-every N, or declare a test split)\n",
+			       b->nmetrics, hpu__plural(b->nmetrics), b->metrics[0].name,
+			       b->nmetrics > 1 ? ", ..." : "", b->nmetrics > 1 ? "them" : "it");
+		if (b->nafter_eval)
+			printf("note: the model's after-evaluation hook runs after the final evaluation, "
+			       "on the test split, which the model does not declare: it will not run\n");
+	}
 	hpu__where.total = total;
 	hpu__where.epochs = L.epochs;
 	if (L.rank == 0 && L.quant.warning[0])
