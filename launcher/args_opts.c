@@ -253,6 +253,14 @@ int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errle
 			return -1;
 		}
 	}
+	/* ZeroMQ's I/O threads (collectives/transport_zmq.c's range): a bad
+	 * count stopped every worker, said inside a socket error */
+	int io;
+	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_IO_THREADS)) && *v && hpu__parse_int(v, 1, 64, &io)) {
+		snprintf(err, errlen, "HPUCOLL_IO_THREADS='%s' is not a whole number of threads from 1 to 64",
+			 v);
+		return -1;
+	}
 	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)
 		a->transport = v;
 	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_SECURITY)) && *v)

@@ -238,6 +238,8 @@ void hpu__opts_print_sources(const hpu_train_opts *o, FILE *f)
 					: hpu__opt_text(o, p, buf, sizeof buf);
 		if (p->kind == K_NOFLAG) /* --no-eval true: the field is eval's */
 			v = *(const int *)((const char *)o + p->off) ? "false" : "true";
+		if (!strcmp(p->name, "max-steps") && o->max_steps < 0) /* unset: -1, which it refuses */
+			v = "none: --epochs decides";
 		fprintf(f, "setting --%s %s (%s)\n", p->name, v, source_of(o, p->name, o->from[i]));
 	}
 }

@@ -110,6 +110,9 @@ static void test_coll_env_checked(void **state)
 	setenv("HPUCOLL_REDUCE_SMALL_BYTES", "-1", 1);
 	parse_fails(ARGV(model), "HPUCOLL_REDUCE_SMALL_BYTES='-1' is not a number of bytes");
 	unsetenv("HPUCOLL_REDUCE_SMALL_BYTES");
+	setenv("HPUCOLL_IO_THREADS", "65", 1);
+	parse_fails(ARGV(model), "HPUCOLL_IO_THREADS='65' is not a whole number of threads from 1 to 64");
+	unsetenv("HPUCOLL_IO_THREADS");
 	parse_ok(&a, ARGV(model));
 	hpu__args_free(&a);
 	unsetenv("HPUCOLL_ALGO");
