@@ -1358,6 +1358,21 @@ static void test_resume_at_end(void **state)
 	free(text);
 }
 
+/* A token file of n tokens below 50 (llm.c's format) drawn from seed. */
+static void token_file(const char *path, int n, uint32_t seed)
+{
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	int32_t head[256] = {20240520, 1, n};
+	assert_int_equal(fwrite(head, sizeof head, 1, f), 1);
+	for (int i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		uint16_t t = (uint16_t)((seed >> 16) % 50);
+		assert_int_equal(fwrite(&t, sizeof t, 1, f), 1);
+	}
+	fclose(f);
+}
+
 /* A checkpoint resumed with another global batch, or by another model,
  * is refused, saying so, before any step. */
 static void test_resume_refused(void **state)
@@ -1433,6 +1448,40 @@ static void test_resume_refused(void **state)
 	expect_in(out, want);
 	free(model);
 	free(out);
+	/* other data of the same size: the manifest's digest of a few of its
+	 * samples differs (only the count was compared, and the run resumed
+	 * on the other data) */
+	char ta[300], tb[300], lm[300], ck3[340], margs[700];
+	snprintf(ta, sizeof ta, "%s/ta.bin", tmp);
+	snprintf(tb, sizeof tb, "%s/tb.bin", tmp);
+	snprintf(lm, sizeof lm, "%s/lm", tmp);
+	snprintf(ck3, sizeof ck3, "%s/step-00000003", lm);
+	token_file(ta, 3000, 1);
+	token_file(tb, 3000, 2);
+	char *gpt = strdup(h_build("lib/gpt_lm.so"));
+	for (int k = 0; k < 3; k++) {
+		start(&r, 1);
+		args(&r, "--batch-size", "16", "--max-steps", "6", "--checkpoint-dir", lm, NULL);
+		if (k == 0)
+			args(&r, "--stop-at-step", "3", NULL);
+		else
+			args(&r, "--resume", "auto", NULL);
+		snprintf(margs, sizeof margs, "--tokens %s --ctx 16 --dim 32 --heads 2 --layers 1",
+			 k == 1 ? tb : ta);
+		out = finish_with(&r, k == 1, gpt, margs);
+		if (k == 1) {
+			snprintf(want, sizeof want, "checkpoint %s was saved by a run that trained on "
+						    "other data: its training split has as many samples, "
+						    "but their bytes differ", ck3);
+			expect_in(out, want);
+		}
+		if (k == 2) /* its own data: resumed */
+			expect_in(out, "resumed at step 3: 3 of those steps trained in this run");
+		free(out);
+	}
+	free(gpt);
+	unlink(ta);
+	unlink(tb);
 }
 
 int main(void)

@@ -250,6 +250,15 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 			   "its epochs' batches would not be the saved run's, so batches would be "
 			   "skipped or trained twice",
 			   c->dir, ns, pos->train_samples);
+	const cJSON *td = cJSON_GetObjectItemCaseSensitive(c->m, "train_digest");
+	if (!o->eval_only && cJSON_IsString(td) && pos->train_digest[0] &&
+	    strcmp(td->valuestring, pos->train_digest))
+		return say(err, errlen,
+			   "checkpoint %s was saved by a run that trained on other data: its training "
+			   "split has as many samples, but their bytes differ (a digest of the first, "
+			   "middle and last: %.20s there, %s here); resume with the data it trained "
+			   "on, or start afresh from its parameters (hpu-ckpt export, then --load-params)",
+			   c->dir, td->valuestring, pos->train_digest);
 	pos->step = c->step;
 	pos->epoch = (int)hpu__ckpt_num(c->m, "epoch", 0);
 	pos->batch = (long)hpu__ckpt_num(c->m, "batch_in_epoch", 0);

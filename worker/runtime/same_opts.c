@@ -195,6 +195,13 @@ static void rows_digest(const hpu_dataset *d, char *out, size_t len)
 	free(buf);
 }
 
+static char train_digest[24];
+
+const char *hpu__same_train_digest(void)
+{
+	return train_digest;
+}
+
 /* "name=value" lines of what every rank must have alike: the model's
  * parameters (count, floats, a digest of names and shapes), each split's
  * samples, fields and a few samples' bytes. */
@@ -231,6 +238,9 @@ static int model_text(const hpu_builder *b, char *t, size_t len)
 			put(t, len, &at, "]");
 		}
 		rows_digest(d, e, sizeof e);
+		if (s == HPU_SPLIT_TRAIN)
+			snprintf(train_digest, sizeof train_digest, "%.16s",
+				 strcmp(e, "unreadable") ? e : "");
 		put(t, len, &at, "\n%s samples' bytes=%s\n", split_name[s], e);
 	}
 	return at < len - 1 ? (int)at : -1;

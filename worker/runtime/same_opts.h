@@ -31,4 +31,10 @@ int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
  * differs from rank 0 in training split (128 samples vs 64 samples)"). */
 int hpu__same_model_check(hpucoll_comm *comm, const hpu_builder *b, char *err, size_t errlen);
 
+/* The training split's digest hpu__same_model_check took (16 hex digits of
+ * a few samples' bytes: the first, the middle, the last), which a
+ * checkpoint keeps to refuse a resume on other data of the same size; ""
+ * before the check or where a fetch failed. */
+const char *hpu__same_train_digest(void);
+
 #endif

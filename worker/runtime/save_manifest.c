@@ -195,6 +195,8 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 	cJSON_AddNumberToObject(m, "global_batch", o->batch_size);
 	if (pos->train_samples > 0)
 		cJSON_AddNumberToObject(m, "train_samples", (double)pos->train_samples);
+	if (pos->train_digest[0])
+		cJSON_AddStringToObject(m, "train_digest", pos->train_digest);
 	cJSON *rng = cJSON_CreateObject();
 	cJSON_AddItemToObject(rng, "seed", seed_json(pos->seed));
 	cJSON_AddStringToObject(rng, "sampler",

@@ -41,6 +41,10 @@ typedef struct hpu_run_pos {
 	 * differs is refused (its epochs' batches would not be the saved
 	 * run's). 0: not known (--eval-only). */
 	long train_samples;
+	/* A digest of a few of the training split's samples' bytes
+	 * (hpu__same_train_digest), saved in "train_digest": a resume on
+	 * other data of the same size is refused. "": not known. */
+	char train_digest[24];
 } hpu_run_pos;
 
 /* Saves a checkpoint of the run at `pos` under o->checkpoint_dir: each

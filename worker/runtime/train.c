@@ -21,6 +21,7 @@
 #include "worker/runtime/loader.h"
 #include "worker/runtime/rate.h"
 #include "worker/runtime/sampler.h"
+#include "worker/runtime/same_opts.h"
 #include "worker/runtime/lrsched.h"
 #include "worker/hpu/prof.h"
 #include "worker/runtime/quant.h"
@@ -418,6 +419,8 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		setvbuf(L.metrics, NULL, _IONBF, 0);
 	hpu__sched_init(&L.pos.sched, o, total);
 	L.pos.train_samples = o->eval_only ? 0 : (long)L.ntrain;
+	snprintf(L.pos.train_digest, sizeof L.pos.train_digest, "%s",
+		 o->eval_only ? "" : hpu__same_train_digest());
 	int64_t tl = hpu__prof_t0();
 	if (hpu__strat_new(&L.st, b, comm, o, L.micro, ck, err, errlen) < 0 ||
 	    (ck && hpu__checkpoint_apply(comm, ck, o, &L.pos, now_s() - tload, L.metrics, err,
