@@ -133,6 +133,7 @@ int hpu__agent_start(hpu_agent *a, char *err, size_t errlen)
 			return -1;
 		}
 	}
+	hpu__agent_silence_start(a);
 	return 0;
 }
 
@@ -369,6 +370,7 @@ void hpu__agent_destroy(hpu_agent **pa)
 		return;
 	signal_all(a, SIGKILL);
 	ev_timer_stop(a->loop, &a->kill_timer);
+	hpu__agent_silence_stop(a);
 	for (int i = 0; i < a->cfg.devices; i++) {
 		worker *w = &a->w[i];
 		if (w->pid > 0 && !w->reaped) {

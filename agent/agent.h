@@ -108,6 +108,15 @@ typedef struct hpu_agent_cfg {
 	/* Called when a worker has been reaped. status as from waitpid, or
 	 * HPU_AGENT_LEFT_EARLY. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
+	/* Optional: a live hpu-worker (it said hello) whose status pipe has
+	 * been silent for `silent_s` seconds, past the limit: its keepalive
+	 * (proto/status.h) stopped, so the process is stopped or frozen as a
+	 * whole. The limit is HPUCOLL_TIMEOUT_MS (the workers', default 60
+	 * s) once a worker of this node has finished (exited 0 done: no
+	 * collective of the others can find it any more), twice that
+	 * before. `after_peer`: one had finished. Called once a worker. */
+	void (*on_silent)(hpu_agent *a, int rank, pid_t pid, double silent_s, int after_peer,
+			  void *arg);
 	/* Called once every worker is reaped, its output drained and what it
 	 * left behind ended. */
 	void (*on_idle)(hpu_agent *a, void *arg);

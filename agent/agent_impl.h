@@ -66,6 +66,8 @@ typedef struct worker {
 	stream out, err;
 	status_pipe st;
 	int hello;               /* it said "H1": it speaks the protocol */
+	ev_tstamp heard_at;      /* its last line of any kind (0: none yet) */
+	int silent_said;         /* on_silent called for it */
 	hpu_status_rec last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
 	int culprit;             /* its blame line (hpu__status_blame): -1 none */
@@ -90,6 +92,11 @@ struct hpu_agent {
 	int held;     /* the workers' output is not read (hpu__agent_hold_output) */
 	long status_bad;  /* malformed status lines */
 	ev_timer kill_timer;
+	/* the silence watch (statuspipe.c): a worker whose keepalive stopped */
+	ev_timer silence_timer;
+	ev_tstamp silence_last; /* the watch's last run */
+	double silence_limit_s; /* HPUCOLL_TIMEOUT_MS in seconds */
+	int finished;           /* workers that exited 0, done */
 	/* What the workers left behind (see hpu_agent.h): */
 	int draining;     /* every worker is reaped; their pipes may still be open */
 	int ending;       /* ending the processes they left */
@@ -103,6 +110,10 @@ struct hpu_agent {
 
 /* Every agent of this process (agent.c). */
 extern hpu_agent *hpu__agents;
+
+/* ---- statuspipe.c: the silence watch ---- */
+void hpu__agent_silence_start(hpu_agent *a);
+void hpu__agent_silence_stop(hpu_agent *a);
 
 /* ---- spawn.c ---- */
 int hpu__agent_spawn(hpu_agent *a, worker *w, char *err, size_t errlen);

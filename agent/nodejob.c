@@ -229,6 +229,32 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	send_to_coord(j, &env);
 }
 
+/* A worker stopped or frozen as a whole (its keepalive silent): the job
+ * fails naming it, where it was, and, where a worker of this node had
+ * finished, that it did (no collective of theirs could find it: the job
+ * waited for it without end). */
+static void on_worker_silent(hpu_agent *a, int rank, pid_t pid, double silent_s, int after_peer,
+			     void *arg)
+{
+	hpu_nodejob *j = arg;
+	if (j->failed)
+		return;
+	hpu_status_rec st = {0};
+	double age;
+	int have = hpu__agent_status(a, rank, &st, &age) == 0;
+	char pos[128], cause[600];
+	hpu__describe_position(have ? st.step : 0, have ? st.total : 0,
+			       have ? st.phase : HPU_PHASE_SETUP, pos, sizeof pos);
+	snprintf(cause, sizeof cause,
+		 "rank %d (node %d, pid %d) stopped answering %s: its process was silent for %.0f s, "
+		 "past %s (stopped, or frozen as a whole)%s",
+		 rank, j->cfg.node_rank, (int)pid, pos, silent_s,
+		 after_peer ? "HPUCOLL_TIMEOUT_MS" : "twice HPUCOLL_TIMEOUT_MS",
+		 after_peer ? ", after a rank of its node had finished" : "");
+	fail(j, cause, j->cfg.grace_s);
+	abort_job(j, cause);
+}
+
 static void on_agent_idle(hpu_agent *a, void *arg)
 {
 	(void)a;
@@ -498,6 +524,7 @@ hpu_nodejob *hpu__nodejob_start(struct ev_loop *loop, const hpu_nodejob_cfg *cfg
 		.job_uid_first = cfg->job_uid_first,
 		.job_uid_last = cfg->job_uid_last,
 		.on_exit = on_worker_exit,
+		.on_silent = on_worker_silent,
 		.on_idle = on_agent_idle,
 		.on_line = cfg->on_line ? on_line : NULL,
 		.on_status = cfg->on_status ? on_status : NULL,

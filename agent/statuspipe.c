@@ -1,22 +1,30 @@
 /* A worker's status pipe (agent.h): its records read line by line, the
  * latest kept, its blame line and its hello noted, malformed lines
- * counted. Calls no other file of the agent (agent/agent_impl.h). */
+ * counted; and the silence watch over the pipes (a worker whose keepalive
+ * stopped: on_silent). Calls no other file of the agent
+ * (agent/agent_impl.h). */
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "agent/agent_impl.h"
 #include "common/clock.h"
+#include "common/env.h"
+#include "common/num.h"
 
 static void status_line(status_pipe *sp, const char *line, size_t n)
 {
 	worker *w = sp->w;
 	hpu_agent *a = w->a;
 	hpu_status_rec r;
+	w->heard_at = hpu__mono_s();
 	if (n == 2 && memcmp(line, "H1", 2) == 0) {
 		w->hello = 1;
 		return;
 	}
+	if (n == 2 && memcmp(line, "K1", 2) == 0) /* the keepalive: heard */
+		return;
 	int culprit, world = a->cfg.world > 0 ? a->cfg.world : a->cfg.nodes * a->cfg.devices;
 	hpu_blame how;
 	if (hpu__status_parse_blame(line, n, &culprit, &how) == 0) {
@@ -75,6 +83,62 @@ void hpu__agent_status_read(status_pipe *sp)
 		memmove(sp->buf, sp->buf + start, sp->len - start);
 		sp->len -= start;
 	}
+}
+
+/* HPUCOLL_TIMEOUT_MS as the workers get it (the job's environment,
+ * hpud's; else this process's), in seconds; 60 unless a whole number of
+ * milliseconds from 1. */
+static double coll_timeout_s(const hpu_agent *a)
+{
+	const char *name = hpu__env_name(HPU_ENV_HPUCOLL_TIMEOUT_MS), *v = NULL;
+	size_t len = strlen(name);
+	for (char *const *e = a->cfg.env; e && *e; e++)
+		if (!strncmp(*e, name, len) && (*e)[len] == '=')
+			v = *e + len + 1;
+	if (!v)
+		v = hpu__env_str(HPU_ENV_HPUCOLL_TIMEOUT_MS);
+	int ms;
+	return v && *v && !hpu__parse_int(v, 1, INT_MAX, &ms) ? ms / 1000.0 : 60.0;
+}
+
+static void on_silence_timer(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	hpu_agent *a = t->data;
+	ev_tstamp now = hpu__mono_s(), gap = now - a->silence_last;
+	a->silence_last = now;
+	int stalled = gap > 3; /* this process did not run: nothing could be heard */
+	double limit = a->silence_limit_s * (a->finished ? 1 : 2);
+	for (int i = 0; i < a->cfg.devices; i++) {
+		worker *w = &a->w[i];
+		if (w->reaped || w->pid <= 0)
+			continue;
+		if (stalled || !w->heard_at) {
+			w->heard_at = now;
+			continue;
+		}
+		if (a->stopping || !w->hello || w->silent_said || now - w->heard_at <= limit)
+			continue;
+		w->silent_said = 1;
+		if (a->cfg.on_silent)
+			a->cfg.on_silent(a, w->rank, w->pid, now - w->heard_at, a->finished > 0,
+					 a->cfg.arg);
+	}
+}
+
+void hpu__agent_silence_start(hpu_agent *a)
+{
+	a->silence_limit_s = coll_timeout_s(a);
+	a->silence_last = hpu__mono_s();
+	ev_timer_init(&a->silence_timer, on_silence_timer, 1.0, 1.0);
+	a->silence_timer.data = a;
+	ev_timer_start(a->loop, &a->silence_timer);
+}
+
+void hpu__agent_silence_stop(hpu_agent *a)
+{
+	ev_timer_stop(a->loop, &a->silence_timer);
 }
 
 void hpu__agent_on_status_pipe(struct ev_loop *loop, ev_io *io, int revents)

@@ -196,6 +196,7 @@ static void on_drain_timer(struct ev_loop *loop, ev_timer *t, int revents)
  * is being stopped; then what the workers left behind is ended. */
 static void workers_done(hpu_agent *a)
 {
+	hpu__agent_silence_stop(a);
 	a->draining = 1;
 	if (a->stopping || !a->open) {
 		hpu__agent_end_leftovers(a);
@@ -236,6 +237,8 @@ void hpu__agent_on_child(struct ev_loop *loop, ev_child *c, int revents)
 	if (status == 0 && (w->hello || a->cfg.hpu_workers) &&
 	    !(w->last_at > 0 && w->last.phase == HPU_PHASE_DONE))
 		status = HPU_AGENT_LEFT_EARLY;
+	if (status == 0)
+		a->finished++; /* the silence watch's limit shortens */
 	/* what it wrote before its end, first: its last lines come out
 	 * before on_exit's error about it */
 	read_stream(a, &w->out, 64);

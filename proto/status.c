@@ -164,6 +164,40 @@ void hpu__status_hello(void)
 		status_fd = -1;
 }
 
+static void *keepalive(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		sleep(HPU_STATUS_KEEPALIVE_S);
+		int f = atomic_load(&status_fd);
+		if (f < 0)
+			return NULL;
+		/* one write of 3 bytes: never torn by the other writers' lines */
+		if (write(f, "K1\n", 3) < 0 && errno == EPIPE)
+			atomic_store(&status_fd, -1);
+	}
+	return NULL;
+}
+
+void hpu__status_keepalive(void)
+{
+	static int started;
+	if (started || fd() < 0)
+		return;
+	started = 1;
+	pthread_attr_t at;
+	pthread_t t;
+	sigset_t all, old;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	sigfillset(&all); /* signals stay the worker's main thread's */
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	if (pthread_create(&t, &at, keepalive, NULL) != 0)
+		started = 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&at);
+}
+
 static const char *const blame_words[] = {"silent", "died", "failed"};
 
 /* A line that must get there (the worker exits next): waits for room, up

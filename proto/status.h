@@ -50,6 +50,13 @@ void hpu__status_report(const hpu_status_rec *r, int force);
  * failure (a model that called exit()), not success. */
 void hpu__status_hello(void);
 
+/* Starts a thread that says "K1" on the pipe every HPU_STATUS_KEEPALIVE_S
+ * seconds while the worker lives: a worker whose pipe stays silent much
+ * longer is stopped or frozen as a whole (SIGSTOP, a frozen cgroup), which
+ * its agent tells from one that is busy. Without the pipe: nothing. */
+#define HPU_STATUS_KEEPALIVE_S 1
+void hpu__status_keepalive(void);
+
 /* How another rank caused this worker's failure: it stopped answering,
  * it died, or its own collective failed first (its ABORT named no one
  * else). */

@@ -14,19 +14,38 @@ static int visible(const struct dirent *e)
 	return e->d_name[0] != '.';
 }
 
-/* Appends the regular file at path to c->ids (raw bytes for now);
- * returns 1 when it was read, 0 when skipped, -1 when out of memory. */
-static int append(ex_corpus *c, const char *path)
+/* Whether a regular file of the directory itself (not a link) is the
+ * file st describes. */
+static int in_dir(const struct stat *st, const dev_t *dev, const ino_t *ino, int n)
 {
-	struct stat st;
-	if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) /* links repeat a file */
+	for (int i = 0; i < n; i++)
+		if (dev[i] == st->st_dev && ino[i] == st->st_ino)
+			return 1;
+	return 0;
+}
+
+/* Appends the regular file at path to c->ids (raw bytes for now): a
+ * symbolic link to one that is not a file of the directory too (a link
+ * to one that is would repeat it: Debian's common-licenses GPL ->
+ * GPL-3). Returns 1 when it was read, 0 when skipped, -1 (err set) when
+ * it cannot be read or memory runs out. */
+static int append(ex_corpus *c, const char *path, const dev_t *dev, const ino_t *ino, int nown,
+		  char *err, size_t errlen)
+{
+	struct stat st, lst;
+	if (lstat(path, &lst) != 0 || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+		return 0;
+	if (S_ISLNK(lst.st_mode) && in_dir(&st, dev, ino, nown))
 		return 0;
 	FILE *f = fopen(path, "rb");
-	if (!f)
-		return 0;
+	if (!f) {
+		snprintf(err, errlen, "cannot read %s, a file of the corpus: %s", path, strerror(errno));
+		return -1;
+	}
 	uint8_t *grown = realloc(c->ids, c->n + (size_t)st.st_size + 1);
 	if (!grown) {
 		fclose(f);
+		snprintf(err, errlen, "out of memory reading %s", path);
 		return -1;
 	}
 	c->ids = grown;
@@ -61,20 +80,36 @@ int ex_corpus_read(ex_corpus *c, const char *dir, char *err, size_t errlen)
 			 strerror(errno));
 		return -1;
 	}
+	/* the directory's own regular files, which links to them repeat */
+	dev_t *dev = calloc((size_t)n + 1, sizeof *dev);
+	ino_t *ino = calloc((size_t)n + 1, sizeof *ino);
+	int nown = 0;
+	if (!dev || !ino) {
+		snprintf(err, errlen, "out of memory listing %s", dir);
+		rc = -1;
+	}
+	for (int i = 0; rc == 0 && i < n; i++) {
+		char path[4096];
+		struct stat st;
+		snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+		if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+			dev[nown] = st.st_dev, ino[nown++] = st.st_ino;
+	}
 	for (int i = 0; i < n; i++) {
 		char path[4096];
 		snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
-		int got = rc < 0 ? 0 : append(c, path);
-		if (got < 0) {
-			snprintf(err, errlen, "out of memory reading %s", path);
+		int got = rc < 0 ? 0 : append(c, path, dev, ino, nown, err, errlen);
+		if (got < 0)
 			rc = -1;
-		}
 		c->files += got > 0;
 		free(names[i]);
 	}
 	free(names);
+	free(dev);
+	free(ino);
 	if (rc == 0 && c->n == 0) {
-		snprintf(err, errlen, "no text in %s: it has no readable regular files", dir);
+		snprintf(err, errlen, "no text in %s: it has no regular files (nor links to any "
+			 "outside it), or only empty ones", dir);
 		rc = -1;
 	}
 	if (rc < 0) {

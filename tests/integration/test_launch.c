@@ -530,6 +530,30 @@ static void test_worker_leaves_early(void **state)
 	}
 }
 
+/* A rank that freezes after the run's last collective (fault_mlp
+ * --stop-rank 1: SIGSTOP in its teardown), once rank 0 has finished: no
+ * collective can find it any more, and hpulaunch waited for it without
+ * end, saying nothing. Its keepalive stops, and HPUCOLL_TIMEOUT_MS (3 s
+ * here) after rank 0 finished the job fails naming it. */
+static void test_frozen_after_peer_finished(void **state)
+{
+	(void)state;
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--max-steps", "5", "--log-every", "0",
+			"--no-eval", (char *)FAULT_MODEL, "--", "--hidden", "16", "--stop-rank", "1",
+			NULL};
+	char *env[] = {"HPUCOLL_TIMEOUT_MS=3000", NULL};
+	proc p;
+	int code = h_run(&p, argv, env, 120000);
+	printf("rank 1 stops itself after rank 0 finished: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "hpulaunch: error: rank 1 (node 0, pid "));
+	assert_non_null(strstr(p.out, "stopped answering after step 5 of 5: its process was silent "
+				      "for "));
+	assert_non_null(strstr(p.out, "past HPUCOLL_TIMEOUT_MS (stopped, or frozen as a whole), "
+				      "after a rank of its node had finished"));
+	h_free(&p);
+}
+
 /* A worker program that is not hpu-worker (HPU_WORKER, or hpud's
  * `worker =`, naming /bin/true): it exits 0 without ever saying hello on
  * its status pipe. The job failed as it should but hpulaunch said it
@@ -866,6 +890,7 @@ int main(void)
 		cmocka_unit_test(test_open_file_limit),
 		cmocka_unit_test(test_worker_leaves_early),
 		cmocka_unit_test(test_worker_not_hpu_worker),
+		cmocka_unit_test(test_frozen_after_peer_finished),
 		cmocka_unit_test(test_worker_paused),
 		cmocka_unit_test(test_worker_crash_reported),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
