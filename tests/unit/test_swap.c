@@ -360,6 +360,13 @@ static void test_refused_dir(void **state)
 	touch(base, "plain");
 	refused(at("plain"), MiB, NULL, "r0", "is not a directory");
 	refused(at("plain"), MiB, NULL, "r0", at("plain"));
+	/* a relative directory says where it led (the worker's working
+	 * directory, which under hpud is /) */
+	char cwd[4096], want[8300];
+	assert_non_null(getcwd(cwd, sizeof cwd));
+	snprintf(want, sizeof want, "the swap directory no-such-swap (%s/no-such-swap: relative to "
+				    "the worker's working directory) for optimizer state does not exist", cwd);
+	refused("no-such-swap", MiB, NULL, "r0", want);
 	const char *d = fresh_dir("free");
 	refused(d, 1ull << 50, NULL, "r0", "GiB is free");
 	refused(d, 1ull << 50, NULL, "r0", "needs 1048576.0 GiB; ");

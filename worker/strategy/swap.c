@@ -146,26 +146,39 @@ static int check_tag(const char *tag, char *err, size_t errlen)
 	return 0;
 }
 
+/* dir as said in an error: a relative one with where it leads (the
+ * worker's working directory is not always the user's: hpud's is /). */
+static const char *shown(const char *dir, char *buf, size_t len)
+{
+	char cwd[PATH_MAX];
+	if (dir[0] == '/' || !getcwd(cwd, sizeof cwd))
+		return dir;
+	snprintf(buf, len, "%s (%s/%s: relative to the worker's working directory)", dir, cwd, dir);
+	return buf;
+}
+
 /* dir exists, is a directory we may write and is not tmpfs. */
 static int check_dir(const char *dir, const char *what, char *err, size_t errlen)
 {
 	struct stat st;
 	struct statfs fs;
+	char buf[PATH_MAX * 2 + 64];
+	const char *d = shown(dir, buf, sizeof buf);
 
 	if (stat(dir, &st)) {
 		if (errno == ENOENT)
-			say(err, errlen, "the swap directory %s for %s does not exist", dir, what);
+			say(err, errlen, "the swap directory %s for %s does not exist", d, what);
 		else
-			say(err, errlen, "cannot use the swap directory %s for %s: %s", dir, what,
+			say(err, errlen, "cannot use the swap directory %s for %s: %s", d, what,
 			    strerror(errno));
 		return -1;
 	}
 	if (!S_ISDIR(st.st_mode)) {
-		say(err, errlen, "the swap directory %s for %s is not a directory", dir, what);
+		say(err, errlen, "the swap directory %s for %s is not a directory", d, what);
 		return -1;
 	}
 	if (access(dir, W_OK | X_OK)) {
-		say(err, errlen, "the swap directory %s for %s is not writable: %s", dir, what,
+		say(err, errlen, "the swap directory %s for %s is not writable: %s", d, what,
 		    strerror(errno));
 		return -1;
 	}
@@ -173,7 +186,7 @@ static int check_dir(const char *dir, const char *what, char *err, size_t errlen
 	 * swapping there would cost what it means to save. */
 	if (statfs(dir, &fs) == 0 && (unsigned long)fs.f_type == TMPFS_MAGIC) {
 		say(err, errlen, "the swap directory %s for %s is on tmpfs, which is memory; "
-		    "give a path on a disk filesystem", dir, what);
+		    "give a path on a disk filesystem", d, what);
 		return -1;
 	}
 	return 0;
