@@ -178,7 +178,7 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		j->cfg.on_exit(j, rank, (int)pid, status, j->cfg.arg);
 	if (status == 0 || j->failed)
 		return;
-	char how[400], cause[600];
+	char how[400], cause[1200];
 	hpu__describe_status(status, how, sizeof how);
 	hpu_status_rec st = {0};
 	double age;
@@ -198,21 +198,19 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	hpu_blame bhow = HPU_BLAME_SILENT;
 	int culprit = status != HPU_AGENT_LEFT_EARLY && WIFEXITED(status)
 			      ? hpu__agent_culprit(a, rank, &bhow) : -1;
-	if (culprit >= 0)
-		blame(j, culprit, bhow, rank, cause, sizeof cause);
-	else
-		snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s", rank,
-			 j->cfg.node_rank, (int)pid, how);
-	fail(j, cause, j->cfg.grace_s);
 	/* its reason, said on this node just before, goes to the others with
 	 * the exit (a worker that failed on its own, with a sentence) */
 	const char *why = culprit < 0 && WIFEXITED(status) && status != HPU_AGENT_LEFT_EARLY
 				  ? hpu__agent_why(a, rank)
 				  : "";
+	if (culprit >= 0)
+		blame(j, culprit, bhow, rank, cause, sizeof cause);
+	else /* the closing error ends with the reason, as the other nodes' does */
+		snprintf(cause, sizeof cause, "rank %d (node %d, pid %d) %s%s%.400s", rank,
+			 j->cfg.node_rank, (int)pid, how, *why ? ": " : "", why);
+	fail(j, cause, j->cfg.grace_s);
 	if (j->coord) {
-		char relayed[1200];
-		snprintf(relayed, sizeof relayed, "%s%s%s", cause, *why ? ": " : "", why);
-		hpu__coord_abort(j->coord, relayed);
+		hpu__coord_abort(j->coord, cause);
 		return;
 	}
 	Hpu__WorkerExit we;

@@ -906,9 +906,13 @@ static void test_disk_full(void **state)
 	args(&r, "--batch-size", "64", "--max-steps", "20", "--checkpoint-dir", dir,
 	     "--checkpoint-every", "10", "--keep", "1", NULL);
 	char *out = finish(&r, 1, SMALL);
+	/* hpulaunch's closing error gives the reason too (it said only
+	 * "rank N ... exited with code 1", the reason lines above) */
+	const char *closing = strstr(out, "hpulaunch: error: rank ");
 	int ok = strstr(out, "checkpoint: step 10 saved") &&
 		 strstr(out, "checkpoint of step 20 not saved") &&
-		 strstr(out, "No space left on device");
+		 strstr(out, "No space left on device") && closing &&
+		 strstr(closing, ") exited with code 1: checkpoint of step 20 not saved");
 	if (!ok)
 		fprintf(stderr, "%s\n", out);
 	free(out);

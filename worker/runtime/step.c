@@ -453,11 +453,16 @@ int hpu__loop_skipped_check(loop *L, long step)
 		if (hpu__loop_print_json(L, j) < 0)
 			return -1;
 	}
+	char which[64];
+	if (run == 1) /* "1 step in a row (steps 2 to 2)" */
+		snprintf(which, sizeof which, "1 step (step %ld)", step + 1);
+	else
+		snprintf(which, sizeof which, "%d steps in a row (steps %ld to %ld)", run,
+			 step + 2 - run, step + 1);
 	if (run >= L->o->max_skipped_steps)
-		return hpu__loop_fail(L, "%d step%s in a row (steps %ld to %ld) had a non-finite loss or "
-					 "gradients (NaN or Inf) and were skipped: the run diverged "
-					 "(--max-skipped-steps %d); %s%s%s",
-				      run, hpu__plural(run), step + 2 - run, step + 1, L->o->max_skipped_steps,
-				      hint, sep, first);
+		return hpu__loop_fail(L, "%s had a non-finite loss or gradients (NaN or Inf) and %s "
+					 "skipped: the run diverged (--max-skipped-steps %d); %s%s%s",
+				      which, run == 1 ? "was" : "were", L->o->max_skipped_steps, hint,
+				      sep, first);
 	return 0;
 }
