@@ -239,8 +239,10 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	if (ours && h->restart_count != (uint32_t)c->cfg.restart_count) {
 		/* Another attempt's agent: an earlier one on its way out, or a
 		 * later one that says hello again until its own coordinator
-		 * answers. Neither belongs here, and neither is to be aborted. */
-		hpu__log(HPU_LOG_WARNING, "coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d",
+		 * answers. Neither belongs here, and neither is to be aborted:
+		 * the expected race of a restart, said at debug level only (it
+		 * read as an error beside the restart's own lines). */
+		hpu__log(HPU_LOG_DEBUG, "coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d",
 			 h->node_rank, h->restart_count, c->cfg.restart_count);
 		return;
 	}
