@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "common/num.h"
 
 #ifndef TMPFS_MAGIC
@@ -209,8 +210,8 @@ static pid_t swap_file_pid(const char *name)
 }
 
 /* Removes the files of processes that died while their file had a name
- * (killed between creating and unlinking it). Failures are left alone:
- * the file is someone else's problem, not this run's. */
+ * (killed between creating and unlinking it), each said. Failures are
+ * left alone: the file is someone else's problem, not this run's. */
 static void remove_stale(const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -219,8 +220,9 @@ static void remove_stale(const char *dir)
 		return;
 	while ((e = readdir(d))) {
 		pid_t pid = swap_file_pid(e->d_name);
-		if (pid > 0 && kill(pid, 0) && errno == ESRCH)
-			unlinkat(dirfd(d), e->d_name, 0);
+		if (pid > 0 && kill(pid, 0) && errno == ESRCH && unlinkat(dirfd(d), e->d_name, 0) == 0)
+			hpu__log(HPU_LOG_NOTICE, "removed %s/%s, a swap file left by process %d, "
+				 "which is gone", dir, e->d_name, (int)pid);
 	}
 	closedir(d);
 }
