@@ -144,11 +144,53 @@ static void signal_all(hpu_agent *a, int sig)
 			kill(-a->w[i].pid, sig);
 }
 
+/* The state letter of /proc/PID/stat ('?' where it cannot be read). */
+static char proc_state(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return '?';
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *paren = strrchr(buf, ')'); /* the name may hold spaces */
+	return paren && paren[1] == ' ' && paren[2] ? paren[2] : '?';
+}
+
+#define STUCK_S 10.0
+
+/* At the grace's end: SIGKILL what is left. Then, every STUCK_S, a
+ * worker that still has not exited is said once, with its state: one
+ * in D waits in the kernel (I/O to a hung disk or network filesystem),
+ * where no signal reaches it, and the job ends only when it does (it
+ * waited in silence). */
 static void on_kill_timer(struct ev_loop *loop, ev_timer *t, int revents)
 {
-	(void)loop;
 	(void)revents;
-	signal_all(t->data, SIGKILL);
+	hpu_agent *a = t->data;
+	if (!a->sigkill_at) {
+		signal_all(a, SIGKILL);
+		a->sigkill_at = hpu__mono_s();
+		t->repeat = STUCK_S;
+		ev_timer_again(loop, t);
+		return;
+	}
+	for (int i = 0; i < a->cfg.devices; i++) {
+		worker *w = &a->w[i];
+		if (w->pid <= 0 || w->reaped || w->stuck_said)
+			continue;
+		w->stuck_said = 1;
+		char st = proc_state(w->pid);
+		hpu__log(HPU_LOG_WARNING,
+			 "rank %d (pid %d) has not exited %.0f s after SIGKILL: its state is %c%s", w->rank,
+			 (int)w->pid, hpu__mono_s() - a->sigkill_at, st,
+			 st == 'D' ? " (uninterruptible: waiting in the kernel, most likely on I/O to a "
+				     "hung disk or network filesystem, such as --nvme-path's or "
+				     "--checkpoint-dir's); it ends when that I/O does"
+				   : "");
+	}
 }
 
 void hpu__agent_stop(hpu_agent *a, double grace_s)

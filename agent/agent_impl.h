@@ -68,6 +68,7 @@ typedef struct worker {
 	int hello;               /* it said "H1": it speaks the protocol */
 	ev_tstamp heard_at;      /* its last line of any kind (0: none yet) */
 	int silent_said;         /* on_silent called for it */
+	int stuck_said;          /* "has not exited ... after SIGKILL" said */
 	hpu_status_rec last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */
 	int culprit;             /* its blame line (hpu__status_blame): -1 none */
@@ -92,6 +93,7 @@ struct hpu_agent {
 	int held;     /* the workers' output is not read (hpu__agent_hold_output) */
 	long status_bad;  /* malformed status lines */
 	ev_timer kill_timer;
+	ev_tstamp sigkill_at;   /* the kill timer's SIGKILL (0: not yet) */
 	/* the silence watch (statuspipe.c): a worker whose keepalive stopped */
 	ev_timer silence_timer;
 	ev_tstamp silence_last; /* the watch's last run */
