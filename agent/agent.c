@@ -144,11 +144,11 @@ static void signal_all(hpu_agent *a, int sig)
 			kill(-a->w[i].pid, sig);
 }
 
-/* The state letter of /proc/PID/stat ('?' where it cannot be read). */
-static char proc_state(pid_t pid)
+/* The state letter of a /proc .../stat file ('?' where it cannot be
+ * read). */
+static char stat_state(const char *path)
 {
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	char buf[512];
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return '?';
@@ -157,6 +157,30 @@ static char proc_state(pid_t pid)
 	buf[n] = 0;
 	const char *paren = strrchr(buf, ')'); /* the name may hold spaces */
 	return paren && paren[1] == ' ' && paren[2] ? paren[2] : '?';
+}
+
+/* The process's state: D where any of its threads is in D (after SIGKILL
+ * the main thread is a zombie while an I/O thread waits in the kernel),
+ * else the main thread's. */
+static char proc_state(pid_t pid)
+{
+	char path[300];
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/task/%.32s/stat", (int)pid, e->d_name);
+		if (stat_state(path) == 'D') {
+			closedir(d);
+			return 'D';
+		}
+	}
+	if (d)
+		closedir(d);
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	return stat_state(path);
 }
 
 #define STUCK_S 10.0
@@ -188,9 +212,21 @@ static void on_kill_timer(struct ev_loop *loop, ev_timer *t, int revents)
 			 (int)w->pid, hpu__mono_s() - a->sigkill_at, st,
 			 st == 'D' ? " (uninterruptible: waiting in the kernel, most likely on I/O to a "
 				     "hung disk or network filesystem, such as --nvme-path's or "
-				     "--checkpoint-dir's); it ends when that I/O does"
+				     "--checkpoint-dir's, or in a frozen cgroup); it ends when that "
+				     "does"
 				   : "");
 	}
+}
+
+/* SIGKILL sent now: the kill timer reports, every STUCK_S, what has not
+ * exited. */
+static void killed_now(hpu_agent *a)
+{
+	a->sigkill_at = hpu__mono_s();
+	ev_timer_stop(a->loop, &a->kill_timer);
+	ev_timer_init(&a->kill_timer, on_kill_timer, STUCK_S, STUCK_S);
+	a->kill_timer.data = a;
+	ev_timer_start(a->loop, &a->kill_timer);
 }
 
 void hpu__agent_stop(hpu_agent *a, double grace_s)
@@ -200,8 +236,10 @@ void hpu__agent_stop(hpu_agent *a, double grace_s)
 	if (a->stopping && grace_s <= 0) { /* again, impatient: no more grace */
 		signal_all(a, SIGKILL);
 		a->kill_at = hpu__mono_s();
+		killed_now(a);
 	} else if (!a->stopping && grace_s <= 0) {
 		signal_all(a, SIGKILL);
+		killed_now(a);
 	} else if (!a->stopping) {
 		signal_all(a, SIGTERM);
 		ev_timer_init(&a->kill_timer, on_kill_timer, grace_s, 0);

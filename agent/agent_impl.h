@@ -68,6 +68,7 @@ typedef struct worker {
 	int hello;               /* it said "H1": it speaks the protocol */
 	ev_tstamp heard_at;      /* its last line of any kind (0: none yet) */
 	int silent_said;         /* on_silent called for it */
+	int keepalive;           /* it said "K1": its silence means it stopped */
 	int stuck_said;          /* "has not exited ... after SIGKILL" said */
 	hpu_status_rec last;    /* the latest record ... */
 	ev_tstamp last_at;       /* ... and when it came (0: none yet) */

@@ -38,7 +38,7 @@ struct hpu_nodejob {
 	int gated;              /* the workers wait for the coordinator's answer */
 	int rank_base, world;   /* this node's first rank; ranks in the job */
 	char token[129];        /* the one this attempt's workers present */
-	char root_cause[700];
+	char root_cause[1200];
 };
 
 static void on_end_idle(struct ev_loop *loop, ev_idle *w, int revents)

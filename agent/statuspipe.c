@@ -23,8 +23,10 @@ static void status_line(status_pipe *sp, const char *line, size_t n)
 		w->hello = 1;
 		return;
 	}
-	if (n == 2 && memcmp(line, "K1", 2) == 0) /* the keepalive: heard */
+	if (n == 2 && memcmp(line, "K1", 2) == 0) { /* the keepalive: heard */
+		w->keepalive = 1;
 		return;
+	}
 	int culprit, world = a->cfg.world > 0 ? a->cfg.world : a->cfg.nodes * a->cfg.devices;
 	hpu_blame how;
 	if (hpu__status_parse_blame(line, n, &culprit, &how) == 0) {
@@ -109,7 +111,11 @@ static void on_silence_timer(struct ev_loop *loop, ev_timer *t, int revents)
 	ev_tstamp now = hpu__mono_s(), gap = now - a->silence_last;
 	a->silence_last = now;
 	int stalled = gap > 3; /* this process did not run: nothing could be heard */
+	/* at least a few keepalives long: a tiny HPUCOLL_TIMEOUT_MS would
+	 * fail a healthy worker between two of them */
 	double limit = a->silence_limit_s * (a->finished ? 1 : 2);
+	if (limit < 5 * HPU_STATUS_KEEPALIVE_S)
+		limit = 5 * HPU_STATUS_KEEPALIVE_S;
 	for (int i = 0; i < a->cfg.devices; i++) {
 		worker *w = &a->w[i];
 		if (w->reaped || w->pid <= 0)
@@ -118,7 +124,9 @@ static void on_silence_timer(struct ev_loop *loop, ev_timer *t, int revents)
 			w->heard_at = now;
 			continue;
 		}
-		if (a->stopping || !w->hello || w->silent_said || now - w->heard_at <= limit)
+		/* one that never said a keepalive (an older hpu-worker) is
+		 * silent between its records by nature: not watched */
+		if (a->stopping || !w->keepalive || w->silent_said || now - w->heard_at <= limit)
 			continue;
 		w->silent_said = 1;
 		if (a->cfg.on_silent)

@@ -182,9 +182,14 @@ static void *keepalive(void *arg)
 void hpu__status_keepalive(void)
 {
 	static int started;
-	if (started || fd() < 0)
+	int f = fd();
+	if (started || f < 0)
 		return;
 	started = 1;
+	/* the first at once: the agent watches only workers that keep alive
+	 * (an older hpu-worker's silence is no sign), from this one on */
+	if (write(f, "K1\n", 3) < 0 && errno == EPIPE)
+		atomic_store(&status_fd, -1);
 	pthread_attr_t at;
 	pthread_t t;
 	sigset_t all, old;

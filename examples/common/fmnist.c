@@ -30,8 +30,14 @@ static int load_split(fmnist_split *s, const char *dir, const char *prefix, char
 			 dir, prefix);
 		return -1;
 	}
+	if (s->images.count != s->labels.count) { /* the files named (it named DIR/train) */
+		snprintf(err, errlen, "%s/%s-images-idx3-ubyte.gz holds %zu images but %s/%s-labels-idx1-ubyte.gz "
+			 "%zu labels: one label an image",
+			 dir, prefix, s->images.count, dir, prefix, s->labels.count);
+		return -1;
+	}
 	if (s->images.type != HPU_DATA_U8 || s->labels.type != HPU_DATA_U8 ||
-	    s->images.count != s->labels.count || s->images.row_numel != FMNIST_PIXELS) {
+	    s->images.row_numel != FMNIST_PIXELS) {
 		snprintf(err, errlen, "%s/%s: %zu images of %zu %s but %zu labels of %s (expected u8 images of %d pixels)",
 			 dir, prefix, s->images.count, s->images.row_numel,
 			 hpu_data_type_name(s->images.type), s->labels.count,

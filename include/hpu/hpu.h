@@ -371,13 +371,17 @@ HPU_API int hpu_builder_status(const hpu_builder *b);
  * Each field becomes a tensor of that name. */
 HPU_API int hpu_dataset_set(hpu_builder *b, hpu_split split, const hpu_dataset *ds);
 
-/* Says that a split's samples overlap (after hpu_dataset_set): sample i
+/* Says that the training split's samples overlap (split HPU_SPLIT_TRAIN,
+ * after hpu_dataset_set; newer than ABI 3's first runtimes, so a model
+ * may test HPU_HAS_DATASET_OVERLAP, and an older runtime refuses to load
+ * one that calls it, naming the symbol): sample i
  * shares data with the samples less than `span` away (i - span + 1 ..
  * i + span - 1), as sliding windows do (a window of T + 1 tokens taken at
  * every token: span T + 1). --val-fraction then holds out one run of
  * samples and trains on none that shares data with it, instead of
  * samples drawn at random, each of which would sit between trained
  * neighbours. span 1: no overlap (the default). */
+#define HPU_HAS_DATASET_OVERLAP 1
 HPU_API int hpu_dataset_overlap(hpu_builder *b, hpu_split split, size_t span);
 
 /* Adds a layer reading the tensors named in `inputs`, a comma-separated

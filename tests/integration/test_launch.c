@@ -601,6 +601,15 @@ static void test_worker_crash_reported(void **state)
 	assert_non_null(bt1);
 	assert_non_null(strstr(bt1, "fault_mlp.so("));
 	h_free(&p);
+	/* in the model's setup(): said (it gave only the address and frames) */
+	char *argv0[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "2", "--no-eval",
+			 (char *)FAULT_MODEL, "--", "--crash-in-setup", NULL};
+	code = h_run(&p, argv0, NULL, 120000);
+	printf("a crash in setup(): exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "rank 0: crashed: signal 11 (Segmentation fault) at 0x10"));
+	assert_non_null(strstr(p.out, "rank 0: in the model's setup()"));
+	h_free(&p);
 	/* a NULL the runtime gave back, used: the error it recorded is said
 	 * (the documented "returns NULL with the layer's error" was lost) */
 	char *argv2[] = {(char *)LAUNCH, "--devices", "2", "--max-steps", "20", "--log-every", "0",

@@ -70,12 +70,17 @@ for ex in fmnist_mlp fmnist_cnn resnet gpt_lm; do
 		fail "examples/$ex has NEEDED libhpu.so: the examples must build as docs/writing-a-model.md says, without -lhpu"
 	fi
 done
-timeout 120 "$build/bin/hpulaunch" -q --devices 1 --max-steps 1 --log-every 1 --batch-size 16 \
-	--optimizer sgd --lr 0.1 ./my.so >out.log 2>&1
-rc=$?
-cat out.log
-[ $rc = 0 ] || fail "hpulaunch exited $rc on the pkg-config-built model"
-grep -q 'trained 1 steps\|trained 1 step' out.log || fail "no 'trained 1 step' line"
+# trains MODEL.so (WHAT names it in a failure) for a step
+train_one()
+{
+	timeout 120 "$build/bin/hpulaunch" -q --devices 1 --max-steps 1 --log-every 1 --batch-size 16 \
+		--optimizer sgd --lr 0.1 "./$1" >"$1.log" 2>&1
+	local rc=$?
+	cat "$1.log"
+	[ $rc = 0 ] || fail "hpulaunch exited $rc on $2"
+	grep -q 'trained 1 step' "$1.log" || fail "no 'trained 1 step' line from $2"
+}
+train_one my.so "the pkg-config-built model"
 
 # The same model in C++ (20: designated fields in the structs' order):
 # HPU_MODEL's symbol must be extern "C" there, or the namespace-scope
@@ -113,10 +118,5 @@ EOF
 c++ -std=c++20 -Werror -shared -fPIC my.cpp $flags -o mycxx.so || fail "the C++ model did not build with: $flags"
 nm -D --defined-only mycxx.so | grep -q ' hpu_model_entry$' ||
 	fail "the C++ model exports no hpu_model_entry (HPU_MODEL must make it extern \"C\")"
-timeout 120 "$build/bin/hpulaunch" -q --devices 1 --max-steps 1 --log-every 1 --batch-size 16 \
-	--optimizer sgd --lr 0.1 ./mycxx.so >outcxx.log 2>&1
-rc=$?
-cat outcxx.log
-[ $rc = 0 ] || fail "hpulaunch exited $rc on the C++ model"
-grep -q 'trained 1 steps\|trained 1 step' outcxx.log || fail "no 'trained 1 step' line from the C++ model"
+train_one mycxx.so "the C++ model"
 echo "test_pkgconfig: PASS"

@@ -76,12 +76,13 @@ static const char *dtype_text(hpu_dtype d, char *buf, size_t len)
 int hpu_dataset_overlap(hpu_builder *b, hpu_split split, size_t span)
 {
 	HPU__SETUP_ONLY(b, NULL, "hpu_dataset_overlap", HPU_EINVAL);
-	if (split != HPU_SPLIT_TRAIN && split != HPU_SPLIT_TEST)
-		return hpu__model_refuse(b, HPU_EINVAL, "hpu_dataset_overlap: unknown split %d",
-					 (int)split);
+	/* --val-fraction holds out of the training split only */
+	if (split != HPU_SPLIT_TRAIN)
+		return hpu__model_refuse(b, HPU_EINVAL, "hpu_dataset_overlap: split %d: only the "
+					 "training split's overlap is read (HPU_SPLIT_TRAIN)", (int)split);
 	if (!b->has_data[split])
-		return hpu__model_refuse(b, HPU_EINVAL, "hpu_dataset_overlap: set the %s dataset first",
-					 split == HPU_SPLIT_TRAIN ? "training" : "test");
+		return hpu__model_refuse(b, HPU_EINVAL, "hpu_dataset_overlap: set the training dataset "
+					 "first");
 	if (span < 1 || span > b->data[split].size)
 		return hpu__model_refuse(b, HPU_EINVAL, "hpu_dataset_overlap: span %zu; it must be 1 "
 					 "to the split's %zu samples", span, b->data[split].size);

@@ -18,6 +18,8 @@
 static int crash_rank;
 static const hpu_builder *crash_model;
 static volatile pid_t model_tid; /* the thread that runs the layers */
+static volatile sig_atomic_t in_setup; /* hpu__crash_in_setup */
+static volatile pid_t setup_tid;
 static char altstack[64 * 1024]; /* the main thread's stack overflow still reports (other
 				  * threads' run the handler on their own stack) */
 
@@ -99,6 +101,8 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 	/* that thread's fault only (the loader's thread runs the model's
 	 * fetch while the layers run) */
 	int here = (pid_t)syscall(SYS_gettid) == model_tid;
+	if (in_setup && (pid_t)syscall(SYS_gettid) == setup_tid)
+		say(who, ": in the model's setup()", NULL, NULL, NULL, NULL);
 	if (b && here && l >= 0 && l < b->nlayers && b->layers[l]) {
 		const struct hpu_layer *ly = b->layers[l];
 		say(who, ": in layer ", ly->name, backward ? "'s backward" : "'s forward", NULL, NULL);
@@ -112,6 +116,12 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 	 * ends the process with the signal (raise for one sent by kill) */
 	if (si->si_code <= 0)
 		raise(sig);
+}
+
+void hpu__crash_in_setup(int on)
+{
+	setup_tid = (pid_t)syscall(SYS_gettid);
+	in_setup = on;
 }
 
 void hpu__crash_report_model(const hpu_builder *b)

@@ -19,4 +19,8 @@ struct hpu_builder;
  * calling thread (the one that runs the layers) faults; NULL: none. */
 void hpu__crash_report_model(const struct hpu_builder *b);
 
+/* Around the model's setup() (1, then 0): a crash on the calling thread
+ * meanwhile says it was there (it gave only the address and frames). */
+void hpu__crash_in_setup(int on);
+
 #endif

@@ -385,8 +385,10 @@ int main(int argc, char **argv)
 	if (o.verbose && rank == 0)
 		hpu__autocast_print(stdout);
 	kernels_setup(&o);
-	if (hpu__model_setup(b, margc, margv, err, sizeof err) < 0 ||
-	    hpu__same_model_check(comm, b, err, sizeof err) < 0)
+	hpu__crash_in_setup(1);
+	int setup_rc = hpu__model_setup(b, margc, margv, err, sizeof err);
+	hpu__crash_in_setup(0);
+	if (setup_rc < 0 || hpu__same_model_check(comm, b, err, sizeof err) < 0)
 		goto out;
 	if (o.verbose && rank == 0)
 		note_model(b);

@@ -229,6 +229,15 @@ static void optim_notes(const hpu_ckpt *c, const hpu_train_opts *o)
 	    strcmp(c->precision, "16-mixed") == 0 && saved > 0 && saved != o->loss_scale)
 		printf("resume: --loss-scale %g is used; checkpoint %s's loss scale was %g\n",
 		       o->loss_scale, c->dir, saved);
+	/* the dynamic scale goes on from the saved one: a first scale given
+	 * for this run is not used (it was taken in silence) */
+	else if (o->precision == HPU_PREC_FP16_MIXED && !(o->loss_scale > 0) &&
+		 strcmp(c->precision, "16-mixed") == 0 && saved > 0 &&
+		 hpu__opts_from(o, "initial-scale-power") != HPU_FROM_DEFAULT &&
+		 saved != ldexp(1.0, o->initial_scale_power))
+		printf("resume: the dynamic loss scale goes on from checkpoint %s's, %g; "
+		       "--initial-scale-power %d sets a fresh run's first scale\n",
+		       c->dir, saved, o->initial_scale_power);
 }
 
 int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,

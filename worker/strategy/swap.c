@@ -154,7 +154,8 @@ static const char *shown(const char *dir, char *buf, size_t len)
 	char cwd[PATH_MAX];
 	if (dir[0] == '/' || !getcwd(cwd, sizeof cwd))
 		return dir;
-	snprintf(buf, len, "%s (%s/%s: relative to the worker's working directory)", dir, cwd, dir);
+	snprintf(buf, len, "%s (%s%s%s: relative to the worker's working directory)", dir, cwd,
+		 strcmp(cwd, "/") ? "/" : "", dir);
 	return buf;
 }
 
