@@ -143,6 +143,24 @@ static const char *shown(uint8_t c, char *buf)
 	return buf;
 }
 
+/* Writes text[0 .. n) to stdout, its bytes that a terminal would act on
+ * escaped (a NUL ended the sample, control bytes reached the terminal):
+ * every one as shown() gives it in a quoted prompt, else all but newlines
+ * and tabs, which stay the text's own; a newline after a sample. */
+static void put_text(const char *text, size_t n, int quoted)
+{
+	char c[8];
+	for (size_t i = 0; i < n; i++) {
+		uint8_t b = (uint8_t)text[i];
+		if (!quoted && (b == '\n' || b == '\t' || (b >= 0x20 && b < 0x7f) || b >= 0x80))
+			putchar(b);
+		else
+			fputs(shown(b, c), stdout);
+	}
+	if (!quoted)
+		putchar('\n');
+}
+
 /* Each step feeds the last (up to) T characters, padded after them (a
  * causal model does not look ahead), and draws from the logits at the
  * last one. */
@@ -163,8 +181,9 @@ int ex_lm_generate(hpu_run *run, void *user)
 		if (m->text.id_of[(uint8_t)*p] >= 0)
 			ids[len++] = (uint8_t)m->text.id_of[(uint8_t)*p];
 	size_t skipped = strlen(m->prompt) - len;
-	/* nothing of the prompt to start from: the text's first character
-	 * (id 0), said to be that and not the prompt */
+	/* nothing of the prompt to start from: the vocabulary's first
+	 * character (id 0, the text's lowest byte), said to be that and not
+	 * the prompt */
 	int none = len == 0;
 	if (none)
 		ids[len++] = 0;
@@ -185,17 +204,19 @@ int ex_lm_generate(hpu_run *run, void *user)
 	for (size_t i = 0; i < len; i++)
 		text[i] = (char)m->text.chars[ids[i]];
 	char c[8];
-	if (hpu_run_ctx(run)->rank == 0 && none)
-		printf("sample (%ld characters after \"%s\", the text's first character, as the "
-		       "prompt %s; temperature %g):\n%.*s\n",
+	if (hpu_run_ctx(run)->rank == 0 && none) {
+		printf("sample (%ld characters after \"%s\", the vocabulary's first character, as "
+		       "the prompt %s; temperature %g):\n",
 		       gen, shown((uint8_t)text[0], c),
-		       *m->prompt ? "has no character of the text" : "is empty", m->temp, (int)len,
-		       text);
-	else if (hpu_run_ctx(run)->rank == 0)
-		printf("sample (%ld characters after the prompt \"%.*s\"%s, temperature %g):\n%.*s\n",
-		       gen, (int)start, text,
-		       skipped ? " (its characters not in the text left out)" : "", m->temp,
-		       (int)len, text);
+		       *m->prompt ? "has no character of the text" : "is empty", m->temp);
+		put_text(text, len, 0);
+	} else if (hpu_run_ctx(run)->rank == 0) {
+		printf("sample (%ld characters after the prompt \"", gen);
+		put_text(text, start, 1);
+		printf("\"%s, temperature %g):\n",
+		       skipped ? " (its characters not in the text left out)" : "", m->temp);
+		put_text(text, len, 0);
+	}
 	rc = HPU_OK;
 out:
 	if (rc == HPU_ENOMEM)

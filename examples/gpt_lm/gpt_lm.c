@@ -139,6 +139,8 @@ static const ex_arg arg_table[] = {
 	INT("--gen-seed", seed, "N", 0, 1e15),
 };
 
+static const char default_prompt[] = "The ";
+
 static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 {
 	if (ex_args_parse(b, argc, argv, arg_table, sizeof arg_table / sizeof *arg_table, a) < 0)
@@ -150,6 +152,16 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 	if (a->tokens && a->gen > 0)
 		return hpu_error(b, "--gen %g: a --tokens file has no tokenizer here to decode a "
 				 "sample with; leave --gen out", a->gen);
+	/* the sample's other options, with nothing sampled (taken in silence) */
+	const char *unused = a->prompt != default_prompt ? "--prompt"
+			     : a->temp != 0.8 ? "--temperature"
+			     : a->seed != 1	 ? "--gen-seed"
+						 : NULL;
+	if (a->tokens && unused)
+		return hpu_error(b, "%s: a --tokens file has no sample to generate (no tokenizer to "
+				 "decode one); leave it out", unused);
+	if (!a->tokens && a->gen == 0 && unused)
+		return hpu_error(b, "%s: --gen 0 generates no sample; leave it out", unused);
 	if (a->gen < 0)
 		a->gen = a->tokens ? 0 : 200;
 	return 0;
@@ -170,7 +182,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 		return hpu_error(b, "out of memory");
 	hpu_set_user(b, m);
 	args *a = &m->a;
-	*a = (args){.prompt = "The ", .t = 64, .d = 128, .heads = 4, .layers = 2, .dropout = 0.1,
+	*a = (args){.prompt = default_prompt, .t = 64, .d = 128, .heads = 4, .layers = 2, .dropout = 0.1,
 		    .gen = -1, .temp = 0.8, .seed = 1};
 	if (parse_args(b, argc, argv, a) < 0 ||
 	    ex_lm_read(b, &m->lm, a->dir, a->tokens, (long)a->vocab) < 0)

@@ -767,8 +767,11 @@ static void test_mlp_arguments(void **state)
 }
 
 /* gpt_lm --prompt "" (or a prompt of no character of the text): the
- * sample starts from the text's first character, and says so (it was
- * printed as the prompt, "\t"). */
+ * sample starts from the vocabulary's first character, and says so (it
+ * was printed as the prompt, "\t"; then called the text's first
+ * character, which it is not). A prompt with a newline is escaped in the
+ * sample's header (it split the line), and the sample options with
+ * nothing to sample are refused (taken in silence). */
 static void test_gpt_lm_prompt(void **state)
 {
 	(void)state;
@@ -780,10 +783,26 @@ static void test_gpt_lm_prompt(void **state)
 				(char *)prompt[k][0], NULL};
 		char *out = run_ok(argv);
 		const char *line = strstr(out, "sample (5 characters after \"");
-		if (!line || !strstr(line, prompt[k][1]))
+		if (!line || !strstr(line, prompt[k][1]) ||
+		    !strstr(line, "the vocabulary's first character"))
 			fail_msg("no \"sample (5 characters after ... %s\" in:\n%s", prompt[k][1], out);
 		free(out);
 	}
+	char *nl[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+		      (char *)h_build("lib/gpt_lm.so"), "--", "--gen", "5", "--prompt", "Th\ne", NULL};
+	char *out = run_ok(nl);
+	if (!strstr(out, "sample (5 characters after the prompt \"Th\\ne\", temperature 0.8):\n"))
+		fail_msg("the prompt's newline is not escaped in:\n%s", out);
+	free(out);
+	char *unused[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+			  (char *)h_build("lib/gpt_lm.so"), "--", "--gen", "0", "--temperature", "0",
+			  NULL};
+	proc p;
+	int code = h_run(&p, unused, NULL, 120000);
+	printf("--gen 0 --temperature 0: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "--temperature: --gen 0 generates no sample; leave it out"));
+	h_free(&p);
 }
 
 /* A Fashion-MNIST label outside 0..9 is refused naming its file (it
