@@ -182,12 +182,12 @@ int hpucoll__monitor_event(void *mon, uint16_t *ev, uint32_t *value)
 
 int hpucoll_comm_rank(const hpucoll_comm *comm)
 {
-	return comm->rank;
+	return comm ? comm->rank : -1;
 }
 
 int hpucoll_comm_size(const hpucoll_comm *comm)
 {
-	return comm->size;
+	return comm ? comm->size : 0;
 }
 
 void hpucoll_comm_stats(const hpucoll_comm *comm, hpucoll_stats *out)
@@ -215,6 +215,8 @@ const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)
 	static _Thread_local char copy[HPUCOLL__ERRMSG_MAX];
 	hpucoll_comm *c = (hpucoll_comm *)comm; /* the lock, not the sentence */
 
+	if (!c) /* a destroyed one (destroy sets the caller's pointer NULL) */
+		return "";
 	pthread_mutex_lock(&c->errlock);
 	memcpy(copy, c->errmsg, sizeof(copy));
 	pthread_mutex_unlock(&c->errlock);
@@ -229,6 +231,11 @@ const char *hpucoll_comm_why(const hpucoll_comm *comm, int rc)
 
 int hpucoll_comm_culprit(const hpucoll_comm *comm, int *code)
 {
+	if (!comm) {
+		if (code)
+			*code = HPUCOLL_OK;
+		return -1;
+	}
 	if (code)
 		*code = comm->culprit >= 0 ? comm->culprit_code : HPUCOLL_OK;
 	return comm->culprit;

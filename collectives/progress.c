@@ -121,8 +121,12 @@ static int start(hpucoll_comm *c, const struct hpucoll__args *a,
 	struct hpucoll_req *r;
 	int rc;
 
-	if (req == NULL)
+	if (req == NULL) { /* said (why() gave the last error's sentence) */
+		if (c)
+			hpucoll__set_error(c, "%s: the request pointer is NULL.",
+					   hpucoll__kind_name(a->kind));
 		return HPUCOLL_EINVAL;
+	}
 	*req = NULL;
 	if (c == NULL)
 		return HPUCOLL_EINVAL;

@@ -50,7 +50,8 @@ typedef enum hpucoll_dtype {
 
 typedef enum hpucoll_op {
 	HPUCOLL_SUM = 0,
-	HPUCOLL_AVG, /* sum / size; integer types truncate toward zero */
+	HPUCOLL_AVG, /* sum / size; integer types truncate toward zero, and
+		      * their sum wraps as SUM does (as NCCL's) */
 	HPUCOLL_MAX,
 	HPUCOLL_MIN,
 	HPUCOLL_NUM_OPS
@@ -154,10 +155,13 @@ HPU_API void hpucoll_comm_destroy(hpucoll_comm **comm);
  * peer on this node that has died is reported at once. */
 HPU_API void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms);
 
+/* -1 and 0 for a NULL comm (a destroyed one: destroy sets the pointer
+ * NULL), as the calls below take NULL too. */
 HPU_API int hpucoll_comm_rank(const hpucoll_comm *comm);
 HPU_API int hpucoll_comm_size(const hpucoll_comm *comm);
 
-/* One sentence about the last error on this communicator ("" if none): a
+/* One sentence about the last error on this communicator ("" if none, or
+ * for a NULL comm): a
  * copy, valid in this thread until its next call of hpucoll_comm_errmsg()
  * or hpucoll_comm_why(). */
 HPU_API const char *hpucoll_comm_errmsg(const hpucoll_comm *comm);
@@ -173,7 +177,7 @@ HPU_API const char *hpucoll_comm_why(const hpucoll_comm *comm, int rc);
  * rather than the one waited for). An error another rank relayed (its
  * collective failed first) carries that rank's culprit, or names that
  * rank itself (HPUCOLL_EABORTED) when it blamed no one. code may be
- * NULL. */
+ * NULL; -1 for a NULL comm. */
 HPU_API int hpucoll_comm_culprit(const hpucoll_comm *comm, int *code);
 
 /* Traffic of one communicator since it was made. Payload bytes are

@@ -347,6 +347,14 @@ static void test_bad_args(void **state)
 	assert_null(c);
 	hpucoll_comm_destroy(&c);
 	hpucoll_comm_destroy(NULL);
+	/* the getters of a destroyed (NULL) comm answer, as stats and why do
+	 * (errmsg and culprit crashed) */
+	assert_int_equal(hpucoll_comm_rank(NULL), -1);
+	assert_int_equal(hpucoll_comm_size(NULL), 0);
+	assert_string_equal(hpucoll_comm_errmsg(NULL), "");
+	int code = -5;
+	assert_int_equal(hpucoll_comm_culprit(NULL, &code), -1);
+	assert_int_equal(code, HPUCOLL_OK);
 }
 
 /* Rank 0 of 4 whose peers never show up. */
