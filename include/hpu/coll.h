@@ -265,9 +265,14 @@ HPU_API void hpucoll_set_log(hpucoll_log_fn fn, void *user);
 
 /* ---- Collectives ----
  *
- * Every collective must be called in the same order on every rank.
- * Out-of-place unless the buffers coincide as described (in-place).
- * count/recvcount/sendcount are in elements of dtype. */
+ * Every collective must be called in the same order on every rank, with
+ * the same count, dtype, op and root: a count, dtype, op or kind that
+ * differs is an error at once naming the rank. Not checked: a count of 0
+ * (a local no-op that sends nothing: the others' mismatch is found at the
+ * next collective) and broadcast's and reduce's root (ranks that differ
+ * wait for the timeout). Out-of-place unless the buffers coincide as
+ * described (in-place). count/recvcount/sendcount are in elements of
+ * dtype. */
 
 /* recvbuf[i] = op over ranks of sendbuf[i], on every rank.
  * In place: sendbuf == recvbuf. */
