@@ -143,6 +143,19 @@ static const char *shown(uint8_t c, char *buf)
 	return buf;
 }
 
+int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given)
+{
+	if (tokens && gen > 0)
+		return hpu_error(b, "--gen %g: a --tokens file has no tokenizer here to decode a "
+				 "sample with; leave --gen out", gen);
+	if (given && (tokens || gen == 0)) /* taken in silence */
+		return hpu_error(b, "%s: %s; leave it out", given,
+				 tokens ? "a --tokens file has no sample to generate (no tokenizer to "
+					  "decode one)"
+					: "--gen 0 generates no sample");
+	return 0;
+}
+
 /* Writes text[0 .. n) to stdout, its bytes that a terminal would act on
  * escaped (a NUL ended the sample, control bytes reached the terminal):
  * every one as shown() gives it in a quoted prompt, else all but newlines

@@ -52,6 +52,13 @@ typedef struct ex_lm {
  * Returns 0, or hpu_error's -1 naming the file. */
 int ex_lm_read(hpu_builder *b, ex_lm *m, const char *dir, const char *tokens, long vocab);
 
+/* The sample's arguments against what is sampled: --gen N > 0 with
+ * --tokens (no tokenizer to decode a sample), or `given` (the name of a
+ * sample option given: --prompt, --temperature, --gen-seed; NULL: none)
+ * with nothing sampled (--tokens, or gen 0), are refused. -1 after
+ * hpu_error. */
+int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given);
+
 /* Declares the train and test splits of windows of t ids (and computes
  * the unigram baseline). Returns the builder's status. */
 int ex_lm_datasets(hpu_builder *b, ex_lm *m, int t);

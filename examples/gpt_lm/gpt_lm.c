@@ -138,9 +138,7 @@ static const ex_arg arg_table[] = {
 	NUM("--temperature", temp, "X", 0, 100), STR("--prompt", prompt, "TEXT"),
 	INT("--gen-seed", seed, "N", 0, 1e15),
 };
-
 static const char default_prompt[] = "The ";
-
 static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 {
 	if (ex_args_parse(b, argc, argv, arg_table, sizeof arg_table / sizeof *arg_table, a) < 0)
@@ -149,19 +147,9 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 		return hpu_error(b, "--dim %g is not a multiple of --heads %g", a->d, a->heads);
 	if (a->vocab > 0 && !a->tokens)
 		return hpu_error(b, "--vocab is for --tokens FILE (the corpus's vocabulary: its bytes)");
-	if (a->tokens && a->gen > 0)
-		return hpu_error(b, "--gen %g: a --tokens file has no tokenizer here to decode a "
-				 "sample with; leave --gen out", a->gen);
-	/* the sample's other options, with nothing sampled (taken in silence) */
-	const char *unused = a->prompt != default_prompt ? "--prompt"
-			     : a->temp != 0.8 ? "--temperature"
-			     : a->seed != 1	 ? "--gen-seed"
-						 : NULL;
-	if (a->tokens && unused)
-		return hpu_error(b, "%s: a --tokens file has no sample to generate (no tokenizer to "
-				 "decode one); leave it out", unused);
-	if (!a->tokens && a->gen == 0 && unused)
-		return hpu_error(b, "%s: --gen 0 generates no sample; leave it out", unused);
+	if (ex_lm_sample_args(b, a->tokens != NULL, a->gen, a->prompt != default_prompt ? "--prompt"
+			      : a->temp != 0.8 ? "--temperature" : a->seed != 1 ? "--gen-seed" : NULL))
+		return -1;
 	if (a->gen < 0)
 		a->gen = a->tokens ? 0 : 200;
 	return 0;

@@ -335,11 +335,15 @@ typedef struct hpu_model {
 /* Defines the model's entry symbol: HPU_MODEL(.name = "mlp", .setup = f).
  * In C++ (20, for the designated fields, given in the struct's order) the
  * symbol is extern "C": a namespace-scope const would have internal
- * linkage, and no entry symbol would be exported. */
+ * linkage, and no entry symbol would be exported; the fields left out are
+ * zero, as in C, without -Wextra's missing-initializer warning. */
 #ifdef __cplusplus
 #define HPU_MODEL(...)                                                      \
+	_Pragma("GCC diagnostic push")                                      \
+	_Pragma("GCC diagnostic ignored \"-Wmissing-field-initializers\"") \
 	extern "C" HPU_API const hpu_model hpu_model_entry = {              \
-		.abi_version = HPU_ABI_VERSION, __VA_ARGS__}
+		.abi_version = HPU_ABI_VERSION, __VA_ARGS__};               \
+	_Pragma("GCC diagnostic pop")
 #else
 #define HPU_MODEL(...)                                                      \
 	HPU_API const hpu_model hpu_model_entry = {                         \

@@ -104,7 +104,7 @@ static int setup(hpu_builder *b, int, char **)
 {
 	hpu_dataset train = {.size = 64, .nfields = 2,
 			     .fields = {{"x", HPU_F32, 1, {2}}, {"y", HPU_F32, 1, {1}}},
-			     .fetch = fetch};
+			     .fetch = fetch, .user = nullptr};
 	const hpu_linear_opts fc = {.out = 1, .bias = true}; /* C++ names the _v3 form */
 	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) != HPU_OK ||
 	    !hpu_linear_v3(b, "fc", "x", "pred", fc) || !hpu_mse(b, "mse", "pred,y", "err") ||
@@ -115,7 +115,7 @@ static int setup(hpu_builder *b, int, char **)
 
 HPU_MODEL(.name = "pcmodel_cxx", .setup = setup);
 EOF
-c++ -std=c++20 -Werror -shared -fPIC my.cpp $flags -o mycxx.so || fail "the C++ model did not build with: $flags"
+c++ -std=c++20 -Wall -Wextra -Werror -shared -fPIC my.cpp $flags -o mycxx.so || fail "the C++ model did not build with: $flags"
 nm -D --defined-only mycxx.so | grep -q ' hpu_model_entry$' ||
 	fail "the C++ model exports no hpu_model_entry (HPU_MODEL must make it extern \"C\")"
 train_one mycxx.so "the C++ model"

@@ -221,9 +221,14 @@ static void test_host_only_layers(void **state)
 	out = finish_with(&r, 1, model, "--ops");
 	unsetenv("HPU_STRICT_KERNELS");
 	assert_non_null(strstr(out, "layer hrelu is host-only (HPU_LAYER_HOST_ONLY) and gave its "
-				    "staged host copies to an op (the kernel eltwise_fwd, its argument x: "
-				    "host memory at "));
+				    "staged host copies to an op in its forward (the kernel eltwise_fwd, "
+				    "its argument x: host memory at "));
 	assert_non_null(strstr(out, "a host-only layer computes with its own loops"));
+	/* and hpulaunch's closing error ends with it (it said only "exited
+	 * with code 1": the check wrote stderr and left) */
+	const char *closing = strstr(out, "hpulaunch: error: rank 0 ");
+	assert_non_null(closing);
+	assert_non_null(strstr(closing, "exited with code 1: layer hrelu is host-only"));
 	free(out);
 	/* on cpu the same model trains: nothing is staged there */
 	start(&r, 1);

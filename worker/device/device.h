@@ -529,6 +529,18 @@ void hpu__dev_layer_leave(void);
  * which run on device memory (on a GPU too). */
 void hpu__dev_staged_layer(const char *name);
 
+/* Where the device's checks that end the worker (cpu-strict's: a host-only
+ * layer's op, the step guard, a rewritten queued copy, host memory given
+ * to a device op) hand their sentence before _exit, for the agent to end
+ * its closing error with (the runtime sets it to hpu__status_error); NULL:
+ * nowhere. */
+extern void (*hpu__dev_fatal_why)(const char *why);
+
+/* Says "hpu-worker: rank R: <sentence>" on stderr, hands the sentence to
+ * hpu__dev_fatal_why and ends the worker (_exit(1)). Not from a signal
+ * handler. */
+void hpu__dev_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
 /* The step guard: the runtime turns it on while a training step runs
  * (train.c's train_step: from the first micro-step's forward to the end
  * of the strategy's step) and off again. A recorded step (--graphs, a

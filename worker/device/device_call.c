@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +32,27 @@ static int guarded(void)
 
 /* The guard caught `op` doing `what` (a phrase: "returned a value to
  * the host (...)"): one line, and the worker ends. */
+void (*hpu__dev_fatal_why)(const char *why);
+
+void hpu__dev_fatal(const char *fmt, ...)
+{
+	char why[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof why, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "hpu-worker: rank %d: %s\n", hpu__dev_cur_rank, why);
+	fflush(stderr);
+	if (hpu__dev_fatal_why)
+		hpu__dev_fatal_why(why);
+	_exit(1);
+}
+
 static void step_caught(const char *op, const char *what)
 {
-	fprintf(stderr,
-		"hpu-worker: rank %d: cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): a CUDA recording (--graphs on --device cuda) cannot do that\n",
-		hpu__dev_cur_rank, op, what);
-	fflush(stderr);
-	_exit(1);
+	hpu__dev_fatal("cpu-strict: %s %s inside a training step (HPU_STRICT_STEP=1): a CUDA "
+		       "recording (--graphs on --device cuda) cannot do that",
+		       op, what);
 }
 
 void hpu__dev_step_copy(const char *op, const void *dst, const void *src, size_t n)
@@ -110,15 +125,11 @@ void hpu__dev_queued_clear(int check)
 	pthread_mutex_lock(&queued_mu);
 	for (size_t i = 0; i < queued_n; i++) {
 		queued *q = &queued_v[i];
-		if (check && memcmp(q->src, q->was, q->n)) {
-			fprintf(stderr,
-				"hpu-worker: rank %d: cpu-strict: the host rewrote the source of a "
-				"queued copy (%s, %zu bytes of pinned memory at %p) before its next "
-				"wait on the device: on a GPU the copy could read the new bytes\n",
-				hpu__dev_cur_rank, q->op, q->n, q->src);
-			fflush(stderr);
-			_exit(1);
-		}
+		if (check && memcmp(q->src, q->was, q->n))
+			hpu__dev_fatal("cpu-strict: the host rewrote the source of a queued copy "
+				       "(%s, %zu bytes of pinned memory at %p) before its next wait on "
+				       "the device: on a GPU the copy could read the new bytes",
+				       q->op, q->n, q->src);
 		free(q->was);
 	}
 	queued_n = 0;
@@ -203,11 +214,9 @@ void hpu__dev_on_device(const char *op, const void *p)
 {
 	if (!p || !hpu__dev_cur->owns || hpu__dev_cur->owns(p))
 		return;
-	fprintf(stderr,
-		"hpu-worker: rank %d: device op %s given host memory at %p under --device %s (host memory is the host's: copy it to the device first)\n",
-		hpu__dev_cur_rank, op, p, hpu__dev_cur->name);
-	fflush(stderr);
-	_exit(1);
+	hpu__dev_fatal("device op %s given host memory at %p under --device %s (host memory is "
+		       "the host's: copy it to the device first)",
+		       op, p, hpu__dev_cur->name);
 }
 
 /* ---- queues and events ---- */

@@ -37,6 +37,7 @@
 #include "worker/device/device.h"
 #include "worker/device/device_impl.h"
 #include "worker/ops/autocast.h"
+#include "worker/ops/fp8.h"
 #include "common/env.h"
 
 static hpu__backend impl; /* the CPU's kernel for each entry */
@@ -212,14 +213,13 @@ typedef struct chk {
 
 static void staged_fault(const chk *c, const char *arg, const void *p)
 {
-	fprintf(stderr,
-		"hpu-worker: rank %d: layer %s is host-only (HPU_LAYER_HOST_ONLY) and gave its staged "
-		"host copies to an op (the kernel %s, its argument %s: host memory at %p) under "
-		"--device %s: ops run on device memory, as on a GPU. A layer that only calls ops is "
-		"HPU_LAYER_ANY_DEVICE (the default); a host-only layer computes with its own loops\n",
-		hpu__dev_cur_rank, hpu__dev_staged_name, c->entry, arg, p, hpu__dev_cur->name);
-	fflush(stderr);
-	_exit(1);
+	hpu__dev_fatal("layer %s is host-only (HPU_LAYER_HOST_ONLY) and gave its staged host "
+		       "copies to an op in its %s (the kernel %s, its argument %s: host memory at "
+		       "%p) under --device %s: ops run on device memory, as on a GPU. A layer that "
+		       "only calls ops is HPU_LAYER_ANY_DEVICE (the default); a host-only layer "
+		       "computes with its own loops",
+		       hpu__dev_staged_name, hpu__op_layer_backward() ? "backward" : "forward",
+		       c->entry, arg, p, hpu__dev_cur->name);
 }
 
 static void chk_none(const chk *c, const char *arg, const void *v)

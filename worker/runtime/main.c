@@ -267,6 +267,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN); /* a closed status pipe or socket is EPIPE, not death */
 	hpu__status_hello();
 	hpu__status_keepalive();
+	hpu__dev_fatal_why = hpu__status_error; /* the device's checks' sentences */
 	char err[4096] = ""; /* a config file's errors, one a line */
 	int rank = env_int(HPU_ENV_RANK, 0), world = env_int(HPU_ENV_WORLD_SIZE, 1);
 	if (hpu__log_init(err, sizeof err, "hpu-worker: rank %d", rank) < 0) {
