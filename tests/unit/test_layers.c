@@ -367,8 +367,9 @@ static void test_custom_init_error(void **state)
 	assert_int_equal(hpu_layer_output(l, "y", HPU_F32, 1, &out), 0);
 	hpu_init custom = {.kind = HPU_INIT_CUSTOM, .fn = refuse_init, .user = b};
 	assert_int_equal(hpu_param_add(l, "weight", 2, wshape, custom), 0);
-	float w[12];
+	float w[16]; /* the layer's floats: its one parameter padded to 16 */
 	char err[512];
+	assert_int_equal(b->layers[0]->plen, 16);
 	assert_int_equal(hpu__model_init_layer(b, 0, 1, w, err, sizeof err), -1);
 	printf("  %s\n", err);
 	assert_string_equal(err, "the initializer of lin.weight failed: no values for lin.weight of 12");
