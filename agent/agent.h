@@ -108,8 +108,8 @@ typedef struct hpu_agent_cfg {
 	/* Called when a worker has been reaped. status as from waitpid, or
 	 * HPU_AGENT_LEFT_EARLY. */
 	void (*on_exit)(hpu_agent *a, int rank, pid_t pid, int status, void *arg);
-	/* Optional: a live hpu-worker (it said hello) whose status pipe has
-	 * been silent for `silent_s` seconds, past the limit: its keepalive
+	/* Optional: a live hpu-worker (it said a keepalive, "K1") whose status
+	 * pipe has been silent for `silent_s` seconds, past the limit: its keepalive
 	 * (proto/status.h) stopped, so the process is stopped or frozen as a
 	 * whole. The limit is HPUCOLL_TIMEOUT_MS (the workers', default 60
 	 * s) once a worker of this node has finished (exited 0 done: no

@@ -171,6 +171,20 @@ static void blame(hpu_nodejob *j, int culprit, hpu_blame how, int reporter, char
 			    node >= 0 && node != j->cfg.node_rank, out, outlen);
 }
 
+/* Rank `rank`'s latest status record into *st (st may be NULL; zeros
+ * during setup where it sent none) and where it puts the rank into pos
+ * ("in step 3 of 20"). */
+static void rank_position(hpu_agent *a, int rank, hpu_status_rec *st, char *pos, size_t len)
+{
+	hpu_status_rec r = {0};
+	double age;
+	if (hpu__agent_status(a, rank, &r, &age) != 0)
+		r = (hpu_status_rec){.phase = HPU_PHASE_SETUP};
+	if (st)
+		*st = r;
+	hpu__describe_position(r.step, r.total, r.phase, pos, len);
+}
+
 static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *arg)
 {
 	hpu_nodejob *j = arg;
@@ -180,14 +194,11 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 		return;
 	char how[400], cause[1200];
 	hpu__describe_status(status, how, sizeof how);
-	hpu_status_rec st = {0};
-	double age;
-	int have = hpu__agent_status(a, rank, &st, &age) == 0;
+	hpu_status_rec st;
+	char pos[128];
+	rank_position(a, rank, &st, pos, sizeof pos);
 	if (status == HPU_AGENT_LEFT_EARLY) {
 		size_t n = strlen(how);
-		char pos[128];
-		hpu__describe_position(have ? st.step : 0, have ? st.total : 0,
-				       have ? st.phase : HPU_PHASE_SETUP, pos, sizeof pos);
 		snprintf(how + n, sizeof how - n, " (%s%s)", pos,
 			 hpu__agent_said_hello(a, rank) ? ""
 							: "; it never spoke to its agent: is the "
@@ -215,9 +226,9 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	}
 	Hpu__WorkerExit we;
 	hpu__codec_worker_exit(&we, rank, j->cfg.node_rank, (int)pid, status);
-	we.step = have ? st.step : 0;
-	we.total = have ? st.total : 0;
-	we.phase = have ? (uint32_t)st.phase : HPU_PHASE_SETUP;
+	we.step = st.step; /* zeros and setup where it sent no record */
+	we.total = st.total;
+	we.phase = (uint32_t)st.phase;
 	we.culprit = (uint32_t)(culprit + 1);
 	we.culprit_how = (uint32_t)bhow;
 	we.why = (char *)why;
@@ -237,12 +248,8 @@ static void on_worker_silent(hpu_agent *a, int rank, pid_t pid, double silent_s,
 	hpu_nodejob *j = arg;
 	if (j->failed)
 		return;
-	hpu_status_rec st = {0};
-	double age;
-	int have = hpu__agent_status(a, rank, &st, &age) == 0;
 	char pos[128], cause[600];
-	hpu__describe_position(have ? st.step : 0, have ? st.total : 0,
-			       have ? st.phase : HPU_PHASE_SETUP, pos, sizeof pos);
+	rank_position(a, rank, NULL, pos, sizeof pos);
 	snprintf(cause, sizeof cause,
 		 "rank %d (node %d, pid %d) stopped answering %s: its process was silent for %.0f s, "
 		 "past %s (stopped, or frozen as a whole)%s",

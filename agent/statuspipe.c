@@ -92,11 +92,10 @@ void hpu__agent_status_read(status_pipe *sp)
  * milliseconds from 1. */
 static double coll_timeout_s(const hpu_agent *a)
 {
-	const char *name = hpu__env_name(HPU_ENV_HPUCOLL_TIMEOUT_MS), *v = NULL;
-	size_t len = strlen(name);
+	const char *v = NULL;
 	for (char *const *e = a->cfg.env; e && *e; e++)
-		if (!strncmp(*e, name, len) && (*e)[len] == '=')
-			v = *e + len + 1;
+		if (hpu__env_find(*e) == HPU_ENV_HPUCOLL_TIMEOUT_MS && strchr(*e, '='))
+			v = strchr(*e, '=') + 1;
 	if (!v)
 		v = hpu__env_str(HPU_ENV_HPUCOLL_TIMEOUT_MS);
 	int ms;

@@ -164,32 +164,36 @@ void hpu__status_hello(void)
 		status_fd = -1;
 }
 
+/* One keepalive: a write of 3 bytes, never torn by the other writers'
+ * lines. Returns 0 once the pipe is gone. */
+static int say_alive(void)
+{
+	int f = atomic_load(&status_fd);
+	if (f < 0)
+		return 0;
+	if (write(f, "K1\n", 3) < 0 && errno == EPIPE)
+		atomic_store(&status_fd, -1);
+	return 1;
+}
+
 static void *keepalive(void *arg)
 {
 	(void)arg;
-	for (;;) {
+	do
 		sleep(HPU_STATUS_KEEPALIVE_S);
-		int f = atomic_load(&status_fd);
-		if (f < 0)
-			return NULL;
-		/* one write of 3 bytes: never torn by the other writers' lines */
-		if (write(f, "K1\n", 3) < 0 && errno == EPIPE)
-			atomic_store(&status_fd, -1);
-	}
+	while (say_alive());
 	return NULL;
 }
 
 void hpu__status_keepalive(void)
 {
 	static int started;
-	int f = fd();
-	if (started || f < 0)
+	if (started || fd() < 0)
 		return;
 	started = 1;
 	/* the first at once: the agent watches only workers that keep alive
 	 * (an older hpu-worker's silence is no sign), from this one on */
-	if (write(f, "K1\n", 3) < 0 && errno == EPIPE)
-		atomic_store(&status_fd, -1);
+	say_alive();
 	pthread_attr_t at;
 	pthread_t t;
 	sigset_t all, old;
