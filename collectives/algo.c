@@ -531,6 +531,9 @@ static int begin(hpucoll_comm *c, const struct hpucoll__args *a)
 		c->arg = (uint8_t)((unsigned)a->dtype << 4);
 	if (has_op(a->kind))
 		c->arg |= (uint8_t)a->op;
+	c->root = a->kind == HPUCOLL__BROADCAST || a->kind == HPUCOLL__REDUCE
+			  ? a->root
+			  : -1;
 	c->seq++;
 	c->stall_warned = 0;
 	return HPUCOLL_OK;

@@ -125,22 +125,93 @@ void *hpucoll__scratch(hpucoll_comm *c, size_t len)
 	return p;
 }
 
-/* Checks that a message is the one expected. */
+void hpucoll__describe(char *buf, size_t len, unsigned kind, unsigned arg,
+		       int root)
+{
+	static const char *const dtypes[] = {"f32", "f64", "f16", "bf16",
+					     "i32", "i64", "u8"};
+	static const char *const ops[] = {"sum", "avg", "max", "min"};
+	unsigned dt = arg >> 4, op = arg & 15;
+	const char *name = hpucoll__kind_name(kind);
+	int n;
+
+	kind &= 15;
+	if (kind == HPUCOLL__BARRIER) {
+		snprintf(buf, len, "%s", name);
+		return;
+	}
+	if (dt < sizeof(dtypes) / sizeof(dtypes[0]))
+		n = snprintf(buf, len, "%s of %s", name, dtypes[dt]);
+	else
+		n = snprintf(buf, len, "%s of dtype %u", name, dt);
+	if (n < 0 || (size_t)n >= len)
+		return;
+	if (kind == HPUCOLL__ALL_REDUCE || kind == HPUCOLL__REDUCE ||
+	    kind == HPUCOLL__REDUCE_SCATTER)
+		n += snprintf(buf + n, len - (size_t)n, " with %s",
+			      op < sizeof(ops) / sizeof(ops[0]) ? ops[op]
+								 : "op ?");
+	if (root >= 0 && n >= 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, "%s root %d",
+			 kind == HPUCOLL__BROADCAST ? " from" : " to", root);
+}
+
+/* Checks that a message is the one expected; the error says what differs
+ * in the user's terms where it can (another collective, dtype, op or
+ * count), and every field otherwise. */
 int hpucoll__check_hdr(hpucoll_comm *c, const struct hpucoll__hdr *want,
 		       const struct hpucoll__hdr *got)
 {
+	char mine[96], theirs[96];
+
 	if (got->magic == want->magic && got->src == want->src &&
 	    got->seq == want->seq && got->kind == want->kind &&
 	    got->arg == want->arg && got->tag == want->tag &&
 	    got->off == want->off && got->len == want->len)
 		return HPUCOLL_OK;
+	hpucoll__describe(mine, sizeof(mine), want->kind, want->arg, c->root);
+	hpucoll__describe(theirs, sizeof(theirs), got->kind, got->arg, -1);
+	if (got->magic == want->magic && got->src == want->src &&
+	    got->seq != want->seq) {
+		hpucoll__set_error(c, "%s: rank %" PRIu32 " sent data of "
+				      "collective #%" PRIu32 " (%s) where #%" PRIu32
+				      " (%s) was expected; do all ranks call "
+				      "the same collectives in the same order?",
+				   c->what, want->src, got->seq, theirs,
+				   want->seq, mine);
+		return HPUCOLL_EPROTO;
+	}
+	if (got->magic == want->magic && got->src == want->src &&
+	    ((got->kind & 15) != (want->kind & 15) || got->arg != want->arg)) {
+		hpucoll__set_error(c, "%s: ranks disagree on collective #%" PRIu32
+				      ": rank %" PRIu32 " called %s where this "
+				      "rank (%d) called %s; every rank must "
+				      "call the same collectives with the same "
+				      "dtype, op and root.",
+				   c->what, want->seq, want->src, theirs,
+				   c->rank, mine);
+		return HPUCOLL_EPROTO;
+	}
+	if (got->magic == want->magic && got->src == want->src &&
+	    got->kind == want->kind && got->tag == want->tag &&
+	    (got->len != want->len || got->off != want->off)) {
+		hpucoll__set_error(c, "%s: rank %" PRIu32 " sent %" PRIu64
+				      " bytes at offset %" PRIu64 " of "
+				      "collective #%" PRIu32 " (%s) where %" PRIu64
+				      " at offset %" PRIu64 " were expected; do "
+				      "all ranks pass the same count?",
+				   c->what, want->src, got->len, got->off,
+				   want->seq, mine, want->len, want->off);
+		return HPUCOLL_EPROTO;
+	}
 	hpucoll__set_error(
 		c,
 		"%s: rank %" PRIu32 " sent collective #%" PRIu32 " (%s, "
 		"algorithm %u, arg %u, tag %u, offset %" PRIu64 ", %" PRIu64
 		" bytes) where #%" PRIu32 " (%s, algorithm %u, arg %u, tag %u, "
 		"offset %" PRIu64 ", %" PRIu64 " bytes) was expected; do all "
-		"ranks call the same collectives with the same arguments?",
+		"ranks call the same collectives with the same count and "
+		"root?",
 		c->what, want->src, got->seq, hpucoll__kind_name(got->kind),
 		(unsigned)got->kind >> 4, (unsigned)got->arg,
 		(unsigned)got->tag, got->off, got->len, want->seq,

@@ -47,8 +47,14 @@
  *   HPUCOLL__PROBE_REPLY  the answer of a rank that is waiting inside a
  *                         collective (only there does it read its socket):
  *                         seq: its collective, arg: that collective's kind
- *                         byte, off: the seq of the probe it answers; no
- *                         payload. A reply to an older probe is dropped.
+ *                         byte, tag: its root + 1 (0: none), off: the seq
+ *                         of the probe it answers, with the collective's
+ *                         dtype << 4 | op in bits 32-39; no payload. A
+ *                         reply to an older probe is dropped. A reply from
+ *                         the prober's own collective whose kind, dtype,
+ *                         op or root differs from the prober's is an error
+ *                         at once (the ranks disagree; waiting on would
+ *                         end in a timeout that blames a live rank).
  *
  * Shared memory (shm.h) carries the same header, without the encoding.
  */
@@ -182,6 +188,8 @@ struct hpucoll__peer {
 	uint32_t reply_to;  /* our collective its last probe reply answers */
 	uint32_t reply_seq; /* the collective that reply says it is in */
 	uint8_t reply_kind; /* and that collective's kind byte */
+	uint8_t reply_arg;  /* its dtype << 4 | op */
+	int reply_root;     /* its root (broadcast, reduce), or -1 */
 };
 
 /* A set of ranks an algorithm runs on: index i is rank ranks[i] (or i when
@@ -318,7 +326,8 @@ struct hpucoll_comm {
 	uint32_t seq;       /* collectives started so far */
 	const char *what;   /* its name, for errors */
 	uint8_t kind;       /* kind | algo << 4 */
-	uint8_t arg;
+	uint8_t arg;        /* dtype << 4 | op */
+	int root;           /* broadcast's and reduce's root, else -1 */
 	int stall_warned;   /* it printed its stall warning */
 	uint32_t probe_seq; /* the collective whose stall probe went out */
 	int64_t probe_ms;   /* when it went out */
@@ -524,9 +533,21 @@ long hpucoll__wait_ms(const hpucoll_comm *c, const struct hpucoll__wait *w,
 
 /* The stall check of a wait for `peer`, between two sleeps of every wait
  * loop: sends the stall probe once the threshold has passed, prints the
- * warning once the replies are in or the window is over. */
-void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
-			  int peer, int64_t now);
+ * warning once the replies are in or the window is over. Returns
+ * hpucoll__disagreement(): the wait ends with it when not HPUCOLL_OK. */
+int hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
+			 int peer, int64_t now);
+
+/* "broadcast of f32 from root 1", "all_reduce of bf16 with sum",
+ * "barrier": a collective's kind byte, arg byte (dtype << 4 | op) and
+ * root (-1: none or unknown), in the user's terms, for errors. */
+void hpucoll__describe(char *buf, size_t len, unsigned kind, unsigned arg,
+		       int root);
+
+/* HPUCOLL_EPROTO, with the error set, when a probe reply says that a rank
+ * is in this collective with another kind, dtype, op or root; else
+ * HPUCOLL_OK. */
+int hpucoll__disagreement(hpucoll_comm *c);
 
 /* A collective ends (`tail` says how) while its probe's window is open:
  * prints the warning with what is known. */

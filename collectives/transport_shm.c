@@ -84,13 +84,17 @@ static int shm_send(hpucoll_comm *c, int dst, const struct hpucoll__hdr *hdr,
 			break;
 		now = hpucoll__now_ms();
 		if (w.deadline >= 0 && now >= w.deadline) {
+			if (hpucoll__disagreement(c) != HPUCOLL_OK)
+				return HPUCOLL_EPROTO;
 			hpucoll__set_error(c, "%s: rank %d took no data for %d "
 					      "ms (is it alive?).",
 					   c->what, dst, w.timeout_ms);
 			hpucoll__blame(c, dst, HPUCOLL_ETIMEDOUT);
 			return HPUCOLL_ETIMEDOUT;
 		}
-		hpucoll__stall_check(c, &w, dst, now);
+		rc = hpucoll__stall_check(c, &w, dst, now);
+		if (rc != HPUCOLL_OK)
+			return rc;
 		rc = hpucoll__zmq_poll_aborts(c, dst);
 		if (rc != HPUCOLL_OK)
 			return rc;
@@ -175,7 +179,9 @@ static int shm_recv_from(hpucoll_comm *c, const struct hpucoll__hdr *want,
 			now = hpucoll__now_ms();
 			if (w.deadline >= 0 && now >= w.deadline)
 				break;
-			hpucoll__stall_check(c, &w, src, now);
+			rc = hpucoll__stall_check(c, &w, src, now);
+			if (rc != HPUCOLL_OK)
+				return rc;
 			rc = hpucoll__zmq_poll_aborts(c, src);
 			if (rc != HPUCOLL_OK)
 				return rc;

@@ -719,7 +719,8 @@ static int wait_readable(hpucoll_comm *c, int src,
 			return lost_peer(c, src);
 		if (p->refused)
 			return refused_by(c, src);
-		hpucoll__stall_check(c, w, src, now);
+		if (hpucoll__stall_check(c, w, src, now) != HPUCOLL_OK)
+			return HPUCOLL_EPROTO;
 		ms = hpucoll__wait_ms(c, w, now,
 				      soonest(p->lost ? (long)(p->lost_ms +
 							       HPUCOLL__LOST_GRACE_MS -
@@ -845,6 +846,8 @@ int hpucoll__zmq_fence(hpucoll_comm *c)
 			int64_t now = hpucoll__now_ms();
 
 			if (w.deadline >= 0 && now >= w.deadline) {
+				if (hpucoll__disagreement(c) != HPUCOLL_OK)
+					return HPUCOLL_EPROTO;
 				hpucoll__set_error(c, "%s: rank %d took no "
 						      "data for %d ms (is it "
 						      "alive?).",
@@ -855,7 +858,9 @@ int hpucoll__zmq_fence(hpucoll_comm *c)
 			if (p->lost &&
 			    now - p->lost_ms >= HPUCOLL__LOST_GRACE_MS)
 				return lost_peer(c, i);
-			hpucoll__stall_check(c, &w, i, now);
+			rc = hpucoll__stall_check(c, &w, i, now);
+			if (rc != HPUCOLL_OK)
+				return rc;
 			/* Now and then: aborts, and probes to answer. */
 			if (now - polled >= HPUCOLL__SLICE_MS) {
 				polled = now;

@@ -325,8 +325,8 @@ static void send_probes(hpucoll_comm *c)
  * replies come in while the wait goes on (hpucoll__probe_take); once all
  * peers are accounted for, or after probe_window(), it prints the one
  * warning of the collective. */
-void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
-			  int peer, int64_t now)
+int hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
+			 int peer, int64_t now)
 {
 	char tail[64];
 	int64_t at;
@@ -334,20 +334,53 @@ void hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
 	if (c->probe_seq != c->seq) {
 		at = probe_due(c, w);
 		if (at < 0 || now < at)
-			return;
+			return HPUCOLL_OK;
 		c->probe_seq = c->seq;
 		c->probe_ms = now;
 		c->stall_start = w->start;
 		c->stall_peer = peer;
 		send_probes(c);
 	}
+	if (hpucoll__disagreement(c) != HPUCOLL_OK)
+		return HPUCOLL_EPROTO;
 	if (!warning_due(c, now))
-		return;
+		return HPUCOLL_OK;
 	if (now < report_due(c) && !probe_done(c))
-		return;
+		return HPUCOLL_OK;
 	snprintf(tail, sizeof(tail), "still waiting (timeout %d ms)",
 		 w->timeout_ms);
 	stall_warn(c, now, tail);
+	return HPUCOLL_OK;
+}
+
+int hpucoll__disagreement(hpucoll_comm *c)
+{
+	char mine[96], theirs[96];
+
+	if (c->probe_seq != c->seq)
+		return HPUCOLL_OK;
+	for (int i = 0; i < c->size; i++) {
+		const struct hpucoll__peer *p = &c->peers[i];
+
+		if (i == c->rank || p->reply_to != c->seq ||
+		    p->reply_seq != c->seq)
+			continue;
+		if ((p->reply_kind & 15) == (c->kind & 15) &&
+		    p->reply_arg == c->arg && p->reply_root == c->root)
+			continue;
+		hpucoll__describe(mine, sizeof(mine), c->kind, c->arg, c->root);
+		hpucoll__describe(theirs, sizeof(theirs), p->reply_kind, p->reply_arg,
+			 p->reply_root);
+		hpucoll__set_error(c, "%s: ranks disagree on collective #%" PRIu32
+				      ": rank %d called %s where this rank "
+				      "(%d) called %s; every rank must call "
+				      "the same collectives with the same "
+				      "dtype, op and root.",
+				   c->what, c->seq, i, theirs, c->rank, mine);
+		hpucoll__blame(c, i, HPUCOLL_EPROTO);
+		return HPUCOLL_EPROTO;
+	}
+	return HPUCOLL_OK;
 }
 
 /* A collective ends while its probe's window is open: prints the warning
@@ -368,6 +401,9 @@ int hpucoll__timed_out(hpucoll_comm *c, const struct hpucoll__wait *w, int src)
 	struct line l = {.n = 0};
 	int n = 0;
 
+	if (hpucoll__disagreement(c) != HPUCOLL_OK)
+		return HPUCOLL_EPROTO;
+
 	for (int i = 0; c->probe_seq == c->seq && i < c->size; i++) {
 		if (peer_state(c, i) < 0) {
 			add(&l, "%s%d", n ? ", " : "", i);
@@ -384,6 +420,17 @@ int hpucoll__timed_out(hpucoll_comm *c, const struct hpucoll__wait *w, int src)
 		for (int i = 0; i < c->size; i++)
 			if (peer_state(c, i) < 0)
 				hpucoll__blame(c, i, HPUCOLL_ETIMEDOUT);
+		return HPUCOLL_ETIMEDOUT;
+	}
+	if (c->probe_seq == c->seq && peer_state(c, src) == 1 &&
+	    c->peers[src].reply_to == c->seq) {
+		/* It answered from this collective: alive, and waiting too. */
+		hpucoll__set_error(c, "%s: no data from rank %d after %d ms, "
+				      "though it is in this collective too "
+				      "(it answered); do all ranks call the "
+				      "same collectives with the same "
+				      "arguments?",
+				   c->what, src, w->timeout_ms);
 		return HPUCOLL_ETIMEDOUT;
 	}
 	hpucoll__set_error(c, "%s: no data from rank %d after %d ms "
@@ -413,7 +460,8 @@ static void answer_probe(hpucoll_comm *c, const struct hpucoll__hdr *probe)
 		.seq = c->seq,
 		.kind = HPUCOLL__PROBE_REPLY,
 		.arg = c->kind,
-		.off = probe->seq,
+		.tag = (uint16_t)(c->root + 1),
+		.off = probe->seq | (uint64_t)c->arg << 32,
 	};
 
 	send_ctl(c, (int)probe->src, &h);
@@ -425,11 +473,14 @@ static void take_reply(hpucoll_comm *c, const struct hpucoll__hdr *h)
 {
 	struct hpucoll__peer *p = &c->peers[h->src];
 
-	if (c->stall_warned || c->probe_seq != c->seq || h->off != c->seq)
+	if (c->stall_warned || c->probe_seq != c->seq ||
+	    (uint32_t)h->off != c->seq)
 		return;
 	p->reply_to = c->seq;
 	p->reply_seq = h->seq;
 	p->reply_kind = h->arg;
+	p->reply_arg = (uint8_t)(h->off >> 32);
+	p->reply_root = (int)h->tag - 1;
 }
 
 /* Notes that rank src sent data of collective seq. */

@@ -267,12 +267,18 @@ HPU_API void hpucoll_set_log(hpucoll_log_fn fn, void *user);
  *
  * Every collective must be called in the same order on every rank, with
  * the same count, dtype, op and root: a count, dtype, op or kind that
- * differs is an error at once naming the rank. Not checked: a count of 0
- * (a local no-op that sends nothing: the others' mismatch is found at the
- * next collective) and broadcast's and reduce's root (ranks that differ
- * wait for the timeout). Out-of-place unless the buffers coincide as
- * described (in-place). count/recvcount/sendcount are in elements of
- * dtype. */
+ * differs is an error naming the rank once its data arrives. Ranks left
+ * waiting for each other by a difference (broadcast's or reduce's root,
+ * most often) find it when their stall probe goes out (the stall
+ * threshold, or a quarter of the timeout, at most 1 s, before it) and
+ * fail with "ranks disagree on collective #N: rank R called broadcast of
+ * f32 from root 1 where this rank (0) called broadcast of f32 from root
+ * 0". Not checked: a count of 0 (a local no-op that sends nothing: the
+ * others' mismatch is found at the next collective), and a difference
+ * that leaves no rank waiting (two ranks that each pass itself as
+ * broadcast's root both return; the data each sent is found at the next
+ * collective). Out-of-place unless the buffers coincide as described
+ * (in-place). count/recvcount/sendcount are in elements of dtype. */
 
 /* recvbuf[i] = op over ranks of sendbuf[i], on every rank.
  * In place: sendbuf == recvbuf. */

@@ -847,6 +847,89 @@ static void test_stall_warning(void **state)
 	unsetenv("HPUCOLL_STALL_WARN_MS");
 }
 
+/* Ranks that disagree on broadcast's root: rank 0 passes root 1 and
+ * rank 1 root 0, so each waits for the other. The probe that goes out
+ * before the deadline finds the other rank in the same collective with
+ * another root, and fails with that, naming the other rank; the other
+ * rank gets its abort, with the same sentence (they
+ * waited for the timeout and blamed a live rank: "no data from rank 1
+ * after 4000 ms (is it alive?)"). Then reduce's root among 3 ranks. */
+static int disagreeing_root(hpucoll_comm *c, struct shared *sh,
+			    const struct world *w)
+{
+	int me = hpucoll_comm_rank(c), other = 1 - me, code = 0, rc;
+	float x[4] = {1, 2, 3, 4};
+	char want[160];
+	const char *msg;
+
+	(void)sh;
+	(void)w;
+	hpucoll_comm_set_timeout(c, 4000);
+	rc = hpucoll_broadcast(c, x, x, 4, HPUCOLL_F32, other);
+	msg = hpucoll_comm_errmsg(c);
+	/* the sentence of whichever rank found it first */
+	int first = strstr(msg, "gave up") != NULL ? other : me;
+	snprintf(want, sizeof(want),
+		 "ranks disagree on collective #1: rank %d called broadcast "
+		 "of f32 from root %d where this rank (%d) called broadcast "
+		 "of f32 from root %d",
+		 1 - first, first, first, 1 - first);
+	int culprit = hpucoll_comm_culprit(c, &code);
+	/* the finder blames the other rank; the other rank, which the
+	 * abort blames, has no culprit (its error is its own) */
+	if (rc != HPUCOLL_EPROTO || strstr(msg, want) == NULL ||
+	    culprit != (first == me ? other : -1) ||
+	    code != (first == me ? HPUCOLL_EPROTO : HPUCOLL_OK)) {
+		fprintf(stderr, "rank %d: %s: %s\n  (wanted: %s), culprit %d "
+			"(%s)\n", me, hpucoll_strerror(rc), msg, want,
+			culprit, hpucoll_strerror(code));
+		return 1;
+	}
+	return 0;
+}
+
+/* Reduce: rank 0 passes root 0, ranks 1 and 2 root 1. Rank 2 sends its
+ * part to rank 1 and is done; ranks 0 and 1 each wait for the other. One
+ * finds the disagreement at its probe; the other and rank 2 (in the
+ * barrier after) get its abort. */
+static int disagreeing_reduce(hpucoll_comm *c, struct shared *sh,
+			      const struct world *w)
+{
+	int me = hpucoll_comm_rank(c), rc;
+	float x[4] = {1, 2, 3, 4}, y[4];
+	const char *msg;
+
+	(void)sh;
+	(void)w;
+	hpucoll_comm_set_timeout(c, 4000);
+	rc = hpucoll_reduce(c, x, y, 4, HPUCOLL_F32, HPUCOLL_SUM,
+			    me == 0 ? 0 : 1);
+	if (me == 2 && rc == HPUCOLL_OK)
+		rc = hpucoll_barrier(c);
+	msg = hpucoll_comm_errmsg(c);
+	if (rc != HPUCOLL_EPROTO ||
+	    strstr(msg, "ranks disagree on collective #1: rank ") == NULL ||
+	    (strstr(msg, "reduce of f32 with sum to root 0 where") == NULL &&
+	     strstr(msg, "reduce of f32 with sum to root 1 where") == NULL)) {
+		fprintf(stderr, "rank %d: %s: %s\n", me, hpucoll_strerror(rc),
+			msg);
+		return 1;
+	}
+	return 0;
+}
+
+static void test_disagreeing_root(void **state)
+{
+	struct world shm = {.ws = 2, .shm = 1};
+	struct world tcp = {.ws = 2, .tcp = 1};
+	struct world three = {.ws = 3, .shm = 1};
+
+	(void)state;
+	cw_run_world(&shm, disagreeing_root);
+	cw_run_world(&tcp, disagreeing_root);
+	cw_run_world(&three, disagreeing_reduce);
+}
+
 /* A peer whose connection never comes up (a firewall that lets the
  * coordinator through but not the data ports; here a TCP port that
  * listens and never speaks ZeroMQ, under --data-plane auth): the send
@@ -899,6 +982,7 @@ int main(void)
 		cmocka_unit_test(test_forced_algorithms),
 		cmocka_unit_test(test_async),
 		cmocka_unit_test(test_dead_peer),
+		cmocka_unit_test(test_disagreeing_root),
 		cmocka_unit_test(test_stall_warning),
 		cmocka_unit_test(test_connection_never_up),
 	};

@@ -639,8 +639,8 @@ static void test_forged(void **state)
 	expect(forge_magic, HPUCOLL_EPROTO, "bad magic");
 	expect(forge_rank, HPUCOLL_EPROTO, "rank 7");
 	expect(forge_self, HPUCOLL_EPROTO, "rank 0");
-	expect(forge_seq, HPUCOLL_EPROTO, "rank 1 sent collective #99");
-	expect(forge_kind, HPUCOLL_EPROTO, "(broadcast");
+	expect(forge_seq, HPUCOLL_EPROTO, "rank 1 sent data of collective #99 (barrier) where #1 (barrier) was expected");
+	expect(forge_kind, HPUCOLL_EPROTO, "rank 1 called broadcast of f32 where this rank (0) called barrier");
 	expect(forge_no_payload, HPUCOLL_EPROTO, "rank 1");
 	expect(forge_short_payload, HPUCOLL_EPROTO, "rank 1");
 	expect(forge_extra_frame, HPUCOLL_EPROTO, "rank 1");
