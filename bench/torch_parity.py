@@ -512,7 +512,7 @@ def main():
         write_params(p0, params)
         if a.grads:
             return compare_grads(a, model, setup, batches[0], init, p0, tmp)
-        p1 = os.path.join(tmp, "final.f32")
+        p1 = os.path.join(tmp, "final.bin")
         ours, final = hputrain(a, setup, p0, steps, train_opts(a), tmp, save=p1,
                                evaluate=a.eval)
         ours_params = read_params(p1, params)
@@ -530,7 +530,7 @@ def reset(model, init):
 def compare_grads(a, model, setup, batch, init, p0, tmp):
     """--grads: the first step's gradient of every parameter, both sides."""
     big = 1e6
-    p1 = os.path.join(tmp, "step1.f32")
+    p1 = os.path.join(tmp, "step1.bin")
     sgd = ["--optimizer", "sgd", "--lr", repr(big), "--momentum", "0", "--weight-decay", "0"]
     ours_loss = hputrain(a, setup, p0, 1, sgd, tmp, save=p1)[0][0]
     params = model.hpu_params()

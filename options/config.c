@@ -535,7 +535,9 @@ const char *hpu__opt_expected(const struct hpu__opt *p, char *buf,
 		snprintf(buf, len, "an integer from %.0f to %.0f", p->lo, p->hi);
 		return buf;
 	case K_DOUBLE:
-		snprintf(buf, len, "a number from %g to %g", p->lo, p->hi);
+		/* enough digits that a bound just below 1 does not print as 1
+		 * (--beta2's 0.999999999) */
+		snprintf(buf, len, "a number from %.10g to %.10g", p->lo, p->hi);
 		return buf;
 	case K_MB:
 		snprintf(buf, len, "a number of MiB from 4 bytes (one fp32 element, 0.0000039) to %g",
