@@ -21,8 +21,12 @@ typedef struct cand {
 	int past; /* a step past the new one's: an abandoned run's (hpu__ckpt_candidates) */
 } cand;
 
-/* The value of validation.<metric> in root/name's manifest, or NAN. */
-static double value_of(const char *root, const char *name, const char *metric)
+/* The value of validation.<metric> in root/name's manifest, where that
+ * validation is of the checkpoint's own step (`step`, from its name);
+ * else NAN. The manifest holds the run's last validation, which for a
+ * checkpoint saved between validations is an earlier step's: ranked by
+ * it, such a checkpoint displaced the one validated at its step. */
+static double value_of(const char *root, const char *name, long step, const char *metric)
 {
 	char path[4200], *text = NULL;
 	size_t len;
@@ -31,7 +35,9 @@ static double value_of(const char *root, const char *name, const char *metric)
 		return NAN;
 	cJSON *m = cJSON_Parse(text);
 	free(text);
-	double v = hpu__ckpt_num(cJSON_GetObjectItemCaseSensitive(m, "validation"), metric, NAN);
+	const cJSON *val = cJSON_GetObjectItemCaseSensitive(m, "validation");
+	double at = hpu__ckpt_num(val, "step", NAN);
+	double v = at == (double)step ? hpu__ckpt_num(val, metric, NAN) : NAN;
 	cJSON_Delete(m);
 	return v;
 }
@@ -107,8 +113,8 @@ int hpu__ckpt_keep_plan(const char *root, const hpu_ckpt_keep *k, const char *na
 		if (!strcmp(names[i], name) || lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) ||
 		    hpu__parse_long(names[i] + 5, 0, LONG_MAX, &s))
 			continue;
-		v[nv++] = (cand){s, k->best ? value_of(root, names[i], k->metric) : NAN, names[i],
-				 s > ns};
+		v[nv++] = (cand){s, k->best ? value_of(root, names[i], s, k->metric) : NAN,
+				 names[i], s > ns};
 	}
 	qsort(v, (size_t)nv, sizeof *v, newest_first);
 	*last = names_of(v, nv, k->last, 0);

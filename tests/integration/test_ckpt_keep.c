@@ -226,6 +226,35 @@ static void test_keep_best_across_resume(void **state)
 	}
 }
 
+/* Validations every 3 steps, checkpoints every 5 (hpulaunch notes the
+ * misalignment): only step 15's checkpoint is validated at its own step,
+ * so --keep-best val_loss:max,1 keeps it, beside the newest (20). The
+ * others' manifests carry an earlier step's validation, by which later
+ * saves ranked them: step 5, by step 3's higher val_loss, displaced step
+ * 15 (max: the loss falls, so the earliest validation ranks first). */
+static void test_keep_best_own_step(void **state)
+{
+	(void)state;
+	run r;
+	start(&r, 2);
+	args(&r, "--max-steps", "20", "--lr", "0.05", "--eval-every", "3", "--checkpoint-every",
+	     "5", "--keep-best", "val_loss:max,1", "--checkpoint-dir", ck, NULL);
+	free(finish(&r, 0, SMALL));
+	int have[32] = {0};
+	assert_int_equal(present(have, 32), 2);
+	if (!have[15] || !have[20])
+		fail_msg("kept: %s%s%s%s; the rule keeps steps 15 and 20", have[5] ? "5 " : "",
+			 have[10] ? "10 " : "", have[15] ? "15 " : "", have[20] ? "20" : "");
+	char path[200], *text;
+	snprintf(path, sizeof path, "%s/step-00000020/manifest.json", ck);
+	assert_non_null(text = h_slurp(path));
+	squeeze(text);
+	if (!strstr(text, "\"best\":[\"step-00000015\"]"))
+		fail_msg("step 15 is not the manifest's best: %s", strstr(text, "\"keep"));
+	free(text);
+	cleanup();
+}
+
 /* The step the rule stops at in the metrics file's validations; the best
  * value and its step in *best, *best_step. */
 static long rule_stop(int max, long patience, double *best, long *best_step)
@@ -345,6 +374,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_keep_bad),
 		cmocka_unit_test(test_keep_best_across_resume),
+		cmocka_unit_test(test_keep_best_own_step),
 		cmocka_unit_test(test_early_stop_resumed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
