@@ -999,6 +999,16 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	if (check_validation(o, err, errlen) < 0 || check_keep(o, err, errlen) < 0)
 		return -1;
 	char a[160], b[160];
+	/* a name, not a path: the ranks failed at their first write ("cannot
+	 * write pf/a/b-rank1.json: No such file or directory") */
+	if (strchr(o->profile_name, '/') || !strcmp(o->profile_name, ".") ||
+	    !strcmp(o->profile_name, "..")) {
+		snprintf(err, errlen, "%s: the traces' file name, not a path (they are "
+				      "DIR/NAME-rank<R>.json, DIR from --profile)%s",
+			 said(o, "profile-filename", o->profile_name, a, sizeof a),
+			 in_file(o, "profile-filename", NULL, in, sizeof in));
+		return -1;
+	}
 	if (o->optimizer == HPU_OPTIM_SGD && o->nesterov && !(o->momentum > 0)) {
 		snprintf(err, errlen, "%s needs momentum, not %s%s: Nesterov momentum without one "
 				      "is plain SGD (torch.optim.SGD refuses it)",

@@ -147,9 +147,13 @@ static int plot(args *A)
 	if (rc != OK)
 		goto done;
 	if (t.records == 0) {
-		rc = fail("%s is empty: no metrics records to plot (hpulaunch --metrics FILE "
-			  "writes them)",
-			  A->metrics);
+		/* a run that has just started: its first line, still being
+		 * written, is not "empty" */
+		rc = t.torn ? fail("%s holds no complete metrics record yet: nothing to plot",
+				   A->metrics)
+			    : fail("%s is empty: no metrics records to plot (hpulaunch --metrics "
+				   "FILE writes them)",
+				   A->metrics);
 		goto done;
 	}
 	hpu__plt_keep_last_per_step(&t);

@@ -56,6 +56,7 @@ typedef struct table {
 	size_t n, cap;
 	int nranks;   /* the most ranks any record has */
 	long records; /* JSON lines read, step records or not */
+	int torn;     /* an incomplete last line was skipped */
 	vpoint *vp;   /* validation records */
 	size_t vn, vcap;
 	int nv;       /* series: vname[0] is val_loss, then the metrics */

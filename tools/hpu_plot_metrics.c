@@ -246,10 +246,12 @@ int hpu__plt_read_metrics(const char *file, table *t)
 		if (hpu__plt_blank(buf))
 			continue;
 		cJSON *j = cJSON_ParseWithOpts(buf, NULL, 1);
-		if (!j && !ended && !hpu__plt_blank(buf))
+		if (!j && !ended && !hpu__plt_blank(buf)) {
 			hpu__tool_warn("%s:%ld: the last line is incomplete (a run still writing it?): "
 				       "skipped",
 				       file, line);
+			t->torn = 1;
+		}
 		else if ((!j || cJSON_GetObjectItemCaseSensitive(j, "traceEvents")) &&
 			 looks_like_trace(buf))
 			rc = fail("%s:%ld: this looks like a trace (hpulaunch --profile writes them; "

@@ -114,8 +114,21 @@ int hpu__plt_write_script(FILE *f, const args *A, const table *t, const layout *
 		   "set output\n"
 		   "set grid\nunset key\nset xlabel 'step'\n",
 		A->width, A->height, A->width, A->height);
-	if (t->n == 1 || t->p[0].step == t->p[t->n - 1].step)
-		fprintf(f, "set xrange [%.10g:%.10g]\n", t->p[0].step - 1, t->p[0].step + 1);
+	/* one x range for every panel: the validation panel's own (3.96 to
+	 * 4.04 for one validation) did not line up with the others */
+	double lo = t->p[0].step, hi = t->p[0].step;
+	for (size_t i = 0; i < t->n; i++) {
+		lo = t->p[i].step < lo ? t->p[i].step : lo;
+		hi = t->p[i].step > hi ? t->p[i].step : hi;
+	}
+	for (size_t i = 0; i < t->vn; i++) {
+		lo = t->vp[i].step < lo ? t->vp[i].step : lo;
+		hi = t->vp[i].step > hi ? t->vp[i].step : hi;
+	}
+	if (lo == hi)
+		fprintf(f, "set xrange [%.10g:%.10g]\n", lo - 1, hi + 1);
+	else
+		fprintf(f, "set xrange [%.10g:%.10g]\n", lo, hi);
 	fprintf(f, "set multiplot layout %d,2 title ", t->vn ? 3 : 2);
 	put_quoted(f, A->title);
 	fputc('\n', f);

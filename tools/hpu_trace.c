@@ -81,8 +81,8 @@ enum { OPT_HELP = 1, OPT_NO_MERGE, OPT_OUTPUT, OPT_TOP, OPT_SORT, OPT_HELP_DOC, 
  * docs/reference/hpu-trace.md). */
 static const hpu_optspec specs[] = {
 	{"output", 'o', HPU_OPT_VALUE, OPT_OUTPUT, "FILE",
-	 .help = "the merged trace (default: DIR/NAME-merged.json, DIR the first PATH's directory, "
-		 "NAME the files' name before -rank<R>.json)"},
+	 .help = "the merged trace; - is standard output (default: DIR/NAME-merged.json, DIR the "
+		 "first PATH's directory, NAME the files' name before -rank<R>.json)"},
 	{"no-merge", 0, HPU_OPT_FLAG, OPT_NO_MERGE, NULL, .help = "only print the summary, write no file"},
 	{"top", 0, HPU_OPT_VALUE, OPT_TOP, "N", .help = "print only the first N actions"},
 	{"sort", 0, HPU_OPT_VALUE, OPT_SORT, "KEY",
@@ -120,7 +120,9 @@ static int parse_args(opts *o, int argc, char **argv)
 		} else if (r < 0) { /* unknown, or a flag with a value */
 			return hpu__tool_usage(NULL, "unknown option '%s'", p.arg);
 		} else if (r == OPT_OUTPUT) {
-			o->out = val;
+			/* "-": standard output, as the summary goes to
+			 * stderr then (it wrote a file named "-") */
+			o->out = strcmp(val, "-") == 0 ? "/dev/stdout" : val;
 		} else if (r == OPT_LOG_LEVEL) {
 			if (hpu__tool_log_level(val))
 				return USAGE;

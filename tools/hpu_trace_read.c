@@ -352,13 +352,30 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 	t->rank = (int)r;
 	double ws = num(other, "world_size", -1);
 	t->world_size = ws >= 1 && ws <= 1e6 ? (int)ws : -1; /* else unknown */
+	/* a format this reader does not know, a rank outside its job: said,
+	 * and read as far as it goes (they were taken in silence) */
+	cJSON *ver = cJSON_GetObjectItemCaseSensitive(other, "version");
+	if (ver && !(cJSON_IsNumber(ver) && ver->valuedouble == 1))
+		warn("%s: otherData.version is %s%s%s, not 1 (the version this hpu-trace reads): "
+		     "read as version 1",
+		     t->path, cJSON_IsString(ver) ? "\"" : "",
+		     cJSON_IsString(ver) ? ver->valuestring : cJSON_IsNumber(ver) ? "a number" : "not a number",
+		     cJSON_IsString(ver) ? "\"" : "");
+	if (t->world_size > 0 && t->rank >= t->world_size)
+		warn("%s: rank %d of a job of %d ranks (otherData.world_size): the file is of "
+		     "another job, or was changed",
+		     t->path, t->rank, t->world_size);
+	int name_rank = hpu__trc_name_rank(t->path, NULL, 0);
+	if (name_rank >= 0 && name_rank != t->rank)
+		warn("%s: its name says rank %d, its otherData.rank %d: read as rank %d", t->path,
+		     name_rank, t->rank, t->rank);
 	const char *h = hpu__trc_str(other, "hostname"), *j = hpu__trc_str(other, "job_id");
 	t->hostname = h ? hpu__trc_xstrdup(h) : NULL;
 	t->job_id = j ? hpu__trc_xstrdup(j) : NULL;
 	t->other = cJSON_IsObject(other) ? cJSON_Duplicate(other, 1) : NULL;
 	t->min_ts = INFINITY;
 	double first_barrier = INFINITY;
-	long out_of_range = 0;
+	long out_of_range = 0, malformed = 0;
 	cJSON *e;
 	cJSON_ArrayForEach(e, ev)
 	{
@@ -369,8 +386,12 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 		if (fabs(ts) <= HPU__TRC_MAX_TS && ts < t->min_ts)
 			t->min_ts = ts;
 		const char *ph = hpu__trc_str(e, "ph"), *name = hpu__trc_str(e, "name"), *cat = hpu__trc_str(e, "cat");
-		if (!ph || strcmp(ph, "X") != 0 || !name || isnan(ts) || isnan(dur))
+		if (!ph || strcmp(ph, "X") != 0)
+			continue; /* not a complete event: metadata, counters... */
+		if (!name || isnan(ts) || isnan(dur)) {
+			malformed++;
 			continue;
+		}
 		if (!(dur >= 0 && dur <= HPU__TRC_MAX_DUR && fabs(ts) <= HPU__TRC_MAX_TS)) {
 			out_of_range++;
 			continue;
@@ -388,6 +409,10 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 			t->barrier_end = ts + dur;
 		}
 	}
+	if (malformed > 0)
+		warn("%s: %ld complete event%s without a name, or a number for ts or dur, left out "
+		     "of the summary",
+		     t->path, malformed, malformed == 1 ? "" : "s");
 	if (out_of_range > 0)
 		warn("%s: %ld complete event%s with a dur below 0 or over %.0e µs, or a ts beyond "
 		     "%.0e µs, left out of the summary",

@@ -1358,7 +1358,7 @@ static void test_resume_at_end(void **state)
 	free(out);
 	char *text = h_slurp(metrics);
 	assert_non_null(text);
-	expect_in(text, "{\"final\":true,\"steps\":10,\"loss\":null,");
+	expect_in(text, "{\"final\":true,\"steps\":10,\"loss\":null,\"samples_per_sec\":null,");
 	free(text);
 }
 

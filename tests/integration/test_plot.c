@@ -672,6 +672,14 @@ static void test_empty_input(void **state)
 	}
 	assert_false(exists(path("empty.png")));
 	assert_false(exists(path("blank.png")));
+	/* a run that has just started: its first record half written is
+	 * not an empty file (it was said to be) */
+	assert_int_equal(h_write_file(path("torn1.jsonl"), "{\"step\":1,\"epoch\":1,\"lo", 0644), 0);
+	char *o = HPU_PLOT(1, path("torn1.jsonl"));
+	has(o, "the last line is incomplete");
+	has(o, "torn1.jsonl holds no complete metrics record yet: nothing to plot");
+	assert_null(strstr(o, "is empty"));
+	free(o);
 	empty_dir(path("tmp"));
 }
 

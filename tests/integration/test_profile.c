@@ -366,7 +366,12 @@ static void test_step_window(void **state)
 	args(&r, "--profile", prof, "--profile-filename", "resumed", "--profile-warmup-steps", "1",
 	     "--max-steps", "12", "--batch-size", "64", "--checkpoint-dir", ck, "--resume", "auto",
 	     NULL);
-	free(finish_with(&r, 0, FAULT_MODEL, NULL));
+	out = finish_with(&r, 0, FAULT_MODEL, NULL);
+	/* the line says the steps as the trace numbers them (it said only
+	 * "this run's steps 2 to the end") */
+	assert_non_null(strstr(out, "of this run's steps 2 to the end (step 10 of training on: it "
+				    "resumed at step 8)"));
+	free(out);
 	snprintf(path, sizeof path, "%s/resumed-rank0.json", prof);
 	cJSON *t = parse_file(path);
 	assert_non_null(t);

@@ -660,6 +660,18 @@ static void test_profile_flags(void **state)
 		     (const char *const[]){"--stall-warning", "-1", NULL});
 	expect_error((char *[]){"w", "--throughput-warmup-steps", "x", NULL},
 		     (const char *const[]){"--throughput-warmup-steps", NULL});
+	/* a name, not a path: refused before the workers start (each failed
+	 * at its first write, "cannot write pf/a/b-rank1.json") */
+	const char *names[] = {"a/b", "..", "/abs"};
+	for (int k = 0; k < 3; k++) {
+		hpu__opts_defaults(&o);
+		set_ok(&o, "profile", "pf");
+		set_ok(&o, "profile-filename", names[k]);
+		assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), -1);
+		printf("  -> \"%s\"\n", err);
+		assert_non_null(strstr(err, "the traces' file name, not a path"));
+		assert_non_null(strstr(err, names[k]));
+	}
 }
 
 /* Checkpoint options: flags, config keys, and what they need together. */

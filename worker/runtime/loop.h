@@ -61,6 +61,8 @@ typedef struct loop {
 	FILE *metrics;
 	hpu_quant quant;         /* QUANT_CONFIG (fp8 inference) */
 	hpu__graphs *graphs;     /* --graphs, or NULL */
+	char prof_name[600];     /* --profile: the traces' name (a restart's
+				  * attempt in it) */
 	char *err;
 	size_t errlen;
 } loop;

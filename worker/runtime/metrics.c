@@ -286,7 +286,12 @@ int hpu__loop_write_final(loop *L, long steps, float loss, double sps, const eva
 			cJSON_AddNumberToObject(j, "loss", l);
 		else
 			cJSON_AddNullToObject(j, "loss");
-		cJSON_AddNumberToObject(j, "samples_per_sec", sps);
+		/* nothing trained, nothing measured: null, as the loss (it
+		 * wrote a 0 that reads as a measured rate) */
+		if (trained)
+			cJSON_AddNumberToObject(j, "samples_per_sec", sps);
+		else
+			cJSON_AddNullToObject(j, "samples_per_sec");
 		cJSON_AddNumberToObject(j, "world_size", L->world);
 		cJSON_AddStringToObject(j, "strategy", hpu__strategy_name(L->o->strategy));
 		cJSON_AddStringToObject(j, "precision", hpu__precision_name(L->o->precision));

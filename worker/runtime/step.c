@@ -295,7 +295,7 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 	if (mode != HPU__GRAPH_REPLAY) { /* a replay reads the loader's buffers where it can */
 		int64_t t0 = hpu__prof_t0();
 		hpu__graphs_input_fill(L->graphs);
-		hpu__prof_span("data", "graph_input", NULL, t0, NULL);
+		hpu__prof_span("data", "graph_input", NULL, t0, "\"step\":%ld", gstep + 1);
 	}
 	if (mode == HPU__GRAPH_RECORD && hpu__graphs_record_begin(L->graphs, L->world > 1) < 0) {
 		/* the others may be recording: they learn it at their end */
@@ -322,7 +322,7 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 		int64_t tb = hpu__prof_t0();
 		if (hpu__graphs_bind(L->graphs, L->err, L->errlen) < 0)
 			return -1;
-		hpu__prof_span("data", "graph_input", NULL, tb, NULL);
+		hpu__prof_span("data", "graph_input", NULL, tb, "\"step\":%ld", gstep + 1);
 		int64_t tr = hpu__prof_t0();
 		if (hpu__graphs_launch(L->graphs, L->st, lr, L->err, L->errlen) < 0)
 			return -1;

@@ -345,18 +345,37 @@ static int observe_setup(loop *L)
 	 * first barrier is recorded, as hpu-trace aligns the ranks' clocks
 	 * at it */
 	profile_window(o, 0);
-	if (L->rank == 0 && !o->eval_only && (o->profile_warmup > 0 || o->profile_steps > 0)) {
-		char last[40] = "the end";
+	snprintf(L->prof_name, sizeof L->prof_name, "%s", name);
+	return 0;
+}
+
+/* Says where the traces go and which steps they hold, once a checkpoint
+ * has set the step a resumed run starts from (the trace's events carry
+ * the training step: a resumed run's step 3 is step 6 of training when
+ * it resumed at step 3). */
+static void profile_said(const loop *L, long resumed_at)
+{
+	const hpu_train_opts *o = L->o;
+	if (!o->profile[0] || L->rank != 0)
+		return;
+	if (!o->eval_only && (o->profile_warmup > 0 || o->profile_steps > 0)) {
+		char last[40] = "the end", of[160] = "";
 		if (o->profile_steps > 0)
 			snprintf(last, sizeof last, "%ld", o->profile_warmup + o->profile_steps);
+		if (resumed_at > 0 && o->profile_steps > 0)
+			snprintf(of, sizeof of, " (steps %ld to %ld of training: it resumed at step %ld)",
+				 resumed_at + o->profile_warmup + 1,
+				 resumed_at + o->profile_warmup + o->profile_steps, resumed_at);
+		else if (resumed_at > 0)
+			snprintf(of, sizeof of, " (step %ld of training on: it resumed at step %ld)",
+				 resumed_at + o->profile_warmup + 1, resumed_at);
 		printf("profiling: a Chrome trace per rank in %s/%s-rank<R>.json (hpu-trace merges "
-		       "them), of this run's steps %ld to %s\n",
-		       o->profile, name, o->profile_warmup + 1, last);
-	} else if (L->rank == 0) {
+		       "them), of this run's steps %ld to %s%s\n",
+		       o->profile, L->prof_name, o->profile_warmup + 1, last, of);
+	} else {
 		printf("profiling: a Chrome trace per rank in %s/%s-rank<R>.json (hpu-trace merges them)\n",
-		       o->profile, name);
+		       o->profile, L->prof_name);
 	}
-	return 0;
 }
 
 int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
@@ -430,6 +449,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		printf("note: --stop-at-step %ld: the run resumed at step %ld, past it: it trains on "
 		       "to step %ld\n",
 		       o->stop_at_step, L.pos.step, total);
+	profile_said(&L, ck ? L.pos.step : 0);
 	hpu__loop_early_resume(&L);
 	hpu__loop_strict_step(&L); /* before the plan's copies are printed: they depend on it */
 	if (o->graphs && hpu__loop_graphs_setup(&L) < 0)
