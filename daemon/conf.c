@@ -22,9 +22,9 @@
 #define MAX_DEVICES 1024
 #define MAX_CLOCK_WINDOW_S ((double)HPU_AUTH_WINDOW_MAX_S)
 
-/* The word after "hpud: " in hpud's own lines ("hpud: warn: ..."); the
+/* The word after "hpud: " in hpud's own lines ("hpud: warning: ..."); the
  * levels log_level takes are common/log.c's. */
-static const char *const line_words[] = {"error", "warn", "info", "debug"};
+static const char *const line_words[] = {"error", "warning", "info", "debug"};
 
 const char *hpud__log_level_name(hpud_log_level l)
 {
@@ -141,15 +141,21 @@ static int set_device(hpud_conf *c, const char *v, char *why, size_t whylen)
 	return -1;
 }
 
+/* A relative path was hpud's working directory's (/ under systemd), not
+ * the configuration file's: only an absolute one. */
+static int absolute(const char *v, char *why, size_t whylen)
+{
+	if (v[0] == '/')
+		return 0;
+	snprintf(why, whylen, "'%s' is not an absolute path (hpud would look for it in its "
+		 "working directory, / under systemd)", v);
+	return -1;
+}
+
 static int set_key(hpud_conf *c, const char *v, char *why, size_t whylen)
 {
-	/* a relative one was hpud's working directory's (/ under systemd),
-	 * not the file's: as the worker's, only an absolute path */
-	if (v[0] != '/') {
-		snprintf(why, whylen, "'%s' is not an absolute path (hpud would look for it in its "
-			 "working directory, / under systemd)", v);
+	if (absolute(v, why, whylen) < 0)
 		return -1;
-	}
 	return parse_string(v, c->key_path, sizeof c->key_path, why, whylen);
 }
 
@@ -191,6 +197,8 @@ static int set_clock_window(hpud_conf *c, const char *v, char *why,
 
 static int set_worker(hpud_conf *c, const char *v, char *why, size_t whylen)
 {
+	if (absolute(v, why, whylen) < 0) /* as the key's (it was taken) */
+		return -1;
 	return parse_string(v, c->worker, sizeof c->worker, why, whylen);
 }
 

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/trust.h"
@@ -212,6 +213,14 @@ int hpud__find_worker(const hpud_conf *c, char *out, char *err, size_t errlen)
 	}
 	if (access(out, X_OK) != 0) {
 		snprintf(err, errlen, "the worker program %.600s: %s", out, strerror(errno));
+		return -1;
+	}
+	/* a directory passes access(X_OK): --check said "fine", and every
+	 * rank of every job failed with 127 */
+	struct stat st = {0};
+	if (stat(out, &st) != 0 || !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "the worker program %.600s: not a regular file%s", out,
+			 S_ISDIR(st.st_mode) ? " (a directory)" : "");
 		return -1;
 	}
 	return 0;

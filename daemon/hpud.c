@@ -126,8 +126,10 @@ int main(int argc, char **argv)
 				hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
 				return 1;
 			}
+			/* its absolute path: hpud.conf's key = takes only one */
+			char abs[PATH_MAX];
 			printf("hpud: wrote a new cluster secret to %s (mode 0600); copy it to every node and to the submitters\n",
-			       p.val);
+			       p.val[0] != '/' && realpath(p.val, abs) ? abs : p.val);
 			return stdout_checked(0);
 		} else if (r == OPT_CONFIG) {
 			hpud__D.conf_path = p.val;
@@ -156,8 +158,14 @@ int main(int argc, char **argv)
 	/* Nothing that someone else could have written is read or run
 	 * (daemon/trust.h): the configuration, the key, the worker program. */
 	if (hpud__trust_path(hpud__D.conf_path, "the configuration", err, sizeof err) < 0 ||
-	    hpud__conf_load(&hpud__D.conf, hpud__D.conf_path, err, sizeof err) < 0 ||
-	    hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
+	    hpud__conf_load(&hpud__D.conf, hpud__D.conf_path, err, sizeof err) < 0) {
+		hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
+		return 1;
+	}
+	/* before the checks that log (devices = auto's count said its info
+	 * line under log_level = error) */
+	hpud__apply_log_level();
+	if (hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
 	    hpud__trust_path(hpud__D.conf.key_path, "the key file", err, sizeof err) < 0 ||
 	    hpud__load_key(err, sizeof err) < 0 ||
 	    hpud__find_worker(&hpud__D.conf, hpud__D.worker, err, sizeof err) < 0 ||
@@ -166,7 +174,6 @@ int main(int argc, char **argv)
 		hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
-	hpud__apply_log_level();
 	if (check) {
 		printf("hpud: %s is fine\n", hpud__D.conf_path);
 		return 0;

@@ -14,8 +14,7 @@ void hpud__on_line(hpu_nodejob *nj, int rank, int is_err, const char *line,
 		   size_t len, void *arg)
 {
 	(void)nj;
-	(void)is_err;
-	hpud__jobout_line(&hpud__D.out, arg, rank, line, len);
+	hpud__jobout_line(&hpud__D.out, arg, rank, is_err, line, len);
 }
 
 /* Sends rank 0's latest record to the submitter. */

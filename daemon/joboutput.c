@@ -62,7 +62,7 @@ static int queue_env(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
  * (LogLine.more: the submitter joins them), as queue_env's `how`: rank
  * (an output line) or HPUD_JOB_CONTROL (never dropped). A NUL byte, which
  * would end the text (a protobuf string), goes as "^@" (cat -v). */
-static void queue_line(hpud_jobout *o, hpud_job *j, int rank, const char *line,
+static void queue_line(hpud_jobout *o, hpud_job *j, int rank, int is_err, const char *line,
 		       size_t len, int how)
 {
 	static char text[2 * LINE_PIECE + 1];
@@ -82,6 +82,7 @@ static void queue_line(hpud_jobout *o, hpud_job *j, int rank, const char *line,
 		l.rank = (uint32_t)rank;
 		l.text = text;
 		l.more = off < len;
+		l.err = is_err != 0; /* the submitter prints it to its stderr */
 		Hpu__Envelope env = HPU__ENVELOPE__INIT;
 		env.msg_case = HPU__ENVELOPE__MSG_LOG_LINE;
 		env.log_line = &l;
@@ -112,7 +113,7 @@ static void queue_drop_notices(hpud_jobout *o, hpud_job *j)
 			queue_env(o, j, &env, HPUD_JOB_CONTROL, 0);
 		}
 		if (d.last)
-			queue_line(o, j, rank, d.last, d.last_len, HPUD_JOB_CONTROL);
+			queue_line(o, j, rank, 0, d.last, d.last_len, HPUD_JOB_CONTROL);
 		free(d.last);
 	}
 }
@@ -193,13 +194,14 @@ void hpud__jobout_init(hpud_jobout *o)
 	o->drain.data = o;
 }
 
-void hpud__jobout_line(hpud_jobout *o, hpud_job *j, int rank, const char *line, size_t len)
+void hpud__jobout_line(hpud_jobout *o, hpud_job *j, int rank, int is_err, const char *line,
+		       size_t len)
 {
 	if (hpud__outq_dropping(&j->out)) {
 		hpud__outq_keep_line(&j->out, rank, line, len);
 		return;
 	}
-	queue_line(o, j, rank, line, len, rank);
+	queue_line(o, j, rank, is_err, line, len, rank);
 	if (flush_job(o, j) && !ev_is_active(&o->drain))
 		drain_later(o, DRAIN_MIN_S);
 }

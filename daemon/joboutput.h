@@ -52,9 +52,10 @@ void hpud__jobout_init(hpud_jobout *o);
 void hpud__jobout_send(hpud_jobout *o, hpud_job *j, Hpu__Envelope *env, int rank,
 		       size_t text_len);
 
-/* A worker's line to the submitter: all of it queued, unless the queue
+/* A worker's line (is_err: from its stderr) to the submitter: all of it queued, unless the queue
  * is stalled (then kept as the rank's last, outq.h); flushed. */
-void hpud__jobout_line(hpud_jobout *o, hpud_job *j, int rank, const char *line, size_t len);
+void hpud__jobout_line(hpud_jobout *o, hpud_job *j, int rank, int is_err, const char *line,
+		       size_t len);
 
 /* The submitter has taken none of j's output for `silent` seconds while
  * its workers' output was held (or it is gone): the output is read again

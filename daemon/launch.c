@@ -278,10 +278,15 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	if (j->max_restarts)
 		snprintf(attempt, sizeof attempt, " (restart %d of %d)", j->restart_count,
 			 j->max_restarts);
-	hpud__logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d worker%s (ranks %d-%d of %d) as uid %d, coordinator %s:%d",
+	char ranks[64]; /* "rank 2", "ranks 2-3" (it said "ranks 2-2") */
+	if (j->devices == 1)
+		snprintf(ranks, sizeof ranks, "rank %d", j->rank_base);
+	else
+		snprintf(ranks, sizeof ranks, "ranks %d-%d", j->rank_base,
+			 j->rank_base + j->devices - 1);
+	hpud__logmsg(HPUD_LOG_INFO, "job %s%s from %s: node %d of %d, %d worker%s (%s of %d) as uid %d, coordinator %s:%d",
 		     j->id, attempt, addr, j->node_rank, j->nodes, j->devices, hpu__plural(j->devices),
-		     j->rank_base,
-		     j->rank_base + j->devices - 1, hpu__nodejob_world(j->nj),
+		     ranks, hpu__nodejob_world(j->nj),
 		     hpud__D.set_user ? (int)j->uid : (int)getuid(), j->master_addr,
 		     hpu__nodejob_master_port(j->nj));
 	hpud__reply_launch(peer, session, id, j, NULL);

@@ -360,14 +360,17 @@ static void log_text(uint32_t rank, const char *text)
 	}
 }
 
-static void print_text(uint32_t rank, const char *text)
+/* To the stream the worker wrote it to, as a local run's (a worker's
+ * stderr came out on stdout) */
+static void print_text(uint32_t rank, const char *text, int is_err)
 {
+	FILE *f = is_err ? stderr : stdout;
 	log_text(rank, text);
-	if (!hpu__output_std_ok(1))
+	if (!hpu__output_std_ok(is_err ? 2 : 1))
 		return; /* said once: the rest is lost */
 	hpu__progress_hide(&S.bar);
-	printf("[rank %u] %s\n", rank, text);
-	hpu__output_stream(stdout);
+	fprintf(f, "[rank %u] %s\n", rank, text);
+	hpu__output_stream(f);
 	hpu__progress_show(&S.bar);
 }
 
@@ -404,10 +407,10 @@ static void print_line(const Hpu__LogLine *l)
 			p = &S.pieces[l->rank];
 			text = p->buf;
 		} else if (p && p->len) { /* what was joined goes first, whole */
-			print_text(l->rank, p->buf);
+			print_text(l->rank, p->buf, l->err);
 		}
 	}
-	print_text(l->rank, text);
+	print_text(l->rank, text, l->err);
 	if (p && p->len) {
 		free(p->buf);
 		p->buf = NULL;

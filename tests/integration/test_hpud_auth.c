@@ -476,7 +476,7 @@ static void test_launch_layout_checked(void **state)
 	assert_int_equal(jobs_running(), 0);
 	launch_layout(1, 2, 1, two_one, 2, NULL);
 	h_wait(&daemon_proc, 200);
-	assert_non_null(strstr(daemon_proc.out, "job layout-job from 127.0.0.1: node 1 of 2, 1 worker (ranks 2-2 of 3)"));
+	assert_non_null(strstr(daemon_proc.out, "job layout-job from 127.0.0.1: node 1 of 2, 1 worker (rank 2 of 3)"));
 	stop_daemon();
 }
 

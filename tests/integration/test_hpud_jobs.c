@@ -954,6 +954,37 @@ static void test_burst_past_small_output_buffer(void **state)
 	write_conf(2, NULL);
 }
 
+/* Through hpud as locally, a worker's stderr lines reach the submitter's
+ * stderr and its stdout lines its stdout (hpud sent both as one stream,
+ * printed on stdout: 2>errors.log caught nothing of a crash). */
+static void test_streams_kept_apart(void **state)
+{
+	(void)state;
+	start_daemon();
+	const char *redirect[2] = {"exec \"$0\" \"$@\" 2>/dev/null", "exec \"$0\" \"$@\" >/dev/null"};
+	for (int k = 0; k < 2; k++) {
+		char *argv[] = {"/bin/sh", "-c", (char *)redirect[k], (char *)LAUNCH, "--hostfile",
+				hostfile, "--key", key_path, "--devices", "2", "--max-steps", "20",
+				"--log-every", "1", "--no-eval", (char *)FAULT_MODEL, "--", "--hidden",
+				"16", "--crash-rank", "1", "--crash-at", "3", NULL};
+		proc p;
+		int code = h_run(&p, argv, NULL, 120000);
+		printf("  %s: exit %d, %zu bytes\n", k ? "stderr only" : "stdout only", code,
+		       strlen(p.out));
+		assert_int_equal(code, 1);
+		const char *crash = strstr(p.out, "[rank 1] hpu-worker: rank 1: crashed: signal 11");
+		const char *step = strstr(p.out, "[rank 0] epoch 1/1 step 1/");
+		if (k == 0 && (crash || !step))
+			fail_msg("stdout: %s, %s:\n%s", crash ? "the crash report" : "no crash report",
+				 step ? "the step lines" : "no step lines", p.out);
+		if (k == 1 && (!crash || step))
+			fail_msg("stderr: %s, %s:\n%s", crash ? "the crash report" : "no crash report",
+				 step ? "the step lines" : "no step lines", p.out);
+		h_free(&p);
+	}
+	stop_daemon();
+}
+
 /* hpulaunch --hostfile > /dev/full: the submitter cannot print the job's
  * lines; it says so once, follows the job to its end and exits 3 (it
  * exited 0). */
@@ -1269,6 +1300,7 @@ int main(void)
 		cmocka_unit_test(test_stopped_submitter_output_bounded),
 		cmocka_unit_test(test_stopped_submitter_gets_last_line),
 		cmocka_unit_test(test_burst_past_small_output_buffer),
+		cmocka_unit_test(test_streams_kept_apart),
 		cmocka_unit_test(test_long_line_whole),
 		cmocka_unit_test(test_submitter_stdout_full),
 	};

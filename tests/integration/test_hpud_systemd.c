@@ -286,7 +286,7 @@ static void test_journal_priorities(void **state)
 	assert_int_equal(h_code(&daemon_proc), 0);
 	const char *out = daemon_proc.out;
 	assert_non_null(strstr(out, "<6>hpud: info: listening on tcp://127.0.0.1:"));
-	assert_non_null(strstr(out, "<4>hpud: warn: refused a request from 127.0.0.1"));
+	assert_non_null(strstr(out, "<4>hpud: warning: refused a request from 127.0.0.1"));
 	assert_non_null(strstr(out, "<3>hpud: error: reload refused, keeping the old configuration: "));
 	assert_non_null(strstr(out, "<6>hpud: info: stopped"));
 	assert_true(lines_all(out, 1));

@@ -171,6 +171,19 @@ static void test_untrusted_files(void **state)
 	assert_int_equal(chmod(worker, 0775), 0);
 	assert_refused(conf, worker, "writable by group or others (mode 0775)");
 	assert_int_equal(chmod(worker, 0755), 0);
+	/* a directory passes the execute check: --check said "fine", and
+	 * every rank of every job then failed with 127 */
+	char wdir[300];
+	snprintf(wdir, sizeof wdir, "%s/workerdir", sub);
+	assert_int_equal(mkdir(wdir, 0755), 0);
+	snprintf(text, sizeof text, "listen = 127.0.0.1\nport = %d\nkey = %s\nuser = root\nworker = %s\n",
+		 port, key2, wdir);
+	assert_int_equal(h_write_file(conf, text, 0644), 0);
+	assert_refused(conf, wdir, "not a regular file (a directory)");
+	snprintf(text, sizeof text, "listen = 127.0.0.1\nport = %d\nkey = %s\nuser = root\nworker = %s\n",
+		 port, key2, worker);
+	assert_int_equal(h_write_file(conf, text, 0644), 0);
+	assert_int_equal(rmdir(wdir), 0);
 
 	/* the directory above them */
 	assert_int_equal(chown(sub, nobody, same), 0);

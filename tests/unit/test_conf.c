@@ -60,7 +60,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.output_buffer, 4 << 20);
 	assert_int_equal(c.job_uid_first, 0);
 	assert_string_equal(hpud__log_level_name(HPUD_LOG_ERROR), "error");
-	assert_string_equal(hpud__log_level_name(HPUD_LOG_WARN), "warn");
+	assert_string_equal(hpud__log_level_name(HPUD_LOG_WARN), "warning");
 	assert_string_equal(hpud__log_level_name(HPUD_LOG_INFO), "info");
 	assert_string_equal(hpud__log_level_name(HPUD_LOG_DEBUG), "debug");
 }
@@ -227,6 +227,7 @@ static const bad_case bad_cases[] = {
 	{"clock_window = 0.5\n", 1, "'clock_window'", "'0.5' is not a number of seconds >= 1 and <= 3600"},
 	/* hpud's working directory's, / under systemd */
 	{"key = k1.key\n", 1, "'key'", "'k1.key' is not an absolute path"},
+	{"worker = bin/hpu-worker\n", 1, "'worker'", "'bin/hpu-worker' is not an absolute path"},
 	{"submitter_timeout = -2\n", 1, "'submitter_timeout'", NULL},
 	{"submitter_timeout = inf\n", 1, "'submitter_timeout'", NULL},
 	{"output_buffer = 65535\n", 1, "'output_buffer'", "64K to 1G"},
