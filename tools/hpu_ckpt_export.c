@@ -29,7 +29,7 @@ static const char *const help_export =
 	"               buffers (they stay in the checkpoint's buffers file)\n";
 
 const hpu_optspec hpu__ckt_export_specs[] = {
-	{"output", 'o', HPU_OPT_VALUE, OPT_VAL, "FILE", .help = "the file to write (required)"},
+	{"output", 'o', HPU_OPT_VALUE, OPT_VAL, "FILE", .help = "the file to write (required; - is standard output)"},
 	{"format", 0, HPU_OPT_VALUE, OPT_VAL + 1, "FORMAT",
 	 .help = "safetensors (default): one F32 tensor per parameter, then one per buffer; "
 		 "raw: every parameter's floats in declaration order, as --save-params writes"},
@@ -120,6 +120,8 @@ int hpu__ckt_export(int argc, char **argv)
 	if (rc >= 0)
 		return rc;
 	const char *out = vals[0], *format = vals[1] ? vals[1] : "safetensors";
+	if (out && !strcmp(out, "-")) /* standard output (it wrote a file named -) */
+		out = "/dev/stdout";
 	if (npos != 1)
 		return usage_error("export", "which checkpoint? (hpu-ckpt export DIR -o FILE)");
 	if (!out || !*out)

@@ -62,6 +62,7 @@ typedef struct root {
 	int n;
 	char latest[256];
 	int latest_ok; /* `latest` names names[0] */
+	int latest_empty; /* `latest` is there but names nothing */
 } root;
 
 /* dir has a manifest (is a checkpoint, not a root). */

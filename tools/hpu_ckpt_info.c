@@ -1,7 +1,9 @@
 /* hpu-ckpt info: what a checkpoint (or a root) holds. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ckpt/ckpt.h"
 #include "common/num.h"
@@ -20,7 +22,8 @@ static const char *const help_info =
 	"--keep-best kept, and --early-stop's count. For a checkpoint root,\n"
 	"first lists every checkpoint in it, newest first, marking the one\n"
 	"`latest` names with '*', then shows that one; exits 1 when one it lists\n"
-	"is unreadable or damaged.\n";
+	"is unreadable or damaged (its manifest, or a file of another size than\n"
+	"the manifest's: hpu-ckpt verify reads the contents).\n";
 
 const hpu_optspec hpu__ckt_info_specs[] = {COMMON_OPTS, {0}};
 
@@ -214,6 +217,32 @@ static void print_details(const hpu_ckpt *c)
 	print_early_stop(cJSON_GetObjectItemCaseSensitive(m, "early_stop"));
 }
 
+/* A file of checkpoint dir whose size is not the manifest's, said in
+ * err; 0 when all are as listed (a truncated shard passed info). The
+ * contents are verify's to check. */
+static int sizes_differ(const hpu_ckpt *c, const char *dir, char *err, size_t n)
+{
+	for (int i = 0; i <= c->nfiles; i++) {
+		const hpu_ckpt_file *f = i < c->nfiles ? &c->files[i] : &c->buffer_file;
+		if (!f->name[0])
+			continue;
+		char p[4600];
+		struct stat st;
+		snprintf(p, sizeof p, "%s/%s", dir, f->name);
+		if (stat(p, &st) < 0) {
+			snprintf(err, n, "%s: %s", f->name, strerror(errno));
+			return -1;
+		}
+		if ((uint64_t)st.st_size != f->bytes) {
+			snprintf(err, n, "%s is %llu bytes, the manifest says %llu (hpu-ckpt verify "
+				 "checks the contents)",
+				 f->name, (unsigned long long)st.st_size, (unsigned long long)f->bytes);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 /* One line per checkpoint of a root, newest first; returns how many are
  * unreadable or damaged. */
 static int print_root(const root *r, const char *path)
@@ -228,7 +257,8 @@ static int print_root(const root *r, const char *path)
 		snprintf(dir, sizeof dir, "%s/%s", path, r->names[i]);
 		if (hpu__ckpt_open(&c, dir, err, sizeof err) < 0)
 			bad++, printf("%c %s  unreadable: %s\n", mark ? '*' : ' ', r->names[i], err);
-		else if (hpu__ckpt_check_named_step(&c, dir, err, sizeof err) < 0)
+		else if (hpu__ckpt_check_named_step(&c, dir, err, sizeof err) < 0 ||
+			 sizes_differ(&c, dir, err, sizeof err) < 0)
 			bad++, printf("%c %s  DAMAGED: %s\n", mark ? '*' : ' ', r->names[i], err);
 		else
 			printf("%c %s  step %ld, %d x %s, %s, %d file%s, %.1f MB\n", mark ? '*' : ' ',
@@ -236,7 +266,9 @@ static int print_root(const root *r, const char *path)
 			       hpu__ckt_total_files(&c), hpu__plural(hpu__ckt_total_files(&c)), (double)hpu__ckt_total_bytes(&c) / 1e6);
 		hpu__ckpt_close(&c);
 	}
-	if (!r->latest[0])
+	if (r->latest_empty)
+		printf("(`%s` is empty)\n", HPU_CKPT_LATEST);
+	else if (!r->latest[0])
 		printf("(no `%s` file)\n", HPU_CKPT_LATEST);
 	else if (!r->latest_ok)
 		printf("warning: `%s` names \"%s\", which is not there\n", HPU_CKPT_LATEST,

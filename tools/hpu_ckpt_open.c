@@ -47,6 +47,9 @@ int hpu__ckt_root_open(root *r, const char *path)
 	}
 	hpu__ckpt_latest(path, r->latest, sizeof r->latest);
 	r->latest_ok = r->latest[0] && !strcmp(r->latest, r->names[0]);
+	char lp[4200];
+	snprintf(lp, sizeof lp, "%s/%s", path, HPU_CKPT_LATEST);
+	r->latest_empty = !r->latest[0] && stat(lp, &st) == 0; /* said "no latest file" */
 	return OK;
 }
 
@@ -66,8 +69,9 @@ int hpu__ckt_root_pick(const root *r, const char *path)
 		return fail("%s/%s names \"%s\", which is not a checkpoint there (newest present: "
 			    "%s); name the checkpoint directory itself",
 			    path, HPU_CKPT_LATEST, r->latest, r->names[0]);
-	hpu__tool_note("%s has no `%s` file; using the newest, %s", path, HPU_CKPT_LATEST,
-		       r->names[0]);
+	hpu__tool_note(r->latest_empty ? "%s: `%s` is empty; using the newest, %s"
+				       : "%s has no `%s` file; using the newest, %s",
+		       path, HPU_CKPT_LATEST, r->names[0]);
 	return OK;
 }
 

@@ -355,12 +355,18 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 	/* a format this reader does not know, a rank outside its job: said,
 	 * and read as far as it goes (they were taken in silence) */
 	cJSON *ver = cJSON_GetObjectItemCaseSensitive(other, "version");
-	if (ver && !(cJSON_IsNumber(ver) && ver->valuedouble == 1))
-		warn("%s: otherData.version is %s%s%s, not 1 (the version this hpu-trace reads): "
-		     "read as version 1",
-		     t->path, cJSON_IsString(ver) ? "\"" : "",
-		     cJSON_IsString(ver) ? ver->valuestring : cJSON_IsNumber(ver) ? "a number" : "not a number",
-		     cJSON_IsString(ver) ? "\"" : "");
+	if (ver && !(cJSON_IsNumber(ver) && ver->valuedouble == 1)) {
+		char v[80];
+		if (cJSON_IsNumber(ver))
+			snprintf(v, sizeof v, "%g", ver->valuedouble);
+		else if (cJSON_IsString(ver))
+			snprintf(v, sizeof v, "\"%.60s\"", ver->valuestring);
+		else
+			snprintf(v, sizeof v, "not a number");
+		warn("%s: otherData.version is %s, not 1 (the version this hpu-trace reads): read as "
+		     "version 1",
+		     t->path, v);
+	}
 	if (t->world_size > 0 && t->rank >= t->world_size)
 		warn("%s: rank %d of a job of %d ranks (otherData.world_size): the file is of "
 		     "another job, or was changed",

@@ -1080,6 +1080,8 @@ static void test_export_stdout(void **state)
 		"exec \"$0\" export --format raw \"$1\" -o /proc/self/fd/1 2>\"$2.err\" | cat >\"$2\"",
 		"exec \"$0\" export --format raw \"$1\" -o /dev/stdout 2>\"$2.err\" >\"$2\"",
 		"exec \"$0\" export --format raw \"$1\" -o \"$2\" 2>\"$2.err\" >\"$2\"",
+		/* - is standard output (it wrote a file named -) */
+		"exec \"$0\" export --format raw \"$1\" -o - 2>\"$2.err\" | cat >\"$2\"",
 	};
 	for (size_t k = 0; k < sizeof scripts / sizeof scripts[0]; k++) {
 		char got[700], err[720];
@@ -1092,6 +1094,35 @@ static void test_export_stdout(void **state)
 		has(said, "exported ");
 		free(said);
 	}
+}
+
+/* info on a root: a shard of another size than its manifest's is damaged
+ * (exit 1; a truncated shard was listed as fine), and an empty `latest`
+ * is said as empty, not as missing. */
+static void test_info_root_sizes(void **state)
+{
+	(void)state;
+	char root[600], cmd[2400], shard[800], latest[700];
+	snprintf(root, sizeof root, "%s", path("sized"));
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp -a '%s' '%s/step-%08d'", root, LAST, root,
+		 STEPS);
+	assert_int_equal(system(cmd), 0);
+	snprintf(latest, sizeof latest, "%s/latest", root);
+	assert_int_equal(h_write_file(latest, "", 0644), 0);
+	char *out = CKPT(0, "info", root);
+	has(out, "(`latest` is empty)");
+	has(out, "`latest` is empty; using the newest");
+	free(out);
+	snprintf(shard, sizeof shard, "%s/step-%08d/rank-00001-of-00002.bin", root, STEPS);
+	struct stat st;
+	assert_int_equal(stat(shard, &st), 0);
+	assert_int_equal(truncate(shard, st.st_size - 100), 0);
+	out = CKPT(1, "info", root);
+	char want[200];
+	snprintf(want, sizeof want, "DAMAGED: rank-00001-of-00002.bin is %lld bytes, the manifest says %lld",
+		 (long long)st.st_size - 100, (long long)st.st_size);
+	has(out, want);
+	free(out);
 }
 
 /* A step-N directory holding another step's checkpoint, which resume
@@ -1224,6 +1255,7 @@ int main(void)
 	    cmocka_unit_test(test_not_regular),
 	    cmocka_unit_test(test_full_disk),
 	    cmocka_unit_test(test_export_stdout),
+	    cmocka_unit_test(test_info_root_sizes),
 	    cmocka_unit_test(test_misnamed_step),
 	    cmocka_unit_test(test_usage),
 	};

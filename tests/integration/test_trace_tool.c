@@ -598,6 +598,32 @@ static void test_out_of_range(void **state)
 	free(out);
 }
 
+/* What was taken in silence is said: a version this reader does not
+ * know, a rank outside the job or unlike the file's name, and complete
+ * events without a name or a number for ts or dur (dropped from the
+ * summary; a negative dur was the only one said). */
+static void test_said_not_silent(void **state)
+{
+	(void)state;
+	const char *d = dir("said");
+	char *r1 = strdup(rank1);
+	overwrite(r1, "\"version\":1", "\"version\":2");
+	overwrite(r1, "\"rank\":1,", "\"rank\":5,");
+	overwrite(r1, "\"dur\":4000.000", "\"dur\":\"x\"     ");
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank0.json"), rank0, 0644), 0);
+	assert_int_equal(h_write_file(in(d, "perf-logs-rank1.json"), r1, 0644), 0);
+	free(r1);
+	char *out = TRACE(0, d);
+	has(out, "perf-logs-rank1.json: otherData.version is 2, not 1 (the version this "
+		 "hpu-trace reads): read as version 1");
+	has(out, "perf-logs-rank1.json: rank 5 of a job of 2 ranks (otherData.world_size)");
+	has(out, "perf-logs-rank1.json: its name says rank 1, its otherData.rank 5: read as rank 5");
+	has(out, "perf-logs-rank1.json: 1 complete event without a name, or a number for ts or dur, "
+		 "left out of the summary");
+	lacks(out, "perf-logs-rank0.json: ");
+	free(out);
+}
+
 /* ---- errors ---- */
 
 static void test_errors(void **state)
@@ -731,6 +757,8 @@ static void test_output_stdout(void **state)
 		"exec \"$0\" -o /proc/self/fd/1 \"$1\" 2>\"$2.err\" | cat >\"$2\"",
 		"exec \"$0\" -o /dev/stdout \"$1\" 2>\"$2.err\" >\"$2\"",
 		"exec \"$0\" -o \"$2\" \"$1\" 2>\"$2.err\" >\"$2\"",
+		/* - is standard output (it wrote a file named -) */
+		"exec \"$0\" -o - \"$1\" 2>\"$2.err\" | cat >\"$2\"",
 	};
 	for (size_t k = 0; k < sizeof scripts / sizeof scripts[0]; k++) {
 		char got[700], err[720];
@@ -852,6 +880,7 @@ int main(void)
 	    cmocka_unit_test(test_output_is_input),
 	    cmocka_unit_test(test_merged_input),
 	    cmocka_unit_test(test_out_of_range),
+	    cmocka_unit_test(test_said_not_silent),
 	    cmocka_unit_test(test_errors),
 	    cmocka_unit_test(test_not_a_file),
 	    cmocka_unit_test(test_full_disk),
