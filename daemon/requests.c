@@ -153,6 +153,31 @@ static const char *check_binding(const Hpu__Envelope *m, char *why, size_t len)
 	return NULL;
 }
 
+/* A request signed with the key, for a session, naming another instance:
+ * its submitter talks to the hpud that ran before a restart (its job
+ * ended with it). The request is not taken (it could be a replay, which
+ * the instance check is for), but answered with a HelloReply naming this
+ * instance, from which the submitter learns of the restart (it said hpud
+ * was "silent" while this one refused its pings, a warning a second,
+ * "a replay?"). Said once per session. Returns 1 when answered. */
+static int restarted_under(const hpu_codec_peer *peer, const char *addr, const Hpu__Envelope *m)
+{
+	static char said[80];
+	if (m->msg_case == HPU__ENVELOPE__MSG_HELLO || !m->session ||
+	    !hpud__valid_id(m->session) || !m->instance || !hpud__valid_id(m->instance) ||
+	    !strcmp(m->instance, hpud__D.instance))
+		return 0;
+	if (strcmp(said, m->session) != 0) {
+		snprintf(said, sizeof said, "%s", m->session);
+		hpud__logmsg(HPUD_LOG_INFO, "a submitter at %s signs for hpud instance %.40s, before "
+			     "this hpud's start (it is %s): its request is not taken; it is told "
+			     "of the restart",
+			     addr, m->instance, hpud__D.instance);
+	}
+	do_hello(peer, m->session);
+	return 1;
+}
+
 /* What a request signed with the previous key (a key rotated since:
  * hpud.h's key_gen) may do: say hello, ping or cancel a job launched
  * under that key. A launch is answered that the key changed; anything
@@ -222,6 +247,10 @@ static void handle(const hpu_codec_peer *peer, const char *addr, const void *fra
 	}
 	char bwhy[200];
 	const char *bad = check_binding(m, bwhy, sizeof bwhy);
+	if (bad && restarted_under(peer, addr, m)) {
+		hpu__codec_free(m);
+		return;
+	}
 	if (bad) {
 		hpud__log_refusal(addr, bad);
 		hpu__codec_free(m);

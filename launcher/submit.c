@@ -53,6 +53,8 @@ typedef struct node {
 	char old_session[HPU_AUTH_ID_HEX + 1];  /* the one before: its late
 						 * frames go without a word */
 	char instance[64];      /* hpud's, from its HelloReply ("": none yet) */
+	int restarted;          /* a HelloReply of another instance came:
+				 * the hpud our job ran under is gone */
 	uint64_t last_seq;      /* of the last frame taken from it */
 } node;
 
@@ -190,6 +192,14 @@ static const char *check_binding(node *nd, const Hpu__Envelope *env, char *why, 
 		snprintf(nd->instance, sizeof nd->instance, "%s", in);
 		nd->last_seq = env->seq;
 		return NULL;
+	}
+	/* hpud restarted: the new one answers our requests with its hello
+	 * (daemon/requests.c); genuine, for our session, so not a replay */
+	if (env->msg_case == HPU__ENVELOPE__MSG_HELLO_REPLY && env->instance &&
+	    env->hello_reply->instance && !strcmp(env->instance, env->hello_reply->instance) &&
+	    strcmp(env->instance, nd->instance) != 0) {
+		nd->restarted = 1;
+		return "";
 	}
 	if (!env->instance || strcmp(env->instance, nd->instance) != 0)
 		return "from another hpud instance (a replay?)";
@@ -554,6 +564,7 @@ static int hello(node *nd, const char *which)
 	if (hpu__auth_random_id(nd->session) < 0)
 		return fail("cannot draw a session id: the random generator failed");
 	nd->instance[0] = 0;
+	nd->restarted = 0;
 	nd->last_seq = 0;
 	Hpu__Hello h = HPU__HELLO__INIT;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
@@ -836,12 +847,21 @@ static int follow(char *cause, size_t len, int say)
 									  : silent_limit;
 		for (int i = 0; i < S.nn; i++) {
 			node *nd = &S.n[i];
-			if (nd->launched && !nd->ended && t - nd->last_heard > limit) {
+			if (nd->launched && !nd->ended &&
+			    (nd->restarted || t - nd->last_heard > limit)) {
 				nd->ended = 1;
 				nd->reconnect = 1;
-				snprintf(nd->reason, sizeof nd->reason,
-					 "lost contact with hpud at %s:%d (node %d): silent for %.0f s",
-					 nd->host, nd->port, i, limit);
+				if (nd->restarted)
+					snprintf(nd->reason, sizeof nd->reason,
+						 "lost contact with hpud at %s:%d (node %d): it restarted "
+						 "(it answers as another instance), and the job's "
+						 "workers there ended with the hpud that ran them",
+						 nd->host, nd->port, i);
+				else
+					snprintf(nd->reason, sizeof nd->reason,
+						 "lost contact with hpud at %s:%d (node %d): silent for "
+						 "%.0f s",
+						 nd->host, nd->port, i, limit);
 				if (reported) {
 					cancel_all();
 					continue; /* the report is the cause */

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- jobs ---- */
@@ -411,7 +412,8 @@ static int has_fd_on(pid_t pid, const char *path)
 /* hpud started with a descriptor it inherited (no close-on-exec): its
  * workers, which switch to the user nobody, do not get it; and kill -9 of
  * hpud ends them (the parent-death signal survives the switch of user),
- * rather than leaving them training. */
+ * rather than leaving them training; a new hpud on the port tells the
+ * submitter of the restart. */
 static void test_workers_die_with_hpud(void **state)
 {
 	(void)state;
@@ -447,7 +449,19 @@ static void test_workers_die_with_hpud(void **state)
 	}
 	printf("workers alive after kill -9 of hpud: %d\n", alive);
 	assert_int_equal(alive, 0);
-	h_kill(&a);
+	/* a new hpud on the port: the submitter learns of the restart from
+	 * its answer (it said the daemon was silent, while the new one
+	 * refused its pings each second as "a replay?") */
+	start_daemon();
+	int said = h_wait_for(&a, "it restarted (it answers as another instance)", 30000);
+	int ended = h_wait(&a, 30000);
+	printf("%s", a.out);
+	assert_int_equal(said, 0);
+	assert_int_equal(ended, 0);
+	assert_true(WIFEXITED(a.status) && WEXITSTATUS(a.status) == 1);
+	assert_null(strstr(a.out, "silent for"));
+	assert_int_equal(h_wait_for(&daemon_proc, "before this hpud's start", 10000), 0);
+	assert_null(strstr(daemon_proc.out, "a replay?"));
 	h_free(&a);
 	stop_daemon();
 	unlink(marker);
