@@ -140,17 +140,11 @@ int hpu__cfg_want_string(struct fctx *c, const char *path, const cJSON *it)
 	return 0;
 }
 
-/* Whether keys a and b ("hputrain.eval_every") are in one section, or
- * one is a top-level name of an option the other names in hputrain
- * (use_hpu_graphs_for_training and hputrain.graphs: the later key's
- * value was taken in silence). */
+/* Whether keys a and b ("hputrain.eval_every") are in one section. */
 static int same_section(const char *a, const char *b)
 {
 	const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
 	size_t na = da ? (size_t)(da - a) : 0, nb = db ? (size_t)(db - b) : 0;
-	if ((!da && !strncmp(b, "hputrain.", 9) && !strchr(b + 9, '.')) ||
-	    (!db && !strncmp(a, "hputrain.", 9) && !strchr(a + 9, '.')))
-		return 1;
 	return na == nb && !strncmp(a, b, na);
 }
 

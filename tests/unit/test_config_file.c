@@ -402,15 +402,15 @@ static void test_file_hputrain(void **state)
 		   "zero_optimization.stage3_prefetch_bucket_size gave 1000");
 	load_ok("{'hputrain': {'eval_every': 4, 'val_check_interval': 4}}", &o);
 	assert_int_equal(o.eval_every, 4);
-	/* a top-level name and the hputrain key of one option (the later
-	 * one's value was taken in silence) */
-	LOAD_ERROR("{'use_hpu_graphs_for_training': true, 'hputrain': {'graphs': false}}",
-		   "hputrain.graphs: false for --graphs, but use_hpu_graphs_for_training gave true: "
-		   "both keys set --graphs; give one");
-	LOAD_ERROR("{'steps_per_print': 10, 'hputrain': {'log_every': 20}}",
-		   "both keys set --log-every; give one");
-	load_ok("{'use_hpu_graphs_for_training': true, 'hputrain': {'graphs': true}}", &o);
-	assert_int_equal(o.graphs, 1);
+	/* across sections the hputrain key wins over its top-level twin,
+	 * whichever comes first in the file (a template's steps_per_print
+	 * beside the user's hputrain.log_every) */
+	load_ok("{'use_hpu_graphs_for_training': true, 'hputrain': {'graphs': false}}", &o);
+	assert_int_equal(o.graphs, 0);
+	load_ok("{'hputrain': {'graphs': false}, 'use_hpu_graphs_for_training': true}", &o);
+	assert_int_equal(o.graphs, 0);
+	load_ok("{'steps_per_print': 2000, 'hputrain': {'log_every': 10}}", &o);
+	assert_int_equal(o.log_every, 10);
 	/* Lightning's fraction beside its default check_val_every_n_epoch 1,
 	 * written out, either order: the fraction (a review found the pair
 	 * refused) */
