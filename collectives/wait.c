@@ -424,13 +424,19 @@ int hpucoll__timed_out(hpucoll_comm *c, const struct hpucoll__wait *w, int src)
 	}
 	if (c->probe_seq == c->seq && peer_state(c, src) == 1 &&
 	    c->peers[src].reply_to == c->seq) {
-		/* It answered from this collective: alive, and waiting too. */
+		/* It answered: alive, waiting in this collective or past it
+		 * (it took it for done: the ranks disagree on it) */
+		const struct hpucoll__peer *p = &c->peers[src];
+		char at[80] = "in this collective too";
+
+		if (p->reply_seq != c->seq)
+			snprintf(at, sizeof(at), "at collective #%" PRIu32 " %s, past this one",
+				 p->reply_seq, hpucoll__kind_name(p->reply_kind));
 		hpucoll__set_error(c, "%s: no data from rank %d after %d ms, "
-				      "though it is in this collective too "
-				      "(it answered); do all ranks call the "
-				      "same collectives with the same "
+				      "though it answered (%s); do all ranks "
+				      "call the same collectives with the same "
 				      "arguments?",
-				   c->what, src, w->timeout_ms);
+				   c->what, src, w->timeout_ms, at);
 		return HPUCOLL_ETIMEDOUT;
 	}
 	hpucoll__set_error(c, "%s: no data from rank %d after %d ms "
