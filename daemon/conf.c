@@ -275,7 +275,7 @@ static const struct conf_key {
 	{"log_level", set_log_level, "LEVEL", "error | warning | notice | info | debug, as hpud --log-level (warn is taken for warning); HPU_LOG_LEVEL or --log-level overrides it (info)"},
 	{"clock_window", set_clock_window, "S", "seconds a signed request's clock may be off, 1 to 3600 "
 						"(30)"},
-	{"worker", set_worker, "PATH", "the worker program (hpu-worker next to hpud)"},
+	{"worker", set_worker, "PATH", "the worker program, an absolute path to a regular file (hpu-worker next to hpud)"},
 	{"submitter_timeout", set_submitter_timeout, "S", "seconds without a ping from the submitting "
 							  "hpulaunch before its job is cancelled, at least 3 "
 							  "(it pings every second) (10)"},

@@ -113,7 +113,7 @@ static void queue_drop_notices(hpud_jobout *o, hpud_job *j)
 			queue_env(o, j, &env, HPUD_JOB_CONTROL, 0);
 		}
 		if (d.last)
-			queue_line(o, j, rank, 0, d.last, d.last_len, HPUD_JOB_CONTROL);
+			queue_line(o, j, rank, d.last_err, d.last, d.last_len, HPUD_JOB_CONTROL);
 		free(d.last);
 	}
 }
@@ -198,7 +198,7 @@ void hpud__jobout_line(hpud_jobout *o, hpud_job *j, int rank, int is_err, const 
 		       size_t len)
 {
 	if (hpud__outq_dropping(&j->out)) {
-		hpud__outq_keep_line(&j->out, rank, line, len);
+		hpud__outq_keep_line(&j->out, rank, is_err, line, len);
 		return;
 	}
 	queue_line(o, j, rank, is_err, line, len, rank);

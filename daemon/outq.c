@@ -95,7 +95,7 @@ void hpud__outq_count_drop(hpud_outq *q, int rank, size_t text_len)
 	}
 }
 
-void hpud__outq_keep_line(hpud_outq *q, int rank, const char *text, size_t len)
+void hpud__outq_keep_line(hpud_outq *q, int rank, int is_err, const char *text, size_t len)
 {
 	if (rank < q->first_rank || rank - q->first_rank >= q->nranks) {
 		hpud__outq_count_drop(q, rank, len);
@@ -115,6 +115,7 @@ void hpud__outq_keep_line(hpud_outq *q, int rank, const char *text, size_t len)
 	}
 	d->last = copy;
 	d->last_len = len;
+	d->last_err = is_err;
 }
 
 const hpud_outq_msg *hpud__outq_peek(const hpud_outq *q)

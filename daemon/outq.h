@@ -37,6 +37,7 @@ typedef struct hpud_outq_drops {
 	long long lines, bytes; /* bytes: of the lines' text */
 	char *last;             /* the rank's latest line, kept (malloc'd) ... */
 	size_t last_len;        /* ... and its length; not counted above */
+	int last_err;           /* ... from the worker's stderr */
 } hpud_outq_drops;
 
 typedef struct hpud_outq {
@@ -94,11 +95,12 @@ int hpud__outq_dropping(const hpud_outq *q);
 void hpud__outq_count_drop(hpud_outq *q, int rank, size_t text_len);
 
 /* While stalled: keeps a copy of rank's output line in place of its
- * previous kept one, which is counted as dropped; so each rank's last line
+ * previous kept one, which is counted as dropped (is_err: it came from
+ * the worker's stderr, and goes to the submitter's); so each rank's last line
  * (the end of a training, "trained ... final loss") goes out after its
  * notice. A rank outside the queue's, or no memory: the line is counted
  * as dropped instead. */
-void hpud__outq_keep_line(hpud_outq *q, int rank, const char *text, size_t len);
+void hpud__outq_keep_line(hpud_outq *q, int rank, int is_err, const char *text, size_t len);
 
 /* The oldest message, or NULL. */
 const hpud_outq_msg *hpud__outq_peek(const hpud_outq *q);

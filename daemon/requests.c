@@ -154,12 +154,14 @@ static const char *check_binding(const Hpu__Envelope *m, char *why, size_t len)
 }
 
 /* A request signed with the key, for a session, naming another instance:
- * its submitter talks to the hpud that ran before a restart (its job
- * ended with it). The request is not taken (it could be a replay, which
- * the instance check is for), but answered with a HelloReply naming this
- * instance, from which the submitter learns of the restart (it said hpud
- * was "silent" while this one refused its pings, a warning a second,
- * "a replay?"). Said once per session. Returns 1 when answered. */
+ * a replay (to another hpud, or across a restart: what the instance
+ * check is for), or a submitter whose job ran under this hpud before a
+ * restart (the job ended with it). The request is not taken, but answered
+ * with a HelloReply naming this instance, from which such a submitter
+ * learns of the restart (it said hpud was "silent" while this one
+ * refused its pings, a warning a second); a replay learns nothing it
+ * could not ask with a hello. Said once per session. Returns 1 when
+ * answered. */
 static int restarted_under(const hpu_codec_peer *peer, const char *addr, const Hpu__Envelope *m)
 {
 	static char said[80];
@@ -168,11 +170,14 @@ static int restarted_under(const hpu_codec_peer *peer, const char *addr, const H
 	    !strcmp(m->instance, hpud__D.instance))
 		return 0;
 	if (strcmp(said, m->session) != 0) {
+		char why[300];
 		snprintf(said, sizeof said, "%s", m->session);
-		hpud__logmsg(HPUD_LOG_INFO, "a submitter at %s signs for hpud instance %.40s, before "
-			     "this hpud's start (it is %s): its request is not taken; it is told "
-			     "of the restart",
-			     addr, m->instance, hpud__D.instance);
+		snprintf(why, sizeof why,
+			 "signed for another hpud or before a restart (for instance %.40s, this hpud "
+			 "is %s): not taken; answered with this hpud's instance, so that a submitter "
+			 "whose job ran before a restart learns of it",
+			 m->instance, hpud__D.instance);
+		hpud__log_refusal(addr, why);
 	}
 	do_hello(peer, m->session);
 	return 1;

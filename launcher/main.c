@@ -174,12 +174,17 @@ static int run_attempt(char *err, size_t errlen)
 	L.cause[0] = 0;
 	if (!(L.job = hpu__nodejob_start(L.loop, &jc, err, errlen)))
 		return -1;
-	if (!L.args.quiet)
-		hpu__log(HPU_LOG_INFO, "job %s: node %d of %d, ranks %d-%d of %d, coordinator %s:%d",
-			 L.args.job_id, L.args.node_rank, L.args.nodes,
-			 hpu__nodejob_rank(L.job, 0), hpu__nodejob_rank(L.job, L.args.devices - 1),
-			 L.args.world, L.args.master_addr,
-			 hpu__nodejob_master_port(L.job));
+	if (!L.args.quiet) {
+		char ranks[64]; /* "rank 0", "ranks 0-1" (it said "ranks 0-0") */
+		int r0 = hpu__nodejob_rank(L.job, 0), r1 = hpu__nodejob_rank(L.job, L.args.devices - 1);
+		if (r0 == r1)
+			snprintf(ranks, sizeof ranks, "rank %d", r0);
+		else
+			snprintf(ranks, sizeof ranks, "ranks %d-%d", r0, r1);
+		hpu__log(HPU_LOG_INFO, "job %s: node %d of %d, %s of %d, coordinator %s:%d",
+			 L.args.job_id, L.args.node_rank, L.args.nodes, ranks, L.args.world,
+			 L.args.master_addr, hpu__nodejob_master_port(L.job));
+	}
 	ev_run(L.loop, 0);
 	hpu__progress_reset(&L.bar);
 	long bad = hpu__nodejob_status_bad(L.job);

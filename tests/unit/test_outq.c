@@ -116,13 +116,13 @@ static void test_stall_keeps_last_line(void **state)
 	hpud_outq q;
 	assert_int_equal(hpud__outq_init(&q, 0, 2), 0);
 	hpud__outq_stall(&q);
-	hpud__outq_keep_line(&q, 0, "line 1", 6);
+	hpud__outq_keep_line(&q, 0, 0, "line 1", 6);
 	assert_true(hpud__outq_has_drops(&q));
 	assert_int_equal(q.total.lines, 0); /* kept, not lost */
-	hpud__outq_keep_line(&q, 0, "line 22", 7);
-	hpud__outq_keep_line(&q, 0, "trained: final loss", 19);
-	hpud__outq_keep_line(&q, 1, "only", 4);
-	hpud__outq_keep_line(&q, 5, "not ours", 8); /* counted only */
+	hpud__outq_keep_line(&q, 0, 1, "line 22", 7);
+	hpud__outq_keep_line(&q, 0, 0, "trained: final loss", 19);
+	hpud__outq_keep_line(&q, 1, 1, "only", 4); /* from stderr */
+	hpud__outq_keep_line(&q, 5, 0, "not ours", 8); /* counted only */
 	assert_int_equal(q.total.lines, 3);
 	assert_int_equal(q.total.bytes, 6 + 7 + 8);
 	assert_true(hpud__outq_caught_up(&q, BOUND));
@@ -135,17 +135,19 @@ static void test_stall_keeps_last_line(void **state)
 	assert_non_null(d.last);
 	assert_int_equal(d.last_len, 19);
 	assert_string_equal(d.last, "trained: final loss");
+	assert_int_equal(d.last_err, 0);
 	free(d.last);
 	assert_int_equal(hpud__outq_take_drops(&q, &rank, &d), 1);
 	assert_int_equal(rank, 1);
 	assert_int_equal(d.lines, 0); /* nothing lost: no notice, just the line */
 	assert_string_equal(d.last, "only");
+	assert_int_equal(d.last_err, 1); /* its stream kept, for the submitter */
 	free(d.last);
 	assert_int_equal(hpud__outq_take_drops(&q, &rank, &d), 0);
 	assert_false(hpud__outq_dropping(&q));
 	/* a kept line the queue still holds is freed with it */
 	hpud__outq_stall(&q);
-	hpud__outq_keep_line(&q, 1, "left", 4);
+	hpud__outq_keep_line(&q, 1, 0, "left", 4);
 	hpud__outq_free(&q);
 }
 
