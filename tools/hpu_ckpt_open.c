@@ -3,6 +3,7 @@
  * copying its floats; what every command stands on. Calls nothing of the
  * other hpu_ckpt_*.c. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,9 +48,19 @@ int hpu__ckt_root_open(root *r, const char *path)
 	}
 	hpu__ckpt_latest(path, r->latest, sizeof r->latest);
 	r->latest_ok = r->latest[0] && !strcmp(r->latest, r->names[0]);
-	char lp[4200];
+	/* there but blank: said as empty, not as missing */
+	char lp[4200], buf[64];
 	snprintf(lp, sizeof lp, "%s/%s", path, HPU_CKPT_LATEST);
-	r->latest_empty = !r->latest[0] && stat(lp, &st) == 0; /* said "no latest file" */
+	int fd = r->latest[0] ? -1 : open(lp, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < (off_t)sizeof buf) {
+		ssize_t n = read(fd, buf, sizeof buf);
+		r->latest_empty = n >= 0;
+		for (ssize_t i = 0; i < n; i++)
+			r->latest_empty &= buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\t' ||
+					   buf[i] == '\r';
+	}
+	if (fd >= 0)
+		close(fd);
 	return OK;
 }
 
