@@ -202,6 +202,18 @@ static int prev_key_may(const hpu_codec_peer *peer, const char *addr, const Hpu_
 					 "jobs started before the rotation may use; give hpulaunch the new key (--key)");
 		return 0;
 	}
+	if (m->msg_case == HPU__ENVELOPE__MSG_STATUS_REQUEST) {
+		/* answered, as a launch is (it waited 10 s for nothing) */
+		hpud__log_refusal(addr, "a status request signed with the previous key (the key was rotated): refused");
+		Hpu__StatusReply r = HPU__STATUS_REPLY__INIT;
+		r.error = "this hpud's key was rotated: the request is signed with the previous key; "
+			  "give hpulaunch the new key (--key)";
+		Hpu__Envelope env = HPU__ENVELOPE__INIT;
+		env.msg_case = HPU__ENVELOPE__MSG_STATUS_REPLY;
+		env.status_reply = &r;
+		hpud__send_env(peer, m->session, &env);
+		return 0;
+	}
 	if (!j || j->key_gen + 1 != hpud__D.key_gen) {
 		hpud__log_refusal(addr, "signed with the previous key, which only the pings and cancels of jobs started "
 					"before the key was rotated may use");

@@ -1115,6 +1115,11 @@ int hpu__status_run(const hpu_launch_args *a)
 		goto out;
 	}
 	const Hpu__StatusReply *r = m->status_reply;
+	if (r->error && *r->error) {
+		fail("hpud at %s:%d refused the status request: %s", host, port, r->error);
+		hpu__codec_free(m);
+		goto out;
+	}
 	printf("hpud %s:%d: %u device%s, %u free, %zu job%s\n", host, port, r->devices_total,
 	       hpu__plural(r->devices_total), r->devices_free, r->n_jobs, hpu__plural(r->n_jobs));
 	if (r->n_jobs)

@@ -619,6 +619,17 @@ static void test_key_rotation_keeps_jobs(void **state)
 	assert_int_equal(rc, 1);
 	assert_non_null(strstr(q.out, "key was rotated"));
 	h_free(&q);
+	/* --status with the old key is answered the same way (it waited 10 s
+	 * and said "no answer ... does it have the same key") */
+	char target[64];
+	snprintf(target, sizeof target, "127.0.0.1:%d", port);
+	char *st[] = {(char *)LAUNCH, "--status", target, "--key", old_key, NULL};
+	rc = h_run(&q, st, NULL, 60000);
+	printf("  --status with the old key: exit %d: %s", rc, q.out);
+	assert_int_equal(rc, 1);
+	assert_non_null(strstr(q.out, "refused the status request: this hpud's key was rotated"));
+	assert_null(strstr(q.out, "no answer"));
+	h_free(&q);
 	stop_daemon();
 	assert_int_equal(rename(old_key, key_path), 0);
 	write_conf(2, NULL);
