@@ -73,8 +73,8 @@ static int read_env(env *e, char *err, size_t errlen)
 		return -1;
 	for (const char *c = e->job_id; *c; c++)
 		if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_' || *c == '.') ||
-		    c - e->job_id >= 64) {
-			snprintf(err, errlen, "HPU_JOB_ID='%.80s' must be at most 64 letters, digits, '-', '_' or '.'",
+		    c - e->job_id >= 63) { /* hpulaunch's and hpud's limit too */
+			snprintf(err, errlen, "HPU_JOB_ID='%.80s' must be at most 63 letters, digits, '-', '_' or '.'",
 				 e->job_id);
 			return -1;
 		}

@@ -40,7 +40,7 @@ static const hpu_env_var table[HPU_ENV_COUNT] = {
 	    "single node: a free port)"),
 	VAR(HPU_JOB_ID, "",
 	    "libhpucoll, hpu-worker, hpulaunch; set by the agent",
-	    "the job's id: at most 64 letters, digits, '-', '_' or '.' "
+	    "the job's id: at most 63 letters, digits, '-', '_' or '.' "
 	    "(hpulaunch: as --job-id)"),
 	VAR(HPU_JOB_TOKEN, "", "libhpucoll, hpulaunch; set by the agent",
 	    "the job's secret, the same on every node (required for several "

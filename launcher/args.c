@@ -234,7 +234,8 @@ int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 	}
 	/* The model, where an argument that is not an option (or a single-dash
 	 * one) starts, or the end. */
-	if (r == HPU_OPT_MISSING || r == HPU_OPT_UNWANTED || (r == HPU_OPT_UNKNOWN && p.arg[1] == '-'))
+	if (r == HPU_OPT_MISSING || r == HPU_OPT_UNWANTED ||
+	    (r == HPU_OPT_UNKNOWN && p.arg[0] == '-' && p.arg[1]))
 		return hpu__args_option_error(&p, r, err, errlen);
 	int i = p.at;
 	if (a->status_host)

@@ -32,6 +32,9 @@ enum { A_NODES, A_DEVICES, A_RANK, A_ADDR, A_PORT, A_JOB, A_RESTARTS, A_COUNT };
 
 typedef struct sources {
 	unsigned flag, env;
+	/* environment values that are not what they set: an error only
+	 * where no flag (or --standalone) sets it instead (hpu__args_plan) */
+	const char *bad_port, *bad_rank, *bad_addr, *bad_job;
 	/* the last flag that gave each setting of A_*: its name and value */
 	const char *by[A_COUNT], *as[A_COUNT];
 } sources;

@@ -151,7 +151,14 @@ static int set_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int 
 	case O_NODE_RANK: bad = hpu__parse_int(v, 0, 4095, &a->node_rank); break;
 	case O_MASTER_ADDR: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
 	case O_MASTER_PORT: bad = hpu__parse_int(v, 1, 65535, &a->master_port); break;
-	case O_JOB_ID: bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v; break;
+	case O_JOB_ID:
+		bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v;
+		if (bad && *v) { /* why, where it only said "bad value" */
+			snprintf(err, errlen, "--job-id: '%.80s%s' is %zu characters, more than the %zu a job id may have",
+				 v, strlen(v) > 80 ? "..." : "", strlen(v), sizeof a->job_id - 1);
+			return -1;
+		}
+		break;
 	case O_LOG_DIR: a->log_dir = v; break;
 	case O_JOIN_TIMEOUT: bad = to_seconds(v, &a->join_timeout_s); break;
 	case O_TRANSPORT:
@@ -198,27 +205,39 @@ static int set_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int 
 int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errlen)
 {
 	const char *v;
+	/* bad ones are noted, not refused yet: a flag (or --standalone)
+	 * that sets the same wins over the environment */
 	if ((v = hpu__env_str(HPU_ENV_MASTER_ADDR)) && *v) {
-		snprintf(a->master_addr, sizeof a->master_addr, "%s", v);
-		src->env |= SET_ADDR;
+		if (strlen(v) >= sizeof a->master_addr)
+			src->bad_addr = v; /* it was cut short in silence */
+		else {
+			snprintf(a->master_addr, sizeof a->master_addr, "%s", v);
+			src->env |= SET_ADDR;
+		}
 	}
 	if ((v = hpu__env_str(HPU_ENV_MASTER_PORT)) && *v) {
 		if (hpu__parse_int(v, 1, 65535, &a->master_port)) {
-			snprintf(err, errlen, "MASTER_PORT='%s' is not a port number", v);
-			return -1;
+			a->master_port = 0;
+			src->bad_port = v;
+		} else {
+			src->env |= SET_PORT;
 		}
-		src->env |= SET_PORT;
 	}
 	if ((v = hpu__env_str(HPU_ENV_NODE_RANK)) && *v) {
 		if (hpu__parse_int(v, 0, 4095, &a->node_rank)) {
-			snprintf(err, errlen, "NODE_RANK='%s' is not a node rank", v);
-			return -1;
+			a->node_rank = 0;
+			src->bad_rank = v;
+		} else {
+			src->env |= SET_RANK;
 		}
-		src->env |= SET_RANK;
 	}
 	if ((v = hpu__env_str(HPU_ENV_HPU_JOB_ID)) && *v) {
-		snprintf(a->job_id, sizeof a->job_id, "%s", v);
-		src->env |= SET_JOB_ID;
+		if (strlen(v) >= sizeof a->job_id) { /* it was cut short in silence */
+			src->bad_job = v;
+		} else {
+			snprintf(a->job_id, sizeof a->job_id, "%s", v);
+			src->env |= SET_JOB_ID;
+		}
 	}
 	/* libhpucoll's own: refused here, before any worker starts (a
 	 * timeout of 0 or less would be a wait without end) */

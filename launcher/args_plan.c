@@ -135,6 +135,32 @@ static int slurm_plan(hpu_launch_args *a, const sources *src, char *err,
 	return 0;
 }
 
+/* The environment's bad values (hpu__args_from_env) that no flag, nor
+ * --standalone, set instead: refused. (A flag won only over good ones:
+ * MASTER_PORT=abc failed beside --master-port 5000 or --standalone.) */
+static int env_refused(const hpu_launch_args *a, const sources *src, char *err, size_t errlen)
+{
+	if (src->bad_port && !(src->flag & SET_PORT) && !a->standalone) {
+		snprintf(err, errlen, "MASTER_PORT='%.60s' is not a port number", src->bad_port);
+		return -1;
+	}
+	if (src->bad_rank && !(src->flag & SET_RANK) && !a->standalone) {
+		snprintf(err, errlen, "NODE_RANK='%.60s' is not a node rank", src->bad_rank);
+		return -1;
+	}
+	if (src->bad_addr && !(src->flag & SET_ADDR) && !a->standalone) {
+		snprintf(err, errlen, "MASTER_ADDR is %zu characters, more than the %zu an address may have",
+			 strlen(src->bad_addr), sizeof a->master_addr - 1);
+		return -1;
+	}
+	if (src->bad_job && !(src->flag & SET_JOB_ID)) {
+		snprintf(err, errlen, "HPU_JOB_ID='%.60s...' is %zu characters, more than the %zu a job id may have",
+			 src->bad_job, strlen(src->bad_job), sizeof a->job_id - 1);
+		return -1;
+	}
+	return 0;
+}
+
 /* torchrun's --standalone: a single node whose coordinator listens on
  * loopback at a free port, whatever MASTER_ADDR, MASTER_PORT and NODE_RANK
  * (or Slurm) say; flags that name other nodes or a rendezvous contradict
@@ -308,6 +334,8 @@ int hpu__args_finish(hpu_launch_args *a, const sources *src, int extra_args, cha
 			 a->include ? "--include" : "--exclude");
 		return -1;
 	}
+	if (env_refused(a, src, err, errlen) < 0)
+		return -1;
 	if (a->standalone) {
 		if (standalone_plan(a, src, err, errlen) < 0)
 			return -1;

@@ -180,8 +180,15 @@ int hpu__args_option_error(const hpu_optparse *p, int r, char *err, size_t errle
 {
 	if (r == HPU_OPT_MISSING) {
 		snprintf(err, errlen, "option --%s needs a value", p->spec->name);
-	} else if (r == HPU_OPT_UNWANTED && p->spec->id >= HPU_OPTS_ID) {
+	} else if (r == HPU_OPT_UNWANTED && p->spec && p->spec->name) {
+		/* the launcher's flags too: "--quiet=1" was "unknown option
+		 * --quiet (did you mean --quiet?)" */
 		snprintf(err, errlen, "option --%s takes no value", p->spec->name);
+	} else if (p->arg[0] == '-' && p->arg[1] != '-') {
+		/* -v: "no model given" was said, beside the model */
+		snprintf(err, errlen, "unknown option %s (hpulaunch's short options are -q and -h; "
+				      "see hpulaunch --help)",
+			 p->arg);
 	} else {
 		const char *name = p->arg + 2, *near = nearest_option(name, strcspn(name, "="));
 		int n = (int)strcspn(p->arg, "=");

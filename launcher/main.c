@@ -284,12 +284,16 @@ static void config_notes(const hpu_train_opts *o)
 static int run(int argc, char **argv)
 {
 	char err[4096] = ""; /* a config file's errors, one a line */
+	char env_err[512] = "";
 	signal(SIGPIPE, SIG_IGN);
-	if (hpu__log_init(err, sizeof err, "hpulaunch") < 0) {
-		hpu__log(HPU_LOG_ERROR, "error: %s", err);
+	/* a bad HPU_LOG_LEVEL is an error only where --log-level does not
+	 * set the level instead (the flag wins over the environment) */
+	int bad_env_level = hpu__log_init(env_err, sizeof env_err, "hpulaunch") < 0;
+	int r = hpu__args_parse(&L.args, argc, argv, err, sizeof err);
+	if (bad_env_level && !L.args.log_level && !(r > 0)) {
+		hpu__log(HPU_LOG_ERROR, "error: %s", env_err);
 		return 2;
 	}
-	int r = hpu__args_parse(&L.args, argc, argv, err, sizeof err);
 	if (r != 0) {
 		if (r < 0)
 			hpu__log(HPU_LOG_ERROR, "error: %s", err);

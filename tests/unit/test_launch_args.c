@@ -182,6 +182,53 @@ static void test_did_you_mean(void **state)
 	parse_fails(ARGV("--max-step=3", model), "unknown option --max-step (did you mean --max-steps?)");
 	parse_fails(ARGV("--num-gpus", "2", model), "unknown option --num-gpus (did you mean --num_gpus?)");
 	parse_fails(ARGV("--frobnicate", model), "unknown option --frobnicate (see hpulaunch --help)");
+	/* a single dash: it said "no model given", beside the model */
+	parse_fails(ARGV("-v", model), "unknown option -v (hpulaunch's short options are -q and -h");
+	parse_fails(ARGV("-qh", model), "unknown option -qh");
+	/* a launcher flag with a value: it said "unknown option --quiet (did
+	 * you mean --quiet?)" */
+	parse_fails(ARGV("--quiet=1", model), "option --quiet takes no value");
+	parse_fails(ARGV("--standalone=yes", model), "option --standalone takes no value");
+}
+
+/* A flag wins over the environment's bad value as over a good one (bad
+ * ones were refused first); --standalone ignores MASTER_PORT and
+ * NODE_RANK; a bad value nothing sets instead is refused; a job id past
+ * 63 characters is refused, from the flag with why, from the
+ * environment too (it was cut short in silence). */
+static void test_env_under_flags(void **state)
+{
+	(void)state;
+	hpu_launch_args a;
+	setenv("MASTER_PORT", "abc", 1);
+	parse_fails(ARGV(model), "MASTER_PORT='abc' is not a port number");
+	parse_ok(&a, ARGV("--master-port", "5000", model));
+	assert_int_equal(a.master_port, 5000);
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV("--standalone", model));
+	hpu__args_free(&a);
+	unsetenv("MASTER_PORT");
+	setenv("NODE_RANK", "x", 1);
+	parse_fails(ARGV(model), "NODE_RANK='x' is not a node rank");
+	parse_ok(&a, ARGV("--standalone", model));
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV("--node-rank", "0", model));
+	hpu__args_free(&a);
+	unsetenv("NODE_RANK");
+	char id[101];
+	memset(id, 'a', 100);
+	id[100] = 0;
+	setenv("HPU_JOB_ID", id, 1);
+	parse_fails(ARGV(model), "is 100 characters, more than the 63 a job id may have");
+	parse_ok(&a, ARGV("--job-id", "mine", model));
+	assert_string_equal(a.job_id, "mine");
+	hpu__args_free(&a);
+	unsetenv("HPU_JOB_ID");
+	id[64] = 0;
+	parse_fails(ARGV("--job-id", id, model), "is 64 characters, more than the 63 a job id may have");
+	id[63] = 0;
+	parse_ok(&a, ARGV("--job-id", id, model));
+	hpu__args_free(&a);
 }
 
 static void test_resume_checked(void **state)
@@ -221,6 +268,7 @@ int main(void)
 		cmocka_unit_test(test_include_exclude),
 		cmocka_unit_test(test_exec_hostfile),
 		cmocka_unit_test(test_did_you_mean),
+		cmocka_unit_test(test_env_under_flags),
 		cmocka_unit_test(test_resume_checked),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
