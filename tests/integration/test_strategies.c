@@ -1108,6 +1108,34 @@ static void test_activation_checkpointing(void **state)
  * (no communication on non-final micro-steps); ZeRO-2 reduce-scatters
  * every micro-step (half an all-reduce's traffic each) and all-gathers
  * once, so with 4 micro-steps it sends 4 x 1/2 + 1/2 = 2.5 times as much. */
+/* zero3's --param-persistence-threshold counts a layer's parameters (the
+ * output layer of --hidden 512: 5130), not its length padded per tensor
+ * and per unit (5136 and more): a threshold of 5131 keeps the layer whole,
+ * which sends less per step than 5130, where it is sharded (it stayed
+ * sharded up to 5140). */
+static void test_persistence_counts_parameters(void **state)
+{
+	(void)state;
+	double bytes[2];
+	const char *thr[] = {"5130", "5131"};
+	for (int k = 0; k < 2; k++) {
+		char metrics[64];
+		snprintf(metrics, sizeof metrics, "/tmp/hpu-persist-%d.jsonl", (int)getpid());
+		run r;
+		start(&r, 2);
+		args(&r, "--strategy", "zero3", "--max-steps", "2", "--no-eval",
+		     "--param-persistence-threshold", thr[k], "--metrics", metrics, NULL);
+		free(finish(&r, 0, "--hidden 512 --depth 2"));
+		char *m = h_slurp(metrics);
+		assert_non_null(m);
+		bytes[k] = field(strstr(m, "\"final\":true"), "{\"rank\":0,", "comm_bytes_per_step");
+		free(m);
+		unlink(metrics);
+	}
+	printf("  threshold 5130: %.0f bytes sent per step, 5131: %.0f\n", bytes[0], bytes[1]);
+	assert_true(bytes[1] > 0 && bytes[1] < bytes[0]);
+}
+
 static void test_accumulation_traffic(void **state)
 {
 	(void)state;
@@ -1143,6 +1171,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_config),
+		cmocka_unit_test(test_persistence_counts_parameters),
 		cmocka_unit_test(test_device_memory_limit),
 		cmocka_unit_test(test_no_eval_batch),
 		cmocka_unit_test(test_equivalence_2),

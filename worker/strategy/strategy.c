@@ -104,6 +104,7 @@ static void build_units(hpu_strat *s)
 	for (int k = 0; k < s->nunits; k++) {
 		unit *u = &s->u[k];
 		u->off = at;
+		size_t nparams = 0; /* the unit's parameters, unpadded */
 		for (int i = u->first; i <= u->last; i++) {
 			hpu_layer *l = s->b->layers[i];
 			l->off = at;
@@ -112,6 +113,8 @@ static void build_units(hpu_strat *s)
 			l->unit = k;
 			u->nparam_layers++;
 			at += l->plen;
+			for (int p = 0; p < l->nparams; p++)
+				nparams += s->b->params[l->first_param + p].numel;
 		}
 		u->len = round_up(at - u->off, pad);
 		at = u->off + u->len;
@@ -120,8 +123,11 @@ static void build_units(hpu_strat *s)
 			u->shard_off = shard_at;
 			shard_at += u->piece;
 		}
+		/* by its parameters, as documented (the length padded per
+		 * tensor and per unit kept a 5130-parameter layer sharded
+		 * under a threshold of 5140) */
 		u->persistent = hpu__strat_params_sharded(s) &&
-				(long)(at - u->off) < s->o->persistence_threshold;
+				(long)nparams < s->o->persistence_threshold;
 	}
 	s->total = at;
 	s->shard_total = shard_at;
