@@ -295,7 +295,7 @@ static const struct hpu__opt opts[] = {
 	NUM("param-persistence-threshold", K_LONG, persistence_threshold, 0, 1e15, "zero3: smaller layers stay whole (100000)"),
 	NUM("max-live-parameters", K_LONG, max_live_params, 0, 1e15, "zero3: gathered elements alive at once; 0: none ahead of use (1000000000)"),
 	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
-	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute each layer's forward in backward"),
+	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute every layer's forward but the last one's in backward (strategies.md: about 2 sqrt(m) outputs alive instead of m)"),
 	OTHER("graphs", K_FLAG, graphs, "HPU graphs: record a training step once per batch shape, after --graphs-warmup eager steps, and replay it (a CUDA graph; on --device cpu and cpu-strict its twin, a list of kernel calls); what cannot be recorded runs eagerly, --verbose says why [use_hpu_graphs_for_training]"),
 	NUM("graphs-warmup", K_INT, graphs_warmup, 0, 1e6, "--graphs: eager steps before the first recording; an evaluation batch's size runs eagerly as many times before its recording (3)"),
 	OTHER("pad-last-batch", K_FLAG, pad_last_batch, "--graphs: an evaluation's last partial batch is padded to the full micro-batch (copies of its first sample, left out of the loss and metrics) and replays the full batch's recording instead of recording its own; training drops an epoch's partial batch already; without --graphs nothing is padded, the figures are the same (off)"),
