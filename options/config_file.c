@@ -90,6 +90,21 @@ static void syntax_error(const char *path, const char *buf, size_t len,
 			 path, line);
 		return;
 	}
+	/* hjson's (DeepSpeed reads its file with it), not JSON's; cJSON
+	 * stops at the comment's second character */
+	size_t c = pos > 0 && (buf[pos - 1] == '#' ||
+			       (buf[pos - 1] == '/' && (buf[pos] == '/' || buf[pos] == '*')))
+			   ? pos - 1
+			   : pos;
+	if (buf[c] == '#' || (buf[c] == '/' && c + 1 < len && (buf[c + 1] == '/' || buf[c + 1] == '*'))) {
+		if (c < pos)
+			col--;
+		snprintf(err, errlen, "%s: line %d, column %zu: a comment: JSON has none (DeepSpeed "
+				      "reads its file with hjson, which takes them; this reader does "
+				      "not): remove it",
+			 path, line, col);
+		return;
+	}
 	char near[24];
 	size_t n = 0;
 	while (n < sizeof near - 1 && pos + n < len && buf[pos + n] != '\n' &&

@@ -767,6 +767,13 @@ static void test_file_syntax_and_io(void **state)
 	LOAD_ERROR("{'train_batch_size': 8,}", "line 1, column 23",
 		   "JSON syntax error: a comma before '}' (JSON allows no trailing comma)");
 	LOAD_ERROR("{'a': [1,\n 2, ], 'b': 'x,}'}", "line 2, column 3", "a comma before ']'");
+	/* hjson's comments (DeepSpeed's reader takes them): named as such,
+	 * where they start (it said "JSON syntax error near '/ comment'",
+	 * one column on) */
+	LOAD_ERROR("{\n  // comment\n  'train_batch_size': 8}", "line 2, column 3",
+		   "a comment: JSON has none");
+	LOAD_ERROR("{\n  'train_batch_size': 8 /* c */}", "line 2, column 25", "a comment");
+	LOAD_ERROR("{\n# c\n'train_batch_size': 8}", "line 2, column 1", "a comment");
 
 	err[0] = 0;
 	assert_int_equal(hpu__opts_load_file(&o, "/nonexistent/x.json", err,
