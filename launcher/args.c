@@ -215,6 +215,8 @@ int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 				return -1;
 			}
 			a->exec_mode = 1;
+			/* training options given: dropped, said (main.c) */
+			a->exec_ignored = a->worker_argc > 1 ? a->worker_argv[1] : NULL;
 			a->worker_argc = 0;
 			if (add_args(a, argv, p.ind, argc) < 0) {
 				snprintf(err, errlen, "out of memory");
@@ -241,7 +243,16 @@ int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 	if (a->status_host)
 		return hpu__args_finish(a, &src, i < argc, err, errlen);
 	if (i >= argc || argv[i][0] == '-') {
-		snprintf(err, errlen, "no model given: hpulaunch [options] MODEL.so (see --help)");
+		/* --profile's optional DIR took a model whose name has no .so */
+		struct stat st;
+		const char *pd = a->train.profile;
+		if (pd[0] && stat(pd, &st) == 0 && S_ISREG(st.st_mode))
+			snprintf(err, errlen, "no model given: --profile took '%s' as its directory: "
+					      "write --profile=DIR before the model, or name the model "
+					      "with .so at the end",
+				 pd);
+		else
+			snprintf(err, errlen, "no model given: hpulaunch [options] MODEL.so (see --help)");
 		return -1;
 	}
 	if (hpu__args_options_after_model(argv, argc, i, err, errlen) < 0 ||
@@ -249,7 +260,15 @@ int hpu__args_parse(hpu_launch_args *a, int argc, char **argv, char *err,
 		return -1;
 	if (a->hostfile && absolute_paths(a, err, errlen) < 0)
 		return -1;
-	if (add_args(a, &a->model, 0, 1) < 0 || add_args(a, argv, i + 1, argc) < 0) {
+	/* the model's arguments after a "--" of the worker's, without the
+	 * user's "--" wherever it stands: one after some of them reached the
+	 * model ("unknown model argument --"), the worker dropping only one
+	 * right after the model */
+	int sep = i + 1;
+	while (sep < argc && strcmp(argv[sep], "--"))
+		sep++;
+	if (add_args(a, &a->model, 0, 1) < 0 || add_args(a, (char *[]){"--"}, 0, 1) < 0 ||
+	    add_args(a, argv, i + 1, sep) < 0 || (sep < argc && add_args(a, argv, sep + 1, argc) < 0)) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}

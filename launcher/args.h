@@ -47,6 +47,8 @@ typedef struct hpu_launch_args {
 	char **owned;
 	int nowned;
 	int exec_mode;       /* --exec: argv[0] is looked up in PATH */
+	const char *exec_ignored; /* --exec: the first training option given
+				   * before it, which the program does not get */
 	hpu_train_opts train;
 
 	/* --hostfile FILE: the job's nodes in node-rank order; nodes = nhosts,

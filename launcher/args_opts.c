@@ -159,7 +159,10 @@ static int set_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int 
 			return -1;
 		}
 		break;
-	case O_LOG_DIR: a->log_dir = v; break;
+	case O_LOG_DIR: /* "" said "cannot make the log directory : ..." */
+		a->log_dir = v;
+		bad = !*v;
+		break;
 	case O_JOIN_TIMEOUT: bad = to_seconds(v, &a->join_timeout_s); break;
 	case O_TRANSPORT:
 		bad = strcmp(v, "auto") && strcmp(v, "tcp") && strcmp(v, "ipc") && strcmp(v, "shm");
@@ -246,7 +249,8 @@ int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errle
 		int lo;
 	} ms[] = {{HPU_ENV_HPUCOLL_TIMEOUT_MS, 1},
 		  {HPU_ENV_HPUCOLL_STALL_WARN_MS, 0},
-		  {HPU_ENV_HPUCOLL_HEARTBEAT_MS, 2000}};
+		  {HPU_ENV_HPUCOLL_HEARTBEAT_MS, 2000},
+		  {HPU_ENV_HPU_JOIN_TIMEOUT_MS, 1}}; /* its default was taken in silence */
 	for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
 		int x;
 		if ((v = hpu__env_str(ms[i].id)) && *v && hpu__parse_int(v, ms[i].lo, INT_MAX, &x)) {
@@ -278,6 +282,15 @@ int hpu__args_from_env(hpu_launch_args *a, sources *src, char *err, size_t errle
 	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_IO_THREADS)) && *v && hpu__parse_int(v, 1, 64, &io)) {
 		snprintf(err, errlen, "HPUCOLL_IO_THREADS='%s' is not a whole number of threads from 1 to 64",
 			 v);
+		return -1;
+	}
+	/* the workers' OpenMP (libgomp said "Invalid value" under [rank 0]
+	 * and went on with its default): a count, or a list of them */
+	if ((v = hpu__env_str(HPU_ENV_OMP_NUM_THREADS)) && *v &&
+	    (strspn(v, "0123456789,") != strlen(v) || v[0] == ',' || strstr(v, ",,") ||
+	     v[strlen(v) - 1] == ',' || v[strspn(v, "0,")] == 0)) {
+		snprintf(err, errlen, "OMP_NUM_THREADS='%.40s' is not a number of threads (or a list "
+				      "of them, 4,2)", v);
 		return -1;
 	}
 	if ((v = hpu__env_str(HPU_ENV_HPUCOLL_TRANSPORT)) && *v)

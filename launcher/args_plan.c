@@ -254,7 +254,11 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 			world += a->hosts[i].slots;
 	}
 	a->world = world;
-	if (ws && *ws && (hpu__parse_int(ws, 1, 1 << 24, &w) || w != world)) {
+	if (ws && *ws && hpu__parse_int(ws, 1, 1 << 24, &w)) {
+		snprintf(err, errlen, "WORLD_SIZE='%.40s' from the environment is not a number of ranks", ws);
+		return -1;
+	}
+	if (ws && *ws && w != world) {
 		if (a->hostfile)
 			snprintf(err, errlen, "WORLD_SIZE=%s from the environment does not equal the %d worker%s of %s's %d host%s",
 				 ws, world, hpu__plural(world), a->hostfile, a->nhosts,

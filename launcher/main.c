@@ -317,6 +317,10 @@ static int run(int argc, char **argv)
 	}
 	if (!L.args.exec_mode && !L.args.status_host)
 		config_notes(&L.args.train);
+	if (L.args.exec_ignored) /* they were dropped without a word */
+		hpu__log(HPU_LOG_NOTICE, "note: the training options before --exec (%.*s, ...) have no "
+			 "effect: the program gets its own arguments, not hpu-worker's",
+			 (int)strcspn(L.args.exec_ignored, "="), L.args.exec_ignored);
 	if (L.args.weak_token)
 		hpu__log(HPU_LOG_WARNING, "warning: HPU_JOB_TOKEN is not set, so the job token was derived from SLURM_JOB_ID: anyone who knows the job id can join; export HPU_JOB_TOKEN before srun");
 	int rc;

@@ -687,7 +687,9 @@ static const char *said(const hpu_train_opts *o, const char *flag, const char *v
 	const char *k = hpu__opts_file_key(o, flag);
 	const char *last = strrchr(k, '.');
 	last = last ? last + 1 : k;
-	if (!k[0])
+	if (!k[0] && hpu__opt_find(flag) && hpu__opt_find(flag)->kind == K_FLAG)
+		snprintf(buf, len, "--%s", flag); /* a flag has no value ("--nesterov true") */
+	else if (!k[0])
 		snprintf(buf, len, "--%s %s", flag, v);
 	else if (!strcmp(last, "stage"))
 		snprintf(buf, len, "%s %d", k, (int)o->strategy - 1); /* f_stage: stage + 1 */

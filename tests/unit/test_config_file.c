@@ -1192,7 +1192,7 @@ static void test_contradictions_refused(void **state)
 	assert_int_equal(hpu__opts_set(&o, "momentum", "0", err, sizeof err), 0);
 	assert_int_equal(hpu__opts_set(&o, "nesterov", NULL, err, sizeof err), 0);
 	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof err), -1);
-	assert_has(err, "--nesterov true needs momentum, not --momentum 0: Nesterov momentum "
+	assert_has(err, "--nesterov needs momentum, not --momentum 0: Nesterov momentum "
 			"without one is plain SGD (torch.optim.SGD refuses it)");
 	char path[64];
 	write_temp("{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.05, "

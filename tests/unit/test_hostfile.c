@@ -468,8 +468,9 @@ static void test_args_model_path(void **state)
 	hpu__args_free(&a);
 	snprintf(rel, sizeof rel, "./%s", base);
 	parse_ok(&a, ARGV("--devices", "2", "--lr", "0.1", rel));
-	assert_int_equal(a.worker_argc, 4);
+	assert_int_equal(a.worker_argc, 5); /* the worker's "--" after the model */
 	assert_string_equal(a.worker_argv[3], model);
+	assert_string_equal(a.worker_argv[4], "--");
 	hpu__args_free(&a);
 	snprintf(rel, sizeof rel, "../tmp/%s", base);
 	parse_ok(&a, ARGV(rel));
@@ -514,7 +515,7 @@ static void test_args_option_paths(void **state)
 	char *rel = cfg + 5; /* "hpu-test-relcfg-..." in /tmp */
 	parse_ok(&a, ARGV("--hostfile", hostfile, "--config", rel, "--profile", "--save-params=p.bin",
 			  "--resume", "auto", "--lr", "0.1", model));
-	assert_int_equal(a.worker_argc, 10);
+	assert_int_equal(a.worker_argc, 11); /* the worker's "--" after the model */
 	snprintf(want, sizeof want, "--config=%s", cfg);
 	assert_string_equal(a.worker_argv[1], want);
 	assert_string_equal(a.worker_argv[2], "--profile=/tmp");
@@ -525,6 +526,7 @@ static void test_args_option_paths(void **state)
 	assert_string_equal(a.worker_argv[7], "0.1");
 	assert_string_equal(a.worker_argv[8], "--metrics=/tmp/m.jsonl"); /* the file's */
 	assert_string_equal(a.worker_argv[9], model);
+	assert_string_equal(a.worker_argv[10], "--");
 	assert_string_equal(getenv("QUANT_CONFIG"), "/tmp/q.json");
 	assert_string_equal(getenv("LOWER_LIST"), "/etc/lower");
 	hpu__args_free(&a);

@@ -77,8 +77,28 @@ static void test_options_after_model(void **state)
 	argv_ends(&a, (const char *[]){"--", "--lr", "0.1"}, 3);
 	assert_int_equal(a.train.max_steps, 10);
 	hpu__args_free(&a);
+	/* the user's "--" among the model's arguments goes: the worker's
+	 * own follows the model (one after some of them reached the model,
+	 * "unknown model argument --") */
 	parse_ok(&a, ARGV(model, "--data", "/d", "--", "--hidden", "8"));
-	argv_ends(&a, (const char *[]){"--data", "/d", "--", "--hidden", "8"}, 5);
+	argv_ends(&a, (const char *[]){model, "--", "--data", "/d", "--hidden", "8"}, 6);
+	hpu__args_free(&a);
+	/* --profile's optional DIR takes a model named without .so: said */
+	char plain[] = "/tmp/hpu-test-model-XXXXXX";
+	int pfd = mkstemp(plain);
+	assert_true(pfd >= 0);
+	close(pfd);
+	parse_fails(ARGV("--profile", plain), "--profile took '");
+	unlink(plain);
+	/* training options before --exec: noted (main.c), not forwarded */
+	parse_ok(&a, ARGV("--lr", "5", "--max-steps", "1", "--exec", "echo", "hi"));
+	assert_non_null(a.exec_ignored);
+	assert_string_equal(a.exec_ignored, "--lr");
+	argv_ends(&a, (const char *[]){"echo", "hi"}, 2);
+	assert_int_equal(a.worker_argc, 2);
+	hpu__args_free(&a);
+	parse_ok(&a, ARGV("--devices", "2", "--exec", "echo"));
+	assert_null(a.exec_ignored);
 	hpu__args_free(&a);
 }
 
@@ -110,6 +130,18 @@ static void test_coll_env_checked(void **state)
 	setenv("HPUCOLL_REDUCE_SMALL_BYTES", "-1", 1);
 	parse_fails(ARGV(model), "HPUCOLL_REDUCE_SMALL_BYTES='-1' is not a number of bytes");
 	unsetenv("HPUCOLL_REDUCE_SMALL_BYTES");
+	setenv("HPU_JOIN_TIMEOUT_MS", "abc", 1); /* the default was taken in silence */
+	parse_fails(ARGV(model), "HPU_JOIN_TIMEOUT_MS='abc' is not a whole number of milliseconds from 1");
+	unsetenv("HPU_JOIN_TIMEOUT_MS");
+	setenv("OMP_NUM_THREADS", "abc", 1); /* libgomp said so under [rank 0] */
+	parse_fails(ARGV(model), "OMP_NUM_THREADS='abc' is not a number of threads");
+	setenv("OMP_NUM_THREADS", "4,2", 1);
+	parse_ok(&a, ARGV(model));
+	hpu__args_free(&a);
+	unsetenv("OMP_NUM_THREADS");
+	setenv("WORLD_SIZE", "abc", 1); /* "does not equal" was said */
+	parse_fails(ARGV(model), "WORLD_SIZE='abc' from the environment is not a number of ranks");
+	unsetenv("WORLD_SIZE");
 	setenv("HPUCOLL_IO_THREADS", "65", 1);
 	parse_fails(ARGV(model), "HPUCOLL_IO_THREADS='65' is not a whole number of threads from 1 to 64");
 	unsetenv("HPUCOLL_IO_THREADS");
