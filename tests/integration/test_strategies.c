@@ -1136,6 +1136,33 @@ static void test_persistence_counts_parameters(void **state)
 	assert_true(bytes[1] > 0 && bytes[1] < bytes[0]);
 }
 
+/* bf16-mixed makes its initial parameters a layer at a time: the fp32
+ * copy of a whole unit (here ddp's one bucket, the whole model) was
+ * 4 bytes a parameter of "other" device memory at setup, which set the
+ * run's peak (max_other 4Ψ) and failed a --device-memory the docs'
+ * figures allow. */
+static void test_mixed_init_by_layer(void **state)
+{
+	(void)state;
+	char metrics[64];
+	snprintf(metrics, sizeof metrics, "/tmp/hpu-mpinit-%d.jsonl", (int)getpid());
+	run r;
+	start(&r, 1);
+	args(&r, "--precision", "bf16-mixed", "--max-steps", "1", "--no-eval", "--batch-size", "64",
+	     "--metrics", metrics, NULL);
+	free(finish(&r, 0, "--hidden 512 --depth 8"));
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	const char *fin = strstr(m, "\"final\":true");
+	assert_non_null(fin);
+	double psi = field(fin, NULL, "parameters"), other = field(fin, "{\"rank\":0,", "max_other");
+	free(m);
+	unlink(metrics);
+	printf("  Ψ %.0f, max_other %.0f bytes (%.2f bytes a parameter)\n", psi, other, other / psi);
+	assert_true(psi > 2e6);
+	assert_true(other < psi); /* the largest layer's fp32 (1.6 MB), not 4Ψ */
+}
+
 static void test_accumulation_traffic(void **state)
 {
 	(void)state;
@@ -1172,6 +1199,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_config),
 		cmocka_unit_test(test_persistence_counts_parameters),
+		cmocka_unit_test(test_mixed_init_by_layer),
 		cmocka_unit_test(test_device_memory_limit),
 		cmocka_unit_test(test_no_eval_batch),
 		cmocka_unit_test(test_equivalence_2),

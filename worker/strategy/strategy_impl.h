@@ -437,6 +437,9 @@ void hpu__strat_optim_init(hpu_strat *s, int j);
  * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
  * unit not kept whole reads only this rank's piece of the checkpoint. */
 int hpu__strat_fill_unit(hpu_strat *s, int j, float *full);
+/* The same for the unit's floats [c0, c1) into buf[0 .. c1 - c0), the
+ * rest zero: [c0, c1) holds whole layers (or only the unit's padding). */
+int hpu__strat_fill_span(hpu_strat *s, int j, size_t c0, size_t c1, float *buf);
 /* ---- strategy_vars.c: the step's scalars on the device ---- */
 
 /* Makes s->vars once the strategy's state is set (after a resume): the

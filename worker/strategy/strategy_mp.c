@@ -43,6 +43,62 @@ static int host_to16(hpu_strat *s, uint16_t *dst, const float *src, size_t n)
 	return 0;
 }
 
+/* Unit j's initial values, made a layer at a time (then the unit's
+ * padding), without the NVMe tiers: an fp32 copy of the whole unit (the
+ * whole model under zero1's default unit, fast_ddp's and a whole-model
+ * bucket's) made a transient of 4 bytes a parameter, counted against
+ * --device-memory on the CPU. The values are the same: the rounding is
+ * per element. */
+static int init_unit_by_layers(hpu_strat *s, int j)
+{
+	unit *u = &s->u[j];
+	hpu_builder *b = s->b;
+	size_t mine = s->sharded ? (size_t)s->rank * u->piece : 0, c0 = 0;
+	char what[160];
+	if (!s->P && u->persistent) {
+		snprintf(what, sizeof what, "parameters of %s (persistent)", hpu__strat_unit_name(s, j));
+		if (!(u->full = dalloc(s, HPU_MEM_PARAMS, u->len * 2, what)))
+			return -1;
+	}
+	for (int i = u->first; i <= u->last + 1; i++) {
+		size_t c1;
+		if (i <= u->last) {
+			if (!b->layers[i]->plen)
+				continue;
+			c0 = b->layers[i]->off - u->off;
+			c1 = c0 + b->layers[i]->plen;
+			snprintf(what, sizeof what, "initial parameters of %s", b->layers[i]->name);
+		} else {
+			c1 = u->len; /* the padding after the last layer */
+			if (c0 >= c1)
+				break;
+			snprintf(what, sizeof what, "initial padding of %s", hpu__strat_unit_name(s, j));
+		}
+		/* made by the host: host memory where the device's is not */
+		float *buf = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, (c1 - c0) * 4, what);
+		if (!buf)
+			return fail(s, "%s", hpu__devmem_error());
+		int rc = hpu__strat_fill_span(s, j, c0, c1, buf);
+		size_t a = c0 > mine ? c0 : mine, e = c1 < mine + u->opt.n ? c1 : mine + u->opt.n;
+		if (rc == 0 && a < e)
+			hpu__dev_copy(u->opt_p + (a - mine), buf + (a - c0), (e - a) * 4);
+		if (rc == 0 && s->P) {
+			rc = host_to16(s, (uint16_t *)s->P + u->off + c0, buf, c1 - c0);
+		} else if (rc == 0) {
+			e = c1 < mine + u->piece ? c1 : mine + u->piece;
+			if (a < e)
+				rc = host_to16(s, (uint16_t *)u->opt_w + (a - mine), buf + (a - c0), e - a);
+			if (rc == 0 && u->persistent)
+				rc = host_to16(s, (uint16_t *)u->full + c0, buf, c1 - c0);
+		}
+		hpu__dev_hbuf_free(buf);
+		if (rc < 0)
+			return -1;
+		c0 = c1;
+	}
+	return 0;
+}
+
 /* The fp32 initial values become the master weights; the working copy is
  * their 16-bit rounding, on every rank alike. */
 int hpu__mp_init_params(hpu_strat *s)
@@ -50,6 +106,11 @@ int hpu__mp_init_params(hpu_strat *s)
 	for (int j = 0; j < s->nunits; j++) {
 		unit *u = &s->u[j];
 		char what[128];
+		if (!s->nv && !s->nvp) {
+			if (init_unit_by_layers(s, j) < 0)
+				return -1;
+			continue;
+		}
 		snprintf(what, sizeof what, "initial parameters of %s", hpu__strat_unit_name(s, j));
 		/* made by the host: host memory where the device's is not */
 		float *full = hpu__dev_hbuf_alloc(HPU_MEM_OTHER, u->len * 4, what);

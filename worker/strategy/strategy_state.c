@@ -28,6 +28,30 @@ static int init_layer(hpu_strat *s, int i, float *dst)
 /* Unit j's initial parameters into full[0 .. len): from the initializers,
  * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
  * unit not kept whole reads only this rank's piece of the checkpoint. */
+int hpu__strat_fill_span(hpu_strat *s, int j, size_t c0, size_t c1, float *buf)
+{
+	unit *u = &s->u[j];
+	hpu_builder *b = s->b;
+	memset(buf, 0, (c1 - c0) * sizeof *buf); /* the unit's padding */
+	if (s->resume) {
+		size_t lo = 0, hi = u->len;
+		if (hpu__strat_params_sharded(s) && !u->persistent) {
+			lo = (size_t)s->rank * u->piece;
+			hi = lo + u->piece;
+		}
+		size_t a = c0 > lo ? c0 : lo, e = c1 < hi ? c1 : hi;
+		return a < e ? hpu__strat_read_layout(s, 0, u->off + a, e - a, buf + (a - c0)) : 0;
+	}
+	for (int i = u->first; i <= u->last; i++) {
+		const hpu_layer *l = b->layers[i];
+		size_t r0 = l->off - u->off;
+		if (l->plen && r0 >= c0 && r0 + l->plen <= c1 &&
+		    init_layer(s, i, buf + (r0 - c0)) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 int hpu__strat_fill_unit(hpu_strat *s, int j, float *full)
 {
 	unit *u = &s->u[j];
