@@ -231,6 +231,10 @@ static void killed_now(hpu_agent *a)
 
 void hpu__agent_stop(hpu_agent *a, double grace_s)
 {
+	/* no worker started to give it to (a node still waiting for node
+	 * 0): the grace only delayed the exit by 2 s */
+	if (!a->started)
+		grace_s = 0;
 	if (grace_s <= 0)
 		a->impatient = 1;
 	if (a->stopping && grace_s <= 0) { /* again, impatient: no more grace */

@@ -1,4 +1,6 @@
 #include "agent/coord.h"
+
+#include <ctype.h>
 #include "common/clock.h"
 
 #include <errno.h>
@@ -231,6 +233,16 @@ static int node_devices(const hpu_coord *c, int n)
 	return c->cfg.node_devices ? c->cfg.node_devices[n] : c->cfg.devices;
 }
 
+/* Whether s is a job id's characters (letters, digits, '-', '_', '.'):
+ * one from the network is printed only then. */
+static int printable_id(const char *s)
+{
+	for (; *s; s++)
+		if (!(isalnum((unsigned char)*s) || *s == '-' || *s == '_' || *s == '.'))
+			return 0;
+	return 1;
+}
+
 static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		     const Hpu__AgentHello *h)
 {
@@ -255,7 +267,13 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	const char *why = NULL;
 	char differ[200], reason[300];
 	int fatal = 0; /* a node of this job set up otherwise: it never joins */
-	if (!ours)
+	if (!ours && h->job_id && strcmp(h->job_id, c->cfg.job_id) &&
+	    strlen(h->job_id) < 64 && printable_id(h->job_id)) {
+		/* the id is no secret: named, with node 0's (the token is) */
+		snprintf(differ, sizeof differ, "bad job id or token: its job id is %s, node 0's %s",
+			 h->job_id, c->cfg.job_id);
+		why = differ;
+	} else if (!ours)
 		why = "bad job id or token";
 	else if (h->node_rank == 0 || h->node_rank >= (uint32_t)c->cfg.nodes)
 		why = "node rank out of range";
@@ -286,7 +304,13 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		    !c->agents[h->node_rank].hello) /* said if the node never joins */
 			snprintf(c->agents[h->node_rank].refused,
 				 sizeof c->agents[h->node_rank].refused, "%s", why);
-		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, why);
+		/* the refused node's own error: that it was refused, and what
+		 * becomes of the job (it said "job aborted by the
+		 * coordinator" while node 0's job ran on) */
+		char told[400];
+		snprintf(told, sizeof told, "%s%s; %s", HPU_COORD_REFUSED, why,
+			 fatal ? "node 0 ends the job" : "the job on node 0 goes on without this hpulaunch");
+		send_simple(c, peer, HPU__ENVELOPE__MSG_ABORT, told);
 		if (fatal) { /* not after --join-timeout: the node will not come otherwise */
 			snprintf(reason, sizeof reason, "node %u's hpulaunch connected and was refused: %s",
 				 h->node_rank, why);

@@ -17,6 +17,10 @@
 
 typedef struct hpu_coord hpu_coord;
 
+/* How the ABORT a refused agent gets begins: the agent says it was
+ * refused, not that the job was aborted (node 0's may go on). */
+#define HPU_COORD_REFUSED "refused this node: "
+
 typedef struct hpu_coord_cfg {
 	const char *bind_addr; /* numeric IPv4 address to bind */
 	int port;              /* 0: pick a free one */

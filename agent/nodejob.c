@@ -353,8 +353,11 @@ static void on_coord_msg(hpu_zwatch *w, void *arg)
 	j->coord_seen = hpu__mono_s();
 	if (m->msg_case == HPU__ENVELOPE__MSG_ABORT) {
 		char cause[700];
-		snprintf(cause, sizeof cause, "job aborted by the coordinator: %s",
-			 m->abort->reason ? m->abort->reason : "");
+		const char *r = m->abort->reason ? m->abort->reason : "";
+		if (!strncmp(r, HPU_COORD_REFUSED, strlen(HPU_COORD_REFUSED)))
+			snprintf(cause, sizeof cause, "node 0's coordinator %s", r);
+		else
+			snprintf(cause, sizeof cause, "job aborted by the coordinator: %s", r);
 		fail(j, cause, j->cfg.grace_s);
 	} else if (m->msg_case == HPU__ENVELOPE__MSG_JOB_DONE) {
 		j->job_done = 1;

@@ -149,7 +149,14 @@ static int set_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int 
 	case O_RDZV_ENDPOINT: return rdzv_endpoint_opt(a, src, v, err, errlen);
 	case O_STANDALONE: a->standalone = 1; return 0;
 	case O_NODE_RANK: bad = hpu__parse_int(v, 0, 4095, &a->node_rank); break;
-	case O_MASTER_ADDR: bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v; break;
+	case O_MASTER_ADDR:
+		if (strchr(v, ':')) { /* as --rdzv-endpoint's (it said "cannot resolve", exit 1) */
+			snprintf(err, errlen, "--master-addr %s: an IPv6 address; hpulaunch speaks IPv4 "
+					      "only: give an IPv4 address or a name", v);
+			return -1;
+		}
+		bad = snprintf(a->master_addr, sizeof a->master_addr, "%s", v) >= (int)sizeof a->master_addr || !*v;
+		break;
 	case O_MASTER_PORT: bad = hpu__parse_int(v, 1, 65535, &a->master_port); break;
 	case O_JOB_ID:
 		bad = snprintf(a->job_id, sizeof a->job_id, "%s", v) >= (int)sizeof a->job_id || !*v;

@@ -244,7 +244,7 @@ static int resolve_train(hpu_launch_args *a, int world, char *err, size_t errlen
 	return 0;
 }
 
-static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
+static int check_plan(hpu_launch_args *a, const sources *src, char *err, size_t errlen)
 {
 	const char *ws = hpu__env_str(HPU_ENV_WORLD_SIZE);
 	int world = a->nodes * a->devices, w;
@@ -269,7 +269,13 @@ static int check_plan(hpu_launch_args *a, char *err, size_t errlen)
 		return -1;
 	}
 	if (a->node_rank >= a->nodes) {
-		snprintf(err, errlen, "--node-rank %d is not below --nodes %d", a->node_rank, a->nodes);
+		/* named as given (NODE_RANK=5 was said as --node-rank 5) */
+		if (!(src->flag & SET_RANK) && (src->env & SET_RANK))
+			snprintf(err, errlen, "NODE_RANK=%d from the environment is not below --nodes %d",
+				 a->node_rank, a->nodes);
+		else
+			snprintf(err, errlen, "--node-rank %d is not below --nodes %d", a->node_rank,
+				 a->nodes);
 		return -1;
 	}
 	if (a->transport && strcmp(a->transport, "auto") && strcmp(a->transport, "tcp") &&
@@ -350,5 +356,5 @@ int hpu__args_finish(hpu_launch_args *a, const sources *src, int extra_args, cha
 	if ((src->flag & SET_DEVICES_AUTO) && !(src->flag & SET_DEVICES_CORES) &&
 	    hpu__args_auto_devices(a, src, err, errlen) < 0)
 		return -1;
-	return check_plan(a, err, errlen);
+	return check_plan(a, src, err, errlen);
 }

@@ -236,7 +236,11 @@ void hpu__status_error(const char *why)
 	int f = fd();
 	if (f < 0 || !why || !*why)
 		return;
-	size_t n = (size_t)snprintf(line, sizeof line, "E1 %.*s", HPU_STATUS_WHY_MAX, why);
+	/* a longer one ends "..." (it was cut mid-word without a sign) */
+	size_t len = strlen(why);
+	size_t n = len > HPU_STATUS_WHY_MAX
+			   ? (size_t)snprintf(line, sizeof line, "E1 %.*s...", HPU_STATUS_WHY_MAX - 3, why)
+			   : (size_t)snprintf(line, sizeof line, "E1 %s", why);
 	if (n > sizeof line - 2)
 		n = sizeof line - 2;
 	for (size_t i = 3; i < n; i++)

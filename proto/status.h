@@ -74,7 +74,7 @@ int hpu__status_parse_blame(const char *line, size_t len, int *rank, hpu_blame *
 
 /* Tells the agent, before the worker exits with an error, the sentence
  * it is for (the one it prints): one line "E1 WHY", control characters
- * as spaces, cut to HPU_STATUS_WHY_MAX bytes. The agent relays it with
+ * as spaces, cut to HPU_STATUS_WHY_MAX bytes (then ending "..."). The agent relays it with
  * the exit to the other nodes, whose closing error repeats it. */
 #define HPU_STATUS_WHY_MAX 400
 void hpu__status_error(const char *why);

@@ -246,6 +246,12 @@ static void test_env_under_flags(void **state)
 	hpu__args_free(&a);
 	parse_ok(&a, ARGV("--node-rank", "0", model));
 	hpu__args_free(&a);
+	/* IPv6, as --rdzv-endpoint's (it was "cannot resolve", exit 1) */
+	parse_fails(ARGV("--master-addr", "::1", model), "--master-addr ::1: an IPv6 address; hpulaunch speaks IPv4 only");
+	/* named as given (it was said as --node-rank 5) */
+	setenv("NODE_RANK", "5", 1);
+	parse_fails(ARGV("--nodes", "2", "--master-port", "5000", model),
+		    "NODE_RANK=5 from the environment is not below --nodes 2");
 	unsetenv("NODE_RANK");
 	char id[101];
 	memset(id, 'a', 100);

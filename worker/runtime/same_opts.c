@@ -152,7 +152,8 @@ int hpu__same_opts_check(hpucoll_comm *comm, const hpu_train_opts *o, char *err,
 			 size_t errlen)
 {
 	static const subject sj = {"training options", "the ranks' training options differ: ",
-				   "every node must run with the same training options and --config values",
+				   "every node must run the same model with the same training options and "
+				   "--config values; a model's declared defaults set some of them",
 				   "--"};
 	char *mine = calloc(1, TEXT_MAX);
 	if (!mine)
