@@ -156,6 +156,16 @@ void hpucoll__describe(char *buf, size_t len, unsigned kind, unsigned arg,
 			 kind == HPUCOLL__BROADCAST ? " from" : " to", root);
 }
 
+int hpucoll__disagree(hpucoll_comm *c, uint32_t seq, int rank, const char *theirs,
+		      const char *mine)
+{
+	hpucoll__set_error(c, "%s: ranks disagree on collective #%" PRIu32 ": rank %d called %s "
+			      "where this rank (%d) called %s; every rank must call the same "
+			      "collectives with the same dtype, op and root.",
+			   c->what, seq, rank, theirs, c->rank, mine);
+	return HPUCOLL_EPROTO;
+}
+
 /* Checks that a message is the one expected; the error says what differs
  * in the user's terms where it can (another collective, dtype, op or
  * count), and every field otherwise. */
@@ -183,14 +193,7 @@ int hpucoll__check_hdr(hpucoll_comm *c, const struct hpucoll__hdr *want,
 	}
 	if (got->magic == want->magic && got->src == want->src &&
 	    ((got->kind & 15) != (want->kind & 15) || got->arg != want->arg)) {
-		hpucoll__set_error(c, "%s: ranks disagree on collective #%" PRIu32
-				      ": rank %" PRIu32 " called %s where this "
-				      "rank (%d) called %s; every rank must "
-				      "call the same collectives with the same "
-				      "dtype, op and root.",
-				   c->what, want->seq, want->src, theirs,
-				   c->rank, mine);
-		return HPUCOLL_EPROTO;
+		return hpucoll__disagree(c, want->seq, (int)want->src, theirs, mine);
 	}
 	if (got->magic == want->magic && got->src == want->src &&
 	    got->kind == want->kind && got->tag == want->tag &&

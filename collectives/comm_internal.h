@@ -544,6 +544,12 @@ int hpucoll__stall_check(hpucoll_comm *c, const struct hpucoll__wait *w,
 void hpucoll__describe(char *buf, size_t len, unsigned kind, unsigned arg,
 		       int root);
 
+/* Sets the error "ranks disagree on collective #seq: rank R called
+ * THEIRS where this rank called MINE ..." (hpucoll__describe's words);
+ * returns HPUCOLL_EPROTO. */
+int hpucoll__disagree(hpucoll_comm *c, uint32_t seq, int rank, const char *theirs,
+		      const char *mine);
+
 /* HPUCOLL_EPROTO, with the error set, when a probe reply says that a rank
  * is in this collective with another kind, dtype, op or root; else
  * HPUCOLL_OK. */

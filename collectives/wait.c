@@ -371,12 +371,7 @@ int hpucoll__disagreement(hpucoll_comm *c)
 		hpucoll__describe(mine, sizeof(mine), c->kind, c->arg, c->root);
 		hpucoll__describe(theirs, sizeof(theirs), p->reply_kind, p->reply_arg,
 			 p->reply_root);
-		hpucoll__set_error(c, "%s: ranks disagree on collective #%" PRIu32
-				      ": rank %d called %s where this rank "
-				      "(%d) called %s; every rank must call "
-				      "the same collectives with the same "
-				      "dtype, op and root.",
-				   c->what, c->seq, i, theirs, c->rank, mine);
+		hpucoll__disagree(c, c->seq, i, theirs, mine);
 		hpucoll__blame(c, i, HPUCOLL_EPROTO);
 		return HPUCOLL_EPROTO;
 	}
