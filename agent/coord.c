@@ -4,6 +4,7 @@
 #include "common/clock.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <stdio.h>
@@ -48,6 +49,7 @@ struct hpu_coord {
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;
 	int set_up_apart; /* aborted: a node's hpulaunch set up otherwise */
+	long refusals;    /* joins and hellos refused so far (log_refusal) */
 	char abort_reason[1024];
 	char join_token[129]; /* this attempt's (restart.h) */
 	char session[33];     /* JoinReply.session: random hex */
@@ -194,13 +196,48 @@ static const char *check_join(hpu_coord *c, const Hpu__Join *j)
 	return NULL;
 }
 
+/* A refusal of a join or a hello, which anyone who reaches the port may
+ * send: logged the first 3 times, then the 10th, 100th, 1000th and every
+ * 10000th (a flood of them wrote a line each, 5000 in 0.65 s). */
+static void log_refusal(hpu_coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void log_refusal(hpu_coord *c, const char *fmt, ...)
+{
+	long n = ++c->refusals;
+	if (n > 3 && n != 10 && n != 100 && n != 1000 && n % 10000)
+		return;
+	char line[600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	if (n > 3)
+		hpu__log(HPU_LOG_WARNING, "coordinator: %s (refusal %ld; the others are not logged)",
+			 line, n);
+	else
+		hpu__log(HPU_LOG_WARNING, "coordinator: %s", line);
+}
+
+/* text from the wire, for a log line: printable ASCII only (a host name
+ * with a newline forged a line of its own, and escapes reached the
+ * terminal), at most 64 characters */
+static const char *wire_text(const char *s, char *buf, size_t len)
+{
+	size_t n = 0;
+	for (; s && *s && n + 1 < len && n < 64; s++)
+		buf[n++] = (unsigned char)*s >= 0x20 && (unsigned char)*s < 0x7f ? *s : '?';
+	buf[n] = 0;
+	return n ? buf : "?";
+}
+
 static void on_join(hpu_coord *c, const hpu_codec_peer *peer, const Hpu__Join *j)
 {
 	const char *why = check_join(c, j);
 	if (why) {
-		hpu__log(HPU_LOG_WARNING, "coordinator: refused a join from rank %d (pid %u, host %s): %s",
-			 j->self ? (int)j->self->rank : -1, j->self ? j->self->pid : 0,
-			 j->self && j->self->host ? j->self->host : "?", why);
+		char host[80];
+		log_refusal(c, "refused a join from rank %d (pid %u, host %s): %s",
+			    j->self ? (int)j->self->rank : -1, j->self ? j->self->pid : 0,
+			    wire_text(j->self ? j->self->host : NULL, host, sizeof host), why);
 		send_join_reply(c, peer, 0, why, NULL, 0);
 		return;
 	}
@@ -298,8 +335,7 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 	} else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
 	if (why) {
-		hpu__log(HPU_LOG_WARNING, "coordinator: refused agent of node %u: %s",
-			 h->node_rank, why);
+		log_refusal(c, "refused agent of node %u: %s", h->node_rank, why);
 		if (h->node_rank > 0 && h->node_rank < (uint32_t)c->cfg.nodes &&
 		    !c->agents[h->node_rank].hello) /* said if the node never joins */
 			snprintf(c->agents[h->node_rank].refused,
@@ -503,6 +539,13 @@ static int bind_socket(hpu_coord *c, char *err, size_t errlen)
 	zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
 	zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
 	zmq_setsockopt(c->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+	/* a connection that answers no heartbeat is closed: one that made
+	 * its handshake and then said nothing was held for ever, its
+	 * descriptor with it (anyone may connect); agents and workers answer
+	 * ZeroMQ's pings in their I/O threads */
+	int hb_ivl = 5000, hb_timeout = 30000;
+	zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
+	zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
 	if (c->cfg.port > 0)
 		snprintf(ep, sizeof ep, "tcp://%s:%d", c->cfg.bind_addr, c->cfg.port);
 	else

@@ -280,6 +280,8 @@ static int open_log(hpu_agent *a, worker *w, char *err, size_t errlen)
 	/* A restart adds to the log: the failed attempt's output stays. */
 	const char *why = NULL;
 	w->log_fd = hpu__open_unshared(path, a->cfg.restart_count > 0, 0644, &why);
+	if (w->log_fd >= 0 && why) /* a lock that is not a job's, ignored */
+		hpu__log(HPU_LOG_WARNING, "warning: %s: %s", path, why);
 	if (w->log_fd < 0) {
 		snprintf(err, errlen, "cannot write the log file %s: %s%s", path, why,
 			 why == hpu__in_use_why ? " --log-dir" : "");

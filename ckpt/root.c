@@ -1,6 +1,8 @@
 /* root: a checkpoint root's step directories: their names, `latest`,
  * the partial directories of saves, publishing one and pruning the old. */
 #include "ckpt/ckpt_impl.h"
+#include "common/fileio.h"
+#include "common/log.h"
 #include "common/num.h"
 
 #include <ctype.h>
@@ -203,8 +205,17 @@ int hpu__ckpt_root_lock(const char *root, char *err, size_t errlen)
 	if (fd < 0)
 		return say(err, errlen, "cannot open the checkpoint directory's lock %s: %s", path,
 			   strerror(errno));
-	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-		int e = errno;
+	struct stat st;
+	char note[200];
+	int locked = flock(fd, LOCK_EX | LOCK_NB) == 0, e = errno;
+	/* any local user may flock a 0644 lock file: one who cannot write it
+	 * is not a job saving there */
+	if (!locked && e == EWOULDBLOCK && fstat(fd, &st) == 0 &&
+	    !hpu__lock_honoured(&st, note, sizeof note)) {
+		hpu__log(HPU_LOG_WARNING, "warning: %s: %s", path, note);
+		locked = 1;
+	}
+	if (!locked) {
 		ssize_t n = e == EWOULDBLOCK ? pread(fd, who, sizeof who - 1, 0) : -1;
 		close(fd);
 		if (e != EWOULDBLOCK)

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 /* ---- reading ---- */
@@ -133,20 +134,87 @@ const char *hpu__read_file(const char *path, char **buf, size_t *len)
 const char *const hpu__in_use_why =
 	"another running job writes it (it holds a lock on it): give each job its own";
 
+/* The uid of process pid (its effective one), or -1. */
+static long uid_of(long pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%ld/status", pid);
+	FILE *f = fopen(path, "re");
+	long uid = -1, real, eff;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "Uid: %ld %ld", &real, &eff) == 2) {
+			uid = eff;
+			break;
+		}
+	if (f)
+		fclose(f);
+	return uid;
+}
+
+int hpu__lock_honoured(const struct stat *st, char *note, size_t notelen)
+{
+	FILE *f = fopen("/proc/locks", "re");
+	char line[256];
+	int honoured = 1;
+	while (f && fgets(line, sizeof line, f)) {
+		long pid;
+		unsigned maj, min;
+		unsigned long long ino;
+		char kind[16], how[16], rw[16];
+		if (strstr(line, "->") || /* a waiter, not a holder */
+		    sscanf(line, "%*d: %15s %15s %15s %ld %x:%x:%llu", kind, how, rw, &pid, &maj, &min,
+			   &ino) != 7 ||
+		    maj != major(st->st_dev) || min != minor(st->st_dev) || ino != st->st_ino)
+			continue;
+		long uid = uid_of(pid);
+		int can_write = uid < 0 || uid == 0 || (uid_t)uid == st->st_uid ||
+				(st->st_mode & S_IWOTH) || (st->st_mode & S_IWGRP);
+		if (!can_write) {
+			snprintf(note, notelen, "uid %ld (pid %ld) holds a lock on it but cannot write it: "
+				 "not a job writing it; ignored", uid, pid);
+			honoured = 0;
+		}
+		break;
+	}
+	if (f)
+		fclose(f);
+	return honoured;
+}
+
 int hpu__open_unshared(const char *path, int append, mode_t mode, const char **why)
 {
-	int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0), mode);
+	static char note[200];
+	*why = NULL;
+	struct stat ls;
+	int link = lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode);
+	/* another user's link (in /tmp, in a directory of theirs) would point
+	 * this process's writes at any file it may write (root's: any); root's
+	 * own links (/dev/stdout) are no one else's doing */
+	if (link && ls.st_uid != geteuid() && ls.st_uid != 0) {
+		snprintf(note, sizeof note, "a symbolic link of uid %ld's: not followed (it could point "
+			 "at any file)", (long)ls.st_uid);
+		*why = note;
+		return -1;
+	}
+	int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0) |
+				    (link ? 0 : O_NOFOLLOW), mode);
 	struct stat st;
 	if (fd < 0) {
-		*why = strerror(errno);
+		*why = errno == ELOOP && !link ? "it became a symbolic link as it was opened: not followed"
+					      : strerror(errno);
 		return -1;
 	}
 	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-		/* a lock the file system cannot take (ENOLCK) is done without */
+		/* a lock the file system cannot take (ENOLCK) is done without;
+		 * one held by a process that cannot write the file (any user
+		 * may flock a 0644 file) is not another job's */
 		if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-			close(fd);
-			*why = hpu__in_use_why;
-			return -1;
+			if (hpu__lock_honoured(&st, note, sizeof note)) {
+				close(fd);
+				*why = hpu__in_use_why;
+				return -1;
+			}
+			*why = note; /* a warning for the caller to print */
 		}
 		if (!append && ftruncate(fd, 0) != 0) {
 			*why = strerror(errno);

@@ -52,8 +52,19 @@ const char *hpu__read_file(const char *path, char **buf, size_t *len);
  * one another process holds is refused, *why hpu__in_use_why (two jobs
  * given one --metrics file, --profile directory or --log-dir tore each
  * other's lines). Returns the descriptor, or -1 with *why (strerror's, or
- * that). A device (/dev/null, a terminal) is not locked. */
+ * that). A device (/dev/null, a terminal) is not locked. A lock that
+ * hpu__lock_honoured() says is not a job's is ignored: the descriptor is
+ * returned with *why a warning to print (else NULL). A symbolic link of
+ * another user but root is refused (not followed). */
 int hpu__open_unshared(const char *path, int append, mode_t mode, const char **why);
+
+/* Whether the lock another process holds on the file st is one to honour
+ * (/proc/locks names its holder): 0 when the holder could not write the
+ * file -- not its owner, not root, and the mode lets no one else -- as
+ * any local user may flock a 0644 file to stop a job (then note says
+ * who); 1 otherwise, or when the holder is not found. */
+struct stat;
+int hpu__lock_honoured(const struct stat *st, char *note, size_t notelen);
 extern const char *const hpu__in_use_why;
 
 /* Writes all n bytes to fd, again after EINTR and short writes; 0, or -1

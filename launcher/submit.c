@@ -348,6 +348,8 @@ static int open_logs(void)
 		snprintf(l->path, sizeof l->path, "%s/rank_%d.log", S.a->log_dir, i);
 		const char *why = NULL;
 		l->fd = hpu__open_unshared(l->path, 0, 0644, &why);
+		if (l->fd >= 0 && why) /* a lock that is not a job's, ignored */
+			hpu__log(HPU_LOG_WARNING, "warning: %s: %s", l->path, why);
 		if (l->fd < 0)
 			return fail("cannot write the log file %s: %s%s", l->path, why,
 				    why == hpu__in_use_why ? " --log-dir" : "");

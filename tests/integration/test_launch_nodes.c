@@ -18,6 +18,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
+#include "proto/codec.h"
 #include "tests/harness.h"
 
 #define LAUNCH h_build("bin/hpulaunch")
@@ -120,6 +123,60 @@ static void test_wrong_token_and_missing_rank(void **state)
 	assert_non_null(strstr(coord.out, "refused a join from rank 1"));
 	assert_non_null(strstr(coord.out, "rank 1 did not join within 12 s"));
 	assert_non_null(strstr(coord.out, "no hpulaunch connected for node 1"));
+	h_free(&coord);
+}
+
+/* Anyone who reaches the coordinator's port may send joins: 60 of them
+ * with a wrong token and a host name holding a newline and an escape
+ * (they forged a line of their own in the log, a line each) are logged
+ * the first 3 times and the 10th, the host's control characters as '?'. */
+static void test_forged_joins_logged_bounded(void **state)
+{
+	(void)state;
+	char port[16], ep[64];
+	int p = h_free_port();
+	snprintf(port, sizeof port, "%d", p);
+	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p);
+	char *env0[] = {"HPU_JOB_TOKEN=the-right-secret", NULL};
+	char *argv0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+			 "--master-port", port, "--join-timeout", "6", (char *)MODEL,
+			 "--", "--hidden", "16", NULL};
+	proc coord;
+	assert_int_equal(h_start(&coord, argv0, env0), 0);
+	usleep(500000);
+	void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+	int linger = 0;
+	zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+	assert_int_equal(zmq_connect(sock, ep), 0);
+	Hpu__RankInfo self = HPU__RANK_INFO__INIT;
+	self.rank = 1;
+	self.node_rank = 1;
+	self.host = "evil\nhpulaunch: error: FORGED LINE\x1b[31m";
+	Hpu__Join j = HPU__JOIN__INIT;
+	j.job_id = "hpujob";
+	j.token = "a-wrong-guess";
+	j.self = &self;
+	j.world_size = 2;
+	Hpu__Envelope env = HPU__ENVELOPE__INIT;
+	env.msg_case = HPU__ENVELOPE__MSG_JOIN;
+	env.join = &j;
+	for (int k = 0; k < 60; k++)
+		assert_int_equal(hpu__codec_send(sock, NULL, &env), 0);
+	usleep(500000);
+	zmq_close(sock);
+	zmq_ctx_term(ctx);
+	int exited = h_wait(&coord, 30000);
+	if (exited)
+		h_kill(&coord);
+	printf("launcher: %s", coord.out);
+	int lines = 0;
+	for (const char *q = coord.out; (q = strstr(q, "refused a join")); q++)
+		lines++;
+	assert_int_equal(lines, 4);
+	assert_non_null(strstr(coord.out, "host evil?hpulaunch: error: FORGED LINE?[31m)"));
+	assert_non_null(strstr(coord.out, "(refusal 10; the others are not logged)"));
+	assert_null(strstr(coord.out, "\nhpulaunch: error: FORGED"));
+	assert_null(strchr(coord.out, '\x1b'));
 	h_free(&coord);
 }
 
@@ -827,6 +884,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_wrong_token_and_missing_rank),
+		cmocka_unit_test(test_forged_joins_logged_bounded),
 		cmocka_unit_test(test_node0_never_answers),
 		cmocka_unit_test(test_node0_port_taken),
 		cmocka_unit_test(test_two_nodes),

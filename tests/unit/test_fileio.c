@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -327,6 +328,84 @@ static void test_outfile_dangling_link(void **state)
 
 /* ---- hex ---- */
 
+/* hpu__open_unshared against another user (as root; skipped otherwise):
+ * a lock on the file held by a process that cannot write it (any user may
+ * flock a 0644 file) is not another job's: the file opens, with a
+ * warning (it was refused, "another running job writes it", which let
+ * any local user stop a job's restart); one held by the file's owner is
+ * honoured; a symbolic link of another (not root) user is not followed
+ * (it pointed root's writes at any file). */
+static void test_unshared_other_user(void **state)
+{
+	(void)state;
+	if (geteuid() != 0) {
+		printf("  skipped: needs root to act as another user\n");
+		return;
+	}
+	const char *path = tmp_at("locked.jsonl");
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	assert_true(fd >= 0);
+	close(fd);
+	assert_int_equal(chmod(tmp_dir, 0755), 0);
+	int go[2], held[2];
+	assert_int_equal(pipe(go), 0);
+	assert_int_equal(pipe(held), 0);
+	for (int owner = 0; owner < 2; owner++) {
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) { /* nobody, or (owner) root: the file's owner */
+			if (!owner && (setgid(65534) || setuid(65534)))
+				_exit(2);
+			int rfd = open(path, O_RDONLY);
+			char c = 1;
+			if (rfd < 0 || flock(rfd, LOCK_EX | LOCK_NB) != 0 || write(held[1], &c, 1) != 1 ||
+			    read(go[0], &c, 1) != 1)
+				_exit(3);
+			_exit(0);
+		}
+		char c;
+		assert_int_equal(read(held[0], &c, 1), 1);
+		const char *why = NULL;
+		fd = hpu__open_unshared(path, 1, 0644, &why);
+		if (owner) {
+			assert_int_equal(fd, -1);
+			assert_ptr_equal(why, hpu__in_use_why);
+		} else {
+			assert_true(fd >= 0);
+			assert_non_null(why); /* the warning, for the caller */
+			assert_non_null(strstr(why, "uid 65534 ("));
+			assert_non_null(strstr(why, "holds a lock on it but cannot write it"));
+			close(fd);
+		}
+		c = 1;
+		assert_int_equal(write(go[1], &c, 1), 1);
+		int st;
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	close(go[0]);
+	close(go[1]);
+	close(held[0]);
+	close(held[1]);
+	/* a link of nobody's to a file of root's */
+	const char *victim = tmp_at("victim"), *link = tmp_at("nobodys-link");
+	fd = open(victim, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "keep", 4), 4);
+	close(fd);
+	assert_int_equal(symlink(victim, link), 0);
+	assert_int_equal(lchown(link, 65534, 65534), 0);
+	const char *why = NULL;
+	assert_int_equal(hpu__open_unshared(link, 0, 0644, &why), -1);
+	assert_non_null(strstr(why, "a symbolic link of uid 65534's: not followed"));
+	struct stat sb;
+	assert_int_equal(stat(victim, &sb), 0);
+	assert_int_equal(sb.st_size, 4); /* not truncated */
+	unlink(link);
+	unlink(victim);
+	unlink(path);
+}
+
 static void test_hex(void **state)
 {
 	(void)state;
@@ -420,6 +499,7 @@ int main(void)
 		cmocka_unit_test(test_outfile),
 		cmocka_unit_test(test_outfile_dangling_link),
 		cmocka_unit_test(test_outfile_guard),
+		cmocka_unit_test(test_unshared_other_user),
 		cmocka_unit_test(test_hex), cmocka_unit_test(test_shm_names),
 		cmocka_unit_test(test_thread_quiet),
 	};

@@ -219,6 +219,10 @@ int hpu__prof_open(const hpu_prof_conf *c, char *err, size_t errlen)
 	char *h = header(c);
 	const char *why = h ? NULL : "out of memory";
 	int fd = h ? hpu__open_unshared(P.path, 0, 0644, &why) : -1; /* not another job's */
+	if (fd >= 0 && why) { /* a lock that is not a job's, ignored */
+		hpu__log(HPU_LOG_WARNING, "warning: %s: %s", P.path, why);
+		why = NULL;
+	}
 	size_t hn = h ? strlen(h) : 0;
 	if (fd >= 0 && (pwrite(fd, h, hn, 0) != (ssize_t)hn ||
 			pwrite(fd, TAIL + 1, sizeof TAIL - 2, (off_t)hn) != (ssize_t)(sizeof TAIL - 2)))

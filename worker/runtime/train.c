@@ -422,6 +422,8 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 		 * other's lines */
 		const char *why = NULL;
 		int fd = hpu__open_unshared(o->metrics, ck != NULL, 0644, &why);
+		if (fd >= 0 && why) /* a lock that is not a job's, ignored */
+			printf("warning: %s: %s\n", o->metrics, why);
 		if (fd >= 0 && !(L.metrics = fdopen(fd, ck ? "a" : "w"))) {
 			why = strerror(errno);
 			close(fd);
