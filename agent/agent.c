@@ -439,8 +439,10 @@ int hpu__agent_sweep_ipc(const hpu_agent *a, char *names, size_t len)
 		hpu__log_list_add(names, len, &used, e->d_name);
 		char lock[300];
 		snprintf(lock, sizeof lock, "%s.lock", e->d_name);
-		if (unlink_free_lock(a, dirfd(dir), lock)) /* the dead rank's, beside it */
+		if (unlink_free_lock(a, dirfd(dir), lock)) { /* the dead rank's, beside it */
+			n++; /* counted as listed (it said 2 files, naming 4) */
 			hpu__log_list_add(names, len, &used, lock);
+		}
 	}
 	if (dir)
 		closedir(dir);

@@ -32,19 +32,32 @@ void hpu__restarts_init(hpu_restarts *r, int max)
 	r->max = max;
 }
 
-/* "attempt 1: CAUSE; attempt 2: CAUSE" for every failed attempt. */
-static char *all_causes(const hpu_restarts *r)
+/* Attempts said in full at each end of the closing line; those between
+ * are counted (40 restarts made one line of 4 KB, 1000 of 90 KB). */
+#define CAUSES_SHOWN 3
+
+/* "attempt 1: CAUSE; attempt 2: CAUSE" for the failed attempts: the
+ * first and the last CAUSES_SHOWN, the others counted between them. */
+char *hpu__restarts_causes(const hpu_restarts *r)
 {
-	size_t len = 1;
+	size_t len = 64;
 	for (int i = 0; i < r->attempt; i++)
 		len += strlen(r->causes[i]) + 32;
 	char *s = malloc(len);
 	if (!s)
 		return NULL;
 	size_t used = 0;
-	for (int i = 0; i < r->attempt; i++)
+	for (int i = 0; i < r->attempt; i++) {
+		if (i == CAUSES_SHOWN && r->attempt > 2 * CAUSES_SHOWN) {
+			int skip = r->attempt - 2 * CAUSES_SHOWN;
+			used += (size_t)snprintf(s + used, len - used, "; %d more attempt%s (%d to %d)",
+						 skip, skip == 1 ? "" : "s", i + 1, i + skip);
+			i += skip - 1;
+			continue;
+		}
 		used += (size_t)snprintf(s + used, len - used, "%sattempt %d: %s",
 					 i ? "; " : "", i + 1, r->causes[i]);
+	}
 	s[used] = 0;
 	return s;
 }
@@ -68,7 +81,7 @@ int hpu__restarts_next(hpu_restarts *r, const char *cause)
 		return 1;
 	}
 	if (r->max > 0) {
-		char *all = all_causes(r);
+		char *all = hpu__restarts_causes(r);
 		hpu__log(HPU_LOG_ERROR, "job failed after %d restart%s: %s", r->max,
 			 r->max == 1 ? "" : "s", all ? all : "(out of memory)");
 		free(all);

@@ -33,6 +33,11 @@ typedef struct hpu_restarts {
 /* Starts at attempt 0 with `max` restarts allowed. */
 void hpu__restarts_init(hpu_restarts *r, int max);
 
+/* The failed attempts' causes as the closing line gives them: "attempt
+ * 1: CAUSE; ..."; past 6 attempts the first 3 and the last 3, the others
+ * counted ("; 4 more attempts (4 to 7)"). malloc'd; NULL without memory. */
+char *hpu__restarts_causes(const hpu_restarts *r);
+
 /* The running attempt failed because of `cause`. If a restart remains,
  * logs "attempt A of N failed: CAUSE; restarting (restart R of K)"
  * (common/log.h: after the program's prefix), moves on to the next

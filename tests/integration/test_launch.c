@@ -499,6 +499,16 @@ static void test_open_file_limit(void **state)
 	    strstr(p.out, "signal"))
 		fail_msg("exit %d:\n%s", code, p.out);
 	h_free(&p);
+	/* hpulaunch's own: ZeroMQ aborted it ("Too many open files
+	 * (src/epoll.cpp:65)", exit 134) or a pipe failed unexplained */
+	char *argv2[] = {"/bin/sh", "-c", "ulimit -n 12 && exec \"$@\"", "sh", (char *)LAUNCH,
+			 "--devices", "2", "--exec", (char *)h_build("bin/coll_env_check"), NULL};
+	code = h_run(&p, argv2, NULL, 60000);
+	printf("ulimit -n 12: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "the limit on open files (ulimit -n) is 12, and hpulaunch needs "
+				      "about 24 for 2 workers on this node"));
+	h_free(&p);
 }
 
 /* A model that calls exit(0) in the middle of training: the job fails,

@@ -1163,6 +1163,31 @@ static void test_mixed_init_by_layer(void **state)
 	assert_true(other < psi); /* the largest layer's fp32 (1.6 MB), not 4Ψ */
 }
 
+/* A run that trains no step sizes its batches by the data, not by a
+ * --batch-size past it: --eval-only made activations for the whole
+ * micro-batch (32 GiB for 10 000 test samples: out of device memory), and
+ * --max-steps 0 started the data loader for it (24.5 GiB). */
+static void test_no_steps_batch_past_data(void **state)
+{
+	(void)state;
+	const char *how[] = {"--eval-only", "--max-steps"};
+	for (int k = 0; k < 2; k++) {
+		run r;
+		start(&r, 2);
+		args(&r, "--batch-size", "16777216", how[k], NULL);
+		if (k)
+			args(&r, "0", NULL);
+		char *out = finish(&r, 0, "--hidden 1024");
+		const char *m = strstr(out, "max_memory_allocated ");
+		if (!m)
+			fail_msg("%s: no memory figure:\n%s", how[k], out);
+		double mib = atof(m + strlen("max_memory_allocated "));
+		printf("  %s --batch-size 16777216: max_memory_allocated %.1f MiB\n", how[k], mib);
+		assert_true(mib < 1024); /* the data's rows, not 16 M */
+		free(out);
+	}
+}
+
 static void test_accumulation_traffic(void **state)
 {
 	(void)state;
@@ -1200,6 +1225,7 @@ int main(void)
 		cmocka_unit_test(test_bad_config),
 		cmocka_unit_test(test_persistence_counts_parameters),
 		cmocka_unit_test(test_mixed_init_by_layer),
+		cmocka_unit_test(test_no_steps_batch_past_data),
 		cmocka_unit_test(test_device_memory_limit),
 		cmocka_unit_test(test_no_eval_batch),
 		cmocka_unit_test(test_equivalence_2),

@@ -117,6 +117,22 @@ static void test_attempts_counted(void **state)
 	hpu__restarts_init(&r, 0);
 	assert_int_equal(hpu__restarts_next(&r, "only cause"), 0);
 	hpu__restarts_free(&r);
+	/* 10 attempts: the first 3 and the last 3 in full, the 4 between
+	 * counted (the line grew by a cause an attempt: 90 KB at 1000) */
+	hpu__restarts_init(&r, 9);
+	char cause[32];
+	for (int i = 1; i <= 10; i++) {
+		snprintf(cause, sizeof cause, "cause %d", i);
+		assert_int_equal(hpu__restarts_next(&r, cause), i < 10);
+	}
+	char *all = hpu__restarts_causes(&r);
+	assert_non_null(all);
+	printf("  %s\n", all);
+	assert_string_equal(all, "attempt 1: cause 1; attempt 2: cause 2; attempt 3: cause 3; "
+				 "4 more attempts (4 to 7); attempt 8: cause 8; attempt 9: cause 9; "
+				 "attempt 10: cause 10");
+	free(all);
+	hpu__restarts_free(&r);
 }
 
 int main(void)

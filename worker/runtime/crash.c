@@ -5,6 +5,7 @@
 
 #include <execinfo.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -68,6 +69,9 @@ static void say(const char *a, const char *b, const char *c, const char *d, cons
 		return;
 }
 
+/* RLIMIT_AS in KiB where it is set (read at install: not in the handler) */
+static char as_limit[32];
+
 static void on_fatal(int sig, siginfo_t *si, void *uc)
 {
 	(void)uc;
@@ -109,6 +113,12 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 		if (ly->err[0])
 			say(who, ": layer ", ly->name, "'s last recorded error: ", ly->err, NULL);
 	}
+	/* an address-space limit: an allocation a library did not check
+	 * (oneDNN's, under ulimit -v) faults at 0x0 with nothing else said */
+	if (as_limit[0] && (sig == SIGSEGV || sig == SIGBUS))
+		say(who, ": this process runs under ulimit -v ", as_limit,
+		    " KiB: an allocation that failed where it was not checked may be the cause", NULL,
+		    NULL);
 	say(who, ": backtrace:", NULL, NULL, NULL, NULL);
 	void *bt[48];
 	backtrace_symbols_fd(bt, backtrace(bt, 48), 2);
@@ -133,6 +143,9 @@ void hpu__crash_report_model(const hpu_builder *b)
 void hpu__crash_report_install(int rank)
 {
 	crash_rank = rank;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		snprintf(as_limit, sizeof as_limit, "%llu", (unsigned long long)(rl.rlim_cur / 1024));
 	void *warm[2];
 	backtrace(warm, 2); /* loads libgcc_s now, not in the handler */
 	stack_t ss;

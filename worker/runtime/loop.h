@@ -28,7 +28,10 @@ typedef struct loop {
 	hpucoll_comm *comm;
 	const hpu_train_opts *o;
 	int rank, world;
-	int micro, accum;        /* micro-batch per rank, micro-steps per step */
+	int micro, accum;        /* micro-batch per rank, micro-steps per step
+				  * (micro: at most the data's rows where no
+				  * step trains) */
+	int no_steps;            /* --eval-only or --max-steps 0: no step */
 	hpu_batch eval_bt;       /* evaluation's own batch buffers */
 	uint32_t *eval_idx;
 	hpu_loader *loader;      /* training micro-batches, one ahead */

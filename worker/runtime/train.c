@@ -86,6 +86,27 @@ static int eval_rows(const loop *L)
 	return most < (size_t)L->micro ? (int)most : L->micro;
 }
 
+/* A run that trains no step (--eval-only, --max-steps 0) sizes its
+ * batches by the data, not by a --batch-size past it: the activations
+ * were made for the micro-batch (32 GiB to evaluate 10 000 samples at
+ * --eval-only --batch-size 16777216), and --max-steps 0 started the
+ * data loader for it. Returns 0. */
+static int trains_nothing(loop *L, long total)
+{
+	if (!L->o->eval_only && total > 0)
+		return 0;
+	L->no_steps = 1;
+	const hpu_builder *b = L->b;
+	size_t most = hpu__sampler_eval_count(b->data[HPU_SPLIT_TRAIN].size, 0, L->world);
+	if (b->has_data[HPU_SPLIT_TEST]) {
+		size_t t = hpu__sampler_eval_count(b->data[HPU_SPLIT_TEST].size, 0, L->world);
+		most = t > most ? t : most;
+	}
+	if (most >= 1 && most < (size_t)L->micro)
+		L->micro = (int)most;
+	return 0;
+}
+
 static int alloc_buffers(loop *L)
 {
 	const hpu_dataset *d = &L->b->data[HPU_SPLIT_TRAIN];
@@ -94,7 +115,7 @@ static int alloc_buffers(loop *L)
 	    (hpu__batch_alloc(d, rows, &L->eval_bt, "evaluation batch") < 0 ||
 	     !(L->eval_idx = dalloc(L, (size_t)rows * sizeof *L->eval_idx, "evaluation indices"))))
 		return L->err[0] ? -1 : hpu__loop_fail(L, "%s", hpu__devmem_error());
-	if (L->o->eval_only)
+	if (L->o->eval_only || L->no_steps)
 		return 0; /* nothing trains: no sampler, no loader (a micro-batch each) */
 	if (!(L->perm = dalloc(L, d->size * sizeof *L->perm, "the sampler's permutation")))
 		return -1;
@@ -395,7 +416,7 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	double tload = now_s();
 	if (observe_setup(&L) < 0 || hpu__quant_init(&L.quant, o, err, errlen) < 0 ||
 	    hpu__loop_val_setup(&L) < 0 ||
-	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) ||
+	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) || trains_nothing(&L, total) < 0 ||
 	    hpu__checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
 		goto out;
 	/* what only an evaluation reads, where none will run (it was
