@@ -205,13 +205,14 @@ int hpu__ckpt_root_lock(const char *root, char *err, size_t errlen)
 	if (fd < 0)
 		return say(err, errlen, "cannot open the checkpoint directory's lock %s: %s", path,
 			   strerror(errno));
-	struct stat st;
+	struct stat st, dir;
 	char note[200];
 	int locked = flock(fd, LOCK_EX | LOCK_NB) == 0, e = errno;
-	/* any local user may flock a 0644 lock file: one who cannot write it
-	 * is not a job saving there */
-	if (!locked && e == EWOULDBLOCK && fstat(fd, &st) == 0 &&
-	    !hpu__lock_honoured(&st, note, sizeof note)) {
+	/* any local user may flock a 0644 lock file: one who can write
+	 * neither it nor the root (another uid's job saving there may hold it
+	 * read-only) is not a job saving there */
+	if (!locked && e == EWOULDBLOCK && fstat(fd, &st) == 0 && stat(root, &dir) == 0 &&
+	    !hpu__lock_honoured(&st, &dir, note, sizeof note)) {
 		hpu__log(HPU_LOG_WARNING, "warning: %s: %s", path, note);
 		locked = 1;
 	}

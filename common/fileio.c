@@ -134,24 +134,35 @@ const char *hpu__read_file(const char *path, char **buf, size_t *len)
 const char *const hpu__in_use_why =
 	"another running job writes it (it holds a lock on it): give each job its own";
 
-/* The uid of process pid (its effective one), or -1. */
-static long uid_of(long pid)
+/* The effective uid and gid of process pid; -1 when unknown (gone, or
+ * /proc hides it). */
+static void ids_of(long pid, long *uid, long *gid)
 {
 	char path[64], line[256];
+	long real, eff;
+	*uid = *gid = -1;
 	snprintf(path, sizeof path, "/proc/%ld/status", pid);
 	FILE *f = fopen(path, "re");
-	long uid = -1, real, eff;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "Uid: %ld %ld", &real, &eff) == 2) {
-			uid = eff;
-			break;
-		}
+	while (f && fgets(line, sizeof line, f)) {
+		if (sscanf(line, "Uid: %ld %ld", &real, &eff) == 2)
+			*uid = eff;
+		else if (sscanf(line, "Gid: %ld %ld", &real, &eff) == 2)
+			*gid = eff;
+	}
 	if (f)
 		fclose(f);
-	return uid;
 }
 
-int hpu__lock_honoured(const struct stat *st, char *note, size_t notelen)
+/* Whether a process of uid and gid may write a file of st's owner and
+ * mode (its supplementary groups are not looked at: a group-writable
+ * file counts for its group alone). */
+static int may_write(long uid, long gid, const struct stat *st)
+{
+	return uid == 0 || (uid_t)uid == st->st_uid || (st->st_mode & S_IWOTH) ||
+	       ((st->st_mode & S_IWGRP) && (gid_t)gid == st->st_gid);
+}
+
+int hpu__lock_honoured(const struct stat *st, const struct stat *dir, char *note, size_t notelen)
 {
 	FILE *f = fopen("/proc/locks", "re");
 	char line[256];
@@ -164,14 +175,17 @@ int hpu__lock_honoured(const struct stat *st, char *note, size_t notelen)
 		if (strstr(line, "->") || /* a waiter, not a holder */
 		    sscanf(line, "%*d: %15s %15s %15s %ld %x:%x:%llu", kind, how, rw, &pid, &maj, &min,
 			   &ino) != 7 ||
+		    strcmp(kind, "FLOCK") != 0 || /* the lock flock found: another's flock */
 		    maj != major(st->st_dev) || min != minor(st->st_dev) || ino != st->st_ino)
 			continue;
-		long uid = uid_of(pid);
-		int can_write = uid < 0 || uid == 0 || (uid_t)uid == st->st_uid ||
-				(st->st_mode & S_IWOTH) || (st->st_mode & S_IWGRP);
+		long uid, gid;
+		ids_of(pid, &uid, &gid);
+		/* unknown (an exited process's descriptor, /proc's hidepid):
+		 * honoured, as before */
+		int can_write = uid < 0 || may_write(uid, gid, st) || (dir && may_write(uid, gid, dir));
 		if (!can_write) {
-			snprintf(note, notelen, "uid %ld (pid %ld) holds a lock on it but cannot write it: "
-				 "not a job writing it; ignored", uid, pid);
+			snprintf(note, notelen, "uid %ld (pid %ld) holds a lock on it but cannot write it%s: "
+				 "not a job writing it; ignored", uid, pid, dir ? " nor its directory" : "");
 			honoured = 0;
 		}
 		break;
@@ -209,7 +223,7 @@ int hpu__open_unshared(const char *path, int append, mode_t mode, const char **w
 		 * one held by a process that cannot write the file (any user
 		 * may flock a 0644 file) is not another job's */
 		if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-			if (hpu__lock_honoured(&st, note, sizeof note)) {
+			if (hpu__lock_honoured(&st, NULL, note, sizeof note)) {
 				close(fd);
 				*why = hpu__in_use_why;
 				return -1;

@@ -58,13 +58,15 @@ const char *hpu__read_file(const char *path, char **buf, size_t *len);
  * another user but root is refused (not followed). */
 int hpu__open_unshared(const char *path, int append, mode_t mode, const char **why);
 
-/* Whether the lock another process holds on the file st is one to honour
- * (/proc/locks names its holder): 0 when the holder could not write the
- * file -- not its owner, not root, and the mode lets no one else -- as
- * any local user may flock a 0644 file to stop a job (then note says
- * who); 1 otherwise, or when the holder is not found. */
+/* Whether the flock another process holds on the file st is one to
+ * honour (/proc/locks names its holder): 0 when the holder could write
+ * neither the file nor, where given, the directory dir -- not their owner,
+ * not root, not of a group or others the mode lets write -- as any local
+ * user may flock a 0644 file to stop a job (then note says who); 1
+ * otherwise, and when the holder cannot be told (an exited process's
+ * descriptor, /proc mounted with hidepid). */
 struct stat;
-int hpu__lock_honoured(const struct stat *st, char *note, size_t notelen);
+int hpu__lock_honoured(const struct stat *st, const struct stat *dir, char *note, size_t notelen);
 extern const char *const hpu__in_use_why;
 
 /* Writes all n bytes to fd, again after EINTR and short writes; 0, or -1

@@ -150,6 +150,11 @@ static int set_opt(hpu_launch_args *a, sources *src, const hpu_optparse *p, int 
 	case O_STANDALONE: a->standalone = 1; return 0;
 	case O_NODE_RANK: bad = hpu__parse_int(v, 0, 4095, &a->node_rank); break;
 	case O_MASTER_ADDR:
+		if (strchr(v, ':') && strchr(v, ':') == strrchr(v, ':')) { /* HOST:PORT */
+			snprintf(err, errlen, "--master-addr %s: give the address alone, and the port "
+					      "with --master-port (or both as --rdzv-endpoint HOST:PORT)", v);
+			return -1;
+		}
 		if (strchr(v, ':')) { /* as --rdzv-endpoint's (it said "cannot resolve", exit 1) */
 			snprintf(err, errlen, "--master-addr %s: an IPv6 address; hpulaunch speaks IPv4 "
 					      "only: give an IPv4 address or a name", v);

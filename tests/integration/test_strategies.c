@@ -1104,10 +1104,6 @@ static void test_activation_checkpointing(void **state)
 	}
 }
 
-/* DDP: the bytes sent per optimizer step do not grow with accumulation
- * (no communication on non-final micro-steps); ZeRO-2 reduce-scatters
- * every micro-step (half an all-reduce's traffic each) and all-gathers
- * once, so with 4 micro-steps it sends 4 x 1/2 + 1/2 = 2.5 times as much. */
 /* zero3's --param-persistence-threshold counts a layer's parameters (the
  * output layer of --hidden 512: 5130), not its length padded per tensor
  * and per unit (5136 and more): a threshold of 5131 keeps the layer whole,
@@ -1188,6 +1184,10 @@ static void test_no_steps_batch_past_data(void **state)
 	}
 }
 
+/* DDP: the bytes sent per optimizer step do not grow with accumulation
+ * (no communication on non-final micro-steps); ZeRO-2 reduce-scatters
+ * every micro-step (half an all-reduce's traffic each) and all-gathers
+ * once, so with 4 micro-steps it sends 4 x 1/2 + 1/2 = 2.5 times as much. */
 static void test_accumulation_traffic(void **state)
 {
 	(void)state;

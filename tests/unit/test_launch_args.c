@@ -248,6 +248,8 @@ static void test_env_under_flags(void **state)
 	hpu__args_free(&a);
 	/* IPv6, as --rdzv-endpoint's (it was "cannot resolve", exit 1) */
 	parse_fails(ARGV("--master-addr", "::1", model), "--master-addr ::1: an IPv6 address; hpulaunch speaks IPv4 only");
+	parse_fails(ARGV("--master-addr", "10.0.0.1:29500", model),
+		    "--master-addr 10.0.0.1:29500: give the address alone, and the port with --master-port");
 	/* named as given (it was said as --node-rank 5) */
 	setenv("NODE_RANK", "5", 1);
 	parse_fails(ARGV("--nodes", "2", "--master-port", "5000", model),

@@ -102,8 +102,13 @@ static int trains_nothing(loop *L, long total)
 		size_t t = hpu__sampler_eval_count(b->data[HPU_SPLIT_TEST].size, 0, L->world);
 		most = t > most ? t : most;
 	}
-	if (most >= 1 && most < (size_t)L->micro)
+	if (most >= 1 && most < (size_t)L->micro) {
 		L->micro = (int)most;
+		/* the hooks' forwards are checked against it
+		 * (hpu_run_forward): past the buffers made for the capped
+		 * micro-batch they would write outside them */
+		L->b->max_batch = L->micro;
+	}
 	return 0;
 }
 

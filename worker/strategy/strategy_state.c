@@ -25,9 +25,8 @@ static int init_layer(hpu_strat *s, int i, float *dst)
 	return 0;
 }
 
-/* Unit j's initial parameters into full[0 .. len): from the initializers,
- * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
- * unit not kept whole reads only this rank's piece of the checkpoint. */
+/* Unit j's floats [c0, c1) of its initial parameters into buf, the rest
+ * zero (hpu__strat_fill_unit's sources, a span of whole layers). */
 int hpu__strat_fill_span(hpu_strat *s, int j, size_t c0, size_t c1, float *buf)
 {
 	unit *u = &s->u[j];
@@ -52,6 +51,9 @@ int hpu__strat_fill_span(hpu_strat *s, int j, size_t c0, size_t c1, float *buf)
 	return 0;
 }
 
+/* Unit j's initial parameters into full[0 .. len): from the initializers,
+ * --load-params, or (--resume) the checkpoint's master weights; a ZeRO-3
+ * unit not kept whole reads only this rank's piece of the checkpoint. */
 int hpu__strat_fill_unit(hpu_strat *s, int j, float *full)
 {
 	unit *u = &s->u[j];
