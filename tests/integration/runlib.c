@@ -111,3 +111,16 @@ void mount_small_fs(const char *mnt, const char *size)
 	}
 	fail_msg("mount tmpfs on %s failed", mnt);
 }
+
+int files_same(const char *a, const char *b)
+{
+	char cmd[700];
+	snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+	return system(cmd) == 0;
+}
+
+void out_has(const char *out, const char *text)
+{
+	if (!strstr(out, text))
+		fail_msg("no '%s' in:\n%s", text, out);
+}

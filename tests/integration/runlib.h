@@ -41,4 +41,10 @@ float *load_params(const char *path, size_t *n);
  * fails where the mount does. The caller unmounts it. */
 void mount_small_fs(const char *mnt, const char *size);
 
+/* Whether files a and b hold the same bytes (cmp -s). */
+int files_same(const char *a, const char *b);
+
+/* Fails the test, showing out, where it lacks text. */
+void out_has(const char *out, const char *text);
+
 #endif
