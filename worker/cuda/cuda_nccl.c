@@ -224,6 +224,13 @@ int hpu__cuda_nccl_all_reduce(hpu__cuda_nccl *n, const void *send, void *recv, s
 	ncclResult_t r = N.all_reduce(send, recv, count,
 				      dt == HPU__DEV_BF16 ? ncclBfloat16 : ncclFloat32, ncclSum,
 				      n->comm, s);
+	/* while a step is recorded, a failure (a capture another call
+	 * invalidated) refuses the recording as every CUDA error there does:
+	 * the step runs eagerly, not the worker ends */
+	if (r != ncclSuccess && hpu__cuda_capture_refuse("ncclAllReduce", N.error_string(r))) {
+		(void)cudaGetLastError();
+		return 0;
+	}
 	if (r != ncclSuccess) {
 		fprintf(stderr, "hpu-worker: rank %d: --collectives nccl: ncclAllReduce of %zu "
 				"values: %s\n", n->rank, count, N.error_string(r));
