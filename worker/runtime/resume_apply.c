@@ -271,10 +271,7 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 	pos->step = c->step;
 	pos->epoch = (int)hpu__ckpt_num(c->m, "epoch", 0);
 	pos->batch = (long)hpu__ckpt_num(c->m, "batch_in_epoch", 0);
-	const cJSON *rng = cJSON_GetObjectItemCaseSensitive(c->m, "rng");
-	const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
-	if (cJSON_IsString(seed))
-		hpu__parse_u64(seed->valuestring, 0, UINT64_MAX, &pos->seed); /* checked on open */
+	pos->seed = hpu__checkpoint_seed(c, pos->seed);
 	hpu_sched mine = pos->sched;
 	if (sched_from(cJSON_GetObjectItemCaseSensitive(c->m, "scheduler"), &pos->sched) < 0)
 		return say(err, errlen, "checkpoint %s: the scheduler entry is damaged", c->dir);
@@ -311,8 +308,15 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 		printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld "
 		       "total steps); this run's options differ\n",
 		       hpu__sched_name(pos->sched.kind), pos->sched.lr, pos->sched.total_steps);
-	if (pos->seed != o->seed)
-		printf("resume: the checkpoint's seed %llu orders the data, not --seed %llu\n",
-		       (unsigned long long)pos->seed, (unsigned long long)o->seed);
 	return 0;
+}
+
+uint64_t hpu__checkpoint_seed(const hpu_ckpt *c, uint64_t dflt)
+{
+	const cJSON *rng = cJSON_GetObjectItemCaseSensitive(c->m, "rng");
+	const cJSON *seed = cJSON_GetObjectItemCaseSensitive(rng, "seed");
+	uint64_t v = dflt;
+	if (cJSON_IsString(seed))
+		hpu__parse_u64(seed->valuestring, 0, UINT64_MAX, &v); /* checked on open */
+	return v;
 }

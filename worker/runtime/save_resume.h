@@ -69,6 +69,12 @@ int hpu__checkpoint_save(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builder *b,
 			 hpu_ckpt **out, char *err, size_t errlen);
 
+/* The seed of the run checkpoint c continues (its manifest's rng.seed),
+ * or dflt where it names none. A resumed run is that run: the seed orders
+ * its data, holds out its validation samples and draws its dropout masks,
+ * whatever --seed says. */
+uint64_t hpu__checkpoint_seed(const hpu_ckpt *c, uint64_t dflt);
+
 /* After hpu__strat_new() read the floats: the run's position, its
  * schedule (`pos->sched` holds this run's; the checkpoint's replaces it)
  * and fp8's state. Rank 0 says what was resumed and how long every rank

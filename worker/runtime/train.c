@@ -419,10 +419,30 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	long total = 0;
 	size_t per_epoch = 0;
 	double tload = now_s();
+	hpu_train_opts *resumed_o = NULL;
 	if (observe_setup(&L) < 0 || hpu__quant_init(&L.quant, o, err, errlen) < 0 ||
-	    hpu__loop_val_setup(&L) < 0 ||
-	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) || trains_nothing(&L, total) < 0 ||
 	    hpu__checkpoint_find(comm, o, b, &ck, err, errlen) < 0)
+		goto out;
+	/* a resumed run is the run it continues: the checkpoint's seed holds
+	 * out the same validation samples and draws the same dropout masks as
+	 * it orders the data (only the order followed it: a resume with
+	 * another --seed trained on what the run had validated on) */
+	if (ck && hpu__checkpoint_seed(ck, o->seed) != o->seed) {
+		if (!(resumed_o = malloc(sizeof *resumed_o))) {
+			hpu__loop_fail(&L, "out of memory");
+			goto out;
+		}
+		*resumed_o = *o;
+		resumed_o->seed = hpu__checkpoint_seed(ck, o->seed);
+		if (L.rank == 0)
+			printf("resume: the checkpoint's seed %llu is this run's (its data order, "
+			       "held-out samples and dropout masks), not --seed %llu\n",
+			       (unsigned long long)resumed_o->seed, (unsigned long long)o->seed);
+		o = L.o = resumed_o;
+		L.pos.seed = o->seed;
+	}
+	if (hpu__loop_val_setup(&L) < 0 ||
+	    (!o->eval_only && run_total(&L, &total, &per_epoch) < 0) || trains_nothing(&L, total) < 0)
 		goto out;
 	/* what only an evaluation reads, where none will run (it was
 	 * dropped in silence): the metrics without a test split or a
@@ -564,5 +584,6 @@ out:
 		free(ck);
 	}
 	free_buffers(&L);
+	free(resumed_o);
 	return rc;
 }
