@@ -100,7 +100,7 @@ void hpu__describe_position(long step, long total, int phase, char *out, size_t 
 	else if (phase == HPU_PHASE_EVAL)
 		snprintf(out, outlen, "in evaluation, after step %ld%s", step, of);
 	else if (phase == HPU_PHASE_SAVE)
-		snprintf(out, outlen, "saving the checkpoint of step %ld%s", step, of);
+		snprintf(out, outlen, "while saving the checkpoint of step %ld%s", step, of);
 	else if (phase == HPU_PHASE_DONE || (total > 0 && step >= total))
 		snprintf(out, outlen, "after step %ld%s", step, of);
 	else

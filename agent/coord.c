@@ -410,23 +410,28 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 	switch (m->msg_case) {
 	case HPU__ENVELOPE__MSG_WORKER_EXIT: {
 		const Hpu__WorkerExit *w = m->worker_exit;
-		char pos[128];
+		char pos[128], at[130] = "";
 		hpu__describe_position(w->step, w->total, (int)w->phase, pos, sizeof pos);
+		/* where it was, where its node knew (it sends zeros, setup,
+		 * for a worker that never reported: an --exec program) */
+		if (w->step || w->total || w->phase != HPU_PHASE_SETUP)
+			snprintf(at, sizeof at, " %s", pos);
 		if (w->culprit > 0 && !w->signal && !w->left_early)
 			hpu__coord_blame(c, (int)w->culprit - 1,
 					 w->culprit_how <= HPU_BLAME_FAILED ? (hpu_blame)w->culprit_how
 									   : HPU_BLAME_FAILED,
 					 (int)w->rank, reason, sizeof reason);
 		else if (w->signal)
-			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) was killed by signal %d (%s)",
-				 w->rank, w->node_rank, w->pid, w->signal, strsignal(w->signal));
+			snprintf(reason, sizeof reason,
+				 "rank %u (node %u, pid %u) was killed by signal %d (%s)%s", w->rank,
+				 w->node_rank, w->pid, w->signal, strsignal(w->signal), at);
 		else if (w->left_early)
 			snprintf(reason, sizeof reason,
 				 "rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)",
 				 w->rank, w->node_rank, w->pid, pos);
 		else /* with its reason where its node relayed one */
-			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d%s%s",
-				 w->rank, w->node_rank, w->pid, w->exit_code,
+			snprintf(reason, sizeof reason, "rank %u (node %u, pid %u) exited with code %d%s%s%s",
+				 w->rank, w->node_rank, w->pid, w->exit_code, at,
 				 w->why && *w->why ? ": " : "", w->why ? w->why : "");
 		hpu__coord_abort(c, reason);
 		break;

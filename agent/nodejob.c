@@ -197,13 +197,16 @@ static void on_worker_exit(hpu_agent *a, int rank, pid_t pid, int status, void *
 	hpu_status_rec st;
 	char pos[128];
 	rank_position(a, rank, &st, pos, sizeof pos);
-	if (status == HPU_AGENT_LEFT_EARLY) {
-		size_t n = strlen(how);
+	size_t n = strlen(how);
+	if (status == HPU_AGENT_LEFT_EARLY)
 		snprintf(how + n, sizeof how - n, " (%s%s)", pos,
 			 hpu__agent_said_hello(a, rank) ? ""
 							: "; it never spoke to its agent: is the "
 							  "worker program hpu-worker?");
-	}
+	else if (hpu__agent_said_hello(a, rank)) /* where: a model's exit(3) or
+						       * abort() said nothing of it
+						       * (an --exec program has no steps) */
+		snprintf(how + n, sizeof how - n, " %s", pos);
 	/* a worker that failed because of another rank: that rank is the
 	 * cause, not the one that exited first */
 	hpu_blame bhow = HPU_BLAME_SILENT;

@@ -464,19 +464,22 @@ static Hpu__Envelope *dispatch(node *nd, Hpu__Envelope *m)
 		const Hpu__WorkerExit *w = m->worker_exit;
 		if ((w->exit_code != 0 || w->left_early) && !S.a->quiet) {
 			hpu__progress_hide(&S.bar);
+			char pos[128], at[130] = "";
+			hpu__describe_position((long)w->step, (long)w->total, (int)w->phase, pos,
+					       sizeof pos);
+			/* where it was, as hpud knew (zeros and setup for a
+			 * worker that never reported: an --exec program) */
+			if (w->step || w->total || w->phase != HPU_PHASE_SETUP)
+				snprintf(at, sizeof at, " %s", pos);
 			if (w->signal)
-				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) was killed by signal %d",
-					 w->rank, w->node_rank, w->pid, w->signal);
-			else if (w->left_early) {
-				char pos[128];
-				hpu__describe_position((long)w->step, (long)w->total, (int)w->phase, pos,
-						       sizeof pos);
+				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) was killed by signal %d%s",
+					 w->rank, w->node_rank, w->pid, w->signal, at);
+			else if (w->left_early)
 				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code 0 before the job ended (%s)",
 					 w->rank, w->node_rank, w->pid, pos);
-			}
 			else
-				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code %d",
-					 w->rank, w->node_rank, w->pid, w->exit_code);
+				hpu__log(HPU_LOG_ERROR, "rank %u (node %u, pid %u) exited with code %d%s",
+					 w->rank, w->node_rank, w->pid, w->exit_code, at);
 		}
 		break;
 	}

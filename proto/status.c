@@ -68,6 +68,49 @@ static void send_rec(int f, const hpu_status_rec *r)
 	}
 }
 
+/* v's decimal digits at p (at most 21 bytes); returns the end. */
+static char *put_num(char *p, long long v)
+{
+	char tmp[24];
+	int n = 0;
+	unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+	do {
+		tmp[n++] = (char)('0' + u % 10);
+		u /= 10;
+	} while (u && n < 22);
+	if (v < 0)
+		*p++ = '-';
+	while (n)
+		*p++ = tmp[--n];
+	return p;
+}
+
+void hpu__status_report_fatal(const hpu_status_rec *r)
+{
+	int f = atomic_load(&status_fd);
+	if (f < 0)
+		return;
+	char line[320], *p = line;
+	const long long v[] = {r->step, r->total, r->epoch, r->epochs};
+	const long long m[] = {(long long)r->mem_in_use, (long long)r->mem_max,
+			       (long long)r->mem_limit, r->phase};
+	memcpy(p, "S1", 2);
+	p += 2;
+	for (size_t i = 0; i < 4; i++) {
+		*p++ = ' ';
+		p = put_num(p, v[i]);
+	}
+	memcpy(p, " nan 0 -1", 9); /* loss, samples/s, ETA: unknown */
+	p += 9;
+	for (size_t i = 0; i < 4; i++) {
+		*p++ = ' ';
+		p = put_num(p, m[i]);
+	}
+	*p++ = '\n';
+	if (write(f, line, (size_t)(p - line)) < 0)
+		return; /* a full or closed pipe: the older record stands */
+}
+
 /* A record the rate limit held back goes out once its 200 ms are over,
  * from a thread of its own: a worker that then stops (frozen inside its
  * model) leaves its agent the step it stopped in, not one from up to

@@ -45,6 +45,13 @@ enum {
  * a worker that ends without it for one that left before the job ended. */
 void hpu__status_report(const hpu_status_rec *r, int force);
 
+/* From a fatal signal's handler: sends r's position now (its step, total,
+ * epochs, memory and phase; the loss and the rates as unknown) with
+ * async-signal-safe calls only, so that the agent says where a crashed
+ * worker was, not where its last rate-limited record had it. Nothing
+ * where no record was ever sent (the pipe not looked up). */
+void hpu__status_report_fatal(const hpu_status_rec *r);
+
 /* Tells the agent, first thing, that this worker speaks the protocol
  * ("H1"): from then on, exit code 0 without a HPU_PHASE_DONE record is a
  * failure (a model that called exit()), not success. */

@@ -12,6 +12,8 @@
  *   --checkpoint-every 5: the job finishes by itself with the parameters
  *   of a run never interrupted, the restart resuming from the job's own
  *   newest checkpoint rather than the --resume it started from;
+ * - a resume under another --seed: the checkpoint's seed holds out the
+ *   validation samples and draws dropout as the run it continues did;
  * - damage: a flipped byte, a truncated shard, a deleted manifest, a disk
  *   that fills during a save: a clear error, or a fallback that says so,
  *   and the previous checkpoint still loads; a manifest edited in range
@@ -894,7 +896,8 @@ static void test_disk_full(void **state)
 	int ok = strstr(out, "checkpoint: step 10 saved") &&
 		 strstr(out, "checkpoint of step 20 not saved") &&
 		 strstr(out, "No space left on device") && closing &&
-		 strstr(closing, ") exited with code 1: checkpoint of step 20 not saved");
+		 strstr(closing, ") exited with code 1 while saving the checkpoint of step 20 of 20: "
+				 "checkpoint of step 20 not saved");
 	if (!ok)
 		fprintf(stderr, "%s\n", out);
 	free(out);
@@ -1186,6 +1189,48 @@ static void test_resume_refused(void **state)
 	unlink(tb);
 }
 
+/* A resume given another --seed is the run it continues: the checkpoint's
+ * seed holds out the same --val-fraction samples and draws the same
+ * dropout masks as it orders the data (only the order followed it: the
+ * resumed run trained on what the first part had validated on, and drew
+ * other masks). gpt_lm's default dropout and a held-out run of windows,
+ * 6 steps straight against 3, then 3 resumed under --seed 2. */
+static void test_resume_other_seed(void **state)
+{
+	(void)state;
+	char tok[300], ck[300], straight[300], resumed[300], margs[400];
+	snprintf(tok, sizeof tok, "%s/seed-tokens.bin", tmp);
+	snprintf(ck, sizeof ck, "%s/seed-ck", tmp);
+	snprintf(straight, sizeof straight, "%s/seed-straight.bin", tmp);
+	snprintf(resumed, sizeof resumed, "%s/seed-resumed.bin", tmp);
+	token_file(tok, 3000, 3);
+	snprintf(margs, sizeof margs, "--tokens %s --ctx 16 --dim 32 --heads 2 --layers 1", tok);
+	char *gpt = strdup(h_build("lib/gpt_lm.so"));
+	for (int k = 0; k < 3; k++) {
+		run r;
+		start(&r, 1);
+		args(&r, "--batch-size", "16", "--max-steps", "6", "--val-fraction", "0.1",
+		     "--eval-every", "3", "--seed", k < 2 ? "1" : "2", NULL);
+		if (k == 0)
+			args(&r, "--save-params", straight, NULL);
+		if (k == 1)
+			args(&r, "--checkpoint-dir", ck, "--stop-at-step", "3", NULL);
+		if (k == 2)
+			args(&r, "--checkpoint-dir", ck, "--resume", "auto", "--save-params", resumed,
+			     NULL);
+		char *out = finish_with(&r, 0, gpt, margs);
+		if (k == 2)
+			out_has(out, "resume: the checkpoint's seed 1 is this run's (its data order, "
+				     "held-out samples and dropout masks), not --seed 2");
+		free(out);
+	}
+	int same = files_same(straight, resumed);
+	printf("  straight against resumed under --seed 2: %s\n", same ? "bit-identical" : "DIFFERENT");
+	assert_true(same);
+	free(gpt);
+	unlink(tok);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1205,6 +1250,7 @@ int main(void)
 		cmocka_unit_test(test_signal_as_made),
 		cmocka_unit_test(test_threads_hold_stop_signals),
 		cmocka_unit_test(test_resume_refused),
+		cmocka_unit_test(test_resume_other_seed),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_latest_unwritable),
 		cmocka_unit_test(test_root_in_use),

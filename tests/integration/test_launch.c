@@ -620,6 +620,44 @@ static void test_worker_crash_reported(void **state)
 	assert_non_null(strstr(p.out, "rank 0: crashed: signal 11 (Segmentation fault) at 0x10"));
 	assert_non_null(strstr(p.out, "rank 0: in the model's setup()"));
 	h_free(&p);
+	/* ... after a declaration failed: its error is said (the crash hid
+	 * it, the model having used the NULL it got) */
+	char *argv0b[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "2", "--no-eval",
+			  (char *)FAULT_MODEL, "--", "--after-failed-declaration", "crash", NULL};
+	code = h_run(&p, argv0b, NULL, 120000);
+	printf("a crash in setup() after a failed declaration: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "rank 0: in the model's setup()"));
+	assert_non_null(strstr(p.out, "rank 0: the setup's first recorded error: layer orphan: "));
+	assert_non_null(strstr(p.out, "no_such_tensor"));
+	assert_non_null(strstr(p.out, "was killed by signal 11 (Segmentation fault) during setup"));
+	h_free(&p);
+	/* the layer calls given that NULL (several dereferenced it): they
+	 * give nothing, and setup fails with the declaration's error */
+	char *argv0c[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "2", "--no-eval",
+			  (char *)FAULT_MODEL, "--", "--after-failed-declaration", "use", NULL};
+	code = h_run(&p, argv0c, NULL, 120000);
+	printf("the NULL of a failed declaration, used: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_null(strstr(p.out, "crashed"));
+	assert_non_null(strstr(p.out, "layer orphan: "));
+	assert_null(strstr(p.out, "gave something back"));
+	h_free(&p);
+	/* abort() (a failed assert, an uncaught C++ exception): the report
+	 * as for a fault, and the closing error says where (it gave only
+	 * the signal) */
+	char *argv0d[] = {(char *)LAUNCH, "--devices", "2", "--max-steps", "20", "--log-every", "0",
+			  "--no-eval", (char *)FAULT_MODEL, "--", "--hidden", "16", "--crash-rank", "1",
+			  "--abort-at", "3", NULL};
+	code = h_run(&p, argv0d, NULL, 120000);
+	printf("rank 1 aborts at step 3: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "rank 1: crashed: signal 6 (Aborted)\n"));
+	assert_non_null(strstr(p.out, "rank 1: abort() was called"));
+	assert_non_null(strstr(p.out, "rank 1: in layer probe's forward"));
+	assert_non_null(strstr(p.out, "rank 1: backtrace:"));
+	assert_non_null(strstr(p.out, "was killed by signal 6 (Aborted) in step 3 of 20"));
+	h_free(&p);
 	/* a NULL the runtime gave back, used: the error it recorded is said
 	 * (the documented "returns NULL with the layer's error" was lost) */
 	char *argv2[] = {(char *)LAUNCH, "--devices", "2", "--max-steps", "20", "--log-every", "0",
@@ -635,7 +673,7 @@ static void test_worker_crash_reported(void **state)
 	const char *bt = strstr(p.out, "rank 1: backtrace:");
 	assert_non_null(bt);
 	assert_non_null(strstr(bt, "fault_mlp.so("));
-	assert_non_null(strstr(p.out, "was killed by signal 11 (Segmentation fault)"));
+	assert_non_null(strstr(p.out, "was killed by signal 11 (Segmentation fault) in step 3 of 20"));
 	h_free(&p);
 }
 

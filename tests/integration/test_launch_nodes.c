@@ -701,7 +701,7 @@ static void test_two_nodes_error_relayed(void **state)
 		snprintf(want, sizeof want, "rank %d (node %d, pid ", bad, bad);
 		const char *line = strstr(other, want);
 		assert_non_null(line);
-		line = strstr(line, "exited with code 1: model ");
+		line = strstr(line, "exited with code 1 during setup, before step 1 of 3: model ");
 		assert_non_null(line);
 		assert_non_null(strstr(line, "setup failed: unknown model argument --bogus"));
 		h_free(&n0);
@@ -722,9 +722,10 @@ static void test_two_nodes_error_relayed(void **state)
 	assert_non_null(strstr(n1.out, "warning: step 10 has run for"));
 	const char *line = strstr(n0.out, "rank 1 (node 1, pid ");
 	assert_non_null(line);
-	line = strstr(line, "exited with code 3");
+	/* where it was too (a model's exit said nothing of it) */
+	line = strstr(line, "exited with code 3 in step 12 of 20");
 	assert_non_null(line);
-	assert_true(line[strlen("exited with code 3")] == '\n');
+	assert_true(line[strlen("exited with code 3 in step 12 of 20")] == '\n');
 	h_free(&n0);
 	h_free(&n1);
 }

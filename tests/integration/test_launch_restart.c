@@ -73,6 +73,7 @@ static void test_restart_after_failure(void **state)
 	printf("%s", p.out);
 	assert_int_equal(code, 0);
 	assert_non_null(strstr(p.out, "hpulaunch: attempt 1 of 2 failed: rank 1 (node 0, pid "));
+	/* an --exec program reports no steps: nothing said of where */
 	assert_non_null(strstr(p.out, "was killed by signal 9 (Killed); restarting (restart 1 of 1)"));
 	assert_non_null(strstr(p.out, "[rank 0] resumed at restart 1"));
 	assert_non_null(strstr(p.out, "[rank 1] resumed at restart 1"));

@@ -170,7 +170,7 @@ static void test_parse_and_format(void **state)
 	assert_int_equal(st.phase, HPU_PHASE_SAVE);
 	char pos[96];
 	hpu__describe_position(st.step, st.total, st.phase, pos, sizeof pos);
-	assert_string_equal(pos, "saving the checkpoint of step 3 of 30");
+	assert_string_equal(pos, "while saving the checkpoint of step 3 of 30");
 	char line[200];
 	hpu__progress_format(&st, 120, line, sizeof line);
 	assert_non_null(strstr(line, "saving a checkpoint"));

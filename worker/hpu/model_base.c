@@ -37,6 +37,8 @@ int hpu_builder_status(const hpu_builder *b)
 
 int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
 {
+	if (!l) /* a failed declaration's NULL: the builder holds its error */
+		return HPU_ERROR;
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(l->err, sizeof l->err, fmt, ap);

@@ -257,9 +257,13 @@ int hpu_layer_backward_reads_linear(hpu_layer *l, unsigned inputs)
 
 /* ---- inside forward/backward ---- */
 
-/* Parameters, gradients, buffers, memory: refused during setup. */
+/* Parameters, gradients, buffers, memory: refused during setup (and
+ * NULL for the NULL a failed declaration returned: its error is the
+ * builder's already). */
 #define HPU__RUN_ONLY(l, call)                                  \
 	do {                                                     \
+		if (!(l))                                        \
+			return NULL;                             \
 		if ((l)->b->phase != HPU__PHASE_RUN) {           \
 			hpu__model_wrong_phase((l)->b, (l), (call));        \
 			return NULL;                             \
@@ -321,12 +325,14 @@ void *hpu_scratch(hpu_layer *l)
 	return l->scratch;
 }
 
+/* NULL, a failed declaration's layer: nothing (the builder holds the
+ * error), as the calls that declare take it */
 void *hpu_layer_user(hpu_layer *l)
 {
-	return l->user;
+	return l ? l->user : NULL;
 }
 
 const char *hpu_layer_name(const hpu_layer *l)
 {
-	return l->name;
+	return l ? l->name : "(no layer: its declaration failed)";
 }

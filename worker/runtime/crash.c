@@ -13,13 +13,15 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "proto/status.h"
 #include "worker/hpu/model.h"
+#include "worker/runtime/loop.h" /* hpu__where */
 #include "worker/ops/fp8.h"
 
 static int crash_rank;
 static const hpu_builder *crash_model;
 static volatile pid_t model_tid; /* the thread that runs the layers */
-static volatile sig_atomic_t in_setup; /* hpu__crash_in_setup */
+static const hpu_builder *volatile in_setup; /* hpu__crash_in_setup */
 static volatile pid_t setup_tid;
 static char altstack[64 * 1024]; /* the main thread's stack overflow still reports (other
 				  * threads' run the handler on their own stack) */
@@ -35,6 +37,8 @@ static const char *sig_name(int sig)
 		return "Illegal instruction";
 	case SIGFPE:
 		return "Floating point exception";
+	case SIGABRT:
+		return "Aborted";
 	default:
 		return "fatal signal";
 	}
@@ -90,14 +94,21 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 		who[w++] = num[--n];
 	who[w] = 0;
 	hex(addr, (uintptr_t)si->si_addr);
-	const char *num_s = sig == SIGSEGV ? "11" : sig == SIGBUS ? "7" : sig == SIGILL ? "4" : "8";
+	const char *num_s = sig == SIGSEGV ? "11" : sig == SIGBUS ? "7" : sig == SIGILL ? "4"
+			    : sig == SIGABRT ? "6" : "8";
 	char tail[64];
 	size_t t = 0;
 	for (const char *p = sig_name(sig); *p && t < 40; p++)
 		tail[t++] = *p;
-	tail[t++] = ')', tail[t++] = ' ', tail[t++] = 'a', tail[t++] = 't', tail[t++] = ' ';
+	tail[t++] = ')';
+	if (sig != SIGABRT) /* an address only where a fault has one */
+		tail[t++] = ' ', tail[t++] = 'a', tail[t++] = 't', tail[t++] = ' ';
 	tail[t] = 0;
-	say(who, ": crashed: signal ", num_s, " (", tail, addr);
+	say(who, ": crashed: signal ", num_s, " (", tail, sig == SIGABRT ? NULL : addr);
+	if (sig == SIGABRT)
+		say(who, ": abort() was called: a failed assert(), an uncaught C++ exception or a "
+			 "library that gave up (its message, if it wrote one, is above)",
+		    NULL, NULL, NULL, NULL);
 	/* in a layer (hpu__op_layer_now: an atomic the ops set around each
 	 * layer's call): which, and what it recorded */
 	int backward = 0, l = hpu__op_layer_now(&backward);
@@ -105,8 +116,15 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 	/* that thread's fault only (the loader's thread runs the model's
 	 * fetch while the layers run) */
 	int here = (pid_t)syscall(SYS_gettid) == model_tid;
-	if (in_setup && (pid_t)syscall(SYS_gettid) == setup_tid)
+	const hpu_builder *sb = in_setup;
+	if (sb && (pid_t)syscall(SYS_gettid) == setup_tid) {
 		say(who, ": in the model's setup()", NULL, NULL, NULL, NULL);
+		/* a declaration that failed before it (whose NULL the model
+		 * then used, as often as not): the error setup would have
+		 * returned */
+		if (sb->status != 0 && sb->err[0])
+			say(who, ": the setup's first recorded error: ", sb->err, NULL, NULL, NULL);
+	}
 	if (b && here && l >= 0 && l < b->nlayers && b->layers[l]) {
 		const struct hpu_layer *ly = b->layers[l];
 		say(who, ": in layer ", ly->name, backward ? "'s backward" : "'s forward", NULL, NULL);
@@ -119,6 +137,9 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 		say(who, ": this process runs under ulimit -v ", as_limit,
 		    " KiB: an allocation that failed where it was not checked may be the cause", NULL,
 		    NULL);
+	/* where it was, for its agent: the last rate-limited record may be
+	 * steps behind */
+	hpu__status_report_fatal(&hpu__where);
 	say(who, ": backtrace:", NULL, NULL, NULL, NULL);
 	void *bt[48];
 	backtrace_symbols_fd(bt, backtrace(bt, 48), 2);
@@ -128,10 +149,10 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 		raise(sig);
 }
 
-void hpu__crash_in_setup(int on)
+void hpu__crash_in_setup(const hpu_builder *b)
 {
 	setup_tid = (pid_t)syscall(SYS_gettid);
-	in_setup = on;
+	in_setup = b;
 }
 
 void hpu__crash_report_model(const hpu_builder *b)
@@ -158,7 +179,7 @@ void hpu__crash_report_install(int rank)
 	sa.sa_sigaction = on_fatal;
 	sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK;
 	sigemptyset(&sa.sa_mask);
-	static const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
+	static const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 	for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
 		sigaction(sigs[i], &sa, NULL);
 }

@@ -7,7 +7,8 @@
 #ifndef HPU_WORKER_CRASH_H
 #define HPU_WORKER_CRASH_H
 
-/* Installs the report for SIGSEGV, SIGBUS, SIGILL and SIGFPE; rank names
+/* Installs the report for SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT
+ * (abort(): a failed assert, an uncaught C++ exception); rank names
  * the worker. A handler installed later (cpu-strict's) may pass faults
  * of its own on to this one. */
 void hpu__crash_report_install(int rank);
@@ -19,8 +20,10 @@ struct hpu_builder;
  * calling thread (the one that runs the layers) faults; NULL: none. */
 void hpu__crash_report_model(const struct hpu_builder *b);
 
-/* Around the model's setup() (1, then 0): a crash on the calling thread
- * meanwhile says it was there (it gave only the address and frames). */
-void hpu__crash_in_setup(int on);
+/* Around the model's setup() (its builder, then NULL): a crash on the
+ * calling thread meanwhile says it was there (it gave only the address
+ * and frames), and the first error a declaration recorded before it (a
+ * failed one's NULL, used: the crash hid the cause). */
+void hpu__crash_in_setup(const struct hpu_builder *b);
 
 #endif

@@ -386,9 +386,9 @@ int main(int argc, char **argv)
 	if (o.verbose && rank == 0)
 		hpu__autocast_print(stdout);
 	kernels_setup(&o);
-	hpu__crash_in_setup(1);
+	hpu__crash_in_setup(b);
 	int setup_rc = hpu__model_setup(b, margc, margv, err, sizeof err);
-	hpu__crash_in_setup(0);
+	hpu__crash_in_setup(NULL);
 	if (setup_rc < 0 || hpu__same_model_check(comm, b, err, sizeof err) < 0)
 		goto out;
 	if (o.verbose && rank == 0)
