@@ -200,10 +200,13 @@ hpu_layer *hpu_layer_add(hpu_builder *b, const char *name, const char *inputs,
 			 const hpu_layer_ops *ops, void *user)
 {
 	HPU__SETUP_ONLY(b, NULL, "hpu_layer_add", NULL);
+	if (!name)
+		return layer_fail(b, NULL, "layer %d: its name is NULL (every layer needs one)",
+				  b->nlayers);
 	if (hpu__model_bad_name(name))
 		return layer_fail(b, NULL, "layer %d: name \"%s\" is empty, longer than %d bytes or "
 				  "has characters other than letters, digits and _-/.",
-				  b->nlayers, name ? name : "(null)", HPU_NAME_MAX - 1);
+				  b->nlayers, name, HPU_NAME_MAX - 1);
 	for (int i = 0; i < b->nlayers; i++)
 		if (!strcmp(b->layers[i]->name, name))
 			return layer_fail(b, NULL, "layer %s: declared twice", name);

@@ -190,7 +190,7 @@ hpu_layer *hpu_mse(hpu_builder *b, const char *name, const char *in, const char 
 	    ld_input(b, name, pn, HPU_F32, &p) < 0 || ld_input(b, name, tn, HPU_F32, &t) < 0)
 		return NULL;
 	if (p.ndim != t.ndim || memcmp(p.shape, t.shape, (size_t)p.ndim * sizeof *p.shape)) {
-		hpu_error(b, "layer %s: pred %s and target %s differ in shape (%zu and %zu values "
+		hpu_error(b, "layer %s: its prediction %s and target %s differ in shape (%zu and %zu values "
 			  "a sample, %d and %d dimensions)", ld_str(name), pn, tn, p.sample_numel,
 			  t.sample_numel, p.ndim, t.ndim);
 		return NULL;
