@@ -247,9 +247,10 @@ int hpu__checkpoint_find(hpucoll_comm *comm, const hpu_train_opts *o, hpu_builde
 				pi = i;
 			}
 	if (pi >= 0 && autom && rank == 0)
-		printf("resume: %s/%s is past the checkpoint %s/%s names: left by a run that "
-		       "resumed from an earlier one, it is passed over (--resume %s/%s takes it)\n",
-		       root, names[pi], root, HPU_CKPT_LATEST, root, names[pi]);
+		printf("resume: %s/%s is past the checkpoint %s/%s names, and is passed over: a "
+		       "run that resumed from an earlier one left it, or its save was stopped "
+		       "before it updated %s (--resume %s/%s takes it)\n",
+		       root, names[pi], root, HPU_CKPT_LATEST, HPU_CKPT_LATEST, root, names[pi]);
 	/* auto passes damaged checkpoints by, never another uid's files,
 	 * nor one of another model (or model arguments): that is the run's
 	 * mistake, which an older checkpoint of the root shares or, where it
