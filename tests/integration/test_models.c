@@ -292,7 +292,7 @@ static void test_autocast_lists(void **state)
 	snprintf(lower, sizeof lower, "/tmp/hpu-ac-lower-%d.txt", (int)getpid());
 	snprintf(fp32, sizeof fp32, "/tmp/hpu-ac-fp32-%d.txt", (int)getpid());
 	snprintf(bad, sizeof bad, "/tmp/hpu-ac-bad-%d.txt", (int)getpid());
-	put(lower, "# relu in bf16 too\nrelu\n");
+	put(lower, "# relu in bf16 too\nrelu\n# and the cross-entropy (its layer took no list)\nsoftmax_xent\n");
 	put(fp32, "linear\n");
 	put(bad, "aten::relu_\nlineer\n");
 
@@ -301,11 +301,14 @@ static void test_autocast_lists(void **state)
 	if (code != 0)
 		fail_msg("exit %d:\n%s", code, out);
 	assert_non_null(m);
-	assert_non_null(strstr(out, "autocast: lower list: linear matmul bmm conv2d relu attention"));
+	assert_non_null(strstr(out, "autocast: lower list: linear matmul bmm conv2d relu softmax_xent attention"));
 	long relu_low = autocast_count(m, "relu", "low"), lin_low = autocast_count(m, "linear", "low");
-	printf("  LOWER_LIST relu: relu low %ld, linear low %ld\n", relu_low, lin_low);
-	assert_true(relu_low > 0 && lin_low > 0);
+	long xent_low = autocast_count(m, "softmax_xent", "low");
+	printf("  LOWER_LIST relu softmax_xent: relu low %ld, linear low %ld, softmax_xent low %ld\n",
+	       relu_low, lin_low, xent_low);
+	assert_true(relu_low > 0 && lin_low > 0 && xent_low > 0);
 	assert_int_equal(autocast_count(m, "relu", "fp32"), 0);
+	assert_int_equal(autocast_count(m, "softmax_xent", "fp32"), 0);
 	free(out), free(m);
 
 	snprintf(e2, sizeof e2, "FP32_LIST=%s", fp32);

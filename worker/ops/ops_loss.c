@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "worker/ops/autocast.h"
 #include "worker/ops/backend.h"
 #include "worker/ops/backend_host.h"
 #include "worker/ops/checks.h"
@@ -134,6 +135,12 @@ int hpu_cross_entropy_positions_forward(const float *logits, const int32_t *labe
 {
 	hpu__check_slot *k = hpu__checks_take(HPU__CHECK_XENT_POS, labels, classes, rows, positions);
 	*bad = -1; /* (as where a recording refused the kernel) */
+	/* lowered (softmax_xent in a lower list), as hpu_cross_entropy_forward
+	 * is: the logits rounded, the loss an fp32 reduction; its backward
+	 * rounds them again and its dlogits (the layer took no list) */
+	int lp = hpu__ac_enter(HPU_OP_SOFTMAX_XENT);
+	if (lp)
+		logits = hpu__ac_round(0, logits, (size_t)rows * positions * (size_t)classes, lp);
 	if (RUN(xent_pos_fwd, hpu__host_xent_pos_fwd, logits, labels, lse, loss, rows, positions,
 		classes, k ? &k->bad : bad, k ? &k->bad_id : bad_label) != HPU_BE_OK)
 		return HPU_ERROR;
@@ -144,9 +151,15 @@ int hpu_cross_entropy_positions_backward(const float *logits, const int32_t *lab
 					 const float *lse, const float *dloss, float *dx, int rows,
 					 size_t positions, int classes)
 {
+	size_t n = (size_t)rows * positions * (size_t)classes;
+	int lp = hpu__ac_enter(HPU_OP_SOFTMAX_XENT);
+	if (lp) /* a copy: dx may be the logits' own memory */
+		logits = hpu__ac_round(0, logits, n, lp);
 	if (RUN(xent_pos_bwd, hpu__host_xent_pos_bwd, logits, labels, lse, dloss, dx, rows,
 		positions, classes) != HPU_BE_OK)
 		return HPU_ERROR;
+	if (lp)
+		hpu__ac_round_inplace(dx, n, lp);
 	return HPU_OK;
 }
 
