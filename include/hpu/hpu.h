@@ -204,9 +204,25 @@ typedef struct hpu_init {
 	void *user;
 } hpu_init;
 
-/* Shorthands: HPU_INIT(ZEROS), HPU_INIT(UNIFORM, -0.1f, 0.1f), ... */
+/* Shorthands: HPU_INIT(ZEROS), HPU_INIT(UNIFORM, -0.1f, 0.1f), ...
+ * In C++ the same, by a function (a compound literal is an extension
+ * there, and C++ does not mix designated and positional fields): its
+ * arguments are positional, a and b; a custom initializer is an hpu_init
+ * with .kind = HPU_INIT_CUSTOM and .fn set. */
+#ifdef __cplusplus
+static inline hpu_init hpu__init_of(hpu_init_kind kind, float a = 0.0f, float b = 0.0f)
+{
+	hpu_init i = {};
+	i.kind = kind;
+	i.a = a;
+	i.b = b;
+	return i;
+}
+#define HPU_INIT(kind_, ...) (hpu__init_of(HPU_INIT_##kind_, ##__VA_ARGS__))
+#else
 #define HPU_INIT(kind_, ...) \
 	((hpu_init){.kind = HPU_INIT_##kind_, ##__VA_ARGS__})
+#endif
 
 /* How a buffer (non-trainable state, e.g. batch norm's running
  * statistics) is kept in step across ranks after every optimizer step. */
@@ -677,7 +693,8 @@ static inline void hpu__profile_scope_end(hpu_profile_scope *s)
 static inline hpu_profile_scope hpu__profile_scope_begin(const char *action)
 {
 	hpu_profile_start(action);
-	return (hpu_profile_scope){action};
+	hpu_profile_scope s = {action}; /* no compound literal: C++ has none */
+	return s;
 }
 
 #define HPU__PROFILE_CAT2(a, b) a##b

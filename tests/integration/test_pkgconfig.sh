@@ -108,14 +108,18 @@ static int setup(hpu_builder *b, int, char **)
 	const hpu_linear_opts fc = {.out = 1, .bias = true}; /* C++ names the _v3 form */
 	if (hpu_dataset_set(b, HPU_SPLIT_TRAIN, &train) != HPU_OK ||
 	    !hpu_linear_v3(b, "fc", "x", "pred", fc) || !hpu_mse(b, "mse", "pred,y", "err") ||
-	    hpu_loss_add(b, "err", 1.0f) != HPU_OK)
+	    hpu_loss_add(b, "err", 1.0f) != HPU_OK ||
+	    /* the initializer shorthand, positional (C++ mixes no
+	     * designated and positional fields; it was a compound literal) */
+	    hpu_param_init(b, "fc.weight", HPU_INIT(UNIFORM, -0.1f, 0.1f)) != HPU_OK ||
+	    hpu_param_init(b, "fc.bias", HPU_INIT(ZEROS)) != HPU_OK)
 		return HPU_ERROR;
 	return HPU_OK;
 }
 
 HPU_MODEL(.name = "pcmodel_cxx", .setup = setup);
 EOF
-c++ -std=c++20 -Wall -Wextra -Werror -shared -fPIC my.cpp $flags -o mycxx.so || fail "the C++ model did not build with: $flags"
+c++ -std=c++20 -Wall -Wextra -Wpedantic -Werror -shared -fPIC my.cpp $flags -o mycxx.so || fail "the C++ model did not build with: $flags"
 nm -D --defined-only mycxx.so | grep -q ' hpu_model_entry$' ||
 	fail "the C++ model exports no hpu_model_entry (HPU_MODEL must make it extern \"C\")"
 train_one mycxx.so "the C++ model"
