@@ -310,7 +310,7 @@ static const struct hpu__opt opts[] = {
 	OTHER_("host-memory", K_SIZE, host_memory, LOCAL, "bound on the offloaded host tier per worker, e.g. 8GiB (none)"),
 	NUM("offload-buffer-count", K_INT, offload_buffer_count, 1, 64, "nvme: optimizer sub-group buffers; 1 reads, updates and writes one sub-group at a time, more overlap them (4) [offload_optimizer.buffer_count]"),
 	NUM("sub-group-size", K_LONG, sub_group_size, 0, 1e15, "nvme: optimizer elements swapped and updated together, at most; 0: a layer each, as DeepSpeed's one tensor each (1e9) [zero_optimization.sub_group_size]"),
-	NUM("param-buffer-count", K_INT, param_buffer_count, 2, 64, "nvme: buffers for the parameter shard's pieces in memory at once (5) [offload_param.buffer_count]"),
+	NUM("param-buffer-count", K_INT, param_buffer_count, 2, 64, "nvme: buffers for the parameter shard's pieces in memory at once, 2 to 64 (5) [offload_param.buffer_count]"),
 	NUM("param-buffer-size", K_LONG, param_buffer_size, 1, 1e15, "nvme: a layer's piece of the shard may have at most this many elements (1e8) [offload_param.buffer_size]"),
 	NUM("max-in-cpu", K_LONG, max_in_cpu, 0, 1e15, "accepted, no effect: every non-persistent piece goes to the file (1e9) [offload_param.max_in_cpu]"),
 	OTHER_("aio-block-size", K_SIZE, aio_block_size, LOCAL, "nvme: bytes per I/O request (1MiB) [aio.block_size]"),
@@ -457,6 +457,25 @@ int hpu__opts_takes_next(const char *name, const char *next)
 	return n > 0 && next[0] != '-' && !(n >= 3 && strcmp(next + n - 3, ".so") == 0);
 }
 
+/* A whole number lo..hi, also in the exponent form the help prints
+ * defaults in and the config file takes (--sub-group-size 1e9, 5e7):
+ * 0, else -1. */
+static int parse_whole(const char *v, double lo, double hi, long *out)
+{
+	if (hpu__parse_long(v, (long)lo, (long)hi, out) == HPU_NUM_OK)
+		return 0;
+	if (!v || !strpbrk(v, "eE") || strpbrk(v, "xXpP")) /* not hex, inf or nan */
+		return -1;
+	char *end;
+	errno = 0;
+	double d = strtod(v, &end);
+	if (end == v || *end || errno || !isfinite(d) || d != floor(d) || d < lo || d > hi ||
+	    fabs(d) > 9007199254740992.0)
+		return -1;
+	*out = (long)d;
+	return 0;
+}
+
 /* Parses v into p's field; -1 (field untouched) if it is not valid. */
 int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 		       const char *v)
@@ -468,17 +487,17 @@ int hpu__opt_set_value(hpu_train_opts *o, const struct hpu__opt *p,
 	int k;
 	switch (p->kind) {
 	case K_INT:
-		if (hpu__parse_long(v, (long)p->lo, (long)p->hi, &l))
+		if (parse_whole(v, p->lo, p->hi, &l))
 			return -1;
 		*(int *)field = (int)l;
 		return 0;
 	case K_LONG:
-		if (hpu__parse_long(v, (long)p->lo, (long)p->hi, &l))
+		if (parse_whole(v, p->lo, p->hi, &l))
 			return -1;
 		*(long *)field = l;
 		return 0;
 	case K_U64:
-		if (hpu__parse_long(v, (long)p->lo, (long)p->hi, &l))
+		if (parse_whole(v, p->lo, p->hi, &l))
 			return -1;
 		*(uint64_t *)field = (uint64_t)l;
 		return 0;

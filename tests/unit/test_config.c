@@ -259,6 +259,32 @@ static void test_errors_bad_numbers(void **state)
 	/* the error is reported for the bad one, not an earlier good one */
 	EXPECT_ERROR(ARGS("--epochs", "2", "--lr", "abc", "model.so"), "--lr",
 		     "abc");
+	/* a whole number in the exponent form --help prints defaults in
+	 * (and the config file takes) is one; a fraction, hex or out of
+	 * range is not */
+	EXPECT_ERROR(ARGS("--sub-group-size", "1.5e0"), "--sub-group-size", "1.5e0");
+	EXPECT_ERROR(ARGS("--sub-group-size", "1e16"), "--sub-group-size", "1e16");
+	EXPECT_ERROR(ARGS("--max-steps", "-1e3"), "--max-steps", "-1e3");
+	EXPECT_ERROR(ARGS("--epochs", "0x1p3"), "--epochs", "0x1p3");
+	EXPECT_ERROR(ARGS("--epochs", "1e"), "--epochs", "1e");
+}
+
+/* --sub-group-size 1e9 as --help prints its default (it was refused as
+ * "expected an integer", while the config file's 1e9 was taken). */
+static void test_exponent_whole_numbers(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char err[256];
+	int stop;
+	hpu__opts_defaults(&o);
+	assert_int_equal(parse(&o, ARGS("--sub-group-size", "1e9", "--reduce-bucket-size", "5E8",
+					"--max-steps", "2.5e2", "model.so"),
+			       &stop, err, sizeof(err)),
+			 0);
+	assert_true(o.sub_group_size == 1000000000);
+	assert_true(o.reduce_bucket == 500000000);
+	assert_int_equal(o.max_steps, 250);
 }
 
 /* A rejected value leaves its field as it was. */
@@ -1147,6 +1173,7 @@ int main(void)
 	    cmocka_unit_test(test_set_direct),
 	    cmocka_unit_test(test_errors_unknown_and_missing),
 	    cmocka_unit_test(test_errors_bad_numbers),
+	    cmocka_unit_test(test_exponent_whole_numbers),
 	    cmocka_unit_test(test_errors_unknown_choice),
 	    cmocka_unit_test(test_rejected_value_keeps_field),
 	    cmocka_unit_test(test_resolve_world),
