@@ -33,7 +33,7 @@ static const char *const optim_names[] = {"sgd", "adamw", "adam"};
 static const char *const sched_names[] = {"constant", "step", "cosine",
 					  "warmup", "warmup_decay"};
 static const char *const warmup_names[] = {"log", "linear"};
-static const char *const comm_names[] = {"fp32", "bf16"};
+static const char *const comm_names[] = {"fp32", "bf16", "fp16"};
 static const char *const precision_names[] = {"fp32", "bf16-mixed", "16-mixed", "fp8"};
 static const char *const fp8_algo_names[] = {"max", "most_recent"};
 static const char *const offload_names[] = {"none", "cpu", "nvme"};
@@ -294,7 +294,7 @@ static const struct hpu__opt opts[] = {
 	NUM("prefetch-bucket-size", K_LONG, prefetch_bucket, 0, 1e15, "zero3: elements gathered ahead (50000000)"),
 	NUM("param-persistence-threshold", K_LONG, persistence_threshold, 0, 1e15, "zero3: smaller layers stay whole (100000)"),
 	NUM("max-live-parameters", K_LONG, max_live_params, 0, 1e15, "zero3: gathered elements alive at once; 0: none ahead of use (1000000000)"),
-	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32)"),
+	CHOICE("grad-comm-dtype", grad_comm_dtype, comm_names, "fp32 | bf16 gradient all-reduce, ddp/fast_ddp (fp32); fp16: 16-mixed's, whose gradients travel in fp16 anyway"),
 	OTHER("activation-checkpointing", K_FLAG, activation_checkpointing, "recompute every layer's forward but the last one's in backward (strategies.md: about 2 sqrt(m) outputs alive instead of m)"),
 	OTHER("graphs", K_FLAG, graphs, "HPU graphs: record a training step once per batch shape, after --graphs-warmup eager steps, and replay it (a CUDA graph; on --device cpu and cpu-strict its twin, a list of kernel calls); what cannot be recorded runs eagerly, --verbose says why [use_hpu_graphs_for_training]"),
 	NUM("graphs-warmup", K_INT, graphs_warmup, 0, 1e6, "--graphs: eager steps before the first recording; an evaluation batch's size runs eagerly as many times before its recording (3)"),
@@ -970,6 +970,13 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 	assert(world_size >= 1);
 	if (resolve_batch(o, world_size, err, errlen) < 0)
 		return -1;
+	if (o->grad_comm_dtype == HPU_COMM_FP16 && o->precision != HPU_PREC_FP16_MIXED) {
+		snprintf(err, errlen, "--grad-comm-dtype fp16 is 16-mixed's: its gradients are fp16 "
+				      "and travel so; at --precision %s give fp32 or bf16%s",
+			 hpu__precision_name(o->precision),
+			 in_file(o, "grad-comm-dtype", NULL, in, sizeof in));
+		return -1;
+	}
 	if (o->grad_comm_dtype == HPU_COMM_BF16 &&
 	    o->strategy != HPU_STRATEGY_DDP &&
 	    o->strategy != HPU_STRATEGY_FAST_DDP) {

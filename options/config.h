@@ -43,6 +43,8 @@ typedef enum hpu_warmup_type {
 typedef enum hpu_comm_dtype {
 	HPU_COMM_FP32 = 0,
 	HPU_COMM_BF16,
+	HPU_COMM_FP16, /* 16-mixed's own (DeepSpeed's communication_data_type
+			* "fp16"): refused at any other precision */
 } hpu_comm_dtype;
 
 typedef enum hpu_precision {

@@ -546,8 +546,8 @@ static void test_errors_new_flags(void **state)
 	/* below one fp32 element: "above 0" was said of a value above 0 */
 	EXPECT_ERROR(ARGS("--bucket-cap-mb", "0.0000038"), "--bucket-cap-mb",
 		     "from 4 bytes (one fp32 element, 0.0000039)");
-	EXPECT_ERROR(ARGS("--grad-comm-dtype", "fp16"), "--grad-comm-dtype",
-		     "fp16");
+	EXPECT_ERROR(ARGS("--grad-comm-dtype", "fp8"), "--grad-comm-dtype",
+		     "fp8");
 	EXPECT_ERROR(ARGS("--device-memory", "0"), "--device-memory");
 	EXPECT_ERROR(ARGS("--device-memory", "lots"), "--device-memory",
 		     "lots");
@@ -968,6 +968,17 @@ static void test_resolve_other_checks(void **state)
 		assert_non_null(strstr(err, "--grad-comm-dtype bf16"));
 		assert_non_null(strstr(err, bad[k]));
 	}
+	/* fp16 (DeepSpeed's communication_data_type "fp16", refused as an
+	 * unknown value): 16-mixed's own, refused at another precision */
+	hpu__opts_defaults(&o);
+	set_ok(&o, "grad-comm-dtype", "fp16");
+	set_ok(&o, "precision", "16-mixed");
+	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof(err)), 0);
+	set_ok(&o, "precision", "bf16-mixed");
+	assert_int_equal(hpu__opts_resolve(&o, 2, err, sizeof(err)), -1);
+	printf("  -> \"%s\"\n", err);
+	assert_non_null(strstr(err, "--grad-comm-dtype fp16 is 16-mixed's"));
+	assert_non_null(strstr(err, "at --precision bf16-mixed give fp32 or bf16"));
 	hpu__opts_defaults(&o);
 	set_ok(&o, "scheduler", "warmup_decay");
 	set_ok(&o, "warmup-steps", "100");
