@@ -1232,6 +1232,39 @@ static void test_resume_other_seed(void **state)
 	unlink(tok);
 }
 
+/* A 16-mixed checkpoint of a fixed --loss-scale 3, resumed with the
+ * dynamic scale: that starts afresh at 2^16, said (it went on from 3, not
+ * a power of two, in silence). */
+static void test_resume_static_scale(void **state)
+{
+	(void)state;
+	char ck[300], metrics[300];
+	snprintf(ck, sizeof ck, "%s/static-ck", tmp);
+	snprintf(metrics, sizeof metrics, "%s/static.jsonl", tmp);
+	run r;
+	start(&r, 1);
+	args(&r, "--precision", "16-mixed", "--loss-scale", "3", "--batch-size", "64",
+	     "--max-steps", "4", "--checkpoint-dir", ck, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 1);
+	args(&r, "--precision", "16-mixed", "--batch-size", "64", "--max-steps", "6",
+	     "--checkpoint-dir", ck, "--resume", "auto", "--metrics", metrics, NULL);
+	char *out = finish(&r, 0, SMALL);
+	char want[600];
+	snprintf(want, sizeof want, "resume: checkpoint %s/step-00000004's loss scale, 3, was a "
+				    "fixed --loss-scale; this run's dynamic scale starts afresh "
+				    "at 2^16", ck);
+	out_has(out, want);
+	free(out);
+	char *m = h_slurp(metrics);
+	assert_non_null(m);
+	const char *fin = strstr(m, "\"final\":true");
+	assert_non_null(fin);
+	printf("  final record: %.200s\n", fin);
+	assert_non_null(strstr(fin, "\"loss_scale\":65536"));
+	free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1252,6 +1285,7 @@ int main(void)
 		cmocka_unit_test(test_threads_hold_stop_signals),
 		cmocka_unit_test(test_resume_refused),
 		cmocka_unit_test(test_resume_other_seed),
+		cmocka_unit_test(test_resume_static_scale),
 		cmocka_unit_test(test_disk_full),
 		cmocka_unit_test(test_latest_unwritable),
 		cmocka_unit_test(test_root_in_use),

@@ -229,6 +229,12 @@ static void optim_notes(const hpu_ckpt *c, const hpu_train_opts *o)
 	    strcmp(c->precision, "16-mixed") == 0 && saved > 0 && saved != o->loss_scale)
 		printf("resume: --loss-scale %g is used; checkpoint %s's loss scale was %g\n",
 		       o->loss_scale, c->dir, saved);
+	else if (o->precision == HPU_PREC_FP16_MIXED && !(o->loss_scale > 0) &&
+		 strcmp(c->precision, "16-mixed") == 0 &&
+		 cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ls, "static")))
+		printf("resume: checkpoint %s's loss scale, %g, was a fixed --loss-scale; this run's "
+		       "dynamic scale starts afresh at 2^%d\n",
+		       c->dir, saved, o->initial_scale_power);
 	/* the dynamic scale goes on from the saved one: a first scale given
 	 * for this run is not used (it was taken in silence) */
 	else if (o->precision == HPU_PREC_FP16_MIXED && !(o->loss_scale > 0) &&

@@ -210,6 +210,10 @@ static cJSON *manifest(hpucoll_comm *comm, const hpu_train_opts *o, const hpu_bu
 	cJSON_AddNumberToObject(ls, "steps", (double)ss.scaler_steps);
 	cJSON_AddNumberToObject(ls, "last_overflow", (double)ss.last_overflow);
 	cJSON_AddNumberToObject(ls, "skipped", (double)ss.skipped);
+	/* a fixed --loss-scale's: no state of the dynamic scaler's (a
+	 * dynamic run resumed from it starts its own scale) */
+	if (o->precision == HPU_PREC_FP16_MIXED && o->loss_scale > 0)
+		cJSON_AddTrueToObject(ls, "static");
 	cJSON_AddItemToObject(m, "loss_scaler", ls);
 	if (o->precision == HPU_PREC_FP8)
 		cJSON_AddItemToObject(m, "fp8", fp8_json(o));

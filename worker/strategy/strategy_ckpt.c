@@ -336,9 +336,12 @@ int hpu__strat_resume_state(hpu_strat *s)
 		s->steps.skipped = same ? (long)hpu__ckpt_num(ls, "skipped", 0) : 0;
 	}
 	/* a fixed --loss-scale is this run's (resume_apply.c says when the
-	 * checkpoint's differs) */
+	 * checkpoint's differs); a checkpoint's fixed scale is no dynamic
+	 * state (the dynamic scale went on from a static 3, not a power of
+	 * two, in silence): the dynamic scaler starts afresh */
 	if (s->plan.fp16 && cJSON_IsObject(ls) && strcmp(c->precision, "16-mixed") == 0 &&
-	    !(s->o->loss_scale > 0)) {
+	    !(s->o->loss_scale > 0) &&
+	    !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ls, "static"))) {
 		s->steps.scale = hpu__ckpt_num(ls, "scale", s->steps.scale);
 		s->steps.hyst_left = (int)hpu__ckpt_num(ls, "hysteresis_left", s->steps.hyst_left);
 	}
