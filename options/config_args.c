@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char *lightning_hint(const char *opt, const char *v);
+
 static int set_config(hpu_train_opts *o, const struct hpu__opt *p,
 		      const char *path, char *err, size_t errlen)
 {
@@ -82,8 +84,9 @@ int hpu__opts_set(hpu_train_opts *o, const char *name, const char *value,
 		 * push the reason out of the message */
 		char buf[160];
 		int n = (int)strlen(value);
-		snprintf(err, errlen, "bad value '%.*s%s' for --%s: expected %s", n > 200 ? 200 : n,
-			 value, n > 200 ? "..." : "", name, hpu__opt_expected(p, buf, sizeof buf));
+		snprintf(err, errlen, "bad value '%.*s%s' for --%s: expected %s%s", n > 200 ? 200 : n,
+			 value, n > 200 ? "..." : "", name, hpu__opt_expected(p, buf, sizeof buf),
+			 lightning_hint(p->name, value));
 		return -1;
 	}
 	char again[128] = "";
@@ -216,6 +219,23 @@ int hpu__opts_resolved(const hpu_train_opts *o, const char *name)
 		(!strcmp(name, "grad-accum") && gb && gm));
 }
 
+/* Lightning's names that mean something else here, said with what does
+ * it (coming-from.md), after a refusal's list of names; "" for others. */
+static const char *lightning_hint(const char *opt, const char *v)
+{
+	if (!strcmp(opt, "strategy")) {
+		if (!strncmp(v, "deepspeed_stage_", 16) && strstr(v, "_offload"))
+			return "; here: zero1-3 with --offload-optimizer cpu";
+		if (!strcmp(v, "hpu_single") || !strcmp(v, "single_device"))
+			return "; one worker is --devices 1, under any strategy";
+		if (!strcmp(v, "auto"))
+			return "; without --strategy it is fast_ddp";
+	}
+	if (!strcmp(opt, "precision") && (!strcmp(v, "bf16-true") || !strcmp(v, "16-true")))
+		return "; the master weights stay fp32 here (bf16-mixed)";
+	return "";
+}
+
 /* Where a batch number left to hpu__opts_resolve came from: "resolved"
  * for the one the other two determined. */
 static const char *source_of(const hpu_train_opts *o, const char *name, int from)
@@ -240,6 +260,10 @@ void hpu__opts_print_sources(const hpu_train_opts *o, FILE *f)
 			v = *(const int *)((const char *)o + p->off) ? "false" : "true";
 		if (!strcmp(p->name, "max-steps") && o->max_steps < 0) /* unset: -1, which it refuses */
 			v = "none: --epochs decides";
-		fprintf(f, "setting --%s %s (%s)\n", p->name, v, source_of(o, p->name, o->from[i]));
+		/* the file's key that set it, as configuration.md says ("config"
+		 * alone left two keys of one option apart unnamed) */
+		const char *key = o->from[i] == HPU_FROM_FILE ? o->file_key[i] : "";
+		fprintf(f, "setting --%s %s (%s%s%s)\n", p->name, v, source_of(o, p->name, o->from[i]),
+			*key ? ": " : "", key);
 	}
 }

@@ -20,6 +20,7 @@
 #include "common/fileio.h"
 
 #include <cJSON.h>
+#include <ctype.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,32 @@ static void syntax_error(const char *path, const char *buf, size_t len,
 				      "reads its file with hjson, which takes them; this reader does "
 				      "not): remove it",
 			 path, line, col);
+		return;
+	}
+	/* a value right after a value: the comma between them is missing
+	 * (hjson, DeepSpeed's reader, takes a line break for one: a file
+	 * that runs there, as Optimum Habana's llama2 ZeRO-3 config) */
+	size_t p = pos;
+	int newline = 0;
+	while (p > 0 && buf[p - 1] && strchr(" \t\r\n", buf[p - 1]))
+		newline |= buf[--p] == '\n';
+	if (p > 0 && p < pos && buf[pos] && strchr("\"{[-0123456789tfn", buf[pos]) &&
+	    (strchr("\"}]", buf[p - 1]) || isalnum((unsigned char)buf[p - 1]))) {
+		/* a string after '{' or ',' was a key: its ':' is missing */
+		size_t q = p - 1;
+		if (buf[q] == '"')
+			while (q > 0 && !(buf[q - 1] == '"' && (q < 2 || buf[q - 2] != '\\')))
+				q--;
+		while (q > 1 && buf[q - 2] && strchr(" \t\r\n", buf[q - 2]))
+			q--;
+		int key = buf[p - 1] == '"' && q >= 2 && (buf[q - 2] == '{' || buf[q - 2] == ',');
+		snprintf(err, errlen, "%s: line %d, column %zu: JSON syntax error: a %s is missing "
+				      "before this value%s",
+			 path, line, col, key ? "':' after the key" : "comma",
+			 key ? "" :
+			 newline ? " (DeepSpeed reads its file with hjson, which takes the line "
+				   "break for one; this reader does not): add it"
+				 : "");
 		return;
 	}
 	char near[24];

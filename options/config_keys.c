@@ -84,6 +84,12 @@ static const struct fkey zero_keys[] = {
 
 static int f_zero(struct fctx *c, const char *path, const cJSON *it)
 {
+	/* DeepSpeed's older form, still read there (its getting-started
+	 * page's "zero_optimization": true): true is stage 1 (with its
+	 * allgather_bucket_size, 5e8, hputrain's default), false stage 0 */
+	if (cJSON_IsBool(it))
+		return hpu__cfg_put(c, path, hpu__opt_find("strategy"),
+				    cJSON_IsTrue(it) ? "zero1" : "ddp");
 	return WALK(c, it, path, zero_keys, 0, "", 0);
 }
 
@@ -358,6 +364,33 @@ static const char *entry_flag(const struct fkey *e, char *buf, size_t len)
  * option it names (hf_names, or the flag of its name). NULL: nothing. */
 static const char *top_hint(const char *key, char *buf, size_t len)
 {
+	/* Optimum Habana's gaudi_config.json keys (coming-from.md): said
+	 * with what does that here (a run given use_torch_autocast trained
+	 * in fp32 with "not a key hputrain knows") */
+	static const struct {
+		const char *key, *what;
+	} gaudi[] = {
+	    {"use_torch_autocast", "Gaudi's bf16 autocast: here --precision bf16-mixed (or this "
+				   "file's bf16.enabled) turns it on, or this run is fp32"},
+	    {"autocast_bf16_ops", "Gaudi's autocast list: here LOWER_LIST=FILE (one op a line) "
+				  "with --precision bf16-mixed"},
+	    {"autocast_fp32_ops", "Gaudi's autocast list: here FP32_LIST=FILE (one op a line) "
+				  "with --precision bf16-mixed"},
+	    {"use_fused_adam", "the optimizers have one implementation each, fused"},
+	    {"use_fused_clip_norm", "gradient clipping has one implementation, fused"},
+	    {"use_fused_rope", "no rotary embedding layer here"},
+	    {"use_fused_rms_norm", "no RMS norm layer here"},
+	    {"use_dynamic_shapes", "a batch of another shape records its own graph (--graphs)"},
+	    {"gradient_checkpointing", "Optimum Habana's: here --activation-checkpointing (or this "
+				       "file's hputrain.activation_checkpointing)"},
+	    {"use_hpu_graphs_for_inference", "Optimum Habana's: --graphs (use_hpu_graphs_for_"
+					     "training) records the evaluation's batches too"},
+	};
+	for (size_t i = 0; i < sizeof gaudi / sizeof *gaudi; i++)
+		if (!strcmp(key, gaudi[i].key)) {
+			snprintf(buf, len, "%s", gaudi[i].what);
+			return buf;
+		}
 	struct hint_sec s[16];
 	int ns = hint_sections(s, 16);
 	char fb[64], name[64];

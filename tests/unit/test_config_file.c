@@ -649,7 +649,7 @@ static void test_precision_names_and_zero_sizes(void **state)
 		assert_int_equal(o.precision, names[k].p);
 	}
 	EXPECT_ERROR(ARGS("--precision", "bf16-true"), "--precision", "bf16-true",
-		     "bf16-mixed", "32-true");
+		     "bf16-mixed", "32-true", "the master weights stay fp32 here (bf16-mixed)");
 	load_ok("{'hputrain': {'precision': '32-true'}}", &o);
 	assert_int_equal(o.precision, HPU_PREC_FP32);
 	/* and its strategy names */
@@ -666,8 +666,12 @@ static void test_precision_names_and_zero_sizes(void **state)
 				       &stop, err, sizeof err), 0);
 		assert_int_equal(o.strategy, strategies[k].s);
 	}
+	/* Lightning's names that mean something else here say what does it */
 	EXPECT_ERROR(ARGS("--strategy", "deepspeed_stage_2_offload"), "--strategy",
-		     "deepspeed_stage_2_offload", "zero3", "hpu_parallel, deepspeed_stage_1");
+		     "deepspeed_stage_2_offload", "zero3", "hpu_parallel, deepspeed_stage_1",
+		     "here: zero1-3 with --offload-optimizer cpu");
+	EXPECT_ERROR(ARGS("--strategy", "hpu_single"), "one worker is --devices 1");
+	EXPECT_ERROR(ARGS("--strategy", "ddpp"), "--strategy", "ddpp");
 	load_ok("{'hputrain': {'strategy': 'deepspeed_stage_3'}}", &o);
 	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO3);
 	load_ok("{'hputrain': {'precision': 'bf16'}}", &o);
@@ -678,7 +682,16 @@ static void test_precision_names_and_zero_sizes(void **state)
 	assert_int_equal(o.precision, HPU_PREC_BF16_MIXED);
 	load_ok("{'communication_data_type': 'bf16'}", &o);
 	assert_int_equal(o.grad_comm_dtype, HPU_COMM_BF16);
-	LOAD_ERROR("{'communication_data_type': 'fp16'}", "communication_data_type", "fp16");
+	/* fp16 is 16-mixed's (hpu__opts_resolve refuses it at any other) */
+	load_ok("{'communication_data_type': 'fp16'}", &o);
+	assert_int_equal(o.grad_comm_dtype, HPU_COMM_FP16);
+	LOAD_ERROR("{'communication_data_type': 'fp8'}", "communication_data_type", "fp8");
+	/* DeepSpeed's older boolean (its getting-started page's): stage 1,
+	 * or 0 (it was "expected an object, got true") */
+	load_ok("{'zero_optimization': true}", &o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_ZERO1);
+	load_ok("{'zero_optimization': false}", &o);
+	assert_int_equal(o.strategy, HPU_STRATEGY_DDP);
 	load_ok("{'zero_optimization': {'reduce_bucket_size': 0, 'allgather_bucket_size': 0,"
 		" 'stage3_max_live_parameters': 0, 'sub_group_size': 0,"
 		" 'stage3_prefetch_bucket_size': 0, 'stage3_param_persistence_threshold': 0}}",
@@ -774,6 +787,14 @@ static void test_file_syntax_and_io(void **state)
 		   "a comment: JSON has none");
 	LOAD_ERROR("{\n  'train_batch_size': 8 /* c */}", "line 2, column 25", "a comment");
 	LOAD_ERROR("{\n# c\n'train_batch_size': 8}", "line 2, column 1", "a comment");
+	/* a missing comma, where hjson takes the line break for one (Optimum
+	 * Habana's llama2 ZeRO-3 config): named (it said "near '\"timers\"'")
+	 * and, for a missing ':', that instead */
+	LOAD_ERROR("{\n  'zero_optimization': {'stage': 3}\n  'timers': {}\n}",
+		   "line 3, column 3", "a comma is missing before this value (DeepSpeed reads its "
+		   "file with hjson, which takes the line break for one");
+	LOAD_ERROR("{'a': [1 2]}", "column 10", "a comma is missing before this value");
+	LOAD_ERROR("{'a': 1,\n 'b' 2}", "line 2, column 6", "a ':' after the key is missing");
 
 	err[0] = 0;
 	assert_int_equal(hpu__opts_load_file(&o, "/nonexistent/x.json", err,
