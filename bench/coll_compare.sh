@@ -27,7 +27,10 @@ trap 'rm -rf "$out"' EXIT
 ranges=("8 64K 500 50" "128K 4M 100 10" "8M 128M 10 3")
 
 launch_flag=
-if "$build/bin/hpulaunch" --help 2>&1 | grep -q -- '--transport'; then
+# (the help read whole first: under pipefail grep -q's early exit made
+# hpulaunch's next write fail, exit 3, and the flag look absent)
+help_text=$("$build/bin/hpulaunch" --help 2>&1)
+if grep -q -- '--transport' <<<"$help_text"; then
   launch_flag=yes
 fi
 

@@ -27,6 +27,9 @@ pc_opts=(-n hpubench -s 10.91.55)
 prefix=55
 tmp=$(mktemp -d) || exit 1
 cleanup() {
+	# the README the cached-build step changed, put back if the script
+	# ended in between (an interrupted build left the source tree changed)
+	[ -f "$tmp/README.md.orig" ] && cp -a "$tmp/README.md.orig" "$src/README.md"
 	bash "$pc" "${pc_opts[@]}" down >/dev/null 2>&1
 	bash "$nc" down $prefix >/dev/null 2>&1
 	rm -rf "$tmp"
@@ -60,7 +63,7 @@ echo "<!-- bench/containers.sh $$ -->" >>"$src/README.md"
 t=$(now)
 bash "$pc" build >/dev/null 2>&1
 rc=$?
-cp -a "$tmp/README.md.orig" "$src/README.md"
+cp -a "$tmp/README.md.orig" "$src/README.md" && rm -f "$tmp/README.md.orig"
 [ $rc -eq 0 ] || exit 1
 echo "project image, cached, one source file changed: $(since "$t") s"
 echo "image size: $(podman image inspect -f '{{.Size}}' "$HPU_IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"

@@ -87,7 +87,9 @@ run() {
 	local pid=$! peak=0
 	while kill -0 $pid 2>/dev/null; do
 		local sum=0
-		for p in $(pgrep -f hpu-worker || true); do
+		# this run's workers only (hpulaunch's children; every
+		# hpu-worker of the machine counted other jobs' too)
+		for p in $(pgrep -P $pid -f hpu-worker || true); do
 			# a worker exiting meanwhile has no VmRSS (zombie) or no file
 			local kb
 			kb=$(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || true)
