@@ -640,10 +640,16 @@ static const char *bname(const hpu_train_opts *o, const char *flag,
 	return buf;
 }
 
+static const char *in_file(const hpu_train_opts *o, const char *a, const char *b, char *buf,
+			   size_t len);
+
 static int resolve_batch(hpu_train_opts *o, int world, char *err,
 			 size_t errlen)
 {
-	char nb[40], nm[40], ng[40];
+	char nb[40], nm[40], ng[40], in[600];
+	/* the file, where one of the three came from it (it went unnamed) */
+	if (!*in_file(o, "batch-size", "micro-batch-size", in, sizeof in))
+		in_file(o, "grad-accum", NULL, in, sizeof in);
 	bname(o, "batch-size", "train_batch_size", nb, sizeof nb);
 	bname(o, "micro-batch-size", "train_micro_batch_size_per_gpu", nm,
 	      sizeof nm);
@@ -659,33 +665,33 @@ static int resolve_batch(hpu_train_opts *o, int world, char *err,
 
 	if (gb && gm && gg) {
 		if ((double)b != prod) {
-			snprintf(err, errlen, "%s %lld != %s %lld x %s %lld x world size %lld = %.0f",
-				 nb, b, nm, m, ng, g, w, prod);
+			snprintf(err, errlen, "%s %lld != %s %lld x %s %lld x world size %lld = %.0f%s",
+				 nb, b, nm, m, ng, g, w, prod, in);
 			return -1;
 		}
 	} else if (gb && gm) {
 		if (b % (m * w)) {
-			snprintf(err, errlen, "%s %lld is not divisible by %s %lld x world size %lld",
-				 nb, b, nm, m, w);
+			snprintf(err, errlen, "%s %lld is not divisible by %s %lld x world size %lld%s",
+				 nb, b, nm, m, w, in);
 			return -1;
 		}
 		g = b / (m * w);
 		if (g > pg->hi) {
-			snprintf(err, errlen, "%s %lld / (%s %lld x world size %lld) = %lld gradient accumulation steps, more than %.0f",
-				 nb, b, nm, m, w, g, pg->hi);
+			snprintf(err, errlen, "%s %lld / (%s %lld x world size %lld) = %lld gradient accumulation steps, more than %.0f%s",
+				 nb, b, nm, m, w, g, pg->hi, in);
 			return -1;
 		}
 	} else if (gm) {
 		if (prod > pb->hi) {
-			snprintf(err, errlen, "%s %lld x %s %lld x world size %lld = %.0f, more than the largest global batch %.0f",
-				 nm, m, ng, g, w, prod, pb->hi);
+			snprintf(err, errlen, "%s %lld x %s %lld x world size %lld = %.0f, more than the largest global batch %.0f%s",
+				 nm, m, ng, g, w, prod, pb->hi, in);
 			return -1;
 		}
 		b = m * g * w;
 	} else {
 		if (b % (g * w)) {
-			snprintf(err, errlen, "%s %lld is not divisible by %s %lld x world size %lld",
-				 nb, b, ng, g, w);
+			snprintf(err, errlen, "%s %lld is not divisible by %s %lld x world size %lld%s",
+				 nb, b, ng, g, w, in);
 			return -1;
 		}
 		m = b / (g * w);
@@ -723,7 +729,8 @@ static const char *said(const hpu_train_opts *o, const char *flag, const char *v
 static const char *in_file(const hpu_train_opts *o, const char *a, const char *b, char *buf,
 			   size_t len)
 {
-	if (hpu__opts_from(o, a) == HPU_FROM_FILE || (b && hpu__opts_from(o, b) == HPU_FROM_FILE))
+	if (o->config[0] &&
+	    (hpu__opts_from(o, a) == HPU_FROM_FILE || (b && hpu__opts_from(o, b) == HPU_FROM_FILE)))
 		snprintf(buf, len, " (config file %s)", o->config);
 	else
 		buf[0] = 0;

@@ -1071,6 +1071,11 @@ static void test_file_offload_refusals_name_keys(void **state)
 			  "{'device': 'nvme'}}}", NULL);
 	assert_has(e, "zero_optimization.offload_optimizer.device nvme needs "
 		      "zero_optimization.offload_optimizer.nvme_path (or --nvme-path DIR) (config file ");
+	/* the batch triple disagreeing: the file named too (it was not) */
+	e = resolve_error("{'train_batch_size': 32, 'train_micro_batch_size_per_gpu': 16, "
+			  "'gradient_accumulation_steps': 4}", NULL);
+	assert_has(e, "train_batch_size 32 != train_micro_batch_size_per_gpu 16 x "
+		      "gradient_accumulation_steps 4 x world size 1 = 64");
 	/* a flag beside a key: each named as it was given */
 	char *flag[] = {"offload-param", "cpu", NULL};
 	e = resolve_error("{'zero_optimization': {'stage': 1}}", flag);
