@@ -48,7 +48,7 @@ int ex_arg_double(hpu_builder *b, const char *name, const char *v, double lo, do
 		x = strtod(v, &end);
 	if (end == v || *end || !(x >= lo && x <= hi)) /* NaN is in no range */
 		return hpu_error(b, "%s wants a number in %g..%g, got %s", name, lo, hi, v);
-	*out = x;
+	*out = x == 0 ? 0.0 : x; /* -0 is 0 (it was said back as "-0") */
 	return 0;
 }
 

@@ -147,9 +147,15 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 		return hpu_error(b, "--dim %g is not a multiple of --heads %g", a->d, a->heads);
 	if (a->vocab > 0 && !a->tokens)
 		return hpu_error(b, "--vocab is for --tokens FILE (the corpus's vocabulary: its bytes)");
+	/* given or not, told by the unset -1s (a value equal to the
+	 * default, --temperature 0.8 with --gen 0, passed as not given) */
 	if (ex_lm_sample_args(b, a->tokens != NULL, a->gen, a->prompt != default_prompt ? "--prompt"
-			      : a->temp != 0.8 ? "--temperature" : a->seed != 1 ? "--gen-seed" : NULL))
+			      : a->temp >= 0 ? "--temperature" : a->seed >= 0 ? "--gen-seed" : NULL))
 		return -1;
+	if (a->temp < 0)
+		a->temp = 0.8;
+	if (a->seed < 0)
+		a->seed = 1;
 	if (a->gen < 0)
 		a->gen = a->tokens ? 0 : 200;
 	return 0;
@@ -171,7 +177,7 @@ static int setup(hpu_builder *b, int argc, char **argv)
 	hpu_set_user(b, m);
 	args *a = &m->a;
 	*a = (args){.prompt = default_prompt, .t = 64, .d = 128, .heads = 4, .layers = 2, .dropout = 0.1,
-		    .gen = -1, .temp = 0.8, .seed = 1};
+		    .gen = -1, .temp = -1, .seed = -1}; /* -1: not given (parse_args) */
 	if (parse_args(b, argc, argv, a) < 0 ||
 	    ex_lm_read(b, &m->lm, a->dir, a->tokens, (long)a->vocab) < 0)
 		return -1;
