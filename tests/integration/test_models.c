@@ -807,7 +807,7 @@ static void test_gpt_lm_prompt(void **state)
 	assert_non_null(strstr(p.out, "--temperature: --gen 0 generates no sample; leave it out"));
 	h_free(&p);
 	/* ... the default's own value too (given, it was taken for not given) */
-	unused[11] = "0.8";
+	unused[12] = "0.8";
 	code = h_run(&p, unused, NULL, 120000);
 	printf("--gen 0 --temperature 0.8: exit %d\n%s", code, p.out);
 	assert_int_equal(code, 1);
