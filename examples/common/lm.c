@@ -156,16 +156,42 @@ int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given)
 	return 0;
 }
 
+/* The length of the UTF-8 character at s[0 .. n) that a terminal shows
+ * (2 to 4 bytes, not a C1 control U+0080..U+009F, an overlong form or a
+ * surrogate), else 0. */
+static size_t utf8_shown(const uint8_t *s, size_t n)
+{
+	size_t len = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+	if (s[0] >= 0xf5 || len == 0 || len > n)
+		return 0;
+	uint32_t cp = s[0] & (0x7f >> len);
+	for (size_t k = 1; k < len; k++) {
+		if ((s[k] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[k] & 0x3f);
+	}
+	static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+	if (cp < least[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp <= 0x9f)
+		return 0;
+	return len;
+}
+
 /* Writes text[0 .. n) to stdout, its bytes that a terminal would act on
  * escaped (a NUL ended the sample, control bytes reached the terminal):
- * every one as shown() gives it in a quoted prompt, else all but newlines
- * and tabs, which stay the text's own; a newline after a sample. */
+ * every one as shown() gives it in a quoted prompt, else all but newlines,
+ * tabs and whole UTF-8 characters, which stay the text's own (a byte of
+ * 0x80 or above outside one, a C1 control such as 0x90 among them, went
+ * out raw); a newline after a sample. */
 static void put_text(const char *text, size_t n, int quoted)
 {
 	char c[8];
 	for (size_t i = 0; i < n; i++) {
 		uint8_t b = (uint8_t)text[i];
-		if (!quoted && (b == '\n' || b == '\t' || (b >= 0x20 && b < 0x7f) || b >= 0x80))
+		size_t u = !quoted && b >= 0x80 ? utf8_shown((const uint8_t *)text + i, n - i) : 0;
+		if (u) {
+			fwrite(text + i, 1, u, stdout);
+			i += u - 1;
+		} else if (!quoted && (b == '\n' || b == '\t' || (b >= 0x20 && b < 0x7f)))
 			putchar(b);
 		else
 			fputs(shown(b, c), stdout);

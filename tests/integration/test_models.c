@@ -806,6 +806,26 @@ static void test_gpt_lm_prompt(void **state)
 	assert_int_equal(code, 1);
 	assert_non_null(strstr(p.out, "--temperature: --gen 0 generates no sample; leave it out"));
 	h_free(&p);
+	/* a sample's bytes outside whole UTF-8 characters are escaped: a
+	 * corpus of 0x90 (a C1 control, DCS, that went out raw) and 'a' */
+	char dir[256], corpus[300], text[2001];
+	h_scratch_dir(dir, sizeof dir);
+	snprintf(corpus, sizeof corpus, "%s/corpus", dir);
+	for (int i = 0; i < 2000; i++)
+		text[i] = i % 3 ? (char)0x90 : 'a';
+	text[2000] = 0;
+	assert_int_equal(h_write_file(corpus, text, 0644), 0);
+	char *c1[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "2", "--no-eval",
+		      "--batch-size", "8", (char *)h_build("lib/gpt_lm.so"), "--", "--data", dir,
+		      "--ctx", "8", "--gen", "40", "--temperature", "1", NULL};
+	out = run_ok(c1);
+	const char *sample = strstr(out, "temperature 1):\n");
+	assert_non_null(sample);
+	printf("%s", sample);
+	assert_non_null(strstr(sample, "\\x90"));
+	assert_null(strchr(sample, (char)0x90));
+	free(out);
+	h_rmtree(dir);
 	/* ... the default's own value too (given, it was taken for not given) */
 	unused[12] = "0.8";
 	code = h_run(&p, unused, NULL, 120000);
