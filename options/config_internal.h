@@ -129,6 +129,8 @@ struct fctx {
 	 * weight_decay and momentum given; a WarmupLR or WarmupDecayLR
 	 * without warmup_max_lr */
 	int ds_optim, ds_wd_given, ds_momentum_given, ds_no_max_lr;
+	int ds_lr_given; /* optimizer.params.lr (a numeric one) ... */
+	double ds_lr;    /* ... its value */
 	int ds_torch_adam; /* optimizer.params.torch_adam true: torch's AdamW,
 			    * whose weight_decay default is 0.01 */
 	char prec_by[96]; /* the key that asked for a precision ("" none) */

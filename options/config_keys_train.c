@@ -153,6 +153,9 @@ int hpu__cfg_optimizer(struct fctx *c, const char *path, const cJSON *it)
 	c->ds_optim = k + 1;
 	c->ds_wd_given = params && cJSON_GetObjectItemCaseSensitive(params, "weight_decay");
 	c->ds_momentum_given = params && cJSON_GetObjectItemCaseSensitive(params, "momentum");
+	const cJSON *lr = params ? cJSON_GetObjectItemCaseSensitive(params, "lr") : NULL;
+	c->ds_lr_given = cJSON_IsNumber(lr);
+	c->ds_lr = c->ds_lr_given ? lr->valuedouble : 0;
 	c->ds_torch_adam =
 		params && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(params, "torch_adam"));
 	/* torch.optim.SGD refuses Nesterov without momentum, which the
@@ -271,6 +274,13 @@ int hpu__cfg_deepspeed_defaults(struct fctx *c)
 		hpu__cfg_note_ignored(c, "optimizer.params.lr",
 				      "WarmupLR and WarmupDecayLR without warmup_max_lr set the lr "
 				      "to DeepSpeed's 0.001 at every step");
+	/* ... and with it, its value (it went unsaid: the same key changing
+	 * nothing was named only without warmup_max_lr) */
+	else if (c->ds_lr_given && c->o->from[lr] == HPU_FROM_FILE && c->ds_lr != c->o->lr &&
+		 !strcmp(c->o->file_key[lr], "scheduler.params.warmup_max_lr"))
+		hpu__cfg_note_ignored(c, "optimizer.params.lr",
+				      "the scheduler's warmup_max_lr sets the lr at every step, as "
+				      "DeepSpeed's WarmupLR and WarmupDecayLR do");
 	return 0;
 }
 

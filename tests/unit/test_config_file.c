@@ -230,6 +230,18 @@ static void test_file_scheduler(void **state)
 	assert_non_null(strstr(o.cfg_ignored, "optimizer.params.lr\tWarmupLR and WarmupDecayLR "
 						"without warmup_max_lr set the lr to DeepSpeed's "
 						"0.001 at every step\n"));
+	/* with warmup_max_lr, that is the lr: another optimizer lr is said
+	 * to change nothing too (it was not), the same one not */
+	load_ok("{'optimizer': {'type': 'AdamW', 'params': {'lr': 0.005}},"
+		" 'scheduler': {'type': 'WarmupLR', 'params': {'warmup_max_lr': 0.01}}}",
+		&o);
+	assert_true(o.lr == 0.01);
+	assert_non_null(strstr(o.cfg_ignored, "optimizer.params.lr\tthe scheduler's warmup_max_lr "
+						"sets the lr at every step"));
+	load_ok("{'optimizer': {'type': 'AdamW', 'params': {'lr': 0.01}},"
+		" 'scheduler': {'type': 'WarmupLR', 'params': {'warmup_max_lr': 0.01}}}",
+		&o);
+	assert_null(strstr(o.cfg_ignored, "optimizer.params.lr"));
 	load_ok("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
 		" 'total_num_steps': 40}},"
 		" 'optimizer': {'type': 'SGD', 'params': {'lr': 0.3}}}",
