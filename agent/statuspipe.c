@@ -5,6 +5,7 @@
  * (agent/agent_impl.h). */
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -102,6 +103,22 @@ static double coll_timeout_s(const hpu_agent *a)
 	return v && *v && !hpu__parse_int(v, 1, INT_MAX, &ms) ? ms / 1000.0 : 60.0;
 }
 
+/* Whether process pid is stopped (SIGSTOP, a frozen job control stop,
+ * a tracer's stop): its /proc/PID/stat state T or t. */
+static int proc_stopped(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *rp = strrchr(buf, ')'); /* after the command's name */
+	return rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+}
+
 static void on_silence_timer(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	(void)loop;
@@ -123,9 +140,16 @@ static void on_silence_timer(struct ev_loop *loop, ev_timer *t, int revents)
 			w->heard_at = now;
 			continue;
 		}
-		/* one that never said a keepalive (an older hpu-worker) is
-		 * silent between its records by nature: not watched */
-		if (a->stopping || !w->keepalive || w->silent_said || now - w->heard_at <= limit)
+		/* one that never said a keepalive (an older hpu-worker, an
+		 * --exec program) is silent between its records by nature:
+		 * watched only while its process is stopped (one stopped
+		 * before its first keepalive waited for --join-timeout, and
+		 * an --exec program's for ever) */
+		if (!w->keepalive && !proc_stopped(w->pid)) {
+			w->heard_at = now;
+			continue;
+		}
+		if (a->stopping || w->silent_said || now - w->heard_at <= limit)
 			continue;
 		w->silent_said = 1;
 		if (a->cfg.on_silent)

@@ -312,6 +312,15 @@ static int run_epochs(loop *L, long total, size_t per_epoch, long *steps_out, fl
 		}
 	}
 done:
+	/* a stop (--stop-at-step, --early-stop) leaves the next batch asked
+	 * for: fetched before anything else fetches (the evaluation's, the
+	 * calibration's), as hpu__loop_validate does: the model's fetch()
+	 * ran on two threads at once */
+	for (int k = 0; L->loader && k < 2; k++) {
+		const hpu_batch *bt;
+		size_t bad;
+		(void)hpu__loader_wait(L->loader, k, &bt, &bad);
+	}
 	if (L->rank == 0 && o->profile[0] && o->profile_warmup > 0 && step - first <= o->profile_warmup)
 		printf("profiling: this run's %ld step%s ended within --profile-warmup-steps %ld: "
 		       "the traces hold no step\n",
