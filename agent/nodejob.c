@@ -67,9 +67,15 @@ static void fail_as(hpu_nodejob *j, const char *cause, double grace_s, int print
 {
 	if (!j->failed) {
 		snprintf(j->root_cause, sizeof j->root_cause, "%s", cause);
-		if (print && !j->cfg.quiet && j->cfg.restart_count >= j->cfg.max_restarts)
+		if (print && !j->cfg.quiet && j->cfg.restart_count >= j->cfg.max_restarts) {
 			hpu__log(HPU_LOG_ERROR, "error: %s", cause);
-		else if (print && !j->cfg.quiet)
+			/* troubleshooting.md's first answer, where one looks */
+			if (strstr(cause, "was killed by signal 9 ("))
+				hpu__log(HPU_LOG_NOTICE, "note: signal 9 is most often the kernel's "
+					 "out-of-memory killer (dmesg says so): fewer --devices, a "
+					 "smaller --device-memory or offloading less; else a person or "
+					 "a batch system ended it");
+		} else if (print && !j->cfg.quiet)
 			j->unsaid = 1;
 	}
 	j->failed = 1;

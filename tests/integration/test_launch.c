@@ -181,6 +181,9 @@ static void test_kill_worker(void **state)
 	assert_int_not_equal(h_code(&p), 0);
 	assert_non_null(strstr(p.out, want));
 	assert_non_null(strstr(p.out, "hpulaunch: error: rank "));
+	/* troubleshooting.md's first answer, on the terminal */
+	assert_non_null(strstr(p.out, "hpulaunch: note: signal 9 is most often the kernel's "
+				      "out-of-memory killer (dmesg says so)"));
 	assert_false(alive);
 	h_free(&p);
 }

@@ -113,9 +113,10 @@ static void set_alloc_error(size_t bytes, const char *what, int e)
 		snprintf(hpu__devmem_err, sizeof hpu__devmem_err,
 			 "%sout of device memory allocating %s: the device refused %s (%s) even with the cache given back; InUse %s, Limit %s",
 			 who, what, req, strerror(e), used, lim);
-	else
+	else /* the CPU device's memory is this machine's: its limit
+	      * promised more than the process could get */
 		snprintf(hpu__devmem_err, sizeof hpu__devmem_err,
-			 "%sout of host memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s",
+			 "%sout of memory allocating %s: the system refused %s (%s) even with the cache given back; InUse %s, Limit %s (--device-memory: more than this process can get here, with ulimit -v, other jobs and --host-memory's tier; lower it, or free memory)",
 			 who, what, req, strerror(e), used, lim);
 	hpu__devmem_peak_refused(hpu__devmem_err);
 }

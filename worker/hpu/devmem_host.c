@@ -51,9 +51,15 @@ static void set_host_error(size_t bytes, const char *what, int e)
 		hpu__devmem_fmt_bytes(lim, sizeof lim, host.limit);
 	else
 		snprintf(lim, sizeof lim, "none");
-	snprintf(hpu__devmem_err, sizeof hpu__devmem_err,
-		 "%sout of host memory allocating %s (offloaded): %s requested, InUse %s, Limit %s (--host-memory)%s%s",
-		 who, what, req, used, lim, e ? ": " : "", e ? strerror(e) : "");
+	if (e) /* not the limit: the system (it read as --host-memory's doing) */
+		snprintf(hpu__devmem_err, sizeof hpu__devmem_err,
+			 "%sout of host memory allocating %s (offloaded): the system refused %s (%s); "
+			 "InUse %s, Limit %s (--host-memory: free memory, or offload less)",
+			 who, what, req, strerror(e), used, lim);
+	else
+		snprintf(hpu__devmem_err, sizeof hpu__devmem_err,
+			 "%sout of host memory allocating %s (offloaded): %s requested, InUse %s, Limit %s (--host-memory)",
+			 who, what, req, used, lim);
 }
 
 void *hpu__halloc(hpu_mem_kind kind, size_t bytes, const char *what)

@@ -370,6 +370,15 @@ int main(int argc, char **argv)
 		       rank, (double)limit / (1 << 30), (double)capacity / (1 << 30), sharers,
 		       sharers == 1 ? "" : "s",
 		       (double)(capacity / (uint64_t)sharers - limit) / (1 << 30));
+	/* on the CPU devices the machine's memory is the device's (a GPU's
+	 * limit past its memory is refused where the device opens) */
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+	if (rank == 0 && !capacity && o.device_memory && ram > 0 && (double)o.device_memory > ram)
+		printf("warning: --device-memory %.1f GiB is more than this machine's memory, %.1f "
+		       "GiB: the system, not the limit, will refuse what does not fit (or its "
+		       "out-of-memory killer end the worker)\n",
+		       (double)o.device_memory / (1 << 30), ram / (1 << 30));
 	hpu__hostmem_init(o.host_memory);
 	if (hpu__autocast_init(autocast_type(o.precision), err, sizeof err) < 0)
 		goto out;
