@@ -282,6 +282,48 @@ static int unlink_if_workers(const hpu_agent *a, int dirfd, const char *path)
 	return unlinkat(dirfd, path, 0) == 0;
 }
 
+/* Whether a process has /dev/shm/name open or mapped (a descriptor of
+ * one that has not mapped it yet counts): another job of the same job id
+ * whose ranks are attaching, whose segment is not ours to remove. */
+static int seg_in_use(const char *name)
+{
+	char want[300], path[300], link[400], line[700];
+	snprintf(want, sizeof want, "/dev/shm/%s", name);
+	size_t wl = strlen(want);
+	int used = 0;
+	DIR *proc = opendir("/proc");
+	struct dirent *p;
+	while (!used && proc && (p = readdir(proc)) != NULL) {
+		if (p->d_name[0] < '0' || p->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof path, "/proc/%s/fd", p->d_name);
+		DIR *fds = opendir(path);
+		struct dirent *f;
+		while (!used && fds && (f = readdir(fds)) != NULL) {
+			char fp[600];
+			snprintf(fp, sizeof fp, "%s/%s", path, f->d_name);
+			ssize_t k = readlink(fp, link, sizeof link - 1);
+			if (k > 0) {
+				link[k] = 0;
+				used = !strncmp(link, want, wl) && (!link[wl] || link[wl] == ' ');
+			}
+		}
+		if (fds)
+			closedir(fds);
+		snprintf(path, sizeof path, "/proc/%s/maps", p->d_name);
+		FILE *m = used ? NULL : fopen(path, "r");
+		while (m && !used && fgets(line, sizeof line, m)) {
+			const char *at = strstr(line, want);
+			used = at && (at[wl] == '\n' || at[wl] == ' ' || !at[wl]);
+		}
+		if (m)
+			fclose(m);
+	}
+	if (proc)
+		closedir(proc);
+	return used;
+}
+
 int hpu__agent_cleanup(const hpu_agent *a)
 {
 	char path[512];
@@ -290,8 +332,12 @@ int hpu__agent_cleanup(const hpu_agent *a)
 	struct dirent *e;
 	while (dir && (e = readdir(dir)) != NULL) {
 		/* only the workers' user's: never another user's file at our
-		 * name */
-		if (is_node_seg(e->d_name, a->cfg.job_id, a->cfg.node_rank))
+		 * name; and not one a live process holds: the name matches any
+		 * session of the job id (the agent does not learn its job's),
+		 * so another job of the same id, its ranks attaching, lost its
+		 * segment to this one's end and waited a minute for nothing */
+		if (is_node_seg(e->d_name, a->cfg.job_id, a->cfg.node_rank) &&
+		    !seg_in_use(e->d_name))
 			n += unlink_if_workers(a, dirfd(dir), e->d_name);
 	}
 	if (dir)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -112,6 +113,46 @@ static int make_socket(const char *path, int listening, int keep, int age_s)
  * those, and only those: not a socket bound or listening, not one just
  * made (a job starting), not a file that is no socket, not another
  * user's. */
+/* The job's shared-memory segment left by a job that died attaching is
+ * removed, in any session (the agent does not learn its job's); one a
+ * live process holds, open or mapped, stays: another job of the same job
+ * id, its ranks attaching, lost its segment to this one's end and waited
+ * a minute for a peer that had made another. */
+static void test_segments_held_stay(void **state)
+{
+	(void)state;
+	char job[64], held[160], left[160];
+	snprintf(job, sizeof job, "segs%d", (int)getpid());
+	snprintf(held, sizeof held, "/hpucoll-%s-%032x-n0", job, 1);
+	snprintf(left, sizeof left, "/hpucoll-%s-%032x-n0", job, 2);
+	int fh = shm_open(held, O_CREAT | O_EXCL | O_RDWR, 0600);
+	int fl = shm_open(left, O_CREAT | O_EXCL | O_RDWR, 0600);
+	assert_true(fh >= 0 && fl >= 0);
+	close(fl); /* nobody holds it: a dead job's */
+	hpu_agent_cfg cfg = {.devices = 1, .nodes = 1, .job_id = job};
+	hpu_agent *a = hpu__agent_new(ev_default_loop(0), &cfg);
+	assert_non_null(a);
+	assert_int_equal(hpu__agent_cleanup(a), 1);
+	struct stat st;
+	char path[200];
+	snprintf(path, sizeof path, "/dev/shm%s", held);
+	assert_int_equal(stat(path, &st), 0); /* open here: stays */
+	snprintf(path, sizeof path, "/dev/shm%s", left);
+	assert_int_equal(stat(path, &st), -1);
+	/* mapped, its descriptor closed: stays too */
+	assert_int_equal(ftruncate(fh, 4096), 0);
+	void *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fh, 0);
+	assert_true(m != MAP_FAILED);
+	close(fh);
+	assert_int_equal(hpu__agent_cleanup(a), 0);
+	snprintf(path, sizeof path, "/dev/shm%s", held);
+	assert_int_equal(stat(path, &st), 0);
+	munmap(m, 4096);
+	assert_int_equal(hpu__agent_cleanup(a), 1); /* no one holds it now */
+	assert_int_equal(stat(path, &st), -1);
+	hpu__agent_destroy(&a);
+}
+
 static void test_stale_ipc_swept_at_start(void **state)
 {
 	char p[7][128], names[256];
@@ -211,6 +252,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ipc_files_of_the_workers_only),
+		cmocka_unit_test(test_segments_held_stay),
 		cmocka_unit_test(test_stale_ipc_swept_at_start),
 		cmocka_unit_test(test_stale_locks_swept),
 	};
