@@ -258,9 +258,12 @@ static void on_worker_silent(hpu_agent *a, int rank, pid_t pid, double silent_s,
 	if (j->failed)
 		return;
 	char pos[128], cause[600];
-	rank_position(a, rank, NULL, pos, sizeof pos);
+	rank_position(a, rank, NULL, pos + 1, sizeof pos - 1);
+	pos[0] = ' ';
+	if (!hpu__agent_said_hello(a, rank)) /* an --exec program: no steps */
+		pos[0] = 0;
 	snprintf(cause, sizeof cause,
-		 "rank %d (node %d, pid %d) stopped answering %s: its process was silent for %.0f s, "
+		 "rank %d (node %d, pid %d) stopped answering%s: its process was silent for %.0f s, "
 		 "past %s (stopped, or frozen as a whole)%s",
 		 rank, j->cfg.node_rank, (int)pid, pos, silent_s,
 		 after_peer ? "HPUCOLL_TIMEOUT_MS" : "twice HPUCOLL_TIMEOUT_MS",

@@ -464,16 +464,55 @@ static int parse_whole(const char *v, double lo, double hi, long *out)
 {
 	if (hpu__parse_long(v, (long)lo, (long)hi, out) == HPU_NUM_OK)
 		return 0;
-	if (!v || !strpbrk(v, "eE") || strpbrk(v, "xXpP")) /* not hex, inf or nan */
+	/* [+-]DIGITS[.DIGITS](e|E)[+-]DIGITS, read exactly (no double: a
+	 * seed past 2^53 read back rounded) */
+	const char *s = v ? v + strspn(v, " \t") : NULL;
+	if (!s || !strpbrk(s, "eE"))
 		return -1;
-	char *end;
-	errno = 0;
-	double d = strtod(v, &end);
-	if (end == v || *end || errno || !isfinite(d) || d != floor(d) || d < lo || d > hi ||
-	    fabs(d) > 9007199254740992.0)
+	int neg = *s == '-';
+	s += *s == '-' || *s == '+';
+	unsigned __int128 m = 0;
+	int digits = 0, frac = 0, seen = 0;
+	for (; (*s >= '0' && *s <= '9') || (*s == '.' && !seen); s++) {
+		if (*s == '.') {
+			seen = 1;
+			continue;
+		}
+		if (m > ((unsigned __int128)1 << 100)) /* more digits than any value here */
+			return -1;
+		m = m * 10 + (unsigned)(*s - '0');
+		digits++;
+		frac += seen;
+	}
+	if (!digits || (*s != 'e' && *s != 'E'))
 		return -1;
-	*out = (long)d;
-	return 0;
+	s++;
+	int eneg = *s == '-';
+	s += *s == '-' || *s == '+';
+	long e = 0;
+	if (*s < '0' || *s > '9')
+		return -1;
+	for (; *s >= '0' && *s <= '9'; s++)
+		if ((e = e * 10 + (*s - '0')) > 1000)
+			return -1;
+	if (*s)
+		return -1;
+	long net = (eneg ? -e : e) - frac;
+	for (; net < 0; net++) { /* a fraction: whole only if its digits are 0 */
+		if (m % 10)
+			return -1;
+		m /= 10;
+	}
+	for (; net > 0 && m; net--)
+		if ((m *= 10) > ((unsigned __int128)1 << 64))
+			return -1;
+	double mag = (double)m; /* for the range only: exact enough at its ends */
+	if (neg ? -mag < lo : mag > hi)
+		return -1;
+	if (m > (unsigned __int128)LONG_MAX || (neg && m && lo >= 0))
+		return -1;
+	*out = neg ? -(long)m : (long)m;
+	return *out >= (long)lo && (double)*out <= hi ? 0 : -1;
 }
 
 /* Parses v into p's field; -1 (field untouched) if it is not valid. */

@@ -224,15 +224,21 @@ int hpu__opts_resolved(const hpu_train_opts *o, const char *name)
 static const char *lightning_hint(const char *opt, const char *v)
 {
 	if (!strcmp(opt, "strategy")) {
+		if (!strncmp(v, "deepspeed_stage_", 16) && strstr(v, "_offload_nvme"))
+			return "; here: zero1-3 with --offload-optimizer nvme --nvme-path DIR";
+		if (!strncmp(v, "deepspeed_stage_3_offload", 25))
+			return "; here: zero3 with --offload-optimizer cpu --offload-param cpu";
 		if (!strncmp(v, "deepspeed_stage_", 16) && strstr(v, "_offload"))
-			return "; here: zero1-3 with --offload-optimizer cpu";
+			return "; here: zero1-2 with --offload-optimizer cpu";
 		if (!strcmp(v, "hpu_single") || !strcmp(v, "single_device"))
 			return "; one worker is --devices 1, under any strategy";
 		if (!strcmp(v, "auto"))
 			return "; without --strategy it is fast_ddp";
 	}
-	if (!strcmp(opt, "precision") && (!strcmp(v, "bf16-true") || !strcmp(v, "16-true")))
+	if (!strcmp(opt, "precision") && !strcmp(v, "bf16-true"))
 		return "; the master weights stay fp32 here (bf16-mixed)";
+	if (!strcmp(opt, "precision") && !strcmp(v, "16-true"))
+		return "; the master weights stay fp32 here (16-mixed)";
 	return "";
 }
 

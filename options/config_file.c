@@ -67,6 +67,32 @@ static size_t trailing_comma(const char *buf, size_t len)
 	return len;
 }
 
+/* The innermost container open at buf[at] (outside strings): '{', '[',
+ * or 0 where none is (past the root value's end, or before it). */
+static char open_at(const char *buf, size_t at)
+{
+	char stack[64];
+	int depth = 0, in_str = 0;
+	for (size_t i = 0; i < at; i++) {
+		char ch = buf[i];
+		if (in_str) {
+			if (ch == '\\')
+				i++;
+			else if (ch == '"')
+				in_str = 0;
+		} else if (ch == '"') {
+			in_str = 1;
+		} else if (ch == '{' || ch == '[') {
+			if (depth < (int)sizeof stack)
+				stack[depth] = ch;
+			depth++;
+		} else if ((ch == '}' || ch == ']') && depth > 0) {
+			depth--;
+		}
+	}
+	return depth > 0 && depth <= (int)sizeof stack ? stack[depth - 1] : depth > 0 ? '{' : 0;
+}
+
 static void syntax_error(const char *path, const char *buf, size_t len,
 			 const char *at, char *err, size_t errlen)
 {
@@ -113,6 +139,13 @@ static void syntax_error(const char *path, const char *buf, size_t len,
 	int newline = 0;
 	while (p > 0 && buf[p - 1] && strchr(" \t\r\n", buf[p - 1]))
 		newline |= buf[--p] == '\n';
+	char in = p > 0 && p < pos ? open_at(buf, pos) : 0;
+	if (p > 0 && p < pos && buf[pos] && !in) { /* the root value ended before */
+		snprintf(err, errlen, "%s: line %d, column %zu: JSON syntax error: text after the end "
+				      "of the file's object (two objects, or one closed too early?)",
+			 path, line, col);
+		return;
+	}
 	if (p > 0 && p < pos && buf[pos] && strchr("\"{[-0123456789tfn", buf[pos]) &&
 	    (strchr("\"}]", buf[p - 1]) || isalnum((unsigned char)buf[p - 1]))) {
 		/* a string after '{' or ',' was a key: its ':' is missing */
@@ -122,7 +155,8 @@ static void syntax_error(const char *path, const char *buf, size_t len,
 				q--;
 		while (q > 1 && buf[q - 2] && strchr(" \t\r\n", buf[q - 2]))
 			q--;
-		int key = buf[p - 1] == '"' && q >= 2 && (buf[q - 2] == '{' || buf[q - 2] == ',');
+		int key = in == '{' && buf[p - 1] == '"' && q >= 2 &&
+			  (buf[q - 2] == '{' || buf[q - 2] == ',');
 		snprintf(err, errlen, "%s: line %d, column %zu: JSON syntax error: a %s is missing "
 				      "before this value%s",
 			 path, line, col, key ? "':' after the key" : "comma",

@@ -357,8 +357,7 @@ static int unknown_key(struct fctx *c, const char *path, const char *best)
 {
 	/* DeepSpeed's older samples' optimizer.params.max_grad_norm, which
 	 * DeepSpeed itself refuses naming its successor */
-	const char *dot = strrchr(path, '.');
-	if (dot && !strcmp(dot + 1, "max_grad_norm"))
+	if (!strcmp(path, "optimizer.params.max_grad_norm"))
 		return add_error(c, "unknown key '%s' in %s (DeepSpeed's older name: give "
 				    "\"gradient_clipping\" at the file's top level, or --clip-grad-norm)",
 				 path, c->file);

@@ -20,9 +20,8 @@
  * With --tokens FILE the text is instead an llm.c token file (dev/data's
  * .bin: a header of 256 int32: magic 20240520, version 1 and the token
  * count, then uint16 tokens; LLaMA-3's magic 20240801, version 7, uint32
- * tokens), read by <hpu/data.h>;
- * the vocabulary is --vocab N (else the largest token + 1), and nothing
- * is generated (there is no tokenizer to decode with).
+ * tokens), read by <hpu/data.h>; the vocabulary is --vocab N (else the
+ * largest token + 1); nothing is generated (no tokenizer to decode with).
  *
  * Model arguments (after "--"):
  *   --data DIR        the corpus directory (/usr/share/common-licenses)
@@ -34,8 +33,7 @@
  *   --layers N        transformer blocks (2)
  *   --dropout P       dropout after attention and after the MLP (0.1)
  *   --checkpoint      activation checkpointing on the blocks
- *   --gen N           characters to generate after training (200; 0: none;
- *                     none with --tokens)
+ *   --gen N           characters generated after training (200; 0: none)
  *   --temperature X   sampling temperature (0.8; 0: greedy)
  *   --prompt TEXT     the generation's start ("The ")
  *   --gen-seed N      the sampler's seed (1)
@@ -147,17 +145,13 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 		return hpu_error(b, "--dim %g is not a multiple of --heads %g", a->d, a->heads);
 	if (a->vocab > 0 && !a->tokens)
 		return hpu_error(b, "--vocab is for --tokens FILE (the corpus's vocabulary: its bytes)");
-	/* given or not, told by the unset -1s (a value equal to the
-	 * default, --temperature 0.8 with --gen 0, passed as not given) */
+	/* -1s: not given (a value equal to the default passed as not given) */
 	if (ex_lm_sample_args(b, a->tokens != NULL, a->gen, a->prompt != default_prompt ? "--prompt"
 			      : a->temp >= 0 ? "--temperature" : a->seed >= 0 ? "--gen-seed" : NULL))
 		return -1;
-	if (a->temp < 0)
-		a->temp = 0.8;
-	if (a->seed < 0)
-		a->seed = 1;
-	if (a->gen < 0)
-		a->gen = a->tokens ? 0 : 200;
+	a->temp = a->temp < 0 ? 0.8 : a->temp;
+	a->seed = a->seed < 0 ? 1 : a->seed;
+	a->gen = a->gen >= 0 ? a->gen : a->tokens ? 0 : 200;
 	return 0;
 }
 

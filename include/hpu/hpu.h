@@ -126,7 +126,7 @@ typedef struct hpu_ctx {
 	int rank, world;
 	int layer;      /* the layer's index: its random stream (-1 in a
 			 * hook) */
-	uint64_t seed;  /* the run's --seed */
+	uint64_t seed;  /* the run's --seed (a resumed run's: its checkpoint's) */
 	const uint32_t *samples; /* the dataset index of each row */
 } hpu_ctx;
 

@@ -285,6 +285,15 @@ static void test_exponent_whole_numbers(void **state)
 	assert_true(o.sub_group_size == 1000000000);
 	assert_true(o.reduce_bucket == 500000000);
 	assert_int_equal(o.max_steps, 250);
+	/* read exactly, past 2^53 too (a double rounded 2^53 + 1 down) */
+	assert_int_equal(parse(&o, ARGS("--seed", "9007199254740993e0", "--epochs", "150e-1",
+					"model.so"),
+			       &stop, err, sizeof(err)),
+			 0);
+	assert_true(o.seed == 9007199254740993ull);
+	assert_int_equal(o.epochs, 15);
+	assert_int_equal(parse(&o, ARGS("--seed", "1e16", "model.so"), &stop, err, sizeof(err)), 0);
+	assert_true(o.seed == 10000000000000000ull);
 }
 
 /* A rejected value leaves its field as it was. */

@@ -681,7 +681,9 @@ static void test_precision_names_and_zero_sizes(void **state)
 	/* Lightning's names that mean something else here say what does it */
 	EXPECT_ERROR(ARGS("--strategy", "deepspeed_stage_2_offload"), "--strategy",
 		     "deepspeed_stage_2_offload", "zero3", "hpu_parallel, deepspeed_stage_1",
-		     "here: zero1-3 with --offload-optimizer cpu");
+		     "here: zero1-2 with --offload-optimizer cpu");
+	EXPECT_ERROR(ARGS("--strategy", "deepspeed_stage_3_offload"),
+		     "zero3 with --offload-optimizer cpu --offload-param cpu");
 	EXPECT_ERROR(ARGS("--strategy", "hpu_single"), "one worker is --devices 1");
 	EXPECT_ERROR(ARGS("--strategy", "ddpp"), "--strategy", "ddpp");
 	load_ok("{'hputrain': {'strategy': 'deepspeed_stage_3'}}", &o);
@@ -807,6 +809,12 @@ static void test_file_syntax_and_io(void **state)
 		   "file with hjson, which takes the line break for one");
 	LOAD_ERROR("{'a': [1 2]}", "column 10", "a comma is missing before this value");
 	LOAD_ERROR("{'a': 1,\n 'b' 2}", "line 2, column 6", "a ':' after the key is missing");
+	/* strings in an array are values, not keys */
+	LOAD_ERROR("{'x': ['add',\n 'mul'\n 'matmul']}", "line 3, column 2",
+		   "a comma is missing before this value (DeepSpeed");
+	/* text after the root object: no comma fixes that */
+	LOAD_ERROR("{'a': 1}\n{'b': 2}", "line 2, column 1",
+		   "text after the end of the file's object");
 
 	err[0] = 0;
 	assert_int_equal(hpu__opts_load_file(&o, "/nonexistent/x.json", err,

@@ -304,8 +304,22 @@ static void slice(size_t n, int world, int r, size_t *at, size_t *len)
 static int cc_all_reduce(hpu__dev_group *g, const void *send, void *recv, size_t count,
 			 hpu__dev_dtype dt)
 {
-	if (g->nccl) /* one NCCL call on the stream: recordable */
-		return hpu__cuda_nccl_all_reduce(g->nccl, send, recv, count, dt, hpu__cuda_stream());
+	if (g->nccl) { /* one NCCL call on the stream: recordable */
+		const char *why = "";
+		if (!hpu__cuda_nccl_all_reduce(g->nccl, &why, send, recv, count, dt,
+					       hpu__cuda_stream()))
+			return 0;
+		/* while a step is recorded, a failure (a capture another call
+		 * invalidated) refuses the recording as every CUDA error there
+		 * does: the step runs eagerly, not the worker ends */
+		if (hpu__cuda_capture_refuse("ncclAllReduce", why)) {
+			(void)cudaGetLastError();
+			return 0;
+		}
+		fprintf(stderr, "hpu-worker: rank %d: --collectives nccl: ncclAllReduce of %zu values: %s\n",
+			g->rank, count, why);
+		exit(1);
+	}
 	/* waits for the stream and meets the peers at host barriers between
 	 * its stages: not recordable; every rank records the same step, so
 	 * every rank refuses here and none waits at a barrier */

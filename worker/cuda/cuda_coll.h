@@ -53,8 +53,10 @@ int hpu__cuda_nccl_open(hpu__cuda_nccl **out, int rank, int world, int dev,
 			hpu__dev_xchg_fn *xchg, void *arg, char *why, size_t whylen);
 
 /* recv[count] = the sum of every rank's send[count], on stream s (NCCL's
- * order). 0; an NCCL error ends the worker. */
-int hpu__cuda_nccl_all_reduce(hpu__cuda_nccl *n, const void *send, void *recv, size_t count,
+ * order). 0, or -1 with NCCL's error in *why (the caller refuses a
+ * recording with it, or ends the worker). */
+int hpu__cuda_nccl_all_reduce(hpu__cuda_nccl *n, const char **why, const void *send, void *recv,
+			      size_t count,
 			      hpu__dev_dtype dt, cudaStream_t s);
 
 /* After stream s's work; NULL is fine. */

@@ -218,25 +218,16 @@ done:
 	return rc;
 }
 
-int hpu__cuda_nccl_all_reduce(hpu__cuda_nccl *n, const void *send, void *recv, size_t count,
-			      hpu__dev_dtype dt, cudaStream_t s)
+int hpu__cuda_nccl_all_reduce(hpu__cuda_nccl *n, const char **why, const void *send, void *recv,
+			      size_t count, hpu__dev_dtype dt, cudaStream_t s)
 {
 	ncclResult_t r = N.all_reduce(send, recv, count,
 				      dt == HPU__DEV_BF16 ? ncclBfloat16 : ncclFloat32, ncclSum,
 				      n->comm, s);
-	/* while a step is recorded, a failure (a capture another call
-	 * invalidated) refuses the recording as every CUDA error there does:
-	 * the step runs eagerly, not the worker ends */
-	if (r != ncclSuccess && hpu__cuda_capture_refuse("ncclAllReduce", N.error_string(r))) {
-		(void)cudaGetLastError();
+	if (r == ncclSuccess)
 		return 0;
-	}
-	if (r != ncclSuccess) {
-		fprintf(stderr, "hpu-worker: rank %d: --collectives nccl: ncclAllReduce of %zu "
-				"values: %s\n", n->rank, count, N.error_string(r));
-		exit(1);
-	}
-	return 0;
+	*why = N.error_string(r);
+	return -1;
 }
 
 void hpu__cuda_nccl_close(hpu__cuda_nccl *n, cudaStream_t s)
@@ -279,10 +270,11 @@ int hpu__cuda_nccl_open(hpu__cuda_nccl **out, int rank, int world, int dev,
 	return -2;
 }
 
-int hpu__cuda_nccl_all_reduce(hpu__cuda_nccl *n, const void *send, void *recv, size_t count,
-			      hpu__dev_dtype dt, cudaStream_t s)
+int hpu__cuda_nccl_all_reduce(hpu__cuda_nccl *n, const char **why, const void *send, void *recv,
+			      size_t count, hpu__dev_dtype dt, cudaStream_t s)
 {
 	(void)n, (void)send, (void)recv, (void)count, (void)dt, (void)s;
+	*why = "built without NCCL";
 	return -1;
 }
 

@@ -436,6 +436,10 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	 * out the same validation samples and draws the same dropout masks as
 	 * it orders the data (only the order followed it: a resume with
 	 * another --seed trained on what the run had validated on) */
+	/* where a failure from here on is said to be: the step it resumes
+	 * at (it said "before step 1") */
+	if (ck)
+		hpu__where.step = ck->step;
 	if (ck && hpu__checkpoint_seed(ck, o->seed) != o->seed) {
 		if (!(resumed_o = malloc(sizeof *resumed_o))) {
 			hpu__loop_fail(&L, "out of memory");
