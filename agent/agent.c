@@ -282,46 +282,86 @@ static int unlink_if_workers(const hpu_agent *a, int dirfd, const char *path)
 	return unlinkat(dirfd, path, 0) == 0;
 }
 
-/* Whether a process has /dev/shm/name open or mapped (a descriptor of
- * one that has not mapped it yet counts): another job of the same job id
- * whose ranks are attaching, whose segment is not ours to remove. */
-static int seg_in_use(const char *name)
+/* The job's segments (is_node_seg) some process has open or mapped (a
+ * descriptor of one that has not mapped it yet counts): another job of
+ * the same job id whose ranks are attaching, whose segments are not ours
+ * to remove. One walk over /proc for all of them, made at the first
+ * candidate. */
+struct held {
+	char **names;
+	int n, cap, scanned;
+};
+
+/* Adds the segment s names ("/dev/shm/NAME" then ' ', '\n' or the end:
+ * a deleted one reads "NAME (deleted)") when it is one of the job's. */
+static void held_add(struct held *h, const hpu_agent *a, const char *s)
 {
-	char want[300], path[300], link[400], line[700];
-	snprintf(want, sizeof want, "/dev/shm/%s", name);
-	size_t wl = strlen(want);
-	int used = 0;
+	char name[256];
+	size_t n = strcspn(s, " \n");
+	if (n == 0 || n >= sizeof name)
+		return;
+	memcpy(name, s, n);
+	name[n] = 0;
+	if (!is_node_seg(name, a->cfg.job_id, a->cfg.node_rank))
+		return;
+	if (h->n == h->cap) {
+		int cap = h->cap ? 2 * h->cap : 8;
+		char **more = realloc(h->names, (size_t)cap * sizeof *more);
+		if (!more)
+			return;
+		h->names = more, h->cap = cap;
+	}
+	if ((h->names[h->n] = strdup(name)))
+		h->n++;
+}
+
+static void held_scan(struct held *h, const hpu_agent *a)
+{
+	static const char shm[] = "/dev/shm/";
+	char path[300], link[400], line[700];
 	DIR *proc = opendir("/proc");
 	struct dirent *p;
-	while (!used && proc && (p = readdir(proc)) != NULL) {
+	h->scanned = 1;
+	while (proc && (p = readdir(proc)) != NULL) {
 		if (p->d_name[0] < '0' || p->d_name[0] > '9')
 			continue;
 		snprintf(path, sizeof path, "/proc/%s/fd", p->d_name);
 		DIR *fds = opendir(path);
 		struct dirent *f;
-		while (!used && fds && (f = readdir(fds)) != NULL) {
+		while (fds && (f = readdir(fds)) != NULL) {
 			char fp[600];
 			snprintf(fp, sizeof fp, "%s/%s", path, f->d_name);
 			ssize_t k = readlink(fp, link, sizeof link - 1);
 			if (k > 0) {
 				link[k] = 0;
-				used = !strncmp(link, want, wl) && (!link[wl] || link[wl] == ' ');
+				if (!strncmp(link, shm, sizeof shm - 1))
+					held_add(h, a, link + sizeof shm - 1);
 			}
 		}
 		if (fds)
 			closedir(fds);
 		snprintf(path, sizeof path, "/proc/%s/maps", p->d_name);
-		FILE *m = used ? NULL : fopen(path, "r");
-		while (m && !used && fgets(line, sizeof line, m)) {
-			const char *at = strstr(line, want);
-			used = at && (at[wl] == '\n' || at[wl] == ' ' || !at[wl]);
+		FILE *m = fopen(path, "r");
+		while (m && fgets(line, sizeof line, m)) {
+			const char *at = strstr(line, shm);
+			if (at)
+				held_add(h, a, at + sizeof shm - 1);
 		}
 		if (m)
 			fclose(m);
 	}
 	if (proc)
 		closedir(proc);
-	return used;
+}
+
+static int seg_in_use(struct held *h, const hpu_agent *a, const char *name)
+{
+	if (!h->scanned)
+		held_scan(h, a);
+	for (int i = 0; i < h->n; i++)
+		if (!strcmp(h->names[i], name))
+			return 1;
+	return 0;
 }
 
 int hpu__agent_cleanup(const hpu_agent *a)
@@ -330,6 +370,7 @@ int hpu__agent_cleanup(const hpu_agent *a)
 	int n = 0;
 	DIR *dir = opendir("/dev/shm");
 	struct dirent *e;
+	struct held held = {0};
 	while (dir && (e = readdir(dir)) != NULL) {
 		/* only the workers' user's: never another user's file at our
 		 * name; and not one a live process holds: the name matches any
@@ -337,11 +378,14 @@ int hpu__agent_cleanup(const hpu_agent *a)
 		 * so another job of the same id, its ranks attaching, lost its
 		 * segment to this one's end and waited a minute for nothing */
 		if (is_node_seg(e->d_name, a->cfg.job_id, a->cfg.node_rank) &&
-		    !seg_in_use(e->d_name))
+		    !seg_in_use(&held, a, e->d_name))
 			n += unlink_if_workers(a, dirfd(dir), e->d_name);
 	}
 	if (dir)
 		closedir(dir);
+	for (int i = 0; i < held.n; i++)
+		free(held.names[i]);
+	free(held.names);
 	for (int i = 0; i < a->cfg.devices; i++) {
 		char lock[520];
 		snprintf(path, sizeof path, "/tmp/hpucoll-%s-r%d", a->cfg.job_id,

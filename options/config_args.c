@@ -15,7 +15,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *lightning_hint(const char *opt, const char *v);
+/* Lightning's names that mean something else here, said with what does
+ * it (coming-from.md), after a refusal's list of names; "" for others. */
+static const char *lightning_hint(const char *opt, const char *v)
+{
+	if (!strcmp(opt, "strategy")) {
+		if (!strncmp(v, "deepspeed_stage_", 16) && strstr(v, "_offload_nvme"))
+			return "; here: zero1-3 with --offload-optimizer nvme --nvme-path DIR";
+		if (!strncmp(v, "deepspeed_stage_3_offload", 25))
+			return "; here: zero3 with --offload-optimizer cpu --offload-param cpu";
+		if (!strncmp(v, "deepspeed_stage_", 16) && strstr(v, "_offload"))
+			return "; here: zero1-2 with --offload-optimizer cpu";
+		if (!strcmp(v, "hpu_single") || !strcmp(v, "single_device"))
+			return "; one worker is --devices 1, under any strategy";
+		if (!strcmp(v, "auto"))
+			return "; without --strategy it is fast_ddp";
+	}
+	if (!strcmp(opt, "precision") && !strcmp(v, "bf16-true"))
+		return "; the master weights stay fp32 here (bf16-mixed)";
+	if (!strcmp(opt, "precision") && !strcmp(v, "16-true"))
+		return "; the master weights stay fp32 here (16-mixed)";
+	return "";
+}
 
 static int set_config(hpu_train_opts *o, const struct hpu__opt *p,
 		      const char *path, char *err, size_t errlen)
@@ -217,29 +238,6 @@ int hpu__opts_resolved(const hpu_train_opts *o, const char *name)
 	return hpu__opts_from(o, name) == HPU_FROM_DEFAULT &&
 	       (!strcmp(name, "micro-batch-size") || (!strcmp(name, "batch-size") && gm) ||
 		(!strcmp(name, "grad-accum") && gb && gm));
-}
-
-/* Lightning's names that mean something else here, said with what does
- * it (coming-from.md), after a refusal's list of names; "" for others. */
-static const char *lightning_hint(const char *opt, const char *v)
-{
-	if (!strcmp(opt, "strategy")) {
-		if (!strncmp(v, "deepspeed_stage_", 16) && strstr(v, "_offload_nvme"))
-			return "; here: zero1-3 with --offload-optimizer nvme --nvme-path DIR";
-		if (!strncmp(v, "deepspeed_stage_3_offload", 25))
-			return "; here: zero3 with --offload-optimizer cpu --offload-param cpu";
-		if (!strncmp(v, "deepspeed_stage_", 16) && strstr(v, "_offload"))
-			return "; here: zero1-2 with --offload-optimizer cpu";
-		if (!strcmp(v, "hpu_single") || !strcmp(v, "single_device"))
-			return "; one worker is --devices 1, under any strategy";
-		if (!strcmp(v, "auto"))
-			return "; without --strategy it is fast_ddp";
-	}
-	if (!strcmp(opt, "precision") && !strcmp(v, "bf16-true"))
-		return "; the master weights stay fp32 here (bf16-mixed)";
-	if (!strcmp(opt, "precision") && !strcmp(v, "16-true"))
-		return "; the master weights stay fp32 here (16-mixed)";
-	return "";
 }
 
 /* Where a batch number left to hpu__opts_resolve came from: "resolved"

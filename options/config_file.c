@@ -38,42 +38,28 @@ static int read_file(const char *path, char **buf, size_t *len, char *err,
 	return 0;
 }
 
-/* The first comma (outside strings) that only white space parts from a
- * '}' or ']': JSON allows none, and cJSON says where it gave up, which
- * may be the file's end. Its offset, or len where there is none. */
-static size_t trailing_comma(const char *buf, size_t len)
-{
-	int in_str = 0;
-	for (size_t i = 0; i < len; i++) {
-		char ch = buf[i];
-		if (in_str) {
-			if (ch == '\\')
-				i++;
-			else if (ch == '"')
-				in_str = 0;
-			continue;
-		}
-		if (ch == '"') {
-			in_str = 1;
-		} else if (ch == ',') {
-			size_t j = i + 1;
-			while (j < len && (buf[j] == ' ' || buf[j] == '\t' || buf[j] == '\n' ||
-					   buf[j] == '\r'))
-				j++;
-			if (j < len && (buf[j] == '}' || buf[j] == ']'))
-				return i;
-		}
-	}
-	return len;
-}
+/* One walk over the file outside its strings: the first comma that only
+ * white space parts from a '}' or ']' (JSON allows none, and cJSON says
+ * where it gave up, which may be the file's end): its offset, or len
+ * where there is none; and the innermost container open at buf[at]: '{',
+ * '[', or 0 where none is (past the root value's end, or before it). */
+struct json_scan {
+	size_t comma;
+	char open;
+};
 
-/* The innermost container open at buf[at] (outside strings): '{', '[',
- * or 0 where none is (past the root value's end, or before it). */
-static char open_at(const char *buf, size_t at)
+static struct json_scan scan_json(const char *buf, size_t len, size_t at)
 {
+	struct json_scan r = {.comma = len};
 	char stack[64];
-	int depth = 0, in_str = 0;
-	for (size_t i = 0; i < at; i++) {
+	int depth = 0, in_str = 0, open_set = 0;
+	for (size_t i = 0; i <= len; i++) {
+		if (i >= at && !open_set) { /* an escape's skip may step over at */
+			r.open = depth > 0 ? depth <= (int)sizeof stack ? stack[depth - 1] : '{' : 0;
+			open_set = 1;
+		}
+		if (i == len)
+			break;
 		char ch = buf[i];
 		if (in_str) {
 			if (ch == '\\')
@@ -88,16 +74,21 @@ static char open_at(const char *buf, size_t at)
 			depth++;
 		} else if ((ch == '}' || ch == ']') && depth > 0) {
 			depth--;
+		} else if (ch == ',' && r.comma == len) {
+			size_t j = i + 1 + strspn(buf + i + 1, " \t\n\r");
+			if (j < len && (buf[j] == '}' || buf[j] == ']'))
+				r.comma = i;
 		}
 	}
-	return depth > 0 && depth <= (int)sizeof stack ? stack[depth - 1] : depth > 0 ? '{' : 0;
+	return r;
 }
 
 static void syntax_error(const char *path, const char *buf, size_t len,
 			 const char *at, char *err, size_t errlen)
 {
 	size_t pos = at && at >= buf && at <= buf + len ? (size_t)(at - buf) : len;
-	size_t comma = trailing_comma(buf, len);
+	struct json_scan scan = scan_json(buf, len, pos);
+	size_t comma = scan.comma;
 	int trailing = comma < pos; /* pos is at most len */
 	if (trailing)
 		pos = comma;
@@ -139,7 +130,7 @@ static void syntax_error(const char *path, const char *buf, size_t len,
 	int newline = 0;
 	while (p > 0 && buf[p - 1] && strchr(" \t\r\n", buf[p - 1]))
 		newline |= buf[--p] == '\n';
-	char in = p > 0 && p < pos ? open_at(buf, pos) : 0;
+	char in = p > 0 && p < pos ? scan.open : 0;
 	if (p > 0 && p < pos && buf[pos] && !in) { /* the root value ended before */
 		snprintf(err, errlen, "%s: line %d, column %zu: JSON syntax error: text after the end "
 				      "of the file's object (two objects, or one closed too early?)",

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -475,6 +476,29 @@ static void test_sticky_errors(void **state)
 	assert_non_null(hpu_relu(b, "act", "h", "a"));
 	assert_int_equal(hpu_builder_status(b), HPU_OK);
 	lh_free(&h);
+}
+
+/* hpu_error() with no builder (a library constructor's call) says its
+ * message on stderr and returns HPU_ERROR: it dereferenced the NULL. */
+static void test_error_without_builder(void **state)
+{
+	(void)state;
+	FILE *tmp = tmpfile();
+	assert_non_null(tmp);
+	fflush(stderr);
+	int saved = dup(2);
+	assert_true(saved >= 0 && dup2(fileno(tmp), 2) == 2);
+	int rc = hpu_error(NULL, "no data at %s", "/nowhere");
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	assert_int_equal(rc, HPU_ERROR);
+	char got[200] = {0};
+	rewind(tmp);
+	assert_non_null(fgets(got, sizeof got, tmp));
+	fclose(tmp);
+	assert_string_equal(got, "error: hpu_error() without a builder: no data at /nowhere\n");
+	assert_int_equal(hpu_builder_status(NULL), HPU_EINVAL);
 }
 
 static void test_linear_tied(void **state)
@@ -1265,6 +1289,7 @@ int main(void)
 		cmocka_unit_test(test_conv2d_forward),
 		cmocka_unit_test(test_conv2d_gradients),
 		cmocka_unit_test(test_sticky_errors),
+		cmocka_unit_test(test_error_without_builder),
 		cmocka_unit_test(test_conv_pool_refused),
 		cmocka_unit_test(test_maxpool),
 		cmocka_unit_test(test_avgpool),

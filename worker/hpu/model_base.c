@@ -25,14 +25,21 @@ int (hpu_error)(hpu_builder *b, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	hpu__model_record(b, HPU_ERROR, fmt, ap);
+	if (b) {
+		hpu__model_record(b, HPU_ERROR, fmt, ap);
+	} else { /* no builder to hold it (a library constructor's call):
+		  * said, not lost */
+		fputs("error: hpu_error() without a builder: ", stderr);
+		vfprintf(stderr, fmt ? fmt : "(no message)", ap);
+		fputc('\n', stderr);
+	}
 	va_end(ap);
 	return HPU_ERROR;
 }
 
 int hpu_builder_status(const hpu_builder *b)
 {
-	return b->status;
+	return b ? b->status : HPU_EINVAL;
 }
 
 int hpu_layer_error(hpu_layer *l, const char *fmt, ...)
