@@ -243,6 +243,29 @@ static void test_one_micro_step(void **state)
 	free(same_with_graphs_accum("cpu", 1, 1, "one", 9, 0, "ddp", "bf16-mixed", NULL));
 }
 
+/* More micro-steps a step than the 64 input buffers it kept (it ended
+ * the job at setup: "at most 64 are recorded"): 65, recorded and
+ * replayed to eager's parameters. */
+static void test_many_micro_steps(void **state)
+{
+	(void)state;
+	char *oa = train("acc65-eager", 1, "cpu", 0, NULL, NULL, "--batch-size", "130",
+			 "--grad-accum", "65", "--max-steps", "5", NULL);
+	char *ob = train("acc65-graphs", 1, "cpu", 1, NULL, NULL, "--batch-size", "130",
+			 "--grad-accum", "65", "--max-steps", "5", NULL);
+	long replayed, recorded, eager;
+	replays(ob, &replayed, &recorded, &eager);
+	printf("  --grad-accum 65: %ld replayed from %ld recording(s), %ld eager\n", replayed,
+	       recorded, eager);
+	assert_non_null(strstr(ob, "graphs: step 3: recorded the step of 2 samples x 65 "
+				   "micro-steps: "));
+	assert_int_equal(recorded, 1);
+	assert_int_equal(replayed, 3);
+	assert_true(same_file("acc65-eager", "acc65-graphs"));
+	free(oa);
+	free(ob);
+}
+
 /* --graphs-warmup 0: the first step is recorded. Its gradients start at
  * zero as the later steps' do, owed zeros the ops claim (hpu__ac_fresh_*):
  * a first step that added its products to zeros recorded adds that its
@@ -1326,6 +1349,7 @@ int main(void)
 	    cmocka_unit_test(test_strategies_fp32), cmocka_unit_test(test_strategies_bf16),
 	    cmocka_unit_test(test_overflow_skipped), cmocka_unit_test(test_warmup_zero),
 	    cmocka_unit_test(test_one_micro_step),
+	    cmocka_unit_test(test_many_micro_steps),
 	    cmocka_unit_test(test_bce_logits_recorded),
 	    cmocka_unit_test(test_resume),
 	    cmocka_unit_test(test_dropout_recorded), cmocka_unit_test(test_refusals),

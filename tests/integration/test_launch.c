@@ -614,6 +614,17 @@ static void test_worker_crash_reported(void **state)
 	assert_non_null(bt1);
 	assert_non_null(strstr(bt1, "fault_mlp.so("));
 	h_free(&p);
+	/* the same on cpu-strict, whose handler passes faults outside its
+	 * arena on: the address (it said the worker's pid, a raise()'s
+	 * sender, where the address was) */
+	char *argv_s[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "20", "--log-every",
+			  "0", "--no-eval", "--device", "cpu-strict", (char *)FAULT_MODEL, "--",
+			  "--hidden", "16", "--crash-rank", "0", "--crash-at", "3", NULL};
+	code = h_run(&p, argv_s, NULL, 120000);
+	printf("cpu-strict, rank 0 crashes at step 3: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "rank 0: crashed: signal 11 (Segmentation fault) at 0x10\n"));
+	h_free(&p);
 	/* in the model's setup(): said (it gave only the address and frames) */
 	char *argv0[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "2", "--no-eval",
 			 (char *)FAULT_MODEL, "--", "--crash-in-setup", NULL};

@@ -238,6 +238,73 @@ static void test_host_only_layers(void **state)
 	free(model);
 }
 
+/* A layer that leaves values it must write unwritten (hpu.h: a forward
+ * writes its outputs, a backward each din it is given): on cpu they hold
+ * another tensor's leftovers and the model trains on them in silence,
+ * differently on each device; cpu-strict marks them before the call and
+ * stops the worker naming the layer and the tensor. Staged (host-only)
+ * and on device memory (any-device), forward and backward. */
+static void test_unwritten_values(void **state)
+{
+	(void)state;
+	char *model = strdup(h_build("lib/host_layer_model.so"));
+	static const struct {
+		const char *margs, *want;
+	} cases[] = {
+	    {"--no-din", "layer hscale2: its backward left 256 of the 256 values of din for s "
+			 "unwritten: it writes every one"},
+	    {"--no-din --any-device", "layer hscale2: its backward left 256 of the 256 values "
+				      "of din for s unwritten"},
+	    {"--half-out", "layer hscale2: its forward left 128 of the 256 values of its output "
+			   "s2 unwritten"},
+	    {"--half-out --any-device", "layer hscale2: its forward left 128 of the 256 values "
+					"of its output s2 unwritten"},
+	};
+	run r;
+	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+		start(&r, 1);
+		args(&r, "--device", "cpu-strict", "--max-steps", "2", "--batch-size", "16",
+		     "--no-eval", NULL);
+		char *out = finish_with(&r, 1, model, cases[k].margs);
+		printf("  %s: %s\n", cases[k].margs, strstr(out, "layer hscale2: its") ?: out);
+		assert_non_null(strstr(out, cases[k].want));
+		/* the closing error ends with it */
+		const char *closing = strstr(out, "hpulaunch: error: rank 0 ");
+		assert_non_null(closing);
+		assert_non_null(strstr(closing, cases[k].want));
+		free(out);
+	}
+	/* a write past every block (4 GiB past its output): named as such,
+	 * in the layer's call (it said "outside a device call", with the
+	 * kernels-only mode's hint), and the closing error ends with it */
+	start(&r, 1);
+	args(&r, "--device", "cpu-strict", "--max-steps", "2", "--batch-size", "16", "--no-eval",
+	     NULL);
+	char *out = finish_with(&r, 1, model, "--overrun --any-device");
+	const char *want = "(past the end of every block in use: an overrun of a tensor?) in "
+			   "layer hscale2's forward under --device cpu-strict";
+	const char *at = strstr(out, "host code touched device memory at ");
+	assert_non_null(at);
+	void *addr = NULL;
+	int end = -1;
+	sscanf(at, "host code touched device memory at %p (past the end of every block in use: "
+		   "an overrun of a tensor?) in layer hscale2's forward under --device "
+		   "cpu-strict%n", &addr, &end);
+	printf("  --overrun: %.*s\n", (int)strcspn(at, "\n"), at);
+	assert_true(end > 0 && addr != NULL);
+	assert_null(strstr(out, "outside a device call"));
+	assert_null(strstr(out, "HPU_LAYER_HOST_ONLY?"));
+	const char *closing = strstr(out, "hpulaunch: error: rank 0 ");
+	assert_non_null(closing);
+	assert_non_null(strstr(closing, want));
+	free(out);
+	/* on cpu nothing checks: the model trains (on leftovers) */
+	start(&r, 1);
+	args(&r, "--device", "cpu", "--max-steps", "2", "--batch-size", "16", "--no-eval", NULL);
+	free(finish_with(&r, 0, model, "--no-din --any-device"));
+	free(model);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -249,6 +316,7 @@ int main(void)
 		cmocka_unit_test(test_masked_attention),
 		cmocka_unit_test(test_fused_attention),
 		cmocka_unit_test(test_host_only_layers),
+		cmocka_unit_test(test_unwritten_values),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -265,29 +265,46 @@ static void strict_describe(const void *p, char *out, size_t len)
 }
 
 /* A fault in the arena is host code touching device memory: say where and
- * exit. Any other fault goes to the handler that was there before. (The
- * lookup takes no lock: the faulting thread may hold it.) */
+ * exit, handing the sentence to hpu__dev_fatal_why (the closing error's
+ * reason). Any other fault goes to the handler that was there before:
+ * the faulting instruction runs again under it (a raise() would hand it
+ * a signal's sender in place of the address). (The lookup takes no
+ * lock: the faulting thread may hold it.) */
 static void on_segv(int sig, siginfo_t *si, void *uc)
 {
 	char *a = si->si_addr;
 	(void)uc;
-	if (!A.base || a < A.base || a >= A.base + ARENA_BYTES) {
+	if (si->si_code <= 0 || !A.base || a < A.base || a >= A.base + ARENA_BYTES) {
 		sigaction(SIGSEGV, &old_segv, NULL);
-		raise(sig);
+		if (si->si_code <= 0) /* sent (kill, raise): it does not repeat */
+			raise(sig);
 		return;
 	}
+	/* device memory open (inside a device call, or always) faults only
+	 * past the pages handed out: a write or read beyond a tensor's end */
+	int open = A.depth > 0 || A.open;
 	char block[160];
 	block_at(a, "no block in use", block, sizeof block);
-	char line[512], in[160] = "";
+	char why[480], line[512], in[200] = "";
 	const char *layer = hpu__op_layer_name(); /* the strategy's hpu__op_layer */
-	if (layer[0]) /* a custom layer's own loop, under HPU_STRICT_KERNELS=1 */
+	const char *part = hpu__op_layer_backward() ? "backward" : "forward";
+	if (layer[0] && !open && hpu__dev_strict_kernels()) /* its own loop */
 		snprintf(in, sizeof in, " in layer %s's %s (a loop of its own, not an op: "
-			 "HPU_LAYER_HOST_ONLY?)", layer, hpu__op_layer_backward() ? "backward" : "forward");
-	int n = snprintf(line, sizeof line,
-			 "hpu-worker: rank %d: host code touched device memory at %p (%s)%s outside a device call under --device cpu-strict\n",
-			 A.rank, (void *)a, block, in);
+			 "HPU_LAYER_HOST_ONLY?)", layer, part);
+	else if (layer[0])
+		snprintf(in, sizeof in, " in layer %s's %s", layer, part);
+	if (open)
+		snprintf(why, sizeof why, "host code touched device memory at %p (past the end of "
+			 "every block in use: an overrun of a tensor?)%s under --device cpu-strict",
+			 (void *)a, in);
+	else
+		snprintf(why, sizeof why, "host code touched device memory at %p (%s)%s outside a "
+			 "device call under --device cpu-strict", (void *)a, block, in);
+	int n = snprintf(line, sizeof line, "hpu-worker: rank %d: %s\n", A.rank, why);
 	if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
 		_exit(1);
+	if (hpu__dev_fatal_why)
+		hpu__dev_fatal_why(why);
 #ifdef HPU_STRICT_DEBUG
 	void *bt[32];
 	backtrace_symbols_fd(bt, backtrace(bt, 32), 2);

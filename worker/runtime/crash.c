@@ -101,10 +101,13 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
 	for (const char *p = sig_name(sig); *p && t < 40; p++)
 		tail[t++] = *p;
 	tail[t++] = ')';
-	if (sig != SIGABRT) /* an address only where a fault has one */
+	/* an address only where a fault has one: a signal sent (kill, raise;
+	 * si_code <= 0) holds its sender's pid there */
+	int has_addr = sig != SIGABRT && si->si_code > 0;
+	if (has_addr)
 		tail[t++] = ' ', tail[t++] = 'a', tail[t++] = 't', tail[t++] = ' ';
 	tail[t] = 0;
-	say(who, ": crashed: signal ", num_s, " (", tail, sig == SIGABRT ? NULL : addr);
+	say(who, ": crashed: signal ", num_s, " (", tail, has_addr ? addr : NULL);
 	if (sig == SIGABRT)
 		say(who, ": abort() was called: a failed assert(), an uncaught C++ exception or a "
 			 "library that gave up (its message, if it wrote one, is above)",

@@ -58,9 +58,9 @@ typedef struct entry {
 struct hpu__graphs {
 	int warmup, accum, micro, fields, rank, verbose;
 	size_t field_bytes[HPU_MAX_IO];
-	hpu_batch in[64];   /* the input buffers, per micro-step (accum <= 64) */
-	uint32_t *idx[64];
-	const hpu_batch *pend[64]; /* this step's micro-batches, as the loader has them */
+	hpu_batch *in;      /* the input buffers, per micro-step (accum of them) */
+	uint32_t **idx;
+	const hpu_batch **pend; /* this step's micro-batches, as the loader has them */
 	int filled;         /* 1: what this step reads is in place (its fields in
 			     * the input buffers, or its replay's copies pointed
 			     * at the loader's buffer) */
@@ -93,21 +93,26 @@ int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fie
 		    const size_t *field_bytes, int rank, int verbose, char *err, size_t errlen)
 {
 	*out = NULL;
-	if (accum < 1 || accum > 64 || fields > HPU_MAX_IO) {
-		snprintf(err, errlen, "--graphs: %d micro-steps per step; at most 64 are recorded",
-			 accum);
+	if (accum < 1 || fields > HPU_MAX_IO) { /* the options refuse these */
+		snprintf(err, errlen, "--graphs: %d micro-steps per step of %d fields", accum,
+			 fields);
 		return -1;
 	}
 	hpu__graphs *g = calloc(1, sizeof *g);
-	if (!g || !(g->key = calloc((size_t)accum, sizeof *g->key)))
+	if (!g)
 		goto oom;
 	*g = (hpu__graphs){.warmup = warmup, .accum = accum, .micro = micro, .fields = fields,
-			   .rank = rank, .verbose = verbose, .key = g->key};
+			   .rank = rank, .verbose = verbose};
+	*out = g;
+	if (!(g->key = calloc((size_t)accum, sizeof *g->key)) ||
+	    !(g->in = calloc((size_t)accum, sizeof *g->in)) ||
+	    !(g->idx = calloc((size_t)accum, sizeof *g->idx)) ||
+	    !(g->pend = calloc((size_t)accum, sizeof *g->pend)))
+		goto oom;
 	memcpy(g->field_bytes, field_bytes, (size_t)fields * sizeof *field_bytes);
 	long fr;
 	g->fail_begin = hpu__env_long(HPU_ENV_HPU_GRAPHS_FAIL_BEGIN, 0, INT_MAX, &fr) > 0 &&
 			fr == rank;
-	*out = g;
 	for (int k = 0; k < accum; k++) {
 		for (int f = 0; f < fields; f++)
 			if (!(g->in[k].data[f] = hpu__dev_hbuf_alloc(
@@ -143,12 +148,15 @@ void hpu__graphs_free(hpu__graphs **pg)
 		hpu__strat_snap_free(&g->e[i].snap);
 		free(g->e[i].n);
 	}
-	for (int k = 0; k < g->accum; k++) {
+	for (int k = 0; k < g->accum && g->in && g->idx; k++) {
 		for (int f = 0; f < g->fields; f++)
 			hpu__dev_hbuf_free(g->in[k].data[f]);
 		hpu__dev_hbuf_free(g->idx[k]);
 	}
 	free(g->key);
+	free(g->in);
+	free(g->idx);
+	free(g->pend);
 	free(g);
 	*pg = NULL;
 }

@@ -282,6 +282,13 @@ int hpu__host_stage_in(hpu_strat *s, int i, int backward, hpu_tensor *in, hpu_te
 		       hpu_tensor *dout, hpu_tensor *din);
 void hpu__host_stage_out(hpu_strat *s, int i, int backward, int rc);
 void hpu__host_stage_free(hpu_strat *s);
+/* strategy_written.c: on cpu-strict (not while recording), the fp32
+ * views v of layer i's outputs (backward 0) or dins (1), but those whose
+ * bit is set in skip, marked before the call; after it, check fails
+ * naming the layer and the tensor where a value was left unwritten. */
+void hpu__written_mark(const hpu_strat *s, int i, int backward, const hpu_tensor *v,
+		       unsigned skip);
+int hpu__written_check(hpu_strat *s, int i, int backward, const hpu_tensor *v, unsigned skip);
 /* Why a recording of a training step (eval 0) or an evaluation batch
  * (eval 1) cannot hold its host-only layers: the first staged layer that
  * runs there, named (a sentence in a static buffer), or NULL. Its host

@@ -154,13 +154,17 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	if (staged && hpu__host_stage_in(s, i, 0, in, out, NULL, NULL) < 0)
 		return -1;
 	hpu__dev_staged_layer(staged ? l->name : NULL);
+	hpu__written_mark(s, i, 0, out, 0);
 	hpu__dev_layer_enter(); /* the layer's forward: one device call */
 	int rc = l->ops.forward(l, &c, in, out);
 	hpu__dev_layer_leave();
 	hpu__dev_staged_layer(NULL);
+	int unwritten = rc == 0 && hpu__written_check(s, i, 0, out, 0) < 0;
 	if (staged)
-		hpu__host_stage_out(s, i, 0, rc);
+		hpu__host_stage_out(s, i, 0, rc || unwritten);
 	op_layer(s, -1, 0);
+	if (unwritten)
+		return -1;
 	hpu__prof_span(recompute ? "forward" : c.train ? "forward" : "eval",
 		       recompute ? "recompute" : c.train ? "forward" : "eval_forward", l->name, t0,
 		       "\"layer\":%d", i);
@@ -522,13 +526,17 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	if (staged && hpu__host_stage_in(s, i, 1, in, out, dout, din) < 0)
 		goto fail;
 	hpu__dev_staged_layer(staged ? l->name : NULL);
+	hpu__written_mark(s, i, 1, din, s->inplace[i]); /* not over its input */
 	hpu__dev_layer_enter(); /* the layer's backward: one device call */
 	int rc = l->ops.backward(l, &c, in, out, dout, din);
 	hpu__dev_layer_leave();
 	hpu__dev_staged_layer(NULL);
+	int unwritten = rc == 0 && hpu__written_check(s, i, 1, din, s->inplace[i]) < 0;
 	if (staged)
-		hpu__host_stage_out(s, i, 1, rc);
+		hpu__host_stage_out(s, i, 1, rc || unwritten);
 	op_layer(s, -1, 0);
+	if (unwritten)
+		goto fail;
 	hpu__prof_span("backward", "backward", l->name, t0, "\"layer\":%d", i);
 	if (rc != 0) {
 		layer_failed(s, l, "backward", rc);
