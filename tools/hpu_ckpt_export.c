@@ -96,15 +96,28 @@ done:
 /* An output in a checkpoint's directory (one holding a manifest: the
  * exported one's or another's) or onto its root's `latest` would replace
  * or add to a checkpoint's files: a reason into why, else 0. */
-static int clobbers(const hpu_ckpt *c, const char *out, char *why, size_t n)
+static int in_ckpt_dir(const char *path, char *why, size_t n)
 {
 	char parent[4200], probe[4400];
-	hpu__dir_part(out, parent, sizeof parent);
+	hpu__dir_part(path, parent, sizeof parent);
 	snprintf(probe, sizeof probe, "%s/%s", parent, HPU_CKPT_MANIFEST);
 	if (access(probe, F_OK) == 0)
 		return snprintf(why, n, "%s is a checkpoint's directory (it holds %s): the export "
 			       "would replace or add to its files; write it elsewhere",
 			       parent, HPU_CKPT_MANIFEST);
+	return 0;
+}
+
+/* ... also through a symbolic link: the file written is where the link
+ * leads (hpu__out_in_place; a link to a checkpoint's manifest or shard
+ * had it replaced) */
+static int clobbers(const hpu_ckpt *c, const char *out, char *why, size_t n)
+{
+	char real[4200], probe[4400];
+	if (in_ckpt_dir(out, why, n) ||
+	    (!hpu__out_in_place(out, real, sizeof real) && strcmp(real, out) &&
+	     in_ckpt_dir(real, why, n)))
+		return 1;
 	snprintf(probe, sizeof probe, "%s/../%s", c->dir, HPU_CKPT_LATEST);
 	if (hpu__same_file(out, probe))
 		return snprintf(why, n, "%s is the checkpoint root's %s; write it elsewhere", out,

@@ -265,6 +265,13 @@ static void test_resume_optimizer_changed(void **state)
 		 dir);
 	if (!strstr(out, want))
 		fail_msg("want \"%s\" in:\n%s", want, out);
+	/* and adam's default weight decay, 0, against adamw's 0.01 (unsaid) */
+	snprintf(want, sizeof want,
+		 "resume: this run's optimizer settings are used where checkpoint %s/step-00000002's "
+		 "differ: --weight-decay 0 (saved: 0.01)\n",
+		 dir);
+	if (!strstr(out, want))
+		fail_msg("want \"%s\" in:\n%s", want, out);
 	free(out);
 	/* nothing changed: no line */
 	start(&r, 1);
@@ -273,6 +280,32 @@ static void test_resume_optimizer_changed(void **state)
 	assert_null(strstr(out, "optimizer settings"));
 	assert_null(strstr(out, "--optimizer"));
 	free(out);
+	/* a longer run under a constant lr: its total steps matter not, no
+	 * line (it said the schedule's options differed) */
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "6", "--resume", dir, NULL);
+	out = finish(&r, 0, SMALL);
+	assert_null(strstr(out, "learning-rate schedule"));
+	free(out);
+	/* cosine: the setting that differs, both values, and what follows
+	 * past the kept schedule's end (the lr rose again, unsaid) */
+	char cdir[340];
+	snprintf(cdir, sizeof cdir, "%s/cosine-ck", tmp);
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "4", "--stop-at-step", "2", "--scheduler",
+	     "cosine", "--lr", "0.01", "--checkpoint-dir", cdir, NULL);
+	free(finish(&r, 0, SMALL));
+	start(&r, 1);
+	args(&r, "--batch-size", "32", "--max-steps", "8", "--scheduler", "cosine", "--lr", "0.01",
+	     "--resume", cdir, NULL);
+	out = finish(&r, 0, SMALL);
+	const char *cos = "resume: the checkpoint's learning-rate schedule is kept (cosine, lr 0.01, "
+			  "4 total steps): 4 total steps (this run's: 8); past its last step the lr "
+			  "rises again along the cosine (as torch's CosineAnnealingLR does)\n";
+	if (!strstr(out, cos))
+		fail_msg("want \"%s\" in:\n%s", cos, out);
+	free(out);
+	h_rmtree(cdir);
 
 	/* 16-mixed with a dynamic scale, resumed with a fixed one */
 	h_rmtree(dir);

@@ -313,6 +313,20 @@ static void test_export_raw(void **state)
 			       : "is the checkpoint root's latest");
 		free(out);
 	}
+	/* ... and through a symbolic link to its manifest or a shard (the
+	 * file it leads to was replaced, exit 0, the checkpoint damaged) */
+	char manifest[700];
+	snprintf(manifest, sizeof manifest, "%s/manifest.json", LAST);
+	const char *to[2] = {manifest, shard};
+	for (int k = 0; k < 2; k++) {
+		const char *link = path(k ? "to-shard.bin" : "to-manifest.st");
+		unlink(link);
+		assert_int_equal(symlink(to[k], link), 0);
+		out = CKPT(2, "export", LAST, "--format", k ? "raw" : "safetensors", "-o", link);
+		has(out, "is a checkpoint's directory (it holds manifest.json)");
+		free(out);
+		unlink(link);
+	}
 	free(CKPT(0, "verify", CK));
 }
 

@@ -191,7 +191,10 @@ static void optim_notes(const hpu_ckpt *c, const hpu_train_opts *o)
 		       "--optimizer %s, its state taken as that one's\n",
 		       c->dir, c->optimizer, mine);
 	const cJSON *os = cJSON_GetObjectItemCaseSensitive(c->m, "optimizer_settings");
-	if (cJSON_IsObject(os) && strcmp(c->optimizer, mine) == 0) {
+	/* another optimizer: its own settings, but the weight decay every one
+	 * has (adamw's default 0.01 became adam's 0 unsaid) */
+	int same = strcmp(c->optimizer, mine) == 0;
+	if (cJSON_IsObject(os)) {
 		const struct {
 			const char *key, *flag;
 			double now;
@@ -205,7 +208,8 @@ static void optim_notes(const hpu_ckpt *c, const hpu_train_opts *o)
 		size_t len = 0;
 		for (size_t i = 0; i < sizeof v / sizeof *v && len < sizeof line; i++) {
 			const cJSON *x = cJSON_GetObjectItemCaseSensitive(os, v[i].key);
-			if (!cJSON_IsNumber(x) && !cJSON_IsBool(x))
+			if ((!cJSON_IsNumber(x) && !cJSON_IsBool(x)) ||
+			    (!same && strcmp(v[i].key, "weight_decay")))
 				continue;
 			double was = cJSON_IsBool(x) ? (double)cJSON_IsTrue(x) : x->valuedouble;
 			if (was == v[i].now)
@@ -244,6 +248,50 @@ static void optim_notes(const hpu_ckpt *c, const hpu_train_opts *o)
 		printf("resume: the dynamic loss scale goes on from checkpoint %s's, %g; "
 		       "--initial-scale-power %d sets a fresh run's first scale\n",
 		       c->dir, saved, o->initial_scale_power);
+}
+
+/* The kept schedule's settings that this run's options would change, and
+ * that its kind uses (a constant lr has no total steps): said with both
+ * values; nothing where none differs. */
+static void sched_note(const hpu_sched *k, const hpu_sched *m)
+{
+	char d[512] = "";
+	size_t n = 0;
+#define DIFF(cond, ...)                                                                  \
+	if ((cond) && n < sizeof d)                                                      \
+		n += (size_t)snprintf(d + n, sizeof d - n, "%s", n ? ", " : ""),           \
+		n += n < sizeof d ? (size_t)snprintf(d + n, sizeof d - n, __VA_ARGS__) : 0
+	hpu_sched_kind kind = k->kind;
+	int warm = kind == HPU_SCHED_WARMUP || kind == HPU_SCHED_WARMUP_DECAY;
+	DIFF(kind != m->kind, "--scheduler %s (this run's: %s)", hpu__sched_name(k->kind),
+	     hpu__sched_name(m->kind));
+	DIFF(k->lr != m->lr, "lr %g (this run's: %g)", k->lr, m->lr);
+	DIFF((kind == HPU_SCHED_COSINE || kind == HPU_SCHED_WARMUP_DECAY) &&
+		     k->total_steps != m->total_steps,
+	     "%ld total steps (this run's: %ld)", k->total_steps, m->total_steps);
+	DIFF(kind == HPU_SCHED_COSINE && k->min_lr != m->min_lr, "min lr %g (this run's: %g)",
+	     k->min_lr, m->min_lr);
+	DIFF(kind == HPU_SCHED_STEP && k->step_size != m->step_size,
+	     "step size %ld (this run's: %ld)", k->step_size, m->step_size);
+	DIFF(kind == HPU_SCHED_STEP && k->gamma != m->gamma, "gamma %g (this run's: %g)",
+	     k->gamma, m->gamma);
+	DIFF(warm && k->warmup_steps != m->warmup_steps, "%ld warm-up steps (this run's: %ld)",
+	     k->warmup_steps, m->warmup_steps);
+	DIFF(warm && k->warmup_min_lr != m->warmup_min_lr,
+	     "warm-up min lr %g (this run's: %g)", k->warmup_min_lr, m->warmup_min_lr);
+	DIFF(warm && k->warmup_type != m->warmup_type, "another warm-up type");
+#undef DIFF
+	if (!n)
+		return;
+	const char *past = "";
+	if (k->total_steps < m->total_steps && kind == HPU_SCHED_COSINE)
+		past = "; past its last step the lr rises again along the cosine (as torch's "
+		       "CosineAnnealingLR does)";
+	else if (k->total_steps < m->total_steps && kind == HPU_SCHED_WARMUP_DECAY)
+		past = "; past its last step the lr is its warm-up min lr";
+	printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld total "
+	       "steps): %s%s\n",
+	       hpu__sched_name(k->kind), k->lr, k->total_steps, d, past);
 }
 
 int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,
@@ -310,10 +358,7 @@ int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts 
 		printf("note: checkpoint %s was saved at --precision %s; this run goes on at "
 		       "--precision %s\n", c->dir, c->precision, hpu__precision_name(o->precision));
 	optim_notes(c, o);
-	if (memcmp(&mine, &pos->sched, sizeof mine) != 0)
-		printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld "
-		       "total steps); this run's options differ\n",
-		       hpu__sched_name(pos->sched.kind), pos->sched.lr, pos->sched.total_steps);
+	sched_note(&pos->sched, &mine);
 	return 0;
 }
 
