@@ -199,8 +199,9 @@ static void print_details(const hpu_ckpt *c)
 	printf("%-14s%d, %llu bytes (%.1f MB)\n", "files", hpu__ckt_total_files(c),
 	       (unsigned long long)hpu__ckt_total_bytes(c), (double)hpu__ckt_total_bytes(c) / 1e6);
 	for (int i = 0; i < c->nfiles; i++)
-		printf("  %s  %llu bytes, %zu segments, %llu floats per section\n",
+		printf("  %s  %llu bytes, %zu segment%s, %llu floats per section\n",
 		       c->files[i].name, (unsigned long long)c->files[i].bytes, c->files[i].nseg,
+		       hpu__plural((long long)c->files[i].nseg),
 		       (unsigned long long)c->files[i].elems);
 	if (c->nbuffers)
 		printf("  %s  %llu bytes, the buffers\n", c->buffer_file.name,

@@ -143,7 +143,8 @@ static const char *shown(uint8_t c, char *buf)
 	return buf;
 }
 
-int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given)
+int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given, double temp,
+		      double seed)
 {
 	if (tokens && gen > 0)
 		return hpu_error(b, "--gen %g: a --tokens file has no tokenizer here to decode a "
@@ -153,6 +154,9 @@ int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given)
 				 tokens ? "a --tokens file has no sample to generate (no tokenizer to "
 					  "decode one)"
 					: "--gen 0 generates no sample");
+	if (temp == 0 && seed >= 0)
+		return hpu_error(b, "--gen-seed: --temperature 0 samples greedily (the likeliest "
+				 "character each time), which no seed changes; leave it out");
 	return 0;
 }
 

@@ -55,9 +55,11 @@ int ex_lm_read(hpu_builder *b, ex_lm *m, const char *dir, const char *tokens, lo
 /* The sample's arguments against what is sampled: --gen N > 0 with
  * --tokens (no tokenizer to decode a sample), or `given` (the name of a
  * sample option given: --prompt, --temperature, --gen-seed; NULL: none)
- * with nothing sampled (--tokens, or gen 0), are refused. -1 after
- * hpu_error. */
-int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given);
+ * with nothing sampled (--tokens, or gen 0), are refused; so is a
+ * --gen-seed (seed >= 0: given) with --temperature 0 (greedy: no draw).
+ * -1 after hpu_error. */
+int ex_lm_sample_args(hpu_builder *b, int tokens, double gen, const char *given, double temp,
+		      double seed);
 
 /* Declares the train and test splits of windows of t ids (and computes
  * the unigram baseline). Returns the builder's status. */

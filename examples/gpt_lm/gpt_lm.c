@@ -2,8 +2,8 @@
  * license texts every Debian machine has, built from the layer library.
  *
  * Data: the regular files of /usr/share/common-licenses in name order,
- * concatenated (examples/common/corpus.c); the last 10% is the validation
- * text; the vocabulary is the bytes that occur. A sample is a window of T
+ * concatenated (examples/common/corpus.c); the last 10% is the test
+ * split; the vocabulary is the bytes that occur. A sample is a window of T
  * characters, fields "tokens", "targets" (the next ids) and "pos"
  * (examples/common/lm.h, which also samples the text after training).
  *
@@ -13,9 +13,8 @@
  *                x = x + dropout(fc2(gelu(fc1(ln2(x)))))   D -> 4D -> D
  *   logits = ln_f(x) wte.weight^T                  [T, V], the tied head
  *   loss = the mean over the T positions of -log softmax(logits)[target]
- * The test loss is thus the validation text's cross-entropy in nats per
- * character; a hook after evaluation prints it next to the unigram
- * baseline, and a hook after training generates text.
+ * The test loss is thus the last tenth's cross-entropy in nats a character;
+ * a hook after evaluation prints it by the unigram baseline, one after training generates text.
  *
  * With --tokens FILE the text is instead an llm.c token file (dev/data's
  * .bin: a header of 256 int32: magic 20240520, version 1 and the token
@@ -36,7 +35,7 @@
  *   --gen N           characters generated after training (200; 0: none)
  *   --temperature X   sampling temperature (0.8; 0: greedy)
  *   --prompt TEXT     the generation's start ("The ")
- *   --gen-seed N      the sampler's seed (1)
+ *   --gen-seed N      the sampler's seed (1; not with --temperature 0)
  */
 #include <hpu/hpu.h>
 #include <hpu/layers.h>
@@ -112,15 +111,15 @@ static void declare(hpu_builder *b, const gpt *m)
 	hpu_loss_add(b, "xent", 1.0f);
 }
 
-/* After evaluation: the validation loss. */
+/* After evaluation: the test split's loss (the corpus's last tenth). */
 static int report(hpu_run *run, void *user)
 {
 	const gpt *m = user;
 	double loss = hpu_run_metric(run, "test_loss");
 	if (hpu_run_ctx(run)->rank == 0 && m->a.tokens)
-		printf("validation loss %.4f nats/token (%.3f bits/token)\n", loss, loss / log(2.0));
+		printf("test split's loss %.4f nats/token (%.3f bits/token)\n", loss, loss / log(2.0));
 	else if (hpu_run_ctx(run)->rank == 0)
-		printf("validation loss %.4f nats/char (%.3f bits/char; unigram baseline %.4f)\n",
+		printf("test split's loss %.4f nats/char (%.3f bits/char; unigram baseline %.4f)\n",
 		       loss, loss / log(2.0), m->lm.unigram);
 	return 0;
 }
@@ -147,7 +146,8 @@ static int parse_args(hpu_builder *b, int argc, char **argv, args *a)
 		return hpu_error(b, "--vocab is for --tokens FILE (the corpus's vocabulary: its bytes)");
 	/* -1s: not given (a value equal to the default passed as not given) */
 	if (ex_lm_sample_args(b, a->tokens != NULL, a->gen, a->prompt != default_prompt ? "--prompt"
-			      : a->temp >= 0 ? "--temperature" : a->seed >= 0 ? "--gen-seed" : NULL))
+			      : a->temp >= 0 ? "--temperature" : a->seed >= 0 ? "--gen-seed" : NULL,
+			      a->temp, a->seed))
 		return -1;
 	a->temp = a->temp < 0 ? 0.8 : a->temp;
 	a->seed = a->seed < 0 ? 1 : a->seed;

@@ -243,7 +243,9 @@ static void test_resume_optimizer_changed(void **state)
 	start(&r, 1);
 	args(&r, "--batch-size", "32", "--max-steps", "4", "--stop-at-step", "2", "--checkpoint-dir",
 	     dir, NULL);
-	free(finish(&r, 0, SMALL));
+	char *saved = finish(&r, 0, SMALL);
+	assert_non_null(strstr(saved, "/step-00000002: 1 shard, ")); /* it said "1 shards" */
+	free(saved);
 	start(&r, 1);
 	args(&r, "--batch-size", "32", "--max-steps", "4", "--resume", dir, "--beta1", "0.5",
 	     "--weight-decay", "0.5", NULL);

@@ -83,12 +83,12 @@ static void test_gpt_lm(void **state)
 				(char *)h_build("lib/gpt_lm.so"), "--", "--gen", "120", NULL};
 		char *out = run_ok(argv);
 		const char *u = strstr(out, "unigram baseline ");
-		const char *val = strstr(out, "validation loss ");
+		const char *val = strstr(out, "test split's loss ");
 		const char *sample = strstr(out, "sample (120 characters");
 		assert_non_null(u);
 		assert_non_null(val);
 		assert_non_null(sample);
-		double base = strtod(u + 17, NULL), loss = strtod(val + 16, NULL);
+		double base = strtod(u + 17, NULL), loss = strtod(val + 18, NULL);
 		printf("  gpt_lm %s: validation loss %.4f nats/char after 60 steps (unigram %.4f)\n"
 		       "%.200s\n", strategies[k], loss, base, sample);
 		assert_true(base > 3 && base < 4);
@@ -142,10 +142,10 @@ static void test_gpt_lm_tokens(void **state)
 		if (k == 0) {
 			snprintf(want, sizeof want, "gpt_lm: 3000 tokens from %s (u16), vocabulary 40",
 				 path);
-			if (code != 0 || !strstr(p.out, want) || !strstr(p.out, "validation loss "))
+			if (code != 0 || !strstr(p.out, want) || !strstr(p.out, "test split's loss "))
 				fail_msg("exit %d, no \"%s\" or no validation loss:\n%s", code, want,
 					 p.out);
-			double loss = strtod(strstr(p.out, "validation loss ") + 16, NULL);
+			double loss = strtod(strstr(p.out, "test split's loss ") + 18, NULL);
 			printf("  gpt_lm --tokens: validation loss %.4f nats/token after 40 steps "
 			       "(uniform %.4f)\n", loss, log(40.0));
 			assert_true(loss > 0 && loss < log(40.0) - 1);
@@ -832,6 +832,16 @@ static void test_gpt_lm_prompt(void **state)
 	printf("--gen 0 --temperature 0.8: exit %d\n%s", code, p.out);
 	assert_int_equal(code, 1);
 	assert_non_null(strstr(p.out, "--temperature: --gen 0 generates no sample; leave it out"));
+	h_free(&p);
+	/* a seed for a greedy sample: nothing it changes (taken in silence) */
+	char *greedy[] = {(char *)LAUNCH, "-q", "--devices", "1", "--max-steps", "1", "--no-eval",
+			  (char *)h_build("lib/gpt_lm.so"), "--", "--gen", "5", "--temperature", "0",
+			  "--gen-seed", "5", NULL};
+	code = h_run(&p, greedy, NULL, 120000);
+	printf("--temperature 0 --gen-seed 5: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "--gen-seed: --temperature 0 samples greedily (the likeliest "
+				      "character each time), which no seed changes; leave it out"));
 	h_free(&p);
 }
 

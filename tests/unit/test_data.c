@@ -276,6 +276,18 @@ static void test_gz_corrupt(void **state)
 	p = put_gz_badcrc("hdr.npy.gz", h, hn + 4, 2);
 	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p, "corrupt gzip data");
 	free(h);
+
+	/* a gzipped file cut within its first deflate block: its gzip data
+	 * is said to end early (it said "0 bytes", of a 40-byte file) */
+	p = tmp_at("cut.idx.gz");
+	gzFile gz = gzopen(p, "wb9");
+	for (int i = 0; i < 64; i++)
+		assert_int_equal(gzwrite(gz, buf, (unsigned)n), (int)n);
+	gzclose(gz);
+	assert_int_equal(truncate(p, 10), 0); /* its header alone */
+	refused(hpu_array_load(&a, p, NULL, err, sizeof err), p,
+		"truncated: its gzip data ends after 0 bytes (of 10 compressed: cut short?), too "
+		"short for any format");
 }
 
 /* ---- .npy ---- */

@@ -573,7 +573,11 @@ int hpu_array_load(hpu_array *a, const char *path, const char *member, char *err
 	r.direct = gzdirect(r.gz);
 	r.fsize = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
 	int rc, npz = got == 4 && (!memcmp(m, "PK\3\4", 4) || !memcmp(m, "PK\5\6", 4));
-	if (got < 4)
+	if (got < 4 && !r.direct) /* the file's bytes were not the count */
+		rc = rd_short(&r, &f, "truncated: its gzip data ends after %zu bytes (of %llu "
+			      "compressed: cut short?), too short for any format", got,
+			      (unsigned long long)r.fsize);
+	else if (got < 4)
 		rc = rd_short(&r, &f, "truncated: %zu bytes, too short for any format", got);
 	else if (npz)
 		rc = HPU_OK;

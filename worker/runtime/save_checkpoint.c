@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/num.h"
 #include "common/fileio.h"
 #include "common/thread.h"
 
@@ -75,9 +76,10 @@ static int save_report(const hpu_train_opts *o, const char *name, long step, con
 		bytes += all[r].bytes;
 		slowest = all[r].secs > slowest ? all[r].secs : slowest;
 	}
-	printf("checkpoint: step %ld saved to %s/%s: %d shards%s, %.1f MB, %.3f s "
+	printf("checkpoint: step %ld saved to %s/%s: %d shard%s%s, %.1f MB, %.3f s "
 	       "(slowest rank wrote %.1f MB/s)\n",
-	       step, o->checkpoint_dir, name, world, bbytes > 0 ? " and the buffers" : "",
+	       step, o->checkpoint_dir, name, world, hpu__plural(world),
+	       bbytes > 0 ? " and the buffers" : "",
 	       bytes / 1e6, secs, slowest > 0 ? all[0].bytes / 1e6 / slowest : 0);
 	if (!metrics)
 		return 0;
