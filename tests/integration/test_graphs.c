@@ -526,6 +526,20 @@ static void test_offload_refused(void **state)
 	assert_non_null(strstr(why, "--offload-optimizer"));
 	free(oa);
 	free(ob);
+	/* one worker's parameters in host memory, not kept whole: an
+	 * evaluation batch's reason is said before it is recorded (it was
+	 * found while recording, in the device's words about a copy) */
+	ob = train("offload-eval", 1, "cpu", 1, NULL, NULL, "--strategy", "zero3",
+		   "--param-persistence-threshold", "0", "--offload-param", "cpu", "--max-steps",
+		   "4", "--eval-every", "2", "--val-fraction", "0.002", NULL);
+	why = strstr(ob, "graphs: evaluation: the batch of 32 samples is not recorded: ");
+	printf("  offload-param: %.*s\n", why ? (int)strcspn(why, "\n") : 4, why ? why : "none");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "not recorded: the parameters are kept in host memory "
+				    "(--offload-param cpu) and copied from there for the forward; "
+				    "it runs eagerly\n"));
+	assert_null(strstr(ob, "hpu__dev_h2d"));
+	free(ob);
 }
 
 /* A custom layer whose forward writes its output with plain C (fault_mlp's

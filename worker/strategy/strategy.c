@@ -506,6 +506,12 @@ const char *hpu__strat_forward_host_part(const hpu_strat *s)
 	if (s->nvp)
 		return "the NVMe tier reads the parameters' pieces from their files for the "
 		       "forward's gathers (--offload-param nvme)";
+	/* one worker: a unit not kept whole is copied from host memory for
+	 * the forward (between workers the gathers stage it) */
+	for (int k = 0; s->world == 1 && hpu__strat_params_host(s) && k < s->nunits; k++)
+		if (!s->u[k].persistent)
+			return "the parameters are kept in host memory (--offload-param cpu) and "
+			       "copied from there for the forward";
 	return NULL;
 }
 
