@@ -1051,12 +1051,6 @@ int hpu__opts_resolve(hpu_train_opts *o, int world_size, char *err,
 			 in_file(o, "min-loss-scale", "initial-scale-power", in, sizeof in));
 		return -1;
 	}
-	if (o->sched == HPU_SCHED_WARMUP_DECAY && o->total_steps > 0 &&
-	    o->total_steps < o->warmup_steps) {
-		snprintf(err, errlen, "--scheduler warmup_decay: --total-steps %ld is less than --warmup-steps %ld",
-			 o->total_steps, o->warmup_steps);
-		return -1;
-	}
 	if (!o->checkpoint_dir[0] && (o->checkpoint_every || o->keep || o->keep_last ||
 				      o->keep_best[0] || !strcmp(o->resume, "auto"))) {
 		/* named as given: hputrain.checkpoint_every in a file was

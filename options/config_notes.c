@@ -202,6 +202,19 @@ static void unread_notes(const hpu_train_opts *o, FILE *f, const char *prog)
 			prog, o->eval_every, o->checkpoint_every,
 			o->checkpoint_every / a * o->eval_every);
 	}
+	/* DeepSpeed's WarmupDecayLR warns and runs: the lr warms up, then is
+	 * warmup_min_lr, the decay's total being past (it was refused here,
+	 * naming flags a file's keys had set) */
+	if (o->sched == HPU_SCHED_WARMUP_DECAY && o->total_steps > 0 &&
+	    o->total_steps < o->warmup_steps) {
+		const char *kt = hpu__opts_file_key(o, "total-steps");
+		const char *kw = hpu__opts_file_key(o, "warmup-steps");
+		fprintf(f, "%s: warning: --scheduler warmup_decay: %s %ld is less than %s %ld: the lr "
+			   "warms up over %ld steps, then is the warm-up min lr (DeepSpeed's "
+			   "WarmupDecayLR warns of the same)\n",
+			prog, *kt ? kt : "--total-steps", o->total_steps, *kw ? kw : "--warmup-steps",
+			o->warmup_steps, o->warmup_steps);
+	}
 	if (o->stop_at_step > 0 && o->max_steps >= 0 && o->stop_at_step >= o->max_steps &&
 	    given(o, "stop-at-step"))
 		fprintf(f, "%s: note: --stop-at-step %ld is not before --max-steps %ld: the run ends "

@@ -994,11 +994,10 @@ static void test_resolve_other_checks(void **state)
 	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), 0);
 	set_ok(&o, "total-steps", "100");
 	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), 0);
+	/* fewer total steps than warm-up ones: run, as DeepSpeed does, with
+	 * a warning (test_config_file's test_warmup_decay_short_total) */
 	set_ok(&o, "total-steps", "99");
-	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), -1);
-	printf("  -> \"%s\"\n", err);
-	assert_non_null(strstr(err, "--total-steps 99"));
-	assert_non_null(strstr(err, "--warmup-steps 100"));
+	assert_int_equal(hpu__opts_resolve(&o, 1, err, sizeof(err)), 0);
 	/* --aio-block-size: whole 4 KiB blocks, 1 GiB at most (above, it got
 	 * past hpulaunch and each worker refused it, as "not a multiple") */
 	const char *sizes[] = {"1GiB", "2GiB", "1000"};

@@ -52,6 +52,24 @@ static void assert_has(const char *text, const char *needle)
 		fail_msg("\"%s\" is not in:\n%s", needle, text);
 }
 
+/* WarmupDecayLR with fewer total steps than warm-up steps: DeepSpeed
+ * warns and runs (warm-up, then warmup_min_lr), and so does this, naming
+ * the file's keys (it was refused naming --total-steps and
+ * --warmup-steps, flags never given). */
+static void test_warmup_decay_short_total(void **state)
+{
+	(void)state;
+	hpu_train_opts o;
+	char *text = notes_of("{'scheduler': {'type': 'WarmupDecayLR', 'params': {"
+			      "'warmup_num_steps': 5, 'total_num_steps': 3, 'warmup_max_lr': 0.1}}}",
+			      NULL, &o);
+	assert_has(text, "hpulaunch: warning: --scheduler warmup_decay: "
+			 "scheduler.params.total_num_steps 3 is less than "
+			 "scheduler.params.warmup_num_steps 5: the lr warms up over 5 steps, then is "
+			 "the warm-up min lr (DeepSpeed's WarmupDecayLR warns of the same)\n");
+	free(text);
+}
+
 static void test_file_top_and_zero(void **state)
 {
 	(void)state;
@@ -1342,6 +1360,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_file_top_and_zero),
+	    cmocka_unit_test(test_warmup_decay_short_total),
 	    cmocka_unit_test(test_file_optimizer),
 	    cmocka_unit_test(test_file_scheduler),
 	    cmocka_unit_test(test_file_precision),
