@@ -200,6 +200,16 @@ static int run(const opts *o)
 			     in.t[0].path, in.t[0].job_id, in.t[i].path, in.t[i].job_id);
 			break;
 		}
+	/* a restarted job's attempts: each aligned at its own first barrier,
+	 * as if they had run at once (merged unsaid) */
+	for (int i = 1; i < in.n; i++)
+		if (in.t[i].attempt >= 0 && in.t[0].attempt >= 0 &&
+		    in.t[i].attempt != in.t[0].attempt) {
+			warn("%s is of the job's attempt %d, %s of attempt %d (restarts): merging "
+			     "traces of different runs, each aligned at its own first barrier",
+			     in.t[0].path, in.t[0].attempt, in.t[i].path, in.t[i].attempt);
+			break;
+		}
 	if (in.t[0].world_size > in.n)
 		warn("%d of the job's %d ranks given: the others are missing from the merge and "
 		     "the summary",

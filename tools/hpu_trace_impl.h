@@ -35,6 +35,7 @@ typedef struct trace {
 	int rank;
 	int order;         /* its place among the inputs */
 	int world_size;    /* otherData.world_size, or -1 */
+	int attempt;       /* otherData.attempt (the job's restart), or -1 */
 	char *hostname;    /* otherData.hostname, or NULL */
 	char *job_id;      /* otherData.job_id, or NULL */
 	cJSON *other;      /* a copy of otherData, or NULL */

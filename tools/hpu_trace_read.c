@@ -342,9 +342,19 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 		return fail("%s: already a merged trace (otherData.merged_by), not one rank's: give "
 			    "the per-rank traces it was merged from",
 			    t->path);
-	double r = num(other, "rank", -1);
-	if (r < 0)
-		r = hpu__trc_name_rank(t->path, NULL, 0);
+	/* otherData.rank, where there is one, must be a rank: a bad one is
+	 * named (1.5 read as missing, "zero" and -3 fell back to the name's) */
+	const cJSON *rj = cJSON_GetObjectItemCaseSensitive(other, "rank");
+	if (rj && !(cJSON_IsNumber(rj) && rj->valuedouble >= 0 &&
+		    rj->valuedouble == floor(rj->valuedouble) && rj->valuedouble <= 1e6)) {
+		char *v = cJSON_PrintUnformatted(rj);
+		int rc = fail("%s: not a trace of a rank: its otherData.rank, %.60s, is not a rank "
+			      "(a whole number from 0)",
+			      t->path, v ? v : "?");
+		cJSON_free(v);
+		return rc;
+	}
+	double r = rj ? rj->valuedouble : hpu__trc_name_rank(t->path, NULL, 0);
 	if (r < 0 || r != floor(r) || r > 1e6)
 		return fail("%s: not a trace of a rank: no otherData.rank and no -rank<R>.json "
 			    "name",
@@ -352,6 +362,8 @@ int hpu__trc_scan(trace *t, cJSON *doc, actions *s)
 	t->rank = (int)r;
 	double ws = num(other, "world_size", -1);
 	t->world_size = ws >= 1 && ws <= 1e6 ? (int)ws : -1; /* else unknown */
+	double at = num(other, "attempt", -1);
+	t->attempt = at >= 0 && at <= 1e6 && at == floor(at) ? (int)at : -1;
 	/* a format this reader does not know, a rank outside its job: said,
 	 * and read as far as it goes (they were taken in silence) */
 	cJSON *ver = cJSON_GetObjectItemCaseSensitive(other, "version");

@@ -643,6 +643,39 @@ static void test_errors(void **state)
 	has(out, "perf-logs-rank1.json: not a trace: no traceEvents array");
 	free(out);
 
+	/* an otherData.rank that is no rank is named (1.5 was read as none,
+	 * -3 and "zero" fell back to the name's rank) */
+	static const char *const bad_ranks[] = {"1.5", "-3", "\"zero\"", "99999999999"};
+	for (int k = 0; k < 4; k++) {
+		char text[200], want[120];
+		snprintf(text, sizeof text, "{\"otherData\":{\"rank\":%s},\"traceEvents\":[]}\n",
+			 bad_ranks[k]);
+		assert_int_equal(h_write_file(in(d, "badrank-rank0.json"), text, 0644), 0);
+		out = TRACE(1, "--no-merge", in(d, "badrank-rank0.json"));
+		snprintf(want, sizeof want, "badrank-rank0.json: not a trace of a rank: its "
+			 "otherData.rank, %s, is not a rank (a whole number from 0)", bad_ranks[k]);
+		has(out, want);
+		free(out);
+	}
+
+	/* two attempts of a restarted job: merged with a warning (in silence) */
+	const char *att = dir("attempts");
+	char a0[4096], a1[4096];
+	const char *key = "\"job_id\":\"job-t\"";
+	const char *at0 = strstr(rank0, key), *at1 = strstr(rank1, key);
+	snprintf(a0, sizeof a0, "%.*s%s,\"attempt\":1%s", (int)(at0 - rank0), rank0, key,
+		 at0 + strlen(key));
+	snprintf(a1, sizeof a1, "%.*s%s,\"attempt\":0%s", (int)(at1 - rank1), rank1, key,
+		 at1 + strlen(key));
+	assert_int_equal(h_write_file(in(att, "perf-logs-restart1-rank0.json"), a0, 0644), 0);
+	assert_int_equal(h_write_file(in(att, "perf-logs-rank1.json"), a1, 0644), 0);
+	out = TRACE(0, "--no-merge", in(att, "perf-logs-restart1-rank0.json"),
+		    in(att, "perf-logs-rank1.json"));
+	has(out, "perf-logs-restart1-rank0.json is of the job's attempt 1, ");
+	has(out, "perf-logs-rank1.json of attempt 0 (restarts): merging traces of different "
+		 "runs, each aligned at its own first barrier");
+	free(out);
+
 	/* the same rank twice (rank0's text under another name) */
 	assert_int_equal(h_write_file(in(d, "other-rank5.json"), rank0, 0644), 0);
 	out = TRACE(1, in(d, "perf-logs-rank0.json"), in(d, "other-rank5.json"));

@@ -187,6 +187,7 @@ static char *header(const hpu_prof_conf *c)
 	cJSON_AddNumberToObject(d, "node_rank", c->node_rank);
 	cJSON_AddStringToObject(d, "hostname", host);
 	cJSON_AddStringToObject(d, "job_id", c->job_id ? c->job_id : "");
+	cJSON_AddNumberToObject(d, "attempt", c->attempt);
 	cJSON_AddStringToObject(d, "model", c->model ? c->model : "");
 	cJSON_AddStringToObject(d, "strategy", c->strategy ? c->strategy : "");
 	cJSON_AddStringToObject(d, "precision", c->precision ? c->precision : "");

@@ -41,6 +41,7 @@ typedef struct hpu_prof_conf {
 	const char *dir;  /* created if missing */
 	const char *name; /* file prefix: DIR/NAME-rank<R>.json */
 	int rank, world, node_rank;
+	int attempt; /* the job's restart (HPU_RESTART_COUNT; 0: its first run) */
 	const char *job_id, *model, *strategy, *precision;
 } hpu_prof_conf;
 

@@ -360,7 +360,8 @@ static int observe_setup(loop *L)
 		snprintf(name, sizeof name, "%s", o->profile_name);
 	hpu_prof_conf c = {
 		.dir = o->profile, .name = name, .rank = L->rank, .world = L->world,
-		.node_rank = node_rank, .job_id = hpu__env_str(HPU_ENV_HPU_JOB_ID),
+		.node_rank = node_rank, .attempt = attempt > 0 ? attempt : 0,
+		.job_id = hpu__env_str(HPU_ENV_HPU_JOB_ID),
 		.model = L->b->model && L->b->model->name ? L->b->model->name : "",
 		.strategy = hpu__strategy_name(o->strategy),
 		.precision = hpu__precision_name(o->precision),
