@@ -260,6 +260,36 @@ static void test_zero3_events(void **state)
 	cJSON_Delete(t);
 }
 
+/* A hook's forward (gpt_lm's generation after training: a forward per
+ * character) is named as such, not as an evaluation's eval_forward
+ * outside every evaluate range. */
+static void test_hook_forward_events(void **state)
+{
+	(void)state;
+	char prof[300], path[400];
+	snprintf(prof, sizeof prof, "%s/hook", dir);
+	run r;
+	start(&r, 1);
+	args(&r, "--profile", prof, "--profile-filename", "hook", "--max-steps", "2", "--batch-size",
+	     "8", "--no-eval", NULL);
+	free(finish_with(&r, 0, h_build("lib/gpt_lm.so"),
+			 "--ctx 8 --dim 16 --heads 2 --layers 1 --gen 3"));
+	snprintf(path, sizeof path, "%s/hook-rank0.json", prof);
+	cJSON *t = parse_file(path);
+	assert_non_null(t);
+	const cJSON *ev = events_of(t), *e;
+	int hook = 0, eval = 0;
+	cJSON_ArrayForEach(e, ev)
+	{
+		hook += !strncmp(str(e, "name"), "hook_forward:", 13) && !strcmp(str(e, "cat"), "hook");
+		eval += !strncmp(str(e, "name"), "eval_forward:", 13);
+	}
+	printf("  gpt_lm --gen 3 --no-eval: %d hook_forward events, %d eval_forward\n", hook, eval);
+	assert_true(hook >= 3);
+	assert_int_equal(eval, 0);
+	cJSON_Delete(t);
+}
+
 /* Checkpoint I/O shows in the trace: saves while training, the load of a
  * resumed run. */
 static void test_checkpoint_events(void **state)
@@ -827,6 +857,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_traces),
 		cmocka_unit_test(test_zero3_events),
+		cmocka_unit_test(test_hook_forward_events),
 		cmocka_unit_test(test_checkpoint_events),
 		cmocka_unit_test(test_step_window),
 		cmocka_unit_test(test_killed_worker),

@@ -149,6 +149,7 @@ struct hpu_strat {
 	int qhead, qn;
 	int micro;         /* the micro-step in backward */
 	int batch_held;    /* hpu__strat_batch_held, for the next forward */
+	int fwd_want;      /* the forward's `want`: >= 0, a hook's hpu_run_forward */
 	float **lcp, **lgs; /* mixed: per layer, fp32 parameters (their values
 			     * made as read: hpu__ac_param16_add) / gradients */
 	float *B;          /* buffers, whole on every rank */

@@ -165,8 +165,10 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	op_layer(s, -1, 0);
 	if (unwritten)
 		return -1;
-	hpu__prof_span(recompute ? "forward" : c.train ? "forward" : "eval",
-		       recompute ? "recompute" : c.train ? "forward" : "eval_forward", l->name, t0,
+	/* a hook's forward (gpt_lm's generation) is not an evaluation's */
+	const char *ev = s->fwd_want >= 0 ? "hook_forward" : "eval_forward";
+	hpu__prof_span(recompute ? "forward" : c.train ? "forward" : s->fwd_want >= 0 ? "hook" : "eval",
+		       recompute ? "recompute" : c.train ? "forward" : ev, l->name, t0,
 		       "\"layer\":%d", i);
 	if (rc != 0)
 		return layer_failed(s, l, recompute ? "forward (recomputed)" : "forward", rc);
@@ -291,6 +293,7 @@ int hpu__strat_forward(hpu_strat *s, const hpu_batch *bt, int micro, int accum, 
 	if (want >= 0)
 		mask_for(s, want);
 	int stop = s->nlayers;
+	s->fwd_want = want;
 	s->z3.keep_armed = s->ctx.train && want < 0;
 	for (int i = 0; i < s->nlayers; i++) {
 		hpu_layer *l = b->layers[i];
