@@ -45,7 +45,8 @@ const hpu_optspec hpu__args_specs[] = {
 	{"quiet", 'q', HPU_OPT_FLAG, O_QUIET, NULL, .help = "no start-up summary line"},
 	{"log-level", 0, HPU_OPT_VALUE, O_LOG_LEVEL, "LEVEL",
 	 .help = "error | warning | notice | info | debug: hpulaunch's lines above it are not printed; "
-		 "the workers get it too (info)",
+		 "the workers' log lines too (not their training output: its step lines go with "
+		 "--log-every 0) (info)",
 	 .env = "HPU_LOG_LEVEL"},
 	{"help", 'h', HPU_OPT_FLAG, O_HELP, NULL, .help = "this help"},
 	{"help-env", 0, HPU_OPT_FLAG, O_HELP_ENV, NULL,
