@@ -154,7 +154,10 @@ static void resumed_at(table *t, double from)
 static int add_record(table *t, const cJSON *j, long line)
 {
 	const cJSON *ck = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "checkpoint") : NULL;
-	if (cJSON_IsString(ck) && !strcmp(ck->valuestring, "loaded") && !isnan(num(j, "step"))) {
+	/* ... or a restart from the start ({"restart": K, "step": 0}) */
+	const cJSON *rs = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "restart") : NULL;
+	if (((cJSON_IsString(ck) && !strcmp(ck->valuestring, "loaded")) || cJSON_IsNumber(rs)) &&
+	    !isnan(num(j, "step"))) {
 		resumed_at(t, num(j, "step"));
 		return 0;
 	}

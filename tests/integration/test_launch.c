@@ -597,6 +597,50 @@ static void test_worker_not_hpu_worker(void **state)
  * before it dies: the signal, the address and a backtrace whose frames
  * name the model's library, so that a crash on a machine without a
  * debugger (a GPU machine) can be placed; the job fails naming the rank. */
+/* A restart from the start (no checkpoint) adds to the --metrics file
+ * after a record saying so (it began the file afresh: the failed
+ * attempt's records were lost), and hpu-plot reads the steps from it on
+ * (the abandoned attempt's dropped). */
+static void test_restart_metrics_kept(void **state)
+{
+	(void)state;
+	char dir[256], m[300], png[300];
+	h_scratch_dir(dir, sizeof dir);
+	snprintf(m, sizeof m, "%s/m.jsonl", dir);
+	snprintf(png, sizeof png, "%s/m.png", dir);
+	char *argv[] = {(char *)LAUNCH, "--devices", "2", "--max-restarts", "1", "--max-steps", "8",
+			"--log-every", "2", "--no-eval", "--metrics", m, (char *)FAULT_MODEL, "--",
+			"--hidden", "16", "--crash-rank", "1", "--crash-at", "5", "--crash-attempt",
+			"0", NULL};
+	proc p;
+	int code = h_run(&p, argv, NULL, 120000);
+	printf("a crash at step 5, restarted: exit %d\n", code);
+	if (code != 0)
+		printf("%s", p.out);
+	assert_int_equal(code, 0);
+	h_free(&p);
+	char *s = h_slurp(m);
+	assert_non_null(s);
+	const char *restart = strstr(s, "{\"restart\":1,\"step\":0,\"from\":\"the start\"}\n");
+	assert_non_null(restart);
+	/* the failed attempt's steps 2 and 4 before it, the restart's after */
+	const char *first = strstr(s, "{\"step\":2,");
+	assert_true(first && first < restart);
+	assert_non_null(strstr(restart, "{\"step\":8,"));
+	free(s);
+	char *plot[] = {(char *)h_build("bin/hpu-plot"), "--print-data", m, "-o", png, NULL};
+	code = h_run(&p, plot, NULL, 60000);
+	printf("%s", p.out);
+	assert_int_equal(code, 0);
+	/* four steps, each once: the restart's */
+	int rows = 0;
+	for (const char *q = p.out; q && *q; q = strchr(q, '\n'), q = q ? q + 1 : NULL)
+		rows += *q >= '0' && *q <= '9';
+	h_free(&p);
+	h_rmtree(dir);
+	assert_int_equal(rows, 4);
+}
+
 static void test_worker_crash_reported(void **state)
 {
 	(void)state;
@@ -964,6 +1008,7 @@ int main(void)
 		cmocka_unit_test(test_frozen_after_peer_finished),
 		cmocka_unit_test(test_worker_paused),
 		cmocka_unit_test(test_worker_crash_reported),
+		cmocka_unit_test(test_restart_metrics_kept),
 		cmocka_unit_test(test_two_workers_match_one_sgd),
 		cmocka_unit_test(test_two_workers_match_one_adamw),
 		cmocka_unit_test(test_four_workers_match_one_sgd),

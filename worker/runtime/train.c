@@ -476,15 +476,20 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	hpu__where.epochs = L.epochs;
 	if (L.rank == 0 && L.quant.warning[0])
 		printf("warning: %s\n", L.quant.warning);
-	/* a resumed run adds to the metrics of the run it continues */
+	/* a resumed run adds to the metrics of the run it continues; so does
+	 * a restart from the start, after a record saying so (it began the
+	 * file afresh: the failed attempt's records were lost, its traces
+	 * and logs kept) */
+	int attempt = 0;
+	hpu__parse_int(hpu__env_str(HPU_ENV_HPU_RESTART_COUNT), 0, INT_MAX, &attempt);
 	if (L.rank == 0 && o->metrics[0]) {
 		/* another running job's file is refused: two tore each
 		 * other's lines */
 		const char *why = NULL;
-		int fd = hpu__open_unshared(o->metrics, ck != NULL, 0644, &why);
+		int fd = hpu__open_unshared(o->metrics, ck != NULL || attempt > 0, 0644, &why);
 		if (fd >= 0 && why) /* a lock that is not a job's, ignored */
 			printf("warning: %s: %s\n", o->metrics, why);
-		if (fd >= 0 && !(L.metrics = fdopen(fd, ck ? "a" : "w"))) {
+		if (fd >= 0 && !(L.metrics = fdopen(fd, ck || attempt > 0 ? "a" : "w"))) {
 			why = strerror(errno);
 			close(fd);
 		}
@@ -498,6 +503,15 @@ int hpu__train_run(hpu_builder *b, hpucoll_comm *comm,
 	 * (hpu__append_line), never left torn, nor flushed later at close */
 	if (L.metrics)
 		setvbuf(L.metrics, NULL, _IONBF, 0);
+	if (L.metrics && attempt > 0 && !ck) {
+		char rec[96];
+		snprintf(rec, sizeof rec, "{\"restart\":%d,\"step\":0,\"from\":\"the start\"}", attempt);
+		if (hpu__append_line(L.metrics, rec) < 0) {
+			hpu__loop_fail(&L, "cannot write the metrics file %s: %s", o->metrics,
+				       strerror(errno));
+			goto out;
+		}
+	}
 	hpu__sched_init(&L.pos.sched, o, total);
 	L.pos.train_samples = o->eval_only ? 0 : (long)L.ntrain;
 	snprintf(L.pos.train_digest, sizeof L.pos.train_digest, "%s",
