@@ -36,6 +36,7 @@ struct hpu_nodejob {
 				 * remained to say it */
 	int agent_idle, job_done, ended;
 	int gated;              /* the workers wait for the coordinator's answer */
+	int refused;            /* node 0's coordinator refused this node */
 	int rank_base, world;   /* this node's first rank; ranks in the job */
 	char token[129];        /* the one this attempt's workers present */
 	char root_cause[1200];
@@ -366,9 +367,13 @@ static void on_coord_msg(hpu_zwatch *w, void *arg)
 	if (m->msg_case == HPU__ENVELOPE__MSG_ABORT) {
 		char cause[700];
 		const char *r = m->abort->reason ? m->abort->reason : "";
-		if (!strncmp(r, HPU_COORD_REFUSED, strlen(HPU_COORD_REFUSED)))
+		if (!strncmp(r, HPU_COORD_REFUSED, strlen(HPU_COORD_REFUSED))) {
+			/* not to be restarted: it would be refused again, or
+			 * find node 0's job ended (it restarted and waited
+			 * --join-timeout for a coordinator that had gone) */
+			j->refused = 1;
 			snprintf(cause, sizeof cause, "node 0's coordinator %s", r);
-		else
+		} else
 			snprintf(cause, sizeof cause, "job aborted by the coordinator: %s", r);
 		fail(j, cause, j->cfg.grace_s);
 	} else if (m->msg_case == HPU__ENVELOPE__MSG_JOB_DONE) {
@@ -610,7 +615,7 @@ int hpu__nodejob_cause_unsaid(const hpu_nodejob *j)
 
 int hpu__nodejob_set_up_apart(const hpu_nodejob *j)
 {
-	return j->coord && hpu__coord_set_up_apart(j->coord);
+	return j->refused || (j->coord && hpu__coord_set_up_apart(j->coord));
 }
 
 void hpu__nodejob_destroy(hpu_nodejob **pj)

@@ -88,9 +88,9 @@ int hpu__nodejob_rank(const hpu_nodejob *j, int local);
 /* The ranks in the job, all nodes together. */
 int hpu__nodejob_world(const hpu_nodejob *j);
 
-/* Node 0: 1 when its coordinator ended the job because another node's
- * hpulaunch was set up otherwise (hpu__coord_set_up_apart): not to be
- * restarted. */
+/* 1 when node 0's coordinator ended the job because another node's
+ * hpulaunch was set up otherwise (hpu__coord_set_up_apart), or, on
+ * another node, refused this one: not to be restarted. */
 int hpu__nodejob_set_up_apart(const hpu_nodejob *j);
 
 /* 1 where the job failed and its root cause was left unprinted, as a

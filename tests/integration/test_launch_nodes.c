@@ -479,6 +479,24 @@ static void test_two_nodes_restarts_differ(void **state)
 	assert_null(strstr(n0.out, "did not join within"));
 	h_free(&n0);
 	h_free(&n1);
+	/* the other way round: the refused node (whose count allows a
+	 * restart) is not restarted either (it restarted, then waited out
+	 * --join-timeout for node 0's coordinator, gone with its job) */
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *b0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "30", "--exec", "sleep", "60", NULL};
+	char *b1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "30", "--max-restarts", "1",
+		      "--exec", "sleep", "60", NULL};
+	h_two_nodes(&n0, b0, env, 60000, &n1, b1, env, 60000);
+	printf("node 1 with --max-restarts 1, refused:\n%s", n1.out);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n1.out, "its --max-restarts 1 differs from node 0's 0"));
+	assert_null(strstr(n1.out, "restarting (restart 1 of 1)"));
+	assert_null(strstr(n1.out, "did not answer within"));
+	h_free(&n0);
+	h_free(&n1);
 }
 
 /* Node 1's hpulaunch with another HPU_JOB_TOKEN: node 0's error says it
