@@ -49,6 +49,7 @@ struct hpu_coord {
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;
 	int set_up_apart; /* aborted: a node's hpulaunch set up otherwise */
+	int interrupted;  /* aborted: a user interrupted a node's hpulaunch */
 	long refusals;    /* joins and hellos refused so far (log_refusal) */
 	char abort_reason[1024];
 	char join_token[129]; /* this attempt's (restart.h) */
@@ -439,6 +440,7 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 	case HPU__ENVELOPE__MSG_ABORT:
 		snprintf(reason, sizeof reason, "node %d: %s", (int)(a - c->agents),
 			 m->abort->reason ? m->abort->reason : "aborted");
+		c->interrupted |= !c->aborted && hpu__coord_reason_interrupted(m->abort->reason);
 		hpu__coord_abort(c, reason);
 		break;
 	case HPU__ENVELOPE__MSG_AGENT_DONE:
@@ -620,6 +622,11 @@ fail:
 int hpu__coord_set_up_apart(const hpu_coord *c)
 {
 	return c->set_up_apart;
+}
+
+int hpu__coord_interrupted(const hpu_coord *c)
+{
+	return c->interrupted;
 }
 
 int hpu__coord_port(const hpu_coord *c)

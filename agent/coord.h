@@ -12,6 +12,7 @@
 
 #include <ev.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "proto/status.h"
 
@@ -20,6 +21,26 @@ typedef struct hpu_coord hpu_coord;
 /* How the ABORT a refused agent gets begins: the agent says it was
  * refused, not that the job was aborted (node 0's may go on). */
 #define HPU_COORD_REFUSED "refused this node: "
+
+/* How a node's reason for ending the job begins when a user interrupted
+ * its hpulaunch (Ctrl-C, SIGTERM, SIGHUP): no node restarts the job. */
+#define HPU_INTERRUPTED "interrupted by "
+
+/* 1 when `reason` (a node's, "node N: ..." or bare) says a user
+ * interrupted a node's hpulaunch. */
+static inline int hpu__coord_reason_interrupted(const char *reason)
+{
+	if (!reason)
+		return 0;
+	if (!strncmp(reason, "node ", 5)) {
+		const char *p = reason + 5;
+		while (*p >= '0' && *p <= '9')
+			p++;
+		if (p > reason + 5 && p[0] == ':' && p[1] == ' ')
+			reason = p + 2;
+	}
+	return !strncmp(reason, HPU_INTERRUPTED, sizeof HPU_INTERRUPTED - 1);
+}
 
 typedef struct hpu_coord_cfg {
 	const char *bind_addr; /* numeric IPv4 address to bind */
@@ -59,6 +80,10 @@ int hpu__coord_port(const hpu_coord *c);
  * otherwise than node 0's (--nodes, --devices, --max-restarts): a restart
  * would meet the same refusal. */
 int hpu__coord_set_up_apart(const hpu_coord *c);
+
+/* 1 when another node's hpulaunch ended the job because a user
+ * interrupted it (HPU_INTERRUPTED): not to be restarted here either. */
+int hpu__coord_interrupted(const hpu_coord *c);
 
 /* Aborts the job for `reason`: tells every agent and waiting worker, then
  * calls on_abort. Only the first abort counts. */

@@ -37,6 +37,7 @@ struct hpu_nodejob {
 	int agent_idle, job_done, ended;
 	int gated;              /* the workers wait for the coordinator's answer */
 	int refused;            /* node 0's coordinator refused this node */
+	int interrupted;        /* a user interrupted another node's hpulaunch */
 	int rank_base, world;   /* this node's first rank; ranks in the job */
 	char token[129];        /* the one this attempt's workers present */
 	char root_cause[1200];
@@ -373,8 +374,12 @@ static void on_coord_msg(hpu_zwatch *w, void *arg)
 			 * --join-timeout for a coordinator that had gone) */
 			j->refused = 1;
 			snprintf(cause, sizeof cause, "node 0's coordinator %s", r);
-		} else
+		} else {
+			/* a user's Ctrl-C on another node: the job stops
+			 * (that node restarts nothing, nor does this one) */
+			j->interrupted = hpu__coord_reason_interrupted(r);
 			snprintf(cause, sizeof cause, "job aborted by the coordinator: %s", r);
+		}
 		fail(j, cause, j->cfg.grace_s);
 	} else if (m->msg_case == HPU__ENVELOPE__MSG_JOB_DONE) {
 		j->job_done = 1;
@@ -616,6 +621,11 @@ int hpu__nodejob_cause_unsaid(const hpu_nodejob *j)
 int hpu__nodejob_set_up_apart(const hpu_nodejob *j)
 {
 	return j->refused || (j->coord && hpu__coord_set_up_apart(j->coord));
+}
+
+int hpu__nodejob_interrupted_elsewhere(const hpu_nodejob *j)
+{
+	return j->interrupted || (j->coord && hpu__coord_interrupted(j->coord));
 }
 
 void hpu__nodejob_destroy(hpu_nodejob **pj)

@@ -93,6 +93,11 @@ int hpu__nodejob_world(const hpu_nodejob *j);
  * another node, refused this one: not to be restarted. */
 int hpu__nodejob_set_up_apart(const hpu_nodejob *j);
 
+/* 1 when the job ended because a user interrupted another node's
+ * hpulaunch (Ctrl-C, SIGTERM): not to be restarted, as at this node's own
+ * interrupt. */
+int hpu__nodejob_interrupted_elsewhere(const hpu_nodejob *j);
+
 /* 1 where the job failed and its root cause was left unprinted, as a
  * restart remained to say it: the caller prints it where none follows
  * (an interrupt, a node set up apart). */

@@ -32,6 +32,7 @@ typedef struct launch {
 	int apart;      /* the nodes are set up otherwise: no restart */
 	int unsaid;     /* the attempt's failure cause is not printed yet */
 	int signo;      /* interrupted by this signal */
+	int intr_elsewhere; /* the job ended at another node's interrupt */
 	char cause[700]; /* why the attempt failed */
 	hpu_restarts restarts;
 	hpu_progress bar; /* rank 0's progress bar (--progress) */
@@ -193,6 +194,7 @@ static int run_attempt(char *err, size_t errlen)
 		hpu__log(HPU_LOG_WARNING, "warning: %ld malformed status lines from the workers were ignored (HPU_STATUS_FD)",
 			 bad);
 	L.apart = hpu__nodejob_set_up_apart(L.job);
+	L.intr_elsewhere = hpu__nodejob_interrupted_elsewhere(L.job);
 	L.unsaid = hpu__nodejob_cause_unsaid(L.job);
 	hpu__nodejob_destroy(&L.job); /* every worker is reaped by now */
 	return 0;
@@ -248,6 +250,16 @@ static int run_local(char *err, size_t errlen)
 			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): a node's hpulaunch "
 						 "is set up otherwise than this one, which a restart does "
 						 "not change");
+			rc = exit_status();
+			break;
+		}
+		if (L.intr_elsewhere && L.args.max_restarts > L.restarts.attempt) {
+			/* as at its own interrupt: it restarted, then waited
+			 * --join-timeout for the interrupted node */
+			if (L.unsaid)
+				hpu__log(HPU_LOG_ERROR, "error: %s", L.cause);
+			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): a user interrupted "
+						 "another node's hpulaunch, which stops the job");
 			rc = exit_status();
 			break;
 		}

@@ -40,14 +40,14 @@ static void start_pair(proc *n0, proc *n1, const char *const *opts, const char *
 	char *env[8] = {"HPU_JOB_TOKEN=shared-secret", NULL};
 	proc *n[2] = {n0, n1};
 	for (int r = 0; r < 2; r++) {
-		char *a[32];
+		char *a[40];
 		int k = 0, e = 1;
 		char *head[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank",
 				r ? "1" : "0", "--master-port", port};
 		for (size_t i = 0; i < sizeof head / sizeof *head; i++)
 			a[k++] = head[i];
 		for (int i = 0; opts[i]; i++) {
-			assert_true(i < 8);
+			assert_true(i < 14);
 			a[k++] = (char *)opts[i];
 		}
 		a[k++] = (char *)model;
@@ -233,6 +233,38 @@ static void test_node0_port_taken(void **state)
 		 "already in use", port);
 	assert_non_null(strstr(p.out, want));
 	h_free(&p);
+}
+
+/* SIGTERM to node 1's hpulaunch, with restarts left on both nodes: the
+ * job stops on every node, none restarts (node 0 restarted, then waited
+ * --join-timeout for node 1 at each restart); the same at SIGINT to node
+ * 0's, the other way round. */
+static void test_interrupt_stops_every_node(void **state)
+{
+	(void)state;
+	for (int k = 0; k < 2; k++) {
+		proc n0, n1;
+		const char *opts[] = {"--max-steps", "100000", "--log-every", "1", "--no-eval",
+				      "--max-restarts", "2", "--join-timeout", "30", NULL};
+		start_mlp_pair(&n0, &n1, opts, "16");
+		assert_int_equal(h_wait_for(&n0, "step 3/", 120000), 0);
+		proc *hit = k ? &n0 : &n1, *other = k ? &n1 : &n0;
+		kill(hit->pid, k ? SIGINT : SIGTERM);
+		int e = h_wait(other, 25000);
+		h_wait(hit, 10000);
+		printf("%s to node %d; the other node: exit %d\n%s", k ? "SIGINT" : "SIGTERM", k ? 0 : 1,
+		       e ? -1 : h_code(other), other->out);
+		if (e)
+			h_kill(other);
+		assert_int_equal(e, 0);
+		assert_int_equal(h_code(other), 1);
+		assert_null(strstr(other->out, "restarting (restart 1 of 2)"));
+		assert_non_null(strstr(other->out, "not restarted (--max-restarts): a user interrupted "
+						   "another node's hpulaunch, which stops the job"));
+		assert_int_equal(h_code(hit), k ? 130 : 143);
+		h_free(&n0);
+		h_free(&n1);
+	}
 }
 
 /* Two nodes (two hpulaunch processes) on loopback; node 1's hpulaunch is
@@ -910,6 +942,7 @@ int main(void)
 		cmocka_unit_test(test_clock_steps),
 		cmocka_unit_test(test_node_started_twice_early),
 		cmocka_unit_test(test_node_killed_blamed),
+		cmocka_unit_test(test_interrupt_stops_every_node),
 		cmocka_unit_test(test_node0_killed_blamed),
 		cmocka_unit_test(test_two_nodes_remote_failure),
 		cmocka_unit_test(test_two_nodes_tokens_differ),
