@@ -294,6 +294,16 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		 * read as an error beside the restart's own lines). */
 		hpu__log(HPU_LOG_DEBUG, "coordinator: ignored the agent of node %u: it runs restart %u of the job, this is restart %d",
 			 h->node_rank, h->restart_count, c->cfg.restart_count);
+		/* an earlier attempt's, said if the node never joins: its
+		 * hpulaunch started again by hand (it said "no hpulaunch
+		 * connected") */
+		if (h->restart_count < (uint32_t)c->cfg.restart_count && h->node_rank > 0 &&
+		    h->node_rank < (uint32_t)c->cfg.nodes)
+			snprintf(c->agents[h->node_rank].refused,
+				 sizeof c->agents[h->node_rank].refused,
+				 "it runs restart %u of the job, node 0 restart %d (an hpulaunch started "
+				 "again alone begins at restart 0: start every node's hpulaunch again)",
+				 h->restart_count, c->cfg.restart_count);
 		return;
 	}
 	if (ours && h->node_rank < (uint32_t)c->cfg.nodes && c->agents[h->node_rank].hello &&

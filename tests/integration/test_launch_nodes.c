@@ -267,6 +267,47 @@ static void test_interrupt_stops_every_node(void **state)
 	}
 }
 
+/* Node 1's hpulaunch killed and started again by hand while node 0
+ * restarts (--max-restarts 1): the new one runs restart 0, node 0
+ * restart 1, and node 0's error says so (it said "no hpulaunch connected
+ * for node 1", one having connected). */
+static void test_node_started_again_named(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "10", "--max-restarts", "1",
+		      "--max-steps", "100000", "--log-every", "1", "--no-eval", (char *)MODEL, "--",
+		      "--hidden", "16", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "10", "--max-restarts", "1",
+		      "--max-steps", "100000", "--log-every", "1", "--no-eval", (char *)MODEL, "--",
+		      "--hidden", "16", NULL};
+	proc n0, n1, again;
+	assert_int_equal(h_start(&n0, a0, env), 0);
+	assert_int_equal(h_start(&n1, a1, env), 0);
+	assert_int_equal(h_wait_for(&n0, "step 3/", 120000), 0);
+	kill(n1.pid, SIGKILL);
+	h_wait(&n1, 10000);
+	assert_int_equal(h_wait_for(&n0, "restarting (restart 1 of 1)", 60000), 0);
+	assert_int_equal(h_start(&again, a1, env), 0);
+	int e0 = h_wait(&n0, 60000);
+	printf("node 0: exit %d\n%s", e0 ? -1 : h_code(&n0), n0.out);
+	if (e0)
+		h_kill(&n0);
+	h_kill(&again);
+	assert_int_equal(e0, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_non_null(strstr(n0.out, "node 1's hpulaunch connected and was refused: it runs restart "
+				       "0 of the job, node 0 restart 1 (an hpulaunch started again alone "
+				       "begins at restart 0: start every node's hpulaunch again)"));
+	h_free(&n0);
+	h_free(&n1);
+	h_free(&again);
+}
+
 /* Two nodes (two hpulaunch processes) on loopback; node 1's hpulaunch is
  * killed (SIGKILL: its workers die with it) mid-run. Rank 0 finds rank 1's
  * connection gone, and node 0's error names rank 1 on node 1 as the
@@ -943,6 +984,7 @@ int main(void)
 		cmocka_unit_test(test_node_started_twice_early),
 		cmocka_unit_test(test_node_killed_blamed),
 		cmocka_unit_test(test_interrupt_stops_every_node),
+		cmocka_unit_test(test_node_started_again_named),
 		cmocka_unit_test(test_node0_killed_blamed),
 		cmocka_unit_test(test_two_nodes_remote_failure),
 		cmocka_unit_test(test_two_nodes_tokens_differ),
