@@ -343,6 +343,16 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 			 h->max_restarts_1 - 1, c->cfg.max_restarts);
 		why = differ;
 		fatal = !c->agents[h->node_rank].hello;
+	} else if (h->transport && *h->transport && strlen(h->transport) < 16 &&
+		   printable_id(h->transport) &&
+		   strcmp(h->transport, c->cfg.transport && *c->cfg.transport ? c->cfg.transport
+									 : "auto")) {
+		snprintf(differ, sizeof differ,
+			 "its --transport %s differs from node 0's %s (the ranks pick their collectives' "
+			 "algorithms by it: give each node the same)",
+			 h->transport, c->cfg.transport && *c->cfg.transport ? c->cfg.transport : "auto");
+		why = differ;
+		fatal = !c->agents[h->node_rank].hello;
 	} else if (c->agents[h->node_rank].hello)
 		why = "that node has already joined";
 	if (why) {

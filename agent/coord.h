@@ -52,6 +52,8 @@ typedef struct hpu_coord_cfg {
 	int restart_count;
 	/* hpulaunch --max-restarts: an agent saying another is refused */
 	int max_restarts;
+	/* hpulaunch --transport (NULL: auto): an agent saying another is refused */
+	const char *transport;
 	int nodes, devices;
 	/* The workers of every node (nodes entries), when they differ; NULL:
 	 * `devices` on each. An agent must run its node's number. */

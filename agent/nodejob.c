@@ -336,6 +336,7 @@ static void send_hello(hpu_nodejob *j)
 	h.restart_count = (uint32_t)j->cfg.restart_count;
 	h.world_size = (uint32_t)j->world;
 	h.max_restarts_1 = (uint32_t)j->cfg.max_restarts + 1;
+	h.transport = (char *)(j->cfg.transport && *j->cfg.transport ? j->cfg.transport : "auto");
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_AGENT_HELLO;
 	env.agent_hello = &h;
@@ -473,6 +474,7 @@ static int start_coord(hpu_nodejob *j, char *err, size_t errlen)
 		.token = j->cfg.token,
 		.restart_count = j->cfg.restart_count,
 		.max_restarts = j->cfg.max_restarts,
+		.transport = j->cfg.transport,
 		.nodes = j->cfg.nodes,
 		.devices = j->cfg.devices,
 		.node_devices = j->cfg.node_devices,

@@ -572,6 +572,34 @@ static void test_two_nodes_restarts_differ(void **state)
 	h_free(&n1);
 }
 
+/* --transport differs between the nodes: node 1's hpulaunch is refused at
+ * once, naming both (the ranks chose their collectives' algorithms by it
+ * and waited on each other for the collective timeout, a minute, then
+ * blamed the model's collectives). */
+static void test_two_nodes_transport_differs(void **state)
+{
+	(void)state;
+	char port[16];
+	snprintf(port, sizeof port, "%d", h_free_port());
+	char *env[] = {"HPU_JOB_TOKEN=shared-secret", NULL};
+	char *a0[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "0",
+		      "--master-port", port, "--join-timeout", "30", "--exec", "sleep", "60", NULL};
+	char *a1[] = {(char *)LAUNCH, "--nodes", "2", "--devices", "1", "--node-rank", "1",
+		      "--master-port", port, "--join-timeout", "30", "--transport", "tcp",
+		      "--exec", "sleep", "60", NULL};
+	proc n0, n1;
+	h_two_nodes(&n0, a0, env, 60000, &n1, a1, env, 60000);
+	printf("node 0:\n%snode 1:\n%s", n0.out, n1.out);
+	assert_int_equal(h_code(&n0), 1);
+	assert_int_equal(h_code(&n1), 1);
+	assert_non_null(strstr(n0.out, "node 1's hpulaunch connected and was refused: its "
+				       "--transport tcp differs from node 0's auto (the ranks pick "
+				       "their collectives' algorithms by it: give each node the same)"));
+	assert_non_null(strstr(n1.out, "its --transport tcp differs from node 0's auto"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* Node 1's hpulaunch with another HPU_JOB_TOKEN: node 0's error says it
  * connected and was refused, and why (it said "no hpulaunch connected for
  * node 1", sending the user to look for a node that was there). */
@@ -990,6 +1018,7 @@ int main(void)
 		cmocka_unit_test(test_two_nodes_tokens_differ),
 		cmocka_unit_test(test_two_nodes_devices_differ),
 		cmocka_unit_test(test_two_nodes_restarts_differ),
+		cmocka_unit_test(test_two_nodes_transport_differs),
 		cmocka_unit_test(test_two_nodes_options_differ),
 		cmocka_unit_test(test_two_nodes_checkpoint_not_shared),
 		cmocka_unit_test(test_two_nodes_models_differ),
