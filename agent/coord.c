@@ -45,6 +45,7 @@ struct hpu_coord {
 	hpu_zwatch zw;
 	ev_timer join_timer, beat_timer;
 	ev_tstamp beat_at; /* hpu__mono_s() at the beat before (or at its start) */
+	ev_tstamp stall, stall_end; /* the last time it did not run (> 3 s), and when it ended */
 	rank_slot *ranks;
 	agent_slot *agents;
 	int world, joined, released, aborted, finished;
@@ -422,6 +423,16 @@ void hpu__coord_blame(const hpu_coord *c, int culprit, hpu_blame how, int report
 		    c->ranks[culprit].joined && c->ranks[reporter].joined &&
 		    c->ranks[culprit].node != c->ranks[reporter].node;
 	hpu__describe_blame(culprit, how, who, where, reporter, apart, out, outlen);
+	/* node 0's own hpulaunch stopped (or starved) just before: the other
+	 * nodes gave up on it, and their ranks' end is what rank 0 found (it
+	 * blamed them alone) */
+	ev_tstamp now = hpu__mono_s(), gap = now - c->beat_at;
+	double stalled = gap > 3 ? gap : now - c->stall_end < 60 ? c->stall : 0;
+	size_t n = strlen(out);
+	if (apart && stalled > 0 && n < outlen)
+		snprintf(out + n, outlen - n, "; node 0's hpulaunch itself did not run for %.0f s "
+			 "(stopped, or starved of CPU?): the other nodes may have given up on it",
+			 stalled);
 }
 
 static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
@@ -540,6 +551,8 @@ static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 	 * in the socket, read after this beat */
 	ev_tstamp now = hpu__mono_s(), gap = now - c->beat_at;
 	c->beat_at = now;
+	if (gap > 3)
+		c->stall = gap, c->stall_end = now;
 	for (int n = 1; n < c->cfg.nodes && gap > 2 * t->repeat; n++)
 		c->agents[n].last_seen += gap - t->repeat;
 	for (int n = 1; n < c->cfg.nodes; n++) {

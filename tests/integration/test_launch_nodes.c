@@ -308,6 +308,37 @@ static void test_node_started_again_named(void **state)
 	h_free(&again);
 }
 
+/* Node 0's hpulaunch stopped (SIGSTOP) until node 1 gives up on it, then
+ * continued: node 0's error says it did not run itself (it blamed rank 1
+ * alone, "died or its node became unreachable"). */
+static void test_stopped_node0_says_so(void **state)
+{
+	(void)state;
+	proc n0, n1;
+	const char *opts[] = {"--max-steps", "100000", "--log-every", "1", "--no-eval", NULL};
+	start_mlp_pair(&n0, &n1, opts, "16");
+	assert_int_equal(h_wait_for(&n0, "step 3/", 120000), 0);
+	kill(n0.pid, SIGSTOP);
+	int e1 = h_wait(&n1, 40000);
+	kill(n0.pid, SIGCONT);
+	int e0 = h_wait(&n0, 60000);
+	printf("node 1: exit %d; node 0: exit %d\n%s", e1 ? -1 : h_code(&n1), e0 ? -1 : h_code(&n0),
+	       n0.out);
+	if (e0)
+		h_kill(&n0);
+	if (e1)
+		h_kill(&n1);
+	assert_int_equal(e1, 0);
+	assert_int_equal(e0, 0);
+	assert_int_equal(h_code(&n0), 1);
+	assert_non_null(strstr(n1.out, "lost contact with the coordinator"));
+	assert_non_null(strstr(n0.out, "; node 0's hpulaunch itself did not run for "));
+	assert_non_null(strstr(n0.out, " s (stopped, or starved of CPU?): the other nodes may have "
+				       "given up on it"));
+	h_free(&n0);
+	h_free(&n1);
+}
+
 /* Two nodes (two hpulaunch processes) on loopback; node 1's hpulaunch is
  * killed (SIGKILL: its workers die with it) mid-run. Rank 0 finds rank 1's
  * connection gone, and node 0's error names rank 1 on node 1 as the
@@ -1011,6 +1042,7 @@ int main(void)
 		cmocka_unit_test(test_clock_steps),
 		cmocka_unit_test(test_node_started_twice_early),
 		cmocka_unit_test(test_node_killed_blamed),
+		cmocka_unit_test(test_stopped_node0_says_so),
 		cmocka_unit_test(test_interrupt_stops_every_node),
 		cmocka_unit_test(test_node_started_again_named),
 		cmocka_unit_test(test_node0_killed_blamed),
