@@ -135,6 +135,10 @@ static void test_demo_epoch(void **state)
 	assert_non_null(s);
 	for (int step = 50; step <= 200; step += 50)
 		assert_true(isfinite(loss_at(s, step)));
+	/* a step record's loss_scale at fp32 too, as observing.md says (it
+	 * was left out there) */
+	assert_non_null(strstr(s, "{\"step\":50,\"epoch\":1,\"loss\":"));
+	assert_non_null(strstr(strstr(s, "{\"step\":50,"), "\"loss_scale\":1,"));
 	const char *f = strstr(s, "\"final\":true");
 	assert_non_null(f);
 	const char *acc = strstr(f, "\"test_accuracy\":"), *steps = strstr(f, "\"steps\":");

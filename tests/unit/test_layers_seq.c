@@ -776,7 +776,7 @@ static void test_declaration_errors(void **state)
 	expect_refused(h, hpu_batchnorm(b, "bn2", "s", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN}), 0,
 		       "bn2", "[C], [C, L] or [C, H, W]");
 	expect_refused(h, hpu_batchnorm(b, "bn3", "x", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 1.5f, .sync = HPU_BUFFER_MEAN}), 0,
-		       "bn3", "momentum");
+		       "bn3", "momentum 1.5 must be in [0, 1] (0: the default, 0.1)");
 	expect_refused(h, hpu_batchnorm(b, "bn4", "x", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = (hpu_buffer_sync)7}), 0,
 		       "bn4", "sync 7");
 	expect_refused(h, hpu_batchnorm(b, "bn5", "m", "o", (hpu_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .sync = HPU_BUFFER_MEAN}), 0,

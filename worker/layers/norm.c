@@ -75,7 +75,7 @@ static hpu_layer *layernorm_impl(hpu_builder *b, const char *name, const char *i
 		return NULL;
 	}
 	if (!isfinite(eps) || eps < 0) {
-		hpu_error(b, "layer %s: eps %g must be finite and >= 0", ld_str(name), eps);
+		hpu_error(b, "layer %s: eps %g must be finite and >= 0 (0: the default, 1e-5)", ld_str(name), eps);
 		return NULL;
 	}
 	int64_t n = t.shape[t.ndim - 1];
@@ -172,11 +172,11 @@ static hpu_layer *batchnorm_impl(hpu_builder *b, const char *name, const char *i
 		return NULL;
 	}
 	if (!isfinite(eps) || eps < 0) {
-		hpu_error(b, "layer %s: eps %g must be finite and >= 0", ld_str(name), eps);
+		hpu_error(b, "layer %s: eps %g must be finite and >= 0 (0: the default, 1e-5)", ld_str(name), eps);
 		return NULL;
 	}
 	if (!(momentum >= 0 && momentum <= 1)) {
-		hpu_error(b, "layer %s: momentum %g must be in [0, 1]", ld_str(name), momentum);
+		hpu_error(b, "layer %s: momentum %g must be in [0, 1] (0: the default, 0.1)", ld_str(name), momentum);
 		return NULL;
 	}
 	if (sync != HPU_BUFFER_BROADCAST && sync != HPU_BUFFER_MEAN && sync != HPU_BUFFER_LOCAL) {

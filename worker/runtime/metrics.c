@@ -173,8 +173,8 @@ int hpu__loop_log_step(loop *L, long step, long total, int epoch, float loss,
 			cJSON_AddNumberToObject(j, "lr", lr);
 			if (L->o->clip_norm > 0)
 				cJSON_AddNumberToObject(j, "grad_norm", norm);
-			if (L->o->precision != HPU_PREC_FP32)
-				cJSON_AddNumberToObject(j, "loss_scale", hpu__strat_loss_scale(L->st));
+			/* every precision's, as the final record's (1 but at 16-mixed) */
+			cJSON_AddNumberToObject(j, "loss_scale", hpu__strat_loss_scale(L->st));
 			if (isnan(sps))
 				cJSON_AddNullToObject(j, "samples_per_sec");
 			else
