@@ -38,6 +38,7 @@ struct hpu_nodejob {
 	int gated;              /* the workers wait for the coordinator's answer */
 	int refused;            /* node 0's coordinator refused this node */
 	int interrupted;        /* a user interrupted another node's hpulaunch */
+	int coord_silent;       /* the coordinator never answered, or went silent */
 	int rank_base, world;   /* this node's first rank; ranks in the job */
 	char token[129];        /* the one this attempt's workers present */
 	char root_cause[1200];
@@ -417,6 +418,7 @@ static void on_beat(struct ev_loop *loop, ev_timer *t, int revents)
 				 "within %g s (--join-timeout): is node 0's hpulaunch running, at that "
 				 "address and port?%s", j->cfg.master_addr, j->master_port, limit, self);
 		ev_timer_stop(loop, &j->beat);
+		j->coord_silent = 1;
 		fail(j, cause, j->cfg.grace_s);
 		return;
 	}
@@ -640,6 +642,12 @@ void hpu__nodejob_destroy(hpu_nodejob **pj)
 	hpu__agent_destroy(&j->agent);
 	hpu__zwatch_stop(&j->zw);
 	hpu__coord_destroy(&j->coord);
+	/* what is queued for a coordinator that does not answer would hold
+	 * the context's end for the linger's 2 s (it ended 2 s after saying
+	 * --join-timeout's error) */
+	int none = 0;
+	if (j->dealer && j->coord_silent)
+		zmq_setsockopt(j->dealer, ZMQ_LINGER, &none, sizeof none);
 	if (j->dealer)
 		zmq_close(j->dealer);
 	if (j->ctx)
