@@ -252,6 +252,7 @@ static hpucoll_comm *comm_alloc(int rank, int size)
 		return NULL;
 	c->rank = rank;
 	c->size = size;
+	c->pid = (int)getpid();
 	c->what = "comm_new";
 	c->timeout_ms = HPUCOLL__DEFAULT_TIMEOUT_MS;
 	c->stall_ms = HPUCOLL__DEFAULT_STALL_MS;
@@ -343,7 +344,7 @@ int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 
 const char *hpucoll_comm_endpoint(const hpucoll_comm *comm)
 {
-	return comm->endpoint;
+	return comm ? comm->endpoint : "";
 }
 
 /* Shared-memory names are made of the job name: keep it to characters
@@ -468,6 +469,11 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 		return;
 	c = *comm;
 	*comm = NULL;
+	/* in a child of fork(): its ZeroMQ context and threads are the
+	 * parent's (zmq_ctx_term spun for ever), and so are its shared memory
+	 * and endpoint: nothing is touched, its memory left to exit */
+	if (c->pid != (int)getpid())
+		return;
 	hpucoll__progress_stop(c);
 	hpucoll__groups_free(c);
 	/* The sockets first, the peers table after zmq_ctx_term: a
@@ -499,7 +505,9 @@ void hpucoll_comm_destroy(hpucoll_comm **comm)
 
 void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms)
 {
-	atomic_store(&comm->timeout_ms, timeout_ms);
+	/* 0 failed every wait at once, a negative one never ended one */
+	if (comm && timeout_ms > 0)
+		atomic_store(&comm->timeout_ms, timeout_ms);
 }
 
 void hpucoll_comm_set_trace(hpucoll_comm *comm, hpucoll_trace_fn fn, void *arg)

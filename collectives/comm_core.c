@@ -299,7 +299,8 @@ const char *hpucoll_comm_errmsg(const hpucoll_comm *comm)
 
 const char *hpucoll_comm_why(const hpucoll_comm *comm, int rc)
 {
-	const char *msg = comm ? hpucoll_comm_errmsg(comm) : NULL;
+	/* a success is one, whatever an earlier call left */
+	const char *msg = comm && rc != HPUCOLL_OK ? hpucoll_comm_errmsg(comm) : NULL;
 	return msg && *msg ? msg : hpucoll_strerror(rc);
 }
 

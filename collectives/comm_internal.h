@@ -242,6 +242,7 @@ struct hpucoll_comm {
 	void *trace_arg;
 	char endpoint[HPUCOLL__ENDPOINT_MAX];
 	int ipc_lock; /* the flock on an ipc endpoint's PATH.lock, or -1 */
+	int pid;      /* the process that made it (a fork's child may not end it) */
 	char ipc_lock_path[HPUCOLL__ENDPOINT_MAX + 8];
 	/* Topology, from hpucoll_comm_set_topology(). */
 	int *node_ids; /* NULL: every rank is its own node */

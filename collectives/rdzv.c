@@ -269,6 +269,10 @@ int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen)
 	char why[HPUCOLL__ERRMSG_MAX];
 	int rc = hpucoll__comm_new(&comm, e.rank, e.world, bind, e.security, e.token,
 				   strlen(e.token), why, sizeof why);
+	if (rc == HPUCOLL_EENV) { /* a variable's value, not the socket (it said the socket) */
+		snprintf(err, errlen, "%s", why);
+		return rc;
+	}
 	if (rc) {
 		snprintf(err, errlen, "cannot make the data socket at %s: %s", bind, why);
 		return rc;

@@ -206,10 +206,16 @@ void hpucoll__zmq_close(hpucoll_comm *c)
 		if (p->holding)
 			zmq_msg_close(&p->held);
 		p->holding = 0;
-		if (c->failed) {
+		if (c->failed && (c->got_abort || i == c->culprit)) {
 			close_push(p);
 			continue;
 		}
+		/* this rank failed first: its ABORT, queued to the others, goes
+		 * out within the grace (at linger 0 a destroy right after the
+		 * failure dropped it, and the peer said this rank "died" where
+		 * the ABORT named the disagreement) */
+		if (c->failed && p->push != NULL)
+			set_int(p->push, ZMQ_LINGER, HPUCOLL__LOST_GRACE_MS);
 		if (p->push != NULL && p->mon != NULL)
 			zmq_socket_monitor(p->push, NULL, 0);
 		if (p->mon != NULL)

@@ -122,7 +122,8 @@ HPU_API int hpucoll_comm_new_secure(hpucoll_comm **out, int rank, int size,
 			    hpucoll_security security, const void *secret,
 			    size_t secret_len);
 
-/* Returns the endpoint this rank is bound to, with the port resolved. */
+/* Returns the endpoint this rank is bound to, with the port resolved
+ * ("" for a NULL comm). */
 HPU_API const char *hpucoll_comm_endpoint(const hpucoll_comm *comm);
 
 /* Optional, before connect: which node each rank is on (node_ids[size],
@@ -142,17 +143,24 @@ HPU_API int hpucoll_comm_connect(hpucoll_comm *comm, const char *const *endpoint
  * WORLD_SIZE, LOCAL_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, HPU_JOB_ID,
  * HPU_JOB_TOKEN, HPUCOLL_TRANSPORT and HPUCOLL_SECURITY), gets the rank table and returns a
  * connected communicator in *out. On failure, writes one sentence saying
- * why into err. */
+ * why into err. It waits for the coordinator up to HPU_JOIN_TIMEOUT_MS
+ * (900000: hpulaunch's --join-timeout sets it for its workers). */
 HPU_API int hpucoll_comm_init_env(hpucoll_comm **out, char *err, size_t errlen);
 
 /* Waits for outstanding requests, closes the sockets, detaches shared
  * memory and frees the communicator; sets *comm to NULL; safe on NULL and
- * twice. */
+ * twice. In a child of fork() (a communicator is not to be used there)
+ * it only sets *comm to NULL: the sockets, threads and shared memory are
+ * the parent's. */
 HPU_API void hpucoll_comm_destroy(hpucoll_comm **comm);
 
 /* Sets how long any single wait for a peer may last (default 60000 ms, or
  * HPUCOLL_TIMEOUT_MS from the environment); the error names the peer. A
- * peer on this node that has died is reported at once. */
+ * peer on this node that has died is reported at once. A timeout_ms of 0
+ * or less, or a NULL comm, changes nothing (a wait without end would be a
+ * hang). A rank that gives up may leave another completing the same
+ * collective (its data had arrived); the ABORT it sends fails that
+ * rank's next call. */
 HPU_API void hpucoll_comm_set_timeout(hpucoll_comm *comm, int timeout_ms);
 
 /* -1 and 0 for a NULL comm (a destroyed one: destroy sets the pointer

@@ -336,6 +336,19 @@ static void test_exec_collectives(void **state)
 		}
 		h_free(&p);
 	}
+	/* a bad variable of libhpucoll's, at init from the environment: said
+	 * as such (it read "cannot make the data socket at ...: ...") */
+	char *env[] = {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "NODE_RANK=0",
+		       "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "HPU_JOB_ID=x", "HPU_JOB_TOKEN=abc",
+		       "HPUCOLL_TIMEOUT_MS=abc", NULL};
+	char *direct[] = {(char *)h_build("bin/coll_env_check"), NULL};
+	proc p;
+	int code = h_run(&p, direct, env, 30000);
+	printf("HPUCOLL_TIMEOUT_MS=abc: exit %d: %s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "init: HPUCOLL_TIMEOUT_MS='abc' is not a whole number"));
+	assert_null(strstr(p.out, "data socket"));
+	h_free(&p);
 }
 
 /* Entries of /dev/shm whose names start with prefix. */

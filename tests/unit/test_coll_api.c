@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -375,6 +376,12 @@ static void test_timeout(void **state)
 	assert_int_equal(hpucoll_comm_new(&c, 0, 4, eps[0]), HPUCOLL_OK);
 	assert_int_equal(hpucoll_comm_connect(c, eps), HPUCOLL_OK);
 	hpucoll_comm_set_timeout(c, 1000);
+	/* 0 and less change nothing (0 failed every wait at once, -1 never
+	 * ended one); a NULL comm neither (it crashed) */
+	hpucoll_comm_set_timeout(c, 0);
+	hpucoll_comm_set_timeout(c, -1);
+	hpucoll_comm_set_timeout(NULL, 5);
+	assert_string_equal(hpucoll_comm_endpoint(NULL), "");
 	t0 = ct_now_ms();
 	assert_int_equal(hpucoll_all_reduce(c, buf, buf, 8, HPUCOLL_F32,
 					    HPUCOLL_SUM),
@@ -395,6 +402,47 @@ static void test_timeout(void **state)
 	hpucoll_comm_set_timeout(c, 60000);
 	assert_int_equal(hpucoll_barrier(c), HPUCOLL_ETIMEDOUT);
 	assert_non_null(strstr(hpucoll_comm_errmsg(c), "1000 ms"));
+	/* a success is said as one (it gave the earlier failure's sentence) */
+	assert_string_equal(hpucoll_comm_why(c, HPUCOLL_OK), hpucoll_strerror(HPUCOLL_OK));
+	hpucoll_comm_destroy(&c);
+}
+
+/* hpucoll_comm_destroy() in a child of fork(): it returns, touching
+ * nothing of the parent's (it spun for ever in zmq_ctx_term), and the
+ * parent's communicator still works. */
+static void test_destroy_in_forked_child(void **state)
+{
+	hpucoll_comm *c = NULL;
+	const char *eps[1];
+	char ep[128];
+	float x[3] = {1, 2, 3};
+
+	(void)state;
+	cw_world_id++;
+	cw_ipc_path(ep, sizeof(ep), "f", 0);
+	eps[0] = ep;
+	assert_int_equal(hpucoll_comm_new(&c, 0, 1, eps[0]), HPUCOLL_OK);
+	assert_int_equal(hpucoll_comm_connect(c, eps), HPUCOLL_OK);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		hpucoll_comm_destroy(&c);
+		_exit(c == NULL ? 0 : 2);
+	}
+	int status = -1, waited = 0;
+	for (int i = 0; i < 200 && !waited; i++) {
+		waited = waitpid(pid, &status, WNOHANG) == pid;
+		if (!waited)
+			usleep(50000);
+	}
+	if (!waited) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+	}
+	assert_true(waited);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert_int_equal(hpucoll_all_reduce(c, x, x, 3, HPUCOLL_F32, HPUCOLL_SUM), HPUCOLL_OK);
+	assert_true(x[2] == 3);
 	hpucoll_comm_destroy(&c);
 }
 
@@ -661,6 +709,7 @@ int main(void)
 		cmocka_unit_test(test_kernels_two_outputs),
 		cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_timeout),
+		cmocka_unit_test(test_destroy_in_forked_child),
 		cmocka_unit_test(test_timeout_env),
 		cmocka_unit_test(test_forged),
 	};
