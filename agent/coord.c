@@ -35,6 +35,7 @@ typedef struct agent_slot {
 	hpu_codec_peer peer;
 	ev_tstamp last_seen;
 	char refused[200]; /* why an agent saying it is this node was refused */
+	char other_attempt[200]; /* an earlier attempt's agent said it is this node */
 } agent_slot;
 
 struct hpu_coord {
@@ -282,6 +283,13 @@ static int printable_id(const char *s)
 	return 1;
 }
 
+/* A transport as the collectives take it: auto and shm are one (shared
+ * memory within a node, TCP between), "" or NULL auto. */
+static const char *same_transport(const char *t)
+{
+	return !t || !*t || !strcmp(t, "shm") ? "auto" : t;
+}
+
 static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		     const Hpu__AgentHello *h)
 {
@@ -300,11 +308,14 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		 * connected") */
 		if (h->restart_count < (uint32_t)c->cfg.restart_count && h->node_rank > 0 &&
 		    h->node_rank < (uint32_t)c->cfg.nodes)
-			snprintf(c->agents[h->node_rank].refused,
-				 sizeof c->agents[h->node_rank].refused,
-				 "it runs restart %u of the job, node 0 restart %d (an hpulaunch started "
-				 "again alone begins at restart 0: start every node's hpulaunch again)",
-				 h->restart_count, c->cfg.restart_count);
+			snprintf(c->agents[h->node_rank].other_attempt,
+				 sizeof c->agents[h->node_rank].other_attempt,
+				 "it runs restart %u of the job, node 0 restart %d%s", h->restart_count,
+				 c->cfg.restart_count,
+				 h->restart_count == 0
+					 ? " (an hpulaunch started again alone begins at restart 0: "
+					   "start every node's hpulaunch again)"
+					 : "");
 		return;
 	}
 	if (ours && h->node_rank < (uint32_t)c->cfg.nodes && c->agents[h->node_rank].hello &&
@@ -346,8 +357,7 @@ static void on_hello(hpu_coord *c, const hpu_codec_peer *peer,
 		fatal = !c->agents[h->node_rank].hello;
 	} else if (h->transport && *h->transport && strlen(h->transport) < 16 &&
 		   printable_id(h->transport) &&
-		   strcmp(h->transport, c->cfg.transport && *c->cfg.transport ? c->cfg.transport
-									 : "auto")) {
+		   strcmp(same_transport(h->transport), same_transport(c->cfg.transport))) {
 		snprintf(differ, sizeof differ,
 			 "its --transport %s differs from node 0's %s (the ranks pick their collectives' "
 			 "algorithms by it: give each node the same)",
@@ -471,7 +481,9 @@ static void on_agent_msg(hpu_coord *c, agent_slot *a, const Hpu__Envelope *m)
 	case HPU__ENVELOPE__MSG_ABORT:
 		snprintf(reason, sizeof reason, "node %d: %s", (int)(a - c->agents),
 			 m->abort->reason ? m->abort->reason : "aborted");
-		c->interrupted |= !c->aborted && hpu__coord_reason_interrupted(m->abort->reason);
+		/* also after another abort: the interrupted node will not
+		 * come back for a restart */
+		c->interrupted |= hpu__coord_reason_interrupted(m->abort->reason);
 		hpu__coord_abort(c, reason);
 		break;
 	case HPU__ENVELOPE__MSG_AGENT_DONE:
@@ -521,7 +533,7 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 		if (!c->ranks[r].joined)
 			append_list(ranks, sizeof ranks, &nr, r);
 	for (int n = 1; n < c->cfg.nodes; n++)
-		if (!c->agents[n].hello && !c->agents[n].refused[0])
+		if (!c->agents[n].hello && !c->agents[n].refused[0] && !c->agents[n].other_attempt[0])
 			append_list(nodes, sizeof nodes, &nn, n);
 	snprintf(reason, sizeof reason, "rank%s %s did not join within %g s%s%s%s",
 		 nr > 1 ? "s" : "", ranks, c->cfg.join_timeout_s,
@@ -536,6 +548,17 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 			snprintf(reason + at, sizeof reason - at,
 				 "; node %d's hpulaunch connected and was refused: %s", n,
 				 c->agents[n].refused);
+			refused++;
+		}
+	/* one of another attempt (it was ignored, not told: the restart's
+	 * race, or an hpulaunch started again by hand) */
+	for (int n = 1; n < c->cfg.nodes && refused < 4; n++)
+		if (!c->agents[n].hello && !c->agents[n].refused[0] &&
+		    c->agents[n].other_attempt[0]) {
+			size_t at = strlen(reason);
+			snprintf(reason + at, sizeof reason - at,
+				 "; node %d's hpulaunch connected, but of another attempt: %s", n,
+				 c->agents[n].other_attempt);
 			refused++;
 		}
 	hpu__coord_abort(c, reason);

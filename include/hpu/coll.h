@@ -156,7 +156,8 @@ HPU_API void hpucoll_comm_destroy(hpucoll_comm **comm);
 
 /* Sets how long any single wait for a peer may last (default 60000 ms, or
  * HPUCOLL_TIMEOUT_MS from the environment); the error names the peer. A
- * peer on this node that has died is reported at once. A timeout_ms of 0
+ * peer on this node that has died is reported without that wait (in
+ * about 0.5 s: the time its ABORT, saying why, is waited for). A timeout_ms of 0
  * or less, or a NULL comm, changes nothing (a wait without end would be a
  * hang). A rank that gives up may leave another completing the same
  * collective (its data had arrived); the ABORT it sends fails that

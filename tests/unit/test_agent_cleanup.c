@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/coord.h" /* hpu__coord_reason_interrupted */
 
 static void make_file(const char *path, uid_t uid)
 {
@@ -248,12 +249,28 @@ static void test_stale_locks_swept(void **state)
 		unlink(l[i]);
 }
 
+/* The reasons that say a user interrupted a node's hpulaunch (no node
+ * restarts then), bare or as the coordinator passes them on. */
+static void test_interrupt_reasons(void **state)
+{
+	(void)state;
+	assert_true(hpu__coord_reason_interrupted("interrupted by SIGINT on node 1"));
+	assert_true(hpu__coord_reason_interrupted("node 12: interrupted by SIGTERM on node 12"));
+	assert_false(hpu__coord_reason_interrupted(NULL));
+	assert_false(hpu__coord_reason_interrupted(""));
+	assert_false(hpu__coord_reason_interrupted("node : interrupted by SIGINT"));
+	assert_false(hpu__coord_reason_interrupted("node 1: rank 2 died"));
+	assert_false(hpu__coord_reason_interrupted("rank 1 was interrupted by SIGINT"));
+	assert_false(hpu__coord_reason_interrupted("node 1:interrupted by SIGINT"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ipc_files_of_the_workers_only),
 		cmocka_unit_test(test_segments_held_stay),
 		cmocka_unit_test(test_stale_ipc_swept_at_start),
+		cmocka_unit_test(test_interrupt_reasons),
 		cmocka_unit_test(test_stale_locks_swept),
 	};
 
