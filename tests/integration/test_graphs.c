@@ -244,20 +244,20 @@ static void test_one_micro_step(void **state)
 }
 
 /* More micro-steps a step than the 64 input buffers it kept (it ended
- * the job at setup: "at most 64 are recorded"): 65, recorded and
- * replayed to eager's parameters. */
+ * the job at setup: "at most 64 are recorded", then overflowed a stack
+ * array of 64): 90, recorded and replayed to eager's parameters. */
 static void test_many_micro_steps(void **state)
 {
 	(void)state;
-	char *oa = train("acc65-eager", 1, "cpu", 0, NULL, NULL, "--batch-size", "130",
-			 "--grad-accum", "65", "--max-steps", "5", NULL);
-	char *ob = train("acc65-graphs", 1, "cpu", 1, NULL, NULL, "--batch-size", "130",
-			 "--grad-accum", "65", "--max-steps", "5", NULL);
+	char *oa = train("acc65-eager", 1, "cpu", 0, NULL, NULL, "--batch-size", "180",
+			 "--grad-accum", "90", "--max-steps", "5", NULL);
+	char *ob = train("acc65-graphs", 1, "cpu", 1, NULL, NULL, "--batch-size", "180",
+			 "--grad-accum", "90", "--max-steps", "5", NULL);
 	long replayed, recorded, eager;
 	replays(ob, &replayed, &recorded, &eager);
-	printf("  --grad-accum 65: %ld replayed from %ld recording(s), %ld eager\n", replayed,
+	printf("  --grad-accum 90: %ld replayed from %ld recording(s), %ld eager\n", replayed,
 	       recorded, eager);
-	assert_non_null(strstr(ob, "graphs: step 3: recorded the step of 2 samples x 65 "
+	assert_non_null(strstr(ob, "graphs: step 3: recorded the step of 2 samples x 90 "
 				   "micro-steps: "));
 	assert_int_equal(recorded, 1);
 	assert_int_equal(replayed, 3);

@@ -686,6 +686,15 @@ static void test_worker_crash_reported(void **state)
 	assert_int_equal(code, 1);
 	assert_non_null(strstr(p.out, "rank 0: crashed: signal 11 (Segmentation fault) at 0x10\n"));
 	h_free(&p);
+	/* ... and on cpu under --graphs (its recording's handler did the same) */
+	char *argv_g[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "20", "--log-every",
+			  "0", "--no-eval", "--graphs", "--graphs-warmup", "1", (char *)FAULT_MODEL,
+			  "--", "--hidden", "16", "--crash-rank", "0", "--crash-at", "3", NULL};
+	code = h_run(&p, argv_g, NULL, 120000);
+	printf("cpu --graphs, rank 0 crashes at step 3: exit %d\n%s", code, p.out);
+	assert_int_equal(code, 1);
+	assert_non_null(strstr(p.out, "rank 0: crashed: signal 11 (Segmentation fault) at 0x10\n"));
+	h_free(&p);
 	/* in the model's setup(): said (it gave only the address and frames) */
 	char *argv0[] = {(char *)LAUNCH, "--devices", "1", "--max-steps", "2", "--no-eval",
 			 (char *)FAULT_MODEL, "--", "--crash-in-setup", NULL};

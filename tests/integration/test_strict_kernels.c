@@ -255,6 +255,9 @@ static void test_unwritten_values(void **state)
 			 "unwritten: it writes every one"},
 	    {"--no-din --any-device", "layer hscale2: its backward left 256 of the 256 values "
 				      "of din for s unwritten"},
+	    /* added to (+=): the marker comes back quieted, still found */
+	    {"--add-din --any-device", "layer hscale2: its backward left 256 of the 256 values "
+				       "of din for s unwritten"},
 	    {"--half-out", "layer hscale2: its forward left 128 of the 256 values of its output "
 			   "s2 unwritten"},
 	    {"--half-out --any-device", "layer hscale2: its forward left 128 of the 256 values "

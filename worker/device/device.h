@@ -531,9 +531,11 @@ void hpu__dev_staged_layer(const char *name);
 
 /* Where the device's checks that end the worker (cpu-strict's: a host-only
  * layer's op, the step guard, a rewritten queued copy, host memory given
- * to a device op) hand their sentence before _exit, for the agent to end
- * its closing error with (the runtime sets it to hpu__status_error); NULL:
- * nowhere. */
+ * to a device op, and its SIGSEGV handler's fault) hand their sentence
+ * before _exit, for the agent to end its closing error with (the runtime
+ * sets it to hpu__status_error); NULL: nowhere. Called from a signal
+ * handler too: it takes no lock and writes the pipe once (its first use
+ * looks the pipe up, which the status records have done by then). */
 extern void (*hpu__dev_fatal_why)(const char *why);
 
 /* Says "hpu-worker: rank R: <sentence>" on stderr, hands the sentence to

@@ -350,7 +350,9 @@ static int strict_setup(int rank, char *err, size_t errlen)
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_sigaction = on_segv;
-	sa.sa_flags = SA_SIGINFO;
+	/* on the crash report's stack too: a stack overflow's fault has no
+	 * stack left to run a handler on (it ended without a report) */
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGSEGV, &sa, &old_segv);
 	return 0;
@@ -450,9 +452,10 @@ static void rec_on_segv(int sig, siginfo_t *si, void *uc)
 		if (mprotect(A.base, top, PROT_READ | PROT_WRITE) == 0)
 			return; /* the access runs again, now open */
 	}
-other:
+other: /* as on_segv: a fault runs again under the handler before */
 	sigaction(SIGSEGV, &old_segv, NULL);
-	raise(sig);
+	if (si->si_code <= 0)
+		raise(sig);
 }
 
 /* R for a recording of the arena's first `top` bytes (under A.mu); on
@@ -582,7 +585,7 @@ static int rec_setup(int rank, char *err, size_t errlen)
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_sigaction = rec_on_segv;
-	sa.sa_flags = SA_SIGINFO;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGSEGV, &sa, &old_segv);
 	return 0;

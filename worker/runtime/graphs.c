@@ -61,6 +61,7 @@ struct hpu__graphs {
 	hpu_batch *in;      /* the input buffers, per micro-step (accum of them) */
 	uint32_t **idx;
 	const hpu_batch **pend; /* this step's micro-batches, as the loader has them */
+	const hpu_batch **inputs; /* &in[k] each: what a step's micro-steps read */
 	int filled;         /* 1: what this step reads is in place (its fields in
 			     * the input buffers, or its replay's copies pointed
 			     * at the loader's buffer) */
@@ -107,8 +108,11 @@ int hpu__graphs_new(hpu__graphs **out, int warmup, int accum, int micro, int fie
 	if (!(g->key = calloc((size_t)accum, sizeof *g->key)) ||
 	    !(g->in = calloc((size_t)accum, sizeof *g->in)) ||
 	    !(g->idx = calloc((size_t)accum, sizeof *g->idx)) ||
-	    !(g->pend = calloc((size_t)accum, sizeof *g->pend)))
+	    !(g->pend = calloc((size_t)accum, sizeof *g->pend)) ||
+	    !(g->inputs = calloc((size_t)accum, sizeof *g->inputs)))
 		goto oom;
+	for (int k = 0; k < accum; k++)
+		g->inputs[k] = &g->in[k];
 	memcpy(g->field_bytes, field_bytes, (size_t)fields * sizeof *field_bytes);
 	long fr;
 	g->fail_begin = hpu__env_long(HPU_ENV_HPU_GRAPHS_FAIL_BEGIN, 0, INT_MAX, &fr) > 0 &&
@@ -157,6 +161,7 @@ void hpu__graphs_free(hpu__graphs **pg)
 	free(g->in);
 	free(g->idx);
 	free(g->pend);
+	free(g->inputs);
 	free(g);
 	*pg = NULL;
 }
@@ -182,6 +187,11 @@ const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt)
 		g->filled = k + 1 == g->accum;
 	}
 	return in;
+}
+
+const hpu_batch *const *hpu__graphs_inputs(const hpu__graphs *g)
+{
+	return g->inputs;
 }
 
 void hpu__graphs_input_fill(hpu__graphs *g)

@@ -51,6 +51,10 @@ void hpu__graphs_free(hpu__graphs **g);
  * step). */
 const hpu_batch *hpu__graphs_input(hpu__graphs *g, int k, const hpu_batch *bt);
 
+/* The batches hpu__graphs_input returns, micro-step k's at [k] (accum of
+ * them, the same every step). */
+const hpu_batch *const *hpu__graphs_inputs(const hpu__graphs *g);
+
 /* This step's fields copied into the input buffers, where
  * hpu__graphs_input left them out (once a step). */
 void hpu__graphs_input_fill(hpu__graphs *g);

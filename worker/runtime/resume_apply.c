@@ -289,9 +289,11 @@ static void sched_note(const hpu_sched *k, const hpu_sched *m)
 		       "CosineAnnealingLR does)";
 	else if (k->total_steps < m->total_steps && kind == HPU_SCHED_WARMUP_DECAY)
 		past = "; past its last step the lr is its warm-up min lr";
-	printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g, %ld total "
-	       "steps): %s%s\n",
-	       hpu__sched_name(k->kind), k->lr, k->total_steps, d, past);
+	char total[40] = ""; /* where the kind has one */
+	if (kind == HPU_SCHED_COSINE || kind == HPU_SCHED_WARMUP_DECAY)
+		snprintf(total, sizeof total, ", %ld total steps", k->total_steps);
+	printf("resume: the checkpoint's learning-rate schedule is kept (%s, lr %g%s): %s%s\n",
+	       hpu__sched_name(k->kind), k->lr, total, d, past);
 }
 
 int hpu__checkpoint_apply(hpucoll_comm *comm, hpu_ckpt *c, const hpu_train_opts *o,

@@ -267,7 +267,8 @@ static int step_work(loop *L, const hpu_batch *const *bt, double lr)
 int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_out,
 			 double *norm_out)
 {
-	const hpu_batch *in[64];
+	/* any --grad-accum: a stack array of 64 overflowed above that */
+	const hpu_batch *const *in = hpu__graphs_inputs(L->graphs);
 	uint64_t sent0 = bytes_sent(L);
 	step_begin(L, gstep);
 	for (int k = 0; k < L->accum; k++) {
@@ -275,7 +276,7 @@ int hpu__loop_graph_step(loop *L, size_t s, long gstep, int more, float *loss_ou
 		if (micro_batch(L, s, k, more, &bt) < 0)
 			return -1;
 		int64_t t0 = hpu__prof_t0();
-		in[k] = hpu__graphs_input(L->graphs, k, bt);
+		hpu__graphs_input(L->graphs, k, bt); /* in[k] */
 		hpu__prof_span("data", "graph_input", NULL, t0, "\"micro_step\":%d", k);
 	}
 	double lr = hpu__sched_lr(&L->pos.sched, gstep);

@@ -519,6 +519,13 @@ static int layer_backward(hpu_strat *s, int i, int final)
 			return -1;
 	if (acquire(s, i, -1, -1) < 0 || hpu__act_saved(s, i) < 0 || din_views(s, i, din, tmp) < 0)
 		goto fail;
+	/* the dins written over the input the backward reads (in place) are
+	 * not marked: those alone (a din planned in place but given its own
+	 * buffer is checked) */
+	unsigned over_in = 0;
+	for (int k = 0; k < l->nin; k++)
+		if (din[k].data && din[k].data == in[k].data)
+			over_in |= 1u << k;
 	l->saved = s->saved[i];
 	l->scratch = s->scratch;
 	hpu_ctx c = s->ctx;
@@ -529,12 +536,12 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	if (staged && hpu__host_stage_in(s, i, 1, in, out, dout, din) < 0)
 		goto fail;
 	hpu__dev_staged_layer(staged ? l->name : NULL);
-	hpu__written_mark(s, i, 1, din, s->inplace[i]); /* not over its input */
+	hpu__written_mark(s, i, 1, din, over_in);
 	hpu__dev_layer_enter(); /* the layer's backward: one device call */
 	int rc = l->ops.backward(l, &c, in, out, dout, din);
 	hpu__dev_layer_leave();
 	hpu__dev_staged_layer(NULL);
-	int unwritten = rc == 0 && hpu__written_check(s, i, 1, din, s->inplace[i]) < 0;
+	int unwritten = rc == 0 && hpu__written_check(s, i, 1, din, over_in) < 0;
 	if (staged)
 		hpu__host_stage_out(s, i, 1, rc || unwritten);
 	op_layer(s, -1, 0);
