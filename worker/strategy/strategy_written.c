@@ -6,8 +6,11 @@
  * or the marker quieted by an operation on it (+=), is a value the layer
  * did not write. On cpu those values would hold what
  * the memory held before (another tensor's leftovers): the layer trains
- * on garbage, differently on each device. Off elsewhere, and while a step
- * is recorded (the call records, computing nothing). */
+ * on garbage, differently on each device. Off elsewhere, while a step is
+ * recorded (the call records, computing nothing), and where the steps are
+ * recordable (HPU_STRICT_STEP=1, --graphs): there an op's check of its
+ * data is read after the step, and a kernel that found a bad label left
+ * its output unwritten, which the deferred check then names. */
 #include <stdint.h>
 #include <string.h>
 
@@ -19,9 +22,10 @@
  * the value, +=) gives it quieted (bit 22 set), its sign either way */
 #define MARK_BITS 0x7fbfffffu
 
-static int checking(void)
+static int checking(const hpu_strat *s)
 {
-	return !strcmp(hpu__dev_name(), "cpu-strict") && !hpu__dev_capturing();
+	return !strcmp(hpu__dev_name(), "cpu-strict") && !hpu__dev_capturing() &&
+	       !s->vars.recordable;
 }
 
 /* Tensor t's values in v (a view the layer is given), or 0 where they
@@ -56,7 +60,7 @@ void hpu__written_mark(const hpu_strat *s, int i, int backward, const hpu_tensor
 		       unsigned skip)
 {
 	const hpu_layer *l = s->b->layers[i];
-	if (!checking())
+	if (!checking(s))
 		return;
 	int n = backward ? l->nin : l->nout;
 	for (int k = 0; k < n; k++)
@@ -67,7 +71,7 @@ void hpu__written_mark(const hpu_strat *s, int i, int backward, const hpu_tensor
 int hpu__written_check(hpu_strat *s, int i, int backward, const hpu_tensor *v, unsigned skip)
 {
 	const hpu_layer *l = s->b->layers[i];
-	if (!checking())
+	if (!checking(s))
 		return 0;
 	int n = backward ? l->nin : l->nout;
 	for (int k = 0; k < n; k++) {
