@@ -541,26 +541,19 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 		 nn ? nodes : "");
 	if (nn)
 		strncat(reason, ")", sizeof reason - strlen(reason) - 1);
-	/* a node whose hpulaunch came and was refused (it did connect) */
-	for (int n = 1; n < c->cfg.nodes && refused < 4; n++)
-		if (!c->agents[n].hello && c->agents[n].refused[0]) {
-			size_t at = strlen(reason);
-			snprintf(reason + at, sizeof reason - at,
-				 "; node %d's hpulaunch connected and was refused: %s", n,
-				 c->agents[n].refused);
-			refused++;
-		}
-	/* one of another attempt (it was ignored, not told: the restart's
-	 * race, or an hpulaunch started again by hand) */
-	for (int n = 1; n < c->cfg.nodes && refused < 4; n++)
-		if (!c->agents[n].hello && !c->agents[n].refused[0] &&
-		    c->agents[n].other_attempt[0]) {
-			size_t at = strlen(reason);
-			snprintf(reason + at, sizeof reason - at,
-				 "; node %d's hpulaunch connected, but of another attempt: %s", n,
-				 c->agents[n].other_attempt);
-			refused++;
-		}
+	/* a node whose hpulaunch came and was refused (it did connect), or
+	 * was of another attempt (ignored, not told: the restart's race, or
+	 * an hpulaunch started again by hand) */
+	for (int n = 1; n < c->cfg.nodes && refused < 4; n++) {
+		const agent_slot *a = &c->agents[n];
+		if (a->hello || (!a->refused[0] && !a->other_attempt[0]))
+			continue;
+		size_t at = strlen(reason);
+		snprintf(reason + at, sizeof reason - at, "; node %d's hpulaunch connected%s: %s", n,
+			 a->refused[0] ? " and was refused" : ", but of another attempt",
+			 a->refused[0] ? a->refused : a->other_attempt);
+		refused++;
+	}
 	hpu__coord_abort(c, reason);
 }
 

@@ -243,23 +243,20 @@ static int run_local(char *err, size_t errlen)
 			rc = exit_status();
 			break;
 		}
-		if (L.apart && L.args.max_restarts > L.restarts.attempt) {
+		/* not to be restarted: a node set up otherwise (a restart meets
+		 * the same refusal), or a user's interrupt of another node's
+		 * hpulaunch (as at its own: it restarted, then waited
+		 * --join-timeout for that node) */
+		const char *why_not = L.apart ? "a node's hpulaunch is set up otherwise than this one, "
+						"which a restart does not change"
+				      : L.intr_elsewhere ? "a user interrupted another node's "
+							   "hpulaunch, which stops the job"
+							 : NULL;
+		if (why_not && L.args.max_restarts > L.restarts.attempt) {
 			/* the node job left the cause unsaid: a restart remained */
 			if (L.unsaid)
 				hpu__log(HPU_LOG_ERROR, "error: %s", L.cause);
-			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): a node's hpulaunch "
-						 "is set up otherwise than this one, which a restart does "
-						 "not change");
-			rc = exit_status();
-			break;
-		}
-		if (L.intr_elsewhere && L.args.max_restarts > L.restarts.attempt) {
-			/* as at its own interrupt: it restarted, then waited
-			 * --join-timeout for the interrupted node */
-			if (L.unsaid)
-				hpu__log(HPU_LOG_ERROR, "error: %s", L.cause);
-			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): a user interrupted "
-						 "another node's hpulaunch, which stops the job");
+			hpu__log(HPU_LOG_NOTICE, "not restarted (--max-restarts): %s", why_not);
 			rc = exit_status();
 			break;
 		}
