@@ -53,7 +53,7 @@ struct hpu_coord {
 	int set_up_apart; /* aborted: a node's hpulaunch set up otherwise */
 	int interrupted;  /* aborted: a user interrupted a node's hpulaunch */
 	long refusals;    /* joins and hellos refused so far (log_refusal) */
-	char abort_reason[1024];
+	char abort_reason[2048]; /* on_join_timeout's longest fits */
 	char join_token[129]; /* this attempt's (restart.h) */
 	char session[33];     /* JoinReply.session: random hex */
 	char why[160];        /* a refusal that needs words of its own */
@@ -527,7 +527,8 @@ static void on_join_timeout(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)loop;
 	(void)revents;
 	hpu_coord *c = t->data;
-	char ranks[256] = "", nodes[256] = "", reason[700];
+	/* the lists (256 each), the sentence, four nodes' texts (200 each) */
+	char ranks[256] = "", nodes[256] = "", reason[2048];
 	int nr = 0, nn = 0, refused = 0;
 	for (int r = 0; r < c->world; r++)
 		if (!c->ranks[r].joined)

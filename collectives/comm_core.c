@@ -25,6 +25,11 @@ static const char *const errstr[] = {
 	[HPUCOLL_EPEER] = "A peer process died.",
 };
 
+int hpucoll_version(void)
+{
+	return HPUCOLL_VERSION_CODE;
+}
+
 const char *hpucoll_strerror(int err)
 {
 	if (err < 0 || (size_t)err >= sizeof(errstr) / sizeof(errstr[0]) ||

@@ -91,6 +91,20 @@ typedef struct hpucoll_comm hpucoll_comm;
 /* An asynchronous collective in flight. */
 typedef struct hpucoll_req hpucoll_req;
 
+/* The version of this header; the build checks it is hputrain's
+ * project version. HPUCOLL_VERSION_CODE is major * 10000 + minor * 100
+ * + patch (NCCL_VERSION_CODE's form). */
+#define HPUCOLL_VERSION_MAJOR 0
+#define HPUCOLL_VERSION_MINOR 1
+#define HPUCOLL_VERSION_PATCH 0
+#define HPUCOLL_VERSION_CODE                                                             \
+	(HPUCOLL_VERSION_MAJOR * 10000 + HPUCOLL_VERSION_MINOR * 100 + HPUCOLL_VERSION_PATCH)
+
+/* The version of the library loaded, in HPUCOLL_VERSION_CODE's form: a
+ * program built against one coll.h may run with another libhpucoll.so of
+ * the same soname (ncclGetVersion's use). */
+HPU_API int hpucoll_version(void);
+
 /* Returns a static sentence describing an error code. */
 HPU_API const char *hpucoll_strerror(int err);
 

@@ -123,4 +123,26 @@ c++ -std=c++20 -Wall -Wextra -Wpedantic -Werror -shared -fPIC my.cpp $flags -o m
 nm -D --defined-only mycxx.so | grep -q ' hpu_model_entry$' ||
 	fail "the C++ model exports no hpu_model_entry (HPU_MODEL must make it extern \"C\")"
 train_one mycxx.so "the C++ model"
+
+# libhpucoll used on its own (coll.h, hpucoll.pc): a program built
+# against the build tree's .pc runs with its library, whose version
+# (hpucoll_version) is the header's and the .pc's.
+cat >ver.c <<'EOF'
+#include <hpu/coll.h>
+#include <stdio.h>
+int main(void)
+{
+	int v = hpucoll_version();
+	printf("%d.%d.%d %d\n", v / 10000, v / 100 % 100, v % 100, v == HPUCOLL_VERSION_CODE);
+	return 0;
+}
+EOF
+cflags=$(PKG_CONFIG_PATH=$build/collectives pkg-config --cflags --libs hpucoll) ||
+	fail "pkg-config knows no hpucoll in $build/collectives"
+pcver=$(PKG_CONFIG_PATH=$build/collectives pkg-config --modversion hpucoll)
+cc ver.c $cflags -Wl,-rpath,"$build/lib" -o ver || fail "a libhpucoll program did not build with: $cflags"
+got=$(./ver) || fail "the libhpucoll program failed"
+[ "$got" = "$pcver 1" ] ||
+	fail "hpucoll_version() and HPUCOLL_VERSION_CODE say '$got', hpucoll.pc says $pcver (want '$pcver 1')"
+echo "test_pkgconfig: libhpucoll $got"
 echo "test_pkgconfig: PASS"
