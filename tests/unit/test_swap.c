@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -368,7 +369,7 @@ static void test_refused_dir(void **state)
 				    "the worker's working directory) for optimizer state does not exist", cwd);
 	refused("no-such-swap", MiB, NULL, "r0", want);
 	const char *d = fresh_dir("free");
-	refused(d, 1ull << 50, NULL, "r0", "GiB is free");
+	refused(d, 1ull << 50, NULL, "r0", "GiB free, after");
 	refused(d, 1ull << 50, NULL, "r0", "needs 1048576.0 GiB; ");
 	refused(d, 1ull << 50, NULL, "r0", d);
 	assert_int_equal(entries(d), 0);
@@ -715,17 +716,85 @@ static void test_enospc_at_open(void **state)
 	loop_fs_gone(d);
 	assert_null(big);
 	assert_has(e1, "needs 32.0 MiB; ");
-	assert_has(e1, " MiB is free, after the files already there (the swap files of ranks "
+	assert_has(e1, " MiB free, after the files already there (the swap files of ranks "
 		       "sharing the directory among them)");
 	assert_has(e1, d);
 	if (!fits)
 		fail_msg("a 9 MiB store on 16 MiB: %s", e2);
 	assert_null(more);
 	assert_has(err, "needs 9.0 MiB; ");
-	assert_has(err, " MiB is free, after the files already there");
+	assert_has(err, " MiB free, after the files already there");
 	if (strstr(err, "0.00"))
 		fail_msg("a size reads as nothing: %s", err);
 	assert_int_equal(left, 1);  /* lost+found */
+}
+
+/* Two ranks opening their stores at once, each fitting alone, not both:
+ * both may pass the free-space check before either reserves, and the
+ * second's reservation then fails. The figure it says is what the file
+ * system has once its own refused blocks are given back (it said 0
+ * bytes with them held). Each child writes its message to a pipe. */
+static void test_enospc_two_at_once(void **state)
+{
+	(void)state;
+	const char *d = fresh_dir("race");
+	if (loop_fs("ext4", d))
+		skip();
+	struct statvfs v;
+	assert_int_equal(statvfs(d, &v), 0);
+	size_t each = (size_t)v.f_bavail * v.f_frsize / 5 * 3;
+	int go[2], said[2][2];
+	assert_int_equal(pipe(go), 0);
+	pid_t pid[2];
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(pipe(said[k]), 0);
+		if ((pid[k] = fork()) == 0) {
+			char c, who[8], e[1024 + 2] = "";
+			close(go[1]);
+			if (read(go[0], &c, 1) != 1)
+				_exit(3);
+			snprintf(who, sizeof who, "r%d", k);
+			hpu_swap *s = hpu__swap_open(d, who, "optimizer state", each, NULL, e, sizeof e - 2);
+			strcat(e, "\n"); /* never empty: the parent reads until it */
+			ssize_t w = write(said[k][1], e, strlen(e));
+			(void)w;
+			/* held until the other has tried too */
+			if (read(go[0], &c, 1) != 0)
+				_exit(3);
+			hpu__swap_close(s);
+			_exit(s ? 0 : 1);
+		}
+		close(said[k][1]);
+	}
+	close(go[0]);
+	assert_int_equal(write(go[1], "gg", 2), 2);
+	char e[2][1024] = {"", ""};
+	for (int k = 0; k < 2; k++) {
+		ssize_t n = read(said[k][0], e[k], sizeof e[k] - 1);
+		e[k][n > 0 ? n - 1 : 0] = 0;
+		close(said[k][0]);
+	}
+	close(go[1]); /* both have tried: they close and exit */
+	int st[2];
+	for (int k = 0; k < 2; k++)
+		waitpid(pid[k], &st[k], 0);
+	int left = entries_want(d, 1);
+	loop_fs_gone(d);
+	if (!WIFEXITED(st[0]) || !WIFEXITED(st[1]) || WEXITSTATUS(st[0]) + WEXITSTATUS(st[1]) < 1)
+		fail_msg("want at most one store to fit: %s | %s", e[0], e[1]);
+	for (int k = 0; k < 2; k++) {
+		if (WEXITSTATUS(st[k]) != 1)
+			continue;
+		print_message("  %s\n", e[k]);
+		assert_has(e[k], "the file system has ");
+		assert_has(e[k], " MiB free, after the files already there");
+		if (strstr(e[k], "has 0 bytes free"))
+			fail_msg("the refused call's own blocks counted as used: %s", e[k]);
+		/* both refused at once: the space is free again, said as such */
+		if (WEXITSTATUS(st[1 - k]) == 1 && strstr(e[k], "(No space"))
+			assert_has(e[k], "but had not while others were reserved at the same time");
+	}
+	assert_int_equal(left, 1); /* lost+found: both files are gone */
 }
 
 /* Without fallocate (ext2) the space is not reserved: filled up by
@@ -783,6 +852,7 @@ int main(void)
 		cmocka_unit_test(test_killed_named),
 		cmocka_unit_test(test_stale_removed),
 		cmocka_unit_test(test_enospc_at_open),
+		cmocka_unit_test(test_enospc_two_at_once),
 		cmocka_unit_test(test_enospc_at_write),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

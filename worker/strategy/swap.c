@@ -290,7 +290,7 @@ static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
 		return -1;
 	}
 	if (free_bytes(&v) < s->size) {
-		say(err, errlen, "the swap file for %s in %s needs %s; %s is free, %s", s->what,
+		say(err, errlen, "the swap file for %s in %s needs %s; the file system has %s free, %s", s->what,
 		    dir, hpu__human_size(a, sizeof a, (double)s->size),
 		    hpu__human_size(b, sizeof b, (double)free_bytes(&v)), LEFT_FREE);
 		return -1;
@@ -307,10 +307,19 @@ static int reserve(hpu_swap *s, const char *dir, char *err, size_t errlen)
 	}
 	if (errno == ENOSPC || errno == EDQUOT) {
 		const char *why = strerror(errno);
-		say(err, errlen, "the swap file for %s in %s needs %s; %s is free, %s (%s)",
+		/* the blocks this call did take are given back before the free
+		 * space is read again (it read 0 bytes with them held): what
+		 * is said is what the others left (another rank's file, made
+		 * between the check above and this call) */
+		int known = ftruncate(s->fd, 0) == 0 && fstatvfs(s->fd, &v) == 0;
+		say(err, errlen, "the swap file for %s in %s needs %s; the file system has %s free, %s%s (%s)",
 		    s->what, dir, hpu__human_size(a, sizeof a, (double)s->size),
-		    fstatvfs(s->fd, &v) ? "?" : hpu__human_size(b, sizeof b, (double)free_bytes(&v)),
-		    LEFT_FREE, why);
+		    known ? hpu__human_size(b, sizeof b, (double)free_bytes(&v)) : "?", LEFT_FREE,
+		    /* both refused, each holding part of the space */
+		    known && free_bytes(&v) >= s->size
+			    ? ", but had not while others were reserved at the same time"
+			    : "",
+		    why);
 		return -1;
 	}
 	say(err, errlen, "cannot reserve %s for the swap file %s for %s: %s",
