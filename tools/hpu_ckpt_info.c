@@ -38,7 +38,14 @@ static void print_fields(const char *label, const cJSON *o)
 	const cJSON *f;
 	int first = 1;
 	cJSON_ArrayForEach(f, o) {
-		if (cJSON_IsNumber(f))
+		/* the loss scaler's last overflow is DeepSpeed's iteration, from
+		 * 0: said as the step the log named too, from 1 */
+		if (cJSON_IsNumber(f) && !strcmp(f->string, "last_overflow") &&
+		    !strcmp(label, "loss scaler"))
+			printf(f->valuedouble >= 0 ? "%slast_overflow %g (step %g)"
+						   : "%slast_overflow %g (none)",
+			       first ? "" : ", ", f->valuedouble, f->valuedouble + 1);
+		else if (cJSON_IsNumber(f))
 			printf("%s%s %g", first ? "" : ", ", f->string, f->valuedouble);
 		else if (cJSON_IsString(f))
 			printf("%s%s %s", first ? "" : ", ", f->string, f->valuestring);

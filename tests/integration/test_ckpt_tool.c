@@ -219,6 +219,7 @@ static void test_info(void **state)
 	has(out, "rank-00001-of-00002.bin");
 	has(out, "scheduler     type constant");
 	has(out, "loss scaler   scale 1");
+	has(out, "last_overflow -1 (none)");
 	free(out);
 	/* the root: every checkpoint, newest first, latest marked */
 	out = CKPT(0, "info", CK);
@@ -229,6 +230,23 @@ static void test_info(void **state)
 		fail_msg("not newest first:\n%s", out);
 	has(out, "checkpoint    ");
 	has(out, LAST);
+	free(out);
+}
+
+/* 16-mixed's loss scaler: its last overflow said as the step the log
+ * named (the manifest keeps DeepSpeed's iteration, from 0) */
+static void test_info_loss_scaler(void **state)
+{
+	(void)state;
+	const char *ck = path("ck16");
+	char *out = RUN(0, LAUNCH, "-q", "--devices", "1", "--precision", "16-mixed",
+			"--inject-overflow-step", "3", "--max-steps", "4", "--batch-size", "16",
+			"--no-eval", "--checkpoint-dir", ck, MODEL, "--", "--hidden", "16");
+	has(out, "step 3: gradient overflow");
+	free(out);
+	out = CKPT(0, "info", ck);
+	has(out, "loss scaler   scale 65536, hysteresis_left 1, steps 4, last_overflow 2 (step 3), "
+		 "skipped 1");
 	free(out);
 }
 
@@ -1256,6 +1274,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_info),
+	    cmocka_unit_test(test_info_loss_scaler),
 	    cmocka_unit_test(test_verify),
 	    cmocka_unit_test(test_export_raw),
 	    cmocka_unit_test(test_export_safetensors),

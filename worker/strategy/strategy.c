@@ -179,13 +179,16 @@ static void *state_alloc(hpu_strat *s, hpu_plan_state st, size_t n, hpu_mem_kind
 static int states_refused(hpu_strat *s)
 {
 	const hpu_param_info *top = NULL;
-	for (int i = 0; i < s->b->nparams; i++)
+	size_t psi = 0; /* the model's (s->total is padded for the shards) */
+	for (int i = 0; i < s->b->nparams; i++) {
+		psi += s->b->params[i].numel;
 		if (!top || s->b->params[i].numel > top->numel)
 			top = &s->b->params[i];
+	}
 	size_t n = strlen(s->err);
 	if (top && n + 1 < s->errlen)
 		snprintf(s->err + n, s->errlen - n, "; the model has %zu parameter elements, %zu of them "
-			 "in %s, its largest parameter", s->total, top->numel, top->name);
+			 "in %s, its largest parameter", psi, top->numel, top->name);
 	return -1;
 }
 
