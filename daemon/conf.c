@@ -365,7 +365,7 @@ int hpud__conf_load(hpud_conf *c, const char *path, char *err, size_t errlen)
 	const char *why;
 	FILE *f = hpu__open_input(path, &why); /* a FIFO would block */
 	if (!f) {
-		snprintf(err, errlen, "%s: %s", path, why);
+		snprintf(err, errlen, "the configuration %s: %s", path, why);
 		return -1;
 	}
 	hpud_conf tmp = *c;

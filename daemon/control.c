@@ -211,13 +211,18 @@ int hpud__find_worker(const hpud_conf *c, char *out, char *err, size_t errlen)
 		memcpy(out, self, strlen(self));
 		memcpy(out + strlen(self), "/hpu-worker", sizeof "/hpu-worker");
 	}
+	struct stat st = {0};
 	if (access(out, X_OK) != 0) {
-		snprintf(err, errlen, "the worker program %.600s: %s", out, strerror(errno));
+		/* a file that is there: what is wrong is its mode */
+		if (errno == EACCES && stat(out, &st) == 0 && S_ISREG(st.st_mode))
+			snprintf(err, errlen, "the worker program %.600s: not executable (mode %04o)",
+				 out, (unsigned)(st.st_mode & 07777));
+		else
+			snprintf(err, errlen, "the worker program %.600s: %s", out, strerror(errno));
 		return -1;
 	}
 	/* a directory passes access(X_OK): --check said "fine", and every
 	 * rank of every job failed with 127 */
-	struct stat st = {0};
 	if (stat(out, &st) != 0 || !S_ISREG(st.st_mode)) {
 		snprintf(err, errlen, "the worker program %.600s: not a regular file%s", out,
 			 S_ISDIR(st.st_mode) ? " (a directory)" : "");

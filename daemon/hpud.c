@@ -165,13 +165,25 @@ int main(int argc, char **argv)
 	/* before the checks that log (devices = auto's count said its info
 	 * line under log_level = error) */
 	hpud__apply_log_level();
+	/* the key's and the worker's errors name the configuration's key
+	 * that set them (the other keys' name FILE:LINE) */
+	const char *set_by = NULL;
 	if (hpud__resolve_user(&hpud__D.conf, err, sizeof err) < 0 ||
-	    hpud__trust_path(hpud__D.conf.key_path, "the key file", err, sizeof err) < 0 ||
+	    (set_by = "key", hpud__trust_path(hpud__D.conf.key_path, "the key file", err,
+					      sizeof err) < 0) ||
 	    hpud__load_key(err, sizeof err) < 0 ||
-	    hpud__find_worker(&hpud__D.conf, hpud__D.worker, err, sizeof err) < 0 ||
+	    (set_by = hpud__D.conf.worker[0] ? "worker" : "",
+	     hpud__find_worker(&hpud__D.conf, hpud__D.worker, err, sizeof err) < 0) ||
 	    hpud__trust_path(hpud__D.worker, "the worker program", err, sizeof err) < 0 ||
-	    hpud__count_devices(&hpud__D.conf, hpud__D.worker, err, sizeof err) < 0) {
-		hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
+	    (set_by = NULL, hpud__count_devices(&hpud__D.conf, hpud__D.worker, err, sizeof err) < 0)) {
+		if (set_by && *set_by)
+			hpud__logmsg(HPUD_LOG_ERROR, "%s (key '%s' of %s)", err, set_by,
+				     hpud__D.conf_path);
+		else if (set_by)
+			hpud__logmsg(HPUD_LOG_ERROR, "%s (hpu-worker next to hpud; set 'worker = PATH' in %s)",
+				     err, hpud__D.conf_path);
+		else
+			hpud__logmsg(HPUD_LOG_ERROR, "%s", err);
 		return 1;
 	}
 	if (check) {

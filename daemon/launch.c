@@ -203,8 +203,13 @@ void hpud__do_launch(const hpu_codec_peer *peer, const char *addr, const char *s
 	ev_timer_init(&j->progress_timer, hpud__on_progress_timer, PROGRESS_EVERY_S, 0);
 	j->progress_timer.data = j;
 	if (pick_uid(j) < 0) {
-		snprintf(why, sizeof why, "all %u uids of job_uids are taken by running jobs or kept out of the pool (%d: processes still run under them)",
-			 hpud__D.conf.job_uid_last - hpud__D.conf.job_uid_first + 1, hpud__D.quarantine.n);
+		int kept = hpud__D.quarantine.n;
+		unsigned all = hpud__D.conf.job_uid_last - hpud__D.conf.job_uid_first + 1;
+		if (kept)
+			snprintf(why, sizeof why, "all %u uids of job_uids are taken: %u by running jobs, %d kept out of the pool (processes still run under %s)",
+				 all, all - (unsigned)kept, kept, kept == 1 ? "it" : "them");
+		else
+			snprintf(why, sizeof why, "all %u uids of job_uids are taken by running jobs", all);
 		j->devices = 0;
 		hpud__release_job(j);
 		hpud__logmsg(HPUD_LOG_WARN, "launch of job '%s' from %s refused: %s", id, addr, why);

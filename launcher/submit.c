@@ -28,6 +28,9 @@
 
 #define REPLY_TIMEOUT_MS 10000
 #define PING_EVERY_S 1.0
+/* A turn of follow()'s loop this much later than the last: the process
+ * did not run in between. */
+#define STALLED_S 3.0
 #define PUMP_SLICE_S 0.1        /* pump: at most this long on one node */
 #define DROP_WARNINGS_PER_S 5   /* more are counted, then summed up */
 #define LINE_JOIN_MAX (1 << 20) /* a rank's line joined from pieces, at most */
@@ -738,17 +741,24 @@ static void send_all(Hpu__Envelope *env)
 			send_env(&S.n[i], env, "");
 }
 
-static void cancel_all(void)
+/* Cancels the job on nd, or on every node that runs it (nd NULL). */
+static void cancel_on(node *nd)
 {
 	Hpu__Cancel c = HPU__CANCEL__INIT;
 	c.job_id = (char *)S.a->job_id;
 	Hpu__Envelope env = HPU__ENVELOPE__INIT;
 	env.msg_case = HPU__ENVELOPE__MSG_CANCEL;
 	env.cancel = &c;
-	send_all(&env);
 	for (int i = 0; i < S.nn; i++)
-		if (may_run(&S.n[i]))
+		if ((!nd || nd == &S.n[i]) && may_run(&S.n[i])) {
+			send_env(&S.n[i], &env, "");
 			S.n[i].cancelled = 1;
+		}
+}
+
+static void cancel_all(void)
+{
+	cancel_on(NULL);
 }
 
 static void ping_all(void)
@@ -817,11 +827,22 @@ static int failure_reported(void)
 static int follow(char *cause, size_t len, int say)
 {
 	const double silent_limit = S.a->agent_timeout_s;
-	double last_ping = 0, cancel_at = 0;
+	double last_ping = 0, cancel_at = 0, last_turn = now_s();
 	int cancelled = 0;
 	S.following = 1;
 	while (!all_ended()) {
 		double t = now_s();
+		/* a time this process did not run (stopped: Ctrl-Z then fg,
+		 * a suspended laptop, a stalled host) is not the daemons'
+		 * silence: what they sent meanwhile waits in the socket, and
+		 * is read before anyone is judged silent (a healthy job was
+		 * reported lost) */
+		if (t - last_turn > STALLED_S) {
+			for (int i = 0; i < S.nn; i++)
+				S.n[i].last_heard += t - last_turn;
+			last_ping = 0; /* at once: they may have given this one up */
+		}
+		last_turn = t;
 		hpu__progress_tick(&S.bar);
 		if (S.signo && !cancelled) {
 			/* no bar drawn again under the line below: no record
@@ -854,6 +875,11 @@ static int follow(char *cause, size_t len, int say)
 			node *nd = &S.n[i];
 			if (nd->launched && !nd->ended &&
 			    (nd->restarted || t - nd->last_heard > limit)) {
+				/* a node lost but perhaps alive (a network that
+				 * drops, a stalled hpud) is told too: its part
+				 * would run on */
+				if (!nd->restarted)
+					cancel_on(nd);
 				nd->ended = 1;
 				nd->reconnect = 1;
 				if (nd->restarted)

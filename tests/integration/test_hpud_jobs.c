@@ -163,6 +163,77 @@ static void test_hpud_stalled(void **state)
 	stop_daemon();
 }
 
+/* hpud stopped past the submitter's silence limit (10 s): the submitter
+ * gives the node up, naming it, and tells it to cancel; hpud, running
+ * again, reads the cancel and ends the job as the submitter's (no
+ * cancel was sent: it ran on until its submitter_timeout). */
+static void test_hpud_stalled_past_limit(void **state)
+{
+	(void)state;
+	start_daemon();
+	proc p;
+	launch_start(&p, "50");
+	assert_int_equal(h_wait_for(&p, "step 5/", 120000), 0);
+	assert_int_equal(kill(daemon_proc.pid, SIGSTOP), 0);
+	int exited = h_wait(&p, 60000);
+	assert_int_equal(kill(daemon_proc.pid, SIGCONT), 0);
+	if (exited)
+		h_kill(&p);
+	int told = h_wait_for(&daemon_proc, "cancelled by the submitter", 30000) == 0;
+	printf("%s", p.out);
+	if (!told)
+		fprintf(stderr, "hpud's log:\n%s\n", daemon_proc.out);
+	assert_int_equal(exited, 0);
+	assert_int_equal(h_code(&p), 1);
+	assert_non_null(strstr(p.out, "lost contact with hpud at 127.0.0.1:"));
+	assert_non_null(strstr(p.out, "(node 0): silent for 10 s"));
+	assert_true(told);
+	assert_null(strstr(daemon_proc.out, "went away"));
+	h_free(&p);
+	stop_daemon();
+}
+
+/* The submitter stopped for 12 s (Ctrl-Z then fg), past its silence
+ * limit (10 s), while a quiet job runs (hpud's submitter_timeout 60 s):
+ * nothing came from hpud meanwhile (no ping, no answer), and the time it
+ * did not run is not hpud's silence. It pings at once and follows the
+ * job to its end (it said "lost contact ... silent for 10 s", exited 1
+ * and left the job running). */
+static void test_stopped_submitter_quiet_job(void **state)
+{
+	(void)state;
+	char text[512];
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\ndevices = 2\nkey = %s\nuser = nobody\n"
+		 "log_level = info\nsubmitter_timeout = 60\n",
+		 port, key_path);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	start_daemon();
+	char *a[] = {(char *)LAUNCH, "--hostfile", hostfile, "--key", key_path, "--devices", "2",
+		     "--max-steps", "90", "--log-every", "0", "--no-eval",
+		     (char *)h_build("lib/setsid_child.so"), "--", "--child", "none", "--step-ms",
+		     "200", NULL};
+	proc p;
+	assert_int_equal(h_start(&p, a, NULL), 0);
+	assert_int_equal(h_wait_for(&daemon_proc, ", coordinator ", 60000), 0);
+	sleep(1);
+	assert_int_equal(kill(p.pid, SIGSTOP), 0);
+	sleep(12);
+	assert_int_equal(kill(p.pid, SIGCONT), 0);
+	int exited = h_wait(&p, 120000);
+	if (exited)
+		h_kill(&p);
+	h_wait(&daemon_proc, 500);
+	printf("%s", p.out);
+	assert_int_equal(exited, 0);
+	assert_null(strstr(p.out, "lost contact"));
+	assert_int_equal(h_code(&p), 0);
+	assert_non_null(strstr(p.out, "[rank 0] trained 90 steps"));
+	h_free(&p);
+	stop_daemon();
+	write_conf(2, NULL);
+}
+
 /* Two nodes of one device each: this test's hpud as node 0 (started
  * again with one device) and a second hpud, d2, as node 1, on the same
  * key; their hostfile's path into hf2. */
@@ -1300,6 +1371,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_job_through_hostfile),
 		cmocka_unit_test(test_hpud_stalled),
+		cmocka_unit_test(test_hpud_stalled_past_limit),
+		cmocka_unit_test(test_stopped_submitter_quiet_job),
 		cmocka_unit_test(test_slow_node_submission),
 		cmocka_unit_test(test_node0_hpud_stops),
 		cmocka_unit_test(test_job_env_forwarded),

@@ -124,6 +124,33 @@ static void test_devices_auto(void **state)
 	write_conf(2, NULL);
 }
 
+/* The key's and the worker's errors name the configuration's key that
+ * set them, as every other key's FILE:LINE does; a worker that is not
+ * executable says so (it said "Permission denied"); -c DIR says it is
+ * the configuration. */
+static void test_paths_named(void **state)
+{
+	(void)state;
+	char text[1024], want[400], plain[192];
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\nkey = %s/no-such.key\nuser = nobody\n", port, dir);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	snprintf(want, sizeof want, " (key 'key' of %s)", conf_path);
+	assert_refused(conf_path, "no-such.key: No such file or directory", want);
+	snprintf(plain, sizeof plain, "%s/plain-worker", dir);
+	assert_int_equal(h_write_file(plain, "#!/bin/sh\n", 0644), 0);
+	snprintf(text, sizeof text,
+		 "listen = 127.0.0.1\nport = %d\nkey = %s\nuser = nobody\nworker = %s\n", port,
+		 key_path, plain);
+	assert_int_equal(h_write_file(conf_path, text, 0644), 0);
+	snprintf(want, sizeof want, "plain-worker: not executable (mode 0644) (key 'worker' of %s)",
+		 conf_path);
+	assert_refused(conf_path, plain, want);
+	unlink(plain);
+	assert_refused(dir, "the configuration ", ": Is a directory");
+	write_conf(2, NULL);
+}
+
 /* hpud trusts no file that someone else could have written (as sshd's
  * StrictModes): the configuration, the key, the worker program and every
  * directory above them belong to root (or hpud's own user) and are not
@@ -476,6 +503,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_key_permissions),
 		cmocka_unit_test(test_untrusted_files),
+		cmocka_unit_test(test_paths_named),
 		cmocka_unit_test(test_devices_auto),
 		cmocka_unit_test(test_jobs_isolated),
 		cmocka_unit_test(test_leftovers_end_with_the_uid),

@@ -79,7 +79,8 @@ static void test_model_wrong_abi(void **state)
 
 /* A call in the wrong phase fails the run naming the call and the phase
  * (issue 37): hpu_param() in setup, a declaration in a forward or in a
- * hook. */
+ * hook; also where the forward or hook ignores the call's code and
+ * returns 0 (the job trained on and exited 0, saying nothing). */
 static void test_model_wrong_phase(void **state)
 {
 	(void)state;
@@ -89,6 +90,10 @@ static void test_model_wrong_phase(void **state)
 		      "--", "--in-forward", NULL};
 	char *a3[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
 		      "--", "--in-hook", NULL};
+	char *a4[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
+		      "--", "--in-forward", "--ignored", NULL};
+	char *a5[] = {(char *)LAUNCH, "-q", "--devices", "2", (char *)h_build("lib/phase_misuse.so"),
+		      "--", "--in-hook", "--ignored", NULL};
 	struct {
 		char **argv;
 		const char *text;
@@ -98,6 +103,10 @@ static void test_model_wrong_phase(void **state)
 		{a2, "layer loss: forward failed: hpu_param_add() called after setup (while the "
 		     "model runs), but declarations belong in setup"},
 		{a3, "the model's hook after training failed: hpu_loss_add() called after setup "
+		     "(while the model runs), but declarations belong in setup"},
+		{a4, "layer loss: forward failed: hpu_param_add() called after setup (while the "
+		     "model runs), but declarations belong in setup"},
+		{a5, "the model's hook after training failed: hpu_loss_add() called after setup "
 		     "(while the model runs), but declarations belong in setup"},
 	};
 	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {

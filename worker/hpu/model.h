@@ -120,6 +120,10 @@ struct hpu_builder {
 	uint32_t abi;      /* the model's ABI version (2 or 3) */
 	int status;        /* HPU_OK, or the first setup error's code: from
 			    * then on declarations do nothing (sticky) */
+	/* calls made while the model runs that belong in setup: each
+	 * fails the layer's forward or backward, or the hook, that made it,
+	 * though it went on (it returned 0: the mistake was silent) */
+	long late_calls;
 	void *dl;
 	const hpu_model *model;
 	size_t model_size; /* bytes of the entry symbol (its ELF st_size) */

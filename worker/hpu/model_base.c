@@ -77,6 +77,8 @@ int hpu__model_wrong_phase(hpu_builder *b, hpu_layer *l, const char *call)
 		: "called after setup (while the model runs), but declarations belong in setup";
 	if (l)
 		snprintf(l->err, sizeof l->err, "%s() %s", call, why);
+	if (b->phase != HPU__PHASE_SETUP)
+		b->late_calls++;
 	return hpu__model_refuse(b, HPU_EINVAL, "%s%s%s%s() %s", l ? "layer " : "", l ? l->name : "",
 				 l ? ": " : "", call, why);
 }

@@ -85,7 +85,10 @@ int hpu__hooks_run(hpu_strat *st, hpu_builder *b, const hpu_hook_ent *v, int n, 
 	for (int i = 0; i < n; i++) {
 		run.err[0] = b->err[0] = 0;
 		hpu__run_live = &run;
+		long late = b->late_calls;
 		int hrc = v[i].fn(&run, v[i].user);
+		if (hrc == 0 && b->late_calls != late)
+			hrc = HPU_EINVAL; /* a declaration it made: b->err says */
 		hpu__run_live = NULL;
 		if (hrc != 0) {
 			/* a builder call made in the hook says why in b->err */

@@ -156,7 +156,10 @@ static int layer_forward(hpu_strat *s, int i, int stop, int recompute)
 	hpu__dev_staged_layer(staged ? l->name : NULL);
 	hpu__written_mark(s, i, 0, out, 0);
 	hpu__dev_layer_enter(); /* the layer's forward: one device call */
+	long late = s->b->late_calls;
 	int rc = l->ops.forward(l, &c, in, out);
+	if (rc == 0 && s->b->late_calls != late)
+		rc = HPU_EINVAL; /* a declaration it made: l->err or b->err says */
 	hpu__dev_layer_leave();
 	hpu__dev_staged_layer(NULL);
 	int unwritten = rc == 0 && hpu__written_check(s, i, 0, out, 0) < 0;
@@ -538,7 +541,10 @@ static int layer_backward(hpu_strat *s, int i, int final)
 	hpu__dev_staged_layer(staged ? l->name : NULL);
 	hpu__written_mark(s, i, 1, din, over_in);
 	hpu__dev_layer_enter(); /* the layer's backward: one device call */
+	long late = s->b->late_calls;
 	int rc = l->ops.backward(l, &c, in, out, dout, din);
+	if (rc == 0 && s->b->late_calls != late)
+		rc = HPU_EINVAL;
 	hpu__dev_layer_leave();
 	hpu__dev_staged_layer(NULL);
 	int unwritten = rc == 0 && hpu__written_check(s, i, 1, din, over_in) < 0;
