@@ -140,6 +140,30 @@ int hpu__model_check(const char *path, char *err, size_t errlen)
 #define HOST_DATA ELFDATA2MSB
 #endif
 
+/* Whether section sec of the file is constant data: not writable, or
+ * written only by the loader's relocations (.data.rel.ro: what
+ * HPU_MODEL's const object with pointers is). A const C++ object with a
+ * dynamic initializer (a default computed by a call) is put in .data,
+ * its file bytes 0 where the initializer writes at load. */
+static int constant_section(int fd, uint64_t size, const Elf64_Ehdr *eh, const Elf64_Shdr *sec)
+{
+	if (!(sec->sh_flags & SHF_WRITE))
+		return 1;
+	if (eh->e_shstrndx == SHN_UNDEF || eh->e_shstrndx >= eh->e_shnum)
+		return 0;
+	Elf64_Shdr *names = read_at(fd, size, eh->e_shoff + (uint64_t)eh->e_shstrndx * sizeof *names,
+				    sizeof *names);
+	static const char relro[] = ".data.rel.ro";
+	char got[sizeof relro] = "";
+	int ok = names && sec->sh_name < names->sh_size &&
+		 names->sh_size - sec->sh_name >= sizeof relro - 1 &&
+		 pread(fd, got, sizeof relro - 1, (off_t)(names->sh_offset + sec->sh_name)) ==
+			 (ssize_t)(sizeof relro - 1) &&
+		 !memcmp(got, relro, sizeof relro - 1);
+	free(names);
+	return ok;
+}
+
 /* The entry's bytes up to the end of .defaults, read from the file where
  * the entry symbol's section places them: 1, 0 for a symbol too small
  * to hold .defaults (a model built before them), -1 with why. */
@@ -160,6 +184,12 @@ static int entry_bytes(int fd, uint64_t size, unsigned char *buf, size_t n, char
 		return 0;
 	if (sec.sh_type == SHT_NULL || sec.sh_type == SHT_NOBITS) {
 		snprintf(why, whylen, "its %s has no bytes in the file, being set when the model is loaded",
+			 HPU_MODEL_ENTRY_SYMBOL);
+		return -1;
+	}
+	if (!constant_section(fd, size, &eh, &sec)) {
+		snprintf(why, whylen, "its %s is in writable data, not constant: part of it may be set "
+			 "when the model is loaded (a C++ dynamic initializer: a default computed by a call)",
 			 HPU_MODEL_ENTRY_SYMBOL);
 		return -1;
 	}

@@ -279,7 +279,8 @@ typedef enum hpu_layer_device {
 				   * hpu_buffer/hpu_saved/hpu_scratch,
 				   * copied back after the call (correct,
 				   * slow; rank 0 warns once per layer).
-				   * The CPU devices need no staging */
+				   * --device cpu stages nothing;
+				   * cpu-strict stages as a GPU does */
 } hpu_layer_device;
 
 typedef struct hpu_layer_ops {
@@ -595,8 +596,11 @@ HPU_API int hpu_layer_error(hpu_layer *layer, const char *fmt, ...)
 /* --- in a hook ---
  *
  * An hpu_run is valid only while the hook it was given to runs: these
- * calls refuse NULL or one kept after its hook returned, saying so on
- * stderr (NULL, HPU_EINVAL, NAN, -1 or HPU_ERROR, as each returns). */
+ * calls refuse NULL or one kept after its hook returned and used outside
+ * a hook, saying so on stderr (NULL, HPU_EINVAL, NAN, -1 or HPU_ERROR, as
+ * each returns). One kept and used in a later hook is not told apart
+ * from that hook's own (it may be the same object): it reads that
+ * hook's run. */
 
 /* A parameter or buffer by its full name ("layer.name"), with its shape
  * in *info (info may be NULL): the whole tensor, fp32, valid until the

@@ -220,6 +220,30 @@ static void test_launcher_defers_unreadable_batch(void **state)
 	h_free(&p);
 }
 
+/* An entry whose bytes are in the file but whose batch size is set at
+ * load (latedata96_model, in .data: a C++ default computed by a call):
+ * hpulaunch read 0 there, took it as no batch declared and said nothing,
+ * and the job ended "during setup" with no reason on hpulaunch's line.
+ * Now the file's .data is not trusted (said as above), and a worker's
+ * refusal of the batch is hpulaunch's closing error. */
+static void test_launcher_defers_data_entry(void **state)
+{
+	(void)state;
+	proc p;
+	assert_int_equal(launch_on(&p, "3", h_build("lib/latedata96_model.so"), NULL), 0);
+	has(&p, "latedata96_model.so may declare its own batch size, which cannot be read from "
+		"the file (its hpu_model_entry is in writable data, not constant: part of it may "
+		"be set when the model is loaded");
+	has(&p, "setting --batch-size 96 (model)");
+	has(&p, "trained 4 steps on 3 workers");
+	h_free(&p);
+	assert_int_not_equal(launch_on(&p, "5", h_build("lib/latedata96_model.so"), NULL), 0);
+	has(&p, "hpulaunch: error: rank ");
+	has(&p, "during setup, before step 1: the model's default --batch-size 96 is not divisible "
+		"by --grad-accum 1 x world size 5");
+	h_free(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -230,6 +254,7 @@ int main(void)
 		cmocka_unit_test(test_invalid_default_refused),
 		cmocka_unit_test(test_launcher_checks_model_batch),
 		cmocka_unit_test(test_launcher_defers_unreadable_batch),
+		cmocka_unit_test(test_launcher_defers_data_entry),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

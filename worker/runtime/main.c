@@ -326,6 +326,10 @@ int main(int argc, char **argv)
 		goto out;
 	if (hpu__opts_resolve(&o, world, err, sizeof err) < 0 ||
 	    hpu__opts_check_checkpoint_dir(&o, err, sizeof err) < 0) {
+		/* the agent's closing line says it too (a default the model
+		 * computes at load, which hpulaunch could not read, ended
+		 * the job "during setup" with no reason) */
+		hpu__status_error(err);
 		hpu__log(HPU_LOG_ERROR, "%s", err);
 		hpu__model_destroy(&b);
 		return 2;
