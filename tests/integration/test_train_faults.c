@@ -261,7 +261,8 @@ static void test_fetch_fails(void **state)
 	for (int devices = 1; devices <= 2; devices++)
 		for (size_t k = 0; k < sizeof opts / sizeof *opts; k++) {
 			char *out = train_bad_loss(1, devices, "40", opts[k], "--loss 0.5 --fail-fetch 100");
-			has(out, "the model's dataset failed to fetch sample 100");
+			has(out, "the model's dataset failed to fetch sample 100 of its training split "
+				 "(its fetch returned non-zero)");
 			lacks(out, "trained 40 steps");
 			free(out);
 		}

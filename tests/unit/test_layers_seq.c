@@ -767,6 +767,11 @@ static void test_declaration_errors(void **state)
 	expect_refused(h, hpu_layernorm(b, "ln1", "ids", "o", (hpu_layernorm_opts){.eps = 1e-5f}), 0, "ln1", "must be f32");
 	expect_refused(h, hpu_layernorm(b, "ln2", "nope", "o", (hpu_layernorm_opts){.eps = 1e-5f}), 0, "ln2",
 		       "nope is not a tensor declared before it");
+	/* a space after the list's comma: said, the name quoted (it read
+	 * "input  x is not a tensor", the space invisible) */
+	expect_refused(h, hpu_add(b, "sp", "x, x", "o"), 0, "sp",
+		       "input \" x\" is not a tensor declared before it: it has a space (names in a "
+		       "list are separated by ',' alone)");
 	expect_refused(h, hpu_layernorm(b, "ln3", "x", "o", (hpu_layernorm_opts){.eps = -1}), 0, "ln3", "eps");
 	expect_refused(h, hpu_layernorm(b, "ln4", "x", "o", (hpu_layernorm_opts){.eps = NAN}), 0, "ln4", "eps");
 	expect_refused(h, hpu_layernorm(b, "ln5", "s", "o", (hpu_layernorm_opts){.eps = 1e-5f}), 0, "ln5", "last dimension");

@@ -183,6 +183,11 @@ static int parse_inputs(hpu_builder *b, hpu_layer *l, const char *inputs)
 		memcpy(name, p, n);
 		name[n] = 0;
 		int t = hpu__model_tensor(b, name);
+		if (t < 0 && name[strcspn(name, " \t")])
+			return hpu__model_refuse(b, HPU_ENOENT, "layer %s: input \"%s\" is not a tensor "
+						 "declared before it: it has a space (names in a list are "
+						 "separated by ',' alone)",
+						 l->name, name);
 		if (t < 0)
 			return hpu__model_refuse(b, HPU_ENOENT, "layer %s: input %s is not a tensor declared "
 						 "before it (a dataset field or an earlier layer's output)",

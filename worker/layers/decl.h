@@ -28,6 +28,10 @@ static inline const char *ld_dtype(hpu_dtype dt)
 static inline int ld_input(hpu_builder *b, const char *name, const char *in, hpu_dtype dt,
 			   hpu_tensor *t)
 {
+	if (in && in[strcspn(in, " \t")] && hpu_tensor_info(b, in, t) != HPU_OK)
+		return hpu_error(b, "layer %s: input \"%s\" is not a tensor declared before it: it "
+				 "has a space (names in a list are separated by ',' alone)",
+				 ld_str(name), in);
 	if (hpu_tensor_info(b, in, t) != HPU_OK)
 		return hpu_error(b, "layer %s: input %s is not a tensor declared before it (a "
 				 "dataset field or an earlier layer's output)", ld_str(name),

@@ -299,7 +299,7 @@ static hpu_layer *concat_impl(hpu_builder *b, const char *name, const char *in, 
 {
 	char names[HPU_MAX_IO][HPU_NAME_MAX];
 	hpu_tensor x[HPU_MAX_IO];
-	int d, n = split_names(b, name, in, names);
+	int d = 0, n = split_names(b, name, in, names);
 	if (n < 0 || ld_input(b, name, names[0], HPU_F32, &x[0]) < 0 ||
 	    ld_dim(b, name, names[0], &x[0], dim, &d) < 0)
 		return NULL;

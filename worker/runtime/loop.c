@@ -79,7 +79,9 @@ int hpu__loop_load_eval_batch(loop *L, hpu_split split, const uint32_t *map, siz
 		L->eval_idx[i] = map ? map[k] : (uint32_t)k;
 	}
 	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, n, &L->eval_bt, &bad) < 0)
-		return hpu__loop_fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		return hpu__loop_fail(L, "the model's dataset failed to fetch sample %zu of its %s "
+				      "split (its fetch returned non-zero)",
+				      bad, split == HPU_SPLIT_TEST ? "test" : "training");
 	return 0;
 }
 
@@ -98,7 +100,9 @@ int hpu__loop_forward_even(loop *L, hpu_split split, const uint32_t *map, size_t
 	L->eval_idx[0] = map ? map[0] : 0;
 	size_t bad;
 	if (hpu__batch_fetch(&L->b->data[split], L->eval_idx, 1, &L->eval_bt, &bad) < 0)
-		return hpu__loop_fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		return hpu__loop_fail(L, "the model's dataset failed to fetch sample %zu of its %s "
+				      "split (its fetch returned non-zero)",
+				      bad, split == HPU_SPLIT_TEST ? "test" : "training");
 	return hpu__strat_forward(L->st, &L->eval_bt, 0, 1, -1);
 }
 

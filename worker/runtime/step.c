@@ -142,7 +142,8 @@ static int micro_batch(loop *L, size_t s, int k, int more, const hpu_batch **bt)
 	size_t m = s * (size_t)L->accum + (size_t)k, bad;
 	int64_t t0 = hpu__prof_t0();
 	if (hpu__loader_wait(L->loader, (int)(m & 1), bt, &bad) < 0)
-		return hpu__loop_fail(L, "the model's dataset failed to fetch sample %zu", bad);
+		return hpu__loop_fail(L, "the model's dataset failed to fetch sample %zu of its "
+				      "training split (its fetch returned non-zero)", bad);
 	hpu__prof_span("data", "data_loading", NULL, t0, "\"micro_step\":%d", k);
 	if (k + 1 < L->accum)
 		hpu__loop_prefetch(L, s, k + 1);
