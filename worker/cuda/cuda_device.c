@@ -365,10 +365,21 @@ static size_t nlz, lz_cap;
 static void zero_late(void)
 {
 	pthread_mutex_lock(&C.mu);
-	for (size_t i = 0; i < nlz; i++) /* the legacy stream: the compute one may still capture */
-		hpu__cuda_check(cudaMemsetAsync(lz[i].p, 0, lz[i].bytes, 0), "cudaMemsetAsync");
+	/* on the compute stream, whose recording has ended: after the eager
+	 * kernels queued before it, which may still use a block the pool
+	 * gave the recording (freed by them: the pool's blocks are ordered
+	 * by that stream alone; the legacy stream, which a non-blocking
+	 * stream does not wait for, could zero one under a running kernel).
+	 * The legacy stream only where another recording holds it. */
+	enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	cudaStream_t s = cudaStreamIsCapturing(C.compute.s, &cs) == cudaSuccess &&
+				 cs == cudaStreamCaptureStatusNone
+			 ? C.compute.s
+			 : 0;
+	for (size_t i = 0; i < nlz; i++)
+		hpu__cuda_check(cudaMemsetAsync(lz[i].p, 0, lz[i].bytes, s), "cudaMemsetAsync");
 	if (nlz)
-		hpu__cuda_check(cudaStreamSynchronize(0), "cudaStreamSynchronize");
+		hpu__cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 	nlz = 0;
 	pthread_mutex_unlock(&C.mu);
 }
